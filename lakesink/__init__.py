@@ -1,0 +1,62 @@
+"""lakesink: exactly-once streaming from PySpark into Apache Iceberg tables.
+
+Executors write immutable Parquet data files (pre-commit); the driver commits each micro-batch as
+one atomic Iceberg snapshot, keyed by the streaming query id and batch id, so that a replayed batch
+is recognised and never committed twice.
+
+    import lakesink
+    lakesink.register(spark)
+    df.writeStream.format("lakesink").option("table", "db.events") \\
+        .option("checkpointLocation", "/ck/events").start()
+
+or, in code that already uses foreachBatch:
+
+    df.writeStream.foreachBatch(lakesink.foreach_batch("db.events")).start()
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from lakesink.catalogs import lakesink_home
+from lakesink.datasource import LakesinkDataSource
+from lakesink.driver import BatchOutcome, Outcome
+from lakesink.errors import (
+    CatalogError,
+    CheckpointError,
+    CommitConflictError,
+    CommitOutcomeUnknownError,
+    ConcurrentTableChangeError,
+    InvalidOptionError,
+    LakesinkError,
+    SchemaMismatchError,
+)
+from lakesink.foreach import ForeachBatchSink, foreach_batch
+from lakesink.options import OutputMode, SinkOptions
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchOutcome",
+    "CatalogError",
+    "CheckpointError",
+    "CommitConflictError",
+    "CommitOutcomeUnknownError",
+    "ConcurrentTableChangeError",
+    "ForeachBatchSink",
+    "InvalidOptionError",
+    "LakesinkDataSource",
+    "LakesinkError",
+    "Outcome",
+    "OutputMode",
+    "SchemaMismatchError",
+    "SinkOptions",
+    "foreach_batch",
+    "lakesink_home",
+    "register",
+]
+
+
+def register(spark: SparkSession) -> None:
+    """Register the ``lakesink`` data source with a Spark session (``writeStream.format("lakesink")``)."""
+    spark.dataSource.register(LakesinkDataSource)

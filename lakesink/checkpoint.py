@@ -1,0 +1,61 @@
+"""Read what lakesink needs from a Spark streaming checkpoint (driver side), through fsspec.
+
+- ``<checkpoint>/metadata``: ``{"id": "<query id>"}``, written when a query first starts;
+- ``<checkpoint>/offsets/<batch id>``: written before the batch runs: a version line, a JSON line of
+  batch metadata, then one line per source with its end offset (``-`` when a source has none).
+"""
+
+from __future__ import annotations
+
+import json
+
+import fsspec
+
+from lakesink.errors import CheckpointError
+
+
+def _read_text(url: str) -> str | None:
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+        if not fs.exists(path):
+            return None
+        with fs.open(path, "r", encoding="utf-8") as f:
+            text: str = f.read()
+            return text
+    except Exception as e:
+        raise CheckpointError(f"cannot read {url}: {type(e).__name__}: {e}") from e
+
+
+def _join(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *parts])
+
+
+def read_query_id(checkpoint_location: str) -> str | None:
+    """The streaming query id of a checkpoint, or None before the query first started."""
+    text = _read_text(_join(checkpoint_location, "metadata"))
+    if text is None:
+        return None
+    try:
+        return str(json.loads(text.splitlines()[0])["id"])
+    except (ValueError, KeyError, IndexError) as e:
+        raise CheckpointError(f"checkpoint metadata {checkpoint_location}/metadata has no query id") from e
+
+
+def read_source_offsets(checkpoint_location: str, batch_id: int) -> str | None:
+    """The batch's end offsets, one JSON value per source, as a JSON list; None when not recorded."""
+    text = _read_text(_join(checkpoint_location, "offsets", str(batch_id)))
+    if text is None:
+        return None
+    lines = text.splitlines()
+    if len(lines) < 2 or not lines[0].startswith("v"):
+        raise CheckpointError(f"unexpected offset log format in {checkpoint_location}/offsets/{batch_id}")
+    offsets = []
+    for line in lines[2:]:
+        if line == "-":
+            offsets.append(None)
+            continue
+        try:
+            offsets.append(json.loads(line))
+        except ValueError:
+            offsets.append(line)
+    return json.dumps(offsets, separators=(",", ":"))

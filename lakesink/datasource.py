@@ -1,0 +1,129 @@
+"""``writeStream.format("lakesink")``: Spark's Python data source API wired to lakesink.
+
+Where each method runs (see docs/protocol.md):
+
+- ``streamWriter()`` runs in a Python worker on the driver at the start of every run of the query
+  (it opens the table and makes the write plan, including the query's last committed batch), and
+  again in a worker for every commit and abort;
+- ``write()`` runs on executors: Arrow batches in, Parquet files out (pre-commit);
+- ``commit()`` / ``abort()`` run in a Python worker on the driver once per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from lakesink.checkpoint import read_query_id, read_source_offsets
+from lakesink.driver import TableCommitter
+from lakesink.errors import InvalidOptionError, LakesinkError
+from lakesink.executor import TaskWriter
+from lakesink.messages import TaskResult, WritePlan
+from lakesink.options import SinkOptions
+from lakesink.schema import arrow_schema_of
+
+ENV_LOG_LEVEL = "LAKESINK_LOG_LEVEL"
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+
+def _log_to_stderr_in_workers() -> None:
+    """Spark's Python workers have no logging set up; give lakesink's lines a handler there."""
+    logger = logging.getLogger("lakesink")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(os.environ.get(ENV_LOG_LEVEL, "INFO").upper())
+
+
+class LakesinkDataSource(DataSource):
+    """The ``lakesink`` streaming sink. Register it with :func:`lakesink.register`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "lakesink"
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> LakesinkStreamWriter:
+        _log_to_stderr_in_workers()
+        return LakesinkStreamWriter(SinkOptions.from_spark_options(dict(self.options), overwrite=overwrite), schema)
+
+
+class LakesinkStreamWriter(DataSourceStreamArrowWriter):
+    """Writer of one run of a streaming query; pickled to executors without its catalog."""
+
+    def __init__(self, options: SinkOptions, schema: StructType):
+        if not options.checkpoint_location:
+            raise InvalidOptionError(
+                "option 'checkpointLocation' is required with format('lakesink'): lakesink reads the streaming "
+                "query id and the source offsets from it (.option('checkpointLocation', '/path/to/checkpoint'))"
+            )
+        self._options = options
+        self._checkpoint = options.checkpoint_location
+        self._committer: TableCommitter | None = TableCommitter(options)
+        table = self._committer.open_table(arrow_schema_of(schema))
+        self._plan: WritePlan = self._committer.write_plan(table, read_query_id(self._checkpoint))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_committer"] = None  # executors never open the catalog
+        return state
+
+    # --- executors ------------------------------------------------------------------------------
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        ctx = TaskContext.get()
+        if ctx is None:
+            raise LakesinkError("LakesinkStreamWriter.write must run inside a Spark task")
+        query_id = ctx.getLocalProperty(QUERY_ID_PROPERTY) or self._plan.query_id
+        batch_id = ctx.getLocalProperty(BATCH_ID_PROPERTY)
+        if query_id is None or batch_id is None:
+            raise LakesinkError("format('lakesink') writes streaming queries only (no query id or batch id in the task)")
+        writer = TaskWriter(
+            self._plan,
+            query_id=query_id,
+            batch_id=int(batch_id),
+            partition_id=ctx.partitionId(),
+            task_attempt_id=ctx.taskAttemptId(),
+        )
+        last = self._plan.last_committed_batch
+        if query_id == self._plan.query_id and last is not None and int(batch_id) <= last:
+            return writer.skip_replay(iterator)
+        return writer.write(iterator)
+
+    # --- driver ---------------------------------------------------------------------------------
+
+    def _driver(self) -> TableCommitter:
+        if self._committer is None:
+            self._committer = TableCommitter(self._options)
+        return self._committer
+
+    def _query_id(self, results: Sequence[TaskResult]) -> str | None:
+        if results:
+            return results[0].query_id
+        return self._plan.query_id or read_query_id(self._checkpoint)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        results = [m for m in messages if isinstance(m, TaskResult)]
+        query_id = self._query_id(results)
+        if query_id is None:
+            raise LakesinkError(f"no streaming query id for batch {batchId} (checkpoint {self._checkpoint})")
+        self._driver().commit_batch(
+            query_id=query_id,
+            batch_id=batchId,
+            results=results,
+            source_offsets=read_source_offsets(self._checkpoint, batchId),
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        results = [m for m in messages if isinstance(m, TaskResult)]
+        self._driver().abort_batch(query_id=self._query_id(results), batch_id=batchId, results=results)

@@ -1,0 +1,361 @@
+"""Driver side: open (or create) the table, plan the executors' writes, commit or abort a batch.
+
+It never touches rows. The commit is one atomic snapshot per batch, made by compare-and-swap of the
+table's metadata pointer in the catalog. Every attempt re-reads the table and re-checks whether the
+(query id, batch id) is already committed, *before* it swaps: a check made once and then retried
+blindly is how Iceberg's Flink sink committed the same data twice (iceberg#14425).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.table import Table
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from lakesink import _pyiceberg as seam
+from lakesink import catalogs
+from lakesink.errors import (
+    CatalogError,
+    CommitConflictError,
+    CommitOutcomeUnknownError,
+    ConcurrentTableChangeError,
+    LakesinkError,
+)
+from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_CHECK, DRIVER_BEFORE_SWAP, DRIVER_IN_ABORT, fault_point
+from lakesink.messages import TaskResult, WritePlan
+from lakesink.options import OutputMode, SinkOptions
+from lakesink.properties import CommittedBatch, batch_summary, last_batch_key, last_committed_batch
+from lakesink.redaction import redact_secrets_in
+from lakesink.schema import check_writable
+
+log = logging.getLogger("lakesink")
+
+MAIN_BRANCH = "main"
+
+# Iceberg's commit retry properties and their defaults (the same as Iceberg's Java library).
+COMMIT_NUM_RETRIES = ("commit.retry.num-retries", 4)
+COMMIT_MIN_WAIT_MS = ("commit.retry.min-wait-ms", 100)
+COMMIT_MAX_WAIT_MS = ("commit.retry.max-wait-ms", 60_000)
+COMMIT_TOTAL_TIMEOUT_MS = ("commit.retry.total-timeout-ms", 1_800_000)
+
+_SETTLE_ATTEMPTS = 6
+
+
+class Outcome(enum.Enum):
+    COMMITTED = "committed"
+    REPLAY_SKIPPED = "replay skipped"
+    EMPTY = "empty batch, nothing to commit"
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What happened to one batch on the driver."""
+
+    outcome: Outcome
+    batch_id: int
+    snapshot_id: int | None = None
+    files: int = 0
+    rows: int = 0
+    bytes: int = 0
+    commit_ms: float = 0.0
+    retries: int = 0
+
+
+@dataclass(frozen=True)
+class CommitRetry:
+    """Iceberg's ``commit.retry.*`` table properties."""
+
+    num_retries: int
+    min_wait_ms: int
+    max_wait_ms: int
+    total_timeout_ms: int
+
+    @classmethod
+    def from_properties(cls, props: dict[str, str]) -> CommitRetry:
+        def get(p: tuple[str, int]) -> int:
+            return max(0, int(props.get(p[0], p[1])))
+
+        return cls(get(COMMIT_NUM_RETRIES), get(COMMIT_MIN_WAIT_MS), get(COMMIT_MAX_WAIT_MS), get(COMMIT_TOTAL_TIMEOUT_MS))
+
+    def retrying(self) -> Retrying:
+        return Retrying(
+            stop=stop_after_attempt(self.num_retries + 1) | stop_after_delay(self.total_timeout_ms / 1000),
+            wait=wait_exponential_jitter(
+                initial=self.min_wait_ms / 1000, max=self.max_wait_ms / 1000, jitter=self.min_wait_ms / 1000
+            ),
+            retry=retry_if_exception_type(_Conflict),
+            reraise=False,
+        )
+
+
+class _Conflict(Exception):
+    """One attempt's compare-and-swap lost against another commit (retry after re-checking)."""
+
+
+class TableCommitter:
+    """The driver side of one lakesink sink (one table, one set of options)."""
+
+    def __init__(self, options: SinkOptions):
+        self.options = options
+        self.catalog = catalogs.load(options.catalog_name, options.catalog_properties)
+        self.table_name = str(options.table)
+
+    # --- start of a query: the table and the plan ---------------------------------------------
+
+    def open_table(self, stream_schema: pa.Schema) -> Table:
+        """Load the table (creating it and its namespace if missing and allowed) and check the stream fits it."""
+        table = self._load_or_create(stream_schema)
+        if not table.spec().is_unpartitioned():
+            raise LakesinkError(
+                f"table {self.table_name} is partitioned ({table.spec()}); this version of lakesink writes "
+                "unpartitioned tables only"
+            )
+        check_writable(self.table_name, table.schema(), stream_schema)
+        return table
+
+    def _load_or_create(self, stream_schema: pa.Schema) -> Table:
+        ident = self.options.table.identifier
+        try:
+            return self.catalog.load_table(ident)
+        except NoSuchTableError:
+            if not self.options.create_table:
+                raise CatalogError(
+                    f"table {self.table_name} does not exist in catalog {self.catalog.name!r} "
+                    "(option create-table is false)"
+                ) from None
+        except Exception as e:
+            raise CatalogError(f"cannot load table {self.table_name}: {self._redact(e)}") from None
+        try:
+            self.catalog.create_namespace_if_not_exists(self.options.table.namespace)
+            table = self.catalog.create_table(ident, schema=stream_schema)
+            log.info("lakesink: created table %s in catalog %r", self.table_name, self.catalog.name)
+            return table
+        except TableAlreadyExistsError:  # another query created it first
+            return self.catalog.load_table(ident)
+        except Exception as e:
+            raise CatalogError(f"cannot create table {self.table_name}: {self._redact(e)}") from None
+
+    def write_plan(self, table: Table, query_id: str | None) -> WritePlan:
+        last = last_committed_batch(table.properties, query_id) if query_id else None
+        return WritePlan(
+            table=self.table_name,
+            location=table.location(),
+            properties=dict(table.properties),
+            schema=table.schema(),
+            schema_id=table.metadata.current_schema_id,
+            spec_id=table.metadata.default_spec_id,
+            io=table.io,
+            query_id=query_id,
+            last_committed_batch=last.batch_id if last else None,
+        )
+
+    def last_committed(self, query_id: str) -> CommittedBatch | None:
+        table = self.catalog.load_table(self.options.table.identifier)
+        return last_committed_batch(table.properties, query_id)
+
+    # --- commit ---------------------------------------------------------------------------------
+
+    def commit_batch(
+        self, *, query_id: str, batch_id: int, results: Sequence[TaskResult], source_offsets: str | None
+    ) -> BatchOutcome:
+        """Commit the batch's files as one snapshot, exactly once for this (query id, batch id)."""
+        started = time.monotonic()
+        files = [f for r in results for f in r.files]
+        rows = sum(f.record_count for f in files)
+        size = sum(f.size_in_bytes for f in files)
+        overwrite = self.options.output_mode is OutputMode.COMPLETE
+
+        if results and all(r.replay_skipped for r in results):
+            return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch_id), query_id)
+        if not files and not overwrite:
+            return self._logged(BatchOutcome(Outcome.EMPTY, batch_id), query_id)
+
+        commit_id = uuid.uuid4().hex
+        summary = batch_summary(query_id, batch_id, commit_id, source_offsets)
+        paths = [f.path for f in files]
+        attempts = 0
+        table = self.catalog.load_table(self.options.table.identifier)
+        retry = CommitRetry.from_properties(table.properties)
+        data_files = None
+        try:
+            for attempt in retry.retrying():
+                with attempt:
+                    attempts += 1
+                    if attempts > 1:
+                        table = self.catalog.load_table(self.options.table.identifier)
+                    fault_point(DRIVER_BEFORE_CHECK)
+                    done = last_committed_batch(table.properties, query_id)
+                    if done is not None and done.batch_id >= batch_id:
+                        if done.batch_id == batch_id and done.commit_id == commit_id:
+                            # an earlier attempt of this very call landed (its response was lost)
+                            return self._logged(self._committed(done.snapshot_id, batch_id, files, rows, size, started, attempts), query_id)
+                        self._delete(table, paths, reason="batch already committed (replay)")
+                        return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch_id, retries=attempts - 1), query_id)
+                    self._check_unchanged(table, results, paths)
+                    if data_files is None:
+                        data_files = [
+                            seam.data_file(path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=r.spec_id)
+                            for r in results
+                            for f in r.files
+                        ]
+                    prepared = seam.prepare_snapshot(
+                        table,
+                        data_files=data_files,
+                        overwrite=overwrite,
+                        summary=summary,
+                        # the replay marker, in the same atomic commit as the snapshot it names
+                        properties=lambda snapshot_id: {
+                            last_batch_key(query_id): CommittedBatch(batch_id, snapshot_id, commit_id).to_property()
+                        },
+                        branch=MAIN_BRANCH,
+                    )
+                    fault_point(DRIVER_BEFORE_SWAP)
+                    try:
+                        prepared.commit()
+                    except CommitFailedException as e:
+                        prepared.discard()
+                        log.info("lakesink: commit of batch %s conflicted (%s); re-checking and retrying", batch_id, e)
+                        raise _Conflict(str(e)) from e
+                    except Exception as e:
+                        settled = self._settle(query_id, batch_id, commit_id)
+                        if settled == "landed":
+                            pass
+                        elif settled == "not-landed":
+                            prepared.discard()
+                            raise _Conflict(f"commit failed and did not land: {self._redact(e)}") from e
+                        elif settled == "other":
+                            prepared.discard()
+                            self._delete(table, paths, reason="batch committed by another writer")
+                            return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch_id, retries=attempts - 1), query_id)
+                        else:
+                            raise CommitOutcomeUnknownError(
+                                f"commit of batch {batch_id} of query {query_id} to {self.table_name}: the catalog "
+                                f"failed ({self._redact(e)}) and the table could not be read to settle the outcome; "
+                                "no file was deleted, a restart settles it"
+                            ) from None
+                    fault_point(DRIVER_AFTER_SWAP)
+                    return self._logged(
+                        self._committed(prepared.snapshot_id, batch_id, files, rows, size, started, attempts), query_id
+                    )
+        except RetryError as e:
+            self._delete(table, paths, reason="commit retries exhausted")
+            raise CommitConflictError(
+                f"commit of batch {batch_id} of query {query_id} to {self.table_name} conflicted with other "
+                f"writers {attempts} time(s) (commit.retry.num-retries={retry.num_retries}); nothing was "
+                "committed and its files were deleted; restarting the query replays the batch"
+            ) from e.last_attempt.exception()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _check_unchanged(self, table: Table, results: Sequence[TaskResult], paths: list[str]) -> None:
+        schema_id = table.metadata.current_schema_id
+        spec_id = table.metadata.default_spec_id
+        stale = {(r.schema_id, r.spec_id) for r in results if r.files} - {(schema_id, spec_id)}
+        if stale:
+            self._delete(table, paths, reason="table schema or partition spec changed during the batch")
+            (old_schema, old_spec), *_ = sorted(stale)
+            raise ConcurrentTableChangeError(
+                f"table {self.table_name} changed while the batch was written: files were written for schema "
+                f"{old_schema} / partition spec {old_spec}, the table now has schema {schema_id} / spec {spec_id}; "
+                "nothing was committed and the files were deleted; restart the query to write with the new schema"
+            )
+
+    def _settle(self, query_id: str, batch_id: int, commit_id: str) -> str | None:
+        """After an error with unknown outcome: did our commit land? Read the table to find out."""
+        for i in range(_SETTLE_ATTEMPTS):
+            try:
+                table = self.catalog.load_table(self.options.table.identifier)
+            except Exception:
+                time.sleep(min(0.2 * 2**i, 5.0))
+                continue
+            done = last_committed_batch(table.properties, query_id)
+            if done is not None and done.batch_id == batch_id and done.commit_id == commit_id:
+                return "landed"
+            if done is not None and done.batch_id >= batch_id:
+                return "other"
+            return "not-landed"
+        return None
+
+    def _committed(
+        self, snapshot_id: int, batch_id: int, files: list, rows: int, size: int, started: float, attempts: int  # type: ignore[type-arg]
+    ) -> BatchOutcome:
+        return BatchOutcome(
+            Outcome.COMMITTED,
+            batch_id,
+            snapshot_id=snapshot_id,
+            files=len(files),
+            rows=rows,
+            bytes=size,
+            commit_ms=(time.monotonic() - started) * 1000,
+            retries=attempts - 1,
+        )
+
+    def _logged(self, outcome: BatchOutcome, query_id: str) -> BatchOutcome:
+        if outcome.outcome is Outcome.COMMITTED:
+            log.info(
+                "lakesink: table=%s query=%s batch=%s committed snapshot=%s files=%s rows=%s bytes=%s commit_ms=%.1f retries=%s",
+                self.table_name, query_id, outcome.batch_id, outcome.snapshot_id, outcome.files, outcome.rows,
+                outcome.bytes, outcome.commit_ms, outcome.retries,
+            )
+        else:
+            log.info(
+                "lakesink: table=%s query=%s batch=%s %s", self.table_name, query_id, outcome.batch_id, outcome.outcome.value
+            )
+        return outcome
+
+    # --- abort ----------------------------------------------------------------------------------
+
+    def abort_batch(self, *, query_id: str | None, batch_id: int, results: Sequence[TaskResult]) -> None:
+        """Delete the files of a batch that certainly did not commit.
+
+        When the batch is found committed, only files the committing snapshot does not reference are
+        deleted; when that cannot be established (the table cannot be read, the snapshot expired),
+        nothing is deleted (an orphan-file clean-up collects leftovers).
+        """
+        fault_point(DRIVER_IN_ABORT)
+        paths = [f.path for r in results for f in r.files]
+        if not paths:
+            log.info("lakesink: table=%s batch=%s aborted; no files to delete", self.table_name, batch_id)
+            return
+        try:
+            table = self.catalog.load_table(self.options.table.identifier)
+        except Exception as e:
+            log.warning("lakesink: abort of batch %s cannot read the table (%s); keeping %s file(s)", batch_id, self._redact(e), len(paths))
+            return
+        done = last_committed_batch(table.properties, query_id) if query_id else None
+        if done is not None and done.batch_id == batch_id:
+            referenced = seam.added_data_file_paths(table, done.snapshot_id)
+            if referenced is None:
+                log.warning("lakesink: batch %s is committed but its snapshot is gone; keeping %s file(s)", batch_id, len(paths))
+                return
+            paths = [p for p in paths if p not in referenced]
+        self._delete(table, paths, reason=f"batch {batch_id} aborted")
+
+    def _delete(self, table: Table, paths: Sequence[str], *, reason: str) -> None:
+        for path in paths:
+            try:
+                seam.delete_file(table.io, path)
+            except FileNotFoundError:
+                pass
+            except Exception as e:
+                log.warning("lakesink: could not delete %s (%s); an orphan clean-up collects it", path, self._redact(e))
+        if paths:
+            log.info("lakesink: table=%s deleted %s unreferenced file(s): %s", self.table_name, len(paths), reason)
+
+    def _redact(self, e: BaseException) -> str:
+        _, props = catalogs.resolve_catalog_properties(self.options.catalog_name, self.options.catalog_properties)
+        return redact_secrets_in(f"{type(e).__name__}: {e}", props)

@@ -1,0 +1,62 @@
+"""One error hierarchy for lakesink.
+
+Every error lakesink raises is a :class:`LakesinkError`. The ``retryable`` class attribute
+says whether restarting the streaming query (from the same checkpoint) can help without
+changing anything: a commit conflict or an unknown commit outcome can; an invalid option or
+a schema mismatch cannot.
+"""
+
+from __future__ import annotations
+
+
+class LakesinkError(Exception):
+    """Base class of every error raised by lakesink."""
+
+    retryable: bool = False
+
+
+class InvalidOptionError(LakesinkError, ValueError):
+    """An option has an unknown name or an invalid value. The message names the valid ones."""
+
+
+class CatalogError(LakesinkError):
+    """The catalog, namespace or table could not be resolved or created."""
+
+
+class SchemaMismatchError(LakesinkError):
+    """The stream's schema or values do not fit the table. The message lists every column problem."""
+
+
+class CheckpointError(LakesinkError):
+    """The streaming checkpoint could not be read (query id, source offsets)."""
+
+
+class CommitConflictError(LakesinkError):
+    """The snapshot commit kept conflicting with other writers until the retries ran out.
+
+    Nothing of the batch was committed and its data files were deleted; a restart replays it.
+    """
+
+    retryable = True
+
+
+class CommitOutcomeUnknownError(LakesinkError):
+    """The catalog did not say whether the snapshot commit landed, and reading the table could not settle it.
+
+    No data file was deleted. A restart settles the outcome by reading the table: the batch is
+    either found committed (and skipped) or committed then.
+    """
+
+    retryable = True
+
+
+class ConcurrentTableChangeError(LakesinkError):
+    """The table's schema or partition spec changed while the batch was being written."""
+
+    retryable = True
+
+
+class InjectedFault(LakesinkError):
+    """Raised by a fault point switched on by a test (see :mod:`lakesink.faults`)."""
+
+    retryable = True

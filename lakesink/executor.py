@@ -1,0 +1,221 @@
+"""Executor side: Arrow record batches in, immutable Parquet data files out (the pre-commit).
+
+Runs inside Spark's Python workers. It never opens a catalog and never commits: it writes files
+under the table's data location with names unique per query, batch, task attempt and writer, and
+returns their metadata in a :class:`~lakesink.messages.TaskResult`. If the task fails, the files it
+wrote are deleted before the error propagates (a SIGKILLed worker leaves them unreferenced; they are
+never committed and an orphan-file clean-up collects them).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.schema import Schema
+
+from lakesink import _pyiceberg as seam
+from lakesink.errors import SchemaMismatchError
+from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
+from lakesink.messages import TaskResult, WritePlan, WrittenFile
+
+log = logging.getLogger(__name__)
+
+TARGET_FILE_SIZE = "write.target-file-size-bytes"
+TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
+ROW_GROUP_ROWS = "write.parquet.row-group-limit"
+ROW_GROUP_ROWS_DEFAULT = 1_048_576
+ROW_GROUP_BYTES = seam.ROW_GROUP_SIZE_BYTES
+ROW_GROUP_BYTES_DEFAULT = 128 * 1024 * 1024
+
+
+def _int_property(props: Any, key: str, default: int) -> int:
+    value = props.get(key)
+    return int(value) if value is not None else default
+
+
+def utc_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with every zoned timestamp (at any depth) in UTC: the same instants, only the label changes."""
+    if pa.types.is_timestamp(t):
+        return pa.timestamp(t.unit, tz="UTC") if t.tz is not None and t.tz != "UTC" else t
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(utc_type(f.type)) for f in t])
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(utc_type(t.value_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(utc_type(t.value_type)))
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(utc_type(t.key_type)), t.item_field.with_type(utc_type(t.item_type)))
+    return t
+
+
+def utc_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f.with_type(utc_type(f.type)) for f in schema], metadata=schema.metadata)
+
+
+class TaskWriter:
+    """Writes one task's rows into Parquet data files of the table, rolling at the target file size."""
+
+    def __init__(self, plan: WritePlan, *, query_id: str, batch_id: int, partition_id: int, task_attempt_id: int):
+        self._plan = plan
+        self._query_id = query_id
+        self._batch_id = batch_id
+        self._partition_id = partition_id
+        self._task_attempt_id = task_attempt_id
+        self._token = uuid.uuid4().hex[:12]
+        self._file_schema: Schema = seam.file_schema(plan.schema)
+        props = plan.properties
+        self._target_file_size = _int_property(props, TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT)
+        self._row_group_rows = _int_property(props, ROW_GROUP_ROWS, ROW_GROUP_ROWS_DEFAULT)
+        self._row_group_bytes = _int_property(props, ROW_GROUP_BYTES, ROW_GROUP_BYTES_DEFAULT)
+        self._writer_options = seam.parquet_writer_options(props)
+        self._required = [
+            (i, f.name) for i, f in enumerate(self._file_schema.fields) if f.required
+        ]
+        self._files: list[WrittenFile] = []
+        self._counter = 0
+        # the open file
+        self._path: str | None = None
+        self._stream: Any = None
+        self._writer: pq.ParquetWriter | None = None
+        self._rows_in_file = 0
+        # the row group being collected
+        self._buffer: list[pa.RecordBatch] = []
+        self._buffer_rows = 0
+        self._buffer_bytes = 0
+        # how incoming batches map onto the table (computed from the first batch)
+        self._incoming: pa.Schema | None = None
+        self._utc: pa.Schema | None = None
+        self._source: Schema | None = None
+
+    def write(self, batches: Iterable[pa.RecordBatch]) -> TaskResult:
+        """Write every batch; on any failure delete this task's files and re-raise."""
+        try:
+            fault_point(EXECUTOR_BEFORE_WRITE)
+            for batch in batches:
+                if batch.num_rows:
+                    self._add(self._conform(batch))
+            self._flush_row_group()
+            self._close_file()
+            fault_point(EXECUTOR_BEFORE_RETURN)
+        except BaseException:
+            self._abort()
+            raise
+        return self._result(replay_skipped=False)
+
+    def skip_replay(self, batches: Iterator[pa.RecordBatch]) -> TaskResult:
+        """The batch is already in the table: consume the input, write nothing."""
+        for _ in batches:
+            pass
+        log.info("lakesink: batch %s of query %s is already committed; task writes nothing", self._batch_id, self._query_id)
+        return self._result(replay_skipped=True)
+
+    def _result(self, *, replay_skipped: bool) -> TaskResult:
+        return TaskResult(
+            query_id=self._query_id,
+            batch_id=self._batch_id,
+            partition_id=self._partition_id,
+            task_attempt_id=self._task_attempt_id,
+            schema_id=self._plan.schema_id,
+            spec_id=self._plan.spec_id,
+            files=tuple(self._files),
+            replay_skipped=replay_skipped,
+        )
+
+    # --- conforming rows to the table -----------------------------------------------------------
+
+    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if self._incoming is None or not batch.schema.equals(self._incoming):
+            self._incoming = batch.schema
+            self._utc = utc_schema(batch.schema)
+            self._source = seam.stream_schema(self._utc, self._plan.schema)
+        assert self._utc is not None and self._source is not None
+        if not self._utc.equals(batch.schema):
+            batch = batch.cast(self._utc)
+        projected = seam.project_batch(batch, target=self._file_schema, source=self._source)
+        for i, name in self._required:
+            nulls = projected.column(i).null_count
+            if nulls:
+                raise SchemaMismatchError(
+                    f"column {name!r} is required (NOT NULL) in table {self._plan.table}, but batch "
+                    f"{self._batch_id} has {nulls} null value(s) in it (partition {self._partition_id})"
+                )
+        return projected
+
+    # --- row groups and files -------------------------------------------------------------------
+
+    def _add(self, batch: pa.RecordBatch) -> None:
+        self._buffer.append(batch)
+        self._buffer_rows += batch.num_rows
+        self._buffer_bytes += batch.nbytes
+        if self._buffer_rows >= self._row_group_rows or self._buffer_bytes >= self._row_group_bytes:
+            self._flush_row_group()
+
+    def _flush_row_group(self) -> None:
+        if not self._buffer:
+            return
+        table = pa.Table.from_batches(self._buffer)
+        self._buffer, self._buffer_rows, self._buffer_bytes = [], 0, 0
+        if self._writer is None:
+            self._open_file(table.schema)
+        assert self._writer is not None
+        self._writer.write_table(table, row_group_size=table.num_rows)
+        self._rows_in_file += table.num_rows
+        if self._stream.tell() >= self._target_file_size:
+            self._close_file()
+
+    def _open_file(self, schema: pa.Schema) -> None:
+        name = (
+            f"{self._query_id[:8]}-{self._batch_id:05d}-{self._partition_id:05d}-"
+            f"{self._task_attempt_id}-{self._token}-{self._counter:05d}.parquet"
+        )
+        self._counter += 1
+        path = seam.new_data_location(self._plan.location, self._plan.properties, name)
+        # overwrite=False: a name collision fails loudly instead of replacing a committed file
+        stream = self._plan.io.new_output(path).create(overwrite=False)
+        self._path = path
+        try:
+            self._writer = pq.ParquetWriter(stream, schema=schema, **self._writer_options)
+        except BaseException:
+            stream.close()
+            raise
+        self._stream = stream
+        self._rows_in_file = 0
+
+    def _close_file(self) -> None:
+        if self._writer is None:
+            return
+        writer, stream, path = self._writer, self._stream, self._path
+        self._writer = None
+        writer.close()
+        size = stream.tell()
+        stream.close()
+        assert path is not None
+        stats = seam.file_statistics(writer.writer.metadata, self._file_schema, self._plan.properties)
+        self._files.append(
+            WrittenFile(path=path, size_in_bytes=size, record_count=self._rows_in_file, statistics=stats)
+        )
+        self._path = None
+        fault_point(EXECUTOR_AFTER_FILE)
+
+    def _abort(self) -> None:
+        paths = [f.path for f in self._files]
+        if self._writer is not None:
+            try:
+                self._writer.close()
+                self._stream.close()
+            except Exception:
+                pass
+            self._writer = None
+        if self._path is not None:
+            paths.append(self._path)
+        for path in paths:
+            try:
+                self._plan.io.delete(path)
+            except Exception:
+                log.warning("lakesink: could not delete %s of a failed task; an orphan clean-up collects it", path)
+        self._files = []

@@ -1,0 +1,86 @@
+"""Named fault points, switched on by tests; no cost when off.
+
+A fault point is a call ``fault_point("driver.before-swap")`` placed at a precise step of the
+protocol. Faults are off unless the environment variable ``LAKESINK_FAULTS_DIR`` names a folder
+(it must be set before Spark starts, so that Python workers inherit it). A test switches a point
+on by writing a file named after the point into that folder; the file holds one action:
+
+``raise``
+    raise :class:`~lakesink.errors.InjectedFault`.
+``kill``
+    SIGKILL the process the point runs in (a driver, a commit worker or an executor worker).
+``pause``
+    create ``<point>.reached`` and wait until ``<point>.release`` exists (a barrier, so a test can
+    act at exactly that moment), then go on.
+
+Each action fires once: the process that fires it first claims the file by renaming it, so a
+retried task or a restarted query runs normally afterwards. Add ``:always`` (``raise:always``)
+to fire at every pass instead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from lakesink.errors import InjectedFault
+
+ENV_FAULTS_DIR = "LAKESINK_FAULTS_DIR"
+
+EXECUTOR_BEFORE_WRITE = "executor.before-write"
+EXECUTOR_AFTER_FILE = "executor.after-file"
+EXECUTOR_BEFORE_RETURN = "executor.before-return"
+DRIVER_BEFORE_CHECK = "driver.before-check"
+DRIVER_BEFORE_SWAP = "driver.before-swap"
+DRIVER_AFTER_SWAP = "driver.after-swap"
+DRIVER_IN_ABORT = "driver.in-abort"
+
+POINTS = (
+    EXECUTOR_BEFORE_WRITE,
+    EXECUTOR_AFTER_FILE,
+    EXECUTOR_BEFORE_RETURN,
+    DRIVER_BEFORE_CHECK,
+    DRIVER_BEFORE_SWAP,
+    DRIVER_AFTER_SWAP,
+    DRIVER_IN_ABORT,
+)
+
+_PAUSE_LIMIT_S = 120.0
+
+
+def fault_point(name: str) -> None:
+    """Fire the fault switched on for ``name``, if any. Returns at once when faults are off."""
+    folder = os.environ.get(ENV_FAULTS_DIR)
+    if not folder:
+        return
+    _fire(folder, name)
+
+
+def _fire(folder: str, name: str) -> None:
+    path = os.path.join(folder, name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            action = f.read().strip()
+    except FileNotFoundError:
+        return
+    kind, _, mode = action.partition(":")
+    if mode != "always":
+        claimed = f"{path}.fired.{os.getpid()}"
+        try:
+            os.rename(path, claimed)
+        except FileNotFoundError:
+            return  # another process fired it first
+    if kind == "raise":
+        raise InjectedFault(f"fault injected at {name}")
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "pause":
+        open(f"{path}.reached", "w").close()
+        deadline = time.monotonic() + _PAUSE_LIMIT_S
+        while not os.path.exists(f"{path}.release"):
+            if time.monotonic() > deadline:
+                raise InjectedFault(f"fault point {name} was never released")
+            time.sleep(0.02)
+        return
+    raise InjectedFault(f"unknown fault action {action!r} at {name}; valid: raise, kill, pause")

@@ -1,0 +1,156 @@
+"""``writeStream.foreachBatch(lakesink.foreach_batch("db.events"))``: the same protocol from foreachBatch.
+
+The function runs on the driver for every micro-batch. It checks whether the batch is already
+committed *before* writing anything, has the executors write Parquet files with ``mapInArrow``,
+and commits them as one snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql import DataFrame, SparkSession
+
+from lakesink.checkpoint import read_source_offsets
+from lakesink.driver import BatchOutcome, Outcome, TableCommitter
+from lakesink.errors import LakesinkError
+from lakesink.executor import TaskWriter
+from lakesink.messages import TaskResult, WritePlan
+from lakesink.options import CATALOG, CATALOG_PROPERTY_PREFIX, CREATE_TABLE, OUTPUT_MODE, TABLE, SinkOptions
+from lakesink.schema import arrow_schema_of
+
+log = logging.getLogger("lakesink")
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+_RESULT_SCHEMA = "task_result binary"
+
+
+def foreach_batch(
+    table: str,
+    *,
+    catalog: str | None = None,
+    catalog_properties: Mapping[str, str] | None = None,
+    output_mode: str = "append",
+    create_table: bool = True,
+    checkpoint_location: str | None = None,
+) -> ForeachBatchSink:
+    """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
+
+    Args:
+        table: ``<namespace>.<table>``, created (with its namespace) from the stream's schema if missing.
+        catalog: a catalog name from pyiceberg's configuration; omitted with no
+            ``catalog_properties``: the embedded default (SQLite + local warehouse under ``$LAKESINK_HOME``).
+        catalog_properties: properties for pyiceberg's ``load_catalog`` (``type``, ``uri``, ``warehouse``, ...).
+        output_mode: ``"append"`` or ``"complete"``, the mode the query was started with.
+        create_table: create the table when it does not exist (else fail at the first batch).
+        checkpoint_location: the query's checkpoint, to record source offsets; found from the running
+            query when omitted.
+    """
+    options: dict[str, str] = {TABLE: table, OUTPUT_MODE: output_mode, CREATE_TABLE: str(create_table).lower()}
+    if catalog is not None:
+        options[CATALOG] = catalog
+    for key, value in (catalog_properties or {}).items():
+        options[f"{CATALOG_PROPERTY_PREFIX}{key}"] = value
+    if checkpoint_location is not None:
+        options["checkpointLocation"] = checkpoint_location
+    return ForeachBatchSink(SinkOptions.from_mapping(options))
+
+
+class ForeachBatchSink:
+    """Callable ``(batch DataFrame, batch id)`` for ``foreachBatch``; options are checked when it is made."""
+
+    def __init__(self, options: SinkOptions):
+        self.options = options
+        self._committer: TableCommitter | None = None
+        self._checkpoints: dict[str, str | None] = {}
+
+    def __repr__(self) -> str:
+        return f"ForeachBatchSink({self.options!r})"
+
+    def __call__(self, df: DataFrame, batch_id: int) -> BatchOutcome:
+        spark = df.sparkSession
+        query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+        if not query_id:
+            raise LakesinkError("lakesink.foreach_batch(...) must be passed to writeStream.foreachBatch of a streaming query")
+        if self._committer is None:
+            self._committer = TableCommitter(self.options)
+        committer = self._committer
+        table = committer.open_table(arrow_schema_of(df.schema))
+        plan = committer.write_plan(table, query_id)
+        if plan.last_committed_batch is not None and batch_id <= plan.last_committed_batch:
+            # checked before any file is written
+            return committer.commit_batch(
+                query_id=query_id,
+                batch_id=batch_id,
+                results=[_skipped(plan, query_id, batch_id)],
+                source_offsets=None,
+            )
+        rows = df.mapInArrow(_write_partition(plan, batch_id), _RESULT_SCHEMA).collect()
+        results = [pickle.loads(r[0]) for r in rows]
+        return committer.commit_batch(
+            query_id=query_id,
+            batch_id=batch_id,
+            results=results,
+            source_offsets=self._source_offsets(spark, query_id, batch_id),
+        )
+
+    def _source_offsets(self, spark: SparkSession, query_id: str, batch_id: int) -> str | None:
+        checkpoint = self.options.checkpoint_location or self._find_checkpoint(spark, query_id)
+        if checkpoint is None:
+            return None
+        return read_source_offsets(checkpoint, batch_id)
+
+    def _find_checkpoint(self, spark: SparkSession, query_id: str) -> str | None:
+        if query_id not in self._checkpoints:
+            self._checkpoints[query_id] = _running_query_checkpoint(spark, query_id)
+            if self._checkpoints[query_id] is None:
+                log.warning(
+                    "lakesink: cannot find the checkpoint of query %s; pass checkpoint_location= to "
+                    "foreach_batch to record source offsets in the snapshot summary", query_id
+                )
+        return self._checkpoints[query_id]
+
+
+def _running_query_checkpoint(spark: SparkSession, query_id: str) -> str | None:
+    """The resolved checkpoint root of a running query, through the JVM (classic Spark, not Connect)."""
+    # foreachBatch hands over a clone of the session; the query is registered with the session that
+    # started it, usually the active or the first session of this process.
+    candidates = [spark, SparkSession.getActiveSession(), getattr(SparkSession, "_instantiatedSession", None)]
+    for session in candidates:
+        if session is None:
+            continue
+        try:
+            query = session.streams.get(query_id)
+            if query is not None:
+                return str(query._jsq.streamingQuery().resolvedCheckpointRoot())  # type: ignore[attr-defined]
+        except Exception:
+            continue
+    return None
+
+
+def _skipped(plan: WritePlan, query_id: str, batch_id: int) -> TaskResult:
+    return TaskResult(
+        query_id=query_id, batch_id=batch_id, partition_id=-1, task_attempt_id=-1,
+        schema_id=plan.schema_id, spec_id=plan.spec_id, replay_skipped=True,
+    )
+
+
+def _write_partition(plan: WritePlan, batch_id: int) -> Any:
+    """The ``mapInArrow`` function: writes one partition's rows, yields its pickled TaskResult."""
+    query_id = plan.query_id or ""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ctx = TaskContext.get()
+        assert ctx is not None
+        writer = TaskWriter(
+            plan, query_id=query_id, batch_id=batch_id, partition_id=ctx.partitionId(), task_attempt_id=ctx.taskAttemptId()
+        )
+        result = writer.write(batches)
+        yield pa.record_batch([pa.array([pickle.dumps(result)], pa.binary())], names=["task_result"])
+
+    return write

@@ -1,0 +1,64 @@
+"""What crosses between driver and executors: small, frozen, picklable dataclasses.
+
+The driver sends a :class:`WritePlan` to the executors (inside the pickled Spark writer or the
+``mapInArrow`` closure); each task sends back one :class:`TaskResult`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyiceberg.io import FileIO
+from pyiceberg.schema import Schema
+from pyspark.sql.datasource import WriterCommitMessage
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """Everything an executor needs to write data files for one table: no catalog, no rows."""
+
+    table: str
+    location: str
+    properties: Mapping[str, str]
+    schema: Schema
+    schema_id: int
+    spec_id: int
+    io: FileIO = field(repr=False)  # pickles by its configuration; may hold storage credentials
+    query_id: str | None = None
+    last_committed_batch: int | None = None
+    """The query's last batch found committed when the plan was made: tasks of a batch at or
+    below it are replays and write nothing."""
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """One immutable Parquet data file written by a task (pre-commit: not in the table yet)."""
+
+    path: str
+    size_in_bytes: int
+    record_count: int
+    statistics: Mapping[str, Any] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class TaskResult(WriterCommitMessage):
+    """What a task returns to the driver."""
+
+    query_id: str
+    batch_id: int
+    partition_id: int
+    task_attempt_id: int
+    schema_id: int
+    spec_id: int
+    files: tuple[WrittenFile, ...] = ()
+    replay_skipped: bool = False
+
+    @property
+    def record_count(self) -> int:
+        return sum(f.record_count for f in self.files)
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(f.size_in_bytes for f in self.files)

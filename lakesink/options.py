@@ -1,0 +1,160 @@
+"""Sink options: parsed once into a frozen, typed :class:`SinkOptions`.
+
+The same options reach lakesink from ``writeStream.option(...)`` (keys arrive lower-cased from
+Spark) and from keyword arguments of :func:`lakesink.foreach_batch`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from lakesink.errors import InvalidOptionError
+from lakesink.redaction import redact_properties
+
+TABLE = "table"
+CATALOG = "catalog"
+CATALOG_PROPERTY_PREFIX = "catalog."
+CHECKPOINT_LOCATION = "checkpointlocation"
+CREATE_TABLE = "create-table"
+OUTPUT_MODE = "output-mode"
+
+#: Options Spark itself may pass to a sink; accepted and ignored.
+_SPARK_OWN_OPTIONS = frozenset({"path", "queryname"})
+
+VALID_OPTIONS = (TABLE, CATALOG, f"{CATALOG_PROPERTY_PREFIX}<property>", "checkpointLocation", CREATE_TABLE)
+
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no"})
+
+
+class OutputMode(enum.Enum):
+    """How a batch changes the table."""
+
+    APPEND = "append"
+    """Each non-empty batch adds its rows in one fast-append snapshot."""
+    COMPLETE = "complete"
+    """Each batch replaces the table's contents in one overwrite snapshot."""
+
+    @classmethod
+    def parse(cls, value: str) -> OutputMode:
+        try:
+            return cls(value.strip().lower())
+        except ValueError:
+            raise InvalidOptionError(
+                f"output mode {value!r} is not supported by lakesink; supported modes: "
+                f"{', '.join(m.value for m in cls)} ('update' would need row-level upserts, "
+                "which an exactly-once append/overwrite sink does not do)"
+            ) from None
+
+
+@dataclass(frozen=True)
+class TableName:
+    """A table identifier: a namespace of one or more levels and a table name."""
+
+    namespace: tuple[str, ...]
+    name: str
+
+    @classmethod
+    def parse(cls, value: str) -> TableName:
+        parts = tuple(p.strip() for p in value.split("."))
+        if len(parts) < 2 or any(not p for p in parts):
+            raise InvalidOptionError(
+                f"option '{TABLE}' must be '<namespace>.<table>' (for example 'db.events'), got {value!r}"
+            )
+        return cls(namespace=parts[:-1], name=parts[-1])
+
+    @property
+    def identifier(self) -> tuple[str, ...]:
+        return (*self.namespace, self.name)
+
+    def __str__(self) -> str:
+        return ".".join(self.identifier)
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """Every option of a lakesink write, validated."""
+
+    table: TableName
+    catalog_name: str | None = None
+    catalog_properties: Mapping[str, str] = field(default_factory=dict)
+    output_mode: OutputMode = OutputMode.APPEND
+    checkpoint_location: str | None = None
+    create_table: bool = True
+
+    def __repr__(self) -> str:  # never print catalog secrets
+        return (
+            f"SinkOptions(table={str(self.table)!r}, catalog_name={self.catalog_name!r}, "
+            f"catalog_properties={redact_properties(self.catalog_properties)!r}, "
+            f"output_mode={self.output_mode.value!r}, checkpoint_location={self.checkpoint_location!r}, "
+            f"create_table={self.create_table!r})"
+        )
+
+    __str__ = __repr__
+
+    @classmethod
+    def from_spark_options(cls, options: Mapping[str, str], *, overwrite: bool) -> SinkOptions:
+        """Parse the options of ``writeStream.format("lakesink")`` (``overwrite`` is Spark's complete mode)."""
+        lowered = {k.lower(): v for k, v in options.items()}
+        mode = OutputMode.COMPLETE if overwrite else OutputMode.APPEND
+        if OUTPUT_MODE in lowered:
+            raise InvalidOptionError(
+                f"option '{OUTPUT_MODE}' is not used with format('lakesink'): set the mode with "
+                ".outputMode('append') or .outputMode('complete')"
+            )
+        return cls._parse(lowered, mode, case_sensitive=options)
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, str]) -> SinkOptions:
+        """Parse options given as a plain mapping (used by :func:`lakesink.foreach_batch`)."""
+        lowered = {k.lower(): v for k, v in options.items()}
+        mode = OutputMode.parse(lowered.pop(OUTPUT_MODE, OutputMode.APPEND.value))
+        return cls._parse(lowered, mode, case_sensitive=options)
+
+    @classmethod
+    def _parse(cls, lowered: dict[str, str], mode: OutputMode, *, case_sensitive: Mapping[str, str]) -> SinkOptions:
+        unknown = sorted(
+            k
+            for k in lowered
+            if k not in (TABLE, CATALOG, CHECKPOINT_LOCATION, CREATE_TABLE)
+            and not k.startswith(CATALOG_PROPERTY_PREFIX)
+            and k not in _SPARK_OWN_OPTIONS
+        )
+        if unknown:
+            raise InvalidOptionError(
+                f"unknown option(s) {', '.join(repr(k) for k in unknown)}; valid options: {', '.join(VALID_OPTIONS)}"
+            )
+        if TABLE not in lowered or not lowered[TABLE].strip():
+            raise InvalidOptionError(f"option '{TABLE}' is required (for example .option('table', 'db.events'))")
+        # Catalog property names keep their original case (pyiceberg property names are case-sensitive),
+        # when the caller gave them to us with case (Spark lower-cases them anyway).
+        catalog_properties = {
+            k[len(CATALOG_PROPERTY_PREFIX) :]: v
+            for k, v in case_sensitive.items()
+            if k.lower().startswith(CATALOG_PROPERTY_PREFIX)
+        }
+        empty = sorted(f"{CATALOG_PROPERTY_PREFIX}{k}" for k, v in catalog_properties.items() if not k)
+        if empty:
+            raise InvalidOptionError(f"option '{CATALOG_PROPERTY_PREFIX}' needs a property name after the dot")
+        catalog_name = lowered.get(CATALOG)
+        if catalog_name is not None and not catalog_name.strip():
+            raise InvalidOptionError(f"option '{CATALOG}' must not be empty")
+        return cls(
+            table=TableName.parse(lowered[TABLE]),
+            catalog_name=catalog_name.strip() if catalog_name else None,
+            catalog_properties=catalog_properties,
+            output_mode=mode,
+            checkpoint_location=lowered.get(CHECKPOINT_LOCATION) or None,
+            create_table=_parse_bool(CREATE_TABLE, lowered.get(CREATE_TABLE, "true")),
+        )
+
+
+def _parse_bool(key: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise InvalidOptionError(f"option '{key}' must be 'true' or 'false', got {value!r}")
