@@ -1,0 +1,28 @@
+# The two commands of the README. Both create .venv (Python >= 3.10, Java 17+ needed) on first use.
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(abspath $(VENV))/bin/python
+# Spark's Python workers must run the same interpreter as the driver (see docs/quickstart.md)
+export PYSPARK_PYTHON := $(PY)
+export PYSPARK_DRIVER_PYTHON := $(PY)
+
+.PHONY: demo test lint soak clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) examples/demo.py
+
+test: $(VENV)/.installed
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check lakesink tests examples
+	$(PY) -m mypy
+
+clean:
+	rm -rf $(VENV) lakehouse demo-run .pytest_cache .mypy_cache .ruff_cache
