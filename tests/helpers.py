@@ -1,0 +1,107 @@
+"""Helpers shared by the tests: uniquely-keyed input, table read-back, snapshot invariants."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.table import Table
+
+from lakesink.properties import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
+
+SCHEMA_DDL = "id long, ts timestamp, user string, amount double, kind int"
+
+
+def write_json_input(folder: Path, *, files: int, rows_per_file: int, start: int = 0) -> list[int]:
+    """Write ``files`` JSON files of unique ids into ``folder``; return the ids in order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ids: list[int] = []
+    for f in range(files):
+        lines = []
+        for r in range(rows_per_file):
+            i = start + f * rows_per_file + r
+            ids.append(i)
+            lines.append(
+                json.dumps(
+                    {
+                        "id": i,
+                        "ts": f"2024-03-{1 + i % 28:02d}T{i % 24:02d}:15:00+01:00",
+                        "user": f"user-{i % 97}",
+                        "amount": i * 0.5,
+                        "kind": i % 5,
+                    }
+                )
+            )
+        # written under a temporary name first: Spark's file source must never see half a file
+        tmp = folder / f".part-{start}-{f:05d}.json.tmp"
+        tmp.write_text("\n".join(lines) + "\n")
+        tmp.rename(folder / f"part-{start}-{f:05d}.json")
+    return ids
+
+
+def table_ids(table: Table) -> Counter[int]:
+    table.refresh()
+    return Counter(table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
+
+
+def lakesink_snapshots(table: Table) -> list[dict[str, Any]]:
+    """Snapshots of ``main``'s history written by lakesink, oldest first."""
+    table.refresh()
+    out = []
+    for s in table.snapshots():
+        summary = s.summary.additional_properties if s.summary else {}
+        if SUMMARY_BATCH_ID in summary:
+            out.append(
+                {
+                    "snapshot_id": s.snapshot_id,
+                    "query_id": summary[SUMMARY_QUERY_ID],
+                    "batch_id": int(summary[SUMMARY_BATCH_ID]),
+                    "operation": s.summary.operation.value if s.summary else None,
+                    "summary": dict(summary),
+                }
+            )
+    return out
+
+
+def assert_snapshot_invariants(table: Table) -> None:
+    """Every (query id, batch id) in at most one snapshot; a query's batch ids without gaps."""
+    snaps = lakesink_snapshots(table)
+    keys = Counter((s["query_id"], s["batch_id"]) for s in snaps)
+    dupes = {k: n for k, n in keys.items() if n > 1}
+    assert not dupes, f"batches committed more than once: {dupes}"
+    by_query: dict[str, list[int]] = {}
+    for q, b in keys:
+        by_query.setdefault(q, []).append(b)
+    for q, batches in by_query.items():
+        batches.sort()
+        assert batches == list(range(batches[0], batches[0] + len(batches))), f"gap in batch ids of {q}: {batches}"
+
+
+def data_files_on_disk(table: Table) -> set[str]:
+    """Every Parquet file under the table's data folder (referenced or not)."""
+    root = Path(table.location().removeprefix("file://")) / "data"
+    return {f"file://{p}" for p in root.rglob("*.parquet")} if root.exists() else set()
+
+
+def referenced_data_files(table: Table) -> set[str]:
+    table.refresh()
+    paths: set[str] = set()
+    for snap in table.snapshots():
+        for manifest in snap.manifests(table.io):
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+                paths.add(entry.data_file.file_path)
+    return paths
+
+
+def arrow_rows(ids: Iterable[int]) -> pa.Table:
+    ids = list(ids)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "user": pa.array([f"u{i % 7}" for i in ids], pa.string()),
+        }
+    )

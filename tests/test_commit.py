@@ -1,0 +1,302 @@
+"""The driver's commit protocol against real SQLite catalogs: replay checks, conflicts, unknown outcomes, abort.
+
+Faults are injected at named points (lakesink.faults) or, for catalog failures, by wrapping the one
+compare-and-swap call; everything else is real: Parquet files, manifests, catalog commits.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from pyiceberg.types import StringType
+import pytest
+from pyiceberg.exceptions import CommitFailedException
+
+from lakesink import _pyiceberg as seam
+from lakesink.driver import Outcome, TableCommitter
+from lakesink.errors import CommitConflictError, CommitOutcomeUnknownError, ConcurrentTableChangeError
+from lakesink.executor import TaskWriter
+from lakesink.faults import DRIVER_BEFORE_SWAP
+from lakesink.messages import TaskResult
+from lakesink.options import OutputMode, SinkOptions, TableName
+from lakesink.properties import last_committed_batch
+from tests.helpers import (
+    arrow_rows,
+    assert_snapshot_invariants,
+    data_files_on_disk,
+    lakesink_snapshots,
+    referenced_data_files,
+    table_ids,
+)
+
+SCHEMA = arrow_rows([]).schema
+Q1 = "11111111-aaaa-4000-8000-000000000001"
+Q2 = "22222222-bbbb-4000-8000-000000000002"
+
+
+def make_committer(catalog_properties: dict[str, str], mode: OutputMode = OutputMode.APPEND) -> TableCommitter:
+    opts = SinkOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties, output_mode=mode)
+    return TableCommitter(opts)
+
+
+def write_task(committer: TableCommitter, query_id: str, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:
+    table = committer.open_table(SCHEMA)
+    plan = committer.write_plan(table, query_id)
+    writer = TaskWriter(plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=attempt)
+    return writer.write(arrow_rows(ids).to_batches())
+
+
+def commit(committer: TableCommitter, query_id: str, batch_id: int, results: list[TaskResult]):  # type: ignore[no-untyped-def]
+    return committer.commit_batch(query_id=query_id, batch_id=batch_id, results=results, source_offsets='[{"logOffset":0}]')
+
+
+@pytest.fixture
+def committer(catalog_properties: dict[str, str]) -> TableCommitter:
+    c = make_committer(catalog_properties)
+    c.open_table(SCHEMA)
+    return c
+
+
+def load(c: TableCommitter):  # type: ignore[no-untyped-def]
+    return c.catalog.load_table(("db", "events"))
+
+
+def test_commit_makes_one_snapshot_with_summary_and_marker(committer: TableCommitter) -> None:
+    result = write_task(committer, Q1, 0, list(range(100)))
+    outcome = commit(committer, Q1, 0, [result])
+    table = load(committer)
+    assert outcome.outcome is Outcome.COMMITTED and outcome.rows == 100 and outcome.files == 1
+    snaps = lakesink_snapshots(table)
+    assert [(s["query_id"], s["batch_id"], s["operation"]) for s in snaps] == [(Q1, 0, "append")]
+    summary = snaps[0]["summary"]
+    assert summary["lakesink.source-offsets"] == '[{"logOffset":0}]'
+    assert summary["spark.sql.streaming.queryId"] == Q1 and summary["spark.sql.streaming.epochId"] == "0"
+    marker = last_committed_batch(table.properties, Q1)
+    assert marker is not None and marker.batch_id == 0 and marker.snapshot_id == snaps[0]["snapshot_id"]
+    assert table_ids(table) == Counter(range(100))
+
+
+def test_replayed_batch_adds_no_snapshot_and_leaves_no_files(committer: TableCommitter) -> None:
+    commit(committer, Q1, 0, [write_task(committer, Q1, 0, list(range(10)))])
+    commit(committer, Q1, 1, [write_task(committer, Q1, 1, list(range(10, 20)))])
+    before = data_files_on_disk(load(committer))
+    # a restarted query re-runs batch 1 with new files (same rows)
+    replay = write_task(committer, Q1, 1, list(range(10, 20)), attempt=7)
+    assert {f.path for f in replay.files} - before  # really new files on disk
+    outcome = commit(committer, Q1, 1, [replay])
+    table = load(committer)
+    assert outcome.outcome is Outcome.REPLAY_SKIPPED
+    assert [s["batch_id"] for s in lakesink_snapshots(table)] == [0, 1]
+    assert table_ids(table) == Counter(range(20))
+    assert data_files_on_disk(table) == before  # the replay's files were deleted
+
+
+def test_other_querys_batch_ids_do_not_fool_the_check(committer: TableCommitter) -> None:
+    commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1, 2])])
+    commit(committer, Q1, 1, [write_task(committer, Q1, 1, [3, 4])])
+    outcome = commit(committer, Q2, 0, [write_task(committer, Q2, 0, [5, 6])])
+    assert outcome.outcome is Outcome.COMMITTED
+    table = load(committer)
+    assert table_ids(table) == Counter([1, 2, 3, 4, 5, 6])
+    assert_snapshot_invariants(table)
+
+
+def test_replay_detected_after_snapshots_expired_and_many_foreign_commits(committer: TableCommitter) -> None:
+    commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1])])
+    table = load(committer)
+    for i in range(30):  # other writers' commits on top
+        table.append(arrow_rows([1000 + i]))
+    table = load(committer)
+    marker = last_committed_batch(table.properties, Q1)
+    assert marker is not None
+    table.maintenance.expire_snapshots().by_id(marker.snapshot_id).commit()
+    assert load(committer).metadata.snapshot_by_id(marker.snapshot_id) is None  # the batch's snapshot is gone
+    outcome = commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1], attempt=3)])
+    assert outcome.outcome is Outcome.REPLAY_SKIPPED
+    assert table_ids(load(committer))[1] == 1
+
+
+def test_empty_append_batch_commits_nothing(committer: TableCommitter) -> None:
+    result = write_task(committer, Q1, 0, [])
+    assert result.files == ()
+    outcome = commit(committer, Q1, 0, [result])
+    assert outcome.outcome is Outcome.EMPTY
+    assert load(committer).current_snapshot() is None
+
+
+def test_complete_mode_replaces_table_contents_in_one_overwrite_snapshot(catalog_properties: dict[str, str]) -> None:
+    c = make_committer(catalog_properties, OutputMode.COMPLETE)
+    c.open_table(SCHEMA)
+    commit(c, Q1, 0, [write_task(c, Q1, 0, [1, 2, 3])])
+    commit(c, Q1, 1, [write_task(c, Q1, 1, [1, 2, 3, 4]), write_task(c, Q1, 1, [5], attempt=1)])
+    table = load(c)
+    assert table_ids(table) == Counter([1, 2, 3, 4, 5])
+    snaps = lakesink_snapshots(table)
+    assert [(s["batch_id"], s["operation"]) for s in snaps] == [(0, "append"), (1, "overwrite")]
+    assert len(table.snapshots()) == 2
+    # an empty complete-mode result empties the table
+    commit(c, Q1, 2, [write_task(c, Q1, 2, [])])
+    assert table_ids(load(c)) == Counter()
+    assert [s["batch_id"] for s in lakesink_snapshots(load(c))] == [0, 1, 2]
+
+
+def test_other_writer_between_check_and_swap_is_retried_and_both_land(committer: TableCommitter, faults) -> None:  # type: ignore[no-untyped-def]
+    result = write_task(committer, Q1, 0, list(range(50)))
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    outcome_box: list[object] = []
+    t = threading.Thread(target=lambda: outcome_box.append(commit(committer, Q1, 0, [result])))
+    t.start()
+    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    other = make_committer(committer.options.catalog_properties).catalog.load_table(("db", "events"))
+    other.append(arrow_rows([9001, 9002]))  # another writer commits while we hold a checked, stale base
+    faults.release(DRIVER_BEFORE_SWAP)
+    t.join(60)
+    outcome = outcome_box[0]
+    table = load(committer)
+    assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 1  # type: ignore[attr-defined]
+    assert table_ids(table) == Counter([*range(50), 9001, 9002])
+    assert len(lakesink_snapshots(table)) == 1 and len(table.snapshots()) == 2
+
+
+def test_two_drivers_committing_the_same_batch_make_exactly_one_snapshot(committer: TableCommitter, faults) -> None:  # type: ignore[no-untyped-def]
+    """A zombie driver: the same query and batch, different files. The re-check inside the retry catches it."""
+    zombie_result = write_task(committer, Q1, 0, list(range(20)), attempt=1)
+    live = make_committer(committer.options.catalog_properties)
+    live_result = write_task(live, Q1, 0, list(range(20)), attempt=2)
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    box: list[object] = []
+    t = threading.Thread(target=lambda: box.append(commit(committer, Q1, 0, [zombie_result])))
+    t.start()
+    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    assert commit(live, Q1, 0, [live_result]).outcome is Outcome.COMMITTED
+    faults.release(DRIVER_BEFORE_SWAP)
+    t.join(60)
+    assert box[0].outcome is Outcome.REPLAY_SKIPPED  # type: ignore[attr-defined]
+    table = load(committer)
+    assert table_ids(table) == Counter(range(20))
+    assert len(lakesink_snapshots(table)) == 1
+    on_disk = data_files_on_disk(table)
+    assert {f.path for f in zombie_result.files}.isdisjoint(on_disk)  # the zombie's files were deleted
+    assert {f.path for f in live_result.files} <= on_disk
+
+
+def test_commit_that_landed_but_reported_failure_counts_once(committer: TableCommitter, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    real = seam.PreparedSnapshot.commit
+
+    def lost_response(self: seam.PreparedSnapshot) -> None:
+        real(self)
+        raise ConnectionError("connection reset after the commit was applied")
+
+    monkeypatch.setattr(seam.PreparedSnapshot, "commit", lost_response)
+    result = write_task(committer, Q1, 0, [1, 2, 3])
+    outcome = commit(committer, Q1, 0, [result])
+    monkeypatch.undo()
+    table = load(committer)
+    assert outcome.outcome is Outcome.COMMITTED
+    assert table_ids(table) == Counter([1, 2, 3]) and len(table.snapshots()) == 1
+    assert {f.path for f in result.files} <= data_files_on_disk(table)  # nothing deleted
+    # and a replay of it afterwards is recognised
+    assert commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1, 2, 3], 1)]).outcome is Outcome.REPLAY_SKIPPED
+
+
+def test_failed_commit_that_did_not_land_is_settled_and_retried(committer: TableCommitter, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    real = seam.PreparedSnapshot.commit
+    calls = []
+
+    def fails_once(self: seam.PreparedSnapshot) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("connection refused before the commit")
+        real(self)
+
+    monkeypatch.setattr(seam.PreparedSnapshot, "commit", fails_once)
+    outcome = commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1, 2])])
+    table = load(committer)
+    assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 1 and len(calls) == 2
+    assert table_ids(table) == Counter([1, 2]) and len(table.snapshots()) == 1
+
+
+def test_unknown_outcome_that_cannot_be_settled_deletes_nothing(committer: TableCommitter, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    result = write_task(committer, Q1, 0, [1, 2])
+
+    def catalog_down(self: seam.PreparedSnapshot) -> None:
+        raise ConnectionError("catalog unreachable")
+
+    def load_fails(*a: object, **k: object) -> None:
+        raise ConnectionError("catalog unreachable")
+
+    monkeypatch.setattr(seam.PreparedSnapshot, "commit", catalog_down)
+    monkeypatch.setattr("lakesink.driver._SETTLE_ATTEMPTS", 2)
+    real_load = committer.catalog.load_table
+    calls = {"n": 0}
+
+    def load_table(ident):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] > 1:  # the first load (before the attempt) works, the settling reads fail
+            return load_fails()
+        return real_load(ident)
+
+    monkeypatch.setattr(committer.catalog, "load_table", load_table)
+    with pytest.raises(CommitOutcomeUnknownError, match="no file was deleted"):
+        commit(committer, Q1, 0, [result])
+    monkeypatch.undo()
+    assert all(Path(f.path.removeprefix("file://")).exists() for f in result.files)
+
+
+def test_retries_exhausted_raise_conflict_error_and_delete_files(committer: TableCommitter, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    table = load(committer)
+    table.transaction().set_properties({"commit.retry.num-retries": "2", "commit.retry.min-wait-ms": "1"}).commit_transaction()
+    attempts = []
+
+    def always_conflicts(self: seam.PreparedSnapshot) -> None:
+        attempts.append(1)
+        raise CommitFailedException("Requirement failed: branch main has changed")
+
+    monkeypatch.setattr(seam.PreparedSnapshot, "commit", always_conflicts)
+    result = write_task(committer, Q1, 0, [1, 2])
+    with pytest.raises(CommitConflictError, match="commit.retry.num-retries=2") as info:
+        commit(committer, Q1, 0, [result])
+    assert info.value.retryable
+    assert len(attempts) == 3
+    monkeypatch.undo()
+    table = load(committer)
+    assert table.current_snapshot() is None
+    assert data_files_on_disk(table) == set()  # data files deleted
+    metadata_dir = Path(table.location().removeprefix("file://")) / "metadata"
+    assert not list(metadata_dir.glob("*.avro"))  # and the manifests of every attempt
+
+
+def test_abort_deletes_uncommitted_files_and_keeps_committed_ones(committer: TableCommitter) -> None:
+    aborted = write_task(committer, Q1, 0, [1, 2])
+    committer.abort_batch(query_id=Q1, batch_id=0, results=[aborted])
+    assert data_files_on_disk(load(committer)) == set()
+
+    committed = write_task(committer, Q1, 1, [3, 4])
+    commit(committer, Q1, 1, [committed])
+    stray = write_task(committer, Q1, 1, [3, 4], attempt=9)
+    # Spark calls abort with the complete messages when commit() raised after the swap
+    committer.abort_batch(query_id=Q1, batch_id=1, results=[committed, stray])
+    table = load(committer)
+    assert data_files_on_disk(table) == {f.path for f in committed.files} == referenced_data_files(table)
+    assert table_ids(table) == Counter([3, 4])
+
+
+def test_schema_change_during_batch_is_a_clear_conflict(committer: TableCommitter) -> None:
+    result = write_task(committer, Q1, 0, [1, 2])
+    table = load(committer)
+    with table.update_schema() as update:
+        update.add_column("extra", StringType())
+    with pytest.raises(ConcurrentTableChangeError, match="changed while the batch was written"):
+        commit(committer, Q1, 0, [result])
+    assert data_files_on_disk(load(committer)) == set()
+    assert load(committer).current_snapshot() is None
+
+
+def _wait(cond, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
