@@ -213,18 +213,24 @@ class TableCommitter:
                             for r in results
                             for f in r.files
                         ]
-                    prepared = seam.prepare_snapshot(
-                        table,
-                        data_files=data_files,
-                        overwrite=overwrite,
-                        summary=summary,
-                        # the replay marker, in the same atomic commit as the snapshot it names
-                        properties=lambda snapshot_id: {
-                            last_batch_key(query_id): CommittedBatch(batch_id, snapshot_id, commit_id).to_property()
-                        },
-                        branch=MAIN_BRANCH,
-                    )
-                    fault_point(DRIVER_BEFORE_SWAP)
+                    prepared = None
+                    try:
+                        prepared = seam.prepare_snapshot(
+                            table,
+                            data_files=data_files,
+                            overwrite=overwrite,
+                            summary=summary,
+                            # the replay marker, in the same atomic commit as the snapshot it names
+                            properties=lambda snapshot_id: {
+                                last_batch_key(query_id): CommittedBatch(batch_id, snapshot_id, commit_id).to_property()
+                            },
+                            branch=MAIN_BRANCH,
+                        )
+                        fault_point(DRIVER_BEFORE_SWAP)
+                    except BaseException:
+                        if prepared is not None:  # failed before the swap: certainly not committed
+                            prepared.discard()
+                        raise
                     try:
                         prepared.commit()
                     except CommitFailedException as e:

@@ -92,12 +92,21 @@ class ForeachBatchSink:
             )
         rows = df.mapInArrow(_write_partition(plan, batch_id), _RESULT_SCHEMA).collect()
         results = [pickle.loads(r[0]) for r in rows]
-        return committer.commit_batch(
-            query_id=query_id,
-            batch_id=batch_id,
-            results=results,
-            source_offsets=self._source_offsets(spark, query_id, batch_id),
-        )
+        try:
+            return committer.commit_batch(
+                query_id=query_id,
+                batch_id=batch_id,
+                results=results,
+                source_offsets=self._source_offsets(spark, query_id, batch_id),
+            )
+        except BaseException:
+            # what Spark does for a data source whose commit raised: abort with the complete messages
+            # (abort settles by reading the table; it never deletes files a committed snapshot references)
+            try:
+                committer.abort_batch(query_id=query_id, batch_id=batch_id, results=results)
+            except Exception:
+                log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
+            raise
 
     def _source_offsets(self, spark: SparkSession, query_id: str, batch_id: int) -> str | None:
         checkpoint = self.options.checkpoint_location or self._find_checkpoint(spark, query_id)
