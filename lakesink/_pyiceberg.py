@@ -18,7 +18,6 @@ import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
     ParquetFormatModel,
-    _check_schema_compatible,
     _ConvertToIcebergWithoutIDs,
     _get_parquet_writer_kwargs,
     _to_requested_schema,
@@ -30,7 +29,7 @@ from pyiceberg.io.pyarrow import (
     visit_pyarrow,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent
-from pyiceberg.schema import Schema, sanitize_column_names
+from pyiceberg.schema import Schema, _check_schema_compatible, sanitize_column_names
 from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.update import AssertTableUUID
@@ -74,9 +73,7 @@ def parquet_writer_options(table_properties: Mapping[str, str]) -> dict[str, Any
     return {"store_decimal_as_integer": True, **_get_parquet_writer_kwargs(props)}
 
 
-def file_statistics(
-    metadata: pq.FileMetaData, schema: Schema, table_properties: Mapping[str, str]
-) -> dict[str, Any]:
+def file_statistics(metadata: pq.FileMetaData, schema: Schema, table_properties: Mapping[str, str]) -> dict[str, Any]:
     """Iceberg column statistics of a written Parquet file, as plain picklable values."""
     stats = data_file_statistics_from_parquet_metadata(
         parquet_metadata=metadata,
@@ -114,9 +111,7 @@ def arrow_schema(schema: Schema) -> pa.Schema:
 # --- driver side: commit ------------------------------------------------------------------------
 
 
-def data_file(
-    *, path: str, size_in_bytes: int, statistics: Mapping[str, Any], spec_id: int
-) -> DataFile:
+def data_file(*, path: str, size_in_bytes: int, statistics: Mapping[str, Any], spec_id: int) -> DataFile:
     """A DataFile for a Parquet file written by an executor (unpartitioned)."""
     return DataFile.from_args(
         content=DataFileContent.DATA,

@@ -46,18 +46,20 @@ def lakesink_home() -> Path:
     return Path(os.environ.get(ENV_HOME) or DEFAULT_HOME).expanduser().resolve()
 
 
-def expand(value: str) -> str:
-    """Replace ``${VAR}`` and ``${VAR:-default}`` by environment values (``LAKESINK_HOME`` made absolute)."""
+def expand(value: str, *, key: str = "") -> str:
+    """Replace ``${VAR}`` and ``${VAR:-default}`` (default when VAR is unset or empty, as in the shell)
+    by environment values; ``${LAKESINK_HOME}`` is made absolute."""
 
     def sub(m: re.Match[str]) -> str:
         name = m["name"]
         if name == ENV_HOME:
             return str(lakesink_home())
         got = os.environ.get(name)
-        if got is None:
-            if m["default"] is None:
-                raise CatalogError(f"catalog property refers to environment variable ${{{name}}}, which is not set")
+        if m["default"] is not None and not got:
             return m["default"]
+        if got is None:
+            where = f"catalog property {key!r}" if key else "catalog property"
+            raise CatalogError(f"{where} refers to environment variable ${{{name}}}, which is not set")
         return got
 
     return _VAR.sub(sub, value)
@@ -77,11 +79,11 @@ def resolve_catalog_properties(name: str | None, overrides: Mapping[str, str]) -
         known = ", ".join(sorted(Config().get_known_catalogs())) or "none"
         raise CatalogError(
             f"catalog {name!r} is not defined: add it to .pyiceberg.yaml (in $PYICEBERG_HOME, ~ or the working "
-            f"folder) or set PYICEBERG_CATALOG__{name.upper()}__TYPE/URI/..., or pass catalog.<property> "
+            f"folder) or set PYICEBERG_CATALOG__{name.upper().replace('-', '_')}__TYPE/URI/..., or pass catalog.<property> "
             f"options; known catalogs: {known}"
         )
     props = {**base, **{k: str(v) for k, v in overrides.items()}}
-    return name, {k: expand(v) for k, v in props.items()}
+    return name, {k: expand(v, key=k) for k, v in props.items()}
 
 
 _lock = threading.Lock()

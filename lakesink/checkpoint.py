@@ -37,7 +37,7 @@ def read_query_id(checkpoint_location: str) -> str | None:
         return None
     try:
         return str(json.loads(text.splitlines()[0])["id"])
-    except (ValueError, KeyError, IndexError) as e:
+    except (ValueError, KeyError, IndexError, TypeError) as e:
         raise CheckpointError(f"checkpoint metadata {checkpoint_location}/metadata has no query id") from e
 
 
@@ -49,7 +49,7 @@ def read_source_offsets(checkpoint_location: str, batch_id: int) -> str | None:
     lines = text.splitlines()
     if len(lines) < 2 or not lines[0].startswith("v"):
         raise CheckpointError(f"unexpected offset log format in {checkpoint_location}/offsets/{batch_id}")
-    offsets = []
+    offsets: list[object] = []
     for line in lines[2:]:
         if line == "-":
             offsets.append(None)

@@ -87,7 +87,9 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
         query_id = ctx.getLocalProperty(QUERY_ID_PROPERTY) or self._plan.query_id
         batch_id = ctx.getLocalProperty(BATCH_ID_PROPERTY)
         if query_id is None or batch_id is None:
-            raise LakesinkError("format('lakesink') writes streaming queries only (no query id or batch id in the task)")
+            raise LakesinkError(
+                "format('lakesink') writes streaming queries only (no query id or batch id in the task)"
+            )
         writer = TaskWriter(
             self._plan,
             query_id=query_id,

@@ -37,7 +37,7 @@ from lakesink.errors import (
     LakesinkError,
 )
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_CHECK, DRIVER_BEFORE_SWAP, DRIVER_IN_ABORT, fault_point
-from lakesink.messages import TaskResult, WritePlan
+from lakesink.messages import TaskResult, WritePlan, WrittenFile
 from lakesink.options import OutputMode, SinkOptions
 from lakesink.properties import CommittedBatch, batch_summary, last_batch_key, last_committed_batch
 from lakesink.redaction import redact_secrets_in
@@ -90,7 +90,9 @@ class CommitRetry:
         def get(p: tuple[str, int]) -> int:
             return max(0, int(props.get(p[0], p[1])))
 
-        return cls(get(COMMIT_NUM_RETRIES), get(COMMIT_MIN_WAIT_MS), get(COMMIT_MAX_WAIT_MS), get(COMMIT_TOTAL_TIMEOUT_MS))
+        return cls(
+            get(COMMIT_NUM_RETRIES), get(COMMIT_MIN_WAIT_MS), get(COMMIT_MAX_WAIT_MS), get(COMMIT_TOTAL_TIMEOUT_MS)
+        )
 
     def retrying(self) -> Retrying:
         return Retrying(
@@ -203,13 +205,20 @@ class TableCommitter:
                     if done is not None and done.batch_id >= batch_id:
                         if done.batch_id == batch_id and done.commit_id == commit_id:
                             # an earlier attempt of this very call landed (its response was lost)
-                            return self._logged(self._committed(done.snapshot_id, batch_id, files, rows, size, started, attempts), query_id)
+                            return self._logged(
+                                self._committed(done.snapshot_id, batch_id, files, rows, size, started, attempts),
+                                query_id,
+                            )
                         self._delete(table, paths, reason="batch already committed (replay)")
-                        return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch_id, retries=attempts - 1), query_id)
+                        return self._logged(
+                            BatchOutcome(Outcome.REPLAY_SKIPPED, batch_id, retries=attempts - 1), query_id
+                        )
                     self._check_unchanged(table, results, paths)
                     if data_files is None:
                         data_files = [
-                            seam.data_file(path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=r.spec_id)
+                            seam.data_file(
+                                path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=r.spec_id
+                            )
                             for r in results
                             for f in r.files
                         ]
@@ -247,7 +256,9 @@ class TableCommitter:
                         elif settled == "other":
                             prepared.discard()
                             self._delete(table, paths, reason="batch committed by another writer")
-                            return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch_id, retries=attempts - 1), query_id)
+                            return self._logged(
+                                BatchOutcome(Outcome.REPLAY_SKIPPED, batch_id, retries=attempts - 1), query_id
+                            )
                         else:
                             raise CommitOutcomeUnknownError(
                                 f"commit of batch {batch_id} of query {query_id} to {self.table_name}: the catalog "
@@ -297,7 +308,14 @@ class TableCommitter:
         return None
 
     def _committed(
-        self, snapshot_id: int, batch_id: int, files: list, rows: int, size: int, started: float, attempts: int  # type: ignore[type-arg]
+        self,
+        snapshot_id: int,
+        batch_id: int,
+        files: Sequence[WrittenFile],
+        rows: int,
+        size: int,
+        started: float,
+        attempts: int,
     ) -> BatchOutcome:
         return BatchOutcome(
             Outcome.COMMITTED,
@@ -314,12 +332,23 @@ class TableCommitter:
         if outcome.outcome is Outcome.COMMITTED:
             log.info(
                 "lakesink: table=%s query=%s batch=%s committed snapshot=%s files=%s rows=%s bytes=%s commit_ms=%.1f retries=%s",
-                self.table_name, query_id, outcome.batch_id, outcome.snapshot_id, outcome.files, outcome.rows,
-                outcome.bytes, outcome.commit_ms, outcome.retries,
+                self.table_name,
+                query_id,
+                outcome.batch_id,
+                outcome.snapshot_id,
+                outcome.files,
+                outcome.rows,
+                outcome.bytes,
+                outcome.commit_ms,
+                outcome.retries,
             )
         else:
             log.info(
-                "lakesink: table=%s query=%s batch=%s %s", self.table_name, query_id, outcome.batch_id, outcome.outcome.value
+                "lakesink: table=%s query=%s batch=%s %s",
+                self.table_name,
+                query_id,
+                outcome.batch_id,
+                outcome.outcome.value,
             )
         return outcome
 
@@ -340,13 +369,20 @@ class TableCommitter:
         try:
             table = self.catalog.load_table(self.options.table.identifier)
         except Exception as e:
-            log.warning("lakesink: abort of batch %s cannot read the table (%s); keeping %s file(s)", batch_id, self._redact(e), len(paths))
+            log.warning(
+                "lakesink: abort of batch %s cannot read the table (%s); keeping %s file(s)",
+                batch_id,
+                self._redact(e),
+                len(paths),
+            )
             return
         done = last_committed_batch(table.properties, query_id) if query_id else None
         if done is not None and done.batch_id == batch_id:
             referenced = seam.added_data_file_paths(table, done.snapshot_id)
             if referenced is None:
-                log.warning("lakesink: batch %s is committed but its snapshot is gone; keeping %s file(s)", batch_id, len(paths))
+                log.warning(
+                    "lakesink: batch %s is committed but its snapshot is gone; keeping %s file(s)", batch_id, len(paths)
+                )
                 return
             paths = [p for p in paths if p not in referenced]
         self._delete(table, paths, reason=f"batch {batch_id} aborted")

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.schema import Schema
 
@@ -57,6 +58,43 @@ def utc_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_type(utc_type(f.type)) for f in schema], metadata=schema.metadata)
 
 
+def _has_required_field(schema: pa.Schema) -> bool:
+    def walk(t: pa.DataType) -> bool:
+        if pa.types.is_struct(t):
+            return any(not f.nullable or walk(f.type) for f in t)
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return not t.value_field.nullable or walk(t.value_type)
+        if pa.types.is_map(t):
+            return not t.item_field.nullable or walk(t.key_type) or walk(t.item_type)
+        return False
+
+    return any(not f.nullable or walk(f.type) for f in schema)
+
+
+def _null_violations(
+    array: pa.Array | pa.ChunkedArray, field: pa.Field, path: str, present: pa.Array | None
+) -> Iterator[tuple[str, int]]:
+    """(column path, count) for every NOT NULL field holding nulls where its parent is present."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    valid = array.is_valid()
+    if not field.nullable:
+        missing = pc.invert(valid) if present is None else pc.and_(present, pc.invert(valid))
+        count = pc.sum(missing.cast(pa.int64())).as_py() or 0
+        if count:
+            yield path, count
+    here = valid if present is None else pc.and_(present, valid)
+    t = field.type
+    if pa.types.is_struct(t):
+        for i, child in enumerate(t):
+            yield from _null_violations(array.field(i), child, f"{path}.{child.name}", here)
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        yield from _null_violations(array.flatten(), t.value_field, f"{path}.element", None)
+    elif pa.types.is_map(t):
+        yield from _null_violations(array.keys, t.key_field, f"{path}.key", None)
+        yield from _null_violations(array.items, t.item_field, f"{path}.value", None)
+
+
 class TaskWriter:
     """Writes one task's rows into Parquet data files of the table, rolling at the target file size."""
 
@@ -73,9 +111,7 @@ class TaskWriter:
         self._row_group_rows = _int_property(props, ROW_GROUP_ROWS, ROW_GROUP_ROWS_DEFAULT)
         self._row_group_bytes = _int_property(props, ROW_GROUP_BYTES, ROW_GROUP_BYTES_DEFAULT)
         self._writer_options = seam.parquet_writer_options(props)
-        self._required = [
-            (i, f.name) for i, f in enumerate(self._file_schema.fields) if f.required
-        ]
+        self._has_required = _has_required_field(seam.arrow_schema(self._file_schema))
         self._files: list[WrittenFile] = []
         self._counter = 0
         # the open file
@@ -111,7 +147,9 @@ class TaskWriter:
         """The batch is already in the table: consume the input, write nothing."""
         for _ in batches:
             pass
-        log.info("lakesink: batch %s of query %s is already committed; task writes nothing", self._batch_id, self._query_id)
+        log.info(
+            "lakesink: batch %s of query %s is already committed; task writes nothing", self._batch_id, self._query_id
+        )
         return self._result(replay_skipped=True)
 
     def _result(self, *, replay_skipped: bool) -> TaskResult:
@@ -137,13 +175,13 @@ class TaskWriter:
         if not self._utc.equals(batch.schema):
             batch = batch.cast(self._utc)
         projected = seam.project_batch(batch, target=self._file_schema, source=self._source)
-        for i, name in self._required:
-            nulls = projected.column(i).null_count
-            if nulls:
-                raise SchemaMismatchError(
-                    f"column {name!r} is required (NOT NULL) in table {self._plan.table}, but batch "
-                    f"{self._batch_id} has {nulls} null value(s) in it (partition {self._partition_id})"
-                )
+        if self._has_required:
+            for field, column in zip(projected.schema, projected.columns, strict=True):
+                for path, nulls in _null_violations(column, field, field.name, None):
+                    raise SchemaMismatchError(
+                        f"column {path!r} is required (NOT NULL) in table {self._plan.table}, but batch "
+                        f"{self._batch_id} has {nulls} null value(s) in it (partition {self._partition_id})"
+                    )
         return projected
 
     # --- row groups and files -------------------------------------------------------------------

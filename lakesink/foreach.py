@@ -17,7 +17,7 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
 from lakesink.checkpoint import read_source_offsets
-from lakesink.driver import BatchOutcome, Outcome, TableCommitter
+from lakesink.driver import BatchOutcome, TableCommitter
 from lakesink.errors import LakesinkError
 from lakesink.executor import TaskWriter
 from lakesink.messages import TaskResult, WritePlan
@@ -76,7 +76,9 @@ class ForeachBatchSink:
         spark = df.sparkSession
         query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
         if not query_id:
-            raise LakesinkError("lakesink.foreach_batch(...) must be passed to writeStream.foreachBatch of a streaming query")
+            raise LakesinkError(
+                "lakesink.foreach_batch(...) must be passed to writeStream.foreachBatch of a streaming query"
+            )
         if self._committer is None:
             self._committer = TableCommitter(self.options)
         committer = self._committer
@@ -120,7 +122,8 @@ class ForeachBatchSink:
             if self._checkpoints[query_id] is None:
                 log.warning(
                     "lakesink: cannot find the checkpoint of query %s; pass checkpoint_location= to "
-                    "foreach_batch to record source offsets in the snapshot summary", query_id
+                    "foreach_batch to record source offsets in the snapshot summary",
+                    query_id,
                 )
         return self._checkpoints[query_id]
 
@@ -136,7 +139,7 @@ def _running_query_checkpoint(spark: SparkSession, query_id: str) -> str | None:
         try:
             query = session.streams.get(query_id)
             if query is not None:
-                return str(query._jsq.streamingQuery().resolvedCheckpointRoot())  # type: ignore[attr-defined]
+                return str(query._jsq.streamingQuery().resolvedCheckpointRoot())
         except Exception:
             continue
     return None
@@ -144,8 +147,13 @@ def _running_query_checkpoint(spark: SparkSession, query_id: str) -> str | None:
 
 def _skipped(plan: WritePlan, query_id: str, batch_id: int) -> TaskResult:
     return TaskResult(
-        query_id=query_id, batch_id=batch_id, partition_id=-1, task_attempt_id=-1,
-        schema_id=plan.schema_id, spec_id=plan.spec_id, replay_skipped=True,
+        query_id=query_id,
+        batch_id=batch_id,
+        partition_id=-1,
+        task_attempt_id=-1,
+        schema_id=plan.schema_id,
+        spec_id=plan.spec_id,
+        replay_skipped=True,
     )
 
 
@@ -157,7 +165,11 @@ def _write_partition(plan: WritePlan, batch_id: int) -> Any:
         ctx = TaskContext.get()
         assert ctx is not None
         writer = TaskWriter(
-            plan, query_id=query_id, batch_id=batch_id, partition_id=ctx.partitionId(), task_attempt_id=ctx.taskAttemptId()
+            plan,
+            query_id=query_id,
+            batch_id=batch_id,
+            partition_id=ctx.partitionId(),
+            task_attempt_id=ctx.taskAttemptId(),
         )
         result = writer.write(batches)
         yield pa.record_batch([pa.array([pickle.dumps(result)], pa.binary())], names=["task_result"])

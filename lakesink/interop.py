@@ -69,7 +69,7 @@ def iceberg_rust_query(
         identifier=list(identifier), metadata_location=metadata_location, file_io_properties={}
     )
     ctx = SessionContext()
-    ctx.register_table_provider("t", provider)  # type: ignore[arg-type]
+    ctx.register_table_provider("t", provider)
     batches = ctx.sql(sql).collect()
     if not batches:
         return pa.table({})

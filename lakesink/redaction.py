@@ -5,8 +5,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-_SECRET_KEY = re.compile(r"(secret|password|passwd|token|credential|access-key|private|session-key|sas|api-key)", re.I)
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.\-]*://[^:/@\s]+:)(?P<pw>[^@\s]+)(?P<tail>@)", re.I)
+_SECRET_KEY = re.compile(
+    r"(secret|password|passwd|token|credential|access-key|account-key|connection-string|private|session-key|sas|api-key)",
+    re.I,
+)
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.\-]*://[^:/@\s]*:)(?P<pw>[^@\s]+)(?P<tail>@)", re.I)
 
 REDACTED = "***"
 

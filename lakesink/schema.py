@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pyarrow as pa
-from pyiceberg.exceptions import ResolveError
-from pyiceberg.schema import Schema, promote
-from pyiceberg.types import NestedField, PrimitiveType
+from pyiceberg.schema import Schema
+from pyiceberg.types import DecimalType, DoubleType, FloatType, IntegerType, LongType, NestedField, PrimitiveType
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
@@ -48,11 +47,11 @@ def check_writable(table_name: str, table_schema: Schema, stream: pa.Schema) -> 
             problems.append(problem)
     for f in table_schema.fields:
         if f.required and f.name not in seen:
-            problems.append(f"column {f.name!r} ({f.field_type}) is required (NOT NULL) in table {table_name} but missing from the stream")
+            problems.append(
+                f"column {f.name!r} ({f.field_type}) is required (NOT NULL) in table {table_name} but missing from the stream"
+            )
     if problems:
-        raise SchemaMismatchError(
-            f"the stream does not fit table {table_name}:\n  - " + "\n  - ".join(problems)
-        )
+        raise SchemaMismatchError(f"the stream does not fit table {table_name}:\n  - " + "\n  - ".join(problems))
 
 
 def _describe(t: pa.DataType) -> str:
@@ -69,13 +68,12 @@ def _type_problem(table_field: NestedField, field: pa.Field) -> str | None:
         return f"column {field.name!r} has type {field.type}, which Iceberg cannot hold ({e})"
     table_type = table_field.field_type
     if isinstance(table_type, PrimitiveType) and isinstance(stream_type, PrimitiveType):
-        if stream_type == table_type:
+        if stream_type == table_type or allowed_promotion(stream_type, table_type):
             return None
-        try:
-            promote(stream_type, table_type)
-            return None
-        except ResolveError:
-            return f"column {field.name!r} has type {stream_type} in the stream and {table_type} in the table, which is not an allowed promotion"
+        return (
+            f"column {field.name!r} has type {stream_type} in the stream and {table_type} in the table, which is "
+            "not an allowed promotion (allowed: int to long, float to double, decimal(P,S) to decimal(P',S) with P' >= P)"
+        )
     if type(table_type) is not type(stream_type):
         return f"column {field.name!r} has type {stream_type} in the stream and {table_type} in the table"
     try:
@@ -85,3 +83,14 @@ def _type_problem(table_field: NestedField, field: pa.Field) -> str | None:
     except Exception as e:
         return f"column {field.name!r} has type {stream_type} in the stream, incompatible with {table_type} in the table: {e}"
     return None
+
+
+def allowed_promotion(stream: PrimitiveType, table: PrimitiveType) -> bool:
+    """Iceberg's type promotions for writes: int to long, float to double, decimal precision widening."""
+    if isinstance(stream, IntegerType) and isinstance(table, LongType):
+        return True
+    if isinstance(stream, FloatType) and isinstance(table, DoubleType):
+        return True
+    if isinstance(stream, DecimalType) and isinstance(table, DecimalType):
+        return stream.scale == table.scale and stream.precision <= table.precision
+    return False

@@ -11,9 +11,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from pyiceberg.types import StringType
 import pytest
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.types import StringType
 
 from lakesink import _pyiceberg as seam
 from lakesink.driver import Outcome, TableCommitter
@@ -50,7 +50,9 @@ def write_task(committer: TableCommitter, query_id: str, batch_id: int, ids: lis
 
 
 def commit(committer: TableCommitter, query_id: str, batch_id: int, results: list[TaskResult]):  # type: ignore[no-untyped-def]
-    return committer.commit_batch(query_id=query_id, batch_id=batch_id, results=results, source_offsets='[{"logOffset":0}]')
+    return committer.commit_batch(
+        query_id=query_id, batch_id=batch_id, results=results, source_offsets='[{"logOffset":0}]'
+    )
 
 
 @pytest.fixture
@@ -248,7 +250,9 @@ def test_unknown_outcome_that_cannot_be_settled_deletes_nothing(committer: Table
 
 def test_retries_exhausted_raise_conflict_error_and_delete_files(committer: TableCommitter, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     table = load(committer)
-    table.transaction().set_properties({"commit.retry.num-retries": "2", "commit.retry.min-wait-ms": "1"}).commit_transaction()
+    table.transaction().set_properties(
+        {"commit.retry.num-retries": "2", "commit.retry.min-wait-ms": "1"}
+    ).commit_transaction()
     attempts = []
 
     def always_conflicts(self: seam.PreparedSnapshot) -> None:

@@ -41,7 +41,9 @@ TABLE = "db.events"
 class Stream:
     """One streaming pipeline (source folder, checkpoint, table) that a test starts and restarts."""
 
-    def __init__(self, spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str, mode: str = "append"):
+    def __init__(
+        self, spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str, mode: str = "append"
+    ):
         self.spark = spark
         self.src = tmp_path / "input"
         self.src.mkdir(parents=True)
@@ -118,9 +120,13 @@ def test_append_exactly_once_across_restarts(stream: Stream) -> None:
         assert s["summary"]["added-records"] == "50"
 
 
-def test_complete_mode_overwrites_with_the_full_result(spark: Any, tmp_path: Path, catalog_properties: dict[str, str], request: Any) -> None:
+def test_complete_mode_overwrites_with_the_full_result(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], request: Any
+) -> None:
     for entry in ENTRY_POINTS:
-        s = Stream(spark, tmp_path / entry, catalog_properties | {"uri": f"sqlite:///{tmp_path}/{entry}.db"}, entry, "complete")
+        s = Stream(
+            spark, tmp_path / entry, catalog_properties | {"uri": f"sqlite:///{tmp_path}/{entry}.db"}, entry, "complete"
+        )
         s.add_input(files=3, rows_per_file=40)
         s.run()
         table = s.table
@@ -192,7 +198,9 @@ def test_task_that_fails_once_is_retried_without_duplicates(stream: Stream, faul
     assert data_files_on_disk(table) == referenced_data_files(table)  # the failed attempt's file is gone
 
 
-def test_other_writer_between_check_and_swap(spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any) -> None:
+def test_other_writer_between_check_and_swap(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
     s = Stream(spark, tmp_path, catalog_properties, "format")
     s.add_input(files=1)
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
@@ -204,7 +212,10 @@ def test_other_writer_between_check_and_swap(spark: Any, tmp_path: Path, catalog
         import pyarrow as pa
 
         extra = pa.Table.from_pylist(
-            [{"id": 1, "ts": None, "user": "other", "amount": 1.0, "kind": 1}, {"id": 2, "ts": None, "user": "other", "amount": 2.0, "kind": 2}],
+            [
+                {"id": 1, "ts": None, "user": "other", "amount": 1.0, "kind": 1},
+                {"id": 2, "ts": None, "user": "other", "amount": 2.0, "kind": 2},
+            ],
             schema=other_rows.schema,
         )
         other.append(extra)  # another writer commits between lakesink's check and its swap
@@ -218,7 +229,9 @@ def test_other_writer_between_check_and_swap(spark: Any, tmp_path: Path, catalog
     assert len(table.snapshots()) == 2
 
 
-def test_update_mode_is_rejected_with_the_supported_modes(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
+def test_update_mode_is_rejected_with_the_supported_modes(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
     with pytest.raises(InvalidOptionError, match="supported modes: append, complete"):
         lakesink.foreach_batch(TABLE, output_mode="update")
     s = Stream(spark, tmp_path, catalog_properties, "format", mode="update")
@@ -243,12 +256,17 @@ def test_timestamps_stored_in_utc_whatever_the_session_time_zone(stream: Stream,
         assert (r["ts"].hour, r["ts"].minute, r["ts"].tzname()) == (expected_hour, 15, "UTC"), r
 
 
-def test_stream_that_does_not_fit_the_table_fails_at_start(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
+def test_stream_that_does_not_fit_the_table_fails_at_start(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
     import pyarrow as pa
 
     cat = catalogs.load(None, catalog_properties)
     cat.create_namespace("db")
-    existing = cat.create_table(("db", "events"), schema=pa.schema([pa.field("id", pa.int32(), nullable=False), pa.field("note", pa.string(), nullable=False)]))
+    existing = cat.create_table(
+        ("db", "events"),
+        schema=pa.schema([pa.field("id", pa.int32(), nullable=False), pa.field("note", pa.string(), nullable=False)]),
+    )
     for entry in ENTRY_POINTS:
         s = Stream(spark, tmp_path / entry, catalog_properties, entry)
         s.add_input(files=1)
@@ -264,7 +282,9 @@ def test_stream_that_does_not_fit_the_table_fails_at_start(spark: Any, tmp_path:
     assert data_files_on_disk(existing) == set()
 
 
-def test_missing_table_without_create_table_fails_at_start(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
+def test_missing_table_without_create_table_fails_at_start(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
     s = Stream(spark, tmp_path, catalog_properties, "format")
     s.add_input(files=1)
     q = None
@@ -277,7 +297,9 @@ def test_missing_table_without_create_table_fails_at_start(spark: Any, tmp_path:
     assert not (Path(catalog_properties["warehouse"].removeprefix("file://")) / "db").exists()
 
 
-def test_checkpoint_in_a_new_folder_is_a_new_query(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
+def test_checkpoint_in_a_new_folder_is_a_new_query(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
     """A fresh checkpoint gets a new query id: its batch 0 is new data, never skipped as a replay."""
     s = Stream(spark, tmp_path, catalog_properties, "format")
     s.add_input(files=1)

@@ -1,0 +1,23 @@
+"""Helpers of the unit tests (plain functions; fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from lakesink.messages import WritePlan
+
+MakePlan = Callable[..., WritePlan]
+
+
+def local_path(url: str) -> str:
+    """The local path of a ``file://`` URL (pyiceberg's FileIO gives data file locations as URLs)."""
+    return url[len("file://") :] if url.startswith("file://") else url
+
+
+def data_files_on_disk(plan: WritePlan) -> list[str]:
+    """Every file under the table's data folder (empty when the folder does not exist)."""
+    folder = Path(local_path(plan.location)) / "data"
+    if not folder.exists():
+        return []
+    return sorted(str(p) for p in folder.rglob("*") if p.is_file())

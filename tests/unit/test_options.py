@@ -1,0 +1,220 @@
+"""lakesink.options: the sink options, parsed from Spark's option map and from a plain mapping."""
+
+from __future__ import annotations
+
+import pytest
+
+from lakesink.errors import InvalidOptionError
+from lakesink.options import OutputMode, SinkOptions, TableName
+
+VALID_LIST = "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table"
+
+
+# --- from_spark_options ---------------------------------------------------------------------------
+
+
+def test_spark_options_minimal_gives_the_defaults() -> None:
+    opts = SinkOptions.from_spark_options({"table": "db.events"}, overwrite=False)
+    assert opts == SinkOptions(
+        table=TableName(("db",), "events"),
+        catalog_name=None,
+        catalog_properties={},
+        output_mode=OutputMode.APPEND,
+        checkpoint_location=None,
+        create_table=True,
+    )
+
+
+def test_spark_options_all_lower_cased_as_spark_passes_them() -> None:
+    opts = SinkOptions.from_spark_options(
+        {
+            "table": "db.events",
+            "catalog": " prod ",
+            "catalog.uri": "http://rest:8181",
+            "catalog.s3.endpoint": "http://minio:9000",
+            "checkpointlocation": "/ck/events",
+            "create-table": "false",
+            "path": "ignored",
+            "queryname": "ignored too",
+        },
+        overwrite=False,
+    )
+    assert opts.table == TableName(("db",), "events")
+    assert opts.catalog_name == "prod"
+    assert dict(opts.catalog_properties) == {"uri": "http://rest:8181", "s3.endpoint": "http://minio:9000"}
+    assert opts.checkpoint_location == "/ck/events"
+    assert opts.create_table is False
+    assert opts.output_mode is OutputMode.APPEND
+
+
+def test_spark_options_keys_in_any_case_are_accepted() -> None:
+    opts = SinkOptions.from_spark_options(
+        {"TABLE": "db.events", "checkpointLocation": "/ck", "Create-Table": "no"}, overwrite=False
+    )
+    assert str(opts.table) == "db.events"
+    assert opts.checkpoint_location == "/ck"
+    assert opts.create_table is False
+
+
+@pytest.mark.parametrize(("overwrite", "mode"), [(False, OutputMode.APPEND), (True, OutputMode.COMPLETE)])
+def test_spark_overwrite_flag_is_complete_mode(overwrite: bool, mode: OutputMode) -> None:
+    assert SinkOptions.from_spark_options({"table": "db.t"}, overwrite=overwrite).output_mode is mode
+
+
+def test_unknown_option_is_named_with_the_valid_options() -> None:
+    with pytest.raises(InvalidOptionError) as e:
+        SinkOptions.from_spark_options({"table": "db.t", "tabel": "db.x", "mergeschema": "true"}, overwrite=False)
+    assert str(e.value) == f"unknown option(s) 'mergeschema', 'tabel'; {VALID_LIST}"
+
+
+def test_invalid_option_error_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        SinkOptions.from_spark_options({"table": "db.t", "nope": "1"}, overwrite=False)
+
+
+@pytest.mark.parametrize("options", [{}, {"table": ""}, {"table": "   "}, {"catalog": "x"}])
+def test_missing_or_empty_table_is_rejected(options: dict[str, str]) -> None:
+    with pytest.raises(InvalidOptionError) as e:
+        SinkOptions.from_spark_options(options, overwrite=False)
+    assert str(e.value) == "option 'table' is required (for example .option('table', 'db.events'))"
+
+
+@pytest.mark.parametrize("bad", ["events", "db..x", ".events", "db.", "db. .x", "."])
+def test_bad_table_name_is_rejected_with_the_expected_form(bad: str) -> None:
+    with pytest.raises(InvalidOptionError) as e:
+        SinkOptions.from_spark_options({"table": bad}, overwrite=False)
+    assert str(e.value) == f"option 'table' must be '<namespace>.<table>' (for example 'db.events'), got {bad!r}"
+
+
+def test_table_name_with_a_multi_level_namespace() -> None:
+    name = TableName.parse(" lake . raw . events ")
+    assert name == TableName(("lake", "raw"), "events")
+    assert name.identifier == ("lake", "raw", "events")
+    assert str(name) == "lake.raw.events"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("true", True), ("TRUE", True), (" 1 ", True), ("yes", True), ("false", False), ("0", False), ("No", False)],
+)
+def test_create_table_boolean_spellings(value: str, expected: bool) -> None:
+    opts = SinkOptions.from_spark_options({"table": "db.t", "create-table": value}, overwrite=False)
+    assert opts.create_table is expected
+
+
+@pytest.mark.parametrize("value", ["maybe", "", "2", "truee"])
+def test_create_table_invalid_value_names_the_option_and_valid_values(value: str) -> None:
+    with pytest.raises(InvalidOptionError) as e:
+        SinkOptions.from_spark_options({"table": "db.t", "create-table": value}, overwrite=False)
+    assert str(e.value) == f"option 'create-table' must be 'true' or 'false', got {value!r}"
+
+
+def test_empty_catalog_property_name_is_rejected() -> None:
+    with pytest.raises(InvalidOptionError) as e:
+        SinkOptions.from_spark_options({"table": "db.t", "catalog.": "x"}, overwrite=False)
+    assert str(e.value) == "option 'catalog.' needs a property name after the dot"
+
+
+def test_empty_catalog_name_is_rejected() -> None:
+    with pytest.raises(InvalidOptionError) as e:
+        SinkOptions.from_spark_options({"table": "db.t", "catalog": "  "}, overwrite=False)
+    assert str(e.value) == "option 'catalog' must not be empty"
+
+
+@pytest.mark.parametrize("key", ["output-mode", "Output-Mode"])
+def test_output_mode_option_is_rejected_with_format_lakesink(key: str) -> None:
+    with pytest.raises(InvalidOptionError) as e:
+        SinkOptions.from_spark_options({"table": "db.t", key: "complete"}, overwrite=True)
+    assert str(e.value) == (
+        "option 'output-mode' is not used with format('lakesink'): set the mode with "
+        ".outputMode('append') or .outputMode('complete')"
+    )
+
+
+# --- from_mapping ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [("append", OutputMode.APPEND), ("complete", OutputMode.COMPLETE), (" Complete ", OutputMode.COMPLETE)],
+)
+def test_mapping_output_mode(value: str, mode: OutputMode) -> None:
+    assert SinkOptions.from_mapping({"table": "db.t", "output-mode": value}).output_mode is mode
+
+
+def test_mapping_output_mode_defaults_to_append() -> None:
+    assert SinkOptions.from_mapping({"table": "db.t"}).output_mode is OutputMode.APPEND
+
+
+@pytest.mark.parametrize("value", ["update", "UPDATE", "overwrite", ""])
+def test_mapping_unsupported_output_mode_names_the_supported_modes(value: str) -> None:
+    with pytest.raises(InvalidOptionError) as e:
+        SinkOptions.from_mapping({"table": "db.t", "output-mode": value})
+    message = str(e.value)
+    assert message.startswith(f"output mode {value!r} is not supported by lakesink; supported modes: append, complete")
+    assert "'update' would need row-level upserts" in message
+
+
+def test_mapping_keeps_the_case_of_catalog_property_names() -> None:
+    opts = SinkOptions.from_mapping(
+        {
+            "table": "db.t",
+            "catalog.header.X-Iceberg-Access-Delegation": "vended-credentials",
+            "Catalog.s3.Endpoint": "http://minio:9000",
+            "checkpointLocation": "/ck",
+            "create-table": "False",
+        }
+    )
+    assert dict(opts.catalog_properties) == {
+        "header.X-Iceberg-Access-Delegation": "vended-credentials",
+        "s3.Endpoint": "http://minio:9000",
+    }
+    assert opts.checkpoint_location == "/ck"
+    assert opts.create_table is False
+
+
+def test_mapping_unknown_option_lists_the_valid_options() -> None:
+    with pytest.raises(InvalidOptionError) as e:
+        SinkOptions.from_mapping({"table": "db.t", "outputMode": "append"})
+    assert str(e.value) == f"unknown option(s) 'outputmode'; {VALID_LIST}"
+
+
+# --- repr never shows a secret --------------------------------------------------------------------
+
+
+def test_repr_hides_secret_catalog_properties() -> None:
+    opts = SinkOptions.from_spark_options(
+        {
+            "table": "db.t",
+            "catalog.uri": "postgresql://lake:Pg-Pa55word@db.example.com:5432/iceberg",
+            "catalog.s3.secret-access-key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "catalog.s3.session-token": "FwoGZXIvYXdzEXAMPLETOKEN",
+            "catalog.credential": "client-id:client-s3cret-value",
+            "catalog.s3.endpoint": "http://minio:9000",
+        },
+        overwrite=False,
+    )
+    for text in (repr(opts), str(opts), f"{opts}", repr([opts])):
+        for secret in ("Pg-Pa55word", "wJalrXUtnFEMI", "EXAMPLEKEY", "FwoGZXIvYXdzEXAMPLETOKEN", "client-s3cret-value"):
+            assert secret not in text
+        # what is not secret stays readable
+        assert "postgresql://lake:***@db.example.com:5432/iceberg" in text
+        assert "'s3.secret-access-key': '***'" in text
+        assert "'s3.endpoint': 'http://minio:9000'" in text
+        assert "table='db.t'" in text
+
+
+def test_repr_shows_every_field() -> None:
+    opts = SinkOptions.from_mapping(
+        {
+            "table": "db.t",
+            "catalog": "prod",
+            "output-mode": "complete",
+            "checkpointLocation": "/ck",
+            "create-table": "0",
+        }
+    )
+    assert repr(opts) == (
+        "SinkOptions(table='db.t', catalog_name='prod', catalog_properties={}, output_mode='complete', "
+        "checkpoint_location='/ck', create_table=False)"
+    )

@@ -1,0 +1,201 @@
+"""lakesink.schema.check_writable: does the stream fit the table? One error listing every problem."""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+import pytest
+from pyiceberg.schema import Schema
+from pyiceberg.types import (
+    BinaryType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    ListType,
+    LongType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestamptzType,
+)
+
+from lakesink.errors import SchemaMismatchError
+from lakesink.schema import check_writable
+
+TABLE = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "name", StringType(), required=False),
+    NestedField(3, "score", DoubleType(), required=False),
+    NestedField(4, "qty", IntegerType(), required=False),
+    NestedField(5, "ts", TimestamptzType(), required=False),
+)
+
+
+def test_exact_stream_fits() -> None:
+    stream = pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False),
+            pa.field("name", pa.string()),
+            pa.field("score", pa.float64()),
+            pa.field("qty", pa.int32()),
+            pa.field("ts", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+    assert check_writable("db.t", TABLE, stream) is None
+
+
+def test_any_column_order_and_missing_optional_columns_fit() -> None:
+    stream = pa.schema([pa.field("qty", pa.int32()), pa.field("id", pa.int64())])
+    assert check_writable("db.t", TABLE, stream) is None
+
+
+def test_nullable_stream_column_fits_a_required_column() -> None:
+    # the values are checked when written
+    assert check_writable("db.t", TABLE, pa.schema([pa.field("id", pa.int64(), nullable=True)])) is None
+
+
+@pytest.mark.parametrize(
+    ("table_type", "stream_type"),
+    [
+        pytest.param(LongType(), pa.int32(), id="int-to-long"),
+        pytest.param(LongType(), pa.int16(), id="short-to-long"),
+        pytest.param(LongType(), pa.int8(), id="byte-to-long"),
+        pytest.param(IntegerType(), pa.int16(), id="short-to-int"),
+        pytest.param(DoubleType(), pa.float32(), id="float-to-double"),
+        pytest.param(DecimalType(12, 2), pa.decimal128(10, 2), id="decimal-widening"),
+        pytest.param(DecimalType(38, 4), pa.decimal128(20, 4), id="decimal-widening-to-38"),
+        pytest.param(StringType(), pa.large_string(), id="large-string-to-string"),
+        pytest.param(TimestamptzType(), pa.timestamp("us", tz="UTC"), id="timestamptz"),
+    ],
+)
+def test_allowed_promotions_pass(table_type: object, stream_type: pa.DataType) -> None:
+    table = Schema(NestedField(1, "c", table_type, required=False))  # type: ignore[arg-type]
+    assert check_writable("db.t", table, pa.schema([pa.field("c", stream_type)])) is None
+
+
+@pytest.mark.parametrize(
+    ("table_type", "stream_type", "stream_name"),
+    [
+        pytest.param(IntegerType(), pa.int64(), "long", id="long-to-int"),
+        pytest.param(LongType(), pa.string(), "string", id="string-to-long"),
+        pytest.param(LongType(), pa.float64(), "double", id="double-to-long"),
+        pytest.param(FloatType(), pa.float64(), "double", id="double-to-float"),
+        pytest.param(IntegerType(), pa.float32(), "float", id="float-to-int"),
+        pytest.param(StringType(), pa.int64(), "long", id="long-to-string"),
+        pytest.param(DecimalType(10, 2), pa.decimal128(12, 2), "decimal(12, 2)", id="decimal-narrowing"),
+        # decimal widening keeps the scale (Iceberg spec): a scale change is not a promotion
+        pytest.param(DecimalType(10, 3), pa.decimal128(10, 2), "decimal(10, 2)", id="decimal-scale-up-same-precision"),
+        pytest.param(DecimalType(12, 2), pa.decimal128(10, 3), "decimal(10, 3)", id="decimal-scale-down"),
+        # binary to string is not an Iceberg promotion (and non-UTF-8 bytes cannot be written as strings)
+        pytest.param(StringType(), pa.binary(), "binary", id="binary-to-string"),
+    ],
+)
+def test_disallowed_promotions_name_the_column_and_both_types(
+    table_type: object, stream_type: pa.DataType, stream_name: str
+) -> None:
+    table = Schema(NestedField(1, "c", table_type, required=False))  # type: ignore[arg-type]
+    with pytest.raises(SchemaMismatchError) as e:
+        check_writable("db.t", table, pa.schema([pa.field("c", stream_type)]))
+    assert str(e.value) == (
+        "the stream does not fit table db.t:\n"
+        f"  - column 'c' has type {stream_name} in the stream and {table_type} in the table, "
+        "which is not an allowed promotion "
+        "(allowed: int to long, float to double, decimal(P,S) to decimal(P',S) with P' >= P)"
+    )
+
+
+def test_every_problem_is_listed_in_one_error() -> None:
+    stream = pa.schema(
+        [
+            pa.field("name", pa.int64()),  # string column fed a long
+            pa.field("extra", pa.int32()),  # not in the table
+            pa.field("qty", pa.int64()),  # int column fed a long: narrowing
+            pa.field("score", pa.float32()),  # fine: float -> double
+        ]
+    )  # and 'id' (required) is missing
+    with pytest.raises(SchemaMismatchError) as e:
+        check_writable("db.events", TABLE, stream)
+    assert str(e.value) == (
+        "the stream does not fit table db.events:\n"
+        "  - column 'name' has type long in the stream and string in the table, which is not an allowed promotion "
+        "(allowed: int to long, float to double, decimal(P,S) to decimal(P',S) with P' >= P)\n"
+        "  - column 'extra' (int) is in the stream but not in table db.events\n"
+        "  - column 'qty' has type long in the stream and int in the table, which is not an allowed promotion "
+        "(allowed: int to long, float to double, decimal(P,S) to decimal(P',S) with P' >= P)\n"
+        "  - column 'id' (long) is required (NOT NULL) in table db.events but missing from the stream"
+    )
+
+
+def test_every_missing_required_column_is_listed() -> None:
+    table = Schema(
+        NestedField(1, "a", LongType(), required=True),
+        NestedField(2, "b", StringType(), required=True),
+        NestedField(3, "c", StringType(), required=False),
+    )
+    with pytest.raises(SchemaMismatchError) as e:
+        check_writable("db.t", table, pa.schema([pa.field("c", pa.string())]))
+    assert str(e.value) == (
+        "the stream does not fit table db.t:\n"
+        "  - column 'a' (long) is required (NOT NULL) in table db.t but missing from the stream\n"
+        "  - column 'b' (string) is required (NOT NULL) in table db.t but missing from the stream"
+    )
+
+
+def test_duplicate_stream_column_is_a_problem() -> None:
+    stream = pa.schema([pa.field("id", pa.int64()), pa.field("id", pa.int64())])
+    with pytest.raises(SchemaMismatchError) as e:
+        check_writable("db.t", TABLE, stream)
+    assert str(e.value) == "the stream does not fit table db.t:\n  - column 'id' appears twice in the stream"
+
+
+def test_primitive_stream_column_for_a_struct_column() -> None:
+    table = Schema(
+        NestedField(1, "s", StructType(NestedField(2, "a", LongType(), required=False)), required=False),
+    )
+    with pytest.raises(SchemaMismatchError) as e:
+        check_writable("db.t", table, pa.schema([pa.field("s", pa.int64())]))
+    assert str(e.value) == (
+        "the stream does not fit table db.t:\n"
+        "  - column 's' has type long in the stream and struct<2: a: optional long> in the table"
+    )
+
+
+def test_nested_struct_with_promotion_and_missing_optional_child_fits() -> None:
+    table = Schema(
+        NestedField(
+            1,
+            "s",
+            StructType(
+                NestedField(2, "a", LongType(), required=False),
+                NestedField(3, "b", StringType(), required=False),
+            ),
+            required=False,
+        ),
+        NestedField(4, "l", ListType(5, LongType(), element_required=False), required=False),
+    )
+    stream = pa.schema([pa.field("s", pa.struct([pa.field("a", pa.int32())])), pa.field("l", pa.list_(pa.int64()))])
+    assert check_writable("db.t", table, stream) is None
+
+
+def test_nested_struct_with_an_incompatible_child_names_the_column() -> None:
+    table = Schema(
+        NestedField(1, "s", StructType(NestedField(2, "a", LongType(), required=False)), required=False),
+    )
+    stream = pa.schema([pa.field("s", pa.struct([pa.field("a", pa.string())]))])
+    with pytest.raises(SchemaMismatchError) as e:
+        check_writable("db.t", table, stream)
+    message = str(e.value)
+    assert re.match(
+        r"the stream does not fit table db\.t:\n"
+        r"  - column 's' has type struct<-?\d+: a: optional string> in the stream, "
+        r"incompatible with struct<2: a: optional long> in the table: Mismatch in fields",
+        message,
+    ), message
+    assert message.count("\n  - ") == 1  # one problem: column s
+
+
+def test_binary_column_still_fits_a_binary_table_column() -> None:
+    table = Schema(NestedField(1, "b", BinaryType(), required=False))
+    assert check_writable("db.t", table, pa.schema([pa.field("b", pa.binary())])) is None
