@@ -413,3 +413,15 @@ def test_write_plan_from_the_table(make_plan: MakePlan) -> None:
     assert (plan.schema_id, plan.spec_id) == (0, 0)
     assert plan.query_id == "q-1"
     assert plan.last_committed_batch is None
+
+
+@pytest.mark.parametrize(
+    ("properties", "codec"),
+    [({}, "ZSTD"), ({"write.parquet.compression-codec": "snappy"}, "SNAPPY"), ({"write.parquet.compression-codec": "gzip"}, "GZIP")],
+)
+def test_compression_follows_the_table_property(make_plan: MakePlan, properties: dict[str, str], codec: str) -> None:
+    plan = make_plan(EVENTS, properties=properties)
+    result = writer(plan).write([events(list(range(100)))])
+    meta = pq.ParquetFile(local_path(result.files[0].path)).metadata
+    codecs = {meta.row_group(0).column(i).compression for i in range(meta.num_columns)}
+    assert codecs == {codec}
