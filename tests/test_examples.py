@@ -1,0 +1,63 @@
+"""The demo (``make demo``) runs end to end: killed and restarted, the table holds every event exactly once."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(200)
+def test_demo_fast_kills_and_restarts_with_no_duplicates_and_no_missing_rows(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    env.update(
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        LAKESINK_HOME=str(tmp_path / "lakehouse"),
+    )
+    env.pop("LAKESINK_FAULTS_DIR", None)  # the demo uses a folder of its own for the job it kills
+    proc = subprocess.Popen(
+        [sys.executable, str(DEMO), "--fast", "--dir", str(tmp_path / "demo-run")],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            # SIGTERM first: the demo then kills its stream job (a session of its own) before exiting
+            proc.terminate()
+            try:
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+    log = tmp_path / "demo-run" / "stream_job.log"
+    detail = f"stdout:\n{out}\nstderr:\n{err[-3000:]}\n"
+    if log.exists():
+        detail += f"stream_job.log (end):\n{log.read_text(errors='replace')[-3000:]}"
+    assert proc.returncode == 0, detail
+
+    def number(label: str) -> int:
+        m = re.search(rf"^\s*{label}:\s+([\d,]+)", out, re.MULTILINE)
+        assert m, f"no '{label}' line in the demo's output\n{detail}"
+        return int(m.group(1).replace(",", ""))
+
+    assert number("duplicates") == 0, detail
+    assert number("missing") == 0, detail
+    assert number(r"kills \(SIGKILL\)") >= 1, detail
+    assert number("rows in the table") == number("rows sent") > 0, detail
+    # the embedded default catalog, where LAKESINK_HOME says
+    assert (tmp_path / "lakehouse" / "catalog.db").is_file()
+    assert (tmp_path / "lakehouse" / "warehouse").is_dir()
