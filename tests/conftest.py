@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.pg import PostgresServer
+
 # Spark's Python workers must import lakesink: run them with this interpreter. Fault points are read
 # from this folder by every process (driver, commit workers, executors), so it is set before Spark starts.
 os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -70,15 +72,33 @@ def faults() -> Iterator[Faults]:
     f.clear()
 
 
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the test session (a fresh database per test)."""
+    server = PostgresServer.start()
+    yield server
+    server.stop()
+
+
+def sql_catalog_properties(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, str]:
+    (tmp_path / "warehouse").mkdir(exist_ok=True)
+    if kind == "sqlite":
+        uri = f"sqlite:///{tmp_path}/catalog.db"
+    else:
+        uri = request.getfixturevalue("postgres").create_database()
+    return {"type": "sql", "uri": uri, "warehouse": f"file://{tmp_path}/warehouse"}
+
+
 @pytest.fixture
-def catalog_properties(tmp_path: Path) -> dict[str, str]:
+def catalog_properties(tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, str]:
     """A fresh SQLite catalog file and warehouse folder for one test."""
-    (tmp_path / "warehouse").mkdir()
-    return {
-        "type": "sql",
-        "uri": f"sqlite:///{tmp_path}/catalog.db",
-        "warehouse": f"file://{tmp_path}/warehouse",
-    }
+    return sql_catalog_properties("sqlite", tmp_path, request)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_catalog_properties(tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, str]:
+    """The same test on a SQLite catalog file and on a PostgreSQL-backed SQL catalog (a fresh database)."""
+    return sql_catalog_properties(request.param, tmp_path, request)
 
 
 @pytest.fixture

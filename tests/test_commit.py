@@ -56,6 +56,12 @@ def commit(committer: TableCommitter, query_id: str, batch_id: int, results: lis
 
 
 @pytest.fixture
+def catalog_properties(any_catalog_properties: dict[str, str]) -> dict[str, str]:
+    """Every commit test runs on a SQLite catalog and on a PostgreSQL catalog."""
+    return any_catalog_properties
+
+
+@pytest.fixture
 def committer(catalog_properties: dict[str, str]) -> TableCommitter:
     c = make_committer(catalog_properties)
     c.open_table(SCHEMA)
