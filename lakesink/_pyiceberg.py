@@ -32,7 +32,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestCo
 from pyiceberg.schema import Schema, _check_schema_compatible, sanitize_column_names
 from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
-from pyiceberg.table.update import AssertTableUUID
+from pyiceberg.table.update import AssertCurrentSchemaId, AssertDefaultSpecId, AssertTableUUID
 from pyiceberg.typedef import Record
 from pyiceberg.types import IcebergType
 
@@ -177,7 +177,14 @@ def prepare_snapshot(
     if props := properties(producer.snapshot_id):
         tx.set_properties(dict(props))
     producer.commit()  # stages the snapshot into the transaction; nothing reaches the catalog yet
-    requirements = (*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid))
+    # besides the branch head (AssertRefSnapshotId, from the producer): the table, its schema and its
+    # partition spec must still be the ones the files were written for
+    requirements = (
+        *tx._requirements,
+        AssertTableUUID(uuid=table.metadata.table_uuid),
+        AssertCurrentSchemaId(current_schema_id=table.metadata.current_schema_id),  # type: ignore[call-arg]
+        AssertDefaultSpecId(default_spec_id=table.metadata.default_spec_id),  # type: ignore[call-arg]
+    )
     return PreparedSnapshot(
         table=table,
         snapshot_id=producer.snapshot_id,
@@ -212,6 +219,18 @@ def added_data_file_paths(table: Table, snapshot_id: int) -> set[str] | None:
             if entry.snapshot_id == snapshot_id:
                 paths.add(entry.data_file.file_path)
     return paths
+
+
+def find_batch_snapshot(table: Table, query_id: str, batch_id: int) -> int | None:
+    """The snapshot that committed (query id, batch id), searched in the table's metadata (no file read).
+
+    Used only on the rare abort path where the query's marker has already moved past the batch.
+    """
+    for snapshot in table.metadata.snapshots:
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        if props.get("lakesink.query-id") == query_id and props.get("lakesink.batch-id") == str(batch_id):
+            return snapshot.snapshot_id
+    return None
 
 
 def delete_file(io: FileIO, path: str) -> None:

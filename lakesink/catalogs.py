@@ -82,7 +82,7 @@ def resolve_catalog_properties(name: str | None, overrides: Mapping[str, str]) -
             f"folder) or set PYICEBERG_CATALOG__{name.upper().replace('-', '_')}__TYPE/URI/..., or pass catalog.<property> "
             f"options; known catalogs: {known}"
         )
-    props = {**base, **{k: str(v) for k, v in overrides.items()}}
+    props = {**base, **{k: str(v) for k, v in overrides.items() if k != "name"}}
     return name, {k: expand(v, key=k) for k, v in props.items()}
 
 

@@ -43,7 +43,24 @@ def _log_to_stderr_in_workers() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logger.addHandler(handler)
-    logger.setLevel(os.environ.get(ENV_LOG_LEVEL, "INFO").upper())
+    level = os.environ.get(ENV_LOG_LEVEL, "INFO").upper()
+    if not isinstance(logging.getLevelName(level), int):
+        logger.warning("lakesink: %s=%r is not a logging level; using INFO", ENV_LOG_LEVEL, level)
+        level = "INFO"
+    logger.setLevel(level)
+
+
+_COMMIT_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
+
+
+def _in_commit_worker() -> bool:
+    """True when Spark calls streamWriter() only to commit or abort a batch (its streaming sink runner)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == _COMMIT_RUNNER:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 class LakesinkDataSource(DataSource):
@@ -69,9 +86,16 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
             )
         self._options = options
         self._checkpoint = options.checkpoint_location
-        self._committer: TableCommitter | None = TableCommitter(options)
+        self._committer: TableCommitter | None = None
+        self._plan: WritePlan | None = None
+        if _in_commit_worker():
+            # Spark re-creates the writer for every commit and abort: those must work even when the table
+            # changed since the query started (the commit itself detects that, deletes the batch's files and
+            # raises ConcurrentTableChangeError), so nothing is validated here.
+            return
+        self._committer = TableCommitter(options)
         table = self._committer.open_table(arrow_schema_of(schema))
-        self._plan: WritePlan = self._committer.write_plan(table, read_query_id(self._checkpoint))
+        self._plan = self._committer.write_plan(table, read_query_id(self._checkpoint))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -81,24 +105,25 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
     # --- executors ------------------------------------------------------------------------------
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        plan = self._plan
+        if plan is None:
+            raise LakesinkError("this lakesink writer was made for a commit, it cannot write rows")
         ctx = TaskContext.get()
         if ctx is None:
             raise LakesinkError("LakesinkStreamWriter.write must run inside a Spark task")
-        query_id = ctx.getLocalProperty(QUERY_ID_PROPERTY) or self._plan.query_id
+        query_id = ctx.getLocalProperty(QUERY_ID_PROPERTY) or plan.query_id
         batch_id = ctx.getLocalProperty(BATCH_ID_PROPERTY)
         if query_id is None or batch_id is None:
-            raise LakesinkError(
-                "format('lakesink') writes streaming queries only (no query id or batch id in the task)"
-            )
+            raise LakesinkError("format('lakesink') writes streaming queries only (no query id or batch id in the task)")
         writer = TaskWriter(
-            self._plan,
+            plan,
             query_id=query_id,
             batch_id=int(batch_id),
             partition_id=ctx.partitionId(),
             task_attempt_id=ctx.taskAttemptId(),
         )
-        last = self._plan.last_committed_batch
-        if query_id == self._plan.query_id and last is not None and int(batch_id) <= last:
+        last = plan.last_committed_batch
+        if query_id == plan.query_id and last is not None and int(batch_id) <= last:
             return writer.skip_replay(iterator)
         return writer.write(iterator)
 
@@ -112,7 +137,9 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
     def _query_id(self, results: Sequence[TaskResult]) -> str | None:
         if results:
             return results[0].query_id
-        return self._plan.query_id or read_query_id(self._checkpoint)
+        if self._plan is not None and self._plan.query_id:
+            return self._plan.query_id
+        return read_query_id(self._checkpoint)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         results = [m for m in messages if isinstance(m, TaskResult)]

@@ -90,9 +90,7 @@ class CommitRetry:
         def get(p: tuple[str, int]) -> int:
             return max(0, int(props.get(p[0], p[1])))
 
-        return cls(
-            get(COMMIT_NUM_RETRIES), get(COMMIT_MIN_WAIT_MS), get(COMMIT_MAX_WAIT_MS), get(COMMIT_TOTAL_TIMEOUT_MS)
-        )
+        return cls(get(COMMIT_NUM_RETRIES), get(COMMIT_MIN_WAIT_MS), get(COMMIT_MAX_WAIT_MS), get(COMMIT_TOTAL_TIMEOUT_MS))
 
     def retrying(self) -> Retrying:
         return Retrying(
@@ -137,8 +135,7 @@ class TableCommitter:
         except NoSuchTableError:
             if not self.options.create_table:
                 raise CatalogError(
-                    f"table {self.table_name} does not exist in catalog {self.catalog.name!r} "
-                    "(option create-table is false)"
+                    f"table {self.table_name} does not exist in catalog {self.catalog.name!r} (option create-table is false)"
                 ) from None
         except Exception as e:
             raise CatalogError(f"cannot load table {self.table_name}: {self._redact(e)}") from None
@@ -210,15 +207,11 @@ class TableCommitter:
                                 query_id,
                             )
                         self._delete(table, paths, reason="batch already committed (replay)")
-                        return self._logged(
-                            BatchOutcome(Outcome.REPLAY_SKIPPED, batch_id, retries=attempts - 1), query_id
-                        )
+                        return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch_id, retries=attempts - 1), query_id)
                     self._check_unchanged(table, results, paths)
                     if data_files is None:
                         data_files = [
-                            seam.data_file(
-                                path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=r.spec_id
-                            )
+                            seam.data_file(path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=r.spec_id)
                             for r in results
                             for f in r.files
                         ]
@@ -256,9 +249,7 @@ class TableCommitter:
                         elif settled == "other":
                             prepared.discard()
                             self._delete(table, paths, reason="batch committed by another writer")
-                            return self._logged(
-                                BatchOutcome(Outcome.REPLAY_SKIPPED, batch_id, retries=attempts - 1), query_id
-                            )
+                            return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch_id, retries=attempts - 1), query_id)
                         else:
                             raise CommitOutcomeUnknownError(
                                 f"commit of batch {batch_id} of query {query_id} to {self.table_name}: the catalog "
@@ -377,11 +368,16 @@ class TableCommitter:
             )
             return
         done = last_committed_batch(table.properties, query_id) if query_id else None
-        if done is not None and done.batch_id == batch_id:
-            referenced = seam.added_data_file_paths(table, done.snapshot_id)
+        if done is not None and done.batch_id >= batch_id:
+            # the batch is in the table: keep whatever its snapshot references
+            assert query_id is not None
+            snapshot_id = done.snapshot_id if done.batch_id == batch_id else seam.find_batch_snapshot(table, query_id, batch_id)
+            referenced = seam.added_data_file_paths(table, snapshot_id) if snapshot_id is not None else None
             if referenced is None:
                 log.warning(
-                    "lakesink: batch %s is committed but its snapshot is gone; keeping %s file(s)", batch_id, len(paths)
+                    "lakesink: batch %s is committed but its snapshot cannot be read; keeping %s file(s)",
+                    batch_id,
+                    len(paths),
                 )
                 return
             paths = [p for p in paths if p not in referenced]

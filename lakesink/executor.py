@@ -147,9 +147,7 @@ class TaskWriter:
         """The batch is already in the table: consume the input, write nothing."""
         for _ in batches:
             pass
-        log.info(
-            "lakesink: batch %s of query %s is already committed; task writes nothing", self._batch_id, self._query_id
-        )
+        log.info("lakesink: batch %s of query %s is already committed; task writes nothing", self._batch_id, self._query_id)
         return self._result(replay_skipped=True)
 
     def _result(self, *, replay_skipped: bool) -> TaskResult:
@@ -187,11 +185,17 @@ class TaskWriter:
     # --- row groups and files -------------------------------------------------------------------
 
     def _add(self, batch: pa.RecordBatch) -> None:
-        self._buffer.append(batch)
-        self._buffer_rows += batch.num_rows
-        self._buffer_bytes += batch.nbytes
-        if self._buffer_rows >= self._row_group_rows or self._buffer_bytes >= self._row_group_bytes:
-            self._flush_row_group()
+        # write.parquet.row-group-limit is a cap (batches are split at it);
+        # write.parquet.row-group-size-bytes is a threshold on the in-memory size of the collected rows
+        while batch.num_rows:
+            take = min(batch.num_rows, self._row_group_rows - self._buffer_rows)
+            part = batch if take == batch.num_rows else batch.slice(0, take)
+            batch = batch.slice(take)
+            self._buffer.append(part)
+            self._buffer_rows += part.num_rows
+            self._buffer_bytes += part.nbytes
+            if self._buffer_rows >= self._row_group_rows or self._buffer_bytes >= self._row_group_bytes:
+                self._flush_row_group()
 
     def _flush_row_group(self) -> None:
         if not self._buffer:
@@ -234,9 +238,7 @@ class TaskWriter:
         stream.close()
         assert path is not None
         stats = seam.file_statistics(writer.writer.metadata, self._file_schema, self._plan.properties)
-        self._files.append(
-            WrittenFile(path=path, size_in_bytes=size, record_count=self._rows_in_file, statistics=stats)
-        )
+        self._files.append(WrittenFile(path=path, size_in_bytes=size, record_count=self._rows_in_file, statistics=stats))
         self._path = None
         fault_point(EXECUTOR_AFTER_FILE)
 

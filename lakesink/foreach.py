@@ -76,9 +76,7 @@ class ForeachBatchSink:
         spark = df.sparkSession
         query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
         if not query_id:
-            raise LakesinkError(
-                "lakesink.foreach_batch(...) must be passed to writeStream.foreachBatch of a streaming query"
-            )
+            raise LakesinkError("lakesink.foreach_batch(...) must be passed to writeStream.foreachBatch of a streaming query")
         if self._committer is None:
             self._committer = TableCommitter(self.options)
         committer = self._committer

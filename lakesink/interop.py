@@ -65,9 +65,7 @@ def iceberg_rust_query(
     from datafusion import SessionContext
     from pyiceberg_core.datafusion import IcebergDataFusionTable
 
-    provider = IcebergDataFusionTable(
-        identifier=list(identifier), metadata_location=metadata_location, file_io_properties={}
-    )
+    provider = IcebergDataFusionTable(identifier=list(identifier), metadata_location=metadata_location, file_io_properties={})
     ctx = SessionContext()
     ctx.register_table_provider("t", provider)
     batches = ctx.sql(sql).collect()

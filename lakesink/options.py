@@ -60,9 +60,7 @@ class TableName:
     def parse(cls, value: str) -> TableName:
         parts = tuple(p.strip() for p in value.split("."))
         if len(parts) < 2 or any(not p for p in parts):
-            raise InvalidOptionError(
-                f"option '{TABLE}' must be '<namespace>.<table>' (for example 'db.events'), got {value!r}"
-            )
+            raise InvalidOptionError(f"option '{TABLE}' must be '<namespace>.<table>' (for example 'db.events'), got {value!r}")
         return cls(namespace=parts[:-1], name=parts[-1])
 
     @property

@@ -38,9 +38,7 @@ def check_writable(table_name: str, table_schema: Schema, stream: pa.Schema) -> 
         seen.add(field.name)
         table_field = by_name.get(field.name)
         if table_field is None:
-            problems.append(
-                f"column {field.name!r} ({_describe(field.type)}) is in the stream but not in table {table_name}"
-            )
+            problems.append(f"column {field.name!r} ({_describe(field.type)}) is in the stream but not in table {table_name}")
             continue
         problem = _type_problem(table_field, field)
         if problem:

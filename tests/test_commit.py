@@ -310,3 +310,41 @@ def _wait(cond, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
     while not cond():
         assert time.monotonic() < deadline, "timed out waiting"
         time.sleep(0.02)
+
+
+def test_abort_after_the_marker_moved_past_the_batch_keeps_its_committed_files(committer: TableCommitter) -> None:
+    """Batch 1 landed, then (before abort ran) the query's batch 2 landed too: abort must not delete batch 1's files."""
+    committed = write_task(committer, Q1, 1, [1, 2])
+    commit(committer, Q1, 1, [committed])
+    commit(committer, Q1, 2, [write_task(committer, Q1, 2, [3])])
+    stray = write_task(committer, Q1, 1, [1, 2], attempt=5)
+    committer.abort_batch(query_id=Q1, batch_id=1, results=[committed, stray])
+    table = load(committer)
+    assert data_files_on_disk(table) == referenced_data_files(table)
+    assert {f.path for f in committed.files} <= data_files_on_disk(table)
+    assert table_ids(table) == Counter([1, 2, 3])
+
+
+def test_schema_change_after_the_check_fails_the_swap_then_is_reported(committer: TableCommitter, faults) -> None:  # type: ignore[no-untyped-def]
+    """A schema change landing between the attempt's check and its swap is caught by the swap itself."""
+    result = write_task(committer, Q1, 0, [1, 2])
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    box: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            commit(committer, Q1, 0, [result])
+        except BaseException as e:
+            box.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    with load(committer).update_schema() as update:
+        update.add_column("late", StringType())
+    faults.release(DRIVER_BEFORE_SWAP)
+    t.join(60)
+    assert len(box) == 1 and isinstance(box[0], ConcurrentTableChangeError)
+    table = load(committer)
+    assert table.current_snapshot() is None
+    assert data_files_on_disk(table) == set()

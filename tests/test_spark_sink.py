@@ -321,3 +321,31 @@ def _wait(cond: Any, timeout: float = 120) -> None:
 
 
 _ = threading  # (threads are Spark's here)
+
+
+def test_partition_spec_change_during_a_run_is_a_clear_conflict(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """Another writer changes the partition spec while a batch is in flight: a clear conflict, files deleted."""
+    from pyiceberg.transforms import IdentityTransform
+
+    from lakesink.faults import DRIVER_BEFORE_CHECK
+
+    s = Stream(spark, tmp_path, catalog_properties, "format")
+    s.add_input(files=1)
+    faults.arm(DRIVER_BEFORE_CHECK, "pause")
+    q = s.start()
+    try:
+        _wait(lambda: faults.reached(DRIVER_BEFORE_CHECK))
+        with s.table.update_spec() as spec:
+            spec.add_field("kind", IdentityTransform(), "kind")
+        faults.release(DRIVER_BEFORE_CHECK)
+        with pytest.raises(StreamingQueryException) as info:
+            q.awaitTermination(120)
+    finally:
+        q.stop()
+    assert "ConcurrentTableChangeError" in str(info.value)
+    assert "changed while the batch was written" in str(info.value)
+    table = s.table
+    assert table.current_snapshot() is None
+    assert data_files_on_disk(table) == set()  # the commit deleted them, and abort could run too

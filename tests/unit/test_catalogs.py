@@ -274,3 +274,10 @@ def test_broken_catalog_error_masks_a_password_given_through_a_variable(
         "cannot load catalog 'unitbroken': ValueError: Could not infer the catalog type from the uri: "
         "mysql://admin:***@db.example.com/iceberg"
     )
+
+
+def test_catalog_name_option_names_the_catalog(isolated_config: Path, tmp_path: Path) -> None:
+    props = {"name": "mine", "type": "sql", "uri": f"sqlite:///{tmp_path}/named.db", "warehouse": f"file://{tmp_path}"}
+    catalog = catalogs.load(None, props)
+    assert catalog.name == "mine"
+    assert catalog.list_namespaces() == []

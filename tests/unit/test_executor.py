@@ -417,7 +417,11 @@ def test_write_plan_from_the_table(make_plan: MakePlan) -> None:
 
 @pytest.mark.parametrize(
     ("properties", "codec"),
-    [({}, "ZSTD"), ({"write.parquet.compression-codec": "snappy"}, "SNAPPY"), ({"write.parquet.compression-codec": "gzip"}, "GZIP")],
+    [
+        ({}, "ZSTD"),
+        ({"write.parquet.compression-codec": "snappy"}, "SNAPPY"),
+        ({"write.parquet.compression-codec": "gzip"}, "GZIP"),
+    ],
 )
 def test_compression_follows_the_table_property(make_plan: MakePlan, properties: dict[str, str], codec: str) -> None:
     plan = make_plan(EVENTS, properties=properties)
@@ -425,3 +429,12 @@ def test_compression_follows_the_table_property(make_plan: MakePlan, properties:
     meta = pq.ParquetFile(local_path(result.files[0].path)).metadata
     codecs = {meta.row_group(0).column(i).compression for i in range(meta.num_columns)}
     assert codecs == {codec}
+
+
+def test_row_group_limit_is_a_cap_even_when_batches_straddle_it(make_plan: MakePlan) -> None:
+    plan = make_plan(EVENTS, properties={"write.parquet.row-group-limit": "3"})
+    batches = [events([2 * i, 2 * i + 1]) for i in range(5)]  # 2-row batches, 10 rows
+    result = writer(plan).write(batches)
+    meta = pq.ParquetFile(local_path(result.files[0].path)).metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [3, 3, 3, 1]
+    assert [r["id"] for r in read_rows(result)] == list(range(10))
