@@ -30,8 +30,10 @@ from lakesink.errors import (
     InvalidOptionError,
     LakesinkError,
     SchemaMismatchError,
+    TableLocationError,
 )
 from lakesink.foreach import ForeachBatchSink, foreach_batch
+from lakesink.maintenance import remove_orphan_files
 from lakesink.options import OutputMode, SinkOptions
 
 __version__ = "0.1.0"
@@ -51,9 +53,11 @@ __all__ = [
     "OutputMode",
     "SchemaMismatchError",
     "SinkOptions",
+    "TableLocationError",
     "foreach_batch",
     "lakesink_home",
     "register",
+    "remove_orphan_files",
 ]
 
 

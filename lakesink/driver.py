@@ -28,7 +28,7 @@ from tenacity import (
 )
 
 from lakesink import _pyiceberg as seam
-from lakesink import catalogs
+from lakesink import catalogs, locations
 from lakesink.errors import (
     CatalogError,
     CommitConflictError,
@@ -39,7 +39,13 @@ from lakesink.errors import (
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_CHECK, DRIVER_BEFORE_SWAP, DRIVER_IN_ABORT, fault_point
 from lakesink.messages import TaskResult, WritePlan, WrittenFile
 from lakesink.options import OutputMode, SinkOptions
-from lakesink.properties import CommittedBatch, batch_summary, last_batch_key, last_committed_batch
+from lakesink.properties import (
+    SUMMARY_COMMIT_ATTEMPT,
+    CommittedBatch,
+    batch_summary,
+    last_batch_key,
+    last_committed_batch,
+)
 from lakesink.redaction import redact_secrets_in
 from lakesink.schema import check_writable
 
@@ -54,6 +60,7 @@ COMMIT_MAX_WAIT_MS = ("commit.retry.max-wait-ms", 60_000)
 COMMIT_TOTAL_TIMEOUT_MS = ("commit.retry.total-timeout-ms", 1_800_000)
 
 _SETTLE_ATTEMPTS = 6
+_MAX_SIBLINGS_CHECKED = 500
 
 
 class Outcome(enum.Enum):
@@ -126,7 +133,32 @@ class TableCommitter:
                 "unpartitioned tables only"
             )
         check_writable(self.table_name, table.schema(), stream_schema)
+        locations.data_prefix(self.table_name, table.location(), table.properties)
+        locations.check_no_overlap(self.table_name, table.location(), self._sibling_locations())
         return table
+
+    def _sibling_locations(self) -> list[tuple[str, str]]:
+        """Locations of the other tables of the namespace (read once, at the start of a query)."""
+        out = []
+        ident = self.options.table.identifier
+        try:
+            siblings = [t for t in self.catalog.list_tables(self.options.table.namespace) if tuple(t) != ident]
+        except Exception as e:
+            log.warning("lakesink: cannot list the tables of %s (%s); location overlap not checked", ident[:-1], e)
+            return []
+        if len(siblings) > _MAX_SIBLINGS_CHECKED:
+            log.warning(
+                "lakesink: namespace of %s has %s tables; location overlap checked against the first %s",
+                self.table_name,
+                len(siblings),
+                _MAX_SIBLINGS_CHECKED,
+            )
+        for other in siblings[:_MAX_SIBLINGS_CHECKED]:
+            try:
+                out.append((".".join(other), self.catalog.load_table(other).location()))
+            except Exception:
+                continue  # dropped meanwhile, or not an Iceberg table
+        return out
 
     def _load_or_create(self, stream_schema: pa.Schema) -> Table:
         ident = self.options.table.identifier
@@ -154,6 +186,7 @@ class TableCommitter:
         return WritePlan(
             table=self.table_name,
             location=table.location(),
+            data_prefix=locations.data_prefix(self.table_name, table.location(), table.properties),
             properties=dict(table.properties),
             schema=table.schema(),
             schema_id=table.metadata.current_schema_id,
@@ -221,7 +254,7 @@ class TableCommitter:
                             table,
                             data_files=data_files,
                             overwrite=overwrite,
-                            summary=summary,
+                            summary={**summary, SUMMARY_COMMIT_ATTEMPT: str(attempts)},
                             # the replay marker, in the same atomic commit as the snapshot it names
                             properties=lambda snapshot_id: {
                                 last_batch_key(query_id): CommittedBatch(batch_id, snapshot_id, commit_id).to_property()

@@ -23,6 +23,10 @@ class CatalogError(LakesinkError):
     """The catalog, namespace or table could not be resolved or created."""
 
 
+class TableLocationError(LakesinkError):
+    """The table's location or data path is unsafe to write to (see :mod:`lakesink.locations`)."""
+
+
 class SchemaMismatchError(LakesinkError):
     """The stream's schema or values do not fit the table. The message lists every column problem."""
 

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from pyiceberg.schema import Schema
 
 from lakesink import _pyiceberg as seam
-from lakesink.errors import SchemaMismatchError
+from lakesink.errors import SchemaMismatchError, TableLocationError
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.messages import TaskResult, WritePlan, WrittenFile
 
@@ -217,6 +217,11 @@ class TaskWriter:
         )
         self._counter += 1
         path = seam.new_data_location(self._plan.location, self._plan.properties, name)
+        if not path.startswith(self._plan.data_prefix.rstrip("/") + "/"):
+            raise TableLocationError(
+                f"lakesink refuses to write {path!r}: outside the data path {self._plan.data_prefix!r} "
+                f"of table {self._plan.table}"
+            )
         # overwrite=False: a name collision fails loudly instead of replacing a committed file
         stream = self._plan.io.new_output(path).create(overwrite=False)
         self._path = path

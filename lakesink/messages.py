@@ -21,6 +21,8 @@ class WritePlan:
 
     table: str
     location: str
+    data_prefix: str
+    """Every data file must be created under this prefix (checked by lakesink.locations)."""
     properties: Mapping[str, str]
     schema: Schema
     schema_id: int

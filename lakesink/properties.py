@@ -7,6 +7,8 @@ Snapshot summary (every batch commit; string values):
 - ``lakesink.source-offsets``: the batch's end offsets as Spark recorded them in the
   checkpoint's offset log (a JSON list, one entry per source);
 - ``lakesink.commit-id``: a random id of the commit call, to settle unknown outcomes;
+- ``lakesink.commit-attempt``: which attempt of the compare-and-swap landed (1 when no other writer
+  got in between; each conflict adds one);
 - ``spark.sql.streaming.queryId`` / ``spark.sql.streaming.epochId``: the keys Iceberg's own Spark
   sink writes, for engines and tools that already know them.
 
@@ -28,6 +30,7 @@ SUMMARY_QUERY_ID = "lakesink.query-id"
 SUMMARY_BATCH_ID = "lakesink.batch-id"
 SUMMARY_SOURCE_OFFSETS = "lakesink.source-offsets"
 SUMMARY_COMMIT_ID = "lakesink.commit-id"
+SUMMARY_COMMIT_ATTEMPT = "lakesink.commit-attempt"
 ICEBERG_QUERY_ID = "spark.sql.streaming.queryId"
 ICEBERG_EPOCH_ID = "spark.sql.streaming.epochId"
 
