@@ -36,6 +36,8 @@ from pyiceberg.table.update import AssertCurrentSchemaId, AssertDefaultSpecId, A
 from pyiceberg.typedef import Record
 from pyiceberg.types import IcebergType
 
+from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
+
 _PARQUET = ParquetFormatModel()
 
 # Table properties that pyiceberg's Parquet helper does not implement; lakesink implements the
@@ -143,7 +145,9 @@ class PreparedSnapshot:
         pyiceberg's own commit loop is bypassed on purpose: it would rebase and retry without
         lakesink re-checking whether the batch is already in the table.
         """
+        fault_point(CATALOG_FAILS_BEFORE_APPLY)
         self.table._do_commit(updates=self._updates, requirements=self._requirements)
+        fault_point(CATALOG_FAILS_AFTER_APPLY)
 
     def discard(self) -> None:
         """Delete the manifests written for this snapshot (only when it certainly did not land)."""

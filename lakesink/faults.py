@@ -34,6 +34,10 @@ EXECUTOR_BEFORE_RETURN = "executor.before-return"
 DRIVER_BEFORE_CHECK = "driver.before-check"
 DRIVER_BEFORE_SWAP = "driver.before-swap"
 DRIVER_AFTER_SWAP = "driver.after-swap"
+#: inside the catalog call, before it applies the commit: the catalog fails, nothing landed (row 5)
+CATALOG_FAILS_BEFORE_APPLY = "catalog.fails-before-apply"
+#: inside the catalog call, after it applied the commit: it landed, but the caller sees an error (row 4)
+CATALOG_FAILS_AFTER_APPLY = "catalog.fails-after-apply"
 DRIVER_IN_ABORT = "driver.in-abort"
 
 POINTS = (
@@ -43,6 +47,8 @@ POINTS = (
     DRIVER_BEFORE_CHECK,
     DRIVER_BEFORE_SWAP,
     DRIVER_AFTER_SWAP,
+    CATALOG_FAILS_BEFORE_APPLY,
+    CATALOG_FAILS_AFTER_APPLY,
     DRIVER_IN_ABORT,
 )
 

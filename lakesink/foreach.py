@@ -16,6 +16,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
+from lakesink import catalogs
 from lakesink.checkpoint import read_source_offsets
 from lakesink.driver import BatchOutcome, TableCommitter
 from lakesink.errors import LakesinkError
@@ -66,6 +67,7 @@ class ForeachBatchSink:
 
     def __init__(self, options: SinkOptions):
         self.options = options
+        catalogs.load(options.catalog_name, options.catalog_properties)  # a missing catalog fails here, at start
         self._committer: TableCommitter | None = None
         self._checkpoints: dict[str, str | None] = {}
 

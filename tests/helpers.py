@@ -9,11 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from pyiceberg.table import Table
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import functions as F
 
+import lakesink
+from lakesink import catalogs
 from lakesink.properties import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
 
 SCHEMA_DDL = "id long, ts timestamp, user string, amount double, kind int"
+TABLE = "db.events"
 
 
 def write_json_input(folder: Path, *, files: int, rows_per_file: int, start: int = 0) -> list[int]:
@@ -105,3 +111,61 @@ def arrow_rows(ids: Iterable[int]) -> pa.Table:
             "user": pa.array([f"u{i % 7}" for i in ids], pa.string()),
         }
     )
+
+
+class Stream:
+    """One streaming pipeline (source folder, checkpoint, table) that a test starts and restarts."""
+
+    def __init__(self, spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str, mode: str = "append"):
+        self.spark = spark
+        self.src = tmp_path / "input"
+        self.src.mkdir(parents=True)
+        self.ck = tmp_path / "checkpoint"
+        self.props = catalog_properties
+        self.entry = entry
+        self.mode = mode
+        self.sent: list[int] = []
+
+    def add_input(self, files: int, rows_per_file: int = 50) -> None:
+        self.sent += write_json_input(self.src, files=files, rows_per_file=rows_per_file, start=len(self.sent) + 10_000)
+
+    def start(self, **extra: str) -> Any:
+        df = self.spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(self.src))
+        if self.mode == "complete":
+            df = df.groupBy("kind").agg(F.count("*").alias("rows"), F.sum("id").alias("id_sum"))
+        if self.entry == "format":
+            w = df.writeStream.format("lakesink").option("table", TABLE)
+            for k, v in self.props.items():
+                w = w.option(f"catalog.{k}", v)
+            for k, v in extra.items():
+                w = w.option(k, v)
+        else:
+            w = df.writeStream.foreachBatch(
+                lakesink.foreach_batch(TABLE, catalog_properties=self.props, output_mode=self.mode, **extra)  # type: ignore[arg-type]
+            )
+        return w.option("checkpointLocation", str(self.ck)).outputMode(self.mode).trigger(availableNow=True).start()
+
+    def run(self, **extra: str) -> None:
+        q = self.start(**extra)
+        try:
+            q.awaitTermination()
+        finally:
+            q.stop()
+
+    def run_failing(self) -> str:
+        with pytest.raises(StreamingQueryException) as info:
+            self.run()
+        return str(info.value)
+
+    @property
+    def table(self) -> Any:
+        return catalogs.load(None, self.props).load_table(("db", "events"))
+
+    @property
+    def query_id(self) -> str:
+        return str(json.loads((self.ck / "metadata").read_text())["id"])
+
+    def assert_exactly_once(self) -> None:
+        table = self.table
+        assert table_ids(table) == Counter(self.sent)
+        assert_snapshot_invariants(table)

@@ -16,86 +16,24 @@ from typing import Any
 
 import pytest
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import functions as F
 
 import lakesink
 from lakesink import catalogs
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, EXECUTOR_AFTER_FILE
 from tests.helpers import (
-    SCHEMA_DDL,
+    TABLE,
+    Stream,
     assert_snapshot_invariants,
     data_files_on_disk,
     lakesink_snapshots,
     referenced_data_files,
     table_ids,
-    write_json_input,
 )
 
 pytestmark = pytest.mark.spark
 
 ENTRY_POINTS = ["format", "foreach"]
-TABLE = "db.events"
-
-
-class Stream:
-    """One streaming pipeline (source folder, checkpoint, table) that a test starts and restarts."""
-
-    def __init__(
-        self, spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str, mode: str = "append"
-    ):
-        self.spark = spark
-        self.src = tmp_path / "input"
-        self.src.mkdir(parents=True)
-        self.ck = tmp_path / "checkpoint"
-        self.props = catalog_properties
-        self.entry = entry
-        self.mode = mode
-        self.sent: list[int] = []
-
-    def add_input(self, files: int, rows_per_file: int = 50) -> None:
-        self.sent += write_json_input(self.src, files=files, rows_per_file=rows_per_file, start=len(self.sent) + 10_000)
-
-    def start(self, **extra: str) -> Any:
-        df = self.spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(self.src))
-        if self.mode == "complete":
-            df = df.groupBy("kind").agg(F.count("*").alias("rows"), F.sum("id").alias("id_sum"))
-        if self.entry == "format":
-            w = df.writeStream.format("lakesink").option("table", TABLE)
-            for k, v in self.props.items():
-                w = w.option(f"catalog.{k}", v)
-            for k, v in extra.items():
-                w = w.option(k, v)
-        else:
-            w = df.writeStream.foreachBatch(
-                lakesink.foreach_batch(TABLE, catalog_properties=self.props, output_mode=self.mode, **extra)  # type: ignore[arg-type]
-            )
-        return w.option("checkpointLocation", str(self.ck)).outputMode(self.mode).trigger(availableNow=True).start()
-
-    def run(self, **extra: str) -> None:
-        q = self.start(**extra)
-        try:
-            q.awaitTermination()
-        finally:
-            q.stop()
-
-    def run_failing(self) -> str:
-        with pytest.raises(StreamingQueryException) as info:
-            self.run()
-        return str(info.value)
-
-    @property
-    def table(self) -> Any:
-        return catalogs.load(None, self.props).load_table(("db", "events"))
-
-    @property
-    def query_id(self) -> str:
-        return str(json.loads((self.ck / "metadata").read_text())["id"])
-
-    def assert_exactly_once(self) -> None:
-        table = self.table
-        assert table_ids(table) == Counter(self.sent)
-        assert_snapshot_invariants(table)
 
 
 @pytest.fixture(params=ENTRY_POINTS)
@@ -124,9 +62,7 @@ def test_complete_mode_overwrites_with_the_full_result(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], request: Any
 ) -> None:
     for entry in ENTRY_POINTS:
-        s = Stream(
-            spark, tmp_path / entry, catalog_properties | {"uri": f"sqlite:///{tmp_path}/{entry}.db"}, entry, "complete"
-        )
+        s = Stream(spark, tmp_path / entry, catalog_properties | {"uri": f"sqlite:///{tmp_path}/{entry}.db"}, entry, "complete")
         s.add_input(files=3, rows_per_file=40)
         s.run()
         table = s.table
@@ -198,9 +134,7 @@ def test_task_that_fails_once_is_retried_without_duplicates(stream: Stream, faul
     assert data_files_on_disk(table) == referenced_data_files(table)  # the failed attempt's file is gone
 
 
-def test_other_writer_between_check_and_swap(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
-) -> None:
+def test_other_writer_between_check_and_swap(spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any) -> None:
     s = Stream(spark, tmp_path, catalog_properties, "format")
     s.add_input(files=1)
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
@@ -229,9 +163,7 @@ def test_other_writer_between_check_and_swap(
     assert len(table.snapshots()) == 2
 
 
-def test_update_mode_is_rejected_with_the_supported_modes(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
-) -> None:
+def test_update_mode_is_rejected_with_the_supported_modes(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
     with pytest.raises(InvalidOptionError, match="supported modes: append, complete"):
         lakesink.foreach_batch(TABLE, output_mode="update")
     s = Stream(spark, tmp_path, catalog_properties, "format", mode="update")
@@ -297,9 +229,7 @@ def test_missing_table_without_create_table_fails_at_start(
     assert not (Path(catalog_properties["warehouse"].removeprefix("file://")) / "db").exists()
 
 
-def test_checkpoint_in_a_new_folder_is_a_new_query(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
-) -> None:
+def test_checkpoint_in_a_new_folder_is_a_new_query(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
     """A fresh checkpoint gets a new query id: its batch 0 is new data, never skipped as a replay."""
     s = Stream(spark, tmp_path, catalog_properties, "format")
     s.add_input(files=1)
