@@ -31,6 +31,8 @@ def test_point_names() -> None:
         "driver.before-check",
         "driver.before-swap",
         "driver.after-swap",
+        "catalog.fails-before-apply",
+        "catalog.fails-after-apply",
         "driver.in-abort",
     )
 
