@@ -2,9 +2,11 @@
 
 Rejected, with a message naming the table and the location:
 
-- a table location that is not an absolute URL or path, or that has ``.``/``..``/empty path segments;
+- a table location that is not an absolute URL or path, that has ``.``/``..``/empty path segments, or
+  that is the root of a filesystem or bucket;
 - a data path (``write.data.path``, or the legacy ``write.object-storage.path`` and
-  ``write.folder-storage.path``) outside the table location, or on another scheme or bucket;
+  ``write.folder-storage.path``) or a metadata path (``write.metadata.path``) outside the table
+  location, or on another scheme or bucket;
 - a table location equal to, inside, or around another table's location in the same namespace (its
   files would mix with that table's: an orphan-file clean-up of one would delete the other's data).
 
@@ -19,6 +21,7 @@ from urllib.parse import urlsplit
 from lakesink.errors import TableLocationError
 
 DATA_PATH_PROPERTIES = ("write.data.path", "write.object-storage.path", "write.folder-storage.path")
+METADATA_PATH_PROPERTIES = ("write.metadata.path",)
 
 
 def _parts(url: str) -> tuple[str, str, list[str]]:
@@ -48,15 +51,17 @@ def is_under(child: str, parent: str) -> bool:
     return (cs, ca) == (ps, pa) and cp[: len(pp)] == pp
 
 
-def data_prefix(table_name: str, location: str, properties: Mapping[str, str]) -> str:
-    """Check the table's location and data path; return the prefix every new data file must start with."""
+def check_table_location(table_name: str, location: str, properties: Mapping[str, str]) -> None:
+    """Refuse an unsafe table location, or data and metadata paths outside it (lakesink writes and
+    cleans only under the table's own location)."""
     try:
         _, _, segments = _parts(location)
         _check_segments(segments)
+        if not segments:
+            raise ValueError("it is the root of a filesystem or bucket")
     except ValueError as e:
         raise TableLocationError(f"table {table_name} has location {location!r}, which lakesink refuses: {e}") from None
-    prefix = f"{location.rstrip('/')}/data"
-    for key in DATA_PATH_PROPERTIES:
+    for key in (*DATA_PATH_PROPERTIES, *METADATA_PATH_PROPERTIES):
         value = properties.get(key)
         if not value:
             continue
@@ -68,12 +73,18 @@ def data_prefix(table_name: str, location: str, properties: Mapping[str, str]) -
             raise TableLocationError(f"table {table_name} has {key}={value!r}, which lakesink refuses: {e}") from None
         if not inside:
             raise TableLocationError(
-                f"table {table_name} has {key}={value!r}, outside its location {location!r}: lakesink writes "
-                "only under the table's location (same scheme, same bucket or host)"
+                f"table {table_name} has {key}={value!r}, outside its location {location!r}: lakesink writes and "
+                "cleans only under the table's own location (same scheme, same bucket or host)"
             )
-        prefix = value.rstrip("/")
-        break
-    return prefix
+
+
+def data_prefix(table_name: str, location: str, properties: Mapping[str, str]) -> str:
+    """Check the table's locations; return the prefix every new data file must start with."""
+    check_table_location(table_name, location, properties)
+    for key in DATA_PATH_PROPERTIES:
+        if properties.get(key):
+            return properties[key].rstrip("/")
+    return f"{location.rstrip('/')}/data"
 
 
 def check_no_overlap(table_name: str, location: str, others: Iterable[tuple[str, str]]) -> None:

@@ -35,8 +35,9 @@ from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import ManifestContent, ManifestFile, read_manifest_list
 from pyiceberg.serializers import FromInputFile
-from pyiceberg.table import Table, TableProperties
+from pyiceberg.table import Table
 
+from lakesink import locations
 from lakesink.errors import CatalogError, InvalidOptionError, LakesinkError
 from lakesink.properties import LAST_BATCH_PREFIX, SUMMARY_QUERY_ID, last_committed_batch
 from lakesink.redaction import redact_secrets_in
@@ -59,13 +60,6 @@ LAKESINK_DATA_FILE = re.compile(
 
 _METADATA_JSON = re.compile(r"\.metadata\.json(\.gz)?$")
 _NESTED_TABLE_METADATA = re.compile(r"^(?P<root>.+)/metadata/[^/]+\.metadata\.json(\.gz)?$")
-# where writers put files: pyiceberg's and Iceberg's data and metadata paths, and Iceberg's legacy data path keys
-_WRITE_PATHS = (
-    TableProperties.WRITE_DATA_PATH,
-    TableProperties.WRITE_METADATA_PATH,
-    "write.object-storage.path",
-    "write.folder-storage.path",
-)
 _SAME_STORE = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "wasbs": "wasb", "abfss": "abfs", "": "file"}
 
 
@@ -352,37 +346,9 @@ def _key(location: str) -> str:
     return f"//{netloc}{path}" if netloc else path
 
 
-def _is_under(location: str, root: str) -> bool:
-    store, netloc, path = _split(location)
-    rstore, rnetloc, rpath = _split(root)
-    return (store, netloc) == (rstore, rnetloc) and (path == rpath or path.startswith(rpath.rstrip("/") + "/"))
-
-
 def _table_root(table: Table, name: str) -> str:
-    given = table.location()
-    location = given.rstrip("/")
-    if not location or _split(given)[2] == "/":
-        raise LakesinkError(
-            f"table {name}: refusing to clean location {given!r}, the root of a filesystem or bucket "
-            "(every file there would be listed as an orphan of this table)"
-        )
-    parts = urlsplit(location)
-    raw_path = parts.path if len(parts.scheme) > 1 else location
-    if any(seg in (".", "..") for seg in raw_path.split("/")):
-        raise LakesinkError(f"table {name}: refusing to clean location {location!r} (it has '.' or '..' segments)")
-    _check_write_paths(table.properties, location, name)
-    return location
-
-
-def _check_write_paths(properties: Mapping[str, str], location: str, name: str) -> None:
-    for key in _WRITE_PATHS:
-        path = properties.get(key)
-        if path and not _is_under(path.rstrip("/"), location):
-            raise LakesinkError(
-                f"table {name}: {key} = {path!r} is outside the table location {location!r}; lakesink removes "
-                "orphan files only under the table's own location (files there may belong to other tables), "
-                "so it refuses to clean this table"
-            )
+    locations.check_table_location(name, table.location(), table.properties)
+    return table.location().rstrip("/")
 
 
 def _reload(table: Table, name: str, root: str) -> Table:
@@ -400,7 +366,7 @@ def _reload(table: Table, name: str, root: str) -> Table:
             f"table {name} changed while its files were listed (now UUID {fresh.metadata.table_uuid} at "
             f"{fresh.location()!r}); nothing was removed"
         )
-    _check_write_paths(fresh.properties, root, name)
+    locations.check_table_location(name, root, fresh.properties)
     return fresh
 
 

@@ -553,7 +553,7 @@ def test_a_data_path_outside_the_table_location_is_refused(committer: TableCommi
     table.append(arrow_rows([2]))  # another writer puts a file of this table outside its location
     table = load(committer)
     assert len(list(elsewhere.iterdir())) == 1
-    with pytest.raises(LakesinkError, match="write.data.path .* is outside the table location"):
+    with pytest.raises(LakesinkError, match=r"write\.data\.path=.* outside its location"):
         remove_orphan_files(table, older_than=ZERO)
     assert local(stray).exists() and len(list(elsewhere.iterdir())) == 1
     table.transaction().set_properties({"write.data.path": f"{table.location()}/data2"}).commit_transaction()
@@ -563,7 +563,7 @@ def test_a_data_path_outside_the_table_location_is_refused(committer: TableCommi
 def test_a_location_with_dot_dot_is_refused(committer: TableCommitter, tmp_path: Path) -> None:
     location = f"file://{tmp_path}/warehouse/db/../elsewhere"
     table = committer.catalog.create_table(("db", "odd"), schema=SCHEMA, location=location)
-    with pytest.raises(LakesinkError, match="refusing to clean location .* '.' or '..' segments"):
+    with pytest.raises(LakesinkError, match=r"which lakesink refuses: path segment '\.\.' is not allowed"):
         remove_orphan_files(table, older_than=ZERO, dry_run=True)
 
 
@@ -572,7 +572,7 @@ def test_the_root_of_a_filesystem_or_bucket_is_refused(committer: TableCommitter
     table = load(committer)
     # (a table really created there would write its metadata at the root: only the metadata object is changed)
     table.metadata = table.metadata.model_copy(update={"location": root})
-    with pytest.raises(LakesinkError, match="refusing to clean location .* the root of a filesystem or bucket"):
+    with pytest.raises(LakesinkError, match="which lakesink refuses: it is the root of a filesystem or bucket"):
         remove_orphan_files(table, older_than=ZERO, dry_run=True)
 
 
