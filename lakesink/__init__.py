@@ -23,6 +23,7 @@ from lakesink.datasource import LakesinkDataSource
 from lakesink.driver import BatchOutcome, Outcome
 from lakesink.errors import (
     CatalogError,
+    CatalogUnavailableError,
     CheckpointError,
     CommitConflictError,
     CommitOutcomeUnknownError,
@@ -41,6 +42,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchOutcome",
     "CatalogError",
+    "CatalogUnavailableError",
     "CheckpointError",
     "CommitConflictError",
     "CommitOutcomeUnknownError",

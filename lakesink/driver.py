@@ -22,6 +22,7 @@ from tenacity import (
     RetryError,
     Retrying,
     retry_if_exception_type,
+    retry_if_not_exception_type,
     stop_after_attempt,
     stop_after_delay,
     wait_exponential_jitter,
@@ -31,6 +32,7 @@ from lakesink import _pyiceberg as seam
 from lakesink import catalogs, locations
 from lakesink.errors import (
     CatalogError,
+    CatalogUnavailableError,
     CommitConflictError,
     CommitOutcomeUnknownError,
     ConcurrentTableChangeError,
@@ -61,6 +63,7 @@ COMMIT_TOTAL_TIMEOUT_MS = ("commit.retry.total-timeout-ms", 1_800_000)
 
 _SETTLE_ATTEMPTS = 6
 _MAX_SIBLINGS_CHECKED = 500
+_CATALOG_READ_PATIENCE_S = 30.0
 
 
 class Outcome(enum.Enum):
@@ -221,7 +224,7 @@ class TableCommitter:
         summary = batch_summary(query_id, batch_id, commit_id, source_offsets)
         paths = [f.path for f in files]
         attempts = 0
-        table = self.catalog.load_table(self.options.table.identifier)
+        table = self._load_for_commit(batch_id)
         retry = CommitRetry.from_properties(table.properties)
         data_files = None
         try:
@@ -229,7 +232,7 @@ class TableCommitter:
                 with attempt:
                     attempts += 1
                     if attempts > 1:
-                        table = self.catalog.load_table(self.options.table.identifier)
+                        table = self._load_for_commit(batch_id)
                     fault_point(DRIVER_BEFORE_CHECK)
                     done = last_committed_batch(table.properties, query_id)
                     if done is not None and done.batch_id >= batch_id:
@@ -300,6 +303,30 @@ class TableCommitter:
                 f"writers {attempts} time(s) (commit.retry.num-retries={retry.num_retries}); nothing was "
                 "committed and its files were deleted; restarting the query replays the batch"
             ) from e.last_attempt.exception()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _load_for_commit(self, batch_id: int) -> Table:
+        """Read the table for a commit attempt, riding out a briefly locked or unreachable catalog."""
+        retrying = Retrying(
+            stop=stop_after_delay(_CATALOG_READ_PATIENCE_S),
+            wait=wait_exponential_jitter(initial=0.2, max=5.0),
+            retry=retry_if_not_exception_type((NoSuchTableError, LakesinkError)),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    return self.catalog.load_table(self.options.table.identifier)
+        except NoSuchTableError:
+            raise CatalogError(f"table {self.table_name} was dropped while batch {batch_id} was written") from None
+        except LakesinkError:
+            raise
+        except Exception as e:
+            raise CatalogUnavailableError(
+                f"cannot read table {self.table_name} from catalog {self.catalog.name!r} to commit batch {batch_id} "
+                f"(tried for {_CATALOG_READ_PATIENCE_S:.0f} s: {self._redact(e)}); nothing was committed; "
+                "restart the query when the catalog is available"
+            ) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _check_unchanged(self, table: Table, results: Sequence[TaskResult], paths: list[str]) -> None:

@@ -23,6 +23,12 @@ class CatalogError(LakesinkError):
     """The catalog, namespace or table could not be resolved or created."""
 
 
+class CatalogUnavailableError(CatalogError):
+    """The catalog could not be read (locked, unreachable) even after retries; nothing was committed."""
+
+    retryable = True
+
+
 class TableLocationError(LakesinkError):
     """The table's location or data path is unsafe to write to (see :mod:`lakesink.locations`)."""
 

@@ -50,9 +50,7 @@ def write_task(committer: TableCommitter, query_id: str, batch_id: int, ids: lis
 
 
 def commit(committer: TableCommitter, query_id: str, batch_id: int, results: list[TaskResult]):  # type: ignore[no-untyped-def]
-    return committer.commit_batch(
-        query_id=query_id, batch_id=batch_id, results=results, source_offsets='[{"logOffset":0}]'
-    )
+    return committer.commit_batch(query_id=query_id, batch_id=batch_id, results=results, source_offsets='[{"logOffset":0}]')
 
 
 @pytest.fixture
@@ -256,9 +254,7 @@ def test_unknown_outcome_that_cannot_be_settled_deletes_nothing(committer: Table
 
 def test_retries_exhausted_raise_conflict_error_and_delete_files(committer: TableCommitter, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     table = load(committer)
-    table.transaction().set_properties(
-        {"commit.retry.num-retries": "2", "commit.retry.min-wait-ms": "1"}
-    ).commit_transaction()
+    table.transaction().set_properties({"commit.retry.num-retries": "2", "commit.retry.min-wait-ms": "1"}).commit_transaction()
     attempts = []
 
     def always_conflicts(self: seam.PreparedSnapshot) -> None:
@@ -348,3 +344,52 @@ def test_schema_change_after_the_check_fails_the_swap_then_is_reported(committer
     table = load(committer)
     assert table.current_snapshot() is None
     assert data_files_on_disk(table) == set()
+
+
+def test_catalog_locked_longer_than_its_busy_timeout(tmp_path: Path) -> None:
+    """RELIABILITY row 9: a SQLite catalog held locked by another connection past the busy timeout."""
+    import sqlite3
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/locked.db", "warehouse": f"file://{tmp_path}/wh"}
+    (tmp_path / "wh").mkdir()
+    c = make_committer(props)
+    c.open_table(SCHEMA)
+    result = write_task(c, Q1, 0, [1, 2, 3])
+    locker = sqlite3.connect(tmp_path / "locked.db", timeout=0.1, isolation_level=None, check_same_thread=False)
+    locker.execute("BEGIN EXCLUSIVE")  # nobody else can read or write the catalog now
+    release = threading.Timer(7.0, lambda: locker.execute("COMMIT"))  # SQLAlchemy's SQLite busy timeout is 5 s
+    release.start()
+    try:
+        outcome = commit(c, Q1, 0, [result])
+    finally:
+        release.join()
+        locker.close()
+    table = load(c)
+    assert outcome.outcome is Outcome.COMMITTED
+    assert table_ids(table) == Counter([1, 2, 3]) and len(table.snapshots()) == 1
+    assert data_files_on_disk(table) == referenced_data_files(table)
+
+
+def test_catalog_locked_for_too_long_is_a_clear_retryable_error(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import sqlite3
+
+    from lakesink.errors import CatalogUnavailableError
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/locked.db", "warehouse": f"file://{tmp_path}/wh"}
+    (tmp_path / "wh").mkdir()
+    c = make_committer(props)
+    c.open_table(SCHEMA)
+    result = write_task(c, Q1, 0, [1, 2])
+    monkeypatch.setattr("lakesink.driver._CATALOG_READ_PATIENCE_S", 1.0)
+    locker = sqlite3.connect(tmp_path / "locked.db", timeout=0.1, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(CatalogUnavailableError, match="cannot read table db.events from catalog") as info:
+            commit(c, Q1, 0, [result])
+    finally:
+        locker.execute("COMMIT")
+        locker.close()
+    assert info.value.retryable and "nothing was committed" in str(info.value)
+    assert load(c).current_snapshot() is None
+    assert commit(c, Q1, 0, [result]).outcome is Outcome.COMMITTED  # once the catalog is back
+    assert table_ids(load(c)) == Counter([1, 2])

@@ -98,14 +98,10 @@ def test_repository_pyiceberg_yaml_resolves_like_the_embedded_default(
 def test_expand_variables_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("UNIT_DB_HOST", "db.example.com")
     monkeypatch.delenv("UNIT_DB_PORT", raising=False)
-    assert catalogs.expand("postgresql://${UNIT_DB_HOST}:${UNIT_DB_PORT:-5432}/x") == (
-        "postgresql://db.example.com:5432/x"
-    )
+    assert catalogs.expand("postgresql://${UNIT_DB_HOST}:${UNIT_DB_PORT:-5432}/x") == ("postgresql://db.example.com:5432/x")
     assert catalogs.expand("${UNIT_DB_PORT:-}") == ""
     assert catalogs.expand("${UNIT_DB_HOST:-other}") == "db.example.com"
-    assert catalogs.expand("no variables, $UNIT_DB_HOST or {UNIT_DB_HOST}") == (
-        "no variables, $UNIT_DB_HOST or {UNIT_DB_HOST}"
-    )
+    assert catalogs.expand("no variables, $UNIT_DB_HOST or {UNIT_DB_HOST}") == ("no variables, $UNIT_DB_HOST or {UNIT_DB_HOST}")
 
 
 def test_expand_default_applies_to_an_empty_variable_as_in_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -126,9 +122,7 @@ def test_unset_variable_is_an_error_naming_it(isolated_config: Path, monkeypatch
     assert str(e.value) == "catalog property refers to environment variable ${UNIT_UNSET_SECRET}, which is not set"
 
 
-def test_unset_variable_error_names_the_catalog_property(
-    isolated_config: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_unset_variable_error_names_the_catalog_property(isolated_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("UNIT_UNSET_SECRET", raising=False)
     with pytest.raises(CatalogError) as e:
         catalogs.load(None, {"type": "rest", "uri": "http://rest:8181", "credential": "id:${UNIT_UNSET_SECRET}"})
@@ -170,9 +164,7 @@ def test_overrides_are_expanded(isolated_config: Path, tmp_path: Path, monkeypat
 # --- named catalogs -------------------------------------------------------------------------------
 
 
-def test_named_catalog_from_environment_variables(
-    isolated_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_named_catalog_from_environment_variables(isolated_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # set after pyiceberg was imported: lakesink reads pyiceberg's configuration at call time
     monkeypatch.setenv("PYICEBERG_CATALOG__UNITENV__TYPE", "sql")
     monkeypatch.setenv("PYICEBERG_CATALOG__UNITENV__URI", f"sqlite:///{tmp_path}/env/catalog.db")
@@ -281,3 +273,26 @@ def test_catalog_name_option_names_the_catalog(isolated_config: Path, tmp_path: 
     catalog = catalogs.load(None, props)
     assert catalog.name == "mine"
     assert catalog.list_namespaces() == []
+
+
+def test_repository_shared_catalog_works_on_a_real_postgresql(
+    isolated_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres: object
+) -> None:
+    """catalog/.pyiceberg.yaml's `shared` definition, with its ${VAR}s set, against a real PostgreSQL server."""
+    uri = postgres.create_database()  # type: ignore[attr-defined]
+    database = uri.rsplit("/", 1)[1]
+    monkeypatch.setenv("PYICEBERG_HOME", str(REPO / "catalog"))
+    monkeypatch.setenv("LAKESINK_PG_USER", "postgres")
+    monkeypatch.setenv("LAKESINK_PG_PASSWORD", "unused-with-trust-auth")
+    monkeypatch.setenv("LAKESINK_PG_HOST", "127.0.0.1")
+    monkeypatch.setenv("LAKESINK_PG_PORT", str(postgres.port))  # type: ignore[attr-defined]
+    monkeypatch.setenv("LAKESINK_PG_DATABASE", database)
+    monkeypatch.setenv("LAKESINK_WAREHOUSE", f"file://{tmp_path}/wh")
+    name, props = catalogs.resolve_catalog_properties("shared", {})
+    assert props["uri"] == f"postgresql+psycopg2://postgres:unused-with-trust-auth@127.0.0.1:{postgres.port}/{database}"  # type: ignore[attr-defined]
+    catalog = catalogs.load("shared", {})
+    catalog.create_namespace("db")
+    table = catalog.create_table(("db", "t"), schema=pa.schema([("id", pa.int64())]))
+    table.append(pa.table({"id": [1, 2]}))
+    assert catalogs.load("shared", {}).load_table(("db", "t")).scan().to_arrow().num_rows == 2
+    assert name == "shared"
