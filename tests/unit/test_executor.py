@@ -46,9 +46,7 @@ def writer(plan: WritePlan, *, batch_id: int = 3, partition_id: int = 1, attempt
     return TaskWriter(plan, query_id="q-1", batch_id=batch_id, partition_id=partition_id, task_attempt_id=attempt)
 
 
-def events(
-    ids: list[int], qty: list[int | None] | None = None, names: list[str | None] | None = None
-) -> pa.RecordBatch:
+def events(ids: list[int], qty: list[int | None] | None = None, names: list[str | None] | None = None) -> pa.RecordBatch:
     return pa.record_batch(
         [
             pa.array(ids, pa.int64()),
@@ -179,9 +177,7 @@ def test_zoned_timestamps_are_stored_as_the_same_instants_in_utc(make_plan: Make
         dt.datetime(2024, 7, 1, 0, 15, tzinfo=paris),  # summer, UTC+2 (the previous day in UTC)
         None,
     ]
-    batch = pa.record_batch(
-        {"id": pa.array([1, 2, 3], pa.int64()), "ts": pa.array(local, pa.timestamp("us", tz="Europe/Paris"))}
-    )
+    batch = pa.record_batch({"id": pa.array([1, 2, 3], pa.int64()), "ts": pa.array(local, pa.timestamp("us", tz="Europe/Paris"))})
     result = writer(plan).write([batch])
     column = pq.read_table(local_path(result.files[0].path)).column("ts")
     assert column.type == pa.timestamp("us", tz="UTC")
