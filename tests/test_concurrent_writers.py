@@ -25,6 +25,7 @@ from tests.helpers import (
     lakesink_snapshots,
     referenced_data_files,
     table_ids,
+    write_json_input,
 )
 
 pytestmark = pytest.mark.spark
