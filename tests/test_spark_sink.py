@@ -20,7 +20,7 @@ from pyspark.errors import StreamingQueryException
 import lakesink
 from lakesink import catalogs
 from lakesink.errors import InvalidOptionError
-from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, EXECUTOR_AFTER_FILE
+from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_WRITE
 from tests.helpers import (
     TABLE,
     Stream,
@@ -78,7 +78,7 @@ def test_complete_mode_overwrites_with_the_full_result(
         assert_snapshot_invariants(table)
 
 
-def test_replay_forced_by_deleting_the_commit_log_writes_nothing(stream: Stream) -> None:
+def test_replay_forced_by_deleting_the_commit_log_writes_nothing(stream: Stream, faults: Any) -> None:
     stream.add_input(files=3)
     stream.run()
     table = stream.table
@@ -86,6 +86,7 @@ def test_replay_forced_by_deleting_the_commit_log_writes_nothing(stream: Stream)
     files_before = data_files_on_disk(table)
     (stream.ck / "commits" / "2").unlink()  # Spark now believes batch 2 never finished
     (stream.ck / "commits" / ".2.crc").unlink(missing_ok=True)  # (and Hadoop's checksum of it)
+    faults.arm(EXECUTOR_BEFORE_WRITE, "raise:always")  # any task that starts writing now fails the query
     stream.run()
     table = stream.table
     assert len(table.snapshots()) == snapshots_before
