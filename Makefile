@@ -20,6 +20,10 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# the long kill -9 soak (docs/soak.md); the short version runs inside `make test`
+soak: $(VENV)/.installed
+	$(PY) -m tests.soak --rounds 50 --seeds 1,2,3 --entry both $(SOAK_ARGS)
+
 lint: $(VENV)/.installed
 	$(PY) -m ruff check lakesink tests examples
 	$(PY) -m mypy

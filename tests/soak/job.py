@@ -1,0 +1,78 @@
+"""The streaming job of the soak: run as a child process by tests/soak/runner.py, which SIGKILLs it.
+
+JSON files in ``--input`` (unique ids, ``tests.helpers.SCHEMA_DDL``) → a lakesink table, through
+``writeStream.format("lakesink")`` or (``--entry foreach``) ``foreachBatch(lakesink.foreach_batch(...))``.
+The catalog is the embedded default: SQLite + warehouse under ``$LAKESINK_HOME`` (the runner gives
+every soak its own). The trigger is ``availableNow``: the job consumes what is in the input folder
+when it starts, ``--max-files`` files per micro-batch, then exits with code 0. Started again on the
+same ``--checkpoint``, it goes on where the checkpoint says.
+
+The session is ``local[2,4]`` by default: a task that fails (a Python worker SIGKILLed by a fault
+point, an injected exception) is retried by Spark, up to 4 attempts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", required=True, help="folder of JSON files (one object per line)")
+    p.add_argument("--checkpoint", required=True, help="the streaming query's checkpoint folder")
+    p.add_argument("--table", default="soak.events", help="target table (default: %(default)s)")
+    p.add_argument("--max-files", type=int, default=2, help="maxFilesPerTrigger (default: %(default)s)")
+    p.add_argument("--entry", choices=("format", "foreach"), default="format", help="lakesink entry point")
+    p.add_argument("--master", default="local[2,4]", help="Spark master (default: %(default)s: task retries on)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Spark's Python workers must run this interpreter (the one that can import lakesink).
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+    from pyspark.sql import SparkSession
+
+    import lakesink
+    from tests.helpers import SCHEMA_DDL
+
+    spark = (
+        SparkSession.builder.master(args.master)
+        .appName("lakesink-soak")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    lakesink.register(spark)
+
+    events = spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", args.max_files).json(args.input)
+    if args.entry == "format":
+        writer = events.writeStream.format("lakesink").option("table", args.table)
+    else:
+        sink = lakesink.foreach_batch(args.table, checkpoint_location=args.checkpoint)
+        writer = events.writeStream.foreachBatch(sink)  # type: ignore[arg-type]
+    query = (
+        writer.option("checkpointLocation", args.checkpoint)
+        .outputMode("append")
+        .trigger(availableNow=True)
+        .queryName("lakesink-soak")
+        .start()
+    )
+    print(f"soak_job: query id {query.id}, run id {query.runId}, pid {os.getpid()}, entry {args.entry}", flush=True)
+    query.awaitTermination()
+    last = query.lastProgress
+    print(f"soak_job: all input consumed (last batch {last['batchId'] if last else 'none'})", flush=True)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

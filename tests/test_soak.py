@@ -1,0 +1,106 @@
+"""The kill -9 soak (``python -m tests.soak``, docs/soak.md), short: one fault of each kind.
+
+Each test runs the soak runner in this process; the runner starts the streaming job as a child
+process (one Spark session at a time), kills and restarts it, and checks the table through DuckDB.
+The long version (many random rounds, several seeds) is run with its own command.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.soak.runner import COMMIT_KILL, DELAY, EXECUTOR_KILL, EXECUTOR_RAISE, IN_TABLE_NOT_COMMIT_LOG, PAUSE_KILL, main
+
+pytestmark = pytest.mark.spark
+
+SMALL = ["--initial-files", "8", "--ahead", "8", "--rows-per-file", "50", "--run-timeout", "150"]
+
+
+def run_soak(tmp_path: Path, *args: str) -> dict[str, Any]:
+    out = tmp_path / "soak.json"
+    code = main(["--dir", str(tmp_path / "soak"), "--json", str(out), *SMALL, *args])
+    report: dict[str, Any] = json.loads(out.read_text())
+    assert code == 0, json.dumps(report, indent=2)[-6000:]
+    (seed,) = report["seeds"]
+    assert seed["violations"] == []
+    assert seed["duplicates"] == seed["missing"] == seed["unexpected"] == 0
+    assert seed["rows_in_table"] == seed["rows_sent"] > 0
+    assert seed["batches_in_table"] == seed["snapshots"] > 0
+    # files left on disk only for batches a fault touched (a killed worker, a batch in flight at a kill)
+    assert seed["unreferenced_data_files_unexplained"] == 0
+    return dict(seed)
+
+
+@pytest.mark.timeout(300)
+def test_process_kills_at_random_moment_inside_the_commit_and_after_the_swap(tmp_path: Path) -> None:
+    """SIGKILL of the whole job: after a delay, with the commit worker killed before the swap, paused after it."""
+    seed = run_soak(
+        tmp_path,
+        "--seed", "1",
+        "--rounds", "3",
+        "--schedule", f"{DELAY},{COMMIT_KILL}@driver.before-swap,{PAUSE_KILL}",
+        "--max-delay", "3",
+    )  # fmt: skip
+    assert seed["entry"] == "format"
+    assert seed["kills_by_phase"] == {DELAY: 1, COMMIT_KILL: 1, PAUSE_KILL: 1, EXECUTOR_KILL: 0, EXECUTOR_RAISE: 0}
+    # three kills, three restarts from the same checkpoint (plus a restart for any run that finished its
+    # input before its round's fault hit it; that fault then waits for the next run)
+    late = sum(r["restarts_before_delivery"] for r in seed["round_log"])
+    assert seed["runs"] == 4 + late
+    # the pause at driver.after-swap always leaves a batch in the table that Spark's commit log lacks:
+    # the next run replays it and lakesink skips it (checked by the runner: logged, no new file)
+    assert seed["kills_landed"][IN_TABLE_NOT_COMMIT_LOG] >= 1
+    assert seed["replays"]["already_in_table_skipped"] >= 1
+    owed = {r["batch"] for r in seed["round_log"] if r["landed"] == IN_TABLE_NOT_COMMIT_LOG}
+    assert seed["replays"]["replay_skipped_log_lines"] >= len(owed)
+    collect_orphans(seed)
+
+
+@pytest.mark.timeout(300)
+def test_executor_kills_and_exceptions_are_retried_without_a_restart(tmp_path: Path) -> None:
+    """A Python worker SIGKILLed while writing, and a task that raises: Spark retries, the same run commits."""
+    seed = run_soak(
+        tmp_path,
+        "--seed", "2",
+        "--rounds", "3",
+        "--entry", "foreach",
+        "--schedule",
+        f"{EXECUTOR_KILL}@executor.after-file,{EXECUTOR_KILL}@executor.before-write,{EXECUTOR_RAISE}@executor.after-file",
+    )  # fmt: skip
+    assert seed["entry"] == "foreach"
+    assert seed["kills_by_phase"] == {DELAY: 0, COMMIT_KILL: 0, PAUSE_KILL: 0, EXECUTOR_KILL: 2, EXECUTOR_RAISE: 1}
+    assert seed["runs"] == 1  # no restart: every failed task was retried by Spark
+    assert seed["failed_task_attempts_in_log"] >= 3
+    # the worker killed after writing its file could not delete it: on disk, never referenced
+    assert seed["unreferenced_data_files"] >= 1
+    collect_orphans(seed)
+
+
+def collect_orphans(seed: dict[str, Any]) -> None:
+    """Orphan clean-up against the soak's leftovers: every unreferenced file goes, the table stays intact."""
+    from collections import Counter
+    from datetime import timedelta
+
+    import lakesink
+    from lakesink import interop
+    from tests.helpers import data_files_on_disk, referenced_data_files
+
+    home = Path(seed["folder"]) / "lakehouse"
+    props = {"type": "sql", "uri": f"sqlite:///{home}/catalog.db", "warehouse": f"file://{home}/warehouse"}
+    table = lakesink.catalogs.load("lakesink", props).load_table(("soak", "events"))
+    leftovers = data_files_on_disk(table) - referenced_data_files(table)
+    assert len(leftovers) == seed["unreferenced_data_files"]
+    before = Counter(interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist())
+    # every batch of the soak is committed (the marker names the last one), so nothing is in flight:
+    # the leftovers are collectable at once, whatever their age
+    report = lakesink.remove_orphan_files(table, older_than=timedelta(0))
+    removed = {f.path for f in report.removed}
+    assert leftovers <= removed
+    table = lakesink.catalogs.load("lakesink", props).load_table(("soak", "events"))
+    assert data_files_on_disk(table) == referenced_data_files(table)
+    after = Counter(interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist())
+    assert after == before and sum(after.values()) == seed["rows_sent"]
