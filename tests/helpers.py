@@ -16,6 +16,10 @@ from pyspark.sql import functions as F
 
 import lakesink
 from lakesink import catalogs
+from lakesink.driver import BatchOutcome, TableCommitter
+from lakesink.executor import TaskWriter
+from lakesink.messages import TaskResult
+from lakesink.options import OutputMode, SinkOptions, TableName
 from lakesink.properties import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
 
 SCHEMA_DDL = "id long, ts timestamp, user string, amount double, kind int"
@@ -169,3 +173,25 @@ class Stream:
         table = self.table
         assert table_ids(table) == Counter(self.sent)
         assert_snapshot_invariants(table)
+
+
+# --- driving the driver's commit directly (no Spark), on table db.events ----------------------------
+
+
+def make_committer(props: dict[str, str], mode: OutputMode = OutputMode.APPEND) -> TableCommitter:
+    return TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, output_mode=mode))
+
+
+def write_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:
+    """Write ``ids`` as one task of a batch would (real Parquet files under the table), not committed yet."""
+    plan = c.write_plan(c.open_table(arrow_rows([]).schema), query_id)
+    writer = TaskWriter(plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=attempt)
+    return writer.write(arrow_rows(ids).to_batches())
+
+
+def commit(c: TableCommitter, query_id: str, batch_id: int, results: list[TaskResult]) -> BatchOutcome:
+    return c.commit_batch(query_id=query_id, batch_id=batch_id, results=results, source_offsets='[{"logOffset":0}]')
+
+
+def load(c: TableCommitter) -> Table:
+    return c.catalog.load_table(("db", "events"))

@@ -18,39 +18,25 @@ from pyiceberg.types import StringType
 from lakesink import _pyiceberg as seam
 from lakesink.driver import Outcome, TableCommitter
 from lakesink.errors import CommitConflictError, CommitOutcomeUnknownError, ConcurrentTableChangeError
-from lakesink.executor import TaskWriter
 from lakesink.faults import DRIVER_BEFORE_SWAP
-from lakesink.messages import TaskResult
-from lakesink.options import OutputMode, SinkOptions, TableName
+from lakesink.options import OutputMode
 from lakesink.properties import last_committed_batch
 from tests.helpers import (
     arrow_rows,
     assert_snapshot_invariants,
+    commit,
     data_files_on_disk,
     lakesink_snapshots,
+    load,
+    make_committer,
     referenced_data_files,
     table_ids,
+    write_task,
 )
 
 SCHEMA = arrow_rows([]).schema
 Q1 = "11111111-aaaa-4000-8000-000000000001"
 Q2 = "22222222-bbbb-4000-8000-000000000002"
-
-
-def make_committer(catalog_properties: dict[str, str], mode: OutputMode = OutputMode.APPEND) -> TableCommitter:
-    opts = SinkOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties, output_mode=mode)
-    return TableCommitter(opts)
-
-
-def write_task(committer: TableCommitter, query_id: str, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:
-    table = committer.open_table(SCHEMA)
-    plan = committer.write_plan(table, query_id)
-    writer = TaskWriter(plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=attempt)
-    return writer.write(arrow_rows(ids).to_batches())
-
-
-def commit(committer: TableCommitter, query_id: str, batch_id: int, results: list[TaskResult]):  # type: ignore[no-untyped-def]
-    return committer.commit_batch(query_id=query_id, batch_id=batch_id, results=results, source_offsets='[{"logOffset":0}]')
 
 
 @pytest.fixture
@@ -64,10 +50,6 @@ def committer(catalog_properties: dict[str, str]) -> TableCommitter:
     c = make_committer(catalog_properties)
     c.open_table(SCHEMA)
     return c
-
-
-def load(c: TableCommitter):  # type: ignore[no-untyped-def]
-    return c.catalog.load_table(("db", "events"))
 
 
 def test_commit_makes_one_snapshot_with_summary_and_marker(committer: TableCommitter) -> None:

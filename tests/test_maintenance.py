@@ -33,12 +33,11 @@ from lakesink import _pyiceberg as seam
 from lakesink.cli import format_duration, main, parse_duration
 from lakesink.driver import BatchOutcome, Outcome, TableCommitter
 from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError, LakesinkError
-from lakesink.executor import TaskWriter
 from lakesink.faults import DRIVER_BEFORE_SWAP, EXECUTOR_AFTER_FILE
 from lakesink.maintenance import IN_FLIGHT_WINDOW, LAKESINK_DATA_FILE, OrphanFile, OrphanReport, remove_orphan_files
 from lakesink.messages import TaskResult
-from lakesink.options import OutputMode, SinkOptions, TableName
-from tests.helpers import arrow_rows, table_ids
+from lakesink.options import OutputMode
+from tests.helpers import arrow_rows, commit, load, make_committer, table_ids, write_task
 
 SCHEMA = arrow_rows([]).schema
 Q1 = "11111111-aaaa-4000-8000-000000000001"
@@ -63,24 +62,6 @@ def committer(catalog_properties: dict[str, str]) -> TableCommitter:
     c = make_committer(catalog_properties)
     c.open_table(SCHEMA)
     return c
-
-
-def make_committer(props: dict[str, str], mode: OutputMode = OutputMode.APPEND) -> TableCommitter:
-    return TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, output_mode=mode))
-
-
-def write_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:
-    plan = c.write_plan(c.open_table(SCHEMA), query_id)
-    writer = TaskWriter(plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=attempt)
-    return writer.write(arrow_rows(ids).to_batches())
-
-
-def commit(c: TableCommitter, query_id: str, batch_id: int, results: list[TaskResult]) -> BatchOutcome:
-    return c.commit_batch(query_id=query_id, batch_id=batch_id, results=results, source_offsets=None)
-
-
-def load(c: TableCommitter) -> Table:
-    return c.catalog.load_table(IDENT)
 
 
 def local(uri: str) -> Path:
