@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
+from lakesink.audit import SnapshotRecord, history
 from lakesink.catalogs import lakesink_home
 from lakesink.datasource import LakesinkDataSource
 from lakesink.driver import BatchOutcome, Outcome
@@ -55,8 +56,10 @@ __all__ = [
     "OutputMode",
     "SchemaMismatchError",
     "SinkOptions",
+    "SnapshotRecord",
     "TableLocationError",
     "foreach_batch",
+    "history",
     "lakesink_home",
     "register",
     "remove_orphan_files",

@@ -2,6 +2,7 @@
 
 One click group, one sub-command per task::
 
+    lakesink history db.events
     lakesink remove-orphan-files db.events --older-than 3d --dry-run
 
 Tables are found the way the sink finds them (:func:`lakesink.catalogs.load`): ``--catalog NAME``
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import click
@@ -24,6 +25,7 @@ from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 
 from lakesink import catalogs
+from lakesink.audit import OTHER, SnapshotRecord, history
 from lakesink.errors import InvalidOptionError, LakesinkError
 from lakesink.maintenance import DEFAULT_OLDER_THAN, OrphanFile, OrphanReport, remove_orphan_files
 from lakesink.options import TableName
@@ -124,6 +126,65 @@ def _redacted(e: BaseException, catalog_name: str | None, catalog_properties: di
 @click.version_option(package_name="lakesink")
 def main() -> None:
     """Maintenance of the Iceberg tables lakesink writes."""
+
+
+@main.command("history")
+@click.argument("table")
+@catalog_options
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per snapshot.")
+def history_command(table: str, catalog_name: str | None, catalog_properties: dict[str, str], as_json: bool) -> None:
+    """One line per snapshot of TABLE: time, operation, query and batch, rows and files, offsets.
+
+    Snapshots not written by lakesink are marked as another writer's (query and batch empty).
+    """
+    records = history(load_table(table, catalog_name, catalog_properties))
+    click.echo(json.dumps([r.to_dict() for r in records], indent=2) if as_json else human_history(records))
+
+
+def human_history(records: Sequence[SnapshotRecord]) -> str:
+    """The history as a text table for a terminal."""
+    header = (
+        "committed (UTC)",
+        "snapshot",
+        "operation",
+        "query",
+        "batch",
+        "+rows",
+        "-rows",
+        "+files",
+        "-files",
+        "+bytes",
+        "source offsets",
+    )
+    rows = []
+    for r in records:
+        offsets = r.source_offsets or ""
+        rows.append(
+            (
+                datetime.fromtimestamp(r.timestamp_ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+                str(r.snapshot_id) + ("" if r.on_main else " (not on main)"),
+                r.operation or "",
+                r.query_id[:8] if r.query_id else f"({OTHER})",
+                "" if r.batch_id is None else str(r.batch_id),
+                str(r.added_records),
+                str(r.deleted_records),
+                str(r.added_files),
+                str(r.deleted_files),
+                _size(r.added_bytes),
+                offsets if len(offsets) <= 40 else offsets[:37] + "...",
+            )
+        )
+    if not rows:
+        return "no snapshots"
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    right = {4, 5, 6, 7, 8, 9}
+
+    def fmt(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return "\n".join([fmt(header), *(fmt(row) for row in rows)])
 
 
 @main.command("remove-orphan-files")
