@@ -128,8 +128,26 @@ class TableCommitter:
     # --- start of a query: the table and the plan ---------------------------------------------
 
     def open_table(self, stream_schema: pa.Schema) -> Table:
-        """Load the table (creating it and its namespace if missing and allowed) and check the stream fits it."""
+        """At the start of a query: load the table (creating it and its namespace if missing and allowed),
+        check the stream fits it and that its location overlaps no other table's."""
         table = self._load_or_create(stream_schema)
+        self._check(table, stream_schema)
+        locations.check_no_overlap(self.table_name, table.location(), self._sibling_locations())
+        return table
+
+    def reload_table(self, stream_schema: pa.Schema) -> Table:
+        """For a later batch of a query already opened: the current table, checked again against the
+        stream (cheap: no other table is read)."""
+        try:
+            table = self.catalog.load_table(self.options.table.identifier)
+        except NoSuchTableError:
+            raise CatalogError(f"table {self.table_name} was dropped while the query ran") from None
+        except Exception as e:
+            raise CatalogError(f"cannot load table {self.table_name}: {self._redact(e)}") from None
+        self._check(table, stream_schema)
+        return table
+
+    def _check(self, table: Table, stream_schema: pa.Schema) -> None:
         if not table.spec().is_unpartitioned():
             raise LakesinkError(
                 f"table {self.table_name} is partitioned ({table.spec()}); this version of lakesink writes "
@@ -137,8 +155,6 @@ class TableCommitter:
             )
         check_writable(self.table_name, table.schema(), stream_schema)
         locations.data_prefix(self.table_name, table.location(), table.properties)
-        locations.check_no_overlap(self.table_name, table.location(), self._sibling_locations())
-        return table
 
     def _sibling_locations(self) -> list[tuple[str, str]]:
         """Locations of the other tables of the namespace (read once, at the start of a query)."""

@@ -70,6 +70,7 @@ class ForeachBatchSink:
         catalogs.load(options.catalog_name, options.catalog_properties)  # a missing catalog fails here, at start
         self._committer: TableCommitter | None = None
         self._checkpoints: dict[str, str | None] = {}
+        self._opened: pa.Schema | None = None  # the stream schema the table was opened (fully checked) for
 
     def __repr__(self) -> str:
         return f"ForeachBatchSink({self.options!r})"
@@ -82,7 +83,12 @@ class ForeachBatchSink:
         if self._committer is None:
             self._committer = TableCommitter(self.options)
         committer = self._committer
-        table = committer.open_table(arrow_schema_of(df.schema))
+        stream_schema = arrow_schema_of(df.schema)
+        if self._opened is None or not self._opened.equals(stream_schema):
+            table = committer.open_table(stream_schema)  # first batch (or a new stream schema): all checks
+            self._opened = stream_schema
+        else:
+            table = committer.reload_table(stream_schema)
         plan = committer.write_plan(table, query_id)
         if plan.last_committed_batch is not None and batch_id <= plan.last_committed_batch:
             # checked before any file is written

@@ -106,3 +106,11 @@ def catalog(catalog_properties: dict[str, str]) -> object:
     from lakesink import catalogs
 
     return catalogs.load(None, catalog_properties)
+
+
+@pytest.fixture(params=["format", "foreach"])
+def stream(request: pytest.FixtureRequest, spark: object, tmp_path: Path, catalog_properties: dict[str, str]) -> object:
+    """One streaming pipeline on a fresh SQLite catalog, through each entry point in turn."""
+    from tests.helpers import Stream
+
+    return Stream(spark, tmp_path, catalog_properties, request.param)

@@ -60,11 +60,6 @@ pytestmark = pytest.mark.spark
 ENTRY_POINTS = ["format", "foreach"]
 
 
-@pytest.fixture(params=ENTRY_POINTS)
-def stream(request: Any, spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> Stream:
-    return Stream(spark, tmp_path, catalog_properties, request.param)
-
-
 def _wait(cond: Any, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not cond():

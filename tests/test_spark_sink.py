@@ -36,11 +36,6 @@ pytestmark = pytest.mark.spark
 ENTRY_POINTS = ["format", "foreach"]
 
 
-@pytest.fixture(params=ENTRY_POINTS)
-def stream(request: Any, spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> Stream:
-    return Stream(spark, tmp_path, catalog_properties, request.param)
-
-
 def test_append_exactly_once_across_restarts(stream: Stream) -> None:
     stream.add_input(files=3)
     stream.run()
