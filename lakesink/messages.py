@@ -42,6 +42,9 @@ class WrittenFile:
     size_in_bytes: int
     record_count: int
     statistics: Mapping[str, Any] = field(repr=False)
+    partition: tuple[Any, ...] = ()
+    """The file's partition values, one per field of the plan's partition spec, in Iceberg's internal
+    representation (days/hours/months/years and buckets as ints, timestamps as micros, dates as days)."""
 
 
 @dataclass(frozen=True)
