@@ -200,8 +200,8 @@ def test_stream_that_does_not_fit_the_table_fails_at_start(
         s.add_input(files=1)
         message = s.run_failing()
         for expected in (
-            "column 'ts' (timestamptz) is in the stream but not in table db.events",
-            "column 'id' has type long in the stream and int in the table, which is not an allowed promotion",
+            "column 'ts' (timestamptz) is in the stream but not in table db.events (merge-schema=true adds it)",
+            "column 'id' has type long in the stream, wider than int in the table (merge-schema=true widens",
             "column 'note' (string) is required (NOT NULL) in table db.events but missing from the stream",
         ):
             assert expected in message, (entry, message)
