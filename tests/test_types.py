@@ -598,13 +598,15 @@ def test_unsupported_types_fail_the_query_at_start_naming_each_column(spark: Any
     staging = stream.src / "staging"
     spark.range(5).write.parquet(str(staging))
     source = spark.readStream.schema("id bigint").parquet(str(staging))
-    df = source.selectExpr("id", *[f"{expr} as {name}" for name, _, expr in UNSUPPORTED])
+    # TIME is refused by Spark 4.3 itself unless enabled (UNSUPPORTED_TIME_TYPE); the unit test above covers it
+    streamed = [u for u in UNSUPPORTED if u[0] != "tm"]
+    df = source.selectExpr("id", *[f"{expr} as {name}" for name, _, expr in streamed])
     with pytest.raises(StreamingQueryException) as info:
         run_stream(stream, df, TABLE)
     message = str(info.value)
     assert "SchemaMismatchError" in message or "cannot be written to Iceberg" in message
-    for name in UNSUPPORTED_PATHS.values():
-        assert f"column {name!r}" in message, name
+    for name, _, _ in streamed:
+        assert f"column {UNSUPPORTED_PATHS[name]!r}" in message, name
     # refused before anything was created or written
     assert not catalogs.load(None, stream.props).table_exists(IDENT)
     assert not any(Path(stream.props["warehouse"].removeprefix("file://")).rglob("*.parquet"))
