@@ -31,10 +31,13 @@ from pyiceberg.io.pyarrow import (
     visit_pyarrow,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent
-from pyiceberg.schema import Schema, _check_schema_compatible, sanitize_column_names, visit_with_partner
+from pyiceberg.partitioning import PartitionSpec, _to_partition_representation
+from pyiceberg.schema import Schema, assign_fresh_schema_ids, sanitize_column_names, visit_with_partner
 from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.update import AssertCurrentSchemaId, AssertDefaultSpecId, AssertTableUUID
+from pyiceberg.table.update.schema import UpdateSchema
+from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import IcebergType, ListType, MapType
 
@@ -111,10 +114,78 @@ def file_statistics(metadata: pq.FileMetaData, schema: Schema, table_properties:
     return dict(stats.to_serialized_dict())
 
 
-def new_data_location(table_location: str, table_properties: Mapping[str, str], file_name: str) -> str:
-    """Where a new data file goes (honours ``write.data.path`` and the object-store layout)."""
+def new_data_location(
+    table_location: str, table_properties: Mapping[str, str], file_name: str, partition_path: str | None = None
+) -> str:
+    """Where a new data file goes (honours ``write.data.path``, the object-store layout and partition paths)."""
     provider = load_location_provider(table_location=table_location, table_properties=dict(table_properties))
-    return provider.new_data_location(data_file_name=file_name)
+    key: Any = _PartitionPath(partition_path) if partition_path else None
+    return provider.new_data_location(data_file_name=file_name, partition_key=key)
+
+
+@dataclass(frozen=True)
+class _PartitionPath:
+    """What pyiceberg's location providers use of a PartitionKey: its path."""
+
+    path: str
+
+    def to_path(self) -> str:
+        return self.path
+
+
+# --- partitions (executor side) -----------------------------------------------------------------
+
+
+def partition_source_arrays(spec: PartitionSpec, batch: pa.RecordBatch) -> list[pa.Array]:
+    """The source column of each partition field, found by field id in ``batch`` (a projected batch)."""
+
+    def find(fields: Iterable[pa.Field], arrays: Sequence[pa.Array], source_id: int) -> pa.Array | None:
+        for f, a in zip(fields, arrays, strict=True):
+            meta = f.metadata or {}
+            if meta.get(b"PARQUET:field_id") == str(source_id).encode():
+                return a
+            if pa.types.is_struct(f.type):
+                assert isinstance(a, pa.StructArray)
+                # a struct's null rows make its children's values null too (flatten applies the parent's validity)
+                found = find(list(f.type), a.flatten(), source_id)
+                if found is not None:
+                    return found
+        return None
+
+    out = []
+    for pf in spec.fields:
+        array = find(list(batch.schema), batch.columns, pf.source_id)
+        if array is None:
+            raise ValueError(f"partition source field {pf.source_id} ({pf.name}) is not in the written schema")
+        out.append(array)
+    return out
+
+
+def partition_values(spec: PartitionSpec, schema: Schema, sources: Sequence[pa.Array]) -> list[pa.Array]:
+    """Each partition field's transformed values (pyiceberg's transforms: iceberg-rust's implementation)."""
+    out = []
+    for pf, array in zip(spec.fields, sources, strict=True):
+        source_type = schema.find_field(pf.source_id).field_type
+        if isinstance(pf.transform, IdentityTransform):
+            out.append(array)
+        else:
+            out.append(pf.transform.pyarrow_transform(source_type)(array))
+    return out
+
+
+def partition_record_values(spec: PartitionSpec, schema: Schema, values: Sequence[Any]) -> tuple[Any, ...]:
+    """Python values of one partition (from Arrow) in Iceberg's internal representation (for the manifest)."""
+    out = []
+    for pf, value in zip(spec.fields, values, strict=True):
+        if value is not None and isinstance(pf.transform, IdentityTransform):
+            value = _to_partition_representation(schema.find_field(pf.source_id).field_type, value)
+        out.append(value)
+    return tuple(out)
+
+
+def partition_path(spec: PartitionSpec, schema: Schema, record_values: Sequence[Any]) -> str:
+    """The Hive-style path of a partition (``ts_day=2024-01-01/id_bucket_16=3``), as Iceberg writers make it."""
+    return spec.partition_to_path(Record(*record_values), schema)
 
 
 # --- schemas ----------------------------------------------------------------------------------
@@ -127,25 +198,44 @@ def iceberg_type(arrow_type: pa.DataType) -> IcebergType:
     return result
 
 
-def check_nested_compatible(table_schema: Schema, stream: Schema) -> None:
-    """Raise ValueError when ``stream`` cannot be written into ``table_schema`` (types, nesting)."""
-    _check_schema_compatible(table_schema, stream)
+def new_table_schema(stream: pa.Schema) -> Schema:
+    """The Iceberg schema of a new table made from the stream's Arrow schema (fresh field ids)."""
+    without_ids = visit_pyarrow(stream, _ConvertToIcebergWithoutIDs())
+    return assign_fresh_schema_ids(without_ids)
 
 
 def arrow_schema(schema: Schema) -> pa.Schema:
     return schema_to_pyarrow(schema, include_field_ids=True)
 
 
+def apply_schema_changes(update: UpdateSchema, changes: Sequence[Any]) -> None:
+    """Stage lakesink.schema.SchemaChange's on a pyiceberg UpdateSchema (public API; new columns optional)."""
+    for change in changes:
+        if change.kind == "add":
+            update.add_column(change.path, change.field_type, required=False)
+        else:
+            update.update_column(change.path, field_type=change.field_type)
+
+
+def evolved_schema(table: Table, changes: Sequence[Any]) -> Schema:
+    """The table's schema after ``changes`` (nothing is committed): field ids as the commit will assign them."""
+    update = table.transaction().update_schema()
+    apply_schema_changes(update, changes)
+    return update._apply()
+
+
 # --- driver side: commit ------------------------------------------------------------------------
 
 
-def data_file(*, path: str, size_in_bytes: int, statistics: Mapping[str, Any], spec_id: int) -> DataFile:
-    """A DataFile for a Parquet file written by an executor (unpartitioned)."""
+def data_file(
+    *, path: str, size_in_bytes: int, statistics: Mapping[str, Any], spec_id: int, partition: Sequence[Any] = ()
+) -> DataFile:
+    """A DataFile for a Parquet file written by an executor (``partition``: its partition values)."""
     return DataFile.from_args(
         content=DataFileContent.DATA,
         file_path=path,
         file_format=FileFormat.PARQUET,
-        partition=Record(),
+        partition=Record(*partition),
         file_size_in_bytes=size_in_bytes,
         sort_order_id=None,
         spec_id=spec_id,
@@ -188,12 +278,18 @@ def prepare_snapshot(
     summary: Mapping[str, str],
     properties: Callable[[int], Mapping[str, str]],
     branch: str,
+    schema_changes: Sequence[Any] = (),
 ) -> PreparedSnapshot:
     """Write the manifests of one snapshot (fast append, or overwrite of the whole table).
 
-    ``properties(snapshot_id)`` gives table properties to set in the same atomic commit.
+    ``properties(snapshot_id)`` gives table properties to set in the same atomic commit, and
+    ``schema_changes`` (lakesink.schema.SchemaChange) evolve the schema in it too.
     """
     tx = table.transaction()
+    if schema_changes:
+        update_schema = tx.update_schema()
+        apply_schema_changes(update_schema, schema_changes)
+        update_schema.commit()  # staged in the transaction, like the snapshot below
     update = tx.update_snapshot(snapshot_properties=dict(summary), branch=branch)
     producer: Any
     if overwrite:

@@ -94,8 +94,9 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
             # raises ConcurrentTableChangeError), so nothing is validated here.
             return
         self._committer = TableCommitter(options)
-        table = self._committer.open_table(arrow_schema_of(schema))
-        self._plan = self._committer.write_plan(table, read_query_id(self._checkpoint))
+        stream_schema = arrow_schema_of(schema)
+        table = self._committer.open_table(stream_schema)
+        self._plan = self._committer.write_plan(table, read_query_id(self._checkpoint), stream_schema)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -29,13 +29,14 @@ from tenacity import (
 )
 
 from lakesink import _pyiceberg as seam
-from lakesink import catalogs, locations
+from lakesink import catalogs, locations, partitioning
 from lakesink.errors import (
     CatalogError,
     CatalogUnavailableError,
     CommitConflictError,
     CommitOutcomeUnknownError,
     ConcurrentTableChangeError,
+    InvalidOptionError,
     LakesinkError,
 )
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_CHECK, DRIVER_BEFORE_SWAP, DRIVER_IN_ABORT, fault_point
@@ -49,7 +50,7 @@ from lakesink.properties import (
     last_committed_batch,
 )
 from lakesink.redaction import redact_secrets_in
-from lakesink.schema import check_writable
+from lakesink.schema import SchemaChange, check_writable
 
 log = logging.getLogger("lakesink")
 
@@ -147,14 +148,19 @@ class TableCommitter:
         self._check(table, stream_schema)
         return table
 
-    def _check(self, table: Table, stream_schema: pa.Schema) -> None:
-        if not table.spec().is_unpartitioned():
-            raise LakesinkError(
-                f"table {self.table_name} is partitioned ({table.spec()}); this version of lakesink writes "
-                "unpartitioned tables only"
+    def _check(self, table: Table, stream_schema: pa.Schema) -> tuple[SchemaChange, ...]:
+        """Check the stream against the table (listing every problem); return the ``merge-schema`` changes."""
+        changes = check_writable(self.table_name, table.schema(), stream_schema, merge_schema=self.options.merge_schema)
+        terms = self.options.partitioned_by
+        if terms and not partitioning.same_terms(table.spec(), terms, table.schema()):
+            raise InvalidOptionError(
+                f"option '{partitioning.PARTITIONED_BY}' is {', '.join(map(str, terms))!r} but table {self.table_name} "
+                f"is partitioned by {partitioning.describe(table.spec(), table.schema())!r}; the option only applies "
+                "when lakesink creates the table: drop the option (lakesink writes with the table's current spec) or "
+                "evolve the table's spec (ALTER TABLE ... ADD/DROP PARTITION FIELD, or pyiceberg's update_spec())"
             )
-        check_writable(self.table_name, table.schema(), stream_schema)
         locations.data_prefix(self.table_name, table.location(), table.properties)
+        return changes
 
     def _sibling_locations(self) -> list[tuple[str, str]]:
         """Locations of the other tables of the namespace (read once, at the start of a query)."""
@@ -190,9 +196,11 @@ class TableCommitter:
                 ) from None
         except Exception as e:
             raise CatalogError(f"cannot load table {self.table_name}: {self._redact(e)}") from None
+        schema = seam.new_table_schema(stream_schema)
+        spec = partitioning.to_spec(self.options.partitioned_by, schema, self.table_name)
         try:
             self.catalog.create_namespace_if_not_exists(self.options.table.namespace)
-            table = self.catalog.create_table(ident, schema=stream_schema)
+            table = self.catalog.create_table(ident, schema=schema, partition_spec=spec)
             log.info("lakesink: created table %s in catalog %r", self.table_name, self.catalog.name)
             return table
         except TableAlreadyExistsError:  # another query created it first
@@ -200,19 +208,30 @@ class TableCommitter:
         except Exception as e:
             raise CatalogError(f"cannot create table {self.table_name}: {self._redact(e)}") from None
 
-    def write_plan(self, table: Table, query_id: str | None) -> WritePlan:
+    def write_plan(self, table: Table, query_id: str | None, stream_schema: pa.Schema | None = None) -> WritePlan:
+        """What executors need to write a batch into ``table``; with ``merge-schema`` and a stream that
+        needs it, the files are written with the evolved schema (committed with the batch)."""
         last = last_committed_batch(table.properties, query_id) if query_id else None
+        changes = self._check(table, stream_schema) if stream_schema is not None else ()
+        if changes:
+            log.info(
+                "lakesink: table=%s merge-schema: the next commit will %s",
+                self.table_name,
+                "; ".join(str(c) for c in changes),
+            )
         return WritePlan(
             table=self.table_name,
             location=table.location(),
             data_prefix=locations.data_prefix(self.table_name, table.location(), table.properties),
             properties=dict(table.properties),
-            schema=table.schema(),
+            schema=seam.evolved_schema(table, changes) if changes else table.schema(),
             schema_id=table.metadata.current_schema_id,
             spec_id=table.metadata.default_spec_id,
             io=table.io,
             query_id=query_id,
             last_committed_batch=last.batch_id if last else None,
+            spec=table.spec(),
+            schema_changes=changes,
         )
 
     def last_committed(self, query_id: str) -> CommittedBatch | None:
@@ -260,10 +279,16 @@ class TableCommitter:
                             )
                         self._delete(table, paths, reason="batch already committed (replay)")
                         return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch_id, retries=attempts - 1), query_id)
-                    self._check_unchanged(table, results, paths)
+                    schema_changes = self._schema_changes_at_commit(table, results, paths)
                     if data_files is None:
                         data_files = [
-                            seam.data_file(path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=r.spec_id)
+                            seam.data_file(
+                                path=f.path,
+                                size_in_bytes=f.size_in_bytes,
+                                statistics=f.statistics,
+                                spec_id=r.spec_id,
+                                partition=f.partition,
+                            )
                             for r in results
                             for f in r.files
                         ]
@@ -279,6 +304,7 @@ class TableCommitter:
                                 last_batch_key(query_id): CommittedBatch(batch_id, snapshot_id, commit_id).to_property()
                             },
                             branch=MAIN_BRANCH,
+                            schema_changes=schema_changes,
                         )
                         fault_point(DRIVER_BEFORE_SWAP)
                     except BaseException:
@@ -345,18 +371,48 @@ class TableCommitter:
             ) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _check_unchanged(self, table: Table, results: Sequence[TaskResult], paths: list[str]) -> None:
+    def _schema_changes_at_commit(
+        self, table: Table, results: Sequence[TaskResult], paths: list[str]
+    ) -> tuple[SchemaChange, ...]:
+        """The schema changes this commit must make for the files to be registered under the schema and
+        spec they were written for; raise ConcurrentTableChangeError (deleting the files) when the table
+        moved to another schema or spec meanwhile."""
+        current = table.schema()
         schema_id = table.metadata.current_schema_id
         spec_id = table.metadata.default_spec_id
-        stale = {(r.schema_id, r.spec_id) for r in results if r.files} - {(schema_id, spec_id)}
-        if stale:
-            self._delete(table, paths, reason="table schema or partition spec changed during the batch")
-            (old_schema, old_spec), *_ = sorted(stale)
-            raise ConcurrentTableChangeError(
-                f"table {self.table_name} changed while the batch was written: files were written for schema "
-                f"{old_schema} / partition spec {old_spec}, the table now has schema {schema_id} / spec {spec_id}; "
-                "nothing was committed and the files were deleted; restart the query to write with the new schema"
+        written = [r for r in results if r.files]
+        if not written:
+            return ()
+        stale_spec = {r.spec_id for r in written} - {spec_id}
+        problem = None
+        if stale_spec:
+            problem = f"files were written for partition spec {sorted(stale_spec)[0]}, the table now has spec {spec_id}"
+        changes: tuple[SchemaChange, ...] = ()
+        for r in written:
+            if problem:
+                break
+            if r.schema is not None and r.schema == current:
+                continue  # written with the table's current schema (perhaps evolved by an earlier batch)
+            if r.schema is None and r.schema_id == schema_id:
+                continue
+            if r.schema_changes and r.schema_id == schema_id:
+                # merge-schema: the table is still at the schema the plan evolved; evolve it in this commit
+                if r.schema is not None and seam.evolved_schema(table, r.schema_changes) != r.schema:
+                    problem = "the planned schema evolution no longer gives the schema the files were written with"
+                changes = tuple(r.schema_changes)
+                continue
+            problem = (
+                f"files were written for schema {r.schema_id}"
+                + (" (+ merge-schema changes)" if r.schema_changes else "")
+                + f", the table now has schema {schema_id}"
             )
+        if problem:
+            self._delete(table, paths, reason="table schema or partition spec changed during the batch")
+            raise ConcurrentTableChangeError(
+                f"table {self.table_name} changed while the batch was written: {problem}; nothing was committed "
+                "and the files were deleted; restart the query to write with the table's new schema/spec"
+            )
+        return changes
 
     def _settle(self, query_id: str, batch_id: int, commit_id: str) -> str | None:
         """After an error with unknown outcome: did our commit land? Read the table to find out."""

@@ -95,8 +95,35 @@ def _null_violations(
         yield from _null_violations(array.items, t.item_field, f"{path}.value", None)
 
 
+MAX_OPEN_FILES = "write.lakesink.max-open-files"
+MAX_OPEN_FILES_DEFAULT = 100
+
+
+class _OpenFile:
+    """One data file being written (one partition's), with the row group it is collecting."""
+
+    def __init__(self, partition: tuple[Any, ...], path_segment: str | None):
+        self.partition = partition
+        self.path_segment = path_segment
+        self.path: str | None = None
+        self.stream: Any = None
+        self.writer: pq.ParquetWriter | None = None
+        self.rows_in_file = 0
+        self.buffer: list[pa.RecordBatch] = []
+        self.buffer_rows = 0
+        self.buffer_bytes = 0
+
+
 class TaskWriter:
-    """Writes one task's rows into Parquet data files of the table, rolling at the target file size."""
+    """Writes one task's rows into Parquet data files of the table, rolling at the target file size.
+
+    Partitioned tables: each row goes to the open file of its partition (a "fanout" writer, so unsorted
+    input does not produce a file per change of partition). A task keeps at most
+    ``write.lakesink.max-open-files`` files open; when a new partition needs a file beyond that, the
+    least recently written one is closed (a later row of that partition starts a new file). Rows wait
+    in per-partition row groups whose total size is bounded by ``write.parquet.row-group-size-bytes``:
+    beyond it the largest is written out.
+    """
 
     def __init__(self, plan: WritePlan, *, query_id: str, batch_id: int, partition_id: int, task_attempt_id: int):
         self._plan = plan
@@ -110,19 +137,16 @@ class TaskWriter:
         self._target_file_size = _int_property(props, TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT)
         self._row_group_rows = _int_property(props, ROW_GROUP_ROWS, ROW_GROUP_ROWS_DEFAULT)
         self._row_group_bytes = _int_property(props, ROW_GROUP_BYTES, ROW_GROUP_BYTES_DEFAULT)
+        self._max_open = max(1, _int_property(props, MAX_OPEN_FILES, MAX_OPEN_FILES_DEFAULT))
         self._writer_options = seam.parquet_writer_options(props)
         self._has_required = _has_required_field(seam.arrow_schema(self._file_schema))
+        self._partitioned = not plan.spec.is_unpartitioned()
         self._files: list[WrittenFile] = []
         self._counter = 0
-        # the open file
-        self._path: str | None = None
-        self._stream: Any = None
-        self._writer: pq.ParquetWriter | None = None
-        self._rows_in_file = 0
-        # the row group being collected
-        self._buffer: list[pa.RecordBatch] = []
-        self._buffer_rows = 0
-        self._buffer_bytes = 0
+        # open files by partition values (the unpartitioned table has one, keyed by ()), least recently
+        # written first
+        self._open: dict[tuple[Any, ...], _OpenFile] = {}
+        self._buffered_bytes = 0
         # how incoming batches map onto the table (computed from the first batch)
         self._incoming: pa.Schema | None = None
         self._utc: pa.Schema | None = None
@@ -134,9 +158,15 @@ class TaskWriter:
             fault_point(EXECUTOR_BEFORE_WRITE)
             for batch in batches:
                 if batch.num_rows:
-                    self._add(self._conform(batch))
-            self._flush_row_group()
-            self._close_file()
+                    conformed = self._conform(batch)
+                    if self._partitioned:
+                        for key, part in self._split(conformed):
+                            self._add(self._slot(key), part)
+                    else:
+                        self._add(self._slot(()), conformed)
+            for slot in list(self._open.values()):
+                self._flush_row_group(slot)
+                self._close_file(slot)
             fault_point(EXECUTOR_BEFORE_RETURN)
         except BaseException:
             self._abort()
@@ -160,6 +190,8 @@ class TaskWriter:
             spec_id=self._plan.spec_id,
             files=tuple(self._files),
             replay_skipped=replay_skipped,
+            schema=self._plan.schema,
+            schema_changes=self._plan.schema_changes,
         )
 
     # --- conforming rows to the table -----------------------------------------------------------
@@ -182,41 +214,74 @@ class TaskWriter:
                     )
         return projected
 
+    def _split(self, batch: pa.RecordBatch) -> Iterator[tuple[tuple[Any, ...], pa.RecordBatch]]:
+        """The batch's rows grouped by partition (one pass: hash grouping, then one take per partition)."""
+        spec, schema = self._plan.spec, self._plan.schema
+        values = seam.partition_values(spec, schema, seam.partition_source_arrays(spec, batch))
+        names = [f"p{i}" for i in range(len(values))]
+        if all(v.null_count == 0 and len(pc.unique(v)) == 1 for v in values):  # the common case: one partition
+            key = seam.partition_record_values(spec, schema, [v[0].as_py() for v in values])
+            yield key, batch
+            return
+        keyed = pa.table([*values, pa.array(range(batch.num_rows), pa.int64())], names=[*names, "__row"])
+        groups = keyed.group_by(names, use_threads=False).aggregate([("__row", "list")])
+        rows = groups.column("__row_list")
+        for i in range(groups.num_rows):
+            key = seam.partition_record_values(spec, schema, [groups.column(n)[i].as_py() for n in names])
+            yield key, batch.take(rows[i].values)
+
     # --- row groups and files -------------------------------------------------------------------
 
-    def _add(self, batch: pa.RecordBatch) -> None:
+    def _slot(self, key: tuple[Any, ...]) -> _OpenFile:
+        slot = self._open.pop(key, None)
+        if slot is None:
+            if len(self._open) >= self._max_open:
+                oldest = next(iter(self._open))
+                self._flush_row_group(self._open[oldest])
+                self._close_file(self._open.pop(oldest))
+            segment = seam.partition_path(self._plan.spec, self._plan.schema, key) if self._partitioned else None
+            slot = _OpenFile(key, segment)
+        self._open[key] = slot  # most recently written last
+        return slot
+
+    def _add(self, slot: _OpenFile, batch: pa.RecordBatch) -> None:
         # write.parquet.row-group-limit is a cap (batches are split at it);
-        # write.parquet.row-group-size-bytes is a threshold on the in-memory size of the collected rows
+        # write.parquet.row-group-size-bytes is a threshold on the in-memory size of the collected rows,
+        # of one partition and of all partitions together
         while batch.num_rows:
-            take = min(batch.num_rows, self._row_group_rows - self._buffer_rows)
+            take = min(batch.num_rows, self._row_group_rows - slot.buffer_rows)
             part = batch if take == batch.num_rows else batch.slice(0, take)
             batch = batch.slice(take)
-            self._buffer.append(part)
-            self._buffer_rows += part.num_rows
-            self._buffer_bytes += part.nbytes
-            if self._buffer_rows >= self._row_group_rows or self._buffer_bytes >= self._row_group_bytes:
-                self._flush_row_group()
+            slot.buffer.append(part)
+            slot.buffer_rows += part.num_rows
+            slot.buffer_bytes += part.nbytes
+            self._buffered_bytes += part.nbytes
+            if slot.buffer_rows >= self._row_group_rows or slot.buffer_bytes >= self._row_group_bytes:
+                self._flush_row_group(slot)
+            elif self._buffered_bytes >= self._row_group_bytes:
+                self._flush_row_group(max(self._open.values(), key=lambda s: s.buffer_bytes))
 
-    def _flush_row_group(self) -> None:
-        if not self._buffer:
+    def _flush_row_group(self, slot: _OpenFile) -> None:
+        if not slot.buffer:
             return
-        table = pa.Table.from_batches(self._buffer)
-        self._buffer, self._buffer_rows, self._buffer_bytes = [], 0, 0
-        if self._writer is None:
-            self._open_file(table.schema)
-        assert self._writer is not None
-        self._writer.write_table(table, row_group_size=table.num_rows)
-        self._rows_in_file += table.num_rows
-        if self._stream.tell() >= self._target_file_size:
-            self._close_file()
+        table = pa.Table.from_batches(slot.buffer)
+        self._buffered_bytes -= slot.buffer_bytes
+        slot.buffer, slot.buffer_rows, slot.buffer_bytes = [], 0, 0
+        if slot.writer is None:
+            self._open_file(slot, table.schema)
+        assert slot.writer is not None
+        slot.writer.write_table(table, row_group_size=table.num_rows)
+        slot.rows_in_file += table.num_rows
+        if slot.stream.tell() >= self._target_file_size:
+            self._close_file(slot)
 
-    def _open_file(self, schema: pa.Schema) -> None:
+    def _open_file(self, slot: _OpenFile, schema: pa.Schema) -> None:
         name = (
             f"{self._query_id[:8]}-{self._batch_id:05d}-{self._partition_id:05d}-"
             f"{self._task_attempt_id}-{self._token}-{self._counter:05d}.parquet"
         )
         self._counter += 1
-        path = seam.new_data_location(self._plan.location, self._plan.properties, name)
+        path = seam.new_data_location(self._plan.location, self._plan.properties, name, slot.path_segment)
         if not path.startswith(self._plan.data_prefix.rstrip("/") + "/"):
             raise TableLocationError(
                 f"lakesink refuses to write {path!r}: outside the data path {self._plan.data_prefix!r} "
@@ -224,40 +289,46 @@ class TaskWriter:
             )
         # overwrite=False: a name collision fails loudly instead of replacing a committed file
         stream = self._plan.io.new_output(path).create(overwrite=False)
-        self._path = path
+        slot.path = path
         try:
-            self._writer = pq.ParquetWriter(stream, schema=schema, **self._writer_options)
+            slot.writer = pq.ParquetWriter(stream, schema=schema, **self._writer_options)
         except BaseException:
             stream.close()
             raise
-        self._stream = stream
-        self._rows_in_file = 0
+        slot.stream = stream
+        slot.rows_in_file = 0
 
-    def _close_file(self) -> None:
-        if self._writer is None:
+    def _close_file(self, slot: _OpenFile) -> None:
+        if slot.writer is None:
             return
-        writer, stream, path = self._writer, self._stream, self._path
-        self._writer = None
+        writer, stream, path = slot.writer, slot.stream, slot.path
+        slot.writer = None
         writer.close()
         size = stream.tell()
         stream.close()
         assert path is not None
         stats = seam.file_statistics(writer.writer.metadata, self._file_schema, self._plan.properties)
-        self._files.append(WrittenFile(path=path, size_in_bytes=size, record_count=self._rows_in_file, statistics=stats))
-        self._path = None
+        self._files.append(
+            WrittenFile(
+                path=path, size_in_bytes=size, record_count=slot.rows_in_file, statistics=stats, partition=slot.partition
+            )
+        )
+        slot.path = None
         fault_point(EXECUTOR_AFTER_FILE)
 
     def _abort(self) -> None:
         paths = [f.path for f in self._files]
-        if self._writer is not None:
-            try:
-                self._writer.close()
-                self._stream.close()
-            except Exception:
-                pass
-            self._writer = None
-        if self._path is not None:
-            paths.append(self._path)
+        for slot in self._open.values():
+            if slot.writer is not None:
+                try:
+                    slot.writer.close()
+                    slot.stream.close()
+                except Exception:
+                    pass
+                slot.writer = None
+            if slot.path is not None:
+                paths.append(slot.path)
+        self._open = {}
         for path in paths:
             try:
                 self._plan.io.delete(path)

@@ -22,7 +22,16 @@ from lakesink.driver import BatchOutcome, TableCommitter
 from lakesink.errors import LakesinkError
 from lakesink.executor import TaskWriter
 from lakesink.messages import TaskResult, WritePlan
-from lakesink.options import CATALOG, CATALOG_PROPERTY_PREFIX, CREATE_TABLE, OUTPUT_MODE, TABLE, SinkOptions
+from lakesink.options import (
+    CATALOG,
+    CATALOG_PROPERTY_PREFIX,
+    CREATE_TABLE,
+    MERGE_SCHEMA,
+    OUTPUT_MODE,
+    PARTITIONED_BY,
+    TABLE,
+    SinkOptions,
+)
 from lakesink.schema import arrow_schema_of
 
 log = logging.getLogger("lakesink")
@@ -39,6 +48,8 @@ def foreach_batch(
     output_mode: str = "append",
     create_table: bool = True,
     checkpoint_location: str | None = None,
+    partitioned_by: str | None = None,
+    merge_schema: bool = False,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -51,6 +62,10 @@ def foreach_batch(
         create_table: create the table when it does not exist (else fail at the first batch).
         checkpoint_location: the query's checkpoint, to record source offsets; found from the running
             query when omitted.
+        partitioned_by: the partition spec of a table lakesink creates, in Iceberg's transform syntax,
+            e.g. ``"days(ts), bucket(16, user_id)"`` (docs/partitioning.md).
+        merge_schema: add new stream columns to the table and widen its column types (int to long,
+            float to double, decimal precision) in the same atomic commit as the batch's data.
     """
     options: dict[str, str] = {TABLE: table, OUTPUT_MODE: output_mode, CREATE_TABLE: str(create_table).lower()}
     if catalog is not None:
@@ -59,6 +74,9 @@ def foreach_batch(
         options[f"{CATALOG_PROPERTY_PREFIX}{key}"] = value
     if checkpoint_location is not None:
         options["checkpointLocation"] = checkpoint_location
+    if partitioned_by is not None:
+        options[PARTITIONED_BY] = partitioned_by
+    options[MERGE_SCHEMA] = str(merge_schema).lower()
     return ForeachBatchSink(SinkOptions.from_mapping(options))
 
 
@@ -89,7 +107,7 @@ class ForeachBatchSink:
             self._opened = stream_schema
         else:
             table = committer.reload_table(stream_schema)
-        plan = committer.write_plan(table, query_id)
+        plan = committer.write_plan(table, query_id, stream_schema)
         if plan.last_committed_batch is not None and batch_id <= plan.last_committed_batch:
             # checked before any file is written
             return committer.commit_batch(

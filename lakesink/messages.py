@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyiceberg.io import FileIO
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
 from pyspark.sql.datasource import WriterCommitMessage
 
@@ -25,13 +26,21 @@ class WritePlan:
     """Every data file must be created under this prefix (checked by lakesink.locations)."""
     properties: Mapping[str, str]
     schema: Schema
+    """The schema files are written with: the table's, or with ``merge-schema`` the table's evolved to fit
+    the stream (committed together with the batch)."""
     schema_id: int
+    """The id of the table's schema the plan was made from."""
     spec_id: int
     io: FileIO = field(repr=False)  # pickles by its configuration; may hold storage credentials
     query_id: str | None = None
     last_committed_batch: int | None = None
     """The query's last batch found committed when the plan was made: tasks of a batch at or
     below it are replays and write nothing."""
+    spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC
+    """The table's default partition spec (``spec_id``): every file holds rows of one partition of it."""
+    schema_changes: tuple[Any, ...] = ()
+    """lakesink.schema.SchemaChange's turning the table's schema ``schema_id`` into ``schema``
+    (``merge-schema``); applied in the batch's commit."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,10 @@ class TaskResult(WriterCommitMessage):
     spec_id: int
     files: tuple[WrittenFile, ...] = ()
     replay_skipped: bool = False
+    schema: Schema | None = None
+    """The schema the files were written with (field ids), checked against the table at commit."""
+    schema_changes: tuple[Any, ...] = ()
+    """The plan's schema changes (``merge-schema``): from table schema ``schema_id`` to ``schema``."""
 
     @property
     def record_count(self) -> int:

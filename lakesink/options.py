@@ -10,7 +10,10 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from lakesink import partitioning
 from lakesink.errors import InvalidOptionError
+from lakesink.partitioning import PARTITIONED_BY as PARTITIONED_BY
+from lakesink.partitioning import PartitionTerm
 from lakesink.redaction import redact_properties
 
 TABLE = "table"
@@ -19,11 +22,20 @@ CATALOG_PROPERTY_PREFIX = "catalog."
 CHECKPOINT_LOCATION = "checkpointlocation"
 CREATE_TABLE = "create-table"
 OUTPUT_MODE = "output-mode"
+MERGE_SCHEMA = "merge-schema"
 
 #: Options Spark itself may pass to a sink; accepted and ignored.
 _SPARK_OWN_OPTIONS = frozenset({"path", "queryname"})
 
-VALID_OPTIONS = (TABLE, CATALOG, f"{CATALOG_PROPERTY_PREFIX}<property>", "checkpointLocation", CREATE_TABLE)
+VALID_OPTIONS = (
+    TABLE,
+    CATALOG,
+    f"{CATALOG_PROPERTY_PREFIX}<property>",
+    "checkpointLocation",
+    CREATE_TABLE,
+    PARTITIONED_BY,
+    MERGE_SCHEMA,
+)
 
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
@@ -81,13 +93,18 @@ class SinkOptions:
     output_mode: OutputMode = OutputMode.APPEND
     checkpoint_location: str | None = None
     create_table: bool = True
+    partitioned_by: tuple[PartitionTerm, ...] = ()
+    """The partition spec of a table lakesink creates; checked against an existing table's spec."""
+    merge_schema: bool = False
+    """Add new stream columns and apply allowed widenings to the table, in the batch's own commit."""
 
     def __repr__(self) -> str:  # never print catalog secrets
         return (
             f"SinkOptions(table={str(self.table)!r}, catalog_name={self.catalog_name!r}, "
             f"catalog_properties={redact_properties(self.catalog_properties)!r}, "
             f"output_mode={self.output_mode.value!r}, checkpoint_location={self.checkpoint_location!r}, "
-            f"create_table={self.create_table!r})"
+            f"create_table={self.create_table!r}, partitioned_by={', '.join(map(str, self.partitioned_by))!r}, "
+            f"merge_schema={self.merge_schema!r})"
         )
 
     __str__ = __repr__
@@ -116,7 +133,7 @@ class SinkOptions:
         unknown = sorted(
             k
             for k in lowered
-            if k not in (TABLE, CATALOG, CHECKPOINT_LOCATION, CREATE_TABLE)
+            if k not in (TABLE, CATALOG, CHECKPOINT_LOCATION, CREATE_TABLE, PARTITIONED_BY, MERGE_SCHEMA)
             and not k.startswith(CATALOG_PROPERTY_PREFIX)
             and k not in _SPARK_OWN_OPTIONS
         )
@@ -146,6 +163,8 @@ class SinkOptions:
             output_mode=mode,
             checkpoint_location=lowered.get(CHECKPOINT_LOCATION) or None,
             create_table=_parse_bool(CREATE_TABLE, lowered.get(CREATE_TABLE, "true")),
+            partitioned_by=partitioning.parse(lowered[PARTITIONED_BY]) if lowered.get(PARTITIONED_BY, "").strip() else (),
+            merge_schema=_parse_bool(MERGE_SCHEMA, lowered.get(MERGE_SCHEMA, "false")),
         )
 
 

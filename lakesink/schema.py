@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pyarrow as pa
 from pyiceberg.schema import Schema
-from pyiceberg.types import DecimalType, DoubleType, FloatType, IntegerType, LongType, NestedField, PrimitiveType
+from pyiceberg.types import (
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    NestedField,
+    PrimitiveType,
+    StructType,
+)
+from pyspark.sql import types as spark_types
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import ArrayType, CharType, DataType, MapType, StringType, StructField, StructType, VarcharType
+from pyspark.sql.types import StructType as SparkStructType
 
 from lakesink import _pyiceberg as seam
 from lakesink.errors import SchemaMismatchError
 from lakesink.executor import utc_schema
-
 
 VALID_SPARK_TYPES = (
     "boolean, byte, short, int, long, float, double, decimal(p,s), string, char(n), varchar(n), binary, date, "
@@ -33,37 +47,39 @@ _UNSUPPORTED_SPARK_TYPES: dict[str, str] = {
 }
 
 
-def _unsupported(t: DataType, path: str) -> list[str]:
+def _unsupported(t: spark_types.DataType, path: str) -> list[str]:
     """Problems ``column path: reason`` for every Spark type at any depth of ``t`` that Iceberg cannot hold."""
     reason = _UNSUPPORTED_SPARK_TYPES.get(type(t).__name__)
     if reason is not None:
         return [f"column {path!r} has Spark type {t.simpleString()}: {reason}"]
-    if isinstance(t, StructType):
+    if isinstance(t, spark_types.StructType):
         return [p for f in t.fields for p in _unsupported(f.dataType, f"{path}.{f.name}")]
-    if isinstance(t, ArrayType):
+    if isinstance(t, spark_types.ArrayType):
         return _unsupported(t.elementType, f"{path}.element")
-    if isinstance(t, MapType):
+    if isinstance(t, spark_types.MapType):
         return _unsupported(t.keyType, f"{path}.key") + _unsupported(t.valueType, f"{path}.value")
     return []
 
 
-def _chars_as_strings(t: DataType) -> DataType:
+def _chars_as_strings(t: spark_types.DataType) -> spark_types.DataType:
     """``t`` with char(n) and varchar(n) (kept by spark.sql.preserveCharVarcharTypeInfo) as string, at any depth.
 
     Spark has already padded char(n) values and checked varchar(n) lengths: Iceberg stores them as strings.
     """
-    if isinstance(t, (CharType, VarcharType)):
-        return StringType()
-    if isinstance(t, StructType):
-        return StructType([StructField(f.name, _chars_as_strings(f.dataType), f.nullable, f.metadata) for f in t.fields])
-    if isinstance(t, ArrayType):
-        return ArrayType(_chars_as_strings(t.elementType), t.containsNull)
-    if isinstance(t, MapType):
-        return MapType(_chars_as_strings(t.keyType), _chars_as_strings(t.valueType), t.valueContainsNull)
+    if isinstance(t, (spark_types.CharType, spark_types.VarcharType)):
+        return spark_types.StringType()
+    if isinstance(t, spark_types.StructType):
+        return spark_types.StructType(
+            [spark_types.StructField(f.name, _chars_as_strings(f.dataType), f.nullable, f.metadata) for f in t.fields]
+        )
+    if isinstance(t, spark_types.ArrayType):
+        return spark_types.ArrayType(_chars_as_strings(t.elementType), t.containsNull)
+    if isinstance(t, spark_types.MapType):
+        return spark_types.MapType(_chars_as_strings(t.keyType), _chars_as_strings(t.valueType), t.valueContainsNull)
     return t
 
 
-def arrow_schema_of(spark_schema: StructType) -> pa.Schema:
+def arrow_schema_of(spark_schema: SparkStructType) -> pa.Schema:
     """The Arrow schema of a Spark schema, with zoned timestamps in UTC (as lakesink stores them).
 
     Raises SchemaMismatchError naming every column (at any depth) whose type Iceberg cannot hold,
@@ -77,7 +93,7 @@ def arrow_schema_of(spark_schema: StructType) -> pa.Schema:
             + f"\nIceberg holds: {VALID_SPARK_TYPES}"
         )
     strings = _chars_as_strings(spark_schema)
-    assert isinstance(strings, StructType)
+    assert isinstance(strings, SparkStructType)
     try:
         arrow = utc_schema(to_arrow_schema(strings, timezone="UTC", error_on_duplicated_field_names_in_struct=True))
     except Exception as e:
@@ -99,66 +115,137 @@ def arrow_schema_of(spark_schema: StructType) -> pa.Schema:
     return arrow
 
 
-def check_writable(table_name: str, table_schema: Schema, stream: pa.Schema) -> None:
-    """Raise SchemaMismatchError listing every column problem, or return when the stream fits the table.
+@dataclass(frozen=True)
+class SchemaChange:
+    """One change ``merge-schema`` makes to the table, in the batch's own commit."""
 
-    Columns are matched by name in any order. Optional table columns missing from the stream are
-    written as null; Iceberg's promotions (int to long, float to double, decimal widening) apply.
-    NOT NULL table columns accept a nullable stream column; its values are checked on write.
+    kind: str
+    """``add`` (a new optional column) or ``widen`` (an allowed type promotion of a column)."""
+    path: tuple[str, ...]
+    field_type: IcebergType
+    old_type: IcebergType | None = None
+
+    def __str__(self) -> str:
+        name = ".".join(self.path)
+        if self.kind == "add":
+            return f"add column {name!r} ({self.field_type})"
+        return f"widen column {name!r} from {self.old_type} to {self.field_type}"
+
+
+_MERGE_HINT = "merge-schema=true"
+_PROMOTIONS = "int to long, float to double, decimal(P,S) to decimal(P',S) with P' >= P"
+
+
+def check_writable(
+    table_name: str, table_schema: Schema, stream: pa.Schema, *, merge_schema: bool = False
+) -> tuple[SchemaChange, ...]:
+    """Return the changes the table needs (only with ``merge_schema``), or raise SchemaMismatchError listing
+    every column problem.
+
+    Columns are matched by name in any order, at every nesting level. Optional table columns missing
+    from the stream are written as null; Iceberg's promotions (int to long, float to double, decimal
+    widening) apply to stream types narrower than the table's. NOT NULL table columns accept a nullable
+    stream column; its values are checked on write. With ``merge_schema``, stream columns the table lacks
+    are added (optional) and table columns narrower than the stream's are widened.
     """
     problems: list[str] = []
-    by_name = {f.name: f for f in table_schema.fields}
+    changes: list[SchemaChange] = []
     seen: set[str] = set()
+    stream_fields: list[NestedField] = []
     for field in stream:
         if field.name in seen:
             problems.append(f"column {field.name!r} appears twice in the stream")
             continue
         seen.add(field.name)
-        table_field = by_name.get(field.name)
-        if table_field is None:
-            problems.append(f"column {field.name!r} ({_describe(field.type)}) is in the stream but not in table {table_name}")
+        try:
+            stream_type = seam.iceberg_type(field.type)
+        except Exception as e:
+            problems.append(f"column {field.name!r} has type {field.type}, which Iceberg cannot hold ({e})")
             continue
-        problem = _type_problem(table_field, field)
-        if problem:
-            problems.append(problem)
-    for f in table_schema.fields:
-        if f.required and f.name not in seen:
-            problems.append(
-                f"column {f.name!r} ({f.field_type}) is required (NOT NULL) in table {table_name} but missing from the stream"
-            )
+        stream_fields.append(NestedField(-1, field.name, stream_type, required=not field.nullable))
+    _compare_struct((), table_schema.as_struct(), stream_fields, table_name, merge_schema, problems, changes)
     if problems:
-        raise SchemaMismatchError(f"the stream does not fit table {table_name}:\n  - " + "\n  - ".join(problems))
+        fixable = not merge_schema and any(_MERGE_HINT in p for p in problems)
+        hint = " (option merge-schema=true adds new columns and widens types in the batch's commit)" if fixable else ""
+        raise SchemaMismatchError(f"the stream does not fit table {table_name}{hint}:\n  - " + "\n  - ".join(problems))
+    return tuple(changes)
 
 
-def _describe(t: pa.DataType) -> str:
-    try:
-        return str(seam.iceberg_type(t))
-    except Exception:
-        return str(t)
+def _compare_struct(
+    path: tuple[str, ...],
+    table_type: StructType,
+    stream_fields: list[NestedField],
+    table_name: str,
+    merge: bool,
+    problems: list[str],
+    changes: list[SchemaChange],
+) -> None:
+    by_name = {f.name: f for f in table_type.fields}
+    present = set()
+    for sf in stream_fields:
+        present.add(sf.name)
+        here = (*path, sf.name)
+        tf = by_name.get(sf.name)
+        if tf is None:
+            if merge:
+                changes.append(SchemaChange("add", here, sf.field_type))
+            else:
+                problems.append(
+                    f"column {_name(here)!r} ({sf.field_type}) is in the stream but not in table {table_name} "
+                    f"({_MERGE_HINT} adds it)"
+                )
+            continue
+        _compare(here, tf.field_type, sf.field_type, table_name, merge, problems, changes)
+    for tf in table_type.fields:
+        if tf.required and tf.name not in present:
+            problems.append(
+                f"column {_name((*path, tf.name))!r} ({tf.field_type}) is required (NOT NULL) in table {table_name} "
+                "but missing from the stream"
+            )
 
 
-def _type_problem(table_field: NestedField, field: pa.Field) -> str | None:
-    try:
-        stream_type = seam.iceberg_type(field.type)
-    except Exception as e:
-        return f"column {field.name!r} has type {field.type}, which Iceberg cannot hold ({e})"
-    table_type = table_field.field_type
+def _compare(
+    path: tuple[str, ...],
+    table_type: IcebergType,
+    stream_type: IcebergType,
+    table_name: str,
+    merge: bool,
+    problems: list[str],
+    changes: list[SchemaChange],
+) -> None:
+    name = _name(path)
     if isinstance(table_type, PrimitiveType) and isinstance(stream_type, PrimitiveType):
         if stream_type == table_type or allowed_promotion(stream_type, table_type):
-            return None
-        return (
-            f"column {field.name!r} has type {stream_type} in the stream and {table_type} in the table, which is "
-            "not an allowed promotion (allowed: int to long, float to double, decimal(P,S) to decimal(P',S) with P' >= P)"
+            return
+        if allowed_promotion(table_type, stream_type):
+            if merge:
+                changes.append(SchemaChange("widen", path, stream_type, table_type))
+            else:
+                problems.append(
+                    f"column {name!r} has type {stream_type} in the stream, wider than {table_type} in the table "
+                    f"({_MERGE_HINT} widens the table's column)"
+                )
+            return
+        problems.append(
+            f"column {name!r} has type {stream_type} in the stream and {table_type} in the table, which is "
+            f"not an allowed promotion (allowed: {_PROMOTIONS})"
         )
-    if type(table_type) is not type(stream_type):
-        return f"column {field.name!r} has type {stream_type} in the stream and {table_type} in the table"
-    try:
-        table_sub = Schema(table_field)
-        stream_sub = seam.stream_schema(pa.schema([field]), table_sub)
-        seam.check_nested_compatible(table_sub, stream_sub)
-    except Exception as e:
-        return f"column {field.name!r} has type {stream_type} in the stream, incompatible with {table_type} in the table: {e}"
-    return None
+        return
+    if isinstance(table_type, StructType) and isinstance(stream_type, StructType):
+        _compare_struct(path, table_type, list(stream_type.fields), table_name, merge, problems, changes)
+        return
+    if isinstance(table_type, ListType) and isinstance(stream_type, ListType):
+        _compare((*path, "element"), table_type.element_type, stream_type.element_type, table_name, merge, problems, changes)
+        return
+    if isinstance(table_type, MapType) and isinstance(stream_type, MapType):
+        _compare((*path, "key"), table_type.key_type, stream_type.key_type, table_name, merge, problems, changes)
+        _compare((*path, "value"), table_type.value_type, stream_type.value_type, table_name, merge, problems, changes)
+        return
+    problems.append(f"column {name!r} has type {stream_type} in the stream and {table_type} in the table")
+
+
+def _name(path: tuple[str, ...]) -> str:
+    return ".".join(path)
 
 
 def allowed_promotion(stream: PrimitiveType, table: PrimitiveType) -> bool:

@@ -129,12 +129,14 @@ class Stream:
         self.entry = entry
         self.mode = mode
         self.sent: list[int] = []
+        self.ddl = SCHEMA_DDL
 
     def add_input(self, files: int, rows_per_file: int = 50) -> None:
         self.sent += write_json_input(self.src, files=files, rows_per_file=rows_per_file, start=len(self.sent) + 10_000)
 
-    def start(self, **extra: str) -> Any:
-        df = self.spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(self.src))
+    def start(self, **extra: Any) -> Any:
+        """Start the query; ``extra`` are sink options, spelled either way (``merge_schema`` or ``merge-schema``)."""
+        df = self.spark.readStream.schema(self.ddl).option("maxFilesPerTrigger", 1).json(str(self.src))
         if self.mode == "complete":
             df = df.groupBy("kind").agg(F.count("*").alias("rows"), F.sum("id").alias("id_sum"))
         if self.entry == "format":
@@ -142,23 +144,24 @@ class Stream:
             for k, v in self.props.items():
                 w = w.option(f"catalog.{k}", v)
             for k, v in extra.items():
-                w = w.option(k, v)
+                w = w.option(k.replace("_", "-"), str(v).lower() if isinstance(v, bool) else v)
         else:
+            kwargs = {k.replace("-", "_"): v for k, v in extra.items()}
             w = df.writeStream.foreachBatch(
-                lakesink.foreach_batch(TABLE, catalog_properties=self.props, output_mode=self.mode, **extra)  # type: ignore[arg-type]
+                lakesink.foreach_batch(TABLE, catalog_properties=self.props, output_mode=self.mode, **kwargs)
             )
         return w.option("checkpointLocation", str(self.ck)).outputMode(self.mode).trigger(availableNow=True).start()
 
-    def run(self, **extra: str) -> None:
+    def run(self, **extra: Any) -> None:
         q = self.start(**extra)
         try:
             q.awaitTermination()
         finally:
             q.stop()
 
-    def run_failing(self) -> str:
+    def run_failing(self, **extra: Any) -> str:
         with pytest.raises(StreamingQueryException) as info:
-            self.run()
+            self.run(**extra)
         return str(info.value)
 
     @property

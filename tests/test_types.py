@@ -93,45 +93,99 @@ LONG_Z = "zzzzzzzzzzzzzzzzzzzzzzz-ünïcödé 😀"
 EDGE_ROWS: list[dict[str, Any]] = [
     {"id": 0},  # every column null
     {
-        "id": 1, "b": "false", "y": "-128", "sh": "-32768", "i": "-2147483648", "l": "-9223372036854775808",
-        "f": "-Infinity", "d": "-Infinity", "dec1": "-9", "dec18": "-999999999999.999999",
-        "dec38": "-9999999999999999999999999999.9999999999", "s": "", "bin": "",
-        "dt": "0001-01-01", "ts": "-62135596800000000", "tsl": "0100-03-01 00:00:00", "ntz": "0001-01-01 00:00:00",
+        "id": 1,
+        "b": "false",
+        "y": "-128",
+        "sh": "-32768",
+        "i": "-2147483648",
+        "l": "-9223372036854775808",
+        "f": "-Infinity",
+        "d": "-Infinity",
+        "dec1": "-9",
+        "dec18": "-999999999999.999999",
+        "dec38": "-9999999999999999999999999999.9999999999",
+        "s": "",
+        "bin": "",
+        "dt": "0001-01-01",
+        "ts": "-62135596800000000",
+        "tsl": "0100-03-01 00:00:00",
+        "ntz": "0001-01-01 00:00:00",
         "nested": {"st": {"a": None, "b": None, "c": None}, "arr": [], "arr_s": [], "m": {}, "m_dt": {}, "deep": {"a": []}},
     },
     {
-        "id": 2, "b": "true", "y": "127", "sh": "32767", "i": "2147483647", "l": "9223372036854775807",
-        "f": "Infinity", "d": "Infinity", "dec1": "9", "dec18": "999999999999.999999",
-        "dec38": "9999999999999999999999999999.9999999999", "s": STR_MAX, "bin": "ff" * 40,
-        "dt": "9999-12-31", "ts": "253402300799999999", "tsl": "9999-12-31 15:59:59.999999",
+        "id": 2,
+        "b": "true",
+        "y": "127",
+        "sh": "32767",
+        "i": "2147483647",
+        "l": "9223372036854775807",
+        "f": "Infinity",
+        "d": "Infinity",
+        "dec1": "9",
+        "dec18": "999999999999.999999",
+        "dec38": "9999999999999999999999999999.9999999999",
+        "s": STR_MAX,
+        "bin": "ff" * 40,
+        "dt": "9999-12-31",
+        "ts": "253402300799999999",
+        "tsl": "9999-12-31 15:59:59.999999",
         "ntz": "9999-12-31 23:59:59.999999",
         "nested": {
-            "st": {"a": 1, "b": "", "c": {"x": None, "y": []}}, "arr": [None], "arr_s": [None],
-            "m": {"k": None}, "m_dt": {"9999-12-31": None}, "deep": {"a": [None]},
+            "st": {"a": 1, "b": "", "c": {"x": None, "y": []}},
+            "arr": [None],
+            "arr_s": [None],
+            "m": {"k": None},
+            "m_dt": {"9999-12-31": None},
+            "deep": {"a": [None]},
         },
     },
     {
-        "id": 3, "f": "NaN", "d": "NaN", "dec1": "0", "dec18": "0.000001", "dec38": "0.0000000001", "s": LONG_A,
-        "bin": "00", "dt": "1969-12-31", "ts": "-1", "tsl": "1969-07-20 20:17:40.123456", "ntz": "1969-12-31 23:59:59.999999",
+        "id": 3,
+        "f": "NaN",
+        "d": "NaN",
+        "dec1": "0",
+        "dec18": "0.000001",
+        "dec38": "0.0000000001",
+        "s": LONG_A,
+        "bin": "00",
+        "dt": "1969-12-31",
+        "ts": "-1",
+        "tsl": "1969-07-20 20:17:40.123456",
+        "ntz": "1969-12-31 23:59:59.999999",
         "nested": {
             "st": {"a": None, "b": "x", "c": {"x": float("nan"), "y": [None, ""]}},
             "arr": [-9223372036854775808, 9223372036854775807],
             "arr_s": [{"k": None, "v": None}, {"k": "", "v": "-9999999999999999999999999999.9999999999"}],
-            "m": {"": -1}, "m_dt": {"0001-01-01": [], "1969-12-31": [None, "1969-12-31T23:59:59.999999Z"]},
+            "m": {"": -1},
+            "m_dt": {"0001-01-01": [], "1969-12-31": [None, "1969-12-31T23:59:59.999999Z"]},
             "deep": {"a": [{}, {"k": None}, {"k": {"t": None, "l": None, "n": None}}]},
         },
     },
     {
-        "id": 4, "f": "-0.0", "d": "-0.0", "s": LONG_Z, "bin": "", "dt": "1970-01-01", "ts": "0",
-        "tsl": "2024-03-10 02:30:00", "ntz": "2024-03-10 02:30:00",  # a wall-clock time that does not exist in LA
+        "id": 4,
+        "f": "-0.0",
+        "d": "-0.0",
+        "s": LONG_Z,
+        "bin": "",
+        "dt": "1970-01-01",
+        "ts": "0",
+        "tsl": "2024-03-10 02:30:00",
+        "ntz": "2024-03-10 02:30:00",  # a wall-clock time that does not exist in LA
         "nested": {
-            "deep": {"a": [{"k": {"t": "0001-01-01T00:00:00Z", "l": [], "n": {}}},
-                           {"k2": {"t": "9999-12-31T23:59:59.999999Z", "l": [None, "-999999999999.999999"],
-                                   "n": {"a": None, "b": ""}}}]},
+            "deep": {
+                "a": [
+                    {"k": {"t": "0001-01-01T00:00:00Z", "l": [], "n": {}}},
+                    {"k2": {"t": "9999-12-31T23:59:59.999999Z", "l": [None, "-999999999999.999999"], "n": {"a": None, "b": ""}}},
+                ]
+            },
         },
     },
     {
-        "id": 5, "f": "3.4028235E38", "d": "1.7976931348623157E308", "s": "a", "tsl": "2024-11-03 01:30:00",
+        "id": 5,
+        "f": "3.4028235E38",
+        "d": "1.7976931348623157E308",
+        "s": "a",
+        "tsl": "2024-11-03 01:30:00",
         "ntz": "2024-11-03 01:30:00",  # ambiguous in LA
     },
     {"id": 6, "f": "1.4E-45", "d": "4.9E-324", "s": "\x00", "bin": "0000"},
@@ -160,12 +214,16 @@ def generated_row(n: int) -> dict[str, Any]:
         "tsl": f"{1950 + i % 100:04d}-{1 + n % 12:02d}-{1 + n % 28:02d} {n % 24:02d}:{n % 60:02d}:{i % 60:02d}.{n:06d}",
         "ntz": f"{1960 + i % 100:04d}-{1 + i % 12:02d}-{1 + n % 28:02d} {i % 24:02d}:30:00",
         "nested": {
-            "st": None if n % 6 == 0 else {"a": i, "b": f"b{n}", "c": None if n % 4 == 0 else {"x": i / 8, "y": [str(n)] * (n % 3)}},
+            "st": None
+            if n % 6 == 0
+            else {"a": i, "b": f"b{n}", "c": None if n % 4 == 0 else {"x": i / 8, "y": [str(n)] * (n % 3)}},
             "arr": None if n % 7 == 0 else list(range(n % 4)),
             "arr_s": [{"k": f"k{j}", "v": f"{j}.{n:010d}"} for j in range(n % 3)],
             "m": None if n % 9 == 0 else {f"k{j}": n * j for j in range(n % 4)},
             "m_dt": {f"20{n % 30:02d}-01-0{1 + j}": [f"2020-01-01T00:00:0{j}Z"] for j in range(n % 2)},
-            "deep": None if n % 10 == 0 else {"a": [{f"k{n}": {"t": f"2000-02-29T12:00:00.{n:06d}Z", "l": [f"{n}.5"], "n": {"x": str(n)}}}]},
+            "deep": None
+            if n % 10 == 0
+            else {"a": [{f"k{n}": {"t": f"2000-02-29T12:00:00.{n:06d}Z", "l": [f"{n}.5"], "n": {"x": str(n)}}}]},
         },
     }
 
@@ -174,8 +232,10 @@ def write_staging(spark: Any, folder: Path) -> list[int]:
     """Two Parquet files (two micro-batches, two data files with different bounds) of text columns."""
     names = ["id"] + [name for name, _ in SCALARS] + ["nested"]
     ids = []
-    for rows in ([EDGE_ROWS[:2] + [generated_row(n) for n in range(100, 160)],
-                 EDGE_ROWS[2:] + [generated_row(n) for n in range(200, 260)]]):
+    for rows in [
+        EDGE_ROWS[:2] + [generated_row(n) for n in range(100, 160)],
+        EDGE_ROWS[2:] + [generated_row(n) for n in range(200, 260)],
+    ]:
         data = [
             tuple(
                 json.dumps(r.get("nested")) if name == "nested" else (None if r.get(name) is None else str(r[name]))
@@ -191,22 +251,25 @@ def write_staging(spark: Any, folder: Path) -> list[int]:
 
 def typed(df: Any) -> Any:
     """The stream's wide schema from the text columns: every type, plus NOT NULL columns and fields."""
-    return df.selectExpr(
-        "coalesce(cast(id as bigint), -1) as id",  # NOT NULL
-        *[f"{expr} as {name}" for name, expr in SCALARS],
-        "cast(substr(s, 1, 3) as char(5)) as ch",
-        "cast(substr(s, 1, 4) as varchar(8)) as vc",
-        f"from_json(nested, '{NESTED_DDL}') as nested",
-    ).selectExpr(
-        "*",
-        "nested.*",
-        # NOT NULL at nested levels: a struct with a required field, an array without null elements,
-        # a map without null values
-        "named_struct('k', id, 'tags', array(coalesce(s, ''), 'x'), 'opt', cast(i as bigint)) as req",
-        "map('id', id) as req_map",
-    ).withColumn(
-        "m_dt", F.expr("map_from_entries(transform(map_entries(m_dt), e -> struct(cast(e.key as date), e.value)))")
-    ).drop("nested")
+    return (
+        df.selectExpr(
+            "coalesce(cast(id as bigint), -1) as id",  # NOT NULL
+            *[f"{expr} as {name}" for name, expr in SCALARS],
+            "cast(substr(s, 1, 3) as char(5)) as ch",
+            "cast(substr(s, 1, 4) as varchar(8)) as vc",
+            f"from_json(nested, '{NESTED_DDL}') as nested",
+        )
+        .selectExpr(
+            "*",
+            "nested.*",
+            # NOT NULL at nested levels: a struct with a required field, an array without null elements,
+            # a map without null values
+            "named_struct('k', id, 'tags', array(coalesce(s, ''), 'x'), 'opt', cast(i as bigint)) as req",
+            "map('id', id) as req_map",
+        )
+        .withColumn("m_dt", F.expr("map_from_entries(transform(map_entries(m_dt), e -> struct(cast(e.key as date), e.value)))"))
+        .drop("nested")
+    )
 
 
 # --- the expected Iceberg schema ------------------------------------------------------------------
@@ -537,7 +600,9 @@ def check_duckdb_filters(location: str, expected: list[dict[str, Any]], schema: 
                 sql = f"SELECT id FROM t WHERE {name} {op} {_literal(field, _plain_literal(field, value))}{not_nan}"
                 got = sorted(r[0] for r in con.execute(sql).fetchall())
                 want = sorted(
-                    r["id"] for r in expected if r[name] is not None and r[name] != "nan" and _compare(r[name], op, value, numeric)
+                    r["id"]
+                    for r in expected
+                    if r[name] is not None and r[name] != "nan" and _compare(r[name], op, value, numeric)
                 )
                 assert got == want, f"{sql}: DuckDB returned {got}, a full scan filtered afterwards {want}"
             if numeric:
@@ -565,10 +630,21 @@ UNSUPPORTED = [
     ("nothing", T.NullType(), "NULL"),
     ("var", T.VariantType(), "parse_json('{\"a\": 1}')"),
     ("tm", T.TimeType(), "cast('12:34:56' as time)"),
-    ("nested_dti", T.ArrayType(T.StructType([T.StructField("x", T.DayTimeIntervalType())])), "array(named_struct('x', make_dt_interval(1)))"),
+    (
+        "nested_dti",
+        T.ArrayType(T.StructType([T.StructField("x", T.DayTimeIntervalType())])),
+        "array(named_struct('x', make_dt_interval(1)))",
+    ),
 ]
-UNSUPPORTED_PATHS = {"dti": "dti", "ymi": "ymi", "cal": "cal", "nothing": "nothing", "var": "var", "tm": "tm",
-                     "nested_dti": "nested_dti.element.x"}
+UNSUPPORTED_PATHS = {
+    "dti": "dti",
+    "ymi": "ymi",
+    "cal": "cal",
+    "nothing": "nothing",
+    "var": "var",
+    "tm": "tm",
+    "nested_dti": "nested_dti.element.x",
+}
 
 
 @pytest.mark.parametrize(("name", "spark_type", "_expr"), UNSUPPORTED, ids=[u[0] for u in UNSUPPORTED])

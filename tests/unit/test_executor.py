@@ -392,6 +392,7 @@ def test_skip_replay_consumes_the_input_and_writes_nothing(make_plan: MakePlan) 
         spec_id=plan.spec_id,
         files=(),
         replay_skipped=True,
+        schema=plan.schema,
     )
     assert data_files_on_disk(plan) == []
 

@@ -7,7 +7,7 @@ import pytest
 from lakesink.errors import InvalidOptionError
 from lakesink.options import OutputMode, SinkOptions, TableName
 
-VALID_LIST = "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table"
+VALID_LIST = "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table, partitioned-by, merge-schema"
 
 
 # --- from_spark_options ---------------------------------------------------------------------------
@@ -212,9 +212,11 @@ def test_repr_shows_every_field() -> None:
             "output-mode": "complete",
             "checkpointLocation": "/ck",
             "create-table": "0",
+            "partitioned-by": "days(ts), bucket(16, id)",
+            "merge-schema": "yes",
         }
     )
     assert repr(opts) == (
         "SinkOptions(table='db.t', catalog_name='prod', catalog_properties={}, output_mode='complete', "
-        "checkpoint_location='/ck', create_table=False)"
+        "checkpoint_location='/ck', create_table=False, partitioned_by='days(ts), bucket(16, id)', merge_schema=True)"
     )
