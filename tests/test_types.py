@@ -414,7 +414,7 @@ KNOWN_READER_BUGS: dict[tuple[str, str], tuple[str, Any]] = {
 def with_known_reader_bugs(reader: str, expected: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = [dict(r) for r in expected]
     for (bug_reader, column), (why, answer) in KNOWN_READER_BUGS.items():
-        if bug_reader != reader:
+        if bug_reader != reader or (out and column not in out[0]):
             continue
         changed = False
         for row in out:
@@ -583,20 +583,25 @@ def _plain_literal(field: NestedField, v: Any) -> Any:
     return v
 
 
-def check_duckdb_filters(location: str, expected: list[dict[str, Any]], schema: Schema) -> None:
+def check_duckdb_filters(
+    location: str, expected: list[dict[str, Any]], schema: Schema, *, columns: list[str] | None = None
+) -> None:
+    """For each column: equality on its max, min and median, ranges at its min, max and median, through
+    DuckDB's Iceberg scan (which skips files by their bounds and partition values), against a full scan
+    filtered afterwards."""
     con = interop.duckdb_connection()
     try:
         con.execute("SET TimeZone = 'UTC'")
         con.execute(f"CREATE VIEW t AS SELECT * FROM iceberg_scan('{location.removeprefix('file://')}')")
-        for name in BOUNDED:
+        for name in columns or BOUNDED:
             field = schema.find_field(name)
             present = [r[name] for r in expected if r[name] is not None and r[name] != "nan"]
             numeric = isinstance(field.field_type, (FloatType, DoubleType))
             ordered = sorted(present, key=(lambda v: float(v)) if numeric else _key)
-            low, high = ordered[0], ordered[-1]
+            low, high, middle = ordered[0], ordered[-1], ordered[len(ordered) // 2]
             # NaN: bounds leave NaN out, and DuckDB orders NaN above +inf; compared apart
             not_nan = f" AND NOT isnan({name})" if numeric else ""
-            for op, value in (("=", high), ("<=", low), (">=", high), ("=", low)):
+            for op, value in (("=", high), ("<=", low), (">=", high), ("=", low), ("<=", middle), ("=", middle)):
                 sql = f"SELECT id FROM t WHERE {name} {op} {_literal(field, _plain_literal(field, value))}{not_nan}"
                 got = sorted(r[0] for r in con.execute(sql).fetchall())
                 want = sorted(
