@@ -169,8 +169,19 @@ def partition_values(spec: PartitionSpec, schema: Schema, sources: Sequence[pa.A
         if isinstance(pf.transform, IdentityTransform):
             out.append(array)
         else:
-            out.append(pf.transform.pyarrow_transform(source_type)(array))
+            out.append(pf.transform.pyarrow_transform(source_type)(_aligned(array)))
     return out
+
+
+def _aligned(array: pa.Array) -> pa.Array:
+    """``array``, copied when it is a decimal whose values are not 16-byte aligned.
+
+    pyiceberg-core 0.11's transforms (bucket, truncate) panic on such a buffer ("Memory pointer from
+    external source is not aligned"), and Spark's Arrow batches hold decimal128 values only 8-byte aligned.
+    """
+    if pa.types.is_decimal(array.type) and any(b is not None and b.address % 16 for b in array.buffers()):
+        return array.take(pa.array(range(len(array)), pa.int64()))
+    return array
 
 
 def partition_record_values(spec: PartitionSpec, schema: Schema, values: Sequence[Any]) -> tuple[Any, ...]:
