@@ -18,6 +18,7 @@ with a filter on each partition source column returns what a full scan filtered 
 from __future__ import annotations
 
 import math
+import re
 import struct
 from typing import Any
 
@@ -26,7 +27,7 @@ import pytest
 from pyiceberg.avro import file as avro_file
 from pyiceberg.avro.decoder import StreamingBinaryDecoder, new_decoder
 from pyiceberg.partitioning import _to_partition_representation
-from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import IntegerType, LongType
 
 from lakesink import catalogs
 from lakesink.errors import InvalidOptionError
@@ -79,6 +80,13 @@ def test_pyiceberg_fast_avro_decoder_reads_doubles() -> None:
     assert new_decoder(struct.pack("<d", 1e300)).read_double() == 1e300
 
 
+TRUNCATE_OVERFLOW = (
+    "truncate(1000, l) of l = -2^63 overflows to 2^63 - 192 (as in Iceberg's Java library and iceberg-rust): "
+    "DuckDB 1.5.5 prunes by the partition value as if truncate preserved order and skips that row's file for "
+    "l <= x; an Iceberg spec edge (overflow undefined), not a lakesink or DuckDB bug alone"
+)
+
+
 def typed(df: Any) -> Any:
     return typed_all(df).selectExpr(*SCALAR_COLUMNS, *[f"{src} as {copy}" for copy, src in TIME_COPIES.items()])
 
@@ -115,18 +123,13 @@ def _run_matrix(spark: Any, stream: Stream, spec_name: str) -> None:
     table = catalogs.load(None, stream.props).load_table(("db", f"p_{spec_name}"))
 
     # the spec is the one asked for, field by field
-    terms = [t.strip() for t in SPECS[spec_name].split(", ")]
+    terms = terms_of(SPECS[spec_name])
     spec = table.spec()
     assert len(spec.fields) == len(terms)
     schema = table.schema()
-    for pf, term in zip(spec.fields, terms, strict=True):
-        column = term.rsplit("(", 1)[-1].rstrip(")").split(",")[-1].strip() if "(" in term else term
-        assert schema.find_column_name(pf.source_id) == column, term
-        if "(" in term and not term.startswith("identity"):
-            fn = term.split("(", 1)[0]
-            assert str(pf.transform).startswith(TRANSFORM_OF.get(fn, fn)), (term, pf.transform)
-        else:
-            assert isinstance(pf.transform, IdentityTransform), term
+    for pf, (fn, column) in zip(spec.fields, terms, strict=True):
+        assert schema.find_column_name(pf.source_id) == column, (fn, column)
+        assert str(pf.transform).startswith(TRANSFORM_OF.get(fn, fn)), (fn, column, pf.transform)
 
     # every file holds one partition: pyiceberg's transform of each of its rows gives the file's partition
     files = [task.file for task in table.scan().plan_files()]
@@ -139,7 +142,12 @@ def _run_matrix(spark: Any, stream: Stream, spec_name: str) -> None:
             field = schema.find_field(pf.source_id)
             transform = pf.transform.transform(field.field_type)
             want = {
-                transform(_to_partition_representation(field.field_type, r[field.name]) if r[field.name] is not None else None)
+                _java_overflow(
+                    field.field_type,
+                    transform(
+                        _to_partition_representation(field.field_type, r[field.name]) if r[field.name] is not None else None
+                    ),
+                )
                 for r in rows
             }
             assert {_nan_safe(v) for v in want} == {_nan_safe(f.partition[pos])}, (f.file_path, pf.name, want, f.partition[pos])
@@ -157,7 +165,30 @@ def _run_matrix(spark: Any, stream: Stream, spec_name: str) -> None:
     # DuckDB prunes by partition values (and bounds): a filter on each source column returns what a
     # full scan filtered afterwards returns
     sources = sorted({schema.find_column_name(pf.source_id) for pf in spec.fields})
-    check_duckdb_filters(table.metadata_location, expected, schema, columns=sources)
+    skips = {"l": ({1}, TRUNCATE_OVERFLOW)} if spec_name == "transforms" else {}
+    check_duckdb_filters(table.metadata_location, expected, schema, columns=sources, known_skips=skips)
+
+
+def terms_of(spec: str) -> list[tuple[str, str]]:
+    """(transform, column) of each term of a partitioned-by text."""
+    out = []
+    for term in re.findall(r"\w+\([^)]*\)|[^,\s]+", spec):
+        if "(" in term:
+            fn, args = term.rstrip(")").split("(", 1)
+            out.append((fn, args.split(",")[-1].strip()))
+        else:
+            out.append(("identity", term))
+    return out
+
+
+def _java_overflow(source_type: Any, value: Any) -> Any:
+    """truncate(W) of an int/long within W of its minimum overflows: Iceberg's Java library and iceberg-rust
+    wrap around (truncate(1000, -2^63) = 2^63 - 192), pyiceberg's pure-Python transform returns an
+    out-of-range -2^63 - 192. The wrapped value is the reference."""
+    bits = {IntegerType: 32, LongType: 64}.get(type(source_type))
+    if bits is None or not isinstance(value, int):
+        return value
+    return (value + 2 ** (bits - 1)) % 2**bits - 2 ** (bits - 1)
 
 
 def _nan_safe(v: Any) -> Any:
@@ -182,12 +213,7 @@ def test_matrix_covers_every_transform_on_every_type_that_allows_it() -> None:
     }
     covered: set[tuple[str, str]] = set()
     for text in SPECS.values():
-        for term in (t.strip() for t in text.split(", ")):
-            fn, column = (
-                ("identity", term)
-                if "(" not in term
-                else (term.split("(")[0], term.rstrip(")").split(",")[-1].split("(")[-1].strip())
-            )
+        for fn, column in terms_of(text):
             column = TIME_COPIES.get(column, column)
             covered |= {(fn, ty) for ty, cols in by_type.items() if column in cols}
     missing = {(fn, ty) for fn, types in wanted.items() for ty in types} - covered

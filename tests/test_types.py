@@ -584,7 +584,12 @@ def _plain_literal(field: NestedField, v: Any) -> Any:
 
 
 def check_duckdb_filters(
-    location: str, expected: list[dict[str, Any]], schema: Schema, *, columns: list[str] | None = None
+    location: str,
+    expected: list[dict[str, Any]],
+    schema: Schema,
+    *,
+    columns: list[str] | None = None,
+    known_skips: dict[str, tuple[set[int], str]] | None = None,
 ) -> None:
     """For each column: equality on its max, min and median, ranges at its min, max and median, through
     DuckDB's Iceberg scan (which skips files by their bounds and partition values), against a full scan
@@ -609,6 +614,10 @@ def check_duckdb_filters(
                     for r in expected
                     if r[name] is not None and r[name] != "nan" and _compare(r[name], op, value, numeric)
                 )
+                skipped, why = (known_skips or {}).get(name, (set(), ""))
+                if skipped & set(want):  # a pinned-down wrong answer: fails once it is right
+                    assert set(got) == set(want) - skipped, f"{sql}: the known skip changed ({why})"
+                    continue
                 assert got == want, f"{sql}: DuckDB returned {got}, a full scan filtered afterwards {want}"
             if numeric:
                 got = sorted(r[0] for r in con.execute(f"SELECT id FROM t WHERE isnan({name})").fetchall())
