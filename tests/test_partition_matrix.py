@@ -87,6 +87,14 @@ TRUNCATE_OVERFLOW = (
 )
 
 
+DUCKDB_DAYS_BEFORE_1970 = (
+    "DuckDB 1.5.5 skips the file of ts = 1969-12-31T23:59:59.999999 for the filter ts = that value on a "
+    "months or days partition (years and hours are right; the partition value is -1, as the spec's floor gives; "
+    "DuckDB's projection "
+    "of the filter apparently rounds toward zero); reproduced for days(ts) on a table pyiceberg wrote itself"
+)
+
+
 def typed(df: Any) -> Any:
     return typed_all(df).selectExpr(*SCALAR_COLUMNS, *[f"{src} as {copy}" for copy, src in TIME_COPIES.items()])
 
@@ -165,7 +173,18 @@ def _run_matrix(spark: Any, stream: Stream, spec_name: str) -> None:
     # DuckDB prunes by partition values (and bounds): a filter on each source column returns what a
     # full scan filtered afterwards returns
     sources = sorted({schema.find_column_name(pf.source_id) for pf in spec.fields})
-    skips = {"l": ({1}, TRUNCATE_OVERFLOW)} if spec_name == "transforms" else {}
+    skips = (
+        {
+            ("l", "<=", "middle"): ({1}, TRUNCATE_OVERFLOW),
+            **{
+                (c, "=", "-1"): ({3}, DUCKDB_DAYS_BEFORE_1970)
+                for c in TIME_COPIES
+                if not c.startswith("dt") and c[-2:] in ("_m", "_d")
+            },
+        }
+        if spec_name == "transforms"
+        else {}
+    )
     check_duckdb_filters(table.metadata_location, expected, schema, columns=sources, known_skips=skips)
 
 
