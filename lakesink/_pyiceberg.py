@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
+    ArrowAccessor,
+    ArrowProjectionVisitor,
     ParquetFormatModel,
     _ConvertToIcebergWithoutIDs,
     _get_parquet_writer_kwargs,
-    _to_requested_schema,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
@@ -30,14 +32,14 @@ from pyiceberg.io.pyarrow import (
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent
 from pyiceberg.partitioning import PartitionSpec, _to_partition_representation
-from pyiceberg.schema import Schema, assign_fresh_schema_ids, sanitize_column_names
+from pyiceberg.schema import Schema, assign_fresh_schema_ids, sanitize_column_names, visit_with_partner
 from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.update import AssertCurrentSchemaId, AssertDefaultSpecId, AssertTableUUID
 from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
-from pyiceberg.types import IcebergType
+from pyiceberg.types import IcebergType, ListType, MapType
 
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 
@@ -63,13 +65,37 @@ def stream_schema(arrow_schema: pa.Schema, table_schema: Schema) -> Schema:
 
 def project_batch(batch: pa.RecordBatch, *, target: Schema, source: Schema) -> pa.RecordBatch:
     """Reorder, cast (allowed promotions) and null-fill ``batch`` into ``target``, with Parquet field ids."""
-    return _to_requested_schema(
-        requested_schema=target,
-        file_schema=source,
-        batch=batch,
-        include_field_ids=True,
-        format_model=_PARQUET,
+    projected = visit_with_partner(
+        target,
+        batch,
+        _ProjectionKeepingNulls(source, include_field_ids=True, format_model=_PARQUET),
+        ArrowAccessor(source),
     )
+    return pa.RecordBatch.from_struct_array(projected)
+
+
+class _ProjectionKeepingNulls(ArrowProjectionVisitor):
+    """pyiceberg's projection (``_to_requested_schema``), with null lists and maps of structs kept null.
+
+    pyiceberg 0.12 rebuilds a list or map whose elements are structs from its offsets alone, without
+    its validity: a null ``array<struct<...>>`` or ``map<..., struct<...>>`` would be written as an
+    empty one (apache/iceberg-python#3833 and #2246, open). The nulls are put back here.
+    """
+
+    def list(self, list_type: ListType, list_array: pa.Array | None, value_array: pa.Array | None) -> pa.Array | None:
+        return _keep_nulls(super().list(list_type, list_array, value_array), list_array)
+
+    def map(
+        self, map_type: MapType, map_array: pa.Array | None, key_result: pa.Array | None, value_result: pa.Array | None
+    ) -> pa.Array | None:
+        return _keep_nulls(super().map(map_type, map_array, key_result, value_result), map_array)
+
+
+def _keep_nulls(result: pa.Array | None, original: pa.Array | None) -> pa.Array | None:
+    if result is None or original is None or original.null_count == 0 or result.null_count == original.null_count:
+        return result
+    # if_else drops the field metadata (the Parquet field ids) of map keys and values; the cast puts it back
+    return pc.if_else(original.is_null(), pa.scalar(None, result.type), result).cast(result.type)
 
 
 def parquet_writer_options(table_properties: Mapping[str, str]) -> dict[str, Any]:
@@ -143,8 +169,19 @@ def partition_values(spec: PartitionSpec, schema: Schema, sources: Sequence[pa.A
         if isinstance(pf.transform, IdentityTransform):
             out.append(array)
         else:
-            out.append(pf.transform.pyarrow_transform(source_type)(array))
+            out.append(pf.transform.pyarrow_transform(source_type)(_aligned(array)))
     return out
+
+
+def _aligned(array: pa.Array) -> pa.Array:
+    """``array``, copied when it is a decimal whose values are not 16-byte aligned.
+
+    pyiceberg-core 0.11's transforms (bucket, truncate) panic on such a buffer ("Memory pointer from
+    external source is not aligned"), and Spark's Arrow batches hold decimal128 values only 8-byte aligned.
+    """
+    if pa.types.is_decimal(array.type) and any(b is not None and b.address % 16 for b in array.buffers()):
+        return array.take(pa.array(range(len(array)), pa.int64()))
+    return array
 
 
 def partition_record_values(spec: PartitionSpec, schema: Schema, values: Sequence[Any]) -> tuple[Any, ...]:

@@ -19,6 +19,7 @@ from pyiceberg.types import (
     PrimitiveType,
     StructType,
 )
+from pyspark.sql import types as spark_types
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType as SparkStructType
 
@@ -26,13 +27,92 @@ from lakesink import _pyiceberg as seam
 from lakesink.errors import SchemaMismatchError
 from lakesink.executor import utc_schema
 
+VALID_SPARK_TYPES = (
+    "boolean, byte, short, int, long, float, double, decimal(p,s), string, char(n), varchar(n), binary, date, "
+    "timestamp, timestamp_ntz, and struct, array and map of these"
+)
+
+# Spark types Iceberg (format version 2, as pyiceberg 0.12 writes it) cannot hold, with what to do instead.
+# Looked up by class name: TimeType, VariantType and the spatial types do not exist in every pyspark 4.x.
+_UNSUPPORTED_SPARK_TYPES: dict[str, str] = {
+    "DayTimeIntervalType": "Iceberg has no interval type; store it as a long, e.g. the microseconds of the interval",
+    "YearMonthIntervalType": "Iceberg has no interval type; store it as an int, e.g. the months of the interval",
+    "CalendarIntervalType": "Iceberg has no interval type; store its parts as int/long columns",
+    "NullType": "a column of type void (a bare NULL literal) has no Iceberg type; cast it, e.g. CAST(NULL AS STRING)",
+    "VariantType": "Iceberg's variant type needs format version 3, which lakesink does not write; store to_json(column) "
+    "as a string",
+    "TimeType": "lakesink does not write Spark's TIME type; store it as a long of microseconds since midnight or as a string",
+    "GeometryType": "lakesink does not write geospatial types (Iceberg format version 3); store ST_AsBinary(column) as binary",
+    "GeographyType": "lakesink does not write geospatial types (Iceberg format version 3); store ST_AsBinary(column) as binary",
+}
+
+
+def _unsupported(t: spark_types.DataType, path: str) -> list[str]:
+    """Problems ``column path: reason`` for every Spark type at any depth of ``t`` that Iceberg cannot hold."""
+    reason = _UNSUPPORTED_SPARK_TYPES.get(type(t).__name__)
+    if reason is not None:
+        return [f"column {path!r} has Spark type {t.simpleString()}: {reason}"]
+    if isinstance(t, spark_types.StructType):
+        return [p for f in t.fields for p in _unsupported(f.dataType, f"{path}.{f.name}")]
+    if isinstance(t, spark_types.ArrayType):
+        return _unsupported(t.elementType, f"{path}.element")
+    if isinstance(t, spark_types.MapType):
+        return _unsupported(t.keyType, f"{path}.key") + _unsupported(t.valueType, f"{path}.value")
+    return []
+
+
+def _chars_as_strings(t: spark_types.DataType) -> spark_types.DataType:
+    """``t`` with char(n) and varchar(n) (kept by spark.sql.preserveCharVarcharTypeInfo) as string, at any depth.
+
+    Spark has already padded char(n) values and checked varchar(n) lengths: Iceberg stores them as strings.
+    """
+    if isinstance(t, (spark_types.CharType, spark_types.VarcharType)):
+        return spark_types.StringType()
+    if isinstance(t, spark_types.StructType):
+        return spark_types.StructType(
+            [spark_types.StructField(f.name, _chars_as_strings(f.dataType), f.nullable, f.metadata) for f in t.fields]
+        )
+    if isinstance(t, spark_types.ArrayType):
+        return spark_types.ArrayType(_chars_as_strings(t.elementType), t.containsNull)
+    if isinstance(t, spark_types.MapType):
+        return spark_types.MapType(_chars_as_strings(t.keyType), _chars_as_strings(t.valueType), t.valueContainsNull)
+    return t
+
 
 def arrow_schema_of(spark_schema: SparkStructType) -> pa.Schema:
-    """The Arrow schema of a Spark schema, with zoned timestamps in UTC (as lakesink stores them)."""
+    """The Arrow schema of a Spark schema, with zoned timestamps in UTC (as lakesink stores them).
+
+    Raises SchemaMismatchError naming every column (at any depth) whose type Iceberg cannot hold,
+    so that a query fails at its start rather than at its first write.
+    """
+    problems = [p for f in spark_schema.fields for p in _unsupported(f.dataType, f.name)]
+    if problems:
+        raise SchemaMismatchError(
+            "the stream's schema cannot be written to Iceberg:\n  - "
+            + "\n  - ".join(problems)
+            + f"\nIceberg holds: {VALID_SPARK_TYPES}"
+        )
+    strings = _chars_as_strings(spark_schema)
+    assert isinstance(strings, SparkStructType)
     try:
-        return utc_schema(to_arrow_schema(spark_schema, timezone="UTC", error_on_duplicated_field_names_in_struct=True))
+        arrow = utc_schema(to_arrow_schema(strings, timezone="UTC", error_on_duplicated_field_names_in_struct=True))
     except Exception as e:
         raise SchemaMismatchError(f"the stream's schema cannot be written to Iceberg: {e}") from e
+    for spark_field, field in zip(spark_schema.fields, arrow, strict=True):
+        try:
+            seam.iceberg_type(field.type)
+        except Exception as e:
+            problems.append(
+                f"column {field.name!r} has Spark type {spark_field.dataType.simpleString()} (Arrow {field.type}), "
+                f"which Iceberg cannot hold ({e})"
+            )
+    if problems:
+        raise SchemaMismatchError(
+            "the stream's schema cannot be written to Iceberg:\n  - "
+            + "\n  - ".join(problems)
+            + f"\nIceberg holds: {VALID_SPARK_TYPES}"
+        )
+    return arrow
 
 
 @dataclass(frozen=True)
