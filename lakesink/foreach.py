@@ -22,7 +22,7 @@ from lakesink.driver import BatchOutcome, TableCommitter
 from lakesink.errors import LakesinkError
 from lakesink.executor import TaskWriter
 from lakesink.messages import TaskResult, WritePlan
-from lakesink.options import CATALOG, CATALOG_PROPERTY_PREFIX, CREATE_TABLE, OUTPUT_MODE, TABLE, SinkOptions
+from lakesink.options import BRANCH, CATALOG, CATALOG_PROPERTY_PREFIX, CREATE_TABLE, OUTPUT_MODE, TABLE, SinkOptions
 from lakesink.schema import arrow_schema_of
 
 log = logging.getLogger("lakesink")
@@ -39,6 +39,7 @@ def foreach_batch(
     output_mode: str = "append",
     create_table: bool = True,
     checkpoint_location: str | None = None,
+    branch: str = "main",
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -51,8 +52,14 @@ def foreach_batch(
         create_table: create the table when it does not exist (else fail at the first batch).
         checkpoint_location: the query's checkpoint, to record source offsets; found from the running
             query when omitted.
+        branch: the branch batches commit to (write-audit-publish; created from ``main`` when missing).
     """
-    options: dict[str, str] = {TABLE: table, OUTPUT_MODE: output_mode, CREATE_TABLE: str(create_table).lower()}
+    options: dict[str, str] = {
+        TABLE: table,
+        OUTPUT_MODE: output_mode,
+        CREATE_TABLE: str(create_table).lower(),
+        BRANCH: branch,
+    }
     if catalog is not None:
         options[CATALOG] = catalog
     for key, value in (catalog_properties or {}).items():

@@ -19,11 +19,12 @@ CATALOG_PROPERTY_PREFIX = "catalog."
 CHECKPOINT_LOCATION = "checkpointlocation"
 CREATE_TABLE = "create-table"
 OUTPUT_MODE = "output-mode"
+BRANCH = "branch"
 
 #: Options Spark itself may pass to a sink; accepted and ignored.
 _SPARK_OWN_OPTIONS = frozenset({"path", "queryname"})
 
-VALID_OPTIONS = (TABLE, CATALOG, f"{CATALOG_PROPERTY_PREFIX}<property>", "checkpointLocation", CREATE_TABLE)
+VALID_OPTIONS = (TABLE, CATALOG, f"{CATALOG_PROPERTY_PREFIX}<property>", "checkpointLocation", CREATE_TABLE, BRANCH)
 
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
@@ -81,13 +82,15 @@ class SinkOptions:
     output_mode: OutputMode = OutputMode.APPEND
     checkpoint_location: str | None = None
     create_table: bool = True
+    branch: str = "main"
+    """The branch batches commit to (write-audit-publish); created from ``main``'s head when missing."""
 
     def __repr__(self) -> str:  # never print catalog secrets
         return (
             f"SinkOptions(table={str(self.table)!r}, catalog_name={self.catalog_name!r}, "
             f"catalog_properties={redact_properties(self.catalog_properties)!r}, "
             f"output_mode={self.output_mode.value!r}, checkpoint_location={self.checkpoint_location!r}, "
-            f"create_table={self.create_table!r})"
+            f"create_table={self.create_table!r}, branch={self.branch!r})"
         )
 
     __str__ = __repr__
@@ -116,7 +119,7 @@ class SinkOptions:
         unknown = sorted(
             k
             for k in lowered
-            if k not in (TABLE, CATALOG, CHECKPOINT_LOCATION, CREATE_TABLE)
+            if k not in (TABLE, CATALOG, CHECKPOINT_LOCATION, CREATE_TABLE, BRANCH)
             and not k.startswith(CATALOG_PROPERTY_PREFIX)
             and k not in _SPARK_OWN_OPTIONS
         )
@@ -146,7 +149,15 @@ class SinkOptions:
             output_mode=mode,
             checkpoint_location=lowered.get(CHECKPOINT_LOCATION) or None,
             create_table=_parse_bool(CREATE_TABLE, lowered.get(CREATE_TABLE, "true")),
+            branch=_parse_branch(lowered.get(BRANCH, "main")),
         )
+
+
+def _parse_branch(value: str) -> str:
+    branch = value.strip()
+    if not branch or any(c.isspace() for c in branch):
+        raise InvalidOptionError(f"option '{BRANCH}' must be a branch name without spaces (for example 'audit'), got {value!r}")
+    return branch
 
 
 def _parse_bool(key: str, value: str) -> bool:

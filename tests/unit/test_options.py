@@ -7,7 +7,7 @@ import pytest
 from lakesink.errors import InvalidOptionError
 from lakesink.options import OutputMode, SinkOptions, TableName
 
-VALID_LIST = "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table"
+VALID_LIST = "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table, branch"
 
 
 # --- from_spark_options ---------------------------------------------------------------------------
@@ -216,5 +216,5 @@ def test_repr_shows_every_field() -> None:
     )
     assert repr(opts) == (
         "SinkOptions(table='db.t', catalog_name='prod', catalog_properties={}, output_mode='complete', "
-        "checkpoint_location='/ck', create_table=False)"
+        "checkpoint_location='/ck', create_table=False, branch='main')"
     )
