@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
 import lakesink
+from lakesink.audit import Point, diff, locate, read_at, resolve, verify
 from lakesink.cli import main
+from lakesink.driver import Outcome
+from lakesink.errors import AuditError
+from lakesink.properties import CommittedBatch, last_batch_key, last_committed_batch
 from tests.helpers import arrow_rows, commit, load, make_committer, write_task
 
 Q1 = "11111111-aaaa-4000-8000-000000000001"
@@ -76,3 +83,197 @@ def test_history_of_a_missing_table_is_a_clear_error(catalog_properties: dict[st
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1
     assert "table db.nope does not exist in catalog" in result.output
+
+
+# --- points in time, diff, locate ------------------------------------------------------------------
+
+
+
+
+def ids(rows: Any) -> Counter[int]:
+    return Counter(rows.column("id").to_pylist())
+
+
+def snap_of(table: Any, query_id: str, batch_id: int) -> Any:
+    return next(r for r in lakesink.history(table) if r.query_id == query_id and r.batch_id == batch_id)
+
+
+def cli(catalog_properties: dict[str, str], *args: str) -> Any:
+    return CliRunner().invoke(main, [*args, *[f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]])
+
+
+def test_read_as_of_batch_snapshot_and_time(table: Any) -> None:
+    assert ids(read_at(table, Point(batch_id=0, query_id=Q1))) == Counter([1, 2, 3])
+    assert ids(read_at(table, Point.parse(f"batch={Q1}:1"))) == Counter([1, 2, 3, 100, 4, 5, 6])
+    assert ids(read_at(table, Point.parse(f"batch={Q2}:0"))) == Counter([1, 2, 3, 100, 4, 5, 6, 7])
+    assert ids(read_at(table)) == Counter([1, 2, 3, 100, 4, 5, 6, 7])
+    assert ids(read_at(table, branch="audit")) == Counter([1, 2, 3, 100, 4, 5, 6, 7, 200])
+    other = lakesink.history(table)[1]
+    assert ids(read_at(table, Point(snapshot_id=other.snapshot_id))) == Counter([1, 2, 3, 100])
+    assert ids(read_at(table, Point.parse(f"time={other.timestamp_ms}"))) == Counter([1, 2, 3, 100])
+    assert read_at(table, Point(batch_id=1, query_id=Q1), columns=["id"], row_filter="id >= 4").column_names == ["id"]
+    assert ids(read_at(table, Point(batch_id=1, query_id=Q1), row_filter="id >= 4")) == Counter([4, 5, 6, 100])
+    with pytest.raises(AuditError, match="2 queries"):
+        resolve(table, Point(batch_id=0))
+    with pytest.raises(AuditError, match="batch 7 of query"):
+        resolve(table, Point(batch_id=7, query_id=Q1))
+    with pytest.raises(AuditError, match="no snapshot on 'main' at or before"):
+        resolve(table, Point(timestamp_ms=lakesink.history(table)[0].timestamp_ms - 1))
+    with pytest.raises(AuditError, match="is not a point"):
+        Point.parse("batch=x")
+
+
+def test_diff_of_appends_reads_only_the_added_files(table: Any) -> None:
+    d = diff(table, Point(batch_id=0, query_id=Q1), Point(batch_id=0, query_id=Q2))
+    assert d.method == "manifests"
+    assert ids(d.added) == Counter([100, 4, 5, 6, 7]) and d.removed.num_rows == 0
+    assert len(d.added_files) == 4  # the other writer's, batch 1's two, Q2's one
+    back = diff(table, Point(batch_id=0, query_id=Q2), Point(batch_id=0, query_id=Q1))
+    assert ids(back.removed) == Counter([100, 4, 5, 6, 7]) and back.added.num_rows == 0
+
+
+def test_diff_across_a_rewrite_reports_only_changed_rows(table: Any) -> None:
+    import pyarrow.compute as pc
+
+    before = table.current_snapshot().snapshot_id
+    rows = table.scan().to_arrow()
+    kept = rows.filter(pc.not_equal(rows["id"], 5))  # rewrite the whole table without id 5, plus one new row
+    table.overwrite(pa.concat_tables([kept, arrow_rows([300]).cast(kept.schema)]))
+    d = diff(table, Point(snapshot_id=before), Point(snapshot_id=table.current_snapshot().snapshot_id))
+    assert ids(d.added) == Counter([300]) and ids(d.removed) == Counter([5])
+    assert len(d.removed_files) == 5  # every file was rewritten; the rows that moved cancel out
+
+
+def test_locate_rows_and_files(table: Any) -> None:
+    found = locate(table, row_filter="id = 5 or id = 100")
+    got = {(r["id"], r["_query_id"], r["_batch_id"]) for r in found.to_pylist()}
+    assert got == {(5, Q1, 1), (100, None, None)}
+    path = next(r["_file"] for r in found.to_pylist() if r["id"] == 5)
+    one = locate(table, file_path=path).to_pylist()[0]
+    assert (one["_query_id"], one["_batch_id"], one["record_count"]) == (Q1, 1, 2)
+    assert locate(table, row_filter="id = 99999").num_rows == 0
+
+
+def test_show_diff_which_commands(table: Any, catalog_properties: dict[str, str]) -> None:
+    r = cli(catalog_properties, "show", "db.events", "--at", f"batch={Q1}:0", "--json")
+    assert r.exit_code == 0, r.output
+    assert sorted(x["id"] for x in json.loads(r.output)) == [1, 2, 3]
+    r = cli(catalog_properties, "show", "db.events", "--at", f"batch={Q1}:0", "--columns", "id")
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0].strip() == "id" and "(3 row(s))" in r.output
+    r = cli(catalog_properties, "diff", "db.events", f"batch={Q1}:0", f"batch={Q1}:1", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert sorted(x["id"] for x in data["added"]) == [4, 5, 6, 100] and data["removed"] == []
+    r = cli(catalog_properties, "diff", "db.events", f"batch={Q1}:0", f"batch={Q1}:1")
+    assert r.exit_code == 0 and "+4 row(s) in 3 file(s)" in r.output
+    r = cli(catalog_properties, "which", "db.events", "--where", "id = 6", "--json")
+    assert r.exit_code == 0, r.output
+    assert [(x["_query_id"], x["_batch_id"]) for x in json.loads(r.output)] == [(Q1, 1)]
+    r = cli(catalog_properties, "show", "db.events", "--at", "batch=0")
+    assert r.exit_code == 1 and "give the query id" in r.output
+
+
+# --- verify: every invariant, and a planted violation of each -----------------------------------------
+
+
+def test_verify_passes_on_a_clean_table(table: Any, catalog_properties: dict[str, str]) -> None:
+    report = verify(table)
+    assert report.ok, report.human()
+    assert {(q.query_id, q.first_batch, q.last_batch, q.snapshots) for q in report.queries} == {(Q1, 0, 1, 2), (Q2, 0, 0, 1)}
+    assert report.files_checked == 5 and report.snapshots_checked == 4
+    r = cli(catalog_properties, "verify", "db.events")
+    assert r.exit_code == 0 and r.output.startswith("OK:"), r.output
+
+
+def test_empty_batches_are_recorded_and_not_a_gap(catalog_properties: dict[str, str]) -> None:
+    c = make_committer(catalog_properties)
+    c.open_table(arrow_rows([]).schema)
+    commit(c, Q1, 0, [write_task(c, Q1, 0, [1])])
+    assert commit(c, Q1, 1, []).outcome is Outcome.EMPTY
+    assert commit(c, Q1, 2, []).outcome is Outcome.EMPTY
+    marker = last_committed_batch(load(c).properties, Q1)
+    assert marker is not None and (marker.batch_id, marker.empty) == (2, True)
+    assert commit(c, Q1, 2, []).outcome is Outcome.REPLAY_SKIPPED
+    commit(c, Q1, 3, [write_task(c, Q1, 3, [2])])
+    t = load(c)
+    assert snap_of(t, Q1, 3).previous_batch_id == 2
+    report = verify(t)
+    assert report.ok, report.human()
+    assert [(q.first_batch, q.last_batch, q.empty_batches) for q in report.queries] == [(0, 3, 2)]
+    # the table after empty batch 1 is the table after batch 0
+    assert resolve(t, Point(batch_id=1)).snapshot_id == snap_of(t, Q1, 0).snapshot_id
+    assert commit(c, Q1, 4, []).outcome is Outcome.EMPTY  # a trailing empty batch: only the marker knows it
+    report = verify(load(c))
+    assert report.ok and report.queries[0].empty_batches == 3, report.human()
+
+
+def batch_keys(query_id: str, batch_id: int) -> dict[str, str]:
+    return {"lakesink.query-id": query_id, "lakesink.batch-id": str(batch_id)}
+
+
+def plant_batch(table: Any, rows: list[int], query_id: str, batch_id: int, previous: int | None = None) -> None:
+    """Commit a batch the way lakesink does (summary keys and marker), bypassing its checks."""
+    summary = batch_keys(query_id, batch_id)
+    if previous is not None:
+        summary["lakesink.previous-batch-id"] = str(previous)
+    with table.transaction() as tx:
+        tx.append(arrow_rows(rows), snapshot_properties=summary)
+    table.refresh()
+    marker = CommittedBatch(batch_id, table.current_snapshot().snapshot_id, "planted")
+    table.transaction().set_properties({last_batch_key(query_id): marker.to_property()}).commit_transaction()
+
+
+def _kinds(table: Any) -> list[str]:
+    table.refresh()
+    return [v.kind for v in verify(table).violations]
+
+
+def test_verify_reports_a_batch_committed_twice(table: Any, catalog_properties: dict[str, str]) -> None:
+    table.append(arrow_rows([1, 2, 3]), snapshot_properties={"lakesink.query-id": Q1, "lakesink.batch-id": "0"})
+    report = verify(table)
+    assert [v.kind for v in report.violations] == ["duplicate-batch"]
+    assert f"batch 0 of query {Q1} was committed 2 times" in report.violations[0].message
+    r = cli(catalog_properties, "verify", "db.events")
+    assert r.exit_code == 1 and "FAILED" in r.output and "duplicate-batch" in r.output
+
+
+def test_verify_tells_a_lost_batch_from_an_empty_one(table: Any) -> None:
+    # batch 3 of Q1 claims batch 2 was the last one before it: batch 2 was empty, no violation
+    plant_batch(table, [8], Q1, 3, previous=2)
+    assert _kinds(table) == []
+    # batch 6 records batch 4 as previous: 4 was empty, but 5 is lost
+    plant_batch(table, [9], Q1, 6, previous=4)
+    report = verify(table)
+    assert [v.kind for v in report.violations] == ["batch-gap"]
+    assert "batch id(s) 5 missing before batch 6" in report.violations[0].message
+    # a legacy gap (no previous-batch-id) in Q2
+    plant_batch(table, [10], Q2, 3)
+    assert _kinds(table) == ["batch-gap", "batch-gap"]
+
+
+def test_verify_reports_missing_and_resized_files(table: Any) -> None:
+    files = sorted(locate(table, row_filter="id = 1 or id = 7").column("_file").to_pylist())
+    Path(files[0].removeprefix("file://")).unlink()
+    with open(files[1].removeprefix("file://"), "ab") as f:
+        f.write(b"garbage")
+    report = verify(table)
+    assert sorted(v.kind for v in report.violations) == ["file-size", "missing-file"]
+    messages = " ".join(v.message for v in report.violations)
+    assert files[0] in messages and files[1] in messages and "its manifest records" in messages
+    assert verify(table, check_files=False).ok
+
+
+def test_verify_reports_a_summary_that_disagrees_with_the_manifests(table: Any, catalog_properties: dict[str, str]) -> None:
+    # tamper with the current metadata file: batch 1's summary claims 4 added rows (its manifests hold 3)
+    path = Path(table.metadata_location.removeprefix("file://"))
+    meta = json.loads(path.read_text())
+    target = snap_of(table, Q1, 1).snapshot_id
+    for s in meta["snapshots"]:
+        if s["snapshot-id"] == target:
+            s["summary"]["added-records"] = "4"
+    path.write_text(json.dumps(meta))
+    t = lakesink.catalogs.load(None, catalog_properties).load_table(("db", "events"))
+    report = verify(t)
+    assert [v.kind for v in report.violations] == ["summary-mismatch"]
+    assert report.violations[0].message == f"snapshot {target}: summary added-records is 4, its manifests say 3"
