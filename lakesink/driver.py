@@ -55,6 +55,8 @@ from lakesink.schema import check_writable
 log = logging.getLogger("lakesink")
 
 MAIN_BRANCH = "main"
+#: Summary key of the empty snapshot lakesink commits to ``main`` of an empty table to start a branch from.
+BRANCH_BASE = "lakesink.branch-base"
 
 # Iceberg's commit retry properties and their defaults (the same as Iceberg's Java library).
 COMMIT_NUM_RETRIES = ("commit.retry.num-retries", 4)
@@ -139,10 +141,18 @@ class TableCommitter:
     def _ensure_branch(self, table: Table) -> Table:
         """With option ``branch``: create the branch from ``main``'s head when it does not exist yet."""
         branch = self.options.branch
-        head = table.metadata.snapshot_by_name(MAIN_BRANCH)
-        if branch == MAIN_BRANCH or branch in table.metadata.refs or head is None:
-            return table  # (on a table without snapshots the first commit creates the branch)
+        if branch == MAIN_BRANCH or branch in table.metadata.refs:
+            return table
         try:
+            head = table.metadata.snapshot_by_name(MAIN_BRANCH)
+            if head is None:
+                # Iceberg writes a branch only from a snapshot: give an empty table an empty snapshot to branch from
+                with table.transaction() as tx:
+                    with tx.update_snapshot(snapshot_properties={BRANCH_BASE: branch}).fast_append():
+                        pass
+                table = self.catalog.load_table(self.options.table.identifier)
+                head = table.metadata.snapshot_by_name(MAIN_BRANCH)
+                assert head is not None
             table.manage_snapshots().create_branch(head.snapshot_id, branch).commit()
             log.info("lakesink: created branch %s of %s at snapshot %s", branch, self.table_name, head.snapshot_id)
         except CommitFailedException:
