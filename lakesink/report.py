@@ -84,7 +84,7 @@ def render_report(table: Table, *, branch: str = MAIN_BRANCH, show_progress: boo
     ax1.legend(loc="upper left", fontsize="small")
     ax1.grid(alpha=0.3)
     ax2.grid(alpha=0.3)
-    fig.autofmt_xdate()
+    _dates(ax2)
     plots.append(("Rows and bytes per batch", _png(fig)))
 
     mine = [r for r in records if r.writer == LAKESINK]
@@ -120,10 +120,18 @@ def render_report(table: Table, *, branch: str = MAIN_BRANCH, show_progress: boo
     ax.set_yticks(range(len(groups)), list(groups))
     ax.set_title("Writers over time (one mark per snapshot)")
     ax.grid(alpha=0.3)
-    fig.autofmt_xdate()
+    _dates(ax)
     plots.append(("Writers", _png(fig)))
     plt.close("all")
     return _page(table, branch, report, records, plots), report
+
+
+def _dates(ax: Any) -> None:
+    import matplotlib.dates as mdates
+
+    locator = mdates.AutoDateLocator()
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
 
 
 def _thin_ticks(ax: Any, n: int) -> None:

@@ -277,3 +277,65 @@ def test_verify_reports_a_summary_that_disagrees_with_the_manifests(table: Any, 
     report = verify(t)
     assert [v.kind for v in report.violations] == ["summary-mismatch"]
     assert report.violations[0].message == f"snapshot {target}: summary added-records is 4, its manifests say 3"
+
+
+# --- report: a self-contained page, rendered by a headless browser ------------------------------------
+
+
+def _chromium() -> str | None:
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def test_report_html_shows_the_plots_in_a_browser(table: Any, catalog_properties: dict[str, str], tmp_path: Path) -> None:
+    import subprocess
+
+    from PIL import Image
+
+    page = tmp_path / "report.html"
+    r = cli(catalog_properties, "report", "db.events", "--html", str(page))
+    assert r.exit_code == 0 and "verify: OK" in r.output, r.output
+    text = page.read_text()
+    assert text.count('src="data:image/png;base64,') == 4 and "<script" not in text and "http" not in text
+    assert "verify: OK" in text and Q1 in text
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no chromium: apt-get install -y chromium (Debian) to render the report")
+    shot = tmp_path / "report.png"
+    subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={shot}",
+         "--window-size=1100,2600", f"file://{page}"],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    image = Image.open(shot).convert("RGB")
+    width, height = image.size
+    pixels = list(image.getdata())
+    non_white = sum(1 for p in pixels if sum(p) < 720)
+    assert non_white > 0.03 * width * height, f"the page looks empty: {non_white} non-white pixels"
+    # each plot's colour (matplotlib's tab:blue lines, tab:orange latency, tab:green files, tab:purple sizes) is on screen
+
+    def rows_with(colour: tuple[int, int, int]) -> list[int]:
+        return [i // width for i, p in enumerate(pixels) if all(abs(a - b) < 12 for a, b in zip(p, colour, strict=True))]
+
+    plot_colours = {
+        "tab:blue": (31, 119, 180),
+        "tab:orange": (255, 127, 14),
+        "tab:green": (44, 160, 44),
+        "tab:purple": (148, 103, 189),
+    }
+    for name, colour in plot_colours.items():
+        assert len(rows_with(colour)) > 200, f"no {name} plot pixels in the screenshot"
+    # the verify banner (green border) is on top, above the first plot
+    assert min(rows_with((26, 127, 55))) < min(rows_with(plot_colours["tab:blue"]))
+
+
+def test_report_shows_violations_on_top(table: Any, tmp_path: Path) -> None:
+    from lakesink.report import write_report
+
+    table.append(arrow_rows([1]), snapshot_properties=batch_keys(Q1, 0))
+    report = write_report(table, tmp_path / "r.html")
+    assert not report.ok
+    text = (tmp_path / "r.html").read_text()
+    assert "verify: FAILED: 1 violation(s)" in text and "duplicate-batch" in text
+    assert text.index("duplicate-batch") < text.index("<figure>")
