@@ -127,8 +127,9 @@ def render_report(table: Table, *, branch: str = MAIN_BRANCH, show_progress: boo
 
 
 def _dates(ax: Any) -> None:
-    import matplotlib.dates as mdates
+    import matplotlib.dates
 
+    mdates: Any = matplotlib.dates
     locator = mdates.AutoDateLocator()
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
