@@ -339,3 +339,34 @@ def test_report_shows_violations_on_top(table: Any, tmp_path: Path) -> None:
     text = (tmp_path / "r.html").read_text()
     assert "verify: FAILED: 1 violation(s)" in text and "duplicate-batch" in text
     assert text.index("duplicate-batch") < text.index("<figure>")
+
+
+@pytest.mark.spark
+def test_answers_on_a_table_written_by_a_stream(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
+    from tests.helpers import Stream
+
+    stream = Stream(spark, tmp_path, catalog_properties, "format")
+    stream.add_input(files=3, rows_per_file=20)  # one file per batch: file i is batch i
+    stream.run()
+    t = stream.table
+    per_batch = [stream.sent[i * 20 : (i + 1) * 20] for i in range(3)]
+    got = [(r.query_id, r.batch_id, r.added_records) for r in lakesink.history(t)]
+    assert got == [(stream.query_id, b, 20) for b in range(3)]
+    assert [r.source_offsets for r in lakesink.history(t)] == [f'[{{"logOffset":{b}}}]' for b in range(3)]
+    report = verify(t)
+    assert report.ok and report.files_checked == len(t.scan().plan_files()), report.human()
+    assert ids(read_at(t, Point(batch_id=1))) == Counter(per_batch[0] + per_batch[1])
+    d = diff(t, Point(batch_id=0), Point(batch_id=2))
+    assert ids(d.added) == Counter(per_batch[1] + per_batch[2]) and d.removed.num_rows == 0
+    where = " or ".join(f"id = {per_batch[b][5]}" for b in range(3))
+    found = sorted((r["id"], r["_batch_id"]) for r in locate(t, row_filter=where).to_pylist())
+    assert found == [(per_batch[b][5], b) for b in range(3)]
+    r = cli(catalog_properties, "verify", "db.events", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["ok"]
+
+
+def test_verify_reports_a_marker_behind_the_last_batch(table: Any) -> None:
+    table.append(arrow_rows([50]), snapshot_properties=batch_keys(Q2, 1))  # batch 1 of Q2, marker not moved
+    report = verify(table)
+    assert [v.kind for v in report.violations] == ["marker-behind"]
+    assert f"query {Q2}: the replay marker names batch 0 but batch 1 is committed" in report.violations[0].message
