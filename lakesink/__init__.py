@@ -54,7 +54,6 @@ from lakesink.errors import (
 from lakesink.foreach import ForeachBatchSink, foreach_batch
 from lakesink.maintenance import remove_orphan_files
 from lakesink.options import OutputMode, ReadOptions, SinkOptions
-from lakesink.reader import PUSHDOWN_CONF
 
 __version__ = "0.1.0"
 
@@ -102,9 +101,7 @@ __all__ = [
 def register(spark: SparkSession) -> None:
     """Register the ``lakesink`` data source with a Spark session.
 
-    It writes (``writeStream.format("lakesink")``) and reads (``spark.read.format("lakesink")``); the reader
-    pushes filters down to skip data files, which Spark allows once ``spark.sql.python.filterPushdown.enabled``
-    is true: this sets it (read with ``.option("pushdown", "false")`` in a session that must keep it off).
+    It writes (``writeStream.format("lakesink")``) and reads (``spark.read.format("lakesink")``, see
+    :mod:`lakesink.reader`).
     """
     spark.dataSource.register(LakesinkDataSource)
-    spark.conf.set(PUSHDOWN_CONF, "true")

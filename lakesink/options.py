@@ -203,7 +203,8 @@ class ReadOptions:
     as_of_batch: str | None = None
     """``<batch id>`` (the table's only query) or ``<query id>:<batch id>``."""
     columns: tuple[str, ...] | None = None
-    pushdown: bool = True
+    pushdown: bool = False
+    """Take Spark's filters to skip files (off by default: pyspark 4.x reuses a pushed-down plan, see reader.py)."""
 
     def __repr__(self) -> str:  # never print catalog secrets
         return (
@@ -255,5 +256,5 @@ class ReadOptions:
             as_of_timestamp=lowered.get(AS_OF_TIMESTAMP, "").strip() or None,
             as_of_batch=lowered.get(AS_OF_BATCH, "").strip() or None,
             columns=columns or None,
-            pushdown=_parse_bool(PUSHDOWN, lowered.get(PUSHDOWN, "true")),
+            pushdown=_parse_bool(PUSHDOWN, lowered.get(PUSHDOWN, "false")),
         )

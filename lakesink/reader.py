@@ -9,9 +9,15 @@ Where each part runs:
 - ``read`` runs on executors: one partition is a group of pyiceberg file scan tasks, read with pyiceberg's
   own Arrow reader (field-id projection, schema evolution, the row filter) and handed to Spark as Arrow.
 
-Spark's Python data source API (pyspark 4.x) has filter pushdown (``pushFilters``, enabled by the SQL conf
-``spark.sql.python.filterPushdown.enabled``, which :func:`lakesink.register` sets) but no column pruning hook:
+Spark's Python data source API (pyspark 4.x) has filter pushdown (``pushFilters``) but no column pruning hook:
 the reader is given the full schema and must return every column. Option ``columns`` reads fewer columns.
+
+Filter pushdown is **off by default** (option ``pushdown``): in the Spark this was built against (pyspark 4.3),
+``PythonScanBuilder.pushFilters`` stores the read plan made with the pushed filters on the relation's
+``PythonDataSourceV2`` (``ds.setReadInfo``), and a later query of the same DataFrame or view that has no
+filter to push reuses that plan: after ``SELECT count(*) FROM v WHERE id < 100``, ``SELECT count(*) FROM v``
+returns 100 too. Newer Spark keeps the plan in the scan. With ``pushdown=true`` (and the SQL conf
+``spark.sql.python.filterPushdown.enabled=true``), use each loaded DataFrame for one query.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from pyspark.sql.datasource import GreaterThanOrEqual, In, LessThan, Not
 import lakesink
 from lakesink.datasource import LakesinkDataSource
 from lakesink.errors import InvalidOptionError
-from lakesink.reader import LakesinkReader, to_expression
+from lakesink.reader import LakesinkReader, LakesinkReaderWithoutPushdown, to_expression
 from tests.helpers import Stream, commit, load, make_committer, table_ids, write_task
 
 pytestmark = pytest.mark.spark
@@ -70,7 +70,7 @@ def test_spark_sql_on_a_view_with_filters(spark: Any, table: Any, catalog_proper
 
 
 def test_pushed_filters_skip_files_by_column_statistics(table: Any, catalog_properties: dict[str, str]) -> None:
-    source = LakesinkDataSource(options(catalog_properties))
+    source = LakesinkDataSource(options(catalog_properties, pushdown="true"))
     schema = source.schema()
 
     def files(filters: list[Any]) -> int:
@@ -94,8 +94,25 @@ def test_columns_option_and_invalid_options(spark: Any, table: Any, catalog_prop
         LakesinkDataSource(options(catalog_properties, **{"snapshot-id": "1", "as-of-batch": "1"})).schema()
     with pytest.raises(InvalidOptionError, match="unknown read option"):
         LakesinkDataSource(options(catalog_properties, snapshotid="1")).schema()
-    without = read(spark, catalog_properties, pushdown="false")
-    assert ids_of(without.where("id < 5")) == Counter(range(5))
+    default = LakesinkDataSource(options(catalog_properties))
+    assert type(default.reader(default.schema())) is LakesinkReaderWithoutPushdown
+
+def test_a_view_queried_with_and_without_filters(spark: Any, table: Any, catalog_properties: dict[str, str]) -> None:
+    """Regression test for pyspark 4.3 reusing a pushed-down read plan in a later query (why pushdown is off by default)."""
+    read(spark, catalog_properties).createOrReplaceTempView("events_twice")
+    for _ in range(2):
+        assert spark.sql("SELECT count(*) AS n FROM events_twice WHERE id < 12").collect()[0]["n"] == 12
+        assert spark.sql("SELECT count(*) AS n FROM events_twice").collect()[0]["n"] == 40
+
+
+def test_pushdown_on_a_fresh_dataframe_per_query(spark: Any, table: Any, catalog_properties: dict[str, str]) -> None:
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    try:
+        df = read(spark, catalog_properties, pushdown="true")
+        assert ids_of(df.where("id >= 25 and id < 31")) == Counter(range(25, 31))
+        assert ids_of(read(spark, catalog_properties, pushdown="true")) == Counter(range(40))
+    finally:
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", "false")
 
 
 def test_reads_a_table_written_by_a_stream(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
