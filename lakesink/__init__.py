@@ -18,11 +18,27 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from lakesink.audit import SnapshotRecord, history
+from lakesink.audit import (
+    Diff,
+    Point,
+    PublishResult,
+    SnapshotRecord,
+    VerifyReport,
+    Violation,
+    dataframe_at,
+    diff,
+    history,
+    locate,
+    publish,
+    read_at,
+    resolve,
+    verify,
+)
 from lakesink.catalogs import lakesink_home
 from lakesink.datasource import LakesinkDataSource
 from lakesink.driver import BatchOutcome, Outcome
 from lakesink.errors import (
+    AuditError,
     CatalogError,
     CatalogUnavailableError,
     CheckpointError,
@@ -31,16 +47,18 @@ from lakesink.errors import (
     ConcurrentTableChangeError,
     InvalidOptionError,
     LakesinkError,
+    PublishRefusedError,
     SchemaMismatchError,
     TableLocationError,
 )
 from lakesink.foreach import ForeachBatchSink, foreach_batch
 from lakesink.maintenance import remove_orphan_files
-from lakesink.options import OutputMode, SinkOptions
+from lakesink.options import OutputMode, ReadOptions, SinkOptions
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuditError",
     "BatchOutcome",
     "CatalogError",
     "CatalogUnavailableError",
@@ -48,24 +66,42 @@ __all__ = [
     "CommitConflictError",
     "CommitOutcomeUnknownError",
     "ConcurrentTableChangeError",
+    "Diff",
     "ForeachBatchSink",
     "InvalidOptionError",
     "LakesinkDataSource",
     "LakesinkError",
     "Outcome",
     "OutputMode",
+    "Point",
+    "PublishRefusedError",
+    "PublishResult",
+    "ReadOptions",
     "SchemaMismatchError",
     "SinkOptions",
     "SnapshotRecord",
     "TableLocationError",
+    "VerifyReport",
+    "Violation",
+    "dataframe_at",
+    "diff",
     "foreach_batch",
     "history",
     "lakesink_home",
+    "locate",
+    "publish",
+    "read_at",
     "register",
     "remove_orphan_files",
+    "resolve",
+    "verify",
 ]
 
 
 def register(spark: SparkSession) -> None:
-    """Register the ``lakesink`` data source with a Spark session (``writeStream.format("lakesink")``)."""
+    """Register the ``lakesink`` data source with a Spark session.
+
+    It writes (``writeStream.format("lakesink")``) and reads (``spark.read.format("lakesink")``, see
+    :mod:`lakesink.reader`).
+    """
     spark.dataSource.register(LakesinkDataSource)

@@ -9,17 +9,19 @@ Tested against pyiceberg 0.12.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyiceberg.expressions import BooleanExpression
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
     ArrowAccessor,
     ArrowProjectionVisitor,
+    ArrowScan,
     ParquetFormatModel,
     _ConvertToIcebergWithoutIDs,
     _get_parquet_writer_kwargs,
@@ -30,12 +32,19 @@ from pyiceberg.io.pyarrow import (
     schema_to_pyarrow,
     visit_pyarrow,
 )
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent, ManifestEntry, ManifestFile
 from pyiceberg.partitioning import PartitionSpec, _to_partition_representation
 from pyiceberg.schema import Schema, assign_fresh_schema_ids, sanitize_column_names, visit_with_partner
-from pyiceberg.table import Table
+from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.locations import load_location_provider
-from pyiceberg.table.update import AssertCurrentSchemaId, AssertDefaultSpecId, AssertTableUUID
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.update import (
+    AssertCurrentSchemaId,
+    AssertDefaultSpecId,
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    SetPropertiesUpdate,
+)
 from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
@@ -372,3 +381,34 @@ def find_batch_snapshot(table: Table, query_id: str, batch_id: int) -> int | Non
 
 def delete_file(io: FileIO, path: str) -> None:
     io.delete(path)
+
+
+# --- audits, empty batches and branches (issue 6) -----------------------------------------------
+
+
+def commit_properties_at_head(table: Table, properties: Mapping[str, str], *, branch: str) -> None:
+    """Set table properties in one compare-and-swap that also asserts the branch head is still the one read.
+
+    pyiceberg's public ``set_properties`` asserts only the table's identity, so a marker could move back
+    behind a batch committed meanwhile; raises CommitFailedException when the head moved.
+    """
+    head = table.metadata.snapshot_by_name(branch)
+    requirements = (
+        AssertTableUUID(uuid=table.metadata.table_uuid),
+        AssertRefSnapshotId(snapshot_id=head.snapshot_id if head else None, ref=branch),  # type: ignore[call-arg]
+    )
+    fault_point(CATALOG_FAILS_BEFORE_APPLY)
+    table._do_commit(updates=(SetPropertiesUpdate(updates=dict(properties)),), requirements=requirements)
+    fault_point(CATALOG_FAILS_AFTER_APPLY)
+
+
+def scan_files(
+    metadata: TableMetadata, io: FileIO, tasks: Iterable[FileScanTask], *, schema: Schema, row_filter: BooleanExpression
+) -> Iterator[pa.RecordBatch]:
+    """Read data files as pyiceberg's own scan reads them (field-id projection, schema evolution, row filter)."""
+    return ArrowScan(metadata, io, schema, row_filter).to_record_batches(tasks)
+
+
+def manifest_entries(manifest: ManifestFile, io: FileIO) -> list[ManifestEntry]:
+    """Every entry of a manifest (added, existing and deleted)."""
+    return list(manifest.fetch_manifest_entry(io, discard_deleted=False))

@@ -3,6 +3,12 @@
 One click group, one sub-command per task::
 
     lakesink history db.events
+    lakesink show db.events --at batch=3
+    lakesink diff db.events batch=2 batch=5
+    lakesink which db.events --where "id = 42"
+    lakesink verify db.events
+    lakesink report db.events --html report.html
+    lakesink publish db.events --branch audit
     lakesink remove-orphan-files db.events --older-than 3d --dry-run
 
 Tables are found the way the sink finds them (:func:`lakesink.catalogs.load`): ``--catalog NAME``
@@ -25,8 +31,20 @@ from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 
 from lakesink import catalogs
-from lakesink.audit import OTHER, SnapshotRecord, history
-from lakesink.errors import InvalidOptionError, LakesinkError
+from lakesink.audit import (
+    OTHER,
+    Point,
+    SnapshotRecord,
+    VerifyReport,
+    diff,
+    format_ms,
+    history,
+    locate,
+    publish,
+    read_at,
+    verify,
+)
+from lakesink.errors import AuditError, InvalidOptionError, LakesinkError
 from lakesink.maintenance import DEFAULT_OLDER_THAN, OrphanFile, OrphanReport, remove_orphan_files
 from lakesink.options import TableName
 from lakesink.redaction import redact_secrets_in
@@ -185,6 +203,224 @@ def human_history(records: Sequence[SnapshotRecord]) -> str:
         ).rstrip()
 
     return "\n".join([fmt(header), *(fmt(row) for row in rows)])
+
+
+def _point(ctx: click.Context, param: click.Parameter, value: str | None) -> Point | None:
+    if value is None:
+        return None
+    try:
+        return Point.parse(value)
+    except AuditError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, indent=2, default=_json_default)
+
+
+_POINT_HELP = "snapshot=<id>, time=<ISO 8601 or epoch ms>, batch=<batch id> or batch=<query id>:<batch id>"
+_branch_option = click.option("--branch", default="main", show_default=True, help="The branch whose history is read.")
+
+
+@main.command("show")
+@click.argument("table")
+@catalog_options
+@click.option("--at", "point", metavar="POINT", callback=_point, help=f"Read as of this point ({_POINT_HELP}); default: now.")
+@_branch_option
+@click.option("--columns", metavar="A,B,...", help="Only these columns.")
+@click.option("--where", "row_filter", metavar="EXPR", help="An Iceberg row filter, for example \"id > 5 and kind = 2\".")
+@click.option("--limit", type=int, default=20, show_default=True, help="Rows to print (0: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list.")
+def show_command(
+    table: str,
+    catalog_name: str | None,
+    catalog_properties: dict[str, str],
+    point: Point | None,
+    branch: str,
+    columns: str | None,
+    row_filter: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Print TABLE's rows as of a point in its history (time travel)."""
+    t = load_table(table, catalog_name, catalog_properties)
+    cols = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
+    try:
+        rows = read_at(t, point, branch=branch, columns=cols, row_filter=row_filter)
+    except (LakesinkError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    shown = rows if limit <= 0 else rows.slice(0, limit)
+    if as_json:
+        click.echo(_dumps(shown.to_pylist()))
+        return
+    click.echo(human_rows(shown))
+    click.echo(f"({rows.num_rows} row(s){f', first {shown.num_rows} shown' if shown.num_rows < rows.num_rows else ''})")
+
+
+@main.command("diff")
+@click.argument("table")
+@click.argument("start", metavar="FROM", callback=_point)
+@click.argument("end", metavar="TO", callback=_point)
+@catalog_options
+@_branch_option
+@click.option("--limit", type=int, default=20, show_default=True, help="Rows to print per side (0: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object with the added and removed rows.")
+def diff_command(
+    table: str,
+    start: Point,
+    end: Point,
+    catalog_name: str | None,
+    catalog_properties: dict[str, str],
+    branch: str,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Rows added and removed between two points of TABLE's history.
+
+    FROM and TO: snapshot=<id>, time=<ISO 8601 or epoch ms>, batch=<batch id> or batch=<query id>:<batch id>.
+    Computed from the two snapshots' manifests: only the data files that differ are read.
+    """
+    t = load_table(table, catalog_name, catalog_properties)
+    try:
+        d = diff(t, start, end, branch=branch, show_progress=None if not as_json else False)
+    except LakesinkError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(_dumps(d.to_dict()))
+        return
+    click.echo(
+        f"from snapshot {d.start} to {d.end} ({d.method}): +{d.added.num_rows} row(s) in {len(d.added_files)} file(s), "
+        f"-{d.removed.num_rows} row(s) in {len(d.removed_files)} file(s)"
+    )
+    for sign, rows in (("+", d.added), ("-", d.removed)):
+        if rows.num_rows:
+            shown = rows if limit <= 0 else rows.slice(0, limit)
+            click.echo("\n".join(f"{sign} {line}" for line in human_rows(shown).splitlines()))
+
+
+@main.command("which")
+@click.argument("table")
+@catalog_options
+@click.option("--where", "row_filter", metavar="EXPR", help="The rows to trace, as an Iceberg row filter (\"id = 42\").")
+@click.option("--file", "file_path", metavar="PATH", help="A data file to trace (its full path, as in the manifests).")
+@click.option("--at", "point", metavar="POINT", callback=_point, help=f"As of this point ({_POINT_HELP}).")
+@_branch_option
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+def which_command(
+    table: str,
+    catalog_name: str | None,
+    catalog_properties: dict[str, str],
+    row_filter: str | None,
+    file_path: str | None,
+    point: Point | None,
+    branch: str,
+    as_json: bool,
+) -> None:
+    """Which snapshot, streaming query and batch wrote the rows matching --where (or the file --file)."""
+    if (row_filter is None) == (file_path is None):
+        raise click.UsageError("give exactly one of --where or --file")
+    t = load_table(table, catalog_name, catalog_properties)
+    try:
+        rows = locate(t, row_filter=row_filter, file_path=file_path, point=point, branch=branch)
+    except (LakesinkError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(_dumps(rows.to_pylist()) if as_json else human_rows(rows))
+
+
+@main.command("verify")
+@click.argument("table")
+@catalog_options
+@_branch_option
+@click.option("--no-files", is_flag=True, help="Do not check that every data file exists with its recorded size.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def verify_command(
+    table: str, catalog_name: str | None, catalog_properties: dict[str, str], branch: str, no_files: bool, as_json: bool
+) -> None:
+    """Check TABLE's exactly-once invariants; exit status 1 on any violation.
+
+    Each (query id, batch id) in at most one snapshot; no gaps in a query's batch ids (recorded empty batches
+    accounted for); every data file present with its recorded size; summaries consistent with the manifests.
+    """
+    t = load_table(table, catalog_name, catalog_properties)
+    report = verify(t, branch=branch, check_files=not no_files, show_progress=False if as_json else None)
+    click.echo(_dumps(report.to_dict()) if as_json else report.human())
+    if not report.ok:
+        raise click.exceptions.Exit(1)
+
+
+@main.command("report")
+@click.argument("table")
+@catalog_options
+@_branch_option
+@click.option(
+    "--html", "html_path", metavar="FILE", required=True, type=click.Path(dir_okay=False), help="Where to write the page."
+)
+def report_command(
+    table: str, catalog_name: str | None, catalog_properties: dict[str, str], branch: str, html_path: str
+) -> None:
+    """Write a self-contained HTML page about TABLE: verify result, batches, latency, files, writers."""
+    from lakesink.report import write_report
+
+    t = load_table(table, catalog_name, catalog_properties)
+    try:
+        result: VerifyReport = write_report(t, html_path, branch=branch)
+    except LakesinkError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"wrote {html_path} (verify: {'OK' if result.ok else f'{len(result.violations)} violation(s)'})")
+
+
+@main.command("publish")
+@click.argument("table")
+@catalog_options
+@click.option("--branch", required=True, help="The audited branch to publish.")
+@click.option("--force", is_flag=True, help="Publish even when verify fails or main is not an ancestor of the branch.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def publish_command(
+    table: str, catalog_name: str | None, catalog_properties: dict[str, str], branch: str, force: bool, as_json: bool
+) -> None:
+    """Fast-forward TABLE's main branch to --branch after verify passes on it (write-audit-publish)."""
+    t = load_table(table, catalog_name, catalog_properties)
+    try:
+        result = publish(t, branch=branch, force=force, show_progress=False if as_json else None)
+    except LakesinkError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(_dumps(result.to_dict()))
+    else:
+        click.echo(
+            f"main moved from snapshot {result.main_before} to {result.main_after} (head of {branch})"
+            + (" -- FORCED despite the problems found" if result.forced else "; verify: OK")
+        )
+
+
+def human_rows(rows: Any) -> str:
+    """An Arrow table as a text table (timestamps in UTC)."""
+    names = list(rows.column_names)
+    if not names:
+        return ""
+    cells = [[_cell(v) for v in row.values()] for row in rows.to_pylist()]
+    widths = [max(len(n), *(len(r[i]) for r in cells)) if cells else len(n) for i, n in enumerate(names)]
+    lines = ["  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            return format_ms(int(value.timestamp() * 1000))
+        return value.isoformat(sep=" ")
+    return str(value)
 
 
 @main.command("remove-orphan-files")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark import TaskContext
-from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from lakesink.checkpoint import read_query_id, read_source_offsets
@@ -27,7 +27,8 @@ from lakesink.driver import TableCommitter
 from lakesink.errors import InvalidOptionError, LakesinkError
 from lakesink.executor import TaskWriter
 from lakesink.messages import TaskResult, WritePlan
-from lakesink.options import SinkOptions
+from lakesink.options import ReadOptions, SinkOptions
+from lakesink.reader import LakesinkReader, LakesinkReaderWithoutPushdown, table_schema
 from lakesink.schema import arrow_schema_of
 
 ENV_LOG_LEVEL = "LAKESINK_LOG_LEVEL"
@@ -64,11 +65,20 @@ def _in_commit_worker() -> bool:
 
 
 class LakesinkDataSource(DataSource):
-    """The ``lakesink`` streaming sink. Register it with :func:`lakesink.register`."""
+    """The ``lakesink`` streaming sink, and a batch reader of its tables. Register it with :func:`lakesink.register`."""
 
     @classmethod
     def name(cls) -> str:
         return "lakesink"
+
+    def schema(self) -> StructType:
+        """The table's schema at the point in time the read options name (``spark.read.format("lakesink")``)."""
+        return table_schema(ReadOptions.from_spark_options(dict(self.options)))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """A batch reader of the table (see :mod:`lakesink.reader`)."""
+        options = ReadOptions.from_spark_options(dict(self.options))
+        return LakesinkReader(options, schema) if options.pushdown else LakesinkReaderWithoutPushdown(options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> LakesinkStreamWriter:
         _log_to_stderr_in_workers()

@@ -44,10 +44,11 @@ from lakesink.messages import TaskResult, WritePlan, WrittenFile
 from lakesink.options import OutputMode, SinkOptions
 from lakesink.properties import (
     SUMMARY_COMMIT_ATTEMPT,
+    SUMMARY_PREVIOUS_BATCH_ID,
     CommittedBatch,
     batch_summary,
     last_batch_key,
-    last_committed_batch,
+    last_committed_on_branch,
 )
 from lakesink.redaction import redact_secrets_in
 from lakesink.schema import SchemaChange, check_writable
@@ -55,6 +56,8 @@ from lakesink.schema import SchemaChange, check_writable
 log = logging.getLogger("lakesink")
 
 MAIN_BRANCH = "main"
+#: Summary key of the empty snapshot lakesink commits to ``main`` of an empty table to start a branch from.
+BRANCH_BASE = "lakesink.branch-base"
 
 # Iceberg's commit retry properties and their defaults (the same as Iceberg's Java library).
 COMMIT_NUM_RETRIES = ("commit.retry.num-retries", 4)
@@ -134,7 +137,28 @@ class TableCommitter:
         table = self._load_or_create(stream_schema)
         self._check(table, stream_schema)
         locations.check_no_overlap(self.table_name, table.location(), self._sibling_locations())
-        return table
+        return self._ensure_branch(table)
+
+    def _ensure_branch(self, table: Table) -> Table:
+        """With option ``branch``: create the branch from ``main``'s head when it does not exist yet."""
+        branch = self.options.branch
+        if branch == MAIN_BRANCH or branch in table.metadata.refs:
+            return table
+        try:
+            head = table.metadata.snapshot_by_name(MAIN_BRANCH)
+            if head is None:
+                # Iceberg writes a branch only from a snapshot: give an empty table an empty snapshot to branch from
+                with table.transaction() as tx:
+                    with tx.update_snapshot(snapshot_properties={BRANCH_BASE: branch}).fast_append():
+                        pass
+                table = self.catalog.load_table(self.options.table.identifier)
+                head = table.metadata.snapshot_by_name(MAIN_BRANCH)
+                assert head is not None
+            table.manage_snapshots().create_branch(head.snapshot_id, branch).commit()
+            log.info("lakesink: created branch %s of %s at snapshot %s", branch, self.table_name, head.snapshot_id)
+        except CommitFailedException:
+            pass  # created by another query meanwhile
+        return self.catalog.load_table(self.options.table.identifier)
 
     def reload_table(self, stream_schema: pa.Schema) -> Table:
         """For a later batch of a query already opened: the current table, checked again against the
@@ -211,7 +235,7 @@ class TableCommitter:
     def write_plan(self, table: Table, query_id: str | None, stream_schema: pa.Schema | None = None) -> WritePlan:
         """What executors need to write a batch into ``table``; with ``merge-schema`` and a stream that
         needs it, the files are written with the evolved schema (committed with the batch)."""
-        last = last_committed_batch(table.properties, query_id) if query_id else None
+        last = self._last(table, query_id) if query_id else None
         changes = self._check(table, stream_schema) if stream_schema is not None else ()
         if changes:
             log.info(
@@ -236,7 +260,11 @@ class TableCommitter:
 
     def last_committed(self, query_id: str) -> CommittedBatch | None:
         table = self.catalog.load_table(self.options.table.identifier)
-        return last_committed_batch(table.properties, query_id)
+        return self._last(table, query_id)
+
+    def _last(self, table: Table, query_id: str) -> CommittedBatch | None:
+        """The query's last batch on the branch written (replay check)."""
+        return last_committed_on_branch(table.metadata, query_id, self.options.branch)
 
     # --- commit ---------------------------------------------------------------------------------
 
@@ -253,10 +281,10 @@ class TableCommitter:
         if results and all(r.replay_skipped for r in results):
             return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch_id), query_id)
         if not files and not overwrite:
-            return self._logged(BatchOutcome(Outcome.EMPTY, batch_id), query_id)
+            return self._logged(self._commit_empty(query_id, batch_id), query_id)
 
         commit_id = uuid.uuid4().hex
-        summary = batch_summary(query_id, batch_id, commit_id, source_offsets)
+        summary = batch_summary(query_id, batch_id, commit_id, source_offsets, started_ms=int(time.time() * 1000))
         paths = [f.path for f in files]
         attempts = 0
         table = self._load_for_commit(batch_id)
@@ -269,7 +297,7 @@ class TableCommitter:
                     if attempts > 1:
                         table = self._load_for_commit(batch_id)
                     fault_point(DRIVER_BEFORE_CHECK)
-                    done = last_committed_batch(table.properties, query_id)
+                    done = self._last(table, query_id)
                     if done is not None and done.batch_id >= batch_id:
                         if done.batch_id == batch_id and done.commit_id == commit_id:
                             # an earlier attempt of this very call landed (its response was lost)
@@ -298,12 +326,18 @@ class TableCommitter:
                             table,
                             data_files=data_files,
                             overwrite=overwrite,
-                            summary={**summary, SUMMARY_COMMIT_ATTEMPT: str(attempts)},
+                            summary={
+                                **summary,
+                                SUMMARY_COMMIT_ATTEMPT: str(attempts),
+                                **({SUMMARY_PREVIOUS_BATCH_ID: str(done.batch_id)} if done is not None else {}),
+                            },
                             # the replay marker, in the same atomic commit as the snapshot it names
                             properties=lambda snapshot_id: {
-                                last_batch_key(query_id): CommittedBatch(batch_id, snapshot_id, commit_id).to_property()
+                                last_batch_key(query_id): CommittedBatch(
+                                    batch_id, snapshot_id, commit_id, branch=self.options.branch
+                                ).to_property()
                             },
-                            branch=MAIN_BRANCH,
+                            branch=self.options.branch,
                             schema_changes=schema_changes,
                         )
                         fault_point(DRIVER_BEFORE_SWAP)
@@ -344,6 +378,52 @@ class TableCommitter:
                 f"commit of batch {batch_id} of query {query_id} to {self.table_name} conflicted with other "
                 f"writers {attempts} time(s) (commit.retry.num-retries={retry.num_retries}); nothing was "
                 "committed and its files were deleted; restarting the query replays the batch"
+            ) from e.last_attempt.exception()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _commit_empty(self, query_id: str, batch_id: int) -> BatchOutcome:
+        """Record an empty batch: a properties-only commit moves the query's marker to it.
+
+        The next snapshot of the query then carries ``lakesink.previous-batch-id``, so that a missing batch id
+        can be told from an empty batch (``lakesink verify``). The commit asserts the branch head it read.
+        """
+        commit_id = uuid.uuid4().hex
+        attempts = 0
+        table = self._load_for_commit(batch_id)
+        retry = CommitRetry.from_properties(table.properties)
+        try:
+            for attempt in retry.retrying():
+                with attempt:
+                    attempts += 1
+                    if attempts > 1:
+                        table = self._load_for_commit(batch_id)
+                    done = self._last(table, query_id)
+                    if done is not None and done.batch_id >= batch_id:
+                        return BatchOutcome(Outcome.REPLAY_SKIPPED, batch_id, retries=attempts - 1)
+                    head = table.metadata.snapshot_by_name(self.options.branch)
+                    marker = CommittedBatch(
+                        batch_id, head.snapshot_id if head else -1, commit_id, branch=self.options.branch, empty=True
+                    )
+                    try:
+                        seam.commit_properties_at_head(
+                            table, {last_batch_key(query_id): marker.to_property()}, branch=self.options.branch
+                        )
+                    except CommitFailedException as e:
+                        raise _Conflict(str(e)) from e
+                    except Exception as e:
+                        settled = self._settle(query_id, batch_id, commit_id)
+                        if settled == "not-landed":
+                            raise _Conflict(f"commit failed and did not land: {self._redact(e)}") from e
+                        if settled is None:
+                            raise CommitOutcomeUnknownError(
+                                f"recording empty batch {batch_id} of query {query_id} in {self.table_name}: the catalog "
+                                f"failed ({self._redact(e)}) and the table could not be read; a restart settles it"
+                            ) from None
+                    return BatchOutcome(Outcome.EMPTY, batch_id, retries=attempts - 1)
+        except RetryError as e:
+            raise CommitConflictError(
+                f"recording empty batch {batch_id} of query {query_id} in {self.table_name} conflicted with other "
+                f"writers {attempts} time(s); restarting the query replays the batch"
             ) from e.last_attempt.exception()
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -422,7 +502,7 @@ class TableCommitter:
             except Exception:
                 time.sleep(min(0.2 * 2**i, 5.0))
                 continue
-            done = last_committed_batch(table.properties, query_id)
+            done = self._last(table, query_id)
             if done is not None and done.batch_id == batch_id and done.commit_id == commit_id:
                 return "landed"
             if done is not None and done.batch_id >= batch_id:
@@ -499,7 +579,7 @@ class TableCommitter:
                 len(paths),
             )
             return
-        done = last_committed_batch(table.properties, query_id) if query_id else None
+        done = self._last(table, query_id) if query_id else None
         if done is not None and done.batch_id >= batch_id:
             # the batch is in the table: keep whatever its snapshot references
             assert query_id is not None

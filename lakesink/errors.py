@@ -70,3 +70,11 @@ class InjectedFault(LakesinkError):
     """Raised by a fault point switched on by a test (see :mod:`lakesink.faults`)."""
 
     retryable = True
+
+
+class AuditError(LakesinkError):
+    """An audit question cannot be answered as asked: the point in time, batch or branch does not exist in the table."""
+
+
+class PublishRefusedError(LakesinkError):
+    """``publish`` refused to move ``main``: the branch failed verification or ``main`` is not its ancestor."""

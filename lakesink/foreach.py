@@ -23,6 +23,7 @@ from lakesink.errors import LakesinkError
 from lakesink.executor import TaskWriter
 from lakesink.messages import TaskResult, WritePlan
 from lakesink.options import (
+    BRANCH,
     CATALOG,
     CATALOG_PROPERTY_PREFIX,
     CREATE_TABLE,
@@ -50,6 +51,7 @@ def foreach_batch(
     checkpoint_location: str | None = None,
     partitioned_by: str | None = None,
     merge_schema: bool = False,
+    branch: str = "main",
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -66,8 +68,14 @@ def foreach_batch(
             e.g. ``"days(ts), bucket(16, user_id)"`` (docs/partitioning.md).
         merge_schema: add new stream columns to the table and widen its column types (int to long,
             float to double, decimal precision) in the same atomic commit as the batch's data.
+        branch: the branch batches commit to (write-audit-publish; created from ``main`` when missing).
     """
-    options: dict[str, str] = {TABLE: table, OUTPUT_MODE: output_mode, CREATE_TABLE: str(create_table).lower()}
+    options: dict[str, str] = {
+        TABLE: table,
+        OUTPUT_MODE: output_mode,
+        CREATE_TABLE: str(create_table).lower(),
+        BRANCH: branch,
+    }
     if catalog is not None:
         options[CATALOG] = catalog
     for key, value in (catalog_properties or {}).items():

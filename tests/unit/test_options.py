@@ -7,7 +7,9 @@ import pytest
 from lakesink.errors import InvalidOptionError
 from lakesink.options import OutputMode, SinkOptions, TableName
 
-VALID_LIST = "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table, partitioned-by, merge-schema"
+VALID_LIST = (
+    "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table, partitioned-by, merge-schema, branch"
+)
 
 
 # --- from_spark_options ---------------------------------------------------------------------------
@@ -218,5 +220,6 @@ def test_repr_shows_every_field() -> None:
     )
     assert repr(opts) == (
         "SinkOptions(table='db.t', catalog_name='prod', catalog_properties={}, output_mode='complete', "
-        "checkpoint_location='/ck', create_table=False, partitioned_by='days(ts), bucket(16, id)', merge_schema=True)"
+        "checkpoint_location='/ck', create_table=False, partitioned_by='days(ts), bucket(16, id)', merge_schema=True, "
+        "branch='main')"
     )
