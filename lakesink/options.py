@@ -19,6 +19,7 @@ CATALOG_PROPERTY_PREFIX = "catalog."
 CHECKPOINT_LOCATION = "checkpointlocation"
 CREATE_TABLE = "create-table"
 OUTPUT_MODE = "output-mode"
+WRITER = "writer"
 
 #: Options Spark itself may pass to a sink; accepted and ignored.
 _SPARK_OWN_OPTIONS = frozenset({"path", "queryname"})
@@ -46,6 +47,26 @@ class OutputMode(enum.Enum):
                 f"output mode {value!r} is not supported by lakesink; supported modes: "
                 f"{', '.join(m.value for m in cls)} ('update' would need row-level upserts, "
                 "which an exactly-once append/overwrite sink does not do)"
+            ) from None
+
+
+class WriterKind(enum.Enum):
+    """Which code writes a batch's Parquet files (:func:`lakesink.foreach_batch` only; see docs/write-paths.md)."""
+
+    AUTO = "auto"
+    """Spark's own Parquet writer when the table allows it (unpartitioned, no lists or maps, ...), else Arrow."""
+    SPARK = "spark"
+    """Spark's own Parquet writer, in the JVM (the fast path); a table it cannot write is an error."""
+    ARROW = "arrow"
+    """Rows move to Python workers (``mapInArrow``) and are written with pyarrow."""
+
+    @classmethod
+    def parse(cls, value: str) -> WriterKind:
+        try:
+            return cls(value.strip().lower())
+        except ValueError:
+            raise InvalidOptionError(
+                f"option '{WRITER}' must be one of {', '.join(repr(k.value) for k in cls)}, got {value!r}"
             ) from None
 
 
@@ -81,13 +102,14 @@ class SinkOptions:
     output_mode: OutputMode = OutputMode.APPEND
     checkpoint_location: str | None = None
     create_table: bool = True
+    writer: WriterKind = WriterKind.AUTO
 
     def __repr__(self) -> str:  # never print catalog secrets
         return (
             f"SinkOptions(table={str(self.table)!r}, catalog_name={self.catalog_name!r}, "
             f"catalog_properties={redact_properties(self.catalog_properties)!r}, "
             f"output_mode={self.output_mode.value!r}, checkpoint_location={self.checkpoint_location!r}, "
-            f"create_table={self.create_table!r})"
+            f"create_table={self.create_table!r}, writer={self.writer.value!r})"
         )
 
     __str__ = __repr__
@@ -102,6 +124,11 @@ class SinkOptions:
                 f"option '{OUTPUT_MODE}' is not used with format('lakesink'): set the mode with "
                 ".outputMode('append') or .outputMode('complete')"
             )
+        if WRITER in lowered:
+            raise InvalidOptionError(
+                f"option '{WRITER}' is not used with format('lakesink'), which always writes through Python workers "
+                "(the Arrow path); use lakesink.foreach_batch(..., writer='spark') for Spark's own Parquet writer"
+            )
         return cls._parse(lowered, mode, case_sensitive=options)
 
     @classmethod
@@ -109,10 +136,18 @@ class SinkOptions:
         """Parse options given as a plain mapping (used by :func:`lakesink.foreach_batch`)."""
         lowered = {k.lower(): v for k, v in options.items()}
         mode = OutputMode.parse(lowered.pop(OUTPUT_MODE, OutputMode.APPEND.value))
-        return cls._parse(lowered, mode, case_sensitive=options)
+        writer = WriterKind.parse(lowered.pop(WRITER, WriterKind.AUTO.value))
+        return cls._parse(lowered, mode, case_sensitive=options, writer=writer)
 
     @classmethod
-    def _parse(cls, lowered: dict[str, str], mode: OutputMode, *, case_sensitive: Mapping[str, str]) -> SinkOptions:
+    def _parse(
+        cls,
+        lowered: dict[str, str],
+        mode: OutputMode,
+        *,
+        case_sensitive: Mapping[str, str],
+        writer: WriterKind = WriterKind.AUTO,
+    ) -> SinkOptions:
         unknown = sorted(
             k
             for k in lowered
@@ -146,6 +181,7 @@ class SinkOptions:
             output_mode=mode,
             checkpoint_location=lowered.get(CHECKPOINT_LOCATION) or None,
             create_table=_parse_bool(CREATE_TABLE, lowered.get(CREATE_TABLE, "true")),
+            writer=writer,
         )
 
 
