@@ -185,9 +185,9 @@ def project(df: DataFrame, plan: WritePlan, batch_id: int) -> DataFrame:
     stream = {f.name: f.dataType for f in df.schema.fields}
     ctx = f"table {plan.table}, batch {batch_id}"
     columns = [
-        _project_field(
-            tf, ff, F.col(_quote(tf.name)) if tf.name in stream else None, stream.get(tf.name), tf.name, ctx
-        ).alias(ff.name, metadata={"parquet.field.id": ff.field_id})
+        _project_field(tf, ff, F.col(_quote(tf.name)) if tf.name in stream else None, stream.get(tf.name), tf.name, ctx).alias(
+            ff.name, metadata={"parquet.field.id": ff.field_id}
+        )
         for tf, ff in zip(plan.schema.fields, file_schema.fields, strict=True)
     ]
     target = T.StructType([f for f in (_spark_field(ff) for ff in file_schema.fields) if f is not None])
