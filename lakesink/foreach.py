@@ -130,6 +130,15 @@ class ForeachBatchSink:
         else:
             written = sparkwrite.write_batch(df, plan, batch_id=batch_id, max_records_per_file=self._max_records_per_file(plan))
             results, directory = list(written.results), written.directory
+            log.info(
+                "lakesink: table=%s batch=%s written by Spark's Parquet writer: files=%s rows=%s job_ms=%.0f footer_ms=%.0f",
+                plan.table,
+                batch_id,
+                len(results),
+                written.record_count,
+                written.job_ms,
+                written.footer_ms,
+            )
             if written.record_count:
                 self._bytes_per_row = written.size_in_bytes / written.record_count
         try:

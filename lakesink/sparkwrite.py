@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -70,6 +71,12 @@ CODEC_DEFAULT = "zstd"
 COMPRESSION_LEVEL = "write.parquet.compression-level"
 ROW_GROUP_BYTES = "write.parquet.row-group-size-bytes"
 ROW_GROUP_BYTES_DEFAULT = 128 * 1024 * 1024
+# Iceberg table property -> parquet-mr (Hadoop configuration) key, passed as write options
+_PARQUET_MR_PROPERTIES = {
+    "write.parquet.page-size-bytes": "parquet.page.size",
+    "write.parquet.page-row-limit": "parquet.page.row.count.limit",
+    "write.parquet.dict-size-bytes": "parquet.dictionary.page.size",
+}
 TARGET_FILE_SIZE = "write.target-file-size-bytes"
 TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
 
@@ -218,6 +225,10 @@ class SparkWrite:
 
     directory: str
     results: tuple[TaskResult, ...]
+    job_ms: float = 0.0
+    """Wall time of Spark's write job (projection, NOT NULL checks, Parquet writing, Spark's file commit)."""
+    footer_ms: float = 0.0
+    """Wall time of listing the files and reading their footers on the driver."""
 
     @property
     def record_count(self) -> int:
@@ -271,19 +282,25 @@ def write_batch(
         writer = writer.option("fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem").option(
             "fs.file.impl.disable.cache", "true"
         )
+    for prop, key in _PARQUET_MR_PROPERTIES.items():
+        if props.get(prop):
+            writer = writer.option(key, props[prop])
     level = props.get(COMPRESSION_LEVEL)
     if level is not None and codec == "zstd":
         writer = writer.option("parquet.compression.codec.zstd.level", level)
     try:
         fault_point(SPARKWRITE_BEFORE_WRITE)
+        started = time.monotonic()
         with _session_confs(df.sparkSession, _WRITE_CONFS):
             try:
                 writer.save(spark_location(directory))
             except Exception as e:
                 _raise_not_null(e, df, plan, batch_id)
                 raise
-            names = _file_names(df.sparkSession, directory)
+        written = time.monotonic()
+        names = _file_names(df.sparkSession, directory)
         files = _read_footers(plan, directory, names)
+        footers_read = time.monotonic()
         fault_point(SPARKWRITE_AFTER_FILES)
     except BaseException:
         delete_directory(plan.io, directory)
@@ -305,7 +322,12 @@ def write_batch(
     )
     if not results:
         tidy_directory(directory)
-    return SparkWrite(directory=directory, results=results)
+    return SparkWrite(
+        directory=directory,
+        results=results,
+        job_ms=(written - started) * 1000,
+        footer_ms=(footers_read - written) * 1000,
+    )
 
 
 def _raise_not_null(error: Exception, df: DataFrame, plan: WritePlan, batch_id: int) -> None:

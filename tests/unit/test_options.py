@@ -216,5 +216,5 @@ def test_repr_shows_every_field() -> None:
     )
     assert repr(opts) == (
         "SinkOptions(table='db.t', catalog_name='prod', catalog_properties={}, output_mode='complete', "
-        "checkpoint_location='/ck', create_table=False)"
+        "checkpoint_location='/ck', create_table=False, writer='auto')"
     )
