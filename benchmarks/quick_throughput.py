@@ -7,7 +7,7 @@ N rows (long id, timestamp, string, double, int) as 2 Parquet files, read by the
 source with availableNow (one batch), local[2], zstd, SQLite catalog. One warm-up of each, then
 3 repetitions alternating; prints the median rows/s and the ratio to the Parquet sink as JSON.
 
-    PYSPARK_PYTHON=$PWD/.venv/bin/python .venv/bin/python benchmarks/quick_throughput.py 5000000 [kind,kind,...]
+    PYSPARK_PYTHON=$PWD/.venv/bin/python .venv/bin/python benchmarks/quick_throughput.py 5000000 [kind,kind,...|all] [repetitions]
 
 The JSON also holds the load average before and after, and for the Spark path the split of each
 batch's time between Spark's write job and the driver's footer reads (from lakesink's log).
@@ -45,7 +45,7 @@ class _SparkPathTimes(logging.Handler):
             self.records.append({k: float(fields[k]) for k in ("job_ms", "footer_ms")})
 
 
-def main(rows: int, kinds: tuple[str, ...] = KINDS) -> dict[str, object]:
+def main(rows: int, kinds: tuple[str, ...] = KINDS, reps: int = 3) -> dict[str, object]:
     load_before = os.getloadavg()
     times = _SparkPathTimes()
     logger = logging.getLogger("lakesink")
@@ -94,10 +94,10 @@ def main(rows: int, kinds: tuple[str, ...] = KINDS) -> dict[str, object]:
         run(kind, 0)  # warm-up
     times.records.clear()
     seconds: dict[str, list[float]] = {k: [] for k in kinds}
-    for i in range(1, 4):
+    for i in range(1, reps + 1):
         for kind in kinds:
             seconds[kind].append(run(kind, i))
-    median = {k: sorted(v)[1] for k, v in seconds.items()}
+    median = {k: sorted(v)[len(v) // 2] for k, v in seconds.items()}
     spark.stop()
     shutil.rmtree(root, ignore_errors=True)
     logger.removeHandler(times)
@@ -114,7 +114,8 @@ def main(rows: int, kinds: tuple[str, ...] = KINDS) -> dict[str, object]:
 
 if __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 5_000_000
-    chosen = tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 else KINDS
+    chosen = tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 and sys.argv[2] != "all" else KINDS
+    repetitions = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     if "parquet" not in chosen or not set(chosen) <= set(KINDS):
         raise SystemExit(f"kinds must include 'parquet' and be among {', '.join(KINDS)}")
-    print(json.dumps(main(n, chosen)))
+    print(json.dumps(main(n, chosen, repetitions)))

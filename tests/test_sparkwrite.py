@@ -359,3 +359,23 @@ def test_orphan_clean_up_keeps_an_in_flight_spark_batch_directory(
     assert "not committed yet" in report.kept_in_flight[0].reason
     assert {f.path for f in report.removed} == {f"file://{stale}"}
     assert table_ids(s.table) == Counter(s.sent)
+
+
+def test_target_file_size_rolls_files_from_the_second_batch(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    cat = catalogs.load(None, catalog_properties)
+    cat.create_namespace("db")
+    cat.create_table(
+        TABLE,
+        schema=Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "user", StringType(), required=False)),
+        properties={"write.target-file-size-bytes": "1000"},
+    )
+    data = spark.range(600).selectExpr("id", "concat('user-', id) as user")
+    _run(_stream_of(spark, data, tmp_path / "src", files=2), tmp_path / "ck", catalog_properties)
+    table = _table(catalog_properties)
+    assert table_ids(table) == Counter(range(600))
+    files_per_batch = {s["batch_id"]: int(s["summary"]["added-data-files"]) for s in lakesink_snapshots(table)}
+    assert files_per_batch[0] == 1  # the first batch of a run: one file per Spark task
+    # then maxRecordsPerFile = target size / bytes per row of the batch before (about 2.5 KB for 300 rows)
+    assert files_per_batch[1] >= 2
