@@ -379,3 +379,29 @@ def test_target_file_size_rolls_files_from_the_second_batch(
     assert files_per_batch[0] == 1  # the first batch of a run: one file per Spark task
     # then maxRecordsPerFile = target size / bytes per row of the batch before (about 2.5 KB for 300 rows)
     assert files_per_batch[1] >= 2
+
+
+def test_which_tables_the_spark_path_writes() -> None:
+    from pyiceberg.types import FixedType, ListType, MapType, TimeType, UUIDType
+
+    from lakesink.sparkwrite import spark_location, unsupported_reason
+
+    ok = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "s", StructType(NestedField(3, "p", DecimalType(38, 10), required=False)), required=False),
+    )
+    assert unsupported_reason(ok, partitioned=False) is None
+    assert "partitioned" in (unsupported_reason(ok, partitioned=True) or "")
+    for bad in (
+        ListType(10, LongType()),
+        MapType(10, StringType(), 11, LongType()),
+        FixedType(4),
+        UUIDType(),
+        TimeType(),
+        StructType(NestedField(10, "inner", ListType(11, LongType()), required=False)),
+    ):
+        reason = unsupported_reason(Schema(NestedField(1, "id", LongType()), NestedField(2, "c", bad)), partitioned=False)
+        assert reason is not None and reason.startswith("column 'c' has type"), bad
+    assert spark_location("s3://bucket/t/data/x") == "s3a://bucket/t/data/x"
+    assert spark_location("/tmp/t/data") == "file:///tmp/t/data"
+    assert spark_location("file:///tmp/t/data") == "file:///tmp/t/data"
