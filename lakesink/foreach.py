@@ -1,8 +1,11 @@
 """``writeStream.foreachBatch(lakesink.foreach_batch("db.events"))``: the same protocol from foreachBatch.
 
 The function runs on the driver for every micro-batch. It checks whether the batch is already
-committed *before* writing anything, has the executors write Parquet files with ``mapInArrow``,
-and commits them as one snapshot.
+committed *before* writing anything, has the batch's Parquet files written, and commits them as one
+snapshot. The files are written by one of two paths (option ``writer``, see docs/write-paths.md):
+Spark's own Parquet writer in the JVM (:mod:`lakesink.sparkwrite`, the fast path, chosen by
+``auto`` whenever the table allows it), or Python workers writing with pyarrow (``mapInArrow`` and
+:class:`lakesink.executor.TaskWriter`, the same code as ``format("lakesink")``).
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
-from lakesink import catalogs
+from lakesink import catalogs, sparkwrite
 from lakesink.checkpoint import read_source_offsets
 from lakesink.driver import BatchOutcome, TableCommitter
-from lakesink.errors import LakesinkError
+from lakesink.errors import InvalidOptionError, LakesinkError
 from lakesink.executor import TaskWriter
 from lakesink.messages import TaskResult, WritePlan
 from lakesink.options import (
@@ -31,7 +34,9 @@ from lakesink.options import (
     OUTPUT_MODE,
     PARTITIONED_BY,
     TABLE,
+    WRITER,
     SinkOptions,
+    WriterKind,
 )
 from lakesink.schema import arrow_schema_of
 
@@ -52,6 +57,7 @@ def foreach_batch(
     partitioned_by: str | None = None,
     merge_schema: bool = False,
     branch: str = "main",
+    writer: str = "auto",
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -69,12 +75,16 @@ def foreach_batch(
         merge_schema: add new stream columns to the table and widen its column types (int to long,
             float to double, decimal precision) in the same atomic commit as the batch's data.
         branch: the branch batches commit to (write-audit-publish; created from ``main`` when missing).
+        writer: ``"auto"`` (Spark's own Parquet writer when the table allows it, else the Arrow path),
+            ``"spark"`` (Spark's writer; a table it cannot write fails the batch) or ``"arrow"`` (rows
+            through Python workers, written with pyarrow). See docs/write-paths.md.
     """
     options: dict[str, str] = {
         TABLE: table,
         OUTPUT_MODE: output_mode,
         CREATE_TABLE: str(create_table).lower(),
         BRANCH: branch,
+        WRITER: writer,
     }
     if catalog is not None:
         options[CATALOG] = catalog
@@ -97,6 +107,7 @@ class ForeachBatchSink:
         self._committer: TableCommitter | None = None
         self._checkpoints: dict[str, str | None] = {}
         self._opened: pa.Schema | None = None  # the stream schema the table was opened (fully checked) for
+        self._bytes_per_row: float | None = None  # of the last batch the Spark path wrote (to size its files)
 
     def __repr__(self) -> str:
         return f"ForeachBatchSink({self.options!r})"
@@ -124,8 +135,27 @@ class ForeachBatchSink:
                 results=[_skipped(plan, query_id, batch_id)],
                 source_offsets=None,
             )
-        rows = df.mapInArrow(_write_partition(plan, batch_id), _RESULT_SCHEMA).collect()
-        results = [pickle.loads(r[0]) for r in rows]
+        reason = sparkwrite.unsupported_reason(plan.schema, partitioned=not table.spec().is_unpartitioned())
+        if self.options.writer is WriterKind.SPARK and reason is not None:
+            raise InvalidOptionError(f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'")
+        if self.options.writer is WriterKind.ARROW or reason is not None:
+            rows = df.mapInArrow(_write_partition(plan, batch_id), _RESULT_SCHEMA).collect()
+            results = [pickle.loads(r[0]) for r in rows]
+            directory = None
+        else:
+            written = sparkwrite.write_batch(df, plan, batch_id=batch_id, max_records_per_file=self._max_records_per_file(plan))
+            results, directory = list(written.results), written.directory
+            log.info(
+                "lakesink: table=%s batch=%s written by Spark's Parquet writer: files=%s rows=%s job_ms=%.0f footer_ms=%.0f",
+                plan.table,
+                batch_id,
+                len(results),
+                written.record_count,
+                written.job_ms,
+                written.footer_ms,
+            )
+            if written.record_count:
+                self._bytes_per_row = written.size_in_bytes / written.record_count
         try:
             return committer.commit_batch(
                 query_id=query_id,
@@ -141,6 +171,16 @@ class ForeachBatchSink:
             except Exception:
                 log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
             raise
+        finally:
+            if directory is not None:
+                sparkwrite.tidy_directory(directory)  # removed only when left empty (by an abort or a replay)
+
+    def _max_records_per_file(self, plan: WritePlan) -> int:
+        """Spark rolls files by row count only: the target file size over the last batch's bytes per row (0: no limit)."""
+        if not self._bytes_per_row:
+            return 0
+        target = int(plan.properties.get(sparkwrite.TARGET_FILE_SIZE, sparkwrite.TARGET_FILE_SIZE_DEFAULT))
+        return max(1, int(target / self._bytes_per_row))
 
     def _source_offsets(self, spark: SparkSession, query_id: str, batch_id: int) -> str | None:
         checkpoint = self.options.checkpoint_location or self._find_checkpoint(spark, query_id)

@@ -58,6 +58,10 @@ LAKESINK_DATA_FILE = re.compile(
     r"^(?P<query>[^/]{8})-(?P<batch>\d{5,})-(?P<partition>\d{5,})-(?P<attempt>\d+)-(?P<token>[0-9a-f]{12})-(?P<n>\d{5,})\.parquet$"
 )
 
+# <query id[:8]>-<batch:05d>-<token>/: the directory of one batch written by Spark's own Parquet writer
+# (lakesink/sparkwrite.py); the files in it have Spark's names (part-<n>-<uuid>-c000.<codec>.parquet)
+LAKESINK_BATCH_DIRECTORY = re.compile(r"^(?P<query>[^/]{8})-(?P<batch>\d{5,})-(?P<token>[0-9a-f]{12})$")
+
 _METADATA_JSON = re.compile(r"\.metadata\.json(\.gz)?$")
 _NESTED_TABLE_METADATA = re.compile(r"^(?P<root>.+)/metadata/[^/]+\.metadata\.json(\.gz)?$")
 _SAME_STORE = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "wasbs": "wasb", "abfss": "abfs", "": "file"}
@@ -573,10 +577,13 @@ class _InFlightGuard:
             return self._metadata_reason(f.uri)
         if name.endswith(".avro"):
             return self._manifest_list_reason(f.uri) if name.startswith("snap-") else self._manifest_reason(f.uri, f.size)
-        return self._data_file_reason(name)
+        return self._data_file_reason(f.relative)
 
-    def _data_file_reason(self, name: str) -> str | None:
+    def _data_file_reason(self, relative: str) -> str | None:
+        *folders, name = relative.split("/")
         m = LAKESINK_DATA_FILE.match(name)
+        if m is None and folders:
+            m = LAKESINK_BATCH_DIRECTORY.match(folders[-1])
         if m is None:
             return None
         prefix, batch = m["query"], int(m["batch"])

@@ -24,6 +24,7 @@ CREATE_TABLE = "create-table"
 OUTPUT_MODE = "output-mode"
 MERGE_SCHEMA = "merge-schema"
 BRANCH = "branch"
+WRITER = "writer"
 
 #: Options Spark itself may pass to a sink; accepted and ignored.
 _SPARK_OWN_OPTIONS = frozenset({"path", "queryname"})
@@ -60,6 +61,26 @@ class OutputMode(enum.Enum):
                 f"output mode {value!r} is not supported by lakesink; supported modes: "
                 f"{', '.join(m.value for m in cls)} ('update' would need row-level upserts, "
                 "which an exactly-once append/overwrite sink does not do)"
+            ) from None
+
+
+class WriterKind(enum.Enum):
+    """Which code writes a batch's Parquet files (:func:`lakesink.foreach_batch` only; see docs/write-paths.md)."""
+
+    AUTO = "auto"
+    """Spark's own Parquet writer when the table allows it (unpartitioned, no lists or maps, ...), else Arrow."""
+    SPARK = "spark"
+    """Spark's own Parquet writer, in the JVM (the fast path); a table it cannot write is an error."""
+    ARROW = "arrow"
+    """Rows move to Python workers (``mapInArrow``) and are written with pyarrow."""
+
+    @classmethod
+    def parse(cls, value: str) -> WriterKind:
+        try:
+            return cls(value.strip().lower())
+        except ValueError:
+            raise InvalidOptionError(
+                f"option '{WRITER}' must be one of {', '.join(repr(k.value) for k in cls)}, got {value!r}"
             ) from None
 
 
@@ -101,6 +122,7 @@ class SinkOptions:
     """Add new stream columns and apply allowed widenings to the table, in the batch's own commit."""
     branch: str = "main"
     """The branch batches commit to (write-audit-publish); created from ``main``'s head when missing."""
+    writer: WriterKind = WriterKind.AUTO
 
     def __repr__(self) -> str:  # never print catalog secrets
         return (
@@ -108,7 +130,7 @@ class SinkOptions:
             f"catalog_properties={redact_properties(self.catalog_properties)!r}, "
             f"output_mode={self.output_mode.value!r}, checkpoint_location={self.checkpoint_location!r}, "
             f"create_table={self.create_table!r}, partitioned_by={', '.join(map(str, self.partitioned_by))!r}, "
-            f"merge_schema={self.merge_schema!r}, branch={self.branch!r})"
+            f"merge_schema={self.merge_schema!r}, branch={self.branch!r}, writer={self.writer.value!r})"
         )
 
     __str__ = __repr__
@@ -123,6 +145,11 @@ class SinkOptions:
                 f"option '{OUTPUT_MODE}' is not used with format('lakesink'): set the mode with "
                 ".outputMode('append') or .outputMode('complete')"
             )
+        if WRITER in lowered:
+            raise InvalidOptionError(
+                f"option '{WRITER}' is not used with format('lakesink'), which always writes through Python workers "
+                "(the Arrow path); use lakesink.foreach_batch(..., writer='spark') for Spark's own Parquet writer"
+            )
         return cls._parse(lowered, mode, case_sensitive=options)
 
     @classmethod
@@ -130,10 +157,18 @@ class SinkOptions:
         """Parse options given as a plain mapping (used by :func:`lakesink.foreach_batch`)."""
         lowered = {k.lower(): v for k, v in options.items()}
         mode = OutputMode.parse(lowered.pop(OUTPUT_MODE, OutputMode.APPEND.value))
-        return cls._parse(lowered, mode, case_sensitive=options)
+        writer = WriterKind.parse(lowered.pop(WRITER, WriterKind.AUTO.value))
+        return cls._parse(lowered, mode, case_sensitive=options, writer=writer)
 
     @classmethod
-    def _parse(cls, lowered: dict[str, str], mode: OutputMode, *, case_sensitive: Mapping[str, str]) -> SinkOptions:
+    def _parse(
+        cls,
+        lowered: dict[str, str],
+        mode: OutputMode,
+        *,
+        case_sensitive: Mapping[str, str],
+        writer: WriterKind = WriterKind.AUTO,
+    ) -> SinkOptions:
         unknown = sorted(
             k
             for k in lowered
@@ -170,6 +205,7 @@ class SinkOptions:
             partitioned_by=partitioning.parse(lowered[PARTITIONED_BY]) if lowered.get(PARTITIONED_BY, "").strip() else (),
             merge_schema=_parse_bool(MERGE_SCHEMA, lowered.get(MERGE_SCHEMA, "false")),
             branch=_parse_branch(lowered.get(BRANCH, "main")),
+            writer=writer,
         )
 
 

@@ -68,6 +68,7 @@ def test_executor_kills_and_exceptions_are_retried_without_a_restart(tmp_path: P
         "--seed", "2",
         "--rounds", "3",
         "--entry", "foreach",
+        "--writer", "arrow",  # the executor.* fault points fire in Python workers: the Arrow path
         "--schedule",
         f"{EXECUTOR_KILL}@executor.after-file,{EXECUTOR_KILL}@executor.before-write,{EXECUTOR_RAISE}@executor.after-file",
     )  # fmt: skip

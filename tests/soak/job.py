@@ -26,6 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--table", default="soak.events", help="target table (default: %(default)s)")
     p.add_argument("--max-files", type=int, default=2, help="maxFilesPerTrigger (default: %(default)s)")
     p.add_argument("--entry", choices=("format", "foreach"), default="format", help="lakesink entry point")
+    p.add_argument("--writer", choices=("auto", "spark", "arrow"), default="auto", help="foreach_batch's write path")
     p.add_argument("--master", default="local[2,4]", help="Spark master (default: %(default)s: task retries on)")
     return p.parse_args(argv)
 
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.entry == "format":
         writer = events.writeStream.format("lakesink").option("table", args.table)
     else:
-        sink = lakesink.foreach_batch(args.table, checkpoint_location=args.checkpoint)
+        sink = lakesink.foreach_batch(args.table, checkpoint_location=args.checkpoint, writer=args.writer)
         writer = events.writeStream.foreachBatch(sink)  # type: ignore[arg-type]
     query = (
         writer.option("checkpointLocation", args.checkpoint)

@@ -125,6 +125,7 @@ class Config:
     rounds: int
     folder: Path
     entry: str = "format"
+    writer: str = "auto"  # foreach_batch's write path (executor.* fault points fire on the arrow path only)
     phases: tuple[str, ...] = PHASES
     schedule: tuple[str, ...] | None = None  # explicit phases (``phase`` or ``phase@point``), in order
     rows_per_file: int = 100
@@ -294,6 +295,7 @@ class Soak:
             "--table", TABLE,
             "--max-files", str(self.cfg.files_per_batch),
             "--entry", self.cfg.entry,
+            "--writer", self.cfg.writer,
             "--master", self.cfg.master,
         ]  # fmt: skip
         with self.log.open("ab") as log:
@@ -757,6 +759,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="lakesink entry point: format('lakesink'), foreach_batch, or both (the seeds alternate, format first)",
     )
     p.add_argument(
+        "--writer",
+        choices=("auto", "spark", "arrow"),
+        default="auto",
+        help="foreach_batch's write path (executor.* fault points fire on the arrow path only; default: %(default)s)",
+    )
+    p.add_argument(
         "--phases",
         type=parse_list,
         default=PHASES,
@@ -819,6 +827,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds=args.rounds,
             folder=root / f"seed-{seed}-{entry}",
             entry=entry,
+            writer=args.writer,
             phases=args.phases,
             schedule=args.schedule,
             rows_per_file=args.rows_per_file,

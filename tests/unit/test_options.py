@@ -221,5 +221,5 @@ def test_repr_shows_every_field() -> None:
     assert repr(opts) == (
         "SinkOptions(table='db.t', catalog_name='prod', catalog_properties={}, output_mode='complete', "
         "checkpoint_location='/ck', create_table=False, partitioned_by='days(ts), bucket(16, id)', merge_schema=True, "
-        "branch='main')"
+        "branch='main', writer='auto')"
     )

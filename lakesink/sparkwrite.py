@@ -1,0 +1,441 @@
+"""Driver side, the fast write path of :func:`lakesink.foreach_batch`: Spark's own Parquet writer.
+
+The batch DataFrame is projected onto the table's schema with Spark expressions (columns matched by
+name, reordered, cast by Iceberg's allowed promotions, missing optional columns as null, NOT NULL
+columns checked) and written by Spark's Parquet writer, in the JVM, with Iceberg field ids
+(``parquet.field.id`` column metadata), microsecond timestamps and the table's codec, into a fresh
+directory of its own::
+
+    <data prefix>/<query id[:8]>-<batch:05d>-<token>/part-*.parquet
+
+No row passes through a Python worker. The driver then lists the written files, reads their footers
+(through the table's FileIO) for Iceberg's column statistics, and hands them to the unchanged
+:class:`~lakesink.driver.TableCommitter` as :class:`~lakesink.messages.TaskResult`\\ s.
+
+If the Spark job (or anything before the commit) fails, the batch directory is deleted before the
+error propagates. A driver killed in between leaves the directory behind; the orphan-file clean-up
+recognises the layout (:mod:`lakesink.maintenance`) and keeps it while its batch may still commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow.fs import FileType
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.schema import Schema
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestampType,
+    TimestamptzType,
+)
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from lakesink import _pyiceberg as seam
+from lakesink.errors import LakesinkError, SchemaMismatchError
+from lakesink.faults import fault_point
+from lakesink.messages import TaskResult, WritePlan, WrittenFile
+
+log = logging.getLogger("lakesink")
+
+#: driver, after Spark's job wrote the batch's files and before they are read and committed
+SPARKWRITE_AFTER_FILES = "sparkwrite.after-files"
+#: driver, when the Spark path is about to start its write job (the equivalent of executor.before-write)
+SPARKWRITE_BEFORE_WRITE = "sparkwrite.before-write"
+
+CODEC = "write.parquet.compression-codec"
+CODEC_DEFAULT = "zstd"
+COMPRESSION_LEVEL = "write.parquet.compression-level"
+ROW_GROUP_BYTES = "write.parquet.row-group-size-bytes"
+ROW_GROUP_BYTES_DEFAULT = 128 * 1024 * 1024
+# Iceberg table property -> parquet-mr (Hadoop configuration) key, passed as write options
+_PARQUET_MR_PROPERTIES = {
+    "write.parquet.page-size-bytes": "parquet.page.size",
+    "write.parquet.page-row-limit": "parquet.page.row.count.limit",
+    "write.parquet.dict-size-bytes": "parquet.dictionary.page.size",
+}
+TARGET_FILE_SIZE = "write.target-file-size-bytes"
+TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
+
+# Iceberg codec name -> Spark's Parquet ``compression`` option
+_SPARK_CODECS = {
+    "zstd": "zstd",
+    "snappy": "snappy",
+    "gzip": "gzip",
+    "brotli": "brotli",
+    "lz4": "lz4_raw",
+    "uncompressed": "uncompressed",
+    "none": "uncompressed",
+}
+
+# Session confs set for the write only (restored afterwards; foreachBatch's session is the query's clone)
+_WRITE_CONFS = {
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.parquet.fieldId.write.enabled": "true",
+    "spark.sql.parquet.writeLegacyFormat": "false",
+}
+
+_NOT_NULL_MARKER = "LAKESINK_NOT_NULL_VIOLATION"
+_FOOTER_THREADS = 8
+
+
+# --- which tables the Spark path can write --------------------------------------------------------
+
+
+def _spark_type(t: IcebergType) -> T.DataType | None:
+    """The Spark type Spark's Parquet writer writes as Iceberg type ``t``, or None when it cannot."""
+    simple: dict[type, T.DataType] = {
+        BooleanType: T.BooleanType(),
+        IntegerType: T.IntegerType(),
+        LongType: T.LongType(),
+        FloatType: T.FloatType(),
+        DoubleType: T.DoubleType(),
+        DateType: T.DateType(),
+        TimestampType: T.TimestampNTZType(),
+        TimestamptzType: T.TimestampType(),
+        StringType: T.StringType(),
+        BinaryType: T.BinaryType(),
+    }
+    if type(t) in simple:
+        return simple[type(t)]
+    if isinstance(t, DecimalType):
+        return T.DecimalType(t.precision, t.scale)
+    if isinstance(t, StructType):
+        fields = [_spark_field(f) for f in t.fields]
+        return None if any(f is None for f in fields) else T.StructType([f for f in fields if f is not None])
+    # lists and maps (Spark writes no field ids for elements, keys, values), fixed, uuid, time, timestamp_ns, ...
+    return None
+
+
+def _spark_field(f: NestedField) -> T.StructField | None:
+    t = _spark_type(f.field_type)
+    # always nullable for Spark: NOT NULL is checked by lakesink's own expression (DataFrame.to() would refuse it)
+    return None if t is None else T.StructField(f.name, t, True, {"parquet.field.id": f.field_id})
+
+
+def unsupported_reason(schema: Schema, *, partitioned: bool) -> str | None:
+    """Why Spark's own writer cannot write this table, or None when it can."""
+    if partitioned:
+        return "the table is partitioned (the Spark path writes unpartitioned tables only)"
+    for f in schema.fields:
+        if _spark_field(f) is None:
+            return (
+                f"column {f.name!r} has type {f.field_type}: Spark's Parquet writer cannot write it with Iceberg "
+                "field ids (lists and maps: no ids on elements, keys and values; fixed, uuid, time, timestamp_ns)"
+            )
+    return None
+
+
+# --- the projection onto the table ------------------------------------------------------------------
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _project_field(
+    table_field: NestedField, file_field: NestedField, source: Column | None, stream_type: T.DataType | None, path: str, ctx: str
+) -> Column:
+    target = _spark_type(file_field.field_type)
+    assert target is not None
+    if source is None or stream_type is None:
+        value = F.lit(None).cast(target)  # check_writable let only optional columns be missing
+    elif isinstance(file_field.field_type, StructType):
+        assert isinstance(table_field.field_type, StructType) and isinstance(stream_type, T.StructType)
+        present = {f.name: f.dataType for f in stream_type.fields}
+        children = [
+            _project_field(
+                tc,
+                fc,
+                source.getField(tc.name) if tc.name in present else None,
+                present.get(tc.name),
+                f"{path}.{tc.name}",
+                ctx,
+            ).alias(fc.name)
+            for tc, fc in zip(table_field.field_type.fields, file_field.field_type.fields, strict=True)
+        ]
+        value = F.when(source.isNull(), F.lit(None).cast(target)).otherwise(F.struct(*children))
+    else:
+        value = source if stream_type == target else source.cast(target)
+    if table_field.required:
+        message = f"{_NOT_NULL_MARKER}[{path}] column {path!r} is required (NOT NULL) in {ctx}"
+        value = F.when(value.isNull(), F.raise_error(F.lit(message)).cast(target)).otherwise(value)
+    return value
+
+
+def project(df: DataFrame, plan: WritePlan, batch_id: int) -> DataFrame:
+    """``df`` with the table's columns in the table's order and types, with Iceberg field ids, NOT NULL checked."""
+    file_schema = seam.file_schema(plan.schema)
+    stream = {f.name: f.dataType for f in df.schema.fields}
+    ctx = f"table {plan.table}, batch {batch_id}"
+    columns = [
+        _project_field(tf, ff, F.col(_quote(tf.name)) if tf.name in stream else None, stream.get(tf.name), tf.name, ctx).alias(
+            ff.name, metadata={"parquet.field.id": ff.field_id}
+        )
+        for tf, ff in zip(plan.schema.fields, file_schema.fields, strict=True)
+    ]
+    target = T.StructType([f for f in (_spark_field(ff) for ff in file_schema.fields) if f is not None])
+    # DataFrame.to() carries the field ids over onto every nested field of the written schema. The explicit
+    # metadata of the top-level aliases matters: a projection that changes nothing else is optimised away
+    # together with metadata given only by to() (seen with Spark 4.3), and the files lose their field ids.
+    return df.select(*columns).to(target)
+
+
+def _null_count(df: DataFrame, path: str) -> int:
+    """How many rows hold a null at ``path`` (a dotted column path) where its parents are present."""
+    parts = path.split(".")
+    cond: Column | None = None
+    col = F.col(_quote(parts[0]))
+    for part in parts[1:]:
+        cond = col.isNotNull() if cond is None else cond & col.isNotNull()
+        col = col.getField(part)
+    missing = col.isNull() if cond is None else cond & col.isNull()
+    return int(df.filter(missing).count())
+
+
+# --- the write -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SparkWrite:
+    """One batch written by Spark's Parquet writer: its directory and the results to commit."""
+
+    directory: str
+    results: tuple[TaskResult, ...]
+    job_ms: float = 0.0
+    """Wall time of Spark's write job (projection, NOT NULL checks, Parquet writing, Spark's file commit)."""
+    footer_ms: float = 0.0
+    """Wall time of listing the files and reading their footers on the driver."""
+
+    @property
+    def record_count(self) -> int:
+        return sum(r.record_count for r in self.results)
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(r.size_in_bytes for r in self.results)
+
+
+def spark_location(location: str) -> str:
+    """The location as Hadoop's filesystems name it (``s3://`` is ``s3a://`` for Spark)."""
+    if location.startswith("s3://"):
+        return "s3a://" + location[len("s3://") :]
+    if location.startswith("/"):
+        return "file://" + location
+    return location
+
+
+def write_batch(
+    df: DataFrame,
+    plan: WritePlan,
+    *,
+    batch_id: int,
+    max_records_per_file: int = 0,
+) -> SparkWrite:
+    """Write ``df`` as Parquet data files of the table into a new directory; nothing is committed.
+
+    On any failure the directory is deleted before the error propagates.
+    """
+    query_id = plan.query_id or ""
+    directory = f"{plan.data_prefix.rstrip('/')}/{query_id[:8]}-{batch_id:05d}-{uuid.uuid4().hex[:12]}"
+    props = plan.properties
+    codec = props.get(CODEC, CODEC_DEFAULT).strip().lower()
+    if codec not in _SPARK_CODECS:
+        raise LakesinkError(
+            f"table {plan.table} has {CODEC}={codec!r}, which lakesink's Spark write path does not know; "
+            f"known: {', '.join(sorted(_SPARK_CODECS))} (or use writer='arrow')"
+        )
+    writer = (
+        project(df, plan, batch_id)
+        .write.format("parquet")
+        .mode("errorifexists")
+        .option("compression", _SPARK_CODECS[codec])
+        .option("parquet.block.size", str(int(props.get(ROW_GROUP_BYTES, ROW_GROUP_BYTES_DEFAULT))))
+        .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")  # no _SUCCESS file
+        .option("maxRecordsPerFile", str(max(0, max_records_per_file)))
+    )
+    if spark_location(directory).startswith("file:"):
+        # Hadoop's checksummed local filesystem would leave a hidden .crc file beside every data file
+        writer = writer.option("fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem").option(
+            "fs.file.impl.disable.cache", "true"
+        )
+    for prop, key in _PARQUET_MR_PROPERTIES.items():
+        if props.get(prop):
+            writer = writer.option(key, props[prop])
+    level = props.get(COMPRESSION_LEVEL)
+    if level is not None and codec == "zstd":
+        writer = writer.option("parquet.compression.codec.zstd.level", level)
+    try:
+        fault_point(SPARKWRITE_BEFORE_WRITE)
+        started = time.monotonic()
+        with _session_confs(df.sparkSession, _WRITE_CONFS):
+            try:
+                writer.save(spark_location(directory))
+            except Exception as e:
+                _raise_not_null(e, df, plan, batch_id)
+                raise
+        written = time.monotonic()
+        names = _file_names(df.sparkSession, directory)
+        files = _read_footers(plan, directory, names)
+        footers_read = time.monotonic()
+        fault_point(SPARKWRITE_AFTER_FILES)
+    except BaseException:
+        delete_directory(plan.io, directory)
+        raise
+    empty = [f for f in files if f.record_count == 0]
+    for f in empty:  # Spark writes a file even for an empty task; nothing to commit in it
+        plan.io.delete(f.path)
+    results = tuple(
+        TaskResult(
+            query_id=query_id,
+            batch_id=batch_id,
+            partition_id=i,
+            task_attempt_id=-1,
+            schema_id=plan.schema_id,
+            spec_id=plan.spec_id,
+            files=(f,),
+            schema=plan.schema,
+            schema_changes=plan.schema_changes,
+        )
+        for i, f in enumerate(f for f in files if f.record_count)
+    )
+    if not results:
+        tidy_directory(directory)
+    return SparkWrite(
+        directory=directory,
+        results=results,
+        job_ms=(written - started) * 1000,
+        footer_ms=(footers_read - written) * 1000,
+    )
+
+
+def _raise_not_null(error: Exception, df: DataFrame, plan: WritePlan, batch_id: int) -> None:
+    m = re.search(re.escape(_NOT_NULL_MARKER) + r"\[([^\]]+)\]", str(error))
+    if m is None:
+        return
+    path = m.group(1)
+    try:
+        count = _null_count(df, path)
+        counted = f"{count} null value(s)"
+    except Exception:
+        counted = "null value(s)"
+    raise SchemaMismatchError(
+        f"column {path!r} is required (NOT NULL) in table {plan.table}, but batch {batch_id} has {counted} in it"
+    ) from None
+
+
+class _session_confs:
+    """Set session confs for one write, then put back what was there (unset when nothing was)."""
+
+    def __init__(self, spark: SparkSession, confs: dict[str, str]):
+        self._spark = spark
+        self._confs = confs
+        self._saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> None:
+        for key, value in self._confs.items():
+            self._saved[key] = self._spark.conf.get(key, None)
+            self._spark.conf.set(key, value)
+
+    def __exit__(self, *exc: object) -> None:
+        for key, value in self._saved.items():
+            if value is None:
+                self._spark.conf.unset(key)
+            else:
+                self._spark.conf.set(key, value)
+
+
+def _file_names(spark: SparkSession, directory: str) -> list[str]:
+    """Names of the Parquet files Spark committed into ``directory`` (listed by Spark's own filesystem)."""
+    paths = spark.read.format("parquet").load(spark_location(directory)).inputFiles()
+    return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in paths})
+
+
+def _read_footers(plan: WritePlan, directory: str, names: Sequence[str]) -> list[WrittenFile]:
+    file_schema = seam.file_schema(plan.schema)
+
+    def read(name: str) -> WrittenFile:
+        path = f"{directory}/{name}"
+        input_file = plan.io.new_input(path)
+        size = len(input_file)
+        with input_file.open() as stream:
+            metadata = pq.read_metadata(stream)
+        _check_field_ids(metadata, path)
+        stats = seam.file_statistics(metadata, file_schema, plan.properties)
+        return WrittenFile(path=path, size_in_bytes=size, record_count=metadata.num_rows, statistics=stats)
+
+    if len(names) <= 1:
+        return [read(n) for n in names]
+    with ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(names))) as pool:
+        return list(pool.map(read, names))
+
+
+def _check_field_ids(metadata: pq.FileMetaData, path: str) -> None:
+    """Every field of the file must carry an Iceberg field id (else readers would map columns by name, or fail)."""
+    missing: list[str] = []
+
+    def walk(fields: Iterator[pa.Field], prefix: str) -> None:
+        for f in fields:
+            name = f"{prefix}{f.name}"
+            if not f.metadata or b"PARQUET:field_id" not in f.metadata:
+                missing.append(name)
+            if pa.types.is_struct(f.type):
+                walk(iter(f.type), f"{name}.")
+
+    walk(iter(metadata.schema.to_arrow_schema()), "")
+    if missing:
+        raise LakesinkError(f"Spark wrote {path} without Iceberg field ids on column(s) {', '.join(missing)}")
+
+
+def delete_directory(io: FileIO, directory: str) -> None:
+    """Delete a batch directory and everything in it (including Spark's ``_temporary``); never raises."""
+    try:
+        if isinstance(io, PyArrowFileIO):
+            scheme, netloc, path = PyArrowFileIO.parse_location(directory, io.properties)
+            fs = io.fs_by_scheme(scheme, netloc)
+            if fs.get_file_info(path).type != FileType.NotFound:
+                fs.delete_dir(path)
+            return
+        get_fs = getattr(io, "get_fs", None)  # FsspecFileIO
+        if callable(get_fs):
+            fsspec_fs = get_fs(directory.split("://", 1)[0] if "://" in directory else "file")
+            if fsspec_fs.exists(directory):
+                fsspec_fs.rm(directory, recursive=True)
+            return
+        log.warning("lakesink: cannot delete %s with %s; an orphan clean-up collects it", directory, type(io).__name__)
+    except Exception as e:
+        log.warning("lakesink: could not delete %s (%s); an orphan clean-up collects it", directory, e)
+
+
+def tidy_directory(directory: str) -> None:
+    """Remove a batch directory left empty (after an abort deleted its files), on a local filesystem only."""
+    path = directory[len("file://") :] if directory.startswith("file://") else directory if directory.startswith("/") else None
+    if path is None:
+        return  # object stores have no directories
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass  # not empty (files of a committed batch are never deleted) or already gone
