@@ -18,6 +18,13 @@ LABELS = {
     "naive": "naive foreachBatch + pyiceberg append",
 }
 
+SHORT = {
+    "parquet": "Spark\nparquet sink",
+    "format": "lakesink\nformat",
+    "foreach": "lakesink\nforeachBatch",
+    "naive": "naive\npyiceberg append",
+}
+
 
 def throughput(result: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(result["variants"]), figsize=(6 * len(result["variants"]), 4), squeeze=False)
@@ -28,7 +35,7 @@ def throughput(result: dict[str, Any], path: Path) -> None:
         lo = [m - s[p]["rows_per_s"]["min"] / 1000 for p, m in zip(paths, med, strict=True)]
         hi = [s[p]["rows_per_s"]["max"] / 1000 - m for p, m in zip(paths, med, strict=True)]
         ax.bar(range(len(paths)), med, yerr=[lo, hi], capsize=4, color=["#888", "#2a7", "#3b8", "#c55"][: len(paths)])
-        ax.set_xticks(range(len(paths)), [LABELS.get(p, p).replace(" ", "\n", 1) for p in paths], fontsize=8)
+        ax.set_xticks(range(len(paths)), [SHORT.get(p, p) for p in paths], fontsize=8)
         ax.set_ylabel("thousand rows/s (median, min-max)")
         inp = variant["input"]
         ax.set_title(f"{name}: {inp['rows']:,} rows, {inp['columns']} columns", fontsize=10)
@@ -87,8 +94,15 @@ def memory(result: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for p in sorted({r["path"] for r in result["results"]}):
         rs = sorted((r for r in result["results"] if r["path"] == p), key=lambda r: r["rows"])
-        ax.plot([r["rows"] / 1e6 for r in rs], [r["peak_workers_rss_mib"] for r in rs], "o-", label=f"{LABELS.get(p, p)}: all workers")
-        ax.plot([r["rows"] / 1e6 for r in rs], [r["peak_single_worker_rss_mib"] for r in rs], "x--", label=f"{LABELS.get(p, p)}: one worker")
+        ax.plot(
+            [r["rows"] / 1e6 for r in rs], [r["peak_workers_rss_mib"] for r in rs], "o-", label=f"{LABELS.get(p, p)}: all workers"
+        )
+        ax.plot(
+            [r["rows"] / 1e6 for r in rs],
+            [r["peak_single_worker_rss_mib"] for r in rs],
+            "x--",
+            label=f"{LABELS.get(p, p)}: one worker",
+        )
     ax.set_xlabel("million rows in the batch")
     ax.set_ylabel("peak RSS, MiB")
     ax.set_ylim(bottom=0)

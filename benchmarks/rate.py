@@ -11,6 +11,11 @@ from typing import Any
 from benchmarks.common import catalog_properties
 
 
+def _check(q: Any) -> None:
+    if q.exception() is not None:
+        raise RuntimeError(f"rate query failed: {q.exception()}")
+
+
 def run(
     spark: Any,
     root: Path,
@@ -18,6 +23,7 @@ def run(
     rows_per_second: int,
     seconds: int,
     trigger: str = "1 second",
+    warmup_timeout: float = 300.0,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     from lakesink import catalogs
@@ -29,15 +35,30 @@ def run(
     for k, v in props.items():
         w = w.option(f"catalog.{k}", v)
     q = w.option("checkpointLocation", str(root / "ck")).trigger(processingTime=trigger).start()
-    start = time.perf_counter()
+    warmup_until = time.perf_counter() + warmup_timeout
+    first_batch: int | None = None
     try:
+        # warm-up: the first batch with rows starts the Python workers; the measured window starts after it
+        while first_batch is None:
+            _check(q)
+            done = [p for p in q.recentProgress if p.get("numInputRows")]
+            if done:
+                first_batch = int(done[0]["batchId"])
+            elif time.perf_counter() > warmup_until:
+                raise RuntimeError(f"no batch with rows finished within {warmup_timeout} s")
+            else:
+                time.sleep(0.5)
+        say(f"  first batch done; measuring for {seconds} s")
+        start = time.perf_counter()
         while time.perf_counter() - start < seconds:
-            if q.exception() is not None:
-                raise RuntimeError(f"rate query failed: {q.exception()}")
-            time.sleep(1)
+            _check(q)
+            time.sleep(0.5)
     finally:
         q.stop()
-    progress = [p for p in q.recentProgress if p.get("batchId") is not None]
+    progress = [p for p in q.recentProgress if p.get("batchId") is not None and p["batchId"] > first_batch]
+    warmup_rows = sum(
+        p.get("numInputRows", 0) for p in q.recentProgress if p.get("batchId") is not None and p["batchId"] <= first_batch
+    )
     batches = [
         {
             "batch": p["batchId"],
@@ -53,8 +74,8 @@ def run(
     snap = t.current_snapshot()
     in_table = int(snap.summary["total-records"]) if snap and snap.summary else 0
     with_rows = [b for b in batches if b["rows"]]
-    # the first batches include Python worker start-up: judge the steady state on the rest
-    steady = with_rows[3:] if len(with_rows) > 6 else with_rows
+    # the batch right after the warm-up catches up with the rows that arrived during it
+    steady = with_rows[2:] if len(with_rows) > 6 else with_rows
     third = max(1, len(steady) // 3)
     first, last = steady[:third], steady[-third:]
     durations = [b["trigger_ms"] for b in steady if b["trigger_ms"] is not None]
@@ -71,7 +92,9 @@ def run(
         "trigger": trigger,
         "batches": batches,
         "batches_with_rows": len(with_rows),
-        "rows_reported": sum(b["rows"] for b in batches),
+        "first_batch_with_rows": first_batch,
+        "warmup_rows": warmup_rows,
+        "rows_reported": warmup_rows + sum(b["rows"] for b in batches),
         "rows_in_table": in_table,
         "steady": {
             "batches": len(steady),

@@ -63,7 +63,9 @@ def generate(spark: Any, folder: Path, rows: int, *, wide: bool, files: int = 2)
                 (F.col("id") * 0.25).alias("c"),
             ).alias("info"),
             (F.col("id") % 1000 / 10).cast("float").alias("score"),
-            F.when(F.col("id") % 3 == 0, F.lit(None)).otherwise(F.concat(F.lit("note "), F.col("id").cast("string"))).alias("note"),
+            F.when(F.col("id") % 3 == 0, F.lit(None))
+            .otherwise(F.concat(F.lit("note "), F.col("id").cast("string")))
+            .alias("note"),
         )
     base.repartition(files).write.option("compression", "zstd").parquet(str(folder))
     parquet_files = sorted(folder.glob("*.parquet"))
@@ -172,8 +174,11 @@ def _naive_append(props: dict[str, str], table: str) -> Callable[[Any, int], Non
         from pyiceberg.catalog import load_catalog
         from pyiceberg.exceptions import NoSuchTableError
 
+        from lakesink.catalogs import resolve_catalog_properties
+
         data = batch.toArrow()
-        catalog = load_catalog("bench", **props)
+        name, resolved = resolve_catalog_properties(None, props)  # the same catalog name lakesink reads with
+        catalog = load_catalog(name, **resolved)
         try:
             t = catalog.load_table(table)
         except NoSuchTableError:

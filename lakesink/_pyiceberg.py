@@ -31,8 +31,8 @@ from pyiceberg.io.pyarrow import (
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent
 from pyiceberg.schema import Schema, _check_schema_compatible, sanitize_column_names
 from pyiceberg.table import Table, TableProperties, Transaction
-from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.locations import load_location_provider
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import AssertCurrentSchemaId, AssertDefaultSpecId, AssertTableUUID, update_table_metadata
 from pyiceberg.typedef import Record
 from pyiceberg.types import IcebergType
