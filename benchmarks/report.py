@@ -73,19 +73,26 @@ def throughput_md(r: dict[str, Any], rel: str) -> str:
     return "\n".join(lines)
 
 
+def _cpu(w: dict[str, Any]) -> str:
+    if w.get("early_median_cpu_ms") is None:
+        return "-"
+    return f"{_f(w['early_median_cpu_ms'], 1)} -> {_f(w['late_median_cpu_ms'], 1)} ({_f(w['late_over_early_cpu'], 2)})"
+
+
 def commit_path_md(runs: dict[str, dict[str, Any]], rel: str) -> str:
     lines = [
         "| run | batches | median ms (replay check + commit) | p90 / p99 / max ms | replay check median ms | "
-        "median batches 100-200 -> last 100 | late / early | metadata.json at the end | manifests at the end | "
-        "metadata files | rows read back |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "median batches 100-200 -> last 100 | late / early | same in CPU ms | metadata.json at the end | "
+        "manifests at the end | metadata files | rows read back |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for label, r in runs.items():
         c, w, fin = r["commit_path_ms"], r["windows"], r["final"] or {}
         lines.append(
             f"| {label} | {r['batches']:,} | {_f(c['median'], 1)} | {_f(c['p90'])} / {_f(c['p99'])} / {_f(c['max'])} | "
             f"{_f(r['replay_check_ms']['median'], 1)} | {_f(w['early_median_ms'], 1)} -> {_f(w['late_median_ms'], 1)} | "
-            f"{_f(w['late_over_early'], 2)} | {_f((fin.get('metadata_json_bytes') or 0) / 1024)} KiB | {fin.get('manifests')} | "
+            f"{_f(w['late_over_early'], 2)} | {_cpu(w)} | {_f((fin.get('metadata_json_bytes') or 0) / 1024)} KiB | "
+            f"{fin.get('manifests')} | "
             f"{fin.get('metadata_files')} | {r['rows_read_back']:,} of {r['rows_expected']:,} "
             f"({'ok' if r['rows_ok'] else 'WRONG'}) |"
         )
