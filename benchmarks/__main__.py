@@ -20,6 +20,7 @@ import click
 
 from benchmarks import commit_path as commit_path_bench
 from benchmarks import memory as memory_bench
+from benchmarks import metadata_cost as metadata_cost_bench
 from benchmarks import rate as rate_bench
 from benchmarks import report
 from benchmarks import throughput as throughput_bench
@@ -206,6 +207,22 @@ def rate(ctx: click.Context, rows_per_second: int, seconds: int, trigger: str) -
         f"backlog growing: {result['backlog_growing']}"
     )
     _finish(ctx, "rate", {"command": _command(), "machine": info, **result})
+
+
+@main.command("metadata-cost")
+@click.option("--sizes", default="100,1000,10000", show_default=True, help="snapshots in the table, comma-separated")
+@click.pass_context
+def metadata_cost(ctx: click.Context, sizes: str) -> None:
+    """What parsing and copying table metadata costs as the snapshot history grows (pyiceberg)."""
+    info = machine()
+    with _work(ctx.obj["work"]) as root:
+        result = metadata_cost_bench.run(root / "metadata-cost", [int(s) for s in sizes.split(",")])
+    for r in result["results"]:
+        _say(
+            f"  {r['snapshots']:,} snapshots: metadata.json {r['metadata_json_bytes'] / 1024:,.0f} KiB, parse "
+            f"{r['parse_ms']:.1f} ms, update_table_metadata {r['update_table_metadata_ms']:.1f} ms"
+        )
+    _finish(ctx, "metadata_cost", {"command": _command(), "machine": info, **result})
 
 
 @main.command("report")

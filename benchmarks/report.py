@@ -160,6 +160,23 @@ def rate_md(r: dict[str, Any], rel: str) -> str:
     )
 
 
+def metadata_cost_md(r: dict[str, Any]) -> str:
+    lines = [
+        f"Command: `{r['command']}`  ",
+        f"Machine: {_machine_line(r['machine'])}",
+        "",
+        "| snapshots in the table | metadata.json KiB | parse (every load_table) ms | "
+        "update_table_metadata, no update (deep copy) ms |",
+        "|---:|---:|---:|---:|",
+    ]
+    for x in r["results"]:
+        lines.append(
+            f"| {x['snapshots']:,} | {_f(x['metadata_json_bytes'] / 1024)} | {_f(x['parse_ms'], 1)} | "
+            f"{_f(x['update_table_metadata_ms'], 1)} |"
+        )
+    return "\n".join(lines)
+
+
 def render(out: Path, page: Path | None) -> str:
     """Write the plots next to the JSON files and the tables into ``page`` (when given); return the tables."""
     rel = out.name if page is not None and page.parent == out.parent else str(out)
@@ -176,6 +193,9 @@ def render(out: Path, page: Path | None) -> str:
     if m:
         plots.memory(m, out / PLOTS["memory"])
         parts["memory"] = memory_md(m, rel)
+    mc = load(out, "metadata_cost")
+    if mc:
+        parts["metadata-cost"] = metadata_cost_md(mc)
     r = load(out, "rate")
     if r:
         plots.rate(r, out / PLOTS["rate"])
