@@ -239,6 +239,18 @@ def run(
     }
 
 
+def _paired(runs: Sequence[dict[str, Any]], path: str, base: str) -> list[float]:
+    """Speed of ``path`` relative to ``base`` within each repetition (both ran back to back, so a load
+    change on a shared machine between repetitions cancels out)."""
+    out = []
+    for rep in sorted({r["rep"] for r in runs if "rep" in r}):
+        a = next((r["seconds"] for r in runs if r.get("rep") == rep and r["path"] == path), None)
+        b = next((r["seconds"] for r in runs if r.get("rep") == rep and r["path"] == base), None)
+        if a and b:
+            out.append(b / a)
+    return out
+
+
 def summary(runs: Sequence[dict[str, Any]], rows: int, size: int, paths: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for p in paths:
@@ -258,6 +270,10 @@ def summary(runs: Sequence[dict[str, Any]], rows: int, size: int, paths: Sequenc
         base = out["parquet"]["rows_per_s"]["median"]
         for p in out:
             out[p]["ratio_to_parquet_sink"] = out[p]["rows_per_s"]["median"] / base
+            out[p]["paired_ratio_to_parquet_sink"] = summarise(_paired(runs, p, "parquet"))
+    if "naive" in out:
+        for p in out:
+            out[p]["paired_ratio_to_naive"] = summarise(_paired(runs, p, "naive"))
     if "naive" in out:
         naive = out["naive"]["rows_per_s"]["median"]
         for p in out:
