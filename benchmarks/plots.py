@@ -57,7 +57,10 @@ def commit_path(runs: dict[str, dict[str, Any]], path: Path) -> None:
     for label, r in runs.items():
         total = [a + b for a, b in zip(r["series"]["replay_ms"], r["series"]["commit_ms"], strict=True)]
         window = max(1, min(100, len(total) // 20))
-        ax1.plot(range(len(total)), _rolling_median(total, window), label=f"{label} (rolling median of {window})")
+        (line,) = ax1.plot(range(len(total)), _rolling_median(total, window), label=f"{label}: wall (rolling median of {window})")
+        if "cpu_ms" in r["series"]:
+            cpu = r["series"]["cpu_ms"]
+            ax1.plot(range(len(cpu)), _rolling_median(cpu, window), ls="--", color=line.get_color(), label=f"{label}: CPU")
         xs = [s["batch"] for s in r["samples"]]
         ax2.plot(xs, [s["metadata_json_bytes"] / 1024 for s in r["samples"]], label=label)
         ax3.plot(xs, [s["manifests"] for s in r["samples"]], label=f"{label}: manifests in the manifest list")
