@@ -216,9 +216,11 @@ def prepare_snapshot(
         producer._merge_enabled = manifest_merge_enabled(table.properties)
     for f in data_files:
         producer.append_data_file(f)
+    producer.commit()  # stages the snapshot into the transaction; nothing reaches the catalog yet
+    # staged after the snapshot: while the producer works nothing is staged yet, so the transaction's
+    # metadata is the table's own (no copy of the whole history; see _MetadataCachingTransaction)
     if props := properties(producer.snapshot_id):
         tx.set_properties(dict(props))
-    producer.commit()  # stages the snapshot into the transaction; nothing reaches the catalog yet
     # besides the branch head (AssertRefSnapshotId, from the producer): the table, its schema and its
     # partition spec must still be the ones the files were written for
     requirements = (
