@@ -239,8 +239,11 @@ def report_cmd(ctx: click.Context) -> None:
 @click.option("--batches", default=10_000, show_default=True)
 @click.pass_context
 def all_(ctx: click.Context, rows: int, reps: int, batches: int) -> None:
-    """Every benchmark with its defaults (commit path: default table properties)."""
-    ctx.invoke(commit_path, batches=batches)
+    """Every benchmark: commit path with snapshot expiry (N batches) and without (up to 1,000), metadata cost,
+    memory, rate, throughput."""
+    ctx.invoke(commit_path, batches=batches, expire_keep=100, label="expire-keep-100")
+    ctx.invoke(commit_path, batches=min(batches, 1000), label="default")
+    ctx.invoke(metadata_cost)
     ctx.invoke(memory)
     ctx.invoke(rate)
     ctx.invoke(throughput, rows=rows, reps=reps)
