@@ -6,7 +6,7 @@ PY := $(abspath $(VENV))/bin/python
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
 
-.PHONY: demo test lint soak clean
+.PHONY: demo test lint soak bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,14 @@ test: $(VENV)/.installed
 soak: $(VENV)/.installed
 	$(PY) -m tests.soak --rounds 50 --seeds 1,2,3 --entry both $(SOAK_ARGS)
 
+# the benchmarks (docs/performance.md); e.g. make bench BENCH_ARGS="throughput --rows 1000000 --reps 5"
+BENCH_ARGS ?= all
+bench: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[bench]'
+	PYTHONPATH=$(CURDIR) $(PY) -m benchmarks $(BENCH_ARGS)
+
 lint: $(VENV)/.installed
-	$(PY) -m ruff check lakesink tests examples
+	$(PY) -m ruff check lakesink tests examples benchmarks
 	$(PY) -m mypy
 
 clean:

@@ -1,0 +1,253 @@
+"""``python -m benchmarks throughput|commit-path|memory|rate|report|all`` (``make bench``).
+
+Results go to ``--out`` (default ``docs/performance/``) as JSON and PNG, and the tables into
+``performance.md`` next to that folder (``docs/performance.md``), between its generated markers.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from benchmarks import commit_path as commit_path_bench
+from benchmarks import memory as memory_bench
+from benchmarks import metadata_cost as metadata_cost_bench
+from benchmarks import rate as rate_bench
+from benchmarks import report
+from benchmarks import throughput as throughput_bench
+from benchmarks.common import DEFAULT_OUT, machine, spark_session, write_json
+
+
+def _command() -> str:
+    return "python -m benchmarks " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _say(text: str) -> None:
+    click.echo(text)
+    sys.stdout.flush()
+
+
+@contextmanager
+def _spark_stderr_to(path: Path) -> Iterator[None]:
+    """While the Spark session starts, send stderr to ``path``: the JVM (and the Python workers it starts)
+    keep writing there, this process gets its stderr back.
+
+    format("lakesink") commits in a Python worker that Spark starts; its log line (with commit_ms) only
+    appears on that stream.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with path.open("ab") as f:
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@contextmanager
+def _work(work: Path | None) -> Iterator[Path]:
+    if work is not None:
+        work.mkdir(parents=True, exist_ok=True)
+        yield work
+        return
+    root = Path(tempfile.mkdtemp(prefix="lakesink-bench-"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _finish(ctx: click.Context, name: str, result: dict[str, Any]) -> None:
+    out: Path = ctx.obj["out"]
+    path = write_json(out, name, result)
+    report.render(out, ctx.obj["page"])
+    _say(f"wrote {path}")
+
+
+@click.group()
+@click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_OUT, show_default=True, help="folder for JSON and PNG")
+@click.option(
+    "--page", type=click.Path(path_type=Path), default=None, help="Markdown page to update [default: <out>/../performance.md]"
+)
+@click.option(
+    "--work", type=click.Path(path_type=Path), default=None, help="scratch folder (default: a temporary one, removed after)"
+)
+@click.pass_context
+def main(ctx: click.Context, out: Path, page: Path | None, work: Path | None) -> None:
+    """lakesink's benchmarks (not part of the default tests)."""
+    ctx.obj = {"out": out, "page": page or out.parent / "performance.md", "work": work}
+
+
+@main.command()
+@click.option("--rows", default=5_000_000, show_default=True, help="rows of the narrow input (5 columns)")
+@click.option("--wide-rows", default=None, type=int, help="rows of the wide input (20 columns); 0 skips it [default: --rows]")
+@click.option("--reps", default=3, show_default=True, help="repetitions after the warm-up")
+@click.option("--paths", default=",".join(throughput_bench.PATHS), show_default=True)
+@click.pass_context
+def throughput(ctx: click.Context, rows: int, wide_rows: int | None, reps: int, paths: str) -> None:
+    """Spark's parquet sink vs lakesink (format, foreachBatch) vs naive pyiceberg append."""
+    chosen = [p.strip() for p in paths.split(",") if p.strip()]
+    with _work(ctx.obj["work"]) as root:
+        log = root / "spark-stderr.log"
+        info = machine()
+        with _spark_stderr_to(log):
+            spark = spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": "1000"})
+        try:
+            variants = {}
+            for name, n, wide in (("narrow", rows, False), ("wide", rows if wide_rows is None else wide_rows, True)):
+                if n <= 0:
+                    continue
+                _say(f"throughput, {name} input:")
+                variants[name] = throughput_bench.run(
+                    spark, root / name, rows=n, reps=reps, wide=wide, paths=chosen, spark_log=log, say=_say
+                )
+        finally:
+            spark.stop()
+    result = {
+        "command": _command(),
+        "machine": info,
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
+        "variants": variants,
+    }
+    _finish(ctx, "throughput", result)
+
+
+@main.command("commit-path")
+@click.option("--batches", default=10_000, show_default=True)
+@click.option("--rows-per-batch", default=10, show_default=True)
+@click.option("--property", "properties", multiple=True, help="table property KEY=VALUE (repeatable)")
+@click.option("--expire-keep", type=int, default=None, help="expire all but the newest N snapshots (opt-in maintenance)")
+@click.option("--expire-every", default=100, show_default=True, help="batches between two expiries")
+@click.option("--label", default="default", show_default=True, help="name of this run in the report")
+@click.pass_context
+def commit_path(
+    ctx: click.Context,
+    batches: int,
+    rows_per_batch: int,
+    properties: tuple[str, ...],
+    expire_keep: int | None,
+    expire_every: int,
+    label: str,
+) -> None:
+    """Many small batches through lakesink's driver on a SQLite catalog: per-batch commit time, metadata growth."""
+    props = dict(p.split("=", 1) for p in properties)
+    info = machine()
+    step = max(1, batches // 20)
+
+    def progress(b: int) -> None:
+        if (b + 1) % step == 0:
+            _say(f"  {b + 1:,} batches")
+
+    with _work(ctx.obj["work"]) as root:
+        result = commit_path_bench.run(
+            batches,
+            rows_per_batch=rows_per_batch,
+            table_properties=props,
+            expire_keep=expire_keep,
+            expire_every=expire_every,
+            root=root / f"commit-{label}",
+            progress=progress,
+        )
+    result = {"command": _command(), "machine": info, "label": label, **result}
+    w = result["windows"]
+    _say(
+        f"commit path {label}: median {result['commit_path_ms']['median']:.1f} ms; early {w['early_median_ms']:.1f} ms -> "
+        f"late {w['late_median_ms']:.1f} ms; rows ok: {result['rows_ok']}"
+    )
+    _finish(ctx, f"commit_path-{label}", result)
+
+
+@main.command()
+@click.option("--sizes", default="1000000,10000000", show_default=True, help="rows per batch, comma-separated")
+@click.option("--paths", default="format,foreach", show_default=True)
+@click.option("--conf", "confs", multiple=True, help="Spark configuration KEY=VALUE (repeatable)")
+@click.pass_context
+def memory(ctx: click.Context, sizes: str, paths: str, confs: tuple[str, ...]) -> None:
+    """Peak RSS of the executor-side Python workers for one batch of each size."""
+    info = machine()
+    with _work(ctx.obj["work"]) as root:
+        result = memory_bench.run(
+            root,
+            sizes=[int(s) for s in sizes.split(",")],
+            paths=[p.strip() for p in paths.split(",")],
+            spark_conf=dict(c.split("=", 1) for c in confs),
+            say=_say,
+        )
+    _finish(ctx, "memory", {"command": _command(), "machine": info, **result})
+
+
+@main.command()
+@click.option("--rows-per-second", default=100_000, show_default=True)
+@click.option("--seconds", default=60, show_default=True)
+@click.option("--trigger", default="1 second", show_default=True)
+@click.pass_context
+def rate(ctx: click.Context, rows_per_second: int, seconds: int, trigger: str) -> None:
+    """Rate source into format("lakesink") on a processing-time trigger: batch durations, backlog."""
+    info = machine()
+    with _work(ctx.obj["work"]) as root:
+        spark = spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": "1000"})
+        try:
+            result = rate_bench.run(spark, root, rows_per_second=rows_per_second, seconds=seconds, trigger=trigger, say=_say)
+        finally:
+            spark.stop()
+    s = result["steady"]
+    _say(
+        f"rate: median batch {s['median_trigger_ms']} ms, {s['batches_over_1s']} over 1 s, "
+        f"backlog growing: {result['backlog_growing']}"
+    )
+    _finish(ctx, "rate", {"command": _command(), "machine": info, **result})
+
+
+@main.command("metadata-cost")
+@click.option("--sizes", default="100,1000,10000", show_default=True, help="snapshots in the table, comma-separated")
+@click.pass_context
+def metadata_cost(ctx: click.Context, sizes: str) -> None:
+    """What parsing and copying table metadata costs as the snapshot history grows (pyiceberg)."""
+    info = machine()
+    with _work(ctx.obj["work"]) as root:
+        result = metadata_cost_bench.run(root / "metadata-cost", [int(s) for s in sizes.split(",")])
+    for r in result["results"]:
+        _say(
+            f"  {r['snapshots']:,} snapshots: metadata.json {r['metadata_json_bytes'] / 1024:,.0f} KiB, parse "
+            f"{r['parse_ms']:.1f} ms, update_table_metadata {r['update_table_metadata_ms']:.1f} ms"
+        )
+    _finish(ctx, "metadata_cost", {"command": _command(), "machine": info, **result})
+
+
+@main.command("report")
+@click.pass_context
+def report_cmd(ctx: click.Context) -> None:
+    """Re-render the plots and the Markdown tables from the JSON files in --out."""
+    report.render(ctx.obj["out"], ctx.obj["page"])
+    _say(f"updated {ctx.obj['page']}")
+
+
+@main.command("all")
+@click.option("--rows", default=5_000_000, show_default=True)
+@click.option("--reps", default=3, show_default=True)
+@click.option("--batches", default=10_000, show_default=True)
+@click.pass_context
+def all_(ctx: click.Context, rows: int, reps: int, batches: int) -> None:
+    """Every benchmark: commit path with snapshot expiry (N batches) and without (up to 1,000), metadata cost,
+    memory, rate, throughput."""
+    ctx.invoke(commit_path, batches=batches, expire_keep=100, label="expire-keep-100")
+    ctx.invoke(commit_path, batches=min(batches, 1000), label="default")
+    ctx.invoke(metadata_cost)
+    ctx.invoke(memory)
+    ctx.invoke(rate)
+    ctx.invoke(throughput, rows=rows, reps=reps)
+
+
+if __name__ == "__main__":
+    main()

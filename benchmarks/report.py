@@ -1,0 +1,230 @@
+"""Render the benchmark JSON files into Markdown tables (and plots).
+
+``docs/performance.md`` is partly hand-written (the analysis) and partly generated: each generated
+part sits between ``<!-- generated: NAME -->`` and ``<!-- /generated: NAME -->`` and is replaced on
+every run, the rest of the page is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from benchmarks import plots, throughput
+
+SECTIONS = ("machine", "throughput", "commit-path", "memory", "rate")
+PLOTS = {
+    "throughput": "throughput.png",
+    "commit-path": "commit_path.png",
+    "memory": "memory.png",
+    "rate": "rate.png",
+}
+
+
+def load(out: Path, name: str) -> dict[str, Any] | None:
+    path = out / f"{name.replace('-', '_')}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _f(x: float | None, digits: int = 0) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.{digits}f}"
+
+
+def _machine_line(m: dict[str, Any]) -> str:
+    v = m.get("versions", {})
+    return (
+        f"{m.get('when')}: {m.get('cores')} cores ({m.get('cpu')}), {m.get('ram_gib')} GiB RAM, load average "
+        f"{' / '.join(str(x) for x in m.get('load_average', []))} at the start; Python {m.get('python')}, "
+        f"{m.get('java')}, pyspark {v.get('pyspark')}, pyiceberg {v.get('pyiceberg')}, pyarrow {v.get('pyarrow')}"
+    )
+
+
+def _ratio(s: dict[str, Any], key: str, paired_key: str) -> str:
+    p = s.get(paired_key) or {}
+    if not p.get("n"):
+        return _f(s.get(key), 2)
+    return f"{_f(s.get(key), 2)} ({_f(p['median'], 2)}, {_f(p['min'], 2)}-{_f(p['max'], 2)})"
+
+
+def throughput_md(r: dict[str, Any], rel: str) -> str:
+    lines = [
+        f"Command: `{r['command']}`  ",
+        f"Machine: {_machine_line(r['machine'])}  ",
+        f"Load average at the end: {r.get('load_average_end')}",
+        "",
+    ]
+    for name, v in r["variants"].items():
+        inp = v["input"]
+        lines += [
+            f"**{name}**: {inp['rows']:,} rows, {inp['columns']} columns, {inp['bytes'] / 2**20:.1f} MiB of zstd Parquet "
+            f"in {inp['files']} files; {v['reps']} repetitions after a warm-up, rotating order; rows verified after every "
+            f"run: {'all correct' if v['all_rows_ok'] else 'SOME RUNS WRONG (see JSON)'}.",
+            "",
+            "| path | rows/s median | rows/s min-max | MB/s median | ratio to Spark's parquet sink (of medians; paired "
+            "per repetition: median, min-max) | ratio to naive (same) | Spark job s (median) | commit ms (median) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for p, s in v["summary"].items():
+            lines.append(
+                f"| {plots.LABELS.get(p, p)} | {_f(s['rows_per_s']['median'])} | {_f(s['rows_per_s']['min'])} - "
+                f"{_f(s['rows_per_s']['max'])} | {_f(s['mb_per_s']['median'], 1)} | "
+                f"{_ratio(s, 'ratio_to_parquet_sink', 'paired_ratio_to_parquet_sink')} | "
+                f"{_ratio(s, 'ratio_to_naive', 'paired_ratio_to_naive')} | "
+                f"{_f((s['spark_job_ms'].get('median') or 0) / 1000, 1)} | "
+                f"{_f(s['commit_ms'].get('median'))} |"
+            )
+        lines.append("")
+    lines.append(f"![throughput]({rel}/throughput.png)")
+    return "\n".join(lines)
+
+
+def _cpu(w: dict[str, Any]) -> str:
+    if w.get("early_median_cpu_ms") is None:
+        return "-"
+    return f"{_f(w['early_median_cpu_ms'], 1)} -> {_f(w['late_median_cpu_ms'], 1)} ({_f(w['late_over_early_cpu'], 2)})"
+
+
+def commit_path_md(runs: dict[str, dict[str, Any]], rel: str) -> str:
+    lines = [
+        "| run | batches | median ms (replay check + commit) | p90 / p99 / max ms | replay check median ms | "
+        "median batches 100-200 -> last 100 | late / early | same in CPU ms | metadata.json at the end | "
+        "manifests at the end | metadata files | rows read back |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for label, r in runs.items():
+        c, w, fin = r["commit_path_ms"], r["windows"], r["final"] or {}
+        lines.append(
+            f"| {label} | {r['batches']:,} | {_f(c['median'], 1)} | {_f(c['p90'])} / {_f(c['p99'])} / {_f(c['max'])} | "
+            f"{_f(r['replay_check_ms']['median'], 1)} | {_f(w['early_median_ms'], 1)} -> {_f(w['late_median_ms'], 1)} | "
+            f"{_f(w['late_over_early'], 2)} | {_cpu(w)} | {_f((fin.get('metadata_json_bytes') or 0) / 1024)} KiB | "
+            f"{fin.get('manifests')} | "
+            f"{fin.get('metadata_files')} | {r['rows_read_back']:,} of {r['rows_expected']:,} "
+            f"({'ok' if r['rows_ok'] else 'WRONG'}) |"
+        )
+    lines.append("")
+    for label, r in runs.items():
+        lines.append(
+            f"- {label}: `{r['command']}`; table properties {r['table_properties'] or '(defaults)'}"
+            + (
+                f"; snapshots expired every {r['expire_every']} batches keeping the newest {r['expire_keep']}"
+                f" (median {_f(r['expire_ms'].get('median'))} ms per expiry)"
+                if r.get("expire_keep")
+                else ""
+            )
+            + f"; {_machine_line(r['machine'])}"
+        )
+    lines += ["", f"![commit path]({rel}/commit_path.png)"]
+    return "\n".join(lines)
+
+
+def memory_md(r: dict[str, Any], rel: str) -> str:
+    lines = [
+        f"Command: `{r['command']}`  ",
+        f"Machine: {_machine_line(r['machine'])}",
+        "",
+        "| path | rows in the batch | peak RSS, all Python workers (MiB) | peak RSS, one worker (MiB) | worker processes | "
+        "data files | seconds | rows ok |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for x in r["results"]:
+        lines.append(
+            f"| {plots.LABELS.get(x['path'], x['path'])} | {x['rows']:,} | {_f(x['peak_workers_rss_mib'])} | "
+            f"{_f(x['peak_single_worker_rss_mib'])} | {x['max_worker_processes']} | {x['data_files']} | {_f(x['seconds'], 1)} | "
+            f"{x['rows_ok']} |"
+        )
+    lines.append("")
+    for p, ratio in r["ratio_largest_to_smallest"].items():
+        lines.append(
+            f"- {plots.LABELS.get(p, p)}: peak at {max(r['sizes']):,} rows / peak at {min(r['sizes']):,} rows = "
+            f"{ratio['total']:.2f} (all workers), {ratio['single']:.2f} (one worker)"
+        )
+    lines += ["", f"![memory]({rel}/memory.png)"]
+    return "\n".join(lines)
+
+
+def rate_md(r: dict[str, Any], rel: str) -> str:
+    s = r["steady"]
+    return "\n".join(
+        [
+            f"Command: `{r['command']}`  ",
+            f"Machine: {_machine_line(r['machine'])}",
+            "",
+            f"Rate source at {r['rows_per_second']:,} rows/s, trigger {r['trigger']}, {r['seconds']} s, "
+            f'`format("lakesink")`: {r["batches_with_rows"]} batches with rows, {r["rows_reported"]:,} rows reported by '
+            f"the query, {r['rows_in_table']:,} rows in the table.",
+            "",
+            "| steady-state batches | median batch duration ms | max ms | batches over 1 s | median rows per batch, "
+            "first third -> last third | median processed rows/s | backlog growing |",
+            "|---:|---:|---:|---:|---:|---:|---|",
+            f"| {s['batches']} | {_f(s['median_trigger_ms'])} | {_f(s['max_trigger_ms'])} | {s['batches_over_1s']} | "
+            f"{_f(s['median_rows_first_third'])} -> {_f(s['median_rows_last_third'])} | {_f(s['median_processed_rows_per_s'])} | "
+            f"{'yes' if r['backlog_growing'] else 'no'} |",
+            "",
+            f"![rate]({rel}/rate.png)",
+        ]
+    )
+
+
+def metadata_cost_md(r: dict[str, Any]) -> str:
+    lines = [
+        f"Command: `{r['command']}`  ",
+        f"Machine: {_machine_line(r['machine'])}",
+        "",
+        "| snapshots in the table | metadata.json KiB | parse (every load_table) ms | "
+        "update_table_metadata, no update (deep copy) ms |",
+        "|---:|---:|---:|---:|",
+    ]
+    for x in r["results"]:
+        lines.append(
+            f"| {x['snapshots']:,} | {_f(x['metadata_json_bytes'] / 1024)} | {_f(x['parse_ms'], 1)} | "
+            f"{_f(x['update_table_metadata_ms'], 1)} |"
+        )
+    return "\n".join(lines)
+
+
+def render(out: Path, page: Path | None) -> str:
+    """Write the plots next to the JSON files and the tables into ``page`` (when given); return the tables."""
+    rel = out.name if page is not None and page.parent == out.parent else str(out)
+    parts: dict[str, str] = {}
+    t = load(out, "throughput")
+    if t:
+        for v in t["variants"].values():  # recomputed: older result files lack the paired ratios
+            paths = [p for p in throughput.PATHS if p in v["summary"]]
+            v["summary"] = throughput.summary(v["runs"], v["input"]["rows"], v["input"]["bytes"], paths)
+        plots.throughput(t, out / PLOTS["throughput"])
+        parts["throughput"] = throughput_md(t, rel)
+    runs = {p.stem.removeprefix("commit_path-"): json.loads(p.read_text()) for p in sorted(out.glob("commit_path-*.json"))}
+    if runs:
+        plots.commit_path(runs, out / PLOTS["commit-path"])
+        parts["commit-path"] = commit_path_md(runs, rel)
+    m = load(out, "memory")
+    if m:
+        plots.memory(m, out / PLOTS["memory"])
+        parts["memory"] = memory_md(m, rel)
+    mc = load(out, "metadata_cost")
+    if mc:
+        parts["metadata-cost"] = metadata_cost_md(mc)
+    r = load(out, "rate")
+    if r:
+        plots.rate(r, out / PLOTS["rate"])
+        parts["rate"] = rate_md(r, rel)
+    if page is not None:
+        text = (
+            page.read_text()
+            if page.exists()
+            else "# Performance\n\n"
+            + "\n\n".join(f"## {name}\n\n<!-- generated: {name} -->\n<!-- /generated: {name} -->" for name in SECTIONS[1:])
+            + "\n"
+        )
+        for name, body in parts.items():
+            pattern = re.compile(rf"(<!-- generated: {re.escape(name)} -->\n).*?(<!-- /generated: {re.escape(name)} -->)", re.S)
+            if pattern.search(text):
+                text = pattern.sub(lambda mt, b=body: f"{mt.group(1)}{b}\n{mt.group(2)}", text)
+            else:
+                text += f"\n## {name}\n\n<!-- generated: {name} -->\n{body}\n<!-- /generated: {name} -->\n"
+        page.write_text(text)
+    return "\n\n".join(parts.values())

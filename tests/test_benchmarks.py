@@ -1,0 +1,73 @@
+"""The benchmark harness runs (at toy size), so that it cannot rot between two benchmark campaigns.
+
+Nothing here looks at time: only that every path wrote the right number of rows and that the JSON,
+Markdown and PNG outputs exist. The real runs are ``make bench`` (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench(tmp_path: Path, *args: str, timeout: int = 500) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--out", str(tmp_path / "performance"), "--work", str(tmp_path / "work"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    return proc
+
+
+@pytest.mark.spark
+def test_throughput_and_commit_path_at_toy_size(tmp_path: Path) -> None:
+    _bench(tmp_path, "commit-path", "--batches", "30", "--label", "toy")
+    _bench(tmp_path, "throughput", "--rows", "20000", "--wide-rows", "3000", "--reps", "1")
+    out = tmp_path / "performance"
+    commit = json.loads((out / "commit_path-toy.json").read_text())
+    assert commit["rows_ok"] and commit["rows_read_back"] == 300 and len(commit["series"]["commit_ms"]) == 30
+    result = json.loads((out / "throughput.json").read_text())
+    for name, rows in (("narrow", 20_000), ("wide", 3_000)):
+        variant = result["variants"][name]
+        runs = variant["warmup"] + variant["runs"]
+        assert sorted({r["path"] for r in runs}) == ["foreach", "format", "naive", "parquet"]
+        assert [r["rows_back"] for r in runs] == [rows] * len(runs)
+        assert set(variant["summary"]) == {"parquet", "format", "foreach", "naive"}
+    assert result["variants"]["wide"]["input"]["columns"] == 20
+    page = (tmp_path / "performance.md").read_text()
+    assert "<!-- generated: throughput -->" in page and "| lakesink foreachBatch |" in page and "| toy | 30 |" in page
+    for png in ("throughput.png", "commit_path.png"):
+        assert (out / png).stat().st_size > 1000
+
+
+@pytest.mark.spark
+@pytest.mark.benchmark
+def test_memory_and_rate_at_toy_size(tmp_path: Path) -> None:
+    _bench(tmp_path, "memory", "--sizes", "20000,40000")
+    _bench(tmp_path, "rate", "--rows-per-second", "2000", "--seconds", "5")
+    out = tmp_path / "performance"
+    memory = json.loads((out / "memory.json").read_text())
+    assert [(r["path"], r["rows"], r["rows_back"]) for r in memory["results"]] == [
+        ("format", 20_000, 20_000),
+        ("foreach", 20_000, 20_000),
+        ("format", 40_000, 40_000),
+        ("foreach", 40_000, 40_000),
+    ]
+    assert all(r["peak_workers_rss_mib"] > 0 for r in memory["results"])
+    rate = json.loads((out / "rate.json").read_text())
+    assert rate["batches_with_rows"] > 0 and rate["rows_in_table"] == rate["rows_reported"] > 0
+    for png in ("memory.png", "rate.png"):
+        assert (out / png).stat().st_size > 1000
