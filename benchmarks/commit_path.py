@@ -76,7 +76,7 @@ def run(
     samples: list[dict[str, Any]] = []
     for b in range(batches):
         c0, t0 = time.process_time(), time.perf_counter()
-        table = committer.reload_table(SCHEMA)
+        table = committer.reload_table()
         plan = committer.write_plan(table, QUERY_ID)
         c1, t1 = time.process_time(), time.perf_counter()
         expected_last = b - 1 if b else None

@@ -160,16 +160,15 @@ class TableCommitter:
             pass  # created by another query meanwhile
         return self.catalog.load_table(self.options.table.identifier)
 
-    def reload_table(self, stream_schema: pa.Schema) -> Table:
-        """For a later batch of a query already opened: the current table, checked again against the
-        stream (cheap: no other table is read)."""
+    def reload_table(self) -> Table:
+        """For a later batch of a query already opened: the current table (no other table is read; the
+        stream is checked against it by :meth:`write_plan`)."""
         try:
             table = self.catalog.load_table(self.options.table.identifier)
         except NoSuchTableError:
             raise CatalogError(f"table {self.table_name} was dropped while the query ran") from None
         except Exception as e:
             raise CatalogError(f"cannot load table {self.table_name}: {self._redact(e)}") from None
-        self._check(table, stream_schema)
         return table
 
     def _check(self, table: Table, stream_schema: pa.Schema) -> tuple[SchemaChange, ...]:

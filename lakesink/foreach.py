@@ -23,7 +23,7 @@ from lakesink import catalogs, sparkwrite
 from lakesink.checkpoint import read_source_offsets
 from lakesink.driver import BatchOutcome, TableCommitter
 from lakesink.errors import InvalidOptionError, LakesinkError
-from lakesink.executor import TaskWriter
+from lakesink.executor import TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT, TaskWriter
 from lakesink.messages import TaskResult, WritePlan
 from lakesink.options import (
     BRANCH,
@@ -125,7 +125,7 @@ class ForeachBatchSink:
             table = committer.open_table(stream_schema)  # first batch (or a new stream schema): all checks
             self._opened = stream_schema
         else:
-            table = committer.reload_table(stream_schema)
+            table = committer.reload_table()
         plan = committer.write_plan(table, query_id, stream_schema)
         if plan.last_committed_batch is not None and batch_id <= plan.last_committed_batch:
             # checked before any file is written
@@ -179,7 +179,7 @@ class ForeachBatchSink:
         """Spark rolls files by row count only: the target file size over the last batch's bytes per row (0: no limit)."""
         if not self._bytes_per_row:
             return 0
-        target = int(plan.properties.get(sparkwrite.TARGET_FILE_SIZE, sparkwrite.TARGET_FILE_SIZE_DEFAULT))
+        target = int(plan.properties.get(TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT))
         return max(1, int(target / self._bytes_per_row))
 
     def _source_offsets(self, spark: SparkSession, query_id: str, batch_id: int) -> str | None:

@@ -56,6 +56,7 @@ from pyspark.sql import types as T
 
 from lakesink import _pyiceberg as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError
+from lakesink.executor import ROW_GROUP_BYTES, ROW_GROUP_BYTES_DEFAULT
 from lakesink.faults import fault_point
 from lakesink.messages import TaskResult, WritePlan, WrittenFile
 
@@ -69,16 +70,12 @@ SPARKWRITE_BEFORE_WRITE = "sparkwrite.before-write"
 CODEC = "write.parquet.compression-codec"
 CODEC_DEFAULT = "zstd"
 COMPRESSION_LEVEL = "write.parquet.compression-level"
-ROW_GROUP_BYTES = "write.parquet.row-group-size-bytes"
-ROW_GROUP_BYTES_DEFAULT = 128 * 1024 * 1024
 # Iceberg table property -> parquet-mr (Hadoop configuration) key, passed as write options
 _PARQUET_MR_PROPERTIES = {
     "write.parquet.page-size-bytes": "parquet.page.size",
     "write.parquet.page-row-limit": "parquet.page.row.count.limit",
     "write.parquet.dict-size-bytes": "parquet.dictionary.page.size",
 }
-TARGET_FILE_SIZE = "write.target-file-size-bytes"
-TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
 
 # Iceberg codec name -> Spark's Parquet ``compression`` option
 _SPARK_CODECS = {

@@ -30,8 +30,6 @@ from pyiceberg.partitioning import _to_partition_representation
 from pyiceberg.types import IntegerType, LongType
 
 from lakesink import catalogs
-from lakesink.errors import InvalidOptionError
-from lakesink.options import SinkOptions
 from tests.helpers import Stream
 from tests.interop_values import differences, plain_rows
 from tests.test_types import READERS, TIME_ZONES, check_duckdb_filters, run_stream, with_known_reader_bugs, write_staging
@@ -99,15 +97,6 @@ def typed(df: Any) -> Any:
     return typed_all(df).selectExpr(*SCALAR_COLUMNS, *[f"{src} as {copy}" for copy, src in TIME_COPIES.items()])
 
 
-def _partitioned_by_supported() -> bool:
-    try:
-        SinkOptions.from_mapping({"table": "db.t", "partitioned-by": "days(ts)"})
-    except InvalidOptionError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _partitioned_by_supported(), reason="this branch has no partitioned-by option yet (merge main)")
 @pytest.mark.parametrize("spec_name", list(SPECS))
 def test_every_transform_through_three_readers(spark: Any, stream: Stream, spec_name: str, exact_avro_doubles: None) -> None:
     # time transforms are in UTC whatever the session time zone

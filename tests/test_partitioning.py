@@ -144,7 +144,7 @@ def _plan(tmp_path: Path, terms: str, properties: dict[str, str] | None = None) 
     if properties:
         with table.transaction() as tx:
             tx.set_properties(properties)
-        table = committer.reload_table(schema)
+        table = committer.reload_table()
     assert options.output_mode is OutputMode.APPEND and options.table == TableName(("db",), "t")
     return committer.write_plan(table, "q-1", schema)
 
