@@ -35,7 +35,7 @@ from pyiceberg.io.pyarrow import (
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent, ManifestEntry, ManifestFile
 from pyiceberg.partitioning import PartitionSpec, _to_partition_representation
 from pyiceberg.schema import Schema, assign_fresh_schema_ids, sanitize_column_names, visit_with_partner
-from pyiceberg.table import FileScanTask, Table, TableProperties, Transaction
+from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import (
@@ -51,6 +51,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import IcebergType, ListType, MapType
 
+from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 
 _PARQUET = ParquetFormatModel()
@@ -112,6 +113,19 @@ def parquet_writer_options(table_properties: Mapping[str, str]) -> dict[str, Any
     """Parquet writer arguments from the table's ``write.parquet.*`` properties (codec, level, page sizes)."""
     props = {k: v for k, v in table_properties.items() if k != ROW_GROUP_SIZE_BYTES}
     return {"store_decimal_as_integer": True, **_get_parquet_writer_kwargs(props)}
+
+
+def check_write_properties(table_name: str, schema: Schema, table_properties: Mapping[str, str]) -> None:
+    """Run pyiceberg's own parsing of the ``write.parquet.*`` and ``write.metadata.metrics.*`` properties on the
+    driver, so that a bad value fails the batch before any task runs, naming the table (not on an executor)."""
+    try:
+        parquet_writer_options(table_properties)
+        compute_statistics_plan(schema, dict(table_properties))
+    except Exception as e:
+        raise InvalidOptionError(
+            f"table {table_name} has a table property lakesink's writer cannot use: {type(e).__name__}: {e}; fix it with "
+            f"ALTER TABLE {table_name} SET TBLPROPERTIES (...) (docs/options.md lists the properties lakesink reads)"
+        ) from None
 
 
 def file_statistics(metadata: pq.FileMetaData, schema: Schema, table_properties: Mapping[str, str]) -> dict[str, Any]:
@@ -267,14 +281,19 @@ def data_file(
 
 
 @dataclass
-class PreparedSnapshot:
-    """A snapshot whose manifests are written, ready for exactly one compare-and-swap in the catalog."""
+class PreparedCommit:
+    """One commit of a batch, prepared (its manifests written), ready for exactly one compare-and-swap.
+
+    The same shape for a data snapshot (:func:`prepare_snapshot`) and for a marker-only commit
+    (:func:`prepare_properties_at_head`), so that lakesink has one compare-and-swap loop for both.
+    """
 
     table: Table
     snapshot_id: int
+    """The new snapshot's id; for a marker-only commit the branch head it asserts (-1: none)."""
     _updates: tuple[Any, ...]
     _requirements: tuple[Any, ...]
-    _producer: Any
+    _producer: Any = None
 
     def commit(self) -> None:
         """Swap the table's metadata pointer once. Raises CommitFailedException when the base moved.
@@ -287,19 +306,9 @@ class PreparedSnapshot:
         fault_point(CATALOG_FAILS_AFTER_APPLY)
 
     def discard(self) -> None:
-        """Delete the manifests written for this snapshot (only when it certainly did not land)."""
-        self._producer._clean_all_uncommitted()
-
-
-def manifest_merge_enabled(table_properties: Mapping[str, str]) -> bool:
-    """``commit.manifest-merge.enabled``, with Iceberg's (Java) default: true.
-
-    When merging, an append rewrites the small manifests of earlier appends into one once there are
-    ``commit.manifest.min-count-to-merge`` (default 100) of them, up to ``commit.manifest.target-size-bytes``
-    (default 8 MiB) per manifest, so the manifest list of a streaming table stays bounded.
-    """
-    value = table_properties.get(TableProperties.MANIFEST_MERGE_ENABLED)
-    return True if value is None else value.strip().lower() == "true"
+        """Delete the manifests written for this commit (only when it certainly did not land)."""
+        if self._producer is not None:
+            self._producer._clean_all_uncommitted()
 
 
 class _MetadataCachingTransaction(Transaction):
@@ -334,7 +343,8 @@ def prepare_snapshot(
     properties: Callable[[int], Mapping[str, str]],
     branch: str,
     schema_changes: Sequence[Any] = (),
-) -> PreparedSnapshot:
+    manifest_merge: bool = True,
+) -> PreparedCommit:
     """Write the manifests of one snapshot (append, merging manifests as Iceberg does, or overwrite of the whole table).
 
     ``properties(snapshot_id)`` gives table properties to set in the same atomic commit, and
@@ -355,7 +365,7 @@ def prepare_snapshot(
         producer = update.merge_append()
         # Iceberg's default for commit.manifest-merge.enabled is true (pyiceberg's is false): without merging,
         # every batch adds a manifest that every later manifest list carries forever
-        producer._merge_enabled = manifest_merge_enabled(table.properties)
+        producer._merge_enabled = manifest_merge
     for f in data_files:
         producer.append_data_file(f)
     producer.commit()  # stages the snapshot into the transaction; nothing reaches the catalog yet
@@ -371,7 +381,7 @@ def prepare_snapshot(
         AssertCurrentSchemaId(current_schema_id=table.metadata.current_schema_id),  # type: ignore[call-arg]
         AssertDefaultSpecId(default_spec_id=table.metadata.default_spec_id),  # type: ignore[call-arg]
     )
-    return PreparedSnapshot(
+    return PreparedCommit(
         table=table,
         snapshot_id=producer.snapshot_id,
         _updates=tuple(tx._updates),
@@ -407,18 +417,6 @@ def added_data_file_paths(table: Table, snapshot_id: int) -> set[str] | None:
     return paths
 
 
-def find_batch_snapshot(table: Table, query_id: str, batch_id: int) -> int | None:
-    """The snapshot that committed (query id, batch id), searched in the table's metadata (no file read).
-
-    Used only on the rare abort path where the query's marker has already moved past the batch.
-    """
-    for snapshot in table.metadata.snapshots:
-        props = snapshot.summary.additional_properties if snapshot.summary else {}
-        if props.get("lakesink.query-id") == query_id and props.get("lakesink.batch-id") == str(batch_id):
-            return snapshot.snapshot_id
-    return None
-
-
 def delete_file(io: FileIO, path: str) -> None:
     io.delete(path)
 
@@ -426,20 +424,23 @@ def delete_file(io: FileIO, path: str) -> None:
 # --- audits, empty batches and branches (issue 6) -----------------------------------------------
 
 
-def commit_properties_at_head(table: Table, properties: Mapping[str, str], *, branch: str) -> None:
+def prepare_properties_at_head(table: Table, properties: Mapping[str, str], *, branch: str) -> PreparedCommit:
     """Set table properties in one compare-and-swap that also asserts the branch head is still the one read.
 
     pyiceberg's public ``set_properties`` asserts only the table's identity, so a marker could move back
-    behind a batch committed meanwhile; raises CommitFailedException when the head moved.
+    behind a batch committed meanwhile; the swap raises CommitFailedException when the head moved.
     """
     head = table.metadata.snapshot_by_name(branch)
     requirements = (
         AssertTableUUID(uuid=table.metadata.table_uuid),
         AssertRefSnapshotId(snapshot_id=head.snapshot_id if head else None, ref=branch),  # type: ignore[call-arg]
     )
-    fault_point(CATALOG_FAILS_BEFORE_APPLY)
-    table._do_commit(updates=(SetPropertiesUpdate(updates=dict(properties)),), requirements=requirements)
-    fault_point(CATALOG_FAILS_AFTER_APPLY)
+    return PreparedCommit(
+        table=table,
+        snapshot_id=head.snapshot_id if head else -1,
+        _updates=(SetPropertiesUpdate(updates=dict(properties)),),
+        _requirements=requirements,
+    )
 
 
 def scan_files(

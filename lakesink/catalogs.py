@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.table import Table
 from pyiceberg.utils.config import Config
 
 from lakesink.errors import CatalogError
@@ -114,3 +115,24 @@ def _prepare_embedded_folders(props: Mapping[str, str]) -> None:
     warehouse = props.get("warehouse", "")
     if warehouse.startswith("file://"):
         Path(warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
+
+
+def load_table_fresh(name: str | None, overrides: Mapping[str, str], identifier: tuple[str, ...]) -> Table:
+    """Load a table through a catalog instance of its own (new connections), not the cached one.
+
+    Used to settle an unknown commit outcome: a pooled connection whose COMMIT failed may still hold our own
+    write in an open transaction (SQLite leaves the transaction open when COMMIT fails with SQLITE_BUSY), and
+    reading through it would see a commit that other readers never will.
+    """
+    resolved_name, props = resolve_catalog_properties(name, overrides)
+    try:
+        catalog = load_catalog(resolved_name, **props)
+    except Exception as e:
+        msg = redact_secrets_in(f"{type(e).__name__}: {e}", props)
+        raise CatalogError(f"cannot load catalog {resolved_name!r}: {msg}") from None
+    try:
+        return catalog.load_table(identifier)
+    finally:
+        engine = getattr(catalog, "engine", None)
+        if engine is not None:
+            engine.dispose()

@@ -24,6 +24,7 @@ from pyspark.sql.types import StructType
 
 from lakesink.checkpoint import read_query_id, read_source_offsets
 from lakesink.driver import TableCommitter
+from lakesink.driver.guard import CommitGuard
 from lakesink.errors import InvalidOptionError, LakesinkError
 from lakesink.executor import TaskWriter
 from lakesink.messages import TaskResult, WritePlan
@@ -31,9 +32,12 @@ from lakesink.options import ReadOptions, SinkOptions
 from lakesink.reader import LakesinkReader, LakesinkReaderWithoutPushdown, table_schema
 from lakesink.schema import arrow_schema_of
 
+log = logging.getLogger("lakesink")
+
 ENV_LOG_LEVEL = "LAKESINK_LOG_LEVEL"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+RUN_ID_PROPERTY = "spark.jobGroup.id"
 
 
 def _log_to_stderr_in_workers() -> None:
@@ -132,6 +136,7 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
             batch_id=int(batch_id),
             partition_id=ctx.partitionId(),
             task_attempt_id=ctx.taskAttemptId(),
+            run_id=ctx.getLocalProperty(RUN_ID_PROPERTY) or None,
         )
         last = plan.last_committed_batch
         if query_id == plan.query_id and last is not None and int(batch_id) <= last:
@@ -157,13 +162,29 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
         query_id = self._query_id(results)
         if query_id is None:
             raise LakesinkError(f"no streaming query id for batch {batchId} (checkpoint {self._checkpoint})")
-        self._driver().commit_batch(
-            query_id=query_id,
-            batch_id=batchId,
-            results=results,
-            source_offsets=read_source_offsets(self._checkpoint, batchId),
-        )
+        # held until the outcome is known: an abort of this batch in another worker (query.stop() during the
+        # commit) waits for it instead of deleting files the swap is about to reference (lakesink.driver.guard)
+        with CommitGuard(str(self._options.table), query_id, self._options.sink_id).held():
+            self._driver().commit_batch(
+                query_id=query_id,
+                batch_id=batchId,
+                results=results,
+                source_offsets=read_source_offsets(self._checkpoint, batchId),
+            )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         results = [m for m in messages if isinstance(m, TaskResult)]
-        self._driver().abort_batch(query_id=self._query_id(results), batch_id=batchId, results=results)
+        query_id = self._query_id(results)
+        guard = CommitGuard(str(self._options.table), query_id or "", self._options.sink_id)
+        if not guard.acquire_for_abort():
+            log.warning(
+                "lakesink: abort of batch %s: a commit of the same query is still in flight after %.0f s; keeping its files "
+                "(an orphan-file clean-up collects them if it does not land)",
+                batchId,
+                guard.abort_wait_s,
+            )
+            return
+        try:
+            self._driver().abort_batch(query_id=query_id, batch_id=batchId, results=results)
+        finally:
+            guard.release()

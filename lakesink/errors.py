@@ -66,6 +66,31 @@ class ConcurrentTableChangeError(LakesinkError):
     retryable = True
 
 
+class ReplayMismatchError(LakesinkError):
+    """Spark replays a batch that the table already holds, but over other source offsets than the committed one.
+
+    This happens when a checkpoint was repaired by hand (``offsets/N`` and ``commits/N`` deleted while more input
+    arrived) or a source's rate limit changed: skipping the replay would drop the new rows silently, committing it
+    would duplicate the old ones. Nothing was committed or deleted; the message says how to recover.
+    """
+
+
+class DuplicateSinkError(LakesinkError):
+    """Two sinks of one streaming query wrote the same table in the same batch under the same ``sink_id``.
+
+    The second would be taken for a replay of the first and skipped; give each sink its own ``sink_id``.
+    """
+
+
+class TableIdentityChangedError(ConcurrentTableChangeError):
+    """The table was dropped and recreated, or the branch written was deleted, while the query ran.
+
+    Nothing was committed (files written for the old table never enter the new one).
+    """
+
+    retryable = False
+
+
 class InjectedFault(LakesinkError):
     """Raised by a fault point switched on by a test (see :mod:`lakesink.faults`)."""
 

@@ -26,19 +26,6 @@ from lakesink.messages import TaskResult, WritePlan, WrittenFile
 
 log = logging.getLogger(__name__)
 
-TARGET_FILE_SIZE = "write.target-file-size-bytes"
-TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
-ROW_GROUP_ROWS = "write.parquet.row-group-limit"
-ROW_GROUP_ROWS_DEFAULT = 1_048_576
-ROW_GROUP_BYTES = seam.ROW_GROUP_SIZE_BYTES
-ROW_GROUP_BYTES_DEFAULT = 128 * 1024 * 1024
-
-
-def _int_property(props: Any, key: str, default: int) -> int:
-    value = props.get(key)
-    return int(value) if value is not None else default
-
-
 def utc_type(t: pa.DataType) -> pa.DataType:
     """``t`` with every zoned timestamp (at any depth) in UTC: the same instants, only the label changes."""
     if pa.types.is_timestamp(t):
@@ -95,8 +82,6 @@ def _null_violations(
         yield from _null_violations(array.items, t.item_field, f"{path}.value", None)
 
 
-MAX_OPEN_FILES = "write.lakesink.max-open-files"
-MAX_OPEN_FILES_DEFAULT = 100
 
 
 class _OpenFile:
@@ -125,20 +110,30 @@ class TaskWriter:
     beyond it the largest is written out.
     """
 
-    def __init__(self, plan: WritePlan, *, query_id: str, batch_id: int, partition_id: int, task_attempt_id: int):
+    def __init__(
+        self,
+        plan: WritePlan,
+        *,
+        query_id: str,
+        batch_id: int,
+        partition_id: int,
+        task_attempt_id: int,
+        run_id: str | None = None,
+    ):
         self._plan = plan
+        self._run_id = run_id
         self._query_id = query_id
         self._batch_id = batch_id
         self._partition_id = partition_id
         self._task_attempt_id = task_attempt_id
         self._token = uuid.uuid4().hex[:12]
         self._file_schema: Schema = seam.file_schema(plan.schema)
-        props = plan.properties
-        self._target_file_size = _int_property(props, TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT)
-        self._row_group_rows = _int_property(props, ROW_GROUP_ROWS, ROW_GROUP_ROWS_DEFAULT)
-        self._row_group_bytes = _int_property(props, ROW_GROUP_BYTES, ROW_GROUP_BYTES_DEFAULT)
-        self._max_open = max(1, _int_property(props, MAX_OPEN_FILES, MAX_OPEN_FILES_DEFAULT))
-        self._writer_options = seam.parquet_writer_options(props)
+        settings = plan.settings
+        self._target_file_size = settings.target_file_size
+        self._row_group_rows = settings.row_group_rows
+        self._row_group_bytes = settings.row_group_bytes
+        self._max_open = settings.max_open_files
+        self._writer_options = seam.parquet_writer_options(plan.properties)
         self._has_required = _has_required_field(seam.arrow_schema(self._file_schema))
         self._partitioned = not plan.spec.is_unpartitioned()
         self._files: list[WrittenFile] = []
@@ -190,7 +185,9 @@ class TaskWriter:
             spec_id=self._plan.spec_id,
             files=tuple(self._files),
             replay_skipped=replay_skipped,
-            schema=self._plan.schema,
+            table_uuid=self._plan.table_uuid,
+            run_id=self._run_id,
+            written_schema=self._plan.schema_digest,
             schema_changes=self._plan.schema_changes,
         )
 

@@ -23,7 +23,7 @@ from lakesink import catalogs, sparkwrite
 from lakesink.checkpoint import read_source_offsets
 from lakesink.driver import BatchOutcome, TableCommitter
 from lakesink.errors import InvalidOptionError, LakesinkError
-from lakesink.executor import TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT, TaskWriter
+from lakesink.executor import TaskWriter
 from lakesink.messages import TaskResult, WritePlan
 from lakesink.options import (
     BRANCH,
@@ -33,6 +33,7 @@ from lakesink.options import (
     MERGE_SCHEMA,
     OUTPUT_MODE,
     PARTITIONED_BY,
+    SINK_ID,
     TABLE,
     WRITER,
     SinkOptions,
@@ -43,6 +44,8 @@ from lakesink.schema import arrow_schema_of
 log = logging.getLogger("lakesink")
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+#: Spark sets the job group of a streaming query's jobs to the run id (a new one at every start of the query)
+RUN_ID_PROPERTY = "spark.jobGroup.id"
 _RESULT_SCHEMA = "task_result binary"
 
 
@@ -58,6 +61,7 @@ def foreach_batch(
     merge_schema: bool = False,
     branch: str = "main",
     writer: str = "auto",
+    sink_id: str | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -78,6 +82,9 @@ def foreach_batch(
         writer: ``"auto"`` (Spark's own Parquet writer when the table allows it, else the Arrow path),
             ``"spark"`` (Spark's writer; a table it cannot write fails the batch) or ``"arrow"`` (rows
             through Python workers, written with pyarrow). See docs/write-paths.md.
+        sink_id: needed only when one query writes this table through several sinks (two lakesink calls in
+            one foreachBatch function, e.g. two filters of the batch, or main and an audit branch): each sink
+            gets its own id and is exactly-once on its own. Keep it stable across restarts.
     """
     options: dict[str, str] = {
         TABLE: table,
@@ -95,6 +102,8 @@ def foreach_batch(
     if partitioned_by is not None:
         options[PARTITIONED_BY] = partitioned_by
     options[MERGE_SCHEMA] = str(merge_schema).lower()
+    if sink_id is not None:
+        options[SINK_ID] = sink_id
     return ForeachBatchSink(SinkOptions.from_mapping(options))
 
 
@@ -107,6 +116,8 @@ class ForeachBatchSink:
         self._committer: TableCommitter | None = None
         self._checkpoints: dict[str, str | None] = {}
         self._opened: pa.Schema | None = None  # the stream schema the table was opened (fully checked) for
+        self._run: str | None = None  # the query run the table was opened for
+        self._table_uuid: str | None = None  # the table's uuid when this run opened it
         self._bytes_per_row: float | None = None  # of the last batch the Spark path wrote (to size its files)
 
     def __repr__(self) -> str:
@@ -120,30 +131,39 @@ class ForeachBatchSink:
         if self._committer is None:
             self._committer = TableCommitter(self.options)
         committer = self._committer
+        run_id = spark.sparkContext.getLocalProperty(RUN_ID_PROPERTY) or None
+        if run_id != self._run:  # a new run of the query (or the first): open the table afresh
+            self._run, self._opened, self._table_uuid = run_id, None, None
         stream_schema = arrow_schema_of(df.schema)
         if self._opened is None or not self._opened.equals(stream_schema):
             table = committer.open_table(stream_schema)  # first batch (or a new stream schema): all checks
             self._opened = stream_schema
         else:
             table = committer.reload_table()
-        plan = committer.write_plan(table, query_id, stream_schema)
+        # the table must stay the one this run opened (not dropped and recreated between batches)
+        plan = committer.write_plan(table, query_id, stream_schema, expected_uuid=self._table_uuid)
+        self._table_uuid = plan.table_uuid
         if plan.last_committed_batch is not None and batch_id <= plan.last_committed_batch:
-            # checked before any file is written
+            # checked before any file is written (and against the batch's source offsets)
             return committer.commit_batch(
                 query_id=query_id,
                 batch_id=batch_id,
                 results=[_skipped(plan, query_id, batch_id)],
-                source_offsets=None,
+                source_offsets=self._source_offsets(spark, query_id, batch_id),
+                run_id=run_id,
+                table_uuid=plan.table_uuid,
             )
         reason = sparkwrite.unsupported_reason(plan.schema, partitioned=not table.spec().is_unpartitioned())
         if self.options.writer is WriterKind.SPARK and reason is not None:
             raise InvalidOptionError(f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'")
         if self.options.writer is WriterKind.ARROW or reason is not None:
-            rows = df.mapInArrow(_write_partition(plan, batch_id), _RESULT_SCHEMA).collect()
+            rows = df.mapInArrow(_write_partition(plan, batch_id, run_id), _RESULT_SCHEMA).collect()
             results = [pickle.loads(r[0]) for r in rows]
             directory = None
         else:
-            written = sparkwrite.write_batch(df, plan, batch_id=batch_id, max_records_per_file=self._max_records_per_file(plan))
+            written = sparkwrite.write_batch(
+                df, plan, batch_id=batch_id, max_records_per_file=self._max_records_per_file(plan), run_id=run_id
+            )
             results, directory = list(written.results), written.directory
             log.info(
                 "lakesink: table=%s batch=%s written by Spark's Parquet writer: files=%s rows=%s job_ms=%.0f footer_ms=%.0f",
@@ -162,6 +182,8 @@ class ForeachBatchSink:
                 batch_id=batch_id,
                 results=results,
                 source_offsets=self._source_offsets(spark, query_id, batch_id),
+                run_id=run_id,
+                table_uuid=plan.table_uuid,
             )
         except BaseException:
             # what Spark does for a data source whose commit raised: abort with the complete messages
@@ -179,8 +201,7 @@ class ForeachBatchSink:
         """Spark rolls files by row count only: the target file size over the last batch's bytes per row (0: no limit)."""
         if not self._bytes_per_row:
             return 0
-        target = int(plan.properties.get(TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT))
-        return max(1, int(target / self._bytes_per_row))
+        return max(1, int(plan.settings.target_file_size / self._bytes_per_row))
 
     def _source_offsets(self, spark: SparkSession, query_id: str, batch_id: int) -> str | None:
         checkpoint = self.options.checkpoint_location or self._find_checkpoint(spark, query_id)
@@ -226,10 +247,11 @@ def _skipped(plan: WritePlan, query_id: str, batch_id: int) -> TaskResult:
         schema_id=plan.schema_id,
         spec_id=plan.spec_id,
         replay_skipped=True,
+        table_uuid=plan.table_uuid,
     )
 
 
-def _write_partition(plan: WritePlan, batch_id: int) -> Any:
+def _write_partition(plan: WritePlan, batch_id: int, run_id: str | None) -> Any:
     """The ``mapInArrow`` function: writes one partition's rows, yields its pickled TaskResult."""
     query_id = plan.query_id or ""
 
@@ -242,6 +264,7 @@ def _write_partition(plan: WritePlan, batch_id: int) -> Any:
             batch_id=batch_id,
             partition_id=ctx.partitionId(),
             task_attempt_id=ctx.taskAttemptId(),
+            run_id=run_id,
         )
         result = writer.write(batches)
         yield pa.record_batch([pa.array([pickle.dumps(result)], pa.binary())], names=["task_result"])

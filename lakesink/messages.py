@@ -6,6 +6,7 @@ The driver sends a :class:`WritePlan` to the executors (inside the pickled Spark
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,15 @@ from pyiceberg.io import FileIO
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
 from pyspark.sql.datasource import WriterCommitMessage
+
+from lakesink.tablesettings import TableSettings
+
+
+def schema_digest(schema: Schema) -> str:
+    """A short digest of a schema's fields and field ids (not of its schema id): two schemas with the same
+    digest write and read Parquet files identically."""
+    canonical = Schema(*schema.fields, identifier_field_ids=schema.identifier_field_ids, schema_id=0).model_dump_json()
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
 
 
 @dataclass(frozen=True)
@@ -25,6 +35,12 @@ class WritePlan:
     data_prefix: str
     """Every data file must be created under this prefix (checked by lakesink.locations)."""
     properties: Mapping[str, str]
+    """The table's properties as they are (pyiceberg's writer helpers read the ``write.parquet.*`` and metrics ones)."""
+    settings: TableSettings
+    """The table properties lakesink acts on, parsed and validated on the driver."""
+    table_uuid: str
+    """The table's uuid when the plan was made: a commit into a table with another uuid (dropped and
+    recreated meanwhile) is refused."""
     schema: Schema
     """The schema files are written with: the table's, or with ``merge-schema`` the table's evolved to fit
     the stream (committed together with the batch)."""
@@ -41,6 +57,12 @@ class WritePlan:
     schema_changes: tuple[Any, ...] = ()
     """lakesink.schema.SchemaChange's turning the table's schema ``schema_id`` into ``schema``
     (``merge-schema``); applied in the batch's commit."""
+    sink_id: str | None = None
+
+    @property
+    def schema_digest(self) -> str:
+        """:func:`schema_digest` of the schema the files are written with (travels back in every TaskResult)."""
+        return schema_digest(self.schema)
 
 
 @dataclass(frozen=True)
@@ -68,8 +90,13 @@ class TaskResult(WriterCommitMessage):
     spec_id: int
     files: tuple[WrittenFile, ...] = ()
     replay_skipped: bool = False
-    schema: Schema | None = None
-    """The schema the files were written with (field ids), checked against the table at commit."""
+    table_uuid: str | None = None
+    """The uuid of the table the files were written for (the plan's)."""
+    run_id: str | None = None
+    """Spark's run id of the query run the task belongs to (when the task could read it)."""
+    written_schema: str | None = None
+    """:func:`schema_digest` of the schema the files were written with (field ids), checked against the table at
+    commit: a digest, not the schema, so that thousands of task results stay small on the driver."""
     schema_changes: tuple[Any, ...] = ()
     """The plan's schema changes (``merge-schema``): from table schema ``schema_id`` to ``schema``."""
 

@@ -25,6 +25,7 @@ OUTPUT_MODE = "output-mode"
 MERGE_SCHEMA = "merge-schema"
 BRANCH = "branch"
 WRITER = "writer"
+SINK_ID = "sink-id"
 
 #: Options Spark itself may pass to a sink; accepted and ignored.
 _SPARK_OWN_OPTIONS = frozenset({"path", "queryname"})
@@ -38,6 +39,7 @@ VALID_OPTIONS = (
     PARTITIONED_BY,
     MERGE_SCHEMA,
     BRANCH,
+    SINK_ID,
 )
 
 _TRUE = frozenset({"true", "1", "yes"})
@@ -123,6 +125,9 @@ class SinkOptions:
     branch: str = "main"
     """The branch batches commit to (write-audit-publish); created from ``main``'s head when missing."""
     writer: WriterKind = WriterKind.AUTO
+    sink_id: str | None = None
+    """Tells apart several sinks of one streaming query writing one table (each is exactly-once on its own);
+    part of the replay marker's key and of each snapshot's summary. None: the query's one sink of the table."""
 
     def __repr__(self) -> str:  # never print catalog secrets
         return (
@@ -130,7 +135,8 @@ class SinkOptions:
             f"catalog_properties={redact_properties(self.catalog_properties)!r}, "
             f"output_mode={self.output_mode.value!r}, checkpoint_location={self.checkpoint_location!r}, "
             f"create_table={self.create_table!r}, partitioned_by={', '.join(map(str, self.partitioned_by))!r}, "
-            f"merge_schema={self.merge_schema!r}, branch={self.branch!r}, writer={self.writer.value!r})"
+            f"merge_schema={self.merge_schema!r}, branch={self.branch!r}, writer={self.writer.value!r}, "
+            f"sink_id={self.sink_id!r})"
         )
 
     __str__ = __repr__
@@ -172,7 +178,7 @@ class SinkOptions:
         unknown = sorted(
             k
             for k in lowered
-            if k not in (TABLE, CATALOG, CHECKPOINT_LOCATION, CREATE_TABLE, PARTITIONED_BY, MERGE_SCHEMA, BRANCH)
+            if k not in (TABLE, CATALOG, CHECKPOINT_LOCATION, CREATE_TABLE, PARTITIONED_BY, MERGE_SCHEMA, BRANCH, SINK_ID)
             and not k.startswith(CATALOG_PROPERTY_PREFIX)
             and k not in _SPARK_OWN_OPTIONS
         )
@@ -206,6 +212,7 @@ class SinkOptions:
             merge_schema=_parse_bool(MERGE_SCHEMA, lowered.get(MERGE_SCHEMA, "false")),
             branch=_parse_branch(lowered.get(BRANCH, "main")),
             writer=writer,
+            sink_id=_parse_sink_id(lowered[SINK_ID]) if SINK_ID in lowered else None,
         )
 
 
@@ -214,6 +221,19 @@ def _parse_branch(value: str) -> str:
     if not branch or any(c.isspace() for c in branch):
         raise InvalidOptionError(f"option '{BRANCH}' must be a branch name without spaces (for example 'audit'), got {value!r}")
     return branch
+
+
+_SINK_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def _parse_sink_id(value: str) -> str:
+    sink_id = value.strip()
+    if not sink_id or len(sink_id) > 64 or not set(sink_id) <= _SINK_ID_CHARS:
+        raise InvalidOptionError(
+            f"option '{SINK_ID}' must be 1 to 64 characters of letters, digits, '_' and '-' (for example 'audit'), "
+            f"got {value!r}"
+        )
+    return sink_id
 
 
 def _parse_bool(key: str, value: str) -> bool:

@@ -12,6 +12,10 @@ Snapshot summary (every batch commit; string values):
 - ``lakesink.previous-batch-id``: the last batch id the query processed before this one, empty batches
   included (read from the replay marker); batch ids between it and this batch's id were *lost*, batch ids
   up to it that have no snapshot were empty (``lakesink verify`` tells the two apart);
+- ``lakesink.sink-id``: the sink's ``sink_id`` when the query has several sinks writing this table (absent for
+  the query's one default sink);
+- ``lakesink.run-id``: Spark's run id of the query run that committed the batch (a new one at every restart;
+  tells a replay from a second sink of the same run);
 - ``lakesink.commit-started-ms``: wall-clock time the driver started committing the batch (the snapshot's
   own timestamp minus this is the commit latency that ``lakesink report`` plots);
 - ``spark.sql.streaming.queryId`` / ``spark.sql.streaming.epochId``: the keys Iceberg's own Spark
@@ -19,8 +23,10 @@ Snapshot summary (every batch commit; string values):
 
 Table property (updated in the same atomic commit as the snapshot):
 
-- ``lakesink.last-batch.<query-id>``: JSON ``{"batch-id", "snapshot-id", "commit-id", "branch"}`` of the
-  query's last committed batch (``"empty": true`` and the branch head as ``snapshot-id`` when that batch was
+- ``lakesink.last-batch.<query-id>`` (``lakesink.last-batch.<query-id>.<sink-id>`` for a sink with a
+  ``sink_id``): JSON ``{"batch-id", "snapshot-id", "commit-id", "branch", "run-id", "offsets"}`` of the
+  sink's last committed batch (``offsets``: a digest of the batch's source offsets, to tell a faithful replay
+  from a batch re-planned over other input) (``"empty": true`` and the branch head as ``snapshot-id`` when that batch was
   empty: an empty batch is recorded by a properties-only commit). The replay check reads this one property, so its cost does not
   grow with the number of snapshots, it survives snapshot expiry, and other writers' commits and
   other queries' batch ids cannot fool it.
@@ -28,12 +34,13 @@ Table property (updated in the same atomic commit as the snapshot):
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.snapshots import ancestors_of
+from pyiceberg.table.snapshots import Snapshot
 
 SUMMARY_QUERY_ID = "lakesink.query-id"
 SUMMARY_BATCH_ID = "lakesink.batch-id"
@@ -42,6 +49,8 @@ SUMMARY_COMMIT_ID = "lakesink.commit-id"
 SUMMARY_COMMIT_ATTEMPT = "lakesink.commit-attempt"
 SUMMARY_PREVIOUS_BATCH_ID = "lakesink.previous-batch-id"
 SUMMARY_COMMIT_STARTED_MS = "lakesink.commit-started-ms"
+SUMMARY_SINK_ID = "lakesink.sink-id"
+SUMMARY_RUN_ID = "lakesink.run-id"
 ICEBERG_QUERY_ID = "spark.sql.streaming.queryId"
 ICEBERG_EPOCH_ID = "spark.sql.streaming.epochId"
 
@@ -59,6 +68,10 @@ class CommittedBatch:
     branch: str = MAIN_BRANCH
     empty: bool = False
     """True when the batch had no rows: nothing was committed but this marker (``snapshot_id`` is the branch head then)."""
+    run_id: str | None = None
+    """Spark's run id of the query run that committed the batch (None when unknown, e.g. ``format("lakesink")``)."""
+    offsets: str | None = None
+    """:func:`offsets_digest` of the batch's source offsets (None when they were not readable)."""
 
     def to_property(self) -> str:
         value: dict[str, object] = {"batch-id": self.batch_id, "snapshot-id": self.snapshot_id, "commit-id": self.commit_id}
@@ -66,16 +79,42 @@ class CommittedBatch:
             value["branch"] = self.branch
         if self.empty:
             value["empty"] = True
+        if self.run_id is not None:
+            value["run-id"] = self.run_id
+        if self.offsets is not None:
+            value["offsets"] = self.offsets
         return json.dumps(value)
 
 
-def last_batch_key(query_id: str) -> str:
-    return f"{LAST_BATCH_PREFIX}{query_id}"
+def last_batch_key(query_id: str, sink_id: str | None = None) -> str:
+    """The table property holding the replay marker of one sink of a query."""
+    return f"{LAST_BATCH_PREFIX}{query_id}" + (f".{sink_id}" if sink_id else "")
 
 
-def last_committed_batch(table_properties: Mapping[str, str], query_id: str) -> CommittedBatch | None:
-    """The query's last committed batch, read from the table's properties."""
-    raw = table_properties.get(last_batch_key(query_id))
+def parse_last_batch_key(key: str) -> tuple[str, str | None] | None:
+    """(query id, sink id) of a replay marker's property key; None when ``key`` is not a marker."""
+    if not key.startswith(LAST_BATCH_PREFIX):
+        return None
+    query_id, _, sink_id = key[len(LAST_BATCH_PREFIX) :].partition(".")
+    return query_id, sink_id or None
+
+
+def offsets_digest(source_offsets: str | None) -> str | None:
+    """A short digest of a batch's source offsets (a JSON list), independent of JSON formatting."""
+    if source_offsets is None:
+        return None
+    try:
+        canonical = json.dumps(json.loads(source_offsets), sort_keys=True, separators=(",", ":"))
+    except ValueError:
+        canonical = source_offsets
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
+
+
+def last_committed_batch(
+    table_properties: Mapping[str, str], query_id: str, sink_id: str | None = None
+) -> CommittedBatch | None:
+    """The sink's last committed batch, read from the table's properties."""
+    raw = table_properties.get(last_batch_key(query_id, sink_id))
     if raw is None:
         return None
     value = json.loads(raw)
@@ -85,29 +124,94 @@ def last_committed_batch(table_properties: Mapping[str, str], query_id: str) -> 
         commit_id=str(value["commit-id"]),
         branch=str(value.get("branch", MAIN_BRANCH)),
         empty=bool(value.get("empty", False)),
+        run_id=value.get("run-id"),
+        offsets=value.get("offsets"),
     )
 
 
-def last_committed_on_branch(metadata: TableMetadata, query_id: str, branch: str) -> CommittedBatch | None:
-    """The query's last batch in the history of ``branch``.
+class SnapshotIndex:
+    """Snapshots of one table metadata by id, built once: pyiceberg's ``snapshot_by_id`` is a linear search,
+    and walking an ancestry with it costs O(history²)."""
+
+    def __init__(self, metadata: TableMetadata):
+        self.metadata = metadata
+        self.by_id: dict[int, Snapshot] = {s.snapshot_id: s for s in metadata.snapshots}
+
+    def ancestors(self, head: Snapshot | None) -> Iterator[Snapshot]:
+        """``head`` and its ancestors, newest first (stops at an expired parent)."""
+        current = head
+        while current is not None:
+            yield current
+            parent = current.parent_snapshot_id
+            current = self.by_id.get(parent) if parent is not None else None
+
+    def is_ancestor(self, snapshot_id: int, head: Snapshot | None) -> bool:
+        """Whether ``snapshot_id`` is ``head`` or one of its ancestors; the walk stops at the first snapshot older
+        than it (sequence numbers fall along an ancestry), so its cost follows the commits made since, not the
+        history."""
+        target = self.by_id.get(snapshot_id)
+        if target is None:
+            return False
+        floor = target.sequence_number or 0
+        for s in self.ancestors(head):
+            if s.snapshot_id == snapshot_id:
+                return True
+            if floor and (s.sequence_number or 0) < floor:
+                return False
+        return False
+
+
+def summary_sink_id(props: Mapping[str, str]) -> str | None:
+    return props.get(SUMMARY_SINK_ID) or None
+
+
+def last_committed_on_branch(
+    metadata: TableMetadata, query_id: str, branch: str, sink_id: str | None = None, *, index: SnapshotIndex | None = None
+) -> CommittedBatch | None:
+    """The sink's last batch in the history of ``branch``.
 
     The marker property answers when it was written for this branch and its snapshot is still an ancestor of
     the branch head (or has expired: the marker survives snapshot expiry on purpose). Otherwise (the marker is
     another branch's, or the branch was reset behind it) the branch's ancestry is walked for the snapshot
-    summaries of the query -- what Iceberg's own Spark sink does, but on the branch written, not on ``main``.
+    summaries of the query and sink -- what Iceberg's own Spark sink does, but on the branch written, not on
+    ``main``.
     """
-    marker = last_committed_batch(metadata.properties, query_id)
+    marker = last_committed_batch(metadata.properties, query_id, sink_id)
     head = metadata.snapshot_by_name(branch)
+    index = index or SnapshotIndex(metadata)
     if marker is not None and marker.branch == branch:
-        if metadata.snapshot_by_id(marker.snapshot_id) is None:
+        if marker.snapshot_id not in index.by_id:
             return marker  # expired: trust the marker
-        if head is not None and any(s.snapshot_id == marker.snapshot_id for s in ancestors_of(head, metadata)):
+        if marker.empty and head is not None and head.snapshot_id == marker.snapshot_id:
             return marker
-    for snapshot in ancestors_of(head, metadata):
+        if index.is_ancestor(marker.snapshot_id, head):
+            return marker
+    for snapshot in index.ancestors(head):
         props = snapshot.summary.additional_properties if snapshot.summary else {}
-        if props.get(SUMMARY_QUERY_ID) == query_id and SUMMARY_BATCH_ID in props:
-            commit_id = props.get(SUMMARY_COMMIT_ID, "")
-            return CommittedBatch(int(props[SUMMARY_BATCH_ID]), snapshot.snapshot_id, commit_id, branch=branch)
+        if props.get(SUMMARY_QUERY_ID) == query_id and SUMMARY_BATCH_ID in props and summary_sink_id(props) == sink_id:
+            return CommittedBatch(
+                int(props[SUMMARY_BATCH_ID]),
+                snapshot.snapshot_id,
+                props.get(SUMMARY_COMMIT_ID, ""),
+                branch=branch,
+                run_id=props.get(SUMMARY_RUN_ID),
+                offsets=offsets_digest(props.get(SUMMARY_SOURCE_OFFSETS)),
+            )
+    return None
+
+
+def find_batch_snapshot(
+    metadata: TableMetadata, query_id: str, batch_id: int, sink_id: str | None = None
+) -> Snapshot | None:
+    """The snapshot that committed (query id, sink id, batch id), searched in the metadata (no file read)."""
+    for snapshot in reversed(metadata.snapshots):
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        if (
+            props.get(SUMMARY_QUERY_ID) == query_id
+            and props.get(SUMMARY_BATCH_ID) == str(batch_id)
+            and summary_sink_id(props) == sink_id
+        ):
+            return snapshot
     return None
 
 
@@ -119,6 +223,8 @@ def batch_summary(
     *,
     previous_batch_id: int | None = None,
     started_ms: int | None = None,
+    sink_id: str | None = None,
+    run_id: str | None = None,
 ) -> dict[str, str]:
     summary = {
         SUMMARY_QUERY_ID: query_id,
@@ -133,4 +239,8 @@ def batch_summary(
         summary[SUMMARY_PREVIOUS_BATCH_ID] = str(previous_batch_id)
     if started_ms is not None:
         summary[SUMMARY_COMMIT_STARTED_MS] = str(started_ms)
+    if sink_id is not None:
+        summary[SUMMARY_SINK_ID] = sink_id
+    if run_id is not None:
+        summary[SUMMARY_RUN_ID] = run_id
     return summary

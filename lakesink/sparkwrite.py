@@ -56,7 +56,6 @@ from pyspark.sql import types as T
 
 from lakesink import _pyiceberg as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError
-from lakesink.executor import ROW_GROUP_BYTES, ROW_GROUP_BYTES_DEFAULT
 from lakesink.faults import fault_point
 from lakesink.messages import TaskResult, WritePlan, WrittenFile
 
@@ -67,15 +66,6 @@ SPARKWRITE_AFTER_FILES = "sparkwrite.after-files"
 #: driver, when the Spark path is about to start its write job (the equivalent of executor.before-write)
 SPARKWRITE_BEFORE_WRITE = "sparkwrite.before-write"
 
-CODEC = "write.parquet.compression-codec"
-CODEC_DEFAULT = "zstd"
-COMPRESSION_LEVEL = "write.parquet.compression-level"
-# Iceberg table property -> parquet-mr (Hadoop configuration) key, passed as write options
-_PARQUET_MR_PROPERTIES = {
-    "write.parquet.page-size-bytes": "parquet.page.size",
-    "write.parquet.page-row-limit": "parquet.page.row.count.limit",
-    "write.parquet.dict-size-bytes": "parquet.dictionary.page.size",
-}
 
 # Iceberg codec name -> Spark's Parquet ``compression`` option
 _SPARK_CODECS = {
@@ -251,6 +241,7 @@ def write_batch(
     *,
     batch_id: int,
     max_records_per_file: int = 0,
+    run_id: str | None = None,
 ) -> SparkWrite:
     """Write ``df`` as Parquet data files of the table into a new directory; nothing is committed.
 
@@ -258,19 +249,14 @@ def write_batch(
     """
     query_id = plan.query_id or ""
     directory = f"{plan.data_prefix.rstrip('/')}/{query_id[:8]}-{batch_id:05d}-{uuid.uuid4().hex[:12]}"
-    props = plan.properties
-    codec = props.get(CODEC, CODEC_DEFAULT).strip().lower()
-    if codec not in _SPARK_CODECS:
-        raise LakesinkError(
-            f"table {plan.table} has {CODEC}={codec!r}, which lakesink's Spark write path does not know; "
-            f"known: {', '.join(sorted(_SPARK_CODECS))} (or use writer='arrow')"
-        )
+    settings = plan.settings
+    codec = settings.codec  # validated by TableSettings.parse on the driver
     writer = (
         project(df, plan, batch_id)
         .write.format("parquet")
         .mode("errorifexists")
         .option("compression", _SPARK_CODECS[codec])
-        .option("parquet.block.size", str(int(props.get(ROW_GROUP_BYTES, ROW_GROUP_BYTES_DEFAULT))))
+        .option("parquet.block.size", str(settings.row_group_bytes))
         .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")  # no _SUCCESS file
         .option("maxRecordsPerFile", str(max(0, max_records_per_file)))
     )
@@ -279,12 +265,16 @@ def write_batch(
         writer = writer.option("fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem").option(
             "fs.file.impl.disable.cache", "true"
         )
-    for prop, key in _PARQUET_MR_PROPERTIES.items():
-        if props.get(prop):
-            writer = writer.option(key, props[prop])
-    level = props.get(COMPRESSION_LEVEL)
-    if level is not None and codec == "zstd":
-        writer = writer.option("parquet.compression.codec.zstd.level", level)
+    # Iceberg's write.parquet.* properties -> parquet-mr (Hadoop configuration) keys, passed as write options
+    for value, key in (
+        (settings.page_size, "parquet.page.size"),
+        (settings.page_row_limit, "parquet.page.row.count.limit"),
+        (settings.dict_size, "parquet.dictionary.page.size"),
+    ):
+        if value is not None:
+            writer = writer.option(key, str(value))
+    if settings.compression_level is not None and codec == "zstd":
+        writer = writer.option("parquet.compression.codec.zstd.level", str(settings.compression_level))
     try:
         fault_point(SPARKWRITE_BEFORE_WRITE)
         started = time.monotonic()
@@ -314,7 +304,9 @@ def write_batch(
             schema_id=plan.schema_id,
             spec_id=plan.spec_id,
             files=(f,),
-            schema=plan.schema,
+            table_uuid=plan.table_uuid,
+            run_id=run_id,
+            written_schema=plan.schema_digest,
             schema_changes=plan.schema_changes,
         )
         for i, f in enumerate(f for f in files if f.record_count)

@@ -172,13 +172,13 @@ def test_two_drivers_committing_the_same_batch_make_exactly_one_snapshot(committ
 
 
 def test_commit_that_landed_but_reported_failure_counts_once(committer: TableCommitter, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    real = seam.PreparedSnapshot.commit
+    real = seam.PreparedCommit.commit
 
-    def lost_response(self: seam.PreparedSnapshot) -> None:
+    def lost_response(self: seam.PreparedCommit) -> None:
         real(self)
         raise ConnectionError("connection reset after the commit was applied")
 
-    monkeypatch.setattr(seam.PreparedSnapshot, "commit", lost_response)
+    monkeypatch.setattr(seam.PreparedCommit, "commit", lost_response)
     result = write_task(committer, Q1, 0, [1, 2, 3])
     outcome = commit(committer, Q1, 0, [result])
     monkeypatch.undo()
@@ -191,16 +191,16 @@ def test_commit_that_landed_but_reported_failure_counts_once(committer: TableCom
 
 
 def test_failed_commit_that_did_not_land_is_settled_and_retried(committer: TableCommitter, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    real = seam.PreparedSnapshot.commit
+    real = seam.PreparedCommit.commit
     calls = []
 
-    def fails_once(self: seam.PreparedSnapshot) -> None:
+    def fails_once(self: seam.PreparedCommit) -> None:
         calls.append(1)
         if len(calls) == 1:
             raise ConnectionError("connection refused before the commit")
         real(self)
 
-    monkeypatch.setattr(seam.PreparedSnapshot, "commit", fails_once)
+    monkeypatch.setattr(seam.PreparedCommit, "commit", fails_once)
     outcome = commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1, 2])])
     table = load(committer)
     assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 1 and len(calls) == 2
@@ -210,14 +210,14 @@ def test_failed_commit_that_did_not_land_is_settled_and_retried(committer: Table
 def test_unknown_outcome_that_cannot_be_settled_deletes_nothing(committer: TableCommitter, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     result = write_task(committer, Q1, 0, [1, 2])
 
-    def catalog_down(self: seam.PreparedSnapshot) -> None:
+    def catalog_down(self: seam.PreparedCommit) -> None:
         raise ConnectionError("catalog unreachable")
 
     def load_fails(*a: object, **k: object) -> None:
         raise ConnectionError("catalog unreachable")
 
-    monkeypatch.setattr(seam.PreparedSnapshot, "commit", catalog_down)
-    monkeypatch.setattr("lakesink.driver._SETTLE_ATTEMPTS", 2)
+    monkeypatch.setattr(seam.PreparedCommit, "commit", catalog_down)
+    monkeypatch.setattr("lakesink.driver.swap._SETTLE_ATTEMPTS", 2)
     real_load = committer.catalog.load_table
     calls = {"n": 0}
 
@@ -228,6 +228,7 @@ def test_unknown_outcome_that_cannot_be_settled_deletes_nothing(committer: Table
         return real_load(ident)
 
     monkeypatch.setattr(committer.catalog, "load_table", load_table)
+    monkeypatch.setattr(committer, "load_fresh", load_fails)  # settling reads through a fresh connection
     with pytest.raises(CommitOutcomeUnknownError, match="no file was deleted"):
         commit(committer, Q1, 0, [result])
     monkeypatch.undo()
@@ -239,11 +240,11 @@ def test_retries_exhausted_raise_conflict_error_and_delete_files(committer: Tabl
     table.transaction().set_properties({"commit.retry.num-retries": "2", "commit.retry.min-wait-ms": "1"}).commit_transaction()
     attempts = []
 
-    def always_conflicts(self: seam.PreparedSnapshot) -> None:
+    def always_conflicts(self: seam.PreparedCommit) -> None:
         attempts.append(1)
         raise CommitFailedException("Requirement failed: branch main has changed")
 
-    monkeypatch.setattr(seam.PreparedSnapshot, "commit", always_conflicts)
+    monkeypatch.setattr(seam.PreparedCommit, "commit", always_conflicts)
     result = write_task(committer, Q1, 0, [1, 2])
     with pytest.raises(CommitConflictError, match="commit.retry.num-retries=2") as info:
         commit(committer, Q1, 0, [result])
@@ -362,7 +363,7 @@ def test_catalog_locked_for_too_long_is_a_clear_retryable_error(tmp_path: Path, 
     c = make_committer(props)
     c.open_table(SCHEMA)
     result = write_task(c, Q1, 0, [1, 2])
-    monkeypatch.setattr("lakesink.driver._CATALOG_READ_PATIENCE_S", 1.0)
+    monkeypatch.setattr("lakesink.driver.tables._CATALOG_READ_PATIENCE_S", 1.0)
     locker = sqlite3.connect(tmp_path / "locked.db", timeout=0.1, isolation_level=None)
     locker.execute("BEGIN EXCLUSIVE")
     try:

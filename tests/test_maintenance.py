@@ -287,7 +287,7 @@ def test_manifests_of_a_failed_commit_are_removed_once_the_batch_is_committed(co
     before = on_disk(load(committer))
     failed = write_task(committer, Q1, 0, [1, 2])
 
-    def conflict(self: seam.PreparedSnapshot) -> None:
+    def conflict(self: seam.PreparedCommit) -> None:
         raise CommitFailedException("Requirement failed: branch main has changed")
 
     real_delete = PyArrowFileIO.delete
@@ -297,7 +297,7 @@ def test_manifests_of_a_failed_commit_are_removed_once_the_batch_is_committed(co
             raise OSError("storage unavailable")
         real_delete(self, location)
 
-    monkeypatch.setattr(seam.PreparedSnapshot, "commit", conflict)
+    monkeypatch.setattr(seam.PreparedCommit, "commit", conflict)
     monkeypatch.setattr(PyArrowFileIO, "delete", storage_down_for_manifests)
     with pytest.raises(CommitConflictError):
         commit(committer, Q1, 0, [failed])

@@ -392,7 +392,8 @@ def test_skip_replay_consumes_the_input_and_writes_nothing(make_plan: MakePlan) 
         spec_id=plan.spec_id,
         files=(),
         replay_skipped=True,
-        schema=plan.schema,
+        table_uuid=plan.table_uuid,
+        written_schema=plan.schema_digest,
     )
     assert data_files_on_disk(plan) == []
 

@@ -8,7 +8,8 @@ from lakesink.errors import InvalidOptionError
 from lakesink.options import OutputMode, SinkOptions, TableName
 
 VALID_LIST = (
-    "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table, partitioned-by, merge-schema, branch"
+    "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table, partitioned-by, merge-schema, "
+    "branch, sink-id"
 )
 
 
@@ -216,10 +217,17 @@ def test_repr_shows_every_field() -> None:
             "create-table": "0",
             "partitioned-by": "days(ts), bucket(16, id)",
             "merge-schema": "yes",
+            "sink-id": "audit",
         }
     )
     assert repr(opts) == (
         "SinkOptions(table='db.t', catalog_name='prod', catalog_properties={}, output_mode='complete', "
         "checkpoint_location='/ck', create_table=False, partitioned_by='days(ts), bucket(16, id)', merge_schema=True, "
-        "branch='main', writer='auto')"
+        "branch='main', writer='auto', sink_id='audit')"
     )
+
+
+@pytest.mark.parametrize("value", ["", " ", "a.b", "a b", "x" * 65, "é"])
+def test_invalid_sink_id_names_the_option_and_the_valid_form(value: str) -> None:
+    with pytest.raises(InvalidOptionError, match="option 'sink-id' must be 1 to 64 characters"):
+        SinkOptions.from_mapping({"table": "db.t", "sink-id": value})

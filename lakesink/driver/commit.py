@@ -1,0 +1,457 @@
+"""Driver side, second job: commit a batch as one snapshot, exactly once, or abort it.
+
+It never touches rows. Every commit goes through the one compare-and-swap loop of
+:mod:`lakesink.driver.swap`; this module decides what a batch's commit is (a data snapshot, a marker-only
+commit of an empty batch), what a batch found already committed means (a faithful replay, a replay over
+other input, a second sink of the same run), and which files may be deleted.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyiceberg.table import Table
+
+from lakesink import _pyiceberg as seam
+from lakesink.driver.swap import RetriesExhausted, Status, SwapResult, swap_with_recheck
+from lakesink.driver.tables import SinkTable
+from lakesink.errors import (
+    CommitConflictError,
+    ConcurrentTableChangeError,
+    DuplicateSinkError,
+    LakesinkError,
+    ReplayMismatchError,
+)
+from lakesink.faults import DRIVER_IN_ABORT, fault_point
+from lakesink.messages import TaskResult, WrittenFile, schema_digest
+from lakesink.options import SINK_ID, OutputMode
+from lakesink.properties import (
+    SUMMARY_COMMIT_ATTEMPT,
+    SUMMARY_PREVIOUS_BATCH_ID,
+    SUMMARY_SOURCE_OFFSETS,
+    CommittedBatch,
+    SnapshotIndex,
+    batch_summary,
+    find_batch_snapshot,
+    last_batch_key,
+    offsets_digest,
+)
+from lakesink.schema import SchemaChange
+
+log = logging.getLogger("lakesink")
+
+
+class Outcome(enum.Enum):
+    COMMITTED = "committed"
+    REPLAY_SKIPPED = "replay skipped"
+    EMPTY = "empty batch, nothing to commit"
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What happened to one batch on the driver."""
+
+    outcome: Outcome
+    batch_id: int
+    snapshot_id: int | None = None
+    files: int = 0
+    rows: int = 0
+    bytes: int = 0
+    commit_ms: float = 0.0
+    retries: int = 0
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One batch's commit call: what it commits and under which keys."""
+
+    query_id: str
+    batch_id: int
+    results: Sequence[TaskResult]
+    source_offsets: str | None
+    run_id: str | None
+    commit_id: str
+    started: float
+
+    @property
+    def files(self) -> list[WrittenFile]:
+        return [f for r in self.results for f in r.files]
+
+    @property
+    def paths(self) -> list[str]:
+        return [f.path for f in self.files]
+
+
+class TableCommitter(SinkTable):
+    """The driver side of one lakesink sink: open and plan (:class:`SinkTable`), commit and abort."""
+
+    # --- commit -------------------------------------------------------------------------------------
+
+    def commit_batch(
+        self,
+        *,
+        query_id: str,
+        batch_id: int,
+        results: Sequence[TaskResult],
+        source_offsets: str | None,
+        run_id: str | None = None,
+        table_uuid: str | None = None,
+    ) -> BatchOutcome:
+        """Commit the batch's files as one snapshot, exactly once for this (query id, sink id, batch id).
+
+        ``table_uuid``: the uuid of the table the batch was planned for (else read from the task results);
+        ``run_id``: Spark's run id of the query run (else read from the task results).
+        """
+        batch = _Batch(
+            query_id=query_id,
+            batch_id=batch_id,
+            results=results,
+            source_offsets=source_offsets,
+            run_id=run_id or next((r.run_id for r in results if r.run_id), None),
+            commit_id=uuid.uuid4().hex,
+            started=time.monotonic(),
+        )
+        expected_uuid = table_uuid or next((r.table_uuid for r in results if r.table_uuid), None)
+        table = self.load_patiently(batch_id)
+        try:
+            if expected_uuid is not None and str(table.metadata.table_uuid) != expected_uuid:
+                raise self.identity_changed(expected_uuid, str(table.metadata.table_uuid))
+            self.check_branch(table)
+        except LakesinkError:
+            self._delete(table, batch.paths, reason="the table or branch changed identity during the batch")
+            raise
+        if results and all(r.replay_skipped for r in results):
+            return self._logged(self._skipped_before_writing(table, batch), query_id)
+        if not batch.files and self.options.output_mode is not OutputMode.COMPLETE:
+            return self._logged(self._commit_empty(table, batch), query_id)
+        return self._logged(self._commit_files(table, batch), query_id)
+
+    def _skipped_before_writing(self, table: Table, batch: _Batch) -> BatchOutcome:
+        """The writers found the batch committed when the batch was planned and wrote nothing: check it still is."""
+        done = self.last(table, batch.query_id)
+        if done is None or done.batch_id < batch.batch_id:
+            raise LakesinkError(
+                f"batch {batch.batch_id} of query {batch.query_id} was skipped as already committed when it was planned, "
+                f"but table {self.table_name} no longer holds it (last batch found: "
+                f"{done.batch_id if done else 'none'}; was the table or branch rolled back?). Nothing was written; "
+                "restart the query to write the batch"
+            )
+        self._check_replay(table, batch, done)
+        return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id)
+
+    def _commit_empty(self, table: Table, batch: _Batch) -> BatchOutcome:
+        """Record an empty batch: a properties-only commit moves the sink's marker to it.
+
+        The next snapshot of the sink then carries ``lakesink.previous-batch-id``, so that a missing batch id
+        can be told from an empty batch (``lakesink verify``). The commit asserts the branch head it read.
+        """
+        branch = self.options.branch
+
+        def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
+            head = t.metadata.snapshot_by_name(branch)
+            marker = CommittedBatch(
+                batch.batch_id,
+                head.snapshot_id if head else -1,
+                batch.commit_id,
+                branch=branch,
+                empty=True,
+                run_id=batch.run_id,
+                offsets=offsets_digest(batch.source_offsets),
+            )
+            return seam.prepare_properties_at_head(t, {self._marker_key(batch): marker.to_property()}, branch=branch)
+
+        what = f"recording empty batch {batch.batch_id} of query {batch.query_id} in {self.table_name}"
+        try:
+            result = self._swap(table, batch, prepare, what)
+        except RetriesExhausted as e:
+            raise CommitConflictError(
+                f"{what} conflicted with other writers {e.attempts} time(s); restarting the query replays the batch"
+            ) from e.last
+        if result.status is Status.ALREADY_COMMITTED:
+            assert result.done is not None
+            self._check_replay(table, batch, result.done)
+            return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
+        return BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1)
+
+    def _commit_files(self, table: Table, batch: _Batch) -> BatchOutcome:
+        overwrite = self.options.output_mode is OutputMode.COMPLETE
+        settings = self.settings(table)
+        summary = batch_summary(
+            batch.query_id,
+            batch.batch_id,
+            batch.commit_id,
+            batch.source_offsets,
+            started_ms=int(time.time() * 1000),
+            sink_id=self.options.sink_id,
+            run_id=batch.run_id,
+        )
+        data_files = [
+            seam.data_file(
+                path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=r.spec_id, partition=f.partition
+            )
+            for r in batch.results
+            for f in r.files
+        ]
+
+        def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
+            schema_changes = self._schema_changes_at_commit(t, batch)
+            return seam.prepare_snapshot(
+                t,
+                data_files=data_files,
+                overwrite=overwrite,
+                summary={
+                    **summary,
+                    SUMMARY_COMMIT_ATTEMPT: str(attempt),
+                    **({SUMMARY_PREVIOUS_BATCH_ID: str(done.batch_id)} if done is not None else {}),
+                },
+                # the replay marker, in the same atomic commit as the snapshot it names
+                properties=lambda snapshot_id: {
+                    self._marker_key(batch): CommittedBatch(
+                        batch.batch_id,
+                        snapshot_id,
+                        batch.commit_id,
+                        branch=self.options.branch,
+                        run_id=batch.run_id,
+                        offsets=offsets_digest(batch.source_offsets),
+                    ).to_property()
+                },
+                branch=self.options.branch,
+                schema_changes=schema_changes,
+                manifest_merge=settings.manifest_merge,
+            )
+
+        what = f"commit of batch {batch.batch_id} of query {batch.query_id} to {self.table_name}"
+        try:
+            result = self._swap(table, batch, prepare, what)
+        except RetriesExhausted as e:
+            self._delete(table, batch.paths, reason="commit retries exhausted")
+            raise CommitConflictError(
+                f"{what} conflicted with other writers {e.attempts} time(s) (commit.retry.num-retries="
+                f"{settings.commit_retry.num_retries}); nothing was committed and its files were deleted; restarting "
+                "the query replays the batch"
+            ) from e.last
+        if result.status is Status.ALREADY_COMMITTED:
+            assert result.done is not None
+            try:
+                self._check_replay(table, batch, result.done)
+            except DuplicateSinkError:
+                self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
+                raise
+            self._delete(table, batch.paths, reason="batch already committed (replay)")
+            return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
+        assert result.snapshot_id is not None
+        files = batch.files
+        return BatchOutcome(
+            Outcome.COMMITTED,
+            batch.batch_id,
+            snapshot_id=result.snapshot_id,
+            files=len(files),
+            rows=sum(f.record_count for f in files),
+            bytes=sum(f.size_in_bytes for f in files),
+            commit_ms=(time.monotonic() - batch.started) * 1000,
+            retries=result.attempts - 1,
+        )
+
+    def _swap(self, table: Table, batch: _Batch, prepare: object, what: str) -> SwapResult:
+        index_cache: dict[int, SnapshotIndex] = {}
+
+        def recheck(t: Table) -> CommittedBatch | None:
+            index = index_cache.setdefault(id(t.metadata), SnapshotIndex(t.metadata))
+            return self.last(t, batch.query_id, index=index)
+
+        return swap_with_recheck(
+            first=table,
+            load=lambda: self.load_patiently(batch.batch_id),
+            load_fresh=self.load_fresh,
+            recheck=recheck,
+            prepare=prepare,  # type: ignore[arg-type]
+            batch_id=batch.batch_id,
+            commit_id=batch.commit_id,
+            retry=self.settings(table).commit_retry,
+            what=what,
+            redact=self.redact,
+        )
+
+    def _marker_key(self, batch: _Batch) -> str:
+        return last_batch_key(batch.query_id, self.options.sink_id)
+
+    # --- a batch found committed --------------------------------------------------------------------
+
+    def _check_replay(self, table: Table, batch: _Batch, done: CommittedBatch) -> None:
+        """A batch found committed is skipped only when it is a faithful replay of the committed one.
+
+        Raises DuplicateSinkError when the batch was committed by the same run of the query (a second sink with
+        the same sink id), and ReplayMismatchError when it was committed over other source offsets.
+        """
+        if batch.run_id is not None and done.batch_id == batch.batch_id and done.run_id == batch.run_id:
+            raise DuplicateSinkError(
+                f"batch {batch.batch_id} of query {batch.query_id} was already committed to {self.table_name} by this "
+                f"same run of the query under sink id {self.options.sink_id or '(default)'}: two sinks of one query "
+                "write this table in the same batch (two lakesink calls in one foreachBatch function, or two "
+                "foreach_batch objects). Each would be taken for a replay of the other and skipped. Give each sink its "
+                f"own sink_id (foreach_batch(..., sink_id='audit') / option '{SINK_ID}'): keep the sink that committed "
+                "first as it is, so that a restart finds its batches, and give the other one a new id; the rows of "
+                "this call were not committed and a restart writes them"
+            )
+        committed, digest = self._committed_offsets(table, batch, done)
+        mine = offsets_digest(batch.source_offsets)
+        if digest is None or mine is None:
+            log.warning(
+                "lakesink: table=%s query=%s batch=%s is already committed; its source offsets cannot be compared "
+                "(%s), so it is skipped as a replay of the same input",
+                self.table_name,
+                batch.query_id,
+                batch.batch_id,
+                "the checkpoint's offsets of the batch are not readable"
+                if mine is None
+                else "the committing snapshot records none or has expired",
+            )
+            return
+        if digest != mine:
+            raise ReplayMismatchError(
+                f"Spark replays batch {batch.batch_id} of query {batch.query_id} over other source offsets than the "
+                f"batch committed to {self.table_name}: committed {committed or '(digest ' + digest + ')'}, replayed "
+                f"{batch.source_offsets}. The checkpoint was changed by hand (offsets/{batch.batch_id} rewritten) or a "
+                "source's rate limit changed: skipping the batch would lose the new rows, committing it would duplicate "
+                "the committed ones. Nothing was committed or deleted. To recover: restore the checkpoint's "
+                f"offsets/{batch.batch_id} to the committed offsets and restart, or start a new query (new checkpoint) "
+                "from the committed offsets (docs/protocol.md, 'replay over other input')"
+            )
+
+    def _committed_offsets(self, table: Table, batch: _Batch, done: CommittedBatch) -> tuple[str | None, str | None]:
+        """The committed batch's source offsets (full text when its snapshot is still there) and their digest."""
+        if done.batch_id == batch.batch_id:
+            snapshot = None if done.empty else table.metadata.snapshot_by_id(done.snapshot_id)
+            props = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
+            return props.get(SUMMARY_SOURCE_OFFSETS), done.offsets
+        snapshot = find_batch_snapshot(table.metadata, batch.query_id, batch.batch_id, self.options.sink_id)
+        if snapshot is None:
+            return None, None
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        text = props.get(SUMMARY_SOURCE_OFFSETS)
+        return text, offsets_digest(text)
+
+    def _schema_changes_at_commit(self, table: Table, batch: _Batch) -> tuple[SchemaChange, ...]:
+        """The schema changes this commit must make for the files to be registered under the schema and
+        spec they were written for; raise ConcurrentTableChangeError (deleting the files) when the table
+        moved to another schema or spec meanwhile."""
+        written = [r for r in batch.results if r.files]
+        if not written:
+            return ()
+        schema_id = table.metadata.current_schema_id
+        spec_id = table.metadata.default_spec_id
+        current = schema_digest(table.schema())
+        evolved: dict[tuple[object, ...], str] = {}
+        stale_spec = {r.spec_id for r in written} - {spec_id}
+        problem = None
+        if stale_spec:
+            problem = f"files were written for partition spec {sorted(stale_spec)[0]}, the table now has spec {spec_id}"
+        changes: tuple[SchemaChange, ...] = ()
+        for r in written:
+            if problem:
+                break
+            if r.written_schema == current:
+                continue  # written with the table's current schema (perhaps evolved by an earlier batch)
+            if r.schema_changes and r.schema_id == schema_id:
+                # merge-schema: the table is still at the schema the plan evolved; evolve it in this commit
+                key = tuple(r.schema_changes)
+                if key not in evolved:
+                    evolved[key] = schema_digest(seam.evolved_schema(table, r.schema_changes))
+                if evolved[key] != r.written_schema:
+                    problem = "the planned schema evolution no longer gives the schema the files were written with"
+                changes = tuple(r.schema_changes)
+                continue
+            problem = (
+                f"files were written for schema {r.schema_id}"
+                + (" (+ merge-schema changes)" if r.schema_changes else "")
+                + f", the table now has schema {schema_id}"
+            )
+        if problem:
+            self._delete(table, batch.paths, reason="table schema or partition spec changed during the batch")
+            raise ConcurrentTableChangeError(
+                f"table {self.table_name} changed while the batch was written: {problem}; nothing was committed "
+                "and the files were deleted; restart the query to write with the table's new schema/spec"
+            )
+        return changes
+
+    def _logged(self, outcome: BatchOutcome, query_id: str) -> BatchOutcome:
+        if outcome.outcome is Outcome.COMMITTED:
+            log.info(
+                "lakesink: table=%s query=%s%s batch=%s committed snapshot=%s files=%s rows=%s bytes=%s "
+                "commit_ms=%.1f retries=%s",
+                self.table_name,
+                query_id,
+                f" sink={self.options.sink_id}" if self.options.sink_id else "",
+                outcome.batch_id,
+                outcome.snapshot_id,
+                outcome.files,
+                outcome.rows,
+                outcome.bytes,
+                outcome.commit_ms,
+                outcome.retries,
+            )
+        else:
+            log.info(
+                "lakesink: table=%s query=%s%s batch=%s %s",
+                self.table_name,
+                query_id,
+                f" sink={self.options.sink_id}" if self.options.sink_id else "",
+                outcome.batch_id,
+                outcome.outcome.value,
+            )
+        return outcome
+
+    # --- abort --------------------------------------------------------------------------------------
+
+    def abort_batch(self, *, query_id: str | None, batch_id: int, results: Sequence[TaskResult]) -> None:
+        """Delete the files of a batch that certainly did not commit.
+
+        When the batch is found committed, only files the committing snapshot does not reference are deleted;
+        when that cannot be established (the table cannot be read, the snapshot expired), nothing is deleted
+        (an orphan-file clean-up collects leftovers).
+        """
+        fault_point(DRIVER_IN_ABORT)
+        paths = [f.path for r in results for f in r.files]
+        if not paths:
+            log.info("lakesink: table=%s batch=%s aborted; no files to delete", self.table_name, batch_id)
+            return
+        try:
+            table = self.load_fresh()
+        except Exception as e:
+            log.warning(
+                "lakesink: abort of batch %s cannot read the table (%s); keeping %s file(s)", batch_id, self.redact(e), len(paths)
+            )
+            return
+        done = self.last(table, query_id) if query_id else None
+        if done is not None and done.batch_id >= batch_id:
+            # the batch is in the table: keep whatever its snapshot references
+            assert query_id is not None
+            if done.batch_id == batch_id:
+                snapshot_id: int | None = done.snapshot_id
+            else:
+                found = find_batch_snapshot(table.metadata, query_id, batch_id, self.options.sink_id)
+                snapshot_id = found.snapshot_id if found is not None else None
+            referenced = seam.added_data_file_paths(table, snapshot_id) if snapshot_id is not None else None
+            if referenced is None:
+                log.warning(
+                    "lakesink: batch %s is committed but its snapshot cannot be read; keeping %s file(s)", batch_id, len(paths)
+                )
+                return
+            paths = [p for p in paths if p not in referenced]
+        self._delete(table, paths, reason=f"batch {batch_id} aborted")
+
+    def _delete(self, table: Table, paths: Sequence[str], *, reason: str) -> None:
+        for path in paths:
+            try:
+                seam.delete_file(table.io, path)
+            except FileNotFoundError:
+                pass
+            except Exception as e:
+                log.warning("lakesink: could not delete %s (%s); an orphan clean-up collects it", path, self.redact(e))
+        if paths:
+            log.info("lakesink: table=%s deleted %s unreferenced file(s): %s", self.table_name, len(paths), reason)

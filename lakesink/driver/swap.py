@@ -1,0 +1,183 @@
+"""Driver side: the one compare-and-swap loop, with the replay re-check on every attempt.
+
+Every commit lakesink makes for a batch -- a data snapshot or a marker-only commit of an empty batch --
+goes through :func:`swap_with_recheck`. Each attempt re-reads the table and re-checks whether the
+(query id, sink id, batch id) is already committed *before* it swaps: a check made once and then
+retried blindly is how Iceberg's Flink sink committed the same data twice (iceberg#14425).
+
+An error of the swap itself (not a clean conflict) leaves the outcome unknown. It is settled by reading
+the table through a fresh connection (:class:`Settled`): our commit id is there (landed), another
+commit of the batch is there (committed by another writer), or neither (not landed). Only a
+certainly-not-landed commit is discarded; when the table cannot be read the outcome stays unknown and
+nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import Table
+from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential_jitter
+
+from lakesink._pyiceberg import PreparedCommit
+from lakesink.errors import CommitOutcomeUnknownError, LakesinkError
+from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_CHECK, DRIVER_BEFORE_SWAP, fault_point
+from lakesink.properties import CommittedBatch
+from lakesink.tablesettings import CommitRetry
+
+log = logging.getLogger("lakesink")
+
+_SETTLE_ATTEMPTS = 6
+
+
+class Settled(enum.Enum):
+    """What reading the table says about a commit whose swap ended in an error."""
+
+    LANDED = "landed"
+    """Our commit (its commit id) is in the table."""
+    NOT_LANDED = "not landed"
+    """Neither our commit nor any other commit of the batch is in the table: ours certainly failed."""
+    BY_OTHER = "committed by another writer"
+    """Another commit of the same (query, sink, batch) is in the table (a zombie driver, a replay)."""
+    UNKNOWN = "unknown"
+    """The table could not be read."""
+
+
+class Status(enum.Enum):
+    LANDED = "landed"
+    """This call's commit is in the table."""
+    ALREADY_COMMITTED = "already committed"
+    """The batch was found committed by another commit (a replay, or another writer of the same batch)."""
+
+
+@dataclass(frozen=True)
+class SwapResult:
+    status: Status
+    attempts: int
+    snapshot_id: int | None = None
+    """The committed snapshot (LANDED)."""
+    done: CommittedBatch | None = None
+    """The sink's last committed batch as found (ALREADY_COMMITTED)."""
+
+
+class RetriesExhausted(LakesinkError):
+    """Every attempt's swap conflicted with another writer (callers turn it into CommitConflictError)."""
+
+    def __init__(self, attempts: int, last: BaseException | None):
+        super().__init__(f"{attempts} attempt(s) conflicted")
+        self.attempts = attempts
+        self.last = last
+
+
+class _Conflict(Exception):
+    """One attempt's compare-and-swap lost against another commit (retry after re-checking)."""
+
+
+def _retrying(retry: CommitRetry) -> Retrying:
+    return Retrying(
+        stop=stop_after_attempt(retry.num_retries + 1) | stop_after_delay(retry.total_timeout_ms / 1000),
+        wait=wait_exponential_jitter(
+            initial=retry.min_wait_ms / 1000, max=retry.max_wait_ms / 1000, jitter=retry.min_wait_ms / 1000
+        ),
+        retry=retry_if_exception_type(_Conflict),
+        reraise=False,
+    )
+
+
+def settle(
+    *, load_fresh: Callable[[], Table], recheck: Callable[[Table], CommittedBatch | None], batch_id: int, commit_id: str
+) -> tuple[Settled, CommittedBatch | None]:
+    """After a swap error: did our commit land? Read the table (through a fresh connection) to find out."""
+    for i in range(_SETTLE_ATTEMPTS):
+        try:
+            table = load_fresh()
+        except Exception as e:
+            log.info("lakesink: settling the commit of batch %s: cannot read the table yet (%s)", batch_id, type(e).__name__)
+            time.sleep(min(0.2 * 2**i, 5.0))
+            continue
+        done = recheck(table)
+        if done is not None and done.batch_id == batch_id and done.commit_id == commit_id:
+            return Settled.LANDED, done
+        if done is not None and done.batch_id >= batch_id:
+            return Settled.BY_OTHER, done
+        return Settled.NOT_LANDED, done
+    return Settled.UNKNOWN, None
+
+
+def swap_with_recheck(
+    *,
+    first: Table,
+    load: Callable[[], Table],
+    load_fresh: Callable[[], Table],
+    recheck: Callable[[Table], CommittedBatch | None],
+    prepare: Callable[[Table, CommittedBatch | None, int], PreparedCommit],
+    batch_id: int,
+    commit_id: str,
+    retry: CommitRetry,
+    what: str,
+    redact: Callable[[BaseException], str],
+) -> SwapResult:
+    """Commit once for (query, sink, batch): re-check, prepare, swap; retry on conflicts.
+
+    ``first`` is the table to try first (already read by the caller); later attempts ``load`` it again.
+    ``prepare(table, done, attempt)`` stages the commit on ``table`` (``done``: the sink's last batch, below this
+    one). Raises :class:`RetriesExhausted` when every attempt conflicted and CommitOutcomeUnknownError when the
+    outcome could not be settled; in both cases what the attempts prepared was discarded or is unknown, and
+    the caller decides about the batch's data files.
+    """
+    attempts = 0
+    table = first
+    try:
+        for attempt in _retrying(retry):
+            with attempt:
+                attempts += 1
+                if attempts > 1:
+                    table = load()
+                fault_point(DRIVER_BEFORE_CHECK)
+                done = recheck(table)
+                if done is not None and done.batch_id >= batch_id:
+                    if done.batch_id == batch_id and done.commit_id == commit_id:
+                        # an earlier attempt of this very call landed (its response was lost)
+                        return SwapResult(Status.LANDED, attempts, snapshot_id=done.snapshot_id)
+                    return SwapResult(Status.ALREADY_COMMITTED, attempts, done=done)
+                prepared = None
+                try:
+                    prepared = prepare(table, done, attempts)
+                    fault_point(DRIVER_BEFORE_SWAP)
+                except BaseException:
+                    if prepared is not None:  # failed before the swap: certainly not committed
+                        prepared.discard()
+                    raise
+                try:
+                    prepared.commit()
+                except CommitFailedException as e:
+                    prepared.discard()
+                    log.info("lakesink: %s conflicted (%s); re-checking and retrying", what, e)
+                    raise _Conflict(str(e)) from e
+                except Exception as e:
+                    settled, found = settle(load_fresh=load_fresh, recheck=recheck, batch_id=batch_id, commit_id=commit_id)
+                    log.warning(
+                        "lakesink: %s: the catalog failed (%s); settled by reading the table: %s", what, redact(e), settled.value
+                    )
+                    if settled is Settled.NOT_LANDED:
+                        prepared.discard()
+                        raise _Conflict(f"commit failed and did not land: {redact(e)}") from e
+                    if settled is Settled.BY_OTHER:
+                        prepared.discard()
+                        return SwapResult(Status.ALREADY_COMMITTED, attempts, done=found)
+                    if settled is Settled.UNKNOWN:
+                        raise CommitOutcomeUnknownError(
+                            f"{what}: the catalog failed ({redact(e)}) and the table could not be read to settle the "
+                            "outcome; no file was deleted, a restart settles it"
+                        ) from None
+                    # Settled.LANDED: go on as after a clean swap
+                fault_point(DRIVER_AFTER_SWAP)
+                return SwapResult(Status.LANDED, attempts, snapshot_id=prepared.snapshot_id)
+    except RetryError as e:
+        raise RetriesExhausted(attempts, e.last_attempt.exception()) from None
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,294 @@
+"""Driver side, first job: open (or create) the table, check the stream against it, make the write plan.
+
+Runs on the driver only (never touches rows). A plan carries the table's uuid, its schema and spec ids
+and its typed settings: the commit refuses files written for another table, schema or spec.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.table import Table
+from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
+
+from lakesink import _pyiceberg as seam
+from lakesink import catalogs, locations, partitioning
+from lakesink.errors import (
+    CatalogError,
+    CatalogUnavailableError,
+    InvalidOptionError,
+    LakesinkError,
+    TableIdentityChangedError,
+)
+from lakesink.messages import WritePlan
+from lakesink.options import SinkOptions
+from lakesink.properties import LAST_BATCH_PREFIX, CommittedBatch, SnapshotIndex, last_committed_batch, last_committed_on_branch
+from lakesink.redaction import redact_secrets_in
+from lakesink.schema import SchemaChange, check_writable
+from lakesink.tablesettings import TableSettings
+
+log = logging.getLogger("lakesink")
+
+MAIN_BRANCH = "main"
+#: Summary key of the empty snapshot lakesink commits to ``main`` of an empty table to start a branch from.
+BRANCH_BASE = "lakesink.branch-base"
+
+_MAX_SIBLINGS_CHECKED = 500
+_CATALOG_READ_PATIENCE_S = 30.0
+
+
+class SinkTable:
+    """The table one lakesink sink writes (one table, one set of options), as the driver sees it."""
+
+    def __init__(self, options: SinkOptions):
+        self.options = options
+        self.catalog: Catalog = catalogs.load(options.catalog_name, options.catalog_properties)
+        self.table_name = str(options.table)
+
+    # --- start of a query -------------------------------------------------------------------------
+
+    def open_table(self, stream_schema: pa.Schema) -> Table:
+        """At the start of a query: load the table (creating it and its namespace if missing and allowed),
+        check the stream fits it and that its location overlaps no other table's."""
+        table = self._load_or_create(stream_schema)
+        self._check(table, stream_schema)
+        locations.check_no_overlap(self.table_name, table.location(), self._sibling_locations())
+        return self._ensure_branch(table)
+
+    def _ensure_branch(self, table: Table) -> Table:
+        """With option ``branch``: create the branch from ``main``'s head when no lakesink query wrote it yet.
+
+        A branch that lakesink queries committed to and that is gone was deleted by someone: recreating it from
+        ``main`` would hide that its batches are gone, so that is a loud error.
+        """
+        branch = self.options.branch
+        if branch == MAIN_BRANCH or branch in table.metadata.refs:
+            return table
+        writers = sorted(
+            key[len(LAST_BATCH_PREFIX) :]
+            for key in table.properties
+            if key.startswith(LAST_BATCH_PREFIX) and _marker_branch(table, key) == branch
+        )
+        if writers:
+            raise TableIdentityChangedError(
+                f"branch {branch!r} of table {self.table_name} does not exist, but lakesink queries committed batches to it "
+                f"(replay markers of {', '.join(writers[:3])}{' ...' if len(writers) > 3 else ''}): it was deleted. "
+                "lakesink does not recreate it from main on its own, since the batches it held would be gone unnoticed. "
+                f"Recreate it deliberately (ALTER TABLE {self.table_name} CREATE BRANCH `{branch}`, or pyiceberg's "
+                "manage_snapshots().create_branch(...)) and restart, or write to another branch (option 'branch')"
+            )
+        try:
+            head = table.metadata.snapshot_by_name(MAIN_BRANCH)
+            if head is None:
+                # Iceberg writes a branch only from a snapshot: give an empty table an empty snapshot to branch from
+                with table.transaction() as tx:
+                    with tx.update_snapshot(snapshot_properties={BRANCH_BASE: branch}).fast_append():
+                        pass
+                table = self.catalog.load_table(self.options.table.identifier)
+                head = table.metadata.snapshot_by_name(MAIN_BRANCH)
+                assert head is not None
+            table.manage_snapshots().create_branch(head.snapshot_id, branch).commit()
+            log.info("lakesink: created branch %s of %s at snapshot %s", branch, self.table_name, head.snapshot_id)
+        except CommitFailedException:
+            pass  # created by another query meanwhile
+        return self.catalog.load_table(self.options.table.identifier)
+
+    def _load_or_create(self, stream_schema: pa.Schema) -> Table:
+        ident = self.options.table.identifier
+        try:
+            return self.catalog.load_table(ident)
+        except NoSuchTableError:
+            if not self.options.create_table:
+                raise CatalogError(
+                    f"table {self.table_name} does not exist in catalog {self.catalog.name!r} (option create-table is false)"
+                ) from None
+        except Exception as e:
+            raise CatalogError(f"cannot load table {self.table_name}: {self.redact(e)}") from None
+        schema = seam.new_table_schema(stream_schema)
+        spec = partitioning.to_spec(self.options.partitioned_by, schema, self.table_name)
+        try:
+            self.catalog.create_namespace_if_not_exists(self.options.table.namespace)
+            table = self.catalog.create_table(ident, schema=schema, partition_spec=spec)
+            log.info("lakesink: created table %s in catalog %r", self.table_name, self.catalog.name)
+            return table
+        except TableAlreadyExistsError:  # another query created it first
+            return self.catalog.load_table(ident)
+        except Exception as e:
+            raise CatalogError(f"cannot create table {self.table_name}: {self.redact(e)}") from None
+
+    def _check(self, table: Table, stream_schema: pa.Schema) -> tuple[SchemaChange, ...]:
+        """Check the stream against the table (listing every problem); return the ``merge-schema`` changes."""
+        changes = check_writable(self.table_name, table.schema(), stream_schema, merge_schema=self.options.merge_schema)
+        terms = self.options.partitioned_by
+        if terms and not partitioning.same_terms(table.spec(), terms, table.schema()):
+            raise InvalidOptionError(
+                f"option '{partitioning.PARTITIONED_BY}' is {', '.join(map(str, terms))!r} but table {self.table_name} "
+                f"is partitioned by {partitioning.describe(table.spec(), table.schema())!r}; the option only applies "
+                "when lakesink creates the table: drop the option (lakesink writes with the table's current spec) or "
+                "evolve the table's spec (ALTER TABLE ... ADD/DROP PARTITION FIELD, or pyiceberg's update_spec())"
+            )
+        locations.data_prefix(self.table_name, table.location(), table.properties)
+        return changes
+
+    def _sibling_locations(self) -> list[tuple[str, str]]:
+        """Locations of the other tables of the namespace (read once, at the start of a query)."""
+        out = []
+        ident = self.options.table.identifier
+        try:
+            siblings = [t for t in self.catalog.list_tables(self.options.table.namespace) if tuple(t) != ident]
+        except Exception as e:
+            log.warning("lakesink: cannot list the tables of %s (%s); location overlap not checked", ident[:-1], e)
+            return []
+        if len(siblings) > _MAX_SIBLINGS_CHECKED:
+            log.warning(
+                "lakesink: namespace of %s has %s tables; location overlap checked against the first %s",
+                self.table_name,
+                len(siblings),
+                _MAX_SIBLINGS_CHECKED,
+            )
+        for other in siblings[:_MAX_SIBLINGS_CHECKED]:
+            try:
+                out.append((".".join(other), self.catalog.load_table(other).location()))
+            except Exception:
+                continue  # dropped meanwhile, or not an Iceberg table
+        return out
+
+    # --- every batch ------------------------------------------------------------------------------
+
+    def reload_table(self) -> Table:
+        """For a later batch of a query already opened: the current table (the stream is checked against
+        it by :meth:`write_plan`)."""
+        try:
+            table = self.catalog.load_table(self.options.table.identifier)
+        except NoSuchTableError:
+            raise TableIdentityChangedError(
+                f"table {self.table_name} was dropped while the query ran; nothing was written. Restart the query "
+                "to write into a table of that name again (a new table starts without the query's earlier batches)"
+            ) from None
+        except Exception as e:
+            raise CatalogError(f"cannot load table {self.table_name}: {self.redact(e)}") from None
+        return table
+
+    def settings(self, table: Table) -> TableSettings:
+        """The table's properties lakesink acts on (InvalidOptionError naming each bad one)."""
+        return TableSettings.parse(self.table_name, table.properties)
+
+    def write_plan(
+        self, table: Table, query_id: str | None, stream_schema: pa.Schema | None = None, *, expected_uuid: str | None = None
+    ) -> WritePlan:
+        """What executors need to write a batch into ``table``; with ``merge-schema`` and a stream that
+        needs it, the files are written with the evolved schema (committed with the batch).
+
+        Everything that could fail on an executor is checked here first: the table properties (parsed
+        once), pyiceberg's own Parquet and metrics properties, the branch written.
+        """
+        if expected_uuid is not None and str(table.metadata.table_uuid) != expected_uuid:
+            raise self.identity_changed(expected_uuid, str(table.metadata.table_uuid))
+        self.check_branch(table)
+        settings = self.settings(table)
+        last = self.last(table, query_id) if query_id else None
+        changes = self._check(table, stream_schema) if stream_schema is not None else ()
+        if changes:
+            log.info(
+                "lakesink: table=%s merge-schema: the next commit will %s",
+                self.table_name,
+                "; ".join(str(c) for c in changes),
+            )
+        schema = seam.evolved_schema(table, changes) if changes else table.schema()
+        seam.check_write_properties(self.table_name, schema, table.properties)
+        return WritePlan(
+            table=self.table_name,
+            location=table.location(),
+            data_prefix=locations.data_prefix(self.table_name, table.location(), table.properties),
+            properties=dict(table.properties),
+            settings=settings,
+            table_uuid=str(table.metadata.table_uuid),
+            schema=schema,
+            schema_id=table.metadata.current_schema_id,
+            spec_id=table.metadata.default_spec_id,
+            io=table.io,
+            query_id=query_id,
+            last_committed_batch=last.batch_id if last else None,
+            spec=table.spec(),
+            schema_changes=changes,
+            sink_id=self.options.sink_id,
+        )
+
+    def check_branch(self, table: Table) -> None:
+        """The branch written still exists (a branch deleted while the query runs is never recreated silently)."""
+        branch = self.options.branch
+        if branch != MAIN_BRANCH and branch not in table.metadata.refs:
+            raise TableIdentityChangedError(
+                f"branch {branch!r} of table {self.table_name} was deleted while the query wrote to it; nothing was "
+                "committed. lakesink does not recreate it (as a root with no history, or from main) on its own: "
+                f"recreate it deliberately (ALTER TABLE {self.table_name} CREATE BRANCH `{branch}`) and restart the "
+                "query, or write to another branch"
+            )
+
+    def identity_changed(self, expected: str, found: str) -> TableIdentityChangedError:
+        return TableIdentityChangedError(
+            f"table {self.table_name} is not the table the batch was written for (uuid {found}, the files were "
+            f"written for uuid {expected}): it was dropped and recreated while the query ran. Nothing was committed "
+            "into the new table. Restart the query to write into the new table (it starts without the earlier batches)"
+        )
+
+    def last(self, table: Table, query_id: str, *, index: SnapshotIndex | None = None) -> CommittedBatch | None:
+        """The sink's last batch on the branch written (the replay check)."""
+        return last_committed_on_branch(table.metadata, query_id, self.options.branch, self.options.sink_id, index=index)
+
+    def last_committed(self, query_id: str) -> CommittedBatch | None:
+        return self.last(self.catalog.load_table(self.options.table.identifier), query_id)
+
+    def load_patiently(self, batch_id: int, *, load: Callable[[], Table] | None = None) -> Table:
+        """Read the table for a commit attempt, riding out a briefly locked or unreachable catalog."""
+        retrying = Retrying(
+            stop=stop_after_delay(_CATALOG_READ_PATIENCE_S),
+            wait=wait_exponential_jitter(initial=0.2, max=5.0),
+            retry=retry_if_not_exception_type((NoSuchTableError, LakesinkError)),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    return (load or self._load)()
+        except NoSuchTableError:
+            raise TableIdentityChangedError(
+                f"table {self.table_name} was dropped while batch {batch_id} was written; nothing was committed"
+            ) from None
+        except LakesinkError:
+            raise
+        except Exception as e:
+            raise CatalogUnavailableError(
+                f"cannot read table {self.table_name} from catalog {self.catalog.name!r} to commit batch {batch_id} "
+                f"(tried for {_CATALOG_READ_PATIENCE_S:.0f} s: {self.redact(e)}); nothing was committed; "
+                "restart the query when the catalog is available"
+            ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _load(self) -> Table:
+        return self.catalog.load_table(self.options.table.identifier)
+
+    def load_fresh(self) -> Table:
+        """Read the table through a connection that cannot hold a write of ours whose outcome is unknown
+        (settling an unknown commit outcome must never read our own uncommitted write)."""
+        return catalogs.load_table_fresh(
+            self.options.catalog_name, self.options.catalog_properties, self.options.table.identifier
+        )
+
+    def redact(self, e: BaseException) -> str:
+        _, props = catalogs.resolve_catalog_properties(self.options.catalog_name, self.options.catalog_properties)
+        return redact_secrets_in(f"{type(e).__name__}: {e}", props)
+
+
+def _marker_branch(table: Table, key: str) -> str | None:
+    query_and_sink = key[len(LAST_BATCH_PREFIX) :]
+    query_id, _, sink_id = query_and_sink.partition(".")
+    try:
+        marker = last_committed_batch(table.properties, query_id, sink_id or None)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return marker.branch if marker else None

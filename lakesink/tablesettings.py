@@ -1,0 +1,131 @@
+"""The table properties lakesink acts on, read once into one typed value.
+
+The driver parses them when it makes a write plan (:meth:`TableSettings.parse`), so a bad value is an
+:class:`~lakesink.errors.InvalidOptionError` naming the property and the table, raised before any task
+runs; executors and the commit only read the typed fields. Keys and defaults are Iceberg's own (the
+Java library's), except ``write.lakesink.*``.
+
+Imported by executors: only the standard library and lakesink.errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lakesink.errors import InvalidOptionError
+
+TARGET_FILE_SIZE = "write.target-file-size-bytes"
+TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
+ROW_GROUP_ROWS = "write.parquet.row-group-limit"
+ROW_GROUP_ROWS_DEFAULT = 1_048_576
+ROW_GROUP_BYTES = "write.parquet.row-group-size-bytes"
+ROW_GROUP_BYTES_DEFAULT = 128 * 1024 * 1024
+MAX_OPEN_FILES = "write.lakesink.max-open-files"
+MAX_OPEN_FILES_DEFAULT = 100
+CODEC = "write.parquet.compression-codec"
+CODEC_DEFAULT = "zstd"
+COMPRESSION_LEVEL = "write.parquet.compression-level"
+PAGE_SIZE = "write.parquet.page-size-bytes"
+PAGE_ROW_LIMIT = "write.parquet.page-row-limit"
+DICT_SIZE = "write.parquet.dict-size-bytes"
+MANIFEST_MERGE_ENABLED = "commit.manifest-merge.enabled"
+COMMIT_NUM_RETRIES = "commit.retry.num-retries"
+COMMIT_MIN_WAIT_MS = "commit.retry.min-wait-ms"
+COMMIT_MAX_WAIT_MS = "commit.retry.max-wait-ms"
+COMMIT_TOTAL_TIMEOUT_MS = "commit.retry.total-timeout-ms"
+
+#: Codecs the Parquet writers know (Iceberg's names; ``none`` is ``uncompressed``).
+CODECS = ("zstd", "snappy", "gzip", "brotli", "lz4", "uncompressed", "none")
+
+
+@dataclass(frozen=True)
+class CommitRetry:
+    """Iceberg's ``commit.retry.*`` table properties (defaults as in Iceberg's Java library)."""
+
+    num_retries: int = 4
+    min_wait_ms: int = 100
+    max_wait_ms: int = 60_000
+    total_timeout_ms: int = 1_800_000
+
+
+@dataclass(frozen=True)
+class TableSettings:
+    """Every table property lakesink's writers and committer act on, validated."""
+
+    target_file_size: int = TARGET_FILE_SIZE_DEFAULT
+    row_group_rows: int = ROW_GROUP_ROWS_DEFAULT
+    row_group_bytes: int = ROW_GROUP_BYTES_DEFAULT
+    max_open_files: int = MAX_OPEN_FILES_DEFAULT
+    codec: str = CODEC_DEFAULT
+    compression_level: int | None = None
+    page_size: int | None = None
+    page_row_limit: int | None = None
+    dict_size: int | None = None
+    manifest_merge: bool = True
+    """``commit.manifest-merge.enabled``: Iceberg's default is true (pyiceberg's false)."""
+    commit_retry: CommitRetry = CommitRetry()
+
+    @classmethod
+    def parse(cls, table: str, properties: Mapping[str, str]) -> TableSettings:
+        """Read the properties of ``table``; raise InvalidOptionError listing every bad value."""
+        problems: list[str] = []
+
+        def integer(key: str, default: int | None, *, minimum: int) -> int | None:
+            raw = properties.get(key)
+            if raw is None:
+                return default
+            try:
+                value = int(str(raw).strip())
+            except ValueError:
+                problems.append(f"{key}={raw!r} is not an integer")
+                return default
+            if value < minimum:
+                problems.append(f"{key}={raw!r} must be at least {minimum}")
+                return default
+            return value
+
+        def boolean(key: str, default: bool) -> bool:
+            raw = properties.get(key)
+            if raw is None:
+                return default
+            v = str(raw).strip().lower()
+            if v not in ("true", "false"):
+                problems.append(f"{key}={raw!r} must be 'true' or 'false'")
+                return default
+            return v == "true"
+
+        codec = str(properties.get(CODEC, CODEC_DEFAULT)).strip().lower()
+        if codec not in CODECS:
+            problems.append(f"{CODEC}={codec!r} is not a known codec (known: {', '.join(CODECS)})")
+            codec = CODEC_DEFAULT
+        settings = cls(
+            target_file_size=integer(TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT, minimum=1) or TARGET_FILE_SIZE_DEFAULT,
+            row_group_rows=integer(ROW_GROUP_ROWS, ROW_GROUP_ROWS_DEFAULT, minimum=1) or ROW_GROUP_ROWS_DEFAULT,
+            row_group_bytes=integer(ROW_GROUP_BYTES, ROW_GROUP_BYTES_DEFAULT, minimum=1) or ROW_GROUP_BYTES_DEFAULT,
+            max_open_files=integer(MAX_OPEN_FILES, MAX_OPEN_FILES_DEFAULT, minimum=1) or MAX_OPEN_FILES_DEFAULT,
+            codec="uncompressed" if codec == "none" else codec,
+            compression_level=integer(COMPRESSION_LEVEL, None, minimum=-(2**31)),
+            page_size=integer(PAGE_SIZE, None, minimum=1),
+            page_row_limit=integer(PAGE_ROW_LIMIT, None, minimum=1),
+            dict_size=integer(DICT_SIZE, None, minimum=1),
+            manifest_merge=boolean(MANIFEST_MERGE_ENABLED, True),
+            commit_retry=CommitRetry(
+                num_retries=_int(integer(COMMIT_NUM_RETRIES, CommitRetry.num_retries, minimum=0)),
+                min_wait_ms=_int(integer(COMMIT_MIN_WAIT_MS, CommitRetry.min_wait_ms, minimum=0)),
+                max_wait_ms=_int(integer(COMMIT_MAX_WAIT_MS, CommitRetry.max_wait_ms, minimum=0)),
+                total_timeout_ms=_int(integer(COMMIT_TOTAL_TIMEOUT_MS, CommitRetry.total_timeout_ms, minimum=0)),
+            ),
+        )
+        if problems:
+            raise InvalidOptionError(
+                f"table {table} has invalid table properties: {'; '.join(problems)}. Fix them with "
+                f"ALTER TABLE {table} SET TBLPROPERTIES (...) or pyiceberg's table.transaction().set_properties(...) "
+                "(docs/options.md lists the properties lakesink reads)"
+            )
+        return settings
+
+
+def _int(value: int | None) -> int:
+    assert value is not None
+    return value
