@@ -20,7 +20,7 @@ from lakesink.driver import BatchOutcome, TableCommitter
 from lakesink.executor import TaskWriter
 from lakesink.messages import TaskResult
 from lakesink.options import OutputMode, SinkOptions, TableName
-from lakesink.properties import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
+from lakesink.properties import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK_ID
 
 SCHEMA_DDL = "id long, ts timestamp, user string, amount double, kind int"
 TABLE = "db.events"
@@ -69,6 +69,7 @@ def lakesink_snapshots(table: Table) -> list[dict[str, Any]]:
                 {
                     "snapshot_id": s.snapshot_id,
                     "query_id": summary[SUMMARY_QUERY_ID],
+                    "sink_id": summary.get(SUMMARY_SINK_ID),
                     "batch_id": int(summary[SUMMARY_BATCH_ID]),
                     "operation": s.summary.operation.value if s.summary else None,
                     "summary": dict(summary),
@@ -78,14 +79,14 @@ def lakesink_snapshots(table: Table) -> list[dict[str, Any]]:
 
 
 def assert_snapshot_invariants(table: Table) -> None:
-    """Every (query id, batch id) in at most one snapshot; a query's batch ids without gaps."""
+    """Every (query id, sink id, batch id) in at most one snapshot; a sink's batch ids without gaps."""
     snaps = lakesink_snapshots(table)
-    keys = Counter((s["query_id"], s["batch_id"]) for s in snaps)
+    keys = Counter((s["query_id"], s["sink_id"], s["batch_id"]) for s in snaps)
     dupes = {k: n for k, n in keys.items() if n > 1}
     assert not dupes, f"batches committed more than once: {dupes}"
-    by_query: dict[str, list[int]] = {}
-    for q, b in keys:
-        by_query.setdefault(q, []).append(b)
+    by_query: dict[tuple[str, str | None], list[int]] = {}
+    for q, sink, b in keys:
+        by_query.setdefault((q, sink), []).append(b)
     for q, batches in by_query.items():
         batches.sort()
         assert batches == list(range(batches[0], batches[0] + len(batches))), f"gap in batch ids of {q}: {batches}"
