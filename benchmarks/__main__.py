@@ -211,16 +211,18 @@ def rate(ctx: click.Context, rows_per_second: int, seconds: int, trigger: str) -
 
 @main.command("metadata-cost")
 @click.option("--sizes", default="100,1000,10000", show_default=True, help="snapshots in the table, comma-separated")
+@click.option("--repeat", default=5, show_default=True, help="repetitions per size (median and range reported)")
 @click.pass_context
-def metadata_cost(ctx: click.Context, sizes: str) -> None:
+def metadata_cost(ctx: click.Context, sizes: str, repeat: int) -> None:
     """What parsing and copying table metadata costs as the snapshot history grows (pyiceberg)."""
     info = machine()
     with _work(ctx.obj["work"]) as root:
-        result = metadata_cost_bench.run(root / "metadata-cost", [int(s) for s in sizes.split(",")])
+        result = metadata_cost_bench.run(root / "metadata-cost", [int(s) for s in sizes.split(",")], repeat=repeat)
     for r in result["results"]:
         _say(
             f"  {r['snapshots']:,} snapshots: metadata.json {r['metadata_json_bytes'] / 1024:,.0f} KiB, parse "
-            f"{r['parse_ms']:.1f} ms, update_table_metadata {r['update_table_metadata_ms']:.1f} ms"
+            f"{r['parse_ms']:.1f} ms, update_table_metadata {r['update_table_metadata_ms']:.1f} ms, replay check "
+            f"{r['replay_check_ms']:.2f} ms (first version's walk {r['replay_check_first_version_ms']:.2f} ms)"
         )
     _finish(ctx, "metadata_cost", {"command": _command(), "machine": info, **result})
 

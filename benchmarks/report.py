@@ -175,13 +175,22 @@ def metadata_cost_md(r: dict[str, Any]) -> str:
         f"Machine: {_machine_line(r['machine'])}",
         "",
         "| snapshots in the table | metadata.json KiB | parse (every load_table) ms | "
-        "update_table_metadata, no update (deep copy) ms |",
-        "|---:|---:|---:|---:|",
+        "update_table_metadata, no update (deep copy) ms | replay check ms (min-max) | "
+        "first version's replay check ms (min-max) |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def check(x: dict[str, Any], key: str) -> str:
+        if key not in x:
+            return "-"
+        low, high = x[f"{key}_range"]
+        return f"{_f(x[key], 3)} ({_f(low, 3)}-{_f(high, 3)})"
+
     for x in r["results"]:
         lines.append(
             f"| {x['snapshots']:,} | {_f(x['metadata_json_bytes'] / 1024)} | {_f(x['parse_ms'], 1)} | "
-            f"{_f(x['update_table_metadata_ms'], 1)} |"
+            f"{_f(x['update_table_metadata_ms'], 1)} | {check(x, 'replay_check_ms')} | "
+            f"{check(x, 'replay_check_first_version_ms')} |"
         )
     return "\n".join(lines)
 

@@ -49,9 +49,9 @@ def write(c: TableCommitter, batch_id: int, ids: list[int], *, attempt: int = 0,
     return writer.write(arrow_rows(ids).to_batches())
 
 
-def commit(
+def commit(  # type: ignore[no-untyped-def]
     c: TableCommitter, batch_id: int, results: list[TaskResult], offsets: str | None = OFFSETS_A, run_id: str | None = RUN1
-):  # type: ignore[no-untyped-def]
+):
     return c.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=offsets, run_id=run_id)
 
 
