@@ -330,3 +330,20 @@ def test_abort_in_another_worker_waits_for_the_commit_in_flight(catalog_properti
     table = load(c)
     assert table_ids(table) == Counter([1, 2, 3])
     assert all(Path(f.path.removeprefix("file://")).exists() for f in result.files)
+
+
+# --- table properties: parsed once, on the driver, before any task runs -------------------------------
+
+
+def test_a_bad_table_property_fails_the_plan_on_the_driver_naming_it(catalog_properties) -> None:  # type: ignore[no-untyped-def]
+    from lakesink.errors import InvalidOptionError
+
+    c = sink(catalog_properties)
+    load(c).transaction().set_properties({"write.target-file-size-bytes": "lots"}).commit_transaction()
+    with pytest.raises(InvalidOptionError, match="table db.events.*write.target-file-size-bytes='lots' is not an integer"):
+        c.write_plan(c.reload_table(), Q)
+    load(c).transaction().set_properties(
+        {"write.target-file-size-bytes": "1048576", "write.metadata.metrics.default": "sometimes"}
+    ).commit_transaction()
+    with pytest.raises(InvalidOptionError, match="table db.events has a table property lakesink's writer cannot use"):
+        c.write_plan(c.reload_table(), Q)
