@@ -295,10 +295,10 @@ def write_batch(
                 _raise_not_null(e, df, plan, batch_id)
                 raise
         written = time.monotonic()
+        fault_point(SPARKWRITE_AFTER_FILES)
         names = _file_names(df.sparkSession, directory)
         files = _read_footers(plan, directory, names)
         footers_read = time.monotonic()
-        fault_point(SPARKWRITE_AFTER_FILES)
     except BaseException:
         delete_directory(plan.io, directory)
         raise
