@@ -8,8 +8,12 @@ directory of its own::
 
     <data prefix>/<query id[:8]>-<batch:05d>-<token>/part-*.parquet
 
-No row passes through a Python worker. The driver then lists the written files, reads their footers
-(through the table's FileIO) for Iceberg's column statistics, and hands them to the unchanged
+No row passes through a Python worker. Every session setting that would change what Spark writes
+(calendar rebase modes, timestamp type, legacy format, commit protocol and committer, summary files,
+...) is pinned for the write (:data:`SESSION_PINS`, :data:`HADOOP_PINS`; docs/write-paths.md#session-settings).
+The driver then keeps, of the files in the directory, those whose footer carries the write id of its
+own job (and checks that they hold the rows the job wrote), reads their footers (through the table's
+FileIO) for Iceberg's column statistics, and hands them to the unchanged
 :class:`~lakesink.driver.TableCommitter` as :class:`~lakesink.messages.TaskResult`\\ s.
 
 If the Spark job (or anything before the commit) fails, the batch directory is deleted before the
@@ -19,6 +23,7 @@ recognises the layout (:mod:`lakesink.maintenance`) and keeps it while its batch
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -27,6 +32,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -50,7 +56,7 @@ from pyiceberg.types import (
     TimestampType,
     TimestamptzType,
 )
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -66,6 +72,11 @@ SPARKWRITE_AFTER_FILES = "sparkwrite.after-files"
 #: driver, when the Spark path is about to start its write job (the equivalent of executor.before-write)
 SPARKWRITE_BEFORE_WRITE = "sparkwrite.before-write"
 
+# Iceberg's defaults for the parquet-mr settings a table does not set (always passed: never the session's value)
+_PAGE_SIZE_DEFAULT = 1048576
+_PAGE_ROW_LIMIT_DEFAULT = 20000
+_DICT_SIZE_DEFAULT = 2097152
+_ZSTD_LEVEL_DEFAULT = 3  # parquet-mr's and Iceberg's
 
 # Iceberg codec name -> Spark's Parquet ``compression`` option
 _SPARK_CODECS = {
@@ -78,12 +89,43 @@ _SPARK_CODECS = {
     "none": "uncompressed",
 }
 
-# Session confs set for the write only (restored afterwards; foreachBatch's session is the query's clone)
-_WRITE_CONFS = {
+# What the user's session may not decide (docs/write-paths.md#session-settings, fault matrix row 24).
+# SQL confs, set on the batch's session for the write only and put back afterwards (foreachBatch's session is
+# the query's clone): Spark reads them from the session, on the driver and (propagated with the job) on the
+# executors, where the rebase modes are read; a write option cannot replace them.
+SESSION_PINS = {
+    # Iceberg stores timestamps as INT64 microseconds; INT96 is not an Iceberg type
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.parquet.fieldId.write.enabled": "true",
+    # decimals as INT32/INT64/FIXED by precision (Iceberg's spec), not always FIXED_LEN_BYTE_ARRAY
     "spark.sql.parquet.writeLegacyFormat": "false",
+    # LEGACY would store dates and timestamps before 1582-10-15 in the Julian calendar: every Iceberg
+    # reader (proleptic Gregorian, no Spark footer marker) would read them shifted by days
+    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+    "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+    # the commit protocol and output committer whose guarantees lakesink relies on: with FileOutputCommitter
+    # algorithm 1, only the output of each partition's one committed task attempt reaches the directory
+    "spark.sql.sources.commitProtocolClass": "org.apache.spark.sql.execution.datasources.SQLHadoopMapReduceCommitProtocol",
+    "spark.sql.parquet.output.committer.class": "org.apache.parquet.hadoop.ParquetOutputCommitter",
 }
+# Hadoop and parquet-mr settings, given as options of the write: they go into the write job's Hadoop
+# configuration last, over the session's confs and spark.hadoop.* (and change nothing else)
+HADOOP_PINS = {
+    "mapreduce.fileoutputcommitter.algorithm.version": "1",  # 2 moves task output before the job commits
+    "mapreduce.fileoutputcommitter.cleanup.skipped": "false",  # no _temporary left behind
+    "mapreduce.fileoutputcommitter.cleanup-failures.ignored": "false",
+    "mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",  # no _SUCCESS file
+    "parquet.summary.metadata.level": "NONE",  # no _metadata / _common_metadata summary files
+    "parquet.enable.summary-metadata": "false",
+    "parquet.writer.version": "PARQUET_1_0",  # v1 data pages, as Iceberg's and pyiceberg's writers
+    "parquet.enable.dictionary": "true",
+    "parquet.statistics.truncate.length": "2147483647",  # exact min/max in the footer, the source of Iceberg's bounds
+}
+# Settings lakesink refuses rather than pins (they cannot be unset through a write option)
+_REFUSED_SETTINGS = ("parquet.crypto.factory.class",)
+# The key, in the Spark metadata of a file's first column, of the write id of the job that wrote it
+WRITE_ID_KEY = "lakesink.write-id"
+_SPARK_ROW_METADATA = b"org.apache.spark.sql.parquet.row.metadata"
 
 _NOT_NULL_MARKER = "LAKESINK_NOT_NULL_VIOLATION"
 _FOOTER_THREADS = 8
@@ -173,18 +215,29 @@ def _project_field(
     return value
 
 
-def project(df: DataFrame, plan: WritePlan, batch_id: int) -> DataFrame:
-    """``df`` with the table's columns in the table's order and types, with Iceberg field ids, NOT NULL checked."""
+def project(df: DataFrame, plan: WritePlan, batch_id: int, write_id: str = "") -> DataFrame:
+    """``df`` with the table's columns in the table's order and types, with Iceberg field ids, NOT NULL checked.
+
+    ``write_id`` goes into the metadata of the first column, which Spark keeps in every file's footer
+    (``org.apache.spark.sql.parquet.row.metadata``): how the driver recognises the files of its own write job.
+    """
     file_schema = seam.file_schema(plan.schema)
     stream = {f.name: f.dataType for f in df.schema.fields}
     ctx = f"table {plan.table}, batch {batch_id}"
+
+    def metadata(i: int, field_id: int) -> dict[str, Any]:
+        return {"parquet.field.id": field_id, WRITE_ID_KEY: write_id} if write_id and i == 0 else {"parquet.field.id": field_id}
+
     columns = [
         _project_field(tf, ff, F.col(_quote(tf.name)) if tf.name in stream else None, stream.get(tf.name), tf.name, ctx).alias(
-            ff.name, metadata={"parquet.field.id": ff.field_id}
+            ff.name, metadata=metadata(i, ff.field_id)
         )
-        for tf, ff in zip(plan.schema.fields, file_schema.fields, strict=True)
+        for i, (tf, ff) in enumerate(zip(plan.schema.fields, file_schema.fields, strict=True))
     ]
-    target = T.StructType([f for f in (_spark_field(ff) for ff in file_schema.fields) if f is not None])
+    fields = [f for f in (_spark_field(ff) for ff in file_schema.fields) if f is not None]
+    target = T.StructType(
+        [T.StructField(f.name, f.dataType, f.nullable, metadata(i, f.metadata["parquet.field.id"])) for i, f in enumerate(fields)]
+    )
     # DataFrame.to() carries the field ids over onto every nested field of the written schema. The explicit
     # metadata of the top-level aliases matters: a projection that changes nothing else is optimised away
     # together with metadata given only by to() (seen with Spark 4.3), and the files lose their field ids.
@@ -248,17 +301,23 @@ def write_batch(
     On any failure the directory is deleted before the error propagates.
     """
     query_id = plan.query_id or ""
-    directory = f"{plan.data_prefix.rstrip('/')}/{query_id[:8]}-{batch_id:05d}-{uuid.uuid4().hex[:12]}"
+    token = uuid.uuid4().hex[:12]
+    directory = f"{plan.data_prefix.rstrip('/')}/{query_id[:8]}-{batch_id:05d}-{token}"
+    write_id = f"{query_id}/{batch_id}/{token}"
+    spark = df.sparkSession
     settings = plan.settings
     codec = settings.codec  # validated by TableSettings.parse on the driver
+    _check_refused_settings(spark, plan)
+    observation = Observation(f"lakesink-{token}")
     writer = (
-        project(df, plan, batch_id)
+        project(df, plan, batch_id, write_id)
+        .observe(observation, F.count(F.lit(1)).alias("rows"))
         .write.format("parquet")
         .mode("errorifexists")
         .option("compression", _SPARK_CODECS[codec])
         .option("parquet.block.size", str(settings.row_group_bytes))
-        .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")  # no _SUCCESS file
         .option("maxRecordsPerFile", str(max(0, max_records_per_file)))
+        .options(**HADOOP_PINS)
     )
     if spark_location(directory).startswith("file:"):
         # Hadoop's checksummed local filesystem would leave a hidden .crc file beside every data file
@@ -267,28 +326,29 @@ def write_batch(
         )
     # Iceberg's write.parquet.* properties -> parquet-mr (Hadoop configuration) keys, passed as write options
     for value, key in (
-        (settings.page_size, "parquet.page.size"),
-        (settings.page_row_limit, "parquet.page.row.count.limit"),
-        (settings.dict_size, "parquet.dictionary.page.size"),
+        (settings.page_size or _PAGE_SIZE_DEFAULT, "parquet.page.size"),
+        (settings.page_row_limit or _PAGE_ROW_LIMIT_DEFAULT, "parquet.page.row.count.limit"),
+        (settings.dict_size or _DICT_SIZE_DEFAULT, "parquet.dictionary.page.size"),
     ):
-        if value is not None:
-            writer = writer.option(key, str(value))
-    if settings.compression_level is not None and codec == "zstd":
-        writer = writer.option("parquet.compression.codec.zstd.level", str(settings.compression_level))
+        writer = writer.option(key, str(value))
+    if codec == "zstd":
+        level = settings.compression_level if settings.compression_level is not None else _ZSTD_LEVEL_DEFAULT
+        writer = writer.option("parquet.compression.codec.zstd.level", str(level))
     try:
         fault_point(SPARKWRITE_BEFORE_WRITE)
         started = time.monotonic()
-        with _session_confs(df.sparkSession, _WRITE_CONFS):
+        with _session_confs(spark, SESSION_PINS):
             try:
                 writer.save(spark_location(directory))
             except Exception as e:
                 _raise_not_null(e, df, plan, batch_id)
                 raise
         written = time.monotonic()
-        names = _file_names(df.sparkSession, directory)
-        files = _read_footers(plan, directory, names)
-        footers_read = time.monotonic()
+        rows_written = int(observation.get["rows"])
         fault_point(SPARKWRITE_AFTER_FILES)
+        names = _file_names(spark, directory)
+        files = _files_of_write(plan, directory, names, write_id, rows_written, batch_id)
+        footers_read = time.monotonic()
     except BaseException:
         delete_directory(plan.io, directory)
         raise
@@ -363,23 +423,78 @@ def _file_names(spark: SparkSession, directory: str) -> list[str]:
     return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in paths})
 
 
-def _read_footers(plan: WritePlan, directory: str, names: Sequence[str]) -> list[WrittenFile]:
+def _check_refused_settings(spark: SparkSession, plan: WritePlan) -> None:
+    for key in _REFUSED_SETTINGS:
+        for name in (key, f"spark.hadoop.{key}"):
+            if spark.conf.get(name, None):
+                raise LakesinkError(
+                    f"the Spark session sets {name}: Parquet modular encryption would write files of table "
+                    f"{plan.table} that Iceberg readers cannot read without the keys; unset it for this query, "
+                    "or use writer='arrow'"
+                )
+
+
+def _write_id(metadata: pq.FileMetaData) -> str | None:
+    """The lakesink write id Spark kept in a file's footer (in the first column's metadata), if any."""
+    row_metadata = (metadata.metadata or {}).get(_SPARK_ROW_METADATA)
+    if row_metadata is None:
+        return None
+    try:
+        fields = json.loads(row_metadata)["fields"]
+        value = fields[0]["metadata"].get(WRITE_ID_KEY) if fields else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _files_of_write(
+    plan: WritePlan, directory: str, names: Sequence[str], write_id: str, rows_written: int, batch_id: int
+) -> list[WrittenFile]:
+    """The files in ``directory`` that Spark's write job ``write_id`` committed, with their statistics.
+
+    A directory listing is not a record of the job: whatever else is in the directory (a file copied
+    there by another process, output of a task attempt leaked by a committer) would be committed with
+    it. A file belongs to the job when its footer carries the job's write id; any other file is left
+    out (and left alone: it is not lakesink's to delete; the orphan clean-up collects it). The files'
+    rows must then add up to the rows Spark's job wrote (counted by an observation, once per committed
+    task): more means a file of the job is there twice, fewer that one is missing. Either fails the
+    batch before anything is committed.
+    """
     file_schema = seam.file_schema(plan.schema)
 
-    def read(name: str) -> WrittenFile:
+    def read(name: str) -> WrittenFile | None:
         path = f"{directory}/{name}"
-        input_file = plan.io.new_input(path)
-        size = len(input_file)
-        with input_file.open() as stream:
-            metadata = pq.read_metadata(stream)
+        try:
+            input_file = plan.io.new_input(path)
+            size = len(input_file)
+            with input_file.open() as stream:
+                metadata = pq.read_metadata(stream)
+        except Exception as e:
+            log.warning("lakesink: %s is not a Parquet file of batch %s's write job (%s); not committed", path, batch_id, e)
+            return None
+        if _write_id(metadata) != write_id:
+            log.warning("lakesink: %s was not written by batch %s's write job; not committed", path, batch_id)
+            return None
         _check_field_ids(metadata, path)
         stats = seam.file_statistics(metadata, file_schema, plan.properties)
         return WrittenFile(path=path, size_in_bytes=size, record_count=metadata.num_rows, statistics=stats)
 
     if len(names) <= 1:
-        return [read(n) for n in names]
-    with ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(names))) as pool:
-        return list(pool.map(read, names))
+        found = [read(n) for n in names]
+    else:
+        with ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(names))) as pool:
+            found = list(pool.map(read, names))
+    files = [f for f in found if f is not None]
+    in_files = sum(f.record_count for f in files)
+    if in_files != rows_written:
+        raise LakesinkError(
+            f"Spark's write job for batch {batch_id} of table {plan.table} wrote {rows_written} rows, but the files "
+            f"carrying its write id in {directory} hold {in_files} rows ({len(files)} file(s)): a file was copied, "
+            "leaked by a task attempt or removed. Nothing is committed; the batch directory is deleted and the "
+            "batch is written again when the query restarts. Check that no other process writes into the table's "
+            "data directory"
+        )
+    return files
 
 
 def _check_field_ids(metadata: pq.FileMetaData, path: str) -> None:
