@@ -16,7 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyiceberg.expressions import BooleanExpression
+from pyiceberg.conversions import from_bytes
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
     ArrowAccessor,
@@ -49,7 +50,7 @@ from pyiceberg.table.update import (
 from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
-from pyiceberg.types import IcebergType, ListType, MapType
+from pyiceberg.types import IcebergType, ListType, MapType, PrimitiveType
 
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
@@ -294,6 +295,8 @@ class PreparedCommit:
     _updates: tuple[Any, ...]
     _requirements: tuple[Any, ...]
     _producer: Any = None
+    _owned_files: tuple[str, ...] = ()
+    """Data files written for this commit attempt alone (an upsert's rewritten files), deleted by :meth:`discard`."""
 
     def commit(self) -> None:
         """Swap the table's metadata pointer once. Raises CommitFailedException when the base moved.
@@ -309,6 +312,11 @@ class PreparedCommit:
         """Delete the manifests written for this commit (only when it certainly did not land)."""
         if self._producer is not None:
             self._producer._clean_all_uncommitted()
+        for path in self._owned_files:
+            try:
+                self.table.io.delete(path)
+            except FileNotFoundError:
+                pass
 
 
 class _MetadataCachingTransaction(Transaction):
@@ -368,6 +376,13 @@ def prepare_snapshot(
         producer._merge_enabled = manifest_merge
     for f in data_files:
         producer.append_data_file(f)
+    return _staged(table, tx, producer, properties)
+
+
+def _staged(
+    table: Table, tx: Transaction, producer: Any, properties: Callable[[int], Mapping[str, str]], owned: Sequence[str] = ()
+) -> PreparedCommit:
+    """Stage ``producer``'s snapshot and the properties into ``tx``: the prepared commit of both."""
     producer.commit()  # stages the snapshot into the transaction; nothing reaches the catalog yet
     # staged after the snapshot: while the producer works nothing is staged yet, so the transaction's
     # metadata is the table's own (no copy of the whole history; see _MetadataCachingTransaction)
@@ -387,7 +402,46 @@ def prepare_snapshot(
         _updates=tuple(tx._updates),
         _requirements=requirements,
         _producer=producer,
+        _owned_files=tuple(owned),
     )
+
+
+def prepare_rewrite(
+    table: Table,
+    *,
+    removed_files: Sequence[DataFile],
+    data_files: Sequence[DataFile],
+    rewritten_paths: Sequence[str],
+    summary: Mapping[str, str],
+    properties: Callable[[int], Mapping[str, str]],
+    branch: str,
+    schema_changes: Sequence[Any] = (),
+    manifest_merge: bool = True,
+) -> PreparedCommit:
+    """An upsert batch's snapshot (copy-on-write): remove ``removed_files``, add ``data_files`` (the batch's rows
+    and the rewritten files' remaining rows), in one snapshot.
+
+    Without removed files it is an append (merging manifests); with them an overwrite, for which pyiceberg
+    checks that every removed file is still live in the branch head the commit asserts. ``rewritten_paths``
+    (files written for this attempt only) are deleted by :meth:`PreparedCommit.discard`.
+    """
+    tx = _MetadataCachingTransaction(table)
+    if schema_changes:
+        update_schema = tx.update_schema()
+        apply_schema_changes(update_schema, schema_changes)
+        update_schema.commit()
+    update = tx.update_snapshot(snapshot_properties=dict(summary), branch=branch)
+    producer: Any
+    if removed_files:
+        producer = update.overwrite()
+        for removed in removed_files:
+            producer.delete_data_file(removed)
+    else:
+        producer = update.merge_append()
+        producer._merge_enabled = manifest_merge
+    for f in data_files:
+        producer.append_data_file(f)
+    return _staged(table, tx, producer, properties, rewritten_paths)
 
 
 def live_data_files(table: Table, branch: str) -> Iterable[DataFile]:
@@ -415,6 +469,33 @@ def added_data_file_paths(table: Table, snapshot_id: int) -> set[str] | None:
             if entry.snapshot_id == snapshot_id:
                 paths.add(entry.data_file.file_path)
     return paths
+
+
+def has_delete_files(table: Table, branch: str) -> bool:
+    """True when the branch's current snapshot references delete files (written by another engine)."""
+    snapshot = table.metadata.snapshot_by_name(branch)
+    return snapshot is not None and any(m.content != ManifestContent.DATA for m in snapshot.manifests(table.io))
+
+
+def read_data_file(table: Table, data_file: DataFile) -> pa.Table:
+    """One data file's rows in the table's current schema (field-id projection, as pyiceberg's scan reads it)."""
+    task = FileScanTask(data_file)
+    return ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table([task])
+
+
+def column_bounds(data_file: DataFile, field_id: int, field_type: IcebergType) -> tuple[Any, Any] | None:
+    """The file's lower and upper bound of a column (Iceberg's internal values), or None when not recorded."""
+    lower = (data_file.lower_bounds or {}).get(field_id)
+    upper = (data_file.upper_bounds or {}).get(field_id)
+    if lower is None or upper is None:
+        return None
+    assert isinstance(field_type, PrimitiveType)
+    return from_bytes(field_type, lower), from_bytes(field_type, upper)
+
+
+def identity_partition_value(field_type: IcebergType, value: Any) -> Any:
+    """A source value as an identity partition field holds it (Iceberg's internal representation)."""
+    return _to_partition_representation(field_type, value)
 
 
 def delete_file(io: FileIO, path: str) -> None:

@@ -37,6 +37,10 @@ class SchemaMismatchError(LakesinkError):
     """The stream's schema or values do not fit the table. The message lists every column problem."""
 
 
+class UpsertKeyError(LakesinkError):
+    """A batch of an upsert sink has a null key or several rows of one key it cannot resolve; nothing was committed."""
+
+
 class CheckpointError(LakesinkError):
     """The streaming checkpoint could not be read (query id, source offsets)."""
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
-from lakesink import catalogs, sparkwrite
+from lakesink import catalogs, changes, sparkwrite
 from lakesink.checkpoint import read_source_offsets
 from lakesink.driver import BatchOutcome, TableCommitter
 from lakesink.errors import InvalidOptionError, LakesinkError
@@ -30,11 +30,14 @@ from lakesink.options import (
     CATALOG,
     CATALOG_PROPERTY_PREFIX,
     CREATE_TABLE,
+    DELETE_WHEN,
     MERGE_SCHEMA,
+    ORDER_BY,
     OUTPUT_MODE,
     PARTITIONED_BY,
     SINK_ID,
     TABLE,
+    UPSERT_KEY,
     WRITER,
     SinkOptions,
     WriterKind,
@@ -62,6 +65,9 @@ def foreach_batch(
     branch: str = "main",
     writer: str = "auto",
     sink_id: str | None = None,
+    upsert_key: str | Sequence[str] | None = None,
+    delete_when: str | None = None,
+    order_by: str | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -70,7 +76,8 @@ def foreach_batch(
         catalog: a catalog name from pyiceberg's configuration; omitted with no
             ``catalog_properties``: the embedded default (SQLite + local warehouse under ``$LAKESINK_HOME``).
         catalog_properties: properties for pyiceberg's ``load_catalog`` (``type``, ``uri``, ``warehouse``, ...).
-        output_mode: ``"append"`` or ``"complete"``, the mode the query was started with.
+        output_mode: ``"append"``, ``"complete"`` or ``"update"`` (needs ``upsert_key``), the mode the query was
+            started with.
         create_table: create the table when it does not exist (else fail at the first batch).
         checkpoint_location: the query's checkpoint, to record source offsets; found from the running
             query when omitted.
@@ -85,6 +92,12 @@ def foreach_batch(
         sink_id: needed only when one query writes this table through several sinks (two lakesink calls in
             one foreachBatch function, e.g. two filters of the batch, or main and an audit branch): each sink
             gets its own id and is exactly-once on its own. Keep it stable across restarts.
+        upsert_key: a column or a list of columns: each row of a batch replaces the table's row with the same key
+            (insert if none); they become the identifier fields of a table lakesink creates (docs/upserts.md).
+        delete_when: a Spark SQL boolean expression over the batch's columns (e.g. ``"op = 'd'"``): rows for which
+            it is true delete their key and are not written.
+        order_by: a column: among several rows of one key in a batch the greatest value wins (without it, several
+            rows of one key are an error).
     """
     options: dict[str, str] = {
         TABLE: table,
@@ -104,6 +117,12 @@ def foreach_batch(
     options[MERGE_SCHEMA] = str(merge_schema).lower()
     if sink_id is not None:
         options[SINK_ID] = sink_id
+    if upsert_key is not None:
+        options[UPSERT_KEY] = upsert_key if isinstance(upsert_key, str) else ",".join(upsert_key)
+    if delete_when is not None:
+        options[DELETE_WHEN] = delete_when
+    if order_by is not None:
+        options[ORDER_BY] = order_by
     return ForeachBatchSink(SinkOptions.from_mapping(options))
 
 
@@ -153,6 +172,26 @@ class ForeachBatchSink:
                 run_id=run_id,
                 table_uuid=plan.table_uuid,
             )
+        resolved = changes.resolve(df, batch_id, self.options) if self.options.upsert_key else None
+        try:
+            return self._write_and_commit(resolved.rows if resolved else df, resolved, plan, table, query_id, batch_id, run_id)
+        finally:
+            if resolved is not None:
+                changes.release(resolved)
+
+    def _write_and_commit(
+        self,
+        df: DataFrame,
+        resolved: changes.ResolvedBatch | None,
+        plan: WritePlan,
+        table: Any,
+        query_id: str,
+        batch_id: int,
+        run_id: str | None,
+    ) -> BatchOutcome:
+        committer = self._committer
+        assert committer is not None
+        spark = df.sparkSession
         reason = sparkwrite.unsupported_reason(plan.schema, partitioned=not table.spec().is_unpartitioned())
         if self.options.writer is WriterKind.SPARK and reason is not None:
             raise InvalidOptionError(f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'")
@@ -184,6 +223,7 @@ class ForeachBatchSink:
                 source_offsets=self._source_offsets(spark, query_id, batch_id),
                 run_id=run_id,
                 table_uuid=plan.table_uuid,
+                changes=resolved.keys if resolved is not None else None,
             )
         except BaseException:
             # what Spark does for a data source whose commit raised: abort with the complete messages

@@ -26,6 +26,9 @@ MERGE_SCHEMA = "merge-schema"
 BRANCH = "branch"
 WRITER = "writer"
 SINK_ID = "sink-id"
+UPSERT_KEY = "upsert-key"
+DELETE_WHEN = "delete-when"
+ORDER_BY = "order-by"
 
 #: Options Spark itself may pass to a sink; accepted and ignored.
 _SPARK_OWN_OPTIONS = frozenset({"path", "queryname"})
@@ -40,6 +43,9 @@ VALID_OPTIONS = (
     MERGE_SCHEMA,
     BRANCH,
     SINK_ID,
+    UPSERT_KEY,
+    DELETE_WHEN,
+    ORDER_BY,
 )
 
 _TRUE = frozenset({"true", "1", "yes"})
@@ -53,6 +59,9 @@ class OutputMode(enum.Enum):
     """Each non-empty batch adds its rows in one fast-append snapshot."""
     COMPLETE = "complete"
     """Each batch replaces the table's contents in one overwrite snapshot."""
+    UPDATE = "update"
+    """Spark's update mode (:func:`lakesink.foreach_batch` with ``upsert_key`` only): each batch's rows replace
+    the table's rows of the same key (docs/upserts.md)."""
 
     @classmethod
     def parse(cls, value: str) -> OutputMode:
@@ -61,8 +70,7 @@ class OutputMode(enum.Enum):
         except ValueError:
             raise InvalidOptionError(
                 f"output mode {value!r} is not supported by lakesink; supported modes: "
-                f"{', '.join(m.value for m in cls)} ('update' would need row-level upserts, "
-                "which an exactly-once append/overwrite sink does not do)"
+                f"{', '.join(m.value for m in cls)} ('update' needs option '{UPSERT_KEY}', docs/upserts.md)"
             ) from None
 
 
@@ -128,6 +136,12 @@ class SinkOptions:
     sink_id: str | None = None
     """Tells apart several sinks of one streaming query writing one table (each is exactly-once on its own);
     part of the replay marker's key and of each snapshot's summary. None: the query's one sink of the table."""
+    upsert_key: tuple[str, ...] = ()
+    """Key columns: each row of a batch replaces the table's row with the same key (docs/upserts.md). Empty: append."""
+    delete_when: str | None = None
+    """A Spark SQL boolean expression over the batch's columns: rows for which it is true delete their key."""
+    order_by: str | None = None
+    """A column: among several rows of one key in a batch, the one with the greatest value wins."""
 
     def __repr__(self) -> str:  # never print catalog secrets
         return (
@@ -136,7 +150,8 @@ class SinkOptions:
             f"output_mode={self.output_mode.value!r}, checkpoint_location={self.checkpoint_location!r}, "
             f"create_table={self.create_table!r}, partitioned_by={', '.join(map(str, self.partitioned_by))!r}, "
             f"merge_schema={self.merge_schema!r}, branch={self.branch!r}, writer={self.writer.value!r}, "
-            f"sink_id={self.sink_id!r})"
+            f"sink_id={self.sink_id!r}, upsert_key={self.upsert_key!r}, delete_when={self.delete_when!r}, "
+            f"order_by={self.order_by!r})"
         )
 
     __str__ = __repr__
@@ -155,6 +170,14 @@ class SinkOptions:
             raise InvalidOptionError(
                 f"option '{WRITER}' is not used with format('lakesink'), which always writes through Python workers "
                 "(the Arrow path); use lakesink.foreach_batch(..., writer='spark') for Spark's own Parquet writer"
+            )
+        if any(k in lowered for k in (UPSERT_KEY, DELETE_WHEN, ORDER_BY)):
+            raise InvalidOptionError(
+                f"options '{UPSERT_KEY}', '{DELETE_WHEN}' and '{ORDER_BY}' are not supported by format('lakesink') yet: "
+                "resolving several rows of one key needs the whole batch, which a Python data source's writers never see "
+                "together, and Spark rejects outputMode('update') for Python data sources. Write upserts and change "
+                "streams with writeStream.foreachBatch(lakesink.foreach_batch(table, upsert_key=..., delete_when=..., "
+                "order_by=...)) (docs/upserts.md)"
             )
         return cls._parse(lowered, mode, case_sensitive=options)
 
@@ -178,7 +201,20 @@ class SinkOptions:
         unknown = sorted(
             k
             for k in lowered
-            if k not in (TABLE, CATALOG, CHECKPOINT_LOCATION, CREATE_TABLE, PARTITIONED_BY, MERGE_SCHEMA, BRANCH, SINK_ID)
+            if k
+            not in (
+                TABLE,
+                CATALOG,
+                CHECKPOINT_LOCATION,
+                CREATE_TABLE,
+                PARTITIONED_BY,
+                MERGE_SCHEMA,
+                BRANCH,
+                SINK_ID,
+                UPSERT_KEY,
+                DELETE_WHEN,
+                ORDER_BY,
+            )
             and not k.startswith(CATALOG_PROPERTY_PREFIX)
             and k not in _SPARK_OWN_OPTIONS
         )
@@ -201,6 +237,7 @@ class SinkOptions:
         catalog_name = lowered.get(CATALOG)
         if catalog_name is not None and not catalog_name.strip():
             raise InvalidOptionError(f"option '{CATALOG}' must not be empty")
+        upsert_key, delete_when, order_by = _parse_upsert(lowered, mode)
         return cls(
             table=TableName.parse(lowered[TABLE]),
             catalog_name=catalog_name.strip() if catalog_name else None,
@@ -213,7 +250,39 @@ class SinkOptions:
             branch=_parse_branch(lowered.get(BRANCH, "main")),
             writer=writer,
             sink_id=_parse_sink_id(lowered[SINK_ID]) if SINK_ID in lowered else None,
+            upsert_key=upsert_key,
+            delete_when=delete_when,
+            order_by=order_by,
         )
+
+
+def _parse_upsert(lowered: Mapping[str, str], mode: OutputMode) -> tuple[tuple[str, ...], str | None, str | None]:
+    """``upsert-key`` (comma-separated columns), ``delete-when`` and ``order-by``, checked against the output mode."""
+    key = tuple(c.strip() for c in lowered.get(UPSERT_KEY, "").split(",") if c.strip())
+    if UPSERT_KEY in lowered and (not key or len(set(key)) != len(key)):
+        raise InvalidOptionError(
+            f"option '{UPSERT_KEY}' must name one or more distinct columns, comma-separated (for example 'id' or "
+            f"'tenant,id'), got {lowered[UPSERT_KEY]!r}"
+        )
+    delete_when = lowered.get(DELETE_WHEN, "").strip() or None
+    order_by = lowered.get(ORDER_BY, "").strip() or None
+    if not key:
+        given = [k for k in (DELETE_WHEN, ORDER_BY) if lowered.get(k, "").strip()]
+        if given:
+            raise InvalidOptionError(
+                f"option(s) {', '.join(repr(k) for k in given)} need option '{UPSERT_KEY}' (the columns that identify a row)"
+            )
+        if mode is OutputMode.UPDATE:
+            raise InvalidOptionError(
+                f"output mode 'update' needs option '{UPSERT_KEY}' (foreach_batch(..., upsert_key='id')): each batch's "
+                "rows then replace the table's rows of the same key (docs/upserts.md)"
+            )
+    elif mode is OutputMode.COMPLETE:
+        raise InvalidOptionError(
+            f"option '{UPSERT_KEY}' cannot be used with output mode 'complete' (each batch replaces the whole table); "
+            "use output mode 'update' or 'append'"
+        )
+    return key, delete_when, order_by
 
 
 def _parse_branch(value: str) -> str:
@@ -230,8 +299,7 @@ def _parse_sink_id(value: str) -> str:
     sink_id = value.strip()
     if not sink_id or len(sink_id) > 64 or not set(sink_id) <= _SINK_ID_CHARS:
         raise InvalidOptionError(
-            f"option '{SINK_ID}' must be 1 to 64 characters of letters, digits, '_' and '-' (for example 'audit'), "
-            f"got {value!r}"
+            f"option '{SINK_ID}' must be 1 to 64 characters of letters, digits, '_' and '-' (for example 'audit'), got {value!r}"
         )
     return sink_id
 

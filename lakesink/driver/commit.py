@@ -15,9 +15,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import pyarrow as pa
 from pyiceberg.table import Table
 
 from lakesink import _pyiceberg as seam
+from lakesink.driver import upsert
 from lakesink.driver.swap import RetriesExhausted, Status, SwapResult, swap_with_recheck
 from lakesink.driver.tables import SinkTable
 from lakesink.errors import (
@@ -77,6 +79,8 @@ class _Batch:
     run_id: str | None
     commit_id: str
     started: float
+    changes: pa.Table | None = None
+    """Upserts: the keys the batch changes (key columns and lakesink.changes.DELETED)."""
 
     @property
     def files(self) -> list[WrittenFile]:
@@ -101,11 +105,13 @@ class TableCommitter(SinkTable):
         source_offsets: str | None,
         run_id: str | None = None,
         table_uuid: str | None = None,
+        changes: pa.Table | None = None,
     ) -> BatchOutcome:
         """Commit the batch's files as one snapshot, exactly once for this (query id, sink id, batch id).
 
         ``table_uuid``: the uuid of the table the batch was planned for (else read from the task results);
-        ``run_id``: Spark's run id of the query run (else read from the task results).
+        ``run_id``: Spark's run id of the query run (else read from the task results); ``changes``: with option
+        ``upsert-key``, every key the batch changes (lakesink.changes.resolve), whose rows the snapshot replaces.
         """
         batch = _Batch(
             query_id=query_id,
@@ -115,6 +121,7 @@ class TableCommitter(SinkTable):
             run_id=run_id or next((r.run_id for r in results if r.run_id), None),
             commit_id=uuid.uuid4().hex,
             started=time.monotonic(),
+            changes=changes if changes is not None and changes.num_rows else None,
         )
         expected_uuid = table_uuid or next((r.table_uuid for r in results if r.table_uuid), None)
         table = self.load_patiently(batch_id)
@@ -127,7 +134,7 @@ class TableCommitter(SinkTable):
             raise
         if results and all(r.replay_skipped for r in results):
             return self._logged(self._skipped_before_writing(table, batch), query_id)
-        if not batch.files and self.options.output_mode is not OutputMode.COMPLETE:
+        if not batch.files and batch.changes is None and self.options.output_mode is not OutputMode.COMPLETE:
             return self._logged(self._commit_empty(table, batch), query_id)
         return self._logged(self._commit_files(table, batch), query_id)
 
@@ -198,28 +205,64 @@ class TableCommitter(SinkTable):
             for f in r.files
         ]
 
+        def properties(snapshot_id: int) -> dict[str, str]:
+            # the replay marker, in the same atomic commit as the snapshot it names
+            marker = CommittedBatch(
+                batch.batch_id,
+                snapshot_id,
+                batch.commit_id,
+                branch=self.options.branch,
+                run_id=batch.run_id,
+                offsets=offsets_digest(batch.source_offsets),
+            )
+            return {self._marker_key(batch): marker.to_property()}
+
+        rewrites: list[upsert.Rewrite] = []
+
         def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
             schema_changes = self._schema_changes_at_commit(t, batch)
+            attempt_summary = {
+                **summary,
+                SUMMARY_COMMIT_ATTEMPT: str(attempt),
+                **({SUMMARY_PREVIOUS_BATCH_ID: str(done.batch_id)} if done is not None else {}),
+            }
+            if batch.changes is not None:
+                # upserts: rewrite the files of this attempt's table that hold the batch's keys
+                keys = upsert.BatchKeys(self.table_name, t.schema(), batch.changes)
+                plan = self.write_plan(t, batch.query_id)
+                rewrite = upsert.rewrite(
+                    t, branch=self.options.branch, keys=keys, plan=plan, batch_id=batch.batch_id, attempt=attempt
+                )
+                rewrites.append(rewrite)
+                return seam.prepare_rewrite(
+                    t,
+                    removed_files=rewrite.removed,
+                    data_files=[
+                        *data_files,
+                        *(
+                            seam.data_file(
+                                path=f.path,
+                                size_in_bytes=f.size_in_bytes,
+                                statistics=f.statistics,
+                                spec_id=rewrite.spec_id,
+                                partition=f.partition,
+                            )
+                            for f in rewrite.written
+                        ),
+                    ],
+                    rewritten_paths=rewrite.paths,
+                    summary={**attempt_summary, **upsert.summary(rewrite)},
+                    properties=properties,
+                    branch=self.options.branch,
+                    schema_changes=schema_changes,
+                    manifest_merge=settings.manifest_merge,
+                )
             return seam.prepare_snapshot(
                 t,
                 data_files=data_files,
                 overwrite=overwrite,
-                summary={
-                    **summary,
-                    SUMMARY_COMMIT_ATTEMPT: str(attempt),
-                    **({SUMMARY_PREVIOUS_BATCH_ID: str(done.batch_id)} if done is not None else {}),
-                },
-                # the replay marker, in the same atomic commit as the snapshot it names
-                properties=lambda snapshot_id: {
-                    self._marker_key(batch): CommittedBatch(
-                        batch.batch_id,
-                        snapshot_id,
-                        batch.commit_id,
-                        branch=self.options.branch,
-                        run_id=batch.run_id,
-                        offsets=offsets_digest(batch.source_offsets),
-                    ).to_property()
-                },
+                summary=attempt_summary,
+                properties=properties,
                 branch=self.options.branch,
                 schema_changes=schema_changes,
                 manifest_merge=settings.manifest_merge,
@@ -246,6 +289,18 @@ class TableCommitter(SinkTable):
             return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
         assert result.snapshot_id is not None
         files = batch.files
+        if rewrites:
+            last = rewrites[-1]
+            log.info(
+                "lakesink: table=%s batch=%s upsert: inserted=%s updated=%s deleted=%s files_rewritten=%s bytes_read=%s",
+                self.table_name,
+                batch.batch_id,
+                last.inserted,
+                last.updated,
+                last.deleted,
+                len(last.removed),
+                last.bytes_read,
+            )
         return BatchOutcome(
             Outcome.COMMITTED,
             batch.batch_id,

@@ -12,7 +12,9 @@ from collections.abc import Callable
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.types import NestedField
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
 from lakesink import _pyiceberg as seam
@@ -25,7 +27,7 @@ from lakesink.errors import (
     TableIdentityChangedError,
 )
 from lakesink.messages import WritePlan
-from lakesink.options import SinkOptions
+from lakesink.options import UPSERT_KEY, SinkOptions
 from lakesink.properties import LAST_BATCH_PREFIX, CommittedBatch, SnapshotIndex, last_committed_batch, last_committed_on_branch
 from lakesink.redaction import redact_secrets_in
 from lakesink.schema import SchemaChange, check_writable
@@ -109,6 +111,8 @@ class SinkTable:
         except Exception as e:
             raise CatalogError(f"cannot load table {self.table_name}: {self.redact(e)}") from None
         schema = seam.new_table_schema(stream_schema)
+        if self.options.upsert_key:
+            schema = _with_identifier_fields(schema, self.options.upsert_key, self.table_name)
         spec = partitioning.to_spec(self.options.partitioned_by, schema, self.table_name)
         try:
             self.catalog.create_namespace_if_not_exists(self.options.table.namespace)
@@ -132,7 +136,23 @@ class SinkTable:
                 "evolve the table's spec (ALTER TABLE ... ADD/DROP PARTITION FIELD, or pyiceberg's update_spec())"
             )
         locations.data_prefix(self.table_name, table.location(), table.properties)
+        if self.options.upsert_key:
+            self._check_identifier_fields(table)
         return changes
+
+    def _check_identifier_fields(self, table: Table) -> None:
+        """With ``upsert-key``: the table's identifier fields are the key columns (what makes a row's identity)."""
+        schema = table.schema()
+        have = sorted(schema.identifier_field_names())
+        want = self.options.upsert_key
+        if {n.lower() for n in have} != {n.lower() for n in want}:
+            raise InvalidOptionError(
+                f"option '{UPSERT_KEY}' is {', '.join(want)!r} but table {self.table_name} has "
+                f"{'identifier fields ' + repr(', '.join(have)) if have else 'no identifier fields'}; an upsert key must be "
+                f"the table's identifier fields. Set them (ALTER TABLE {self.table_name} SET IDENTIFIER FIELDS "
+                f"{', '.join(want)}, or pyiceberg's update_schema().set_identifier_fields(...); the columns must be NOT NULL) "
+                "or use the table's identifier fields as the key"
+            )
 
     def _sibling_locations(self) -> list[tuple[str, str]]:
         """Locations of the other tables of the namespace (read once, at the start of a query)."""
@@ -282,6 +302,22 @@ class SinkTable:
     def redact(self, e: BaseException) -> str:
         _, props = catalogs.resolve_catalog_properties(self.options.catalog_name, self.options.catalog_properties)
         return redact_secrets_in(f"{type(e).__name__}: {e}", props)
+
+
+def _with_identifier_fields(schema: Schema, key: tuple[str, ...], table_name: str) -> Schema:
+    """A new table's schema with the key columns NOT NULL and as its identifier fields."""
+    by_name = {f.name.lower(): f for f in schema.fields}
+    missing = [k for k in key if k.lower() not in by_name]
+    if missing:
+        raise InvalidOptionError(
+            f"option '{UPSERT_KEY}' names column(s) {', '.join(map(repr, missing))} that the stream does not have "
+            f"(columns: {', '.join(f.name for f in schema.fields)}); table {table_name} was not created"
+        )
+    ids = {by_name[k.lower()].field_id for k in key}
+    fields = [
+        NestedField(f.field_id, f.name, f.field_type, required=True, doc=f.doc) if f.field_id in ids else f for f in schema.fields
+    ]
+    return Schema(*fields, schema_id=schema.schema_id, identifier_field_ids=[by_name[k.lower()].field_id for k in key])
 
 
 def _marker_branch(table: Table, key: str) -> str | None:

@@ -1,0 +1,158 @@
+"""Upserts, first step: resolve one micro-batch of changes to one row per key (``foreach_batch`` only).
+
+Runs on the driver with the batch's DataFrame: the work itself runs in Spark (a window and an
+aggregation over the batch), and only the batch's keys come back to the driver (an Arrow table),
+because the commit must know which keys the batch replaces or deletes. The rows that stay (one per
+key, deletes removed) are written by the usual write paths; :mod:`lakesink.driver.upsert` then
+rewrites the table's files that hold any of the keys (copy-on-write) in the batch's own snapshot.
+
+Why not in ``format("lakesink")``: its writers each see one partition of the batch, never the whole
+batch, so several rows of one key in different partitions could not be resolved (and Spark rejects
+``outputMode("update")`` for Python data sources).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import reduce
+
+import pyarrow as pa
+from pyspark.errors import AnalysisException, ParseException
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from lakesink.errors import InvalidOptionError, UpsertKeyError
+from lakesink.options import DELETE_WHEN, ORDER_BY, UPSERT_KEY, SinkOptions
+
+#: Column of :attr:`ResolvedBatch.keys`: true for a key the batch deletes, false for one it inserts or replaces.
+DELETED = "__lakesink_deleted"
+_COUNT = "__lakesink_rows"
+_TOP = "__lakesink_top"
+
+_KEY_TYPES = (
+    T.BooleanType,
+    T.ByteType,
+    T.ShortType,
+    T.IntegerType,
+    T.LongType,
+    T.StringType,
+    T.DateType,
+    T.TimestampType,
+    T.TimestampNTZType,
+    T.DecimalType,
+    T.BinaryType,
+)
+
+
+@dataclass(frozen=True)
+class ResolvedBatch:
+    """A batch of changes resolved to one row per key."""
+
+    rows: DataFrame
+    """The rows to write: the last row of every key the batch does not delete (the batch's columns)."""
+    keys: pa.Table
+    """Every key the batch changes (key columns, then :data:`DELETED`); each key once."""
+    cached: DataFrame
+    """Cached by :func:`resolve`; call :func:`release` when the batch is done."""
+
+
+def resolve(df: DataFrame, batch_id: int, options: SinkOptions) -> ResolvedBatch:
+    """One row per key: the row with the greatest ``order-by`` value, or the only row (else UpsertKeyError).
+
+    Raises UpsertKeyError naming the batch for a null key (naming the column) or for several rows of one key
+    (naming the key), before anything is written; InvalidOptionError for a key or ``order-by`` column the batch
+    lacks, or a ``delete-when`` expression Spark cannot evaluate over the batch.
+    """
+    keys = key_columns(df, options.upsert_key)
+    candidate = df
+    if options.order_by is not None:
+        order = _column(df, options.order_by, ORDER_BY)
+        top = F.max(F.col(order)).over(Window.partitionBy(*[F.col(k) for k in keys]))
+        candidate = df.withColumn(_TOP, top).where(F.col(order).eqNullSafe(F.col(_TOP))).drop(_TOP)
+    try:
+        flag = F.lit(False)
+        if options.delete_when is not None:
+            flag = F.coalesce(F.expr(options.delete_when).cast("boolean"), F.lit(False))
+        cached = candidate.withColumn(DELETED, flag).persist()
+        bad = (
+            cached.groupBy(*[F.col(k) for k in keys])
+            .agg(F.count(F.lit(1)).alias(_COUNT))
+            .where((F.col(_COUNT) > 1) | _any_null(keys))
+            .limit(1)
+            .collect()
+        )
+    except (AnalysisException, ParseException) as e:
+        if options.delete_when is not None and _mentions_expression(df, options.delete_when):
+            raise InvalidOptionError(
+                f"option '{DELETE_WHEN}' {options.delete_when!r} is not a Spark SQL boolean expression over the batch's "
+                f"columns ({', '.join(df.columns)}): {str(e).splitlines()[0]}"
+            ) from None
+        raise
+    if bad:
+        cached.unpersist()
+        row = bad[0]
+        nulls = [k for k in keys if row[k] is None]
+        if nulls:
+            raise UpsertKeyError(
+                f"batch {batch_id} has a row whose key column {nulls[0]!r} is null; option '{UPSERT_KEY}' "
+                f"({', '.join(keys)}) needs a value in every key column. Nothing was committed; filter or fill the "
+                "null keys before the sink"
+            )
+        key = ", ".join(f"{k}={row[k]!r}" for k in keys)
+        if options.order_by is None:
+            raise UpsertKeyError(
+                f"batch {batch_id} has {row[_COUNT]} rows for key ({key}): with option '{UPSERT_KEY}' and no option "
+                f"'{ORDER_BY}', a batch may hold one row per key. Nothing was committed; give option '{ORDER_BY}' (a "
+                "column whose greatest value wins, e.g. an event time or sequence number) or de-duplicate the stream"
+            )
+        raise UpsertKeyError(
+            f"batch {batch_id} has {row[_COUNT]} rows for key ({key}) with the same greatest '{ORDER_BY}' value "
+            f"({options.order_by}): lakesink cannot tell which one wins. Nothing was committed; order by a column "
+            "whose values are unique per key (e.g. a sequence number)"
+        )
+    changed = cached.select(*[F.col(k) for k in keys], F.col(DELETED)).toArrow()
+    rows = cached.where(~F.col(DELETED)).drop(DELETED)
+    return ResolvedBatch(rows=rows, keys=changed, cached=cached)
+
+
+def release(resolved: ResolvedBatch) -> None:
+    resolved.cached.unpersist()
+
+
+def key_columns(df: DataFrame, names: Sequence[str]) -> list[str]:
+    """The batch's key columns (as the batch spells them), each of a type Iceberg allows in an identifier field."""
+    out = []
+    for name in names:
+        column = _column(df, name, UPSERT_KEY)
+        data_type = df.schema[column].dataType
+        if not isinstance(data_type, _KEY_TYPES):
+            raise InvalidOptionError(
+                f"option '{UPSERT_KEY}': column {column!r} has type {data_type.simpleString()}, which cannot be a key "
+                "(Iceberg identifier fields are primitive columns other than float and double)"
+            )
+        out.append(column)
+    return out
+
+
+def _column(df: DataFrame, name: str, option: str) -> str:
+    for column in df.columns:
+        if column == name or column.lower() == name.lower():
+            return column
+    raise InvalidOptionError(
+        f"option '{option}' names column {name!r}, which the batch does not have (columns: {', '.join(df.columns)})"
+    )
+
+
+def _any_null(keys: Sequence[str]) -> Column:
+    return reduce(lambda a, b: a | b, [F.col(k).isNull() for k in keys])
+
+
+def _mentions_expression(df: DataFrame, expression: str) -> bool:
+    """True when ``expression`` alone fails to analyse over the batch (the user's expression is what is wrong)."""
+    try:
+        df.select(F.expr(expression)).schema  # noqa: B018 (analysis only, nothing runs)
+    except (AnalysisException, ParseException):
+        return True
+    return False

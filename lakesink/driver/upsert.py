@@ -1,0 +1,236 @@
+"""Driver side, upserts: the copy-on-write of the table's files that can hold a batch's keys.
+
+A batch of an upsert sink (option ``upsert-key``) arrives resolved to one row per key
+(:mod:`lakesink.changes`): its rows are written as new data files like any batch's, and its keys
+(with a flag for the deleted ones) come to the commit. For every commit attempt, against the table
+that attempt read, :func:`rewrite` finds the live data files whose partition and key statistics can
+hold any of those keys, reads them, and writes their rows *without* those keys into new files. The
+batch's snapshot then removes the files that held a key and adds the rewritten files and the batch's
+rows (:func:`lakesink._pyiceberg.prepare_rewrite`), so every reader sees the new state without
+reading a delete file.
+
+Why copy-on-write and not delete files: docs/upserts.md (what every reader here reads, measured).
+Reading and writing rows on the driver is the one exception to "the driver never touches rows":
+only the files that can hold the batch's keys are read, and they are written by the executor's own
+:class:`~lakesink.executor.TaskWriter` (same Parquet settings, statistics, partitioning and names).
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.manifest import DataFile
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzType
+
+from lakesink import _pyiceberg as seam
+from lakesink.errors import LakesinkError
+from lakesink.executor import TaskWriter, utc_schema
+from lakesink.messages import WritePlan, WrittenFile
+
+#: The key flag column of the batch's keys (lakesink.changes.DELETED; repeated so that no Spark import is needed here).
+DELETED = "__lakesink_deleted"
+#: ``partition_id`` of the files a rewrite writes (in their names), telling them from a task's files.
+REWRITE_PARTITION_ID = 99999
+_ROW = "__lakesink_row"
+
+SUMMARY_INSERTED = "lakesink.upsert.inserted-rows"
+SUMMARY_UPDATED = "lakesink.upsert.updated-rows"
+SUMMARY_DELETED = "lakesink.upsert.deleted-rows"
+SUMMARY_FILES_READ = "lakesink.upsert.rewritten-files"
+SUMMARY_BYTES_READ = "lakesink.upsert.rewritten-bytes-read"
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """What one commit attempt changes in the table's existing files."""
+
+    removed: tuple[DataFile, ...] = ()
+    """Live files that held a key of the batch (removed by the snapshot)."""
+    written: tuple[WrittenFile, ...] = ()
+    """Their rows without the batch's keys (added by the snapshot)."""
+    spec_id: int = 0
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    bytes_read: int = 0
+    files_considered: int = 0
+    summary: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def paths(self) -> list[str]:
+        return [f.path for f in self.written]
+
+
+class BatchKeys:
+    """The keys a batch changes, as the table's key columns, with lookups for pruning files."""
+
+    def __init__(self, table_name: str, schema: Schema, keys: pa.Table):
+        self.names = [n for n in keys.column_names if n != DELETED]
+        self.fields = []
+        for name in self.names:
+            found = schema.find_field(name, case_sensitive=False)
+            self.fields.append(found)
+        target = utc_schema(seam.arrow_schema(schema))
+        columns = []
+        for name, f in zip(self.names, self.fields, strict=True):
+            t = target.field(f.name).type
+            columns.append(keys.column(name).cast(t))
+        # the key columns under the table's names (the batch may spell them in another case)
+        self.table = pa.table([*columns, keys.column(DELETED)], names=[*(f.name for f in self.fields), DELETED])
+        self.upserts = self.table.num_rows - (pc.sum(self.table.column(DELETED)).as_py() or 0)
+        self._sorted = [_sorted_internal(self.table.column(f.name), f.field_type) for f in self.fields]
+        self._partition_values: dict[int, list[set[Any] | None]] = {}
+        self.table_name = table_name
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    def may_hold(self, data_file: DataFile, specs: dict[int, PartitionSpec], schema: Schema) -> bool:
+        """False when the file's partition or key-column bounds show it holds none of the keys."""
+        spec = specs.get(data_file.spec_id)
+        if spec is not None and spec.fields:
+            allowed = self._partition_sets(spec, schema)
+            for i, values in enumerate(allowed):
+                if values is not None and _normalized(data_file.partition[i]) not in values:
+                    return False
+        for f, ordered in zip(self.fields, self._sorted, strict=True):
+            bounds = seam.column_bounds(data_file, f.field_id, f.field_type)
+            if bounds is None:
+                continue
+            lower, upper = bounds
+            at = bisect.bisect_left(ordered, lower)
+            if at == len(ordered) or ordered[at] > upper:
+                return False
+        return True
+
+    def _partition_sets(self, spec: PartitionSpec, schema: Schema) -> list[set[Any] | None]:
+        """Per partition field of ``spec``: the values the batch's keys have (None: not a key column's transform)."""
+        if spec.spec_id not in self._partition_values:
+            by_id = {f.field_id: f for f in self.fields}
+            out: list[set[Any] | None] = []
+            for pf in spec.fields:
+                source = by_id.get(pf.source_id)
+                if source is None:
+                    out.append(None)
+                    continue
+                array = self.table.column(source.name).combine_chunks()
+                if isinstance(pf.transform, IdentityTransform):
+                    values = {_normalized(seam.identity_partition_value(source.field_type, v)) for v in array.to_pylist()}
+                else:
+                    values = {_normalized(v) for v in seam.partition_values(_one(pf, spec), schema, [array])[0].to_pylist()}
+                out.append(values)
+            self._partition_values[spec.spec_id] = out
+        return self._partition_values[spec.spec_id]
+
+
+def rewrite(table: Table, *, branch: str, keys: BatchKeys, plan: WritePlan, batch_id: int, attempt: int) -> Rewrite:
+    """Rewrite the branch's live files that hold a key of the batch (see the module's description)."""
+    if seam.has_delete_files(table, branch):
+        raise LakesinkError(
+            f"table {keys.table_name} (branch {branch}) has delete files, written by another engine's merge-on-read "
+            "update or delete; lakesink's upserts rewrite data files (copy-on-write) and would bring deleted rows "
+            "back. Compact the table so that no delete files remain (e.g. Spark's rewrite_data_files with "
+            "delete-file-threshold=1, or rewrite_position_delete_files) and restart the query"
+        )
+    specs = table.specs()
+    schema = table.schema()
+    candidates = [f for f in seam.live_data_files(table, branch) if keys.may_hold(f, specs, schema)]
+    if not candidates or not len(keys):
+        return Rewrite(inserted=keys.upserts, spec_id=plan.spec_id)
+    writer = TaskWriter(
+        plan,
+        query_id=plan.query_id or "rewrite",
+        batch_id=batch_id,
+        partition_id=REWRITE_PARTITION_ID,
+        task_attempt_id=attempt,
+    )
+    removed: list[DataFile] = []
+    kept: list[pa.RecordBatch] = []
+    matched: list[pa.Table] = []
+    bytes_read = 0
+    key_names = [f.name for f in keys.fields]
+    for data_file in candidates:
+        rows = seam.read_data_file(table, data_file)
+        bytes_read += data_file.file_size_in_bytes
+        batch_keys = _cast_like(keys.table, rows.select(key_names).schema)
+        hit = batch_keys.join(rows.select(key_names), key_names, join_type="left semi")
+        if not hit.num_rows:
+            continue  # its bounds could hold a key, but it holds none
+        matched.append(hit)
+        removed.append(data_file)
+        # joined on the key columns and a row number only (Arrow's hash join carries no nested payload columns)
+        numbered = rows.select(key_names).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+        rest = numbered.join(batch_keys.select(key_names), key_names, join_type="left anti")
+        order = rest.column(_ROW)
+        kept.extend(rows.take(order.take(pc.sort_indices(order))).to_batches())
+    written = writer.write(iter(kept)) if kept else None
+    found = pa.concat_tables(matched).group_by([*key_names, DELETED]).aggregate([]) if matched else None
+    deleted = int(pc.sum(found.column(DELETED)).as_py() or 0) if found is not None else 0
+    updated = (found.num_rows - deleted) if found is not None else 0
+    return Rewrite(
+        removed=tuple(removed),
+        written=written.files if written is not None else (),
+        spec_id=plan.spec_id,
+        inserted=keys.upserts - updated,
+        updated=updated,
+        deleted=deleted,
+        bytes_read=bytes_read,
+        files_considered=len(candidates),
+    )
+
+
+def summary(result: Rewrite) -> dict[str, str]:
+    """The batch's counts, for the snapshot summary (the audit commands read them)."""
+    return {
+        SUMMARY_INSERTED: str(result.inserted),
+        SUMMARY_UPDATED: str(result.updated),
+        SUMMARY_DELETED: str(result.deleted),
+        SUMMARY_FILES_READ: str(len(result.removed)),
+        SUMMARY_BYTES_READ: str(result.bytes_read),
+    }
+
+
+def _cast_like(keys: pa.Table, schema: pa.Schema) -> pa.Table:
+    columns = [keys.column(f.name).cast(f.type) for f in schema]
+    return pa.table([*columns, keys.column(DELETED)], names=[*schema.names, DELETED])
+
+
+def _one(pf: Any, spec: PartitionSpec) -> PartitionSpec:
+    return PartitionSpec(pf, spec_id=spec.spec_id)
+
+
+def _sorted_internal(column: pa.ChunkedArray, field_type: IcebergType) -> list[Any]:
+    """The distinct values of a key column as Iceberg's bounds decode (dates as days, timestamps as micros)."""
+    array = pc.unique(column.combine_chunks())
+    if isinstance(field_type, DateType):
+        array = array.cast(pa.int32())
+    elif isinstance(field_type, (TimestampType, TimestamptzType)):
+        array = array.cast(pa.int64())
+    return sorted(v for v in array.to_pylist() if v is not None)
+
+
+_EPOCH_DATE = datetime.date(1970, 1, 1)
+_EPOCH = datetime.datetime(1970, 1, 1)
+
+
+def _normalized(value: Any) -> Any:
+    """A partition value in one representation (days, micros) whichever side computed it."""
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        return (value - _EPOCH) // datetime.timedelta(microseconds=1)
+    if isinstance(value, datetime.date):
+        return (value - _EPOCH_DATE).days
+    if isinstance(value, Decimal):
+        return value
+    return value
