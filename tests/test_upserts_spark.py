@@ -1,0 +1,198 @@
+"""Upserts through foreach_batch with real Spark: a change stream, Spark's update mode, kill -9 and restarts.
+
+The oracle is a model computed in plain Python from the events (unique event ids and sequence numbers):
+the table must equal it through pyiceberg, DuckDB and iceberg-rust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import functions as F
+
+import lakesink
+from lakesink import catalogs, interop
+from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
+from tests.helpers import assert_snapshot_invariants, lakesink_snapshots
+from tests.upsert_job import EVENTS_DDL, upsert_sink
+
+pytestmark = pytest.mark.spark
+
+Event = dict[str, Any]
+
+
+def write_events(folder: Path, batches: Sequence[Sequence[Event]], start: int = 0) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, events in enumerate(batches, start=start):
+        tmp = folder / f".events-{i:05d}.json.tmp"
+        tmp.write_text("".join(json.dumps(e) + "\n" for e in events))
+        tmp.rename(folder / f"events-{i:05d}.json")
+
+
+def change_stream(seed: int, batches: int, per_batch: int, keys: int, first_eid: int = 0) -> list[list[Event]]:
+    """Several events per key per batch, deletes and re-inserts; event ids and sequence numbers unique."""
+    rng = random.Random(seed)
+    out = []
+    eid = first_eid
+    for _ in range(batches):
+        events = []
+        for _ in range(per_batch):
+            eid += 1
+            op = "d" if rng.random() < 0.25 else rng.choice(["c", "u"])
+            events.append({"eid": eid, "id": rng.randrange(keys), "value": f"v{eid}", "seq": eid, "op": op})
+        out.append(events)
+    return out
+
+
+def model(batches: Sequence[Sequence[Event]]) -> dict[int, tuple[int, str]]:
+    """The table's expected rows (id -> (eid, value)): events applied in sequence order, batch by batch."""
+    state: dict[int, tuple[int, str]] = {}
+    for events in batches:
+        for e in sorted(events, key=lambda e: e["seq"]):
+            if e["op"] == "d":
+                state.pop(e["id"], None)
+            else:
+                state[e["id"]] = (e["eid"], e["value"])
+    return state
+
+
+def rows_of(table: pa.Table) -> dict[int, tuple[int, str]]:
+    ids = table.column("id").to_pylist()
+    assert len(ids) == len(set(ids)), "a key is in the table more than once"
+    return {r["id"]: (r["eid"], r["value"]) for r in table.to_pylist()}
+
+
+def assert_every_reader_sees(props: dict[str, str], expected: dict[int, tuple[int, str]]) -> None:
+    table = catalogs.load(None, props).load_table(("db", "events"))
+    assert rows_of(table.scan().to_arrow()) == expected, "pyiceberg"
+    assert rows_of(interop.duckdb_read(table.metadata_location)) == expected, "duckdb"
+    assert rows_of(interop.iceberg_rust_read(table.metadata_location)) == expected, "iceberg-rust"
+    assert_snapshot_invariants(table)
+
+
+def run(spark: Any, src: Path, ck: Path, sink: Any) -> None:
+    df = spark.readStream.schema(EVENTS_DDL).option("maxFilesPerTrigger", 1).json(str(src))
+    q = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    try:
+        q.awaitTermination()
+    finally:
+        q.stop()
+
+
+def test_change_stream_through_foreach_batch_equals_the_model(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    stream = change_stream(seed=1, batches=3, per_batch=80, keys=30)
+    write_events(tmp_path / "in", stream)
+    run(spark, tmp_path / "in", tmp_path / "ck", upsert_sink(catalog_properties))
+    assert_every_reader_sees(catalog_properties, model(stream))
+    table = catalogs.load(None, catalog_properties).load_table(("db", "events"))
+    assert table.schema().identifier_field_names() == {"id"}
+    assert [s["batch_id"] for s in lakesink_snapshots(table)] == [0, 1, 2]
+
+    # several rows of one key without order-by: an error naming the key and the batch, nothing committed
+    before = table.metadata.current_snapshot_id
+    write_events(tmp_path / "in2", [[{"eid": 9001, "id": 5, "value": "a", "seq": 9001, "op": "c"},
+                                     {"eid": 9002, "id": 5, "value": "b", "seq": 9002, "op": "c"}]])  # fmt: skip
+    sink = lakesink.foreach_batch("db.events", catalog_properties=catalog_properties, upsert_key="id")
+    with pytest.raises(StreamingQueryException, match=r"batch 0 has 2 rows for key \(id=5\).*order-by"):
+        run(spark, tmp_path / "in2", tmp_path / "ck2", sink)
+    # a null key: an error naming the column
+    write_events(tmp_path / "in3", [[{"eid": 9003, "id": None, "value": "c", "seq": 9003, "op": "c"}]])
+    with pytest.raises(StreamingQueryException, match=r"key column 'id' is null"):
+        run(spark, tmp_path / "in3", tmp_path / "ck3", sink)
+    table.refresh()
+    assert table.metadata.current_snapshot_id == before
+
+
+def test_update_mode_aggregation_keeps_one_row_per_group(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    stream = change_stream(seed=2, batches=3, per_batch=50, keys=1000)
+    write_events(tmp_path / "in", stream)
+    df = spark.readStream.schema(EVENTS_DDL).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+    counts = df.groupBy("op").agg(F.count(F.lit(1)).alias("events"), F.max("seq").alias("last_seq"))
+    sink = lakesink.foreach_batch(
+        "db.events", catalog_properties=catalog_properties, output_mode="update", upsert_key="op"
+    )
+    q = (
+        counts.writeStream.foreachBatch(sink)
+        .outputMode("update")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        q.awaitTermination()
+    finally:
+        q.stop()
+    events = [e for batch in stream for e in batch]
+    expected = {
+        op: (sum(1 for e in events if e["op"] == op), max(e["seq"] for e in events if e["op"] == op))
+        for op in {e["op"] for e in events}
+    }
+    table = catalogs.load(None, catalog_properties).load_table(("db", "events"))
+    for name, got in (
+        ("pyiceberg", table.scan().to_arrow()),
+        ("duckdb", interop.duckdb_read(table.metadata_location)),
+        ("iceberg-rust", interop.iceberg_rust_read(table.metadata_location)),
+    ):
+        rows = got.to_pylist()
+        assert len(rows) == len(expected), name
+        assert {r["op"]: (r["events"], r["last_seq"]) for r in rows} == expected, name
+
+
+def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
+    if faults_dir is not None:
+        env["LAKESINK_FAULTS_DIR"] = faults_dir
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.upsert_job", json.dumps(props), str(src), str(ck)],
+        cwd=Path(__file__).parent.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_inside_the_commit_and_at_random_moments_then_restart_equals_the_model(
+    tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """The job is SIGKILLed before the swap, after it (before Spark's commit log), and at a random moment;
+    each time it restarts from the same checkpoint. The table equals the model in every reader."""
+    stream = change_stream(seed=3, batches=6, per_batch=60, keys=40)
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_events(src, stream)
+    rng = random.Random(3)
+    for point in (DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP, None):
+        if point is not None:
+            faults.arm(point, "kill")
+            proc = _job(catalog_properties, src, ck, str(faults.folder))
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == -signal.SIGKILL, err[-3000:]
+        else:
+            proc = _job(catalog_properties, src, ck, None)
+            time.sleep(rng.uniform(8, 20))  # a random moment: Spark starting, a batch written or committing
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=60)
+    proc = _job(catalog_properties, src, ck, None)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "UPSERT JOB DONE" in out, err[-3000:]
+    assert_every_reader_sees(catalog_properties, model(stream))
+    table = catalogs.load(None, catalog_properties).load_table(("db", "events"))
+    assert [s["batch_id"] for s in lakesink_snapshots(table)] == list(range(len(stream)))

@@ -1,0 +1,37 @@
+"""Run by tests/test_upserts_spark.py: a change stream (JSON event files) upserted with foreach_batch, until done.
+
+Arguments: catalog properties (JSON), source folder, checkpoint folder. The test kills it (SIGKILL, or a
+fault point armed with ``kill``) and starts it again from the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from pyspark.sql import SparkSession
+
+import lakesink
+
+EVENTS_DDL = "eid long, id long, value string, seq long, op string"
+
+
+def upsert_sink(props: dict[str, str]) -> lakesink.ForeachBatchSink:
+    return lakesink.foreach_batch(
+        "db.events", catalog_properties=props, upsert_key="id", delete_when="op = 'd'", order_by="seq"
+    )
+
+
+if __name__ == "__main__":
+    props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    df = spark.readStream.schema(EVENTS_DDL).option("maxFilesPerTrigger", 1).json(src)
+    q = df.writeStream.foreachBatch(upsert_sink(props)).option("checkpointLocation", ck).trigger(availableNow=True).start()
+    q.awaitTermination()
+    print("UPSERT JOB DONE")
