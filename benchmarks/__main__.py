@@ -24,6 +24,7 @@ from benchmarks import metadata_cost as metadata_cost_bench
 from benchmarks import rate as rate_bench
 from benchmarks import report
 from benchmarks import throughput as throughput_bench
+from benchmarks import upsert as upsert_bench
 from benchmarks.common import DEFAULT_OUT, machine, spark_session, write_json
 
 
@@ -225,6 +226,35 @@ def metadata_cost(ctx: click.Context, sizes: str, repeat: int) -> None:
             f"{r['replay_check_ms']:.2f} ms (first version's walk {r['replay_check_first_version_ms']:.2f} ms)"
         )
     _finish(ctx, "metadata_cost", {"command": _command(), "machine": info, **result})
+
+
+@main.command()
+@click.option("--sizes", default="1000000,10000000", show_default=True, help="table rows, comma-separated")
+@click.option("--batches", default=5, show_default=True)
+@click.option("--batch-keys", default=10_000, show_default=True, help="keys per batch (half new, half updates)")
+@click.option("--recent", default=200_000, show_default=True, help="updates hit keys among the last N ids")
+@click.option("--file-rows", default=500_000, show_default=True, help="rows per data file of the initial load")
+@click.pass_context
+def upsert(ctx: click.Context, sizes: str, batches: int, batch_keys: int, recent: int, file_rows: int) -> None:
+    """lakesink's copy-on-write upsert commit vs pyiceberg's Table.upsert on the same batches (docs/upserts.md)."""
+    info = machine()
+    with _work(ctx.obj["work"]) as root:
+        result = upsert_bench.run(
+            root / "upsert",
+            [int(s) for s in sizes.split(",")],
+            batches=batches,
+            batch_keys=batch_keys,
+            recent=recent,
+            file_rows=file_rows,
+        )
+    for r in result["results"]:
+        for side, s in r["summary"].items():
+            _say(
+                f"  {r['table_rows']:,} rows, {side}: median {s['median_ms']:.0f} ms per batch, {s['rows_per_s']:,.0f} rows/s, "
+                f"read {s['median_bytes_read'] / 2**20:.1f} MiB, wrote {s['median_bytes_written'] / 2**20:.1f} MiB per batch"
+            )
+        _say(f"  same final state: {r['same_final_state']}")
+    _finish(ctx, "upsert", {"command": _command(), "machine": info, **result})
 
 
 @main.command("report")

@@ -117,16 +117,12 @@ def test_change_stream_through_foreach_batch_equals_the_model(
     assert table.metadata.current_snapshot_id == before
 
 
-def test_update_mode_aggregation_keeps_one_row_per_group(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
-) -> None:
+def test_update_mode_aggregation_keeps_one_row_per_group(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
     stream = change_stream(seed=2, batches=3, per_batch=50, keys=1000)
     write_events(tmp_path / "in", stream)
     df = spark.readStream.schema(EVENTS_DDL).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
     counts = df.groupBy("op").agg(F.count(F.lit(1)).alias("events"), F.max("seq").alias("last_seq"))
-    sink = lakesink.foreach_batch(
-        "db.events", catalog_properties=catalog_properties, output_mode="update", upsert_key="op"
-    )
+    sink = lakesink.foreach_batch("db.events", catalog_properties=catalog_properties, output_mode="update", upsert_key="op")
     q = (
         counts.writeStream.foreachBatch(sink)
         .outputMode("update")

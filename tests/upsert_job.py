@@ -17,9 +17,7 @@ EVENTS_DDL = "eid long, id long, value string, seq long, op string"
 
 
 def upsert_sink(props: dict[str, str]) -> lakesink.ForeachBatchSink:
-    return lakesink.foreach_batch(
-        "db.events", catalog_properties=props, upsert_key="id", delete_when="op = 'd'", order_by="seq"
-    )
+    return lakesink.foreach_batch("db.events", catalog_properties=props, upsert_key="id", delete_when="op = 'd'", order_by="seq")
 
 
 if __name__ == "__main__":
