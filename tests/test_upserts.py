@@ -209,3 +209,46 @@ def test_bucket_partitioned_table_rewrites_only_the_keys_buckets(catalog_propert
     expected = {k: ("old", 1) for k in keys}
     expected[keys[0]] = ("new", 2)
     assert_table_is(c, expected)
+
+
+def test_merge_schema_and_branch_with_upserts(catalog_properties: dict[str, str]) -> None:
+    """A batch with a new column evolves the schema in its own snapshot (rewritten files keep theirs); a sink
+    writing branch 'audit' upserts there and leaves main as it was."""
+    c = make(catalog_properties)
+    run_batch(c, 0, [(k, "old", k, False) for k in range(20)])
+    wider = TableCommitter(
+        SinkOptions(
+            table=TableName(("db",), "events"), catalog_properties=catalog_properties, upsert_key=("id",), merge_schema=True
+        )
+    )
+    data = pa.table({"id": pa.array([3, 30], pa.int64()), "value": ["new", "new"], "seq": pa.array([100, 101], pa.int64()),
+                     "note": ["n3", "n30"]})  # fmt: skip
+    wider.open_table(data.schema)
+    plan = wider.write_plan(wider.reload_table(), Q, data.schema)
+    result = TaskWriter(plan, query_id=Q, batch_id=1, partition_id=0, task_attempt_id=0).write(data.to_batches())
+    keys = pa.table({"id": pa.array([3, 30, 4], pa.int64()), DELETED: [False, False, True]})
+    wider.commit_batch(query_id=Q, batch_id=1, results=[result], source_offsets=None, changes=keys)
+    table = c.reload_table()
+    got = {r["id"]: (r["value"], r["note"]) for r in table.scan().to_arrow().to_pylist()}
+    expected = {k: ("old", None) for k in range(20) if k not in (3, 4)} | {3: ("new", "n3"), 30: ("new", "n30")}
+    assert got == expected
+    for reader in (interop.duckdb_read, interop.iceberg_rust_read):
+        assert {r["id"]: (r["value"], r["note"]) for r in reader(table.metadata_location).to_pylist()} == expected
+
+    main_head = table.metadata.current_snapshot_id
+    audit = TableCommitter(
+        SinkOptions(
+            table=TableName(("db",), "events"),
+            catalog_properties=catalog_properties,
+            upsert_key=("id",),
+            branch="audit",
+            sink_id="audit",
+        )
+    )
+    audit.open_table(SCHEMA)
+    assert run_batch(audit, 0, [(5, "audit", 200, False), (6, "gone", 201, True)]).outcome is Outcome.COMMITTED
+    table = c.reload_table()
+    assert table.metadata.current_snapshot_id == main_head
+    on_branch = table.scan(snapshot_id=table.metadata.snapshot_by_name("audit").snapshot_id).to_arrow()
+    got = {r["id"]: r["value"] for r in on_branch.to_pylist()}
+    assert got == {k: v for k, (v, _) in expected.items() if k != 6} | {5: "audit"}
