@@ -53,6 +53,7 @@ from lakesink.errors import (
     SchemaMismatchError,
     TableIdentityChangedError,
     TableLocationError,
+    UpsertKeyError,
 )
 from lakesink.foreach import ForeachBatchSink, foreach_batch
 from lakesink.maintenance import remove_orphan_files
@@ -87,6 +88,7 @@ __all__ = [
     "SnapshotRecord",
     "TableIdentityChangedError",
     "TableLocationError",
+    "UpsertKeyError",
     "VerifyReport",
     "Violation",
     "dataframe_at",
