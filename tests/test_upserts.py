@@ -252,3 +252,20 @@ def test_merge_schema_and_branch_with_upserts(catalog_properties: dict[str, str]
     on_branch = table.scan(snapshot_id=table.metadata.snapshot_by_name("audit").snapshot_id).to_arrow()
     got = {r["id"]: r["value"] for r in on_branch.to_pylist()}
     assert got == {k: v for k, (v, _) in expected.items() if k != 6} | {5: "audit"}
+
+
+def test_upsert_options_are_checked_against_the_mode_and_the_entry_point() -> None:
+    base = {"table": "db.events"}
+    options = SinkOptions.from_mapping({**base, "upsert-key": "tenant, id", "delete-when": "op = 'd'", "order-by": "seq"})
+    assert (options.upsert_key, options.delete_when, options.order_by) == (("tenant", "id"), "op = 'd'", "seq")
+    assert SinkOptions.from_mapping({**base, "output-mode": "update", "upsert-key": "id"}).upsert_key == ("id",)
+    with pytest.raises(InvalidOptionError, match=r"output mode 'update' needs option 'upsert-key'"):
+        SinkOptions.from_mapping({**base, "output-mode": "update"})
+    with pytest.raises(InvalidOptionError, match=r"'upsert-key' cannot be used with output mode 'complete'"):
+        SinkOptions.from_mapping({**base, "output-mode": "complete", "upsert-key": "id"})
+    with pytest.raises(InvalidOptionError, match=r"'delete-when'.* need option 'upsert-key'"):
+        SinkOptions.from_mapping({**base, "delete-when": "op = 'd'"})
+    with pytest.raises(InvalidOptionError, match=r"distinct columns"):
+        SinkOptions.from_mapping({**base, "upsert-key": "id,id"})
+    with pytest.raises(InvalidOptionError, match=r"not supported by format\('lakesink'\).*rejects outputMode\('update'\)"):
+        SinkOptions.from_spark_options({**base, "upsert-key": "id"}, overwrite=False)
