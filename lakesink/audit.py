@@ -29,6 +29,7 @@ from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from lakesink import _pyiceberg as seam
 from lakesink.errors import AuditError, PublishRefusedError
+from lakesink.keyed import upsert_counts
 from lakesink.properties import (
     MAIN_BRANCH,
     SUMMARY_BATCH_ID,
@@ -82,6 +83,8 @@ class SnapshotRecord:
     total_files: int | None = None
     branches: tuple[str, ...] = ()
     """The branches whose history contains the snapshot."""
+    upserted: tuple[int, int, int] | None = None
+    """An upsert batch's rows (inserted, updated, deleted), from its summary (docs/upserts.md); None otherwise."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,6 +152,7 @@ def history(table: Table) -> list[SnapshotRecord]:
                 total_records=_opt_int(props, "total-records"),
                 total_files=_opt_int(props, "total-data-files"),
                 branches=branches,
+                upserted=upsert_counts(props),
             )
         )
     return records
@@ -254,8 +258,7 @@ def the_query(table: Table, query_id: str | None, branch: str = MAIN_BRANCH) -> 
     if not queries:
         raise AuditError(f"branch {branch!r} of the table has no batch written by lakesink")
     raise AuditError(
-        f"the table has batches of {len(queries)} queries, give the query id (batch=<query id>:<batch id>): "
-        f"{', '.join(queries)}"
+        f"the table has batches of {len(queries)} queries, give the query id (batch=<query id>:<batch id>): {', '.join(queries)}"
     )
 
 

@@ -27,6 +27,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import click
+import pyarrow as pa
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 
@@ -45,6 +46,7 @@ from lakesink.audit import (
     verify,
 )
 from lakesink.errors import AuditError, InvalidOptionError, LakesinkError
+from lakesink.keyed import keyed_changes
 from lakesink.maintenance import DEFAULT_OLDER_THAN, OrphanFile, OrphanReport, remove_orphan_files
 from lakesink.options import TableName
 from lakesink.redaction import redact_secrets_in
@@ -172,6 +174,7 @@ def human_history(records: Sequence[SnapshotRecord]) -> str:
         "+files",
         "-files",
         "+bytes",
+        "ins/upd/del",
         "source offsets",
     )
     rows = []
@@ -189,6 +192,7 @@ def human_history(records: Sequence[SnapshotRecord]) -> str:
                 str(r.added_files),
                 str(r.deleted_files),
                 _size(r.added_bytes),
+                "/".join(map(str, r.upserted)) if r.upserted else "",
                 offsets if len(offsets) <= 40 else offsets[:37] + "...",
             )
         )
@@ -236,7 +240,7 @@ _branch_option = click.option("--branch", default="main", show_default=True, hel
 @click.option("--at", "point", metavar="POINT", callback=_point, help=f"Read as of this point ({_POINT_HELP}); default: now.")
 @_branch_option
 @click.option("--columns", metavar="A,B,...", help="Only these columns.")
-@click.option("--where", "row_filter", metavar="EXPR", help="An Iceberg row filter, for example \"id > 5 and kind = 2\".")
+@click.option("--where", "row_filter", metavar="EXPR", help='An Iceberg row filter, for example "id > 5 and kind = 2".')
 @click.option("--limit", type=int, default=20, show_default=True, help="Rows to print (0: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list.")
 def show_command(
@@ -293,14 +297,30 @@ def diff_command(
         d = diff(t, start, end, branch=branch, show_progress=None if not as_json else False)
     except LakesinkError as e:
         raise click.ClickException(str(e)) from None
+    key = sorted(t.schema().identifier_field_names())
     if as_json:
-        click.echo(_dumps(d.to_dict()))
+        out = d.to_dict()
+        if key:
+            out["by_key"] = keyed_changes(d.added, d.removed, key).to_dict()
+        click.echo(_dumps(out))
         return
     click.echo(
         f"from snapshot {d.start} to {d.end} ({d.method}): +{d.added.num_rows} row(s) in {len(d.added_files)} file(s), "
         f"-{d.removed.num_rows} row(s) in {len(d.removed_files)} file(s)"
     )
-    for sign, rows in (("+", d.added), ("-", d.removed)):
+    if key:  # a keyed table (upserts): a row removed and one added with the same key are one update
+        changes = keyed_changes(d.added, d.removed, key)
+        click.echo(
+            f"by key ({', '.join(key)}): {len(changes.inserted)} inserted, {len(changes.updated)} updated, "
+            f"{len(changes.deleted)} deleted"
+        )
+        updates = changes.updated if limit <= 0 else changes.updated[:limit]
+        for before, after in updates:
+            click.echo(f"~ {before} -> {after}")
+        inserted, deleted = pa.Table.from_pylist(changes.inserted), pa.Table.from_pylist(changes.deleted)
+    else:
+        inserted, deleted = d.added, d.removed
+    for sign, rows in (("+", inserted), ("-", deleted)):
         if rows.num_rows:
             shown = rows if limit <= 0 else rows.slice(0, limit)
             click.echo("\n".join(f"{sign} {line}" for line in human_rows(shown).splitlines()))
@@ -309,7 +329,7 @@ def diff_command(
 @main.command("which")
 @click.argument("table")
 @catalog_options
-@click.option("--where", "row_filter", metavar="EXPR", help="The rows to trace, as an Iceberg row filter (\"id = 42\").")
+@click.option("--where", "row_filter", metavar="EXPR", help='The rows to trace, as an Iceberg row filter ("id = 42").')
 @click.option("--file", "file_path", metavar="PATH", help="A data file to trace (its full path, as in the manifests).")
 @click.option("--at", "point", metavar="POINT", callback=_point, help=f"As of this point ({_POINT_HELP}).")
 @_branch_option
@@ -363,9 +383,7 @@ def verify_command(
 @click.option(
     "--html", "html_path", metavar="FILE", required=True, type=click.Path(dir_okay=False), help="Where to write the page."
 )
-def report_command(
-    table: str, catalog_name: str | None, catalog_properties: dict[str, str], branch: str, html_path: str
-) -> None:
+def report_command(table: str, catalog_name: str | None, catalog_properties: dict[str, str], branch: str, html_path: str) -> None:
     """Write a self-contained HTML page about TABLE: verify result, batches, latency, files, writers."""
     from lakesink.report import write_report
 

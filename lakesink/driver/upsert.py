@@ -35,6 +35,7 @@ from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzTyp
 from lakesink import _pyiceberg as seam
 from lakesink.errors import LakesinkError
 from lakesink.executor import TaskWriter, utc_schema
+from lakesink.keyed import SUMMARY_DELETED, SUMMARY_INSERTED, SUMMARY_UPDATED
 from lakesink.messages import WritePlan, WrittenFile
 
 #: The key flag column of the batch's keys (lakesink.changes.DELETED; repeated so that no Spark import is needed here).
@@ -43,9 +44,6 @@ DELETED = "__lakesink_deleted"
 REWRITE_PARTITION_ID = 99999
 _ROW = "__lakesink_row"
 
-SUMMARY_INSERTED = "lakesink.upsert.inserted-rows"
-SUMMARY_UPDATED = "lakesink.upsert.updated-rows"
-SUMMARY_DELETED = "lakesink.upsert.deleted-rows"
 SUMMARY_FILES_READ = "lakesink.upsert.rewritten-files"
 SUMMARY_BYTES_READ = "lakesink.upsert.rewritten-bytes-read"
 
