@@ -300,3 +300,58 @@ def test_audit_history_diff_and_verify_of_an_upsert_table(catalog_properties: di
     assert "1 inserted, 1 updated, 1 deleted" in text and "~ {'id': 2, 'value': 'old', 'seq': 2} -> " in text
     history = CliRunner().invoke(main, ["history", "db.events", *props]).output
     assert "ins/upd/del" in history and "1/1/1" in history
+
+
+@pytest.mark.parametrize("partitioned_by", [None, "day", "bucket(4, tenant)"])
+def test_composite_key_of_string_date_and_timestamp(catalog_properties: dict[str, str], partitioned_by: str | None) -> None:
+    """A key of (tenant string, day date, at timestamptz): statistics and partition pruning decode each type."""
+    import datetime
+
+    from lakesink import partitioning
+
+    schema = pa.schema([("tenant", pa.string()), ("day", pa.date32()), ("at", pa.timestamp("us", "UTC")), ("value", pa.int64())])
+    c = TableCommitter(
+        SinkOptions(
+            table=TableName(("db",), "events"),
+            catalog_properties=catalog_properties,
+            upsert_key=("tenant", "day", "at"),
+            partitioned_by=partitioning.parse(partitioned_by) if partitioned_by else (),
+        )
+    )
+    c.open_table(schema)
+    t0 = datetime.datetime(2024, 3, 1, tzinfo=datetime.timezone.utc)
+
+    def row(i: int, value: int) -> dict[str, Any]:
+        return {
+            "tenant": f"t{i % 3}",
+            "day": datetime.date(2024, 3, 1 + i % 5),
+            "at": t0 + datetime.timedelta(hours=i),
+            "value": value,
+        }
+
+    def batch(batch_id: int, rows: list[dict[str, Any]], deleted: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
+        data = pa.Table.from_pylist(rows, schema=schema)
+        plan = c.write_plan(c.reload_table(), Q)
+        result = TaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id).write(
+            data.to_batches()
+        )
+        keys = pa.Table.from_pylist([*rows, *deleted], schema=schema).select(["tenant", "day", "at"])
+        keys = keys.append_column(DELETED, pa.array([False] * len(rows) + [True] * len(deleted)))
+        c.commit_batch(query_id=Q, batch_id=batch_id, results=[result], source_offsets=None, changes=keys)
+
+    batch(0, [row(i, 0) for i in range(30)])
+    batch(1, [row(i, 1) for i in (3, 17, 40)], deleted=[row(5, 0), row(99, 0)])
+    expected = {(r["tenant"], r["day"], r["at"]): r["value"] for r in (row(i, 0) for i in range(30))}
+    expected.update({(r["tenant"], r["day"], r["at"]): 1 for r in (row(i, 1) for i in (3, 17, 40))})
+    del expected[(row(5, 0)["tenant"], row(5, 0)["day"], row(5, 0)["at"])]
+    table = c.reload_table()
+    for name, got in (
+        ("pyiceberg", table.scan().to_arrow()),
+        ("duckdb", interop.duckdb_read(table.metadata_location)),
+        ("iceberg-rust", interop.iceberg_rust_read(table.metadata_location)),
+    ):
+        rows = got.cast(schema).to_pylist()
+        assert len(rows) == len(expected), name
+        assert {(r["tenant"], r["day"], r["at"]): r["value"] for r in rows} == expected, name
+    summary = lakesink_snapshots(table)[-1]["summary"]
+    assert (summary[SUMMARY_INSERTED], summary[SUMMARY_UPDATED], summary[SUMMARY_DELETED]) == ("1", "2", "1")

@@ -34,10 +34,14 @@ Event = dict[str, Any]
 
 
 def write_events(folder: Path, batches: Sequence[Sequence[Event]], start: int = 0) -> None:
+    """One file per batch. Spark's file source takes files in modification-time order (not name order): the
+    files get increasing modification times, so that batch i is file i and a later file wins."""
     folder.mkdir(parents=True, exist_ok=True)
+    base = time.time() - 3600
     for i, events in enumerate(batches, start=start):
         tmp = folder / f".events-{i:05d}.json.tmp"
         tmp.write_text("".join(json.dumps(e) + "\n" for e in events))
+        os.utime(tmp, (base + i, base + i))
         tmp.rename(folder / f"events-{i:05d}.json")
 
 
@@ -189,6 +193,6 @@ def test_sigkill_inside_the_commit_and_at_random_moments_then_restart_equals_the
     proc = _job(catalog_properties, src, ck, None)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and "UPSERT JOB DONE" in out, err[-3000:]
-    assert_every_reader_sees(catalog_properties, model(stream))
     table = catalogs.load(None, catalog_properties).load_table(("db", "events"))
     assert [s["batch_id"] for s in lakesink_snapshots(table)] == list(range(len(stream)))
+    assert_every_reader_sees(catalog_properties, model(stream))
