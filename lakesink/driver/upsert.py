@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import bisect
 import datetime
-from dataclasses import dataclass, field
-from decimal import Decimal
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -62,7 +61,7 @@ class Rewrite:
     deleted: int = 0
     bytes_read: int = 0
     files_considered: int = 0
-    summary: dict[str, str] = field(default_factory=dict)
+    """Files whose partition and key bounds could hold a key (read; only those holding one are removed)."""
 
     @property
     def paths(self) -> list[str]:
@@ -229,6 +228,4 @@ def _normalized(value: Any) -> Any:
         return (value - _EPOCH) // datetime.timedelta(microseconds=1)
     if isinstance(value, datetime.date):
         return (value - _EPOCH_DATE).days
-    if isinstance(value, Decimal):
-        return value
     return value
