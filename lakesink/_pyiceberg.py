@@ -18,6 +18,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.expressions.parser import parse
+from pyiceberg.expressions.visitors import bind
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
     ArrowAccessor,
@@ -28,6 +30,7 @@ from pyiceberg.io.pyarrow import (
     _get_parquet_writer_kwargs,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
+    expression_to_pyarrow,
     parquet_path_to_id_mapping,
     pyarrow_to_schema,
     schema_to_pyarrow,
@@ -496,6 +499,18 @@ def column_bounds(data_file: DataFile, field_id: int, field_type: IcebergType) -
 def identity_partition_value(field_type: IcebergType, value: Any) -> Any:
     """A source value as an identity partition field holds it (Iceberg's internal representation)."""
     return _to_partition_representation(field_type, value)
+
+
+def parse_row_filter(expression: str) -> BooleanExpression:
+    """An Iceberg row filter expression (``op = 'd'``), parsed by pyiceberg."""
+    return parse(expression)
+
+
+def filter_rows(table: pa.Table, expression: str) -> pa.Table:
+    """The rows of ``table`` for which the Iceberg row filter ``expression`` is true (names matched as written)."""
+    schema = new_table_schema(table.schema)
+    bound = bind(schema, parse(expression), case_sensitive=False)
+    return table.filter(expression_to_pyarrow(bound, schema))
 
 
 def delete_file(io: FileIO, path: str) -> None:

@@ -11,6 +11,7 @@ Where each method runs (see docs/protocol.md):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -31,6 +32,7 @@ from lakesink.messages import TaskResult, WritePlan
 from lakesink.options import ReadOptions, SinkOptions
 from lakesink.reader import LakesinkReader, LakesinkReaderWithoutPushdown, table_schema
 from lakesink.schema import arrow_schema_of
+from lakesink.taskchanges import UpsertSpec
 
 log = logging.getLogger("lakesink")
 
@@ -110,7 +112,14 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
         self._committer = TableCommitter(options)
         stream_schema = arrow_schema_of(schema)
         table = self._committer.open_table(stream_schema)
-        self._plan = self._committer.write_plan(table, read_query_id(self._checkpoint), stream_schema)
+        plan = self._committer.write_plan(table, read_query_id(self._checkpoint), stream_schema)
+        if options.upsert_key:
+            # the writers resolve their rows to one row per key (Spark rejects outputMode("update") for Python
+            # data sources: a change stream in append mode is the way; docs/upserts.md)
+            upsert = UpsertSpec(options.upsert_key, options.delete_when, options.order_by)
+            upsert.check()
+            plan = dataclasses.replace(plan, upsert=upsert)
+        self._plan = plan
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from pyiceberg.schema import Schema
 
 from lakesink import _pyiceberg as seam
+from lakesink import taskchanges
 from lakesink.errors import SchemaMismatchError, TableLocationError
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.messages import TaskResult, WritePlan, WrittenFile
@@ -137,6 +138,7 @@ class TaskWriter:
         self._has_required = _has_required_field(seam.arrow_schema(self._file_schema))
         self._partitioned = not plan.spec.is_unpartitioned()
         self._files: list[WrittenFile] = []
+        self._changes: bytes | None = None
         self._counter = 0
         # open files by partition values (the unpartitioned table has one, keyed by ()), least recently
         # written first
@@ -151,6 +153,11 @@ class TaskWriter:
         """Write every batch; on any failure delete this task's files and re-raise."""
         try:
             fault_point(EXECUTOR_BEFORE_WRITE)
+            if self._plan.upsert is not None:  # format("lakesink") with upsert-key: one row per key of this task
+                batches, changes = taskchanges.resolve_task(
+                    batches, self._plan.upsert, batch_id=self._batch_id, partition_id=self._partition_id
+                )
+                self._changes = taskchanges.to_ipc(changes)
             for batch in batches:
                 if batch.num_rows:
                     conformed = self._conform(batch)
@@ -189,6 +196,7 @@ class TaskWriter:
             run_id=self._run_id,
             written_schema=self._plan.schema_digest,
             schema_changes=self._plan.schema_changes,
+            changes=self._changes,
         )
 
     # --- conforming rows to the table -----------------------------------------------------------

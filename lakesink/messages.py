@@ -17,6 +17,7 @@ from pyiceberg.schema import Schema
 from pyspark.sql.datasource import WriterCommitMessage
 
 from lakesink.tablesettings import TableSettings
+from lakesink.taskchanges import UpsertSpec
 
 
 def schema_digest(schema: Schema) -> str:
@@ -58,6 +59,9 @@ class WritePlan:
     """lakesink.schema.SchemaChange's turning the table's schema ``schema_id`` into ``schema``
     (``merge-schema``); applied in the batch's commit."""
     sink_id: str | None = None
+    upsert: UpsertSpec | None = None
+    """format("lakesink") with option upsert-key: each task resolves its rows to one row per key
+    (lakesink.taskchanges); None for appends and for foreach_batch (which resolves in Spark)."""
 
     @property
     def schema_digest(self) -> str:
@@ -99,6 +103,8 @@ class TaskResult(WriterCommitMessage):
     commit: a digest, not the schema, so that thousands of task results stay small on the driver."""
     schema_changes: tuple[Any, ...] = ()
     """The plan's schema changes (``merge-schema``): from table schema ``schema_id`` to ``schema``."""
+    changes: bytes | None = None
+    """With ``WritePlan.upsert``: the keys the task changed, with their deleted flag (Arrow IPC)."""
 
     @property
     def record_count(self) -> int:

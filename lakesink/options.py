@@ -171,14 +171,6 @@ class SinkOptions:
                 f"option '{WRITER}' is not used with format('lakesink'), which always writes through Python workers "
                 "(the Arrow path); use lakesink.foreach_batch(..., writer='spark') for Spark's own Parquet writer"
             )
-        if any(k in lowered for k in (UPSERT_KEY, DELETE_WHEN, ORDER_BY)):
-            raise InvalidOptionError(
-                f"options '{UPSERT_KEY}', '{DELETE_WHEN}' and '{ORDER_BY}' are not supported by format('lakesink') yet: "
-                "resolving several rows of one key needs the whole batch, which a Python data source's writers never see "
-                "together, and Spark rejects outputMode('update') for Python data sources. Write upserts and change "
-                "streams with writeStream.foreachBatch(lakesink.foreach_batch(table, upsert_key=..., delete_when=..., "
-                "order_by=...)) (docs/upserts.md)"
-            )
         return cls._parse(lowered, mode, case_sensitive=options)
 
     @classmethod

@@ -17,11 +17,12 @@ import pytest
 from lakesink import interop
 from lakesink.driver import Outcome, TableCommitter
 from lakesink.driver.upsert import DELETED, SUMMARY_DELETED, SUMMARY_FILES_READ, SUMMARY_INSERTED, SUMMARY_UPDATED
-from lakesink.errors import InjectedFault, InvalidOptionError
+from lakesink.errors import InjectedFault, InvalidOptionError, UpsertKeyError
 from lakesink.executor import TaskWriter
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, DRIVER_BEFORE_SWAP
 from lakesink.messages import TaskResult
 from lakesink.options import SinkOptions, TableName
+from lakesink.taskchanges import UpsertSpec, merge, resolve_task, to_ipc
 from tests.helpers import assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, referenced_data_files
 
 Q = "11111111-aaaa-4000-8000-000000000001"
@@ -267,8 +268,35 @@ def test_upsert_options_are_checked_against_the_mode_and_the_entry_point() -> No
         SinkOptions.from_mapping({**base, "delete-when": "op = 'd'"})
     with pytest.raises(InvalidOptionError, match=r"distinct columns"):
         SinkOptions.from_mapping({**base, "upsert-key": "id,id"})
-    with pytest.raises(InvalidOptionError, match=r"not supported by format\('lakesink'\).*rejects outputMode\('update'\)"):
-        SinkOptions.from_spark_options({**base, "upsert-key": "id"}, overwrite=False)
+    spark_options = SinkOptions.from_spark_options({**base, "upsert-key": "id", "delete-when": "op = 'd'"}, overwrite=False)
+    assert spark_options.upsert_key == ("id",)
+    # format("lakesink")'s writers evaluate delete-when without Spark: an Iceberg row filter, checked at the start
+    UpsertSpec(("id",), "op in ('d', 'x') and not deleted is null").check()
+    with pytest.raises(InvalidOptionError, match=r"Iceberg row filter expression"):
+        UpsertSpec(("id",), "upper(op) = 'D'").check()
+
+
+def test_a_task_resolves_its_rows_and_the_driver_refuses_a_key_of_two_tasks() -> None:
+    """format("lakesink"): each task keeps one row per key (greatest order-by), its deletes are not written;
+    a key changed by two tasks of one batch is an error naming it and saying how to fix it."""
+    rows = pa.table({"id": [1, 1, 2, 3, 3], "op": ["c", "u", "d", "c", "d"], "seq": [1, 2, 3, 5, 4],
+                     "tags": [["a"], ["b"], ["c"], None, ["e"]]})  # fmt: skip
+    written, changes = resolve_task(rows.to_batches(), UpsertSpec(("id",), "op = 'd'", "seq"), batch_id=7, partition_id=0)
+    assert pa.Table.from_batches(written).to_pylist() == [
+        {"id": 1, "op": "u", "seq": 2, "tags": ["b"]},
+        {"id": 3, "op": "c", "seq": 5, "tags": None},
+    ]
+    assert changes.to_pylist() == [{"id": 1, DELETED: False}, {"id": 2, DELETED: True}, {"id": 3, DELETED: False}]
+    with pytest.raises(UpsertKeyError, match=r"batch 7 has 2 rows for key \(id=1\) and no option 'order-by'"):
+        resolve_task(rows.to_batches(), UpsertSpec(("id",)), batch_id=7, partition_id=0)
+    nulls = pa.table({"id": pa.array([1, None], pa.int64())})
+    with pytest.raises(UpsertKeyError, match=r"key column 'id' is null"):
+        resolve_task(nulls.to_batches(), UpsertSpec(("id",)), batch_id=7, partition_id=0)
+    part = to_ipc(changes)
+    assert part is not None
+    assert merge([part], batch_id=7).num_rows == 3
+    with pytest.raises(UpsertKeyError, match=r"key \(id=1\) in 2 tasks.*repartition the stream by the key"):
+        merge([part, part], batch_id=7)
 
 
 def test_audit_history_diff_and_verify_of_an_upsert_table(catalog_properties: dict[str, str]) -> None:

@@ -196,3 +196,31 @@ def test_sigkill_inside_the_commit_and_at_random_moments_then_restart_equals_the
     table = catalogs.load(None, catalog_properties).load_table(("db", "events"))
     assert [s["batch_id"] for s in lakesink_snapshots(table)] == list(range(len(stream)))
     assert_every_reader_sees(catalog_properties, model(stream))
+
+
+def test_change_stream_through_format_lakesink_equals_the_model(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """format("lakesink") in append mode: each task resolves its rows; repartitioned by the key, every row of a
+    key is in one task, so the table equals the model."""
+    stream = change_stream(seed=4, batches=3, per_batch=80, keys=30)
+    write_events(tmp_path / "in", stream)
+    df = spark.readStream.schema(EVENTS_DDL).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in")).repartition(2, "id")
+    w = df.writeStream.format("lakesink").option("table", "db.events")
+    for k, v in catalog_properties.items():
+        w = w.option(f"catalog.{k}", v)
+    q = (
+        w.option("upsert-key", "id")
+        .option("delete-when", "op = 'd'")
+        .option("order-by", "seq")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        q.awaitTermination()
+    finally:
+        q.stop()
+    assert_every_reader_sees(catalog_properties, model(stream))
+    table = catalogs.load(None, catalog_properties).load_table(("db", "events"))
+    assert [s["batch_id"] for s in lakesink_snapshots(table)] == [0, 1, 2]

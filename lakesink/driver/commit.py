@@ -19,6 +19,7 @@ import pyarrow as pa
 from pyiceberg.table import Table
 
 from lakesink import _pyiceberg as seam
+from lakesink import taskchanges
 from lakesink.driver import upsert
 from lakesink.driver.swap import RetriesExhausted, Status, SwapResult, swap_with_recheck
 from lakesink.driver.tables import SinkTable
@@ -113,6 +114,9 @@ class TableCommitter(SinkTable):
         ``run_id``: Spark's run id of the query run (else read from the task results); ``changes``: with option
         ``upsert-key``, every key the batch changes (lakesink.changes.resolve), whose rows the snapshot replaces.
         """
+        if changes is None and any(r.changes for r in results):
+            # format("lakesink") with upsert-key: the tasks resolved their rows; a key of two tasks is an error
+            changes = taskchanges.merge([r.changes for r in results if r.changes], batch_id=batch_id)
         batch = _Batch(
             query_id=query_id,
             batch_id=batch_id,

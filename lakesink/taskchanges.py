@@ -1,0 +1,143 @@
+"""Upserts through ``format("lakesink")``: one task's rows resolved to one row per key (executor side).
+
+A Python data source's writers each see one partition of a batch, never the whole batch, so the
+resolution of :mod:`lakesink.changes` (in Spark, over the batch) is done per task here: a null key
+is an error naming the column; several rows of one key keep the one with the greatest ``order-by``
+value (without ``order-by``: an error naming the key); ``delete-when`` is evaluated on the task's
+rows as an Iceberg row filter expression (``op = 'd'``, ``op in ('d', 'x')``, ``deleted is true``;
+parsed by pyiceberg, since no Spark SQL engine runs in a Python worker). The task writes the rows
+that stay and returns the keys it changed in its TaskResult (Arrow IPC bytes). On the driver,
+:func:`merge` joins the tasks' keys; a key changed by two tasks of one batch is an error telling the
+user to repartition the stream by the key (then every row of a key is in one task).
+
+No catalog, no Spark session: plain Arrow, as the rest of the executor side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakesink import _pyiceberg as seam
+from lakesink.errors import InvalidOptionError, UpsertKeyError
+
+#: The flag column of a batch's keys (as lakesink.changes.DELETED and lakesink.driver.upsert.DELETED).
+DELETED = "__lakesink_deleted"
+_ROW = "__lakesink_row"
+_TOP = "__lakesink_top"
+
+
+@dataclass(frozen=True)
+class UpsertSpec:
+    """The upsert options an executor needs (``format("lakesink")`` only; foreach_batch resolves in Spark)."""
+
+    key: tuple[str, ...]
+    delete_when: str | None = None
+    order_by: str | None = None
+
+    def check(self) -> None:
+        """Parse ``delete-when`` on the driver, so that a bad expression fails at the start of the query."""
+        if self.delete_when is not None:
+            try:
+                seam.parse_row_filter(self.delete_when)
+            except Exception as e:
+                raise InvalidOptionError(
+                    f"option 'delete-when' {self.delete_when!r} is not an expression format('lakesink') can evaluate: "
+                    f"its writers run without Spark SQL and take an Iceberg row filter expression (e.g. \"op = 'd'\", "
+                    f"\"op in ('d', 'x')\", \"deleted = true\"); foreach_batch takes any Spark SQL expression ({e})"
+                ) from None
+
+
+def resolve_task(
+    batches: Iterable[pa.RecordBatch], spec: UpsertSpec, *, batch_id: int, partition_id: int
+) -> tuple[list[pa.RecordBatch], pa.Table]:
+    """(the task's rows to write, the keys it changes with :data:`DELETED`), one row per key."""
+    received = [b for b in batches if b.num_rows]
+    if not received:
+        return [], pa.table({})
+    table = pa.Table.from_batches(received)
+    keys = [_column(table, k, "upsert-key") for k in spec.key]
+    for k in keys:
+        if table.column(k).null_count:
+            raise UpsertKeyError(
+                f"batch {batch_id} has a row whose key column {k!r} is null (task {partition_id}); option 'upsert-key' "
+                f"({', '.join(keys)}) needs a value in every key column. Nothing was committed; filter or fill the null "
+                "keys before the sink"
+            )
+    table = table.append_column(DELETED, _deleted(table, spec.delete_when))
+    table = table.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
+    if spec.order_by is not None:
+        # the rows with the greatest order value of their key (joined on the narrow columns only: Arrow's hash
+        # join carries no nested payload columns)
+        order = _column(table, spec.order_by, "order-by")
+        narrow = table.select([*keys, order, _ROW])
+        top = narrow.group_by(keys, use_threads=False).aggregate([(order, "max")]).rename_columns([*keys, _TOP])
+        joined = narrow.join(top, keys, join_type="inner", use_threads=False)
+        same = pc.fill_null(pc.equal(joined.column(order), joined.column(_TOP)), False)
+        both_null = pc.and_(joined.column(order).is_null(), joined.column(_TOP).is_null())
+        winners = joined.filter(pc.or_(same, both_null)).column(_ROW)
+        table = table.take(pc.take(winners, pc.sort_indices(winners)))
+    counts = table.group_by(keys, use_threads=False).aggregate([(_ROW, "count")])
+    several = counts.filter(pc.greater(counts.column(f"{_ROW}_count"), 1))
+    if several.num_rows:
+        row = several.slice(0, 1).to_pylist()[0]
+        key = ", ".join(f"{k}={row[k]!r}" for k in keys)
+        how = (
+            f"with the same greatest 'order-by' value ({spec.order_by})"
+            if spec.order_by
+            else "and no option 'order-by' (a column whose greatest value wins)"
+        )
+        raise UpsertKeyError(
+            f"batch {batch_id} has {row[f'{_ROW}_count']} rows for key ({key}) {how} (task {partition_id}). Nothing was committed"
+        )
+    changes = table.select([*keys, DELETED])
+    rows = table.filter(pc.invert(table.column(DELETED))).drop_columns([DELETED, _ROW])
+    return rows.to_batches(), changes
+
+
+def to_ipc(changes: pa.Table) -> bytes | None:
+    if not changes.num_columns:
+        return None
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, changes.schema) as writer:
+        writer.write_table(changes)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def merge(parts: Sequence[bytes], *, batch_id: int) -> pa.Table:
+    """On the driver: the tasks' keys, joined; a key changed by two tasks is an UpsertKeyError."""
+    tables = [pa.ipc.open_stream(p).read_all() for p in parts]
+    changes = pa.concat_tables(tables, promote_options="permissive")
+    keys = [n for n in changes.column_names if n != DELETED]
+    counts = changes.group_by(keys, use_threads=False).aggregate([(DELETED, "count")])
+    several = counts.filter(pc.greater(counts.column(f"{DELETED}_count"), 1))
+    if several.num_rows:
+        row = several.slice(0, 1).to_pylist()[0]
+        key = ", ".join(f"{k}={row[k]!r}" for k in keys)
+        raise UpsertKeyError(
+            f"batch {batch_id} has rows for key ({key}) in {row[f'{DELETED}_count']} tasks: format('lakesink') resolves "
+            "several rows of one key within one task only (its writers never see the whole batch). Nothing was "
+            f"committed; repartition the stream by the key before the sink (df.repartition({', '.join(map(repr, keys))})), "
+            "or use foreach_batch, which resolves over the whole batch"
+        )
+    return changes
+
+
+def _column(table: pa.Table, name: str, option: str) -> str:
+    for column in table.column_names:
+        if column == name or column.lower() == name.lower():
+            return str(column)
+    raise InvalidOptionError(
+        f"option '{option}' names column {name!r}, which the stream does not have (columns: {', '.join(table.column_names)})"
+    )
+
+
+def _deleted(table: pa.Table, expression: str | None) -> pa.Array:
+    if expression is None:
+        return pa.array([False] * table.num_rows)
+    numbered = table.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
+    matched = seam.filter_rows(numbered, expression).column(_ROW)
+    return pc.is_in(numbered.column(_ROW), value_set=matched.combine_chunks())
