@@ -154,12 +154,12 @@ def test_update_mode_aggregation_keeps_one_row_per_group(spark: Any, tmp_path: P
         assert {r["op"]: (r["events"], r["last_seq"]) for r in rows} == expected, name
 
 
-def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None) -> subprocess.Popen[str]:
+def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None, entry: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
     if faults_dir is not None:
         env["LAKESINK_FAULTS_DIR"] = faults_dir
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.upsert_job", json.dumps(props), str(src), str(ck)],
+        [sys.executable, "-m", "tests.upsert_job", json.dumps(props), str(src), str(ck), entry],
         cwd=Path(__file__).parent.parent,
         env=env,
         stdout=subprocess.PIPE,
@@ -170,11 +170,15 @@ def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None) -> 
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("entry", ["foreach", "format"])
 def test_sigkill_inside_the_commit_and_at_random_moments_then_restart_equals_the_model(
-    tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+    tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
     """The job is SIGKILLed before the swap, after it (before Spark's commit log), and at a random moment;
-    each time it restarts from the same checkpoint. The table equals the model in every reader."""
+    each time it restarts from the same checkpoint. The table equals the model in every reader.
+
+    foreach: the fault kills the driver (the job). format: it kills the commit worker; Spark fails the
+    query, and the job ends with an error."""
     stream = change_stream(seed=3, batches=6, per_batch=60, keys=40)
     src, ck = tmp_path / "in", tmp_path / "ck"
     write_events(src, stream)
@@ -182,15 +186,19 @@ def test_sigkill_inside_the_commit_and_at_random_moments_then_restart_equals_the
     for point in (DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP, None):
         if point is not None:
             faults.arm(point, "kill")
-            proc = _job(catalog_properties, src, ck, str(faults.folder))
+            proc = _job(catalog_properties, src, ck, str(faults.folder), entry)
             _, err = proc.communicate(timeout=300)
-            assert proc.returncode == -signal.SIGKILL, err[-3000:]
+            assert faults.fired(point), err[-3000:]
+            if entry == "foreach":
+                assert proc.returncode == -signal.SIGKILL, err[-3000:]
+            else:
+                assert proc.returncode != 0, err[-3000:]
         else:
-            proc = _job(catalog_properties, src, ck, None)
+            proc = _job(catalog_properties, src, ck, None, entry)
             time.sleep(rng.uniform(8, 20))  # a random moment: Spark starting, a batch written or committing
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate(timeout=60)
-    proc = _job(catalog_properties, src, ck, None)
+    proc = _job(catalog_properties, src, ck, None, entry)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and "UPSERT JOB DONE" in out, err[-3000:]
     table = catalogs.load(None, catalog_properties).load_table(("db", "events"))

@@ -1,7 +1,7 @@
 """Run by tests/test_upserts_spark.py: a change stream (JSON event files) upserted with foreach_batch, until done.
 
-Arguments: catalog properties (JSON), source folder, checkpoint folder. The test kills it (SIGKILL, or a
-fault point armed with ``kill``) and starts it again from the same checkpoint.
+Arguments: catalog properties (JSON), source folder, checkpoint folder, entry point (``foreach`` or
+``format``). The test kills it (SIGKILL, or a fault point armed with ``kill``) and starts it again from the same checkpoint.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ def upsert_sink(props: dict[str, str]) -> lakesink.ForeachBatchSink:
 
 if __name__ == "__main__":
     props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+    entry = sys.argv[4] if len(sys.argv) > 4 else "foreach"
     spark = (
         SparkSession.builder.master("local[2]")
         .config("spark.ui.enabled", "false")
@@ -30,6 +31,14 @@ if __name__ == "__main__":
     )
     spark.sparkContext.setLogLevel("ERROR")
     df = spark.readStream.schema(EVENTS_DDL).option("maxFilesPerTrigger", 1).json(src)
-    q = df.writeStream.foreachBatch(upsert_sink(props)).option("checkpointLocation", ck).trigger(availableNow=True).start()
+    if entry == "format":
+        lakesink.register(spark)
+        w = df.repartition(2, "id").writeStream.format("lakesink").option("table", "db.events")
+        for k, v in props.items():
+            w = w.option(f"catalog.{k}", v)
+        w = w.option("upsert-key", "id").option("delete-when", "op = 'd'").option("order-by", "seq")
+    else:
+        w = df.writeStream.foreachBatch(upsert_sink(props))
+    q = w.option("checkpointLocation", ck).trigger(availableNow=True).start()
     q.awaitTermination()
     print("UPSERT JOB DONE")
