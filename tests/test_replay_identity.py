@@ -269,9 +269,11 @@ def test_replay_check_visits_only_the_commits_since_the_marker(catalog_propertie
             yield s
 
     monkeypatch.setattr(SnapshotIndex, "ancestors", counting)
-    done = c.last(table, Q)
+    index = SnapshotIndex(table.metadata)
+    done = c.last(table, Q, index=index)
     assert done is not None and done.batch_id == 0
     assert len(table.snapshots()) == 154 and len(visited) <= 5
+    assert len(index.by_id) <= 5  # the snapshots indexed: the newest few, not the history
 
 
 # --- item 8: an abort racing a commit still in flight (format("lakesink")) ---------------------------
