@@ -7,6 +7,7 @@ driver paused before its swap), and every assertion is on exact sets of paths.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -37,6 +38,7 @@ from lakesink.faults import DRIVER_BEFORE_SWAP, EXECUTOR_AFTER_FILE
 from lakesink.maintenance import IN_FLIGHT_WINDOW, LAKESINK_DATA_FILE, OrphanFile, OrphanReport, remove_orphan_files
 from lakesink.messages import TaskResult
 from lakesink.options import OutputMode
+from tests.conftest import sql_catalog_properties
 from tests.helpers import arrow_rows, commit, load, make_committer, table_ids, write_task
 
 SCHEMA = arrow_rows([]).schema
@@ -437,6 +439,86 @@ def test_in_flight_batch_is_never_removed_even_with_older_than_zero(committer: T
     assert table_ids(table) == Counter(range(1, 50))
     after = remove_orphan_files(table, older_than=ZERO)
     assert after.removed == after.kept_in_flight == ()
+
+
+def spark_path_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int]) -> TaskResult:
+    """A batch as the Spark path leaves it before its commit: a ``part-*`` file in ``<data>/<query8>-<batch>-<token>/``.
+
+    The rows are written by the executor's writer (real Parquet, real statistics), then moved into a
+    batch directory named as lakesink.sparkwrite names it.
+    """
+    written = write_task(c, query_id, batch_id, ids)
+    (f,) = written.files
+    source = local(f.path)
+    directory = source.parent / f"{query_id[:8]}-{batch_id:05d}-{uuid.uuid4().hex[:12]}"
+    directory.mkdir()
+    target = directory / f"part-00000-{uuid.uuid4()}-c000.zstd.parquet"
+    source.rename(target)
+    return dataclasses.replace(written, task_attempt_id=-1, files=(dataclasses.replace(f, path=f"file://{target}"),))
+
+
+def commit_while_cleaning_up(committer: TableCommitter, query_id: str, batch_id: int, result: TaskResult, faults: Any) -> OrphanReport:
+    """Commit one batch; while it waits before its swap, run the clean-up with ``older_than=0``."""
+    table = load(committer)
+    before = on_disk(table)
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    t, box = in_thread(lambda: commit(committer, query_id, batch_id, [result]))
+    try:
+        wait_for(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+        prepared = on_disk(table) - before  # the manifests and the manifest list of the pending snapshot
+        assert prepared and all(kind(p) in ("manifest", "manifest-list") for p in prepared), prepared
+        report = remove_orphan_files(table, older_than=ZERO)
+        pending = files_of(result) | prepared
+        assert pending <= paths(report.kept_in_flight), {f.path: f.reason for f in report.removed}
+        assert not pending & paths(report.removed)
+        assert pending <= on_disk(table)
+    finally:
+        faults.release(DRIVER_BEFORE_SWAP)
+        t.join(60)
+        faults.clear()
+    assert isinstance(box[0], BatchOutcome) and box[0].outcome is Outcome.COMMITTED, box
+    return report
+
+
+def test_in_flight_spark_path_batch_keeps_its_manifests(committer: TableCommitter, faults) -> None:  # type: ignore[no-untyped-def]
+    """The manifests of a Spark-path batch list ``part-*`` files: the batch is known by their directory."""
+    commit(committer, Q1, 0, [spark_path_task(committer, Q1, 0, [1])])
+    batch = spark_path_task(committer, Q1, 1, list(range(2, 50)))
+    report = commit_while_cleaning_up(committer, Q1, 1, batch, faults)
+    assert report.removed == ()
+    assert all("not committed yet" in f.reason for f in report.kept_in_flight), report.kept_in_flight
+    table = load(committer)
+    assert files_of(batch) <= reachable(table)
+    assert_intact(table)
+    assert table_ids(table) == Counter(range(1, 50))
+    assert on_disk(table) == reachable(table)
+
+
+def test_in_flight_spark_path_batches_keep_their_merged_manifests(tmp_path: Path, request, faults) -> None:  # type: ignore[no-untyped-def]
+    """130 Spark-path batches, the clean-up running before the swap of many of them, across manifest merges.
+
+    On SQLite only (the commit path is the same on PostgreSQL, and 130 batches once are enough).
+    """
+    committer = make_committer(sql_catalog_properties("sqlite", tmp_path, request))
+    committer.open_table(SCHEMA)
+    sent: list[int] = []
+    for batch_id in range(130):
+        ids = [batch_id * 10 + i for i in range(3)]
+        sent += ids
+        result = spark_path_task(committer, Q1, batch_id, ids)
+        if batch_id % 10 == 3 or 97 <= batch_id <= 103:
+            commit_while_cleaning_up(committer, Q1, batch_id, result, faults)
+        else:
+            assert commit(committer, Q1, batch_id, [result]).outcome is Outcome.COMMITTED
+    table = load(committer)
+    manifests = table.current_snapshot().manifests(table.io)  # type: ignore[union-attr]
+    assert len(manifests) < 100, "manifests were never merged"
+    assert_intact(table)
+    assert table_ids(table) == Counter(sent)
+    assert len(sent) == len(set(sent))
+    final = remove_orphan_files(table, older_than=ZERO)
+    assert final.kept_in_flight == () and on_disk(table) == reachable(table)
+    assert_intact(table)
 
 
 def test_zombie_drivers_files_are_removed_while_it_waits_and_its_swap_cannot_land(committer: TableCommitter, faults) -> None:  # type: ignore[no-untyped-def]

@@ -47,6 +47,7 @@ from tests.helpers import (
     table_ids,
 )
 from tests.test_interop import normalized
+from tests.test_maintenance import assert_intact, kind, on_disk, paths, reachable, wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -359,6 +360,38 @@ def test_orphan_clean_up_keeps_an_in_flight_spark_batch_directory(
     assert "not committed yet" in report.kept_in_flight[0].reason
     assert {f.path for f in report.removed} == {f"file://{stale}"}
     assert table_ids(s.table) == Counter(s.sent)
+
+
+def test_orphan_clean_up_during_a_spark_batch_before_its_swap_keeps_everything_it_commits(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """A Spark-path batch paused between writing its manifests and its swap; a clean-up with older_than=0 meanwhile."""
+    s = Stream(spark, tmp_path, catalog_properties, "foreach")
+    s.add_input(files=1)
+    s.run(writer="spark")
+    s.add_input(files=1)
+    table = s.table
+    before = on_disk(table)
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    q = s.start(writer="spark")
+    try:
+        wait_for(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=300)
+        pending = on_disk(table) - before  # the batch's part-* files, its manifest and its manifest list
+        assert {kind(p) for p in pending} == {"data", "manifest", "manifest-list"}, pending
+        report = remove_orphan_files(table, older_than=dt.timedelta(0))
+        assert report.removed == (), {f.path: f.kind for f in report.removed}
+        assert paths(report.kept_in_flight) == pending
+        assert pending <= on_disk(table)
+    finally:
+        faults.release(DRIVER_BEFORE_SWAP)
+        try:
+            q.awaitTermination(300)
+        finally:
+            q.stop()
+    table = s.table
+    assert pending <= reachable(table)
+    assert_intact(table)
+    s.assert_exactly_once()
 
 
 def test_target_file_size_rolls_files_from_the_second_batch(
