@@ -51,6 +51,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import IcebergType, ListType, MapType
 
+from lakesink import storage
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 
 _PARQUET = ParquetFormatModel()
@@ -420,7 +421,9 @@ def find_batch_snapshot(table: Table, query_id: str, batch_id: int) -> int | Non
 
 
 def delete_file(io: FileIO, path: str) -> None:
-    io.delete(path)
+    """Delete one file (raises FileNotFoundError when it is gone). Not pyiceberg's private API: kept only
+    until lakesink.driver calls :func:`lakesink.storage.delete_file` itself."""
+    storage.delete_file(io, path, missing_ok=False)
 
 
 # --- audits, empty batches and branches (issue 6) -----------------------------------------------

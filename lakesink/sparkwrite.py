@@ -14,25 +14,22 @@ No row passes through a Python worker. The driver then lists the written files, 
 
 If the Spark job (or anything before the commit) fails, the batch directory is deleted before the
 error propagates. A driver killed in between leaves the directory behind; the orphan-file clean-up
-recognises the layout (:mod:`lakesink.maintenance`) and keeps it while its batch may still commit.
+recognises the layout (:mod:`lakesink.names` formats and parses the directory's name) and keeps it while
+its batch may still commit.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyarrow.fs import FileType
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
     BinaryType,
@@ -55,6 +52,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lakesink import _pyiceberg as seam
+from lakesink import names, storage
 from lakesink.errors import LakesinkError, SchemaMismatchError
 from lakesink.executor import ROW_GROUP_BYTES, ROW_GROUP_BYTES_DEFAULT
 from lakesink.faults import fault_point
@@ -236,15 +234,6 @@ class SparkWrite:
         return sum(r.size_in_bytes for r in self.results)
 
 
-def spark_location(location: str) -> str:
-    """The location as Hadoop's filesystems name it (``s3://`` is ``s3a://`` for Spark)."""
-    if location.startswith("s3://"):
-        return "s3a://" + location[len("s3://") :]
-    if location.startswith("/"):
-        return "file://" + location
-    return location
-
-
 def write_batch(
     df: DataFrame,
     plan: WritePlan,
@@ -257,7 +246,8 @@ def write_batch(
     On any failure the directory is deleted before the error propagates.
     """
     query_id = plan.query_id or ""
-    directory = f"{plan.data_prefix.rstrip('/')}/{query_id[:8]}-{batch_id:05d}-{uuid.uuid4().hex[:12]}"
+    name = names.batch_directory_name(query_id=query_id, batch_id=batch_id, token=names.new_token())
+    directory = f"{plan.data_prefix.rstrip('/')}/{name}"
     props = plan.properties
     codec = props.get(CODEC, CODEC_DEFAULT).strip().lower()
     if codec not in _SPARK_CODECS:
@@ -274,7 +264,7 @@ def write_batch(
         .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")  # no _SUCCESS file
         .option("maxRecordsPerFile", str(max(0, max_records_per_file)))
     )
-    if spark_location(directory).startswith("file:"):
+    if storage.spark_location(directory).startswith("file:"):
         # Hadoop's checksummed local filesystem would leave a hidden .crc file beside every data file
         writer = writer.option("fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem").option(
             "fs.file.impl.disable.cache", "true"
@@ -290,13 +280,13 @@ def write_batch(
         started = time.monotonic()
         with _session_confs(df.sparkSession, _WRITE_CONFS):
             try:
-                writer.save(spark_location(directory))
+                writer.save(storage.spark_location(directory))
             except Exception as e:
                 _raise_not_null(e, df, plan, batch_id)
                 raise
         written = time.monotonic()
-        names = _file_names(df.sparkSession, directory)
-        files = _read_footers(plan, directory, names)
+        file_names = _file_names(df.sparkSession, directory)
+        files = _read_footers(plan, directory, file_names)
         footers_read = time.monotonic()
         fault_point(SPARKWRITE_AFTER_FILES)
     except BaseException:
@@ -367,7 +357,7 @@ class _session_confs:
 
 def _file_names(spark: SparkSession, directory: str) -> list[str]:
     """Names of the Parquet files Spark committed into ``directory`` (listed by Spark's own filesystem)."""
-    paths = spark.read.format("parquet").load(spark_location(directory)).inputFiles()
+    paths = spark.read.format("parquet").load(storage.spark_location(directory)).inputFiles()
     return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in paths})
 
 
@@ -410,29 +400,11 @@ def _check_field_ids(metadata: pq.FileMetaData, path: str) -> None:
 def delete_directory(io: FileIO, directory: str) -> None:
     """Delete a batch directory and everything in it (including Spark's ``_temporary``); never raises."""
     try:
-        if isinstance(io, PyArrowFileIO):
-            scheme, netloc, path = PyArrowFileIO.parse_location(directory, io.properties)
-            fs = io.fs_by_scheme(scheme, netloc)
-            if fs.get_file_info(path).type != FileType.NotFound:
-                fs.delete_dir(path)
-            return
-        get_fs = getattr(io, "get_fs", None)  # FsspecFileIO
-        if callable(get_fs):
-            fsspec_fs = get_fs(directory.split("://", 1)[0] if "://" in directory else "file")
-            if fsspec_fs.exists(directory):
-                fsspec_fs.rm(directory, recursive=True)
-            return
-        log.warning("lakesink: cannot delete %s with %s; an orphan clean-up collects it", directory, type(io).__name__)
+        storage.delete_directory(io, directory)
     except Exception as e:
         log.warning("lakesink: could not delete %s (%s); an orphan clean-up collects it", directory, e)
 
 
 def tidy_directory(directory: str) -> None:
     """Remove a batch directory left empty (after an abort deleted its files), on a local filesystem only."""
-    path = directory[len("file://") :] if directory.startswith("file://") else directory if directory.startswith("/") else None
-    if path is None:
-        return  # object stores have no directories
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass  # not empty (files of a committed batch are never deleted) or already gone
+    storage.remove_empty_directory(directory)  # not empty: files of a committed batch are never deleted
