@@ -289,9 +289,7 @@ def _remove(table: Table, files: list[OrphanFile]) -> tuple[list[OrphanFile], li
     failed: list[OrphanFile] = []
     for o in files:
         try:
-            table.io.delete(o.path)
-        except FileNotFoundError:
-            pass  # already gone (another clean-up, an abort)
+            storage.delete_file(table.io, o.path)  # a file already gone (another clean-up, an abort) is no error
         except Exception as e:
             error = _safe_error(table, e)
             log.warning("lakesink: could not remove orphan file %s: %s", o.path, error)
