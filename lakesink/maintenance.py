@@ -451,7 +451,7 @@ class _InFlightGuard:
         for key, _ in table.properties.items():
             if key.startswith(LAST_BATCH_PREFIX):
                 query_id = key[len(LAST_BATCH_PREFIX) :]
-                self._queries.setdefault(query_id[:8], set()).add(query_id)
+                self._queries.setdefault(names.query_prefix(query_id), set()).add(query_id)
                 try:
                     marker = last_committed_batch(table.properties, query_id)
                 except (ValueError, KeyError, TypeError):
@@ -460,7 +460,7 @@ class _InFlightGuard:
         for snapshot in table.metadata.snapshots:
             summary = snapshot.summary.additional_properties if snapshot.summary else {}
             if committed_by := summary.get(SUMMARY_QUERY_ID):
-                self._queries.setdefault(committed_by[:8], set()).add(committed_by)
+                self._queries.setdefault(names.query_prefix(committed_by), set()).add(committed_by)
         self._manifests: dict[str, str | None] = {}
 
     def reason(self, f: _Listed) -> str | None:

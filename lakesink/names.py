@@ -43,8 +43,13 @@ def new_token() -> str:
     return uuid.uuid4().hex[:TOKEN_LENGTH]
 
 
+def query_prefix(query_id: str) -> str:
+    """The part of a query id that lakesink's names carry (its first 8 characters)."""
+    return query_id[:QUERY_PREFIX_LENGTH]
+
+
 def _query_prefix(query_id: str) -> str:
-    prefix = query_id[:QUERY_PREFIX_LENGTH]
+    prefix = query_prefix(query_id)
     if not prefix or "/" in prefix:
         raise ValueError(f"query id {query_id!r} cannot be part of a file name (empty, or '/' in its first 8 characters)")
     return prefix
