@@ -19,7 +19,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
-from lakesink import catalogs, sparkwrite
+from lakesink import catalogs, sparkwrite, storage
 from lakesink.checkpoint import read_source_offsets
 from lakesink.driver import BatchOutcome, TableCommitter
 from lakesink.errors import InvalidOptionError, LakesinkError
@@ -195,7 +195,7 @@ class ForeachBatchSink:
             raise
         finally:
             if directory is not None:
-                sparkwrite.tidy_directory(directory)  # removed only when left empty (by an abort or a replay)
+                storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)
 
     def _max_records_per_file(self, plan: WritePlan) -> int:
         """Spark rolls files by row count only: the target file size over the last batch's bytes per row (0: no limit)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pyiceberg.table import Table
 
 from lakesink import _pyiceberg as seam
+from lakesink import storage
 from lakesink.driver.swap import RetriesExhausted, Status, SwapResult, swap_with_recheck
 from lakesink.driver.tables import SinkTable
 from lakesink.errors import (
@@ -448,9 +449,7 @@ class TableCommitter(SinkTable):
     def _delete(self, table: Table, paths: Sequence[str], *, reason: str) -> None:
         for path in paths:
             try:
-                seam.delete_file(table.io, path)
-            except FileNotFoundError:
-                pass
+                storage.delete_file(table.io, path)  # a file already gone (an earlier abort) is no error
             except Exception as e:
                 log.warning("lakesink: could not delete %s (%s); an orphan clean-up collects it", path, self.redact(e))
         if paths:
