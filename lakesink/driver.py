@@ -496,8 +496,10 @@ class TableCommitter:
     def _settle(self, query_id: str, batch_id: int, commit_id: str) -> str | None:
         """After an error with unknown outcome: did our commit land? Read the table to find out."""
         for i in range(_SETTLE_ATTEMPTS):
-            try:
-                table = self.catalog.load_table(self.options.table.identifier)
+            try:  # connections of its own: never the one that may still hold our failed swap
+                table = catalogs.load_table_fresh(
+                    self.options.catalog_name, self.options.catalog_properties, self.options.table.identifier
+                )
             except Exception:
                 time.sleep(min(0.2 * 2**i, 5.0))
                 continue
