@@ -19,6 +19,7 @@ same table with plain pyiceberg, while lakesink commits.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -55,11 +56,15 @@ def _holder(uri: str) -> None:
     cycler: threading.Thread | None = None
 
     def cycle(hold_s: float, free_s: float) -> None:
-        while not stop.is_set():
-            take()
-            stop.wait(hold_s)
-            free()
-            stop.wait(free_s)
+        try:
+            while not stop.is_set():
+                take()
+                stop.wait(hold_s)
+                free()
+                stop.wait(free_s)
+        except Exception as e:  # the test must not pass without the lock ever being held
+            print(f"holder: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            os._exit(1)
 
     def end_cycle() -> None:
         nonlocal cycler

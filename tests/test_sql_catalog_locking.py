@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyiceberg.catalog import load_catalog
+from pyiceberg.table import Table
 from sqlalchemy import event, text
 
 from lakesink import catalogs
@@ -279,8 +281,7 @@ def test_stream_beside_a_lock_holder_and_a_pyiceberg_writer(
     props = any_catalog_properties
     src, ck = tmp_path / "input", tmp_path / "checkpoint"
     sent = write_json_input(src, files=6, rows_per_file=20)
-    # the stream creates the table with its own schema; the writer starts once the first batch is in
-    holder.cycle(6.0 if props["uri"].startswith("sqlite") else 2.0, 0.5)
+    # the stream creates the table with its own schema; the holder and the writer start once its first batch is in
     env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
     env["LAKESINK_LOG_LEVEL"] = "INFO"
     job = subprocess.Popen(
@@ -294,6 +295,7 @@ def test_stream_beside_a_lock_holder_and_a_pyiceberg_writer(
     writer: Writer | None = None
     try:
         _wait_for(lambda: _has_table(props) or job.poll() is not None, "the stream to create the table", 300)
+        holder.cycle(6.0 if props["uri"].startswith("sqlite") else 2.0, 0.5)
         writer = Writer(props)
         out, err = job.communicate(timeout=900)
     finally:
@@ -302,8 +304,9 @@ def test_stream_beside_a_lock_holder_and_a_pyiceberg_writer(
         ok, failed = writer.stop() if writer is not None else ([], [])
         holder.release()
     assert job.returncode == 0 and "STREAM DONE" in out, err[-4000:]
+    print(*re.findall(r"batch=\d+ committed .*", err), f"other writer: {len(ok)} ok, {len(failed)} failed", sep="\n")
     query_id = json.loads((ck / "metadata").read_text())["id"]
-    table = catalogs.load_table_fresh(None, props, ("db", "events"))
+    table = _read_table(props)
     got = Counter(table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
     assert Counter({i: n for i, n in got.items() if i < WRITER_FIRST_ID}) == Counter(sent)
     assert all(got[i] == 1 for i in ok)
@@ -316,9 +319,17 @@ def test_stream_beside_a_lock_holder_and_a_pyiceberg_writer(
     assert report.ok, report.human()
 
 
+def _read_table(props: dict[str, str]) -> Table:
+    """The table as a new process would read it: a catalog instance of its own, plain pyiceberg."""
+    catalog = load_catalog("lakesink", **props)
+    try:
+        return catalog.load_table(("db", "events"))
+    finally:
+        catalog.close()
+
+
 def _has_table(props: dict[str, str]) -> bool:
     try:
-        t = catalogs.load_table_fresh(None, props, ("db", "events"))
+        return _read_table(props).current_snapshot() is not None
     except Exception:
         return False
-    return t.current_snapshot() is not None
