@@ -176,23 +176,21 @@ def guard_sql_catalog(engine: Engine, *, drop_connections: bool = True) -> None:
     a COMMIT refused by the lock therefore certainly did not land), the connection is closed and replaced
     (``drop_connections``), and the pool never takes back a connection with an open transaction.
     """
-    if getattr(engine, "_lakesink_guarded", False):
+    if event.contains(engine, "reset", _no_open_transaction_in_pool):
         return
     event.listen(engine, "handle_error", _roll_back_and_drop if drop_connections else _roll_back)
     event.listen(engine, "reset", _no_open_transaction_in_pool)
-    engine._lakesink_guarded = True  # type: ignore[attr-defined]
 
 
 def _roll_back(ctx: ExceptionContext) -> None:
     conn = ctx.connection
     if ctx.is_pre_ping or conn is None or conn.closed or conn.invalidated:
         return
-    dbapi_connection = conn.connection.dbapi_connection
-    if dbapi_connection is None:
-        return
-    try:
-        dbapi_connection.rollback()
-    except Exception as e:  # the connection is dropped below; closing it rolls back (sqlite3_close, server side)
+    try:  # an exception raised here would replace the catalog's own error: log it instead
+        dbapi_connection = conn.connection.dbapi_connection
+        if dbapi_connection is not None:
+            dbapi_connection.rollback()
+    except Exception as e:  # the connection is dropped next; closing it rolls back (sqlite3_close, server side)
         log.debug("lakesink: rollback after a catalog error failed: %s: %s", type(e).__name__, e)
 
 

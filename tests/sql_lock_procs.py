@@ -96,7 +96,12 @@ def _writer(props_json: str, first_id: int) -> None:
     catalog = SqlCatalog(props.pop("name", "lakesink"), **props)
     table = catalog.load_table(("db", "events"))
     done = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+
+    def wait_for_end_of_stdin() -> None:
+        sys.stdin.read()
+        done.set()
+
+    threading.Thread(target=wait_for_end_of_stdin, daemon=True).start()
     ok: list[int] = []
     failed: list[int] = []
     i = first_id
@@ -106,6 +111,7 @@ def _writer(props_json: str, first_id: int) -> None:
             table = catalog.load_table(("db", "events"))
             table.append(rows)
             ok.append(i)
+            done.wait(0.2)  # a busy neighbour, not one that wins every race
         except Exception as e:  # plain pyiceberg: conflicts and "database is locked" are expected here
             failed.append(i)
             print(f"writer: append of {i} raised {type(e).__name__}", file=sys.stderr, flush=True)
