@@ -218,17 +218,8 @@ def test_unknown_outcome_that_cannot_be_settled_deletes_nothing(committer: Table
 
     monkeypatch.setattr(seam.PreparedCommit, "commit", catalog_down)
     monkeypatch.setattr("lakesink.driver.swap._SETTLE_ATTEMPTS", 2)
-    real_load = committer.catalog.load_table
-    calls = {"n": 0}
-
-    def load_table(ident):  # type: ignore[no-untyped-def]
-        calls["n"] += 1
-        if calls["n"] > 1:  # the first load (before the attempt) works, the settling reads fail
-            return load_fails()
-        return real_load(ident)
-
-    monkeypatch.setattr(committer.catalog, "load_table", load_table)
-    monkeypatch.setattr(committer, "load_fresh", load_fails)  # settling reads through a fresh connection
+    # the settling reads (through connections of their own, lakesink.catalogs.load_table_fresh) fail
+    monkeypatch.setattr("lakesink.catalogs.load_table_fresh", load_fails)
     with pytest.raises(CommitOutcomeUnknownError, match="no file was deleted"):
         commit(committer, Q1, 0, [result])
     monkeypatch.undo()

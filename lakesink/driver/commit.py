@@ -171,7 +171,7 @@ class TableCommitter(SinkTable):
             result = self._swap(table, batch, prepare, what)
         except RetriesExhausted as e:
             raise CommitConflictError(
-                f"{what} conflicted with other writers {e.attempts} time(s); restarting the query replays the batch"
+                f"{what} failed {e.attempts} time(s) ({e.describe()}); restarting the query replays the batch"
             ) from e.last
         if result.status is Status.ALREADY_COMMITTED:
             assert result.done is not None
@@ -232,7 +232,7 @@ class TableCommitter(SinkTable):
         except RetriesExhausted as e:
             self._delete(table, batch.paths, reason="commit retries exhausted")
             raise CommitConflictError(
-                f"{what} conflicted with other writers {e.attempts} time(s) (commit.retry.num-retries="
+                f"{what} failed {e.attempts} time(s) ({e.describe()}; commit.retry.num-retries="
                 f"{settings.commit_retry.num_retries}); nothing was committed and its files were deleted; restarting "
                 "the query replays the batch"
             ) from e.last
