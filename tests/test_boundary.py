@@ -1,0 +1,90 @@
+"""The executor/driver boundary, held by the code: what a Spark Python worker unpickles imports executor code only.
+
+Spark pickles the data source writer (:class:`lakesink.datasource.LakesinkStreamWriter`) and
+foreachBatch's ``mapInArrow`` function (:class:`lakesink.executor.PartitionWriter`) to its Python
+workers. Unpickling them there must not load the driver (commit, retries), the catalogs, SQLAlchemy
+or tenacity. Checked in a fresh interpreter, which imports the executor modules and unpickles real
+pickles made here with pyspark's own cloudpickle (what Spark uses).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from pyspark import cloudpickle
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from lakesink.datasource import LakesinkStreamWriter
+from lakesink.executor import PartitionWriter
+from lakesink.options import SinkOptions, TableName
+
+# what an executor must never import (prefixes of module names)
+DRIVER_SIDE = ("lakesink.driver", "lakesink.catalogs", "lakesink.audit", "tenacity", "pyiceberg.catalog.sql", "sqlalchemy")
+EXECUTOR_MODULES = ("lakesink.datasource", "lakesink.executor", "lakesink.messages", "lakesink.options", "lakesink.schema")
+
+_CHILD = textwrap.dedent(
+    """
+    import importlib, json, pickle, sys
+    modules, pickles, forbidden = json.loads(sys.argv[1])
+    for name in modules:
+        importlib.import_module(name)
+    loaded = [type(pickle.loads(open(path, "rb").read())).__qualname__ for path in pickles]
+    bad = sorted(m for m in sys.modules if m.startswith(tuple(forbidden)))
+    print(json.dumps({"loaded": loaded, "forbidden": bad}))
+    """
+)
+
+
+def _in_fresh_interpreter(modules: tuple[str, ...], pickles: list[Path]) -> dict[str, list[str]]:
+    payload = json.dumps([list(modules), [str(p) for p in pickles], list(DRIVER_SIDE)])
+    out = subprocess.run([sys.executable, "-c", _CHILD, payload], capture_output=True, text=True, timeout=300, check=True)
+    result: dict[str, list[str]] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_executor_modules_import_no_driver_code() -> None:
+    result = _in_fresh_interpreter(EXECUTOR_MODULES, [])
+    assert result["forbidden"] == [], f"importing the executor side loaded driver-side modules: {result['forbidden']}"
+
+
+def test_unpickling_the_writers_imports_no_driver_code(tmp_path: Path, catalog_properties: dict[str, str]) -> None:
+    options = SinkOptions(
+        table=TableName(("db",), "events"),
+        catalog_properties=catalog_properties,
+        checkpoint_location=str(tmp_path / "checkpoint"),
+    )
+    schema = StructType([StructField("id", LongType()), StructField("user", StringType())])
+    writer = LakesinkStreamWriter(options, schema)  # on the driver: opens (creates) the table, makes the write plan
+    assert writer._plan is not None
+    pickles = {
+        "stream_writer.pkl": writer,
+        "partition_writer.pkl": PartitionWriter(writer._plan, 3),
+    }
+    for name, obj in pickles.items():
+        (tmp_path / name).write_bytes(cloudpickle.dumps(obj))
+
+    result = _in_fresh_interpreter(EXECUTOR_MODULES, [tmp_path / name for name in pickles])
+
+    assert result["loaded"] == ["LakesinkStreamWriter", "PartitionWriter"]
+    assert result["forbidden"] == [], f"unpickling the executor-side writers loaded driver-side modules: {result['forbidden']}"
+
+
+def test_unpickling_alone_imports_no_driver_code(tmp_path: Path, catalog_properties: dict[str, str]) -> None:
+    """What a Python worker does: no import of its own, only the pickle (which imports the ``lakesink`` package)."""
+    options = SinkOptions(
+        table=TableName(("db",), "events"),
+        catalog_properties=catalog_properties,
+        checkpoint_location=str(tmp_path / "checkpoint"),
+    )
+    writer = LakesinkStreamWriter(options, StructType([StructField("id", LongType())]))
+    path = tmp_path / "stream_writer.pkl"
+    path.write_bytes(cloudpickle.dumps(writer))
+
+    result = _in_fresh_interpreter((), [path])
+
+    assert result["loaded"] == ["LakesinkStreamWriter"]
+    assert result["forbidden"] == [], f"unpickling LakesinkStreamWriter loaded driver-side modules: {result['forbidden']}"
