@@ -20,6 +20,7 @@ from tests.pg import PostgresServer
 
 SPARK_MARKER = "spark"
 SPARK_FIXTURE = "spark"
+POSTGRES_FIXTURE = "postgres"
 # what an unmarked test's subprocesses get as spark-submit arguments: spark-submit refuses the option
 # (its error names it), so a subprocess that starts Spark fails instead of running unmarked
 NO_SPARK_SUBMIT_ARGS = "--lakesink-test-without-the-spark-marker pyspark-shell"
@@ -39,6 +40,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items
         if SPARK_FIXTURE in getattr(item, "fixturenames", ()) and item.get_closest_marker(SPARK_MARKER) is None
     ]
+    for item in items:  # the PostgreSQL server is started on demand: mark what needs it (the fast lane skips it)
+        if POSTGRES_FIXTURE in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
     if unmarked:
         raise pytest.UsageError(
             f"{len(unmarked)} test(s) use the {SPARK_FIXTURE!r} fixture (directly or through another fixture) "
@@ -143,7 +147,7 @@ def catalog_properties(tmp_path: Path, request: pytest.FixtureRequest) -> dict[s
     return sql_catalog_properties("sqlite", tmp_path, request)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def any_catalog_properties(tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, str]:
     """The same test on a SQLite catalog file and on a PostgreSQL-backed SQL catalog (a fresh database)."""
     return sql_catalog_properties(request.param, tmp_path, request)
