@@ -20,10 +20,11 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# the fast lane (about a minute): no Spark, no PostgreSQL server -- unit, commit (SQLite), audit, maintenance,
-# seam contract and executor/driver boundary tests. `make test` runs everything it skips.
+# the fast lane (under a minute on a quiet machine): no Spark, no PostgreSQL server, no waiting out timeouts --
+# unit, commit (SQLite), audit, maintenance, seam contract and executor/driver boundary tests.
+# `make test` runs everything it skips.
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -m "not spark and not postgres and not soak and not benchmark" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not spark and not postgres and not slow and not soak and not benchmark" $(PYTEST_ARGS)
 
 # the long kill -9 soak (docs/soak.md); the short version runs inside `make test`
 soak: $(VENV)/.installed

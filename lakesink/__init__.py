@@ -17,6 +17,7 @@ or, in code that already uses foreachBatch:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from lakesink.errors import (
@@ -142,6 +143,8 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
+        if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f"{__name__}.{name}")  # a submodule: lakesink.catalogs.load(...)
         raise AttributeError(f"module 'lakesink' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # imported once

@@ -108,6 +108,12 @@ class Faults:
     def release(self, point: str) -> None:
         (self.folder / f"{point}.release").touch()
 
+    def wait_reached(self, point: str) -> None:
+        """Wait until a process reached the fault point ``point`` (armed with ``pause``)."""
+        from tests.helpers import wait_until
+
+        wait_until(lambda: self.reached(point), what=f"fault point {point} to be reached")
+
     def fired(self, point: str) -> bool:
         return any(p.name.startswith(f"{point}.fired.") for p in self.folder.iterdir())
 
@@ -158,6 +164,16 @@ def catalog(catalog_properties: dict[str, str]) -> object:
     from lakesink import catalogs
 
     return catalogs.load(None, catalog_properties)
+
+
+@pytest.fixture
+def committer(catalog_properties: dict[str, str]) -> object:
+    """A TableCommitter of table db.events (created, columns id and user) in the test's catalog."""
+    from tests.helpers import arrow_rows, make_committer
+
+    c = make_committer(catalog_properties)
+    c.open_table(arrow_rows([]).schema)
+    return c
 
 
 @pytest.fixture(params=["format", "foreach"])

@@ -15,6 +15,7 @@ import pytest
 
 import lakesink
 from lakesink import catalogs, interop
+from tests.helpers import run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -73,9 +74,7 @@ def test_duckdb_and_iceberg_rust_read_what_pyiceberg_reads(
             w = w.option(f"catalog.{k}", v)
     else:
         w = stream.writeStream.foreachBatch(lakesink.foreach_batch("db.interop", catalog_properties=catalog_properties))
-    q = w.option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
-    q.awaitTermination()
-    q.stop()
+    run_to_end(w.option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
 
     table = catalogs.load(None, catalog_properties).load_table(("db", "interop"))
     assert len(table.snapshots()) >= 2

@@ -57,13 +57,6 @@ def catalog_properties(any_catalog_properties: dict[str, str]) -> dict[str, str]
     return any_catalog_properties
 
 
-@pytest.fixture
-def committer(catalog_properties: dict[str, str]) -> TableCommitter:
-    c = make_committer(catalog_properties)
-    c.open_table(SCHEMA)
-    return c
-
-
 def local(uri: str) -> Path:
     return Path(uri.removeprefix("file://"))
 
@@ -128,11 +121,6 @@ def plant(table: Table, relative: str, content: bytes = b"not referenced by anyt
     return f"file://{path}"
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
@@ -419,7 +407,7 @@ def test_in_flight_batch_is_never_removed_even_with_older_than_zero(committer: T
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     t, box = in_thread(lambda: commit(committer, Q1, 1, [batch]))
     try:
-        wait_for(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+        faults.wait_reached(DRIVER_BEFORE_SWAP)
         prepared = on_disk(table) - before  # the manifest and manifest list of the pending snapshot
         assert len(prepared) == 2
         report = remove_orphan_files(table, older_than=ZERO)
@@ -448,7 +436,7 @@ def test_zombie_drivers_files_are_removed_while_it_waits_and_its_swap_cannot_lan
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     t, box = in_thread(lambda: commit(committer, Q1, 0, [zombie]))
     try:
-        wait_for(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+        faults.wait_reached(DRIVER_BEFORE_SWAP)
         zombie_manifests = on_disk(load(committer)) - before
         assert commit(live, Q1, 0, [live_result]).outcome is Outcome.COMMITTED
         table = load(committer)

@@ -44,6 +44,7 @@ from tests.helpers import (
     data_files_on_disk,
     lakesink_snapshots,
     referenced_data_files,
+    run_to_end,
     table_ids,
 )
 from tests.test_interop import normalized
@@ -54,16 +55,12 @@ TABLE = ("db", "fast")
 
 
 def _run(df: DataFrame, ck: Path, props: dict[str, str], writer: str = "spark", **kw: Any) -> None:
-    q = (
+    run_to_end(
         df.writeStream.foreachBatch(lakesink.foreach_batch("db.fast", catalog_properties=props, writer=writer, **kw))
         .option("checkpointLocation", str(ck))
         .trigger(availableNow=True)
         .start()
     )
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
 
 
 def _stream_of(spark: Any, data: DataFrame, folder: Path, files: int = 2) -> DataFrame:

@@ -50,7 +50,7 @@ import lakesink
 from lakesink import catalogs, interop
 from lakesink.errors import SchemaMismatchError
 from lakesink.schema import arrow_schema_of
-from tests.helpers import Stream
+from tests.helpers import Stream, run_to_end
 from tests.interop_values import differences, plain_rows, plain_values
 
 TABLE = "db.types"
@@ -390,11 +390,7 @@ def run_stream(stream: Stream, df: Any, table: str, **options: str) -> None:
     else:
         kwargs = {k.replace("-", "_"): v for k, v in options.items()}
         w = df.writeStream.foreachBatch(lakesink.foreach_batch(table, catalog_properties=stream.props, **kwargs))
-    q = w.option("checkpointLocation", str(stream.ck)).trigger(availableNow=True).start()
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(w.option("checkpointLocation", str(stream.ck)).trigger(availableNow=True).start())
 
 
 pytestmark = pytest.mark.spark
