@@ -22,16 +22,19 @@ T = TypeVar("T")
 
 
 def int_property(props: dict[str, str], key: str) -> int:
+    """An integer snapshot summary value, 0 when absent."""
     value = props.get(key)
     return int(value) if value is not None else 0
 
 
 def opt_int_property(props: dict[str, str], key: str) -> int | None:
+    """An integer snapshot summary value, None when absent."""
     value = props.get(key)
     return int(value) if value is not None else None
 
 
 def summary_of(snapshot: Snapshot) -> dict[str, str]:
+    """A snapshot's summary properties (empty when it has no summary)."""
     return dict(snapshot.summary.additional_properties) if snapshot.summary else {}
 
 
