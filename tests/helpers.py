@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -198,8 +198,8 @@ class Stream:
 # --- driving the driver's commit directly (no Spark), on table db.events ----------------------------
 
 
-def make_committer(props: dict[str, str], mode: OutputMode = OutputMode.APPEND) -> TableCommitter:
-    return TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, output_mode=mode))
+def make_committer(props: Mapping[str, str], mode: OutputMode = OutputMode.APPEND) -> TableCommitter:
+    return TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=dict(props), output_mode=mode))
 
 
 def write_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:

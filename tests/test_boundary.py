@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 from pyspark import cloudpickle
@@ -21,6 +22,8 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from lakesink.datasource import LakesinkStreamWriter
 from lakesink.executor import PartitionWriter
 from lakesink.options import SinkOptions, TableName
+
+_dumps: Callable[[object], bytes] = cloudpickle.dumps  # what Spark pickles with (untyped in pyspark)
 
 # what an executor must never import (prefixes of module names)
 DRIVER_SIDE = ("lakesink.driver", "lakesink.catalogs", "lakesink.audit", "tenacity", "pyiceberg.catalog.sql", "sqlalchemy")
@@ -65,7 +68,7 @@ def test_unpickling_the_writers_and_importing_the_executor_side_load_no_driver_c
         "partition_writer.pkl": PartitionWriter(writer._plan, 3),
     }
     for name, obj in pickles.items():
-        (tmp_path / name).write_bytes(cloudpickle.dumps(obj))
+        (tmp_path / name).write_bytes(_dumps(obj))
 
     result = _in_fresh_interpreter(EXECUTOR_MODULES, [tmp_path / name for name in pickles])
 

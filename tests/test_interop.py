@@ -32,7 +32,8 @@ def normalized(table: pa.Table) -> list[dict[str, Any]]:
         elif pa.types.is_large_string(col.type) or pa.types.is_string_view(col.type):
             col = col.cast(pa.string())
         cols[name] = col
-    return pa.table(cols).sort_by("id").to_pylist()
+    rows: list[dict[str, Any]] = pa.table(cols).sort_by("id").to_pylist()
+    return rows
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])

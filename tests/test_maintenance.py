@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -211,7 +211,7 @@ _KILLED_DRIVER = textwrap.dedent(
 )
 
 
-def run_killed_driver(props: dict[str, str], query_id: str, batch_id: int) -> None:
+def run_killed_driver(props: Mapping[str, str], query_id: str, batch_id: int) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", _KILLED_DRIVER, json.dumps(props), query_id, str(batch_id)],
         capture_output=True,
@@ -364,12 +364,14 @@ def test_referenced_files_are_never_removed(catalog_properties: dict[str, str]) 
     table = load(c)
     stats = plant(table, f"metadata/{uuid.uuid4()}.stats")
     table.update_statistics().set_statistics(
-        StatisticsFile(
+        StatisticsFile(  # type: ignore[call-arg]  # pydantic fields by name (their aliases are the spec's keys)
             snapshot_id=third,
             statistics_path=stats,
             file_size_in_bytes=local(stats).stat().st_size,
             file_footer_size_in_bytes=0,
-            blob_metadata=[BlobMetadata(type="apache-datasketches-theta-v1", snapshot_id=third, sequence_number=3, fields=[1])],
+            blob_metadata=[
+                BlobMetadata(type="apache-datasketches-theta-v1", snapshot_id=third, sequence_number=3, fields=[1])  # type: ignore[call-arg]
+            ],
         )
     ).commit()
     table = load(c)
@@ -581,7 +583,7 @@ def test_older_than_must_be_a_non_negative_timedelta(committer: TableCommitter) 
 # --- the command line -----------------------------------------------------------------------------
 
 
-def cli_catalog_args(props: dict[str, str]) -> list[str]:
+def cli_catalog_args(props: Mapping[str, str]) -> list[str]:
     return [arg for k, v in props.items() for arg in ("--catalog-property", f"{k}={v}")]
 
 

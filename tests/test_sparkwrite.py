@@ -9,6 +9,7 @@ import datetime as dt
 import decimal
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ TABLE = ("db", "fast")
 
 def _run(df: DataFrame, ck: Path, props: dict[str, str], writer: str = "spark", **kw: Any) -> None:
     run_to_end(
-        df.writeStream.foreachBatch(lakesink.foreach_batch("db.fast", catalog_properties=props, writer=writer, **kw))
+        df.writeStream.foreachBatch(lakesink.foreach_batch("db.fast", catalog_properties=props, writer=writer, **kw))  # type: ignore[arg-type]
         .option("checkpointLocation", str(ck))
         .trigger(availableNow=True)
         .start()
@@ -66,7 +67,8 @@ def _run(df: DataFrame, ck: Path, props: dict[str, str], writer: str = "spark", 
 def _stream_of(spark: Any, data: DataFrame, folder: Path, files: int = 2) -> DataFrame:
     """``data`` as a replayable file source of ``files`` Parquet files, one per batch."""
     data.repartition(files).write.parquet(str(folder))
-    return spark.readStream.schema(data.schema).option("maxFilesPerTrigger", 1).parquet(str(folder))
+    stream: DataFrame = spark.readStream.schema(data.schema).option("maxFilesPerTrigger", 1).parquet(str(folder))
+    return stream
 
 
 def _table(props: dict[str, str]) -> Any:
@@ -219,8 +221,12 @@ def test_required_column_written_by_spark_reads_back_everywhere(
     cat.create_table(TABLE, schema=Schema(NestedField(1, "id", LongType(), required=True)))
     _run(_stream_of(spark, spark.range(30), tmp_path / "src", files=1), tmp_path / "ck", catalog_properties)
     table = _table(catalog_properties)
-    for read in (lambda: table.scan().to_arrow(), lambda: interop.duckdb_read(table.metadata_location),
-                 lambda: interop.iceberg_rust_read(table.metadata_location)):  # fmt: skip
+    readers: list[Callable[[], pa.Table]] = [
+        lambda: table.scan().to_arrow(),
+        lambda: interop.duckdb_read(table.metadata_location),
+        lambda: interop.iceberg_rust_read(table.metadata_location),
+    ]
+    for read in readers:
         assert sorted(read().column("id").to_pylist()) == list(range(30))
 
 
