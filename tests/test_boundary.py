@@ -1,10 +1,11 @@
 """The executor/driver boundary, held by the code: what a Spark Python worker unpickles imports executor code only.
 
-Spark pickles the data source writer (:class:`lakesink.datasource.LakesinkStreamWriter`) and
-foreachBatch's ``mapInArrow`` function (:class:`lakesink.executor.PartitionWriter`) to its Python
-workers. Unpickling them there must not load the driver (commit, retries), the catalogs, SQLAlchemy
-or tenacity. Checked in a fresh interpreter, which imports the executor modules and unpickles real
-pickles made here with pyspark's own cloudpickle (what Spark uses).
+Spark pickles the data source writer (:class:`lakesink.datasource.LakesinkStreamWriter`),
+foreachBatch's ``mapInArrow`` function (:class:`lakesink.executor.PartitionWriter`) and the batch
+reader (:class:`lakesink.reader.LakesinkReader`) to its Python workers. Unpickling them there must not
+load the driver (commit, retries), the catalogs, the audit package, SQLAlchemy or tenacity. Checked in
+a fresh interpreter, which unpickles real pickles made here with pyspark's own cloudpickle (what Spark
+uses), then imports the executor modules.
 """
 
 from __future__ import annotations
@@ -21,13 +22,21 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from lakesink.datasource import LakesinkStreamWriter
 from lakesink.executor import PartitionWriter
-from lakesink.options import SinkOptions, TableName
+from lakesink.options import ReadOptions, SinkOptions, TableName
+from lakesink.reader import LakesinkReader
 
 _dumps: Callable[[object], bytes] = cloudpickle.dumps  # what Spark pickles with (untyped in pyspark)
 
 # what an executor must never import (prefixes of module names)
 DRIVER_SIDE = ("lakesink.driver", "lakesink.catalogs", "lakesink.audit", "tenacity", "pyiceberg.catalog.sql", "sqlalchemy")
-EXECUTOR_MODULES = ("lakesink.datasource", "lakesink.executor", "lakesink.messages", "lakesink.options", "lakesink.schema")
+EXECUTOR_MODULES = (
+    "lakesink.datasource",
+    "lakesink.executor",
+    "lakesink.messages",
+    "lakesink.options",
+    "lakesink.reader",
+    "lakesink.schema",
+)
 
 _CHILD = textwrap.dedent(
     """
@@ -63,16 +72,18 @@ def test_unpickling_the_writers_and_importing_the_executor_side_load_no_driver_c
     schema = StructType([StructField("id", LongType()), StructField("user", StringType())])
     writer = LakesinkStreamWriter(options, schema)  # on the driver: opens (creates) the table, makes the write plan
     assert writer._plan is not None
+    reader = LakesinkReader(ReadOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties), schema)
     pickles = {
         "stream_writer.pkl": writer,
         "partition_writer.pkl": PartitionWriter(writer._plan, 3),
+        "reader.pkl": reader,  # spark.read.format("lakesink"): its read() runs on executors
     }
     for name, obj in pickles.items():
         (tmp_path / name).write_bytes(_dumps(obj))
 
     result = _in_fresh_interpreter(EXECUTOR_MODULES, [tmp_path / name for name in pickles])
 
-    assert result["loaded"] == ["LakesinkStreamWriter", "PartitionWriter"]
+    assert result["loaded"] == ["LakesinkStreamWriter", "PartitionWriter", "LakesinkReader"]
     assert result["after_unpickling"] == [], (
         f"unpickling the executor-side writers loaded driver-side modules: {result['after_unpickling']}"
     )
