@@ -10,17 +10,20 @@ never committed and an orphan-file clean-up collects them).
 from __future__ import annotations
 
 import logging
+import pickle
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.schema import Schema
+from pyspark import TaskContext
 
 from lakesink import _pyiceberg as seam
 from lakesink import names, storage
-from lakesink.errors import SchemaMismatchError, TableLocationError
+from lakesink.errors import LakesinkError, SchemaMismatchError, TableLocationError
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.messages import TaskResult, WritePlan, WrittenFile
 
@@ -336,3 +339,36 @@ class TaskWriter:
             except Exception:
                 log.warning("lakesink: could not delete %s of a failed task; an orphan clean-up collects it", path)
         self._files = []
+
+
+TASK_RESULT_SCHEMA = "task_result binary"
+"""The schema of what :class:`PartitionWriter` yields: one row per task, its pickled TaskResult."""
+
+
+@dataclass(frozen=True)
+class PartitionWriter:
+    """The ``mapInArrow`` function of foreachBatch's Arrow path: writes one partition, yields its pickled TaskResult.
+
+    A module-level class (pickled by reference, with the plan and batch id as its state) rather than a
+    closure in :mod:`lakesink.foreach`, so that the Python workers that run it import this executor
+    module only, never the driver side.
+    """
+
+    plan: WritePlan
+    batch_id: int
+    run_id: str | None = None
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ctx = TaskContext.get()
+        if ctx is None:
+            raise LakesinkError("PartitionWriter must run inside a Spark task (df.mapInArrow)")
+        writer = TaskWriter(
+            self.plan,
+            query_id=self.plan.query_id or "",
+            batch_id=self.batch_id,
+            partition_id=ctx.partitionId(),
+            task_attempt_id=ctx.taskAttemptId(),
+            run_id=self.run_id,
+        )
+        result = writer.write(batches)
+        yield pa.record_batch([pa.array([pickle.dumps(result)], pa.binary())], names=["task_result"])

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -58,13 +58,6 @@ LAKESINK_CLI = Path(sys.executable).parent / "lakesink"
 def catalog_properties(any_catalog_properties: dict[str, str]) -> dict[str, str]:
     """Every test runs on a SQLite catalog and on a PostgreSQL catalog."""
     return any_catalog_properties
-
-
-@pytest.fixture
-def committer(catalog_properties: dict[str, str]) -> TableCommitter:
-    c = make_committer(catalog_properties)
-    c.open_table(SCHEMA)
-    return c
 
 
 def local(uri: str) -> Path:
@@ -134,11 +127,6 @@ def plant(table: Table, relative: str, content: bytes = b"not referenced by anyt
     return f"file://{path}"
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
@@ -229,7 +217,7 @@ _KILLED_DRIVER = textwrap.dedent(
 )
 
 
-def run_killed_driver(props: dict[str, str], query_id: str, batch_id: int) -> None:
+def run_killed_driver(props: Mapping[str, str], query_id: str, batch_id: int) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", _KILLED_DRIVER, json.dumps(props), query_id, str(batch_id)],
         capture_output=True,
@@ -382,12 +370,14 @@ def test_referenced_files_are_never_removed(catalog_properties: dict[str, str]) 
     table = load(c)
     stats = plant(table, f"metadata/{uuid.uuid4()}.stats")
     table.update_statistics().set_statistics(
-        StatisticsFile(
+        StatisticsFile(  # type: ignore[call-arg]  # pydantic fields by name (their aliases are the spec's keys)
             snapshot_id=third,
             statistics_path=stats,
             file_size_in_bytes=local(stats).stat().st_size,
             file_footer_size_in_bytes=0,
-            blob_metadata=[BlobMetadata(type="apache-datasketches-theta-v1", snapshot_id=third, sequence_number=3, fields=[1])],
+            blob_metadata=[
+                BlobMetadata(type="apache-datasketches-theta-v1", snapshot_id=third, sequence_number=3, fields=[1])  # type: ignore[call-arg]
+            ],
         )
     ).commit()
     table = load(c)
@@ -425,7 +415,7 @@ def test_in_flight_batch_is_never_removed_even_with_older_than_zero(committer: T
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     t, box = in_thread(lambda: commit(committer, Q1, 1, [batch]))
     try:
-        wait_for(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+        faults.wait_reached(DRIVER_BEFORE_SWAP)
         prepared = on_disk(table) - before  # the manifest and manifest list of the pending snapshot
         assert len(prepared) == 2
         report = remove_orphan_files(table, older_than=ZERO)
@@ -470,7 +460,7 @@ def commit_while_cleaning_up(
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     t, box = in_thread(lambda: commit(committer, query_id, batch_id, [result]))
     try:
-        wait_for(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+        faults.wait_reached(DRIVER_BEFORE_SWAP)
         prepared = on_disk(table) - before  # the manifests and the manifest list of the pending snapshot
         assert prepared and all(kind(p) in ("manifest", "manifest-list") for p in prepared), prepared
         report = remove_orphan_files(table, older_than=ZERO)
@@ -544,7 +534,7 @@ def test_zombie_drivers_files_are_removed_while_it_waits_and_its_swap_cannot_lan
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     t, box = in_thread(lambda: commit(committer, Q1, 0, [zombie]))
     try:
-        wait_for(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+        faults.wait_reached(DRIVER_BEFORE_SWAP)
         zombie_manifests = on_disk(load(committer)) - before
         assert commit(live, Q1, 0, [live_result]).outcome is Outcome.COMMITTED
         table = load(committer)
@@ -689,7 +679,7 @@ def test_older_than_must_be_a_non_negative_timedelta(committer: TableCommitter) 
 # --- the command line -----------------------------------------------------------------------------
 
 
-def cli_catalog_args(props: dict[str, str]) -> list[str]:
+def cli_catalog_args(props: Mapping[str, str]) -> list[str]:
     return [arg for k, v in props.items() for arg in ("--catalog-property", f"{k}={v}")]
 
 

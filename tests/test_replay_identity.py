@@ -287,7 +287,6 @@ def test_abort_in_another_worker_waits_for_the_commit_in_flight(catalog_properti
     (pyspark 4.3 itself waits for commit() to return before it aborts: tests/test_replay_identity_spark.py.)"""
     import json
     import threading
-    import time
     from pathlib import Path
 
     from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -310,10 +309,7 @@ def test_abort_in_another_worker_waits_for_the_commit_in_flight(catalog_properti
     errors: list[BaseException] = []
     committer = threading.Thread(target=lambda: committing.commit([result], 0))
     committer.start()
-    deadline = time.monotonic() + 120
-    while not faults.reached(DRIVER_BEFORE_SWAP):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    faults.wait_reached(DRIVER_BEFORE_SWAP)
 
     def abort() -> None:
         try:

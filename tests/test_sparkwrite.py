@@ -9,6 +9,7 @@ import datetime as dt
 import decimal
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,12 @@ from tests.helpers import (
     data_files_on_disk,
     lakesink_snapshots,
     referenced_data_files,
+    run_to_end,
     table_ids,
+    wait_until,
 )
 from tests.test_interop import normalized
-from tests.test_maintenance import assert_intact, kind, on_disk, paths, reachable, wait_for
+from tests.test_maintenance import assert_intact, kind, on_disk, paths, reachable
 
 pytestmark = pytest.mark.spark
 
@@ -56,22 +59,19 @@ TABLE = ("db", "fast")
 
 
 def _run(df: DataFrame, ck: Path, props: dict[str, str], writer: str = "spark", **kw: Any) -> None:
-    q = (
-        df.writeStream.foreachBatch(lakesink.foreach_batch("db.fast", catalog_properties=props, writer=writer, **kw))
+    run_to_end(
+        df.writeStream.foreachBatch(lakesink.foreach_batch("db.fast", catalog_properties=props, writer=writer, **kw))  # type: ignore[arg-type]
         .option("checkpointLocation", str(ck))
         .trigger(availableNow=True)
         .start()
     )
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
 
 
 def _stream_of(spark: Any, data: DataFrame, folder: Path, files: int = 2) -> DataFrame:
     """``data`` as a replayable file source of ``files`` Parquet files, one per batch."""
     data.repartition(files).write.parquet(str(folder))
-    return spark.readStream.schema(data.schema).option("maxFilesPerTrigger", 1).parquet(str(folder))
+    stream: DataFrame = spark.readStream.schema(data.schema).option("maxFilesPerTrigger", 1).parquet(str(folder))
+    return stream
 
 
 def _table(props: dict[str, str]) -> Any:
@@ -224,8 +224,12 @@ def test_required_column_written_by_spark_reads_back_everywhere(
     cat.create_table(TABLE, schema=Schema(NestedField(1, "id", LongType(), required=True)))
     _run(_stream_of(spark, spark.range(30), tmp_path / "src", files=1), tmp_path / "ck", catalog_properties)
     table = _table(catalog_properties)
-    for read in (lambda: table.scan().to_arrow(), lambda: interop.duckdb_read(table.metadata_location),
-                 lambda: interop.iceberg_rust_read(table.metadata_location)):  # fmt: skip
+    readers: list[Callable[[], pa.Table]] = [
+        lambda: table.scan().to_arrow(),
+        lambda: interop.duckdb_read(table.metadata_location),
+        lambda: interop.iceberg_rust_read(table.metadata_location),
+    ]
+    for read in readers:
         assert sorted(read().column("id").to_pylist()) == list(range(30))
 
 
@@ -376,7 +380,7 @@ def test_orphan_clean_up_during_a_spark_batch_before_its_swap_keeps_everything_i
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     q = s.start(writer="spark")
     try:
-        wait_for(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=300)
+        wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=300)
         pending = on_disk(table) - before  # the batch's part-* files, its manifest and its manifest list
         assert {kind(p) for p in pending} == {"data", "manifest", "manifest-list"}, pending
         report = remove_orphan_files(table, older_than=dt.timedelta(0))
