@@ -10,7 +10,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from lakesink.audit.manifests import Manifests
-from lakesink.audit.snapshots import ancestry, lakesink_key, opt_int_property, progress, summary_of
+from lakesink.audit.snapshots import ancestry, lakesink_key, opt_int_property, progress, sink_of, summary_of
 from lakesink.properties import (
     MAIN_BRANCH,
     SUMMARY_PREVIOUS_BATCH_ID,
@@ -45,6 +45,9 @@ class QueryBatches:
     last_batch: int
     empty_batches: int
     """Batch ids without a snapshot that the query recorded as empty."""
+    sink_id: str | None = None
+    """The sink of the query these batches belong to (a query writing one table through several sinks has one
+    entry per sink; None: its default sink)."""
 
 
 @dataclass
@@ -74,7 +77,7 @@ class VerifyReport:
         ]
         for q in self.queries:
             lines.append(
-                f"  query {q.query_id}: batches {q.first_batch}..{q.last_batch} in {q.snapshots} snapshot(s), "
+                f"  query {_who(q.query_id, q.sink_id)}: batches {q.first_batch}..{q.last_batch} in {q.snapshots} snapshot(s), "
                 f"{q.empty_batches} empty batch(es) accounted"
             )
         for v in self.violations:
@@ -113,24 +116,27 @@ def verify(
 
 
 def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, report: VerifyReport) -> None:
-    by_key: dict[tuple[str, int], list[int]] = {}
-    by_query: dict[str, list[Snapshot]] = {}
+    """Every (query, sink, batch) in at most one snapshot; each sink's batch ids without an unexplained gap."""
+    by_key: dict[tuple[str, str | None, int], list[int]] = {}
+    by_sink: dict[tuple[str, str | None], list[Snapshot]] = {}
     for s in snapshots:
         key = lakesink_key(s)
         if key is not None:
-            by_key.setdefault(key, []).append(s.snapshot_id)
-            by_query.setdefault(key[0], []).append(s)
-    for (query_id, batch_id), ids in by_key.items():
+            sink = sink_of(s)
+            by_key.setdefault((key[0], sink, key[1]), []).append(s.snapshot_id)
+            by_sink.setdefault((key[0], sink), []).append(s)
+    for (query_id, sink, batch_id), ids in by_key.items():
         if len(ids) > 1:
             report.violations.append(
                 Violation(
                     DUPLICATE_BATCH,
-                    f"batch {batch_id} of query {query_id} was committed {len(ids)} times, in snapshots "
+                    f"batch {batch_id} of query {_who(query_id, sink)} was committed {len(ids)} times, in snapshots "
                     f"{', '.join(map(str, ids))}",
                     ids[-1],
                 )
             )
-    for query_id, mine in by_query.items():
+    for (query_id, sink), mine in by_sink.items():
+        who = _who(query_id, sink)
         batches = sorted({k[1] for s in mine if (k := lakesink_key(s)) is not None})
         empty = 0
         seen_last: int | None = None
@@ -143,7 +149,7 @@ def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, rep
                 report.violations.append(
                     Violation(
                         BATCH_GAP,
-                        f"batch {batch} of query {query_id} (snapshot {s.snapshot_id}) records previous batch {previous}, "
+                        f"batch {batch} of query {who} (snapshot {s.snapshot_id}) records previous batch {previous}, "
                         f"but batch {seen_last} was committed before it",
                         s.snapshot_id,
                     )
@@ -155,7 +161,7 @@ def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, rep
                     report.violations.append(
                         Violation(
                             BATCH_GAP,
-                            f"query {query_id}: batch id(s) {_ranges(lost)} missing before batch {batch} (snapshot "
+                            f"query {who}: batch id(s) {_ranges(lost)} missing before batch {batch} (snapshot "
                             f"{s.snapshot_id}), which records batch {previous} as the previous one: lost, not empty",
                             s.snapshot_id,
                         )
@@ -164,25 +170,29 @@ def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, rep
                 report.violations.append(
                     Violation(
                         BATCH_GAP,
-                        f"query {query_id}: batch id(s) {_ranges(list(range(seen_last + 1, batch)))} missing before batch "
+                        f"query {who}: batch id(s) {_ranges(list(range(seen_last + 1, batch)))} missing before batch "
                         f"{batch} (snapshot {s.snapshot_id}), and no empty batch was recorded",
                         s.snapshot_id,
                     )
                 )
             seen_last = batch
-        marker = last_committed_batch(table.properties, query_id)
+        marker = last_committed_batch(table.properties, query_id, sink)
         if marker is not None and marker.branch == branch and seen_last is not None:
             if marker.batch_id < seen_last:
                 report.violations.append(
                     Violation(
                         MARKER_BEHIND,
-                        f"query {query_id}: the replay marker names batch {marker.batch_id} but batch {seen_last} is "
+                        f"query {who}: the replay marker names batch {marker.batch_id} but batch {seen_last} is "
                         "committed (a restart would commit those batches again)",
                     )
                 )
             elif marker.empty:
                 empty += marker.batch_id - seen_last
-        report.queries.append(QueryBatches(query_id, len(mine), batches[0], batches[-1], empty))
+        report.queries.append(QueryBatches(query_id, len(mine), batches[0], batches[-1], empty, sink))
+
+
+def _who(query_id: str, sink: str | None) -> str:
+    return f"{query_id} (sink {sink})" if sink else query_id
 
 
 def _ranges(ids: Sequence[int]) -> str:

@@ -13,6 +13,7 @@ from lakesink.properties import (
     MAIN_BRANCH,
     SUMMARY_BATCH_ID,
     SUMMARY_QUERY_ID,
+    SUMMARY_SINK_ID,
 )
 
 LAKESINK = "lakesink"
@@ -43,6 +44,11 @@ def lakesink_key(snapshot: Snapshot) -> tuple[str, int] | None:
     props = summary_of(snapshot)
     query_id, batch = props.get(SUMMARY_QUERY_ID), props.get(SUMMARY_BATCH_ID)
     return (query_id, int(batch)) if query_id is not None and batch is not None else None
+
+
+def sink_of(snapshot: Snapshot) -> str | None:
+    """The ``sink_id`` of the lakesink sink that committed a snapshot (None: the query's default sink)."""
+    return summary_of(snapshot).get(SUMMARY_SINK_ID) or None
 
 
 def ancestry(table: Table, branch: str = MAIN_BRANCH) -> list[Snapshot]:
