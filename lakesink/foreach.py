@@ -19,7 +19,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
-from lakesink import catalogs, sparkwrite
+from lakesink import catalogs, sparkfs, sparkwrite
 from lakesink.checkpoint import read_source_offsets
 from lakesink.driver import BatchOutcome, TableCommitter
 from lakesink.errors import InvalidOptionError, LakesinkError
@@ -136,6 +136,8 @@ class ForeachBatchSink:
                 source_offsets=None,
             )
         reason = sparkwrite.unsupported_reason(plan.schema, partitioned=not table.spec().is_unpartitioned())
+        if reason is None and self.options.writer is not WriterKind.ARROW:
+            reason = sparkfs.unwritable_reason(spark, plan.data_prefix)  # e.g. s3a:// without hadoop-aws
         if self.options.writer is WriterKind.SPARK and reason is not None:
             raise InvalidOptionError(f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'")
         if self.options.writer is WriterKind.ARROW or reason is not None:
