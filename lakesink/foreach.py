@@ -20,7 +20,7 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
 from lakesink import catalogs, sparkfs, sparkwrite
-from lakesink.checkpoint import read_source_offsets
+from lakesink.checkpoint import read_query_id, read_source_offsets
 from lakesink.driver import BatchOutcome, TableCommitter
 from lakesink.errors import InvalidOptionError, LakesinkError
 from lakesink.executor import TARGET_FILE_SIZE, TARGET_FILE_SIZE_DEFAULT, TaskWriter
@@ -114,9 +114,7 @@ class ForeachBatchSink:
 
     def __call__(self, df: DataFrame, batch_id: int) -> BatchOutcome:
         spark = df.sparkSession
-        query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
-        if not query_id:
-            raise LakesinkError("lakesink.foreach_batch(...) must be passed to writeStream.foreachBatch of a streaming query")
+        query_id = self._query_id(spark)
         if self._committer is None:
             self._committer = TableCommitter(self.options)
         committer = self._committer
@@ -176,6 +174,31 @@ class ForeachBatchSink:
         finally:
             if directory is not None:
                 sparkwrite.tidy_directory(directory)  # removed only when left empty (by an abort or a replay)
+
+    def _query_id(self, spark: SparkSession) -> str:
+        """The streaming query's id: a local property of the batch's job (classic Spark), or, under Spark
+        Connect, where this function runs in a server-side Python process without the query's JVM objects,
+        the ``id`` in the metadata file of the checkpoint the user named."""
+        if not type(spark).__module__.startswith("pyspark.sql.connect"):
+            query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+            if not query_id:
+                raise LakesinkError("lakesink.foreach_batch(...) must be passed to writeStream.foreachBatch of a streaming query")
+            return str(query_id)
+        checkpoint = self.options.checkpoint_location
+        if checkpoint is None:
+            raise LakesinkError(
+                "lakesink.foreach_batch runs under Spark Connect here: its function runs in a Python process of the "
+                "Connect server, which cannot see the streaming query's id; pass checkpoint_location=<the query's "
+                "checkpointLocation> to lakesink.foreach_batch (the id is read from that checkpoint's metadata file), "
+                "or use writeStream.format('lakesink')"
+            )
+        query_id = read_query_id(checkpoint)
+        if not query_id:
+            raise LakesinkError(
+                f"checkpoint_location={checkpoint!r} given to lakesink.foreach_batch has no metadata file with a query id: "
+                "it must be the same folder as the query's checkpointLocation option"
+            )
+        return query_id
 
     def _max_records_per_file(self, plan: WritePlan) -> int:
         """Spark rolls files by row count only: the target file size over the last batch's bytes per row (0: no limit)."""

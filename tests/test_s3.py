@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-import lakesink
 from lakesink import catalogs
 from lakesink.cli import main as cli
 from lakesink.errors import InvalidOptionError
@@ -71,7 +70,7 @@ def test_exactly_once_on_s3_through_a_crash_after_the_swap(
     s = Stream(spark, tmp_path, props, entry)
     s.add_input(files=3, rows_per_file=40)
     faults.arm(DRIVER_AFTER_SWAP, "raise")
-    with caplog.at_level(logging.DEBUG):
+    with caplog.at_level(logging.DEBUG, logger="lakesink"):  # (py4j logs every option it sends at DEBUG)
         message = s.run_failing()  # writer="auto" for foreach: the Arrow path, since Spark cannot write s3a://
         s.run()
     assert "fault injected" in message and SECRET_KEY not in message
