@@ -95,6 +95,9 @@ def spark_conf(name: str, catalog_properties: Mapping[str, str]) -> dict[str, st
         "spark.sql.session.timeZone": "UTC",
         # the answers written as Parquet for pyarrow: standard timestamps, not INT96
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        # and dates before 1582 / timestamps before 1900 as they are (proleptic Gregorian, as Iceberg)
+        "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+        "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
         prefix: "org.apache.iceberg.spark.SparkCatalog",
         f"{prefix}.type": "jdbc",
         f"{prefix}.uri": url,

@@ -76,6 +76,8 @@ def java(shared: dict[str, str]) -> Iterator[JavaEngine]:
             "spark.driver.memory": "1g",
             "spark.sql.session.timeZone": "UTC",
             "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+            "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+            "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
         }
     )
     engine = JavaEngine(conf)
@@ -169,7 +171,8 @@ def test_java_reads_partitioned_evolved_tables_branches_time_travel_and_summarie
     for snap in lakesink_snapshots(table):
         summary = by_id[snap["snapshot_id"]]
         assert summary[SUMMARY_QUERY_ID] == snap["query_id"] and int(summary[SUMMARY_BATCH_ID]) == snap["batch_id"]
-    assert sum(1 for summary in by_id.values() if SUMMARY_BATCH_ID in summary) == len(lakesink_snapshots(table)) + 1  # + branch
+    # (the branch's snapshot included: table.snapshots() and Iceberg's snapshots table list every branch)
+    assert sum(1 for summary in by_id.values() if SUMMARY_BATCH_ID in summary) == len(lakesink_snapshots(table))
 
 
 @pytest.fixture
@@ -190,7 +193,7 @@ def test_java_writes_while_lakesink_streams(
     java_ids: list[int] = []
     failures: dict[str, str] = {}
     statements = [
-        ("insert", f"INSERT INTO {CATALOG}.db.events (id, user, kind) VALUES (1, 'java', 7), (2, 'java', 7)"),
+        ("insert", f"INSERT INTO {CATALOG}.db.events VALUES (1, NULL, 'java', NULL, 7), (2, NULL, 'java', NULL, 7)"),
         ("rewrite", f"CALL {CATALOG}.system.rewrite_data_files(table => 'db.events', options => map('min-input-files', '2'))"),
         ("expire", f"CALL {CATALOG}.system.expire_snapshots(table => 'db.events', retain_last => 2)"),
         ("alter", f"ALTER TABLE {CATALOG}.db.events ADD COLUMN region string"),
