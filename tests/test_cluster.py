@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -34,9 +36,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: Any) -> Iterator[StandaloneCluster]:
-    c = StandaloneCluster.start(tmp_path_factory.mktemp("cluster"))
+    # its own folder, not under pytest's numbered temporary folders (which other pytest runs on the
+    # machine prune while this one runs)
+    folder = Path(tempfile.mkdtemp(prefix="lakesink-cluster-"))
+    c = StandaloneCluster.start(folder)
     yield c
     c.stop()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])
@@ -71,7 +77,13 @@ def test_executor_sigkilled_mid_batch_on_a_cluster_every_id_lands_once(
     }
     # the first task that starts writing waits at the fault point; its executor is then SIGKILLed
     (faults / EXECUTOR_BEFORE_WRITE).write_text("pause")
-    env = {**os.environ, ENV_FAULTS_DIR: str(faults), "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
+    env = {
+        **os.environ,
+        ENV_FAULTS_DIR: str(faults),
+        "PYTHONPATH": str(ROOT),
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
     job = subprocess.Popen(
         ["nice", "-n", "5", sys.executable, "-m", "tests.deploy_job", json.dumps(cfg)],
         env=env,

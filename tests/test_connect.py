@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,9 +34,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory: Any) -> Iterator[ConnectServer]:
-    server = ConnectServer.start(tmp_path_factory.mktemp("connect"), env={"PYTHONPATH": str(ROOT)})
+    # its own folder, not under pytest's numbered temporary folders (which other pytest runs on the
+    # machine prune while this one runs)
+    folder = Path(tempfile.mkdtemp(prefix="lakesink-connect-"))
+    server = ConnectServer.start(folder, env={"PYTHONPATH": str(ROOT)})
     yield server
     server.stop()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_client(server: ConnectServer, tmp_path: Path, props: dict[str, str], entry: str, **extra: Any) -> dict[str, Any]:
@@ -58,7 +64,11 @@ def run_client(server: ConnectServer, tmp_path: Path, props: dict[str, str], ent
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines, f"the Connect client printed no result: {done.stderr[-3000:]}"
-    return json.loads(lines[-1])  # type: ignore[no-any-return]
+    result: dict[str, Any] = json.loads(lines[-1])
+    if not result["ok"]:  # what the server saw, for the failure message
+        logs = sorted(server.folder.glob("*.out*")) + sorted(server.folder.glob("*.log"))
+        result["server_log"] = "\n".join(p.read_text(errors="replace")[-4000:] for p in logs)
+    return result
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])
@@ -67,7 +77,7 @@ def test_both_entry_points_from_a_connect_client(
 ) -> None:
     sent = write_json_input(tmp_path / "input", files=3, rows_per_file=20)
     result = run_client(connect_server, tmp_path, catalog_properties, entry, pass_checkpoint=True)
-    assert result == {"ok": True}
+    assert result == {"ok": True}, result
     # a second run on the same checkpoint (new input) goes on where the first stopped
     sent += write_json_input(tmp_path / "input", files=1, rows_per_file=20, start=1000)
     assert run_client(connect_server, tmp_path, catalog_properties, entry, pass_checkpoint=True) == {"ok": True}

@@ -9,6 +9,7 @@ The engine is a real child process (tests/java_engine.py); nothing is mocked.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -53,7 +54,8 @@ def read_spark_defaults(path: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def shared(postgres: Any, tmp_path_factory: Any) -> dict[str, str]:
     """lakesink's catalog properties: the "shared" PostgreSQL catalog, a local warehouse."""
-    warehouse = tmp_path_factory.mktemp("java-warehouse")
+    # its own folder, not under pytest's numbered temporary folders (other pytest runs prune those)
+    warehouse = Path(tempfile.mkdtemp(prefix="lakesink-java-warehouse-"))
     return {"name": CATALOG, "type": "sql", "uri": postgres.create_database(), "warehouse": f"file://{warehouse}"}
 
 
