@@ -545,8 +545,11 @@ S3_BUCKET = "lakesink-demo"
 
 def start_s3(home: Path) -> Any:
     """Start moto's S3 server on a free port; point the embedded catalog's definition at it (also for the job)."""
+    import logging
+
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per HTTP request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

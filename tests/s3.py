@@ -31,8 +31,11 @@ class S3Server:
 
     @classmethod
     def start(cls) -> S3Server:
+        import logging
+
         from moto.server import ThreadedMotoServer
 
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per HTTP request
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         host, port = server.get_host_and_port()
