@@ -373,13 +373,13 @@ class Demo:
             {int(m) for m in re.findall(r"batch=(\d+) replay skipped", self.log.read_text(errors="replace"))}
         )
         kills = sum(r.killed for r in self.runs)
+        referenced = {local_path(task.file.file_path) for task in table.scan().plan_files()}
         if self.s3:
             from lakesink.maintenance import remove_orphan_files
 
             dry = remove_orphan_files(table, older_than=timedelta(0), dry_run=True)
             leftovers = len(dry.removed) + len(dry.kept_in_flight) + len(dry.kept_too_young)
         else:
-            referenced = {local_path(task.file.file_path) for task in table.scan().plan_files()}
             on_disk = {str(p) for p in Path(local_path(table.location()), "data").rglob("*.parquet")}
             leftovers = len(on_disk - referenced)
         query_ids = sorted({s.summary[SUMMARY_QUERY_ID] for s in snapshots})
