@@ -116,3 +116,37 @@ def test_executor_sigkilled_mid_batch_on_a_cluster_every_id_lands_once(
     assert table_ids(table) == Counter(sent)
     assert_snapshot_invariants(table)
     assert victim[0] not in cluster.executor_pids()
+
+
+def test_foreach_batch_auto_uses_spark_writer_on_the_cluster(tmp_path: Path, cluster: StandaloneCluster, postgres: Any) -> None:
+    """writer="auto" on a cluster that can write the warehouse (file://, one machine): Spark's own writer."""
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    props = {"type": "sql", "uri": postgres.create_database(), "warehouse": f"file://{warehouse}"}
+    sent = write_json_input(tmp_path / "input", files=2, rows_per_file=50)
+    cfg = {
+        "input": str(tmp_path / "input"),
+        "checkpoint": str(tmp_path / "ck"),
+        "table": "db.events",
+        "entry": "foreach",
+        "writer": "auto",
+        "catalog_properties": props,
+        "master": cluster.url,
+        "conf": {"spark.executor.memory": "512m", "spark.executor.cores": "1", "spark.cores.max": "2"},
+    }
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop(ENV_FAULTS_DIR, None)
+    done = subprocess.run(
+        ["nice", "-n", "5", sys.executable, "-m", "tests.deploy_job", json.dumps(cfg)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = catalogs.load(None, props).load_table(("db", "events"))
+    assert table_ids(table) == Counter(sent)
+    assert_snapshot_invariants(table)
+    paths = [task.file.file_path for task in table.scan().plan_files()]
+    assert paths and all("/part-" in p for p in paths), paths  # Spark's file names: its writer wrote them
