@@ -55,6 +55,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import IcebergType, ListType, MapType, PrimitiveType
 
+from lakesink import storage
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 
@@ -316,10 +317,7 @@ class PreparedCommit:
         if self._producer is not None:
             self._producer._clean_all_uncommitted()
         for path in self._owned_files:
-            try:
-                self.table.io.delete(path)
-            except FileNotFoundError:
-                pass
+            storage.delete_file(self.table.io, path)
 
 
 class _MetadataCachingTransaction(Transaction):
@@ -511,10 +509,6 @@ def filter_rows(table: pa.Table, expression: str) -> pa.Table:
     schema = new_table_schema(table.schema)
     bound = bind(schema, parse(expression), case_sensitive=False)
     return table.filter(expression_to_pyarrow(bound, schema))
-
-
-def delete_file(io: FileIO, path: str) -> None:
-    io.delete(path)
 
 
 # --- audits, empty batches and branches (issue 6) -----------------------------------------------

@@ -16,10 +16,11 @@ import pytest
 
 from lakesink import interop
 from lakesink.driver import Outcome, TableCommitter
-from lakesink.driver.upsert import DELETED, SUMMARY_DELETED, SUMMARY_FILES_READ, SUMMARY_INSERTED, SUMMARY_UPDATED
+from lakesink.driver.upsert import DELETED, SUMMARY_FILES_READ
 from lakesink.errors import InjectedFault, InvalidOptionError, UpsertKeyError
 from lakesink.executor import TaskWriter
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, DRIVER_BEFORE_SWAP
+from lakesink.keyed import SUMMARY_DELETED, SUMMARY_INSERTED, SUMMARY_UPDATED
 from lakesink.messages import TaskResult
 from lakesink.options import SinkOptions, TableName
 from lakesink.taskchanges import UpsertSpec, merge, resolve_task, to_ipc
@@ -250,9 +251,11 @@ def test_merge_schema_and_branch_with_upserts(catalog_properties: dict[str, str]
     assert run_batch(audit, 0, [(5, "audit", 200, False), (6, "gone", 201, True)]).outcome is Outcome.COMMITTED
     table = c.reload_table()
     assert table.metadata.current_snapshot_id == main_head
-    on_branch = table.scan(snapshot_id=table.metadata.snapshot_by_name("audit").snapshot_id).to_arrow()
-    got = {r["id"]: r["value"] for r in on_branch.to_pylist()}
-    assert got == {k: v for k, (v, _) in expected.items() if k != 6} | {5: "audit"}
+    audit_head = table.metadata.snapshot_by_name("audit")
+    assert audit_head is not None
+    on_branch = table.scan(snapshot_id=audit_head.snapshot_id).to_arrow()
+    values = {r["id"]: r["value"] for r in on_branch.to_pylist()}
+    assert values == {k: v for k, (v, _) in expected.items() if k != 6} | {5: "audit"}
 
 
 def test_upsert_options_are_checked_against_the_mode_and_the_entry_point() -> None:

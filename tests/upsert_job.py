@@ -38,7 +38,7 @@ if __name__ == "__main__":
             w = w.option(f"catalog.{k}", v)
         w = w.option("upsert-key", "id").option("delete-when", "op = 'd'").option("order-by", "seq")
     else:
-        w = df.writeStream.foreachBatch(upsert_sink(props))
+        w = df.writeStream.foreachBatch(upsert_sink(props))  # type: ignore[arg-type]
     q = w.option("checkpointLocation", ck).trigger(availableNow=True).start()
     q.awaitTermination()
     print("UPSERT JOB DONE")
