@@ -117,6 +117,10 @@ def test_change_stream_through_foreach_batch_equals_the_model(
     write_events(tmp_path / "in3", [[{"eid": 9003, "id": None, "value": "c", "seq": 9003, "op": "c"}]])
     with pytest.raises(StreamingQueryException, match=r"key column 'id' is null"):
         run(spark, tmp_path / "in3", tmp_path / "ck3", sink)
+    # a delete-when Spark cannot analyse over the batch: an error naming the option
+    bad = lakesink.foreach_batch("db.events", catalog_properties=catalog_properties, upsert_key="id", delete_when="opp = 'd'")
+    with pytest.raises(StreamingQueryException, match=r"option 'delete-when' \"opp = 'd'\" is not a Spark SQL boolean"):
+        run(spark, tmp_path / "in3", tmp_path / "ck4", bad)
     table.refresh()
     assert table.metadata.current_snapshot_id == before
 
