@@ -17,7 +17,7 @@ import pytest
 from lakesink import interop
 from lakesink.driver import Outcome, TableCommitter
 from lakesink.driver.upsert import DELETED, SUMMARY_FILES_READ
-from lakesink.errors import InjectedFault, InvalidOptionError, UpsertKeyError
+from lakesink.errors import InjectedFault, InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor import TaskWriter
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, DRIVER_BEFORE_SWAP
 from lakesink.keyed import SUMMARY_DELETED, SUMMARY_INSERTED, SUMMARY_UPDATED
@@ -386,3 +386,76 @@ def test_composite_key_of_string_date_and_timestamp(catalog_properties: dict[str
         assert {(r["tenant"], r["day"], r["at"]): r["value"] for r in rows} == expected, name
     summary = lakesink_snapshots(table)[-1]["summary"]
     assert (summary[SUMMARY_INSERTED], summary[SUMMARY_UPDATED], summary[SUMMARY_DELETED]) == ("1", "2", "1")
+
+
+def _add_position_delete(table: Any, data_path: str, positions: list[int]) -> None:
+    """Commit a position delete file, as another engine's merge-on-read delete would (pyiceberg has no writer for
+    them: its manifest writer is subclassed to write a delete manifest)."""
+    import uuid
+
+    import pyarrow.parquet as pq
+    from pyiceberg.manifest import (
+        DataFile,
+        DataFileContent,
+        FileFormat,
+        ManifestContent,
+        ManifestEntry,
+        ManifestEntryStatus,
+        ManifestWriterV2,
+    )
+    from pyiceberg.typedef import Record
+
+    class DeleteManifestWriter(ManifestWriterV2):
+        def content(self) -> ManifestContent:
+            return ManifestContent.DELETES
+
+        @property
+        def _meta(self) -> dict[str, str]:
+            return {**super()._meta, "content": "deletes"}
+
+    location = f"{table.location()}/data/pos-{uuid.uuid4().hex}.parquet"
+    schema = pa.schema(
+        [
+            pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": b"2147483546"}),
+            pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": b"2147483545"}),
+        ]
+    )
+    with table.io.new_output(location).create() as f:
+        pq.write_table(pa.table({"file_path": [data_path] * len(positions), "pos": positions}, schema=schema), f)
+    delete = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=location,
+        file_format=FileFormat.PARQUET,
+        partition=Record(),
+        record_count=len(positions),
+        file_size_in_bytes=len(table.io.new_input(location)),
+        spec_id=0,
+    )
+    tx = table.transaction()
+    append = tx.update_snapshot().fast_append()
+    writer = DeleteManifestWriter(
+        table.spec(), table.schema(), table.io.new_output(f"{table.location()}/metadata/del-{uuid.uuid4().hex}.avro"),
+        append.snapshot_id, "deflate",
+    )  # fmt: skip
+    with writer:
+        writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=append.snapshot_id, data_file=delete))
+    manifest = writer.to_manifest_file()
+    existing = append._existing_manifests
+    append._existing_manifests = lambda: [*existing(), manifest]
+    append.commit()
+    tx.commit_transaction()
+
+
+def test_a_table_with_another_engines_delete_files_is_refused(catalog_properties: dict[str, str]) -> None:
+    """Copy-on-write over a file with position deletes would bring the deleted rows back: refused, table unchanged."""
+    c = make(catalog_properties)
+    run_batch(c, 0, [(k, "old", k, False) for k in range(10)], tasks=1)
+    table = c.reload_table()
+    (data_path,) = {t.file.file_path for t in table.scan().plan_files()}
+    _add_position_delete(table, data_path, [2, 5])
+    table = c.reload_table()
+    assert sorted(table.scan().to_arrow().column("id").to_pylist()) == [0, 1, 3, 4, 6, 7, 8, 9]
+    head = table.metadata.current_snapshot_id
+    with pytest.raises(LakesinkError, match=r"has delete files.*bring deleted rows back"):
+        run_batch(c, 1, [(3, "new", 100, False)])
+    assert c.reload_table().metadata.current_snapshot_id == head
