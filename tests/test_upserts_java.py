@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.deploy]
 def test_java_engine_reads_every_batch_of_a_change_stream_as_the_model(
     spark: Any,
     tmp_path: Path,
-    shared: dict[str, str],
+    shared: dict[str, str],  # noqa: F811
     java: JavaEngine,  # noqa: F811
 ) -> None:
     java.sql(f"DROP TABLE IF EXISTS {CATALOG}.db.events PURGE")

@@ -9,7 +9,7 @@ from lakesink.options import OutputMode, SinkOptions, TableName
 
 VALID_LIST = (
     "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table, partitioned-by, merge-schema, "
-    "branch, sink-id"
+    "branch, sink-id, upsert-key, delete-when, order-by"
 )
 
 
@@ -149,13 +149,22 @@ def test_mapping_output_mode_defaults_to_append() -> None:
     assert SinkOptions.from_mapping({"table": "db.t"}).output_mode is OutputMode.APPEND
 
 
-@pytest.mark.parametrize("value", ["update", "UPDATE", "overwrite", ""])
+@pytest.mark.parametrize("value", ["overwrite", ""])
 def test_mapping_unsupported_output_mode_names_the_supported_modes(value: str) -> None:
     with pytest.raises(InvalidOptionError) as e:
         SinkOptions.from_mapping({"table": "db.t", "output-mode": value})
     message = str(e.value)
-    assert message.startswith(f"output mode {value!r} is not supported by lakesink; supported modes: append, complete")
-    assert "'update' would need row-level upserts" in message
+    assert message.startswith(f"output mode {value!r} is not supported by lakesink; supported modes: append, complete, update")
+    assert "'update' needs option 'upsert-key'" in message
+
+
+@pytest.mark.parametrize("value", ["update", "UPDATE"])
+def test_mapping_update_mode_needs_an_upsert_key(value: str) -> None:
+    """Issue 12: Spark's update mode is supported with upserts (docs/upserts.md), and only with them."""
+    with pytest.raises(InvalidOptionError, match=r"output mode 'update' needs option 'upsert-key'"):
+        SinkOptions.from_mapping({"table": "db.t", "output-mode": value})
+    opts = SinkOptions.from_mapping({"table": "db.t", "output-mode": value, "upsert-key": "id"})
+    assert opts.output_mode is OutputMode.UPDATE and opts.upsert_key == ("id",)
 
 
 def test_mapping_keeps_the_case_of_catalog_property_names() -> None:
@@ -223,7 +232,7 @@ def test_repr_shows_every_field() -> None:
     assert repr(opts) == (
         "SinkOptions(table='db.t', catalog_name='prod', catalog_properties={}, output_mode='complete', "
         "checkpoint_location='/ck', create_table=False, partitioned_by='days(ts), bucket(16, id)', merge_schema=True, "
-        "branch='main', writer='auto', sink_id='audit')"
+        "branch='main', writer='auto', sink_id='audit', upsert_key=(), delete_when=None, order_by=None)"
     )
 
 
