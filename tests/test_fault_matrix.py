@@ -134,7 +134,7 @@ def test_row_07_zombie_driver_commits_the_same_batch(
             env=env,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=900,
         )
         assert proc.returncode == 0 and "ZOMBIE DONE" in proc.stdout, proc.stderr[-3000:]
         assert [x["batch_id"] for x in lakesink_snapshots(s.table)] == [0, 1, 2]  # driver B committed everything

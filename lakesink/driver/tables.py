@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TypeVar
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -34,6 +35,7 @@ from lakesink.schema import SchemaChange, check_writable
 from lakesink.tablesettings import TableSettings
 
 log = logging.getLogger("lakesink")
+T = TypeVar("T")
 
 MAIN_BRANCH = "main"
 #: Summary key of the empty snapshot lakesink commits to ``main`` of an empty table to start a branch from.
@@ -102,7 +104,7 @@ class SinkTable:
     def _load_or_create(self, stream_schema: pa.Schema) -> Table:
         ident = self.options.table.identifier
         try:
-            return self.catalog.load_table(ident)
+            return self._patiently(lambda: self.catalog.load_table(ident))
         except NoSuchTableError:
             if not self.options.create_table:
                 raise CatalogError(
@@ -115,12 +117,12 @@ class SinkTable:
             schema = _with_identifier_fields(schema, self.options.upsert_key, self.table_name)
         spec = partitioning.to_spec(self.options.partitioned_by, schema, self.table_name)
         try:
-            self.catalog.create_namespace_if_not_exists(self.options.table.namespace)
-            table = self.catalog.create_table(ident, schema=schema, partition_spec=spec)
+            self._patiently(lambda: self.catalog.create_namespace_if_not_exists(self.options.table.namespace))
+            table = self._patiently(lambda: self.catalog.create_table(ident, schema=schema, partition_spec=spec))
             log.info("lakesink: created table %s in catalog %r", self.table_name, self.catalog.name)
             return table
         except TableAlreadyExistsError:  # another query created it first
-            return self.catalog.load_table(ident)
+            return self._patiently(lambda: self.catalog.load_table(ident))
         except Exception as e:
             raise CatalogError(f"cannot create table {self.table_name}: {self.redact(e)}") from None
 
@@ -183,7 +185,7 @@ class SinkTable:
         """For a later batch of a query already opened: the current table (the stream is checked against
         it by :meth:`write_plan`)."""
         try:
-            table = self.catalog.load_table(self.options.table.identifier)
+            table = self._patiently(lambda: self.catalog.load_table(self.options.table.identifier))
         except NoSuchTableError:
             raise TableIdentityChangedError(
                 f"table {self.table_name} was dropped while the query ran; nothing was written. Restart the query "
@@ -287,6 +289,21 @@ class SinkTable:
                 f"(tried for {_CATALOG_READ_PATIENCE_S:.0f} s: {self.redact(e)}); nothing was committed; "
                 "restart the query when the catalog is available"
             ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _patiently(self, call: Callable[[], T]) -> T:
+        """Run a catalog call, riding out a briefly locked or unreachable catalog for up to 30 s (a SQLite catalog
+        file another process is committing to answers "database is locked"); pyiceberg's answers (no such table,
+        already exists) and lakesink's errors are not retried."""
+        retrying = Retrying(
+            stop=stop_after_delay(_CATALOG_READ_PATIENCE_S),
+            wait=wait_exponential_jitter(initial=0.2, max=5.0),
+            retry=retry_if_not_exception_type((NoSuchTableError, TableAlreadyExistsError, LakesinkError)),
+            reraise=True,
+        )
+        for attempt in retrying:
+            with attempt:
+                return call()
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _load(self) -> Table:
