@@ -9,6 +9,7 @@ Tested against pyiceberg 0.12.
 
 from __future__ import annotations
 
+import uuid as uuid_module
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,17 +39,20 @@ from pyiceberg.schema import Schema, assign_fresh_schema_ids, sanitize_column_na
 from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update import (
     AssertCurrentSchemaId,
     AssertDefaultSpecId,
     AssertRefSnapshotId,
     AssertTableUUID,
+    RemoveSnapshotsUpdate,
     SetPropertiesUpdate,
     update_table_metadata,
 )
 from pyiceberg.table.update.schema import UpdateSchema
+from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.transforms import IdentityTransform
-from pyiceberg.typedef import Record
+from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import IcebergType, ListType, MapType
 
 from lakesink.errors import InvalidOptionError
@@ -453,3 +457,138 @@ def scan_files(
 def manifest_entries(manifest: ManifestFile, io: FileIO) -> list[ManifestEntry]:
     """Every entry of a manifest (added, existing and deleted)."""
     return list(manifest.fetch_manifest_entry(io, discard_deleted=False))
+
+
+# --- maintenance: compaction and snapshot expiry (issue 11) -------------------------------------
+
+
+class _ReplaceFiles(_OverwriteFiles):
+    """pyiceberg's overwrite producer, recorded as Iceberg's ``replace`` operation (files rewritten, rows
+    unchanged). pyiceberg 0.12 has no rewrite action; its summary code knows only append/overwrite/delete,
+    so the summary is computed as an overwrite's and relabelled."""
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:  # noqa: B006
+        summary = super()._summary(snapshot_properties)
+        return Summary(operation=Operation.REPLACE, **summary.additional_properties)
+
+
+def prepare_replace(
+    table: Table,
+    *,
+    deleted: Sequence[DataFile],
+    added: Sequence[DataFile],
+    summary: Mapping[str, str],
+    branch: str,
+) -> PreparedCommit:
+    """Stage a ``replace`` snapshot on ``table``'s ``branch``: ``deleted`` (live in its head) rewritten as ``added``.
+
+    The swap requires the branch head to be the one read: a commit landing in between makes it conflict, and
+    the caller re-prepares on the new head (checking the rewritten files are all still live first).
+    """
+    tx = _MetadataCachingTransaction(table)
+    producer = _ReplaceFiles(
+        operation=Operation.OVERWRITE,  # relabelled REPLACE in its summary
+        transaction=tx,
+        io=table.io,
+        branch=branch,
+        snapshot_properties=dict(summary),
+    )
+    for f in deleted:
+        producer.delete_data_file(f)
+    for f in added:
+        producer.append_data_file(f)
+    producer.commit()
+    requirements = (*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid))
+    return PreparedCommit(
+        table=table,
+        snapshot_id=producer.snapshot_id,
+        _updates=tuple(tx._updates),
+        _requirements=requirements,
+        _producer=producer,
+    )
+
+
+def prepare_remove_snapshots(table: Table, snapshot_ids: Sequence[int]) -> PreparedCommit:
+    """Stage the removal of snapshots from the metadata; the swap requires every branch and tag to still point
+    where it was read (so no ref can have moved onto a snapshot being removed)."""
+    requirements: list[Any] = [AssertTableUUID(uuid=table.metadata.table_uuid)]
+    for name, ref in table.metadata.refs.items():
+        requirements.append(AssertRefSnapshotId(snapshot_id=ref.snapshot_id, ref=name))  # type: ignore[call-arg]
+    return PreparedCommit(
+        table=table,
+        snapshot_id=-1,
+        _updates=(RemoveSnapshotsUpdate(snapshot_ids=list(snapshot_ids)),),  # type: ignore[call-arg]
+        _requirements=tuple(requirements),
+    )
+
+
+def data_file_entries(table: Table, snapshot: Any) -> Iterator[tuple[DataFile, int | None]]:
+    """(data file, data sequence number) of every live entry of a snapshot's data manifests."""
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content != ManifestContent.DATA:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            yield entry.data_file, entry.sequence_number
+
+
+def has_delete_files(table: Table, snapshot: Any) -> bool:
+    return any(m.content == ManifestContent.DELETES for m in snapshot.manifests(table.io))
+
+
+def reachable_files(table: Table, snapshots: Iterable[Any], *, live_only: bool = False) -> tuple[set[str], set[str], set[str]]:
+    """(manifest lists, manifests, data and delete files) that ``snapshots`` reference: every entry, or with
+    ``live_only`` the files the snapshots contain (a ``deleted`` entry is a file a snapshot no longer has)."""
+    lists: set[str] = set()
+    manifests: set[str] = set()
+    files: set[str] = set()
+    seen: set[str] = set()
+    for snapshot in snapshots:
+        lists.add(snapshot.manifest_list)
+        for manifest in snapshot.manifests(table.io):
+            manifests.add(manifest.manifest_path)
+            if manifest.manifest_path in seen:
+                continue
+            seen.add(manifest.manifest_path)
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=live_only):
+                files.add(entry.data_file.file_path)
+    return lists, manifests, files
+
+
+def new_data_file_name(prefix: str) -> str:
+    return f"{prefix}-{uuid_module.uuid4().hex}.parquet"
+
+
+def write_parquet(
+    table: Table, *, location: str, batches: Iterable[pa.RecordBatch], schema: Schema
+) -> tuple[int, pq.FileMetaData]:
+    """Write ``batches`` (already in the table schema, with field ids) as one Parquet file; (size, footer)."""
+    arrow = arrow_schema(file_schema(schema))
+    options = parquet_writer_options(table.properties)
+    output = table.io.new_output(location)
+    with output.create(overwrite=False) as stream:
+        with pq.ParquetWriter(stream, schema=arrow, **options) as writer:
+            for batch in batches:
+                writer.write_batch(pa.RecordBatch.from_arrays(batch.columns, schema=arrow))
+        metadata = writer.writer.metadata
+    return len(table.io.new_input(location)), metadata
+
+
+def writes_format_version(version: int) -> bool:
+    """Whether this pyiceberg can write table metadata of ``version`` (0.12 reads v3 but cannot write it:
+    apache/iceberg-python#1551)."""
+    from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+    from pyiceberg.table.metadata import new_table_metadata
+    from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
+
+    try:
+        new_table_metadata(
+            Schema(), UNPARTITIONED_PARTITION_SPEC, UNSORTED_SORT_ORDER, "file:///probe", {"format-version": str(version)}
+        ).model_dump_json()
+    except NotImplementedError:
+        return False
+    return True
+
+
+def partition_of(data_file: DataFile) -> tuple[Any, ...]:
+    """A data file's partition values (internal representation), as a plain tuple."""
+    return tuple(data_file.partition)  # type: ignore[arg-type]  # Record iterates over its values

@@ -30,11 +30,14 @@ from lakesink.options import (
     CATALOG,
     CATALOG_PROPERTY_PREFIX,
     CREATE_TABLE,
+    FORMAT_VERSION,
+    MAINTENANCE,
     MERGE_SCHEMA,
     OUTPUT_MODE,
     PARTITIONED_BY,
     SINK_ID,
     TABLE,
+    TABLE_PROPERTY_PREFIX,
     WRITER,
     SinkOptions,
     WriterKind,
@@ -62,6 +65,9 @@ def foreach_batch(
     branch: str = "main",
     writer: str = "auto",
     sink_id: str | None = None,
+    table_properties: Mapping[str, str] | None = None,
+    format_version: int | None = None,
+    maintenance: str = "auto",
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -85,6 +91,11 @@ def foreach_batch(
         sink_id: needed only when one query writes this table through several sinks (two lakesink calls in
             one foreachBatch function, e.g. two filters of the batch, or main and an audit branch): each sink
             gets its own id and is exactly-once on its own. Keep it stable across restarts.
+        table_properties: Iceberg table properties of a table lakesink creates (an existing table must already
+            have these values, else InvalidOptionError naming them).
+        format_version: the Iceberg format version of a table lakesink creates (default 2; 1, 2 or 3).
+        maintenance: ``"auto"`` (default: compact small files and expire snapshots as the table's
+            ``history.expire.*`` properties ask, between batches; docs/maintenance.md) or ``"off"``.
     """
     options: dict[str, str] = {
         TABLE: table,
@@ -104,6 +115,11 @@ def foreach_batch(
     options[MERGE_SCHEMA] = str(merge_schema).lower()
     if sink_id is not None:
         options[SINK_ID] = sink_id
+    for key, value in (table_properties or {}).items():
+        options[f"{TABLE_PROPERTY_PREFIX}{key}"] = str(value)
+    if format_version is not None:
+        options[FORMAT_VERSION] = str(format_version)
+    options[MAINTENANCE] = maintenance
     return ForeachBatchSink(SinkOptions.from_mapping(options))
 
 

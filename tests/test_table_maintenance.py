@@ -1,0 +1,382 @@
+"""Table maintenance (issue 11) against real SQLite catalogs and real Parquet files, no Spark.
+
+Table properties and the format version on creation; compaction into a ``replace`` snapshot (a batch
+committing in between, a file no longer live, kill -9 in the middle); snapshot expiry driven by Iceberg's
+``history.expire.*`` properties (heads of branches and tags kept, replay markers kept, only files nobody
+references any more deleted, kill -9 in the middle).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from pyiceberg.table import Table
+
+from lakesink import compaction, expiry
+from lakesink.driver import Outcome, TableCommitter
+from lakesink.errors import InvalidOptionError
+from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
+from lakesink.options import Maintenance, SinkOptions, TableName
+from lakesink.properties import last_committed_batch
+from tests.helpers import (
+    arrow_rows,
+    assert_snapshot_invariants,
+    commit,
+    lakesink_snapshots,
+    load,
+    make_committer,
+    table_ids,
+    write_task,
+)
+
+SCHEMA = arrow_rows([]).schema
+Q1 = "11111111-aaaa-4000-8000-000000000001"
+
+
+def _committer(props: dict[str, str], **options: object) -> TableCommitter:
+    c = TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, **options))  # type: ignore[arg-type]
+    c.open_table(SCHEMA)
+    return c
+
+
+def _batches(c: TableCommitter, n: int, *, start: int = 0, rows: int = 10) -> list[int]:
+    sent: list[int] = []
+    for b in range(start, start + n):
+        ids = list(range(b * 1000, b * 1000 + rows))
+        assert commit(c, Q1, b, [write_task(c, Q1, b, ids)]).outcome is Outcome.COMMITTED
+        sent += ids
+    return sent
+
+
+def _missing_referenced_files(table: Table) -> list[str]:
+    """Every file any snapshot of the table references that is not on disk (must be empty)."""
+    table.refresh()
+    missing = []
+    lists, manifests, files = compaction.seam.reachable_files(table, table.metadata.snapshots, live_only=True)
+    for p in sorted(lists | manifests | files):
+        if not os.path.exists(p.removeprefix("file://")):
+            missing.append(p)
+    return missing
+
+
+def _live_files(table: Table) -> list[str]:
+    table.refresh()
+    head = table.current_snapshot()
+    return [f.file_path for f, _ in compaction.seam.data_file_entries(table, head)] if head else []
+
+
+def _wait(cond, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+# --- table properties on creation ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_table_properties_and_format_version_are_set_on_creation(catalog_properties: dict[str, str], version: int) -> None:
+    props = {"history.expire.min-snapshots-to-keep": "7", "write.target-file-size-bytes": "1048576", "custom.Key": "x"}
+    c = _committer(catalog_properties, table_properties=props, format_version=version)
+    table = load(c)
+    assert table.metadata.format_version == version
+    assert {k: table.properties.get(k) for k in props} == props
+    sent = _batches(c, 2)
+    assert table_ids(load(c)) == Counter(sent)
+
+
+def test_default_format_version_is_2(catalog_properties: dict[str, str]) -> None:
+    c = _committer(catalog_properties)
+    assert load(c).metadata.format_version == 2
+
+
+def test_format_version_3_is_refused_while_pyiceberg_cannot_write_it(catalog_properties: dict[str, str]) -> None:
+    from lakesink import _pyiceberg as seam
+
+    c = TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties, format_version=3))
+    if seam.writes_format_version(3):
+        c.open_table(SCHEMA)
+        assert load(c).metadata.format_version == 3
+        return
+    with pytest.raises(InvalidOptionError, match="cannot write format version 3 tables"):
+        c.open_table(SCHEMA)
+    assert not c.catalog.table_exists(("db", "events"))
+
+
+def test_existing_table_without_the_requested_properties_is_refused(catalog_properties: dict[str, str]) -> None:
+    _committer(catalog_properties, table_properties={"a.b": "1"})
+    with pytest.raises(InvalidOptionError, match=r"history.expire.max-snapshot-age-ms='1000' \(table has None\)"):
+        _committer(catalog_properties, table_properties={"a.b": "1", "history.expire.max-snapshot-age-ms": "1000"})
+    with pytest.raises(InvalidOptionError, match=r"format-version=3 \(table has 2\)"):
+        _committer(catalog_properties, format_version=3)
+    _committer(catalog_properties, table_properties={"a.b": "1"}, format_version=2)  # what holds is fine
+
+
+def test_bad_table_property_value_creates_no_table(catalog_properties: dict[str, str]) -> None:
+    c = TableCommitter(
+        SinkOptions(
+            table=TableName(("db",), "events"),
+            catalog_properties=catalog_properties,
+            table_properties={"history.expire.min-snapshots-to-keep": "zero"},
+        )
+    )
+    with pytest.raises(InvalidOptionError, match="history.expire.min-snapshots-to-keep='zero' is not an integer"):
+        c.open_table(SCHEMA)
+    assert not c.catalog.table_exists(("db", "events"))
+
+
+def test_options_parse_table_properties_format_version_and_maintenance() -> None:
+    o = SinkOptions.from_spark_options(
+        {"table": "db.t", "table-property.write.target-file-size-bytes": "1024", "format-version": "3", "maintenance": "OFF"},
+        overwrite=False,
+    )
+    assert dict(o.table_properties) == {"write.target-file-size-bytes": "1024"}
+    assert o.format_version == 3 and o.maintenance is Maintenance.OFF
+    assert SinkOptions.from_mapping({"table": "db.t"}).maintenance is Maintenance.AUTO
+    with pytest.raises(InvalidOptionError, match="'format-version' must be one of 1, 2, 3"):
+        SinkOptions.from_mapping({"table": "db.t", "format-version": "4"})
+    with pytest.raises(InvalidOptionError, match="'maintenance' must be one of 'auto', 'off'"):
+        SinkOptions.from_mapping({"table": "db.t", "maintenance": "sometimes"})
+    with pytest.raises(InvalidOptionError, match="option 'format-version', not"):
+        SinkOptions.from_mapping({"table": "db.t", "table-property.format-version": "2"})
+
+
+# --- compaction ----------------------------------------------------------------------------------------
+
+
+def test_compaction_rewrites_small_files_into_one_replace_snapshot(catalog_properties: dict[str, str]) -> None:
+    c = _committer(catalog_properties)
+    sent = _batches(c, 6)
+    before = _live_files(load(c))
+    report = compaction.compact(load(c))
+    table = load(c)
+    assert report.status == "committed" and report.rewritten_files == 6 and len(report.added_files) == 1
+    assert sorted(_live_files(table)) == list(report.added_files)
+    head = table.current_snapshot()
+    assert head is not None and head.summary is not None
+    assert head.summary.operation.value == "replace"
+    assert head.summary.additional_properties["lakesink.operation"] == "compact"
+    assert table_ids(table) == Counter(sent)
+    # the rewritten files stay until the snapshots that reference them expire
+    assert all(os.path.exists(p.removeprefix("file://")) for p in before)
+    # the stream goes on: the next batch commits, an old batch replayed is still recognised
+    sent += _batches(c, 1, start=6)
+    assert commit(c, Q1, 3, [write_task(c, Q1, 3, [3000])]).outcome is Outcome.REPLAY_SKIPPED
+    assert table_ids(load(c)) == Counter(sent)
+    assert_snapshot_invariants(load(c))
+    assert compaction.compact(load(c)).status == "nothing to compact"  # 2 small files < min-input-files
+
+
+def test_compaction_dry_run_commits_nothing(catalog_properties: dict[str, str]) -> None:
+    c = _committer(catalog_properties)
+    _batches(c, 5)
+    n = len(load(c).snapshots())
+    report = compaction.compact(load(c), dry_run=True)
+    assert report.status == "dry run" and report.rewritten_files == 5 and not report.added_files
+    assert len(load(c).snapshots()) == n
+
+
+def test_compaction_partitioned_table_packs_per_partition(catalog_properties: dict[str, str]) -> None:
+    from lakesink.partitioning import parse
+
+    c = _committer(catalog_properties, partitioned_by=parse("user"))
+    sent = _batches(c, 5, rows=14)  # 7 users: 7 partitions x 5 files
+    report = compaction.compact(load(c))
+    assert report.status == "committed" and len(report.groups) == 7 and len(report.added_files) == 7
+    table = load(c)
+    assert len(_live_files(table)) == 7 and table_ids(table) == Counter(sent)
+    assert all(g.partition.startswith("user=") for g in report.groups)
+    assert sorted(g.partition for g in report.groups) == sorted(p.split("/")[-2] for p in report.added_files)
+
+
+def test_batch_committing_during_compaction_wins_and_compaction_lands_after_it(
+    catalog_properties: dict[str, str], faults
+) -> None:  # type: ignore[no-untyped-def]
+    c = _committer(catalog_properties)
+    sent = _batches(c, 5)
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    box: list[compaction.CompactionReport] = []
+    t = threading.Thread(target=lambda: box.append(compaction.compact(load(c))))
+    t.start()
+    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    sent += _batches(c, 1, start=5)  # the batch lands first
+    faults.release(DRIVER_BEFORE_SWAP)
+    t.join(60)
+    report = box[0]
+    assert report.status == "committed" and report.attempts == 2
+    table = load(c)
+    assert table_ids(table) == Counter(sent)
+    assert len(_live_files(table)) == 2  # the compacted file and the batch's own file
+    assert _missing_referenced_files(table) == []
+
+
+def test_compaction_gives_up_cleanly_when_a_rewritten_file_is_no_longer_live(catalog_properties: dict[str, str], faults) -> None:  # type: ignore[no-untyped-def]
+    c = _committer(catalog_properties)
+    sent = _batches(c, 5)
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    box: list[compaction.CompactionReport] = []
+    t = threading.Thread(target=lambda: box.append(compaction.compact(load(c))))
+    t.start()
+    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    assert compaction.compact(load(c)).status == "committed"  # another compaction rewrites the same files first
+    faults.release(DRIVER_BEFORE_SWAP)
+    t.join(60)
+    report = box[0]
+    assert report.status.startswith("gave up:") and "no longer live" in report.status
+    table = load(c)
+    assert table_ids(table) == Counter(sent)
+    compacted = [s for s in table.snapshots() if s.summary and s.summary.operation.value == "replace"]
+    assert len(compacted) == 1
+    data = Path(table.location().removeprefix("file://")) / "data"
+    assert len([p for p in data.rglob("compact-*.parquet")]) == 1  # the loser's file was deleted
+
+
+_KILL_SCRIPT = """
+import sys
+from lakesink import catalogs, compaction, expiry
+props = dict(a.split("=", 1) for a in sys.argv[2:])
+table = catalogs.load(None, props).load_table(("db", "events"))
+if sys.argv[1] == "compact":
+    compaction.compact(table)
+else:
+    expiry.expire_snapshots(table)
+raise SystemExit("not killed")
+"""
+
+
+@pytest.mark.parametrize("point", [DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP])
+def test_kill_9_during_compaction_leaves_a_consistent_table(catalog_properties: dict[str, str], faults, point: str) -> None:  # type: ignore[no-untyped-def]
+    c = _committer(catalog_properties)
+    sent = _batches(c, 5)
+    faults.arm(point, "kill")
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILL_SCRIPT, "compact", *(f"{k}={v}" for k, v in catalog_properties.items())],
+        capture_output=True,
+        timeout=300,
+    )
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    table = load(c)
+    assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == []
+    landed = any(s.summary and s.summary.operation.value == "replace" for s in table.snapshots())
+    assert landed is (point == DRIVER_AFTER_SWAP)
+    sent += _batches(c, 1, start=5)
+    again = compaction.compact(load(c))
+    assert again.status == ("nothing to compact" if landed else "committed")
+    assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []
+
+
+# --- snapshot expiry -----------------------------------------------------------------------------------
+
+
+def _expiring(props: dict[str, str], keep: int) -> TableCommitter:
+    return _committer(
+        props,
+        table_properties={"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": str(keep)},
+    )
+
+
+def test_expiry_follows_the_table_properties_and_keeps_markers_and_referenced_files(catalog_properties: dict[str, str]) -> None:
+    c = _expiring(catalog_properties, 3)
+    sent = _batches(c, 6)
+    marker_before = last_committed_batch(load(c).properties, Q1)
+    report = expiry.expire_snapshots(load(c))
+    table = load(c)
+    assert report.status == "committed" and len(report.expired_snapshot_ids) == 3 and len(table.snapshots()) == 3
+    assert report.deleted_files  # the manifest lists (and merged-away manifests) of the expired snapshots
+    assert _missing_referenced_files(table) == []
+    assert table_ids(table) == Counter(sent)
+    assert last_committed_batch(table.properties, Q1) == marker_before  # the replay marker is untouched
+    # a batch of an expired snapshot replayed (a query restarted after a week) is still recognised
+    assert commit(c, Q1, 0, [write_task(c, Q1, 0, [0])]).outcome is Outcome.REPLAY_SKIPPED
+    assert table_ids(load(c)) == Counter(sent)
+    assert expiry.expire_snapshots(load(c)).status == "nothing to expire"
+
+
+def test_expiry_after_compaction_deletes_the_rewritten_files(catalog_properties: dict[str, str]) -> None:
+    c = _expiring(catalog_properties, 1)
+    sent = _batches(c, 5)
+    small = set(_live_files(load(c)))
+    assert compaction.compact(load(c)).status == "committed"
+    report = expiry.expire_snapshots(load(c))
+    table = load(c)
+    assert len(table.snapshots()) == 1
+    assert small <= set(report.deleted_files)
+    assert not any(os.path.exists(p.removeprefix("file://")) for p in small)
+    assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == []
+
+
+def test_expiry_never_expires_a_branch_or_tag_head(catalog_properties: dict[str, str]) -> None:
+    c = _expiring(catalog_properties, 1)
+    _batches(c, 3)
+    table = load(c)
+    first, second = table.snapshots()[0], table.snapshots()[1]
+    table.manage_snapshots().create_tag(first.snapshot_id, "audit-2026").create_branch(second.snapshot_id, "old").commit()
+    _batches(c, 2, start=3)
+    report = expiry.expire_snapshots(load(c))
+    table = load(c)
+    kept = {s.snapshot_id for s in table.snapshots()}
+    assert first.snapshot_id in kept and second.snapshot_id in kept
+    assert table.current_snapshot().snapshot_id in kept  # type: ignore[union-attr]
+    assert len(report.expired_snapshot_ids) == 2  # batch 2 and 3, between the refs and main's head
+    assert _missing_referenced_files(table) == []
+    assert table.scan(snapshot_id=first.snapshot_id).to_arrow().num_rows == 10
+
+
+def test_expiry_dry_run_and_default_properties_keep_young_snapshots(catalog_properties: dict[str, str]) -> None:
+    c = _committer(catalog_properties)
+    _batches(c, 3)
+    assert expiry.expire_snapshots(load(c)).status == "nothing to expire"  # Iceberg's default: 5 days
+    report = expiry.expire_snapshots(load(c), retain_last=1, older_than=_now(), dry_run=True)
+    assert report.status == "dry run" and len(report.expired_snapshot_ids) == 2
+    assert len(load(c).snapshots()) == 3
+
+
+def _now():  # type: ignore[no-untyped-def]
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc)
+
+
+@pytest.mark.parametrize("point", [DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP])
+def test_kill_9_during_expiry_leaves_every_referenced_file(catalog_properties: dict[str, str], faults, point: str) -> None:  # type: ignore[no-untyped-def]
+    c = _expiring(catalog_properties, 2)
+    sent = _batches(c, 5)
+    faults.arm(point, "kill")
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILL_SCRIPT, "expire", *(f"{k}={v}" for k, v in catalog_properties.items())],
+        capture_output=True,
+        timeout=300,
+    )
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    table = load(c)
+    assert len(table.snapshots()) == (2 if point == DRIVER_AFTER_SWAP else 5)
+    assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == []
+    assert last_committed_batch(table.properties, Q1) is not None
+    sent += _batches(c, 1, start=5)
+    expiry.expire_snapshots(load(c))
+    assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []
+    assert_snapshot_invariants(load(c))
+    assert lakesink_snapshots(load(c))
+
+
+def test_old_metadata_files_go_as_the_table_properties_say(catalog_properties: dict[str, str]) -> None:
+    c = _committer(
+        catalog_properties,
+        table_properties={"write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "3"},
+    )
+    _batches(c, 8)
+    table = load(c)
+    meta = Path(table.location().removeprefix("file://")) / "metadata"
+    assert len(list(meta.glob("*.metadata.json"))) <= 4
+    assert len(table.metadata.metadata_log) <= 3
+
+
+_unused = make_committer
