@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid as uuid_module
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -298,6 +299,9 @@ class PreparedCommit:
     _updates: tuple[Any, ...]
     _requirements: tuple[Any, ...]
     _producer: Any = None
+    guard: Callable[[], AbstractContextManager[None]] | None = None
+    """Entered around the swap (it may raise CommitFailedException to yield): maintenance commits of the sink
+    swap only while no batch of the sink is committing (lakesink.upkeep.AutoMaintainer)."""
 
     def commit(self) -> None:
         """Swap the table's metadata pointer once. Raises CommitFailedException when the base moved.
@@ -305,9 +309,10 @@ class PreparedCommit:
         pyiceberg's own commit loop is bypassed on purpose: it would rebase and retry without
         lakesink re-checking whether the batch is already in the table.
         """
-        fault_point(CATALOG_FAILS_BEFORE_APPLY)
-        self.table._do_commit(updates=self._updates, requirements=self._requirements)
-        fault_point(CATALOG_FAILS_AFTER_APPLY)
+        with self.guard() if self.guard is not None else nullcontext():
+            fault_point(CATALOG_FAILS_BEFORE_APPLY)
+            self.table._do_commit(updates=self._updates, requirements=self._requirements)
+            fault_point(CATALOG_FAILS_AFTER_APPLY)
 
     def discard(self) -> None:
         """Delete the manifests written for this commit (only when it certainly did not land)."""

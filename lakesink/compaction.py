@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -150,11 +151,13 @@ def compact(
     dry_run: bool = False,
     load: Callable[[], Table] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    swap_guard: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> CompactionReport:
     """Bin-pack the branch's small data files per partition into one ``replace`` snapshot.
 
     ``load`` re-reads the table for a retry (default: from its catalog); ``progress(done, total)`` is called
-    after each rewritten bin.
+    after each rewritten bin; ``swap_guard`` is entered around each swap (the sink's automatic maintenance
+    yields to its batches with it).
     """
     started = time.monotonic()
     name = _name(table)
@@ -202,7 +205,9 @@ def compact(
             if str(t.metadata.table_uuid) != str(table.metadata.table_uuid) or t.spec().spec_id != spec.spec_id:
                 raise CompactionStaleError("the table or its partition spec changed")
             deleted = [live[p] for p in sorted(wanted)]
-        return seam.prepare_replace(t, deleted=deleted, added=added, summary=summary, branch=branch)
+        prepared = seam.prepare_replace(t, deleted=deleted, added=added, summary=summary, branch=branch)
+        prepared.guard = swap_guard
+        return prepared
 
     retry = TableSettings.parse(name, table.properties).commit_retry
     groups = tuple(planned.groups)

@@ -24,6 +24,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -103,6 +104,7 @@ def expire_snapshots(
     delete_files: bool = True,
     load: Callable[[], Table] | None = None,
     now_ms: int | None = None,
+    swap_guard: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> ExpiryReport:
     """Expire the snapshots the table's ``history.expire.*`` properties (or ``older_than`` / ``retain_last``,
     which override the table-wide values) let go, then delete the files only they referenced."""
@@ -167,7 +169,9 @@ def expire_snapshots(
             raise _NothingToExpire
         staged["ids"] = [s.snapshot_id for s in expired]
         staged["snapshots"] = expired
-        return seam.prepare_remove_snapshots(t, staged["ids"])
+        prepared = seam.prepare_remove_snapshots(t, staged["ids"])
+        prepared.guard = swap_guard
+        return prepared
 
     reload = load or (lambda: table.catalog.load_table(table.name()))
     try:

@@ -380,3 +380,58 @@ def test_old_metadata_files_go_as_the_table_properties_say(catalog_properties: d
 
 
 _unused = make_committer
+
+
+# --- maintenance=auto inside the sink ------------------------------------------------------------------
+
+
+def test_auto_maintenance_compacts_and_expires_between_batches(catalog_properties: dict[str, str]) -> None:
+    c = _committer(
+        catalog_properties,
+        table_properties={
+            "write.lakesink.maintenance.interval-ms": "0",
+            "history.expire.max-snapshot-age-ms": "0",
+            "history.expire.min-snapshots-to-keep": "4",
+        },
+    )
+    sent: list[int] = []
+    for b in range(12):
+        sent += _batches(c, 1, start=b)
+        c.maintainer.wait(60)
+    table = load(c)
+    assert c.maintainer.last_error is None and c.maintainer.runs >= 11
+    assert len(table.snapshots()) <= 5 and len(_live_files(table)) < 6  # compacted and expired as it went
+    assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == []
+    assert_snapshot_invariants(table)
+    assert commit(c, Q1, 0, [write_task(c, Q1, 0, [0])]).outcome is Outcome.REPLAY_SKIPPED
+
+
+def test_maintenance_off_never_runs(catalog_properties: dict[str, str]) -> None:
+    c = _committer(
+        catalog_properties, maintenance=Maintenance.OFF, table_properties={"write.lakesink.maintenance.interval-ms": "0"}
+    )
+    _batches(c, 6)
+    c.maintainer.wait(60)
+    assert c.maintainer.runs == 0 and len(_live_files(load(c))) == 6
+
+
+def test_a_batch_committing_makes_background_maintenance_yield(catalog_properties: dict[str, str], faults) -> None:  # type: ignore[no-untyped-def]
+    """The batch always wins: while a batch of the sink is between its check and its swap, a maintenance swap
+    of the same sink does not go ahead (it yields and retries); the batch lands at its first attempt."""
+    c = _committer(catalog_properties, table_properties={"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "10"})
+    sent = _batches(c, 5)
+    result = write_task(c, Q1, 5, [5000, 5001])
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    box: list[object] = []
+    t = threading.Thread(target=lambda: box.append(commit(c, Q1, 5, [result])))
+    t.start()
+    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    report = compaction.compact(load(c), load=lambda: load(c), swap_guard=c.maintainer._swap_guard)
+    assert report.status.startswith("gave up:")  # it could not swap while the batch held the sink
+    faults.release(DRIVER_BEFORE_SWAP)
+    t.join(60)
+    outcome = box[0]
+    assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 0  # type: ignore[attr-defined]
+    sent += [5000, 5001]
+    assert compaction.compact(load(c), swap_guard=c.maintainer._swap_guard).status == "committed"  # later it goes
+    assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []

@@ -29,7 +29,7 @@ from lakesink.errors import (
 )
 from lakesink.faults import DRIVER_IN_ABORT, fault_point
 from lakesink.messages import TaskResult, WrittenFile, schema_digest
-from lakesink.options import SINK_ID, OutputMode
+from lakesink.options import SINK_ID, Maintenance, OutputMode
 from lakesink.properties import (
     SUMMARY_COMMIT_ATTEMPT,
     SUMMARY_PREVIOUS_BATCH_ID,
@@ -42,6 +42,7 @@ from lakesink.properties import (
     offsets_digest,
 )
 from lakesink.schema import SchemaChange
+from lakesink.upkeep import AutoMaintainer
 
 log = logging.getLogger("lakesink")
 
@@ -92,6 +93,13 @@ class TableCommitter(SinkTable):
 
     # --- commit -------------------------------------------------------------------------------------
 
+    @property
+    def maintainer(self) -> AutoMaintainer:
+        """The sink's background maintenance (option ``maintenance``; docs/maintenance.md)."""
+        if getattr(self, "_maintainer", None) is None:
+            self._maintainer = AutoMaintainer(self._load)
+        return self._maintainer
+
     def commit_batch(
         self,
         *,
@@ -105,8 +113,33 @@ class TableCommitter(SinkTable):
         """Commit the batch's files as one snapshot, exactly once for this (query id, sink id, batch id).
 
         ``table_uuid``: the uuid of the table the batch was planned for (else read from the task results);
-        ``run_id``: Spark's run id of the query run (else read from the task results).
+        ``run_id``: Spark's run id of the query run (else read from the task results). With option
+        ``maintenance=auto``, a background maintenance run starts afterwards when one is due; it never swaps
+        while a batch of this sink commits.
         """
+        with self.maintainer.batch():
+            outcome = self._commit_batch(
+                query_id=query_id,
+                batch_id=batch_id,
+                results=results,
+                source_offsets=source_offsets,
+                run_id=run_id,
+                table_uuid=table_uuid,
+            )
+        if outcome.outcome is Outcome.COMMITTED and self.options.maintenance is Maintenance.AUTO:
+            self.maintainer.after_commit()
+        return outcome
+
+    def _commit_batch(
+        self,
+        *,
+        query_id: str,
+        batch_id: int,
+        results: Sequence[TaskResult],
+        source_offsets: str | None,
+        run_id: str | None,
+        table_uuid: str | None,
+    ) -> BatchOutcome:
         batch = _Batch(
             query_id=query_id,
             batch_id=batch_id,
