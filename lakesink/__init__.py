@@ -35,6 +35,7 @@ from lakesink.audit import (
     verify,
 )
 from lakesink.catalogs import lakesink_home
+from lakesink.compaction import compact
 from lakesink.datasource import LakesinkDataSource
 from lakesink.driver import BatchOutcome, Outcome
 from lakesink.errors import (
@@ -54,13 +55,19 @@ from lakesink.errors import (
     TableIdentityChangedError,
     TableLocationError,
 )
+from lakesink.expiry import expire_snapshots
 from lakesink.foreach import ForeachBatchSink, foreach_batch
 from lakesink.maintenance import remove_orphan_files
 from lakesink.options import OutputMode, ReadOptions, SinkOptions
+from lakesink.upkeep import forget_query, maintain
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "compact",
+    "expire_snapshots",
+    "forget_query",
+    "maintain",
     "AuditError",
     "BatchOutcome",
     "CatalogError",

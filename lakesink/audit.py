@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 LAKESINK = "lakesink"
 OTHER = "other writer"
+#: The writer of a snapshot of lakesink's compaction (``lakesink.operation=compact``, an Iceberg replace).
+COMPACTION = "lakesink compaction"
 
 T = TypeVar("T")
 
@@ -133,7 +135,7 @@ def history(table: Table) -> list[SnapshotRecord]:
                 sequence_number=s.sequence_number,
                 timestamp_ms=s.timestamp_ms,
                 operation=s.summary.operation.value if s.summary else None,
-                writer=LAKESINK if key is not None else OTHER,
+                writer=LAKESINK if key is not None else COMPACTION if props.get("lakesink.operation") == "compact" else OTHER,
                 query_id=key[0] if key else None,
                 batch_id=key[1] if key else None,
                 source_offsets=props.get(SUMMARY_SOURCE_OFFSETS),
@@ -291,7 +293,12 @@ def resolve(table: Table, point: Point, *, branch: str = MAIN_BRANCH) -> Snapsho
             return s
     if _accounted_empty(table, query_id, point.batch_id, [s for _, s, _ in mine], branch):
         later = [i for i, _, batch in mine if batch > point.batch_id]
-        return snapshots[later[0] - 1] if later and later[0] > 0 else snapshots[-1]
+        if later and later[0] == 0:
+            raise AuditError(
+                f"batch {point.batch_id} of query {query_id} is older than the oldest snapshot kept in the history of "
+                f"branch {branch!r} (snapshot {snapshots[0].snapshot_id}): the snapshots it could be read at were expired"
+            )
+        return snapshots[later[0] - 1] if later else snapshots[-1]
     raise AuditError(f"batch {point.batch_id} of query {query_id} is not in the history of branch {branch!r}")
 
 
@@ -768,7 +775,19 @@ def _check_summaries(
                 )
         files = len(added) - len(deleted)
         records = sum(f.record_count for f in added) - sum(f.record_count for f in deleted)
-        parent = totals.get(s.parent_snapshot_id) if s.parent_snapshot_id is not None else (0, 0)
+        if s.summary is not None and s.summary.operation.value == "replace" and records != 0:
+            report.violations.append(
+                Violation(
+                    SUMMARY_MISMATCH,
+                    f"snapshot {s.snapshot_id}: a replace (compaction) must keep the rows, but it adds "
+                    f"{sum(f.record_count for f in added)} and removes {sum(f.record_count for f in deleted)}",
+                    s.snapshot_id,
+                )
+            )
+        # a snapshot without parent is the table's first one, unless its parent was expired (pyiceberg clears the
+        # parent id of the oldest snapshot kept; its sequence number then tells it from the first one)
+        is_root = s.parent_snapshot_id is None and (s.sequence_number or 0) <= 1
+        parent = totals.get(s.parent_snapshot_id) if s.parent_snapshot_id is not None else (0, 0) if is_root else None
         recorded_files, recorded_records = _opt_int(props, "total-data-files"), _opt_int(props, "total-records")
         if parent is not None:
             expected = (parent[0] + files, parent[1] + records)

@@ -435,3 +435,81 @@ def test_a_batch_committing_makes_background_maintenance_yield(catalog_propertie
     sent += [5000, 5001]
     assert compaction.compact(load(c), swap_guard=c.maintainer._swap_guard).status == "committed"  # later it goes
     assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []
+
+
+# --- command line and Python functions ---------------------------------------------------------------
+
+
+def _cli(props: dict[str, str], *args: str):  # type: ignore[no-untyped-def]
+    from click.testing import CliRunner
+
+    from lakesink.cli import main
+
+    cat = [a for k, v in props.items() for a in ("--catalog-property", f"{k}={v}")]
+    return CliRunner().invoke(main, [args[0], "db.events", *args[1:], *cat])
+
+
+def test_cli_compact_expire_maintain_with_dry_run_and_json(catalog_properties: dict[str, str]) -> None:
+    import json
+
+    c = _committer(catalog_properties)
+    sent = _batches(c, 6)
+    dry = _cli(catalog_properties, "compact", "--dry-run", "--json")
+    assert dry.exit_code == 0, dry.output
+    assert json.loads(dry.output)["status"] == "dry run" and json.loads(dry.output)["rewritten_files"] == 6
+    assert len(load(c).snapshots()) == 6
+    human = _cli(catalog_properties, "compact")
+    assert human.exit_code == 0 and "committed" in human.output and "rewrote 6 file(s)" in human.output, human.output
+    exp = _cli(catalog_properties, "expire-snapshots", "--older-than", "0", "--retain-last", "2", "--dry-run", "--json")
+    assert exp.exit_code == 0 and len(json.loads(exp.output)["expired_snapshot_ids"]) == 5, exp.output
+    exp = _cli(catalog_properties, "expire-snapshots", "--older-than", "0", "--retain-last", "2")
+    assert exp.exit_code == 0 and "expired 5 snapshot(s), 2 kept" in exp.output, exp.output
+    m = _cli(catalog_properties, "maintain", "--json")
+    assert m.exit_code == 0, m.output
+    report = json.loads(m.output)
+    assert report["compaction"]["status"] == "nothing to compact" and report["expiry"]["status"] == "nothing to expire"
+    assert report["orphans"] is not None
+    assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []
+
+
+def test_forget_query_removes_only_that_marker_and_says_the_risk(catalog_properties: dict[str, str]) -> None:
+    import lakesink
+
+    c = _committer(catalog_properties)
+    _batches(c, 1)
+    unknown = _cli(catalog_properties, "forget-query", "no-such-query")
+    assert unknown.exit_code == 1 and Q1 in unknown.output
+    dry = _cli(catalog_properties, "forget-query", Q1, "--dry-run")
+    assert dry.exit_code == 0 and "would remove lakesink.last-batch." in dry.output and "duplicate" in dry.output
+    assert last_committed_batch(load(c).properties, Q1) is not None
+    report = lakesink.forget_query(load(c), Q1)
+    assert report.marker["batch_id"] == 0 and last_committed_batch(load(c).properties, Q1) is None
+
+
+# --- the audit commands understand maintenance ---------------------------------------------------------
+
+
+def test_audit_after_compaction_and_expiry(catalog_properties: dict[str, str]) -> None:
+    """verify accepts a replace snapshot that keeps the rows and a history whose start was expired (it reported
+    summary mismatches before); history names compactions and the expired start; a read as of an expired batch
+    is an AuditError (it returned the table's head before)."""
+    import lakesink
+    from lakesink.cli import human_history
+    from lakesink.errors import AuditError
+
+    c = _committer(
+        catalog_properties,
+        table_properties={"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": "4"},
+    )
+    _batches(c, 6)
+    assert lakesink.compact(load(c)).status == "committed"
+    _batches(c, 2, start=6)
+    assert lakesink.expire_snapshots(load(c)).status == "committed"
+    table = load(c)
+    report = lakesink.verify(table)
+    assert report.violations == [], report.violations
+    text = human_history(lakesink.history(table))
+    assert "(lakesink compaction)" in text and "(older snapshots expired)" in text
+    with pytest.raises(AuditError, match="expired"):
+        lakesink.read_at(table, lakesink.Point(batch_id=3))
+    assert lakesink.read_at(table, lakesink.Point(batch_id=6)).num_rows == 70
