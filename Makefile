@@ -6,7 +6,7 @@ PY := $(abspath $(VENV))/bin/python
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
 
-.PHONY: demo test lint soak bench clean
+.PHONY: demo test test-fast lint soak bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,12 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the fast lane (under a minute on a quiet machine): no Spark, no PostgreSQL server, no waiting out timeouts --
+# unit, commit (SQLite), audit, maintenance, seam contract and executor/driver boundary tests.
+# `make test` runs everything it skips.
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -m "not spark and not postgres and not slow and not soak and not benchmark" $(PYTEST_ARGS)
 
 # the long kill -9 soak (docs/soak.md); the short version runs inside `make test`
 soak: $(VENV)/.installed

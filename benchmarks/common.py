@@ -23,7 +23,7 @@ PACKAGES = ("pyspark", "pyiceberg", "pyarrow", "duckdb", "matplotlib")
 
 def machine() -> dict[str, Any]:
     """Cores, RAM, load average and versions: printed next to every number."""
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             versions[name] = metadata.version(name)

@@ -22,6 +22,7 @@ from typing import Any
 
 from benchmarks.commit_path import QUERY_ID, SCHEMA, _rows, _rows_back
 from benchmarks.common import catalog_properties, summarise
+from lakesink import _pyiceberg as seam
 from lakesink import compaction, expiry
 from lakesink.driver import Outcome, TableCommitter
 from lakesink.executor import TaskWriter
@@ -122,7 +123,7 @@ def run(
 def _sample(committer: TableCommitter, batch: int) -> dict[str, Any]:
     table = committer.reload_table()
     head = table.current_snapshot()
-    files = sum(1 for _ in compaction.seam.data_file_entries(table, head)) if head else 0
+    files = len(list(seam.data_file_entries(table, head))) if head else 0
     return {
         "batch": batch,
         "data_files": files,
@@ -133,7 +134,9 @@ def _sample(committer: TableCommitter, batch: int) -> dict[str, Any]:
 
 
 def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
-    from benchmarks.plots import _rolling_median, plt
+    import matplotlib.pyplot as plt
+
+    from benchmarks.plots import _rolling_median
 
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 10), sharex=True)
     for label, r in runs.items():

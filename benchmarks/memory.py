@@ -111,8 +111,8 @@ def run(
                     q.stop()
                 t = catalogs.load(None, props).load_table(table)
                 snap = t.current_snapshot()
-                rows_back = int(snap.summary["total-records"]) if snap and snap.summary else 0
-                files = int(snap.summary["total-data-files"]) if snap and snap.summary else 0
+                rows_back = int(snap.summary["total-records"] or 0) if snap and snap.summary else 0
+                files = int(snap.summary["total-data-files"] or 0) if snap and snap.summary else 0
                 r = {
                     "path": path,
                     "rows": rows,

@@ -72,7 +72,7 @@ def run(
     ]
     t = catalogs.load(None, props).load_table(table)
     snap = t.current_snapshot()
-    in_table = int(snap.summary["total-records"]) if snap and snap.summary else 0
+    in_table = int(snap.summary["total-records"] or 0) if snap and snap.summary else 0
     with_rows = [b for b in batches if b["rows"]]
     # the batch right after the warm-up catches up with the rows that arrived during it
     steady = with_rows[2:] if len(with_rows) > 6 else with_rows

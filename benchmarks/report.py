@@ -232,7 +232,7 @@ def render(out: Path, page: Path | None) -> str:
         for name, body in parts.items():
             pattern = re.compile(rf"(<!-- generated: {re.escape(name)} -->\n).*?(<!-- /generated: {re.escape(name)} -->)", re.S)
             if pattern.search(text):
-                text = pattern.sub(lambda mt, b=body: f"{mt.group(1)}{b}\n{mt.group(2)}", text)
+                text = pattern.sub(lambda mt: f"{mt.group(1)}{body}\n{mt.group(2)}", text)  # noqa: B023 (used at once)
             else:
                 text += f"\n## {name}\n\n<!-- generated: {name} -->\n{body}\n<!-- /generated: {name} -->\n"
         page.write_text(text)

@@ -203,7 +203,7 @@ class Demo:
             env[ENV_FAULTS_DIR] = str(self.faults)  # read by the job's driver and Python workers
         with self.log.open("a") as log:
             log.write(f"\n===== run {run.number}, started {datetime.now():%H:%M:%S} =====\n")
-        log = self.log.open("ab")
+        output = self.log.open("ab")
         cmd = [
             sys.executable,
             str(STREAM_JOB),
@@ -213,9 +213,9 @@ class Demo:
             "--max-files", str(self.size.files_per_batch),
         ]  # fmt: skip
         # its own session: the job, its JVM and the JVM's Python workers can all be killed together
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=output, stderr=output, env=env, start_new_session=True)
         self.child = proc
-        log.close()
+        output.close()
         what = "restarted from the same checkpoint" if run.number > 1 else "started"
         self.say(f"run {run.number}: stream job {what} (pid {proc.pid})")
         return run, proc

@@ -16,28 +16,10 @@ or, in code that already uses foreachBatch:
 
 from __future__ import annotations
 
-from pyspark.sql import SparkSession
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
 
-from lakesink.audit import (
-    Diff,
-    Point,
-    PublishResult,
-    SnapshotRecord,
-    VerifyReport,
-    Violation,
-    dataframe_at,
-    diff,
-    history,
-    locate,
-    publish,
-    read_at,
-    resolve,
-    verify,
-)
-from lakesink.catalogs import lakesink_home
-from lakesink.compaction import compact
-from lakesink.datasource import LakesinkDataSource
-from lakesink.driver import BatchOutcome, Outcome
 from lakesink.errors import (
     AuditError,
     CatalogError,
@@ -55,11 +37,35 @@ from lakesink.errors import (
     TableIdentityChangedError,
     TableLocationError,
 )
-from lakesink.expiry import expire_snapshots
-from lakesink.foreach import ForeachBatchSink, foreach_batch
-from lakesink.maintenance import remove_orphan_files
-from lakesink.options import OutputMode, ReadOptions, SinkOptions
-from lakesink.upkeep import forget_query, maintain
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from lakesink.audit import (
+        Diff,
+        Point,
+        PublishResult,
+        SnapshotRecord,
+        VerifyReport,
+        Violation,
+        dataframe_at,
+        diff,
+        history,
+        locate,
+        publish,
+        read_at,
+        resolve,
+        verify,
+    )
+    from lakesink.catalogs import lakesink_home
+    from lakesink.compaction import compact
+    from lakesink.datasource import LakesinkDataSource
+    from lakesink.driver import BatchOutcome, Outcome
+    from lakesink.expiry import expire_snapshots
+    from lakesink.foreach import ForeachBatchSink, foreach_batch
+    from lakesink.maintenance import remove_orphan_files
+    from lakesink.options import OutputMode, ReadOptions, SinkOptions
+    from lakesink.upkeep import forget_query, maintain
 
 __version__ = "0.1.0"
 
@@ -110,6 +116,61 @@ __all__ = [
     "verify",
 ]
 
+# The public names, imported on first use (PEP 562). Spark's Python workers import this package
+# whenever they unpickle a lakesink object (the data source writer, foreachBatch's mapInArrow
+# function); importing the driver side here would load the catalogs, SQLAlchemy and tenacity into
+# every executor (tests/test_boundary.py holds that).
+_LAZY = {
+    **dict.fromkeys(
+        (
+            "Diff",
+            "Point",
+            "PublishResult",
+            "SnapshotRecord",
+            "VerifyReport",
+            "Violation",
+            "dataframe_at",
+            "diff",
+            "history",
+            "locate",
+            "publish",
+            "read_at",
+            "resolve",
+            "verify",
+        ),
+        "lakesink.audit",
+    ),
+    "lakesink_home": "lakesink.catalogs",
+    "LakesinkDataSource": "lakesink.datasource",
+    "BatchOutcome": "lakesink.driver",
+    "Outcome": "lakesink.driver",
+    "ForeachBatchSink": "lakesink.foreach",
+    "foreach_batch": "lakesink.foreach",
+    "remove_orphan_files": "lakesink.maintenance",
+    "compact": "lakesink.compaction",
+    "expire_snapshots": "lakesink.expiry",
+    "forget_query": "lakesink.upkeep",
+    "maintain": "lakesink.upkeep",
+    "OutputMode": "lakesink.options",
+    "ReadOptions": "lakesink.options",
+    "SinkOptions": "lakesink.options",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f"{__name__}.{name}")  # a submodule: lakesink.catalogs.load(...)
+        raise AttributeError(f"module 'lakesink' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # imported once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 def register(spark: SparkSession) -> None:
     """Register the ``lakesink`` data source with a Spark session.
@@ -117,4 +178,6 @@ def register(spark: SparkSession) -> None:
     It writes (``writeStream.format("lakesink")``) and reads (``spark.read.format("lakesink")``, see
     :mod:`lakesink.reader`).
     """
+    from lakesink.datasource import LakesinkDataSource
+
     spark.dataSource.register(LakesinkDataSource)

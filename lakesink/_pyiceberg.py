@@ -426,10 +426,6 @@ def added_data_file_paths(table: Table, snapshot_id: int) -> set[str] | None:
     return paths
 
 
-def delete_file(io: FileIO, path: str) -> None:
-    io.delete(path)
-
-
 # --- audits, empty batches and branches (issue 6) -----------------------------------------------
 
 

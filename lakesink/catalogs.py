@@ -11,22 +11,34 @@ Three ways, in this order of precedence:
 
 Property values may refer to environment variables as ``${VAR}`` or ``${VAR:-default}`` (handy for
 secrets and for ``${LAKESINK_HOME}``, which is always made absolute).
+
+SQL catalogs (pyiceberg's ``SqlCatalog``, SQLite or PostgreSQL through SQLAlchemy) are guarded so that a failed
+catalog call never leaves a transaction open in a pooled connection (see :func:`guard_sql_catalog`), and
+:func:`load_table_fresh` reads a table through connections of its own, for the commit protocol's settle step.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.table import Table
+from pyiceberg.typedef import Identifier
 from pyiceberg.utils.config import Config
+from sqlalchemy import event
+from sqlalchemy.engine import Engine, ExceptionContext
+from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 
 from lakesink.errors import CatalogError
 from lakesink.redaction import redact_secrets_in
+
+log = logging.getLogger("lakesink")
 
 ENV_HOME = "LAKESINK_HOME"
 DEFAULT_HOME = "lakehouse"
@@ -98,15 +110,113 @@ def load(name: str | None, overrides: Mapping[str, str]) -> Catalog:
     with _lock:
         catalog = _cache.get(key)
         if catalog is None:
-            if props.get("type") == "sql" and props.get("uri", "").startswith("sqlite:///"):
-                _prepare_embedded_folders(props)
-            try:
-                catalog = load_catalog(resolved_name, **props)
-            except Exception as e:
-                msg = redact_secrets_in(f"{type(e).__name__}: {e}", props)
-                raise CatalogError(f"cannot load catalog {resolved_name!r}: {msg}") from None
+            catalog = _open(resolved_name, props)
             _cache[key] = catalog
     return catalog
+
+
+def load_table_fresh(name: str | None, overrides: Mapping[str, str], identifier: str | Identifier) -> Table:
+    """Read a table through a catalog instance of its own, opened for this read and closed after it.
+
+    The settle step of a commit (did a commit whose call failed land?) reads with this: its connections
+    are new, so they cannot hold the failed call's uncommitted compare-and-swap, whatever state the cached
+    catalog's connection pool is in. A catalog that lives only in this process (SQLite ``:memory:``) has
+    no second instance: the cached one is read, after the guard rolled its connection back.
+    """
+    resolved_name, props = resolve_catalog_properties(name, overrides)
+    if _process_local(props):
+        return load(name, overrides).load_table(identifier)
+    catalog = _open(resolved_name, props)
+    try:
+        return catalog.load_table(identifier)
+    finally:
+        catalog.close()
+
+
+def _open(name: str, props: Mapping[str, str]) -> Catalog:
+    if props.get("type") == "sql" and props.get("uri", "").startswith("sqlite:///"):
+        _prepare_embedded_folders(props)
+    try:
+        catalog = load_catalog(name, **props)
+    except Exception as e:
+        msg = redact_secrets_in(f"{type(e).__name__}: {e}", props)
+        raise CatalogError(f"cannot load catalog {name!r}: {msg}") from None
+    engine = getattr(catalog, "engine", None)  # pyiceberg's SqlCatalog (types "sql" and "in-memory")
+    if isinstance(engine, Engine):
+        guard_sql_catalog(engine, drop_connections=not _process_local(props))
+    return catalog
+
+
+def _process_local(props: Mapping[str, str]) -> bool:
+    """A SQLite database in this process's memory: dropping its connection would drop the database."""
+    uri = props.get("uri", "")
+    return props.get("type") == "in-memory" or uri in ("sqlite://", "sqlite:///:memory:") or "mode=memory" in uri
+
+
+# --- SQL catalogs: no transaction survives a failed call ----------------------------------------------
+#
+# pyiceberg's SqlCatalog.commit_table runs its compare-and-swap (UPDATE iceberg_tables ... WHERE
+# metadata_location = <base>) and COMMIT in a SQLAlchemy Session. On SQLite, a COMMIT that cannot get the
+# exclusive lock within the busy timeout (5 s; another process holds a read transaction: a JDBC catalog with an
+# open result set, a second reader) fails with SQLITE_BUSY, and SQLite keeps the transaction open
+# (https://www.sqlite.org/lang_transaction.html: "the transaction remains active and the COMMIT can be retried").
+# SQLAlchemy 2.x marks the transaction finished whether or not COMMIT succeeded, so the pool's
+# rollback-on-return is skipped ("transaction already reset"): the connection goes back to the pool holding
+# the uncommitted UPDATE and the write lock. The next user of that connection reads the uncommitted pointer as
+# if it were the table's state (the settle step then called the batch committed), and whether the write
+# survives depends on what that user does next: a read's rollback discards it, a write's COMMIT lands it.
+# The guard closes both doors: any database error rolls the connection back and drops it from the pool, and a
+# connection is never checked in with a transaction open.
+
+
+def guard_sql_catalog(engine: Engine, *, drop_connections: bool = True) -> None:
+    """Make a failed call on a SQL catalog's engine certainly undone: roll back and drop the connection.
+
+    After this, a commit whose COMMIT failed is rolled back before the error reaches the caller (on SQLite,
+    a COMMIT refused by the lock therefore certainly did not land), the connection is closed and replaced
+    (``drop_connections``), and the pool never takes back a connection with an open transaction.
+    """
+    if event.contains(engine, "reset", _no_open_transaction_in_pool):
+        return
+    event.listen(engine, "handle_error", _roll_back_and_drop if drop_connections else _roll_back)
+    event.listen(engine, "reset", _no_open_transaction_in_pool)
+
+
+def _roll_back(ctx: ExceptionContext) -> None:
+    conn = ctx.connection
+    if ctx.is_pre_ping or conn is None or conn.closed or conn.invalidated:
+        return
+    try:  # an exception raised here would replace the catalog's own error: log it instead
+        dbapi_connection = conn.connection.dbapi_connection
+        if dbapi_connection is not None:
+            dbapi_connection.rollback()
+    except Exception as e:  # the connection is dropped next; closing it rolls back (sqlite3_close, server side)
+        log.debug("lakesink: rollback after a catalog error failed: %s: %s", type(e).__name__, e)
+
+
+def _roll_back_and_drop(ctx: ExceptionContext) -> None:
+    _roll_back(ctx)
+    if ctx.is_pre_ping or ctx.connection is None:
+        return
+    ctx.is_disconnect = True  # SQLAlchemy closes this connection and opens a new one for the next user
+    ctx.invalidate_pool_on_disconnect = False  # the other pooled connections are fine
+
+
+def _no_open_transaction_in_pool(dbapi_connection: Any, record: ConnectionPoolEntry, state: PoolResetState) -> None:
+    """The pool skips its rollback when SQLAlchemy believes the transaction ended; check the driver's own state."""
+    if state.transaction_was_reset and _in_transaction(dbapi_connection):
+        log.warning("lakesink: a catalog connection was returned with a transaction open; rolling it back")
+        dbapi_connection.rollback()  # if this raises, the pool closes the connection (which rolls back)
+
+
+def _in_transaction(dbapi_connection: Any) -> bool:
+    in_tx = getattr(dbapi_connection, "in_transaction", None)  # sqlite3
+    if isinstance(in_tx, bool):
+        return in_tx
+    status = getattr(getattr(dbapi_connection, "info", None), "transaction_status", None)  # psycopg2, psycopg 3
+    if status is not None:
+        return int(status) != 0  # 0: idle, no transaction
+    return True  # unknown driver: rolling back an idle connection is harmless
 
 
 def _prepare_embedded_folders(props: Mapping[str, str]) -> None:
@@ -115,24 +225,3 @@ def _prepare_embedded_folders(props: Mapping[str, str]) -> None:
     warehouse = props.get("warehouse", "")
     if warehouse.startswith("file://"):
         Path(warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
-
-
-def load_table_fresh(name: str | None, overrides: Mapping[str, str], identifier: tuple[str, ...]) -> Table:
-    """Load a table through a catalog instance of its own (new connections), not the cached one.
-
-    Used to settle an unknown commit outcome: a pooled connection whose COMMIT failed may still hold our own
-    write in an open transaction (SQLite leaves the transaction open when COMMIT fails with SQLITE_BUSY), and
-    reading through it would see a commit that other readers never will.
-    """
-    resolved_name, props = resolve_catalog_properties(name, overrides)
-    try:
-        catalog = load_catalog(resolved_name, **props)
-    except Exception as e:
-        msg = redact_secrets_in(f"{type(e).__name__}: {e}", props)
-        raise CatalogError(f"cannot load catalog {resolved_name!r}: {msg}") from None
-    try:
-        return catalog.load_table(identifier)
-    finally:
-        engine = getattr(catalog, "engine", None)
-        if engine is not None:
-            engine.dispose()

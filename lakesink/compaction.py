@@ -26,6 +26,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
 from lakesink import _pyiceberg as seam
+from lakesink import storage
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import CommitOutcomeUnknownError, LakesinkError
 from lakesink.properties import CommittedBatch, SnapshotIndex
@@ -278,7 +279,7 @@ def _name(table: Table) -> str:
 def _delete(table: Table, paths: Sequence[str]) -> None:
     for p in paths:
         try:
-            seam.delete_file(table.io, p)
+            storage.delete_file(table.io, p)
         except Exception as e:  # an orphan clean-up collects it
             log.warning("lakesink: could not delete %s (%s)", p, type(e).__name__)
 

@@ -7,6 +7,13 @@ Where each method runs (see docs/protocol.md):
   again in a worker for every commit and abort;
 - ``write()`` runs on executors: Arrow batches in, Parquet files out (pre-commit);
 - ``commit()`` / ``abort()`` run in a Python worker on the driver once per batch.
+
+Executors unpickle :class:`LakesinkStreamWriter` from this module, so it imports executor code only
+(``tests/test_boundary.py`` holds that in a fresh interpreter). The driver side -- the
+:class:`~lakesink.driver.TableCommitter` (catalogs, commit retries) and the batch reader -- is
+imported inside the methods that run on the driver (``streamWriter()``, ``commit()``, ``abort()``,
+``schema()``, ``reader()``): a module-level import would load the catalogs, SQLAlchemy and tenacity
+in every Python worker that writes rows.
 """
 
 from __future__ import annotations
@@ -15,24 +22,25 @@ import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from lakesink import _pyspark
 from lakesink.checkpoint import read_query_id, read_source_offsets
-from lakesink.driver import TableCommitter
-from lakesink.driver.guard import CommitGuard
 from lakesink.errors import InvalidOptionError, LakesinkError
 from lakesink.executor import TaskWriter
 from lakesink.messages import TaskResult, WritePlan
 from lakesink.options import ReadOptions, SinkOptions
-from lakesink.reader import LakesinkReader, LakesinkReaderWithoutPushdown, table_schema
 from lakesink.schema import arrow_schema_of
 
 log = logging.getLogger("lakesink")
+
+if TYPE_CHECKING:
+    from lakesink.driver import TableCommitter
 
 ENV_LOG_LEVEL = "LAKESINK_LOG_LEVEL"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
@@ -55,19 +63,6 @@ def _log_to_stderr_in_workers() -> None:
     logger.setLevel(level)
 
 
-_COMMIT_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
-
-
-def _in_commit_worker() -> bool:
-    """True when Spark calls streamWriter() only to commit or abort a batch (its streaming sink runner)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_globals.get("__name__") == _COMMIT_RUNNER:
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
-
-
 class LakesinkDataSource(DataSource):
     """The ``lakesink`` streaming sink, and a batch reader of its tables. Register it with :func:`lakesink.register`."""
 
@@ -77,10 +72,14 @@ class LakesinkDataSource(DataSource):
 
     def schema(self) -> StructType:
         """The table's schema at the point in time the read options name (``spark.read.format("lakesink")``)."""
+        from lakesink.reader import table_schema  # driver side (opens the catalog), see the module docstring
+
         return table_schema(ReadOptions.from_spark_options(dict(self.options)))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """A batch reader of the table (see :mod:`lakesink.reader`)."""
+        from lakesink.reader import LakesinkReader, LakesinkReaderWithoutPushdown  # driver side, see the module docstring
+
         options = ReadOptions.from_spark_options(dict(self.options))
         return LakesinkReader(options, schema) if options.pushdown else LakesinkReaderWithoutPushdown(options, schema)
 
@@ -102,12 +101,12 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
         self._checkpoint = options.checkpoint_location
         self._committer: TableCommitter | None = None
         self._plan: WritePlan | None = None
-        if _in_commit_worker():
+        if _pyspark.in_streaming_sink_runner():
             # Spark re-creates the writer for every commit and abort: those must work even when the table
             # changed since the query started (the commit itself detects that, deletes the batch's files and
             # raises ConcurrentTableChangeError), so nothing is validated here.
             return
-        self._committer = TableCommitter(options)
+        self._committer = _table_committer(options)
         stream_schema = arrow_schema_of(schema)
         table = self._committer.open_table(stream_schema)
         self._plan = self._committer.write_plan(table, read_query_id(self._checkpoint), stream_schema)
@@ -147,7 +146,7 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
 
     def _driver(self) -> TableCommitter:
         if self._committer is None:
-            self._committer = TableCommitter(self._options)
+            self._committer = _table_committer(self._options)
         return self._committer
 
     def _query_id(self, results: Sequence[TaskResult]) -> str | None:
@@ -162,6 +161,8 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
         query_id = self._query_id(results)
         if query_id is None:
             raise LakesinkError(f"no streaming query id for batch {batchId} (checkpoint {self._checkpoint})")
+        from lakesink.driver.guard import CommitGuard  # driver side only (see _table_committer)
+
         # held until the outcome is known: an abort of this batch in another worker (query.stop() during the
         # commit) waits for it instead of deleting files the swap is about to reference (lakesink.driver.guard)
         with CommitGuard(str(self._options.table), query_id, self._options.sink_id).held():
@@ -175,6 +176,8 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         results = [m for m in messages if isinstance(m, TaskResult)]
         query_id = self._query_id(results)
+        from lakesink.driver.guard import CommitGuard  # driver side only (see _table_committer)
+
         guard = CommitGuard(str(self._options.table), query_id or "", self._options.sink_id)
         if not guard.acquire_for_abort():
             log.warning(
@@ -188,3 +191,14 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
             self._driver().abort_batch(query_id=query_id, batch_id=batchId, results=results)
         finally:
             guard.release()
+
+
+def _table_committer(options: SinkOptions) -> TableCommitter:
+    """The driver side of a batch (runs in the driver's Python workers only, never on executors).
+
+    Imported here, not at the top of the module: executors unpickle the writer from this module and
+    must not load the driver, the catalogs or tenacity (see the module docstring).
+    """
+    from lakesink.driver import TableCommitter
+
+    return TableCommitter(options)

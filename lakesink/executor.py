@@ -2,7 +2,7 @@
 
 Runs inside Spark's Python workers. It never opens a catalog and never commits: it writes files
 under the table's data location with names unique per query, batch, task attempt and writer, and
-returns their metadata in a :class:`~lakesink.messages.TaskResult`. If the task fails, the files it
+returns their metadata in a :class:`~lakesink.messages.TaskResult` (names: :mod:`lakesink.names`). If the task fails, the files it
 wrote are deleted before the error propagates (a SIGKILLed worker leaves them unreferenced; they are
 never committed and an orphan-file clean-up collects them).
 """
@@ -10,17 +10,20 @@ never committed and an orphan-file clean-up collects them).
 from __future__ import annotations
 
 import logging
-import uuid
+import pickle
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.schema import Schema
+from pyspark import TaskContext
 
 from lakesink import _pyiceberg as seam
-from lakesink.errors import SchemaMismatchError, TableLocationError
+from lakesink import names, storage
+from lakesink.errors import LakesinkError, SchemaMismatchError, TableLocationError
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.messages import TaskResult, WritePlan, WrittenFile
 
@@ -126,7 +129,7 @@ class TaskWriter:
         self._batch_id = batch_id
         self._partition_id = partition_id
         self._task_attempt_id = task_attempt_id
-        self._token = uuid.uuid4().hex[:12]
+        self._token = names.new_token()
         self._file_schema: Schema = seam.file_schema(plan.schema)
         settings = plan.settings
         self._target_file_size = settings.target_file_size
@@ -273,9 +276,13 @@ class TaskWriter:
             self._close_file(slot)
 
     def _open_file(self, slot: _OpenFile, schema: pa.Schema) -> None:
-        name = (
-            f"{self._query_id[:8]}-{self._batch_id:05d}-{self._partition_id:05d}-"
-            f"{self._task_attempt_id}-{self._token}-{self._counter:05d}.parquet"
+        name = names.data_file_name(
+            query_id=self._query_id,
+            batch_id=self._batch_id,
+            partition_id=self._partition_id,
+            task_attempt_id=self._task_attempt_id,
+            token=self._token,
+            counter=self._counter,
         )
         self._counter += 1
         path = seam.new_data_location(self._plan.location, self._plan.properties, name, slot.path_segment)
@@ -328,7 +335,40 @@ class TaskWriter:
         self._open = {}
         for path in paths:
             try:
-                self._plan.io.delete(path)
+                storage.delete_file(self._plan.io, path)
             except Exception:
                 log.warning("lakesink: could not delete %s of a failed task; an orphan clean-up collects it", path)
         self._files = []
+
+
+TASK_RESULT_SCHEMA = "task_result binary"
+"""The schema of what :class:`PartitionWriter` yields: one row per task, its pickled TaskResult."""
+
+
+@dataclass(frozen=True)
+class PartitionWriter:
+    """The ``mapInArrow`` function of foreachBatch's Arrow path: writes one partition, yields its pickled TaskResult.
+
+    A module-level class (pickled by reference, with the plan and batch id as its state) rather than a
+    closure in :mod:`lakesink.foreach`, so that the Python workers that run it import this executor
+    module only, never the driver side.
+    """
+
+    plan: WritePlan
+    batch_id: int
+    run_id: str | None = None
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ctx = TaskContext.get()
+        if ctx is None:
+            raise LakesinkError("PartitionWriter must run inside a Spark task (df.mapInArrow)")
+        writer = TaskWriter(
+            self.plan,
+            query_id=self.plan.query_id or "",
+            batch_id=self.batch_id,
+            partition_id=ctx.partitionId(),
+            task_attempt_id=ctx.taskAttemptId(),
+            run_id=self.run_id,
+        )
+        result = writer.write(batches)
+        yield pa.record_batch([pa.array([pickle.dumps(result)], pa.binary())], names=["task_result"])

@@ -33,6 +33,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from lakesink import _pyiceberg as seam
+from lakesink import storage
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import LakesinkError
 from lakesink.properties import CommittedBatch, SnapshotIndex
@@ -71,7 +72,7 @@ def retained_snapshot_ids(table: Table, retention: Retention, *, now_ms: int) ->
     index = SnapshotIndex(metadata)
     keep: set[int] = set()
     for ref in metadata.refs.values():
-        head = index.by_id.get(ref.snapshot_id)
+        head = index.get(ref.snapshot_id)
         if head is None:
             continue
         keep.add(head.snapshot_id)
@@ -87,7 +88,7 @@ def retained_snapshot_ids(table: Table, retention: Retention, *, now_ms: int) ->
                 break
     reachable: set[int] = set()
     for ref in metadata.refs.values():
-        reachable.update(s.snapshot_id for s in index.ancestors(index.by_id.get(ref.snapshot_id)))
+        reachable.update(s.snapshot_id for s in index.ancestors(index.get(ref.snapshot_id)))
     cutoff = now_ms - retention.max_snapshot_age_ms
     for s in metadata.snapshots:
         if s.snapshot_id not in reachable and s.timestamp_ms >= cutoff:
@@ -199,10 +200,8 @@ def expire_snapshots(
     if delete_files:
         for path in sorted(_only_in(after, expired, after.metadata.snapshots)):
             try:
-                seam.delete_file(after.io, path)
+                storage.delete_file(after.io, path)
                 deleted.append(path)
-            except FileNotFoundError:
-                pass
             except Exception as e:  # an orphan clean-up collects it
                 log.warning("lakesink: could not delete %s (%s)", path, type(e).__name__)
                 failed.append(path)

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 import pyarrow as pa
-from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
-from lakesink import catalogs, sparkwrite
+from lakesink import _pyspark, catalogs, sparkwrite, storage
 from lakesink.checkpoint import read_source_offsets
 from lakesink.driver import BatchOutcome, TableCommitter
 from lakesink.errors import InvalidOptionError, LakesinkError
-from lakesink.executor import TaskWriter
+from lakesink.executor import TASK_RESULT_SCHEMA, PartitionWriter
 from lakesink.messages import TaskResult, WritePlan
 from lakesink.options import (
     BRANCH,
@@ -49,7 +47,6 @@ log = logging.getLogger("lakesink")
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 #: Spark sets the job group of a streaming query's jobs to the run id (a new one at every start of the query)
 RUN_ID_PROPERTY = "spark.jobGroup.id"
-_RESULT_SCHEMA = "task_result binary"
 
 
 def foreach_batch(
@@ -173,7 +170,7 @@ class ForeachBatchSink:
         if self.options.writer is WriterKind.SPARK and reason is not None:
             raise InvalidOptionError(f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'")
         if self.options.writer is WriterKind.ARROW or reason is not None:
-            rows = df.mapInArrow(_write_partition(plan, batch_id, run_id), _RESULT_SCHEMA).collect()
+            rows = df.mapInArrow(PartitionWriter(plan, batch_id, run_id), TASK_RESULT_SCHEMA).collect()
             results = [pickle.loads(r[0]) for r in rows]
             directory = None
         else:
@@ -211,7 +208,7 @@ class ForeachBatchSink:
             raise
         finally:
             if directory is not None:
-                sparkwrite.tidy_directory(directory)  # removed only when left empty (by an abort or a replay)
+                storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)
 
     def _max_records_per_file(self, plan: WritePlan) -> int:
         """Spark rolls files by row count only: the target file size over the last batch's bytes per row (0: no limit)."""
@@ -227,7 +224,7 @@ class ForeachBatchSink:
 
     def _find_checkpoint(self, spark: SparkSession, query_id: str) -> str | None:
         if query_id not in self._checkpoints:
-            self._checkpoints[query_id] = _running_query_checkpoint(spark, query_id)
+            self._checkpoints[query_id] = _pyspark.running_query_checkpoint(spark, query_id)
             if self._checkpoints[query_id] is None:
                 log.warning(
                     "lakesink: cannot find the checkpoint of query %s; pass checkpoint_location= to "
@@ -235,23 +232,6 @@ class ForeachBatchSink:
                     query_id,
                 )
         return self._checkpoints[query_id]
-
-
-def _running_query_checkpoint(spark: SparkSession, query_id: str) -> str | None:
-    """The resolved checkpoint root of a running query, through the JVM (classic Spark, not Connect)."""
-    # foreachBatch hands over a clone of the session; the query is registered with the session that
-    # started it, usually the active or the first session of this process.
-    candidates = [spark, SparkSession.getActiveSession(), getattr(SparkSession, "_instantiatedSession", None)]
-    for session in candidates:
-        if session is None:
-            continue
-        try:
-            query = session.streams.get(query_id)
-            if query is not None:
-                return str(query._jsq.streamingQuery().resolvedCheckpointRoot())
-        except Exception:
-            continue
-    return None
 
 
 def _skipped(plan: WritePlan, query_id: str, batch_id: int) -> TaskResult:
@@ -265,24 +245,3 @@ def _skipped(plan: WritePlan, query_id: str, batch_id: int) -> TaskResult:
         replay_skipped=True,
         table_uuid=plan.table_uuid,
     )
-
-
-def _write_partition(plan: WritePlan, batch_id: int, run_id: str | None) -> Any:
-    """The ``mapInArrow`` function: writes one partition's rows, yields its pickled TaskResult."""
-    query_id = plan.query_id or ""
-
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        ctx = TaskContext.get()
-        assert ctx is not None
-        writer = TaskWriter(
-            plan,
-            query_id=query_id,
-            batch_id=batch_id,
-            partition_id=ctx.partitionId(),
-            task_attempt_id=ctx.taskAttemptId(),
-            run_id=run_id,
-        )
-        result = writer.write(batches)
-        yield pa.record_batch([pa.array([pickle.dumps(result)], pa.binary())], names=["task_result"])
-
-    return write

@@ -13,8 +13,9 @@ metadata can reach, and removes what is left, under two safety rules (see its do
 
 Only pyiceberg's public API is used: the table metadata, ``Snapshot.manifests``,
 ``ManifestFile.from_args`` / ``fetch_manifest_entry``, ``read_manifest_list``,
-``FromInputFile.table_metadata``, the table's ``FileIO`` and, for listing, the filesystem behind it
-(``PyArrowFileIO.parse_location`` / ``fs_by_scheme``, ``FsspecFileIO.get_fs``, or fsspec from the URL).
+``FromInputFile.table_metadata`` and the table's ``FileIO``. Listing, deleting and comparing
+locations go through :mod:`lakesink.storage`; lakesink's file and directory names are recognised by
+:mod:`lakesink.names`, which also makes them.
 """
 
 from __future__ import annotations
@@ -22,24 +23,19 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
-import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
-import fsspec
-from pyarrow.fs import FileSelector, FileType
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import ManifestContent, ManifestFile, read_manifest_list
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
 
-from lakesink import locations
+from lakesink import locations, names, storage
 from lakesink.errors import CatalogError, InvalidOptionError, LakesinkError
-from lakesink.properties import LAST_BATCH_PREFIX, SUMMARY_QUERY_ID, last_committed_batch
+from lakesink.properties import SUMMARY_QUERY_ID, last_committed_batch, parse_last_batch_key
 from lakesink.redaction import redact_secrets_in
 
 log = logging.getLogger("lakesink")
@@ -52,20 +48,6 @@ IN_FLIGHT_WINDOW = timedelta(days=3)
 
 A lakesink batch that has not committed after this long is taken to be abandoned (its query was
 killed and never restarted), and its files are removed like any other orphan."""
-
-# <query id[:8]>-<batch:05d>-<partition:05d>-<task attempt>-<token>-<n:05d>.parquet (lakesink/executor.py)
-LAKESINK_DATA_FILE = re.compile(
-    r"^(?P<query>[^/]{8})-(?P<batch>\d{5,})-(?P<partition>\d{5,})-(?P<attempt>\d+)-(?P<token>[0-9a-f]{12})-(?P<n>\d{5,})\.parquet$"
-)
-
-# <query id[:8]>-<batch:05d>-<token>/: the directory of one batch written by Spark's own Parquet writer
-# (lakesink/sparkwrite.py); the files in it have Spark's names (part-<n>-<uuid>-c000.<codec>.parquet)
-LAKESINK_BATCH_DIRECTORY = re.compile(r"^(?P<query>[^/]{8})-(?P<batch>\d{5,})-(?P<token>[0-9a-f]{12})$")
-
-_METADATA_JSON = re.compile(r"\.metadata\.json(\.gz)?$")
-_NESTED_TABLE_METADATA = re.compile(r"^(?P<root>.+)/metadata/[^/]+\.metadata\.json(\.gz)?$")
-_SAME_STORE = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "wasbs": "wasb", "abfss": "abfs", "": "file"}
-
 
 # --- the report -------------------------------------------------------------------------------
 
@@ -244,7 +226,7 @@ def remove_orphan_files(table: Table, *, older_than: timedelta = DEFAULT_OLDER_T
     for f in listed:
         if f.hidden:
             hidden += 1
-        elif _key(f.uri) in referenced:
+        elif storage.key(f.uri) in referenced:
             n_referenced += 1
         elif f.skip_reason:
             skipped.append(f.orphan(f.skip_reason))
@@ -307,9 +289,7 @@ def _remove(table: Table, files: list[OrphanFile]) -> tuple[list[OrphanFile], li
     failed: list[OrphanFile] = []
     for o in files:
         try:
-            table.io.delete(o.path)
-        except FileNotFoundError:
-            pass  # already gone (another clean-up, an abort)
+            storage.delete_file(table.io, o.path)  # a file already gone (another clean-up, an abort) is no error
         except Exception as e:
             error = _safe_error(table, e)
             log.warning("lakesink: could not remove orphan file %s: %s", o.path, error)
@@ -328,28 +308,6 @@ def _safe_error(table: Table, e: BaseException) -> str:
 # --- locations ----------------------------------------------------------------------------------
 
 
-def _split(location: str) -> tuple[str, str, str]:
-    """(store, netloc, path) of a location, spelled so that two spellings of one file compare equal.
-
-    Deliberately loose (a scheme and its aliases are one store, ``file:`` and a bare path are one,
-    percent-escapes, repeated slashes and ``.``/``..`` segments are normalized): a looser match can
-    only make a file count as referenced, never the reverse.
-    """
-    parts = urlsplit(location)
-    scheme = parts.scheme.lower()
-    if len(scheme) <= 1:  # a bare path (or a Windows drive letter)
-        return "file", "", posixpath.normpath(os.path.abspath(location)).replace("\\", "/")
-    store = _SAME_STORE.get(scheme, scheme)
-    netloc = "" if store == "file" else parts.netloc.lower()
-    path = posixpath.normpath("/" + unquote(parts.path).lstrip("/")) if parts.path else "/"
-    return store, netloc, path.replace("//", "/")
-
-
-def _key(location: str) -> str:
-    _, netloc, path = _split(location)
-    return f"//{netloc}{path}" if netloc else path
-
-
 def _table_root(table: Table, name: str) -> str:
     locations.check_table_location(name, table.location(), table.properties)
     return table.location().rstrip("/")
@@ -365,7 +323,7 @@ def _reload(table: Table, name: str, root: str) -> Table:
         ) from None
     except Exception as e:
         raise CatalogError(f"cannot re-load table {name} after listing its files: {_safe_error(table, e)}") from None
-    if fresh.metadata.table_uuid != table.metadata.table_uuid or _key(fresh.location()) != _key(root):
+    if fresh.metadata.table_uuid != table.metadata.table_uuid or storage.key(fresh.location()) != storage.key(root):
         raise LakesinkError(
             f"table {name} changed while its files were listed (now UUID {fresh.metadata.table_uuid} at "
             f"{fresh.location()!r}); nothing was removed"
@@ -391,109 +349,28 @@ class _Listed:
         return self.relative.rsplit("/", 1)[-1]
 
     def orphan(self, reason: str) -> OrphanFile:
-        return OrphanFile(self.uri, self.size, self.modified, _kind(self.name), reason)
+        return OrphanFile(self.uri, self.size, self.modified, names.file_kind(self.name), reason)
 
 
 def _list_files(io: FileIO, root: str) -> Iterator[_Listed]:
     """Every file under ``root``, through the filesystem behind the table's FileIO."""
-    store, _, root_path = _split(root)
-    real_root = os.path.realpath(root_path) if store == "file" else ""
-    for relative, size, modified in _list_relative(io, root):
-        segments = relative.split("/")
+    root_path = storage.local_path(root)
+    real_root = os.path.realpath(root_path) if root_path is not None else ""
+    for f in storage.list_files(io, root):
+        segments = f.relative.split("/")
         reason = ""
         if any(s in ("", ".", "..") for s in segments):
             reason = "its path has empty, '.' or '..' segments"
-        elif store == "file" and not os.path.realpath(f"{root_path}/{relative}").startswith(real_root + os.sep):
+        elif root_path is not None and not os.path.realpath(f"{root_path}/{f.relative}").startswith(real_root + os.sep):
             reason = "it resolves outside the table location (a symbolic link)"
         yield _Listed(
-            uri=f"{root}/{relative}",
-            relative=relative,
-            size=size,
-            modified=modified,
-            hidden=any(s[:1] in (".", "_") and "=" not in s for s in segments),
+            uri=f"{root}/{f.relative}",
+            relative=f.relative,
+            size=f.size,
+            modified=f.modified,
+            hidden=names.is_hidden(f.relative),
             skip_reason=reason,
         )
-
-
-def _list_relative(io: FileIO, root: str) -> Iterator[tuple[str, int, datetime | None]]:
-    """(path relative to ``root``, size, modification time) of every file under ``root``."""
-    if isinstance(io, PyArrowFileIO):
-        return _list_pyarrow(io, root)
-    get_fs = getattr(io, "get_fs", None)  # FsspecFileIO (not imported: it pulls in requests and the REST catalog)
-    if callable(get_fs):
-        parts = urlsplit(root)
-        scheme = parts.scheme if len(parts.scheme) > 1 else "file"
-        fs = get_fs(scheme, parts.hostname) if scheme in ("abfs", "abfss", "wasb", "wasbs") else get_fs(scheme)
-        return _list_fsspec(fs, root)
-    return _list_fsspec(fsspec.core.url_to_fs(root)[0], root)
-
-
-def _list_pyarrow(io: PyArrowFileIO, root: str) -> Iterator[tuple[str, int, datetime | None]]:
-    scheme, netloc, path = PyArrowFileIO.parse_location(root, io.properties)
-    fs = io.fs_by_scheme(scheme, netloc)
-    base = path.rstrip("/")
-    for info in fs.get_file_info(FileSelector(base, recursive=True, allow_not_found=True)):
-        if info.type == FileType.File and info.path.startswith(base + "/"):
-            yield info.path[len(base) + 1 :], int(info.size or 0), _utc(info.mtime)
-
-
-def _list_fsspec(fs: Any, root: str) -> Iterator[tuple[str, int, datetime | None]]:
-    try:
-        base = str(fs.info(root)["name"]).rstrip("/")
-    except FileNotFoundError:
-        return
-    for path, detail in fs.find(root, detail=True, withdirs=False).items():
-        if detail.get("type", "file") == "file" and path.startswith(base + "/"):
-            yield path[len(base) + 1 :], int(detail.get("size") or 0), _fsspec_mtime(detail)
-
-
-def _utc(value: Any) -> datetime | None:
-    if isinstance(value, datetime):
-        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
-    if isinstance(value, (int, float)):
-        return datetime.fromtimestamp(value, tz=timezone.utc)
-    if isinstance(value, str):
-        try:
-            return _utc(datetime.fromisoformat(value.replace("Z", "+00:00")))
-        except ValueError:
-            return None
-    return None
-
-
-def _fsspec_mtime(detail: Mapping[str, Any]) -> datetime | None:
-    # local: mtime; s3fs: LastModified; adlfs: last_modified; gcsfs: updated / mtime
-    for key in ("mtime", "LastModified", "last_modified", "updated", "modified"):
-        if detail.get(key) is not None:
-            return _utc(detail[key])
-    return None
-
-
-def _kind(name: str) -> str:
-    if _METADATA_JSON.search(name):
-        return "metadata"
-    if name.endswith(".avro"):
-        return "manifest-list" if name.startswith("snap-") else "manifest"
-    if name.endswith((".parquet", ".orc")):
-        return "data"
-    if name.endswith((".puffin", ".stats")):
-        return "statistics"
-    return "other"
-
-
-def _nested_table_roots(candidates: list[_Listed], table: Table) -> set[str]:
-    """Relative folders under this location that hold another table (a ``metadata/*.metadata.json`` of their own)."""
-    own = posixpath.dirname(_key(table.metadata_location))
-    roots = set()
-    for f in candidates:
-        m = _NESTED_TABLE_METADATA.match(f.relative)
-        if m and posixpath.dirname(_key(f.uri)) != own:
-            roots.add(m["root"])
-    return roots
-
-
-def _nested_root(f: _Listed, roots: set[str]) -> str:
-    """The outermost nested table folder holding ``f``, or ""."""
-    return min((r for r in roots if f.relative.startswith(f"{r}/")), key=len, default="")
 
 
 def _ago(delta: timedelta) -> str:
@@ -504,6 +381,22 @@ def _ago(delta: timedelta) -> str:
     return f"{seconds}s"
 
 
+def _nested_table_roots(candidates: list[_Listed], table: Table) -> set[str]:
+    """Relative folders under this location that hold another table (a ``metadata/*.metadata.json`` of their own)."""
+    own = posixpath.dirname(storage.key(table.metadata_location))
+    roots = set()
+    for f in candidates:
+        nested = names.nested_table_root(f.relative)
+        if nested and posixpath.dirname(storage.key(f.uri)) != own:
+            roots.add(nested)
+    return roots
+
+
+def _nested_root(f: _Listed, roots: set[str]) -> str:
+    """The outermost nested table folder holding ``f``, or ""."""
+    return min((r for r in roots if f.relative.startswith(f"{r}/")), key=len, default="")
+
+
 # --- what the table references ------------------------------------------------------------------
 
 
@@ -511,14 +404,14 @@ def _referenced_keys(table: Table, name: str) -> set[str]:
     """Every file reachable from the table's metadata (all snapshots of all branches and tags), as keys."""
     md = table.metadata
     io = table.io
-    keys = {_key(table.metadata_location)}
-    keys.add(_key(f"{posixpath.dirname(table.metadata_location)}/version-hint.text"))
-    keys.update(_key(e.metadata_file) for e in md.metadata_log)
-    keys.update(_key(s.statistics_path) for s in md.statistics)
-    keys.update(_key(s.statistics_path) for s in md.partition_statistics)
+    keys = {storage.key(table.metadata_location)}
+    keys.add(storage.key(f"{posixpath.dirname(table.metadata_location)}/{names.VERSION_HINT}"))
+    keys.update(storage.key(e.metadata_file) for e in md.metadata_log)
+    keys.update(storage.key(s.statistics_path) for s in md.statistics)
+    keys.update(storage.key(s.statistics_path) for s in md.partition_statistics)
     seen: set[str] = set()
     for snapshot in md.snapshots:
-        keys.add(_key(snapshot.manifest_list))
+        keys.add(storage.key(snapshot.manifest_list))
         try:
             manifests = snapshot.manifests(io)
         except Exception as e:
@@ -527,7 +420,7 @@ def _referenced_keys(table: Table, name: str) -> set[str]:
                 f"{snapshot.snapshot_id} ({_safe_error(table, e)}); nothing was removed"
             ) from e
         for manifest in manifests:
-            key = _key(manifest.manifest_path)
+            key = storage.key(manifest.manifest_path)
             keys.add(key)
             if key in seen:
                 continue
@@ -539,7 +432,7 @@ def _referenced_keys(table: Table, name: str) -> set[str]:
                     f"table {name}: cannot read the manifest {manifest.manifest_path} ({_safe_error(table, e)}); "
                     "nothing was removed"
                 ) from e
-            keys.update(_key(entry.data_file.file_path) for entry in entries)
+            keys.update(storage.key(entry.data_file.file_path) for entry in entries)
     return keys
 
 
@@ -552,41 +445,54 @@ class _InFlightGuard:
     def __init__(self, table: Table, referenced: set[str]):
         self._table = table
         self._referenced = referenced
-        self._current = _key(table.metadata_location)
+        self._current = storage.key(table.metadata_location)
         self._queries: dict[str, set[str]] = {}  # query id prefix (8 chars) -> query ids
-        self._last: dict[str, int | None] = {}  # query id -> last committed batch (None: marker unreadable)
+        # query id -> the last batch committed by every sink of the query (the lowest of its sinks' markers: a
+        # file of a later batch may still be committed by the sink that is behind); None: a marker is unreadable
+        self._last: dict[str, int | None] = {}
         for key, _ in table.properties.items():
-            if key.startswith(LAST_BATCH_PREFIX):
-                query_id = key[len(LAST_BATCH_PREFIX) :]
-                self._queries.setdefault(query_id[:8], set()).add(query_id)
-                try:
-                    marker = last_committed_batch(table.properties, query_id)
-                except (ValueError, KeyError, TypeError):
-                    marker = None
-                self._last[query_id] = marker.batch_id if marker else None
+            parsed = parse_last_batch_key(key)
+            if parsed is None:
+                continue
+            query_id, sink_id = parsed
+            self._queries.setdefault(names.query_prefix(query_id), set()).add(query_id)
+            try:
+                marker = last_committed_batch(table.properties, query_id, sink_id)
+            except (ValueError, KeyError, TypeError):
+                marker = None
+            batch = marker.batch_id if marker else None
+            if query_id not in self._last:
+                self._last[query_id] = batch
+            else:
+                known = self._last[query_id]
+                self._last[query_id] = None if known is None or batch is None else min(known, batch)
         for snapshot in table.metadata.snapshots:
             summary = snapshot.summary.additional_properties if snapshot.summary else {}
             if committed_by := summary.get(SUMMARY_QUERY_ID):
-                self._queries.setdefault(committed_by[:8], set()).add(committed_by)
+                self._queries.setdefault(names.query_prefix(committed_by), set()).add(committed_by)
         self._manifests: dict[str, str | None] = {}
 
     def reason(self, f: _Listed) -> str | None:
         """Why ``f`` may still be committed, or None."""
         name = f.name
-        if _METADATA_JSON.search(name):
+        if names.is_metadata_file(name):
             return self._metadata_reason(f.uri)
-        if name.endswith(".avro"):
-            return self._manifest_list_reason(f.uri) if name.startswith("snap-") else self._manifest_reason(f.uri, f.size)
+        if names.is_manifest_list(name):
+            return self._manifest_list_reason(f.uri)
+        if names.is_manifest(name):
+            return self._manifest_reason(f.uri, f.size)
         return self._data_file_reason(f.relative)
 
-    def _data_file_reason(self, relative: str) -> str | None:
-        *folders, name = relative.split("/")
-        m = LAKESINK_DATA_FILE.match(name)
-        if m is None and folders:
-            m = LAKESINK_BATCH_DIRECTORY.match(folders[-1])
-        if m is None:
+    def _data_file_reason(self, path: str) -> str | None:
+        """Why the data file at ``path`` (relative to the table, or a full location) may still be committed.
+
+        Its batch is known from its whole path: a file of the Spark path carries Spark's name, only the
+        directory holding it is lakesink's.
+        """
+        batch_of = names.batch_of(path)
+        if batch_of is None:
             return None
-        prefix, batch = m["query"], int(m["batch"])
+        prefix, batch = batch_of.query_prefix, batch_of.batch_id
         queries = self._queries.get(prefix, set())
         if not queries:
             return f"lakesink batch {batch} of a query {prefix}... that has committed nothing yet"
@@ -601,7 +507,7 @@ class _InFlightGuard:
         return None
 
     def _manifest_reason(self, uri: str, size: int) -> str | None:
-        key = _key(uri)
+        key = storage.key(uri)
         if key in self._referenced:
             return None
         if key not in self._manifests:
@@ -624,11 +530,10 @@ class _InFlightGuard:
             return f"a manifest that cannot be read (it may be being written): {_safe_error(self._table, e)}"
         for entry in entries:
             path = entry.data_file.file_path
-            if _key(path) in self._referenced:
+            if storage.key(path) in self._referenced:
                 continue
-            name = path.rsplit("/", 1)[-1]
-            if (why := self._data_file_reason(name)) is not None:
-                return f"a manifest listing {name}: {why}"
+            if (why := self._data_file_reason(path)) is not None:  # the whole path: a Spark-path file's batch is its folder's
+                return f"a manifest listing {'/'.join(path.rsplit('/', 2)[-2:])}: {why}"
         return None
 
     def _manifest_list_reason(self, uri: str) -> str | None:
@@ -647,6 +552,6 @@ class _InFlightGuard:
         except Exception as e:
             return f"a metadata file that cannot be read (it may be being written): {_safe_error(self._table, e)}"
         log_ = metadata.metadata_log
-        if log_ and _key(log_[-1].metadata_file) == self._current:
+        if log_ and storage.key(log_[-1].metadata_file) == self._current:
             return "a possible next metadata version of the table (its metadata log ends with the current one)"
         return None

@@ -130,26 +130,48 @@ def last_committed_batch(
 
 
 class SnapshotIndex:
-    """Snapshots of one table metadata by id, built once: pyiceberg's ``snapshot_by_id`` is a linear search,
-    and walking an ancestry with it costs O(history²)."""
+    """Snapshots of one table metadata by id, indexed lazily from the newest end of the list.
+
+    pyiceberg's ``snapshot_by_id`` (and ``snapshot_by_name``, which uses it) is a linear search from the
+    oldest snapshot, so finding the branch head costs O(history) and walking an ancestry with it
+    O(history²). Snapshots are appended in commit order, so the head and its recent ancestors are at the
+    end of the list: filling the index from there costs what the walk visits, not the history.
+    """
 
     def __init__(self, metadata: TableMetadata):
         self.metadata = metadata
-        self.by_id: dict[int, Snapshot] = {s.snapshot_id: s for s in metadata.snapshots}
+        self._snapshots = metadata.snapshots
+        self._unindexed = len(self._snapshots)  # snapshots[:_unindexed] are not in by_id yet
+        self.by_id: dict[int, Snapshot] = {}
+
+    def get(self, snapshot_id: int | None) -> Snapshot | None:
+        if snapshot_id is None:
+            return None
+        found = self.by_id.get(snapshot_id)
+        while found is None and self._unindexed > 0:
+            self._unindexed -= 1
+            s = self._snapshots[self._unindexed]
+            self.by_id[s.snapshot_id] = s
+            if s.snapshot_id == snapshot_id:
+                found = s
+        return found
+
+    def head(self, branch: str) -> Snapshot | None:
+        ref = self.metadata.refs.get(branch)
+        return self.get(ref.snapshot_id) if ref is not None else None
 
     def ancestors(self, head: Snapshot | None) -> Iterator[Snapshot]:
         """``head`` and its ancestors, newest first (stops at an expired parent)."""
         current = head
         while current is not None:
             yield current
-            parent = current.parent_snapshot_id
-            current = self.by_id.get(parent) if parent is not None else None
+            current = self.get(current.parent_snapshot_id)
 
     def is_ancestor(self, snapshot_id: int, head: Snapshot | None) -> bool:
         """Whether ``snapshot_id`` is ``head`` or one of its ancestors; the walk stops at the first snapshot older
         than it (sequence numbers fall along an ancestry), so its cost follows the commits made since, not the
         history."""
-        target = self.by_id.get(snapshot_id)
+        target = self.get(snapshot_id)
         if target is None:
             return False
         floor = target.sequence_number or 0
@@ -177,10 +199,10 @@ def last_committed_on_branch(
     ``main``.
     """
     marker = last_committed_batch(metadata.properties, query_id, sink_id)
-    head = metadata.snapshot_by_name(branch)
     index = index or SnapshotIndex(metadata)
+    head = index.head(branch)
     if marker is not None and marker.branch == branch:
-        if marker.snapshot_id not in index.by_id:
+        if index.get(marker.snapshot_id) is None:
             return marker  # expired: trust the marker
         if marker.empty and head is not None and head.snapshot_id == marker.snapshot_id:
             return marker

@@ -9,6 +9,10 @@ Where each part runs:
 - ``read`` runs on executors: one partition is a group of pyiceberg file scan tasks, read with pyiceberg's
   own Arrow reader (field-id projection, schema evolution, the row filter) and handed to Spark as Arrow.
 
+Executors unpickle :class:`LakesinkReader` from this module, so the catalogs and the audit package (the
+point-in-time resolution) are imported inside :func:`open_read`, which runs on the driver only
+(``tests/test_boundary.py`` holds that).
+
 Spark's Python data source API (pyspark 4.x) has filter pushdown (``pushFilters``) but no column pruning hook:
 the reader is given the full schema and must return every column. Option ``columns`` reads fewer columns.
 
@@ -56,8 +60,6 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from lakesink import _pyiceberg as seam
-from lakesink import catalogs
-from lakesink.audit import Point, parse_timestamp_ms, resolve
 from lakesink.errors import AuditError, CatalogError, InvalidOptionError
 from lakesink.options import ReadOptions
 
@@ -77,7 +79,11 @@ class ResolvedRead:
 
 
 def open_read(options: ReadOptions) -> ResolvedRead:
-    """Load the table and resolve the options' point in time."""
+    """Load the table and resolve the options' point in time (driver side)."""
+    # driver-side imports here, not at the top: executors unpickle the reader from this module
+    from lakesink import catalogs
+    from lakesink.audit import Point, parse_timestamp_ms, resolve
+
     catalog = catalogs.load(options.catalog_name, options.catalog_properties)
     try:
         table = catalog.load_table(options.table.identifier)

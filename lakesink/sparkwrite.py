@@ -18,17 +18,16 @@ FileIO) for Iceberg's column statistics, and hands them to the unchanged
 
 If the Spark job (or anything before the commit) fails, the batch directory is deleted before the
 error propagates. A driver killed in between leaves the directory behind; the orphan-file clean-up
-recognises the layout (:mod:`lakesink.maintenance`) and keeps it while its batch may still commit.
+recognises the layout (:mod:`lakesink.names` formats and parses the directory's name) and keeps it while
+its batch may still commit.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,9 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyarrow.fs import FileType
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
     BinaryType,
@@ -61,6 +58,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lakesink import _pyiceberg as seam
+from lakesink import names, storage
 from lakesink.errors import LakesinkError, SchemaMismatchError
 from lakesink.faults import fault_point
 from lakesink.messages import TaskResult, WritePlan, WrittenFile
@@ -279,15 +277,6 @@ class SparkWrite:
         return sum(r.size_in_bytes for r in self.results)
 
 
-def spark_location(location: str) -> str:
-    """The location as Hadoop's filesystems name it (``s3://`` is ``s3a://`` for Spark)."""
-    if location.startswith("s3://"):
-        return "s3a://" + location[len("s3://") :]
-    if location.startswith("/"):
-        return "file://" + location
-    return location
-
-
 def write_batch(
     df: DataFrame,
     plan: WritePlan,
@@ -301,8 +290,8 @@ def write_batch(
     On any failure the directory is deleted before the error propagates.
     """
     query_id = plan.query_id or ""
-    token = uuid.uuid4().hex[:12]
-    directory = f"{plan.data_prefix.rstrip('/')}/{query_id[:8]}-{batch_id:05d}-{token}"
+    token = names.new_token()
+    directory = f"{plan.data_prefix.rstrip('/')}/{names.batch_directory_name(query_id=query_id, batch_id=batch_id, token=token)}"
     write_id = f"{query_id}/{batch_id}/{token}"
     spark = df.sparkSession
     settings = plan.settings
@@ -319,7 +308,7 @@ def write_batch(
         .option("maxRecordsPerFile", str(max(0, max_records_per_file)))
         .options(**HADOOP_PINS)
     )
-    if spark_location(directory).startswith("file:"):
+    if storage.spark_location(directory).startswith("file:"):
         # Hadoop's checksummed local filesystem would leave a hidden .crc file beside every data file
         writer = writer.option("fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem").option(
             "fs.file.impl.disable.cache", "true"
@@ -339,15 +328,15 @@ def write_batch(
         started = time.monotonic()
         with _session_confs(spark, SESSION_PINS):
             try:
-                writer.save(spark_location(directory))
+                writer.save(storage.spark_location(directory))
             except Exception as e:
                 _raise_not_null(e, df, plan, batch_id)
                 raise
         written = time.monotonic()
         rows_written = int(observation.get["rows"])
         fault_point(SPARKWRITE_AFTER_FILES)
-        names = _file_names(spark, directory)
-        files = _files_of_write(plan, directory, names, write_id, rows_written, batch_id)
+        file_names = _file_names(spark, directory)
+        files = _files_of_write(plan, directory, file_names, write_id, rows_written, batch_id)
         footers_read = time.monotonic()
     except BaseException:
         delete_directory(plan.io, directory)
@@ -372,7 +361,7 @@ def write_batch(
         for i, f in enumerate(f for f in files if f.record_count)
     )
     if not results:
-        tidy_directory(directory)
+        storage.remove_empty_directory(directory)
     return SparkWrite(
         directory=directory,
         results=results,
@@ -419,7 +408,7 @@ class _session_confs:
 
 def _file_names(spark: SparkSession, directory: str) -> list[str]:
     """Names of the Parquet files Spark committed into ``directory`` (listed by Spark's own filesystem)."""
-    paths = spark.read.format("parquet").load(spark_location(directory)).inputFiles()
+    paths = spark.read.format("parquet").load(storage.spark_location(directory)).inputFiles()
     return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in paths})
 
 
@@ -517,29 +506,6 @@ def _check_field_ids(metadata: pq.FileMetaData, path: str) -> None:
 def delete_directory(io: FileIO, directory: str) -> None:
     """Delete a batch directory and everything in it (including Spark's ``_temporary``); never raises."""
     try:
-        if isinstance(io, PyArrowFileIO):
-            scheme, netloc, path = PyArrowFileIO.parse_location(directory, io.properties)
-            fs = io.fs_by_scheme(scheme, netloc)
-            if fs.get_file_info(path).type != FileType.NotFound:
-                fs.delete_dir(path)
-            return
-        get_fs = getattr(io, "get_fs", None)  # FsspecFileIO
-        if callable(get_fs):
-            fsspec_fs = get_fs(directory.split("://", 1)[0] if "://" in directory else "file")
-            if fsspec_fs.exists(directory):
-                fsspec_fs.rm(directory, recursive=True)
-            return
-        log.warning("lakesink: cannot delete %s with %s; an orphan clean-up collects it", directory, type(io).__name__)
+        storage.delete_directory(io, directory)
     except Exception as e:
         log.warning("lakesink: could not delete %s (%s); an orphan clean-up collects it", directory, e)
-
-
-def tidy_directory(directory: str) -> None:
-    """Remove a batch directory left empty (after an abort deleted its files), on a local filesystem only."""
-    path = directory[len("file://") :] if directory.startswith("file://") else directory if directory.startswith("/") else None
-    if path is None:
-        return  # object stores have no directories
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass  # not empty (files of a committed batch are never deleted) or already gone

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,18 @@ from lakesink.properties import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK
 
 SCHEMA_DDL = "id long, ts timestamp, user string, amount double, kind int"
 TABLE = "db.events"
+
+
+WAIT_TIMEOUT_S = 180.0
+"""How long a test waits for another thread or process (Spark under load is slow: generous, never asserted on)."""
+
+
+def wait_until(cond: Callable[[], object], *, timeout: float = WAIT_TIMEOUT_S, what: str = "the condition") -> None:
+    """Poll ``cond`` until it is true; fail the test after ``timeout`` seconds (no fixed sleeps in tests)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.02)
 
 
 def write_json_input(folder: Path, *, files: int, rows_per_file: int, start: int = 0) -> list[int]:
@@ -118,6 +131,14 @@ def arrow_rows(ids: Iterable[int]) -> pa.Table:
     )
 
 
+def run_to_end(query: Any) -> None:
+    """Wait for a started streaming query (``trigger(availableNow=True)``) to finish; stop it whatever happens."""
+    try:
+        query.awaitTermination()
+    finally:
+        query.stop()
+
+
 class Stream:
     """One streaming pipeline (source folder, checkpoint, table) that a test starts and restarts."""
 
@@ -154,11 +175,7 @@ class Stream:
         return w.option("checkpointLocation", str(self.ck)).outputMode(self.mode).trigger(availableNow=True).start()
 
     def run(self, **extra: Any) -> None:
-        q = self.start(**extra)
-        try:
-            q.awaitTermination()
-        finally:
-            q.stop()
+        run_to_end(self.start(**extra))
 
     def run_failing(self, **extra: Any) -> str:
         with pytest.raises(StreamingQueryException) as info:
@@ -182,8 +199,8 @@ class Stream:
 # --- driving the driver's commit directly (no Spark), on table db.events ----------------------------
 
 
-def make_committer(props: dict[str, str], mode: OutputMode = OutputMode.APPEND) -> TableCommitter:
-    return TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, output_mode=mode))
+def make_committer(props: Mapping[str, str], mode: OutputMode = OutputMode.APPEND) -> TableCommitter:
+    return TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=dict(props), output_mode=mode))
 
 
 def write_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:

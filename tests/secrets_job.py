@@ -52,6 +52,8 @@ fb = lakesink.foreach_batch(
     "db.events2", catalog_properties={"type": "sql", "uri": uri, "warehouse": warehouse, "s3.secret-access-key": secret}
 )
 print("FOREACH", repr(fb))
-q3 = df.writeStream.foreachBatch(fb).option("checkpointLocation", ck + "-4").trigger(availableNow=True).start()
+# pyspark types the function as returning None; ForeachBatchSink returns its BatchOutcome
+w3 = df.writeStream.foreachBatch(fb)  # type: ignore[arg-type]
+q3 = w3.option("checkpointLocation", ck + "-4").trigger(availableNow=True).start()
 q3.awaitTermination()
 print("DONE")

@@ -33,7 +33,9 @@ def table(catalog_properties: dict[str, str]) -> Any:
     commit(c, Q1, 1, [write_task(c, Q1, 1, [4, 5]), write_task(c, Q1, 1, [6], attempt=1)])
     commit(c, Q2, 0, [write_task(c, Q2, 0, [7])])
     t = load(c)
-    t.manage_snapshots().create_branch(t.current_snapshot().snapshot_id, "audit").commit()
+    head = t.current_snapshot()
+    assert head is not None
+    t.manage_snapshots().create_branch(head.snapshot_id, "audit").commit()
     load(c).append(arrow_rows([200]), branch="audit")  # a snapshot only on a branch
     return load(c)
 

@@ -7,7 +7,6 @@ compare-and-swap call; everything else is real: Parquet files, manifests, catalo
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -43,13 +42,6 @@ Q2 = "22222222-bbbb-4000-8000-000000000002"
 def catalog_properties(any_catalog_properties: dict[str, str]) -> dict[str, str]:
     """Every commit test runs on a SQLite catalog and on a PostgreSQL catalog."""
     return any_catalog_properties
-
-
-@pytest.fixture
-def committer(catalog_properties: dict[str, str]) -> TableCommitter:
-    c = make_committer(catalog_properties)
-    c.open_table(SCHEMA)
-    return c
 
 
 def test_commit_makes_one_snapshot_with_summary_and_marker(committer: TableCommitter) -> None:
@@ -137,7 +129,7 @@ def test_other_writer_between_check_and_swap_is_retried_and_both_land(committer:
     outcome_box: list[object] = []
     t = threading.Thread(target=lambda: outcome_box.append(commit(committer, Q1, 0, [result])))
     t.start()
-    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    faults.wait_reached(DRIVER_BEFORE_SWAP)
     other = make_committer(committer.options.catalog_properties).catalog.load_table(("db", "events"))
     other.append(arrow_rows([9001, 9002]))  # another writer commits while we hold a checked, stale base
     faults.release(DRIVER_BEFORE_SWAP)
@@ -158,7 +150,7 @@ def test_two_drivers_committing_the_same_batch_make_exactly_one_snapshot(committ
     box: list[object] = []
     t = threading.Thread(target=lambda: box.append(commit(committer, Q1, 0, [zombie_result])))
     t.start()
-    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    faults.wait_reached(DRIVER_BEFORE_SWAP)
     assert commit(live, Q1, 0, [live_result]).outcome is Outcome.COMMITTED
     faults.release(DRIVER_BEFORE_SWAP)
     t.join(60)
@@ -218,17 +210,8 @@ def test_unknown_outcome_that_cannot_be_settled_deletes_nothing(committer: Table
 
     monkeypatch.setattr(seam.PreparedCommit, "commit", catalog_down)
     monkeypatch.setattr("lakesink.driver.swap._SETTLE_ATTEMPTS", 2)
-    real_load = committer.catalog.load_table
-    calls = {"n": 0}
-
-    def load_table(ident):  # type: ignore[no-untyped-def]
-        calls["n"] += 1
-        if calls["n"] > 1:  # the first load (before the attempt) works, the settling reads fail
-            return load_fails()
-        return real_load(ident)
-
-    monkeypatch.setattr(committer.catalog, "load_table", load_table)
-    monkeypatch.setattr(committer, "load_fresh", load_fails)  # settling reads through a fresh connection
+    # the settling reads (through connections of their own, lakesink.catalogs.load_table_fresh) fail
+    monkeypatch.setattr("lakesink.catalogs.load_table_fresh", load_fails)
     with pytest.raises(CommitOutcomeUnknownError, match="no file was deleted"):
         commit(committer, Q1, 0, [result])
     monkeypatch.undo()
@@ -284,11 +267,6 @@ def test_schema_change_during_batch_is_a_clear_conflict(committer: TableCommitte
     assert load(committer).current_snapshot() is None
 
 
-def _wait(cond, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 def test_abort_after_the_marker_moved_past_the_batch_keeps_its_committed_files(committer: TableCommitter) -> None:
@@ -318,7 +296,7 @@ def test_schema_change_after_the_check_fails_the_swap_then_is_reported(committer
 
     t = threading.Thread(target=run)
     t.start()
-    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    faults.wait_reached(DRIVER_BEFORE_SWAP)
     with load(committer).update_schema() as update:
         update.add_column("late", StringType())
     faults.release(DRIVER_BEFORE_SWAP)
@@ -329,6 +307,7 @@ def test_schema_change_after_the_check_fails_the_swap_then_is_reported(committer
     assert data_files_on_disk(table) == set()
 
 
+@pytest.mark.slow
 def test_catalog_locked_longer_than_its_busy_timeout(tmp_path: Path) -> None:
     """RELIABILITY row 9: a SQLite catalog held locked by another connection past the busy timeout."""
     import sqlite3
@@ -353,6 +332,7 @@ def test_catalog_locked_longer_than_its_busy_timeout(tmp_path: Path) -> None:
     assert data_files_on_disk(table) == referenced_data_files(table)
 
 
+@pytest.mark.slow
 def test_catalog_locked_for_too_long_is_a_clear_retryable_error(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import sqlite3
 

@@ -25,6 +25,7 @@ from tests.helpers import (
     lakesink_snapshots,
     referenced_data_files,
     table_ids,
+    wait_until,
     write_json_input,
 )
 
@@ -72,14 +73,9 @@ def test_two_streams_and_a_plain_writer_on_one_table(spark: Any, tmp_path: Path,
     qb = b.start()
     writer = threading.Thread(target=plain_writer)
     try:
-        deadline = time.monotonic() + 120
-        while not faults.reached(DRIVER_BEFORE_SWAP):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        faults.wait_reached(DRIVER_BEFORE_SWAP)
         writer.start()
-        while len(plain) < 3:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: len(plain) >= 3, what="three commits of the plain writer")
         faults.release(DRIVER_BEFORE_SWAP)
         qa.awaitTermination(300)
         qb.awaitTermination(300)

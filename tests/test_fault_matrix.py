@@ -29,7 +29,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -60,11 +59,6 @@ pytestmark = pytest.mark.spark
 ENTRY_POINTS = ["format", "foreach"]
 
 
-def _wait(cond: Any, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
 
 
 def _attempts(stream: Stream) -> dict[int, str]:
@@ -85,7 +79,7 @@ def test_row_02_03_06_on_postgres(spark: Any, tmp_path: Path, request: Any, faul
     faults.arm(DRIVER_BEFORE_SWAP, "pause")  # row 6
     q = s.start()
     try:
-        _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+        faults.wait_reached(DRIVER_BEFORE_SWAP)
         other = s.table
         other.append(pa.Table.from_pylist([{"id": -1, "user": "other"}], schema=other.schema().as_arrow()))
         s.sent.append(-1)
@@ -130,7 +124,7 @@ def test_row_07_zombie_driver_commits_the_same_batch(
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     q = s.start()
     try:
-        _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))  # driver A checked batch 0 and is about to swap
+        faults.wait_reached(DRIVER_BEFORE_SWAP)  # driver A checked batch 0 and is about to swap
         zombie_ck = tmp_path / "checkpoint-zombie"
         shutil.copytree(s.ck, zombie_ck)  # the same query id, batch 0 planned but not committed
         env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
@@ -164,7 +158,7 @@ def test_row_09_retries_exhausted_then_restart(stream: Stream, faults: Any) -> N
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     q = stream.start()
     try:
-        _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+        faults.wait_reached(DRIVER_BEFORE_SWAP)
         stream.table.append(pa.Table.from_pylist([{"id": -5}], schema=schema))  # the conflict
         stream.sent.append(-5)
         faults.release(DRIVER_BEFORE_SWAP)

@@ -15,6 +15,7 @@ import pytest
 
 import lakesink
 from lakesink import catalogs, interop
+from tests.helpers import run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -31,7 +32,8 @@ def normalized(table: pa.Table) -> list[dict[str, Any]]:
         elif pa.types.is_large_string(col.type) or pa.types.is_string_view(col.type):
             col = col.cast(pa.string())
         cols[name] = col
-    return pa.table(cols).sort_by("id").to_pylist()
+    rows: list[dict[str, Any]] = pa.table(cols).sort_by("id").to_pylist()
+    return rows
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])
@@ -73,9 +75,7 @@ def test_duckdb_and_iceberg_rust_read_what_pyiceberg_reads(
             w = w.option(f"catalog.{k}", v)
     else:
         w = stream.writeStream.foreachBatch(lakesink.foreach_batch("db.interop", catalog_properties=catalog_properties))
-    q = w.option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
-    q.awaitTermination()
-    q.stop()
+    run_to_end(w.option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
 
     table = catalogs.load(None, catalog_properties).load_table(("db", "interop"))
     assert len(table.snapshots()) >= 2

@@ -7,6 +7,7 @@ driver paused before its swap), and every assertion is on exact sets of paths.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,15 @@ from pyiceberg.table.statistics import BlobMetadata, StatisticsFile
 
 import lakesink
 from lakesink import _pyiceberg as seam
+from lakesink import names
 from lakesink.cli import format_duration, main, parse_duration
 from lakesink.driver import BatchOutcome, Outcome, TableCommitter
 from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError, LakesinkError
 from lakesink.faults import DRIVER_BEFORE_SWAP, EXECUTOR_AFTER_FILE
-from lakesink.maintenance import IN_FLIGHT_WINDOW, LAKESINK_DATA_FILE, OrphanFile, OrphanReport, remove_orphan_files
+from lakesink.maintenance import IN_FLIGHT_WINDOW, OrphanFile, OrphanReport, remove_orphan_files
 from lakesink.messages import TaskResult
 from lakesink.options import OutputMode
+from tests.conftest import sql_catalog_properties
 from tests.helpers import arrow_rows, commit, load, make_committer, table_ids, write_task
 
 SCHEMA = arrow_rows([]).schema
@@ -55,13 +58,6 @@ LAKESINK_CLI = Path(sys.executable).parent / "lakesink"
 def catalog_properties(any_catalog_properties: dict[str, str]) -> dict[str, str]:
     """Every test runs on a SQLite catalog and on a PostgreSQL catalog."""
     return any_catalog_properties
-
-
-@pytest.fixture
-def committer(catalog_properties: dict[str, str]) -> TableCommitter:
-    c = make_committer(catalog_properties)
-    c.open_table(SCHEMA)
-    return c
 
 
 def local(uri: str) -> Path:
@@ -86,18 +82,21 @@ def reachable(table: Table) -> set[str]:
     for snapshot in md.snapshots:
         out.add(snapshot.manifest_list)
         for manifest in snapshot.manifests(table.io):
-            out.add(manifest.manifest_path)
-            out.update(e.data_file.file_path for e in manifest.fetch_manifest_entry(table.io, discard_deleted=False))
+            if manifest.manifest_path not in out:  # a manifest is immutable: read each once
+                out.add(manifest.manifest_path)
+                out.update(e.data_file.file_path for e in manifest.fetch_manifest_entry(table.io, discard_deleted=False))
     return out
 
 
-def assert_intact(table: Table) -> None:
-    """Never a committed reference to a missing file: every referenced file exists and every snapshot reads."""
+def assert_intact(table: Table, *, read_every_snapshot: bool = True) -> None:
+    """Never a committed reference to a missing file: every referenced file exists and every snapshot
+    (or only the current one) reads."""
     table = table.refresh()
     missing = {p for p in reachable(table) if not local(p).exists()}
     assert not missing, f"the table references missing files: {missing}"
-    for snapshot in table.snapshots():
-        table.scan(snapshot_id=snapshot.snapshot_id).to_arrow()
+    for snapshot in table.snapshots() if read_every_snapshot else [table.current_snapshot()]:
+        if snapshot is not None:
+            table.scan(snapshot_id=snapshot.snapshot_id).to_arrow()
 
 
 def paths(files: Iterable[OrphanFile]) -> set[str]:
@@ -128,11 +127,6 @@ def plant(table: Table, relative: str, content: bytes = b"not referenced by anyt
     return f"file://{path}"
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
@@ -223,7 +217,7 @@ _KILLED_DRIVER = textwrap.dedent(
 )
 
 
-def run_killed_driver(props: dict[str, str], query_id: str, batch_id: int) -> None:
+def run_killed_driver(props: Mapping[str, str], query_id: str, batch_id: int) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", _KILLED_DRIVER, json.dumps(props), query_id, str(batch_id)],
         capture_output=True,
@@ -376,12 +370,14 @@ def test_referenced_files_are_never_removed(catalog_properties: dict[str, str]) 
     table = load(c)
     stats = plant(table, f"metadata/{uuid.uuid4()}.stats")
     table.update_statistics().set_statistics(
-        StatisticsFile(
+        StatisticsFile(  # type: ignore[call-arg]  # pydantic fields by name (their aliases are the spec's keys)
             snapshot_id=third,
             statistics_path=stats,
             file_size_in_bytes=local(stats).stat().st_size,
             file_footer_size_in_bytes=0,
-            blob_metadata=[BlobMetadata(type="apache-datasketches-theta-v1", snapshot_id=third, sequence_number=3, fields=[1])],
+            blob_metadata=[
+                BlobMetadata(type="apache-datasketches-theta-v1", snapshot_id=third, sequence_number=3, fields=[1])  # type: ignore[call-arg]
+            ],
         )
     ).commit()
     table = load(c)
@@ -419,7 +415,7 @@ def test_in_flight_batch_is_never_removed_even_with_older_than_zero(committer: T
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     t, box = in_thread(lambda: commit(committer, Q1, 1, [batch]))
     try:
-        wait_for(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+        faults.wait_reached(DRIVER_BEFORE_SWAP)
         prepared = on_disk(table) - before  # the manifest and manifest list of the pending snapshot
         assert len(prepared) == 2
         report = remove_orphan_files(table, older_than=ZERO)
@@ -439,6 +435,96 @@ def test_in_flight_batch_is_never_removed_even_with_older_than_zero(committer: T
     assert after.removed == after.kept_in_flight == ()
 
 
+def spark_path_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int]) -> TaskResult:
+    """A batch as the Spark path leaves it before its commit: a ``part-*`` file in ``<data>/<query8>-<batch>-<token>/``.
+
+    The rows are written by the executor's writer (real Parquet, real statistics), then moved into a
+    batch directory named by the function lakesink.sparkwrite names its directories with.
+    """
+    written = write_task(c, query_id, batch_id, ids)
+    (f,) = written.files
+    source = local(f.path)
+    directory = source.parent / names.batch_directory_name(query_id=query_id, batch_id=batch_id, token=names.new_token())
+    directory.mkdir()
+    target = directory / f"part-00000-{uuid.uuid4()}-c000.zstd.parquet"
+    source.rename(target)
+    return dataclasses.replace(written, task_attempt_id=-1, files=(dataclasses.replace(f, path=f"file://{target}"),))
+
+
+def commit_while_cleaning_up(
+    committer: TableCommitter, query_id: str, batch_id: int, result: TaskResult, faults: Any
+) -> OrphanReport:
+    """Commit one batch; while it waits before its swap, run the clean-up with ``older_than=0``."""
+    table = load(committer)
+    before = on_disk(table)
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    t, box = in_thread(lambda: commit(committer, query_id, batch_id, [result]))
+    try:
+        faults.wait_reached(DRIVER_BEFORE_SWAP)
+        prepared = on_disk(table) - before  # the manifests and the manifest list of the pending snapshot
+        assert prepared and all(kind(p) in ("manifest", "manifest-list") for p in prepared), prepared
+        report = remove_orphan_files(table, older_than=ZERO)
+        pending = files_of(result) | prepared
+        assert pending <= paths(report.kept_in_flight), {f.path: f.reason for f in report.removed}
+        assert not pending & paths(report.removed)
+        assert pending <= on_disk(table)
+    finally:
+        faults.release(DRIVER_BEFORE_SWAP)
+        t.join(60)
+        faults.clear()
+    assert isinstance(box[0], BatchOutcome) and box[0].outcome is Outcome.COMMITTED, box
+    return report
+
+
+def test_in_flight_spark_path_batch_keeps_its_manifests(committer: TableCommitter, faults) -> None:  # type: ignore[no-untyped-def]
+    """The manifests of a Spark-path batch list ``part-*`` files: the batch is known by their directory."""
+    commit(committer, Q1, 0, [spark_path_task(committer, Q1, 0, [1])])
+    batch = spark_path_task(committer, Q1, 1, list(range(2, 50)))
+    report = commit_while_cleaning_up(committer, Q1, 1, batch, faults)
+    assert report.removed == ()
+    assert all("not committed yet" in f.reason for f in report.kept_in_flight), report.kept_in_flight
+    table = load(committer)
+    assert files_of(batch) <= reachable(table)
+    assert_intact(table)
+    assert table_ids(table) == Counter(range(1, 50))
+    assert on_disk(table) == reachable(table)
+
+
+def test_in_flight_spark_path_batches_keep_their_merged_manifests(tmp_path: Path, request, faults) -> None:  # type: ignore[no-untyped-def]
+    """130 Spark-path batches; the clean-up runs before the swap of several, among them the ones whose
+    commit merges the manifests of all earlier batches into one (Iceberg's default: at 100 manifests).
+
+    On SQLite only (the commit path is the same on PostgreSQL, and 130 batches once are enough).
+    """
+    committer = make_committer(sql_catalog_properties("sqlite", tmp_path, request))
+    committer.open_table(SCHEMA)
+
+    def manifest_count() -> int:
+        snapshot = load(committer).current_snapshot()
+        return 0 if snapshot is None else len(snapshot.manifests(committer.catalog.load_table(IDENT).io))
+
+    sent: list[int] = []
+    merged_in_flight = []
+    for batch_id in range(130):
+        ids = [batch_id * 10 + i for i in range(3)]
+        sent += ids
+        result = spark_path_task(committer, Q1, batch_id, ids)
+        if batch_id % 25 == 3 or 97 <= batch_id <= 101:
+            before = manifest_count()
+            commit_while_cleaning_up(committer, Q1, batch_id, result, faults)
+            if manifest_count() <= before:
+                merged_in_flight.append(batch_id)
+        else:
+            assert commit(committer, Q1, batch_id, [result]).outcome is Outcome.COMMITTED
+    assert merged_in_flight, "no batch cleaned up in flight merged the manifests"
+    table = load(committer)
+    assert_intact(table, read_every_snapshot=False)  # every referenced file of every snapshot exists
+    assert table_ids(table) == Counter(sent) and len(sent) == len(set(sent))
+    final = remove_orphan_files(table, older_than=ZERO)
+    assert final.kept_in_flight == () and on_disk(table) == reachable(table)
+    assert_intact(table, read_every_snapshot=False)
+
+
 def test_zombie_drivers_files_are_removed_while_it_waits_and_its_swap_cannot_land(committer: TableCommitter, faults) -> None:  # type: ignore[no-untyped-def]
     """Batch 0 of Q1 is committed by the live driver while a zombie holds a prepared snapshot of the same batch."""
     zombie = write_task(committer, Q1, 0, list(range(20)), attempt=1)
@@ -448,7 +534,7 @@ def test_zombie_drivers_files_are_removed_while_it_waits_and_its_swap_cannot_lan
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     t, box = in_thread(lambda: commit(committer, Q1, 0, [zombie]))
     try:
-        wait_for(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+        faults.wait_reached(DRIVER_BEFORE_SWAP)
         zombie_manifests = on_disk(load(committer)) - before
         assert commit(live, Q1, 0, [live_result]).outcome is Outcome.COMMITTED
         table = load(committer)
@@ -593,7 +679,7 @@ def test_older_than_must_be_a_non_negative_timedelta(committer: TableCommitter) 
 # --- the command line -----------------------------------------------------------------------------
 
 
-def cli_catalog_args(props: dict[str, str]) -> list[str]:
+def cli_catalog_args(props: Mapping[str, str]) -> list[str]:
     return [arg for k, v in props.items() for arg in ("--catalog-property", f"{k}={v}")]
 
 
@@ -710,9 +796,9 @@ def test_parse_duration_rejects(text: str) -> None:
 
 
 def test_the_name_pattern_matches_the_executors_names() -> None:
-    assert LAKESINK_DATA_FILE.match("1964bb6e-00002-00000-2-1a56d2ad148a-00000.parquet")
-    assert LAKESINK_DATA_FILE.match("1964bb6e-123456-00012-1034-1a56d2ad148a-00003.parquet")
-    assert not LAKESINK_DATA_FILE.match("00000-0-1a56d2ad-148a-4a2b-9c3d-0123456789ab.parquet")  # pyiceberg's own
+    assert names.DataFileName.parse("1964bb6e-00002-00000-2-1a56d2ad148a-00000.parquet")
+    assert names.DataFileName.parse("1964bb6e-123456-00012-1034-1a56d2ad148a-00003.parquet")
+    assert not names.DataFileName.parse("00000-0-1a56d2ad-148a-4a2b-9c3d-0123456789ab.parquet")  # pyiceberg's own
 
 
 def test_reexported() -> None:

@@ -161,7 +161,7 @@ def _run_matrix(spark: Any, stream: Stream, spec_name: str) -> None:
 
     # DuckDB prunes by partition values (and bounds): a filter on each source column returns what a
     # full scan filtered afterwards returns
-    sources = sorted({schema.find_column_name(pf.source_id) for pf in spec.fields})
+    sources = sorted({column_name(schema, pf.source_id) for pf in spec.fields})
     skips = (
         {
             ("l", "<=", "middle"): ({1}, TRUNCATE_OVERFLOW),
@@ -175,6 +175,12 @@ def _run_matrix(spark: Any, stream: Stream, spec_name: str) -> None:
         else {}
     )
     check_duckdb_filters(table.metadata_location, expected, schema, columns=sources, known_skips=skips)
+
+
+def column_name(schema: Any, field_id: int) -> str:
+    name = schema.find_column_name(field_id)
+    assert name is not None, f"field id {field_id} is not in the schema"
+    return str(name)
 
 
 def terms_of(spec: str) -> list[tuple[str, str]]:
@@ -193,7 +199,8 @@ def _java_overflow(source_type: Any, value: Any) -> Any:
     """truncate(W) of an int/long within W of its minimum overflows: Iceberg's Java library and iceberg-rust
     wrap around (truncate(1000, -2^63) = 2^63 - 192), pyiceberg's pure-Python transform returns an
     out-of-range -2^63 - 192. The wrapped value is the reference."""
-    bits = {IntegerType: 32, LongType: 64}.get(type(source_type))
+    widths: dict[type, int] = {IntegerType: 32, LongType: 64}
+    bits = widths.get(type(source_type))
     if bits is None or not isinstance(value, int):
         return value
     return (value + 2 ** (bits - 1)) % 2**bits - 2 ** (bits - 1)

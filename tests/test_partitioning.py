@@ -56,6 +56,7 @@ def _transform(transform: Any, source_type: Any, value: Any) -> Any:
     return transform.transform(source_type)(raw)
 
 
+@pytest.mark.spark
 def test_partitioned_by_creates_the_spec_and_writes_one_partition_per_file(stream: Stream) -> None:
     stream.add_input(files=3, rows_per_file=200)
     stream.run(partitioned_by="days(ts), bucket(4, id), truncate(user, 6)")
@@ -78,6 +79,7 @@ def test_partitioned_by_creates_the_spec_and_writes_one_partition_per_file(strea
     assert all(re.search(r"/ts_day=2024-0[23]-\d\d/", p) and "/id_bucket_4=" in p for p in paths), paths[:3]
 
 
+@pytest.mark.spark
 def test_duckdb_partition_filter_returns_what_a_full_scan_filtered_returns(stream: Stream) -> None:
     stream.add_input(files=2, rows_per_file=300)
     stream.run(partitioned_by="days(ts), bucket(8, id)")
@@ -94,6 +96,7 @@ def test_duckdb_partition_filter_returns_what_a_full_scan_filtered_returns(strea
     assert interop.duckdb_query(location, f"SELECT id FROM t WHERE id = {one}").column("id").to_pylist() == [one]
 
 
+@pytest.mark.spark
 def test_writing_into_a_table_whose_spec_evolved_uses_the_current_spec(stream: Stream, catalog: Any) -> None:
     stream.add_input(files=1, rows_per_file=100)
     stream.run(partitioned_by="days(ts)")
@@ -110,6 +113,7 @@ def test_writing_into_a_table_whose_spec_evolved_uses_the_current_spec(stream: S
     stream.assert_exactly_once()
 
 
+@pytest.mark.spark
 def test_partitioned_by_that_differs_from_the_existing_table_fails_at_start(stream: Stream) -> None:
     stream.add_input(files=1, rows_per_file=10)
     stream.run(partitioned_by="days(ts)")
@@ -120,6 +124,7 @@ def test_partitioned_by_that_differs_from_the_existing_table_fails_at_start(stre
     assert stream.table.metadata_location == before
 
 
+@pytest.mark.spark
 def test_partitioned_by_naming_a_missing_column_or_a_wrong_type_fails_before_the_table_exists(
     stream: Stream, catalog: Any
 ) -> None:
@@ -183,6 +188,7 @@ def test_bad_partitioned_by_syntax_is_rejected_when_options_are_parsed() -> None
     assert str(e.value) == "option 'partitioned-by': bucket() takes a number and a column, e.g. bucket(16, id); got 'bucket(id)'"
 
 
+@pytest.mark.spark
 def test_ids_survive_partitioned_complete_mode(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
     s = Stream(spark, tmp_path, catalog_properties, "foreach", mode="complete")
     s.add_input(files=2, rows_per_file=50)

@@ -78,7 +78,7 @@ def test_pushed_filters_skip_files_by_column_statistics(table: Any, catalog_prop
         reader = source.reader(schema)
         assert isinstance(reader, LakesinkReader)
         assert list(reader.pushFilters(filters)) == filters  # Spark re-checks every filter on the rows read
-        return sum(len(p.tasks) for p in reader.partitions())  # type: ignore[attr-defined]
+        return sum(len(p.tasks) for p in reader.partitions())  # type: ignore[attr-defined,misc]
 
     assert files([]) == 4
     assert files([GreaterThanOrEqual(("id",), 25)]) == 2  # files 20-29 and 30-39

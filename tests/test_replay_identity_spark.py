@@ -36,14 +36,6 @@ from tests.helpers import (
 pytestmark = pytest.mark.spark
 
 
-def _wait(cond: Any, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.1)
-
-
 class Pipeline:
     def __init__(self, spark: Any, tmp_path: Path, props: dict[str, str]):
         self.spark, self.props = spark, props
@@ -168,7 +160,7 @@ def test_stop_during_commit_never_deletes_files_of_a_commit_that_lands(
     p.add(2)
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     q = p.writer("format", p.source(1)).start()
-    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))  # commit() of batch 0 wrote its manifests, swap pending
+    faults.wait_reached(DRIVER_BEFORE_SWAP)  # commit() of batch 0 wrote its manifests, swap pending
     stopper = threading.Thread(target=q.stop)
     stopper.start()
     time.sleep(5)  # give Spark time to interrupt the batch and run its abort in another worker

@@ -37,6 +37,7 @@ def _metadata_versions(table: Any) -> int:
     return len(table.metadata.metadata_log) + 1
 
 
+@pytest.mark.spark
 def test_merge_schema_adds_columns_and_widens_in_the_same_commit_as_the_data(stream: Stream) -> None:
     stream.add_input(files=1, rows_per_file=20)
     stream.run()
@@ -66,6 +67,7 @@ def test_merge_schema_adds_columns_and_widens_in_the_same_commit_as_the_data(str
     assert all(notes[i] == f"n{i}" and kinds[i] == 2**40 + i for i in stream.sent[20:])
 
 
+@pytest.mark.spark
 def test_without_merge_schema_a_new_column_fails_at_start_and_changes_nothing(stream: Stream) -> None:
     stream.add_input(files=1, rows_per_file=20)
     stream.run()
@@ -81,6 +83,7 @@ def test_without_merge_schema_a_new_column_fails_at_start_and_changes_nothing(st
     stream.assert_exactly_once()
 
 
+@pytest.mark.spark
 def test_columns_in_another_order_missing_optional_and_promoted_types(stream: Stream) -> None:
     stream.add_input(files=1, rows_per_file=20)
     stream.run()

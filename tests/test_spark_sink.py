@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -140,7 +139,7 @@ def test_other_writer_between_check_and_swap(spark: Any, tmp_path: Path, catalog
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     q = s.start()
     try:
-        _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+        faults.wait_reached(DRIVER_BEFORE_SWAP)
         other = s.table
         other_rows = other.scan().to_arrow().schema.empty_table()
         import pyarrow as pa
@@ -243,11 +242,6 @@ def test_checkpoint_in_a_new_folder_is_a_new_query(spark: Any, tmp_path: Path, c
     assert first_query != s.query_id
 
 
-def _wait(cond: Any, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
 
 
 _ = threading  # (threads are Spark's here)
@@ -266,7 +260,7 @@ def test_partition_spec_change_during_a_run_is_a_clear_conflict(
     faults.arm(DRIVER_BEFORE_CHECK, "pause")
     q = s.start()
     try:
-        _wait(lambda: faults.reached(DRIVER_BEFORE_CHECK))
+        faults.wait_reached(DRIVER_BEFORE_CHECK)
         with s.table.update_spec() as spec:
             spec.add_field("kind", IdentityTransform(), "kind")
         faults.release(DRIVER_BEFORE_CHECK)

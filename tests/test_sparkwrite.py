@@ -9,6 +9,7 @@ import datetime as dt
 import decimal
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,8 @@ import lakesink
 from lakesink import catalogs, interop
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_BEFORE_SWAP
-from lakesink.maintenance import LAKESINK_BATCH_DIRECTORY, LAKESINK_DATA_FILE, remove_orphan_files
+from lakesink.maintenance import remove_orphan_files
+from lakesink.names import BatchDirectoryName, DataFileName
 from lakesink.options import SinkOptions, WriterKind
 from lakesink.sparkwrite import SPARKWRITE_AFTER_FILES, SPARKWRITE_BEFORE_WRITE
 from tests.helpers import (
@@ -44,9 +46,12 @@ from tests.helpers import (
     data_files_on_disk,
     lakesink_snapshots,
     referenced_data_files,
+    run_to_end,
     table_ids,
+    wait_until,
 )
 from tests.test_interop import normalized
+from tests.test_maintenance import assert_intact, kind, on_disk, paths, reachable
 
 pytestmark = pytest.mark.spark
 
@@ -54,22 +59,19 @@ TABLE = ("db", "fast")
 
 
 def _run(df: DataFrame, ck: Path, props: dict[str, str], writer: str = "spark", **kw: Any) -> None:
-    q = (
-        df.writeStream.foreachBatch(lakesink.foreach_batch("db.fast", catalog_properties=props, writer=writer, **kw))
+    run_to_end(
+        df.writeStream.foreachBatch(lakesink.foreach_batch("db.fast", catalog_properties=props, writer=writer, **kw))  # type: ignore[arg-type]
         .option("checkpointLocation", str(ck))
         .trigger(availableNow=True)
         .start()
     )
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
 
 
 def _stream_of(spark: Any, data: DataFrame, folder: Path, files: int = 2) -> DataFrame:
     """``data`` as a replayable file source of ``files`` Parquet files, one per batch."""
     data.repartition(files).write.parquet(str(folder))
-    return spark.readStream.schema(data.schema).option("maxFilesPerTrigger", 1).parquet(str(folder))
+    stream: DataFrame = spark.readStream.schema(data.schema).option("maxFilesPerTrigger", 1).parquet(str(folder))
+    return stream
 
 
 def _table(props: dict[str, str]) -> Any:
@@ -121,7 +123,7 @@ def test_round_trip_identical_through_pyiceberg_duckdb_and_iceberg_rust(
     root = _data_root(table)
     on_disk = _everything_under(root)
     dirs = {p for p in on_disk if "/" not in p}
-    assert len(dirs) == 2 and all(LAKESINK_BATCH_DIRECTORY.match(d) for d in dirs), dirs
+    assert len(dirs) == 2 and all(BatchDirectoryName.parse(d) for d in dirs), dirs
     assert {p for p in on_disk if p not in dirs} == {p.removeprefix(f"file://{root}/") for p in referenced_data_files(table)}
     assert all(p.endswith(".zstd.parquet") for p in on_disk - dirs)
 
@@ -188,7 +190,7 @@ def test_reorder_promote_and_null_fill(spark: Any, tmp_path: Path, catalog_prope
         assert r["s"] == (None if i % 9 == 0 else {"missing": None, "b": i, "a": f"a{i}"})
         assert r["ts"] == dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=i)
     top = {p for p in _everything_under(_data_root(_table(catalog_properties))) if "/" not in p}
-    assert top and all(LAKESINK_BATCH_DIRECTORY.match(p) for p in top)
+    assert top and all(BatchDirectoryName.parse(p) for p in top)
 
 
 def test_null_in_a_not_null_column_fails_the_batch_before_anything_is_committed(
@@ -222,8 +224,12 @@ def test_required_column_written_by_spark_reads_back_everywhere(
     cat.create_table(TABLE, schema=Schema(NestedField(1, "id", LongType(), required=True)))
     _run(_stream_of(spark, spark.range(30), tmp_path / "src", files=1), tmp_path / "ck", catalog_properties)
     table = _table(catalog_properties)
-    for read in (lambda: table.scan().to_arrow(), lambda: interop.duckdb_read(table.metadata_location),
-                 lambda: interop.iceberg_rust_read(table.metadata_location)):  # fmt: skip
+    readers: list[Callable[[], pa.Table]] = [
+        lambda: table.scan().to_arrow(),
+        lambda: interop.duckdb_read(table.metadata_location),
+        lambda: interop.iceberg_rust_read(table.metadata_location),
+    ]
+    for read in readers:
         assert sorted(read().column("id").to_pylist()) == list(range(30))
 
 
@@ -324,7 +330,7 @@ def test_auto_uses_the_arrow_path_for_lists_and_spark_refuses_them(
     table = _table(catalog_properties)
     assert sorted((r["id"], r["pair"]) for r in table.scan().to_arrow().to_pylist()) == [(i, [i, i + 1]) for i in range(20)]
     names = [Path(p).name for p in referenced_data_files(table)]
-    assert names and all(LAKESINK_DATA_FILE.match(n) for n in names)  # written by lakesink.executor
+    assert names and all(DataFileName.parse(n) for n in names)  # written by lakesink.executor
 
 
 def test_writer_option_is_validated() -> None:
@@ -361,6 +367,38 @@ def test_orphan_clean_up_keeps_an_in_flight_spark_batch_directory(
     assert table_ids(s.table) == Counter(s.sent)
 
 
+def test_orphan_clean_up_during_a_spark_batch_before_its_swap_keeps_everything_it_commits(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """A Spark-path batch paused between writing its manifests and its swap; a clean-up with older_than=0 meanwhile."""
+    s = Stream(spark, tmp_path, catalog_properties, "foreach")
+    s.add_input(files=1)
+    s.run(writer="spark")
+    s.add_input(files=1)
+    table = s.table
+    before = on_disk(table)
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    q = s.start(writer="spark")
+    try:
+        wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=300)
+        pending = on_disk(table) - before  # the batch's part-* files, its manifest and its manifest list
+        assert {kind(p) for p in pending} == {"data", "manifest", "manifest-list"}, pending
+        report = remove_orphan_files(table, older_than=dt.timedelta(0))
+        assert report.removed == (), {f.path: f.kind for f in report.removed}
+        assert paths(report.kept_in_flight) == pending
+        assert pending <= on_disk(table)
+    finally:
+        faults.release(DRIVER_BEFORE_SWAP)
+        try:
+            q.awaitTermination(300)
+        finally:
+            q.stop()
+    table = s.table
+    assert pending <= reachable(table)
+    assert_intact(table)
+    s.assert_exactly_once()
+
+
 def test_target_file_size_rolls_files_from_the_second_batch(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
 ) -> None:
@@ -384,7 +422,8 @@ def test_target_file_size_rolls_files_from_the_second_batch(
 def test_which_tables_the_spark_path_writes() -> None:
     from pyiceberg.types import FixedType, ListType, MapType, TimeType, UUIDType
 
-    from lakesink.sparkwrite import spark_location, unsupported_reason
+    from lakesink.sparkwrite import unsupported_reason
+    from lakesink.storage import spark_location
 
     ok = Schema(
         NestedField(1, "id", LongType(), required=True),

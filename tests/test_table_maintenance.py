@@ -14,11 +14,15 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyiceberg.table import Table
 
+from lakesink import _pyiceberg as seam
 from lakesink import compaction, expiry
 from lakesink.driver import Outcome, TableCommitter
 from lakesink.errors import InvalidOptionError
@@ -59,7 +63,7 @@ def _missing_referenced_files(table: Table) -> list[str]:
     """Every file any snapshot of the table references that is not on disk (must be empty)."""
     table.refresh()
     missing = []
-    lists, manifests, files = compaction.seam.reachable_files(table, table.metadata.snapshots, live_only=True)
+    lists, manifests, files = seam.reachable_files(table, table.metadata.snapshots, live_only=True)
     for p in sorted(lists | manifests | files):
         if not os.path.exists(p.removeprefix("file://")):
             missing.append(p)
@@ -69,10 +73,10 @@ def _missing_referenced_files(table: Table) -> list[str]:
 def _live_files(table: Table) -> list[str]:
     table.refresh()
     head = table.current_snapshot()
-    return [f.file_path for f, _ in compaction.seam.data_file_entries(table, head)] if head else []
+    return [f.file_path for f, _ in seam.data_file_entries(table, head)] if head else []
 
 
-def _wait(cond, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+def _wait(cond: Callable[[], bool], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, "timed out"
@@ -99,8 +103,6 @@ def test_default_format_version_is_2(catalog_properties: dict[str, str]) -> None
 
 
 def test_format_version_3_is_refused_while_pyiceberg_cannot_write_it(catalog_properties: dict[str, str]) -> None:
-    from lakesink import _pyiceberg as seam
-
     c = TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties, format_version=3))
     if seam.writes_format_version(3):
         c.open_table(SCHEMA)
@@ -198,8 +200,8 @@ def test_compaction_partitioned_table_packs_per_partition(catalog_properties: di
 
 
 def test_batch_committing_during_compaction_wins_and_compaction_lands_after_it(
-    catalog_properties: dict[str, str], faults
-) -> None:  # type: ignore[no-untyped-def]
+    catalog_properties: dict[str, str], faults: Any
+) -> None:
     c = _committer(catalog_properties)
     sent = _batches(c, 5)
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
@@ -218,7 +220,9 @@ def test_batch_committing_during_compaction_wins_and_compaction_lands_after_it(
     assert _missing_referenced_files(table) == []
 
 
-def test_compaction_gives_up_cleanly_when_a_rewritten_file_is_no_longer_live(catalog_properties: dict[str, str], faults) -> None:  # type: ignore[no-untyped-def]
+def test_compaction_gives_up_cleanly_when_a_rewritten_file_is_no_longer_live(
+    catalog_properties: dict[str, str], faults: Any
+) -> None:
     c = _committer(catalog_properties)
     sent = _batches(c, 5)
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
@@ -253,7 +257,7 @@ raise SystemExit("not killed")
 
 
 @pytest.mark.parametrize("point", [DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP])
-def test_kill_9_during_compaction_leaves_a_consistent_table(catalog_properties: dict[str, str], faults, point: str) -> None:  # type: ignore[no-untyped-def]
+def test_kill_9_during_compaction_leaves_a_consistent_table(catalog_properties: dict[str, str], faults: Any, point: str) -> None:
     c = _committer(catalog_properties)
     sent = _batches(c, 5)
     faults.arm(point, "kill")
@@ -339,14 +343,12 @@ def test_expiry_dry_run_and_default_properties_keep_young_snapshots(catalog_prop
     assert len(load(c).snapshots()) == 3
 
 
-def _now():  # type: ignore[no-untyped-def]
-    from datetime import datetime, timezone
-
+def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
 @pytest.mark.parametrize("point", [DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP])
-def test_kill_9_during_expiry_leaves_every_referenced_file(catalog_properties: dict[str, str], faults, point: str) -> None:  # type: ignore[no-untyped-def]
+def test_kill_9_during_expiry_leaves_every_referenced_file(catalog_properties: dict[str, str], faults: Any, point: str) -> None:
     c = _expiring(catalog_properties, 2)
     sent = _batches(c, 5)
     faults.arm(point, "kill")
@@ -415,7 +417,7 @@ def test_maintenance_off_never_runs(catalog_properties: dict[str, str]) -> None:
     assert c.maintainer.runs == 0 and len(_live_files(load(c))) == 6
 
 
-def test_a_batch_committing_makes_background_maintenance_yield(catalog_properties: dict[str, str], faults) -> None:  # type: ignore[no-untyped-def]
+def test_a_batch_committing_makes_background_maintenance_yield(catalog_properties: dict[str, str], faults: Any) -> None:
     """The batch always wins: while a batch of the sink is between its check and its swap, a maintenance swap
     of the same sink does not go ahead (it yields and retries); the batch lands at its first attempt."""
     c = _committer(catalog_properties, table_properties={"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "10"})
@@ -440,7 +442,7 @@ def test_a_batch_committing_makes_background_maintenance_yield(catalog_propertie
 # --- command line and Python functions ---------------------------------------------------------------
 
 
-def _cli(props: dict[str, str], *args: str):  # type: ignore[no-untyped-def]
+def _cli(props: dict[str, str], *args: str) -> Any:
     from click.testing import CliRunner
 
     from lakesink.cli import main

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ import lakesink
 from lakesink import catalogs, interop
 from lakesink.errors import SchemaMismatchError
 from lakesink.schema import arrow_schema_of
-from tests.helpers import Stream
+from tests.helpers import Stream, run_to_end
 from tests.interop_values import differences, plain_rows, plain_values
 
 TABLE = "db.types"
@@ -388,13 +388,9 @@ def run_stream(stream: Stream, df: Any, table: str, **options: str) -> None:
         for k, v in options.items():
             w = w.option(k, v)
     else:
-        kwargs = {k.replace("-", "_"): v for k, v in options.items()}
+        kwargs: dict[str, Any] = {k.replace("-", "_"): v for k, v in options.items()}
         w = df.writeStream.foreachBatch(lakesink.foreach_batch(table, catalog_properties=stream.props, **kwargs))
-    q = w.option("checkpointLocation", str(stream.ck)).trigger(availableNow=True).start()
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(w.option("checkpointLocation", str(stream.ck)).trigger(availableNow=True).start())
 
 
 pytestmark = pytest.mark.spark
@@ -425,7 +421,7 @@ def with_known_reader_bugs(reader: str, expected: list[dict[str, Any]]) -> list[
     return out
 
 
-READERS = {
+READERS: dict[str, Callable[[Any], pa.Table]] = {
     "pyiceberg": lambda table: table.scan().to_arrow(),
     "duckdb": lambda table: interop.duckdb_read(table.metadata_location),
     "iceberg-rust": lambda table: interop.iceberg_rust_read(table.metadata_location),
@@ -505,9 +501,9 @@ def check_statistics(table: Any, tasks: list[Any]) -> None:
             if not finite:
                 assert fid not in (f.lower_bounds or {}) and fid not in (f.upper_bounds or {}), name
                 continue
-            lower = from_bytes(field.field_type, f.lower_bounds[fid])
+            lower: Any = from_bytes(field.field_type, f.lower_bounds[fid])
             raw_upper = (f.upper_bounds or {}).get(fid)
-            upper = from_bytes(field.field_type, raw_upper) if raw_upper is not None else None
+            upper: Any = from_bytes(field.field_type, raw_upper) if raw_upper is not None else None
             low, high = _stat_value(min(finite, key=_key)), _stat_value(max(finite, key=_key))
             if isinstance(field.field_type, StringType):
                 assert lower == low[:16], name  # a prefix is a valid lower bound
@@ -635,7 +631,7 @@ def _compare(a: Any, op: str, b: Any, numeric: bool) -> bool:
         a, b = float(a), float(b)
     else:
         a, b = _key(a), _key(b)
-    return {"=": a == b, "<=": a <= b, ">=": a >= b}[op]
+    return bool({"=": a == b, "<=": a <= b, ">=": a >= b}[op])
 
 
 # --- types Iceberg cannot hold: a clear error at query start -----------------------------------------------

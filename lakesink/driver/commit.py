@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pyiceberg.table import Table
 
 from lakesink import _pyiceberg as seam
+from lakesink import storage
 from lakesink.driver.swap import RetriesExhausted, Status, SwapResult, swap_with_recheck
 from lakesink.driver.tables import SinkTable
 from lakesink.errors import (
@@ -203,7 +204,7 @@ class TableCommitter(SinkTable):
             result = self._swap(table, batch, prepare, what)
         except RetriesExhausted as e:
             raise CommitConflictError(
-                f"{what} conflicted with other writers {e.attempts} time(s); restarting the query replays the batch"
+                f"{what} failed {e.attempts} time(s) ({e.describe()}); restarting the query replays the batch"
             ) from e.last
         if result.status is Status.ALREADY_COMMITTED:
             assert result.done is not None
@@ -264,7 +265,7 @@ class TableCommitter(SinkTable):
         except RetriesExhausted as e:
             self._delete(table, batch.paths, reason="commit retries exhausted")
             raise CommitConflictError(
-                f"{what} conflicted with other writers {e.attempts} time(s) (commit.retry.num-retries="
+                f"{what} failed {e.attempts} time(s) ({e.describe()}; commit.retry.num-retries="
                 f"{settings.commit_retry.num_retries}); nothing was committed and its files were deleted; restarting "
                 "the query replays the batch"
             ) from e.last
@@ -481,9 +482,7 @@ class TableCommitter(SinkTable):
     def _delete(self, table: Table, paths: Sequence[str], *, reason: str) -> None:
         for path in paths:
             try:
-                seam.delete_file(table.io, path)
-            except FileNotFoundError:
-                pass
+                storage.delete_file(table.io, path)  # a file already gone (an earlier abort) is no error
             except Exception as e:
                 log.warning("lakesink: could not delete %s (%s); an orphan clean-up collects it", path, self.redact(e))
         if paths:

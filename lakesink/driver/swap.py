@@ -68,10 +68,19 @@ class SwapResult:
 class RetriesExhausted(LakesinkError):
     """Every attempt's swap conflicted with another writer (callers turn it into CommitConflictError)."""
 
-    def __init__(self, attempts: int, last: BaseException | None):
+    def __init__(self, attempts: int, last: BaseException | None, locked: int = 0):
         super().__init__(f"{attempts} attempt(s) conflicted")
         self.attempts = attempts
         self.last = last
+        self.locked = locked
+
+    def describe(self) -> str:
+        """Why the attempts failed, for the error message: lost swaps, or a catalog that refused the write."""
+        if self.locked and self.locked == self.attempts:
+            return f"the catalog refused every attempt's write, last: {self.last}"
+        if self.locked:
+            return f"conflicted with other writers, and the catalog refused {self.locked} attempt(s)' write, last: {self.last}"
+        return "conflicted with other writers"
 
 
 class _Conflict(Exception):
@@ -131,6 +140,7 @@ def swap_with_recheck(
     the caller decides about the batch's data files.
     """
     attempts = 0
+    refused = 0  # attempts whose swap failed with an error (settled as not landed), not a clean conflict
     table = first
     try:
         for attempt in _retrying(retry):
@@ -166,6 +176,7 @@ def swap_with_recheck(
                     )
                     if settled is Settled.NOT_LANDED:
                         prepared.discard()
+                        refused += 1
                         raise _Conflict(f"commit failed and did not land: {redact(e)}") from e
                     if settled is Settled.BY_OTHER:
                         prepared.discard()
@@ -179,5 +190,5 @@ def swap_with_recheck(
                 fault_point(DRIVER_AFTER_SWAP)
                 return SwapResult(Status.LANDED, attempts, snapshot_id=prepared.snapshot_id)
     except RetryError as e:
-        raise RetriesExhausted(attempts, e.last_attempt.exception()) from None
+        raise RetriesExhausted(attempts, e.last_attempt.exception(), refused) from None
     raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,60 @@
+"""The one place lakesink relies on pyspark internals (not its public API).
+
+Like :mod:`lakesink._pyiceberg` for pyiceberg: every use of a private pyspark name, of the JVM
+objects behind a Python object (``_jsq``, ``_jvm``, ``_jsparkSession``, ``_jdf``) or of pyspark's
+own module layout lives here, so that a pyspark upgrade is checked in one file (and in
+``tests/test_seam_contract.py``, which pins each of them). Each function says the pyspark version it
+was checked on and what it relies on.
+
+This module imports nothing from lakesink and only the pyspark modules the data source writer
+already needs, so both the executor side and the driver side may use it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pyspark.sql import SparkSession
+
+STREAMING_SINK_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
+"""The module of the Python worker in which Spark commits or aborts a streaming data source write."""
+
+
+def in_streaming_sink_runner() -> bool:
+    """Whether this call comes from Spark's streaming sink runner (a commit or abort of a Python data source).
+
+    Checked on pyspark 4.3.0. Relies on: Spark re-creating the data source writer with
+    ``DataSource.streamWriter()`` from ``pyspark.sql.worker.python_streaming_sink_runner._main`` for
+    every commit and abort (no argument or flag tells the writer why it is made), so the call stack
+    is the only sign; on ``sys._getframe`` (CPython) and on that module keeping its name.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == STREAMING_SINK_RUNNER:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def running_query_checkpoint(spark: SparkSession, query_id: str) -> str | None:
+    """The resolved checkpoint root of the running streaming query ``query_id`` (classic Spark, not Connect).
+
+    Checked on pyspark 4.3.0. Relies on: ``StreamingQuery._jsq`` (the JVM ``StreamingQueryWrapper``),
+    its ``streamingQuery()`` (the JVM ``StreamExecution``) and that object's
+    ``resolvedCheckpointRoot()``; and on ``SparkSession._instantiatedSession`` (the first session of
+    this process). pyspark has no public API for a query's checkpoint location. None when the query is
+    not found or any of that is missing (Spark Connect has no JVM objects in Python).
+    """
+    # foreachBatch hands over a clone of the session; the query is registered with the session that
+    # started it, usually the active or the first session of this process.
+    candidates = [spark, SparkSession.getActiveSession(), getattr(SparkSession, "_instantiatedSession", None)]
+    for session in candidates:
+        if session is None:
+            continue
+        try:
+            query = session.streams.get(query_id)
+            if query is not None:
+                return str(query._jsq.streamingQuery().resolvedCheckpointRoot())
+        except Exception:
+            continue
+    return None

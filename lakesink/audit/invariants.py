@@ -1,0 +1,297 @@
+"""The exactly-once invariants of a branch's history, checked from the catalog (:func:`verify`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+
+from lakesink.audit.manifests import Manifests
+from lakesink.audit.snapshots import ancestry, lakesink_key, opt_int_property, progress, sink_of, summary_of
+from lakesink.properties import (
+    MAIN_BRANCH,
+    SUMMARY_PREVIOUS_BATCH_ID,
+    last_committed_batch,
+)
+
+DUPLICATE_BATCH = "duplicate-batch"
+BATCH_GAP = "batch-gap"
+MARKER_BEHIND = "marker-behind"
+MISSING_FILE = "missing-file"
+FILE_SIZE = "file-size"
+SUMMARY_MISMATCH = "summary-mismatch"
+UNREADABLE_MANIFEST = "unreadable-manifest"
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant."""
+
+    kind: str
+    message: str
+    snapshot_id: int | None = None
+
+
+@dataclass(frozen=True)
+class QueryBatches:
+    """What verify saw of one streaming query's batches."""
+
+    query_id: str
+    snapshots: int
+    first_batch: int
+    last_batch: int
+    empty_batches: int
+    """Batch ids without a snapshot that the query recorded as empty."""
+    sink_id: str | None = None
+    """The sink of the query these batches belong to (a query writing one table through several sinks has one
+    entry per sink; None: its default sink)."""
+
+
+@dataclass
+class VerifyReport:
+    """The result of :func:`verify`."""
+
+    table: str
+    branch: str
+    head_snapshot_id: int | None
+    snapshots_checked: int
+    files_checked: int
+    queries: list[QueryBatches] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+    def human(self) -> str:
+        lines = [
+            f"{'OK' if self.ok else 'FAILED'}: table {self.table}, branch {self.branch}, head snapshot "
+            f"{self.head_snapshot_id}: {self.snapshots_checked} snapshot(s), {self.files_checked} data file(s) checked, "
+            f"{len(self.violations)} violation(s)"
+        ]
+        for q in self.queries:
+            lines.append(
+                f"  query {_who(q.query_id, q.sink_id)}: batches {q.first_batch}..{q.last_batch} in {q.snapshots} snapshot(s), "
+                f"{q.empty_batches} empty batch(es) accounted"
+            )
+        for v in self.violations:
+            lines.append(f"  {v.kind}: {v.message}")
+        return "\n".join(lines)
+
+
+def verify(
+    table: Table,
+    *,
+    branch: str = MAIN_BRANCH,
+    check_files: bool = True,
+    show_progress: bool | None = None,
+) -> VerifyReport:
+    """Check the exactly-once invariants of ``branch``'s history.
+
+    1. each (query id, batch id) is in at most one snapshot;
+    2. no gaps in a query's batch ids: a batch id without a snapshot must have been recorded as empty
+       (``lakesink.previous-batch-id`` of the next snapshot, or the marker), and the marker is not behind;
+    3. every live data file exists with the size its manifest records (``check_files``);
+    4. each snapshot's summary agrees with its manifests (files and records added and deleted, totals).
+    """
+    name = ".".join(table.name())
+    snapshots = ancestry(table, branch)
+    head = snapshots[-1] if snapshots else None
+    report = VerifyReport(name, branch, head.snapshot_id if head else None, len(snapshots), 0)
+    if head is None and branch not in table.metadata.refs and branch != MAIN_BRANCH:
+        report.violations.append(Violation("no-branch", f"branch {branch!r} does not exist"))
+        return report
+    _check_batches(table, snapshots, branch, report)
+    manifests = Manifests(table, show_progress=show_progress)
+    _check_summaries(table, snapshots, manifests, report, show_progress)
+    if check_files and head is not None:
+        _check_files(table, head, manifests, report, show_progress)
+    return report
+
+
+def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, report: VerifyReport) -> None:
+    """Every (query, sink, batch) in at most one snapshot; each sink's batch ids without an unexplained gap."""
+    by_key: dict[tuple[str, str | None, int], list[int]] = {}
+    by_sink: dict[tuple[str, str | None], list[Snapshot]] = {}
+    for s in snapshots:
+        key = lakesink_key(s)
+        if key is not None:
+            sink = sink_of(s)
+            by_key.setdefault((key[0], sink, key[1]), []).append(s.snapshot_id)
+            by_sink.setdefault((key[0], sink), []).append(s)
+    for (query_id, sink, batch_id), ids in by_key.items():
+        if len(ids) > 1:
+            report.violations.append(
+                Violation(
+                    DUPLICATE_BATCH,
+                    f"batch {batch_id} of query {_who(query_id, sink)} was committed {len(ids)} times, in snapshots "
+                    f"{', '.join(map(str, ids))}",
+                    ids[-1],
+                )
+            )
+    for (query_id, sink), mine in by_sink.items():
+        who = _who(query_id, sink)
+        batches = sorted({k[1] for s in mine if (k := lakesink_key(s)) is not None})
+        empty = 0
+        seen_last: int | None = None
+        for s in sorted(mine, key=lambda s: (lakesink_key(s) or ("", 0))[1]):
+            batch = (lakesink_key(s) or ("", 0))[1]
+            if batch == seen_last:
+                continue
+            previous = opt_int_property(summary_of(s), SUMMARY_PREVIOUS_BATCH_ID)
+            if previous is not None and seen_last is not None and previous < seen_last:
+                report.violations.append(
+                    Violation(
+                        BATCH_GAP,
+                        f"batch {batch} of query {who} (snapshot {s.snapshot_id}) records previous batch {previous}, "
+                        f"but batch {seen_last} was committed before it",
+                        s.snapshot_id,
+                    )
+                )
+            elif previous is not None:
+                lost = list(range(previous + 1, batch))
+                empty += max(0, previous - (seen_last if seen_last is not None else -1))
+                if lost:
+                    report.violations.append(
+                        Violation(
+                            BATCH_GAP,
+                            f"query {who}: batch id(s) {_ranges(lost)} missing before batch {batch} (snapshot "
+                            f"{s.snapshot_id}), which records batch {previous} as the previous one: lost, not empty",
+                            s.snapshot_id,
+                        )
+                    )
+            elif seen_last is not None and batch != seen_last + 1:
+                report.violations.append(
+                    Violation(
+                        BATCH_GAP,
+                        f"query {who}: batch id(s) {_ranges(list(range(seen_last + 1, batch)))} missing before batch "
+                        f"{batch} (snapshot {s.snapshot_id}), and no empty batch was recorded",
+                        s.snapshot_id,
+                    )
+                )
+            seen_last = batch
+        marker = last_committed_batch(table.properties, query_id, sink)
+        if marker is not None and marker.branch == branch and seen_last is not None:
+            if marker.batch_id < seen_last:
+                report.violations.append(
+                    Violation(
+                        MARKER_BEHIND,
+                        f"query {who}: the replay marker names batch {marker.batch_id} but batch {seen_last} is "
+                        "committed (a restart would commit those batches again)",
+                    )
+                )
+            elif marker.empty:
+                empty += marker.batch_id - seen_last
+        report.queries.append(QueryBatches(query_id, len(mine), batches[0], batches[-1], empty, sink))
+
+
+def _who(query_id: str, sink: str | None) -> str:
+    return f"{query_id} (sink {sink})" if sink else query_id
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    return f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}..{ids[-1]}"
+
+
+_SUMMARY_KEYS = (
+    ("added-data-files", lambda added, deleted: len(added)),
+    ("deleted-data-files", lambda added, deleted: len(deleted)),
+    ("added-records", lambda added, deleted: sum(f.record_count for f in added)),
+    ("deleted-records", lambda added, deleted: sum(f.record_count for f in deleted)),
+    ("added-files-size", lambda added, deleted: sum(f.file_size_in_bytes for f in added)),
+)
+
+
+def _check_summaries(
+    table: Table, snapshots: Sequence[Snapshot], manifests: Manifests, report: VerifyReport, show_progress: bool | None
+) -> None:
+    totals: dict[int, tuple[int, int]] = {}
+    for s in progress(list(snapshots), "checking snapshot summaries", enabled=show_progress):
+        try:
+            added, deleted = manifests.changes(s)
+        except Exception as e:
+            report.violations.append(
+                Violation(UNREADABLE_MANIFEST, f"snapshot {s.snapshot_id}: its manifests cannot be read ({e})", s.snapshot_id)
+            )
+            continue
+        props = summary_of(s)
+        for key, compute in _SUMMARY_KEYS:
+            recorded = opt_int_property(props, key)
+            actual = compute(added, deleted)
+            if (recorded or 0) != actual:
+                report.violations.append(
+                    Violation(
+                        SUMMARY_MISMATCH,
+                        f"snapshot {s.snapshot_id}: summary {key} is {recorded}, its manifests say {actual}",
+                        s.snapshot_id,
+                    )
+                )
+        files = len(added) - len(deleted)
+        records = sum(f.record_count for f in added) - sum(f.record_count for f in deleted)
+        if s.summary is not None and s.summary.operation.value == "replace" and records != 0:
+            report.violations.append(
+                Violation(
+                    SUMMARY_MISMATCH,
+                    f"snapshot {s.snapshot_id}: a replace (compaction) must keep the rows, but it adds "
+                    f"{sum(f.record_count for f in added)} and removes {sum(f.record_count for f in deleted)}",
+                    s.snapshot_id,
+                )
+            )
+        # a snapshot without parent is the table's first one, unless its parent was expired (pyiceberg clears the
+        # parent id of the oldest snapshot kept; its sequence number then tells it from the first one)
+        is_root = s.parent_snapshot_id is None and (s.sequence_number or 0) <= 1
+        parent = totals.get(s.parent_snapshot_id) if s.parent_snapshot_id is not None else (0, 0) if is_root else None
+        recorded_files, recorded_records = opt_int_property(props, "total-data-files"), opt_int_property(props, "total-records")
+        if parent is not None:
+            expected = (parent[0] + files, parent[1] + records)
+            for key, recorded, want in (
+                ("total-data-files", recorded_files, expected[0]),
+                ("total-records", recorded_records, expected[1]),
+            ):
+                if recorded is not None and recorded != want:
+                    report.violations.append(
+                        Violation(
+                            SUMMARY_MISMATCH,
+                            f"snapshot {s.snapshot_id}: summary {key} is {recorded}, its parent's total and its manifests "
+                            f"say {want}",
+                            s.snapshot_id,
+                        )
+                    )
+            totals[s.snapshot_id] = expected
+        elif recorded_files is not None and recorded_records is not None:
+            totals[s.snapshot_id] = (recorded_files, recorded_records)  # parent expired: start from its summary
+
+
+def _check_files(table: Table, head: Snapshot, manifests: Manifests, report: VerifyReport, show_progress: bool | None) -> None:
+    try:
+        live = manifests.live_files(head)
+    except Exception as e:
+        report.violations.append(
+            Violation(UNREADABLE_MANIFEST, f"snapshot {head.snapshot_id}: its manifests cannot be read ({e})", head.snapshot_id)
+        )
+        return
+    for path, (data_file, added_by) in progress(sorted(live.items()), "checking data files", enabled=show_progress):
+        report.files_checked += 1
+        where = f"(added by snapshot {added_by})"
+        try:
+            size = len(table.io.new_input(path))
+        except FileNotFoundError:
+            report.violations.append(Violation(MISSING_FILE, f"data file {path} {where} does not exist", added_by))
+            continue
+        except Exception as e:
+            report.violations.append(Violation(MISSING_FILE, f"data file {path} {where} cannot be read: {e}", added_by))
+            continue
+        if size != data_file.file_size_in_bytes:
+            report.violations.append(
+                Violation(
+                    FILE_SIZE,
+                    f"data file {path} {where} is {size} bytes, its manifest records {data_file.file_size_in_bytes}",
+                    added_by,
+                )
+            )

@@ -1,0 +1,200 @@
+"""Points in a table's history (a snapshot id, a timestamp, a batch) and the table as of one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+
+from lakesink.audit.snapshots import ancestry, lakesink_key, opt_int_property, summary_of
+from lakesink.errors import AuditError
+from lakesink.properties import (
+    MAIN_BRANCH,
+    SUMMARY_PREVIOUS_BATCH_ID,
+    last_committed_batch,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+@dataclass(frozen=True)
+class Point:
+    """A point in a table's history: a snapshot id, a timestamp, or a batch of a streaming query.
+
+    As text (command line, reader options): ``snapshot=<id>``, ``time=<ISO 8601 or epoch ms>``,
+    ``batch=<batch id>`` (the table's only query) or ``batch=<query id>:<batch id>``.
+    """
+
+    snapshot_id: int | None = None
+    timestamp_ms: int | None = None
+    batch_id: int | None = None
+    query_id: str | None = None
+
+    def __post_init__(self) -> None:
+        given = sum(x is not None for x in (self.snapshot_id, self.timestamp_ms, self.batch_id))
+        if given != 1:
+            raise AuditError("a point in a table's history is exactly one of a snapshot id, a timestamp or a batch id")
+        if self.query_id is not None and self.batch_id is None:
+            raise AuditError("a query id names a point only together with a batch id")
+
+    @classmethod
+    def parse(cls, text: str) -> Point:
+        kind, sep, value = text.strip().partition("=")
+        kind = kind.strip().lower()
+        try:
+            if sep and kind == "snapshot":
+                return cls(snapshot_id=int(value))
+            if sep and kind in ("time", "timestamp"):
+                return cls(timestamp_ms=parse_timestamp_ms(value))
+            if sep and kind == "batch":
+                query, colon, batch = value.strip().rpartition(":")
+                return cls(batch_id=int(batch), query_id=query if colon else None)
+        except ValueError:
+            pass
+        raise AuditError(
+            f"{text!r} is not a point in a table's history; use snapshot=<id>, time=<ISO 8601 time or epoch "
+            "milliseconds>, batch=<batch id> or batch=<query id>:<batch id>"
+        )
+
+    def __str__(self) -> str:
+        if self.snapshot_id is not None:
+            return f"snapshot {self.snapshot_id}"
+        if self.timestamp_ms is not None:
+            return f"time {format_ms(self.timestamp_ms)}"
+        return f"batch {self.batch_id}" + (f" of query {self.query_id}" if self.query_id else "")
+
+
+def parse_timestamp_ms(value: str) -> int:
+    """Epoch milliseconds, or an ISO 8601 time (UTC when it has no offset)."""
+    text = value.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return int(parsed.timestamp() * 1000)
+
+
+def format_ms(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def query_ids(table: Table, branch: str = MAIN_BRANCH) -> list[str]:
+    """The streaming queries that committed to ``branch``, in order of their first batch."""
+    seen: dict[str, None] = {}
+    for s in ancestry(table, branch):
+        key = lakesink_key(s)
+        if key is not None:
+            seen.setdefault(key[0], None)
+    return list(seen)
+
+
+def the_query(table: Table, query_id: str | None, branch: str = MAIN_BRANCH) -> str:
+    """``query_id``, or the table's only query when it is None."""
+    if query_id is not None:
+        return query_id
+    queries = query_ids(table, branch)
+    if len(queries) == 1:
+        return queries[0]
+    if not queries:
+        raise AuditError(f"branch {branch!r} of the table has no batch written by lakesink")
+    raise AuditError(
+        f"the table has batches of {len(queries)} queries, give the query id (batch=<query id>:<batch id>): "
+        f"{', '.join(queries)}"
+    )
+
+
+def resolve(table: Table, point: Point, *, branch: str = MAIN_BRANCH) -> Snapshot:
+    """The snapshot that holds the table's state at ``point`` (in the history of ``branch``).
+
+    - a snapshot id: that snapshot (any branch);
+    - a timestamp: the branch's last snapshot committed at or before it;
+    - a batch: the snapshot that committed it; for an *empty* batch (recorded, no snapshot of its own), the
+      table as the query left it: the parent of the query's next snapshot, or the branch head.
+    """
+    if point.snapshot_id is not None:
+        snapshot = table.metadata.snapshot_by_id(point.snapshot_id)
+        if snapshot is None:
+            raise AuditError(f"snapshot {point.snapshot_id} is not in the table's metadata (never existed, or expired)")
+        return snapshot
+    snapshots = ancestry(table, branch)
+    if not snapshots:
+        raise AuditError(f"branch {branch!r} has no snapshot")
+    if point.timestamp_ms is not None:
+        before = [s for s in snapshots if s.timestamp_ms <= point.timestamp_ms]
+        if not before:
+            raise AuditError(
+                f"the table has no snapshot on {branch!r} at or before {format_ms(point.timestamp_ms)} "
+                f"(its first is from {format_ms(snapshots[0].timestamp_ms)})"
+            )
+        return before[-1]
+    assert point.batch_id is not None
+    query_id = the_query(table, point.query_id, branch)
+    mine = [(i, s, key[1]) for i, s in enumerate(snapshots) if (key := lakesink_key(s)) is not None and key[0] == query_id]
+    for _, s, batch in mine:
+        if batch == point.batch_id:
+            return s
+    if _accounted_empty(table, query_id, point.batch_id, [s for _, s, _ in mine], branch):
+        later = [i for i, _, batch in mine if batch > point.batch_id]
+        if later and later[0] == 0:
+            raise AuditError(
+                f"batch {point.batch_id} of query {query_id} is older than the oldest snapshot kept in the history of "
+                f"branch {branch!r} (snapshot {snapshots[0].snapshot_id}): the snapshots it could be read at were expired"
+            )
+        return snapshots[later[0] - 1] if later else snapshots[-1]
+    raise AuditError(f"batch {point.batch_id} of query {query_id} is not in the history of branch {branch!r}")
+
+
+def _accounted_empty(table: Table, query_id: str, batch_id: int, mine: Sequence[Snapshot], branch: str) -> bool:
+    """Whether ``batch_id`` was processed as an empty batch (a later batch or the marker records it)."""
+    for s in mine:
+        previous = opt_int_property(summary_of(s), SUMMARY_PREVIOUS_BATCH_ID)
+        key = lakesink_key(s)
+        if previous is not None and key is not None and previous >= batch_id and key[1] > batch_id:
+            return True
+    marker = last_committed_batch(table.properties, query_id)
+    earlier = [k[1] for s in mine if (k := lakesink_key(s)) is not None and k[1] < batch_id]
+    return marker is not None and marker.branch == branch and marker.batch_id >= batch_id and bool(earlier or marker.empty)
+
+
+def scan_at(
+    table: Table,
+    point: Point | None = None,
+    *,
+    branch: str = MAIN_BRANCH,
+    columns: Sequence[str] | None = None,
+    row_filter: str | BooleanExpression | None = None,
+) -> Any:
+    """pyiceberg's scan of the table at ``point`` (the branch head when None)."""
+    snapshot = resolve(table, point, branch=branch) if point is not None else table.metadata.snapshot_by_name(branch)
+    if snapshot is None:
+        raise AuditError(f"branch {branch!r} has no snapshot")
+    return table.scan(
+        snapshot_id=snapshot.snapshot_id,
+        selected_fields=tuple(columns) if columns else ("*",),
+        row_filter=row_filter if row_filter is not None else AlwaysTrue(),
+    )
+
+
+def read_at(
+    table: Table,
+    point: Point | None = None,
+    *,
+    branch: str = MAIN_BRANCH,
+    columns: Sequence[str] | None = None,
+    row_filter: str | BooleanExpression | None = None,
+) -> pa.Table:
+    """The table's rows at ``point`` as Arrow (columns and an Iceberg row filter such as ``"id > 5"`` optional)."""
+    return scan_at(table, point, branch=branch, columns=columns, row_filter=row_filter).to_arrow()
+
+
+def dataframe_at(spark: SparkSession, table: Table, point: Point | None = None, **kwargs: Any) -> DataFrame:
+    """:func:`read_at` as a Spark DataFrame (for large tables prefer ``spark.read.format("lakesink")``)."""
+    return spark.createDataFrame(read_at(table, point, **kwargs))

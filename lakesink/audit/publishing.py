@@ -1,0 +1,58 @@
+"""Write-audit-publish: fast-forward ``main`` to an audited branch (:func:`publish`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import ancestors_of
+
+from lakesink.audit.invariants import VerifyReport, verify
+from lakesink.errors import AuditError, PublishRefusedError
+from lakesink.properties import (
+    MAIN_BRANCH,
+)
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What :func:`publish` did."""
+
+    branch: str
+    main_before: int | None
+    main_after: int
+    forced: bool
+    verify: VerifyReport
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "verify": self.verify.to_dict()}
+
+
+def publish(table: Table, *, branch: str, force: bool = False, show_progress: bool | None = None) -> PublishResult:
+    """Fast-forward ``main`` to the head of ``branch`` once ``verify`` passes on the branch.
+
+    Refused (:class:`PublishRefusedError`) when verification finds a violation or when ``main``'s head is not
+    an ancestor of the branch head (main moved since the branch was made: not a fast-forward) -- unless
+    ``force``, which sets ``main`` to the branch head anyway. The swap asserts ``main``'s head is still the one
+    checked, so a commit to ``main`` in between makes it fail rather than be lost.
+    """
+    if branch == MAIN_BRANCH:
+        raise AuditError("publish moves main to another branch; give that branch's name")
+    target = table.metadata.snapshot_by_name(branch)
+    if target is None:
+        raise AuditError(f"branch {branch!r} does not exist or has no snapshot")
+    report = verify(table, branch=branch, show_progress=show_progress)
+    main = table.metadata.snapshot_by_name(MAIN_BRANCH)
+    problems = []
+    if not report.ok:
+        problems.append(f"verify found {len(report.violations)} violation(s) on branch {branch!r}:\n{report.human()}")
+    if main is not None and main.snapshot_id not in {s.snapshot_id for s in ancestors_of(target, table.metadata)}:
+        problems.append(
+            f"main's head {main.snapshot_id} is not an ancestor of {branch!r}'s head {target.snapshot_id}: main has "
+            "commits the branch does not, a fast-forward would drop them"
+        )
+    if problems and not force:
+        raise PublishRefusedError("publish refused (--force publishes anyway): " + "; ".join(problems))
+    table.manage_snapshots().set_current_snapshot(snapshot_id=target.snapshot_id).commit()
+    return PublishResult(branch, main.snapshot_id if main else None, target.snapshot_id, bool(problems), report)

@@ -1,0 +1,102 @@
+"""One record per snapshot of a table, as an auditor reads it (:func:`history`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pyiceberg.table import Table
+
+from lakesink.audit.snapshots import (
+    COMPACTION,
+    LAKESINK,
+    OTHER,
+    ancestry,
+    int_property,
+    lakesink_key,
+    opt_int_property,
+    summary_of,
+)
+from lakesink.properties import (
+    MAIN_BRANCH,
+    SUMMARY_COMMIT_ATTEMPT,
+    SUMMARY_COMMIT_STARTED_MS,
+    SUMMARY_PREVIOUS_BATCH_ID,
+    SUMMARY_SOURCE_OFFSETS,
+)
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    """One snapshot of a table, as an auditor reads it."""
+
+    snapshot_id: int
+    parent_id: int | None
+    sequence_number: int | None
+    timestamp_ms: int
+    operation: str | None
+    writer: str
+    """``lakesink`` for a snapshot committed by lakesink, ``other writer`` otherwise."""
+    query_id: str | None
+    batch_id: int | None
+    source_offsets: str | None
+    commit_attempt: int | None
+    added_records: int
+    deleted_records: int
+    added_files: int
+    deleted_files: int
+    added_bytes: int
+    on_main: bool
+    """Whether the snapshot is in the history of the ``main`` branch (not only of another branch or tag)."""
+    previous_batch_id: int | None = None
+    """The last batch id the query processed before this batch (empty batches included), when recorded."""
+    commit_latency_ms: int | None = None
+    """From the driver starting the commit to the snapshot's timestamp (re-check, manifests), when recorded."""
+    total_records: int | None = None
+    total_files: int | None = None
+    branches: tuple[str, ...] = ()
+    """The branches whose history contains the snapshot."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def history(table: Table) -> list[SnapshotRecord]:
+    """Every snapshot still in the table's metadata, oldest first."""
+    on_branches: dict[int, list[str]] = {}
+    for name, ref in sorted(table.metadata.refs.items()):
+        if ref.snapshot_ref_type.value == "branch":
+            for s in ancestry(table, name):
+                on_branches.setdefault(s.snapshot_id, []).append(name)
+    records = []
+    for s in sorted(table.metadata.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms)):
+        props = summary_of(s)
+        key = lakesink_key(s)
+        started = opt_int_property(props, SUMMARY_COMMIT_STARTED_MS)
+        branches = tuple(on_branches.get(s.snapshot_id, ()))
+        records.append(
+            SnapshotRecord(
+                snapshot_id=s.snapshot_id,
+                parent_id=s.parent_snapshot_id,
+                sequence_number=s.sequence_number,
+                timestamp_ms=s.timestamp_ms,
+                operation=s.summary.operation.value if s.summary else None,
+                writer=LAKESINK if key is not None else COMPACTION if props.get("lakesink.operation") == "compact" else OTHER,
+                query_id=key[0] if key else None,
+                batch_id=key[1] if key else None,
+                source_offsets=props.get(SUMMARY_SOURCE_OFFSETS),
+                commit_attempt=opt_int_property(props, SUMMARY_COMMIT_ATTEMPT),
+                added_records=int_property(props, "added-records"),
+                deleted_records=int_property(props, "deleted-records"),
+                added_files=int_property(props, "added-data-files"),
+                deleted_files=int_property(props, "deleted-data-files"),
+                added_bytes=int_property(props, "added-files-size"),
+                on_main=MAIN_BRANCH in branches,
+                previous_batch_id=opt_int_property(props, SUMMARY_PREVIOUS_BATCH_ID),
+                commit_latency_ms=s.timestamp_ms - started if started is not None else None,
+                total_records=opt_int_property(props, "total-records"),
+                total_files=opt_int_property(props, "total-data-files"),
+                branches=branches,
+            )
+        )
+    return records

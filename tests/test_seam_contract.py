@@ -1,0 +1,263 @@
+"""Contract tests of the pyiceberg internals that ``lakesink/_pyiceberg.py`` relies on: one test per hook.
+
+pyiceberg has no public "write files now, commit later" API, so the seam uses private names and
+behaviours. Each test below pins one of them (the name imports, the signature lakesink calls, the
+behaviour lakesink depends on) and fails with a message naming the hook and the seam function that
+uses it, so that a pyiceberg upgrade fails here, in one obvious place, before any Spark test.
+Checked on pyiceberg 0.12.0.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.types import IntegerType, ListType, LongType, NestedField, StringType, StructType
+
+from lakesink import _pyiceberg as seam
+
+
+@contextmanager
+def hook(name: str, used_by: str) -> Iterator[None]:
+    """Turn any failure into one naming the pyiceberg hook and the seam function that depends on it."""
+    try:
+        yield
+    except Exception as e:  # an AssertionError too: the behaviour changed
+        pytest.fail(
+            f"pyiceberg hook {name} (used by lakesink._pyiceberg.{used_by}) changed in this pyiceberg version: "
+            f"{type(e).__name__}: {e}. Update lakesink/_pyiceberg.py (and this test) for the new API.",
+            pytrace=True,
+        )
+
+
+def private(path: str) -> Any:
+    module, _, attr = path.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+def params(func: Any) -> list[str]:
+    return list(inspect.signature(func).parameters)
+
+
+ROWS = pa.table({"id": pa.array([1, 2, 3], pa.int64()), "user": pa.array(["a", None, "c"], pa.string())})
+
+
+@pytest.fixture
+def table(catalog: Catalog) -> Table:
+    catalog.create_namespace_if_not_exists(("db",))
+    t = catalog.create_table(("db", "contract"), schema=ROWS.schema)
+    t.append(ROWS)
+    return catalog.load_table(("db", "contract"))
+
+
+# --- executor side ------------------------------------------------------------------------------
+
+
+def test_convert_to_iceberg_without_ids() -> None:
+    with hook("pyiceberg.io.pyarrow._ConvertToIcebergWithoutIDs", "new_table_schema / iceberg_type"):
+        private("pyiceberg.io.pyarrow._ConvertToIcebergWithoutIDs")
+        schema = seam.new_table_schema(ROWS.schema)
+        assert [f.name for f in schema.fields] == ["id", "user"]
+        assert [f.field_id for f in schema.fields] == [1, 2]
+        assert seam.iceberg_type(pa.int32()) == IntegerType()
+
+
+def test_get_parquet_writer_kwargs() -> None:
+    with hook("pyiceberg.io.pyarrow._get_parquet_writer_kwargs", "parquet_writer_options"):
+        func = private("pyiceberg.io.pyarrow._get_parquet_writer_kwargs")
+        assert params(func) == ["table_properties"]
+        options = seam.parquet_writer_options({"write.parquet.compression-codec": "snappy"})
+        assert options["compression"] == "snappy"
+        pq.ParquetWriter(pa.BufferOutputStream(), ROWS.schema, **options).close()  # pyarrow accepts every key
+
+
+def test_arrow_projection_visitor_list_and_map() -> None:
+    with hook("pyiceberg.io.pyarrow.ArrowProjectionVisitor (list/map, format_model)", "_ProjectionKeepingNulls"):
+        visitor = private("pyiceberg.io.pyarrow.ArrowProjectionVisitor")
+        assert {"file_schema", "include_field_ids", "format_model"} <= set(params(visitor.__init__))
+        assert params(visitor.list) == ["self", "list_type", "list_array", "value_array"]
+        assert params(visitor.map) == ["self", "map_type", "map_array", "key_result", "value_result"]
+        private("pyiceberg.io.pyarrow.ParquetFormatModel")()
+        assert params(private("pyiceberg.io.pyarrow.ArrowAccessor").__init__) == ["self", "file_schema"]
+        # the behaviour lakesink depends on: projection reorders, keeps a null list of structs null, adds field ids
+        element = pa.struct([pa.field("x", pa.int64())])
+        batch = pa.record_batch({"b": pa.array([[{"x": 1}], None], pa.list_(element)), "a": pa.array([1, 2], pa.int64())})
+        table_schema = Schema(
+            NestedField(1, "a", LongType(), required=False),
+            NestedField(
+                2, "b", ListType(3, StructType(NestedField(4, "x", LongType(), required=False)), element_required=False)
+            ),
+        )
+        source = seam.stream_schema(batch.schema, table_schema)  # the stream's order, the table's field ids
+        projected = seam.project_batch(batch, target=table_schema, source=source)
+        assert projected.schema.names == ["a", "b"]
+        assert projected.column("b").to_pylist() == [[{"x": 1}], None]
+        assert projected.schema.field("a").metadata == {b"PARQUET:field_id": b"1"}
+
+
+def test_statistics_from_parquet_metadata(tmp_path: Path) -> None:
+    with hook(
+        "pyiceberg.io.pyarrow.data_file_statistics_from_parquet_metadata / compute_statistics_plan / "
+        "parquet_path_to_id_mapping",
+        "file_statistics",
+    ):
+        func = private("pyiceberg.io.pyarrow.data_file_statistics_from_parquet_metadata")
+        assert params(func) == ["parquet_metadata", "stats_columns", "parquet_column_mapping"]
+        schema = seam.new_table_schema(ROWS.schema)
+        path = tmp_path / "f.parquet"
+        pq.write_table(ROWS.cast(seam.arrow_schema(schema)), path)
+        stats = seam.file_statistics(pq.read_metadata(path), schema, {})
+        assert stats["record_count"] == 3
+        assert stats["null_value_counts"] == {1: 0, 2: 1}
+        data_file = seam.data_file(path=str(path), size_in_bytes=path.stat().st_size, statistics=stats, spec_id=0)
+        assert data_file.record_count == 3  # DataFile.from_args takes every key of the statistics
+
+
+def test_to_partition_representation() -> None:
+    with hook("pyiceberg.partitioning._to_partition_representation", "partition_record_values"):
+        func = private("pyiceberg.partitioning._to_partition_representation")
+        assert params(func) == ["type", "value"]
+        from datetime import date
+
+        from pyiceberg.types import DateType
+
+        assert func(DateType(), date(1970, 1, 2)) == 1
+
+
+def test_location_provider_reads_only_the_partition_path() -> None:
+    with hook("pyiceberg.table.locations.load_location_provider / LocationProvider.new_data_location", "new_data_location"):
+        assert params(private("pyiceberg.table.locations.load_location_provider")) == ["table_location", "table_properties"]
+        location = seam.new_data_location("file:///w/db/t", {}, "f.parquet", "day=2024-01-01")
+        assert location == "file:///w/db/t/data/day=2024-01-01/f.parquet"
+
+
+# --- driver side: commit --------------------------------------------------------------------------
+
+
+def test_transaction_internals_for_the_metadata_cache(table: Table) -> None:
+    with hook("pyiceberg.table.Transaction._table / _updates / table_metadata", "_MetadataCachingTransaction"):
+        tx = seam._MetadataCachingTransaction(table)
+        assert tx._table is table and tx._updates == ()
+        assert tx.table_metadata is table.metadata  # nothing staged: no copy
+        tx.set_properties({"k": "v"})
+        assert tx._updates, "set_properties no longer stages into Transaction._updates"
+        first = tx.table_metadata
+        assert first.properties["k"] == "v"
+        assert tx.table_metadata is first  # computed once per set of staged updates
+        assert private("pyiceberg.table.update.update_table_metadata")(table.metadata, tx._updates).properties["k"] == "v"
+
+
+def test_do_commit_is_one_compare_and_swap(table: Table, catalog: Catalog) -> None:
+    with hook("pyiceberg.table.Table._do_commit", "PreparedCommit.commit (prepare_snapshot / prepare_properties_at_head)"):
+        assert params(Table._do_commit) == ["self", "updates", "requirements"]
+        stale = catalog.load_table(("db", "contract"))
+        seam.prepare_properties_at_head(table, {"lakesink.contract": "1"}, branch="main").commit()
+        assert catalog.load_table(("db", "contract")).properties["lakesink.contract"] == "1"
+        catalog.load_table(("db", "contract")).append(ROWS)  # the head moves
+        with pytest.raises(CommitFailedException):  # no rebase, no retry: the stale base fails
+            seam.prepare_properties_at_head(stale, {"lakesink.contract": "2"}, branch="main").commit()
+
+
+def test_snapshot_producer_merge_flag_and_cleanup(table: Table, catalog: Catalog) -> None:
+    with hook(
+        "pyiceberg snapshot producer _merge_enabled / _clean_all_uncommitted / snapshot_id, Transaction._requirements",
+        "prepare_snapshot / PreparedCommit.discard",
+    ):
+        files = list(seam.live_data_files(table, "main"))
+        prepared = seam.prepare_snapshot(
+            table, data_files=files, overwrite=False, summary={"lakesink.contract": "x"}, properties=lambda _: {}, branch="main"
+        )
+        assert isinstance(prepared._producer._merge_enabled, bool)
+        staged = [u.snapshot for u in prepared._updates if getattr(u, "snapshot", None) is not None]
+        assert [s.snapshot_id for s in staged] == [prepared.snapshot_id]
+        manifest_list = staged[0].manifest_list
+        assert table.io.new_input(manifest_list).exists()  # written before the swap
+        prepared.discard()  # deletes what it wrote, commits nothing
+        assert not table.io.new_input(manifest_list).exists()
+        assert catalog.load_table(("db", "contract")).metadata.snapshot_by_id(prepared.snapshot_id) is None
+        prepared = seam.prepare_snapshot(
+            table, data_files=files, overwrite=False, summary={"lakesink.contract": "y"}, properties=lambda _: {}, branch="main"
+        )
+        prepared.commit()
+        committed = catalog.load_table(("db", "contract")).metadata.snapshot_by_id(prepared.snapshot_id)
+        assert committed is not None and committed.summary is not None
+        assert committed.summary.additional_properties["lakesink.contract"] == "y"
+
+
+def test_merge_enabled_flag_is_read_when_manifests_are_processed(table: Table, catalog: Catalog) -> None:
+    with hook("pyiceberg _MergeAppendFiles._merge_enabled (read in _process_manifests)", "prepare_snapshot"):
+        table.transaction().set_properties({"commit.manifest.min-count-to-merge": "2"}).commit_transaction()
+        for _ in range(3):
+            table = catalog.load_table(("db", "contract"))
+            seam.prepare_snapshot(
+                table,
+                data_files=list(seam.live_data_files(table, "main"))[:1],
+                overwrite=False,
+                summary={},
+                properties=lambda _: {},
+                branch="main",
+            ).commit()
+        table = catalog.load_table(("db", "contract"))
+        snapshot = table.current_snapshot()
+        assert snapshot is not None
+        assert len(snapshot.manifests(table.io)) == 1, "manifest merging was not switched on by _merge_enabled"
+
+
+def test_update_schema_apply(table: Table) -> None:
+    with hook("pyiceberg.table.update.schema.UpdateSchema._apply", "evolved_schema"):
+        from lakesink.schema import SchemaChange
+
+        schema = seam.evolved_schema(table, [SchemaChange("add", ("extra",), StringType())])
+        assert schema.find_field("extra").field_id == 3
+        assert "extra" not in table.schema().column_names  # nothing committed
+
+
+def test_requirement_constructors_by_field_name(table: Table) -> None:
+    with hook("pyiceberg.table.update.AssertCurrentSchemaId / AssertDefaultSpecId (populate by name)", "prepare_snapshot"):
+        from pyiceberg.table.update import AssertCurrentSchemaId, AssertDefaultSpecId
+
+        AssertCurrentSchemaId(current_schema_id=table.metadata.current_schema_id).validate(table.metadata)  # type: ignore[call-arg]
+        AssertDefaultSpecId(default_spec_id=table.metadata.default_spec_id).validate(table.metadata)  # type: ignore[call-arg]
+
+
+def test_arrow_scan_reads_given_files(table: Table) -> None:
+    with hook("pyiceberg.io.pyarrow.ArrowScan(metadata, io, schema, row_filter).to_record_batches", "scan_files"):
+        from pyiceberg.expressions import AlwaysTrue
+        from pyiceberg.table import FileScanTask
+
+        tasks = [FileScanTask(f) for f in seam.live_data_files(table, "main")]
+        batches = list(seam.scan_files(table.metadata, table.io, tasks, schema=table.schema(), row_filter=AlwaysTrue()))
+        assert sum(b.num_rows for b in batches) == 3
+
+
+# --- pyspark internals (lakesink/_pyspark.py) -----------------------------------------------------
+
+
+def test_streaming_sink_runner_makes_the_writer_for_commit_and_abort() -> None:
+    with hook("pyspark.sql.worker.python_streaming_sink_runner._main (calls streamWriter)", "in_streaming_sink_runner"):
+        from lakesink import _pyspark
+
+        runner = importlib.import_module(_pyspark.STREAMING_SINK_RUNNER)
+        source = inspect.getsource(runner._main)
+        assert ".streamWriter(" in source and ".commit(" in source and ".abort(" in source
+        assert not _pyspark.in_streaming_sink_runner()  # not from the runner: False
+
+
+def test_streaming_query_jvm_object_and_first_session() -> None:
+    with hook("pyspark StreamingQuery._jsq, SparkSession._instantiatedSession", "running_query_checkpoint"):
+        from pyspark.sql import SparkSession
+        from pyspark.sql.streaming.query import StreamingQuery
+
+        assert "self._jsq = " in inspect.getsource(StreamingQuery.__init__)
+        assert hasattr(SparkSession, "_instantiatedSession")
