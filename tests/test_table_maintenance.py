@@ -515,3 +515,33 @@ def test_audit_after_compaction_and_expiry(catalog_properties: dict[str, str]) -
     with pytest.raises(AuditError, match="expired"):
         lakesink.read_at(table, lakesink.Point(batch_id=3))
     assert lakesink.read_at(table, lakesink.Point(batch_id=6)).num_rows == 70
+
+
+# --- commit cost: one parse of the metadata per attempt, no deep copy ----------------------------------
+
+
+def test_a_commit_parses_the_metadata_once_and_never_deep_copies_it(
+    catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: pyiceberg's SqlCatalog.commit_table re-read and re-parsed metadata.json, then deep-copied it
+    (update_table_metadata), at every commit: two more O(history) steps per batch."""
+    import copy
+
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    c = _committer(catalog_properties, maintenance=Maintenance.OFF)
+    _batches(c, 3)
+    loads: list[object] = []
+    deep: list[object] = []
+    real_load, real_deepcopy = SqlCatalog.load_table, copy.deepcopy
+    monkeypatch.setattr(SqlCatalog, "load_table", lambda self, ident: loads.append(ident) or real_load(self, ident))
+    monkeypatch.setattr(copy, "deepcopy", lambda x, memo=None, _nil=[]: deep.append(type(x)) or real_deepcopy(x, memo))  # noqa: B006
+    result = write_task(c, Q1, 3, [3000])
+    loads.clear()
+    deep.clear()
+    assert commit(c, Q1, 3, [result]).outcome is Outcome.COMMITTED
+    assert len(loads) == 1  # the commit's own read of the table (the replay re-check reads that same table)
+    assert deep == []
+    table = load(c)
+    assert table_ids(table) == Counter([*range(0, 10), *range(1000, 1010), *range(2000, 2010), 3000])
+    assert len(table.metadata.metadata_log) == 4  # the metadata log goes on as with pyiceberg's commit
