@@ -534,8 +534,17 @@ def test_a_commit_parses_the_metadata_once_and_never_deep_copies_it(
     loads: list[object] = []
     deep: list[object] = []
     real_load, real_deepcopy = SqlCatalog.load_table, copy.deepcopy
-    monkeypatch.setattr(SqlCatalog, "load_table", lambda self, ident: loads.append(ident) or real_load(self, ident))
-    monkeypatch.setattr(copy, "deepcopy", lambda x, memo=None, _nil=[]: deep.append(type(x)) or real_deepcopy(x, memo))  # noqa: B006
+
+    def counting_load(self: SqlCatalog, ident: Any) -> Any:
+        loads.append(ident)
+        return real_load(self, ident)
+
+    def counting_deepcopy(x: Any, memo: Any = None, _nil: Any = None) -> Any:
+        deep.append(type(x))
+        return real_deepcopy(x, memo)
+
+    monkeypatch.setattr(SqlCatalog, "load_table", counting_load)
+    monkeypatch.setattr(copy, "deepcopy", counting_deepcopy)
     result = write_task(c, Q1, 3, [3000])
     loads.clear()
     deep.clear()
