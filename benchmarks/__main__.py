@@ -227,14 +227,35 @@ def memory(ctx: click.Context, sizes: str, paths: str, confs: tuple[str, ...]) -
 @click.option("--rows-per-second", default=100_000, show_default=True)
 @click.option("--seconds", default=60, show_default=True)
 @click.option("--trigger", default="1 second", show_default=True)
+@click.option("--maintenance", type=click.Choice(["auto", "off"]), default=None, help="the sink option (default: the sink's)")
+@click.option("--property", "properties", multiple=True, help="table property KEY=VALUE of the created table (repeatable)")
+@click.option("--sample-every", default=0.0, show_default=True, help="seconds between samples of files and DuckDB scan time")
 @click.pass_context
-def rate(ctx: click.Context, rows_per_second: int, seconds: int, trigger: str) -> None:
+def rate(
+    ctx: click.Context,
+    rows_per_second: int,
+    seconds: int,
+    trigger: str,
+    maintenance: str | None,
+    properties: tuple[str, ...],
+    sample_every: float,
+) -> None:
     """Rate source into format("lakesink") on a processing-time trigger: batch durations, backlog."""
     info = machine()
     with _work(ctx.obj["work"]) as root:
         spark = spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": "1000"})
         try:
-            result = rate_bench.run(spark, root, rows_per_second=rows_per_second, seconds=seconds, trigger=trigger, say=_say)
+            result = rate_bench.run(
+                spark,
+                root,
+                rows_per_second=rows_per_second,
+                seconds=seconds,
+                trigger=trigger,
+                say=_say,
+                maintenance=maintenance,
+                table_properties=dict(p.split("=", 1) for p in properties),
+                sample_every=sample_every,
+            )
         finally:
             spark.stop()
     s = result["steady"]
