@@ -151,12 +151,14 @@ def compact(
     min_input_files: int | None = None,
     dry_run: bool = False,
     load: Callable[[], Table] | None = None,
+    load_fresh: Callable[[], Table] | None = None,
     progress: Callable[[int, int], None] | None = None,
     swap_guard: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> CompactionReport:
     """Bin-pack the branch's small data files per partition into one ``replace`` snapshot.
 
-    ``load`` re-reads the table for a retry (default: from its catalog); ``progress(done, total)`` is called
+    ``load`` re-reads the table for a retry (default: from its catalog), ``load_fresh`` to settle an unknown
+    outcome (default: ``load``); ``progress(done, total)`` is called
     after each rewritten bin; ``swap_guard`` is entered around each swap (the sink's automatic maintenance
     yields to its batches with it).
     """
@@ -216,7 +218,7 @@ def compact(
         result = swap_with_recheck(
             first=table,
             load=load or (lambda: _reload(table)),
-            load_fresh=load or (lambda: _reload(table)),
+            load_fresh=load_fresh or load or (lambda: _reload(table)),
             recheck=recheck,
             prepare=prepare,
             batch_id=0,

@@ -104,6 +104,7 @@ def expire_snapshots(
     dry_run: bool = False,
     delete_files: bool = True,
     load: Callable[[], Table] | None = None,
+    load_fresh: Callable[[], Table] | None = None,
     now_ms: int | None = None,
     swap_guard: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> ExpiryReport:
@@ -179,7 +180,7 @@ def expire_snapshots(
         result = swap_with_recheck(
             first=table,
             load=reload,
-            load_fresh=reload,
+            load_fresh=load_fresh or reload,
             recheck=recheck,
             prepare=prepare,
             batch_id=0,

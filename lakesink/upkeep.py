@@ -28,6 +28,7 @@ from pyiceberg.table import Table
 
 from lakesink import compaction, expiry
 from lakesink.errors import LakesinkError
+from lakesink.maintenance import remove_orphan_files
 from lakesink.properties import LAST_BATCH_PREFIX, last_batch_key, last_committed_batch, parse_last_batch_key
 from lakesink.tablesettings import MAINTENANCE_INTERVAL_MS_DEFAULT, TableSettings
 
@@ -64,8 +65,6 @@ def maintain(
 ) -> MaintenanceReport:
     """Compact, expire snapshots (as the table's properties say), then remove orphans older than
     ``orphans_older_than`` (None: skip; never younger than the in-flight window of remove_orphan_files)."""
-    from lakesink.maintenance import remove_orphan_files
-
     name = ".".join(table.name())
     step = progress or (lambda what, done, total: None)
     step("compact", 0, 3)
@@ -137,8 +136,9 @@ class AutoMaintainer:
     batch that starts committing first makes the maintenance attempt conflict (it yields and retries).
     """
 
-    def __init__(self, load: Callable[[], Table]):
+    def __init__(self, load: Callable[[], Table], load_fresh: Callable[[], Table] | None = None):
         self._load = load
+        self._load_fresh = load_fresh or load
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._last_run = 0.0
@@ -191,10 +191,10 @@ class AutoMaintainer:
         try:
             table = self._load()
             self._interval_ms = TableSettings.parse(".".join(table.name()), table.properties).maintenance_interval_ms
-            compaction.compact(table, load=self._load, swap_guard=self._swap_guard)
+            compaction.compact(table, load=self._load, load_fresh=self._load_fresh, swap_guard=self._swap_guard)
             table = self._load()
             if TableSettings.parse(".".join(table.name()), table.properties).retention.configured:
-                expiry.expire_snapshots(table, load=self._load, swap_guard=self._swap_guard)
+                expiry.expire_snapshots(table, load=self._load, load_fresh=self._load_fresh, swap_guard=self._swap_guard)
             self.runs += 1
             self.last_error = None
         except Exception as e:  # maintenance never fails the stream; the next run tries again

@@ -556,3 +556,11 @@ def test_a_commit_parses_the_metadata_once_and_never_deep_copies_it(
     table = load(c)
     assert table_ids(table) == Counter([*range(0, 10), *range(1000, 1010), *range(2000, 2010), 3000])
     assert len(table.metadata.metadata_log) == 4  # the metadata log goes on as with pyiceberg's commit
+
+
+@pytest.mark.parametrize("module", ["lakesink.upkeep", "lakesink.compaction", "lakesink.expiry", "lakesink.maintenance_cli"])
+def test_maintenance_modules_import_first_in_a_fresh_interpreter(module: str) -> None:
+    """The driver imports lakesink.upkeep and lakesink.upkeep imports the driver's swap loop: whichever is
+    imported first, the import works (it failed with a circular ImportError once)."""
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from pyiceberg.table import Table
 
 from lakesink import _pyiceberg as seam
-from lakesink import storage
+from lakesink import (
+    storage,
+    upkeep,  # a module: lakesink.upkeep imports the driver's swap loop back
+)
 from lakesink.driver.swap import RetriesExhausted, Status, SwapResult, swap_with_recheck
 from lakesink.driver.tables import SinkTable
 from lakesink.errors import (
@@ -43,7 +46,6 @@ from lakesink.properties import (
     offsets_digest,
 )
 from lakesink.schema import SchemaChange
-from lakesink.upkeep import AutoMaintainer
 
 log = logging.getLogger("lakesink")
 
@@ -95,10 +97,10 @@ class TableCommitter(SinkTable):
     # --- commit -------------------------------------------------------------------------------------
 
     @property
-    def maintainer(self) -> AutoMaintainer:
+    def maintainer(self) -> upkeep.AutoMaintainer:
         """The sink's background maintenance (option ``maintenance``; docs/maintenance.md)."""
         if getattr(self, "_maintainer", None) is None:
-            self._maintainer = AutoMaintainer(self._load)
+            self._maintainer = upkeep.AutoMaintainer(self._load, self.load_fresh)
         return self._maintainer
 
     def commit_batch(
