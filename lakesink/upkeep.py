@@ -200,3 +200,18 @@ class AutoMaintainer:
         except Exception as e:  # maintenance never fails the stream; the next run tries again
             self.last_error = f"{type(e).__name__}: {e}"
             log.warning("lakesink: background maintenance failed (%s); the next run retries", self.last_error)
+
+
+_registry_lock = threading.Lock()
+_maintainers: dict[tuple[Any, ...], AutoMaintainer] = {}
+
+
+def maintainer_for(key: tuple[Any, ...], load: Callable[[], Table], load_fresh: Callable[[], Table]) -> AutoMaintainer:
+    """The process's one maintainer of a table (``key``: catalog and table). Spark creates a new writer, and so a
+    new committer, for every commit of ``format("lakesink")``: the maintainer (its schedule, its lock, its
+    background run) must outlive them, and every sink of the process writing the table must share its lock."""
+    with _registry_lock:
+        found = _maintainers.get(key)
+        if found is None:
+            found = _maintainers[key] = AutoMaintainer(load, load_fresh)
+        return found

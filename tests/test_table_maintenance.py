@@ -564,3 +564,18 @@ def test_maintenance_modules_import_first_in_a_fresh_interpreter(module: str) ->
     imported first, the import works (it failed with a circular ImportError once)."""
     proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_auto_maintenance_runs_when_every_commit_has_a_new_committer(catalog_properties: dict[str, str]) -> None:
+    """format("lakesink"): Spark creates a new writer, so a new committer, for every commit. The schedule lived
+    in the committer, so with any interval above 0 no run was ever due (found in a rate stream: no compaction
+    in 4 minutes); the process now keeps one maintainer per table."""
+    props = {"write.lakesink.maintenance.interval-ms": "1", "write.lakesink.compact.min-input-files": "2"}
+    sent: list[int] = []
+    for b in range(6):
+        c = _committer(catalog_properties, table_properties=props)
+        sent += _batches(c, 1, start=b)
+        c.maintainer.wait(60)
+    table = load(c)
+    assert any(s.summary and s.summary.operation.value == "replace" for s in table.snapshots())
+    assert c.maintainer.last_error is None and table_ids(table) == Counter(sent)

@@ -100,7 +100,12 @@ class TableCommitter(SinkTable):
     def maintainer(self) -> upkeep.AutoMaintainer:
         """The sink's background maintenance (option ``maintenance``; docs/maintenance.md)."""
         if getattr(self, "_maintainer", None) is None:
-            self._maintainer = upkeep.AutoMaintainer(self._load, self.load_fresh)
+            key = (
+                self.options.catalog_name,
+                tuple(sorted(self.options.catalog_properties.items())),
+                self.options.table.identifier,
+            )
+            self._maintainer = upkeep.maintainer_for(key, self._load, self.load_fresh)
         return self._maintainer
 
     def commit_batch(
