@@ -129,17 +129,22 @@ def _reload(table: Table) -> Table:
 
 
 class AutoMaintainer:
-    """The sink's background maintenance (option ``maintenance=auto``), one per committer.
+    """The background maintenance of one table in this process (option ``maintenance=auto``; see
+    :func:`maintainer_for`).
 
-    :meth:`batch` is held by every batch commit of the sink; a maintenance swap takes the same lock without
-    waiting, so it never makes a batch wait for more than one maintenance swap already under way, and a
-    batch that starts committing first makes the maintenance attempt conflict (it yields and retries).
+    Every batch commit of the process's sinks of the table runs inside :meth:`batch`; batches never wait for
+    each other there (two drivers of one batch, several sinks). A maintenance swap goes ahead only while no
+    batch is inside, and a batch that arrives during a maintenance swap waits for that one swap: a batch never
+    waits for more than one swap, and a batch already committing makes the maintenance attempt conflict (it
+    yields and retries).
     """
 
     def __init__(self, load: Callable[[], Table], load_fresh: Callable[[], Table] | None = None):
         self._load = load
         self._load_fresh = load_fresh or load
-        self._lock = threading.Lock()
+        self._state = threading.Condition()
+        self._batches = 0  # batch commits in progress
+        self._swapping = False  # a maintenance swap in progress
         self._thread: threading.Thread | None = None
         self._last_run = 0.0
         self._interval_ms = MAINTENANCE_INTERVAL_MS_DEFAULT
@@ -148,8 +153,16 @@ class AutoMaintainer:
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
-        with self._lock:
+        with self._state:
+            while self._swapping:
+                self._state.wait()
+            self._batches += 1
+        try:
             yield
+        finally:
+            with self._state:
+                self._batches -= 1
+                self._state.notify_all()
 
     def after_commit(self) -> None:
         """Called after a batch committed; starts a background run when one is due (at most one at a time)."""
@@ -175,12 +188,16 @@ class AutoMaintainer:
     @contextlib.contextmanager
     def _swap_guard(self) -> Iterator[None]:
         """Around a maintenance swap: go ahead only while no batch is committing, else conflict (and retry)."""
-        if not self._lock.acquire(blocking=False):
-            raise CommitFailedException("a batch of this sink is committing: maintenance yields and retries later")
+        with self._state:
+            if self._batches:
+                raise CommitFailedException("a batch of this sink is committing: maintenance yields and retries later")
+            self._swapping = True
         try:
             yield
         finally:
-            self._lock.release()
+            with self._state:
+                self._swapping = False
+                self._state.notify_all()
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for a run under way (tests, and a sink shutting down)."""
