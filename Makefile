@@ -6,7 +6,7 @@ PY := $(abspath $(VENV))/bin/python
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
 
-.PHONY: demo test test-fast lint soak bench clean
+.PHONY: demo test test-fast test-deploy jdbc-drivers lint soak bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,8 +14,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+# make demo DEMO_ARGS=--s3: the same demo with the warehouse on a local S3-compatible server (moto)
 demo: $(VENV)/.installed
-	$(PY) examples/demo.py
+	$(PY) examples/demo.py $(DEMO_ARGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -24,7 +25,23 @@ test: $(VENV)/.installed
 # unit, commit (SQLite), audit, maintenance, seam contract and executor/driver boundary tests.
 # `make test` runs everything it skips.
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -m "not spark and not postgres and not slow and not soak and not benchmark" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not spark and not postgres and not slow and not soak and not benchmark and not deploy" $(PYTEST_ARGS)
+
+# The deployment tests (docs/deployment.md, marker "deploy"): Iceberg's Java engine (Spark 3.5 with
+# Iceberg's own runtime, in a second virtual environment), a Spark standalone cluster, Spark Connect.
+JAVA_VENV ?= .venv-iceberg-java
+$(JAVA_VENV)/.installed:
+	$(PYTHON) -m venv $(JAVA_VENV)
+	$(JAVA_VENV)/bin/python -m pip install -q 'pyspark==3.5.8' 'snowpark-connect-deps-iceberg==1.0.1'
+	touch $@
+
+# Iceberg's JdbcCatalog needs the JDBC drivers: Debian's packages (installed when missing, as root)
+jdbc-drivers:
+	@test -f /usr/share/java/postgresql.jar -a -f /usr/share/java/sqlite-jdbc.jar || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java libxerial-sqlite-jdbc-java)
+
+test-deploy: $(VENV)/.installed $(JAVA_VENV)/.installed jdbc-drivers
+	$(PY) -m pytest -m deploy $(PYTEST_ARGS)
 
 # the long kill -9 soak (docs/soak.md); the short version runs inside `make test`
 soak: $(VENV)/.installed
@@ -41,4 +58,4 @@ lint: $(VENV)/.installed
 	$(PY) -m mypy
 
 clean:
-	rm -rf $(VENV) lakehouse demo-run .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(JAVA_VENV) lakehouse demo-run .pytest_cache .mypy_cache .ruff_cache

@@ -14,7 +14,14 @@ $LAKESINK_HOME, default ./lakehouse; no other service):
 4. reads the table back with DuckDB (not pyiceberg, not Spark) and compares the ids with the ids it
    sent: 0 duplicates, 0 missing, or the exit code is 1.
 
-    PYSPARK_PYTHON=$PWD/.venv/bin/python .venv/bin/python examples/demo.py [--fast] [--dir DIR]
+    PYSPARK_PYTHON=$PWD/.venv/bin/python .venv/bin/python examples/demo.py [--fast] [--dir DIR] [--s3]
+
+With ``--s3`` (``make demo DEMO_ARGS=--s3``) the warehouse is ``s3://lakesink-demo/warehouse`` on an
+S3-compatible server the demo starts on 127.0.0.1 (moto's, ``pip install 'moto[server]>=5.2.5'``, in
+``.venv`` through the test extra); the catalog is a SQLite file beside the embedded one
+(``catalog-s3.db``), handed to the job through pyiceberg's ``PYICEBERG_CATALOG__LAKESINK__*`` variables.
+DuckDB has no S3 access here (no httpfs extension without an extension server): the table is read back
+with pyiceberg, through S3, and the leftover count comes from an orphan-file dry run.
 """
 
 from __future__ import annotations
@@ -100,6 +107,7 @@ class Demo:
     runs: list[Run] = field(default_factory=list)
     catalog: Any = None
     table: Any = None
+    s3: bool = False  # the warehouse is on the demo's S3-compatible server
     child: subprocess.Popen[bytes] | None = None  # the running stream job
 
     # --- paths ----------------------------------------------------------------------------------
@@ -350,7 +358,10 @@ class Demo:
     def report(self) -> int:
         table = self.table = self.catalog.load_table(IDENT)
         snapshots = self.committed()
-        ids = interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist()
+        if self.s3:
+            ids = table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+        else:
+            ids = interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist()
         counts = Counter(ids)
         sent = range(self.size.rows)
         duplicates = sum(c - 1 for c in counts.values() if c > 1)
@@ -363,8 +374,14 @@ class Demo:
         )
         kills = sum(r.killed for r in self.runs)
         referenced = {local_path(task.file.file_path) for task in table.scan().plan_files()}
-        on_disk = {str(p) for p in Path(local_path(table.location()), "data").rglob("*.parquet")}
-        leftovers = len(on_disk - referenced)
+        if self.s3:
+            from lakesink.maintenance import remove_orphan_files
+
+            dry = remove_orphan_files(table, older_than=timedelta(0), dry_run=True)
+            leftovers = len(dry.removed) + len(dry.kept_in_flight) + len(dry.kept_too_young)
+        else:
+            on_disk = {str(p) for p in Path(local_path(table.location()), "data").rglob("*.parquet")}
+            leftovers = len(on_disk - referenced)
         query_ids = sorted({s.summary[SUMMARY_QUERY_ID] for s in snapshots})
 
         print()
@@ -387,7 +404,8 @@ class Demo:
         print("Result")
         print(f"  streaming query id:    {', '.join(query_ids)} (the same across restarts: one checkpoint)")
         print(f"  rows sent:             {self.size.rows:,}")
-        print(f"  rows in the table:     {len(ids):,} (read with DuckDB's Iceberg reader)")
+        reader = "pyiceberg, through S3" if self.s3 else "DuckDB's Iceberg reader"
+        print(f"  rows in the table:     {len(ids):,} (read with {reader})")
         print(f"  duplicates:            {duplicates}")
         print(f"  missing:               {missing}")
         if unexpected:
@@ -514,7 +532,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="how many times to kill the job (default: 2, --fast: 1)",
     )
     p.add_argument("--run-timeout", type=float, default=300.0, help="seconds one run of the job may take")
+    p.add_argument(
+        "--s3",
+        action="store_true",
+        help="put the warehouse on an S3-compatible server (moto) the demo starts on 127.0.0.1",
+    )
     return p.parse_args(argv)
+
+
+S3_BUCKET = "lakesink-demo"
+
+
+def start_s3(home: Path) -> Any:
+    """Start moto's S3 server on a free port; point the embedded catalog's definition at it (also for the job)."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per HTTP request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    import boto3
+
+    key, secret = "demo-access-key", "demo-secret-key"  # moto accepts any; never printed
+    boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=key, aws_secret_access_key=secret, region_name="us-east-1"
+    ).create_bucket(Bucket=S3_BUCKET)
+    db = home / "catalog-s3.db"
+    db.unlink(missing_ok=True)  # the server keeps objects in memory: an earlier run's catalog points nowhere
+    home.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "TYPE": "sql",
+        "URI": f"sqlite:///{db}",
+        "WAREHOUSE": f"s3://{S3_BUCKET}/warehouse",
+        "S3__ENDPOINT": endpoint,
+        "S3__ACCESS_KEY_ID": key,
+        "S3__SECRET_ACCESS_KEY": secret,
+        "S3__REGION": "us-east-1",
+        "S3__FORCE_VIRTUAL_ADDRESSING": "false",
+    }
+    for name, value in settings.items():
+        os.environ[f"PYICEBERG_CATALOG__{catalogs.EMBEDDED_CATALOG_NAME.upper()}__{name}"] = value
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -526,14 +587,16 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[catalogs.ENV_HOME] = str(home)
     size = FAST if args.fast else FULL
     kills = args.kills if args.kills is not None else (1 if args.fast else 2)
-    demo = Demo(folder=Path(args.dir).expanduser().resolve(), size=size, run_timeout=args.run_timeout)
+    demo = Demo(folder=Path(args.dir).expanduser().resolve(), size=size, run_timeout=args.run_timeout, s3=args.s3)
+    s3_server = start_s3(home) if args.s3 else None
     _, props = catalogs.resolve_catalog_properties(None, {})
 
     title = "lakesink demo: exactly-once streaming into Apache Iceberg, through SIGKILLs"
     print(title)
     print("=" * len(title))
     print(f"catalog     {props['uri']}  (embedded default catalog, LAKESINK_HOME={home})")
-    print(f"warehouse   {props['warehouse']}")
+    where = f"  (S3-compatible server at {props['s3.endpoint']})" if s3_server is not None else ""
+    print(f"warehouse   {props['warehouse']}{where}")
     print(f"demo folder {demo.folder}  (input/, checkpoint/, stream_job.log)")
     print(
         f"plan        {size.files} files, {size.files_per_batch} per micro-batch = {size.batches} batches; "
@@ -554,6 +617,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         demo.stop_child()
+        if s3_server is not None:
+            s3_server.stop()
 
 
 if __name__ == "__main__":

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import pickle
+import uuid
 from collections.abc import Mapping
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from lakesink import _pyspark, catalogs, sparkwrite, storage
-from lakesink.checkpoint import read_source_offsets
+from lakesink import _pyspark, catalogs, sparkfs, sparkwrite, storage
+from lakesink.checkpoint import read_query_id, read_source_offsets
 from lakesink.driver import BatchOutcome, TableCommitter
 from lakesink.errors import InvalidOptionError, LakesinkError
 from lakesink.executor import TASK_RESULT_SCHEMA, PartitionWriter
@@ -47,6 +48,12 @@ log = logging.getLogger("lakesink")
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 #: Spark sets the job group of a streaming query's jobs to the run id (a new one at every start of the query)
 RUN_ID_PROPERTY = "spark.jobGroup.id"
+#: Identifies this Python process (the run, under Spark Connect: see ForeachBatchSink._run_id)
+_PROCESS_TOKEN = uuid.uuid4().hex
+
+
+def _is_connect(spark: SparkSession) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def foreach_batch(
@@ -138,13 +145,11 @@ class ForeachBatchSink:
 
     def __call__(self, df: DataFrame, batch_id: int) -> BatchOutcome:
         spark = df.sparkSession
-        query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
-        if not query_id:
-            raise LakesinkError("lakesink.foreach_batch(...) must be passed to writeStream.foreachBatch of a streaming query")
+        query_id = self._query_id(spark)
         if self._committer is None:
             self._committer = TableCommitter(self.options)
         committer = self._committer
-        run_id = spark.sparkContext.getLocalProperty(RUN_ID_PROPERTY) or None
+        run_id = self._run_id(spark)
         if run_id != self._run:  # a new run of the query (or the first): open the table afresh
             self._run, self._opened, self._table_uuid = run_id, None, None
         stream_schema = arrow_schema_of(df.schema)
@@ -167,6 +172,8 @@ class ForeachBatchSink:
                 table_uuid=plan.table_uuid,
             )
         reason = sparkwrite.unsupported_reason(plan.schema, partitioned=not table.spec().is_unpartitioned())
+        if reason is None and self.options.writer is not WriterKind.ARROW:
+            reason = sparkfs.unwritable_reason(spark, plan.data_prefix)  # e.g. s3a:// without hadoop-aws
         if self.options.writer is WriterKind.SPARK and reason is not None:
             raise InvalidOptionError(f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'")
         if self.options.writer is WriterKind.ARROW or reason is not None:
@@ -209,6 +216,40 @@ class ForeachBatchSink:
         finally:
             if directory is not None:
                 storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)
+
+    def _run_id(self, spark: SparkSession) -> str | None:
+        """Spark's run id of the query (a new one at every start), which tells a replay (another run) from a second
+        sink of the same run. Under Spark Connect the query's JVM objects are out of reach, but the server starts
+        a Python process for the foreachBatch function at every start of the query and stops it with the query:
+        that process stands for the run."""
+        if _is_connect(spark):
+            return f"connect-process-{_PROCESS_TOKEN}"
+        return spark.sparkContext.getLocalProperty(RUN_ID_PROPERTY) or None
+
+    def _query_id(self, spark: SparkSession) -> str:
+        """The streaming query's id: a local property of the batch's job (classic Spark), or, under Spark
+        Connect, where this function runs in a server-side Python process without the query's JVM objects,
+        the ``id`` in the metadata file of the checkpoint the user named."""
+        if not _is_connect(spark):
+            query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+            if not query_id:
+                raise LakesinkError("lakesink.foreach_batch(...) must be passed to writeStream.foreachBatch of a streaming query")
+            return str(query_id)
+        checkpoint = self.options.checkpoint_location
+        if checkpoint is None:
+            raise LakesinkError(
+                "lakesink.foreach_batch runs under Spark Connect here: its function runs in a Python process of the "
+                "Connect server, which cannot see the streaming query's id; pass checkpoint_location=<the query's "
+                "checkpointLocation> to lakesink.foreach_batch (the id is read from that checkpoint's metadata file), "
+                "or use writeStream.format('lakesink')"
+            )
+        query_id = read_query_id(checkpoint)
+        if not query_id:
+            raise LakesinkError(
+                f"checkpoint_location={checkpoint!r} given to lakesink.foreach_batch has no metadata file with a query id: "
+                "it must be the same folder as the query's checkpointLocation option"
+            )
+        return query_id
 
     def _max_records_per_file(self, plan: WritePlan) -> int:
         """Spark rolls files by row count only: the target file size over the last batch's bytes per row (0: no limit)."""

@@ -2,7 +2,10 @@
 
 - DuckDB's C++ Iceberg reader (``duckdb`` + ``duckdb-extension-iceberg`` + ``duckdb-extension-avro``
   from PyPI; the extensions are loaded from their wheels, no extension server needed);
-- iceberg-rust through DataFusion (``pyiceberg-core`` + ``datafusion``).
+- iceberg-rust through DataFusion (``pyiceberg-core`` + ``datafusion``);
+- ClickHouse's Iceberg reader, embedded (``chdb``, ``icebergLocal``): it takes the table's folder and
+  reads the metadata file with the highest version number there, not the catalog's pointer (a commit
+  that lost its swap can leave a newer, never-committed metadata file: use it on quiet tables only).
 
 Install them with ``pip install 'lakesink[readers]'``. Both read the table's current
 ``metadata.json`` straight from storage, independent of pyiceberg's reader.
@@ -76,3 +79,33 @@ def iceberg_rust_query(
 
 def iceberg_rust_read(metadata_location: str) -> pa.Table:
     return iceberg_rust_query(metadata_location)
+
+
+# chdb reads local files only inside its working folder ("File path ... is not inside ."), and its
+# connection options do not change that: the query runs in a child process started in the root folder.
+_CHDB_SCRIPT = """
+import sys
+import chdb
+path, sql = sys.argv[1], sys.argv[2]
+view = "CREATE VIEW t AS SELECT * FROM icebergLocal('" + path.replace("'", "''") + "')"
+with chdb.session.Session() as s:
+    s.query(view)
+    sys.stdout.buffer.write(s.query(sql, "Arrow").bytes())
+"""
+
+
+def chdb_query(table_location: str, sql: str = "SELECT * FROM t") -> pa.Table:
+    """Run ``sql`` with ``t`` bound to the table at ``table_location`` (its folder) in chdb (ClickHouse)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _CHDB_SCRIPT, _local(table_location), sql], cwd="/", capture_output=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"chdb failed: {done.stderr.decode(errors='replace')[-2000:]}")
+    return pa.ipc.open_file(pa.BufferReader(done.stdout)).read_all()
+
+
+def chdb_read(table_location: str) -> pa.Table:
+    return chdb_query(table_location)

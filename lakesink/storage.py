@@ -249,13 +249,21 @@ def _filesystem(io: FileIO, location: str) -> tuple[Any, str]:
 
 
 def _list_fsspec(fs: Any, root: str) -> Iterator[ListedFile]:
+    # s3fs (like other fsspec object stores) caches directory listings in the filesystem instance, and
+    # pyiceberg's FsspecFileIO keeps one instance per process: a listing left in that cache hides every
+    # file written later by another process (the next metadata.json: FileNotFoundError on the next
+    # load_table, seen on S3 in tests/test_s3.py). List fresh, and leave no listing behind.
+    fs.invalidate_cache()
     try:
-        base = str(fs.info(root)["name"]).rstrip("/")
-    except FileNotFoundError:
-        return
-    for path, detail in fs.find(root, detail=True, withdirs=False).items():
-        if detail.get("type", "file") == "file" and path.startswith(base + "/"):
-            yield ListedFile(path[len(base) + 1 :], int(detail.get("size") or 0), _fsspec_mtime(detail))
+        try:
+            base = str(fs.info(root)["name"]).rstrip("/")
+        except FileNotFoundError:
+            return
+        for path, detail in fs.find(root, detail=True, withdirs=False).items():
+            if detail.get("type", "file") == "file" and path.startswith(base + "/"):
+                yield ListedFile(path[len(base) + 1 :], int(detail.get("size") or 0), _fsspec_mtime(detail))
+    finally:
+        fs.invalidate_cache()
 
 
 def _utc(value: Any) -> datetime | None:

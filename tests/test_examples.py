@@ -14,8 +14,10 @@ DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
 
 
 @pytest.mark.spark
-@pytest.mark.timeout(200)
-def test_demo_fast_kills_and_restarts_with_no_duplicates_and_no_missing_rows(tmp_path: Path) -> None:
+@pytest.mark.timeout(700)
+# --s3: the warehouse on the S3-compatible server the demo starts (make demo DEMO_ARGS=--s3; docs/deployment.md)
+@pytest.mark.parametrize("storage", ["local", pytest.param("s3", marks=pytest.mark.deploy)])
+def test_demo_fast_kills_and_restarts_with_no_duplicates_and_no_missing_rows(tmp_path: Path, storage: str) -> None:
     env = dict(os.environ)
     env.update(
         PYSPARK_PYTHON=sys.executable,
@@ -24,7 +26,7 @@ def test_demo_fast_kills_and_restarts_with_no_duplicates_and_no_missing_rows(tmp
     )
     env.pop("LAKESINK_FAULTS_DIR", None)  # the demo uses a folder of its own for the job it kills
     proc = subprocess.Popen(
-        [sys.executable, str(DEMO), "--fast", "--dir", str(tmp_path / "demo-run")],
+        [sys.executable, str(DEMO), "--fast", "--dir", str(tmp_path / "demo-run"), *(["--s3"] if storage == "s3" else [])],
         cwd=tmp_path,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -33,7 +35,7 @@ def test_demo_fast_kills_and_restarts_with_no_duplicates_and_no_missing_rows(tmp
         text=True,
     )
     try:
-        out, err = proc.communicate(timeout=150)
+        out, err = proc.communicate(timeout=150 if storage == "local" else 600)
     finally:
         if proc.poll() is None:
             # SIGTERM first: the demo then kills its stream job (a session of its own) before exiting
@@ -58,6 +60,11 @@ def test_demo_fast_kills_and_restarts_with_no_duplicates_and_no_missing_rows(tmp
     assert number("missing") == 0, detail
     assert number(r"kills \(SIGKILL\)") >= 1, detail
     assert number("rows in the table") == number("rows sent") > 0, detail
+    if storage == "s3":
+        assert "read with pyiceberg, through S3" in out and "S3-compatible server at http://127.0.0.1:" in out, detail
+        assert (tmp_path / "lakehouse" / "catalog-s3.db").is_file()
+        assert not (tmp_path / "lakehouse" / "warehouse").exists()
+        return
     # the embedded default catalog, where LAKESINK_HOME says
     assert (tmp_path / "lakehouse" / "catalog.db").is_file()
     assert (tmp_path / "lakehouse" / "warehouse").is_dir()

@@ -1,7 +1,7 @@
 """Tables written by lakesink read back identically through engines that are not pyiceberg.
 
-DuckDB's C++ Iceberg reader and iceberg-rust (pyiceberg-core on DataFusion) read the table's
-metadata.json, manifests and Parquet files themselves.
+DuckDB's C++ Iceberg reader, iceberg-rust (pyiceberg-core on DataFusion) and ClickHouse's reader
+(chdb) read the table's metadata.json, manifests and Parquet files themselves.
 """
 
 from __future__ import annotations
@@ -84,11 +84,14 @@ def test_duckdb_and_iceberg_rust_read_what_pyiceberg_reads(
 
     duck = interop.duckdb_read(table.metadata_location)
     rust = interop.iceberg_rust_read(table.metadata_location)
+    clickhouse = interop.chdb_read(table.location())
     assert normalized(duck) == expected
     assert normalized(rust) == expected
+    assert normalized(clickhouse) == expected
     # aggregates computed inside each engine, not only row transfer
     sql = "SELECT count(*) AS n, count(DISTINCT id) AS ids, sum(id) AS s, count(user) AS users FROM t"
     assert interop.duckdb_query(table.metadata_location, sql).to_pylist() == [{"n": 300, "ids": 300, "s": 44850, "users": 272}]
     assert interop.iceberg_rust_query(table.metadata_location, sql).to_pylist() == [
         {"n": 300, "ids": 300, "s": 44850, "users": 272}
     ]
+    assert interop.chdb_query(table.location(), sql).to_pylist() == [{"n": 300, "ids": 300, "s": 44850, "users": 272}]

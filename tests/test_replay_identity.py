@@ -345,3 +345,16 @@ def test_a_bad_table_property_fails_the_plan_on_the_driver_naming_it(catalog_pro
     ).commit_transaction()
     with pytest.raises(InvalidOptionError, match="table db.events has a table property lakesink's writer cannot use"):
         c.write_plan(c.reload_table(), Q)
+
+
+def test_verify_accounts_for_each_sink_of_a_query_on_its_own(catalog_properties) -> None:  # type: ignore[no-untyped-def]
+    from lakesink.audit import verify
+
+    a, b = sink(catalog_properties, sink_id="a"), sink(catalog_properties, sink_id="b")
+    for batch_id in range(3):
+        commit(a, batch_id, [write(a, batch_id, [batch_id])])
+        commit(b, batch_id, [write(b, batch_id, [100 + batch_id])])
+    report = verify(load(a), show_progress=False)
+    assert report.ok, report.human()
+    assert sorted((q.sink_id, q.first_batch, q.last_batch) for q in report.queries) == [("a", 0, 2), ("b", 0, 2)]
+    assert "(sink a)" in report.human()

@@ -1,0 +1,60 @@
+"""A streaming job run as a child process by the deployment tests (tests/test_s3.py, tests/test_cluster.py),
+which SIGKILL it or its executors and start it again on the same checkpoint.
+
+argv[1]: JSON object with ``input``, ``checkpoint``, ``table``, ``entry`` (``format`` or ``foreach``),
+``catalog_properties``, ``master`` (``local[2,4]``, ``spark://127.0.0.1:PORT``), optional ``writer``,
+``conf`` (more Spark configuration) and ``max_files`` (maxFilesPerTrigger).
+Input: JSON files of ``tests.helpers.SCHEMA_DDL`` rows with unique ids; trigger availableNow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main() -> int:
+    cfg = json.loads(sys.argv[1])
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    import lakesink
+    from tests.helpers import SCHEMA_DDL
+
+    builder = (
+        SparkSession.builder.master(cfg["master"])
+        .appName("lakesink-deploy-job")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+    )
+    for k, v in cfg.get("conf", {}).items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    lakesink.register(spark)
+    events = spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", cfg.get("max_files", 1)).json(cfg["input"])
+    if cfg["entry"] == "format":
+        writer = events.writeStream.format("lakesink").option("table", cfg["table"])
+        for k, v in cfg["catalog_properties"].items():
+            writer = writer.option(f"catalog.{k}", v)
+    else:
+        sink = lakesink.foreach_batch(
+            cfg["table"],
+            catalog_properties=cfg["catalog_properties"],
+            checkpoint_location=cfg["checkpoint"],
+            writer=cfg.get("writer", "auto"),
+        )
+        writer = events.writeStream.foreachBatch(sink)  # type: ignore[arg-type]
+    query = writer.option("checkpointLocation", cfg["checkpoint"]).trigger(availableNow=True).start()
+    print(f"deploy_job: started query {query.id}", flush=True)
+    query.awaitTermination()
+    print("deploy_job: all input consumed", flush=True)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""lakesink on a Spark standalone cluster: executors in their own JVMs (started by two real workers on
+127.0.0.1, tests/cluster.py), one of them SIGKILLed in the middle of a batch. Spark reschedules its
+tasks; every id lands once.
+
+Executors reach lakesink the simplest way a cluster allows: every worker runs the same interpreter
+(``PYSPARK_PYTHON``, the one lakesink is installed in). docs/deployment.md has the other ways
+(``spark.archives`` with a packed virtual environment, ``--py-files``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lakesink import catalogs
+from lakesink.faults import ENV_FAULTS_DIR, EXECUTOR_BEFORE_WRITE
+from tests.cluster import StandaloneCluster, ancestors
+from tests.helpers import assert_snapshot_invariants, table_ids, write_json_input
+
+pytestmark = [pytest.mark.spark, pytest.mark.deploy]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: Any) -> Iterator[StandaloneCluster]:
+    # its own folder, not under pytest's numbered temporary folders (which other pytest runs on the
+    # machine prune while this one runs)
+    folder = Path(tempfile.mkdtemp(prefix="lakesink-cluster-"))
+    c = StandaloneCluster.start(folder)
+    yield c
+    c.stop()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("entry", ["format", "foreach"])
+def test_executor_sigkilled_mid_batch_on_a_cluster_every_id_lands_once(
+    tmp_path: Path, cluster: StandaloneCluster, postgres: Any, entry: str
+) -> None:
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    props = {"type": "sql", "uri": postgres.create_database(), "warehouse": f"file://{warehouse}"}
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    sent = write_json_input(tmp_path / "input", files=4, rows_per_file=50)
+    cfg = {
+        "input": str(tmp_path / "input"),
+        "checkpoint": str(tmp_path / "ck"),
+        "table": "db.events",
+        "entry": entry,
+        # foreach_batch, writer="auto": Spark's own writer on the cluster (file:// is writable there);
+        # the pause below is then on the Arrow path of format("lakesink")
+        "writer": "arrow",
+        "catalog_properties": props,
+        "master": cluster.url,
+        "max_files": 2,
+        "conf": {
+            "spark.executor.memory": "512m",
+            "spark.executor.cores": "1",
+            "spark.cores.max": "2",
+            "spark.task.maxFailures": "4",
+            "spark.executorEnv.LAKESINK_FAULTS_DIR": str(faults),
+            "spark.executorEnv.PYTHONPATH": str(ROOT),
+        },
+    }
+    # the first task that starts writing waits at the fault point; its executor is then SIGKILLed
+    (faults / EXECUTOR_BEFORE_WRITE).write_text("pause")
+    env = {
+        **os.environ,
+        ENV_FAULTS_DIR: str(faults),
+        "PYTHONPATH": str(ROOT),
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    job = subprocess.Popen(
+        ["nice", "-n", "5", sys.executable, "-m", "tests.deploy_job", json.dumps(cfg)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not (faults / f"{EXECUTOR_BEFORE_WRITE}.reached").exists():
+            assert job.poll() is None, job.stdout.read().decode()[-3000:] if job.stdout else ""
+            assert time.monotonic() < deadline, "no task reached the fault point"
+            time.sleep(0.1)
+        paused = [int(p.name.rsplit(".", 1)[1]) for p in faults.glob(f"{EXECUTOR_BEFORE_WRITE}.fired.*")]
+        assert len(paused) == 1
+        executors = cluster.executor_pids()
+        assert len(executors) == 2, "expected two executor JVMs"
+        victim = [pid for pid in executors if pid in ancestors(paused[0])]
+        assert len(victim) == 1, f"the paused Python worker {paused[0]} runs under none of the executors {executors}"
+        os.kill(victim[0], signal.SIGKILL)
+        (faults / f"{EXECUTOR_BEFORE_WRITE}.release").touch()
+        out, _ = job.communicate(timeout=900)
+        assert job.returncode == 0, out.decode()[-3000:]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    table = catalogs.load(None, props).load_table(("db", "events"))
+    assert table_ids(table) == Counter(sent)
+    assert_snapshot_invariants(table)
+    assert victim[0] not in cluster.executor_pids()
+
+
+def test_foreach_batch_auto_uses_spark_writer_on_the_cluster(tmp_path: Path, cluster: StandaloneCluster, postgres: Any) -> None:
+    """writer="auto" on a cluster that can write the warehouse (file://, one machine): Spark's own writer."""
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    props = {"type": "sql", "uri": postgres.create_database(), "warehouse": f"file://{warehouse}"}
+    sent = write_json_input(tmp_path / "input", files=2, rows_per_file=50)
+    cfg = {
+        "input": str(tmp_path / "input"),
+        "checkpoint": str(tmp_path / "ck"),
+        "table": "db.events",
+        "entry": "foreach",
+        "writer": "auto",
+        "catalog_properties": props,
+        "master": cluster.url,
+        "conf": {"spark.executor.memory": "512m", "spark.executor.cores": "1", "spark.cores.max": "2"},
+    }
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop(ENV_FAULTS_DIR, None)
+    done = subprocess.run(
+        ["nice", "-n", "5", sys.executable, "-m", "tests.deploy_job", json.dumps(cfg)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = catalogs.load(None, props).load_table(("db", "events"))
+    assert table_ids(table) == Counter(sent)
+    assert_snapshot_invariants(table)
+    paths = [task.file.file_path for task in table.scan().plan_files()]
+    assert paths and all("/part-" in p for p in paths), paths  # Spark's file names: its writer wrote them
