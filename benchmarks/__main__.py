@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from benchmarks import commit_path as commit_path_bench
+from benchmarks import longrun as longrun_bench
 from benchmarks import memory as memory_bench
 from benchmarks import metadata_cost as metadata_cost_bench
 from benchmarks import rate as rate_bench
@@ -169,6 +170,41 @@ def commit_path(
     _finish(ctx, f"commit_path-{label}", result)
 
 
+@main.command("longrun")
+@click.option("--batches", default=20_000, show_default=True)
+@click.option("--maintain-every", default=100, show_default=True, help="batches between two maintenance runs")
+@click.option("--keep", default=200, show_default=True, help="history.expire.min-snapshots-to-keep of the maintained run")
+@click.option("--variants", default="maintained,history-kept", show_default=True)
+@click.pass_context
+def longrun(ctx: click.Context, batches: int, maintain_every: int, keep: int, variants: str) -> None:
+    """Commit cost over many batches with lakesink's compaction and expiry (issue 11)."""
+    info = machine()
+    step = max(1, batches // 20)
+    runs = {}
+    with _work(ctx.obj["work"]) as root:
+        for variant in [v.strip() for v in variants.split(",") if v.strip()]:
+
+            def progress(b: int, variant: str = variant) -> None:
+                if (b + 1) % step == 0:
+                    _say(f"  {variant}: {b + 1:,} batches")
+
+            r = longrun_bench.run(
+                batches, variant=variant, maintain_every=maintain_every, keep=keep, root=root / variant, progress=progress
+            )
+            runs[variant] = r
+            s = r["samples"][-1]
+            _say(
+                f"longrun {variant}: commit p50 early {r['windows']['early_p50_ms']:.1f} ms -> late "
+                f"{r['windows']['late_p50_ms']:.1f} ms ({r['late_over_early']:.2f}x, target <= {r['target']}x); "
+                f"data files {s['data_files']}, metadata.json {s['metadata_json_bytes'] / 1024:.0f} KiB; rows ok {r['rows_ok']}"
+            )
+    out: Path = ctx.obj["out"]
+    out.mkdir(parents=True, exist_ok=True)
+    longrun_bench.plot(runs, out / "longrun.png")
+    path = write_json(out, "longrun", {"command": _command(), "machine": info, "runs": runs})
+    _say(f"wrote {path} and {out / 'longrun.png'}")
+
+
 @main.command()
 @click.option("--sizes", default="1000000,10000000", show_default=True, help="rows per batch, comma-separated")
 @click.option("--paths", default="format,foreach", show_default=True)
@@ -192,14 +228,35 @@ def memory(ctx: click.Context, sizes: str, paths: str, confs: tuple[str, ...]) -
 @click.option("--rows-per-second", default=100_000, show_default=True)
 @click.option("--seconds", default=60, show_default=True)
 @click.option("--trigger", default="1 second", show_default=True)
+@click.option("--maintenance", type=click.Choice(["auto", "off"]), default=None, help="the sink option (default: the sink's)")
+@click.option("--property", "properties", multiple=True, help="table property KEY=VALUE of the created table (repeatable)")
+@click.option("--sample-every", default=0.0, show_default=True, help="seconds between samples of files and DuckDB scan time")
 @click.pass_context
-def rate(ctx: click.Context, rows_per_second: int, seconds: int, trigger: str) -> None:
+def rate(
+    ctx: click.Context,
+    rows_per_second: int,
+    seconds: int,
+    trigger: str,
+    maintenance: str | None,
+    properties: tuple[str, ...],
+    sample_every: float,
+) -> None:
     """Rate source into format("lakesink") on a processing-time trigger: batch durations, backlog."""
     info = machine()
     with _work(ctx.obj["work"]) as root:
         spark = spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": "1000"})
         try:
-            result = rate_bench.run(spark, root, rows_per_second=rows_per_second, seconds=seconds, trigger=trigger, say=_say)
+            result = rate_bench.run(
+                spark,
+                root,
+                rows_per_second=rows_per_second,
+                seconds=seconds,
+                trigger=trigger,
+                say=_say,
+                maintenance=maintenance,
+                table_properties=dict(p.split("=", 1) for p in properties),
+                sample_every=sample_every,
+            )
         finally:
             spark.stop()
     s = result["steady"]

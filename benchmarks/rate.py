@@ -25,7 +25,12 @@ def run(
     trigger: str = "1 second",
     warmup_timeout: float = 300.0,
     say: Callable[[str], None] = print,
+    maintenance: str | None = None,
+    table_properties: dict[str, str] | None = None,
+    sample_every: float = 0.0,
 ) -> dict[str, Any]:
+    """``maintenance`` and ``table_properties``: the sink options (issue 11); with ``sample_every`` > 0, the
+    table's data files, metadata.json size and DuckDB's scan time of the whole table are sampled that often."""
     from lakesink import catalogs
 
     props = catalog_properties(root)
@@ -34,6 +39,12 @@ def run(
     w = df.writeStream.format("lakesink").option("table", table)
     for k, v in props.items():
         w = w.option(f"catalog.{k}", v)
+    if maintenance is not None:
+        w = w.option("maintenance", maintenance)
+    for k, v in (table_properties or {}).items():
+        w = w.option(f"table-property.{k}", v)
+    samples: list[dict[str, Any]] = []
+    next_sample = 0.0
     q = w.option("checkpointLocation", str(root / "ck")).trigger(processingTime=trigger).start()
     warmup_until = time.perf_counter() + warmup_timeout
     first_batch: int | None = None
@@ -52,6 +63,9 @@ def run(
         start = time.perf_counter()
         while time.perf_counter() - start < seconds:
             _check(q)
+            if sample_every and time.perf_counter() >= next_sample:
+                next_sample = time.perf_counter() + sample_every
+                samples.append({"t_s": round(time.perf_counter() - start, 1), **table_sample(props, table)})
             time.sleep(0.5)
     finally:
         q.stop()
@@ -73,6 +87,8 @@ def run(
     t = catalogs.load(None, props).load_table(table)
     snap = t.current_snapshot()
     in_table = int(snap.summary["total-records"] or 0) if snap and snap.summary else 0
+    values = t.scan(selected_fields=("value",)).to_arrow().column("value")
+    distinct = len(set(values.to_pylist()))
     with_rows = [b for b in batches if b["rows"]]
     # the batch right after the warm-up catches up with the rows that arrived during it
     steady = with_rows[2:] if len(with_rows) > 6 else with_rows
@@ -96,6 +112,9 @@ def run(
         "warmup_rows": warmup_rows,
         "rows_reported": warmup_rows + sum(b["rows"] for b in batches),
         "rows_in_table": in_table,
+        "distinct_values_in_table": distinct,
+        "every_row_once": distinct == len(values) == warmup_rows + sum(b["rows"] for b in batches),
+        "samples": samples,
         "steady": {
             "batches": len(steady),
             "median_trigger_ms": statistics.median(durations) if durations else None,
@@ -107,3 +126,41 @@ def run(
         },
         "backlog_growing": growing,
     }
+
+
+def table_sample(props: dict[str, str], table: str) -> dict[str, Any]:
+    """Data files of the current snapshot, metadata.json size, and DuckDB's time to scan the whole table."""
+    from lakesink import _pyiceberg as seam
+    from lakesink import catalogs
+
+    t = catalogs.load(None, props).load_table(table)
+    head = t.current_snapshot()
+    location = t.metadata_location
+    out: dict[str, Any] = {
+        "snapshots": len(t.metadata.snapshots),
+        "data_files": len(list(seam.data_file_entries(t, head))) if head else 0,
+        "metadata_json_bytes": Path(location.removeprefix("file://")).stat().st_size,
+        "duckdb_scan_ms": None,
+    }
+    try:
+        out["duckdb_scan_ms"] = _duckdb_scan_ms(location)
+    except Exception as e:  # DuckDB or its Iceberg extension not installed
+        out["duckdb_error"] = f"{type(e).__name__}: {e}"[:200]
+    return out
+
+
+def _duckdb_scan_ms(metadata_location: str) -> float:
+    import importlib.util
+
+    import duckdb
+
+    con = duckdb.connect()
+    for ext in ("avro", "iceberg"):
+        spec = importlib.util.find_spec(f"duckdb_extension_{ext}")
+        if spec is None or not spec.submodule_search_locations:
+            raise RuntimeError(f"duckdb-extension-{ext} is not installed")
+        found = sorted(Path(next(iter(spec.submodule_search_locations))).rglob(f"{ext}.duckdb_extension"))
+        con.execute(f"LOAD '{found[0]}'")
+    start = time.perf_counter()
+    con.execute(f"SELECT count(*), sum(value) FROM iceberg_scan('{metadata_location.removeprefix('file://')}')").fetchall()
+    return (time.perf_counter() - start) * 1000

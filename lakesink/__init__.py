@@ -59,15 +59,22 @@ if TYPE_CHECKING:
         verify,
     )
     from lakesink.catalogs import lakesink_home
+    from lakesink.compaction import compact
     from lakesink.datasource import LakesinkDataSource
     from lakesink.driver import BatchOutcome, Outcome
+    from lakesink.expiry import expire_snapshots
     from lakesink.foreach import ForeachBatchSink, foreach_batch
     from lakesink.maintenance import remove_orphan_files
     from lakesink.options import OutputMode, ReadOptions, SinkOptions
+    from lakesink.upkeep import forget_query, maintain
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "compact",
+    "expire_snapshots",
+    "forget_query",
+    "maintain",
     "AuditError",
     "BatchOutcome",
     "CatalogError",
@@ -142,6 +149,10 @@ _LAZY = {
     "ForeachBatchSink": "lakesink.foreach",
     "foreach_batch": "lakesink.foreach",
     "remove_orphan_files": "lakesink.maintenance",
+    "compact": "lakesink.compaction",
+    "expire_snapshots": "lakesink.expiry",
+    "forget_query": "lakesink.upkeep",
+    "maintain": "lakesink.upkeep",
     "OutputMode": "lakesink.options",
     "ReadOptions": "lakesink.options",
     "SinkOptions": "lakesink.options",

@@ -185,7 +185,7 @@ def human_history(records: Sequence[SnapshotRecord]) -> str:
                 datetime.fromtimestamp(r.timestamp_ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
                 str(r.snapshot_id) + ("" if r.on_main else " (not on main)"),
                 r.operation or "",
-                r.query_id[:8] if r.query_id else f"({OTHER})",
+                r.query_id[:8] if r.query_id else f"({r.writer or OTHER})",
                 "" if r.batch_id is None else str(r.batch_id),
                 str(r.added_records),
                 str(r.deleted_records),
@@ -198,6 +198,8 @@ def human_history(records: Sequence[SnapshotRecord]) -> str:
         )
     if not rows:
         return "no snapshots"
+    if records[0].parent_id is None and (records[0].sequence_number or 0) > 1:
+        rows.insert(0, ("(older snapshots expired)", "", "", "", "", "", "", "", "", "", "", ""))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     right = {4, 5, 6, 7, 8, 9}
 
@@ -530,3 +532,7 @@ def _size(n: int) -> str:
             return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+# the table maintenance commands (maintain, compact, expire-snapshots, forget-query) register themselves on main
+from lakesink import maintenance_cli as _maintenance_cli  # noqa: E402,F401

@@ -31,12 +31,15 @@ from lakesink.options import (
     CATALOG_PROPERTY_PREFIX,
     CREATE_TABLE,
     DELETE_WHEN,
+    FORMAT_VERSION,
+    MAINTENANCE,
     MERGE_SCHEMA,
     ORDER_BY,
     OUTPUT_MODE,
     PARTITIONED_BY,
     SINK_ID,
     TABLE,
+    TABLE_PROPERTY_PREFIX,
     UPSERT_KEY,
     WRITER,
     SinkOptions,
@@ -73,6 +76,9 @@ def foreach_batch(
     upsert_key: str | Sequence[str] | None = None,
     delete_when: str | None = None,
     order_by: str | None = None,
+    table_properties: Mapping[str, str] | None = None,
+    format_version: int | None = None,
+    maintenance: str = "auto",
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -103,6 +109,11 @@ def foreach_batch(
             it is true delete their key and are not written.
         order_by: a column: among several rows of one key in a batch the greatest value wins (without it, several
             rows of one key are an error).
+        table_properties: Iceberg table properties of a table lakesink creates (an existing table must already
+            have these values, else InvalidOptionError naming them).
+        format_version: the Iceberg format version of a table lakesink creates (default 2; 1, 2 or 3).
+        maintenance: ``"auto"`` (default: compact small files and expire snapshots as the table's
+            ``history.expire.*`` properties ask, between batches; docs/maintenance.md) or ``"off"``.
     """
     options: dict[str, str] = {
         TABLE: table,
@@ -128,6 +139,11 @@ def foreach_batch(
         options[DELETE_WHEN] = delete_when
     if order_by is not None:
         options[ORDER_BY] = order_by
+    for key, value in (table_properties or {}).items():
+        options[f"{TABLE_PROPERTY_PREFIX}{key}"] = str(value)
+    if format_version is not None:
+        options[FORMAT_VERSION] = str(format_version)
+    options[MAINTENANCE] = maintenance
     return ForeachBatchSink(SinkOptions.from_mapping(options))
 
 

@@ -29,6 +29,12 @@ SINK_ID = "sink-id"
 UPSERT_KEY = "upsert-key"
 DELETE_WHEN = "delete-when"
 ORDER_BY = "order-by"
+TABLE_PROPERTY_PREFIX = "table-property."
+FORMAT_VERSION = "format-version"
+MAINTENANCE = "maintenance"
+#: Iceberg table format versions lakesink creates tables with (pyiceberg 0.12 writes v3 too).
+FORMAT_VERSIONS = (1, 2, 3)
+DEFAULT_FORMAT_VERSION = 2
 
 #: Options Spark itself may pass to a sink; accepted and ignored.
 _SPARK_OWN_OPTIONS = frozenset({"path", "queryname"})
@@ -46,6 +52,9 @@ VALID_OPTIONS = (
     UPSERT_KEY,
     DELETE_WHEN,
     ORDER_BY,
+    f"{TABLE_PROPERTY_PREFIX}<property>",
+    FORMAT_VERSION,
+    MAINTENANCE,
 )
 
 _TRUE = frozenset({"true", "1", "yes"})
@@ -91,6 +100,24 @@ class WriterKind(enum.Enum):
         except ValueError:
             raise InvalidOptionError(
                 f"option '{WRITER}' must be one of {', '.join(repr(k.value) for k in cls)}, got {value!r}"
+            ) from None
+
+
+class Maintenance(enum.Enum):
+    """Whether the sink keeps its table healthy while it streams (docs/maintenance.md)."""
+
+    AUTO = "auto"
+    """Between batches: compact small files, rewrite manifests, expire snapshots as the table's properties ask."""
+    OFF = "off"
+    """The sink only commits batches; maintenance is the user's (``lakesink maintain``)."""
+
+    @classmethod
+    def parse(cls, value: str) -> Maintenance:
+        try:
+            return cls(value.strip().lower())
+        except ValueError:
+            raise InvalidOptionError(
+                f"option '{MAINTENANCE}' must be one of {', '.join(repr(m.value) for m in cls)}, got {value!r}"
             ) from None
 
 
@@ -142,6 +169,11 @@ class SinkOptions:
     """A Spark SQL boolean expression over the batch's columns: rows for which it is true delete their key."""
     order_by: str | None = None
     """A column: among several rows of one key in a batch, the one with the greatest value wins."""
+    table_properties: Mapping[str, str] = field(default_factory=dict)
+    """Iceberg table properties of a table lakesink creates; an existing table must already have them."""
+    format_version: int | None = None
+    """The format version of a table lakesink creates (None: 2); checked against an existing table when given."""
+    maintenance: Maintenance = Maintenance.AUTO
 
     def __repr__(self) -> str:  # never print catalog secrets
         return (
@@ -151,7 +183,8 @@ class SinkOptions:
             f"create_table={self.create_table!r}, partitioned_by={', '.join(map(str, self.partitioned_by))!r}, "
             f"merge_schema={self.merge_schema!r}, branch={self.branch!r}, writer={self.writer.value!r}, "
             f"sink_id={self.sink_id!r}, upsert_key={self.upsert_key!r}, delete_when={self.delete_when!r}, "
-            f"order_by={self.order_by!r})"
+            f"order_by={self.order_by!r}, table_properties={dict(self.table_properties)!r}, "
+            f"format_version={self.format_version!r}, maintenance={self.maintenance.value!r})"
         )
 
     __str__ = __repr__
@@ -206,8 +239,11 @@ class SinkOptions:
                 UPSERT_KEY,
                 DELETE_WHEN,
                 ORDER_BY,
+                FORMAT_VERSION,
+                MAINTENANCE,
             )
             and not k.startswith(CATALOG_PROPERTY_PREFIX)
+            and not k.startswith(TABLE_PROPERTY_PREFIX)
             and k not in _SPARK_OWN_OPTIONS
         )
         if unknown:
@@ -226,6 +262,18 @@ class SinkOptions:
         empty = sorted(f"{CATALOG_PROPERTY_PREFIX}{k}" for k, v in catalog_properties.items() if not k)
         if empty:
             raise InvalidOptionError(f"option '{CATALOG_PROPERTY_PREFIX}' needs a property name after the dot")
+        # table property names are case-sensitive too (Iceberg's are lower-case anyway)
+        table_properties = {
+            k[len(TABLE_PROPERTY_PREFIX) :]: str(v)
+            for k, v in case_sensitive.items()
+            if k.lower().startswith(TABLE_PROPERTY_PREFIX)
+        }
+        if any(not k for k in table_properties):
+            raise InvalidOptionError(f"option '{TABLE_PROPERTY_PREFIX}' needs a table property name after the dot")
+        if FORMAT_VERSION in table_properties:
+            raise InvalidOptionError(
+                f"set the format version with option '{FORMAT_VERSION}', not '{TABLE_PROPERTY_PREFIX}{FORMAT_VERSION}'"
+            )
         catalog_name = lowered.get(CATALOG)
         if catalog_name is not None and not catalog_name.strip():
             raise InvalidOptionError(f"option '{CATALOG}' must not be empty")
@@ -245,6 +293,9 @@ class SinkOptions:
             upsert_key=upsert_key,
             delete_when=delete_when,
             order_by=order_by,
+            table_properties=table_properties,
+            format_version=_parse_format_version(lowered[FORMAT_VERSION]) if FORMAT_VERSION in lowered else None,
+            maintenance=Maintenance.parse(lowered.get(MAINTENANCE, Maintenance.AUTO.value)),
         )
 
 
@@ -275,6 +326,19 @@ def _parse_upsert(lowered: Mapping[str, str], mode: OutputMode) -> tuple[tuple[s
             "use output mode 'update' or 'append'"
         )
     return key, delete_when, order_by
+
+
+def _parse_format_version(value: str) -> int:
+    try:
+        version = int(str(value).strip())
+    except ValueError:
+        version = -1
+    if version not in FORMAT_VERSIONS:
+        raise InvalidOptionError(
+            f"option '{FORMAT_VERSION}' must be one of {', '.join(map(str, FORMAT_VERSIONS))} (default "
+            f"{DEFAULT_FORMAT_VERSION}), got {value!r}"
+        )
+    return version
 
 
 def _parse_branch(value: str) -> str:

@@ -11,7 +11,7 @@ Imported by executors: only the standard library and lakesink.errors.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lakesink.errors import InvalidOptionError
 
@@ -35,6 +35,18 @@ COMMIT_MIN_WAIT_MS = "commit.retry.min-wait-ms"
 COMMIT_MAX_WAIT_MS = "commit.retry.max-wait-ms"
 COMMIT_TOTAL_TIMEOUT_MS = "commit.retry.total-timeout-ms"
 
+# snapshot expiry (Iceberg's keys and defaults) and lakesink's maintenance
+MAX_SNAPSHOT_AGE_MS = "history.expire.max-snapshot-age-ms"
+MAX_SNAPSHOT_AGE_MS_DEFAULT = 5 * 24 * 3600 * 1000
+MIN_SNAPSHOTS_TO_KEEP = "history.expire.min-snapshots-to-keep"
+MIN_SNAPSHOTS_TO_KEEP_DEFAULT = 1
+MAX_REF_AGE_MS = "history.expire.max-ref-age-ms"
+MAX_REF_AGE_MS_DEFAULT = 2**63 - 1
+COMPACT_MIN_INPUT_FILES = "write.lakesink.compact.min-input-files"
+COMPACT_MIN_INPUT_FILES_DEFAULT = 5
+MAINTENANCE_INTERVAL_MS = "write.lakesink.maintenance.interval-ms"
+MAINTENANCE_INTERVAL_MS_DEFAULT = 60_000
+
 #: Codecs the Parquet writers know (Iceberg's names; ``none`` is ``uncompressed``).
 CODECS = ("zstd", "snappy", "gzip", "brotli", "lz4", "uncompressed", "none")
 
@@ -47,6 +59,18 @@ class CommitRetry:
     min_wait_ms: int = 100
     max_wait_ms: int = 60_000
     total_timeout_ms: int = 1_800_000
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Iceberg's ``history.expire.*`` table properties (defaults as in Iceberg's Java library)."""
+
+    max_snapshot_age_ms: int = MAX_SNAPSHOT_AGE_MS_DEFAULT
+    min_snapshots_to_keep: int = MIN_SNAPSHOTS_TO_KEEP_DEFAULT
+    max_ref_age_ms: int = MAX_REF_AGE_MS_DEFAULT
+    configured: bool = False
+    """Whether the table sets any ``history.expire.*`` property: the sink's automatic maintenance expires
+    snapshots only then (an expiry nobody asked for would surprise an auditor; docs/maintenance.md)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +89,9 @@ class TableSettings:
     manifest_merge: bool = True
     """``commit.manifest-merge.enabled``: Iceberg's default is true (pyiceberg's false)."""
     commit_retry: CommitRetry = CommitRetry()
+    retention: Retention = Retention()
+    compact_min_input_files: int = COMPACT_MIN_INPUT_FILES_DEFAULT
+    maintenance_interval_ms: int = MAINTENANCE_INTERVAL_MS_DEFAULT
 
     @classmethod
     def parse(cls, table: str, properties: Mapping[str, str]) -> TableSettings:
@@ -116,6 +143,17 @@ class TableSettings:
                 max_wait_ms=_int(integer(COMMIT_MAX_WAIT_MS, CommitRetry.max_wait_ms, minimum=0)),
                 total_timeout_ms=_int(integer(COMMIT_TOTAL_TIMEOUT_MS, CommitRetry.total_timeout_ms, minimum=0)),
             ),
+        )
+        settings = replace(
+            settings,
+            retention=Retention(
+                max_snapshot_age_ms=_int(integer(MAX_SNAPSHOT_AGE_MS, MAX_SNAPSHOT_AGE_MS_DEFAULT, minimum=0)),
+                min_snapshots_to_keep=_int(integer(MIN_SNAPSHOTS_TO_KEEP, MIN_SNAPSHOTS_TO_KEEP_DEFAULT, minimum=1)),
+                max_ref_age_ms=_int(integer(MAX_REF_AGE_MS, MAX_REF_AGE_MS_DEFAULT, minimum=0)),
+                configured=any(k in properties for k in (MAX_SNAPSHOT_AGE_MS, MIN_SNAPSHOTS_TO_KEEP, MAX_REF_AGE_MS)),
+            ),
+            compact_min_input_files=_int(integer(COMPACT_MIN_INPUT_FILES, COMPACT_MIN_INPUT_FILES_DEFAULT, minimum=2)),
+            maintenance_interval_ms=_int(integer(MAINTENANCE_INTERVAL_MS, MAINTENANCE_INTERVAL_MS_DEFAULT, minimum=0)),
         )
         if problems:
             raise InvalidOptionError(

@@ -57,7 +57,20 @@ def test_throughput_and_commit_path_at_toy_size(tmp_path: Path) -> None:
 @pytest.mark.benchmark
 def test_memory_and_rate_at_toy_size(tmp_path: Path) -> None:
     _bench(tmp_path, "memory", "--sizes", "20000,40000")
-    _bench(tmp_path, "rate", "--rows-per-second", "2000", "--seconds", "5")
+    _bench(
+        tmp_path,
+        "rate",
+        "--rows-per-second",
+        "2000",
+        "--seconds",
+        "5",
+        "--maintenance",
+        "auto",
+        "--property",
+        "write.lakesink.maintenance.interval-ms=0",
+        "--sample-every",
+        "2",
+    )
     out = tmp_path / "performance"
     memory = json.loads((out / "memory.json").read_text())
     assert [(r["path"], r["rows"], r["rows_back"]) for r in memory["results"]] == [
@@ -69,5 +82,19 @@ def test_memory_and_rate_at_toy_size(tmp_path: Path) -> None:
     assert all(r["peak_workers_rss_mib"] > 0 for r in memory["results"])
     rate = json.loads((out / "rate.json").read_text())
     assert rate["batches_with_rows"] > 0 and rate["rows_in_table"] == rate["rows_reported"] > 0
+    assert rate["every_row_once"] and rate["samples"] and rate["samples"][-1]["data_files"] > 0
     for png in ("memory.png", "rate.png"):
         assert (out / png).stat().st_size > 1000
+
+
+def test_longrun_at_toy_size(tmp_path: Path) -> None:
+    """The issue-11 long run (no Spark): maintained and history-kept variants, the plot, every row once."""
+    _bench(tmp_path, "longrun", "--batches", "40", "--maintain-every", "10", "--keep", "5")
+    out = tmp_path / "performance"
+    result = json.loads((out / "longrun.json").read_text())
+    maintained, kept = result["runs"]["maintained"], result["runs"]["history-kept"]
+    assert maintained["rows_ok"] and kept["rows_ok"]
+    assert maintained["samples"][-1]["snapshots"] <= 5 + 10 + 1  # expired down to 5 at each run (+ compactions)
+    assert kept["samples"][-1]["snapshots"] > 40  # every batch and compaction kept
+    assert maintained["samples"][-1]["data_files"] < 40 and kept["samples"][-1]["data_files"] < 40
+    assert (out / "longrun.png").stat().st_size > 1000

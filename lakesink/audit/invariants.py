@@ -234,7 +234,19 @@ def _check_summaries(
                 )
         files = len(added) - len(deleted)
         records = sum(f.record_count for f in added) - sum(f.record_count for f in deleted)
-        parent = totals.get(s.parent_snapshot_id) if s.parent_snapshot_id is not None else (0, 0)
+        if s.summary is not None and s.summary.operation.value == "replace" and records != 0:
+            report.violations.append(
+                Violation(
+                    SUMMARY_MISMATCH,
+                    f"snapshot {s.snapshot_id}: a replace (compaction) must keep the rows, but it adds "
+                    f"{sum(f.record_count for f in added)} and removes {sum(f.record_count for f in deleted)}",
+                    s.snapshot_id,
+                )
+            )
+        # a snapshot without parent is the table's first one, unless its parent was expired (pyiceberg clears the
+        # parent id of the oldest snapshot kept; its sequence number then tells it from the first one)
+        is_root = s.parent_snapshot_id is None and (s.sequence_number or 0) <= 1
+        parent = totals.get(s.parent_snapshot_id) if s.parent_snapshot_id is not None else (0, 0) if is_root else None
         recorded_files, recorded_records = opt_int_property(props, "total-data-files"), opt_int_property(props, "total-records")
         if parent is not None:
             expected = (parent[0] + files, parent[1] + records)

@@ -143,7 +143,12 @@ def resolve(table: Table, point: Point, *, branch: str = MAIN_BRANCH) -> Snapsho
             return s
     if _accounted_empty(table, query_id, point.batch_id, [s for _, s, _ in mine], branch):
         later = [i for i, _, batch in mine if batch > point.batch_id]
-        return snapshots[later[0] - 1] if later and later[0] > 0 else snapshots[-1]
+        if later and later[0] == 0:
+            raise AuditError(
+                f"batch {point.batch_id} of query {query_id} is older than the oldest snapshot kept in the history of "
+                f"branch {branch!r} (snapshot {snapshots[0].snapshot_id}): the snapshots it could be read at were expired"
+            )
+        return snapshots[later[0] - 1] if later else snapshots[-1]
     raise AuditError(f"batch {point.batch_id} of query {query_id} is not in the history of branch {branch!r}")
 
 

@@ -18,6 +18,8 @@ from lakesink.properties import (
 
 LAKESINK = "lakesink"
 OTHER = "other writer"
+#: The writer of a snapshot of lakesink's compaction (``lakesink.operation=compact``, an Iceberg replace).
+COMPACTION = "lakesink compaction"
 
 T = TypeVar("T")
 

@@ -19,7 +19,11 @@ import pyarrow as pa
 from pyiceberg.table import Table
 
 from lakesink import _pyiceberg as seam
-from lakesink import storage, taskchanges
+from lakesink import (
+    storage,
+    taskchanges,
+    upkeep,  # a module: lakesink.upkeep imports the driver's swap loop back
+)
 from lakesink.driver import upsert
 from lakesink.driver.swap import RetriesExhausted, Status, SwapResult, swap_with_recheck
 from lakesink.driver.tables import SinkTable
@@ -32,7 +36,7 @@ from lakesink.errors import (
 )
 from lakesink.faults import DRIVER_IN_ABORT, fault_point
 from lakesink.messages import TaskResult, WrittenFile, schema_digest
-from lakesink.options import SINK_ID, OutputMode
+from lakesink.options import SINK_ID, Maintenance, OutputMode
 from lakesink.properties import (
     SUMMARY_COMMIT_ATTEMPT,
     SUMMARY_PREVIOUS_BATCH_ID,
@@ -97,6 +101,18 @@ class TableCommitter(SinkTable):
 
     # --- commit -------------------------------------------------------------------------------------
 
+    @property
+    def maintainer(self) -> upkeep.AutoMaintainer:
+        """The sink's background maintenance (option ``maintenance``; docs/maintenance.md)."""
+        if getattr(self, "_maintainer", None) is None:
+            key = (
+                self.options.catalog_name,
+                tuple(sorted(self.options.catalog_properties.items())),
+                self.options.table.identifier,
+            )
+            self._maintainer = upkeep.maintainer_for(key, self._load, self.load_fresh)
+        return self._maintainer
+
     def commit_batch(
         self,
         *,
@@ -113,7 +129,34 @@ class TableCommitter(SinkTable):
         ``table_uuid``: the uuid of the table the batch was planned for (else read from the task results);
         ``run_id``: Spark's run id of the query run (else read from the task results); ``changes``: with option
         ``upsert-key``, every key the batch changes (lakesink.changes.resolve), whose rows the snapshot replaces.
+        With option ``maintenance=auto``, a background maintenance run starts afterwards when one is due; it never
+        swaps while a batch of this sink commits.
         """
+        with self.maintainer.batch():
+            outcome = self._commit_batch(
+                query_id=query_id,
+                batch_id=batch_id,
+                results=results,
+                source_offsets=source_offsets,
+                run_id=run_id,
+                table_uuid=table_uuid,
+                changes=changes,
+            )
+        if outcome.outcome is Outcome.COMMITTED and self.options.maintenance is Maintenance.AUTO:
+            self.maintainer.after_commit()
+        return outcome
+
+    def _commit_batch(
+        self,
+        *,
+        query_id: str,
+        batch_id: int,
+        results: Sequence[TaskResult],
+        source_offsets: str | None,
+        run_id: str | None,
+        table_uuid: str | None,
+        changes: pa.Table | None,
+    ) -> BatchOutcome:
         if changes is None and any(r.changes for r in results):
             # format("lakesink") with upsert-key: the tasks resolved their rows; a key of two tasks is an error
             changes = taskchanges.merge([r.changes for r in results if r.changes], batch_id=batch_id)

@@ -28,7 +28,7 @@ from lakesink.errors import (
     TableIdentityChangedError,
 )
 from lakesink.messages import WritePlan
-from lakesink.options import UPSERT_KEY, SinkOptions
+from lakesink.options import DEFAULT_FORMAT_VERSION, FORMAT_VERSION, TABLE_PROPERTY_PREFIX, UPSERT_KEY, SinkOptions
 from lakesink.properties import LAST_BATCH_PREFIX, CommittedBatch, SnapshotIndex, last_committed_batch, last_committed_on_branch
 from lakesink.redaction import redact_secrets_in
 from lakesink.schema import SchemaChange, check_writable
@@ -60,6 +60,7 @@ class SinkTable:
         check the stream fits it and that its location overlaps no other table's."""
         table = self._load_or_create(stream_schema)
         self._check(table, stream_schema)
+        self._check_requested_properties(table)
         locations.check_no_overlap(self.table_name, table.location(), self._sibling_locations())
         return self._ensure_branch(table)
 
@@ -116,15 +117,51 @@ class SinkTable:
         if self.options.upsert_key:
             schema = _with_identifier_fields(schema, self.options.upsert_key, self.table_name)
         spec = partitioning.to_spec(self.options.partitioned_by, schema, self.table_name)
+        properties = self.creation_properties()
         try:
             self._patiently(lambda: self.catalog.create_namespace_if_not_exists(self.options.table.namespace))
-            table = self._patiently(lambda: self.catalog.create_table(ident, schema=schema, partition_spec=spec))
+            table = self._patiently(
+                lambda: self.catalog.create_table(ident, schema=schema, partition_spec=spec, properties=properties)
+            )
             log.info("lakesink: created table %s in catalog %r", self.table_name, self.catalog.name)
             return table
         except TableAlreadyExistsError:  # another query created it first
             return self._patiently(lambda: self.catalog.load_table(ident))
         except Exception as e:
             raise CatalogError(f"cannot create table {self.table_name}: {self.redact(e)}") from None
+
+    def creation_properties(self) -> dict[str, str]:
+        """The properties of a table lakesink creates (options ``table-property.*`` and ``format-version``),
+        validated first so that a bad value creates no table."""
+        version = self.options.format_version or DEFAULT_FORMAT_VERSION
+        if not seam.writes_format_version(version):
+            raise InvalidOptionError(
+                f"option '{FORMAT_VERSION}' is {version}, but the installed pyiceberg cannot write format version "
+                f"{version} tables (apache/iceberg-python#1551); table {self.table_name} was not created: use "
+                f"'{FORMAT_VERSION}' {DEFAULT_FORMAT_VERSION} (the default)"
+            )
+        properties = {**self.options.table_properties, FORMAT_VERSION: str(version)}
+        TableSettings.parse(self.table_name, properties)
+        return properties
+
+    def _check_requested_properties(self, table: Table) -> None:
+        """An existing table must already have the properties (and format version) the options ask for:
+        lakesink never changes the properties of a table it did not create."""
+        wrong = [
+            f"{key}={value!r} (table has {table.properties.get(key)!r})"
+            for key, value in self.options.table_properties.items()
+            if table.properties.get(key) != value
+        ]
+        if self.options.format_version is not None and table.metadata.format_version != self.options.format_version:
+            wrong.append(f"{FORMAT_VERSION}={self.options.format_version} (table has {table.metadata.format_version})")
+        if wrong:
+            raise InvalidOptionError(
+                f"table {self.table_name} exists and does not have the table properties the options ask for: "
+                f"{'; '.join(wrong)}. Options '{TABLE_PROPERTY_PREFIX}<name>' and '{FORMAT_VERSION}' only set the "
+                "properties of a table lakesink creates: set them on the table yourself (ALTER TABLE "
+                f"{self.table_name} SET TBLPROPERTIES (...), pyiceberg's transaction().set_properties(...), "
+                "upgrade_table_version(...)) or drop the options"
+            )
 
     def _check(self, table: Table, stream_schema: pa.Schema) -> tuple[SchemaChange, ...]:
         """Check the stream against the table (listing every problem); return the ``merge-schema`` changes."""

@@ -9,7 +9,7 @@ from lakesink.options import OutputMode, SinkOptions, TableName
 
 VALID_LIST = (
     "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table, partitioned-by, merge-schema, "
-    "branch, sink-id, upsert-key, delete-when, order-by"
+    "branch, sink-id, upsert-key, delete-when, order-by, table-property.<property>, format-version, maintenance"
 )
 
 
@@ -227,12 +227,16 @@ def test_repr_shows_every_field() -> None:
             "partitioned-by": "days(ts), bucket(16, id)",
             "merge-schema": "yes",
             "sink-id": "audit",
+            "table-property.write.target-file-size-bytes": "1024",
+            "format-version": "2",
+            "maintenance": "off",
         }
     )
     assert repr(opts) == (
         "SinkOptions(table='db.t', catalog_name='prod', catalog_properties={}, output_mode='complete', "
         "checkpoint_location='/ck', create_table=False, partitioned_by='days(ts), bucket(16, id)', merge_schema=True, "
-        "branch='main', writer='auto', sink_id='audit', upsert_key=(), delete_when=None, order_by=None)"
+        "branch='main', writer='auto', sink_id='audit', upsert_key=(), delete_when=None, order_by=None, "
+        "table_properties={'write.target-file-size-bytes': '1024'}, format_version=2, maintenance='off')"
     )
 
 

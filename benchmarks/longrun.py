@@ -1,0 +1,158 @@
+"""Long-run benchmark: many 1-row-group batches through the real commit path, with lakesink's maintenance.
+
+Two variants (issue 11):
+
+- ``maintained``: compaction and snapshot expiry (``history.expire.min-snapshots-to-keep`` = ``keep``,
+  ``history.expire.max-snapshot-age-ms`` = 0) every ``maintain_every`` batches, as ``maintenance=auto`` does
+  between batches; target: commit p50 of the last 1,000 batches <= 1.2x that of batches 100-1,100, and the
+  data files of the current snapshot and the size of metadata.json bounded;
+- ``history-kept``: compaction only, every snapshot kept; target: the last 1,000 batches <= 2x the first.
+
+Maintenance runs inline between two batches (deterministic: the commit times measured never overlap a
+maintenance run); its own time is reported apart. No Spark (commit path only, like ``commit-path``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.commit_path import QUERY_ID, SCHEMA, _rows, _rows_back
+from benchmarks.common import catalog_properties, summarise
+from lakesink import _pyiceberg as seam
+from lakesink import compaction, expiry
+from lakesink.driver import Outcome, TableCommitter
+from lakesink.executor import TaskWriter
+from lakesink.options import Maintenance, SinkOptions, TableName
+
+
+def _windows(n: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(early, late) windows: batches 100-1,100 and the last 1,000 when there are enough, else thirds."""
+    if n >= 3000:
+        return (100, 1100), (n - 1000, n)
+    third = max(1, n // 3)
+    return (min(100, third // 2), min(100, third // 2) + third), (n - third, n)
+
+
+def run(
+    batches: int,
+    *,
+    variant: str,
+    maintain_every: int = 100,
+    keep: int = 200,
+    rows_per_batch: int = 10,
+    sample_every: int = 50,
+    root: Path | None = None,
+    progress: Any = None,
+) -> dict[str, Any]:
+    root = root or Path(tempfile.mkdtemp(prefix="lakesink-longrun-"))
+    props = {
+        "write.metadata.delete-after-commit.enabled": "true",
+        "write.metadata.previous-versions-max": "20",
+    }
+    if variant == "maintained":
+        props.update({"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": str(keep)})
+    committer = TableCommitter(
+        SinkOptions(
+            table=TableName(("bench",), "longrun"),
+            catalog_properties=catalog_properties(root),
+            table_properties=props,
+            maintenance=Maintenance.OFF,  # run inline below, between batches
+        )
+    )
+    committer.open_table(SCHEMA)
+    commit_ms: list[float] = []
+    maintain: list[dict[str, Any]] = []
+    samples: list[dict[str, Any]] = []
+    for b in range(batches):
+        table = committer.reload_table()
+        plan = committer.write_plan(table, QUERY_ID)
+        writer = TaskWriter(plan, query_id=QUERY_ID, batch_id=b, partition_id=0, task_attempt_id=b)
+        result = writer.write([_rows(b * rows_per_batch, rows_per_batch)])
+        t0 = time.perf_counter()
+        outcome = committer.commit_batch(query_id=QUERY_ID, batch_id=b, results=[result], source_offsets=f'[{{"n":{b}}}]')
+        commit_ms.append((time.perf_counter() - t0) * 1000)
+        if outcome.outcome is not Outcome.COMMITTED:
+            raise AssertionError(f"batch {b}: {outcome}")
+        if (b + 1) % maintain_every == 0:
+            m0 = time.perf_counter()
+            c = compaction.compact(committer.reload_table())
+            m1 = time.perf_counter()
+            e = expiry.expire_snapshots(committer.reload_table()) if variant == "maintained" else None
+            m2 = time.perf_counter()
+            maintain.append(
+                {
+                    "batch": b,
+                    "compact_ms": (m1 - m0) * 1000,
+                    "compact_status": c.status,
+                    "compacted_files": c.rewritten_files,
+                    "expire_ms": (m2 - m1) * 1000 if e else None,
+                    "expired": len(e.expired_snapshot_ids) if e else 0,
+                    "deleted_files": len(e.deleted_files) if e else 0,
+                }
+            )
+        if b % sample_every == 0 or b == batches - 1:
+            samples.append(_sample(committer, b))
+        if progress is not None:
+            progress(b)
+    back = _rows_back(committer)
+    early, late = _windows(batches)
+    e_med = statistics.median(commit_ms[early[0] : early[1]])
+    l_med = statistics.median(commit_ms[late[0] : late[1]])
+    target = 1.2 if variant == "maintained" else 2.0
+    return {
+        "variant": variant,
+        "batches": batches,
+        "maintain_every": maintain_every,
+        "keep": keep if variant == "maintained" else None,
+        "rows_ok": back["rows"] == back["distinct"] == batches * rows_per_batch,
+        "commit_ms": summarise(commit_ms),
+        "windows": {"early": list(early), "late": list(late), "early_p50_ms": e_med, "late_p50_ms": l_med},
+        "late_over_early": l_med / e_med,
+        "target": target,
+        "met": l_med / e_med <= target,
+        "maintenance": maintain,
+        "samples": samples,
+        "series": {"commit_ms": commit_ms},
+    }
+
+
+def _sample(committer: TableCommitter, batch: int) -> dict[str, Any]:
+    table = committer.reload_table()
+    head = table.current_snapshot()
+    files = len(list(seam.data_file_entries(table, head))) if head else 0
+    return {
+        "batch": batch,
+        "data_files": files,
+        "metadata_json_bytes": Path(table.metadata_location.removeprefix("file://")).stat().st_size,
+        "snapshots": len(table.metadata.snapshots),
+        "manifests": len(head.manifests(table.io)) if head else 0,
+    }
+
+
+def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from benchmarks.plots import _rolling_median
+
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 10), sharex=True)
+    for label, r in runs.items():
+        c = r["series"]["commit_ms"]
+        window = max(1, min(100, len(c) // 20))
+        ax1.plot(range(len(c)), _rolling_median(c, window), label=f"{label} (rolling median of {window})")
+        xs = [s["batch"] for s in r["samples"]]
+        ax2.plot(xs, [s["data_files"] for s in r["samples"]], label=label)
+        ax3.plot(xs, [s["metadata_json_bytes"] / 1024 for s in r["samples"]], label=label)
+    ax1.set_ylabel("commit_batch, ms")
+    ax2.set_ylabel("data files in the current snapshot")
+    ax3.set_ylabel("metadata.json, KiB")
+    ax3.set_xlabel("batch")
+    for ax in (ax1, ax2, ax3):
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

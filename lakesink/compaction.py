@@ -1,0 +1,290 @@
+"""Compaction: small data files bin-packed per partition into files of ``write.target-file-size-bytes``.
+
+Runs on the driver (or from ``lakesink compact``). One run reads the branch head's live data files, packs the
+small ones of each partition into bins, rewrites each bin as one Parquet file and commits everything as one
+Iceberg ``replace`` snapshot (summary ``lakesink.operation=compact``) through the sink's one compare-and-swap
+loop (:func:`lakesink.driver.swap.swap_with_recheck`). When another commit lands first (a batch, another
+writer), the next attempt re-prepares on the new head -- after checking that every file it rewrites is still
+live there; if one is not (another compaction, a delete), the run gives up cleanly: its new files are deleted,
+nothing is committed, and a later run starts over. So a batch always wins against a compaction.
+
+Files a batch has written but not committed are never read: only the head's live files are.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import FileScanTask, Table
+
+from lakesink import _pyiceberg as seam
+from lakesink import storage
+from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
+from lakesink.errors import CommitOutcomeUnknownError, LakesinkError
+from lakesink.properties import CommittedBatch, SnapshotIndex
+from lakesink.tablesettings import TableSettings
+
+log = logging.getLogger("lakesink")
+
+SUMMARY_OPERATION = "lakesink.operation"
+SUMMARY_COMMIT_ID = "lakesink.commit-id"
+COMPACT = "compact"
+#: A file smaller than this share of the target size is "small" (Iceberg's min-file-size-bytes default: 75 %).
+SMALL_FILE_RATIO = 0.75
+_RECHECK_DEPTH = 1000
+
+
+class CompactionStaleError(LakesinkError):
+    """A file the compaction rewrites is no longer live at the branch head: nothing was committed."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """One bin: small files of one partition rewritten as one file."""
+
+    partition: str
+    files: tuple[str, ...]
+    input_bytes: int
+    records: int
+
+
+@dataclass(frozen=True)
+class CompactionReport:
+    table: str
+    branch: str
+    dry_run: bool
+    status: str
+    """``committed``, ``nothing to compact``, ``dry run``, ``skipped: ...`` or ``gave up: ...`` (retried by a later run)."""
+    groups: tuple[Group, ...] = ()
+    snapshot_id: int | None = None
+    added_files: tuple[str, ...] = ()
+    added_bytes: int = 0
+    attempts: int = 0
+    duration_ms: float = 0.0
+
+    @property
+    def rewritten_files(self) -> int:
+        return sum(len(g.files) for g in self.groups)
+
+    @property
+    def rewritten_bytes(self) -> int:
+        return sum(g.input_bytes for g in self.groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["rewritten_files"] = self.rewritten_files
+        out["rewritten_bytes"] = self.rewritten_bytes
+        return out
+
+
+@dataclass
+class _Plan:
+    bins: list[list[DataFile]] = field(default_factory=list)
+    groups: list[Group] = field(default_factory=list)
+
+
+def plan(
+    table: Table, *, branch: str = "main", target_file_size: int | None = None, min_input_files: int | None = None
+) -> _Plan | str:
+    """The bins to rewrite at the branch head (or why nothing can be compacted)."""
+    settings = TableSettings.parse(_name(table), table.properties)
+    target = target_file_size or settings.target_file_size
+    min_files = min_input_files or settings.compact_min_input_files
+    head = table.metadata.snapshot_by_name(branch)
+    if head is None:
+        return "nothing to compact"
+    if seam.snapshot_has_delete_files(table, head):
+        return "skipped: the table has delete files (rewriting data files would need them applied; not supported)"
+    spec = table.spec()
+    small_limit = int(target * SMALL_FILE_RATIO)
+    by_partition: dict[tuple[Any, ...], list[DataFile]] = {}
+    for f, _ in seam.data_file_entries(table, head):
+        if f.spec_id != spec.spec_id or f.file_size_in_bytes >= small_limit:
+            continue
+        by_partition.setdefault(seam.partition_of(f), []).append(f)
+    result = _Plan()
+    for key, files in sorted(by_partition.items(), key=lambda kv: repr(kv[0])):
+        if len(files) < min_files:
+            continue
+        # first fit decreasing into bins of at most the target size
+        bins: list[list[DataFile]] = []
+        sizes: list[int] = []
+        for f in sorted(files, key=lambda f: -f.file_size_in_bytes):
+            for i, s in enumerate(sizes):
+                if s + f.file_size_in_bytes <= target:
+                    bins[i].append(f)
+                    sizes[i] += f.file_size_in_bytes
+                    break
+            else:
+                bins.append([f])
+                sizes.append(f.file_size_in_bytes)
+        part = seam.partition_path(spec, table.schema(), key) if spec.fields else ""
+        for b in bins:
+            if len(b) < 2:
+                continue
+            b.sort(key=lambda f: f.file_path)
+            result.bins.append(b)
+            result.groups.append(
+                Group(
+                    partition=part,
+                    files=tuple(f.file_path for f in b),
+                    input_bytes=sum(f.file_size_in_bytes for f in b),
+                    records=sum(f.record_count for f in b),
+                )
+            )
+    return result if result.bins else "nothing to compact"
+
+
+def compact(
+    table: Table,
+    *,
+    branch: str = "main",
+    target_file_size: int | None = None,
+    min_input_files: int | None = None,
+    dry_run: bool = False,
+    load: Callable[[], Table] | None = None,
+    load_fresh: Callable[[], Table] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    swap_guard: Callable[[], AbstractContextManager[None]] | None = None,
+) -> CompactionReport:
+    """Bin-pack the branch's small data files per partition into one ``replace`` snapshot.
+
+    ``load`` re-reads the table for a retry (default: from its catalog), ``load_fresh`` to settle an unknown
+    outcome (default: ``load``); ``progress(done, total)`` is called
+    after each rewritten bin; ``swap_guard`` is entered around each swap (the sink's automatic maintenance
+    yields to its batches with it).
+    """
+    started = time.monotonic()
+    name = _name(table)
+    planned = plan(table, branch=branch, target_file_size=target_file_size, min_input_files=min_input_files)
+    if isinstance(planned, str):
+        return CompactionReport(name, branch, dry_run, planned)
+    if dry_run:
+        return CompactionReport(name, branch, True, "dry run", groups=tuple(planned.groups))
+    commit_id = uuid.uuid4().hex
+    schema = table.schema()
+    spec = table.spec()
+    added: list[DataFile] = []
+    try:
+        for i, b in enumerate(planned.bins):
+            added.append(_rewrite(table, b, schema=schema, spec=spec, commit_id=commit_id, index=i))
+            if progress:
+                progress(i + 1, len(planned.bins))
+    except BaseException:
+        _delete(table, [f.file_path for f in added])
+        raise
+    rewritten = [f for b in planned.bins for f in b]
+    wanted = {f.file_path for f in rewritten}
+    summary = {SUMMARY_OPERATION: COMPACT, SUMMARY_COMMIT_ID: commit_id}
+
+    def recheck(t: Table) -> CommittedBatch | None:
+        index = SnapshotIndex(t.metadata)
+        for depth, s in enumerate(index.ancestors(t.metadata.snapshot_by_name(branch))):
+            if depth >= _RECHECK_DEPTH:
+                break
+            props = s.summary.additional_properties if s.summary else {}
+            if props.get(SUMMARY_COMMIT_ID) == commit_id:
+                return CommittedBatch(0, s.snapshot_id, commit_id, branch=branch)
+        return None
+
+    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
+        deleted: Sequence[DataFile] = rewritten
+        if attempt > 1:
+            head = t.metadata.snapshot_by_name(branch)
+            live = {f.file_path: f for f, _ in seam.data_file_entries(t, head)} if head is not None else {}
+            missing = sorted(wanted - live.keys())
+            if missing:
+                raise CompactionStaleError(
+                    f"{len(missing)} file(s) the compaction rewrites are no longer live (e.g. {missing[0]})"
+                )
+            if str(t.metadata.table_uuid) != str(table.metadata.table_uuid) or t.spec().spec_id != spec.spec_id:
+                raise CompactionStaleError("the table or its partition spec changed")
+            deleted = [live[p] for p in sorted(wanted)]
+        prepared = seam.prepare_replace(t, deleted=deleted, added=added, summary=summary, branch=branch)
+        prepared.guard = swap_guard
+        return prepared
+
+    retry = TableSettings.parse(name, table.properties).commit_retry
+    groups = tuple(planned.groups)
+    try:
+        result = swap_with_recheck(
+            first=table,
+            load=load or (lambda: _reload(table)),
+            load_fresh=load_fresh or load or (lambda: _reload(table)),
+            recheck=recheck,
+            prepare=prepare,
+            batch_id=0,
+            commit_id=commit_id,
+            retry=retry,
+            what=f"compaction of {name}",
+            redact=lambda e: type(e).__name__,
+        )
+    except (CompactionStaleError, RetriesExhausted) as e:
+        _delete(table, [f.file_path for f in added])
+        reason = str(e) if isinstance(e, CompactionStaleError) else f"{e.attempts} attempt(s) conflicted with other commits"
+        log.info("lakesink: compaction of %s gave up (%s); a later run retries", name, reason)
+        return CompactionReport(name, branch, False, f"gave up: {reason}", groups=groups, duration_ms=_ms(started))
+    except CommitOutcomeUnknownError:
+        log.warning("lakesink: compaction of %s: outcome unknown; its %s new file(s) are kept", name, len(added))
+        raise
+    assert result.status is Status.LANDED
+    log.info(
+        "lakesink: table=%s compacted %s file(s) into %s in snapshot %s",
+        name,
+        len(rewritten),
+        len(added),
+        result.snapshot_id,
+    )
+    return CompactionReport(
+        name,
+        branch,
+        False,
+        "committed",
+        groups=groups,
+        snapshot_id=result.snapshot_id,
+        added_files=tuple(f.file_path for f in added),
+        added_bytes=sum(f.file_size_in_bytes for f in added),
+        attempts=result.attempts,
+        duration_ms=_ms(started),
+    )
+
+
+def _rewrite(table: Table, files: Sequence[DataFile], *, schema: Any, spec: Any, commit_id: str, index: int) -> DataFile:
+    tasks = [FileScanTask(f) for f in files]
+    batches = seam.scan_files(table.metadata, table.io, tasks, schema=schema, row_filter=AlwaysTrue())
+    first = files[0]
+    part = seam.partition_path(spec, schema, seam.partition_of(first)) if spec.fields else None
+    location = seam.new_data_location(table.location(), table.properties, f"compact-{commit_id[:12]}-{index:05d}.parquet", part)
+    size, footer = seam.write_parquet(table, location=location, batches=batches, schema=schema)
+    stats = seam.file_statistics(footer, seam.file_schema(schema), table.properties)
+    return seam.data_file(
+        path=location, size_in_bytes=size, statistics=stats, spec_id=spec.spec_id, partition=seam.partition_of(first)
+    )
+
+
+def _reload(table: Table) -> Table:
+    return table.catalog.load_table(table.name())
+
+
+def _name(table: Table) -> str:
+    return ".".join(table.name())
+
+
+def _delete(table: Table, paths: Sequence[str]) -> None:
+    for p in paths:
+        try:
+            storage.delete_file(table.io, p)
+        except Exception as e:  # an orphan clean-up collects it
+            log.warning("lakesink: could not delete %s (%s)", p, type(e).__name__)
+
+
+def _ms(started: float) -> float:
+    return (time.monotonic() - started) * 1000

@@ -1,0 +1,581 @@
+"""Table maintenance (issue 11) against real SQLite catalogs and real Parquet files, no Spark.
+
+Table properties and the format version on creation; compaction into a ``replace`` snapshot (a batch
+committing in between, a file no longer live, kill -9 in the middle); snapshot expiry driven by Iceberg's
+``history.expire.*`` properties (heads of branches and tags kept, replay markers kept, only files nobody
+references any more deleted, kill -9 in the middle).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyiceberg.table import Table
+
+from lakesink import _pyiceberg as seam
+from lakesink import compaction, expiry
+from lakesink.driver import Outcome, TableCommitter
+from lakesink.errors import InvalidOptionError
+from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
+from lakesink.options import Maintenance, SinkOptions, TableName
+from lakesink.properties import last_committed_batch
+from tests.helpers import (
+    arrow_rows,
+    assert_snapshot_invariants,
+    commit,
+    lakesink_snapshots,
+    load,
+    make_committer,
+    table_ids,
+    write_task,
+)
+
+SCHEMA = arrow_rows([]).schema
+Q1 = "11111111-aaaa-4000-8000-000000000001"
+
+
+def _committer(props: dict[str, str], **options: object) -> TableCommitter:
+    c = TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, **options))  # type: ignore[arg-type]
+    c.open_table(SCHEMA)
+    return c
+
+
+def _batches(c: TableCommitter, n: int, *, start: int = 0, rows: int = 10) -> list[int]:
+    sent: list[int] = []
+    for b in range(start, start + n):
+        ids = list(range(b * 1000, b * 1000 + rows))
+        assert commit(c, Q1, b, [write_task(c, Q1, b, ids)]).outcome is Outcome.COMMITTED
+        sent += ids
+    return sent
+
+
+def _missing_referenced_files(table: Table) -> list[str]:
+    """Every file any snapshot of the table references that is not on disk (must be empty)."""
+    table.refresh()
+    missing = []
+    lists, manifests, files = seam.reachable_files(table, table.metadata.snapshots, live_only=True)
+    for p in sorted(lists | manifests | files):
+        if not os.path.exists(p.removeprefix("file://")):
+            missing.append(p)
+    return missing
+
+
+def _live_files(table: Table) -> list[str]:
+    table.refresh()
+    head = table.current_snapshot()
+    return [f.file_path for f, _ in seam.data_file_entries(table, head)] if head else []
+
+
+def _wait(cond: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+# --- table properties on creation ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_table_properties_and_format_version_are_set_on_creation(catalog_properties: dict[str, str], version: int) -> None:
+    props = {"history.expire.min-snapshots-to-keep": "7", "write.target-file-size-bytes": "1048576", "custom.Key": "x"}
+    c = _committer(catalog_properties, table_properties=props, format_version=version)
+    table = load(c)
+    assert table.metadata.format_version == version
+    assert {k: table.properties.get(k) for k in props} == props
+    sent = _batches(c, 2)
+    assert table_ids(load(c)) == Counter(sent)
+
+
+def test_default_format_version_is_2(catalog_properties: dict[str, str]) -> None:
+    c = _committer(catalog_properties)
+    assert load(c).metadata.format_version == 2
+
+
+def test_format_version_3_is_refused_while_pyiceberg_cannot_write_it(catalog_properties: dict[str, str]) -> None:
+    c = TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties, format_version=3))
+    if seam.writes_format_version(3):
+        c.open_table(SCHEMA)
+        assert load(c).metadata.format_version == 3
+        return
+    with pytest.raises(InvalidOptionError, match="cannot write format version 3 tables"):
+        c.open_table(SCHEMA)
+    assert not c.catalog.table_exists(("db", "events"))
+
+
+def test_existing_table_without_the_requested_properties_is_refused(catalog_properties: dict[str, str]) -> None:
+    _committer(catalog_properties, table_properties={"a.b": "1"})
+    with pytest.raises(InvalidOptionError, match=r"history.expire.max-snapshot-age-ms='1000' \(table has None\)"):
+        _committer(catalog_properties, table_properties={"a.b": "1", "history.expire.max-snapshot-age-ms": "1000"})
+    with pytest.raises(InvalidOptionError, match=r"format-version=3 \(table has 2\)"):
+        _committer(catalog_properties, format_version=3)
+    _committer(catalog_properties, table_properties={"a.b": "1"}, format_version=2)  # what holds is fine
+
+
+def test_bad_table_property_value_creates_no_table(catalog_properties: dict[str, str]) -> None:
+    c = TableCommitter(
+        SinkOptions(
+            table=TableName(("db",), "events"),
+            catalog_properties=catalog_properties,
+            table_properties={"history.expire.min-snapshots-to-keep": "zero"},
+        )
+    )
+    with pytest.raises(InvalidOptionError, match="history.expire.min-snapshots-to-keep='zero' is not an integer"):
+        c.open_table(SCHEMA)
+    assert not c.catalog.table_exists(("db", "events"))
+
+
+def test_options_parse_table_properties_format_version_and_maintenance() -> None:
+    o = SinkOptions.from_spark_options(
+        {"table": "db.t", "table-property.write.target-file-size-bytes": "1024", "format-version": "3", "maintenance": "OFF"},
+        overwrite=False,
+    )
+    assert dict(o.table_properties) == {"write.target-file-size-bytes": "1024"}
+    assert o.format_version == 3 and o.maintenance is Maintenance.OFF
+    assert SinkOptions.from_mapping({"table": "db.t"}).maintenance is Maintenance.AUTO
+    with pytest.raises(InvalidOptionError, match="'format-version' must be one of 1, 2, 3"):
+        SinkOptions.from_mapping({"table": "db.t", "format-version": "4"})
+    with pytest.raises(InvalidOptionError, match="'maintenance' must be one of 'auto', 'off'"):
+        SinkOptions.from_mapping({"table": "db.t", "maintenance": "sometimes"})
+    with pytest.raises(InvalidOptionError, match="option 'format-version', not"):
+        SinkOptions.from_mapping({"table": "db.t", "table-property.format-version": "2"})
+
+
+# --- compaction ----------------------------------------------------------------------------------------
+
+
+def test_compaction_rewrites_small_files_into_one_replace_snapshot(catalog_properties: dict[str, str]) -> None:
+    c = _committer(catalog_properties)
+    sent = _batches(c, 6)
+    before = _live_files(load(c))
+    report = compaction.compact(load(c))
+    table = load(c)
+    assert report.status == "committed" and report.rewritten_files == 6 and len(report.added_files) == 1
+    assert sorted(_live_files(table)) == list(report.added_files)
+    head = table.current_snapshot()
+    assert head is not None and head.summary is not None
+    assert head.summary.operation.value == "replace"
+    assert head.summary.additional_properties["lakesink.operation"] == "compact"
+    assert table_ids(table) == Counter(sent)
+    # the rewritten files stay until the snapshots that reference them expire
+    assert all(os.path.exists(p.removeprefix("file://")) for p in before)
+    # the stream goes on: the next batch commits, an old batch replayed is still recognised
+    sent += _batches(c, 1, start=6)
+    assert commit(c, Q1, 3, [write_task(c, Q1, 3, [3000])]).outcome is Outcome.REPLAY_SKIPPED
+    assert table_ids(load(c)) == Counter(sent)
+    assert_snapshot_invariants(load(c))
+    assert compaction.compact(load(c)).status == "nothing to compact"  # 2 small files < min-input-files
+
+
+def test_compaction_dry_run_commits_nothing(catalog_properties: dict[str, str]) -> None:
+    c = _committer(catalog_properties)
+    _batches(c, 5)
+    n = len(load(c).snapshots())
+    report = compaction.compact(load(c), dry_run=True)
+    assert report.status == "dry run" and report.rewritten_files == 5 and not report.added_files
+    assert len(load(c).snapshots()) == n
+
+
+def test_compaction_partitioned_table_packs_per_partition(catalog_properties: dict[str, str]) -> None:
+    from lakesink.partitioning import parse
+
+    c = _committer(catalog_properties, partitioned_by=parse("user"))
+    sent = _batches(c, 5, rows=14)  # 7 users: 7 partitions x 5 files
+    report = compaction.compact(load(c))
+    assert report.status == "committed" and len(report.groups) == 7 and len(report.added_files) == 7
+    table = load(c)
+    assert len(_live_files(table)) == 7 and table_ids(table) == Counter(sent)
+    assert all(g.partition.startswith("user=") for g in report.groups)
+    assert sorted(g.partition for g in report.groups) == sorted(p.split("/")[-2] for p in report.added_files)
+
+
+def test_batch_committing_during_compaction_wins_and_compaction_lands_after_it(
+    catalog_properties: dict[str, str], faults: Any
+) -> None:
+    c = _committer(catalog_properties)
+    sent = _batches(c, 5)
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    box: list[compaction.CompactionReport] = []
+    t = threading.Thread(target=lambda: box.append(compaction.compact(load(c))))
+    t.start()
+    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    sent += _batches(c, 1, start=5)  # the batch lands first
+    faults.release(DRIVER_BEFORE_SWAP)
+    t.join(60)
+    report = box[0]
+    assert report.status == "committed" and report.attempts == 2
+    table = load(c)
+    assert table_ids(table) == Counter(sent)
+    assert len(_live_files(table)) == 2  # the compacted file and the batch's own file
+    assert _missing_referenced_files(table) == []
+
+
+def test_compaction_gives_up_cleanly_when_a_rewritten_file_is_no_longer_live(
+    catalog_properties: dict[str, str], faults: Any
+) -> None:
+    c = _committer(catalog_properties)
+    sent = _batches(c, 5)
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    box: list[compaction.CompactionReport] = []
+    t = threading.Thread(target=lambda: box.append(compaction.compact(load(c))))
+    t.start()
+    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    assert compaction.compact(load(c)).status == "committed"  # another compaction rewrites the same files first
+    faults.release(DRIVER_BEFORE_SWAP)
+    t.join(60)
+    report = box[0]
+    assert report.status.startswith("gave up:") and "no longer live" in report.status
+    table = load(c)
+    assert table_ids(table) == Counter(sent)
+    compacted = [s for s in table.snapshots() if s.summary and s.summary.operation.value == "replace"]
+    assert len(compacted) == 1
+    data = Path(table.location().removeprefix("file://")) / "data"
+    assert len([p for p in data.rglob("compact-*.parquet")]) == 1  # the loser's file was deleted
+
+
+_KILL_SCRIPT = """
+import sys
+from lakesink import catalogs, compaction, expiry
+props = dict(a.split("=", 1) for a in sys.argv[2:])
+table = catalogs.load(None, props).load_table(("db", "events"))
+if sys.argv[1] == "compact":
+    compaction.compact(table)
+else:
+    expiry.expire_snapshots(table)
+raise SystemExit("not killed")
+"""
+
+
+@pytest.mark.parametrize("point", [DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP])
+def test_kill_9_during_compaction_leaves_a_consistent_table(catalog_properties: dict[str, str], faults: Any, point: str) -> None:
+    c = _committer(catalog_properties)
+    sent = _batches(c, 5)
+    faults.arm(point, "kill")
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILL_SCRIPT, "compact", *(f"{k}={v}" for k, v in catalog_properties.items())],
+        capture_output=True,
+        timeout=300,
+    )
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    table = load(c)
+    assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == []
+    landed = any(s.summary and s.summary.operation.value == "replace" for s in table.snapshots())
+    assert landed is (point == DRIVER_AFTER_SWAP)
+    sent += _batches(c, 1, start=5)
+    again = compaction.compact(load(c))
+    assert again.status == ("nothing to compact" if landed else "committed")
+    assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []
+
+
+# --- snapshot expiry -----------------------------------------------------------------------------------
+
+
+def _expiring(props: dict[str, str], keep: int) -> TableCommitter:
+    return _committer(
+        props,
+        table_properties={"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": str(keep)},
+    )
+
+
+def test_expiry_follows_the_table_properties_and_keeps_markers_and_referenced_files(catalog_properties: dict[str, str]) -> None:
+    c = _expiring(catalog_properties, 3)
+    sent = _batches(c, 6)
+    marker_before = last_committed_batch(load(c).properties, Q1)
+    report = expiry.expire_snapshots(load(c))
+    table = load(c)
+    assert report.status == "committed" and len(report.expired_snapshot_ids) == 3 and len(table.snapshots()) == 3
+    assert report.deleted_files  # the manifest lists (and merged-away manifests) of the expired snapshots
+    assert _missing_referenced_files(table) == []
+    assert table_ids(table) == Counter(sent)
+    assert last_committed_batch(table.properties, Q1) == marker_before  # the replay marker is untouched
+    # a batch of an expired snapshot replayed (a query restarted after a week) is still recognised
+    assert commit(c, Q1, 0, [write_task(c, Q1, 0, [0])]).outcome is Outcome.REPLAY_SKIPPED
+    assert table_ids(load(c)) == Counter(sent)
+    assert expiry.expire_snapshots(load(c)).status == "nothing to expire"
+
+
+def test_expiry_after_compaction_deletes_the_rewritten_files(catalog_properties: dict[str, str]) -> None:
+    c = _expiring(catalog_properties, 1)
+    sent = _batches(c, 5)
+    small = set(_live_files(load(c)))
+    assert compaction.compact(load(c)).status == "committed"
+    report = expiry.expire_snapshots(load(c))
+    table = load(c)
+    assert len(table.snapshots()) == 1
+    assert small <= set(report.deleted_files)
+    assert not any(os.path.exists(p.removeprefix("file://")) for p in small)
+    assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == []
+
+
+def test_expiry_never_expires_a_branch_or_tag_head(catalog_properties: dict[str, str]) -> None:
+    c = _expiring(catalog_properties, 1)
+    _batches(c, 3)
+    table = load(c)
+    first, second = table.snapshots()[0], table.snapshots()[1]
+    table.manage_snapshots().create_tag(first.snapshot_id, "audit-2026").create_branch(second.snapshot_id, "old").commit()
+    _batches(c, 2, start=3)
+    report = expiry.expire_snapshots(load(c))
+    table = load(c)
+    kept = {s.snapshot_id for s in table.snapshots()}
+    assert first.snapshot_id in kept and second.snapshot_id in kept
+    assert table.current_snapshot().snapshot_id in kept  # type: ignore[union-attr]
+    assert len(report.expired_snapshot_ids) == 2  # batch 2 and 3, between the refs and main's head
+    assert _missing_referenced_files(table) == []
+    assert table.scan(snapshot_id=first.snapshot_id).to_arrow().num_rows == 10
+
+
+def test_expiry_dry_run_and_default_properties_keep_young_snapshots(catalog_properties: dict[str, str]) -> None:
+    c = _committer(catalog_properties)
+    _batches(c, 3)
+    assert expiry.expire_snapshots(load(c)).status == "nothing to expire"  # Iceberg's default: 5 days
+    report = expiry.expire_snapshots(load(c), retain_last=1, older_than=_now(), dry_run=True)
+    assert report.status == "dry run" and len(report.expired_snapshot_ids) == 2
+    assert len(load(c).snapshots()) == 3
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@pytest.mark.parametrize("point", [DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP])
+def test_kill_9_during_expiry_leaves_every_referenced_file(catalog_properties: dict[str, str], faults: Any, point: str) -> None:
+    c = _expiring(catalog_properties, 2)
+    sent = _batches(c, 5)
+    faults.arm(point, "kill")
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILL_SCRIPT, "expire", *(f"{k}={v}" for k, v in catalog_properties.items())],
+        capture_output=True,
+        timeout=300,
+    )
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    table = load(c)
+    assert len(table.snapshots()) == (2 if point == DRIVER_AFTER_SWAP else 5)
+    assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == []
+    assert last_committed_batch(table.properties, Q1) is not None
+    sent += _batches(c, 1, start=5)
+    expiry.expire_snapshots(load(c))
+    assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []
+    assert_snapshot_invariants(load(c))
+    assert lakesink_snapshots(load(c))
+
+
+def test_old_metadata_files_go_as_the_table_properties_say(catalog_properties: dict[str, str]) -> None:
+    c = _committer(
+        catalog_properties,
+        table_properties={"write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "3"},
+    )
+    _batches(c, 8)
+    table = load(c)
+    meta = Path(table.location().removeprefix("file://")) / "metadata"
+    assert len(list(meta.glob("*.metadata.json"))) <= 4
+    assert len(table.metadata.metadata_log) <= 3
+
+
+_unused = make_committer
+
+
+# --- maintenance=auto inside the sink ------------------------------------------------------------------
+
+
+def test_auto_maintenance_compacts_and_expires_between_batches(catalog_properties: dict[str, str]) -> None:
+    c = _committer(
+        catalog_properties,
+        table_properties={
+            "write.lakesink.maintenance.interval-ms": "0",
+            "history.expire.max-snapshot-age-ms": "0",
+            "history.expire.min-snapshots-to-keep": "4",
+        },
+    )
+    sent: list[int] = []
+    for b in range(12):
+        sent += _batches(c, 1, start=b)
+        c.maintainer.wait(60)
+    table = load(c)
+    assert c.maintainer.last_error is None and c.maintainer.runs >= 11
+    assert len(table.snapshots()) <= 5 and len(_live_files(table)) < 6  # compacted and expired as it went
+    assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == []
+    assert_snapshot_invariants(table)
+    assert commit(c, Q1, 0, [write_task(c, Q1, 0, [0])]).outcome is Outcome.REPLAY_SKIPPED
+
+
+def test_maintenance_off_never_runs(catalog_properties: dict[str, str]) -> None:
+    c = _committer(
+        catalog_properties, maintenance=Maintenance.OFF, table_properties={"write.lakesink.maintenance.interval-ms": "0"}
+    )
+    _batches(c, 6)
+    c.maintainer.wait(60)
+    assert c.maintainer.runs == 0 and len(_live_files(load(c))) == 6
+
+
+def test_a_batch_committing_makes_background_maintenance_yield(catalog_properties: dict[str, str], faults: Any) -> None:
+    """The batch always wins: while a batch of the sink is between its check and its swap, a maintenance swap
+    of the same sink does not go ahead (it yields and retries); the batch lands at its first attempt."""
+    c = _committer(catalog_properties, table_properties={"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "10"})
+    sent = _batches(c, 5)
+    result = write_task(c, Q1, 5, [5000, 5001])
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    box: list[object] = []
+    t = threading.Thread(target=lambda: box.append(commit(c, Q1, 5, [result])))
+    t.start()
+    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    report = compaction.compact(load(c), load=lambda: load(c), swap_guard=c.maintainer._swap_guard)
+    assert report.status.startswith("gave up:")  # it could not swap while the batch held the sink
+    faults.release(DRIVER_BEFORE_SWAP)
+    t.join(60)
+    outcome = box[0]
+    assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 0  # type: ignore[attr-defined]
+    sent += [5000, 5001]
+    assert compaction.compact(load(c), swap_guard=c.maintainer._swap_guard).status == "committed"  # later it goes
+    assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []
+
+
+# --- command line and Python functions ---------------------------------------------------------------
+
+
+def _cli(props: dict[str, str], *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from lakesink.cli import main
+
+    cat = [a for k, v in props.items() for a in ("--catalog-property", f"{k}={v}")]
+    return CliRunner().invoke(main, [args[0], "db.events", *args[1:], *cat])
+
+
+def test_cli_compact_expire_maintain_with_dry_run_and_json(catalog_properties: dict[str, str]) -> None:
+    import json
+
+    c = _committer(catalog_properties)
+    sent = _batches(c, 6)
+    dry = _cli(catalog_properties, "compact", "--dry-run", "--json")
+    assert dry.exit_code == 0, dry.output
+    assert json.loads(dry.output)["status"] == "dry run" and json.loads(dry.output)["rewritten_files"] == 6
+    assert len(load(c).snapshots()) == 6
+    human = _cli(catalog_properties, "compact")
+    assert human.exit_code == 0 and "committed" in human.output and "rewrote 6 file(s)" in human.output, human.output
+    exp = _cli(catalog_properties, "expire-snapshots", "--older-than", "0", "--retain-last", "2", "--dry-run", "--json")
+    assert exp.exit_code == 0 and len(json.loads(exp.output)["expired_snapshot_ids"]) == 5, exp.output
+    exp = _cli(catalog_properties, "expire-snapshots", "--older-than", "0", "--retain-last", "2")
+    assert exp.exit_code == 0 and "expired 5 snapshot(s), 2 kept" in exp.output, exp.output
+    m = _cli(catalog_properties, "maintain", "--json")
+    assert m.exit_code == 0, m.output
+    report = json.loads(m.output)
+    assert report["compaction"]["status"] == "nothing to compact" and report["expiry"]["status"] == "nothing to expire"
+    assert report["orphans"] is not None
+    assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []
+
+
+def test_forget_query_removes_only_that_marker_and_says_the_risk(catalog_properties: dict[str, str]) -> None:
+    import lakesink
+
+    c = _committer(catalog_properties)
+    _batches(c, 1)
+    unknown = _cli(catalog_properties, "forget-query", "no-such-query")
+    assert unknown.exit_code == 1 and Q1 in unknown.output
+    dry = _cli(catalog_properties, "forget-query", Q1, "--dry-run")
+    assert dry.exit_code == 0 and "would remove lakesink.last-batch." in dry.output and "duplicate" in dry.output
+    assert last_committed_batch(load(c).properties, Q1) is not None
+    report = lakesink.forget_query(load(c), Q1)
+    assert report.marker["batch_id"] == 0 and last_committed_batch(load(c).properties, Q1) is None
+
+
+# --- the audit commands understand maintenance ---------------------------------------------------------
+
+
+def test_audit_after_compaction_and_expiry(catalog_properties: dict[str, str]) -> None:
+    """verify accepts a replace snapshot that keeps the rows and a history whose start was expired (it reported
+    summary mismatches before); history names compactions and the expired start; a read as of an expired batch
+    is an AuditError (it returned the table's head before)."""
+    import lakesink
+    from lakesink.cli import human_history
+    from lakesink.errors import AuditError
+
+    c = _committer(
+        catalog_properties,
+        table_properties={"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": "4"},
+    )
+    _batches(c, 6)
+    assert lakesink.compact(load(c)).status == "committed"
+    _batches(c, 2, start=6)
+    assert lakesink.expire_snapshots(load(c)).status == "committed"
+    table = load(c)
+    report = lakesink.verify(table)
+    assert report.violations == [], report.violations
+    text = human_history(lakesink.history(table))
+    assert "(lakesink compaction)" in text and "(older snapshots expired)" in text
+    with pytest.raises(AuditError, match="expired"):
+        lakesink.read_at(table, lakesink.Point(batch_id=3))
+    assert lakesink.read_at(table, lakesink.Point(batch_id=6)).num_rows == 70
+
+
+# --- commit cost: one parse of the metadata per attempt, no deep copy ----------------------------------
+
+
+def test_a_commit_parses_the_metadata_once_and_never_deep_copies_it(
+    catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: pyiceberg's SqlCatalog.commit_table re-read and re-parsed metadata.json, then deep-copied it
+    (update_table_metadata), at every commit: two more O(history) steps per batch."""
+    import copy
+
+    import pydantic.main
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    c = _committer(catalog_properties, maintenance=Maintenance.OFF)
+    _batches(c, 3)
+    loads: list[object] = []
+    deep: list[object] = []
+    real_load, real_deepcopy = SqlCatalog.load_table, copy.deepcopy
+
+    def counting_load(self: SqlCatalog, ident: Any) -> Any:
+        loads.append(ident)
+        return real_load(self, ident)
+
+    def counting_deepcopy(x: Any, memo: Any = None, _nil: Any = None) -> Any:
+        deep.append(type(x))
+        return real_deepcopy(x, memo)
+
+    monkeypatch.setattr(SqlCatalog, "load_table", counting_load)
+    monkeypatch.setattr(copy, "deepcopy", counting_deepcopy)
+    monkeypatch.setattr(pydantic.main, "deepcopy", counting_deepcopy)  # model_copy(deep=True) uses this one
+    result = write_task(c, Q1, 3, [3000])
+    loads.clear()
+    deep.clear()
+    assert commit(c, Q1, 3, [result]).outcome is Outcome.COMMITTED
+    assert deep == []
+    assert len(loads) == 1  # the commit's own read of the table (the replay re-check reads that same table)
+    table = load(c)
+    assert table_ids(table) == Counter([*range(0, 10), *range(1000, 1010), *range(2000, 2010), 3000])
+    assert len(table.metadata.metadata_log) == 4  # the metadata log goes on as with pyiceberg's commit
+
+
+@pytest.mark.parametrize("module", ["lakesink.upkeep", "lakesink.compaction", "lakesink.expiry", "lakesink.maintenance_cli"])
+def test_maintenance_modules_import_first_in_a_fresh_interpreter(module: str) -> None:
+    """The driver imports lakesink.upkeep and lakesink.upkeep imports the driver's swap loop: whichever is
+    imported first, the import works (it failed with a circular ImportError once)."""
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_auto_maintenance_runs_when_every_commit_has_a_new_committer(catalog_properties: dict[str, str]) -> None:
+    """format("lakesink"): Spark creates a new writer, so a new committer, for every commit. The schedule lived
+    in the committer, so with any interval above 0 no run was ever due (found in a rate stream: no compaction
+    in 4 minutes); the process now keeps one maintainer per table."""
+    props = {"write.lakesink.maintenance.interval-ms": "1", "write.lakesink.compact.min-input-files": "2"}
+    sent: list[int] = []
+    for b in range(6):
+        c = _committer(catalog_properties, table_properties=props)
+        sent += _batches(c, 1, start=b)
+        c.maintainer.wait(60)
+    table = load(c)
+    assert any(s.summary and s.summary.operation.value == "replace" for s in table.snapshots())
+    assert c.maintainer.last_error is None and table_ids(table) == Counter(sent)
