@@ -174,7 +174,7 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
 
         # held until the outcome is known: an abort of this batch in another worker (query.stop() during the
         # commit) waits for it instead of deleting files the swap is about to reference (lakesink.driver.guard)
-        with CommitGuard(str(self._options.table), query_id, self._options.sink_id).held():
+        with CommitGuard(str(self._options.table), query_id, self._options.sink_id, _run_of(results)).held():
             self._driver().commit_batch(
                 query_id=query_id,
                 batch_id=batchId,
@@ -187,7 +187,7 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
         query_id = self._query_id(results)
         from lakesink.driver.guard import CommitGuard  # driver side only (see _table_committer)
 
-        guard = CommitGuard(str(self._options.table), query_id or "", self._options.sink_id)
+        guard = CommitGuard(str(self._options.table), query_id or "", self._options.sink_id, _run_of(results))
         if not guard.acquire_for_abort():
             log.warning(
                 "lakesink: abort of batch %s: a commit of the same query is still in flight after %.0f s; keeping its files "
@@ -200,6 +200,12 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
             self._driver().abort_batch(query_id=query_id, batch_id=batchId, results=results)
         finally:
             guard.release()
+
+
+def _run_of(results: Sequence[TaskResult]) -> str | None:
+    """The query run the batch's tasks belong to: the commit/abort lock orders one run's commit and abort, never
+    two drivers (a zombie and the live run of the same query on one host must not wait for each other)."""
+    return next((r.run_id for r in results if r.run_id), None)
 
 
 def _table_committer(options: SinkOptions) -> TableCommitter:

@@ -8,7 +8,8 @@ the batch not committed and delete files that the table then references.
 
 Both run on the driver's host, so an advisory file lock (``flock``) orders them: a commit holds the lock of
 its (table, query, sink) from its first replay check until its outcome is known; an abort takes the same
-lock before it reads the table, waiting for the commit to finish. The operating system releases the lock
+lock before it reads the table, waiting for the commit to finish. The lock is per query run (the run id
+the batch's tasks report), so that two drivers of one query never wait for each other. The operating system releases the lock
 of a process that dies (SIGKILL included), so a killed commit never blocks an abort.
 """
 
@@ -34,10 +35,17 @@ ABORT_WAIT_S = 600.0
 
 
 class CommitGuard:
-    """The lock of one sink of one query on one table, on this host."""
+    """The lock of one run of one sink of one query on one table, on this host.
 
-    def __init__(self, table: str, query_id: str, sink_id: str | None, *, abort_wait_s: float = ABORT_WAIT_S):
-        digest = hashlib.sha256(f"{table}\0{query_id}\0{sink_id or ''}".encode()).hexdigest()[:32]
+    Keyed by the run too: it orders a run's own commit and abort, and must never make two drivers of the
+    same query (a zombie and the live run) wait for each other -- a hung zombie would stall the live query.
+    """
+
+    def __init__(
+        self, table: str, query_id: str, sink_id: str | None, run_id: str | None = None, *, abort_wait_s: float = ABORT_WAIT_S
+    ):
+        key = f"{table}\0{query_id}\0{sink_id or ''}\0{run_id or ''}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
         folder = Path(os.environ.get(ENV_LOCK_DIR) or Path(tempfile.gettempdir()) / "lakesink-commit-locks")
         self.path = folder / f"{digest}.lock"
         self.abort_wait_s = abort_wait_s
