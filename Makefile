@@ -21,7 +21,7 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# the fast lane (under a minute on a quiet machine): no Spark, no PostgreSQL server, no waiting out timeouts --
+# the fast lane (about 2 minutes: 554 tests, 85 s of CPU): no Spark, no PostgreSQL server, no waiting out timeouts --
 # unit, commit (SQLite), audit, maintenance, seam contract and executor/driver boundary tests.
 # `make test` runs everything it skips.
 test-fast: $(VENV)/.installed
