@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from lakesink import partitioning
 from lakesink.errors import InvalidOptionError
@@ -83,6 +84,19 @@ class OutputMode(enum.Enum):
             ) from None
 
 
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+def _parse_choice(kind: type[_E], option: str, value: str) -> _E:
+    """An option whose value is one of an enum's values (any case); the error names the valid ones."""
+    try:
+        return kind(value.strip().lower())
+    except ValueError:
+        raise InvalidOptionError(
+            f"option '{option}' must be one of {', '.join(repr(k.value) for k in kind)}, got {value!r}"
+        ) from None
+
+
 class WriterKind(enum.Enum):
     """Which code writes a batch's Parquet files (:func:`lakesink.foreach_batch` only; see docs/write-paths.md)."""
 
@@ -95,12 +109,7 @@ class WriterKind(enum.Enum):
 
     @classmethod
     def parse(cls, value: str) -> WriterKind:
-        try:
-            return cls(value.strip().lower())
-        except ValueError:
-            raise InvalidOptionError(
-                f"option '{WRITER}' must be one of {', '.join(repr(k.value) for k in cls)}, got {value!r}"
-            ) from None
+        return _parse_choice(cls, WRITER, value)
 
 
 class Maintenance(enum.Enum):
@@ -113,12 +122,7 @@ class Maintenance(enum.Enum):
 
     @classmethod
     def parse(cls, value: str) -> Maintenance:
-        try:
-            return cls(value.strip().lower())
-        except ValueError:
-            raise InvalidOptionError(
-                f"option '{MAINTENANCE}' must be one of {', '.join(repr(m.value) for m in cls)}, got {value!r}"
-            ) from None
+        return _parse_choice(cls, MAINTENANCE, value)
 
 
 @dataclass(frozen=True)
