@@ -244,11 +244,14 @@ def rate(
     """Rate source into format("lakesink") on a processing-time trigger: batch durations, backlog."""
     info = machine()
     with _work(ctx.obj["work"]) as root:
-        spark = spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": "1000"})
+        log = root / "spark-stderr.log"
+        with _spark_stderr_to(log):
+            spark = spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": "1000"})
         try:
             result = rate_bench.run(
                 spark,
                 root,
+                spark_log=log,
                 rows_per_second=rows_per_second,
                 seconds=seconds,
                 trigger=trigger,

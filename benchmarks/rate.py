@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ def run(
     maintenance: str | None = None,
     table_properties: dict[str, str] | None = None,
     sample_every: float = 0.0,
+    spark_log: Path | None = None,
 ) -> dict[str, Any]:
     """``maintenance`` and ``table_properties``: the sink options (issue 11); with ``sample_every`` > 0, the
     table's data files, metadata.json size and DuckDB's scan time of the whole table are sampled that often."""
@@ -73,9 +75,11 @@ def run(
     warmup_rows = sum(
         p.get("numInputRows", 0) for p in q.recentProgress if p.get("batchId") is not None and p["batchId"] <= first_batch
     )
+    commit_ms = _commit_times(spark_log)
     batches = [
         {
             "batch": p["batchId"],
+            "commit_ms": commit_ms.get(int(p["batchId"])),
             "rows": p.get("numInputRows", 0),
             "trigger_ms": (p.get("durationMs") or {}).get("triggerExecution"),
             "add_batch_ms": (p.get("durationMs") or {}).get("addBatch"),
@@ -123,9 +127,29 @@ def run(
             "median_rows_first_third": med(first, "rows"),
             "median_rows_last_third": med(last, "rows"),
             "median_processed_rows_per_s": med(steady, "processed_rows_per_s"),
+            "median_commit_ms": med(steady, "commit_ms"),
+            "median_commit_ms_first_third": med(first, "commit_ms"),
+            "median_commit_ms_last_third": med(last, "commit_ms"),
         },
         "backlog_growing": growing,
     }
+
+
+_COMMIT_LINE = re.compile(
+    r"lakesink: table=\S+ query=\S+(?: sink=\S+)? batch=(?P<batch>\d+) committed .* commit_ms=(?P<ms>[\d.]+)"
+)
+
+
+def _commit_times(spark_log: Path | None) -> dict[int, float]:
+    """batch id -> commit_ms, from the commit worker's log lines (format("lakesink") commits in a Python worker)."""
+    if spark_log is None or not spark_log.exists():
+        return {}
+    found: dict[int, float] = {}
+    for line in spark_log.read_text(errors="replace").splitlines():
+        m = _COMMIT_LINE.search(line)
+        if m:
+            found[int(m["batch"])] = float(m["ms"])
+    return found
 
 
 def table_sample(props: dict[str, str], table: str) -> dict[str, Any]:
