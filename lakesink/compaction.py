@@ -159,8 +159,8 @@ def compact(
 
     ``load`` re-reads the table for a retry (default: from its catalog), ``load_fresh`` to settle an unknown
     outcome (default: ``load``); ``progress(done, total)`` is called
-    after each rewritten bin; ``swap_guard`` is entered around each swap (the sink's automatic maintenance
-    yields to its batches with it).
+    after each rewritten bin; ``swap_guard`` is entered around each commit attempt (read, prepare, swap): the
+    sink's automatic maintenance takes its turn between its batches with it.
     """
     started = time.monotonic()
     name = _name(table)
@@ -197,7 +197,7 @@ def compact(
 
     def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
         deleted: Sequence[DataFile] = rewritten
-        if attempt > 1:
+        if attempt > 1 or t.metadata_location != table.metadata_location:
             head = t.metadata.snapshot_by_name(branch)
             live = {f.file_path: f for f, _ in seam.data_file_entries(t, head)} if head is not None else {}
             missing = sorted(wanted - live.keys())
@@ -208,9 +208,7 @@ def compact(
             if str(t.metadata.table_uuid) != str(table.metadata.table_uuid) or t.spec().spec_id != spec.spec_id:
                 raise CompactionStaleError("the table or its partition spec changed")
             deleted = [live[p] for p in sorted(wanted)]
-        prepared = seam.prepare_replace(t, deleted=deleted, added=added, summary=summary, branch=branch)
-        prepared.guard = swap_guard
-        return prepared
+        return seam.prepare_replace(t, deleted=deleted, added=added, summary=summary, branch=branch)
 
     retry = TableSettings.parse(name, table.properties).commit_retry
     groups = tuple(planned.groups)
@@ -226,6 +224,7 @@ def compact(
             retry=retry,
             what=f"compaction of {name}",
             redact=lambda e: type(e).__name__,
+            attempt_guard=swap_guard,
         )
     except (CompactionStaleError, RetriesExhausted) as e:
         _delete(table, [f.file_path for f in added])

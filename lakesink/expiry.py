@@ -171,9 +171,7 @@ def expire_snapshots(
             raise _NothingToExpire
         staged["ids"] = [s.snapshot_id for s in expired]
         staged["snapshots"] = expired
-        prepared = seam.prepare_remove_snapshots(t, staged["ids"])
-        prepared.guard = swap_guard
-        return prepared
+        return seam.prepare_remove_snapshots(t, staged["ids"])
 
     reload = load or (lambda: table.catalog.load_table(table.name()))
     try:
@@ -188,6 +186,7 @@ def expire_snapshots(
             retry=TableSettings.parse(name, table.properties).commit_retry,
             what=f"snapshot expiry of {name}",
             redact=lambda e: type(e).__name__,
+            attempt_guard=swap_guard,
         )
     except _NothingToExpire:
         return report("nothing to expire", kept_snapshots=len(table.metadata.snapshots))

@@ -17,7 +17,8 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
@@ -99,6 +100,19 @@ def _retrying(retry: CommitRetry) -> Retrying:
     )
 
 
+@contextmanager
+def _entered(guard: Callable[[], AbstractContextManager[None]] | None) -> Iterator[None]:
+    """Enter ``guard`` (if any); a CommitFailedException on entering it is a conflict, retried like a lost swap."""
+    with ExitStack() as stack:
+        if guard is not None:
+            try:
+                stack.enter_context(guard())
+            except CommitFailedException as e:
+                log.info("lakesink: %s; retrying", e)
+                raise _Conflict(str(e)) from e
+        yield
+
+
 def settle(
     *, load_fresh: Callable[[], Table], recheck: Callable[[Table], CommittedBatch | None], batch_id: int, commit_id: str
 ) -> tuple[Settled, CommittedBatch | None]:
@@ -131,6 +145,7 @@ def swap_with_recheck(
     retry: CommitRetry,
     what: str,
     redact: Callable[[BaseException], str],
+    attempt_guard: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> SwapResult:
     """Commit once for (query, sink, batch): re-check, prepare, swap; retry on conflicts.
 
@@ -139,15 +154,20 @@ def swap_with_recheck(
     one). Raises :class:`RetriesExhausted` when every attempt conflicted and CommitOutcomeUnknownError when the
     outcome could not be settled; in both cases what the attempts prepared was discarded or is unknown, and
     the caller decides about the batch's data files.
+
+    ``attempt_guard`` is entered around each whole attempt (read, re-check, prepare, swap) and then every attempt
+    reads the table afresh (``first`` is not used): maintenance takes its turn between the sink's batches with it
+    (lakesink.upkeep.AutoMaintainer), so that a stream committing every second cannot move the head between a
+    maintenance commit's read and its swap. It may raise CommitFailedException (a conflict: retried).
     """
     attempts = 0
     refused = 0  # attempts whose swap failed with an error (settled as not landed), not a clean conflict
     table = first
     try:
         for attempt in _retrying(retry):
-            with attempt:
+            with attempt, _entered(attempt_guard):
                 attempts += 1
-                if attempts > 1:
+                if attempts > 1 or attempt_guard is not None:
                     table = load()
                 fault_point(DRIVER_BEFORE_CHECK)
                 done = recheck(table)
