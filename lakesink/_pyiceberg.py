@@ -60,7 +60,7 @@ from pyiceberg.table.update import (
     update_table_metadata,
 )
 from pyiceberg.table.update.schema import UpdateSchema
-from pyiceberg.table.update.snapshot import _OverwriteFiles
+from pyiceberg.table.update.snapshot import _OverwriteFiles, _SnapshotProducer
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import IcebergType, ListType, MapType, PrimitiveType
@@ -771,3 +771,120 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
     table.metadata = new
     table.metadata_location = location
     return True
+
+
+# --- maintenance: manifest rewrite (issue 11) ----------------------------------------------------
+
+
+class _RewriteManifests(_SnapshotProducer["_RewriteManifests"]):
+    """A snapshot with the same data files as the branch head, their manifests rewritten: Iceberg's
+    ``RewriteManifests`` (``BaseRewriteManifests`` in Java). pyiceberg 0.12 has no rewrite action.
+
+    Every live entry of the head's data manifests is written again as an ``EXISTING`` entry through pyiceberg's
+    ``ManifestWriter.existing``, which keeps the entry's snapshot id, data sequence number and file sequence number
+    (as Java's ``ManifestWriter.existing`` / ``wrapExisting`` do): the rows keep the snapshot that added them, and
+    time travel and equality/position delete semantics are unchanged. Entries are clustered by partition and rolled
+    into a new manifest every ``entries_per_manifest`` entries. Delete manifests are kept as they are (as in Java).
+    """
+
+    def __init__(self, *args: Any, entries_per_manifest: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._entries_per_manifest = max(1, entries_per_manifest)
+        self.replaced: list[ManifestFile] = []
+        self.created: list[ManifestFile] = []
+        self.kept: list[ManifestFile] = []
+        self.entries = 0
+
+    def _deleted_entries(self) -> list[ManifestEntry]:
+        return []
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        self.replaced, self.created, self.kept, self.entries = [], [], [], 0
+        head = self._transaction.table_metadata.snapshot_by_name(self._target_branch)
+        if head is None:
+            return []
+        by_spec: dict[int, list[ManifestEntry]] = {}
+        for manifest in head.manifests(io=self._io):
+            if manifest.content != ManifestContent.DATA:
+                self.kept.append(manifest)
+                continue
+            self.replaced.append(manifest)
+            by_spec.setdefault(manifest.partition_spec_id, []).extend(
+                manifest.fetch_manifest_entry(io=self._io, discard_deleted=True)
+            )
+        for spec_id, entries in sorted(by_spec.items()):
+            entries.sort(key=lambda e: (_partition_sort_key(e.data_file.partition), e.data_file.file_path))
+            for start in range(0, len(entries), self._entries_per_manifest):
+                with self.new_manifest_writer(self.spec(spec_id)) as writer:
+                    for entry in entries[start : start + self._entries_per_manifest]:
+                        writer.existing(entry)
+                self.created.append(writer.to_manifest_file())
+            self.entries += len(entries)
+        return self.created + self.kept
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:  # noqa: B006
+        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id else None
+        totals = {
+            k: v
+            for k, v in (parent.summary.additional_properties if parent and parent.summary else {}).items()
+            if k.startswith("total-")
+        }
+        return Summary(
+            operation=Operation.REPLACE,
+            **totals,
+            **{
+                "manifests-created": str(len(self.created)),
+                "manifests-kept": str(len(self.kept)),
+                "manifests-replaced": str(len(self.replaced)),
+                "entries-processed": str(self.entries),
+            },
+            **snapshot_properties,
+        )
+
+
+def _partition_sort_key(partition: Record) -> tuple[tuple[bool, str], ...]:
+    """A total order of partition values (nulls first), for clustering manifest entries by partition."""
+    return tuple((v is not None, repr(v)) for v in partition)  # type: ignore[attr-defined]  # Record iterates over its values
+
+
+@dataclass
+class PreparedManifestRewrite(PreparedCommit):
+    """A prepared manifest rewrite, with what it replaces and creates (for the report)."""
+
+    replaced: tuple[str, ...] = ()
+    created: tuple[str, ...] = ()
+    kept: int = 0
+    entries: int = 0
+
+
+def prepare_rewrite_manifests(
+    table: Table, *, branch: str, entries_per_manifest: int, summary: Mapping[str, str]
+) -> PreparedManifestRewrite:
+    """Stage a ``replace`` snapshot on ``branch`` whose data manifests are the head's, rewritten (see
+    :class:`_RewriteManifests`). The swap requires the branch head (and the table) to be the ones read."""
+    tx = _MetadataCachingTransaction(table)
+    producer = _RewriteManifests(
+        operation=Operation.REPLACE,
+        transaction=tx,
+        io=table.io,
+        branch=branch,
+        snapshot_properties=dict(summary),
+        entries_per_manifest=entries_per_manifest,
+    )
+    producer.commit()
+    return PreparedManifestRewrite(
+        table=table,
+        snapshot_id=producer.snapshot_id,
+        _updates=tuple(tx._updates),
+        _requirements=(*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid)),
+        _producer=producer,
+        replaced=tuple(m.manifest_path for m in producer.replaced),
+        created=tuple(m.manifest_path for m in producer.created),
+        kept=len(producer.kept),
+        entries=producer.entries,
+    )
+
+
+def data_manifests(table: Table, snapshot: Any) -> list[ManifestFile]:
+    """The data manifests of a snapshot's manifest list (no manifest is read)."""
+    return [m for m in snapshot.manifests(table.io) if m.content == ManifestContent.DATA]
