@@ -247,7 +247,8 @@ def test_sql_catalog_parse_metadata_version_and_write_metadata(table: Table) -> 
 
         assert params(SqlCatalog._parse_metadata_version) == ["metadata_location"]
         assert params(SqlCatalog._write_metadata) == ["metadata", "io", "metadata_path"]
-        assert SqlCatalog._parse_metadata_version("file:///w/db/t/metadata/00007-6f1c9a2e-1b2c-4d5e-8f90-0123456789ab.metadata.json") == 7
+        name = "00007-6f1c9a2e-1b2c-4d5e-8f90-0123456789ab.metadata.json"
+        assert SqlCatalog._parse_metadata_version(f"file:///w/db/t/metadata/{name}") == 7
         assert SqlCatalog._parse_metadata_version(table.metadata_location) >= 1
         path = f"{table.location()}/metadata/99999-contract.metadata.json"
         SqlCatalog._write_metadata(metadata=table.metadata, io=table.io, metadata_path=path)
