@@ -52,8 +52,10 @@ from pyiceberg.table.update import (
     AssertDefaultSpecId,
     AssertRefSnapshotId,
     AssertTableUUID,
+    RemoveSnapshotRefUpdate,
     RemoveSnapshotsUpdate,
     SetPropertiesUpdate,
+    SetSnapshotRefUpdate,
     _apply_table_update,
     _TableMetadataUpdateContext,
     _update_table_metadata_log,
@@ -415,7 +417,7 @@ def _staged(
     return PreparedCommit(
         table=table,
         snapshot_id=producer.snapshot_id,
-        _updates=tuple(tx._updates),
+        _updates=keeping_ref_retention(table.metadata, tx._updates),
         _requirements=requirements,
         _producer=producer,
         _owned_files=tuple(owned),
@@ -603,7 +605,7 @@ def prepare_replace(
     return PreparedCommit(
         table=table,
         snapshot_id=producer.snapshot_id,
-        _updates=tuple(tx._updates),
+        _updates=keeping_ref_retention(table.metadata, tx._updates),
         _requirements=requirements,
         _producer=producer,
     )
@@ -875,7 +877,7 @@ def prepare_rewrite_manifests(
     return PreparedManifestRewrite(
         table=table,
         snapshot_id=producer.snapshot_id,
-        _updates=tuple(tx._updates),
+        _updates=keeping_ref_retention(table.metadata, tx._updates),
         _requirements=(*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid)),
         _producer=producer,
         replaced=tuple(m.manifest_path for m in producer.replaced),
@@ -888,3 +890,35 @@ def prepare_rewrite_manifests(
 def data_manifests(table: Table, snapshot: Any) -> list[ManifestFile]:
     """The data manifests of a snapshot's manifest list (no manifest is read)."""
     return [m for m in snapshot.manifests(table.io) if m.content == ManifestContent.DATA]
+
+
+def prepare_expire(table: Table, snapshot_ids: Sequence[int], refs: Sequence[str]) -> PreparedCommit:
+    """:func:`prepare_remove_snapshots` that also removes the branches and tags ``refs`` (Iceberg's ExpireSnapshots
+    removing refs older than their max-ref-age), in the same compare-and-swap."""
+    prepared = prepare_remove_snapshots(table, snapshot_ids)
+    removals = tuple(RemoveSnapshotRefUpdate(ref_name=name) for name in refs)  # type: ignore[call-arg]
+    prepared._updates = (*removals, *(prepared._updates if snapshot_ids else ()))
+    return prepared
+
+
+def keeping_ref_retention(metadata: TableMetadata, updates: Sequence[Any]) -> tuple[Any, ...]:
+    """``updates`` with every branch move keeping the branch's own retention (``min-snapshots-to-keep``,
+    ``max-snapshot-age-ms``, ``max-ref-age-ms``).
+
+    pyiceberg's snapshot producers move a branch with a ``SetSnapshotRefUpdate`` that carries none of them, and
+    applying it replaces the ref: every commit to a branch wiped its retention. Java keeps them
+    (``TableMetadata.Builder.setBranchSnapshot`` builds the ref with ``SnapshotRef.builderFrom(ref, snapshotId)``).
+    """
+    out = []
+    for update in updates:
+        ref = metadata.refs.get(update.ref_name) if isinstance(update, SetSnapshotRefUpdate) else None
+        if ref is not None and update.type == ref.snapshot_ref_type:
+            kept = {
+                field: getattr(ref, field)
+                for field in ("min_snapshots_to_keep", "max_snapshot_age_ms", "max_ref_age_ms")
+                if getattr(update, field) is None and getattr(ref, field) is not None
+            }
+            if kept:
+                update = update.model_copy(update=kept)
+        out.append(update)
+    return tuple(out)

@@ -51,12 +51,17 @@ def human_expiry(r: expiry.ExpiryReport) -> str:
     age = format_duration(timedelta(milliseconds=r.max_snapshot_age_ms))
     lines = [
         f"snapshot expiry of {r.table}: {r.status} (max snapshot age {age}, at least {r.min_snapshots_to_keep} "
-        "per branch; branch and tag heads always kept)"
+        "per branch; the heads of kept branches and tags always kept)"
     ]
     if r.expired_snapshot_ids:
         verb = "would expire" if r.dry_run else "expired"
         lines.append(f"{verb} {len(r.expired_snapshot_ids)} snapshot(s), {r.kept_snapshots} kept")
         lines.append(f"{'would delete' if r.dry_run else 'deleted'} {len(r.deleted_files)} file(s) only they referenced")
+    if r.removed_refs:
+        verb = "would remove" if r.dry_run else "removed"
+        lines.append(f"{verb} {len(r.removed_refs)} ref(s): {', '.join(r.removed_refs)} (older than their max ref age)")
+    for why in r.protected_refs:
+        lines.append(f"warning: {why}")
     if r.failed_deletes:
         lines.append(f"could not delete {len(r.failed_deletes)} file(s) (an orphan clean-up collects them)")
     return "\n".join(lines)
