@@ -663,10 +663,18 @@ def new_data_file_name(prefix: str) -> str:
 
 
 def write_parquet(
-    table: Table, *, location: str, batches: Iterable[pa.RecordBatch], schema: Schema
+    table: Table,
+    *,
+    location: str,
+    batches: Iterable[pa.RecordBatch],
+    schema: Schema,
+    key_value_metadata: Mapping[str, str] | None = None,
 ) -> tuple[int, pq.FileMetaData]:
-    """Write ``batches`` (already in the table schema, with field ids) as one Parquet file; (size, footer)."""
+    """Write ``batches`` (already in the table schema, with field ids) as one Parquet file; (size, footer).
+    ``key_value_metadata`` goes into the file's footer (readers ignore keys they do not know)."""
     arrow = arrow_schema(file_schema(schema))
+    if key_value_metadata:
+        arrow = arrow.with_metadata({**(arrow.metadata or {}), **{k.encode(): v.encode() for k, v in key_value_metadata.items()}})
     options = parquet_writer_options(table.properties)
     output = table.io.new_output(location)
     with output.create(overwrite=False) as stream:
@@ -922,3 +930,16 @@ def keeping_ref_retention(metadata: TableMetadata, updates: Sequence[Any]) -> tu
                 update = update.model_copy(update=kept)
         out.append(update)
     return tuple(out)
+
+
+def file_key_value_metadata(io: FileIO, path: str) -> dict[str, str]:
+    """A Parquet data file's footer key-value metadata (one footer read)."""
+    with io.new_input(path).open() as stream:
+        metadata = pq.read_metadata(stream).metadata or {}
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in metadata.items()}
+
+
+def filter_arrow(rows: pa.Table, schema: Schema, row_filter: BooleanExpression) -> pa.Table:
+    """The rows of ``rows`` (columns named as in ``schema``) for which ``row_filter`` is true."""
+    bound = bind(schema, row_filter, case_sensitive=True)
+    return rows.filter(expression_to_pyarrow(bound, schema))
