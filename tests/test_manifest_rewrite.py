@@ -101,6 +101,9 @@ def test_rewrite_merges_many_manifests_and_keeps_every_entry_history_and_audit(c
         assert _ids(lakesink.read_at(table, lakesink.Point(batch_id=b))) == Counter(range(0, (b + 1) * 1000)) & Counter(sent)
     verified = lakesink.verify(table)
     assert verified.violations == [], verified.violations
+    from lakesink.cli import human_history
+
+    assert "(lakesink manifest rewrite)" in human_history(lakesink.history(table))
     # which: a row is attributed to the batch that wrote it, not to the rewrite
     located = lakesink.locate(table, row_filter="id = 7003")
     assert located.column("_batch_id").to_pylist() == [7] and located.column("_query_id").to_pylist() == [Q1]
