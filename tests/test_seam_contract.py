@@ -368,6 +368,35 @@ def test_snapshot_producer_for_a_manifest_rewrite_keeps_entry_ids(table: Table, 
         assert entries(after) == before  # each entry keeps the snapshot that added it and its sequence numbers
 
 
+def test_branch_updates_keep_retention_and_refs_can_be_removed(table: Table, catalog: Catalog) -> None:
+    with hook(
+        "pyiceberg.table.update.SetSnapshotRefUpdate (type, retention fields) / RemoveSnapshotRefUpdate",
+        "keeping_ref_retention / prepare_expire",
+    ):
+        from pyiceberg.table.update import SetSnapshotRefUpdate
+
+        assert {"ref_name", "type", "snapshot_id", "max_ref_age_ms", "max_snapshot_age_ms", "min_snapshots_to_keep"} <= set(
+            SetSnapshotRefUpdate.model_fields
+        )
+        head = table.current_snapshot()
+        assert head is not None
+        table.manage_snapshots().create_branch(head.snapshot_id, "b", min_snapshots_to_keep=4).create_tag(
+            head.snapshot_id, "t"
+        ).commit()
+        table = catalog.load_table(("db", "contract"))
+        files = list(seam.live_data_files(table, "b"))
+        prepared = seam.prepare_snapshot(
+            table, data_files=files, overwrite=False, summary={}, properties=lambda _: {}, branch="b"
+        )
+        moves = [u for u in prepared._updates if isinstance(u, SetSnapshotRefUpdate)]
+        assert [u.min_snapshots_to_keep for u in moves] == [4]  # put back by keeping_ref_retention
+        prepared.commit()
+        table = catalog.load_table(("db", "contract"))
+        assert table.metadata.refs["b"].min_snapshots_to_keep == 4
+        seam.prepare_expire(table, [], ["t"]).commit()  # a ref removed, no snapshot
+        assert set(catalog.load_table(("db", "contract")).metadata.refs) == {"main", "b"}
+
+
 # --- pyspark internals (lakesink/_pyspark.py) -----------------------------------------------------
 
 
