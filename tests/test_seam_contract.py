@@ -365,6 +365,11 @@ def test_snapshot_producer_for_a_manifest_rewrite_keeps_entry_ids(table: Table, 
         prepared.commit()
         after = catalog.load_table(("db", "contract"))
         assert len(seam.data_manifests(after, after.current_snapshot())) == 1
+        summary = after.current_snapshot().summary  # type: ignore[union-attr]
+        assert summary is not None and summary.operation.value == "replace"
+        # _commit computes the summary after the manifests: the rewrite's counts are in it
+        assert summary.additional_properties["manifests-created"] == "1"
+        assert summary.additional_properties["total-records"] == "6"
         assert entries(after) == before  # each entry keeps the snapshot that added it and its sequence numbers
 
 
