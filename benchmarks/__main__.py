@@ -175,8 +175,9 @@ def commit_path(
 @click.option("--maintain-every", default=100, show_default=True, help="batches between two maintenance runs")
 @click.option("--keep", default=200, show_default=True, help="history.expire.min-snapshots-to-keep of the maintained run")
 @click.option("--variants", default="maintained,history-kept", show_default=True)
+@click.option("--label", default="", help="suffix of the output files (longrun-<label>.json / .png)")
 @click.pass_context
-def longrun(ctx: click.Context, batches: int, maintain_every: int, keep: int, variants: str) -> None:
+def longrun(ctx: click.Context, batches: int, maintain_every: int, keep: int, variants: str, label: str) -> None:
     """Commit cost over many batches with lakesink's compaction and expiry (issue 11)."""
     info = machine()
     step = max(1, batches // 20)
@@ -195,14 +196,16 @@ def longrun(ctx: click.Context, batches: int, maintain_every: int, keep: int, va
             s = r["samples"][-1]
             _say(
                 f"longrun {variant}: commit p50 early {r['windows']['early_p50_ms']:.1f} ms -> late "
-                f"{r['windows']['late_p50_ms']:.1f} ms ({r['late_over_early']:.2f}x, target <= {r['target']}x); "
+                f"{r['windows']['late_p50_ms']:.1f} ms ({r['late_over_early']:.2f}x, target <= {r['target']}x; "
+                f"CPU {r['late_over_early_cpu']:.2f}x); "
                 f"data files {s['data_files']}, metadata.json {s['metadata_json_bytes'] / 1024:.0f} KiB; rows ok {r['rows_ok']}"
             )
     out: Path = ctx.obj["out"]
     out.mkdir(parents=True, exist_ok=True)
-    longrun_bench.plot(runs, out / "longrun.png")
-    path = write_json(out, "longrun", {"command": _command(), "machine": info, "runs": runs})
-    _say(f"wrote {path} and {out / 'longrun.png'}")
+    name = f"longrun-{label}" if label else "longrun"
+    longrun_bench.plot(runs, out / f"{name}.png")
+    path = write_json(out, name, {"command": _command(), "machine": info, "runs": runs})
+    _say(f"wrote {path} and {out / f'{name}.png'}")
 
 
 @main.command()

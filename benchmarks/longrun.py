@@ -14,6 +14,7 @@ maintenance run); its own time is reported apart. No Spark (commit path only, li
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -65,6 +66,7 @@ def run(
     )
     committer.open_table(SCHEMA)
     commit_ms: list[float] = []
+    commit_cpu_ms: list[float] = []
     maintain: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
     for b in range(batches):
@@ -72,9 +74,10 @@ def run(
         plan = committer.write_plan(table, QUERY_ID)
         writer = TaskWriter(plan, query_id=QUERY_ID, batch_id=b, partition_id=0, task_attempt_id=b)
         result = writer.write([_rows(b * rows_per_batch, rows_per_batch)])
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         outcome = committer.commit_batch(query_id=QUERY_ID, batch_id=b, results=[result], source_offsets=f'[{{"n":{b}}}]')
         commit_ms.append((time.perf_counter() - t0) * 1000)
+        commit_cpu_ms.append((time.process_time() - c0) * 1000)
         if outcome.outcome is not Outcome.COMMITTED:
             raise AssertionError(f"batch {b}: {outcome}")
         if (b + 1) % maintain_every == 0:
@@ -102,6 +105,8 @@ def run(
     early, late = _windows(batches)
     e_med = statistics.median(commit_ms[early[0] : early[1]])
     l_med = statistics.median(commit_ms[late[0] : late[1]])
+    e_cpu = statistics.median(commit_cpu_ms[early[0] : early[1]])
+    l_cpu = statistics.median(commit_cpu_ms[late[0] : late[1]])
     target = 1.2 if variant == "maintained" else 2.0
     return {
         "variant": variant,
@@ -110,13 +115,22 @@ def run(
         "keep": keep if variant == "maintained" else None,
         "rows_ok": back["rows"] == back["distinct"] == batches * rows_per_batch,
         "commit_ms": summarise(commit_ms),
-        "windows": {"early": list(early), "late": list(late), "early_p50_ms": e_med, "late_p50_ms": l_med},
+        "commit_cpu_ms": summarise(commit_cpu_ms),
+        "windows": {
+            "early": list(early),
+            "late": list(late),
+            "early_p50_ms": e_med,
+            "late_p50_ms": l_med,
+            "early_p50_cpu_ms": e_cpu,
+            "late_p50_cpu_ms": l_cpu,
+        },
+        "late_over_early_cpu": l_cpu / e_cpu,
         "late_over_early": l_med / e_med,
         "target": target,
         "met": l_med / e_med <= target,
         "maintenance": maintain,
         "samples": samples,
-        "series": {"commit_ms": commit_ms},
+        "series": {"commit_ms": commit_ms, "commit_cpu_ms": commit_cpu_ms},
     }
 
 
@@ -126,6 +140,8 @@ def _sample(committer: TableCommitter, batch: int) -> dict[str, Any]:
     files = len(list(seam.data_file_entries(table, head))) if head else 0
     return {
         "batch": batch,
+        "t": round(time.time(), 1),
+        "load_average": round(os.getloadavg()[0], 2),
         "data_files": files,
         "metadata_json_bytes": Path(table.metadata_location.removeprefix("file://")).stat().st_size,
         "snapshots": len(table.metadata.snapshots),
@@ -142,7 +158,9 @@ def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
     for label, r in runs.items():
         c = r["series"]["commit_ms"]
         window = max(1, min(100, len(c) // 20))
-        ax1.plot(range(len(c)), _rolling_median(c, window), label=f"{label} (rolling median of {window})")
+        ax1.plot(range(len(c)), _rolling_median(c, window), label=f"{label}, wall (rolling median of {window})")
+        if cpu := r["series"].get("commit_cpu_ms"):
+            ax1.plot(range(len(cpu)), _rolling_median(cpu, window), linestyle="--", label=f"{label}, CPU")
         xs = [s["batch"] for s in r["samples"]]
         ax2.plot(xs, [s["data_files"] for s in r["samples"]], label=label)
         ax3.plot(xs, [s["metadata_json_bytes"] / 1024 for s in r["samples"]], label=label)

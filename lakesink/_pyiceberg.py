@@ -783,6 +783,49 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
     return True
 
 
+def reload_from_sql_catalog(catalog: Any, identifier: tuple[str, ...], known: Table) -> Table | None:
+    """Read a table's metadata pointer from a SQL catalog; when it still names ``known.metadata_location``,
+    return a Table over ``known``'s already parsed metadata, else the table loaded and parsed as pyiceberg does.
+
+    Returns None when this does not apply (not a pyiceberg SQL catalog): the caller loads the table itself.
+    Metadata files are immutable and written once, so a pointer equal to the known location means the same
+    metadata; the models are frozen, so sharing them is safe. This saves parsing the whole metadata.json
+    (O(history)) at every batch's reads (the replay check before writing, the commit). NoSuchTableError as
+    from ``load_table``.
+    """
+    # driver side only: executors import this module and must not load SQLAlchemy (tests/test_boundary.py)
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+    from pyiceberg.exceptions import NoSuchTableError
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    if not isinstance(catalog, SqlCatalog):
+        return None
+    namespace = Catalog.namespace_to_string(Catalog.namespace_from(identifier))
+    name = Catalog.table_name_from(identifier)
+    with Session(catalog.engine) as session:
+        stmt = select(IcebergTables).where(
+            IcebergTables.catalog_name == catalog.name,
+            IcebergTables.table_namespace == namespace,
+            IcebergTables.table_name == name,
+        )
+        if (type_filter := catalog._iceberg_type_filter()) is not None:
+            stmt = stmt.where(type_filter)
+        row = session.scalar(stmt)
+        if row is None:
+            raise NoSuchTableError(f"Table does not exist: {namespace}.{name}")
+        if row.metadata_location and row.metadata_location == known.metadata_location:
+            return Table(
+                identifier=known.name(),
+                metadata=known.metadata,
+                metadata_location=known.metadata_location,
+                io=known.io,
+                catalog=catalog,
+            )
+        return catalog._convert_orm_to_iceberg(row)
+
+
 # --- maintenance: manifest rewrite (issue 11) ----------------------------------------------------
 
 

@@ -35,6 +35,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine, ExceptionContext
 from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 
+from lakesink import _pyiceberg as seam
 from lakesink.errors import CatalogError
 from lakesink.redaction import redact_secrets_in
 
@@ -113,6 +114,44 @@ def load(name: str | None, overrides: Mapping[str, str]) -> Catalog:
             catalog = _open(resolved_name, props)
             _cache[key] = catalog
     return catalog
+
+
+_tables_lock = threading.Lock()
+_tables: dict[tuple[int, tuple[str, ...]], Table] = {}
+
+
+def load_table(catalog: Catalog, identifier: tuple[str, ...]) -> Table:
+    """``catalog.load_table(identifier)``, without parsing the metadata again when it has not moved.
+
+    On a SQL catalog (the embedded default, PostgreSQL) the pointer is read (one query) and compared with the
+    table this process last read or committed (:func:`remember`); only a moved pointer is loaded and parsed.
+    With the whole history kept, metadata.json grows by about 1 KiB per batch and parsing it is the largest
+    per-batch cost after a few thousand batches (docs/performance.md). Other catalogs load as usual.
+    """
+    key = (id(catalog), tuple(identifier))
+    with _tables_lock:
+        known = _tables.get(key)
+    table = seam.reload_from_sql_catalog(catalog, tuple(identifier), known) if known is not None else None
+    if table is None:
+        table = catalog.load_table(identifier)
+    remember(table)
+    return table
+
+
+def remember(table: Table) -> None:
+    """Keep ``table`` (read, or just committed by this process) for :func:`load_table`'s next read."""
+    if table.catalog is None or not table.metadata_location:
+        return
+    key = (id(table.catalog), tuple(table.name()))
+    kept = Table(
+        identifier=table.name(),
+        metadata=table.metadata,
+        metadata_location=table.metadata_location,
+        io=table.io,
+        catalog=table.catalog,
+    )
+    with _tables_lock:
+        _tables[key] = kept
 
 
 def load_table_fresh(name: str | None, overrides: Mapping[str, str], identifier: str | Identifier) -> Table:

@@ -552,10 +552,53 @@ def test_a_commit_parses_the_metadata_once_and_never_deep_copies_it(
     deep.clear()
     assert commit(c, Q1, 3, [result]).outcome is Outcome.COMMITTED
     assert deep == []
-    assert len(loads) == 1  # the commit's own read of the table (the replay re-check reads that same table)
+    # nothing moved the table since this process's own last commit: the commit reads the catalog's pointer
+    # and reuses the metadata it already holds (lakesink.catalogs.load_table): no metadata.json is parsed
+    assert loads == []
     table = load(c)
     assert table_ids(table) == Counter([*range(0, 10), *range(1000, 1010), *range(2000, 2010), 3000])
     assert len(table.metadata.metadata_log) == 4  # the metadata log goes on as with pyiceberg's commit
+
+
+def test_a_table_moved_by_another_writer_is_read_afresh_and_parsed_once(
+    catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit reuses the metadata it holds only while the catalog still points at it: after another
+    writer's commit (another catalog instance, as another process would) the table is loaded and parsed
+    once, the batch lands on top of the other writer's snapshot, and every row is there once."""
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.serializers import FromInputFile
+
+    from lakesink import catalogs
+
+    c = _committer(catalog_properties, maintenance=Maintenance.OFF)
+    sent = _batches(c, 2)
+    name, props = catalogs.resolve_catalog_properties(None, catalog_properties)
+    other = load_catalog(name, **props).load_table(("db", "events"))
+    other.append(arrow_rows([7000, 7001]))
+    sent += [7000, 7001]
+    parses: list[object] = []
+    real_parse = FromInputFile.table_metadata
+
+    def counting_parse(input_file: Any, encoding: str = "utf-8") -> Any:
+        parses.append(input_file.location)
+        return real_parse(input_file, encoding)
+
+    monkeypatch.setattr(FromInputFile, "table_metadata", staticmethod(counting_parse))
+    result = write_task(c, Q1, 2, [2000])  # plans on a fresh read (the replay check), then the commit reads again
+    assert commit(c, Q1, 2, [result]).outcome is Outcome.COMMITTED
+    assert parses == [other.metadata_location]  # the other writer's metadata, once; ours is not parsed again
+    sent += [2000]
+    fresh = load_catalog(name, **props).load_table(("db", "events"))
+    assert isinstance(fresh.catalog, SqlCatalog)
+    assert table_ids(fresh) == Counter(sent)
+    head = fresh.current_snapshot()
+    assert head is not None and head.parent_snapshot_id == other.current_snapshot().snapshot_id  # type: ignore[union-attr]
+    parses.clear()
+    assert commit(c, Q1, 3, [write_task(c, Q1, 3, [3000])]).outcome is Outcome.COMMITTED
+    assert parses == []  # unmoved again since our own commit
+    assert table_ids(load_catalog(name, **props).load_table(("db", "events"))) == Counter([*sent, 3000])
 
 
 @pytest.mark.parametrize("module", ["lakesink.upkeep", "lakesink.compaction", "lakesink.expiry", "lakesink.maintenance_cli"])

@@ -24,6 +24,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential_jitter
 
+from lakesink import catalogs
 from lakesink._pyiceberg import PreparedCommit
 from lakesink.errors import CommitOutcomeUnknownError, LakesinkError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_CHECK, DRIVER_BEFORE_SWAP, fault_point
@@ -187,6 +188,8 @@ def swap_with_recheck(
                             "outcome; no file was deleted, a restart settles it"
                         ) from None
                     # Settled.LANDED: go on as after a clean swap
+                else:
+                    catalogs.remember(prepared.table)  # the next read of the unmoved table parses nothing
                 fault_point(DRIVER_AFTER_SWAP)
                 return SwapResult(Status.LANDED, attempts, snapshot_id=prepared.snapshot_id)
     except RetryError as e:

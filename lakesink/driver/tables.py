@@ -93,19 +93,19 @@ class SinkTable:
                 with table.transaction() as tx:
                     with tx.update_snapshot(snapshot_properties={BRANCH_BASE: branch}).fast_append():
                         pass
-                table = self.catalog.load_table(self.options.table.identifier)
+                table = catalogs.load_table(self.catalog, self.options.table.identifier)
                 head = table.metadata.snapshot_by_name(MAIN_BRANCH)
                 assert head is not None
             table.manage_snapshots().create_branch(head.snapshot_id, branch).commit()
             log.info("lakesink: created branch %s of %s at snapshot %s", branch, self.table_name, head.snapshot_id)
         except CommitFailedException:
             pass  # created by another query meanwhile
-        return self.catalog.load_table(self.options.table.identifier)
+        return catalogs.load_table(self.catalog, self.options.table.identifier)
 
     def _load_or_create(self, stream_schema: pa.Schema) -> Table:
         ident = self.options.table.identifier
         try:
-            return self._patiently(lambda: self.catalog.load_table(ident))
+            return self._patiently(lambda: catalogs.load_table(self.catalog, ident))
         except NoSuchTableError:
             if not self.options.create_table:
                 raise CatalogError(
@@ -126,7 +126,7 @@ class SinkTable:
             log.info("lakesink: created table %s in catalog %r", self.table_name, self.catalog.name)
             return table
         except TableAlreadyExistsError:  # another query created it first
-            return self._patiently(lambda: self.catalog.load_table(ident))
+            return self._patiently(lambda: catalogs.load_table(self.catalog, ident))
         except Exception as e:
             raise CatalogError(f"cannot create table {self.table_name}: {self.redact(e)}") from None
 
@@ -222,7 +222,7 @@ class SinkTable:
         """For a later batch of a query already opened: the current table (the stream is checked against
         it by :meth:`write_plan`)."""
         try:
-            table = self._patiently(lambda: self.catalog.load_table(self.options.table.identifier))
+            table = self._patiently(lambda: catalogs.load_table(self.catalog, self.options.table.identifier))
         except NoSuchTableError:
             raise TableIdentityChangedError(
                 f"table {self.table_name} was dropped while the query ran; nothing was written. Restart the query "
@@ -300,7 +300,7 @@ class SinkTable:
         return last_committed_on_branch(table.metadata, query_id, self.options.branch, self.options.sink_id, index=index)
 
     def last_committed(self, query_id: str) -> CommittedBatch | None:
-        return self.last(self.catalog.load_table(self.options.table.identifier), query_id)
+        return self.last(catalogs.load_table(self.catalog, self.options.table.identifier), query_id)
 
     def load_patiently(self, batch_id: int, *, load: Callable[[], Table] | None = None) -> Table:
         """Read the table for a commit attempt, riding out a briefly locked or unreachable catalog."""
@@ -344,7 +344,7 @@ class SinkTable:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _load(self) -> Table:
-        return self.catalog.load_table(self.options.table.identifier)
+        return catalogs.load_table(self.catalog, self.options.table.identifier)
 
     def load_fresh(self) -> Table:
         """Read the table through a connection that cannot hold a write of ours whose outcome is unknown
