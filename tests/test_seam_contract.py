@@ -402,6 +402,24 @@ def test_branch_updates_keep_retention_and_refs_can_be_removed(table: Table, cat
         assert set(catalog.load_table(("db", "contract")).metadata.refs) == {"main", "b"}
 
 
+def test_sql_catalog_type_filter_and_orm_conversion(table: Table, catalog: Catalog) -> None:
+    with hook("pyiceberg SqlCatalog._iceberg_type_filter / _convert_orm_to_iceberg", "reload_from_sql_catalog"):
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        assert isinstance(catalog, SqlCatalog)
+        assert params(SqlCatalog._iceberg_type_filter) == ["self"]
+        assert params(SqlCatalog._convert_orm_to_iceberg) == ["self", "orm_table"]
+        # the pointer has not moved: the already parsed metadata is reused (the same object)
+        same = seam.reload_from_sql_catalog(catalog, ("db", "contract"), table)
+        assert same is not None and same.metadata is table.metadata
+        # it moved: the table is loaded and parsed afresh, as pyiceberg's load_table does
+        catalog.load_table(("db", "contract")).append(ROWS)
+        moved = seam.reload_from_sql_catalog(catalog, ("db", "contract"), table)
+        assert moved is not None and moved.metadata_location != table.metadata_location
+        assert moved.metadata_location == catalog.load_table(("db", "contract")).metadata_location
+        assert len(moved.snapshots()) == len(table.snapshots()) + 1
+
+
 # --- pyspark internals (lakesink/_pyspark.py) -----------------------------------------------------
 
 
