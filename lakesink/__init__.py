@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from lakesink.expiry import expire_snapshots
     from lakesink.foreach import ForeachBatchSink, foreach_batch
     from lakesink.maintenance import remove_orphan_files
+    from lakesink.manifest_rewrite import rewrite_manifests
     from lakesink.options import OutputMode, ReadOptions, SinkOptions
     from lakesink.upkeep import forget_query, maintain
 
@@ -75,6 +76,7 @@ __all__ = [
     "expire_snapshots",
     "forget_query",
     "maintain",
+    "rewrite_manifests",
     "AuditError",
     "BatchOutcome",
     "CatalogError",
@@ -153,6 +155,7 @@ _LAZY = {
     "expire_snapshots": "lakesink.expiry",
     "forget_query": "lakesink.upkeep",
     "maintain": "lakesink.upkeep",
+    "rewrite_manifests": "lakesink.manifest_rewrite",
     "OutputMode": "lakesink.options",
     "ReadOptions": "lakesink.options",
     "SinkOptions": "lakesink.options",

@@ -13,7 +13,6 @@ import time
 import uuid as uuid_module
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,15 +51,17 @@ from pyiceberg.table.update import (
     AssertDefaultSpecId,
     AssertRefSnapshotId,
     AssertTableUUID,
+    RemoveSnapshotRefUpdate,
     RemoveSnapshotsUpdate,
     SetPropertiesUpdate,
+    SetSnapshotRefUpdate,
     _apply_table_update,
     _TableMetadataUpdateContext,
     _update_table_metadata_log,
     update_table_metadata,
 )
 from pyiceberg.table.update.schema import UpdateSchema
-from pyiceberg.table.update.snapshot import _OverwriteFiles
+from pyiceberg.table.update.snapshot import _OverwriteFiles, _SnapshotProducer
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import IcebergType, ListType, MapType, PrimitiveType
@@ -311,9 +312,6 @@ class PreparedCommit:
     _producer: Any = None
     _owned_files: tuple[str, ...] = ()
     """Data files written for this commit attempt alone (an upsert's rewritten files), deleted by :meth:`discard`."""
-    guard: Callable[[], AbstractContextManager[None]] | None = None
-    """Entered around the swap (it may raise CommitFailedException to yield): maintenance commits of the sink
-    swap only while no batch of the sink is committing (lakesink.upkeep.AutoMaintainer)."""
 
     def commit(self) -> None:
         """Swap the table's metadata pointer once. Raises CommitFailedException when the base moved.
@@ -321,11 +319,10 @@ class PreparedCommit:
         pyiceberg's own commit loop is bypassed on purpose: it would rebase and retry without
         lakesink re-checking whether the batch is already in the table.
         """
-        with self.guard() if self.guard is not None else nullcontext():
-            fault_point(CATALOG_FAILS_BEFORE_APPLY)
-            if not _swap_on_sql_catalog(self.table, self._updates, self._requirements):
-                self.table._do_commit(updates=self._updates, requirements=self._requirements)
-            fault_point(CATALOG_FAILS_AFTER_APPLY)
+        fault_point(CATALOG_FAILS_BEFORE_APPLY)
+        if not _swap_on_sql_catalog(self.table, self._updates, self._requirements):
+            self.table._do_commit(updates=self._updates, requirements=self._requirements)
+        fault_point(CATALOG_FAILS_AFTER_APPLY)
 
     def discard(self) -> None:
         """Delete the manifests written for this commit (only when it certainly did not land)."""
@@ -415,7 +412,7 @@ def _staged(
     return PreparedCommit(
         table=table,
         snapshot_id=producer.snapshot_id,
-        _updates=tuple(tx._updates),
+        _updates=keeping_ref_retention(table.metadata, tx._updates),
         _requirements=requirements,
         _producer=producer,
         _owned_files=tuple(owned),
@@ -603,7 +600,7 @@ def prepare_replace(
     return PreparedCommit(
         table=table,
         snapshot_id=producer.snapshot_id,
-        _updates=tuple(tx._updates),
+        _updates=keeping_ref_retention(table.metadata, tx._updates),
         _requirements=requirements,
         _producer=producer,
     )
@@ -661,10 +658,18 @@ def new_data_file_name(prefix: str) -> str:
 
 
 def write_parquet(
-    table: Table, *, location: str, batches: Iterable[pa.RecordBatch], schema: Schema
+    table: Table,
+    *,
+    location: str,
+    batches: Iterable[pa.RecordBatch],
+    schema: Schema,
+    key_value_metadata: Mapping[str, str] | None = None,
 ) -> tuple[int, pq.FileMetaData]:
-    """Write ``batches`` (already in the table schema, with field ids) as one Parquet file; (size, footer)."""
+    """Write ``batches`` (already in the table schema, with field ids) as one Parquet file; (size, footer).
+    ``key_value_metadata`` goes into the file's footer (readers ignore keys they do not know)."""
     arrow = arrow_schema(file_schema(schema))
+    if key_value_metadata:
+        arrow = arrow.with_metadata({**(arrow.metadata or {}), **{k.encode(): v.encode() for k, v in key_value_metadata.items()}})
     options = parquet_writer_options(table.properties)
     output = table.io.new_output(location)
     with output.create(overwrite=False) as stream:
@@ -814,3 +819,165 @@ def reload_from_sql_catalog(catalog: Any, identifier: tuple[str, ...], known: Ta
                 catalog=catalog,
             )
         return catalog._convert_orm_to_iceberg(row)
+
+
+# --- maintenance: manifest rewrite (issue 11) ----------------------------------------------------
+
+
+class _RewriteManifests(_SnapshotProducer["_RewriteManifests"]):
+    """A snapshot with the same data files as the branch head, their manifests rewritten: Iceberg's
+    ``RewriteManifests`` (``BaseRewriteManifests`` in Java). pyiceberg 0.12 has no rewrite action.
+
+    Every live entry of the head's data manifests is written again as an ``EXISTING`` entry through pyiceberg's
+    ``ManifestWriter.existing``, which keeps the entry's snapshot id, data sequence number and file sequence number
+    (as Java's ``ManifestWriter.existing`` / ``wrapExisting`` do): the rows keep the snapshot that added them, and
+    time travel and equality/position delete semantics are unchanged. Entries are clustered by partition and rolled
+    into a new manifest every ``entries_per_manifest`` entries. Delete manifests are kept as they are (as in Java).
+    """
+
+    def __init__(self, *args: Any, entries_per_manifest: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._entries_per_manifest = max(1, entries_per_manifest)
+        self.replaced: list[ManifestFile] = []
+        self.created: list[ManifestFile] = []
+        self.kept: list[ManifestFile] = []
+        self.entries = 0
+
+    def _deleted_entries(self) -> list[ManifestEntry]:
+        return []
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        self.replaced, self.created, self.kept, self.entries = [], [], [], 0
+        head = self._transaction.table_metadata.snapshot_by_name(self._target_branch)
+        if head is None:
+            return []
+        by_spec: dict[int, list[ManifestEntry]] = {}
+        for manifest in head.manifests(io=self._io):
+            if manifest.content != ManifestContent.DATA:
+                self.kept.append(manifest)
+                continue
+            self.replaced.append(manifest)
+            by_spec.setdefault(manifest.partition_spec_id, []).extend(
+                manifest.fetch_manifest_entry(io=self._io, discard_deleted=True)
+            )
+        for spec_id, entries in sorted(by_spec.items()):
+            entries.sort(key=lambda e: (_partition_sort_key(e.data_file.partition), e.data_file.file_path))
+            for start in range(0, len(entries), self._entries_per_manifest):
+                with self.new_manifest_writer(self.spec(spec_id)) as writer:
+                    for entry in entries[start : start + self._entries_per_manifest]:
+                        writer.existing(entry)
+                self.created.append(writer.to_manifest_file())
+            self.entries += len(entries)
+        return self.created + self.kept
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:  # noqa: B006
+        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id else None
+        totals = {
+            k: v
+            for k, v in (parent.summary.additional_properties if parent and parent.summary else {}).items()
+            if k.startswith("total-")
+        }
+        return Summary(
+            operation=Operation.REPLACE,
+            **totals,
+            **{
+                "manifests-created": str(len(self.created)),
+                "manifests-kept": str(len(self.kept)),
+                "manifests-replaced": str(len(self.replaced)),
+                "entries-processed": str(self.entries),
+            },
+            **snapshot_properties,
+        )
+
+
+def _partition_sort_key(partition: Record) -> tuple[tuple[bool, str], ...]:
+    """A total order of partition values (nulls first), for clustering manifest entries by partition."""
+    return tuple((v is not None, repr(v)) for v in partition)  # type: ignore[attr-defined]  # Record iterates over its values
+
+
+@dataclass
+class PreparedManifestRewrite(PreparedCommit):
+    """A prepared manifest rewrite, with what it replaces and creates (for the report)."""
+
+    replaced: tuple[str, ...] = ()
+    created: tuple[str, ...] = ()
+    kept: int = 0
+    entries: int = 0
+
+
+def prepare_rewrite_manifests(
+    table: Table, *, branch: str, entries_per_manifest: int, summary: Mapping[str, str]
+) -> PreparedManifestRewrite:
+    """Stage a ``replace`` snapshot on ``branch`` whose data manifests are the head's, rewritten (see
+    :class:`_RewriteManifests`). The swap requires the branch head (and the table) to be the ones read."""
+    tx = _MetadataCachingTransaction(table)
+    producer = _RewriteManifests(
+        operation=Operation.REPLACE,
+        transaction=tx,
+        io=table.io,
+        branch=branch,
+        snapshot_properties=dict(summary),
+        entries_per_manifest=entries_per_manifest,
+    )
+    producer.commit()
+    return PreparedManifestRewrite(
+        table=table,
+        snapshot_id=producer.snapshot_id,
+        _updates=keeping_ref_retention(table.metadata, tx._updates),
+        _requirements=(*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid)),
+        _producer=producer,
+        replaced=tuple(m.manifest_path for m in producer.replaced),
+        created=tuple(m.manifest_path for m in producer.created),
+        kept=len(producer.kept),
+        entries=producer.entries,
+    )
+
+
+def data_manifests(table: Table, snapshot: Any) -> list[ManifestFile]:
+    """The data manifests of a snapshot's manifest list (no manifest is read)."""
+    return [m for m in snapshot.manifests(table.io) if m.content == ManifestContent.DATA]
+
+
+def prepare_expire(table: Table, snapshot_ids: Sequence[int], refs: Sequence[str]) -> PreparedCommit:
+    """:func:`prepare_remove_snapshots` that also removes the branches and tags ``refs`` (Iceberg's ExpireSnapshots
+    removing refs older than their max-ref-age), in the same compare-and-swap."""
+    prepared = prepare_remove_snapshots(table, snapshot_ids)
+    removals = tuple(RemoveSnapshotRefUpdate(ref_name=name) for name in refs)  # type: ignore[call-arg]
+    prepared._updates = (*removals, *(prepared._updates if snapshot_ids else ()))
+    return prepared
+
+
+def keeping_ref_retention(metadata: TableMetadata, updates: Sequence[Any]) -> tuple[Any, ...]:
+    """``updates`` with every branch move keeping the branch's own retention (``min-snapshots-to-keep``,
+    ``max-snapshot-age-ms``, ``max-ref-age-ms``).
+
+    pyiceberg's snapshot producers move a branch with a ``SetSnapshotRefUpdate`` that carries none of them, and
+    applying it replaces the ref: every commit to a branch wiped its retention. Java keeps them
+    (``TableMetadata.Builder.setBranchSnapshot`` builds the ref with ``SnapshotRef.builderFrom(ref, snapshotId)``).
+    """
+    out = []
+    for update in updates:
+        ref = metadata.refs.get(update.ref_name) if isinstance(update, SetSnapshotRefUpdate) else None
+        if ref is not None and update.type == ref.snapshot_ref_type:
+            kept = {
+                field: getattr(ref, field)
+                for field in ("min_snapshots_to_keep", "max_snapshot_age_ms", "max_ref_age_ms")
+                if getattr(update, field) is None and getattr(ref, field) is not None
+            }
+            if kept:
+                update = update.model_copy(update=kept)
+        out.append(update)
+    return tuple(out)
+
+
+def file_key_value_metadata(io: FileIO, path: str) -> dict[str, str]:
+    """A Parquet data file's footer key-value metadata (one footer read)."""
+    with io.new_input(path).open() as stream:
+        metadata = pq.read_metadata(stream).metadata or {}
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in metadata.items()}
+
+
+def filter_arrow(rows: pa.Table, schema: Schema, row_filter: BooleanExpression) -> pa.Table:
+    """The rows of ``rows`` (columns named as in ``schema``) for which ``row_filter`` is true."""
+    bound = bind(schema, row_filter, case_sensitive=True)
+    return rows.filter(expression_to_pyarrow(bound, schema))

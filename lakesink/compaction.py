@@ -9,6 +9,10 @@ live there; if one is not (another compaction, a delete), the run gives up clean
 nothing is committed, and a later run starts over. So a batch always wins against a compaction.
 
 Files a batch has written but not committed are never read: only the head's live files are.
+
+Each new file keeps the provenance of its rows in its Parquet footer (:mod:`lakesink.audit.origins`): which
+batch wrote which run of rows, so that ``lakesink which`` still names the original batch after any number of
+compactions and after the rewritten files' snapshots are expired.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from pyiceberg.table import FileScanTask, Table
 
 from lakesink import _pyiceberg as seam
 from lakesink import storage
+from lakesink.audit import origins
+from lakesink.audit.manifests import Manifests
+from lakesink.audit.snapshots import lakesink_key
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import CommitOutcomeUnknownError, LakesinkError
 from lakesink.properties import CommittedBatch, SnapshotIndex
@@ -173,9 +180,12 @@ def compact(
     schema = table.schema()
     spec = table.spec()
     added: list[DataFile] = []
+    head = table.metadata.snapshot_by_name(branch)
+    added_by = {path: sid for path, (_, sid) in Manifests(table).live_files(head).items()} if head is not None else {}
     try:
         for i, b in enumerate(planned.bins):
-            added.append(_rewrite(table, b, schema=schema, spec=spec, commit_id=commit_id, index=i))
+            runs = _origins(table, b, added_by)
+            added.append(_rewrite(table, b, schema=schema, spec=spec, commit_id=commit_id, index=i, runs=runs))
             if progress:
                 progress(i + 1, len(planned.bins))
     except BaseException:
@@ -256,13 +266,39 @@ def compact(
     )
 
 
-def _rewrite(table: Table, files: Sequence[DataFile], *, schema: Any, spec: Any, commit_id: str, index: int) -> DataFile:
+def _origins(table: Table, files: Sequence[DataFile], added_by: dict[str, int | None]) -> list[origins.Run]:
+    """The row provenance of the file that ``files`` are rewritten into: their rows, in order (see
+    :mod:`lakesink.audit.origins`); a file that was itself compacted gives its own runs."""
+    runs: list[origins.Run] = []
+    index = SnapshotIndex(table.metadata)
+    for f in files:
+        sid = added_by.get(f.file_path)
+        snapshot = index.get(sid)
+        key = lakesink_key(snapshot) if snapshot is not None else None
+        props = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
+        if props.get(SUMMARY_OPERATION) == COMPACT or key is None:
+            try:
+                found = origins.decode(seam.file_key_value_metadata(table.io, f.file_path))
+            except Exception:  # an unreadable footer: the rows are attributed to the snapshot that added the file
+                found = None
+            if found is not None and sum(r.rows for r in found) == f.record_count:
+                runs.extend(found)
+                continue
+        runs.append(origins.Run(key[0] if key else None, key[1] if key else None, sid, f.record_count))
+    return runs
+
+
+def _rewrite(
+    table: Table, files: Sequence[DataFile], *, schema: Any, spec: Any, commit_id: str, index: int, runs: list[origins.Run]
+) -> DataFile:
     tasks = [FileScanTask(f) for f in files]
     batches = seam.scan_files(table.metadata, table.io, tasks, schema=schema, row_filter=AlwaysTrue())
     first = files[0]
     part = seam.partition_path(spec, schema, seam.partition_of(first)) if spec.fields else None
     location = seam.new_data_location(table.location(), table.properties, f"compact-{commit_id[:12]}-{index:05d}.parquet", part)
-    size, footer = seam.write_parquet(table, location=location, batches=batches, schema=schema)
+    size, footer = seam.write_parquet(
+        table, location=location, batches=batches, schema=schema, key_value_metadata={origins.ORIGINS_KEY: origins.encode(runs)}
+    )
     stats = seam.file_statistics(footer, seam.file_schema(schema), table.properties)
     return seam.data_file(
         path=location, size_in_bytes=size, statistics=stats, spec_id=spec.spec_id, partition=seam.partition_of(first)

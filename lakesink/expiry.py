@@ -1,20 +1,24 @@
 """Snapshot expiry driven by Iceberg's own table properties.
 
-Which snapshots are kept (as Iceberg's Java ``ExpireSnapshots`` decides, with the table's
-``history.expire.max-snapshot-age-ms`` and ``history.expire.min-snapshots-to-keep``, a ref's own
-``min-snapshots-to-keep`` / ``max-snapshot-age-ms`` overriding them for that branch):
+Which refs and snapshots are kept is decided as Iceberg's Java ``ExpireSnapshots`` (``RemoveSnapshots``) decides,
+with the table's ``history.expire.max-snapshot-age-ms``, ``history.expire.min-snapshots-to-keep`` and
+``history.expire.max-ref-age-ms``, a ref's own ``max-ref-age-ms``, ``min-snapshots-to-keep`` and
+``max-snapshot-age-ms`` overriding them for that ref:
 
-- the head of every branch and every tag, always (a head is never expired; lakesink never removes a ref,
-  so ``history.expire.max-ref-age-ms`` is reported, not acted on);
-- on each branch, the head's ancestors while fewer than ``min-snapshots-to-keep`` are kept or while they are
+- refs: ``main`` is always kept; another branch or tag whose head is older than its max ref age is removed --
+  except a branch a lakesink query still writes to (a replay marker ``lakesink.last-batch.<query>`` names it):
+  that one is kept and the report and the log say why (``lakesink forget-query`` retires the query);
+- the head of every kept branch and tag, always (a kept head is never expired);
+- on each kept branch, the head's ancestors while fewer than ``min-snapshots-to-keep`` are kept or while they are
   younger than ``max-snapshot-age-ms``;
-- a snapshot no ref reaches, while it is younger than ``max-snapshot-age-ms``.
+- a snapshot no kept branch reaches and no kept tag names, while it is younger than the table's
+  ``max-snapshot-age-ms`` (the history of a removed ref goes this way).
 
-Everything else is removed from the metadata in one commit through the sink's compare-and-swap loop. Then
-the files only removed snapshots referenced (manifest lists, manifests, data files) are deleted: a file any
-kept snapshot references is never deleted. Replay markers are table properties and are never touched: a
-query restarted after its snapshots expired still finds its marker (``lakesink forget-query`` is the only
-way to remove one). Old metadata files go as ``write.metadata.delete-after-commit.enabled`` and
+Everything else is removed from the metadata, with the removed refs, in one commit through the sink's
+compare-and-swap loop. Then the files only removed snapshots referenced (manifest lists, manifests, data files) are
+deleted: a file any kept snapshot references is never deleted. Replay markers are table properties and are never
+touched: a query restarted after its snapshots expired still finds its marker (``lakesink forget-query`` is the
+only way to remove one). Old metadata files go as ``write.metadata.delete-after-commit.enabled`` and
 ``write.metadata.previous-versions-max`` say (pyiceberg applies them on every commit).
 """
 
@@ -36,7 +40,7 @@ from lakesink import _pyiceberg as seam
 from lakesink import storage
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import LakesinkError
-from lakesink.properties import CommittedBatch, SnapshotIndex
+from lakesink.properties import MAIN_BRANCH, CommittedBatch, SnapshotIndex, last_committed_batch, parse_last_batch_key
 from lakesink.tablesettings import Retention, TableSettings
 
 log = logging.getLogger("lakesink")
@@ -57,6 +61,10 @@ class ExpiryReport:
     deleted_files: tuple[str, ...] = ()
     """Files only expired snapshots referenced (with ``dry_run``: that would be deleted)."""
     failed_deletes: tuple[str, ...] = ()
+    removed_refs: tuple[str, ...] = ()
+    """Branches and tags older than their max ref age, removed (with ``dry_run``: that would be removed)."""
+    protected_refs: tuple[str, ...] = ()
+    """Why a branch older than its max ref age was kept: a lakesink query still writes to it."""
     max_snapshot_age_ms: int = 0
     min_snapshots_to_keep: int = 0
     attempts: int = 0
@@ -66,32 +74,94 @@ class ExpiryReport:
         return asdict(self)
 
 
-def retained_snapshot_ids(table: Table, retention: Retention, *, now_ms: int) -> set[int]:
-    """The snapshots expiry keeps (see the module's docstring)."""
+@dataclass(frozen=True)
+class RefDecision:
+    """Which refs expiry keeps, and which it removes (Java's ``RemoveSnapshots.computeRetainedRefs``)."""
+
+    kept: tuple[str, ...]
+    removed: tuple[str, ...]
+    protected: tuple[str, ...]
+    """Why each branch older than its max ref age was kept anyway (a lakesink query writes to it)."""
+
+
+def written_branches(properties: dict[str, str] | Any) -> dict[str, list[str]]:
+    """branch -> the queries (``<query id>[ (sink <sink id>)]``) whose replay marker names it."""
+    out: dict[str, list[str]] = {}
+    for key in properties:
+        parsed = parse_last_batch_key(key)
+        if parsed is None:
+            continue
+        try:
+            marker = last_committed_batch(properties, *parsed)
+        except (ValueError, KeyError, TypeError):
+            marker = None
+        who = parsed[0] + (f" (sink {parsed[1]})" if parsed[1] else "")
+        # an unreadable marker protects every branch: keep whatever it may name
+        out.setdefault(marker.branch if marker is not None else "*", []).append(who)
+    return out
+
+
+def retained_refs(table: Table, retention: Retention, *, now_ms: int) -> RefDecision:
+    """``main`` always; another ref while its head is at most its max ref age old, or while a lakesink query still
+    writes to it (a replay marker names the branch)."""
     metadata = table.metadata
     index = SnapshotIndex(metadata)
+    writers = written_branches(metadata.properties)
+    kept: list[str] = []
+    removed: list[str] = []
+    protected: list[str] = []
+    for name, ref in sorted(metadata.refs.items()):
+        head = index.get(ref.snapshot_id)
+        max_age = ref.max_ref_age_ms if ref.max_ref_age_ms is not None else retention.max_ref_age_ms
+        if name == MAIN_BRANCH or head is None or now_ms - head.timestamp_ms <= max_age:
+            kept.append(name)  # a ref to a missing snapshot cannot be removed through pyiceberg: left as it is
+            continue
+        queries = writers.get(name, []) + (writers.get("*", []) if not _is_tag(ref) else [])
+        if queries and not _is_tag(ref):
+            kept.append(name)
+            protected.append(
+                f"branch {name!r} is older than its max ref age ({max_age} ms) but lakesink query "
+                f"{', '.join(sorted(queries))} still writes to it (its replay marker names the branch): kept; "
+                "retire the query with `lakesink forget-query` to let expiry remove the branch"
+            )
+            continue
+        removed.append(name)
+    return RefDecision(tuple(kept), tuple(removed), tuple(protected))
+
+
+def _is_tag(ref: Any) -> bool:
+    kind = ref.snapshot_ref_type
+    return str(getattr(kind, "value", kind)) == "tag"
+
+
+def retained_snapshot_ids(table: Table, retention: Retention, *, now_ms: int, refs: RefDecision | None = None) -> set[int]:
+    """The snapshots expiry keeps (see the module's docstring); ``refs``: the refs kept (default: decided here)."""
+    metadata = table.metadata
+    index = SnapshotIndex(metadata)
+    decision = refs or retained_refs(table, retention, now_ms=now_ms)
     keep: set[int] = set()
-    for ref in metadata.refs.values():
+    referenced: set[int] = set()
+    for name in decision.kept:
+        ref = metadata.refs[name]
         head = index.get(ref.snapshot_id)
         if head is None:
             continue
         keep.add(head.snapshot_id)
-        if str(ref.snapshot_ref_type) == "tag" or getattr(ref.snapshot_ref_type, "value", None) == "tag":
+        if _is_tag(ref):
+            referenced.add(head.snapshot_id)
             continue
         min_keep = ref.min_snapshots_to_keep or retention.min_snapshots_to_keep
         max_age = ref.max_snapshot_age_ms if ref.max_snapshot_age_ms is not None else retention.max_snapshot_age_ms
         cutoff = now_ms - max_age
+        retaining = True  # up to the first ancestor too old and beyond the minimum (Java stops there)
         for count, s in enumerate(index.ancestors(head)):
-            if count < min_keep or s.timestamp_ms >= cutoff:
+            referenced.add(s.snapshot_id)  # every ancestor of a kept branch is referenced (kept or not)
+            retaining = retaining and (count < min_keep or s.timestamp_ms >= cutoff)
+            if retaining:
                 keep.add(s.snapshot_id)
-            else:
-                break
-    reachable: set[int] = set()
-    for ref in metadata.refs.values():
-        reachable.update(s.snapshot_id for s in index.ancestors(index.get(ref.snapshot_id)))
     cutoff = now_ms - retention.max_snapshot_age_ms
     for s in metadata.snapshots:
-        if s.snapshot_id not in reachable and s.timestamp_ms >= cutoff:
+        if s.snapshot_id not in referenced and s.timestamp_ms >= cutoff:
             keep.add(s.snapshot_id)
     return keep
 
@@ -127,9 +197,10 @@ def expire_snapshots(
             raise LakesinkError(f"retain_last must be at least 1 (the head is always kept), got {retain_last}")
         retention = Retention(retention.max_snapshot_age_ms, retain_last, retention.max_ref_age_ms, True)
 
-    def expired_of(t: Table) -> list[Snapshot]:
-        keep = retained_snapshot_ids(t, retention, now_ms=now)
-        return [s for s in t.metadata.snapshots if s.snapshot_id not in keep]
+    def expired_of(t: Table) -> tuple[list[Snapshot], RefDecision]:
+        refs = retained_refs(t, retention, now_ms=now)
+        keep = retained_snapshot_ids(t, retention, now_ms=now, refs=refs)
+        return [s for s in t.metadata.snapshots if s.snapshot_id not in keep], refs
 
     def report(status: str, **kw: Any) -> ExpiryReport:
         return ExpiryReport(
@@ -142,9 +213,11 @@ def expire_snapshots(
             **kw,
         )
 
-    first = expired_of(table)
-    if not first:
-        return report("nothing to expire", kept_snapshots=len(table.metadata.snapshots))
+    first, first_refs = expired_of(table)
+    for why in first_refs.protected:
+        log.warning("lakesink: snapshot expiry of %s: %s", name, why)
+    if not first and not first_refs.removed:
+        return report("nothing to expire", kept_snapshots=len(table.metadata.snapshots), protected_refs=first_refs.protected)
     if dry_run:
         kept = [s for s in table.metadata.snapshots if s not in first]
         doomed = _only_in(table, first, kept)
@@ -153,25 +226,29 @@ def expire_snapshots(
             expired_snapshot_ids=tuple(s.snapshot_id for s in first),
             kept_snapshots=len(kept),
             deleted_files=tuple(sorted(doomed)),
+            removed_refs=first_refs.removed,
+            protected_refs=first_refs.protected,
         )
 
     commit_id = uuid.uuid4().hex
     staged: dict[str, Any] = {}
 
     def recheck(t: Table) -> CommittedBatch | None:
-        ids = staged.get("ids")
+        ids, refs = staged.get("ids"), staged.get("refs")
         present = {s.snapshot_id for s in t.metadata.snapshots}
-        if ids and not (set(ids) & present):
+        if (ids or refs) and not (set(ids or ()) & present) and not (set(refs or ()) & set(t.metadata.refs)):
             return CommittedBatch(0, -1, commit_id)  # what the last attempt removed is gone: it landed
         return None
 
     def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
-        expired = expired_of(t)
-        if not expired:
+        expired, refs = expired_of(t)
+        if not expired and not refs.removed:
             raise _NothingToExpire
         staged["ids"] = [s.snapshot_id for s in expired]
         staged["snapshots"] = expired
-        return seam.prepare_remove_snapshots(t, staged["ids"])
+        staged["refs"] = refs.removed
+        staged["protected"] = refs.protected
+        return seam.prepare_expire(t, staged["ids"], refs.removed)
 
     reload = load or (lambda: table.catalog.load_table(table.name()))
     try:
@@ -206,9 +283,11 @@ def expire_snapshots(
                 log.warning("lakesink: could not delete %s (%s)", path, type(e).__name__)
                 failed.append(path)
     log.info(
-        "lakesink: table=%s expired %s snapshot(s), deleted %s file(s) only they referenced",
+        "lakesink: table=%s expired %s snapshot(s) and %s ref(s) (%s), deleted %s file(s) only they referenced",
         name,
         len(expired),
+        len(staged["refs"]),
+        ", ".join(staged["refs"]) or "none",
         len(deleted),
     )
     return report(
@@ -217,6 +296,8 @@ def expire_snapshots(
         kept_snapshots=len(after.metadata.snapshots),
         deleted_files=tuple(deleted),
         failed_deletes=tuple(failed),
+        removed_refs=tuple(staged["refs"]),
+        protected_refs=tuple(staged["protected"]),
         attempts=result.attempts,
     )
 

@@ -3,6 +3,7 @@
     lakesink maintain TABLE            compact, expire snapshots, then remove orphans older than 3 days
     lakesink compact TABLE             bin-pack small data files into a replace snapshot
     lakesink expire-snapshots TABLE    expire snapshots as the table's history.expire.* properties say
+    lakesink rewrite-manifests TABLE   merge the head's small manifests into manifests of the target size
     lakesink forget-query TABLE QUERY  remove a retired query's replay marker
 
 Each takes ``--dry-run`` and ``--json``; for people, progress goes to stderr and a summary to stdout.
@@ -16,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 
 import click
 
-from lakesink import compaction, expiry, upkeep
+from lakesink import compaction, expiry, manifest_rewrite, upkeep
 from lakesink.cli import _duration_option, catalog_options, format_duration, load_table, main
 from lakesink.errors import LakesinkError
 
@@ -50,14 +51,31 @@ def human_expiry(r: expiry.ExpiryReport) -> str:
     age = format_duration(timedelta(milliseconds=r.max_snapshot_age_ms))
     lines = [
         f"snapshot expiry of {r.table}: {r.status} (max snapshot age {age}, at least {r.min_snapshots_to_keep} "
-        "per branch; branch and tag heads always kept)"
+        "per branch; the heads of kept branches and tags always kept)"
     ]
     if r.expired_snapshot_ids:
         verb = "would expire" if r.dry_run else "expired"
         lines.append(f"{verb} {len(r.expired_snapshot_ids)} snapshot(s), {r.kept_snapshots} kept")
         lines.append(f"{'would delete' if r.dry_run else 'deleted'} {len(r.deleted_files)} file(s) only they referenced")
+    if r.removed_refs:
+        verb = "would remove" if r.dry_run else "removed"
+        lines.append(f"{verb} {len(r.removed_refs)} ref(s): {', '.join(r.removed_refs)} (older than their max ref age)")
+    for why in r.protected_refs:
+        lines.append(f"warning: {why}")
     if r.failed_deletes:
         lines.append(f"could not delete {len(r.failed_deletes)} file(s) (an orphan clean-up collects them)")
+    return "\n".join(lines)
+
+
+def human_manifests(r: manifest_rewrite.ManifestRewriteReport) -> str:
+    lines = [f"manifest rewrite of {r.table} (branch {r.branch}): {r.status}"]
+    if r.status == "dry run":
+        lines.append(f"would rewrite {r.manifests_before} data manifest(s) into {r.manifests_after} ({r.entries} entries)")
+    elif r.snapshot_id is not None:
+        lines.append(
+            f"rewrote {r.manifests_before} data manifest(s) into {r.manifests_after} ({r.entries} entries, each keeping "
+            f"its snapshot and sequence numbers): replace snapshot {r.snapshot_id}"
+        )
     return "\n".join(lines)
 
 
@@ -132,6 +150,34 @@ def expire_snapshots_command(
         raise click.ClickException(f"{len(report.failed_deletes)} file(s) could not be deleted")
 
 
+@main.command("rewrite-manifests")
+@click.argument("table")
+@catalog_options
+@click.option("--branch", default="main", show_default=True, help="The branch whose head's manifests are rewritten.")
+@click.option("--target-size", type=int, help="Bytes (default: the table's commit.manifest.target-size-bytes).")
+@_dry_run
+@_json
+def rewrite_manifests_command(
+    table: str,
+    catalog_name: str | None,
+    catalog_properties: dict[str, str],
+    branch: str,
+    target_size: int | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Merge TABLE's small data manifests, clustered by partition, into one replace snapshot (files unchanged)."""
+    t = load_table(table, catalog_name, catalog_properties)
+    show = _progress(as_json)
+    try:
+        show("rewriting manifests", 0, 1)
+        report = manifest_rewrite.rewrite_manifests(t, branch=branch, target_size_bytes=target_size, dry_run=dry_run)
+        show("rewriting manifests", 1, 1)
+    except LakesinkError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else human_manifests(report))
+
+
 @main.command("maintain")
 @click.argument("table")
 @catalog_options
@@ -155,7 +201,8 @@ def maintain_command(
     dry_run: bool,
     as_json: bool,
 ) -> None:
-    """Compact TABLE, expire its snapshots (as its properties say), then remove orphan files at a safe age."""
+    """Compact TABLE, expire its snapshots (as its properties say), rewrite its manifests when due, then remove
+    orphan files at a safe age."""
     t = load_table(table, catalog_name, catalog_properties)
     try:
         report = upkeep.maintain(
@@ -168,6 +215,8 @@ def maintain_command(
         return
     click.echo(human_compaction(report.compaction))
     click.echo(human_expiry(report.expiry))
+    if report.manifests is not None:
+        click.echo(human_manifests(report.manifests))
     if report.orphans is not None:
         o = report.orphans
         click.echo(

@@ -30,6 +30,10 @@ PAGE_SIZE = "write.parquet.page-size-bytes"
 PAGE_ROW_LIMIT = "write.parquet.page-row-limit"
 DICT_SIZE = "write.parquet.dict-size-bytes"
 MANIFEST_MERGE_ENABLED = "commit.manifest-merge.enabled"
+MANIFEST_TARGET_SIZE = "commit.manifest.target-size-bytes"
+MANIFEST_TARGET_SIZE_DEFAULT = 8 * 1024 * 1024
+MANIFEST_MIN_COUNT_TO_MERGE = "commit.manifest.min-count-to-merge"
+MANIFEST_MIN_COUNT_TO_MERGE_DEFAULT = 100
 COMMIT_NUM_RETRIES = "commit.retry.num-retries"
 COMMIT_MIN_WAIT_MS = "commit.retry.min-wait-ms"
 COMMIT_MAX_WAIT_MS = "commit.retry.max-wait-ms"
@@ -88,6 +92,10 @@ class TableSettings:
     dict_size: int | None = None
     manifest_merge: bool = True
     """``commit.manifest-merge.enabled``: Iceberg's default is true (pyiceberg's false)."""
+    manifest_target_size: int = MANIFEST_TARGET_SIZE_DEFAULT
+    """``commit.manifest.target-size-bytes``: the size a manifest rewrite packs manifests into."""
+    manifest_min_count_to_merge: int = MANIFEST_MIN_COUNT_TO_MERGE_DEFAULT
+    """``commit.manifest.min-count-to-merge``: automatic maintenance rewrites a branch head's manifests from this many."""
     commit_retry: CommitRetry = CommitRetry()
     retention: Retention = Retention()
     compact_min_input_files: int = COMPACT_MIN_INPUT_FILES_DEFAULT
@@ -137,6 +145,10 @@ class TableSettings:
             page_row_limit=integer(PAGE_ROW_LIMIT, None, minimum=1),
             dict_size=integer(DICT_SIZE, None, minimum=1),
             manifest_merge=boolean(MANIFEST_MERGE_ENABLED, True),
+            manifest_target_size=_int(integer(MANIFEST_TARGET_SIZE, MANIFEST_TARGET_SIZE_DEFAULT, minimum=1)),
+            manifest_min_count_to_merge=_int(
+                integer(MANIFEST_MIN_COUNT_TO_MERGE, MANIFEST_MIN_COUNT_TO_MERGE_DEFAULT, minimum=1)
+            ),
             commit_retry=CommitRetry(
                 num_retries=_int(integer(COMMIT_NUM_RETRIES, CommitRetry.num_retries, minimum=0)),
                 min_wait_ms=_int(integer(COMMIT_MIN_WAIT_MS, CommitRetry.min_wait_ms, minimum=0)),

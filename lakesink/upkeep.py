@@ -2,9 +2,11 @@
 automatic maintenance (option ``maintenance=auto``).
 
 The routine, in order: compact small data files (:mod:`lakesink.compaction`), expire snapshots as the table's
-``history.expire.*`` properties say (:mod:`lakesink.expiry`), then remove orphan files older than a safe age
-(:func:`lakesink.maintenance.remove_orphan_files`). Manifests need no separate rewrite for lakesink's own
-commits: every batch commit merges manifests as Iceberg does (``commit.manifest-merge.enabled``, default true).
+``history.expire.*`` properties say (:mod:`lakesink.expiry`), rewrite the head's manifests when they are more than
+the target size needs (:mod:`lakesink.manifest_rewrite`), then remove orphan files older than a safe age
+(:func:`lakesink.maintenance.remove_orphan_files`). lakesink's own batch commits merge manifests as Iceberg does
+(``commit.manifest-merge.enabled``, default true), so the rewrite is mostly for tables written with merging off
+or by other writers; automatic maintenance rewrites only from ``commit.manifest.min-count-to-merge`` manifests.
 
 Inside the sink (:class:`AutoMaintainer`), the routine (without orphan removal) runs on a background thread of
 the process that commits, at most every ``write.lakesink.maintenance.interval-ms`` (default 1 minute). The
@@ -26,7 +28,7 @@ from typing import Any
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
-from lakesink import compaction, expiry
+from lakesink import compaction, expiry, manifest_rewrite
 from lakesink.errors import LakesinkError
 from lakesink.maintenance import remove_orphan_files
 from lakesink.properties import LAST_BATCH_PREFIX, last_batch_key, last_committed_batch, parse_last_batch_key
@@ -48,6 +50,7 @@ class MaintenanceReport:
     compaction: compaction.CompactionReport
     expiry: expiry.ExpiryReport
     orphans: dict[str, Any] | None
+    manifests: manifest_rewrite.ManifestRewriteReport | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -55,6 +58,7 @@ class MaintenanceReport:
             "dry_run": self.dry_run,
             "compaction": self.compaction.to_dict(),
             "expiry": self.expiry.to_dict(),
+            "manifests": self.manifests.to_dict() if self.manifests is not None else None,
             "orphans": self.orphans,
         }
 
@@ -66,21 +70,24 @@ def maintain(
     orphans_older_than: timedelta | None = SAFE_ORPHAN_AGE,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> MaintenanceReport:
-    """Compact, expire snapshots (as the table's properties say), then remove orphans older than
-    ``orphans_older_than`` (None: skip; never younger than the in-flight window of remove_orphan_files)."""
+    """Compact, expire snapshots (as the table's properties say), rewrite manifests (when that reduces them), then
+    remove orphans older than ``orphans_older_than`` (None: skip; never younger than the in-flight window of
+    remove_orphan_files)."""
     name = ".".join(table.name())
     step = progress or (lambda what, done, total: None)
-    step("compact", 0, 3)
+    step("compact", 0, 4)
     compacted = compaction.compact(table, dry_run=dry_run, progress=lambda d, t: step("compact", d, t))
     table = _reload(table)
-    step("expire", 1, 3)
+    step("expire", 1, 4)
     expired = expiry.expire_snapshots(table, dry_run=dry_run)
+    step("rewrite manifests", 2, 4)
+    manifests = manifest_rewrite.rewrite_manifests(_reload(table), dry_run=dry_run)
     orphans = None
     if orphans_older_than is not None:
-        step("orphans", 2, 3)
+        step("orphans", 3, 4)
         orphans = remove_orphan_files(_reload(table), older_than=orphans_older_than, dry_run=dry_run).to_dict()
-    step("done", 3, 3)
-    return MaintenanceReport(name, dry_run, compacted, expired, orphans)
+    step("done", 4, 4)
+    return MaintenanceReport(name, dry_run, compacted, expired, orphans, manifests)
 
 
 @dataclass(frozen=True)
@@ -230,6 +237,14 @@ class AutoMaintainer:
             table = self._load()
             if TableSettings.parse(".".join(table.name()), table.properties).retention.configured:
                 expiry.expire_snapshots(table, load=self._load, load_fresh=self._load_fresh, swap_guard=self._swap_guard)
+                table = self._load()
+            manifest_rewrite.rewrite_manifests(
+                table,
+                min_count=TableSettings.parse(".".join(table.name()), table.properties).manifest_min_count_to_merge,
+                load=self._load,
+                load_fresh=self._load_fresh,
+                swap_guard=self._swap_guard,
+            )
             self.runs += 1
             self.last_error = None
         except Exception as e:  # maintenance never fails the stream; the next run tries again

@@ -95,9 +95,7 @@ def test_arrow_projection_visitor_list_and_map() -> None:
         batch = pa.record_batch({"b": pa.array([[{"x": 1}], None], pa.list_(element)), "a": pa.array([1, 2], pa.int64())})
         table_schema = Schema(
             NestedField(1, "a", LongType(), required=False),
-            NestedField(
-                2, "b", ListType(3, StructType(NestedField(4, "x", LongType(), required=False)), element_required=False)
-            ),
+            NestedField(2, "b", ListType(3, StructType(NestedField(4, "x", LongType(), required=False)), element_required=False)),
         )
         source = seam.stream_schema(batch.schema, table_schema)  # the stream's order, the table's field ids
         projected = seam.project_batch(batch, target=table_schema, source=source)
@@ -108,8 +106,7 @@ def test_arrow_projection_visitor_list_and_map() -> None:
 
 def test_statistics_from_parquet_metadata(tmp_path: Path) -> None:
     with hook(
-        "pyiceberg.io.pyarrow.data_file_statistics_from_parquet_metadata / compute_statistics_plan / "
-        "parquet_path_to_id_mapping",
+        "pyiceberg.io.pyarrow.data_file_statistics_from_parquet_metadata / compute_statistics_plan / parquet_path_to_id_mapping",
         "file_statistics",
     ):
         func = private("pyiceberg.io.pyarrow.data_file_statistics_from_parquet_metadata")
@@ -239,6 +236,188 @@ def test_arrow_scan_reads_given_files(table: Table) -> None:
         tasks = [FileScanTask(f) for f in seam.live_data_files(table, "main")]
         batches = list(seam.scan_files(table.metadata, table.io, tasks, schema=table.schema(), row_filter=AlwaysTrue()))
         assert sum(b.num_rows for b in batches) == 3
+
+
+# --- driver side: the commit's one parse on SQL catalogs, maintenance (issue 11) ---------------------
+
+
+def test_sql_catalog_parse_metadata_version_and_write_metadata(table: Table) -> None:
+    with hook("pyiceberg SqlCatalog._parse_metadata_version / _write_metadata (static)", "_swap_on_sql_catalog"):
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        assert params(SqlCatalog._parse_metadata_version) == ["metadata_location"]
+        assert params(SqlCatalog._write_metadata) == ["metadata", "io", "metadata_path"]
+        name = "00007-6f1c9a2e-1b2c-4d5e-8f90-0123456789ab.metadata.json"
+        assert SqlCatalog._parse_metadata_version(f"file:///w/db/t/metadata/{name}") == 7
+        assert SqlCatalog._parse_metadata_version(table.metadata_location) >= 1
+        path = f"{table.location()}/metadata/99999-contract.metadata.json"
+        SqlCatalog._write_metadata(metadata=table.metadata, io=table.io, metadata_path=path)
+        from pyiceberg.serializers import FromInputFile
+
+        assert FromInputFile.table_metadata(table.io.new_input(path)).table_uuid == table.metadata.table_uuid
+
+
+def test_sql_catalog_iceberg_tables_row_is_the_pointer(table: Table, catalog: Catalog) -> None:
+    with hook("pyiceberg.catalog.sql.IcebergTables (columns) and SqlCatalog.engine", "_swap_on_sql_catalog"):
+        from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+        from sqlalchemy import select
+        from sqlalchemy.orm import Session
+
+        assert isinstance(catalog, SqlCatalog)
+        columns = set(IcebergTables.__table__.columns.keys())
+        assert {"catalog_name", "table_namespace", "table_name", "metadata_location", "previous_metadata_location"} <= columns
+        with Session(catalog.engine) as session:
+            row = session.execute(
+                select(IcebergTables.metadata_location).where(
+                    IcebergTables.catalog_name == catalog.name, IcebergTables.table_name == "contract"
+                )
+            ).scalar_one()
+        assert row == table.metadata_location  # the row's metadata_location is the table's pointer
+        assert catalog.engine.dialect.supports_sane_rowcount  # the compare-and-swap counts the rows it updated
+
+
+def test_sql_catalog_swap_from_the_table_read_and_delete_old_metadata(table: Table, catalog: Catalog) -> None:
+    with hook("pyiceberg Catalog._delete_old_metadata(io, base, metadata)", "_swap_on_sql_catalog"):
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        assert params(SqlCatalog._delete_old_metadata) == ["io", "base", "metadata"]
+        stale = catalog.load_table(("db", "contract"))
+        seam.prepare_properties_at_head(table, {"lakesink.contract": "1"}, branch="main").commit()
+        fresh = catalog.load_table(("db", "contract"))
+        assert fresh.metadata_location == table.metadata_location  # the swap moved the pointer to what it wrote
+        assert fresh.properties["lakesink.contract"] == "1"
+        assert fresh.metadata.metadata_log[-1].metadata_file == stale.metadata_location
+        # from a stale table the one-parse swap does not apply (the pointer moved): nothing is written or moved
+        assert seam._swap_on_sql_catalog(stale, (), ()) is False
+        assert catalog.load_table(("db", "contract")).metadata_location == fresh.metadata_location
+
+
+def test_apply_table_update_context_and_metadata_log(table: Table) -> None:
+    with hook(
+        "pyiceberg.table.update._apply_table_update / _TableMetadataUpdateContext / _update_table_metadata_log",
+        "updated_metadata",
+    ):
+        from pyiceberg.table.update import SetPropertiesUpdate, update_table_metadata
+
+        assert params(private("pyiceberg.table.update._apply_table_update")) == ["update", "base_metadata", "context"]
+        assert params(private("pyiceberg.table.update._update_table_metadata_log")) == [
+            "base_metadata",
+            "metadata_location",
+            "last_updated_ms",
+        ]
+        context = private("pyiceberg.table.update._TableMetadataUpdateContext")()
+        assert not context.has_changes()
+        updates = (SetPropertiesUpdate(updates={"k": "v"}),)
+        ours = seam.updated_metadata(table.metadata, updates, table.metadata_location)
+        theirs = update_table_metadata(table.metadata, updates, metadata_location=table.metadata_location)
+        assert ours.properties == theirs.properties
+        assert ours.metadata_log == theirs.metadata_log and ours.metadata_log[-1].metadata_file == table.metadata_location
+        assert ours.last_updated_ms >= table.metadata.last_updated_ms
+
+
+def test_overwrite_files_producer_relabelled_as_replace(table: Table, catalog: Catalog) -> None:
+    with hook(
+        "pyiceberg.table.update.snapshot._OverwriteFiles (constructor, _summary, delete/append_data_file)", "prepare_replace"
+    ):
+        from pyiceberg.table.update.snapshot import _OverwriteFiles
+
+        assert {"operation", "transaction", "io", "branch", "snapshot_properties"} <= set(params(_OverwriteFiles.__init__))
+        assert params(_OverwriteFiles._summary) == ["self", "snapshot_properties"]
+        old = list(seam.live_data_files(table, "main"))
+        prepared = seam.prepare_replace(
+            table, deleted=old, added=old[:0] + old, summary={"lakesink.contract": "r"}, branch="main"
+        )
+        prepared.commit()
+        head = catalog.load_table(("db", "contract")).current_snapshot()
+        assert head is not None and head.summary is not None and head.summary.operation.value == "replace"
+        assert head.summary.additional_properties["lakesink.contract"] == "r"
+
+
+def test_snapshot_producer_for_a_manifest_rewrite_keeps_entry_ids(table: Table, catalog: Catalog) -> None:
+    with hook(
+        "pyiceberg.table.update.snapshot._SnapshotProducer (_existing_manifests / _deleted_entries / new_manifest_writer) "
+        "and ManifestWriter.existing (keeps snapshot id and sequence numbers)",
+        "_RewriteManifests / prepare_rewrite_manifests",
+    ):
+        from pyiceberg.table.update.snapshot import _SnapshotProducer
+
+        assert {"_existing_manifests", "_deleted_entries", "_summary", "new_manifest_writer", "spec"} <= set(
+            dir(_SnapshotProducer)
+        )
+        catalog.load_table(("db", "contract")).append(ROWS)  # a second manifest
+        table = catalog.load_table(("db", "contract"))
+        head = table.current_snapshot()
+        assert head is not None
+
+        def entries(t: Table) -> set[tuple[str, int | None, int | None, int | None]]:
+            s = t.current_snapshot()
+            assert s is not None
+            return {
+                (e.data_file.file_path, e.snapshot_id, e.sequence_number, e.file_sequence_number)
+                for m in seam.data_manifests(t, s)
+                for e in m.fetch_manifest_entry(t.io)
+            }
+
+        before = entries(table)
+        assert len(seam.data_manifests(table, head)) == 2
+        prepared = seam.prepare_rewrite_manifests(table, branch="main", entries_per_manifest=100, summary={})
+        assert len(prepared.replaced) == 2 and len(prepared.created) == 1 and prepared.entries == 2
+        prepared.commit()
+        after = catalog.load_table(("db", "contract"))
+        assert len(seam.data_manifests(after, after.current_snapshot())) == 1
+        summary = after.current_snapshot().summary  # type: ignore[union-attr]
+        assert summary is not None and summary.operation.value == "replace"
+        # _commit computes the summary after the manifests: the rewrite's counts are in it
+        assert summary.additional_properties["manifests-created"] == "1"
+        assert summary.additional_properties["total-records"] == "6"
+        assert entries(after) == before  # each entry keeps the snapshot that added it and its sequence numbers
+
+
+def test_branch_updates_keep_retention_and_refs_can_be_removed(table: Table, catalog: Catalog) -> None:
+    with hook(
+        "pyiceberg.table.update.SetSnapshotRefUpdate (type, retention fields) / RemoveSnapshotRefUpdate",
+        "keeping_ref_retention / prepare_expire",
+    ):
+        from pyiceberg.table.update import SetSnapshotRefUpdate
+
+        assert {"ref_name", "type", "snapshot_id", "max_ref_age_ms", "max_snapshot_age_ms", "min_snapshots_to_keep"} <= set(
+            SetSnapshotRefUpdate.model_fields
+        )
+        head = table.current_snapshot()
+        assert head is not None
+        table.manage_snapshots().create_branch(head.snapshot_id, "b", min_snapshots_to_keep=4).create_tag(
+            head.snapshot_id, "t"
+        ).commit()
+        table = catalog.load_table(("db", "contract"))
+        files = list(seam.live_data_files(table, "b"))
+        prepared = seam.prepare_snapshot(
+            table, data_files=files, overwrite=False, summary={}, properties=lambda _: {}, branch="b"
+        )
+        moves = [u for u in prepared._updates if isinstance(u, SetSnapshotRefUpdate)]
+        assert [u.min_snapshots_to_keep for u in moves] == [4]  # put back by keeping_ref_retention
+        prepared.commit()
+        table = catalog.load_table(("db", "contract"))
+        assert table.metadata.refs["b"].min_snapshots_to_keep == 4
+        seam.prepare_expire(table, [], ["t"]).commit()  # a ref removed, no snapshot
+        assert set(catalog.load_table(("db", "contract")).metadata.refs) == {"main", "b"}
+
+
+def test_sql_catalog_type_filter_and_orm_conversion(table: Table, catalog: Catalog) -> None:
+    with hook("pyiceberg SqlCatalog._iceberg_type_filter / _convert_orm_to_iceberg", "reload_from_sql_catalog"):
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        assert isinstance(catalog, SqlCatalog)
+        assert params(SqlCatalog._iceberg_type_filter) == ["self"]
+        assert params(SqlCatalog._convert_orm_to_iceberg) == ["self", "orm_table"]
+        # the pointer has not moved: the already parsed metadata is reused (the same object)
+        same = seam.reload_from_sql_catalog(catalog, ("db", "contract"), table)
+        assert same is not None and same.metadata is table.metadata
+        # it moved: the table is loaded and parsed afresh, as pyiceberg's load_table does
+        catalog.load_table(("db", "contract")).append(ROWS)
+        moved = seam.reload_from_sql_catalog(catalog, ("db", "contract"), table)
+        assert moved is not None and moved.metadata_location != table.metadata_location
+        assert moved.metadata_location == catalog.load_table(("db", "contract")).metadata_location
+        assert len(moved.snapshots()) == len(table.snapshots()) + 1
 
 
 # --- pyspark internals (lakesink/_pyspark.py) -----------------------------------------------------

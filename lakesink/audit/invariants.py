@@ -48,6 +48,9 @@ class QueryBatches:
     sink_id: str | None = None
     """The sink of the query these batches belong to (a query writing one table through several sinks has one
     entry per sink; None: its default sink)."""
+    expired_batches: int = 0
+    """Batch ids before the oldest snapshot kept in the branch's history, whose snapshots were expired: accounted
+    for (the first kept batch records its previous batch), neither missing nor empty."""
 
 
 @dataclass
@@ -79,6 +82,7 @@ class VerifyReport:
             lines.append(
                 f"  query {_who(q.query_id, q.sink_id)}: batches {q.first_batch}..{q.last_batch} in {q.snapshots} snapshot(s), "
                 f"{q.empty_batches} empty batch(es) accounted"
+                + (f", {q.expired_batches} batch(es) before the kept history (snapshots expired)" if q.expired_batches else "")
             )
         for v in self.violations:
             lines.append(f"  {v.kind}: {v.message}")
@@ -119,6 +123,8 @@ def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, rep
     """Every (query, sink, batch) in at most one snapshot; each sink's batch ids without an unexplained gap."""
     by_key: dict[tuple[str, str | None, int], list[int]] = {}
     by_sink: dict[tuple[str, str | None], list[Snapshot]] = {}
+    # the oldest snapshot kept has no parent but is not the table's first one: the history's start was expired
+    start_expired = bool(snapshots) and snapshots[0].parent_snapshot_id is None and (snapshots[0].sequence_number or 0) > 1
     for s in snapshots:
         key = lakesink_key(s)
         if key is not None:
@@ -139,6 +145,7 @@ def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, rep
         who = _who(query_id, sink)
         batches = sorted({k[1] for s in mine if (k := lakesink_key(s)) is not None})
         empty = 0
+        expired = 0
         seen_last: int | None = None
         for s in sorted(mine, key=lambda s: (lakesink_key(s) or ("", 0))[1]):
             batch = (lakesink_key(s) or ("", 0))[1]
@@ -156,7 +163,10 @@ def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, rep
                 )
             elif previous is not None:
                 lost = list(range(previous + 1, batch))
-                empty += max(0, previous - (seen_last if seen_last is not None else -1))
+                if seen_last is None and start_expired:
+                    expired = previous + 1  # batch ids up to the previous one: in the expired history
+                else:
+                    empty += max(0, previous - (seen_last if seen_last is not None else -1))
                 if lost:
                     report.violations.append(
                         Violation(
@@ -166,6 +176,8 @@ def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, rep
                             s.snapshot_id,
                         )
                     )
+            elif seen_last is None and start_expired:
+                expired = batch  # no previous batch recorded: every batch id before it is in the expired history
             elif seen_last is not None and batch != seen_last + 1:
                 report.violations.append(
                     Violation(
@@ -188,7 +200,7 @@ def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, rep
                 )
             elif marker.empty:
                 empty += marker.batch_id - seen_last
-        report.queries.append(QueryBatches(query_id, len(mine), batches[0], batches[-1], empty, sink))
+        report.queries.append(QueryBatches(query_id, len(mine), batches[0], batches[-1], empty, sink, expired))
 
 
 def _who(query_id: str, sink: str | None) -> str:

@@ -106,8 +106,7 @@ def the_query(table: Table, query_id: str | None, branch: str = MAIN_BRANCH) -> 
     if not queries:
         raise AuditError(f"branch {branch!r} of the table has no batch written by lakesink")
     raise AuditError(
-        f"the table has batches of {len(queries)} queries, give the query id (batch=<query id>:<batch id>): "
-        f"{', '.join(queries)}"
+        f"the table has batches of {len(queries)} queries, give the query id (batch=<query id>:<batch id>): {', '.join(queries)}"
     )
 
 
@@ -141,24 +140,42 @@ def resolve(table: Table, point: Point, *, branch: str = MAIN_BRANCH) -> Snapsho
     for _, s, batch in mine:
         if batch == point.batch_id:
             return s
+    expired = AuditError(
+        f"batch {point.batch_id} of query {query_id} is older than the oldest snapshot kept in the history of "
+        f"branch {branch!r} (snapshot {snapshots[0].snapshot_id}): the snapshots it could be read at were expired"
+    )
     if _accounted_empty(table, query_id, point.batch_id, [s for _, s, _ in mine], branch):
         later = [i for i, _, batch in mine if batch > point.batch_id]
         if later and later[0] == 0:
-            raise AuditError(
-                f"batch {point.batch_id} of query {query_id} is older than the oldest snapshot kept in the history of "
-                f"branch {branch!r} (snapshot {snapshots[0].snapshot_id}): the snapshots it could be read at were expired"
-            )
+            raise expired
         return snapshots[later[0] - 1] if later else snapshots[-1]
+    start = snapshots[0]
+    if start.parent_snapshot_id is None and (start.sequence_number or 0) > 1 and mine and point.batch_id < mine[0][2]:
+        raise expired
     raise AuditError(f"batch {point.batch_id} of query {query_id} is not in the history of branch {branch!r}")
 
 
 def _accounted_empty(table: Table, query_id: str, batch_id: int, mine: Sequence[Snapshot], branch: str) -> bool:
-    """Whether ``batch_id`` was processed as an empty batch (a later batch or the marker records it)."""
-    for s in mine:
-        previous = opt_int_property(summary_of(s), SUMMARY_PREVIOUS_BATCH_ID)
+    """Whether ``batch_id`` was processed as an empty batch (a later batch or the marker records it).
+
+    The first later batch of the query records the previous batch it processed: ids after the query's batch
+    before it, up to that previous one, were empty. When that later batch is the first one kept and the history
+    before it was expired, only the previous batch itself can be read (as the query left the table before its
+    next batch); earlier ids may have had snapshots of their own, now expired.
+    """
+    for i, s in enumerate(mine):
         key = lakesink_key(s)
-        if previous is not None and key is not None and previous >= batch_id and key[1] > batch_id:
-            return True
+        if key is None or key[1] <= batch_id:
+            continue
+        previous = opt_int_property(summary_of(s), SUMMARY_PREVIOUS_BATCH_ID)
+        if previous is None or previous < batch_id:
+            return False
+        if i > 0:
+            before = lakesink_key(mine[i - 1])
+            return before is not None and batch_id > before[1]
+        start = ancestry(table, branch)[0]
+        start_expired = start.parent_snapshot_id is None and (start.sequence_number or 0) > 1
+        return batch_id == previous or not start_expired
     marker = last_committed_batch(table.properties, query_id)
     earlier = [k[1] for s in mine if (k := lakesink_key(s)) is not None and k[1] < batch_id]
     return marker is not None and marker.branch == branch and marker.batch_id >= batch_id and bool(earlier or marker.empty)

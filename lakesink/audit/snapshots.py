@@ -20,6 +20,10 @@ LAKESINK = "lakesink"
 OTHER = "other writer"
 #: The writer of a snapshot of lakesink's compaction (``lakesink.operation=compact``, an Iceberg replace).
 COMPACTION = "lakesink compaction"
+#: The writer of a snapshot of lakesink's manifest rewrite (``lakesink.operation=rewrite-manifests``, a replace).
+MANIFEST_REWRITE = "lakesink manifest rewrite"
+#: ``lakesink.operation`` of lakesink's maintenance snapshots -> their writer.
+MAINTENANCE_WRITERS = {"compact": COMPACTION, "rewrite-manifests": MANIFEST_REWRITE}
 
 T = TypeVar("T")
 

@@ -8,8 +8,8 @@ from typing import Any
 from pyiceberg.table import Table
 
 from lakesink.audit.snapshots import (
-    COMPACTION,
     LAKESINK,
+    MAINTENANCE_WRITERS,
     OTHER,
     ancestry,
     int_property,
@@ -84,7 +84,7 @@ def history(table: Table) -> list[SnapshotRecord]:
                 sequence_number=s.sequence_number,
                 timestamp_ms=s.timestamp_ms,
                 operation=s.summary.operation.value if s.summary else None,
-                writer=LAKESINK if key is not None else COMPACTION if props.get("lakesink.operation") == "compact" else OTHER,
+                writer=LAKESINK if key is not None else MAINTENANCE_WRITERS.get(props.get("lakesink.operation", ""), OTHER),
                 query_id=key[0] if key else None,
                 batch_id=key[1] if key else None,
                 source_offsets=props.get(SUMMARY_SOURCE_OFFSETS),

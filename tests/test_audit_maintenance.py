@@ -1,0 +1,154 @@
+"""The audit commands understand maintenance (issue 11): ``which`` after compactions and expiry names the batch
+that wrote a row; as-of-batch reads work for every retained snapshot; ``verify`` counts batches whose snapshots
+were expired as accounted for. Real SQLite catalogs, no Spark."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from click.testing import CliRunner
+
+import lakesink
+from lakesink import compaction, expiry
+from lakesink.audit.snapshots import lakesink_key
+from lakesink.driver import Outcome, TableCommitter
+from lakesink.errors import AuditError
+from lakesink.options import Maintenance, SinkOptions, TableName
+from tests.helpers import arrow_rows, commit, load, table_ids, write_task
+from tests.test_table_maintenance import Q1, _missing_referenced_files
+
+SCHEMA = arrow_rows([]).schema
+
+
+def _committer(props: dict[str, str], table_properties: dict[str, str] | None = None) -> TableCommitter:
+    c = TableCommitter(
+        SinkOptions(
+            table=TableName(("db",), "events"),
+            catalog_properties=props,
+            table_properties=table_properties or {},
+            maintenance=Maintenance.OFF,
+        )
+    )
+    c.open_table(SCHEMA)
+    return c
+
+
+def _batches(c: TableCommitter, n: int, *, start: int = 0, rows: int = 4) -> list[int]:
+    sent: list[int] = []
+    for b in range(start, start + n):
+        ids = list(range(b * 1000, b * 1000 + rows))
+        assert commit(c, Q1, b, [write_task(c, Q1, b, ids)]).outcome is Outcome.COMMITTED
+        sent += ids
+    return sent
+
+
+def _batch_snapshots(c: TableCommitter) -> dict[int, int]:
+    """batch id -> snapshot id, of the snapshots still in the table."""
+    return {k[1]: s.snapshot_id for s in load(c).snapshots() if (k := lakesink_key(s)) is not None}
+
+
+def test_which_names_the_original_batch_after_compactions_and_expiry(catalog_properties: dict[str, str]) -> None:
+    """Before: every row of a compacted file was attributed to the compaction (query and batch empty)."""
+    c = _committer(catalog_properties, {"write.lakesink.compact.min-input-files": "2"})
+    sent = _batches(c, 6)
+    by_batch = _batch_snapshots(c)
+    assert compaction.compact(load(c)).status == "committed"
+    rows = lakesink.locate(load(c), row_filter="id >= 0")
+    assert rows.num_rows == len(sent)
+    for row in rows.select(["id", "_query_id", "_batch_id", "_snapshot_id"]).to_pylist():
+        assert (row["_query_id"], row["_batch_id"]) == (Q1, row["id"] // 1000), row
+        assert row["_snapshot_id"] == by_batch[row["id"] // 1000]
+    one = lakesink.locate(load(c), row_filter="id = 3002")
+    assert one.column("_batch_id").to_pylist() == [3] and one.column("_committed").null_count == 0
+    # a second compaction rewrites the compacted file with new small ones: the provenance composes
+    sent += _batches(c, 3, start=6)
+    by_batch = _batch_snapshots(c)
+    assert compaction.compact(load(c)).status == "committed"
+    rows = lakesink.locate(load(c), row_filter="id >= 0")
+    assert Counter(rows.column("id").to_pylist()) == Counter(sent)
+    assert all(r["_batch_id"] == r["id"] // 1000 for r in rows.select(["id", "_batch_id"]).to_pylist())
+    # the batches' and the compactions' snapshots expire: the provenance is in the files, it stays
+    table = load(c)
+    table.transaction().set_properties(
+        {"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": "1"}
+    ).commit_transaction()
+    assert expiry.expire_snapshots(load(c)).status == "committed"
+    table = load(c)
+    assert len(table.snapshots()) == 1 and _missing_referenced_files(table) == []
+    rows = lakesink.locate(table, row_filter="id < 5000")
+    assert sorted(rows.column("id").to_pylist()) == sorted(i for i in sent if i < 5000)
+    assert all(r["_batch_id"] == r["id"] // 1000 and r["_query_id"] == Q1 for r in rows.to_pylist())
+    assert all(r["_snapshot_id"] == by_batch[r["id"] // 1000] for r in rows.to_pylist())
+    assert rows.column("_committed").null_count == rows.num_rows  # those snapshots are gone: no commit time
+    # a file asked by path: one row per run of rows, each with its batch
+    head = table.current_snapshot()
+    assert head is not None
+    (compacted,) = lakesink.audit.Manifests(table).live_files(head)  # the second compaction's one file
+    described = lakesink.locate(table, file_path=compacted)
+    assert sorted(described.column("_batch_id").to_pylist()) == list(range(9))
+    assert sum(described.column("record_count").to_pylist()) == len(sent)
+    assert table_ids(table) == Counter(sent)
+
+
+def test_which_command_after_compaction(catalog_properties: dict[str, str]) -> None:
+    from lakesink.cli import main
+
+    c = _committer(catalog_properties)
+    _batches(c, 5)
+    assert compaction.compact(load(c)).status == "committed"
+    cat = [a for k, v in catalog_properties.items() for a in ("--catalog-property", f"{k}={v}")]
+    out = CliRunner().invoke(main, ["which", "db.events", "--where", "id = 2001", "--json", *cat])
+    assert out.exit_code == 0, out.output
+    assert '"_batch_id": 2' in out.output.replace("'", '"') or '"_batch_id":2' in out.output, out.output
+
+
+def test_as_of_batch_reads_work_for_every_retained_snapshot(catalog_properties: dict[str, str]) -> None:
+    c = _committer(
+        catalog_properties,
+        {
+            "history.expire.max-snapshot-age-ms": "0",
+            "history.expire.min-snapshots-to-keep": "6",
+            "write.lakesink.compact.min-input-files": "2",
+        },
+    )
+    sent = _batches(c, 6)
+    assert compaction.compact(load(c)).status == "committed"
+    sent += _batches(c, 4, start=6)
+    assert lakesink.rewrite_manifests(load(c)).status == "committed"
+    assert expiry.expire_snapshots(load(c)).status == "committed"
+    table = load(c)
+    kept = {k[1] for s in table.snapshots() if (k := lakesink_key(s)) is not None}
+    assert kept == {6, 7, 8, 9}
+    for b in kept:
+        want = Counter(i for i in sent if i // 1000 <= b)
+        assert Counter(lakesink.read_at(table, lakesink.Point(batch_id=b)).column("id").to_pylist()) == want, b
+    for s in table.snapshots():  # every retained snapshot, by id (the compaction and the manifest rewrite too)
+        assert lakesink.read_at(table, lakesink.Point(snapshot_id=s.snapshot_id)).num_rows > 0
+    # batch 5's snapshot is expired, but the table as batch 5 left it is kept: the compaction made right after it
+    want = Counter(i for i in sent if i // 1000 <= 5)
+    assert Counter(lakesink.read_at(table, lakesink.Point(batch_id=5)).column("id").to_pylist()) == want
+    # before it, nothing kept holds the table as those batches left it. Before: batch 0..4 were taken for empty
+    # batches (batch 6 records 5 as its previous batch) and read at the compaction, with the rows of later batches
+    for b in range(5):
+        with pytest.raises(AuditError, match="expired"):
+            lakesink.read_at(table, lakesink.Point(batch_id=b))
+
+
+def test_verify_counts_expired_batches_as_accounted_not_missing_or_empty(catalog_properties: dict[str, str]) -> None:
+    """Before: the batches before the kept history were counted as empty batches."""
+    c = _committer(catalog_properties, {"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": "3"})
+    _batches(c, 7)
+    assert expiry.expire_snapshots(load(c)).status == "committed"
+    report = lakesink.verify(load(c))
+    assert report.violations == [], report.violations
+    (q,) = report.queries
+    assert (q.first_batch, q.last_batch, q.snapshots) == (4, 6, 3)
+    assert q.empty_batches == 0 and q.expired_batches == 4
+    assert "4 batch(es) before the kept history (snapshots expired)" in report.human()
+    # an empty batch inside the kept history is still counted as empty
+    assert commit(c, Q1, 7, []).outcome in (Outcome.COMMITTED, Outcome.EMPTY)
+    _batches(c, 1, start=8)
+    report = lakesink.verify(load(c))
+    (q,) = report.queries
+    assert report.violations == [] and q.empty_batches == 1 and q.expired_batches == 4
