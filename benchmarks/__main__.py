@@ -189,8 +189,16 @@ def longrun(ctx: click.Context, batches: int, maintain_every: int, keep: int, va
                 if (b + 1) % step == 0:
                     _say(f"  {variant}: {b + 1:,} batches")
 
+            out_dir: Path = ctx.obj["out"]
+            out_dir.mkdir(parents=True, exist_ok=True)
             r = longrun_bench.run(
-                batches, variant=variant, maintain_every=maintain_every, keep=keep, root=root / variant, progress=progress
+                batches,
+                variant=variant,
+                maintain_every=maintain_every,
+                keep=keep,
+                root=root / variant,
+                progress=progress,
+                partial=out_dir / f"longrun-{label or 'run'}-{variant}.partial.json",
             )
             runs[variant] = r
             s = r["samples"][-1]

@@ -14,6 +14,7 @@ maintenance run); its own time is reported apart. No Spark (commit path only, li
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import tempfile
@@ -48,7 +49,10 @@ def run(
     sample_every: int = 50,
     root: Path | None = None,
     progress: Any = None,
+    partial: Path | None = None,
 ) -> dict[str, Any]:
+    """``partial``: a JSON file rewritten every 1,000 batches with the measurements so far (a run cut short
+    still reports what it measured)."""
     root = root or Path(tempfile.mkdtemp(prefix="lakesink-longrun-"))
     props = {
         "write.metadata.delete-after-commit.enabled": "true",
@@ -101,6 +105,18 @@ def run(
             samples.append(_sample(committer, b))
         if progress is not None:
             progress(b)
+        if partial is not None and (b + 1) % 1000 == 0:
+            partial.write_text(
+                json.dumps(
+                    {
+                        "variant": variant,
+                        "batches_done": b + 1,
+                        "series": {"commit_ms": commit_ms, "commit_cpu_ms": commit_cpu_ms},
+                        "samples": samples,
+                        "maintenance": maintain,
+                    }
+                )
+            )
     back = _rows_back(committer)
     early, late = _windows(batches)
     e_med = statistics.median(commit_ms[early[0] : early[1]])
