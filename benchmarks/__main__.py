@@ -95,7 +95,12 @@ def main(ctx: click.Context, out: Path, page: Path | None, work: Path | None) ->
 @click.option("--rows", default=5_000_000, show_default=True, help="rows of the narrow input (5 columns)")
 @click.option("--wide-rows", default=None, type=int, help="rows of the wide input (20 columns); 0 skips it [default: --rows]")
 @click.option("--reps", default=3, show_default=True, help="repetitions after the warm-up")
-@click.option("--paths", default=",".join(throughput_bench.PATHS), show_default=True)
+@click.option(
+    "--paths",
+    default=",".join(throughput_bench.DEFAULT_PATHS),
+    show_default=True,
+    help=f"any of {', '.join(throughput_bench.PATHS)} (drain: the floor of format, a writer that only drains the Arrow batches)",
+)
 @click.pass_context
 def throughput(ctx: click.Context, rows: int, wide_rows: int | None, reps: int, paths: str) -> None:
     """Spark's parquet sink vs lakesink (format, foreachBatch) vs naive pyiceberg append."""

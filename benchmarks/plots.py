@@ -16,6 +16,7 @@ LABELS = {
     "format": 'lakesink format("lakesink")',
     "foreach": "lakesink foreachBatch",
     "naive": "naive foreachBatch + pyiceberg append",
+    "drain": "floor: Python data source that only drains the Arrow batches",
 }
 
 SHORT = {
@@ -23,6 +24,7 @@ SHORT = {
     "format": "lakesink\nformat",
     "foreach": "lakesink\nforeachBatch",
     "naive": "naive\npyiceberg append",
+    "drain": "floor:\ndrain only",
 }
 
 
@@ -34,7 +36,7 @@ def throughput(result: dict[str, Any], path: Path) -> None:
         med = [s[p]["rows_per_s"]["median"] / 1000 for p in paths]
         lo = [m - s[p]["rows_per_s"]["min"] / 1000 for p, m in zip(paths, med, strict=True)]
         hi = [s[p]["rows_per_s"]["max"] / 1000 - m for p, m in zip(paths, med, strict=True)]
-        ax.bar(range(len(paths)), med, yerr=[lo, hi], capsize=4, color=["#888", "#2a7", "#3b8", "#c55"][: len(paths)])
+        ax.bar(range(len(paths)), med, yerr=[lo, hi], capsize=4, color=["#888", "#2a7", "#3b8", "#c55", "#bbb"][: len(paths)])
         ax.set_xticks(range(len(paths)), [SHORT.get(p, p) for p in paths], fontsize=8)
         ax.set_ylabel("thousand rows/s (median, min-max)")
         inp = variant["input"]

@@ -65,8 +65,9 @@ def throughput_md(r: dict[str, Any], rel: str) -> str:
             f"run: {'all correct' if v['all_rows_ok'] else 'SOME RUNS WRONG (see JSON)'}.",
             "",
             "| path | rows/s median | rows/s min-max | MB/s median | ratio to Spark's parquet sink (of medians; paired "
-            "per repetition: median, min-max) | ratio to naive (same) | Spark job s (median) | commit ms (median) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "per repetition: median, min-max) | ratio to naive (same) | Spark job s (median) | commit ms (median) | "
+            "CPU s, Spark JVM + Python workers (median) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for p, s in v["summary"].items():
             lines.append(
@@ -75,11 +76,18 @@ def throughput_md(r: dict[str, Any], rel: str) -> str:
                 f"{_ratio(s, 'ratio_to_parquet_sink', 'paired_ratio_to_parquet_sink')} | "
                 f"{_ratio(s, 'ratio_to_naive', 'paired_ratio_to_naive')} | "
                 f"{_f((s['spark_job_ms'].get('median') or 0) / 1000, 1)} | "
-                f"{_f(s['commit_ms'].get('median'))} |"
+                f"{_f(s['commit_ms'].get('median'))} | {_cpu_split(s)} |"
             )
         lines.append("")
     lines.append(f"![throughput]({rel}/throughput.png)")
     return "\n".join(lines)
+
+
+def _cpu_split(s: dict[str, Any]) -> str:
+    jvm, python = s.get("cpu_s_jvm", {}).get("median"), s.get("cpu_s_python", {}).get("median")
+    if jvm is None or python is None:
+        return "-"  # results from before the CPU accounting
+    return f"{jvm:.1f} + {python:.1f}"
 
 
 def _cpu(w: dict[str, Any]) -> str:

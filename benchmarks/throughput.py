@@ -4,12 +4,16 @@
 2. ``format``: lakesink through ``writeStream.format("lakesink")``;
 3. ``foreach``: lakesink through ``foreachBatch(lakesink.foreach_batch(...))``;
 4. ``naive``: what a user writes without lakesink: ``foreachBatch``, collect the batch to Arrow on the
-   driver (``DataFrame.toArrow``), pyiceberg ``table.append`` (no exactly-once either).
+   driver (``DataFrame.toArrow``), pyiceberg ``table.append`` (no exactly-once either);
+5. ``drain`` (not run by default, ``--paths ...,drain``): a Python data source whose writer only drains
+   the Arrow batches (:mod:`benchmarks.drain`), the floor of ``format`` (how rows reach a Python data source).
 
 The input is generated once as Parquet files (the streaming file source reads them, one batch with
 ``availableNow``); every sink writes zstd; ``local[2]``; each run gets a fresh checkpoint, output
 folder or table. After each run the rows are counted back (Spark's sink: ``spark.read.parquet``;
-the Iceberg tables: DuckDB's ``iceberg_scan``, distinct ids).
+the Iceberg tables: DuckDB's ``iceberg_scan``, distinct ids; ``drain`` counts what its tasks received).
+Every run also records the CPU seconds of the Spark JVM and of its Python workers while the query ran
+(``cpu_s``): on a shared machine wall times follow the other tenants, CPU seconds much less.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from benchmarks.common import catalog_properties, summarise
 
-PATHS = ("parquet", "format", "foreach", "naive")
+PATHS = ("parquet", "format", "foreach", "naive", "drain")
+DEFAULT_PATHS = PATHS[:4]
 _COMMIT_LINE = re.compile(r"lakesink: table=(?P<table>\S+) query=\S+ batch=\d+ committed .* commit_ms=(?P<ms>[\d.]+)")
 
 
@@ -92,6 +99,9 @@ class Runner:
         self.props = catalog_properties(root)
         self.spark_log = spark_log
         self.counter = 0
+        from benchmarks.drain import DrainDataSource
+
+        spark.dataSource.register(DrainDataSource)
 
     def run(self, path: str) -> dict[str, Any]:
         import lakesink
@@ -118,18 +128,22 @@ class Runner:
             w = df.writeStream.foreachBatch(timed)
         elif path == "naive":
             w = df.writeStream.foreachBatch(_naive_append(self.props, table))
+        elif path == "drain":
+            w = df.writeStream.format("lakesink-bench-drain")
         else:
             raise ValueError(f"unknown path {path!r}; valid: {', '.join(PATHS)}")
         log_offset = self.spark_log.stat().st_size if self.spark_log and self.spark_log.exists() else 0
+        cpu_before = _spark_cpu_seconds()
         start = time.perf_counter()
         q = w.option("checkpointLocation", str(self.root / f"ck-{n}")).trigger(availableNow=True).start()
         q.awaitTermination()
         seconds = time.perf_counter() - start
+        cpu_after = _spark_cpu_seconds()
         progress = [p for p in q.recentProgress if p.get("numInputRows")] if q.recentProgress else []
         q.stop()
         if path == "format":
             commits = self._logged_commits(table, log_offset)
-        rows_back = self._count(path, n, table)
+        rows_back = self._count(path, n, table) if path != "drain" else sum(int(p.get("numInputRows", 0)) for p in progress)
         durations = _sum_durations(progress)
         add_batch = durations.get("addBatch")
         commit_ms = sum(commits) if commits else None
@@ -144,6 +158,7 @@ class Runner:
             "commit_ms": commit_ms,
             # time inside the Spark job(s) of the batch: addBatch minus the driver's commit
             "spark_job_ms": (add_batch - commit_ms) if add_batch is not None and commit_ms is not None else add_batch,
+            "cpu_s": {k: cpu_after[k] - cpu_before[k] for k in cpu_before},
         }
 
     def _logged_commits(self, table: str, offset: int) -> list[float]:
@@ -165,6 +180,28 @@ class Runner:
         result = duckdb_query(t.metadata_location, "SELECT count(*) AS n, count(DISTINCT id) AS d FROM t")
         rows, distinct = result.column("n")[0].as_py(), result.column("d")[0].as_py()
         return int(rows) if rows == distinct else -int(rows)  # a duplicate makes the count fail the check
+
+
+def _spark_cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of this process's Spark JVM ("jvm") and of the Python workers it started ("python":
+    the live ones, and the exited ones its children accounting has collected)."""
+    jvm = python = 0.0
+    for proc in psutil.Process().children(recursive=False):
+        try:
+            if proc.name() != "java":
+                continue
+            t = proc.cpu_times()
+            jvm += t.user + t.system
+            python += t.children_user + t.children_system
+            for child in proc.children(recursive=True):
+                try:
+                    c = child.cpu_times()
+                    python += c.user + c.system + c.children_user + c.children_system
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            pass
+    return {"jvm": jvm, "python": python}
 
 
 def _naive_append(props: dict[str, str], table: str) -> Callable[[Any, int], None]:
@@ -230,7 +267,7 @@ def run(
     return {
         "input": data,
         "reps": reps,
-        "order": "rotating: repetition i starts with path i mod 4",
+        "order": f"rotating: repetition i starts with path i mod {len(paths)}",
         "warmup": warmup,
         "runs": runs,
         "summary": summary(runs, rows, data["bytes"], paths),
@@ -259,12 +296,15 @@ def summary(runs: Sequence[dict[str, Any]], rows: int, size: int, paths: Sequenc
             continue
         commit = [r["commit_ms"] for r in runs if r["path"] == p and r["commit_ms"] is not None]
         job = [r["spark_job_ms"] for r in runs if r["path"] == p and r["spark_job_ms"] is not None]
+        cpu = [r["cpu_s"] for r in runs if r["path"] == p and r.get("cpu_s")]
         out[p] = {
             "seconds": summarise(secs),
             "rows_per_s": summarise([rows / s for s in secs]),
             "mb_per_s": summarise([size / 2**20 / s for s in secs]),
             "commit_ms": summarise(commit),
             "spark_job_ms": summarise(job),
+            "cpu_s_jvm": summarise([c["jvm"] for c in cpu]),
+            "cpu_s_python": summarise([c["python"] for c in cpu]),
         }
     if "parquet" in out:
         base = out["parquet"]["rows_per_s"]["median"]

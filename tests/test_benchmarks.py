@@ -46,6 +46,7 @@ def test_throughput_and_commit_path_at_toy_size(tmp_path: Path) -> None:
         assert sorted({r["path"] for r in runs}) == ["foreach", "format", "naive", "parquet"]
         assert [r["rows_back"] for r in runs] == [rows] * len(runs)
         assert set(variant["summary"]) == {"parquet", "format", "foreach", "naive"}
+        assert all(r["cpu_s"]["jvm"] > 0 for r in runs)  # the Spark JVM's CPU seconds of every run were recorded
     assert result["variants"]["wide"]["input"]["columns"] == 20
     page = (tmp_path / "performance.md").read_text()
     assert "<!-- generated: throughput -->" in page and "| lakesink foreachBatch |" in page and "| toy | 30 |" in page
