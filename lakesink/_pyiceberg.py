@@ -42,7 +42,7 @@ from pyiceberg.io.pyarrow import (
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent, ManifestEntry, ManifestFile
 from pyiceberg.partitioning import PartitionSpec, _to_partition_representation
-from pyiceberg.schema import Schema, assign_fresh_schema_ids, sanitize_column_names, visit_with_partner
+from pyiceberg.schema import Schema, assign_fresh_schema_ids, index_by_id, sanitize_column_names, visit_with_partner
 from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
@@ -135,7 +135,7 @@ def check_write_properties(table_name: str, schema: Schema, table_properties: Ma
     driver, so that a bad value fails the batch before any task runs, naming the table (not on an executor)."""
     try:
         parquet_writer_options(table_properties)
-        compute_statistics_plan(schema, dict(table_properties))
+        compute_statistics_plan(schema, metrics_properties(schema, table_properties))
     except Exception as e:
         raise InvalidOptionError(
             f"table {table_name} has a table property lakesink's writer cannot use: {type(e).__name__}: {e}; fix it with "
@@ -147,7 +147,7 @@ def file_statistics(metadata: pq.FileMetaData, schema: Schema, table_properties:
     """Iceberg column statistics of a written Parquet file, as plain picklable values."""
     stats = data_file_statistics_from_parquet_metadata(
         parquet_metadata=metadata,
-        stats_columns=compute_statistics_plan(schema, dict(table_properties)),
+        stats_columns=compute_statistics_plan(schema, metrics_properties(schema, table_properties)),
         parquet_column_mapping=parquet_path_to_id_mapping(schema),
     )
     return dict(stats.to_serialized_dict())
@@ -771,3 +771,44 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
     table.metadata = new
     table.metadata_location = location
     return True
+
+
+# --- column metrics: Iceberg Java's inferred-column limit (executor side) -------------------------------
+
+METRICS_DEFAULT = "write.metadata.metrics.default"
+METRICS_COLUMN_PREFIX = "write.metadata.metrics.column."
+METRICS_MAX_INFERRED = "write.metadata.metrics.max-inferred-column-defaults"
+METRICS_MAX_INFERRED_DEFAULT = 100
+_METRICS_DEFAULT_MODE = "truncate(16)"
+
+
+def metrics_properties(schema: Schema, table_properties: Mapping[str, str]) -> dict[str, str]:
+    """The metrics properties as Iceberg Java's ``MetricsConfig`` reads them, for pyiceberg's statistics plan.
+
+    Without ``write.metadata.metrics.default``, Java records metrics only for the first
+    ``write.metadata.metrics.max-inferred-column-defaults`` (100) top-level columns (and their nested fields)
+    of a wider table, and none for the others, unless a ``write.metadata.metrics.column.<name>`` says otherwise.
+    pyiceberg 0.12 has no such limit: a file of 1,000 columns carried bounds and counts for all of them to the
+    driver and into the manifest (4,000 such files per batch: millions of map entries). Expressed here as the
+    per-column and default properties pyiceberg does read; a table with at most that many columns keeps its
+    properties as they are.
+    """
+    props = dict(table_properties)
+    if METRICS_DEFAULT in props:
+        return props
+    raw = props.get(METRICS_MAX_INFERRED)
+    try:
+        limit = METRICS_MAX_INFERRED_DEFAULT if raw is None else int(raw)
+    except ValueError:
+        raise ValueError(f"{METRICS_MAX_INFERRED} must be a whole number of columns, not {raw!r}") from None
+    if limit < 0:  # as Java: a negative value falls back to the default
+        limit = METRICS_MAX_INFERRED_DEFAULT
+    if len(schema.fields) <= limit:
+        return props
+    first = Schema(*schema.fields[:limit])
+    for field_id in index_by_id(first):
+        name = first.find_column_name(field_id)
+        if name is not None:
+            props.setdefault(METRICS_COLUMN_PREFIX + name, _METRICS_DEFAULT_MODE)
+    props[METRICS_DEFAULT] = "none"
+    return props
