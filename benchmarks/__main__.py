@@ -228,9 +228,12 @@ def commit_latency(ctx: click.Context, batches: int, rows_per_second: int, trigg
 @click.option("--cases", default="4000x1000,40x1000,4000x10", show_default=True, help="TASKSxCOLUMNS, comma-separated")
 @click.option("--paths", default=",".join(driver_memory_bench.PATHS), show_default=True)
 @click.option("--rows-per-task", default=2, show_default=True)
+@click.option("--property", "properties", multiple=True, help="table property KEY=VALUE of the created tables (repeatable)")
 @click.pass_context
-def driver_memory(ctx: click.Context, cases: str, paths: str, rows_per_task: int) -> None:
-    """Driver memory (Python RSS, JVM heap) of one batch with many tasks and many columns."""
+def driver_memory(ctx: click.Context, cases: str, paths: str, rows_per_task: int, properties: tuple[str, ...]) -> None:
+    """Driver memory (Python RSS, JVM heap) of one batch with many tasks and many columns.
+
+    Results of other cases (or other --property values) are kept from an earlier driver_memory.json in --out."""
     info = machine()
     chosen = [tuple(int(x) for x in c.lower().split("x")) for c in cases.split(",") if c.strip()]
     with _work(ctx.obj["work"]) as root:
@@ -239,8 +242,15 @@ def driver_memory(ctx: click.Context, cases: str, paths: str, rows_per_task: int
             cases=[(t, c) for t, c in chosen],
             paths=[p.strip() for p in paths.split(",") if p.strip()],
             rows_per_task=rows_per_task,
+            table_properties=dict(p.split("=", 1) for p in properties),
             say=_say,
         )
+    for r in result["results"]:
+        r["command"] = _command()
+    earlier = report.load(ctx.obj["out"], "driver_memory")
+    if earlier and earlier.get("rows_per_task") == rows_per_task:
+        fresh = {driver_memory_bench.key(r) for r in result["results"]}
+        result["results"] = [r for r in earlier["results"] if driver_memory_bench.key(r) not in fresh] + result["results"]
     result = {"command": _command(), "machine": info, "load_average_end": [round(x, 2) for x in os.getloadavg()], **result}
     _finish(ctx, "driver_memory", result)
 

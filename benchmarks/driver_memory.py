@@ -93,7 +93,9 @@ def _generate(spark: Any, folder: Path, rows: int, columns: int) -> None:
     spark.range(rows).select(*cols).coalesce(1).write.parquet(str(folder))
 
 
-def run_case(root: Path, *, path: str, tasks: int, columns: int, rows_per_task: int) -> dict[str, Any]:
+def run_case(
+    root: Path, *, path: str, tasks: int, columns: int, rows_per_task: int, table_properties: dict[str, str]
+) -> dict[str, Any]:
     """One case in this process (called in a fresh interpreter by :func:`run`)."""
     import pyarrow.parquet as pq
 
@@ -113,7 +115,7 @@ def run_case(root: Path, *, path: str, tasks: int, columns: int, rows_per_task: 
         df = spark.readStream.schema(schema).parquet(str(src))
         outcome: dict[str, Any] = {}
         if path == "foreach":
-            sink = lakesink.foreach_batch(table, catalog_properties=props)
+            sink = lakesink.foreach_batch(table, catalog_properties=props, table_properties=table_properties)
 
             def batch(b: Any, batch_id: int) -> None:
                 o = sink(b.repartition(tasks), batch_id)
@@ -124,6 +126,8 @@ def run_case(root: Path, *, path: str, tasks: int, columns: int, rows_per_task: 
             w = df.repartition(tasks).writeStream.format("lakesink").option("table", table)
             for k, v in props.items():
                 w = w.option(f"catalog.{k}", v)
+            for k, v in table_properties.items():
+                w = w.option(f"table-property.{k}", v)
         else:
             raise ValueError(f"unknown path {path!r}; valid: {', '.join(PATHS)}")
         import gc
@@ -152,6 +156,7 @@ def run_case(root: Path, *, path: str, tasks: int, columns: int, rows_per_task: 
         mib = 2**20
         return {
             "path": path,
+            "table_properties": table_properties,
             "tasks": tasks,
             "columns": columns,
             "rows": rows,
@@ -185,6 +190,7 @@ def run(
     cases: Sequence[tuple[int, int]] = CASES,
     paths: Sequence[str] = PATHS,
     rows_per_task: int = 2,
+    table_properties: dict[str, str] | None = None,
     timeout: float = 3600,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -193,9 +199,8 @@ def run(
         for path in paths:
             folder = root / f"{path}-{tasks}x{columns}"
             folder.mkdir(parents=True, exist_ok=True)
-            args = json.dumps(
-                {"root": str(folder), "path": path, "tasks": tasks, "columns": columns, "rows_per_task": rows_per_task}
-            )
+            case = {"root": str(folder), "path": path, "tasks": tasks, "columns": columns, "rows_per_task": rows_per_task}
+            args = json.dumps({**case, "table_properties": table_properties or {}})
             load = [round(x, 2) for x in os.getloadavg()]
             here = str(Path(__file__).resolve().parent.parent)
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])}
@@ -224,6 +229,15 @@ def run(
     return {"rows_per_task": rows_per_task, "results": results}
 
 
+def _props(r: dict[str, Any]) -> str:
+    return ", ".join(f"{k.removeprefix('write.metadata.metrics.')}={v}" for k, v in (r.get("table_properties") or {}).items())
+
+
+def key(r: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes two results the same case (a later run replaces an earlier one)."""
+    return (r["path"], r["tasks"], r["columns"], tuple(sorted((r.get("table_properties") or {}).items())))
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -231,7 +245,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rs = result["results"]
-    labels = [f"{r['path']}\n{r['tasks']:,}x{r['columns']:,}" for r in rs]
+    labels = [
+        f"{r['path']}\n{r['tasks']:,}x{r['columns']:,}" + ("\n" + _props(r) if r.get("table_properties") else "") for r in rs
+    ]
     fig, ax = plt.subplots(1, 1, figsize=(max(6, 1.4 * len(rs)), 4))
     xs = range(len(rs))
     width = 0.27
@@ -252,6 +268,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
 if __name__ == "__main__":
     job = json.loads(sys.argv[1])
     result = run_case(
-        Path(job["root"]), path=job["path"], tasks=job["tasks"], columns=job["columns"], rows_per_task=job["rows_per_task"]
+        Path(job["root"]),
+        path=job["path"],
+        tasks=job["tasks"],
+        columns=job["columns"],
+        rows_per_task=job["rows_per_task"],
+        table_properties=job["table_properties"],
     )
     sys.stdout.write(json.dumps(result) + "\n")

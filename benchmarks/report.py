@@ -240,14 +240,16 @@ def driver_memory_md(r: dict[str, Any], rel: str) -> str:
         "",
         f"One batch, {r['rows_per_task']} rows per task, each case in a fresh process and Spark session.",
         "",
-        "| path | tasks x columns | driver Python RSS peak MiB (growth in the batch) | largest Python worker RSS MiB | "
+        "| path | tasks x columns | table properties | driver Python RSS peak MiB (growth in the batch) | "
+        "largest Python worker RSS MiB | "
         "JVM heap in use, peak MiB (after GC) | data files | manifest KiB | columns with bounds per file | "
         "commit ms | seconds | rows read back | load average at the start |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for x in r["results"]:
         lines.append(
-            f"| {plots.LABELS.get(x['path'], x['path'])} | {x['tasks']:,} x {x['columns']:,} | {_f(x['driver_rss_peak_mib'])} "
+            f"| {plots.LABELS.get(x['path'], x['path'])} | {x['tasks']:,} x {x['columns']:,} | "
+            f"{driver_memory._props(x) or '(defaults)'} | {_f(x['driver_rss_peak_mib'])} "
             f"(+{_f(x['driver_rss_growth_mib'])}) | {_f(x['largest_python_worker_rss_peak_mib'])} | "
             f"{_f(x['jvm_heap_peak_mib'])} ({_f(x['jvm_heap_after_gc_mib'])}) | {x['data_files']:,} | "
             f"{_f(x['manifest_bytes'] / 1024)} | {x['columns_with_bounds_per_file']:,} | {_f(x.get('commit_ms'))} | "
