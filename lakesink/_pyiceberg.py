@@ -29,6 +29,7 @@ from pyiceberg.io.pyarrow import (
     ArrowAccessor,
     ArrowProjectionVisitor,
     ArrowScan,
+    MetricModeTypes,
     ParquetFormatModel,
     _ConvertToIcebergWithoutIDs,
     _get_parquet_writer_kwargs,
@@ -145,12 +146,11 @@ def check_write_properties(table_name: str, schema: Schema, table_properties: Ma
 
 def file_statistics(metadata: pq.FileMetaData, schema: Schema, table_properties: Mapping[str, str]) -> dict[str, Any]:
     """Iceberg column statistics of a written Parquet file, as plain picklable values."""
+    plan = compute_statistics_plan(schema, metrics_properties(schema, table_properties))
     stats = data_file_statistics_from_parquet_metadata(
-        parquet_metadata=metadata,
-        stats_columns=compute_statistics_plan(schema, metrics_properties(schema, table_properties)),
-        parquet_column_mapping=parquet_path_to_id_mapping(schema),
+        parquet_metadata=metadata, stats_columns=plan, parquet_column_mapping=parquet_path_to_id_mapping(schema)
     )
-    return dict(stats.to_serialized_dict())
+    return without_sizes_of_unmeasured_columns(dict(stats.to_serialized_dict()), plan)
 
 
 def new_data_location(
@@ -812,3 +812,13 @@ def metrics_properties(schema: Schema, table_properties: Mapping[str, str]) -> d
             props.setdefault(METRICS_COLUMN_PREFIX + name, _METRICS_DEFAULT_MODE)
     props[METRICS_DEFAULT] = "none"
     return props
+
+
+def without_sizes_of_unmeasured_columns(statistics: dict[str, Any], plan: Mapping[int, Any]) -> dict[str, Any]:
+    """Drop the column sizes of columns whose metrics mode is ``none``: pyiceberg (as Iceberg Java up to 1.9)
+    records a size for every column whatever its mode, so a 1,000-column file still carried 1,000 entries;
+    newer Iceberg records no metric at all for a ``none`` column, its size included."""
+    sizes = statistics.get("column_sizes")
+    if sizes:
+        statistics["column_sizes"] = {k: v for k, v in sizes.items() if plan[k].mode.type is not MetricModeTypes.NONE}
+    return statistics

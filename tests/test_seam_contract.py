@@ -284,6 +284,7 @@ def test_statistics_follow_javas_inferred_column_limit(tmp_path: Path) -> None:
         stats = seam.file_statistics(metadata, schema, {})
         assert len(stats["lower_bounds"]) == 100 and len(stats["value_counts"]) == 100
         assert ids["c99"] in stats["lower_bounds"] and ids["c100"] not in stats["value_counts"]
+        assert len(stats["column_sizes"]) == 100  # no metric at all for a column in mode none (as newer Iceberg)
 
         every = seam.file_statistics(metadata, schema, {"write.metadata.metrics.default": "truncate(16)"})
         assert len(every["lower_bounds"]) == 150  # an explicit default applies to every column (the struct: counts)
@@ -296,3 +297,8 @@ def test_statistics_follow_javas_inferred_column_limit(tmp_path: Path) -> None:
 
         narrow = seam.metrics_properties(seam.new_table_schema(ROWS.schema), {"k": "v"})
         assert narrow == {"k": "v"}  # at most 100 columns: the properties as they are
+
+    from lakesink.errors import InvalidOptionError
+
+    with pytest.raises(InvalidOptionError, match="max-inferred-column-defaults must be a whole number"):
+        seam.check_write_properties("db.wide", schema, {"write.metadata.metrics.max-inferred-column-defaults": "many"})
