@@ -14,7 +14,7 @@ from typing import Any
 
 from benchmarks import commit_latency, driver_memory, java_sink, plots, throughput
 
-SECTIONS = ("machine", "throughput", "commit-path", "memory", "rate")
+SECTIONS = ("machine", "throughput", "commit-path", "commit-latency", "memory", "driver-memory", "rate")
 PLOTS = {
     "throughput": "throughput.png",
     "commit-path": "commit_path.png",
