@@ -1,4 +1,4 @@
-"""``python -m benchmarks throughput|commit-path|memory|rate|report|all`` (``make bench``).
+"""``python -m benchmarks throughput|commit-path|commit-latency|driver-memory|memory|rate|report|all`` (``make bench``).
 
 Results go to ``--out`` (default ``docs/performance/``) as JSON and PNG, and the tables into
 ``performance.md`` next to that folder (``docs/performance.md``), between its generated markers.
@@ -18,12 +18,14 @@ from typing import Any
 
 import click
 
+from benchmarks import commit_latency as commit_latency_bench
 from benchmarks import commit_path as commit_path_bench
+from benchmarks import driver_memory as driver_memory_bench
+from benchmarks import java_sink, report
 from benchmarks import longrun as longrun_bench
 from benchmarks import memory as memory_bench
 from benchmarks import metadata_cost as metadata_cost_bench
 from benchmarks import rate as rate_bench
-from benchmarks import report
 from benchmarks import throughput as throughput_bench
 from benchmarks import upsert as upsert_bench
 from benchmarks.common import DEFAULT_OUT, machine, spark_session, write_json
@@ -97,14 +99,19 @@ def main(ctx: click.Context, out: Path, page: Path | None, work: Path | None) ->
 @click.option("--reps", default=3, show_default=True, help="repetitions after the warm-up")
 @click.option(
     "--paths",
-    default=",".join(throughput_bench.DEFAULT_PATHS),
+    default=",".join([*throughput_bench.DEFAULT_PATHS, "java"]),
     show_default=True,
-    help=f"any of {', '.join(throughput_bench.PATHS)} (drain: the floor of format, a writer that only drains the Arrow batches)",
+    help=f"any of {', '.join(throughput_bench.PATHS)}, java (drain: the floor of format, a writer that only drains the "
+    "Arrow batches; java: Iceberg's Java sink and Spark 3.5's parquet sink in a Spark 3.5 subprocess, benchmarks/java_sink.py)",
 )
+@click.option("--java-reps", default=5, show_default=True, help="repetitions of the two Spark 3.5 sinks")
 @click.pass_context
-def throughput(ctx: click.Context, rows: int, wide_rows: int | None, reps: int, paths: str) -> None:
-    """Spark's parquet sink vs lakesink (format, foreachBatch) vs naive pyiceberg append."""
+def throughput(ctx: click.Context, rows: int, wide_rows: int | None, reps: int, paths: str, java_reps: int) -> None:
+    """Spark's parquet sink vs lakesink (format, foreachBatch) vs naive pyiceberg append; Iceberg's Java sink
+    vs Spark 3.5's parquet sink."""
     chosen = [p.strip() for p in paths.split(",") if p.strip()]
+    java = "java" in chosen
+    chosen = [p for p in chosen if p != "java"]
     with _work(ctx.obj["work"]) as root:
         log = root / "spark-stderr.log"
         info = machine()
@@ -121,6 +128,14 @@ def throughput(ctx: click.Context, rows: int, wide_rows: int | None, reps: int, 
                 )
         finally:
             spark.stop()
+        if java:  # after the pyspark 4 session stopped: one JVM at a time
+            for name, v in variants.items():
+                _say(f"throughput, {name} input, Iceberg's Java sink and Spark 3.5's parquet sink:")
+                inp = v["input"]
+                src = root / name / ("input-wide" if inp["wide"] else "input")
+                v["java"] = java_sink.throughput(
+                    src, root / name / "java", rows=inp["rows"], size=inp["bytes"], reps=java_reps, say=_say
+                )
     result = {
         "command": _command(),
         "machine": info,
@@ -173,6 +188,72 @@ def commit_path(
         f"late {w['late_median_ms']:.1f} ms; rows ok: {result['rows_ok']}"
     )
     _finish(ctx, f"commit_path-{label}", result)
+
+
+@main.command("commit-latency")
+@click.option("--batches", default=1000, show_default=True, help="batches per sink (batch 0, the warm-up, is not counted)")
+@click.option("--rows-per-second", default=10, show_default=True, help="rate source rows per second (2 partitions)")
+@click.option("--trigger", default="1 second", show_default=True)
+@click.option("--sinks", default=",".join(commit_latency_bench.SINKS), show_default=True, help="run one after the other")
+@click.pass_context
+def commit_latency(ctx: click.Context, batches: int, rows_per_second: int, trigger: str, sinks: str) -> None:
+    """Sink time per batch at a 1-second trigger over many batches: lakesink foreach_batch vs Iceberg's Java sink.
+
+    Runs of sinks not chosen this time are kept from an earlier commit_latency.json in --out."""
+    out: Path = ctx.obj["out"]
+    with _work(ctx.obj["work"]) as root:
+        log = root / "spark-stderr.log"
+
+        def spark_factory() -> Any:
+            with _spark_stderr_to(log):
+                return spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": str(batches + 1000)})
+
+        result = commit_latency_bench.run(
+            root / "commit-latency",
+            batches=batches,
+            rows_per_second=rows_per_second,
+            trigger=trigger,
+            sinks=[s.strip() for s in sinks.split(",") if s.strip()],
+            spark_factory=spark_factory,
+            say=_say,
+        )
+    for r in result["runs"].values():
+        r["command"] = _command()
+    earlier = report.load(out, "commit_latency")
+    if earlier and earlier.get("batches_requested") == batches and earlier.get("trigger") == trigger:
+        result["runs"] = {**earlier["runs"], **result["runs"]}
+    _finish(ctx, "commit_latency", {"command": _command(), **result})
+
+
+@main.command("driver-memory")
+@click.option("--cases", default="4000x1000,40x1000,4000x10", show_default=True, help="TASKSxCOLUMNS, comma-separated")
+@click.option("--paths", default=",".join(driver_memory_bench.PATHS), show_default=True)
+@click.option("--rows-per-task", default=2, show_default=True)
+@click.option("--property", "properties", multiple=True, help="table property KEY=VALUE of the created tables (repeatable)")
+@click.pass_context
+def driver_memory(ctx: click.Context, cases: str, paths: str, rows_per_task: int, properties: tuple[str, ...]) -> None:
+    """Driver memory (Python RSS, JVM heap) of one batch with many tasks and many columns.
+
+    Results of other cases (or other --property values) are kept from an earlier driver_memory.json in --out."""
+    info = machine()
+    chosen = [tuple(int(x) for x in c.lower().split("x")) for c in cases.split(",") if c.strip()]
+    with _work(ctx.obj["work"]) as root:
+        result = driver_memory_bench.run(
+            root / "driver-memory",
+            cases=[(t, c) for t, c in chosen],
+            paths=[p.strip() for p in paths.split(",") if p.strip()],
+            rows_per_task=rows_per_task,
+            table_properties=dict(p.split("=", 1) for p in properties),
+            say=_say,
+        )
+    for r in result["results"]:
+        r["command"] = _command()
+    earlier = report.load(ctx.obj["out"], "driver_memory")
+    if earlier and earlier.get("rows_per_task") == rows_per_task:
+        fresh = {driver_memory_bench.key(r) for r in result["results"]}
+        result["results"] = [r for r in earlier["results"] if driver_memory_bench.key(r) not in fresh] + result["results"]
+    result = {"command": _command(), "machine": info, "load_average_end": [round(x, 2) for x in os.getloadavg()], **result}
+    _finish(ctx, "driver_memory", result)
 
 
 @main.command("longrun")

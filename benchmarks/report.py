@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from benchmarks import plots, throughput
+from benchmarks import commit_latency, driver_memory, java_sink, plots, throughput
 
-SECTIONS = ("machine", "throughput", "commit-path", "memory", "rate")
+SECTIONS = ("machine", "throughput", "commit-path", "commit-latency", "memory", "driver-memory", "rate")
 PLOTS = {
     "throughput": "throughput.png",
     "commit-path": "commit_path.png",
@@ -78,6 +78,7 @@ def throughput_md(r: dict[str, Any], rel: str) -> str:
                 f"{_f((s['spark_job_ms'].get('median') or 0) / 1000, 1)} | "
                 f"{_f(s['commit_ms'].get('median'))} | {_cpu_split(s)} |"
             )
+        lines += _java_rows(v.get("java"))
         lines.append("")
     lines.append(f"![throughput]({rel}/throughput.png)")
     return "\n".join(lines)
@@ -88,6 +89,30 @@ def _cpu_split(s: dict[str, Any]) -> str:
     if jvm is None or python is None:
         return "-"  # results from before the CPU accounting
     return f"{jvm:.1f} + {python:.1f}"
+
+
+def _java_rows(j: dict[str, Any] | None) -> list[str]:
+    """Iceberg's Java sink and its own Spark 3.5 parquet sink: the ratio column is to *that* parquet sink."""
+    if j is None:
+        return []
+    if "skipped" in j:
+        return [f"| {java_sink.LABELS['java-iceberg']} | skipped: {j['skipped']} | | | | | | | |"]
+    rows = []
+    for p, s in j["summary"].items():
+        rows.append(
+            f"| {java_sink.LABELS[p]} (own JVM, pyspark {j['pyspark']}) | {_f(s['rows_per_s']['median'])} | "
+            f"{_f(s['rows_per_s']['min'])} - {_f(s['rows_per_s']['max'])} | {_f(s['mb_per_s']['median'], 1)} | "
+            f"{_ratio(s, 'ratio_to_own_parquet_sink', 'paired_ratio_to_own_parquet_sink')} to Spark 3.5's parquet sink | "
+            "- | - | - | - |"
+        )
+    verdict = "all correct" if j["all_rows_ok"] else "SOME RUNS WRONG (see JSON)"
+    rows += [
+        "",
+        f"Spark 3.5 rows: {j['reps']} repetitions after a warm-up, {j['order']}; rows verified after every run "
+        f"with Spark 3.5 (count == distinct ids == input): {verdict}. "
+        "Their ratio is to Spark 3.5's own parquet sink in the same session, not to the Spark 4 rows above.",
+    ]
+    return rows
 
 
 def _cpu(w: dict[str, Any]) -> str:
@@ -177,6 +202,72 @@ def rate_md(r: dict[str, Any], rel: str) -> str:
     )
 
 
+def commit_latency_md(r: dict[str, Any], rel: str) -> str:
+    lines = [
+        f"Rate source at {r['rows_per_second']} rows/s (2 partitions: 2 data files per batch), trigger {r['trigger']}, "
+        f"{r['batches_requested']:,} batches per sink, one sink after the other; batch 0 (warm-up) not counted.",
+        "",
+        "| sink | batches | addBatch ms p50 / p90 / p99 / max | addBatch median, first 100 -> last 100 (ratio) | "
+        "lakesink commit_ms p50 / p90 / p99 / max | commit_ms first 100 -> last 100 | snapshots at the end | "
+        "metadata.json at the end | rows read back (DuckDB) | load average start -> end |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for x in r["runs"].values():
+        if "skipped" in x:
+            lines.append(f"| {x['label']} | skipped: {x['skipped']} | | | | | | | | |")
+            continue
+
+        def pct(d: dict[str, Any]) -> str:
+            return f"{_f(d['p50'])} / {_f(d['p90'])} / {_f(d['p99'])} / {_f(d['max'])}"
+
+        def tr(d: dict[str, Any]) -> str:
+            t = d["trend"]
+            return f"{_f(t['first_median'])} -> {_f(t['last_median'])} ({_f(t['last_over_first'], 2)})"
+
+        a, c = x["stats"]["add_batch_ms"], x["stats"].get("commit_ms")
+        lines.append(
+            f"| {x['label']} | {len(x['batches']) - 1:,} | {pct(a)} | {tr(a)} | {pct(c) if c else '-'} | "
+            f"{tr(c) if c else '-'} | {x['snapshots_at_end']:,} | {_f(x['metadata_json_bytes_at_end'] / 1024)} KiB | "
+            f"{x['rows_back']:,} of {x['rows_sent']:,}, {x['distinct_values']:,} distinct "
+            f"({'ok' if x['rows_ok'] else 'WRONG'}) | "
+            f"{'/'.join(str(v) for v in x['machine']['load_average'])} -> {'/'.join(str(v) for v in x['load_average_end'])} |"
+        )
+    lines.append("")
+    for x in r["runs"].values():
+        if "machine" in x:
+            command = x.get("command", r["command"])
+            lines.append(f"- {x['label']}: `{command}`; pyspark {x['pyspark']}; {_machine_line(x['machine'])}")
+    lines += ["", f"![commit latency]({rel}/commit_latency.png)"]
+    return "\n".join(lines)
+
+
+def driver_memory_md(r: dict[str, Any], rel: str) -> str:
+    lines = [
+        f"Command: `{r['command']}`  ",
+        f"Machine: {_machine_line(r['machine'])}; load average at the end {r.get('load_average_end')}",
+        "",
+        f"One batch, {r['rows_per_task']} rows per task, each case in a fresh process and Spark session.",
+        "",
+        "| path | tasks x columns | table properties | driver Python RSS peak MiB (growth in the batch) | "
+        "largest Python worker RSS MiB | "
+        "JVM heap in use, peak MiB (after GC) | data files | manifest KiB | columns with bounds per file | "
+        "commit ms | seconds | rows read back | load average at the start |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for x in r["results"]:
+        lines.append(
+            f"| {plots.LABELS.get(x['path'], x['path'])} | {x['tasks']:,} x {x['columns']:,} | "
+            f"{driver_memory._props(x) or '(defaults)'} | {_f(x['driver_rss_peak_mib'])} "
+            f"(+{_f(x['driver_rss_growth_mib'])}) | {_f(x['largest_python_worker_rss_peak_mib'])} | "
+            f"{_f(x['jvm_heap_peak_mib'])} ({_f(x['jvm_heap_after_gc_mib'])}) | {x['data_files']:,} | "
+            f"{_f(x['manifest_bytes'] / 1024)} | {x['columns_with_bounds_per_file']:,} | {_f(x.get('commit_ms'))} | "
+            f"{_f(x['seconds'])} | {x['rows_back']:,} ({'ok' if x['rows_ok'] else 'WRONG'}) | "
+            f"{' / '.join(str(v) for v in x['load_average_start'])} |"
+        )
+    lines += ["", f"![driver memory]({rel}/driver_memory.png)"]
+    return "\n".join(lines)
+
+
 def metadata_cost_md(r: dict[str, Any]) -> str:
     lines = [
         f"Command: `{r['command']}`  ",
@@ -225,6 +316,14 @@ def render(out: Path, page: Path | None) -> str:
     mc = load(out, "metadata_cost")
     if mc:
         parts["metadata-cost"] = metadata_cost_md(mc)
+    dm = load(out, "driver_memory")
+    if dm:
+        driver_memory.plot(dm, out / "driver_memory.png")
+        parts["driver-memory"] = driver_memory_md(dm, rel)
+    cl = load(out, "commit_latency")
+    if cl:
+        commit_latency.plot(cl, out / "commit_latency.png")
+        parts["commit-latency"] = commit_latency_md(cl, rel)
     r = load(out, "rate")
     if r:
         plots.rate(r, out / PLOTS["rate"])

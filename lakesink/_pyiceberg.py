@@ -28,6 +28,7 @@ from pyiceberg.io.pyarrow import (
     ArrowAccessor,
     ArrowProjectionVisitor,
     ArrowScan,
+    MetricModeTypes,
     ParquetFormatModel,
     _ConvertToIcebergWithoutIDs,
     _get_parquet_writer_kwargs,
@@ -41,7 +42,7 @@ from pyiceberg.io.pyarrow import (
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent, ManifestEntry, ManifestFile
 from pyiceberg.partitioning import PartitionSpec, _to_partition_representation
-from pyiceberg.schema import Schema, assign_fresh_schema_ids, sanitize_column_names, visit_with_partner
+from pyiceberg.schema import Schema, assign_fresh_schema_ids, index_by_id, sanitize_column_names, visit_with_partner
 from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
@@ -136,7 +137,7 @@ def check_write_properties(table_name: str, schema: Schema, table_properties: Ma
     driver, so that a bad value fails the batch before any task runs, naming the table (not on an executor)."""
     try:
         parquet_writer_options(table_properties)
-        compute_statistics_plan(schema, dict(table_properties))
+        compute_statistics_plan(schema, metrics_properties(schema, table_properties))
     except Exception as e:
         raise InvalidOptionError(
             f"table {table_name} has a table property lakesink's writer cannot use: {type(e).__name__}: {e}; fix it with "
@@ -146,12 +147,11 @@ def check_write_properties(table_name: str, schema: Schema, table_properties: Ma
 
 def file_statistics(metadata: pq.FileMetaData, schema: Schema, table_properties: Mapping[str, str]) -> dict[str, Any]:
     """Iceberg column statistics of a written Parquet file, as plain picklable values."""
+    plan = compute_statistics_plan(schema, metrics_properties(schema, table_properties))
     stats = data_file_statistics_from_parquet_metadata(
-        parquet_metadata=metadata,
-        stats_columns=compute_statistics_plan(schema, dict(table_properties)),
-        parquet_column_mapping=parquet_path_to_id_mapping(schema),
+        parquet_metadata=metadata, stats_columns=plan, parquet_column_mapping=parquet_path_to_id_mapping(schema)
     )
-    return dict(stats.to_serialized_dict())
+    return without_sizes_of_unmeasured_columns(dict(stats.to_serialized_dict()), plan)
 
 
 def new_data_location(
@@ -981,3 +981,54 @@ def filter_arrow(rows: pa.Table, schema: Schema, row_filter: BooleanExpression) 
     """The rows of ``rows`` (columns named as in ``schema``) for which ``row_filter`` is true."""
     bound = bind(schema, row_filter, case_sensitive=True)
     return rows.filter(expression_to_pyarrow(bound, schema))
+
+
+# --- column metrics: Iceberg Java's inferred-column limit (executor side) -------------------------------
+
+METRICS_DEFAULT = "write.metadata.metrics.default"
+METRICS_COLUMN_PREFIX = "write.metadata.metrics.column."
+METRICS_MAX_INFERRED = "write.metadata.metrics.max-inferred-column-defaults"
+METRICS_MAX_INFERRED_DEFAULT = 100
+_METRICS_DEFAULT_MODE = "truncate(16)"
+
+
+def metrics_properties(schema: Schema, table_properties: Mapping[str, str]) -> dict[str, str]:
+    """The metrics properties as Iceberg Java's ``MetricsConfig`` reads them, for pyiceberg's statistics plan.
+
+    Without ``write.metadata.metrics.default``, Java records metrics only for the first
+    ``write.metadata.metrics.max-inferred-column-defaults`` (100) top-level columns (and their nested fields)
+    of a wider table, and none for the others, unless a ``write.metadata.metrics.column.<name>`` says otherwise.
+    pyiceberg 0.12 has no such limit: a file of 1,000 columns carried bounds and counts for all of them to the
+    driver and into the manifest (4,000 such files per batch: millions of map entries). Expressed here as the
+    per-column and default properties pyiceberg does read; a table with at most that many columns keeps its
+    properties as they are.
+    """
+    props = dict(table_properties)
+    if METRICS_DEFAULT in props:
+        return props
+    raw = props.get(METRICS_MAX_INFERRED)
+    try:
+        limit = METRICS_MAX_INFERRED_DEFAULT if raw is None else int(raw)
+    except ValueError:
+        raise ValueError(f"{METRICS_MAX_INFERRED} must be a whole number of columns, not {raw!r}") from None
+    if limit < 0:  # as Java: a negative value falls back to the default
+        limit = METRICS_MAX_INFERRED_DEFAULT
+    if len(schema.fields) <= limit:
+        return props
+    first = Schema(*schema.fields[:limit])
+    for field_id in index_by_id(first):
+        name = first.find_column_name(field_id)
+        if name is not None:
+            props.setdefault(METRICS_COLUMN_PREFIX + name, _METRICS_DEFAULT_MODE)
+    props[METRICS_DEFAULT] = "none"
+    return props
+
+
+def without_sizes_of_unmeasured_columns(statistics: dict[str, Any], plan: Mapping[int, Any]) -> dict[str, Any]:
+    """Drop the column sizes of columns whose metrics mode is ``none``: pyiceberg (as Iceberg Java up to 1.9)
+    records a size for every column whatever its mode, so a 1,000-column file still carried 1,000 entries;
+    newer Iceberg records no metric at all for a ``none`` column, its size included."""
+    sizes = statistics.get("column_sizes")
+    if sizes:
+        statistics["column_sizes"] = {k: v for k, v in sizes.items() if plan[k].mode.type is not MetricModeTypes.NONE}
+    return statistics

@@ -35,7 +35,10 @@ def _bench(tmp_path: Path, *args: str, timeout: int = 500) -> subprocess.Complet
 @pytest.mark.spark
 def test_throughput_and_commit_path_at_toy_size(tmp_path: Path) -> None:
     _bench(tmp_path, "commit-path", "--batches", "30", "--label", "toy")
-    _bench(tmp_path, "throughput", "--rows", "20000", "--wide-rows", "3000", "--reps", "1")
+    # Iceberg's Java sink (a second JVM) has its own test below, marked deploy
+    _bench(
+        tmp_path, "throughput", "--rows", "20000", "--wide-rows", "3000", "--reps", "1", "--paths", "parquet,format,foreach,naive"
+    )
     out = tmp_path / "performance"
     commit = json.loads((out / "commit_path-toy.json").read_text())
     assert commit["rows_ok"] and commit["rows_read_back"] == 300 and len(commit["series"]["commit_ms"]) == 30
@@ -99,3 +102,70 @@ def test_longrun_at_toy_size(tmp_path: Path) -> None:
     assert kept["samples"][-1]["snapshots"] > 40  # every batch and compaction kept
     assert maintained["samples"][-1]["data_files"] < 40 and kept["samples"][-1]["data_files"] < 40
     assert (out / "longrun.png").stat().st_size > 1000
+
+
+@pytest.mark.spark
+@pytest.mark.benchmark
+@pytest.mark.timeout(3000)
+def test_commit_latency_and_driver_memory_at_toy_size(tmp_path: Path) -> None:
+    """lakesink's side of commit-latency (3 batches) and driver-memory (a batch of 8 tasks x 120 columns through
+    both paths): every row read back once, per-batch times recorded, metrics for Java's 100 inferred columns."""
+    _bench(tmp_path, "commit-latency", "--batches", "3", "--rows-per-second", "5", "--sinks", "lakesink", timeout=1500)
+    _bench(tmp_path, "driver-memory", "--cases", "8x120", timeout=1500)
+    out = tmp_path / "performance"
+    latency = json.loads((out / "commit_latency.json").read_text())["runs"]["lakesink"]
+    assert latency["rows_ok"] and latency["rows_back"] == latency["rows_sent"] > 0
+    assert len(latency["batches"]) == 3 and all(b["outcome"] == "Outcome.COMMITTED" for b in latency["batches"])
+    assert latency["stats"]["add_batch_ms"]["n"] == 2 and latency["stats"]["commit_ms"]["p50"] > 0
+    memory = json.loads((out / "driver_memory.json").read_text())["results"]
+    assert [(r["path"], r["tasks"], r["columns"], r["rows_back"]) for r in memory] == [
+        ("foreach", 8, 120, 16),
+        ("format", 8, 120, 16),
+    ]
+    assert all(r["rows_ok"] and r["data_files"] == 8 and r["driver_rss_peak_mib"] > 0 for r in memory)
+    assert all(r["columns_with_bounds_per_file"] == 100 for r in memory)  # write.metadata.metrics.max-inferred-...
+    page = (tmp_path / "performance.md").read_text()
+    assert "<!-- generated: commit-latency -->" in page and "<!-- generated: driver-memory -->" in page
+    for png in ("commit_latency.png", "driver_memory.png"):
+        assert (out / png).stat().st_size > 1000
+
+
+@pytest.mark.spark
+@pytest.mark.benchmark
+@pytest.mark.deploy
+@pytest.mark.timeout(3000)
+def test_iceberg_java_sink_rows_at_toy_size(tmp_path: Path) -> None:
+    """Iceberg's own streaming sink and Spark 3.5's Parquet sink in the Java environment (throughput rows, and the
+    Java side of commit-latency): every run's rows read back once."""
+    from benchmarks import java_sink
+
+    why = java_sink.unavailable()
+    if why is not None:
+        pytest.skip(why)
+    _bench(
+        tmp_path,
+        "throughput",
+        "--rows",
+        "3000",
+        "--wide-rows",
+        "0",
+        "--reps",
+        "1",
+        "--java-reps",
+        "2",
+        "--paths",
+        "parquet,java",
+        timeout=1500,
+    )
+    _bench(tmp_path, "commit-latency", "--batches", "3", "--rows-per-second", "5", "--sinks", "java", timeout=1500)
+    out = tmp_path / "performance"
+    java = json.loads((out / "throughput.json").read_text())["variants"]["narrow"]["java"]
+    runs = java["warmup"] + java["runs"]
+    assert sorted(r["path"] for r in runs) == ["java-iceberg"] * 3 + ["java-parquet"] * 3
+    assert all(r["rows_back"] == r["distinct_ids"] == 3000 for r in runs) and java["all_rows_ok"]
+    assert [r["path"] for r in java["runs"]] == ["java-iceberg", "java-parquet", "java-parquet", "java-iceberg"]
+    assert java["summary"]["java-iceberg"]["paired_ratio_to_own_parquet_sink"]["n"] == 2
+    latency = json.loads((out / "commit_latency.json").read_text())["runs"]["java"]
+    assert latency["rows_ok"] and latency["rows_back"] == latency["rows_sent"] > 0 and len(latency["batches"]) == 3
+    page = (tmp_path / "performance.md").read_text()
+    assert "| Iceberg Java sink (Spark 3.5) (own JVM" in page and "| Spark 3.5 parquet sink (own JVM" in page

@@ -440,3 +440,44 @@ def test_streaming_query_jvm_object_and_first_session() -> None:
 
         assert "self._jsq = " in inspect.getsource(StreamingQuery.__init__)
         assert hasattr(SparkSession, "_instantiatedSession")
+
+
+def test_statistics_follow_javas_inferred_column_limit(tmp_path: Path) -> None:
+    """Iceberg Java's MetricsConfig keeps metrics for the first ``write.metadata.metrics.max-inferred-column-defaults``
+    (100) top-level columns of a wider table unless ``write.metadata.metrics.default`` is set; pyiceberg 0.12 has
+    no such limit, so 4,000 files of 1,000 columns carried 1,000 columns of bounds each into the driver and the
+    manifest. ``seam.file_statistics`` applies the limit (``seam.metrics_properties``)."""
+    with hook("pyiceberg.io.pyarrow.compute_statistics_plan (write.metadata.metrics.column.*)", "metrics_properties"):
+        wide = pa.table(
+            {
+                **{f"c{i}": pa.array([i, i + 1], pa.int64()) for i in range(150)},
+                "s": pa.array([{"a": 1}, {"a": 2}], pa.struct([("a", pa.int32())])),
+            }
+        )
+        schema = seam.new_table_schema(wide.schema)
+        path = tmp_path / "wide.parquet"
+        pq.write_table(wide.cast(seam.arrow_schema(schema)), path)
+        metadata = pq.read_metadata(path)
+        ids = {schema.find_column_name(f.field_id): f.field_id for f in schema.fields}
+
+        stats = seam.file_statistics(metadata, schema, {})
+        assert len(stats["lower_bounds"]) == 100 and len(stats["value_counts"]) == 100
+        assert ids["c99"] in stats["lower_bounds"] and ids["c100"] not in stats["value_counts"]
+        assert len(stats["column_sizes"]) == 100  # no metric at all for a column in mode none (as newer Iceberg)
+
+        every = seam.file_statistics(metadata, schema, {"write.metadata.metrics.default": "truncate(16)"})
+        assert len(every["lower_bounds"]) == 150  # an explicit default applies to every column (the struct: counts)
+
+        raised = seam.file_statistics(metadata, schema, {"write.metadata.metrics.max-inferred-column-defaults": "200"})
+        assert len(raised["lower_bounds"]) == 150
+
+        one = seam.file_statistics(metadata, schema, {"write.metadata.metrics.column.c120": "full"})
+        assert len(one["lower_bounds"]) == 101 and ids["c120"] in one["lower_bounds"]
+
+        narrow = seam.metrics_properties(seam.new_table_schema(ROWS.schema), {"k": "v"})
+        assert narrow == {"k": "v"}  # at most 100 columns: the properties as they are
+
+    from lakesink.errors import InvalidOptionError
+
+    with pytest.raises(InvalidOptionError, match="max-inferred-column-defaults must be a whole number"):
+        seam.check_write_properties("db.wide", schema, {"write.metadata.metrics.max-inferred-column-defaults": "many"})
