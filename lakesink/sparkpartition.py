@@ -58,6 +58,7 @@ from pyiceberg.types import (
     IcebergType,
     IntegerType,
     LongType,
+    NestedField,
     StringType,
     TimestampType,
     TimestamptzType,
@@ -87,7 +88,10 @@ def unsupported_reason(spec: PartitionSpec, schema: Schema) -> str | None:
             or (isinstance(pf.transform, _TIME) and isinstance(t, (DateType, TimestampType, TimestamptzType)))
             or (
                 isinstance(pf.transform, TruncateTransform)
-                and (isinstance(t, (IntegerType, LongType, StringType, BinaryType)) or (isinstance(t, DecimalType) and t.precision <= 18))
+                and (
+                    isinstance(t, (IntegerType, LongType, StringType, BinaryType))
+                    or (isinstance(t, DecimalType) and t.precision <= 18)
+                )
             )
         )
         if not supported:
@@ -120,7 +124,7 @@ def _sql_path(schema: Schema, field_id: int) -> str:
         names.append(f.name)
         inner = position.inner
         if inner is not None:
-            fields = f.field_type.fields  # type: ignore[attr-defined]
+            fields = f.field_type.fields
         position = inner
     return ".".join("`" + n.replace("`", "``") + "`" for n in names)
 
@@ -199,7 +203,7 @@ def grouping_keys(spec: PartitionSpec, schema: Schema) -> list[Column]:
         t = schema.find_field(pf.source_id).field_type
         c = _sql_path(schema, pf.source_id)
         if isinstance(pf.transform, BucketTransform):
-            udf = F.arrow_udf(bucket_function(pf.transform.num_buckets, t), "int")
+            udf = F.arrow_udf(bucket_function(pf.transform.num_buckets, t), "int")  # type: ignore[attr-defined]
             out.append(udf(F.expr(c)))
         elif isinstance(pf.transform, IdentityTransform):
             out.append(F.expr(_identity_key(t, c)))
@@ -240,8 +244,12 @@ def _from_stat(t: IcebergType, raw: Any) -> Any:
 
 
 def _arrow_type(t: IcebergType) -> pa.DataType:
-    from pyiceberg.types import NestedField
-
+    """The Arrow type of a one-element array of statistics: what Spark hands the Arrow path (``string``,
+    ``binary``: pyiceberg-core's truncate refuses ``large_binary``), else pyiceberg's own mapping."""
+    if isinstance(t, StringType):
+        return pa.string()
+    if isinstance(t, BinaryType):
+        return pa.binary()
     return seam.arrow_schema(Schema(NestedField(1, "v", t, required=False))).field(0).type
 
 
@@ -261,7 +269,9 @@ def partition_of_file(
     sources: list[pa.Array | None] = []
     for pf in spec.fields:
         t = schema.find_field(pf.source_id).field_type
-        sources.append(None if isinstance(t, _STATS_UNRELIABLE) else _source_from_stats(metadata, leaves.get(pf.source_id), t, rows))
+        sources.append(
+            None if isinstance(t, _STATS_UNRELIABLE) else _source_from_stats(metadata, leaves.get(pf.source_id), t, rows)
+        )
     if any(s is None for s in sources):
         top = sorted({_top_level(schema, pf.source_id) for pf in spec.fields})
         (batch,) = read_columns(top).combine_chunks().to_batches()  # a file with rows (empty ones are not committed)

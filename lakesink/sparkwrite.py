@@ -107,6 +107,9 @@ SESSION_PINS = {
     "spark.sql.sources.commitProtocolClass": "org.apache.spark.sql.execution.datasources.SQLHadoopMapReduceCommitProtocol",
     "spark.sql.parquet.output.committer.class": "org.apache.parquet.hadoop.ParquetOutputCommitter",
 }
+# Partitioned writes only: how many partitions a task writes at once before it sorts its rows (Spark's default 0
+# sorts every task's rows by the partition columns before writing)
+CONCURRENT_WRITERS = "spark.sql.maxConcurrentOutputFileWriters"
 # Hadoop and parquet-mr settings, given as options of the write: they go into the write job's Hadoop
 # configuration last, over the session's confs and spark.hadoop.* (and change nothing else)
 HADOOP_PINS = {
@@ -336,7 +339,12 @@ def write_batch(
     try:
         fault_point(SPARKWRITE_BEFORE_WRITE)
         started = time.monotonic()
-        with _session_confs(spark, SESSION_PINS):
+        pins = dict(SESSION_PINS)
+        if keys:
+            # a writer per partition, as the Arrow path's fanout writer, instead of sorting the batch by its grouping
+            # keys first; beyond write.lakesink.max-open-files partitions in one task Spark sorts the remaining rows
+            pins[CONCURRENT_WRITERS] = str(settings.max_open_files)
+        with _session_confs(spark, pins):
             try:
                 writer.save(storage.spark_location(directory))
             except Exception as e:
@@ -420,9 +428,9 @@ def _file_names(spark: SparkSession, directory: str) -> list[str]:
     """Paths, relative to ``directory``, of the Parquet files Spark committed into it (listed by Spark's own
     filesystem; a partitioned write puts them in one sub-directory per grouping key, whose names are made of
     characters that need no escaping: see lakesink.sparkpartition)."""
-    paths = (
-        spark.read.format("parquet").option("recursiveFileLookup", "true").load(storage.spark_location(directory)).inputFiles()
-    )
+    # a schema given: no Spark job reading a footer to infer one (the files' schema is not needed to list them)
+    reader = spark.read.format("parquet").schema("lakesink_listing INT").option("recursiveFileLookup", "true")
+    paths = reader.load(storage.spark_location(directory)).inputFiles()
     marker = "/" + directory.rstrip("/").rsplit("/", 1)[-1] + "/"
     return sorted({p.split(marker, 1)[1] for p in paths})
 
@@ -489,9 +497,7 @@ def _files_of_write(
                     return pq.read_table(stream, columns=columns)
 
             partition = sparkpartition.partition_of_file(metadata, plan.spec, file_schema, read_columns, path)
-        return WrittenFile(
-            path=path, size_in_bytes=size, record_count=metadata.num_rows, statistics=stats, partition=partition
-        )
+        return WrittenFile(path=path, size_in_bytes=size, record_count=metadata.num_rows, statistics=stats, partition=partition)
 
     if len(names) <= 1:
         found = [read(n) for n in names]

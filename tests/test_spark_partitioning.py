@@ -77,7 +77,16 @@ _INSTANTS = [
 _WALL = [None] + [t.replace(tzinfo=None) for t in _INSTANTS] + [dt.datetime(2024, 3, 10, 2, 30)]  # 02:30: in LA's gap
 _DEC = [None, "0.00", "-0.01", "0.01", "9999999.99", "-9999999.99", "12.34", "-12.35", "100.00"]
 _DEC18 = [None, "0.0000", "-0.0001", "99999999999999.9999", "-99999999999999.9999", "5.5000", "-5.5000"]
-_DEC38 = [None, "0E-10", "-1E-10", "9" * 28 + "." + "9" * 10, "-" + "9" * 28 + "." + "9" * 10, "1.5", "-1.5", "12345678901234567890.1234567890"]
+_DEC38 = [
+    None,
+    "0E-10",
+    "-1E-10",
+    "9" * 28 + "." + "9" * 10,
+    "-" + "9" * 28 + "." + "9" * 10,
+    "1.5",
+    "-1.5",
+    "12345678901234567890.1234567890",
+]
 
 COLUMNS: list[tuple[str, IcebergType, T.DataType, list[Any]]] = [
     ("b", BooleanType(), T.BooleanType(), [None, True, False]),
@@ -127,7 +136,8 @@ def _iceberg_value(transform: Transform[Any, Any], source_type: IcebergType, val
         out = raw
     else:
         out = transform.transform(source_type)(raw)
-    bits = {IntegerType: 32, LongType: 64}.get(type(source_type))
+    widths: dict[type, int] = {IntegerType: 32, LongType: 64}
+    bits = widths.get(type(source_type))
     if bits is not None and isinstance(out, int) and isinstance(transform, TruncateTransform):
         out = (out + 2 ** (bits - 1)) % 2**bits - 2 ** (bits - 1)
     if isinstance(out, float):
@@ -159,7 +169,10 @@ def test_grouping_keys_group_rows_exactly_as_pyiceberg_transforms(spark: Any) ->
     types = {name: t for name, t, _, _ in COLUMNS}
     for j, (name, transform, _) in enumerate(keys):
         values = out.column(name).to_pylist()
-        key_values = [_iceberg_value(IdentityTransform(), FloatType(), k) if isinstance(k, float) else k for k in out.column(f"k{j}").to_pylist()]
+        key_values = [
+            _iceberg_value(IdentityTransform(), FloatType(), k) if isinstance(k, float) else k
+            for k in out.column(f"k{j}").to_pylist()
+        ]
         by_key: dict[Any, set[Any]] = defaultdict(set)
         by_value: dict[Any, set[Any]] = defaultdict(set)
         for v, k in zip(values, key_values, strict=True):
@@ -208,14 +221,18 @@ def _partitions_of(table: Any) -> tuple[dict[tuple[Any, ...], Counter[int]], lis
     return dict(out), files
 
 
-def test_spark_path_and_arrow_path_write_the_same_partitions(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
+def test_spark_path_and_arrow_path_write_the_same_partitions(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
     data = spark.range(600).selectExpr(
         "id",
         "case when id % 23 = 0 then null else timestamp_micros(1704067200000000 + id * 4321000000 - 86400000000 * 40) end as ts",
-        "case when id % 11 = 0 then null when id % 13 = 0 then '' else concat(array('user-', 'é', '日本', 'x')[cast(id % 4 as int)], id % 9) end as s",
+        "case when id % 11 = 0 then null when id % 13 = 0 then '' "
+        "else concat(array('user-', 'é', '日本', 'x')[cast(id % 4 as int)], id % 9) end as s",
         "cast(id % 5 as int) as kind",
         "cast((id - 300) / 7 as decimal(10,3)) as price",
-        "case when id % 17 = 0 then null else named_struct('at', date_add(date'1969-12-20', cast(id % 30 as int)), 'n', -id) end as info",
+        "case when id % 17 = 0 then null "
+        "else named_struct('at', date_add(date'1969-12-20', cast(id % 30 as int)), 'n', -id) end as info",
     )
     spec = "days(ts), bucket(4, id), truncate(3, s), kind, bucket(3, price), months(info.at)"
     src = tmp_path / "src"
@@ -241,7 +258,9 @@ def test_spark_path_and_arrow_path_write_the_same_partitions(spark: Any, tmp_pat
     )
     for writer in ("spark", "arrow"):
         run_to_end(
-            source.writeStream.foreachBatch(lakesink.foreach_batch(f"db.{writer}", catalog_properties=catalog_properties, writer=writer))
+            source.writeStream.foreachBatch(
+                lakesink.foreach_batch(f"db.{writer}", catalog_properties=catalog_properties, writer=writer)
+            )
             .option("checkpointLocation", str(tmp_path / f"ck-{writer}"))
             .trigger(availableNow=True)
             .start()

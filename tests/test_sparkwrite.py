@@ -420,10 +420,9 @@ def test_target_file_size_rolls_files_from_the_second_batch(
 
 
 def test_which_tables_the_spark_path_writes() -> None:
-    from pyiceberg.types import FixedType, ListType, MapType, TimeType, UUIDType
-
     from pyiceberg.partitioning import PartitionField, PartitionSpec
     from pyiceberg.transforms import BucketTransform, TruncateTransform
+    from pyiceberg.types import FixedType, ListType, MapType, TimeType, UUIDType
 
     from lakesink.sparkwrite import unsupported_reason
     from lakesink.storage import spark_location
