@@ -73,8 +73,9 @@ class Runner:
         self.counter = 0
 
     def run(self, path: str) -> dict[str, Any]:
-        import lakesink
         from pyspark.sql import functions as F
+
+        import lakesink
 
         self.counter += 1
         n = self.counter
