@@ -25,6 +25,7 @@ from benchmarks import java_sink, report
 from benchmarks import longrun as longrun_bench
 from benchmarks import memory as memory_bench
 from benchmarks import metadata_cost as metadata_cost_bench
+from benchmarks import partitioned as partitioned_bench
 from benchmarks import rate as rate_bench
 from benchmarks import throughput as throughput_bench
 from benchmarks import upsert as upsert_bench
@@ -143,6 +144,38 @@ def throughput(ctx: click.Context, rows: int, wide_rows: int | None, reps: int, 
         "variants": variants,
     }
     _finish(ctx, "throughput", result)
+
+
+@main.command("throughput-partitioned")
+@click.option("--rows", default=5_000_000, show_default=True, help="events over 30 days")
+@click.option("--reps", default=5, show_default=True, help="repetitions after the warm-up")
+@click.option("--orders", default=",".join(partitioned_bench.ORDERS), show_default=True, help="input orders: time, shuffled")
+@click.option("--paths", default=",".join(partitioned_bench.PATHS), show_default=True)
+@click.pass_context
+def throughput_partitioned(ctx: click.Context, rows: int, reps: int, orders: str, paths: str) -> None:
+    """A days(ts) table: Spark's parquet sink (plain, partitionBy day) vs foreach_batch (Spark path, Arrow path)."""
+    with _work(ctx.obj["work"]) as root:
+        info = machine()
+        spark = spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": "1000"})
+        try:
+            variants = partitioned_bench.run(
+                spark,
+                root,
+                rows=rows,
+                reps=reps,
+                orders=[o.strip() for o in orders.split(",") if o.strip()],
+                paths=[p.strip() for p in paths.split(",") if p.strip()],
+                say=_say,
+            )
+        finally:
+            spark.stop()
+    result = {
+        "command": _command(),
+        "machine": info,
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
+        "variants": variants,
+    }
+    _finish(ctx, "throughput_partitioned", result)
 
 
 @main.command("commit-path")

@@ -211,7 +211,7 @@ class ForeachBatchSink:
         committer = self._committer
         assert committer is not None
         spark = df.sparkSession
-        reason = sparkwrite.unsupported_reason(plan.schema, partitioned=not table.spec().is_unpartitioned())
+        reason = sparkwrite.unsupported_reason(plan.schema, plan.spec)
         if reason is None and self.options.writer is not WriterKind.ARROW:
             reason = sparkfs.unwritable_reason(spark, plan.data_prefix)  # e.g. s3a:// without hadoop-aws
         if self.options.writer is WriterKind.SPARK and reason is not None:

@@ -135,12 +135,17 @@ def batch_of(path: str) -> BatchOfFile | None:
     """The batch a data file belongs to, from its path (a URL, an absolute path or a path relative to the table).
 
     A file of the Arrow path tells it by its own name; a file of the Spark path (whatever Spark named it)
-    by the batch directory holding it. None for any other file.
+    by the batch directory holding it, directly or through partition directories (``key=value``). None for
+    any other file.
     """
     *folders, name = path.rstrip("/").split("/")
     parsed: DataFileName | BatchDirectoryName | None = DataFileName.parse(name)
-    if parsed is None and folders:
-        parsed = BatchDirectoryName.parse(folders[-1])
+    if parsed is None:
+        # a partitioned batch of the Spark path puts its files in <batch directory>/<key>=<value>/.../
+        while folders and "=" in folders[-1]:
+            folders.pop()
+        if folders:
+            parsed = BatchDirectoryName.parse(folders[-1])
     return None if parsed is None else BatchOfFile(parsed.query_prefix, parsed.batch_id)
 
 

@@ -30,6 +30,7 @@ _dumps: Callable[[object], bytes] = cloudpickle.dumps  # what Spark pickles with
 # what an executor must never import (prefixes of module names)
 DRIVER_SIDE = ("lakesink.driver", "lakesink.catalogs", "lakesink.audit", "tenacity", "pyiceberg.catalog.sql", "sqlalchemy")
 EXECUTOR_MODULES = (
+    "lakesink.bucketing",
     "lakesink.datasource",
     "lakesink.executor",
     "lakesink.messages",

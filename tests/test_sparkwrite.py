@@ -420,6 +420,8 @@ def test_target_file_size_rolls_files_from_the_second_batch(
 
 
 def test_which_tables_the_spark_path_writes() -> None:
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import BucketTransform, TruncateTransform
     from pyiceberg.types import FixedType, ListType, MapType, TimeType, UUIDType
 
     from lakesink.sparkwrite import unsupported_reason
@@ -429,8 +431,12 @@ def test_which_tables_the_spark_path_writes() -> None:
         NestedField(1, "id", LongType(), required=True),
         NestedField(2, "s", StructType(NestedField(3, "p", DecimalType(38, 10), required=False)), required=False),
     )
-    assert unsupported_reason(ok, partitioned=False) is None
-    assert "partitioned" in (unsupported_reason(ok, partitioned=True) or "")
+    assert unsupported_reason(ok) is None
+    # partitioned tables: every transform has a Spark grouping key, but truncate of a decimal beyond precision 18
+    by_day = PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=BucketTransform(16), name="id_bucket_16"))
+    assert unsupported_reason(ok, by_day) is None
+    wide = PartitionSpec(PartitionField(source_id=3, field_id=1000, transform=TruncateTransform(10), name="p_trunc"))
+    assert "partition field 'p_trunc' (truncate[10] of decimal(38, 10))" in (unsupported_reason(ok, wide) or "")
     for bad in (
         ListType(10, LongType()),
         MapType(10, StringType(), 11, LongType()),
@@ -439,7 +445,7 @@ def test_which_tables_the_spark_path_writes() -> None:
         TimeType(),
         StructType(NestedField(10, "inner", ListType(11, LongType()), required=False)),
     ):
-        reason = unsupported_reason(Schema(NestedField(1, "id", LongType()), NestedField(2, "c", bad)), partitioned=False)
+        reason = unsupported_reason(Schema(NestedField(1, "id", LongType()), NestedField(2, "c", bad)))
         assert reason is not None and reason.startswith("column 'c' has type"), bad
     assert spark_location("s3://bucket/t/data/x") == "s3a://bucket/t/data/x"
     assert spark_location("/tmp/t/data") == "file:///tmp/t/data"

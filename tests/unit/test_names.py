@@ -51,6 +51,10 @@ def test_batch_directory_names_round_trip(query_id: str, batch_id: int) -> None:
     spark_file = f"part-00003-{uuid.uuid4()}-c000.zstd.parquet"
     for path in (f"s3://bucket/wh/t/data/{directory}/{spark_file}", f"data/{directory}/{spark_file}"):
         assert names.batch_of(path) == BatchOfFile(query_id[:8], batch_id)
+    # a partitioned batch of the Spark path: the files sit in partition directories inside the batch directory
+    for partition in ("ts_day=2024-03-05", "ts_day=2024-03-05/id_bucket_4=3", "lakesink_p0=__HIVE_DEFAULT_PARTITION__"):
+        assert names.batch_of(f"file:///wh/t/data/{directory}/{partition}/{spark_file}") == BatchOfFile(query_id[:8], batch_id)
+    assert names.batch_of(f"data/ts_day=2024-03-05/{spark_file}") is None  # Spark's writer, not lakesink's
 
 
 def test_foreign_names_are_not_lakesinks() -> None:
