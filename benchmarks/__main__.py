@@ -376,7 +376,7 @@ def rate(
     with _work(ctx.obj["work"]) as root:
         log = root / "spark-stderr.log"
         with _spark_stderr_to(log):
-            spark = spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": "1000"})
+            spark = spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": str(max(1000, 2 * seconds + 100))})
         try:
             result = rate_bench.run(
                 spark,

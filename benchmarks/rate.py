@@ -93,6 +93,9 @@ def run(
     in_table = int(snap.summary["total-records"] or 0) if snap and snap.summary else 0
     values = t.scan(selected_fields=("value",)).to_arrow().column("value")
     distinct = len(set(values.to_pylist()))
+    # the rate source emits 0, 1, 2, ...: every row exactly once <=> the values are exactly 0..n-1. (Spark keeps only
+    # the last spark.sql.streaming.numRecentProgressUpdates progress reports, so their row count can fall short.)
+    contiguous = len(values) == 0 or (min(values.to_pylist()) == 0 and max(values.to_pylist()) == len(values) - 1)
     with_rows = [b for b in batches if b["rows"]]
     # the batch right after the warm-up catches up with the rows that arrived during it
     steady = with_rows[2:] if len(with_rows) > 6 else with_rows
@@ -117,7 +120,8 @@ def run(
         "rows_reported": warmup_rows + sum(b["rows"] for b in batches),
         "rows_in_table": in_table,
         "distinct_values_in_table": distinct,
-        "every_row_once": distinct == len(values) == warmup_rows + sum(b["rows"] for b in batches),
+        "every_row_once": distinct == len(values) and contiguous and len(values) >= warmup_rows + sum(b["rows"] for b in batches),
+        "values_contiguous_from_0": contiguous,
         "samples": samples,
         "steady": {
             "batches": len(steady),
