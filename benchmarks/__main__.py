@@ -6,6 +6,7 @@ Results go to ``--out`` (default ``docs/performance/``) as JSON and PNG, and the
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -445,6 +446,19 @@ def upsert(ctx: click.Context, sizes: str, batches: int, batch_keys: int, recent
             )
         _say(f"  same final state: {r['same_final_state']}")
     _finish(ctx, "upsert", {"command": _command(), "machine": info, **result})
+
+
+@main.command("rate-compare")
+@click.argument("runs", nargs=-1, required=True)
+@click.option("--png", type=click.Path(path_type=Path), required=True, help="the plot to write")
+def rate_compare(runs: tuple[str, ...], png: Path) -> None:
+    """Plot rate runs side by side: LABEL=path/to/rate.json ... (batch, commit, files, metadata, DuckDB scan)."""
+    loaded = {}
+    for item in runs:
+        label, _, file = item.partition("=")
+        loaded[label] = json.loads(Path(file).read_text())
+    rate_bench.plot_runs(loaded, png)
+    _say(f"wrote {png}")
 
 
 @main.command("report")

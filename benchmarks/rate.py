@@ -192,3 +192,40 @@ def _duckdb_scan_ms(metadata_location: str) -> float:
     start = time.perf_counter()
     con.execute(f"SELECT count(*), sum(value) FROM iceberg_scan('{metadata_location.removeprefix('file://')}')").fetchall()
     return (time.perf_counter() - start) * 1000
+
+
+def plot_runs(runs: dict[str, dict[str, Any]], path: Path) -> None:
+    """Several rate runs side by side over time: batch duration and commit time (rolling medians), data files
+    in the current snapshot, metadata.json size and DuckDB's scan time of the whole table."""
+    import matplotlib.pyplot as plt
+
+    from benchmarks.plots import _rolling_median
+
+    fig, axes = plt.subplots(5, 1, figsize=(10, 14), sharex=False)
+    for label, r in runs.items():
+        batches = [b for b in r["batches"] if b["trigger_ms"] is not None]
+        xs = list(range(len(batches)))
+        window = max(1, min(60, len(batches) // 20))
+        axes[0].plot(xs, _rolling_median([b["trigger_ms"] for b in batches], window), label=label)
+        commits = [b["commit_ms"] for b in batches if b.get("commit_ms") is not None]
+        if commits:
+            axes[1].plot(range(len(commits)), _rolling_median(commits, window), label=label)
+        t = [s["t_s"] / 60 for s in r["samples"]]
+        axes[2].plot(t, [s["data_files"] for s in r["samples"]], label=label)
+        axes[3].plot(t, [s["metadata_json_bytes"] / 1024 for s in r["samples"]], label=label)
+        axes[4].plot(t, [s.get("duckdb_scan_ms") for s in r["samples"]], label=label)
+    axes[0].set_ylabel("batch duration, ms\n(rolling median)")
+    axes[0].set_xlabel("batch")
+    axes[1].set_ylabel("commit, ms\n(rolling median)")
+    axes[1].set_xlabel("batch")
+    axes[2].set_ylabel("data files in the\ncurrent snapshot")
+    axes[3].set_ylabel("metadata.json, KiB")
+    axes[4].set_ylabel("DuckDB scan of the\nwhole table, ms")
+    for ax in axes[2:]:
+        ax.set_xlabel("minutes")
+    for ax in axes:
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
