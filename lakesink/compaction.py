@@ -36,17 +36,14 @@ from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import lakesink_key
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import CommitOutcomeUnknownError, LakesinkError
-from lakesink.properties import CommittedBatch, SnapshotIndex
+from lakesink.properties import SUMMARY_COMMIT_ID, SUMMARY_OPERATION, CommittedBatch, SnapshotIndex, landed_commit
 from lakesink.tablesettings import TableSettings
 
 log = logging.getLogger("lakesink")
 
-SUMMARY_OPERATION = "lakesink.operation"
-SUMMARY_COMMIT_ID = "lakesink.commit-id"
 COMPACT = "compact"
 #: A file smaller than this share of the target size is "small" (Iceberg's min-file-size-bytes default: 75 %).
 SMALL_FILE_RATIO = 0.75
-_RECHECK_DEPTH = 1000
 
 
 class CompactionStaleError(LakesinkError):
@@ -196,14 +193,7 @@ def compact(
     summary = {SUMMARY_OPERATION: COMPACT, SUMMARY_COMMIT_ID: commit_id}
 
     def recheck(t: Table) -> CommittedBatch | None:
-        index = SnapshotIndex(t.metadata)
-        for depth, s in enumerate(index.ancestors(t.metadata.snapshot_by_name(branch))):
-            if depth >= _RECHECK_DEPTH:
-                break
-            props = s.summary.additional_properties if s.summary else {}
-            if props.get(SUMMARY_COMMIT_ID) == commit_id:
-                return CommittedBatch(0, s.snapshot_id, commit_id, branch=branch)
-        return None
+        return landed_commit(t.metadata, branch, commit_id)
 
     def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
         deleted: Sequence[DataFile] = rewritten

@@ -36,15 +36,12 @@ from pyiceberg.table import Table
 from lakesink import _pyiceberg as seam
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import CommitOutcomeUnknownError
-from lakesink.properties import CommittedBatch, SnapshotIndex
+from lakesink.properties import SUMMARY_COMMIT_ID, SUMMARY_OPERATION, CommittedBatch, landed_commit
 from lakesink.tablesettings import TableSettings
 
 log = logging.getLogger("lakesink")
 
-SUMMARY_OPERATION = "lakesink.operation"
-SUMMARY_COMMIT_ID = "lakesink.commit-id"
 REWRITE_MANIFESTS = "rewrite-manifests"
-_RECHECK_DEPTH = 1000
 
 
 @dataclass(frozen=True)
@@ -151,14 +148,7 @@ def rewrite_manifests(
     staged: dict[str, seam.PreparedManifestRewrite] = {}
 
     def recheck(t: Table) -> CommittedBatch | None:
-        index = SnapshotIndex(t.metadata)
-        for depth, s in enumerate(index.ancestors(t.metadata.snapshot_by_name(branch))):
-            if depth >= _RECHECK_DEPTH:
-                break
-            props = s.summary.additional_properties if s.summary else {}
-            if props.get(SUMMARY_COMMIT_ID) == commit_id:
-                return CommittedBatch(0, s.snapshot_id, commit_id, branch=branch)
-        return None
+        return landed_commit(t.metadata, branch, commit_id)
 
     def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
         per_manifest = (plan(t, branch=branch, target_size_bytes=target) or planned).entries_per_manifest

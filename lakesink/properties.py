@@ -46,6 +46,9 @@ SUMMARY_QUERY_ID = "lakesink.query-id"
 SUMMARY_BATCH_ID = "lakesink.batch-id"
 SUMMARY_SOURCE_OFFSETS = "lakesink.source-offsets"
 SUMMARY_COMMIT_ID = "lakesink.commit-id"
+SUMMARY_OPERATION = "lakesink.operation"
+"""Summary key of lakesink's maintenance commits (compact, rewrite-manifests)."""
+_RECHECK_DEPTH = 1000
 SUMMARY_COMMIT_ATTEMPT = "lakesink.commit-attempt"
 SUMMARY_PREVIOUS_BATCH_ID = "lakesink.previous-batch-id"
 SUMMARY_COMMIT_STARTED_MS = "lakesink.commit-started-ms"
@@ -266,3 +269,16 @@ def batch_summary(
     if run_id is not None:
         summary[SUMMARY_RUN_ID] = run_id
     return summary
+
+
+def landed_commit(metadata: TableMetadata, branch: str, commit_id: str) -> CommittedBatch | None:
+    """The maintenance commit ``commit_id`` (summary ``lakesink.commit-id``) among the branch head's newest
+    ancestors, if it landed: the re-check of a maintenance commit's swap loop."""
+    index = SnapshotIndex(metadata)
+    for depth, s in enumerate(index.ancestors(metadata.snapshot_by_name(branch))):
+        if depth >= _RECHECK_DEPTH:
+            break
+        props = s.summary.additional_properties if s.summary else {}
+        if props.get(SUMMARY_COMMIT_ID) == commit_id:
+            return CommittedBatch(0, s.snapshot_id, commit_id, branch=branch)
+    return None
