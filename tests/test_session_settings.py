@@ -165,12 +165,14 @@ def _stray_file(table: Any, path: Path, ids: list[int]) -> None:
     pq.write_table(pa.table(columns, schema=schema), path)
 
 
-@pytest.mark.parametrize("stray", ["foreign", "copy"])
+@pytest.mark.parametrize("stray", ["foreign", "copy", "hidden"])
 def test_only_the_files_of_the_batch_job_are_committed(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, stray: str
 ) -> None:
     """A Parquet file that appears in the batch directory next to Spark's output (another process, a leaked
-    task attempt) is not committed: a foreign file is left out, a copy of the job's own file fails the batch."""
+    task attempt) is not committed: a foreign file is left out, a copy of the job's own file fails the batch.
+    Copies where Spark's file index does not look (an uncommitted attempt's output under ``_temporary``, a
+    hidden ``.``-file) are not data of the batch: the batch commits its own files once."""
     s = Stream(spark, tmp_path, catalog_properties, "foreach")
     s.add_input(files=1, rows_per_file=40)
     faults.arm(SPARKWRITE_AFTER_FILES, "pause")
@@ -183,13 +185,20 @@ def test_only_the_files_of_the_batch_job_are_committed(
         table = s.table
         (batch_dir,) = [p for p in (Path(table.location().removeprefix("file://")) / "data").iterdir() if p.is_dir()]
         name = f"part-00007-{uuid.uuid4()}-c000.zstd.parquet"  # named like Spark's own files
+        attempt = batch_dir / "_temporary" / "0" / "_temporary" / "attempt_202611220000_0001_m_000007_1"
+        hidden = [attempt / name, batch_dir / f".{name}"]
         if stray == "foreign":
             _stray_file(table, batch_dir / name, [900_000, 900_001])
+        elif stray == "hidden":
+            own = next(p for p in batch_dir.glob("part-*.parquet") if pq.read_metadata(p).num_rows)
+            for h in hidden:
+                h.parent.mkdir(parents=True, exist_ok=True)
+                h.write_bytes(own.read_bytes())
         else:
             own = next(p for p in batch_dir.glob("part-*.parquet") if pq.read_metadata(p).num_rows)
             (batch_dir / name).write_bytes(own.read_bytes())
         faults.release(SPARKWRITE_AFTER_FILES)
-        if stray == "foreign":
+        if stray in ("foreign", "hidden"):
             q.awaitTermination()
         else:
             with pytest.raises(StreamingQueryException, match="rows"):
@@ -201,7 +210,10 @@ def test_only_the_files_of_the_batch_job_are_committed(
     table = s.table
     stray_path = f"file://{batch_dir / name}"
     assert stray_path not in referenced_data_files(table)
-    if stray == "foreign":
+    if stray == "hidden":
+        assert not any(f"file://{h}" in referenced_data_files(table) for h in hidden)
+        assert table_ids(table) == Counter(s.sent)
+    elif stray == "foreign":
         assert table_ids(table) == Counter(s.sent)
         assert (batch_dir / name).exists()  # not lakesink's to delete; the orphan clean-up collects it
     else:
