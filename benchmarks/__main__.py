@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -228,35 +229,79 @@ def commit_path(
 @click.option("--batches", default=1000, show_default=True, help="batches per sink (batch 0, the warm-up, is not counted)")
 @click.option("--rows-per-second", default=10, show_default=True, help="rate source rows per second (2 partitions)")
 @click.option("--trigger", default="1 second", show_default=True)
-@click.option("--sinks", default=",".join(commit_latency_bench.SINKS), show_default=True, help="run one after the other")
+@click.option("--sinks", default=",".join(commit_latency_bench.SINKS), show_default=True)
+@click.option(
+    "--concurrent/--one-after-the-other",
+    default=False,
+    show_default=True,
+    help="run the sinks at the same time, each in its own process (the same conditions for all; each batch is light)",
+)
 @click.pass_context
-def commit_latency(ctx: click.Context, batches: int, rows_per_second: int, trigger: str, sinks: str) -> None:
-    """Sink time per batch at a 1-second trigger over many batches: lakesink foreach_batch vs Iceberg's Java sink.
+def commit_latency(ctx: click.Context, batches: int, rows_per_second: int, trigger: str, sinks: str, concurrent: bool) -> None:
+    """Sink time per batch at a 1-second trigger over many batches: lakesink (both entry points) and Iceberg's Java
+    sink, each beside its own Spark's streaming Parquet sink.
 
     Runs of sinks not chosen this time are kept from an earlier commit_latency.json in --out."""
     out: Path = ctx.obj["out"]
+    chosen = [s.strip() for s in sinks.split(",") if s.strip()]
     with _work(ctx.obj["work"]) as root:
-        log = root / "spark-stderr.log"
+        if concurrent:
+            result = _commit_latency_concurrent(root, chosen, batches=batches, rows_per_second=rows_per_second, trigger=trigger)
+        else:
+            log = root / "spark-stderr.log"
 
-        def spark_factory() -> Any:
-            with _spark_stderr_to(log):
-                return spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": str(batches + 1000)})
+            def spark_factory() -> Any:
+                with _spark_stderr_to(log):
+                    return spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": str(batches + 1000)})
 
-        result = commit_latency_bench.run(
-            root / "commit-latency",
-            batches=batches,
-            rows_per_second=rows_per_second,
-            trigger=trigger,
-            sinks=[s.strip() for s in sinks.split(",") if s.strip()],
-            spark_factory=spark_factory,
-            say=_say,
-        )
-    for r in result["runs"].values():
-        r["command"] = _command()
+            result = commit_latency_bench.run(
+                root / "commit-latency",
+                batches=batches,
+                rows_per_second=rows_per_second,
+                trigger=trigger,
+                sinks=chosen,
+                spark_factory=spark_factory,
+                say=_say,
+            )
+            for r in result["runs"].values():
+                r["command"] = _command()
     earlier = report.load(out, "commit_latency")
     if earlier and earlier.get("batches_requested") == batches and earlier.get("trigger") == trigger:
         result["runs"] = {**earlier["runs"], **result["runs"]}
     _finish(ctx, "commit_latency", {"command": _command(), **result})
+
+
+def _commit_latency_concurrent(
+    root: Path, sinks: list[str], *, batches: int, rows_per_second: int, trigger: str
+) -> dict[str, Any]:
+    """Each sink in its own ``python -m benchmarks commit-latency --sinks <sink>`` process, all started together."""
+    procs: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+    for s in sinks:
+        if s not in commit_latency_bench.SINKS:
+            raise click.BadParameter(f"unknown sink {s!r}; valid: {', '.join(commit_latency_bench.SINKS)}", param_hint="--sinks")
+        out = root / f"concurrent-{s}"
+        args = [sys.executable, "-m", "benchmarks", "--out", str(out / "out"), "--work", str(out / "work")]
+        args += ["commit-latency", "--batches", str(batches), "--rows-per-second", str(rows_per_second)]
+        args += ["--trigger", trigger, "--sinks", s]
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / "log").open("wb") as log:
+            procs[s] = (subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT), out)
+        _say(f"commit latency: {s} started (log: {out / 'log'})")
+    runs: dict[str, Any] = {}
+    for s, (proc, out) in procs.items():
+        if proc.wait() != 0:
+            raise click.ClickException(f"commit latency of {s} failed; its log: {out / 'log'}")
+        r = json.loads((out / "out" / "commit_latency.json").read_text())["runs"][s]
+        r["command"] = _command()
+        runs[s] = r
+        _say(f"commit latency: {s} done")
+    return {
+        "batches_requested": batches,
+        "rows_per_second": rows_per_second,
+        "trigger": trigger,
+        "concurrent": True,
+        "runs": runs,
+    }
 
 
 @main.command("driver-memory")

@@ -1,14 +1,17 @@
-"""Commit latency per batch at a 1-second trigger over many batches: lakesink's foreach_batch vs Iceberg's
-own Spark streaming sink (Java, Spark 3.5, in its own virtual environment: benchmarks/java_sink.py).
+"""Commit latency per batch at a 1-second trigger over many batches: lakesink's two entry points (foreach_batch,
+format("lakesink")) vs Iceberg's own Spark streaming sink (Java, Spark 3.5, in its own virtual environment:
+benchmarks/java_sink.py), each beside its own Spark's streaming Parquet sink (Spark 4 for lakesink, Spark 3.5 for
+Iceberg's sink: Spark's fixed cost per batch differs between the two versions, :data:`REFERENCE`).
 
-Both read the rate source (a few rows per second, 2 partitions, so 2 data files per batch) with a
-processing-time trigger into an Iceberg table on a SQLite catalog, one sink after the other (the other
-sink's JVM is not running meanwhile), until ``batches`` batches finished. The comparable number is the
+Every sink reads the rate source (a few rows per second, 2 partitions, so 2 data files per batch) with a
+processing-time trigger into an Iceberg table on a SQLite catalog (the Parquet sinks: a folder), one sink
+after the other (the others' JVMs are not running meanwhile; ``--concurrent`` in the command runs them
+at the same time instead, each in its own process), until ``batches`` batches finished. The comparable number is the
 sink's part of each batch, ``durationMs.addBatch`` of the query progress (the Spark job writing the files
 plus the commit); lakesink also reports its own commit time (``BatchOutcome.commit_ms``: the replay check,
 the snapshot commit and its retries). Batch 0 (Python workers and the JVM warming up) is left out of the
-statistics. Both tables are read back with DuckDB afterwards: count == distinct values == rows the
-query reported.
+statistics. Every table is read back afterwards (DuckDB; the Parquet sinks' folders with Spark): the values must
+be exactly 0..n-1 (:func:`exact`).
 """
 
 from __future__ import annotations
@@ -24,8 +27,16 @@ from typing import Any
 from benchmarks import java_sink
 from benchmarks.common import catalog_properties, machine
 
-SINKS = ("lakesink", "java")
-LABELS = {"lakesink": "lakesink foreachBatch (Spark 4)", "java": "Iceberg Java sink (Spark 3.5)"}
+SINKS = ("lakesink", "lakesink-format", "parquet", "java", "java-parquet")
+LABELS = {
+    "lakesink": "lakesink foreachBatch (Spark 4)",
+    "lakesink-format": 'lakesink format("lakesink") (Spark 4)',
+    "parquet": "Spark 4's Parquet sink",
+    "java": "Iceberg Java sink (Spark 3.5)",
+    "java-parquet": "Spark 3.5's Parquet sink",
+}
+#: the sink of the same Spark each sink is compared with (its own Spark's streaming Parquet sink)
+REFERENCE = {"lakesink": "parquet", "lakesink-format": "parquet", "java": "java-parquet"}
 WINDOW = 100
 
 
@@ -56,30 +67,26 @@ def _metadata_json_bytes(location: str) -> int:
     return Path(location.removeprefix("file:")).stat().st_size
 
 
-def _duckdb_check(metadata_location: str, column: str) -> tuple[int, int]:
+def _duckdb_check(metadata_location: str, column: str) -> tuple[int, int, int, int]:
+    """count, distinct, min, max of ``column`` read with DuckDB."""
     from lakesink.interop import duckdb_query
 
-    t = duckdb_query(metadata_location, f"SELECT count(*) AS n, count(DISTINCT {column}) AS d FROM t")
-    return int(t.column("n")[0].as_py()), int(t.column("d")[0].as_py())
+    t = duckdb_query(
+        metadata_location, f"SELECT count(*) AS n, count(DISTINCT {column}) AS d, min({column}) AS lo, max({column}) AS hi FROM t"
+    )
+    return tuple(int(t.column(c)[0].as_py() if t.column(c)[0].as_py() is not None else -1) for c in ("n", "d", "lo", "hi"))  # type: ignore[return-value]
 
 
-def run_lakesink(
-    spark: Any, root: Path, *, batches: int, rows_per_second: int, trigger: str, say: Callable[[str], None]
-) -> dict[str, Any]:
-    import lakesink
-    from lakesink import catalogs
+def exact(rows_back: int, distinct: int, lo: int, hi: int, rows_sent: int) -> bool:
+    """Every value of the rate source exactly once: the values are exactly 0..n-1 (the rate source counts from 0,
+    each batch a contiguous range), and at least the rows the query's progress reported. More than reported is
+    not a duplicate: stopping the query can interrupt a batch after its sink committed and before Spark recorded
+    its progress (a restart would replay it and the sink recognise it); a duplicate or a loss breaks 0..n-1."""
+    return rows_back == distinct == hi + 1 and lo == 0 and rows_back >= rows_sent
 
-    props = catalog_properties(root)
-    table = "bench.latency"
-    sink = lakesink.foreach_batch(table, catalog_properties=props)
-    outcomes: dict[int, dict[str, Any]] = {}
 
-    def timed(batch: Any, batch_id: int) -> None:
-        o = sink(batch, batch_id)
-        outcomes[batch_id] = {"commit_ms": o.commit_ms, "outcome": str(o.outcome), "files": o.files, "retries": o.retries}
-
-    df = spark.readStream.format("rate").option("rowsPerSecond", rows_per_second).option("numPartitions", 2).load()
-    q = df.writeStream.foreachBatch(timed).option("checkpointLocation", str(root / "ck")).trigger(processingTime=trigger).start()
+def await_batches(q: Any, batches: int, name: str, say: Callable[[str], None]) -> tuple[list[dict[str, Any]], float]:
+    """Wait until ``batches`` batches with rows finished (stop the query then); the load average every few seconds."""
     loads: list[dict[str, Any]] = []
     started = time.perf_counter()
     step = max(1, batches // 20)
@@ -87,24 +94,22 @@ def run_lakesink(
     try:
         while True:
             if q.exception() is not None:
-                raise RuntimeError(f"lakesink's query failed: {q.exception()}")
+                raise RuntimeError(f"{name}'s query failed: {q.exception()}")
             done = [p for p in q.recentProgress if p.get("numInputRows")]
             if len(done) >= batches:
                 break
             if len(done) // step > said:
                 said = len(done) // step
-                say(f"  lakesink: {len(done):,} batches")
+                say(f"  {name}: {len(done):,} batches")
             loads.append({"t_s": round(time.perf_counter() - started, 1), "load_average": list(os.getloadavg())})
             time.sleep(min(10.0, max(1.0, batches / 100)))
     finally:
         q.stop()
-    seconds = time.perf_counter() - started
-    everything = [p for p in q.recentProgress if p.get("numInputRows")]
-    progress = everything[:batches]
-    t = catalogs.load(None, props).load_table(table)
-    rows_back, distinct = _duckdb_check(t.metadata_location, "value")
-    rows_sent = sum(int(p["numInputRows"]) for p in everything)
-    per_batch = [
+    return loads, time.perf_counter() - started
+
+
+def _per_batch(progress: Sequence[dict[str, Any]], outcomes: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
         {
             "batch_id": int(p["batchId"]),
             "rows": int(p["numInputRows"]),
@@ -114,8 +119,52 @@ def run_lakesink(
         }
         for p in progress
     ]
+
+
+def run_lakesink(
+    spark: Any,
+    root: Path,
+    *,
+    batches: int,
+    rows_per_second: int,
+    trigger: str,
+    say: Callable[[str], None],
+    entry: str = "foreach",
+) -> dict[str, Any]:
+    """lakesink through ``foreach_batch`` (``entry="foreach"``, with each batch's own commit time) or
+    ``format("lakesink")`` (``entry="format"``: the commit runs in a Python worker, its time is not seen here)."""
+    import lakesink
+    from lakesink import catalogs
+
+    props = catalog_properties(root)
+    table = "bench.latency"
+    outcomes: dict[int, dict[str, Any]] = {}
+    df = spark.readStream.format("rate").option("rowsPerSecond", rows_per_second).option("numPartitions", 2).load()
+    if entry == "foreach":
+        sink = lakesink.foreach_batch(table, catalog_properties=props)
+
+        def timed(batch: Any, batch_id: int) -> None:
+            o = sink(batch, batch_id)
+            outcomes[batch_id] = {"commit_ms": o.commit_ms, "outcome": str(o.outcome), "files": o.files, "retries": o.retries}
+
+        w = df.writeStream.foreachBatch(timed)
+    else:
+        w = df.writeStream.format("lakesink").option("table", table)
+        for k, v in props.items():
+            w = w.option(f"catalog.{k}", v)
+    q = w.option("checkpointLocation", str(root / "ck")).trigger(processingTime=trigger).start()
+    name = "lakesink" if entry == "foreach" else "lakesink format"
+    loads, seconds = await_batches(q, batches, name, say)
+    everything = [p for p in q.recentProgress if p.get("numInputRows")]
+    per_batch = _per_batch(everything[:batches], outcomes)
+    t = catalogs.load(None, props).load_table(table)
+    rows_back, distinct, lo, hi = _duckdb_check(t.metadata_location, "value")
+    rows_sent = sum(int(p["numInputRows"]) for p in everything)
+    series = {"add_batch_ms": [b["add_batch_ms"] for b in per_batch]}
+    if entry == "foreach":
+        series["commit_ms"] = [b.get("commit_ms", 0.0) for b in per_batch]
     return {
-        "label": LABELS["lakesink"],
+        "label": LABELS["lakesink" if entry == "foreach" else "lakesink-format"],
         "pyspark": spark.version,
         "batches": per_batch,
         "seconds": seconds,
@@ -123,24 +172,62 @@ def run_lakesink(
         "rows_sent": rows_sent,
         "rows_back": rows_back,
         "distinct_values": distinct,
-        "rows_ok": rows_back == distinct == rows_sent,
+        "rows_ok": exact(rows_back, distinct, lo, hi, rows_sent),
         "snapshots_at_end": len(t.metadata.snapshots),
         "metadata_json_bytes_at_end": _metadata_json_bytes(t.metadata_location),
-        "stats": _describe(
-            {"add_batch_ms": [b["add_batch_ms"] for b in per_batch], "commit_ms": [b.get("commit_ms", 0.0) for b in per_batch]}
-        ),
+        "stats": _describe(series),
     }
 
 
-def run_java(root: Path, *, batches: int, rows_per_second: int, trigger: str, say: Callable[[str], None]) -> dict[str, Any]:
+def run_parquet(
+    spark: Any, root: Path, *, batches: int, rows_per_second: int, trigger: str, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """Spark 4's own streaming Parquet sink (file sink, ``_spark_metadata`` log): the reference for lakesink."""
+    out = root / "parquet"
+    df = spark.readStream.format("rate").option("rowsPerSecond", rows_per_second).option("numPartitions", 2).load()
+    q = (
+        df.writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(root / "ck"))
+        .trigger(processingTime=trigger)
+        .start()
+    )
+    loads, seconds = await_batches(q, batches, "Spark's Parquet sink", say)
+    everything = [p for p in q.recentProgress if p.get("numInputRows")]
+    per_batch = _per_batch(everything[:batches], {})
+    rows_sent = sum(int(p["numInputRows"]) for p in everything)
+    # read as Spark reads a file sink's output: only the files its _spark_metadata log committed
+    count, distinct, lo, hi = (
+        spark.read.parquet(str(out)).selectExpr("count(*)", "count(DISTINCT value)", "min(value)", "max(value)").first()
+    )
+    return {
+        "label": LABELS["parquet"],
+        "pyspark": spark.version,
+        "batches": per_batch,
+        "seconds": seconds,
+        "load_samples": loads,
+        "rows_sent": rows_sent,
+        "rows_back": int(count),
+        "distinct_values": int(distinct),
+        "rows_ok": exact(int(count), int(distinct), int(lo), int(hi), rows_sent),
+        "stats": _describe({"add_batch_ms": [b["add_batch_ms"] for b in per_batch]}),
+    }
+
+
+def run_java(
+    root: Path, *, batches: int, rows_per_second: int, trigger: str, say: Callable[[str], None], sink: str = "iceberg"
+) -> dict[str, Any]:
+    """Spark 3.5 in the Java environment: Iceberg's own sink (``sink="iceberg"``) or Spark 3.5's Parquet sink."""
+    key = "java" if sink == "iceberg" else "java-parquet"
     why = java_sink.unavailable()
     if why is not None:
-        say(f"  Iceberg Java sink skipped: {why}")
-        return {"label": LABELS["java"], "skipped": why}
+        say(f"  {LABELS[key]} skipped: {why}")
+        return {"label": LABELS[key], "skipped": why}
     root.mkdir(parents=True, exist_ok=True)
     props = catalog_properties(root)
     job = {
         "mode": "commit-latency",
+        "sink": sink,
         "conf": java_sink.conf(props),
         "root": str(root),
         "batches": batches,
@@ -148,28 +235,35 @@ def run_java(root: Path, *, batches: int, rows_per_second: int, trigger: str, sa
         "trigger": trigger,
         "partitions": 2,
     }
-    r = java_sink.run_job(job, root / "java-latency.json", say)
-    with sqlite3.connect(str(root / "catalog.db")) as con:
-        (location,) = con.execute(
-            "SELECT metadata_location FROM iceberg_tables WHERE table_namespace = 'bench' AND table_name = 'latency'"
-        ).fetchone()
-    rows_back, distinct = _duckdb_check(location, "value")
+    r = java_sink.run_job(job, root / f"{key}-latency.json", say)
     per_batch = r["batches"]
-    return {
-        "label": LABELS["java"],
+    result = {
+        "label": LABELS[key],
         "pyspark": r["pyspark"],
         "batches": per_batch,
         "seconds": r["seconds"],
         "load_samples": r["load_samples"],
         "rows_sent": r["rows_sent"],
-        "rows_back": rows_back,
-        "distinct_values": distinct,
-        "rows_back_spark35": r["rows_back"],
-        "rows_ok": rows_back == distinct == r["rows_sent"] == r["rows_back"],
-        "snapshots_at_end": r["snapshots"],
-        "metadata_json_bytes_at_end": _metadata_json_bytes(location),
+        "rows_back": r["rows_back"],
+        "distinct_values": r["distinct_values"],
+        "rows_ok": exact(r["rows_back"], r["distinct_values"], r["min_value"], r["max_value"], r["rows_sent"]),
         "stats": _describe({"add_batch_ms": [b["add_batch_ms"] for b in per_batch]}),
     }
+    if sink == "iceberg":
+        with sqlite3.connect(str(root / "catalog.db")) as con:
+            (location,) = con.execute(
+                "SELECT metadata_location FROM iceberg_tables WHERE table_namespace = 'bench' AND table_name = 'latency'"
+            ).fetchone()
+        rows_back, distinct, lo, hi = _duckdb_check(location, "value")  # and read by a reader that is not Spark's
+        result.update(
+            rows_back=rows_back,
+            distinct_values=distinct,
+            rows_back_spark35=r["rows_back"],
+            rows_ok=exact(rows_back, distinct, lo, hi, r["rows_sent"]) and rows_back == r["rows_back"],
+            snapshots_at_end=r["snapshots"],
+            metadata_json_bytes_at_end=_metadata_json_bytes(location),
+        )
+    return result
 
 
 def run(
@@ -189,14 +283,18 @@ def run(
             raise ValueError(f"unknown sink {s!r}; valid: {', '.join(SINKS)}")
         say(f"commit latency, {LABELS[s]}: {batches:,} batches at a {trigger} trigger")
         info = machine()
-        if s == "lakesink":
+        common: dict[str, Any] = {"batches": batches, "rows_per_second": rows_per_second, "trigger": trigger, "say": say}
+        if s in ("java", "java-parquet"):
+            r = run_java(root / s, sink="iceberg" if s == "java" else "parquet", **common)
+        else:
             spark = spark_factory()
             try:
-                r = run_lakesink(spark, root / s, batches=batches, rows_per_second=rows_per_second, trigger=trigger, say=say)
+                if s == "parquet":
+                    r = run_parquet(spark, root / s, **common)
+                else:
+                    r = run_lakesink(spark, root / s, entry="foreach" if s == "lakesink" else "format", **common)
             finally:
                 spark.stop()
-        else:
-            r = run_java(root / s, batches=batches, rows_per_second=rows_per_second, trigger=trigger, say=say)
         r["machine"] = info
         r["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
         runs[s] = r
@@ -221,7 +319,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(1, 1, figsize=(10, 5))
-    colours = {"lakesink": "#2a7", "java": "#c55"}
+    colours = {"lakesink": "#2a7", "lakesink-format": "#7c3", "parquet": "#888", "java": "#c55", "java-parquet": "#c9a"}
     for s, r in result["runs"].items():
         if "batches" not in r:
             continue

@@ -9,9 +9,10 @@ the result is written as JSON to the file named by its ``"result"`` key. Progres
   the input with the streaming file source (``availableNow``) into a fresh table / folder and checkpoint,
   and is verified afterwards (count == distinct ids == ``rows``) with Spark 3.5 itself (Iceberg's reader for
   the table, Spark's Parquet reader for the folder).
-- ``commit-latency``: ``root``, ``batches``, ``rows_per_second``, ``trigger``: the rate source into Iceberg's
-  sink on a processing-time trigger until ``batches`` batches finished; per batch ``durationMs`` from the
-  query progress; afterwards count and distinct values of the table.
+- ``commit-latency``: ``root``, ``batches``, ``rows_per_second``, ``trigger``, ``sink`` (``iceberg``, the default,
+  or ``parquet``): the rate source into Iceberg's sink (or Spark 3.5's own Parquet sink) on a processing-time
+  trigger until ``batches`` batches finished; per batch ``durationMs`` from the query progress; afterwards
+  count and distinct values of the table (of the folder, read as Spark reads a file sink's output).
 
 This file runs on pyspark 3.5 and imports nothing from lakesink or the other benchmark modules.
 """
@@ -113,22 +114,27 @@ def _throughput(spark: Any, job: dict[str, Any]) -> dict[str, Any]:
 
 def _commit_latency(spark: Any, job: dict[str, Any]) -> dict[str, Any]:
     root, batches = Path(job["root"]), int(job["batches"])
+    iceberg = job.get("sink", "iceberg") == "iceberg"
     table = f"{CATALOG}.bench.latency"
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.bench")
-    spark.sql(f"CREATE TABLE {table} (timestamp timestamp, value bigint) USING iceberg")
+    if iceberg:
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.bench")
+        spark.sql(f"CREATE TABLE {table} (timestamp timestamp, value bigint) USING iceberg")
     df = (
         spark.readStream.format("rate")
         .option("rowsPerSecond", int(job["rows_per_second"]))
         .option("numPartitions", int(job.get("partitions", 2)))
         .load()
     )
-    q = (
-        df.writeStream.format("iceberg")
-        .outputMode("append")
-        .option("checkpointLocation", str(root / "ck-java"))
-        .trigger(processingTime=job["trigger"])
-        .toTable(table)
-    )
+    if iceberg:
+        w = df.writeStream.format("iceberg").outputMode("append").option("checkpointLocation", str(root / "ck-java"))
+        q = w.trigger(processingTime=job["trigger"]).toTable(table)
+    else:
+        w = (
+            df.writeStream.format("parquet")
+            .option("path", str(root / "parquet"))
+            .option("checkpointLocation", str(root / "ck-pq"))
+        )
+        q = w.trigger(processingTime=job["trigger"]).start()
     loads: list[dict[str, Any]] = []
     started = time.perf_counter()
     step = max(1, batches // 20)
@@ -136,7 +142,7 @@ def _commit_latency(spark: Any, job: dict[str, Any]) -> dict[str, Any]:
     try:
         while True:
             if q.exception() is not None:
-                raise RuntimeError(f"Iceberg's streaming sink failed: {q.exception()}")
+                raise RuntimeError(f"the streaming sink failed: {q.exception()}")
             done = [p for p in q.recentProgress if p.get("numInputRows")]
             if len(done) >= batches:
                 break
@@ -149,7 +155,8 @@ def _commit_latency(spark: Any, job: dict[str, Any]) -> dict[str, Any]:
         q.stop()
     progress = [p for p in q.recentProgress if p.get("numInputRows")][:batches]
     rows_sent = sum(int(p["numInputRows"]) for p in q.recentProgress if p.get("numInputRows"))
-    count, distinct = spark.table(table).selectExpr("count(*)", "count(DISTINCT value)").first()
+    read = spark.table(table) if iceberg else spark.read.parquet(str(root / "parquet"))
+    count, distinct, lo, hi = read.selectExpr("count(*)", "count(DISTINCT value)", "min(value)", "max(value)").first()
     return {
         "batches": [
             {
@@ -164,9 +171,11 @@ def _commit_latency(spark: Any, job: dict[str, Any]) -> dict[str, Any]:
         "rows_sent": rows_sent,
         "rows_back": int(count),
         "distinct_values": int(distinct),
+        "min_value": -1 if lo is None else int(lo),
+        "max_value": -1 if hi is None else int(hi),
         "seconds": time.perf_counter() - started,
         "load_samples": loads,
-        "snapshots": int(spark.sql(f"SELECT count(*) FROM {table}.snapshots").first()[0]),
+        "snapshots": int(spark.sql(f"SELECT count(*) FROM {table}.snapshots").first()[0]) if iceberg else None,
     }
 
 

@@ -203,18 +203,24 @@ def rate_md(r: dict[str, Any], rel: str) -> str:
 
 
 def commit_latency_md(r: dict[str, Any], rel: str) -> str:
+    how = "all sinks at the same time, each in its own process" if r.get("concurrent") else "one sink after the other"
     lines = [
         f"Rate source at {r['rows_per_second']} rows/s (2 partitions: 2 data files per batch), trigger {r['trigger']}, "
-        f"{r['batches_requested']:,} batches per sink, one sink after the other; batch 0 (warm-up) not counted.",
+        f"{r['batches_requested']:,} batches per sink, {how}; batch 0 (warm-up) not counted. Each sink's addBatch p50 "
+        "is also given as a ratio to its own Spark's streaming Parquet sink (below 1: faster than it).",
         "",
-        "| sink | batches | addBatch ms p50 / p90 / p99 / max | addBatch median, first 100 -> last 100 (ratio) | "
+        "| sink | batches | addBatch ms p50 / p90 / p99 / max | p50 / its Spark's Parquet sink | "
+        "addBatch median, first 100 -> last 100 (ratio) | "
         "lakesink commit_ms p50 / p90 / p99 / max | commit_ms first 100 -> last 100 | snapshots at the end | "
-        "metadata.json at the end | rows read back (DuckDB) | load average start -> end |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "metadata.json at the end | rows read back | load average start -> end |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
-    for x in r["runs"].values():
+    runs = r["runs"]
+    order = [s for s in commit_latency.SINKS if s in runs] + [s for s in runs if s not in commit_latency.SINKS]
+    for key in order:
+        x = runs[key]
         if "skipped" in x:
-            lines.append(f"| {x['label']} | skipped: {x['skipped']} | | | | | | | | |")
+            lines.append(f"| {x['label']} | skipped: {x['skipped']} | | | | | | | | | |")
             continue
 
         def pct(d: dict[str, Any]) -> str:
@@ -225,15 +231,22 @@ def commit_latency_md(r: dict[str, Any], rel: str) -> str:
             return f"{_f(t['first_median'])} -> {_f(t['last_median'])} ({_f(t['last_over_first'], 2)})"
 
         a, c = x["stats"]["add_batch_ms"], x["stats"].get("commit_ms")
+        ref = runs.get(commit_latency.REFERENCE.get(key, ""), {})
+        ref_p50 = ref.get("stats", {}).get("add_batch_ms", {}).get("p50") if "stats" in ref else None
+        ratio = _f(a["p50"] / ref_p50, 2) if ref_p50 else "-"
+        snapshots = x.get("snapshots_at_end")
+        metadata = x.get("metadata_json_bytes_at_end")
         lines.append(
-            f"| {x['label']} | {len(x['batches']) - 1:,} | {pct(a)} | {tr(a)} | {pct(c) if c else '-'} | "
-            f"{tr(c) if c else '-'} | {x['snapshots_at_end']:,} | {_f(x['metadata_json_bytes_at_end'] / 1024)} KiB | "
+            f"| {x['label']} | {len(x['batches']) - 1:,} | {pct(a)} | {ratio} | {tr(a)} | {pct(c) if c else '-'} | "
+            f"{tr(c) if c else '-'} | {_f(snapshots) if snapshots is not None else '-'} | "
+            f"{_f(metadata / 1024) + ' KiB' if metadata is not None else '-'} | "
             f"{x['rows_back']:,} of {x['rows_sent']:,}, {x['distinct_values']:,} distinct "
             f"({'ok' if x['rows_ok'] else 'WRONG'}) | "
             f"{'/'.join(str(v) for v in x['machine']['load_average'])} -> {'/'.join(str(v) for v in x['load_average_end'])} |"
         )
     lines.append("")
-    for x in r["runs"].values():
+    for key in order:
+        x = runs[key]
         if "machine" in x:
             command = x.get("command", r["command"])
             lines.append(f"- {x['label']}: `{command}`; pyspark {x['pyspark']}; {_machine_line(x['machine'])}")

@@ -108,15 +108,20 @@ def test_longrun_at_toy_size(tmp_path: Path) -> None:
 @pytest.mark.benchmark
 @pytest.mark.timeout(3000)
 def test_commit_latency_and_driver_memory_at_toy_size(tmp_path: Path) -> None:
-    """lakesink's side of commit-latency (3 batches) and driver-memory (a batch of 8 tasks x 120 columns through
-    both paths): every row read back once, per-batch times recorded, metrics for Java's 100 inferred columns."""
-    _bench(tmp_path, "commit-latency", "--batches", "3", "--rows-per-second", "5", "--sinks", "lakesink", timeout=1500)
+    """The Spark 4 side of commit-latency (3 batches of lakesink's two entry points and Spark's Parquet sink, at the
+    same time in three processes) and driver-memory (a batch of 8 tasks x 120 columns through both paths): every
+    row read back once, per-batch times recorded, metrics for Java's 100 inferred columns."""
+    sinks = "lakesink,lakesink-format,parquet"
+    _bench(tmp_path, "commit-latency", "--batches", "3", "--rows-per-second", "5", "--sinks", sinks, "--concurrent", timeout=1500)
     _bench(tmp_path, "driver-memory", "--cases", "8x120", timeout=1500)
     out = tmp_path / "performance"
-    latency = json.loads((out / "commit_latency.json").read_text())["runs"]["lakesink"]
-    assert latency["rows_ok"] and latency["rows_back"] == latency["rows_sent"] > 0
-    assert len(latency["batches"]) == 3 and all(b["outcome"] == "Outcome.COMMITTED" for b in latency["batches"])
-    assert latency["stats"]["add_batch_ms"]["n"] == 2 and latency["stats"]["commit_ms"]["p50"] > 0
+    result = json.loads((out / "commit_latency.json").read_text())
+    assert result["concurrent"] and set(result["runs"]) == set(sinks.split(","))
+    for run in result["runs"].values():
+        assert run["rows_ok"] and run["rows_back"] == run["rows_sent"] > 0
+        assert len(run["batches"]) == 3 and run["stats"]["add_batch_ms"]["n"] == 2
+    latency = result["runs"]["lakesink"]
+    assert all(b["outcome"] == "Outcome.COMMITTED" for b in latency["batches"]) and latency["stats"]["commit_ms"]["p50"] > 0
     memory = json.loads((out / "driver_memory.json").read_text())["results"]
     assert [(r["path"], r["tasks"], r["columns"], r["rows_back"]) for r in memory] == [
         ("foreach", 8, 120, 16),
@@ -157,7 +162,7 @@ def test_iceberg_java_sink_rows_at_toy_size(tmp_path: Path) -> None:
         "parquet,java",
         timeout=1500,
     )
-    _bench(tmp_path, "commit-latency", "--batches", "3", "--rows-per-second", "5", "--sinks", "java", timeout=1500)
+    _bench(tmp_path, "commit-latency", "--batches", "3", "--rows-per-second", "5", "--sinks", "java,java-parquet", timeout=1500)
     out = tmp_path / "performance"
     java = json.loads((out / "throughput.json").read_text())["variants"]["narrow"]["java"]
     runs = java["warmup"] + java["runs"]
@@ -165,7 +170,8 @@ def test_iceberg_java_sink_rows_at_toy_size(tmp_path: Path) -> None:
     assert all(r["rows_back"] == r["distinct_ids"] == 3000 for r in runs) and java["all_rows_ok"]
     assert [r["path"] for r in java["runs"]] == ["java-iceberg", "java-parquet", "java-parquet", "java-iceberg"]
     assert java["summary"]["java-iceberg"]["paired_ratio_to_own_parquet_sink"]["n"] == 2
-    latency = json.loads((out / "commit_latency.json").read_text())["runs"]["java"]
-    assert latency["rows_ok"] and latency["rows_back"] == latency["rows_sent"] > 0 and len(latency["batches"]) == 3
+    for sink in ("java", "java-parquet"):
+        latency = json.loads((out / "commit_latency.json").read_text())["runs"][sink]
+        assert latency["rows_ok"] and latency["rows_back"] == latency["rows_sent"] > 0 and len(latency["batches"]) == 3
     page = (tmp_path / "performance.md").read_text()
     assert "| Iceberg Java sink (Spark 3.5) (own JVM" in page and "| Spark 3.5 parquet sink (own JVM" in page

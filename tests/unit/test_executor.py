@@ -442,3 +442,42 @@ def test_row_group_limit_is_a_cap_even_when_batches_straddle_it(make_plan: MakeP
     meta = pq.ParquetFile(local_path(result.files[0].path)).metadata
     assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [3, 3, 3, 1]
     assert [r["id"] for r in read_rows(result)] == list(range(10))
+
+
+def test_dictionary_encoding_only_where_it_pays(make_plan: MakePlan) -> None:
+    """As parquet-mr decides on a column's first page: nearly-unique columns are written plain (pyarrow alone would
+    dictionary-encode them until the dictionary outgrows its page: more CPU and, under zstd, larger files), repeated
+    values keep their dictionary; the rows and statistics are the same either way."""
+    n = 30_000
+    ids = list(range(n))
+    batch = events(ids, qty=[i % 7 for i in ids], names=[f"name-{i * 7919 % n}" for i in ids])
+    result = writer(make_plan(EVENTS)).write([batch.slice(i, 10_000) for i in range(0, n, 10_000)])
+    (f,) = result.files
+    md = pq.read_metadata(local_path(f.path))
+    encodings = {md.row_group(0).column(c).path_in_schema: md.row_group(0).column(c).encodings for c in range(md.num_columns)}
+    assert "RLE_DICTIONARY" not in encodings["id"] and "RLE_DICTIONARY" not in encodings["name"]  # every value distinct
+    assert "RLE_DICTIONARY" in encodings["qty"]  # 7 values
+    back = pq.read_table(local_path(f.path))
+    assert back.column("id").to_pylist() == ids and back.column("qty").to_pylist() == [i % 7 for i in ids]
+    assert f.statistics["null_value_counts"] and f.record_count == n
+
+
+def test_dictionary_choice_covers_nested_columns_and_falls_back_on_types_it_cannot_estimate() -> None:
+    from lakesink.executor import dictionary_columns
+
+    n = 5_000
+    table = pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "s": pa.array([{"a": i % 3, "b": f"x{i}"} for i in range(n)]),
+            "l": pa.array([[1, 2]] * n),
+            "m": pa.array([[("k", i)] for i in range(n)], pa.map_(pa.string(), pa.int64())),
+            "flag": pa.array([True] * n),
+            "empty": pa.nulls(n, pa.string()),
+            "u": pa.array([i.to_bytes(16, "big") for i in range(n)], pa.binary(16)),
+        }
+    )
+    assert dictionary_columns(table) == ["s.a", "l.list.element", "m.key_value.key", "m.key_value.value", "empty"]
+    # a dictionary larger than write.parquet.dict-size-bytes would fall back anyway: not chosen
+    few = pa.table({"name": pa.array([f"{i % 500:0>100}" for i in range(n)])})
+    assert dictionary_columns(few) == ["name"] and dictionary_columns(few, dictionary_page_limit=10_000) == []
