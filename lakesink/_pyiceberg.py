@@ -661,21 +661,36 @@ def write_parquet(
     table: Table,
     *,
     location: str,
-    batches: Iterable[pa.RecordBatch],
+    row_groups: Iterable[pa.Table],
     schema: Schema,
+    dictionary_page_limit: int,
     key_value_metadata: Mapping[str, str] | None = None,
 ) -> tuple[int, pq.FileMetaData]:
-    """Write ``batches`` (already in the table schema, with field ids) as one Parquet file; (size, footer).
-    ``key_value_metadata`` goes into the file's footer (readers ignore keys they do not know)."""
+    """Write ``row_groups`` (already in the table schema, with field ids; one row group each, see
+    :func:`lakesink.parquetlayout.row_groups`) as one Parquet file; (size, footer). The dictionary encoding is
+    chosen on the first row group (:func:`lakesink.parquetlayout.dictionary_columns`). ``key_value_metadata``
+    goes into the file's footer (readers ignore keys they do not know)."""
+    from lakesink.parquetlayout import dictionary_columns
+
     arrow = arrow_schema(file_schema(schema))
     if key_value_metadata:
         arrow = arrow.with_metadata({**(arrow.metadata or {}), **{k.encode(): v.encode() for k, v in key_value_metadata.items()}})
     options = parquet_writer_options(table.properties)
     output = table.io.new_output(location)
+    writer: pq.ParquetWriter | None = None
     with output.create(overwrite=False) as stream:
-        with pq.ParquetWriter(stream, schema=arrow, **options) as writer:
-            for batch in batches:
-                writer.write_batch(pa.RecordBatch.from_arrays(batch.columns, schema=arrow))
+        try:
+            for group in row_groups:
+                group = pa.Table.from_arrays(group.columns, schema=arrow)  # the schema with the field ids
+                if writer is None:
+                    dictionary = dictionary_columns(group, dictionary_page_limit)
+                    writer = pq.ParquetWriter(stream, schema=arrow, **options, use_dictionary=dictionary)
+                writer.write_table(group, row_group_size=group.num_rows)
+            if writer is None:
+                writer = pq.ParquetWriter(stream, schema=arrow, **options)
+        finally:
+            if writer is not None:
+                writer.close()
         metadata = writer.writer.metadata
     return len(table.io.new_input(location)), metadata
 

@@ -30,7 +30,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
 from lakesink import _pyiceberg as seam
-from lakesink import storage
+from lakesink import parquetlayout, storage
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import lakesink_key
@@ -286,8 +286,19 @@ def _rewrite(
     first = files[0]
     part = seam.partition_path(spec, schema, seam.partition_of(first)) if spec.fields else None
     location = seam.new_data_location(table.location(), table.properties, f"compact-{commit_id[:12]}-{index:05d}.parquet", part)
+    settings = TableSettings.parse(_name(table), table.properties)
     size, footer = seam.write_parquet(
-        table, location=location, batches=batches, schema=schema, key_value_metadata={origins.ORIGINS_KEY: origins.encode(runs)}
+        table,
+        location=location,
+        row_groups=parquetlayout.row_groups(
+            batches,
+            schema=seam.arrow_schema(seam.file_schema(schema)),
+            max_rows=settings.row_group_rows,
+            max_bytes=settings.row_group_bytes,
+        ),
+        schema=schema,
+        dictionary_page_limit=settings.dict_size or parquetlayout.DICT_SIZE_DEFAULT,
+        key_value_metadata={origins.ORIGINS_KEY: origins.encode(runs)},
     )
     stats = seam.file_statistics(footer, seam.file_schema(schema), table.properties)
     return seam.data_file(

@@ -26,6 +26,7 @@ from lakesink import names, storage, taskchanges
 from lakesink.errors import LakesinkError, SchemaMismatchError, TableLocationError
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.messages import TaskResult, WritePlan, WrittenFile
+from lakesink.parquetlayout import DICT_SIZE_DEFAULT, dictionary_columns
 
 log = logging.getLogger(__name__)
 
@@ -47,65 +48,6 @@ def utc_type(t: pa.DataType) -> pa.DataType:
 
 def utc_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_type(utc_type(f.type)) for f in schema], metadata=schema.metadata)
-
-
-#: rows of a file's first row group that decide which of its columns are dictionary-encoded: Iceberg's default
-#: page row limit, i.e. the first page, on which parquet-mr (Iceberg's Java writer, Spark's writer) decides
-DICTIONARY_SAMPLE_ROWS = 20_000
-_DICT_SIZE_DEFAULT = 2 * 1024 * 1024  # Iceberg's write.parquet.dict-size-bytes
-
-
-def dictionary_columns(table: pa.Table, dictionary_page_limit: int = _DICT_SIZE_DEFAULT) -> list[str]:
-    """Parquet column paths worth dictionary encoding in a file whose first row group is ``table``.
-
-    pyarrow dictionary-encodes every column until its dictionary outgrows the page limit; parquet-mr keeps a
-    column's dictionary only when, on the first page, the dictionary plus the encoded indices are smaller than
-    the plain values (``DictionaryValuesWriter.isCompressionSatisfying``) and falls back to plain otherwise. The
-    same rule here, on the first :data:`DICTIONARY_SAMPLE_ROWS` rows: an id, a timestamp, a measurement (nearly
-    every value distinct) is written plain, a category or a repeated string keeps its dictionary. Measured on
-    the throughput benchmark's rows: encoding CPU about halved and files smaller (plain values compress better
-    under zstd than dictionary indices of high-cardinality columns). Leaves of lists and maps keep the
-    dictionary (pyarrow's default). Only the encoding changes: every reader reads both.
-    """
-    sample = table.slice(0, DICTIONARY_SAMPLE_ROWS)
-    chosen: list[str] = []
-
-    def visit(path: str, t: pa.DataType, array: pa.ChunkedArray | None) -> None:
-        if pa.types.is_struct(t):
-            for i, child in enumerate(t):
-                inner = None if array is None else pa.chunked_array([c.field(i) for c in array.chunks], child.type)
-                visit(f"{path}.{child.name}", child.type, inner)
-        elif pa.types.is_list(t) or pa.types.is_large_list(t):
-            visit(f"{path}.list.element", t.value_type, None)
-        elif pa.types.is_map(t):
-            visit(f"{path}.key_value.key", t.key_type, None)
-            visit(f"{path}.key_value.value", t.item_type, None)
-        elif array is None:
-            chosen.append(path)  # inside a list or map: pyarrow's default
-        elif not pa.types.is_boolean(t) and _dictionary_pays(array, dictionary_page_limit):
-            chosen.append(path)
-
-    for field, column in zip(table.schema, sample.columns, strict=True):
-        visit(field.name, field.type, column)
-    return chosen
-
-
-def _dictionary_pays(array: pa.ChunkedArray, page_limit: int) -> bool:
-    values = len(array) - array.null_count
-    if values == 0:
-        return True
-    try:
-        distinct = pc.count_distinct(array).as_py()
-        t = array.type
-        if pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t):
-            width = 4 + (pc.sum(pc.binary_length(array)).as_py() or 0) / values  # PLAIN: length prefix + bytes
-        else:
-            width = max(1, t.bit_width) / 8  # fixed width: numbers, dates, times, timestamps, decimals, fixed
-    except (pa.ArrowNotImplementedError, ValueError, TypeError):
-        return True  # a type this estimate does not know: pyarrow's default
-    dictionary = distinct * width
-    indices = values * max(1, (distinct - 1).bit_length()) / 8
-    return bool(dictionary + indices < values * width and dictionary <= page_limit)
 
 
 def _has_required_field(schema: pa.Schema) -> bool:
@@ -194,7 +136,7 @@ class TaskWriter:
         self._row_group_rows = settings.row_group_rows
         self._row_group_bytes = settings.row_group_bytes
         self._max_open = settings.max_open_files
-        self._dict_size = settings.dict_size or _DICT_SIZE_DEFAULT
+        self._dict_size = settings.dict_size or DICT_SIZE_DEFAULT
         self._writer_options = seam.parquet_writer_options(plan.properties)
         self._has_required = _has_required_field(seam.arrow_schema(self._file_schema))
         self._partitioned = not plan.spec.is_unpartitioned()

@@ -198,9 +198,7 @@ def to_spec(terms: tuple[PartitionTerm, ...], schema: Schema, table: str) -> Par
                 f"{term}: transform {term.transform} cannot be applied to column {term.column!r} of type {source.field_type}"
             )
             continue
-        fields.append(
-            PartitionField(source_id=source.field_id, field_id=1000 + i, transform=transform, name=term.field_name())
-        )
+        fields.append(PartitionField(source_id=source.field_id, field_id=1000 + i, transform=transform, name=term.field_name()))
     if problems:
         raise InvalidOptionError(f"option '{PARTITIONED_BY}' for table {table}:\n  - " + "\n  - ".join(problems))
     return PartitionSpec(*fields, spec_id=0)

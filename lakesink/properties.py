@@ -113,9 +113,7 @@ def offsets_digest(source_offsets: str | None) -> str | None:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
 
 
-def last_committed_batch(
-    table_properties: Mapping[str, str], query_id: str, sink_id: str | None = None
-) -> CommittedBatch | None:
+def last_committed_batch(table_properties: Mapping[str, str], query_id: str, sink_id: str | None = None) -> CommittedBatch | None:
     """The sink's last committed batch, read from the table's properties."""
     raw = table_properties.get(last_batch_key(query_id, sink_id))
     if raw is None:
@@ -225,9 +223,7 @@ def last_committed_on_branch(
     return None
 
 
-def find_batch_snapshot(
-    metadata: TableMetadata, query_id: str, batch_id: int, sink_id: str | None = None
-) -> Snapshot | None:
+def find_batch_snapshot(metadata: TableMetadata, query_id: str, batch_id: int, sink_id: str | None = None) -> Snapshot | None:
     """The snapshot that committed (query id, sink id, batch id), searched in the metadata (no file read)."""
     for snapshot in reversed(metadata.snapshots):
         props = snapshot.summary.additional_properties if snapshot.summary else {}

@@ -35,6 +35,7 @@ EXECUTOR_MODULES = (
     "lakesink.executor",
     "lakesink.messages",
     "lakesink.options",
+    "lakesink.parquetlayout",
     "lakesink.reader",
     "lakesink.schema",
 )

@@ -177,6 +177,24 @@ def test_compaction_rewrites_small_files_into_one_replace_snapshot(catalog_prope
     assert compaction.compact(load(c)).status == "nothing to compact"  # 2 small files < min-input-files
 
 
+def test_compacted_file_has_row_groups_by_the_tables_limits_not_one_per_input_file(catalog_properties: dict[str, str]) -> None:
+    """Compaction packs rows into row groups as the table's write.parquet.row-group-limit says (a file made of
+    many small files must not keep their many small row groups: readers pay per row group), and chooses the
+    dictionary encoding per column as the writers do."""
+    c = _committer(catalog_properties, table_properties={"write.parquet.row-group-limit": "25"})
+    sent = _batches(c, 6)  # 6 files of 10 rows: 60 rows
+    report = compaction.compact(load(c))
+    assert report.status == "committed" and len(report.added_files) == 1
+    import pyarrow.parquet as pq
+
+    (path,) = report.added_files
+    md = pq.read_metadata(path.removeprefix("file://"))
+    assert [md.row_group(i).num_rows for i in range(md.num_row_groups)] == [25, 25, 10]
+    ids = md.schema.to_arrow_schema().get_field_index("id")
+    assert "RLE_DICTIONARY" not in md.row_group(0).column(ids).encodings  # every id distinct
+    assert table_ids(load(c)) == Counter(sent)
+
+
 def test_compaction_dry_run_commits_nothing(catalog_properties: dict[str, str]) -> None:
     c = _committer(catalog_properties)
     _batches(c, 5)

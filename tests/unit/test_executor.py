@@ -463,7 +463,7 @@ def test_dictionary_encoding_only_where_it_pays(make_plan: MakePlan) -> None:
 
 
 def test_dictionary_choice_covers_nested_columns_and_falls_back_on_types_it_cannot_estimate() -> None:
-    from lakesink.executor import dictionary_columns
+    from lakesink.parquetlayout import dictionary_columns
 
     n = 5_000
     table = pa.table(
