@@ -70,6 +70,7 @@ from pyiceberg.types import IcebergType, ListType, MapType, PrimitiveType
 from lakesink import storage
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
+from lakesink.parquetlayout import dictionary_columns
 
 _PARQUET = ParquetFormatModel()
 
@@ -670,8 +671,6 @@ def write_parquet(
     :func:`lakesink.parquetlayout.row_groups`) as one Parquet file; (size, footer). The dictionary encoding is
     chosen on the first row group (:func:`lakesink.parquetlayout.dictionary_columns`). ``key_value_metadata``
     goes into the file's footer (readers ignore keys they do not know)."""
-    from lakesink.parquetlayout import dictionary_columns
-
     arrow = arrow_schema(file_schema(schema))
     if key_value_metadata:
         arrow = arrow.with_metadata({**(arrow.metadata or {}), **{k.encode(): v.encode() for k, v in key_value_metadata.items()}})

@@ -63,6 +63,7 @@ from lakesink import names, sparkpartition, storage
 from lakesink.errors import LakesinkError, SchemaMismatchError
 from lakesink.faults import fault_point
 from lakesink.messages import TaskResult, WritePlan, WrittenFile
+from lakesink.parquetlayout import DICT_SIZE_DEFAULT
 
 log = logging.getLogger("lakesink")
 
@@ -74,7 +75,6 @@ SPARKWRITE_BEFORE_WRITE = "sparkwrite.before-write"
 # Iceberg's defaults for the parquet-mr settings a table does not set (always passed: never the session's value)
 _PAGE_SIZE_DEFAULT = 1048576
 _PAGE_ROW_LIMIT_DEFAULT = 20000
-_DICT_SIZE_DEFAULT = 2097152
 _ZSTD_LEVEL_DEFAULT = 3  # parquet-mr's and Iceberg's
 
 # Iceberg codec name -> Spark's Parquet ``compression`` option
@@ -330,7 +330,7 @@ def write_batch(
     for value, key in (
         (settings.page_size or _PAGE_SIZE_DEFAULT, "parquet.page.size"),
         (settings.page_row_limit or _PAGE_ROW_LIMIT_DEFAULT, "parquet.page.row.count.limit"),
-        (settings.dict_size or _DICT_SIZE_DEFAULT, "parquet.dictionary.page.size"),
+        (settings.dict_size or DICT_SIZE_DEFAULT, "parquet.dictionary.page.size"),
     ):
         writer = writer.option(key, str(value))
     if codec == "zstd":
