@@ -12,7 +12,9 @@ Paths, each run in a fresh checkpoint and output, alternating after one warm-up 
 2. ``parquet-partitioned``: Spark's streaming Parquet sink with ``partitionBy`` on the UTC day of ``ts``
    (computed in the query, as a user would);
 3. ``foreach``: ``lakesink.foreach_batch(..., partitioned_by="days(ts)")`` (``writer="auto"``: the Spark path);
-4. ``foreach-arrow``: the same with ``writer="arrow"`` (rows through Python workers).
+4. ``foreach-arrow``: the same with ``writer="arrow"`` (rows through Python workers);
+5. ``format``: ``writeStream.format("lakesink")`` with option ``partitioned-by`` ``days(ts)`` (the README's
+   entry point: rows through Python workers, partitioned there).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 from benchmarks.common import catalog_properties, summarise
 from benchmarks.throughput import _paired, summary
 
-PATHS = ("parquet", "parquet-partitioned", "foreach", "foreach-arrow")
+PATHS = ("parquet", "parquet-partitioned", "foreach", "foreach-arrow", "format")
 ORDERS = ("time", "shuffled")
 _DAYS = 30
 _START_MICROS = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z
@@ -103,6 +105,10 @@ class Runner:
                 commits.append(sink(batch, batch_id).commit_ms)
 
             w = df.writeStream.foreachBatch(timed)
+        elif path == "format":
+            w = df.writeStream.format("lakesink").option("table", table).option("partitioned-by", "days(ts)")
+            for k, v in self.props.items():
+                w = w.option(f"catalog.{k}", v)
         else:
             raise ValueError(f"unknown path {path!r}; valid: {', '.join(PATHS)}")
         start = time.perf_counter()

@@ -59,6 +59,23 @@ def test_throughput_and_commit_path_at_toy_size(tmp_path: Path) -> None:
 
 @pytest.mark.spark
 @pytest.mark.benchmark
+def test_throughput_partitioned_at_toy_size(tmp_path: Path) -> None:
+    """Every path of ``throughput-partitioned``, both entry points of lakesink included, writes every row once."""
+    _bench(tmp_path, "throughput-partitioned", "--rows", "6000", "--reps", "1")
+    result = json.loads((tmp_path / "performance" / "throughput_partitioned.json").read_text())
+    paths = ["foreach", "foreach-arrow", "format", "parquet", "parquet-partitioned"]
+    for order in ("time", "shuffled"):
+        variant = result["variants"][order]
+        runs = variant["warmup"] + variant["runs"]
+        assert sorted({r["path"] for r in runs}) == paths
+        assert [r["rows_back"] for r in runs] == [6000] * len(runs)  # count == distinct ids == rows for the tables
+        assert sorted(variant["summary"]) == paths
+        # a days(ts) table over 30 days: at least one file per day for every partitioned path
+        assert all(r["files"] >= 30 for r in runs if r["path"] not in ("parquet",))
+
+
+@pytest.mark.spark
+@pytest.mark.benchmark
 def test_memory_and_rate_at_toy_size(tmp_path: Path) -> None:
     _bench(tmp_path, "memory", "--sizes", "20000,40000")
     _bench(
