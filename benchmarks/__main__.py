@@ -155,7 +155,7 @@ def throughput(ctx: click.Context, rows: int, wide_rows: int | None, reps: int, 
 @click.option("--paths", default=",".join(partitioned_bench.PATHS), show_default=True)
 @click.pass_context
 def throughput_partitioned(ctx: click.Context, rows: int, reps: int, orders: str, paths: str) -> None:
-    """A days(ts) table: Spark's parquet sink (plain, partitionBy day) vs foreach_batch (Spark path, Arrow path)."""
+    """A days(ts) table: Spark's parquet sink (plain, partitionBy day) vs both lakesink entry points."""
     with _work(ctx.obj["work"]) as root:
         info = machine()
         spark = spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": "1000"})

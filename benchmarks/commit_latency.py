@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import java_sink
-from benchmarks.common import catalog_properties, machine
+from benchmarks.common import catalog_properties, lakesink_stream, machine
 
 SINKS = ("lakesink", "lakesink-format", "parquet", "java", "java-parquet")
 LABELS = {
@@ -149,9 +149,7 @@ def run_lakesink(
 
         w = df.writeStream.foreachBatch(timed)
     else:
-        w = df.writeStream.format("lakesink").option("table", table)
-        for k, v in props.items():
-            w = w.option(f"catalog.{k}", v)
+        w = lakesink_stream(df, table, props)
     q = w.option("checkpointLocation", str(root / "ck")).trigger(processingTime=trigger).start()
     name = "lakesink" if entry == "foreach" else "lakesink format"
     loads, seconds = await_batches(q, batches, name, say)

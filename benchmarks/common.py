@@ -8,7 +8,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from importlib import metadata
@@ -117,6 +117,14 @@ def spark_session(*, cores: int = 2, extra: dict[str, str] | None = None) -> Any
     spark.sparkContext.setLogLevel("ERROR")
     lakesink.register(spark)
     return spark
+
+
+def lakesink_stream(df: Any, table: str, props: Mapping[str, str]) -> Any:
+    """``df.writeStream.format("lakesink")`` into ``table`` of the catalog that ``props`` describe."""
+    from lakesink.options import CATALOG_PROPERTY_PREFIX
+
+    w = df.writeStream.format("lakesink").option("table", table)
+    return w.options(**{CATALOG_PROPERTY_PREFIX + k: v for k, v in props.items()})
 
 
 def catalog_properties(root: Path) -> dict[str, str]:

@@ -100,7 +100,7 @@ def run_case(
     import pyarrow.parquet as pq
 
     import lakesink
-    from benchmarks.common import catalog_properties, spark_session
+    from benchmarks.common import catalog_properties, lakesink_stream, spark_session
     from lakesink import catalogs
     from lakesink.interop import duckdb_query
 
@@ -123,9 +123,7 @@ def run_case(
 
             w = df.writeStream.foreachBatch(batch)
         elif path == "format":
-            w = df.repartition(tasks).writeStream.format("lakesink").option("table", table)
-            for k, v in props.items():
-                w = w.option(f"catalog.{k}", v)
+            w = lakesink_stream(df.repartition(tasks), table, props)
             for k, v in table_properties.items():
                 w = w.option(f"table-property.{k}", v)
         else:

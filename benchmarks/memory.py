@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks.common import catalog_properties, spark_session
+from benchmarks.common import catalog_properties, lakesink_stream, spark_session
 from benchmarks.throughput import generate
 
 
@@ -98,9 +98,7 @@ def run(
                 df = spark.readStream.schema(schema).parquet(str(src))
                 table = f"bench.mem_{path}_{rows}"
                 if path == "format":
-                    w = df.writeStream.format("lakesink").option("table", table)
-                    for k, v in props.items():
-                        w = w.option(f"catalog.{k}", v)
+                    w = lakesink_stream(df, table, props)
                 else:
                     w = df.writeStream.foreachBatch(lakesink.foreach_batch(table, catalog_properties=props))
                 with Sampler() as sampler:

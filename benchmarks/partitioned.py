@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import catalog_properties, summarise
+from benchmarks.common import catalog_properties, lakesink_stream, summarise
 from benchmarks.throughput import _paired, summary
 
 PATHS = ("parquet", "parquet-partitioned", "foreach", "foreach-arrow", "format")
@@ -106,9 +106,7 @@ class Runner:
 
             w = df.writeStream.foreachBatch(timed)
         elif path == "format":
-            w = df.writeStream.format("lakesink").option("table", table).option("partitioned-by", "days(ts)")
-            for k, v in self.props.items():
-                w = w.option(f"catalog.{k}", v)
+            w = lakesink_stream(df, table, self.props).option("partitioned-by", "days(ts)")
         else:
             raise ValueError(f"unknown path {path!r}; valid: {', '.join(PATHS)}")
         start = time.perf_counter()

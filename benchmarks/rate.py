@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import catalog_properties
+from benchmarks.common import catalog_properties, lakesink_stream
 
 
 def _check(q: Any) -> None:
@@ -38,9 +38,7 @@ def run(
     props = catalog_properties(root)
     table = "bench.rate"
     df = spark.readStream.format("rate").option("rowsPerSecond", rows_per_second).option("numPartitions", 2).load()
-    w = df.writeStream.format("lakesink").option("table", table)
-    for k, v in props.items():
-        w = w.option(f"catalog.{k}", v)
+    w = lakesink_stream(df, table, props)
     if maintenance is not None:
         w = w.option("maintenance", maintenance)
     for k, v in (table_properties or {}).items():

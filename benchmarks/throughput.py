@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks.common import catalog_properties, summarise
+from benchmarks.common import catalog_properties, lakesink_stream, summarise
 
 PATHS = ("parquet", "format", "foreach", "naive", "drain")
 DEFAULT_PATHS = PATHS[:4]
@@ -115,9 +115,7 @@ class Runner:
             out = self.root / f"out-{n}"
             w = df.writeStream.format("parquet").option("path", str(out)).option("compression", "zstd")
         elif path == "format":
-            w = df.writeStream.format("lakesink").option("table", table)
-            for k, v in self.props.items():
-                w = w.option(f"catalog.{k}", v)
+            w = lakesink_stream(df, table, self.props)
         elif path == "foreach":
             sink = lakesink.foreach_batch(table, catalog_properties=self.props)
 
