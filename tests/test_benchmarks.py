@@ -100,9 +100,12 @@ def test_memory_and_rate_at_toy_size(tmp_path: Path) -> None:
         ("format", 40_000, 40_000),
         ("foreach", 40_000, 40_000),
     ]
-    assert all(r["peak_workers_rss_mib"] > 0 for r in memory["results"])
+    # format("lakesink") encodes in Python workers; foreach_batch's default Spark path moves no row through Python
+    assert all((r["peak_workers_rss_mib"] > 0) == (r["path"] == "format") for r in memory["results"])
     rate = json.loads((out / "rate.json").read_text())
-    assert rate["batches_with_rows"] > 0 and rate["rows_in_table"] == rate["rows_reported"] > 0
+    # every_row_once: the table holds exactly the rate source's values 0..n-1, each once, and at least what the
+    # progress reported; it may hold one batch more (stop() can interrupt a batch after lakesink committed it)
+    assert rate["batches_with_rows"] > 0 and rate["rows_in_table"] >= rate["rows_reported"] > 0
     assert rate["every_row_once"] and rate["samples"] and rate["samples"][-1]["data_files"] > 0
     for png in ("memory.png", "rate.png"):
         assert (out / png).stat().st_size > 1000
