@@ -45,6 +45,7 @@ from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRef
 from pyiceberg.table.snapshots import Snapshot
 
@@ -266,7 +267,7 @@ def expire_snapshots(
         staged["snapshots"] = expired
         staged["refs"] = refs.removed
         staged["protected"] = refs.protected
-        staged["read"] = t
+        staged["read"] = (t.metadata_location, t.metadata)  # a commit through pyiceberg updates ``t`` in place
         prepared = staged["prepared"] = seam.prepare_expire(t, staged["ids"], refs.removed)
         return prepared
 
@@ -296,7 +297,7 @@ def expire_snapshots(
     keep_files = ""
     if not staged["prepared"].swapped_on_base:
         # the catalog applied the removal to its current metadata: find the refs it dropped that we did not decide to
-        lost = lost_refs(after, staged["read"], {s.snapshot_id for s in expired}, set(staged["refs"]))
+        lost = lost_refs(after, *staged["read"], {s.snapshot_id for s in expired}, set(staged["refs"]))
         if lost is None:
             keep_files = (
                 "the metadata this expiry's commit replaced cannot be found (the table's metadata log does not reach "
@@ -309,7 +310,7 @@ def expire_snapshots(
                 keep_files = (
                     f"ref(s) {', '.join(sorted(lost))} were created while the expiry ran and dropped with the snapshot "
                     f"they named; putting them back failed ({type(e).__name__}: {e}), so no file was deleted. The "
-                    f"snapshots are in metadata file {lost_in(after, staged['read'])}"
+                    f"snapshots are in metadata file {lost_in(after, staged['read'][0])}"
                 )
             after = reload()
         if keep_files:
@@ -346,28 +347,29 @@ def expire_snapshots(
     )
 
 
-def _metadata_chain(table: Table, since: Table) -> list[str] | None:
-    """The metadata files from ``since``'s (excluded) to ``table``'s (included), oldest first; None when the metadata
+def _metadata_chain(table: Table, since: str) -> list[str] | None:
+    """The metadata files from ``since`` (excluded) to ``table``'s (included), oldest first; None when the metadata
     log of ``table`` does not reach back to ``since``."""
     chain = [e.metadata_file for e in table.metadata.metadata_log] + [table.metadata_location]
-    if since.metadata_location not in chain:
+    if since not in chain:
         return None
-    return chain[chain.index(since.metadata_location) + 1 :]
+    return chain[chain.index(since) + 1 :]
 
 
 def lost_refs(
-    after: Table, read: Table, expired_ids: set[int], removed_refs: set[str]
+    after: Table, read_location: str, read: TableMetadata, expired_ids: set[int], removed_refs: set[str]
 ) -> dict[str, tuple[SnapshotRef, Snapshot]] | None:
     """Refs that the expiry's commit dropped without deciding to: in the metadata the commit replaced, pointing at a
-    snapshot it removed, gone from the metadata it made. ``read``: the table the commit was prepared on; ``after``:
-    the table read after the commit landed. {} when none; None when the metadata the commit replaced cannot be found.
+    snapshot it removed, gone from the metadata it made. ``read``: the metadata the commit was prepared on (read from
+    ``read_location``); ``after``: the table read after the commit landed. {} when none; None when the metadata the
+    commit replaced cannot be found.
     """
     if not expired_ids:
         return {}  # only refs were removed (by name): nothing else can go with them
-    chain = _metadata_chain(after, read)
+    chain = _metadata_chain(after, read_location)
     if chain is None:
         return None
-    base = read.metadata
+    base = read
     for location in chain:
         current = after.metadata if location == after.metadata_location else seam.read_table_metadata(after.io, location)
         present = {s.snapshot_id for s in current.snapshots}
@@ -384,10 +386,10 @@ def lost_refs(
     return None
 
 
-def lost_in(after: Table, read: Table) -> str:
+def lost_in(after: Table, read_location: str) -> str:
     """Where the snapshots of lost refs can still be read (the metadata file before this expiry's, as far as known)."""
-    chain = _metadata_chain(after, read) or []
-    return chain[-2] if len(chain) >= 2 else read.metadata_location
+    chain = _metadata_chain(after, read_location) or []
+    return chain[-2] if len(chain) >= 2 else read_location
 
 
 RESTORE_ATTEMPTS = 5
