@@ -297,7 +297,8 @@ def expire_snapshots(
     keep_files = ""
     if not staged["prepared"].swapped_on_base:
         # the catalog applied the removal to its current metadata: find the refs it dropped that we did not decide to
-        lost = lost_refs(after, *staged["read"], {s.snapshot_id for s in expired}, set(staged["refs"]))
+        read_location, read_metadata = staged["read"]
+        lost = lost_refs(after, read_location, read_metadata, {s.snapshot_id for s in expired}, set(staged["refs"]))
         if lost is None:
             keep_files = (
                 "the metadata this expiry's commit replaced cannot be found (the table's metadata log does not reach "
@@ -310,7 +311,7 @@ def expire_snapshots(
                 keep_files = (
                     f"ref(s) {', '.join(sorted(lost))} were created while the expiry ran and dropped with the snapshot "
                     f"they named; putting them back failed ({type(e).__name__}: {e}), so no file was deleted. The "
-                    f"snapshots are in metadata file {lost_in(after, staged['read'][0])}"
+                    f"snapshots are in metadata file {lost_in(after, read_location)}"
                 )
             after = reload()
         if keep_files:
