@@ -813,7 +813,9 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
     already read (the table the commit was prepared on), and the swap only lands if the catalog still points
     at it. Returns False, leaving nothing behind, when this path does not apply (another catalog type) or the
     pointer moved (the caller then commits through pyiceberg, which re-validates the requirements against the
-    current table, as before). An error of the swap itself is raised as from pyiceberg's own commit.
+    current table -- unless the commit is valid only on the metadata it was prepared on,
+    :attr:`PreparedCommit.exact_base`: then it is a conflict). An error of the swap itself is raised as from
+    pyiceberg's own commit. The new metadata file is named by :func:`lakesink.names.metadata_file_name`.
     """
     # driver side only: executors import this module and must not load SQLAlchemy (tests/test_boundary.py)
     from pyiceberg.catalog import Catalog

@@ -11,6 +11,7 @@ every snapshot references exists, every snapshot reads), and every file the writ
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
+import lakesink
 from lakesink import _pyiceberg as seam
 from lakesink import compaction, manifest_rewrite, names
 from lakesink.driver import Outcome, TableCommitter
@@ -29,6 +31,7 @@ from lakesink.driver.upsert import DELETED
 from lakesink.errors import InFlightTooLongError
 from lakesink.executor import TaskWriter
 from lakesink.expiry import expire_snapshots
+from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.maintenance import IN_FLIGHT_WINDOW, OrphanReport, remove_orphan_files
 from lakesink.options import OutputMode, SinkOptions, TableName
 from tests.helpers import arrow_rows, commit, load, table_ids, write_task
@@ -359,3 +362,71 @@ def test_a_compaction_that_began_before_the_commit_deadline_gives_up_and_deletes
     left = [p for p in on_disk(table) if (found := names.classify(p).commit) is not None and found.kind == names.COMPACT]
     assert not left  # its files (data files, manifests, manifest list) were deleted
     assert table_ids(table) == Counter(sent)
+
+
+# --- another process maintains the table while this one streams into it ----------------------------------------
+
+
+@pytest.mark.parametrize("other", ["maintain", "expire-and-orphans"])
+@pytest.mark.parametrize("kind", ["batch", "upsert"])
+def test_another_process_maintaining_the_table_while_a_batch_is_between_its_writes_and_its_swap(
+    catalog_properties: dict[str, str], kind: str, other: str, faults: Any
+) -> None:
+    """The sink's own maintenance takes its turn between its batches, but that turn is per process: ``lakesink
+    maintain`` (compaction, expiry, manifest rewrite, orphan removal with ``--orphans-older-than 0``), or
+    ``lakesink expire-snapshots`` then ``remove-orphan-files --older-than 0`` (which leave the branch head where it
+    is, so the batch's swap does not conflict), run by another process, do not wait for it. The batch, paused
+    before its swap, then lands once, on top of everything, with every file it references."""
+    props = {
+        "commit.manifest-merge.enabled": "false",
+        "history.expire.max-snapshot-age-ms": "0",
+        "history.expire.min-snapshots-to-keep": "2",
+    }
+    c = committer(catalog_properties, table_properties=props, **({"upsert_key": ("id",)} if kind == "upsert" else {}))
+    for b in range(6):
+        rows = arrow_rows([b * 100 + i for i in range(4)])
+        changes = pa.table({"id": rows.column("id"), DELETED: pa.array([False] * 4)}) if kind == "upsert" else None
+        plan = c.write_plan(c.reload_table(), Q)
+        result = TaskWriter(plan, query_id=Q, batch_id=b, partition_id=0, task_attempt_id=b).write(rows.to_batches())
+        c.commit_batch(query_id=Q, batch_id=b, results=[result], source_offsets=None, changes=changes)
+    expected = Counter(b * 100 + i for b in range(6) for i in range(4))
+    # batch 6: new rows, and (upsert) a new value for key 101 and key 202 deleted
+    rows = arrow_rows([700, 701, 101])
+    changes = pa.table({"id": pa.array([700, 701, 101, 202], pa.int64()), DELETED: pa.array([False, False, False, True])})
+    plan = c.write_plan(c.reload_table(), Q)
+    result = TaskWriter(plan, query_id=Q, batch_id=6, partition_id=0, task_attempt_id=60).write(rows.to_batches())
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    box: list[Any] = []
+
+    def batch() -> None:
+        try:
+            box.append(
+                c.commit_batch(
+                    query_id=Q, batch_id=6, results=[result], source_offsets=None, changes=changes if kind == "upsert" else None
+                )
+            )
+        except BaseException as e:  # the test inspects it
+            box.append(e)
+
+    t = threading.Thread(target=batch)
+    t.start()
+    try:
+        faults.wait_reached(DRIVER_BEFORE_SWAP)
+        if other == "maintain":  # the other process
+            done = lakesink.maintain(load(c), orphans_older_than=ZERO)
+            assert done.compaction.status == "committed" and done.expiry.status == "committed", done
+        else:
+            assert expire_snapshots(load(c)).status == "committed"
+            remove_orphan_files(load(c), older_than=ZERO)
+    finally:
+        faults.release(DRIVER_BEFORE_SWAP)
+        t.join(120)
+        faults.clear()
+    assert box and not isinstance(box[0], BaseException) and box[0].outcome is Outcome.COMMITTED, box
+    table = load(c)
+    assert_intact(table)
+    expected.update([700, 701] if kind == "upsert" else [700, 701, 101])
+    if kind == "upsert":
+        expected.subtract([202])
+    assert table_ids(table) == +expected
+    assert lakesink.verify(table).violations == []
