@@ -7,9 +7,13 @@ metadata can reach, and removes what is left, under two safety rules (see its do
 ``docs/maintenance.md``):
 
 - the **age rule** (Iceberg's ``deleteOrphanFiles``): only files modified before ``older_than`` ago;
-- the **in-flight guard**: whatever ``older_than`` says, a file that a commit in flight may still
-  reference (a lakesink batch not committed yet, the manifests written for it, a possible next
-  metadata version of the table) is kept for at least :data:`IN_FLIGHT_WINDOW`.
+- the **in-flight guard**: whatever ``older_than`` says, a file that a lakesink commit in flight may still
+  reference is kept for at least :data:`IN_FLIGHT_WINDOW`. Every file lakesink writes is named by
+  :mod:`lakesink.names`, and the guard decides from the name (:func:`lakesink.names.classify`): a batch's data
+  files and its commit's manifests while the batch is not committed (its replay marker), any other lakesink
+  commit's files (a compaction, a manifest rewrite) for the whole window counted from the start its name carries;
+  other writers' manifests by what they list, and a possible next metadata version of the table. The commit
+  side keeps the window: no lakesink commit swaps files older than :data:`lakesink.names.COMMIT_DEADLINE_MS`.
 
 Only pyiceberg's public API is used: the table metadata, ``Snapshot.manifests``,
 ``ManifestFile.from_args`` / ``fetch_manifest_entry``, ``read_manifest_list``,

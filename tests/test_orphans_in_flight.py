@@ -382,7 +382,8 @@ def test_another_process_maintaining_the_table_while_a_batch_is_between_its_writ
         "history.expire.max-snapshot-age-ms": "0",
         "history.expire.min-snapshots-to-keep": "2",
     }
-    c = committer(catalog_properties, table_properties=props, **({"upsert_key": ("id",)} if kind == "upsert" else {}))
+    options: dict[str, Any] = {"upsert_key": ("id",)} if kind == "upsert" else {}
+    c = committer(catalog_properties, table_properties=props, **options)
     for b in range(6):
         rows = arrow_rows([b * 100 + i for i in range(4)])
         changes = pa.table({"id": rows.column("id"), DELETED: pa.array([False] * 4)}) if kind == "upsert" else None
