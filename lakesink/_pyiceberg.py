@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.conversions import from_bytes
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.expressions.parser import parse
 from pyiceberg.expressions.visitors import bind
@@ -40,14 +41,25 @@ from pyiceberg.io.pyarrow import (
     schema_to_pyarrow,
     visit_pyarrow,
 )
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent, ManifestEntry, ManifestFile
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestContent,
+    ManifestEntry,
+    ManifestFile,
+    write_manifest_list,
+)
 from pyiceberg.partitioning import PartitionSpec, _to_partition_representation
 from pyiceberg.schema import Schema, assign_fresh_schema_ids, index_by_id, sanitize_column_names, visit_with_partner
+from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.snapshots import Operation, Summary
+from pyiceberg.table.refs import SnapshotRef
+from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update import (
+    AddSnapshotUpdate,
     AssertCurrentSchemaId,
     AssertDefaultSpecId,
     AssertRefSnapshotId,
@@ -67,7 +79,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import IcebergType, ListType, MapType, PrimitiveType
 
-from lakesink import storage
+from lakesink import names, storage
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 from lakesink.parquetlayout import dictionary_columns
@@ -313,6 +325,19 @@ class PreparedCommit:
     _producer: Any = None
     _owned_files: tuple[str, ...] = ()
     """Data files written for this commit attempt alone (an upsert's rewritten files), deleted by :meth:`discard`."""
+    files_since_ms: int | None = None
+    """When the oldest file this commit writes into the table (and that the table does not reference yet) was
+    written, ms since the epoch; None: only files written by this attempt (checked by lakesink.driver.swap against
+    lakesink.names.COMMIT_DEADLINE_MS)."""
+    exact_base: bool = False
+    """The updates are right only for the metadata they were prepared on (snapshot expiry: which refs and snapshots
+    to keep was decided on it). On a SQL catalog the swap then never falls back to pyiceberg's commit, which would
+    apply them to whatever metadata is current: the pointer moved, so it is a conflict and the caller re-plans."""
+    generic: bool = False
+    """Set by :meth:`commit`: the swap went through pyiceberg's ``Table._do_commit`` (the catalog applied the
+    updates to its current metadata, which may not be the metadata they were prepared on)."""
+    swapped_on_base: bool = False
+    """Set by :meth:`commit`: the swap landed as a compare-and-swap from the very metadata the commit was prepared on."""
 
     def commit(self) -> None:
         """Swap the table's metadata pointer once. Raises CommitFailedException when the base moved.
@@ -321,7 +346,15 @@ class PreparedCommit:
         lakesink re-checking whether the batch is already in the table.
         """
         fault_point(CATALOG_FAILS_BEFORE_APPLY)
-        if not _swap_on_sql_catalog(self.table, self._updates, self._requirements):
+        on_sql = _sql_swap_applies(self.table)
+        if on_sql and _swap_on_sql_catalog(self.table, self._updates, self._requirements):
+            self.swapped_on_base = True
+        elif on_sql and self.exact_base:
+            raise CommitFailedException(
+                "the table's metadata changed since it was read; the commit is prepared again on the new metadata"
+            )
+        else:
+            self.generic = True
             self.table._do_commit(updates=self._updates, requirements=self._requirements)
         fault_point(CATALOG_FAILS_AFTER_APPLY)
 
@@ -331,6 +364,14 @@ class PreparedCommit:
             self._producer._clean_all_uncommitted()
         for path in self._owned_files:
             storage.delete_file(self.table.io, path)
+
+
+def _named(producer: Any, commit: names.CommitName | None) -> Any:
+    """``producer`` writing its manifests and manifest list under lakesink's commit name (pyiceberg's ``commit_uuid``,
+    which it only formats into those names): the orphan clean-up recognises them by it (lakesink.names)."""
+    if commit is not None:
+        producer.commit_uuid = commit
+    return producer
 
 
 class _MetadataCachingTransaction(Transaction):
@@ -366,11 +407,14 @@ def prepare_snapshot(
     branch: str,
     schema_changes: Sequence[Any] = (),
     manifest_merge: bool = True,
+    commit: names.CommitName | None = None,
+    files_since_ms: int | None = None,
 ) -> PreparedCommit:
     """Write the manifests of one snapshot (append, merging manifests as Iceberg does, or overwrite of the whole table).
 
     ``properties(snapshot_id)`` gives table properties to set in the same atomic commit, and
-    ``schema_changes`` (lakesink.schema.SchemaChange) evolve the schema in it too.
+    ``schema_changes`` (lakesink.schema.SchemaChange) evolve the schema in it too. ``commit`` names the manifests
+    and the manifest list (lakesink.names); ``files_since_ms``: when the oldest of ``data_files`` was written.
     """
     tx = _MetadataCachingTransaction(table)
     if schema_changes:
@@ -380,21 +424,27 @@ def prepare_snapshot(
     update = tx.update_snapshot(snapshot_properties=dict(summary), branch=branch)
     producer: Any
     if overwrite:
-        producer = update.overwrite()
+        producer = _named(update.overwrite(), commit)
         for existing in live_data_files(table, branch):
             producer.delete_data_file(existing)
     else:
-        producer = update.merge_append()
+        producer = _named(update.merge_append(), commit)
         # Iceberg's default for commit.manifest-merge.enabled is true (pyiceberg's is false): without merging,
         # every batch adds a manifest that every later manifest list carries forever
         producer._merge_enabled = manifest_merge
     for f in data_files:
         producer.append_data_file(f)
-    return _staged(table, tx, producer, properties)
+    return _staged(table, tx, producer, properties, files_since_ms=files_since_ms)
 
 
 def _staged(
-    table: Table, tx: Transaction, producer: Any, properties: Callable[[int], Mapping[str, str]], owned: Sequence[str] = ()
+    table: Table,
+    tx: Transaction,
+    producer: Any,
+    properties: Callable[[int], Mapping[str, str]],
+    owned: Sequence[str] = (),
+    *,
+    files_since_ms: int | None = None,
 ) -> PreparedCommit:
     """Stage ``producer``'s snapshot and the properties into ``tx``: the prepared commit of both."""
     producer.commit()  # stages the snapshot into the transaction; nothing reaches the catalog yet
@@ -417,6 +467,7 @@ def _staged(
         _requirements=requirements,
         _producer=producer,
         _owned_files=tuple(owned),
+        files_since_ms=files_since_ms,
     )
 
 
@@ -431,6 +482,8 @@ def prepare_rewrite(
     branch: str,
     schema_changes: Sequence[Any] = (),
     manifest_merge: bool = True,
+    commit: names.CommitName | None = None,
+    files_since_ms: int | None = None,
 ) -> PreparedCommit:
     """An upsert batch's snapshot (copy-on-write): remove ``removed_files``, add ``data_files`` (the batch's rows
     and the rewritten files' remaining rows), in one snapshot.
@@ -447,15 +500,15 @@ def prepare_rewrite(
     update = tx.update_snapshot(snapshot_properties=dict(summary), branch=branch)
     producer: Any
     if removed_files:
-        producer = update.overwrite()
+        producer = _named(update.overwrite(), commit)
         for removed in removed_files:
             producer.delete_data_file(removed)
     else:
-        producer = update.merge_append()
+        producer = _named(update.merge_append(), commit)
         producer._merge_enabled = manifest_merge
     for f in data_files:
         producer.append_data_file(f)
-    return _staged(table, tx, producer, properties, rewritten_paths)
+    return _staged(table, tx, producer, properties, rewritten_paths, files_since_ms=files_since_ms)
 
 
 def live_data_files(table: Table, branch: str) -> Iterable[DataFile]:
@@ -578,6 +631,8 @@ def prepare_replace(
     added: Sequence[DataFile],
     summary: Mapping[str, str],
     branch: str,
+    commit: names.CommitName | None = None,
+    files_since_ms: int | None = None,
 ) -> PreparedCommit:
     """Stage a ``replace`` snapshot on ``table``'s ``branch``: ``deleted`` (live in its head) rewritten as ``added``.
 
@@ -589,6 +644,7 @@ def prepare_replace(
         operation=Operation.OVERWRITE,  # relabelled REPLACE in its summary
         transaction=tx,
         io=table.io,
+        commit_uuid=commit,  # type: ignore[arg-type]  # formatted into names only (lakesink.names)
         branch=branch,
         snapshot_properties=dict(summary),
     )
@@ -604,6 +660,7 @@ def prepare_replace(
         _updates=keeping_ref_retention(table.metadata, tx._updates),
         _requirements=requirements,
         _producer=producer,
+        files_since_ms=files_since_ms,
     )
 
 
@@ -738,6 +795,15 @@ def updated_metadata(base: TableMetadata, updates: Sequence[Any], base_location:
     return new
 
 
+def _sql_swap_applies(table: Table) -> bool:
+    """Whether :func:`_swap_on_sql_catalog` can commit to ``table``: a pyiceberg SQL catalog whose database reports
+    the rows an UPDATE matched, and a table read from a metadata file."""
+    from pyiceberg.catalog.sql import SqlCatalog  # driver side only (tests/test_boundary.py)
+
+    catalog = table.catalog
+    return bool(isinstance(catalog, SqlCatalog) and table.metadata_location and catalog.engine.dialect.supports_sane_rowcount)
+
+
 def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Sequence[Any]) -> bool:
     """Commit on a pyiceberg SQL catalog from the metadata already read: one compare-and-swap of the pointer
     from ``table.metadata_location`` to a metadata file built from ``table.metadata``.
@@ -747,7 +813,9 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
     already read (the table the commit was prepared on), and the swap only lands if the catalog still points
     at it. Returns False, leaving nothing behind, when this path does not apply (another catalog type) or the
     pointer moved (the caller then commits through pyiceberg, which re-validates the requirements against the
-    current table, as before). An error of the swap itself is raised as from pyiceberg's own commit.
+    current table -- unless the commit is valid only on the metadata it was prepared on,
+    :attr:`PreparedCommit.exact_base`: then it is a conflict). An error of the swap itself is raised as from
+    pyiceberg's own commit. The new metadata file is named by :func:`lakesink.names.metadata_file_name`.
     """
     # driver side only: executors import this module and must not load SQLAlchemy (tests/test_boundary.py)
     from pyiceberg.catalog import Catalog
@@ -757,14 +825,15 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
 
     catalog = table.catalog
     base_location = table.metadata_location
-    if not isinstance(catalog, SqlCatalog) or not base_location or not catalog.engine.dialect.supports_sane_rowcount:
+    if not _sql_swap_applies(table):
         return False
+    assert isinstance(catalog, SqlCatalog)
     base = table.metadata
     for requirement in requirements:
         requirement.validate(base)  # CommitFailedException: a clean conflict, as from the catalog
     new = updated_metadata(base, updates, base_location)
     version = SqlCatalog._parse_metadata_version(base_location) + 1
-    location = load_location_provider(new.location, new.properties).new_table_metadata_file_location(version)
+    location = load_location_provider(new.location, new.properties).new_metadata_location(names.metadata_file_name(version))
     SqlCatalog._write_metadata(metadata=new, io=table.io, metadata_path=location)
     identifier = table.name()
     with Session(catalog.engine) as session:
@@ -920,7 +989,7 @@ class PreparedManifestRewrite(PreparedCommit):
 
 
 def prepare_rewrite_manifests(
-    table: Table, *, branch: str, entries_per_manifest: int, summary: Mapping[str, str]
+    table: Table, *, branch: str, entries_per_manifest: int, summary: Mapping[str, str], commit: names.CommitName | None = None
 ) -> PreparedManifestRewrite:
     """Stage a ``replace`` snapshot on ``branch`` whose data manifests are the head's, rewritten (see
     :class:`_RewriteManifests`). The swap requires the branch head (and the table) to be the ones read."""
@@ -929,6 +998,7 @@ def prepare_rewrite_manifests(
         operation=Operation.REPLACE,
         transaction=tx,
         io=table.io,
+        commit_uuid=commit,
         branch=branch,
         snapshot_properties=dict(summary),
         entries_per_manifest=entries_per_manifest,
@@ -958,7 +1028,108 @@ def prepare_expire(table: Table, snapshot_ids: Sequence[int], refs: Sequence[str
     prepared = prepare_remove_snapshots(table, snapshot_ids)
     removals = tuple(RemoveSnapshotRefUpdate(ref_name=name) for name in refs)  # type: ignore[call-arg]
     prepared._updates = (*removals, *(prepared._updates if snapshot_ids else ()))
+    # which refs and snapshots to keep was decided on this metadata: applied to other metadata, the removal would
+    # drop any ref created meanwhile on a removed snapshot (pyiceberg and Iceberg Java drop a ref whose snapshot
+    # is removed). See lakesink.expiry for catalogs that always apply updates to their current metadata.
+    prepared.exact_base = True
     return prepared
+
+
+RESTORED_FROM = "lakesink.restored-from-snapshot-id"
+"""Summary key of a snapshot :func:`prepare_restore_refs` made: the snapshot whose manifests it carries."""
+RESTORED_REF = "lakesink.restored-ref"
+"""Summary key: the ref(s) it was made for (comma-separated)."""
+
+
+def prepare_restore_refs(
+    table: Table, lost: Mapping[str, tuple[SnapshotRef, Snapshot]], *, commit: names.CommitName
+) -> PreparedCommit:
+    """Put back refs that a snapshot expiry dropped together with their snapshot (``lost``: name -> (the ref, the
+    snapshot it named), as in the metadata the expiry replaced).
+
+    A removed snapshot cannot be added back as it was: Iceberg sets the table's last sequence number to the added
+    snapshot's, so an old one would move it backwards. Each lost snapshot comes back as a new snapshot with a new id
+    and the next sequence number, whose manifest list lists exactly the lost snapshot's manifests (their own
+    sequence numbers are in the list, so every row and delete reads as before); its parent is the lost snapshot
+    (which no longer exists, as after any expiry in Iceberg Java), and its summary names it
+    (:data:`RESTORED_FROM`). Each ref is set to it with its own retention. The swap requires each ref still to be
+    absent, and (through the parent) the catalog refuses the new sequence number when another snapshot was added
+    meanwhile: a conflict, prepared again on the new metadata.
+    """
+    md = table.metadata
+    provider = load_location_provider(table_location=table.location(), table_properties=md.properties)
+    compression = md.properties.get("write.avro.compression-codec", "gzip")
+    updates: list[Any] = []
+    requirements: list[Any] = [AssertTableUUID(uuid=md.table_uuid)]
+    written: list[str] = []
+    sequence = md.next_sequence_number()
+    used: set[int] = set()
+    made: dict[int, int] = {}  # lost snapshot id -> its new snapshot id
+    try:
+        for name, (ref, snapshot) in sorted(lost.items()):
+            requirements.append(AssertRefSnapshotId(snapshot_id=None, ref=name))  # type: ignore[call-arg]
+            if snapshot.snapshot_id not in made:
+                new_id = md.new_snapshot_id()
+                while new_id in used:
+                    new_id = md.new_snapshot_id()
+                used.add(new_id)
+                path = provider.new_metadata_location(names.manifest_list_name(commit, new_id))
+                written.append(path)
+                with write_manifest_list(
+                    format_version=md.format_version,
+                    output_file=table.io.new_output(path),
+                    snapshot_id=new_id,
+                    parent_snapshot_id=snapshot.snapshot_id,
+                    sequence_number=sequence,
+                    avro_compression=compression,  # type: ignore[arg-type]
+                ) as writer:
+                    writer.add_manifests(snapshot.manifests(table.io))
+                refs = sorted(n for n, (_, s) in lost.items() if s.snapshot_id == snapshot.snapshot_id)
+                props = snapshot.summary.additional_properties if snapshot.summary else {}
+                kept = {k: v for k, v in props.items() if not k.startswith(("lakesink.", "spark."))}
+                summary = Summary(
+                    operation=snapshot.summary.operation if snapshot.summary else Operation.APPEND,
+                    **kept,
+                    **{RESTORED_FROM: str(snapshot.snapshot_id), RESTORED_REF: ",".join(refs)},
+                )
+                restored = Snapshot(  # type: ignore[call-arg]
+                    snapshot_id=new_id,
+                    parent_snapshot_id=snapshot.snapshot_id,
+                    sequence_number=sequence if md.format_version > 1 else snapshot.sequence_number,
+                    manifest_list=path,
+                    summary=summary,
+                    schema_id=snapshot.schema_id,
+                )
+                updates.append(AddSnapshotUpdate(snapshot=restored))
+                made[snapshot.snapshot_id] = new_id
+                if md.format_version > 1:
+                    sequence += 1
+            updates.append(
+                SetSnapshotRefUpdate(  # type: ignore[call-arg]
+                    ref_name=name,
+                    type=ref.snapshot_ref_type,
+                    snapshot_id=made[snapshot.snapshot_id],
+                    max_ref_age_ms=ref.max_ref_age_ms,
+                    max_snapshot_age_ms=ref.max_snapshot_age_ms,
+                    min_snapshots_to_keep=ref.min_snapshots_to_keep,
+                )
+            )
+    except BaseException:
+        for path in written:
+            storage.delete_file(table.io, path)
+        raise
+    return PreparedCommit(
+        table=table,
+        snapshot_id=-1,
+        _updates=tuple(updates),
+        _requirements=tuple(requirements),
+        _owned_files=tuple(written),
+    )
+
+
+def read_table_metadata(io: FileIO, location: str) -> TableMetadata:
+    """The table metadata in the metadata file at ``location``."""
+    return FromInputFile.table_metadata(io.new_input(location))
 
 
 def keeping_ref_retention(metadata: TableMetadata, updates: Sequence[Any]) -> tuple[Any, ...]:

@@ -30,12 +30,12 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
 from lakesink import _pyiceberg as seam
-from lakesink import parquetlayout, storage
+from lakesink import names, parquetlayout, storage
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import lakesink_key
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
-from lakesink.errors import CommitOutcomeUnknownError, LakesinkError
+from lakesink.errors import CommitOutcomeUnknownError, InFlightTooLongError, LakesinkError
 from lakesink.properties import SUMMARY_COMMIT_ID, SUMMARY_OPERATION, CommittedBatch, SnapshotIndex, landed_commit
 from lakesink.tablesettings import TableSettings
 
@@ -174,6 +174,8 @@ def compact(
     if dry_run:
         return CompactionReport(name, branch, True, "dry run", groups=tuple(planned.groups))
     commit_id = uuid.uuid4().hex
+    # its data files, manifests and manifest list carry its name: the orphan clean-up keeps them while it may land
+    files_name = names.commit_name(names.COMPACT)
     schema = table.schema()
     spec = table.spec()
     added: list[DataFile] = []
@@ -182,7 +184,7 @@ def compact(
     try:
         for i, b in enumerate(planned.bins):
             runs = _origins(table, b, added_by)
-            added.append(_rewrite(table, b, schema=schema, spec=spec, commit_id=commit_id, index=i, runs=runs))
+            added.append(_rewrite(table, b, schema=schema, spec=spec, commit=files_name, index=i, runs=runs))
             if progress:
                 progress(i + 1, len(planned.bins))
     except BaseException:
@@ -208,7 +210,15 @@ def compact(
             if str(t.metadata.table_uuid) != str(table.metadata.table_uuid) or t.spec().spec_id != spec.spec_id:
                 raise CompactionStaleError("the table or its partition spec changed")
             deleted = [live[p] for p in sorted(wanted)]
-        return seam.prepare_replace(t, deleted=deleted, added=added, summary=summary, branch=branch)
+        return seam.prepare_replace(
+            t,
+            deleted=deleted,
+            added=added,
+            summary=summary,
+            branch=branch,
+            commit=files_name.next_attempt(),
+            files_since_ms=files_name.started_ms,
+        )
 
     retry = TableSettings.parse(name, table.properties).commit_retry
     groups = tuple(planned.groups)
@@ -226,9 +236,9 @@ def compact(
             redact=lambda e: type(e).__name__,
             attempt_guard=swap_guard,
         )
-    except (CompactionStaleError, RetriesExhausted) as e:
+    except (CompactionStaleError, RetriesExhausted, InFlightTooLongError) as e:
         _delete(table, [f.file_path for f in added])
-        reason = str(e) if isinstance(e, CompactionStaleError) else f"{e.attempts} attempt(s) conflicted with other commits"
+        reason = str(e) if not isinstance(e, RetriesExhausted) else f"{e.attempts} attempt(s) conflicted with other commits"
         log.info("lakesink: compaction of %s gave up (%s); a later run retries", name, reason)
         return CompactionReport(name, branch, False, f"gave up: {reason}", groups=groups, duration_ms=_ms(started))
     except CommitOutcomeUnknownError:
@@ -279,13 +289,20 @@ def _origins(table: Table, files: Sequence[DataFile], added_by: dict[str, int | 
 
 
 def _rewrite(
-    table: Table, files: Sequence[DataFile], *, schema: Any, spec: Any, commit_id: str, index: int, runs: list[origins.Run]
+    table: Table,
+    files: Sequence[DataFile],
+    *,
+    schema: Any,
+    spec: Any,
+    commit: names.CommitName,
+    index: int,
+    runs: list[origins.Run],
 ) -> DataFile:
     tasks = [FileScanTask(f) for f in files]
     batches = seam.scan_files(table.metadata, table.io, tasks, schema=schema, row_filter=AlwaysTrue())
     first = files[0]
     part = seam.partition_path(spec, schema, seam.partition_of(first)) if spec.fields else None
-    location = seam.new_data_location(table.location(), table.properties, f"compact-{commit_id[:12]}-{index:05d}.parquet", part)
+    location = seam.new_data_location(table.location(), table.properties, names.commit_data_file_name(commit, index), part)
     settings = TableSettings.parse(_name(table), table.properties)
     size, footer = seam.write_parquet(
         table,

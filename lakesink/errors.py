@@ -64,6 +64,17 @@ class CommitOutcomeUnknownError(LakesinkError):
     retryable = True
 
 
+class InFlightTooLongError(LakesinkError):
+    """A commit's files were written longer ago than lakesink's in-flight window lets a commit use them.
+
+    The orphan-file clean-up keeps the files of a commit in flight for ``lakesink.names.IN_FLIGHT_WINDOW_MS``
+    (3 days); a commit whose oldest file is older than ``lakesink.names.COMMIT_DEADLINE_MS`` (2 days) is never
+    swapped, since some of its files may be gone. Nothing was committed; a restart writes the batch again.
+    """
+
+    retryable = True
+
+
 class ConcurrentTableChangeError(LakesinkError):
     """The table's schema or partition spec changed while the batch was being written."""
 

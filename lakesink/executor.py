@@ -130,6 +130,7 @@ class TaskWriter:
         self._partition_id = partition_id
         self._task_attempt_id = task_attempt_id
         self._token = names.new_token()
+        self._since_ms = names.now_ms()  # before any file: every file of the task is at least this recent
         self._file_schema: Schema = seam.file_schema(plan.schema)
         settings = plan.settings
         self._target_file_size = settings.target_file_size
@@ -200,6 +201,7 @@ class TaskWriter:
             written_schema=self._plan.schema_digest,
             schema_changes=self._plan.schema_changes,
             changes=self._changes,
+            written_since_ms=self._since_ms if self._files else None,
         )
 
     # --- conforming rows to the table -----------------------------------------------------------

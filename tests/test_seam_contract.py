@@ -402,6 +402,54 @@ def test_branch_updates_keep_retention_and_refs_can_be_removed(table: Table, cat
         assert set(catalog.load_table(("db", "contract")).metadata.refs) == {"main", "b"}
 
 
+def test_snapshot_producers_name_their_files_from_commit_uuid(table: Table, catalog: Catalog) -> None:
+    with hook(
+        "pyiceberg _SnapshotProducer.commit_uuid, _new_manifest_file_name, _new_manifest_list_file_name",
+        "_named (prepare_snapshot / prepare_rewrite / prepare_replace / prepare_rewrite_manifests)",
+    ):
+        from pyiceberg.table.update.snapshot import _new_manifest_file_name, _new_manifest_list_file_name
+
+        from lakesink import names
+
+        commit = names.commit_name(names.BATCH, query_id="1964bb6e-59a8", batch_id=3)
+        # the names pyiceberg formats from a commit_uuid are the ones lakesink.names makes and parses back
+        assert _new_manifest_file_name(num=2, commit_uuid=commit) == names.manifest_name(commit, 2)  # type: ignore[arg-type]
+        list_name = _new_manifest_list_file_name(snapshot_id=-5, attempt=0, commit_uuid=commit)  # type: ignore[arg-type]
+        assert list_name == names.manifest_list_name(commit, -5)
+        assert names.commit_of(list_name) == commit == names.commit_of(names.manifest_name(commit, 2))
+        files = list(seam.live_data_files(table, "main"))
+        for overwrite in (False, True):  # merge_append and overwrite producers
+            prepared = seam.prepare_snapshot(
+                table, data_files=files, overwrite=overwrite, summary={}, properties=lambda _: {}, branch="main", commit=commit
+            )
+            assert prepared._producer.commit_uuid is commit
+            written = [*prepared._producer._written_manifests, *prepared._producer._written_manifest_lists]
+            assert written and all(names.commit_of(p.rsplit("/", 1)[-1]) == commit for p in written), written
+            prepared.discard()
+
+
+def test_added_snapshot_with_a_parent_and_an_old_sequence_number_is_refused(table: Table, catalog: Catalog) -> None:
+    with hook("pyiceberg AddSnapshotUpdate (sequence number check) / write_manifest_list", "prepare_restore_refs"):
+        from pyiceberg.manifest import write_manifest_list
+        from pyiceberg.table.update import AddSnapshotUpdate, update_table_metadata
+
+        assert params(write_manifest_list) == [
+            "format_version",
+            "output_file",
+            "snapshot_id",
+            "parent_snapshot_id",
+            "sequence_number",
+            "avro_compression",
+        ]
+        head = table.current_snapshot()
+        assert head is not None
+        # a snapshot brought back with a parent and a sequence number not above the table's is refused: the check
+        # that makes prepare_restore_refs conflict when another snapshot landed meanwhile
+        stale = head.model_copy(update={"snapshot_id": head.snapshot_id + 1, "parent_snapshot_id": head.snapshot_id})
+        with pytest.raises(ValueError, match="older than last sequence number"):
+            update_table_metadata(table.metadata, (AddSnapshotUpdate(snapshot=stale),))
+
+
 def test_sql_catalog_type_filter_and_orm_conversion(table: Table, catalog: Catalog) -> None:
     with hook("pyiceberg SqlCatalog._iceberg_type_filter / _convert_orm_to_iceberg", "reload_from_sql_catalog"):
         from pyiceberg.catalog.sql import SqlCatalog

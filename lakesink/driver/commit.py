@@ -20,6 +20,7 @@ from pyiceberg.table import Table
 
 from lakesink import _pyiceberg as seam
 from lakesink import (
+    names,
     storage,
     taskchanges,
     upkeep,  # a module: lakesink.upkeep imports the driver's swap loop back
@@ -94,6 +95,16 @@ class _Batch:
     @property
     def paths(self) -> list[str]:
         return [f.path for f in self.files]
+
+    @property
+    def files_since_ms(self) -> int | None:
+        """When the oldest of the batch's files was written (None: the tasks did not say)."""
+        return min((r.written_since_ms for r in self.results if r.files and r.written_since_ms is not None), default=None)
+
+    def commit_name(self) -> names.CommitName:
+        """A new name for one attempt's manifests and manifest list (lakesink.names: the orphan clean-up keeps them
+        while the batch is not committed)."""
+        return names.commit_name(names.BATCH, query_id=self.query_id, batch_id=self.batch_id)
 
 
 class TableCommitter(SinkTable):
@@ -283,6 +294,8 @@ class TableCommitter(SinkTable):
                 rewrites.append(rewrite)
                 return seam.prepare_rewrite(
                     t,
+                    commit=batch.commit_name(),
+                    files_since_ms=batch.files_since_ms,
                     removed_files=rewrite.removed,
                     data_files=[
                         *data_files,
@@ -306,6 +319,8 @@ class TableCommitter(SinkTable):
                 )
             return seam.prepare_snapshot(
                 t,
+                commit=batch.commit_name(),
+                files_since_ms=batch.files_since_ms,
                 data_files=data_files,
                 overwrite=overwrite,
                 summary=attempt_summary,

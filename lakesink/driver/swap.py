@@ -25,9 +25,9 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential_jitter
 
-from lakesink import catalogs
+from lakesink import catalogs, names
 from lakesink._pyiceberg import PreparedCommit
-from lakesink.errors import CommitOutcomeUnknownError, LakesinkError
+from lakesink.errors import CommitOutcomeUnknownError, InFlightTooLongError, LakesinkError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_CHECK, DRIVER_BEFORE_SWAP, fault_point
 from lakesink.properties import CommittedBatch
 from lakesink.tablesettings import CommitRetry
@@ -113,6 +113,23 @@ def _entered(guard: Callable[[], AbstractContextManager[None]] | None) -> Iterat
         yield
 
 
+def refuse_stale_files(prepared: PreparedCommit, what: str) -> None:
+    """Raise InFlightTooLongError when the oldest file ``prepared`` writes into the table is older than
+    :data:`lakesink.names.COMMIT_DEADLINE_MS`: the orphan clean-up keeps a commit's files in flight for
+    :data:`lakesink.names.IN_FLIGHT_WINDOW_MS` only, so some of them may be gone (the commit side of that contract)."""
+    since = prepared.files_since_ms
+    if since is None:
+        return
+    age = names.now_ms() - since
+    if age > names.COMMIT_DEADLINE_MS:
+        raise InFlightTooLongError(
+            f"{what}: its oldest file was written {age / 3_600_000:.1f} h ago, longer than lakesink lets a commit use "
+            f"files ({names.COMMIT_DEADLINE_MS / 3_600_000:.0f} h; the orphan-file clean-up keeps files in flight for "
+            f"{names.IN_FLIGHT_WINDOW_MS / 3_600_000:.0f} h, so some may already be gone). Nothing was committed; "
+            "restarting the query writes the batch again (docs/maintenance.md, 'Safety rules')"
+        )
+
+
 def settle(
     *, load_fresh: Callable[[], Table], recheck: Callable[[Table], CommittedBatch | None], batch_id: int, commit_id: str
 ) -> tuple[Settled, CommittedBatch | None]:
@@ -180,6 +197,7 @@ def swap_with_recheck(
                 try:
                     prepared = prepare(table, done, attempts)
                     fault_point(DRIVER_BEFORE_SWAP)
+                    refuse_stale_files(prepared, what)
                 except BaseException:
                     if prepared is not None:  # failed before the swap: certainly not committed
                         prepared.discard()

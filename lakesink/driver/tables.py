@@ -19,7 +19,7 @@ from pyiceberg.types import NestedField
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
 from lakesink import _pyiceberg as seam
-from lakesink import catalogs, locations, partitioning
+from lakesink import catalogs, locations, names, partitioning
 from lakesink.errors import (
     CatalogError,
     CatalogUnavailableError,
@@ -90,9 +90,21 @@ class SinkTable:
             head = table.metadata.snapshot_by_name(MAIN_BRANCH)
             if head is None:
                 # Iceberg writes a branch only from a snapshot: give an empty table an empty snapshot to branch from
-                with table.transaction() as tx:
-                    with tx.update_snapshot(snapshot_properties={BRANCH_BASE: branch}).fast_append():
-                        pass
+                # (its manifest list named by lakesink, so that the orphan clean-up keeps it while it may land)
+                empty = seam.prepare_snapshot(
+                    table,
+                    data_files=[],
+                    overwrite=False,
+                    summary={BRANCH_BASE: branch},
+                    properties=lambda _: {},
+                    branch=MAIN_BRANCH,
+                    commit=names.commit_name(names.BRANCH),
+                )
+                try:
+                    empty.commit()
+                except CommitFailedException:
+                    empty.discard()
+                    raise
                 table = catalogs.load_table(self.catalog, self.options.table.identifier)
                 head = table.metadata.snapshot_by_name(MAIN_BRANCH)
                 assert head is not None
