@@ -32,6 +32,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzType
 
 from lakesink import _pyiceberg as seam
+from lakesink import floats
 from lakesink.errors import LakesinkError
 from lakesink.executor import TaskWriter, utc_schema
 from lakesink.keyed import SUMMARY_DELETED, SUMMARY_INSERTED, SUMMARY_UPDATED
@@ -221,7 +222,9 @@ _EPOCH = datetime.datetime(1970, 1, 1)
 
 
 def _normalized(value: Any) -> Any:
-    """A partition value in one representation (days, micros) whichever side computed it."""
+    """A partition value in one representation (days, micros; floats by bit pattern) whichever side computed it."""
+    if isinstance(value, float):
+        return floats.value_key(value)  # -0.0 apart from 0.0, NaN equal to NaN (a set of floats does neither)
     if isinstance(value, datetime.datetime):
         if value.tzinfo is not None:
             value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
