@@ -63,9 +63,9 @@ def table_rows(c: TableCommitter) -> dict[Any, str]:
     table = c.reload_table()
     assert_snapshot_invariants(table)
     out: dict[Any, str] = {}
-    for read in (lambda: table.scan().to_arrow(), lambda: interop.duckdb_read(table.metadata_location),
-                 lambda: interop.iceberg_rust_read(table.metadata_location)):  # fmt: skip
-        got = {tuple(r[k] for k in c.options.upsert_key): r["value"] for r in read().to_pylist()}
+    for rows in (table.scan().to_arrow(), interop.duckdb_read(table.metadata_location),
+                 interop.iceberg_rust_read(table.metadata_location)):  # fmt: skip
+        got = {tuple(r[k] for k in c.options.upsert_key): r["value"] for r in rows.to_pylist()}
         assert not out or got == out
         out = got
     return out

@@ -538,6 +538,7 @@ def test_partition_summaries_bound_signed_zeros_in_icebergs_order() -> None:
                 stats.update(v)
             summary = stats.to_summary()
             assert summary.contains_nan and summary.contains_null
+            assert summary.lower_bound is not None and summary.upper_bound is not None
             lower = from_bytes(DoubleType(), summary.lower_bound)
             upper = from_bytes(DoubleType(), summary.upper_bound)
             assert (str(lower), str(upper)) == ("-0.0", "0.0"), order  # pyiceberg 0.12.0's own: both the first seen
