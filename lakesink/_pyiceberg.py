@@ -9,6 +9,8 @@ Tested against pyiceberg 0.12.
 
 from __future__ import annotations
 
+import math
+import struct
 import time
 import uuid as uuid_module
 import warnings
@@ -19,9 +21,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyiceberg.avro.decoder import new_decoder
+from pyiceberg.avro.reader import DoubleReader
 from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.expressions import AlwaysFalse, AlwaysTrue, And, BooleanExpression, EqualTo, IsNaN, IsNull, Or, Reference
 from pyiceberg.expressions.parser import parse
 from pyiceberg.expressions.visitors import bind
 from pyiceberg.io import FileIO
@@ -48,6 +52,7 @@ from pyiceberg.manifest import (
     ManifestContent,
     ManifestEntry,
     ManifestFile,
+    PartitionFieldStats,
     write_manifest_list,
 )
 from pyiceberg.partitioning import PartitionSpec, _to_partition_representation
@@ -74,12 +79,12 @@ from pyiceberg.table.update import (
     update_table_metadata,
 )
 from pyiceberg.table.update.schema import UpdateSchema
-from pyiceberg.table.update.snapshot import _OverwriteFiles, _SnapshotProducer
+from pyiceberg.table.update.snapshot import UpdateSnapshot, _OverwriteFiles, _SnapshotProducer
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import EMPTY_DICT, Record
-from pyiceberg.types import IcebergType, ListType, MapType, PrimitiveType
+from pyiceberg.types import DoubleType, IcebergType, ListType, MapType, PrimitiveType
 
-from lakesink import names, storage
+from lakesink import floats, names, storage
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 from lakesink.parquetlayout import dictionary_columns
@@ -424,7 +429,7 @@ def prepare_snapshot(
     update = tx.update_snapshot(snapshot_properties=dict(summary), branch=branch)
     producer: Any
     if overwrite:
-        producer = _named(update.overwrite(), commit)
+        producer = _named(_overwrite(update), commit)
         for existing in live_data_files(table, branch):
             producer.delete_data_file(existing)
     else:
@@ -500,7 +505,7 @@ def prepare_rewrite(
     update = tx.update_snapshot(snapshot_properties=dict(summary), branch=branch)
     producer: Any
     if removed_files:
-        producer = _named(update.overwrite(), commit)
+        producer = _named(_overwrite(update), commit)
         for removed in removed_files:
             producer.delete_data_file(removed)
     else:
@@ -509,6 +514,57 @@ def prepare_rewrite(
     for f in data_files:
         producer.append_data_file(f)
     return _staged(table, tx, producer, properties, rewritten_paths, files_since_ms=files_since_ms)
+
+
+class _OverwriteRemovedFiles(_OverwriteFiles):
+    """pyiceberg's overwrite producer, finding the manifests of the removed files by a predicate that takes NaN.
+
+    pyiceberg 0.12 narrows the manifests it reads to the removed files' partitions with ``EqualTo(field, value)``,
+    which raises "Cannot create expression literal from NaN" for a file of a NaN partition (float/double identity):
+    a compaction or an upsert that rewrites such a file failed at every attempt. A NaN value is matched with
+    ``IsNaN``, as Iceberg's Java engines do; the rest is pyiceberg's own predicate.
+    """
+
+    def _build_delete_files_partition_predicate(self) -> None:
+        by_spec: dict[int, dict[tuple[Any, ...], Record]] = {}
+        for data_file in self._deleted_data_files:
+            by_spec.setdefault(data_file.spec_id, {})[floats.partition_key(partition_of(data_file))] = data_file.partition
+        for spec_id, records in by_spec.items():
+            field_names = [field.name for field in self.spec(spec_id).fields]
+            self.partition_filters[spec_id] = Or(
+                self.partition_filters[spec_id], _partition_predicate(list(records.values()), field_names)
+            )
+
+
+def _partition_predicate(records: Sequence[Record], names: Sequence[str]) -> BooleanExpression:
+    """Rows of any of ``records`` (pyiceberg's ``Transaction._build_partition_predicate``, with IsNaN for NaN)."""
+    if not records or not names:
+        return AlwaysFalse()
+
+    def term(name: str, value: Any) -> BooleanExpression:
+        if value is None:
+            return IsNull(Reference(name))  # type: ignore[call-arg]  # pydantic model, positional as pyiceberg calls it
+        if isinstance(value, float) and math.isnan(value):
+            return IsNaN(Reference(name))  # type: ignore[call-arg]
+        return EqualTo(Reference(name), value)  # type: ignore[call-arg]
+
+    per_record = [
+        And(*terms) if len(terms) > 1 else terms[0] for terms in ([term(n, r[i]) for i, n in enumerate(names)] for r in records)
+    ]
+    return Or(*per_record) if len(per_record) > 1 else per_record[0]
+
+
+def _overwrite(update: UpdateSnapshot) -> _OverwriteRemovedFiles:
+    """``update.overwrite()``, as :class:`_OverwriteRemovedFiles`."""
+    return _OverwriteRemovedFiles(
+        operation=Operation.OVERWRITE
+        if update._transaction.table_metadata.snapshot_by_name(name=update._branch) is not None
+        else Operation.APPEND,
+        transaction=update._transaction,
+        io=update._io,
+        branch=update._branch,
+        snapshot_properties=update._snapshot_properties,
+    )
 
 
 def live_data_files(table: Table, branch: str) -> Iterable[DataFile]:
@@ -614,7 +670,7 @@ def manifest_entries(manifest: ManifestFile, io: FileIO) -> list[ManifestEntry]:
 # --- maintenance: compaction and snapshot expiry (issue 11) -------------------------------------
 
 
-class _ReplaceFiles(_OverwriteFiles):
+class _ReplaceFiles(_OverwriteRemovedFiles):
     """pyiceberg's overwrite producer, recorded as Iceberg's ``replace`` operation (files rewritten, rows
     unchanged). pyiceberg 0.12 has no rewrite action; its summary code knows only append/overwrite/delete,
     so the summary is computed as an overwrite's and relabelled."""
@@ -1217,3 +1273,62 @@ def without_sizes_of_unmeasured_columns(statistics: dict[str, Any], plan: Mappin
     if sizes:
         statistics["column_sizes"] = {k: v for k, v in sizes.items() if plan[k].mode.type is not MetricModeTypes.NONE}
     return statistics
+
+
+# --- float and double values in manifests: two pyiceberg 0.12.0 bugs, corrected where they are (RELIABILITY row 32) ---
+#
+# Both are applied when this module is imported (every process that writes or commits imports it), and only while
+# the installed pyiceberg has the bug; tests/test_seam_contract.py checks each.
+
+
+def _read_double_exactly(self: DoubleReader, decoder: Any) -> float:
+    return float(_DOUBLE.unpack(decoder.read(8))[0])
+
+
+def fast_avro_reads_doubles_as_float32() -> bool:
+    """pyiceberg 0.12.0's Cython Avro decoder returns a C ``float``: every Avro double it reads, i.e. every
+    identity partition value of a double column in a manifest, is rounded to float32 (0.1 becomes
+    0.10000000149011612, 1e308 becomes inf). Every manifest pyiceberg rewrites (merge-append, an overwrite's
+    manifests that keep entries, lakesink's manifest rewrite) then records those rounded values: engines prune
+    the files by wrong partition values, two partitions can become one, and a compaction or upsert that removes
+    such a file fails ("Missing required files to delete"). Fixed upstream by apache/iceberg-python#3808."""
+    return bool(new_decoder(_DOUBLE.pack(0.1)).read_double() != 0.1)
+
+
+def partition_summaries_merge_signed_zeros() -> bool:
+    """pyiceberg 0.12.0's partition field summaries (a manifest list's lower/upper bound of each partition field)
+    take Python's ``min``/``max``, for which -0.0 equals 0.0: a manifest holding partitions -0.0 and 0.0 can get
+    the bounds [-0.0, -0.0] or [0.0, 0.0]. Iceberg orders -0.0 below 0.0 (the spec's sort order, Java's
+    ``Double.compare``): an engine that prunes by those bounds skips the manifest for the other zero."""
+    stats = PartitionFieldStats(DoubleType())
+    stats.update(-0.0)
+    stats.update(0.0)
+    assert stats._max is not None
+    return bool(math.copysign(1.0, stats._max) < 0)
+
+
+def _iceberg_order(value: Any) -> Any:
+    """Iceberg's order of a non-NaN partition value: -0.0 below 0.0 for floats, Python's order otherwise."""
+    return (value, math.copysign(1.0, value)) if isinstance(value, float) else value
+
+
+def _update_in_iceberg_order(self: PartitionFieldStats, value: Any) -> None:
+    """``PartitionFieldStats.update``, comparing floats in Iceberg's order."""
+    if value is None:
+        self._contains_null = True
+    elif isinstance(value, float) and math.isnan(value):
+        self._contains_nan = True
+    elif self._min is None:
+        self._min = self._max = value
+    else:
+        if _iceberg_order(value) > _iceberg_order(self._max):
+            self._max = value
+        if _iceberg_order(value) < _iceberg_order(self._min):
+            self._min = value
+
+
+_DOUBLE = struct.Struct("<d")
+if fast_avro_reads_doubles_as_float32():
+    DoubleReader.read = _read_double_exactly  # type: ignore[method-assign]
+if partition_summaries_merge_signed_zeros():
+    PartitionFieldStats.update = _update_in_iceberg_order  # type: ignore[method-assign]

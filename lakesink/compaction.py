@@ -30,7 +30,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
 from lakesink import _pyiceberg as seam
-from lakesink import names, parquetlayout, storage
+from lakesink import floats, names, parquetlayout, storage
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import lakesink_key
@@ -109,13 +109,15 @@ def plan(
         return "skipped: the table has delete files (rewriting data files would need them applied; not supported)"
     spec = table.spec()
     small_limit = int(target * SMALL_FILE_RATIO)
+    # grouped by floats.partition_key, not the values: Python's == merges -0.0 with 0.0 (and never matches NaN)
     by_partition: dict[tuple[Any, ...], list[DataFile]] = {}
     for f, _ in seam.data_file_entries(table, head):
         if f.spec_id != spec.spec_id or f.file_size_in_bytes >= small_limit:
             continue
-        by_partition.setdefault(seam.partition_of(f), []).append(f)
+        by_partition.setdefault(floats.partition_key(seam.partition_of(f)), []).append(f)
     result = _Plan()
-    for key, files in sorted(by_partition.items(), key=lambda kv: repr(kv[0])):
+    for _, files in sorted(by_partition.items(), key=lambda kv: repr(kv[0])):
+        key = seam.partition_of(files[0])  # the same bits in every file of the group
         if len(files) < min_files:
             continue
         # first fit decreasing into bins of at most the target size

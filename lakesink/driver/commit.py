@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 from pyiceberg.table import Table
@@ -285,9 +285,14 @@ class TableCommitter(SinkTable):
                 **({SUMMARY_PREVIOUS_BATCH_ID: str(done.batch_id)} if done is not None else {}),
             }
             if batch.changes is not None:
-                # upserts: rewrite the files of this attempt's table that hold the batch's keys
-                keys = upsert.BatchKeys(self.table_name, t.schema(), batch.changes)
+                # upserts: rewrite the files of this attempt's table that hold the batch's keys, in the schema this
+                # commit gives the table (with merge-schema, a key widened int -> long by this very batch: its keys
+                # cast to the old type failed the batch at every restart)
+                schema = seam.evolved_schema(t, schema_changes) if schema_changes else t.schema()
+                keys = upsert.BatchKeys(self.table_name, schema, batch.changes)
                 plan = self.write_plan(t, batch.query_id)
+                if schema_changes:
+                    plan = replace(plan, schema=schema, schema_changes=schema_changes)
                 rewrite = upsert.rewrite(
                     t, branch=self.options.branch, keys=keys, plan=plan, batch_id=batch.batch_id, attempt=attempt
                 )

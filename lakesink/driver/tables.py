@@ -15,7 +15,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.types import NestedField
+from pyiceberg.types import DoubleType, FloatType, NestedField
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
 from lakesink import _pyiceberg as seam
@@ -378,6 +378,16 @@ def _with_identifier_fields(schema: Schema, key: tuple[str, ...], table_name: st
         raise InvalidOptionError(
             f"option '{UPSERT_KEY}' names column(s) {', '.join(map(repr, missing))} that the stream does not have "
             f"(columns: {', '.join(f.name for f in schema.fields)}); table {table_name} was not created"
+        )
+    unkeyable = [by_name[k.lower()] for k in key if isinstance(by_name[k.lower()].field_type, (FloatType, DoubleType))]
+    unkeyable += [by_name[k.lower()] for k in key if not by_name[k.lower()].field_type.is_primitive]
+    if unkeyable:
+        f = unkeyable[0]
+        raise InvalidOptionError(
+            f"option '{UPSERT_KEY}': column {f.name!r} has type {f.field_type}, which cannot be a key (Iceberg identifier "
+            f"fields are primitive columns other than float and double: -0.0/0.0 and NaN make float equality ambiguous); "
+            f"table {table_name} was not created. Key the rows by another column, or by a cast of this one (e.g. a string "
+            "or a decimal)"
         )
     ids = {by_name[k.lower()].field_id for k in key}
     fields = [
