@@ -157,7 +157,10 @@ def rewrite(table: Table, *, branch: str, keys: BatchKeys, plan: WritePlan, batc
     bytes_read = 0
     key_names = [f.name for f in keys.fields]
     for data_file in candidates:
-        rows = seam.read_data_file(table, data_file)
+        # one Arrow type per column whichever engine wrote a file: pyiceberg reads a string column back as the type
+        # the file's footer records (string from lakesink's files, large_string from pyiceberg's own appends), and
+        # the rows of several files go into one file below (a mix failed with ArrowInvalid)
+        rows = seam.with_small_types(seam.read_data_file(table, data_file))
         bytes_read += data_file.file_size_in_bytes
         batch_keys = _cast_like(keys.table, rows.select(key_names).schema)
         hit = batch_keys.join(rows.select(key_names), key_names, join_type="left semi")
