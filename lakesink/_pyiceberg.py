@@ -336,7 +336,7 @@ class PreparedCommit:
         and validates again on the new metadata. It never falls back to applying the prepared updates to metadata it
         did not validate (issue 20). Other catalogs apply them to their current metadata after checking the
         requirements atomically (the branch head, the table's identity): there, what a commit validates must be
-        determined by what its requirements pin (see docs/protocol.md, "What each commit validates").
+        determined by what its requirements pin (docs/maintenance.md, "What each commit validates").
         """
         fault_point(CATALOG_FAILS_BEFORE_APPLY)
         if not _swap_on_sql_catalog(self.table, self._updates, self._requirements):
