@@ -158,8 +158,9 @@ def rewrite(table: Table, *, branch: str, keys: BatchKeys, plan: WritePlan, batc
     key_names = [f.name for f in keys.fields]
     for data_file in candidates:
         # one Arrow type per column whichever engine wrote a file: pyiceberg reads a string column back as the type
-        # the file's footer records (string from lakesink's files, large_string from pyiceberg's own appends), and
-        # the rows of several files go into one file below (a mix failed with ArrowInvalid)
+        # the file's footer records (string from lakesink's files, large_string from a file written from large_string
+        # data, as a pyiceberg append of rows in the table's own Arrow schema is), and the rows of several files go
+        # into one file below (a mix failed with ArrowInvalid)
         rows = seam.with_small_types(seam.read_data_file(table, data_file))
         bytes_read += data_file.file_size_in_bytes
         batch_keys = _cast_like(keys.table, rows.select(key_names).schema)
