@@ -251,7 +251,10 @@ def compact(
     except (CompactionStaleError, RetriesExhausted) as e:
         _delete(table, [f.file_path for f in added])
         reason = str(e) if isinstance(e, CompactionStaleError) else f"{e.attempts} attempt(s) conflicted with other commits"
-        log.info("lakesink: compaction of %s gave up (%s); a later run retries", name, reason)
+        # a failed validation (a delete of another engine, files gone, history expired) is worth a warning: the
+        # table keeps the small files until the next run; lost races against commits are routine
+        level = logging.WARNING if isinstance(e, CompactionStaleError) else logging.INFO
+        log.log(level, "lakesink: compaction of %s gave up (%s); a later run retries", name, reason)
         return CompactionReport(name, branch, False, f"gave up: {reason}", groups=groups, duration_ms=_ms(started))
     except CommitOutcomeUnknownError:
         log.warning("lakesink: compaction of %s: outcome unknown; its %s new file(s) are kept", name, len(added))
