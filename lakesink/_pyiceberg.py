@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from pyiceberg.avro.decoder import new_decoder
 from pyiceberg.avro.reader import DoubleReader
 from pyiceberg.conversions import from_bytes
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.expressions import AlwaysFalse, AlwaysTrue, And, BooleanExpression, EqualTo, IsNaN, IsNull, Or, Reference
 from pyiceberg.expressions.parser import parse
 from pyiceberg.expressions.visitors import bind
@@ -37,6 +37,7 @@ from pyiceberg.io.pyarrow import (
     ParquetFormatModel,
     _ConvertToIcebergWithoutIDs,
     _get_parquet_writer_kwargs,
+    _pyarrow_schema_ensure_small_types,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     expression_to_pyarrow,
@@ -51,7 +52,9 @@ from pyiceberg.manifest import (
     FileFormat,
     ManifestContent,
     ManifestEntry,
+    ManifestEntryStatus,
     ManifestFile,
+    ManifestWriterV2,
     PartitionFieldStats,
     write_manifest_list,
 )
@@ -334,10 +337,6 @@ class PreparedCommit:
     """When the oldest file this commit writes into the table (and that the table does not reference yet) was
     written, ms since the epoch; None: only files written by this attempt (checked by lakesink.driver.swap against
     lakesink.names.COMMIT_DEADLINE_MS)."""
-    exact_base: bool = False
-    """The updates are right only for the metadata they were prepared on (snapshot expiry: which refs and snapshots
-    to keep was decided on it). On a SQL catalog the swap then never falls back to pyiceberg's commit, which would
-    apply them to whatever metadata is current: the pointer moved, so it is a conflict and the caller re-plans."""
     generic: bool = False
     """Set by :meth:`commit`: the swap went through pyiceberg's ``Table._do_commit`` (the catalog applied the
     updates to its current metadata, which may not be the metadata they were prepared on)."""
@@ -349,15 +348,18 @@ class PreparedCommit:
 
         pyiceberg's own commit loop is bypassed on purpose: it would rebase and retry without
         lakesink re-checking whether the batch is already in the table.
+
+        On a SQL catalog the swap replaces exactly the metadata the commit was prepared and validated on (the
+        pointer it read); when the pointer moved, whatever moved it, the swap is a conflict and the caller prepares
+        and validates again on the new metadata. It never falls back to applying the prepared updates to metadata it
+        did not validate (issue 20). Other catalogs apply them to their current metadata after checking the
+        requirements atomically (the branch head, the table's identity): there, what a commit validates must be
+        determined by what its requirements pin (docs/maintenance.md, "What each commit validates").
         """
         fault_point(CATALOG_FAILS_BEFORE_APPLY)
-        on_sql = _sql_swap_applies(self.table)
-        if on_sql and _swap_on_sql_catalog(self.table, self._updates, self._requirements):
+        if _sql_swap_applies(self.table):
+            _swap_on_sql_catalog(self.table, self._updates, self._requirements)  # a moved pointer: CommitFailedException
             self.swapped_on_base = True
-        elif on_sql and self.exact_base:
-            raise CommitFailedException(
-                "the table's metadata changed since it was read; the commit is prepared again on the new metadata"
-            )
         else:
             self.generic = True
             self.table._do_commit(updates=self._updates, requirements=self._requirements)
@@ -429,9 +431,20 @@ def prepare_snapshot(
     update = tx.update_snapshot(snapshot_properties=dict(summary), branch=branch)
     producer: Any
     if overwrite:
-        producer = _named(_overwrite(update), commit)
-        for existing in live_data_files(table, branch):
-            producer.delete_data_file(existing)
+        # complete mode: everything live at the head this attempt read goes, delete files included (another
+        # engine's merge-on-read deletes would otherwise stay live, dangling, for ever; Java's overwrite of the
+        # whole table removes them too); the swap asserts that head
+        producer = _named(
+            _OverwriteLive(
+                operation=Operation.OVERWRITE if table.metadata.snapshot_by_name(branch) is not None else Operation.APPEND,
+                transaction=tx,
+                io=table.io,
+                branch=branch,
+                snapshot_properties=dict(summary),
+                live=live_entries(table, branch),
+            ),
+            commit,
+        )
     else:
         producer = _named(update.merge_append(), commit)
         # Iceberg's default for commit.manifest-merge.enabled is true (pyiceberg's is false): without merging,
@@ -567,6 +580,72 @@ def _overwrite(update: UpdateSnapshot) -> _OverwriteRemovedFiles:
     )
 
 
+class _DeleteManifestWriter(ManifestWriterV2):
+    """pyiceberg's v2 manifest writer, writing a manifest of delete files (pyiceberg 0.12 writes data manifests only)."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+class _OverwriteLive(_OverwriteRemovedFiles):
+    """pyiceberg's overwrite producer removing every live entry of the branch head: its data files, and its delete
+    files too, recorded as ``DELETED`` entries of a delete manifest (pyiceberg's overwrite drops a delete manifest
+    whose files all go but records their removal in no manifest, or in a data manifest)."""
+
+    def __init__(self, *args: Any, live: Sequence[ManifestEntry], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._removed_delete_entries = [e for e in live if e.data_file.content != DataFileContent.DATA]
+        for entry in live:
+            self.delete_data_file(entry.data_file)
+
+    def _validate_required_deletes(self, deleted_entries: list[ManifestEntry]) -> None:
+        # pyiceberg checks that every removed file has a DELETED entry among the data manifests' entries; the
+        # delete files get theirs in a delete manifest (below)
+        found = {e.data_file for e in deleted_entries} | {e.data_file for e in self._removed_delete_entries}
+        if missing := sorted(f.file_path for f in self._deleted_data_files if f not in found):
+            raise ValidationException(f"Missing required files to delete: {', '.join(missing)}")
+
+    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        by_spec: dict[int, list[ManifestEntry]] = {}
+        for entry in self._removed_delete_entries:
+            by_spec.setdefault(entry.data_file.spec_id, []).append(entry)
+        out = list(manifests)
+        for spec_id, entries in sorted(by_spec.items()):
+            writer = _DeleteManifestWriter(
+                self.spec(spec_id), self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression
+            )
+            with writer:
+                for entry in entries:
+                    writer.delete(entry)
+            out.append(writer.to_manifest_file())
+        return super()._process_manifests(out)
+
+
+def live_entries(table: Table, branch: str) -> list[ManifestEntry]:
+    """The live entries (data and delete files) of the branch's current snapshot."""
+    snapshot = table.metadata.snapshot_by_name(branch)
+    if snapshot is None:
+        return []
+    return [e for m in snapshot.manifests(table.io) for e in m.fetch_manifest_entry(table.io, discard_deleted=True)]
+
+
+def entries_written_by(table: Table, snapshot: Any) -> Iterator[ManifestEntry]:
+    """The entries a snapshot wrote itself (added or deleted by it), from the manifests it added: what it changed
+    (Iceberg Java's ``validationHistory`` reads the same manifests)."""
+    for manifest in snapshot.manifests(table.io):
+        if manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        if manifest.added_files_count == 0 and manifest.deleted_files_count == 0:
+            continue  # only existing entries (a merged or rewritten manifest): nothing this snapshot changed
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+            if entry.snapshot_id == snapshot.snapshot_id and entry.status != ManifestEntryStatus.EXISTING:
+                yield entry
+
+
 def live_data_files(table: Table, branch: str) -> Iterable[DataFile]:
     """The data files of the branch's current snapshot."""
     snapshot = table.metadata.snapshot_by_name(branch)
@@ -595,15 +674,21 @@ def added_data_file_paths(table: Table, snapshot_id: int) -> set[str] | None:
 
 
 def has_delete_files(table: Table, branch: str) -> bool:
-    """True when the branch's current snapshot references delete files (written by another engine)."""
+    """True when the branch's current snapshot has live delete files (written by another engine)."""
     snapshot = table.metadata.snapshot_by_name(branch)
-    return snapshot is not None and any(m.content != ManifestContent.DATA for m in snapshot.manifests(table.io))
+    return snapshot is not None and snapshot_has_delete_files(table, snapshot)
 
 
 def read_data_file(table: Table, data_file: DataFile) -> pa.Table:
     """One data file's rows in the table's current schema (field-id projection, as pyiceberg's scan reads it)."""
     task = FileScanTask(data_file)
     return ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table([task])
+
+
+def with_small_types(rows: pa.Table) -> pa.Table:
+    """``rows`` with 32-bit offset types (string, binary, list), as Spark's Arrow batches and lakesink's files have them."""
+    small = _pyarrow_schema_ensure_small_types(rows.schema)
+    return rows if small.equals(rows.schema) else rows.cast(small)
 
 
 def column_bounds(data_file: DataFile, field_id: int, field_type: IcebergType) -> tuple[Any, Any] | None:
@@ -744,8 +829,12 @@ def data_file_entries(table: Table, snapshot: Any) -> Iterator[tuple[DataFile, i
 
 
 def snapshot_has_delete_files(table: Table, snapshot: Any) -> bool:
-    """True when ``snapshot`` references delete files (written by another engine)."""
-    return any(m.content == ManifestContent.DELETES for m in snapshot.manifests(table.io))
+    """True when ``snapshot`` has live delete files (written by another engine). A delete manifest holding only
+    ``deleted`` entries (delete files a complete-mode overwrite removed) has none."""
+    return any(
+        m.content == ManifestContent.DELETES and (m.added_files_count is None or m.has_added_files() or m.has_existing_files())
+        for m in snapshot.manifests(table.io)
+    )
 
 
 def reachable_files(table: Table, snapshots: Iterable[Any], *, live_only: bool = False) -> tuple[set[str], set[str], set[str]]:
@@ -867,10 +956,11 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
     pyiceberg's ``SqlCatalog.commit_table`` re-reads and re-parses the table's metadata.json, then deep-copies
     it, at every commit; both cost O(history). Here the requirements are checked against the metadata lakesink
     already read (the table the commit was prepared on), and the swap only lands if the catalog still points
-    at it. Returns False, leaving nothing behind, when this path does not apply (another catalog type) or the
-    pointer moved (the caller then commits through pyiceberg, which re-validates the requirements against the
-    current table -- unless the commit is valid only on the metadata it was prepared on,
-    :attr:`PreparedCommit.exact_base`: then it is a conflict). An error of the swap itself is raised as from
+    at it. Returns False, leaving nothing behind, when this path does not apply (another catalog type, or a
+    database without reliable row counts: the caller commits through pyiceberg). Raises CommitFailedException,
+    leaving nothing behind, when the pointer moved: the caller prepares the commit again on the new metadata
+    (falling back to pyiceberg's commit there would apply the updates to metadata this commit did not validate:
+    an empty batch's marker, a tag, another branch's snapshot). An error of the swap itself is raised as from
     pyiceberg's own commit. The new metadata file is named by :func:`lakesink.names.metadata_file_name`.
     """
     # driver side only: executors import this module and must not load SQLAlchemy (tests/test_boundary.py)
@@ -906,7 +996,11 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
         if result.rowcount < 1:  # type: ignore[attr-defined]
             session.rollback()
             table.io.delete(location)  # certainly referenced by nothing: the pointer was not moved to it
-            return False
+            # a conflict, never a fallback onto the new metadata: what this commit validated (a compaction's
+            # history, the replay marker) was read from the metadata at base_location (issue 20)
+            raise CommitFailedException(
+                f"the metadata pointer of table {'.'.join(identifier)} moved since {base_location} was read"
+            )
         session.commit()
     try:
         catalog._delete_old_metadata(table.io, base, new)  # write.metadata.delete-after-commit.enabled
@@ -1086,8 +1180,8 @@ def prepare_expire(table: Table, snapshot_ids: Sequence[int], refs: Sequence[str
     prepared._updates = (*removals, *(prepared._updates if snapshot_ids else ()))
     # which refs and snapshots to keep was decided on this metadata: applied to other metadata, the removal would
     # drop any ref created meanwhile on a removed snapshot (pyiceberg and Iceberg Java drop a ref whose snapshot
-    # is removed). See lakesink.expiry for catalogs that always apply updates to their current metadata.
-    prepared.exact_base = True
+    # is removed). A SQL catalog's swap applies it to exactly this metadata (PreparedCommit.commit); see
+    # lakesink.expiry for catalogs that always apply updates to their current metadata.
     return prepared
 
 

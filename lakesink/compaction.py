@@ -4,9 +4,13 @@ Runs on the driver (or from ``lakesink compact``). One run reads the branch head
 small ones of each partition into bins, rewrites each bin as one Parquet file and commits everything as one
 Iceberg ``replace`` snapshot (summary ``lakesink.operation=compact``) through the sink's one compare-and-swap
 loop (:func:`lakesink.driver.swap.swap_with_recheck`). When another commit lands first (a batch, another
-writer), the next attempt re-prepares on the new head -- after checking that every file it rewrites is still
-live there; if one is not (another compaction, a delete), the run gives up cleanly: its new files are deleted,
-nothing is committed, and a later run starts over. So a batch always wins against a compaction.
+writer), the next attempt re-prepares on the new head, after validating everything committed to the branch since
+the snapshot the plan read (:mod:`lakesink.driver.validation`, as Iceberg Java's ``BaseRewriteFiles`` does): every
+file it rewrites must still be live, and no delete file committed meanwhile (another engine's merge-on-read
+``DELETE``, position or equality deletes) may apply to one -- the new file would get a newer sequence number than
+those deletes and bring the deleted rows back. When a check fails, or the snapshots in between cannot be read
+(expired, the branch reset), the run gives up cleanly: its new files are deleted, nothing is committed, and a later
+run starts over. So a batch always wins against a compaction, and so does another engine's delete.
 
 Files a batch has written but not committed are never read: only the head's live files are.
 
@@ -34,6 +38,7 @@ from lakesink import floats, names, parquetlayout, storage
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import lakesink_key
+from lakesink.driver import validation
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import CommitOutcomeUnknownError, InFlightTooLongError, LakesinkError
 from lakesink.properties import SUMMARY_COMMIT_ID, SUMMARY_OPERATION, CommittedBatch, SnapshotIndex, landed_commit
@@ -47,7 +52,8 @@ SMALL_FILE_RATIO = 0.75
 
 
 class CompactionStaleError(LakesinkError):
-    """A file the compaction rewrites is no longer live at the branch head: nothing was committed."""
+    """A commit since the compaction's plan conflicts with it (a file it rewrites is no longer live, a new delete
+    file may apply to one, the history cannot be checked): nothing was committed."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +199,7 @@ def compact(
         _delete(table, [f.file_path for f in added])
         raise
     rewritten = [f for b in planned.bins for f in b]
+    base = head.snapshot_id if head is not None else None  # the snapshot the plan read: validated from here on
     wanted = {f.file_path for f in rewritten}
     summary = {SUMMARY_OPERATION: COMPACT, SUMMARY_COMMIT_ID: commit_id}
 
@@ -200,27 +207,42 @@ def compact(
         return landed_commit(t.metadata, branch, commit_id)
 
     def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
-        deleted: Sequence[DataFile] = rewritten
-        if attempt > 1 or t.metadata_location != table.metadata_location:
-            head = t.metadata.snapshot_by_name(branch)
-            live = {f.file_path: f for f, _ in seam.data_file_entries(t, head)} if head is not None else {}
-            missing = sorted(wanted - live.keys())
-            if missing:
-                raise CompactionStaleError(
-                    f"{len(missing)} file(s) the compaction rewrites are no longer live (e.g. {missing[0]})"
-                )
-            if str(t.metadata.table_uuid) != str(table.metadata.table_uuid) or t.spec().spec_id != spec.spec_id:
-                raise CompactionStaleError("the table or its partition spec changed")
-            deleted = [live[p] for p in sorted(wanted)]
         return seam.prepare_replace(
             t,
-            deleted=deleted,
+            deleted=validated(t),
             added=added,
             summary=summary,
             branch=branch,
             commit=files_name.next_attempt(),
             files_since_ms=files_name.started_ms,
         )
+
+    def validated(t: Table) -> Sequence[DataFile]:
+        """The rewritten files as live at ``t``'s head, after validating every commit since the plan's snapshot
+        (on every attempt, against the table that attempt swaps: Iceberg's BaseRewriteFiles.validate)."""
+        if str(t.metadata.table_uuid) != str(table.metadata.table_uuid) or t.spec().spec_id != spec.spec_id:
+            raise CompactionStaleError("the table or its partition spec changed")
+        try:
+            since = validation.committed_since(t, branch=branch, base_snapshot_id=base)
+        except validation.HistoryUnknownError as e:
+            raise CompactionStaleError(str(e)) from None
+        if not since.moved:
+            return rewritten
+        head = t.metadata.snapshot_by_name(branch)
+        live = {f.file_path: f for f, _ in seam.data_file_entries(t, head)} if head is not None else {}
+        missing = sorted(wanted - live.keys())
+        if missing:
+            raise CompactionStaleError(f"{len(missing)} file(s) the compaction rewrites are no longer live (e.g. {missing[0]})")
+        deleted = [live[p] for p in sorted(wanted)]
+        conflicts = validation.deletes_applying_to(deleted, since.added_deletes, t.specs())
+        if conflicts:
+            new, data = conflicts[0]
+            raise CompactionStaleError(
+                f"{len({d.file.file_path for d, _ in conflicts})} delete file(s) committed since the plan (e.g. "
+                f"{new.file.file_path} in snapshot {new.snapshot_id}) may delete rows of file(s) the compaction rewrites "
+                f"(e.g. {data.file_path}); the rewritten file would bring those rows back"
+            )
+        return deleted
 
     retry = TableSettings.parse(name, table.properties).commit_retry
     groups = tuple(planned.groups)
@@ -241,7 +263,10 @@ def compact(
     except (CompactionStaleError, RetriesExhausted, InFlightTooLongError) as e:
         _delete(table, [f.file_path for f in added])
         reason = str(e) if not isinstance(e, RetriesExhausted) else f"{e.attempts} attempt(s) conflicted with other commits"
-        log.info("lakesink: compaction of %s gave up (%s); a later run retries", name, reason)
+        # a failed validation (a delete of another engine, files gone, history expired) or files past the commit
+        # deadline are worth a warning: the table keeps the small files until the next run; lost races are routine
+        level = logging.INFO if isinstance(e, RetriesExhausted) else logging.WARNING
+        log.log(level, "lakesink: compaction of %s gave up (%s); a later run retries", name, reason)
         return CompactionReport(name, branch, False, f"gave up: {reason}", groups=groups, duration_ms=_ms(started))
     except CommitOutcomeUnknownError:
         log.warning("lakesink: compaction of %s: outcome unknown; its %s new file(s) are kept", name, len(added))

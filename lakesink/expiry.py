@@ -18,8 +18,9 @@ Everything else is removed from the metadata, with the removed refs, in one comm
 compare-and-swap loop. What to keep is decided again on every attempt, on the metadata that attempt read, and the
 swap applies the removal to exactly that metadata (as Java's ``RemoveSnapshots`` recomputes it on every retry): a
 tag or branch created meanwhile is seen by the next attempt and kept, with its snapshot. On a SQL catalog that is
-the compare-and-swap of the metadata pointer (:attr:`lakesink._pyiceberg.PreparedCommit.exact_base`). A catalog that
-applies updates to its current metadata itself (REST, Glue, Hive: pyiceberg's ``commit_table``) can only be told
+the compare-and-swap of the metadata pointer (:meth:`lakesink._pyiceberg.PreparedCommit.commit`: a moved pointer is a
+conflict). A catalog that applies updates to its current metadata itself (REST, Glue, Hive: pyiceberg's
+``commit_table``) can only be told
 that every ref read is unchanged; a ref created meanwhile on a snapshot being removed would be dropped with it
 (pyiceberg and Iceberg Java drop a ref whose snapshot is removed). So, before any file is deleted, the metadata the
 commit replaced is read (the committed metadata's log names it) and every ref it had that the commit dropped without

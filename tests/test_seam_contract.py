@@ -162,8 +162,13 @@ def test_do_commit_is_one_compare_and_swap(table: Table, catalog: Catalog) -> No
         seam.prepare_properties_at_head(table, {"lakesink.contract": "1"}, branch="main").commit()
         assert catalog.load_table(("db", "contract")).properties["lakesink.contract"] == "1"
         catalog.load_table(("db", "contract")).append(ROWS)  # the head moves
+        prepared = seam.prepare_properties_at_head(stale, {"lakesink.contract": "2"}, branch="main")
         with pytest.raises(CommitFailedException):  # no rebase, no retry: the stale base fails
-            seam.prepare_properties_at_head(stale, {"lakesink.contract": "2"}, branch="main").commit()
+            prepared.commit()
+        # the path of catalogs without lakesink's own swap: pyiceberg's commit checks the requirements
+        with pytest.raises(CommitFailedException):
+            stale._do_commit(updates=prepared._updates, requirements=prepared._requirements)
+        assert catalog.load_table(("db", "contract")).properties["lakesink.contract"] == "1"
 
 
 def test_snapshot_producer_merge_flag_and_cleanup(table: Table, catalog: Catalog) -> None:
@@ -279,6 +284,7 @@ def test_sql_catalog_iceberg_tables_row_is_the_pointer(table: Table, catalog: Ca
 def test_sql_catalog_swap_from_the_table_read_and_delete_old_metadata(table: Table, catalog: Catalog) -> None:
     with hook("pyiceberg Catalog._delete_old_metadata(io, base, metadata)", "_swap_on_sql_catalog"):
         from pyiceberg.catalog.sql import SqlCatalog
+        from pyiceberg.table.update import SetPropertiesUpdate
 
         assert params(SqlCatalog._delete_old_metadata) == ["io", "base", "metadata"]
         stale = catalog.load_table(("db", "contract"))
@@ -287,9 +293,14 @@ def test_sql_catalog_swap_from_the_table_read_and_delete_old_metadata(table: Tab
         assert fresh.metadata_location == table.metadata_location  # the swap moved the pointer to what it wrote
         assert fresh.properties["lakesink.contract"] == "1"
         assert fresh.metadata.metadata_log[-1].metadata_file == stale.metadata_location
-        # from a stale table the one-parse swap does not apply (the pointer moved): nothing is written or moved
-        assert seam._swap_on_sql_catalog(stale, (), ()) is False
+        # from a stale table (the pointer moved) the swap is a conflict, never a fallback onto metadata it did not
+        # read: nothing is written or moved (issue 20)
+        folder = Path(fresh.metadata_location.removeprefix("file://")).parent
+        before = sorted(folder.iterdir())
+        with pytest.raises(CommitFailedException, match="moved"):
+            seam._swap_on_sql_catalog(stale, (SetPropertiesUpdate(updates={"lakesink.contract": "2"}),), ())
         assert catalog.load_table(("db", "contract")).metadata_location == fresh.metadata_location
+        assert sorted(folder.iterdir()) == before
 
 
 def test_apply_table_update_context_and_metadata_log(table: Table) -> None:
@@ -331,6 +342,40 @@ def test_overwrite_files_producer_relabelled_as_replace(table: Table, catalog: C
         head = catalog.load_table(("db", "contract")).current_snapshot()
         assert head is not None and head.summary is not None and head.summary.operation.value == "replace"
         assert head.summary.additional_properties["lakesink.contract"] == "r"
+
+
+def test_overwrite_of_every_live_entry_removes_delete_files_into_a_delete_manifest(table: Table, catalog: Catalog) -> None:
+    with hook(
+        "pyiceberg _OverwriteFiles._validate_required_deletes / _SnapshotProducer._process_manifests / "
+        "ManifestWriterV2 (content, _meta, delete)",
+        "_OverwriteLive, _DeleteManifestWriter (prepare_snapshot with overwrite)",
+    ):
+        from pyiceberg.manifest import ManifestContent, ManifestEntryStatus, ManifestWriterV2
+        from pyiceberg.table.update.snapshot import _OverwriteFiles, _SnapshotProducer
+
+        from tests.row_deletes import commit_deletes, position_delete_files
+
+        assert params(_OverwriteFiles._validate_required_deletes) == ["self", "deleted_entries"]
+        assert params(_SnapshotProducer._process_manifests) == ["self", "manifests"]
+        assert params(ManifestWriterV2.delete) == ["self", "entry"] and isinstance(ManifestWriterV2.__dict__["_meta"], property)
+        commit_deletes(table, position_delete_files(table, [2]))
+        table = catalog.load_table(("db", "contract"))
+        assert seam.has_delete_files(table, "main")
+        prepared = seam.prepare_snapshot(
+            table, data_files=[], overwrite=True, summary={"lakesink.contract": "o"}, properties=lambda _: {}, branch="main"
+        )
+        prepared.commit()
+        table = catalog.load_table(("db", "contract"))
+        head = table.current_snapshot()
+        assert head is not None and not seam.has_delete_files(table, "main") and table.scan().to_arrow().num_rows == 0
+        deletes = [m for m in head.manifests(table.io) if m.content == ManifestContent.DELETES]
+        assert [e.status for m in deletes for e in seam.manifest_entries(m, table.io)] == [ManifestEntryStatus.DELETED]
+
+
+def test_pyarrow_small_types() -> None:
+    with hook("pyiceberg.io.pyarrow._pyarrow_schema_ensure_small_types", "with_small_types (upsert rewrite)"):
+        rows = pa.table({"s": pa.array(["x"], pa.large_string()), "l": pa.array([[1]], pa.large_list(pa.int64()))})
+        assert seam.with_small_types(rows).schema == pa.schema([("s", pa.string()), ("l", pa.list_(pa.int64()))])
 
 
 def test_snapshot_producer_for_a_manifest_rewrite_keeps_entry_ids(table: Table, catalog: Catalog) -> None:

@@ -163,7 +163,11 @@ def rewrite(table: Table, *, branch: str, keys: BatchKeys, plan: WritePlan, batc
     bytes_read = 0
     key_names = [f.name for f in keys.fields]
     for data_file in candidates:
-        rows = seam.read_data_file(table, data_file)
+        # one Arrow type per column whichever engine wrote a file: pyiceberg reads a string column back as the type
+        # the file's footer records (string from lakesink's files, large_string from a file written from large_string
+        # data, as a pyiceberg append of rows in the table's own Arrow schema is), and the rows of several files go
+        # into one file below (a mix failed with ArrowInvalid)
+        rows = seam.with_small_types(seam.read_data_file(table, data_file))
         bytes_read += data_file.file_size_in_bytes
         # the file's keys in the keys' types: the table's, or wider when this commit widens a key (merge-schema)
         file_keys = _cast_like(rows.select(key_names), keys.table.select(key_names).schema)
