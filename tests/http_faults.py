@@ -40,7 +40,16 @@ from typing import Any
 
 _REST_TABLE = re.compile(r"^/v1/[^/]+/namespaces/[^/]+/tables/[^/]+$")
 _REST_TABLES = re.compile(r"^/v1/[^/]+/namespaces/[^/]+/tables$")
-_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization", "content-length"}
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-authorization",
+    "content-length",
+}
 
 ACTIONS = ("status-before", "status-after", "reset-before", "reset-after", "hold-response", "hold-request", "call-before")
 
@@ -143,8 +152,8 @@ class FaultProxy:
     @property
     def uri(self) -> str:
         assert self._server is not None
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        port = self._server.server_address[1]
+        return f"http://127.0.0.1:{port}"
 
     def stop(self) -> None:
         with self._lock:
@@ -253,7 +262,12 @@ class _Handler(BaseHTTPRequestHandler):
         if proxy._tokens is not None:
             if kind == "token":
                 token, ttl = proxy._new_token()
-                reply = {"access_token": token, "token_type": "bearer", "expires_in": int(ttl), "issued_token_type": "urn:ietf:params:oauth:token-type:access_token"}
+                reply = {
+                    "access_token": token,
+                    "token_type": "bearer",
+                    "expires_in": int(ttl),
+                    "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
+                }
                 self._answer(200, json.dumps(reply).encode())
                 proxy._record(Exchange(kind, self.command, self.path, 200, False, None))
                 return
@@ -298,7 +312,7 @@ class _Handler(BaseHTTPRequestHandler):
         if action == "hold-response":
             assert fault is not None
             fault.released.wait(HOLD_LIMIT_S)
-        if proxy._vend is not None and kind in ("load", "create", "commit") and status == 200 and "AWSGlue" not in str(self.headers.get("X-Amz-Target")):
+        if proxy._vend is not None and kind in ("load", "create", "commit") and status == 200:
             payload = self._with_credentials(payload, proxy._vend())
         try:
             self._answer(status, payload, headers)

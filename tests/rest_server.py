@@ -179,7 +179,9 @@ class LakanaServer:
         """A new environment (the REST ``prefix``) whose tables live under ``warehouse`` (a local folder)."""
         warehouse.mkdir(parents=True, exist_ok=True)
         name = f"t{next(self._counter)}"
-        self._request("POST", "/api/v1/environments", {"name": name, "storage": {"scheme": "file", "root": f"file://{warehouse}"}})
+        self._request(
+            "POST", "/api/v1/environments", {"name": name, "storage": {"scheme": "file", "root": f"file://{warehouse}"}}
+        )
         return name
 
     def catalog_properties(self, warehouse: Path, *, uri: str | None = None) -> dict[str, str]:

@@ -90,13 +90,17 @@ class SinkTable:
             head = table.metadata.snapshot_by_name(MAIN_BRANCH)
             if head is None:
                 # Iceberg writes a branch only from a snapshot: give an empty table an empty snapshot to branch from
-                with table.transaction() as tx:
-                    with tx.update_snapshot(snapshot_properties={BRANCH_BASE: branch}).fast_append():
-                        pass
+                # one commit request each, never pyiceberg's retry loop (lakesink._pyiceberg.commit_once)
+                tx = seam.staged(table)
+                with tx.update_snapshot(snapshot_properties={BRANCH_BASE: branch}).fast_append():
+                    pass
+                seam.commit_once(tx)
                 table = catalogs.load_table(self.catalog, self.options.table.identifier)
                 head = table.metadata.snapshot_by_name(MAIN_BRANCH)
                 assert head is not None
-            table.manage_snapshots().create_branch(head.snapshot_id, branch).commit()
+            tx = seam.staged(table)
+            seam.manage_snapshots(tx).create_branch(head.snapshot_id, branch).commit()
+            seam.commit_once(tx)
             log.info("lakesink: created branch %s of %s at snapshot %s", branch, self.table_name, head.snapshot_id)
         except CommitFailedException:
             pass  # created by another query meanwhile
