@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,3 +48,47 @@ def rest_proxy(lakana: LakanaServer) -> Iterator[FaultProxy]:
 def rest_catalog_properties(lakana: LakanaServer, rest_proxy: FaultProxy, tmp_path: Path) -> dict[str, str]:
     """pyiceberg properties of a new REST environment (tables under ``tmp_path/warehouse``), through the proxy."""
     return lakana.catalog_properties(tmp_path / "warehouse", uri=rest_proxy.uri)
+
+
+# --- AWS Glue: moto's server (Glue and S3 on one port), a fault proxy in front of its Glue -------------------------
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[Any]:
+    """moto's server on 127.0.0.1 (S3 and Glue) for the test session."""
+    from tests.s3 import S3Server
+
+    server = S3Server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def glue_proxy(moto_server: Any) -> Iterator[FaultProxy]:
+    """The HTTP fault layer in front of moto's Glue, enforcing Glue's optimistic lock (VersionId), which moto does not."""
+    proxy = FaultProxy(moto_server.endpoint).start()
+    proxy.enforce_glue_version_id()
+    yield proxy
+    proxy.stop()
+
+
+def glue_properties(moto_server: Any, glue_uri: str, **extra: str) -> dict[str, str]:
+    """pyiceberg GlueCatalog properties: Glue at ``glue_uri``, the warehouse in a new bucket of moto's S3."""
+    from tests.s3 import ACCESS_KEY, REGION, SECRET_KEY
+
+    bucket = moto_server.create_bucket()
+    return {
+        "type": "glue",
+        "glue.endpoint": glue_uri,
+        "glue.region": REGION,
+        "glue.access-key-id": ACCESS_KEY,
+        "glue.secret-access-key": SECRET_KEY,
+        "warehouse": f"s3://{bucket}/warehouse",
+        **moto_server.properties(),
+        **extra,
+    }
+
+
+@pytest.fixture
+def glue_catalog_properties(moto_server: Any, glue_proxy: FaultProxy) -> dict[str, str]:
+    return glue_properties(moto_server, glue_proxy.uri)

@@ -135,6 +135,7 @@ class FaultProxy:
         self._token_counter = itertools.count(1)
         self.token_ttl_s = 3600.0
         self._vend: Callable[[], dict[str, str]] | None = None
+        self._glue_lock: threading.Lock | None = None
 
     # --- control ---------------------------------------------------------------------------------------
 
@@ -196,6 +197,12 @@ class FaultProxy:
             assert self._tokens is not None
             for t in self._tokens:
                 self._tokens[t] = 0.0
+
+    def enforce_glue_version_id(self) -> None:
+        """Glue's optimistic lock, which moto's Glue does not enforce: an ``UpdateTable`` whose ``VersionId`` is not
+        the table's current one is refused with ``ConcurrentModificationException`` (checked and forwarded under one
+        lock, so the check and the update are one compare-and-swap, as in AWS Glue)."""
+        self._glue_lock = threading.Lock()
 
     def vend(self, config: Callable[[], dict[str, str]] | None) -> None:
         """Add ``config()`` (storage credentials) to every table response (load, create, commit): vended
@@ -295,7 +302,16 @@ class _Handler(BaseHTTPRequestHandler):
             assert fault is not None and fault.call is not None
             fault.call()
         try:
-            status, headers, payload = self._forward(body)
+            if proxy._glue_lock is not None and kind == "commit" and self.headers.get("X-Amz-Target"):
+                with proxy._glue_lock:
+                    stale = self._stale_glue_version(body)
+                    if stale is not None:
+                        self._answer(400, stale, [("Content-Type", "application/x-amz-json-1.1")])
+                        proxy._record(Exchange(kind, self.command, self.path, 400, False, "glue-version-id"))
+                        return
+                    status, headers, payload = self._forward(body)
+            else:
+                status, headers, payload = self._forward(body)
         except OSError as e:
             self._answer(502, _error_body(502, f"upstream failed: {e}"))
             proxy._record(Exchange(kind, self.command, self.path, 502, False, action))
@@ -320,6 +336,29 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:  # the client gave up (timed out) while the answer was held
             got = None
         proxy._record(Exchange(kind, self.command, self.path, got, True, action))
+
+    def _stale_glue_version(self, body: bytes) -> bytes | None:
+        """The ConcurrentModificationException answer when the UpdateTable's VersionId is not the current one."""
+        request = json.loads(body or b"{}")
+        want = request.get("VersionId")
+        if want is None:
+            return None
+        get = json.dumps({"DatabaseName": request["DatabaseName"], "Name": request["TableInput"]["Name"]}).encode()
+        original = self.headers.get("X-Amz-Target")
+        self.headers.replace_header("X-Amz-Target", "AWSGlue.GetTable")
+        try:
+            status, _, payload = self._forward(get)
+        finally:
+            self.headers.replace_header("X-Amz-Target", str(original))
+        current = json.loads(payload).get("Table", {}).get("VersionId") if status == 200 else None
+        if current is None or str(current) == str(want):
+            return None
+        return json.dumps(
+            {
+                "__type": "ConcurrentModificationException",
+                "message": f"Update table failed due to concurrent modifications (VersionId {want}, current {current})",
+            }
+        ).encode()
 
     def _with_credentials(self, payload: bytes, config: dict[str, str]) -> bytes:
         try:
