@@ -547,6 +547,21 @@ def filter_rows(table: pa.Table, expression: str) -> pa.Table:
 # Transaction and sent here, exactly once (tests/test_seam_contract.py pins both behaviours).
 
 
+def refused_by_the_catalog(error: BaseException) -> bool:
+    """Whether a commit's error is the catalog's definite "no" (the request was evaluated and not applied): pyiceberg's
+    REST errors for 400, 401, 403, 404 and 419. Anything else (5xx, a timeout, a reset connection) leaves the
+    outcome unknown, and on a catalog reached over HTTP the request may still be applied later."""
+    from pyiceberg.exceptions import (
+        AuthorizationExpiredError,
+        BadRequestError,
+        ForbiddenError,
+        NoSuchTableError,
+        UnauthorizedError,
+    )
+
+    return isinstance(error, (BadRequestError, UnauthorizedError, ForbiddenError, NoSuchTableError, AuthorizationExpiredError))
+
+
 def staged(table: Table) -> Transaction:
     """A transaction that only stages updates; send it with :func:`commit_once` (never ``commit_transaction``)."""
     return Transaction(table, autocommit=False)

@@ -327,3 +327,68 @@ def test_token_expiring_mid_run_is_refreshed_and_every_batch_lands_once(
     assert rest_proxy.count("commit", forwarded=True) == 3
     assert {e.status for e in rest_proxy.exchanges if e.fault == "token"} == {401}
     assert_exactly_once(props, sent)
+
+
+# --- pyiceberg never sends a commit twice for one lakesink attempt, for every commit lakesink makes ---------------
+
+
+def test_every_commit_lakesink_makes_sends_one_request_per_attempt(
+    props: dict[str, str], rest_proxy: FaultProxy, lakana: Any, tmp_path: Path
+) -> None:
+    """Each kind of commit lakesink makes meets a 409 on its first request (the server never sees it). Counted at the
+    server's door: lakesink's own loop sends one request per attempt (it re-checks between them), a one-off commit
+    sends exactly one and hands the conflict back. pyiceberg's own retry (commit_transaction) would show as a second
+    request inside one attempt."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    import lakesink
+    from lakesink.errors import LakesinkError
+
+    def refused_once() -> None:
+        rest_proxy.reset_counts()
+        rest_proxy.arm("commit", "status-before", status=409)
+
+    sink = committer(props)
+    # a batch (data snapshot + marker): attempt 1 refused, attempt 2 lands
+    result = write_task(sink, 0, [1])
+    refused_once()
+    assert commit(sink, 0, [result]).retries == 1
+    assert rest_proxy.count("commit") == 2 and _attempt_landed(table(props), 0) == "2"
+    # an empty batch (the marker-only commit)
+    refused_once()
+    empty = commit(sink, 1, [])
+    assert empty.outcome is Outcome.EMPTY and empty.retries == 1 and rest_proxy.count("commit") == 2
+    # maintenance: compaction, manifest rewrite, snapshot expiry (lakesink's loop; attempts reported)
+    for b in range(2, 5):
+        commit(sink, b, [write_task(sink, b, [b])])
+    refused_once()
+    compacted = lakesink.compact(table(props), min_input_files=2)
+    assert compacted.status == "committed" and compacted.attempts == 2 and rest_proxy.count("commit") == 2, compacted
+    refused_once()
+    rewritten = lakesink.rewrite_manifests(table(props), min_count=1)
+    assert rest_proxy.count("commit") == (2 if rewritten.status == "committed" else 0), rewritten
+    refused_once()
+    from datetime import datetime, timezone
+
+    expired = lakesink.expire_snapshots(table(props), older_than=datetime.now(timezone.utc), retain_last=1)
+    # lakana refuses to remove snapshots (403: it keeps history by its own retention): each attempt is still one
+    # request, refused and retried by lakesink's loop until commit.retry.num-retries, then it gives up
+    assert expired.status.startswith("gave up") and rest_proxy.count("commit") == 5, expired
+    assert rest_proxy.count("commit", forwarded=True) == 4
+    # one-off commits: forget-query, publish, a branch (its base snapshot first): one request each
+    refused_once()
+    with pytest.raises(CommitFailedException):
+        lakesink.forget_query(table(props), Q)
+    assert rest_proxy.count("commit") == 1
+    branch_props = lakana.catalog_properties(tmp_path / "branch-warehouse", uri=rest_proxy.uri)
+    branch_sink = TableCommitter(
+        SinkOptions(table=TableName((NAMESPACE,), "events"), catalog_properties=branch_props, branch="audit")
+    )
+    rest_proxy.disarm()
+    rest_proxy.reset_counts()
+    branch_sink.open_table(arrow_rows([]).schema)  # create the table, an empty base snapshot, the branch
+    assert rest_proxy.count("commit") == 2 and "audit" in table(branch_props).metadata.refs
+    refused_once()
+    with pytest.raises((CommitFailedException, LakesinkError)):
+        lakesink.publish(table(branch_props), branch="audit", force=True)
+    assert rest_proxy.count("commit") == 1

@@ -373,7 +373,6 @@ class TableCommitter(SinkTable):
             return self.last(t, batch.query_id, index=index)
 
         return swap_with_recheck(
-            late_landing=catalogs.may_apply_late(self.catalog),
             first=table,
             load=lambda: self.load_patiently(batch.batch_id),
             load_fresh=self.load_fresh,

@@ -26,7 +26,7 @@ from pyiceberg.table import Table
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential_jitter
 
 from lakesink import catalogs
-from lakesink._pyiceberg import PreparedCommit
+from lakesink._pyiceberg import PreparedCommit, refused_by_the_catalog
 from lakesink.errors import CommitOutcomeUnknownError, LakesinkError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_CHECK, DRIVER_BEFORE_SWAP, fault_point
 from lakesink.properties import CommittedBatch
@@ -135,43 +135,37 @@ def settle(
 
 class _Pending:
     """Attempts of one call whose commit request got no clean answer, kept (with their manifests) until the table
-    shows they did not land and never can.
+    shows they did not land, and never can.
 
     A 409 does not prove the request did not land: an HTTP client, gateway or SDK that re-sent a commit whose
     first answer was lost gets 409 for the re-sent request (the first moved the head), and botocore re-sends
-    Glue's UpdateTable on its own. And after a timeout or a 5xx, a catalog server may still apply the request
-    later (queued behind a slow commit, held by a gateway): reading the table once says "not yet", not "never"
-    (``late_landing``). So an attempt's manifests are deleted only once a later read of the table shows neither
-    our commit id nor a head the attempt could still land on (:meth:`PreparedCommit.could_land_on`): a later
+    Glue's UpdateTable on its own. It does prove that no copy of it can land *later* (its requirements failed, and
+    they stay failed): the next read of the table settles it. After a timeout, a 5xx or a reset connection, a
+    catalog server may even apply the request later (queued behind a slow commit, held by a gateway): reading the
+    table once says "not yet", not "never" (``late_landing``). Such an attempt is discarded only once a later read
+    shows neither our commit id nor a head it could still land on (:meth:`PreparedCommit.could_land_on`): a later
     attempt of ours that lands, or any other commit that moves the head, fences it.
     """
 
     def __init__(self, late_landing: bool):
         self.late_landing = late_landing
-        self.attempts: list[PreparedCommit] = []
+        self.attempts: list[tuple[PreparedCommit, bool]] = []
 
-    def add(self, prepared: PreparedCommit) -> None:
-        self.attempts.append(prepared)
+    def add(self, prepared: PreparedCommit, *, may_land_later: bool) -> None:
+        self.attempts.append((prepared, may_land_later and self.late_landing))
 
     def settle_on(self, table: Table, *, landed: int | None = None) -> None:
         """Discard every pending attempt the table shows did not land (``landed``: the snapshot id that did) and
         that can no longer land on it."""
         keep = []
-        for p in self.attempts:
+        for p, later in self.attempts:
             if landed is not None and p.snapshot_id == landed:
                 continue  # the attempt that landed: its manifests are the table's
-            if self.late_landing and p.could_land_on(table.metadata):
-                keep.append(p)
+            if later and p.could_land_on(table.metadata):
+                keep.append((p, later))
             else:
                 p.discard()
         self.attempts = keep
-
-    def discard_refused(self) -> None:
-        """Discard the attempts that cannot land later (catalogs without late landings: all of them)."""
-        if not self.late_landing:
-            for p in self.attempts:
-                p.discard()
-            self.attempts = []
 
 
 def swap_with_recheck(
@@ -187,7 +181,7 @@ def swap_with_recheck(
     what: str,
     redact: Callable[[BaseException], str],
     attempt_guard: Callable[[], AbstractContextManager[None]] | None = None,
-    late_landing: bool = True,
+    late_landing: bool | None = None,
 ) -> SwapResult:
     """Commit once for (query, sink, batch): re-check, prepare, swap; retry on conflicts.
 
@@ -200,7 +194,8 @@ def swap_with_recheck(
 
     ``late_landing``: the catalog may apply a request after having answered it with an error (any catalog reached
     over HTTP: REST, Glue); False for pyiceberg's SQL catalogs, whose failed calls lakesink rolls back before
-    the error reaches it (lakesink.catalogs.guard_sql_catalog).
+    the error reaches it (lakesink.catalogs.guard_sql_catalog). Default: :func:`lakesink.catalogs.may_apply_late`
+    of ``first``'s catalog.
 
     ``attempt_guard`` is entered around each whole attempt (read, re-check, prepare, swap) and then every attempt
     reads the table afresh (``first`` is not used): maintenance takes its turn between the sink's batches with it
@@ -209,6 +204,8 @@ def swap_with_recheck(
     """
     attempts = 0
     refused = 0  # attempts whose swap failed with an error (settled as not landed), not a clean conflict
+    if late_landing is None:
+        late_landing = first.catalog is None or catalogs.may_apply_late(first.catalog)
     pending = _Pending(late_landing)
     table = first
 
@@ -244,7 +241,7 @@ def swap_with_recheck(
                 try:
                     prepared.commit()
                 except CommitFailedException as e:
-                    pending.add(prepared)  # discarded once the next read shows it did not land
+                    pending.add(prepared, may_land_later=False)  # discarded once the next read shows it did not land
                     log.info("lakesink: %s conflicted (%s); re-checking and retrying", what, e)
                     raise _Conflict(str(e)) from e
                 except Exception as e:
@@ -258,12 +255,12 @@ def swap_with_recheck(
                             "outcome; no file was deleted, a restart settles it"
                         ) from None
                     assert read is not None
-                    pending.add(prepared)
+                    # the catalog's definite no (4xx) never lands later; a timeout, 5xx or reset may
+                    pending.add(prepared, may_land_later=not refused_by_the_catalog(e))
                     if (result := found_committed(read, found)) is not None:
                         return result
                     # Settled.NOT_LANDED: not (yet) in the table
                     pending.settle_on(read)
-                    pending.discard_refused()
                     refused += 1
                     raise _Conflict(f"commit failed and did not land: {redact(e)}") from e
                 else:
