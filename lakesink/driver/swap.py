@@ -157,7 +157,7 @@ class _Pending:
     def settle_on(self, table: Table, *, landed: int | None = None) -> None:
         """Discard every pending attempt the table shows did not land (``landed``: the snapshot id that did) and
         that can no longer land on it."""
-        keep = []
+        keep: list[tuple[PreparedCommit, bool]] = []
         for p, later in self.attempts:
             if landed is not None and p.snapshot_id == landed:
                 continue  # the attempt that landed: its manifests are the table's
