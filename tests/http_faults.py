@@ -136,6 +136,11 @@ class FaultProxy:
         self.token_ttl_s = 3600.0
         self._vend: Callable[[], dict[str, str]] | None = None
         self._glue_lock: threading.Lock | None = None
+        self._s3_keys: dict[str, float] | None = None
+        """S3 mode: vended access key id -> expiry (monotonic); requests signed with an expired one get 403."""
+        self._s3_counter = itertools.count(1)
+        self.after_commit: Callable[[], object] | None = None
+        """Called after every commit the server accepted (e.g. to rotate vended credentials)."""
 
     # --- control ---------------------------------------------------------------------------------------
 
@@ -204,9 +209,40 @@ class FaultProxy:
         lock, so the check and the update are one compare-and-swap, as in AWS Glue)."""
         self._glue_lock = threading.Lock()
 
+    def check_s3_credentials(self) -> None:
+        """S3 mode (a proxy in front of moto's S3, which checks no credentials): requests signed with a key this proxy
+        vended (:meth:`vend_s3_credentials`) are refused once it expired, as S3 refuses an expired session token
+        (403 ``ExpiredToken``); other keys go through."""
+        self._s3_keys = {}
+
+    def vend_s3_credentials(self, ttl_s: float = 3600.0) -> dict[str, str]:
+        """New short-lived S3 credentials (FileIO properties) reaching S3 through this proxy."""
+        assert self._s3_keys is not None
+        key = f"VENDED{next(self._s3_counter):08d}"
+        with self._lock:
+            self._s3_keys[key] = time.monotonic() + ttl_s
+        return {
+            "s3.endpoint": self.uri,
+            "s3.access-key-id": key,
+            "s3.secret-access-key": f"vended-secret-{key}",
+            "s3.session-token": f"vended-session-{key}",
+            "s3.region": "us-east-1",
+            "s3.force-virtual-addressing": "false",
+        }
+
+    def expire_s3_credentials(self) -> None:
+        """Every credential vended so far expires now."""
+        with self._lock:
+            assert self._s3_keys is not None
+            for k in self._s3_keys:
+                self._s3_keys[k] = 0.0
+
+    def s3_refusals(self) -> int:
+        return self.count("s3", forwarded=False)
+
     def vend(self, config: Callable[[], dict[str, str]] | None) -> None:
-        """Add ``config()`` (storage credentials) to every table response (load, create, commit): vended
-        credentials, as a REST catalog gives them to a client that sent ``X-Iceberg-Access-Delegation``."""
+        """Add ``config()`` (storage credentials) to every table response (load, create, commit) of a request that
+        asked for them (``X-Iceberg-Access-Delegation: vended-credentials``, pyiceberg's default): vended credentials."""
         self._vend = config
 
     # --- inside the handler ----------------------------------------------------------------------------
@@ -266,6 +302,20 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         kind = request_kind(self.command, self.path, self.headers)
+        if proxy._s3_keys is not None:
+            kind = "s3"
+            match = re.search(r"Credential=([^/,\s]+)/", self.headers.get("Authorization") or "")
+            key = match.group(1) if match else None
+            with proxy._lock:
+                expiry = proxy._s3_keys.get(key) if key else None
+            if expiry is not None and expiry <= time.monotonic():
+                body_xml = (
+                    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>ExpiredToken</Code>"
+                    b"<Message>The provided token has expired.</Message></Error>"
+                )
+                self._answer(403, body_xml, [("Content-Type", "application/xml")])
+                proxy._record(Exchange(kind, self.command, self.path, 403, False, "expired-credentials"))
+                return
         if proxy._tokens is not None:
             if kind == "token":
                 token, ttl = proxy._new_token()
@@ -328,7 +378,10 @@ class _Handler(BaseHTTPRequestHandler):
         if action == "hold-response":
             assert fault is not None
             fault.released.wait(HOLD_LIMIT_S)
-        if proxy._vend is not None and kind in ("load", "create", "commit") and status == 200:
+        if kind == "commit" and status == 200 and proxy.after_commit is not None:
+            proxy.after_commit()
+        delegated = "vended-credentials" in (self.headers.get("X-Iceberg-Access-Delegation") or "")
+        if proxy._vend is not None and delegated and kind in ("load", "create", "commit") and status == 200:
             payload = self._with_credentials(payload, proxy._vend())
         try:
             self._answer(status, payload, headers)

@@ -184,6 +184,17 @@ class LakanaServer:
         )
         return name
 
+    def new_s3_environment(self, bucket: str, s3_properties: dict[str, str]) -> str:
+        """A new environment whose tables live in ``s3://<bucket>/lake``; the server reaches S3 with ``s3_properties``."""
+        name = f"t{next(self._counter)}"
+        options = {k: v for k, v in s3_properties.items() if k.startswith("s3.")}
+        self._request(
+            "POST",
+            "/api/v1/environments",
+            {"name": name, "storage": {"scheme": "s3", "root": f"s3://{bucket}/lake", "options": options}},
+        )
+        return name
+
     def catalog_properties(self, warehouse: Path, *, uri: str | None = None) -> dict[str, str]:
         """pyiceberg catalog properties of a new environment (through ``uri``, e.g. a fault proxy, when given)."""
         prefix = self.new_environment(warehouse)
