@@ -548,18 +548,18 @@ def filter_rows(table: pa.Table, expression: str) -> pa.Table:
 
 
 def refused_by_the_catalog(error: BaseException) -> bool:
-    """Whether a commit's error is the catalog's definite "no" (the request was evaluated and not applied): pyiceberg's
-    REST errors for 400, 401, 403, 404 and 419. Anything else (5xx, a timeout, a reset connection) leaves the
-    outcome unknown, and on a catalog reached over HTTP the request may still be applied later."""
-    from pyiceberg.exceptions import (
-        AuthorizationExpiredError,
-        BadRequestError,
-        ForbiddenError,
-        NoSuchTableError,
-        UnauthorizedError,
-    )
+    """Whether a commit's error is the catalog's definite "no" (the request was evaluated and not applied): a REST
+    answer 4xx other than 408 (timeout) and 429 (throttled), which pyiceberg raises chained to the HTTP error
+    (``BadRequestError``, ``ForbiddenError``, a ``RESTError`` for 422, ...). Anything else (5xx, a timeout, a reset
+    connection) leaves the outcome unknown, and on a catalog reached over HTTP the request may still land later."""
+    cause = error.__cause__
+    response = getattr(cause, "response", None)
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int):
+        return 400 <= status < 500 and status not in (408, 429)
+    from pyiceberg.exceptions import BadRequestError, ForbiddenError, NoSuchTableError, UnauthorizedError
 
-    return isinstance(error, (BadRequestError, UnauthorizedError, ForbiddenError, NoSuchTableError, AuthorizationExpiredError))
+    return isinstance(error, (BadRequestError, UnauthorizedError, ForbiddenError, NoSuchTableError))
 
 
 def staged(table: Table) -> Transaction:

@@ -85,6 +85,8 @@ class Fault:
     status: int = 503
     times: int = 1
     call: Callable[[], object] | None = None
+    match: str | None = None
+    """Only requests whose path contains this (e.g. ``/data/``: a table's data files)."""
     released: threading.Event = field(default_factory=threading.Event)
     reached: threading.Event = field(default_factory=threading.Event)
     fired: int = 0
@@ -109,6 +111,8 @@ class Exchange:
     """What the client got (None: connection reset or abandoned)."""
     forwarded: bool
     fault: str | None
+    key: str | None = None
+    """S3 mode: the access key id the request was signed with."""
 
 
 def _error_body(status: int, message: str) -> bytes:
@@ -247,10 +251,10 @@ class FaultProxy:
 
     # --- inside the handler ----------------------------------------------------------------------------
 
-    def _take(self, kind: str) -> Fault | None:
+    def _take(self, kind: str, path: str) -> Fault | None:
         with self._lock:
             for f in self._faults:
-                if f.kind == kind and f.fired < f.times:
+                if f.kind == kind and f.fired < f.times and (f.match is None or f.match in path):
                     f.fired += 1
                     return f
         return None
@@ -299,13 +303,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         proxy = self.owner
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        body = self._body()
         kind = request_kind(self.command, self.path, self.headers)
+        key: str | None = None
+        fault = None
         if proxy._s3_keys is not None:
             kind = "s3"
             match = re.search(r"Credential=([^/,\s]+)/", self.headers.get("Authorization") or "")
             key = match.group(1) if match else None
+            fault = proxy._take(kind, self.path)  # before the credential check: a fault may expire them now
+            if fault is not None and fault.action == "call-before" and fault.call is not None:
+                fault.reached.set()
+                fault.call()
+                fault = None
             with proxy._lock:
                 expiry = proxy._s3_keys.get(key) if key else None
             if expiry is not None and expiry <= time.monotonic():
@@ -314,7 +324,7 @@ class _Handler(BaseHTTPRequestHandler):
                     b"<Message>The provided token has expired.</Message></Error>"
                 )
                 self._answer(403, body_xml, [("Content-Type", "application/xml")])
-                proxy._record(Exchange(kind, self.command, self.path, 403, False, "expired-credentials"))
+                proxy._record(Exchange(kind, self.command, self.path, 403, False, "expired-credentials", key))
                 return
         if proxy._tokens is not None:
             if kind == "token":
@@ -332,7 +342,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._answer(401, _error_body(401, "token expired or unknown"))
                 proxy._record(Exchange(kind, self.command, self.path, 401, False, "token"))
                 return
-        fault = proxy._take(kind)
+        if proxy._s3_keys is None:
+            fault = proxy._take(kind, self.path)
         action = fault.action if fault else None
         if fault is not None:
             fault.reached.set()
@@ -388,7 +399,23 @@ class _Handler(BaseHTTPRequestHandler):
             got: int | None = status
         except OSError:  # the client gave up (timed out) while the answer was held
             got = None
-        proxy._record(Exchange(kind, self.command, self.path, got, True, action))
+        proxy._record(Exchange(kind, self.command, self.path, got, True, action, key))
+
+    def _body(self) -> bytes:
+        """The request body, by Content-Length or chunked (pyarrow's S3 client streams uploads chunked)."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass  # trailers
+                    break
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()  # the CRLF after the chunk
+            return b"".join(chunks)
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
 
     def _stale_glue_version(self, body: bytes) -> bytes | None:
         """The ConcurrentModificationException answer when the UpdateTable's VersionId is not the current one."""
@@ -434,7 +461,10 @@ class _Handler(BaseHTTPRequestHandler):
             conn.request(self.command, self.path, body=body if body or self.command in ("POST", "PUT") else None, headers=headers)
             response = conn.getresponse()
             payload = response.read()
-            return response.status, [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP], payload
+            answer = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
+            if self.command == "HEAD":  # no body: the size of the object is the upstream's Content-Length
+                answer += [(k, v) for k, v in response.getheaders() if k.lower() == "content-length"]
+            return response.status, answer, payload
         finally:
             conn.close()
 
@@ -446,7 +476,8 @@ class _Handler(BaseHTTPRequestHandler):
                 continue
             self.send_header(k, v)
             sent.add(k.lower())
-        self.send_header("Content-Length", str(len(payload)))
+        if not (self.command == "HEAD" and "content-length" in sent):
+            self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(payload)

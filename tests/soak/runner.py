@@ -64,7 +64,7 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 from pyiceberg.exceptions import NoSuchTableError  # noqa: E402
 
 from examples.demo import describe_processes, local_path, session_members, spark_log  # noqa: E402
-from lakesink import catalogs, interop  # noqa: E402
+from lakesink import catalogs, interop, storage  # noqa: E402
 from lakesink.faults import (  # noqa: E402
     DRIVER_AFTER_SWAP,
     DRIVER_BEFORE_CHECK,
@@ -564,7 +564,12 @@ class Soak:
 
     def verify(self) -> dict[str, Any]:
         table = self.table()
-        ids = interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist()
+        local = table.metadata_location.startswith(("file:", "/"))
+        if local:
+            ids = interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist()
+        else:  # object storage: DuckDB's httpfs extension cannot be installed offline; pyiceberg reads it
+            ids = table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+        reader = "DuckDB" if local else "pyiceberg"
         counts = Counter(ids)
         expected = Counter(self.sent)
         duplicates = sum(c - expected.get(i, 0) for i, c in counts.items() if c > expected.get(i, 0) and i in expected)
@@ -572,7 +577,7 @@ class Soak:
         unexpected = sum(c for i, c in counts.items() if i not in expected)
         if duplicates or missing or unexpected:
             self.violation(
-                f"ids read with DuckDB: {duplicates} duplicate(s), {missing} missing, {unexpected} unexpected "
+                f"ids read with {reader}: {duplicates} duplicate(s), {missing} missing, {unexpected} unexpected "
                 f"({len(ids)} rows in the table, {len(self.sent)} sent)"
             )
 
@@ -606,7 +611,7 @@ class Soak:
         log_text = self.log.read_text(errors="replace")
         skipped_lines = [int(b) for b in _SKIPPED.findall(log_text)]
         task_failures = len(_TASK_FAILED.findall(log_text))
-        on_disk = data_files_on_disk(table)
+        on_disk = data_files_on_disk(table) if local else _data_files_in_storage(table)
         referenced = referenced_data_files(table)
         for owed in self.owed:
             if owed.batch not in {int(b) for b in _SKIPPED.findall(log_text[owed.log_offset :])}:
@@ -616,7 +621,7 @@ class Soak:
                 for p in on_disk
                 if (m := _DATA_FILE.match(p.rsplit("/", 1)[-1]))
                 and int(m[1]) == owed.batch
-                and os.stat(local_path(p)).st_mtime > owed.killed_at
+                and _modified(table, p, local) > owed.killed_at
             )
             if late:
                 self.violation(f"batch {owed.batch} was already in the table, yet data files were written for it: {late}")
@@ -709,6 +714,22 @@ class Soak:
 
 
 # --- the command --------------------------------------------------------------------------------------
+
+
+def _data_files_in_storage(table: Any) -> set[str]:
+    """Every Parquet file under the table's data folder on object storage (listed through the table's FileIO)."""
+    root = f"{table.location().rstrip('/')}/data"
+    return {f"{root}/{f.relative}" for f in storage.list_files(table.io, root) if f.relative.endswith(".parquet")}
+
+
+def _modified(table: Any, path: str, local: bool) -> float:
+    if local:
+        return os.stat(local_path(path)).st_mtime
+    folder, _, name = path.rpartition("/")
+    for f in storage.list_files(table.io, folder):
+        if f.relative == name and f.modified is not None:
+            return f.modified.timestamp()
+    return 0.0
 
 
 def summarize(results: list[dict[str, Any]]) -> str:
