@@ -365,6 +365,17 @@ class PreparedCommit:
             self.table._do_commit(updates=self._updates, requirements=self._requirements)
         fault_point(CATALOG_FAILS_AFTER_APPLY)
 
+    def could_land_on(self, metadata: TableMetadata) -> bool:
+        """Whether this commit's requirements still hold on ``metadata``: a request of it that a catalog server
+        has not processed yet (a timed-out request still queued, a re-sent one) could still land. Once the branch
+        head (or the table, schema, spec) moved away from what it asserts, it never can: it is fenced."""
+        try:
+            for requirement in self._requirements:
+                requirement.validate(metadata)
+        except CommitFailedException:
+            return False
+        return True
+
     def discard(self) -> None:
         """Delete the manifests written for this commit (only when it certainly did not land)."""
         if self._producer is not None:
@@ -718,6 +729,57 @@ def filter_rows(table: pa.Table, expression: str) -> pa.Table:
     return table.filter(expression_to_pyarrow(bound, schema))
 
 
+# --- one-off commits (table set-up, forget-query, publish): one catalog request, never pyiceberg's retry loop ---
+#
+# pyiceberg 0.12's ``Transaction.commit_transaction`` (what ``with table.transaction()``, ``manage_snapshots()...
+# .commit()`` and every autocommit update end in) catches CommitFailedException, refreshes the table, rebuilds its
+# snapshot producers on the new head and commits again, up to ``commit.retry.num-retries`` times (apache/iceberg-
+# python#3320, validated since #3811). It recognises a landed attempt only by its own snapshot id, so behind
+# lakesink's back it could commit what another driver already committed. lakesink's batch and maintenance commits
+# go through its own loop (lakesink.driver.swap); every other commit lakesink makes is staged on a plain
+# Transaction and sent here, exactly once (tests/test_seam_contract.py pins both behaviours).
+
+
+def refused_by_the_catalog(error: BaseException) -> bool:
+    """Whether a commit's error is the catalog's definite "no" (the request was evaluated and not applied): a REST
+    answer 4xx other than 408 (timeout) and 429 (throttled), which pyiceberg raises chained to the HTTP error
+    (``BadRequestError``, ``ForbiddenError``, a ``RESTError`` for 422, ...). Anything else (5xx, a timeout, a reset
+    connection) leaves the outcome unknown, and on a catalog reached over HTTP the request may still land later."""
+    cause = error.__cause__
+    response = getattr(cause, "response", None)
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int):
+        return 400 <= status < 500 and status not in (408, 429)
+    from pyiceberg.exceptions import BadRequestError, ForbiddenError, NoSuchTableError, UnauthorizedError
+
+    return isinstance(error, (BadRequestError, UnauthorizedError, ForbiddenError, NoSuchTableError))
+
+
+def staged(table: Table) -> Transaction:
+    """A transaction that only stages updates; send it with :func:`commit_once` (never ``commit_transaction``)."""
+    return Transaction(table, autocommit=False)
+
+
+def manage_snapshots(tx: Transaction) -> Any:
+    """pyiceberg's ManageSnapshots (create_branch, set_current_snapshot, ...), staging into ``tx``."""
+    from pyiceberg.table.update.snapshot import ManageSnapshots
+
+    return ManageSnapshots(transaction=tx)
+
+
+def commit_once(tx: Transaction) -> None:
+    """Send what ``tx`` staged to the catalog in exactly one commit request (``Table._do_commit``), with the
+    requirements pyiceberg's own commit adds (the table's uuid). A CommitFailedException is the caller's to handle;
+    the transaction is spent either way. The few files a staged snapshot wrote (an empty branch-base snapshot's
+    manifest list) are left for the orphan clean-up on failure: a commit reported failed may still have landed."""
+    if not tx._updates:
+        return
+    requirements = (*tx._requirements, AssertTableUUID(uuid=tx._table.metadata.table_uuid))
+    updates = tx._updates
+    tx._updates, tx._requirements = (), ()
+    tx._table._do_commit(updates=updates, requirements=requirements)
+
+
 # --- audits, empty batches and branches (issue 6) -----------------------------------------------
 
 
@@ -1008,6 +1070,35 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
         warnings.warn(f"Failed to delete old metadata after commit: {e}", stacklevel=2)
     table.metadata = new
     table.metadata_location = location
+    return True
+
+
+def set_request_timeout(catalog: Any, seconds: float) -> bool:
+    """Give every HTTP request of a REST catalog a timeout of ``seconds``; False when ``catalog`` is not one.
+
+    pyiceberg 0.12's REST client sets none (``requests`` without ``timeout=``): a catalog server that accepts the
+    connection and never answers hangs the commit, and the streaming query, forever (apache/iceberg-python#2772;
+    the ``connection.timeout`` property of #3418 is not in 0.12). The timeout is applied to the session's
+    transport adapters (also SigV4's), so it covers every call: config, token, load, commit.
+    """
+    from pyiceberg.catalog.rest import RestCatalog
+
+    if not isinstance(catalog, RestCatalog):
+        return False
+    adapter: Any
+    for adapter in catalog._session.adapters.values():
+        if getattr(adapter, "_lakesink_timeout", None) is not None:
+            adapter._lakesink_timeout = seconds
+            continue
+        original = adapter.send
+
+        def send(request: Any, *args: Any, _send: Any = original, _adapter: Any = adapter, **kwargs: Any) -> Any:
+            if kwargs.get("timeout") is None:
+                kwargs["timeout"] = _adapter._lakesink_timeout
+            return _send(request, *args, **kwargs)
+
+        adapter._lakesink_timeout = seconds
+        adapter.send = send
     return True
 
 

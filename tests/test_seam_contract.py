@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -653,3 +653,103 @@ def test_overwrite_of_files_in_a_nan_partition(catalog: Catalog) -> None:
         after = catalog.load_table(("db", "doubles"))
         assert after.current_snapshot().summary.operation.value == "replace"  # type: ignore[union-attr]
         assert sorted(str(t.file.partition[0]) for t in after.scan().plan_files()) == ["-0.0", "0.0", "nan"]
+
+
+# --- pyiceberg never commits twice for one lakesink attempt (issue 24: "the next pyiceberg") ---------------------
+#
+# pyiceberg 0.12's Transaction.commit_transaction retries a conflicting commit by itself (refresh, rebuild the
+# snapshot producers on the new head, commit again: apache/iceberg-python#3320, #3811). lakesink must never go
+# through it: every lakesink commit is either one Table._do_commit per attempt of lakesink's own loop
+# (PreparedCommit.commit) or one Table._do_commit in all (commit_once). The tests below count the requests that
+# reach the catalog (Catalog.commit_table, the one entry point of every pyiceberg commit, SQL, REST or Glue), with
+# the catalog made to refuse the commit: a fault injected at that one call.
+
+
+class _CountingRefusals:
+    """``catalog.commit_table`` refusing the first ``refuse`` requests with CommitFailedException (a 409), counting all."""
+
+    def __init__(self, catalog: Catalog, monkeypatch: pytest.MonkeyPatch, refuse: int = 1):
+        self.calls = 0
+        self.refuse = refuse
+        real = catalog.commit_table
+
+        def commit_table(table: Table, requirements: Any, updates: Any) -> Any:
+            self.calls += 1
+            if self.calls <= self.refuse:
+                raise CommitFailedException(f"refused by the contract test (request {self.calls})")
+            return real(table, requirements, updates)
+
+        monkeypatch.setattr(catalog, "commit_table", commit_table)
+
+
+def test_do_commit_sends_exactly_one_request(table: Table, catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    with hook("pyiceberg.table.Table._do_commit (one Catalog.commit_table, no retry)", "PreparedCommit.commit / commit_once"):
+        counting = _CountingRefusals(catalog, monkeypatch, refuse=1)
+        with pytest.raises(CommitFailedException):
+            table._do_commit(updates=(), requirements=())
+        assert counting.calls == 1
+
+
+def test_commit_transaction_retries_by_itself_so_lakesink_never_calls_it(
+    table: Table, catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What lakesink avoids, pinned: one ``with table.transaction()`` append sends a second request after a 409.
+    If this ever fails because pyiceberg stopped retrying, lakesink's own loop is still the one that must run."""
+    counting = _CountingRefusals(catalog, monkeypatch, refuse=1)
+    with table.transaction() as tx:
+        tx.append(ROWS)
+    assert counting.calls == 2, "pyiceberg's commit_transaction no longer retries a conflicting append on its own"
+
+
+def test_commit_once_sends_one_request_whatever_the_transaction_staged(
+    table: Table, catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each kind of one-off commit lakesink makes (an empty snapshot as a branch base, a branch, a property removal,
+    moving main): one request, and a refusal is handed back, not retried."""
+    with hook("Transaction(autocommit=False) / ManageSnapshots(transaction=) / Transaction._updates", "staged / commit_once"):
+        head = table.metadata.snapshot_by_name("main")
+        assert head is not None
+        stagings: dict[str, Callable[[Any], object]] = {
+            "empty snapshot": lambda tx: tx.update_snapshot(snapshot_properties={"k": "v"}).fast_append().commit(),
+            "create branch": lambda tx: seam.manage_snapshots(tx).create_branch(head.snapshot_id, "audit").commit(),
+            "remove property": lambda tx: tx.remove_properties("write.format.default"),
+            "set current snapshot": lambda tx: seam.manage_snapshots(tx).set_current_snapshot(head.snapshot_id).commit(),
+        }
+        for what, stage in stagings.items():
+            counting = _CountingRefusals(catalog, monkeypatch, refuse=1)
+            tx = seam.staged(table)
+            stage(tx)
+            assert tx._updates, what
+            with pytest.raises(CommitFailedException):
+                seam.commit_once(tx)
+            assert counting.calls == 1, f"{what}: {counting.calls} requests for one commit_once"
+            monkeypatch.undo()
+
+
+def test_lakesink_never_commits_through_pyicebergs_retry_loop() -> None:
+    """Outside the seam, no lakesink module calls a pyiceberg API that commits through commit_transaction (or
+    through a table's own autocommit updates). A new call of one of them fails here, naming the module and line;
+    stage it on ``_pyiceberg.staged(table)`` and send it with ``_pyiceberg.commit_once`` (or lakesink's loop)."""
+    import ast
+
+    committing = {
+        "transaction", "commit_transaction", "manage_snapshots", "update_schema", "update_spec", "update_sort_order",
+        "update_statistics", "upgrade_table_version", "add_files", "upsert", "dynamic_partition_overwrite", "_do_commit",
+        "expire_snapshots",
+    }  # fmt: skip
+    package = Path(seam.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "_pyiceberg.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in committing:
+                receiver = ast.unparse(node.func.value)
+                if receiver == "seam":
+                    continue  # the seam's own one-request helpers
+                if node.func.attr == "expire_snapshots" and not receiver.endswith("maintenance"):
+                    continue  # lakesink's own expiry.expire_snapshots, not pyiceberg's
+                if node.func.attr in ("update_schema", "update_spec") and receiver in ("tx",):
+                    continue  # staged on a transaction lakesink sends itself
+                found.append(f"{path.relative_to(package.parent)}:{node.lineno} {receiver}.{node.func.attr}(...)")
+    assert not found, "pyiceberg commits outside lakesink's one-request paths:\n  " + "\n  ".join(found)

@@ -20,16 +20,18 @@ from pyiceberg.table import Table
 
 from lakesink import _pyiceberg as seam
 from lakesink import (
+    catalogs,
     names,
     storage,
     taskchanges,
     upkeep,  # a module: lakesink.upkeep imports the driver's swap loop back
 )
-from lakesink.driver import upsert
+from lakesink.driver import indoubt, upsert
 from lakesink.driver.swap import RetriesExhausted, Status, SwapResult, swap_with_recheck
 from lakesink.driver.tables import SinkTable
 from lakesink.errors import (
     CommitConflictError,
+    CommitOutcomeUnknownError,
     ConcurrentTableChangeError,
     DuplicateSinkError,
     LakesinkError,
@@ -338,6 +340,10 @@ class TableCommitter(SinkTable):
         what = f"commit of batch {batch.batch_id} of query {batch.query_id} to {self.table_name}"
         try:
             result = self._swap(table, batch, prepare, what)
+        except CommitOutcomeUnknownError:
+            if catalogs.may_apply_late(self.catalog):  # the abort that follows must keep the files (driver.indoubt)
+                indoubt.record(self.table_name, batch.query_id, self.options.sink_id, batch.batch_id, batch.paths)
+            raise
         except RetriesExhausted as e:
             self._delete(table, batch.paths, reason="commit retries exhausted")
             raise CommitConflictError(
@@ -502,6 +508,7 @@ class TableCommitter(SinkTable):
         return changes
 
     def _logged(self, outcome: BatchOutcome, query_id: str) -> BatchOutcome:
+        indoubt.clear(self.table_name, query_id, self.options.sink_id, outcome.batch_id)  # the batch is settled now
         if outcome.outcome is Outcome.COMMITTED:
             log.info(
                 "lakesink: table=%s query=%s%s batch=%s committed snapshot=%s files=%s rows=%s bytes=%s "
@@ -539,6 +546,15 @@ class TableCommitter(SinkTable):
         """
         fault_point(DRIVER_IN_ABORT)
         paths = [f.path for r in results for f in r.files]
+        in_doubt = indoubt.recorded(self.table_name, query_id, self.options.sink_id, batch_id)
+        if in_doubt & set(paths):
+            log.warning(
+                "lakesink: abort of batch %s keeps %s file(s) that a commit request the catalog has not answered may "
+                "still reference (an orphan-file clean-up collects them if it never lands)",
+                batch_id,
+                len(in_doubt & set(paths)),
+            )
+            paths = [p for p in paths if p not in in_doubt]
         if not paths:
             log.info("lakesink: table=%s batch=%s aborted; no files to delete", self.table_name, batch_id)
             return

@@ -90,8 +90,11 @@ class SinkTable:
             head = table.metadata.snapshot_by_name(MAIN_BRANCH)
             if head is None:
                 # Iceberg writes a branch only from a snapshot: give an empty table an empty snapshot to branch from
-                # (its manifest list named by lakesink, so that the orphan clean-up keeps it while it may land)
-                empty = seam.prepare_snapshot(
+                # (its manifest list named by lakesink, so that the orphan clean-up keeps it while it may land); one
+                # commit request (PreparedCommit.commit), never pyiceberg's retry loop. Nothing is discarded when it
+                # fails: on an HTTP catalog even a 409 does not prove it did not land (lakesink.driver.indoubt); the
+                # named leftovers are the orphan clean-up's
+                seam.prepare_snapshot(
                     table,
                     data_files=[],
                     overwrite=False,
@@ -99,16 +102,13 @@ class SinkTable:
                     properties=lambda _: {},
                     branch=MAIN_BRANCH,
                     commit=names.commit_name(names.BRANCH),
-                )
-                try:
-                    empty.commit()
-                except CommitFailedException:
-                    empty.discard()
-                    raise
+                ).commit()
                 table = catalogs.load_table(self.catalog, self.options.table.identifier)
                 head = table.metadata.snapshot_by_name(MAIN_BRANCH)
                 assert head is not None
-            table.manage_snapshots().create_branch(head.snapshot_id, branch).commit()
+            tx = seam.staged(table)
+            seam.manage_snapshots(tx).create_branch(head.snapshot_id, branch).commit()
+            seam.commit_once(tx)
             log.info("lakesink: created branch %s of %s at snapshot %s", branch, self.table_name, head.snapshot_id)
         except CommitFailedException:
             pass  # created by another query meanwhile

@@ -64,7 +64,7 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 from pyiceberg.exceptions import NoSuchTableError  # noqa: E402
 
 from examples.demo import describe_processes, local_path, session_members, spark_log  # noqa: E402
-from lakesink import catalogs, interop  # noqa: E402
+from lakesink import catalogs, interop, storage  # noqa: E402
 from lakesink.faults import (  # noqa: E402
     DRIVER_AFTER_SWAP,
     DRIVER_BEFORE_CHECK,
@@ -136,6 +136,10 @@ class Config:
     max_delay: float = 12.0
     run_timeout: float = 300.0
     master: str = "local[2,4]"
+    catalog: tuple[tuple[str, str], ...] = ()
+    """pyiceberg properties of the catalog to soak against (default: an embedded SQLite catalog in the run folder);
+    the job gets them as catalog ``lakesink`` of a ``.pyiceberg.yaml`` (e.g. a REST server, tests/test_rest_spark.py)."""
+    table: str = TABLE
 
 
 @dataclass(frozen=True)
@@ -203,11 +207,12 @@ class Soak:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.cfg.seed)
-        self.props = {
+        self.props = dict(self.cfg.catalog) or {
             "type": "sql",
             "uri": f"sqlite:///{self.home}/catalog.db",
             "warehouse": f"file://{self.home}/warehouse",
         }
+        self.ident = tuple(self.cfg.table.split("."))
 
     # --- paths ----------------------------------------------------------------------------------
 
@@ -251,7 +256,7 @@ class Soak:
             self.sent += write_json_input(self.input, files=files, rows_per_file=self.cfg.rows_per_file, start=len(self.sent))
 
     def table(self) -> Any:
-        return catalogs.load(None, self.props).load_table(IDENT)
+        return catalogs.load(None, self.props).load_table(self.ident)
 
     def rows_committed(self) -> int:
         """Rows in the table (the current snapshot's summary); only read while no job runs."""
@@ -284,6 +289,13 @@ class Soak:
             PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
         )
         env[ENV_FAULTS_DIR] = str(self.faults)  # read by the job's driver, commit worker and executors
+        if self.cfg.catalog:  # the job's default catalog "lakesink", from a configuration file of its own
+            home = self.folder / "pyiceberg"
+            home.mkdir(exist_ok=True)
+            lines = ["catalog:", "  lakesink:"]  # block style: pyiceberg's strictyaml refuses JSON-like flow mappings
+            lines += [f"    {k}: '{v.replace(chr(39), chr(39) * 2)}'" for k, v in self.cfg.catalog]
+            (home / ".pyiceberg.yaml").write_text("\n".join(lines) + "\n")
+            env["PYICEBERG_HOME"] = str(home)
         number = len(self.runs) + 1
         with self.log.open("a") as f:
             f.write(f"\n===== run {number}, started {datetime.now():%H:%M:%S} =====\n")
@@ -292,7 +304,7 @@ class Soak:
             sys.executable, "-m", "tests.soak.job",
             "--input", str(self.input),
             "--checkpoint", str(self.checkpoint),
-            "--table", TABLE,
+            "--table", self.cfg.table,
             "--max-files", str(self.cfg.files_per_batch),
             "--entry", self.cfg.entry,
             "--writer", self.cfg.writer,
@@ -552,7 +564,12 @@ class Soak:
 
     def verify(self) -> dict[str, Any]:
         table = self.table()
-        ids = interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist()
+        local = table.metadata_location.startswith(("file:", "/"))
+        if local:
+            ids = interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist()
+        else:  # object storage: DuckDB's httpfs extension cannot be installed offline; pyiceberg reads it
+            ids = table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+        reader = "DuckDB" if local else "pyiceberg"
         counts = Counter(ids)
         expected = Counter(self.sent)
         duplicates = sum(c - expected.get(i, 0) for i, c in counts.items() if c > expected.get(i, 0) and i in expected)
@@ -560,7 +577,7 @@ class Soak:
         unexpected = sum(c for i, c in counts.items() if i not in expected)
         if duplicates or missing or unexpected:
             self.violation(
-                f"ids read with DuckDB: {duplicates} duplicate(s), {missing} missing, {unexpected} unexpected "
+                f"ids read with {reader}: {duplicates} duplicate(s), {missing} missing, {unexpected} unexpected "
                 f"({len(ids)} rows in the table, {len(self.sent)} sent)"
             )
 
@@ -594,7 +611,7 @@ class Soak:
         log_text = self.log.read_text(errors="replace")
         skipped_lines = [int(b) for b in _SKIPPED.findall(log_text)]
         task_failures = len(_TASK_FAILED.findall(log_text))
-        on_disk = data_files_on_disk(table)
+        on_disk = data_files_on_disk(table) if local else _data_files_in_storage(table)
         referenced = referenced_data_files(table)
         for owed in self.owed:
             if owed.batch not in {int(b) for b in _SKIPPED.findall(log_text[owed.log_offset :])}:
@@ -604,7 +621,7 @@ class Soak:
                 for p in on_disk
                 if (m := _DATA_FILE.match(p.rsplit("/", 1)[-1]))
                 and int(m[1]) == owed.batch
-                and os.stat(local_path(p)).st_mtime > owed.killed_at
+                and _modified(table, p, local) > owed.killed_at
             )
             if late:
                 self.violation(f"batch {owed.batch} was already in the table, yet data files were written for it: {late}")
@@ -697,6 +714,22 @@ class Soak:
 
 
 # --- the command --------------------------------------------------------------------------------------
+
+
+def _data_files_in_storage(table: Any) -> set[str]:
+    """Every Parquet file under the table's data folder on object storage (listed through the table's FileIO)."""
+    root = f"{table.location().rstrip('/')}/data"
+    return {f"{root}/{f.relative}" for f in storage.list_files(table.io, root) if f.relative.endswith(".parquet")}
+
+
+def _modified(table: Any, path: str, local: bool) -> float:
+    if local:
+        return os.stat(local_path(path)).st_mtime
+    folder, _, name = path.rpartition("/")
+    for f in storage.list_files(table.io, folder):
+        if f.relative == name and f.modified is not None:
+            return f.modified.timestamp()
+    return 0.0
 
 
 def summarize(results: list[dict[str, Any]]) -> str:
@@ -800,6 +833,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--run-timeout", type=float, default=300.0, help="seconds a fault may take to hit (default: %(default)s)")
     p.add_argument("--master", default="local[2,4]", help="the job's Spark master (default: %(default)s)")
+    p.add_argument(
+        "--catalog-json",
+        default=None,
+        help="pyiceberg properties (JSON) of the catalog to soak against (default: an embedded SQLite catalog per seed)",
+    )
+    p.add_argument("--table", default=TABLE, help="the table the job writes (default: %(default)s)")
     p.add_argument("--dir", default=None, help="run folder (default: a new temporary folder); one sub-folder per seed")
     p.add_argument("--json", default=None, help="write the results as JSON to this file")
     args = p.parse_args(argv)
@@ -838,6 +877,8 @@ def main(argv: list[str] | None = None) -> int:
             max_delay=args.max_delay,
             run_timeout=args.run_timeout,
             master=args.master,
+            catalog=tuple(sorted(json.loads(args.catalog_json).items())) if args.catalog_json else (),
+            table=args.table,
         )
         try:
             results.append(Soak(cfg).play())
