@@ -42,7 +42,16 @@ class UpsertKeyError(LakesinkError):
 
 
 class CheckpointError(LakesinkError):
-    """The streaming checkpoint could not be read (query id, source offsets)."""
+    """The streaming checkpoint could not be read (query id, source offsets) or cleaned."""
+
+
+class CheckpointInUseError(CheckpointError):
+    """``lakesink checkpoint-clean`` refused a checkpoint that changed recently: its query may still be running.
+
+    Nothing was removed. Stop the query and wait, or pass ``--older-than 0`` when no process runs it any more.
+    """
+
+    retryable = True
 
 
 class CommitConflictError(LakesinkError):
