@@ -10,6 +10,7 @@ Tested against pyiceberg 0.12.
 from __future__ import annotations
 
 import time
+import traceback
 import uuid as uuid_module
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -243,9 +244,35 @@ def partition_path(spec: PartitionSpec, schema: Schema, record_values: Sequence[
 # --- schemas ----------------------------------------------------------------------------------
 
 
+class UnsupportedIcebergType(ValueError):
+    """pyiceberg's verdict that an Arrow type has no Iceberg type (its message says which and why)."""
+
+
+# pyiceberg 0.12.0's _ConvertToIceberg.primitive: the messages of its own ``raise`` for a type it cannot convert
+_UNSUPPORTED_TYPE_MESSAGES = ("Unsupported", "Iceberg does not yet support", "Null type")
+
+
 def iceberg_type(arrow_type: pa.DataType) -> IcebergType:
-    """The Iceberg type of an Arrow type (without field ids)."""
-    result = visit_pyarrow(arrow_type, _ConvertToIcebergWithoutIDs())
+    """The Iceberg type of an Arrow type (without field ids); :class:`UnsupportedIcebergType` when it has none.
+
+    pyiceberg says "no Iceberg type" with a ``TypeError`` or ``ValueError`` raised by its converter's
+    ``primitive`` method; only those become :class:`UnsupportedIcebergType`: any other error (an API
+    that changed, a bug) is raised as it is, never reported as the user's schema problem.
+    """
+    try:
+        result = visit_pyarrow(arrow_type, _ConvertToIcebergWithoutIDs())
+    except (TypeError, ValueError) as e:
+        frames = traceback.extract_tb(e.__traceback__)
+        last = frames[-1] if frames else None
+        verdict = (
+            last is not None
+            and last.name == "primitive"
+            and last.filename.replace("\\", "/").endswith("pyiceberg/io/pyarrow.py")
+            and str(e).startswith(_UNSUPPORTED_TYPE_MESSAGES)
+        )
+        if verdict:
+            raise UnsupportedIcebergType(str(e)) from e
+        raise
     assert isinstance(result, IcebergType)
     return result
 

@@ -28,6 +28,10 @@ from tests.soak.runner import (
 
 pytestmark = pytest.mark.spark
 
+# a guard against a hang, not a speed limit: a run with no progress for --run-timeout (150 s) aborts the soak
+# first; on a loaded machine (load average 11 on 2 cores) one short soak took up to 6 minutes
+TEST_TIMEOUT_S = 1200
+
 SMALL = ["--initial-files", "8", "--ahead", "8", "--rows-per-file", "50", "--run-timeout", "150"]
 
 
@@ -46,7 +50,7 @@ def run_soak(tmp_path: Path, *args: str) -> dict[str, Any]:
     return dict(seed)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_process_kills_at_random_moment_inside_the_commit_and_after_the_swap(tmp_path: Path) -> None:
     """SIGKILL of the whole job: after a delay, with the commit worker killed before the swap, paused after it."""
     seed = run_soak(
@@ -81,7 +85,7 @@ def test_process_kills_at_random_moment_inside_the_commit_and_after_the_swap(tmp
     collect_orphans(seed)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_executor_kills_and_exceptions_are_retried_without_a_restart(tmp_path: Path) -> None:
     """A Python worker SIGKILLed while writing, and a task that raises: Spark retries, the same run commits."""
     seed = run_soak(
@@ -109,7 +113,7 @@ def test_executor_kills_and_exceptions_are_retried_without_a_restart(tmp_path: P
     collect_orphans(seed)
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_kill_while_spark_writes_the_first_offset_entry_then_the_refused_restart_is_recovered(tmp_path: Path) -> None:
     """The JVM SIGKILLed while Spark writes ``offsets/0`` (both temp files there, neither renamed): Spark 4.3
     refuses every restart (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY ... offsets should be empty on batch 0).

@@ -138,6 +138,34 @@ class SoakAborted(Exception):
     """The soak could not run to the end (a hang, a job that keeps failing): not a verdict."""
 
 
+class Stall:
+    """A hang guard that measures silence, not speed: how long nothing the job does has been seen.
+
+    A wall-clock deadline per fault made the short soak fail at random on a loaded machine (load
+    average 11 on 2 cores: Spark needed over 100 s from a run's start to its first commit, and the
+    round gave up at 150 s, ``--run-timeout`` of tests/test_soak.py). Progress is any change of the job's log, its checkpoint,
+    the table's files or the fault markers; only a job that changes none of them for ``limit``
+    seconds is taken for hung.
+    """
+
+    def __init__(self, soak: Soak, limit: float):
+        self.soak, self.limit = soak, limit
+        self.seen = soak.progress_signature()
+        self.since = self.checked = time.monotonic()
+
+    def stalled_for(self) -> float | None:
+        """Seconds without progress when that exceeds the limit, else None (looks at most once a second)."""
+        now = time.monotonic()
+        if now - self.checked < 1.0:
+            return None
+        self.checked = now
+        seen = self.soak.progress_signature()
+        if seen != self.seen:
+            self.seen, self.since = seen, now
+            return None
+        return now - self.since if now - self.since > self.limit else None
+
+
 @dataclass(frozen=True)
 class Config:
     seed: int
@@ -153,7 +181,7 @@ class Config:
     ahead_files: int = 60
     min_delay: float = 0.0
     max_delay: float = 12.0
-    run_timeout: float = 300.0
+    run_timeout: float = 300.0  # seconds the job may go without any progress (see Soak.stalled_for)
     master: str = "local[2,4]"
 
 
@@ -261,6 +289,22 @@ class Soak:
     @property
     def shim_arm(self) -> Path:
         return self.faults / SHIM_ARM
+
+    def progress_signature(self) -> tuple[float, ...]:
+        """What changes while the job works: its log's size, and the count and newest modification of the
+        files in its checkpoint, the table's warehouse and the faults folder."""
+        sig: list[float] = [self.log.stat().st_size if self.log.exists() else 0]
+        for folder in (self.checkpoint, self.home, self.faults):
+            count, newest = 0, 0.0
+            for root, _, files in os.walk(folder):
+                for name in files:
+                    try:
+                        mtime = os.stat(os.path.join(root, name)).st_mtime
+                    except FileNotFoundError:
+                        continue
+                    count, newest = count + 1, max(newest, mtime)
+            sig += [count, newest]
+        return tuple(sig)
 
     def say(self, text: str) -> None:
         print(f"[seed {self.cfg.seed} {time.monotonic() - self.t0:6.1f}s] {text}", flush=True)
@@ -537,7 +581,7 @@ class Soak:
         proc = self.child
         assert proc is not None
         begin = time.monotonic()
-        deadline = begin + self.cfg.run_timeout
+        stall = Stall(self, self.cfg.run_timeout)
         anchor = None if fresh else begin
         reached = self.faults / f"{DRIVER_AFTER_SWAP}.reached"
         while True:
@@ -558,19 +602,19 @@ class Soak:
                     return REFUSED_BY_SPARK
                 self.say(f"run {self.run.number} ended (exit {proc.returncode}) before {fault} hit it; restarting")
                 return FINISHED_FIRST
-            if time.monotonic() > deadline:
-                raise SoakAborted(f"{fault}: not delivered within {self.cfg.run_timeout:.0f}s\n{self.log_tail()}")
+            if (silent := stall.stalled_for()) is not None:
+                raise SoakAborted(f"{fault}: not delivered; no progress of the job for {silent:.0f}s\n{self.log_tail()}")
             time.sleep(POLL_S)
 
         if fault.phase in EXECUTOR_PHASES:
-            self.executor_fault_retried(fault, record, deadline)
+            self.executor_fault_retried(fault, record, stall)
             return DELIVERED
         if fault.phase == COMMIT_KILL:
             time.sleep(fault.linger or 0.0)  # the job may notice its dead commit process meanwhile
         self.kill_and_classify(fault, record)
         return DELIVERED
 
-    def executor_fault_retried(self, fault: Fault, record: RoundRecord, deadline: float) -> None:
+    def executor_fault_retried(self, fault: Fault, record: RoundRecord, stall: Stall) -> None:
         """After a task failed (worker killed, or an exception): the same run must commit that batch."""
         proc = self.child
         assert proc is not None
@@ -590,8 +634,8 @@ class Soak:
                     )
                     return
                 break  # the run finished its input, batch included
-            if time.monotonic() > deadline:
-                raise SoakAborted(f"{fault}: batch {batch} not committed within {self.cfg.run_timeout:.0f}s")
+            if (silent := stall.stalled_for()) is not None:
+                raise SoakAborted(f"{fault}: batch {batch} not committed; no progress of the job for {silent:.0f}s")
             time.sleep(POLL_S)
         self.say(
             f"round {record.number}: {fault} in batch {batch} of run {self.run.number}: task retried, batch "
@@ -635,10 +679,11 @@ class Soak:
                 self.say(f"final run: run {self.run.number} goes on without faults until all input is consumed")
             proc = self.child
             assert proc is not None
-            try:
-                proc.wait(timeout=self.cfg.run_timeout * 3)
-            except subprocess.TimeoutExpired:
-                raise SoakAborted(f"the final run did not finish in {self.cfg.run_timeout * 3:.0f}s\n{self.log_tail()}") from None
+            stall = Stall(self, self.cfg.run_timeout)
+            while proc.poll() is None:
+                if (silent := stall.stalled_for()) is not None:
+                    raise SoakAborted(f"the final run made no progress for {silent:.0f}s\n{self.log_tail()}")
+                time.sleep(POLL_S * 4)
             if not self.reap(expected_failure=False):
                 break
         self.run.note = "final run"
@@ -904,7 +949,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=12.0,
         help="phase delay: longest delay after the query started, s (default: %(default)s)",
     )
-    p.add_argument("--run-timeout", type=float, default=300.0, help="seconds a fault may take to hit (default: %(default)s)")
+    p.add_argument(
+        "--run-timeout",
+        type=float,
+        default=300.0,
+        help="seconds the job may go without progress (its log, checkpoint, table files) before the soak gives up "
+        "(default: %(default)s)",
+    )
     p.add_argument("--master", default="local[2,4]", help="the job's Spark master (default: %(default)s)")
     p.add_argument("--dir", default=None, help="run folder (default: a new temporary folder); one sub-folder per seed")
     p.add_argument("--json", default=None, help="write the results as JSON to this file")
