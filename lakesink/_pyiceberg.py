@@ -69,7 +69,7 @@ from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import IcebergType, ListType, MapType, PrimitiveType
 
 from lakesink import storage
-from lakesink.errors import InvalidOptionError
+from lakesink.errors import PROGRAMMING_ERRORS, InvalidOptionError
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 from lakesink.parquetlayout import dictionary_columns
 
@@ -140,6 +140,8 @@ def check_write_properties(table_name: str, schema: Schema, table_properties: Ma
     try:
         parquet_writer_options(table_properties)
         compute_statistics_plan(schema, metrics_properties(schema, table_properties))
+    except PROGRAMMING_ERRORS:
+        raise
     except Exception as e:
         raise InvalidOptionError(
             f"table {table_name} has a table property lakesink's writer cannot use: {type(e).__name__}: {e}; fix it with "

@@ -48,7 +48,7 @@ from lakesink.audit import (
 )
 from lakesink.checkpoint_cleanup import DEFAULT_OLDER_THAN as CHECKPOINT_QUIET_TIME
 from lakesink.checkpoint_cleanup import clean_checkpoint
-from lakesink.errors import AuditError, InvalidOptionError, LakesinkError
+from lakesink.errors import PROGRAMMING_ERRORS, AuditError, InvalidOptionError, LakesinkError
 from lakesink.keyed import keyed_changes
 from lakesink.maintenance import DEFAULT_OLDER_THAN, OrphanFile, OrphanReport, remove_orphan_files
 from lakesink.options import TableName
@@ -136,6 +136,8 @@ def load_table(table: str, catalog_name: str | None, catalog_properties: dict[st
         return catalog.load_table(name.identifier)
     except (NoSuchTableError, NoSuchNamespaceError):
         raise click.ClickException(f"table {name} does not exist in catalog {catalog.name!r}") from None
+    except PROGRAMMING_ERRORS:
+        raise
     except Exception as e:
         raise click.ClickException(f"cannot load table {name}: {_redacted(e, catalog_name, catalog_properties)}") from None
 

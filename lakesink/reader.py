@@ -61,7 +61,7 @@ from pyspark.sql.types import StructType
 
 from lakesink import _pyiceberg as seam
 from lakesink import _pyspark
-from lakesink.errors import AuditError, CatalogError, InvalidOptionError
+from lakesink.errors import PROGRAMMING_ERRORS, AuditError, CatalogError, InvalidOptionError
 from lakesink.options import ReadOptions
 
 #: One Spark task reads about this many bytes of data files (small files are grouped).
@@ -88,6 +88,8 @@ def open_read(options: ReadOptions) -> ResolvedRead:
     catalog = catalogs.load(options.catalog_name, options.catalog_properties)
     try:
         table = catalog.load_table(options.table.identifier)
+    except PROGRAMMING_ERRORS:
+        raise
     except Exception as e:
         raise CatalogError(f"cannot read table {options.table}: {type(e).__name__}: {e}") from None
     point = None
