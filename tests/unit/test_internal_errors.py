@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
@@ -72,7 +73,7 @@ def test_a_bug_while_reading_the_checkpoint_is_not_a_checkpoint_error(tmp_path: 
     def changed(url: str, **kwargs: Any) -> Any:
         raise TypeError("url_to_fs() got an unexpected keyword argument")
 
-    monkeypatch.setattr(checkpoint.fsspec.core, "url_to_fs", changed)
+    monkeypatch.setattr(fsspec.core, "url_to_fs", changed)
     with pytest.raises(TypeError, match="unexpected keyword"):
         checkpoint.read_query_id(str(tmp_path))
 

@@ -282,11 +282,13 @@ def spark_schema() -> Any:
 def test_the_stream_schema_converts_with_the_to_arrow_schema_of_pyspark_41(monkeypatch: pytest.MonkeyPatch) -> None:
     """With pyspark 4.1.0 every batch failed: SchemaMismatchError "... to_arrow_schema() got an unexpected keyword
     argument 'timezone'" (the floor pyproject.toml declares). ``make test-floor`` runs the real 4.1.0."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
     from lakesink import _pyspark
     from lakesink.schema import arrow_schema_of
 
     expected = arrow_schema_of(spark_schema())
-    monkeypatch.setattr(_pyspark, "_to_arrow_schema", _to_arrow_schema_of_pyspark_41(_pyspark._to_arrow_schema))
+    monkeypatch.setattr(_pyspark, "_to_arrow_schema", _to_arrow_schema_of_pyspark_41(to_arrow_schema))
     assert arrow_schema_of(spark_schema()) == expected
     assert expected.field("ts").type == pa.timestamp("us", tz="UTC") and expected.field("ntz").type == pa.timestamp("us")
 
