@@ -30,8 +30,9 @@ STREAMING_SINK_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
 def in_streaming_sink_runner() -> bool:
     """Whether this call comes from Spark's streaming sink runner (a commit or abort of a Python data source).
 
-    Checked on pyspark 4.3.0. Relies on: Spark re-creating the data source writer with
-    ``DataSource.streamWriter()`` from ``pyspark.sql.worker.python_streaming_sink_runner._main`` for
+    Checked on pyspark 4.1.0 and 4.3.0. Relies on: Spark re-creating the data source writer with
+    ``DataSource.streamWriter()`` from ``pyspark.sql.worker.python_streaming_sink_runner`` (``_main`` on
+    4.3, ``main`` on 4.1) for
     every commit and abort (no argument or flag tells the writer why it is made), so the call stack
     is the only sign; on ``sys._getframe`` (CPython) and on that module keeping its name.
     """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import pyarrow as pa
@@ -288,7 +289,11 @@ def test_the_stream_schema_converts_with_the_to_arrow_schema_of_pyspark_41(monke
     from lakesink.schema import arrow_schema_of
 
     expected = arrow_schema_of(spark_schema())
-    monkeypatch.setattr(_pyspark, "_to_arrow_schema", _to_arrow_schema_of_pyspark_41(to_arrow_schema))
+    # under make test-floor the installed pyspark is 4.1.0 itself: its own function is the one to call
+    pyspark_41 = inspect.signature(to_arrow_schema).parameters.get("timestamp_utc") is not None
+    monkeypatch.setattr(
+        _pyspark, "_to_arrow_schema", to_arrow_schema if pyspark_41 else _to_arrow_schema_of_pyspark_41(to_arrow_schema)
+    )
     assert arrow_schema_of(spark_schema()) == expected
     assert expected.field("ts").type == pa.timestamp("us", tz="UTC") and expected.field("ntz").type == pa.timestamp("us")
 
