@@ -29,7 +29,9 @@ test-fast: $(VENV)/.installed
 
 # The declared dependency floor: a virtual environment of its own with the OLDEST version of every dependency
 # pyproject.toml allows (constraints-floor.txt), then the fast lane and one Spark exactly-once test on both entry
-# points. A floor that cannot be installed or does not run fails here, not on a user's machine.
+# points. A floor that cannot be installed or does not run fails here, not on a user's machine. Measured on a
+# machine at load average ~20 (2 cores): the environment about 20 min (pyspark 4.1.0 is built from its sdist),
+# the fast lane 17 min, the Spark test 7 min; a quiet machine needs a fraction of that.
 FLOOR_VENV ?= .venv-floor
 FLOOR_PY := $(abspath $(FLOOR_VENV))/bin/python
 FLOOR_SPARK_TESTS ?= tests/test_spark_sink.py::test_append_exactly_once_across_restarts
