@@ -80,3 +80,30 @@ def test_a_bug_while_reading_the_checkpoint_is_not_a_checkpoint_error(tmp_path: 
 
 def test_the_programming_errors_are_the_bug_classes() -> None:
     assert set(PROGRAMMING_ERRORS) == {TypeError, AttributeError, NameError, AssertionError}
+
+
+def test_a_bug_while_verifying_is_not_reported_as_an_unreadable_manifest(catalog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lakesink.audit import verify
+    from lakesink.audit.invariants import UNREADABLE_MANIFEST
+    from lakesink.audit.manifests import Manifests
+    from tests.helpers import arrow_rows
+
+    catalog.create_namespace("db")
+    table = catalog.create_table(("db", "v"), schema=arrow_rows([]).schema)
+    table.append(arrow_rows(range(5)))
+    table = catalog.load_table(("db", "v"))
+    assert verify(table, show_progress=False).ok
+
+    def changed(self: Any, snapshot: Any) -> Any:
+        raise AttributeError("'ManifestFile' object has no attribute 'fetch_manifest_entry'")
+
+    monkeypatch.setattr(Manifests, "changes", changed)
+    with pytest.raises(AttributeError, match="fetch_manifest_entry"):
+        verify(table, show_progress=False)
+    monkeypatch.undo()
+    # a manifest list that really cannot be read is still reported as the table's problem
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    Path(snapshot.manifest_list.removeprefix("file://")).unlink()
+    report = verify(catalog.load_table(("db", "v")), show_progress=False)
+    assert [v.kind for v in report.violations] == [UNREADABLE_MANIFEST, UNREADABLE_MANIFEST]
