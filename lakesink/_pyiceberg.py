@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import struct
 import time
+import traceback
 import uuid as uuid_module
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -88,7 +89,7 @@ from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import DoubleType, IcebergType, ListType, MapType, PrimitiveType
 
 from lakesink import floats, names, storage
-from lakesink.errors import InvalidOptionError
+from lakesink.errors import PROGRAMMING_ERRORS, InvalidOptionError
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 from lakesink.parquetlayout import dictionary_columns
 
@@ -159,6 +160,8 @@ def check_write_properties(table_name: str, schema: Schema, table_properties: Ma
     try:
         parquet_writer_options(table_properties)
         compute_statistics_plan(schema, metrics_properties(schema, table_properties))
+    except PROGRAMMING_ERRORS:
+        raise
     except Exception as e:
         raise InvalidOptionError(
             f"table {table_name} has a table property lakesink's writer cannot use: {type(e).__name__}: {e}; fix it with "
@@ -263,9 +266,35 @@ def partition_path(spec: PartitionSpec, schema: Schema, record_values: Sequence[
 # --- schemas ----------------------------------------------------------------------------------
 
 
+class UnsupportedIcebergType(ValueError):
+    """pyiceberg's verdict that an Arrow type has no Iceberg type (its message says which and why)."""
+
+
+# pyiceberg 0.12.0's _ConvertToIceberg.primitive: the messages of its own ``raise`` for a type it cannot convert
+_UNSUPPORTED_TYPE_MESSAGES = ("Unsupported", "Iceberg does not yet support", "Null type")
+
+
 def iceberg_type(arrow_type: pa.DataType) -> IcebergType:
-    """The Iceberg type of an Arrow type (without field ids)."""
-    result = visit_pyarrow(arrow_type, _ConvertToIcebergWithoutIDs())
+    """The Iceberg type of an Arrow type (without field ids); :class:`UnsupportedIcebergType` when it has none.
+
+    pyiceberg says "no Iceberg type" with a ``TypeError`` or ``ValueError`` raised by its converter's
+    ``primitive`` method; only those become :class:`UnsupportedIcebergType`: any other error (an API
+    that changed, a bug) is raised as it is, never reported as the user's schema problem.
+    """
+    try:
+        result = visit_pyarrow(arrow_type, _ConvertToIcebergWithoutIDs())
+    except (TypeError, ValueError) as e:
+        frames = traceback.extract_tb(e.__traceback__)
+        last = frames[-1] if frames else None
+        verdict = (
+            last is not None
+            and last.name == "primitive"
+            and last.filename.replace("\\", "/").endswith("pyiceberg/io/pyarrow.py")
+            and str(e).startswith(_UNSUPPORTED_TYPE_MESSAGES)
+        )
+        if verdict:
+            raise UnsupportedIcebergType(str(e)) from e
+        raise
     assert isinstance(result, IcebergType)
     return result
 

@@ -37,7 +37,7 @@ from sqlalchemy.engine import Engine, ExceptionContext
 from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 
 from lakesink import _pyiceberg as seam
-from lakesink.errors import CatalogError
+from lakesink.errors import PROGRAMMING_ERRORS, CatalogError
 from lakesink.redaction import redact_secrets_in
 
 log = logging.getLogger("lakesink")
@@ -188,6 +188,8 @@ def _open(name: str, props: Mapping[str, str]) -> Catalog:
         _prepare_embedded_folders(props)
     try:
         catalog = load_catalog(name, **props)
+    except PROGRAMMING_ERRORS:
+        raise
     except Exception as e:
         msg = redact_secrets_in(f"{type(e).__name__}: {e}", props)
         raise CatalogError(f"cannot load catalog {name!r}: {msg}") from None

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from lakesink import _pyiceberg as seam
 from lakesink import floats
-from lakesink.errors import InvalidOptionError, UpsertKeyError
+from lakesink.errors import PROGRAMMING_ERRORS, InvalidOptionError, UpsertKeyError
 
 #: The flag column of a batch's keys (as lakesink.changes.DELETED and lakesink.driver.upsert.DELETED).
 DELETED = "__lakesink_deleted"
@@ -45,6 +45,8 @@ class UpsertSpec:
         if self.delete_when is not None:
             try:
                 seam.parse_row_filter(self.delete_when)
+            except PROGRAMMING_ERRORS:
+                raise
             except Exception as e:
                 raise InvalidOptionError(
                     f"option 'delete-when' {self.delete_when!r} is not an expression format('lakesink') can evaluate: "

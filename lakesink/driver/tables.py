@@ -21,6 +21,7 @@ from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wa
 from lakesink import _pyiceberg as seam
 from lakesink import catalogs, locations, names, partitioning
 from lakesink.errors import (
+    PROGRAMMING_ERRORS,
     CatalogError,
     CatalogUnavailableError,
     InvalidOptionError,
@@ -123,6 +124,8 @@ class SinkTable:
                 raise CatalogError(
                     f"table {self.table_name} does not exist in catalog {self.catalog.name!r} (option create-table is false)"
                 ) from None
+        except PROGRAMMING_ERRORS:
+            raise
         except Exception as e:
             raise CatalogError(f"cannot load table {self.table_name}: {self.redact(e)}") from None
         schema = seam.new_table_schema(stream_schema)
@@ -139,6 +142,8 @@ class SinkTable:
             return table
         except TableAlreadyExistsError:  # another query created it first
             return self._patiently(lambda: catalogs.load_table(self.catalog, ident))
+        except PROGRAMMING_ERRORS:
+            raise
         except Exception as e:
             raise CatalogError(f"cannot create table {self.table_name}: {self.redact(e)}") from None
 
@@ -240,6 +245,8 @@ class SinkTable:
                 f"table {self.table_name} was dropped while the query ran; nothing was written. Restart the query "
                 "to write into a table of that name again (a new table starts without the query's earlier batches)"
             ) from None
+        except PROGRAMMING_ERRORS:
+            raise
         except Exception as e:
             raise CatalogError(f"cannot load table {self.table_name}: {self.redact(e)}") from None
         return table
@@ -331,6 +338,8 @@ class SinkTable:
                 f"table {self.table_name} was dropped while batch {batch_id} was written; nothing was committed"
             ) from None
         except LakesinkError:
+            raise
+        except PROGRAMMING_ERRORS:
             raise
         except Exception as e:
             raise CatalogUnavailableError(
