@@ -6,7 +6,7 @@ PY := $(abspath $(VENV))/bin/python
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
 
-.PHONY: demo test test-fast test-deploy jdbc-drivers lint soak bench clean
+.PHONY: demo test test-fast test-floor test-deploy jdbc-drivers lakana-server lint soak bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,30 @@ test: $(VENV)/.installed
 # unit, commit (SQLite), audit, maintenance, seam contract and executor/driver boundary tests.
 # `make test` runs everything it skips.
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -m "not spark and not postgres and not slow and not soak and not benchmark and not deploy" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not spark and not postgres and not rest and not slow and not soak and not benchmark and not deploy" $(PYTEST_ARGS)
+
+# The declared dependency floor: a virtual environment of its own with the OLDEST version of every dependency
+# pyproject.toml allows (constraints-floor.txt), then the fast lane and one Spark exactly-once test on both entry
+# points. A floor that cannot be installed or does not run fails here, not on a user's machine. Measured on a
+# machine at load average ~20 (2 cores): the environment about 20 min (pyspark 4.1.0 is built from its sdist),
+# the fast lane 17 min, the Spark test 7 min; a quiet machine needs a fraction of that.
+FLOOR_VENV ?= .venv-floor
+FLOOR_PY := $(abspath $(FLOOR_VENV))/bin/python
+FLOOR_SPARK_TESTS ?= tests/test_spark_sink.py::test_append_exactly_once_across_restarts
+$(FLOOR_VENV)/.installed: pyproject.toml constraints-floor.txt
+	rm -rf $(FLOOR_VENV)
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_PY) -m pip install -q --upgrade pip
+	$(FLOOR_PY) -m pip install -q -c constraints-floor.txt -e '.[test]'
+	$(FLOOR_PY) -m pip freeze --exclude-editable > $(FLOOR_VENV)/versions.txt
+	touch $@
+
+test-floor: $(FLOOR_VENV)/.installed
+	LAKESINK_FLOOR_VENV=1 $(FLOOR_PY) -m pytest -p no:cacheprovider tests/unit/test_floor.py
+	PYSPARK_PYTHON=$(FLOOR_PY) PYSPARK_DRIVER_PYTHON=$(FLOOR_PY) $(FLOOR_PY) -m pytest -p no:cacheprovider \
+	  -m "not spark and not postgres and not slow and not soak and not benchmark and not deploy" $(PYTEST_ARGS)
+	PYSPARK_PYTHON=$(FLOOR_PY) PYSPARK_DRIVER_PYTHON=$(FLOOR_PY) $(FLOOR_PY) -m pytest -p no:cacheprovider \
+	  -m spark $(FLOOR_SPARK_TESTS)
 
 # The deployment tests (docs/deployment.md, marker "deploy"): Iceberg's Java engine (Spark 3.5 with
 # Iceberg's own runtime, in a second virtual environment), a Spark standalone cluster, Spark Connect.
@@ -34,6 +57,13 @@ $(JAVA_VENV)/.installed:
 	$(PYTHON) -m venv $(JAVA_VENV)
 	$(JAVA_VENV)/bin/python -m pip install -q 'pyspark==3.5.8' 'snowpark-connect-deps-iceberg==1.0.1'
 	touch $@
+
+# The Iceberg REST catalog server of the REST tests (tests/rest_server.py; marker "rest", part of `make test`):
+# lakana-server in a virtual environment of its own. The tests build it themselves on first use; this target
+# builds it ahead (about 2 minutes from pip's cache), migrates its template database and measures a start.
+LAKANA_VENV ?= .venv-lakana
+lakana-server: $(VENV)/.installed
+	LAKESINK_LAKANA_VENV=$(abspath $(LAKANA_VENV)) $(PY) -m tests.rest_server
 
 # Iceberg's JdbcCatalog needs the JDBC drivers: Debian's packages (installed when missing, as root)
 jdbc-drivers:
@@ -58,4 +88,4 @@ lint: $(VENV)/.installed
 	$(PY) -m mypy
 
 clean:
-	rm -rf $(VENV) $(JAVA_VENV) lakehouse demo-run .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(JAVA_VENV) $(LAKANA_VENV) $(FLOOR_VENV) lakehouse demo-run .pytest_cache .mypy_cache .ruff_cache

@@ -29,6 +29,7 @@ from benchmarks import memory as memory_bench
 from benchmarks import metadata_cost as metadata_cost_bench
 from benchmarks import partitioned as partitioned_bench
 from benchmarks import rate as rate_bench
+from benchmarks import rest_commit as rest_commit_bench
 from benchmarks import throughput as throughput_bench
 from benchmarks import upsert as upsert_bench
 from benchmarks.common import DEFAULT_OUT, machine, spark_session, write_json
@@ -269,6 +270,26 @@ def commit_latency(ctx: click.Context, batches: int, rows_per_second: int, trigg
     if earlier and earlier.get("batches_requested") == batches and earlier.get("trigger") == trigger:
         result["runs"] = {**earlier["runs"], **result["runs"]}
     _finish(ctx, "commit_latency", {"command": _command(), **result})
+
+
+@main.command("commit-latency-rest")
+@click.option("--batches", default=1000, show_default=True, help="batches per catalog (batch 0, the warm-up, is not counted)")
+@click.option("--interval", default=1.0, show_default=True, help="seconds between batches (the trigger)")
+@click.option("--catalogs", default="sqlite,rest", show_default=True, help="sqlite, rest")
+@click.pass_context
+def commit_latency_rest(ctx: click.Context, batches: int, interval: float, catalogs: str) -> None:
+    """Commit latency per batch against the REST catalog server beside SQLite, and HTTP requests per batch."""
+    result = rest_commit_bench.run(batches, interval, tuple(c.strip() for c in catalogs.split(",") if c.strip()))
+    for name, r in result["catalogs"].items():
+        _say(
+            f"{name}: commit_ms {r['commit_ms']} trend {r['commit_ms_trend']} exact={r['exact']}"
+            + (
+                f" http requests per batch {r['http_requests_per_batch']} by kind {r['http_requests_by_kind']}"
+                if "http_requests_per_batch" in r
+                else ""
+            )
+        )
+    _finish(ctx, "commit_latency_rest", {"command": _command(), **result})
 
 
 def _commit_latency_concurrent(

@@ -12,9 +12,16 @@ already needs, so both the executor side and the driver side may use it.
 
 from __future__ import annotations
 
+import inspect
 import sys
+from typing import TYPE_CHECKING
 
 from pyspark.sql import SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema as _to_arrow_schema
+from pyspark.sql.types import StructType
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 STREAMING_SINK_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
 """The module of the Python worker in which Spark commits or aborts a streaming data source write."""
@@ -23,8 +30,9 @@ STREAMING_SINK_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
 def in_streaming_sink_runner() -> bool:
     """Whether this call comes from Spark's streaming sink runner (a commit or abort of a Python data source).
 
-    Checked on pyspark 4.3.0. Relies on: Spark re-creating the data source writer with
-    ``DataSource.streamWriter()`` from ``pyspark.sql.worker.python_streaming_sink_runner._main`` for
+    Checked on pyspark 4.1.0 and 4.3.0. Relies on: Spark re-creating the data source writer with
+    ``DataSource.streamWriter()`` from ``pyspark.sql.worker.python_streaming_sink_runner`` (``_main`` on
+    4.3, ``main`` on 4.1) for
     every commit and abort (no argument or flag tells the writer why it is made), so the call stack
     is the only sign; on ``sys._getframe`` (CPython) and on that module keeping its name.
     """
@@ -34,6 +42,34 @@ def in_streaming_sink_runner() -> bool:
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
+
+
+def arrow_schema(schema: StructType, *, error_on_duplicated_field_names_in_struct: bool = False) -> pa.Schema:
+    """The Arrow schema Spark gives a Spark schema, with zoned timestamps as ``timestamp[us, tz=UTC]``.
+
+    Checked on pyspark 4.1.0 and 4.3.0. Relies on ``pyspark.sql.pandas.types.to_arrow_schema``, whose
+    keywords changed between them: 4.1 has ``timestamp_utc`` (True: zoned timestamps in UTC), 4.3 has
+    a keyword-only ``timezone`` (and no ``timestamp_utc``). Calling 4.3's keyword on 4.1 raised a
+    ``TypeError`` for every batch. pyspark's own verdicts on a schema (an unsupported type, duplicated
+    struct field names) are ``PySparkException``s; anything else is raised as it is.
+    """
+    params = inspect.signature(_to_arrow_schema).parameters
+    duplicates = error_on_duplicated_field_names_in_struct
+    if "timezone" in params:
+        return _to_arrow_schema(schema, timezone="UTC", error_on_duplicated_field_names_in_struct=duplicates)
+    if "timestamp_utc" in params:
+        return _to_arrow_schema(schema, timestamp_utc=True, error_on_duplicated_field_names_in_struct=duplicates)  # type: ignore[call-arg]
+    raise RuntimeError(  # an internal error, on purpose not a lakesink error class: pyspark changed under lakesink
+        f"pyspark {_pyspark_version()}: pyspark.sql.pandas.types.to_arrow_schema{inspect.signature(_to_arrow_schema)} "
+        "takes neither 'timezone' (pyspark 4.2+) nor 'timestamp_utc' (pyspark 4.1): this pyspark version is not "
+        "supported by this lakesink (see pyproject.toml for the range it is tested on)"
+    )
+
+
+def _pyspark_version() -> str:
+    import pyspark
+
+    return str(pyspark.__version__)
 
 
 def running_query_checkpoint(spark: SparkSession, query_id: str) -> str | None:

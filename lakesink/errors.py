@@ -15,6 +15,16 @@ class LakesinkError(Exception):
     retryable: bool = False
 
 
+PROGRAMMING_ERRORS: tuple[type[Exception], ...] = (TypeError, AttributeError, NameError, AssertionError)
+"""Exceptions that mean a bug (lakesink's, or a dependency whose API changed under it), never the user's input.
+
+Where lakesink turns a dependency's failures into one of its error classes with a broad ``except Exception``
+(a catalog that cannot be loaded, a table property pyiceberg rejects), it lets these through first, unchanged:
+a ``TypeError`` from a changed signature reported as "cannot load table" or as a schema mismatch sends the
+user after a problem they do not have (pyspark 4.1's ``to_arrow_schema`` was reported as a schema mismatch).
+"""
+
+
 class InvalidOptionError(LakesinkError, ValueError):
     """An option has an unknown name or an invalid value. The message names the valid ones."""
 
@@ -42,7 +52,16 @@ class UpsertKeyError(LakesinkError):
 
 
 class CheckpointError(LakesinkError):
-    """The streaming checkpoint could not be read (query id, source offsets)."""
+    """The streaming checkpoint could not be read (query id, source offsets) or cleaned."""
+
+
+class CheckpointInUseError(CheckpointError):
+    """``lakesink checkpoint-clean`` refused a checkpoint that changed recently: its query may still be running.
+
+    Nothing was removed. Stop the query and wait, or pass ``--older-than 0`` when no process runs it any more.
+    """
+
+    retryable = True
 
 
 class CommitConflictError(LakesinkError):
@@ -59,6 +78,17 @@ class CommitOutcomeUnknownError(LakesinkError):
 
     No data file was deleted. A restart settles the outcome by reading the table: the batch is
     either found committed (and skipped) or committed then.
+    """
+
+    retryable = True
+
+
+class InFlightTooLongError(LakesinkError):
+    """A commit's files were written longer ago than lakesink's in-flight window lets a commit use them.
+
+    The orphan-file clean-up keeps the files of a commit in flight for ``lakesink.names.IN_FLIGHT_WINDOW_MS``
+    (3 days); a commit whose oldest file is older than ``lakesink.names.COMMIT_DEADLINE_MS`` (2 days) is never
+    swapped, since some of its files may be gone. Nothing was committed; a restart writes the batch again.
     """
 
     retryable = True

@@ -18,6 +18,9 @@ import pytest
 
 from tests.pg import PostgresServer
 
+# the REST catalog server and the HTTP fault layer (tests/catalog_servers.py)
+pytest_plugins = ("tests.catalog_servers",)
+
 SPARK_MARKER = "spark"
 SPARK_FIXTURE = "spark"
 POSTGRES_FIXTURE = "postgres"

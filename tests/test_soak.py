@@ -8,14 +8,29 @@ The long version (many random rounds, several seeds) is run with its own command
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.soak.runner import COMMIT_KILL, DELAY, EXECUTOR_KILL, EXECUTOR_RAISE, IN_TABLE_NOT_COMMIT_LOG, PAUSE_KILL, main
+from tests.soak.runner import (
+    COMMIT_KILL,
+    DELAY,
+    EXECUTOR_KILL,
+    EXECUTOR_RAISE,
+    IN_TABLE_NOT_COMMIT_LOG,
+    OFFSET_KILL,
+    PAUSE_KILL,
+    START_UP,
+    main,
+)
 
 pytestmark = pytest.mark.spark
+
+# a guard against a hang, not a speed limit: a run with no progress for --run-timeout (150 s) aborts the soak
+# first; on a loaded machine (load average 11 on 2 cores) one short soak took up to 6 minutes
+TEST_TIMEOUT_S = 1200
 
 SMALL = ["--initial-files", "8", "--ahead", "8", "--rows-per-file", "50", "--run-timeout", "150"]
 
@@ -35,7 +50,7 @@ def run_soak(tmp_path: Path, *args: str) -> dict[str, Any]:
     return dict(seed)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_process_kills_at_random_moment_inside_the_commit_and_after_the_swap(tmp_path: Path) -> None:
     """SIGKILL of the whole job: after a delay, with the commit worker killed before the swap, paused after it."""
     seed = run_soak(
@@ -46,11 +61,21 @@ def test_process_kills_at_random_moment_inside_the_commit_and_after_the_swap(tmp
         "--max-delay", "3",
     )  # fmt: skip
     assert seed["entry"] == "format"
-    assert seed["kills_by_phase"] == {DELAY: 1, COMMIT_KILL: 1, PAUSE_KILL: 1, EXECUTOR_KILL: 0, EXECUTOR_RAISE: 0}
+    assert seed["kills_by_phase"] == {
+        DELAY: 1,
+        COMMIT_KILL: 1,
+        PAUSE_KILL: 1,
+        OFFSET_KILL: 0,
+        EXECUTOR_KILL: 0,
+        EXECUTOR_RAISE: 0,
+    }
     # three kills, three restarts from the same checkpoint (plus a restart for any run that finished its
-    # input before its round's fault hit it; that fault then waits for the next run)
+    # input before its round's fault hit it; that fault then waits for the next run), plus one for every
+    # restart Spark refused after a kill during its first offset-log write (the delay may land there),
+    # each recovered with lakesink checkpoint-clean and reported
     late = sum(r["restarts_before_delivery"] for r in seed["round_log"])
-    assert seed["runs"] == 4 + late
+    assert seed["runs"] == 4 + late + seed["spark_refused_restarts"]
+    assert len(seed["checkpoint_recoveries"]) == seed["spark_refused_restarts"]
     # the pause at driver.after-swap always leaves a batch in the table that Spark's commit log lacks:
     # the next run replays it and lakesink skips it (checked by the runner: logged, no new file)
     assert seed["kills_landed"][IN_TABLE_NOT_COMMIT_LOG] >= 1
@@ -60,7 +85,7 @@ def test_process_kills_at_random_moment_inside_the_commit_and_after_the_swap(tmp
     collect_orphans(seed)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_executor_kills_and_exceptions_are_retried_without_a_restart(tmp_path: Path) -> None:
     """A Python worker SIGKILLed while writing, and a task that raises: Spark retries, the same run commits."""
     seed = run_soak(
@@ -73,11 +98,45 @@ def test_executor_kills_and_exceptions_are_retried_without_a_restart(tmp_path: P
         f"{EXECUTOR_KILL}@executor.after-file,{EXECUTOR_KILL}@executor.before-write,{EXECUTOR_RAISE}@executor.after-file",
     )  # fmt: skip
     assert seed["entry"] == "foreach"
-    assert seed["kills_by_phase"] == {DELAY: 0, COMMIT_KILL: 0, PAUSE_KILL: 0, EXECUTOR_KILL: 2, EXECUTOR_RAISE: 1}
+    assert seed["kills_by_phase"] == {
+        DELAY: 0,
+        COMMIT_KILL: 0,
+        PAUSE_KILL: 0,
+        OFFSET_KILL: 0,
+        EXECUTOR_KILL: 2,
+        EXECUTOR_RAISE: 1,
+    }
     assert seed["runs"] == 1  # no restart: every failed task was retried by Spark
     assert seed["failed_task_attempts_in_log"] >= 3
     # the worker killed after writing its file could not delete it: on disk, never referenced
     assert seed["unreferenced_data_files"] >= 1
+    collect_orphans(seed)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_kill_while_spark_writes_the_first_offset_entry_then_the_refused_restart_is_recovered(tmp_path: Path) -> None:
+    """The JVM SIGKILLed while Spark writes ``offsets/0`` (both temp files there, neither renamed): Spark 4.3
+    refuses every restart (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY ... offsets should be empty on batch 0).
+    The harness recognises the refusal, applies lakesink checkpoint-clean, counts it, and the stream goes on:
+    every id once. Before the recovery existed, every restart failed and the soak aborted ("the job failed 3
+    times without a fault that explains it"), as a fresh clone's make test once did."""
+    seed = run_soak(tmp_path, "--seed", "3", "--rounds", "2", "--schedule", f"{OFFSET_KILL},{PAUSE_KILL}")
+    assert seed["kills_by_phase"][OFFSET_KILL] == 1 and seed["kills_by_phase"][PAUSE_KILL] == 1
+    first, second = seed["round_log"]
+    assert first["run"] == 1 and first["landed"] == START_UP  # killed before its first batch began
+    # run 2 was refused by Spark and recovered; run 3 took the pause-kill; run 4 is the final run
+    assert seed["spark_refused_restarts"] == 1
+    (recovery,) = seed["checkpoint_recoveries"]
+    assert recovery["run"] == 2 and second["run"] == 3
+    assert recovery["failed"] == [] and recovery["still_blocking"] == []
+    # exactly the two files of the interrupted write of offsets/0: the temp file and its checksum, one uuid
+    uuid = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+    temp, crc = sorted(recovery["removed"], key=len)
+    assert re.fullmatch(rf"offsets/\.0\.({uuid})\.tmp", temp), recovery
+    assert crc == f"offsets/.{temp.split('/')[1]}.crc", recovery
+    late = sum(r["restarts_before_delivery"] for r in seed["round_log"])
+    assert seed["runs"] == 4 + late
+    assert seed["kills_landed"][IN_TABLE_NOT_COMMIT_LOG] == 1
     collect_orphans(seed)
 
 

@@ -9,7 +9,10 @@ Tested against pyiceberg 0.12.
 
 from __future__ import annotations
 
+import math
+import struct
 import time
+import traceback
 import uuid as uuid_module
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -19,8 +22,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyiceberg.avro.decoder import new_decoder
+from pyiceberg.avro.reader import DoubleReader
 from pyiceberg.conversions import from_bytes
-from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.expressions import AlwaysFalse, AlwaysTrue, And, BooleanExpression, EqualTo, IsNaN, IsNull, Or, Reference
 from pyiceberg.expressions.parser import parse
 from pyiceberg.expressions.visitors import bind
 from pyiceberg.io import FileIO
@@ -32,6 +38,7 @@ from pyiceberg.io.pyarrow import (
     ParquetFormatModel,
     _ConvertToIcebergWithoutIDs,
     _get_parquet_writer_kwargs,
+    _pyarrow_schema_ensure_small_types,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     expression_to_pyarrow,
@@ -40,14 +47,28 @@ from pyiceberg.io.pyarrow import (
     schema_to_pyarrow,
     visit_pyarrow,
 )
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent, ManifestEntry, ManifestFile
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    ManifestWriterV2,
+    PartitionFieldStats,
+    write_manifest_list,
+)
 from pyiceberg.partitioning import PartitionSpec, _to_partition_representation
 from pyiceberg.schema import Schema, assign_fresh_schema_ids, index_by_id, sanitize_column_names, visit_with_partner
+from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.snapshots import Operation, Summary
+from pyiceberg.table.refs import SnapshotRef
+from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update import (
+    AddSnapshotUpdate,
     AssertCurrentSchemaId,
     AssertDefaultSpecId,
     AssertRefSnapshotId,
@@ -62,13 +83,13 @@ from pyiceberg.table.update import (
     update_table_metadata,
 )
 from pyiceberg.table.update.schema import UpdateSchema
-from pyiceberg.table.update.snapshot import _OverwriteFiles, _SnapshotProducer
+from pyiceberg.table.update.snapshot import UpdateSnapshot, _OverwriteFiles, _SnapshotProducer
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import EMPTY_DICT, Record
-from pyiceberg.types import IcebergType, ListType, MapType, PrimitiveType
+from pyiceberg.types import DoubleType, IcebergType, ListType, MapType, PrimitiveType
 
-from lakesink import storage
-from lakesink.errors import InvalidOptionError
+from lakesink import floats, names, storage
+from lakesink.errors import PROGRAMMING_ERRORS, InvalidOptionError
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 from lakesink.parquetlayout import dictionary_columns
 
@@ -139,6 +160,8 @@ def check_write_properties(table_name: str, schema: Schema, table_properties: Ma
     try:
         parquet_writer_options(table_properties)
         compute_statistics_plan(schema, metrics_properties(schema, table_properties))
+    except PROGRAMMING_ERRORS:
+        raise
     except Exception as e:
         raise InvalidOptionError(
             f"table {table_name} has a table property lakesink's writer cannot use: {type(e).__name__}: {e}; fix it with "
@@ -243,9 +266,35 @@ def partition_path(spec: PartitionSpec, schema: Schema, record_values: Sequence[
 # --- schemas ----------------------------------------------------------------------------------
 
 
+class UnsupportedIcebergType(ValueError):
+    """pyiceberg's verdict that an Arrow type has no Iceberg type (its message says which and why)."""
+
+
+# pyiceberg 0.12.0's _ConvertToIceberg.primitive: the messages of its own ``raise`` for a type it cannot convert
+_UNSUPPORTED_TYPE_MESSAGES = ("Unsupported", "Iceberg does not yet support", "Null type")
+
+
 def iceberg_type(arrow_type: pa.DataType) -> IcebergType:
-    """The Iceberg type of an Arrow type (without field ids)."""
-    result = visit_pyarrow(arrow_type, _ConvertToIcebergWithoutIDs())
+    """The Iceberg type of an Arrow type (without field ids); :class:`UnsupportedIcebergType` when it has none.
+
+    pyiceberg says "no Iceberg type" with a ``TypeError`` or ``ValueError`` raised by its converter's
+    ``primitive`` method; only those become :class:`UnsupportedIcebergType`: any other error (an API
+    that changed, a bug) is raised as it is, never reported as the user's schema problem.
+    """
+    try:
+        result = visit_pyarrow(arrow_type, _ConvertToIcebergWithoutIDs())
+    except (TypeError, ValueError) as e:
+        frames = traceback.extract_tb(e.__traceback__)
+        last = frames[-1] if frames else None
+        verdict = (
+            last is not None
+            and last.name == "primitive"
+            and last.filename.replace("\\", "/").endswith("pyiceberg/io/pyarrow.py")
+            and str(e).startswith(_UNSUPPORTED_TYPE_MESSAGES)
+        )
+        if verdict:
+            raise UnsupportedIcebergType(str(e)) from e
+        raise
     assert isinstance(result, IcebergType)
     return result
 
@@ -313,17 +362,48 @@ class PreparedCommit:
     _producer: Any = None
     _owned_files: tuple[str, ...] = ()
     """Data files written for this commit attempt alone (an upsert's rewritten files), deleted by :meth:`discard`."""
+    files_since_ms: int | None = None
+    """When the oldest file this commit writes into the table (and that the table does not reference yet) was
+    written, ms since the epoch; None: only files written by this attempt (checked by lakesink.driver.swap against
+    lakesink.names.COMMIT_DEADLINE_MS)."""
+    generic: bool = False
+    """Set by :meth:`commit`: the swap went through pyiceberg's ``Table._do_commit`` (the catalog applied the
+    updates to its current metadata, which may not be the metadata they were prepared on)."""
+    swapped_on_base: bool = False
+    """Set by :meth:`commit`: the swap landed as a compare-and-swap from the very metadata the commit was prepared on."""
 
     def commit(self) -> None:
         """Swap the table's metadata pointer once. Raises CommitFailedException when the base moved.
 
         pyiceberg's own commit loop is bypassed on purpose: it would rebase and retry without
         lakesink re-checking whether the batch is already in the table.
+
+        On a SQL catalog the swap replaces exactly the metadata the commit was prepared and validated on (the
+        pointer it read); when the pointer moved, whatever moved it, the swap is a conflict and the caller prepares
+        and validates again on the new metadata. It never falls back to applying the prepared updates to metadata it
+        did not validate (issue 20). Other catalogs apply them to their current metadata after checking the
+        requirements atomically (the branch head, the table's identity): there, what a commit validates must be
+        determined by what its requirements pin (docs/maintenance.md, "What each commit validates").
         """
         fault_point(CATALOG_FAILS_BEFORE_APPLY)
-        if not _swap_on_sql_catalog(self.table, self._updates, self._requirements):
+        if _sql_swap_applies(self.table):
+            _swap_on_sql_catalog(self.table, self._updates, self._requirements)  # a moved pointer: CommitFailedException
+            self.swapped_on_base = True
+        else:
+            self.generic = True
             self.table._do_commit(updates=self._updates, requirements=self._requirements)
         fault_point(CATALOG_FAILS_AFTER_APPLY)
+
+    def could_land_on(self, metadata: TableMetadata) -> bool:
+        """Whether this commit's requirements still hold on ``metadata``: a request of it that a catalog server
+        has not processed yet (a timed-out request still queued, a re-sent one) could still land. Once the branch
+        head (or the table, schema, spec) moved away from what it asserts, it never can: it is fenced."""
+        try:
+            for requirement in self._requirements:
+                requirement.validate(metadata)
+        except CommitFailedException:
+            return False
+        return True
 
     def discard(self) -> None:
         """Delete the manifests written for this commit (only when it certainly did not land)."""
@@ -331,6 +411,14 @@ class PreparedCommit:
             self._producer._clean_all_uncommitted()
         for path in self._owned_files:
             storage.delete_file(self.table.io, path)
+
+
+def _named(producer: Any, commit: names.CommitName | None) -> Any:
+    """``producer`` writing its manifests and manifest list under lakesink's commit name (pyiceberg's ``commit_uuid``,
+    which it only formats into those names): the orphan clean-up recognises them by it (lakesink.names)."""
+    if commit is not None:
+        producer.commit_uuid = commit
+    return producer
 
 
 class _MetadataCachingTransaction(Transaction):
@@ -366,11 +454,14 @@ def prepare_snapshot(
     branch: str,
     schema_changes: Sequence[Any] = (),
     manifest_merge: bool = True,
+    commit: names.CommitName | None = None,
+    files_since_ms: int | None = None,
 ) -> PreparedCommit:
     """Write the manifests of one snapshot (append, merging manifests as Iceberg does, or overwrite of the whole table).
 
     ``properties(snapshot_id)`` gives table properties to set in the same atomic commit, and
-    ``schema_changes`` (lakesink.schema.SchemaChange) evolve the schema in it too.
+    ``schema_changes`` (lakesink.schema.SchemaChange) evolve the schema in it too. ``commit`` names the manifests
+    and the manifest list (lakesink.names); ``files_since_ms``: when the oldest of ``data_files`` was written.
     """
     tx = _MetadataCachingTransaction(table)
     if schema_changes:
@@ -380,21 +471,38 @@ def prepare_snapshot(
     update = tx.update_snapshot(snapshot_properties=dict(summary), branch=branch)
     producer: Any
     if overwrite:
-        producer = update.overwrite()
-        for existing in live_data_files(table, branch):
-            producer.delete_data_file(existing)
+        # complete mode: everything live at the head this attempt read goes, delete files included (another
+        # engine's merge-on-read deletes would otherwise stay live, dangling, for ever; Java's overwrite of the
+        # whole table removes them too); the swap asserts that head
+        producer = _named(
+            _OverwriteLive(
+                operation=Operation.OVERWRITE if table.metadata.snapshot_by_name(branch) is not None else Operation.APPEND,
+                transaction=tx,
+                io=table.io,
+                branch=branch,
+                snapshot_properties=dict(summary),
+                live=live_entries(table, branch),
+            ),
+            commit,
+        )
     else:
-        producer = update.merge_append()
+        producer = _named(update.merge_append(), commit)
         # Iceberg's default for commit.manifest-merge.enabled is true (pyiceberg's is false): without merging,
         # every batch adds a manifest that every later manifest list carries forever
         producer._merge_enabled = manifest_merge
     for f in data_files:
         producer.append_data_file(f)
-    return _staged(table, tx, producer, properties)
+    return _staged(table, tx, producer, properties, files_since_ms=files_since_ms)
 
 
 def _staged(
-    table: Table, tx: Transaction, producer: Any, properties: Callable[[int], Mapping[str, str]], owned: Sequence[str] = ()
+    table: Table,
+    tx: Transaction,
+    producer: Any,
+    properties: Callable[[int], Mapping[str, str]],
+    owned: Sequence[str] = (),
+    *,
+    files_since_ms: int | None = None,
 ) -> PreparedCommit:
     """Stage ``producer``'s snapshot and the properties into ``tx``: the prepared commit of both."""
     producer.commit()  # stages the snapshot into the transaction; nothing reaches the catalog yet
@@ -417,6 +525,7 @@ def _staged(
         _requirements=requirements,
         _producer=producer,
         _owned_files=tuple(owned),
+        files_since_ms=files_since_ms,
     )
 
 
@@ -431,6 +540,8 @@ def prepare_rewrite(
     branch: str,
     schema_changes: Sequence[Any] = (),
     manifest_merge: bool = True,
+    commit: names.CommitName | None = None,
+    files_since_ms: int | None = None,
 ) -> PreparedCommit:
     """An upsert batch's snapshot (copy-on-write): remove ``removed_files``, add ``data_files`` (the batch's rows
     and the rewritten files' remaining rows), in one snapshot.
@@ -447,15 +558,132 @@ def prepare_rewrite(
     update = tx.update_snapshot(snapshot_properties=dict(summary), branch=branch)
     producer: Any
     if removed_files:
-        producer = update.overwrite()
+        producer = _named(_overwrite(update), commit)
         for removed in removed_files:
             producer.delete_data_file(removed)
     else:
-        producer = update.merge_append()
+        producer = _named(update.merge_append(), commit)
         producer._merge_enabled = manifest_merge
     for f in data_files:
         producer.append_data_file(f)
-    return _staged(table, tx, producer, properties, rewritten_paths)
+    return _staged(table, tx, producer, properties, rewritten_paths, files_since_ms=files_since_ms)
+
+
+class _OverwriteRemovedFiles(_OverwriteFiles):
+    """pyiceberg's overwrite producer, finding the manifests of the removed files by a predicate that takes NaN.
+
+    pyiceberg 0.12 narrows the manifests it reads to the removed files' partitions with ``EqualTo(field, value)``,
+    which raises "Cannot create expression literal from NaN" for a file of a NaN partition (float/double identity):
+    a compaction or an upsert that rewrites such a file failed at every attempt. A NaN value is matched with
+    ``IsNaN``, as Iceberg's Java engines do; the rest is pyiceberg's own predicate.
+    """
+
+    def _build_delete_files_partition_predicate(self) -> None:
+        by_spec: dict[int, dict[tuple[Any, ...], Record]] = {}
+        for data_file in self._deleted_data_files:
+            by_spec.setdefault(data_file.spec_id, {})[floats.partition_key(partition_of(data_file))] = data_file.partition
+        for spec_id, records in by_spec.items():
+            field_names = [field.name for field in self.spec(spec_id).fields]
+            self.partition_filters[spec_id] = Or(
+                self.partition_filters[spec_id], _partition_predicate(list(records.values()), field_names)
+            )
+
+
+def _partition_predicate(records: Sequence[Record], names: Sequence[str]) -> BooleanExpression:
+    """Rows of any of ``records`` (pyiceberg's ``Transaction._build_partition_predicate``, with IsNaN for NaN)."""
+    if not records or not names:
+        return AlwaysFalse()
+
+    def term(name: str, value: Any) -> BooleanExpression:
+        if value is None:
+            return IsNull(Reference(name))  # type: ignore[call-arg]  # pydantic model, positional as pyiceberg calls it
+        if isinstance(value, float) and math.isnan(value):
+            return IsNaN(Reference(name))  # type: ignore[call-arg]
+        return EqualTo(Reference(name), value)  # type: ignore[call-arg]
+
+    per_record = [
+        And(*terms) if len(terms) > 1 else terms[0] for terms in ([term(n, r[i]) for i, n in enumerate(names)] for r in records)
+    ]
+    return Or(*per_record) if len(per_record) > 1 else per_record[0]
+
+
+def _overwrite(update: UpdateSnapshot) -> _OverwriteRemovedFiles:
+    """``update.overwrite()``, as :class:`_OverwriteRemovedFiles`."""
+    return _OverwriteRemovedFiles(
+        operation=Operation.OVERWRITE
+        if update._transaction.table_metadata.snapshot_by_name(name=update._branch) is not None
+        else Operation.APPEND,
+        transaction=update._transaction,
+        io=update._io,
+        branch=update._branch,
+        snapshot_properties=update._snapshot_properties,
+    )
+
+
+class _DeleteManifestWriter(ManifestWriterV2):
+    """pyiceberg's v2 manifest writer, writing a manifest of delete files (pyiceberg 0.12 writes data manifests only)."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+class _OverwriteLive(_OverwriteRemovedFiles):
+    """pyiceberg's overwrite producer removing every live entry of the branch head: its data files, and its delete
+    files too, recorded as ``DELETED`` entries of a delete manifest (pyiceberg's overwrite drops a delete manifest
+    whose files all go but records their removal in no manifest, or in a data manifest)."""
+
+    def __init__(self, *args: Any, live: Sequence[ManifestEntry], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._removed_delete_entries = [e for e in live if e.data_file.content != DataFileContent.DATA]
+        for entry in live:
+            self.delete_data_file(entry.data_file)
+
+    def _validate_required_deletes(self, deleted_entries: list[ManifestEntry]) -> None:
+        # pyiceberg checks that every removed file has a DELETED entry among the data manifests' entries; the
+        # delete files get theirs in a delete manifest (below)
+        found = {e.data_file for e in deleted_entries} | {e.data_file for e in self._removed_delete_entries}
+        if missing := sorted(f.file_path for f in self._deleted_data_files if f not in found):
+            raise ValidationException(f"Missing required files to delete: {', '.join(missing)}")
+
+    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        by_spec: dict[int, list[ManifestEntry]] = {}
+        for entry in self._removed_delete_entries:
+            by_spec.setdefault(entry.data_file.spec_id, []).append(entry)
+        out = list(manifests)
+        for spec_id, entries in sorted(by_spec.items()):
+            writer = _DeleteManifestWriter(
+                self.spec(spec_id), self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression
+            )
+            with writer:
+                for entry in entries:
+                    writer.delete(entry)
+            out.append(writer.to_manifest_file())
+        return super()._process_manifests(out)
+
+
+def live_entries(table: Table, branch: str) -> list[ManifestEntry]:
+    """The live entries (data and delete files) of the branch's current snapshot."""
+    snapshot = table.metadata.snapshot_by_name(branch)
+    if snapshot is None:
+        return []
+    return [e for m in snapshot.manifests(table.io) for e in m.fetch_manifest_entry(table.io, discard_deleted=True)]
+
+
+def entries_written_by(table: Table, snapshot: Any) -> Iterator[ManifestEntry]:
+    """The entries a snapshot wrote itself (added or deleted by it), from the manifests it added: what it changed
+    (Iceberg Java's ``validationHistory`` reads the same manifests)."""
+    for manifest in snapshot.manifests(table.io):
+        if manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        if manifest.added_files_count == 0 and manifest.deleted_files_count == 0:
+            continue  # only existing entries (a merged or rewritten manifest): nothing this snapshot changed
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+            if entry.snapshot_id == snapshot.snapshot_id and entry.status != ManifestEntryStatus.EXISTING:
+                yield entry
 
 
 def live_data_files(table: Table, branch: str) -> Iterable[DataFile]:
@@ -486,15 +714,21 @@ def added_data_file_paths(table: Table, snapshot_id: int) -> set[str] | None:
 
 
 def has_delete_files(table: Table, branch: str) -> bool:
-    """True when the branch's current snapshot references delete files (written by another engine)."""
+    """True when the branch's current snapshot has live delete files (written by another engine)."""
     snapshot = table.metadata.snapshot_by_name(branch)
-    return snapshot is not None and any(m.content != ManifestContent.DATA for m in snapshot.manifests(table.io))
+    return snapshot is not None and snapshot_has_delete_files(table, snapshot)
 
 
 def read_data_file(table: Table, data_file: DataFile) -> pa.Table:
     """One data file's rows in the table's current schema (field-id projection, as pyiceberg's scan reads it)."""
     task = FileScanTask(data_file)
     return ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table([task])
+
+
+def with_small_types(rows: pa.Table) -> pa.Table:
+    """``rows`` with 32-bit offset types (string, binary, list), as Spark's Arrow batches and lakesink's files have them."""
+    small = _pyarrow_schema_ensure_small_types(rows.schema)
+    return rows if small.equals(rows.schema) else rows.cast(small)
 
 
 def column_bounds(data_file: DataFile, field_id: int, field_type: IcebergType) -> tuple[Any, Any] | None:
@@ -522,6 +756,57 @@ def filter_rows(table: pa.Table, expression: str) -> pa.Table:
     schema = new_table_schema(table.schema)
     bound = bind(schema, parse(expression), case_sensitive=False)
     return table.filter(expression_to_pyarrow(bound, schema))
+
+
+# --- one-off commits (table set-up, forget-query, publish): one catalog request, never pyiceberg's retry loop ---
+#
+# pyiceberg 0.12's ``Transaction.commit_transaction`` (what ``with table.transaction()``, ``manage_snapshots()...
+# .commit()`` and every autocommit update end in) catches CommitFailedException, refreshes the table, rebuilds its
+# snapshot producers on the new head and commits again, up to ``commit.retry.num-retries`` times (apache/iceberg-
+# python#3320, validated since #3811). It recognises a landed attempt only by its own snapshot id, so behind
+# lakesink's back it could commit what another driver already committed. lakesink's batch and maintenance commits
+# go through its own loop (lakesink.driver.swap); every other commit lakesink makes is staged on a plain
+# Transaction and sent here, exactly once (tests/test_seam_contract.py pins both behaviours).
+
+
+def refused_by_the_catalog(error: BaseException) -> bool:
+    """Whether a commit's error is the catalog's definite "no" (the request was evaluated and not applied): a REST
+    answer 4xx other than 408 (timeout) and 429 (throttled), which pyiceberg raises chained to the HTTP error
+    (``BadRequestError``, ``ForbiddenError``, a ``RESTError`` for 422, ...). Anything else (5xx, a timeout, a reset
+    connection) leaves the outcome unknown, and on a catalog reached over HTTP the request may still land later."""
+    cause = error.__cause__
+    response = getattr(cause, "response", None)
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int):
+        return 400 <= status < 500 and status not in (408, 429)
+    from pyiceberg.exceptions import BadRequestError, ForbiddenError, NoSuchTableError, UnauthorizedError
+
+    return isinstance(error, (BadRequestError, UnauthorizedError, ForbiddenError, NoSuchTableError))
+
+
+def staged(table: Table) -> Transaction:
+    """A transaction that only stages updates; send it with :func:`commit_once` (never ``commit_transaction``)."""
+    return Transaction(table, autocommit=False)
+
+
+def manage_snapshots(tx: Transaction) -> Any:
+    """pyiceberg's ManageSnapshots (create_branch, set_current_snapshot, ...), staging into ``tx``."""
+    from pyiceberg.table.update.snapshot import ManageSnapshots
+
+    return ManageSnapshots(transaction=tx)
+
+
+def commit_once(tx: Transaction) -> None:
+    """Send what ``tx`` staged to the catalog in exactly one commit request (``Table._do_commit``), with the
+    requirements pyiceberg's own commit adds (the table's uuid). A CommitFailedException is the caller's to handle;
+    the transaction is spent either way. The few files a staged snapshot wrote (an empty branch-base snapshot's
+    manifest list) are left for the orphan clean-up on failure: a commit reported failed may still have landed."""
+    if not tx._updates:
+        return
+    requirements = (*tx._requirements, AssertTableUUID(uuid=tx._table.metadata.table_uuid))
+    updates = tx._updates
+    tx._updates, tx._requirements = (), ()
+    tx._table._do_commit(updates=updates, requirements=requirements)
 
 
 # --- audits, empty batches and branches (issue 6) -----------------------------------------------
@@ -561,7 +846,7 @@ def manifest_entries(manifest: ManifestFile, io: FileIO) -> list[ManifestEntry]:
 # --- maintenance: compaction and snapshot expiry (issue 11) -------------------------------------
 
 
-class _ReplaceFiles(_OverwriteFiles):
+class _ReplaceFiles(_OverwriteRemovedFiles):
     """pyiceberg's overwrite producer, recorded as Iceberg's ``replace`` operation (files rewritten, rows
     unchanged). pyiceberg 0.12 has no rewrite action; its summary code knows only append/overwrite/delete,
     so the summary is computed as an overwrite's and relabelled."""
@@ -578,6 +863,8 @@ def prepare_replace(
     added: Sequence[DataFile],
     summary: Mapping[str, str],
     branch: str,
+    commit: names.CommitName | None = None,
+    files_since_ms: int | None = None,
 ) -> PreparedCommit:
     """Stage a ``replace`` snapshot on ``table``'s ``branch``: ``deleted`` (live in its head) rewritten as ``added``.
 
@@ -589,6 +876,7 @@ def prepare_replace(
         operation=Operation.OVERWRITE,  # relabelled REPLACE in its summary
         transaction=tx,
         io=table.io,
+        commit_uuid=commit,  # type: ignore[arg-type]  # formatted into names only (lakesink.names)
         branch=branch,
         snapshot_properties=dict(summary),
     )
@@ -604,6 +892,7 @@ def prepare_replace(
         _updates=keeping_ref_retention(table.metadata, tx._updates),
         _requirements=requirements,
         _producer=producer,
+        files_since_ms=files_since_ms,
     )
 
 
@@ -631,8 +920,12 @@ def data_file_entries(table: Table, snapshot: Any) -> Iterator[tuple[DataFile, i
 
 
 def snapshot_has_delete_files(table: Table, snapshot: Any) -> bool:
-    """True when ``snapshot`` references delete files (written by another engine)."""
-    return any(m.content == ManifestContent.DELETES for m in snapshot.manifests(table.io))
+    """True when ``snapshot`` has live delete files (written by another engine). A delete manifest holding only
+    ``deleted`` entries (delete files a complete-mode overwrite removed) has none."""
+    return any(
+        m.content == ManifestContent.DELETES and (m.added_files_count is None or m.has_added_files() or m.has_existing_files())
+        for m in snapshot.manifests(table.io)
+    )
 
 
 def reachable_files(table: Table, snapshots: Iterable[Any], *, live_only: bool = False) -> tuple[set[str], set[str], set[str]]:
@@ -738,6 +1031,15 @@ def updated_metadata(base: TableMetadata, updates: Sequence[Any], base_location:
     return new
 
 
+def _sql_swap_applies(table: Table) -> bool:
+    """Whether :func:`_swap_on_sql_catalog` can commit to ``table``: a pyiceberg SQL catalog whose database reports
+    the rows an UPDATE matched, and a table read from a metadata file."""
+    from pyiceberg.catalog.sql import SqlCatalog  # driver side only (tests/test_boundary.py)
+
+    catalog = table.catalog
+    return bool(isinstance(catalog, SqlCatalog) and table.metadata_location and catalog.engine.dialect.supports_sane_rowcount)
+
+
 def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Sequence[Any]) -> bool:
     """Commit on a pyiceberg SQL catalog from the metadata already read: one compare-and-swap of the pointer
     from ``table.metadata_location`` to a metadata file built from ``table.metadata``.
@@ -745,9 +1047,12 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
     pyiceberg's ``SqlCatalog.commit_table`` re-reads and re-parses the table's metadata.json, then deep-copies
     it, at every commit; both cost O(history). Here the requirements are checked against the metadata lakesink
     already read (the table the commit was prepared on), and the swap only lands if the catalog still points
-    at it. Returns False, leaving nothing behind, when this path does not apply (another catalog type) or the
-    pointer moved (the caller then commits through pyiceberg, which re-validates the requirements against the
-    current table, as before). An error of the swap itself is raised as from pyiceberg's own commit.
+    at it. Returns False, leaving nothing behind, when this path does not apply (another catalog type, or a
+    database without reliable row counts: the caller commits through pyiceberg). Raises CommitFailedException,
+    leaving nothing behind, when the pointer moved: the caller prepares the commit again on the new metadata
+    (falling back to pyiceberg's commit there would apply the updates to metadata this commit did not validate:
+    an empty batch's marker, a tag, another branch's snapshot). An error of the swap itself is raised as from
+    pyiceberg's own commit. The new metadata file is named by :func:`lakesink.names.metadata_file_name`.
     """
     # driver side only: executors import this module and must not load SQLAlchemy (tests/test_boundary.py)
     from pyiceberg.catalog import Catalog
@@ -757,14 +1062,15 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
 
     catalog = table.catalog
     base_location = table.metadata_location
-    if not isinstance(catalog, SqlCatalog) or not base_location or not catalog.engine.dialect.supports_sane_rowcount:
+    if not _sql_swap_applies(table):
         return False
+    assert isinstance(catalog, SqlCatalog)
     base = table.metadata
     for requirement in requirements:
         requirement.validate(base)  # CommitFailedException: a clean conflict, as from the catalog
     new = updated_metadata(base, updates, base_location)
     version = SqlCatalog._parse_metadata_version(base_location) + 1
-    location = load_location_provider(new.location, new.properties).new_table_metadata_file_location(version)
+    location = load_location_provider(new.location, new.properties).new_metadata_location(names.metadata_file_name(version))
     SqlCatalog._write_metadata(metadata=new, io=table.io, metadata_path=location)
     identifier = table.name()
     with Session(catalog.engine) as session:
@@ -781,7 +1087,11 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
         if result.rowcount < 1:  # type: ignore[attr-defined]
             session.rollback()
             table.io.delete(location)  # certainly referenced by nothing: the pointer was not moved to it
-            return False
+            # a conflict, never a fallback onto the new metadata: what this commit validated (a compaction's
+            # history, the replay marker) was read from the metadata at base_location (issue 20)
+            raise CommitFailedException(
+                f"the metadata pointer of table {'.'.join(identifier)} moved since {base_location} was read"
+            )
         session.commit()
     try:
         catalog._delete_old_metadata(table.io, base, new)  # write.metadata.delete-after-commit.enabled
@@ -789,6 +1099,35 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
         warnings.warn(f"Failed to delete old metadata after commit: {e}", stacklevel=2)
     table.metadata = new
     table.metadata_location = location
+    return True
+
+
+def set_request_timeout(catalog: Any, seconds: float) -> bool:
+    """Give every HTTP request of a REST catalog a timeout of ``seconds``; False when ``catalog`` is not one.
+
+    pyiceberg 0.12's REST client sets none (``requests`` without ``timeout=``): a catalog server that accepts the
+    connection and never answers hangs the commit, and the streaming query, forever (apache/iceberg-python#2772;
+    the ``connection.timeout`` property of #3418 is not in 0.12). The timeout is applied to the session's
+    transport adapters (also SigV4's), so it covers every call: config, token, load, commit.
+    """
+    from pyiceberg.catalog.rest import RestCatalog
+
+    if not isinstance(catalog, RestCatalog):
+        return False
+    adapter: Any
+    for adapter in catalog._session.adapters.values():
+        if getattr(adapter, "_lakesink_timeout", None) is not None:
+            adapter._lakesink_timeout = seconds
+            continue
+        original = adapter.send
+
+        def send(request: Any, *args: Any, _send: Any = original, _adapter: Any = adapter, **kwargs: Any) -> Any:
+            if kwargs.get("timeout") is None:
+                kwargs["timeout"] = _adapter._lakesink_timeout
+            return _send(request, *args, **kwargs)
+
+        adapter._lakesink_timeout = seconds
+        adapter.send = send
     return True
 
 
@@ -920,7 +1259,7 @@ class PreparedManifestRewrite(PreparedCommit):
 
 
 def prepare_rewrite_manifests(
-    table: Table, *, branch: str, entries_per_manifest: int, summary: Mapping[str, str]
+    table: Table, *, branch: str, entries_per_manifest: int, summary: Mapping[str, str], commit: names.CommitName | None = None
 ) -> PreparedManifestRewrite:
     """Stage a ``replace`` snapshot on ``branch`` whose data manifests are the head's, rewritten (see
     :class:`_RewriteManifests`). The swap requires the branch head (and the table) to be the ones read."""
@@ -929,6 +1268,7 @@ def prepare_rewrite_manifests(
         operation=Operation.REPLACE,
         transaction=tx,
         io=table.io,
+        commit_uuid=commit,
         branch=branch,
         snapshot_properties=dict(summary),
         entries_per_manifest=entries_per_manifest,
@@ -958,7 +1298,108 @@ def prepare_expire(table: Table, snapshot_ids: Sequence[int], refs: Sequence[str
     prepared = prepare_remove_snapshots(table, snapshot_ids)
     removals = tuple(RemoveSnapshotRefUpdate(ref_name=name) for name in refs)  # type: ignore[call-arg]
     prepared._updates = (*removals, *(prepared._updates if snapshot_ids else ()))
+    # which refs and snapshots to keep was decided on this metadata: applied to other metadata, the removal would
+    # drop any ref created meanwhile on a removed snapshot (pyiceberg and Iceberg Java drop a ref whose snapshot
+    # is removed). A SQL catalog's swap applies it to exactly this metadata (PreparedCommit.commit); see
+    # lakesink.expiry for catalogs that always apply updates to their current metadata.
     return prepared
+
+
+RESTORED_FROM = "lakesink.restored-from-snapshot-id"
+"""Summary key of a snapshot :func:`prepare_restore_refs` made: the snapshot whose manifests it carries."""
+RESTORED_REF = "lakesink.restored-ref"
+"""Summary key: the ref(s) it was made for (comma-separated)."""
+
+
+def prepare_restore_refs(
+    table: Table, lost: Mapping[str, tuple[SnapshotRef, Snapshot]], *, commit: names.CommitName
+) -> PreparedCommit:
+    """Put back refs that a snapshot expiry dropped together with their snapshot (``lost``: name -> (the ref, the
+    snapshot it named), as in the metadata the expiry replaced).
+
+    A removed snapshot cannot be added back as it was: Iceberg sets the table's last sequence number to the added
+    snapshot's, so an old one would move it backwards. Each lost snapshot comes back as a new snapshot with a new id
+    and the next sequence number, whose manifest list lists exactly the lost snapshot's manifests (their own
+    sequence numbers are in the list, so every row and delete reads as before); its parent is the lost snapshot
+    (which no longer exists, as after any expiry in Iceberg Java), and its summary names it
+    (:data:`RESTORED_FROM`). Each ref is set to it with its own retention. The swap requires each ref still to be
+    absent, and (through the parent) the catalog refuses the new sequence number when another snapshot was added
+    meanwhile: a conflict, prepared again on the new metadata.
+    """
+    md = table.metadata
+    provider = load_location_provider(table_location=table.location(), table_properties=md.properties)
+    compression = md.properties.get("write.avro.compression-codec", "gzip")
+    updates: list[Any] = []
+    requirements: list[Any] = [AssertTableUUID(uuid=md.table_uuid)]
+    written: list[str] = []
+    sequence = md.next_sequence_number()
+    used: set[int] = set()
+    made: dict[int, int] = {}  # lost snapshot id -> its new snapshot id
+    try:
+        for name, (ref, snapshot) in sorted(lost.items()):
+            requirements.append(AssertRefSnapshotId(snapshot_id=None, ref=name))  # type: ignore[call-arg]
+            if snapshot.snapshot_id not in made:
+                new_id = md.new_snapshot_id()
+                while new_id in used:
+                    new_id = md.new_snapshot_id()
+                used.add(new_id)
+                path = provider.new_metadata_location(names.manifest_list_name(commit, new_id))
+                written.append(path)
+                with write_manifest_list(
+                    format_version=md.format_version,
+                    output_file=table.io.new_output(path),
+                    snapshot_id=new_id,
+                    parent_snapshot_id=snapshot.snapshot_id,
+                    sequence_number=sequence,
+                    avro_compression=compression,  # type: ignore[arg-type]
+                ) as writer:
+                    writer.add_manifests(snapshot.manifests(table.io))
+                refs = sorted(n for n, (_, s) in lost.items() if s.snapshot_id == snapshot.snapshot_id)
+                props = snapshot.summary.additional_properties if snapshot.summary else {}
+                kept = {k: v for k, v in props.items() if not k.startswith(("lakesink.", "spark."))}
+                summary = Summary(
+                    operation=snapshot.summary.operation if snapshot.summary else Operation.APPEND,
+                    **kept,
+                    **{RESTORED_FROM: str(snapshot.snapshot_id), RESTORED_REF: ",".join(refs)},
+                )
+                restored = Snapshot(  # type: ignore[call-arg]
+                    snapshot_id=new_id,
+                    parent_snapshot_id=snapshot.snapshot_id,
+                    sequence_number=sequence if md.format_version > 1 else snapshot.sequence_number,
+                    manifest_list=path,
+                    summary=summary,
+                    schema_id=snapshot.schema_id,
+                )
+                updates.append(AddSnapshotUpdate(snapshot=restored))
+                made[snapshot.snapshot_id] = new_id
+                if md.format_version > 1:
+                    sequence += 1
+            updates.append(
+                SetSnapshotRefUpdate(  # type: ignore[call-arg]
+                    ref_name=name,
+                    type=ref.snapshot_ref_type,
+                    snapshot_id=made[snapshot.snapshot_id],
+                    max_ref_age_ms=ref.max_ref_age_ms,
+                    max_snapshot_age_ms=ref.max_snapshot_age_ms,
+                    min_snapshots_to_keep=ref.min_snapshots_to_keep,
+                )
+            )
+    except BaseException:
+        for path in written:
+            storage.delete_file(table.io, path)
+        raise
+    return PreparedCommit(
+        table=table,
+        snapshot_id=-1,
+        _updates=tuple(updates),
+        _requirements=tuple(requirements),
+        _owned_files=tuple(written),
+    )
+
+
+def read_table_metadata(io: FileIO, location: str) -> TableMetadata:
+    """The table metadata in the metadata file at ``location``."""
+    return FromInputFile.table_metadata(io.new_input(location))
 
 
 def keeping_ref_retention(metadata: TableMetadata, updates: Sequence[Any]) -> tuple[Any, ...]:
@@ -1046,3 +1487,62 @@ def without_sizes_of_unmeasured_columns(statistics: dict[str, Any], plan: Mappin
     if sizes:
         statistics["column_sizes"] = {k: v for k, v in sizes.items() if plan[k].mode.type is not MetricModeTypes.NONE}
     return statistics
+
+
+# --- float and double values in manifests: two pyiceberg 0.12.0 bugs, corrected where they are (RELIABILITY row 32) ---
+#
+# Both are applied when this module is imported (every process that writes or commits imports it), and only while
+# the installed pyiceberg has the bug; tests/test_seam_contract.py checks each.
+
+
+def _read_double_exactly(self: DoubleReader, decoder: Any) -> float:
+    return float(_DOUBLE.unpack(decoder.read(8))[0])
+
+
+def fast_avro_reads_doubles_as_float32() -> bool:
+    """pyiceberg 0.12.0's Cython Avro decoder returns a C ``float``: every Avro double it reads, i.e. every
+    identity partition value of a double column in a manifest, is rounded to float32 (0.1 becomes
+    0.10000000149011612, 1e308 becomes inf). Every manifest pyiceberg rewrites (merge-append, an overwrite's
+    manifests that keep entries, lakesink's manifest rewrite) then records those rounded values: engines prune
+    the files by wrong partition values, two partitions can become one, and a compaction or upsert that removes
+    such a file fails ("Missing required files to delete"). Fixed upstream by apache/iceberg-python#3808."""
+    return bool(new_decoder(_DOUBLE.pack(0.1)).read_double() != 0.1)
+
+
+def partition_summaries_merge_signed_zeros() -> bool:
+    """pyiceberg 0.12.0's partition field summaries (a manifest list's lower/upper bound of each partition field)
+    take Python's ``min``/``max``, for which -0.0 equals 0.0: a manifest holding partitions -0.0 and 0.0 can get
+    the bounds [-0.0, -0.0] or [0.0, 0.0]. Iceberg orders -0.0 below 0.0 (the spec's sort order, Java's
+    ``Double.compare``): an engine that prunes by those bounds skips the manifest for the other zero."""
+    stats = PartitionFieldStats(DoubleType())
+    stats.update(-0.0)
+    stats.update(0.0)
+    assert stats._max is not None
+    return bool(math.copysign(1.0, stats._max) < 0)
+
+
+def _iceberg_order(value: Any) -> Any:
+    """Iceberg's order of a non-NaN partition value: -0.0 below 0.0 for floats, Python's order otherwise."""
+    return (value, math.copysign(1.0, value)) if isinstance(value, float) else value
+
+
+def _update_in_iceberg_order(self: PartitionFieldStats, value: Any) -> None:
+    """``PartitionFieldStats.update``, comparing floats in Iceberg's order."""
+    if value is None:
+        self._contains_null = True
+    elif isinstance(value, float) and math.isnan(value):
+        self._contains_nan = True
+    elif self._min is None:
+        self._min = self._max = value
+    else:
+        if _iceberg_order(value) > _iceberg_order(self._max):
+            self._max = value
+        if _iceberg_order(value) < _iceberg_order(self._min):
+            self._min = value
+
+
+_DOUBLE = struct.Struct("<d")
+if fast_avro_reads_doubles_as_float32():
+    DoubleReader.read = _read_double_exactly  # type: ignore[method-assign]
+if partition_summaries_merge_signed_zeros():
+    PartitionFieldStats.update = _update_in_iceberg_order  # type: ignore[method-assign]

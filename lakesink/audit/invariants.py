@@ -11,6 +11,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import ancestry, lakesink_key, opt_int_property, progress, sink_of, summary_of
+from lakesink.errors import PROGRAMMING_ERRORS
 from lakesink.properties import (
     MAIN_BRANCH,
     SUMMARY_PREVIOUS_BATCH_ID,
@@ -227,6 +228,8 @@ def _check_summaries(
     for s in progress(list(snapshots), "checking snapshot summaries", enabled=show_progress):
         try:
             added, deleted = manifests.changes(s)
+        except PROGRAMMING_ERRORS:  # a bug, not an unreadable manifest of the table
+            raise
         except Exception as e:
             report.violations.append(
                 Violation(UNREADABLE_MANIFEST, f"snapshot {s.snapshot_id}: its manifests cannot be read ({e})", s.snapshot_id)
@@ -283,6 +286,8 @@ def _check_summaries(
 def _check_files(table: Table, head: Snapshot, manifests: Manifests, report: VerifyReport, show_progress: bool | None) -> None:
     try:
         live = manifests.live_files(head)
+    except PROGRAMMING_ERRORS:
+        raise
     except Exception as e:
         report.violations.append(
             Violation(UNREADABLE_MANIFEST, f"snapshot {head.snapshot_id}: its manifests cannot be read ({e})", head.snapshot_id)
@@ -296,6 +301,8 @@ def _check_files(table: Table, head: Snapshot, manifests: Manifests, report: Ver
         except FileNotFoundError:
             report.violations.append(Violation(MISSING_FILE, f"data file {path} {where} does not exist", added_by))
             continue
+        except PROGRAMMING_ERRORS:
+            raise
         except Exception as e:
             report.violations.append(Violation(MISSING_FILE, f"data file {path} {where} cannot be read: {e}", added_by))
             continue

@@ -8,6 +8,7 @@ from typing import Any
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
 
+from lakesink import _pyiceberg as seam
 from lakesink.audit.invariants import VerifyReport, verify
 from lakesink.errors import AuditError, PublishRefusedError
 from lakesink.properties import (
@@ -54,5 +55,7 @@ def publish(table: Table, *, branch: str, force: bool = False, show_progress: bo
         )
     if problems and not force:
         raise PublishRefusedError("publish refused (--force publishes anyway): " + "; ".join(problems))
-    table.manage_snapshots().set_current_snapshot(snapshot_id=target.snapshot_id).commit()
+    tx = seam.staged(table)  # one commit request, never pyiceberg's retry loop
+    seam.manage_snapshots(tx).set_current_snapshot(snapshot_id=target.snapshot_id).commit()
+    seam.commit_once(tx)
     return PublishResult(branch, main.snapshot_id if main else None, target.snapshot_id, bool(problems), report)

@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 from pyiceberg.table import Table
 
+from lakesink import floats
 from lakesink.audit.manifests import Manifests, read_files
 from lakesink.audit.points import Point, resolve
 from lakesink.audit.snapshots import progress
@@ -71,6 +72,10 @@ def diff(table: Table, start: Point, end: Point, *, branch: str = MAIN_BRANCH, s
 
 
 def _hashable(value: Any) -> Any:
+    """A row (or value) as a multiset key; floats by bit pattern (NaN equal to NaN, -0.0 apart from 0.0: Python's
+    == would never cancel a row holding NaN, and would cancel a change from -0.0 to 0.0)."""
+    if isinstance(value, float):
+        return floats.value_key(value)
     if isinstance(value, dict):
         return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
     if isinstance(value, list):
@@ -95,4 +100,5 @@ def _cancel(new: pa.Table, old: pa.Table) -> tuple[pa.Table, pa.Table]:
         if old_rows[key] > 0:
             old_rows[key] -= 1
             keep_old.append(i)
-    return new.take(keep_new), old.take(keep_old)
+    # typed indices: an empty Python list is an Arrow null array, which take() refuses (every row cancelled)
+    return new.take(pa.array(keep_new, pa.int64())), old.take(pa.array(keep_old, pa.int64()))

@@ -10,6 +10,7 @@ One click group, one sub-command per task::
     lakesink report db.events --html report.html
     lakesink publish db.events --branch audit
     lakesink remove-orphan-files db.events --older-than 3d --dry-run
+    lakesink checkpoint-clean /checkpoints/events --dry-run
 
 Tables are found the way the sink finds them (:func:`lakesink.catalogs.load`): ``--catalog NAME``
 names a catalog of pyiceberg's configuration, ``--catalog-property KEY=VALUE`` (repeatable) gives
@@ -45,7 +46,9 @@ from lakesink.audit import (
     read_at,
     verify,
 )
-from lakesink.errors import AuditError, InvalidOptionError, LakesinkError
+from lakesink.checkpoint_cleanup import DEFAULT_OLDER_THAN as CHECKPOINT_QUIET_TIME
+from lakesink.checkpoint_cleanup import clean_checkpoint
+from lakesink.errors import PROGRAMMING_ERRORS, AuditError, InvalidOptionError, LakesinkError
 from lakesink.keyed import keyed_changes
 from lakesink.maintenance import DEFAULT_OLDER_THAN, OrphanFile, OrphanReport, remove_orphan_files
 from lakesink.options import TableName
@@ -133,6 +136,8 @@ def load_table(table: str, catalog_name: str | None, catalog_properties: dict[st
         return catalog.load_table(name.identifier)
     except (NoSuchTableError, NoSuchNamespaceError):
         raise click.ClickException(f"table {name} does not exist in catalog {catalog.name!r}") from None
+    except PROGRAMMING_ERRORS:
+        raise
     except Exception as e:
         raise click.ClickException(f"cannot load table {name}: {_redacted(e, catalog_name, catalog_properties)}") from None
 
@@ -481,6 +486,40 @@ def remove_orphan_files_command(
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else human_report(report))
     if report.failed:
         raise click.ClickException(f"{len(report.failed)} orphan file(s) could not be removed (listed above)")
+
+
+@main.command("checkpoint-clean")
+@click.argument("checkpoint")
+@click.option(
+    "--older-than",
+    metavar="DURATION",
+    default=format_duration(CHECKPOINT_QUIET_TIME),
+    show_default=True,
+    callback=_duration_option,
+    help="Act only when no file of the checkpoint changed for this long (3d, 12h, 90m, 0); 0 when you know "
+    "that no process runs the query any more.",
+)
+@click.option("--dry-run", is_flag=True, help="Remove nothing; list what would be removed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def checkpoint_clean_command(checkpoint: str, older_than: timedelta, dry_run: bool, as_json: bool) -> None:
+    """Remove the temp files Spark abandoned in the streaming checkpoint CHECKPOINT (a path or URL).
+
+    A query killed while Spark wrote its first offset-log entry cannot restart
+    (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY ... offsets should be empty on batch 0) until they are
+    gone. Only Spark's temp files (.<name>.<uuid>.tmp and their .crc) are removed. Refused, with nothing
+    removed, when any file of the checkpoint changed within --older-than: the query may be running.
+    Exit status 1 when refused, when a removal failed, or when Spark would still refuse the restart.
+    """
+    try:
+        report = clean_checkpoint(checkpoint, older_than=older_than, dry_run=dry_run)
+    except LakesinkError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.human())
+    if not report.ok:
+        problems = [f"{len(report.failed)} temp file(s) could not be removed"] if report.failed else []
+        if report.still_blocking:
+            problems.append(f"{len(report.still_blocking)} other file(s) still make Spark refuse the restart")
+        raise click.ClickException("; ".join(problems) + " (listed above)")
 
 
 def human_report(report: OrphanReport) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 from pyiceberg.typedef import Identifier
 from pyiceberg.utils.config import Config
@@ -36,12 +37,15 @@ from sqlalchemy.engine import Engine, ExceptionContext
 from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 
 from lakesink import _pyiceberg as seam
-from lakesink.errors import CatalogError
+from lakesink.errors import PROGRAMMING_ERRORS, CatalogError
 from lakesink.redaction import redact_secrets_in
 
 log = logging.getLogger("lakesink")
 
 ENV_HOME = "LAKESINK_HOME"
+#: Catalog property: the timeout of every HTTP request to a REST catalog, in seconds (0: none, pyiceberg's default).
+REQUEST_TIMEOUT = "lakesink.request-timeout-s"
+REQUEST_TIMEOUT_DEFAULT = 120.0
 DEFAULT_HOME = "lakehouse"
 EMBEDDED_CATALOG_NAME = "lakesink"
 
@@ -154,6 +158,13 @@ def remember(table: Table) -> None:
         _tables[key] = kept
 
 
+def may_apply_late(catalog: Catalog) -> bool:
+    """Whether the catalog may still apply a commit request after it answered it with an error (a timeout, a
+    5xx, a reset connection): any catalog reached over HTTP (REST, Glue, ...). Not pyiceberg's SQL catalogs: the
+    commit is a database transaction, rolled back before the error reaches lakesink (:func:`guard_sql_catalog`)."""
+    return not isinstance(catalog, SqlCatalog)
+
+
 def load_table_fresh(name: str | None, overrides: Mapping[str, str], identifier: str | Identifier) -> Table:
     """Read a table through a catalog instance of its own, opened for this read and closed after it.
 
@@ -177,13 +188,31 @@ def _open(name: str, props: Mapping[str, str]) -> Catalog:
         _prepare_embedded_folders(props)
     try:
         catalog = load_catalog(name, **props)
+    except PROGRAMMING_ERRORS:
+        raise
     except Exception as e:
         msg = redact_secrets_in(f"{type(e).__name__}: {e}", props)
         raise CatalogError(f"cannot load catalog {name!r}: {msg}") from None
+    timeout = _request_timeout(name, props)
+    if timeout:
+        seam.set_request_timeout(catalog, timeout)  # REST catalogs only: pyiceberg sets no timeout
     engine = getattr(catalog, "engine", None)  # pyiceberg's SqlCatalog (types "sql" and "in-memory")
     if isinstance(engine, Engine):
         guard_sql_catalog(engine, drop_connections=not _process_local(props))
     return catalog
+
+
+def _request_timeout(name: str, props: Mapping[str, str]) -> float:
+    raw = props.get(REQUEST_TIMEOUT)
+    try:
+        value = REQUEST_TIMEOUT_DEFAULT if raw is None else float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise CatalogError(
+            f"catalog {name!r}: property {REQUEST_TIMEOUT} must be a number of seconds >= 0 (0: no timeout), not {raw!r}"
+        )
+    return value
 
 
 def _process_local(props: Mapping[str, str]) -> bool:

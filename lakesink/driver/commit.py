@@ -13,22 +13,25 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 from pyiceberg.table import Table
 
 from lakesink import _pyiceberg as seam
 from lakesink import (
+    catalogs,
+    names,
     storage,
     taskchanges,
     upkeep,  # a module: lakesink.upkeep imports the driver's swap loop back
 )
-from lakesink.driver import upsert
+from lakesink.driver import indoubt, upsert
 from lakesink.driver.swap import RetriesExhausted, Status, SwapResult, swap_with_recheck
 from lakesink.driver.tables import SinkTable
 from lakesink.errors import (
     CommitConflictError,
+    CommitOutcomeUnknownError,
     ConcurrentTableChangeError,
     DuplicateSinkError,
     LakesinkError,
@@ -94,6 +97,16 @@ class _Batch:
     @property
     def paths(self) -> list[str]:
         return [f.path for f in self.files]
+
+    @property
+    def files_since_ms(self) -> int | None:
+        """When the oldest of the batch's files was written (None: the tasks did not say)."""
+        return min((r.written_since_ms for r in self.results if r.files and r.written_since_ms is not None), default=None)
+
+    def commit_name(self) -> names.CommitName:
+        """A new name for one attempt's manifests and manifest list (lakesink.names: the orphan clean-up keeps them
+        while the batch is not committed)."""
+        return names.commit_name(names.BATCH, query_id=self.query_id, batch_id=self.batch_id)
 
 
 class TableCommitter(SinkTable):
@@ -274,15 +287,22 @@ class TableCommitter(SinkTable):
                 **({SUMMARY_PREVIOUS_BATCH_ID: str(done.batch_id)} if done is not None else {}),
             }
             if batch.changes is not None:
-                # upserts: rewrite the files of this attempt's table that hold the batch's keys
-                keys = upsert.BatchKeys(self.table_name, t.schema(), batch.changes)
+                # upserts: rewrite the files of this attempt's table that hold the batch's keys, in the schema this
+                # commit gives the table (with merge-schema, a key widened int -> long by this very batch: its keys
+                # cast to the old type failed the batch at every restart)
+                schema = seam.evolved_schema(t, schema_changes) if schema_changes else t.schema()
+                keys = upsert.BatchKeys(self.table_name, schema, batch.changes)
                 plan = self.write_plan(t, batch.query_id)
+                if schema_changes:
+                    plan = replace(plan, schema=schema, schema_changes=schema_changes)
                 rewrite = upsert.rewrite(
                     t, branch=self.options.branch, keys=keys, plan=plan, batch_id=batch.batch_id, attempt=attempt
                 )
                 rewrites.append(rewrite)
                 return seam.prepare_rewrite(
                     t,
+                    commit=batch.commit_name(),
+                    files_since_ms=batch.files_since_ms,
                     removed_files=rewrite.removed,
                     data_files=[
                         *data_files,
@@ -306,6 +326,8 @@ class TableCommitter(SinkTable):
                 )
             return seam.prepare_snapshot(
                 t,
+                commit=batch.commit_name(),
+                files_since_ms=batch.files_since_ms,
                 data_files=data_files,
                 overwrite=overwrite,
                 summary=attempt_summary,
@@ -318,6 +340,10 @@ class TableCommitter(SinkTable):
         what = f"commit of batch {batch.batch_id} of query {batch.query_id} to {self.table_name}"
         try:
             result = self._swap(table, batch, prepare, what)
+        except CommitOutcomeUnknownError:
+            if catalogs.may_apply_late(self.catalog):  # the abort that follows must keep the files (driver.indoubt)
+                indoubt.record(self.table_name, batch.query_id, self.options.sink_id, batch.batch_id, batch.paths)
+            raise
         except RetriesExhausted as e:
             self._delete(table, batch.paths, reason="commit retries exhausted")
             raise CommitConflictError(
@@ -482,6 +508,7 @@ class TableCommitter(SinkTable):
         return changes
 
     def _logged(self, outcome: BatchOutcome, query_id: str) -> BatchOutcome:
+        indoubt.clear(self.table_name, query_id, self.options.sink_id, outcome.batch_id)  # the batch is settled now
         if outcome.outcome is Outcome.COMMITTED:
             log.info(
                 "lakesink: table=%s query=%s%s batch=%s committed snapshot=%s files=%s rows=%s bytes=%s "
@@ -519,6 +546,15 @@ class TableCommitter(SinkTable):
         """
         fault_point(DRIVER_IN_ABORT)
         paths = [f.path for r in results for f in r.files]
+        in_doubt = indoubt.recorded(self.table_name, query_id, self.options.sink_id, batch_id)
+        if in_doubt & set(paths):
+            log.warning(
+                "lakesink: abort of batch %s keeps %s file(s) that a commit request the catalog has not answered may "
+                "still reference (an orphan-file clean-up collects them if it never lands)",
+                batch_id,
+                len(in_doubt & set(paths)),
+            )
+            paths = [p for p in paths if p not in in_doubt]
         if not paths:
             log.info("lakesink: table=%s batch=%s aborted; no files to delete", self.table_name, batch_id)
             return

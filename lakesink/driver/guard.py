@@ -34,6 +34,11 @@ ENV_LOCK_DIR = "LAKESINK_LOCK_DIR"
 ABORT_WAIT_S = 600.0
 
 
+def lock_folder() -> Path:
+    """The folder of the commit locks (and of lakesink.driver.indoubt's records) on this host."""
+    return Path(os.environ.get(ENV_LOCK_DIR) or Path(tempfile.gettempdir()) / "lakesink-commit-locks")
+
+
 class CommitGuard:
     """The lock of one run of one sink of one query on one table, on this host.
 
@@ -46,8 +51,7 @@ class CommitGuard:
     ):
         key = f"{table}\0{query_id}\0{sink_id or ''}\0{run_id or ''}"
         digest = hashlib.sha256(key.encode()).hexdigest()[:32]
-        folder = Path(os.environ.get(ENV_LOCK_DIR) or Path(tempfile.gettempdir()) / "lakesink-commit-locks")
-        self.path = folder / f"{digest}.lock"
+        self.path = lock_folder() / f"{digest}.lock"
         self.abort_wait_s = abort_wait_s
         self._file: IO[Any] | None = None
 

@@ -19,11 +19,12 @@ from pyiceberg.types import (
     PrimitiveType,
     StructType,
 )
+from pyspark.errors import PySparkException
 from pyspark.sql import types as spark_types
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType as SparkStructType
 
 from lakesink import _pyiceberg as seam
+from lakesink import _pyspark
 from lakesink.errors import SchemaMismatchError
 from lakesink.executor import utc_schema
 
@@ -95,13 +96,13 @@ def arrow_schema_of(spark_schema: SparkStructType) -> pa.Schema:
     strings = _chars_as_strings(spark_schema)
     assert isinstance(strings, SparkStructType)
     try:
-        arrow = utc_schema(to_arrow_schema(strings, timezone="UTC", error_on_duplicated_field_names_in_struct=True))
-    except Exception as e:
+        arrow = utc_schema(_pyspark.arrow_schema(strings, error_on_duplicated_field_names_in_struct=True))
+    except PySparkException as e:  # pyspark's verdict on the schema; any other error is not the user's: raised as is
         raise SchemaMismatchError(f"the stream's schema cannot be written to Iceberg: {e}") from e
     for spark_field, field in zip(spark_schema.fields, arrow, strict=True):
         try:
             seam.iceberg_type(field.type)
-        except Exception as e:
+        except seam.UnsupportedIcebergType as e:
             problems.append(
                 f"column {field.name!r} has Spark type {spark_field.dataType.simpleString()} (Arrow {field.type}), "
                 f"which Iceberg cannot hold ({e})"
@@ -159,7 +160,7 @@ def check_writable(
         seen.add(field.name)
         try:
             stream_type = seam.iceberg_type(field.type)
-        except Exception as e:
+        except seam.UnsupportedIcebergType as e:
             problems.append(f"column {field.name!r} has type {field.type}, which Iceberg cannot hold ({e})")
             continue
         stream_fields.append(NestedField(-1, field.name, stream_type, required=not field.nullable))

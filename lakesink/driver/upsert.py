@@ -32,6 +32,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzType
 
 from lakesink import _pyiceberg as seam
+from lakesink import floats
 from lakesink.errors import LakesinkError
 from lakesink.executor import TaskWriter, utc_schema
 from lakesink.keyed import SUMMARY_DELETED, SUMMARY_INSERTED, SUMMARY_UPDATED
@@ -78,6 +79,11 @@ class BatchKeys:
             found = schema.find_field(name, case_sensitive=False)
             self.fields.append(found)
         target = utc_schema(seam.arrow_schema(schema))
+        # a key the table's type cannot hold (a long beyond an int key's range, deleted by a batch that wrote no
+        # rows, so that merge-schema did not widen the key) is in no file: it is left out, never cast
+        keys = keys.filter(
+            _fits(keys, [(name, target.field(f.name).type) for name, f in zip(self.names, self.fields, strict=True)])
+        )
         columns = []
         for name, f in zip(self.names, self.fields, strict=True):
             t = target.field(f.name).type
@@ -157,17 +163,22 @@ def rewrite(table: Table, *, branch: str, keys: BatchKeys, plan: WritePlan, batc
     bytes_read = 0
     key_names = [f.name for f in keys.fields]
     for data_file in candidates:
-        rows = seam.read_data_file(table, data_file)
+        # one Arrow type per column whichever engine wrote a file: pyiceberg reads a string column back as the type
+        # the file's footer records (string from lakesink's files, large_string from a file written from large_string
+        # data, as a pyiceberg append of rows in the table's own Arrow schema is), and the rows of several files go
+        # into one file below (a mix failed with ArrowInvalid)
+        rows = seam.with_small_types(seam.read_data_file(table, data_file))
         bytes_read += data_file.file_size_in_bytes
-        batch_keys = _cast_like(keys.table, rows.select(key_names).schema)
-        hit = batch_keys.join(rows.select(key_names), key_names, join_type="left semi")
+        # the file's keys in the keys' types: the table's, or wider when this commit widens a key (merge-schema)
+        file_keys = _cast_like(rows.select(key_names), keys.table.select(key_names).schema)
+        hit = keys.table.join(file_keys, key_names, join_type="left semi")
         if not hit.num_rows:
             continue  # its bounds could hold a key, but it holds none
         matched.append(hit)
         removed.append(data_file)
         # joined on the key columns and a row number only (Arrow's hash join carries no nested payload columns)
-        numbered = rows.select(key_names).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
-        rest = numbered.join(batch_keys.select(key_names), key_names, join_type="left anti")
+        numbered = file_keys.append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+        rest = numbered.join(keys.table.select(key_names), key_names, join_type="left anti")
         order = rest.column(_ROW)
         kept.extend(rows.take(order.take(pc.sort_indices(order))).to_batches())
     written = writer.write(iter(kept)) if kept else None
@@ -198,8 +209,24 @@ def summary(result: Rewrite) -> dict[str, str]:
 
 
 def _cast_like(keys: pa.Table, schema: pa.Schema) -> pa.Table:
-    columns = [keys.column(f.name).cast(f.type) for f in schema]
-    return pa.table([*columns, keys.column(DELETED)], names=[*schema.names, DELETED])
+    """``keys``' columns named in ``schema`` cast to its types (the other columns as they are)."""
+    columns = [
+        keys.column(name).cast(schema.field(name).type) if name in schema.names else keys.column(name)
+        for name in keys.column_names
+    ]
+    return pa.table(columns, names=keys.column_names)
+
+
+def _fits(keys: pa.Table, targets: list[tuple[str, pa.DataType]]) -> pa.Array:
+    """Per key: true when every key column's value fits the target integer type (other types: always)."""
+    fits = pa.array([True] * keys.num_rows)
+    for name, t in targets:
+        column = keys.column(name)
+        if pa.types.is_integer(t) and pa.types.is_integer(column.type) and column.type.bit_width > t.bit_width:
+            low, high = -(2 ** (t.bit_width - 1)), 2 ** (t.bit_width - 1) - 1
+            inside = pc.and_(pc.greater_equal(column, low), pc.less_equal(column, high))
+            fits = pc.and_(fits, pc.fill_null(inside, True))
+    return fits
 
 
 def _one(pf: Any, spec: PartitionSpec) -> PartitionSpec:
@@ -221,7 +248,9 @@ _EPOCH = datetime.datetime(1970, 1, 1)
 
 
 def _normalized(value: Any) -> Any:
-    """A partition value in one representation (days, micros) whichever side computed it."""
+    """A partition value in one representation (days, micros; floats by bit pattern) whichever side computed it."""
+    if isinstance(value, float):
+        return floats.value_key(value)  # -0.0 apart from 0.0, NaN equal to NaN (a set of floats does neither)
     if isinstance(value, datetime.datetime):
         if value.tzinfo is not None:
             value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)

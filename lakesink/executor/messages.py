@@ -105,6 +105,9 @@ class TaskResult(WriterCommitMessage):
     """The plan's schema changes (``merge-schema``): from table schema ``schema_id`` to ``schema``."""
     changes: bytes | None = None
     """With ``WritePlan.upsert``: the keys the task changed, with their deleted flag (Arrow IPC)."""
+    written_since_ms: int | None = None
+    """When the task began writing its files (ms since the epoch, the executor's clock): a commit never uses files
+    older than lakesink.names.COMMIT_DEADLINE_MS (the orphan clean-up keeps files in flight only so long)."""
 
     @property
     def record_count(self) -> int:

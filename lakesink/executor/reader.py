@@ -56,11 +56,12 @@ from pyspark.sql.datasource import (
     Not,
     StringStartsWith,
 )
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from lakesink import _pyiceberg as seam
-from lakesink.errors import AuditError, CatalogError, InvalidOptionError
+from lakesink import _pyspark
+from lakesink.errors import PROGRAMMING_ERRORS, AuditError, CatalogError, InvalidOptionError
 from lakesink.options import ReadOptions
 
 #: One Spark task reads about this many bytes of data files (small files are grouped).
@@ -87,6 +88,8 @@ def open_read(options: ReadOptions) -> ResolvedRead:
     catalog = catalogs.load(options.catalog_name, options.catalog_properties)
     try:
         table = catalog.load_table(options.table.identifier)
+    except PROGRAMMING_ERRORS:
+        raise
     except Exception as e:
         raise CatalogError(f"cannot read table {options.table}: {type(e).__name__}: {e}") from None
     point = None
@@ -259,7 +262,7 @@ class LakesinkReader(DataSourceReader):
         assert isinstance(partition, FilesPartition)
         if not partition.tasks:
             return
-        target = to_arrow_schema(self.spark_schema, timezone="UTC")  # what Spark checks (string, not large_string)
+        target = _pyspark.arrow_schema(self.spark_schema)  # what Spark checks (string, not large_string)
         for batch in seam.scan_files(self.metadata, self.io, partition.tasks, schema=self.schema, row_filter=self.row_filter):
             columns = [batch.column(i).cast(target.field(i).type) for i in range(len(target))]
             yield pa.RecordBatch.from_arrays(columns, schema=target)

@@ -22,7 +22,7 @@ from pyiceberg.schema import Schema
 from pyspark import TaskContext
 
 from lakesink import _pyiceberg as seam
-from lakesink import names, storage, taskchanges
+from lakesink import floats, names, storage, taskchanges
 from lakesink.errors import LakesinkError, SchemaMismatchError, TableLocationError
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.messages import TaskResult, WritePlan, WrittenFile
@@ -130,6 +130,7 @@ class TaskWriter:
         self._partition_id = partition_id
         self._task_attempt_id = task_attempt_id
         self._token = names.new_token()
+        self._since_ms = names.now_ms()  # before any file: every file of the task is at least this recent
         self._file_schema: Schema = seam.file_schema(plan.schema)
         settings = plan.settings
         self._target_file_size = settings.target_file_size
@@ -143,8 +144,8 @@ class TaskWriter:
         self._files: list[WrittenFile] = []
         self._changes: bytes | None = None
         self._counter = 0
-        # open files by partition values (the unpartitioned table has one, keyed by ()), least recently
-        # written first
+        # open files by partition (the unpartitioned table has one, keyed by ()), least recently written first;
+        # keyed by floats.partition_key: Python's == would merge -0.0 with 0.0 and split NaN from NaN
         self._open: dict[tuple[Any, ...], _OpenFile] = {}
         self._buffered_bytes = 0
         # how incoming batches map onto the table (computed from the first batch)
@@ -200,6 +201,7 @@ class TaskWriter:
             written_schema=self._plan.schema_digest,
             schema_changes=self._plan.schema_changes,
             changes=self._changes,
+            written_since_ms=self._since_ms if self._files else None,
         )
 
     # --- conforming rows to the table -----------------------------------------------------------
@@ -240,15 +242,16 @@ class TaskWriter:
 
     # --- row groups and files -------------------------------------------------------------------
 
-    def _slot(self, key: tuple[Any, ...]) -> _OpenFile:
+    def _slot(self, partition: tuple[Any, ...]) -> _OpenFile:
+        key = floats.partition_key(partition)
         slot = self._open.pop(key, None)
         if slot is None:
             if len(self._open) >= self._max_open:
                 oldest = next(iter(self._open))
                 self._flush_row_group(self._open[oldest])
                 self._close_file(self._open.pop(oldest))
-            segment = seam.partition_path(self._plan.spec, self._plan.schema, key) if self._partitioned else None
-            slot = _OpenFile(key, segment)
+            segment = seam.partition_path(self._plan.spec, self._plan.schema, partition) if self._partitioned else None
+            slot = _OpenFile(partition, segment)
         self._open[key] = slot  # most recently written last
         return slot
 

@@ -3,7 +3,8 @@
 A Python data source's writers each see one partition of a batch, never the whole batch, so the
 resolution of :mod:`lakesink.changes` (in Spark, over the batch) is done per task here: a null key
 is an error naming the column; several rows of one key keep the one with the greatest ``order-by``
-value (without ``order-by``: an error naming the key); ``delete-when`` is evaluated on the task's
+value, ordered as Spark orders it (:func:`lakesink.floats.spark_order`: a float's NaN is greatest; without
+``order-by``: an error naming the key); ``delete-when`` is evaluated on the task's
 rows as an Iceberg row filter expression (``op = 'd'``, ``op in ('d', 'x')``, ``deleted is true``;
 parsed by pyiceberg, since no Spark SQL engine runs in a Python worker). The task writes the rows
 that stay and returns the keys it changed in its TaskResult (Arrow IPC bytes). On the driver,
@@ -22,7 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakesink import _pyiceberg as seam
-from lakesink.errors import InvalidOptionError, UpsertKeyError
+from lakesink import floats
+from lakesink.errors import PROGRAMMING_ERRORS, InvalidOptionError, UpsertKeyError
 
 #: The flag column of a batch's keys (as lakesink.changes.DELETED and lakesink.driver.upsert.DELETED).
 DELETED = "__lakesink_deleted"
@@ -43,6 +45,8 @@ class UpsertSpec:
         if self.delete_when is not None:
             try:
                 seam.parse_row_filter(self.delete_when)
+            except PROGRAMMING_ERRORS:
+                raise
             except Exception as e:
                 raise InvalidOptionError(
                     f"option 'delete-when' {self.delete_when!r} is not an expression format('lakesink') can evaluate: "
@@ -73,7 +77,9 @@ def resolve_task(
         # the rows with the greatest order value of their key (joined on the narrow columns only: Arrow's hash
         # join carries no nested payload columns)
         order = _column(table, spec.order_by, "order-by")
-        narrow = table.select([*keys, order, _ROW])
+        # compared as Spark compares (foreach_batch resolves in Spark): a float's NaN greatest and equal to NaN,
+        # -0.0 equal to 0.0 (Arrow's max skips NaN and its = never matches one: such a key lost its row)
+        narrow = table.select([*keys, _ROW]).append_column(order, floats.spark_order(table.column(order)))
         top = narrow.group_by(keys, use_threads=False).aggregate([(order, "max")]).rename_columns([*keys, _TOP])
         joined = narrow.join(top, keys, join_type="inner", use_threads=False)
         same = pc.fill_null(pc.equal(joined.column(order), joined.column(_TOP)), False)

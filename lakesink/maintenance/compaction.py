@@ -4,9 +4,13 @@ Runs on the driver (or from ``lakesink compact``). One run reads the branch head
 small ones of each partition into bins, rewrites each bin as one Parquet file and commits everything as one
 Iceberg ``replace`` snapshot (summary ``lakesink.operation=compact``) through the sink's one compare-and-swap
 loop (:func:`lakesink.driver.swap.swap_with_recheck`). When another commit lands first (a batch, another
-writer), the next attempt re-prepares on the new head -- after checking that every file it rewrites is still
-live there; if one is not (another compaction, a delete), the run gives up cleanly: its new files are deleted,
-nothing is committed, and a later run starts over. So a batch always wins against a compaction.
+writer), the next attempt re-prepares on the new head, after validating everything committed to the branch since
+the snapshot the plan read (:mod:`lakesink.driver.validation`, as Iceberg Java's ``BaseRewriteFiles`` does): every
+file it rewrites must still be live, and no delete file committed meanwhile (another engine's merge-on-read
+``DELETE``, position or equality deletes) may apply to one -- the new file would get a newer sequence number than
+those deletes and bring the deleted rows back. When a check fails, or the snapshots in between cannot be read
+(expired, the branch reset), the run gives up cleanly: its new files are deleted, nothing is committed, and a later
+run starts over. So a batch always wins against a compaction, and so does another engine's delete.
 
 Files a batch has written but not committed are never read: only the head's live files are.
 
@@ -30,12 +34,13 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
 from lakesink import _pyiceberg as seam
-from lakesink import parquetlayout, storage
+from lakesink import floats, names, parquetlayout, storage
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import lakesink_key
+from lakesink.driver import validation
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
-from lakesink.errors import CommitOutcomeUnknownError, LakesinkError
+from lakesink.errors import CommitOutcomeUnknownError, InFlightTooLongError, LakesinkError
 from lakesink.properties import SUMMARY_COMMIT_ID, SUMMARY_OPERATION, CommittedBatch, SnapshotIndex, landed_commit
 from lakesink.tablesettings import TableSettings
 
@@ -47,7 +52,8 @@ SMALL_FILE_RATIO = 0.75
 
 
 class CompactionStaleError(LakesinkError):
-    """A file the compaction rewrites is no longer live at the branch head: nothing was committed."""
+    """A commit since the compaction's plan conflicts with it (a file it rewrites is no longer live, a new delete
+    file may apply to one, the history cannot be checked): nothing was committed."""
 
 
 @dataclass(frozen=True)
@@ -109,13 +115,15 @@ def plan(
         return "skipped: the table has delete files (rewriting data files would need them applied; not supported)"
     spec = table.spec()
     small_limit = int(target * SMALL_FILE_RATIO)
+    # grouped by floats.partition_key, not the values: Python's == merges -0.0 with 0.0 (and never matches NaN)
     by_partition: dict[tuple[Any, ...], list[DataFile]] = {}
     for f, _ in seam.data_file_entries(table, head):
         if f.spec_id != spec.spec_id or f.file_size_in_bytes >= small_limit:
             continue
-        by_partition.setdefault(seam.partition_of(f), []).append(f)
+        by_partition.setdefault(floats.partition_key(seam.partition_of(f)), []).append(f)
     result = _Plan()
-    for key, files in sorted(by_partition.items(), key=lambda kv: repr(kv[0])):
+    for _, files in sorted(by_partition.items(), key=lambda kv: repr(kv[0])):
+        key = seam.partition_of(files[0])  # the same bits in every file of the group
         if len(files) < min_files:
             continue
         # first fit decreasing into bins of at most the target size
@@ -174,6 +182,8 @@ def compact(
     if dry_run:
         return CompactionReport(name, branch, True, "dry run", groups=tuple(planned.groups))
     commit_id = uuid.uuid4().hex
+    # its data files, manifests and manifest list carry its name: the orphan clean-up keeps them while it may land
+    files_name = names.commit_name(names.COMPACT)
     schema = table.schema()
     spec = table.spec()
     added: list[DataFile] = []
@@ -182,13 +192,14 @@ def compact(
     try:
         for i, b in enumerate(planned.bins):
             runs = _origins(table, b, added_by)
-            added.append(_rewrite(table, b, schema=schema, spec=spec, commit_id=commit_id, index=i, runs=runs))
+            added.append(_rewrite(table, b, schema=schema, spec=spec, commit=files_name, index=i, runs=runs))
             if progress:
                 progress(i + 1, len(planned.bins))
     except BaseException:
         _delete(table, [f.file_path for f in added])
         raise
     rewritten = [f for b in planned.bins for f in b]
+    base = head.snapshot_id if head is not None else None  # the snapshot the plan read: validated from here on
     wanted = {f.file_path for f in rewritten}
     summary = {SUMMARY_OPERATION: COMPACT, SUMMARY_COMMIT_ID: commit_id}
 
@@ -196,19 +207,42 @@ def compact(
         return landed_commit(t.metadata, branch, commit_id)
 
     def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
-        deleted: Sequence[DataFile] = rewritten
-        if attempt > 1 or t.metadata_location != table.metadata_location:
-            head = t.metadata.snapshot_by_name(branch)
-            live = {f.file_path: f for f, _ in seam.data_file_entries(t, head)} if head is not None else {}
-            missing = sorted(wanted - live.keys())
-            if missing:
-                raise CompactionStaleError(
-                    f"{len(missing)} file(s) the compaction rewrites are no longer live (e.g. {missing[0]})"
-                )
-            if str(t.metadata.table_uuid) != str(table.metadata.table_uuid) or t.spec().spec_id != spec.spec_id:
-                raise CompactionStaleError("the table or its partition spec changed")
-            deleted = [live[p] for p in sorted(wanted)]
-        return seam.prepare_replace(t, deleted=deleted, added=added, summary=summary, branch=branch)
+        return seam.prepare_replace(
+            t,
+            deleted=validated(t),
+            added=added,
+            summary=summary,
+            branch=branch,
+            commit=files_name.next_attempt(),
+            files_since_ms=files_name.started_ms,
+        )
+
+    def validated(t: Table) -> Sequence[DataFile]:
+        """The rewritten files as live at ``t``'s head, after validating every commit since the plan's snapshot
+        (on every attempt, against the table that attempt swaps: Iceberg's BaseRewriteFiles.validate)."""
+        if str(t.metadata.table_uuid) != str(table.metadata.table_uuid) or t.spec().spec_id != spec.spec_id:
+            raise CompactionStaleError("the table or its partition spec changed")
+        try:
+            since = validation.committed_since(t, branch=branch, base_snapshot_id=base)
+        except validation.HistoryUnknownError as e:
+            raise CompactionStaleError(str(e)) from None
+        if not since.moved:
+            return rewritten
+        head = t.metadata.snapshot_by_name(branch)
+        live = {f.file_path: f for f, _ in seam.data_file_entries(t, head)} if head is not None else {}
+        missing = sorted(wanted - live.keys())
+        if missing:
+            raise CompactionStaleError(f"{len(missing)} file(s) the compaction rewrites are no longer live (e.g. {missing[0]})")
+        deleted = [live[p] for p in sorted(wanted)]
+        conflicts = validation.deletes_applying_to(deleted, since.added_deletes, t.specs())
+        if conflicts:
+            new, data = conflicts[0]
+            raise CompactionStaleError(
+                f"{len({d.file.file_path for d, _ in conflicts})} delete file(s) committed since the plan (e.g. "
+                f"{new.file.file_path} in snapshot {new.snapshot_id}) may delete rows of file(s) the compaction rewrites "
+                f"(e.g. {data.file_path}); the rewritten file would bring those rows back"
+            )
+        return deleted
 
     retry = TableSettings.parse(name, table.properties).commit_retry
     groups = tuple(planned.groups)
@@ -226,10 +260,13 @@ def compact(
             redact=lambda e: type(e).__name__,
             attempt_guard=swap_guard,
         )
-    except (CompactionStaleError, RetriesExhausted) as e:
+    except (CompactionStaleError, RetriesExhausted, InFlightTooLongError) as e:
         _delete(table, [f.file_path for f in added])
-        reason = str(e) if isinstance(e, CompactionStaleError) else f"{e.attempts} attempt(s) conflicted with other commits"
-        log.info("lakesink: compaction of %s gave up (%s); a later run retries", name, reason)
+        reason = str(e) if not isinstance(e, RetriesExhausted) else f"{e.attempts} attempt(s) conflicted with other commits"
+        # a failed validation (a delete of another engine, files gone, history expired) or files past the commit
+        # deadline are worth a warning: the table keeps the small files until the next run; lost races are routine
+        level = logging.INFO if isinstance(e, RetriesExhausted) else logging.WARNING
+        log.log(level, "lakesink: compaction of %s gave up (%s); a later run retries", name, reason)
         return CompactionReport(name, branch, False, f"gave up: {reason}", groups=groups, duration_ms=_ms(started))
     except CommitOutcomeUnknownError:
         log.warning("lakesink: compaction of %s: outcome unknown; its %s new file(s) are kept", name, len(added))
@@ -279,13 +316,20 @@ def _origins(table: Table, files: Sequence[DataFile], added_by: dict[str, int | 
 
 
 def _rewrite(
-    table: Table, files: Sequence[DataFile], *, schema: Any, spec: Any, commit_id: str, index: int, runs: list[origins.Run]
+    table: Table,
+    files: Sequence[DataFile],
+    *,
+    schema: Any,
+    spec: Any,
+    commit: names.CommitName,
+    index: int,
+    runs: list[origins.Run],
 ) -> DataFile:
     tasks = [FileScanTask(f) for f in files]
     batches = seam.scan_files(table.metadata, table.io, tasks, schema=schema, row_filter=AlwaysTrue())
     first = files[0]
     part = seam.partition_path(spec, schema, seam.partition_of(first)) if spec.fields else None
-    location = seam.new_data_location(table.location(), table.properties, f"compact-{commit_id[:12]}-{index:05d}.parquet", part)
+    location = seam.new_data_location(table.location(), table.properties, names.commit_data_file_name(commit, index), part)
     settings = TableSettings.parse(_name(table), table.properties)
     size, footer = seam.write_parquet(
         table,

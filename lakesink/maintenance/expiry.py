@@ -15,11 +15,22 @@ with the table's ``history.expire.max-snapshot-age-ms``, ``history.expire.min-sn
   ``max-snapshot-age-ms`` (the history of a removed ref goes this way).
 
 Everything else is removed from the metadata, with the removed refs, in one commit through the sink's
-compare-and-swap loop. Then the files only removed snapshots referenced (manifest lists, manifests, data files) are
-deleted: a file any kept snapshot references is never deleted. Replay markers are table properties and are never
-touched: a query restarted after its snapshots expired still finds its marker (``lakesink forget-query`` is the
-only way to remove one). Old metadata files go as ``write.metadata.delete-after-commit.enabled`` and
-``write.metadata.previous-versions-max`` say (pyiceberg applies them on every commit).
+compare-and-swap loop. What to keep is decided again on every attempt, on the metadata that attempt read, and the
+swap applies the removal to exactly that metadata (as Java's ``RemoveSnapshots`` recomputes it on every retry): a
+tag or branch created meanwhile is seen by the next attempt and kept, with its snapshot. On a SQL catalog that is
+the compare-and-swap of the metadata pointer (:meth:`lakesink._pyiceberg.PreparedCommit.commit`: a moved pointer is a
+conflict). A catalog that applies updates to its current metadata itself (REST, Glue, Hive: pyiceberg's
+``commit_table``) can only be told
+that every ref read is unchanged; a ref created meanwhile on a snapshot being removed would be dropped with it
+(pyiceberg and Iceberg Java drop a ref whose snapshot is removed). So, before any file is deleted, the metadata the
+commit replaced is read (the committed metadata's log names it) and every ref it had that the commit dropped without
+deciding to is put back (:func:`lakesink._pyiceberg.prepare_restore_refs`: a new snapshot with the lost snapshot's
+manifests); when that cannot be established or done, no file is deleted. Then the files only removed snapshots
+referenced (manifest lists, manifests, data files) are deleted: a file any kept snapshot references is never deleted.
+Replay markers are table properties and are never touched: a query restarted after its snapshots expired still finds
+its marker (``lakesink forget-query`` is the only way to remove one). Old metadata files go as
+``write.metadata.delete-after-commit.enabled`` and ``write.metadata.previous-versions-max`` say (pyiceberg applies
+them on every commit).
 """
 
 from __future__ import annotations
@@ -33,11 +44,14 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import SnapshotRef
 from pyiceberg.table.snapshots import Snapshot
 
 from lakesink import _pyiceberg as seam
-from lakesink import storage
+from lakesink import names, storage
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import LakesinkError
 from lakesink.properties import MAIN_BRANCH, CommittedBatch, SnapshotIndex, last_committed_batch, parse_last_batch_key
@@ -65,6 +79,11 @@ class ExpiryReport:
     """Branches and tags older than their max ref age, removed (with ``dry_run``: that would be removed)."""
     protected_refs: tuple[str, ...] = ()
     """Why a branch older than its max ref age was kept: a lakesink query still writes to it."""
+    restored_refs: tuple[str, ...] = ()
+    """Refs created while the expiry ran, on a snapshot it removed, that the catalog dropped with it (catalogs that
+    apply updates to their current metadata): put back, each on a new snapshot with the same manifests."""
+    files_kept: str = ""
+    """Why no file was deleted although snapshots were expired (empty when the files were deleted)."""
     max_snapshot_age_ms: int = 0
     min_snapshots_to_keep: int = 0
     attempts: int = 0
@@ -241,6 +260,7 @@ def expire_snapshots(
         return None
 
     def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
+        # decided again on every attempt, on the metadata this attempt read (the swap applies it to exactly that)
         expired, refs = expired_of(t)
         if not expired and not refs.removed:
             raise _NothingToExpire
@@ -248,7 +268,9 @@ def expire_snapshots(
         staged["snapshots"] = expired
         staged["refs"] = refs.removed
         staged["protected"] = refs.protected
-        return seam.prepare_expire(t, staged["ids"], refs.removed)
+        staged["read"] = (t.metadata_location, t.metadata)  # a commit through pyiceberg updates ``t`` in place
+        prepared = staged["prepared"] = seam.prepare_expire(t, staged["ids"], refs.removed)
+        return prepared
 
     reload = load or (lambda: table.catalog.load_table(table.name()))
     try:
@@ -272,9 +294,32 @@ def expire_snapshots(
     assert result.status is Status.LANDED
     expired = staged["snapshots"]
     after = reload()
+    restored: tuple[str, ...] = ()
+    keep_files = ""
+    if not staged["prepared"].swapped_on_base:
+        # the catalog applied the removal to its current metadata: find the refs it dropped that we did not decide to
+        read_location, read_metadata = staged["read"]
+        lost = lost_refs(after, read_location, read_metadata, {s.snapshot_id for s in expired}, set(staged["refs"]))
+        if lost is None:
+            keep_files = (
+                "the metadata this expiry's commit replaced cannot be found (the table's metadata log does not reach "
+                "it), so refs created meanwhile cannot be ruled out: no file was deleted; a later run deletes them"
+            )
+        elif lost:
+            try:
+                restored = restore_refs(reload, lost)
+            except Exception as e:
+                keep_files = (
+                    f"ref(s) {', '.join(sorted(lost))} were created while the expiry ran and dropped with the snapshot "
+                    f"they named; putting them back failed ({type(e).__name__}: {e}), so no file was deleted. The "
+                    f"snapshots are in metadata file {lost_in(after, read_location)}"
+                )
+            after = reload()
+        if keep_files:
+            log.warning("lakesink: snapshot expiry of %s: %s", name, keep_files)
     deleted: list[str] = []
     failed: list[str] = []
-    if delete_files:
+    if delete_files and not keep_files:
         for path in sorted(_only_in(after, expired, after.metadata.snapshots)):
             try:
                 storage.delete_file(after.io, path)
@@ -298,8 +343,85 @@ def expire_snapshots(
         failed_deletes=tuple(failed),
         removed_refs=tuple(staged["refs"]),
         protected_refs=tuple(staged["protected"]),
+        restored_refs=restored,
+        files_kept=keep_files,
         attempts=result.attempts,
     )
+
+
+def _metadata_chain(table: Table, since: str) -> list[str] | None:
+    """The metadata files from ``since`` (excluded) to ``table``'s (included), oldest first; None when the metadata
+    log of ``table`` does not reach back to ``since``."""
+    chain = [e.metadata_file for e in table.metadata.metadata_log] + [table.metadata_location]
+    if since not in chain:
+        return None
+    return chain[chain.index(since) + 1 :]
+
+
+def lost_refs(
+    after: Table, read_location: str, read: TableMetadata, expired_ids: set[int], removed_refs: set[str]
+) -> dict[str, tuple[SnapshotRef, Snapshot]] | None:
+    """Refs that the expiry's commit dropped without deciding to: in the metadata the commit replaced, pointing at a
+    snapshot it removed, gone from the metadata it made. ``read``: the metadata the commit was prepared on (read from
+    ``read_location``); ``after``: the table read after the commit landed. {} when none; None when the metadata the
+    commit replaced cannot be found.
+    """
+    if not expired_ids:
+        return {}  # only refs were removed (by name): nothing else can go with them
+    chain = _metadata_chain(after, read_location)
+    if chain is None:
+        return None
+    base = read
+    for location in chain:
+        current = after.metadata if location == after.metadata_location else seam.read_table_metadata(after.io, location)
+        present = {s.snapshot_id for s in current.snapshots}
+        if not expired_ids & present:  # the first version without them: made by this expiry's commit, from ``base``
+            lost: dict[str, tuple[SnapshotRef, Snapshot]] = {}
+            for ref_name, ref in base.refs.items():
+                if ref_name in current.refs or ref_name in removed_refs or ref.snapshot_id not in expired_ids:
+                    continue
+                snapshot = base.snapshot_by_id(ref.snapshot_id)
+                if snapshot is not None:
+                    lost[ref_name] = (ref, snapshot)
+            return lost
+        base = current
+    return None
+
+
+def lost_in(after: Table, read_location: str) -> str:
+    """Where the snapshots of lost refs can still be read (the metadata file before this expiry's, as far as known)."""
+    chain = _metadata_chain(after, read_location) or []
+    return chain[-2] if len(chain) >= 2 else read_location
+
+
+RESTORE_ATTEMPTS = 5
+
+
+def restore_refs(load: Callable[[], Table], lost: dict[str, tuple[SnapshotRef, Snapshot]]) -> tuple[str, ...]:
+    """Put back ``lost`` refs (see :func:`lakesink._pyiceberg.prepare_restore_refs`); returns the names put back. A
+    ref that exists again (created anew by someone) is left as it is."""
+    commit = names.commit_name(names.RESTORE)
+    last: Exception | None = None
+    for _ in range(RESTORE_ATTEMPTS):
+        table = load()
+        missing = {n: v for n, v in lost.items() if n not in table.metadata.refs}
+        if not missing:
+            return ()
+        commit = commit.next_attempt()
+        prepared = seam.prepare_restore_refs(table, missing, commit=commit)
+        try:
+            prepared.commit()
+        except (CommitFailedException, ValueError) as e:  # a ref or a snapshot landed meanwhile: prepared again
+            prepared.discard()
+            last = e
+            continue
+        log.warning(
+            "lakesink: snapshot expiry of %s: ref(s) %s were created while it ran, on snapshot(s) it removed; put back",
+            ".".join(table.name()),
+            ", ".join(sorted(missing)),
+        )
+        return tuple(sorted(missing))
+    raise LakesinkError(f"every attempt to put the refs back conflicted (last: {last})")
 
 
 def _only_in(table: Table, expired: list[Snapshot], kept: list[Snapshot]) -> set[str]:

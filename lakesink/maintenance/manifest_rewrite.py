@@ -34,6 +34,7 @@ from typing import Any
 from pyiceberg.table import Table
 
 from lakesink import _pyiceberg as seam
+from lakesink import names
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import CommitOutcomeUnknownError
 from lakesink.properties import SUMMARY_COMMIT_ID, SUMMARY_OPERATION, CommittedBatch, landed_commit
@@ -152,7 +153,13 @@ def rewrite_manifests(
 
     def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
         per_manifest = (plan(t, branch=branch, target_size_bytes=target) or planned).entries_per_manifest
-        prepared = seam.prepare_rewrite_manifests(t, branch=branch, entries_per_manifest=per_manifest, summary=summary)
+        prepared = seam.prepare_rewrite_manifests(
+            t,
+            branch=branch,
+            entries_per_manifest=per_manifest,
+            summary=summary,
+            commit=names.commit_name(names.MANIFESTS),  # the orphan clean-up keeps its manifests while it may land
+        )
         staged["last"] = prepared
         return prepared
 

@@ -7,9 +7,13 @@ metadata can reach, and removes what is left, under two safety rules (see its do
 ``docs/maintenance.md``):
 
 - the **age rule** (Iceberg's ``deleteOrphanFiles``): only files modified before ``older_than`` ago;
-- the **in-flight guard**: whatever ``older_than`` says, a file that a commit in flight may still
-  reference (a lakesink batch not committed yet, the manifests written for it, a possible next
-  metadata version of the table) is kept for at least :data:`IN_FLIGHT_WINDOW`.
+- the **in-flight guard**: whatever ``older_than`` says, a file that a lakesink commit in flight may still
+  reference is kept for at least :data:`IN_FLIGHT_WINDOW`. Every file lakesink writes is named by
+  :mod:`lakesink.names`, and the guard decides from the name (:func:`lakesink.names.classify`): a batch's data
+  files and its commit's manifests while the batch is not committed (its replay marker), any other lakesink
+  commit's files (a compaction, a manifest rewrite) for the whole window counted from the start its name carries;
+  other writers' manifests by what they list, and a possible next metadata version of the table. The commit
+  side keeps the window: no lakesink commit swaps files older than :data:`lakesink.names.COMMIT_DEADLINE_MS`.
 
 Only pyiceberg's public API is used: the table metadata, ``Snapshot.manifests``,
 ``ManifestFile.from_args`` / ``fetch_manifest_entry``, ``read_manifest_list``,
@@ -43,11 +47,13 @@ log = logging.getLogger("lakesink")
 DEFAULT_OLDER_THAN = timedelta(days=3)
 """Iceberg's default for ``deleteOrphanFiles``: files younger than this are never removed."""
 
-IN_FLIGHT_WINDOW = timedelta(days=3)
+IN_FLIGHT_WINDOW = timedelta(milliseconds=names.IN_FLIGHT_WINDOW_MS)
 """How long a file that a commit in flight may still reference is kept, even when ``older_than`` is shorter.
 
 A lakesink batch that has not committed after this long is taken to be abandoned (its query was
-killed and never restarted), and its files are removed like any other orphan."""
+killed and never restarted), and its files are removed like any other orphan. The commit side keeps the
+contract: no lakesink commit swaps once the oldest file it wrote for it is older than
+:data:`lakesink.names.COMMIT_DEADLINE_MS` (a day less)."""
 
 # --- the report -------------------------------------------------------------------------------
 
@@ -240,7 +246,7 @@ def remove_orphan_files(table: Table, *, older_than: timedelta = DEFAULT_OLDER_T
 
     cutoff = started - older_than
     window_cutoff = started - IN_FLIGHT_WINDOW
-    guard = _InFlightGuard(fresh, referenced)
+    guard = _InFlightGuard(fresh, referenced, started)
     to_remove: list[OrphanFile] = []
     too_young: list[OrphanFile] = []
     in_flight: list[OrphanFile] = []
@@ -249,7 +255,7 @@ def remove_orphan_files(table: Table, *, older_than: timedelta = DEFAULT_OLDER_T
             too_young.append(f.orphan("the storage reports no modification time"))
         elif f.modified >= cutoff:
             too_young.append(f.orphan(f"modified {_ago(started - f.modified)} ago, less than {_ago(older_than)}"))
-        elif f.modified >= window_cutoff and (why := guard.reason(f)) is not None:
+        elif (why := guard.reason(f, window_cutoff)) is not None:
             in_flight.append(f.orphan(why))
         else:
             to_remove.append(f.orphan(""))
@@ -442,9 +448,10 @@ def _referenced_keys(table: Table, name: str) -> set[str]:
 class _InFlightGuard:
     """Decides whether an unreferenced file may still be referenced by a commit in flight."""
 
-    def __init__(self, table: Table, referenced: set[str]):
+    def __init__(self, table: Table, referenced: set[str], started: datetime):
         self._table = table
         self._referenced = referenced
+        self._started = started
         self._current = storage.key(table.metadata_location)
         self._queries: dict[str, set[str]] = {}  # query id prefix (8 chars) -> query ids
         # query id -> the last batch committed by every sink of the query (the lowest of its sinks' markers: a
@@ -472,16 +479,35 @@ class _InFlightGuard:
                 self._queries.setdefault(names.query_prefix(committed_by), set()).add(committed_by)
         self._manifests: dict[str, str | None] = {}
 
-    def reason(self, f: _Listed) -> str | None:
-        """Why ``f`` may still be committed, or None."""
-        name = f.name
-        if names.is_metadata_file(name):
+    def reason(self, f: _Listed, window_cutoff: datetime) -> str | None:
+        """Why ``f`` may still be committed, or None. Only while it is in the in-flight window: modified after
+        ``window_cutoff``, or, for a file whose name says when lakesink began writing it, begun after it."""
+        found = names.classify(f.relative)
+        begun = datetime.fromtimestamp(found.stamp_ms / 1000, timezone.utc) if found.stamp_ms is not None else None
+        if (f.modified is None or f.modified < window_cutoff) and (begun is None or begun < window_cutoff):
+            return None
+        if found.kind == "metadata":
             return self._metadata_reason(f.uri)
-        if names.is_manifest_list(name):
+        if found.commit is not None:
+            return self._commit_reason(found.commit, found.kind, begun)
+        if found.kind == "manifest-list":
             return self._manifest_list_reason(f.uri)
-        if names.is_manifest(name):
+        if found.kind == "manifest":
             return self._manifest_reason(f.uri, f.size)
         return self._data_file_reason(f.relative)
+
+    def _commit_reason(self, commit: names.CommitName, kind: str, begun: datetime | None) -> str | None:
+        """Why a file that lakesink wrote for ``commit`` (its name says so: lakesink.names) may still be committed.
+
+        A batch's commit can still land while the batch is not committed (the replay marker's rule, as for the
+        batch's data files); any other lakesink commit (a compaction, a manifest rewrite) while it is in the window,
+        which the commit side keeps too: it never swaps files older than lakesink.names.COMMIT_DEADLINE_MS.
+        """
+        if commit.query_prefix is not None and commit.batch_id is not None:
+            why = self._batch_reason(commit.query_prefix, commit.batch_id)
+            return None if why is None else f"a {kind} of the commit of {why}"
+        since = f", begun {_ago(self._started - begun)} ago" if begun is not None else ""
+        return f"a {kind} of a lakesink {commit.kind} commit that may still land{since}"
 
     def _data_file_reason(self, path: str) -> str | None:
         """Why the data file at ``path`` (relative to the table, or a full location) may still be committed.
@@ -492,7 +518,10 @@ class _InFlightGuard:
         batch_of = names.batch_of(path)
         if batch_of is None:
             return None
-        prefix, batch = batch_of.query_prefix, batch_of.batch_id
+        return self._batch_reason(batch_of.query_prefix, batch_of.batch_id)
+
+    def _batch_reason(self, prefix: str, batch: int) -> str | None:
+        """Why batch ``batch`` of the query whose id starts with ``prefix`` may still be committed, or None."""
         queries = self._queries.get(prefix, set())
         if not queries:
             return f"lakesink batch {batch} of a query {prefix}... that has committed nothing yet"

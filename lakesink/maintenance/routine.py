@@ -28,6 +28,7 @@ from typing import Any
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
+from lakesink import _pyiceberg as seam
 from lakesink import compaction, expiry, manifest_rewrite
 from lakesink.errors import LakesinkError
 from lakesink.maintenance import remove_orphan_files
@@ -125,8 +126,9 @@ def forget_query(table: Table, query_id: str, *, sink_id: str | None = None, dry
             "(give the sink id with --sink-id for a query with several sinks)"
         )
     if not dry_run:
-        with table.transaction() as tx:
-            tx.remove_properties(key)
+        tx = seam.staged(table)  # one commit request, never pyiceberg's retry loop
+        tx.remove_properties(key)
+        seam.commit_once(tx)
         log.warning("lakesink: table=%s forgot the replay marker of query %s: %s", name, query_id, FORGET_RISK)
     return ForgetReport(name, key, asdict(marker), dry_run, FORGET_RISK)
 

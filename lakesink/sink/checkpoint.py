@@ -11,7 +11,7 @@ import json
 
 import fsspec
 
-from lakesink.errors import CheckpointError
+from lakesink.errors import PROGRAMMING_ERRORS, CheckpointError
 
 
 def _read_text(url: str) -> str | None:
@@ -22,6 +22,8 @@ def _read_text(url: str) -> str | None:
         with fs.open(path, "r", encoding="utf-8") as f:
             text: str = f.read()
             return text
+    except PROGRAMMING_ERRORS:
+        raise
     except Exception as e:
         raise CheckpointError(f"cannot read {url}: {type(e).__name__}: {e}") from e
 

@@ -68,6 +68,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from lakesink import _pyiceberg as seam
+from lakesink import floats
 from lakesink.bucketing import bucket_function
 from lakesink.errors import LakesinkError
 
@@ -280,7 +281,7 @@ def partition_of_file(
     values = seam.partition_values(spec, schema, [s for s in sources if s is not None])
     record: list[Any] = []
     for pf, v in zip(spec.fields, values, strict=True):
-        distinct = set(_comparable(x) for x in v.to_pylist())
+        distinct = set(floats.value_key(x) for x in v.to_pylist())  # NaN equal to NaN, -0.0 apart from 0.0
         if len(distinct) != 1:
             raise LakesinkError(
                 f"Spark wrote {path} with rows of more than one partition of field {pf.name!r} ({pf.transform}): "
@@ -289,13 +290,6 @@ def partition_of_file(
             )
         record.append(v[0].as_py())
     return seam.partition_record_values(spec, schema, record)
-
-
-def _comparable(x: Any) -> Any:
-    """NaN equal to NaN, -0.0 apart from 0.0 (set membership with Python floats would merge those)."""
-    if isinstance(x, float):
-        return ("f", x.hex())
-    return x
 
 
 def _top_level(schema: Schema, field_id: int) -> str:

@@ -292,6 +292,7 @@ def write_batch(
     On any failure the directory is deleted before the error propagates.
     """
     query_id = plan.query_id or ""
+    since_ms = names.now_ms()  # before any file of the batch is written
     token = names.new_token()
     directory = f"{plan.data_prefix.rstrip('/')}/{names.batch_directory_name(query_id=query_id, batch_id=batch_id, token=token)}"
     write_id = f"{query_id}/{batch_id}/{token}"
@@ -372,6 +373,7 @@ def write_batch(
             run_id=run_id,
             written_schema=plan.schema_digest,
             schema_changes=plan.schema_changes,
+            written_since_ms=since_ms,
         )
         for i, f in enumerate(f for f in files if f.record_count)
     )

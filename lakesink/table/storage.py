@@ -187,6 +187,13 @@ def list_files(io: FileIO, root: str) -> Iterator[ListedFile]:
     return _list_fsspec(fs, path)
 
 
+def list_folder(url: str) -> Iterator[ListedFile]:
+    """Every file under the folder ``url`` (recursively) through fsspec, for folders no table's FileIO owns
+    (a Spark checkpoint); none if it is missing."""
+    fs, path = fsspec.core.url_to_fs(url)
+    return _list_fsspec(fs, path)
+
+
 def delete_file(io: FileIO, location: str, *, missing_ok: bool = True) -> None:
     """Delete one file through ``io``; a file already gone is not an error unless ``missing_ok`` is False."""
     try:

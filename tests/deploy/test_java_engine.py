@@ -243,3 +243,63 @@ def test_java_writes_while_lakesink_streams(
     java.sql(f"REFRESH TABLE {CATALOG}.db.events")
     assert json.dumps(java.sql(f"SELECT count(*) FROM {CATALOG}.db.events")) == json.dumps([[len(s.sent) + 2]])
     assert set(failures) <= {"alter"}, failures
+
+
+def test_java_merge_on_read_delete_while_lakesink_compacts(
+    shared: dict[str, str], java: JavaEngine, java_table: str, faults: Any
+) -> None:
+    """Iceberg's Java engine commits a merge-on-read DELETE (position delete files) while lakesink's compaction
+    waits between its plan and its swap (issue 20, item 1; fault matrix row 29). The compaction must not land:
+    its new file would carry a newer sequence number than the deletes and bring the deleted rows back. It gives
+    up cleanly; the deleted rows stay deleted in Java, DuckDB and pyiceberg."""
+    import threading
+
+    from pyiceberg.manifest import ManifestContent
+
+    from lakesink import compaction, interop
+    from lakesink.driver import TableCommitter
+    from lakesink.options import Maintenance, SinkOptions, TableName
+    from tests.helpers import arrow_rows, commit, write_task
+
+    query = "22222222-aaaa-4000-8000-000000000029"
+    c = TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=shared, maintenance=Maintenance.OFF))
+    c.open_table(arrow_rows([]).schema)
+    sent: list[int] = []
+    for b in range(5):  # five small files of 11 rows
+        ids = list(range(b * 1000, b * 1000 + 11))
+        commit(c, query, b, [write_task(c, query, b, ids)])
+        sent += ids
+    java.sql(f"ALTER TABLE {CATALOG}.{java_table} SET TBLPROPERTIES ('write.delete.mode'='merge-on-read')")
+    deleted = [1000, 1003, 2005, 4000, 4010]
+    table = catalogs.load(None, shared).load_table(("db", "events"))
+
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    box: list[compaction.CompactionReport] = []
+    t = threading.Thread(target=lambda: box.append(compaction.compact(table)), daemon=True)
+    t.start()
+    try:
+        start = time.monotonic()
+        while not faults.reached(DRIVER_BEFORE_SWAP):
+            assert time.monotonic() - start < 300 and t.is_alive(), "the compaction never reached its swap"
+            time.sleep(0.05)
+        java.sql(f"REFRESH TABLE {CATALOG}.{java_table}")
+        java.sql(f"DELETE FROM {CATALOG}.{java_table} WHERE id IN ({', '.join(map(str, deleted))})")
+    finally:
+        faults.release(DRIVER_BEFORE_SWAP)
+        t.join(300)
+    report = box[0]
+    assert report.status.startswith("gave up:") and "delete file" in report.status, report.status
+
+    table = catalogs.load(None, shared).load_table(("db", "events"))
+    head = table.current_snapshot()
+    assert head is not None
+    assert any(m.content == ManifestContent.DELETES for m in head.manifests(table.io)), (
+        "Java's merge-on-read DELETE wrote no delete files (was it a copy-on-write?)"
+    )
+    model = Counter(sent) - Counter(deleted)
+    java.sql(f"REFRESH TABLE {CATALOG}.{java_table}")
+    assert Counter(r[0] for r in java.sql(f"SELECT id FROM {CATALOG}.{java_table}")) == model, "Java"
+    assert Counter(interop.duckdb_read(table.metadata_location).column("id").to_pylist()) == model, "DuckDB"
+    assert table_ids(table) == model, "pyiceberg"
+    assert not [s for s in table.snapshots() if s.summary and s.summary.additional_properties.get("lakesink.operation")]
+    assert not list((Path(table.location().removeprefix("file://")) / "data").rglob("compact-*.parquet"))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import pyarrow as pa
 import pytest
 from pyiceberg.schema import Schema
@@ -236,3 +239,109 @@ def test_nested_struct_with_an_incompatible_child_names_the_column() -> None:
 def test_binary_column_still_fits_a_binary_table_column() -> None:
     table = Schema(NestedField(1, "b", BinaryType(), required=False))
     assert check_writable("db.t", table, pa.schema([pa.field("b", pa.binary())])) == ()
+
+
+# --- internal errors are never a user's schema mismatch (issue 20, item 9) ------------------------------
+
+
+def _to_arrow_schema_of_pyspark_41(real: Any) -> Any:
+    """pyspark 4.1.0's ``to_arrow_schema`` signature (copied from its source: ``timestamp_utc``, no ``timezone``),
+    computing the same result through the installed one."""
+
+    def to_arrow_schema(
+        schema: Any,
+        error_on_duplicated_field_names_in_struct: bool = False,
+        timestamp_utc: bool = True,
+        prefers_large_types: bool = False,
+    ) -> pa.Schema:
+        return real(
+            schema,
+            error_on_duplicated_field_names_in_struct=error_on_duplicated_field_names_in_struct,
+            timezone="UTC" if timestamp_utc else None,
+            prefers_large_types=prefers_large_types,
+        )
+
+    return to_arrow_schema
+
+
+def spark_schema() -> Any:
+    """id long, ts timestamp, ntz timestamp_ntz, name string, tags array<string>, s struct<a: int> (no Spark needed)."""
+    from pyspark.sql import types as T
+
+    return T.StructType(
+        [
+            T.StructField("id", T.LongType()),
+            T.StructField("ts", T.TimestampType()),
+            T.StructField("ntz", T.TimestampNTZType()),
+            T.StructField("name", T.StringType()),
+            T.StructField("tags", T.ArrayType(T.StringType())),
+            T.StructField("s", T.StructType([T.StructField("a", T.IntegerType())])),
+        ]
+    )
+
+
+def test_the_stream_schema_converts_with_the_to_arrow_schema_of_pyspark_41(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With pyspark 4.1.0 every batch failed: SchemaMismatchError "... to_arrow_schema() got an unexpected keyword
+    argument 'timezone'" (the floor pyproject.toml declares). ``make test-floor`` runs the real 4.1.0."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from lakesink import _pyspark
+    from lakesink.schema import arrow_schema_of
+
+    expected = arrow_schema_of(spark_schema())
+    # under make test-floor the installed pyspark is 4.1.0 itself: its own function is the one to call
+    pyspark_41 = inspect.signature(to_arrow_schema).parameters.get("timestamp_utc") is not None
+    monkeypatch.setattr(
+        _pyspark, "_to_arrow_schema", to_arrow_schema if pyspark_41 else _to_arrow_schema_of_pyspark_41(to_arrow_schema)
+    )
+    assert arrow_schema_of(spark_schema()) == expected
+    assert expected.field("ts").type == pa.timestamp("us", tz="UTC") and expected.field("ntz").type == pa.timestamp("us")
+
+
+def test_an_internal_error_of_the_conversion_is_not_reported_as_a_schema_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lakesink import _pyspark
+    from lakesink.schema import arrow_schema_of
+
+    def changed_signature(schema: Any, *, some_new_keyword: str) -> pa.Schema:
+        raise AssertionError("not called")  # pragma: no cover
+
+    monkeypatch.setattr(_pyspark, "_to_arrow_schema", changed_signature)
+    with pytest.raises(RuntimeError, match="takes neither 'timezone'.*nor 'timestamp_utc'") as e:
+        arrow_schema_of(spark_schema())
+    assert not isinstance(e.value, SchemaMismatchError)
+
+    def broken(schema: Any, *, timezone: str | None = None, **kwargs: Any) -> pa.Schema:
+        raise TypeError("an internal TypeError of pyspark")
+
+    monkeypatch.setattr(_pyspark, "_to_arrow_schema", broken)
+    with pytest.raises(TypeError, match="an internal TypeError of pyspark") as te:
+        arrow_schema_of(spark_schema())
+    assert not isinstance(te.value, SchemaMismatchError)
+
+
+def test_pysparks_own_verdict_on_a_schema_is_still_a_schema_mismatch() -> None:
+    from pyspark.sql import types as T
+
+    from lakesink.schema import arrow_schema_of
+
+    duplicated = T.StructType([T.StructField("a", T.IntegerType()), T.StructField("a", T.StringType())])
+    with pytest.raises(SchemaMismatchError, match="cannot be written to Iceberg"):
+        arrow_schema_of(T.StructType([T.StructField("s", duplicated)]))  # duplicated struct field names
+
+
+def test_an_internal_error_of_the_iceberg_type_conversion_is_raised_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lakesink import _pyiceberg
+
+    # pyiceberg's verdict: a type Iceberg has no type for
+    with pytest.raises(_pyiceberg.UnsupportedIcebergType, match="Unsupported"):
+        iceberg_type(pa.duration("s"))
+    with pytest.raises(SchemaMismatchError, match="'d' has type duration"):
+        check_writable("db.t", TABLE, pa.schema([pa.field("id", pa.int64()), pa.field("d", pa.duration("s"))]))
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("visit_pyarrow() got an unexpected keyword argument")
+
+    monkeypatch.setattr(_pyiceberg, "visit_pyarrow", broken)
+    with pytest.raises(TypeError, match="unexpected keyword") as e:
+        check_writable("db.t", TABLE, pa.schema([pa.field("id", pa.int64())]))
+    assert not isinstance(e.value, SchemaMismatchError)

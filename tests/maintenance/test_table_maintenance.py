@@ -258,7 +258,7 @@ def test_compaction_gives_up_cleanly_when_a_rewritten_file_is_no_longer_live(
     compacted = [s for s in table.snapshots() if s.summary and s.summary.operation.value == "replace"]
     assert len(compacted) == 1
     data = Path(table.location().removeprefix("file://")) / "data"
-    assert len([p for p in data.rglob("compact-*.parquet")]) == 1  # the loser's file was deleted
+    assert len([p for p in data.rglob("lakesink-compact-*.parquet")]) == 1  # the loser's file was deleted
 
 
 _KILL_SCRIPT = """

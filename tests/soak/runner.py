@@ -19,12 +19,22 @@ One soak (one seed):
    - ``executor-kill``: arm ``kill`` at ``executor.after-file`` or ``executor.before-write``: a Python
      worker is SIGKILLed while it writes a task; Spark retries the task and the job must go on without
      a restart (the batch is committed by the same run);
-   - ``executor-raise``: the same with an exception at an executor point.
+   - ``executor-raise``: the same with an exception at an executor point;
+   - ``offset-kill``: SIGKILL the job's JVM while Spark writes an offset-log entry (both temp files of
+     ``offsets/N`` exist, neither is renamed: ``tests/chmod_shim.py``), then the whole job. In the
+     first run of a checkpoint this is the first entry, ``offsets/0``, and Spark 4.3 refuses the restart
+     (below).
 
    After every process-level kill the job is restarted from the same checkpoint (more input is
    added first when less than ``--ahead`` files are left unconsumed, so that rounds rarely find the
    stream finished); a job that finishes its input before the round's fault hit it is restarted
-   with twice as much input ahead, and the same fault waits for the new run;
+   with twice as much input ahead, and the same fault waits for the new run. A restart that Spark
+   refuses with ``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY`` (a kill while it wrote the first
+   offset-log entry left that entry's temp files; see :mod:`lakesink.checkpoint_cleanup`) gets the
+   documented recovery, ``lakesink checkpoint-clean`` (its library call, once the job's processes
+   are all gone), and the job is started again; each such recovery is counted and reported
+   (``spark_refused_restarts``, ``checkpoint_recoveries``), never a silent retry;
+
 3. a final run without faults, until all input is consumed (after an executor-side last round, the
    running job is the final run);
 4. the verdict: the exact multiset of ids read back with DuckDB (``lakesink.interop.duckdb_query``
@@ -53,7 +63,7 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +74,8 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 from pyiceberg.exceptions import NoSuchTableError  # noqa: E402
 
 from examples.demo import describe_processes, local_path, session_members, spark_log  # noqa: E402
-from lakesink import catalogs, interop  # noqa: E402
+from lakesink import catalogs, interop, storage  # noqa: E402
+from lakesink.checkpoint_cleanup import SPARK_NOT_EMPTY_ERROR, clean_checkpoint  # noqa: E402
 from lakesink.faults import (  # noqa: E402
     DRIVER_AFTER_SWAP,
     DRIVER_BEFORE_CHECK,
@@ -74,6 +85,7 @@ from lakesink.faults import (  # noqa: E402
     EXECUTOR_BEFORE_RETURN,
     EXECUTOR_BEFORE_WRITE,
 )
+from tests import chmod_shim  # noqa: E402
 from tests.helpers import (  # noqa: E402
     assert_snapshot_invariants,
     data_files_on_disk,
@@ -92,7 +104,8 @@ COMMIT_KILL = "commit-kill"
 PAUSE_KILL = "pause-kill"
 EXECUTOR_KILL = "executor-kill"
 EXECUTOR_RAISE = "executor-raise"
-PROCESS_PHASES = (DELAY, COMMIT_KILL, PAUSE_KILL)
+OFFSET_KILL = "offset-kill"
+PROCESS_PHASES = (DELAY, COMMIT_KILL, PAUSE_KILL, OFFSET_KILL)
 EXECUTOR_PHASES = (EXECUTOR_KILL, EXECUTOR_RAISE)
 PHASES = PROCESS_PHASES + EXECUTOR_PHASES
 POINTS = {
@@ -102,6 +115,12 @@ POINTS = {
     EXECUTOR_RAISE: (EXECUTOR_BEFORE_WRITE, EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN),
 }
 ACTION = {COMMIT_KILL: "kill", PAUSE_KILL: "pause", EXECUTOR_KILL: "kill", EXECUTOR_RAISE: "raise"}
+SHIM_ARM = "spark.offset-log-write"  # the arm file of tests/chmod_shim.py, in the faults folder
+
+# what deliver() found
+DELIVERED = "delivered"
+FINISHED_FIRST = "finished first"  # the run consumed its input before the fault hit it
+REFUSED_BY_SPARK = "refused by Spark"  # the restart failed with SPARK_NOT_EMPTY_ERROR; the checkpoint was cleaned
 
 # where a process-level kill left the stream (Spark's offset and commit logs against the table)
 IN_TABLE_NOT_COMMIT_LOG = "batch in the table, not in Spark's commit log"
@@ -119,6 +138,34 @@ class SoakAborted(Exception):
     """The soak could not run to the end (a hang, a job that keeps failing): not a verdict."""
 
 
+class Stall:
+    """A hang guard that measures silence, not speed: how long nothing the job does has been seen.
+
+    A wall-clock deadline per fault made the short soak fail at random on a loaded machine (load
+    average 11 on 2 cores: Spark needed over 100 s from a run's start to its first commit, and the
+    round gave up at 150 s, ``--run-timeout`` of tests/test_soak.py). Progress is any change of the job's log, its checkpoint,
+    the table's files or the fault markers; only a job that changes none of them for ``limit``
+    seconds is taken for hung.
+    """
+
+    def __init__(self, soak: Soak, limit: float):
+        self.soak, self.limit = soak, limit
+        self.seen = soak.progress_signature()
+        self.since = self.checked = time.monotonic()
+
+    def stalled_for(self) -> float | None:
+        """Seconds without progress when that exceeds the limit, else None (looks at most once a second)."""
+        now = time.monotonic()
+        if now - self.checked < 1.0:
+            return None
+        self.checked = now
+        seen = self.soak.progress_signature()
+        if seen != self.seen:
+            self.seen, self.since = seen, now
+            return None
+        return now - self.since if now - self.since > self.limit else None
+
+
 @dataclass(frozen=True)
 class Config:
     seed: int
@@ -134,8 +181,12 @@ class Config:
     ahead_files: int = 60
     min_delay: float = 0.0
     max_delay: float = 12.0
-    run_timeout: float = 300.0
+    run_timeout: float = 300.0  # seconds the job may go without any progress (see Soak.stalled_for)
     master: str = "local[2,4]"
+    catalog: tuple[tuple[str, str], ...] = ()
+    """pyiceberg properties of the catalog to soak against (default: an embedded SQLite catalog in the run folder);
+    the job gets them as catalog ``lakesink`` of a ``.pyiceberg.yaml`` (e.g. a REST server, tests/test_rest_spark.py)."""
+    table: str = TABLE
 
 
 @dataclass(frozen=True)
@@ -148,6 +199,8 @@ class Fault:
     def __str__(self) -> str:
         if self.phase == DELAY:
             return f"{DELAY} {self.delay:.1f}s"
+        if self.phase == OFFSET_KILL:
+            return f"{OFFSET_KILL} (JVM SIGKILLed while Spark writes an offset-log entry)"
         extra = f" +{self.linger:.1f}s" if self.linger is not None else ""
         return f"{self.phase} at {self.point}{extra}"
 
@@ -200,14 +253,17 @@ class Soak:
     violations: list[str] = field(default_factory=list)
     child: subprocess.Popen[bytes] | None = None
     unexpected_failures: int = 0
+    # restarts Spark refused (SPARK_NOT_EMPTY_ERROR) and what lakesink checkpoint-clean removed for each
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.cfg.seed)
-        self.props = {
+        self.props = dict(self.cfg.catalog) or {
             "type": "sql",
             "uri": f"sqlite:///{self.home}/catalog.db",
             "warehouse": f"file://{self.home}/warehouse",
         }
+        self.ident = tuple(self.cfg.table.split("."))
 
     # --- paths ----------------------------------------------------------------------------------
 
@@ -235,6 +291,26 @@ class Soak:
     def log(self) -> Path:
         return self.folder / "job.log"
 
+    @property
+    def shim_arm(self) -> Path:
+        return self.faults / SHIM_ARM
+
+    def progress_signature(self) -> tuple[float, ...]:
+        """What changes while the job works: its log's size, and the count and newest modification of the
+        files in its checkpoint, the table's warehouse and the faults folder."""
+        sig: list[float] = [self.log.stat().st_size if self.log.exists() else 0]
+        for folder in (self.checkpoint, self.home, self.faults):
+            count, newest = 0, 0.0
+            for root, _, files in os.walk(folder):
+                for name in files:
+                    try:
+                        mtime = os.stat(os.path.join(root, name)).st_mtime
+                    except FileNotFoundError:
+                        continue
+                    count, newest = count + 1, max(newest, mtime)
+            sig += [count, newest]
+        return tuple(sig)
+
     def say(self, text: str) -> None:
         print(f"[seed {self.cfg.seed} {time.monotonic() - self.t0:6.1f}s] {text}", flush=True)
 
@@ -244,6 +320,7 @@ class Soak:
         shutil.rmtree(self.folder, ignore_errors=True)
         for sub in (self.input, self.checkpoint, self.faults, self.home):
             sub.mkdir(parents=True)
+        self.shim_bin = chmod_shim.install(self.folder)
         self.add_files(self.cfg.initial_files)
 
     def add_files(self, files: int) -> None:
@@ -251,7 +328,7 @@ class Soak:
             self.sent += write_json_input(self.input, files=files, rows_per_file=self.cfg.rows_per_file, start=len(self.sent))
 
     def table(self) -> Any:
-        return catalogs.load(None, self.props).load_table(IDENT)
+        return catalogs.load(None, self.props).load_table(self.ident)
 
     def rows_committed(self) -> int:
         """Rows in the table (the current snapshot's summary); only read while no job runs."""
@@ -284,6 +361,14 @@ class Soak:
             PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
         )
         env[ENV_FAULTS_DIR] = str(self.faults)  # read by the job's driver, commit worker and executors
+        if self.cfg.catalog:  # the job's default catalog "lakesink", from a configuration file of its own
+            home = self.folder / "pyiceberg"
+            home.mkdir(exist_ok=True)
+            lines = ["catalog:", "  lakesink:"]  # block style: pyiceberg's strictyaml refuses JSON-like flow mappings
+            lines += [f"    {k}: '{v.replace(chr(39), chr(39) * 2)}'" for k, v in self.cfg.catalog]
+            (home / ".pyiceberg.yaml").write_text("\n".join(lines) + "\n")
+            env["PYICEBERG_HOME"] = str(home)
+        env = chmod_shim.environment(env, self.shim_bin, self.shim_arm)  # phase offset-kill
         number = len(self.runs) + 1
         with self.log.open("a") as f:
             f.write(f"\n===== run {number}, started {datetime.now():%H:%M:%S} =====\n")
@@ -292,7 +377,7 @@ class Soak:
             sys.executable, "-m", "tests.soak.job",
             "--input", str(self.input),
             "--checkpoint", str(self.checkpoint),
-            "--table", TABLE,
+            "--table", self.cfg.table,
             "--max-files", str(self.cfg.files_per_batch),
             "--entry", self.cfg.entry,
             "--writer", self.cfg.writer,
@@ -359,14 +444,21 @@ class Soak:
             self.say(f"stopping the job (pid {self.child.pid})")
             self.kill()
 
-    def reap(self, *, expected_failure: bool) -> None:
-        """The job exited by itself: record it; a failure nobody caused is a violation."""
+    def reap(self, *, expected_failure: bool) -> bool:
+        """The job exited by itself: record it; a failure nobody caused is a violation.
+
+        True when Spark refused to start the query over temp files a kill left in the checkpoint
+        (SPARK_NOT_EMPTY_ERROR): the recovery was applied and the job is to be started again.
+        """
         proc = self.child
         assert proc is not None and proc.returncode is not None
         self.run.ended, self.run.exit_code = time.time(), proc.returncode
         self.child = None
         if proc.returncode == 0 or expected_failure:
-            return
+            return False
+        if self.refused_by_spark():
+            self.recover_refused_restart()
+            return True
         self.unexpected_failures += 1
         self.violation(
             f"run {self.run.number} of the job failed with exit code {proc.returncode} without a fault "
@@ -374,6 +466,53 @@ class Soak:
         )
         if self.unexpected_failures >= 3:
             raise SoakAborted("the job failed 3 times without a fault that explains it")
+        return False
+
+    def refused_by_spark(self) -> bool:
+        """The current run failed because Spark refused a checkpoint whose offset log is empty but not its folder."""
+        with self.log.open("rb") as f:
+            f.seek(self.run.log_offset)
+            return SPARK_NOT_EMPTY_ERROR.encode() in f.read()
+
+    def recover_refused_restart(self) -> None:
+        """The recovery docs/protocol.md gives for SPARK_NOT_EMPTY_ERROR: ``lakesink checkpoint-clean``.
+
+        Every process of the failed run is gone first (the run exited; leftovers of its session are
+        killed), so the checkpoint cannot change: the runner knows what the command's quiet-time rule
+        guesses, hence ``older_than=0``. Counted and reported; a clean-up that leaves Spark's check
+        failing aborts the soak.
+        """
+        run = self.run
+        deadline = time.monotonic() + 30
+        while left := session_members(run.pid):
+            if time.monotonic() > deadline:
+                raise SoakAborted(f"processes of the failed run {run.number} survive: {left}")
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.02)
+        report = clean_checkpoint(str(self.checkpoint), older_than=timedelta(0))
+        removed = [f.path for f in report.removed]
+        self.recoveries.append(
+            {
+                "run": run.number,
+                "removed": removed,
+                "failed": [f.path for f in report.failed],
+                "still_blocking": list(report.still_blocking),
+            }
+        )
+        run.note = f"{REFUSED_BY_SPARK} ({SPARK_NOT_EMPTY_ERROR}); lakesink checkpoint-clean removed {removed}"
+        self.say(
+            f"run {run.number}: Spark refused to restart the query ({SPARK_NOT_EMPTY_ERROR}); lakesink checkpoint-clean "
+            f"removed {len(removed)} abandoned temp file(s): {removed}"
+        )
+        if not report.ok or not removed:
+            raise SoakAborted(
+                f"run {run.number}: Spark refused the restart and lakesink checkpoint-clean did not clear it:\n"
+                f"{report.human()}\n{self.log_tail()}"
+            )
 
     def log_tail(self, lines: int = 25) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -386,7 +525,9 @@ class Soak:
     # --- faults -----------------------------------------------------------------------------------
 
     def arm(self, fault: Fault) -> None:
-        if fault.point is not None:
+        if fault.phase == OFFSET_KILL:
+            chmod_shim.arm(self.shim_arm, chmod_shim.OFFSET_LOG_WRITE)
+        elif fault.point is not None:
             (self.faults / fault.point).write_text(ACTION[fault.phase])
 
     def fired(self, point: str) -> bool:
@@ -405,6 +546,8 @@ class Soak:
             raise ValueError(f"unknown phase {phase!r}; valid: {', '.join(PHASES)}")
         if phase == DELAY:
             return Fault(DELAY, delay=round(self.rng.uniform(self.cfg.min_delay, self.cfg.max_delay), 2))
+        if phase == OFFSET_KILL:
+            return Fault(OFFSET_KILL)
         if point and point not in POINTS[phase]:
             raise ValueError(f"phase {phase} has no point {point!r}; valid: {', '.join(POINTS[phase])}")
         point = point or self.rng.choice(POINTS[phase])
@@ -425,9 +568,13 @@ class Soak:
                 self.top_up(self.cfg.ahead_files * 2**record.restarts_before_delivery)
                 self.start_run()
             record.run = self.run.number
-            delivered = self.deliver(fault, record, fresh=fresh)
-            if delivered:
+            outcome = self.deliver(fault, record, fresh=fresh)
+            if outcome == DELIVERED:
                 break
+            if outcome == REFUSED_BY_SPARK:
+                if len(self.recoveries) > self.cfg.rounds:
+                    raise SoakAborted(f"round {number}: Spark refused more restarts than there were kills")
+                continue  # recovered: the same fault waits for the new run
             record.restarts_before_delivery += 1
             if record.restarts_before_delivery > 5:
                 raise SoakAborted(f"round {number}: {fault} never hit the job in 5 runs")
@@ -435,8 +582,9 @@ class Soak:
         self.rounds.append(record)
         self.clear_faults()
 
-    def deliver(self, fault: Fault, record: RoundRecord, *, fresh: bool) -> bool:
-        """Deliver the fault to the running job. False: the job finished its input first (restart it).
+    def deliver(self, fault: Fault, record: RoundRecord, *, fresh: bool) -> str:
+        """Deliver the fault to the running job: DELIVERED, FINISHED_FIRST (the job finished its input first:
+        restart it) or REFUSED_BY_SPARK (Spark refused the restart; the checkpoint was cleaned: start it again).
 
         A delay counts from the moment the streaming query of a fresh run started (Spark's start-up,
         10-30 s on a busy machine, is not the interesting part), or from the start of the round when
@@ -445,7 +593,7 @@ class Soak:
         proc = self.child
         assert proc is not None
         begin = time.monotonic()
-        deadline = begin + self.cfg.run_timeout
+        stall = Stall(self, self.cfg.run_timeout)
         anchor = None if fresh else begin
         reached = self.faults / f"{DRIVER_AFTER_SWAP}.reached"
         while True:
@@ -455,27 +603,30 @@ class Soak:
                 hit = anchor is not None and time.monotonic() - anchor >= (fault.delay or 0.0)
             elif fault.phase == PAUSE_KILL:
                 hit = reached.exists()
+            elif fault.phase == OFFSET_KILL:
+                hit = chmod_shim.fired(self.shim_arm) is not None
             else:
                 hit = self.fired(fault.point or "")
             if hit:
                 break
             if proc.poll() is not None:
-                self.reap(expected_failure=False)
+                if self.reap(expected_failure=False):
+                    return REFUSED_BY_SPARK
                 self.say(f"run {self.run.number} ended (exit {proc.returncode}) before {fault} hit it; restarting")
-                return False
-            if time.monotonic() > deadline:
-                raise SoakAborted(f"{fault}: not delivered within {self.cfg.run_timeout:.0f}s\n{self.log_tail()}")
+                return FINISHED_FIRST
+            if (silent := stall.stalled_for()) is not None:
+                raise SoakAborted(f"{fault}: not delivered; no progress of the job for {silent:.0f}s\n{self.log_tail()}")
             time.sleep(POLL_S)
 
         if fault.phase in EXECUTOR_PHASES:
-            self.executor_fault_retried(fault, record, deadline)
-            return True
+            self.executor_fault_retried(fault, record, stall)
+            return DELIVERED
         if fault.phase == COMMIT_KILL:
             time.sleep(fault.linger or 0.0)  # the job may notice its dead commit process meanwhile
         self.kill_and_classify(fault, record)
-        return True
+        return DELIVERED
 
-    def executor_fault_retried(self, fault: Fault, record: RoundRecord, deadline: float) -> None:
+    def executor_fault_retried(self, fault: Fault, record: RoundRecord, stall: Stall) -> None:
         """After a task failed (worker killed, or an exception): the same run must commit that batch."""
         proc = self.child
         assert proc is not None
@@ -495,8 +646,8 @@ class Soak:
                     )
                     return
                 break  # the run finished its input, batch included
-            if time.monotonic() > deadline:
-                raise SoakAborted(f"{fault}: batch {batch} not committed within {self.cfg.run_timeout:.0f}s")
+            if (silent := stall.stalled_for()) is not None:
+                raise SoakAborted(f"{fault}: batch {batch} not committed; no progress of the job for {silent:.0f}s")
             time.sleep(POLL_S)
         self.say(
             f"round {record.number}: {fault} in batch {batch} of run {self.run.number}: task retried, batch "
@@ -532,27 +683,35 @@ class Soak:
     def final_run(self) -> None:
         """Let a run without faults consume all input (the job of an executor-side last round goes on)."""
         self.clear_faults()
-        if self.child is None:
-            self.start_run()
-            self.say(f"final run {self.run.number}: no faults, until all input is consumed")
-        else:
-            self.say(f"final run: run {self.run.number} goes on without faults until all input is consumed")
-        proc = self.child
-        assert proc is not None
-        try:
-            proc.wait(timeout=self.cfg.run_timeout * 3)
-        except subprocess.TimeoutExpired:
-            raise SoakAborted(f"the final run did not finish in {self.cfg.run_timeout * 3:.0f}s\n{self.log_tail()}") from None
-        self.reap(expected_failure=False)
+        for _ in range(3):  # a restart Spark refuses is recovered and started again (at most twice)
+            if self.child is None:
+                self.start_run()
+                self.say(f"final run {self.run.number}: no faults, until all input is consumed")
+            else:
+                self.say(f"final run: run {self.run.number} goes on without faults until all input is consumed")
+            proc = self.child
+            assert proc is not None
+            stall = Stall(self, self.cfg.run_timeout)
+            while proc.poll() is None:
+                if (silent := stall.stalled_for()) is not None:
+                    raise SoakAborted(f"the final run made no progress for {silent:.0f}s\n{self.log_tail()}")
+                time.sleep(POLL_S * 4)
+            if not self.reap(expected_failure=False):
+                break
         self.run.note = "final run"
-        if proc.returncode != 0:
-            raise SoakAborted(f"the final run failed (exit {proc.returncode})")
+        if self.run.exit_code != 0:
+            raise SoakAborted(f"the final run failed (exit {self.run.exit_code})")
 
     # --- the verdict --------------------------------------------------------------------------------
 
     def verify(self) -> dict[str, Any]:
         table = self.table()
-        ids = interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist()
+        local = table.metadata_location.startswith(("file:", "/"))
+        if local:
+            ids = interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist()
+        else:  # object storage: DuckDB's httpfs extension cannot be installed offline; pyiceberg reads it
+            ids = table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+        reader = "DuckDB" if local else "pyiceberg"
         counts = Counter(ids)
         expected = Counter(self.sent)
         duplicates = sum(c - expected.get(i, 0) for i, c in counts.items() if c > expected.get(i, 0) and i in expected)
@@ -560,7 +719,7 @@ class Soak:
         unexpected = sum(c for i, c in counts.items() if i not in expected)
         if duplicates or missing or unexpected:
             self.violation(
-                f"ids read with DuckDB: {duplicates} duplicate(s), {missing} missing, {unexpected} unexpected "
+                f"ids read with {reader}: {duplicates} duplicate(s), {missing} missing, {unexpected} unexpected "
                 f"({len(ids)} rows in the table, {len(self.sent)} sent)"
             )
 
@@ -594,7 +753,7 @@ class Soak:
         log_text = self.log.read_text(errors="replace")
         skipped_lines = [int(b) for b in _SKIPPED.findall(log_text)]
         task_failures = len(_TASK_FAILED.findall(log_text))
-        on_disk = data_files_on_disk(table)
+        on_disk = data_files_on_disk(table) if local else _data_files_in_storage(table)
         referenced = referenced_data_files(table)
         for owed in self.owed:
             if owed.batch not in {int(b) for b in _SKIPPED.findall(log_text[owed.log_offset :])}:
@@ -604,7 +763,7 @@ class Soak:
                 for p in on_disk
                 if (m := _DATA_FILE.match(p.rsplit("/", 1)[-1]))
                 and int(m[1]) == owed.batch
-                and os.stat(local_path(p)).st_mtime > owed.killed_at
+                and _modified(table, p, local) > owed.killed_at
             )
             if late:
                 self.violation(f"batch {owed.batch} was already in the table, yet data files were written for it: {late}")
@@ -635,6 +794,10 @@ class Soak:
                 "replay_skipped_log_lines": len(skipped_lines),
             },
             "failed_task_attempts_in_log": task_failures,
+            # restarts Spark refused over temp files a kill left in the checkpoint, each recovered with
+            # lakesink checkpoint-clean (which files it removed, per refused run)
+            "spark_refused_restarts": len(self.recoveries),
+            "checkpoint_recoveries": list(self.recoveries),
             "rows_sent": len(self.sent),
             "rows_in_table": len(ids),
             "duplicates": duplicates,
@@ -699,6 +862,22 @@ class Soak:
 # --- the command --------------------------------------------------------------------------------------
 
 
+def _data_files_in_storage(table: Any) -> set[str]:
+    """Every Parquet file under the table's data folder on object storage (listed through the table's FileIO)."""
+    root = f"{table.location().rstrip('/')}/data"
+    return {f"{root}/{f.relative}" for f in storage.list_files(table.io, root) if f.relative.endswith(".parquet")}
+
+
+def _modified(table: Any, path: str, local: bool) -> float:
+    if local:
+        return os.stat(local_path(path)).st_mtime
+    folder, _, name = path.rpartition("/")
+    for f in storage.list_files(table.io, folder):
+        if f.relative == name and f.modified is not None:
+            return f.modified.timestamp()
+    return 0.0
+
+
 def summarize(results: list[dict[str, Any]]) -> str:
     lines = []
     head = (
@@ -726,6 +905,11 @@ def summarize(results: list[dict[str, Any]]) -> str:
             + ", ".join(f"{k}: {v}" for k, v in r["kills_landed"].items())
         )
         lines.append(f"seed {r['seed']}: faults by point: " + ", ".join(f"{k}: {v}" for k, v in r["faults_by_point"].items()))
+        lines.append(
+            f"seed {r['seed']}: restarts Spark refused ({SPARK_NOT_EMPTY_ERROR}), each recovered with lakesink "
+            f"checkpoint-clean: {r['spark_refused_restarts']}"
+            + "".join(f"; run {c['run']}: removed {', '.join(c['removed'])}" for c in r["checkpoint_recoveries"])
+        )
         lines.append(
             f"seed {r['seed']}: 'replay skipped' log lines: {r['replays']['replay_skipped_log_lines']}; failed task "
             f"attempts in the log: {r['failed_task_attempts_in_log']}; unreferenced data files of batches no fault "
@@ -798,8 +982,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=12.0,
         help="phase delay: longest delay after the query started, s (default: %(default)s)",
     )
-    p.add_argument("--run-timeout", type=float, default=300.0, help="seconds a fault may take to hit (default: %(default)s)")
+    p.add_argument(
+        "--run-timeout",
+        type=float,
+        default=300.0,
+        help="seconds the job may go without progress (its log, checkpoint, table files) before the soak gives up "
+        "(default: %(default)s)",
+    )
     p.add_argument("--master", default="local[2,4]", help="the job's Spark master (default: %(default)s)")
+    p.add_argument(
+        "--catalog-json",
+        default=None,
+        help="pyiceberg properties (JSON) of the catalog to soak against (default: an embedded SQLite catalog per seed)",
+    )
+    p.add_argument("--table", default=TABLE, help="the table the job writes (default: %(default)s)")
     p.add_argument("--dir", default=None, help="run folder (default: a new temporary folder); one sub-folder per seed")
     p.add_argument("--json", default=None, help="write the results as JSON to this file")
     args = p.parse_args(argv)
@@ -838,6 +1034,8 @@ def main(argv: list[str] | None = None) -> int:
             max_delay=args.max_delay,
             run_timeout=args.run_timeout,
             master=args.master,
+            catalog=tuple(sorted(json.loads(args.catalog_json).items())) if args.catalog_json else (),
+            table=args.table,
         )
         try:
             results.append(Soak(cfg).play())
@@ -856,6 +1054,7 @@ def main(argv: list[str] | None = None) -> int:
     total = {
         "rounds": sum(r["rounds"] for r in results),
         "restarts": sum(r["restarts"] for r in results),
+        "spark_refused_restarts": sum(r["spark_refused_restarts"] for r in results),
         "kills_by_phase": {p: sum(r["kills_by_phase"][p] for r in results) for p in PHASES},
         "batches_replayed": sum(r["replays"]["batches_replayed"] for r in results),
         "replays_skipped": sum(r["replays"]["already_in_table_skipped"] for r in results),
@@ -868,7 +1067,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print()
     print(
-        f"total: {total['rounds']} rounds, {total['restarts']} restarts, kills by phase {total['kills_by_phase']}, "
+        f"total: {total['rounds']} rounds, {total['restarts']} restarts ({total['spark_refused_restarts']} refused by "
+        f"Spark, recovered with lakesink checkpoint-clean), kills by phase {total['kills_by_phase']}, "
         f"{total['batches_replayed']} batches replayed ({total['replays_skipped']} already in the table, skipped), "
         f"{total['rows_sent']:,} rows sent, duplicates {total['duplicates']}, missing {total['missing']}, "
         f"{total['unreferenced_data_files']} unreferenced data files, wall time {wall / 60:.1f} min"

@@ -142,7 +142,9 @@ def run_to_end(query: Any) -> None:
 class Stream:
     """One streaming pipeline (source folder, checkpoint, table) that a test starts and restarts."""
 
-    def __init__(self, spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str, mode: str = "append"):
+    def __init__(
+        self, spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str, mode: str = "append", table: str = TABLE
+    ):
         self.spark = spark
         self.src = tmp_path / "input"
         self.src.mkdir(parents=True)
@@ -152,6 +154,7 @@ class Stream:
         self.mode = mode
         self.sent: list[int] = []
         self.ddl = SCHEMA_DDL
+        self.table_name = table
 
     def add_input(self, files: int, rows_per_file: int = 50) -> None:
         self.sent += write_json_input(self.src, files=files, rows_per_file=rows_per_file, start=len(self.sent) + 10_000)
@@ -162,7 +165,7 @@ class Stream:
         if self.mode == "complete":
             df = df.groupBy("kind").agg(F.count("*").alias("rows"), F.sum("id").alias("id_sum"))
         if self.entry == "format":
-            w = df.writeStream.format("lakesink").option("table", TABLE)
+            w = df.writeStream.format("lakesink").option("table", self.table_name)
             for k, v in self.props.items():
                 w = w.option(f"catalog.{k}", v)
             for k, v in extra.items():
@@ -170,7 +173,7 @@ class Stream:
         else:
             kwargs = {k.replace("-", "_"): v for k, v in extra.items()}
             w = df.writeStream.foreachBatch(
-                lakesink.foreach_batch(TABLE, catalog_properties=self.props, output_mode=self.mode, **kwargs)
+                lakesink.foreach_batch(self.table_name, catalog_properties=self.props, output_mode=self.mode, **kwargs)
             )
         return w.option("checkpointLocation", str(self.ck)).outputMode(self.mode).trigger(availableNow=True).start()
 
@@ -184,7 +187,7 @@ class Stream:
 
     @property
     def table(self) -> Any:
-        return catalogs.load(None, self.props).load_table(("db", "events"))
+        return catalogs.load(None, self.props).load_table(tuple(self.table_name.split(".")))
 
     @property
     def query_id(self) -> str:

@@ -130,3 +130,82 @@ def test_hidden_files_and_nested_tables() -> None:
     assert not names.is_hidden("data/q-00001-0123456789ab/part-0.parquet")
     assert names.nested_table_root("data/other/metadata/00000-x.metadata.json") == "data/other"
     assert names.nested_table_root("metadata/00000-x.metadata.json") is None
+
+
+# --- commits --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("query_id", QUERY_IDS)
+@pytest.mark.parametrize("batch_id", [0, 7, 123456])
+def test_a_batch_commits_names_round_trip_through_pyicebergs_manifest_and_list_names(query_id: str, batch_id: int) -> None:
+    commit = names.commit_name(names.BATCH, query_id=query_id, batch_id=batch_id, started_ms=1_795_000_000_123)
+    assert names.CommitName.parse(str(commit)) == commit
+    for name in (names.manifest_name(commit, 0), names.manifest_name(commit, 12), names.manifest_list_name(commit, -42, 3)):
+        assert names.commit_of(name) == commit, name
+        found = names.classify(f"s3://b/wh/t/metadata/{name}")
+        assert found.batch == BatchOfFile(query_id[:8], batch_id) and found.commit == commit, found
+        assert found.stamp_ms == 1_795_000_000_123 and found.lakesinks
+    again = commit.next_attempt()
+    assert (again.kind, again.started_ms, again.batch_id) == (commit.kind, commit.started_ms, commit.batch_id)
+    assert again.token != commit.token
+
+
+@pytest.mark.parametrize("kind", [names.COMPACT, names.MANIFESTS, names.BRANCH, names.RESTORE])
+def test_a_maintenance_commits_names_round_trip(kind: str) -> None:
+    commit = names.commit_name(kind)
+    assert names.CommitName.parse(str(commit)) == commit and commit.batch_id is None
+    assert abs(commit.started_ms - names.now_ms()) < 60_000
+    for name in (names.manifest_name(commit, 1), names.manifest_list_name(commit, 5)):
+        found = names.classify(f"metadata/{name}")
+        assert found.commit == commit and found.batch is None and found.lakesinks
+    if kind == names.COMPACT:
+        data = names.commit_data_file_name(commit, 3)
+        found = names.classify(f"file:///wh/t/data/ts_day=2024-01-01/{data}")
+        assert found.kind == "data" and found.commit == commit and found.batch is None
+
+
+def test_commit_names_are_refused_when_they_would_not_parse_back() -> None:
+    with pytest.raises(ValueError, match="commit kind"):
+        names.commit_name("vacuum")
+    with pytest.raises(ValueError, match="needs the query id and the batch id"):
+        names.commit_name(names.BATCH)
+    with pytest.raises(ValueError, match="needs the query id and the batch id"):
+        names.commit_name(names.COMPACT, query_id="q", batch_id=1)
+    with pytest.raises(ValueError, match="negative"):
+        names.commit_name(names.BATCH, query_id="q", batch_id=-1)
+    with pytest.raises(ValueError, match="batch's data files"):
+        names.commit_data_file_name(names.commit_name(names.BATCH, query_id="q", batch_id=1), 0)
+
+
+def test_foreign_commit_names_are_not_lakesinks() -> None:
+    foreign = [
+        "0b24891d-514a-455e-ba67-9a7f4522e22a-m0.avro",  # pyiceberg and Iceberg Java
+        "snap-4185327516478212066-1-0b24891d-514a-455e-ba67-9a7f4522e22a.avro",
+        "lakesink-vacuum-01a2062eff72-45ae4bb8c014-m0.avro",  # not a kind lakesink makes
+        "lakesink-batch-01a2062eff72-45ae4bb8c014-m0.avro",  # a batch's commit without its batch
+        "lakesink-compact-01a2062eff72-45ae4bb8c014-00001-q-m0.avro",  # a maintenance commit with a batch
+        "00000-0-1a56d2ad-148a-4a2b-9c3d-0123456789ab.parquet",
+        "compact-0123456789ab-00000.parquet",  # lakesink's compaction output before its names came from here
+    ]
+    for name in foreign:
+        found = names.classify(f"t/{name}")
+        assert found.commit is None and found.batch is None and not found.lakesinks, name
+
+
+def test_metadata_files_lakesink_writes_carry_their_time_and_keep_icebergs_layout() -> None:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    name = names.metadata_file_name(12, at_ms=1_795_000_000_123)
+    assert SqlCatalog._parse_metadata_version(f"file:///wh/t/metadata/{name}") == 12  # engines read the version
+    uid = uuid.UUID(name.split("-", 1)[1].removesuffix(".metadata.json"))
+    assert uid.version == 8 and uid.variant == uuid.RFC_4122
+    found = names.classify(f"metadata/{name}")
+    assert found.kind == "metadata" and found.stamp_ms == 1_795_000_000_123 and found.lakesinks
+    other = names.classify("metadata/00012-6c97e413-d51b-4538-ac70-12fe2a85cb83.metadata.json")
+    assert other.stamp_ms is None and not other.lakesinks
+    assert len({names.stamped_uuid(5) for _ in range(100)}) == 100  # 62 random bits each
+
+
+def test_the_window_and_the_deadline() -> None:
+    assert names.COMMIT_DEADLINE_MS < names.IN_FLIGHT_WINDOW_MS  # a commit never swaps what the clean-up may delete
+    assert names.IN_FLIGHT_WINDOW_MS - names.COMMIT_DEADLINE_MS >= 12 * 3600 * 1000  # room for clocks and slow swaps

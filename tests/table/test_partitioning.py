@@ -166,7 +166,9 @@ def test_fanout_writer_keeps_a_bounded_number_of_files_open(tmp_path: Path) -> N
     assert set(by_partition) == {("a",), ("b",), ("c",)}
     assert len(result.files) > 3  # evictions reopened partitions
     for f in result.files:
-        values = pq.read_table(f.path.removeprefix("file://")).column("k").to_pylist()
+        # the file alone (pq.read_table of a path under k=a/ also reads the folder name as a partition column,
+        # which pyarrow 18 refuses to merge with the file's own column k)
+        values = pq.ParquetFile(f.path.removeprefix("file://")).read().column("k").to_pylist()
         assert set(values) == set(f.partition)
 
 

@@ -1,0 +1,99 @@
+"""Commit latency per batch against an Iceberg REST catalog server (lakana, tests/rest_server.py) beside the SQLite
+catalog, and the catalog round trips one batch makes.
+
+The driver's side only (no Spark, so that the number is the catalog's): every interval (``--interval``, 1 s: a
+1-second trigger) one batch's Parquet file is written by lakesink's task writer and committed by lakesink's driver
+committer (``TableCommitter.commit_batch``: the replay re-check, the snapshot commit, its retries) -- the same code
+both entry points commit through. The REST client talks to the server through the counting proxy of
+tests/http_faults.py (no fault armed), which counts every HTTP request by kind (load, commit, config, ...): the goal
+is a batch that finds no replay makes at most two catalog round trips (one read, one commit). Batch 0 is left out.
+The table is read back at the end: ids 0..n-1, each once.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from benchmarks.commit_latency import percentiles, trend
+from benchmarks.common import machine
+
+QUERY = "55555555-eeee-4000-8000-000000000005"
+
+
+def _run(props: dict[str, str], namespace: str, batches: int, interval: float, proxy: Any | None) -> dict[str, Any]:
+    from lakesink.driver import Outcome, TableCommitter
+    from lakesink.executor import TaskWriter
+    from lakesink.options import SinkOptions, TableName
+    from tests.helpers import arrow_rows
+
+    sink = TableCommitter(SinkOptions(table=TableName((namespace,), "bench"), catalog_properties=props))
+    sink.open_table(arrow_rows([]).schema)
+    commit_ms: list[float] = []
+    requests: list[dict[str, int]] = []
+    lag = 0.0
+    next_tick = time.monotonic()
+    for b in range(batches + 1):
+        plan = sink.write_plan(sink.reload_table(), QUERY)
+        result = TaskWriter(plan, query_id=QUERY, batch_id=b, partition_id=0, task_attempt_id=0).write(
+            arrow_rows([b]).to_batches()
+        )
+        if proxy is not None:
+            proxy.reset_counts()
+        outcome = sink.commit_batch(query_id=QUERY, batch_id=b, results=[result], source_offsets=f'[{{"logOffset":{b}}}]')
+        assert outcome.outcome is Outcome.COMMITTED, outcome
+        if b > 0:
+            commit_ms.append(outcome.commit_ms)
+            if proxy is not None:
+                requests.append(dict(Counter(e.kind for e in proxy.exchanges)))
+        next_tick += interval
+        sleep = next_tick - time.monotonic()
+        if sleep > 0:
+            time.sleep(sleep)
+        else:
+            lag -= sleep
+            next_tick = time.monotonic()
+    table = sink.reload_table()
+    ids = Counter(table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
+    exact = ids == Counter(range(batches + 1))
+    out: dict[str, Any] = {
+        "batches": batches,
+        "commit_ms": percentiles(commit_ms),
+        "commit_ms_mean": statistics.fmean(commit_ms) if commit_ms else None,
+        "commit_ms_trend": trend(commit_ms),
+        "seconds_behind_the_trigger": round(lag, 1),
+        "exact": exact,
+    }
+    if requests:
+        per_batch = [sum(r.values()) for r in requests]
+        out["http_requests_per_batch"] = {"max": max(per_batch), "mean": statistics.fmean(per_batch)}
+        out["http_requests_by_kind"] = dict(sum((Counter(r) for r in requests), Counter()))
+    return out
+
+
+def run(batches: int, interval: float, catalogs: tuple[str, ...]) -> dict[str, Any]:
+    from tests.http_faults import FaultProxy
+    from tests.rest_server import NAMESPACE, LakanaServer
+
+    result: dict[str, Any] = {"machine": machine(), "batches": batches, "interval_s": interval, "catalogs": {}}
+    with tempfile.TemporaryDirectory(prefix="lakesink-rest-bench-") as tmp:
+        root = Path(tmp)
+        if "sqlite" in catalogs:
+            (root / "sql").mkdir()
+            props = {"type": "sql", "uri": f"sqlite:///{root}/sql/catalog.db", "warehouse": f"file://{root}/sql"}
+            result["catalogs"]["sqlite"] = _run(props, "bench", batches, interval, None)
+        if "rest" in catalogs:
+            server = LakanaServer.start()
+            proxy = FaultProxy(server.uri).start()
+            try:
+                result["rest_server_start_s"] = round(server.start_s, 1)
+                props = server.catalog_properties(root / "rest", uri=proxy.uri)
+                result["catalogs"]["rest"] = _run(props, NAMESPACE, batches, interval, proxy)
+            finally:
+                proxy.stop()
+                server.stop()
+    return result

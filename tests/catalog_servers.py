@@ -1,0 +1,94 @@
+"""Fixtures of the catalogs people run in production: an Iceberg REST catalog server (lakana) behind the HTTP
+fault layer, and AWS Glue (moto's server) with moto's S3. Loaded by tests/conftest.py as a pytest plugin.
+
+``lakana`` starts one real REST server per test session (tests/rest_server.py builds its virtual environment
+on first use); ``rest_proxy`` puts a fresh fault proxy (tests/http_faults.py) in front of it for one test, and
+``rest_catalog_properties`` gives the test a new environment of its own, reached through that proxy. Tests that
+use the server are marked ``rest`` automatically (``make test-fast`` skips them: the first start builds the
+server's environment).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.http_faults import FaultProxy
+from tests.rest_server import LakanaServer
+
+REST_FIXTURE = "lakana"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if REST_FIXTURE in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.rest)
+
+
+@pytest.fixture(scope="session")
+def lakana() -> Iterator[LakanaServer]:
+    """One lakana REST catalog server for the test session (each test gets an environment of its own)."""
+    server = LakanaServer.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def rest_proxy(lakana: LakanaServer) -> Iterator[FaultProxy]:
+    """The HTTP fault layer in front of the session's REST server, for one test."""
+    proxy = FaultProxy(lakana.uri).start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture
+def rest_catalog_properties(lakana: LakanaServer, rest_proxy: FaultProxy, tmp_path: Path) -> dict[str, str]:
+    """pyiceberg properties of a new REST environment (tables under ``tmp_path/warehouse``), through the proxy."""
+    return lakana.catalog_properties(tmp_path / "warehouse", uri=rest_proxy.uri)
+
+
+# --- AWS Glue: moto's server (Glue and S3 on one port), a fault proxy in front of its Glue -------------------------
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[Any]:
+    """moto's server on 127.0.0.1 (S3 and Glue) for the test session."""
+    from tests.s3 import S3Server
+
+    server = S3Server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def glue_proxy(moto_server: Any) -> Iterator[FaultProxy]:
+    """The HTTP fault layer in front of moto's Glue, enforcing Glue's optimistic lock (VersionId), which moto does not."""
+    proxy = FaultProxy(moto_server.endpoint).start()
+    proxy.enforce_glue_version_id()
+    yield proxy
+    proxy.stop()
+
+
+def glue_properties(moto_server: Any, glue_uri: str, **extra: str) -> dict[str, str]:
+    """pyiceberg GlueCatalog properties: Glue at ``glue_uri``, the warehouse in a new bucket of moto's S3."""
+    from tests.s3 import ACCESS_KEY, REGION, SECRET_KEY
+
+    bucket = moto_server.create_bucket()
+    return {
+        "type": "glue",
+        "glue.endpoint": glue_uri,
+        "glue.region": REGION,
+        "glue.access-key-id": ACCESS_KEY,
+        "glue.secret-access-key": SECRET_KEY,
+        "warehouse": f"s3://{bucket}/warehouse",
+        **moto_server.properties(),
+        **extra,
+    }
+
+
+@pytest.fixture
+def glue_catalog_properties(moto_server: Any, glue_proxy: FaultProxy) -> dict[str, str]:
+    return glue_properties(moto_server, glue_proxy.uri)

@@ -1,0 +1,158 @@
+"""Snapshot expiry against refs created while it runs (fault matrix row 30), on real SQLite and PostgreSQL catalogs.
+
+A user tags an old snapshot (an audit) between the expiry's read and its swap. The tag exists at the swap, so it must
+be kept, with every file its snapshot reads. The race is a barrier (the expiry paused at ``driver.before-swap``),
+and the tag is created through pyiceberg's own public API, as another engine or a person would.
+
+Two commit paths: lakesink's compare-and-swap of the SQL catalog's metadata pointer, and pyiceberg's generic
+``Table._do_commit`` (``commit_table``), where the catalog applies the updates to its current metadata -- as REST
+catalogs, Glue and Hive do. The second is reached on the same real SQL catalog by switching lakesink's SQL swap off.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyiceberg.table import Table
+
+from lakesink import _pyiceberg as seam
+from lakesink.driver import TableCommitter
+from lakesink.expiry import ExpiryReport, expire_snapshots
+from lakesink.faults import DRIVER_BEFORE_SWAP
+from tests.helpers import commit, load, make_committer, table_ids, write_task
+
+Q = "11111111-aaaa-4000-8000-000000000001"
+
+
+@pytest.fixture
+def catalog_properties(any_catalog_properties: dict[str, str]) -> dict[str, str]:
+    return any_catalog_properties
+
+
+def local(uri: str) -> Path:
+    return Path(uri.removeprefix("file://"))
+
+
+def reachable(table: Table) -> set[str]:
+    md = table.metadata
+    out = {table.metadata_location}
+    for snapshot in md.snapshots:
+        out.add(snapshot.manifest_list)
+        for manifest in snapshot.manifests(table.io):
+            out.add(manifest.manifest_path)
+            out.update(e.data_file.file_path for e in manifest.fetch_manifest_entry(table.io, discard_deleted=False))
+    return out
+
+
+def snapshot_files(table: Table, snapshot_id: int) -> set[str]:
+    """The manifests and the live data files a snapshot reads."""
+    snapshot = table.metadata.snapshot_by_id(snapshot_id)
+    assert snapshot is not None
+    out: set[str] = set()
+    for manifest in snapshot.manifests(table.io):
+        out.add(manifest.manifest_path)
+        out.update(e.data_file.file_path for e in manifest.fetch_manifest_entry(table.io, discard_deleted=True))
+    return out
+
+
+def ids_at(table: Table, snapshot_id: int) -> Counter[int]:
+    return Counter(table.scan(snapshot_id=snapshot_id).to_arrow().column("id").to_pylist())
+
+
+def five_batches(c: TableCommitter) -> list[int]:
+    for b in range(5):
+        commit(c, Q, b, [write_task(c, Q, b, [b * 10 + i for i in range(3)])])
+    return [s.snapshot_id for s in load(c).snapshots()]
+
+
+def expire_while_a_tag_is_created(c: TableCommitter, faults: Any, tagged: int) -> ExpiryReport:
+    """Expire every snapshot but the head; between the expiry's read and its swap, tag ``tagged``."""
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append(expire_snapshots(load(c), retain_last=1, older_than=datetime.now(timezone.utc)))
+        except BaseException as e:  # the test inspects it
+            box.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        faults.wait_reached(DRIVER_BEFORE_SWAP)
+        load(c).manage_snapshots().create_tag(tagged, "audit").commit()  # a person tagging a snapshot for an audit
+    finally:
+        faults.release(DRIVER_BEFORE_SWAP)
+        t.join(120)
+        faults.clear()
+    assert box and isinstance(box[0], ExpiryReport), box
+    return box[0]
+
+
+def assert_every_referenced_file_exists(table: Table) -> None:
+    missing = {p for p in reachable(table) if not local(p).exists()}
+    assert not missing, f"the table references missing files: {missing}"
+    for snapshot in table.snapshots():
+        table.scan(snapshot_id=snapshot.snapshot_id).to_arrow()
+
+
+def test_a_tag_created_between_expirys_read_and_its_swap_is_kept_with_its_files(
+    catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """lakesink's compare-and-swap on the SQL catalog: the swap from the metadata read conflicts, the next attempt
+    decides again on the metadata with the tag, and the tagged snapshot stays as it is."""
+    c = make_committer(catalog_properties)
+    first, *_ = five_batches(c)
+    before = load(c)
+    tagged_rows = ids_at(before, first)
+    tagged_files = snapshot_files(before, first)
+    report = expire_while_a_tag_is_created(c, faults, first)
+    table = load(c)
+    assert "audit" in table.metadata.refs, "the tag created during the expiry was dropped"
+    assert table.metadata.refs["audit"].snapshot_id == first  # the tag, on the very snapshot the user tagged
+    assert ids_at(table, first) == tagged_rows
+    assert all(local(p).exists() for p in tagged_files), "files the tagged snapshot reads were deleted"
+    # the first attempt's swap conflicted (the pointer moved); the second decided again, on the metadata with the tag
+    assert report.status == "committed" and report.attempts == 2, report
+    assert first not in report.expired_snapshot_ids and report.restored_refs == ()
+    assert {s.snapshot_id for s in table.snapshots()} == {first, table.metadata.refs["main"].snapshot_id}
+    assert_every_referenced_file_exists(table)
+    assert table_ids(table) == Counter(b * 10 + i for b in range(5) for i in range(3))
+
+
+def test_a_tag_created_during_expiry_is_kept_when_the_catalog_applies_updates_to_its_current_metadata(
+    catalog_properties: dict[str, str], faults: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyiceberg's generic commit (REST, Glue, Hive): the catalog applies the removal to its current metadata, which
+    holds the tag; the tag cannot be asserted absent (no such requirement exists), and removing its snapshot drops it.
+    Found from the committed metadata's log before any file is deleted, and put back with the same rows."""
+    monkeypatch.setattr(seam, "_sql_swap_applies", lambda table: False, raising=False)
+    monkeypatch.setattr(seam, "_swap_on_sql_catalog", lambda table, updates, requirements: False)
+    c = make_committer(catalog_properties)
+    first, *_ = five_batches(c)
+    before = load(c)
+    tagged_rows = ids_at(before, first)
+    tagged_files = snapshot_files(before, first)
+    report = expire_while_a_tag_is_created(c, faults, first)
+    assert report.status == "committed", report
+    table = load(c)
+    assert "audit" in table.metadata.refs, "the tag created during the expiry was dropped"
+    tag = table.metadata.refs["audit"]
+    assert str(tag.snapshot_ref_type.value) == "tag"
+    assert ids_at(table, tag.snapshot_id) == tagged_rows
+    assert all(local(p).exists() for p in tagged_files), "files the tagged snapshot reads were deleted"
+    assert_every_referenced_file_exists(table)
+    assert report.restored_refs == ("audit",) and report.files_kept == ""
+    restored = table.metadata.snapshot_by_id(tag.snapshot_id)
+    assert restored is not None and restored.summary is not None
+    assert restored.summary[seam.RESTORED_FROM] == str(first)
+    # the table's sequence numbers never went backwards: the next commit lands and reads as it should
+    commit(c, Q, 5, [write_task(c, Q, 5, [500])])
+    table = load(c)
+    assert table_ids(table) == Counter([*(b * 10 + i for b in range(5) for i in range(3)), 500])
+    assert getattr(table.metadata, "last_sequence_number", None) == max(s.sequence_number or 0 for s in table.snapshots())
