@@ -26,8 +26,8 @@ from typing import Any
 import pyarrow as pa
 
 from benchmarks.common import catalog_properties, summarise
-from lakesink.driver import Outcome, TableCommitter
-from lakesink.executor import TaskWriter
+from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import Maintenance, SinkOptions, TableName
 
 SCHEMA = pa.schema([("id", pa.int64()), ("user", pa.string()), ("amount", pa.float64())])

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import summarise
-from tests import java_engine
+from tests.support import java_engine
 
 CATALOG = "bench_java"
 JOB = Path(__file__).resolve().parent / "java_sink_job.py"

@@ -24,10 +24,10 @@ from typing import Any
 
 from benchmarks.commit_path import QUERY_ID, SCHEMA, _rows, _rows_back
 from benchmarks.common import catalog_properties, summarise
-from lakesink import _pyiceberg as seam
-from lakesink import compaction, expiry
-from lakesink.driver import Outcome, TableCommitter
-from lakesink.executor import TaskWriter
+from lakesink._pyiceberg import commit as seam
+from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.executor.task_writer import TaskWriter
+from lakesink.maintenance import compaction, expiry
 from lakesink.options import Maintenance, SinkOptions, TableName
 
 

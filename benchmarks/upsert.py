@@ -26,10 +26,10 @@ import pyarrow as pa
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
-from lakesink import catalogs
-from lakesink.driver import TableCommitter
+from lakesink.driver import catalogs
+from lakesink.driver.commit import TableCommitter
 from lakesink.driver.upsert import DELETED, SUMMARY_BYTES_READ
-from lakesink.executor import TaskWriter
+from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName
 
 QUERY = "00000000-upsert-4000-8000-000000000000"

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from lakesink import partitioning
 from lakesink.errors import InvalidOptionError
-from lakesink.partitioning import PARTITIONED_BY as PARTITIONED_BY
-from lakesink.partitioning import PartitionTerm
 from lakesink.redaction import redact_properties
+from lakesink.table import partitioning
+from lakesink.table.partitioning import PARTITIONED_BY as PARTITIONED_BY
+from lakesink.table.partitioning import PartitionTerm
 
 TABLE = "table"
 CATALOG = "catalog"

@@ -87,8 +87,8 @@ def collect_orphans(seed: dict[str, Any]) -> None:
     from datetime import timedelta
 
     import lakesink
-    from lakesink import interop
-    from tests.helpers import data_files_on_disk, referenced_data_files
+    from lakesink.audit import interop
+    from tests.support.helpers import data_files_on_disk, referenced_data_files
 
     home = Path(seed["folder"]) / "lakehouse"
     props = {"type": "sql", "uri": f"sqlite:///{home}/catalog.db", "warehouse": f"file://{home}/warehouse"}

@@ -67,10 +67,10 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import IcebergType, ListType, MapType, PrimitiveType
 
-from lakesink import storage
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
-from lakesink.parquetlayout import dictionary_columns
+from lakesink.table import storage
+from lakesink.table.parquet_layout import dictionary_columns
 
 _PARQUET = ParquetFormatModel()
 

@@ -17,7 +17,6 @@ manifest read once per audit).
 
 from __future__ import annotations
 
-from lakesink.audit.changes import Diff, diff
 from lakesink.audit.invariants import (
     BATCH_GAP,
     DUPLICATE_BATCH,
@@ -45,6 +44,7 @@ from lakesink.audit.points import (
 )
 from lakesink.audit.provenance import locate
 from lakesink.audit.publishing import PublishResult, publish
+from lakesink.audit.row_diff import Diff, diff
 from lakesink.audit.snapshots import LAKESINK, OTHER, ancestry, lakesink_key, progress, summary_of
 from lakesink.audit.timeline import SnapshotRecord, history
 

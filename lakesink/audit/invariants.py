@@ -11,7 +11,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import ancestry, lakesink_key, opt_int_property, progress, sink_of, summary_of
-from lakesink.properties import (
+from lakesink.table.markers import (
     MAIN_BRANCH,
     SUMMARY_PREVIOUS_BATCH_ID,
     last_committed_batch,

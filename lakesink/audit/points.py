@@ -14,7 +14,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from lakesink.audit.snapshots import ancestry, lakesink_key, opt_int_property, summary_of
 from lakesink.errors import AuditError
-from lakesink.properties import (
+from lakesink.table.markers import (
     MAIN_BRANCH,
     SUMMARY_PREVIOUS_BATCH_ID,
     last_committed_batch,

@@ -11,13 +11,13 @@ import pyarrow as pa
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.table import Table
 
-from lakesink import _pyiceberg as seam
+from lakesink._pyiceberg import commit as seam
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests, read_files
 from lakesink.audit.points import Point, resolve
 from lakesink.audit.snapshots import lakesink_key
 from lakesink.errors import AuditError
-from lakesink.properties import (
+from lakesink.table.markers import (
     MAIN_BRANCH,
 )
 

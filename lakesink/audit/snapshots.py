@@ -9,7 +9,7 @@ from typing import TypeVar
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
-from lakesink.properties import (
+from lakesink.table.markers import (
     MAIN_BRANCH,
     SUMMARY_BATCH_ID,
     SUMMARY_QUERY_ID,

@@ -7,6 +7,7 @@ from typing import Any
 
 from pyiceberg.table import Table
 
+from lakesink.audit.key_diff import upsert_counts
 from lakesink.audit.snapshots import (
     LAKESINK,
     MAINTENANCE_WRITERS,
@@ -17,8 +18,7 @@ from lakesink.audit.snapshots import (
     opt_int_property,
     summary_of,
 )
-from lakesink.keyed import upsert_counts
-from lakesink.properties import (
+from lakesink.table.markers import (
     MAIN_BRANCH,
     SUMMARY_COMMIT_ATTEMPT,
     SUMMARY_COMMIT_STARTED_MS,

@@ -31,7 +31,6 @@ import pyarrow as pa
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 
-from lakesink import catalogs
 from lakesink.audit import (
     OTHER,
     Point,
@@ -45,9 +44,10 @@ from lakesink.audit import (
     read_at,
     verify,
 )
+from lakesink.audit.key_diff import keyed_changes
+from lakesink.driver import catalogs
 from lakesink.errors import AuditError, InvalidOptionError, LakesinkError
-from lakesink.keyed import keyed_changes
-from lakesink.maintenance import DEFAULT_OLDER_THAN, OrphanFile, OrphanReport, remove_orphan_files
+from lakesink.maintenance.orphans import DEFAULT_OLDER_THAN, OrphanFile, OrphanReport, remove_orphan_files
 from lakesink.options import TableName
 from lakesink.redaction import redact_secrets_in
 
@@ -387,7 +387,7 @@ def verify_command(
 )
 def report_command(table: str, catalog_name: str | None, catalog_properties: dict[str, str], branch: str, html_path: str) -> None:
     """Write a self-contained HTML page about TABLE: verify result, batches, latency, files, writers."""
-    from lakesink.report import write_report
+    from lakesink.cli.report import write_report
 
     t = load_table(table, catalog_name, catalog_properties)
     try:
@@ -535,4 +535,4 @@ def _size(n: int) -> str:
 
 
 # the table maintenance commands (maintain, compact, expire-snapshots, forget-query) register themselves on main
-from lakesink import maintenance_cli as _maintenance_cli  # noqa: E402,F401
+from lakesink.cli import maintenance as _maintenance_cli  # noqa: E402,F401

@@ -17,9 +17,9 @@ from datetime import datetime, timedelta, timezone
 
 import click
 
-from lakesink import compaction, expiry, manifest_rewrite, upkeep
-from lakesink.cli import _duration_option, catalog_options, format_duration, load_table, main
+from lakesink.cli.audit import _duration_option, catalog_options, format_duration, load_table, main
 from lakesink.errors import LakesinkError
+from lakesink.maintenance import compaction, expiry, manifest_rewrite, routine
 
 _dry_run = click.option("--dry-run", is_flag=True, help="Change nothing; report what would be done.")
 _json = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -184,7 +184,7 @@ def rewrite_manifests_command(
 @click.option(
     "--orphans-older-than",
     metavar="DURATION",
-    default=format_duration(upkeep.SAFE_ORPHAN_AGE),
+    default=format_duration(routine.SAFE_ORPHAN_AGE),
     show_default=True,
     callback=_duration_option,
     help="Remove orphan files last modified longer ago than this.",
@@ -205,7 +205,7 @@ def maintain_command(
     orphan files at a safe age."""
     t = load_table(table, catalog_name, catalog_properties)
     try:
-        report = upkeep.maintain(
+        report = routine.maintain(
             t, dry_run=dry_run, orphans_older_than=None if no_orphans else orphans_older_than, progress=_progress(as_json)
         )
     except LakesinkError as e:
@@ -248,7 +248,7 @@ def forget_query_command(
     """
     t = load_table(table, catalog_name, catalog_properties)
     try:
-        report = upkeep.forget_query(t, query_id, sink_id=sink_id, dry_run=dry_run)
+        report = routine.forget_query(t, query_id, sink_id=sink_id, dry_run=dry_run)
     except LakesinkError as e:
         raise click.ClickException(str(e)) from None
     if as_json:

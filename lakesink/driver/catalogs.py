@@ -35,7 +35,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine, ExceptionContext
 from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 
-from lakesink import _pyiceberg as seam
+from lakesink._pyiceberg import commit as seam
 from lakesink.errors import CatalogError
 from lakesink.redaction import redact_secrets_in
 

@@ -18,13 +18,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyiceberg.table import Table
 
-from lakesink import _pyiceberg as seam
-from lakesink import (
-    storage,
-    taskchanges,
-    upkeep,  # a module: lakesink.upkeep imports the driver's swap loop back
-)
+from lakesink._pyiceberg import commit as seam
 from lakesink.driver import upsert
+from lakesink.driver.schema import SchemaChange
 from lakesink.driver.swap import RetriesExhausted, Status, SwapResult, swap_with_recheck
 from lakesink.driver.tables import SinkTable
 from lakesink.errors import (
@@ -34,10 +30,13 @@ from lakesink.errors import (
     LakesinkError,
     ReplayMismatchError,
 )
+from lakesink.executor import upsert_task
+from lakesink.executor.messages import TaskResult, WrittenFile, schema_digest
 from lakesink.faults import DRIVER_IN_ABORT, fault_point
-from lakesink.messages import TaskResult, WrittenFile, schema_digest
+from lakesink.maintenance import routine
 from lakesink.options import SINK_ID, Maintenance, OutputMode
-from lakesink.properties import (
+from lakesink.table import storage
+from lakesink.table.markers import (
     SUMMARY_COMMIT_ATTEMPT,
     SUMMARY_PREVIOUS_BATCH_ID,
     SUMMARY_SOURCE_OFFSETS,
@@ -48,7 +47,6 @@ from lakesink.properties import (
     last_batch_key,
     offsets_digest,
 )
-from lakesink.schema import SchemaChange
 
 log = logging.getLogger("lakesink")
 
@@ -102,7 +100,7 @@ class TableCommitter(SinkTable):
     # --- commit -------------------------------------------------------------------------------------
 
     @property
-    def maintainer(self) -> upkeep.AutoMaintainer:
+    def maintainer(self) -> routine.AutoMaintainer:
         """The sink's background maintenance (option ``maintenance``; docs/maintenance.md)."""
         if getattr(self, "_maintainer", None) is None:
             key = (
@@ -110,7 +108,7 @@ class TableCommitter(SinkTable):
                 tuple(sorted(self.options.catalog_properties.items())),
                 self.options.table.identifier,
             )
-            self._maintainer = upkeep.maintainer_for(key, self._load, self.load_fresh)
+            self._maintainer = routine.maintainer_for(key, self._load, self.load_fresh)
         return self._maintainer
 
     def commit_batch(
@@ -159,7 +157,7 @@ class TableCommitter(SinkTable):
     ) -> BatchOutcome:
         if changes is None and any(r.changes for r in results):
             # format("lakesink") with upsert-key: the tasks resolved their rows; a key of two tasks is an error
-            changes = taskchanges.merge([r.changes for r in results if r.changes], batch_id=batch_id)
+            changes = upsert_task.merge([r.changes for r in results if r.changes], batch_id=batch_id)
         batch = _Batch(
             query_id=query_id,
             batch_id=batch_id,

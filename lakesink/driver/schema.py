@@ -23,9 +23,9 @@ from pyspark.sql import types as spark_types
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType as SparkStructType
 
-from lakesink import _pyiceberg as seam
+from lakesink._pyiceberg import commit as seam
 from lakesink.errors import SchemaMismatchError
-from lakesink.executor import utc_schema
+from lakesink.executor.task_writer import utc_schema
 
 VALID_SPARK_TYPES = (
     "boolean, byte, short, int, long, float, double, decimal(p,s), string, char(n), varchar(n), binary, date, "

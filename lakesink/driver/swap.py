@@ -25,12 +25,12 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential_jitter
 
-from lakesink import catalogs
-from lakesink._pyiceberg import PreparedCommit
+from lakesink._pyiceberg.commit import PreparedCommit
+from lakesink.driver import catalogs
 from lakesink.errors import CommitOutcomeUnknownError, LakesinkError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_CHECK, DRIVER_BEFORE_SWAP, fault_point
-from lakesink.properties import CommittedBatch
-from lakesink.tablesettings import CommitRetry
+from lakesink.table.markers import CommittedBatch
+from lakesink.table.settings import CommitRetry
 
 log = logging.getLogger("lakesink")
 

@@ -18,8 +18,9 @@ from pyiceberg.table import Table
 from pyiceberg.types import NestedField
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
-from lakesink import _pyiceberg as seam
-from lakesink import catalogs, locations, partitioning
+from lakesink._pyiceberg import commit as seam
+from lakesink.driver import catalogs
+from lakesink.driver.schema import SchemaChange, check_writable
 from lakesink.errors import (
     CatalogError,
     CatalogUnavailableError,
@@ -27,12 +28,18 @@ from lakesink.errors import (
     LakesinkError,
     TableIdentityChangedError,
 )
-from lakesink.messages import WritePlan
+from lakesink.executor.messages import WritePlan
 from lakesink.options import DEFAULT_FORMAT_VERSION, FORMAT_VERSION, TABLE_PROPERTY_PREFIX, UPSERT_KEY, SinkOptions
-from lakesink.properties import LAST_BATCH_PREFIX, CommittedBatch, SnapshotIndex, last_committed_batch, last_committed_on_branch
 from lakesink.redaction import redact_secrets_in
-from lakesink.schema import SchemaChange, check_writable
-from lakesink.tablesettings import TableSettings
+from lakesink.table import locations, partitioning
+from lakesink.table.markers import (
+    LAST_BATCH_PREFIX,
+    CommittedBatch,
+    SnapshotIndex,
+    last_committed_batch,
+    last_committed_on_branch,
+)
+from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
 T = TypeVar("T")

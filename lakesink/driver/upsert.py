@@ -31,11 +31,11 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzType
 
-from lakesink import _pyiceberg as seam
+from lakesink._pyiceberg import commit as seam
+from lakesink.audit.key_diff import SUMMARY_DELETED, SUMMARY_INSERTED, SUMMARY_UPDATED
 from lakesink.errors import LakesinkError
-from lakesink.executor import TaskWriter, utc_schema
-from lakesink.keyed import SUMMARY_DELETED, SUMMARY_INSERTED, SUMMARY_UPDATED
-from lakesink.messages import WritePlan, WrittenFile
+from lakesink.executor.messages import WritePlan, WrittenFile
+from lakesink.executor.task_writer import TaskWriter, utc_schema
 
 #: The key flag column of the batch's keys (lakesink.changes.DELETED; repeated so that no Spark import is needed here).
 DELETED = "__lakesink_deleted"

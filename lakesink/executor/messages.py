@@ -16,8 +16,8 @@ from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
 from pyspark.sql.datasource import WriterCommitMessage
 
-from lakesink.tablesettings import TableSettings
-from lakesink.taskchanges import UpsertSpec
+from lakesink.executor.upsert_task import UpsertSpec
+from lakesink.table.settings import TableSettings
 
 
 def schema_digest(schema: Schema) -> str:

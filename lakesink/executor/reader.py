@@ -59,7 +59,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from lakesink import _pyiceberg as seam
+from lakesink._pyiceberg import commit as seam
 from lakesink.errors import AuditError, CatalogError, InvalidOptionError
 from lakesink.options import ReadOptions
 
@@ -81,8 +81,8 @@ class ResolvedRead:
 def open_read(options: ReadOptions) -> ResolvedRead:
     """Load the table and resolve the options' point in time (driver side)."""
     # driver-side imports here, not at the top: executors unpickle the reader from this module
-    from lakesink import catalogs
     from lakesink.audit import Point, parse_timestamp_ms, resolve
+    from lakesink.driver import catalogs
 
     catalog = catalogs.load(options.catalog_name, options.catalog_properties)
     try:

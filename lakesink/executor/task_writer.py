@@ -21,12 +21,13 @@ import pyarrow.parquet as pq
 from pyiceberg.schema import Schema
 from pyspark import TaskContext
 
-from lakesink import _pyiceberg as seam
-from lakesink import names, storage, taskchanges
+from lakesink._pyiceberg import commit as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError, TableLocationError
+from lakesink.executor import upsert_task
+from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
-from lakesink.messages import TaskResult, WritePlan, WrittenFile
-from lakesink.parquetlayout import DICT_SIZE_DEFAULT, dictionary_columns
+from lakesink.table import names, storage
+from lakesink.table.parquet_layout import DICT_SIZE_DEFAULT, dictionary_columns
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +158,10 @@ class TaskWriter:
         try:
             fault_point(EXECUTOR_BEFORE_WRITE)
             if self._plan.upsert is not None:  # format("lakesink") with upsert-key: one row per key of this task
-                batches, changes = taskchanges.resolve_task(
+                batches, changes = upsert_task.resolve_task(
                     batches, self._plan.upsert, batch_id=self._batch_id, partition_id=self._partition_id
                 )
-                self._changes = taskchanges.to_ipc(changes)
+                self._changes = upsert_task.to_ipc(changes)
             for batch in batches:
                 if batch.num_rows:
                     conformed = self._conform(batch)

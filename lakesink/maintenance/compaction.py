@@ -29,15 +29,15 @@ from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
-from lakesink import _pyiceberg as seam
-from lakesink import parquetlayout, storage
+from lakesink._pyiceberg import commit as seam
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import lakesink_key
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import CommitOutcomeUnknownError, LakesinkError
-from lakesink.properties import SUMMARY_COMMIT_ID, SUMMARY_OPERATION, CommittedBatch, SnapshotIndex, landed_commit
-from lakesink.tablesettings import TableSettings
+from lakesink.table import parquet_layout, storage
+from lakesink.table.markers import SUMMARY_COMMIT_ID, SUMMARY_OPERATION, CommittedBatch, SnapshotIndex, landed_commit
+from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
 
@@ -290,14 +290,14 @@ def _rewrite(
     size, footer = seam.write_parquet(
         table,
         location=location,
-        row_groups=parquetlayout.row_groups(
+        row_groups=parquet_layout.row_groups(
             batches,
             schema=seam.arrow_schema(seam.file_schema(schema)),
             max_rows=settings.row_group_rows,
             max_bytes=settings.row_group_bytes,
         ),
         schema=schema,
-        dictionary_page_limit=settings.dict_size or parquetlayout.DICT_SIZE_DEFAULT,
+        dictionary_page_limit=settings.dict_size or parquet_layout.DICT_SIZE_DEFAULT,
         key_value_metadata={origins.ORIGINS_KEY: origins.encode(runs)},
     )
     stats = seam.file_statistics(footer, seam.file_schema(schema), table.properties)

@@ -36,12 +36,12 @@ from typing import Any
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from lakesink import _pyiceberg as seam
-from lakesink import storage
+from lakesink._pyiceberg import commit as seam
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import LakesinkError
-from lakesink.properties import MAIN_BRANCH, CommittedBatch, SnapshotIndex, last_committed_batch, parse_last_batch_key
-from lakesink.tablesettings import Retention, TableSettings
+from lakesink.table import storage
+from lakesink.table.markers import MAIN_BRANCH, CommittedBatch, SnapshotIndex, last_committed_batch, parse_last_batch_key
+from lakesink.table.settings import Retention, TableSettings
 
 log = logging.getLogger("lakesink")
 

@@ -33,11 +33,11 @@ from typing import Any
 
 from pyiceberg.table import Table
 
-from lakesink import _pyiceberg as seam
+from lakesink._pyiceberg import commit as seam
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import CommitOutcomeUnknownError
-from lakesink.properties import SUMMARY_COMMIT_ID, SUMMARY_OPERATION, CommittedBatch, landed_commit
-from lakesink.tablesettings import TableSettings
+from lakesink.table.markers import SUMMARY_COMMIT_ID, SUMMARY_OPERATION, CommittedBatch, landed_commit
+from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
 

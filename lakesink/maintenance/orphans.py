@@ -33,10 +33,10 @@ from pyiceberg.manifest import ManifestContent, ManifestFile, read_manifest_list
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
 
-from lakesink import locations, names, storage
 from lakesink.errors import CatalogError, InvalidOptionError, LakesinkError
-from lakesink.properties import SUMMARY_QUERY_ID, last_committed_batch, parse_last_batch_key
 from lakesink.redaction import redact_secrets_in
+from lakesink.table import locations, names, storage
+from lakesink.table.markers import SUMMARY_QUERY_ID, last_committed_batch, parse_last_batch_key
 
 log = logging.getLogger("lakesink")
 

@@ -28,11 +28,11 @@ from typing import Any
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
-from lakesink import compaction, expiry, manifest_rewrite
 from lakesink.errors import LakesinkError
-from lakesink.maintenance import remove_orphan_files
-from lakesink.properties import LAST_BATCH_PREFIX, last_batch_key, last_committed_batch, parse_last_batch_key
-from lakesink.tablesettings import MAINTENANCE_INTERVAL_MS_DEFAULT, TableSettings
+from lakesink.maintenance import compaction, expiry, manifest_rewrite
+from lakesink.maintenance.orphans import remove_orphan_files
+from lakesink.table.markers import LAST_BATCH_PREFIX, last_batch_key, last_committed_batch, parse_last_batch_key
+from lakesink.table.settings import MAINTENANCE_INTERVAL_MS_DEFAULT, TableSettings
 
 log = logging.getLogger("lakesink")
 

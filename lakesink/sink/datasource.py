@@ -31,18 +31,18 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.types import StructType
 
 from lakesink import _pyspark
-from lakesink.checkpoint import read_query_id, read_source_offsets
+from lakesink.driver.schema import arrow_schema_of
 from lakesink.errors import InvalidOptionError, LakesinkError
-from lakesink.executor import TaskWriter
-from lakesink.messages import TaskResult, WritePlan
+from lakesink.executor.messages import TaskResult, WritePlan
+from lakesink.executor.task_writer import TaskWriter
+from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.options import ReadOptions, SinkOptions
-from lakesink.schema import arrow_schema_of
-from lakesink.taskchanges import UpsertSpec
+from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 
 log = logging.getLogger("lakesink")
 
 if TYPE_CHECKING:
-    from lakesink.driver import TableCommitter
+    from lakesink.driver.commit import TableCommitter
 
 ENV_LOG_LEVEL = "LAKESINK_LOG_LEVEL"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
@@ -74,13 +74,16 @@ class LakesinkDataSource(DataSource):
 
     def schema(self) -> StructType:
         """The table's schema at the point in time the read options name (``spark.read.format("lakesink")``)."""
-        from lakesink.reader import table_schema  # driver side (opens the catalog), see the module docstring
+        from lakesink.executor.reader import table_schema  # driver side (opens the catalog), see the module docstring
 
         return table_schema(ReadOptions.from_spark_options(dict(self.options)))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """A batch reader of the table (see :mod:`lakesink.reader`)."""
-        from lakesink.reader import LakesinkReader, LakesinkReaderWithoutPushdown  # driver side, see the module docstring
+        from lakesink.executor.reader import (  # driver side, see the module docstring
+            LakesinkReader,
+            LakesinkReaderWithoutPushdown,
+        )
 
         options = ReadOptions.from_spark_options(dict(self.options))
         return LakesinkReader(options, schema) if options.pushdown else LakesinkReaderWithoutPushdown(options, schema)
@@ -214,6 +217,6 @@ def _table_committer(options: SinkOptions) -> TableCommitter:
     Imported here, not at the top of the module: executors unpickle the writer from this module and
     must not load the driver, the catalogs or tenacity (see the module docstring).
     """
-    from lakesink.driver import TableCommitter
+    from lakesink.driver.commit import TableCommitter
 
     return TableCommitter(options)

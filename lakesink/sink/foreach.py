@@ -19,12 +19,13 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from lakesink import _pyspark, catalogs, changes, sparkfs, sparkwrite, storage
-from lakesink.checkpoint import read_query_id, read_source_offsets
-from lakesink.driver import BatchOutcome, TableCommitter
+from lakesink import _pyspark
+from lakesink.driver import catalogs
+from lakesink.driver.commit import BatchOutcome, TableCommitter
+from lakesink.driver.schema import arrow_schema_of
 from lakesink.errors import InvalidOptionError, LakesinkError
-from lakesink.executor import TASK_RESULT_SCHEMA, PartitionWriter
-from lakesink.messages import TaskResult, WritePlan
+from lakesink.executor.messages import TaskResult, WritePlan
+from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, PartitionWriter
 from lakesink.options import (
     BRANCH,
     CATALOG,
@@ -45,7 +46,9 @@ from lakesink.options import (
     SinkOptions,
     WriterKind,
 )
-from lakesink.schema import arrow_schema_of
+from lakesink.sink import spark_fs, spark_write, upsert_batch
+from lakesink.sink.checkpoint import read_query_id, read_source_offsets
+from lakesink.table import storage
 
 log = logging.getLogger("lakesink")
 
@@ -191,17 +194,17 @@ class ForeachBatchSink:
                 run_id=run_id,
                 table_uuid=plan.table_uuid,
             )
-        resolved = changes.resolve(df, batch_id, self.options) if self.options.upsert_key else None
+        resolved = upsert_batch.resolve(df, batch_id, self.options) if self.options.upsert_key else None
         try:
             return self._write_and_commit(resolved.rows if resolved else df, resolved, plan, table, query_id, batch_id, run_id)
         finally:
             if resolved is not None:
-                changes.release(resolved)
+                upsert_batch.release(resolved)
 
     def _write_and_commit(
         self,
         df: DataFrame,
-        resolved: changes.ResolvedBatch | None,
+        resolved: upsert_batch.ResolvedBatch | None,
         plan: WritePlan,
         table: Any,
         query_id: str,
@@ -211,9 +214,9 @@ class ForeachBatchSink:
         committer = self._committer
         assert committer is not None
         spark = df.sparkSession
-        reason = sparkwrite.unsupported_reason(plan.schema, plan.spec)
+        reason = spark_write.unsupported_reason(plan.schema, plan.spec)
         if reason is None and self.options.writer is not WriterKind.ARROW:
-            reason = sparkfs.unwritable_reason(spark, plan.data_prefix)  # e.g. s3a:// without hadoop-aws
+            reason = spark_fs.unwritable_reason(spark, plan.data_prefix)  # e.g. s3a:// without hadoop-aws
         if self.options.writer is WriterKind.SPARK and reason is not None:
             raise InvalidOptionError(f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'")
         if self.options.writer is WriterKind.ARROW or reason is not None:
@@ -221,7 +224,7 @@ class ForeachBatchSink:
             results = [pickle.loads(r[0]) for r in rows]
             directory = None
         else:
-            written = sparkwrite.write_batch(
+            written = spark_write.write_batch(
                 df, plan, batch_id=batch_id, max_records_per_file=self._max_records_per_file(plan), run_id=run_id
             )
             results, directory = list(written.results), written.directory

@@ -67,9 +67,9 @@ from pyiceberg.utils.decimal import unscaled_to_decimal
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from lakesink import _pyiceberg as seam
-from lakesink.bucketing import bucket_function
+from lakesink._pyiceberg import commit as seam
 from lakesink.errors import LakesinkError
+from lakesink.executor.bucketing import bucket_function
 
 _MICROS_PER_DAY = 86_400_000_000
 _MICROS_PER_HOUR = 3_600_000_000

@@ -58,12 +58,13 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lakesink import _pyiceberg as seam
-from lakesink import names, sparkpartition, storage
+from lakesink._pyiceberg import commit as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError
+from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
 from lakesink.faults import fault_point
-from lakesink.messages import TaskResult, WritePlan, WrittenFile
-from lakesink.parquetlayout import DICT_SIZE_DEFAULT
+from lakesink.sink import spark_partition
+from lakesink.table import names, storage
+from lakesink.table.parquet_layout import DICT_SIZE_DEFAULT
 
 log = logging.getLogger("lakesink")
 
@@ -175,7 +176,7 @@ def unsupported_reason(schema: Schema, spec: PartitionSpec = UNPARTITIONED_PARTI
                 f"column {f.name!r} has type {f.field_type}: Spark's Parquet writer cannot write it with Iceberg "
                 "field ids (lists and maps: no ids on elements, keys and values; fixed, uuid, time, timestamp_ns)"
             )
-    return sparkpartition.unsupported_reason(spec, schema)
+    return spark_partition.unsupported_reason(spec, schema)
 
 
 # --- the projection onto the table ------------------------------------------------------------------
@@ -307,8 +308,8 @@ def write_batch(
         # one grouping-key column per partition field: Spark writes one directory per key, one partition per
         # file (docs/partitioning.md#spark-path); the keys are not written into the files
         file_schema = seam.file_schema(plan.schema)
-        keys = sparkpartition.key_names(plan.spec, file_schema)
-        columns = sparkpartition.grouping_keys(plan.spec, file_schema)
+        keys = spark_partition.key_names(plan.spec, file_schema)
+        columns = spark_partition.grouping_keys(plan.spec, file_schema)
         projected = projected.select("*", *[c.alias(n) for c, n in zip(columns, keys, strict=True)])
     frame = projected.observe(observation, F.count(F.lit(1)).alias("rows")).write
     if keys:
@@ -499,7 +500,7 @@ def _files_of_write(
                 with plan.io.new_input(path).open() as stream:
                     return pq.read_table(stream, columns=columns)
 
-            partition = sparkpartition.partition_of_file(metadata, plan.spec, file_schema, read_columns, path)
+            partition = spark_partition.partition_of_file(metadata, plan.spec, file_schema, read_columns, path)
         return WrittenFile(path=path, size_in_bytes=size, record_count=metadata.num_rows, statistics=stats, partition=partition)
 
     if len(names) <= 1:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from lakesink import storage
 from lakesink.errors import TableLocationError
+from lakesink.table import storage
 
 DATA_PATH_PROPERTIES = ("write.data.path", "write.object-storage.path", "write.folder-storage.path")
 METADATA_PATH_PROPERTIES = ("write.metadata.path",)

@@ -10,13 +10,13 @@ import pytest
 from click.testing import CliRunner
 
 import lakesink
-from lakesink import compaction, expiry
 from lakesink.audit.snapshots import lakesink_key
-from lakesink.driver import Outcome, TableCommitter
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import AuditError
+from lakesink.maintenance import compaction, expiry
 from lakesink.options import Maintenance, SinkOptions, TableName
-from tests.helpers import arrow_rows, commit, load, table_ids, write_task
-from tests.test_table_maintenance import Q1, _missing_referenced_files
+from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files
+from tests.support.helpers import arrow_rows, commit, load, table_ids, write_task
 
 SCHEMA = arrow_rows([]).schema
 
@@ -92,7 +92,7 @@ def test_which_names_the_original_batch_after_compactions_and_expiry(catalog_pro
 
 
 def test_which_command_after_compaction(catalog_properties: dict[str, str]) -> None:
-    from lakesink.cli import main
+    from lakesink.cli.audit import main
 
     c = _committer(catalog_properties)
     _batches(c, 5)

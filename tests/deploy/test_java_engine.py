@@ -25,18 +25,18 @@ from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, Stri
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
-from lakesink import catalogs
-from lakesink.cli import main as cli
+from lakesink.cli.audit import main as cli
+from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_BEFORE_SWAP
-from lakesink.properties import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
-from tests import test_types as types_matrix
-from tests.helpers import Stream, assert_snapshot_invariants, lakesink_snapshots, table_ids
-from tests.interop_values import differences, plain_rows
-from tests.java_engine import JavaEngine, iceberg_jars, jdbc_jar, jdbc_url
+from lakesink.table.markers import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
+from tests.sink import test_types as types_matrix
+from tests.support.helpers import Stream, assert_snapshot_invariants, lakesink_snapshots, table_ids
+from tests.support.interop_values import differences, plain_rows
+from tests.support.java_engine import JavaEngine, iceberg_jars, jdbc_jar, jdbc_url
 
 pytestmark = [pytest.mark.spark, pytest.mark.deploy]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPARK_DEFAULTS = ROOT / "catalog" / "spark" / "spark-defaults.conf"
 CATALOG = "shared"  # the name in spark-defaults.conf; pyiceberg stores it in every catalog row
 

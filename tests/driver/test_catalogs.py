@@ -10,7 +10,7 @@ import pytest
 import strictyaml
 from pyiceberg.catalog.sql import SqlCatalog
 
-from lakesink import catalogs
+from lakesink.driver import catalogs
 from lakesink.errors import CatalogError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,13 +14,13 @@ import pytest
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.types import StringType
 
-from lakesink import _pyiceberg as seam
-from lakesink.driver import Outcome, TableCommitter
+from lakesink._pyiceberg import commit as seam
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import CommitConflictError, CommitOutcomeUnknownError, ConcurrentTableChangeError
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.options import OutputMode
-from lakesink.properties import last_committed_batch
-from tests.helpers import (
+from lakesink.table.markers import last_committed_batch
+from tests.support.helpers import (
     arrow_rows,
     assert_snapshot_invariants,
     commit,

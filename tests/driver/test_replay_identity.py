@@ -16,13 +16,13 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 
-from lakesink.driver import Outcome, TableCommitter
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import DuplicateSinkError, ReplayMismatchError, TableIdentityChangedError
-from lakesink.executor import TaskWriter
-from lakesink.messages import TaskResult
+from lakesink.executor.messages import TaskResult
+from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName
-from lakesink.properties import SnapshotIndex, last_committed_batch
-from tests.helpers import arrow_rows, assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, load, table_ids
+from lakesink.table.markers import SnapshotIndex, last_committed_batch
+from tests.support.helpers import arrow_rows, assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, load, table_ids
 
 SCHEMA = arrow_rows([]).schema
 Q = "33333333-cccc-4000-8000-000000000003"
@@ -213,7 +213,7 @@ def test_table_dropped_and_recreated_elsewhere_gets_nothing_of_the_batch(catalog
 
 
 def load_schema(c: TableCommitter, result: TaskResult):  # type: ignore[no-untyped-def]
-    from lakesink import _pyiceberg as seam
+    from lakesink._pyiceberg import commit as seam
 
     return seam.new_table_schema(SCHEMA)
 
@@ -291,9 +291,9 @@ def test_abort_in_another_worker_waits_for_the_commit_in_flight(catalog_properti
 
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    from lakesink.datasource import LakesinkStreamWriter
     from lakesink.faults import DRIVER_BEFORE_SWAP
     from lakesink.options import SinkOptions
+    from lakesink.sink.datasource import LakesinkStreamWriter
 
     ck = tmp_path / "checkpoint"
     (ck / "offsets").mkdir(parents=True)

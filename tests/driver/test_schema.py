@@ -19,9 +19,9 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from lakesink._pyiceberg import iceberg_type
+from lakesink._pyiceberg.commit import iceberg_type
+from lakesink.driver.schema import SchemaChange, check_writable
 from lakesink.errors import SchemaMismatchError
-from lakesink.schema import SchemaChange, check_writable
 
 TABLE = Schema(
     NestedField(1, "id", LongType(), required=True),

@@ -12,11 +12,11 @@ import pyarrow as pa
 import pytest
 from pyiceberg.types import LongType, StringType
 
-from lakesink.driver import TableCommitter
+from lakesink.driver.commit import TableCommitter
 from lakesink.errors import ConcurrentTableChangeError
-from lakesink.executor import TaskWriter
+from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions
-from tests.helpers import Stream, data_files_on_disk, table_ids
+from tests.support.helpers import Stream, data_files_on_disk, table_ids
 
 WIDER_DDL = "note string, kind long, id long, ts timestamp, user string, amount double"
 

@@ -31,11 +31,11 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.table import Table
 from sqlalchemy import event, text
 
-from lakesink import catalogs
 from lakesink.audit import verify
-from lakesink.driver import BatchOutcome, Outcome, TableCommitter
+from lakesink.driver import catalogs
+from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
 from lakesink.errors import LakesinkError
-from tests.helpers import (
+from tests.support.helpers import (
     arrow_rows,
     commit,
     lakesink_snapshots,
@@ -46,7 +46,7 @@ from tests.helpers import (
     write_task,
 )
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 Q1 = "11111111-aaaa-4000-8000-000000000001"
 WRITER_FIRST_ID = 1_000_000_000  # the other writer's ids; lakesink's are below
 COMMITTED = re.compile(r"lakesink: table=\S+ query=(\S+) batch=(\d+) committed ")
@@ -57,7 +57,7 @@ class Holder:
 
     def __init__(self, uri: str):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.sql_lock_procs", "holder", uri],
+            [sys.executable, "-m", "tests.jobs.sql_lock_procs", "holder", uri],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -91,7 +91,7 @@ class Writer:
 
     def __init__(self, props: dict[str, str]):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.sql_lock_procs", "writer", json.dumps(props), str(WRITER_FIRST_ID)],
+            [sys.executable, "-m", "tests.jobs.sql_lock_procs", "writer", json.dumps(props), str(WRITER_FIRST_ID)],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -287,7 +287,7 @@ def test_stream_beside_a_lock_holder_and_a_pyiceberg_writer(
 
     def start_job() -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.sql_lock_procs", "stream", json.dumps(props), str(src), str(ck)],
+            [sys.executable, "-m", "tests.jobs.sql_lock_procs", "stream", json.dumps(props), str(src), str(ck)],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,

@@ -14,17 +14,17 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from lakesink import interop
-from lakesink.driver import Outcome, TableCommitter
+from lakesink.audit import interop
+from lakesink.audit.key_diff import SUMMARY_DELETED, SUMMARY_INSERTED, SUMMARY_UPDATED
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.driver.upsert import DELETED, SUMMARY_FILES_READ
 from lakesink.errors import InjectedFault, InvalidOptionError, LakesinkError, UpsertKeyError
-from lakesink.executor import TaskWriter
+from lakesink.executor.messages import TaskResult
+from lakesink.executor.task_writer import TaskWriter
+from lakesink.executor.upsert_task import UpsertSpec, merge, resolve_task, to_ipc
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, DRIVER_BEFORE_SWAP
-from lakesink.keyed import SUMMARY_DELETED, SUMMARY_INSERTED, SUMMARY_UPDATED
-from lakesink.messages import TaskResult
 from lakesink.options import SinkOptions, TableName
-from lakesink.taskchanges import UpsertSpec, merge, resolve_task, to_ipc
-from tests.helpers import assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, referenced_data_files
+from tests.support.helpers import assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, referenced_data_files
 
 Q = "11111111-aaaa-4000-8000-000000000001"
 SCHEMA = pa.schema([("id", pa.int64()), ("value", pa.string()), ("seq", pa.int64())])
@@ -34,7 +34,7 @@ Event = tuple[int, str, int, bool]
 
 
 def make(props: dict[str, str], *, partitioned_by: str | None = None) -> TableCommitter:
-    from lakesink import partitioning
+    from lakesink.table import partitioning
 
     c = TableCommitter(
         SinkOptions(
@@ -310,7 +310,7 @@ def test_audit_history_diff_and_verify_of_an_upsert_table(catalog_properties: di
     from click.testing import CliRunner
 
     import lakesink
-    from lakesink.cli import main
+    from lakesink.cli.audit import main
 
     c = make(catalog_properties)
     run_batch(c, 0, [(k, "old", k, False) for k in range(10)])
@@ -338,7 +338,7 @@ def test_composite_key_of_string_date_and_timestamp(catalog_properties: dict[str
     """A key of (tenant string, day date, at timestamptz): statistics and partition pruning decode each type."""
     import datetime
 
-    from lakesink import partitioning
+    from lakesink.table import partitioning
 
     schema = pa.schema([("tenant", pa.string()), ("day", pa.date32()), ("at", pa.timestamp("us", "UTC")), ("value", pa.int64())])
     c = TableCommitter(

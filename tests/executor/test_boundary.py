@@ -20,10 +20,10 @@ from pathlib import Path
 from pyspark import cloudpickle
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from lakesink.datasource import LakesinkStreamWriter
-from lakesink.executor import PartitionWriter
+from lakesink.executor.reader import LakesinkReader
+from lakesink.executor.task_writer import PartitionWriter
 from lakesink.options import ReadOptions, SinkOptions, TableName
-from lakesink.reader import LakesinkReader
+from lakesink.sink.datasource import LakesinkStreamWriter
 
 _dumps: Callable[[object], bytes] = cloudpickle.dumps  # what Spark pickles with (untyped in pyspark)
 

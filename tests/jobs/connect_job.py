@@ -16,7 +16,7 @@ def main() -> int:
     from pyspark.sql import SparkSession
 
     import lakesink
-    from tests.helpers import SCHEMA_DDL
+    from tests.support.helpers import SCHEMA_DDL
 
     spark = SparkSession.builder.remote(cfg["url"]).getOrCreate()
     try:

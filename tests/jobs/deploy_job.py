@@ -21,7 +21,7 @@ def main() -> int:
     from pyspark.sql import SparkSession
 
     import lakesink
-    from tests.helpers import SCHEMA_DDL
+    from tests.support.helpers import SCHEMA_DDL
 
     builder = (
         SparkSession.builder.master(cfg["master"])

@@ -9,7 +9,7 @@ import sys
 from pyspark.sql import SparkSession
 
 import lakesink
-from tests.helpers import SCHEMA_DDL
+from tests.support.helpers import SCHEMA_DDL
 
 props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()

@@ -21,13 +21,14 @@ import pytest
 from pyiceberg.table import Table
 
 import lakesink
-from lakesink import _pyiceberg as seam
-from lakesink import interop, manifest_rewrite
-from lakesink.driver import Outcome, TableCommitter
+from lakesink._pyiceberg import commit as seam
+from lakesink.audit import interop
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
+from lakesink.maintenance import manifest_rewrite
 from lakesink.options import SinkOptions, TableName
-from tests.helpers import arrow_rows, assert_snapshot_invariants, commit, load, table_ids, write_task
-from tests.test_table_maintenance import Q1, _missing_referenced_files, _wait
+from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files, _wait
+from tests.support.helpers import arrow_rows, assert_snapshot_invariants, commit, load, table_ids, write_task
 
 SCHEMA = arrow_rows([]).schema
 NO_MERGE = {"commit.manifest-merge.enabled": "false", "write.lakesink.maintenance.interval-ms": "3600000"}
@@ -101,7 +102,7 @@ def test_rewrite_merges_many_manifests_and_keeps_every_entry_history_and_audit(c
         assert _ids(lakesink.read_at(table, lakesink.Point(batch_id=b))) == Counter(range(0, (b + 1) * 1000)) & Counter(sent)
     verified = lakesink.verify(table)
     assert verified.violations == [], verified.violations
-    from lakesink.cli import human_history
+    from lakesink.cli.audit import human_history
 
     assert "(lakesink manifest rewrite)" in human_history(lakesink.history(table))
     # which: a row is attributed to the batch that wrote it, not to the rewrite
@@ -133,7 +134,7 @@ def test_rewrite_is_due_only_when_it_reduces_the_manifests(catalog_properties: d
 
 
 def test_partitioned_table_manifests_are_clustered_by_partition(catalog_properties: dict[str, str]) -> None:
-    from lakesink.partitioning import parse
+    from lakesink.table.partitioning import parse
 
     c = TableCommitter(
         SinkOptions(
@@ -214,7 +215,8 @@ def test_a_rewrite_that_keeps_losing_gives_up_cleanly(catalog_properties: dict[s
 
 _KILL_SCRIPT = """
 import sys
-from lakesink import catalogs, manifest_rewrite
+from lakesink.driver import catalogs
+from lakesink.maintenance import manifest_rewrite
 props = dict(a.split("=", 1) for a in sys.argv[1:])
 table = catalogs.load(None, props).load_table(("db", "events"))
 manifest_rewrite.rewrite_manifests(table)
@@ -271,7 +273,7 @@ def test_auto_maintenance_rewrites_manifests_from_min_count_to_merge(catalog_pro
 def _cli(props: dict[str, str], *args: str) -> Any:
     from click.testing import CliRunner
 
-    from lakesink.cli import main
+    from lakesink.cli.audit import main
 
     cat = [a for k, v in props.items() for a in ("--catalog-property", f"{k}={v}")]
     return CliRunner().invoke(main, [args[0], "db.events", *args[1:], *cat])

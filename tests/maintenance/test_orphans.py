@@ -30,17 +30,17 @@ from pyiceberg.table import StaticTable, Table
 from pyiceberg.table.statistics import BlobMetadata, StatisticsFile
 
 import lakesink
-from lakesink import _pyiceberg as seam
-from lakesink import names
-from lakesink.cli import format_duration, main, parse_duration
-from lakesink.driver import BatchOutcome, Outcome, TableCommitter
+from lakesink._pyiceberg import commit as seam
+from lakesink.cli.audit import format_duration, main, parse_duration
+from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
 from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError, LakesinkError
+from lakesink.executor.messages import TaskResult
 from lakesink.faults import DRIVER_BEFORE_SWAP, EXECUTOR_AFTER_FILE
-from lakesink.maintenance import IN_FLIGHT_WINDOW, OrphanFile, OrphanReport, remove_orphan_files
-from lakesink.messages import TaskResult
+from lakesink.maintenance.orphans import IN_FLIGHT_WINDOW, OrphanFile, OrphanReport, remove_orphan_files
 from lakesink.options import OutputMode
+from lakesink.table import names
 from tests.conftest import sql_catalog_properties
-from tests.helpers import arrow_rows, commit, load, make_committer, table_ids, write_task
+from tests.support.helpers import arrow_rows, commit, load, make_committer, table_ids, write_task
 
 SCHEMA = arrow_rows([]).schema
 Q1 = "11111111-aaaa-4000-8000-000000000001"
@@ -202,8 +202,8 @@ _KILLED_DRIVER = textwrap.dedent(
     """
     import json, sys
     import pyarrow as pa
-    from lakesink.driver import TableCommitter
-    from lakesink.executor import TaskWriter
+    from lakesink.driver.commit import TableCommitter
+    from lakesink.executor.task_writer import TaskWriter
     from lakesink.options import SinkOptions, TableName
 
     props, query_id, batch_id = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])

@@ -16,11 +16,11 @@ import pytest
 from pyiceberg.table import Table
 
 import lakesink
-from lakesink import expiry
-from lakesink.driver import Outcome, TableCommitter
+from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.maintenance import expiry
 from lakesink.options import Maintenance, SinkOptions, TableName
-from tests.helpers import arrow_rows, commit, load, table_ids, write_task
-from tests.test_table_maintenance import Q1, _missing_referenced_files
+from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files
+from tests.support.helpers import arrow_rows, commit, load, table_ids, write_task
 
 SCHEMA = arrow_rows([]).schema
 Q2 = "22222222-bbbb-4000-8000-000000000002"
@@ -176,7 +176,7 @@ def test_expiry_cli_reports_removed_and_protected_refs(catalog_properties: dict[
 
     from click.testing import CliRunner
 
-    from lakesink.cli import main as cli
+    from lakesink.cli.audit import main as cli
 
     c = _committer(catalog_properties, {"history.expire.max-ref-age-ms": "0"})
     _batches(c, Q1, 2)

@@ -22,14 +22,14 @@ from typing import Any
 import pytest
 from pyiceberg.table import Table
 
-from lakesink import _pyiceberg as seam
-from lakesink import compaction, expiry
-from lakesink.driver import Outcome, TableCommitter
+from lakesink._pyiceberg import commit as seam
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
+from lakesink.maintenance import compaction, expiry
 from lakesink.options import Maintenance, SinkOptions, TableName
-from lakesink.properties import last_committed_batch
-from tests.helpers import (
+from lakesink.table.markers import last_committed_batch
+from tests.support.helpers import (
     arrow_rows,
     assert_snapshot_invariants,
     commit,
@@ -205,7 +205,7 @@ def test_compaction_dry_run_commits_nothing(catalog_properties: dict[str, str]) 
 
 
 def test_compaction_partitioned_table_packs_per_partition(catalog_properties: dict[str, str]) -> None:
-    from lakesink.partitioning import parse
+    from lakesink.table.partitioning import parse
 
     c = _committer(catalog_properties, partitioned_by=parse("user"))
     sent = _batches(c, 5, rows=14)  # 7 users: 7 partitions x 5 files
@@ -263,7 +263,8 @@ def test_compaction_gives_up_cleanly_when_a_rewritten_file_is_no_longer_live(
 
 _KILL_SCRIPT = """
 import sys
-from lakesink import catalogs, compaction, expiry
+from lakesink.driver import catalogs
+from lakesink.maintenance import compaction, expiry
 props = dict(a.split("=", 1) for a in sys.argv[2:])
 table = catalogs.load(None, props).load_table(("db", "events"))
 if sys.argv[1] == "compact":
@@ -476,9 +477,9 @@ def test_maintenance_gives_up_when_a_batch_holds_the_sink_past_its_turn(
     """A batch stuck in its commit (here: paused before its swap) never waits for maintenance: the maintenance
     attempt waits at most TURN_WAIT_S for its turn, then gives up cleanly (its new files deleted) and a later
     run compacts."""
-    from lakesink import upkeep
+    from lakesink.maintenance import routine
 
-    monkeypatch.setattr(upkeep, "TURN_WAIT_S", 0.2)
+    monkeypatch.setattr(routine, "TURN_WAIT_S", 0.2)
     c = _committer(catalog_properties, table_properties={"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "10"})
     sent = _batches(c, 5)
     result = write_task(c, Q1, 5, [5000, 5001])
@@ -548,7 +549,7 @@ def test_compaction_lands_beside_a_stream_that_commits_back_to_back(catalog_prop
 def _cli(props: dict[str, str], *args: str) -> Any:
     from click.testing import CliRunner
 
-    from lakesink.cli import main
+    from lakesink.cli.audit import main
 
     cat = [a for k, v in props.items() for a in ("--catalog-property", f"{k}={v}")]
     return CliRunner().invoke(main, [args[0], "db.events", *args[1:], *cat])
@@ -599,7 +600,7 @@ def test_audit_after_compaction_and_expiry(catalog_properties: dict[str, str]) -
     summary mismatches before); history names compactions and the expired start; a read as of an expired batch
     is an AuditError (it returned the table's head before)."""
     import lakesink
-    from lakesink.cli import human_history
+    from lakesink.cli.audit import human_history
     from lakesink.errors import AuditError
 
     c = _committer(
@@ -673,7 +674,7 @@ def test_a_table_moved_by_another_writer_is_read_afresh_and_parsed_once(
     from pyiceberg.catalog.sql import SqlCatalog
     from pyiceberg.serializers import FromInputFile
 
-    from lakesink import catalogs
+    from lakesink.driver import catalogs
 
     c = _committer(catalog_properties, maintenance=Maintenance.OFF)
     sent = _batches(c, 2)
@@ -704,7 +705,15 @@ def test_a_table_moved_by_another_writer_is_read_afresh_and_parsed_once(
     assert table_ids(load_catalog(name, **props).load_table(("db", "events"))) == Counter([*sent, 3000])
 
 
-@pytest.mark.parametrize("module", ["lakesink.upkeep", "lakesink.compaction", "lakesink.expiry", "lakesink.maintenance_cli"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "lakesink.maintenance.routine",
+        "lakesink.maintenance.compaction",
+        "lakesink.maintenance.expiry",
+        "lakesink.cli.maintenance",
+    ],
+)
 def test_maintenance_modules_import_first_in_a_fresh_interpreter(module: str) -> None:
     """The driver imports lakesink.upkeep and lakesink.upkeep imports the driver's swap loop: whichever is
     imported first, the import works (it failed with a circular ImportError once)."""

@@ -25,7 +25,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import IntegerType, ListType, LongType, NestedField, StringType, StructType
 
-from lakesink import _pyiceberg as seam
+from lakesink._pyiceberg import commit as seam
 
 
 @contextmanager
@@ -213,7 +213,7 @@ def test_merge_enabled_flag_is_read_when_manifests_are_processed(table: Table, c
 
 def test_update_schema_apply(table: Table) -> None:
     with hook("pyiceberg.table.update.schema.UpdateSchema._apply", "evolved_schema"):
-        from lakesink.schema import SchemaChange
+        from lakesink.driver.schema import SchemaChange
 
         schema = seam.evolved_schema(table, [SchemaChange("add", ("extra",), StringType())])
         assert schema.find_field("extra").field_id == 3

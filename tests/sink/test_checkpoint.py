@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lakesink.checkpoint import read_query_id, read_source_offsets
 from lakesink.errors import CheckpointError
+from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 
 QUERY_ID = "8c3f2a6e-59a8-4d0a-9f43-3c5d0e5e9b41"
 

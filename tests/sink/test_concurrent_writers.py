@@ -18,7 +18,7 @@ import pytest
 import lakesink
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from tests.conftest import sql_catalog_properties
-from tests.helpers import (
+from tests.support.helpers import (
     Stream,
     assert_snapshot_invariants,
     data_files_on_disk,

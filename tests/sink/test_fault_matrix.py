@@ -45,7 +45,7 @@ from lakesink.faults import (
     DRIVER_BEFORE_SWAP,
 )
 from tests.conftest import sql_catalog_properties
-from tests.helpers import (
+from tests.support.helpers import (
     Stream,
     assert_snapshot_invariants,
     data_files_on_disk,
@@ -129,8 +129,8 @@ def test_row_07_zombie_driver_commits_the_same_batch(
         shutil.copytree(s.ck, zombie_ck)  # the same query id, batch 0 planned but not committed
         env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
         proc = subprocess.run(
-            [sys.executable, "-m", "tests.zombie_job", json.dumps(catalog_properties), str(s.src), str(zombie_ck)],
-            cwd=Path(__file__).parent.parent,
+            [sys.executable, "-m", "tests.jobs.zombie_job", json.dumps(catalog_properties), str(s.src), str(zombie_ck)],
+            cwd=Path(__file__).resolve().parents[2],
             env=env,
             capture_output=True,
             text=True,

@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 import lakesink
 from lakesink.faults import DRIVER_BEFORE_SWAP
-from tests.helpers import (
+from tests.support.helpers import (
     SCHEMA_DDL,
     TABLE,
     assert_snapshot_invariants,
@@ -70,7 +70,7 @@ class Pipeline:
 
     @property
     def table(self) -> Any:
-        from lakesink import catalogs
+        from lakesink.driver import catalogs
 
         return catalogs.load(None, self.props).load_table(("db", "events"))
 

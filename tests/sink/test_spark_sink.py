@@ -17,11 +17,11 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 import lakesink
-from lakesink import catalogs
+from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_WRITE
-from lakesink.sparkwrite import SPARKWRITE_BEFORE_WRITE
-from tests.helpers import (
+from lakesink.sink.spark_write import SPARKWRITE_BEFORE_WRITE
+from tests.support.helpers import (
     TABLE,
     Stream,
     assert_snapshot_invariants,

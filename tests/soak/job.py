@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     import lakesink
-    from tests.helpers import SCHEMA_DDL
+    from tests.support.helpers import SCHEMA_DDL
 
     spark = (
         SparkSession.builder.master(args.master)

@@ -64,7 +64,8 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 from pyiceberg.exceptions import NoSuchTableError  # noqa: E402
 
 from examples.demo import describe_processes, local_path, session_members, spark_log  # noqa: E402
-from lakesink import catalogs, interop  # noqa: E402
+from lakesink.audit import interop  # noqa: E402
+from lakesink.driver import catalogs
 from lakesink.faults import (  # noqa: E402
     DRIVER_AFTER_SWAP,
     DRIVER_BEFORE_CHECK,
@@ -74,7 +75,7 @@ from lakesink.faults import (  # noqa: E402
     EXECUTOR_BEFORE_RETURN,
     EXECUTOR_BEFORE_WRITE,
 )
-from tests.helpers import (  # noqa: E402
+from tests.support.helpers import (  # noqa: E402
     assert_snapshot_invariants,
     data_files_on_disk,
     lakesink_snapshots,

@@ -1,4 +1,5 @@
-"""Fixtures of the unit tests (no Spark session: only real catalogs, files and Arrow data)."""
+"""Fixtures of the tests that need no Spark session (only real catalogs, files and Arrow data); tests/conftest.py
+registers them for every test folder."""
 
 from __future__ import annotations
 
@@ -8,11 +9,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from lakesink.driver import TableCommitter
-from lakesink.messages import WritePlan
+from lakesink.driver.commit import TableCommitter
+from lakesink.executor.messages import WritePlan
 from lakesink.options import SinkOptions, TableName
-
-from .helpers import MakePlan
+from tests.support.files import MakePlan
 
 
 @pytest.fixture

@@ -16,12 +16,12 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 import lakesink
-from lakesink import catalogs
-from lakesink.driver import BatchOutcome, TableCommitter
-from lakesink.executor import TaskWriter
-from lakesink.messages import TaskResult
+from lakesink.driver import catalogs
+from lakesink.driver.commit import BatchOutcome, TableCommitter
+from lakesink.executor.messages import TaskResult
+from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import OutputMode, SinkOptions, TableName
-from lakesink.properties import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK_ID
+from lakesink.table.markers import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK_ID
 
 SCHEMA_DDL = "id long, ts timestamp, user string, amount double, kind int"
 TABLE = "db.events"

@@ -8,12 +8,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from lakesink import locations
-from lakesink.driver import TableCommitter
+from lakesink.driver.commit import TableCommitter
 from lakesink.errors import TableLocationError
-from lakesink.executor import TaskWriter
+from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName
-from tests.helpers import arrow_rows
+from lakesink.table import locations
+from tests.support.helpers import arrow_rows
 
 SCHEMA = arrow_rows([]).schema
 

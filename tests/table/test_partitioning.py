@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransform, TruncateTransform
 
-from lakesink import interop
-from lakesink.driver import TableCommitter
+from lakesink.audit import interop
+from lakesink.driver.commit import TableCommitter
 from lakesink.errors import InvalidOptionError
-from lakesink.executor import TaskWriter
-from lakesink.messages import WritePlan
+from lakesink.executor.messages import WritePlan
+from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import OutputMode, SinkOptions, TableName
-from tests.helpers import Stream, assert_snapshot_invariants
+from tests.support.helpers import Stream, assert_snapshot_invariants
 
 
 def _files(table: Any) -> list[Any]:

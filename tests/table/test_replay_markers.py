@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lakesink.properties import (
+from lakesink.table.markers import (
     CommittedBatch,
     batch_summary,
     last_batch_key,
