@@ -156,7 +156,7 @@ def _commit_times(spark_log: Path | None) -> dict[int, float]:
 
 def table_sample(props: dict[str, str], table: str) -> dict[str, Any]:
     """Data files of the current snapshot, metadata.json size, and DuckDB's time to scan the whole table."""
-    from lakesink._pyiceberg import commit as seam
+    from lakesink._pyiceberg import io as seam
     from lakesink.driver import catalogs
 
     t = catalogs.load(None, props).load_table(table)

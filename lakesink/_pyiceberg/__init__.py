@@ -12,4 +12,6 @@ against pyiceberg 0.12.
   swap and reload, schema evolution, and the maintenance snapshot producers (replace, expire, manifest rewrite).
 
 This ``__init__`` imports nothing: an executor importing the io part never loads the commit part (nor SQLAlchemy).
+A module imports the part it uses as ``seam``; a driver module that uses both imports the io part as ``seam``
+and the commit part as ``seam_commit``.
 """

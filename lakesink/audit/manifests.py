@@ -10,7 +10,7 @@ from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, Manifes
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Snapshot
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import io as seam
 
 
 class Manifests:

@@ -11,7 +11,7 @@ import pyarrow as pa
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.table import Table
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import io as seam
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests, read_files
 from lakesink.audit.points import Point, resolve

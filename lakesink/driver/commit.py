@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyiceberg.table import Table
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
 from lakesink.driver import upsert
 from lakesink.driver.schema import SchemaChange
 from lakesink.driver.swap import RetriesExhausted, Status, SwapResult, swap_with_recheck
@@ -204,7 +205,7 @@ class TableCommitter(SinkTable):
         """
         branch = self.options.branch
 
-        def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
+        def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam_commit.PreparedCommit:
             head = t.metadata.snapshot_by_name(branch)
             marker = CommittedBatch(
                 batch.batch_id,
@@ -215,7 +216,7 @@ class TableCommitter(SinkTable):
                 run_id=batch.run_id,
                 offsets=offsets_digest(batch.source_offsets),
             )
-            return seam.prepare_properties_at_head(t, {self._marker_key(batch): marker.to_property()}, branch=branch)
+            return seam_commit.prepare_properties_at_head(t, {self._marker_key(batch): marker.to_property()}, branch=branch)
 
         what = f"recording empty batch {batch.batch_id} of query {batch.query_id} in {self.table_name}"
         try:
@@ -243,7 +244,7 @@ class TableCommitter(SinkTable):
             run_id=batch.run_id,
         )
         data_files = [
-            seam.data_file(
+            seam_commit.data_file(
                 path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=r.spec_id, partition=f.partition
             )
             for r in batch.results
@@ -264,7 +265,7 @@ class TableCommitter(SinkTable):
 
         rewrites: list[upsert.Rewrite] = []
 
-        def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
+        def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam_commit.PreparedCommit:
             schema_changes = self._schema_changes_at_commit(t, batch)
             attempt_summary = {
                 **summary,
@@ -279,13 +280,13 @@ class TableCommitter(SinkTable):
                     t, branch=self.options.branch, keys=keys, plan=plan, batch_id=batch.batch_id, attempt=attempt
                 )
                 rewrites.append(rewrite)
-                return seam.prepare_rewrite(
+                return seam_commit.prepare_rewrite(
                     t,
                     removed_files=rewrite.removed,
                     data_files=[
                         *data_files,
                         *(
-                            seam.data_file(
+                            seam_commit.data_file(
                                 path=f.path,
                                 size_in_bytes=f.size_in_bytes,
                                 statistics=f.statistics,
@@ -302,7 +303,7 @@ class TableCommitter(SinkTable):
                     schema_changes=schema_changes,
                     manifest_merge=settings.manifest_merge,
                 )
-            return seam.prepare_snapshot(
+            return seam_commit.prepare_snapshot(
                 t,
                 data_files=data_files,
                 overwrite=overwrite,
@@ -461,7 +462,7 @@ class TableCommitter(SinkTable):
                 # merge-schema: the table is still at the schema the plan evolved; evolve it in this commit
                 key = tuple(r.schema_changes)
                 if key not in evolved:
-                    evolved[key] = schema_digest(seam.evolved_schema(table, r.schema_changes))
+                    evolved[key] = schema_digest(seam_commit.evolved_schema(table, r.schema_changes))
                 if evolved[key] != r.written_schema:
                     problem = "the planned schema evolution no longer gives the schema the files were written with"
                 changes = tuple(r.schema_changes)

@@ -23,7 +23,7 @@ from pyspark.sql import types as spark_types
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType as SparkStructType
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import io as seam
 from lakesink.errors import SchemaMismatchError
 from lakesink.executor.task_writer import utc_schema
 

@@ -18,7 +18,8 @@ from pyiceberg.table import Table
 from pyiceberg.types import NestedField
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
 from lakesink.driver import catalogs
 from lakesink.driver.schema import SchemaChange, check_writable
 from lakesink.errors import (
@@ -141,7 +142,7 @@ class SinkTable:
         """The properties of a table lakesink creates (options ``table-property.*`` and ``format-version``),
         validated first so that a bad value creates no table."""
         version = self.options.format_version or DEFAULT_FORMAT_VERSION
-        if not seam.writes_format_version(version):
+        if not seam_commit.writes_format_version(version):
             raise InvalidOptionError(
                 f"option '{FORMAT_VERSION}' is {version}, but the installed pyiceberg cannot write format version "
                 f"{version} tables (apache/iceberg-python#1551); table {self.table_name} was not created: use "
@@ -264,7 +265,7 @@ class SinkTable:
                 self.table_name,
                 "; ".join(str(c) for c in changes),
             )
-        schema = seam.evolved_schema(table, changes) if changes else table.schema()
+        schema = seam_commit.evolved_schema(table, changes) if changes else table.schema()
         seam.check_write_properties(self.table_name, schema, table.properties)
         return WritePlan(
             table=self.table_name,

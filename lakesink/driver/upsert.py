@@ -31,7 +31,7 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzType
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import io as seam
 from lakesink.audit.key_diff import SUMMARY_DELETED, SUMMARY_INSERTED, SUMMARY_UPDATED
 from lakesink.errors import LakesinkError
 from lakesink.executor.messages import WritePlan, WrittenFile

@@ -59,7 +59,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import io as seam
 from lakesink.errors import AuditError, CatalogError, InvalidOptionError
 from lakesink.options import ReadOptions
 

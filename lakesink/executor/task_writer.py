@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from pyiceberg.schema import Schema
 from pyspark import TaskContext
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError, TableLocationError
 from lakesink.executor import upsert_task
 from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import io as seam
 from lakesink.errors import InvalidOptionError, UpsertKeyError
 
 #: The flag column of a batch's keys (as lakesink.changes.DELETED and lakesink.driver.upsert.DELETED).

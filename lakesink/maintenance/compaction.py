@@ -29,7 +29,8 @@ from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import lakesink_key
@@ -195,7 +196,7 @@ def compact(
     def recheck(t: Table) -> CommittedBatch | None:
         return landed_commit(t.metadata, branch, commit_id)
 
-    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
+    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam_commit.PreparedCommit:
         deleted: Sequence[DataFile] = rewritten
         if attempt > 1 or t.metadata_location != table.metadata_location:
             head = t.metadata.snapshot_by_name(branch)
@@ -208,7 +209,7 @@ def compact(
             if str(t.metadata.table_uuid) != str(table.metadata.table_uuid) or t.spec().spec_id != spec.spec_id:
                 raise CompactionStaleError("the table or its partition spec changed")
             deleted = [live[p] for p in sorted(wanted)]
-        return seam.prepare_replace(t, deleted=deleted, added=added, summary=summary, branch=branch)
+        return seam_commit.prepare_replace(t, deleted=deleted, added=added, summary=summary, branch=branch)
 
     retry = TableSettings.parse(name, table.properties).commit_retry
     groups = tuple(planned.groups)
@@ -301,7 +302,7 @@ def _rewrite(
         key_value_metadata={origins.ORIGINS_KEY: origins.encode(runs)},
     )
     stats = seam.file_statistics(footer, seam.file_schema(schema), table.properties)
-    return seam.data_file(
+    return seam_commit.data_file(
         path=location, size_in_bytes=size, statistics=stats, spec_id=spec.spec_id, partition=seam.partition_of(first)
     )
 

@@ -36,7 +36,8 @@ from typing import Any
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import LakesinkError
 from lakesink.table import storage
@@ -240,7 +241,7 @@ def expire_snapshots(
             return CommittedBatch(0, -1, commit_id)  # what the last attempt removed is gone: it landed
         return None
 
-    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
+    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam_commit.PreparedCommit:
         expired, refs = expired_of(t)
         if not expired and not refs.removed:
             raise _NothingToExpire
@@ -248,7 +249,7 @@ def expire_snapshots(
         staged["snapshots"] = expired
         staged["refs"] = refs.removed
         staged["protected"] = refs.protected
-        return seam.prepare_expire(t, staged["ids"], refs.removed)
+        return seam_commit.prepare_expire(t, staged["ids"], refs.removed)
 
     reload = load or (lambda: table.catalog.load_table(table.name()))
     try:

@@ -33,7 +33,8 @@ from typing import Any
 
 from pyiceberg.table import Table
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import CommitOutcomeUnknownError
 from lakesink.table.markers import SUMMARY_COMMIT_ID, SUMMARY_OPERATION, CommittedBatch, landed_commit
@@ -145,14 +146,14 @@ def rewrite_manifests(
 
     commit_id = uuid.uuid4().hex
     summary = {SUMMARY_OPERATION: REWRITE_MANIFESTS, SUMMARY_COMMIT_ID: commit_id}
-    staged: dict[str, seam.PreparedManifestRewrite] = {}
+    staged: dict[str, seam_commit.PreparedManifestRewrite] = {}
 
     def recheck(t: Table) -> CommittedBatch | None:
         return landed_commit(t.metadata, branch, commit_id)
 
-    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
+    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam_commit.PreparedCommit:
         per_manifest = (plan(t, branch=branch, target_size_bytes=target) or planned).entries_per_manifest
-        prepared = seam.prepare_rewrite_manifests(t, branch=branch, entries_per_manifest=per_manifest, summary=summary)
+        prepared = seam_commit.prepare_rewrite_manifests(t, branch=branch, entries_per_manifest=per_manifest, summary=summary)
         staged["last"] = prepared
         return prepared
 

@@ -67,7 +67,7 @@ from pyiceberg.utils.decimal import unscaled_to_decimal
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError
 from lakesink.executor.bucketing import bucket_function
 

@@ -58,7 +58,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError
 from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
 from lakesink.faults import fault_point

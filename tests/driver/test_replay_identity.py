@@ -213,7 +213,7 @@ def test_table_dropped_and_recreated_elsewhere_gets_nothing_of_the_batch(catalog
 
 
 def load_schema(c: TableCommitter, result: TaskResult):  # type: ignore[no-untyped-def]
-    from lakesink._pyiceberg import commit as seam
+    from lakesink._pyiceberg import io as seam
 
     return seam.new_table_schema(SCHEMA)
 

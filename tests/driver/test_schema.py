@@ -19,7 +19,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from lakesink._pyiceberg.commit import iceberg_type
+from lakesink._pyiceberg.io import iceberg_type
 from lakesink.driver.schema import SchemaChange, check_writable
 from lakesink.errors import SchemaMismatchError
 

@@ -21,7 +21,7 @@ import pytest
 from pyiceberg.table import Table
 
 import lakesink
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import io as seam
 from lakesink.audit import interop
 from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP

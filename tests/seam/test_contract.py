@@ -1,4 +1,4 @@
-"""Contract tests of the pyiceberg internals that ``lakesink/_pyiceberg.py`` relies on: one test per hook.
+"""Contract tests of the pyiceberg internals that the seam (``lakesink/_pyiceberg/``) relies on: one test per hook.
 
 pyiceberg has no public "write files now, commit later" API, so the seam uses private names and
 behaviours. Each test below pins one of them (the name imports, the signature lakesink calls, the
@@ -25,7 +25,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import IntegerType, ListType, LongType, NestedField, StringType, StructType
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
 
 
 @contextmanager
@@ -35,8 +36,8 @@ def hook(name: str, used_by: str) -> Iterator[None]:
         yield
     except Exception as e:  # an AssertionError too: the behaviour changed
         pytest.fail(
-            f"pyiceberg hook {name} (used by lakesink._pyiceberg.{used_by}) changed in this pyiceberg version: "
-            f"{type(e).__name__}: {e}. Update lakesink/_pyiceberg.py (and this test) for the new API.",
+            f"pyiceberg hook {name} (used by lakesink._pyiceberg: {used_by}) changed in this pyiceberg version: "
+            f"{type(e).__name__}: {e}. Update lakesink/_pyiceberg/ (io.py or commit.py, and this test) for the new API.",
             pytrace=True,
         )
 
@@ -117,7 +118,7 @@ def test_statistics_from_parquet_metadata(tmp_path: Path) -> None:
         stats = seam.file_statistics(pq.read_metadata(path), schema, {})
         assert stats["record_count"] == 3
         assert stats["null_value_counts"] == {1: 0, 2: 1}
-        data_file = seam.data_file(path=str(path), size_in_bytes=path.stat().st_size, statistics=stats, spec_id=0)
+        data_file = seam_commit.data_file(path=str(path), size_in_bytes=path.stat().st_size, statistics=stats, spec_id=0)
         assert data_file.record_count == 3  # DataFile.from_args takes every key of the statistics
 
 
@@ -144,7 +145,7 @@ def test_location_provider_reads_only_the_partition_path() -> None:
 
 def test_transaction_internals_for_the_metadata_cache(table: Table) -> None:
     with hook("pyiceberg.table.Transaction._table / _updates / table_metadata", "_MetadataCachingTransaction"):
-        tx = seam._MetadataCachingTransaction(table)
+        tx = seam_commit._MetadataCachingTransaction(table)
         assert tx._table is table and tx._updates == ()
         assert tx.table_metadata is table.metadata  # nothing staged: no copy
         tx.set_properties({"k": "v"})
@@ -159,11 +160,11 @@ def test_do_commit_is_one_compare_and_swap(table: Table, catalog: Catalog) -> No
     with hook("pyiceberg.table.Table._do_commit", "PreparedCommit.commit (prepare_snapshot / prepare_properties_at_head)"):
         assert params(Table._do_commit) == ["self", "updates", "requirements"]
         stale = catalog.load_table(("db", "contract"))
-        seam.prepare_properties_at_head(table, {"lakesink.contract": "1"}, branch="main").commit()
+        seam_commit.prepare_properties_at_head(table, {"lakesink.contract": "1"}, branch="main").commit()
         assert catalog.load_table(("db", "contract")).properties["lakesink.contract"] == "1"
         catalog.load_table(("db", "contract")).append(ROWS)  # the head moves
         with pytest.raises(CommitFailedException):  # no rebase, no retry: the stale base fails
-            seam.prepare_properties_at_head(stale, {"lakesink.contract": "2"}, branch="main").commit()
+            seam_commit.prepare_properties_at_head(stale, {"lakesink.contract": "2"}, branch="main").commit()
 
 
 def test_snapshot_producer_merge_flag_and_cleanup(table: Table, catalog: Catalog) -> None:
@@ -172,7 +173,7 @@ def test_snapshot_producer_merge_flag_and_cleanup(table: Table, catalog: Catalog
         "prepare_snapshot / PreparedCommit.discard",
     ):
         files = list(seam.live_data_files(table, "main"))
-        prepared = seam.prepare_snapshot(
+        prepared = seam_commit.prepare_snapshot(
             table, data_files=files, overwrite=False, summary={"lakesink.contract": "x"}, properties=lambda _: {}, branch="main"
         )
         assert isinstance(prepared._producer._merge_enabled, bool)
@@ -183,7 +184,7 @@ def test_snapshot_producer_merge_flag_and_cleanup(table: Table, catalog: Catalog
         prepared.discard()  # deletes what it wrote, commits nothing
         assert not table.io.new_input(manifest_list).exists()
         assert catalog.load_table(("db", "contract")).metadata.snapshot_by_id(prepared.snapshot_id) is None
-        prepared = seam.prepare_snapshot(
+        prepared = seam_commit.prepare_snapshot(
             table, data_files=files, overwrite=False, summary={"lakesink.contract": "y"}, properties=lambda _: {}, branch="main"
         )
         prepared.commit()
@@ -197,7 +198,7 @@ def test_merge_enabled_flag_is_read_when_manifests_are_processed(table: Table, c
         table.transaction().set_properties({"commit.manifest.min-count-to-merge": "2"}).commit_transaction()
         for _ in range(3):
             table = catalog.load_table(("db", "contract"))
-            seam.prepare_snapshot(
+            seam_commit.prepare_snapshot(
                 table,
                 data_files=list(seam.live_data_files(table, "main"))[:1],
                 overwrite=False,
@@ -215,7 +216,7 @@ def test_update_schema_apply(table: Table) -> None:
     with hook("pyiceberg.table.update.schema.UpdateSchema._apply", "evolved_schema"):
         from lakesink.driver.schema import SchemaChange
 
-        schema = seam.evolved_schema(table, [SchemaChange("add", ("extra",), StringType())])
+        schema = seam_commit.evolved_schema(table, [SchemaChange("add", ("extra",), StringType())])
         assert schema.find_field("extra").field_id == 3
         assert "extra" not in table.schema().column_names  # nothing committed
 
@@ -282,13 +283,13 @@ def test_sql_catalog_swap_from_the_table_read_and_delete_old_metadata(table: Tab
 
         assert params(SqlCatalog._delete_old_metadata) == ["io", "base", "metadata"]
         stale = catalog.load_table(("db", "contract"))
-        seam.prepare_properties_at_head(table, {"lakesink.contract": "1"}, branch="main").commit()
+        seam_commit.prepare_properties_at_head(table, {"lakesink.contract": "1"}, branch="main").commit()
         fresh = catalog.load_table(("db", "contract"))
         assert fresh.metadata_location == table.metadata_location  # the swap moved the pointer to what it wrote
         assert fresh.properties["lakesink.contract"] == "1"
         assert fresh.metadata.metadata_log[-1].metadata_file == stale.metadata_location
         # from a stale table the one-parse swap does not apply (the pointer moved): nothing is written or moved
-        assert seam._swap_on_sql_catalog(stale, (), ()) is False
+        assert seam_commit._swap_on_sql_catalog(stale, (), ()) is False
         assert catalog.load_table(("db", "contract")).metadata_location == fresh.metadata_location
 
 
@@ -308,7 +309,7 @@ def test_apply_table_update_context_and_metadata_log(table: Table) -> None:
         context = private("pyiceberg.table.update._TableMetadataUpdateContext")()
         assert not context.has_changes()
         updates = (SetPropertiesUpdate(updates={"k": "v"}),)
-        ours = seam.updated_metadata(table.metadata, updates, table.metadata_location)
+        ours = seam_commit.updated_metadata(table.metadata, updates, table.metadata_location)
         theirs = update_table_metadata(table.metadata, updates, metadata_location=table.metadata_location)
         assert ours.properties == theirs.properties
         assert ours.metadata_log == theirs.metadata_log and ours.metadata_log[-1].metadata_file == table.metadata_location
@@ -324,7 +325,7 @@ def test_overwrite_files_producer_relabelled_as_replace(table: Table, catalog: C
         assert {"operation", "transaction", "io", "branch", "snapshot_properties"} <= set(params(_OverwriteFiles.__init__))
         assert params(_OverwriteFiles._summary) == ["self", "snapshot_properties"]
         old = list(seam.live_data_files(table, "main"))
-        prepared = seam.prepare_replace(
+        prepared = seam_commit.prepare_replace(
             table, deleted=old, added=old[:0] + old, summary={"lakesink.contract": "r"}, branch="main"
         )
         prepared.commit()
@@ -360,7 +361,7 @@ def test_snapshot_producer_for_a_manifest_rewrite_keeps_entry_ids(table: Table, 
 
         before = entries(table)
         assert len(seam.data_manifests(table, head)) == 2
-        prepared = seam.prepare_rewrite_manifests(table, branch="main", entries_per_manifest=100, summary={})
+        prepared = seam_commit.prepare_rewrite_manifests(table, branch="main", entries_per_manifest=100, summary={})
         assert len(prepared.replaced) == 2 and len(prepared.created) == 1 and prepared.entries == 2
         prepared.commit()
         after = catalog.load_table(("db", "contract"))
@@ -390,7 +391,7 @@ def test_branch_updates_keep_retention_and_refs_can_be_removed(table: Table, cat
         ).commit()
         table = catalog.load_table(("db", "contract"))
         files = list(seam.live_data_files(table, "b"))
-        prepared = seam.prepare_snapshot(
+        prepared = seam_commit.prepare_snapshot(
             table, data_files=files, overwrite=False, summary={}, properties=lambda _: {}, branch="b"
         )
         moves = [u for u in prepared._updates if isinstance(u, SetSnapshotRefUpdate)]
@@ -398,7 +399,7 @@ def test_branch_updates_keep_retention_and_refs_can_be_removed(table: Table, cat
         prepared.commit()
         table = catalog.load_table(("db", "contract"))
         assert table.metadata.refs["b"].min_snapshots_to_keep == 4
-        seam.prepare_expire(table, [], ["t"]).commit()  # a ref removed, no snapshot
+        seam_commit.prepare_expire(table, [], ["t"]).commit()  # a ref removed, no snapshot
         assert set(catalog.load_table(("db", "contract")).metadata.refs) == {"main", "b"}
 
 
@@ -410,11 +411,11 @@ def test_sql_catalog_type_filter_and_orm_conversion(table: Table, catalog: Catal
         assert params(SqlCatalog._iceberg_type_filter) == ["self"]
         assert params(SqlCatalog._convert_orm_to_iceberg) == ["self", "orm_table"]
         # the pointer has not moved: the already parsed metadata is reused (the same object)
-        same = seam.reload_from_sql_catalog(catalog, ("db", "contract"), table)
+        same = seam_commit.reload_from_sql_catalog(catalog, ("db", "contract"), table)
         assert same is not None and same.metadata is table.metadata
         # it moved: the table is loaded and parsed afresh, as pyiceberg's load_table does
         catalog.load_table(("db", "contract")).append(ROWS)
-        moved = seam.reload_from_sql_catalog(catalog, ("db", "contract"), table)
+        moved = seam_commit.reload_from_sql_catalog(catalog, ("db", "contract"), table)
         assert moved is not None and moved.metadata_location != table.metadata_location
         assert moved.metadata_location == catalog.load_table(("db", "contract")).metadata_location
         assert len(moved.snapshots()) == len(table.snapshots()) + 1
