@@ -293,7 +293,7 @@ def test_abort_in_another_worker_waits_for_the_commit_in_flight(catalog_properti
 
     from lakesink.faults import DRIVER_BEFORE_SWAP
     from lakesink.options import SinkOptions
-    from lakesink.sink.datasource import LakesinkStreamWriter
+    from lakesink.sink.datasource import stream_writer
 
     ck = tmp_path / "checkpoint"
     (ck / "offsets").mkdir(parents=True)
@@ -301,8 +301,8 @@ def test_abort_in_another_worker_waits_for_the_commit_in_flight(catalog_properti
     (ck / "offsets" / "0").write_text('v1\n{}\n{"logOffset":0}\n')
     options = {"table": "db.events", "checkpointLocation": str(ck), **{f"catalog.{k}": v for k, v in catalog_properties.items()}}
     schema = StructType([StructField("id", LongType()), StructField("user", StringType())])
-    committing = LakesinkStreamWriter(SinkOptions.from_spark_options(options, overwrite=False), schema)
-    aborting = LakesinkStreamWriter(SinkOptions.from_spark_options(options, overwrite=False), schema)
+    committing = stream_writer(SinkOptions.from_spark_options(options, overwrite=False), schema)
+    aborting = stream_writer(SinkOptions.from_spark_options(options, overwrite=False), schema)
     c = sink(catalog_properties)
     result = write(c, 0, [1, 2, 3])
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
