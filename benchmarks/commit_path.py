@@ -28,6 +28,7 @@ import pyarrow as pa
 from benchmarks.common import catalog_properties, summarise
 from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.executor.task_writer import TaskWriter
+from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import Maintenance, SinkOptions, TableName
 
 SCHEMA = pa.schema([("id", pa.int64()), ("user", pa.string()), ("amount", pa.float64())])
@@ -63,7 +64,8 @@ def run(
     props = catalog_properties(root)
     # maintenance off: this benchmark measures the commit path alone (``longrun`` measures it with maintenance)
     committer = TableCommitter(
-        SinkOptions(table=TableName(("bench",), "commits"), catalog_properties=props, maintenance=Maintenance.OFF)
+        SinkOptions(table=TableName(("bench",), "commits"), catalog_properties=props, maintenance=Maintenance.OFF),
+        post_commit=auto_maintenance,  # as the entry points make it
     )
     table = committer.open_table(SCHEMA)
     if table_properties:

@@ -28,6 +28,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.maintenance import compaction, expiry
+from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import Maintenance, SinkOptions, TableName
 
 
@@ -66,7 +67,8 @@ def run(
             catalog_properties=catalog_properties(root),
             table_properties=props,
             maintenance=Maintenance.OFF,  # run inline below, between batches
-        )
+        ),
+        post_commit=auto_maintenance,  # as the entry points make it
     )
     committer.open_table(SCHEMA)
     commit_ms: list[float] = []

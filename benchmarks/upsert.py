@@ -30,6 +30,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.commit import TableCommitter
 from lakesink.driver.upsert import DELETED, SUMMARY_BYTES_READ
 from lakesink.executor.task_writer import TaskWriter
+from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import SinkOptions, TableName
 
 QUERY = "00000000-upsert-4000-8000-000000000000"
@@ -98,7 +99,8 @@ def run(
         props = {"type": "sql", "uri": f"sqlite:///{root}/upsert-{n}.db", "warehouse": f"file://{root}/warehouse-{n}"}
         catalog = catalogs.load(None, props)
         committer = TableCommitter(
-            SinkOptions(table=TableName(("bench",), "lakesink"), catalog_properties=props, upsert_key=("id",))
+            SinkOptions(table=TableName(("bench",), "lakesink"), catalog_properties=props, upsert_key=("id",)),
+            post_commit=auto_maintenance,  # as the entry points make it
         )
         committer.open_table(SCHEMA)
         ours = catalog.load_table(("bench", "lakesink"))

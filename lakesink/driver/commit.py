@@ -8,12 +8,15 @@ other input, a second sink of the same run), and which files may be deleted.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
 import pyarrow as pa
 from pyiceberg.table import Table
@@ -34,8 +37,7 @@ from lakesink.errors import (
 from lakesink.executor import upsert_task
 from lakesink.executor.messages import TaskResult, WrittenFile, schema_digest
 from lakesink.faults import DRIVER_IN_ABORT, fault_point
-from lakesink.maintenance import routine
-from lakesink.options import SINK_ID, Maintenance, OutputMode
+from lakesink.options import SINK_ID, OutputMode, SinkOptions
 from lakesink.table import storage
 from lakesink.table.markers import (
     SUMMARY_COMMIT_ATTEMPT,
@@ -95,22 +97,31 @@ class _Batch:
         return [f.path for f in self.files]
 
 
+class CommitHook(Protocol):
+    """Called by :class:`TableCommitter` around every batch commit: what an entry point hooks onto the commit
+    (automatic maintenance, :func:`lakesink.maintenance.auto.auto_maintenance`). The driver knows no more of it."""
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Entered around each batch commit (the whole swap loop)."""
+        ...
+
+    def after_commit(self) -> None:
+        """Called after a batch committed a snapshot (not after a replay skipped, nor an empty batch)."""
+        ...
+
+
 class TableCommitter(SinkTable):
-    """The driver side of one lakesink sink: open and plan (:class:`SinkTable`), commit and abort."""
+    """The driver side of one lakesink sink: open and plan (:class:`SinkTable`), commit and abort.
+
+    ``post_commit`` makes the sink's :class:`CommitHook` from the committer (the entry points pass
+    :func:`lakesink.maintenance.auto.auto_maintenance`); without it nothing runs around the commits.
+    """
+
+    def __init__(self, options: SinkOptions, *, post_commit: Callable[[SinkTable], CommitHook] | None = None):
+        super().__init__(options)
+        self.hook: CommitHook | None = post_commit(self) if post_commit is not None else None
 
     # --- commit -------------------------------------------------------------------------------------
-
-    @property
-    def maintainer(self) -> routine.AutoMaintainer:
-        """The sink's background maintenance (option ``maintenance``; docs/maintenance.md)."""
-        if getattr(self, "_maintainer", None) is None:
-            key = (
-                self.options.catalog_name,
-                tuple(sorted(self.options.catalog_properties.items())),
-                self.options.table.identifier,
-            )
-            self._maintainer = routine.maintainer_for(key, self._load, self.load_fresh)
-        return self._maintainer
 
     def commit_batch(
         self,
@@ -127,11 +138,11 @@ class TableCommitter(SinkTable):
 
         ``table_uuid``: the uuid of the table the batch was planned for (else read from the task results);
         ``run_id``: Spark's run id of the query run (else read from the task results); ``changes``: with option
-        ``upsert-key``, every key the batch changes (lakesink.changes.resolve), whose rows the snapshot replaces.
-        With option ``maintenance=auto``, a background maintenance run starts afterwards when one is due; it never
-        swaps while a batch of this sink commits.
+        ``upsert-key``, every key the batch changes (lakesink.sink.upsert_batch.resolve), whose rows the snapshot
+        replaces. The post-commit hook (with option ``maintenance=auto``: a background maintenance run when one is
+        due, which never swaps while a batch of this sink commits) runs around it.
         """
-        with self.maintainer.batch():
+        with self.hook.batch() if self.hook is not None else contextlib.nullcontext():
             outcome = self._commit_batch(
                 query_id=query_id,
                 batch_id=batch_id,
@@ -141,8 +152,8 @@ class TableCommitter(SinkTable):
                 table_uuid=table_uuid,
                 changes=changes,
             )
-        if outcome.outcome is Outcome.COMMITTED and self.options.maintenance is Maintenance.AUTO:
-            self.maintainer.after_commit()
+        if outcome.outcome is Outcome.COMMITTED and self.hook is not None:
+            self.hook.after_commit()
         return outcome
 
     def _commit_batch(

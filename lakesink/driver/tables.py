@@ -321,7 +321,7 @@ class SinkTable:
         try:
             for attempt in retrying:
                 with attempt:
-                    return (load or self._load)()
+                    return (load or self.load)()
         except NoSuchTableError:
             raise TableIdentityChangedError(
                 f"table {self.table_name} was dropped while batch {batch_id} was written; nothing was committed"
@@ -351,7 +351,8 @@ class SinkTable:
                 return call()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _load(self) -> Table:
+    def load(self) -> Table:
+        """Read the table (through the process's catalog connection; no retry)."""
         return catalogs.load_table(self.catalog, self.options.table.identifier)
 
     def load_fresh(self) -> Table:

@@ -38,6 +38,7 @@ from lakesink.executor.messages import TaskResult, WritePlan
 from lakesink.executor.reader import LakesinkReader, LakesinkReaderWithoutPushdown, ResolvedRead, spark_schema
 from lakesink.executor.stream_writer import LakesinkStreamWriter
 from lakesink.executor.upsert_task import UpsertSpec
+from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import ReadOptions, SinkOptions
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 
@@ -175,8 +176,8 @@ def _run_of(results: Sequence[TaskResult]) -> str | None:
 
 
 def _table_committer(options: SinkOptions) -> TableCommitter:
-    """The driver side of the sink's batches."""
-    return TableCommitter(options)
+    """The driver side of the sink's batches, with automatic maintenance as its post-commit hook."""
+    return TableCommitter(options, post_commit=auto_maintenance)
 
 
 # --- the batch reader -------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from lakesink.driver.schema import arrow_schema_of
 from lakesink.errors import InvalidOptionError, LakesinkError
 from lakesink.executor.messages import TaskResult, WritePlan
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, PartitionWriter
+from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import (
     BRANCH,
     CATALOG,
@@ -170,7 +171,7 @@ class ForeachBatchSink:
         spark = df.sparkSession
         query_id = self._query_id(spark)
         if self._committer is None:
-            self._committer = TableCommitter(self.options)
+            self._committer = TableCommitter(self.options, post_commit=auto_maintenance)  # automatic maintenance
         committer = self._committer
         run_id = self._run_id(spark)
         if run_id != self._run:  # a new run of the query (or the first): open the table afresh

@@ -16,13 +16,13 @@ from lakesink.errors import AuditError
 from lakesink.maintenance import compaction, expiry
 from lakesink.options import Maintenance, SinkOptions, TableName
 from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files
-from tests.support.helpers import arrow_rows, commit, load, table_ids, write_task
+from tests.support.helpers import arrow_rows, commit, load, sink_committer, table_ids, write_task
 
 SCHEMA = arrow_rows([]).schema
 
 
 def _committer(props: dict[str, str], table_properties: dict[str, str] | None = None) -> TableCommitter:
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=props,

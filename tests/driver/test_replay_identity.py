@@ -22,7 +22,15 @@ from lakesink.executor.messages import TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName
 from lakesink.table.markers import SnapshotIndex, last_committed_batch
-from tests.support.helpers import arrow_rows, assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, load, table_ids
+from tests.support.helpers import (
+    arrow_rows,
+    assert_snapshot_invariants,
+    data_files_on_disk,
+    lakesink_snapshots,
+    load,
+    sink_committer,
+    table_ids,
+)
 
 SCHEMA = arrow_rows([]).schema
 Q = "33333333-cccc-4000-8000-000000000003"
@@ -38,7 +46,7 @@ def catalog_properties(any_catalog_properties: dict[str, str]) -> dict[str, str]
 
 
 def sink(props: dict[str, str], *, sink_id: str | None = None, branch: str = "main") -> TableCommitter:
-    c = TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, sink_id=sink_id, branch=branch))
+    c = sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, sink_id=sink_id, branch=branch))
     c.open_table(SCHEMA)
     return c
 

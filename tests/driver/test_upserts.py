@@ -24,7 +24,13 @@ from lakesink.executor.task_writer import TaskWriter
 from lakesink.executor.upsert_task import UpsertSpec, merge, resolve_task, to_ipc
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, DRIVER_BEFORE_SWAP
 from lakesink.options import SinkOptions, TableName
-from tests.support.helpers import assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, referenced_data_files
+from tests.support.helpers import (
+    assert_snapshot_invariants,
+    data_files_on_disk,
+    lakesink_snapshots,
+    referenced_data_files,
+    sink_committer,
+)
 
 Q = "11111111-aaaa-4000-8000-000000000001"
 SCHEMA = pa.schema([("id", pa.int64()), ("value", pa.string()), ("seq", pa.int64())])
@@ -36,7 +42,7 @@ Event = tuple[int, str, int, bool]
 def make(props: dict[str, str], *, partitioned_by: str | None = None) -> TableCommitter:
     from lakesink.table import partitioning
 
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=props,
@@ -142,7 +148,7 @@ def test_table_gets_the_key_as_identifier_field_and_an_existing_table_must_have_
     schema = c.reload_table().schema()
     assert schema.identifier_field_names() == {"id"}
     assert schema.find_field("id").required
-    other = TableCommitter(
+    other = sink_committer(
         SinkOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties, upsert_key=("value",))
     )
     with pytest.raises(InvalidOptionError, match=r"upsert-key.*'value'.*identifier fields 'id'.*SET IDENTIFIER FIELDS"):
@@ -218,7 +224,7 @@ def test_merge_schema_and_branch_with_upserts(catalog_properties: dict[str, str]
     writing branch 'audit' upserts there and leaves main as it was."""
     c = make(catalog_properties)
     run_batch(c, 0, [(k, "old", k, False) for k in range(20)])
-    wider = TableCommitter(
+    wider = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"), catalog_properties=catalog_properties, upsert_key=("id",), merge_schema=True
         )
@@ -238,7 +244,7 @@ def test_merge_schema_and_branch_with_upserts(catalog_properties: dict[str, str]
         assert {r["id"]: (r["value"], r["note"]) for r in reader(table.metadata_location).to_pylist()} == expected
 
     main_head = table.metadata.current_snapshot_id
-    audit = TableCommitter(
+    audit = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=catalog_properties,
@@ -341,7 +347,7 @@ def test_composite_key_of_string_date_and_timestamp(catalog_properties: dict[str
     from lakesink.table import partitioning
 
     schema = pa.schema([("tenant", pa.string()), ("day", pa.date32()), ("at", pa.timestamp("us", "UTC")), ("value", pa.int64())])
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=catalog_properties,

@@ -28,14 +28,23 @@ from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from lakesink.maintenance import manifest_rewrite
 from lakesink.options import SinkOptions, TableName
 from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files, _wait
-from tests.support.helpers import arrow_rows, assert_snapshot_invariants, commit, load, table_ids, write_task
+from tests.support.helpers import (
+    arrow_rows,
+    assert_snapshot_invariants,
+    commit,
+    load,
+    maintainer,
+    sink_committer,
+    table_ids,
+    write_task,
+)
 
 SCHEMA = arrow_rows([]).schema
 NO_MERGE = {"commit.manifest-merge.enabled": "false", "write.lakesink.maintenance.interval-ms": "3600000"}
 
 
 def _committer(props: dict[str, str], table_properties: dict[str, str] | None = None) -> TableCommitter:
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, table_properties=table_properties or NO_MERGE)
     )
     c.open_table(SCHEMA)
@@ -136,7 +145,7 @@ def test_rewrite_is_due_only_when_it_reduces_the_manifests(catalog_properties: d
 def test_partitioned_table_manifests_are_clustered_by_partition(catalog_properties: dict[str, str]) -> None:
     from lakesink.table.partitioning import parse
 
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=catalog_properties,
@@ -260,9 +269,9 @@ def test_auto_maintenance_rewrites_manifests_from_min_count_to_merge(catalog_pro
     counts = []
     for b in range(10):
         sent += _batches(c, 1, start=b)
-        c.maintainer.wait(60)
+        maintainer(c).wait(60)
         counts.append(_head_manifests(load(c)))
-    assert c.maintainer.last_error is None
+    assert maintainer(c).last_error is None
     assert max(counts) <= 4 and any(
         s.summary and s.summary.additional_properties.get("lakesink.operation") == "rewrite-manifests"
         for s in load(c).snapshots()

@@ -207,7 +207,7 @@ _KILLED_DRIVER = textwrap.dedent(
     from lakesink.options import SinkOptions, TableName
 
     props, query_id, batch_id = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    c = TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props))
+    c = sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props))
     rows = pa.table({"id": pa.array([100, 101], pa.int64()), "user": pa.array(["a", "b"])})
     plan = c.write_plan(c.open_table(rows.schema), query_id)
     result = TaskWriter(plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0).write(rows.to_batches())
