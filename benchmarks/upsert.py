@@ -28,10 +28,11 @@ from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
 from lakesink.driver.commit import TableCommitter
-from lakesink.driver.upsert import DELETED, SUMMARY_BYTES_READ
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import SinkOptions, TableName
+from lakesink.table.keys import DELETED
+from lakesink.table.keys import SUMMARY_UPSERT_BYTES_READ as SUMMARY_BYTES_READ
 
 QUERY = "00000000-upsert-4000-8000-000000000000"
 SCHEMA = pa.schema(

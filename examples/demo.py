@@ -52,7 +52,7 @@ from pyiceberg.exceptions import NoSuchTableError  # noqa: E402
 from lakesink.audit import interop  # noqa: E402
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP, ENV_FAULTS_DIR  # noqa: E402
-from lakesink.table.markers import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID  # noqa: E402
+from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
 
 HERE = Path(__file__).resolve().parent
 STREAM_JOB = HERE / "stream_job.py"

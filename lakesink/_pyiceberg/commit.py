@@ -53,6 +53,7 @@ from lakesink._pyiceberg.io import (
 )
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 from lakesink.table import storage
+from lakesink.table.keys import FORMAT_VERSION
 
 # --- schema evolution, staged in a commit ------------------------------------------------------
 
@@ -345,7 +346,7 @@ def writes_format_version(version: int) -> bool:
     apache/iceberg-python#1551)."""
     try:
         new_table_metadata(
-            Schema(), UNPARTITIONED_PARTITION_SPEC, UNSORTED_SORT_ORDER, "file:///probe", {"format-version": str(version)}
+            Schema(), UNPARTITIONED_PARTITION_SPEC, UNSORTED_SORT_ORDER, "file:///probe", {FORMAT_VERSION: str(version)}
         ).model_dump_json()
     except NotImplementedError:
         return False

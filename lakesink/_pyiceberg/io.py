@@ -49,13 +49,15 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import IcebergType, ListType, MapType, PrimitiveType
 
 from lakesink.errors import InvalidOptionError
+from lakesink.table.keys import METRICS_COLUMN_PREFIX, METRICS_DEFAULT, METRICS_MAX_INFERRED, METRICS_MAX_INFERRED_DEFAULT
+from lakesink.table.keys import METRICS_MODE_DEFAULT as _METRICS_DEFAULT_MODE
+from lakesink.table.keys import ROW_GROUP_BYTES as ROW_GROUP_SIZE_BYTES
 from lakesink.table.parquet_layout import dictionary_columns
 
 _PARQUET = ParquetFormatModel()
 
 # Table properties that pyiceberg's Parquet helper does not implement; lakesink implements the
 # row-group size itself, so it is removed before the helper would warn about it.
-ROW_GROUP_SIZE_BYTES = "write.parquet.row-group-size-bytes"
 
 
 # --- Arrow in, Parquet out -------------------------------------------------------
@@ -418,11 +420,6 @@ def filter_arrow(rows: pa.Table, schema: Schema, row_filter: BooleanExpression) 
 
 # --- column metrics: Iceberg Java's inferred-column limit (executor side) -------------------------------
 
-METRICS_DEFAULT = "write.metadata.metrics.default"
-METRICS_COLUMN_PREFIX = "write.metadata.metrics.column."
-METRICS_MAX_INFERRED = "write.metadata.metrics.max-inferred-column-defaults"
-METRICS_MAX_INFERRED_DEFAULT = 100
-_METRICS_DEFAULT_MODE = "truncate(16)"
 
 
 def metrics_properties(schema: Schema, table_properties: Mapping[str, str]) -> dict[str, str]:

@@ -17,9 +17,7 @@ from lakesink.audit.manifests import Manifests, read_files
 from lakesink.audit.points import Point, resolve
 from lakesink.audit.snapshots import lakesink_key
 from lakesink.errors import AuditError
-from lakesink.table.markers import (
-    MAIN_BRANCH,
-)
+from lakesink.table.keys import MAIN_BRANCH
 
 
 def locate(

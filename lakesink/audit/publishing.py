@@ -10,9 +10,7 @@ from pyiceberg.table.snapshots import ancestors_of
 
 from lakesink.audit.invariants import VerifyReport, verify
 from lakesink.errors import AuditError, PublishRefusedError
-from lakesink.table.markers import (
-    MAIN_BRANCH,
-)
+from lakesink.table.keys import MAIN_BRANCH
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,7 @@ from pyiceberg.table import Table
 from lakesink.audit.manifests import Manifests, read_files
 from lakesink.audit.points import Point, resolve
 from lakesink.audit.snapshots import progress
-from lakesink.table.markers import (
-    MAIN_BRANCH,
-)
+from lakesink.table.keys import MAIN_BRANCH
 
 
 @dataclass

@@ -18,10 +18,11 @@ from lakesink.audit.snapshots import (
     opt_int_property,
     summary_of,
 )
-from lakesink.table.markers import (
+from lakesink.table.keys import (
     MAIN_BRANCH,
     SUMMARY_COMMIT_ATTEMPT,
     SUMMARY_COMMIT_STARTED_MS,
+    SUMMARY_OPERATION,
     SUMMARY_PREVIOUS_BATCH_ID,
     SUMMARY_SOURCE_OFFSETS,
 )
@@ -84,7 +85,7 @@ def history(table: Table) -> list[SnapshotRecord]:
                 sequence_number=s.sequence_number,
                 timestamp_ms=s.timestamp_ms,
                 operation=s.summary.operation.value if s.summary else None,
-                writer=LAKESINK if key is not None else MAINTENANCE_WRITERS.get(props.get("lakesink.operation", ""), OTHER),
+                writer=LAKESINK if key is not None else MAINTENANCE_WRITERS.get(props.get(SUMMARY_OPERATION, ""), OTHER),
                 query_id=key[0] if key else None,
                 batch_id=key[1] if key else None,
                 source_offsets=props.get(SUMMARY_SOURCE_OFFSETS),

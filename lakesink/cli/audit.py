@@ -50,6 +50,7 @@ from lakesink.errors import AuditError, InvalidOptionError, LakesinkError
 from lakesink.maintenance.orphans import DEFAULT_OLDER_THAN, OrphanFile, OrphanReport, remove_orphan_files
 from lakesink.options import TableName
 from lakesink.redaction import redact_secrets_in
+from lakesink.table.keys import MAIN_BRANCH
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -233,7 +234,7 @@ def _dumps(value: Any) -> str:
 
 
 _POINT_HELP = "snapshot=<id>, time=<ISO 8601 or epoch ms>, batch=<batch id> or batch=<query id>:<batch id>"
-_branch_option = click.option("--branch", default="main", show_default=True, help="The branch whose history is read.")
+_branch_option = click.option("--branch", default=MAIN_BRANCH, show_default=True, help="The branch whose history is read.")
 
 
 @main.command("show")

@@ -20,6 +20,7 @@ import click
 from lakesink.cli.audit import _duration_option, catalog_options, format_duration, load_table, main
 from lakesink.errors import LakesinkError
 from lakesink.maintenance import compaction, expiry, manifest_rewrite, routine
+from lakesink.table.keys import MAIN_BRANCH
 
 _dry_run = click.option("--dry-run", is_flag=True, help="Change nothing; report what would be done.")
 _json = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -82,7 +83,7 @@ def human_manifests(r: manifest_rewrite.ManifestRewriteReport) -> str:
 @main.command("compact")
 @click.argument("table")
 @catalog_options
-@click.option("--branch", default="main", show_default=True, help="The branch whose head is compacted.")
+@click.option("--branch", default=MAIN_BRANCH, show_default=True, help="The branch whose head is compacted.")
 @click.option("--target-file-size", type=int, help="Bytes (default: the table's write.target-file-size-bytes).")
 @click.option("--min-input-files", type=int, help="Files of a partition needed to compact it (default 5).")
 @_dry_run
@@ -153,7 +154,7 @@ def expire_snapshots_command(
 @main.command("rewrite-manifests")
 @click.argument("table")
 @catalog_options
-@click.option("--branch", default="main", show_default=True, help="The branch whose head's manifests are rewritten.")
+@click.option("--branch", default=MAIN_BRANCH, show_default=True, help="The branch whose head's manifests are rewritten.")
 @click.option("--target-size", type=int, help="Bytes (default: the table's commit.manifest.target-size-bytes).")
 @_dry_run
 @_json

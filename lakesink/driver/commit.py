@@ -39,10 +39,8 @@ from lakesink.executor.messages import TaskResult, WrittenFile, schema_digest
 from lakesink.faults import DRIVER_IN_ABORT, fault_point
 from lakesink.options import SINK_ID, OutputMode, SinkOptions
 from lakesink.table import storage
+from lakesink.table.keys import SUMMARY_COMMIT_ATTEMPT, SUMMARY_PREVIOUS_BATCH_ID, SUMMARY_SOURCE_OFFSETS
 from lakesink.table.markers import (
-    SUMMARY_COMMIT_ATTEMPT,
-    SUMMARY_PREVIOUS_BATCH_ID,
-    SUMMARY_SOURCE_OFFSETS,
     CommittedBatch,
     SnapshotIndex,
     batch_summary,

@@ -30,24 +30,16 @@ from lakesink.errors import (
     TableIdentityChangedError,
 )
 from lakesink.executor.messages import WritePlan
-from lakesink.options import DEFAULT_FORMAT_VERSION, FORMAT_VERSION, TABLE_PROPERTY_PREFIX, UPSERT_KEY, SinkOptions
+from lakesink.options import DEFAULT_FORMAT_VERSION, TABLE_PROPERTY_PREFIX, UPSERT_KEY, SinkOptions
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import locations, partitioning
-from lakesink.table.markers import (
-    LAST_BATCH_PREFIX,
-    CommittedBatch,
-    SnapshotIndex,
-    last_committed_batch,
-    last_committed_on_branch,
-)
+from lakesink.table.keys import BRANCH_BASE, FORMAT_VERSION, LAST_BATCH_PREFIX, MAIN_BRANCH
+from lakesink.table.markers import CommittedBatch, SnapshotIndex, last_committed_batch, last_committed_on_branch
 from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
 T = TypeVar("T")
 
-MAIN_BRANCH = "main"
-#: Summary key of the empty snapshot lakesink commits to ``main`` of an empty table to start a branch from.
-BRANCH_BASE = "lakesink.branch-base"
 
 _MAX_SIBLINGS_CHECKED = 500
 _CATALOG_READ_PATIENCE_S = 30.0

@@ -32,19 +32,20 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzType
 
 from lakesink._pyiceberg import io as seam
-from lakesink.audit.key_diff import SUMMARY_DELETED, SUMMARY_INSERTED, SUMMARY_UPDATED
 from lakesink.errors import LakesinkError
 from lakesink.executor.messages import WritePlan, WrittenFile
 from lakesink.executor.task_writer import TaskWriter, utc_schema
+from lakesink.table.keys import DELETED
+from lakesink.table.keys import ROW_COLUMN as _ROW
+from lakesink.table.keys import SUMMARY_UPSERT_BYTES_READ as SUMMARY_BYTES_READ
+from lakesink.table.keys import SUMMARY_UPSERT_DELETED as SUMMARY_DELETED
+from lakesink.table.keys import SUMMARY_UPSERT_FILES_READ as SUMMARY_FILES_READ
+from lakesink.table.keys import SUMMARY_UPSERT_INSERTED as SUMMARY_INSERTED
+from lakesink.table.keys import SUMMARY_UPSERT_UPDATED as SUMMARY_UPDATED
 
-#: The key flag column of the batch's keys (lakesink.changes.DELETED; repeated so that no Spark import is needed here).
-DELETED = "__lakesink_deleted"
 #: ``partition_id`` of the files a rewrite writes (in their names), telling them from a task's files.
 REWRITE_PARTITION_ID = 99999
-_ROW = "__lakesink_row"
 
-SUMMARY_FILES_READ = "lakesink.upsert.rewritten-files"
-SUMMARY_BYTES_READ = "lakesink.upsert.rewritten-bytes-read"
 
 
 @dataclass(frozen=True)

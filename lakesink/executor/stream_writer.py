@@ -20,10 +20,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from lakesink.errors import LakesinkError
 from lakesink.executor.messages import WritePlan
 from lakesink.executor.task_writer import TaskWriter
-
-QUERY_ID_PROPERTY = "sql.streaming.queryId"
-BATCH_ID_PROPERTY = "streaming.sql.batchId"
-RUN_ID_PROPERTY = "spark.jobGroup.id"
+from lakesink.table.keys import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
 
 
 class BatchCommits(Protocol):

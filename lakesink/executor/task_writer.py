@@ -27,7 +27,8 @@ from lakesink.executor import upsert_task
 from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.table import names, storage
-from lakesink.table.parquet_layout import DICT_SIZE_DEFAULT, dictionary_columns
+from lakesink.table.keys import DICT_SIZE_DEFAULT
+from lakesink.table.parquet_layout import dictionary_columns
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,9 @@ import pyarrow.compute as pc
 
 from lakesink._pyiceberg import io as seam
 from lakesink.errors import InvalidOptionError, UpsertKeyError
-
-#: The flag column of a batch's keys (as lakesink.changes.DELETED and lakesink.driver.upsert.DELETED).
-DELETED = "__lakesink_deleted"
-_ROW = "__lakesink_row"
-_TOP = "__lakesink_top"
+from lakesink.table.keys import DELETED
+from lakesink.table.keys import ROW_COLUMN as _ROW
+from lakesink.table.keys import TOP_COLUMN as _TOP
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from pyiceberg.table import Table
 from lakesink.driver.tables import SinkTable
 from lakesink.maintenance import compaction, expiry, manifest_rewrite
 from lakesink.options import Maintenance
-from lakesink.table.settings import MAINTENANCE_INTERVAL_MS_DEFAULT, TableSettings
+from lakesink.table.keys import MAINTENANCE_INTERVAL_MS_DEFAULT
+from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
 

@@ -37,12 +37,13 @@ from lakesink.audit.snapshots import lakesink_key
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import CommitOutcomeUnknownError, LakesinkError
 from lakesink.table import parquet_layout, storage
-from lakesink.table.markers import SUMMARY_COMMIT_ID, SUMMARY_OPERATION, CommittedBatch, SnapshotIndex, landed_commit
+from lakesink.table.keys import DICT_SIZE_DEFAULT, MAIN_BRANCH, ROW_ORIGINS, SUMMARY_COMMIT_ID, SUMMARY_OPERATION
+from lakesink.table.keys import OPERATION_COMPACT as COMPACT
+from lakesink.table.markers import CommittedBatch, SnapshotIndex, landed_commit
 from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
 
-COMPACT = "compact"
 #: A file smaller than this share of the target size is "small" (Iceberg's min-file-size-bytes default: 75 %).
 SMALL_FILE_RATIO = 0.75
 
@@ -97,7 +98,7 @@ class _Plan:
 
 
 def plan(
-    table: Table, *, branch: str = "main", target_file_size: int | None = None, min_input_files: int | None = None
+    table: Table, *, branch: str = MAIN_BRANCH, target_file_size: int | None = None, min_input_files: int | None = None
 ) -> _Plan | str:
     """The bins to rewrite at the branch head (or why nothing can be compacted)."""
     settings = TableSettings.parse(_name(table), table.properties)
@@ -151,7 +152,7 @@ def plan(
 def compact(
     table: Table,
     *,
-    branch: str = "main",
+    branch: str = MAIN_BRANCH,
     target_file_size: int | None = None,
     min_input_files: int | None = None,
     dry_run: bool = False,
@@ -298,8 +299,8 @@ def _rewrite(
             max_bytes=settings.row_group_bytes,
         ),
         schema=schema,
-        dictionary_page_limit=settings.dict_size or parquet_layout.DICT_SIZE_DEFAULT,
-        key_value_metadata={origins.ORIGINS_KEY: origins.encode(runs)},
+        dictionary_page_limit=settings.dict_size or DICT_SIZE_DEFAULT,
+        key_value_metadata={ROW_ORIGINS: origins.encode(runs)},
     )
     stats = seam.file_statistics(footer, seam.file_schema(schema), table.properties)
     return seam_commit.data_file(

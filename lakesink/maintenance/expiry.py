@@ -41,7 +41,8 @@ from lakesink._pyiceberg import io as seam
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import LakesinkError
 from lakesink.table import storage
-from lakesink.table.markers import MAIN_BRANCH, CommittedBatch, SnapshotIndex, last_committed_batch, parse_last_batch_key
+from lakesink.table.keys import MAIN_BRANCH
+from lakesink.table.markers import CommittedBatch, SnapshotIndex, last_committed_batch, parse_last_batch_key
 from lakesink.table.settings import Retention, TableSettings
 
 log = logging.getLogger("lakesink")

@@ -37,12 +37,13 @@ from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import CommitOutcomeUnknownError
-from lakesink.table.markers import SUMMARY_COMMIT_ID, SUMMARY_OPERATION, CommittedBatch, landed_commit
+from lakesink.table.keys import MAIN_BRANCH, SUMMARY_COMMIT_ID, SUMMARY_OPERATION
+from lakesink.table.keys import OPERATION_REWRITE_MANIFESTS as REWRITE_MANIFESTS
+from lakesink.table.markers import CommittedBatch, landed_commit
 from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
 
-REWRITE_MANIFESTS = "rewrite-manifests"
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class ManifestPlan:
         return self.manifests > self.needed and (min_count is None or self.manifests >= min_count)
 
 
-def plan(table: Table, *, branch: str = "main", target_size_bytes: int | None = None) -> ManifestPlan | None:
+def plan(table: Table, *, branch: str = MAIN_BRANCH, target_size_bytes: int | None = None) -> ManifestPlan | None:
     """The plan for the branch head (None: the branch has no snapshot). Reads the manifest list only."""
     head = table.metadata.snapshot_by_name(branch)
     if head is None:
@@ -106,7 +107,7 @@ def plan(table: Table, *, branch: str = "main", target_size_bytes: int | None = 
 def rewrite_manifests(
     table: Table,
     *,
-    branch: str = "main",
+    branch: str = MAIN_BRANCH,
     target_size_bytes: int | None = None,
     min_count: int | None = None,
     dry_run: bool = False,

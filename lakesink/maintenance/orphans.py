@@ -36,7 +36,8 @@ from pyiceberg.table import Table
 from lakesink.errors import CatalogError, InvalidOptionError, LakesinkError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import locations, names, storage
-from lakesink.table.markers import SUMMARY_QUERY_ID, last_committed_batch, parse_last_batch_key
+from lakesink.table.keys import SUMMARY_QUERY_ID
+from lakesink.table.markers import last_committed_batch, parse_last_batch_key
 
 log = logging.getLogger("lakesink")
 

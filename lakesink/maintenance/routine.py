@@ -22,7 +22,8 @@ from pyiceberg.table import Table
 from lakesink.errors import LakesinkError
 from lakesink.maintenance import compaction, expiry, manifest_rewrite
 from lakesink.maintenance.orphans import remove_orphan_files
-from lakesink.table.markers import LAST_BATCH_PREFIX, last_batch_key, last_committed_batch, parse_last_batch_key
+from lakesink.table.keys import LAST_BATCH_PREFIX
+from lakesink.table.markers import last_batch_key, last_committed_batch, parse_last_batch_key
 
 log = logging.getLogger("lakesink")
 

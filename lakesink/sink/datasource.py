@@ -41,6 +41,7 @@ from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import ReadOptions, SinkOptions
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
+from lakesink.table.keys import MAIN_BRANCH
 
 log = logging.getLogger("lakesink")
 
@@ -207,7 +208,7 @@ def open_read(options: ReadOptions) -> ResolvedRead:
         snapshot = resolve(table, point, branch=options.branch)
     else:
         snapshot = table.metadata.snapshot_by_name(options.branch)
-        if snapshot is None and options.branch != "main":
+        if snapshot is None and options.branch != MAIN_BRANCH:
             raise AuditError(f"branch {options.branch!r} of {options.table} does not exist")
     schema = table.schema()
     if snapshot is not None and snapshot.schema_id is not None and point is not None:

@@ -33,7 +33,6 @@ from lakesink.options import (
     CATALOG_PROPERTY_PREFIX,
     CREATE_TABLE,
     DELETE_WHEN,
-    FORMAT_VERSION,
     MAINTENANCE,
     MERGE_SCHEMA,
     ORDER_BY,
@@ -50,12 +49,10 @@ from lakesink.options import (
 from lakesink.sink import spark_fs, spark_write, upsert_batch
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 from lakesink.table import storage
+from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
 
 log = logging.getLogger("lakesink")
 
-QUERY_ID_PROPERTY = "sql.streaming.queryId"
-#: Spark sets the job group of a streaming query's jobs to the run id (a new one at every start of the query)
-RUN_ID_PROPERTY = "spark.jobGroup.id"
 #: Identifies this Python process (the run, under Spark Connect: see ForeachBatchSink._run_id)
 _PROCESS_TOKEN = uuid.uuid4().hex
 
@@ -74,7 +71,7 @@ def foreach_batch(
     checkpoint_location: str | None = None,
     partitioned_by: str | None = None,
     merge_schema: bool = False,
-    branch: str = "main",
+    branch: str = MAIN_BRANCH,
     writer: str = "auto",
     sink_id: str | None = None,
     upsert_key: str | Sequence[str] | None = None,

@@ -64,7 +64,11 @@ from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
 from lakesink.faults import fault_point
 from lakesink.sink import spark_partition
 from lakesink.table import names, storage
-from lakesink.table.parquet_layout import DICT_SIZE_DEFAULT
+from lakesink.table.keys import DICT_SIZE_DEFAULT
+from lakesink.table.keys import PAGE_ROW_LIMIT_DEFAULT as _PAGE_ROW_LIMIT_DEFAULT
+from lakesink.table.keys import PAGE_SIZE_DEFAULT as _PAGE_SIZE_DEFAULT
+from lakesink.table.keys import WRITE_ID as WRITE_ID_KEY
+from lakesink.table.keys import ZSTD_LEVEL_DEFAULT as _ZSTD_LEVEL_DEFAULT
 
 log = logging.getLogger("lakesink")
 
@@ -74,9 +78,6 @@ SPARKWRITE_AFTER_FILES = "sparkwrite.after-files"
 SPARKWRITE_BEFORE_WRITE = "sparkwrite.before-write"
 
 # Iceberg's defaults for the parquet-mr settings a table does not set (always passed: never the session's value)
-_PAGE_SIZE_DEFAULT = 1048576
-_PAGE_ROW_LIMIT_DEFAULT = 20000
-_ZSTD_LEVEL_DEFAULT = 3  # parquet-mr's and Iceberg's
 
 # Iceberg codec name -> Spark's Parquet ``compression`` option
 _SPARK_CODECS = {
@@ -127,7 +128,6 @@ HADOOP_PINS = {
 # Settings lakesink refuses rather than pins (they cannot be unset through a write option)
 _REFUSED_SETTINGS = ("parquet.crypto.factory.class",)
 # The key, in the Spark metadata of a file's first column, of the write id of the job that wrote it
-WRITE_ID_KEY = "lakesink.write-id"
 _SPARK_ROW_METADATA = b"org.apache.spark.sql.parquet.row.metadata"
 
 _NOT_NULL_MARKER = "LAKESINK_NOT_NULL_VIOLATION"

@@ -20,9 +20,7 @@ from collections.abc import Iterable, Mapping
 
 from lakesink.errors import TableLocationError
 from lakesink.table import storage
-
-DATA_PATH_PROPERTIES = ("write.data.path", "write.object-storage.path", "write.folder-storage.path")
-METADATA_PATH_PROPERTIES = ("write.metadata.path",)
+from lakesink.table.keys import DATA_PATH_PROPERTIES, METADATA_PATH_PROPERTIES
 
 
 def _segments(location: str) -> list[str]:

@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from lakesink.cli.audit import main as cli
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_BEFORE_SWAP
-from lakesink.table.markers import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
+from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
 from tests.sink import test_types as types_matrix
 from tests.support.helpers import Stream, assert_snapshot_invariants, lakesink_snapshots, table_ids
 from tests.support.interop_values import differences, plain_rows

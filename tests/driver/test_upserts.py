@@ -15,15 +15,18 @@ import pyarrow as pa
 import pytest
 
 from lakesink.audit import interop
-from lakesink.audit.key_diff import SUMMARY_DELETED, SUMMARY_INSERTED, SUMMARY_UPDATED
 from lakesink.driver.commit import Outcome, TableCommitter
-from lakesink.driver.upsert import DELETED, SUMMARY_FILES_READ
 from lakesink.errors import InjectedFault, InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.messages import TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.executor.upsert_task import UpsertSpec, merge, resolve_task, to_ipc
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, DRIVER_BEFORE_SWAP
 from lakesink.options import SinkOptions, TableName
+from lakesink.table.keys import DELETED
+from lakesink.table.keys import SUMMARY_UPSERT_DELETED as SUMMARY_DELETED
+from lakesink.table.keys import SUMMARY_UPSERT_FILES_READ as SUMMARY_FILES_READ
+from lakesink.table.keys import SUMMARY_UPSERT_INSERTED as SUMMARY_INSERTED
+from lakesink.table.keys import SUMMARY_UPSERT_UPDATED as SUMMARY_UPDATED
 from tests.support.helpers import (
     assert_snapshot_invariants,
     data_files_on_disk,

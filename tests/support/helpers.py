@@ -22,7 +22,7 @@ from lakesink.executor.messages import TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.maintenance.auto import AutoMaintainer, AutoMaintenance, auto_maintenance
 from lakesink.options import OutputMode, SinkOptions, TableName
-from lakesink.table.markers import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK_ID
+from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK_ID
 
 SCHEMA_DDL = "id long, ts timestamp, user string, amount double, kind int"
 TABLE = "db.events"
