@@ -9,6 +9,6 @@
 - :mod:`lakesink.cli.report`: the HTML page of ``lakesink report``.
 """
 
-from lakesink.cli.audit import main
+from lakesink.cli.main import main
 
 __all__ = ["main"]

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import lakesink
 from lakesink.audit import Point, diff, locate, read_at, resolve, verify
-from lakesink.cli.audit import main
+from lakesink.cli import main
 from lakesink.driver.commit import Outcome
 from lakesink.errors import AuditError
 from lakesink.table.markers import CommittedBatch, last_batch_key, last_committed_batch

@@ -92,7 +92,7 @@ def test_which_names_the_original_batch_after_compactions_and_expiry(catalog_pro
 
 
 def test_which_command_after_compaction(catalog_properties: dict[str, str]) -> None:
-    from lakesink.cli.audit import main
+    from lakesink.cli import main
 
     c = _committer(catalog_properties)
     _batches(c, 5)

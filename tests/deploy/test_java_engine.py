@@ -25,7 +25,7 @@ from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, Stri
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
-from lakesink.cli.audit import main as cli
+from lakesink.cli import main as cli
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import lakesink
-from lakesink.cli.audit import main
+from lakesink.cli import main
 from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import PublishRefusedError
 from lakesink.options import SinkOptions, TableName

@@ -319,7 +319,7 @@ def test_audit_history_diff_and_verify_of_an_upsert_table(catalog_properties: di
     from click.testing import CliRunner
 
     import lakesink
-    from lakesink.cli.audit import main
+    from lakesink.cli import main
 
     c = make(catalog_properties)
     run_batch(c, 0, [(k, "old", k, False) for k in range(10)])

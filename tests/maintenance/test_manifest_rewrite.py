@@ -111,7 +111,7 @@ def test_rewrite_merges_many_manifests_and_keeps_every_entry_history_and_audit(c
         assert _ids(lakesink.read_at(table, lakesink.Point(batch_id=b))) == Counter(range(0, (b + 1) * 1000)) & Counter(sent)
     verified = lakesink.verify(table)
     assert verified.violations == [], verified.violations
-    from lakesink.cli.audit import human_history
+    from lakesink.cli.output import human_history
 
     assert "(lakesink manifest rewrite)" in human_history(lakesink.history(table))
     # which: a row is attributed to the batch that wrote it, not to the rewrite
@@ -282,7 +282,7 @@ def test_auto_maintenance_rewrites_manifests_from_min_count_to_merge(catalog_pro
 def _cli(props: dict[str, str], *args: str) -> Any:
     from click.testing import CliRunner
 
-    from lakesink.cli.audit import main
+    from lakesink.cli import main
 
     cat = [a for k, v in props.items() for a in ("--catalog-property", f"{k}={v}")]
     return CliRunner().invoke(main, [args[0], "db.events", *args[1:], *cat])

@@ -31,7 +31,8 @@ from pyiceberg.table.statistics import BlobMetadata, StatisticsFile
 
 import lakesink
 from lakesink._pyiceberg import commit as seam
-from lakesink.cli.audit import format_duration, main, parse_duration
+from lakesink.cli import main
+from lakesink.cli.common import format_duration, parse_duration
 from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
 from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError, LakesinkError
 from lakesink.executor.messages import TaskResult
@@ -204,10 +205,12 @@ _KILLED_DRIVER = textwrap.dedent(
     import pyarrow as pa
     from lakesink.driver.commit import TableCommitter
     from lakesink.executor.task_writer import TaskWriter
+    from lakesink.maintenance.auto import auto_maintenance
     from lakesink.options import SinkOptions, TableName
 
     props, query_id, batch_id = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    c = sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props))
+    options = SinkOptions(table=TableName(("db",), "events"), catalog_properties=props)
+    c = TableCommitter(options, post_commit=auto_maintenance)
     rows = pa.table({"id": pa.array([100, 101], pa.int64()), "user": pa.array(["a", "b"])})
     plan = c.write_plan(c.open_table(rows.schema), query_id)
     result = TaskWriter(plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0).write(rows.to_batches())

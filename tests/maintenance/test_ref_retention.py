@@ -176,7 +176,7 @@ def test_expiry_cli_reports_removed_and_protected_refs(catalog_properties: dict[
 
     from click.testing import CliRunner
 
-    from lakesink.cli.audit import main as cli
+    from lakesink.cli import main as cli
 
     c = _committer(catalog_properties, {"history.expire.max-ref-age-ms": "0"})
     _batches(c, Q1, 2)

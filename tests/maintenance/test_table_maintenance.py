@@ -552,7 +552,7 @@ def test_compaction_lands_beside_a_stream_that_commits_back_to_back(catalog_prop
 def _cli(props: dict[str, str], *args: str) -> Any:
     from click.testing import CliRunner
 
-    from lakesink.cli.audit import main
+    from lakesink.cli import main
 
     cat = [a for k, v in props.items() for a in ("--catalog-property", f"{k}={v}")]
     return CliRunner().invoke(main, [args[0], "db.events", *args[1:], *cat])
@@ -603,7 +603,7 @@ def test_audit_after_compaction_and_expiry(catalog_properties: dict[str, str]) -
     summary mismatches before); history names compactions and the expired start; a read as of an expired batch
     is an AuditError (it returned the table's head before)."""
     import lakesink
-    from lakesink.cli.audit import human_history
+    from lakesink.cli.output import human_history
     from lakesink.errors import AuditError
 
     c = _committer(
