@@ -1,7 +1,7 @@
 """Commit-path benchmark: many small batches into one table through lakesink's real driver.
 
-No Spark: each batch is one task's worth of rows written by :class:`lakesink.executor.TaskWriter`
-(a real Parquet file under the table) and committed by :class:`lakesink.driver.TableCommitter`
+No Spark: each batch is one task's worth of rows written by :class:`lakesink.executor.task_writer.TaskWriter`
+(a real Parquet file under the table) and committed by :class:`lakesink.driver.commit.TableCommitter`
 on a SQLite catalog, exactly as ``foreachBatch`` does it. Per batch it times
 
 - ``replay_ms``: the replay check made before writing (reload the table, read the query's marker);

@@ -30,7 +30,7 @@ class CatalogUnavailableError(CatalogError):
 
 
 class TableLocationError(LakesinkError):
-    """The table's location or data path is unsafe to write to (see :mod:`lakesink.locations`)."""
+    """The table's location or data path is unsafe to write to (see :mod:`lakesink.table.locations`)."""
 
 
 class SchemaMismatchError(LakesinkError):

@@ -59,7 +59,7 @@ from lakesink.table.keys import FORMAT_VERSION
 
 
 def apply_schema_changes(update: UpdateSchema, changes: Sequence[Any]) -> None:
-    """Stage lakesink.schema.SchemaChange's on a pyiceberg UpdateSchema (public API; new columns optional)."""
+    """Stage lakesink.driver.schema.SchemaChange's on a pyiceberg UpdateSchema (public API; new columns optional)."""
     for change in changes:
         if change.kind == "add":
             update.add_column(change.path, change.field_type, required=False)
@@ -168,7 +168,7 @@ def prepare_snapshot(
     """Write the manifests of one snapshot (append, merging manifests as Iceberg does, or overwrite of the whole table).
 
     ``properties(snapshot_id)`` gives table properties to set in the same atomic commit, and
-    ``schema_changes`` (lakesink.schema.SchemaChange) evolve the schema in it too.
+    ``schema_changes`` (lakesink.driver.schema.SchemaChange) evolve the schema in it too.
     """
     tx = _MetadataCachingTransaction(table)
     if schema_changes:

@@ -369,8 +369,8 @@ def write_parquet(
     key_value_metadata: Mapping[str, str] | None = None,
 ) -> tuple[int, pq.FileMetaData]:
     """Write ``row_groups`` (already in the table schema, with field ids; one row group each, see
-    :func:`lakesink.parquetlayout.row_groups`) as one Parquet file; (size, footer). The dictionary encoding is
-    chosen on the first row group (:func:`lakesink.parquetlayout.dictionary_columns`). ``key_value_metadata``
+    :func:`lakesink.table.parquet_layout.row_groups`) as one Parquet file; (size, footer). The dictionary encoding is
+    chosen on the first row group (:func:`lakesink.table.parquet_layout.dictionary_columns`). ``key_value_metadata``
     goes into the file's footer (readers ignore keys they do not know)."""
     arrow = arrow_schema(file_schema(schema))
     if key_value_metadata:

@@ -1,7 +1,7 @@
 """Audit the tables lakesink writes: which batch wrote what, when (driver side, catalog only).
 
 Every snapshot lakesink commits carries its streaming query id, batch id and source offsets in the
-snapshot summary (:mod:`lakesink.properties`). From the catalog alone this package answers:
+snapshot summary (:mod:`lakesink.table.markers`). From the catalog alone this package answers:
 
 - :func:`history` (:mod:`.timeline`): one record per snapshot, marking those written by other writers;
 - :func:`resolve` / :func:`read_at` (:mod:`.points`): the table as of a batch, a snapshot id or a timestamp;

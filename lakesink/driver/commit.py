@@ -84,7 +84,7 @@ class _Batch:
     commit_id: str
     started: float
     changes: pa.Table | None = None
-    """Upserts: the keys the batch changes (key columns and lakesink.changes.DELETED)."""
+    """Upserts: the keys the batch changes (key columns and lakesink.table.keys.DELETED)."""
 
     @property
     def files(self) -> list[WrittenFile]:

@@ -157,7 +157,7 @@ def swap_with_recheck(
 
     ``attempt_guard`` is entered around each whole attempt (read, re-check, prepare, swap) and then every attempt
     reads the table afresh (``first`` is not used): maintenance takes its turn between the sink's batches with it
-    (lakesink.upkeep.AutoMaintainer), so that a stream committing every second cannot move the head between a
+    (lakesink.maintenance.auto.AutoMaintainer), so that a stream committing every second cannot move the head between a
     maintenance commit's read and its swap. It may raise CommitFailedException (a conflict: retried).
     """
     attempts = 0

@@ -1,18 +1,18 @@
 """Driver side, upserts: the copy-on-write of the table's files that can hold a batch's keys.
 
 A batch of an upsert sink (option ``upsert-key``) arrives resolved to one row per key
-(:mod:`lakesink.changes`): its rows are written as new data files like any batch's, and its keys
+(:mod:`lakesink.sink.upsert_batch`): its rows are written as new data files like any batch's, and its keys
 (with a flag for the deleted ones) come to the commit. For every commit attempt, against the table
 that attempt read, :func:`rewrite` finds the live data files whose partition and key statistics can
 hold any of those keys, reads them, and writes their rows *without* those keys into new files. The
 batch's snapshot then removes the files that held a key and adds the rewritten files and the batch's
-rows (:func:`lakesink._pyiceberg.prepare_rewrite`), so every reader sees the new state without
+rows (:func:`lakesink._pyiceberg.commit.prepare_rewrite`), so every reader sees the new state without
 reading a delete file.
 
 Why copy-on-write and not delete files: docs/upserts.md (what every reader here reads, measured).
 Reading and writing rows on the driver is the one exception to "the driver never touches rows":
 only the files that can hold the batch's keys are read, and they are written by the executor's own
-:class:`~lakesink.executor.TaskWriter` (same Parquet settings, statistics, partitioning and names).
+:class:`~lakesink.executor.task_writer.TaskWriter` (same Parquet settings, statistics, partitioning and names).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Runs inside Spark's Python workers. It never opens a catalog and never commits: it writes files
 under the table's data location with names unique per query, batch, task attempt and writer, and
-returns their metadata in a :class:`~lakesink.messages.TaskResult` (names: :mod:`lakesink.names`). If the task fails, the files it
-wrote are deleted before the error propagates (a SIGKILLed worker leaves them unreferenced; they are
-never committed and an orphan-file clean-up collects them).
+returns their metadata in a :class:`~lakesink.executor.messages.TaskResult` (names: :mod:`lakesink.table.names`).
+If the task fails, the files it wrote are deleted before the error propagates (a SIGKILLed worker leaves them
+unreferenced; they are never committed and an orphan-file clean-up collects them).
 """
 
 from __future__ import annotations
@@ -359,7 +359,7 @@ class PartitionWriter:
     """The ``mapInArrow`` function of foreachBatch's Arrow path: writes one partition, yields its pickled TaskResult.
 
     A module-level class (pickled by reference, with the plan and batch id as its state) rather than a
-    closure in :mod:`lakesink.foreach`, so that the Python workers that run it import this executor
+    closure in :mod:`lakesink.sink.foreach`, so that the Python workers that run it import this executor
     module only, never the driver side.
     """
 

@@ -1,7 +1,7 @@
 """Upserts through ``format("lakesink")``: one task's rows resolved to one row per key (executor side).
 
 A Python data source's writers each see one partition of a batch, never the whole batch, so the
-resolution of :mod:`lakesink.changes` (in Spark, over the batch) is done per task here: a null key
+resolution of :mod:`lakesink.sink.upsert_batch` (in Spark, over the batch) is done per task here: a null key
 is an error naming the column; several rows of one key keep the one with the greatest ``order-by``
 value (without ``order-by``: an error naming the key); ``delete-when`` is evaluated on the task's
 rows as an Iceberg row filter expression (``op = 'd'``, ``op in ('d', 'x')``, ``deleted is true``;

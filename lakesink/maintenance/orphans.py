@@ -14,8 +14,8 @@ metadata can reach, and removes what is left, under two safety rules (see its do
 Only pyiceberg's public API is used: the table metadata, ``Snapshot.manifests``,
 ``ManifestFile.from_args`` / ``fetch_manifest_entry``, ``read_manifest_list``,
 ``FromInputFile.table_metadata`` and the table's ``FileIO``. Listing, deleting and comparing
-locations go through :mod:`lakesink.storage`; lakesink's file and directory names are recognised by
-:mod:`lakesink.names`, which also makes them.
+locations go through :mod:`lakesink.table.storage`; lakesink's file and directory names are recognised by
+:mod:`lakesink.table.names`, which also makes them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Keeping a streamed table healthy: ``maintain`` (the whole routine) and ``forget_query``; the sink's automatic
 maintenance (option ``maintenance=auto``) runs the same steps from :mod:`lakesink.maintenance.auto`.
 
-The routine, in order: compact small data files (:mod:`lakesink.compaction`), expire snapshots as the table's
-``history.expire.*`` properties say (:mod:`lakesink.expiry`), rewrite the head's manifests when they are more than
-the target size needs (:mod:`lakesink.manifest_rewrite`), then remove orphan files older than a safe age
-(:func:`lakesink.maintenance.remove_orphan_files`). lakesink's own batch commits merge manifests as Iceberg does
+The routine, in order: compact small data files (:mod:`lakesink.maintenance.compaction`), expire snapshots as the table's
+``history.expire.*`` properties say (:mod:`lakesink.maintenance.expiry`), rewrite the head's manifests when they are more than
+the target size needs (:mod:`lakesink.maintenance.manifest_rewrite`), then remove orphan files older than a safe age
+(:func:`lakesink.maintenance.orphans.remove_orphan_files`). lakesink's own batch commits merge manifests as Iceberg does
 (``commit.manifest-merge.enabled``, default true), so the rewrite is mostly for tables written with merging off
 or by other writers; automatic maintenance rewrites only from ``commit.manifest.min-count-to-merge`` manifests.
 """

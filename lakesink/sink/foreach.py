@@ -3,9 +3,9 @@
 The function runs on the driver for every micro-batch. It checks whether the batch is already
 committed *before* writing anything, has the batch's Parquet files written, and commits them as one
 snapshot. The files are written by one of two paths (option ``writer``, see docs/write-paths.md):
-Spark's own Parquet writer in the JVM (:mod:`lakesink.sparkwrite`, the fast path, chosen by
+Spark's own Parquet writer in the JVM (:mod:`lakesink.sink.spark_write`, the fast path, chosen by
 ``auto`` whenever the table allows it), or Python workers writing with pyarrow (``mapInArrow`` and
-:class:`lakesink.executor.TaskWriter`, the same code as ``format("lakesink")``).
+:class:`lakesink.executor.task_writer.TaskWriter`, the same code as ``format("lakesink")``).
 """
 
 from __future__ import annotations

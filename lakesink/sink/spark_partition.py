@@ -1,4 +1,4 @@
-"""Driver side: partitioned tables on the Spark path (:mod:`lakesink.sparkwrite`).
+"""Driver side: partitioned tables on the Spark path (:mod:`lakesink.sink.spark_write`).
 
 Spark's Parquet writer writes one partition per file when the DataFrame is written with ``partitionBy``
 on computed columns. For each field of the table's partition spec lakesink adds one such column, a
@@ -16,7 +16,7 @@ years, months,      years/months/days/hours since 1970 in UTC, from ``unix_micro
 days, hours         (date), or the wall-clock fields of a timestamp_ntz (never the session time zone)
 truncate(W)         ``v - pmod(v, W)`` in 64-bit (int, long), on the unscaled value (decimal up to precision
                     18), ``x<hex>`` of the first W characters (string) or bytes (binary)
-bucket(N)           pyiceberg's transform in a vectorised Arrow UDF (:mod:`lakesink.bucketing`)
+bucket(N)           pyiceberg's transform in a vectorised Arrow UDF (:mod:`lakesink.executor.bucketing`)
 void                (not written by lakesink: a void field fails as unsupported)
 ==================  ==========================================================================================
 

@@ -14,11 +14,11 @@ No row passes through a Python worker. Every session setting that would change w
 The driver then keeps, of the files in the directory, those whose footer carries the write id of its
 own job (and checks that they hold the rows the job wrote), reads their footers (through the table's
 FileIO) for Iceberg's column statistics, and hands them to the unchanged
-:class:`~lakesink.driver.TableCommitter` as :class:`~lakesink.messages.TaskResult`\\ s.
+:class:`~lakesink.driver.commit.TableCommitter` as :class:`~lakesink.executor.messages.TaskResult`\\ s.
 
 If the Spark job (or anything before the commit) fails, the batch directory is deleted before the
 error propagates. A driver killed in between leaves the directory behind; the orphan-file clean-up
-recognises the layout (:mod:`lakesink.names` formats and parses the directory's name) and keeps it while
+recognises the layout (:mod:`lakesink.table.names` formats and parses the directory's name) and keeps it while
 its batch may still commit.
 """
 
@@ -427,7 +427,7 @@ def _file_names(io: FileIO, directory: str) -> list[str]:
     FileIO (the one the footers are then read with), as Spark's own file index would list them: a file or folder
     whose name starts with ``.`` (checksums), or with ``_`` and holds no ``=`` (``_temporary`` with uncommitted task
     output, ``_SUCCESS``), is not data. A partitioned write puts the files in one ``key=value`` folder per
-    grouping key, whose names are made of characters that need no escaping (see lakesink.sparkpartition).
+    grouping key, whose names are made of characters that need no escaping (see lakesink.sink.spark_partition).
 
     Listing through Spark (``spark.read...inputFiles()``) gave the same names at about 18 ms more per batch (a
     DataFrame analysed for the listing); on an object store both are one LIST request."""

@@ -1,6 +1,6 @@
 """How lakesink's pyarrow writers lay out a Parquet file: row groups and dictionary encoding.
 
-Used by the executor's :class:`~lakesink.executor.TaskWriter` and by compaction (through the seam's
+Used by the executor's :class:`~lakesink.executor.task_writer.TaskWriter` and by compaction (through the seam's
 ``write_parquet``), so that every file lakesink writes with pyarrow is laid out by the same rules. Executor-safe:
 pyarrow only.
 """

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 import lakesink
 from lakesink.audit import Point, diff, locate, read_at, resolve, verify
 from lakesink.cli import main
+from lakesink.driver import catalogs
 from lakesink.driver.commit import Outcome
 from lakesink.errors import AuditError
 from lakesink.table.markers import CommittedBatch, last_batch_key, last_committed_batch
@@ -81,7 +82,7 @@ def test_history_command_human(table: Any, catalog_properties: dict[str, str]) -
 
 
 def test_history_of_a_missing_table_is_a_clear_error(catalog_properties: dict[str, str]) -> None:
-    lakesink.catalogs.load(None, catalog_properties).create_namespace("db")
+    catalogs.load(None, catalog_properties).create_namespace("db")
     args = ["history", "db.nope", *[f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1
@@ -276,7 +277,7 @@ def test_verify_reports_a_summary_that_disagrees_with_the_manifests(table: Any, 
         if s["snapshot-id"] == target:
             s["summary"]["added-records"] = "4"
     path.write_text(json.dumps(meta))
-    t = lakesink.catalogs.load(None, catalog_properties).load_table(("db", "events"))
+    t = catalogs.load(None, catalog_properties).load_table(("db", "events"))
     report = verify(t)
     assert [v.kind for v in report.violations] == ["summary-mismatch"]
     assert report.violations[0].message == f"snapshot {target}: summary added-records is 4, its manifests say 3"

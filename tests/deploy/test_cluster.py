@@ -1,5 +1,5 @@
 """lakesink on a Spark standalone cluster: executors in their own JVMs (started by two real workers on
-127.0.0.1, tests/cluster.py), one of them SIGKILLed in the middle of a batch. Spark reschedules its
+127.0.0.1, tests/support/cluster.py), one of them SIGKILLed in the middle of a batch. Spark reschedules its
 tasks; every id lands once.
 
 Executors reach lakesink the simplest way a cluster allows: every worker runs the same interpreter

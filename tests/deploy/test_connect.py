@@ -1,5 +1,5 @@
 """Both entry points from a Spark Connect client (``SparkSession.builder.remote(...)``) against a real
-Spark Connect server started by the test (pyspark's ``sbin/start-connect-server.sh``, tests/connect.py).
+Spark Connect server started by the test (pyspark's ``sbin/start-connect-server.sh``, tests/support/connect.py).
 
 - ``format("lakesink")``: the data source's writers and its commit run in the server's Python workers,
   which find the query id in the checkpoint, as on classic Spark;

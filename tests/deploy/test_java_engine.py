@@ -3,7 +3,7 @@
 catalog/spark/spark-defaults.conf (only the server address, user and warehouse are this machine's).
 
 Slow (a second virtual environment, a second JVM): marker ``deploy``, run with ``make test-deploy``.
-The engine is a real child process (tests/java_engine.py); nothing is mocked.
+The engine is a real child process (tests/support/java_engine.py); nothing is mocked.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Iceberg's Java engine reads an upsert table as the model says (marker ``deploy``: ``make test-deploy``).
 
 A change stream (several events per key per batch, deletes, re-inserts) upserted through foreach_batch into
-the shared PostgreSQL catalog; Spark 3.5 with Iceberg's own SparkCatalog (tests/java_engine.py) reads the
+the shared PostgreSQL catalog; Spark 3.5 with Iceberg's own SparkCatalog (tests/support/java_engine.py) reads the
 final state, and the state as of every batch's snapshot, and both equal the model computed in Python.
 """
 

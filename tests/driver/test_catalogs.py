@@ -1,4 +1,4 @@
-"""lakesink.catalogs: the embedded default catalog, named catalogs, ${VAR} expansion, secret-free errors."""
+"""lakesink.driver.catalogs: the embedded default catalog, named catalogs, ${VAR} expansion, secret-free errors."""
 
 from __future__ import annotations
 

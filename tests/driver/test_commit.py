@@ -210,8 +210,8 @@ def test_unknown_outcome_that_cannot_be_settled_deletes_nothing(committer: Table
 
     monkeypatch.setattr(seam.PreparedCommit, "commit", catalog_down)
     monkeypatch.setattr("lakesink.driver.swap._SETTLE_ATTEMPTS", 2)
-    # the settling reads (through connections of their own, lakesink.catalogs.load_table_fresh) fail
-    monkeypatch.setattr("lakesink.catalogs.load_table_fresh", load_fails)
+    # the settling reads (through connections of their own, lakesink.driver.catalogs.load_table_fresh) fail
+    monkeypatch.setattr("lakesink.driver.catalogs.load_table_fresh", load_fails)
     with pytest.raises(CommitOutcomeUnknownError, match="no file was deleted"):
         commit(committer, Q1, 0, [result])
     monkeypatch.undo()

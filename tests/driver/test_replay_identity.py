@@ -1,5 +1,5 @@
 """The holes of issue 10 in the replay check, on real catalogs and real Parquet files (no Spark here; the
-Spark versions of the same cases are in tests/test_replay_identity_spark.py):
+Spark versions of the same cases are in tests/sink/test_replay_identity_spark.py):
 
 - a batch replayed over other source offsets is refused, never skipped (ReplayMismatchError);
 - several sinks of one query writing one table: each exactly-once under its own sink id; the same id twice
@@ -292,7 +292,7 @@ def test_abort_in_another_worker_waits_for_the_commit_in_flight(catalog_properti
     messages while the first worker is between its manifests and the swap. The abort must wait for the commit's
     outcome (here: landed) and keep the files the table then references.
 
-    (pyspark 4.3 itself waits for commit() to return before it aborts: tests/test_replay_identity_spark.py.)"""
+    (pyspark 4.3 itself waits for commit() to return before it aborts: tests/sink/test_replay_identity_spark.py.)"""
     import json
     import threading
     from pathlib import Path

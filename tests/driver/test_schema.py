@@ -1,4 +1,4 @@
-"""lakesink.schema.check_writable: does the stream fit the table? One error listing every problem."""
+"""lakesink.driver.schema.check_writable: does the stream fit the table? One error listing every problem."""
 
 from __future__ import annotations
 

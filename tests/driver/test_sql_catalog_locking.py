@@ -7,7 +7,7 @@ next read through that connection sees our own uncommitted compare-and-swap, so 
 batch "committed" -- and the read's own rollback then threw the write away: logged, in Spark's commit log,
 not in the table.
 
-The second processes (tests/sql_lock_procs.py) are real: a holder with a plain sqlite3 / psycopg2 connection
+The second processes (tests/jobs/sql_lock_procs.py) are real: a holder with a plain sqlite3 / psycopg2 connection
 and a writer appending with plain pyiceberg. Barriers, not sleeps: a test waits for the holder's answer and
 for the committer's own catalog error before it releases the lock.
 """
@@ -53,7 +53,7 @@ COMMITTED = re.compile(r"lakesink: table=\S+ query=(\S+) batch=(\d+) committed "
 
 
 class Holder:
-    """A second process holding the catalog database's lock (see tests/sql_lock_procs.py)."""
+    """A second process holding the catalog database's lock (see tests/jobs/sql_lock_procs.py)."""
 
     def __init__(self, uri: str):
         self.proc = subprocess.Popen(

@@ -1,6 +1,6 @@
 """Upserts (option upsert-key) at the driver's commit, against real SQLite catalogs and real Parquet files.
 
-Each test drives batches the way foreach_batch does after resolving them (lakesink.changes): the rows
+Each test drives batches the way foreach_batch does after resolving them (lakesink.sink.upsert_batch): the rows
 to write go through a real TaskWriter, the keys the batch changes go to commit_batch. The table must
 equal a model computed in plain Python, through pyiceberg, DuckDB and iceberg-rust.
 """
@@ -58,7 +58,7 @@ def make(props: dict[str, str], *, partitioned_by: str | None = None) -> TableCo
 
 
 def resolve(events: Sequence[Event]) -> tuple[pa.Table, pa.Table]:
-    """What lakesink.changes.resolve does in Spark, in Python: the last event per key wins."""
+    """What lakesink.sink.upsert_batch.resolve does in Spark, in Python: the last event per key wins."""
     last: dict[int, Event] = {}
     for e in events:
         if e[0] not in last or e[2] > last[e[0]][2]:

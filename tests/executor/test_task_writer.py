@@ -1,4 +1,4 @@
-"""lakesink.executor.TaskWriter: Arrow batches in, Parquet data files of a real table out.
+"""lakesink.executor.task_writer.TaskWriter: Arrow batches in, Parquet data files of a real table out.
 
 Tables are created in the test's SQLite catalog; the files written are read back with pyarrow.
 """

@@ -1,4 +1,4 @@
-"""A streaming job run as a child process by the deployment tests (tests/test_s3.py, tests/test_cluster.py),
+"""A streaming job run as a child process by the deployment tests (tests/deploy/test_s3.py, tests/deploy/test_cluster.py),
 which SIGKILL it or its executors and start it again on the same checkpoint.
 
 argv[1]: JSON object with ``input``, ``checkpoint``, ``table``, ``entry`` (``format`` or ``foreach``),

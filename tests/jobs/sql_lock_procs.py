@@ -1,4 +1,4 @@
-"""Second processes for tests/test_sql_catalog_locking.py: they hold the SQL catalog's lock, or write to the
+"""Second processes for tests/driver/test_sql_catalog_locking.py: they hold the SQL catalog's lock, or write to the
 same table with plain pyiceberg, while lakesink commits.
 
 ``python -m tests.sql_lock_procs holder <sqlalchemy uri>``

@@ -1,4 +1,4 @@
-"""Run by tests/test_fault_matrix.py: a second driver of the same streaming query (same query id,
+"""Run by tests/sink/test_fault_matrix.py: a second driver of the same streaming query (same query id,
 its own copy of the checkpoint), as a zombie or split-brain deployment would run it."""
 
 from __future__ import annotations

@@ -660,7 +660,7 @@ def test_a_commit_parses_the_metadata_once_and_never_deep_copies_it(
     assert commit(c, Q1, 3, [result]).outcome is Outcome.COMMITTED
     assert deep == []
     # nothing moved the table since this process's own last commit: the commit reads the catalog's pointer
-    # and reuses the metadata it already holds (lakesink.catalogs.load_table): no metadata.json is parsed
+    # and reuses the metadata it already holds (lakesink.driver.catalogs.load_table): no metadata.json is parsed
     assert loads == []
     table = load(c)
     assert table_ids(table) == Counter([*range(0, 10), *range(1000, 1010), *range(2000, 2010), 3000])

@@ -1,4 +1,4 @@
-"""lakesink.checkpoint: the query id and source offsets read from a Spark streaming checkpoint.
+"""lakesink.sink.checkpoint: the query id and source offsets read from a Spark streaming checkpoint.
 
 The folders are made by hand in the format Spark writes (``metadata``: one JSON line; ``offsets/<batch>``:
 ``v1``, a JSON line of batch metadata, then one line per source, ``-`` for a source without an offset).

@@ -1,7 +1,7 @@
 """The partition matrix: every transform on every type that allows it, through lakesink, read by three engines.
 
 Two tables per entry point (``partitioned-by`` with ``format("lakesink")``, ``partitioned_by=`` with
-``foreach_batch``), each with a wide partition spec over the edge values of tests/test_types.py
+``foreach_batch``), each with a wide partition spec over the edge values of tests/sink/test_types.py
 (nulls, min/max of each type, NaN, -0.0, years 1 and 9999, strings longer than 16 characters):
 
 - identity on every primitive type;

@@ -1,4 +1,4 @@
-"""Partitioned tables on the Spark path (lakesink/spark_partition.py, lakesink/bucketing.py).
+"""Partitioned tables on the Spark path (lakesink/spark_partition.py, lakesink/executor/bucketing.py).
 
 1. The grouping keys computed with Spark expressions (and the bucket UDF) group rows exactly as Iceberg's
    transforms do, checked value by value against pyiceberg's pure-Python transforms on edge values of every

@@ -1,4 +1,4 @@
-"""The Spark write path of foreach_batch (lakesink/sparkwrite.py): Spark's own Parquet writer, driver commit.
+"""The Spark write path of foreach_batch (lakesink/sink/spark_write.py): Spark's own Parquet writer, driver commit.
 
 Real Spark, real SQLite catalogs, real files; every row has a unique id and the tests compare multisets.
 """

@@ -27,7 +27,7 @@ One soak (one seed):
    with twice as much input ahead, and the same fault waits for the new run;
 3. a final run without faults, until all input is consumed (after an executor-side last round, the
    running job is the final run);
-4. the verdict: the exact multiset of ids read back with DuckDB (``lakesink.interop.duckdb_query``
+4. the verdict: the exact multiset of ids read back with DuckDB (``lakesink.audit.interop.duckdb_query``
    on the table's metadata location) against the ids sent; every (query id, batch id) in at most one
    snapshot, batch ids from 0 without gaps, and the same last batch as Spark's commit log (whose
    retained entries are all in the table); every batch that was in the table but not in Spark's

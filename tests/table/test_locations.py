@@ -1,4 +1,4 @@
-"""RELIABILITY row 20: unsafe table locations are rejected before any write (lakesink.locations)."""
+"""RELIABILITY row 20: unsafe table locations are rejected before any write (lakesink.table.locations)."""
 
 from __future__ import annotations
 

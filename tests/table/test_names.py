@@ -1,4 +1,4 @@
-"""lakesink.names: every name lakesink makes parses back to what made it; Iceberg's names are recognised."""
+"""lakesink.table.names: every name lakesink makes parses back to what made it; Iceberg's names are recognised."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""lakesink.properties: the replay marker table property and the snapshot summary."""
+"""lakesink.table.markers: the replay marker table property and the snapshot summary."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""lakesink.storage: one rule for "the same store" (scheme aliases), and files through a table's FileIO.
+"""lakesink.table.storage: one rule for "the same store" (scheme aliases), and files through a table's FileIO.
 
 The file operations run on real local files through both of pyiceberg's FileIOs.
 """
