@@ -21,9 +21,9 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# the fast lane (about 2 minutes: 554 tests, 85 s of CPU): no Spark, no PostgreSQL server, no waiting out timeouts --
-# unit, commit (SQLite), audit, maintenance, seam contract and executor/driver boundary tests.
-# `make test` runs everything it skips.
+# the fast lane (620 tests, about 165 s of CPU; 9.6 min of wall time on a shared 2-core machine under load 20):
+# no Spark, no PostgreSQL server, no waiting out timeouts -- table, executor, driver (SQLite), maintenance, audit,
+# CLI, seam contract, executor/driver boundary and layout tests. `make test` runs everything it skips.
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -m "not spark and not postgres and not slow and not soak and not benchmark and not deploy" $(PYTEST_ARGS)
 
@@ -53,9 +53,12 @@ bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'
 	PYTHONPATH=$(CURDIR) $(PY) -m benchmarks $(BENCH_ARGS)
 
+# ruff, mypy strict, and the import contracts (import-linter, [tool.importlinter] in pyproject.toml: the layers,
+# what Spark's Python workers may import, no import cycle; docs/architecture.md)
 lint: $(VENV)/.installed
 	$(PY) -m ruff check lakesink tests examples benchmarks
 	$(PY) -m mypy
+	$(abspath $(VENV))/bin/lint-imports --no-cache --no-logo
 
 clean:
 	rm -rf $(VENV) $(JAVA_VENV) lakehouse demo-run .pytest_cache .mypy_cache .ruff_cache
