@@ -21,9 +21,9 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# the fast lane (about 2 minutes: 554 tests, 85 s of CPU): no Spark, no PostgreSQL server, no waiting out timeouts --
-# unit, commit (SQLite), audit, maintenance, seam contract and executor/driver boundary tests.
-# `make test` runs everything it skips.
+# the fast lane (620 tests, about 165 s of CPU; 9.6 min of wall time on a shared 2-core machine under load 20):
+# no Spark, no PostgreSQL server, no waiting out timeouts -- table, executor, driver (SQLite), maintenance, audit,
+# CLI, seam contract, executor/driver boundary and layout tests. `make test` runs everything it skips.
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -m "not spark and not postgres and not rest and not slow and not soak and not benchmark and not deploy" $(PYTEST_ARGS)
 
@@ -34,7 +34,7 @@ test-fast: $(VENV)/.installed
 # the fast lane 17 min, the Spark test 7 min; a quiet machine needs a fraction of that.
 FLOOR_VENV ?= .venv-floor
 FLOOR_PY := $(abspath $(FLOOR_VENV))/bin/python
-FLOOR_SPARK_TESTS ?= tests/test_spark_sink.py::test_append_exactly_once_across_restarts
+FLOOR_SPARK_TESTS ?= tests/sink/test_spark_sink.py::test_append_exactly_once_across_restarts
 $(FLOOR_VENV)/.installed: pyproject.toml constraints-floor.txt
 	rm -rf $(FLOOR_VENV)
 	$(PYTHON) -m venv $(FLOOR_VENV)
@@ -44,7 +44,7 @@ $(FLOOR_VENV)/.installed: pyproject.toml constraints-floor.txt
 	touch $@
 
 test-floor: $(FLOOR_VENV)/.installed
-	LAKESINK_FLOOR_VENV=1 $(FLOOR_PY) -m pytest -p no:cacheprovider tests/unit/test_floor.py
+	LAKESINK_FLOOR_VENV=1 $(FLOOR_PY) -m pytest -p no:cacheprovider tests/test_floor.py
 	PYSPARK_PYTHON=$(FLOOR_PY) PYSPARK_DRIVER_PYTHON=$(FLOOR_PY) $(FLOOR_PY) -m pytest -p no:cacheprovider \
 	  -m "not spark and not postgres and not slow and not soak and not benchmark and not deploy" $(PYTEST_ARGS)
 	PYSPARK_PYTHON=$(FLOOR_PY) PYSPARK_DRIVER_PYTHON=$(FLOOR_PY) $(FLOOR_PY) -m pytest -p no:cacheprovider \
@@ -58,12 +58,12 @@ $(JAVA_VENV)/.installed:
 	$(JAVA_VENV)/bin/python -m pip install -q 'pyspark==3.5.8' 'snowpark-connect-deps-iceberg==1.0.1'
 	touch $@
 
-# The Iceberg REST catalog server of the REST tests (tests/rest_server.py; marker "rest", part of `make test`):
+# The Iceberg REST catalog server of the REST tests (tests/support/rest_server.py; marker "rest", part of `make test`):
 # lakana-server in a virtual environment of its own. The tests build it themselves on first use; this target
 # builds it ahead (about 2 minutes from pip's cache), migrates its template database and measures a start.
 LAKANA_VENV ?= .venv-lakana
 lakana-server: $(VENV)/.installed
-	LAKESINK_LAKANA_VENV=$(abspath $(LAKANA_VENV)) $(PY) -m tests.rest_server
+	LAKESINK_LAKANA_VENV=$(abspath $(LAKANA_VENV)) $(PY) -m tests.support.rest_server
 
 # Iceberg's JdbcCatalog needs the JDBC drivers: Debian's packages (installed when missing, as root)
 jdbc-drivers:
@@ -83,9 +83,12 @@ bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'
 	PYTHONPATH=$(CURDIR) $(PY) -m benchmarks $(BENCH_ARGS)
 
+# ruff, mypy strict, and the import contracts (import-linter, [tool.importlinter] in pyproject.toml: the layers,
+# what Spark's Python workers may import, no import cycle; docs/architecture.md)
 lint: $(VENV)/.installed
 	$(PY) -m ruff check lakesink tests examples benchmarks
 	$(PY) -m mypy
+	$(abspath $(VENV))/bin/lint-imports --no-cache --no-logo
 
 clean:
 	rm -rf $(VENV) $(JAVA_VENV) $(LAKANA_VENV) $(FLOOR_VENV) lakehouse demo-run .pytest_cache .mypy_cache .ruff_cache

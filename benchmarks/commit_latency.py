@@ -69,7 +69,7 @@ def _metadata_json_bytes(location: str) -> int:
 
 def _duckdb_check(metadata_location: str, column: str) -> tuple[int, int, int, int]:
     """count, distinct, min, max of ``column`` read with DuckDB."""
-    from lakesink.interop import duckdb_query
+    from lakesink.audit.interop import duckdb_query
 
     t = duckdb_query(
         metadata_location, f"SELECT count(*) AS n, count(DISTINCT {column}) AS d, min({column}) AS lo, max({column}) AS hi FROM t"
@@ -134,7 +134,7 @@ def run_lakesink(
     """lakesink through ``foreach_batch`` (``entry="foreach"``, with each batch's own commit time) or
     ``format("lakesink")`` (``entry="format"``: the commit runs in a Python worker, its time is not seen here)."""
     import lakesink
-    from lakesink import catalogs
+    from lakesink.driver import catalogs
 
     props = catalog_properties(root)
     table = "bench.latency"

@@ -1,7 +1,7 @@
 """Commit-path benchmark: many small batches into one table through lakesink's real driver.
 
-No Spark: each batch is one task's worth of rows written by :class:`lakesink.executor.TaskWriter`
-(a real Parquet file under the table) and committed by :class:`lakesink.driver.TableCommitter`
+No Spark: each batch is one task's worth of rows written by :class:`lakesink.executor.task_writer.TaskWriter`
+(a real Parquet file under the table) and committed by :class:`lakesink.driver.commit.TableCommitter`
 on a SQLite catalog, exactly as ``foreachBatch`` does it. Per batch it times
 
 - ``replay_ms``: the replay check made before writing (reload the table, read the query's marker);
@@ -26,8 +26,9 @@ from typing import Any
 import pyarrow as pa
 
 from benchmarks.common import catalog_properties, summarise
-from lakesink.driver import Outcome, TableCommitter
-from lakesink.executor import TaskWriter
+from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.executor.task_writer import TaskWriter
+from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import Maintenance, SinkOptions, TableName
 
 SCHEMA = pa.schema([("id", pa.int64()), ("user", pa.string()), ("amount", pa.float64())])
@@ -63,7 +64,8 @@ def run(
     props = catalog_properties(root)
     # maintenance off: this benchmark measures the commit path alone (``longrun`` measures it with maintenance)
     committer = TableCommitter(
-        SinkOptions(table=TableName(("bench",), "commits"), catalog_properties=props, maintenance=Maintenance.OFF)
+        SinkOptions(table=TableName(("bench",), "commits"), catalog_properties=props, maintenance=Maintenance.OFF),
+        post_commit=auto_maintenance,  # as the entry points make it
     )
     table = committer.open_table(SCHEMA)
     if table_properties:

@@ -101,8 +101,8 @@ def run_case(
 
     import lakesink
     from benchmarks.common import catalog_properties, lakesink_stream, spark_session
-    from lakesink import catalogs
-    from lakesink.interop import duckdb_query
+    from lakesink.audit.interop import duckdb_query
+    from lakesink.driver import catalogs
 
     spark = spark_session(extra={"spark.driver.maxResultSize": "0"})
     try:

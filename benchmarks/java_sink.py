@@ -3,7 +3,7 @@ against its *own* Spark's streaming Parquet sink.
 
 Iceberg's runtime jar is built for Spark 3.5, so it runs in the second virtual environment the tests use
 (``make .venv-iceberg-java/.installed``: pyspark 3.5.8 + ``snowpark-connect-deps-iceberg==1.0.1``, see
-tests/java_engine.py) as a child process (benchmarks/java_sink_job.py) with its own JVM, on the same
+tests/support/java_engine.py) as a child process (benchmarks/java_sink_job.py) with its own JVM, on the same
 generated input and the same kind of catalog (a SQLite catalog, through Iceberg's JdbcCatalog). Absolute
 rows/s of two different Spark versions are not comparable; what is reported is each sink's speed as a
 ratio to the Parquet sink of the same Spark, measured in the same session, repetition by repetition.
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import summarise
-from tests import java_engine
+from tests.support import java_engine
 
 CATALOG = "bench_java"
 JOB = Path(__file__).resolve().parent / "java_sink_job.py"

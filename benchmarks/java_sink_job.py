@@ -1,4 +1,4 @@
-"""Run by the *Java* virtual environment (pyspark 3.5.8 + Iceberg's Spark runtime, tests/java_engine.py):
+"""Run by the *Java* virtual environment (pyspark 3.5.8 + Iceberg's Spark runtime, tests/support/java_engine.py):
 Iceberg's own Spark streaming sink and Spark 3.5's streaming Parquet sink, measured in one session.
 
 argv[1]: a JSON object ``{"conf": {...Spark configuration...}, "mode": "throughput" | "commit-latency", ...}``;

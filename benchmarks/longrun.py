@@ -24,10 +24,11 @@ from typing import Any
 
 from benchmarks.commit_path import QUERY_ID, SCHEMA, _rows, _rows_back
 from benchmarks.common import catalog_properties, summarise
-from lakesink import _pyiceberg as seam
-from lakesink import compaction, expiry
-from lakesink.driver import Outcome, TableCommitter
-from lakesink.executor import TaskWriter
+from lakesink._pyiceberg import io as seam
+from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.executor.task_writer import TaskWriter
+from lakesink.maintenance import compaction, expiry
+from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import Maintenance, SinkOptions, TableName
 
 
@@ -66,7 +67,8 @@ def run(
             catalog_properties=catalog_properties(root),
             table_properties=props,
             maintenance=Maintenance.OFF,  # run inline below, between batches
-        )
+        ),
+        post_commit=auto_maintenance,  # as the entry points make it
     )
     committer.open_table(SCHEMA)
     commit_ms: list[float] = []

@@ -81,7 +81,7 @@ def run(
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     import lakesink
-    from lakesink import catalogs
+    from lakesink.driver import catalogs
 
     results: list[dict[str, Any]] = []
     for rows in sizes:

@@ -26,7 +26,7 @@ from pyiceberg.table.snapshots import ancestors_of
 from pyiceberg.table.update import update_table_metadata
 
 from benchmarks import commit_path
-from lakesink.properties import CommittedBatch, last_batch_key, last_committed_batch, last_committed_on_branch
+from lakesink.table.markers import CommittedBatch, last_batch_key, last_committed_batch, last_committed_on_branch
 
 QUERY = "00000000-bench-4000-8000-000000000000"
 
@@ -45,7 +45,7 @@ def run(root: Path, sizes: Sequence[int], repeat: int = 3) -> dict[str, Any]:
     """Median of ``repeat`` timings per size."""
     # one real table with lakesink batch snapshots, to copy a realistic snapshot (summary included) from
     small = commit_path.run(2, root=root, sample_every=1000)
-    from lakesink import catalogs
+    from lakesink.driver import catalogs
 
     props = {"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}/warehouse"}
     table = catalogs.load(None, props).load_table(("bench", "commits"))

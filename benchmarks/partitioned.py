@@ -130,8 +130,8 @@ class Runner:
         if path.startswith("parquet"):
             folder = self.root / f"out-{n}"
             return int(self.spark.read.parquet(str(folder)).count()), len(list(folder.rglob("*.parquet")))
-        from lakesink import catalogs
-        from lakesink.interop import duckdb_query
+        from lakesink.audit.interop import duckdb_query
+        from lakesink.driver import catalogs
 
         t = catalogs.load(None, self.props).load_table(table)
         result = duckdb_query(t.metadata_location, "SELECT count(*) AS n, count(DISTINCT id) AS d FROM t")

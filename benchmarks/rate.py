@@ -33,7 +33,7 @@ def run(
 ) -> dict[str, Any]:
     """``maintenance`` and ``table_properties``: the sink options (issue 11); with ``sample_every`` > 0, the
     table's data files, metadata.json size and DuckDB's scan time of the whole table are sampled that often."""
-    from lakesink import catalogs
+    from lakesink.driver import catalogs
 
     props = catalog_properties(root)
     table = "bench.rate"
@@ -156,8 +156,8 @@ def _commit_times(spark_log: Path | None) -> dict[int, float]:
 
 def table_sample(props: dict[str, str], table: str) -> dict[str, Any]:
     """Data files of the current snapshot, metadata.json size, and DuckDB's time to scan the whole table."""
-    from lakesink import _pyiceberg as seam
-    from lakesink import catalogs
+    from lakesink._pyiceberg import io as seam
+    from lakesink.driver import catalogs
 
     t = catalogs.load(None, props).load_table(table)
     head = t.current_snapshot()

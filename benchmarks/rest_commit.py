@@ -1,11 +1,11 @@
-"""Commit latency per batch against an Iceberg REST catalog server (lakana, tests/rest_server.py) beside the SQLite
+"""Commit latency per batch against an Iceberg REST catalog server (lakana, tests/support/rest_server.py) beside the SQLite
 catalog, and the catalog round trips one batch makes.
 
 The driver's side only (no Spark, so that the number is the catalog's): every interval (``--interval``, 1 s: a
 1-second trigger) one batch's Parquet file is written by lakesink's task writer and committed by lakesink's driver
 committer (``TableCommitter.commit_batch``: the replay re-check, the snapshot commit, its retries) -- the same code
 both entry points commit through. The REST client talks to the server through the counting proxy of
-tests/http_faults.py (no fault armed), which counts every HTTP request by kind (load, commit, config, ...): the goal
+tests/support/http_faults.py (no fault armed), which counts every HTTP request by kind (load, commit, config, ...): the goal
 is a batch that finds no replay makes at most two catalog round trips (one read, one commit). Batch 0 is left out.
 The table is read back at the end: ids 0..n-1, each once.
 """
@@ -26,12 +26,16 @@ QUERY = "55555555-eeee-4000-8000-000000000005"
 
 
 def _run(props: dict[str, str], namespace: str, batches: int, interval: float, proxy: Any | None) -> dict[str, Any]:
-    from lakesink.driver import Outcome, TableCommitter
-    from lakesink.executor import TaskWriter
+    from lakesink.driver.commit import Outcome, TableCommitter
+    from lakesink.executor.task_writer import TaskWriter
+    from lakesink.maintenance.auto import auto_maintenance
     from lakesink.options import SinkOptions, TableName
-    from tests.helpers import arrow_rows
+    from tests.support.helpers import arrow_rows
 
-    sink = TableCommitter(SinkOptions(table=TableName((namespace,), "bench"), catalog_properties=props))
+    sink = TableCommitter(
+        SinkOptions(table=TableName((namespace,), "bench"), catalog_properties=props),
+        post_commit=auto_maintenance,  # as the entry points make it
+    )
     sink.open_table(arrow_rows([]).schema)
     commit_ms: list[float] = []
     requests: list[dict[str, int]] = []
@@ -76,8 +80,8 @@ def _run(props: dict[str, str], namespace: str, batches: int, interval: float, p
 
 
 def run(batches: int, interval: float, catalogs: tuple[str, ...]) -> dict[str, Any]:
-    from tests.http_faults import FaultProxy
-    from tests.rest_server import NAMESPACE, LakanaServer
+    from tests.support.http_faults import FaultProxy
+    from tests.support.rest_server import NAMESPACE, LakanaServer
 
     result: dict[str, Any] = {"machine": machine(), "batches": batches, "interval_s": interval, "catalogs": {}}
     with tempfile.TemporaryDirectory(prefix="lakesink-rest-bench-") as tmp:

@@ -171,8 +171,8 @@ class Runner:
     def _count(self, path: str, n: int, table: str) -> int:
         if path == "parquet":
             return int(self.spark.read.parquet(str(self.root / f"out-{n}")).count())
-        from lakesink import catalogs
-        from lakesink.interop import duckdb_query
+        from lakesink.audit.interop import duckdb_query
+        from lakesink.driver import catalogs
 
         t = catalogs.load(None, self.props).load_table(table)
         result = duckdb_query(t.metadata_location, "SELECT count(*) AS n, count(DISTINCT id) AS d FROM t")
@@ -209,7 +209,7 @@ def _naive_append(props: dict[str, str], table: str) -> Callable[[Any, int], Non
         from pyiceberg.catalog import load_catalog
         from pyiceberg.exceptions import NoSuchTableError
 
-        from lakesink.catalogs import resolve_catalog_properties
+        from lakesink.driver.catalogs import resolve_catalog_properties
 
         data = batch.toArrow()
         name, resolved = resolve_catalog_properties(None, props)  # the same catalog name lakesink reads with

@@ -26,11 +26,13 @@ import pyarrow as pa
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
-from lakesink import catalogs
-from lakesink.driver import TableCommitter
-from lakesink.driver.upsert import DELETED, SUMMARY_BYTES_READ
-from lakesink.executor import TaskWriter
+from lakesink.driver import catalogs
+from lakesink.driver.commit import TableCommitter
+from lakesink.executor.task_writer import TaskWriter
+from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import SinkOptions, TableName
+from lakesink.table.keys import DELETED
+from lakesink.table.keys import SUMMARY_UPSERT_BYTES_READ as SUMMARY_BYTES_READ
 
 QUERY = "00000000-upsert-4000-8000-000000000000"
 SCHEMA = pa.schema(
@@ -98,7 +100,8 @@ def run(
         props = {"type": "sql", "uri": f"sqlite:///{root}/upsert-{n}.db", "warehouse": f"file://{root}/warehouse-{n}"}
         catalog = catalogs.load(None, props)
         committer = TableCommitter(
-            SinkOptions(table=TableName(("bench",), "lakesink"), catalog_properties=props, upsert_key=("id",))
+            SinkOptions(table=TableName(("bench",), "lakesink"), catalog_properties=props, upsert_key=("id",)),
+            post_commit=auto_maintenance,  # as the entry points make it
         )
         committer.open_table(SCHEMA)
         ours = catalog.load_table(("bench", "lakesink"))

@@ -49,9 +49,10 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 from pyiceberg.exceptions import NoSuchTableError  # noqa: E402
 
-from lakesink import catalogs, interop  # noqa: E402
+from lakesink.audit import interop  # noqa: E402
+from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP, ENV_FAULTS_DIR  # noqa: E402
-from lakesink.properties import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID  # noqa: E402
+from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
 
 HERE = Path(__file__).resolve().parent
 STREAM_JOB = HERE / "stream_job.py"
@@ -375,7 +376,7 @@ class Demo:
         kills = sum(r.killed for r in self.runs)
         referenced = {local_path(task.file.file_path) for task in table.scan().plan_files()}
         if self.s3:
-            from lakesink.maintenance import remove_orphan_files
+            from lakesink.maintenance.orphans import remove_orphan_files
 
             dry = remove_orphan_files(table, older_than=timedelta(0), dry_run=True)
             leftovers = len(dry.removed) + len(dry.kept_in_flight) + len(dry.kept_too_young)

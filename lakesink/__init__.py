@@ -60,16 +60,16 @@ if TYPE_CHECKING:
         resolve,
         verify,
     )
-    from lakesink.catalogs import lakesink_home
-    from lakesink.compaction import compact
-    from lakesink.datasource import LakesinkDataSource
-    from lakesink.driver import BatchOutcome, Outcome
-    from lakesink.expiry import expire_snapshots
-    from lakesink.foreach import ForeachBatchSink, foreach_batch
-    from lakesink.maintenance import remove_orphan_files
-    from lakesink.manifest_rewrite import rewrite_manifests
+    from lakesink.driver.catalogs import lakesink_home
+    from lakesink.driver.commit import BatchOutcome, Outcome
+    from lakesink.maintenance.compaction import compact
+    from lakesink.maintenance.expiry import expire_snapshots
+    from lakesink.maintenance.manifest_rewrite import rewrite_manifests
+    from lakesink.maintenance.orphans import remove_orphan_files
+    from lakesink.maintenance.routine import forget_query, maintain
     from lakesink.options import OutputMode, ReadOptions, SinkOptions
-    from lakesink.upkeep import forget_query, maintain
+    from lakesink.sink.datasource import LakesinkDataSource
+    from lakesink.sink.foreach import ForeachBatchSink, foreach_batch
 
 __version__ = "0.1.0"
 
@@ -127,7 +127,7 @@ __all__ = [
 # The public names, imported on first use (PEP 562). Spark's Python workers import this package
 # whenever they unpickle a lakesink object (the data source writer, foreachBatch's mapInArrow
 # function); importing the driver side here would load the catalogs, SQLAlchemy and tenacity into
-# every executor (tests/test_boundary.py holds that).
+# every executor (tests/executor/test_boundary.py holds that).
 _LAZY = {
     **dict.fromkeys(
         (
@@ -148,29 +148,35 @@ _LAZY = {
         ),
         "lakesink.audit",
     ),
-    "lakesink_home": "lakesink.catalogs",
-    "LakesinkDataSource": "lakesink.datasource",
-    "BatchOutcome": "lakesink.driver",
-    "Outcome": "lakesink.driver",
-    "ForeachBatchSink": "lakesink.foreach",
-    "foreach_batch": "lakesink.foreach",
-    "remove_orphan_files": "lakesink.maintenance",
-    "compact": "lakesink.compaction",
-    "expire_snapshots": "lakesink.expiry",
-    "forget_query": "lakesink.upkeep",
-    "maintain": "lakesink.upkeep",
-    "rewrite_manifests": "lakesink.manifest_rewrite",
+    "lakesink_home": "lakesink.driver.catalogs",
+    "LakesinkDataSource": "lakesink.sink.datasource",
+    "BatchOutcome": "lakesink.driver.commit",
+    "Outcome": "lakesink.driver.commit",
+    "ForeachBatchSink": "lakesink.sink.foreach",
+    "foreach_batch": "lakesink.sink.foreach",
+    "remove_orphan_files": "lakesink.maintenance.orphans",
+    "compact": "lakesink.maintenance.compaction",
+    "expire_snapshots": "lakesink.maintenance.expiry",
+    "forget_query": "lakesink.maintenance.routine",
+    "maintain": "lakesink.maintenance.routine",
+    "rewrite_manifests": "lakesink.maintenance.manifest_rewrite",
     "OutputMode": "lakesink.options",
     "ReadOptions": "lakesink.options",
     "SinkOptions": "lakesink.options",
 }
 
+# Modules the user guides have always named as attributes of the package (``lakesink.catalogs.load(...)``,
+# ``lakesink.interop.duckdb_query(...)``), kept reachable under those names since they moved into packages.
+_MODULES = {"catalogs": "lakesink.driver.catalogs", "interop": "lakesink.audit.interop"}
+
 
 def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     module = _LAZY.get(name)
     if module is None:
         if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-            return importlib.import_module(f"{__name__}.{name}")  # a submodule: lakesink.catalogs.load(...)
+            return importlib.import_module(f"{__name__}.{name}")  # a subpackage or module: lakesink.audit.history(...)
         raise AttributeError(f"module 'lakesink' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # imported once
@@ -185,8 +191,8 @@ def register(spark: SparkSession) -> None:
     """Register the ``lakesink`` data source with a Spark session.
 
     It writes (``writeStream.format("lakesink")``) and reads (``spark.read.format("lakesink")``, see
-    :mod:`lakesink.reader`).
+    :mod:`lakesink.sink.datasource`).
     """
-    from lakesink.datasource import LakesinkDataSource
+    from lakesink.sink.datasource import LakesinkDataSource
 
     spark.dataSource.register(LakesinkDataSource)

@@ -3,7 +3,7 @@
 Like :mod:`lakesink._pyiceberg` for pyiceberg: every use of a private pyspark name, of the JVM
 objects behind a Python object (``_jsq``, ``_jvm``, ``_jsparkSession``, ``_jdf``) or of pyspark's
 own module layout lives here, so that a pyspark upgrade is checked in one file (and in
-``tests/test_seam_contract.py``, which pins each of them). Each function says the pyspark version it
+``tests/seam/test_contract.py``, which pins each of them). Each function says the pyspark version it
 was checked on and what it relies on.
 
 This module imports nothing from lakesink and only the pyspark modules the data source writer

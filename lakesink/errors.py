@@ -40,7 +40,7 @@ class CatalogUnavailableError(CatalogError):
 
 
 class TableLocationError(LakesinkError):
-    """The table's location or data path is unsafe to write to (see :mod:`lakesink.locations`)."""
+    """The table's location or data path is unsafe to write to (see :mod:`lakesink.table.locations`)."""
 
 
 class SchemaMismatchError(LakesinkError):
@@ -86,8 +86,8 @@ class CommitOutcomeUnknownError(LakesinkError):
 class InFlightTooLongError(LakesinkError):
     """A commit's files were written longer ago than lakesink's in-flight window lets a commit use them.
 
-    The orphan-file clean-up keeps the files of a commit in flight for ``lakesink.names.IN_FLIGHT_WINDOW_MS``
-    (3 days); a commit whose oldest file is older than ``lakesink.names.COMMIT_DEADLINE_MS`` (2 days) is never
+    The orphan-file clean-up keeps the files of a commit in flight for ``lakesink.table.names.IN_FLIGHT_WINDOW_MS``
+    (3 days); a commit whose oldest file is older than ``lakesink.table.names.COMMIT_DEADLINE_MS`` (2 days) is never
     swapped, since some of its files may be gone. Nothing was committed; a restart writes the batch again.
     """
 

@@ -11,11 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from lakesink import partitioning
 from lakesink.errors import InvalidOptionError
-from lakesink.partitioning import PARTITIONED_BY as PARTITIONED_BY
-from lakesink.partitioning import PartitionTerm
 from lakesink.redaction import redact_properties
+from lakesink.table import partitioning
+from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH
+from lakesink.table.partitioning import PARTITIONED_BY as PARTITIONED_BY
+from lakesink.table.partitioning import PartitionTerm
 
 TABLE = "table"
 CATALOG = "catalog"
@@ -31,7 +32,6 @@ UPSERT_KEY = "upsert-key"
 DELETE_WHEN = "delete-when"
 ORDER_BY = "order-by"
 TABLE_PROPERTY_PREFIX = "table-property."
-FORMAT_VERSION = "format-version"
 MAINTENANCE = "maintenance"
 #: Iceberg table format versions lakesink creates tables with (pyiceberg 0.12 writes v3 too).
 FORMAT_VERSIONS = (1, 2, 3)
@@ -161,7 +161,7 @@ class SinkOptions:
     """The partition spec of a table lakesink creates; checked against an existing table's spec."""
     merge_schema: bool = False
     """Add new stream columns and apply allowed widenings to the table, in the batch's own commit."""
-    branch: str = "main"
+    branch: str = MAIN_BRANCH
     """The branch batches commit to (write-audit-publish); created from ``main``'s head when missing."""
     writer: WriterKind = WriterKind.AUTO
     sink_id: str | None = None
@@ -291,7 +291,7 @@ class SinkOptions:
             create_table=_parse_bool(CREATE_TABLE, lowered.get(CREATE_TABLE, "true")),
             partitioned_by=partitioning.parse(lowered[PARTITIONED_BY]) if lowered.get(PARTITIONED_BY, "").strip() else (),
             merge_schema=_parse_bool(MERGE_SCHEMA, lowered.get(MERGE_SCHEMA, "false")),
-            branch=_parse_branch(lowered.get(BRANCH, "main")),
+            branch=_parse_branch(lowered.get(BRANCH, MAIN_BRANCH)),
             writer=writer,
             sink_id=_parse_sink_id(lowered[SINK_ID]) if SINK_ID in lowered else None,
             upsert_key=upsert_key,
@@ -400,7 +400,7 @@ class ReadOptions:
     table: TableName
     catalog_name: str | None = None
     catalog_properties: Mapping[str, str] = field(default_factory=dict)
-    branch: str = "main"
+    branch: str = MAIN_BRANCH
     snapshot_id: int | None = None
     as_of_timestamp: str | None = None
     """Epoch milliseconds or an ISO 8601 time (UTC without an offset)."""
@@ -455,7 +455,7 @@ class ReadOptions:
             table=TableName.parse(lowered[TABLE]),
             catalog_name=catalog_name.strip() if catalog_name and catalog_name.strip() else None,
             catalog_properties=catalog_properties,
-            branch=_parse_branch(lowered.get(BRANCH, "main")),
+            branch=_parse_branch(lowered.get(BRANCH, MAIN_BRANCH)),
             snapshot_id=snapshot_id,
             as_of_timestamp=lowered.get(AS_OF_TIMESTAMP, "").strip() or None,
             as_of_batch=lowered.get(AS_OF_BATCH, "").strip() or None,

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.pg import PostgresServer
+from tests.support.pg import PostgresServer
 
-# the REST catalog server and the HTTP fault layer (tests/catalog_servers.py)
-pytest_plugins = ("tests.catalog_servers",)
+# the fixtures of the no-Spark tests (isolated pyiceberg configuration, write plans of fresh tables), and the REST
+# catalog server and the HTTP fault layer (tests/support/catalog_servers.py)
+pytest_plugins = ("tests.support.fixtures", "tests.support.catalog_servers")
 
 SPARK_MARKER = "spark"
 SPARK_FIXTURE = "spark"
@@ -113,7 +114,7 @@ class Faults:
 
     def wait_reached(self, point: str) -> None:
         """Wait until a process reached the fault point ``point`` (armed with ``pause``)."""
-        from tests.helpers import wait_until
+        from tests.support.helpers import wait_until
 
         wait_until(lambda: self.reached(point), what=f"fault point {point} to be reached")
 
@@ -164,7 +165,7 @@ def any_catalog_properties(tmp_path: Path, request: pytest.FixtureRequest) -> di
 
 @pytest.fixture
 def catalog(catalog_properties: dict[str, str]) -> object:
-    from lakesink import catalogs
+    from lakesink.driver import catalogs
 
     return catalogs.load(None, catalog_properties)
 
@@ -172,7 +173,7 @@ def catalog(catalog_properties: dict[str, str]) -> object:
 @pytest.fixture
 def committer(catalog_properties: dict[str, str]) -> object:
     """A TableCommitter of table db.events (created, columns id and user) in the test's catalog."""
-    from tests.helpers import arrow_rows, make_committer
+    from tests.support.helpers import arrow_rows, make_committer
 
     c = make_committer(catalog_properties)
     c.open_table(arrow_rows([]).schema)
@@ -182,6 +183,6 @@ def committer(catalog_properties: dict[str, str]) -> object:
 @pytest.fixture(params=["format", "foreach"])
 def stream(request: pytest.FixtureRequest, spark: object, tmp_path: Path, catalog_properties: dict[str, str]) -> object:
     """One streaming pipeline on a fresh SQLite catalog, through each entry point in turn."""
-    from tests.helpers import Stream
+    from tests.support.helpers import Stream
 
     return Stream(spark, tmp_path, catalog_properties, request.param)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import write_json_input
+from tests.support.helpers import write_json_input
 
 pytestmark = pytest.mark.spark
 
@@ -29,7 +29,7 @@ def test_secrets_stay_out_of_logs_errors_plans_and_metadata(postgres: Any, tmp_p
     proc = subprocess.run(
         [
             sys.executable,
-            str(Path(__file__).with_name("secrets_job.py")),
+            str(Path(__file__).parent / "jobs" / "secrets_job.py"),
             uri,
             SECRET,
             str(src),

@@ -146,12 +146,13 @@ def collect_orphans(seed: dict[str, Any]) -> None:
     from datetime import timedelta
 
     import lakesink
-    from lakesink import interop
-    from tests.helpers import data_files_on_disk, referenced_data_files
+    from lakesink.audit import interop
+    from lakesink.driver import catalogs
+    from tests.support.helpers import data_files_on_disk, referenced_data_files
 
     home = Path(seed["folder"]) / "lakehouse"
     props = {"type": "sql", "uri": f"sqlite:///{home}/catalog.db", "warehouse": f"file://{home}/warehouse"}
-    table = lakesink.catalogs.load("lakesink", props).load_table(("soak", "events"))
+    table = catalogs.load("lakesink", props).load_table(("soak", "events"))
     leftovers = data_files_on_disk(table) - referenced_data_files(table)
     assert len(leftovers) == seed["unreferenced_data_files"]
     before = Counter(interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist())
@@ -160,7 +161,7 @@ def collect_orphans(seed: dict[str, Any]) -> None:
     report = lakesink.remove_orphan_files(table, older_than=timedelta(0))
     removed = {f.path for f in report.removed}
     assert leftovers <= removed
-    table = lakesink.catalogs.load("lakesink", props).load_table(("soak", "events"))
+    table = catalogs.load("lakesink", props).load_table(("soak", "events"))
     assert data_files_on_disk(table) == referenced_data_files(table)
     after = Counter(interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist())
     assert after == before and sum(after.values()) == seed["rows_sent"]

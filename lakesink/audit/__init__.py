@@ -1,7 +1,7 @@
 """Audit the tables lakesink writes: which batch wrote what, when (driver side, catalog only).
 
 Every snapshot lakesink commits carries its streaming query id, batch id and source offsets in the
-snapshot summary (:mod:`lakesink.properties`). From the catalog alone this package answers:
+snapshot summary (:mod:`lakesink.table.markers`). From the catalog alone this package answers:
 
 - :func:`history` (:mod:`.timeline`): one record per snapshot, marking those written by other writers;
 - :func:`resolve` / :func:`read_at` (:mod:`.points`): the table as of a batch, a snapshot id or a timestamp;
@@ -17,7 +17,6 @@ manifest read once per audit).
 
 from __future__ import annotations
 
-from lakesink.audit.changes import Diff, diff
 from lakesink.audit.invariants import (
     BATCH_GAP,
     DUPLICATE_BATCH,
@@ -45,6 +44,7 @@ from lakesink.audit.points import (
 )
 from lakesink.audit.provenance import locate
 from lakesink.audit.publishing import PublishResult, publish
+from lakesink.audit.row_diff import Diff, diff
 from lakesink.audit.snapshots import LAKESINK, OTHER, ancestry, lakesink_key, progress, summary_of
 from lakesink.audit.timeline import SnapshotRecord, history
 

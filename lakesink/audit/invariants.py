@@ -12,11 +12,8 @@ from pyiceberg.table.snapshots import Snapshot
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import ancestry, lakesink_key, opt_int_property, progress, sink_of, summary_of
 from lakesink.errors import PROGRAMMING_ERRORS
-from lakesink.properties import (
-    MAIN_BRANCH,
-    SUMMARY_PREVIOUS_BATCH_ID,
-    last_committed_batch,
-)
+from lakesink.table.keys import MAIN_BRANCH, SUMMARY_PREVIOUS_BATCH_ID
+from lakesink.table.markers import last_committed_batch
 
 DUPLICATE_BATCH = "duplicate-batch"
 BATCH_GAP = "batch-gap"

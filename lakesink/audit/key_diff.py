@@ -13,9 +13,9 @@ from typing import Any
 
 import pyarrow as pa
 
-SUMMARY_INSERTED = "lakesink.upsert.inserted-rows"
-SUMMARY_UPDATED = "lakesink.upsert.updated-rows"
-SUMMARY_DELETED = "lakesink.upsert.deleted-rows"
+from lakesink.table.keys import SUMMARY_UPSERT_DELETED as SUMMARY_DELETED
+from lakesink.table.keys import SUMMARY_UPSERT_INSERTED as SUMMARY_INSERTED
+from lakesink.table.keys import SUMMARY_UPSERT_UPDATED as SUMMARY_UPDATED
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, Manifes
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Snapshot
 
-from lakesink import _pyiceberg as seam
+from lakesink._pyiceberg import io as seam
 
 
 class Manifests:

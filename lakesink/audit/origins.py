@@ -20,7 +20,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-ORIGINS_KEY = "lakesink.row-origins"
+from lakesink.table.keys import ROW_ORIGINS as ORIGINS_KEY
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,8 @@ from pyiceberg.table.snapshots import Snapshot
 
 from lakesink.audit.snapshots import ancestry, lakesink_key, opt_int_property, summary_of
 from lakesink.errors import AuditError
-from lakesink.properties import (
-    MAIN_BRANCH,
-    SUMMARY_PREVIOUS_BATCH_ID,
-    last_committed_batch,
-)
+from lakesink.table.keys import MAIN_BRANCH, SUMMARY_PREVIOUS_BATCH_ID
+from lakesink.table.markers import last_committed_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

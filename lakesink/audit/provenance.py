@@ -11,15 +11,13 @@ import pyarrow as pa
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.table import Table
 
-from lakesink import _pyiceberg as seam
+from lakesink._pyiceberg import io as seam
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests, read_files
 from lakesink.audit.points import Point, resolve
 from lakesink.audit.snapshots import lakesink_key
 from lakesink.errors import AuditError
-from lakesink.properties import (
-    MAIN_BRANCH,
-)
+from lakesink.table.keys import MAIN_BRANCH
 
 
 def locate(

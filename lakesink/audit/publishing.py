@@ -8,12 +8,10 @@ from typing import Any
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
 
-from lakesink import _pyiceberg as seam
+from lakesink._pyiceberg import commit as seam_commit
 from lakesink.audit.invariants import VerifyReport, verify
 from lakesink.errors import AuditError, PublishRefusedError
-from lakesink.properties import (
-    MAIN_BRANCH,
-)
+from lakesink.table.keys import MAIN_BRANCH
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,7 @@ def publish(table: Table, *, branch: str, force: bool = False, show_progress: bo
         )
     if problems and not force:
         raise PublishRefusedError("publish refused (--force publishes anyway): " + "; ".join(problems))
-    tx = seam.staged(table)  # one commit request, never pyiceberg's retry loop
-    seam.manage_snapshots(tx).set_current_snapshot(snapshot_id=target.snapshot_id).commit()
-    seam.commit_once(tx)
+    tx = seam_commit.staged(table)  # one commit request, never pyiceberg's retry loop
+    seam_commit.manage_snapshots(tx).set_current_snapshot(snapshot_id=target.snapshot_id).commit()
+    seam_commit.commit_once(tx)
     return PublishResult(branch, main.snapshot_id if main else None, target.snapshot_id, bool(problems), report)

@@ -9,13 +9,11 @@ from typing import Any
 import pyarrow as pa
 from pyiceberg.table import Table
 
-from lakesink import floats
 from lakesink.audit.manifests import Manifests, read_files
 from lakesink.audit.points import Point, resolve
 from lakesink.audit.snapshots import progress
-from lakesink.properties import (
-    MAIN_BRANCH,
-)
+from lakesink.table import floats
+from lakesink.table.keys import MAIN_BRANCH
 
 
 @dataclass

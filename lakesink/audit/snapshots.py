@@ -9,8 +9,10 @@ from typing import TypeVar
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
-from lakesink.properties import (
+from lakesink.table.keys import (
     MAIN_BRANCH,
+    OPERATION_COMPACT,
+    OPERATION_REWRITE_MANIFESTS,
     SUMMARY_BATCH_ID,
     SUMMARY_QUERY_ID,
     SUMMARY_SINK_ID,
@@ -23,7 +25,7 @@ COMPACTION = "lakesink compaction"
 #: The writer of a snapshot of lakesink's manifest rewrite (``lakesink.operation=rewrite-manifests``, a replace).
 MANIFEST_REWRITE = "lakesink manifest rewrite"
 #: ``lakesink.operation`` of lakesink's maintenance snapshots -> their writer.
-MAINTENANCE_WRITERS = {"compact": COMPACTION, "rewrite-manifests": MANIFEST_REWRITE}
+MAINTENANCE_WRITERS = {OPERATION_COMPACT: COMPACTION, OPERATION_REWRITE_MANIFESTS: MANIFEST_REWRITE}
 
 T = TypeVar("T")
 

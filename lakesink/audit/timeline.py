@@ -7,6 +7,7 @@ from typing import Any
 
 from pyiceberg.table import Table
 
+from lakesink.audit.key_diff import upsert_counts
 from lakesink.audit.snapshots import (
     LAKESINK,
     MAINTENANCE_WRITERS,
@@ -17,11 +18,11 @@ from lakesink.audit.snapshots import (
     opt_int_property,
     summary_of,
 )
-from lakesink.keyed import upsert_counts
-from lakesink.properties import (
+from lakesink.table.keys import (
     MAIN_BRANCH,
     SUMMARY_COMMIT_ATTEMPT,
     SUMMARY_COMMIT_STARTED_MS,
+    SUMMARY_OPERATION,
     SUMMARY_PREVIOUS_BATCH_ID,
     SUMMARY_SOURCE_OFFSETS,
 )
@@ -84,7 +85,7 @@ def history(table: Table) -> list[SnapshotRecord]:
                 sequence_number=s.sequence_number,
                 timestamp_ms=s.timestamp_ms,
                 operation=s.summary.operation.value if s.summary else None,
-                writer=LAKESINK if key is not None else MAINTENANCE_WRITERS.get(props.get("lakesink.operation", ""), OTHER),
+                writer=LAKESINK if key is not None else MAINTENANCE_WRITERS.get(props.get(SUMMARY_OPERATION, ""), OTHER),
                 query_id=key[0] if key else None,
                 batch_id=key[1] if key else None,
                 source_offsets=props.get(SUMMARY_SOURCE_OFFSETS),

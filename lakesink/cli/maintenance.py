@@ -1,92 +1,44 @@
-"""The table maintenance commands of the ``lakesink`` command line (registered on :data:`lakesink.cli.main`).
+"""The table maintenance commands of the ``lakesink`` command line (registered on :data:`lakesink.cli.main.main`).
 
     lakesink maintain TABLE            compact, expire snapshots, then remove orphans older than 3 days
     lakesink compact TABLE             bin-pack small data files into a replace snapshot
     lakesink expire-snapshots TABLE    expire snapshots as the table's history.expire.* properties say
     lakesink rewrite-manifests TABLE   merge the head's small manifests into manifests of the target size
     lakesink forget-query TABLE QUERY  remove a retired query's replay marker
+    lakesink remove-orphan-files TABLE remove the files no snapshot references (--older-than 3d, --dry-run)
+    lakesink checkpoint-clean CHECKPOINT  remove the temp files Spark abandoned in a streaming checkpoint
 
-Each takes ``--dry-run`` and ``--json``; for people, progress goes to stderr and a summary to stdout.
+Each takes ``--dry-run`` and ``--json``; for people, progress goes to stderr and a summary to stdout (both through
+the :class:`~lakesink.cli.output.Output` the ``--json`` flag chose).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 import click
 
-from lakesink import compaction, expiry, manifest_rewrite, upkeep
-from lakesink.cli import _duration_option, catalog_options, format_duration, load_table, main
+from lakesink.cli.common import catalog_options, duration_option, format_duration, load_table, redacted
+from lakesink.cli.output import Output, output_option
 from lakesink.errors import LakesinkError
+from lakesink.maintenance import compaction, expiry, manifest_rewrite, routine
+from lakesink.maintenance.orphans import DEFAULT_OLDER_THAN, remove_orphan_files
+from lakesink.sink.checkpoint_cleanup import DEFAULT_OLDER_THAN as CHECKPOINT_QUIET_TIME
+from lakesink.sink.checkpoint_cleanup import clean_checkpoint
+from lakesink.table.keys import MAIN_BRANCH
 
 _dry_run = click.option("--dry-run", is_flag=True, help="Change nothing; report what would be done.")
-_json = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+_json_output = output_option(help="Print the report as JSON.")
 
 
-def _progress(as_json: bool) -> Callable[[str, int, int], None]:
-    """A progress line on stderr for people (nothing with --json)."""
-
-    def show(what: str, done: int, total: int) -> None:
-        if not as_json:
-            click.echo(f"\r{what}: {done}/{total}", err=True, nl=done >= total)
-
-    return show
-
-
-def human_compaction(r: compaction.CompactionReport) -> str:
-    lines = [f"compaction of {r.table} (branch {r.branch}): {r.status}"]
-    if r.groups:
-        verb = "would rewrite" if r.dry_run else "rewrote"
-        lines.append(f"{verb} {r.rewritten_files} file(s), {r.rewritten_bytes} B, in {len(r.groups)} group(s)")
-        for g in r.groups:
-            lines.append(f"  {g.partition or '(unpartitioned)'}: {len(g.files)} file(s), {g.input_bytes} B, {g.records} row(s)")
-    if r.snapshot_id is not None:
-        lines.append(f"into {len(r.added_files)} file(s), {r.added_bytes} B: replace snapshot {r.snapshot_id}")
-    return "\n".join(lines)
-
-
-def human_expiry(r: expiry.ExpiryReport) -> str:
-    age = format_duration(timedelta(milliseconds=r.max_snapshot_age_ms))
-    lines = [
-        f"snapshot expiry of {r.table}: {r.status} (max snapshot age {age}, at least {r.min_snapshots_to_keep} "
-        "per branch; the heads of kept branches and tags always kept)"
-    ]
-    if r.expired_snapshot_ids:
-        verb = "would expire" if r.dry_run else "expired"
-        lines.append(f"{verb} {len(r.expired_snapshot_ids)} snapshot(s), {r.kept_snapshots} kept")
-        lines.append(f"{'would delete' if r.dry_run else 'deleted'} {len(r.deleted_files)} file(s) only they referenced")
-    if r.removed_refs:
-        verb = "would remove" if r.dry_run else "removed"
-        lines.append(f"{verb} {len(r.removed_refs)} ref(s): {', '.join(r.removed_refs)} (older than their max ref age)")
-    for why in r.protected_refs:
-        lines.append(f"warning: {why}")
-    if r.failed_deletes:
-        lines.append(f"could not delete {len(r.failed_deletes)} file(s) (an orphan clean-up collects them)")
-    return "\n".join(lines)
-
-
-def human_manifests(r: manifest_rewrite.ManifestRewriteReport) -> str:
-    lines = [f"manifest rewrite of {r.table} (branch {r.branch}): {r.status}"]
-    if r.status == "dry run":
-        lines.append(f"would rewrite {r.manifests_before} data manifest(s) into {r.manifests_after} ({r.entries} entries)")
-    elif r.snapshot_id is not None:
-        lines.append(
-            f"rewrote {r.manifests_before} data manifest(s) into {r.manifests_after} ({r.entries} entries, each keeping "
-            f"its snapshot and sequence numbers): replace snapshot {r.snapshot_id}"
-        )
-    return "\n".join(lines)
-
-
-@main.command("compact")
+@click.command("compact")
 @click.argument("table")
 @catalog_options
-@click.option("--branch", default="main", show_default=True, help="The branch whose head is compacted.")
+@click.option("--branch", default=MAIN_BRANCH, show_default=True, help="The branch whose head is compacted.")
 @click.option("--target-file-size", type=int, help="Bytes (default: the table's write.target-file-size-bytes).")
 @click.option("--min-input-files", type=int, help="Files of a partition needed to compact it (default 5).")
 @_dry_run
-@_json
+@_json_output
 def compact_command(
     table: str,
     catalog_name: str | None,
@@ -95,11 +47,10 @@ def compact_command(
     target_file_size: int | None,
     min_input_files: int | None,
     dry_run: bool,
-    as_json: bool,
+    output: Output,
 ) -> None:
     """Bin-pack TABLE's small data files per partition into one replace snapshot (rows unchanged)."""
     t = load_table(table, catalog_name, catalog_properties)
-    show = _progress(as_json)
     try:
         report = compaction.compact(
             t,
@@ -107,25 +58,25 @@ def compact_command(
             target_file_size=target_file_size,
             min_input_files=min_input_files,
             dry_run=dry_run,
-            progress=lambda d, n: show("rewriting", d, n),
+            progress=lambda d, n: output.progress("rewriting", d, n),
         )
     except LakesinkError as e:
         raise click.ClickException(str(e)) from None
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else human_compaction(report))
+    output.compaction(report)
 
 
-@main.command("expire-snapshots")
+@click.command("expire-snapshots")
 @click.argument("table")
 @catalog_options
 @click.option(
     "--older-than",
     metavar="DURATION",
-    callback=lambda ctx, p, v: None if v is None else _duration_option(ctx, p, v),
+    callback=lambda ctx, p, v: None if v is None else duration_option(ctx, p, v),
     help="Expire snapshots older than this (5d, 12h, ...); default: the table's history.expire.max-snapshot-age-ms.",
 )
 @click.option("--retain-last", type=int, help="Keep at least this many snapshots per branch (default: the table's).")
 @_dry_run
-@_json
+@_json_output
 def expire_snapshots_command(
     table: str,
     catalog_name: str | None,
@@ -133,7 +84,7 @@ def expire_snapshots_command(
     older_than: timedelta | None,
     retain_last: int | None,
     dry_run: bool,
-    as_json: bool,
+    output: Output,
 ) -> None:
     """Expire TABLE's old snapshots and delete the files only they referenced.
 
@@ -145,18 +96,18 @@ def expire_snapshots_command(
         report = expiry.expire_snapshots(t, older_than=stamp, retain_last=retain_last, dry_run=dry_run)
     except LakesinkError as e:
         raise click.ClickException(str(e)) from None
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else human_expiry(report))
+    output.expiry(report)
     if report.failed_deletes:
         raise click.ClickException(f"{len(report.failed_deletes)} file(s) could not be deleted")
 
 
-@main.command("rewrite-manifests")
+@click.command("rewrite-manifests")
 @click.argument("table")
 @catalog_options
-@click.option("--branch", default="main", show_default=True, help="The branch whose head's manifests are rewritten.")
+@click.option("--branch", default=MAIN_BRANCH, show_default=True, help="The branch whose head's manifests are rewritten.")
 @click.option("--target-size", type=int, help="Bytes (default: the table's commit.manifest.target-size-bytes).")
 @_dry_run
-@_json
+@_json_output
 def rewrite_manifests_command(
     table: str,
     catalog_name: str | None,
@@ -164,34 +115,33 @@ def rewrite_manifests_command(
     branch: str,
     target_size: int | None,
     dry_run: bool,
-    as_json: bool,
+    output: Output,
 ) -> None:
     """Merge TABLE's small data manifests, clustered by partition, into one replace snapshot (files unchanged)."""
     t = load_table(table, catalog_name, catalog_properties)
-    show = _progress(as_json)
     try:
-        show("rewriting manifests", 0, 1)
+        output.progress("rewriting manifests", 0, 1)
         report = manifest_rewrite.rewrite_manifests(t, branch=branch, target_size_bytes=target_size, dry_run=dry_run)
-        show("rewriting manifests", 1, 1)
+        output.progress("rewriting manifests", 1, 1)
     except LakesinkError as e:
         raise click.ClickException(str(e)) from None
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else human_manifests(report))
+    output.manifests(report)
 
 
-@main.command("maintain")
+@click.command("maintain")
 @click.argument("table")
 @catalog_options
 @click.option(
     "--orphans-older-than",
     metavar="DURATION",
-    default=format_duration(upkeep.SAFE_ORPHAN_AGE),
+    default=format_duration(routine.SAFE_ORPHAN_AGE),
     show_default=True,
-    callback=_duration_option,
+    callback=duration_option,
     help="Remove orphan files last modified longer ago than this.",
 )
 @click.option("--no-orphans", is_flag=True, help="Skip the orphan file clean-up.")
 @_dry_run
-@_json
+@_json_output
 def maintain_command(
     table: str,
     catalog_name: str | None,
@@ -199,39 +149,27 @@ def maintain_command(
     orphans_older_than: timedelta,
     no_orphans: bool,
     dry_run: bool,
-    as_json: bool,
+    output: Output,
 ) -> None:
     """Compact TABLE, expire its snapshots (as its properties say), rewrite its manifests when due, then remove
     orphan files at a safe age."""
     t = load_table(table, catalog_name, catalog_properties)
     try:
-        report = upkeep.maintain(
-            t, dry_run=dry_run, orphans_older_than=None if no_orphans else orphans_older_than, progress=_progress(as_json)
+        report = routine.maintain(
+            t, dry_run=dry_run, orphans_older_than=None if no_orphans else orphans_older_than, progress=output.progress
         )
     except LakesinkError as e:
         raise click.ClickException(str(e)) from None
-    if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2, default=str))
-        return
-    click.echo(human_compaction(report.compaction))
-    click.echo(human_expiry(report.expiry))
-    if report.manifests is not None:
-        click.echo(human_manifests(report.manifests))
-    if report.orphans is not None:
-        o = report.orphans
-        click.echo(
-            f"orphan files: {len(o['removed'])} {'would be ' if dry_run else ''}removed, "
-            f"{len(o['kept_too_young'])} kept (too young), {len(o['kept_in_flight'])} kept (commit in flight)"
-        )
+    output.maintenance(report)
 
 
-@main.command("forget-query")
+@click.command("forget-query")
 @click.argument("table")
 @click.argument("query_id", metavar="QUERY_ID")
 @catalog_options
 @click.option("--sink-id", help="The sink id, for a query with several sinks writing TABLE.")
 @_dry_run
-@_json
+@_json_output
 def forget_query_command(
     table: str,
     query_id: str,
@@ -239,7 +177,7 @@ def forget_query_command(
     catalog_properties: dict[str, str],
     sink_id: str | None,
     dry_run: bool,
-    as_json: bool,
+    output: Output,
 ) -> None:
     """Remove the replay marker of a retired query QUERY_ID from TABLE.
 
@@ -248,12 +186,81 @@ def forget_query_command(
     """
     t = load_table(table, catalog_name, catalog_properties)
     try:
-        report = upkeep.forget_query(t, query_id, sink_id=sink_id, dry_run=dry_run)
+        report = routine.forget_query(t, query_id, sink_id=sink_id, dry_run=dry_run)
     except LakesinkError as e:
         raise click.ClickException(str(e)) from None
-    if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
-        return
-    verb = "would remove" if dry_run else "removed"
-    click.echo(f"{verb} {report.key} (last batch {report.marker['batch_id']}) from {report.table}")
-    click.echo(f"risk: {report.risk}")
+    output.forgotten(report)
+
+
+@click.command("remove-orphan-files")
+@click.argument("table")
+@catalog_options
+@click.option(
+    "--older-than",
+    metavar="DURATION",
+    default=format_duration(DEFAULT_OLDER_THAN),
+    show_default=True,
+    callback=duration_option,
+    help="Only remove files last modified longer ago than this (3d, 12h, 90m, 1d12h, 0).",
+)
+@click.option("--dry-run", is_flag=True, help="Remove nothing; list what would be removed.")
+@output_option(help="Print the report as JSON.")
+def remove_orphan_files_command(
+    table: str,
+    catalog_name: str | None,
+    catalog_properties: dict[str, str],
+    older_than: timedelta,
+    dry_run: bool,
+    output: Output,
+) -> None:
+    """Remove the files under TABLE's location that no snapshot references.
+
+    TABLE is <namespace>.<table>. Files a commit in flight may still reference are kept (see
+    docs/maintenance.md). Exit status 1 when a file could not be removed.
+    """
+    t = load_table(table, catalog_name, catalog_properties)
+    try:
+        report = remove_orphan_files(t, older_than=older_than, dry_run=dry_run)
+    except LakesinkError as e:
+        raise click.ClickException(str(e)) from None
+    except OSError as e:  # the storage failed while the files were listed
+        raise click.ClickException(
+            f"cannot list the files of {table}: {redacted(e, catalog_name, catalog_properties)}"
+        ) from None
+    output.orphans(report)
+    if report.failed:
+        raise click.ClickException(f"{len(report.failed)} orphan file(s) could not be removed (listed above)")
+
+
+@click.command("checkpoint-clean")
+@click.argument("checkpoint")
+@click.option(
+    "--older-than",
+    metavar="DURATION",
+    default=format_duration(CHECKPOINT_QUIET_TIME),
+    show_default=True,
+    callback=duration_option,
+    help="Act only when no file of the checkpoint changed for this long (3d, 12h, 90m, 0); 0 when you know "
+    "that no process runs the query any more.",
+)
+@click.option("--dry-run", is_flag=True, help="Remove nothing; list what would be removed.")
+@output_option(help="Print the report as JSON.")
+def checkpoint_clean_command(checkpoint: str, older_than: timedelta, dry_run: bool, output: Output) -> None:
+    """Remove the temp files Spark abandoned in the streaming checkpoint CHECKPOINT (a path or URL).
+
+    A query killed while Spark wrote its first offset-log entry cannot restart
+    (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY ... offsets should be empty on batch 0) until they are
+    gone. Only Spark's temp files (.<name>.<uuid>.tmp and their .crc) are removed. Refused, with nothing
+    removed, when any file of the checkpoint changed within --older-than: the query may be running.
+    Exit status 1 when refused, when a removal failed, or when Spark would still refuse the restart.
+    """
+    try:
+        report = clean_checkpoint(checkpoint, older_than=older_than, dry_run=dry_run)
+    except LakesinkError as e:
+        raise click.ClickException(str(e)) from None
+    output.checkpoint_cleaned(report)
+    if not report.ok:
+        problems = [f"{len(report.failed)} temp file(s) could not be removed"] if report.failed else []
+        if report.still_blocking:
+            problems.append(f"{len(report.still_blocking)} other file(s) still make Spark refuse the restart")
+        raise click.ClickException("; ".join(problems) + " (listed above)")

@@ -29,7 +29,7 @@ from lakesink.audit import (
     verify,
 )
 from lakesink.errors import LakesinkError
-from lakesink.properties import MAIN_BRANCH
+from lakesink.table.keys import MAIN_BRANCH
 
 
 def _pyplot() -> Any:

@@ -36,16 +36,14 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine, ExceptionContext
 from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 
-from lakesink import _pyiceberg as seam
+from lakesink._pyiceberg import commit as seam
 from lakesink.errors import PROGRAMMING_ERRORS, CatalogError
 from lakesink.redaction import redact_secrets_in
+from lakesink.table.keys import REQUEST_TIMEOUT, REQUEST_TIMEOUT_DEFAULT
 
 log = logging.getLogger("lakesink")
 
 ENV_HOME = "LAKESINK_HOME"
-#: Catalog property: the timeout of every HTTP request to a REST catalog, in seconds (0: none, pyiceberg's default).
-REQUEST_TIMEOUT = "lakesink.request-timeout-s"
-REQUEST_TIMEOUT_DEFAULT = 120.0
 DEFAULT_HOME = "lakehouse"
 EMBEDDED_CATALOG_NAME = "lakesink"
 

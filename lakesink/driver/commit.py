@@ -8,25 +8,23 @@ other input, a second sink of the same run), and which files may be deleted.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import pyarrow as pa
 from pyiceberg.table import Table
 
-from lakesink import _pyiceberg as seam
-from lakesink import (
-    catalogs,
-    names,
-    storage,
-    taskchanges,
-    upkeep,  # a module: lakesink.upkeep imports the driver's swap loop back
-)
-from lakesink.driver import indoubt, upsert
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
+from lakesink.driver import catalogs, indoubt, upsert
+from lakesink.driver.schema import SchemaChange
 from lakesink.driver.swap import RetriesExhausted, Status, SwapResult, swap_with_recheck
 from lakesink.driver.tables import SinkTable
 from lakesink.errors import (
@@ -37,13 +35,13 @@ from lakesink.errors import (
     LakesinkError,
     ReplayMismatchError,
 )
+from lakesink.executor import upsert_task
+from lakesink.executor.messages import TaskResult, WrittenFile, schema_digest
 from lakesink.faults import DRIVER_IN_ABORT, fault_point
-from lakesink.messages import TaskResult, WrittenFile, schema_digest
-from lakesink.options import SINK_ID, Maintenance, OutputMode
-from lakesink.properties import (
-    SUMMARY_COMMIT_ATTEMPT,
-    SUMMARY_PREVIOUS_BATCH_ID,
-    SUMMARY_SOURCE_OFFSETS,
+from lakesink.options import SINK_ID, OutputMode, SinkOptions
+from lakesink.table import names, storage
+from lakesink.table.keys import SUMMARY_COMMIT_ATTEMPT, SUMMARY_PREVIOUS_BATCH_ID, SUMMARY_SOURCE_OFFSETS
+from lakesink.table.markers import (
     CommittedBatch,
     SnapshotIndex,
     batch_summary,
@@ -51,7 +49,6 @@ from lakesink.properties import (
     last_batch_key,
     offsets_digest,
 )
-from lakesink.schema import SchemaChange
 
 log = logging.getLogger("lakesink")
 
@@ -88,7 +85,7 @@ class _Batch:
     commit_id: str
     started: float
     changes: pa.Table | None = None
-    """Upserts: the keys the batch changes (key columns and lakesink.changes.DELETED)."""
+    """Upserts: the keys the batch changes (key columns and lakesink.table.keys.DELETED)."""
 
     @property
     def files(self) -> list[WrittenFile]:
@@ -104,27 +101,36 @@ class _Batch:
         return min((r.written_since_ms for r in self.results if r.files and r.written_since_ms is not None), default=None)
 
     def commit_name(self) -> names.CommitName:
-        """A new name for one attempt's manifests and manifest list (lakesink.names: the orphan clean-up keeps them
+        """A new name for one attempt's manifests and manifest list (lakesink.table.names: the orphan clean-up keeps them
         while the batch is not committed)."""
         return names.commit_name(names.BATCH, query_id=self.query_id, batch_id=self.batch_id)
 
 
+class CommitHook(Protocol):
+    """Called by :class:`TableCommitter` around every batch commit: what an entry point hooks onto the commit
+    (automatic maintenance, :func:`lakesink.maintenance.auto.auto_maintenance`). The driver knows no more of it."""
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Entered around each batch commit (the whole swap loop)."""
+        ...
+
+    def after_commit(self) -> None:
+        """Called after a batch committed a snapshot (not after a replay skipped, nor an empty batch)."""
+        ...
+
+
 class TableCommitter(SinkTable):
-    """The driver side of one lakesink sink: open and plan (:class:`SinkTable`), commit and abort."""
+    """The driver side of one lakesink sink: open and plan (:class:`SinkTable`), commit and abort.
+
+    ``post_commit`` makes the sink's :class:`CommitHook` from the committer (the entry points pass
+    :func:`lakesink.maintenance.auto.auto_maintenance`); without it nothing runs around the commits.
+    """
+
+    def __init__(self, options: SinkOptions, *, post_commit: Callable[[SinkTable], CommitHook] | None = None):
+        super().__init__(options)
+        self.hook: CommitHook | None = post_commit(self) if post_commit is not None else None
 
     # --- commit -------------------------------------------------------------------------------------
-
-    @property
-    def maintainer(self) -> upkeep.AutoMaintainer:
-        """The sink's background maintenance (option ``maintenance``; docs/maintenance.md)."""
-        if getattr(self, "_maintainer", None) is None:
-            key = (
-                self.options.catalog_name,
-                tuple(sorted(self.options.catalog_properties.items())),
-                self.options.table.identifier,
-            )
-            self._maintainer = upkeep.maintainer_for(key, self._load, self.load_fresh)
-        return self._maintainer
 
     def commit_batch(
         self,
@@ -141,11 +147,11 @@ class TableCommitter(SinkTable):
 
         ``table_uuid``: the uuid of the table the batch was planned for (else read from the task results);
         ``run_id``: Spark's run id of the query run (else read from the task results); ``changes``: with option
-        ``upsert-key``, every key the batch changes (lakesink.changes.resolve), whose rows the snapshot replaces.
-        With option ``maintenance=auto``, a background maintenance run starts afterwards when one is due; it never
-        swaps while a batch of this sink commits.
+        ``upsert-key``, every key the batch changes (lakesink.sink.upsert_batch.resolve), whose rows the snapshot
+        replaces. The post-commit hook (with option ``maintenance=auto``: a background maintenance run when one is
+        due, which never swaps while a batch of this sink commits) runs around it.
         """
-        with self.maintainer.batch():
+        with self.hook.batch() if self.hook is not None else contextlib.nullcontext():
             outcome = self._commit_batch(
                 query_id=query_id,
                 batch_id=batch_id,
@@ -155,8 +161,8 @@ class TableCommitter(SinkTable):
                 table_uuid=table_uuid,
                 changes=changes,
             )
-        if outcome.outcome is Outcome.COMMITTED and self.options.maintenance is Maintenance.AUTO:
-            self.maintainer.after_commit()
+        if outcome.outcome is Outcome.COMMITTED and self.hook is not None:
+            self.hook.after_commit()
         return outcome
 
     def _commit_batch(
@@ -172,7 +178,7 @@ class TableCommitter(SinkTable):
     ) -> BatchOutcome:
         if changes is None and any(r.changes for r in results):
             # format("lakesink") with upsert-key: the tasks resolved their rows; a key of two tasks is an error
-            changes = taskchanges.merge([r.changes for r in results if r.changes], batch_id=batch_id)
+            changes = upsert_task.merge([r.changes for r in results if r.changes], batch_id=batch_id)
         batch = _Batch(
             query_id=query_id,
             batch_id=batch_id,
@@ -219,7 +225,7 @@ class TableCommitter(SinkTable):
         """
         branch = self.options.branch
 
-        def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
+        def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam_commit.PreparedCommit:
             head = t.metadata.snapshot_by_name(branch)
             marker = CommittedBatch(
                 batch.batch_id,
@@ -230,7 +236,7 @@ class TableCommitter(SinkTable):
                 run_id=batch.run_id,
                 offsets=offsets_digest(batch.source_offsets),
             )
-            return seam.prepare_properties_at_head(t, {self._marker_key(batch): marker.to_property()}, branch=branch)
+            return seam_commit.prepare_properties_at_head(t, {self._marker_key(batch): marker.to_property()}, branch=branch)
 
         what = f"recording empty batch {batch.batch_id} of query {batch.query_id} in {self.table_name}"
         try:
@@ -258,7 +264,7 @@ class TableCommitter(SinkTable):
             run_id=batch.run_id,
         )
         data_files = [
-            seam.data_file(
+            seam_commit.data_file(
                 path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=r.spec_id, partition=f.partition
             )
             for r in batch.results
@@ -279,7 +285,7 @@ class TableCommitter(SinkTable):
 
         rewrites: list[upsert.Rewrite] = []
 
-        def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
+        def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam_commit.PreparedCommit:
             schema_changes = self._schema_changes_at_commit(t, batch)
             attempt_summary = {
                 **summary,
@@ -290,7 +296,7 @@ class TableCommitter(SinkTable):
                 # upserts: rewrite the files of this attempt's table that hold the batch's keys, in the schema this
                 # commit gives the table (with merge-schema, a key widened int -> long by this very batch: its keys
                 # cast to the old type failed the batch at every restart)
-                schema = seam.evolved_schema(t, schema_changes) if schema_changes else t.schema()
+                schema = seam_commit.evolved_schema(t, schema_changes) if schema_changes else t.schema()
                 keys = upsert.BatchKeys(self.table_name, schema, batch.changes)
                 plan = self.write_plan(t, batch.query_id)
                 if schema_changes:
@@ -299,7 +305,7 @@ class TableCommitter(SinkTable):
                     t, branch=self.options.branch, keys=keys, plan=plan, batch_id=batch.batch_id, attempt=attempt
                 )
                 rewrites.append(rewrite)
-                return seam.prepare_rewrite(
+                return seam_commit.prepare_rewrite(
                     t,
                     commit=batch.commit_name(),
                     files_since_ms=batch.files_since_ms,
@@ -307,7 +313,7 @@ class TableCommitter(SinkTable):
                     data_files=[
                         *data_files,
                         *(
-                            seam.data_file(
+                            seam_commit.data_file(
                                 path=f.path,
                                 size_in_bytes=f.size_in_bytes,
                                 statistics=f.statistics,
@@ -324,7 +330,7 @@ class TableCommitter(SinkTable):
                     schema_changes=schema_changes,
                     manifest_merge=settings.manifest_merge,
                 )
-            return seam.prepare_snapshot(
+            return seam_commit.prepare_snapshot(
                 t,
                 commit=batch.commit_name(),
                 files_since_ms=batch.files_since_ms,
@@ -489,7 +495,7 @@ class TableCommitter(SinkTable):
                 # merge-schema: the table is still at the schema the plan evolved; evolve it in this commit
                 key = tuple(r.schema_changes)
                 if key not in evolved:
-                    evolved[key] = schema_digest(seam.evolved_schema(table, r.schema_changes))
+                    evolved[key] = schema_digest(seam_commit.evolved_schema(table, r.schema_changes))
                 if evolved[key] != r.written_schema:
                     problem = "the planned schema evolution no longer gives the schema the files were written with"
                 changes = tuple(r.schema_changes)

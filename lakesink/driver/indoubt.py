@@ -7,7 +7,7 @@ attempt of a batch's commit ended that way and the branch head still allows one 
 The abort that follows -- Spark's, in another Python worker of the driver, or ``foreach_batch``'s own -- would
 read the table, find the batch not committed and delete its data files; if the request then landed, the table
 would reference files that are gone. So the commit writes the batch's data file paths here before it raises, and
-:meth:`lakesink.driver.TableCommitter.abort_batch` keeps every path listed for its batch. Commit and abort run on
+:meth:`lakesink.driver.commit.TableCommitter.abort_batch` keeps every path listed for its batch. Commit and abort run on
 the driver's host: a small JSON file per (table, query, sink, batch) in the commit-lock folder
 (:mod:`lakesink.driver.guard`) is enough. The record is removed when a later commit of the batch settles it; the
 kept files, if the request never lands, are unreferenced files for ``remove_orphan_files``.

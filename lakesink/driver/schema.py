@@ -23,10 +23,10 @@ from pyspark.errors import PySparkException
 from pyspark.sql import types as spark_types
 from pyspark.sql.types import StructType as SparkStructType
 
-from lakesink import _pyiceberg as seam
 from lakesink import _pyspark
+from lakesink._pyiceberg import io as seam
 from lakesink.errors import SchemaMismatchError
-from lakesink.executor import utc_schema
+from lakesink.executor.task_writer import utc_schema
 
 VALID_SPARK_TYPES = (
     "boolean, byte, short, int, long, float, double, decimal(p,s), string, char(n), varchar(n), binary, date, "

@@ -25,12 +25,13 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential_jitter
 
-from lakesink import catalogs, names
-from lakesink._pyiceberg import PreparedCommit, refused_by_the_catalog
+from lakesink._pyiceberg.commit import PreparedCommit, refused_by_the_catalog
+from lakesink.driver import catalogs
 from lakesink.errors import CommitOutcomeUnknownError, InFlightTooLongError, LakesinkError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_CHECK, DRIVER_BEFORE_SWAP, fault_point
-from lakesink.properties import CommittedBatch
-from lakesink.tablesettings import CommitRetry
+from lakesink.table import names
+from lakesink.table.markers import CommittedBatch
+from lakesink.table.settings import CommitRetry
 
 log = logging.getLogger("lakesink")
 
@@ -115,8 +116,8 @@ def _entered(guard: Callable[[], AbstractContextManager[None]] | None) -> Iterat
 
 def refuse_stale_files(prepared: PreparedCommit, what: str) -> None:
     """Raise InFlightTooLongError when the oldest file ``prepared`` writes into the table is older than
-    :data:`lakesink.names.COMMIT_DEADLINE_MS`: the orphan clean-up keeps a commit's files in flight for
-    :data:`lakesink.names.IN_FLIGHT_WINDOW_MS` only, so some of them may be gone (the commit side of that contract)."""
+    :data:`lakesink.table.names.COMMIT_DEADLINE_MS`: the orphan clean-up keeps a commit's files in flight for
+    :data:`lakesink.table.names.IN_FLIGHT_WINDOW_MS` only, so some of them may be gone (the commit side of that contract)."""
     since = prepared.files_since_ms
     if since is None:
         return
@@ -211,12 +212,12 @@ def swap_with_recheck(
 
     ``late_landing``: the catalog may apply a request after having answered it with an error (any catalog reached
     over HTTP: REST, Glue); False for pyiceberg's SQL catalogs, whose failed calls lakesink rolls back before
-    the error reaches it (lakesink.catalogs.guard_sql_catalog). Default: :func:`lakesink.catalogs.may_apply_late`
+    the error reaches it (lakesink.driver.catalogs.guard_sql_catalog). Default: :func:`lakesink.driver.catalogs.may_apply_late`
     of ``first``'s catalog.
 
     ``attempt_guard`` is entered around each whole attempt (read, re-check, prepare, swap) and then every attempt
     reads the table afresh (``first`` is not used): maintenance takes its turn between the sink's batches with it
-    (lakesink.upkeep.AutoMaintainer), so that a stream committing every second cannot move the head between a
+    (lakesink.maintenance.auto.AutoMaintainer), so that a stream committing every second cannot move the head between a
     maintenance commit's read and its swap. It may raise CommitFailedException (a conflict: retried).
     """
     attempts = 0

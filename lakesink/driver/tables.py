@@ -18,8 +18,10 @@ from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, FloatType, NestedField
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
-from lakesink import _pyiceberg as seam
-from lakesink import catalogs, locations, names, partitioning
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
+from lakesink.driver import catalogs
+from lakesink.driver.schema import SchemaChange, check_writable
 from lakesink.errors import (
     PROGRAMMING_ERRORS,
     CatalogError,
@@ -28,19 +30,17 @@ from lakesink.errors import (
     LakesinkError,
     TableIdentityChangedError,
 )
-from lakesink.messages import WritePlan
-from lakesink.options import DEFAULT_FORMAT_VERSION, FORMAT_VERSION, TABLE_PROPERTY_PREFIX, UPSERT_KEY, SinkOptions
-from lakesink.properties import LAST_BATCH_PREFIX, CommittedBatch, SnapshotIndex, last_committed_batch, last_committed_on_branch
+from lakesink.executor.messages import WritePlan
+from lakesink.options import DEFAULT_FORMAT_VERSION, TABLE_PROPERTY_PREFIX, UPSERT_KEY, SinkOptions
 from lakesink.redaction import redact_secrets_in
-from lakesink.schema import SchemaChange, check_writable
-from lakesink.tablesettings import TableSettings
+from lakesink.table import locations, names, partitioning
+from lakesink.table.keys import BRANCH_BASE, FORMAT_VERSION, LAST_BATCH_PREFIX, MAIN_BRANCH
+from lakesink.table.markers import CommittedBatch, SnapshotIndex, last_committed_batch, last_committed_on_branch
+from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
 T = TypeVar("T")
 
-MAIN_BRANCH = "main"
-#: Summary key of the empty snapshot lakesink commits to ``main`` of an empty table to start a branch from.
-BRANCH_BASE = "lakesink.branch-base"
 
 _MAX_SIBLINGS_CHECKED = 500
 _CATALOG_READ_PATIENCE_S = 30.0
@@ -95,7 +95,7 @@ class SinkTable:
                 # commit request (PreparedCommit.commit), never pyiceberg's retry loop. Nothing is discarded when it
                 # fails: on an HTTP catalog even a 409 does not prove it did not land (lakesink.driver.indoubt); the
                 # named leftovers are the orphan clean-up's
-                seam.prepare_snapshot(
+                seam_commit.prepare_snapshot(
                     table,
                     data_files=[],
                     overwrite=False,
@@ -107,9 +107,9 @@ class SinkTable:
                 table = catalogs.load_table(self.catalog, self.options.table.identifier)
                 head = table.metadata.snapshot_by_name(MAIN_BRANCH)
                 assert head is not None
-            tx = seam.staged(table)
-            seam.manage_snapshots(tx).create_branch(head.snapshot_id, branch).commit()
-            seam.commit_once(tx)
+            tx = seam_commit.staged(table)
+            seam_commit.manage_snapshots(tx).create_branch(head.snapshot_id, branch).commit()
+            seam_commit.commit_once(tx)
             log.info("lakesink: created branch %s of %s at snapshot %s", branch, self.table_name, head.snapshot_id)
         except CommitFailedException:
             pass  # created by another query meanwhile
@@ -151,7 +151,7 @@ class SinkTable:
         """The properties of a table lakesink creates (options ``table-property.*`` and ``format-version``),
         validated first so that a bad value creates no table."""
         version = self.options.format_version or DEFAULT_FORMAT_VERSION
-        if not seam.writes_format_version(version):
+        if not seam_commit.writes_format_version(version):
             raise InvalidOptionError(
                 f"option '{FORMAT_VERSION}' is {version}, but the installed pyiceberg cannot write format version "
                 f"{version} tables (apache/iceberg-python#1551); table {self.table_name} was not created: use "
@@ -276,7 +276,7 @@ class SinkTable:
                 self.table_name,
                 "; ".join(str(c) for c in changes),
             )
-        schema = seam.evolved_schema(table, changes) if changes else table.schema()
+        schema = seam_commit.evolved_schema(table, changes) if changes else table.schema()
         seam.check_write_properties(self.table_name, schema, table.properties)
         return WritePlan(
             table=self.table_name,
@@ -332,7 +332,7 @@ class SinkTable:
         try:
             for attempt in retrying:
                 with attempt:
-                    return (load or self._load)()
+                    return (load or self.load)()
         except NoSuchTableError:
             raise TableIdentityChangedError(
                 f"table {self.table_name} was dropped while batch {batch_id} was written; nothing was committed"
@@ -364,7 +364,8 @@ class SinkTable:
                 return call()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _load(self) -> Table:
+    def load(self) -> Table:
+        """Read the table (through the process's catalog connection; no retry)."""
         return catalogs.load_table(self.catalog, self.options.table.identifier)
 
     def load_fresh(self) -> Table:

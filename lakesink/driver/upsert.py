@@ -1,18 +1,18 @@
 """Driver side, upserts: the copy-on-write of the table's files that can hold a batch's keys.
 
 A batch of an upsert sink (option ``upsert-key``) arrives resolved to one row per key
-(:mod:`lakesink.changes`): its rows are written as new data files like any batch's, and its keys
+(:mod:`lakesink.sink.upsert_batch`): its rows are written as new data files like any batch's, and its keys
 (with a flag for the deleted ones) come to the commit. For every commit attempt, against the table
 that attempt read, :func:`rewrite` finds the live data files whose partition and key statistics can
 hold any of those keys, reads them, and writes their rows *without* those keys into new files. The
 batch's snapshot then removes the files that held a key and adds the rewritten files and the batch's
-rows (:func:`lakesink._pyiceberg.prepare_rewrite`), so every reader sees the new state without
+rows (:func:`lakesink._pyiceberg.commit.prepare_rewrite`), so every reader sees the new state without
 reading a delete file.
 
 Why copy-on-write and not delete files: docs/upserts.md (what every reader here reads, measured).
 Reading and writing rows on the driver is the one exception to "the driver never touches rows":
 only the files that can hold the batch's keys are read, and they are written by the executor's own
-:class:`~lakesink.executor.TaskWriter` (same Parquet settings, statistics, partitioning and names).
+:class:`~lakesink.executor.task_writer.TaskWriter` (same Parquet settings, statistics, partitioning and names).
 """
 
 from __future__ import annotations
@@ -31,21 +31,22 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzType
 
-from lakesink import _pyiceberg as seam
-from lakesink import floats
+from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError
-from lakesink.executor import TaskWriter, utc_schema
-from lakesink.keyed import SUMMARY_DELETED, SUMMARY_INSERTED, SUMMARY_UPDATED
-from lakesink.messages import WritePlan, WrittenFile
+from lakesink.executor.messages import WritePlan, WrittenFile
+from lakesink.executor.task_writer import TaskWriter, utc_schema
+from lakesink.table import floats
+from lakesink.table.keys import DELETED
+from lakesink.table.keys import ROW_COLUMN as _ROW
+from lakesink.table.keys import SUMMARY_UPSERT_BYTES_READ as SUMMARY_BYTES_READ
+from lakesink.table.keys import SUMMARY_UPSERT_DELETED as SUMMARY_DELETED
+from lakesink.table.keys import SUMMARY_UPSERT_FILES_READ as SUMMARY_FILES_READ
+from lakesink.table.keys import SUMMARY_UPSERT_INSERTED as SUMMARY_INSERTED
+from lakesink.table.keys import SUMMARY_UPSERT_UPDATED as SUMMARY_UPDATED
 
-#: The key flag column of the batch's keys (lakesink.changes.DELETED; repeated so that no Spark import is needed here).
-DELETED = "__lakesink_deleted"
 #: ``partition_id`` of the files a rewrite writes (in their names), telling them from a task's files.
 REWRITE_PARTITION_ID = 99999
-_ROW = "__lakesink_row"
 
-SUMMARY_FILES_READ = "lakesink.upsert.rewritten-files"
-SUMMARY_BYTES_READ = "lakesink.upsert.rewritten-bytes-read"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntryStatus
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Table
 
-from lakesink import _pyiceberg as seam
+from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError
 
 #: Field id of ``file_path`` in a position delete file (Iceberg's reserved id), whose bounds name the data files

@@ -17,7 +17,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import IcebergType, NestedField
 
-from lakesink import _pyiceberg as seam
+from lakesink._pyiceberg import io as seam
 
 
 class BucketOf:

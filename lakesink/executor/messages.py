@@ -16,8 +16,8 @@ from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
 from pyspark.sql.datasource import WriterCommitMessage
 
-from lakesink.tablesettings import TableSettings
-from lakesink.taskchanges import UpsertSpec
+from lakesink.executor.upsert_task import UpsertSpec
+from lakesink.table.settings import TableSettings
 
 
 def schema_digest(schema: Schema) -> str:
@@ -34,7 +34,7 @@ class WritePlan:
     table: str
     location: str
     data_prefix: str
-    """Every data file must be created under this prefix (checked by lakesink.locations)."""
+    """Every data file must be created under this prefix (checked by lakesink.table.locations)."""
     properties: Mapping[str, str]
     """The table's properties as they are (pyiceberg's writer helpers read the ``write.parquet.*`` and metrics ones)."""
     settings: TableSettings
@@ -56,12 +56,12 @@ class WritePlan:
     spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC
     """The table's default partition spec (``spec_id``): every file holds rows of one partition of it."""
     schema_changes: tuple[Any, ...] = ()
-    """lakesink.schema.SchemaChange's turning the table's schema ``schema_id`` into ``schema``
+    """lakesink.driver.schema.SchemaChange's turning the table's schema ``schema_id`` into ``schema``
     (``merge-schema``); applied in the batch's commit."""
     sink_id: str | None = None
     upsert: UpsertSpec | None = None
     """format("lakesink") with option upsert-key: each task resolves its rows to one row per key
-    (lakesink.taskchanges); None for appends and for foreach_batch (which resolves in Spark)."""
+    (lakesink.executor.upsert_task); None for appends and for foreach_batch (which resolves in Spark)."""
 
     @property
     def schema_digest(self) -> str:
@@ -107,7 +107,7 @@ class TaskResult(WriterCommitMessage):
     """With ``WritePlan.upsert``: the keys the task changed, with their deleted flag (Arrow IPC)."""
     written_since_ms: int | None = None
     """When the task began writing its files (ms since the epoch, the executor's clock): a commit never uses files
-    older than lakesink.names.COMMIT_DEADLINE_MS (the orphan clean-up keeps files in flight only so long)."""
+    older than lakesink.table.names.COMMIT_DEADLINE_MS (the orphan clean-up keeps files in flight only so long)."""
 
     @property
     def record_count(self) -> int:

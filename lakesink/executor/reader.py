@@ -2,16 +2,18 @@
 
 Where each part runs:
 
-- :func:`table_schema` and :class:`LakesinkReader` construction, ``pushFilters`` and ``partitions`` run in a
-  Python worker on the driver while Spark plans the query: they open the catalog, resolve the point in time
-  (``snapshot-id``, ``as-of-timestamp``, ``as-of-batch``, ``branch``) and plan the scan with pyiceberg, so
-  pushed filters skip data files by partition values and column statistics (min/max, null counts);
+- the data source's ``schema()`` and ``reader()`` (:mod:`lakesink.sink.datasource`), and the reader's
+  ``pushFilters`` and ``partitions``, run in a Python worker on the driver while Spark plans the query: they open
+  the catalog, resolve the point in time (``snapshot-id``, ``as-of-timestamp``, ``as-of-batch``, ``branch``) and
+  plan the scan with pyiceberg, so pushed filters skip data files by partition values and column statistics
+  (min/max, null counts);
 - ``read`` runs on executors: one partition is a group of pyiceberg file scan tasks, read with pyiceberg's
   own Arrow reader (field-id projection, schema evolution, the row filter) and handed to Spark as Arrow.
 
-Executors unpickle :class:`LakesinkReader` from this module, so the catalogs and the audit package (the
-point-in-time resolution) are imported inside :func:`open_read`, which runs on the driver only
-(``tests/test_boundary.py`` holds that).
+Executors unpickle :class:`LakesinkReader` from this module, so it imports executor-safe code only: the
+driver side -- opening the catalog and resolving the point in time with the audit package -- is
+:func:`lakesink.sink.datasource.open_read`, which hands the reader the table it resolved (what a worker
+really loads: tests/executor/test_boundary.py).
 
 Spark's Python data source API (pyspark 4.x) has filter pushdown (``pushFilters``) but no column pruning hook:
 the reader is given the full schema and must return every column. Option ``columns`` reads fewer columns.
@@ -39,7 +41,6 @@ from pyiceberg.io import FileIO
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.snapshots import Snapshot
 from pyspark.sql.datasource import (
     DataSourceReader,
     EqualNullSafe,
@@ -59,9 +60,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
-from lakesink import _pyiceberg as seam
 from lakesink import _pyspark
-from lakesink.errors import PROGRAMMING_ERRORS, AuditError, CatalogError, InvalidOptionError
+from lakesink._pyiceberg import io as seam
 from lakesink.options import ReadOptions
 
 #: One Spark task reads about this many bytes of data files (small files are grouped).
@@ -79,59 +79,10 @@ class ResolvedRead:
     schema: Schema
 
 
-def open_read(options: ReadOptions) -> ResolvedRead:
-    """Load the table and resolve the options' point in time (driver side)."""
-    # driver-side imports here, not at the top: executors unpickle the reader from this module
-    from lakesink import catalogs
-    from lakesink.audit import Point, parse_timestamp_ms, resolve
-
-    catalog = catalogs.load(options.catalog_name, options.catalog_properties)
-    try:
-        table = catalog.load_table(options.table.identifier)
-    except PROGRAMMING_ERRORS:
-        raise
-    except Exception as e:
-        raise CatalogError(f"cannot read table {options.table}: {type(e).__name__}: {e}") from None
-    point = None
-    if options.snapshot_id is not None:
-        point = Point(snapshot_id=options.snapshot_id)
-    elif options.as_of_timestamp is not None:
-        try:
-            point = Point(timestamp_ms=parse_timestamp_ms(options.as_of_timestamp))
-        except ValueError:
-            raise InvalidOptionError(
-                f"option 'as-of-timestamp' must be epoch milliseconds or an ISO 8601 time, got {options.as_of_timestamp!r}"
-            ) from None
-    elif options.as_of_batch is not None:
-        point = Point.parse(f"batch={options.as_of_batch}")
-    snapshot: Snapshot | None
-    if point is not None:
-        snapshot = resolve(table, point, branch=options.branch)
-    else:
-        snapshot = table.metadata.snapshot_by_name(options.branch)
-        if snapshot is None and options.branch != "main":
-            raise AuditError(f"branch {options.branch!r} of {options.table} does not exist")
-    schema = table.schema()
-    if snapshot is not None and snapshot.schema_id is not None and point is not None:
-        schema = table.metadata.schema_by_id(snapshot.schema_id) or schema
-    if options.columns:
-        missing = [c for c in options.columns if c not in schema.column_names]
-        if missing:
-            raise InvalidOptionError(
-                f"option 'columns': no column(s) {missing} in {options.table}; columns: {schema.column_names}"
-            )
-        schema = schema.select(*options.columns)
-    return ResolvedRead(table, snapshot.snapshot_id if snapshot else None, schema)
-
-
 def spark_schema(schema: Schema) -> StructType:
     """The Spark schema of an Iceberg schema (through Arrow: timestamptz -> timestamp, timestamp -> timestamp_ntz)."""
     arrow = seam.arrow_schema(schema)
     return from_arrow_schema(pa.schema([f.with_metadata(None) for f in arrow]))
-
-
-def table_schema(options: ReadOptions) -> StructType:
-    return spark_schema(open_read(options).schema)
 
 
 # --- filters --------------------------------------------------------------------------------------
@@ -205,8 +156,9 @@ class FilesPartition(InputPartition):
 class LakesinkReader(DataSourceReader):
     """Batch reader of a lakesink (any Iceberg) table at a point in time."""
 
-    def __init__(self, options: ReadOptions, schema: StructType):
-        resolved = open_read(options)
+    def __init__(self, options: ReadOptions, schema: StructType, resolved: ResolvedRead):
+        """Made on the driver (:meth:`lakesink.sink.datasource.LakesinkDataSource.reader`), from the table resolved
+        at the point the options name (:func:`lakesink.sink.datasource.open_read`)."""
         self.options = options
         self.snapshot_id = resolved.snapshot_id
         self.schema = resolved.schema

@@ -2,9 +2,9 @@
 
 Runs inside Spark's Python workers. It never opens a catalog and never commits: it writes files
 under the table's data location with names unique per query, batch, task attempt and writer, and
-returns their metadata in a :class:`~lakesink.messages.TaskResult` (names: :mod:`lakesink.names`). If the task fails, the files it
-wrote are deleted before the error propagates (a SIGKILLed worker leaves them unreferenced; they are
-never committed and an orphan-file clean-up collects them).
+returns their metadata in a :class:`~lakesink.executor.messages.TaskResult` (names: :mod:`lakesink.table.names`).
+If the task fails, the files it wrote are deleted before the error propagates (a SIGKILLed worker leaves them
+unreferenced; they are never committed and an orphan-file clean-up collects them).
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ import pyarrow.parquet as pq
 from pyiceberg.schema import Schema
 from pyspark import TaskContext
 
-from lakesink import _pyiceberg as seam
-from lakesink import floats, names, storage, taskchanges
+from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError, TableLocationError
+from lakesink.executor import upsert_task
+from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
-from lakesink.messages import TaskResult, WritePlan, WrittenFile
-from lakesink.parquetlayout import DICT_SIZE_DEFAULT, dictionary_columns
+from lakesink.table import floats, names, storage
+from lakesink.table.keys import DICT_SIZE_DEFAULT
+from lakesink.table.parquet_layout import dictionary_columns
 
 log = logging.getLogger(__name__)
 
@@ -158,10 +160,10 @@ class TaskWriter:
         try:
             fault_point(EXECUTOR_BEFORE_WRITE)
             if self._plan.upsert is not None:  # format("lakesink") with upsert-key: one row per key of this task
-                batches, changes = taskchanges.resolve_task(
+                batches, changes = upsert_task.resolve_task(
                     batches, self._plan.upsert, batch_id=self._batch_id, partition_id=self._partition_id
                 )
-                self._changes = taskchanges.to_ipc(changes)
+                self._changes = upsert_task.to_ipc(changes)
             for batch in batches:
                 if batch.num_rows:
                     conformed = self._conform(batch)
@@ -360,7 +362,7 @@ class PartitionWriter:
     """The ``mapInArrow`` function of foreachBatch's Arrow path: writes one partition, yields its pickled TaskResult.
 
     A module-level class (pickled by reference, with the plan and batch id as its state) rather than a
-    closure in :mod:`lakesink.foreach`, so that the Python workers that run it import this executor
+    closure in :mod:`lakesink.sink.foreach`, so that the Python workers that run it import this executor
     module only, never the driver side.
     """
 

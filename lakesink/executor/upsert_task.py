@@ -1,9 +1,9 @@
 """Upserts through ``format("lakesink")``: one task's rows resolved to one row per key (executor side).
 
 A Python data source's writers each see one partition of a batch, never the whole batch, so the
-resolution of :mod:`lakesink.changes` (in Spark, over the batch) is done per task here: a null key
+resolution of :mod:`lakesink.sink.upsert_batch` (in Spark, over the batch) is done per task here: a null key
 is an error naming the column; several rows of one key keep the one with the greatest ``order-by``
-value, ordered as Spark orders it (:func:`lakesink.floats.spark_order`: a float's NaN is greatest; without
+value, ordered as Spark orders it (:func:`lakesink.table.floats.spark_order`: a float's NaN is greatest; without
 ``order-by``: an error naming the key); ``delete-when`` is evaluated on the task's
 rows as an Iceberg row filter expression (``op = 'd'``, ``op in ('d', 'x')``, ``deleted is true``;
 parsed by pyiceberg, since no Spark SQL engine runs in a Python worker). The task writes the rows
@@ -22,14 +22,12 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakesink import _pyiceberg as seam
-from lakesink import floats
+from lakesink._pyiceberg import io as seam
 from lakesink.errors import PROGRAMMING_ERRORS, InvalidOptionError, UpsertKeyError
-
-#: The flag column of a batch's keys (as lakesink.changes.DELETED and lakesink.driver.upsert.DELETED).
-DELETED = "__lakesink_deleted"
-_ROW = "__lakesink_row"
-_TOP = "__lakesink_top"
+from lakesink.table import floats
+from lakesink.table.keys import DELETED
+from lakesink.table.keys import ROW_COLUMN as _ROW
+from lakesink.table.keys import TOP_COLUMN as _TOP
 
 
 @dataclass(frozen=True)

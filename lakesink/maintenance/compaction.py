@@ -33,20 +33,22 @@ from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
-from lakesink import _pyiceberg as seam
-from lakesink import floats, names, parquetlayout, storage
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import lakesink_key
 from lakesink.driver import validation
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import CommitOutcomeUnknownError, InFlightTooLongError, LakesinkError
-from lakesink.properties import SUMMARY_COMMIT_ID, SUMMARY_OPERATION, CommittedBatch, SnapshotIndex, landed_commit
-from lakesink.tablesettings import TableSettings
+from lakesink.table import floats, names, parquet_layout, storage
+from lakesink.table.keys import DICT_SIZE_DEFAULT, MAIN_BRANCH, ROW_ORIGINS, SUMMARY_COMMIT_ID, SUMMARY_OPERATION
+from lakesink.table.keys import OPERATION_COMPACT as COMPACT
+from lakesink.table.markers import CommittedBatch, SnapshotIndex, landed_commit
+from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
 
-COMPACT = "compact"
 #: A file smaller than this share of the target size is "small" (Iceberg's min-file-size-bytes default: 75 %).
 SMALL_FILE_RATIO = 0.75
 
@@ -102,7 +104,7 @@ class _Plan:
 
 
 def plan(
-    table: Table, *, branch: str = "main", target_file_size: int | None = None, min_input_files: int | None = None
+    table: Table, *, branch: str = MAIN_BRANCH, target_file_size: int | None = None, min_input_files: int | None = None
 ) -> _Plan | str:
     """The bins to rewrite at the branch head (or why nothing can be compacted)."""
     settings = TableSettings.parse(_name(table), table.properties)
@@ -158,7 +160,7 @@ def plan(
 def compact(
     table: Table,
     *,
-    branch: str = "main",
+    branch: str = MAIN_BRANCH,
     target_file_size: int | None = None,
     min_input_files: int | None = None,
     dry_run: bool = False,
@@ -206,8 +208,8 @@ def compact(
     def recheck(t: Table) -> CommittedBatch | None:
         return landed_commit(t.metadata, branch, commit_id)
 
-    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
-        return seam.prepare_replace(
+    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam_commit.PreparedCommit:
+        return seam_commit.prepare_replace(
             t,
             deleted=validated(t),
             added=added,
@@ -334,18 +336,18 @@ def _rewrite(
     size, footer = seam.write_parquet(
         table,
         location=location,
-        row_groups=parquetlayout.row_groups(
+        row_groups=parquet_layout.row_groups(
             batches,
             schema=seam.arrow_schema(seam.file_schema(schema)),
             max_rows=settings.row_group_rows,
             max_bytes=settings.row_group_bytes,
         ),
         schema=schema,
-        dictionary_page_limit=settings.dict_size or parquetlayout.DICT_SIZE_DEFAULT,
-        key_value_metadata={origins.ORIGINS_KEY: origins.encode(runs)},
+        dictionary_page_limit=settings.dict_size or DICT_SIZE_DEFAULT,
+        key_value_metadata={ROW_ORIGINS: origins.encode(runs)},
     )
     stats = seam.file_statistics(footer, seam.file_schema(schema), table.properties)
-    return seam.data_file(
+    return seam_commit.data_file(
         path=location, size_in_bytes=size, statistics=stats, spec_id=spec.spec_id, partition=seam.partition_of(first)
     )
 

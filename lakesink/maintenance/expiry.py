@@ -18,13 +18,13 @@ Everything else is removed from the metadata, with the removed refs, in one comm
 compare-and-swap loop. What to keep is decided again on every attempt, on the metadata that attempt read, and the
 swap applies the removal to exactly that metadata (as Java's ``RemoveSnapshots`` recomputes it on every retry): a
 tag or branch created meanwhile is seen by the next attempt and kept, with its snapshot. On a SQL catalog that is
-the compare-and-swap of the metadata pointer (:meth:`lakesink._pyiceberg.PreparedCommit.commit`: a moved pointer is a
+the compare-and-swap of the metadata pointer (:meth:`lakesink._pyiceberg.commit.PreparedCommit.commit`: a moved pointer is a
 conflict). A catalog that applies updates to its current metadata itself (REST, Glue, Hive: pyiceberg's
 ``commit_table``) can only be told
 that every ref read is unchanged; a ref created meanwhile on a snapshot being removed would be dropped with it
 (pyiceberg and Iceberg Java drop a ref whose snapshot is removed). So, before any file is deleted, the metadata the
 commit replaced is read (the committed metadata's log names it) and every ref it had that the commit dropped without
-deciding to is put back (:func:`lakesink._pyiceberg.prepare_restore_refs`: a new snapshot with the lost snapshot's
+deciding to is put back (:func:`lakesink._pyiceberg.commit.prepare_restore_refs`: a new snapshot with the lost snapshot's
 manifests); when that cannot be established or done, no file is deleted. Then the files only removed snapshots
 referenced (manifest lists, manifests, data files) are deleted: a file any kept snapshot references is never deleted.
 Replay markers are table properties and are never touched: a query restarted after its snapshots expired still finds
@@ -50,12 +50,14 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRef
 from pyiceberg.table.snapshots import Snapshot
 
-from lakesink import _pyiceberg as seam
-from lakesink import names, storage
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import LakesinkError
-from lakesink.properties import MAIN_BRANCH, CommittedBatch, SnapshotIndex, last_committed_batch, parse_last_batch_key
-from lakesink.tablesettings import Retention, TableSettings
+from lakesink.table import names, storage
+from lakesink.table.keys import MAIN_BRANCH
+from lakesink.table.markers import CommittedBatch, SnapshotIndex, last_committed_batch, parse_last_batch_key
+from lakesink.table.settings import Retention, TableSettings
 
 log = logging.getLogger("lakesink")
 
@@ -259,7 +261,7 @@ def expire_snapshots(
             return CommittedBatch(0, -1, commit_id)  # what the last attempt removed is gone: it landed
         return None
 
-    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
+    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam_commit.PreparedCommit:
         # decided again on every attempt, on the metadata this attempt read (the swap applies it to exactly that)
         expired, refs = expired_of(t)
         if not expired and not refs.removed:
@@ -269,7 +271,7 @@ def expire_snapshots(
         staged["refs"] = refs.removed
         staged["protected"] = refs.protected
         staged["read"] = (t.metadata_location, t.metadata)  # a commit through pyiceberg updates ``t`` in place
-        prepared = staged["prepared"] = seam.prepare_expire(t, staged["ids"], refs.removed)
+        prepared = staged["prepared"] = seam_commit.prepare_expire(t, staged["ids"], refs.removed)
         return prepared
 
     reload = load or (lambda: table.catalog.load_table(table.name()))
@@ -398,7 +400,7 @@ RESTORE_ATTEMPTS = 5
 
 
 def restore_refs(load: Callable[[], Table], lost: dict[str, tuple[SnapshotRef, Snapshot]]) -> tuple[str, ...]:
-    """Put back ``lost`` refs (see :func:`lakesink._pyiceberg.prepare_restore_refs`); returns the names put back. A
+    """Put back ``lost`` refs (see :func:`lakesink._pyiceberg.commit.prepare_restore_refs`); returns the names put back. A
     ref that exists again (created anew by someone) is left as it is."""
     commit = names.commit_name(names.RESTORE)
     last: Exception | None = None
@@ -408,7 +410,7 @@ def restore_refs(load: Callable[[], Table], lost: dict[str, tuple[SnapshotRef, S
         if not missing:
             return ()
         commit = commit.next_attempt()
-        prepared = seam.prepare_restore_refs(table, missing, commit=commit)
+        prepared = seam_commit.prepare_restore_refs(table, missing, commit=commit)
         try:
             prepared.commit()
         except (CommitFailedException, ValueError) as e:  # a ref or a snapshot landed meanwhile: prepared again

@@ -33,16 +33,18 @@ from typing import Any
 
 from pyiceberg.table import Table
 
-from lakesink import _pyiceberg as seam
-from lakesink import names
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
 from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
 from lakesink.errors import CommitOutcomeUnknownError
-from lakesink.properties import SUMMARY_COMMIT_ID, SUMMARY_OPERATION, CommittedBatch, landed_commit
-from lakesink.tablesettings import TableSettings
+from lakesink.table import names
+from lakesink.table.keys import MAIN_BRANCH, SUMMARY_COMMIT_ID, SUMMARY_OPERATION
+from lakesink.table.keys import OPERATION_REWRITE_MANIFESTS as REWRITE_MANIFESTS
+from lakesink.table.markers import CommittedBatch, landed_commit
+from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
 
-REWRITE_MANIFESTS = "rewrite-manifests"
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class ManifestPlan:
         return self.manifests > self.needed and (min_count is None or self.manifests >= min_count)
 
 
-def plan(table: Table, *, branch: str = "main", target_size_bytes: int | None = None) -> ManifestPlan | None:
+def plan(table: Table, *, branch: str = MAIN_BRANCH, target_size_bytes: int | None = None) -> ManifestPlan | None:
     """The plan for the branch head (None: the branch has no snapshot). Reads the manifest list only."""
     head = table.metadata.snapshot_by_name(branch)
     if head is None:
@@ -106,7 +108,7 @@ def plan(table: Table, *, branch: str = "main", target_size_bytes: int | None = 
 def rewrite_manifests(
     table: Table,
     *,
-    branch: str = "main",
+    branch: str = MAIN_BRANCH,
     target_size_bytes: int | None = None,
     min_count: int | None = None,
     dry_run: bool = False,
@@ -146,14 +148,14 @@ def rewrite_manifests(
 
     commit_id = uuid.uuid4().hex
     summary = {SUMMARY_OPERATION: REWRITE_MANIFESTS, SUMMARY_COMMIT_ID: commit_id}
-    staged: dict[str, seam.PreparedManifestRewrite] = {}
+    staged: dict[str, seam_commit.PreparedManifestRewrite] = {}
 
     def recheck(t: Table) -> CommittedBatch | None:
         return landed_commit(t.metadata, branch, commit_id)
 
-    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam.PreparedCommit:
+    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam_commit.PreparedCommit:
         per_manifest = (plan(t, branch=branch, target_size_bytes=target) or planned).entries_per_manifest
-        prepared = seam.prepare_rewrite_manifests(
+        prepared = seam_commit.prepare_rewrite_manifests(
             t,
             branch=branch,
             entries_per_manifest=per_manifest,

@@ -9,17 +9,17 @@ metadata can reach, and removes what is left, under two safety rules (see its do
 - the **age rule** (Iceberg's ``deleteOrphanFiles``): only files modified before ``older_than`` ago;
 - the **in-flight guard**: whatever ``older_than`` says, a file that a lakesink commit in flight may still
   reference is kept for at least :data:`IN_FLIGHT_WINDOW`. Every file lakesink writes is named by
-  :mod:`lakesink.names`, and the guard decides from the name (:func:`lakesink.names.classify`): a batch's data
+  :mod:`lakesink.table.names`, and the guard decides from the name (:func:`lakesink.table.names.classify`): a batch's data
   files and its commit's manifests while the batch is not committed (its replay marker), any other lakesink
   commit's files (a compaction, a manifest rewrite) for the whole window counted from the start its name carries;
   other writers' manifests by what they list, and a possible next metadata version of the table. The commit
-  side keeps the window: no lakesink commit swaps files older than :data:`lakesink.names.COMMIT_DEADLINE_MS`.
+  side keeps the window: no lakesink commit swaps files older than :data:`lakesink.table.names.COMMIT_DEADLINE_MS`.
 
 Only pyiceberg's public API is used: the table metadata, ``Snapshot.manifests``,
 ``ManifestFile.from_args`` / ``fetch_manifest_entry``, ``read_manifest_list``,
 ``FromInputFile.table_metadata`` and the table's ``FileIO``. Listing, deleting and comparing
-locations go through :mod:`lakesink.storage`; lakesink's file and directory names are recognised by
-:mod:`lakesink.names`, which also makes them.
+locations go through :mod:`lakesink.table.storage`; lakesink's file and directory names are recognised by
+:mod:`lakesink.table.names`, which also makes them.
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ from pyiceberg.manifest import ManifestContent, ManifestFile, read_manifest_list
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
 
-from lakesink import locations, names, storage
 from lakesink.errors import CatalogError, InvalidOptionError, LakesinkError
-from lakesink.properties import SUMMARY_QUERY_ID, last_committed_batch, parse_last_batch_key
 from lakesink.redaction import redact_secrets_in
+from lakesink.table import locations, names, storage
+from lakesink.table.keys import SUMMARY_QUERY_ID
+from lakesink.table.markers import last_committed_batch, parse_last_batch_key
 
 log = logging.getLogger("lakesink")
 
@@ -53,7 +54,7 @@ IN_FLIGHT_WINDOW = timedelta(milliseconds=names.IN_FLIGHT_WINDOW_MS)
 A lakesink batch that has not committed after this long is taken to be abandoned (its query was
 killed and never restarted), and its files are removed like any other orphan. The commit side keeps the
 contract: no lakesink commit swaps once the oldest file it wrote for it is older than
-:data:`lakesink.names.COMMIT_DEADLINE_MS` (a day less)."""
+:data:`lakesink.table.names.COMMIT_DEADLINE_MS` (a day less)."""
 
 # --- the report -------------------------------------------------------------------------------
 
@@ -497,11 +498,11 @@ class _InFlightGuard:
         return self._data_file_reason(f.relative)
 
     def _commit_reason(self, commit: names.CommitName, kind: str, begun: datetime | None) -> str | None:
-        """Why a file that lakesink wrote for ``commit`` (its name says so: lakesink.names) may still be committed.
+        """Why a file that lakesink wrote for ``commit`` (its name says so: lakesink.table.names) may still be committed.
 
         A batch's commit can still land while the batch is not committed (the replay marker's rule, as for the
         batch's data files); any other lakesink commit (a compaction, a manifest rewrite) while it is in the window,
-        which the commit side keeps too: it never swaps files older than lakesink.names.COMMIT_DEADLINE_MS.
+        which the commit side keeps too: it never swaps files older than lakesink.table.names.COMMIT_DEADLINE_MS.
         """
         if commit.query_prefix is not None and commit.batch_id is not None:
             why = self._batch_reason(commit.query_prefix, commit.batch_id)

@@ -1,19 +1,18 @@
-"""``writeStream.format("lakesink")``: Spark's Python data source API wired to lakesink.
+"""``writeStream.format("lakesink")`` and ``spark.read.format("lakesink")``: Spark's Python data source API
+wired to lakesink (driver side).
 
-Where each method runs (see docs/protocol.md):
+Where each part runs (see docs/protocol.md and docs/architecture.md):
 
-- ``streamWriter()`` runs in a Python worker on the driver at the start of every run of the query
-  (it opens the table and makes the write plan, including the query's last committed batch), and
-  again in a worker for every commit and abort;
-- ``write()`` runs on executors: Arrow batches in, Parquet files out (pre-commit);
-- ``commit()`` / ``abort()`` run in a Python worker on the driver once per batch.
+- :meth:`LakesinkDataSource.streamWriter` runs in a Python worker on the driver machine at the start of every
+  run of the query (it opens the table and makes the write plan, including the query's last committed batch),
+  and again in a worker for every commit and abort; it returns the writer object
+  (:class:`~lakesink.executor.stream_writer.LakesinkStreamWriter`);
+- the writer's ``write()`` runs on executors (Arrow batches in, Parquet files out: the pre-commit);
+- its ``commit()`` / ``abort()`` run in that Python worker on the driver once per batch and hand the batch to
+  :class:`StreamCommits` (this module): the driver's committer, with the commit/abort guard.
 
-Executors unpickle :class:`LakesinkStreamWriter` from this module, so it imports executor code only
-(``tests/test_boundary.py`` holds that in a fresh interpreter). The driver side -- the
-:class:`~lakesink.driver.TableCommitter` (catalogs, commit retries) and the batch reader -- is
-imported inside the methods that run on the driver (``streamWriter()``, ``commit()``, ``abort()``,
-``schema()``, ``reader()``): a module-level import would load the catalogs, SQLAlchemy and tenacity
-in every Python worker that writes rows.
+Executors unpickle only the objects of :mod:`lakesink.executor` (the writer, the batch reader), never this
+module: it imports the driver at module level (tests/executor/test_boundary.py checks what a worker loads).
 """
 
 from __future__ import annotations
@@ -22,32 +21,31 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
-import pyarrow as pa
-from pyspark import TaskContext
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyiceberg.table.snapshots import Snapshot
+from pyspark.sql.datasource import DataSource, DataSourceReader, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from lakesink import _pyspark
-from lakesink.checkpoint import read_query_id, read_source_offsets
-from lakesink.errors import InvalidOptionError, LakesinkError
-from lakesink.executor import TaskWriter
-from lakesink.messages import TaskResult, WritePlan
+from lakesink.audit import Point, parse_timestamp_ms, resolve
+from lakesink.driver import catalogs
+from lakesink.driver.commit import TableCommitter
+from lakesink.driver.guard import CommitGuard
+from lakesink.driver.schema import arrow_schema_of
+from lakesink.errors import PROGRAMMING_ERRORS, AuditError, CatalogError, InvalidOptionError, LakesinkError
+from lakesink.executor.messages import TaskResult, WritePlan
+from lakesink.executor.reader import LakesinkReader, LakesinkReaderWithoutPushdown, ResolvedRead, spark_schema
+from lakesink.executor.stream_writer import LakesinkStreamWriter
+from lakesink.executor.upsert_task import UpsertSpec
+from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import ReadOptions, SinkOptions
-from lakesink.schema import arrow_schema_of
-from lakesink.taskchanges import UpsertSpec
+from lakesink.sink.checkpoint import read_query_id, read_source_offsets
+from lakesink.table.keys import MAIN_BRANCH
 
 log = logging.getLogger("lakesink")
 
-if TYPE_CHECKING:
-    from lakesink.driver import TableCommitter
-
 ENV_LOG_LEVEL = "LAKESINK_LOG_LEVEL"
-QUERY_ID_PROPERTY = "sql.streaming.queryId"
-BATCH_ID_PROPERTY = "streaming.sql.batchId"
-RUN_ID_PROPERTY = "spark.jobGroup.id"
 
 
 def _log_to_stderr_in_workers() -> None:
@@ -74,84 +72,58 @@ class LakesinkDataSource(DataSource):
 
     def schema(self) -> StructType:
         """The table's schema at the point in time the read options name (``spark.read.format("lakesink")``)."""
-        from lakesink.reader import table_schema  # driver side (opens the catalog), see the module docstring
-
         return table_schema(ReadOptions.from_spark_options(dict(self.options)))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        """A batch reader of the table (see :mod:`lakesink.reader`)."""
-        from lakesink.reader import LakesinkReader, LakesinkReaderWithoutPushdown  # driver side, see the module docstring
-
+        """A batch reader of the table (see :mod:`lakesink.executor.reader`)."""
         options = ReadOptions.from_spark_options(dict(self.options))
-        return LakesinkReader(options, schema) if options.pushdown else LakesinkReaderWithoutPushdown(options, schema)
+        reader = LakesinkReader if options.pushdown else LakesinkReaderWithoutPushdown
+        return reader(options, schema, open_read(options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> LakesinkStreamWriter:
         _log_to_stderr_in_workers()
-        return LakesinkStreamWriter(SinkOptions.from_spark_options(dict(self.options), overwrite=overwrite), schema)
+        return stream_writer(SinkOptions.from_spark_options(dict(self.options), overwrite=overwrite), schema)
 
 
-class LakesinkStreamWriter(DataSourceStreamArrowWriter):
-    """Writer of one run of a streaming query; pickled to executors without its catalog."""
+# --- the stream writer ------------------------------------------------------------------------------
 
-    def __init__(self, options: SinkOptions, schema: StructType):
-        if not options.checkpoint_location:
-            raise InvalidOptionError(
-                "option 'checkpointLocation' is required with format('lakesink'): lakesink reads the streaming "
-                "query id and the source offsets from it (.option('checkpointLocation', '/path/to/checkpoint'))"
-            )
+
+def stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWriter:
+    """The writer of one run of the query (at its start: the table opened, the write plan made), or, in the
+    worker where Spark commits and aborts batches, a writer of that worker's commits and aborts."""
+    if not options.checkpoint_location:
+        raise InvalidOptionError(
+            "option 'checkpointLocation' is required with format('lakesink'): lakesink reads the streaming "
+            "query id and the source offsets from it (.option('checkpointLocation', '/path/to/checkpoint'))"
+        )
+    if _pyspark.in_streaming_sink_runner():
+        # Spark re-creates the writer for every commit and abort: those must work even when the table
+        # changed since the query started (the commit itself detects that, deletes the batch's files and
+        # raises ConcurrentTableChangeError), so nothing is validated here.
+        return LakesinkStreamWriter(None, StreamCommits(options, None))
+    committer = _table_committer(options)
+    stream_schema = arrow_schema_of(schema)
+    table = committer.open_table(stream_schema)
+    plan = committer.write_plan(table, read_query_id(options.checkpoint_location), stream_schema)
+    if options.upsert_key:
+        # the writers resolve their rows to one row per key (Spark rejects outputMode("update") for Python
+        # data sources: a change stream in append mode is the way; docs/upserts.md)
+        upsert = UpsertSpec(options.upsert_key, options.delete_when, options.order_by)
+        upsert.check()
+        plan = dataclasses.replace(plan, upsert=upsert)
+    return LakesinkStreamWriter(plan, StreamCommits(options, plan, committer))
+
+
+class StreamCommits:
+    """The driver side of the batches of one writer: Spark's ``commit()`` and ``abort()``, in a Python worker on
+    the driver (:class:`~lakesink.executor.stream_writer.BatchCommits`). Never pickled."""
+
+    def __init__(self, options: SinkOptions, plan: WritePlan | None, committer: TableCommitter | None = None):
+        assert options.checkpoint_location
         self._options = options
         self._checkpoint = options.checkpoint_location
-        self._committer: TableCommitter | None = None
-        self._plan: WritePlan | None = None
-        if _pyspark.in_streaming_sink_runner():
-            # Spark re-creates the writer for every commit and abort: those must work even when the table
-            # changed since the query started (the commit itself detects that, deletes the batch's files and
-            # raises ConcurrentTableChangeError), so nothing is validated here.
-            return
-        self._committer = _table_committer(options)
-        stream_schema = arrow_schema_of(schema)
-        table = self._committer.open_table(stream_schema)
-        plan = self._committer.write_plan(table, read_query_id(self._checkpoint), stream_schema)
-        if options.upsert_key:
-            # the writers resolve their rows to one row per key (Spark rejects outputMode("update") for Python
-            # data sources: a change stream in append mode is the way; docs/upserts.md)
-            upsert = UpsertSpec(options.upsert_key, options.delete_when, options.order_by)
-            upsert.check()
-            plan = dataclasses.replace(plan, upsert=upsert)
         self._plan = plan
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_committer"] = None  # executors never open the catalog
-        return state
-
-    # --- executors ------------------------------------------------------------------------------
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        plan = self._plan
-        if plan is None:
-            raise LakesinkError("this lakesink writer was made for a commit, it cannot write rows")
-        ctx = TaskContext.get()
-        if ctx is None:
-            raise LakesinkError("LakesinkStreamWriter.write must run inside a Spark task")
-        query_id = ctx.getLocalProperty(QUERY_ID_PROPERTY) or plan.query_id
-        batch_id = ctx.getLocalProperty(BATCH_ID_PROPERTY)
-        if query_id is None or batch_id is None:
-            raise LakesinkError("format('lakesink') writes streaming queries only (no query id or batch id in the task)")
-        writer = TaskWriter(
-            plan,
-            query_id=query_id,
-            batch_id=int(batch_id),
-            partition_id=ctx.partitionId(),
-            task_attempt_id=ctx.taskAttemptId(),
-            run_id=ctx.getLocalProperty(RUN_ID_PROPERTY) or None,
-        )
-        last = plan.last_committed_batch
-        if query_id == plan.query_id and last is not None and int(batch_id) <= last:
-            return writer.skip_replay(iterator)
-        return writer.write(iterator)
-
-    # --- driver ---------------------------------------------------------------------------------
+        self._committer = committer
 
     def _driver(self) -> TableCommitter:
         if self._committer is None:
@@ -165,39 +137,35 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
             return self._plan.query_id
         return read_query_id(self._checkpoint)
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
         results = [m for m in messages if isinstance(m, TaskResult)]
         query_id = self._query_id(results)
         if query_id is None:
-            raise LakesinkError(f"no streaming query id for batch {batchId} (checkpoint {self._checkpoint})")
-        from lakesink.driver.guard import CommitGuard  # driver side only (see _table_committer)
-
+            raise LakesinkError(f"no streaming query id for batch {batch_id} (checkpoint {self._checkpoint})")
         # held until the outcome is known: an abort of this batch in another worker (query.stop() during the
         # commit) waits for it instead of deleting files the swap is about to reference (lakesink.driver.guard)
         with CommitGuard(str(self._options.table), query_id, self._options.sink_id, _run_of(results)).held():
             self._driver().commit_batch(
                 query_id=query_id,
-                batch_id=batchId,
+                batch_id=batch_id,
                 results=results,
-                source_offsets=read_source_offsets(self._checkpoint, batchId),
+                source_offsets=read_source_offsets(self._checkpoint, batch_id),
             )
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
         results = [m for m in messages if isinstance(m, TaskResult)]
         query_id = self._query_id(results)
-        from lakesink.driver.guard import CommitGuard  # driver side only (see _table_committer)
-
         guard = CommitGuard(str(self._options.table), query_id or "", self._options.sink_id, _run_of(results))
         if not guard.acquire_for_abort():
             log.warning(
                 "lakesink: abort of batch %s: a commit of the same query is still in flight after %.0f s; keeping its files "
                 "(an orphan-file clean-up collects them if it does not land)",
-                batchId,
+                batch_id,
                 guard.abort_wait_s,
             )
             return
         try:
-            self._driver().abort_batch(query_id=query_id, batch_id=batchId, results=results)
+            self._driver().abort_batch(query_id=query_id, batch_id=batch_id, results=results)
         finally:
             guard.release()
 
@@ -209,11 +177,53 @@ def _run_of(results: Sequence[TaskResult]) -> str | None:
 
 
 def _table_committer(options: SinkOptions) -> TableCommitter:
-    """The driver side of a batch (runs in the driver's Python workers only, never on executors).
+    """The driver side of the sink's batches, with automatic maintenance as its post-commit hook."""
+    return TableCommitter(options, post_commit=auto_maintenance)
 
-    Imported here, not at the top of the module: executors unpickle the writer from this module and
-    must not load the driver, the catalogs or tenacity (see the module docstring).
-    """
-    from lakesink.driver import TableCommitter
 
-    return TableCommitter(options)
+# --- the batch reader -------------------------------------------------------------------------------
+
+
+def open_read(options: ReadOptions) -> ResolvedRead:
+    """Load the table and resolve the options' point in time (driver side)."""
+    catalog = catalogs.load(options.catalog_name, options.catalog_properties)
+    try:
+        table = catalog.load_table(options.table.identifier)
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as e:
+        raise CatalogError(f"cannot read table {options.table}: {type(e).__name__}: {e}") from None
+    point = None
+    if options.snapshot_id is not None:
+        point = Point(snapshot_id=options.snapshot_id)
+    elif options.as_of_timestamp is not None:
+        try:
+            point = Point(timestamp_ms=parse_timestamp_ms(options.as_of_timestamp))
+        except ValueError:
+            raise InvalidOptionError(
+                f"option 'as-of-timestamp' must be epoch milliseconds or an ISO 8601 time, got {options.as_of_timestamp!r}"
+            ) from None
+    elif options.as_of_batch is not None:
+        point = Point.parse(f"batch={options.as_of_batch}")
+    snapshot: Snapshot | None
+    if point is not None:
+        snapshot = resolve(table, point, branch=options.branch)
+    else:
+        snapshot = table.metadata.snapshot_by_name(options.branch)
+        if snapshot is None and options.branch != MAIN_BRANCH:
+            raise AuditError(f"branch {options.branch!r} of {options.table} does not exist")
+    schema = table.schema()
+    if snapshot is not None and snapshot.schema_id is not None and point is not None:
+        schema = table.metadata.schema_by_id(snapshot.schema_id) or schema
+    if options.columns:
+        missing = [c for c in options.columns if c not in schema.column_names]
+        if missing:
+            raise InvalidOptionError(
+                f"option 'columns': no column(s) {missing} in {options.table}; columns: {schema.column_names}"
+            )
+        schema = schema.select(*options.columns)
+    return ResolvedRead(table, snapshot.snapshot_id if snapshot else None, schema)
+
+
+def table_schema(options: ReadOptions) -> StructType:
+    return spark_schema(open_read(options).schema)

@@ -3,9 +3,9 @@
 The function runs on the driver for every micro-batch. It checks whether the batch is already
 committed *before* writing anything, has the batch's Parquet files written, and commits them as one
 snapshot. The files are written by one of two paths (option ``writer``, see docs/write-paths.md):
-Spark's own Parquet writer in the JVM (:mod:`lakesink.sparkwrite`, the fast path, chosen by
+Spark's own Parquet writer in the JVM (:mod:`lakesink.sink.spark_write`, the fast path, chosen by
 ``auto`` whenever the table allows it), or Python workers writing with pyarrow (``mapInArrow`` and
-:class:`lakesink.executor.TaskWriter`, the same code as ``format("lakesink")``).
+:class:`lakesink.executor.task_writer.TaskWriter`, the same code as ``format("lakesink")``).
 """
 
 from __future__ import annotations
@@ -19,19 +19,20 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from lakesink import _pyspark, catalogs, changes, sparkfs, sparkwrite, storage
-from lakesink.checkpoint import read_query_id, read_source_offsets
-from lakesink.driver import BatchOutcome, TableCommitter
+from lakesink import _pyspark
+from lakesink.driver import catalogs
+from lakesink.driver.commit import BatchOutcome, TableCommitter
+from lakesink.driver.schema import arrow_schema_of
 from lakesink.errors import InvalidOptionError, LakesinkError
-from lakesink.executor import TASK_RESULT_SCHEMA, PartitionWriter
-from lakesink.messages import TaskResult, WritePlan
+from lakesink.executor.messages import TaskResult, WritePlan
+from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, PartitionWriter
+from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import (
     BRANCH,
     CATALOG,
     CATALOG_PROPERTY_PREFIX,
     CREATE_TABLE,
     DELETE_WHEN,
-    FORMAT_VERSION,
     MAINTENANCE,
     MERGE_SCHEMA,
     ORDER_BY,
@@ -45,13 +46,13 @@ from lakesink.options import (
     SinkOptions,
     WriterKind,
 )
-from lakesink.schema import arrow_schema_of
+from lakesink.sink import spark_fs, spark_write, upsert_batch
+from lakesink.sink.checkpoint import read_query_id, read_source_offsets
+from lakesink.table import storage
+from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
 
 log = logging.getLogger("lakesink")
 
-QUERY_ID_PROPERTY = "sql.streaming.queryId"
-#: Spark sets the job group of a streaming query's jobs to the run id (a new one at every start of the query)
-RUN_ID_PROPERTY = "spark.jobGroup.id"
 #: Identifies this Python process (the run, under Spark Connect: see ForeachBatchSink._run_id)
 _PROCESS_TOKEN = uuid.uuid4().hex
 
@@ -70,7 +71,7 @@ def foreach_batch(
     checkpoint_location: str | None = None,
     partitioned_by: str | None = None,
     merge_schema: bool = False,
-    branch: str = "main",
+    branch: str = MAIN_BRANCH,
     writer: str = "auto",
     sink_id: str | None = None,
     upsert_key: str | Sequence[str] | None = None,
@@ -167,7 +168,7 @@ class ForeachBatchSink:
         spark = df.sparkSession
         query_id = self._query_id(spark)
         if self._committer is None:
-            self._committer = TableCommitter(self.options)
+            self._committer = TableCommitter(self.options, post_commit=auto_maintenance)  # automatic maintenance
         committer = self._committer
         run_id = self._run_id(spark)
         if run_id != self._run:  # a new run of the query (or the first): open the table afresh
@@ -191,17 +192,17 @@ class ForeachBatchSink:
                 run_id=run_id,
                 table_uuid=plan.table_uuid,
             )
-        resolved = changes.resolve(df, batch_id, self.options) if self.options.upsert_key else None
+        resolved = upsert_batch.resolve(df, batch_id, self.options) if self.options.upsert_key else None
         try:
             return self._write_and_commit(resolved.rows if resolved else df, resolved, plan, table, query_id, batch_id, run_id)
         finally:
             if resolved is not None:
-                changes.release(resolved)
+                upsert_batch.release(resolved)
 
     def _write_and_commit(
         self,
         df: DataFrame,
-        resolved: changes.ResolvedBatch | None,
+        resolved: upsert_batch.ResolvedBatch | None,
         plan: WritePlan,
         table: Any,
         query_id: str,
@@ -211,9 +212,9 @@ class ForeachBatchSink:
         committer = self._committer
         assert committer is not None
         spark = df.sparkSession
-        reason = sparkwrite.unsupported_reason(plan.schema, plan.spec)
+        reason = spark_write.unsupported_reason(plan.schema, plan.spec)
         if reason is None and self.options.writer is not WriterKind.ARROW:
-            reason = sparkfs.unwritable_reason(spark, plan.data_prefix)  # e.g. s3a:// without hadoop-aws
+            reason = spark_fs.unwritable_reason(spark, plan.data_prefix)  # e.g. s3a:// without hadoop-aws
         if self.options.writer is WriterKind.SPARK and reason is not None:
             raise InvalidOptionError(f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'")
         if self.options.writer is WriterKind.ARROW or reason is not None:
@@ -221,7 +222,7 @@ class ForeachBatchSink:
             results = [pickle.loads(r[0]) for r in rows]
             directory = None
         else:
-            written = sparkwrite.write_batch(
+            written = spark_write.write_batch(
                 df, plan, batch_id=batch_id, max_records_per_file=self._max_records_per_file(plan), run_id=run_id
             )
             results, directory = list(written.results), written.directory

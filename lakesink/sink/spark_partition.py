@@ -1,4 +1,4 @@
-"""Driver side: partitioned tables on the Spark path (:mod:`lakesink.sparkwrite`).
+"""Driver side: partitioned tables on the Spark path (:mod:`lakesink.sink.spark_write`).
 
 Spark's Parquet writer writes one partition per file when the DataFrame is written with ``partitionBy``
 on computed columns. For each field of the table's partition spec lakesink adds one such column, a
@@ -16,7 +16,7 @@ years, months,      years/months/days/hours since 1970 in UTC, from ``unix_micro
 days, hours         (date), or the wall-clock fields of a timestamp_ntz (never the session time zone)
 truncate(W)         ``v - pmod(v, W)`` in 64-bit (int, long), on the unscaled value (decimal up to precision
                     18), ``x<hex>`` of the first W characters (string) or bytes (binary)
-bucket(N)           pyiceberg's transform in a vectorised Arrow UDF (:mod:`lakesink.bucketing`)
+bucket(N)           pyiceberg's transform in a vectorised Arrow UDF (:mod:`lakesink.executor.bucketing`)
 void                (not written by lakesink: a void field fails as unsupported)
 ==================  ==========================================================================================
 
@@ -67,10 +67,10 @@ from pyiceberg.utils.decimal import unscaled_to_decimal
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from lakesink import _pyiceberg as seam
-from lakesink import floats
-from lakesink.bucketing import bucket_function
+from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError
+from lakesink.executor.bucketing import bucket_function
+from lakesink.table import floats
 
 _MICROS_PER_DAY = 86_400_000_000
 _MICROS_PER_HOUR = 3_600_000_000

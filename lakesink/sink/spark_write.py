@@ -14,11 +14,11 @@ No row passes through a Python worker. Every session setting that would change w
 The driver then keeps, of the files in the directory, those whose footer carries the write id of its
 own job (and checks that they hold the rows the job wrote), reads their footers (through the table's
 FileIO) for Iceberg's column statistics, and hands them to the unchanged
-:class:`~lakesink.driver.TableCommitter` as :class:`~lakesink.messages.TaskResult`\\ s.
+:class:`~lakesink.driver.commit.TableCommitter` as :class:`~lakesink.executor.messages.TaskResult`\\ s.
 
 If the Spark job (or anything before the commit) fails, the batch directory is deleted before the
 error propagates. A driver killed in between leaves the directory behind; the orphan-file clean-up
-recognises the layout (:mod:`lakesink.names` formats and parses the directory's name) and keeps it while
+recognises the layout (:mod:`lakesink.table.names` formats and parses the directory's name) and keeps it while
 its batch may still commit.
 """
 
@@ -58,12 +58,17 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lakesink import _pyiceberg as seam
-from lakesink import names, sparkpartition, storage
+from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError
+from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
 from lakesink.faults import fault_point
-from lakesink.messages import TaskResult, WritePlan, WrittenFile
-from lakesink.parquetlayout import DICT_SIZE_DEFAULT
+from lakesink.sink import spark_partition
+from lakesink.table import names, storage
+from lakesink.table.keys import DICT_SIZE_DEFAULT
+from lakesink.table.keys import PAGE_ROW_LIMIT_DEFAULT as _PAGE_ROW_LIMIT_DEFAULT
+from lakesink.table.keys import PAGE_SIZE_DEFAULT as _PAGE_SIZE_DEFAULT
+from lakesink.table.keys import WRITE_ID as WRITE_ID_KEY
+from lakesink.table.keys import ZSTD_LEVEL_DEFAULT as _ZSTD_LEVEL_DEFAULT
 
 log = logging.getLogger("lakesink")
 
@@ -73,9 +78,6 @@ SPARKWRITE_AFTER_FILES = "sparkwrite.after-files"
 SPARKWRITE_BEFORE_WRITE = "sparkwrite.before-write"
 
 # Iceberg's defaults for the parquet-mr settings a table does not set (always passed: never the session's value)
-_PAGE_SIZE_DEFAULT = 1048576
-_PAGE_ROW_LIMIT_DEFAULT = 20000
-_ZSTD_LEVEL_DEFAULT = 3  # parquet-mr's and Iceberg's
 
 # Iceberg codec name -> Spark's Parquet ``compression`` option
 _SPARK_CODECS = {
@@ -126,7 +128,6 @@ HADOOP_PINS = {
 # Settings lakesink refuses rather than pins (they cannot be unset through a write option)
 _REFUSED_SETTINGS = ("parquet.crypto.factory.class",)
 # The key, in the Spark metadata of a file's first column, of the write id of the job that wrote it
-WRITE_ID_KEY = "lakesink.write-id"
 _SPARK_ROW_METADATA = b"org.apache.spark.sql.parquet.row.metadata"
 
 _NOT_NULL_MARKER = "LAKESINK_NOT_NULL_VIOLATION"
@@ -175,7 +176,7 @@ def unsupported_reason(schema: Schema, spec: PartitionSpec = UNPARTITIONED_PARTI
                 f"column {f.name!r} has type {f.field_type}: Spark's Parquet writer cannot write it with Iceberg "
                 "field ids (lists and maps: no ids on elements, keys and values; fixed, uuid, time, timestamp_ns)"
             )
-    return sparkpartition.unsupported_reason(spec, schema)
+    return spark_partition.unsupported_reason(spec, schema)
 
 
 # --- the projection onto the table ------------------------------------------------------------------
@@ -308,8 +309,8 @@ def write_batch(
         # one grouping-key column per partition field: Spark writes one directory per key, one partition per
         # file (docs/partitioning.md#spark-path); the keys are not written into the files
         file_schema = seam.file_schema(plan.schema)
-        keys = sparkpartition.key_names(plan.spec, file_schema)
-        columns = sparkpartition.grouping_keys(plan.spec, file_schema)
+        keys = spark_partition.key_names(plan.spec, file_schema)
+        columns = spark_partition.grouping_keys(plan.spec, file_schema)
         projected = projected.select("*", *[c.alias(n) for c, n in zip(columns, keys, strict=True)])
     frame = projected.observe(observation, F.count(F.lit(1)).alias("rows")).write
     if keys:
@@ -428,7 +429,7 @@ def _file_names(io: FileIO, directory: str) -> list[str]:
     FileIO (the one the footers are then read with), as Spark's own file index would list them: a file or folder
     whose name starts with ``.`` (checksums), or with ``_`` and holds no ``=`` (``_temporary`` with uncommitted task
     output, ``_SUCCESS``), is not data. A partitioned write puts the files in one ``key=value`` folder per
-    grouping key, whose names are made of characters that need no escaping (see lakesink.sparkpartition).
+    grouping key, whose names are made of characters that need no escaping (see lakesink.sink.spark_partition).
 
     Listing through Spark (``spark.read...inputFiles()``) gave the same names at about 18 ms more per batch (a
     DataFrame analysed for the listing); on an object store both are one LIST request."""
@@ -501,7 +502,7 @@ def _files_of_write(
                 with plan.io.new_input(path).open() as stream:
                     return pq.read_table(stream, columns=columns)
 
-            partition = sparkpartition.partition_of_file(metadata, plan.spec, file_schema, read_columns, path)
+            partition = spark_partition.partition_of_file(metadata, plan.spec, file_schema, read_columns, path)
         return WrittenFile(path=path, size_in_bytes=size, record_count=metadata.num_rows, statistics=stats, partition=partition)
 
     if len(names) <= 1:

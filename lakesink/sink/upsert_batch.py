@@ -25,11 +25,9 @@ from pyspark.sql import types as T
 
 from lakesink.errors import InvalidOptionError, UpsertKeyError
 from lakesink.options import DELETE_WHEN, ORDER_BY, UPSERT_KEY, SinkOptions
-
-#: Column of :attr:`ResolvedBatch.keys`: true for a key the batch deletes, false for one it inserts or replaces.
-DELETED = "__lakesink_deleted"
-_COUNT = "__lakesink_rows"
-_TOP = "__lakesink_top"
+from lakesink.table.keys import COUNT_COLUMN as _COUNT
+from lakesink.table.keys import DELETED
+from lakesink.table.keys import TOP_COLUMN as _TOP
 
 _KEY_TYPES = (
     T.BooleanType,

@@ -7,7 +7,7 @@ Rejected, with a message naming the table and the location:
 - a data path (``write.data.path``, or the legacy ``write.object-storage.path`` and
   ``write.folder-storage.path``) or a metadata path (``write.metadata.path``) outside the table
   location, or on another store or bucket (``s3``/``s3a``/``s3n`` are one store, and so are
-  ``abfs``/``abfss``/``wasb``/``wasbs`` with the same account: :mod:`lakesink.storage`);
+  ``abfs``/``abfss``/``wasb``/``wasbs`` with the same account: :mod:`lakesink.table.storage`);
 - a table location equal to, inside, or around another table's location in the same namespace (its
   files would mix with that table's: an orphan-file clean-up of one would delete the other's data).
 
@@ -18,11 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from lakesink import storage
 from lakesink.errors import TableLocationError
-
-DATA_PATH_PROPERTIES = ("write.data.path", "write.object-storage.path", "write.folder-storage.path")
-METADATA_PATH_PROPERTIES = ("write.metadata.path",)
+from lakesink.table import storage
+from lakesink.table.keys import DATA_PATH_PROPERTIES, METADATA_PATH_PROPERTIES
 
 
 def _segments(location: str) -> list[str]:
@@ -36,7 +34,7 @@ def _segments(location: str) -> list[str]:
 
 def is_under(child: str, parent: str) -> bool:
     """True when ``child`` is ``parent`` or a location inside it (segment-wise, same store and authority,
-    scheme aliases folded as :mod:`lakesink.storage` folds them)."""
+    scheme aliases folded as :mod:`lakesink.table.storage` folds them)."""
     return storage.is_under(child, parent)
 
 

@@ -1,25 +1,9 @@
-"""Names lakesink writes into Iceberg metadata (snapshot summaries and table properties).
+"""The replay-marker ledger: where lakesink records which batches of which query are in a table, and how it
+reads that back (runs anywhere; no catalog, only the table's metadata).
 
-Snapshot summary (every batch commit; string values):
-
-- ``lakesink.query-id``: Spark's streaming query id, stable across restarts of one checkpoint;
-- ``lakesink.batch-id``: the micro-batch id;
-- ``lakesink.source-offsets``: the batch's end offsets as Spark recorded them in the
-  checkpoint's offset log (a JSON list, one entry per source);
-- ``lakesink.commit-id``: a random id of the commit call, to settle unknown outcomes;
-- ``lakesink.commit-attempt``: which attempt of the compare-and-swap landed (1 when no other writer
-  got in between; each conflict adds one);
-- ``lakesink.previous-batch-id``: the last batch id the query processed before this one, empty batches
-  included (read from the replay marker); batch ids between it and this batch's id were *lost*, batch ids
-  up to it that have no snapshot were empty (``lakesink verify`` tells the two apart);
-- ``lakesink.sink-id``: the sink's ``sink_id`` when the query has several sinks writing this table (absent for
-  the query's one default sink);
-- ``lakesink.run-id``: Spark's run id of the query run that committed the batch (a new one at every restart;
-  tells a replay from a second sink of the same run);
-- ``lakesink.commit-started-ms``: wall-clock time the driver started committing the batch (the snapshot's
-  own timestamp minus this is the commit latency that ``lakesink report`` plots);
-- ``spark.sql.streaming.queryId`` / ``spark.sql.streaming.epochId``: the keys Iceberg's own Spark
-  sink writes, for engines and tools that already know them.
+Every batch commit writes its keys into the snapshot summary (``lakesink.query-id``, ``lakesink.batch-id``,
+``lakesink.source-offsets``, ... :func:`batch_summary`; the keys and what each holds: :mod:`lakesink.table.keys`)
+and moves the sink's replay marker in the same atomic commit.
 
 Table property (updated in the same atomic commit as the snapshot):
 
@@ -42,23 +26,23 @@ from dataclasses import dataclass
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
-SUMMARY_QUERY_ID = "lakesink.query-id"
-SUMMARY_BATCH_ID = "lakesink.batch-id"
-SUMMARY_SOURCE_OFFSETS = "lakesink.source-offsets"
-SUMMARY_COMMIT_ID = "lakesink.commit-id"
-SUMMARY_OPERATION = "lakesink.operation"
-"""Summary key of lakesink's maintenance commits (compact, rewrite-manifests)."""
-_RECHECK_DEPTH = 1000
-SUMMARY_COMMIT_ATTEMPT = "lakesink.commit-attempt"
-SUMMARY_PREVIOUS_BATCH_ID = "lakesink.previous-batch-id"
-SUMMARY_COMMIT_STARTED_MS = "lakesink.commit-started-ms"
-SUMMARY_SINK_ID = "lakesink.sink-id"
-SUMMARY_RUN_ID = "lakesink.run-id"
-ICEBERG_QUERY_ID = "spark.sql.streaming.queryId"
-ICEBERG_EPOCH_ID = "spark.sql.streaming.epochId"
+from lakesink.table.keys import (
+    ICEBERG_EPOCH_ID,
+    ICEBERG_QUERY_ID,
+    LAST_BATCH_PREFIX,
+    MAIN_BRANCH,
+    SUMMARY_BATCH_ID,
+    SUMMARY_COMMIT_ID,
+    SUMMARY_COMMIT_STARTED_MS,
+    SUMMARY_PREVIOUS_BATCH_ID,
+    SUMMARY_QUERY_ID,
+    SUMMARY_RUN_ID,
+    SUMMARY_SINK_ID,
+    SUMMARY_SOURCE_OFFSETS,
+)
 
-LAST_BATCH_PREFIX = "lakesink.last-batch."
-MAIN_BRANCH = "main"
+_RECHECK_DEPTH = 1000
+
 
 
 @dataclass(frozen=True)

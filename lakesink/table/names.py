@@ -7,7 +7,7 @@ orphan-file clean-up can tell which batch a file left on storage belongs to (:mo
 
       <query id[:8]>-<batch:05d>-<partition:05d>-<task attempt>-<token>-<n:05d>.parquet
 
-- the Spark path (:mod:`lakesink.sparkwrite`) names one directory per batch, and Spark names the files in it::
+- the Spark path (:mod:`lakesink.sink.spark_write`) names one directory per batch, and Spark names the files in it::
 
       <query id[:8]>-<batch:05d>-<token>/part-<n>-<uuid>-c000.<codec>.parquet
 
@@ -28,9 +28,9 @@ it as their ``commit_uuid`` and name a commit's manifests ``<commit>-m<n>.avro``
 The metadata files lakesink writes (:func:`metadata_file_name`) keep Iceberg's ``<version:05d>-<uuid>.metadata.json``
 (engines parse the version from it) with a UUID that carries the time too (:func:`stamped_uuid`).
 
-So the orphan-file clean-up (:mod:`lakesink.maintenance`) tells, from a name alone, which lakesink commit a file
+So the orphan-file clean-up (:mod:`lakesink.maintenance.orphans`) tells, from a name alone, which lakesink commit a file
 left on storage belongs to and since when (:func:`classify`), and every writer is tested against it
-(tests/test_orphans_in_flight.py). The in-flight contract between them is here too: the clean-up keeps a file a
+(tests/maintenance/test_orphans_in_flight.py). The in-flight contract between them is here too: the clean-up keeps a file a
 lakesink commit may still reference for :data:`IN_FLIGHT_WINDOW_MS`, and every lakesink commit refuses to swap
 once the oldest file it wrote for it is :data:`COMMIT_DEADLINE_MS` old (lakesink.driver.swap).
 

@@ -1,6 +1,6 @@
 """How lakesink's pyarrow writers lay out a Parquet file: row groups and dictionary encoding.
 
-Used by the executor's :class:`~lakesink.executor.TaskWriter` and by compaction (through the seam's
+Used by the executor's :class:`~lakesink.executor.task_writer.TaskWriter` and by compaction (through the seam's
 ``write_parquet``), so that every file lakesink writes with pyarrow is laid out by the same rules. Executor-safe:
 pyarrow only.
 """
@@ -12,10 +12,11 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakesink.table.keys import DICT_SIZE_DEFAULT
+
 #: rows of a file's first row group that decide which of its columns are dictionary-encoded: Iceberg's default
 #: page row limit, i.e. the first page, on which parquet-mr (Iceberg's Java writer, Spark's writer) decides
 DICTIONARY_SAMPLE_ROWS = 20_000
-DICT_SIZE_DEFAULT = 2 * 1024 * 1024  # Iceberg's write.parquet.dict-size-bytes
 
 
 def dictionary_columns(table: pa.Table, dictionary_page_limit: int = DICT_SIZE_DEFAULT) -> list[str]:

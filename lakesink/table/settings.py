@@ -3,9 +3,9 @@
 The driver parses them when it makes a write plan (:meth:`TableSettings.parse`), so a bad value is an
 :class:`~lakesink.errors.InvalidOptionError` naming the property and the table, raised before any task
 runs; executors and the commit only read the typed fields. Keys and defaults are Iceberg's own (the
-Java library's), except ``write.lakesink.*``.
+Java library's), except ``write.lakesink.*``; they are defined in :mod:`lakesink.table.keys`.
 
-Imported by executors: only the standard library and lakesink.errors.
+Imported by executors: only the standard library, lakesink.errors and lakesink.table.keys.
 """
 
 from __future__ import annotations
@@ -14,42 +14,45 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from lakesink.errors import InvalidOptionError
-
-TARGET_FILE_SIZE = "write.target-file-size-bytes"
-TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
-ROW_GROUP_ROWS = "write.parquet.row-group-limit"
-ROW_GROUP_ROWS_DEFAULT = 1_048_576
-ROW_GROUP_BYTES = "write.parquet.row-group-size-bytes"
-ROW_GROUP_BYTES_DEFAULT = 128 * 1024 * 1024
-MAX_OPEN_FILES = "write.lakesink.max-open-files"
-MAX_OPEN_FILES_DEFAULT = 100
-CODEC = "write.parquet.compression-codec"
-CODEC_DEFAULT = "zstd"
-COMPRESSION_LEVEL = "write.parquet.compression-level"
-PAGE_SIZE = "write.parquet.page-size-bytes"
-PAGE_ROW_LIMIT = "write.parquet.page-row-limit"
-DICT_SIZE = "write.parquet.dict-size-bytes"
-MANIFEST_MERGE_ENABLED = "commit.manifest-merge.enabled"
-MANIFEST_TARGET_SIZE = "commit.manifest.target-size-bytes"
-MANIFEST_TARGET_SIZE_DEFAULT = 8 * 1024 * 1024
-MANIFEST_MIN_COUNT_TO_MERGE = "commit.manifest.min-count-to-merge"
-MANIFEST_MIN_COUNT_TO_MERGE_DEFAULT = 100
-COMMIT_NUM_RETRIES = "commit.retry.num-retries"
-COMMIT_MIN_WAIT_MS = "commit.retry.min-wait-ms"
-COMMIT_MAX_WAIT_MS = "commit.retry.max-wait-ms"
-COMMIT_TOTAL_TIMEOUT_MS = "commit.retry.total-timeout-ms"
-
-# snapshot expiry (Iceberg's keys and defaults) and lakesink's maintenance
-MAX_SNAPSHOT_AGE_MS = "history.expire.max-snapshot-age-ms"
-MAX_SNAPSHOT_AGE_MS_DEFAULT = 5 * 24 * 3600 * 1000
-MIN_SNAPSHOTS_TO_KEEP = "history.expire.min-snapshots-to-keep"
-MIN_SNAPSHOTS_TO_KEEP_DEFAULT = 1
-MAX_REF_AGE_MS = "history.expire.max-ref-age-ms"
-MAX_REF_AGE_MS_DEFAULT = 2**63 - 1
-COMPACT_MIN_INPUT_FILES = "write.lakesink.compact.min-input-files"
-COMPACT_MIN_INPUT_FILES_DEFAULT = 5
-MAINTENANCE_INTERVAL_MS = "write.lakesink.maintenance.interval-ms"
-MAINTENANCE_INTERVAL_MS_DEFAULT = 60_000
+from lakesink.table.keys import (
+    CODEC,
+    CODEC_DEFAULT,
+    COMMIT_MAX_WAIT_MS,
+    COMMIT_MAX_WAIT_MS_DEFAULT,
+    COMMIT_MIN_WAIT_MS,
+    COMMIT_MIN_WAIT_MS_DEFAULT,
+    COMMIT_NUM_RETRIES,
+    COMMIT_NUM_RETRIES_DEFAULT,
+    COMMIT_TOTAL_TIMEOUT_MS,
+    COMMIT_TOTAL_TIMEOUT_MS_DEFAULT,
+    COMPACT_MIN_INPUT_FILES,
+    COMPACT_MIN_INPUT_FILES_DEFAULT,
+    COMPRESSION_LEVEL,
+    DICT_SIZE,
+    MAINTENANCE_INTERVAL_MS,
+    MAINTENANCE_INTERVAL_MS_DEFAULT,
+    MANIFEST_MERGE_ENABLED,
+    MANIFEST_MIN_COUNT_TO_MERGE,
+    MANIFEST_MIN_COUNT_TO_MERGE_DEFAULT,
+    MANIFEST_TARGET_SIZE,
+    MANIFEST_TARGET_SIZE_DEFAULT,
+    MAX_OPEN_FILES,
+    MAX_OPEN_FILES_DEFAULT,
+    MAX_REF_AGE_MS,
+    MAX_REF_AGE_MS_DEFAULT,
+    MAX_SNAPSHOT_AGE_MS,
+    MAX_SNAPSHOT_AGE_MS_DEFAULT,
+    MIN_SNAPSHOTS_TO_KEEP,
+    MIN_SNAPSHOTS_TO_KEEP_DEFAULT,
+    PAGE_ROW_LIMIT,
+    PAGE_SIZE,
+    ROW_GROUP_BYTES,
+    ROW_GROUP_BYTES_DEFAULT,
+    ROW_GROUP_ROWS,
+    ROW_GROUP_ROWS_DEFAULT,
+    TARGET_FILE_SIZE,
+    TARGET_FILE_SIZE_DEFAULT,
+)
 
 #: Codecs the Parquet writers know (Iceberg's names; ``none`` is ``uncompressed``).
 CODECS = ("zstd", "snappy", "gzip", "brotli", "lz4", "uncompressed", "none")
@@ -59,10 +62,10 @@ CODECS = ("zstd", "snappy", "gzip", "brotli", "lz4", "uncompressed", "none")
 class CommitRetry:
     """Iceberg's ``commit.retry.*`` table properties (defaults as in Iceberg's Java library)."""
 
-    num_retries: int = 4
-    min_wait_ms: int = 100
-    max_wait_ms: int = 60_000
-    total_timeout_ms: int = 1_800_000
+    num_retries: int = COMMIT_NUM_RETRIES_DEFAULT
+    min_wait_ms: int = COMMIT_MIN_WAIT_MS_DEFAULT
+    max_wait_ms: int = COMMIT_MAX_WAIT_MS_DEFAULT
+    total_timeout_ms: int = COMMIT_TOTAL_TIMEOUT_MS_DEFAULT
 
 
 @dataclass(frozen=True)

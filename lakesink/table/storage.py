@@ -1,7 +1,7 @@
 """Storage: locations, and the files of a table through the filesystem behind its FileIO.
 
 One rule for when two locations are on the same store, used by every module that compares
-locations (:mod:`lakesink.locations` before a write, :mod:`lakesink.maintenance` when it decides what
+locations (:mod:`lakesink.table.locations` before a write, :mod:`lakesink.maintenance` when it decides what
 is referenced):
 
 - ``s3``, ``s3a`` and ``s3n`` are one store (S3; Hadoop's names for it), the authority is the bucket;
@@ -259,7 +259,7 @@ def _list_fsspec(fs: Any, root: str) -> Iterator[ListedFile]:
     # s3fs (like other fsspec object stores) caches directory listings in the filesystem instance, and
     # pyiceberg's FsspecFileIO keeps one instance per process: a listing left in that cache hides every
     # file written later by another process (the next metadata.json: FileNotFoundError on the next
-    # load_table, seen on S3 in tests/test_s3.py). List fresh, and leave no listing behind.
+    # load_table, seen on S3 in tests/deploy/test_s3.py). List fresh, and leave no listing behind.
     fs.invalidate_cache()
     try:
         try:

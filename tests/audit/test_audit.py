@@ -15,10 +15,11 @@ from click.testing import CliRunner
 import lakesink
 from lakesink.audit import Point, diff, locate, read_at, resolve, verify
 from lakesink.cli import main
-from lakesink.driver import Outcome
+from lakesink.driver import catalogs
+from lakesink.driver.commit import Outcome
 from lakesink.errors import AuditError
-from lakesink.properties import CommittedBatch, last_batch_key, last_committed_batch
-from tests.helpers import arrow_rows, commit, load, make_committer, write_task
+from lakesink.table.markers import CommittedBatch, last_batch_key, last_committed_batch
+from tests.support.helpers import arrow_rows, commit, load, make_committer, write_task
 
 Q1 = "11111111-aaaa-4000-8000-000000000001"
 Q2 = "22222222-bbbb-4000-8000-000000000002"
@@ -81,7 +82,7 @@ def test_history_command_human(table: Any, catalog_properties: dict[str, str]) -
 
 
 def test_history_of_a_missing_table_is_a_clear_error(catalog_properties: dict[str, str]) -> None:
-    lakesink.catalogs.load(None, catalog_properties).create_namespace("db")
+    catalogs.load(None, catalog_properties).create_namespace("db")
     args = ["history", "db.nope", *[f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1
@@ -276,7 +277,7 @@ def test_verify_reports_a_summary_that_disagrees_with_the_manifests(table: Any, 
         if s["snapshot-id"] == target:
             s["summary"]["added-records"] = "4"
     path.write_text(json.dumps(meta))
-    t = lakesink.catalogs.load(None, catalog_properties).load_table(("db", "events"))
+    t = catalogs.load(None, catalog_properties).load_table(("db", "events"))
     report = verify(t)
     assert [v.kind for v in report.violations] == ["summary-mismatch"]
     assert report.violations[0].message == f"snapshot {target}: summary added-records is 4, its manifests say 3"
@@ -336,7 +337,7 @@ def test_report_html_shows_the_plots_in_a_browser(table: Any, catalog_properties
 
 
 def test_report_shows_violations_on_top(table: Any, tmp_path: Path) -> None:
-    from lakesink.report import write_report
+    from lakesink.cli.report import write_report
 
     table.append(arrow_rows([1]), snapshot_properties=batch_keys(Q1, 0))
     report = write_report(table, tmp_path / "r.html")
@@ -358,7 +359,7 @@ def batch_input_ids(checkpoint: Path, batch_id: int) -> list[int]:
 
 @pytest.mark.spark
 def test_answers_on_a_table_written_by_a_stream(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
-    from tests.helpers import Stream
+    from tests.support.helpers import Stream
 
     stream = Stream(spark, tmp_path, catalog_properties, "format")
     stream.add_input(files=3, rows_per_file=20)  # one file per batch: file i is batch i

@@ -10,19 +10,19 @@ import pytest
 from click.testing import CliRunner
 
 import lakesink
-from lakesink import compaction, expiry
 from lakesink.audit.snapshots import lakesink_key
-from lakesink.driver import Outcome, TableCommitter
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import AuditError
+from lakesink.maintenance import compaction, expiry
 from lakesink.options import Maintenance, SinkOptions, TableName
-from tests.helpers import arrow_rows, commit, load, table_ids, write_task
-from tests.test_table_maintenance import Q1, _missing_referenced_files
+from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files
+from tests.support.helpers import arrow_rows, commit, load, sink_committer, table_ids, write_task
 
 SCHEMA = arrow_rows([]).schema
 
 
 def _committer(props: dict[str, str], table_properties: dict[str, str] | None = None) -> TableCommitter:
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=props,

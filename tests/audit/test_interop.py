@@ -14,8 +14,9 @@ import pyarrow.compute as pc
 import pytest
 
 import lakesink
-from lakesink import catalogs, interop
-from tests.helpers import run_to_end
+from lakesink.audit import interop
+from lakesink.driver import catalogs
+from tests.support.helpers import run_to_end
 
 pytestmark = pytest.mark.spark
 

@@ -1,5 +1,5 @@
 """lakesink on a Spark standalone cluster: executors in their own JVMs (started by two real workers on
-127.0.0.1, tests/cluster.py), one of them SIGKILLed in the middle of a batch. Spark reschedules its
+127.0.0.1, tests/support/cluster.py), one of them SIGKILLed in the middle of a batch. Spark reschedules its
 tasks; every id lands once.
 
 Executors reach lakesink the simplest way a cluster allows: every worker runs the same interpreter
@@ -24,14 +24,14 @@ from typing import Any
 
 import pytest
 
-from lakesink import catalogs
+from lakesink.driver import catalogs
 from lakesink.faults import ENV_FAULTS_DIR, EXECUTOR_BEFORE_WRITE
-from tests.cluster import StandaloneCluster, ancestors
-from tests.helpers import assert_snapshot_invariants, table_ids, write_json_input
+from tests.support.cluster import StandaloneCluster, ancestors
+from tests.support.helpers import assert_snapshot_invariants, table_ids, write_json_input
 
 pytestmark = [pytest.mark.spark, pytest.mark.deploy]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def test_executor_sigkilled_mid_batch_on_a_cluster_every_id_lands_once(
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
     job = subprocess.Popen(
-        ["nice", "-n", "5", sys.executable, "-m", "tests.deploy_job", json.dumps(cfg)],
+        ["nice", "-n", "5", sys.executable, "-m", "tests.jobs.deploy_job", json.dumps(cfg)],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -137,7 +137,7 @@ def test_foreach_batch_auto_uses_spark_writer_on_the_cluster(tmp_path: Path, clu
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
     env.pop(ENV_FAULTS_DIR, None)
     done = subprocess.run(
-        ["nice", "-n", "5", sys.executable, "-m", "tests.deploy_job", json.dumps(cfg)],
+        ["nice", "-n", "5", sys.executable, "-m", "tests.jobs.deploy_job", json.dumps(cfg)],
         env=env,
         cwd=ROOT,
         capture_output=True,

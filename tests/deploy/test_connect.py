@@ -1,5 +1,5 @@
 """Both entry points from a Spark Connect client (``SparkSession.builder.remote(...)``) against a real
-Spark Connect server started by the test (pyspark's ``sbin/start-connect-server.sh``, tests/connect.py).
+Spark Connect server started by the test (pyspark's ``sbin/start-connect-server.sh``, tests/support/connect.py).
 
 - ``format("lakesink")``: the data source's writers and its commit run in the server's Python workers,
   which find the query id in the checkpoint, as on classic Spark;
@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
-from lakesink import catalogs
-from tests.connect import ConnectServer
-from tests.helpers import assert_snapshot_invariants, table_ids, write_json_input
+from lakesink.driver import catalogs
+from tests.support.connect import ConnectServer
+from tests.support.helpers import assert_snapshot_invariants, table_ids, write_json_input
 
 pytestmark = [pytest.mark.spark, pytest.mark.deploy]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def _run_client_once(server: ConnectServer, tmp_path: Path, props: dict[str, str
     }
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "tests.connect_job", json.dumps(cfg)],
+        [sys.executable, "-m", "tests.jobs.connect_job", json.dumps(cfg)],
         env=env,
         cwd=ROOT,
         capture_output=True,

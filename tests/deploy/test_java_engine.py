@@ -3,7 +3,7 @@
 catalog/spark/spark-defaults.conf (only the server address, user and warehouse are this machine's).
 
 Slow (a second virtual environment, a second JVM): marker ``deploy``, run with ``make test-deploy``.
-The engine is a real child process (tests/java_engine.py); nothing is mocked.
+The engine is a real child process (tests/support/java_engine.py); nothing is mocked.
 """
 
 from __future__ import annotations
@@ -25,18 +25,18 @@ from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, Stri
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
-from lakesink import catalogs
 from lakesink.cli import main as cli
+from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_BEFORE_SWAP
-from lakesink.properties import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
-from tests import test_types as types_matrix
-from tests.helpers import Stream, assert_snapshot_invariants, lakesink_snapshots, table_ids
-from tests.interop_values import differences, plain_rows
-from tests.java_engine import JavaEngine, iceberg_jars, jdbc_jar, jdbc_url
+from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
+from tests.sink import test_types as types_matrix
+from tests.support.helpers import Stream, assert_snapshot_invariants, lakesink_snapshots, sink_committer, table_ids
+from tests.support.interop_values import differences, plain_rows
+from tests.support.java_engine import JavaEngine, iceberg_jars, jdbc_jar, jdbc_url
 
 pytestmark = [pytest.mark.spark, pytest.mark.deploy]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPARK_DEFAULTS = ROOT / "catalog" / "spark" / "spark-defaults.conf"
 CATALOG = "shared"  # the name in spark-defaults.conf; pyiceberg stores it in every catalog row
 
@@ -256,13 +256,13 @@ def test_java_merge_on_read_delete_while_lakesink_compacts(
 
     from pyiceberg.manifest import ManifestContent
 
-    from lakesink import compaction, interop
-    from lakesink.driver import TableCommitter
+    from lakesink.audit import interop
+    from lakesink.maintenance import compaction
     from lakesink.options import Maintenance, SinkOptions, TableName
-    from tests.helpers import arrow_rows, commit, write_task
+    from tests.support.helpers import arrow_rows, commit, write_task
 
     query = "22222222-aaaa-4000-8000-000000000029"
-    c = TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=shared, maintenance=Maintenance.OFF))
+    c = sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=shared, maintenance=Maintenance.OFF))
     c.open_table(arrow_rows([]).schema)
     sent: list[int] = []
     for b in range(5):  # five small files of 11 rows

@@ -24,17 +24,17 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from lakesink import catalogs
 from lakesink.cli import main as cli
+from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, ENV_FAULTS_DIR
-from lakesink.maintenance import remove_orphan_files
-from tests.helpers import Stream, assert_snapshot_invariants, referenced_data_files, table_ids, write_json_input
-from tests.s3 import SECRET_KEY, S3Server
+from lakesink.maintenance.orphans import remove_orphan_files
+from tests.support.helpers import Stream, assert_snapshot_invariants, referenced_data_files, table_ids, write_json_input
+from tests.support.s3 import SECRET_KEY, S3Server
 
 pytestmark = pytest.mark.spark
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -112,7 +112,7 @@ def test_kill_9_in_the_middle_then_replay_on_s3(tmp_path: Path, s3_server: S3Ser
     }
     env = {**os.environ, ENV_FAULTS_DIR: str(faults_dir), "PYTHONPATH": str(ROOT)}
     (faults_dir / DRIVER_AFTER_SWAP).write_text("kill")
-    job = [sys.executable, "-m", "tests.deploy_job", json.dumps(cfg)]
+    job = [sys.executable, "-m", "tests.jobs.deploy_job", json.dumps(cfg)]
     first = subprocess.run(job, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
     table = catalogs.load(None, props).load_table(("db", "events"))

@@ -1,7 +1,7 @@
 """Iceberg's Java engine reads an upsert table as the model says (marker ``deploy``: ``make test-deploy``).
 
 A change stream (several events per key per batch, deletes, re-inserts) upserted through foreach_batch into
-the shared PostgreSQL catalog; Spark 3.5 with Iceberg's own SparkCatalog (tests/java_engine.py) reads the
+the shared PostgreSQL catalog; Spark 3.5 with Iceberg's own SparkCatalog (tests/support/java_engine.py) reads the
 final state, and the state as of every batch's snapshot, and both equal the model computed in Python.
 """
 
@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from lakesink import catalogs
-from tests.helpers import lakesink_snapshots
-from tests.java_engine import JavaEngine
-from tests.test_java_engine import CATALOG, java, shared  # noqa: F401 (fixtures)
-from tests.test_upserts_spark import change_stream, model, run, write_events
-from tests.upsert_job import upsert_sink
+from lakesink.driver import catalogs
+from tests.deploy.test_java_engine import CATALOG, java, shared  # noqa: F401 (fixtures)
+from tests.jobs.upsert_job import upsert_sink
+from tests.sink.test_upserts_spark import change_stream, model, run, write_events
+from tests.support.helpers import lakesink_snapshots
+from tests.support.java_engine import JavaEngine
 
 pytestmark = [pytest.mark.spark, pytest.mark.deploy]
 

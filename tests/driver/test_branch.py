@@ -11,17 +11,17 @@ from click.testing import CliRunner
 
 import lakesink
 from lakesink.cli import main
-from lakesink.driver import Outcome, TableCommitter
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import PublishRefusedError
 from lakesink.options import SinkOptions, TableName
-from lakesink.properties import last_committed_batch
-from tests.helpers import arrow_rows, commit, load, make_committer, table_ids, write_task
+from lakesink.table.markers import last_committed_batch
+from tests.support.helpers import arrow_rows, commit, load, make_committer, sink_committer, table_ids, write_task
 
 Q = "44444444-dddd-4000-8000-000000000004"
 
 
 def branch_committer(props: dict[str, str], branch: str = "audit") -> TableCommitter:
-    return TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, branch=branch))
+    return sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, branch=branch))
 
 
 def ids_on(table: Any, branch: str) -> Counter[int]:

@@ -1,4 +1,4 @@
-"""lakesink.catalogs: the embedded default catalog, named catalogs, ${VAR} expansion, secret-free errors."""
+"""lakesink.driver.catalogs: the embedded default catalog, named catalogs, ${VAR} expansion, secret-free errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import strictyaml
 from pyiceberg.catalog.sql import SqlCatalog
 
-from lakesink import catalogs
+from lakesink.driver import catalogs
 from lakesink.errors import CatalogError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,13 +14,13 @@ import pytest
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.types import StringType
 
-from lakesink import _pyiceberg as seam
-from lakesink.driver import Outcome, TableCommitter
+from lakesink._pyiceberg import commit as seam
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import CommitConflictError, CommitOutcomeUnknownError, ConcurrentTableChangeError
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.options import OutputMode
-from lakesink.properties import last_committed_batch
-from tests.helpers import (
+from lakesink.table.markers import last_committed_batch
+from tests.support.helpers import (
     arrow_rows,
     assert_snapshot_invariants,
     commit,
@@ -210,8 +210,8 @@ def test_unknown_outcome_that_cannot_be_settled_deletes_nothing(committer: Table
 
     monkeypatch.setattr(seam.PreparedCommit, "commit", catalog_down)
     monkeypatch.setattr("lakesink.driver.swap._SETTLE_ATTEMPTS", 2)
-    # the settling reads (through connections of their own, lakesink.catalogs.load_table_fresh) fail
-    monkeypatch.setattr("lakesink.catalogs.load_table_fresh", load_fails)
+    # the settling reads (through connections of their own, lakesink.driver.catalogs.load_table_fresh) fail
+    monkeypatch.setattr("lakesink.driver.catalogs.load_table_fresh", load_fails)
     with pytest.raises(CommitOutcomeUnknownError, match="no file was deleted"):
         commit(committer, Q1, 0, [result])
     monkeypatch.undo()

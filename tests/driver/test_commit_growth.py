@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from lakesink.driver import Outcome, TableCommitter
-from lakesink.properties import last_committed_batch
-from tests.helpers import arrow_rows, assert_snapshot_invariants, commit, load, make_committer, table_ids, write_task
+from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.table.markers import last_committed_batch
+from tests.support.helpers import arrow_rows, assert_snapshot_invariants, commit, load, make_committer, table_ids, write_task
 
 SCHEMA = arrow_rows([]).schema
 Q = "33333333-cccc-4000-8000-000000000003"

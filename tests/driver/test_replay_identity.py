@@ -1,5 +1,5 @@
 """The holes of issue 10 in the replay check, on real catalogs and real Parquet files (no Spark here; the
-Spark versions of the same cases are in tests/test_replay_identity_spark.py):
+Spark versions of the same cases are in tests/sink/test_replay_identity_spark.py):
 
 - a batch replayed over other source offsets is refused, never skipped (ReplayMismatchError);
 - several sinks of one query writing one table: each exactly-once under its own sink id; the same id twice
@@ -16,13 +16,21 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 
-from lakesink.driver import Outcome, TableCommitter
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import DuplicateSinkError, ReplayMismatchError, TableIdentityChangedError
-from lakesink.executor import TaskWriter
-from lakesink.messages import TaskResult
+from lakesink.executor.messages import TaskResult
+from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName
-from lakesink.properties import SnapshotIndex, last_committed_batch
-from tests.helpers import arrow_rows, assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, load, table_ids
+from lakesink.table.markers import SnapshotIndex, last_committed_batch
+from tests.support.helpers import (
+    arrow_rows,
+    assert_snapshot_invariants,
+    data_files_on_disk,
+    lakesink_snapshots,
+    load,
+    sink_committer,
+    table_ids,
+)
 
 SCHEMA = arrow_rows([]).schema
 Q = "33333333-cccc-4000-8000-000000000003"
@@ -38,7 +46,7 @@ def catalog_properties(any_catalog_properties: dict[str, str]) -> dict[str, str]
 
 
 def sink(props: dict[str, str], *, sink_id: str | None = None, branch: str = "main") -> TableCommitter:
-    c = TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, sink_id=sink_id, branch=branch))
+    c = sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, sink_id=sink_id, branch=branch))
     c.open_table(SCHEMA)
     return c
 
@@ -213,7 +221,7 @@ def test_table_dropped_and_recreated_elsewhere_gets_nothing_of_the_batch(catalog
 
 
 def load_schema(c: TableCommitter, result: TaskResult):  # type: ignore[no-untyped-def]
-    from lakesink import _pyiceberg as seam
+    from lakesink._pyiceberg import io as seam
 
     return seam.new_table_schema(SCHEMA)
 
@@ -284,16 +292,16 @@ def test_abort_in_another_worker_waits_for_the_commit_in_flight(catalog_properti
     messages while the first worker is between its manifests and the swap. The abort must wait for the commit's
     outcome (here: landed) and keep the files the table then references.
 
-    (pyspark 4.3 itself waits for commit() to return before it aborts: tests/test_replay_identity_spark.py.)"""
+    (pyspark 4.3 itself waits for commit() to return before it aborts: tests/sink/test_replay_identity_spark.py.)"""
     import json
     import threading
     from pathlib import Path
 
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    from lakesink.datasource import LakesinkStreamWriter
     from lakesink.faults import DRIVER_BEFORE_SWAP
     from lakesink.options import SinkOptions
+    from lakesink.sink.datasource import stream_writer
 
     ck = tmp_path / "checkpoint"
     (ck / "offsets").mkdir(parents=True)
@@ -301,8 +309,8 @@ def test_abort_in_another_worker_waits_for_the_commit_in_flight(catalog_properti
     (ck / "offsets" / "0").write_text('v1\n{}\n{"logOffset":0}\n')
     options = {"table": "db.events", "checkpointLocation": str(ck), **{f"catalog.{k}": v for k, v in catalog_properties.items()}}
     schema = StructType([StructField("id", LongType()), StructField("user", StringType())])
-    committing = LakesinkStreamWriter(SinkOptions.from_spark_options(options, overwrite=False), schema)
-    aborting = LakesinkStreamWriter(SinkOptions.from_spark_options(options, overwrite=False), schema)
+    committing = stream_writer(SinkOptions.from_spark_options(options, overwrite=False), schema)
+    aborting = stream_writer(SinkOptions.from_spark_options(options, overwrite=False), schema)
     c = sink(catalog_properties)
     result = write(c, 0, [1, 2, 3])
     faults.arm(DRIVER_BEFORE_SWAP, "pause")

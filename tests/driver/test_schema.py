@@ -1,4 +1,4 @@
-"""lakesink.schema.check_writable: does the stream fit the table? One error listing every problem."""
+"""lakesink.driver.schema.check_writable: does the stream fit the table? One error listing every problem."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from lakesink._pyiceberg import iceberg_type
+from lakesink._pyiceberg.io import iceberg_type
+from lakesink.driver.schema import SchemaChange, check_writable
 from lakesink.errors import SchemaMismatchError
-from lakesink.schema import SchemaChange, check_writable
 
 TABLE = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -286,7 +286,7 @@ def test_the_stream_schema_converts_with_the_to_arrow_schema_of_pyspark_41(monke
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from lakesink import _pyspark
-    from lakesink.schema import arrow_schema_of
+    from lakesink.driver.schema import arrow_schema_of
 
     expected = arrow_schema_of(spark_schema())
     # under make test-floor the installed pyspark is 4.1.0 itself: its own function is the one to call
@@ -300,7 +300,7 @@ def test_the_stream_schema_converts_with_the_to_arrow_schema_of_pyspark_41(monke
 
 def test_an_internal_error_of_the_conversion_is_not_reported_as_a_schema_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
     from lakesink import _pyspark
-    from lakesink.schema import arrow_schema_of
+    from lakesink.driver.schema import arrow_schema_of
 
     def changed_signature(schema: Any, *, some_new_keyword: str) -> pa.Schema:
         raise AssertionError("not called")  # pragma: no cover
@@ -322,7 +322,7 @@ def test_an_internal_error_of_the_conversion_is_not_reported_as_a_schema_mismatc
 def test_pysparks_own_verdict_on_a_schema_is_still_a_schema_mismatch() -> None:
     from pyspark.sql import types as T
 
-    from lakesink.schema import arrow_schema_of
+    from lakesink.driver.schema import arrow_schema_of
 
     duplicated = T.StructType([T.StructField("a", T.IntegerType()), T.StructField("a", T.StringType())])
     with pytest.raises(SchemaMismatchError, match="cannot be written to Iceberg"):
@@ -330,7 +330,7 @@ def test_pysparks_own_verdict_on_a_schema_is_still_a_schema_mismatch() -> None:
 
 
 def test_an_internal_error_of_the_iceberg_type_conversion_is_raised_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lakesink import _pyiceberg
+    from lakesink._pyiceberg import io as _pyiceberg
 
     # pyiceberg's verdict: a type Iceberg has no type for
     with pytest.raises(_pyiceberg.UnsupportedIcebergType, match="Unsupported"):

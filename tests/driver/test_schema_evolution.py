@@ -12,11 +12,11 @@ import pyarrow as pa
 import pytest
 from pyiceberg.types import LongType, StringType
 
-from lakesink.driver import TableCommitter
+from lakesink.driver.commit import TableCommitter
 from lakesink.errors import ConcurrentTableChangeError
-from lakesink.executor import TaskWriter
+from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions
-from tests.helpers import Stream, data_files_on_disk, table_ids
+from tests.support.helpers import Stream, data_files_on_disk, sink_committer, table_ids
 
 WIDER_DDL = "note string, kind long, id long, ts timestamp, user string, amount double"
 
@@ -107,7 +107,7 @@ def test_columns_in_another_order_missing_optional_and_promoted_types(stream: St
 
 def _committer(props: dict[str, str], merge: bool) -> TableCommitter:
     options = {"table": "db.events", "merge-schema": str(merge).lower(), **{f"catalog.{k}": v for k, v in props.items()}}
-    return TableCommitter(SinkOptions.from_mapping(options))
+    return sink_committer(SinkOptions.from_mapping(options))
 
 
 BASE = pa.schema([pa.field("id", pa.int64())])

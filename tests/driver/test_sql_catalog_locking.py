@@ -7,7 +7,7 @@ next read through that connection sees our own uncommitted compare-and-swap, so 
 batch "committed" -- and the read's own rollback then threw the write away: logged, in Spark's commit log,
 not in the table.
 
-The second processes (tests/sql_lock_procs.py) are real: a holder with a plain sqlite3 / psycopg2 connection
+The second processes (tests/jobs/sql_lock_procs.py) are real: a holder with a plain sqlite3 / psycopg2 connection
 and a writer appending with plain pyiceberg. Barriers, not sleeps: a test waits for the holder's answer and
 for the committer's own catalog error before it releases the lock.
 """
@@ -31,11 +31,11 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.table import Table
 from sqlalchemy import event, text
 
-from lakesink import catalogs
 from lakesink.audit import verify
-from lakesink.driver import BatchOutcome, Outcome, TableCommitter
+from lakesink.driver import catalogs
+from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
 from lakesink.errors import LakesinkError
-from tests.helpers import (
+from tests.support.helpers import (
     arrow_rows,
     commit,
     lakesink_snapshots,
@@ -46,18 +46,18 @@ from tests.helpers import (
     write_task,
 )
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 Q1 = "11111111-aaaa-4000-8000-000000000001"
 WRITER_FIRST_ID = 1_000_000_000  # the other writer's ids; lakesink's are below
 COMMITTED = re.compile(r"lakesink: table=\S+ query=(\S+) batch=(\d+) committed ")
 
 
 class Holder:
-    """A second process holding the catalog database's lock (see tests/sql_lock_procs.py)."""
+    """A second process holding the catalog database's lock (see tests/jobs/sql_lock_procs.py)."""
 
     def __init__(self, uri: str):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.sql_lock_procs", "holder", uri],
+            [sys.executable, "-m", "tests.jobs.sql_lock_procs", "holder", uri],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -91,7 +91,7 @@ class Writer:
 
     def __init__(self, props: dict[str, str]):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.sql_lock_procs", "writer", json.dumps(props), str(WRITER_FIRST_ID)],
+            [sys.executable, "-m", "tests.jobs.sql_lock_procs", "writer", json.dumps(props), str(WRITER_FIRST_ID)],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -287,7 +287,7 @@ def test_stream_beside_a_lock_holder_and_a_pyiceberg_writer(
 
     def start_job() -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.sql_lock_procs", "stream", json.dumps(props), str(src), str(ck)],
+            [sys.executable, "-m", "tests.jobs.sql_lock_procs", "stream", json.dumps(props), str(src), str(ck)],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,

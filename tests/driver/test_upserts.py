@@ -1,6 +1,6 @@
 """Upserts (option upsert-key) at the driver's commit, against real SQLite catalogs and real Parquet files.
 
-Each test drives batches the way foreach_batch does after resolving them (lakesink.changes): the rows
+Each test drives batches the way foreach_batch does after resolving them (lakesink.sink.upsert_batch): the rows
 to write go through a real TaskWriter, the keys the batch changes go to commit_batch. The table must
 equal a model computed in plain Python, through pyiceberg, DuckDB and iceberg-rust.
 """
@@ -14,17 +14,26 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from lakesink import interop
-from lakesink.driver import Outcome, TableCommitter
-from lakesink.driver.upsert import DELETED, SUMMARY_FILES_READ
+from lakesink.audit import interop
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import InjectedFault, InvalidOptionError, LakesinkError, UpsertKeyError
-from lakesink.executor import TaskWriter
+from lakesink.executor.messages import TaskResult
+from lakesink.executor.task_writer import TaskWriter
+from lakesink.executor.upsert_task import UpsertSpec, merge, resolve_task, to_ipc
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, DRIVER_BEFORE_SWAP
-from lakesink.keyed import SUMMARY_DELETED, SUMMARY_INSERTED, SUMMARY_UPDATED
-from lakesink.messages import TaskResult
 from lakesink.options import SinkOptions, TableName
-from lakesink.taskchanges import UpsertSpec, merge, resolve_task, to_ipc
-from tests.helpers import assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, referenced_data_files
+from lakesink.table.keys import DELETED
+from lakesink.table.keys import SUMMARY_UPSERT_DELETED as SUMMARY_DELETED
+from lakesink.table.keys import SUMMARY_UPSERT_FILES_READ as SUMMARY_FILES_READ
+from lakesink.table.keys import SUMMARY_UPSERT_INSERTED as SUMMARY_INSERTED
+from lakesink.table.keys import SUMMARY_UPSERT_UPDATED as SUMMARY_UPDATED
+from tests.support.helpers import (
+    assert_snapshot_invariants,
+    data_files_on_disk,
+    lakesink_snapshots,
+    referenced_data_files,
+    sink_committer,
+)
 
 Q = "11111111-aaaa-4000-8000-000000000001"
 SCHEMA = pa.schema([("id", pa.int64()), ("value", pa.string()), ("seq", pa.int64())])
@@ -34,9 +43,9 @@ Event = tuple[int, str, int, bool]
 
 
 def make(props: dict[str, str], *, partitioned_by: str | None = None) -> TableCommitter:
-    from lakesink import partitioning
+    from lakesink.table import partitioning
 
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=props,
@@ -49,7 +58,7 @@ def make(props: dict[str, str], *, partitioned_by: str | None = None) -> TableCo
 
 
 def resolve(events: Sequence[Event]) -> tuple[pa.Table, pa.Table]:
-    """What lakesink.changes.resolve does in Spark, in Python: the last event per key wins."""
+    """What lakesink.sink.upsert_batch.resolve does in Spark, in Python: the last event per key wins."""
     last: dict[int, Event] = {}
     for e in events:
         if e[0] not in last or e[2] > last[e[0]][2]:
@@ -142,7 +151,7 @@ def test_table_gets_the_key_as_identifier_field_and_an_existing_table_must_have_
     schema = c.reload_table().schema()
     assert schema.identifier_field_names() == {"id"}
     assert schema.find_field("id").required
-    other = TableCommitter(
+    other = sink_committer(
         SinkOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties, upsert_key=("value",))
     )
     with pytest.raises(InvalidOptionError, match=r"upsert-key.*'value'.*identifier fields 'id'.*SET IDENTIFIER FIELDS"):
@@ -218,7 +227,7 @@ def test_merge_schema_and_branch_with_upserts(catalog_properties: dict[str, str]
     writing branch 'audit' upserts there and leaves main as it was."""
     c = make(catalog_properties)
     run_batch(c, 0, [(k, "old", k, False) for k in range(20)])
-    wider = TableCommitter(
+    wider = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"), catalog_properties=catalog_properties, upsert_key=("id",), merge_schema=True
         )
@@ -238,7 +247,7 @@ def test_merge_schema_and_branch_with_upserts(catalog_properties: dict[str, str]
         assert {r["id"]: (r["value"], r["note"]) for r in reader(table.metadata_location).to_pylist()} == expected
 
     main_head = table.metadata.current_snapshot_id
-    audit = TableCommitter(
+    audit = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=catalog_properties,
@@ -338,10 +347,10 @@ def test_composite_key_of_string_date_and_timestamp(catalog_properties: dict[str
     """A key of (tenant string, day date, at timestamptz): statistics and partition pruning decode each type."""
     import datetime
 
-    from lakesink import partitioning
+    from lakesink.table import partitioning
 
     schema = pa.schema([("tenant", pa.string()), ("day", pa.date32()), ("at", pa.timestamp("us", "UTC")), ("value", pa.int64())])
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=catalog_properties,

@@ -1,43 +1,68 @@
 """The executor/driver boundary, held by the code: what a Spark Python worker unpickles imports executor code only.
 
-Spark pickles the data source writer (:class:`lakesink.datasource.LakesinkStreamWriter`),
-foreachBatch's ``mapInArrow`` function (:class:`lakesink.executor.PartitionWriter`) and the batch
-reader (:class:`lakesink.reader.LakesinkReader`) to its Python workers. Unpickling them there must not
-load the driver (commit, retries), the catalogs, the audit package, SQLAlchemy or tenacity. Checked in
-a fresh interpreter, which unpickles real pickles made here with pyspark's own cloudpickle (what Spark
-uses), then imports the executor modules.
+Spark pickles the data source writer (:class:`lakesink.executor.stream_writer.LakesinkStreamWriter`),
+foreachBatch's ``mapInArrow`` function (:class:`lakesink.executor.task_writer.PartitionWriter`), the batch
+reader (:class:`lakesink.executor.reader.LakesinkReader`) and the Spark path's bucket UDF
+(:mod:`lakesink.executor.bucketing`) to its Python workers. Unpickling them there must not load any module of the
+driver-side packages -- the driver (commit, retries, catalogs), the entry points (sink), maintenance, audit,
+the CLI, the seam's commit part -- nor SQLAlchemy or tenacity. Checked in a fresh interpreter, which unpickles
+real pickles made here with pyspark's own cloudpickle (what Spark uses), then imports every module of the
+executor-side packages. (The import contracts of ``make lint`` check the same boundary statically.)
 """
 
 from __future__ import annotations
 
 import json
+import pkgutil
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+from pyiceberg.types import LongType as IcebergLong
 from pyspark import cloudpickle
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from lakesink.datasource import LakesinkStreamWriter
-from lakesink.executor import PartitionWriter
+import lakesink.executor
+import lakesink.table
+from lakesink.executor.bucketing import bucket_function
+from lakesink.executor.reader import LakesinkReader
+from lakesink.executor.task_writer import PartitionWriter
 from lakesink.options import ReadOptions, SinkOptions, TableName
-from lakesink.reader import LakesinkReader
+from lakesink.sink.datasource import open_read, stream_writer
 
 _dumps: Callable[[object], bytes] = cloudpickle.dumps  # what Spark pickles with (untyped in pyspark)
 
-# what an executor must never import (prefixes of module names)
-DRIVER_SIDE = ("lakesink.driver", "lakesink.catalogs", "lakesink.audit", "tenacity", "pyiceberg.catalog.sql", "sqlalchemy")
-EXECUTOR_MODULES = (
-    "lakesink.bucketing",
-    "lakesink.datasource",
-    "lakesink.executor",
-    "lakesink.messages",
-    "lakesink.options",
-    "lakesink.parquetlayout",
-    "lakesink.reader",
-    "lakesink.schema",
+# what an executor must never import: whole packages (prefixes of module names)
+DRIVER_SIDE = (
+    "lakesink.driver",
+    "lakesink.sink",
+    "lakesink.maintenance",
+    "lakesink.audit",
+    "lakesink.cli",
+    "lakesink._pyiceberg.commit",
+    "tenacity",
+    "pyiceberg.catalog.sql",
+    "sqlalchemy",
+)
+# every module of the executor-side packages, and the shared modules they use
+EXECUTOR_MODULES = tuple(
+    sorted(
+        {
+            m.name
+            for package in (lakesink.executor, lakesink.table)
+            for m in pkgutil.iter_modules(package.__path__, f"{package.__name__}.")
+        }
+        | {
+            "lakesink._pyiceberg.io",
+            "lakesink._pyspark",
+            "lakesink.errors",
+            "lakesink.faults",
+            "lakesink.options",
+            "lakesink.redaction",
+        }
+    )
 )
 
 _CHILD = textwrap.dedent(
@@ -72,20 +97,23 @@ def test_unpickling_the_writers_and_importing_the_executor_side_load_no_driver_c
         checkpoint_location=str(tmp_path / "checkpoint"),
     )
     schema = StructType([StructField("id", LongType()), StructField("user", StringType())])
-    writer = LakesinkStreamWriter(options, schema)  # on the driver: opens (creates) the table, makes the write plan
-    assert writer._plan is not None
-    reader = LakesinkReader(ReadOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties), schema)
+    writer = stream_writer(options, schema)  # on the driver: opens (creates) the table, makes the write plan
+    assert writer._plan is not None and writer._commits is not None
+    read_options = ReadOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties)
+    reader = LakesinkReader(read_options, schema, open_read(read_options))
     pickles = {
         "stream_writer.pkl": writer,
         "partition_writer.pkl": PartitionWriter(writer._plan, 3),
         "reader.pkl": reader,  # spark.read.format("lakesink"): its read() runs on executors
+        "bucket_udf.pkl": bucket_function(16, IcebergLong()),  # the Spark path's bucket column, an Arrow UDF
     }
     for name, obj in pickles.items():
         (tmp_path / name).write_bytes(_dumps(obj))
 
     result = _in_fresh_interpreter(EXECUTOR_MODULES, [tmp_path / name for name in pickles])
 
-    assert result["loaded"] == ["LakesinkStreamWriter", "PartitionWriter", "LakesinkReader"]
+    assert result["loaded"] == ["LakesinkStreamWriter", "PartitionWriter", "LakesinkReader", "function"]
+    assert {"lakesink.executor.task_writer", "lakesink.table.storage", "lakesink._pyiceberg.io"} <= set(EXECUTOR_MODULES)
     assert result["after_unpickling"] == [], (
         f"unpickling the executor-side writers loaded driver-side modules: {result['after_unpickling']}"
     )

@@ -1,4 +1,4 @@
-"""lakesink.executor.TaskWriter: Arrow batches in, Parquet data files of a real table out.
+"""lakesink.executor.task_writer.TaskWriter: Arrow batches in, Parquet data files of a real table out.
 
 Tables are created in the test's SQLite catalog; the files written are read back with pyarrow.
 """
@@ -19,11 +19,10 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.types import IntegerType, LongType, PrimitiveType, StringType
 
 from lakesink.errors import InjectedFault, SchemaMismatchError
-from lakesink.executor import TaskWriter, utc_schema, utc_type
+from lakesink.executor.messages import TaskResult, WritePlan
+from lakesink.executor.task_writer import TaskWriter, utc_schema, utc_type
 from lakesink.faults import ENV_FAULTS_DIR, EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN
-from lakesink.messages import TaskResult, WritePlan
-
-from .helpers import MakePlan, data_files_on_disk, local_path
+from tests.support.files import MakePlan, data_files_on_disk, local_path
 
 EVENTS = pa.schema(
     [
@@ -463,7 +462,7 @@ def test_dictionary_encoding_only_where_it_pays(make_plan: MakePlan) -> None:
 
 
 def test_dictionary_choice_covers_nested_columns_and_falls_back_on_types_it_cannot_estimate() -> None:
-    from lakesink.parquetlayout import dictionary_columns
+    from lakesink.table.parquet_layout import dictionary_columns
 
     n = 5_000
     table = pa.table(

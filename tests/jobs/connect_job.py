@@ -1,4 +1,4 @@
-"""A Spark Connect client job, run as a child process by tests/test_connect.py (a process of its own: the
+"""A Spark Connect client job, run as a child process by tests/deploy/test_connect.py (a process of its own: the
 test process holds a classic session). Prints one JSON line: ``{"ok": true}`` or ``{"ok": false, "error": ...}``.
 
 argv[1]: JSON object with ``url`` (sc://...), ``entry`` (``format``/``foreach``), ``input``, ``checkpoint``,
@@ -16,7 +16,7 @@ def main() -> int:
     from pyspark.sql import SparkSession
 
     import lakesink
-    from tests.helpers import SCHEMA_DDL
+    from tests.support.helpers import SCHEMA_DDL
 
     spark = SparkSession.builder.remote(cfg["url"]).getOrCreate()
     try:

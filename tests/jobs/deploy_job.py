@@ -1,10 +1,10 @@
-"""A streaming job run as a child process by the deployment tests (tests/test_s3.py, tests/test_cluster.py),
+"""A streaming job run as a child process by the deployment tests (tests/deploy/test_s3.py, tests/deploy/test_cluster.py),
 which SIGKILL it or its executors and start it again on the same checkpoint.
 
 argv[1]: JSON object with ``input``, ``checkpoint``, ``table``, ``entry`` (``format`` or ``foreach``),
 ``catalog_properties``, ``master`` (``local[2,4]``, ``spark://127.0.0.1:PORT``), optional ``writer``,
 ``conf`` (more Spark configuration) and ``max_files`` (maxFilesPerTrigger).
-Input: JSON files of ``tests.helpers.SCHEMA_DDL`` rows with unique ids; trigger availableNow.
+Input: JSON files of ``tests.support.helpers.SCHEMA_DDL`` rows with unique ids; trigger availableNow.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def main() -> int:
     from pyspark.sql import SparkSession
 
     import lakesink
-    from tests.helpers import SCHEMA_DDL
+    from tests.support.helpers import SCHEMA_DDL
 
     builder = (
         SparkSession.builder.master(cfg["master"])

@@ -1,5 +1,5 @@
 """Run by the *second* virtual environment (pyspark 3.5.8 + Iceberg's Java Spark runtime, see
-tests/java_engine.py): a Spark 3.5 session with Iceberg's ``SparkCatalog`` that answers SQL statements.
+tests/support/java_engine.py): a Spark 3.5 session with Iceberg's ``SparkCatalog`` that answers SQL statements.
 
 Protocol, one JSON object per line: stdin ``{"sql": "...", "parquet": "/path or null"}``; stdout
 ``{"ok": true, "rows": [...]}`` (rows as lists of JSON-safe values, ``str`` for anything else) or,

@@ -1,17 +1,17 @@
-"""Second processes for tests/test_sql_catalog_locking.py: they hold the SQL catalog's lock, or write to the
+"""Second processes for tests/driver/test_sql_catalog_locking.py: they hold the SQL catalog's lock, or write to the
 same table with plain pyiceberg, while lakesink commits.
 
-``python -m tests.sql_lock_procs holder <sqlalchemy uri>``
+``python -m tests.jobs.sql_lock_procs holder <sqlalchemy uri>``
     reads commands on stdin: ``hold`` takes the lock (SQLite: a read transaction on ``iceberg_tables``, the
     shared lock a JDBC reader holds while a result set is open; PostgreSQL: ``SELECT ... FOR UPDATE`` on
     the ``iceberg_tables`` rows) and answers ``held``; ``release`` ends the transaction and answers
     ``released``; ``cycle <hold_s> <free_s>`` holds and releases in turns until the next command or the
     end of stdin.
-``python -m tests.sql_lock_procs writer <catalog properties json> <first id>``
+``python -m tests.jobs.sql_lock_procs writer <catalog properties json> <first id>``
     appends one row at a time (ids ``first id``, ``first id + 1``, ...) to ``db.events`` with plain pyiceberg
     until stdin closes, then prints ``{"ok": [...], "failed": [...]}`` (ids whose append returned, ids whose
     append raised).
-``python -m tests.sql_lock_procs stream <catalog properties json> <input folder> <checkpoint>``
+``python -m tests.jobs.sql_lock_procs stream <catalog properties json> <input folder> <checkpoint>``
     a Spark driver of its own streaming the JSON input into ``db.events`` with ``format("lakesink")``, one file
     per batch (its stderr carries the commit worker's log lines).
 """
@@ -124,7 +124,7 @@ def _stream(props_json: str, src: str, checkpoint: str) -> None:
     from pyspark.sql import SparkSession
 
     import lakesink
-    from tests.helpers import SCHEMA_DDL
+    from tests.support.helpers import SCHEMA_DDL
 
     spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -1,4 +1,4 @@
-"""Run by tests/test_upserts_spark.py: a change stream (JSON event files) upserted with foreach_batch, until done.
+"""Run by tests/sink/test_upserts_spark.py: a change stream (JSON event files) upserted with foreach_batch, until done.
 
 Arguments: catalog properties (JSON), source folder, checkpoint folder, entry point (``foreach`` or
 ``format``). The test kills it (SIGKILL, or a fault point armed with ``kill``) and starts it again from the same checkpoint.

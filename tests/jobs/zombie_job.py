@@ -1,4 +1,4 @@
-"""Run by tests/test_fault_matrix.py: a second driver of the same streaming query (same query id,
+"""Run by tests/sink/test_fault_matrix.py: a second driver of the same streaming query (same query id,
 its own copy of the checkpoint), as a zombie or split-brain deployment would run it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 from pyspark.sql import SparkSession
 
 import lakesink
-from tests.helpers import SCHEMA_DDL
+from tests.support.helpers import SCHEMA_DDL
 
 props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()

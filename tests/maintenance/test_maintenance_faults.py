@@ -13,18 +13,18 @@ import pyarrow as pa
 import pytest
 
 import lakesink
-from lakesink import compaction, expiry
-from lakesink.driver import Outcome, TableCommitter
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.faults import DRIVER_BEFORE_SWAP
+from lakesink.maintenance import compaction, expiry
 from lakesink.options import Maintenance, SinkOptions, TableName
-from tests.helpers import arrow_rows, commit, load, table_ids, write_task
-from tests.test_table_maintenance import Q1, _missing_referenced_files, _wait
+from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files, _wait
+from tests.support.helpers import arrow_rows, commit, load, sink_committer, table_ids, write_task
 
 SCHEMA = arrow_rows([]).schema
 
 
 def _committer(props: dict[str, str], table_properties: dict[str, str]) -> TableCommitter:
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=props,

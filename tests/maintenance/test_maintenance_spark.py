@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import lakesink
-from tests.helpers import Stream, table_ids
+from tests.support.helpers import Stream, table_ids
 
 pytestmark = pytest.mark.spark
 
@@ -47,9 +47,9 @@ def test_restart_from_the_checkpoint_after_lakesinks_own_maintenance_expired_its
     new input is committed once, verify is clean and no referenced file is missing."""
     from datetime import datetime, timezone
 
-    from lakesink import expiry
-    from tests.helpers import referenced_data_files
-    from tests.test_table_maintenance import _missing_referenced_files
+    from lakesink.maintenance import expiry
+    from tests.maintenance.test_table_maintenance import _missing_referenced_files
+    from tests.support.helpers import referenced_data_files
 
     stream.add_input(files=3, rows_per_file=20)
     stream.run(maintenance="off")

@@ -21,20 +21,30 @@ import pytest
 from pyiceberg.table import Table
 
 import lakesink
-from lakesink import _pyiceberg as seam
-from lakesink import interop, manifest_rewrite
-from lakesink.driver import Outcome, TableCommitter
+from lakesink._pyiceberg import io as seam
+from lakesink.audit import interop
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
+from lakesink.maintenance import manifest_rewrite
 from lakesink.options import SinkOptions, TableName
-from tests.helpers import arrow_rows, assert_snapshot_invariants, commit, load, table_ids, write_task
-from tests.test_table_maintenance import Q1, _missing_referenced_files, _wait
+from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files, _wait
+from tests.support.helpers import (
+    arrow_rows,
+    assert_snapshot_invariants,
+    commit,
+    load,
+    maintainer,
+    sink_committer,
+    table_ids,
+    write_task,
+)
 
 SCHEMA = arrow_rows([]).schema
 NO_MERGE = {"commit.manifest-merge.enabled": "false", "write.lakesink.maintenance.interval-ms": "3600000"}
 
 
 def _committer(props: dict[str, str], table_properties: dict[str, str] | None = None) -> TableCommitter:
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, table_properties=table_properties or NO_MERGE)
     )
     c.open_table(SCHEMA)
@@ -101,7 +111,7 @@ def test_rewrite_merges_many_manifests_and_keeps_every_entry_history_and_audit(c
         assert _ids(lakesink.read_at(table, lakesink.Point(batch_id=b))) == Counter(range(0, (b + 1) * 1000)) & Counter(sent)
     verified = lakesink.verify(table)
     assert verified.violations == [], verified.violations
-    from lakesink.cli import human_history
+    from lakesink.cli.output import human_history
 
     assert "(lakesink manifest rewrite)" in human_history(lakesink.history(table))
     # which: a row is attributed to the batch that wrote it, not to the rewrite
@@ -133,9 +143,9 @@ def test_rewrite_is_due_only_when_it_reduces_the_manifests(catalog_properties: d
 
 
 def test_partitioned_table_manifests_are_clustered_by_partition(catalog_properties: dict[str, str]) -> None:
-    from lakesink.partitioning import parse
+    from lakesink.table.partitioning import parse
 
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=catalog_properties,
@@ -214,7 +224,8 @@ def test_a_rewrite_that_keeps_losing_gives_up_cleanly(catalog_properties: dict[s
 
 _KILL_SCRIPT = """
 import sys
-from lakesink import catalogs, manifest_rewrite
+from lakesink.driver import catalogs
+from lakesink.maintenance import manifest_rewrite
 props = dict(a.split("=", 1) for a in sys.argv[1:])
 table = catalogs.load(None, props).load_table(("db", "events"))
 manifest_rewrite.rewrite_manifests(table)
@@ -258,9 +269,9 @@ def test_auto_maintenance_rewrites_manifests_from_min_count_to_merge(catalog_pro
     counts = []
     for b in range(10):
         sent += _batches(c, 1, start=b)
-        c.maintainer.wait(60)
+        maintainer(c).wait(60)
         counts.append(_head_manifests(load(c)))
-    assert c.maintainer.last_error is None
+    assert maintainer(c).last_error is None
     assert max(counts) <= 4 and any(
         s.summary and s.summary.additional_properties.get("lakesink.operation") == "rewrite-manifests"
         for s in load(c).snapshots()

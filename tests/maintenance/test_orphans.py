@@ -30,17 +30,18 @@ from pyiceberg.table import StaticTable, Table
 from pyiceberg.table.statistics import BlobMetadata, StatisticsFile
 
 import lakesink
-from lakesink import _pyiceberg as seam
-from lakesink import names
-from lakesink.cli import format_duration, main, parse_duration
-from lakesink.driver import BatchOutcome, Outcome, TableCommitter
+from lakesink._pyiceberg import commit as seam
+from lakesink.cli import main
+from lakesink.cli.common import format_duration, parse_duration
+from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
 from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError, LakesinkError
+from lakesink.executor.messages import TaskResult
 from lakesink.faults import DRIVER_BEFORE_SWAP, EXECUTOR_AFTER_FILE
-from lakesink.maintenance import IN_FLIGHT_WINDOW, OrphanFile, OrphanReport, remove_orphan_files
-from lakesink.messages import TaskResult
+from lakesink.maintenance.orphans import IN_FLIGHT_WINDOW, OrphanFile, OrphanReport, remove_orphan_files
 from lakesink.options import OutputMode
+from lakesink.table import names
 from tests.conftest import sql_catalog_properties
-from tests.helpers import arrow_rows, commit, load, make_committer, table_ids, write_task
+from tests.support.helpers import arrow_rows, commit, load, make_committer, table_ids, write_task
 
 SCHEMA = arrow_rows([]).schema
 Q1 = "11111111-aaaa-4000-8000-000000000001"
@@ -202,12 +203,14 @@ _KILLED_DRIVER = textwrap.dedent(
     """
     import json, sys
     import pyarrow as pa
-    from lakesink.driver import TableCommitter
-    from lakesink.executor import TaskWriter
+    from lakesink.driver.commit import TableCommitter
+    from lakesink.executor.task_writer import TaskWriter
+    from lakesink.maintenance.auto import auto_maintenance
     from lakesink.options import SinkOptions, TableName
 
     props, query_id, batch_id = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    c = TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props))
+    options = SinkOptions(table=TableName(("db",), "events"), catalog_properties=props)
+    c = TableCommitter(options, post_commit=auto_maintenance)
     rows = pa.table({"id": pa.array([100, 101], pa.int64()), "user": pa.array(["a", "b"])})
     plan = c.write_plan(c.open_table(rows.schema), query_id)
     result = TaskWriter(plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0).write(rows.to_batches())
@@ -439,7 +442,7 @@ def spark_path_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[i
     """A batch as the Spark path leaves it before its commit: a ``part-*`` file in ``<data>/<query8>-<batch>-<token>/``.
 
     The rows are written by the executor's writer (real Parquet, real statistics), then moved into a
-    batch directory named by the function lakesink.sparkwrite names its directories with.
+    batch directory named by the function lakesink.sink.spark_write names its directories with.
     """
     written = write_task(c, query_id, batch_id, ids)
     (f,) = written.files

@@ -16,11 +16,11 @@ import pytest
 from pyiceberg.table import Table
 
 import lakesink
-from lakesink import expiry
-from lakesink.driver import Outcome, TableCommitter
+from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.maintenance import expiry
 from lakesink.options import Maintenance, SinkOptions, TableName
-from tests.helpers import arrow_rows, commit, load, table_ids, write_task
-from tests.test_table_maintenance import Q1, _missing_referenced_files
+from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files
+from tests.support.helpers import arrow_rows, commit, load, sink_committer, table_ids, write_task
 
 SCHEMA = arrow_rows([]).schema
 Q2 = "22222222-bbbb-4000-8000-000000000002"
@@ -28,7 +28,7 @@ LATER = 3_600_000  # expiry runs "one hour later" (now_ms), so every snapshot is
 
 
 def _committer(props: dict[str, str], table_properties: dict[str, str], branch: str = "main") -> TableCommitter:
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=props,

@@ -22,20 +22,23 @@ from typing import Any
 import pytest
 from pyiceberg.table import Table
 
-from lakesink import _pyiceberg as seam
-from lakesink import compaction, expiry
-from lakesink.driver import Outcome, TableCommitter
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
+from lakesink.maintenance import compaction, expiry
 from lakesink.options import Maintenance, SinkOptions, TableName
-from lakesink.properties import last_committed_batch
-from tests.helpers import (
+from lakesink.table.markers import last_committed_batch
+from tests.support.helpers import (
     arrow_rows,
     assert_snapshot_invariants,
     commit,
     lakesink_snapshots,
     load,
+    maintainer,
     make_committer,
+    sink_committer,
     table_ids,
     write_task,
 )
@@ -45,7 +48,7 @@ Q1 = "11111111-aaaa-4000-8000-000000000001"
 
 
 def _committer(props: dict[str, str], **options: object) -> TableCommitter:
-    c = TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, **options))  # type: ignore[arg-type]
+    c = sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, **options))  # type: ignore[arg-type]
     c.open_table(SCHEMA)
     return c
 
@@ -103,8 +106,8 @@ def test_default_format_version_is_2(catalog_properties: dict[str, str]) -> None
 
 
 def test_format_version_3_is_refused_while_pyiceberg_cannot_write_it(catalog_properties: dict[str, str]) -> None:
-    c = TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties, format_version=3))
-    if seam.writes_format_version(3):
+    c = sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties, format_version=3))
+    if seam_commit.writes_format_version(3):
         c.open_table(SCHEMA)
         assert load(c).metadata.format_version == 3
         return
@@ -123,7 +126,7 @@ def test_existing_table_without_the_requested_properties_is_refused(catalog_prop
 
 
 def test_bad_table_property_value_creates_no_table(catalog_properties: dict[str, str]) -> None:
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=catalog_properties,
@@ -205,7 +208,7 @@ def test_compaction_dry_run_commits_nothing(catalog_properties: dict[str, str]) 
 
 
 def test_compaction_partitioned_table_packs_per_partition(catalog_properties: dict[str, str]) -> None:
-    from lakesink.partitioning import parse
+    from lakesink.table.partitioning import parse
 
     c = _committer(catalog_properties, partitioned_by=parse("user"))
     sent = _batches(c, 5, rows=14)  # 7 users: 7 partitions x 5 files
@@ -263,7 +266,8 @@ def test_compaction_gives_up_cleanly_when_a_rewritten_file_is_no_longer_live(
 
 _KILL_SCRIPT = """
 import sys
-from lakesink import catalogs, compaction, expiry
+from lakesink.driver import catalogs
+from lakesink.maintenance import compaction, expiry
 props = dict(a.split("=", 1) for a in sys.argv[2:])
 table = catalogs.load(None, props).load_table(("db", "events"))
 if sys.argv[1] == "compact":
@@ -417,9 +421,9 @@ def test_auto_maintenance_compacts_and_expires_between_batches(catalog_propertie
     sent: list[int] = []
     for b in range(12):
         sent += _batches(c, 1, start=b)
-        c.maintainer.wait(60)
+        maintainer(c).wait(60)
     table = load(c)
-    assert c.maintainer.last_error is None and c.maintainer.runs >= 11
+    assert maintainer(c).last_error is None and maintainer(c).runs >= 11
     assert len(table.snapshots()) <= 5 and len(_live_files(table)) < 6  # compacted and expired as it went
     assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == []
     assert_snapshot_invariants(table)
@@ -431,8 +435,8 @@ def test_maintenance_off_never_runs(catalog_properties: dict[str, str]) -> None:
         catalog_properties, maintenance=Maintenance.OFF, table_properties={"write.lakesink.maintenance.interval-ms": "0"}
     )
     _batches(c, 6)
-    c.maintainer.wait(60)
-    assert c.maintainer.runs == 0 and len(_live_files(load(c))) == 6
+    maintainer(c).wait(60)
+    assert maintainer(c).runs == 0 and len(_live_files(load(c))) == 6
 
 
 def test_a_batch_committing_keeps_its_first_attempt_and_maintenance_takes_its_turn_after_it(
@@ -450,10 +454,10 @@ def test_a_batch_committing_keeps_its_first_attempt_and_maintenance_takes_its_tu
     _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
     reports: list[compaction.CompactionReport] = []
     m = threading.Thread(
-        target=lambda: reports.append(compaction.compact(load(c), load=lambda: load(c), swap_guard=c.maintainer._swap_guard))
+        target=lambda: reports.append(compaction.compact(load(c), load=lambda: load(c), swap_guard=maintainer(c)._swap_guard))
     )
     m.start()
-    _wait(lambda: not c.maintainer._swapping and len(_live_files(load(c))) == 5)
+    _wait(lambda: not maintainer(c)._swapping and len(_live_files(load(c))) == 5)
     assert reports == [] and len(load(c).snapshots()) == 5  # waiting for its turn: nothing committed meanwhile
     faults.release(DRIVER_BEFORE_SWAP)
     t.join(60)
@@ -476,9 +480,9 @@ def test_maintenance_gives_up_when_a_batch_holds_the_sink_past_its_turn(
     """A batch stuck in its commit (here: paused before its swap) never waits for maintenance: the maintenance
     attempt waits at most TURN_WAIT_S for its turn, then gives up cleanly (its new files deleted) and a later
     run compacts."""
-    from lakesink import upkeep
+    from lakesink.maintenance import auto
 
-    monkeypatch.setattr(upkeep, "TURN_WAIT_S", 0.2)
+    monkeypatch.setattr(auto, "TURN_WAIT_S", 0.2)
     c = _committer(catalog_properties, table_properties={"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "10"})
     sent = _batches(c, 5)
     result = write_task(c, Q1, 5, [5000, 5001])
@@ -487,14 +491,14 @@ def test_maintenance_gives_up_when_a_batch_holds_the_sink_past_its_turn(
     t = threading.Thread(target=lambda: box.append(commit(c, Q1, 5, [result])))
     t.start()
     _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
-    report = compaction.compact(load(c), load=lambda: load(c), swap_guard=c.maintainer._swap_guard)
+    report = compaction.compact(load(c), load=lambda: load(c), swap_guard=maintainer(c)._swap_guard)
     assert report.status.startswith("gave up:")  # it could not take its turn while the batch held the sink
     faults.release(DRIVER_BEFORE_SWAP)
     t.join(60)
     outcome = box[0]
     assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 0  # type: ignore[attr-defined]
     sent += [5000, 5001]
-    assert compaction.compact(load(c), swap_guard=c.maintainer._swap_guard).status == "committed"  # later it goes
+    assert compaction.compact(load(c), swap_guard=maintainer(c)._swap_guard).status == "committed"  # later it goes
     assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []
 
 
@@ -529,7 +533,7 @@ def test_compaction_lands_beside_a_stream_that_commits_back_to_back(catalog_prop
     s.start()
     try:
         _wait(lambda: len(streamed) >= 2)
-        report = compaction.compact(load(c), load=slow_load, swap_guard=c.maintainer._swap_guard)
+        report = compaction.compact(load(c), load=slow_load, swap_guard=maintainer(c)._swap_guard)
         n = len(streamed)
         _wait(lambda: len(streamed) >= n + 2)  # the stream goes on after it
     finally:
@@ -599,7 +603,7 @@ def test_audit_after_compaction_and_expiry(catalog_properties: dict[str, str]) -
     summary mismatches before); history names compactions and the expired start; a read as of an expired batch
     is an AuditError (it returned the table's head before)."""
     import lakesink
-    from lakesink.cli import human_history
+    from lakesink.cli.output import human_history
     from lakesink.errors import AuditError
 
     c = _committer(
@@ -656,7 +660,7 @@ def test_a_commit_parses_the_metadata_once_and_never_deep_copies_it(
     assert commit(c, Q1, 3, [result]).outcome is Outcome.COMMITTED
     assert deep == []
     # nothing moved the table since this process's own last commit: the commit reads the catalog's pointer
-    # and reuses the metadata it already holds (lakesink.catalogs.load_table): no metadata.json is parsed
+    # and reuses the metadata it already holds (lakesink.driver.catalogs.load_table): no metadata.json is parsed
     assert loads == []
     table = load(c)
     assert table_ids(table) == Counter([*range(0, 10), *range(1000, 1010), *range(2000, 2010), 3000])
@@ -673,7 +677,7 @@ def test_a_table_moved_by_another_writer_is_read_afresh_and_parsed_once(
     from pyiceberg.catalog.sql import SqlCatalog
     from pyiceberg.serializers import FromInputFile
 
-    from lakesink import catalogs
+    from lakesink.driver import catalogs
 
     c = _committer(catalog_properties, maintenance=Maintenance.OFF)
     sent = _batches(c, 2)
@@ -704,10 +708,21 @@ def test_a_table_moved_by_another_writer_is_read_afresh_and_parsed_once(
     assert table_ids(load_catalog(name, **props).load_table(("db", "events"))) == Counter([*sent, 3000])
 
 
-@pytest.mark.parametrize("module", ["lakesink.upkeep", "lakesink.compaction", "lakesink.expiry", "lakesink.maintenance_cli"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "lakesink.maintenance.routine",
+        "lakesink.maintenance.auto",
+        "lakesink.maintenance.compaction",
+        "lakesink.maintenance.expiry",
+        "lakesink.cli.maintenance",
+    ],
+)
 def test_maintenance_modules_import_first_in_a_fresh_interpreter(module: str) -> None:
-    """The driver imports lakesink.upkeep and lakesink.upkeep imports the driver's swap loop: whichever is
-    imported first, the import works (it failed with a circular ImportError once)."""
+    """The driver's commit once imported lakesink.upkeep and lakesink.upkeep the driver's swap loop: whichever was
+    imported first, the import had to work (it failed with a circular ImportError once). Now maintenance imports
+    the driver and never the reverse (automatic maintenance is the committer's post-commit hook); each module
+    still imports first in a fresh interpreter."""
     proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -721,7 +736,7 @@ def test_auto_maintenance_runs_when_every_commit_has_a_new_committer(catalog_pro
     for b in range(6):
         c = _committer(catalog_properties, table_properties=props)
         sent += _batches(c, 1, start=b)
-        c.maintainer.wait(60)
+        maintainer(c).wait(60)
     table = load(c)
     assert any(s.summary and s.summary.operation.value == "replace" for s in table.snapshots())
-    assert c.maintainer.last_error is None and table_ids(table) == Counter(sent)
+    assert maintainer(c).last_error is None and table_ids(table) == Counter(sent)

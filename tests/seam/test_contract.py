@@ -1,4 +1,4 @@
-"""Contract tests of the pyiceberg internals that ``lakesink/_pyiceberg.py`` relies on: one test per hook.
+"""Contract tests of the pyiceberg internals that the seam (``lakesink/_pyiceberg/``) relies on: one test per hook.
 
 pyiceberg has no public "write files now, commit later" API, so the seam uses private names and
 behaviours. Each test below pins one of them (the name imports, the signature lakesink calls, the
@@ -25,7 +25,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import IntegerType, ListType, LongType, NestedField, StringType, StructType
 
-from lakesink import _pyiceberg as seam
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
 
 
 @contextmanager
@@ -35,8 +36,8 @@ def hook(name: str, used_by: str) -> Iterator[None]:
         yield
     except Exception as e:  # an AssertionError too: the behaviour changed
         pytest.fail(
-            f"pyiceberg hook {name} (used by lakesink._pyiceberg.{used_by}) changed in this pyiceberg version: "
-            f"{type(e).__name__}: {e}. Update lakesink/_pyiceberg.py (and this test) for the new API.",
+            f"pyiceberg hook {name} (used by lakesink._pyiceberg: {used_by}) changed in this pyiceberg version: "
+            f"{type(e).__name__}: {e}. Update lakesink/_pyiceberg/ (io.py or commit.py, and this test) for the new API.",
             pytrace=True,
         )
 
@@ -117,7 +118,7 @@ def test_statistics_from_parquet_metadata(tmp_path: Path) -> None:
         stats = seam.file_statistics(pq.read_metadata(path), schema, {})
         assert stats["record_count"] == 3
         assert stats["null_value_counts"] == {1: 0, 2: 1}
-        data_file = seam.data_file(path=str(path), size_in_bytes=path.stat().st_size, statistics=stats, spec_id=0)
+        data_file = seam_commit.data_file(path=str(path), size_in_bytes=path.stat().st_size, statistics=stats, spec_id=0)
         assert data_file.record_count == 3  # DataFile.from_args takes every key of the statistics
 
 
@@ -144,7 +145,7 @@ def test_location_provider_reads_only_the_partition_path() -> None:
 
 def test_transaction_internals_for_the_metadata_cache(table: Table) -> None:
     with hook("pyiceberg.table.Transaction._table / _updates / table_metadata", "_MetadataCachingTransaction"):
-        tx = seam._MetadataCachingTransaction(table)
+        tx = seam_commit._MetadataCachingTransaction(table)
         assert tx._table is table and tx._updates == ()
         assert tx.table_metadata is table.metadata  # nothing staged: no copy
         tx.set_properties({"k": "v"})
@@ -159,10 +160,10 @@ def test_do_commit_is_one_compare_and_swap(table: Table, catalog: Catalog) -> No
     with hook("pyiceberg.table.Table._do_commit", "PreparedCommit.commit (prepare_snapshot / prepare_properties_at_head)"):
         assert params(Table._do_commit) == ["self", "updates", "requirements"]
         stale = catalog.load_table(("db", "contract"))
-        seam.prepare_properties_at_head(table, {"lakesink.contract": "1"}, branch="main").commit()
+        seam_commit.prepare_properties_at_head(table, {"lakesink.contract": "1"}, branch="main").commit()
         assert catalog.load_table(("db", "contract")).properties["lakesink.contract"] == "1"
         catalog.load_table(("db", "contract")).append(ROWS)  # the head moves
-        prepared = seam.prepare_properties_at_head(stale, {"lakesink.contract": "2"}, branch="main")
+        prepared = seam_commit.prepare_properties_at_head(stale, {"lakesink.contract": "2"}, branch="main")
         with pytest.raises(CommitFailedException):  # no rebase, no retry: the stale base fails
             prepared.commit()
         # the path of catalogs without lakesink's own swap: pyiceberg's commit checks the requirements
@@ -177,7 +178,7 @@ def test_snapshot_producer_merge_flag_and_cleanup(table: Table, catalog: Catalog
         "prepare_snapshot / PreparedCommit.discard",
     ):
         files = list(seam.live_data_files(table, "main"))
-        prepared = seam.prepare_snapshot(
+        prepared = seam_commit.prepare_snapshot(
             table, data_files=files, overwrite=False, summary={"lakesink.contract": "x"}, properties=lambda _: {}, branch="main"
         )
         assert isinstance(prepared._producer._merge_enabled, bool)
@@ -188,7 +189,7 @@ def test_snapshot_producer_merge_flag_and_cleanup(table: Table, catalog: Catalog
         prepared.discard()  # deletes what it wrote, commits nothing
         assert not table.io.new_input(manifest_list).exists()
         assert catalog.load_table(("db", "contract")).metadata.snapshot_by_id(prepared.snapshot_id) is None
-        prepared = seam.prepare_snapshot(
+        prepared = seam_commit.prepare_snapshot(
             table, data_files=files, overwrite=False, summary={"lakesink.contract": "y"}, properties=lambda _: {}, branch="main"
         )
         prepared.commit()
@@ -202,7 +203,7 @@ def test_merge_enabled_flag_is_read_when_manifests_are_processed(table: Table, c
         table.transaction().set_properties({"commit.manifest.min-count-to-merge": "2"}).commit_transaction()
         for _ in range(3):
             table = catalog.load_table(("db", "contract"))
-            seam.prepare_snapshot(
+            seam_commit.prepare_snapshot(
                 table,
                 data_files=list(seam.live_data_files(table, "main"))[:1],
                 overwrite=False,
@@ -218,9 +219,9 @@ def test_merge_enabled_flag_is_read_when_manifests_are_processed(table: Table, c
 
 def test_update_schema_apply(table: Table) -> None:
     with hook("pyiceberg.table.update.schema.UpdateSchema._apply", "evolved_schema"):
-        from lakesink.schema import SchemaChange
+        from lakesink.driver.schema import SchemaChange
 
-        schema = seam.evolved_schema(table, [SchemaChange("add", ("extra",), StringType())])
+        schema = seam_commit.evolved_schema(table, [SchemaChange("add", ("extra",), StringType())])
         assert schema.find_field("extra").field_id == 3
         assert "extra" not in table.schema().column_names  # nothing committed
 
@@ -288,7 +289,7 @@ def test_sql_catalog_swap_from_the_table_read_and_delete_old_metadata(table: Tab
 
         assert params(SqlCatalog._delete_old_metadata) == ["io", "base", "metadata"]
         stale = catalog.load_table(("db", "contract"))
-        seam.prepare_properties_at_head(table, {"lakesink.contract": "1"}, branch="main").commit()
+        seam_commit.prepare_properties_at_head(table, {"lakesink.contract": "1"}, branch="main").commit()
         fresh = catalog.load_table(("db", "contract"))
         assert fresh.metadata_location == table.metadata_location  # the swap moved the pointer to what it wrote
         assert fresh.properties["lakesink.contract"] == "1"
@@ -298,7 +299,7 @@ def test_sql_catalog_swap_from_the_table_read_and_delete_old_metadata(table: Tab
         folder = Path(fresh.metadata_location.removeprefix("file://")).parent
         before = sorted(folder.iterdir())
         with pytest.raises(CommitFailedException, match="moved"):
-            seam._swap_on_sql_catalog(stale, (SetPropertiesUpdate(updates={"lakesink.contract": "2"}),), ())
+            seam_commit._swap_on_sql_catalog(stale, (SetPropertiesUpdate(updates={"lakesink.contract": "2"}),), ())
         assert catalog.load_table(("db", "contract")).metadata_location == fresh.metadata_location
         assert sorted(folder.iterdir()) == before
 
@@ -319,7 +320,7 @@ def test_apply_table_update_context_and_metadata_log(table: Table) -> None:
         context = private("pyiceberg.table.update._TableMetadataUpdateContext")()
         assert not context.has_changes()
         updates = (SetPropertiesUpdate(updates={"k": "v"}),)
-        ours = seam.updated_metadata(table.metadata, updates, table.metadata_location)
+        ours = seam_commit.updated_metadata(table.metadata, updates, table.metadata_location)
         theirs = update_table_metadata(table.metadata, updates, metadata_location=table.metadata_location)
         assert ours.properties == theirs.properties
         assert ours.metadata_log == theirs.metadata_log and ours.metadata_log[-1].metadata_file == table.metadata_location
@@ -335,7 +336,7 @@ def test_overwrite_files_producer_relabelled_as_replace(table: Table, catalog: C
         assert {"operation", "transaction", "io", "branch", "snapshot_properties"} <= set(params(_OverwriteFiles.__init__))
         assert params(_OverwriteFiles._summary) == ["self", "snapshot_properties"]
         old = list(seam.live_data_files(table, "main"))
-        prepared = seam.prepare_replace(
+        prepared = seam_commit.prepare_replace(
             table, deleted=old, added=old[:0] + old, summary={"lakesink.contract": "r"}, branch="main"
         )
         prepared.commit()
@@ -353,7 +354,7 @@ def test_overwrite_of_every_live_entry_removes_delete_files_into_a_delete_manife
         from pyiceberg.manifest import ManifestContent, ManifestEntryStatus, ManifestWriterV2
         from pyiceberg.table.update.snapshot import _OverwriteFiles, _SnapshotProducer
 
-        from tests.row_deletes import commit_deletes, position_delete_files
+        from tests.support.row_deletes import commit_deletes, position_delete_files
 
         assert params(_OverwriteFiles._validate_required_deletes) == ["self", "deleted_entries"]
         assert params(_SnapshotProducer._process_manifests) == ["self", "manifests"]
@@ -361,7 +362,7 @@ def test_overwrite_of_every_live_entry_removes_delete_files_into_a_delete_manife
         commit_deletes(table, position_delete_files(table, [2]))
         table = catalog.load_table(("db", "contract"))
         assert seam.has_delete_files(table, "main")
-        prepared = seam.prepare_snapshot(
+        prepared = seam_commit.prepare_snapshot(
             table, data_files=[], overwrite=True, summary={"lakesink.contract": "o"}, properties=lambda _: {}, branch="main"
         )
         prepared.commit()
@@ -405,7 +406,7 @@ def test_snapshot_producer_for_a_manifest_rewrite_keeps_entry_ids(table: Table, 
 
         before = entries(table)
         assert len(seam.data_manifests(table, head)) == 2
-        prepared = seam.prepare_rewrite_manifests(table, branch="main", entries_per_manifest=100, summary={})
+        prepared = seam_commit.prepare_rewrite_manifests(table, branch="main", entries_per_manifest=100, summary={})
         assert len(prepared.replaced) == 2 and len(prepared.created) == 1 and prepared.entries == 2
         prepared.commit()
         after = catalog.load_table(("db", "contract"))
@@ -435,7 +436,7 @@ def test_branch_updates_keep_retention_and_refs_can_be_removed(table: Table, cat
         ).commit()
         table = catalog.load_table(("db", "contract"))
         files = list(seam.live_data_files(table, "b"))
-        prepared = seam.prepare_snapshot(
+        prepared = seam_commit.prepare_snapshot(
             table, data_files=files, overwrite=False, summary={}, properties=lambda _: {}, branch="b"
         )
         moves = [u for u in prepared._updates if isinstance(u, SetSnapshotRefUpdate)]
@@ -443,7 +444,7 @@ def test_branch_updates_keep_retention_and_refs_can_be_removed(table: Table, cat
         prepared.commit()
         table = catalog.load_table(("db", "contract"))
         assert table.metadata.refs["b"].min_snapshots_to_keep == 4
-        seam.prepare_expire(table, [], ["t"]).commit()  # a ref removed, no snapshot
+        seam_commit.prepare_expire(table, [], ["t"]).commit()  # a ref removed, no snapshot
         assert set(catalog.load_table(("db", "contract")).metadata.refs) == {"main", "b"}
 
 
@@ -454,17 +455,17 @@ def test_snapshot_producers_name_their_files_from_commit_uuid(table: Table, cata
     ):
         from pyiceberg.table.update.snapshot import _new_manifest_file_name, _new_manifest_list_file_name
 
-        from lakesink import names
+        from lakesink.table import names
 
         commit = names.commit_name(names.BATCH, query_id="1964bb6e-59a8", batch_id=3)
-        # the names pyiceberg formats from a commit_uuid are the ones lakesink.names makes and parses back
+        # the names pyiceberg formats from a commit_uuid are the ones lakesink.table.names makes and parses back
         assert _new_manifest_file_name(num=2, commit_uuid=commit) == names.manifest_name(commit, 2)  # type: ignore[arg-type]
         list_name = _new_manifest_list_file_name(snapshot_id=-5, attempt=0, commit_uuid=commit)  # type: ignore[arg-type]
         assert list_name == names.manifest_list_name(commit, -5)
         assert names.commit_of(list_name) == commit == names.commit_of(names.manifest_name(commit, 2))
         files = list(seam.live_data_files(table, "main"))
         for overwrite in (False, True):  # merge_append and overwrite producers
-            prepared = seam.prepare_snapshot(
+            prepared = seam_commit.prepare_snapshot(
                 table, data_files=files, overwrite=overwrite, summary={}, properties=lambda _: {}, branch="main", commit=commit
             )
             assert prepared._producer.commit_uuid is commit
@@ -503,11 +504,11 @@ def test_sql_catalog_type_filter_and_orm_conversion(table: Table, catalog: Catal
         assert params(SqlCatalog._iceberg_type_filter) == ["self"]
         assert params(SqlCatalog._convert_orm_to_iceberg) == ["self", "orm_table"]
         # the pointer has not moved: the already parsed metadata is reused (the same object)
-        same = seam.reload_from_sql_catalog(catalog, ("db", "contract"), table)
+        same = seam_commit.reload_from_sql_catalog(catalog, ("db", "contract"), table)
         assert same is not None and same.metadata is table.metadata
         # it moved: the table is loaded and parsed afresh, as pyiceberg's load_table does
         catalog.load_table(("db", "contract")).append(ROWS)
-        moved = seam.reload_from_sql_catalog(catalog, ("db", "contract"), table)
+        moved = seam_commit.reload_from_sql_catalog(catalog, ("db", "contract"), table)
         assert moved is not None and moved.metadata_location != table.metadata_location
         assert moved.metadata_location == catalog.load_table(("db", "contract")).metadata_location
         assert len(moved.snapshots()) == len(table.snapshots()) + 1
@@ -601,7 +602,7 @@ def _double_partitioned(catalog: Catalog, values: list[float]) -> Table:
         metadata = pq.read_metadata(path.removeprefix("file://"))
         stats = seam.file_statistics(metadata, seam.file_schema(schema), t.properties)
         size = Path(path.removeprefix("file://")).stat().st_size
-        files.append(seam.data_file(path=path, size_in_bytes=size, statistics=stats, spec_id=spec.spec_id, partition=(v,)))
+        files.append(seam_commit.data_file(path=path, size_in_bytes=size, statistics=stats, spec_id=spec.spec_id, partition=(v,)))
     with t.transaction() as tx, tx.update_snapshot().fast_append() as append:
         for f in files:
             append.append_data_file(f)
@@ -650,7 +651,7 @@ def test_overwrite_of_files_in_a_nan_partition(catalog: Catalog) -> None:
         table = _double_partitioned(catalog, [float("nan"), -0.0, 0.0])
         old = list(seam.live_data_files(table, "main"))
         assert len(old) == 3
-        seam.prepare_replace(table, deleted=old, added=old, summary={}, branch="main").commit()
+        seam_commit.prepare_replace(table, deleted=old, added=old, summary={}, branch="main").commit()
         after = catalog.load_table(("db", "doubles"))
         assert after.current_snapshot().summary.operation.value == "replace"  # type: ignore[union-attr]
         assert sorted(str(t.file.partition[0]) for t in after.scan().plan_files()) == ["-0.0", "0.0", "nan"]
@@ -712,17 +713,17 @@ def test_commit_once_sends_one_request_whatever_the_transaction_staged(
         assert head is not None
         stagings: dict[str, Callable[[Any], object]] = {
             "empty snapshot": lambda tx: tx.update_snapshot(snapshot_properties={"k": "v"}).fast_append().commit(),
-            "create branch": lambda tx: seam.manage_snapshots(tx).create_branch(head.snapshot_id, "audit").commit(),
+            "create branch": lambda tx: seam_commit.manage_snapshots(tx).create_branch(head.snapshot_id, "audit").commit(),
             "remove property": lambda tx: tx.remove_properties("write.format.default"),
-            "set current snapshot": lambda tx: seam.manage_snapshots(tx).set_current_snapshot(head.snapshot_id).commit(),
+            "set current snapshot": lambda tx: seam_commit.manage_snapshots(tx).set_current_snapshot(head.snapshot_id).commit(),
         }
         for what, stage in stagings.items():
             counting = _CountingRefusals(catalog, monkeypatch, refuse=1)
-            tx = seam.staged(table)
+            tx = seam_commit.staged(table)
             stage(tx)
             assert tx._updates, what
             with pytest.raises(CommitFailedException):
-                seam.commit_once(tx)
+                seam_commit.commit_once(tx)
             assert counting.calls == 1, f"{what}: {counting.calls} requests for one commit_once"
             monkeypatch.undo()
 
@@ -730,7 +731,7 @@ def test_commit_once_sends_one_request_whatever_the_transaction_staged(
 def test_lakesink_never_commits_through_pyicebergs_retry_loop() -> None:
     """Outside the seam, no lakesink module calls a pyiceberg API that commits through commit_transaction (or
     through a table's own autocommit updates). A new call of one of them fails here, naming the module and line;
-    stage it on ``_pyiceberg.staged(table)`` and send it with ``_pyiceberg.commit_once`` (or lakesink's loop)."""
+    stage it on ``_pyiceberg.commit.staged(table)`` and send it with ``_pyiceberg.commit.commit_once`` (or lakesink's loop)."""
     import ast
 
     committing = {
@@ -738,15 +739,15 @@ def test_lakesink_never_commits_through_pyicebergs_retry_loop() -> None:
         "update_statistics", "upgrade_table_version", "add_files", "upsert", "dynamic_partition_overwrite", "_do_commit",
         "expire_snapshots",
     }  # fmt: skip
-    package = Path(seam.__file__).parent
+    package = Path(seam.__file__).parents[1]
     found = []
     for path in sorted(package.rglob("*.py")):
-        if path.name == "_pyiceberg.py":
-            continue
+        if path.parent.name == "_pyiceberg":
+            continue  # the seam itself
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in committing:
                 receiver = ast.unparse(node.func.value)
-                if receiver == "seam":
+                if receiver in ("seam", "seam_commit"):
                     continue  # the seam's own one-request helpers
                 if node.func.attr == "expire_snapshots" and not receiver.endswith("maintenance"):
                     continue  # lakesink's own expiry.expire_snapshots, not pyiceberg's

@@ -1,4 +1,4 @@
-"""lakesink.checkpoint: the query id and source offsets read from a Spark streaming checkpoint.
+"""lakesink.sink.checkpoint: the query id and source offsets read from a Spark streaming checkpoint.
 
 The folders are made by hand in the format Spark writes (``metadata``: one JSON line; ``offsets/<batch>``:
 ``v1``, a JSON line of batch metadata, then one line per source, ``-`` for a source without an offset).
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lakesink.checkpoint import read_query_id, read_source_offsets
 from lakesink.errors import CheckpointError
+from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 
 QUERY_ID = "8c3f2a6e-59a8-4d0a-9f43-3c5d0e5e9b41"
 

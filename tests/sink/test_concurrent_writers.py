@@ -15,10 +15,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-import lakesink
+from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from tests.conftest import sql_catalog_properties
-from tests.helpers import (
+from tests.support.helpers import (
     Stream,
     assert_snapshot_invariants,
     data_files_on_disk,
@@ -39,7 +39,7 @@ SCHEMA = pa.schema(
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_two_streams_and_a_plain_writer_on_one_table(spark: Any, tmp_path: Path, request: Any, faults: Any, kind: str) -> None:
     props = sql_catalog_properties(kind, tmp_path, request)
-    cat = lakesink.catalogs.load(None, props)
+    cat = catalogs.load(None, props)
     cat.create_namespace("db")
     cat.create_table(
         ("db", "events"),
@@ -58,7 +58,7 @@ def test_two_streams_and_a_plain_writer_on_one_table(spark: Any, tmp_path: Path,
         while not stop.is_set() and i < 40:
             rows = [{"id": 900_000 + i, "user": "plain"}]
             try:
-                lakesink.catalogs.load(None, props).load_table(("db", "events")).append(pa.Table.from_pylist(rows, schema=SCHEMA))
+                catalogs.load(None, props).load_table(("db", "events")).append(pa.Table.from_pylist(rows, schema=SCHEMA))
                 plain.append(900_000 + i)
                 i += 1
             except Exception:

@@ -1,4 +1,4 @@
-"""The fault matrix of RELIABILITY.md, end to end in real Spark: rows not covered by test_spark_sink.py,
+"""The fault matrix of RELIABILITY.md, end to end in real Spark: rows not covered by tests/sink/test_spark_sink.py,
 and the commit-critical rows again on a PostgreSQL catalog.
 
 Row -> test (this file unless named):
@@ -12,14 +12,14 @@ Row -> test (this file unless named):
  8 SIGKILL soak ................... tests/test_soak.py (tests/soak/)
  9 retries exhausted / locked ..... test_row_09_retries_exhausted_then_restart; test_commit::test_catalog_locked_*
 10 snapshots expired, then replay . test_row_10_replay_after_the_batch_snapshot_expired
-11 orphan clean-up in flight ...... tests/test_maintenance.py
+11 orphan clean-up in flight ...... tests/maintenance/test_orphans.py
 12 new checkpoint / metadata lost . test_spark_sink::test_checkpoint_in_a_new_folder_..., test_row_12_*
 14 schema problems ................ test_spark_sink::test_stream_that_does_not_fit_..., test_row_14_*
 15 concurrent schema/spec change .. test_spark_sink::test_partition_spec_change_...; test_commit
 16 non-UTC session time zone ...... test_spark_sink::test_timestamps_stored_in_utc_...
 17 missing catalog/namespace/table  test_row_17_*; test_spark_sink::test_missing_table_...
 19 secrets ........................ tests/test_security.py
-20 unsafe locations ............... tests/test_locations.py
+20 unsafe locations ............... tests/table/test_locations.py
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import pyarrow as pa
 import pytest
 
 import lakesink
+from lakesink.driver import catalogs
 from lakesink.errors import CatalogError
 from lakesink.faults import (
     CATALOG_FAILS_AFTER_APPLY,
@@ -45,7 +46,7 @@ from lakesink.faults import (
     DRIVER_BEFORE_SWAP,
 )
 from tests.conftest import sql_catalog_properties
-from tests.helpers import (
+from tests.support.helpers import (
     Stream,
     assert_snapshot_invariants,
     data_files_on_disk,
@@ -129,8 +130,8 @@ def test_row_07_zombie_driver_commits_the_same_batch(
         shutil.copytree(s.ck, zombie_ck)  # the same query id, batch 0 planned but not committed
         env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
         proc = subprocess.run(
-            [sys.executable, "-m", "tests.zombie_job", json.dumps(catalog_properties), str(s.src), str(zombie_ck)],
-            cwd=Path(__file__).parent.parent,
+            [sys.executable, "-m", "tests.jobs.zombie_job", json.dumps(catalog_properties), str(s.src), str(zombie_ck)],
+            cwd=Path(__file__).resolve().parents[2],
             env=env,
             capture_output=True,
             text=True,
@@ -149,7 +150,7 @@ def test_row_07_zombie_driver_commits_the_same_batch(
 
 
 def test_row_09_retries_exhausted_then_restart(stream: Stream, faults: Any) -> None:
-    cat = lakesink.catalogs.load(None, stream.props)
+    cat = catalogs.load(None, stream.props)
     cat.create_namespace("db")
     schema = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", "UTC")), ("user", pa.string()),
                         ("amount", pa.float64()), ("kind", pa.int32())])  # fmt: skip
@@ -214,7 +215,7 @@ def test_row_12_checkpoint_metadata_deleted_is_never_a_silent_skip(stream: Strea
 
 
 def test_row_14_null_in_a_required_column_fails_and_leaves_the_table_unchanged(stream: Stream) -> None:
-    cat = lakesink.catalogs.load(None, stream.props)
+    cat = catalogs.load(None, stream.props)
     cat.create_namespace("db")
     schema = pa.schema(
         [("id", pa.int64()), ("ts", pa.timestamp("us", "UTC")), pa.field("user", pa.string(), nullable=False),

@@ -1,7 +1,7 @@
 """The partition matrix: every transform on every type that allows it, through lakesink, read by three engines.
 
 Two tables per entry point (``partitioned-by`` with ``format("lakesink")``, ``partitioned_by=`` with
-``foreach_batch``), each with a wide partition spec over the edge values of tests/test_types.py
+``foreach_batch``), each with a wide partition spec over the edge values of tests/sink/test_types.py
 (nulls, min/max of each type, NaN, -0.0, years 1 and 9999, strings longer than 16 characters):
 
 - identity on every primitive type;
@@ -29,11 +29,11 @@ from pyiceberg.avro.decoder import StreamingBinaryDecoder, new_decoder
 from pyiceberg.partitioning import _to_partition_representation
 from pyiceberg.types import DoubleType, FloatType, IntegerType, LongType
 
-from lakesink import catalogs
-from tests.helpers import Stream
-from tests.interop_values import differences, plain_rows
-from tests.test_types import READERS, TIME_ZONES, check_duckdb_filters, run_stream, with_known_reader_bugs, write_staging
-from tests.test_types import typed as typed_all
+from lakesink.driver import catalogs
+from tests.sink.test_types import READERS, TIME_ZONES, check_duckdb_filters, run_stream, with_known_reader_bugs, write_staging
+from tests.sink.test_types import typed as typed_all
+from tests.support.helpers import Stream
+from tests.support.interop_values import differences, plain_rows
 
 pytestmark = pytest.mark.spark
 

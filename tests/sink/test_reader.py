@@ -10,11 +10,11 @@ import pytest
 from pyspark.sql.datasource import GreaterThanOrEqual, In, LessThan, Not
 
 import lakesink
-from lakesink.datasource import LakesinkDataSource
 from lakesink.errors import InvalidOptionError
-from lakesink.reader import LakesinkReader, LakesinkReaderWithoutPushdown, to_expression
-from tests.helpers import Stream, commit, load, make_committer, table_ids, write_task
-from tests.test_audit import batch_input_ids
+from lakesink.executor.reader import LakesinkReader, LakesinkReaderWithoutPushdown, to_expression
+from lakesink.sink.datasource import LakesinkDataSource
+from tests.audit.test_audit import batch_input_ids
+from tests.support.helpers import Stream, commit, load, make_committer, table_ids, write_task
 
 pytestmark = pytest.mark.spark
 

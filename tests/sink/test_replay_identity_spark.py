@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 import lakesink
 from lakesink.faults import DRIVER_BEFORE_SWAP
-from tests.helpers import (
+from tests.support.helpers import (
     SCHEMA_DDL,
     TABLE,
     assert_snapshot_invariants,
@@ -70,7 +70,7 @@ class Pipeline:
 
     @property
     def table(self) -> Any:
-        from lakesink import catalogs
+        from lakesink.driver import catalogs
 
         return catalogs.load(None, self.props).load_table(("db", "events"))
 
@@ -155,7 +155,7 @@ def test_stop_during_commit_never_deletes_files_of_a_commit_that_lands(
     """Measured on pyspark 4.3: query.stop() does not interrupt the JVM's wait for commit(); once the commit
     returned (landed), Spark tries to abort the batch anyway ("is aborting" / "failed to abort" in its log). The
     table must reference only files that exist, and a restart must finish the input exactly once. The race with
-    an abort running *during* the commit is covered without Spark in tests/test_replay_identity.py."""
+    an abort running *during* the commit is covered without Spark in tests/driver/test_replay_identity.py."""
     p = Pipeline(spark, tmp_path, catalog_properties)
     p.add(2)
     faults.arm(DRIVER_BEFORE_SWAP, "pause")

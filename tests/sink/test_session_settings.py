@@ -23,9 +23,10 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyspark.errors import StreamingQueryException
 
 import lakesink
-from lakesink import catalogs, interop
-from lakesink.sparkwrite import SPARKWRITE_AFTER_FILES
-from tests.helpers import Stream, assert_snapshot_invariants, referenced_data_files, table_ids
+from lakesink.audit import interop
+from lakesink.driver import catalogs
+from lakesink.sink.spark_write import SPARKWRITE_AFTER_FILES
+from tests.support.helpers import Stream, assert_snapshot_invariants, referenced_data_files, table_ids
 
 pytestmark = pytest.mark.spark
 

@@ -1,4 +1,4 @@
-"""Partitioned tables on the Spark path (lakesink/sparkpartition.py, lakesink/bucketing.py).
+"""Partitioned tables on the Spark path (lakesink/spark_partition.py, lakesink/executor/bucketing.py).
 
 1. The grouping keys computed with Spark expressions (and the bucket UDF) group rows exactly as Iceberg's
    transforms do, checked value by value against pyiceberg's pure-Python transforms on edge values of every
@@ -50,9 +50,11 @@ from pyiceberg.types import (
 from pyspark.sql import types as T
 
 import lakesink
-from lakesink import catalogs, interop, sparkpartition
-from lakesink.names import BatchDirectoryName
-from tests.helpers import run_to_end
+from lakesink.audit import interop
+from lakesink.driver import catalogs
+from lakesink.sink import spark_partition
+from lakesink.table.names import BatchDirectoryName
+from tests.support.helpers import run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -158,9 +160,9 @@ def test_grouping_keys_group_rows_exactly_as_pyiceberg_transforms(spark: Any) ->
         for name, transform in fields:
             source = schema.find_field(name)
             spec = PartitionSpec(PartitionField(source_id=source.field_id, field_id=1000, transform=transform, name="p"))
-            assert sparkpartition.unsupported_reason(spec, schema) is None or isinstance(transform, TruncateTransform)
-            if sparkpartition.unsupported_reason(spec, schema) is None:
-                (key,) = sparkpartition.grouping_keys(spec, schema)
+            assert spark_partition.unsupported_reason(spec, schema) is None or isinstance(transform, TruncateTransform)
+            if spark_partition.unsupported_reason(spec, schema) is None:
+                (key,) = spark_partition.grouping_keys(spec, schema)
                 keys.append((name, transform, key))
         out = df.select(*[c for c, _, _, _ in COLUMNS], *[k.alias(f"k{j}") for j, (_, _, k) in enumerate(keys)]).toArrow()
     finally:

@@ -17,11 +17,11 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 import lakesink
-from lakesink import catalogs
+from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_WRITE
-from lakesink.sparkwrite import SPARKWRITE_BEFORE_WRITE
-from tests.helpers import (
+from lakesink.sink.spark_write import SPARKWRITE_BEFORE_WRITE
+from tests.support.helpers import (
     TABLE,
     Stream,
     assert_snapshot_invariants,
@@ -125,7 +125,7 @@ def test_task_that_fails_once_is_retried_without_duplicates(stream: Stream, faul
     stream.add_input(files=2)
     faults.arm(EXECUTOR_AFTER_FILE, "raise")  # the first task attempt fails after writing its file
     # executor.* points fire in Python workers: foreach_batch on its Arrow path (the Spark path's equivalent,
-    # a task of Spark's own write job failing once, is in test_sparkwrite.py)
+    # a task of Spark's own write job failing once, is in tests/sink/test_spark_write.py)
     stream.run(**({"writer": "arrow"} if stream.entry == "foreach" else {}))
     assert faults.fired(EXECUTOR_AFTER_FILE)
     stream.assert_exactly_once()

@@ -1,4 +1,4 @@
-"""The Spark write path of foreach_batch (lakesink/sparkwrite.py): Spark's own Parquet writer, driver commit.
+"""The Spark write path of foreach_batch (lakesink/sink/spark_write.py): Spark's own Parquet writer, driver commit.
 
 Real Spark, real SQLite catalogs, real files; every row has a unique id and the tests compare multisets.
 """
@@ -33,14 +33,17 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import lakesink
-from lakesink import catalogs, interop
+from lakesink.audit import interop
+from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_BEFORE_SWAP
-from lakesink.maintenance import remove_orphan_files
-from lakesink.names import BatchDirectoryName, DataFileName
+from lakesink.maintenance.orphans import remove_orphan_files
 from lakesink.options import SinkOptions, WriterKind
-from lakesink.sparkwrite import SPARKWRITE_AFTER_FILES, SPARKWRITE_BEFORE_WRITE
-from tests.helpers import (
+from lakesink.sink.spark_write import SPARKWRITE_AFTER_FILES, SPARKWRITE_BEFORE_WRITE
+from lakesink.table.names import BatchDirectoryName, DataFileName
+from tests.audit.test_interop import normalized
+from tests.maintenance.test_orphans import assert_intact, kind, on_disk, paths, reachable
+from tests.support.helpers import (
     Stream,
     assert_snapshot_invariants,
     data_files_on_disk,
@@ -50,8 +53,6 @@ from tests.helpers import (
     table_ids,
     wait_until,
 )
-from tests.test_interop import normalized
-from tests.test_maintenance import assert_intact, kind, on_disk, paths, reachable
 
 pytestmark = pytest.mark.spark
 
@@ -424,8 +425,8 @@ def test_which_tables_the_spark_path_writes() -> None:
     from pyiceberg.transforms import BucketTransform, TruncateTransform
     from pyiceberg.types import FixedType, ListType, MapType, TimeType, UUIDType
 
-    from lakesink.sparkwrite import unsupported_reason
-    from lakesink.storage import spark_location
+    from lakesink.sink.spark_write import unsupported_reason
+    from lakesink.table.storage import spark_location
 
     ok = Schema(
         NestedField(1, "id", LongType(), required=True),

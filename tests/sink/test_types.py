@@ -47,11 +47,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import lakesink
-from lakesink import catalogs, interop
+from lakesink.audit import interop
+from lakesink.driver import catalogs
+from lakesink.driver.schema import arrow_schema_of
 from lakesink.errors import SchemaMismatchError
-from lakesink.schema import arrow_schema_of
-from tests.helpers import Stream, run_to_end
-from tests.interop_values import differences, plain_rows, plain_values
+from tests.support.helpers import Stream, run_to_end
+from tests.support.interop_values import differences, plain_rows, plain_values
 
 TABLE = "db.types"
 IDENT = ("db", "types")

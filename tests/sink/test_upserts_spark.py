@@ -23,10 +23,11 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 import lakesink
-from lakesink import catalogs, interop
+from lakesink.audit import interop
+from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
-from tests.helpers import assert_snapshot_invariants, lakesink_snapshots
-from tests.upsert_job import EVENTS_DDL, upsert_sink
+from tests.jobs.upsert_job import EVENTS_DDL, upsert_sink
+from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots
 
 pytestmark = pytest.mark.spark
 
@@ -163,8 +164,8 @@ def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None, ent
     if faults_dir is not None:
         env["LAKESINK_FAULTS_DIR"] = faults_dir
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.upsert_job", json.dumps(props), str(src), str(ck), entry],
-        cwd=Path(__file__).parent.parent,
+        [sys.executable, "-m", "tests.jobs.upsert_job", json.dumps(props), str(src), str(ck), entry],
+        cwd=Path(__file__).resolve().parents[2],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -2,7 +2,7 @@
 
 One soak (one seed):
 
-1. a fresh run folder: JSON input files of uniquely keyed rows (``tests.helpers.write_json_input``),
+1. a fresh run folder: JSON input files of uniquely keyed rows (``tests.support.helpers.write_json_input``),
    a checkpoint, a faults folder, and an embedded SQLite catalog (``LAKESINK_HOME`` = ``<run>/lakehouse``);
 2. ``--rounds`` rounds. Each round picks one fault with ``random.Random(seed)`` and delivers it to the
    streaming job (``tests/soak/job.py``, a child process in a session of its own, ``local[2,4]``):
@@ -21,7 +21,7 @@ One soak (one seed):
      a restart (the batch is committed by the same run);
    - ``executor-raise``: the same with an exception at an executor point;
    - ``offset-kill``: SIGKILL the job's JVM while Spark writes an offset-log entry (both temp files of
-     ``offsets/N`` exist, neither is renamed: ``tests/chmod_shim.py``), then the whole job. In the
+     ``offsets/N`` exist, neither is renamed: ``tests/support/chmod_shim.py``), then the whole job. In the
      first run of a checkpoint this is the first entry, ``offsets/0``, and Spark 4.3 refuses the restart
      (below).
 
@@ -30,14 +30,14 @@ One soak (one seed):
    stream finished); a job that finishes its input before the round's fault hit it is restarted
    with twice as much input ahead, and the same fault waits for the new run. A restart that Spark
    refuses with ``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY`` (a kill while it wrote the first
-   offset-log entry left that entry's temp files; see :mod:`lakesink.checkpoint_cleanup`) gets the
+   offset-log entry left that entry's temp files; see :mod:`lakesink.sink.checkpoint_cleanup`) gets the
    documented recovery, ``lakesink checkpoint-clean`` (its library call, once the job's processes
    are all gone), and the job is started again; each such recovery is counted and reported
    (``spark_refused_restarts``, ``checkpoint_recoveries``), never a silent retry;
 
 3. a final run without faults, until all input is consumed (after an executor-side last round, the
    running job is the final run);
-4. the verdict: the exact multiset of ids read back with DuckDB (``lakesink.interop.duckdb_query``
+4. the verdict: the exact multiset of ids read back with DuckDB (``lakesink.audit.interop.duckdb_query``
    on the table's metadata location) against the ids sent; every (query id, batch id) in at most one
    snapshot, batch ids from 0 without gaps, and the same last batch as Spark's commit log (whose
    retained entries are all in the table); every batch that was in the table but not in Spark's
@@ -74,8 +74,8 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 from pyiceberg.exceptions import NoSuchTableError  # noqa: E402
 
 from examples.demo import describe_processes, local_path, session_members, spark_log  # noqa: E402
-from lakesink import catalogs, interop, storage  # noqa: E402
-from lakesink.checkpoint_cleanup import SPARK_NOT_EMPTY_ERROR, clean_checkpoint  # noqa: E402
+from lakesink.audit import interop  # noqa: E402
+from lakesink.driver import catalogs  # noqa: E402
 from lakesink.faults import (  # noqa: E402
     DRIVER_AFTER_SWAP,
     DRIVER_BEFORE_CHECK,
@@ -85,8 +85,10 @@ from lakesink.faults import (  # noqa: E402
     EXECUTOR_BEFORE_RETURN,
     EXECUTOR_BEFORE_WRITE,
 )
-from tests import chmod_shim  # noqa: E402
-from tests.helpers import (  # noqa: E402
+from lakesink.sink.checkpoint_cleanup import SPARK_NOT_EMPTY_ERROR, clean_checkpoint  # noqa: E402
+from lakesink.table import storage  # noqa: E402
+from tests.support import chmod_shim  # noqa: E402
+from tests.support.helpers import (  # noqa: E402
     assert_snapshot_invariants,
     data_files_on_disk,
     lakesink_snapshots,
@@ -115,7 +117,7 @@ POINTS = {
     EXECUTOR_RAISE: (EXECUTOR_BEFORE_WRITE, EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN),
 }
 ACTION = {COMMIT_KILL: "kill", PAUSE_KILL: "pause", EXECUTOR_KILL: "kill", EXECUTOR_RAISE: "raise"}
-SHIM_ARM = "spark.offset-log-write"  # the arm file of tests/chmod_shim.py, in the faults folder
+SHIM_ARM = "spark.offset-log-write"  # the arm file of tests/support/chmod_shim.py, in the faults folder
 
 # what deliver() found
 DELIVERED = "delivered"
@@ -185,7 +187,7 @@ class Config:
     master: str = "local[2,4]"
     catalog: tuple[tuple[str, str], ...] = ()
     """pyiceberg properties of the catalog to soak against (default: an embedded SQLite catalog in the run folder);
-    the job gets them as catalog ``lakesink`` of a ``.pyiceberg.yaml`` (e.g. a REST server, tests/test_rest_spark.py)."""
+    the job gets them as catalog ``lakesink`` of a ``.pyiceberg.yaml`` (e.g. a REST server, tests/sink/test_rest_spark.py)."""
     table: str = TABLE
 
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.cluster import free_port, spark_home
+from tests.support.cluster import free_port, spark_home
 
 
 @dataclass

@@ -1,11 +1,11 @@
-"""Helpers of the unit tests (plain functions; fixtures are in conftest.py)."""
+"""Helpers of the tests that write files through a plan (plain functions; fixtures are in tests/support/fixtures.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-from lakesink.messages import WritePlan
+from lakesink.executor.messages import WritePlan
 
 MakePlan = Callable[..., WritePlan]
 

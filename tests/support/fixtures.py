@@ -1,4 +1,5 @@
-"""Fixtures of the unit tests (no Spark session: only real catalogs, files and Arrow data)."""
+"""Fixtures of the tests that need no Spark session (only real catalogs, files and Arrow data); tests/conftest.py
+registers them for every test folder."""
 
 from __future__ import annotations
 
@@ -8,11 +9,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from lakesink.driver import TableCommitter
-from lakesink.messages import WritePlan
+from lakesink.executor.messages import WritePlan
 from lakesink.options import SinkOptions, TableName
-
-from .helpers import MakePlan
+from tests.support.files import MakePlan
+from tests.support.helpers import sink_committer
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def make_plan(catalog: object, catalog_properties: dict[str, str]) -> MakePlan:
 
     def make(schema: pa.Schema, *, name: str = "t", properties: dict[str, str] | None = None) -> WritePlan:
         table = catalog.create_table(("db", name), schema=schema, properties=properties or {})
-        committer = TableCommitter(SinkOptions(table=TableName(("db",), name), catalog_properties=catalog_properties))
+        committer = sink_committer(SinkOptions(table=TableName(("db",), name), catalog_properties=catalog_properties))
         return committer.write_plan(table, "q-1")
 
     return make

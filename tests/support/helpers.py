@@ -16,12 +16,13 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 import lakesink
-from lakesink import catalogs
-from lakesink.driver import BatchOutcome, TableCommitter
-from lakesink.executor import TaskWriter
-from lakesink.messages import TaskResult
+from lakesink.driver import catalogs
+from lakesink.driver.commit import BatchOutcome, TableCommitter
+from lakesink.executor.messages import TaskResult
+from lakesink.executor.task_writer import TaskWriter
+from lakesink.maintenance.auto import AutoMaintainer, AutoMaintenance, auto_maintenance
 from lakesink.options import OutputMode, SinkOptions, TableName
-from lakesink.properties import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK_ID
+from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK_ID
 
 SCHEMA_DDL = "id long, ts timestamp, user string, amount double, kind int"
 TABLE = "db.events"
@@ -202,8 +203,19 @@ class Stream:
 # --- driving the driver's commit directly (no Spark), on table db.events ----------------------------
 
 
+def sink_committer(options: SinkOptions) -> TableCommitter:
+    """The driver's committer of a sink as the entry points make it: automatic maintenance as its post-commit hook."""
+    return TableCommitter(options, post_commit=auto_maintenance)
+
+
+def maintainer(c: TableCommitter) -> AutoMaintainer:
+    """The process's maintainer of the committer's table (what its post-commit hook takes turns with)."""
+    assert isinstance(c.hook, AutoMaintenance)
+    return c.hook.maintainer
+
+
 def make_committer(props: Mapping[str, str], mode: OutputMode = OutputMode.APPEND) -> TableCommitter:
-    return TableCommitter(SinkOptions(table=TableName(("db",), "events"), catalog_properties=dict(props), output_mode=mode))
+    return sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=dict(props), output_mode=mode))
 
 
 def write_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:

@@ -10,7 +10,7 @@ builds it on first use when it is missing):
 - the JDBC drivers from Debian: ``libpostgresql-jdbc-java`` (``/usr/share/java/postgresql.jar``) and
   ``libxerial-sqlite-jdbc-java`` (``/usr/share/java/sqlite-jdbc.jar``); ``.ci/run`` installs them.
 
-:class:`JavaEngine` runs tests/java_engine_server.py in that environment as a child process and
+:class:`JavaEngine` runs tests/jobs/java_engine_server.py in that environment as a child process and
 sends it SQL over a pipe; one JVM serves many statements.
 """
 
@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+SERVER = ROOT / "tests" / "jobs" / "java_engine_server.py"
 VENV = Path(os.environ.get("LAKESINK_JAVA_VENV", ROOT / ".venv-iceberg-java"))
 REQUIREMENTS = ("pyspark==3.5.8", "snowpark-connect-deps-iceberg==1.0.1")
 JDBC_JARS = {"postgresql": "/usr/share/java/postgresql.jar", "sqlite": "/usr/share/java/sqlite-jdbc.jar"}
@@ -117,7 +118,7 @@ class JavaEngine:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "SPARK_HOME", "PYTHONPATH"))}
         env["PYSPARK_PYTHON"] = str(interpreter)
         self.proc = subprocess.Popen(
-            ["nice", "-n", "10", str(interpreter), str(ROOT / "tests" / "java_engine_server.py"), json.dumps(dict(conf))],
+            ["nice", "-n", "10", str(interpreter), str(SERVER), json.dumps(dict(conf))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -1,4 +1,4 @@
-"""RELIABILITY row 20: unsafe table locations are rejected before any write (lakesink.locations)."""
+"""RELIABILITY row 20: unsafe table locations are rejected before any write (lakesink.table.locations)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from lakesink import locations
-from lakesink.driver import TableCommitter
+from lakesink.driver.commit import TableCommitter
 from lakesink.errors import TableLocationError
-from lakesink.executor import TaskWriter
+from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName
-from tests.helpers import arrow_rows
+from lakesink.table import locations
+from tests.support.helpers import arrow_rows, sink_committer
 
 SCHEMA = arrow_rows([]).schema
 
@@ -77,7 +77,7 @@ def test_overlapping_tables(ours: str, theirs: str, overlap: bool) -> None:
 
 
 def _committer(props: dict[str, str], name: str) -> TableCommitter:
-    return TableCommitter(SinkOptions(table=TableName(("db",), name), catalog_properties=props))
+    return sink_committer(SinkOptions(table=TableName(("db",), name), catalog_properties=props))
 
 
 def test_table_inside_another_tables_folder_is_refused_at_start(catalog: Any, catalog_properties: dict[str, str]) -> None:

@@ -1,4 +1,4 @@
-"""lakesink.names: every name lakesink makes parses back to what made it; Iceberg's names are recognised."""
+"""lakesink.table.names: every name lakesink makes parses back to what made it; Iceberg's names are recognised."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from lakesink import names
-from lakesink.executor import TaskWriter
-from lakesink.names import BatchDirectoryName, BatchOfFile, DataFileName
-
-from .helpers import MakePlan
+from lakesink.executor.task_writer import TaskWriter
+from lakesink.table import names
+from lakesink.table.names import BatchDirectoryName, BatchOfFile, DataFileName
+from tests.support.files import MakePlan
 
 QUERY_IDS = [
     "1964bb6e-59a8-4c1e-9a55-0f6f3c3e2a11",  # what Spark gives (a UUID)

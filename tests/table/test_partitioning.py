@@ -12,13 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransform, TruncateTransform
 
-from lakesink import interop
-from lakesink.driver import TableCommitter
+from lakesink.audit import interop
 from lakesink.errors import InvalidOptionError
-from lakesink.executor import TaskWriter
-from lakesink.messages import WritePlan
+from lakesink.executor.messages import WritePlan
+from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import OutputMode, SinkOptions, TableName
-from tests.helpers import Stream, assert_snapshot_invariants
+from tests.support.helpers import Stream, assert_snapshot_invariants, sink_committer
 
 
 def _files(table: Any) -> list[Any]:
@@ -143,7 +142,7 @@ def _plan(tmp_path: Path, terms: str, properties: dict[str, str] | None = None) 
     (tmp_path / "wh").mkdir()
     catalog_options = {f"catalog.{k}": v for k, v in props.items()}
     options = SinkOptions.from_mapping({"table": "db.t", "partitioned-by": terms, **catalog_options})
-    committer = TableCommitter(options)
+    committer = sink_committer(options)
     schema = pa.schema([pa.field("id", pa.int64()), pa.field("k", pa.string())])
     table = committer.open_table(schema)
     if properties:

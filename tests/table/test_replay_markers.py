@@ -1,4 +1,4 @@
-"""lakesink.properties: the replay marker table property and the snapshot summary."""
+"""lakesink.table.markers: the replay marker table property and the snapshot summary."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lakesink.properties import (
+from lakesink.table.markers import (
     CommittedBatch,
     batch_summary,
     last_batch_key,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lakesink.errors import InvalidOptionError
-from lakesink.tablesettings import CommitRetry, TableSettings
+from lakesink.table.settings import CommitRetry, TableSettings
 
 
 def test_defaults_are_icebergs() -> None:

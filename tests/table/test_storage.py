@@ -1,4 +1,4 @@
-"""lakesink.storage: one rule for "the same store" (scheme aliases), and files through a table's FileIO.
+"""lakesink.table.storage: one rule for "the same store" (scheme aliases), and files through a table's FileIO.
 
 The file operations run on real local files through both of pyiceberg's FileIOs.
 """
@@ -15,8 +15,8 @@ from pyiceberg.io import FileIO
 from pyiceberg.io.fsspec import FsspecFileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from lakesink import locations, storage
 from lakesink.errors import TableLocationError
+from lakesink.table import locations, storage
 
 AZURE = "c@acct.dfs.core.windows.net"
 
@@ -156,11 +156,11 @@ def test_executor_side_modules_import_no_driver_catalog_or_tenacity() -> None:
         package = types.ModuleType("lakesink")
         package.__path__ = [sys.argv[1]]
         sys.modules["lakesink"] = package  # lakesink/__init__ (the whole public API) is not what executors need
-        import lakesink.names, lakesink.storage
+        import lakesink.table.names, lakesink.table.storage
         loaded = sorted(m for m in sys.modules if m in ("tenacity", "pyspark") or m.startswith("lakesink."))
         print(",".join(loaded))
         """
     )
-    folder = Path(storage.__file__).parent
+    folder = Path(storage.__file__).parent.parent
     out = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, check=True).stdout.strip()
-    assert out.split(",") == ["lakesink.names", "lakesink.storage"]
+    assert out.split(",") == ["lakesink.table", "lakesink.table.names", "lakesink.table.storage"]

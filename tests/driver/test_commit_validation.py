@@ -3,7 +3,7 @@ snapshot it was based on (issue 20, item 1 and "the rule"; fault matrix row 29).
 
 Each test pauses one of lakesink's commits between its preparation and its swap (``driver.before-swap``), lets
 another writer commit -- another engine's merge-on-read DELETE (real position and equality delete files,
-tests/row_deletes.py), an append, an empty batch's marker -- and releases it. The oracle is the model of what the
+tests/support/row_deletes.py), an append, an empty batch's marker -- and releases it. The oracle is the model of what the
 table must hold, as a multiset of ids, read back through pyiceberg and DuckDB (and iceberg-rust where pyiceberg
 0.12 cannot read equality deletes). Real SQLite catalogs, real Parquet, no Spark.
 """
@@ -22,16 +22,17 @@ from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
 
 import lakesink
-from lakesink import _pyiceberg as seam
-from lakesink import compaction, interop
-from lakesink.driver import Outcome, TableCommitter
+from lakesink._pyiceberg import io as seam
+from lakesink.audit import interop
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import LakesinkError
 from lakesink.faults import DRIVER_BEFORE_SWAP
+from lakesink.maintenance import compaction
 from lakesink.options import Maintenance, OutputMode, SinkOptions, TableName
-from tests import test_upserts as upserts
-from tests.helpers import arrow_rows, commit, load, write_task
-from tests.row_deletes import commit_deletes, equality_delete_file, position_delete_files
-from tests.test_table_maintenance import Q1, _missing_referenced_files, _wait
+from tests.driver import test_upserts as upserts
+from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files, _wait
+from tests.support.helpers import arrow_rows, commit, load, sink_committer, write_task
+from tests.support.row_deletes import commit_deletes, equality_delete_file, position_delete_files
 
 SCHEMA = arrow_rows([]).schema
 
@@ -39,7 +40,7 @@ SCHEMA = arrow_rows([]).schema
 def _committer(
     props: dict[str, str], *, mode: OutputMode = OutputMode.APPEND, table_properties: dict[str, str] | None = None
 ) -> TableCommitter:
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=props,

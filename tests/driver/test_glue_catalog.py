@@ -1,5 +1,5 @@
 """The driver's commit protocol against AWS Glue: pyiceberg's GlueCatalog against moto's Glue server on loopback,
-with the table's files in moto's S3, through the HTTP fault layer (tests/http_faults.py).
+with the table's files in moto's S3, through the HTTP fault layer (tests/support/http_faults.py).
 
 Glue's commit is pyiceberg's ``GlueCatalog.commit_table``: read the Glue table (and its ``VersionId``), check the
 commit's requirements against it, write the new metadata file, ``UpdateTable`` with that ``VersionId`` -- AWS Glue
@@ -21,14 +21,14 @@ import pyarrow as pa
 import pytest
 from pyiceberg.table import Table
 
-from lakesink import catalogs
-from lakesink.driver import BatchOutcome, Outcome, TableCommitter
-from lakesink.messages import TaskResult
+from lakesink.driver import catalogs
+from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
+from lakesink.executor.messages import TaskResult
 from lakesink.options import SinkOptions, TableName
-from tests.catalog_servers import glue_properties
-from tests.helpers import arrow_rows, assert_snapshot_invariants, lakesink_snapshots, table_ids
-from tests.http_faults import FaultProxy
-from tests.s3 import ACCESS_KEY, REGION, SECRET_KEY
+from tests.support.catalog_servers import glue_properties
+from tests.support.helpers import arrow_rows, assert_snapshot_invariants, lakesink_snapshots, sink_committer, table_ids
+from tests.support.http_faults import FaultProxy
+from tests.support.s3 import ACCESS_KEY, REGION, SECRET_KEY
 
 Q = "44444444-dddd-4000-8000-000000000004"
 DATABASE = "lakesink_db"
@@ -36,13 +36,13 @@ DATABASE = "lakesink_db"
 
 
 def committer(props: dict[str, str]) -> TableCommitter:
-    c = TableCommitter(SinkOptions(table=TableName((props[DATABASE],), "events"), catalog_properties=dict(props)))
+    c = sink_committer(SinkOptions(table=TableName((props[DATABASE],), "events"), catalog_properties=dict(props)))
     c.open_table(arrow_rows([]).schema)
     return c
 
 
 def write_task(c: TableCommitter, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:
-    from lakesink.executor import TaskWriter
+    from lakesink.executor.task_writer import TaskWriter
 
     plan = c.write_plan(c.reload_table(), Q)
     return TaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=attempt).write(

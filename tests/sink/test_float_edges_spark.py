@@ -4,7 +4,7 @@ Every edge (NaN, -0.0, 0.0, +inf, -inf, null, and two ordinary values), as a flo
 
 - as an upsert's ``order-by`` (and as the identity partition source of the same table, so that updates move
   rows between those partitions): format("lakesink") and foreach_batch give the same table, the one a model
-  of Spark's ordering computes (tests/test_float_edges.py: spark_winners), never a dropped event; a tie fails
+  of Spark's ordering computes (tests/table/test_float_edges.py: spark_winners), never a dropped event; a tie fails
   both, committing nothing;
 - as an identity partition source of an append: every writer (format("lakesink"), foreach_batch with Spark's
   Parquet writer and with the Arrow writer) keeps -0.0 apart from 0.0 and every NaN in one partition, bit for bit;
@@ -29,11 +29,13 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyspark.sql import functions as F
 
 import lakesink
-from lakesink import catalogs, changes, interop
+from lakesink.audit import interop
+from lakesink.driver import catalogs
 from lakesink.errors import UpsertKeyError
 from lakesink.options import SinkOptions, TableName
-from tests.helpers import assert_snapshot_invariants, run_to_end
-from tests.test_float_edges import EDGES, FLOAT_TYPES, assert_partitions_bit_exact, bits, spark_winners
+from lakesink.sink import upsert_batch as changes
+from tests.support.helpers import assert_snapshot_invariants, run_to_end
+from tests.table.test_float_edges import EDGES, FLOAT_TYPES, assert_partitions_bit_exact, bits, spark_winners
 
 pytestmark = pytest.mark.spark
 
@@ -191,7 +193,7 @@ def test_float_order_by_edges_give_the_model_through_both_entry_points(
 @pytest.mark.parametrize("type_name", list(FLOAT_TYPES))
 def test_foreach_batch_resolves_every_tie_and_winner_as_the_model(spark: Any, type_name: str) -> None:
     """The model of Spark's ordering, checked against Spark itself through foreach_batch's resolution
-    (lakesink.changes.resolve): every non-tied case keeps the model's winner; every tied pair is an
+    (lakesink.sink.upsert_batch.resolve): every non-tied case keeps the model's winner; every tied pair is an
     UpsertKeyError (the streaming test above covers two ties end to end)."""
     options = SinkOptions(table=TableName(("db",), "t"), upsert_key=("id",), order_by="o")
     cases = order_cases()

@@ -1,6 +1,6 @@
 """Float and double edge values (NaN, -0.0, 0.0, +inf, -inf, null) as upsert order-by and identity partition source,
 without Spark: a task's resolution (format("lakesink")), the Arrow writer and compaction, on real SQLite catalogs and
-real Parquet files (RELIABILITY row 32; the Spark entry points: tests/test_float_edges_spark.py).
+real Parquet files (RELIABILITY row 32; the Spark entry points: tests/sink/test_float_edges_spark.py).
 
 The oracles:
 - order: Spark SQL's, which foreach_batch applies (NaN greatest and equal to NaN, -0.0 equal to 0.0, null below
@@ -28,14 +28,17 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.table import Table
 from pyiceberg.types import PrimitiveType
 
-from lakesink import compaction, floats
-from lakesink.driver import Outcome, TableCommitter
-from lakesink.driver.upsert import DELETED as UPSERT_DELETED
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import UpsertKeyError
-from lakesink.executor import TaskWriter
+from lakesink.executor.task_writer import TaskWriter
+from lakesink.executor.upsert_task import UpsertSpec, resolve_task
+from lakesink.maintenance import compaction
 from lakesink.options import SinkOptions, TableName
-from lakesink.partitioning import parse
-from lakesink.taskchanges import DELETED, UpsertSpec, resolve_task
+from lakesink.table import floats
+from lakesink.table.keys import DELETED
+from lakesink.table.keys import DELETED as UPSERT_DELETED
+from lakesink.table.partitioning import parse
+from tests.support.helpers import sink_committer
 
 Q = "11111111-aaaa-4000-8000-000000000032"
 NAN = math.nan
@@ -112,7 +115,7 @@ def test_a_task_resolves_every_float_order_by_edge_as_spark_does(type_name: str)
 
 
 def committer(props: dict[str, str], arrow_type: pa.DataType) -> TableCommitter:
-    c = TableCommitter(SinkOptions(table=TableName(("db",), "floats"), catalog_properties=props, partitioned_by=parse("v")))
+    c = sink_committer(SinkOptions(table=TableName(("db",), "floats"), catalog_properties=props, partitioned_by=parse("v")))
     c.open_table(pa.schema([("id", pa.int64()), ("v", arrow_type)]))
     return c
 
@@ -256,9 +259,9 @@ def test_double_partition_values_survive_manifest_rewrites_merges_and_compaction
     manifest must keep the exact bits. Before: pyiceberg 0.12.0 read doubles from manifests as float32, so every
     manifest it wrote again held 0.10000000149011612, inf, 0.0, ...; the compaction then failed ("Missing
     required files to delete": the removed files' rounded partitions matched no manifest's bounds)."""
-    from lakesink import manifest_rewrite
+    from lakesink.maintenance import manifest_rewrite
 
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "floats"),
             catalog_properties=catalog_properties,
@@ -306,7 +309,7 @@ def test_upserts_move_keys_between_every_float_partition(catalog_properties: dic
     ("Cannot create expression literal from NaN", pyiceberg's predicate for the removed files' partitions), and
     -0.0's and 0.0's rows shared a file."""
     arrow_type = FLOAT_TYPES[type_name]
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "floats"),
             catalog_properties=catalog_properties,
@@ -349,10 +352,10 @@ def test_a_float_upsert_key_is_refused_naming_the_option_and_creates_no_table(
     ('Identifier field 2 invalid: must not be float or double field'), naming neither the option nor a way out."""
     from pyiceberg.exceptions import NoSuchTableError
 
-    from lakesink import catalogs
+    from lakesink.driver import catalogs
     from lakesink.errors import InvalidOptionError
 
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(table=TableName(("db",), "floats"), catalog_properties=catalog_properties, upsert_key=("id", "V"))
     )
     with pytest.raises(InvalidOptionError, match=rf"option 'upsert-key': column 'v' has type {type_name}, which cannot be a key"):
@@ -365,7 +368,8 @@ def test_diff_cancels_rewritten_float_edges_and_shows_a_change_of_zero_sign(cata
     """lakesink diff across a compaction shows no row changed, NaN rows included; across an upsert that turns a
     key's -0.0 into 0.0 it shows that change. Before: its multiset of rows compared floats with Python's ==, so
     every NaN row of a rewritten file was reported removed and added, and -0.0 -> 0.0 was no change at all."""
-    from lakesink.audit import Point, diff
+    from lakesink.audit.points import Point
+    from lakesink.audit.row_diff import diff
 
     c = committer(catalog_properties, pa.float64())
     for batch_id in range(2):
@@ -377,7 +381,7 @@ def test_diff_cancels_rewritten_float_edges_and_shows_a_change_of_zero_sign(cata
     assert d.removed_files and d.added_files  # files were rewritten...
     assert d.added.num_rows == 0 and d.removed.num_rows == 0, (d.added.to_pylist(), d.removed.to_pylist())  # ...no row changed
 
-    u = TableCommitter(SinkOptions(table=TableName(("db",), "zeros"), catalog_properties=catalog_properties, upsert_key=("id",)))
+    u = sink_committer(SinkOptions(table=TableName(("db",), "zeros"), catalog_properties=catalog_properties, upsert_key=("id",)))
     u.open_table(pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.float64()), ("w", pa.float64())]))
     for batch_id, v in enumerate([-0.0, 0.0]):
         data = pa.record_batch(

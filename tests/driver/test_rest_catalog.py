@@ -2,7 +2,7 @@
 
 No Spark: lakesink's driver committer (``TableCommitter.commit_batch``, the one compare-and-swap loop of
 ``lakesink.driver.swap``) commits real Parquet files written by a real task writer; the server applies every
-commit with its own compare-and-swap. Faults are injected at the HTTP layer only (tests/http_faults.py): the
+commit with its own compare-and-swap. Faults are injected at the HTTP layer only (tests/support/http_faults.py): the
 server's answer replaced after it applied the commit (the response lost), before it saw it, 409 conflicts, a
 reset connection, an answer held past the client's timeout, a request that lands after the client gave up on it,
 and a token that expires mid-run. The oracle: the multiset of ids in the table, one snapshot per batch, and
@@ -21,26 +21,33 @@ import pyarrow as pa
 import pytest
 from pyiceberg.table import Table
 
-from lakesink import catalogs
-from lakesink.driver import BatchOutcome, Outcome, TableCommitter
-from lakesink.messages import TaskResult
+from lakesink.driver import catalogs
+from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
+from lakesink.executor.messages import TaskResult
 from lakesink.options import SinkOptions, TableName
-from tests.helpers import arrow_rows, assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, table_ids
-from tests.http_faults import FaultProxy
-from tests.rest_server import NAMESPACE
+from tests.support.helpers import (
+    arrow_rows,
+    assert_snapshot_invariants,
+    data_files_on_disk,
+    lakesink_snapshots,
+    sink_committer,
+    table_ids,
+)
+from tests.support.http_faults import FaultProxy
+from tests.support.rest_server import NAMESPACE
 
 Q = "33333333-cccc-4000-8000-000000000003"
 IDENT = (NAMESPACE, "events")
 
 
 def committer(props: dict[str, str]) -> TableCommitter:
-    c = TableCommitter(SinkOptions(table=TableName((NAMESPACE,), "events"), catalog_properties=dict(props)))
+    c = sink_committer(SinkOptions(table=TableName((NAMESPACE,), "events"), catalog_properties=dict(props)))
     c.open_table(arrow_rows([]).schema)
     return c
 
 
 def write_task(c: TableCommitter, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:
-    from lakesink.executor import TaskWriter
+    from lakesink.executor.task_writer import TaskWriter
 
     plan = c.write_plan(c.reload_table(), Q)
     return TaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=attempt).write(
@@ -257,7 +264,7 @@ def test_commit_request_that_lands_after_the_client_gave_up_keeps_its_files(
     out = _run(lambda: commit(sink, 0, [result]))
     second.wait_reached()  # attempt 1 timed out and was read as not landed; attempt 2 is at the proxy
     first.release()  # the late request lands now
-    from tests.helpers import wait_until
+    from tests.support.helpers import wait_until
 
     wait_until(lambda: rest_proxy.count("commit", forwarded=True) >= 1, what="the late request to reach the server")
     second.release()
@@ -289,7 +296,7 @@ def test_every_attempt_in_doubt_fails_loudly_and_no_abort_deletes_what_may_still
     sink.abort_batch(query_id=Q, batch_id=0, results=[result])  # what foreach_batch / Spark do next
     assert all(Path(f.path.removeprefix("file://")).exists() for f in result.files)
     held[1].release()  # the second attempt's request reaches the server: it lands
-    from tests.helpers import wait_until
+    from tests.support.helpers import wait_until
 
     wait_until(lambda: rest_proxy.count("commit", forwarded=True) >= 1, what="the held request to reach the server")
     held[0].release()  # the first one, later still: 409 at the server (the head moved), nothing happens
@@ -309,7 +316,7 @@ def test_token_expiring_mid_run_is_refreshed_and_every_batch_lands_once(
     """OAuth2 client credentials (the proxy issues short-lived tokens and checks them; lakana sees its own
     credential): every token expires between batches and again just before a commit; pyiceberg gets 401, fetches a
     new token and sends the request again. The server sees one commit per batch."""
-    from tests.rest_server import TOKEN
+    from tests.support.rest_server import TOKEN
 
     rest_proxy.issue_tokens(TOKEN)
     props = lakana.catalog_properties(tmp_path / "warehouse", uri=rest_proxy.uri)
@@ -381,7 +388,7 @@ def test_every_commit_lakesink_makes_sends_one_request_per_attempt(
         lakesink.forget_query(table(props), Q)
     assert rest_proxy.count("commit") == 1
     branch_props = lakana.catalog_properties(tmp_path / "branch-warehouse", uri=rest_proxy.uri)
-    branch_sink = TableCommitter(
+    branch_sink = sink_committer(
         SinkOptions(table=TableName((NAMESPACE,), "events"), catalog_properties=branch_props, branch="audit")
     )
     rest_proxy.disarm()

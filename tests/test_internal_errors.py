@@ -17,9 +17,11 @@ import pytest
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
 
-from lakesink import _pyiceberg, catalogs, checkpoint
+from lakesink._pyiceberg import io as _pyiceberg
+from lakesink.driver import catalogs
 from lakesink.errors import PROGRAMMING_ERRORS, CatalogError, CheckpointError, InvalidOptionError, LakesinkError
-from lakesink.taskchanges import UpsertSpec
+from lakesink.executor.upsert_task import UpsertSpec
+from lakesink.sink import checkpoint
 
 
 class CatalogWithABug:
@@ -83,10 +85,9 @@ def test_the_programming_errors_are_the_bug_classes() -> None:
 
 
 def test_a_bug_while_verifying_is_not_reported_as_an_unreadable_manifest(catalog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lakesink.audit import verify
-    from lakesink.audit.invariants import UNREADABLE_MANIFEST
+    from lakesink.audit.invariants import UNREADABLE_MANIFEST, verify
     from lakesink.audit.manifests import Manifests
-    from tests.helpers import arrow_rows
+    from tests.support.helpers import arrow_rows
 
     catalog.create_namespace("db")
     table = catalog.create_table(("db", "v"), schema=arrow_rows([]).schema)

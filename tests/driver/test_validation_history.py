@@ -13,9 +13,9 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 
 from lakesink.driver.validation import Committed, HistoryUnknownError, committed_since, may_apply
-from tests.helpers import load
-from tests.row_deletes import commit_deletes, equality_delete_file
-from tests.test_commit_validation import SCHEMA, _batches, _committer
+from tests.driver.test_commit_validation import SCHEMA, _batches, _committer
+from tests.support.helpers import load
+from tests.support.row_deletes import commit_deletes, equality_delete_file
 
 
 def test_committed_since_walks_the_branch_down_to_the_base(catalog_properties: dict[str, str]) -> None:

@@ -1,5 +1,5 @@
 """An upsert key and an identity partition source widened int -> long by merge-schema, through real Spark, both entry
-points, across a failed commit and a restart (RELIABILITY row 33; the commit level: tests/test_key_widening.py).
+points, across a failed commit and a restart (RELIABILITY row 33; the commit level: tests/driver/test_key_widening.py).
 
 Before: the batch that needed the widening failed at its commit (its keys cast to the table's old int type:
 ArrowInvalid "Integer value 1099511627776 not in range"), and every restart from the checkpoint failed the same way.
@@ -19,9 +19,10 @@ import pytest
 from pyiceberg.types import LongType
 
 import lakesink
-from lakesink import catalogs, interop
+from lakesink.audit import interop
+from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_BEFORE_SWAP
-from tests.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end
+from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end
 
 pytestmark = pytest.mark.spark
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from tests.catalog_servers import glue_properties
-from tests.http_faults import FaultProxy
 from tests.soak.runner import COMMIT_KILL, DELAY, IN_TABLE_NOT_COMMIT_LOG, PAUSE_KILL, main
+from tests.support.catalog_servers import glue_properties
+from tests.support.http_faults import FaultProxy
 from tests.test_soak import SMALL
 
 pytestmark = pytest.mark.spark

@@ -14,7 +14,7 @@ migrate`` before the first start, ``LAKANA_HOST``/``LAKANA_PORT``, a bootstrap c
 client-chosen locations, no staged creates, no ``transactions/commit``, no vended credentials, an empty
 ``/v1/config`` (no endpoint list), 500 instead of 409 when its SQLite is locked for more than 5 s.
 
-Run ``python -m tests.rest_server`` to build the environment and measure a start (``--install`` only builds).
+Run ``python -m tests.support.rest_server`` to build the environment and measure a start (``--install`` only builds).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LAKANA_REQUIREMENT = "lakana-server==0.20.0"
 ENV_VENV = "LAKESINK_LAKANA_VENV"
 KEY_ID = "lakesinktests"

@@ -44,8 +44,8 @@ from typing import Any
 
 import fsspec
 
-from lakesink import storage
 from lakesink.errors import CheckpointError, CheckpointInUseError
+from lakesink.table import storage
 
 DEFAULT_OLDER_THAN = timedelta(minutes=10)
 """Default quiet time: the command acts only on a checkpoint in which nothing changed for this long."""

@@ -1,4 +1,4 @@
-"""lakesink.checkpoint_cleanup and ``lakesink checkpoint-clean``: Spark's abandoned temp files, and nothing else.
+"""lakesink.sink.checkpoint_cleanup and ``lakesink checkpoint-clean``: Spark's abandoned temp files, and nothing else.
 
 The checkpoints are laid out by hand with the names real Spark 4.3 runs left behind when their JVM was
 SIGKILLed while writing a checkpoint file (``tests/test_soak.py`` and ``tests/test_checkpoint_clean_spark.py``
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from lakesink.checkpoint_cleanup import clean_checkpoint, temp_file_target
 from lakesink.cli import main
 from lakesink.errors import CheckpointError, CheckpointInUseError
+from lakesink.sink.checkpoint_cleanup import clean_checkpoint, temp_file_target
 
 U1 = "2c72ad40-fd29-4120-bfff-6b4a917a5e9a"
 U2 = "0ca7eaf0-6f92-4fc0-957d-09a3f7e7a7e6"

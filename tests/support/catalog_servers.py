@@ -1,8 +1,8 @@
 """Fixtures of the catalogs people run in production: an Iceberg REST catalog server (lakana) behind the HTTP
 fault layer, and AWS Glue (moto's server) with moto's S3. Loaded by tests/conftest.py as a pytest plugin.
 
-``lakana`` starts one real REST server per test session (tests/rest_server.py builds its virtual environment
-on first use); ``rest_proxy`` puts a fresh fault proxy (tests/http_faults.py) in front of it for one test, and
+``lakana`` starts one real REST server per test session (tests/support/rest_server.py builds its virtual environment
+on first use); ``rest_proxy`` puts a fresh fault proxy (tests/support/http_faults.py) in front of it for one test, and
 ``rest_catalog_properties`` gives the test a new environment of its own, reached through that proxy. Tests that
 use the server are marked ``rest`` automatically (``make test-fast`` skips them: the first start builds the
 server's environment).
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.http_faults import FaultProxy
-from tests.rest_server import LakanaServer
+from tests.support.http_faults import FaultProxy
+from tests.support.rest_server import LakanaServer
 
 REST_FIXTURE = "lakana"
 
@@ -56,7 +56,7 @@ def rest_catalog_properties(lakana: LakanaServer, rest_proxy: FaultProxy, tmp_pa
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[Any]:
     """moto's server on 127.0.0.1 (S3 and Glue) for the test session."""
-    from tests.s3 import S3Server
+    from tests.support.s3 import S3Server
 
     server = S3Server.start()
     yield server
@@ -74,7 +74,7 @@ def glue_proxy(moto_server: Any) -> Iterator[FaultProxy]:
 
 def glue_properties(moto_server: Any, glue_uri: str, **extra: str) -> dict[str, str]:
     """pyiceberg GlueCatalog properties: Glue at ``glue_uri``, the warehouse in a new bucket of moto's S3."""
-    from tests.s3 import ACCESS_KEY, REGION, SECRET_KEY
+    from tests.support.s3 import ACCESS_KEY, REGION, SECRET_KEY
 
     bucket = moto_server.create_bucket()
     return {

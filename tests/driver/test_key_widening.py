@@ -1,6 +1,6 @@
 """Schema evolution that touches an upsert key or a partition source: int -> long with merge-schema (RELIABILITY
 row 33), at the driver's commit against real SQLite catalogs and real Parquet files (Spark, both entry points and a
-restart: tests/test_key_widening_spark.py).
+restart: tests/sink/test_key_widening_spark.py).
 
 The batch that needs the widening must pass: its keys were cast to the table's old type (int) before the commit
 evolved it, so the batch failed exactly when the widening was needed, and every restart the same way.
@@ -16,13 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.types import IntegerType, LongType
 
-from lakesink import interop
-from lakesink.driver import Outcome, TableCommitter
-from lakesink.driver.upsert import DELETED
-from lakesink.executor import TaskWriter
+from lakesink.audit import interop
+from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName
-from lakesink.partitioning import parse
-from tests.helpers import assert_snapshot_invariants
+from lakesink.table.keys import DELETED
+from lakesink.table.partitioning import parse
+from tests.support.helpers import assert_snapshot_invariants, sink_committer
 
 Q = "11111111-aaaa-4000-8000-000000000033"
 BIG = 2**40
@@ -31,7 +31,7 @@ BIG = 2**40
 def sink(
     props: dict[str, str], *, merge_schema: bool, partitioned_by: str | None = None, key: Sequence[str] = ("id",)
 ) -> TableCommitter:
-    return TableCommitter(
+    return sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=props,

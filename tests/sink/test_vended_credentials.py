@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Stream, lakesink_snapshots
-from tests.http_faults import FaultProxy
-from tests.rest_server import TOKEN
+from tests.support.helpers import Stream, lakesink_snapshots
+from tests.support.http_faults import FaultProxy
+from tests.support.rest_server import TOKEN
 
 pytestmark = pytest.mark.spark
 

@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 from pyiceberg.table import Table
 
-from lakesink import _pyiceberg as seam
-from lakesink.driver import TableCommitter
-from lakesink.expiry import ExpiryReport, expire_snapshots
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink.driver.commit import TableCommitter
 from lakesink.faults import DRIVER_BEFORE_SWAP
-from tests.helpers import commit, load, make_committer, table_ids, write_task
+from lakesink.maintenance.expiry import ExpiryReport, expire_snapshots
+from lakesink.table.keys import SUMMARY_RESTORED_FROM
+from tests.support.helpers import commit, load, make_committer, table_ids, write_task
 
 Q = "11111111-aaaa-4000-8000-000000000001"
 
@@ -131,8 +132,8 @@ def test_a_tag_created_during_expiry_is_kept_when_the_catalog_applies_updates_to
     """pyiceberg's generic commit (REST, Glue, Hive): the catalog applies the removal to its current metadata, which
     holds the tag; the tag cannot be asserted absent (no such requirement exists), and removing its snapshot drops it.
     Found from the committed metadata's log before any file is deleted, and put back with the same rows."""
-    monkeypatch.setattr(seam, "_sql_swap_applies", lambda table: False, raising=False)
-    monkeypatch.setattr(seam, "_swap_on_sql_catalog", lambda table, updates, requirements: False)
+    monkeypatch.setattr(seam_commit, "_sql_swap_applies", lambda table: False, raising=False)
+    monkeypatch.setattr(seam_commit, "_swap_on_sql_catalog", lambda table, updates, requirements: False)
     c = make_committer(catalog_properties)
     first, *_ = five_batches(c)
     before = load(c)
@@ -150,7 +151,7 @@ def test_a_tag_created_during_expiry_is_kept_when_the_catalog_applies_updates_to
     assert report.restored_refs == ("audit",) and report.files_kept == ""
     restored = table.metadata.snapshot_by_id(tag.snapshot_id)
     assert restored is not None and restored.summary is not None
-    assert restored.summary[seam.RESTORED_FROM] == str(first)
+    assert restored.summary[SUMMARY_RESTORED_FROM] == str(first)
     # the table's sequence numbers never went backwards: the next commit lands and reads as it should
     commit(c, Q, 5, [write_task(c, Q, 5, [500])])
     table = load(c)

@@ -1,5 +1,5 @@
 """Orphan-file clean-up with ``older_than=0`` at the very moment of every kind of lakesink commit (fault matrix
-row 31), and every file lakesink writes named by lakesink.names, against real SQL catalogs and real files.
+row 31), and every file lakesink writes named by lakesink.table.names, against real SQL catalogs and real files.
 
 Each writer runs as the sink runs it (TaskWriter, TableCommitter, compaction, manifest rewrite, expiry, branch
 creation). The clean-up is injected at the swap itself: at the entry of every catalog swap of the writer (lakesink's
@@ -24,18 +24,19 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
 import lakesink
-from lakesink import _pyiceberg as seam
-from lakesink import compaction, manifest_rewrite, names
-from lakesink.driver import Outcome, TableCommitter
-from lakesink.driver.upsert import DELETED
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import InFlightTooLongError
-from lakesink.executor import TaskWriter
-from lakesink.expiry import expire_snapshots
+from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_BEFORE_SWAP
-from lakesink.maintenance import IN_FLIGHT_WINDOW, OrphanReport, remove_orphan_files
+from lakesink.maintenance import compaction, manifest_rewrite
+from lakesink.maintenance.expiry import expire_snapshots
+from lakesink.maintenance.orphans import IN_FLIGHT_WINDOW, OrphanReport, remove_orphan_files
 from lakesink.options import OutputMode, SinkOptions, TableName
-from tests.helpers import arrow_rows, commit, load, table_ids, write_task
-from tests.test_maintenance import assert_intact, backdate, local, on_disk, plant, reachable, spark_path_task
+from lakesink.table import names
+from lakesink.table.keys import DELETED
+from tests.maintenance.test_orphans import assert_intact, backdate, local, on_disk, plant, reachable, spark_path_task
+from tests.support.helpers import arrow_rows, commit, load, sink_committer, table_ids, write_task
 
 Q = "11111111-aaaa-4000-8000-000000000001"
 ZERO = timedelta(0)
@@ -50,7 +51,7 @@ def catalog_properties(any_catalog_properties: dict[str, str]) -> dict[str, str]
 def committer(
     props: dict[str, str], *, mode: OutputMode = OutputMode.APPEND, table_properties: dict[str, str] | None = None, **options: Any
 ) -> TableCommitter:
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
             catalog_properties=props,
@@ -96,7 +97,7 @@ class AtSwap:
 def at_swap(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Callable[[], Table]], AtSwap]]:
     """Run the orphan clean-up (older_than=0) at the entry of every catalog swap while it is armed."""
     armed: list[AtSwap] = []
-    real_sql_swap = seam._swap_on_sql_catalog
+    real_sql_swap = seam_commit._swap_on_sql_catalog
     real_commit_table = SqlCatalog.commit_table
 
     def sql_swap(table: Table, updates: Any, requirements: Any) -> bool:
@@ -109,7 +110,7 @@ def at_swap(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Callable[[], 
             armed[-1].clean()
         return real_commit_table(self, table, requirements, updates)
 
-    monkeypatch.setattr(seam, "_swap_on_sql_catalog", sql_swap)
+    monkeypatch.setattr(seam_commit, "_swap_on_sql_catalog", sql_swap)
     monkeypatch.setattr(SqlCatalog, "commit_table", commit_table)
 
     def arm(load_table: Callable[[], Table]) -> AtSwap:
@@ -203,7 +204,7 @@ def _expiry(c: TableCommitter) -> Callable[[], Any]:
 
 
 def _branch_of_an_empty_table(props: dict[str, str]) -> tuple[TableCommitter, Callable[[], Any]]:
-    c = TableCommitter(
+    c = sink_committer(
         SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, table_properties=QUIET, branch="audit")
     )
     c.catalog.create_namespace_if_not_exists("db")
@@ -270,7 +271,7 @@ def test_every_file_a_writer_writes_is_named_by_lakesink_names(
     catalog_properties: dict[str, str], kind: str, at_swap: Callable[[Callable[[], Table]], AtSwap]
 ) -> None:
     """Every file written for a commit (data files, manifests, manifest lists, compaction output) carries a name
-    lakesink.names makes and recognises; for a batch's files, the batch; for any other commit, its kind and start."""
+    lakesink.table.names makes and recognises; for a batch's files, the batch; for any other commit, its kind and start."""
     c, write = WRITERS[kind](catalog_properties)
     found = at_swap(lambda: load(c))
     started = names.now_ms()
@@ -279,7 +280,7 @@ def test_every_file_a_writer_writes_is_named_by_lakesink_names(
     assert pending or kind == "expiry"  # an expiry writes its metadata file only, inside the swap
     for path in pending:
         what = names.classify(path)
-        assert what.lakesinks, f"{kind}: {path.rsplit('/', 1)[-1]} is not a name lakesink.names makes"
+        assert what.lakesinks, f"{kind}: {path.rsplit('/', 1)[-1]} is not a name lakesink.table.names makes"
         if kind.startswith(("batch-", "upsert", "complete")) or kind == "batch":
             assert what.batch is not None and what.batch.query_prefix == Q[:8], (path, what)
         else:

@@ -1,0 +1,14 @@
+"""The ``lakesink`` command line (one click group, :data:`main`).
+
+- :mod:`lakesink.cli.main`: the group and its commands;
+- :mod:`lakesink.cli.common`: the options and helpers every command shares (catalog, table, durations);
+- :mod:`lakesink.cli.output`: the output, human or JSON, chosen once by ``--json`` (:class:`~lakesink.cli.output.Output`);
+- :mod:`lakesink.cli.audit`: history, show, diff, which, verify, report, publish;
+- :mod:`lakesink.cli.maintenance`: maintain, compact, expire-snapshots, rewrite-manifests, forget-query,
+  remove-orphan-files;
+- :mod:`lakesink.cli.report`: the HTML page of ``lakesink report``.
+"""
+
+from lakesink.cli.main import main
+
+__all__ = ["main"]

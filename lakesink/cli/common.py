@@ -1,0 +1,129 @@
+"""What every command of the ``lakesink`` command line shares: the catalog and table options, durations, points.
+
+Tables are found the way the sink finds them (:func:`lakesink.driver.catalogs.load`): ``--catalog NAME`` names a
+catalog of pyiceberg's configuration, ``--catalog-property KEY=VALUE`` (repeatable) gives ``load_catalog``
+properties on top of it, and with neither the embedded default catalog under ``$LAKESINK_HOME`` is used.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import click
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.table import Table
+
+from lakesink.audit import Point
+from lakesink.driver import catalogs
+from lakesink.errors import PROGRAMMING_ERRORS, AuditError, InvalidOptionError, LakesinkError
+from lakesink.options import TableName
+from lakesink.redaction import redact_secrets_in
+from lakesink.table.keys import MAIN_BRANCH
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_UNITS = {"w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
+_DURATION = re.compile(r"(?:\d+(?:\.\d+)?[wdhms])+")
+
+
+def parse_duration(text: str) -> timedelta:
+    """``3d``, ``12h``, ``90m``, ``45s``, ``2w``, combinations such as ``1d12h``, or ``0``."""
+    value = text.strip().lower()
+    if value == "0":
+        return timedelta(0)
+    if not _DURATION.fullmatch(value):
+        raise ValueError(
+            f"{text!r} is not a duration: use a number and a unit, w (weeks), d (days), h (hours), m (minutes) or "
+            "s (seconds), for example 3d, 12h, 90m or 1d12h (or 0)"
+        )
+    return timedelta(seconds=sum(float(n) * _UNITS[unit] for n, unit in _DURATION_PART.findall(value)))
+
+
+def format_duration(d: timedelta) -> str:
+    """The shortest spelling of ``d`` that :func:`parse_duration` reads back (whole seconds)."""
+    seconds = int(d.total_seconds())
+    if seconds == 0:
+        return "0s"
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def duration_option(ctx: click.Context, param: click.Parameter, value: str) -> timedelta:
+    try:
+        return parse_duration(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _parse_properties(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> dict[str, str]:
+    props: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item.split('=', 1)[0]!r} is not KEY=VALUE (for example uri=sqlite:///catalog.db)")
+        props[key.strip()] = value
+    return props
+
+
+def catalog_options(command: F) -> F:
+    """``--catalog`` and ``--catalog-property``: the same catalog resolution as the sink's options."""
+    command = click.option(
+        "--catalog-property",
+        "catalog_properties",
+        metavar="KEY=VALUE",
+        multiple=True,
+        callback=_parse_properties,
+        help="A property for pyiceberg's load_catalog (type, uri, warehouse, ...); repeatable.",
+    )(command)
+    command = click.option(
+        "--catalog",
+        "catalog_name",
+        metavar="NAME",
+        help="A catalog defined in pyiceberg's configuration (.pyiceberg.yaml, PYICEBERG_CATALOG__* variables). "
+        "With neither option: the embedded default catalog under $LAKESINK_HOME.",
+    )(command)
+    return command
+
+
+def load_table(table: str, catalog_name: str | None, catalog_properties: dict[str, str]) -> Table:
+    """The table, loaded the way the sink loads it; a click error with a clear message otherwise."""
+    try:
+        name = TableName.parse(table)
+    except InvalidOptionError:
+        raise click.BadParameter(f"{table!r} is not '<namespace>.<table>' (for example db.events)", param_hint="TABLE") from None
+    try:
+        catalog = catalogs.load(catalog_name, catalog_properties)
+    except LakesinkError as e:
+        raise click.ClickException(str(e)) from None
+    try:
+        return catalog.load_table(name.identifier)
+    except (NoSuchTableError, NoSuchNamespaceError):
+        raise click.ClickException(f"table {name} does not exist in catalog {catalog.name!r}") from None
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as e:
+        raise click.ClickException(f"cannot load table {name}: {redacted(e, catalog_name, catalog_properties)}") from None
+
+
+def redacted(e: BaseException, catalog_name: str | None, catalog_properties: dict[str, str]) -> str:
+    _, props = catalogs.resolve_catalog_properties(catalog_name, catalog_properties)
+    return redact_secrets_in(f"{type(e).__name__}: {e}", props)
+
+
+def parse_point(ctx: click.Context, param: click.Parameter, value: str | None) -> Point | None:
+    if value is None:
+        return None
+    try:
+        return Point.parse(value)
+    except AuditError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+POINT_HELP = "snapshot=<id>, time=<ISO 8601 or epoch ms>, batch=<batch id> or batch=<query id>:<batch id>"
+branch_option = click.option("--branch", default=MAIN_BRANCH, show_default=True, help="The branch whose history is read.")

@@ -1,0 +1,410 @@
+"""The output of the ``lakesink`` command line: one object renders what a command found, for people or as JSON.
+
+pyiceberg's ``cli/output.py`` is the model: :class:`Output` has one method per kind of result, :class:`ConsoleOutput`
+writes text for a terminal (progress on stderr), :class:`JsonOutput` writes JSON (and no progress). The renderer is
+chosen once, by the ``--json`` flag of the command (:func:`output_option`): the commands call the object and never
+branch on the format themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any, TypeVar
+
+import click
+import pyarrow as pa
+
+from lakesink.audit import OTHER, Diff, PublishResult, SnapshotRecord, VerifyReport, format_ms
+from lakesink.audit.key_diff import keyed_changes
+from lakesink.cli.common import format_duration
+from lakesink.maintenance import compaction, expiry, manifest_rewrite
+from lakesink.maintenance.orphans import OrphanFile, OrphanReport
+from lakesink.maintenance.routine import ForgetReport, MaintenanceReport
+from lakesink.sink.checkpoint_cleanup import CheckpointCleanReport
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Output(ABC):
+    """What a command prints; one method per kind of result."""
+
+    show_progress: bool | None
+    """Progress bars of the audit functions: None lets them decide (a terminal), False never."""
+
+    @abstractmethod
+    def history(self, records: Sequence[SnapshotRecord]) -> None: ...
+
+    @abstractmethod
+    def rows(self, shown: pa.Table, total: int) -> None:
+        """``show``: the rows read (``shown`` of ``total``)."""
+
+    @abstractmethod
+    def diff(self, d: Diff, key: Sequence[str], limit: int) -> None:
+        """``diff``: rows added and removed (paired by ``key``, the identifier fields, when there is one)."""
+
+    @abstractmethod
+    def located(self, rows: pa.Table) -> None:
+        """``which``: who wrote the rows."""
+
+    @abstractmethod
+    def verified(self, report: VerifyReport) -> None: ...
+
+    @abstractmethod
+    def published(self, result: PublishResult, branch: str) -> None: ...
+
+    def report_written(self, path: str, result: VerifyReport) -> None:
+        """``report`` (no JSON form: the page is the output)."""
+        click.echo(f"wrote {path} (verify: {'OK' if result.ok else f'{len(result.violations)} violation(s)'})")
+
+    @abstractmethod
+    def orphans(self, report: OrphanReport) -> None: ...
+
+    @abstractmethod
+    def compaction(self, report: compaction.CompactionReport) -> None: ...
+
+    @abstractmethod
+    def expiry(self, report: expiry.ExpiryReport) -> None: ...
+
+    @abstractmethod
+    def manifests(self, report: manifest_rewrite.ManifestRewriteReport) -> None: ...
+
+    @abstractmethod
+    def maintenance(self, report: MaintenanceReport) -> None: ...
+
+    @abstractmethod
+    def forgotten(self, report: ForgetReport) -> None: ...
+
+    @abstractmethod
+    def checkpoint_cleaned(self, report: CheckpointCleanReport) -> None: ...
+
+    @abstractmethod
+    def progress(self, what: str, done: int, total: int) -> None:
+        """A step of a long command (``maintain``, ``compact``, ``rewrite-manifests``)."""
+
+
+class ConsoleOutput(Output):
+    """Text for a terminal; progress lines on stderr."""
+
+    show_progress = None
+
+    def history(self, records: Sequence[SnapshotRecord]) -> None:
+        click.echo(human_history(records))
+
+    def rows(self, shown: pa.Table, total: int) -> None:
+        click.echo(human_rows(shown))
+        click.echo(f"({total} row(s){f', first {shown.num_rows} shown' if shown.num_rows < total else ''})")
+
+    def diff(self, d: Diff, key: Sequence[str], limit: int) -> None:
+        click.echo(
+            f"from snapshot {d.start} to {d.end} ({d.method}): +{d.added.num_rows} row(s) in {len(d.added_files)} file(s), "
+            f"-{d.removed.num_rows} row(s) in {len(d.removed_files)} file(s)"
+        )
+        if key:  # a keyed table (upserts): a row removed and one added with the same key are one update
+            changes = keyed_changes(d.added, d.removed, key)
+            click.echo(
+                f"by key ({', '.join(key)}): {len(changes.inserted)} inserted, {len(changes.updated)} updated, "
+                f"{len(changes.deleted)} deleted"
+            )
+            updates = changes.updated if limit <= 0 else changes.updated[:limit]
+            for before, after in updates:
+                click.echo(f"~ {before} -> {after}")
+            inserted, deleted = pa.Table.from_pylist(changes.inserted), pa.Table.from_pylist(changes.deleted)
+        else:
+            inserted, deleted = d.added, d.removed
+        for sign, rows in (("+", inserted), ("-", deleted)):
+            if rows.num_rows:
+                shown = rows if limit <= 0 else rows.slice(0, limit)
+                click.echo("\n".join(f"{sign} {line}" for line in human_rows(shown).splitlines()))
+
+    def located(self, rows: pa.Table) -> None:
+        click.echo(human_rows(rows))
+
+    def verified(self, report: VerifyReport) -> None:
+        click.echo(report.human())
+
+    def published(self, result: PublishResult, branch: str) -> None:
+        click.echo(
+            f"main moved from snapshot {result.main_before} to {result.main_after} (head of {branch})"
+            + (" -- FORCED despite the problems found" if result.forced else "; verify: OK")
+        )
+
+    def orphans(self, report: OrphanReport) -> None:
+        click.echo(human_report(report))
+
+    def compaction(self, report: compaction.CompactionReport) -> None:
+        click.echo(human_compaction(report))
+
+    def expiry(self, report: expiry.ExpiryReport) -> None:
+        click.echo(human_expiry(report))
+
+    def manifests(self, report: manifest_rewrite.ManifestRewriteReport) -> None:
+        click.echo(human_manifests(report))
+
+    def maintenance(self, report: MaintenanceReport) -> None:
+        click.echo(human_compaction(report.compaction))
+        click.echo(human_expiry(report.expiry))
+        if report.manifests is not None:
+            click.echo(human_manifests(report.manifests))
+        if report.orphans is not None:
+            o = report.orphans
+            click.echo(
+                f"orphan files: {len(o['removed'])} {'would be ' if report.dry_run else ''}removed, "
+                f"{len(o['kept_too_young'])} kept (too young), {len(o['kept_in_flight'])} kept (commit in flight)"
+            )
+
+    def forgotten(self, report: ForgetReport) -> None:
+        verb = "would remove" if report.dry_run else "removed"
+        click.echo(f"{verb} {report.key} (last batch {report.marker['batch_id']}) from {report.table}")
+        click.echo(f"risk: {report.risk}")
+
+    def checkpoint_cleaned(self, report: CheckpointCleanReport) -> None:
+        click.echo(report.human())
+
+    def progress(self, what: str, done: int, total: int) -> None:
+        click.echo(f"\r{what}: {done}/{total}", err=True, nl=done >= total)
+
+
+class JsonOutput(Output):
+    """JSON on stdout (indented, times in ISO 8601, bytes in hex); no progress."""
+
+    show_progress = False
+
+    def history(self, records: Sequence[SnapshotRecord]) -> None:
+        _echo([r.to_dict() for r in records])
+
+    def rows(self, shown: pa.Table, total: int) -> None:
+        _echo(shown.to_pylist())
+
+    def diff(self, d: Diff, key: Sequence[str], limit: int) -> None:
+        out = d.to_dict()
+        if key:
+            out["by_key"] = keyed_changes(d.added, d.removed, key).to_dict()
+        _echo(out)
+
+    def located(self, rows: pa.Table) -> None:
+        _echo(rows.to_pylist())
+
+    def verified(self, report: VerifyReport) -> None:
+        _echo(report.to_dict())
+
+    def published(self, result: PublishResult, branch: str) -> None:
+        _echo(result.to_dict())
+
+    def orphans(self, report: OrphanReport) -> None:
+        _echo(report.to_dict())
+
+    def compaction(self, report: compaction.CompactionReport) -> None:
+        _echo(report.to_dict())
+
+    def expiry(self, report: expiry.ExpiryReport) -> None:
+        _echo(report.to_dict())
+
+    def manifests(self, report: manifest_rewrite.ManifestRewriteReport) -> None:
+        _echo(report.to_dict())
+
+    def maintenance(self, report: MaintenanceReport) -> None:
+        _echo(report.to_dict())
+
+    def forgotten(self, report: ForgetReport) -> None:
+        _echo(report.to_dict())
+
+    def checkpoint_cleaned(self, report: CheckpointCleanReport) -> None:
+        _echo(report.to_dict())
+
+    def progress(self, what: str, done: int, total: int) -> None:
+        pass
+
+
+def output_option(help: str) -> Callable[[F], F]:
+    """The command's ``--json`` flag: the one place the renderer is chosen. The command gets an ``output``."""
+
+    def choose(ctx: click.Context, param: click.Parameter, json_flag: bool) -> Output:
+        return JsonOutput() if json_flag else ConsoleOutput()
+
+    return click.option("--json", "output", is_flag=True, callback=choose, help=help)
+
+
+def _echo(value: Any) -> None:
+    click.echo(_dumps(value))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, indent=2, default=_json_default)
+
+
+def human_history(records: Sequence[SnapshotRecord]) -> str:
+    """The history as a text table for a terminal."""
+    header = (
+        "committed (UTC)",
+        "snapshot",
+        "operation",
+        "query",
+        "batch",
+        "+rows",
+        "-rows",
+        "+files",
+        "-files",
+        "+bytes",
+        "ins/upd/del",
+        "source offsets",
+    )
+    rows = []
+    for r in records:
+        offsets = r.source_offsets or ""
+        rows.append(
+            (
+                datetime.fromtimestamp(r.timestamp_ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+                str(r.snapshot_id) + ("" if r.on_main else " (not on main)"),
+                r.operation or "",
+                r.query_id[:8] if r.query_id else f"({r.writer or OTHER})",
+                "" if r.batch_id is None else str(r.batch_id),
+                str(r.added_records),
+                str(r.deleted_records),
+                str(r.added_files),
+                str(r.deleted_files),
+                _size(r.added_bytes),
+                "/".join(map(str, r.upserted)) if r.upserted else "",
+                offsets if len(offsets) <= 40 else offsets[:37] + "...",
+            )
+        )
+    if not rows:
+        return "no snapshots"
+    if records[0].parent_id is None and (records[0].sequence_number or 0) > 1:
+        rows.insert(0, ("(older snapshots expired)", "", "", "", "", "", "", "", "", "", "", ""))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    right = {4, 5, 6, 7, 8, 9}
+
+    def fmt(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return "\n".join([fmt(header), *(fmt(row) for row in rows)])
+
+
+def human_rows(rows: Any) -> str:
+    """An Arrow table as a text table (timestamps in UTC)."""
+    names = list(rows.column_names)
+    if not names:
+        return ""
+    cells = [[_cell(v) for v in row.values()] for row in rows.to_pylist()]
+    widths = [max(len(n), *(len(r[i]) for r in cells)) if cells else len(n) for i, n in enumerate(names)]
+    lines = ["  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            return format_ms(int(value.timestamp() * 1000))
+        return value.isoformat(sep=" ")
+    return str(value)
+
+
+def human_report(report: OrphanReport) -> str:
+    """The report as text for a terminal."""
+    verb = "would remove" if report.dry_run else "removed"
+    lines = [
+        f"table {report.table}{' (dry run: nothing removed)' if report.dry_run else ''}",
+        f"location {report.location}",
+        f"listed {report.listed} file(s), {report.referenced} referenced by the table"
+        + (f" ({report.skipped_hidden} hidden file(s) not considered)" if report.skipped_hidden else ""),
+        f"{verb} {len(report.removed)} orphan file(s), {_size(report.removed_bytes)}"
+        f" (last modified before {report.cutoff:%Y-%m-%d %H:%M:%S} UTC)",
+    ]
+    lines += _files(report.removed, with_reason=False)
+    if report.kept_too_young:
+        lines.append(
+            f"kept {len(report.kept_too_young)} orphan file(s), {_size(report.kept_too_young_bytes)}, "
+            f"modified less than {format_duration(report.older_than)} ago"
+        )
+        lines += _files(report.kept_too_young, with_reason=False)
+    if report.kept_in_flight:
+        lines.append(
+            f"kept {len(report.kept_in_flight)} orphan file(s), {_size(report.kept_in_flight_bytes)}, "
+            "that a commit in flight may still reference"
+        )
+        lines += _files(report.kept_in_flight, with_reason=True)
+    if report.skipped:
+        lines.append(f"skipped {len(report.skipped)} file(s)")
+        lines += _files(report.skipped, with_reason=True)
+    if report.failed:
+        lines.append(f"FAILED to remove {len(report.failed)} file(s)")
+        lines += _files(report.failed, with_reason=True)
+    return "\n".join(lines)
+
+
+def _files(files: Sequence[OrphanFile], *, with_reason: bool) -> list[str]:
+    out = []
+    for f in files:
+        modified = f"{f.modified:%Y-%m-%d %H:%M:%S}" if f.modified else "?"
+        line = f"  {f.kind:<13} {modified}  {_size(f.size_in_bytes):>9}  {f.path}"
+        out.append(f"{line}\n      {f.reason}" if with_reason and f.reason else line)
+    return out
+
+
+def _size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def human_compaction(r: compaction.CompactionReport) -> str:
+    lines = [f"compaction of {r.table} (branch {r.branch}): {r.status}"]
+    if r.groups:
+        verb = "would rewrite" if r.dry_run else "rewrote"
+        lines.append(f"{verb} {r.rewritten_files} file(s), {r.rewritten_bytes} B, in {len(r.groups)} group(s)")
+        for g in r.groups:
+            lines.append(f"  {g.partition or '(unpartitioned)'}: {len(g.files)} file(s), {g.input_bytes} B, {g.records} row(s)")
+    if r.snapshot_id is not None:
+        lines.append(f"into {len(r.added_files)} file(s), {r.added_bytes} B: replace snapshot {r.snapshot_id}")
+    return "\n".join(lines)
+
+
+def human_expiry(r: expiry.ExpiryReport) -> str:
+    age = format_duration(timedelta(milliseconds=r.max_snapshot_age_ms))
+    lines = [
+        f"snapshot expiry of {r.table}: {r.status} (max snapshot age {age}, at least {r.min_snapshots_to_keep} "
+        "per branch; the heads of kept branches and tags always kept)"
+    ]
+    if r.expired_snapshot_ids:
+        verb = "would expire" if r.dry_run else "expired"
+        lines.append(f"{verb} {len(r.expired_snapshot_ids)} snapshot(s), {r.kept_snapshots} kept")
+        lines.append(f"{'would delete' if r.dry_run else 'deleted'} {len(r.deleted_files)} file(s) only they referenced")
+    if r.removed_refs:
+        verb = "would remove" if r.dry_run else "removed"
+        lines.append(f"{verb} {len(r.removed_refs)} ref(s): {', '.join(r.removed_refs)} (older than their max ref age)")
+    for why in r.protected_refs:
+        lines.append(f"warning: {why}")
+    if r.failed_deletes:
+        lines.append(f"could not delete {len(r.failed_deletes)} file(s) (an orphan clean-up collects them)")
+    return "\n".join(lines)
+
+
+def human_manifests(r: manifest_rewrite.ManifestRewriteReport) -> str:
+    lines = [f"manifest rewrite of {r.table} (branch {r.branch}): {r.status}"]
+    if r.status == "dry run":
+        lines.append(f"would rewrite {r.manifests_before} data manifest(s) into {r.manifests_after} ({r.entries} entries)")
+    elif r.snapshot_id is not None:
+        lines.append(
+            f"rewrote {r.manifests_before} data manifest(s) into {r.manifests_after} ({r.entries} entries, each keeping "
+            f"its snapshot and sequence numbers): replace snapshot {r.snapshot_id}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,13 @@
+"""The entry points: where Spark hands lakesink a micro-batch (driver side).
+
+- :mod:`lakesink.sink.datasource`: ``writeStream.format("lakesink")`` and ``spark.read.format("lakesink")``,
+  Spark's Python data source (its ``streamWriter()``, ``commit()``, ``abort()``, ``reader()`` run in Python
+  workers on the driver machine; the objects it hands to executors are in :mod:`lakesink.executor`);
+- :mod:`lakesink.sink.foreach`: ``foreachBatch(lakesink.foreach_batch(...))``, in the driver process;
+- :mod:`lakesink.sink.checkpoint`: the query id and source offsets read from Spark's checkpoint;
+- :mod:`lakesink.sink.upsert_batch`: an upsert batch resolved to one row per key, in Spark (``foreach_batch``);
+- :mod:`lakesink.sink.spark_write`, :mod:`lakesink.sink.spark_partition`, :mod:`lakesink.sink.spark_fs`: the
+  Spark write path of ``foreach_batch`` (Spark's own Parquet writer, in the JVM).
+
+The entry points wire the driver's committer and pass automatic maintenance into it as a post-commit hook.
+"""

@@ -1,0 +1,165 @@
+"""Every key and default lakesink reads or writes, defined once; everything else imports them from here.
+
+As pyiceberg's ``TableProperties`` (``KEY`` / ``KEY_DEFAULT`` pairs) and ``table/refs.py`` (``MAIN_BRANCH``), and
+iceberg-rust's ``spec/table_properties.rs`` and ``spec/snapshot_summary.rs``. The option names of the entry points
+(``table``, ``checkpointLocation``, ``upsert-key``, ...) are the option parser's own, in :mod:`lakesink.options`.
+
+Plain constants only: every side (driver, Python workers, maintenance, audit, CLI) imports this module.
+"""
+
+from __future__ import annotations
+
+# --- refs ------------------------------------------------------------------------------------------
+
+MAIN_BRANCH = "main"
+"""The branch lakesink writes, reads and audits by default (Iceberg's main branch)."""
+
+# --- snapshot summary: lakesink's batch commits (string values) ------------------------------------
+
+SUMMARY_QUERY_ID = "lakesink.query-id"
+"""Spark's streaming query id, stable across restarts of one checkpoint."""
+SUMMARY_BATCH_ID = "lakesink.batch-id"
+"""The micro-batch id."""
+SUMMARY_SOURCE_OFFSETS = "lakesink.source-offsets"
+"""The batch's end offsets as Spark recorded them in the checkpoint's offset log (a JSON list, one entry per source)."""
+SUMMARY_COMMIT_ID = "lakesink.commit-id"
+"""A random id of the commit call (also of a maintenance commit), to settle unknown outcomes."""
+SUMMARY_COMMIT_ATTEMPT = "lakesink.commit-attempt"
+"""Which attempt of the compare-and-swap landed (1 when no other writer got in between; each conflict adds one)."""
+SUMMARY_PREVIOUS_BATCH_ID = "lakesink.previous-batch-id"
+"""The last batch id the query processed before this one, empty batches included (read from the replay marker);
+batch ids between it and this batch's id were *lost*, batch ids up to it that have no snapshot were empty
+(``lakesink verify`` tells the two apart)."""
+SUMMARY_COMMIT_STARTED_MS = "lakesink.commit-started-ms"
+"""Wall-clock time the driver started committing the batch (the snapshot's own timestamp minus this is the commit
+latency that ``lakesink report`` plots)."""
+SUMMARY_SINK_ID = "lakesink.sink-id"
+"""The sink's ``sink_id`` when the query has several sinks writing this table (absent for the query's one default sink)."""
+SUMMARY_RUN_ID = "lakesink.run-id"
+"""Spark's run id of the query run that committed the batch (a new one at every restart; tells a replay from a
+second sink of the same run)."""
+ICEBERG_QUERY_ID = "spark.sql.streaming.queryId"
+"""The key Iceberg's own Spark sink writes the query id under, for engines and tools that already know it."""
+ICEBERG_EPOCH_ID = "spark.sql.streaming.epochId"
+"""The key Iceberg's own Spark sink writes the batch id under."""
+
+# upserts (option upsert-key): the batch's snapshot summary
+SUMMARY_UPSERT_INSERTED = "lakesink.upsert.inserted-rows"
+SUMMARY_UPSERT_UPDATED = "lakesink.upsert.updated-rows"
+SUMMARY_UPSERT_DELETED = "lakesink.upsert.deleted-rows"
+SUMMARY_UPSERT_FILES_READ = "lakesink.upsert.rewritten-files"
+SUMMARY_UPSERT_BYTES_READ = "lakesink.upsert.rewritten-bytes-read"
+
+# --- snapshot summary: lakesink's other commits ----------------------------------------------------
+
+SUMMARY_OPERATION = "lakesink.operation"
+"""Summary key of lakesink's maintenance commits; its values are the ``OPERATION_*`` below."""
+OPERATION_COMPACT = "compact"
+OPERATION_REWRITE_MANIFESTS = "rewrite-manifests"
+BRANCH_BASE = "lakesink.branch-base"
+"""Summary key of the empty snapshot lakesink commits to ``main`` of an empty table to start a branch from."""
+SUMMARY_RESTORED_FROM = "lakesink.restored-from-snapshot-id"
+"""Summary key of a snapshot that puts back a ref snapshot expiry dropped (``_pyiceberg.commit.prepare_restore_refs``):
+the snapshot whose manifests it carries."""
+SUMMARY_RESTORED_REF = "lakesink.restored-ref"
+"""Summary key of such a snapshot: the ref(s) it was made for (comma-separated)."""
+
+# --- table properties lakesink writes --------------------------------------------------------------
+
+LAST_BATCH_PREFIX = "lakesink.last-batch."
+"""``lakesink.last-batch.<query-id>`` (``...<query-id>.<sink-id>`` for a sink with a ``sink_id``): the replay marker
+of a sink, updated in the same atomic commit as the batch's snapshot (:mod:`lakesink.table.markers`)."""
+
+# --- Parquet footer keys (key-value metadata) lakesink writes --------------------------------------
+
+ROW_ORIGINS = "lakesink.row-origins"
+"""A compacted file's row provenance (:mod:`lakesink.audit.origins`)."""
+WRITE_ID = "lakesink.write-id"
+"""The Spark path's write id, in the first column's field metadata of the files it writes
+(:mod:`lakesink.sink.spark_write`)."""
+
+# --- table properties lakesink reads: Iceberg's keys and defaults (the Java library's), and write.lakesink.* ---
+
+FORMAT_VERSION = "format-version"
+TARGET_FILE_SIZE = "write.target-file-size-bytes"
+TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
+ROW_GROUP_ROWS = "write.parquet.row-group-limit"
+ROW_GROUP_ROWS_DEFAULT = 1_048_576
+ROW_GROUP_BYTES = "write.parquet.row-group-size-bytes"
+ROW_GROUP_BYTES_DEFAULT = 128 * 1024 * 1024
+MAX_OPEN_FILES = "write.lakesink.max-open-files"
+MAX_OPEN_FILES_DEFAULT = 100
+CODEC = "write.parquet.compression-codec"
+CODEC_DEFAULT = "zstd"
+COMPRESSION_LEVEL = "write.parquet.compression-level"
+ZSTD_LEVEL_DEFAULT = 3  # parquet-mr's and Iceberg's
+PAGE_SIZE = "write.parquet.page-size-bytes"
+PAGE_SIZE_DEFAULT = 1048576
+PAGE_ROW_LIMIT = "write.parquet.page-row-limit"
+PAGE_ROW_LIMIT_DEFAULT = 20000
+DICT_SIZE = "write.parquet.dict-size-bytes"
+DICT_SIZE_DEFAULT = 2 * 1024 * 1024
+AVRO_CODEC = "write.avro.compression-codec"
+AVRO_CODEC_DEFAULT = "gzip"
+MANIFEST_MERGE_ENABLED = "commit.manifest-merge.enabled"
+MANIFEST_TARGET_SIZE = "commit.manifest.target-size-bytes"
+MANIFEST_TARGET_SIZE_DEFAULT = 8 * 1024 * 1024
+MANIFEST_MIN_COUNT_TO_MERGE = "commit.manifest.min-count-to-merge"
+MANIFEST_MIN_COUNT_TO_MERGE_DEFAULT = 100
+COMMIT_NUM_RETRIES = "commit.retry.num-retries"
+COMMIT_NUM_RETRIES_DEFAULT = 4
+COMMIT_MIN_WAIT_MS = "commit.retry.min-wait-ms"
+COMMIT_MIN_WAIT_MS_DEFAULT = 100
+COMMIT_MAX_WAIT_MS = "commit.retry.max-wait-ms"
+COMMIT_MAX_WAIT_MS_DEFAULT = 60_000
+COMMIT_TOTAL_TIMEOUT_MS = "commit.retry.total-timeout-ms"
+COMMIT_TOTAL_TIMEOUT_MS_DEFAULT = 1_800_000
+
+# column metrics (pyiceberg reads them; lakesink adds Java's inferred-column limit, lakesink._pyiceberg.io)
+METRICS_DEFAULT = "write.metadata.metrics.default"
+METRICS_COLUMN_PREFIX = "write.metadata.metrics.column."
+METRICS_MAX_INFERRED = "write.metadata.metrics.max-inferred-column-defaults"
+METRICS_MAX_INFERRED_DEFAULT = 100
+METRICS_MODE_DEFAULT = "truncate(16)"
+
+# where files go (checked by lakesink.table.locations)
+DATA_PATH_PROPERTIES = ("write.data.path", "write.object-storage.path", "write.folder-storage.path")
+METADATA_PATH_PROPERTIES = ("write.metadata.path",)
+
+# snapshot expiry (Iceberg's keys and defaults) and lakesink's maintenance
+MAX_SNAPSHOT_AGE_MS = "history.expire.max-snapshot-age-ms"
+MAX_SNAPSHOT_AGE_MS_DEFAULT = 5 * 24 * 3600 * 1000
+MIN_SNAPSHOTS_TO_KEEP = "history.expire.min-snapshots-to-keep"
+MIN_SNAPSHOTS_TO_KEEP_DEFAULT = 1
+MAX_REF_AGE_MS = "history.expire.max-ref-age-ms"
+MAX_REF_AGE_MS_DEFAULT = 2**63 - 1
+COMPACT_MIN_INPUT_FILES = "write.lakesink.compact.min-input-files"
+COMPACT_MIN_INPUT_FILES_DEFAULT = 5
+MAINTENANCE_INTERVAL_MS = "write.lakesink.maintenance.interval-ms"
+MAINTENANCE_INTERVAL_MS_DEFAULT = 60_000
+
+# --- catalog properties lakesink reads (besides pyiceberg's own) -----------------------------------
+
+REQUEST_TIMEOUT = "lakesink.request-timeout-s"
+"""The timeout of every HTTP request to a REST catalog, in seconds (0: none, pyiceberg's default)."""
+REQUEST_TIMEOUT_DEFAULT = 120.0
+
+# --- columns lakesink adds to an upsert batch while it resolves it --------------------------------
+
+DELETED = "__lakesink_deleted"
+"""The flag column of a batch's keys: true for a key the batch deletes (driver, executors and Spark agree on it)."""
+ROW_COLUMN = "__lakesink_row"
+"""A row's position, while a batch or a rewritten file is resolved to one row per key."""
+TOP_COLUMN = "__lakesink_top"
+"""The greatest ``order-by`` value of a key, while a batch is resolved to one row per key."""
+COUNT_COLUMN = "__lakesink_rows"
+"""The number of rows of a key, while a batch is resolved to one row per key (in Spark)."""
+
+# --- Spark local properties (TaskContext / SparkContext.getLocalProperty) --------------------------
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+"""The streaming query id, on executors and in foreachBatch's function."""
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+"""The micro-batch id, on executors."""
+RUN_ID_PROPERTY = "spark.jobGroup.id"
+"""The query run's id (a new one at every restart)."""

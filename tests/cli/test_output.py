@@ -1,0 +1,132 @@
+"""The command line's output objects: every command renders through the Output its ``--json`` flag chose.
+
+The JSON shape of every command is pinned here (top-level keys, or a list), and the human form is text, not JSON:
+the same shapes as when each command branched on ``--json`` by itself (compared command by command against the
+previous layout when the CLI moved to lakesink/cli/). Real catalog, real table, real files; no mocks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from lakesink.cli import main
+from lakesink.cli.output import ConsoleOutput, JsonOutput, Output
+from tests.support.helpers import commit, make_committer, write_task
+
+Q = "q-cli"
+
+
+@pytest.fixture
+def catalog_args(catalog_properties: dict[str, str]) -> list[str]:
+    c = make_committer(catalog_properties)
+    for b in range(3):
+        assert commit(c, Q, b, [write_task(c, Q, b, list(range(b * 10, b * 10 + 10)))]).outcome.value == "committed"
+    return [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+
+
+def run(args: list[str], catalog_args: list[str], *, exit_code: int = 0) -> str:
+    result = CliRunner().invoke(main, [*args, *catalog_args])
+    assert result.exit_code == exit_code, result.output
+    return result.output
+
+
+# command -> the JSON it prints: a list, or an object with exactly these keys
+SHAPES: list[tuple[list[str], type | set[str]]] = [
+    (["history", "db.events"], list),
+    (["show", "db.events", "--at", "batch=1"], list),
+    (["which", "db.events", "--where", "id = 15"], list),
+    (
+        ["diff", "db.events", "batch=0", "batch=2"],
+        {"added", "added_files", "added_rows", "end_snapshot_id", "method", "removed", "removed_files", "removed_rows"}
+        | {"start_snapshot_id"},
+    ),
+    (
+        ["verify", "db.events"],
+        {"branch", "files_checked", "head_snapshot_id", "ok", "queries", "snapshots_checked", "table", "violations"},
+    ),
+    (
+        ["remove-orphan-files", "db.events", "--dry-run"],
+        {"cutoff", "dry_run", "failed", "failed_count", "kept_in_flight", "kept_in_flight_bytes", "kept_in_flight_count"}
+        | {"kept_too_young", "kept_too_young_bytes", "kept_too_young_count", "listed", "location", "older_than_seconds"}
+        | {"referenced", "removed", "removed_bytes", "removed_count", "skipped", "skipped_hidden", "started", "table"},
+    ),
+    (
+        ["compact", "db.events", "--dry-run", "--min-input-files", "2"],
+        {"added_bytes", "added_files", "attempts", "branch", "dry_run", "duration_ms", "groups", "rewritten_bytes"}
+        | {"rewritten_files", "snapshot_id", "status", "table"},
+    ),
+    (
+        ["expire-snapshots", "db.events", "--dry-run"],
+        {"attempts", "deleted_files", "dry_run", "duration_ms", "expired_snapshot_ids", "failed_deletes", "kept_snapshots"}
+        | {"max_snapshot_age_ms", "min_snapshots_to_keep", "protected_refs", "removed_refs", "status", "table"}
+        | {"files_kept", "restored_refs"},
+    ),
+    (
+        ["rewrite-manifests", "db.events", "--dry-run"],
+        {"attempts", "branch", "created", "dry_run", "duration_ms", "entries", "manifests_after", "manifests_before"}
+        | {"snapshot_id", "status", "table", "target_size_bytes"},
+    ),
+    (["maintain", "db.events", "--dry-run"], {"compaction", "dry_run", "expiry", "manifests", "orphans", "table"}),
+    (["forget-query", "db.events", Q, "--dry-run"], {"dry_run", "key", "marker", "risk", "table"}),
+]
+
+
+@pytest.mark.parametrize(("args", "shape"), SHAPES, ids=lambda v: v[0] if isinstance(v, list) else None)
+def test_json_shape_and_human_text_of_every_command(args: list[str], shape: type | set[str], catalog_args: list[str]) -> None:
+    printed = run([*args, "--json"], catalog_args)
+    value: Any = json.loads(printed)
+    if shape is list:
+        assert isinstance(value, list) and value
+    else:
+        assert isinstance(shape, set) and isinstance(value, dict)
+        assert set(value) == shape
+    human = run(args, catalog_args)
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(human)
+    assert human.strip()
+
+
+def test_checkpoint_clean_json_shape_and_human_text(tmp_path: Path) -> None:
+    """``checkpoint-clean`` takes a checkpoint folder, not a table: its JSON shape and its human form."""
+    checkpoint = tmp_path / "ck"
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "offsets" / "0").write_text("v1\n{}\n")
+    printed = CliRunner().invoke(main, ["checkpoint-clean", str(checkpoint), "--older-than", "0", "--json"])
+    assert printed.exit_code == 0, printed.output
+    value: Any = json.loads(printed.output)
+    assert isinstance(value, dict)
+    assert set(value) == {"checkpoint", "dry_run", "older_than_seconds", "started", "listed", "offset_log"} | {
+        "commit_log",
+        "removed",
+        "failed",
+        "still_blocking",
+        "ok",
+    }
+    human = CliRunner().invoke(main, ["checkpoint-clean", str(checkpoint), "--older-than", "0"])
+    assert human.exit_code == 0, human.output
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(human.output)
+    assert human.output.startswith(f"checkpoint {checkpoint}")
+
+
+def test_publish_json_and_text(catalog_args: list[str]) -> None:
+    assert "does not exist" in run(["publish", "db.events", "--branch", "nope", "--json"], catalog_args, exit_code=1)
+
+
+def test_progress_goes_to_people_only(capsys: pytest.CaptureFixture[str]) -> None:
+    ConsoleOutput().progress("compact", 1, 2)
+    JsonOutput().progress("compact", 1, 2)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == "\rcompact: 1/2"
+
+
+def test_every_output_renders_every_result() -> None:
+    """A new kind of result is a new abstract method: both renderers must implement it (or the class is abstract)."""
+    abstract = set(Output.__abstractmethods__)
+    assert abstract and not ConsoleOutput.__abstractmethods__ and not JsonOutput.__abstractmethods__
+    assert ConsoleOutput.show_progress is None and JsonOutput.show_progress is False

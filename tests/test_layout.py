@@ -1,0 +1,214 @@
+"""The house rules of the package layout (issue 21), checked on the source itself.
+
+- every key lakesink reads or writes (``lakesink.*`` summary, property and footer keys, Iceberg's table property
+  keys, ``main``, the ``__lakesink_*`` columns, Spark's local property names) has one home,
+  :mod:`lakesink.table.keys`: no other module spells one;
+- no module-level import cycle anywhere in ``lakesink`` (``make lint`` also runs import-linter's contracts,
+  which forbid cycles between packages and check the layers);
+- no function-local import of lakesink, SQLAlchemy, tenacity or pyiceberg's catalogs (the package boundary keeps
+  the driver off executors, not imports hidden in functions), except in the lazy public API of ``lakesink/__init__``;
+- the command line renders through one output object: no command branches on ``--json`` itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import pkgutil
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import lakesink
+
+PACKAGE = Path(lakesink.__file__).parent
+KEYS = PACKAGE / "table" / "keys.py"
+MODULES = {m.name for m in pkgutil.walk_packages([str(PACKAGE)], "lakesink.")} | {"lakesink"}
+
+# what a key looks like: lakesink's keys, Iceberg's table property keys, refs, lakesink's columns, Spark's local properties
+KEY = re.compile(
+    r"lakesink\.[a-z][a-z0-9.-]*"
+    r"|(write|commit|history)\.[a-z][a-z0-9.-]*"
+    r"|format-version|main|__lakesink_[a-z]+"
+    r"|sql\.streaming\.queryId|streaming\.sql\.batchId|spark\.jobGroup\.id|spark\.sql\.streaming\.(queryId|epochId)"
+)
+
+
+def _sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """ids of the Constant nodes that are docstrings (module, class, function, attribute docstrings) or names in
+    ``__all__``."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            out |= {id(c) for c in ast.walk(node.value) if isinstance(c, ast.Constant)}
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            for stmt in body:
+                if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+                    out.add(id(stmt.value))
+    return out
+
+
+def _string_constants(path: Path) -> Iterator[tuple[int, str]]:
+    tree = ast.parse(path.read_text())
+    docs = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            yield node.lineno, node.value
+
+
+def test_every_key_is_spelled_only_in_table_keys() -> None:
+    spelled = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {value!r}"
+        for path in _sources()
+        if path != KEYS
+        for line, value in _string_constants(path)
+        if KEY.fullmatch(value) and value not in MODULES
+    ]
+    assert spelled == [], "keys spelled outside lakesink/table/keys.py (import them from there):\n" + "\n".join(spelled)
+    assert any(KEY.fullmatch(v) for _, v in _string_constants(KEYS))  # the pattern does find keys where they live
+
+
+def _module_level_imports(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, module) of the imports that run when the module is imported (not in functions, not TYPE_CHECKING)."""
+    name = _name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def walk(nodes: list[ast.stmt]) -> Iterator[tuple[int, str]]:
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                yield from walk(node.orelse)
+                continue
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield node.lineno, alias.name
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], *([base] if base else [])])
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    yield node.lineno, full if full in MODULES else base
+            for field in ("body", "orelse", "finalbody"):
+                inner = getattr(node, field, None)
+                if isinstance(inner, list):
+                    yield from walk([n for n in inner if isinstance(n, ast.stmt)])
+            for handler in getattr(node, "handlers", ()):
+                yield from walk(handler.body)
+
+    yield from walk(ast.parse(path.read_text()).body)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module-level imports between lakesink's modules. Importing ``a.b.c`` runs the ``__init__`` of ``a`` and ``a.b``
+    first: those are edges too, except to the importer's own packages (already being imported when it runs)."""
+    graph: dict[str, set[str]] = {}
+    for path in _sources():
+        importer = _name(path)
+        own = {".".join(importer.split(".")[:i]) for i in range(1, len(importer.split(".")) + 1)}
+        edges = graph.setdefault(importer, set())
+        for _, target in _module_level_imports(path):
+            if not target.startswith("lakesink"):
+                continue
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):
+                step = ".".join(parts[:i])
+                if step in MODULES and step not in own:
+                    edges.add(step)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_level_import_cycle() -> None:
+    graph = import_graph()
+    assert "lakesink.driver.commit" in graph and graph["lakesink.driver.commit"]  # the graph is not empty
+    assert cycles(graph) == []
+
+
+LAZY_OK = {"lakesink"}  # the public API (PEP 562): Spark's workers import the package, never the driver behind it
+DRIVER_LIBRARIES = ("lakesink", "sqlalchemy", "tenacity", "pyiceberg.catalog")
+
+
+def test_no_function_local_import_of_lakesink_or_the_driver_libraries() -> None:
+    hidden = []
+    for path in _sources():
+        if _name(path) in LAZY_OK:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for inner in ast.walk(node):
+                if not isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    continue
+                names = [a.name for a in inner.names] if isinstance(inner, ast.Import) else [inner.module or ""]
+                hidden += [
+                    f"{path.relative_to(PACKAGE.parent)}:{inner.lineno}: {n}"
+                    for n in names
+                    if n.startswith(DRIVER_LIBRARIES) or (isinstance(inner, ast.ImportFrom) and inner.level)
+                ]
+    assert hidden == [], "imports inside functions (import at module level; the package boundary does the rest):\n" + "\n".join(
+        hidden
+    )
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "cli").glob("*.py")), ids=lambda p: p.name)
+def test_cli_commands_do_not_branch_on_json(path: Path) -> None:
+    """The renderer is chosen once (``--json`` gives a JSON output object); the commands only call it."""
+    tree = ast.parse(path.read_text())
+    branching = [
+        f"{path.name}:{node.lineno}"
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.Name) and node.id == "as_json") or (isinstance(node, ast.arg) and node.arg == "as_json")
+    ]
+    assert branching == []
