@@ -267,8 +267,6 @@ def test_schema_change_during_batch_is_a_clear_conflict(committer: TableCommitte
     assert load(committer).current_snapshot() is None
 
 
-
-
 def test_abort_after_the_marker_moved_past_the_batch_keeps_its_committed_files(committer: TableCommitter) -> None:
     """Batch 1 landed, then (before abort ran) the query's batch 2 landed too: abort must not delete batch 1's files."""
     committed = write_task(committer, Q1, 1, [1, 2])
