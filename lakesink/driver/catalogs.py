@@ -158,9 +158,15 @@ def remember(table: Table) -> None:
 
 def may_apply_late(catalog: Catalog) -> bool:
     """Whether the catalog may still apply a commit request after it answered it with an error (a timeout, a
-    5xx, a reset connection): any catalog reached over HTTP (REST, Glue, ...). Not pyiceberg's SQL catalogs: the
-    commit is a database transaction, rolled back before the error reaches lakesink (:func:`guard_sql_catalog`)."""
-    return not isinstance(catalog, SqlCatalog)
+    5xx, a reset connection): any catalog reached over HTTP (REST, Glue, ...), and a SQL catalog on a database
+    server (PostgreSQL, MySQL): when the connection fails while COMMIT is on its way or being processed, the server
+    may commit after the error reached lakesink -- the client's rollback (:func:`guard_sql_catalog`) cannot undo a
+    COMMIT the server received, and a read through another connection can come before the server finishes. Only
+    SQLite answers for sure: its COMMIT runs in this process and, when it fails, the transaction is rolled back
+    before the error reaches lakesink."""
+    if isinstance(catalog, SqlCatalog):
+        return catalog.engine.dialect.name != "sqlite"
+    return True
 
 
 def load_table_fresh(name: str | None, overrides: Mapping[str, str], identifier: str | Identifier) -> Table:

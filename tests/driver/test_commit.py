@@ -267,8 +267,6 @@ def test_schema_change_during_batch_is_a_clear_conflict(committer: TableCommitte
     assert load(committer).current_snapshot() is None
 
 
-
-
 def test_abort_after_the_marker_moved_past_the_batch_keeps_its_committed_files(committer: TableCommitter) -> None:
     """Batch 1 landed, then (before abort ran) the query's batch 2 landed too: abort must not delete batch 1's files."""
     committed = write_task(committer, Q1, 1, [1, 2])
@@ -356,3 +354,49 @@ def test_catalog_locked_for_too_long_is_a_clear_retryable_error(tmp_path: Path, 
     assert load(c).current_snapshot() is None
     assert commit(c, Q1, 0, [result]).outcome is Outcome.COMMITTED  # once the catalog is back
     assert table_ids(load(c)) == Counter([1, 2])
+
+
+@pytest.mark.postgres
+def test_postgres_commit_that_lands_after_its_error_and_the_settle_read_keeps_its_files(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20, "also suspected" (PostgreSQL): the connection breaks while the server still commits. The driver gets
+    an error, the settle read (a new connection) still sees the old pointer -- "not landed" -- and then the server's
+    COMMIT becomes visible. The attempt's manifests must not be deleted on that read: they are the table's now
+    (before: deleted, the table referenced a missing manifest list). The late COMMIT is injected at that precise
+    point: the real compare-and-swap on the real PostgreSQL catalog, run right after the settle read."""
+    from lakesink.driver import catalogs
+    from tests.conftest import sql_catalog_properties
+
+    committer = make_committer(sql_catalog_properties("postgres", tmp_path, request))
+    committer.open_table(SCHEMA)
+    assert catalogs.may_apply_late(committer.catalog)
+    real_commit = seam.PreparedCommit.commit
+    real_fresh = catalogs.load_table_fresh
+    in_flight: list[seam.PreparedCommit] = []
+
+    def connection_breaks_during_commit(self: seam.PreparedCommit) -> None:
+        if not in_flight:
+            in_flight.append(self)
+            raise ConnectionError("server closed the connection unexpectedly (COMMIT sent, no answer)")
+        real_commit(self)
+
+    def settle_read_then_the_server_commits(*a: object, **k: object) -> object:
+        table = real_fresh(*a, **k)  # type: ignore[arg-type]
+        if in_flight and not getattr(in_flight[0], "landed_late", False):
+            real_commit(in_flight[0])  # the server finishes the COMMIT it received, after that read
+            in_flight[0].landed_late = True  # type: ignore[attr-defined]
+        return table
+
+    monkeypatch.setattr(seam.PreparedCommit, "commit", connection_breaks_during_commit)
+    monkeypatch.setattr(catalogs, "load_table_fresh", settle_read_then_the_server_commits)
+    result = write_task(committer, Q1, 0, list(range(50)))
+    outcome = commit(committer, Q1, 0, [result])
+    monkeypatch.undo()
+    assert getattr(in_flight[0], "landed_late", False)  # the fault happened as described
+    table = load(committer)
+    assert outcome.outcome is Outcome.COMMITTED
+    assert len(table.snapshots()) == 1 and table.current_snapshot().snapshot_id == in_flight[0].snapshot_id  # type: ignore[union-attr]
+    assert table_ids(table) == Counter(range(50))  # readable: its manifest list and manifests are there
+    assert referenced_data_files(table) <= data_files_on_disk(table)
+    assert commit(committer, Q1, 0, [write_task(committer, Q1, 0, list(range(50)), 1)]).outcome is Outcome.REPLAY_SKIPPED

@@ -8,6 +8,7 @@ versions break pyarrow's multipart uploads.
 from __future__ import annotations
 
 import itertools
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +54,9 @@ class S3Server:
         )
 
     def create_bucket(self) -> str:
-        name = f"lakesink-{next(self._counter)}"
+        # moto's backend is global to the process: every server started in one test run serves the same
+        # buckets, so a name must be unique across servers, not just across this one's counter
+        name = f"lakesink-{next(self._counter)}-{uuid.uuid4().hex[:8]}"
         self.client().create_bucket(Bucket=name)
         return name
 
