@@ -70,7 +70,7 @@ from sqlalchemy import update as sql_update
 from sqlalchemy.orm import Session
 
 from lakesink._pyiceberg.io import live_entries, partition_of
-from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
+from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 from lakesink.table import floats, names, storage
 from lakesink.table.keys import AVRO_CODEC, AVRO_CODEC_DEFAULT, FORMAT_VERSION
 from lakesink.table.keys import SUMMARY_RESTORED_FROM as RESTORED_FROM
@@ -668,6 +668,95 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
     table.metadata = new
     table.metadata_location = location
     return True
+
+
+def commits_atomically(prepared: Sequence[PreparedCommit]) -> bool:
+    """Whether :func:`commit_together` swaps ``prepared`` (commits of distinct tables) as one unit: one commit, or
+    every table on one pyiceberg SQL catalog's database, whose rows are swapped in one database transaction.
+
+    The other catalogs would need their own multi-table call (REST: ``POST /v1/{prefix}/transactions/commit``, when
+    the server's ``/v1/config`` lists that endpoint; not used yet): lakesink.driver.swap commits their tables one
+    after the other."""
+    if len(prepared) < 2:
+        return True
+    first = prepared[0].table.catalog
+    if not isinstance(first, SqlCatalog):
+        return False
+    return all(
+        _sql_swap_applies(p.table)
+        and isinstance(p.table.catalog, SqlCatalog)
+        and p.table.catalog.name == first.name
+        and str(p.table.catalog.engine.url) == str(first.engine.url)
+        for p in prepared
+    )
+
+
+def commit_together(prepared: Sequence[PreparedCommit]) -> None:
+    """Swap every commit of ``prepared`` (distinct tables) or none: one commit's :meth:`PreparedCommit.commit`, or,
+    when :func:`commits_atomically`, the SQL catalog's rows in one database transaction, each with its
+    compare-and-swap on the metadata location its commit was prepared on. Raises CommitFailedException, leaving
+    nothing behind, when any table's pointer moved (the whole unit is prepared again); any other error leaves
+    every table's outcome to be settled by reading it."""
+    if len(prepared) == 1:
+        prepared[0].commit()
+        return
+    if not commits_atomically(prepared):
+        raise ValueError("these commits cannot be swapped as one unit (not all on one pyiceberg SQL catalog)")
+    fault_point(CATALOG_FAILS_BEFORE_APPLY)
+    _swap_tables_on_sql_catalog(prepared)
+    for p in prepared:
+        p.swapped_on_base = True
+    fault_point(CATALOG_FAILS_AFTER_APPLY)
+
+
+def _swap_tables_on_sql_catalog(prepared: Sequence[PreparedCommit]) -> None:
+    """:func:`_swap_on_sql_catalog` for several tables of one SQL catalog in one database transaction: a table's
+    row moves only if every row does (SQLite and PostgreSQL roll the whole transaction back otherwise, and a
+    process killed inside it leaves it uncommitted). Iceberg Java's JdbcCatalog reads the same rows."""
+    catalog = prepared[0].table.catalog
+    assert isinstance(catalog, SqlCatalog)
+    for p in prepared:
+        for requirement in p._requirements:
+            requirement.validate(p.table.metadata)  # CommitFailedException: a clean conflict, as from the catalog
+    staged: list[tuple[PreparedCommit, TableMetadata, str]] = []
+    for p in prepared:
+        base_location = p.table.metadata_location
+        new = updated_metadata(p.table.metadata, p._updates, base_location)
+        version = SqlCatalog._parse_metadata_version(base_location) + 1
+        location = load_location_provider(new.location, new.properties).new_metadata_location(names.metadata_file_name(version))
+        SqlCatalog._write_metadata(metadata=new, io=p.table.io, metadata_path=location)
+        staged.append((p, new, location))
+    with Session(catalog.engine) as session:
+        for k, (p, _, location) in enumerate(staged):
+            if k:
+                fault_point(CATALOG_BETWEEN_TABLE_SWAPS)
+            identifier = p.table.name()
+            result = session.execute(
+                sql_update(IcebergTables)
+                .where(
+                    IcebergTables.catalog_name == catalog.name,
+                    IcebergTables.table_namespace == Catalog.namespace_to_string(Catalog.namespace_from(identifier)),
+                    IcebergTables.table_name == Catalog.table_name_from(identifier),
+                    IcebergTables.metadata_location == p.table.metadata_location,
+                )
+                .values(metadata_location=location, previous_metadata_location=p.table.metadata_location)
+            )
+            if result.rowcount < 1:  # type: ignore[attr-defined]
+                session.rollback()
+                for q, _, written in staged:
+                    q.table.io.delete(written)  # certainly referenced by nothing: no pointer moved to it
+                raise CommitFailedException(
+                    f"the metadata pointer of table {'.'.join(identifier)} moved since {p.table.metadata_location} was "
+                    f"read (a unit of {len(staged)} tables: none was committed)"
+                )
+        session.commit()
+    for p, new, location in staged:
+        try:
+            catalog._delete_old_metadata(p.table.io, p.table.metadata, new)  # write.metadata.delete-after-commit.enabled
+        except Exception as e:
+            warnings.warn(f"Failed to delete old metadata after commit: {e}", stacklevel=2)
+        p.table.metadata = new
+        p.table.metadata_location = location
 
 
 def set_request_timeout(catalog: Any, seconds: float) -> bool:
