@@ -21,9 +21,9 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# the fast lane (620 tests, about 165 s of CPU; 9.6 min of wall time on a shared 2-core machine under load 20):
-# no Spark, no PostgreSQL server, no waiting out timeouts -- table, executor, driver (SQLite), maintenance, audit,
-# CLI, seam contract, executor/driver boundary and layout tests. `make test` runs everything it skips.
+# the fast lane (771 tests, about 195 s of CPU; 9.5 min of wall time on a shared 2-core machine under load 6-8):
+# no Spark, no PostgreSQL server, no REST catalog server, no waiting out timeouts -- table, executor, driver (SQLite),
+# maintenance, audit, CLI, seam contract, executor/driver boundary and layout tests. `make test` runs everything it skips.
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -m "not spark and not postgres and not rest and not slow and not soak and not benchmark and not deploy" $(PYTEST_ARGS)
 
