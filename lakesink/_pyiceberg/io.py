@@ -4,7 +4,8 @@ Arrow in, Parquet out: the table's schema as data files are written with it, the
 onto it, partition values, pyiceberg's Parquet writer options and column statistics, data file locations; and
 reading data files and manifests as pyiceberg's own scan reads them. Runs in Spark's Python workers as well as
 on the driver: it imports no catalog, no commit machinery, no SQLAlchemy (the import contracts of ``make lint``).
-Tested against pyiceberg 0.12.
+Importing it also corrects two pyiceberg 0.12.0 bugs with float and double values in manifests (at the end of this
+module; every process that writes or commits imports it). Tested against pyiceberg 0.12.
 """
 
 from __future__ import annotations
