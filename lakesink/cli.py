@@ -47,7 +47,7 @@ from lakesink.audit import (
 )
 from lakesink.errors import AuditError, InvalidOptionError, LakesinkError
 from lakesink.keyed import keyed_changes
-from lakesink.maintenance import DEFAULT_OLDER_THAN, OrphanFile, OrphanReport, remove_orphan_files
+from lakesink.maintenance import DEFAULT_OLDER_THAN, OTHER_WRITERS_OLDER_THAN, OrphanFile, OrphanReport, remove_orphan_files
 from lakesink.options import TableName
 from lakesink.redaction import redact_secrets_in
 
@@ -454,6 +454,15 @@ def _cell(value: Any) -> str:
     callback=_duration_option,
     help="Only remove files last modified longer ago than this (3d, 12h, 90m, 1d12h, 0).",
 )
+@click.option(
+    "--other-writers-older-than",
+    metavar="DURATION",
+    default=format_duration(OTHER_WRITERS_OLDER_THAN),
+    show_default=True,
+    callback=_duration_option,
+    help="Files lakesink did not name (other writers' files, whose commit may still come) only when last modified "
+    "longer ago than this, and than --older-than. Lower it only while no other writer writes the table.",
+)
 @click.option("--dry-run", is_flag=True, help="Remove nothing; list what would be removed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def remove_orphan_files_command(
@@ -461,6 +470,7 @@ def remove_orphan_files_command(
     catalog_name: str | None,
     catalog_properties: dict[str, str],
     older_than: timedelta,
+    other_writers_older_than: timedelta,
     dry_run: bool,
     as_json: bool,
 ) -> None:
@@ -471,7 +481,7 @@ def remove_orphan_files_command(
     """
     t = load_table(table, catalog_name, catalog_properties)
     try:
-        report = remove_orphan_files(t, older_than=older_than, dry_run=dry_run)
+        report = remove_orphan_files(t, older_than=older_than, other_writers_older_than=other_writers_older_than, dry_run=dry_run)
     except LakesinkError as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:  # the storage failed while the files were listed
@@ -499,6 +509,11 @@ def human_report(report: OrphanReport) -> str:
         lines.append(
             f"kept {len(report.kept_too_young)} orphan file(s), {_size(report.kept_too_young_bytes)}, "
             f"modified less than {format_duration(report.older_than)} ago"
+            + (
+                f" (files lakesink did not name: less than {format_duration(report.other_writers_older_than)})"
+                if report.other_writers_older_than > report.older_than
+                else ""
+            )
         )
         lines += _files(report.kept_too_young, with_reason=False)
     if report.kept_in_flight:
