@@ -4,7 +4,9 @@ were expired as accounted for. Real SQLite catalogs, no Spark."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -152,3 +154,49 @@ def test_verify_counts_expired_batches_as_accounted_not_missing_or_empty(catalog
     report = lakesink.verify(load(c))
     (q,) = report.queries
     assert report.violations == [] and q.empty_batches == 1 and q.expired_batches == 4
+
+
+
+@pytest.mark.parametrize("moment", ["summaries", "files"])
+def test_verify_while_another_process_expires_the_snapshots_it_reads(
+    catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch, moment: str
+) -> None:
+    """``lakesink verify`` beside a stream whose sink expires snapshots (the concurrency soak's finding, docs/soak.md):
+    verify read the history from one metadata, another process then expired snapshots and deleted their manifest
+    lists (and, after a compaction, the head's data files), and verify reported ``unreadable-manifest`` violations for
+    snapshots that were no longer in the table. Whatever verify finds unreadable or missing while the table moved on is
+    checked again on the table's current metadata; a file missing from the current metadata is still a violation."""
+    from lakesink.audit import Manifests
+
+    keep = "2" if moment == "summaries" else "1"
+    c = _committer(
+        catalog_properties,
+        {
+            "history.expire.max-snapshot-age-ms": "0",
+            "history.expire.min-snapshots-to-keep": keep,
+            "write.lakesink.compact.min-input-files": "2",
+        },
+    )
+    _batches(c, 6)
+    table = load(c)  # what verify reads
+    method = "changes" if moment == "summaries" else "live_files"
+    real = getattr(Manifests, method)
+    fired: list[bool] = []
+
+    def another_process_first(self: Manifests, snapshot: Any) -> Any:
+        if not fired:  # between verify's read of the history and its read of the manifests
+            fired.append(True)
+            if moment == "files":  # the head verify read is replaced, then expired with its files
+                assert compaction.compact(load(c)).status == "committed"
+            assert expiry.expire_snapshots(load(c)).status == "committed"
+        return real(self, snapshot)
+
+    monkeypatch.setattr(Manifests, method, another_process_first)
+    report = lakesink.verify(table)
+    assert fired and report.violations == [], report.violations
+    head = load(c).current_snapshot()
+    assert head is not None and report.head_snapshot_id == head.snapshot_id
+    monkeypatch.undo()
+    path = sorted(Manifests(load(c)).live_files(head))[0]
+    os.remove(path.removeprefix("file://"))  # missing from the table as it is now: still reported
+    assert [v.kind for v in lakesink.verify(load(c)).violations] == ["missing-file"]

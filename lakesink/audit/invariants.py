@@ -103,7 +103,39 @@ def verify(
        (``lakesink.previous-batch-id`` of the next snapshot, or the marker), and the marker is not behind;
     3. every live data file exists with the size its manifest records (``check_files``);
     4. each snapshot's summary agrees with its manifests (files and records added and deleted, totals).
+
+    The table may move on while it is read: another process (a stream's own maintenance) can expire snapshots and
+    delete the files only they referenced. When a manifest or data file is unreadable or missing and the table
+    loaded again from its catalog is no longer the metadata read, the check runs again on the current metadata (at
+    most :data:`VERIFY_READS` reads); the report is the last read's. A file missing from the metadata it was read
+    from while that metadata is still the table's current one is a violation.
     """
+    report = _verify(table, branch=branch, check_files=check_files, show_progress=show_progress)
+    for _ in range(VERIFY_READS - 1):
+        if not any(v.kind in _FILE_VIOLATIONS for v in report.violations):
+            break
+        fresh = _reload(table)
+        if fresh is None or fresh.metadata_location == table.metadata_location:
+            break  # the table did not move: the files are missing for real
+        table = fresh
+        report = _verify(table, branch=branch, check_files=check_files, show_progress=show_progress)
+    return report
+
+
+#: How many times :func:`verify` reads the table when files went missing because the table moved on meanwhile.
+VERIFY_READS = 3
+_FILE_VIOLATIONS = (UNREADABLE_MANIFEST, MISSING_FILE)
+
+
+def _reload(table: Table) -> Table | None:
+    """The table as its catalog has it now; None when it cannot be loaded again (a static table)."""
+    try:
+        return table.catalog.load_table(table.name())
+    except Exception:
+        return None
+
+
+def _verify(table: Table, *, branch: str, check_files: bool, show_progress: bool | None) -> VerifyReport:
     name = ".".join(table.name())
     snapshots = ancestry(table, branch)
     head = snapshots[-1] if snapshots else None
