@@ -7,6 +7,10 @@ every soak its own). The trigger is ``availableNow``: the job consumes what is i
 when it starts, ``--max-files`` files per micro-batch, then exits with code 0. Started again on the
 same ``--checkpoint``, it goes on where the checkpoint says.
 
+The concurrency soak (``tests/soak/concurrency.py``) runs it with ``--trigger-seconds`` (a processing-time trigger:
+the job runs until ``--stop-file`` appears, then stops its query and exits with 0) and ``--table-property`` (the
+properties of the table lakesink creates: maintenance and expiry settings).
+
 The session is ``local[2,4]`` by default: a task that fails (a Python worker SIGKILLed by a fault
 point, an injected exception) is retried by Spark, up to 4 attempts.
 """
