@@ -71,6 +71,41 @@ def test_spark_file_source_log_with_compacted_entries(tmp_path: Path) -> None:
     assert files == {f"part-{b}-00000.json": b for b in range(11)}
 
 
+def test_the_batch_of_an_input_file_comes_from_the_offset_log_not_the_source_log(tmp_path: Path) -> None:
+    """The 20-minute foreach run (seed 2): the stream was killed during the start-up of a restart, after Spark's file
+    source had logged its next files but before the offset log named them; from then on the source's log offsets
+    ran one ahead of the batch ids. The model took the source's offset for the batch id: the table's marker never
+    reached the batch it expected for the last files, and the drain waited until its timeout."""
+    from types import SimpleNamespace
+
+    checkpoint = tmp_path / "checkpoint"
+    (checkpoint / "sources" / "0").mkdir(parents=True)
+    (checkpoint / "offsets").mkdir()
+    for offset in range(6):  # source offsets 0..5, one file each
+        entry = {"path": f"file:///in/part-{offset}-00000.json", "timestamp": 1, "batchId": offset}
+        (checkpoint / "sources" / "0" / str(offset)).write_text("v1\n" + json.dumps(entry) + "\n")
+    # batch 2 read source offsets 2 and 3 (the killed start-up had logged offset 2); offset 5: no batch yet
+    for batch, log_offset in {0: 0, 1: 1, 2: 3, 3: 4}.items():
+        (checkpoint / "offsets" / str(batch)).write_text('v1\n{"batchWatermarkMs":0}\n' + json.dumps({"logOffset": log_offset}) + "\n")
+    soak = ConcurrencySoak(Config(seed=1, minutes=0, folder=tmp_path))
+    soak.load_model(SimpleNamespace(snapshots=[]), 0.0)
+    assert soak.model.file_batch == {
+        "part-0-00000.json": 0,
+        "part-1-00000.json": 1,
+        "part-2-00000.json": 2,
+        "part-3-00000.json": 2,
+        "part-4-00000.json": 3,
+    }
+    assert soak.unmapped_files == []
+    # Spark purged the entries of batches 0-1 before the runner read them: batch 2's first offset is unknown
+    soak = ConcurrencySoak(Config(seed=1, minutes=0, folder=tmp_path))
+    for batch in (0, 1):
+        (checkpoint / "offsets" / str(batch)).unlink()
+    soak.load_model(SimpleNamespace(snapshots=[]), 0.0)
+    assert soak.unmapped_files == ["part-0-00000.json", "part-1-00000.json", "part-2-00000.json", "part-3-00000.json"]
+    assert soak.model.file_batch == {"part-4-00000.json": 3}
+
+
 def test_a_journal_line_being_written_is_not_read(tmp_path: Path) -> None:
     path = tmp_path / "j.jsonl"
     Journal(path).write(op="a-1", phase="intent")

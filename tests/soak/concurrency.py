@@ -166,6 +166,47 @@ def spark_files_log(checkpoint: Path) -> dict[str, int]:
     return out
 
 
+def spark_offsets_log(checkpoint: Path) -> dict[int, int]:
+    """Micro-batch id -> the file source's log offset it read up to (``offsets/N``: ``{"logOffset": L}``). Spark keeps
+    only the last ``minBatchesToRetain`` (100) entries: the runner reads them as it goes (:meth:`poll_offsets`)."""
+    out: dict[int, int] = {}
+    folder = checkpoint / "offsets"
+    if not folder.is_dir():
+        return out
+    for p in folder.iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            lines = p.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:  # purged meanwhile
+            continue
+        if len(lines) >= 3 and lines[2].strip():  # "v1", the batch's metadata, then one line per source
+            out[int(p.name)] = int(json.loads(lines[2])["logOffset"])
+    return out
+
+
+def file_batches(source_files: dict[str, int], batch_offsets: dict[int, int]) -> tuple[dict[str, int], list[str]]:
+    """Input file name -> the micro-batch that read it, from the file source's log (file -> source log offset) and the
+    offset log (batch -> the source log offset it read up to): batch ``N`` read the files of offsets
+    ``(L[N-1], L[N]]``. The source's offsets are not the batch ids: a run killed after the source logged its next
+    files but before the offset log named them leaves the source one offset ahead of the batches for good.
+    Files of offsets no batch has read yet are left out; the second result: files whose batch cannot be told
+    (the offset log entries around them were purged before the runner read them)."""
+    ordered = sorted(batch_offsets.items())
+    out: dict[str, int] = {}
+    unknown: list[str] = []
+    for name, offset in source_files.items():
+        batch = next((b for b, last in ordered if last >= offset), None)
+        if batch is None:
+            continue  # not read by a batch yet
+        previous = batch_offsets.get(batch - 1)
+        if batch == 0 or (previous is not None and previous < offset):
+            out[name] = batch
+        else:
+            unknown.append(name)
+    return out, sorted(unknown)
+
+
 def spark_log(folder: Path) -> list[int]:
     if not folder.is_dir():
         return []
@@ -293,6 +334,9 @@ class ConcurrencySoak:
     violations: list[str] = field(default_factory=list)
     loads: list[float] = field(default_factory=list)
     files_written: int = 0
+    batch_offsets: dict[int, int] = field(default_factory=dict)  # micro-batch -> file source log offset (offsets/N)
+    unmapped_files: list[str] = field(default_factory=list)
+    _offsets_polled: float = 0.0
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.cfg.seed)
@@ -448,7 +492,20 @@ class ConcurrencySoak:
         except Exception:
             return None
 
+    def poll_offsets(self, *, now: bool = True) -> None:
+        """Keep every entry of Spark's offset log (it purges all but the last 100); ``now=False``: at most once a
+        second."""
+        if not now and time.monotonic() - self._offsets_polled < 1.0:
+            return
+        self._offsets_polled = time.monotonic()
+        for batch, offset in spark_offsets_log(self.checkpoint).items():
+            known = self.batch_offsets.setdefault(batch, offset)
+            if known != offset:
+                self.violation(f"Spark's offset log entry of batch {batch} changed from logOffset {known} to {offset}")
+                self.batch_offsets[batch] = offset
+
     def watch_processes(self) -> None:
+        self.poll_offsets(now=False)
         if self.stream is not None and self.stream.poll() is not None:
             self.violation(
                 f"stream run {self.stream_runs} exited by itself with {self.stream.returncode}: {self.log_tail('job')}"
@@ -478,7 +535,8 @@ class ConcurrencySoak:
         whose outcome was journaled after ``loaded_at`` (the wall clock before ``metadata`` was read) may have landed
         before or after that read: its tag is not checked this time."""
         m = self.model
-        m.file_batch = spark_files_log(self.checkpoint)
+        self.poll_offsets()
+        m.file_batch, self.unmapped_files = file_batches(spark_files_log(self.checkpoint), self.batch_offsets)
         m.appends, m.deletes, m.tags, m.pending_tags = [], [], {}, set()
         m.counts = Counter()
         by_op: dict[str, int] = {}
@@ -577,6 +635,11 @@ class ConcurrencySoak:
         batch = stream_marker(dict(md.properties))
         result.head_sequence, result.stream_batch = head.sequence_number, batch
         missing_inputs = [n for n in self.model.file_batch if n not in self.model.file_ids]
+        if self.unmapped_files:
+            result.violations.append(
+                f"the batch of {len(self.unmapped_files)} input file(s) cannot be told (Spark purged its offset log "
+                f"entries before the runner read them): {self.unmapped_files[:5]}"
+            )
         if missing_inputs:
             result.violations.append(f"Spark read input files the runner never wrote: {missing_inputs[:5]}")
 
@@ -762,7 +825,7 @@ class ConcurrencySoak:
         deadline = time.monotonic() + self.cfg.drain_timeout
         while True:
             self.watch_processes()
-            files = spark_files_log(self.checkpoint)
+            files, _ = file_batches(spark_files_log(self.checkpoint), self.batch_offsets)
             marker = self.marker()
             if len(files) == self.files_written and marker is not None and marker >= max(files.values()):
                 break
