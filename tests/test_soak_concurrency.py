@@ -86,7 +86,8 @@ def test_the_batch_of_an_input_file_comes_from_the_offset_log_not_the_source_log
         (checkpoint / "sources" / "0" / str(offset)).write_text("v1\n" + json.dumps(entry) + "\n")
     # batch 2 read source offsets 2 and 3 (the killed start-up had logged offset 2); offset 5: no batch yet
     for batch, log_offset in {0: 0, 1: 1, 2: 3, 3: 4}.items():
-        (checkpoint / "offsets" / str(batch)).write_text('v1\n{"batchWatermarkMs":0}\n' + json.dumps({"logOffset": log_offset}) + "\n")
+        offset_line = json.dumps({"logOffset": log_offset})
+        (checkpoint / "offsets" / str(batch)).write_text('v1\n{"batchWatermarkMs":0}\n' + offset_line + "\n")
     soak = ConcurrencySoak(Config(seed=1, minutes=0, folder=tmp_path))
     soak.load_model(SimpleNamespace(snapshots=[]), 0.0)
     assert soak.model.file_batch == {
