@@ -860,7 +860,7 @@ class ConcurrencySoak:
                 out = json.loads(done.stdout)
                 self.say(
                     f"lakesink verify: ok={out.get('ok')}, {out.get('snapshots_checked')} snapshot(s), "
-                    f"{out.get('files_checked')} file(s) checked, {out.get('violations')} violation(s)"
+                    f"{out.get('files_checked')} file(s) checked, {len(out.get('violations') or [])} violation(s)"
                 )
             except ValueError:
                 self.say(f"lakesink verify: exit 0, {done.stdout.strip()[:200]}")
