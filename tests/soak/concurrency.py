@@ -61,8 +61,8 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 from examples.demo import session_members  # noqa: E402
-from tests.support.helpers import write_json_input  # noqa: E402
 from tests.soak.others import IDENT, SUMMARY_OP, TABLE, TAG_PREFIX, catalog_properties, read_journal  # noqa: E402
+from tests.support.helpers import write_json_input  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = ("appender", "deleter", "tagger", "orphans")
