@@ -7,9 +7,12 @@ so that a pyiceberg upgrade touches these files only (tests/seam/test_contract.p
 against pyiceberg 0.12.
 
 - :mod:`lakesink._pyiceberg.io`: executor-safe: Arrow in, Parquet out (schemas, projection, partitions, writer
-  options, statistics, locations), and reading data files and manifests as pyiceberg's scan does;
+  options, statistics, locations), reading data files and manifests as pyiceberg's scan does, and the
+  corrections of pyiceberg's float/double bugs in manifests;
 - :mod:`lakesink._pyiceberg.commit`: driver side: prepared commits for one compare-and-swap, the SQL catalog's
-  swap and reload, schema evolution, and the maintenance snapshot producers (replace, expire, manifest rewrite).
+  swap and reload, schema evolution, the maintenance snapshot producers (replace, expire, manifest rewrite, the
+  refs an expiry dropped put back), one-request commits (``staged``/``commit_once``) and the REST catalog's
+  request timeout.
 
 This ``__init__`` imports nothing: an executor importing the io part never loads the commit part (nor SQLAlchemy).
 A module imports the part it uses as ``seam``; a driver module that uses both imports the io part as ``seam``

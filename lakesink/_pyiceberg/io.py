@@ -4,7 +4,8 @@ Arrow in, Parquet out: the table's schema as data files are written with it, the
 onto it, partition values, pyiceberg's Parquet writer options and column statistics, data file locations; and
 reading data files and manifests as pyiceberg's own scan reads them. Runs in Spark's Python workers as well as
 on the driver: it imports no catalog, no commit machinery, no SQLAlchemy (the import contracts of ``make lint``).
-Tested against pyiceberg 0.12.
+Importing it also corrects two pyiceberg 0.12.0 bugs with float and double values in manifests (at the end of this
+module; every process that writes or commits imports it). Tested against pyiceberg 0.12.
 """
 
 from __future__ import annotations
@@ -402,21 +403,41 @@ def snapshot_has_delete_files(table: Table, snapshot: Any) -> bool:
     )
 
 
-def reachable_files(table: Table, snapshots: Iterable[Any], *, live_only: bool = False) -> tuple[set[str], set[str], set[str]]:
+def reachable_files(
+    table: Table, snapshots: Iterable[Any], *, live_only: bool = False, gone: set[str] | None = None
+) -> tuple[set[str], set[str], set[str]]:
     """(manifest lists, manifests, data and delete files) that ``snapshots`` reference: every entry, or with
-    ``live_only`` the files the snapshots contain (a ``deleted`` entry is a file a snapshot no longer has)."""
+    ``live_only`` the files the snapshots contain (a ``deleted`` entry is a file a snapshot no longer has).
+
+    A manifest list or manifest that does not exist raises FileNotFoundError; with ``gone`` (a set) it is added to
+    ``gone`` instead and what it would list is left out (for files that are being deleted anyway: another clean-up
+    removed it first)."""
     lists: set[str] = set()
     manifests: set[str] = set()
     files: set[str] = set()
     seen: set[str] = set()
     for snapshot in snapshots:
         lists.add(snapshot.manifest_list)
-        for manifest in snapshot.manifests(table.io):
+        try:
+            snapshot_manifests = snapshot.manifests(table.io)
+        except FileNotFoundError:
+            if gone is None:
+                raise
+            gone.add(snapshot.manifest_list)
+            continue
+        for manifest in snapshot_manifests:
             manifests.add(manifest.manifest_path)
             if manifest.manifest_path in seen:
                 continue
             seen.add(manifest.manifest_path)
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=live_only):
+            try:
+                entries = manifest.fetch_manifest_entry(table.io, discard_deleted=live_only)
+            except FileNotFoundError:
+                if gone is None:
+                    raise
+                gone.add(manifest.manifest_path)
+                continue
+            for entry in entries:
                 files.add(entry.data_file.file_path)
     return lists, manifests, files
 

@@ -22,7 +22,7 @@ from lakesink.cli.common import catalog_options, duration_option, format_duratio
 from lakesink.cli.output import Output, output_option
 from lakesink.errors import LakesinkError
 from lakesink.maintenance import compaction, expiry, manifest_rewrite, routine
-from lakesink.maintenance.orphans import DEFAULT_OLDER_THAN, remove_orphan_files
+from lakesink.maintenance.orphans import DEFAULT_OLDER_THAN, OTHER_WRITERS_OLDER_THAN, remove_orphan_files
 from lakesink.sink.checkpoint_cleanup import DEFAULT_OLDER_THAN as CHECKPOINT_QUIET_TIME
 from lakesink.sink.checkpoint_cleanup import clean_checkpoint
 from lakesink.table.keys import MAIN_BRANCH
@@ -203,6 +203,15 @@ def forget_query_command(
     callback=duration_option,
     help="Only remove files last modified longer ago than this (3d, 12h, 90m, 1d12h, 0).",
 )
+@click.option(
+    "--other-writers-older-than",
+    metavar="DURATION",
+    default=format_duration(OTHER_WRITERS_OLDER_THAN),
+    show_default=True,
+    callback=duration_option,
+    help="Files lakesink did not name (other writers' files, whose commit may still come) only when last modified "
+    "longer ago than this, and than --older-than. Lower it only while no other writer writes the table.",
+)
 @click.option("--dry-run", is_flag=True, help="Remove nothing; list what would be removed.")
 @output_option(help="Print the report as JSON.")
 def remove_orphan_files_command(
@@ -210,6 +219,7 @@ def remove_orphan_files_command(
     catalog_name: str | None,
     catalog_properties: dict[str, str],
     older_than: timedelta,
+    other_writers_older_than: timedelta,
     dry_run: bool,
     output: Output,
 ) -> None:
@@ -220,7 +230,9 @@ def remove_orphan_files_command(
     """
     t = load_table(table, catalog_name, catalog_properties)
     try:
-        report = remove_orphan_files(t, older_than=older_than, dry_run=dry_run)
+        report = remove_orphan_files(
+            t, older_than=older_than, other_writers_older_than=other_writers_older_than, dry_run=dry_run
+        )
     except LakesinkError as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:  # the storage failed while the files were listed

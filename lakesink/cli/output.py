@@ -331,6 +331,11 @@ def human_report(report: OrphanReport) -> str:
         lines.append(
             f"kept {len(report.kept_too_young)} orphan file(s), {_size(report.kept_too_young_bytes)}, "
             f"modified less than {format_duration(report.older_than)} ago"
+            + (
+                f" (files lakesink did not name: less than {format_duration(report.other_writers_older_than)})"
+                if report.other_writers_older_than > report.older_than
+                else ""
+            )
         )
         lines += _files(report.kept_too_young, with_reason=False)
     if report.kept_in_flight:

@@ -427,7 +427,21 @@ def restore_refs(load: Callable[[], Table], lost: dict[str, tuple[SnapshotRef, S
 
 def _only_in(table: Table, expired: list[Snapshot], kept: list[Snapshot]) -> set[str]:
     """Files the expired snapshots reference that no kept snapshot references or contains. A data file a kept
-    snapshot lists only as deleted (a compaction rewrote it) is not in it: it goes, as in Iceberg."""
-    e_lists, e_manifests, e_files = seam.reachable_files(table, expired)
+    snapshot lists only as deleted (a compaction rewrote it) is not in it: it goes, as in Iceberg.
+
+    A manifest list or manifest of an expired snapshot that is already gone (an orphan clean-up in another process
+    read the metadata this expiry committed and removed it first) is left out, with what it listed: those files
+    are unreferenced and the next orphan clean-up collects them (Iceberg Java's expiry, too, warns and goes on
+    when it cannot read an expired snapshot's manifests). The kept snapshots are read strictly: a file of theirs
+    that cannot be read stops the deletes (nothing is deleted)."""
+    gone: set[str] = set()
+    e_lists, e_manifests, e_files = seam.reachable_files(table, expired, gone=gone)
     k_lists, k_manifests, k_files = seam.reachable_files(table, kept, live_only=True)
+    if gone:
+        log.info(
+            "lakesink: snapshot expiry of %s: %s manifest list(s)/manifest(s) of the expired snapshots were already "
+            "deleted (another clean-up); the files only they listed are left to the orphan clean-up",
+            ".".join(table.name()),
+            len(gone),
+        )
     return (e_lists - k_lists) | (e_manifests - k_manifests) | (e_files - k_files)

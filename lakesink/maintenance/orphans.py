@@ -6,7 +6,8 @@ then skipped. :func:`remove_orphan_files` lists the table location, subtracts ev
 metadata can reach, and removes what is left, under two safety rules (see its docstring and
 ``docs/maintenance.md``):
 
-- the **age rule** (Iceberg's ``deleteOrphanFiles``): only files modified before ``older_than`` ago;
+- the **age rule** (Iceberg's ``deleteOrphanFiles``): only files modified before ``older_than`` ago, and, for a file
+  that lakesink did not name (another writer's), before ``other_writers_older_than`` ago (default a day);
 - the **in-flight guard**: whatever ``older_than`` says, a file that a lakesink commit in flight may still
   reference is kept for at least :data:`IN_FLIGHT_WINDOW`. Every file lakesink writes is named by
   :mod:`lakesink.table.names`, and the guard decides from the name (:func:`lakesink.table.names.classify`): a batch's data
@@ -47,6 +48,11 @@ log = logging.getLogger("lakesink")
 
 DEFAULT_OLDER_THAN = timedelta(days=3)
 """Iceberg's default for ``deleteOrphanFiles``: files younger than this are never removed."""
+
+OTHER_WRITERS_OLDER_THAN = timedelta(days=1)
+"""Files lakesink did not name (other writers': pyiceberg, Spark, Trino, another engine's delete files) younger than
+this are kept whatever ``older_than`` says: nothing but their age can tell that their commit is not still to come.
+Iceberg's ``remove_orphan_files`` procedure refuses an interval shorter than a day for the same reason."""
 
 IN_FLIGHT_WINDOW = timedelta(milliseconds=names.IN_FLIGHT_WINDOW_MS)
 """How long a file that a commit in flight may still reference is kept, even when ``older_than`` is shorter.
@@ -108,6 +114,8 @@ class OrphanReport:
     """Listed files never considered: inside another table's location, or resolving outside this one."""
     skipped_hidden: int = 0
     """Listed files under a name starting with ``.`` or ``_`` (never considered, as in Iceberg)."""
+    other_writers_older_than: timedelta = OTHER_WRITERS_OLDER_THAN
+    """Files lakesink did not name modified less than this long ago are too young (never less than ``older_than``)."""
 
     @property
     def cutoff(self) -> datetime:
@@ -138,6 +146,7 @@ class OrphanReport:
             "location": self.location,
             "dry_run": self.dry_run,
             "older_than_seconds": self.older_than.total_seconds(),
+            "other_writers_older_than_seconds": self.other_writers_older_than.total_seconds(),
             "started": self.started.isoformat(),
             "cutoff": self.cutoff.isoformat(),
             "listed": self.listed,
@@ -161,7 +170,13 @@ class OrphanReport:
 # --- the clean-up -------------------------------------------------------------------------------
 
 
-def remove_orphan_files(table: Table, *, older_than: timedelta = DEFAULT_OLDER_THAN, dry_run: bool = False) -> OrphanReport:
+def remove_orphan_files(
+    table: Table,
+    *,
+    older_than: timedelta = DEFAULT_OLDER_THAN,
+    other_writers_older_than: timedelta = OTHER_WRITERS_OLDER_THAN,
+    dry_run: bool = False,
+) -> OrphanReport:
     """Remove the files under ``table``'s location that no snapshot of the table references.
 
     Referenced files are those of every snapshot still in the table metadata (of every branch and
@@ -173,8 +188,11 @@ def remove_orphan_files(table: Table, *, older_than: timedelta = DEFAULT_OLDER_T
     An orphan is removed only when **both** rules allow it:
 
     1. *Age*: it was last modified before ``older_than`` ago (default 3 days, as Iceberg's
-       ``deleteOrphanFiles``). This is what protects the files of any writer whose commit is
-       still to come; ``older_than`` must exceed the longest write plus commit of every writer.
+       ``deleteOrphanFiles``), and a file whose name lakesink did not make (another writer's) before
+       ``max(older_than, other_writers_older_than)`` ago (default a day). This is what protects the files of
+       other writers whose commit is still to come: nothing else can tell them apart from leftovers. Give
+       ``other_writers_older_than`` below their longest write plus commit only when no other writer writes
+       the table while the clean-up runs.
     2. *In-flight guard*: it is not a file that a commit in flight may still reference, as far as
        the table's metadata can tell, unless it is older than :data:`IN_FLIGHT_WINDOW`. Kept are
        a lakesink data file whose batch is not known to be committed (its query-id prefix matches
@@ -184,7 +202,8 @@ def remove_orphan_files(table: Table, *, older_than: timedelta = DEFAULT_OLDER_T
        makes an ``older_than`` shorter than a lakesink batch safe for lakesink's own commits, with
        one exception: a new query whose id starts with the same 8 characters as a query that has
        a marker, while its first batch is in flight (about one chance in 2**32 per pair of
-       queries of the table). Other writers' commits in flight are protected by the age rule only.
+       queries of the table). Other writers' commits in flight are protected by the age rule only
+       (``other_writers_older_than``).
 
     Files of a lakesink batch that its query has already committed (batch id at or below the
     query's ``lakesink.last-batch.<query id>`` marker) are **not** removed while they are young
@@ -211,6 +230,8 @@ def remove_orphan_files(table: Table, *, older_than: timedelta = DEFAULT_OLDER_T
     Args:
         table: a table loaded from a catalog (it is re-loaded from the same catalog).
         older_than: only files last modified before ``now - older_than`` may be removed; >= 0.
+        other_writers_older_than: files whose name lakesink did not make only when last modified before
+            ``now - max(older_than, other_writers_older_than)``; >= 0.
         dry_run: remove nothing; the report lists what would be removed.
 
     Returns:
@@ -218,6 +239,11 @@ def remove_orphan_files(table: Table, *, older_than: timedelta = DEFAULT_OLDER_T
     """
     if not isinstance(older_than, timedelta) or older_than < timedelta(0):
         raise InvalidOptionError(f"older_than must be a timedelta >= 0 (for example timedelta(days=3)), got {older_than!r}")
+    if not isinstance(other_writers_older_than, timedelta) or other_writers_older_than < timedelta(0):
+        raise InvalidOptionError(
+            f"other_writers_older_than must be a timedelta >= 0 (for example timedelta(days=1)), got {other_writers_older_than!r}"
+        )
+    others_age = max(older_than, other_writers_older_than)
     started = datetime.now(timezone.utc)
     name = ".".join(table.name())
     root = _table_root(table, name)
@@ -246,6 +272,7 @@ def remove_orphan_files(table: Table, *, older_than: timedelta = DEFAULT_OLDER_T
         candidates = [f for f, r in inside if not r]
 
     cutoff = started - older_than
+    others_cutoff = started - others_age
     window_cutoff = started - IN_FLIGHT_WINDOW
     guard = _InFlightGuard(fresh, referenced, started)
     to_remove: list[OrphanFile] = []
@@ -256,6 +283,13 @@ def remove_orphan_files(table: Table, *, older_than: timedelta = DEFAULT_OLDER_T
             too_young.append(f.orphan("the storage reports no modification time"))
         elif f.modified >= cutoff:
             too_young.append(f.orphan(f"modified {_ago(started - f.modified)} ago, less than {_ago(older_than)}"))
+        elif f.modified >= others_cutoff and not names.classify(f.relative).lakesinks:
+            too_young.append(
+                f.orphan(
+                    f"not named by lakesink (another writer's commit may still reference it): modified "
+                    f"{_ago(started - f.modified)} ago, less than {_ago(others_age)} (other_writers_older_than)"
+                )
+            )
         elif (why := guard.reason(f, window_cutoff)) is not None:
             in_flight.append(f.orphan(why))
         else:
@@ -276,6 +310,7 @@ def remove_orphan_files(table: Table, *, older_than: timedelta = DEFAULT_OLDER_T
         failed=tuple(failed),
         skipped=tuple(skipped),
         skipped_hidden=hidden,
+        other_writers_older_than=others_age,
     )
     log.info(
         "lakesink: table=%s orphan files %s=%s (%s bytes) kept_too_young=%s kept_in_flight=%s failed=%s",

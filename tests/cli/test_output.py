@@ -52,7 +52,15 @@ SHAPES: list[tuple[list[str], type | set[str]]] = [
     (
         ["remove-orphan-files", "db.events", "--dry-run"],
         {"cutoff", "dry_run", "failed", "failed_count", "kept_in_flight", "kept_in_flight_bytes", "kept_in_flight_count"}
-        | {"kept_too_young", "kept_too_young_bytes", "kept_too_young_count", "listed", "location", "older_than_seconds"}
+        | {
+            "kept_too_young",
+            "kept_too_young_bytes",
+            "kept_too_young_count",
+            "listed",
+            "location",
+            "older_than_seconds",
+            "other_writers_older_than_seconds",
+        }
         | {"referenced", "removed", "removed_bytes", "removed_count", "skipped", "skipped_hidden", "started", "table"},
     ),
     (

@@ -29,6 +29,7 @@ from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, ENV_FAULTS_DIR
 from lakesink.maintenance.orphans import remove_orphan_files
+from lakesink.table import names
 from tests.support.helpers import Stream, assert_snapshot_invariants, referenced_data_files, table_ids, write_json_input
 from tests.support.s3 import SECRET_KEY, S3Server
 
@@ -154,7 +155,12 @@ def test_orphan_clean_up_audit_commands_and_reader_on_s3(
     faults.arm(DRIVER_BEFORE_SWAP, "raise")
     s.run_failing()
     assert data_objects(s3_server, bucket) == committed
-    stray = f"{table.location()}/data/00000-0-stray.parquet"
+    # named as lakesink names a data file: a killed attempt (9) of the committed batch 1 -- a file lakesink did not
+    # name would be kept for a day (other_writers_older_than), which tests/maintenance/test_orphans.py covers
+    name = names.data_file_name(
+        query_id=s.query_id, batch_id=1, partition_id=0, task_attempt_id=9, token=names.new_token(), counter=0
+    )
+    stray = f"{table.location()}/data/{name}"
     s3_server.client().put_object(Bucket=bucket, Key=stray.split(f"s3://{bucket}/", 1)[1], Body=b"PAR1")
     dry = remove_orphan_files(table, older_than=timedelta(0), dry_run=True)
     assert [f.path for f in dry.removed] == [stray] and not dry.failed

@@ -121,7 +121,7 @@ def test_merge_schema_widens_an_identity_partition_source(catalog_properties: di
     table = c.reload_table()
     assert table.schema().find_field("p").field_type == LongType()
     for task in table.scan().plan_files():  # every file's rows are of its partition
-        values = pq.read_table(task.file.file_path.removeprefix("file://")).column("p").to_pylist()
+        values = pq.ParquetFile(task.file.file_path.removeprefix("file://")).read().column("p").to_pylist()
         assert set(values) == {task.file.partition[0]}, (task.file.file_path, values)
     rows = table.scan().to_arrow().to_pylist()
     expected = {1: (1, "a"), 2: (2, "B"), 3: (p[2], "C"), 4: (BIG, "d")}

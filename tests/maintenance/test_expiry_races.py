@@ -157,3 +157,40 @@ def test_a_tag_created_during_expiry_is_kept_when_the_catalog_applies_updates_to
     table = load(c)
     assert table_ids(table) == Counter([*(b * 10 + i for b in range(5) for i in range(3)), 500])
     assert getattr(table.metadata, "last_sequence_number", None) == max(s.sequence_number or 0 for s in table.snapshots())
+
+
+def test_files_of_expired_snapshots_another_clean_up_removed_first_do_not_fail_the_expiry(
+    catalog_properties: dict[str, str],
+) -> None:
+    """The concurrency soak (docs/soak.md): the sink's expiry committed, then ``remove-orphan-files --older-than 0`` in
+    another process read the new metadata and removed the manifest list of a snapshot just expired, before the expiry
+    listed the files only the expired snapshots referenced; the expiry raised FileNotFoundError after its commit
+    (``background maintenance failed``; ``lakesink expire-snapshots`` would exit with an error for an expiry that
+    committed) and deleted none of the files it was to delete. A file of an expired snapshot that is already gone
+    has nothing left to delete; the kept snapshots are still read strictly."""
+    c = make_committer(catalog_properties)
+    snapshot_ids = five_batches(c)
+    before = load(c)
+    lists = {s.snapshot_id: s.manifest_list for s in before.snapshots()}
+    removed_by_other: list[str] = []
+
+    def load_after_another_clean_up() -> Table:
+        # another process's orphan clean-up, after the commit: it removes what the new metadata no longer references
+        table = load(c)
+        present = {s.snapshot_id for s in table.snapshots()}
+        for sid in snapshot_ids[:2]:
+            if sid not in present and local(lists[sid]).exists():
+                local(lists[sid]).unlink()
+                removed_by_other.append(lists[sid])
+        return table
+
+    report = expire_snapshots(load(c), retain_last=1, older_than=datetime.now(timezone.utc), load=load_after_another_clean_up)
+    assert report.status == "committed", report
+    assert len(removed_by_other) == 2  # the fault happened: between the commit and the expiry's file listing
+    assert set(report.expired_snapshot_ids) == set(snapshot_ids[:4])
+    # the expiry deleted the manifest lists of the other two expired snapshots, as it would have without the race
+    assert {lists[sid] for sid in snapshot_ids[2:4]} <= set(report.deleted_files)
+    assert not any(local(lists[sid]).exists() for sid in snapshot_ids[:4])
+    table = load(c)
+    assert_every_referenced_file_exists(table)
+    assert table_ids(table) == Counter(b * 10 + i for b in range(5) for i in range(3))

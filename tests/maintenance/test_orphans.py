@@ -31,6 +31,7 @@ from pyiceberg.table.statistics import BlobMetadata, StatisticsFile
 
 import lakesink
 from lakesink._pyiceberg import commit as seam
+from lakesink.audit import interop
 from lakesink.cli import main
 from lakesink.cli.common import format_duration, parse_duration
 from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
@@ -126,8 +127,6 @@ def plant(table: Table, relative: str, content: bytes = b"not referenced by anyt
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
     return f"file://{path}"
-
-
 
 
 def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
@@ -334,7 +333,10 @@ def test_unreferenced_files_are_removed_only_when_older_than_the_threshold(commi
     assert paths(one_day.removed) == two_days and paths(one_day.kept_too_young) == twelve_hours
     assert not any(local(p).exists() for p in two_days) and all(local(p).exists() for p in twelve_hours)
 
-    rest = remove_orphan_files(table, older_than=timedelta(hours=11))
+    # files lakesink did not name wait a day whatever older_than says (another writer's commit may still come)
+    kept = remove_orphan_files(table, older_than=timedelta(hours=11))
+    assert kept.removed == () and paths(kept.kept_too_young) == twelve_hours
+    rest = remove_orphan_files(table, older_than=timedelta(hours=11), other_writers_older_than=timedelta(hours=11))
     assert paths(rest.removed) == twelve_hours
     assert on_disk(table) == reachable(table)
     assert_intact(table)
@@ -523,7 +525,9 @@ def test_in_flight_spark_path_batches_keep_their_merged_manifests(tmp_path: Path
     table = load(committer)
     assert_intact(table, read_every_snapshot=False)  # every referenced file of every snapshot exists
     assert table_ids(table) == Counter(sent) and len(sent) == len(set(sent))
-    final = remove_orphan_files(table, older_than=ZERO)
+    # no other writer: the table's first metadata file (named by pyiceberg's create_table, out of the metadata log
+    # after 100 commits) may go at once too
+    final = remove_orphan_files(table, older_than=ZERO, other_writers_older_than=ZERO)
     assert final.kept_in_flight == () and on_disk(table) == reachable(table)
     assert_intact(table, read_every_snapshot=False)
 
@@ -588,12 +592,79 @@ def test_a_possible_next_metadata_version_is_kept(committer: TableCommitter) -> 
     stale = variant(current["metadata-log"][-1]["metadata-file"])  # based on an older version: can never land
     unreadable = plant(table, f"metadata/{uuid.uuid4()}-m0.avro", b"half a manifest")
     backdate({next_version, stale, unreadable}, timedelta(hours=1))
-    report = remove_orphan_files(table, older_than=ZERO)
+    # named as other writers name them: kept a day by the age rule; the guard is what is tested here
+    assert paths(remove_orphan_files(table, older_than=ZERO).kept_too_young) == {next_version, stale, unreadable}
+    report = remove_orphan_files(table, older_than=ZERO, other_writers_older_than=ZERO)
     assert paths(report.kept_in_flight) == {next_version, unreadable}
     assert paths(report.removed) == {stale}
     backdate({next_version, unreadable}, IN_FLIGHT_WINDOW + timedelta(minutes=1))
     assert paths(remove_orphan_files(table, older_than=ZERO).removed) == {next_version, unreadable}
     assert_intact(table)
+
+
+def _another_writers_commit_in_flight(table: Table, how: str) -> Callable[[], None]:
+    """Start another writer's commit on ``table``: its files are written, its swap is still to come (returned)."""
+    from tests.support.row_deletes import commit_deletes, equality_delete_file, position_delete_files
+
+    if how == "pyiceberg append":
+        tx = table.transaction()
+        tx.append(arrow_rows([7, 8, 9]))  # pyiceberg writes the data file, its manifest and manifest list here
+        return lambda: (tx.commit_transaction(), None)[1]
+    if how == "position delete":
+        deletes = position_delete_files(table, [1])
+    else:
+        deletes = [equality_delete_file(table, "id", [1])]
+    return lambda: (commit_deletes(table, deletes), None)[1]
+
+
+@pytest.mark.parametrize("how", ["pyiceberg append", "position delete", "equality delete"])
+def test_another_writers_commit_in_flight_survives_older_than_zero(committer: TableCommitter, how: str) -> None:
+    """``remove-orphan-files --older-than 0`` beside another writer (the concurrency soak's finding, docs/soak.md): a
+    pyiceberg append's data file and manifests, another engine's delete file, written and not yet swapped, were
+    removed; the commit then landed and the table referenced missing files (unreadable). Files lakesink did not
+    name are kept until they are ``other_writers_older_than`` old (default 1 day), whatever ``older_than`` says."""
+    commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1, 2])])
+    table = load(committer)
+    swap = _another_writers_commit_in_flight(table, how)
+    in_flight = on_disk(table) - reachable(table)
+    assert in_flight, "the other writer's files are on storage before its swap"
+    report = remove_orphan_files(load(committer), older_than=ZERO)
+    assert report.removed == ()
+    assert paths(report.kept_too_young) == in_flight
+    assert all("not named by lakesink" in f.reason for f in report.kept_too_young)
+    swap()
+    table = load(committer)
+    assert {p for p in reachable(table) if not local(p).exists()} == set()
+    ids = Counter(interop.duckdb_query(load(committer).metadata_location, "SELECT id FROM t").column("id").to_pylist())
+    assert ids == (Counter([1, 2, 7, 8, 9]) if how == "pyiceberg append" else Counter([2]))
+
+
+def test_other_writers_files_go_at_the_age_the_caller_gives(committer: TableCommitter) -> None:
+    """The floor for other writers' files is a parameter: a caller who knows that no other writer is active gives 0;
+    and the age rule still holds for every file (``older_than`` is the minimum for all)."""
+    commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1])])
+    table = load(committer)
+    stray = plant(table, "data/00000-0-6a3c2c1e-left-by-another-writer.parquet")
+    ours = write_task(committer, Q1, 0, [1], attempt=5)  # a lakesink file of a committed batch
+    backdate({stray, *files_of(ours)}, timedelta(hours=2))
+    held = remove_orphan_files(table, older_than=ZERO)
+    assert paths(held.removed) == files_of(ours) and paths(held.kept_too_young) == {stray}
+    assert "less than 1d (other_writers_older_than)" in held.kept_too_young[0].reason
+    assert paths(remove_orphan_files(table, older_than=timedelta(hours=3), other_writers_older_than=ZERO).kept_too_young) == {
+        stray
+    }
+    args = ["remove-orphan-files", "db.events", *cli_catalog_args(committer.options.catalog_properties), "--json"]
+    kept = CliRunner().invoke(main, [*args, "--older-than", "0"])
+    assert kept.exit_code == 0, kept.output
+    assert json.loads(kept.output)["other_writers_older_than_seconds"] == 86400
+    assert [f["path"] for f in json.loads(kept.output)["kept_too_young"]] == [stray]
+    done = CliRunner().invoke(main, [*args, "--older-than", "1h", "--other-writers-older-than", "1h"])
+    assert done.exit_code == 0, done.output
+    assert [f["path"] for f in json.loads(done.output)["removed"]] == [stray]
+    assert json.loads(done.output)["other_writers_older_than_seconds"] == 3600
+    assert not local(stray).exists()
+    with pytest.raises(InvalidOptionError, match="other_writers_older_than"):
+        remove_orphan_files(table, other_writers_older_than=timedelta(seconds=-1))
 
 
 # --- locations ------------------------------------------------------------------------------------

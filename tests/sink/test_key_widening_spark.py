@@ -112,5 +112,5 @@ def test_key_and_partition_source_widened_by_merge_schema_pass_across_a_failed_c
     assert {r["id"]: (r["p"], r["value"]) for r in table.scan().to_arrow().to_pylist()} == expected
     assert {r["id"]: (r["p"], r["value"]) for r in interop.duckdb_read(table.metadata_location).to_pylist()} == expected
     for task in table.scan().plan_files():
-        values = pq.read_table(task.file.file_path.removeprefix("file://")).column("p").to_pylist()
+        values = pq.ParquetFile(task.file.file_path.removeprefix("file://")).read().column("p").to_pylist()
         assert set(values) == {task.file.partition[0]}, (task.file.file_path, values, task.file.partition)

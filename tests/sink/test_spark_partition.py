@@ -205,7 +205,7 @@ def _partitions_of(table: Any) -> tuple[dict[tuple[Any, ...], Counter[int]], lis
     out: dict[tuple[Any, ...], Counter[int]] = defaultdict(Counter)
     schema = table.schema()
     for f in files:
-        rows = pq.read_table(f.file_path.removeprefix("file://")).to_pylist()
+        rows = pq.ParquetFile(f.file_path.removeprefix("file://")).read().to_pylist()
         assert rows and len(rows) == f.record_count
         spec = table.specs()[f.spec_id]
         for pos, pf in enumerate(spec.fields):  # every row of the file gives the file's partition value

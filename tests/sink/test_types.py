@@ -486,7 +486,7 @@ def check_statistics(table: Any, tasks: list[Any]) -> None:
     schema = table.schema()
     for task in tasks:
         f = task.file
-        data = pq.read_table(f.file_path.removeprefix("file://"))
+        data = pq.ParquetFile(f.file_path.removeprefix("file://")).read()
         assert f.record_count == data.num_rows
         for name in BOUNDED:
             field = schema.find_field(name)

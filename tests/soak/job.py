@@ -7,6 +7,10 @@ every soak its own). The trigger is ``availableNow``: the job consumes what is i
 when it starts, ``--max-files`` files per micro-batch, then exits with code 0. Started again on the
 same ``--checkpoint``, it goes on where the checkpoint says.
 
+The concurrency soak (``tests/soak/concurrency.py``) runs it with ``--trigger-seconds`` (a processing-time trigger:
+the job runs until ``--stop-file`` appears, then stops its query and exits with 0) and ``--table-property`` (the
+properties of the table lakesink creates: maintenance and expiry settings).
+
 The session is ``local[2,4]`` by default: a task that fails (a Python worker SIGKILLed by a fault
 point, an injected exception) is retried by Spark, up to 4 attempts.
 """
@@ -28,6 +32,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--entry", choices=("format", "foreach"), default="format", help="lakesink entry point")
     p.add_argument("--writer", choices=("auto", "spark", "arrow"), default="auto", help="foreach_batch's write path")
     p.add_argument("--master", default="local[2,4]", help="Spark master (default: %(default)s: task retries on)")
+    p.add_argument(
+        "--trigger-seconds",
+        type=float,
+        default=0.0,
+        help="processing-time trigger interval in seconds (default: availableNow, the job exits when the input is consumed)",
+    )
+    p.add_argument(
+        "--table-property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a property of the table lakesink creates (repeatable)",
+    )
+    p.add_argument(
+        "--stop-file",
+        default=None,
+        help="with --trigger-seconds: stop the query (query.stop()) and exit with 0 once this file exists",
+    )
     return p.parse_args(argv)
 
 
@@ -54,20 +76,30 @@ def main(argv: list[str] | None = None) -> int:
     spark.sparkContext.setLogLevel("ERROR")
     lakesink.register(spark)
 
+    properties = dict(kv.split("=", 1) for kv in args.table_property)
     events = spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", args.max_files).json(args.input)
     if args.entry == "format":
         writer = events.writeStream.format("lakesink").option("table", args.table)
+        for key, value in properties.items():
+            writer = writer.option(f"table-property.{key}", value)
     else:
-        sink = lakesink.foreach_batch(args.table, checkpoint_location=args.checkpoint, writer=args.writer)
+        sink = lakesink.foreach_batch(
+            args.table, checkpoint_location=args.checkpoint, writer=args.writer, table_properties=properties or None
+        )
         writer = events.writeStream.foreachBatch(sink)  # type: ignore[arg-type]
-    query = (
-        writer.option("checkpointLocation", args.checkpoint)
-        .outputMode("append")
-        .trigger(availableNow=True)
-        .queryName("lakesink-soak")
-        .start()
-    )
+    writer = writer.option("checkpointLocation", args.checkpoint).outputMode("append").queryName("lakesink-soak")
+    if args.trigger_seconds > 0:
+        writer = writer.trigger(processingTime=f"{args.trigger_seconds} seconds")
+    else:
+        writer = writer.trigger(availableNow=True)
+    query = writer.start()
     print(f"soak_job: query id {query.id}, run id {query.runId}, pid {os.getpid()}, entry {args.entry}", flush=True)
+    if args.stop_file:
+        while not query.awaitTermination(1):
+            if os.path.exists(args.stop_file):
+                print("soak_job: stop file found, stopping the query", flush=True)
+                query.stop()
+                break
     query.awaitTermination()
     last = query.lastProgress
     print(f"soak_job: all input consumed (last batch {last['batchId'] if last else 'none'})", flush=True)

@@ -34,7 +34,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -260,8 +260,14 @@ class FaultProxy:
         return None
 
     def _record(self, exchange: Exchange) -> None:
+        """Record an exchange; the handler does it before the client gets the answer (or the reset)."""
         with self._lock:
             self.exchanges.append(exchange)
+
+    def _replace(self, recorded: Exchange, exchange: Exchange) -> None:
+        with self._lock:
+            (at,) = [i for i, e in enumerate(self.exchanges) if e is recorded]
+            self.exchanges[at] = exchange
 
     def _new_token(self) -> tuple[str, float]:
         token = f"proxy-token-{next(self._token_counter)}"
@@ -323,8 +329,8 @@ class _Handler(BaseHTTPRequestHandler):
                     b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>ExpiredToken</Code>"
                     b"<Message>The provided token has expired.</Message></Error>"
                 )
-                self._answer(403, body_xml, [("Content-Type", "application/xml")])
                 proxy._record(Exchange(kind, self.command, self.path, 403, False, "expired-credentials", key))
+                self._answer(403, body_xml, [("Content-Type", "application/xml")])
                 return
         if proxy._tokens is not None:
             if kind == "token":
@@ -335,12 +341,12 @@ class _Handler(BaseHTTPRequestHandler):
                     "expires_in": int(ttl),
                     "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
                 }
-                self._answer(200, json.dumps(reply).encode())
                 proxy._record(Exchange(kind, self.command, self.path, 200, False, None))
+                self._answer(200, json.dumps(reply).encode())
                 return
             if kind != "config" and not proxy._token_valid(self.headers.get("Authorization")):
-                self._answer(401, _error_body(401, "token expired or unknown"))
                 proxy._record(Exchange(kind, self.command, self.path, 401, False, "token"))
+                self._answer(401, _error_body(401, "token expired or unknown"))
                 return
         if proxy._s3_keys is None:
             fault = proxy._take(kind, self.path)
@@ -349,12 +355,12 @@ class _Handler(BaseHTTPRequestHandler):
             fault.reached.set()
         if action == "status-before":
             assert fault is not None
-            self._answer(fault.status, _error_body(fault.status, f"injected {fault.status} before forwarding"))
             proxy._record(Exchange(kind, self.command, self.path, fault.status, False, action))
+            self._answer(fault.status, _error_body(fault.status, f"injected {fault.status} before forwarding"))
             return
         if action == "reset-before":
-            self._reset()
             proxy._record(Exchange(kind, self.command, self.path, None, False, action))
+            self._reset()
             return
         if action == "hold-request":
             assert fault is not None
@@ -367,24 +373,24 @@ class _Handler(BaseHTTPRequestHandler):
                 with proxy._glue_lock:
                     stale = self._stale_glue_version(body)
                     if stale is not None:
-                        self._answer(400, stale, [("Content-Type", "application/x-amz-json-1.1")])
                         proxy._record(Exchange(kind, self.command, self.path, 400, False, "glue-version-id"))
+                        self._answer(400, stale, [("Content-Type", "application/x-amz-json-1.1")])
                         return
                     status, headers, payload = self._forward(body)
             else:
                 status, headers, payload = self._forward(body)
         except OSError as e:
-            self._answer(502, _error_body(502, f"upstream failed: {e}"))
             proxy._record(Exchange(kind, self.command, self.path, 502, False, action))
+            self._answer(502, _error_body(502, f"upstream failed: {e}"))
             return
         if action == "status-after":
             assert fault is not None
-            self._answer(fault.status, _error_body(fault.status, f"injected {fault.status} after the server answered {status}"))
             proxy._record(Exchange(kind, self.command, self.path, fault.status, True, action))
+            self._answer(fault.status, _error_body(fault.status, f"injected {fault.status} after the server answered {status}"))
             return
         if action == "reset-after":
-            self._reset()
             proxy._record(Exchange(kind, self.command, self.path, None, True, action))
+            self._reset()
             return
         if action == "hold-response":
             assert fault is not None
@@ -394,12 +400,14 @@ class _Handler(BaseHTTPRequestHandler):
         delegated = "vended-credentials" in (self.headers.get("X-Iceberg-Access-Delegation") or "")
         if proxy._vend is not None and delegated and kind in ("load", "create", "commit") and status == 200:
             payload = self._with_credentials(payload, proxy._vend())
+        # recorded before the client can see the answer: a test that counts exchanges right after its request
+        # returned finds it (recorded after the answer, a count could race the proxy's thread)
+        exchange = Exchange(kind, self.command, self.path, status, True, action, key)
+        proxy._record(exchange)
         try:
             self._answer(status, payload, headers)
-            got: int | None = status
-        except OSError:  # the client gave up (timed out) while the answer was held
-            got = None
-        proxy._record(Exchange(kind, self.command, self.path, got, True, action, key))
+        except OSError:  # the client gave up (timed out) while the answer was held: it got nothing
+            proxy._replace(exchange, replace(exchange, status=None))
 
     def _body(self) -> bytes:
         """The request body, by Content-Length or chunked (pyarrow's S3 client streams uploads chunked)."""

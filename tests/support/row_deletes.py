@@ -88,9 +88,13 @@ def _write(table: Table, rows: pa.Table, name: str) -> tuple[str, int]:
     return location, len(table.io.new_input(location))
 
 
-def position_delete_files(table: Table, ids: Iterable[int], *, branch: str = "main") -> list[DataFile]:
+def position_delete_files(
+    table: Table, ids: Iterable[int], *, branch: str = "main", only_files: Iterable[str] | None = None
+) -> list[DataFile]:
     """Position delete files (one per data file) deleting the rows whose ``id`` is in ``ids``, in the branch
-    head's live data files (with ``file_path`` and ``pos`` bounds, as Iceberg Java writes them)."""
+    head's live data files (with ``file_path`` and ``pos`` bounds, as Iceberg Java writes them); with
+    ``only_files``, only in those of them (the others are not read)."""
+    only = None if only_files is None else set(only_files)
     wanted = pa.array(sorted(set(ids)), pa.int64())
     head = table.metadata.snapshot_by_name(branch)
     assert head is not None
@@ -106,6 +110,8 @@ def position_delete_files(table: Table, ids: Iterable[int], *, branch: str = "ma
             continue
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             data = entry.data_file
+            if only is not None and data.file_path not in only:
+                continue
             with table.io.new_input(data.file_path).open() as f:
                 column = pq.read_table(f, columns=["id"]).column("id")
             positions = pc.indices_nonzero(pc.is_in(column, value_set=wanted)).to_pylist()

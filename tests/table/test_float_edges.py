@@ -188,7 +188,7 @@ def _partitions_bit_exact(table: Table, arrow_type: pa.DataType, column: str) ->
     for task in table.scan().plan_files():
         f = task.file
         value = f.partition[pos]
-        rows = pq.read_table(f.file_path.removeprefix("file://")).column(column).to_pylist()
+        rows = pq.ParquetFile(f.file_path.removeprefix("file://")).read().column(column).to_pylist()
         assert rows and len(rows) == f.record_count
         assert {bits(r, arrow_type) for r in rows} == {bits(value, arrow_type)}, (f.file_path, value, rows)
         per_partition[bits(value, arrow_type)] += 1

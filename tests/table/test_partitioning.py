@@ -36,7 +36,7 @@ def _assert_one_partition_per_file(table: Any) -> int:
     schema = table.schema()
     for f in files:
         spec = table.specs()[f.spec_id]
-        rows = pq.read_table(f.file_path.removeprefix("file://")).to_pylist()
+        rows = pq.ParquetFile(f.file_path.removeprefix("file://")).read().to_pylist()
         assert rows, f.file_path
         for pos, pf in enumerate(spec.fields):
             name = schema.find_column_name(pf.source_id)
