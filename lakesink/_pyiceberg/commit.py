@@ -17,12 +17,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.rest import RestCatalog
+from pydantic import Field
+from pyiceberg.catalog import TOKEN, Catalog
+from pyiceberg.catalog.rest import _RETRY_ARGS, Endpoint, HttpMethod, RestCatalog
+from pyiceberg.catalog.rest.response import _handle_non_200_response
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.exceptions import (
     BadRequestError,
     CommitFailedException,
+    CommitStateUnknownException,
     ForbiddenError,
     NoSuchTableError,
     UnauthorizedError,
@@ -41,7 +44,7 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table, Transaction
+from pyiceberg.table import CommitTableRequest, Table, TableIdentifier, Transaction
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata, new_table_metadata
 from pyiceberg.table.refs import SnapshotRef
@@ -64,10 +67,12 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.table.update.snapshot import ManageSnapshots, UpdateSnapshot, _OverwriteFiles, _SnapshotProducer
-from pyiceberg.typedef import EMPTY_DICT, Record
+from pyiceberg.typedef import EMPTY_DICT, IcebergBaseModel, Record
+from requests import HTTPError
 from sqlalchemy import select
 from sqlalchemy import update as sql_update
 from sqlalchemy.orm import Session
+from tenacity import retry
 
 from lakesink._pyiceberg.io import live_entries, partition_of
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
@@ -670,16 +675,53 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
     return True
 
 
-def commits_atomically(prepared: Sequence[PreparedCommit]) -> bool:
-    """Whether :func:`commit_together` swaps ``prepared`` (commits of distinct tables) as one unit: one commit, or
-    every table on one pyiceberg SQL catalog's database, whose rows are swapped in one database transaction.
+def catalog_commits_atomically(catalog: Catalog | None) -> bool:
+    """Whether ``catalog`` can commit several of its tables as one unit (:func:`commit_together`): a pyiceberg SQL
+    catalog on a database that reports the rows an UPDATE matched (one database transaction), or a REST catalog whose
+    ``/v1/config`` lists ``POST /v1/{prefix}/transactions/commit`` (one request the server applies to every table or
+    none). For ``atomic=required``: say at start, naming the catalog, when a catalog cannot."""
+    if isinstance(catalog, SqlCatalog):
+        return bool(catalog.engine.dialect.supports_sane_rowcount)
+    if isinstance(catalog, RestCatalog):
+        return _rest_lists_transactions(catalog)
+    return False
 
-    The other catalogs would need their own multi-table call (REST: ``POST /v1/{prefix}/transactions/commit``, when
-    the server's ``/v1/config`` lists that endpoint; not used yet): lakesink.driver.swap commits their tables one
-    after the other."""
+
+#: the REST spec's multi-table commit (apache/iceberg open-api/rest-catalog-open-api.yaml, since Iceberg 1.4)
+REST_TRANSACTIONS_ENDPOINT = Endpoint(http_method=HttpMethod.POST, path="/v1/{prefix}/transactions/commit")
+
+
+def _rest_lists_transactions(catalog: RestCatalog) -> bool:
+    """Whether the server's ``/v1/config`` listed the transactions endpoint.
+
+    pyiceberg 0.12 reads ``/v1/config`` once, when the catalog is made, and keeps the listed endpoints in
+    ``_supported_endpoints`` (no request here). A server that sends no ``endpoints`` gets pyiceberg's
+    ``DEFAULT_ENDPOINTS``, which do not include it: the spec says such a server is assumed to serve it, but servers
+    that omit the list exist without the route (lakana 0.20), and a unit sent there would fail at every batch. Only a
+    server that lists it is sent units; the others commit one table after the other.
+    """
+    endpoints = getattr(catalog, "_supported_endpoints", None)
+    return bool(endpoints) and REST_TRANSACTIONS_ENDPOINT in endpoints  # type: ignore[operator]
+
+
+def commits_atomically(prepared: Sequence[PreparedCommit]) -> bool:
+    """Whether :func:`commit_together` swaps ``prepared`` (commits of distinct tables) as one unit: one commit; every
+    table on one pyiceberg SQL catalog's database, whose rows are swapped in one database transaction; or every table
+    on one REST catalog (the same server, prefix and credentials) that lists ``POST /v1/{prefix}/transactions/commit``
+    (:func:`catalog_commits_atomically`), none with a token of its own (the request carries one set of credentials).
+
+    Other catalogs have no multi-table commit (Glue, Hive): lakesink.driver.swap commits their tables one after the
+    other."""
     if len(prepared) < 2:
         return True
     first = prepared[0].table.catalog
+    if isinstance(first, RestCatalog):
+        return _rest_lists_transactions(first) and all(
+            isinstance(p.table.catalog, RestCatalog)
+            and (p.table.catalog is first or p.table.catalog.properties == first.properties)
+            and not p.table.config.get(TOKEN)
+            for p in prepared
+        )
     if not isinstance(first, SqlCatalog):
         return False
     return all(
@@ -694,19 +736,94 @@ def commits_atomically(prepared: Sequence[PreparedCommit]) -> bool:
 def commit_together(prepared: Sequence[PreparedCommit]) -> None:
     """Swap every commit of ``prepared`` (distinct tables) or none: one commit's :meth:`PreparedCommit.commit`, or,
     when :func:`commits_atomically`, the SQL catalog's rows in one database transaction, each with its
-    compare-and-swap on the metadata location its commit was prepared on. Raises CommitFailedException, leaving
-    nothing behind, when any table's pointer moved (the whole unit is prepared again); any other error leaves
-    every table's outcome to be settled by reading it."""
+    compare-and-swap on the metadata location its commit was prepared on, or one REST ``transactions/commit`` request
+    (:func:`_commit_transaction_on_rest_catalog`). Raises CommitFailedException, leaving nothing behind, when any
+    table's pointer moved or requirement failed (the whole unit is prepared again); any other error leaves every
+    table's outcome to be settled by reading it (all landed or none, the catalog being atomic).
+
+    The fault point ``CATALOG_BETWEEN_TABLE_SWAPS`` is inside the SQL transaction only: a REST unit is one request,
+    there is no moment between two tables' swaps on the client side."""
     if len(prepared) == 1:
         prepared[0].commit()
         return
     if not commits_atomically(prepared):
-        raise ValueError("these commits cannot be swapped as one unit (not all on one pyiceberg SQL catalog)")
+        raise ValueError(
+            "these commits cannot be swapped as one unit (not all on one pyiceberg SQL catalog, nor on one REST catalog "
+            "that lists POST /v1/{prefix}/transactions/commit)"
+        )
     fault_point(CATALOG_FAILS_BEFORE_APPLY)
-    _swap_tables_on_sql_catalog(prepared)
-    for p in prepared:
-        p.swapped_on_base = True
+    if isinstance(prepared[0].table.catalog, RestCatalog):
+        _commit_transaction_on_rest_catalog(prepared)
+    else:
+        _swap_tables_on_sql_catalog(prepared)
+        for p in prepared:
+            p.swapped_on_base = True
     fault_point(CATALOG_FAILS_AFTER_APPLY)
+
+
+class _CommitTransactionRequest(IcebergBaseModel):
+    """The REST spec's ``CommitTransactionRequest`` (pyiceberg 0.12 has none: apache/iceberg-python#4123 is open)."""
+
+    table_changes: list[CommitTableRequest] = Field(alias="table-changes")
+
+
+def _commit_transaction_on_rest_catalog(prepared: Sequence[PreparedCommit]) -> None:
+    """One ``POST /v1/{prefix}/transactions/commit`` with every table's identifier, requirements and updates, exactly
+    as pyiceberg's ``RestCatalog.commit_table`` sends one table's (``CommitTableRequest``), through the catalog's own
+    HTTP session (its auth manager, headers, SigV4 signing, lakesink's request timeout); a 401/419 refreshes the
+    token and sends it again, as pyiceberg does for a table commit.
+
+    The server validates every requirement and applies every table's updates, or none (spec: 204 on success, 409 when
+    a requirement failed). Errors as from ``commit_table``: 409 CommitFailedException (nothing applied: the loop
+    prepares the unit again), 500/502/504 CommitStateUnknownException, other 5xx, timeouts and reset connections as
+    raised by pyiceberg or ``requests``: an unknown outcome the loop settles per table by reading it.
+
+    A 204 carries no metadata: each table's ``metadata`` becomes its commit applied to the metadata it was prepared
+    on (the head is the snapshot that landed: what the requirements pinned), ``generic`` is set (the server applied
+    the updates to its current metadata, as on any REST commit), and ``metadata_location`` stays the one read (the
+    server's new file is known at the next load, which a REST catalog always makes)."""
+    catalog = prepared[0].table.catalog
+    assert isinstance(catalog, RestCatalog)
+    request = _CommitTransactionRequest(
+        **{
+            "table-changes": [
+                CommitTableRequest(
+                    identifier=TableIdentifier(namespace=p.table.name()[:-1], name=p.table.name()[-1]),  # type: ignore[arg-type]
+                    requirements=p._requirements,
+                    updates=p._updates,
+                )
+                for p in prepared
+            ]
+        }
+    )
+    _post_transaction(catalog, request.model_dump_json().encode("utf-8"))
+    for p in prepared:
+        p.generic = True
+        p.table.metadata = updated_metadata(p.table.metadata, p._updates, p.table.metadata_location)
+
+
+#: pyiceberg's retry of a REST request whose token expired (401/419): refresh the token, send once more
+_retry_on_expired_token: Callable[[Callable[[RestCatalog, bytes], None]], Callable[[RestCatalog, bytes], None]] = retry(
+    **_RETRY_ARGS  # type: ignore[call-overload]
+)
+
+
+@_retry_on_expired_token
+def _post_transaction(catalog: RestCatalog, body: bytes) -> None:
+    response = catalog._session.post(catalog.url("transactions/commit", prefixed=True), data=body)
+    try:
+        response.raise_for_status()
+    except HTTPError as exc:
+        _handle_non_200_response(
+            exc,
+            {
+                404: NoSuchTableError,
+                409: CommitFailedException,
+                500: CommitStateUnknownException,
+                502: CommitStateUnknownException,
+                504: CommitStateUnknownException,
+            },
+        )
 
 
 def _swap_tables_on_sql_catalog(prepared: Sequence[PreparedCommit]) -> None:
@@ -1055,4 +1172,3 @@ def keeping_ref_retention(metadata: TableMetadata, updates: Sequence[Any]) -> tu
                 update = update.model_copy(update=kept)
         out.append(update)
     return tuple(out)
-

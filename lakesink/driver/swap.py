@@ -30,7 +30,7 @@ from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg.commit import PreparedCommit, refused_by_the_catalog
 from lakesink.driver import catalogs, tables, turns
 from lakesink.driver.action import CommitAction, Landing, Turn
-from lakesink.errors import CommitOutcomeUnknownError, InFlightTooLongError, LakesinkError
+from lakesink.errors import CommitOutcomeUnknownError, InFlightTooLongError, LakesinkError, UnitNotAtomicError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_CHECK, DRIVER_BEFORE_SWAP, fault_point
 from lakesink.table import names
 from lakesink.table.markers import CommittedBatch
@@ -190,6 +190,35 @@ class _Pending:
         self.attempts = keep
 
 
+def _all_or_none(
+    actions: Sequence[CommitAction],
+    group: list[int],
+    outcomes: dict[int, tuple[Settled, Landing | None, Table | None]],
+    what: str,
+    error: str,
+) -> dict[int, tuple[Settled, Landing | None, Table | None]]:
+    """The settled outcomes of a unit swapped atomically (``group``: its actions, by index): this call's commit landed
+    in every table, or in none. Tables read before the unit landed may show it not landed while those read after
+    show it landed (a request the catalog applied late, between the settle reads): those are read once more, after
+    the reads that found it. A unit still in some tables only is a catalog that broke atomicity: a loud
+    :class:`UnitNotAtomicError`, never accepted as a finished unit nor completed table by table by the next attempt."""
+    landed = [i for i in group if outcomes[i][0] is Settled.LANDED]
+    missing = [i for i in group if outcomes[i][0] is Settled.NOT_LANDED]
+    if not landed or not missing:
+        return outcomes
+    outcomes = {**outcomes, **{i: settle(actions[i]) for i in missing}}
+    missing = [i for i in missing if outcomes[i][0] is not Settled.LANDED]
+    if missing:
+        raise UnitNotAtomicError(
+            f"{what}: the catalog was sent the unit as one atomic commit and failed ({error}), and the unit landed in "
+            f"{', '.join(actions[i].name for i in landed)} but not in {', '.join(actions[i].name for i in missing)}: "
+            "the catalog does not commit all or nothing (a bug of the catalog server). No file was deleted; a restart "
+            "completes the batch in the tables that miss it (readers may have seen it in some tables only); with this "
+            "catalog, commit table by table (atomic=off) and report it to the catalog's maintainers"
+        ) from None
+    return outcomes
+
+
 def _reload(action: CommitAction) -> Table:
     """The one read of a table for an attempt: its catalog's pointer (parsed again only when it moved), riding out
     a briefly locked or unreachable catalog."""
@@ -303,8 +332,11 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
             raise _Conflict(str(e)) from e
         except Exception as e:
             not_landed = False
+            outcomes = {i: settle(actions[i]) for i in group}
+            if len(group) > 1:
+                outcomes = _all_or_none(actions, group, outcomes, label, actions[group[0]].redact(e))
             for i in group:
-                settled, landing, t = settle(actions[i])
+                settled, landing, t = outcomes[i]
                 log.warning(
                     "lakesink: %s: the catalog failed (%s); settled by reading the table: %s",
                     actions[i].what,

@@ -64,7 +64,8 @@ def locations(catalog: RestCatalog) -> tuple[str | None, str | None]:
 
 
 def test_config_lists_the_transactions_endpoint_and_the_switches_leave_it_out(tmp_path: Path) -> None:
-    for kwargs, listed in (({}, True), ({"transactions": False}, False)):
+    cases: list[tuple[dict[str, Any], bool]] = [({}, True), ({"transactions": False}, False)]
+    for kwargs, listed in cases:
         s = TxnRestServer(tmp_path / str(kwargs), **kwargs).start()
         try:
             doc = requests.get(f"{s.uri}/v1/config", timeout=60).json()

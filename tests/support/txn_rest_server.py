@@ -103,6 +103,9 @@ class TxnRestServer:
         self.before_swap: Callable[[list[tuple[str, ...]]], object] | None = None
         """Test hook: called with the identifiers of a commit (one table, or a transaction's) after its
         requirements were validated and its metadata files written, before the row updates."""
+        self.broken_atomicity = False
+        """A broken server, for the tests of what lakesink does when a catalog is not atomic: a transaction applies its
+        first table's change alone, then answers 500."""
         self.applied: list[tuple[str, tuple[tuple[str, ...], ...]]] = []
         """``("table" | "transaction", identifiers)`` of every commit applied."""
 
@@ -148,7 +151,8 @@ class TxnRestServer:
             raise _Refused(400, "BadRequestException", f"identifier {request_id} in the body is not the path's {identifier}")
         with self._lock:
             (staged,) = self._apply("table", [(identifier, request)])
-        return CommitTableResponse(metadata=staged.metadata, metadata_location=staged.metadata_location)
+        fields: dict[str, Any] = {"metadata": staged.metadata, "metadata-location": staged.metadata_location}
+        return CommitTableResponse(**fields)
 
     def commit_transaction(self, request: CommitTransactionRequest) -> None:
         changes: list[tuple[tuple[str, ...], CommitTableRequest]] = []
@@ -200,6 +204,10 @@ class TxnRestServer:
                     )
                     .values(metadata_location=new.metadata_location, previous_metadata_location=current.metadata_location)
                 )
+                if kind == "transaction" and self.broken_atomicity:
+                    session.commit()
+                    self.applied.append(("broken transaction", (identifier,)))
+                    raise _Refused(500, "ServerError", "this server is broken on purpose: one table of the transaction applied")
                 if result.rowcount < 1:  # type: ignore[attr-defined]
                     session.rollback()
                     for t, path in written:
@@ -234,7 +242,9 @@ class TxnRestServer:
 
 
 def _table_response(table: Table) -> bytes:
-    return TableResponse(metadata_location=table.metadata_location, metadata=table.metadata, config={}).model_dump_json().encode()
+    fields: dict[str, Any] = {"metadata-location": table.metadata_location, "metadata": table.metadata, "config": {}}
+    response = TableResponse(**fields)
+    return response.model_dump_json().encode()
 
 
 class _Handler(BaseHTTPRequestHandler):
