@@ -27,7 +27,15 @@ from lakesink.driver.swap import Status
 from lakesink.errors import UnitNotAtomicError
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.options import SinkOptions, TableName
-from tests.support.helpers import arrow_rows, assert_snapshot_invariants, commit, lakesink_snapshots, table_ids, write_task
+from tests.support.helpers import (
+    arrow_rows,
+    assert_snapshot_invariants,
+    commit,
+    lakesink_snapshots,
+    table_ids,
+    wait_until,
+    write_task,
+)
 from tests.support.http_faults import FaultProxy
 from tests.support.txn_rest_server import TxnRestServer
 
@@ -253,3 +261,30 @@ def test_a_unit_over_two_catalog_instances_of_one_server_is_one_request(props: d
     finally:
         prepared_a.discard()
         prepared_b.discard()
+
+
+def test_a_unit_applied_between_the_settle_reads_is_read_again_and_settled_as_landed(
+    server: TxnRestServer, proxy: FaultProxy
+) -> None:
+    """The transactions request is held (unforwarded) past the client's timeout: an unknown outcome. The settle step
+    reads table a (the unit is not there: the server has not seen it), then, before table b is read, the held request
+    reaches the server and lands in all three tables. Tables b and c show it landed, table a showed it missing: the
+    settle step reads table a once more instead of calling the catalog non-atomic, and finds it landed."""
+    props = server.catalog_properties(uri=proxy.uri) | {"lakesink.request-timeout-s": "3"}
+    cs = committers(props)
+    actions = unit(cs, 0, IDS)
+    held = proxy.arm("transaction", "hold-request")
+
+    def deliver_the_held_request() -> None:
+        held.release()
+        wait_until(lambda: ("transaction", (("db", "a"), ("db", "b"), ("db", "c"))) in server.applied, what="the late unit")
+
+    proxy.arm("load", "call-before", call=deliver_the_held_request, match="/tables/b")
+    try:
+        results = swap.run_unit(actions)
+    finally:
+        held.release()
+    assert [(r.status, r.attempts) for r in results] == [(Status.LANDED, 1)] * 3
+    assert proxy.count("transaction", forwarded=True) == 1
+    for c in cs:
+        assert_exactly_once(c, IDS[c.options.table.name])
