@@ -29,8 +29,8 @@ from lakesink.maintenance import manifest_rewrite
 from lakesink.options import SinkOptions, TableName
 from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files, _wait
 from tests.support.helpers import (
-    as_another_process,
     arrow_rows,
+    as_another_process,
     assert_snapshot_invariants,
     commit,
     load,
