@@ -33,6 +33,7 @@ from lakesink.options import Maintenance, SinkOptions, TableName
 from lakesink.table.markers import last_committed_batch
 from tests.support.helpers import (
     arrow_rows,
+    as_another_process,
     assert_snapshot_invariants,
     commit,
     lakesink_snapshots,
@@ -231,7 +232,8 @@ def test_batch_committing_during_compaction_wins_and_compaction_lands_after_it(
     t = threading.Thread(target=lambda: box.append(compaction.compact(load(c))))
     t.start()
     _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
-    sent += _batches(c, 1, start=5)  # the batch lands first
+    with as_another_process():  # in this process the batch would wait for the compaction's attempt (its turn)
+        sent += _batches(c, 1, start=5)  # the batch lands first
     faults.release(DRIVER_BEFORE_SWAP)
     t.join(60)
     report = box[0]
