@@ -83,6 +83,16 @@ class CommitOutcomeUnknownError(LakesinkError):
     retryable = True
 
 
+class UnitNotAtomicError(CommitOutcomeUnknownError):
+    """A unit of several tables sent to a catalog as one atomic commit (a SQL catalog's database transaction, a REST
+    catalog's ``transactions/commit``) landed in some of its tables and not in others.
+
+    The catalog broke its promise of all or nothing (a bug of the catalog server): readers may have seen the batch in
+    some tables only. No file was deleted; a restart completes the batch in the tables that miss it (each table's
+    replay marker says which) -- or use ``atomic=off`` with this catalog and report the bug to its maintainers.
+    """
+
+
 class InFlightTooLongError(LakesinkError):
     """A commit's files were written longer ago than lakesink's in-flight window lets a commit use them.
 

@@ -39,6 +39,10 @@ CATALOG_FAILS_BEFORE_APPLY = "catalog.fails-before-apply"
 #: inside the catalog call, after it applied the commit: it landed, but the caller sees an error (row 4)
 CATALOG_FAILS_AFTER_APPLY = "catalog.fails-after-apply"
 DRIVER_IN_ABORT = "driver.in-abort"
+#: inside the database transaction of a unit of several tables on a SQL catalog (lakesink._pyiceberg.commit.commit_together),
+#: after the first table's row update and before the next one's (row 34). A REST catalog's unit is one request
+#: (transactions/commit): there is no such moment on the client side, and this point never fires for it
+CATALOG_BETWEEN_TABLE_SWAPS = "catalog.between-table-swaps"
 
 POINTS = (
     EXECUTOR_BEFORE_WRITE,
@@ -50,6 +54,7 @@ POINTS = (
     CATALOG_FAILS_BEFORE_APPLY,
     CATALOG_FAILS_AFTER_APPLY,
     DRIVER_IN_ABORT,
+    CATALOG_BETWEEN_TABLE_SWAPS,
 )
 
 #: How long a paused point waits for its release before it raises: generous, because the test that releases

@@ -34,6 +34,7 @@ def test_point_names() -> None:
         "catalog.fails-before-apply",
         "catalog.fails-after-apply",
         "driver.in-abort",
+        "catalog.between-table-swaps",
     )
 
 

@@ -17,12 +17,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.rest import RestCatalog
+from pydantic import Field
+from pyiceberg.catalog import TOKEN, Catalog
+from pyiceberg.catalog.rest import _RETRY_ARGS, Endpoint, HttpMethod, RestCatalog
+from pyiceberg.catalog.rest.response import _handle_non_200_response
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.exceptions import (
     BadRequestError,
     CommitFailedException,
+    CommitStateUnknownException,
     ForbiddenError,
     NoSuchTableError,
     UnauthorizedError,
@@ -41,7 +44,7 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table, Transaction
+from pyiceberg.table import CommitTableRequest, Table, TableIdentifier, Transaction
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata, new_table_metadata
 from pyiceberg.table.refs import SnapshotRef
@@ -64,13 +67,15 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.table.update.snapshot import ManageSnapshots, UpdateSnapshot, _OverwriteFiles, _SnapshotProducer
-from pyiceberg.typedef import EMPTY_DICT, Record
+from pyiceberg.typedef import EMPTY_DICT, IcebergBaseModel, Record
+from requests import HTTPError
 from sqlalchemy import select
 from sqlalchemy import update as sql_update
 from sqlalchemy.orm import Session
+from tenacity import retry
 
 from lakesink._pyiceberg.io import live_entries, partition_of
-from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
+from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 from lakesink.table import floats, names, storage
 from lakesink.table.keys import AVRO_CODEC, AVRO_CODEC_DEFAULT, FORMAT_VERSION
 from lakesink.table.keys import SUMMARY_RESTORED_FROM as RESTORED_FROM
@@ -670,6 +675,207 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
     return True
 
 
+def catalog_commits_atomically(catalog: Catalog | None) -> bool:
+    """Whether ``catalog`` can commit several of its tables as one unit (:func:`commit_together`): a pyiceberg SQL
+    catalog on a database that reports the rows an UPDATE matched (one database transaction), or a REST catalog whose
+    ``/v1/config`` lists ``POST /v1/{prefix}/transactions/commit`` (one request the server applies to every table or
+    none). For ``atomic=required``: say at start, naming the catalog, when a catalog cannot."""
+    if isinstance(catalog, SqlCatalog):
+        return bool(catalog.engine.dialect.supports_sane_rowcount)
+    if isinstance(catalog, RestCatalog):
+        return _rest_lists_transactions(catalog)
+    return False
+
+
+#: the REST spec's multi-table commit (apache/iceberg open-api/rest-catalog-open-api.yaml, since Iceberg 1.4)
+REST_TRANSACTIONS_ENDPOINT = Endpoint(http_method=HttpMethod.POST, path="/v1/{prefix}/transactions/commit")
+
+
+def _rest_lists_transactions(catalog: RestCatalog) -> bool:
+    """Whether the server's ``/v1/config`` listed the transactions endpoint.
+
+    pyiceberg 0.12 reads ``/v1/config`` once, when the catalog is made, and keeps the listed endpoints in
+    ``_supported_endpoints`` (no request here). A server that sends no ``endpoints`` gets pyiceberg's
+    ``DEFAULT_ENDPOINTS``, which do not include it: the spec says such a server is assumed to serve it, but servers
+    that omit the list exist without the route (lakana 0.20), and a unit sent there would fail at every batch. Only a
+    server that lists it is sent units; the others commit one table after the other.
+    """
+    endpoints = getattr(catalog, "_supported_endpoints", None)
+    return bool(endpoints) and REST_TRANSACTIONS_ENDPOINT in endpoints  # type: ignore[operator]
+
+
+def commits_atomically(prepared: Sequence[PreparedCommit]) -> bool:
+    """Whether :func:`commit_together` swaps ``prepared`` (commits of distinct tables) as one unit: one commit; every
+    table on one pyiceberg SQL catalog's database, whose rows are swapped in one database transaction; or every table
+    on one REST catalog (the same server, prefix and credentials) that lists ``POST /v1/{prefix}/transactions/commit``
+    (:func:`catalog_commits_atomically`), none with a token of its own (the request carries one set of credentials).
+
+    Other catalogs have no multi-table commit (Glue, Hive): lakesink.driver.swap commits their tables one after the
+    other."""
+    if len(prepared) < 2:
+        return True
+    first = prepared[0].table.catalog
+    if isinstance(first, RestCatalog):
+        return _rest_lists_transactions(first) and all(
+            isinstance(p.table.catalog, RestCatalog)
+            and (p.table.catalog is first or p.table.catalog.properties == first.properties)
+            and not p.table.config.get(TOKEN)
+            for p in prepared
+        )
+    if not isinstance(first, SqlCatalog):
+        return False
+    return all(
+        _sql_swap_applies(p.table)
+        and isinstance(p.table.catalog, SqlCatalog)
+        and p.table.catalog.name == first.name
+        and str(p.table.catalog.engine.url) == str(first.engine.url)
+        for p in prepared
+    )
+
+
+def commit_together(prepared: Sequence[PreparedCommit]) -> None:
+    """Swap every commit of ``prepared`` (distinct tables) or none: one commit's :meth:`PreparedCommit.commit`, or,
+    when :func:`commits_atomically`, the SQL catalog's rows in one database transaction, each with its
+    compare-and-swap on the metadata location its commit was prepared on, or one REST ``transactions/commit`` request
+    (:func:`_commit_transaction_on_rest_catalog`). Raises CommitFailedException, leaving nothing behind, when any
+    table's pointer moved or requirement failed (the whole unit is prepared again); any other error leaves every
+    table's outcome to be settled by reading it (all landed or none, the catalog being atomic).
+
+    The fault point ``CATALOG_BETWEEN_TABLE_SWAPS`` is inside the SQL transaction only: a REST unit is one request,
+    there is no moment between two tables' swaps on the client side."""
+    if len(prepared) == 1:
+        prepared[0].commit()
+        return
+    if not commits_atomically(prepared):
+        raise ValueError(
+            "these commits cannot be swapped as one unit (not all on one pyiceberg SQL catalog, nor on one REST catalog "
+            "that lists POST /v1/{prefix}/transactions/commit)"
+        )
+    fault_point(CATALOG_FAILS_BEFORE_APPLY)
+    if isinstance(prepared[0].table.catalog, RestCatalog):
+        _commit_transaction_on_rest_catalog(prepared)
+    else:
+        _swap_tables_on_sql_catalog(prepared)
+        for p in prepared:
+            p.swapped_on_base = True
+    fault_point(CATALOG_FAILS_AFTER_APPLY)
+
+
+class _CommitTransactionRequest(IcebergBaseModel):
+    """The REST spec's ``CommitTransactionRequest`` (pyiceberg 0.12 has none: apache/iceberg-python#4123 is open)."""
+
+    table_changes: list[CommitTableRequest] = Field(alias="table-changes")
+
+
+def _commit_transaction_on_rest_catalog(prepared: Sequence[PreparedCommit]) -> None:
+    """One ``POST /v1/{prefix}/transactions/commit`` with every table's identifier, requirements and updates, exactly
+    as pyiceberg's ``RestCatalog.commit_table`` sends one table's (``CommitTableRequest``), through the catalog's own
+    HTTP session (its auth manager, headers, SigV4 signing, lakesink's request timeout); a 401/419 refreshes the
+    token and sends it again, as pyiceberg does for a table commit.
+
+    The server validates every requirement and applies every table's updates, or none (spec: 204 on success, 409 when
+    a requirement failed). Errors as from ``commit_table``: 409 CommitFailedException (nothing applied: the loop
+    prepares the unit again), 500/502/504 CommitStateUnknownException, other 5xx, timeouts and reset connections as
+    raised by pyiceberg or ``requests``: an unknown outcome the loop settles per table by reading it.
+
+    A 204 carries no metadata: each table's ``metadata`` becomes its commit applied to the metadata it was prepared
+    on (the head is the snapshot that landed: what the requirements pinned), ``generic`` is set (the server applied
+    the updates to its current metadata, as on any REST commit), and ``metadata_location`` stays the one read (the
+    server's new file is known at the next load, which a REST catalog always makes)."""
+    catalog = prepared[0].table.catalog
+    assert isinstance(catalog, RestCatalog)
+    request = _CommitTransactionRequest(
+        **{
+            "table-changes": [
+                CommitTableRequest(
+                    identifier=TableIdentifier(namespace=p.table.name()[:-1], name=p.table.name()[-1]),  # type: ignore[arg-type]
+                    requirements=p._requirements,
+                    updates=p._updates,
+                )
+                for p in prepared
+            ]
+        }
+    )
+    _post_transaction(catalog, request.model_dump_json().encode("utf-8"))
+    for p in prepared:
+        p.generic = True
+        p.table.metadata = updated_metadata(p.table.metadata, p._updates, p.table.metadata_location)
+
+
+#: pyiceberg's retry of a REST request whose token expired (401/419): refresh the token, send once more
+_retry_on_expired_token: Callable[[Callable[[RestCatalog, bytes], None]], Callable[[RestCatalog, bytes], None]] = retry(
+    **_RETRY_ARGS  # type: ignore[call-overload]
+)
+
+
+@_retry_on_expired_token
+def _post_transaction(catalog: RestCatalog, body: bytes) -> None:
+    response = catalog._session.post(catalog.url("transactions/commit", prefixed=True), data=body)
+    try:
+        response.raise_for_status()
+    except HTTPError as exc:
+        _handle_non_200_response(
+            exc,
+            {
+                404: NoSuchTableError,
+                409: CommitFailedException,
+                500: CommitStateUnknownException,
+                502: CommitStateUnknownException,
+                504: CommitStateUnknownException,
+            },
+        )
+
+
+def _swap_tables_on_sql_catalog(prepared: Sequence[PreparedCommit]) -> None:
+    """:func:`_swap_on_sql_catalog` for several tables of one SQL catalog in one database transaction: a table's
+    row moves only if every row does (SQLite and PostgreSQL roll the whole transaction back otherwise, and a
+    process killed inside it leaves it uncommitted). Iceberg Java's JdbcCatalog reads the same rows."""
+    catalog = prepared[0].table.catalog
+    assert isinstance(catalog, SqlCatalog)
+    for p in prepared:
+        for requirement in p._requirements:
+            requirement.validate(p.table.metadata)  # CommitFailedException: a clean conflict, as from the catalog
+    staged: list[tuple[PreparedCommit, TableMetadata, str]] = []
+    for p in prepared:
+        base_location = p.table.metadata_location
+        new = updated_metadata(p.table.metadata, p._updates, base_location)
+        version = SqlCatalog._parse_metadata_version(base_location) + 1
+        location = load_location_provider(new.location, new.properties).new_metadata_location(names.metadata_file_name(version))
+        SqlCatalog._write_metadata(metadata=new, io=p.table.io, metadata_path=location)
+        staged.append((p, new, location))
+    with Session(catalog.engine) as session:
+        for k, (p, _, location) in enumerate(staged):
+            if k:
+                fault_point(CATALOG_BETWEEN_TABLE_SWAPS)
+            identifier = p.table.name()
+            result = session.execute(
+                sql_update(IcebergTables)
+                .where(
+                    IcebergTables.catalog_name == catalog.name,
+                    IcebergTables.table_namespace == Catalog.namespace_to_string(Catalog.namespace_from(identifier)),
+                    IcebergTables.table_name == Catalog.table_name_from(identifier),
+                    IcebergTables.metadata_location == p.table.metadata_location,
+                )
+                .values(metadata_location=location, previous_metadata_location=p.table.metadata_location)
+            )
+            if result.rowcount < 1:  # type: ignore[attr-defined]
+                session.rollback()
+                for q, _, written in staged:
+                    q.table.io.delete(written)  # certainly referenced by nothing: no pointer moved to it
+                raise CommitFailedException(
+                    f"the metadata pointer of table {'.'.join(identifier)} moved since {p.table.metadata_location} was "
+                    f"read (a unit of {len(staged)} tables: none was committed)"
+                )
+        session.commit()
+    for p, new, location in staged:
+        try:
+            catalog._delete_old_metadata(p.table.io, p.table.metadata, new)  # write.metadata.delete-after-commit.enabled
+        except Exception as e:
+            warnings.warn(f"Failed to delete old metadata after commit: {e}", stacklevel=2)
+        p.table.metadata = new
+        p.table.metadata_location = location
+
+
 def set_request_timeout(catalog: Any, seconds: float) -> bool:
     """Give every HTTP request of a REST catalog a timeout of ``seconds``; False when ``catalog`` is not one.
 
@@ -966,4 +1172,3 @@ def keeping_ref_retention(metadata: TableMetadata, updates: Sequence[Any]) -> tu
                 update = update.model_copy(update=kept)
         out.append(update)
     return tuple(out)
-

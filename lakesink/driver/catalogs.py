@@ -104,6 +104,9 @@ def resolve_catalog_properties(name: str | None, overrides: Mapping[str, str]) -
 
 _lock = threading.Lock()
 _cache: dict[tuple[str, tuple[tuple[str, str], ...]], Catalog] = {}
+_opened_as: dict[int, tuple[str | None, Mapping[str, str]]] = {}
+"""The name and overrides each cached catalog was loaded with (``id(catalog)``: cached catalogs live as long as
+the process), so that :func:`reload_fresh` can open a second instance of it."""
 
 
 def load(name: str | None, overrides: Mapping[str, str]) -> Catalog:
@@ -115,6 +118,7 @@ def load(name: str | None, overrides: Mapping[str, str]) -> Catalog:
         if catalog is None:
             catalog = _open(resolved_name, props)
             _cache[key] = catalog
+            _opened_as[id(catalog)] = (name, dict(overrides))
     return catalog
 
 
@@ -154,6 +158,22 @@ def remember(table: Table) -> None:
     )
     with _tables_lock:
         _tables[key] = kept
+
+
+def reload(table: Table) -> Table:
+    """``table`` read again from its catalog (:func:`load_table`): the read of every attempt of the commit loop."""
+    assert table.catalog is not None, "a table read from a catalog"
+    return load_table(table.catalog, tuple(table.name()))
+
+
+def reload_fresh(table: Table) -> Table:
+    """``table`` read again through a catalog instance of its own (:func:`load_table_fresh`) when its catalog was
+    opened by :func:`load`; else through its own catalog, as :func:`reload` (a catalog made by the caller)."""
+    assert table.catalog is not None, "a table read from a catalog"
+    opened = _opened_as.get(id(table.catalog))
+    if opened is None:
+        return table.catalog.load_table(table.name())
+    return load_table_fresh(opened[0], opened[1], tuple(table.name()))
 
 
 def may_apply_late(catalog: Catalog) -> bool:

@@ -8,7 +8,6 @@ other input, a second sink of the same run), and which files may be deleted.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
 import time
@@ -23,9 +22,10 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
-from lakesink.driver import catalogs, indoubt, upsert
+from lakesink.driver import catalogs, indoubt, swap, turns, upsert
+from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.driver.schema import SchemaChange
-from lakesink.driver.swap import RetriesExhausted, Status, SwapResult, swap_with_recheck
+from lakesink.driver.swap import RetriesExhausted, Status
 from lakesink.driver.tables import SinkTable
 from lakesink.errors import (
     CommitConflictError,
@@ -49,6 +49,7 @@ from lakesink.table.markers import (
     last_batch_key,
     offsets_digest,
 )
+from lakesink.table.settings import CommitRetry
 
 log = logging.getLogger("lakesink")
 
@@ -107,12 +108,9 @@ class _Batch:
 
 
 class CommitHook(Protocol):
-    """Called by :class:`TableCommitter` around every batch commit: what an entry point hooks onto the commit
-    (automatic maintenance, :func:`lakesink.maintenance.auto.auto_maintenance`). The driver knows no more of it."""
-
-    def batch(self) -> AbstractContextManager[None]:
-        """Entered around each batch commit (the whole swap loop)."""
-        ...
+    """Called by :class:`TableCommitter` after every batch commit: what an entry point hooks onto the commit
+    (automatic maintenance, :func:`lakesink.maintenance.auto.auto_maintenance`). The driver knows no more of it;
+    the turns maintenance takes between batches are the commit loop's (lakesink.driver.turns)."""
 
     def after_commit(self) -> None:
         """Called after a batch committed a snapshot (not after a replay skipped, nor an empty batch)."""
@@ -148,10 +146,11 @@ class TableCommitter(SinkTable):
         ``table_uuid``: the uuid of the table the batch was planned for (else read from the task results);
         ``run_id``: Spark's run id of the query run (else read from the task results); ``changes``: with option
         ``upsert-key``, every key the batch changes (lakesink.sink.upsert_batch.resolve), whose rows the snapshot
-        replaces. The post-commit hook (with option ``maintenance=auto``: a background maintenance run when one is
-        due, which never swaps while a batch of this sink commits) runs around it.
+        replaces. Task results that all say the batch was found committed when it was planned (``replay_skipped``)
+        are :meth:`skip_replay`. The batch holds its table's turn (lakesink.driver.turns) from its first read; the
+        post-commit hook (with option ``maintenance=auto``: a background maintenance run when one is due) runs after it.
         """
-        with self.hook.batch() if self.hook is not None else contextlib.nullcontext():
+        with self._turn():
             outcome = self._commit_batch(
                 query_id=query_id,
                 batch_id=batch_id,
@@ -165,6 +164,50 @@ class TableCommitter(SinkTable):
             self.hook.after_commit()
         return outcome
 
+    def skip_replay(
+        self, *, query_id: str, batch_id: int, source_offsets: str | None, run_id: str | None, table_uuid: str | None
+    ) -> BatchOutcome:
+        """The entry point found the batch committed when it planned it and wrote nothing: check that the table still
+        holds it and that it is a faithful replay (same source offsets, another run), and skip it."""
+        with self._turn():
+            return self._commit_batch(
+                query_id=query_id,
+                batch_id=batch_id,
+                results=(),
+                source_offsets=source_offsets,
+                run_id=run_id,
+                table_uuid=table_uuid,
+                changes=None,
+                found_at_plan=True,
+            )
+
+    def append_action(
+        self,
+        table: Table,
+        *,
+        query_id: str,
+        batch_id: int,
+        results: Sequence[TaskResult],
+        source_offsets: str | None,
+        run_id: str | None = None,
+    ) -> AppendBatch:
+        """The action that appends a batch's files to this sink's table, for a unit of several tables
+        (:func:`lakesink.driver.swap.run_unit`); ``table``: the table as read for its first attempt."""
+        batch = _Batch(
+            query_id=query_id,
+            batch_id=batch_id,
+            results=results,
+            source_offsets=source_offsets,
+            run_id=run_id or next((r.run_id for r in results if r.run_id), None),
+            commit_id=uuid.uuid4().hex,
+            started=time.monotonic(),
+        )
+        return AppendBatch(self, table, batch)
+
+    def _turn(self) -> AbstractContextManager[None]:
+        """This batch's turn on its table, from its first read (the loop holds it too, for its actions)."""
+        return turns.of_identifier(self.catalog, self.options.table.identifier).batch()
+
     def _commit_batch(
         self,
         *,
@@ -175,6 +218,7 @@ class TableCommitter(SinkTable):
         run_id: str | None,
         table_uuid: str | None,
         changes: pa.Table | None,
+        found_at_plan: bool = False,
     ) -> BatchOutcome:
         if changes is None and any(r.changes for r in results):
             # format("lakesink") with upsert-key: the tasks resolved their rows; a key of two tasks is an error
@@ -198,23 +242,18 @@ class TableCommitter(SinkTable):
         except LakesinkError:
             self._delete(table, batch.paths, reason="the table or branch changed identity during the batch")
             raise
-        if results and all(r.replay_skipped for r in results):
+        if found_at_plan or (results and all(r.replay_skipped for r in results)):
+            # found committed when the batch was planned (foreach_batch), or by every task (format("lakesink"))
             return self._logged(self._skipped_before_writing(table, batch), query_id)
         if not batch.files and batch.changes is None and self.options.output_mode is not OutputMode.COMPLETE:
             return self._logged(self._commit_empty(table, batch), query_id)
         return self._logged(self._commit_files(table, batch), query_id)
 
     def _skipped_before_writing(self, table: Table, batch: _Batch) -> BatchOutcome:
-        """The writers found the batch committed when the batch was planned and wrote nothing: check it still is."""
-        done = self.last(table, batch.query_id)
-        if done is None or done.batch_id < batch.batch_id:
-            raise LakesinkError(
-                f"batch {batch.batch_id} of query {batch.query_id} was skipped as already committed when it was planned, "
-                f"but table {self.table_name} no longer holds it (last batch found: "
-                f"{done.batch_id if done else 'none'}; was the table or branch rolled back?). Nothing was written; "
-                "restart the query to write the batch"
-            )
-        self._check_replay(table, batch, done)
+        """The batch was found committed when it was planned and nothing was written: check it still is."""
+        result = swap.run(ReplayFoundAtPlan(self, table, batch))
+        assert result.status is Status.ALREADY_COMMITTED and result.done is not None
+        self._check_replay(table, batch, result.done)
         return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id)
 
     def _commit_empty(self, table: Table, batch: _Batch) -> BatchOutcome:
@@ -223,24 +262,10 @@ class TableCommitter(SinkTable):
         The next snapshot of the sink then carries ``lakesink.previous-batch-id``, so that a missing batch id
         can be told from an empty batch (``lakesink verify``). The commit asserts the branch head it read.
         """
-        branch = self.options.branch
-
-        def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam_commit.PreparedCommit:
-            head = t.metadata.snapshot_by_name(branch)
-            marker = CommittedBatch(
-                batch.batch_id,
-                head.snapshot_id if head else -1,
-                batch.commit_id,
-                branch=branch,
-                empty=True,
-                run_id=batch.run_id,
-                offsets=offsets_digest(batch.source_offsets),
-            )
-            return seam_commit.prepare_properties_at_head(t, {self._marker_key(batch): marker.to_property()}, branch=branch)
-
-        what = f"recording empty batch {batch.batch_id} of query {batch.query_id} in {self.table_name}"
+        action = MarkEmptyBatch(self, table, batch)
+        what = action.what
         try:
-            result = self._swap(table, batch, prepare, what)
+            result = swap.run(action)
         except RetriesExhausted as e:
             raise CommitConflictError(
                 f"{what} failed {e.attempts} time(s) ({e.describe()}); restarting the query replays the batch"
@@ -252,100 +277,17 @@ class TableCommitter(SinkTable):
         return BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1)
 
     def _commit_files(self, table: Table, batch: _Batch) -> BatchOutcome:
-        overwrite = self.options.output_mode is OutputMode.COMPLETE
         settings = self.settings(table)
-        summary = batch_summary(
-            batch.query_id,
-            batch.batch_id,
-            batch.commit_id,
-            batch.source_offsets,
-            started_ms=int(time.time() * 1000),
-            sink_id=self.options.sink_id,
-            run_id=batch.run_id,
-        )
-        data_files = [
-            seam_commit.data_file(
-                path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=r.spec_id, partition=f.partition
-            )
-            for r in batch.results
-            for f in r.files
-        ]
-
-        def properties(snapshot_id: int) -> dict[str, str]:
-            # the replay marker, in the same atomic commit as the snapshot it names
-            marker = CommittedBatch(
-                batch.batch_id,
-                snapshot_id,
-                batch.commit_id,
-                branch=self.options.branch,
-                run_id=batch.run_id,
-                offsets=offsets_digest(batch.source_offsets),
-            )
-            return {self._marker_key(batch): marker.to_property()}
-
-        rewrites: list[upsert.Rewrite] = []
-
-        def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam_commit.PreparedCommit:
-            schema_changes = self._schema_changes_at_commit(t, batch)
-            attempt_summary = {
-                **summary,
-                SUMMARY_COMMIT_ATTEMPT: str(attempt),
-                **({SUMMARY_PREVIOUS_BATCH_ID: str(done.batch_id)} if done is not None else {}),
-            }
-            if batch.changes is not None:
-                # upserts: rewrite the files of this attempt's table that hold the batch's keys, in the schema this
-                # commit gives the table (with merge-schema, a key widened int -> long by this very batch: its keys
-                # cast to the old type failed the batch at every restart)
-                schema = seam_commit.evolved_schema(t, schema_changes) if schema_changes else t.schema()
-                keys = upsert.BatchKeys(self.table_name, schema, batch.changes)
-                plan = self.write_plan(t, batch.query_id)
-                if schema_changes:
-                    plan = replace(plan, schema=schema, schema_changes=schema_changes)
-                rewrite = upsert.rewrite(
-                    t, branch=self.options.branch, keys=keys, plan=plan, batch_id=batch.batch_id, attempt=attempt
-                )
-                rewrites.append(rewrite)
-                return seam_commit.prepare_rewrite(
-                    t,
-                    commit=batch.commit_name(),
-                    files_since_ms=batch.files_since_ms,
-                    removed_files=rewrite.removed,
-                    data_files=[
-                        *data_files,
-                        *(
-                            seam_commit.data_file(
-                                path=f.path,
-                                size_in_bytes=f.size_in_bytes,
-                                statistics=f.statistics,
-                                spec_id=rewrite.spec_id,
-                                partition=f.partition,
-                            )
-                            for f in rewrite.written
-                        ),
-                    ],
-                    rewritten_paths=rewrite.paths,
-                    summary={**attempt_summary, **upsert.summary(rewrite)},
-                    properties=properties,
-                    branch=self.options.branch,
-                    schema_changes=schema_changes,
-                    manifest_merge=settings.manifest_merge,
-                )
-            return seam_commit.prepare_snapshot(
-                t,
-                commit=batch.commit_name(),
-                files_since_ms=batch.files_since_ms,
-                data_files=data_files,
-                overwrite=overwrite,
-                summary=attempt_summary,
-                properties=properties,
-                branch=self.options.branch,
-                schema_changes=schema_changes,
-                manifest_merge=settings.manifest_merge,
-            )
-
-        what = f"commit of batch {batch.batch_id} of query {batch.query_id} to {self.table_name}"
+        action: AppendBatch
+        if batch.changes is not None:
+            action = UpsertBatch(self, table, batch)
+        elif self.options.output_mode is OutputMode.COMPLETE:
+            action = OverwriteBatch(self, table, batch)
+        else:
+            action = AppendBatch(self, table, batch)
+        what = action.what
         try:
-            result = self._swap(table, batch, prepare, what)
+            result = swap.run(action)
         except CommitOutcomeUnknownError:
             if catalogs.may_apply_late(self.catalog):  # the abort that follows must keep the files (driver.indoubt)
                 indoubt.record(self.table_name, batch.query_id, self.options.sink_id, batch.batch_id, batch.paths)
@@ -368,8 +310,8 @@ class TableCommitter(SinkTable):
             return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
         assert result.snapshot_id is not None
         files = batch.files
-        if rewrites:
-            last = rewrites[-1]
+        if isinstance(action, UpsertBatch) and action.rewrites:
+            last = action.rewrites[-1]
             log.info(
                 "lakesink: table=%s batch=%s upsert: inserted=%s updated=%s deleted=%s files_rewritten=%s bytes_read=%s",
                 self.table_name,
@@ -391,27 +333,7 @@ class TableCommitter(SinkTable):
             retries=result.attempts - 1,
         )
 
-    def _swap(self, table: Table, batch: _Batch, prepare: object, what: str) -> SwapResult:
-        index_cache: dict[int, SnapshotIndex] = {}
-
-        def recheck(t: Table) -> CommittedBatch | None:
-            index = index_cache.setdefault(id(t.metadata), SnapshotIndex(t.metadata))
-            return self.last(t, batch.query_id, index=index)
-
-        return swap_with_recheck(
-            first=table,
-            load=lambda: self.load_patiently(batch.batch_id),
-            load_fresh=self.load_fresh,
-            recheck=recheck,
-            prepare=prepare,  # type: ignore[arg-type]
-            batch_id=batch.batch_id,
-            commit_id=batch.commit_id,
-            retry=self.settings(table).commit_retry,
-            what=what,
-            redact=self.redact,
-        )
-
-    def _marker_key(self, batch: _Batch) -> str:
+    def marker_key(self, batch: _Batch) -> str:
         return last_batch_key(batch.query_id, self.options.sink_id)
 
     # --- a batch found committed --------------------------------------------------------------------
@@ -470,7 +392,7 @@ class TableCommitter(SinkTable):
         text = props.get(SUMMARY_SOURCE_OFFSETS)
         return text, offsets_digest(text)
 
-    def _schema_changes_at_commit(self, table: Table, batch: _Batch) -> tuple[SchemaChange, ...]:
+    def schema_changes_at_commit(self, table: Table, batch: _Batch) -> tuple[SchemaChange, ...]:
         """The schema changes this commit must make for the files to be registered under the schema and
         spec they were written for; raise ConcurrentTableChangeError (deleting the files) when the table
         moved to another schema or spec meanwhile."""
@@ -597,3 +519,207 @@ class TableCommitter(SinkTable):
                 log.warning("lakesink: could not delete %s (%s); an orphan clean-up collects it", path, self.redact(e))
         if paths:
             log.info("lakesink: table=%s deleted %s unreferenced file(s): %s", self.table_name, len(paths), reason)
+
+
+# --- a batch's commits, as actions of the one loop (lakesink.driver.action) -----------------------------------------
+
+
+class _BatchAction(CommitAction):
+    """A commit of one batch of one sink: it has landed when the sink's replay marker on the branch names the batch
+    (ours when it also carries this call's commit id)."""
+
+    turn = Turn.BATCH
+
+    def __init__(self, committer: TableCommitter, table: Table, batch: _Batch, what: str):
+        super().__init__(table, what)
+        self.committer = committer
+        self.batch = batch
+        self._index: dict[int, SnapshotIndex] = {}
+
+    def done(self, table: Table) -> CommittedBatch | None:
+        """The sink's last committed batch in ``table`` (one index of the snapshots per metadata read)."""
+        index = self._index.setdefault(id(table.metadata), SnapshotIndex(table.metadata))
+        return self.committer.last(table, self.batch.query_id, index=index)
+
+    def landed(self, table: Table) -> Landing | None:
+        done = self.done(table)
+        if done is None or done.batch_id < self.batch.batch_id:
+            return None
+        mine = done.batch_id == self.batch.batch_id and done.commit_id == self.batch.commit_id
+        return Landing(mine=mine, snapshot_id=done.snapshot_id, done=done)
+
+    def retry(self, table: Table) -> CommitRetry:
+        return self.committer.settings(table).commit_retry
+
+    def redact(self, error: BaseException) -> str:
+        return self.committer.redact(error)
+
+
+class ReplayFoundAtPlan(_BatchAction):
+    """A batch found committed when it was planned (nothing was written): the loop's check must find it again;
+    there is nothing to prepare."""
+
+    def __init__(self, committer: TableCommitter, table: Table, batch: _Batch):
+        super().__init__(committer, table, batch, f"replay of batch {batch.batch_id} of query {batch.query_id}")
+
+    def landed(self, table: Table) -> Landing | None:
+        found = super().landed(table)
+        if found is None:
+            done = self.done(table)
+            raise LakesinkError(
+                f"batch {self.batch.batch_id} of query {self.batch.query_id} was skipped as already committed when it "
+                f"was planned, but table {self.committer.table_name} no longer holds it (last batch found: "
+                f"{done.batch_id if done else 'none'}; was the table or branch rolled back?). Nothing was written; "
+                "restart the query to write the batch"
+            )
+        return found
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        raise AssertionError("a replay found at plan time commits nothing")  # pragma: no cover
+
+
+class MarkEmptyBatch(_BatchAction):
+    """Record an empty batch: a properties-only commit moves the sink's marker to it, asserting the branch head it
+    read. The next snapshot of the sink then carries ``lakesink.previous-batch-id``, so that a missing batch id can
+    be told from an empty batch (``lakesink verify``)."""
+
+    def __init__(self, committer: TableCommitter, table: Table, batch: _Batch):
+        super().__init__(
+            committer,
+            table,
+            batch,
+            f"recording empty batch {batch.batch_id} of query {batch.query_id} in {committer.table_name}",
+        )
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        branch = self.committer.options.branch
+        head = table.metadata.snapshot_by_name(branch)
+        marker = CommittedBatch(
+            self.batch.batch_id,
+            head.snapshot_id if head else -1,
+            self.batch.commit_id,
+            branch=branch,
+            empty=True,
+            run_id=self.batch.run_id,
+            offsets=offsets_digest(self.batch.source_offsets),
+        )
+        return seam_commit.prepare_properties_at_head(
+            table, {self.committer.marker_key(self.batch): marker.to_property()}, branch=branch
+        )
+
+
+class AppendBatch(_BatchAction):
+    """A batch's files appended as one snapshot, with the replay marker in the same commit."""
+
+    overwrite = False
+
+    def __init__(self, committer: TableCommitter, table: Table, batch: _Batch):
+        super().__init__(
+            committer, table, batch, f"commit of batch {batch.batch_id} of query {batch.query_id} to {committer.table_name}"
+        )
+        self.summary = batch_summary(
+            batch.query_id,
+            batch.batch_id,
+            batch.commit_id,
+            batch.source_offsets,
+            started_ms=int(time.time() * 1000),
+            sink_id=committer.options.sink_id,
+            run_id=batch.run_id,
+        )
+        self.data_files = [
+            seam_commit.data_file(
+                path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=r.spec_id, partition=f.partition
+            )
+            for r in batch.results
+            for f in r.files
+        ]
+
+    def properties(self, snapshot_id: int) -> dict[str, str]:
+        """The replay marker, in the same atomic commit as the snapshot it names."""
+        marker = CommittedBatch(
+            self.batch.batch_id,
+            snapshot_id,
+            self.batch.commit_id,
+            branch=self.committer.options.branch,
+            run_id=self.batch.run_id,
+            offsets=offsets_digest(self.batch.source_offsets),
+        )
+        return {self.committer.marker_key(self.batch): marker.to_property()}
+
+    def attempt_summary(self, table: Table, attempt: int) -> dict[str, str]:
+        done = self.done(table)
+        return {
+            **self.summary,
+            SUMMARY_COMMIT_ATTEMPT: str(attempt),
+            **({SUMMARY_PREVIOUS_BATCH_ID: str(done.batch_id)} if done is not None else {}),
+        }
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        schema_changes = self.committer.schema_changes_at_commit(table, self.batch)
+        return seam_commit.prepare_snapshot(
+            table,
+            commit=self.batch.commit_name(),
+            files_since_ms=self.batch.files_since_ms,
+            data_files=self.data_files,
+            overwrite=self.overwrite,
+            summary=self.attempt_summary(table, attempt),
+            properties=self.properties,
+            branch=self.committer.options.branch,
+            schema_changes=schema_changes,
+            manifest_merge=self.committer.settings(table).manifest_merge,
+        )
+
+
+class OverwriteBatch(AppendBatch):
+    """Complete mode: the batch's files replace everything live at the head the attempt read (the swap asserts it)."""
+
+    overwrite = True
+
+
+class UpsertBatch(AppendBatch):
+    """An upsert batch: the files of the attempt's table that hold the batch's keys are rewritten without them (copy
+    on write, validated against what was committed since, on every attempt), in the same snapshot as its rows."""
+
+    def __init__(self, committer: TableCommitter, table: Table, batch: _Batch):
+        super().__init__(committer, table, batch)
+        self.rewrites: list[upsert.Rewrite] = []
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        c, batch = self.committer, self.batch
+        assert batch.changes is not None
+        schema_changes = c.schema_changes_at_commit(table, batch)
+        # rewrite the files of this attempt's table that hold the batch's keys, in the schema this commit gives the
+        # table (with merge-schema, a key widened int -> long by this very batch: its keys cast to the old type
+        # failed the batch at every restart)
+        schema = seam_commit.evolved_schema(table, schema_changes) if schema_changes else table.schema()
+        keys = upsert.BatchKeys(c.table_name, schema, batch.changes)
+        plan = c.write_plan(table, batch.query_id)
+        if schema_changes:
+            plan = replace(plan, schema=schema, schema_changes=schema_changes)
+        rewrite = upsert.rewrite(table, branch=c.options.branch, keys=keys, plan=plan, batch_id=batch.batch_id, attempt=attempt)
+        self.rewrites.append(rewrite)
+        return seam_commit.prepare_rewrite(
+            table,
+            commit=batch.commit_name(),
+            files_since_ms=batch.files_since_ms,
+            removed_files=rewrite.removed,
+            data_files=[
+                *self.data_files,
+                *(
+                    seam_commit.data_file(
+                        path=f.path,
+                        size_in_bytes=f.size_in_bytes,
+                        statistics=f.statistics,
+                        spec_id=rewrite.spec_id,
+                        partition=f.partition,
+                    )
+                    for f in rewrite.written
+                ),
+            ],
+            rewritten_paths=rewrite.paths,
+            summary={**self.attempt_summary(table, attempt), **upsert.summary(rewrite)},
+            properties=self.properties,
+            branch=c.options.branch,
+            schema_changes=schema_changes,
+            manifest_merge=c.settings(table).manifest_merge,
+        )

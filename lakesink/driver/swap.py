@@ -1,13 +1,14 @@
-"""Driver side: the one compare-and-swap loop, with the replay re-check on every attempt.
+"""Driver side: the one compare-and-swap loop, with the "has it landed?" re-check on every attempt.
 
-Every commit lakesink makes for a batch -- a data snapshot or a marker-only commit of an empty batch --
-goes through :func:`swap_with_recheck`. Each attempt re-reads the table and re-checks whether the
-(query id, sink id, batch id) is already committed *before* it swaps: a check made once and then
-retried blindly is how Iceberg's Flink sink committed the same data twice (iceberg#14425).
+Every commit lakesink makes is a :class:`~lakesink.driver.action.CommitAction` run by :func:`run_unit` (a batch's
+snapshot or marker-only commit, a replay found at plan time, compaction, expiry, manifest rewrite), alone or
+with actions on other tables as one unit. Each attempt re-reads the tables and asks every action whether it is
+already in its table *before* it swaps: a check made once and then retried blindly is how Iceberg's Flink sink
+committed the same data twice (iceberg#14425).
 
 An error of the swap itself (not a clean conflict) leaves the outcome unknown. It is settled by reading
-the table through a fresh connection (:class:`Settled`): our commit id is there (landed), another
-commit of the batch is there (committed by another writer), or neither (not landed). Only a
+each table through a fresh connection (:class:`Settled`): our commit id is there (landed), an equivalent
+commit is there (committed by another writer), or neither (not landed). Only a
 certainly-not-landed commit is discarded; when the table cannot be read the outcome stays unknown and
 nothing is deleted.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 
@@ -25,9 +26,11 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential_jitter
 
+from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg.commit import PreparedCommit, refused_by_the_catalog
-from lakesink.driver import catalogs
-from lakesink.errors import CommitOutcomeUnknownError, InFlightTooLongError, LakesinkError
+from lakesink.driver import catalogs, tables, turns
+from lakesink.driver.action import CommitAction, Landing, Turn
+from lakesink.errors import CommitOutcomeUnknownError, InFlightTooLongError, LakesinkError, UnitNotAtomicError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_CHECK, DRIVER_BEFORE_SWAP, fault_point
 from lakesink.table import names
 from lakesink.table.markers import CommittedBatch
@@ -71,11 +74,15 @@ class SwapResult:
 class RetriesExhausted(LakesinkError):
     """Every attempt's swap conflicted with another writer (callers turn it into CommitConflictError)."""
 
-    def __init__(self, attempts: int, last: BaseException | None, locked: int = 0):
+    def __init__(
+        self, attempts: int, last: BaseException | None, locked: int = 0, *, partial: dict[int, SwapResult] | None = None
+    ):
         super().__init__(f"{attempts} attempt(s) conflicted")
         self.attempts = attempts
         self.last = last
         self.locked = locked
+        self.partial = partial or {}
+        """A unit committed one table after the other: the actions (by index) that landed before it gave up."""
 
     def describe(self) -> str:
         """Why the attempts failed, for the error message: lost swaps, or a catalog that refused the write."""
@@ -103,7 +110,8 @@ def _retrying(retry: CommitRetry) -> Retrying:
 
 @contextmanager
 def _entered(guard: Callable[[], AbstractContextManager[None]] | None) -> Iterator[None]:
-    """Enter ``guard`` (if any); a CommitFailedException on entering it is a conflict, retried like a lost swap."""
+    """Enter ``guard`` (if any: a maintenance attempt's turns); a CommitFailedException on entering it is a
+    conflict, retried like a lost swap."""
     with ExitStack() as stack:
         if guard is not None:
             try:
@@ -131,23 +139,19 @@ def refuse_stale_files(prepared: PreparedCommit, what: str) -> None:
         )
 
 
-def settle(
-    *, load_fresh: Callable[[], Table], recheck: Callable[[Table], CommittedBatch | None], batch_id: int, commit_id: str
-) -> tuple[Settled, CommittedBatch | None, Table | None]:
-    """After a swap error: did our commit land? Read the table (through a fresh connection) to find out."""
+def settle(action: CommitAction) -> tuple[Settled, Landing | None, Table | None]:
+    """After a swap error: did ``action``'s commit land? Read its table (through a fresh connection) to find out."""
     for i in range(_SETTLE_ATTEMPTS):
         try:
-            table = load_fresh()
+            table = catalogs.reload_fresh(action.table)
         except Exception as e:
-            log.info("lakesink: settling the commit of batch %s: cannot read the table yet (%s)", batch_id, type(e).__name__)
+            log.info("lakesink: settling the %s: cannot read the table yet (%s)", action.what, type(e).__name__)
             time.sleep(min(0.2 * 2**i, 5.0))
             continue
-        done = recheck(table)
-        if done is not None and done.batch_id == batch_id and done.commit_id == commit_id:
-            return Settled.LANDED, done, table
-        if done is not None and done.batch_id >= batch_id:
-            return Settled.BY_OTHER, done, table
-        return Settled.NOT_LANDED, done, table
+        landing = action.landed(table)
+        if landing is None:
+            return Settled.NOT_LANDED, None, table
+        return (Settled.LANDED if landing.mine else Settled.BY_OTHER), landing, table
     return Settled.UNKNOWN, None, None
 
 
@@ -186,125 +190,241 @@ class _Pending:
         self.attempts = keep
 
 
-def swap_with_recheck(
-    *,
-    first: Table,
-    load: Callable[[], Table],
-    load_fresh: Callable[[], Table],
-    recheck: Callable[[Table], CommittedBatch | None],
-    prepare: Callable[[Table, CommittedBatch | None, int], PreparedCommit],
-    batch_id: int,
-    commit_id: str,
-    retry: CommitRetry,
+def _all_or_none(
+    actions: Sequence[CommitAction],
+    group: list[int],
+    outcomes: dict[int, tuple[Settled, Landing | None, Table | None]],
     what: str,
-    redact: Callable[[BaseException], str],
-    attempt_guard: Callable[[], AbstractContextManager[None]] | None = None,
-    late_landing: bool | None = None,
-) -> SwapResult:
-    """Commit once for (query, sink, batch): re-check, prepare, swap; retry on conflicts.
+    error: str,
+) -> dict[int, tuple[Settled, Landing | None, Table | None]]:
+    """The settled outcomes of a unit swapped atomically (``group``: its actions, by index): this call's commit landed
+    in every table, or in none. Tables read before the unit landed may show it not landed while those read after
+    show it landed (a request the catalog applied late, between the settle reads): those are read once more, after
+    the reads that found it. A unit still in some tables only is a catalog that broke atomicity: a loud
+    :class:`UnitNotAtomicError`, never accepted as a finished unit nor completed table by table by the next attempt."""
+    landed = [i for i in group if outcomes[i][0] is Settled.LANDED]
+    missing = [i for i in group if outcomes[i][0] is Settled.NOT_LANDED]
+    if not landed or not missing:
+        return outcomes
+    outcomes = {**outcomes, **{i: settle(actions[i]) for i in missing}}
+    missing = [i for i in missing if outcomes[i][0] is not Settled.LANDED]
+    if missing:
+        raise UnitNotAtomicError(
+            f"{what}: the catalog was sent the unit as one atomic commit and failed ({error}), and the unit landed in "
+            f"{', '.join(actions[i].name for i in landed)} but not in {', '.join(actions[i].name for i in missing)}: "
+            "the catalog does not commit all or nothing (a bug of the catalog server). No file was deleted; a restart "
+            "completes the batch in the tables that miss it (readers may have seen it in some tables only); with this "
+            "catalog, commit table by table (atomic=off) and report it to the catalog's maintainers"
+        ) from None
+    return outcomes
 
-    ``first`` is the table to try first (already read by the caller); later attempts ``load`` it again.
-    ``prepare(table, done, attempt)`` stages the commit on ``table`` (``done``: the sink's last batch, below this
-    one). Raises :class:`RetriesExhausted` when every attempt conflicted and CommitOutcomeUnknownError when the
-    outcome could not be settled (the table could not be read, or an attempt could still land: see
-    :class:`_Pending`); in both cases what the attempts prepared was discarded or is unknown, and the caller
-    decides about the batch's data files.
+
+def _reload(action: CommitAction) -> Table:
+    """The one read of a table for an attempt: its catalog's pointer (parsed again only when it moved), riding out
+    a briefly locked or unreachable catalog."""
+    return tables.read_patiently(
+        lambda: catalogs.reload(action.table),
+        dropped=f"table {action.name} was dropped during the {action.what}; nothing was committed",
+        unavailable=f"cannot read table {action.name} from its catalog for the {action.what}",
+        redact=action.redact,
+    )
+
+
+@contextmanager
+def _batch_turns(actions: Sequence[CommitAction]) -> Iterator[None]:
+    """The turns of the tables of the unit's batch actions, held for the whole loop."""
+    with ExitStack() as stack:
+        for held in _turns_of(a for a in actions if a.turn is Turn.BATCH):
+            stack.enter_context(held.batch())
+        yield
+
+
+def _maintenance_turns(actions: Sequence[CommitAction]) -> Callable[[], AbstractContextManager[None]] | None:
+    """Entered around each attempt of a unit of maintenance actions (none when the unit holds a batch)."""
+    if any(a.turn is Turn.BATCH for a in actions):
+        return None
+    held = _turns_of(actions)
+
+    @contextmanager
+    def guard() -> Iterator[None]:
+        with ExitStack() as stack:
+            for t in held:
+                stack.enter_context(t.maintenance())
+            yield
+
+    return guard
+
+
+def _turns_of(actions: Iterable[CommitAction]) -> list[turns.Turns]:
+    found: dict[tuple[object, ...], turns.Turns] = {}
+    for a in actions:
+        found.setdefault(turns.key(a.table), turns.of(a.table))
+    return [found[k] for k in sorted(found, key=repr)]  # one order for every unit: no two units wait for each other
+
+
+def run(action: CommitAction) -> SwapResult:
+    """Commit ``action`` exactly once through the loop (:func:`run_unit` of one action)."""
+    return run_unit([action])[0]
+
+
+def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = None) -> list[SwapResult]:
+    """Commit every action exactly once: per attempt, read every table, ask each action whether it landed, prepare
+    the others and swap them -- as one unit where the catalog can (several tables of one pyiceberg SQL catalog: one
+    database transaction, :func:`lakesink._pyiceberg.commit.commits_atomically`), else one table after the other,
+    each exactly once (an action that landed is found landed by the next attempt, or by a replay). Retries while a
+    swap conflicts; a swap that failed otherwise is settled per table by reading it (:func:`settle`).
+
+    The first attempt swaps on the tables the actions were made with; later attempts read them again. Actions whose
+    :class:`~lakesink.driver.action.Turn` is MAINTENANCE read their tables again at every attempt, inside their turn
+    (:mod:`lakesink.driver.turns`); BATCH actions hold their tables' turns for the whole loop.
+
+    Returns one :class:`SwapResult` per action, in order. Raises :class:`RetriesExhausted` when every attempt
+    conflicted (``partial``: the actions that landed meanwhile) and CommitOutcomeUnknownError when an outcome could
+    not be settled (the table could not be read, or an attempt could still land: see :class:`_Pending`); in both
+    cases what the attempts prepared was discarded or is unknown, and the caller decides about its data files.
 
     ``late_landing``: the catalog may apply a request after having answered it with an error (any catalog reached
-    over HTTP: REST, Glue); False for pyiceberg's SQL catalogs, whose failed calls lakesink rolls back before
-    the error reaches it (lakesink.driver.catalogs.guard_sql_catalog). Default: :func:`lakesink.driver.catalogs.may_apply_late`
-    of ``first``'s catalog.
-
-    ``attempt_guard`` is entered around each whole attempt (read, re-check, prepare, swap) and then every attempt
-    reads the table afresh (``first`` is not used): maintenance takes its turn between the sink's batches with it
-    (lakesink.maintenance.auto.AutoMaintainer), so that a stream committing every second cannot move the head between a
-    maintenance commit's read and its swap. It may raise CommitFailedException (a conflict: retried).
+    over HTTP: REST, Glue, and database servers); default: :func:`lakesink.driver.catalogs.may_apply_late` of each
+    action's catalog.
     """
+    if not actions:
+        return []
+    n = len(actions)
+    what = actions[0].what if n == 1 else f"unit of {n} commits ({'; '.join(a.what for a in actions)})"
+    retry = actions[0].retry(actions[0].table)
+    pending = [
+        _Pending(
+            late_landing if late_landing is not None else a.table.catalog is None or catalogs.may_apply_late(a.table.catalog)
+        )
+        for a in actions
+    ]
+    read = [a.table for a in actions]
+    results: dict[int, SwapResult] = {}
     attempts = 0
     refused = 0  # attempts whose swap failed with an error (settled as not landed), not a clean conflict
-    if late_landing is None:
-        late_landing = first.catalog is None or catalogs.may_apply_late(first.catalog)
-    pending = _Pending(late_landing)
-    table = first
+    guard = _maintenance_turns(actions)
 
-    def found_committed(t: Table, done: CommittedBatch | None) -> SwapResult | None:
-        if done is None or done.batch_id < batch_id:
-            return None
-        if done.batch_id == batch_id and done.commit_id == commit_id:
+    def found(i: int, t: Table, landing: Landing | None) -> bool:
+        if landing is None:
+            return False
+        if landing.mine:
             # an earlier attempt of this very call landed (its answer was lost, or a re-sent request got 409)
-            pending.settle_on(t, landed=done.snapshot_id)
-            return SwapResult(Status.LANDED, attempts, snapshot_id=done.snapshot_id)
-        pending.settle_on(t)
-        return SwapResult(Status.ALREADY_COMMITTED, attempts, done=done)
+            pending[i].settle_on(t, landed=landing.snapshot_id)
+            results[i] = SwapResult(Status.LANDED, attempts, snapshot_id=landing.snapshot_id)
+        else:
+            pending[i].settle_on(t)
+            results[i] = SwapResult(Status.ALREADY_COMMITTED, attempts, done=landing.done)
+        return True
+
+    def open_actions() -> list[int]:
+        return [i for i in range(n) if i not in results]
+
+    def swap(group: list[int], prepared: dict[int, PreparedCommit]) -> None:
+        """Swap ``group`` (one table, or several committed atomically); raises _Conflict unless all landed."""
+        label = actions[group[0]].what if len(group) == 1 else what
+        nonlocal refused
+        try:
+            seam_commit.commit_together([prepared[i] for i in group])
+        except CommitFailedException as e:
+            for i in group:
+                pending[i].add(prepared[i], may_land_later=False)  # discarded once the next read shows it did not land
+            log.info("lakesink: %s conflicted (%s); re-checking and retrying", label, e)
+            raise _Conflict(str(e)) from e
+        except Exception as e:
+            not_landed = False
+            outcomes = {i: settle(actions[i]) for i in group}
+            if len(group) > 1:
+                outcomes = _all_or_none(actions, group, outcomes, label, actions[group[0]].redact(e))
+            for i in group:
+                settled, landing, t = outcomes[i]
+                log.warning(
+                    "lakesink: %s: the catalog failed (%s); settled by reading the table: %s",
+                    actions[i].what,
+                    actions[i].redact(e),
+                    settled.value,
+                )
+                if settled is Settled.UNKNOWN:
+                    raise CommitOutcomeUnknownError(
+                        f"{actions[i].what}: the catalog failed ({actions[i].redact(e)}) and the table could not be "
+                        "read to settle the outcome; no file was deleted, a restart settles it"
+                    ) from None
+                assert t is not None
+                # the catalog's definite no (4xx) never lands later; a timeout, 5xx or reset may
+                pending[i].add(prepared[i], may_land_later=not refused_by_the_catalog(e))
+                if not found(i, t, landing):  # Settled.NOT_LANDED: not (yet) in the table
+                    pending[i].settle_on(t)
+                    not_landed = True
+            if not_landed:
+                refused += 1
+                raise _Conflict(f"commit failed and did not land: {actions[group[0]].redact(e)}") from e
+        else:
+            for i in group:
+                catalogs.remember(prepared[i].table)  # the next read of the unmoved table parses nothing
+                pending[i].settle_on(prepared[i].table, landed=prepared[i].snapshot_id)
+                results[i] = SwapResult(Status.LANDED, attempts, snapshot_id=prepared[i].snapshot_id)
 
     try:
-        for attempt in _retrying(retry):
-            with attempt, _entered(attempt_guard):
-                attempts += 1
-                if attempts > 1 or attempt_guard is not None:
-                    table = load()
-                fault_point(DRIVER_BEFORE_CHECK)
-                done = recheck(table)
-                if (result := found_committed(table, done)) is not None:
-                    return result
-                pending.settle_on(table)
-                prepared = None
-                try:
-                    prepared = prepare(table, done, attempts)
-                    fault_point(DRIVER_BEFORE_SWAP)
-                    refuse_stale_files(prepared, what)
-                except BaseException:
-                    if prepared is not None:  # failed before the swap: certainly not committed
-                        prepared.discard()
-                    raise
-                try:
-                    prepared.commit()
-                except CommitFailedException as e:
-                    pending.add(prepared, may_land_later=False)  # discarded once the next read shows it did not land
-                    log.info("lakesink: %s conflicted (%s); re-checking and retrying", what, e)
-                    raise _Conflict(str(e)) from e
-                except Exception as e:
-                    settled, found, read = settle(load_fresh=load_fresh, recheck=recheck, batch_id=batch_id, commit_id=commit_id)
-                    log.warning(
-                        "lakesink: %s: the catalog failed (%s); settled by reading the table: %s", what, redact(e), settled.value
-                    )
-                    if settled is Settled.UNKNOWN:
-                        raise CommitOutcomeUnknownError(
-                            f"{what}: the catalog failed ({redact(e)}) and the table could not be read to settle the "
-                            "outcome; no file was deleted, a restart settles it"
-                        ) from None
-                    assert read is not None
-                    # the catalog's definite no (4xx) never lands later; a timeout, 5xx or reset may
-                    pending.add(prepared, may_land_later=not refused_by_the_catalog(e))
-                    if (result := found_committed(read, found)) is not None:
-                        return result
-                    # Settled.NOT_LANDED: not (yet) in the table
-                    pending.settle_on(read)
-                    refused += 1
-                    raise _Conflict(f"commit failed and did not land: {redact(e)}") from e
-                else:
-                    catalogs.remember(prepared.table)  # the next read of the unmoved table parses nothing
-                pending.settle_on(prepared.table, landed=prepared.snapshot_id)
-                fault_point(DRIVER_AFTER_SWAP)
-                return SwapResult(Status.LANDED, attempts, snapshot_id=prepared.snapshot_id)
+        with _batch_turns(actions):
+            for attempt in _retrying(retry):
+                with attempt, _entered(guard):
+                    attempts += 1
+                    todo = open_actions()
+                    if attempts > 1 or guard is not None:
+                        for i in todo:
+                            read[i] = _reload(actions[i])
+                    fault_point(DRIVER_BEFORE_CHECK)
+                    todo = [i for i in todo if not found(i, read[i], actions[i].landed(read[i]))]
+                    if not todo:
+                        return [results[i] for i in range(n)]
+                    for i in todo:
+                        pending[i].settle_on(read[i])
+                    prepared: dict[int, PreparedCommit] = {}
+                    try:
+                        for i in todo:
+                            prepared[i] = actions[i].prepare(read[i], attempts)
+                        fault_point(DRIVER_BEFORE_SWAP)
+                        for i in todo:
+                            refuse_stale_files(prepared[i], actions[i].what)
+                    except BaseException:
+                        for p in prepared.values():  # failed before the swap: certainly not committed
+                            p.discard()
+                        raise
+                    together = len(todo) == 1 or seam_commit.commits_atomically([prepared[i] for i in todo])
+                    groups = [todo] if together else [[i] for i in todo]  # else one table after the other
+                    for k, group in enumerate(groups):
+                        try:
+                            swap(group, prepared)
+                        except BaseException:
+                            for later in groups[k + 1 :]:  # not swapped: certainly not committed
+                                for i in later:
+                                    prepared[i].discard()
+                            raise
+                    fault_point(DRIVER_AFTER_SWAP)
+                    return [results[i] for i in range(n)]
     except RetryError as e:
         last = e.last_attempt.exception()
-        if pending.attempts:  # the last answers were not clean: read once more before giving up
-            try:
-                table = load()
-            except Exception as read_error:
+        if any(pending[i].attempts for i in open_actions()):  # the last answers were not clean: read once more
+            for i in open_actions():
+                if not pending[i].attempts:
+                    continue
+                try:
+                    t = _reload(actions[i])
+                except Exception as read_error:
+                    raise CommitOutcomeUnknownError(
+                        f"{what}: {attempts} attempt(s) failed (last: {actions[i].redact(last) if last else 'none'}) "
+                        f"and the table could not be read to settle them ({actions[i].redact(read_error)}); no file "
+                        "was deleted, a restart settles it"
+                    ) from None
+                if not found(i, t, actions[i].landed(t)):
+                    pending[i].settle_on(t)
+            if not open_actions():
+                return [results[i] for i in range(n)]
+            still = sum(len(pending[i].attempts) for i in open_actions())
+            if still:
                 raise CommitOutcomeUnknownError(
-                    f"{what}: {attempts} attempt(s) failed (last: {redact(last) if last else 'none'}) and the table "
-                    f"could not be read to settle them ({redact(read_error)}); no file was deleted, a restart settles it"
-                ) from None
-            if (result := found_committed(table, recheck(table))) is not None:
-                return result
-            pending.settle_on(table)
-            if pending.attempts:
-                raise CommitOutcomeUnknownError(
-                    f"{what}: {attempts} attempt(s) failed (last: {redact(last) if last else 'none'}); the catalog may "
-                    f"still apply {len(pending.attempts)} of them (a request it has not answered yet): no file was "
+                    f"{what}: {attempts} attempt(s) failed (last: {actions[0].redact(last) if last else 'none'}); the "
+                    f"catalog may still apply {still} of them (a request it has not answered yet): no file was "
                     "deleted, a restart settles it"
                 ) from None
-        raise RetriesExhausted(attempts, last, refused) from None
+        raise RetriesExhausted(attempts, last, refused, partial=dict(results)) from None
     raise AssertionError("unreachable")  # pragma: no cover

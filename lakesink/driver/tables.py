@@ -322,32 +322,15 @@ class SinkTable:
         return self.last(catalogs.load_table(self.catalog, self.options.table.identifier), query_id)
 
     def load_patiently(self, batch_id: int, *, load: Callable[[], Table] | None = None) -> Table:
-        """Read the table for a commit attempt, riding out a briefly locked or unreachable catalog."""
-        retrying = Retrying(
-            stop=stop_after_delay(_CATALOG_READ_PATIENCE_S),
-            wait=wait_exponential_jitter(initial=0.2, max=5.0),
-            retry=retry_if_not_exception_type((NoSuchTableError, LakesinkError)),
-            reraise=True,
+        """Read the table for a commit of batch ``batch_id``, riding out a briefly locked or unreachable catalog."""
+        return read_patiently(
+            load or self.load,
+            dropped=f"table {self.table_name} was dropped while batch {batch_id} was written; nothing was committed",
+            unavailable=(
+                f"cannot read table {self.table_name} from catalog {self.catalog.name!r} to commit batch {batch_id}"
+            ),
+            redact=self.redact,
         )
-        try:
-            for attempt in retrying:
-                with attempt:
-                    return (load or self.load)()
-        except NoSuchTableError:
-            raise TableIdentityChangedError(
-                f"table {self.table_name} was dropped while batch {batch_id} was written; nothing was committed"
-            ) from None
-        except LakesinkError:
-            raise
-        except PROGRAMMING_ERRORS:
-            raise
-        except Exception as e:
-            raise CatalogUnavailableError(
-                f"cannot read table {self.table_name} from catalog {self.catalog.name!r} to commit batch {batch_id} "
-                f"(tried for {_CATALOG_READ_PATIENCE_S:.0f} s: {self.redact(e)}); nothing was committed; "
-                "restart the query when the catalog is available"
-            ) from None
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _patiently(self, call: Callable[[], T]) -> T:
         """Run a catalog call, riding out a briefly locked or unreachable catalog for up to 30 s (a SQLite catalog
@@ -378,6 +361,38 @@ class SinkTable:
     def redact(self, e: BaseException) -> str:
         _, props = catalogs.resolve_catalog_properties(self.options.catalog_name, self.options.catalog_properties)
         return redact_secrets_in(f"{type(e).__name__}: {e}", props)
+
+
+def read_patiently(
+    load: Callable[[], Table], *, dropped: str, unavailable: str, redact: Callable[[BaseException], str]
+) -> Table:
+    """``load()`` for a commit attempt, riding out a briefly locked or unreachable catalog for up to 30 s.
+
+    A table that is gone raises TableIdentityChangedError(``dropped``); a catalog still failing after 30 s
+    CatalogUnavailableError(``unavailable`` and the error); lakesink's own errors pass through.
+    """
+    retrying = Retrying(
+        stop=stop_after_delay(_CATALOG_READ_PATIENCE_S),
+        wait=wait_exponential_jitter(initial=0.2, max=5.0),
+        retry=retry_if_not_exception_type((NoSuchTableError, LakesinkError)),
+        reraise=True,
+    )
+    try:
+        for attempt in retrying:
+            with attempt:
+                return load()
+    except NoSuchTableError:
+        raise TableIdentityChangedError(dropped) from None
+    except LakesinkError:
+        raise
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as e:
+        raise CatalogUnavailableError(
+            f"{unavailable} (tried for {_CATALOG_READ_PATIENCE_S:.0f} s: {redact(e)}); nothing was committed; "
+            "restart the query when the catalog is available"
+        ) from None
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _with_identifier_fields(schema: Schema, key: tuple[str, ...], table_name: str) -> Schema:

@@ -3,7 +3,7 @@
 Runs on the driver (or from ``lakesink compact``). One run reads the branch head's live data files, packs the
 small ones of each partition into bins, rewrites each bin as one Parquet file and commits everything as one
 Iceberg ``replace`` snapshot (summary ``lakesink.operation=compact``) through the sink's one compare-and-swap
-loop (:func:`lakesink.driver.swap.swap_with_recheck`). When another commit lands first (a batch, another
+loop (:func:`lakesink.driver.swap.run`, as a :class:`Compaction` action). When another commit lands first (a batch, another
 writer), the next attempt re-prepares on the new head, after validating everything committed to the branch since
 the snapshot the plan read (:mod:`lakesink.driver.validation`, as Iceberg Java's ``BaseRewriteFiles`` does): every
 file it rewrites must still be live, and no delete file committed meanwhile (another engine's merge-on-read
@@ -25,7 +25,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -38,13 +37,14 @@ from lakesink._pyiceberg import io as seam
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import lakesink_key
-from lakesink.driver import validation
-from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
+from lakesink.driver import swap, validation
+from lakesink.driver.action import CommitAction, Landing
+from lakesink.driver.swap import RetriesExhausted, Status
 from lakesink.errors import CommitOutcomeUnknownError, InFlightTooLongError, LakesinkError
 from lakesink.table import floats, names, parquet_layout, storage
 from lakesink.table.keys import DICT_SIZE_DEFAULT, MAIN_BRANCH, ROW_ORIGINS, SUMMARY_COMMIT_ID, SUMMARY_OPERATION
 from lakesink.table.keys import OPERATION_COMPACT as COMPACT
-from lakesink.table.markers import CommittedBatch, SnapshotIndex, landed_commit
+from lakesink.table.markers import SnapshotIndex, landed_commit
 from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
@@ -164,17 +164,12 @@ def compact(
     target_file_size: int | None = None,
     min_input_files: int | None = None,
     dry_run: bool = False,
-    load: Callable[[], Table] | None = None,
-    load_fresh: Callable[[], Table] | None = None,
     progress: Callable[[int, int], None] | None = None,
-    swap_guard: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> CompactionReport:
     """Bin-pack the branch's small data files per partition into one ``replace`` snapshot.
 
-    ``load`` re-reads the table for a retry (default: from its catalog), ``load_fresh`` to settle an unknown
-    outcome (default: ``load``); ``progress(done, total)`` is called
-    after each rewritten bin; ``swap_guard`` is entered around each commit attempt (read, prepare, swap): the
-    sink's automatic maintenance takes its turn between its batches with it.
+    ``progress(done, total)`` is called after each rewritten bin. Each commit attempt (read, prepare, swap) takes
+    its turn between the batches this process commits to the table (lakesink.driver.turns).
     """
     started = time.monotonic()
     name = _name(table)
@@ -201,67 +196,19 @@ def compact(
         _delete(table, [f.file_path for f in added])
         raise
     rewritten = [f for b in planned.bins for f in b]
-    base = head.snapshot_id if head is not None else None  # the snapshot the plan read: validated from here on
-    wanted = {f.file_path for f in rewritten}
-    summary = {SUMMARY_OPERATION: COMPACT, SUMMARY_COMMIT_ID: commit_id}
-
-    def recheck(t: Table) -> CommittedBatch | None:
-        return landed_commit(t.metadata, branch, commit_id)
-
-    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam_commit.PreparedCommit:
-        return seam_commit.prepare_replace(
-            t,
-            deleted=validated(t),
-            added=added,
-            summary=summary,
-            branch=branch,
-            commit=files_name.next_attempt(),
-            files_since_ms=files_name.started_ms,
-        )
-
-    def validated(t: Table) -> Sequence[DataFile]:
-        """The rewritten files as live at ``t``'s head, after validating every commit since the plan's snapshot
-        (on every attempt, against the table that attempt swaps: Iceberg's BaseRewriteFiles.validate)."""
-        if str(t.metadata.table_uuid) != str(table.metadata.table_uuid) or t.spec().spec_id != spec.spec_id:
-            raise CompactionStaleError("the table or its partition spec changed")
-        try:
-            since = validation.committed_since(t, branch=branch, base_snapshot_id=base)
-        except validation.HistoryUnknownError as e:
-            raise CompactionStaleError(str(e)) from None
-        if not since.moved:
-            return rewritten
-        head = t.metadata.snapshot_by_name(branch)
-        live = {f.file_path: f for f, _ in seam.data_file_entries(t, head)} if head is not None else {}
-        missing = sorted(wanted - live.keys())
-        if missing:
-            raise CompactionStaleError(f"{len(missing)} file(s) the compaction rewrites are no longer live (e.g. {missing[0]})")
-        deleted = [live[p] for p in sorted(wanted)]
-        conflicts = validation.deletes_applying_to(deleted, since.added_deletes, t.specs())
-        if conflicts:
-            new, data = conflicts[0]
-            raise CompactionStaleError(
-                f"{len({d.file.file_path for d, _ in conflicts})} delete file(s) committed since the plan (e.g. "
-                f"{new.file.file_path} in snapshot {new.snapshot_id}) may delete rows of file(s) the compaction rewrites "
-                f"(e.g. {data.file_path}); the rewritten file would bring those rows back"
-            )
-        return deleted
-
-    retry = TableSettings.parse(name, table.properties).commit_retry
     groups = tuple(planned.groups)
+    action = Compaction(
+        table,
+        branch=branch,
+        commit_id=commit_id,
+        base=head.snapshot_id if head is not None else None,  # the snapshot the plan read: validated from here on
+        rewritten=rewritten,
+        added=added,
+        files_name=files_name,
+        spec_id=spec.spec_id,
+    )
     try:
-        result = swap_with_recheck(
-            first=table,
-            load=load or (lambda: _reload(table)),
-            load_fresh=load_fresh or load or (lambda: _reload(table)),
-            recheck=recheck,
-            prepare=prepare,
-            batch_id=0,
-            commit_id=commit_id,
-            retry=retry,
-            what=f"compaction of {name}",
-            redact=lambda e: type(e).__name__,
-            attempt_guard=swap_guard,
-        )
+        result = swap.run(action)
     except (CompactionStaleError, RetriesExhausted, InFlightTooLongError) as e:
         _delete(table, [f.file_path for f in added])
         reason = str(e) if not isinstance(e, RetriesExhausted) else f"{e.attempts} attempt(s) conflicted with other commits"
@@ -293,6 +240,77 @@ def compact(
         attempts=result.attempts,
         duration_ms=_ms(started),
     )
+
+
+class Compaction(CommitAction):
+    """A compaction's ``replace`` snapshot: ``rewritten`` (live at the plan's snapshot ``base``) as ``added``. It has
+    landed when its commit id is among the branch head's newest ancestors; every attempt validates every commit
+    since ``base`` (Iceberg's BaseRewriteFiles.validate) against the table that attempt swaps."""
+
+    def __init__(
+        self,
+        table: Table,
+        *,
+        branch: str,
+        commit_id: str,
+        base: int | None,
+        rewritten: Sequence[DataFile],
+        added: Sequence[DataFile],
+        files_name: names.CommitName,
+        spec_id: int,
+    ):
+        super().__init__(table, f"compaction of {_name(table)}")
+        self.branch = branch
+        self.commit_id = commit_id
+        self.base = base
+        self.rewritten = rewritten
+        self.added = added
+        self.files_name = files_name
+        self.spec_id = spec_id
+        self.summary = {SUMMARY_OPERATION: COMPACT, SUMMARY_COMMIT_ID: commit_id}
+
+    def landed(self, table: Table) -> Landing | None:
+        found = landed_commit(table.metadata, self.branch, self.commit_id)
+        return Landing(mine=True, snapshot_id=found.snapshot_id) if found is not None else None
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        return seam_commit.prepare_replace(
+            table,
+            deleted=self.validated(table),
+            added=self.added,
+            summary=self.summary,
+            branch=self.branch,
+            commit=self.files_name.next_attempt(),
+            files_since_ms=self.files_name.started_ms,
+        )
+
+    def validated(self, t: Table) -> Sequence[DataFile]:
+        """The rewritten files as live at ``t``'s head, after validating every commit since the plan's snapshot
+        (on every attempt, against the table that attempt swaps: Iceberg's BaseRewriteFiles.validate)."""
+        if str(t.metadata.table_uuid) != str(self.table.metadata.table_uuid) or t.spec().spec_id != self.spec_id:
+            raise CompactionStaleError("the table or its partition spec changed")
+        try:
+            since = validation.committed_since(t, branch=self.branch, base_snapshot_id=self.base)
+        except validation.HistoryUnknownError as e:
+            raise CompactionStaleError(str(e)) from None
+        if not since.moved:
+            return self.rewritten
+        head = t.metadata.snapshot_by_name(self.branch)
+        live = {f.file_path: f for f, _ in seam.data_file_entries(t, head)} if head is not None else {}
+        wanted = {f.file_path for f in self.rewritten}
+        missing = sorted(wanted - live.keys())
+        if missing:
+            raise CompactionStaleError(f"{len(missing)} file(s) the compaction rewrites are no longer live (e.g. {missing[0]})")
+        deleted = [live[p] for p in sorted(wanted)]
+        conflicts = validation.deletes_applying_to(deleted, since.added_deletes, t.specs())
+        if conflicts:
+            new, data = conflicts[0]
+            raise CompactionStaleError(
+                f"{len({d.file.file_path for d, _ in conflicts})} delete file(s) committed since the plan (e.g. "
+                f"{new.file.file_path} in snapshot {new.snapshot_id}) may delete rows of file(s) the compaction rewrites "
+                f"(e.g. {data.file_path}); the rewritten file would bring those rows back"
+            )
+        return deleted
 
 
 def _origins(table: Table, files: Sequence[DataFile], added_by: dict[str, int | None]) -> list[origins.Run]:
@@ -350,10 +368,6 @@ def _rewrite(
     return seam_commit.data_file(
         path=location, size_in_bytes=size, statistics=stats, spec_id=spec.spec_id, partition=seam.partition_of(first)
     )
-
-
-def _reload(table: Table) -> Table:
-    return table.catalog.load_table(table.name())
 
 
 def _name(table: Table) -> str:

@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -52,11 +50,13 @@ from pyiceberg.table.snapshots import Snapshot
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
-from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
+from lakesink.driver import catalogs, swap
+from lakesink.driver.action import CommitAction, Landing
+from lakesink.driver.swap import RetriesExhausted, Status
 from lakesink.errors import LakesinkError
 from lakesink.table import names, storage
 from lakesink.table.keys import MAIN_BRANCH
-from lakesink.table.markers import CommittedBatch, SnapshotIndex, last_committed_batch, parse_last_batch_key
+from lakesink.table.markers import SnapshotIndex, last_committed_batch, parse_last_batch_key
 from lakesink.table.settings import Retention, TableSettings
 
 log = logging.getLogger("lakesink")
@@ -194,10 +194,7 @@ def expire_snapshots(
     retain_last: int | None = None,
     dry_run: bool = False,
     delete_files: bool = True,
-    load: Callable[[], Table] | None = None,
-    load_fresh: Callable[[], Table] | None = None,
     now_ms: int | None = None,
-    swap_guard: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> ExpiryReport:
     """Expire the snapshots the table's ``history.expire.*`` properties (or ``older_than`` / ``retain_last``,
     which override the table-wide values) let go, then delete the files only they referenced."""
@@ -251,49 +248,19 @@ def expire_snapshots(
             protected_refs=first_refs.protected,
         )
 
-    commit_id = uuid.uuid4().hex
-    staged: dict[str, Any] = {}
+    action = ExpireSnapshots(table, expired_of)
 
-    def recheck(t: Table) -> CommittedBatch | None:
-        ids, refs = staged.get("ids"), staged.get("refs")
-        present = {s.snapshot_id for s in t.metadata.snapshots}
-        if (ids or refs) and not (set(ids or ()) & present) and not (set(refs or ()) & set(t.metadata.refs)):
-            return CommittedBatch(0, -1, commit_id)  # what the last attempt removed is gone: it landed
-        return None
+    def reload() -> Table:
+        return catalogs.reload(table)
 
-    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam_commit.PreparedCommit:
-        # decided again on every attempt, on the metadata this attempt read (the swap applies it to exactly that)
-        expired, refs = expired_of(t)
-        if not expired and not refs.removed:
-            raise _NothingToExpire
-        staged["ids"] = [s.snapshot_id for s in expired]
-        staged["snapshots"] = expired
-        staged["refs"] = refs.removed
-        staged["protected"] = refs.protected
-        staged["read"] = (t.metadata_location, t.metadata)  # a commit through pyiceberg updates ``t`` in place
-        prepared = staged["prepared"] = seam_commit.prepare_expire(t, staged["ids"], refs.removed)
-        return prepared
-
-    reload = load or (lambda: table.catalog.load_table(table.name()))
     try:
-        result = swap_with_recheck(
-            first=table,
-            load=reload,
-            load_fresh=load_fresh or reload,
-            recheck=recheck,
-            prepare=prepare,
-            batch_id=0,
-            commit_id=commit_id,
-            retry=TableSettings.parse(name, table.properties).commit_retry,
-            what=f"snapshot expiry of {name}",
-            redact=lambda e: type(e).__name__,
-            attempt_guard=swap_guard,
-        )
+        result = swap.run(action)
     except _NothingToExpire:
         return report("nothing to expire", kept_snapshots=len(table.metadata.snapshots))
     except RetriesExhausted as e:
         return report(f"gave up: {e.attempts} attempt(s) conflicted with other commits; a later run retries")
     assert result.status is Status.LANDED
+    staged = action.staged
     expired = staged["snapshots"]
     after = reload()
     restored: tuple[str, ...] = ()
@@ -349,6 +316,38 @@ def expire_snapshots(
         files_kept=keep_files,
         attempts=result.attempts,
     )
+
+
+class ExpireSnapshots(CommitAction):
+    """A snapshot expiry: which snapshots and refs go is decided again on every attempt, on the metadata that attempt
+    read (the swap applies it to exactly that on a SQL catalog). It has landed when none of what the last attempt
+    removed is in the table any more."""
+
+    def __init__(self, table: Table, expired_of: Callable[[Table], tuple[list[Snapshot], RefDecision]]):
+        super().__init__(table, f"snapshot expiry of {'.'.join(table.name())}")
+        self.expired_of = expired_of
+        self.staged: dict[str, Any] = {}
+
+    def landed(self, table: Table) -> Landing | None:
+        ids, refs = self.staged.get("ids"), self.staged.get("refs")
+        present = {s.snapshot_id for s in table.metadata.snapshots}
+        if (ids or refs) and not (set(ids or ()) & present) and not (set(refs or ()) & set(table.metadata.refs)):
+            return Landing(mine=True, snapshot_id=-1)  # what the last attempt removed is gone: it landed
+        return None
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        # decided again on every attempt, on the metadata this attempt read (the swap applies it to exactly that)
+        expired, refs = self.expired_of(table)
+        if not expired and not refs.removed:
+            raise _NothingToExpire
+        staged = self.staged
+        staged["ids"] = [s.snapshot_id for s in expired]
+        staged["snapshots"] = expired
+        staged["refs"] = refs.removed
+        staged["protected"] = refs.protected
+        staged["read"] = (table.metadata_location, table.metadata)  # a commit through pyiceberg updates ``table`` in place
+        prepared = staged["prepared"] = seam_commit.prepare_expire(table, staged["ids"], refs.removed)
+        return prepared
 
 
 def _metadata_chain(table: Table, since: str) -> list[str] | None:

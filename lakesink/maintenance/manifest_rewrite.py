@@ -9,10 +9,10 @@ it, its data sequence number and its file sequence number (pyiceberg's ``Manifes
 ``wrapExisting``), so every older snapshot reads as before, ``lakesink which`` still names the batch that wrote
 a row, and the rewrite adds and removes no row.
 
-The commit goes through the sink's one compare-and-swap loop (:func:`lakesink.driver.swap.swap_with_recheck`):
-when another commit lands first (a batch, another writer, a compaction), the swap conflicts and the next attempt
-rewrites the new head's manifests again; when every attempt conflicts the run gives up cleanly (what it wrote is
-deleted, nothing is committed) and a later run starts over. A batch always wins.
+The commit goes through the sink's one compare-and-swap loop (:func:`lakesink.driver.swap.run`, as a
+:class:`RewriteManifests` action): when another commit lands first (a batch, another writer, a compaction), the
+swap conflicts and the next attempt rewrites the new head's manifests again; when every attempt conflicts the run
+gives up cleanly (what it wrote is deleted, nothing is committed) and a later run starts over. A batch always wins.
 
 When it is due: the head has more data manifests than the target size needs, and (automatic maintenance only) at
 least ``commit.manifest.min-count-to-merge`` of them (Iceberg's default 100). lakesink's own batch commits merge
@@ -26,8 +26,6 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -35,12 +33,14 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
-from lakesink.driver.swap import RetriesExhausted, Status, swap_with_recheck
+from lakesink.driver import swap
+from lakesink.driver.action import CommitAction, Landing
+from lakesink.driver.swap import RetriesExhausted, Status
 from lakesink.errors import CommitOutcomeUnknownError
 from lakesink.table import names
 from lakesink.table.keys import MAIN_BRANCH, SUMMARY_COMMIT_ID, SUMMARY_OPERATION
 from lakesink.table.keys import OPERATION_REWRITE_MANIFESTS as REWRITE_MANIFESTS
-from lakesink.table.markers import CommittedBatch, landed_commit
+from lakesink.table.markers import landed_commit
 from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
@@ -112,9 +112,6 @@ def rewrite_manifests(
     target_size_bytes: int | None = None,
     min_count: int | None = None,
     dry_run: bool = False,
-    load: Callable[[], Table] | None = None,
-    load_fresh: Callable[[], Table] | None = None,
-    swap_guard: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> ManifestRewriteReport:
     """Rewrite the data manifests of ``branch``'s head into manifests of ``target_size_bytes`` (default: the table's
     ``commit.manifest.target-size-bytes``), clustered by partition, in one ``replace`` snapshot.
@@ -146,40 +143,9 @@ def rewrite_manifests(
     if dry_run:
         return report("dry run", manifests_before=planned.manifests, manifests_after=planned.needed, entries=planned.entries)
 
-    commit_id = uuid.uuid4().hex
-    summary = {SUMMARY_OPERATION: REWRITE_MANIFESTS, SUMMARY_COMMIT_ID: commit_id}
-    staged: dict[str, seam_commit.PreparedManifestRewrite] = {}
-
-    def recheck(t: Table) -> CommittedBatch | None:
-        return landed_commit(t.metadata, branch, commit_id)
-
-    def prepare(t: Table, done: CommittedBatch | None, attempt: int) -> seam_commit.PreparedCommit:
-        per_manifest = (plan(t, branch=branch, target_size_bytes=target) or planned).entries_per_manifest
-        prepared = seam_commit.prepare_rewrite_manifests(
-            t,
-            branch=branch,
-            entries_per_manifest=per_manifest,
-            summary=summary,
-            commit=names.commit_name(names.MANIFESTS),  # the orphan clean-up keeps its manifests while it may land
-        )
-        staged["last"] = prepared
-        return prepared
-
-    reload = load or (lambda: table.catalog.load_table(table.name()))
+    action = RewriteManifests(table, branch=branch, target=target, planned=planned)
     try:
-        result = swap_with_recheck(
-            first=table,
-            load=reload,
-            load_fresh=load_fresh or reload,
-            recheck=recheck,
-            prepare=prepare,
-            batch_id=0,
-            commit_id=commit_id,
-            retry=TableSettings.parse(name, table.properties).commit_retry,
-            what=f"manifest rewrite of {name}",
-            redact=lambda e: type(e).__name__,
-            attempt_guard=swap_guard,
-        )
+        result = swap.run(action)
     except RetriesExhausted as e:
         log.info("lakesink: manifest rewrite of %s gave up (%s attempt(s) conflicted); a later run retries", name, e.attempts)
         return report(
@@ -192,7 +158,8 @@ def rewrite_manifests(
         log.warning("lakesink: manifest rewrite of %s: outcome unknown; its manifests are kept", name)
         raise
     assert result.status is Status.LANDED
-    done = staged["last"]
+    done = action.last
+    assert done is not None
     log.info(
         "lakesink: table=%s rewrote %s data manifest(s) into %s (%s entries) in snapshot %s",
         name,
@@ -210,6 +177,35 @@ def rewrite_manifests(
         created=done.created,
         attempts=result.attempts,
     )
+
+
+class RewriteManifests(CommitAction):
+    """A manifest rewrite's ``replace`` snapshot, planned again on every attempt's head; landed when its commit id is
+    among the branch head's newest ancestors."""
+
+    def __init__(self, table: Table, *, branch: str, target: int, planned: ManifestPlan):
+        super().__init__(table, f"manifest rewrite of {_name(table)}")
+        self.branch = branch
+        self.target = target
+        self.planned = planned
+        self.commit_id = uuid.uuid4().hex
+        self.summary = {SUMMARY_OPERATION: REWRITE_MANIFESTS, SUMMARY_COMMIT_ID: self.commit_id}
+        self.last: seam_commit.PreparedManifestRewrite | None = None
+
+    def landed(self, table: Table) -> Landing | None:
+        found = landed_commit(table.metadata, self.branch, self.commit_id)
+        return Landing(mine=True, snapshot_id=found.snapshot_id) if found is not None else None
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        per_manifest = (plan(table, branch=self.branch, target_size_bytes=self.target) or self.planned).entries_per_manifest
+        self.last = seam_commit.prepare_rewrite_manifests(
+            table,
+            branch=self.branch,
+            entries_per_manifest=per_manifest,
+            summary=self.summary,
+            commit=names.commit_name(names.MANIFESTS),  # the orphan clean-up keeps its manifests while it may land
+        )
+        return self.last
 
 
 def _name(table: Table) -> str:

@@ -24,7 +24,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.commit import BatchOutcome, TableCommitter
 from lakesink.driver.schema import arrow_schema_of
 from lakesink.errors import InvalidOptionError, LakesinkError
-from lakesink.executor.messages import TaskResult, WritePlan
+from lakesink.executor.messages import WritePlan
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, PartitionWriter
 from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import (
@@ -183,11 +183,10 @@ class ForeachBatchSink:
         plan = committer.write_plan(table, query_id, stream_schema, expected_uuid=self._table_uuid)
         self._table_uuid = plan.table_uuid
         if plan.last_committed_batch is not None and batch_id <= plan.last_committed_batch:
-            # checked before any file is written (and against the batch's source offsets)
-            return committer.commit_batch(
+            # found committed when planned: checked before any file is written (and against the batch's source offsets)
+            return committer.skip_replay(
                 query_id=query_id,
                 batch_id=batch_id,
-                results=[_skipped(plan, query_id, batch_id)],
                 source_offsets=self._source_offsets(spark, query_id, batch_id),
                 run_id=run_id,
                 table_uuid=plan.table_uuid,
@@ -316,15 +315,3 @@ class ForeachBatchSink:
                 )
         return self._checkpoints[query_id]
 
-
-def _skipped(plan: WritePlan, query_id: str, batch_id: int) -> TaskResult:
-    return TaskResult(
-        query_id=query_id,
-        batch_id=batch_id,
-        partition_id=-1,
-        task_attempt_id=-1,
-        schema_id=plan.schema_id,
-        spec_id=plan.spec_id,
-        replay_skipped=True,
-        table_uuid=plan.table_uuid,
-    )

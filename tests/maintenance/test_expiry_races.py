@@ -21,6 +21,7 @@ import pytest
 from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
+from lakesink.driver import catalogs
 from lakesink.driver.commit import TableCommitter
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.maintenance.expiry import ExpiryReport, expire_snapshots
@@ -160,7 +161,7 @@ def test_a_tag_created_during_expiry_is_kept_when_the_catalog_applies_updates_to
 
 
 def test_files_of_expired_snapshots_another_clean_up_removed_first_do_not_fail_the_expiry(
-    catalog_properties: dict[str, str],
+    catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The concurrency soak (docs/soak.md): the sink's expiry committed, then ``remove-orphan-files --older-than 0`` in
     another process read the new metadata and removed the manifest list of a snapshot just expired, before the expiry
@@ -174,9 +175,11 @@ def test_files_of_expired_snapshots_another_clean_up_removed_first_do_not_fail_t
     lists = {s.snapshot_id: s.manifest_list for s in before.snapshots()}
     removed_by_other: list[str] = []
 
-    def load_after_another_clean_up() -> Table:
+    real_reload = catalogs.reload
+
+    def load_after_another_clean_up(t: Table) -> Table:
         # another process's orphan clean-up, after the commit: it removes what the new metadata no longer references
-        table = load(c)
+        table = real_reload(t)
         present = {s.snapshot_id for s in table.snapshots()}
         for sid in snapshot_ids[:2]:
             if sid not in present and local(lists[sid]).exists():
@@ -184,7 +187,8 @@ def test_files_of_expired_snapshots_another_clean_up_removed_first_do_not_fail_t
                 removed_by_other.append(lists[sid])
         return table
 
-    report = expire_snapshots(load(c), retain_last=1, older_than=datetime.now(timezone.utc), load=load_after_another_clean_up)
+    monkeypatch.setattr(catalogs, "reload", load_after_another_clean_up)  # every read of the expiry goes through it
+    report = expire_snapshots(load(c), retain_last=1, older_than=datetime.now(timezone.utc))
     assert report.status == "committed", report
     assert len(removed_by_other) == 2  # the fault happened: between the commit and the expiry's file listing
     assert set(report.expired_snapshot_ids) == set(snapshot_ids[:4])

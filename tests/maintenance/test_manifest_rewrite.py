@@ -30,6 +30,7 @@ from lakesink.options import SinkOptions, TableName
 from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files, _wait
 from tests.support.helpers import (
     arrow_rows,
+    as_another_process,
     assert_snapshot_invariants,
     commit,
     load,
@@ -183,7 +184,8 @@ def test_a_batch_racing_the_rewrite_wins_and_the_rewrite_redoes_it_on_the_new_he
     t.start()
     _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
     result = write_task(c, Q1, 6, [6000, 6001])
-    outcome = commit(c, Q1, 6, [result])  # the batch lands first, at its first attempt
+    with as_another_process():  # in this process the batch would wait for the rewrite's attempt (its turn)
+        outcome = commit(c, Q1, 6, [result])  # the batch lands first, at its first attempt
     assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 0
     sent += [6000, 6001]
     faults.release(DRIVER_BEFORE_SWAP)
@@ -209,7 +211,8 @@ def test_a_rewrite_that_keeps_losing_gives_up_cleanly(catalog_properties: dict[s
     t = threading.Thread(target=lambda: box.append(lakesink.rewrite_manifests(load(c))))
     t.start()
     _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
-    sent += _batches(c, 1, start=4)
+    with as_another_process():
+        sent += _batches(c, 1, start=4)
     faults.release(DRIVER_BEFORE_SWAP)
     t.join(120)
     assert box[0].status.startswith("gave up:"), box[0]

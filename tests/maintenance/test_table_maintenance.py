@@ -24,6 +24,7 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
+from lakesink.driver import catalogs, turns
 from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
@@ -32,6 +33,7 @@ from lakesink.options import Maintenance, SinkOptions, TableName
 from lakesink.table.markers import last_committed_batch
 from tests.support.helpers import (
     arrow_rows,
+    as_another_process,
     assert_snapshot_invariants,
     commit,
     lakesink_snapshots,
@@ -230,7 +232,8 @@ def test_batch_committing_during_compaction_wins_and_compaction_lands_after_it(
     t = threading.Thread(target=lambda: box.append(compaction.compact(load(c))))
     t.start()
     _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
-    sent += _batches(c, 1, start=5)  # the batch lands first
+    with as_another_process():  # in this process the batch would wait for the compaction's attempt (its turn)
+        sent += _batches(c, 1, start=5)  # the batch lands first
     faults.release(DRIVER_BEFORE_SWAP)
     t.join(60)
     report = box[0]
@@ -454,10 +457,10 @@ def test_a_batch_committing_keeps_its_first_attempt_and_maintenance_takes_its_tu
     _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
     reports: list[compaction.CompactionReport] = []
     m = threading.Thread(
-        target=lambda: reports.append(compaction.compact(load(c), load=lambda: load(c), swap_guard=maintainer(c)._swap_guard))
+        target=lambda: reports.append(compaction.compact(load(c)))  # its turns are the commit loop's
     )
     m.start()
-    _wait(lambda: not maintainer(c)._swapping and len(_live_files(load(c))) == 5)
+    _wait(lambda: not turns.of(load(c)).maintaining and len(_live_files(load(c))) == 5)
     assert reports == [] and len(load(c).snapshots()) == 5  # waiting for its turn: nothing committed meanwhile
     faults.release(DRIVER_BEFORE_SWAP)
     t.join(60)
@@ -480,9 +483,7 @@ def test_maintenance_gives_up_when_a_batch_holds_the_sink_past_its_turn(
     """A batch stuck in its commit (here: paused before its swap) never waits for maintenance: the maintenance
     attempt waits at most TURN_WAIT_S for its turn, then gives up cleanly (its new files deleted) and a later
     run compacts."""
-    from lakesink.maintenance import auto
-
-    monkeypatch.setattr(auto, "TURN_WAIT_S", 0.2)
+    monkeypatch.setattr(turns, "TURN_WAIT_S", 0.2)
     c = _committer(catalog_properties, table_properties={"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "10"})
     sent = _batches(c, 5)
     result = write_task(c, Q1, 5, [5000, 5001])
@@ -491,14 +492,14 @@ def test_maintenance_gives_up_when_a_batch_holds_the_sink_past_its_turn(
     t = threading.Thread(target=lambda: box.append(commit(c, Q1, 5, [result])))
     t.start()
     _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
-    report = compaction.compact(load(c), load=lambda: load(c), swap_guard=maintainer(c)._swap_guard)
+    report = compaction.compact(load(c))
     assert report.status.startswith("gave up:")  # it could not take its turn while the batch held the sink
     faults.release(DRIVER_BEFORE_SWAP)
     t.join(60)
     outcome = box[0]
     assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 0  # type: ignore[attr-defined]
     sent += [5000, 5001]
-    assert compaction.compact(load(c), swap_guard=maintainer(c)._swap_guard).status == "committed"  # later it goes
+    assert compaction.compact(load(c)).status == "committed"  # later it goes
     assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []
 
 
@@ -524,16 +525,22 @@ def test_compaction_lands_beside_a_stream_that_commits_back_to_back(catalog_prop
         except BaseException as e:  # reported below
             errors.append(e)
 
-    def slow_load() -> Table:
-        t = load(c)
-        time.sleep(0.3)
+    compacting = threading.current_thread()
+    real_load_table = catalogs.load_table
+
+    def slow_load(catalog: Any, identifier: tuple[str, ...]) -> Table:  # the compaction's reads only
+        t = real_load_table(catalog, identifier)
+        if threading.current_thread() is compacting:
+            time.sleep(0.3)
         return t
 
     s = threading.Thread(target=stream)
     s.start()
     try:
         _wait(lambda: len(streamed) >= 2)
-        report = compaction.compact(load(c), load=slow_load, swap_guard=maintainer(c)._swap_guard)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(catalogs, "load_table", slow_load)
+            report = compaction.compact(load(c))
         n = len(streamed)
         _wait(lambda: len(streamed) >= n + 2)  # the stream goes on after it
     finally:

@@ -755,3 +755,29 @@ def test_lakesink_never_commits_through_pyicebergs_retry_loop() -> None:
                     continue  # staged on a transaction lakesink sends itself
                 found.append(f"{path.relative_to(package.parent)}:{node.lineno} {receiver}.{node.func.attr}(...)")
     assert not found, "pyiceberg commits outside lakesink's one-request paths:\n  " + "\n  ".join(found)
+
+
+def test_rest_catalog_keeps_the_endpoints_its_config_listed(tmp_path: Path) -> None:
+    """``RestCatalog._supported_endpoints`` holds what ``/v1/config`` listed (read once, when the catalog is made), as
+    ``Endpoint`` models comparable with the seam's ``REST_TRANSACTIONS_ENDPOINT``; without a list, pyiceberg's
+    defaults, which do not include the transactions endpoint. And ``_RETRY_ARGS`` / ``_handle_non_200_response`` /
+    ``CommitTableRequest`` exist as ``_commit_transaction_on_rest_catalog`` uses them."""
+    from pyiceberg.catalog import load_catalog
+
+    from tests.support.txn_rest_server import TxnRestServer
+
+    with hook("RestCatalog._supported_endpoints", "catalog_commits_atomically"):
+        for kwargs, expected in (({}, True), ({"transactions": False}, False), ({"list_endpoints": False}, False)):
+            server = TxnRestServer(tmp_path / str(len(list(tmp_path.iterdir()))), **kwargs).start()  # type: ignore[arg-type]
+            try:
+                catalog = load_catalog("contract", **server.catalog_properties())
+                assert (seam_commit.REST_TRANSACTIONS_ENDPOINT in catalog._supported_endpoints) is expected  # type: ignore[attr-defined]
+                assert seam_commit.catalog_commits_atomically(catalog) is expected
+            finally:
+                server.stop()
+    with hook("pyiceberg.catalog.rest._RETRY_ARGS, response._handle_non_200_response", "_post_transaction"):
+        from pyiceberg.catalog.rest import _RETRY_ARGS
+        from pyiceberg.catalog.rest.response import _handle_non_200_response
+
+        assert {"retry", "stop", "before_sleep"} <= set(_RETRY_ARGS)
+        assert list(inspect.signature(_handle_non_200_response).parameters) == ["exc", "error_handler"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 import lakesink
-from lakesink.driver import catalogs
+from lakesink.driver import catalogs, turns
 from lakesink.driver.commit import BatchOutcome, TableCommitter
 from lakesink.executor.messages import TaskResult
 from lakesink.executor.task_writer import TaskWriter
@@ -231,3 +232,13 @@ def commit(c: TableCommitter, query_id: str, batch_id: int, results: list[TaskRe
 
 def load(c: TableCommitter) -> Table:
     return c.catalog.load_table(("db", "events"))
+
+
+@contextmanager
+def as_another_process() -> Iterator[None]:
+    """Commits made inside the block take their turns (:mod:`lakesink.driver.turns`, one registry per process) as
+    another process's would: they race this process's maintenance attempts the way a second driver or another engine
+    does, instead of waiting for them. Commits already in progress keep the turns they hold."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(turns, "_turns", {})
+        yield

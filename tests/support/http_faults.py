@@ -3,7 +3,8 @@
 Not a mock of any lakesink or pyiceberg code: pyiceberg's REST client (``requests``) and its Glue client
 (botocore) talk HTTP to the proxy as they would to the server; the proxy forwards every request to the real
 server (lakana, moto's Glue) unless a fault armed by the test says otherwise. A fault matches one kind of
-request (:func:`request_kind`: ``commit`` is a REST table commit or Glue's ``UpdateTable``) and fires a number
+request (:func:`request_kind`: ``commit`` is a REST table commit or Glue's ``UpdateTable``, ``transaction`` a REST
+multi-table commit) and fires a number
 of times. What it can do, each at a precise point of the exchange:
 
 ``status-before``  answer ``status`` (500/502/503/504/409/401...) without forwarding: the server never saw it
@@ -40,6 +41,7 @@ from typing import Any
 
 _REST_TABLE = re.compile(r"^/v1/[^/]+/namespaces/[^/]+/tables/[^/]+$")
 _REST_TABLES = re.compile(r"^/v1/[^/]+/namespaces/[^/]+/tables$")
+_REST_TRANSACTION = re.compile(r"^/v1/([^/]+/)?transactions/commit$")
 _HOP_BY_HOP = {
     "connection",
     "keep-alive",
@@ -58,7 +60,8 @@ HOLD_LIMIT_S = 300.0
 
 
 def request_kind(method: str, path: str, headers: Any) -> str:
-    """What a request is: ``commit``, ``load``, ``create``, ``config``, ``token`` (REST), Glue's operations as
+    """What a request is: ``commit``, ``transaction`` (REST ``POST /v1/{prefix}/transactions/commit``: several
+    tables in one atomic commit), ``load``, ``create``, ``config``, ``token`` (REST), Glue's operations as
     ``commit`` (UpdateTable), ``load`` (GetTable) or their own name, else ``other``."""
     target = headers.get("X-Amz-Target") or ""
     if target.startswith("AWSGlue."):
@@ -69,6 +72,8 @@ def request_kind(method: str, path: str, headers: Any) -> str:
         return "config"
     if path.endswith("/oauth/tokens"):
         return "token"
+    if _REST_TRANSACTION.match(path):
+        return "transaction" if method == "POST" else "other"
     if _REST_TABLE.match(path):
         return {"POST": "commit", "GET": "load", "HEAD": "exists", "DELETE": "drop"}.get(method, "other")
     if _REST_TABLES.match(path):
