@@ -314,4 +314,3 @@ class ForeachBatchSink:
                     query_id,
                 )
         return self._checkpoints[query_id]
-
