@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io import load_file_io
 from pyiceberg.table import Table
@@ -48,6 +49,7 @@ from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import ATOMIC, Atomic, Routing, SinkOptions, TableName
 from lakesink.table import partitioning, storage
 from lakesink.table.keys import SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
+from lakesink.table.markers import parse_last_batch_key
 from lakesink.table.routes import Route, case_collisions, tables_digest
 from lakesink.table.settings import TableSettings
 
@@ -86,6 +88,20 @@ def stream_columns(routing: Routing, stream_schema: pa.Schema) -> pa.Schema:
     return stream_schema.remove(index)
 
 
+def check_atomic(catalog: Catalog, routing: Routing) -> bool:
+    """Whether ``catalog`` commits several tables as one unit; InvalidOptionError (at start) when ``atomic=required``
+    and it cannot."""
+    can = seam_commit.catalog_commits_atomically(catalog)
+    if routing.atomic is Atomic.REQUIRED and not can:
+        raise InvalidOptionError(
+            f"option '{ATOMIC}' is 'required', but catalog {catalog.name!r} ({type(catalog).__name__}) cannot commit "
+            "several tables as one unit (lakesink can with pyiceberg's SQL catalog on SQLite or PostgreSQL, and with a "
+            "REST catalog whose /v1/config lists POST /v1/{prefix}/transactions/commit). Use such a catalog, or "
+            "atomic='auto' (each table on its own, each exactly once; a replay completes a batch's missing tables)"
+        )
+    return can
+
+
 class RoutedCommitter:
     """The driver side of a routed sink: a :class:`TableCommitter` per table, one unit of commits per batch."""
 
@@ -114,15 +130,8 @@ class RoutedCommitter:
     def _atomic_mode(self) -> bool:
         """Whether a batch's tables are swapped as one unit; ``atomic=required`` on a catalog that cannot fails here."""
         mode = self.routing.atomic
-        can = seam_commit.catalog_commits_atomically(self.catalog)
+        can = check_atomic(self.catalog, self.routing)
         kind = type(self.catalog).__name__
-        if mode is Atomic.REQUIRED and not can:
-            raise InvalidOptionError(
-                f"option '{ATOMIC}' is 'required', but catalog {self.catalog.name!r} ({kind}) cannot commit several tables "
-                "as one unit (lakesink can with pyiceberg's SQL catalog on SQLite or PostgreSQL, and with a REST catalog "
-                "whose /v1/config lists POST /v1/{prefix}/transactions/commit). Use such a catalog, or atomic='auto' "
-                "(each table on its own, each exactly once; a replay completes a batch's missing tables)"
-            )
         atomic = can and mode is not Atomic.OFF
         key = (self.catalog.name, f"{mode.value}:{atomic}")
         if key not in _logged_modes:
@@ -217,6 +226,28 @@ class RoutedCommitter:
 
     def plans(self, routes: Sequence[Route], query_id: str | None) -> dict[str, WritePlan]:
         return {str(r): self.plan(r, query_id) for r in routes}
+
+    def written_plans(self, query_id: str | None) -> dict[str, WritePlan]:
+        """format("lakesink") at the start of a run: the plans of the tables of option ``namespace`` that this query
+        wrote (their replay markers tell the executors which batches they hold); every other table is written with
+        the template."""
+        ns = self.routing.namespace
+        if not ns or query_id is None:
+            return {}
+        try:
+            listed = self.catalog.list_tables(ns)
+        except Exception:
+            return {}  # no namespace yet: no table
+        plans: dict[str, WritePlan] = {}
+        for ident in listed:
+            route = Route(tuple(ident[:-1]), ident[-1])
+            try:
+                table = self.catalog.load_table(ident)
+            except Exception:
+                continue  # dropped meanwhile, or not an Iceberg table
+            if any(parse_last_batch_key(k) == (query_id, self.options.sink_id) for k in table.properties):
+                plans[str(route)] = self.plan(route, query_id)
+        return plans
 
     def routed_plan(self, plans: Mapping[str, WritePlan], query_id: str | None, *, template: bool) -> RoutedPlan:
         return RoutedPlan(
@@ -390,7 +421,7 @@ class RoutedCommitter:
         the table is as the template made it, else they are rewritten into the table here (its schema, its spec,
         its location) and the template's files deleted."""
         name = str(route)
-        expected = self._uuids.get(name)
+        expected = self._uuids.get(name) or next((r.table_uuid for r in results if r.table_uuid), None)
         if not templated:
             table = c.load_patiently(batch_id)
         else:
