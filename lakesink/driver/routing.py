@@ -70,6 +70,25 @@ class RoutedOutcome:
     def committed(self) -> list[str]:
         return [t for t, o in self.tables.items() if o.outcome is Outcome.COMMITTED]
 
+    def total(self) -> BatchOutcome:
+        """The batch as one outcome: committed when it committed to any table, its files, rows and bytes summed."""
+        outs = list(self.tables.values())
+        kinds = {o.outcome for o in outs}
+        kind = (
+            Outcome.COMMITTED
+            if Outcome.COMMITTED in kinds
+            else (Outcome.REPLAY_SKIPPED if Outcome.REPLAY_SKIPPED in kinds else Outcome.EMPTY)
+        )
+        return BatchOutcome(
+            kind,
+            self.batch_id,
+            files=sum(o.files for o in outs),
+            rows=sum(o.rows for o in outs),
+            bytes=sum(o.bytes for o in outs),
+            commit_ms=max((o.commit_ms for o in outs), default=0.0),
+            retries=max((o.retries for o in outs), default=0),
+        )
+
 
 def stream_columns(routing: Routing, stream_schema: pa.Schema) -> pa.Schema:
     """The stream's schema without its routing column (what the tables take); the column must be a string."""

@@ -180,15 +180,20 @@ class ForeachBatchSink:
         self._table_uuid: str | None = None  # the table's uuid when this run opened it
         self._bytes_per_row: float | None = None  # of the last batch the Spark path wrote (to size its files)
         self._routed: RoutedCommitter | None = None  # option route-by
+        self.last_routed: RoutedOutcome | None = None
+        """Option route-by: the last batch's outcome in each of its tables."""
 
     def __repr__(self) -> str:
         return f"ForeachBatchSink({self.options!r})"
 
-    def __call__(self, df: DataFrame, batch_id: int) -> BatchOutcome | RoutedOutcome:
+    def __call__(self, df: DataFrame, batch_id: int) -> BatchOutcome:
+        """Write and commit one batch; with ``route_by`` the outcome summed over the batch's tables (each table's in
+        :attr:`last_routed`)."""
         spark = df.sparkSession
         query_id = self._query_id(spark)
         if self.options.routing is not None:
-            return self._routed_batch(df, batch_id, query_id)
+            self.last_routed = self._routed_batch(df, batch_id, query_id)
+            return self.last_routed.total()
         if self._committer is None:
             self._committer = TableCommitter(self.options, post_commit=auto_maintenance)  # automatic maintenance
         committer = self._committer

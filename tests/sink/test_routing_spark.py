@@ -39,8 +39,8 @@ def route_of(i: int) -> str:
 
 
 class RoutedStream:
-    def __init__(self, spark: Any, tmp_path: Path, props: dict[str, str], entry: str, **extra: str):
-        self.spark, self.props, self.entry, self.extra = spark, props, entry, extra
+    def __init__(self, spark: Any, tmp_path: Path, props: dict[str, str], entry: str):
+        self.spark, self.props, self.entry = spark, props, entry
         self.src, self.ck = tmp_path / "input", tmp_path / "checkpoint"
         self.src.mkdir(parents=True)
         self.sent: list[int] = []
@@ -55,12 +55,10 @@ class RoutedStream:
         df = df.withColumn("route", route)
         if self.entry == "format":
             w = df.writeStream.format("lakesink").option("route-by", "route").option("namespace", "db")
-            for k, v in {**{f"catalog.{k}": v for k, v in self.props.items()}, **self.extra}.items():
-                w = w.option(k, v)
+            for k, v in self.props.items():
+                w = w.option(f"catalog.{k}", v)
         else:
-            sink = lakesink.foreach_batch(
-                route_by="route", namespace="db", catalog_properties=self.props, **{k: v for k, v in self.extra.items()}
-            )
+            sink = lakesink.foreach_batch(route_by="route", namespace="db", catalog_properties=self.props)
             w = df.writeStream.foreachBatch(sink)
         return w.option("checkpointLocation", str(self.ck)).trigger(availableNow=True).start()
 
