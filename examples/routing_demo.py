@@ -62,8 +62,9 @@ def job(folder: Path) -> int:
         .json(str(folder / "input"))
         .withColumn("table", F.concat(F.col("type"), F.lit("s")))  # click -> demo_routing.clicks
     )
+    sink = lakesink.foreach_batch(route_by="table", namespace=NAMESPACE, atomic="required")
     query = (
-        events.writeStream.foreachBatch(lakesink.foreach_batch(route_by="table", namespace=NAMESPACE, atomic="required"))
+        events.writeStream.foreachBatch(sink)  # type: ignore[arg-type]
         .option("checkpointLocation", str(folder / "checkpoint"))
         .trigger(availableNow=True)
         .start()
