@@ -321,10 +321,14 @@ class RoutedCommitter:
             return self._commit_empty(query_id, batch_id, source_offsets, run_id)
         unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
         actions: list[tuple[TableCommitter, CommitAction]] = []
+        # the tables planned for this batch, read in one catalog query (SQL catalogs)
+        read = catalogs.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
         for route in routes:
             name = str(route)
             c = self.committer(name)
-            table, table_results = self._table_for_commit(c, route, by_table[name], name in templated, query_id, batch_id)
+            table, table_results = self._table_for_commit(
+                c, route, by_table[name], name in templated, query_id, batch_id, read.get(route.identifier)
+            )
             actions.append(
                 (
                     c,
@@ -434,7 +438,14 @@ class RoutedCommitter:
         return self._run(actions, batch_id)
 
     def _table_for_commit(
-        self, c: TableCommitter, route: Route, results: list[TaskResult], templated: bool, query_id: str, batch_id: int
+        self,
+        c: TableCommitter,
+        route: Route,
+        results: list[TaskResult],
+        templated: bool,
+        query_id: str,
+        batch_id: int,
+        read: Table | None = None,
     ) -> tuple[Table, list[TaskResult]]:
         """The table to commit ``results`` to, as read now; files written with the template go in as they are when
         the table is as the template made it, else they are rewritten into the table here (its schema, its spec,
@@ -442,7 +453,7 @@ class RoutedCommitter:
         name = str(route)
         expected = self._uuids.get(name) or next((r.table_uuid for r in results if r.table_uuid), None)
         if not templated:
-            table = c.load_patiently(batch_id)
+            table = read if read is not None else c.load_patiently(batch_id)  # not read: raises (dropped) or retries
         else:
             try:
                 table = c.load()
