@@ -430,7 +430,7 @@ def test_glue_commits_table_by_table_and_a_replay_completes(glue_catalog_propert
     assert ids(props, f"{ns}.a") == Counter([1]) and ids(props, f"{ns}.b") == Counter([2])
 
 
-SIX = {f"t{i}": [i] for i in range(6)}
+SIX: dict[str | None, list[int]] = {f"t{i}": [i] for i in range(6)}
 
 
 def test_a_large_unit_is_prepared_in_parallel_and_a_conflict_on_a_later_table_rolls_back_every_row(
