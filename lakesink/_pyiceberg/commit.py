@@ -441,15 +441,15 @@ class _OverwriteLive(_OverwriteRemovedFiles):
         return super()._process_manifests(out)
 
 
-# --- one-off commits (table set-up, forget-query, publish): one catalog request, never pyiceberg's retry loop ---
+# --- metadata-only commits (a branch, forget-query, publish): staged, then lakesink's loop ---------------------
 #
 # pyiceberg 0.12's ``Transaction.commit_transaction`` (what ``with table.transaction()``, ``manage_snapshots()...
 # .commit()`` and every autocommit update end in) catches CommitFailedException, refreshes the table, rebuilds its
 # snapshot producers on the new head and commits again, up to ``commit.retry.num-retries`` times (apache/iceberg-
 # python#3320, validated since #3811). It recognises a landed attempt only by its own snapshot id, so behind
-# lakesink's back it could commit what another driver already committed. lakesink's batch and maintenance commits
-# go through its own loop (lakesink.driver.swap); every other commit lakesink makes is staged on a plain
-# Transaction and sent here, exactly once (tests/seam/test_contract.py pins both behaviours).
+# lakesink's back it could commit what another driver already committed. Every commit lakesink makes is a commit
+# action run by its own loop (lakesink.driver.swap); a metadata-only one is staged on a plain Transaction by
+# :func:`prepare_staged` and swapped once per attempt like any other (tests/seam/test_contract.py pins both).
 
 
 def refused_by_the_catalog(error: BaseException) -> bool:
@@ -465,27 +465,22 @@ def refused_by_the_catalog(error: BaseException) -> bool:
     return isinstance(error, (BadRequestError, UnauthorizedError, ForbiddenError, NoSuchTableError))
 
 
-def staged(table: Table) -> Transaction:
-    """A transaction that only stages updates; send it with :func:`commit_once` (never ``commit_transaction``)."""
-    return Transaction(table, autocommit=False)
-
-
 def manage_snapshots(tx: Transaction) -> Any:
     """pyiceberg's ManageSnapshots (create_branch, set_current_snapshot, ...), staging into ``tx``."""
     return ManageSnapshots(transaction=tx)
 
 
-def commit_once(tx: Transaction) -> None:
-    """Send what ``tx`` staged to the catalog in exactly one commit request (``Table._do_commit``), with the
-    requirements pyiceberg's own commit adds (the table's uuid). A CommitFailedException is the caller's to handle;
-    the transaction is spent either way. The few files a staged snapshot wrote (an empty branch-base snapshot's
-    manifest list) are left for the orphan clean-up on failure: a commit reported failed may still have landed."""
+def prepare_staged(table: Table, stage: Callable[[Transaction], object]) -> PreparedCommit:
+    """A metadata-only commit (refs, properties) staged by ``stage`` on a transaction of ``table`` as read, with the
+    requirements pyiceberg's own commit adds (the table's uuid) and those the staging adds (a ref's head): one
+    compare-and-swap per attempt of lakesink's loop (:meth:`PreparedCommit.commit`), never pyiceberg's
+    ``commit_transaction``. Raises ValueError when the staging does not change anything."""
+    tx = Transaction(table, autocommit=False)
+    stage(tx)
     if not tx._updates:
-        return
-    requirements = (*tx._requirements, AssertTableUUID(uuid=tx._table.metadata.table_uuid))
-    updates = tx._updates
-    tx._updates, tx._requirements = (), ()
-    tx._table._do_commit(updates=updates, requirements=requirements)
+        raise ValueError("the staged commit changes nothing")
+    requirements = (*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid))
+    return PreparedCommit(table=table, snapshot_id=-1, _updates=tuple(tx._updates), _requirements=requirements)
 
 
 # --- audits, empty batches and branches (issue 6) -----------------------------------------------
