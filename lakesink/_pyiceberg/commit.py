@@ -628,45 +628,9 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
     an empty batch's marker, a tag, another branch's snapshot). An error of the swap itself is raised as from
     pyiceberg's own commit. The new metadata file is named by :func:`lakesink.table.names.metadata_file_name`.
     """
-    catalog = table.catalog
-    base_location = table.metadata_location
     if not _sql_swap_applies(table):
         return False
-    assert isinstance(catalog, SqlCatalog)
-    base = table.metadata
-    for requirement in requirements:
-        requirement.validate(base)  # CommitFailedException: a clean conflict, as from the catalog
-    new = updated_metadata(base, updates, base_location)
-    version = SqlCatalog._parse_metadata_version(base_location) + 1
-    location = load_location_provider(new.location, new.properties).new_metadata_location(names.metadata_file_name(version))
-    SqlCatalog._write_metadata(metadata=new, io=table.io, metadata_path=location)
-    identifier = table.name()
-    with Session(catalog.engine) as session:
-        result = session.execute(
-            sql_update(IcebergTables)
-            .where(
-                IcebergTables.catalog_name == catalog.name,
-                IcebergTables.table_namespace == Catalog.namespace_to_string(Catalog.namespace_from(identifier)),
-                IcebergTables.table_name == Catalog.table_name_from(identifier),
-                IcebergTables.metadata_location == base_location,
-            )
-            .values(metadata_location=location, previous_metadata_location=base_location)
-        )
-        if result.rowcount < 1:  # type: ignore[attr-defined]
-            session.rollback()
-            table.io.delete(location)  # certainly referenced by nothing: the pointer was not moved to it
-            # a conflict, never a fallback onto the new metadata: what this commit validated (a compaction's
-            # history, the replay marker) was read from the metadata at base_location (issue 20)
-            raise CommitFailedException(
-                f"the metadata pointer of table {'.'.join(identifier)} moved since {base_location} was read"
-            )
-        session.commit()
-    try:
-        catalog._delete_old_metadata(table.io, base, new)  # write.metadata.delete-after-commit.enabled
-    except Exception as e:
-        warnings.warn(f"Failed to delete old metadata after commit: {e}", stacklevel=2)
-    table.metadata = new
-    table.metadata_location = location
+    _swap_rows_on_sql_catalog([(table, updates, requirements)])
     return True
 
 
@@ -825,50 +789,68 @@ def _swap_tables_on_sql_catalog(prepared: Sequence[PreparedCommit]) -> None:
     """:func:`_swap_on_sql_catalog` for several tables of one SQL catalog in one database transaction: a table's
     row moves only if every row does (SQLite and PostgreSQL roll the whole transaction back otherwise, and a
     process killed inside it leaves it uncommitted). Iceberg Java's JdbcCatalog reads the same rows."""
-    catalog = prepared[0].table.catalog
+    _swap_rows_on_sql_catalog([(p.table, p._updates, p._requirements) for p in prepared])
+
+
+def _swap_rows_on_sql_catalog(items: Sequence[tuple[Table, Sequence[Any], Sequence[Any]]]) -> None:
+    """The SQL catalog's compare-and-swap of one table or several (``items``: each table as read, its updates and
+    requirements), all in one database transaction: every requirement checked against the metadata read, every new
+    metadata file written, then one ``UPDATE iceberg_tables ... WHERE metadata_location = <read>`` per table; a row
+    that matches nothing rolls all of them back (CommitFailedException, leaving nothing behind). On success each
+    table holds its new metadata and location."""
+    catalog = items[0][0].catalog
     assert isinstance(catalog, SqlCatalog)
-    for p in prepared:
-        for requirement in p._requirements:
-            requirement.validate(p.table.metadata)  # CommitFailedException: a clean conflict, as from the catalog
-    staged: list[tuple[PreparedCommit, TableMetadata, str]] = []
-    for p in prepared:
-        base_location = p.table.metadata_location
-        new = updated_metadata(p.table.metadata, p._updates, base_location)
-        version = SqlCatalog._parse_metadata_version(base_location) + 1
-        location = load_location_provider(new.location, new.properties).new_metadata_location(names.metadata_file_name(version))
-        SqlCatalog._write_metadata(metadata=new, io=p.table.io, metadata_path=location)
-        staged.append((p, new, location))
+    for table, _, requirements in items:
+        for requirement in requirements:
+            requirement.validate(table.metadata)  # CommitFailedException: a clean conflict, as from the catalog
+    staged: list[tuple[Table, TableMetadata, str]] = []
+    try:
+        for table, updates, _ in items:
+            base_location = table.metadata_location
+            new = updated_metadata(table.metadata, updates, base_location)
+            version = SqlCatalog._parse_metadata_version(base_location) + 1
+            location = load_location_provider(new.location, new.properties).new_metadata_location(
+                names.metadata_file_name(version)
+            )
+            SqlCatalog._write_metadata(metadata=new, io=table.io, metadata_path=location)
+            staged.append((table, new, location))
+    except BaseException:
+        for table, _, written in staged:
+            table.io.delete(written)
+        raise
     with Session(catalog.engine) as session:
-        for k, (p, _, location) in enumerate(staged):
+        for k, (table, _, location) in enumerate(staged):
             if k:
                 fault_point(CATALOG_BETWEEN_TABLE_SWAPS)
-            identifier = p.table.name()
+            identifier = table.name()
             result = session.execute(
                 sql_update(IcebergTables)
                 .where(
                     IcebergTables.catalog_name == catalog.name,
                     IcebergTables.table_namespace == Catalog.namespace_to_string(Catalog.namespace_from(identifier)),
                     IcebergTables.table_name == Catalog.table_name_from(identifier),
-                    IcebergTables.metadata_location == p.table.metadata_location,
+                    IcebergTables.metadata_location == table.metadata_location,
                 )
-                .values(metadata_location=location, previous_metadata_location=p.table.metadata_location)
+                .values(metadata_location=location, previous_metadata_location=table.metadata_location)
             )
             if result.rowcount < 1:  # type: ignore[attr-defined]
                 session.rollback()
-                for q, _, written in staged:
-                    q.table.io.delete(written)  # certainly referenced by nothing: no pointer moved to it
+                for t, _, written in staged:
+                    t.io.delete(written)  # certainly referenced by nothing: no pointer moved to it
+                # a conflict, never a fallback onto the new metadata: what this commit validated (a compaction's
+                # history, the replay marker) was read from the metadata it was prepared on (issue 20)
+                unit = f" (a unit of {len(staged)} tables: none was committed)" if len(staged) > 1 else ""
                 raise CommitFailedException(
-                    f"the metadata pointer of table {'.'.join(identifier)} moved since {p.table.metadata_location} was "
-                    f"read (a unit of {len(staged)} tables: none was committed)"
+                    f"the metadata pointer of table {'.'.join(identifier)} moved since {table.metadata_location} was read{unit}"
                 )
         session.commit()
-    for p, new, location in staged:
+    for table, new, location in staged:
         try:
-            catalog._delete_old_metadata(p.table.io, p.table.metadata, new)  # write.metadata.delete-after-commit.enabled
+            catalog._delete_old_metadata(table.io, table.metadata, new)  # write.metadata.delete-after-commit.enabled
         except Exception as e:
             warnings.warn(f"Failed to delete old metadata after commit: {e}", stacklevel=2)
-        p.table.metadata = new
-        p.table.metadata_location = location
+        table.metadata = new
+        table.metadata_location = location
 
 
 def set_request_timeout(catalog: Any, seconds: float) -> bool:
