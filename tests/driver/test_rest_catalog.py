@@ -28,8 +28,10 @@ from lakesink.options import SinkOptions, TableName
 from tests.support.helpers import (
     arrow_rows,
     assert_snapshot_invariants,
+    assert_table_whole,
     data_files_on_disk,
     lakesink_snapshots,
+    referenced_files,
     sink_committer,
     table_ids,
 )
@@ -62,23 +64,6 @@ def commit(c: TableCommitter, batch_id: int, results: list[TaskResult]) -> Batch
 def table(props: dict[str, str]) -> Table:
     """The table read straight from the server (not through the proxy's faults: a fresh catalog)."""
     return catalogs.load_table_fresh(None, props, IDENT)
-
-
-def referenced_files(t: Table) -> set[str]:
-    """Every manifest list, manifest and data file the table's snapshots reference (must all exist)."""
-    paths: set[str] = set()
-    for snap in t.snapshots():
-        paths.add(snap.manifest_list)
-        for manifest in snap.manifests(t.io):
-            paths.add(manifest.manifest_path)
-            for entry in manifest.fetch_manifest_entry(t.io, discard_deleted=False):
-                paths.add(entry.data_file.file_path)
-    return paths
-
-
-def assert_table_whole(t: Table) -> None:
-    missing = sorted(p for p in referenced_files(t) if not Path(p.removeprefix("file://")).exists())
-    assert not missing, f"the table references files that are gone: {missing}"
 
 
 def assert_exactly_once(props: dict[str, str], sent: Counter[int]) -> Table:
