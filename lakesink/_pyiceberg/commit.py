@@ -465,6 +465,28 @@ def refused_by_the_catalog(error: BaseException) -> bool:
     return isinstance(error, (BadRequestError, UnauthorizedError, ForbiddenError, NoSuchTableError))
 
 
+#: AWS's error codes for a request its credentials may not make (botocore ``ClientError``, e.g. Glue's UpdateTable)
+_AWS_ACCESS_DENIED = ("AccessDeniedException", "AccessDenied", "UnauthorizedOperation")
+
+
+def refused_for_permission(error: BaseException) -> str | None:
+    """The catalog's refusal when a commit's error is a permission refusal, else None: a REST answer 403
+    (``ForbiddenError``), or 401 still there after pyiceberg refreshed its token and sent the request again
+    (``UnauthorizedError``), or AWS's ``AccessDenied*`` (Glue). Sending the same commit again with the same
+    credentials cannot help: the caller fails fast instead of retrying."""
+    cause = error.__cause__
+    status = getattr(getattr(cause, "response", None), "status_code", None)
+    if status in (401, 403) or (status is None and isinstance(error, (UnauthorizedError, ForbiddenError))):
+        return f"HTTP {status or (403 if isinstance(error, ForbiddenError) else 401)}: {error}"
+    aws = getattr(error, "response", None)
+    if isinstance(aws, Mapping):
+        code = str((aws.get("Error") or {}).get("Code") or "")
+        http = (aws.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        if code in _AWS_ACCESS_DENIED or http == 403:
+            return f"{code or 'HTTP 403'}: {error}"
+    return None
+
+
 def staged(table: Table) -> Transaction:
     """A transaction that only stages updates; send it with :func:`commit_once` (never ``commit_transaction``)."""
     return Transaction(table, autocommit=False)
