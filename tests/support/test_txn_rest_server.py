@@ -191,3 +191,31 @@ def test_invalid_transactions_are_refused_and_apply_nothing(server: TxnRestServe
     assert answer.status_code == expected, answer.text
     assert locations(catalog) == before
     assert not server.applied
+
+
+def test_a_key_reused_for_another_request_is_refused(tmp_path: Path) -> None:
+    """The fixture's Idempotency-Key: the same request again gets the first answer (not 409 "already exists"), the
+    same key with another request 422 -- how lakesink sending one key with two different commits would be caught."""
+    import urllib.error
+    import urllib.request
+
+    key = "017f22e2-79b0-7cc3-98c4-dc0c0c07398f"
+    s = TxnRestServer(tmp_path / "server", idempotency_key_lifetime="PT30M").start()
+
+    def post(body: bytes) -> int:
+        request = urllib.request.Request(f"{s.uri}/v1/txn/namespaces", data=body, method="POST", headers={"Idempotency-Key": key})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+    try:
+        assert s.config()["idempotency-key-lifetime"] == "PT30M"
+        assert post(b'{"namespace": ["x"]}') == 200
+        assert post(b'{"namespace": ["x"]}') == 200
+        assert s.replayed == [key]
+        assert post(b'{"namespace": ["y"]}') == 422
+        assert s.catalog.list_namespaces() == [("x",)]
+    finally:
+        s.stop()
