@@ -263,3 +263,115 @@ def test_a_unit_applied_between_the_settle_reads_is_read_again_and_settled_as_la
     assert txn_proxy.count("transaction", forwarded=True) == 1
     for c in cs:
         assert_exactly_once(c, IDS[c.options.table.name])
+
+
+# --- SIGKILL of the committing process around the transactions request (RELIABILITY row 34 on a REST catalog) ----------
+#
+# A subprocess (the driver of a query) commits units of three tables through the proxy; it is SIGKILLed at one point of
+# batch 1's transactions request, then started again from batch 1 (the replay a restarted query makes) and on to
+# batch 2. After the kill, batch 1 is in all three tables or in none; after the replay, every batch is in every table
+# once, every id once, no referenced file missing.
+
+_COMMIT_UNITS = """
+import json, sys
+from lakesink.driver import swap
+from tests.driver.test_rest_transactions import committers, kill_ids, unit
+cs = committers(json.loads(sys.argv[1]))
+for b in json.loads(sys.argv[2]):
+    results = swap.run_unit(unit(cs, b, kill_ids(b)))
+    print(json.dumps({"batch": b, "statuses": [r.status.value for r in results]}), flush=True)
+"""
+
+
+def kill_ids(batch_id: int) -> dict[str, list[int]]:
+    """Unique ids per table and batch."""
+    return {name: [1000 * k + 10 * batch_id, 1000 * k + 10 * batch_id + 1] for k, name in enumerate(NAMES)}
+
+
+def _start(props: dict[str, str], batches: list[int]) -> Any:
+    import json
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-c", _COMMIT_UNITS, json.dumps(props), json.dumps(batches)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    )
+
+
+def _finished(proc: Any) -> list[dict[str, Any]]:
+    import json
+
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {out}\n{err[-4000:]}"
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def _killed(proc: Any) -> None:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == -9, f"not SIGKILLed (exit {proc.returncode}): {out}\n{err[-4000:]}"
+    assert '"batch": 1' not in out  # batch 1's unit never came back to the process
+
+
+KILL_POINTS = [
+    pytest.param("before-sent", id="before-the-request-is-sent"),
+    pytest.param("server-applying", id="while-the-server-applies-it"),
+    pytest.param("answer-held", id="applied-answer-not-yet-at-the-client"),
+    pytest.param("after-answer", id="after-the-answer-reached-the-client"),
+]
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_sigkill_around_the_transactions_request_leaves_each_unit_whole_and_the_replay_completes_it(
+    txn_catalog_properties: dict[str, str], txn_proxy: FaultProxy, txn_server: TxnRestServer, faults: Any, point: str
+) -> None:
+    import os
+    import signal
+
+    from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY
+
+    props = txn_catalog_properties
+    assert [r["statuses"] for r in _finished(_start(props, [0]))] == [["landed"] * 3]
+    units = [kind for kind, _ in txn_server.applied if kind == "transaction"]
+    held = None
+    if point == "before-sent":
+        faults.arm(CATALOG_FAILS_BEFORE_APPLY, "kill")
+    elif point == "after-answer":
+        faults.arm(CATALOG_FAILS_AFTER_APPLY, "kill")
+    elif point == "answer-held":
+        held = txn_proxy.arm("transaction", "hold-response")
+    proc = _start(props, [1])
+    if point == "server-applying":
+        # the server has validated the unit and written its metadata; the client dies before the rows are swapped,
+        # and the server goes on applying it
+        def kill_the_client(identifiers: list[tuple[str, ...]]) -> None:
+            if len(identifiers) > 1:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+        txn_server.before_swap = kill_the_client
+    try:
+        if held is not None:
+            wait_until(lambda: len([k for k, _ in txn_server.applied if k == "transaction"]) > len(units), what="batch 1's unit")
+            os.kill(proc.pid, signal.SIGKILL)
+        _killed(proc)
+    finally:
+        txn_server.before_swap = None
+        if held is not None:
+            held.release()
+    landed = point != "before-sent"
+    cs = committers(props)
+    for c in cs:
+        batches = sorted(s["batch_id"] for s in lakesink_snapshots(fresh(c)) if s["query_id"] == Q)
+        assert batches == ([0, 1] if landed else [0]), (c.options.table.name, batches)  # all three tables, or none
+    # the restart replays batch 1 (found in every table, or committed in all of them now) and goes on with batch 2
+    replay = _finished(_start(props, [1, 2]))
+    assert [r["statuses"] for r in replay] == [["already committed" if landed else "landed"] * 3, ["landed"] * 3]
+    for c in cs:
+        name = c.options.table.name
+        expected = [i for b in range(3) for i in kill_ids(b)[name]]
+        assert_exactly_once(c, expected, batches=3)
+    assert [kind for kind, _ in txn_server.applied if kind != "table"] == ["transaction"] * 3  # one request per unit
