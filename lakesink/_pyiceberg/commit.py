@@ -10,6 +10,7 @@ re-check, the way iceberg#14425 duplicated data): every commit here is one swap,
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -84,6 +85,8 @@ from lakesink.table import floats, names, storage
 from lakesink.table.keys import AVRO_CODEC, AVRO_CODEC_DEFAULT, FORMAT_VERSION
 from lakesink.table.keys import SUMMARY_RESTORED_FROM as RESTORED_FROM
 from lakesink.table.keys import SUMMARY_RESTORED_REF as RESTORED_REF
+
+log = logging.getLogger("lakesink")
 
 # --- schema evolution, staged in a commit ------------------------------------------------------
 
@@ -462,6 +465,8 @@ def refused_by_the_catalog(error: BaseException) -> bool:
     answer 4xx other than 408 (timeout) and 429 (throttled), which pyiceberg raises chained to the HTTP error
     (``BadRequestError``, ``ForbiddenError``, a ``RESTError`` for 422, ...). Anything else (5xx, a timeout, a reset
     connection) leaves the outcome unknown, and on a catalog reached over HTTP the request may still land later."""
+    if refused_for_permission(error) is not None:
+        return True  # also AWS's AccessDenied* (Glue), a botocore ClientError of its own
     cause = error.__cause__
     response = getattr(cause, "response", None)
     status = getattr(response, "status_code", None)
@@ -970,13 +975,20 @@ def idempotency_key_lifetime(catalog: Any) -> str | None:
     """The ``idempotency-key-lifetime`` a REST catalog's ``/v1/config`` advertises (None: no Idempotency-Key support,
     or not a REST catalog). pyiceberg 0.12 drops the field when it reads the config, so it is read here with one more
     ``GET /v1/config`` through the catalog's own session (its timeout, auth and signing), once per catalog object, at
-    its first commit (reads never need it)."""
+    its first commit (reads never need it). When that read fails, the commit goes without a key (what every server
+    without support gets) and the next commit asks again: a failed config read never fails a commit."""
     if not isinstance(catalog, RestCatalog):
         return None
     known = catalog.__dict__.get("_lakesink_idempotency_lifetime", _UNKNOWN)
     if known is not _UNKNOWN:
         return known  # type: ignore[no-any-return]
-    lifetime = _get_config(catalog).get(IDEMPOTENCY_KEY_LIFETIME)
+    try:
+        lifetime = _get_config(catalog).get(IDEMPOTENCY_KEY_LIFETIME)
+    except (TypeError, AttributeError, NameError, AssertionError):
+        raise  # a bug, or pyiceberg's API changed under the seam
+    except Exception as e:  # the commit goes without a key this time (as to any server without support); asked again next time
+        log.info("lakesink: cannot read the REST catalog's /v1/config for idempotency-key-lifetime (%s)", type(e).__name__)
+        return None
     found = str(lifetime) if isinstance(lifetime, str) and lifetime.strip() else None
     catalog.__dict__["_lakesink_idempotency_lifetime"] = found
     return found

@@ -156,3 +156,22 @@ def test_a_transactions_request_resent_with_its_key_is_applied_once(
     assert key is not None and txn_server.replayed == [key]
     for c in cs:
         assert_once(c, ids[c.options.table.name], batches=1)
+
+
+@pytest.mark.parametrize("txn_server_options", [{"idempotency_key_lifetime": LIFETIME}], indirect=True)
+def test_a_config_read_that_fails_sends_the_commit_without_a_key_and_asks_again(
+    txn_server: TxnRestServer, txn_proxy: FaultProxy, txn_catalog_properties: dict[str, str]
+) -> None:
+    """lakesink's own read of /v1/config (pyiceberg keeps no idempotency-key-lifetime) fails: the commit is sent as to a
+    server without support, and the next commit reads the config again."""
+    c = committer(txn_catalog_properties)
+    result = write_task(c, Q, 0, [1])
+    txn_proxy.reset_counts()
+    txn_proxy.arm("config", "status-before", status=503)
+    assert commit(c, Q, 0, [result]).outcome is Outcome.COMMITTED
+    assert keys(txn_proxy, "config") == [None] and keys(txn_proxy, "commit") == [None]
+    result = write_task(c, Q, 1, [2])
+    txn_proxy.reset_counts()
+    assert commit(c, Q, 1, [result]).outcome is Outcome.COMMITTED
+    assert txn_proxy.count("config") == 1 and all(keys(txn_proxy, "commit"))
+    assert_once(c, [1, 2], batches=2)

@@ -105,6 +105,8 @@ class Fault:
     call: Callable[[], object] | None = None
     match: str | None = None
     """Only requests whose path contains this (e.g. ``/data/``: a table's data files)."""
+    body: bytes | None = None
+    """``status-before``: the answer's body (default: the REST spec's error model), e.g. an AWS error."""
     released: threading.Event = field(default_factory=threading.Event)
     reached: threading.Event = field(default_factory=threading.Event)
     fired: int = 0
@@ -376,7 +378,7 @@ class _Handler(BaseHTTPRequestHandler):
         if action == "status-before":
             assert fault is not None
             proxy._record(self._exchange(kind, fault.status, False, action))
-            self._answer(fault.status, _error_body(fault.status, f"injected {fault.status} before forwarding"))
+            self._answer(fault.status, fault.body or _error_body(fault.status, f"injected {fault.status} before forwarding"))
             return
         if action == "reset-before":
             proxy._record(self._exchange(kind, None, False, action))
