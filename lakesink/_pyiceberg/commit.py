@@ -1024,7 +1024,7 @@ def idempotency_key(catalog: Any) -> Iterator[str | None]:
         return
     _send_keys_through(catalog)
     key = uuid7()
-    _key_of_this_thread.key = key
+    _key_of_this_thread.key = (key, catalog.url("", prefixed=False))
     try:
         yield key
     finally:
@@ -1032,8 +1032,9 @@ def idempotency_key(catalog: Any) -> Iterator[str | None]:
 
 
 def _send_keys_through(catalog: RestCatalog) -> None:
-    """Wrap the send of the catalog session's transport adapters (once): a POST sent while this thread holds a key
-    (:func:`idempotency_key`) carries it, resent or not; token requests never do."""
+    """Wrap the send of the catalog session's transport adapters (once): a POST to the catalog's ``/v1/`` routes sent
+    while this thread holds a key (:func:`idempotency_key`) carries it, resent or not; token requests (the catalog's
+    ``oauth/tokens``, an external ``oauth2-server-uri``) never do."""
     adapter: Any
     for adapter in catalog._session.adapters.values():
         if getattr(adapter, "_lakesink_idempotency", False):
@@ -1041,9 +1042,10 @@ def _send_keys_through(catalog: RestCatalog) -> None:
         original = adapter.send
 
         def send(request: Any, *args: Any, _send: Any = original, **kwargs: Any) -> Any:
-            key = getattr(_key_of_this_thread, "key", None)
-            if key and request.method == "POST" and not str(request.url).split("?")[0].endswith("/oauth/tokens"):
-                request.headers[IDEMPOTENCY_KEY_HEADER] = key
+            held = getattr(_key_of_this_thread, "key", None)
+            url = str(request.url).split("?")[0]
+            if held and request.method == "POST" and url.startswith(held[1]) and not url.endswith("/oauth/tokens"):
+                request.headers[IDEMPOTENCY_KEY_HEADER] = held[0]
             return _send(request, *args, **kwargs)
 
         adapter.send = send
