@@ -449,15 +449,15 @@ class _OverwriteLive(_OverwriteRemovedFiles):
         return super()._process_manifests(out)
 
 
-# --- one-off commits (table set-up, forget-query, publish): one catalog request, never pyiceberg's retry loop ---
+# --- metadata-only commits (a branch, forget-query, publish): staged, then lakesink's loop ---------------------
 #
 # pyiceberg 0.12's ``Transaction.commit_transaction`` (what ``with table.transaction()``, ``manage_snapshots()...
 # .commit()`` and every autocommit update end in) catches CommitFailedException, refreshes the table, rebuilds its
 # snapshot producers on the new head and commits again, up to ``commit.retry.num-retries`` times (apache/iceberg-
 # python#3320, validated since #3811). It recognises a landed attempt only by its own snapshot id, so behind
-# lakesink's back it could commit what another driver already committed. lakesink's batch and maintenance commits
-# go through its own loop (lakesink.driver.swap); every other commit lakesink makes is staged on a plain
-# Transaction and sent here, exactly once (tests/seam/test_contract.py pins both behaviours).
+# lakesink's back it could commit what another driver already committed. Every commit lakesink makes is a commit
+# action run by its own loop (lakesink.driver.swap); a metadata-only one is staged on a plain Transaction by
+# :func:`prepare_staged` and swapped once per attempt like any other (tests/seam/test_contract.py pins both).
 
 
 def refused_by_the_catalog(error: BaseException) -> bool:
@@ -497,28 +497,22 @@ def refused_for_permission(error: BaseException) -> str | None:
     return None
 
 
-def staged(table: Table) -> Transaction:
-    """A transaction that only stages updates; send it with :func:`commit_once` (never ``commit_transaction``)."""
-    return Transaction(table, autocommit=False)
-
-
 def manage_snapshots(tx: Transaction) -> Any:
     """pyiceberg's ManageSnapshots (create_branch, set_current_snapshot, ...), staging into ``tx``."""
     return ManageSnapshots(transaction=tx)
 
 
-def commit_once(tx: Transaction) -> None:
-    """Send what ``tx`` staged to the catalog in exactly one commit request (``Table._do_commit``), with the
-    requirements pyiceberg's own commit adds (the table's uuid). A CommitFailedException is the caller's to handle;
-    the transaction is spent either way. The few files a staged snapshot wrote (an empty branch-base snapshot's
-    manifest list) are left for the orphan clean-up on failure: a commit reported failed may still have landed."""
+def prepare_staged(table: Table, stage: Callable[[Transaction], object]) -> PreparedCommit:
+    """A metadata-only commit (refs, properties) staged by ``stage`` on a transaction of ``table`` as read, with the
+    requirements pyiceberg's own commit adds (the table's uuid) and those the staging adds (a ref's head): one
+    compare-and-swap per attempt of lakesink's loop (:meth:`PreparedCommit.commit`), never pyiceberg's
+    ``commit_transaction``. Raises ValueError when the staging does not change anything."""
+    tx = Transaction(table, autocommit=False)
+    stage(tx)
     if not tx._updates:
-        return
-    requirements = (*tx._requirements, AssertTableUUID(uuid=tx._table.metadata.table_uuid))
-    updates = tx._updates
-    tx._updates, tx._requirements = (), ()
-    with idempotency_key(tx._table.catalog):
-        tx._table._do_commit(updates=updates, requirements=requirements)
+        raise ValueError("the staged commit changes nothing")
+    requirements = (*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid))
+    return PreparedCommit(table=table, snapshot_id=-1, _updates=tuple(tx._updates), _requirements=requirements)
 
 
 # --- audits, empty batches and branches (issue 6) -----------------------------------------------
@@ -666,45 +660,9 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
     an empty batch's marker, a tag, another branch's snapshot). An error of the swap itself is raised as from
     pyiceberg's own commit. The new metadata file is named by :func:`lakesink.table.names.metadata_file_name`.
     """
-    catalog = table.catalog
-    base_location = table.metadata_location
     if not _sql_swap_applies(table):
         return False
-    assert isinstance(catalog, SqlCatalog)
-    base = table.metadata
-    for requirement in requirements:
-        requirement.validate(base)  # CommitFailedException: a clean conflict, as from the catalog
-    new = updated_metadata(base, updates, base_location)
-    version = SqlCatalog._parse_metadata_version(base_location) + 1
-    location = load_location_provider(new.location, new.properties).new_metadata_location(names.metadata_file_name(version))
-    SqlCatalog._write_metadata(metadata=new, io=table.io, metadata_path=location)
-    identifier = table.name()
-    with Session(catalog.engine) as session:
-        result = session.execute(
-            sql_update(IcebergTables)
-            .where(
-                IcebergTables.catalog_name == catalog.name,
-                IcebergTables.table_namespace == Catalog.namespace_to_string(Catalog.namespace_from(identifier)),
-                IcebergTables.table_name == Catalog.table_name_from(identifier),
-                IcebergTables.metadata_location == base_location,
-            )
-            .values(metadata_location=location, previous_metadata_location=base_location)
-        )
-        if result.rowcount < 1:  # type: ignore[attr-defined]
-            session.rollback()
-            table.io.delete(location)  # certainly referenced by nothing: the pointer was not moved to it
-            # a conflict, never a fallback onto the new metadata: what this commit validated (a compaction's
-            # history, the replay marker) was read from the metadata at base_location (issue 20)
-            raise CommitFailedException(
-                f"the metadata pointer of table {'.'.join(identifier)} moved since {base_location} was read"
-            )
-        session.commit()
-    try:
-        catalog._delete_old_metadata(table.io, base, new)  # write.metadata.delete-after-commit.enabled
-    except Exception as e:
-        warnings.warn(f"Failed to delete old metadata after commit: {e}", stacklevel=2)
-    table.metadata = new
-    table.metadata_location = location
+    _swap_rows_on_sql_catalog([(table, updates, requirements)])
     return True
 
 
@@ -864,50 +822,68 @@ def _swap_tables_on_sql_catalog(prepared: Sequence[PreparedCommit]) -> None:
     """:func:`_swap_on_sql_catalog` for several tables of one SQL catalog in one database transaction: a table's
     row moves only if every row does (SQLite and PostgreSQL roll the whole transaction back otherwise, and a
     process killed inside it leaves it uncommitted). Iceberg Java's JdbcCatalog reads the same rows."""
-    catalog = prepared[0].table.catalog
+    _swap_rows_on_sql_catalog([(p.table, p._updates, p._requirements) for p in prepared])
+
+
+def _swap_rows_on_sql_catalog(items: Sequence[tuple[Table, Sequence[Any], Sequence[Any]]]) -> None:
+    """The SQL catalog's compare-and-swap of one table or several (``items``: each table as read, its updates and
+    requirements), all in one database transaction: every requirement checked against the metadata read, every new
+    metadata file written, then one ``UPDATE iceberg_tables ... WHERE metadata_location = <read>`` per table; a row
+    that matches nothing rolls all of them back (CommitFailedException, leaving nothing behind). On success each
+    table holds its new metadata and location."""
+    catalog = items[0][0].catalog
     assert isinstance(catalog, SqlCatalog)
-    for p in prepared:
-        for requirement in p._requirements:
-            requirement.validate(p.table.metadata)  # CommitFailedException: a clean conflict, as from the catalog
-    staged: list[tuple[PreparedCommit, TableMetadata, str]] = []
-    for p in prepared:
-        base_location = p.table.metadata_location
-        new = updated_metadata(p.table.metadata, p._updates, base_location)
-        version = SqlCatalog._parse_metadata_version(base_location) + 1
-        location = load_location_provider(new.location, new.properties).new_metadata_location(names.metadata_file_name(version))
-        SqlCatalog._write_metadata(metadata=new, io=p.table.io, metadata_path=location)
-        staged.append((p, new, location))
+    for table, _, requirements in items:
+        for requirement in requirements:
+            requirement.validate(table.metadata)  # CommitFailedException: a clean conflict, as from the catalog
+    staged: list[tuple[Table, TableMetadata, str]] = []
+    try:
+        for table, updates, _ in items:
+            base_location = table.metadata_location
+            new = updated_metadata(table.metadata, updates, base_location)
+            version = SqlCatalog._parse_metadata_version(base_location) + 1
+            location = load_location_provider(new.location, new.properties).new_metadata_location(
+                names.metadata_file_name(version)
+            )
+            SqlCatalog._write_metadata(metadata=new, io=table.io, metadata_path=location)
+            staged.append((table, new, location))
+    except BaseException:
+        for table, _, written in staged:
+            table.io.delete(written)
+        raise
     with Session(catalog.engine) as session:
-        for k, (p, _, location) in enumerate(staged):
+        for k, (table, _, location) in enumerate(staged):
             if k:
                 fault_point(CATALOG_BETWEEN_TABLE_SWAPS)
-            identifier = p.table.name()
+            identifier = table.name()
             result = session.execute(
                 sql_update(IcebergTables)
                 .where(
                     IcebergTables.catalog_name == catalog.name,
                     IcebergTables.table_namespace == Catalog.namespace_to_string(Catalog.namespace_from(identifier)),
                     IcebergTables.table_name == Catalog.table_name_from(identifier),
-                    IcebergTables.metadata_location == p.table.metadata_location,
+                    IcebergTables.metadata_location == table.metadata_location,
                 )
-                .values(metadata_location=location, previous_metadata_location=p.table.metadata_location)
+                .values(metadata_location=location, previous_metadata_location=table.metadata_location)
             )
             if result.rowcount < 1:  # type: ignore[attr-defined]
                 session.rollback()
-                for q, _, written in staged:
-                    q.table.io.delete(written)  # certainly referenced by nothing: no pointer moved to it
+                for t, _, written in staged:
+                    t.io.delete(written)  # certainly referenced by nothing: no pointer moved to it
+                # a conflict, never a fallback onto the new metadata: what this commit validated (a compaction's
+                # history, the replay marker) was read from the metadata it was prepared on (issue 20)
+                unit = f" (a unit of {len(staged)} tables: none was committed)" if len(staged) > 1 else ""
                 raise CommitFailedException(
-                    f"the metadata pointer of table {'.'.join(identifier)} moved since {p.table.metadata_location} was "
-                    f"read (a unit of {len(staged)} tables: none was committed)"
+                    f"the metadata pointer of table {'.'.join(identifier)} moved since {table.metadata_location} was read{unit}"
                 )
         session.commit()
-    for p, new, location in staged:
+    for table, new, location in staged:
         try:
-            catalog._delete_old_metadata(p.table.io, p.table.metadata, new)  # write.metadata.delete-after-commit.enabled
+            catalog._delete_old_metadata(table.io, table.metadata, new)  # write.metadata.delete-after-commit.enabled
         except Exception as e:
             warnings.warn(f"Failed to delete old metadata after commit: {e}", stacklevel=2)
-        p.table.metadata = new
-        p.table.metadata_location = location
+        table.metadata = new
+        table.metadata_location = location
 
 
 def set_request_timeout(catalog: Any, seconds: float) -> bool:

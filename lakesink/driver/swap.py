@@ -28,7 +28,7 @@ from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_a
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg.commit import PreparedCommit, refused_by_the_catalog
-from lakesink.driver import catalogs, tables, turns
+from lakesink.driver import catalogs, turns
 from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.errors import (
     CatalogPermissionError,
@@ -240,7 +240,7 @@ def _permission_error(action: CommitAction, refusal: str) -> CatalogPermissionEr
 def _reload(action: CommitAction) -> Table:
     """The one read of a table for an attempt: its catalog's pointer (parsed again only when it moved), riding out
     a briefly locked or unreachable catalog."""
-    return tables.read_patiently(
+    return catalogs.read_patiently(
         lambda: catalogs.reload(action.table),
         dropped=f"table {action.name} was dropped during the {action.what}; nothing was committed",
         unavailable=f"cannot read table {action.name} from its catalog for the {action.what}",

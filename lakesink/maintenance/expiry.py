@@ -42,7 +42,6 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRef
@@ -279,7 +278,7 @@ def expire_snapshots(
             )
         elif lost:
             try:
-                restored = restore_refs(reload, lost)
+                restored = restore_refs(after, lost)
             except Exception as e:
                 keep_files = (
                     f"ref(s) {', '.join(sorted(lost))} were created while the expiry ran and dropped with the snapshot "
@@ -406,34 +405,41 @@ def lost_in(after: Table, read_location: str) -> str:
     return chain[-2] if len(chain) >= 2 else read_location
 
 
-RESTORE_ATTEMPTS = 5
-
-
-def restore_refs(load: Callable[[], Table], lost: dict[str, tuple[SnapshotRef, Snapshot]]) -> tuple[str, ...]:
-    """Put back ``lost`` refs (see :func:`lakesink._pyiceberg.commit.prepare_restore_refs`); returns the names put back. A
-    ref that exists again (created anew by someone) is left as it is."""
-    commit = names.commit_name(names.RESTORE)
-    last: Exception | None = None
-    for _ in range(RESTORE_ATTEMPTS):
-        table = load()
-        missing = {n: v for n, v in lost.items() if n not in table.metadata.refs}
-        if not missing:
-            return ()
-        commit = commit.next_attempt()
-        prepared = seam_commit.prepare_restore_refs(table, missing, commit=commit)
-        try:
-            prepared.commit()
-        except (CommitFailedException, ValueError) as e:  # a ref or a snapshot landed meanwhile: prepared again
-            prepared.discard()
-            last = e
-            continue
+def restore_refs(table: Table, lost: dict[str, tuple[SnapshotRef, Snapshot]]) -> tuple[str, ...]:
+    """Put back ``lost`` refs (see :func:`lakesink._pyiceberg.commit.prepare_restore_refs`) through the commit loop;
+    returns the names put back. A ref that exists again (created anew by someone) is left as it is."""
+    action = _RestoreRefs(table, lost)
+    try:
+        swap.run(action)
+    except RetriesExhausted as e:
+        raise LakesinkError(f"{action.what}: {e.attempts} attempt(s) {e.describe()}") from e
+    if action.restored:
         log.warning(
             "lakesink: snapshot expiry of %s: ref(s) %s were created while it ran, on snapshot(s) it removed; put back",
-            ".".join(table.name()),
-            ", ".join(sorted(missing)),
+            action.name,
+            ", ".join(action.restored),
         )
-        return tuple(sorted(missing))
-    raise LakesinkError(f"every attempt to put the refs back conflicted (last: {last})")
+    return action.restored
+
+
+class _RestoreRefs(CommitAction):
+    """Refs an expiry dropped without deciding to, put back as a commit action: every attempt puts back those still
+    missing from the table as read (a ref created anew meanwhile is left as it is); landed once none is missing."""
+
+    def __init__(self, table: Table, lost: dict[str, tuple[SnapshotRef, Snapshot]]):
+        super().__init__(table, f"restoring ref(s) {', '.join(sorted(lost))} of {'.'.join(table.name())}")
+        self.lost = lost
+        self.commit = names.commit_name(names.RESTORE)
+        self.restored: tuple[str, ...] = ()
+
+    def landed(self, table: Table) -> Landing | None:
+        return None if any(n not in table.metadata.refs for n in self.lost) else Landing(mine=bool(self.restored))
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        missing = {n: v for n, v in self.lost.items() if n not in table.metadata.refs}
+        self.commit = self.commit.next_attempt()
+        self.restored = tuple(sorted(missing))
+        return seam_commit.prepare_restore_refs(table, missing, commit=self.commit)
 
 
 def _only_in(table: Table, expired: list[Snapshot], kept: list[Snapshot]) -> set[str]:
