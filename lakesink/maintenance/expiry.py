@@ -196,7 +196,10 @@ def expire_snapshots(
     now_ms: int | None = None,
 ) -> ExpiryReport:
     """Expire the snapshots the table's ``history.expire.*`` properties (or ``older_than`` / ``retain_last``,
-    which override the table-wide values) let go, then delete the files only they referenced."""
+    which override the table-wide values) let go, then delete the files only they referenced.
+
+    Raises :class:`~lakesink.errors.CatalogPermissionError` at once (no retry) when the catalog refuses the removal
+    for lack of permission (a REST catalog answering 403)."""
     started = time.monotonic()
     name = ".".join(table.name())
     retention = TableSettings.parse(name, table.properties).retention
@@ -333,6 +336,14 @@ class ExpireSnapshots(CommitAction):
         if (ids or refs) and not (set(ids or ()) & present) and not (set(refs or ()) & set(table.metadata.refs)):
             return Landing(mine=True, snapshot_id=-1)  # what the last attempt removed is gone: it landed
         return None
+
+    def permission_advice(self) -> str:
+        return (
+            f"give the principal lakesink's catalog connection uses the privilege to remove snapshots of table "
+            f"{self.name}, or leave snapshot expiry to the catalog (some REST servers keep a table's history by a "
+            "retention of their own and refuse removals): remove the table's history.expire.* properties (then "
+            "maintenance=auto no longer expires it) and do not run lakesink expire-snapshots / expire_snapshots on it"
+        )
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
         # decided again on every attempt, on the metadata this attempt read (the swap applies it to exactly that)
