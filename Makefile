@@ -22,7 +22,8 @@ test: $(VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # the fast lane (774 tests, about 195 s of CPU; 9.5 min of wall time on a shared 2-core machine under load 6-8):
-# no Spark, no PostgreSQL server, no REST catalog server, no waiting out timeouts -- table, executor, driver (SQLite),
+# no Spark, no PostgreSQL server, no REST catalog server (lakana, marker rest), no waiting out timeouts -- table, executor,
+# driver (SQLite; AWS Glue on moto's server and the tests' own in-process REST fixture server with transactions/commit),
 # maintenance, audit, CLI, seam contract, executor/driver boundary and layout tests. `make test` runs everything it skips.
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -m "not spark and not postgres and not rest and not slow and not soak and not benchmark and not deploy" $(PYTEST_ARGS)

@@ -29,9 +29,15 @@ from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_a
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg.commit import PreparedCommit, refused_by_the_catalog
-from lakesink.driver import catalogs, tables, turns
+from lakesink.driver import catalogs, turns
 from lakesink.driver.action import CommitAction, Landing, Turn
-from lakesink.errors import CommitOutcomeUnknownError, InFlightTooLongError, LakesinkError, UnitNotAtomicError
+from lakesink.errors import (
+    CatalogPermissionError,
+    CommitOutcomeUnknownError,
+    InFlightTooLongError,
+    LakesinkError,
+    UnitNotAtomicError,
+)
 from lakesink.faults import (
     DRIVER_AFTER_SWAP,
     DRIVER_BEFORE_CHECK,
@@ -39,6 +45,7 @@ from lakesink.faults import (
     DRIVER_BETWEEN_TABLE_COMMITS,
     fault_point,
 )
+from lakesink.redaction import redact_secrets_in
 from lakesink.table import names
 from lakesink.table.markers import CommittedBatch
 from lakesink.table.settings import CommitRetry
@@ -226,10 +233,21 @@ def _all_or_none(
     return outcomes
 
 
+def _permission_error(action: CommitAction, refusal: str) -> CatalogPermissionError:
+    """The loud error of a commit the catalog refused for lack of permission (settled: it did not land)."""
+    catalog = action.table.catalog
+    properties = getattr(catalog, "properties", None) or {}
+    return CatalogPermissionError(
+        f"{action.what}: the catalog {getattr(catalog, 'name', '?')!r} refused the commit for lack of permission "
+        f"({redact_secrets_in(refusal, properties)}); nothing was committed (the table was read to make sure) and it "
+        f"is not retried, since the same request gets the same answer. To fix: {action.permission_advice()}"
+    )
+
+
 def _reload(action: CommitAction) -> Table:
     """The one read of a table for an attempt: its catalog's pointer (parsed again only when it moved), riding out
     a briefly locked or unreachable catalog."""
-    return tables.read_patiently(
+    return catalogs.read_patiently(
         lambda: catalogs.reload(action.table),
         dropped=f"table {action.name} was dropped during the {action.what}; nothing was committed",
         unavailable=f"cannot read table {action.name} from its catalog for the {action.what}",
@@ -391,6 +409,9 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
                     pending[i].settle_on(t)
                     not_landed = True
             if not_landed:
+                refusal = seam_commit.refused_for_permission(e)
+                if refusal is not None:  # the same request with the same credentials gets the same answer: no retry
+                    raise _permission_error(actions[group[0]], refusal) from e
                 refused += 1
                 raise _Conflict(f"commit failed and did not land: {actions[group[0]].redact(e)}") from e
         else:

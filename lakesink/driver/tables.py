@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, FloatType, NestedField
@@ -20,12 +20,13 @@ from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wa
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
-from lakesink.driver import catalogs
+from lakesink.driver import catalogs, swap
+from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.driver.schema import SchemaChange, check_writable
 from lakesink.errors import (
     PROGRAMMING_ERRORS,
     CatalogError,
-    CatalogUnavailableError,
+    CommitConflictError,
     InvalidOptionError,
     LakesinkError,
     TableIdentityChangedError,
@@ -43,7 +44,6 @@ T = TypeVar("T")
 
 
 _MAX_SIBLINGS_CHECKED = 500
-_CATALOG_READ_PATIENCE_S = 30.0
 
 
 class SinkTable:
@@ -89,33 +89,13 @@ class SinkTable:
                 f"Recreate it deliberately (ALTER TABLE {self.table_name} CREATE BRANCH `{branch}`, or pyiceberg's "
                 "manage_snapshots().create_branch(...)) and restart, or write to another branch (option 'branch')"
             )
-        try:
-            head = table.metadata.snapshot_by_name(MAIN_BRANCH)
-            if head is None:
-                # Iceberg writes a branch only from a snapshot: give an empty table an empty snapshot to branch from
-                # (its manifest list named by lakesink, so that the orphan clean-up keeps it while it may land); one
-                # commit request (PreparedCommit.commit), never pyiceberg's retry loop. Nothing is discarded when it
-                # fails: on an HTTP catalog even a 409 does not prove it did not land (lakesink.driver.indoubt); the
-                # named leftovers are the orphan clean-up's
-                seam_commit.prepare_snapshot(
-                    table,
-                    data_files=[],
-                    overwrite=False,
-                    summary={BRANCH_BASE: branch},
-                    properties=lambda _: {},
-                    branch=MAIN_BRANCH,
-                    commit=names.commit_name(names.BRANCH),
-                ).commit()
-                table = catalogs.load_table(self.catalog, self.options.table.identifier)
-                head = table.metadata.snapshot_by_name(MAIN_BRANCH)
-                assert head is not None
-            tx = seam_commit.staged(table)
-            seam_commit.manage_snapshots(tx).create_branch(head.snapshot_id, branch).commit()
-            seam_commit.commit_once(tx)
-            log.info("lakesink: created branch %s of %s at snapshot %s", branch, self.table_name, head.snapshot_id)
-        except CommitFailedException:
-            pass  # created by another query meanwhile
-        return catalogs.load_table(self.catalog, self.options.table.identifier)
+        for action in (_BranchBase(table, branch), _CreateBranch(table, branch)):
+            try:
+                swap.run(action)
+            except swap.RetriesExhausted as e:
+                raise CommitConflictError(f"{action.what}: {e.attempts} attempt(s) {e.describe()}") from e
+            table = catalogs.load_table(self.catalog, self.options.table.identifier)
+        return table
 
     def open_routed(
         self, stream_schema: pa.Schema, *, location: str | None, siblings: Callable[[], list[tuple[str, str]]]
@@ -339,7 +319,7 @@ class SinkTable:
 
     def load_patiently(self, batch_id: int, *, load: Callable[[], Table] | None = None) -> Table:
         """Read the table for a commit of batch ``batch_id``, riding out a briefly locked or unreachable catalog."""
-        return read_patiently(
+        return catalogs.read_patiently(
             load or self.load,
             dropped=f"table {self.table_name} was dropped while batch {batch_id} was written; nothing was committed",
             unavailable=(f"cannot read table {self.table_name} from catalog {self.catalog.name!r} to commit batch {batch_id}"),
@@ -351,7 +331,7 @@ class SinkTable:
         file another process is committing to answers "database is locked"); pyiceberg's answers (no such table,
         already exists) and lakesink's errors are not retried."""
         retrying = Retrying(
-            stop=stop_after_delay(_CATALOG_READ_PATIENCE_S),
+            stop=stop_after_delay(catalogs.CATALOG_READ_PATIENCE_S),
             wait=wait_exponential_jitter(initial=0.2, max=5.0),
             retry=retry_if_not_exception_type((NoSuchTableError, TableAlreadyExistsError, LakesinkError)),
             reraise=True,
@@ -392,36 +372,6 @@ def creation_properties(options: SinkOptions, table_name: str) -> dict[str, str]
     return properties
 
 
-def read_patiently(load: Callable[[], Table], *, dropped: str, unavailable: str, redact: Callable[[BaseException], str]) -> Table:
-    """``load()`` for a commit attempt, riding out a briefly locked or unreachable catalog for up to 30 s.
-
-    A table that is gone raises TableIdentityChangedError(``dropped``); a catalog still failing after 30 s
-    CatalogUnavailableError(``unavailable`` and the error); lakesink's own errors pass through.
-    """
-    retrying = Retrying(
-        stop=stop_after_delay(_CATALOG_READ_PATIENCE_S),
-        wait=wait_exponential_jitter(initial=0.2, max=5.0),
-        retry=retry_if_not_exception_type((NoSuchTableError, LakesinkError)),
-        reraise=True,
-    )
-    try:
-        for attempt in retrying:
-            with attempt:
-                return load()
-    except NoSuchTableError:
-        raise TableIdentityChangedError(dropped) from None
-    except LakesinkError:
-        raise
-    except PROGRAMMING_ERRORS:
-        raise
-    except Exception as e:
-        raise CatalogUnavailableError(
-            f"{unavailable} (tried for {_CATALOG_READ_PATIENCE_S:.0f} s: {redact(e)}); nothing was committed; "
-            "restart the query when the catalog is available"
-        ) from None
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 def _with_identifier_fields(schema: Schema, key: tuple[str, ...], table_name: str) -> Schema:
     """A new table's schema with the key columns NOT NULL and as its identifier fields."""
     by_name = {f.name.lower(): f for f in schema.fields}
@@ -456,3 +406,55 @@ def _marker_branch(table: Table, key: str) -> str | None:
     except (ValueError, KeyError, TypeError):
         return None
     return marker.branch if marker else None
+
+
+class _BranchBase(CommitAction):
+    """Iceberg makes a branch only from a snapshot: an empty table gets an empty snapshot on ``main`` to branch from
+    (its manifest list named by lakesink, so that the orphan clean-up keeps it while it may land). Landed once
+    ``main`` has a snapshot, whoever made it."""
+
+    turn = Turn.BATCH  # part of a sink's set-up: it never waits for this process's maintenance
+
+    def __init__(self, table: Table, branch: str):
+        super().__init__(table, f"empty base snapshot of branch {branch!r} of {'.'.join(table.name())}")
+        self.branch = branch
+
+    def landed(self, table: Table) -> Landing | None:
+        head = table.metadata.snapshot_by_name(MAIN_BRANCH)
+        return None if head is None else Landing(mine=True, snapshot_id=head.snapshot_id)
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        return seam_commit.prepare_snapshot(
+            table,
+            data_files=[],
+            overwrite=False,
+            summary={BRANCH_BASE: self.branch},
+            properties=lambda _: {},
+            branch=MAIN_BRANCH,
+            commit=names.commit_name(names.BRANCH),
+        )
+
+
+class _CreateBranch(CommitAction):
+    """A branch made from ``main``'s head as read by the attempt; landed once the branch exists (another query of the
+    same sink may have made it meanwhile)."""
+
+    turn = Turn.BATCH
+
+    def __init__(self, table: Table, branch: str):
+        super().__init__(table, f"creation of branch {branch!r} of {'.'.join(table.name())}")
+        self.branch = branch
+
+    def landed(self, table: Table) -> Landing | None:
+        ref = table.metadata.refs.get(self.branch)
+        return None if ref is None else Landing(mine=True, snapshot_id=ref.snapshot_id)
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        head = table.metadata.snapshot_by_name(MAIN_BRANCH)
+        if head is None:
+            raise TableIdentityChangedError(f"{self.what}: main has no snapshot any more (the table was replaced?)")
+        prepared = seam_commit.prepare_staged(
+            table, lambda tx: seam_commit.manage_snapshots(tx).create_branch(head.snapshot_id, self.branch).commit()
+        )
+        log.info("lakesink: creating branch %s of %s at snapshot %s", self.branch, self.name, head.snapshot_id)
+        return prepared
