@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io import load_file_io
 from pyiceberg.table import Table
@@ -207,7 +208,7 @@ class RoutedCommitter:
         warehouse to place new tables in."""
         if self._template is None:
             root = self.catalog.properties.get("warehouse")
-            if not root:
+            if not root or not self.places_tables_itself():
                 return None
             schema = seam.new_table_schema(self.stream_schema)
             name = f"tables routed by {self.routing.column!r}"
@@ -221,6 +222,22 @@ class RoutedCommitter:
                 io=load_file_io(dict(self.catalog.properties), root),
             )
         return self._template
+
+    def places_tables_itself(self) -> bool:
+        """Whether lakesink may place a new table at ``<warehouse>/<namespace>.db/<table>`` itself: a catalog whose
+        ``warehouse`` is a location (a URI or an absolute path) and that takes the location given at creation. A REST
+        catalog's ``warehouse`` may be a name, and its server places tables: format("lakesink") cannot write a table
+        there before it exists."""
+        root = self.catalog.properties.get("warehouse") or ""
+        return not isinstance(self.catalog, RestCatalog) and ("://" in root or root.startswith("/"))
+
+    def no_template_reason(self) -> str:
+        """Why :meth:`template` is None (for the error that refuses format("lakesink"))."""
+        if isinstance(self.catalog, RestCatalog):
+            return "places its tables itself (a REST catalog)"
+        if not self.catalog.properties.get("warehouse"):
+            return "has no 'warehouse' property (option 'catalog.warehouse')"
+        return "has a 'warehouse' that is not a location (a URI or an absolute path)"
 
     def _location(self, route: Route) -> str | None:
         template = self.template()
