@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         resolve,
         verify,
     )
+    from lakesink.audit.completeness import TableWatermark, WaitResult, table_watermark, wait_for_watermark
     from lakesink.driver.catalogs import lakesink_home
     from lakesink.driver.commit import BatchOutcome, Outcome
     from lakesink.maintenance.compaction import compact
@@ -122,6 +123,10 @@ __all__ = [
     "remove_orphan_files",
     "resolve",
     "verify",
+    "TableWatermark",
+    "WaitResult",
+    "table_watermark",
+    "wait_for_watermark",
 ]
 
 # The public names, imported on first use (PEP 562). Spark's Python workers import this package
@@ -148,6 +153,7 @@ _LAZY = {
         ),
         "lakesink.audit",
     ),
+    **dict.fromkeys(("TableWatermark", "WaitResult", "table_watermark", "wait_for_watermark"), "lakesink.audit.completeness"),
     "lakesink_home": "lakesink.driver.catalogs",
     "LakesinkDataSource": "lakesink.sink.datasource",
     "BatchOutcome": "lakesink.driver.commit",

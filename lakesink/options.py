@@ -33,6 +33,7 @@ DELETE_WHEN = "delete-when"
 ORDER_BY = "order-by"
 TABLE_PROPERTY_PREFIX = "table-property."
 MAINTENANCE = "maintenance"
+EVENT_TIME = "event-time"
 #: Iceberg table format versions lakesink creates tables with (pyiceberg 0.12 writes v3 too).
 FORMAT_VERSIONS = (1, 2, 3)
 DEFAULT_FORMAT_VERSION = 2
@@ -56,6 +57,7 @@ VALID_OPTIONS = (
     f"{TABLE_PROPERTY_PREFIX}<property>",
     FORMAT_VERSION,
     MAINTENANCE,
+    EVENT_TIME,
 )
 
 _TRUE = frozenset({"true", "1", "yes"})
@@ -178,6 +180,9 @@ class SinkOptions:
     format_version: int | None = None
     """The format version of a table lakesink creates (None: 2); checked against an existing table when given."""
     maintenance: Maintenance = Maintenance.AUTO
+    event_time: str | None = None
+    """A timestamp or date column: each snapshot records the smallest and largest value of the rows it adds, and the
+    recorded watermark never passes the newest one committed (docs/auditing.md, completeness)."""
 
     def __repr__(self) -> str:  # never print catalog secrets
         return (
@@ -188,7 +193,7 @@ class SinkOptions:
             f"merge_schema={self.merge_schema!r}, branch={self.branch!r}, writer={self.writer.value!r}, "
             f"sink_id={self.sink_id!r}, upsert_key={self.upsert_key!r}, delete_when={self.delete_when!r}, "
             f"order_by={self.order_by!r}, table_properties={dict(self.table_properties)!r}, "
-            f"format_version={self.format_version!r}, maintenance={self.maintenance.value!r})"
+            f"format_version={self.format_version!r}, maintenance={self.maintenance.value!r}, event_time={self.event_time!r})"
         )
 
     __str__ = __repr__
@@ -245,6 +250,7 @@ class SinkOptions:
                 ORDER_BY,
                 FORMAT_VERSION,
                 MAINTENANCE,
+                EVENT_TIME,
             )
             and not k.startswith(CATALOG_PROPERTY_PREFIX)
             and not k.startswith(TABLE_PROPERTY_PREFIX)
@@ -300,6 +306,7 @@ class SinkOptions:
             table_properties=table_properties,
             format_version=_parse_format_version(lowered[FORMAT_VERSION]) if FORMAT_VERSION in lowered else None,
             maintenance=Maintenance.parse(lowered.get(MAINTENANCE, Maintenance.AUTO.value)),
+            event_time=_parse_column(EVENT_TIME, lowered[EVENT_TIME]) if EVENT_TIME in lowered else None,
         )
 
 
@@ -330,6 +337,13 @@ def _parse_upsert(lowered: Mapping[str, str], mode: OutputMode) -> tuple[tuple[s
             "use output mode 'update' or 'append'"
         )
     return key, delete_when, order_by
+
+
+def _parse_column(option: str, value: str) -> str:
+    column = value.strip()
+    if not column or "," in column:
+        raise InvalidOptionError(f"option '{option}' must name one column (for example 'ts'), got {value!r}")
+    return column
 
 
 def _parse_format_version(value: str) -> int:

@@ -137,6 +137,21 @@ def check_write_properties(table_name: str, schema: Schema, table_properties: Ma
         ) from None
 
 
+def records_bounds(schema: Schema, table_properties: Mapping[str, str], field_id: int) -> bool:
+    """Whether the files lakesink writes record lower and upper bounds of field ``field_id`` (its metrics mode is
+    ``truncate(n)`` or ``full``, not ``none`` or ``counts``)."""
+    plan = compute_statistics_plan(schema, metrics_properties(schema, table_properties))
+    column = plan.get(field_id)
+    return column is not None and column.mode.type.name in ("TRUNCATE", "FULL")
+
+
+def bound_value(statistics: Mapping[str, Any], field_id: int, iceberg_type: PrimitiveType, *, upper: bool) -> Any:
+    """A written file's lower (or upper) bound of one column, decoded from the file's statistics
+    (:func:`file_statistics`); None when the file has none (every value null, or no metrics)."""
+    raw = (statistics.get("upper_bounds" if upper else "lower_bounds") or {}).get(field_id)
+    return from_bytes(iceberg_type, raw) if raw is not None else None
+
+
 def file_statistics(metadata: pq.FileMetaData, schema: Schema, table_properties: Mapping[str, str]) -> dict[str, Any]:
     """Iceberg column statistics of a written Parquet file, as plain picklable values."""
     plan = compute_statistics_plan(schema, metrics_properties(schema, table_properties))
@@ -513,7 +528,6 @@ def filter_arrow(rows: pa.Table, schema: Schema, row_filter: BooleanExpression) 
 # --- column metrics: Iceberg Java's inferred-column limit (executor side) -------------------------------
 
 
-
 def metrics_properties(schema: Schema, table_properties: Mapping[str, str]) -> dict[str, str]:
     """The metrics properties as Iceberg Java's ``MetricsConfig`` reads them, for pyiceberg's statistics plan.
 
@@ -613,4 +627,3 @@ if fast_avro_reads_doubles_as_float32():
     DoubleReader.read = _read_double_exactly  # type: ignore[method-assign]
 if partition_summaries_merge_signed_zeros():
     PartitionFieldStats.update = _update_in_iceberg_order  # type: ignore[method-assign]
-

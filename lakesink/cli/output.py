@@ -18,6 +18,7 @@ import click
 import pyarrow as pa
 
 from lakesink.audit import OTHER, Diff, PublishResult, SnapshotRecord, VerifyReport, format_ms
+from lakesink.audit.completeness import WaitResult
 from lakesink.audit.key_diff import keyed_changes
 from lakesink.cli.common import format_duration
 from lakesink.maintenance import compaction, expiry, manifest_rewrite
@@ -54,6 +55,9 @@ class Output(ABC):
 
     @abstractmethod
     def published(self, result: PublishResult, branch: str) -> None: ...
+
+    @abstractmethod
+    def waited(self, result: WaitResult) -> None: ...
 
     def report_written(self, path: str, result: VerifyReport) -> None:
         """``report`` (no JSON form: the page is the output)."""
@@ -128,8 +132,22 @@ class ConsoleOutput(Output):
     def published(self, result: PublishResult, branch: str) -> None:
         click.echo(
             f"main moved from snapshot {result.main_before} to {result.main_after} (head of {branch})"
+            + (f", through watermark {format_ms(result.through_ms)}" if result.through_ms is not None else "")
             + (" -- FORCED despite the problems found" if result.forced else "; verify: OK")
         )
+
+    def waited(self, result: WaitResult) -> None:
+        mark = result.watermark
+        now = format_ms(mark.watermark_ms) if mark.watermark_ms is not None else "none recorded"
+        click.echo(
+            f"{'reached' if result.reached else 'TIMED OUT'}: watermark of branch {mark.branch} is {now}, "
+            f"{'at or past' if result.reached else 'before'} {format_ms(result.target_ms)}"
+        )
+        for q in mark.queries:
+            click.echo(
+                f"  query {q.query_id}{f' sink {q.sink_id}' if q.sink_id else ''}: {format_ms(q.watermark_ms)} "
+                f"(batch {q.batch_id})"
+            )
 
     def orphans(self, report: OrphanReport) -> None:
         click.echo(human_report(report))
@@ -191,6 +209,9 @@ class JsonOutput(Output):
         _echo(report.to_dict())
 
     def published(self, result: PublishResult, branch: str) -> None:
+        _echo(result.to_dict())
+
+    def waited(self, result: WaitResult) -> None:
         _echo(result.to_dict())
 
     def orphans(self, report: OrphanReport) -> None:

@@ -12,18 +12,19 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
-from lakesink.driver import catalogs, indoubt, swap, turns, upsert
+from lakesink.driver import catalogs, completeness, indoubt, swap, turns, upsert
 from lakesink.driver.action import CommitAction, Landing, Turn
+from lakesink.driver.completeness import BatchTime, Recorded
 from lakesink.driver.schema import SchemaChange
 from lakesink.driver.swap import RetriesExhausted, Status
 from lakesink.driver.tables import SinkTable
@@ -87,6 +88,8 @@ class _Batch:
     started: float
     changes: pa.Table | None = None
     """Upserts: the keys the batch changes (key columns and lakesink.table.keys.DELETED)."""
+    time: BatchTime | None = None
+    """Spark's watermark for the batch and the event-time column (lakesink.driver.completeness)."""
 
     @property
     def files(self) -> list[WrittenFile]:
@@ -140,6 +143,7 @@ class TableCommitter(SinkTable):
         run_id: str | None = None,
         table_uuid: str | None = None,
         changes: pa.Table | None = None,
+        batch_time: BatchTime | None = None,
     ) -> BatchOutcome:
         """Commit the batch's files as one snapshot, exactly once for this (query id, sink id, batch id).
 
@@ -149,6 +153,7 @@ class TableCommitter(SinkTable):
         replaces. Task results that all say the batch was found committed when it was planned (``replay_skipped``)
         are :meth:`skip_replay`. The batch holds its table's turn (lakesink.driver.turns) from its first read; the
         post-commit hook (with option ``maintenance=auto``: a background maintenance run when one is due) runs after it.
+        ``batch_time``: the batch's watermark and event-time column, recorded with the commit (lakesink.driver.completeness).
         """
         with self._turn():
             outcome = self._commit_batch(
@@ -159,6 +164,7 @@ class TableCommitter(SinkTable):
                 run_id=run_id,
                 table_uuid=table_uuid,
                 changes=changes,
+                batch_time=batch_time,
             )
         if outcome.outcome is Outcome.COMMITTED and self.hook is not None:
             self.hook.after_commit()
@@ -190,6 +196,7 @@ class TableCommitter(SinkTable):
         results: Sequence[TaskResult],
         source_offsets: str | None,
         run_id: str | None = None,
+        batch_time: BatchTime | None = None,
     ) -> AppendBatch:
         """The action that appends a batch's files to this sink's table, for a unit of several tables
         (:func:`lakesink.driver.swap.run_unit`); ``table``: the table as read for its first attempt."""
@@ -201,6 +208,7 @@ class TableCommitter(SinkTable):
             run_id=run_id or next((r.run_id for r in results if r.run_id), None),
             commit_id=uuid.uuid4().hex,
             started=time.monotonic(),
+            time=batch_time,
         )
         return AppendBatch(self, table, batch)
 
@@ -219,6 +227,7 @@ class TableCommitter(SinkTable):
         table_uuid: str | None,
         changes: pa.Table | None,
         found_at_plan: bool = False,
+        batch_time: BatchTime | None = None,
     ) -> BatchOutcome:
         if changes is None and any(r.changes for r in results):
             # format("lakesink") with upsert-key: the tasks resolved their rows; a key of two tasks is an error
@@ -232,6 +241,7 @@ class TableCommitter(SinkTable):
             commit_id=uuid.uuid4().hex,
             started=time.monotonic(),
             changes=changes if changes is not None and changes.num_rows else None,
+            time=batch_time,
         )
         expected_uuid = table_uuid or next((r.table_uuid for r in results if r.table_uuid), None)
         table = self.load_patiently(batch_id)
@@ -551,6 +561,17 @@ class _BatchAction(CommitAction):
     def retry(self, table: Table) -> CommitRetry:
         return self.committer.settings(table).commit_retry
 
+    def recorded(self, table: Table, statistics: Sequence[Mapping[str, Any]] = ()) -> Recorded:
+        """What this attempt records about event time: the watermark and the event times of the rows it adds
+        (lakesink.driver.completeness), against the query's previous batch in ``table``."""
+        t = self.batch.time
+        bounds = None
+        if t is not None and t.event_time is not None and statistics:
+            c = self.committer
+            field = completeness.event_time_field(table.schema(), t.event_time, c.table_name, table.properties)
+            bounds = completeness.event_time_bounds(statistics, field)
+        return completeness.record(t, self.done(table), bounds, batch_id=self.batch.batch_id)
+
     def redact(self, error: BaseException) -> str:
         return self.committer.redact(error)
 
@@ -594,6 +615,7 @@ class MarkEmptyBatch(_BatchAction):
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
         branch = self.committer.options.branch
         head = table.metadata.snapshot_by_name(branch)
+        recorded = self.recorded(table)
         marker = CommittedBatch(
             self.batch.batch_id,
             head.snapshot_id if head else -1,
@@ -602,6 +624,8 @@ class MarkEmptyBatch(_BatchAction):
             empty=True,
             run_id=self.batch.run_id,
             offsets=offsets_digest(self.batch.source_offsets),
+            watermark=recorded.watermark,
+            event_time_max=recorded.event_time_max,
         )
         return seam_commit.prepare_properties_at_head(
             table, {self.committer.marker_key(self.batch): marker.to_property()}, branch=branch
@@ -633,6 +657,7 @@ class AppendBatch(_BatchAction):
             for r in batch.results
             for f in r.files
         ]
+        self._recorded: Recorded | None = None
 
     def properties(self, snapshot_id: int) -> dict[str, str]:
         """The replay marker, in the same atomic commit as the snapshot it names."""
@@ -643,13 +668,17 @@ class AppendBatch(_BatchAction):
             branch=self.committer.options.branch,
             run_id=self.batch.run_id,
             offsets=offsets_digest(self.batch.source_offsets),
+            watermark=self._recorded.watermark if self._recorded else None,
+            event_time_max=self._recorded.event_time_max if self._recorded else None,
         )
         return {self.committer.marker_key(self.batch): marker.to_property()}
 
     def attempt_summary(self, table: Table, attempt: int) -> dict[str, str]:
         done = self.done(table)
+        self._recorded = self.recorded(table, [f.statistics for f in self.batch.files])
         return {
             **self.summary,
+            **self._recorded.summary,
             SUMMARY_COMMIT_ATTEMPT: str(attempt),
             **({SUMMARY_PREVIOUS_BATCH_ID: str(done.batch_id)} if done is not None else {}),
         }

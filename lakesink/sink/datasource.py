@@ -40,6 +40,7 @@ from lakesink.executor.stream_writer import LakesinkStreamWriter
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import ReadOptions, SinkOptions
+from lakesink.sink import completeness
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 from lakesink.table.keys import MAIN_BRANCH
 
@@ -100,27 +101,36 @@ def stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWri
         # Spark re-creates the writer for every commit and abort: those must work even when the table
         # changed since the query started (the commit itself detects that, deletes the batch's files and
         # raises ConcurrentTableChangeError), so nothing is validated here.
-        return LakesinkStreamWriter(None, StreamCommits(options, None))
+        return LakesinkStreamWriter(None, StreamCommits(options, None, has_watermark=completeness.watermarked(schema)))
     committer = _table_committer(options)
     stream_schema = arrow_schema_of(schema)
     table = committer.open_table(stream_schema)
     plan = committer.write_plan(table, read_query_id(options.checkpoint_location), stream_schema)
+    completeness.check_event_time(options, plan)
     if options.upsert_key:
         # the writers resolve their rows to one row per key (Spark rejects outputMode("update") for Python
         # data sources: a change stream in append mode is the way; docs/upserts.md)
         upsert = UpsertSpec(options.upsert_key, options.delete_when, options.order_by)
         upsert.check()
         plan = dataclasses.replace(plan, upsert=upsert)
-    return LakesinkStreamWriter(plan, StreamCommits(options, plan, committer))
+    return LakesinkStreamWriter(plan, StreamCommits(options, plan, committer, has_watermark=completeness.watermarked(schema)))
 
 
 class StreamCommits:
     """The driver side of the batches of one writer: Spark's ``commit()`` and ``abort()``, in a Python worker on
     the driver (:class:`~lakesink.executor.stream_writer.BatchCommits`). Never pickled."""
 
-    def __init__(self, options: SinkOptions, plan: WritePlan | None, committer: TableCommitter | None = None):
+    def __init__(
+        self,
+        options: SinkOptions,
+        plan: WritePlan | None,
+        committer: TableCommitter | None = None,
+        *,
+        has_watermark: bool = False,
+    ):
         assert options.checkpoint_location
         self._options = options
+        self._has_watermark = has_watermark
         self._checkpoint = options.checkpoint_location
         self._plan = plan
         self._committer = committer
@@ -150,6 +160,7 @@ class StreamCommits:
                 batch_id=batch_id,
                 results=results,
                 source_offsets=read_source_offsets(self._checkpoint, batch_id),
+                batch_time=completeness.batch_time(self._options, self._checkpoint, batch_id, has_watermark=self._has_watermark),
             )
 
     def abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:

@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from lakesink import _pyspark
 from lakesink.driver import catalogs
 from lakesink.driver.commit import BatchOutcome, TableCommitter
+from lakesink.driver.completeness import BatchTime
 from lakesink.driver.schema import arrow_schema_of
 from lakesink.errors import InvalidOptionError, LakesinkError
 from lakesink.executor.messages import WritePlan
@@ -33,6 +34,7 @@ from lakesink.options import (
     CATALOG_PROPERTY_PREFIX,
     CREATE_TABLE,
     DELETE_WHEN,
+    EVENT_TIME,
     MAINTENANCE,
     MERGE_SCHEMA,
     ORDER_BY,
@@ -46,7 +48,7 @@ from lakesink.options import (
     SinkOptions,
     WriterKind,
 )
-from lakesink.sink import spark_fs, spark_write, upsert_batch
+from lakesink.sink import completeness, spark_fs, spark_write, upsert_batch
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 from lakesink.table import storage
 from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
@@ -80,6 +82,7 @@ def foreach_batch(
     table_properties: Mapping[str, str] | None = None,
     format_version: int | None = None,
     maintenance: str = "auto",
+    event_time: str | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -115,6 +118,9 @@ def foreach_batch(
         format_version: the Iceberg format version of a table lakesink creates (default 2; 1, 2 or 3).
         maintenance: ``"auto"`` (default: compact small files and expire snapshots as the table's
             ``history.expire.*`` properties ask, between batches; docs/maintenance.md) or ``"off"``.
+        event_time: a timestamp or date column: each snapshot records the smallest and largest event time of the
+            rows it adds (``lakesink.event-time-min``/``-max``), and the watermark it records (when the query has
+            ``withWatermark``) never passes the newest one committed (docs/auditing.md, completeness).
     """
     options: dict[str, str] = {
         TABLE: table,
@@ -145,6 +151,8 @@ def foreach_batch(
     if format_version is not None:
         options[FORMAT_VERSION] = str(format_version)
     options[MAINTENANCE] = maintenance
+    if event_time is not None:
+        options[EVENT_TIME] = event_time
     return ForeachBatchSink(SinkOptions.from_mapping(options))
 
 
@@ -182,9 +190,10 @@ class ForeachBatchSink:
         # the table must stay the one this run opened (not dropped and recreated between batches)
         plan = committer.write_plan(table, query_id, stream_schema, expected_uuid=self._table_uuid)
         self._table_uuid = plan.table_uuid
+        completeness.check_event_time(self.options, plan)
         if plan.last_committed_batch is not None and batch_id <= plan.last_committed_batch:
             # found committed when planned: checked before any file is written (and against the batch's source offsets)
-            return committer.skip_replay(
+            return committer.skip_replay(  # a replay records nothing new (its watermark is in the committed batch)
                 query_id=query_id,
                 batch_id=batch_id,
                 source_offsets=self._source_offsets(spark, query_id, batch_id),
@@ -245,6 +254,7 @@ class ForeachBatchSink:
                 run_id=run_id,
                 table_uuid=plan.table_uuid,
                 changes=resolved.keys if resolved is not None else None,
+                batch_time=self._batch_time(spark, df, query_id, batch_id),
             )
         except BaseException:
             # what Spark does for a data source whose commit raised: abort with the complete messages
@@ -304,6 +314,10 @@ class ForeachBatchSink:
             return None
         return read_source_offsets(checkpoint, batch_id)
 
+    def _batch_time(self, spark: SparkSession, df: DataFrame, query_id: str, batch_id: int) -> BatchTime:
+        checkpoint = self.options.checkpoint_location or self._find_checkpoint(spark, query_id)
+        return completeness.batch_time(self.options, checkpoint, batch_id, has_watermark=completeness.watermarked(df.schema))
+
     def _find_checkpoint(self, spark: SparkSession, query_id: str) -> str | None:
         if query_id not in self._checkpoints:
             self._checkpoints[query_id] = _pyspark.running_query_checkpoint(spark, query_id)
@@ -314,4 +328,3 @@ class ForeachBatchSink:
                     query_id,
                 )
         return self._checkpoints[query_id]
-

@@ -38,6 +38,21 @@ SUMMARY_SINK_ID = "lakesink.sink-id"
 SUMMARY_RUN_ID = "lakesink.run-id"
 """Spark's run id of the query run that committed the batch (a new one at every restart; tells a replay from a
 second sink of the same run)."""
+SUMMARY_WATERMARK = "lakesink.watermark"
+"""The batch's event-time watermark (ms since the epoch) as lakesink records it: Spark's watermark for the batch, kept
+non-decreasing along the query's batches and never past the newest event time committed (:mod:`lakesink.driver.completeness`).
+Written only when the query defines a watermark (``withWatermark``)."""
+SUMMARY_SPARK_WATERMARK = "lakesink.spark-watermark"
+"""Spark's own watermark for the batch (``batchWatermarkMs`` of ``<checkpoint>/offsets/<batch>``), when it differs from
+the recorded one."""
+SUMMARY_WATERMARK_NOTE = "lakesink.watermark-note"
+"""Why the recorded watermark is not Spark's (Spark moved it back, or it is past the newest event time committed)."""
+SUMMARY_EVENT_TIME_MIN = "lakesink.event-time-min"
+"""Option ``event-time``: the smallest event time (ms since the epoch, rounded down) of the rows the snapshot adds."""
+SUMMARY_EVENT_TIME_MAX = "lakesink.event-time-max"
+"""Option ``event-time``: the largest event time (ms since the epoch, rounded down) of the rows the snapshot adds."""
+SUMMARY_EVENT_TIME_COLUMN = "lakesink.event-time-column"
+"""Option ``event-time``: the column the event times were read from."""
 ICEBERG_QUERY_ID = "spark.sql.streaming.queryId"
 """The key Iceberg's own Spark sink writes the query id under, for engines and tools that already know it."""
 ICEBERG_EPOCH_ID = "spark.sql.streaming.epochId"
