@@ -525,6 +525,25 @@ def filter_arrow(rows: pa.Table, schema: Schema, row_filter: BooleanExpression) 
     return rows.filter(expression_to_pyarrow(bound, schema))
 
 
+def bind_row_filter(expression: str, schema: Schema) -> BooleanExpression:
+    """``expression`` read by pyiceberg's expression parser and bound to ``schema`` (column names in any case);
+    raises ValueError saying what it could not read or bind."""
+    try:
+        return bind(schema, parse(expression), case_sensitive=False)
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as e:
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+
+
+def matching_rows(batch: pa.RecordBatch, schema: Schema, row_filter: BooleanExpression) -> pa.BooleanArray:
+    """For each row of ``batch`` (columns named as in ``schema``): whether ``row_filter`` (bound by
+    :func:`bind_row_filter`) is true for it -- false where it is false or null, as a SQL WHERE."""
+    indexed = pa.Table.from_batches([batch]).append_column("__lakesink_index", pa.array(range(batch.num_rows), pa.int64()))
+    hit = indexed.filter(expression_to_pyarrow(row_filter, schema)).column("__lakesink_index")
+    return pc.is_in(pa.array(range(batch.num_rows), pa.int64()), value_set=hit.combine_chunks())
+
+
 # --- column metrics: Iceberg Java's inferred-column limit (executor side) -------------------------------
 
 

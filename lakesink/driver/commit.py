@@ -22,7 +22,7 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
-from lakesink.driver import catalogs, completeness, indoubt, swap, turns, upsert
+from lakesink.driver import catalogs, completeness, dead_letters, indoubt, swap, turns, upsert
 from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.driver.completeness import BatchTime, Recorded
 from lakesink.driver.schema import SchemaChange
@@ -37,9 +37,10 @@ from lakesink.errors import (
     ReplayMismatchError,
 )
 from lakesink.executor import upsert_task
-from lakesink.executor.messages import TaskResult, WrittenFile, schema_digest
+from lakesink.executor.messages import RowChecks, TaskResult, WritePlan, WrittenFile, schema_digest
 from lakesink.faults import DRIVER_IN_ABORT, fault_point
 from lakesink.options import SINK_ID, OutputMode, SinkOptions
+from lakesink.table import dead_letters as dead_letter_schema
 from lakesink.table import names, storage
 from lakesink.table.keys import SUMMARY_COMMIT_ATTEMPT, SUMMARY_PREVIOUS_BATCH_ID, SUMMARY_SOURCE_OFFSETS
 from lakesink.table.markers import (
@@ -130,6 +131,35 @@ class TableCommitter(SinkTable):
     def __init__(self, options: SinkOptions, *, post_commit: Callable[[SinkTable], CommitHook] | None = None):
         super().__init__(options)
         self.hook: CommitHook | None = post_commit(self) if post_commit is not None else None
+        self.dead_letters: TableCommitter | None = None
+        """Option dead-letter-table: the committer of the dead-letter table, whose commit of a batch's dead letters
+        joins the batch's commit as one unit (lakesink.driver.swap.run_unit)."""
+        if options.dead_letter_table is not None:
+            self.dead_letters = TableCommitter(dead_letters.dead_letter_options(options))
+        self._dead_letters_opened = False
+
+    # --- plan ---------------------------------------------------------------------------------------
+
+    def write_plan(
+        self, table: Table, query_id: str | None, stream_schema: pa.Schema | None = None, *, expected_uuid: str | None = None
+    ) -> WritePlan:
+        """:meth:`SinkTable.write_plan`; with option dead-letter-table, the dead-letter table's plan rides along (opened,
+        created when missing, and checked at the first plan) and the replay point is the last batch in both tables."""
+        plan = super().write_plan(table, query_id, stream_schema, expected_uuid=expected_uuid)
+        d = self.dead_letters
+        if d is None:
+            return plan
+        if not self._dead_letters_opened:
+            letters_table = d.open_table(dead_letter_schema.SCHEMA)
+            self._dead_letters_opened = True
+        else:
+            letters_table = d.reload_table()
+        letters_plan = d.write_plan(letters_table, query_id)
+        last = plan.last_committed_batch
+        if last is not None and letters_plan.last_committed_batch is not None:
+            last = min(last, letters_plan.last_committed_batch)
+        checks = RowChecks(letters_plan, reject_when=self.options.reject_when, upsert_key=self.options.upsert_key)
+        return replace(plan, last_committed_batch=last, row_checks=checks)
 
     # --- commit -------------------------------------------------------------------------------------
 
@@ -249,19 +279,25 @@ class TableCommitter(SinkTable):
             if expected_uuid is not None and str(table.metadata.table_uuid) != expected_uuid:
                 raise self.identity_changed(expected_uuid, str(table.metadata.table_uuid))
             self.check_branch(table)
+            if self.dead_letters is not None:
+                dead_letters.check_rejected(self.options, results, batch_id=batch_id)
         except LakesinkError:
             self._delete(table, batch.paths, reason="the table or branch changed identity during the batch")
+            self._letters_deleted(batch, reason="the batch failed before its commit")
             raise
         if found_at_plan or (results and all(r.replay_skipped for r in results)):
             # found committed when the batch was planned (foreach_batch), or by every task (format("lakesink"))
             return self._logged(self._skipped_before_writing(table, batch), query_id)
         if not batch.files and batch.changes is None and self.options.output_mode is not OutputMode.COMPLETE:
+            if self.dead_letters is not None and self._letters(batch).files:
+                return self._logged(self._commit_files(table, batch, MarkEmptyBatch(self, table, batch)), query_id)
             return self._logged(self._commit_empty(table, batch), query_id)
         return self._logged(self._commit_files(table, batch), query_id)
 
     def _skipped_before_writing(self, table: Table, batch: _Batch) -> BatchOutcome:
-        """The batch was found committed when it was planned and nothing was written: check it still is."""
-        result = swap.run(ReplayFoundAtPlan(self, table, batch))
+        """The batch was found committed when it was planned and nothing was written: check it still is (in the
+        dead-letter table too)."""
+        result = self._run(ReplayFoundAtPlan(self, table, batch), batch, replay=True)
         assert result.status is Status.ALREADY_COMMITTED and result.done is not None
         self._check_replay(table, batch, result.done)
         return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id)
@@ -275,7 +311,7 @@ class TableCommitter(SinkTable):
         action = MarkEmptyBatch(self, table, batch)
         what = action.what
         try:
-            result = swap.run(action)
+            result = self._run(action, batch)
         except RetriesExhausted as e:
             raise CommitConflictError(
                 f"{what} failed {e.attempts} time(s) ({e.describe()}); restarting the query replays the batch"
@@ -286,24 +322,29 @@ class TableCommitter(SinkTable):
             return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
         return BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1)
 
-    def _commit_files(self, table: Table, batch: _Batch) -> BatchOutcome:
+    def _commit_files(self, table: Table, batch: _Batch, action: _BatchAction | None = None) -> BatchOutcome:
+        """Commit the batch's files (``action``: a given commit, e.g. marking the batch empty in this table while its
+        dead letters are appended to the dead-letter table in the same unit)."""
         settings = self.settings(table)
-        action: AppendBatch
-        if batch.changes is not None:
+        if action is None and batch.changes is not None:
             action = UpsertBatch(self, table, batch)
-        elif self.options.output_mode is OutputMode.COMPLETE:
+        elif action is None and self.options.output_mode is OutputMode.COMPLETE:
             action = OverwriteBatch(self, table, batch)
-        else:
+        elif action is None:
             action = AppendBatch(self, table, batch)
         what = action.what
         try:
-            result = swap.run(action)
+            result = self._run(action, batch)
         except CommitOutcomeUnknownError:
             if catalogs.may_apply_late(self.catalog):  # the abort that follows must keep the files (driver.indoubt)
                 indoubt.record(self.table_name, batch.query_id, self.options.sink_id, batch.batch_id, batch.paths)
+                if self.dead_letters is not None:
+                    d, letters = self.dead_letters, self._letters(batch)
+                    indoubt.record(d.table_name, batch.query_id, d.options.sink_id, batch.batch_id, letters.paths)
             raise
         except RetriesExhausted as e:
             self._delete(table, batch.paths, reason="commit retries exhausted")
+            self._letters_deleted(batch, reason="commit retries exhausted")
             raise CommitConflictError(
                 f"{what} failed {e.attempts} time(s) ({e.describe()}; commit.retry.num-retries="
                 f"{settings.commit_retry.num_retries}); nothing was committed and its files were deleted; restarting "
@@ -315,6 +356,7 @@ class TableCommitter(SinkTable):
                 self._check_replay(table, batch, result.done)
             except DuplicateSinkError:
                 self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
+                self._letters_deleted(batch, reason="a second sink of the same run wrote the batch")
                 raise
             self._delete(table, batch.paths, reason="batch already committed (replay)")
             return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
@@ -345,6 +387,55 @@ class TableCommitter(SinkTable):
 
     def marker_key(self, batch: _Batch) -> str:
         return last_batch_key(batch.query_id, self.options.sink_id)
+
+    # --- the dead-letter table: its commit joins the batch's as one unit ----------------------------
+
+    def _letters(self, batch: _Batch) -> _Batch:
+        """The batch's dead letters, as a batch of the dead-letter table (same query and batch id)."""
+        return replace(
+            batch,
+            results=[r.dead_letters for r in batch.results if r.dead_letters is not None],
+            commit_id=uuid.uuid4().hex,
+            changes=None,
+            time=None,
+        )
+
+    def _run(self, action: _BatchAction, batch: _Batch, *, replay: bool = False) -> swap.SwapResult:
+        """Run the batch's commit ``action``; with a dead-letter table, as one unit with the commit of the batch's dead
+        letters (appended, or the batch marked in its marker when it has none): both tables hold the batch, or neither
+        (on a catalog that commits table after table, the replay completes the missing one). Returns ``action``'s result;
+        the dead-letter table's files are deleted when its commit was found already made (a replay)."""
+        d = self.dead_letters
+        if d is None:
+            return swap.run(action)
+        letters = self._letters(batch)
+        letters_table = d.load_patiently(batch.batch_id)
+        expected = next((r.table_uuid for r in letters.results if r.table_uuid), None)
+        if expected is not None and str(letters_table.metadata.table_uuid) != expected:
+            error = d.identity_changed(expected, str(letters_table.metadata.table_uuid))
+            d._delete(letters_table, letters.paths, reason="the dead-letter table changed identity during the batch")
+            if not replay:
+                self._delete(self.load(), batch.paths, reason="the dead-letter table changed identity during the batch")
+            raise error
+        other: _BatchAction
+        if replay and d.last(letters_table, batch.query_id) is None:
+            return swap.run(action)  # a dead-letter table added to a running query holds none of its earlier batches
+        if replay:
+            other = ReplayFoundAtPlan(d, letters_table, letters)
+        elif letters.files:
+            other = AppendBatch(d, letters_table, letters)
+        else:
+            other = MarkEmptyBatch(d, letters_table, letters)
+        mine, theirs = swap.run_unit([action, other])
+        if theirs.status is Status.ALREADY_COMMITTED and letters.paths:
+            d._delete(letters_table, letters.paths, reason="dead letters already committed (replay)")
+        return mine
+
+    def _letters_deleted(self, batch: _Batch, *, reason: str) -> None:
+        if self.dead_letters is not None:
+            letters = self._letters(batch)
+            if letters.paths:
+                self.dead_letters._delete(self.dead_letters.load(), letters.paths, reason=reason)
 
     # --- a batch found committed --------------------------------------------------------------------
 
@@ -483,6 +574,10 @@ class TableCommitter(SinkTable):
         (an orphan-file clean-up collects leftovers).
         """
         fault_point(DRIVER_IN_ABORT)
+        if self.dead_letters is not None:
+            letters = [r.dead_letters for r in results if r.dead_letters is not None]
+            if letters:
+                self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
         paths = [f.path for r in results for f in r.files]
         in_doubt = indoubt.recorded(self.table_name, query_id, self.options.sink_id, batch_id)
         if in_doubt & set(paths):

@@ -24,6 +24,7 @@ from pyspark import TaskContext
 from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError, TableLocationError
 from lakesink.executor import upsert_task
+from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.table import floats, names, storage
@@ -145,6 +146,12 @@ class TaskWriter:
         self._partitioned = not plan.spec.is_unpartitioned()
         self._files: list[WrittenFile] = []
         self._changes: bytes | None = None
+        self._sorter: RowSorter | None = None
+        if plan.row_checks is not None:  # option dead-letter-table: rows that do not fit become dead letters
+            self._sorter = RowSorter(
+                plan.row_checks, table=plan.table, query_id=query_id, batch_id=batch_id, project=self._project
+            )
+        self._dead_letters: TaskResult | None = None
         self._counter = 0
         # open files by partition (the unpartitioned table has one, keyed by ()), least recently written first;
         # keyed by floats.partition_key: Python's == would merge -0.0 with 0.0 and split NaN from NaN
@@ -159,6 +166,8 @@ class TaskWriter:
         """Write every batch; on any failure delete this task's files and re-raise."""
         try:
             fault_point(EXECUTOR_BEFORE_WRITE)
+            if self._sorter is not None:
+                batches = (self._sorter.sort(b) for b in batches)
             if self._plan.upsert is not None:  # format("lakesink") with upsert-key: one row per key of this task
                 batches, changes = upsert_task.resolve_task(
                     batches, self._plan.upsert, batch_id=self._batch_id, partition_id=self._partition_id
@@ -175,6 +184,15 @@ class TaskWriter:
             for slot in list(self._open.values()):
                 self._flush_row_group(slot)
                 self._close_file(slot)
+            if self._sorter is not None and self._plan.row_checks is not None:
+                self._dead_letters = TaskWriter(
+                    self._plan.row_checks.dead_letters,
+                    query_id=self._query_id,
+                    batch_id=self._batch_id,
+                    partition_id=self._partition_id,
+                    task_attempt_id=self._task_attempt_id,
+                    run_id=self._run_id,
+                ).write(self._sorter.letters)
             fault_point(EXECUTOR_BEFORE_RETURN)
         except BaseException:
             self._abort()
@@ -204,11 +222,16 @@ class TaskWriter:
             schema_changes=self._plan.schema_changes,
             changes=self._changes,
             written_since_ms=self._since_ms if self._files else None,
+            dead_letters=self._dead_letters,
+            rows_in=self._sorter.rows_in if self._sorter else 0,
+            rejected=self._sorter.rejected if self._sorter else 0,
+            reasons=tuple(self._sorter.reasons) if self._sorter else (),
         )
 
     # --- conforming rows to the table -----------------------------------------------------------
 
-    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+    def _project(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, Schema]:
+        """The batch as the table's files hold it (UTC, cast, projected), and the stream schema with the table's ids."""
         if self._incoming is None or not batch.schema.equals(self._incoming):
             self._incoming = batch.schema
             self._utc = utc_schema(batch.schema)
@@ -216,7 +239,10 @@ class TaskWriter:
         assert self._utc is not None and self._source is not None
         if not self._utc.equals(batch.schema):
             batch = batch.cast(self._utc)
-        projected = seam.project_batch(batch, target=self._file_schema, source=self._source)
+        return seam.project_batch(batch, target=self._file_schema, source=self._source), self._source
+
+    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        projected, _ = self._project(batch)
         if self._has_required:
             for field, column in zip(projected.schema, projected.columns, strict=True):
                 for path, nulls in _null_violations(column, field, field.name, None):
@@ -351,6 +377,13 @@ class TaskWriter:
             except Exception:
                 log.warning("lakesink: could not delete %s of a failed task; an orphan clean-up collects it", path)
         self._files = []
+        if self._dead_letters is not None and self._plan.row_checks is not None:
+            for f in self._dead_letters.files:
+                try:
+                    storage.delete_file(self._plan.row_checks.dead_letters.io, f.path)
+                except Exception:
+                    log.warning("lakesink: could not delete %s of a failed task; an orphan clean-up collects it", f.path)
+            self._dead_letters = None
 
 
 TASK_RESULT_SCHEMA = "task_result binary"

@@ -29,7 +29,7 @@ from pyspark.sql.types import StructType
 
 from lakesink import _pyspark
 from lakesink.audit import Point, parse_timestamp_ms, resolve
-from lakesink.driver import catalogs
+from lakesink.driver import catalogs, dead_letters
 from lakesink.driver.commit import TableCommitter
 from lakesink.driver.guard import CommitGuard
 from lakesink.driver.schema import arrow_schema_of
@@ -107,6 +107,7 @@ def stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWri
     table = committer.open_table(stream_schema)
     plan = committer.write_plan(table, read_query_id(options.checkpoint_location), stream_schema)
     completeness.check_event_time(options, plan)
+    dead_letters.check_reject_when(options, stream_schema, plan)
     if options.upsert_key:
         # the writers resolve their rows to one row per key (Spark rejects outputMode("update") for Python
         # data sources: a change stream in append mode is the way; docs/upserts.md)

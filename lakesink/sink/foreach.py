@@ -10,6 +10,7 @@ Spark's own Parquet writer in the JVM (:mod:`lakesink.sink.spark_write`, the fas
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pickle
 import uuid
@@ -33,13 +34,16 @@ from lakesink.options import (
     CATALOG,
     CATALOG_PROPERTY_PREFIX,
     CREATE_TABLE,
+    DEAD_LETTER_TABLE,
     DELETE_WHEN,
     EVENT_TIME,
     MAINTENANCE,
+    MAX_REJECTED_FRACTION,
     MERGE_SCHEMA,
     ORDER_BY,
     OUTPUT_MODE,
     PARTITIONED_BY,
+    REJECT_WHEN,
     SINK_ID,
     TABLE,
     TABLE_PROPERTY_PREFIX,
@@ -48,7 +52,7 @@ from lakesink.options import (
     SinkOptions,
     WriterKind,
 )
-from lakesink.sink import completeness, spark_fs, spark_write, upsert_batch
+from lakesink.sink import completeness, dead_letters, spark_fs, spark_write, upsert_batch
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 from lakesink.table import storage
 from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
@@ -83,6 +87,9 @@ def foreach_batch(
     format_version: int | None = None,
     maintenance: str = "auto",
     event_time: str | None = None,
+    dead_letter_table: str | None = None,
+    reject_when: str | None = None,
+    max_rejected_fraction: float | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -121,6 +128,11 @@ def foreach_batch(
         event_time: a timestamp or date column: each snapshot records the smallest and largest event time of the
             rows it adds (``lakesink.event-time-min``/``-max``), and the watermark it records (when the query has
             ``withWatermark``) never passes the newest one committed (docs/auditing.md, completeness).
+        dead_letter_table: ``<namespace>.<table>``: rows that do not fit the table (a null in a required column, a
+            null upsert key) or match ``reject_when`` go there instead of failing the batch, in the batch's own atomic
+            commit (docs/dead-letters.md).
+        reject_when: a Spark SQL boolean expression over the batch's columns: rows for which it is true are dead letters.
+        max_rejected_fraction: above this fraction of a batch's rows rejected (0 to 1, default 1), the batch fails.
     """
     options: dict[str, str] = {
         TABLE: table,
@@ -153,6 +165,12 @@ def foreach_batch(
     options[MAINTENANCE] = maintenance
     if event_time is not None:
         options[EVENT_TIME] = event_time
+    if dead_letter_table is not None:
+        options[DEAD_LETTER_TABLE] = dead_letter_table
+    if reject_when is not None:
+        options[REJECT_WHEN] = reject_when
+    if max_rejected_fraction is not None:
+        options[MAX_REJECTED_FRACTION] = str(max_rejected_fraction)
     return ForeachBatchSink(SinkOptions.from_mapping(options))
 
 
@@ -162,6 +180,7 @@ class ForeachBatchSink:
     def __init__(self, options: SinkOptions):
         self.options = options
         catalogs.load(options.catalog_name, options.catalog_properties)  # a missing catalog fails here, at start
+        dead_letters.check_writer(options)
         self._committer: TableCommitter | None = None
         self._checkpoints: dict[str, str | None] = {}
         self._opened: pa.Schema | None = None  # the stream schema the table was opened (fully checked) for
@@ -200,9 +219,14 @@ class ForeachBatchSink:
                 run_id=run_id,
                 table_uuid=plan.table_uuid,
             )
+        letters: DataFrame | None = None
+        if plan.row_checks is not None:  # option dead-letter-table (lakesink.sink.dead_letters)
+            df, plan, letters = dead_letters.prepare(df, plan, self.options)
         resolved = upsert_batch.resolve(df, batch_id, self.options) if self.options.upsert_key else None
         try:
-            return self._write_and_commit(resolved.rows if resolved else df, resolved, plan, table, query_id, batch_id, run_id)
+            return self._write_and_commit(
+                resolved.rows if resolved else df, resolved, plan, table, query_id, batch_id, run_id, letters=letters
+            )
         finally:
             if resolved is not None:
                 upsert_batch.release(resolved)
@@ -216,6 +240,8 @@ class ForeachBatchSink:
         query_id: str,
         batch_id: int,
         run_id: str | None,
+        *,
+        letters: DataFrame | None = None,
     ) -> BatchOutcome:
         committer = self._committer
         assert committer is not None
@@ -225,9 +251,15 @@ class ForeachBatchSink:
             reason = spark_fs.unwritable_reason(spark, plan.data_prefix)  # e.g. s3a:// without hadoop-aws
         if self.options.writer is WriterKind.SPARK and reason is not None:
             raise InvalidOptionError(f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'")
+        if plan.row_checks is not None and reason is None:
+            reason = "option dead-letter-table: rows are sorted in Python workers"
         if self.options.writer is WriterKind.ARROW or reason is not None:
             rows = df.mapInArrow(PartitionWriter(plan, batch_id, run_id), TASK_RESULT_SCHEMA).collect()
             results = [pickle.loads(r[0]) for r in rows]
+            if letters is not None and plan.row_checks is not None:  # taken out before the upsert resolution
+                only = dataclasses.replace(plan, row_checks=dataclasses.replace(plan.row_checks, letters_only=True))
+                more = letters.mapInArrow(PartitionWriter(only, batch_id, run_id), TASK_RESULT_SCHEMA).collect()
+                results += [pickle.loads(r[0]) for r in more]
             directory = None
         else:
             written = spark_write.write_batch(
