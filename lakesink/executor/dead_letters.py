@@ -85,7 +85,7 @@ class RowSorter:
             error[hit], column[hit], message[hit] = kind, col, text
 
         projected, source = self._project(batch)
-        if reject is None and self._checks.reject_when is not None:
+        if not self._checks.reject_column and self._checks.reject_when is not None:
             if self._filter is None:
                 self._filter = seam.bind_row_filter(self._checks.reject_when, source)
             reject = seam.matching_rows(batch, source, self._filter)

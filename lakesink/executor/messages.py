@@ -78,9 +78,10 @@ class RowChecks:
     dead_letters: WritePlan
     """The write plan of the dead-letter table."""
     reject_when: str | None = None
-    """format("lakesink"): option ``reject-when``, read by Iceberg's expression parser and evaluated on Arrow."""
+    """Option ``reject-when``; format("lakesink"): read by Iceberg's expression parser and evaluated on Arrow."""
     reject_column: bool = False
-    """foreach_batch: Spark computed option ``reject-when`` into the column lakesink.table.dead_letters.REJECT_COLUMN."""
+    """foreach_batch: Spark computed ``reject_when`` into the column lakesink.table.dead_letters.REJECT_COLUMN (rows
+    without the column were found not rejected before the upsert resolution); the expression is not evaluated here."""
     upsert_key: tuple[str, ...] = ()
     """A null in one of these columns is a dead letter (``null-upsert-key``)."""
     letters_only: bool = False

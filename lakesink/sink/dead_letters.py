@@ -37,7 +37,8 @@ def prepare(df: DataFrame, plan: WritePlan, options: SinkOptions) -> tuple[DataF
     """The batch's rows with the reject column, the plan whose row checks read it, and (with ``upsert-key``) the
     rows taken out before the upsert resolution because they are certainly dead letters (else None)."""
     assert plan.row_checks is not None
-    checks = replace(plan.row_checks, reject_when=None, reject_column=options.reject_when is not None)
+    # the reject column, when there is one, is the verdict (the expression stays for the dead letters' message)
+    checks = replace(plan.row_checks, reject_column=options.reject_when is not None)
     plan = replace(plan, row_checks=checks)
     if options.reject_when is not None:
         try:
