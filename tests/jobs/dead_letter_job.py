@@ -38,7 +38,7 @@ def start(spark: SparkSession, df: DataFrame, props: dict[str, str], ck: str, en
         for k, v in props.items():
             w = w.option(f"catalog.{k}", v)
     else:
-        w = df.writeStream.foreachBatch(
+        w = df.writeStream.foreachBatch(  # type: ignore[arg-type]  # a ForeachBatchSink returns its BatchOutcome
             lakesink.foreach_batch(
                 "db.events",
                 catalog_properties=props,
