@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -38,15 +39,14 @@ def start(spark: SparkSession, df: DataFrame, props: dict[str, str], ck: str, en
         for k, v in props.items():
             w = w.option(f"catalog.{k}", v)
     else:
-        w = df.writeStream.foreachBatch(  # type: ignore[arg-type]  # a ForeachBatchSink returns its BatchOutcome
-            lakesink.foreach_batch(
-                "db.events",
-                catalog_properties=props,
-                dead_letter_table="db.dead",
-                reject_when=REJECT_WHEN,
-                checkpoint_location=ck,
-            )
+        sink: Any = lakesink.foreach_batch(
+            "db.events",
+            catalog_properties=props,
+            dead_letter_table="db.dead",
+            reject_when=REJECT_WHEN,
+            checkpoint_location=ck,
         )
+        w = df.writeStream.foreachBatch(sink)
     return w.option("checkpointLocation", ck).trigger(availableNow=True).start()
 
 
