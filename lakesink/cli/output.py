@@ -266,7 +266,7 @@ def _dumps(value: Any) -> str:
 
 def human_history(records: Sequence[SnapshotRecord]) -> str:
     """The history as a text table for a terminal."""
-    header = (
+    header: tuple[str, ...] = (
         "committed (UTC)",
         "snapshot",
         "operation",
@@ -280,7 +280,7 @@ def human_history(records: Sequence[SnapshotRecord]) -> str:
         "ins/upd/del",
         "source offsets",
     )
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for r in records:
         offsets = r.source_offsets or ""
         rows.append(
@@ -301,8 +301,14 @@ def human_history(records: Sequence[SnapshotRecord]) -> str:
         )
     if not rows:
         return "no snapshots"
+    if any(r.dead_letters is not None for r in records):  # option dead-letter-table: the rows each batch rejected
+        header = (*header[:10], "dead letters", *header[10:])
+        rows = [
+            (*row[:10], "" if r.dead_letters is None else f"{r.dead_letters} -> {r.dead_letter_table}", *row[10:])
+            for row, r in zip(rows, records, strict=True)
+        ]
     if records[0].parent_id is None and (records[0].sequence_number or 0) > 1:
-        rows.insert(0, ("(older snapshots expired)", "", "", "", "", "", "", "", "", "", "", ""))
+        rows.insert(0, ("(older snapshots expired)", *[""] * (len(header) - 1)))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     right = {4, 5, 6, 7, 8, 9}
 

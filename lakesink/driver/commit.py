@@ -42,7 +42,14 @@ from lakesink.faults import DRIVER_IN_ABORT, fault_point
 from lakesink.options import SINK_ID, OutputMode, SinkOptions
 from lakesink.table import dead_letters as dead_letter_schema
 from lakesink.table import names, storage
-from lakesink.table.keys import SUMMARY_COMMIT_ATTEMPT, SUMMARY_PREVIOUS_BATCH_ID, SUMMARY_SOURCE_OFFSETS
+from lakesink.table.keys import (
+    SUMMARY_COMMIT_ATTEMPT,
+    SUMMARY_DEAD_LETTER_SINK,
+    SUMMARY_DEAD_LETTER_TABLE,
+    SUMMARY_DEAD_LETTERS,
+    SUMMARY_PREVIOUS_BATCH_ID,
+    SUMMARY_SOURCE_OFFSETS,
+)
 from lakesink.table.markers import (
     CommittedBatch,
     SnapshotIndex,
@@ -290,7 +297,8 @@ class TableCommitter(SinkTable):
             return self._logged(self._skipped_before_writing(table, batch), query_id)
         if not batch.files and batch.changes is None and self.options.output_mode is not OutputMode.COMPLETE:
             if self.dead_letters is not None and self._letters(batch).files:
-                return self._logged(self._commit_files(table, batch, MarkEmptyBatch(self, table, batch)), query_id)
+                # every row a dead letter: a snapshot without files records the batch and its count of dead letters
+                return self._logged(self._commit_files(table, batch), query_id)
             return self._logged(self._commit_empty(table, batch), query_id)
         return self._logged(self._commit_files(table, batch), query_id)
 
@@ -771,9 +779,19 @@ class AppendBatch(_BatchAction):
     def attempt_summary(self, table: Table, attempt: int) -> dict[str, str]:
         done = self.done(table)
         self._recorded = self.recorded(table, [f.statistics for f in self.batch.files])
+        letters = self.committer.dead_letters
         return {
             **self.summary,
             **self._recorded.summary,
+            **(
+                {
+                    SUMMARY_DEAD_LETTERS: str(sum(r.rejected for r in self.batch.results)),
+                    SUMMARY_DEAD_LETTER_TABLE: letters.table_name,
+                    SUMMARY_DEAD_LETTER_SINK: letters.options.sink_id or "",
+                }
+                if letters is not None
+                else {}
+            ),
             SUMMARY_COMMIT_ATTEMPT: str(attempt),
             **({SUMMARY_PREVIOUS_BATCH_ID: str(done.batch_id)} if done is not None else {}),
         }

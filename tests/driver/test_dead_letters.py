@@ -14,8 +14,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from click.testing import CliRunner
 from pyiceberg.table import Table
 
+import lakesink
+from lakesink.cli.main import main
 from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import InvalidOptionError, TooManyRejectedError
 from lakesink.executor.messages import TaskResult
@@ -150,18 +153,47 @@ def test_a_replay_never_duplicates_a_dead_letter(catalog_properties: dict[str, s
     assert (data_files_on_disk(c.load()), data_files_on_disk(c.dead_letters.load())) == before  # replay's files deleted
 
 
-def test_a_batch_of_only_bad_rows_marks_the_table_and_fills_the_dead_letters(catalog_properties: dict[str, str]) -> None:
+def test_a_batch_of_only_bad_rows_records_its_count_and_fills_the_dead_letters(catalog_properties: dict[str, str]) -> None:
     c = make(catalog_properties, reject_when="amount < 0")
     commit(c, 0, [write(c, 0, [row(1)])])
     outcome = commit(c, 1, [write(c, 1, BAD, task=0), write(c, 1, [row(200, name=None)], task=1)])
     assert outcome.outcome is Outcome.COMMITTED and outcome.rows == 0
     assert ids(c.load()) == Counter([1])
     assert letter_ids(c) == EXPECTED_LETTERS + Counter([(200, dl.REQUIRED_NULL, "name")])
-    assert c.last_committed(Q) is not None and c.last_committed(Q).batch_id == 1  # type: ignore[union-attr]
-    # the next batch records batch 1 as its predecessor: nothing is lost in verify's eyes
     commit(c, 2, [write(c, 2, [row(2)])])
+    # the table has a snapshot without files for batch 1, with its count of dead letters
     snaps = lakesink_snapshots(c.load())
-    assert snaps[-1]["summary"]["lakesink.previous-batch-id"] == "1"
+    assert [(s["batch_id"], s["summary"]["added-records"] if "added-records" in s["summary"] else "0") for s in snaps] == [
+        (0, "1"),
+        (1, "0"),
+        (2, "1"),
+    ]
+    assert [s["summary"]["lakesink.dead-letters"] for s in snaps] == ["0", "6", "0"]
+    assert {s["summary"]["lakesink.dead-letter-table"] for s in snaps} == {"db.dead"}
+
+
+def test_history_shows_and_verify_counts_the_dead_letters(catalog_properties: dict[str, str]) -> None:
+    c = make(catalog_properties, reject_when="amount < 0")
+    commit(c, 0, [write(c, 0, [row(1), *BAD[:2]])])
+    commit(c, 1, [write(c, 1, [row(2), *BAD[2:]])])
+    table = c.load()
+    assert [(r.batch_id, r.dead_letters, r.dead_letter_table) for r in lakesink.history(table)] == [
+        (0, 2, "db.dead"),
+        (1, 3, "db.dead"),
+    ]
+    props = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    shown = CliRunner().invoke(main, ["history", "db.events", *props])
+    assert shown.exit_code == 0 and "dead letters" in shown.output and "3 -> db.dead" in shown.output, shown.output
+    report = lakesink.verify(table)
+    assert report.ok, report.human()
+    assert [(q.dead_letters, q.dead_letter_table) for q in report.queries] == [(5, "db.dead")]
+    assert "5 dead letter(s) in db.dead" in report.human()
+    # a dead letter removed from the dead-letter table behind lakesink's back: verify names the batch
+    assert c.dead_letters is not None
+    c.dead_letters.load().delete("batch_id = 1")
+    broken = lakesink.verify(c.load())
+    assert [v.kind for v in broken.violations] == ["dead-letters"]
+    assert "batch 1" in broken.violations[0].message and "holds 0" in broken.violations[0].message
 
 
 def test_above_max_rejected_fraction_the_batch_fails_and_nothing_is_committed(catalog_properties: dict[str, str]) -> None:
@@ -245,12 +277,8 @@ _KILLED = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(
-    "point", [EXECUTOR_BEFORE_RETURN, DRIVER_BEFORE_SWAP, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP]
-)
-def test_sigkill_at_each_point_leaves_both_tables_or_neither(
-    catalog_properties: dict[str, str], faults: Any, point: str
-) -> None:
+@pytest.mark.parametrize("point", [EXECUTOR_BEFORE_RETURN, DRIVER_BEFORE_SWAP, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP])
+def test_sigkill_at_each_point_leaves_both_tables_or_neither(catalog_properties: dict[str, str], faults: Any, point: str) -> None:
     """A SIGKILL after the good rows' files and before the dead letters' (executor.before-return fires after the main
     files, with the dead letters written in the same task), before the swap, inside the database transaction between
     the two tables' row updates, and after the swap: never one table without the other; the replay is exactly once."""

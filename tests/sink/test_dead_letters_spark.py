@@ -159,10 +159,10 @@ def test_every_row_bad_and_a_bad_row_in_every_task(spark: Any, tmp_path: Path) -
         assert ids(load(props, "events")) == Counter(src.good), entry
         assert letter_keys(props) == src.letters, entry
         by_batch = Counter(r["batch_id"] for r in letters(props))
-        assert by_batch[0] == 20, entry  # batch 0: every row a dead letter; the table records the batch, empty
-        events = load(props, "events")
-        assert [s["batch_id"] for s in lakesink_snapshots(events)] == [1]
-        assert lakesink_snapshots(events)[0]["summary"]["lakesink.previous-batch-id"] == "0"
+        assert by_batch[0] == 20, entry  # batch 0: every row a dead letter; the table records the batch without a file
+        snaps = lakesink_snapshots(load(props, "events"))
+        assert [(s["batch_id"], s["summary"]["lakesink.dead-letters"]) for s in snaps] == [(0, "20"), (1, str(by_batch[1]))]
+        assert snaps[0]["summary"].get("added-records", "0") == "0"
 
 
 def _job(props: dict[str, str], src: Path, ck: Path, entry: str, *extra: str) -> subprocess.CompletedProcess[str]:
