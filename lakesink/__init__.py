@@ -38,6 +38,7 @@ from lakesink.errors import (
     SchemaMismatchError,
     TableIdentityChangedError,
     TableLocationError,
+    TooManyRejectedError,
     UpsertKeyError,
 )
 
@@ -108,6 +109,7 @@ __all__ = [
     "SnapshotRecord",
     "TableIdentityChangedError",
     "TableLocationError",
+    "TooManyRejectedError",
     "UpsertKeyError",
     "VerifyReport",
     "Violation",

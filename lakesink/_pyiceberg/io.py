@@ -57,7 +57,13 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import DoubleType, IcebergType, ListType, MapType, PrimitiveType
 
 from lakesink.errors import PROGRAMMING_ERRORS, InvalidOptionError
-from lakesink.table.keys import METRICS_COLUMN_PREFIX, METRICS_DEFAULT, METRICS_MAX_INFERRED, METRICS_MAX_INFERRED_DEFAULT
+from lakesink.table.keys import (
+    INDEX_COLUMN,
+    METRICS_COLUMN_PREFIX,
+    METRICS_DEFAULT,
+    METRICS_MAX_INFERRED,
+    METRICS_MAX_INFERRED_DEFAULT,
+)
 from lakesink.table.keys import METRICS_MODE_DEFAULT as _METRICS_DEFAULT_MODE
 from lakesink.table.keys import ROW_GROUP_BYTES as ROW_GROUP_SIZE_BYTES
 from lakesink.table.parquet_layout import dictionary_columns
@@ -539,8 +545,8 @@ def bind_row_filter(expression: str, schema: Schema) -> BooleanExpression:
 def matching_rows(batch: pa.RecordBatch, schema: Schema, row_filter: BooleanExpression) -> pa.BooleanArray:
     """For each row of ``batch`` (columns named as in ``schema``): whether ``row_filter`` (bound by
     :func:`bind_row_filter`) is true for it -- false where it is false or null, as a SQL WHERE."""
-    indexed = pa.Table.from_batches([batch]).append_column("__lakesink_index", pa.array(range(batch.num_rows), pa.int64()))
-    hit = indexed.filter(expression_to_pyarrow(row_filter, schema)).column("__lakesink_index")
+    indexed = pa.Table.from_batches([batch]).append_column(INDEX_COLUMN, pa.array(range(batch.num_rows), pa.int64()))
+    hit = indexed.filter(expression_to_pyarrow(row_filter, schema)).column(INDEX_COLUMN)
     return pc.is_in(pa.array(range(batch.num_rows), pa.int64()), value_set=hit.combine_chunks())
 
 

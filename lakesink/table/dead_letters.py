@@ -49,5 +49,4 @@ INVALID_ROUTE = "invalid-route"
 """Reserved for routed sinks (option ``route-by``): the row's route names no valid table."""
 ERROR_KINDS = (REJECT_WHEN, REQUIRED_NULL, NULL_UPSERT_KEY, INVALID_ROUTE)
 
-REJECT_COLUMN = "__lakesink_reject"
-"""foreach_batch: the boolean column Spark computes from option ``reject-when`` before the rows reach the writer."""
+from lakesink.table.keys import REJECT_COLUMN as REJECT_COLUMN  # noqa: E402 (re-exported beside the error kinds)

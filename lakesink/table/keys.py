@@ -174,6 +174,11 @@ ROW_COLUMN = "__lakesink_row"
 """A row's position, while a batch or a rewritten file is resolved to one row per key."""
 TOP_COLUMN = "__lakesink_top"
 """The greatest ``order-by`` value of a key, while a batch is resolved to one row per key."""
+REJECT_COLUMN = "__lakesink_reject"
+"""foreach_batch with option reject-when: the boolean column Spark computes from it before the rows reach the writer
+(lakesink.executor.dead_letters)."""
+INDEX_COLUMN = "__lakesink_index"
+"""A row's position in a batch, while an expression is evaluated on it (lakesink._pyiceberg.io.matching_rows)."""
 COUNT_COLUMN = "__lakesink_rows"
 """The number of rows of a key, while a batch is resolved to one row per key (in Spark)."""
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -308,3 +309,31 @@ def test_sigkill_at_each_point_leaves_both_tables_or_neither(catalog_properties:
         commit(r, 1, [write(r, 1, [row(2), *BAD[:2]], task=0, attempt=5), write(r, 1, [row(3), *BAD[2:]], task=1, attempt=5)])
     assert ids(r.load()) == Counter([1, 2, 3])
     assert letter_ids(r) == EXPECTED_LETTERS
+
+
+def test_reject_when_outside_icebergs_expression_subset_fails_at_query_start(catalog_properties: dict[str, str]) -> None:
+    from lakesink.driver.dead_letters import check_reject_when
+
+    c = make(catalog_properties)
+    plan = c.write_plan(c.load(), Q)
+    stream = batch([]).schema
+    for supported in ("amount < 0", "name is null or amount >= 100", "name in ('a', 'b') and not amount > 3", "NAME = 'x'"):
+        check_reject_when(replace(c.options, reject_when=supported), stream, plan)
+    for unsupported, said in (("length(name) > 3", "cannot be evaluated by format('lakesink')"), ("nope > 1", "nope")):
+        with pytest.raises(InvalidOptionError, match="reject-when") as e:
+            check_reject_when(replace(c.options, reject_when=unsupported), stream, plan)
+        assert said in str(e.value) and "foreach_batch" in str(e.value)
+
+
+def test_a_null_upsert_key_is_a_dead_letter_on_the_arrow_path(catalog_properties: dict[str, str]) -> None:
+    """format("lakesink") resolves upserts in its tasks: a null key is sorted out before the resolution."""
+    from lakesink.executor.upsert_task import UpsertSpec
+
+    c = make(catalog_properties, upsert_key=("id",), reject_when="amount < 0")
+    plan = replace(c.write_plan(c.load(), Q), upsert=UpsertSpec(("id",), None, None))
+    rows = [row(1), row(2), {**row(3), "id": None}, row(4, amount=-1.0)]
+    result = TaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0).write([batch(rows)])
+    commit(c, 0, [result])
+    assert ids(c.load()) == Counter([1, 2])
+    got = Counter((r["error"], r["column"], json.loads(r["row"])["name"]) for r in letters(c))
+    assert got == Counter([(dl.NULL_UPSERT_KEY, "id", "n3"), (dl.REJECT_WHEN, None, "n4")])
