@@ -17,6 +17,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, StructType
 
+import lakesink
 from lakesink.driver import catalogs
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, EXECUTOR_BEFORE_RETURN
 from lakesink.table import dead_letters as dl
@@ -211,3 +212,49 @@ def test_a_poison_row_that_crashes_a_worker_fails_the_batch_without_dead_letters
     assert "Python worker exited unexpectedly" in run.stderr or "crashed" in run.stderr, run.stderr[-3000:]
     assert load(props, "events").current_snapshot() is None
     assert letters(props) == []  # not a data error: no dead letter
+
+
+def test_null_upsert_keys_are_dead_letters_on_both_entry_points(spark: Any, tmp_path: Path) -> None:
+    """With upsert-key: a null key or a rejected row is a dead letter; the other rows upsert as usual (batch 1 updates
+    a key of batch 0). foreach_batch takes them out before Spark resolves the batch, format("lakesink")'s tasks before
+    they resolve theirs: the same tables."""
+    src = tmp_path / "input"
+    src.mkdir()
+    batches_in = [
+        [{"id": i, "user": f"a{i}", "amount": float(i)} for i in range(1, 6)]
+        + [{"id": None, "user": "null-key-0", "amount": 1.0}, {"id": 9, "user": "negative-0", "amount": -1.0}],
+        [{"id": 2, "user": "a2-updated", "amount": 20.0}, {"id": None, "user": "null-key-1", "amount": -3.0}],
+    ]
+    for n, rows in enumerate(batches_in):
+        path = src / f"part-{n}.json"
+        path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
+    got = {}
+    for entry in ("format", "foreach"):
+        props = catalog(tmp_path, entry)
+        df = spark.readStream.schema("id long, user string, amount double").option("maxFilesPerTrigger", 1).json(str(src))
+        options = {"upsert-key": "id", "dead-letter-table": "db.dead", "reject-when": job.REJECT_WHEN}
+        if entry == "format":
+            w = df.writeStream.format("lakesink").option("table", "db.events")
+            for k, v in {**options, **{f"catalog.{k}": v for k, v in props.items()}}.items():
+                w = w.option(k, v)
+        else:
+            sink: Any = lakesink.foreach_batch(
+                "db.events", catalog_properties=props, **{k.replace("-", "_"): v for k, v in options.items()}
+            )
+            w = df.writeStream.foreachBatch(sink)
+        q = w.option("checkpointLocation", str(tmp_path / f"ck-{entry}")).trigger(availableNow=True).start()
+        q.awaitTermination()
+        table = load(props, "events")
+        rows = sorted((r["id"], r["user"]) for r in table.scan().to_arrow().to_pylist())
+        assert rows == [(1, "a1"), (2, "a2-updated"), (3, "a3"), (4, "a4"), (5, "a5")], entry
+        dead = Counter((json.loads(r["row"])["user"], r["error"], r["column"], r["batch_id"]) for r in letters(props))
+        assert dead == Counter(
+            [
+                ("null-key-0", dl.NULL_UPSERT_KEY, "id", 0),
+                ("negative-0", dl.REJECT_WHEN, None, 0),
+                ("null-key-1", dl.REJECT_WHEN, None, 1),  # both errors: reject-when is checked first
+            ]
+        ), entry
+        got[entry] = Counter((r["error"], r["column"], r["message"], r["row"], r["batch_id"]) for r in letters(props))
+    assert got["format"] == got["foreach"]
