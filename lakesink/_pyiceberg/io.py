@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyiceberg.avro.decoder import new_decoder
 from pyiceberg.avro.reader import DoubleReader
@@ -545,9 +546,10 @@ def bind_row_filter(expression: str, schema: Schema) -> BooleanExpression:
 def matching_rows(batch: pa.RecordBatch, schema: Schema, row_filter: BooleanExpression) -> pa.BooleanArray:
     """For each row of ``batch`` (columns named as in ``schema``): whether ``row_filter`` (bound by
     :func:`bind_row_filter`) is true for it -- false where it is false or null, as a SQL WHERE."""
-    indexed = pa.Table.from_batches([batch]).append_column(INDEX_COLUMN, pa.array(range(batch.num_rows), pa.int64()))
-    hit = indexed.filter(expression_to_pyarrow(row_filter, schema)).column(INDEX_COLUMN)
-    return pc.is_in(pa.array(range(batch.num_rows), pa.int64()), value_set=hit.combine_chunks())
+    verdict = ds.dataset(pa.Table.from_batches([batch])).to_table(
+        columns={INDEX_COLUMN: expression_to_pyarrow(row_filter, schema)}
+    )
+    return pc.fill_null(verdict.column(INDEX_COLUMN).combine_chunks(), False)
 
 
 # --- column metrics: Iceberg Java's inferred-column limit (executor side) -------------------------------

@@ -178,7 +178,7 @@ REJECT_COLUMN = "__lakesink_reject"
 """foreach_batch with option reject-when: the boolean column Spark computes from it before the rows reach the writer
 (lakesink.executor.dead_letters)."""
 INDEX_COLUMN = "__lakesink_index"
-"""A row's position in a batch, while an expression is evaluated on it (lakesink._pyiceberg.io.matching_rows)."""
+"""The verdict column of an expression evaluated on a batch (lakesink._pyiceberg.io.matching_rows)."""
 COUNT_COLUMN = "__lakesink_rows"
 """The number of rows of a key, while a batch is resolved to one row per key (in Spark)."""
 
