@@ -220,7 +220,7 @@ def test_null_upsert_keys_are_dead_letters_on_both_entry_points(spark: Any, tmp_
     they resolve theirs: the same tables."""
     src = tmp_path / "input"
     src.mkdir()
-    batches_in = [
+    batches_in: list[list[dict[str, Any]]] = [
         [{"id": i, "user": f"a{i}", "amount": float(i)} for i in range(1, 6)]
         + [{"id": None, "user": "null-key-0", "amount": 1.0}, {"id": 9, "user": "negative-0", "amount": -1.0}],
         [{"id": 2, "user": "a2-updated", "amount": 20.0}, {"id": None, "user": "null-key-1", "amount": -3.0}],
@@ -229,7 +229,7 @@ def test_null_upsert_keys_are_dead_letters_on_both_entry_points(spark: Any, tmp_
         path = src / f"part-{n}.json"
         path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
         os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
-    got = {}
+    got: dict[str, Any] = {}
     for entry in ("format", "foreach"):
         props = catalog(tmp_path, entry)
         df = spark.readStream.schema("id long, user string, amount double").option("maxFilesPerTrigger", 1).json(str(src))
@@ -240,14 +240,14 @@ def test_null_upsert_keys_are_dead_letters_on_both_entry_points(spark: Any, tmp_
                 w = w.option(k, v)
         else:
             sink: Any = lakesink.foreach_batch(
-                "db.events", catalog_properties=props, **{k.replace("-", "_"): v for k, v in options.items()}
+                "db.events", catalog_properties=props, upsert_key="id", dead_letter_table="db.dead", reject_when=job.REJECT_WHEN
             )
             w = df.writeStream.foreachBatch(sink)
         q = w.option("checkpointLocation", str(tmp_path / f"ck-{entry}")).trigger(availableNow=True).start()
         q.awaitTermination()
         table = load(props, "events")
-        rows = sorted((r["id"], r["user"]) for r in table.scan().to_arrow().to_pylist())
-        assert rows == [(1, "a1"), (2, "a2-updated"), (3, "a3"), (4, "a4"), (5, "a5")], entry
+        kept = sorted((r["id"], r["user"]) for r in table.scan().to_arrow().to_pylist())
+        assert kept == [(1, "a1"), (2, "a2-updated"), (3, "a3"), (4, "a4"), (5, "a5")], entry
         dead = Counter((json.loads(r["row"])["user"], r["error"], r["column"], r["batch_id"]) for r in letters(props))
         assert dead == Counter(
             [
