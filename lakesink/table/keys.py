@@ -60,6 +60,11 @@ SUMMARY_DEAD_LETTER_TABLE = "lakesink.dead-letter-table"
 SUMMARY_DEAD_LETTER_SINK = "lakesink.dead-letter-sink"
 """Option ``dead-letter-table``: the sink id the batch's dead letters are committed under in the dead-letter table
 (its summary's ``lakesink.sink-id``), so that ``lakesink verify`` finds them."""
+SUMMARY_BATCH_TABLES = "lakesink.batch-tables"
+"""Option ``route-by``: how many tables the batch wrote (every table's snapshot of the batch carries it)."""
+SUMMARY_BATCH_TABLES_DIGEST = "lakesink.batch-tables-digest"
+"""Option ``route-by``: the digest of the names of the tables the batch wrote (lakesink.table.routes.tables_digest):
+with the count, a reader of the catalog tells whether it found the batch in every table it wrote."""
 ICEBERG_QUERY_ID = "spark.sql.streaming.queryId"
 """The key Iceberg's own Spark sink writes the query id under, for engines and tools that already know it."""
 ICEBERG_EPOCH_ID = "spark.sql.streaming.epochId"
