@@ -354,7 +354,14 @@ class SinkOptions:
         if catalog_name is not None and not catalog_name.strip():
             raise InvalidOptionError(f"option '{CATALOG}' must not be empty")
         upsert_key, delete_when, order_by = _parse_upsert(lowered, mode)
-        dead_letter_table, reject_when, max_rejected = _parse_dead_letters(lowered, lowered.get(TABLE, ''))
+        dead_letter_table, reject_when, max_rejected = _parse_dead_letters(lowered, lowered.get(TABLE, ""))
+        if routing is not None and dead_letter_table is not None:
+            # the routed writer (lakesink.executor.routed_writer) does not sort rows yet: refused, never ignored
+            raise InvalidOptionError(
+                f"option '{DEAD_LETTER_TABLE}' cannot be combined with option '{ROUTE_BY}' yet: a routed sink's rows are "
+                "not sorted into dead letters (an invalid route fails the batch); use one sink per table with "
+                f"'{DEAD_LETTER_TABLE}', or route without it"
+            )
         return cls(
             table=ROUTED if routing is not None else TableName.parse(lowered[TABLE]),
             routing=routing,

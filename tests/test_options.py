@@ -257,3 +257,8 @@ def test_event_time_names_one_column() -> None:
     for bad in ("", "a,b"):
         with pytest.raises(InvalidOptionError, match="option 'event-time' must name one column"):
             SinkOptions.from_mapping({"table": "db.t", "event-time": bad})
+
+
+def test_dead_letters_are_refused_with_route_by_not_ignored() -> None:
+    with pytest.raises(InvalidOptionError, match="'dead-letter-table' cannot be combined with option 'route-by'"):
+        SinkOptions.from_mapping({"route-by": "dest", "dead-letter-table": "db.dead"})

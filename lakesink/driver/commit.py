@@ -263,6 +263,7 @@ class TableCommitter(SinkTable):
         source_offsets: str | None,
         run_id: str | None,
         unit: Mapping[str, str],
+        batch_time: BatchTime | None = None,
     ) -> _BatchAction:
         """This table's action in a batch of several tables (``table``: as read for the first attempt): the batch's
         files appended (its snapshot records ``unit``), or, when every task found the batch in this table already
@@ -276,6 +277,7 @@ class TableCommitter(SinkTable):
             commit_id=uuid.uuid4().hex,
             started=time.monotonic(),
             unit=unit,
+            time=batch_time,
         )
         if results and all(r.replay_skipped for r in results):
             return ReplayFoundAtPlan(self, table, batch)

@@ -192,8 +192,9 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
     tables it has not opened: lakesink.executor.routed_writer), or of a commit worker's commits and aborts."""
     assert options.checkpoint_location
     stream_schema = arrow_schema_of(schema)
+    has_watermark = completeness.watermarked(schema)
     if _pyspark.in_streaming_sink_runner():
-        return LakesinkStreamWriter(None, RoutedStreamCommits(options, stream_schema))
+        return LakesinkStreamWriter(None, RoutedStreamCommits(options, stream_schema, has_watermark=has_watermark))
     routed = RoutedCommitter(options, stream_schema, post_commit=auto_maintenance)
     if routed.template() is None:
         raise InvalidOptionError(
@@ -203,18 +204,26 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
         )
     query_id = read_query_id(options.checkpoint_location)
     plan = routed.routed_plan(routed.written_plans(query_id), query_id, template=True)
-    return LakesinkStreamWriter(plan, RoutedStreamCommits(options, stream_schema, routed))
+    return LakesinkStreamWriter(plan, RoutedStreamCommits(options, stream_schema, routed, has_watermark=has_watermark))
 
 
 class RoutedStreamCommits:
     """The driver side of a routed writer's batches (option route-by): Spark's ``commit()`` and ``abort()``."""
 
-    def __init__(self, options: SinkOptions, stream_schema: pa.Schema, routed: RoutedCommitter | None = None):
+    def __init__(
+        self,
+        options: SinkOptions,
+        stream_schema: pa.Schema,
+        routed: RoutedCommitter | None = None,
+        *,
+        has_watermark: bool = False,
+    ):
         assert options.checkpoint_location
         self._options = options
         self._checkpoint = options.checkpoint_location
         self._schema = stream_schema
         self._routed = routed
+        self._has_watermark = has_watermark
 
     def _driver(self) -> RoutedCommitter:
         if self._routed is None:
@@ -237,6 +246,7 @@ class RoutedStreamCommits:
                 results=results,
                 source_offsets=read_source_offsets(self._checkpoint, batch_id),
                 run_id=run,
+                batch_time=completeness.batch_time(self._options, self._checkpoint, batch_id, has_watermark=self._has_watermark),
             )
 
     def abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:

@@ -356,7 +356,12 @@ class ForeachBatchSink:
             results = [pickle.loads(r[0]) for r in df.mapInArrow(writer, TASK_RESULT_SCHEMA).collect()]
         try:
             return routed.commit_batch(
-                query_id=query_id, batch_id=batch_id, results=results, source_offsets=offsets, run_id=run_id
+                query_id=query_id,
+                batch_id=batch_id,
+                results=results,
+                source_offsets=offsets,
+                run_id=run_id,
+                batch_time=self._batch_time(spark, df, query_id, batch_id),
             )
         except BaseException:
             try:

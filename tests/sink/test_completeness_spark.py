@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import functions as F
 
 import lakesink
 from lakesink.audit.completeness import table_watermark
+from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.table.keys import (
     SUMMARY_EVENT_TIME_MAX,
@@ -113,3 +115,37 @@ def test_a_watermark_moved_back_by_a_restart_stays_and_the_batch_says_why(
     assert int(last["summary"][SUMMARY_WATERMARK]) == recorded
     assert last["summary"][SUMMARY_SPARK_WATERMARK] == str(recorded - 7_200_000)
     assert "never moves back" in last["summary"][SUMMARY_WATERMARK_NOTE]
+
+
+@pytest.mark.parametrize("entry", ["format", "foreach"])
+def test_a_routed_sink_records_the_watermark_in_every_table(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """Option route-by: every table's snapshot of a batch carries the batch's watermark (one unit, one watermark)."""
+    s = Stream(spark, tmp_path, catalog_properties, entry)
+    s.add_input(files=3, rows_per_file=20)
+    df = s.spark.readStream.schema(s.ddl).option("maxFilesPerTrigger", 1).json(str(s.src)).withWatermark("ts", "1 hour")
+    df = df.withColumn("route", F.concat(F.lit("db.r"), (F.col("id") % 2).cast("string")))
+    if entry == "format":
+        w = df.writeStream.format("lakesink").option("route-by", "route").option("event-time", "ts")
+        for k, v in s.props.items():
+            w = w.option(f"catalog.{k}", v)
+    else:
+        sink: Any = lakesink.foreach_batch(route_by="route", catalog_properties=s.props, event_time="ts")
+        w = df.writeStream.foreachBatch(sink)
+    q = w.option("checkpointLocation", str(s.ck)).trigger(availableNow=True).start()
+    try:
+        q.awaitTermination()
+    finally:
+        q.stop()
+    catalog = catalogs.load(None, s.props)
+    by_table = {}
+    for name in ("r0", "r1"):
+        snaps = lakesink_snapshots(catalog.load_table(("db", name)))
+        by_table[name] = {x["batch_id"]: x["summary"] for x in snaps}
+        assert sorted(by_table[name]) == [0, 1, 2]
+    for batch in (0, 1, 2):
+        spark_wm = json.loads((s.ck / "offsets" / str(batch)).read_text().splitlines()[1])["batchWatermarkMs"]
+        assert [int(by_table[n][batch][SUMMARY_WATERMARK]) for n in ("r0", "r1")] == [spark_wm, spark_wm]
+        assert all(SUMMARY_EVENT_TIME_MAX in by_table[n][batch] for n in ("r0", "r1"))
+    assert spark_wm > 0
