@@ -144,8 +144,11 @@ def test_a_routed_sink_records_the_watermark_in_every_table(
         snaps = lakesink_snapshots(catalog.load_table(("db", name)))
         by_table[name] = {x["batch_id"]: x["summary"] for x in snaps}
         assert sorted(by_table[name]) == [0, 1, 2]
+    newest = {"r0": 0, "r1": 0}
     for batch in (0, 1, 2):
         spark_wm = json.loads((s.ck / "offsets" / str(batch)).read_text().splitlines()[1])["batchWatermarkMs"]
-        assert [int(by_table[n][batch][SUMMARY_WATERMARK]) for n in ("r0", "r1")] == [spark_wm, spark_wm]
-        assert all(SUMMARY_EVENT_TIME_MAX in by_table[n][batch] for n in ("r0", "r1"))
+        for n in ("r0", "r1"):
+            newest[n] = max(newest[n], int(by_table[n][batch][SUMMARY_EVENT_TIME_MAX]))
+            # Spark's watermark of the whole stream, never past the newest event time this table holds
+            assert int(by_table[n][batch][SUMMARY_WATERMARK]) == min(spark_wm, newest[n]), (n, batch)
     assert spark_wm > 0
