@@ -43,6 +43,12 @@ SCHEMA = pa.schema(
 )
 
 
+@pytest.fixture
+def catalog_properties(any_catalog_properties: dict[str, str]) -> dict[str, str]:
+    """Every test runs on a SQLite catalog and on a PostgreSQL catalog (one database transaction per unit on both)."""
+    return any_catalog_properties
+
+
 def row(i: int, **bad: Any) -> dict[str, Any]:
     r: dict[str, Any] = {"id": i, "name": f"n{i}", "address": {"city": "c", "zip": None}, "tags": ["t"], "amount": 1.0 * i}
     r.update(bad)
