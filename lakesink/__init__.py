@@ -39,6 +39,7 @@ from lakesink.errors import (
     SchemaMismatchError,
     TableIdentityChangedError,
     TableLocationError,
+    TooManyRejectedError,
     UpsertKeyError,
 )
 
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
         resolve,
         verify,
     )
+    from lakesink.audit.completeness import TableWatermark, WaitResult, table_watermark, wait_for_watermark
     from lakesink.driver.catalogs import lakesink_home
     from lakesink.driver.commit import BatchOutcome, Outcome
     from lakesink.maintenance.compaction import compact
@@ -109,6 +111,7 @@ __all__ = [
     "SnapshotRecord",
     "TableIdentityChangedError",
     "TableLocationError",
+    "TooManyRejectedError",
     "UpsertKeyError",
     "VerifyReport",
     "Violation",
@@ -124,6 +127,10 @@ __all__ = [
     "remove_orphan_files",
     "resolve",
     "verify",
+    "TableWatermark",
+    "WaitResult",
+    "table_watermark",
+    "wait_for_watermark",
 ]
 
 # The public names, imported on first use (PEP 562). Spark's Python workers import this package
@@ -150,6 +157,7 @@ _LAZY = {
         ),
         "lakesink.audit",
     ),
+    **dict.fromkeys(("TableWatermark", "WaitResult", "table_watermark", "wait_for_watermark"), "lakesink.audit.completeness"),
     "lakesink_home": "lakesink.driver.catalogs",
     "LakesinkDataSource": "lakesink.sink.datasource",
     "BatchOutcome": "lakesink.driver.commit",

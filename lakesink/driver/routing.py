@@ -35,6 +35,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink.driver import catalogs, swap
 from lakesink.driver.action import CommitAction
 from lakesink.driver.commit import BatchOutcome, CommitHook, Outcome, TableCommitter
+from lakesink.driver.completeness import BatchTime
 from lakesink.driver.swap import RetriesExhausted
 from lakesink.driver.tables import SinkTable, creation_properties
 from lakesink.errors import (
@@ -322,8 +323,10 @@ class RoutedCommitter:
         results: Sequence[RoutedTaskResult],
         source_offsets: str | None,
         run_id: str | None = None,
+        batch_time: BatchTime | None = None,
     ) -> RoutedOutcome:
-        """Commit a routed batch: every table it wrote, as one unit (see the module's docstring)."""
+        """Commit a routed batch: every table it wrote, as one unit (see the module's docstring). ``batch_time``: the
+        batch's watermark (and event-time column), recorded in every table's commit (lakesink.driver.completeness)."""
         by_table: dict[str, list[TaskResult]] = {}
         templated: set[str] = set()
         for r in results:
@@ -335,7 +338,7 @@ class RoutedCommitter:
         names = sorted(by_table)
         routes = self.routes(names, batch_id)
         if not names:
-            return self._commit_empty(query_id, batch_id, source_offsets, run_id)
+            return self._commit_empty(query_id, batch_id, source_offsets, run_id, batch_time)
         unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
         actions: list[tuple[TableCommitter, CommitAction]] = []
         # the tables planned for this batch, read in one catalog query (SQL catalogs)
@@ -357,6 +360,7 @@ class RoutedCommitter:
                         source_offsets=source_offsets,
                         run_id=run_id,
                         unit=unit,
+                        batch_time=batch_time,
                     ),
                 )
             )
@@ -394,7 +398,9 @@ class RoutedCommitter:
                 c.hook.after_commit()
         return RoutedOutcome(batch_id, outcomes)
 
-    def _commit_empty(self, query_id: str, batch_id: int, source_offsets: str | None, run_id: str | None) -> RoutedOutcome:
+    def _commit_empty(
+        self, query_id: str, batch_id: int, source_offsets: str | None, run_id: str | None, batch_time: BatchTime | None = None
+    ) -> RoutedOutcome:
         """A batch that routed no row: its marker moves in the tables of the sink's previous batch in this run (a
         marker-only commit each), so that their next snapshot tells an empty batch from a lost one."""
         if not self._last_tables:
@@ -415,6 +421,7 @@ class RoutedCommitter:
                         source_offsets=source_offsets,
                         run_id=run_id,
                         unit={},
+                        batch_time=batch_time,
                     ),
                 )
             )
