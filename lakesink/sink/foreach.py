@@ -46,7 +46,7 @@ from lakesink.options import (
     SinkOptions,
     WriterKind,
 )
-from lakesink.sink import spark_fs, spark_write, upsert_batch
+from lakesink.sink import driver_write, spark_fs, spark_write, upsert_batch
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 from lakesink.table import storage
 from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
@@ -98,9 +98,11 @@ def foreach_batch(
         merge_schema: add new stream columns to the table and widen its column types (int to long,
             float to double, decimal precision) in the same atomic commit as the batch's data.
         branch: the branch batches commit to (write-audit-publish; created from ``main`` when missing).
-        writer: ``"auto"`` (Spark's own Parquet writer when the table allows it, else the Arrow path),
-            ``"spark"`` (Spark's writer; a table it cannot write fails the batch) or ``"arrow"`` (rows
-            through Python workers, written with pyarrow). See docs/write-paths.md.
+        writer: ``"auto"`` (a small batch -- the run's previous one held at most 10,000 rows -- written on the
+            driver, else Spark's own Parquet writer when the table allows it, else the Arrow path), ``"spark"``
+            (Spark's writer; a table it cannot write fails the batch), ``"arrow"`` (rows through Python workers,
+            written with pyarrow) or ``"driver"`` (every batch collected as Arrow and written on the driver). See
+            docs/write-paths.md.
         sink_id: needed only when one query writes this table through several sinks (two lakesink calls in
             one foreachBatch function, e.g. two filters of the batch, or main and an audit branch): each sink
             gets its own id and is exactly-once on its own. Keep it stable across restarts.
@@ -160,6 +162,7 @@ class ForeachBatchSink:
         self._run: str | None = None  # the query run the table was opened for
         self._table_uuid: str | None = None  # the table's uuid when this run opened it
         self._bytes_per_row: float | None = None  # of the last batch the Spark path wrote (to size its files)
+        self._last_rows: int | None = None  # rows of this run's last batch written (writer=auto: small -> the driver)
 
     def __repr__(self) -> str:
         return f"ForeachBatchSink({self.options!r})"
@@ -172,7 +175,7 @@ class ForeachBatchSink:
         committer = self._committer
         run_id = self._run_id(spark)
         if run_id != self._run:  # a new run of the query (or the first): open the table afresh
-            self._run, self._opened, self._table_uuid = run_id, None, None
+            self._run, self._opened, self._table_uuid, self._last_rows = run_id, None, None, None
         stream_schema = arrow_schema_of(df.schema)
         if self._opened is None or not self._opened.equals(stream_schema):
             table = committer.open_table(stream_schema)  # first batch (or a new stream schema): all checks
@@ -216,10 +219,13 @@ class ForeachBatchSink:
             reason = spark_fs.unwritable_reason(spark, plan.data_prefix)  # e.g. s3a:// without hadoop-aws
         if self.options.writer is WriterKind.SPARK and reason is not None:
             raise InvalidOptionError(f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'")
-        if self.options.writer is WriterKind.ARROW or reason is not None:
+        directory = None
+        collected = driver_write.collect(df) if self._on_driver() else None  # None: not small, or too large to collect
+        if collected is not None:
+            results = [driver_write.write_batch(collected, plan, batch_id=batch_id, run_id=run_id)]
+        elif self.options.writer is WriterKind.ARROW or reason is not None:
             rows = df.mapInArrow(PartitionWriter(plan, batch_id, run_id), TASK_RESULT_SCHEMA).collect()
             results = [pickle.loads(r[0]) for r in rows]
-            directory = None
         else:
             written = spark_write.write_batch(
                 df, plan, batch_id=batch_id, max_records_per_file=self._max_records_per_file(plan), run_id=run_id
@@ -236,6 +242,7 @@ class ForeachBatchSink:
             )
             if written.record_count:
                 self._bytes_per_row = written.size_in_bytes / written.record_count
+        self._last_rows = sum(r.record_count for r in results)
         try:
             return committer.commit_batch(
                 query_id=query_id,
@@ -291,6 +298,14 @@ class ForeachBatchSink:
                 "it must be the same folder as the query's checkpointLocation option"
             )
         return query_id
+
+    def _on_driver(self) -> bool:
+        """Write this batch on the driver (lakesink.sink.driver_write)? ``writer="driver"``, or ``auto`` after a batch of
+        this run with at most SMALL_BATCH_ROWS rows (the first batch of a run, often a backlog, is not collected)."""
+        if self.options.writer is WriterKind.DRIVER:
+            return True
+        small = self._last_rows is not None and self._last_rows <= driver_write.SMALL_BATCH_ROWS
+        return self.options.writer is WriterKind.AUTO and small
 
     def _max_records_per_file(self, plan: WritePlan) -> int:
         """Spark rolls files by row count only: the target file size over the last batch's bytes per row (0: no limit)."""
