@@ -39,6 +39,18 @@ class CatalogUnavailableError(CatalogError):
     retryable = True
 
 
+class CatalogPermissionError(CatalogError):
+    """The catalog refused a commit for lack of permission (REST 403, or 401 after a token refresh; AWS
+    ``AccessDenied``): sending it again with the same credentials cannot help, so it is not retried.
+
+    Nothing of the commit landed (the table was read to make sure). The message names the catalog's refusal and what
+    to do: give the catalog principal the privilege, or stop lakesink from making that commit (e.g. leave snapshot
+    expiry to a catalog that keeps history by its own retention).
+    """
+
+    retryable = False
+
+
 class TableLocationError(LakesinkError):
     """The table's location or data path is unsafe to write to (see :mod:`lakesink.table.locations`)."""
 
@@ -147,3 +159,8 @@ class AuditError(LakesinkError):
 
 class PublishRefusedError(LakesinkError):
     """``publish`` refused to move ``main``: the branch failed verification or ``main`` is not its ancestor."""
+
+
+class RoutingError(LakesinkError):
+    """Option ``route-by``: a row's routing value names no table lakesink may write (null, empty, invalid), or two
+    values of one batch name one table. The message names the value and the batch; nothing was committed."""

@@ -11,7 +11,7 @@ against pyiceberg 0.12.
   corrections of pyiceberg's float/double bugs in manifests;
 - :mod:`lakesink._pyiceberg.commit`: driver side: prepared commits for one compare-and-swap, the SQL catalog's
   swap and reload, schema evolution, the maintenance snapshot producers (replace, expire, manifest rewrite, the
-  refs an expiry dropped put back), one-request commits (``staged``/``commit_once``) and the REST catalog's
+  refs an expiry dropped put back), metadata-only commits (``prepare_staged``) and the REST catalog's
   request timeout.
 
 This ``__init__`` imports nothing: an executor importing the io part never loads the commit part (nor SQLAlchemy).

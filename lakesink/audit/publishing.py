@@ -10,7 +10,9 @@ from pyiceberg.table.snapshots import ancestors_of
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink.audit.invariants import VerifyReport, verify
-from lakesink.errors import AuditError, PublishRefusedError
+from lakesink.driver import swap
+from lakesink.driver.action import CommitAction, Landing
+from lakesink.errors import AuditError, CommitConflictError, PublishRefusedError
 from lakesink.table.keys import MAIN_BRANCH
 
 
@@ -53,7 +55,41 @@ def publish(table: Table, *, branch: str, force: bool = False, show_progress: bo
         )
     if problems and not force:
         raise PublishRefusedError("publish refused (--force publishes anyway): " + "; ".join(problems))
-    tx = seam_commit.staged(table)  # one commit request, never pyiceberg's retry loop
-    seam_commit.manage_snapshots(tx).set_current_snapshot(snapshot_id=target.snapshot_id).commit()
-    seam_commit.commit_once(tx)
+    action = _Publish(table, branch, target.snapshot_id, force=force)
+    try:
+        swap.run(action)
+    except swap.RetriesExhausted as e:
+        raise CommitConflictError(f"{action.what}: {e.attempts} attempt(s) {e.describe()}; main was not moved") from e
     return PublishResult(branch, main.snapshot_id if main else None, target.snapshot_id, bool(problems), report)
+
+
+class _Publish(CommitAction):
+    """Moving ``main`` to the verified head of a branch, as a commit action: every attempt checks on the table as read
+    then that it is still a fast-forward (``main``'s head an ancestor of the target; not with ``force``), and its swap
+    asserts that head (a commit to ``main`` in between is a conflict, checked again, never lost)."""
+
+    def __init__(self, table: Table, branch: str, target: int, *, force: bool):
+        super().__init__(table, f"publish of branch {branch!r} of {'.'.join(table.name())} to main")
+        self.branch = branch
+        self.target = target
+        self.force = force
+
+    def landed(self, table: Table) -> Landing | None:
+        main = table.metadata.snapshot_by_name(MAIN_BRANCH)
+        return Landing(mine=True, snapshot_id=self.target) if main is not None and main.snapshot_id == self.target else None
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        main = table.metadata.snapshot_by_name(MAIN_BRANCH)
+        target = table.metadata.snapshot_by_id(self.target)
+        if target is None:
+            raise PublishRefusedError(f"{self.what}: snapshot {self.target} was removed meanwhile (snapshot expiry?)")
+        behind = main is None or main.snapshot_id in {s.snapshot_id for s in ancestors_of(target, table.metadata)}
+        if not self.force and not behind:
+            assert main is not None
+            raise PublishRefusedError(
+                f"{self.what} refused (--force publishes anyway): main moved to {main.snapshot_id} while publishing, a "
+                f"commit the branch's head {self.target} does not have; a fast-forward would drop it"
+            )
+        return seam_commit.prepare_staged(
+            table, lambda tx: seam_commit.manage_snapshots(tx).set_current_snapshot(snapshot_id=self.target).commit()
+        )

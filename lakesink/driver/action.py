@@ -84,3 +84,11 @@ class CommitAction(abc.ABC):
     def redact(self, error: BaseException) -> str:
         """``error`` as it may be logged (a maintenance commit says only its type)."""
         return type(error).__name__
+
+    def permission_advice(self) -> str:
+        """What to do when the catalog refuses this commit for lack of permission (the end of the error's message)."""
+        return (
+            f"give the principal lakesink's catalog connection uses the privilege to commit to table {self.name} "
+            "(a REST catalog: its table write/commit privilege; AWS Glue: glue:UpdateTable and glue:GetTable), then "
+            "run again"
+        )

@@ -23,21 +23,23 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.typedef import Identifier
 from pyiceberg.utils.config import Config
 from sqlalchemy import event
 from sqlalchemy.engine import Engine, ExceptionContext
 from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
+from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
 from lakesink._pyiceberg import commit as seam
-from lakesink.errors import PROGRAMMING_ERRORS, CatalogError
+from lakesink.errors import PROGRAMMING_ERRORS, CatalogError, CatalogUnavailableError, LakesinkError, TableIdentityChangedError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table.keys import REQUEST_TIMEOUT, REQUEST_TIMEOUT_DEFAULT
 
@@ -317,3 +319,39 @@ def _prepare_embedded_folders(props: Mapping[str, str]) -> None:
     warehouse = props.get("warehouse", "")
     if warehouse.startswith("file://"):
         Path(warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
+
+
+#: How long a commit attempt's read rides out a locked or unreachable catalog.
+CATALOG_READ_PATIENCE_S = 30.0
+
+
+def read_patiently(
+    load: Callable[[], Table], *, dropped: str, unavailable: str, redact: Callable[[BaseException], str]
+) -> Table:
+    """``load()`` for a commit attempt, riding out a briefly locked or unreachable catalog for up to 30 s.
+
+    A table that is gone raises TableIdentityChangedError(``dropped``); a catalog still failing after 30 s
+    CatalogUnavailableError(``unavailable`` and the error); lakesink's own errors pass through.
+    """
+    retrying = Retrying(
+        stop=stop_after_delay(CATALOG_READ_PATIENCE_S),
+        wait=wait_exponential_jitter(initial=0.2, max=5.0),
+        retry=retry_if_not_exception_type((NoSuchTableError, LakesinkError)),
+        reraise=True,
+    )
+    try:
+        for attempt in retrying:
+            with attempt:
+                return load()
+    except NoSuchTableError:
+        raise TableIdentityChangedError(dropped) from None
+    except LakesinkError:
+        raise
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as e:
+        raise CatalogUnavailableError(
+            f"{unavailable} (tried for {CATALOG_READ_PATIENCE_S:.0f} s: {redact(e)}); nothing was committed; "
+            "restart the query when the catalog is available"
+        ) from None
+    raise AssertionError("unreachable")  # pragma: no cover

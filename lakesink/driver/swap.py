@@ -28,10 +28,23 @@ from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_a
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg.commit import PreparedCommit, refused_by_the_catalog
-from lakesink.driver import catalogs, tables, turns
+from lakesink.driver import catalogs, turns
 from lakesink.driver.action import CommitAction, Landing, Turn
-from lakesink.errors import CommitOutcomeUnknownError, InFlightTooLongError, LakesinkError, UnitNotAtomicError
-from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_CHECK, DRIVER_BEFORE_SWAP, fault_point
+from lakesink.errors import (
+    CatalogPermissionError,
+    CommitOutcomeUnknownError,
+    InFlightTooLongError,
+    LakesinkError,
+    UnitNotAtomicError,
+)
+from lakesink.faults import (
+    DRIVER_AFTER_SWAP,
+    DRIVER_BEFORE_CHECK,
+    DRIVER_BEFORE_SWAP,
+    DRIVER_BETWEEN_TABLE_COMMITS,
+    fault_point,
+)
+from lakesink.redaction import redact_secrets_in
 from lakesink.table import names
 from lakesink.table.markers import CommittedBatch
 from lakesink.table.settings import CommitRetry
@@ -219,10 +232,21 @@ def _all_or_none(
     return outcomes
 
 
+def _permission_error(action: CommitAction, refusal: str) -> CatalogPermissionError:
+    """The loud error of a commit the catalog refused for lack of permission (settled: it did not land)."""
+    catalog = action.table.catalog
+    properties = getattr(catalog, "properties", None) or {}
+    return CatalogPermissionError(
+        f"{action.what}: the catalog {getattr(catalog, 'name', '?')!r} refused the commit for lack of permission "
+        f"({redact_secrets_in(refusal, properties)}); nothing was committed (the table was read to make sure) and it "
+        f"is not retried, since the same request gets the same answer. To fix: {action.permission_advice()}"
+    )
+
+
 def _reload(action: CommitAction) -> Table:
     """The one read of a table for an attempt: its catalog's pointer (parsed again only when it moved), riding out
     a briefly locked or unreachable catalog."""
-    return tables.read_patiently(
+    return catalogs.read_patiently(
         lambda: catalogs.reload(action.table),
         dropped=f"table {action.name} was dropped during the {action.what}; nothing was committed",
         unavailable=f"cannot read table {action.name} from its catalog for the {action.what}",
@@ -267,7 +291,7 @@ def run(action: CommitAction) -> SwapResult:
     return run_unit([action])[0]
 
 
-def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = None) -> list[SwapResult]:
+def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = None, atomic: bool = True) -> list[SwapResult]:
     """Commit every action exactly once: per attempt, read every table, ask each action whether it landed, prepare
     the others and swap them -- as one unit where the catalog can (several tables of one pyiceberg SQL catalog: one
     database transaction, :func:`lakesink._pyiceberg.commit.commits_atomically`), else one table after the other,
@@ -285,7 +309,8 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
 
     ``late_landing``: the catalog may apply a request after having answered it with an error (any catalog reached
     over HTTP: REST, Glue, and database servers); default: :func:`lakesink.driver.catalogs.may_apply_late` of each
-    action's catalog.
+    action's catalog. ``atomic=False``: one table after the other even where the catalog could swap them as one unit
+    (option ``atomic=off``).
     """
     if not actions:
         return []
@@ -355,6 +380,9 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
                     pending[i].settle_on(t)
                     not_landed = True
             if not_landed:
+                refusal = seam_commit.refused_for_permission(e)
+                if refusal is not None:  # the same request with the same credentials gets the same answer: no retry
+                    raise _permission_error(actions[group[0]], refusal) from e
                 refused += 1
                 raise _Conflict(f"commit failed and did not land: {actions[group[0]].redact(e)}") from e
         else:
@@ -389,9 +417,17 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
                         for p in prepared.values():  # failed before the swap: certainly not committed
                             p.discard()
                         raise
-                    together = len(todo) == 1 or seam_commit.commits_atomically([prepared[i] for i in todo])
+                    together = len(todo) == 1 or (atomic and seam_commit.commits_atomically([prepared[i] for i in todo]))
                     groups = [todo] if together else [[i] for i in todo]  # else one table after the other
                     for k, group in enumerate(groups):
+                        try:
+                            if k:
+                                fault_point(DRIVER_BETWEEN_TABLE_COMMITS)
+                        except BaseException:
+                            for later in groups[k:]:  # not swapped: certainly not committed
+                                for i in later:
+                                    prepared[i].discard()
+                            raise
                         try:
                             swap(group, prepared)
                         except BaseException:

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, FloatType, NestedField
@@ -20,12 +20,13 @@ from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wa
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
-from lakesink.driver import catalogs
+from lakesink.driver import catalogs, swap
+from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.driver.schema import SchemaChange, check_writable
 from lakesink.errors import (
     PROGRAMMING_ERRORS,
     CatalogError,
-    CatalogUnavailableError,
+    CommitConflictError,
     InvalidOptionError,
     LakesinkError,
     TableIdentityChangedError,
@@ -43,13 +44,14 @@ T = TypeVar("T")
 
 
 _MAX_SIBLINGS_CHECKED = 500
-_CATALOG_READ_PATIENCE_S = 30.0
 
 
 class SinkTable:
     """The table one lakesink sink writes (one table, one set of options), as the driver sees it."""
 
     def __init__(self, options: SinkOptions):
+        if options.routing is not None:
+            raise AssertionError("a routed sink's options name no table: open each table with options.for_table(...)")
         self.options = options
         self.catalog: Catalog = catalogs.load(options.catalog_name, options.catalog_properties)
         self.table_name = str(options.table)
@@ -87,35 +89,37 @@ class SinkTable:
                 f"Recreate it deliberately (ALTER TABLE {self.table_name} CREATE BRANCH `{branch}`, or pyiceberg's "
                 "manage_snapshots().create_branch(...)) and restart, or write to another branch (option 'branch')"
             )
-        try:
-            head = table.metadata.snapshot_by_name(MAIN_BRANCH)
-            if head is None:
-                # Iceberg writes a branch only from a snapshot: give an empty table an empty snapshot to branch from
-                # (its manifest list named by lakesink, so that the orphan clean-up keeps it while it may land); one
-                # commit request (PreparedCommit.commit), never pyiceberg's retry loop. Nothing is discarded when it
-                # fails: on an HTTP catalog even a 409 does not prove it did not land (lakesink.driver.indoubt); the
-                # named leftovers are the orphan clean-up's
-                seam_commit.prepare_snapshot(
-                    table,
-                    data_files=[],
-                    overwrite=False,
-                    summary={BRANCH_BASE: branch},
-                    properties=lambda _: {},
-                    branch=MAIN_BRANCH,
-                    commit=names.commit_name(names.BRANCH),
-                ).commit()
-                table = catalogs.load_table(self.catalog, self.options.table.identifier)
-                head = table.metadata.snapshot_by_name(MAIN_BRANCH)
-                assert head is not None
-            tx = seam_commit.staged(table)
-            seam_commit.manage_snapshots(tx).create_branch(head.snapshot_id, branch).commit()
-            seam_commit.commit_once(tx)
-            log.info("lakesink: created branch %s of %s at snapshot %s", branch, self.table_name, head.snapshot_id)
-        except CommitFailedException:
-            pass  # created by another query meanwhile
-        return catalogs.load_table(self.catalog, self.options.table.identifier)
+        for action in (_BranchBase(table, branch), _CreateBranch(table, branch)):
+            try:
+                swap.run(action)
+            except swap.RetriesExhausted as e:
+                raise CommitConflictError(f"{action.what}: {e.attempts} attempt(s) {e.describe()}") from e
+            table = catalogs.load_table(self.catalog, self.options.table.identifier)
+        return table
 
-    def _load_or_create(self, stream_schema: pa.Schema) -> Table:
+    def open_routed(
+        self, stream_schema: pa.Schema, *, location: str | None, siblings: Callable[[], list[tuple[str, str]]]
+    ) -> tuple[Table, pa.Schema]:
+        """Option route-by, a table seen for the first time in a run: load it, or create it (and its namespace) at
+        ``location`` with the stream's schema; check the stream's columns the table has (all of them with
+        ``merge-schema``) and its location against ``siblings`` (the other tables of its namespace). Returns the
+        table and the stream schema it takes."""
+        table = self._load_or_create(stream_schema, location=location)
+        columns = self.columns_taken(table, stream_schema)
+        self._check(table, columns)
+        self._check_requested_properties(table)
+        locations.check_no_overlap(self.table_name, table.location(), [s for s in siblings() if s[0] != self.table_name])
+        return self._ensure_branch(table), columns
+
+    def columns_taken(self, table: Table, stream_schema: pa.Schema) -> pa.Schema:
+        """Option route-by: the stream columns this table takes (by name), all of them with ``merge-schema``; a
+        column it lacks must be null in the rows routed to it (lakesink.executor.routed_writer checks)."""
+        if self.options.merge_schema:
+            return stream_schema
+        have = set(table.schema().column_names)
+        return pa.schema([f for f in stream_schema if f.name in have], metadata=stream_schema.metadata)
+
+    def _load_or_create(self, stream_schema: pa.Schema, *, location: str | None = None) -> Table:
         ident = self.options.table.identifier
         try:
             return self._patiently(lambda: catalogs.load_table(self.catalog, ident))
@@ -136,7 +140,9 @@ class SinkTable:
         try:
             self._patiently(lambda: self.catalog.create_namespace_if_not_exists(self.options.table.namespace))
             table = self._patiently(
-                lambda: self.catalog.create_table(ident, schema=schema, partition_spec=spec, properties=properties)
+                lambda: self.catalog.create_table(
+                    ident, schema=schema, partition_spec=spec, properties=properties, location=location
+                )
             )
             log.info("lakesink: created table %s in catalog %r", self.table_name, self.catalog.name)
             return table
@@ -148,18 +154,8 @@ class SinkTable:
             raise CatalogError(f"cannot create table {self.table_name}: {self.redact(e)}") from None
 
     def creation_properties(self) -> dict[str, str]:
-        """The properties of a table lakesink creates (options ``table-property.*`` and ``format-version``),
-        validated first so that a bad value creates no table."""
-        version = self.options.format_version or DEFAULT_FORMAT_VERSION
-        if not seam_commit.writes_format_version(version):
-            raise InvalidOptionError(
-                f"option '{FORMAT_VERSION}' is {version}, but the installed pyiceberg cannot write format version "
-                f"{version} tables (apache/iceberg-python#1551); table {self.table_name} was not created: use "
-                f"'{FORMAT_VERSION}' {DEFAULT_FORMAT_VERSION} (the default)"
-            )
-        properties = {**self.options.table_properties, FORMAT_VERSION: str(version)}
-        TableSettings.parse(self.table_name, properties)
-        return properties
+        """The properties of a table lakesink creates (:func:`creation_properties`)."""
+        return creation_properties(self.options, self.table_name)
 
     def _check_requested_properties(self, table: Table) -> None:
         """An existing table must already have the properties (and format version) the options ask for:
@@ -323,12 +319,10 @@ class SinkTable:
 
     def load_patiently(self, batch_id: int, *, load: Callable[[], Table] | None = None) -> Table:
         """Read the table for a commit of batch ``batch_id``, riding out a briefly locked or unreachable catalog."""
-        return read_patiently(
+        return catalogs.read_patiently(
             load or self.load,
             dropped=f"table {self.table_name} was dropped while batch {batch_id} was written; nothing was committed",
-            unavailable=(
-                f"cannot read table {self.table_name} from catalog {self.catalog.name!r} to commit batch {batch_id}"
-            ),
+            unavailable=(f"cannot read table {self.table_name} from catalog {self.catalog.name!r} to commit batch {batch_id}"),
             redact=self.redact,
         )
 
@@ -337,7 +331,7 @@ class SinkTable:
         file another process is committing to answers "database is locked"); pyiceberg's answers (no such table,
         already exists) and lakesink's errors are not retried."""
         retrying = Retrying(
-            stop=stop_after_delay(_CATALOG_READ_PATIENCE_S),
+            stop=stop_after_delay(catalogs.CATALOG_READ_PATIENCE_S),
             wait=wait_exponential_jitter(initial=0.2, max=5.0),
             retry=retry_if_not_exception_type((NoSuchTableError, TableAlreadyExistsError, LakesinkError)),
             reraise=True,
@@ -363,36 +357,19 @@ class SinkTable:
         return redact_secrets_in(f"{type(e).__name__}: {e}", props)
 
 
-def read_patiently(
-    load: Callable[[], Table], *, dropped: str, unavailable: str, redact: Callable[[BaseException], str]
-) -> Table:
-    """``load()`` for a commit attempt, riding out a briefly locked or unreachable catalog for up to 30 s.
-
-    A table that is gone raises TableIdentityChangedError(``dropped``); a catalog still failing after 30 s
-    CatalogUnavailableError(``unavailable`` and the error); lakesink's own errors pass through.
-    """
-    retrying = Retrying(
-        stop=stop_after_delay(_CATALOG_READ_PATIENCE_S),
-        wait=wait_exponential_jitter(initial=0.2, max=5.0),
-        retry=retry_if_not_exception_type((NoSuchTableError, LakesinkError)),
-        reraise=True,
-    )
-    try:
-        for attempt in retrying:
-            with attempt:
-                return load()
-    except NoSuchTableError:
-        raise TableIdentityChangedError(dropped) from None
-    except LakesinkError:
-        raise
-    except PROGRAMMING_ERRORS:
-        raise
-    except Exception as e:
-        raise CatalogUnavailableError(
-            f"{unavailable} (tried for {_CATALOG_READ_PATIENCE_S:.0f} s: {redact(e)}); nothing was committed; "
-            "restart the query when the catalog is available"
-        ) from None
-    raise AssertionError("unreachable")  # pragma: no cover
+def creation_properties(options: SinkOptions, table_name: str) -> dict[str, str]:
+    """The properties of a table lakesink creates (options ``table-property.*`` and ``format-version``), validated
+    first so that a bad value creates no table."""
+    version = options.format_version or DEFAULT_FORMAT_VERSION
+    if not seam_commit.writes_format_version(version):
+        raise InvalidOptionError(
+            f"option '{FORMAT_VERSION}' is {version}, but the installed pyiceberg cannot write format version "
+            f"{version} tables (apache/iceberg-python#1551); table {table_name} was not created: use "
+            f"'{FORMAT_VERSION}' {DEFAULT_FORMAT_VERSION} (the default)"
+        )
+    properties = {**options.table_properties, FORMAT_VERSION: str(version)}
+    TableSettings.parse(table_name, properties)
+    return properties
 
 
 def _with_identifier_fields(schema: Schema, key: tuple[str, ...], table_name: str) -> Schema:
@@ -429,3 +406,55 @@ def _marker_branch(table: Table, key: str) -> str | None:
     except (ValueError, KeyError, TypeError):
         return None
     return marker.branch if marker else None
+
+
+class _BranchBase(CommitAction):
+    """Iceberg makes a branch only from a snapshot: an empty table gets an empty snapshot on ``main`` to branch from
+    (its manifest list named by lakesink, so that the orphan clean-up keeps it while it may land). Landed once
+    ``main`` has a snapshot, whoever made it."""
+
+    turn = Turn.BATCH  # part of a sink's set-up: it never waits for this process's maintenance
+
+    def __init__(self, table: Table, branch: str):
+        super().__init__(table, f"empty base snapshot of branch {branch!r} of {'.'.join(table.name())}")
+        self.branch = branch
+
+    def landed(self, table: Table) -> Landing | None:
+        head = table.metadata.snapshot_by_name(MAIN_BRANCH)
+        return None if head is None else Landing(mine=True, snapshot_id=head.snapshot_id)
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        return seam_commit.prepare_snapshot(
+            table,
+            data_files=[],
+            overwrite=False,
+            summary={BRANCH_BASE: self.branch},
+            properties=lambda _: {},
+            branch=MAIN_BRANCH,
+            commit=names.commit_name(names.BRANCH),
+        )
+
+
+class _CreateBranch(CommitAction):
+    """A branch made from ``main``'s head as read by the attempt; landed once the branch exists (another query of the
+    same sink may have made it meanwhile)."""
+
+    turn = Turn.BATCH
+
+    def __init__(self, table: Table, branch: str):
+        super().__init__(table, f"creation of branch {branch!r} of {'.'.join(table.name())}")
+        self.branch = branch
+
+    def landed(self, table: Table) -> Landing | None:
+        ref = table.metadata.refs.get(self.branch)
+        return None if ref is None else Landing(mine=True, snapshot_id=ref.snapshot_id)
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        head = table.metadata.snapshot_by_name(MAIN_BRANCH)
+        if head is None:
+            raise TableIdentityChangedError(f"{self.what}: main has no snapshot any more (the table was replaced?)")
+        prepared = seam_commit.prepare_staged(
+            table, lambda tx: seam_commit.manage_snapshots(tx).create_branch(head.snapshot_id, self.branch).commit()
+        )
+        log.info("lakesink: creating branch %s of %s at snapshot %s", self.branch, self.name, head.snapshot_id)
+        return prepared

@@ -42,7 +42,6 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRef
@@ -197,7 +196,10 @@ def expire_snapshots(
     now_ms: int | None = None,
 ) -> ExpiryReport:
     """Expire the snapshots the table's ``history.expire.*`` properties (or ``older_than`` / ``retain_last``,
-    which override the table-wide values) let go, then delete the files only they referenced."""
+    which override the table-wide values) let go, then delete the files only they referenced.
+
+    Raises :class:`~lakesink.errors.CatalogPermissionError` at once (no retry) when the catalog refuses the removal
+    for lack of permission (a REST catalog answering 403)."""
     started = time.monotonic()
     name = ".".join(table.name())
     retention = TableSettings.parse(name, table.properties).retention
@@ -276,7 +278,7 @@ def expire_snapshots(
             )
         elif lost:
             try:
-                restored = restore_refs(reload, lost)
+                restored = restore_refs(after, lost)
             except Exception as e:
                 keep_files = (
                     f"ref(s) {', '.join(sorted(lost))} were created while the expiry ran and dropped with the snapshot "
@@ -334,6 +336,14 @@ class ExpireSnapshots(CommitAction):
         if (ids or refs) and not (set(ids or ()) & present) and not (set(refs or ()) & set(table.metadata.refs)):
             return Landing(mine=True, snapshot_id=-1)  # what the last attempt removed is gone: it landed
         return None
+
+    def permission_advice(self) -> str:
+        return (
+            f"give the principal lakesink's catalog connection uses the privilege to remove snapshots of table "
+            f"{self.name}, or leave snapshot expiry to the catalog (some REST servers keep a table's history by a "
+            "retention of their own and refuse removals): remove the table's history.expire.* properties (then "
+            "maintenance=auto no longer expires it) and do not run lakesink expire-snapshots / expire_snapshots on it"
+        )
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
         # decided again on every attempt, on the metadata this attempt read (the swap applies it to exactly that)
@@ -395,34 +405,41 @@ def lost_in(after: Table, read_location: str) -> str:
     return chain[-2] if len(chain) >= 2 else read_location
 
 
-RESTORE_ATTEMPTS = 5
-
-
-def restore_refs(load: Callable[[], Table], lost: dict[str, tuple[SnapshotRef, Snapshot]]) -> tuple[str, ...]:
-    """Put back ``lost`` refs (see :func:`lakesink._pyiceberg.commit.prepare_restore_refs`); returns the names put back. A
-    ref that exists again (created anew by someone) is left as it is."""
-    commit = names.commit_name(names.RESTORE)
-    last: Exception | None = None
-    for _ in range(RESTORE_ATTEMPTS):
-        table = load()
-        missing = {n: v for n, v in lost.items() if n not in table.metadata.refs}
-        if not missing:
-            return ()
-        commit = commit.next_attempt()
-        prepared = seam_commit.prepare_restore_refs(table, missing, commit=commit)
-        try:
-            prepared.commit()
-        except (CommitFailedException, ValueError) as e:  # a ref or a snapshot landed meanwhile: prepared again
-            prepared.discard()
-            last = e
-            continue
+def restore_refs(table: Table, lost: dict[str, tuple[SnapshotRef, Snapshot]]) -> tuple[str, ...]:
+    """Put back ``lost`` refs (see :func:`lakesink._pyiceberg.commit.prepare_restore_refs`) through the commit loop;
+    returns the names put back. A ref that exists again (created anew by someone) is left as it is."""
+    action = _RestoreRefs(table, lost)
+    try:
+        swap.run(action)
+    except RetriesExhausted as e:
+        raise LakesinkError(f"{action.what}: {e.attempts} attempt(s) {e.describe()}") from e
+    if action.restored:
         log.warning(
             "lakesink: snapshot expiry of %s: ref(s) %s were created while it ran, on snapshot(s) it removed; put back",
-            ".".join(table.name()),
-            ", ".join(sorted(missing)),
+            action.name,
+            ", ".join(action.restored),
         )
-        return tuple(sorted(missing))
-    raise LakesinkError(f"every attempt to put the refs back conflicted (last: {last})")
+    return action.restored
+
+
+class _RestoreRefs(CommitAction):
+    """Refs an expiry dropped without deciding to, put back as a commit action: every attempt puts back those still
+    missing from the table as read (a ref created anew meanwhile is left as it is); landed once none is missing."""
+
+    def __init__(self, table: Table, lost: dict[str, tuple[SnapshotRef, Snapshot]]):
+        super().__init__(table, f"restoring ref(s) {', '.join(sorted(lost))} of {'.'.join(table.name())}")
+        self.lost = lost
+        self.commit = names.commit_name(names.RESTORE)
+        self.restored: tuple[str, ...] = ()
+
+    def landed(self, table: Table) -> Landing | None:
+        return None if any(n not in table.metadata.refs for n in self.lost) else Landing(mine=bool(self.restored))
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        missing = {n: v for n, v in self.lost.items() if n not in table.metadata.refs}
+        self.commit = self.commit.next_attempt()
+        self.restored = tuple(sorted(missing))
+        return seam_commit.prepare_restore_refs(table, missing, commit=self.commit)
 
 
 def _only_in(table: Table, expired: list[Snapshot], kept: list[Snapshot]) -> set[str]:

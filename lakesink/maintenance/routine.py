@@ -20,7 +20,9 @@ from typing import Any
 from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
-from lakesink.errors import LakesinkError
+from lakesink.driver import catalogs, swap
+from lakesink.driver.action import CommitAction, Landing
+from lakesink.errors import CommitConflictError, LakesinkError
 from lakesink.maintenance import compaction, expiry, manifest_rewrite
 from lakesink.maintenance.orphans import remove_orphan_files
 from lakesink.table.keys import LAST_BATCH_PREFIX
@@ -66,15 +68,15 @@ def maintain(
     step = progress or (lambda what, done, total: None)
     step("compact", 0, 4)
     compacted = compaction.compact(table, dry_run=dry_run, progress=lambda d, t: step("compact", d, t))
-    table = _reload(table)
+    table = catalogs.reload(table)
     step("expire", 1, 4)
     expired = expiry.expire_snapshots(table, dry_run=dry_run)
     step("rewrite manifests", 2, 4)
-    manifests = manifest_rewrite.rewrite_manifests(_reload(table), dry_run=dry_run)
+    manifests = manifest_rewrite.rewrite_manifests(catalogs.reload(table), dry_run=dry_run)
     orphans = None
     if orphans_older_than is not None:
         step("orphans", 3, 4)
-        orphans = remove_orphan_files(_reload(table), older_than=orphans_older_than, dry_run=dry_run).to_dict()
+        orphans = remove_orphan_files(catalogs.reload(table), older_than=orphans_older_than, dry_run=dry_run).to_dict()
     step("done", 4, 4)
     return MaintenanceReport(name, dry_run, compacted, expired, orphans, manifests)
 
@@ -114,12 +116,24 @@ def forget_query(table: Table, query_id: str, *, sink_id: str | None = None, dry
             "(give the sink id with --sink-id for a query with several sinks)"
         )
     if not dry_run:
-        tx = seam_commit.staged(table)  # one commit request, never pyiceberg's retry loop
-        tx.remove_properties(key)
-        seam_commit.commit_once(tx)
+        action = _ForgetMarker(table, key)
+        try:
+            swap.run(action)
+        except swap.RetriesExhausted as e:
+            raise CommitConflictError(f"{action.what}: {e.attempts} attempt(s) {e.describe()}; the marker is kept") from e
         log.warning("lakesink: table=%s forgot the replay marker of query %s: %s", name, query_id, FORGET_RISK)
     return ForgetReport(name, key, asdict(marker), dry_run, FORGET_RISK)
 
 
-def _reload(table: Table) -> Table:
-    return table.catalog.load_table(table.name())
+class _ForgetMarker(CommitAction):
+    """Removing one replay marker (a table property), as a commit action: landed once the table has no such marker."""
+
+    def __init__(self, table: Table, key: str):
+        super().__init__(table, f"removal of the replay marker {key!r} of {'.'.join(table.name())}")
+        self.key = key
+
+    def landed(self, table: Table) -> Landing | None:
+        return None if self.key in table.properties else Landing(mine=True)
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        return seam_commit.prepare_staged(table, lambda tx: tx.remove_properties(self.key))

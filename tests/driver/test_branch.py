@@ -127,6 +127,33 @@ def test_publish_refuses_when_main_moved(catalog_properties: dict[str, str]) -> 
     assert result.forced and ids_on(load(b), "main") == Counter([1, 2])
 
 
+def test_publish_rechecks_a_commit_to_main_that_lands_during_its_swap(
+    catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another engine commits to main after publish read the table and before its swap: the swap conflicts, the
+    next attempt finds main is no longer behind the branch and refuses; the other engine's rows stay on main."""
+    from lakesink.audit import publishing
+
+    m = make_committer(catalog_properties)
+    commit(m, "seed", 0, [write_task(m, "seed", 0, [1])])
+    b = branch_committer(catalog_properties)
+    commit(b, Q, 0, [write_task(b, Q, 0, [2])])
+    real = publishing._Publish.prepare
+    attempts: list[int] = []
+
+    def racing(self: Any, table: Any, attempt: int) -> Any:
+        attempts.append(attempt)
+        if attempt == 1:
+            load(m).append(arrow_rows([3]))  # another engine, on main, between the read and the swap
+        return real(self, table, attempt)
+
+    monkeypatch.setattr(publishing._Publish, "prepare", racing)
+    with pytest.raises(PublishRefusedError, match="main moved to .* while publishing"):
+        lakesink.publish(load(b), branch="audit")
+    assert attempts == [1, 2]
+    assert ids_on(load(b), "main") == Counter([1, 3]) and ids_on(load(b), "audit") == Counter([1, 2])
+
+
 @pytest.mark.spark
 def test_stream_writes_to_a_branch_then_publishes(stream: Any) -> None:
     stream.add_input(files=2, rows_per_file=30)

@@ -160,3 +160,28 @@ def test_update_refused_before_applying_is_resent_and_lands_once(props: dict[str
     glue_proxy.arm("commit", "status-before", status=503)
     assert commit(sink, 0, [result]).outcome is Outcome.COMMITTED
     assert_exactly_once(props, Counter([1, 2]))
+
+
+def test_update_refused_for_permission_fails_fast_and_keeps_no_doubt(props: dict[str, str], glue_proxy: FaultProxy) -> None:
+    """Glue answers AccessDeniedException (the principal lacks glue:UpdateTable): botocore does not re-send it, lakesink
+    reads the table (not landed), does not retry, and raises CatalogPermissionError naming the refusal and the
+    privilege; a definite refusal never lands later, so the abort deletes the batch's files."""
+    import json
+
+    from lakesink.errors import CatalogPermissionError
+
+    sink = committer(props)
+    result = write_task(sink, 0, [1, 2])
+    denied = {
+        "__type": "AccessDeniedException",
+        "message": "User: arn:aws:iam::123456789012:user/lakesink is not authorized to perform: glue:UpdateTable",
+    }
+    glue_proxy.arm("commit", "status-before", status=400, body=json.dumps(denied).encode())
+    with pytest.raises(CatalogPermissionError, match=r"AccessDeniedException.*glue:UpdateTable") as info:
+        commit(sink, 0, [result])
+    assert not info.value.retryable
+    assert glue_proxy.count("commit") == 1
+    sink.abort_batch(query_id=Q, batch_id=0, results=[result])
+    assert not any(table(props).io.new_input(f.path).exists() for f in result.files)
+    assert commit(sink, 0, [write_task(sink, 0, [1, 2], attempt=1)]).outcome is Outcome.COMMITTED
+    assert_exactly_once(props, Counter([1, 2]))

@@ -28,8 +28,10 @@ from lakesink.options import SinkOptions, TableName
 from tests.support.helpers import (
     arrow_rows,
     assert_snapshot_invariants,
+    assert_table_whole,
     data_files_on_disk,
     lakesink_snapshots,
+    referenced_files,
     sink_committer,
     table_ids,
 )
@@ -62,23 +64,6 @@ def commit(c: TableCommitter, batch_id: int, results: list[TaskResult]) -> Batch
 def table(props: dict[str, str]) -> Table:
     """The table read straight from the server (not through the proxy's faults: a fresh catalog)."""
     return catalogs.load_table_fresh(None, props, IDENT)
-
-
-def referenced_files(t: Table) -> set[str]:
-    """Every manifest list, manifest and data file the table's snapshots reference (must all exist)."""
-    paths: set[str] = set()
-    for snap in t.snapshots():
-        paths.add(snap.manifest_list)
-        for manifest in snap.manifests(t.io):
-            paths.add(manifest.manifest_path)
-            for entry in manifest.fetch_manifest_entry(t.io, discard_deleted=False):
-                paths.add(entry.data_file.file_path)
-    return paths
-
-
-def assert_table_whole(t: Table) -> None:
-    missing = sorted(p for p in referenced_files(t) if not Path(p.removeprefix("file://")).exists())
-    assert not missing, f"the table references files that are gone: {missing}"
 
 
 def assert_exactly_once(props: dict[str, str], sent: Counter[int]) -> Table:
@@ -307,6 +292,59 @@ def test_every_attempt_in_doubt_fails_loudly_and_no_abort_deletes_what_may_still
     assert_exactly_once(props, Counter([1, 2]))
 
 
+# --- a commit the catalog refuses for lack of permission: no retry, a loud error that says what to do ------------
+
+
+def test_snapshot_expiry_refused_for_permission_fails_fast_and_says_what_to_do(
+    sink: TableCommitter, props: dict[str, str], rest_proxy: FaultProxy
+) -> None:
+    """lakana answers 403 to a commit that removes snapshots (it keeps a table's history by its own retention). A
+    permission refusal is the same for every attempt: one request, then CatalogPermissionError (not retryable) naming
+    the catalog's answer and the way out -- not five refused attempts reported as conflicts with other writers."""
+    from datetime import datetime, timezone
+
+    import lakesink
+    from lakesink.errors import CatalogPermissionError
+
+    sent: Counter[int] = Counter()
+    for b in range(3):
+        commit(sink, b, [write_task(sink, b, [b])])
+        sent.update([b])
+    before = [s.snapshot_id for s in table(props).snapshots()]
+    rest_proxy.reset_counts()
+    with pytest.raises(CatalogPermissionError) as info:
+        lakesink.expire_snapshots(table(props), older_than=datetime.now(timezone.utc), retain_last=1)
+    message = str(info.value)
+    assert not info.value.retryable
+    assert "snapshot expiry of bronze.events" in message and "lack of permission (HTTP 403" in message, message
+    assert "history.expire.*" in message and "privilege to remove snapshots" in message, message
+    assert rest_proxy.count("commit") == 1  # refused once, never sent again
+    assert [e.status for e in rest_proxy.exchanges if e.kind == "commit"] == [403]
+    t = assert_exactly_once(props, sent)  # nothing was removed; every file the table references is there
+    assert [s.snapshot_id for s in t.snapshots()] == before
+
+
+def test_a_batch_commit_refused_for_permission_fails_fast(
+    sink: TableCommitter, props: dict[str, str], rest_proxy: FaultProxy
+) -> None:
+    """A batch's commit refused with 403 (a principal that may read the table but not write it): one request,
+    CatalogPermissionError naming the table and the privilege; the abort then deletes the batch's files (the table
+    was read: the commit did not land, and a 4xx never lands later); a restart with the privilege commits it once."""
+    from lakesink.errors import CatalogPermissionError
+
+    result = write_task(sink, 0, [1, 2])
+    rest_proxy.arm("commit", "status-before", status=403)
+    with pytest.raises(CatalogPermissionError, match=r"privilege to commit to table bronze\.events") as info:
+        commit(sink, 0, [result])
+    assert "injected 403" in str(info.value)
+    assert rest_proxy.count("commit") == 1
+    sink.abort_batch(query_id=Q, batch_id=0, results=[result])
+    assert not any(Path(f.path.removeprefix("file://")).exists() for f in result.files)
+    replay = write_task(sink, 0, [1, 2], attempt=1)
+    assert commit(sink, 0, [replay]).outcome is Outcome.COMMITTED
+    assert_exactly_once(props, Counter([1, 2]))
+
+
 # --- a token that expires mid-run ----------------------------------------------------------------------
 
 
@@ -346,10 +384,9 @@ def test_every_commit_lakesink_makes_sends_one_request_per_attempt(
     server's door: lakesink's own loop sends one request per attempt (it re-checks between them), a one-off commit
     sends exactly one and hands the conflict back. pyiceberg's own retry (commit_transaction) would show as a second
     request inside one attempt."""
-    from pyiceberg.exceptions import CommitFailedException
 
     import lakesink
-    from lakesink.errors import LakesinkError
+    from lakesink.errors import CatalogPermissionError
 
     def refused_once() -> None:
         rest_proxy.reset_counts()
@@ -377,16 +414,16 @@ def test_every_commit_lakesink_makes_sends_one_request_per_attempt(
     refused_once()
     from datetime import datetime, timezone
 
-    expired = lakesink.expire_snapshots(table(props), older_than=datetime.now(timezone.utc), retain_last=1)
-    # lakana refuses to remove snapshots (403: it keeps history by its own retention): each attempt is still one
-    # request, refused and retried by lakesink's loop until commit.retry.num-retries, then it gives up
-    assert expired.status.startswith("gave up") and rest_proxy.count("commit") == 5, expired
-    assert rest_proxy.count("commit", forwarded=True) == 4
-    # one-off commits: forget-query, publish, a branch (its base snapshot first): one request each
+    # lakana refuses to remove snapshots (403: it keeps history by its own retention): the 409 is retried (one request
+    # per attempt), the 403 ends the loop at once (test_snapshot_expiry_refused_for_permission_fails_fast_and_says_what_to_do)
+    with pytest.raises(CatalogPermissionError):
+        lakesink.expire_snapshots(table(props), older_than=datetime.now(timezone.utc), retain_last=1)
+    assert rest_proxy.count("commit") == 2 and rest_proxy.count("commit", forwarded=True) == 1
+    # forget-query, publish, a branch (its base snapshot first): commit actions of lakesink's loop too (issue 21), one
+    # request per attempt: the 409 is re-checked and retried
     refused_once()
-    with pytest.raises(CommitFailedException):
-        lakesink.forget_query(table(props), Q)
-    assert rest_proxy.count("commit") == 1
+    lakesink.forget_query(table(props), Q)
+    assert rest_proxy.count("commit") == 2 and rest_proxy.count("commit", forwarded=True) == 1
     branch_props = lakana.catalog_properties(tmp_path / "branch-warehouse", uri=rest_proxy.uri)
     branch_sink = sink_committer(
         SinkOptions(table=TableName((NAMESPACE,), "events"), catalog_properties=branch_props, branch="audit")
@@ -395,7 +432,9 @@ def test_every_commit_lakesink_makes_sends_one_request_per_attempt(
     rest_proxy.reset_counts()
     branch_sink.open_table(arrow_rows([]).schema)  # create the table, an empty base snapshot, the branch
     assert rest_proxy.count("commit") == 2 and "audit" in table(branch_props).metadata.refs
+    commit(branch_sink, 0, [write_task(branch_sink, 0, [7])])  # the branch is ahead of main: publish has to move main
     refused_once()
-    with pytest.raises((CommitFailedException, LakesinkError)):
-        lakesink.publish(table(branch_props), branch="audit", force=True)
-    assert rest_proxy.count("commit") == 1
+    lakesink.publish(table(branch_props), branch="audit", force=True)
+    assert rest_proxy.count("commit") == 2 and rest_proxy.count("commit", forwarded=True) == 1
+    published = table(branch_props).metadata
+    assert published.snapshot_by_name("main") == published.snapshot_by_name("audit")

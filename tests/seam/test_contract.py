@@ -662,7 +662,7 @@ def test_overwrite_of_files_in_a_nan_partition(catalog: Catalog) -> None:
 # pyiceberg 0.12's Transaction.commit_transaction retries a conflicting commit by itself (refresh, rebuild the
 # snapshot producers on the new head, commit again: apache/iceberg-python#3320, #3811). lakesink must never go
 # through it: every lakesink commit is either one Table._do_commit per attempt of lakesink's own loop
-# (PreparedCommit.commit) or one Table._do_commit in all (commit_once). The tests below count the requests that
+# (PreparedCommit.commit), metadata-only commits included (prepare_staged). The tests below count the requests that
 # reach the catalog (Catalog.commit_table, the one entry point of every pyiceberg commit, SQL, REST or Glue), with
 # the catalog made to refuse the commit: a fault injected at that one call.
 
@@ -685,7 +685,7 @@ class _CountingRefusals:
 
 
 def test_do_commit_sends_exactly_one_request(table: Table, catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
-    with hook("pyiceberg.table.Table._do_commit (one Catalog.commit_table, no retry)", "PreparedCommit.commit / commit_once"):
+    with hook("pyiceberg.table.Table._do_commit (one Catalog.commit_table, no retry)", "PreparedCommit.commit"):
         counting = _CountingRefusals(catalog, monkeypatch, refuse=1)
         with pytest.raises(CommitFailedException):
             table._do_commit(updates=(), requirements=())
@@ -703,35 +703,38 @@ def test_commit_transaction_retries_by_itself_so_lakesink_never_calls_it(
     assert counting.calls == 2, "pyiceberg's commit_transaction no longer retries a conflicting append on its own"
 
 
-def test_commit_once_sends_one_request_whatever_the_transaction_staged(
+def test_a_staged_commit_sends_one_request_whatever_the_transaction_staged(
     table: Table, catalog: Catalog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each kind of one-off commit lakesink makes (an empty snapshot as a branch base, a branch, a property removal,
-    moving main): one request, and a refusal is handed back, not retried."""
-    with hook("Transaction(autocommit=False) / ManageSnapshots(transaction=) / Transaction._updates", "staged / commit_once"):
+    """Each kind of metadata-only commit lakesink makes (a branch, a property removal, moving main, the refs an expiry
+    dropped): staged by ``prepare_staged`` and swapped by ``PreparedCommit.commit`` in one request per attempt of
+    lakesink's loop; a refusal is handed back, not retried. Through pyiceberg's generic ``_do_commit`` (the path of
+    every catalog but the SQL one) so that the catalog's ``commit_table`` counts the requests."""
+    with hook("Transaction(autocommit=False) / ManageSnapshots(transaction=) / Transaction._updates", "prepare_staged"):
         head = table.metadata.snapshot_by_name("main")
         assert head is not None
         stagings: dict[str, Callable[[Any], object]] = {
-            "empty snapshot": lambda tx: tx.update_snapshot(snapshot_properties={"k": "v"}).fast_append().commit(),
             "create branch": lambda tx: seam_commit.manage_snapshots(tx).create_branch(head.snapshot_id, "audit").commit(),
             "remove property": lambda tx: tx.remove_properties("write.format.default"),
             "set current snapshot": lambda tx: seam_commit.manage_snapshots(tx).set_current_snapshot(head.snapshot_id).commit(),
         }
         for what, stage in stagings.items():
+            monkeypatch.setattr(seam_commit, "_sql_swap_applies", lambda _table: False)
             counting = _CountingRefusals(catalog, monkeypatch, refuse=1)
-            tx = seam_commit.staged(table)
-            stage(tx)
-            assert tx._updates, what
+            prepared = seam_commit.prepare_staged(table, stage)
+            assert prepared._updates, what
             with pytest.raises(CommitFailedException):
-                seam_commit.commit_once(tx)
-            assert counting.calls == 1, f"{what}: {counting.calls} requests for one commit_once"
+                prepared.commit()
+            assert counting.calls == 1, f"{what}: {counting.calls} requests for one PreparedCommit.commit"
             monkeypatch.undo()
+        with pytest.raises(ValueError, match="changes nothing"):
+            seam_commit.prepare_staged(table, lambda tx: None)
 
 
 def test_lakesink_never_commits_through_pyicebergs_retry_loop() -> None:
     """Outside the seam, no lakesink module calls a pyiceberg API that commits through commit_transaction (or
     through a table's own autocommit updates). A new call of one of them fails here, naming the module and line;
-    stage it on ``_pyiceberg.commit.staged(table)`` and send it with ``_pyiceberg.commit.commit_once`` (or lakesink's loop)."""
+    make it a commit action (lakesink.driver.action) whose prepare stages it with ``_pyiceberg.commit.prepare_staged``."""
     import ast
 
     committing = {

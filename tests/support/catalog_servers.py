@@ -3,7 +3,9 @@ fault layer, and AWS Glue (moto's server) with moto's S3. Loaded by tests/confte
 
 ``lakana`` starts one real REST server per test session (tests/support/rest_server.py builds its virtual environment
 on first use); ``rest_proxy`` puts a fresh fault proxy (tests/support/http_faults.py) in front of it for one test, and
-``rest_catalog_properties`` gives the test a new environment of its own, reached through that proxy. Tests that
+``rest_catalog_properties`` gives the test a new environment of its own, reached through that proxy. ``txn_server``,
+``txn_proxy`` and ``txn_catalog_properties`` do the same with the tests' own REST server with ``transactions/commit``
+(tests/support/txn_rest_server.py, in this process: no ``rest`` marker). Tests that
 use the server are marked ``rest`` automatically (``make test-fast`` skips them: the first start builds the
 server's environment).
 """
@@ -18,6 +20,7 @@ import pytest
 
 from tests.support.http_faults import FaultProxy
 from tests.support.rest_server import LakanaServer
+from tests.support.txn_rest_server import TxnRestServer
 
 REST_FIXTURE = "lakana"
 
@@ -48,6 +51,37 @@ def rest_proxy(lakana: LakanaServer) -> Iterator[FaultProxy]:
 def rest_catalog_properties(lakana: LakanaServer, rest_proxy: FaultProxy, tmp_path: Path) -> dict[str, str]:
     """pyiceberg properties of a new REST environment (tables under ``tmp_path/warehouse``), through the proxy."""
     return lakana.catalog_properties(tmp_path / "warehouse", uri=rest_proxy.uri)
+
+
+# --- the REST catalog fixture server with transactions/commit (tests/support/txn_rest_server.py) -------------------
+
+
+@pytest.fixture
+def txn_server_options(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Keyword arguments of the ``txn_server`` (``@pytest.mark.parametrize("txn_server_options", [...], indirect=True)``)."""
+    return dict(getattr(request, "param", {}))
+
+
+@pytest.fixture
+def txn_server(tmp_path: Path, txn_server_options: dict[str, Any]) -> Iterator[TxnRestServer]:
+    """The tests' own REST catalog server (in this process) for one test: the ``transactions/commit`` that lakana lacks."""
+    server = TxnRestServer(tmp_path / "txn-server", **txn_server_options).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def txn_proxy(txn_server: TxnRestServer) -> Iterator[FaultProxy]:
+    """The HTTP fault layer in front of the ``txn_server``."""
+    proxy = FaultProxy(txn_server.uri).start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture
+def txn_catalog_properties(txn_server: TxnRestServer, txn_proxy: FaultProxy) -> dict[str, str]:
+    """pyiceberg properties of the ``txn_server``'s catalog, reached through the ``txn_proxy``."""
+    return txn_server.catalog_properties(uri=txn_proxy.uri)
 
 
 # --- AWS Glue: moto's server (Glue and S3 on one port), a fault proxy in front of its Glue -------------------------

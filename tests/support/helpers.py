@@ -123,6 +123,24 @@ def referenced_data_files(table: Table) -> set[str]:
     return paths
 
 
+def referenced_files(table: Table) -> set[str]:
+    """Every manifest list, manifest and data file the table's snapshots reference (every one must exist)."""
+    paths: set[str] = set()
+    for snap in table.snapshots():
+        paths.add(snap.manifest_list)
+        for manifest in snap.manifests(table.io):
+            paths.add(manifest.manifest_path)
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+                paths.add(entry.data_file.file_path)
+    return paths
+
+
+def assert_table_whole(table: Table) -> None:
+    """Every file the table references (a local warehouse) is on disk."""
+    missing = sorted(p for p in referenced_files(table) if not Path(p.removeprefix("file://")).exists())
+    assert not missing, f"table {'.'.join(table.name())} references files that are gone: {missing}"
+
+
 def arrow_rows(ids: Iterable[int]) -> pa.Table:
     ids = list(ids)
     return pa.table(

@@ -15,6 +15,10 @@ of times. What it can do, each at a precise point of the exchange:
 ``hold-request``   hold the request, unforwarded, until released, then forward it: it lands *after* the client
                    gave up on it (a request queued in a gateway or a slow server; the late landing)
 ``call-before``    run a test's function (another writer commits), then forward: a real 409 from the server
+``resend-after``   forward (applied), drop the answer and forward the very same request again (same headers, same
+                   body), as a gateway or an HTTP client that re-sends a request whose answer it lost: the client gets
+                   the second answer (a 409 for a commit that landed, or, from a server that honours the request's
+                   ``Idempotency-Key``, the first answer replayed)
 
 The proxy records every exchange (kind, method, path, the status the client got, whether it was forwarded), so
 tests count catalog round trips and forwarded commits. It also stands in for what the server lacks:
@@ -53,7 +57,16 @@ _HOP_BY_HOP = {
     "content-length",
 }
 
-ACTIONS = ("status-before", "status-after", "reset-before", "reset-after", "hold-response", "hold-request", "call-before")
+ACTIONS = (
+    "status-before",
+    "status-after",
+    "reset-before",
+    "reset-after",
+    "hold-response",
+    "hold-request",
+    "call-before",
+    "resend-after",
+)
 
 #: how long a held request or response waits for its release at most (a test that forgets to release it)
 HOLD_LIMIT_S = 300.0
@@ -92,6 +105,8 @@ class Fault:
     call: Callable[[], object] | None = None
     match: str | None = None
     """Only requests whose path contains this (e.g. ``/data/``: a table's data files)."""
+    body: bytes | None = None
+    """``status-before``: the answer's body (default: the REST spec's error model), e.g. an AWS error."""
     released: threading.Event = field(default_factory=threading.Event)
     reached: threading.Event = field(default_factory=threading.Event)
     fired: int = 0
@@ -118,6 +133,8 @@ class Exchange:
     fault: str | None
     key: str | None = None
     """S3 mode: the access key id the request was signed with."""
+    idempotency_key: str | None = None
+    """The request's ``Idempotency-Key`` header (the REST spec's), if it had one."""
 
 
 def _error_body(status: int, message: str) -> bytes:
@@ -334,7 +351,7 @@ class _Handler(BaseHTTPRequestHandler):
                     b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>ExpiredToken</Code>"
                     b"<Message>The provided token has expired.</Message></Error>"
                 )
-                proxy._record(Exchange(kind, self.command, self.path, 403, False, "expired-credentials", key))
+                proxy._record(self._exchange(kind, 403, False, "expired-credentials", key))
                 self._answer(403, body_xml, [("Content-Type", "application/xml")])
                 return
         if proxy._tokens is not None:
@@ -346,11 +363,11 @@ class _Handler(BaseHTTPRequestHandler):
                     "expires_in": int(ttl),
                     "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
                 }
-                proxy._record(Exchange(kind, self.command, self.path, 200, False, None))
+                proxy._record(self._exchange(kind, 200, False, None))
                 self._answer(200, json.dumps(reply).encode())
                 return
             if kind != "config" and not proxy._token_valid(self.headers.get("Authorization")):
-                proxy._record(Exchange(kind, self.command, self.path, 401, False, "token"))
+                proxy._record(self._exchange(kind, 401, False, "token"))
                 self._answer(401, _error_body(401, "token expired or unknown"))
                 return
         if proxy._s3_keys is None:
@@ -360,11 +377,11 @@ class _Handler(BaseHTTPRequestHandler):
             fault.reached.set()
         if action == "status-before":
             assert fault is not None
-            proxy._record(Exchange(kind, self.command, self.path, fault.status, False, action))
-            self._answer(fault.status, _error_body(fault.status, f"injected {fault.status} before forwarding"))
+            proxy._record(self._exchange(kind, fault.status, False, action))
+            self._answer(fault.status, fault.body or _error_body(fault.status, f"injected {fault.status} before forwarding"))
             return
         if action == "reset-before":
-            proxy._record(Exchange(kind, self.command, self.path, None, False, action))
+            proxy._record(self._exchange(kind, None, False, action))
             self._reset()
             return
         if action == "hold-request":
@@ -378,23 +395,25 @@ class _Handler(BaseHTTPRequestHandler):
                 with proxy._glue_lock:
                     stale = self._stale_glue_version(body)
                     if stale is not None:
-                        proxy._record(Exchange(kind, self.command, self.path, 400, False, "glue-version-id"))
+                        proxy._record(self._exchange(kind, 400, False, "glue-version-id"))
                         self._answer(400, stale, [("Content-Type", "application/x-amz-json-1.1")])
                         return
                     status, headers, payload = self._forward(body)
             else:
                 status, headers, payload = self._forward(body)
+                if action == "resend-after":
+                    status, headers, payload = self._forward(body)  # the first answer is lost on the way back
         except OSError as e:
-            proxy._record(Exchange(kind, self.command, self.path, 502, False, action))
+            proxy._record(self._exchange(kind, 502, False, action))
             self._answer(502, _error_body(502, f"upstream failed: {e}"))
             return
         if action == "status-after":
             assert fault is not None
-            proxy._record(Exchange(kind, self.command, self.path, fault.status, True, action))
+            proxy._record(self._exchange(kind, fault.status, True, action))
             self._answer(fault.status, _error_body(fault.status, f"injected {fault.status} after the server answered {status}"))
             return
         if action == "reset-after":
-            proxy._record(Exchange(kind, self.command, self.path, None, True, action))
+            proxy._record(self._exchange(kind, None, True, action))
             self._reset()
             return
         if action == "hold-response":
@@ -407,12 +426,19 @@ class _Handler(BaseHTTPRequestHandler):
             payload = self._with_credentials(payload, proxy._vend())
         # recorded before the client can see the answer: a test that counts exchanges right after its request
         # returned finds it (recorded after the answer, a count could race the proxy's thread)
-        exchange = Exchange(kind, self.command, self.path, status, True, action, key)
+        exchange = self._exchange(kind, status, True, action, key)
         proxy._record(exchange)
         try:
             self._answer(status, payload, headers)
         except OSError:  # the client gave up (timed out) while the answer was held: it got nothing
             proxy._replace(exchange, replace(exchange, status=None))
+
+    def _exchange(
+        self, kind: str, status: int | None, forwarded: bool, fault: str | None, key: str | None = None
+    ) -> Exchange:
+        return Exchange(
+            kind, self.command, self.path, status, forwarded, fault, key, idempotency_key=self.headers.get("Idempotency-Key")
+        )
 
     def _body(self) -> bytes:
         """The request body, by Content-Length or chunked (pyarrow's S3 client streams uploads chunked)."""

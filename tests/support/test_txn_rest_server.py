@@ -8,7 +8,6 @@ A real pyiceberg RestCatalog talks to it over HTTP; transactions are posted as t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +21,6 @@ from pyiceberg.table import Table
 from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, SetPropertiesUpdate
 
 from tests.support.txn_rest_server import TRANSACTIONS_ENDPOINT, TxnRestServer
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[TxnRestServer]:
-    s = TxnRestServer(tmp_path / "server").start()
-    yield s
-    s.stop()
 
 
 def rest_catalog(server: TxnRestServer) -> RestCatalog:
@@ -85,8 +77,8 @@ def test_config_lists_the_transactions_endpoint_and_the_switches_leave_it_out(tm
         s.stop()
 
 
-def test_a_real_rest_client_creates_appends_and_reads(server: TxnRestServer) -> None:
-    catalog = rest_catalog(server)
+def test_a_real_rest_client_creates_appends_and_reads(txn_server: TxnRestServer) -> None:
+    catalog = rest_catalog(txn_server)
     a, _ = two_tables(catalog)
     a.append(pa.table({"id": pa.array([1, 2, 3], pa.int64())}))
     again = catalog.load_table("db.a")
@@ -94,13 +86,13 @@ def test_a_real_rest_client_creates_appends_and_reads(server: TxnRestServer) -> 
     assert catalog.list_tables("db") == [("db", "a"), ("db", "b")]
     assert catalog.table_exists("db.b") and not catalog.table_exists("db.c")
     # served from the SQLite catalog behind it: the same pointer
-    assert server.catalog.load_table("db.a").metadata_location == again.metadata_location
+    assert txn_server.catalog.load_table("db.a").metadata_location == again.metadata_location
     catalog.drop_table("db.b")
     assert not catalog.table_exists("db.b")
 
 
-def test_a_table_commit_with_a_failed_requirement_is_409_and_changes_nothing(server: TxnRestServer) -> None:
-    catalog = rest_catalog(server)
+def test_a_table_commit_with_a_failed_requirement_is_409_and_changes_nothing(txn_server: TxnRestServer) -> None:
+    catalog = rest_catalog(txn_server)
     a, _ = two_tables(catalog)
     stale = catalog.load_table("db.a")
     a.append(pa.table({"id": pa.array([1], pa.int64())}))  # moves main past what ``stale`` read
@@ -114,48 +106,48 @@ def test_a_table_commit_with_a_failed_requirement_is_409_and_changes_nothing(ser
     response = catalog.commit_table(fresh, (now,), (SetPropertiesUpdate(updates={"k": "v"}),))
     assert response.metadata.properties["k"] == "v"
     assert catalog.load_table("db.a").metadata_location == response.metadata_location != before
-    assert server.applied[-1] == ("table", (("db", "a"),))
+    assert txn_server.applied[-1] == ("table", (("db", "a"),))
 
 
-def test_a_transaction_applies_every_table_at_once(server: TxnRestServer) -> None:
-    catalog = rest_catalog(server)
+def test_a_transaction_applies_every_table_at_once(txn_server: TxnRestServer) -> None:
+    catalog = rest_catalog(txn_server)
     a, b = two_tables(catalog)
-    answer = post_transaction(server, [change(a, "both"), change(b, "both")])
+    answer = post_transaction(txn_server, [change(a, "both"), change(b, "both")])
     assert answer.status_code == 204 and not answer.content
     assert [catalog.load_table(n).properties.get("both") for n in ("db.a", "db.b")] == ["yes", "yes"]
-    assert server.applied[-1] == ("transaction", (("db", "a"), ("db", "b")))
+    assert txn_server.applied[-1] == ("transaction", (("db", "a"), ("db", "b")))
 
 
-def test_a_failed_requirement_on_one_table_is_409_and_applies_no_table(server: TxnRestServer) -> None:
-    catalog = rest_catalog(server)
+def test_a_failed_requirement_on_one_table_is_409_and_applies_no_table(txn_server: TxnRestServer) -> None:
+    catalog = rest_catalog(txn_server)
     a, b = two_tables(catalog)
     before = locations(catalog)
-    answer = post_transaction(server, [change(a, "k"), change(b, "k", head=123)])  # table b's head is not 123
+    answer = post_transaction(txn_server, [change(a, "k"), change(b, "k", head=123)])  # table b's head is not 123
     assert answer.status_code == 409
     assert answer.json()["error"]["type"] == "CommitFailedException"
     assert locations(catalog) == before
-    assert post_transaction(server, [change(a, "k", stale_uuid=True), change(b, "k")]).status_code == 409
+    assert post_transaction(txn_server, [change(a, "k", stale_uuid=True), change(b, "k")]).status_code == 409
     assert locations(catalog) == before
-    assert not server.applied
+    assert not txn_server.applied
 
 
-def test_a_row_moved_between_validation_and_swap_is_409_and_rolls_back_every_row(server: TxnRestServer) -> None:
+def test_a_row_moved_between_validation_and_swap_is_409_and_rolls_back_every_row(txn_server: TxnRestServer) -> None:
     """Another writer of the SQLite file (not through the server) moves table b's row after the transaction
     validated both tables: b's compare-and-swap fails, a's row update is rolled back with it, and the metadata
     files the transaction wrote are deleted."""
-    catalog = rest_catalog(server)
+    catalog = rest_catalog(txn_server)
     a, b = two_tables(catalog)
     metadata_dir = Path(str(a.location()).removeprefix("file://")) / "metadata"
     files_before = set(metadata_dir.iterdir())
 
     def other_writer(identifiers: list[tuple[str, ...]]) -> None:
-        server.before_swap = None
-        with server.catalog.load_table("db.b").transaction() as tx:
+        txn_server.before_swap = None
+        with txn_server.catalog.load_table("db.b").transaction() as tx:
             tx.set_properties(other="writer")
 
-    server.before_swap = other_writer
+    txn_server.before_swap = other_writer
     before_a = catalog.load_table("db.a").metadata_location
-    answer = post_transaction(server, [change(a, "k"), change(b, "k")])
+    answer = post_transaction(txn_server, [change(a, "k"), change(b, "k")])
     assert answer.status_code == 409, answer.text
     assert "none was applied" in answer.json()["error"]["message"]
     assert catalog.load_table("db.a").metadata_location == before_a
@@ -168,8 +160,8 @@ def test_a_row_moved_between_validation_and_swap_is_409_and_rolls_back_every_row
     "what",
     ["missing table", "no identifier", "table twice", "unknown update", "unknown requirement", "no changes"],
 )
-def test_invalid_transactions_are_refused_and_apply_nothing(server: TxnRestServer, what: str) -> None:
-    catalog = rest_catalog(server)
+def test_invalid_transactions_are_refused_and_apply_nothing(txn_server: TxnRestServer, what: str) -> None:
+    catalog = rest_catalog(txn_server)
     a, b = two_tables(catalog)
     before = locations(catalog)
     changes = [change(a, "k"), change(b, "k")]
@@ -187,7 +179,34 @@ def test_invalid_transactions_are_refused_and_apply_nothing(server: TxnRestServe
         changes[1]["requirements"] = [{"type": "assert-no-such-thing"}]
     else:
         changes = []
-    answer = post_transaction(server, changes)
+    answer = post_transaction(txn_server, changes)
     assert answer.status_code == expected, answer.text
     assert locations(catalog) == before
-    assert not server.applied
+    assert not txn_server.applied
+
+
+@pytest.mark.parametrize("txn_server_options", [{"idempotency_key_lifetime": "PT30M"}], indirect=True)
+def test_a_key_reused_for_another_request_is_refused(txn_server: TxnRestServer) -> None:
+    """The fixture's Idempotency-Key: the same request again gets the first answer (not 409 "already exists"), the
+    same key with another request 422 -- how lakesink sending one key with two different commits would be caught."""
+    import urllib.error
+    import urllib.request
+
+    key = "017f22e2-79b0-7cc3-98c4-dc0c0c07398f"
+
+    def post(body: bytes) -> int:
+        request = urllib.request.Request(
+            f"{txn_server.uri}/v1/txn/namespaces", data=body, method="POST", headers={"Idempotency-Key": key}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+    assert txn_server.config()["idempotency-key-lifetime"] == "PT30M"
+    assert post(b'{"namespace": ["x"]}') == 200
+    assert post(b'{"namespace": ["x"]}') == 200
+    assert txn_server.replayed == [key]
+    assert post(b'{"namespace": ["y"]}') == 422
+    assert txn_server.catalog.list_namespaces() == [("x",)]

@@ -20,6 +20,13 @@ What it is: a real REST catalog (stdlib ``ThreadingHTTPServer`` on 127.0.0.1, po
   applied when any requirement fails or any row moved; 404 for a missing table; 400 for a change without an
   identifier, a table named twice, or an unknown update/requirement; 204 on success.
 
+- the REST spec's ``Idempotency-Key`` (with ``idempotency_key_lifetime="PT30M"``, advertised in ``/v1/config`` as
+  ``idempotency-key-lifetime``): a mutation (POST, DELETE) carrying a key is run at most once; a later request with
+  the same key gets the first one's answer again (2xx and 4xx are kept; a 5xx is not, the next request with the key
+  runs), a request with the same key arriving while the first runs waits for it, and a key sent again with another
+  request (another path or body) is refused with 422 -- how a client that reused a key across different operations
+  would be caught. :attr:`TxnRestServer.replayed` lists the keys answered from memory.
+
 Mutations are serialised by one lock in the server; the compare-and-swap on the row still guards against writers
 that reach the SQLite file directly (:attr:`TxnRestServer.catalog`, or the test hook :attr:`TxnRestServer.before_swap`,
 called after validation and before the row updates). Counters: :attr:`TxnRestServer.applied` (transactions and table
@@ -91,7 +98,15 @@ class _Refused(Exception):
 class TxnRestServer:
     """``TxnRestServer(folder).start()``; ``uri`` for the client (or a fault proxy's upstream), :meth:`catalog_properties`."""
 
-    def __init__(self, folder: Path, *, prefix: str = "txn", transactions: bool = True, list_endpoints: bool = True):
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        prefix: str = "txn",
+        transactions: bool = True,
+        list_endpoints: bool = True,
+        idempotency_key_lifetime: str | None = None,
+    ):
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
         self.prefix = prefix
@@ -108,6 +123,11 @@ class TxnRestServer:
         first table's change alone, then answers 500."""
         self.applied: list[tuple[str, tuple[tuple[str, ...], ...]]] = []
         """``("table" | "transaction", identifiers)`` of every commit applied."""
+        self.idempotency_key_lifetime = idempotency_key_lifetime
+        self._keys: dict[str, _KeyedAnswer] = {}
+        self._keys_lock = threading.Lock()
+        self.replayed: list[str] = []
+        """Idempotency keys whose request was answered with the answer kept for them (not run again)."""
 
     # --- life cycle ------------------------------------------------------------------------------------------
 
@@ -143,7 +163,36 @@ class TxnRestServer:
         doc: dict[str, Any] = {"defaults": {}, "overrides": {"prefix": self.prefix}}
         if self.list_endpoints:
             doc["endpoints"] = [*ENDPOINTS, *([TRANSACTIONS_ENDPOINT] if self.transactions else [])]
+        if self.idempotency_key_lifetime is not None:
+            doc["idempotency-key-lifetime"] = self.idempotency_key_lifetime
         return doc
+
+    def idempotent(self, key: str, request: tuple[str, str, bytes], run: Callable[[], tuple[int, bytes]]) -> tuple[int, bytes]:
+        """Run a mutation carrying Idempotency-Key ``key`` at most once (the spec's finalisation rules; see the module)."""
+        with self._keys_lock:
+            entry = self._keys.get(key)
+            first = entry is None
+            if entry is None:
+                entry = self._keys[key] = _KeyedAnswer(request)
+        if not first:
+            if entry.request != request:
+                return 422, _error(422, "UnprocessableEntityException", f"Idempotency-Key {key} was used for another request")
+            entry.done.wait(60)
+            if entry.answer is not None:
+                self.replayed.append(key)
+                return entry.answer
+            return self.idempotent(key, request, run)  # the first answer was a 5xx, not kept: run it now
+        try:
+            answer = run()
+        except BaseException:
+            answer = (500, b"")
+        with self._keys_lock:
+            if answer[0] < 500:
+                entry.answer = answer
+            else:
+                del self._keys[key]
+        entry.done.set()
+        return answer
 
     def commit_table(self, identifier: tuple[str, ...], request: CommitTableRequest) -> CommitTableResponse:
         request_id = tuple((*request.identifier.namespace.root, request.identifier.name)) if request.identifier else None
@@ -241,6 +290,15 @@ class TxnRestServer:
                 raise _Refused(404, "NoSuchNamespaceException", str(e)) from e
 
 
+class _KeyedAnswer:
+    """What the server keeps for one Idempotency-Key: the request it came with and, once final, its answer."""
+
+    def __init__(self, request: tuple[str, str, bytes]):
+        self.request = request
+        self.answer: tuple[int, bytes] | None = None
+        self.done = threading.Event()
+
+
 def _table_response(table: Table) -> bytes:
     fields: dict[str, Any] = {"metadata-location": table.metadata_location, "metadata": table.metadata, "config": {}}
     response = TableResponse(**fields)
@@ -269,14 +327,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        try:
-            status, payload = self._route(urllib.parse.urlsplit(self.path), body)
-        except _Refused as e:
-            status, payload = e.status, _error(e.status, e.kind, str(e))
-        except ValidationError as e:  # an unknown update or requirement, a malformed body: the spec's 400
-            status, payload = 400, _error(400, "BadRequestException", f"invalid request body: {e}")
-        except Exception as e:  # a bug of this fixture: loud, as a 500
-            status, payload = 500, _error(500, "ServerError", f"{type(e).__name__}: {e}")
+        owner = self.server_owner
+        key = self.headers.get("Idempotency-Key")
+        if key and owner.idempotency_key_lifetime is not None and self.command in ("POST", "DELETE"):
+            status, payload = owner.idempotent(key, (self.command, self.path, body), lambda: self._answer_for(body))
+        else:
+            status, payload = self._answer_for(body)
         self.send_response(status)
         if status != 204:
             self.send_header("Content-Type", "application/json")
@@ -284,6 +340,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if payload and self.command != "HEAD" and status != 204:
             self.wfile.write(payload)
+
+    def _answer_for(self, body: bytes) -> tuple[int, bytes]:
+        try:
+            return self._route(urllib.parse.urlsplit(self.path), body)
+        except _Refused as e:
+            return e.status, _error(e.status, e.kind, str(e))
+        except ValidationError as e:  # an unknown update or requirement, a malformed body: the spec's 400
+            return 400, _error(400, "BadRequestException", f"invalid request body: {e}")
+        except Exception as e:  # a bug of this fixture: loud, as a 500
+            return 500, _error(500, "ServerError", f"{type(e).__name__}: {e}")
 
     def _route(self, url: urllib.parse.SplitResult, body: bytes) -> tuple[int, bytes]:
         owner = self.server_owner
