@@ -388,10 +388,10 @@ def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterK
             "committed table by table, without the routed batch's all-tables-or-none guarantee); route the change "
             "stream into one lakesink.foreach_batch(table, upsert_key=...) per table, or append the changes"
         )
-    if writer is WriterKind.SPARK:
+    if writer in (WriterKind.SPARK, WriterKind.DRIVER):
         raise InvalidOptionError(
             f"option '{ROUTE_BY}' writes through Python workers (the Arrow path: each task splits its rows by table); "
-            "writer='spark' cannot be used with it: use writer='auto' or 'arrow'"
+            f"writer={writer.value!r} cannot be used with it: use writer='auto' or 'arrow'"
         )
     namespace: tuple[str, ...] = ()
     if lowered.get(NAMESPACE, "").strip():

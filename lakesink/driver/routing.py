@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io import load_file_io
 from pyiceberg.table import Table
@@ -207,7 +208,7 @@ class RoutedCommitter:
         warehouse to place new tables in."""
         if self._template is None:
             root = self.catalog.properties.get("warehouse")
-            if not root:
+            if not root or not self.places_tables_itself():
                 return None
             schema = seam.new_table_schema(self.stream_schema)
             name = f"tables routed by {self.routing.column!r}"
@@ -221,6 +222,22 @@ class RoutedCommitter:
                 io=load_file_io(dict(self.catalog.properties), root),
             )
         return self._template
+
+    def places_tables_itself(self) -> bool:
+        """Whether lakesink may place a new table at ``<warehouse>/<namespace>.db/<table>`` itself: a catalog whose
+        ``warehouse`` is a location (a URI or an absolute path) and that takes the location given at creation. A REST
+        catalog's ``warehouse`` may be a name, and its server places tables: format("lakesink") cannot write a table
+        there before it exists."""
+        root = self.catalog.properties.get("warehouse") or ""
+        return not isinstance(self.catalog, RestCatalog) and ("://" in root or root.startswith("/"))
+
+    def no_template_reason(self) -> str:
+        """Why :meth:`template` is None (for the error that refuses format("lakesink"))."""
+        if isinstance(self.catalog, RestCatalog):
+            return "places its tables itself (a REST catalog)"
+        if not self.catalog.properties.get("warehouse"):
+            return "has no 'warehouse' property (option 'catalog.warehouse')"
+        return "has a 'warehouse' that is not a location (a URI or an absolute path)"
 
     def _location(self, route: Route) -> str | None:
         template = self.template()
@@ -321,10 +338,14 @@ class RoutedCommitter:
             return self._commit_empty(query_id, batch_id, source_offsets, run_id)
         unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
         actions: list[tuple[TableCommitter, CommitAction]] = []
+        # the tables planned for this batch, read in one catalog query (SQL catalogs)
+        read = catalogs.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
         for route in routes:
             name = str(route)
             c = self.committer(name)
-            table, table_results = self._table_for_commit(c, route, by_table[name], name in templated, query_id, batch_id)
+            table, table_results = self._table_for_commit(
+                c, route, by_table[name], name in templated, query_id, batch_id, read.get(route.identifier)
+            )
             actions.append(
                 (
                     c,
@@ -434,7 +455,14 @@ class RoutedCommitter:
         return self._run(actions, batch_id)
 
     def _table_for_commit(
-        self, c: TableCommitter, route: Route, results: list[TaskResult], templated: bool, query_id: str, batch_id: int
+        self,
+        c: TableCommitter,
+        route: Route,
+        results: list[TaskResult],
+        templated: bool,
+        query_id: str,
+        batch_id: int,
+        read: Table | None = None,
     ) -> tuple[Table, list[TaskResult]]:
         """The table to commit ``results`` to, as read now; files written with the template go in as they are when
         the table is as the template made it, else they are rewritten into the table here (its schema, its spec,
@@ -442,7 +470,7 @@ class RoutedCommitter:
         name = str(route)
         expected = self._uuids.get(name) or next((r.table_uuid for r in results if r.table_uuid), None)
         if not templated:
-            table = c.load_patiently(batch_id)
+            table = read if read is not None else c.load_patiently(batch_id)  # not read: raises (dropped) or retries
         else:
             try:
                 table = c.load()

@@ -186,8 +186,9 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
     if routed.template() is None:
         raise InvalidOptionError(
             f"format('lakesink') with option 'route-by' writes tables before they exist, at <warehouse>/<namespace>.db/"
-            f"<table>, and catalog {routed.catalog.name!r} has no 'warehouse' property: set it (option "
-            "'catalog.warehouse'), or use lakesink.foreach_batch(route_by=...), which opens each batch's tables first"
+            f"<table>, and catalog {routed.catalog.name!r} ({type(routed.catalog).__name__}) {routed.no_template_reason()}"
+            ": use lakesink.foreach_batch(route_by=...), which opens (and creates) each batch's tables before it "
+            "writes them"
         )
     query_id = read_query_id(options.checkpoint_location)
     plan = routed.routed_plan(routed.written_plans(query_id), query_id, template=True)
