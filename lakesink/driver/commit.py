@@ -103,6 +103,31 @@ class _Batch:
         """When the oldest of the batch's files was written (None: the tasks did not say)."""
         return min((r.written_since_ms for r in self.results if r.files and r.written_since_ms is not None), default=None)
 
+    @classmethod
+    def new(
+        cls,
+        *,
+        query_id: str,
+        batch_id: int,
+        results: Sequence[TaskResult],
+        source_offsets: str | None,
+        run_id: str | None,
+        changes: pa.Table | None = None,
+        unit: Mapping[str, str] | None = None,
+    ) -> _Batch:
+        """A batch's commit call starting now, with a new commit id (the run id the tasks carry when none is given)."""
+        return cls(
+            query_id=query_id,
+            batch_id=batch_id,
+            results=results,
+            source_offsets=source_offsets,
+            run_id=run_id or next((r.run_id for r in results if r.run_id), None),
+            commit_id=uuid.uuid4().hex,
+            started=time.monotonic(),
+            changes=changes,
+            unit=dict(unit or {}),
+        )
+
     def commit_name(self) -> names.CommitName:
         """A new name for one attempt's manifests and manifest list (lakesink.table.names: the orphan clean-up keeps them
         while the batch is not committed)."""
@@ -195,14 +220,8 @@ class TableCommitter(SinkTable):
     ) -> AppendBatch:
         """The action that appends a batch's files to this sink's table, for a unit of several tables
         (:func:`lakesink.driver.swap.run_unit`); ``table``: the table as read for its first attempt."""
-        batch = _Batch(
-            query_id=query_id,
-            batch_id=batch_id,
-            results=results,
-            source_offsets=source_offsets,
-            run_id=run_id or next((r.run_id for r in results if r.run_id), None),
-            commit_id=uuid.uuid4().hex,
-            started=time.monotonic(),
+        batch = _Batch.new(
+            query_id=query_id, batch_id=batch_id, results=results, source_offsets=source_offsets, run_id=run_id
         )
         return AppendBatch(self, table, batch)
 
@@ -218,21 +237,16 @@ class TableCommitter(SinkTable):
         source_offsets: str | None,
         run_id: str | None,
         unit: Mapping[str, str],
+        found_at_plan: bool = False,
     ) -> _BatchAction:
         """This table's action in a batch of several tables (``table``: as read for the first attempt): the batch's
-        files appended (its snapshot records ``unit``), or, when every task found the batch in this table already
-        (a replay completing the others), a replay that must still be there."""
-        batch = _Batch(
-            query_id=query_id,
-            batch_id=batch_id,
-            results=results,
-            source_offsets=source_offsets,
-            run_id=run_id or next((r.run_id for r in results if r.run_id), None),
-            commit_id=uuid.uuid4().hex,
-            started=time.monotonic(),
-            unit=unit,
+        files appended (its snapshot records ``unit``), or, when the batch was found in this table already when it
+        was planned (``found_at_plan``, foreach_batch) or by every task (a replay completing the others), a replay
+        that must still be there."""
+        batch = _Batch.new(
+            query_id=query_id, batch_id=batch_id, results=results, source_offsets=source_offsets, run_id=run_id, unit=unit
         )
-        if results and all(r.replay_skipped for r in results):
+        if found_at_plan or (results and all(r.replay_skipped for r in results)):
             return ReplayFoundAtPlan(self, table, batch)
         if not batch.files:
             return MarkEmptyBatch(self, table, batch)
@@ -299,14 +313,12 @@ class TableCommitter(SinkTable):
         if changes is None and any(r.changes for r in results):
             # format("lakesink") with upsert-key: the tasks resolved their rows; a key of two tasks is an error
             changes = upsert_task.merge([r.changes for r in results if r.changes], batch_id=batch_id)
-        batch = _Batch(
+        batch = _Batch.new(
             query_id=query_id,
             batch_id=batch_id,
             results=results,
             source_offsets=source_offsets,
-            run_id=run_id or next((r.run_id for r in results if r.run_id), None),
-            commit_id=uuid.uuid4().hex,
-            started=time.monotonic(),
+            run_id=run_id,
             changes=changes if changes is not None and changes.num_rows else None,
         )
         expected_uuid = table_uuid or next((r.table_uuid for r in results if r.table_uuid), None)

@@ -428,16 +428,6 @@ class RoutedCommitter:
         for route in routes:
             c = self.committer(str(route))
             table = c.load_patiently(batch_id)
-            marker = TaskResult(
-                query_id=query_id,
-                batch_id=batch_id,
-                partition_id=-1,
-                task_attempt_id=-1,
-                schema_id=table.metadata.current_schema_id,
-                spec_id=table.metadata.default_spec_id,
-                replay_skipped=True,
-                run_id=run_id,
-            )
             actions.append(
                 (
                     c,
@@ -445,10 +435,11 @@ class RoutedCommitter:
                         table,
                         query_id=query_id,
                         batch_id=batch_id,
-                        results=(marker,),
+                        results=(),
                         source_offsets=source_offsets,
                         run_id=run_id,
                         unit={},
+                        found_at_plan=True,
                     ),
                 )
             )
