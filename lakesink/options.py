@@ -116,11 +116,15 @@ class WriterKind(enum.Enum):
     """Which code writes a batch's Parquet files (:func:`lakesink.foreach_batch` only; see docs/write-paths.md)."""
 
     AUTO = "auto"
-    """Spark's own Parquet writer when the table allows it (unpartitioned, no lists or maps, ...), else Arrow."""
+    """A small batch on the driver (DRIVER); else Spark's own Parquet writer when the table allows it (no lists or
+    maps, ...), else Arrow."""
     SPARK = "spark"
     """Spark's own Parquet writer, in the JVM (the fast path); a table it cannot write is an error."""
     ARROW = "arrow"
     """Rows move to Python workers (``mapInArrow``) and are written with pyarrow."""
+    DRIVER = "driver"
+    """Rows are collected to the driver as Arrow (``DataFrame.toArrow()``) and written there with pyarrow: the
+    fastest for small batches (``auto`` picks it after a batch of at most 10,000 rows; lakesink.sink.driver_write)."""
 
     @classmethod
     def parse(cls, value: str) -> WriterKind:
@@ -421,10 +425,10 @@ def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterK
             "committed table by table, without the routed batch's all-tables-or-none guarantee); route the change "
             "stream into one lakesink.foreach_batch(table, upsert_key=...) per table, or append the changes"
         )
-    if writer is WriterKind.SPARK:
+    if writer in (WriterKind.SPARK, WriterKind.DRIVER):
         raise InvalidOptionError(
             f"option '{ROUTE_BY}' writes through Python workers (the Arrow path: each task splits its rows by table); "
-            "writer='spark' cannot be used with it: use writer='auto' or 'arrow'"
+            f"writer={writer.value!r} cannot be used with it: use writer='auto' or 'arrow'"
         )
     namespace: tuple[str, ...] = ()
     if lowered.get(NAMESPACE, "").strip():

@@ -180,9 +180,10 @@ def committer(catalog_properties: dict[str, str]) -> object:
     return c
 
 
-@pytest.fixture(params=["format", "foreach"])
+@pytest.fixture(params=["format", "foreach", "foreach-driver"])
 def stream(request: pytest.FixtureRequest, spark: object, tmp_path: Path, catalog_properties: dict[str, str]) -> object:
-    """One streaming pipeline on a fresh SQLite catalog, through each entry point in turn."""
+    """One streaming pipeline on a fresh SQLite catalog, through each entry point in turn (``foreach-driver``:
+    foreach_batch with every batch written on the driver, ``writer="driver"``)."""
     from tests.support.helpers import Stream
 
     return Stream(spark, tmp_path, catalog_properties, request.param)

@@ -114,6 +114,27 @@ def test_executor_kills_and_exceptions_are_retried_without_a_restart(tmp_path: P
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_process_kills_with_every_batch_written_on_the_driver(tmp_path: Path) -> None:
+    """foreach_batch's small-batch path (writer="driver": the rows collected and written in the driver process),
+    SIGKILLed after a delay, just before the swap (its files written, nothing committed) and after the swap."""
+    seed = run_soak(
+        tmp_path,
+        "--seed", "4",
+        "--rounds", "4",
+        "--entry", "foreach",
+        "--writer", "driver",
+        "--schedule", f"{DELAY},{COMMIT_KILL}@driver.before-swap,{PAUSE_KILL},{DELAY}",
+        "--max-delay", "3",
+    )  # fmt: skip
+    assert seed["entry"] == "foreach"
+    assert seed["kills_by_phase"][DELAY] == 2 and seed["kills_by_phase"][COMMIT_KILL] == 1
+    assert seed["kills_by_phase"][PAUSE_KILL] == 1
+    assert seed["kills_landed"][IN_TABLE_NOT_COMMIT_LOG] >= 1  # the pause after the swap: replayed, skipped
+    assert seed["replays"]["already_in_table_skipped"] >= 1
+    collect_orphans(seed)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_kill_while_spark_writes_the_first_offset_entry_then_the_refused_restart_is_recovered(tmp_path: Path) -> None:
     """The JVM SIGKILLed while Spark writes ``offsets/0`` (both temp files there, neither renamed): Spark 4.3
     refuses every restart (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY ... offsets should be empty on batch 0).

@@ -62,7 +62,7 @@ def _unsupported(t: spark_types.DataType, path: str) -> list[str]:
     return []
 
 
-def _chars_as_strings(t: spark_types.DataType) -> spark_types.DataType:
+def chars_as_strings(t: spark_types.DataType) -> spark_types.DataType:
     """``t`` with char(n) and varchar(n) (kept by spark.sql.preserveCharVarcharTypeInfo) as string, at any depth.
 
     Spark has already padded char(n) values and checked varchar(n) lengths: Iceberg stores them as strings.
@@ -71,12 +71,12 @@ def _chars_as_strings(t: spark_types.DataType) -> spark_types.DataType:
         return spark_types.StringType()
     if isinstance(t, spark_types.StructType):
         return spark_types.StructType(
-            [spark_types.StructField(f.name, _chars_as_strings(f.dataType), f.nullable, f.metadata) for f in t.fields]
+            [spark_types.StructField(f.name, chars_as_strings(f.dataType), f.nullable, f.metadata) for f in t.fields]
         )
     if isinstance(t, spark_types.ArrayType):
-        return spark_types.ArrayType(_chars_as_strings(t.elementType), t.containsNull)
+        return spark_types.ArrayType(chars_as_strings(t.elementType), t.containsNull)
     if isinstance(t, spark_types.MapType):
-        return spark_types.MapType(_chars_as_strings(t.keyType), _chars_as_strings(t.valueType), t.valueContainsNull)
+        return spark_types.MapType(chars_as_strings(t.keyType), chars_as_strings(t.valueType), t.valueContainsNull)
     return t
 
 
@@ -93,7 +93,7 @@ def arrow_schema_of(spark_schema: SparkStructType) -> pa.Schema:
             + "\n  - ".join(problems)
             + f"\nIceberg holds: {VALID_SPARK_TYPES}"
         )
-    strings = _chars_as_strings(spark_schema)
+    strings = chars_as_strings(spark_schema)
     assert isinstance(strings, SparkStructType)
     try:
         arrow = utc_schema(_pyspark.arrow_schema(strings, error_on_duplicated_field_names_in_struct=True))

@@ -25,11 +25,17 @@ from lakesink.table.dead_letters import REJECT_COLUMN
 
 
 def check_writer(options: SinkOptions) -> None:
-    """At ``foreach_batch(...)``: dead letters need the Arrow path."""
+    """At ``foreach_batch(...)``: dead letters need the Arrow path (rows sorted in Python workers)."""
     if options.dead_letter_table is not None and options.writer is WriterKind.SPARK:
         raise InvalidOptionError(
             f"option '{WRITER}'='spark' cannot divert single rows to a dead-letter table: Spark's Parquet writer writes "
             "every row or fails; use writer='auto' or 'arrow' with dead_letter_table (docs/dead-letters.md)"
+        )
+    if options.dead_letter_table is not None and options.writer is WriterKind.DRIVER:
+        raise InvalidOptionError(
+            f"option '{WRITER}'='driver' does not sort rows into a dead-letter table (a batch's rows are sorted in "
+            "Python workers, and with upsert-key some are taken out before the upsert resolution); use writer='auto' "
+            "or 'arrow' with dead_letter_table (docs/dead-letters.md)"
         )
 
 

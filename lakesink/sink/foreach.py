@@ -2,10 +2,12 @@
 
 The function runs on the driver for every micro-batch. It checks whether the batch is already
 committed *before* writing anything, has the batch's Parquet files written, and commits them as one
-snapshot. The files are written by one of two paths (option ``writer``, see docs/write-paths.md):
-Spark's own Parquet writer in the JVM (:mod:`lakesink.sink.spark_write`, the fast path, chosen by
-``auto`` whenever the table allows it), or Python workers writing with pyarrow (``mapInArrow`` and
-:class:`lakesink.executor.task_writer.TaskWriter`, the same code as ``format("lakesink")``).
+snapshot. The files are written by one of three paths (option ``writer``, see docs/write-paths.md): the
+driver itself for a small batch (:mod:`lakesink.sink.driver_write`: the rows collected as Arrow, chosen by
+``auto`` after a small batch of the same run), Spark's own Parquet writer in the JVM
+(:mod:`lakesink.sink.spark_write`, chosen by ``auto`` otherwise whenever the table allows it), or Python
+workers writing with pyarrow (``mapInArrow`` and :class:`lakesink.executor.task_writer.TaskWriter`, the same
+code as ``format("lakesink")``).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from lakesink.options import (
     SinkOptions,
     WriterKind,
 )
-from lakesink.sink import completeness, dead_letters, spark_fs, spark_write, upsert_batch
+from lakesink.sink import completeness, dead_letters, driver_write, spark_fs, spark_write, upsert_batch
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 from lakesink.table import storage
 from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
@@ -116,9 +118,11 @@ def foreach_batch(
         merge_schema: add new stream columns to the table and widen its column types (int to long,
             float to double, decimal precision) in the same atomic commit as the batch's data.
         branch: the branch batches commit to (write-audit-publish; created from ``main`` when missing).
-        writer: ``"auto"`` (Spark's own Parquet writer when the table allows it, else the Arrow path),
-            ``"spark"`` (Spark's writer; a table it cannot write fails the batch) or ``"arrow"`` (rows
-            through Python workers, written with pyarrow). See docs/write-paths.md.
+        writer: ``"auto"`` (a small batch -- the run's previous one held at most 10,000 rows -- written on the
+            driver, else Spark's own Parquet writer when the table allows it, else the Arrow path), ``"spark"``
+            (Spark's writer; a table it cannot write fails the batch), ``"arrow"`` (rows through Python workers,
+            written with pyarrow) or ``"driver"`` (every batch collected as Arrow and written on the driver). See
+            docs/write-paths.md.
         sink_id: needed only when one query writes this table through several sinks (two lakesink calls in
             one foreachBatch function, e.g. two filters of the batch, or main and an audit branch): each sink
             gets its own id and is exactly-once on its own. Keep it stable across restarts.
@@ -206,6 +210,7 @@ class ForeachBatchSink:
         self._run: str | None = None  # the query run the table was opened for
         self._table_uuid: str | None = None  # the table's uuid when this run opened it
         self._bytes_per_row: float | None = None  # of the last batch the Spark path wrote (to size its files)
+        self._last_rows: int | None = None  # rows of this run's last batch written (writer=auto: small -> the driver)
         self._routed: RoutedCommitter | None = None  # option route-by
         self.last_routed: RoutedOutcome | None = None
         """Option route-by: the last batch's outcome in each of its tables."""
@@ -226,7 +231,7 @@ class ForeachBatchSink:
         committer = self._committer
         run_id = self._run_id(spark)
         if run_id != self._run:  # a new run of the query (or the first): open the table afresh
-            self._run, self._opened, self._table_uuid = run_id, None, None
+            self._run, self._opened, self._table_uuid, self._last_rows = run_id, None, None, None
         stream_schema = arrow_schema_of(df.schema)
         if self._opened is None or not self._opened.equals(stream_schema):
             table = committer.open_table(stream_schema)  # first batch (or a new stream schema): all checks
@@ -280,14 +285,19 @@ class ForeachBatchSink:
             raise InvalidOptionError(f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'")
         if plan.row_checks is not None and reason is None:
             reason = "option dead-letter-table: rows are sorted in Python workers"
-        if self.options.writer is WriterKind.ARROW or reason is not None:
+        directory = None
+        # small batches on the driver (lakesink.sink.driver_write); never with dead letters (sorted in Python workers)
+        on_driver = plan.row_checks is None and self._on_driver()
+        collected = driver_write.collect(df) if on_driver else None  # None: not small, or too large to collect
+        if collected is not None:
+            results = [driver_write.write_batch(collected, plan, batch_id=batch_id, run_id=run_id)]
+        elif self.options.writer is WriterKind.ARROW or reason is not None:
             rows = df.mapInArrow(PartitionWriter(plan, batch_id, run_id), TASK_RESULT_SCHEMA).collect()
             results = [pickle.loads(r[0]) for r in rows]
             if letters is not None and plan.row_checks is not None:  # taken out before the upsert resolution
                 only = dataclasses.replace(plan, row_checks=dataclasses.replace(plan.row_checks, letters_only=True))
                 more = letters.mapInArrow(PartitionWriter(only, batch_id, run_id), TASK_RESULT_SCHEMA).collect()
                 results += [pickle.loads(r[0]) for r in more]
-            directory = None
         else:
             written = spark_write.write_batch(
                 df, plan, batch_id=batch_id, max_records_per_file=self._max_records_per_file(plan), run_id=run_id
@@ -304,6 +314,7 @@ class ForeachBatchSink:
             )
             if written.record_count:
                 self._bytes_per_row = written.size_in_bytes / written.record_count
+        self._last_rows = sum(r.record_count for r in results)
         try:
             return committer.commit_batch(
                 query_id=query_id,
@@ -403,6 +414,14 @@ class ForeachBatchSink:
                 "it must be the same folder as the query's checkpointLocation option"
             )
         return query_id
+
+    def _on_driver(self) -> bool:
+        """Write this batch on the driver (lakesink.sink.driver_write)? ``writer="driver"``, or ``auto`` after a batch of
+        this run with at most SMALL_BATCH_ROWS rows (the first batch of a run, often a backlog, is not collected)."""
+        if self.options.writer is WriterKind.DRIVER:
+            return True
+        small = self._last_rows is not None and self._last_rows <= driver_write.SMALL_BATCH_ROWS
+        return self.options.writer is WriterKind.AUTO and small
 
     def _max_records_per_file(self, plan: WritePlan) -> int:
         """Spark rolls files by row count only: the target file size over the last batch's bytes per row (0: no limit)."""

@@ -132,6 +132,7 @@ def test_foreach_batch_auto_uses_spark_writer_on_the_cluster(tmp_path: Path, clu
         "writer": "auto",
         "catalog_properties": props,
         "master": cluster.url,
+        "max_files": 2,  # one batch, the run's first: auto writes it with Spark's writer (later small ones: on the driver)
         "conf": {"spark.executor.memory": "512m", "spark.executor.cores": "1", "spark.cores.max": "2"},
     }
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}

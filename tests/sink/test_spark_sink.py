@@ -126,6 +126,11 @@ def test_task_that_fails_once_is_retried_without_duplicates(stream: Stream, faul
     faults.arm(EXECUTOR_AFTER_FILE, "raise")  # the first task attempt fails after writing its file
     # executor.* points fire in Python workers: foreach_batch on its Arrow path (the Spark path's equivalent,
     # a task of Spark's own write job failing once, is in tests/sink/test_spark_write.py)
+    if stream.entry == "foreach-driver":
+        # the driver path's writer runs in the driver: its failure fails the batch (no task to retry), with the
+        # file it wrote deleted; the restart writes the batch again
+        assert "executor.after-file" in stream.run_failing()
+        assert stream.table.current_snapshot() is None and data_files_on_disk(stream.table) == set()
     stream.run(**({"writer": "arrow"} if stream.entry == "foreach" else {}))
     assert faults.fired(EXECUTOR_AFTER_FILE)
     stream.assert_exactly_once()

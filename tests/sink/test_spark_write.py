@@ -337,7 +337,7 @@ def test_auto_uses_the_arrow_path_for_lists_and_spark_refuses_them(
 def test_writer_option_is_validated() -> None:
     assert SinkOptions.from_mapping({"table": "db.t", "writer": " Spark "}).writer is WriterKind.SPARK
     assert SinkOptions.from_mapping({"table": "db.t"}).writer is WriterKind.AUTO
-    with pytest.raises(InvalidOptionError, match="option 'writer' must be one of 'auto', 'spark', 'arrow', got 'jvm'"):
+    with pytest.raises(InvalidOptionError, match="option 'writer' must be one of 'auto', 'spark', 'arrow', 'driver', got 'jvm'"):
         lakesink.foreach_batch("db.t", writer="jvm", catalog_properties={"type": "in-memory"})
     with pytest.raises(InvalidOptionError, match=r"option 'writer' is not used with format\('lakesink'\)"):
         SinkOptions.from_spark_options({"table": "db.t", "writer": "arrow"}, overwrite=False)

@@ -56,7 +56,7 @@ from tests.support.interop_values import differences, plain_rows, plain_values
 
 TABLE = "db.types"
 IDENT = ("db", "types")
-TIME_ZONES = {"format": "America/Los_Angeles", "foreach": "Asia/Kolkata"}
+TIME_ZONES = {"format": "America/Los_Angeles", "foreach": "Asia/Kolkata", "foreach-driver": "Australia/Adelaide"}
 
 # --- the input ---------------------------------------------------------------------------------
 
@@ -390,6 +390,8 @@ def run_stream(stream: Stream, df: Any, table: str, **options: str) -> None:
             w = w.option(k, v)
     else:
         kwargs: dict[str, Any] = {k.replace("-", "_"): v for k, v in options.items()}
+        if stream.entry == "foreach-driver":
+            kwargs.setdefault("writer", "driver")
         w = df.writeStream.foreachBatch(lakesink.foreach_batch(table, catalog_properties=stream.props, **kwargs))
     run_to_end(w.option("checkpointLocation", str(stream.ck)).trigger(availableNow=True).start())
 

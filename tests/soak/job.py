@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--table", default="soak.events", help="target table (default: %(default)s)")
     p.add_argument("--max-files", type=int, default=2, help="maxFilesPerTrigger (default: %(default)s)")
     p.add_argument("--entry", choices=("format", "foreach"), default="format", help="lakesink entry point")
-    p.add_argument("--writer", choices=("auto", "spark", "arrow"), default="auto", help="foreach_batch's write path")
+    p.add_argument("--writer", choices=("auto", "spark", "arrow", "driver"), default="auto", help="foreach_batch's write path")
     p.add_argument("--master", default="local[2,4]", help="Spark master (default: %(default)s: task retries on)")
     p.add_argument(
         "--trigger-seconds",

@@ -946,7 +946,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--writer",
-        choices=("auto", "spark", "arrow"),
+        choices=("auto", "spark", "arrow", "driver"),
         default="auto",
         help="foreach_batch's write path (executor.* fault points fire on the arrow path only; default: %(default)s)",
     )

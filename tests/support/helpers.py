@@ -192,6 +192,8 @@ class Stream:
                 w = w.option(k.replace("_", "-"), str(v).lower() if isinstance(v, bool) else v)
         else:
             kwargs = {k.replace("-", "_"): v for k, v in extra.items()}
+            if self.entry == "foreach-driver":
+                kwargs.setdefault("writer", "driver")  # every batch collected and written on the driver
             w = df.writeStream.foreachBatch(
                 lakesink.foreach_batch(self.table_name, catalog_properties=self.props, output_mode=self.mode, **kwargs)
             )

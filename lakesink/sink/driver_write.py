@@ -1,0 +1,68 @@
+"""Driver side, the small-batch write path of :func:`lakesink.foreach_batch`: the rows to the driver as Arrow.
+
+A micro-batch of a few rows costs Spark far more to write as files than to collect: Spark 4's file-write job
+(a V1 write with its commit protocol, ``_temporary`` directories, a broadcast Hadoop configuration, one task
+per partition that opens a Parquet writer in the JVM, and on a local disk a ``chmod`` fork per file and
+directory) against one ``collect`` of Arrow batches (``DataFrame.toArrow()``: Spark's own Arrow collect, no
+Python worker). Measured at a 1-second trigger, 10 rows per batch (docs/performance.md, "Where a small batch's
+time goes"): the file-write job is most of lakesink's time per batch, the collect a fraction of it.
+
+So for a small batch the driver collects the rows and writes them with the same
+:class:`~lakesink.executor.task_writer.TaskWriter` as the Arrow path's tasks (projection onto the table's
+schema, NOT NULL checks, partitioning, row groups and file rolling, column statistics; unique file names; its
+files deleted when it fails), and hands the one :class:`~lakesink.executor.messages.TaskResult` to the same
+commit. Nothing else changes: the replay check comes before (a replayed batch collects nothing), the commit
+and the abort are the other paths', and a driver killed after writing leaves files named like the Arrow
+path's, which the orphan clean-up keeps while the batch may still commit.
+
+``writer="auto"`` takes this path when the previous batch of the same query run held at most
+:data:`SMALL_BATCH_ROWS` rows (the first batch of a run, often a backlog, takes the Spark or Arrow path). A
+batch that turns out larger than Spark lets a collect bring to the driver (``spark.driver.maxResultSize``) is
+written by the other paths instead (:func:`collect` returns None; nothing was written yet).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+
+from lakesink.driver.schema import chars_as_strings
+from lakesink.executor.messages import TaskResult, WritePlan
+from lakesink.executor.task_writer import TaskWriter
+
+log = logging.getLogger("lakesink")
+
+SMALL_BATCH_ROWS = 10_000
+"""``writer="auto"`` writes a batch on the driver when the run's previous batch held at most this many rows.
+
+About 1 MB of Arrow for narrow rows: a batch 100 times larger than the one before it still fits a driver
+comfortably; far larger ones meet ``spark.driver.maxResultSize`` and go to the other paths (:func:`collect`)."""
+
+_RESULT_TOO_LARGE = "spark.driver.maxResultSize"
+
+
+def collect(df: DataFrame) -> pa.Table | None:
+    """The batch's rows as one Arrow table on the driver, or None when Spark refuses to bring that much to the
+    driver (``spark.driver.maxResultSize``): then nothing was written and the batch can take another path."""
+    strings = chars_as_strings(df.schema)
+    if strings != df.schema:
+        # char(n)/varchar(n) kept by spark.sql.preserveCharVarcharTypeInfo: pyspark's toArrow() refuses them (the
+        # Arrow path's tasks receive them as strings); Spark has padded and checked the values already
+        df = df.to(strings)  # type: ignore[arg-type]
+    try:
+        return df.toArrow()
+    except Exception as e:
+        if _RESULT_TOO_LARGE in str(e):
+            log.warning("lakesink: batch too large to collect on the driver (%s); written by tasks instead", _RESULT_TOO_LARGE)
+            return None
+        raise
+
+
+def write_batch(rows: pa.Table, plan: WritePlan, *, batch_id: int, run_id: str | None) -> TaskResult:
+    """Write the collected rows as the table's data files (one writer, on the driver); nothing is committed.
+
+    On any failure the files written so far are deleted before the error propagates (TaskWriter)."""
+    writer = TaskWriter(plan, query_id=plan.query_id or "", batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id)
+    return writer.write(rows.to_batches())
