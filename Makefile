@@ -6,7 +6,7 @@ PY := $(abspath $(VENV))/bin/python
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
 
-.PHONY: demo test test-fast test-floor test-deploy jdbc-drivers lakana-server lint soak soak-concurrency bench clean
+.PHONY: demo test test-fast test-floor test-deploy jdbc-drivers lakana-server lint soak soak-routing soak-concurrency bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,11 @@ test-deploy: $(VENV)/.installed $(JAVA_VENV)/.installed jdbc-drivers
 # the long kill -9 soak (docs/soak.md); the short version runs inside `make test`
 soak: $(VENV)/.installed
 	$(PY) -m tests.soak --rounds 50 --seeds 1,2,3 --entry both $(SOAK_ARGS)
+
+# the kill -9 soak of option route-by (tests/soak/routing.py; its short version runs inside `make test`)
+soak-routing: $(VENV)/.installed
+	$(PY) -m tests.soak.routing --dir $(or $(SOAK_DIR),/tmp/lakesink-soak-routing) --entry both --rounds 12 $(SOAK_ARGS)
+	$(PY) -m tests.soak.routing --dir $(or $(SOAK_DIR),/tmp/lakesink-soak-routing)-off --entry both --atomic off --rounds 8 $(SOAK_ARGS)
 
 # the concurrency soak (docs/soak.md): per entry point, 20 minutes of a stream with maintenance=auto beside a
 # pyiceberg writer, merge-on-read deletes, tags and remove-orphan-files --older-than 0 (about 50 minutes in all)

@@ -159,3 +159,8 @@ class AuditError(LakesinkError):
 
 class PublishRefusedError(LakesinkError):
     """``publish`` refused to move ``main``: the branch failed verification or ``main`` is not its ancestor."""
+
+
+class RoutingError(LakesinkError):
+    """Option ``route-by``: a row's routing value names no table lakesink may write (null, empty, invalid), or two
+    values of one batch name one table. The message names the value and the batch; nothing was committed."""

@@ -44,6 +44,10 @@ DRIVER_IN_ABORT = "driver.in-abort"
 #: (transactions/commit): there is no such moment on the client side, and this point never fires for it
 CATALOG_BETWEEN_TABLE_SWAPS = "catalog.between-table-swaps"
 
+DRIVER_BETWEEN_TABLE_COMMITS = "driver.between-table-commits"
+"""A unit committed one table after the other (a catalog without multi-table commits, or option atomic=off):
+after one table's swap, before the next table's."""
+
 POINTS = (
     EXECUTOR_BEFORE_WRITE,
     EXECUTOR_AFTER_FILE,
@@ -55,6 +59,7 @@ POINTS = (
     CATALOG_FAILS_AFTER_APPLY,
     DRIVER_IN_ABORT,
     CATALOG_BETWEEN_TABLE_SWAPS,
+    DRIVER_BETWEEN_TABLE_COMMITS,
 )
 
 #: How long a paused point waits for its release before it raises: generous, because the test that releases

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from lakesink.errors import InvalidOptionError
@@ -17,6 +17,7 @@ from lakesink.table import partitioning
 from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH
 from lakesink.table.partitioning import PARTITIONED_BY as PARTITIONED_BY
 from lakesink.table.partitioning import PartitionTerm
+from lakesink.table.routes import parse_namespace
 
 TABLE = "table"
 CATALOG = "catalog"
@@ -33,6 +34,9 @@ DELETE_WHEN = "delete-when"
 ORDER_BY = "order-by"
 TABLE_PROPERTY_PREFIX = "table-property."
 MAINTENANCE = "maintenance"
+ROUTE_BY = "route-by"
+NAMESPACE = "namespace"
+ATOMIC = "atomic"
 #: Iceberg table format versions lakesink creates tables with (pyiceberg 0.12 writes v3 too).
 FORMAT_VERSIONS = (1, 2, 3)
 DEFAULT_FORMAT_VERSION = 2
@@ -56,6 +60,9 @@ VALID_OPTIONS = (
     f"{TABLE_PROPERTY_PREFIX}<property>",
     FORMAT_VERSION,
     MAINTENANCE,
+    ROUTE_BY,
+    NAMESPACE,
+    ATOMIC,
 )
 
 _TRUE = frozenset({"true", "1", "yes"})
@@ -125,6 +132,32 @@ class Maintenance(enum.Enum):
         return _parse_choice(cls, MAINTENANCE, value)
 
 
+class Atomic(enum.Enum):
+    """Option ``atomic`` (with ``route-by``): how the tables of one batch are committed (docs/routing.md)."""
+
+    AUTO = "auto"
+    """All tables of a batch in one atomic catalog commit where the catalog can (SQL catalogs; REST catalogs
+    serving transactions/commit), each table on its own elsewhere (said in the log once)."""
+    REQUIRED = "required"
+    """As auto, and a catalog that cannot commit several tables atomically fails the query at start."""
+    OFF = "off"
+    """Each table on its own (each exactly once; a batch's missing tables are completed on replay)."""
+
+    @classmethod
+    def parse(cls, value: str) -> Atomic:
+        return _parse_choice(cls, ATOMIC, value)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Option ``route-by``: each row goes to the table its routing column names; the column is not written."""
+
+    column: str
+    namespace: tuple[str, ...] = ()
+    """Option ``namespace``: the namespace of routing values that have none (empty: every value must name one)."""
+    atomic: Atomic = Atomic.AUTO
+
+
 @dataclass(frozen=True)
 class TableName:
     """A table identifier: a namespace of one or more levels and a table name."""
@@ -178,6 +211,13 @@ class SinkOptions:
     format_version: int | None = None
     """The format version of a table lakesink creates (None: 2); checked against an existing table when given."""
     maintenance: Maintenance = Maintenance.AUTO
+    routing: Routing | None = None
+    """Option ``route-by``: one stream into many tables. ``table`` is then :data:`ROUTED` (no table of its own):
+    each table's options are :meth:`for_table`'s."""
+
+    def for_table(self, table: TableName) -> SinkOptions:
+        """The options of one table of a routed sink (everything but the routing)."""
+        return replace(self, table=table, routing=None)
 
     def __repr__(self) -> str:  # never print catalog secrets
         return (
@@ -188,7 +228,7 @@ class SinkOptions:
             f"merge_schema={self.merge_schema!r}, branch={self.branch!r}, writer={self.writer.value!r}, "
             f"sink_id={self.sink_id!r}, upsert_key={self.upsert_key!r}, delete_when={self.delete_when!r}, "
             f"order_by={self.order_by!r}, table_properties={dict(self.table_properties)!r}, "
-            f"format_version={self.format_version!r}, maintenance={self.maintenance.value!r})"
+            f"format_version={self.format_version!r}, maintenance={self.maintenance.value!r}, routing={self.routing!r})"
         )
 
     __str__ = __repr__
@@ -245,6 +285,9 @@ class SinkOptions:
                 ORDER_BY,
                 FORMAT_VERSION,
                 MAINTENANCE,
+                ROUTE_BY,
+                NAMESPACE,
+                ATOMIC,
             )
             and not k.startswith(CATALOG_PROPERTY_PREFIX)
             and not k.startswith(TABLE_PROPERTY_PREFIX)
@@ -254,8 +297,12 @@ class SinkOptions:
             raise InvalidOptionError(
                 f"unknown option(s) {', '.join(repr(k) for k in unknown)}; valid options: {', '.join(VALID_OPTIONS)}"
             )
-        if TABLE not in lowered or not lowered[TABLE].strip():
-            raise InvalidOptionError(f"option '{TABLE}' is required (for example .option('table', 'db.events'))")
+        routing = _parse_routing(lowered, mode, writer)
+        if routing is None and (TABLE not in lowered or not lowered[TABLE].strip()):
+            raise InvalidOptionError(
+                f"option '{TABLE}' is required (for example .option('table', 'db.events')), or option '{ROUTE_BY}' "
+                "(each row goes to the table its column names)"
+            )
         # Catalog property names keep their original case (pyiceberg property names are case-sensitive),
         # when the caller gave them to us with case (Spark lower-cases them anyway).
         catalog_properties = {
@@ -283,7 +330,8 @@ class SinkOptions:
             raise InvalidOptionError(f"option '{CATALOG}' must not be empty")
         upsert_key, delete_when, order_by = _parse_upsert(lowered, mode)
         return cls(
-            table=TableName.parse(lowered[TABLE]),
+            table=ROUTED if routing is not None else TableName.parse(lowered[TABLE]),
+            routing=routing,
             catalog_name=catalog_name.strip() if catalog_name else None,
             catalog_properties=catalog_properties,
             output_mode=mode,
@@ -301,6 +349,53 @@ class SinkOptions:
             format_version=_parse_format_version(lowered[FORMAT_VERSION]) if FORMAT_VERSION in lowered else None,
             maintenance=Maintenance.parse(lowered.get(MAINTENANCE, Maintenance.AUTO.value)),
         )
+
+
+ROUTED = TableName(namespace=("<route-by>",), name="<route-by>")
+"""The ``table`` of a routed sink's options: no table (a name no routing value can take; lakesink.driver.tables refuses
+to open it)."""
+
+
+def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterKind) -> Routing | None:
+    """Options ``route-by``, ``namespace`` and ``atomic``, and what cannot go with them."""
+    column = lowered.get(ROUTE_BY, "").strip()
+    if not column:
+        if ROUTE_BY in lowered:
+            raise InvalidOptionError(f"option '{ROUTE_BY}' must name the stream's column that holds each row's table")
+        given = [k for k in (NAMESPACE, ATOMIC) if k in lowered]
+        if given:
+            raise InvalidOptionError(
+                f"option(s) {', '.join(repr(k) for k in given)} need option '{ROUTE_BY}' (one stream into many tables)"
+            )
+        return None
+    if lowered.get(TABLE, "").strip():
+        raise InvalidOptionError(
+            f"give option '{TABLE}' or option '{ROUTE_BY}', not both: with '{ROUTE_BY}' each row goes to the table "
+            f"its column {column!r} names (option '{NAMESPACE}' supplies the namespace of values that have none)"
+        )
+    if mode is OutputMode.COMPLETE:
+        raise InvalidOptionError(
+            f"option '{ROUTE_BY}' cannot be used with output mode 'complete': each batch would replace every table "
+            "it routes to, and leave the tables it routes no row to as they were; use output mode 'append'"
+        )
+    if UPSERT_KEY in lowered or mode is OutputMode.UPDATE:
+        raise InvalidOptionError(
+            f"option '{ROUTE_BY}' cannot be used with option '{UPSERT_KEY}' or output mode 'update' (upserts are "
+            "committed table by table, without the routed batch's all-tables-or-none guarantee); route the change "
+            "stream into one lakesink.foreach_batch(table, upsert_key=...) per table, or append the changes"
+        )
+    if writer is WriterKind.SPARK:
+        raise InvalidOptionError(
+            f"option '{ROUTE_BY}' writes through Python workers (the Arrow path: each task splits its rows by table); "
+            "writer='spark' cannot be used with it: use writer='auto' or 'arrow'"
+        )
+    namespace: tuple[str, ...] = ()
+    if lowered.get(NAMESPACE, "").strip():
+        parsed = parse_namespace(lowered[NAMESPACE].strip())
+        if isinstance(parsed, str):
+            raise InvalidOptionError(f"option '{NAMESPACE}' is {lowered[NAMESPACE]!r}: {parsed} (for example 'db')")
+        namespace = parsed
+    return Routing(column, namespace, Atomic.parse(lowered.get(ATOMIC, Atomic.AUTO.value)))
 
 
 def _parse_upsert(lowered: Mapping[str, str], mode: OutputMode) -> tuple[tuple[str, ...], str | None, str | None]:

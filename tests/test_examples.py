@@ -68,3 +68,29 @@ def test_demo_fast_kills_and_restarts_with_no_duplicates_and_no_missing_rows(tmp
     # the embedded default catalog, where LAKESINK_HOME says
     assert (tmp_path / "lakehouse" / "catalog.db").is_file()
     assert (tmp_path / "lakehouse" / "warehouse").is_dir()
+
+
+ROUTING_DEMO = Path(__file__).resolve().parent.parent / "examples" / "routing_demo.py"
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(700)
+def test_routing_demo_kills_inside_the_multi_table_commit_and_ends_exactly_once(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, LAKESINK_HOME=str(tmp_path / "lakehouse"))
+    env.pop("LAKESINK_FAULTS_DIR", None)
+    done = subprocess.run(
+        [sys.executable, str(ROUTING_DEMO), "--dir", str(tmp_path / "run")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    log = tmp_path / "run" / "job.log"
+    detail = f"{done.stdout}\n{done.stderr[-3000:]}\n" + (log.read_text(errors="replace")[-3000:] if log.exists() else "")
+    assert done.returncode == 0, detail
+    for label in ("duplicates", "missing", "in the wrong table", "incomplete batches"):
+        assert re.search(rf"^\s*{label}:\s+0\b", done.stdout, re.MULTILINE), detail
+    assert "batches in some of their tables only: 0" in done.stdout, detail
+    assert done.stdout.rstrip().endswith("OK"), detail

@@ -35,6 +35,7 @@ def test_point_names() -> None:
         "catalog.fails-after-apply",
         "driver.in-abort",
         "catalog.between-table-swaps",
+        "driver.between-table-commits",
     )
 
 

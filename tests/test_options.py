@@ -9,7 +9,8 @@ from lakesink.options import OutputMode, SinkOptions, TableName
 
 VALID_LIST = (
     "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table, partitioned-by, merge-schema, "
-    "branch, sink-id, upsert-key, delete-when, order-by, table-property.<property>, format-version, maintenance"
+    "branch, sink-id, upsert-key, delete-when, order-by, table-property.<property>, format-version, maintenance, "
+    "route-by, namespace, atomic"
 )
 
 
@@ -79,7 +80,10 @@ def test_invalid_option_error_is_a_value_error() -> None:
 def test_missing_or_empty_table_is_rejected(options: dict[str, str]) -> None:
     with pytest.raises(InvalidOptionError) as e:
         SinkOptions.from_spark_options(options, overwrite=False)
-    assert str(e.value) == "option 'table' is required (for example .option('table', 'db.events'))"
+    assert str(e.value) == (
+        "option 'table' is required (for example .option('table', 'db.events')), or option 'route-by' (each row goes "
+        "to the table its column names)"
+    )
 
 
 @pytest.mark.parametrize("bad", ["events", "db..x", ".events", "db.", "db. .x", "."])
@@ -236,7 +240,7 @@ def test_repr_shows_every_field() -> None:
         "SinkOptions(table='db.t', catalog_name='prod', catalog_properties={}, output_mode='complete', "
         "checkpoint_location='/ck', create_table=False, partitioned_by='days(ts), bucket(16, id)', merge_schema=True, "
         "branch='main', writer='auto', sink_id='audit', upsert_key=(), delete_when=None, order_by=None, "
-        "table_properties={'write.target-file-size-bytes': '1024'}, format_version=2, maintenance='off')"
+        "table_properties={'write.target-file-size-bytes': '1024'}, format_version=2, maintenance='off', routing=None)"
     )
 
 

@@ -513,7 +513,6 @@ def filter_arrow(rows: pa.Table, schema: Schema, row_filter: BooleanExpression) 
 # --- column metrics: Iceberg Java's inferred-column limit (executor side) -------------------------------
 
 
-
 def metrics_properties(schema: Schema, table_properties: Mapping[str, str]) -> dict[str, str]:
     """The metrics properties as Iceberg Java's ``MetricsConfig`` reads them, for pyiceberg's statistics plan.
 
@@ -613,4 +612,3 @@ if fast_avro_reads_doubles_as_float32():
     DoubleReader.read = _read_double_exactly  # type: ignore[method-assign]
 if partition_summaries_merge_signed_zeros():
     PartitionFieldStats.update = _update_in_iceberg_order  # type: ignore[method-assign]
-

@@ -9,6 +9,7 @@ from typing import Any
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
+from lakesink.audit import routes
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import ancestry, lakesink_key, opt_int_property, progress, sink_of, summary_of
 from lakesink.errors import PROGRAMMING_ERRORS
@@ -62,6 +63,9 @@ class VerifyReport:
     files_checked: int
     queries: list[QueryBatches] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
+    routed_batches: int = 0
+    """Option route-by: the batches of the branch that wrote several tables, each looked for in the catalog's tables
+    (a ``batch-incomplete`` violation for one missing from some)."""
 
     @property
     def ok(self) -> bool:
@@ -82,6 +86,8 @@ class VerifyReport:
                 f"{q.empty_batches} empty batch(es) accounted"
                 + (f", {q.expired_batches} batch(es) before the kept history (snapshots expired)" if q.expired_batches else "")
             )
+        if self.routed_batches:
+            lines.append(f"  {self.routed_batches} routed batch(es) looked for in every table they wrote")
         for v in self.violations:
             lines.append(f"  {v.kind}: {v.message}")
         return "\n".join(lines)
@@ -133,7 +139,26 @@ def _reload(table: Table) -> Table | None:
         return None
 
 
-def _verify(table: Table, *, branch: str, check_files: bool, show_progress: bool | None) -> VerifyReport:
+def _check_routed(table: Table, snapshots: Sequence[Snapshot], report: VerifyReport) -> None:
+    """Option route-by: every routed batch of the branch is in all the tables it wrote (the catalog's tables read)."""
+    mine = routes.routed_batches([(".".join(table.name()), snapshots)])
+    if not mine or table.catalog is None:
+        return
+    queries = {k[0] for k in mine}
+    tables = [t for t in routes.load_tables(table.catalog) if routes.holds_query(t, queries)]
+    everywhere: dict[tuple[str, str | None, int], routes.BatchTables] = {}
+    for q in queries:
+        everywhere.update(routes.routed_batches(routes.histories(tables), q))
+    report.routed_batches = len(mine)
+    for key in sorted(mine, key=routes.order):
+        batch = everywhere.get(key, mine[key])
+        if not batch.complete:
+            report.violations.append(Violation(routes.BATCH_INCOMPLETE, batch.describe()))
+
+
+def _verify(
+    table: Table, *, branch: str, check_files: bool, show_progress: bool | None, across_tables: bool = True
+) -> VerifyReport:
     name = ".".join(table.name())
     snapshots = ancestry(table, branch)
     head = snapshots[-1] if snapshots else None
@@ -142,6 +167,8 @@ def _verify(table: Table, *, branch: str, check_files: bool, show_progress: bool
         report.violations.append(Violation("no-branch", f"branch {branch!r} does not exist"))
         return report
     _check_batches(table, snapshots, branch, report)
+    if across_tables:
+        _check_routed(table, snapshots, report)
     manifests = Manifests(table, show_progress=show_progress)
     _check_summaries(table, snapshots, manifests, report, show_progress)
     if check_files and head is not None:

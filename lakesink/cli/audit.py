@@ -16,9 +16,11 @@ from __future__ import annotations
 import click
 
 from lakesink.audit import Point, VerifyReport, diff, history, locate, publish, read_at, verify
+from lakesink.audit.routes import verify_query
 from lakesink.cli.common import POINT_HELP, branch_option, catalog_options, load_table, parse_point
 from lakesink.cli.output import ConsoleOutput, Output, output_option
 from lakesink.cli.report import write_report
+from lakesink.driver import catalogs
 from lakesink.errors import LakesinkError
 
 
@@ -125,19 +127,51 @@ def which_command(
 
 
 @click.command("verify")
-@click.argument("table")
+@click.argument("table", required=False)
 @catalog_options
 @branch_option
 @click.option("--no-files", is_flag=True, help="Do not check that every data file exists with its recorded size.")
+@click.option(
+    "--query",
+    "query_id",
+    metavar="ID",
+    help="Instead of TABLE: read every table of the catalog and check that each batch of this streaming query (option "
+    "route-by) is in all the tables it wrote.",
+)
+@click.option(
+    "--namespace", "namespaces", metavar="NS", multiple=True, help="With --query: only the tables of this namespace (repeatable)."
+)
 @output_option(help="Print the report as JSON.")
 def verify_command(
-    table: str, catalog_name: str | None, catalog_properties: dict[str, str], branch: str, no_files: bool, output: Output
+    table: str | None,
+    catalog_name: str | None,
+    catalog_properties: dict[str, str],
+    branch: str,
+    no_files: bool,
+    query_id: str | None,
+    namespaces: tuple[str, ...],
+    output: Output,
 ) -> None:
     """Check TABLE's exactly-once invariants; exit status 1 on any violation.
 
     Each (query id, batch id) in at most one snapshot; no gaps in a query's batch ids (recorded empty batches
-    accounted for); every data file present with its recorded size; summaries consistent with the manifests.
+    accounted for); every data file present with its recorded size; summaries consistent with the manifests; a batch
+    that wrote several tables (option route-by) in every one of them. With --query ID instead of TABLE: every batch of
+    that query in all the tables it wrote, across the catalog.
     """
+    if (table is None) == (query_id is None):
+        raise click.UsageError("give TABLE, or --query ID (every table of the catalog), not both")
+    if query_id is not None:
+        try:
+            catalog = catalogs.load(catalog_name, catalog_properties)
+        except LakesinkError as e:
+            raise click.ClickException(str(e)) from None
+        query_report = verify_query(catalog, query_id, [tuple(ns.split(".")) for ns in namespaces] or None)
+        output.verified_query(query_report)
+        if not query_report.ok:
+            raise click.exceptions.Exit(1)
+        return
+    assert table is not None
     t = load_table(table, catalog_name, catalog_properties)
     report = verify(t, branch=branch, check_files=not no_files, show_progress=output.show_progress)
     output.verified(report)

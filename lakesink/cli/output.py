@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from lakesink.audit import OTHER, Diff, PublishResult, SnapshotRecord, VerifyReport, format_ms
 from lakesink.audit.key_diff import keyed_changes
+from lakesink.audit.routes import QueryReport
 from lakesink.cli.common import format_duration
 from lakesink.maintenance import compaction, expiry, manifest_rewrite
 from lakesink.maintenance.orphans import OrphanFile, OrphanReport
@@ -51,6 +52,9 @@ class Output(ABC):
 
     @abstractmethod
     def verified(self, report: VerifyReport) -> None: ...
+
+    @abstractmethod
+    def verified_query(self, report: QueryReport) -> None: ...
 
     @abstractmethod
     def published(self, result: PublishResult, branch: str) -> None: ...
@@ -125,6 +129,9 @@ class ConsoleOutput(Output):
     def verified(self, report: VerifyReport) -> None:
         click.echo(report.human())
 
+    def verified_query(self, report: QueryReport) -> None:
+        click.echo(report.human())
+
     def published(self, result: PublishResult, branch: str) -> None:
         click.echo(
             f"main moved from snapshot {result.main_before} to {result.main_after} (head of {branch})"
@@ -188,6 +195,9 @@ class JsonOutput(Output):
         _echo(rows.to_pylist())
 
     def verified(self, report: VerifyReport) -> None:
+        _echo(report.to_dict())
+
+    def verified_query(self, report: QueryReport) -> None:
         _echo(report.to_dict())
 
     def published(self, result: PublishResult, branch: str) -> None:

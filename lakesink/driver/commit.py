@@ -12,9 +12,9 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import pyarrow as pa
@@ -87,6 +87,8 @@ class _Batch:
     started: float
     changes: pa.Table | None = None
     """Upserts: the keys the batch changes (key columns and lakesink.table.keys.DELETED)."""
+    unit: Mapping[str, str] = field(default_factory=dict)
+    """Option route-by: what every table's snapshot of the batch records about the batch's tables."""
 
     @property
     def files(self) -> list[WrittenFile]:
@@ -203,6 +205,80 @@ class TableCommitter(SinkTable):
             started=time.monotonic(),
         )
         return AppendBatch(self, table, batch)
+
+    # --- a batch of several tables (option route-by: lakesink.driver.routing) --------------------------------------
+
+    def unit_action(
+        self,
+        table: Table,
+        *,
+        query_id: str,
+        batch_id: int,
+        results: Sequence[TaskResult],
+        source_offsets: str | None,
+        run_id: str | None,
+        unit: Mapping[str, str],
+    ) -> _BatchAction:
+        """This table's action in a batch of several tables (``table``: as read for the first attempt): the batch's
+        files appended (its snapshot records ``unit``), or, when every task found the batch in this table already
+        (a replay completing the others), a replay that must still be there."""
+        batch = _Batch(
+            query_id=query_id,
+            batch_id=batch_id,
+            results=results,
+            source_offsets=source_offsets,
+            run_id=run_id or next((r.run_id for r in results if r.run_id), None),
+            commit_id=uuid.uuid4().hex,
+            started=time.monotonic(),
+            unit=unit,
+        )
+        if results and all(r.replay_skipped for r in results):
+            return ReplayFoundAtPlan(self, table, batch)
+        if not batch.files:
+            return MarkEmptyBatch(self, table, batch)
+        return AppendBatch(self, table, batch)
+
+    def unit_outcome(self, action: CommitAction, result: swap.SwapResult) -> BatchOutcome:
+        """What this table's action of a batch of several tables came to (a replay checked, its files deleted)."""
+        assert isinstance(action, _BatchAction)
+        batch, table = action.batch, action.table
+        if result.status is Status.ALREADY_COMMITTED:
+            assert result.done is not None
+            try:
+                self._check_replay(table, batch, result.done)
+            except DuplicateSinkError:
+                self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
+                raise
+            self._delete(table, batch.paths, reason="batch already committed (replay)")
+            return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1), batch.query_id)
+        if isinstance(action, MarkEmptyBatch):
+            return self._logged(BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1), batch.query_id)
+        files = batch.files
+        return self._logged(
+            BatchOutcome(
+                Outcome.COMMITTED,
+                batch.batch_id,
+                snapshot_id=result.snapshot_id,
+                files=len(files),
+                rows=sum(f.record_count for f in files),
+                bytes=sum(f.size_in_bytes for f in files),
+                commit_ms=(time.monotonic() - batch.started) * 1000,
+                retries=result.attempts - 1,
+            ),
+            batch.query_id,
+        )
+
+    def unit_not_committed(self, action: CommitAction, *, reason: str) -> None:
+        """This table's action certainly did not land (its unit's retries were exhausted): delete its files."""
+        assert isinstance(action, _BatchAction)
+        self._delete(action.table, action.batch.paths, reason=reason)
+
+    def unit_in_doubt(self, action: CommitAction) -> None:
+        """This table's action may still land (the unit's outcome is unknown): the abort that follows keeps its files."""
+        assert isinstance(action, _BatchAction)
+        if catalogs.may_apply_late(self.catalog):
+            b = action.batch
+            indoubt.record(self.table_name, b.query_id, self.options.sink_id, b.batch_id, b.paths)
 
     def _turn(self) -> AbstractContextManager[None]:
         """This batch's turn on its table, from its first read (the loop holds it too, for its actions)."""
@@ -650,6 +726,7 @@ class AppendBatch(_BatchAction):
         done = self.done(table)
         return {
             **self.summary,
+            **self.batch.unit,
             SUMMARY_COMMIT_ATTEMPT: str(attempt),
             **({SUMMARY_PREVIOUS_BATCH_ID: str(done.batch_id)} if done is not None else {}),
         }

@@ -37,7 +37,13 @@ from lakesink.errors import (
     LakesinkError,
     UnitNotAtomicError,
 )
-from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_CHECK, DRIVER_BEFORE_SWAP, fault_point
+from lakesink.faults import (
+    DRIVER_AFTER_SWAP,
+    DRIVER_BEFORE_CHECK,
+    DRIVER_BEFORE_SWAP,
+    DRIVER_BETWEEN_TABLE_COMMITS,
+    fault_point,
+)
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import names
 from lakesink.table.markers import CommittedBatch
@@ -285,7 +291,7 @@ def run(action: CommitAction) -> SwapResult:
     return run_unit([action])[0]
 
 
-def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = None) -> list[SwapResult]:
+def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = None, atomic: bool = True) -> list[SwapResult]:
     """Commit every action exactly once: per attempt, read every table, ask each action whether it landed, prepare
     the others and swap them -- as one unit where the catalog can (several tables of one pyiceberg SQL catalog: one
     database transaction, :func:`lakesink._pyiceberg.commit.commits_atomically`), else one table after the other,
@@ -303,7 +309,8 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
 
     ``late_landing``: the catalog may apply a request after having answered it with an error (any catalog reached
     over HTTP: REST, Glue, and database servers); default: :func:`lakesink.driver.catalogs.may_apply_late` of each
-    action's catalog.
+    action's catalog. ``atomic=False``: one table after the other even where the catalog could swap them as one unit
+    (option ``atomic=off``).
     """
     if not actions:
         return []
@@ -410,9 +417,17 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
                         for p in prepared.values():  # failed before the swap: certainly not committed
                             p.discard()
                         raise
-                    together = len(todo) == 1 or seam_commit.commits_atomically([prepared[i] for i in todo])
+                    together = len(todo) == 1 or (atomic and seam_commit.commits_atomically([prepared[i] for i in todo]))
                     groups = [todo] if together else [[i] for i in todo]  # else one table after the other
                     for k, group in enumerate(groups):
+                        try:
+                            if k:
+                                fault_point(DRIVER_BETWEEN_TABLE_COMMITS)
+                        except BaseException:
+                            for later in groups[k:]:  # not swapped: certainly not committed
+                                for i in later:
+                                    prepared[i].discard()
+                            raise
                         try:
                             swap(group, prepared)
                         except BaseException:

@@ -50,6 +50,8 @@ class SinkTable:
     """The table one lakesink sink writes (one table, one set of options), as the driver sees it."""
 
     def __init__(self, options: SinkOptions):
+        if options.routing is not None:
+            raise AssertionError("a routed sink's options name no table: open each table with options.for_table(...)")
         self.options = options
         self.catalog: Catalog = catalogs.load(options.catalog_name, options.catalog_properties)
         self.table_name = str(options.table)
@@ -95,7 +97,29 @@ class SinkTable:
             table = catalogs.load_table(self.catalog, self.options.table.identifier)
         return table
 
-    def _load_or_create(self, stream_schema: pa.Schema) -> Table:
+    def open_routed(
+        self, stream_schema: pa.Schema, *, location: str | None, siblings: Callable[[], list[tuple[str, str]]]
+    ) -> tuple[Table, pa.Schema]:
+        """Option route-by, a table seen for the first time in a run: load it, or create it (and its namespace) at
+        ``location`` with the stream's schema; check the stream's columns the table has (all of them with
+        ``merge-schema``) and its location against ``siblings`` (the other tables of its namespace). Returns the
+        table and the stream schema it takes."""
+        table = self._load_or_create(stream_schema, location=location)
+        columns = self.columns_taken(table, stream_schema)
+        self._check(table, columns)
+        self._check_requested_properties(table)
+        locations.check_no_overlap(self.table_name, table.location(), [s for s in siblings() if s[0] != self.table_name])
+        return self._ensure_branch(table), columns
+
+    def columns_taken(self, table: Table, stream_schema: pa.Schema) -> pa.Schema:
+        """Option route-by: the stream columns this table takes (by name), all of them with ``merge-schema``; a
+        column it lacks must be null in the rows routed to it (lakesink.executor.routed_writer checks)."""
+        if self.options.merge_schema:
+            return stream_schema
+        have = set(table.schema().column_names)
+        return pa.schema([f for f in stream_schema if f.name in have], metadata=stream_schema.metadata)
+
+    def _load_or_create(self, stream_schema: pa.Schema, *, location: str | None = None) -> Table:
         ident = self.options.table.identifier
         try:
             return self._patiently(lambda: catalogs.load_table(self.catalog, ident))
@@ -116,7 +140,9 @@ class SinkTable:
         try:
             self._patiently(lambda: self.catalog.create_namespace_if_not_exists(self.options.table.namespace))
             table = self._patiently(
-                lambda: self.catalog.create_table(ident, schema=schema, partition_spec=spec, properties=properties)
+                lambda: self.catalog.create_table(
+                    ident, schema=schema, partition_spec=spec, properties=properties, location=location
+                )
             )
             log.info("lakesink: created table %s in catalog %r", self.table_name, self.catalog.name)
             return table
@@ -128,18 +154,8 @@ class SinkTable:
             raise CatalogError(f"cannot create table {self.table_name}: {self.redact(e)}") from None
 
     def creation_properties(self) -> dict[str, str]:
-        """The properties of a table lakesink creates (options ``table-property.*`` and ``format-version``),
-        validated first so that a bad value creates no table."""
-        version = self.options.format_version or DEFAULT_FORMAT_VERSION
-        if not seam_commit.writes_format_version(version):
-            raise InvalidOptionError(
-                f"option '{FORMAT_VERSION}' is {version}, but the installed pyiceberg cannot write format version "
-                f"{version} tables (apache/iceberg-python#1551); table {self.table_name} was not created: use "
-                f"'{FORMAT_VERSION}' {DEFAULT_FORMAT_VERSION} (the default)"
-            )
-        properties = {**self.options.table_properties, FORMAT_VERSION: str(version)}
-        TableSettings.parse(self.table_name, properties)
-        return properties
+        """The properties of a table lakesink creates (:func:`creation_properties`)."""
+        return creation_properties(self.options, self.table_name)
 
     def _check_requested_properties(self, table: Table) -> None:
         """An existing table must already have the properties (and format version) the options ask for:
@@ -306,9 +322,7 @@ class SinkTable:
         return catalogs.read_patiently(
             load or self.load,
             dropped=f"table {self.table_name} was dropped while batch {batch_id} was written; nothing was committed",
-            unavailable=(
-                f"cannot read table {self.table_name} from catalog {self.catalog.name!r} to commit batch {batch_id}"
-            ),
+            unavailable=(f"cannot read table {self.table_name} from catalog {self.catalog.name!r} to commit batch {batch_id}"),
             redact=self.redact,
         )
 
@@ -341,6 +355,21 @@ class SinkTable:
     def redact(self, e: BaseException) -> str:
         _, props = catalogs.resolve_catalog_properties(self.options.catalog_name, self.options.catalog_properties)
         return redact_secrets_in(f"{type(e).__name__}: {e}", props)
+
+
+def creation_properties(options: SinkOptions, table_name: str) -> dict[str, str]:
+    """The properties of a table lakesink creates (options ``table-property.*`` and ``format-version``), validated
+    first so that a bad value creates no table."""
+    version = options.format_version or DEFAULT_FORMAT_VERSION
+    if not seam_commit.writes_format_version(version):
+        raise InvalidOptionError(
+            f"option '{FORMAT_VERSION}' is {version}, but the installed pyiceberg cannot write format version "
+            f"{version} tables (apache/iceberg-python#1551); table {table_name} was not created: use "
+            f"'{FORMAT_VERSION}' {DEFAULT_FORMAT_VERSION} (the default)"
+        )
+    properties = {**options.table_properties, FORMAT_VERSION: str(version)}
+    TableSettings.parse(table_name, properties)
+    return properties
 
 
 def _with_identifier_fields(schema: Schema, key: tuple[str, ...], table_name: str) -> Schema:

@@ -48,7 +48,6 @@ from lakesink.table.keys import SUMMARY_UPSERT_UPDATED as SUMMARY_UPDATED
 REWRITE_PARTITION_ID = 99999
 
 
-
 @dataclass(frozen=True)
 class Rewrite:
     """What one commit attempt changes in the table's existing files."""

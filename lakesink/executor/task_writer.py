@@ -155,6 +155,10 @@ class TaskWriter:
         self._utc: pa.Schema | None = None
         self._source: Schema | None = None
 
+    @property
+    def plan(self) -> WritePlan:
+        return self._plan
+
     def write(self, batches: Iterable[pa.RecordBatch]) -> TaskResult:
         """Write every batch; on any failure delete this task's files and re-raise."""
         try:
@@ -165,21 +169,45 @@ class TaskWriter:
                 )
                 self._changes = upsert_task.to_ipc(changes)
             for batch in batches:
-                if batch.num_rows:
-                    conformed = self._conform(batch)
-                    if self._partitioned:
-                        for key, part in self._split(conformed):
-                            self._add(self._slot(key), part)
-                    else:
-                        self._add(self._slot(()), conformed)
-            for slot in list(self._open.values()):
-                self._flush_row_group(slot)
-                self._close_file(slot)
+                self.add(batch)
+            self.close_files()
             fault_point(EXECUTOR_BEFORE_RETURN)
         except BaseException:
-            self._abort()
+            self.abort()
             raise
         return self._result(replay_skipped=False)
+
+    # --- one batch at a time (the routed writer feeds one TaskWriter per table: lakesink.executor.routed_writer) ---
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Conform ``batch`` to the table and add its rows to the open files (the caller aborts on failure)."""
+        if batch.num_rows:
+            conformed = self._conform(batch)
+            if self._partitioned:
+                for key, part in self._split(conformed):
+                    self._add(self._slot(key), part)
+            else:
+                self._add(self._slot(()), conformed)
+
+    def close_files(self) -> None:
+        """Write out every row group and close every file."""
+        for slot in list(self._open.values()):
+            self._flush_row_group(slot)
+            self._close_file(slot)
+
+    def result(self) -> TaskResult:
+        """The task's result, once :meth:`close_files` closed its files."""
+        return self._result(replay_skipped=False)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of rows collected for row groups not written yet."""
+        return self._buffered_bytes
+
+    def flush_largest(self) -> None:
+        """Write out the largest row group being collected (a routed task bounds its memory across tables)."""
+        if self._open:
+            self._flush_row_group(max(self._open.values(), key=lambda s: s.buffer_bytes))
 
     def skip_replay(self, batches: Iterator[pa.RecordBatch]) -> TaskResult:
         """The batch is already in the table: consume the input, write nothing."""
@@ -332,7 +360,8 @@ class TaskWriter:
         slot.path = None
         fault_point(EXECUTOR_AFTER_FILE)
 
-    def _abort(self) -> None:
+    def abort(self) -> None:
+        """Delete the files this task wrote (its failure, or a routed task's failure in another table)."""
         paths = [f.path for f in self._files]
         for slot in self._open.values():
             if slot.writer is not None:

@@ -46,7 +46,6 @@ from lakesink.table.settings import TableSettings
 log = logging.getLogger("lakesink")
 
 
-
 @dataclass(frozen=True)
 class ManifestRewriteReport:
     table: str

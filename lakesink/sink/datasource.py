@@ -23,6 +23,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+import pyarrow as pa
 from pyiceberg.table.snapshots import Snapshot
 from pyspark.sql.datasource import DataSource, DataSourceReader, WriterCommitMessage
 from pyspark.sql.types import StructType
@@ -32,10 +33,12 @@ from lakesink.audit import Point, parse_timestamp_ms, resolve
 from lakesink.driver import catalogs
 from lakesink.driver.commit import TableCommitter
 from lakesink.driver.guard import CommitGuard
+from lakesink.driver.routing import RoutedCommitter
 from lakesink.driver.schema import arrow_schema_of
 from lakesink.errors import PROGRAMMING_ERRORS, AuditError, CatalogError, InvalidOptionError, LakesinkError
 from lakesink.executor.messages import TaskResult, WritePlan
 from lakesink.executor.reader import LakesinkReader, LakesinkReaderWithoutPushdown, ResolvedRead, spark_schema
+from lakesink.executor.routed_writer import RoutedTaskResult
 from lakesink.executor.stream_writer import LakesinkStreamWriter
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.maintenance.auto import auto_maintenance
@@ -96,6 +99,8 @@ def stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWri
             "option 'checkpointLocation' is required with format('lakesink'): lakesink reads the streaming "
             "query id and the source offsets from it (.option('checkpointLocation', '/path/to/checkpoint'))"
         )
+    if options.routing is not None:
+        return _routed_stream_writer(options, schema)
     if _pyspark.in_streaming_sink_runner():
         # Spark re-creates the writer for every commit and abort: those must work even when the table
         # changed since the query started (the commit itself detects that, deletes the batch's files and
@@ -160,6 +165,76 @@ class StreamCommits:
             log.warning(
                 "lakesink: abort of batch %s: a commit of the same query is still in flight after %.0f s; keeping its files "
                 "(an orphan-file clean-up collects them if it does not land)",
+                batch_id,
+                guard.abort_wait_s,
+            )
+            return
+        try:
+            self._driver().abort_batch(query_id=query_id, batch_id=batch_id, results=results)
+        finally:
+            guard.release()
+
+
+def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWriter:
+    """Option route-by: the writer of one run (the plans of the tables the query wrote, and the template of the
+    tables it has not opened: lakesink.executor.routed_writer), or of a commit worker's commits and aborts."""
+    assert options.checkpoint_location
+    stream_schema = arrow_schema_of(schema)
+    if _pyspark.in_streaming_sink_runner():
+        return LakesinkStreamWriter(None, RoutedStreamCommits(options, stream_schema))
+    routed = RoutedCommitter(options, stream_schema, post_commit=auto_maintenance)
+    if routed.template() is None:
+        raise InvalidOptionError(
+            f"format('lakesink') with option 'route-by' writes tables before they exist, at <warehouse>/<namespace>.db/"
+            f"<table>, and catalog {routed.catalog.name!r} has no 'warehouse' property: set it (option "
+            "'catalog.warehouse'), or use lakesink.foreach_batch(route_by=...), which opens each batch's tables first"
+        )
+    query_id = read_query_id(options.checkpoint_location)
+    plan = routed.routed_plan(routed.written_plans(query_id), query_id, template=True)
+    return LakesinkStreamWriter(plan, RoutedStreamCommits(options, stream_schema, routed))
+
+
+class RoutedStreamCommits:
+    """The driver side of a routed writer's batches (option route-by): Spark's ``commit()`` and ``abort()``."""
+
+    def __init__(self, options: SinkOptions, stream_schema: pa.Schema, routed: RoutedCommitter | None = None):
+        assert options.checkpoint_location
+        self._options = options
+        self._checkpoint = options.checkpoint_location
+        self._schema = stream_schema
+        self._routed = routed
+
+    def _driver(self) -> RoutedCommitter:
+        if self._routed is None:
+            self._routed = RoutedCommitter(self._options, self._schema, post_commit=auto_maintenance)
+        return self._routed
+
+    def _results(self, messages: list[WriterCommitMessage | None]) -> list[RoutedTaskResult]:
+        return [m for m in messages if isinstance(m, RoutedTaskResult)]
+
+    def commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
+        results = self._results(messages)
+        query_id = results[0].query_id if results else read_query_id(self._checkpoint)
+        if query_id is None:
+            raise LakesinkError(f"no streaming query id for batch {batch_id} (checkpoint {self._checkpoint})")
+        run = next((r.run_id for r in results if r.run_id), None)
+        with CommitGuard(str(self._options.table), query_id, self._options.sink_id, run).held():
+            self._driver().commit_batch(
+                query_id=query_id,
+                batch_id=batch_id,
+                results=results,
+                source_offsets=read_source_offsets(self._checkpoint, batch_id),
+                run_id=run,
+            )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
+        results = self._results(messages)
+        query_id = results[0].query_id if results else read_query_id(self._checkpoint)
+        run = next((r.run_id for r in results if r.run_id), None)
+        guard = CommitGuard(str(self._options.table), query_id or "", self._options.sink_id, run)
+        if not guard.acquire_for_abort():
+            log.warning(
+                "lakesink: abort of batch %s: a commit of the same query is still in flight after %.0f s; keeping its files",
                 batch_id,
                 guard.abort_wait_s,
             )

@@ -22,12 +22,15 @@ from pyspark.sql import DataFrame, SparkSession
 from lakesink import _pyspark
 from lakesink.driver import catalogs
 from lakesink.driver.commit import BatchOutcome, TableCommitter
+from lakesink.driver.routing import RoutedCommitter, RoutedOutcome, check_atomic
 from lakesink.driver.schema import arrow_schema_of
 from lakesink.errors import InvalidOptionError, LakesinkError
 from lakesink.executor.messages import WritePlan
+from lakesink.executor.routed_writer import RoutedPartitionWriter, RoutedTaskResult
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, PartitionWriter
 from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import (
+    ATOMIC,
     BRANCH,
     CATALOG,
     CATALOG_PROPERTY_PREFIX,
@@ -35,9 +38,11 @@ from lakesink.options import (
     DELETE_WHEN,
     MAINTENANCE,
     MERGE_SCHEMA,
+    NAMESPACE,
     ORDER_BY,
     OUTPUT_MODE,
     PARTITIONED_BY,
+    ROUTE_BY,
     SINK_ID,
     TABLE,
     TABLE_PROPERTY_PREFIX,
@@ -62,7 +67,7 @@ def _is_connect(spark: SparkSession) -> bool:
 
 
 def foreach_batch(
-    table: str,
+    table: str | None = None,
     *,
     catalog: str | None = None,
     catalog_properties: Mapping[str, str] | None = None,
@@ -80,6 +85,9 @@ def foreach_batch(
     table_properties: Mapping[str, str] | None = None,
     format_version: int | None = None,
     maintenance: str = "auto",
+    route_by: str | None = None,
+    namespace: str | None = None,
+    atomic: str | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -115,9 +123,14 @@ def foreach_batch(
         format_version: the Iceberg format version of a table lakesink creates (default 2; 1, 2 or 3).
         maintenance: ``"auto"`` (default: compact small files and expire snapshots as the table's
             ``history.expire.*`` properties ask, between batches; docs/maintenance.md) or ``"off"``.
+        route_by: instead of ``table``: a string column of the stream naming each row's table (``ns.table``, or
+            ``table`` with ``namespace``); tables are created on first sight, the column is not written, and each
+            batch is committed to all its tables as one unit where the catalog can (docs/routing.md).
+        namespace: with ``route_by``: the namespace of routing values that name none.
+        atomic: with ``route_by``: ``"auto"`` (default), ``"required"`` (fail at start on a catalog that cannot
+            commit several tables atomically) or ``"off"`` (docs/routing.md).
     """
     options: dict[str, str] = {
-        TABLE: table,
         OUTPUT_MODE: output_mode,
         CREATE_TABLE: str(create_table).lower(),
         BRANCH: branch,
@@ -145,6 +158,10 @@ def foreach_batch(
     if format_version is not None:
         options[FORMAT_VERSION] = str(format_version)
     options[MAINTENANCE] = maintenance
+    if table is not None:
+        options[TABLE] = table
+    routing = {ROUTE_BY: route_by, NAMESPACE: namespace, ATOMIC: atomic}
+    options.update({key: value for key, value in routing.items() if value is not None})
     return ForeachBatchSink(SinkOptions.from_mapping(options))
 
 
@@ -153,20 +170,30 @@ class ForeachBatchSink:
 
     def __init__(self, options: SinkOptions):
         self.options = options
-        catalogs.load(options.catalog_name, options.catalog_properties)  # a missing catalog fails here, at start
+        catalog = catalogs.load(options.catalog_name, options.catalog_properties)  # a missing catalog fails here, at start
+        if options.routing is not None:
+            check_atomic(catalog, options.routing)  # atomic=required on a catalog that cannot: here, at start
         self._committer: TableCommitter | None = None
         self._checkpoints: dict[str, str | None] = {}
         self._opened: pa.Schema | None = None  # the stream schema the table was opened (fully checked) for
         self._run: str | None = None  # the query run the table was opened for
         self._table_uuid: str | None = None  # the table's uuid when this run opened it
         self._bytes_per_row: float | None = None  # of the last batch the Spark path wrote (to size its files)
+        self._routed: RoutedCommitter | None = None  # option route-by
+        self.last_routed: RoutedOutcome | None = None
+        """Option route-by: the last batch's outcome in each of its tables."""
 
     def __repr__(self) -> str:
         return f"ForeachBatchSink({self.options!r})"
 
     def __call__(self, df: DataFrame, batch_id: int) -> BatchOutcome:
+        """Write and commit one batch; with ``route_by`` the outcome summed over the batch's tables (each table's in
+        :attr:`last_routed`)."""
         spark = df.sparkSession
         query_id = self._query_id(spark)
+        if self.options.routing is not None:
+            self.last_routed = self._routed_batch(df, batch_id, query_id)
+            return self.last_routed.total()
         if self._committer is None:
             self._committer = TableCommitter(self.options, post_commit=auto_maintenance)  # automatic maintenance
         committer = self._committer
@@ -258,6 +285,44 @@ class ForeachBatchSink:
             if directory is not None:
                 storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)
 
+    def _routed_batch(self, df: DataFrame, batch_id: int, query_id: str) -> RoutedOutcome:
+        """Option route-by: the batch's tables found (one Spark job over the routing column), opened or created and
+        checked; a batch every table holds already is skipped before any file is written; else each task splits
+        its rows by table (mapInArrow) and the tables are committed as one unit (lakesink.driver.routing)."""
+        routing = self.options.routing
+        assert routing is not None
+        spark = df.sparkSession
+        run_id = self._run_id(spark)
+        stream_schema = arrow_schema_of(df.schema)
+        if self._routed is None or self._opened is None or not self._opened.equals(stream_schema):
+            self._routed = RoutedCommitter(self.options, stream_schema, post_commit=auto_maintenance)
+            self._opened, self._run = stream_schema, run_id
+        routed = self._routed
+        if run_id != self._run:  # a new run of the query: every table is opened (and checked) afresh
+            routed.new_run()
+            self._run = run_id
+        values = [r[0] for r in df.select(routing.column).distinct().collect()]
+        routes = routed.routes(values, batch_id)
+        plans = routed.plans(routes, query_id)
+        offsets = self._source_offsets(spark, query_id, batch_id)
+        if routes and all(p.last_committed_batch is not None and batch_id <= p.last_committed_batch for p in plans.values()):
+            # found committed in every table when planned: checked before any file is written
+            return routed.skip_replay(query_id=query_id, batch_id=batch_id, routes=routes, source_offsets=offsets, run_id=run_id)
+        results: list[RoutedTaskResult] = []
+        if routes:
+            writer = RoutedPartitionWriter(routed.routed_plan(plans, query_id, template=False), batch_id, run_id)
+            results = [pickle.loads(r[0]) for r in df.mapInArrow(writer, TASK_RESULT_SCHEMA).collect()]
+        try:
+            return routed.commit_batch(
+                query_id=query_id, batch_id=batch_id, results=results, source_offsets=offsets, run_id=run_id
+            )
+        except BaseException:
+            try:
+                routed.abort_batch(query_id=query_id, batch_id=batch_id, results=results)
+            except Exception:
+                log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
+            raise
+
     def _run_id(self, spark: SparkSession) -> str | None:
         """Spark's run id of the query (a new one at every start), which tells a replay (another run) from a second
         sink of the same run. Under Spark Connect the query's JVM objects are out of reach, but the server starts
@@ -314,4 +379,3 @@ class ForeachBatchSink:
                     query_id,
                 )
         return self._checkpoints[query_id]
-

@@ -38,6 +38,11 @@ SUMMARY_SINK_ID = "lakesink.sink-id"
 SUMMARY_RUN_ID = "lakesink.run-id"
 """Spark's run id of the query run that committed the batch (a new one at every restart; tells a replay from a
 second sink of the same run)."""
+SUMMARY_BATCH_TABLES = "lakesink.batch-tables"
+"""Option ``route-by``: how many tables the batch wrote (every table's snapshot of the batch carries it)."""
+SUMMARY_BATCH_TABLES_DIGEST = "lakesink.batch-tables-digest"
+"""Option ``route-by``: the digest of the names of the tables the batch wrote (lakesink.table.routes.tables_digest):
+with the count, a reader of the catalog tells whether it found the batch in every table it wrote."""
 ICEBERG_QUERY_ID = "spark.sql.streaming.queryId"
 """The key Iceberg's own Spark sink writes the query id under, for engines and tools that already know it."""
 ICEBERG_EPOCH_ID = "spark.sql.streaming.epochId"

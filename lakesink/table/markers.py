@@ -44,7 +44,6 @@ from lakesink.table.keys import (
 _RECHECK_DEPTH = 1000
 
 
-
 @dataclass(frozen=True)
 class CommittedBatch:
     """The last batch a query committed to a table."""

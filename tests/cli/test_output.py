@@ -47,8 +47,10 @@ SHAPES: list[tuple[list[str], type | set[str]]] = [
     ),
     (
         ["verify", "db.events"],
-        {"branch", "files_checked", "head_snapshot_id", "ok", "queries", "snapshots_checked", "table", "violations"},
+        {"branch", "files_checked", "head_snapshot_id", "ok", "queries", "snapshots_checked", "table", "violations"}
+        | {"routed_batches"},
     ),
+    (["verify", "--query", Q], {"query_id", "tables", "batches", "incomplete", "ok"}),
     (
         ["remove-orphan-files", "db.events", "--dry-run"],
         {"cutoff", "dry_run", "failed", "failed_count", "kept_in_flight", "kept_in_flight_bytes", "kept_in_flight_count"}

@@ -27,7 +27,9 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 import lakesink.executor
 import lakesink.table
 from lakesink.executor.bucketing import bucket_function
+from lakesink.executor.messages import WritePlan
 from lakesink.executor.reader import LakesinkReader
+from lakesink.executor.routed_writer import RoutedPartitionWriter, RoutedPlan
 from lakesink.executor.task_writer import PartitionWriter
 from lakesink.options import ReadOptions, SinkOptions, TableName
 from lakesink.sink.datasource import open_read, stream_writer
@@ -98,12 +100,14 @@ def test_unpickling_the_writers_and_importing_the_executor_side_load_no_driver_c
     )
     schema = StructType([StructField("id", LongType()), StructField("user", StringType())])
     writer = stream_writer(options, schema)  # on the driver: opens (creates) the table, makes the write plan
-    assert writer._plan is not None and writer._commits is not None
+    assert isinstance(writer._plan, WritePlan) and writer._commits is not None
     read_options = ReadOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties)
     reader = LakesinkReader(read_options, schema, open_read(read_options))
     pickles = {
         "stream_writer.pkl": writer,
         "partition_writer.pkl": PartitionWriter(writer._plan, 3),
+        # option route-by: a plan per table (and foreach_batch's mapInArrow function)
+        "routed_writer.pkl": RoutedPartitionWriter(RoutedPlan("route", ("db",), {"db.events": writer._plan}), 3),
         "reader.pkl": reader,  # spark.read.format("lakesink"): its read() runs on executors
         "bucket_udf.pkl": bucket_function(16, IcebergLong()),  # the Spark path's bucket column, an Arrow UDF
     }
@@ -112,7 +116,7 @@ def test_unpickling_the_writers_and_importing_the_executor_side_load_no_driver_c
 
     result = _in_fresh_interpreter(EXECUTOR_MODULES, [tmp_path / name for name in pickles])
 
-    assert result["loaded"] == ["LakesinkStreamWriter", "PartitionWriter", "LakesinkReader", "function"]
+    assert result["loaded"] == ["LakesinkStreamWriter", "PartitionWriter", "RoutedPartitionWriter", "LakesinkReader", "function"]
     assert {"lakesink.executor.task_writer", "lakesink.table.storage", "lakesink._pyiceberg.io"} <= set(EXECUTOR_MODULES)
     assert result["after_unpickling"] == [], (
         f"unpickling the executor-side writers loaded driver-side modules: {result['after_unpickling']}"

@@ -46,6 +46,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a property of the table lakesink creates (repeatable)",
     )
     p.add_argument(
+        "--route-by",
+        action="store_true",
+        help="option route-by (tests/soak/routing.py): each row to table soak.t<id % 5>, ids ending in 4 (mod 5) "
+        "to other.t4; --table is not used",
+    )
+    p.add_argument("--atomic", default="auto", help="with --route-by: option atomic (default: %(default)s)")
+    p.add_argument(
         "--stop-file",
         default=None,
         help="with --trigger-seconds: stop the query (query.stop()) and exit with 0 once this file exists",
@@ -78,7 +85,25 @@ def main(argv: list[str] | None = None) -> int:
 
     properties = dict(kv.split("=", 1) for kv in args.table_property)
     events = spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", args.max_files).json(args.input)
-    if args.entry == "format":
+    if args.route_by:
+        from pyspark.sql import functions as F
+
+        # the table of a row is a function of its id (tests/soak/routing.py checks every table against it)
+        route = F.when(F.col("id") % 5 == 4, F.lit("other.t4")).otherwise(F.concat(F.lit("t"), (F.col("id") % 5).cast("string")))
+        events = events.withColumn("route", route)
+    if args.route_by and args.entry == "format":
+        writer = (
+            events.writeStream.format("lakesink")
+            .option("route-by", "route")
+            .option("namespace", "soak")
+            .option("atomic", args.atomic)
+        )
+    elif args.route_by:
+        sink = lakesink.foreach_batch(
+            route_by="route", namespace="soak", atomic=args.atomic, checkpoint_location=args.checkpoint
+        )
+        writer = events.writeStream.foreachBatch(sink)  # type: ignore[arg-type]
+    elif args.entry == "format":
         writer = events.writeStream.format("lakesink").option("table", args.table)
         for key, value in properties.items():
             writer = writer.option(f"table-property.{key}", value)

@@ -1,0 +1,167 @@
+"""Batches of a routed query (option ``route-by``) across the catalog: is each batch in every table it wrote?
+
+Every table's snapshot of a routed batch records how many tables the batch wrote and their digest
+(``lakesink.batch-tables``, ``lakesink.batch-tables-digest``, lakesink.table.routes.tables_digest). Reading the
+catalog's tables finds where each batch is; a batch found in fewer tables (or other ones) than it records is
+incomplete: on a catalog that commits a batch's tables atomically that never happens, elsewhere it is a batch a crash
+left in some tables that the query's next run completes (:func:`verify_query`, and :func:`lakesink.audit.verify` on
+one table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+
+from lakesink.audit.snapshots import lakesink_key, opt_int_property, sink_of, summary_of
+from lakesink.errors import PROGRAMMING_ERRORS
+from lakesink.table.keys import SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
+from lakesink.table.routes import tables_digest
+
+BATCH_INCOMPLETE = "batch-incomplete"
+
+
+@dataclass(frozen=True)
+class BatchTables:
+    """Where one batch of a routed query is."""
+
+    query_id: str
+    sink_id: str | None
+    batch_id: int
+    expected: int
+    """How many tables the batch wrote (its snapshots' ``lakesink.batch-tables``)."""
+    digest: str
+    found: tuple[str, ...]
+    """The tables whose history holds a snapshot of the batch."""
+
+    @property
+    def complete(self) -> bool:
+        return len(self.found) == self.expected and tables_digest(self.found) == self.digest
+
+    def describe(self) -> str:
+        who = self.query_id + (f" (sink {self.sink_id})" if self.sink_id else "")
+        return (
+            f"batch {self.batch_id} of query {who} wrote {self.expected} table(s) but is in {len(self.found)}: "
+            f"{', '.join(self.found)}"
+            + ("" if len(self.found) == self.expected else " (the others miss it)")
+            + ". On a catalog that commits a batch's tables one after the other, the query's next run completes it"
+        )
+
+
+@dataclass
+class QueryReport:
+    """The result of :func:`verify_query`: every routed batch of a query, complete or not."""
+
+    query_id: str
+    tables: list[str] = field(default_factory=list)
+    """The tables holding snapshots of the query."""
+    batches: int = 0
+    incomplete: list[BatchTables] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.tables) and not self.incomplete
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "query_id": self.query_id,
+            "tables": self.tables,
+            "batches": self.batches,
+            "incomplete": [{**asdict(b), "complete": False} for b in self.incomplete],
+            "ok": self.ok,
+        }
+
+    def human(self) -> str:
+        if not self.tables:
+            return f"FAILED: no table of the catalog holds a snapshot of query {self.query_id}"
+        lines = [
+            f"{'OK' if self.ok else 'FAILED'}: query {self.query_id}: {self.batches} routed batch(es) in "
+            f"{len(self.tables)} table(s), {len(self.incomplete)} incomplete"
+        ]
+        lines += [f"  {BATCH_INCOMPLETE}: {b.describe()}" for b in self.incomplete]
+        return "\n".join(lines)
+
+
+def catalog_tables(catalog: Catalog, namespaces: Sequence[tuple[str, ...]] | None = None) -> Iterator[tuple[str, ...]]:
+    """Every table of the catalog (of ``namespaces`` and the namespaces below them, when given)."""
+    todo = list(namespaces) if namespaces is not None else [tuple(ns) for ns in catalog.list_namespaces()]
+    seen: set[tuple[str, ...]] = set()
+    while todo:
+        ns = todo.pop()
+        if ns in seen:
+            continue
+        seen.add(ns)
+        try:
+            yield from (tuple(t) for t in catalog.list_tables(ns))
+            todo += [tuple(child) for child in catalog.list_namespaces(ns) if tuple(child) != ns]
+        except PROGRAMMING_ERRORS:
+            raise
+        except Exception:
+            continue  # dropped meanwhile, or a catalog without nested namespaces
+
+
+def histories(tables: Iterable[Table]) -> Iterator[tuple[str, Sequence[Snapshot]]]:
+    """Each table's name and snapshots (what :func:`routed_batches` reads)."""
+    for table in tables:
+        yield ".".join(table.name()), table.snapshots()
+
+
+def holds_query(table: Table, queries: Iterable[str]) -> bool:
+    wanted = set(queries)
+    return any((k := lakesink_key(s)) is not None and k[0] in wanted for s in table.snapshots())
+
+
+def routed_batches(
+    tables: Iterable[tuple[str, Sequence[Snapshot]]], query_id: str | None = None
+) -> dict[tuple[str, str | None, int], BatchTables]:
+    """The routed batches found in ``tables`` (name and snapshots: :func:`histories`), of ``query_id`` or of every
+    query, by (query id, sink id, batch id)."""
+    found: dict[tuple[str, str | None, int], tuple[int, str, set[str]]] = {}
+    for name, snapshots in tables:
+        for s in snapshots:
+            key = lakesink_key(s)
+            if key is None or (query_id is not None and key[0] != query_id):
+                continue
+            props = summary_of(s)
+            count = opt_int_property(props, SUMMARY_BATCH_TABLES)
+            if count is None:
+                continue  # a batch of a single-table sink
+            entry = found.setdefault((key[0], sink_of(s), key[1]), (count, props.get(SUMMARY_BATCH_TABLES_DIGEST, ""), set()))
+            entry[2].add(name)
+    return {k: BatchTables(k[0], k[1], k[2], count, digest, tuple(sorted(names))) for k, (count, digest, names) in found.items()}
+
+
+def load_tables(catalog: Catalog, namespaces: Sequence[tuple[str, ...]] | None = None) -> Iterator[Table]:
+    for ident in catalog_tables(catalog, namespaces):
+        try:
+            yield catalog.load_table(ident)
+        except PROGRAMMING_ERRORS:
+            raise
+        except Exception:
+            continue  # dropped meanwhile, or not an Iceberg table
+
+
+def verify_query(catalog: Catalog, query_id: str, namespaces: Sequence[tuple[str, ...]] | None = None) -> QueryReport:
+    """Read every table of the catalog (or of ``namespaces``): is each routed batch of ``query_id`` in all the
+    tables it wrote?"""
+    report = QueryReport(query_id)
+    holding: set[str] = set()
+    loaded: list[Table] = []
+    for table in load_tables(catalog, namespaces):
+        if holds_query(table, [query_id]):
+            holding.add(".".join(table.name()))
+            loaded.append(table)
+    batches = routed_batches(histories(loaded), query_id)
+    report.tables = sorted(holding)
+    report.batches = len(batches)
+    report.incomplete = [batches[k] for k in sorted(batches, key=order) if not batches[k].complete]
+    return report
+
+
+def order(key: tuple[str, str | None, int]) -> tuple[str, str, int]:
+    return key[0], key[1] or "", key[2]

@@ -1,0 +1,540 @@
+"""Driver side of option ``route-by``: one stream into many tables, each batch one unit of commits.
+
+A batch's rows went to the tables their routing column names (lakesink.executor.routed_writer); this module opens
+those tables (creating them on first sight, with their namespace), and commits the batch as one unit of
+:class:`~lakesink.driver.action.CommitAction` s, one per table, through the one loop (:func:`lakesink.driver.swap.run_unit`):
+on a catalog that can swap several tables at once (SQL catalogs: one database transaction; REST catalogs serving
+transactions/commit), all tables or none; elsewhere, or with ``atomic=off``, table after table, each exactly once,
+and a replay completes the tables a crash left without the batch (each table has its own replay marker).
+
+Every table's snapshot of a batch records how many tables the batch wrote and their digest
+(``lakesink.batch-tables``, ``lakesink.batch-tables-digest``), so that an audit of any table, or of the catalog,
+can tell whether a batch is complete everywhere (lakesink.audit.routes).
+
+Bounded by design: a table's committer is kept for the :data:`_MAX_COMMITTERS` tables used last (a run may route to
+thousands), catalog connections are the process's one per catalog (lakesink.driver.catalogs).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.io import load_file_io
+from pyiceberg.table import Table
+
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
+from lakesink.driver import catalogs, swap
+from lakesink.driver.action import CommitAction
+from lakesink.driver.commit import BatchOutcome, CommitHook, Outcome, TableCommitter
+from lakesink.driver.swap import RetriesExhausted
+from lakesink.driver.tables import SinkTable, creation_properties
+from lakesink.errors import (
+    CommitConflictError,
+    CommitOutcomeUnknownError,
+    InvalidOptionError,
+    RoutingError,
+    TableIdentityChangedError,
+)
+from lakesink.executor.messages import TaskResult, WritePlan, schema_digest
+from lakesink.executor.routed_writer import RoutedPlan, RoutedTaskResult, TableTemplate, conform_to_table, route_of
+from lakesink.executor.task_writer import TaskWriter
+from lakesink.options import ATOMIC, Atomic, Routing, SinkOptions, TableName
+from lakesink.table import partitioning, storage
+from lakesink.table.keys import SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
+from lakesink.table.markers import parse_last_batch_key
+from lakesink.table.routes import Route, case_collisions, tables_digest
+from lakesink.table.settings import TableSettings
+
+log = logging.getLogger("lakesink")
+
+_MAX_COMMITTERS = 256
+_logged_modes: set[tuple[str, str]] = set()
+
+
+@dataclass(frozen=True)
+class RoutedOutcome:
+    """What happened to one routed batch: an outcome per table it wrote (none: a batch of no rows)."""
+
+    batch_id: int
+    tables: Mapping[str, BatchOutcome]
+
+    @property
+    def committed(self) -> list[str]:
+        return [t for t, o in self.tables.items() if o.outcome is Outcome.COMMITTED]
+
+    def total(self) -> BatchOutcome:
+        """The batch as one outcome: committed when it committed to any table, its files, rows and bytes summed."""
+        outs = list(self.tables.values())
+        kinds = {o.outcome for o in outs}
+        kind = (
+            Outcome.COMMITTED
+            if Outcome.COMMITTED in kinds
+            else (Outcome.REPLAY_SKIPPED if Outcome.REPLAY_SKIPPED in kinds else Outcome.EMPTY)
+        )
+        return BatchOutcome(
+            kind,
+            self.batch_id,
+            files=sum(o.files for o in outs),
+            rows=sum(o.rows for o in outs),
+            bytes=sum(o.bytes for o in outs),
+            commit_ms=max((o.commit_ms for o in outs), default=0.0),
+            retries=max((o.retries for o in outs), default=0),
+        )
+
+
+def stream_columns(routing: Routing, stream_schema: pa.Schema) -> pa.Schema:
+    """The stream's schema without its routing column (what the tables take); the column must be a string."""
+    index = stream_schema.get_field_index(routing.column)
+    if index < 0:
+        raise InvalidOptionError(
+            f"option 'route-by' names column {routing.column!r}, which the stream does not have (columns: "
+            f"{', '.join(stream_schema.names)})"
+        )
+    field = stream_schema.field(index)
+    if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
+        raise InvalidOptionError(
+            f"option 'route-by': column {routing.column!r} has type {field.type}; the routing column must be a string "
+            "holding each row's table name ('namespace.table', or 'table' with option 'namespace')"
+        )
+    return stream_schema.remove(index)
+
+
+def check_atomic(catalog: Catalog, routing: Routing) -> bool:
+    """Whether ``catalog`` commits several tables as one unit; InvalidOptionError (at start) when ``atomic=required``
+    and it cannot."""
+    can = seam_commit.catalog_commits_atomically(catalog)
+    if routing.atomic is Atomic.REQUIRED and not can:
+        raise InvalidOptionError(
+            f"option '{ATOMIC}' is 'required', but catalog {catalog.name!r} ({type(catalog).__name__}) cannot commit "
+            "several tables as one unit (lakesink can with pyiceberg's SQL catalog on SQLite or PostgreSQL, and with a "
+            "REST catalog whose /v1/config lists POST /v1/{prefix}/transactions/commit). Use such a catalog, or "
+            "atomic='auto' (each table on its own, each exactly once; a replay completes a batch's missing tables)"
+        )
+    return can
+
+
+class RoutedCommitter:
+    """The driver side of a routed sink: a :class:`TableCommitter` per table, one unit of commits per batch."""
+
+    def __init__(
+        self,
+        options: SinkOptions,
+        stream_schema: pa.Schema,
+        *,
+        post_commit: Callable[[SinkTable], CommitHook] | None = None,
+    ):
+        assert options.routing is not None
+        self.options = options
+        self.routing: Routing = options.routing
+        self.stream_schema = stream_columns(self.routing, stream_schema)
+        self.catalog = catalogs.load(options.catalog_name, options.catalog_properties)
+        self.atomic = self._atomic_mode()
+        self._post_commit = post_commit
+        self._committers: OrderedDict[str, TableCommitter] = OrderedDict()
+        self._uuids: dict[str, str] = {}
+        self._siblings: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+        self._last_tables: tuple[str, ...] = ()
+        self._template: TableTemplate | None = None
+
+    # --- start ------------------------------------------------------------------------------------
+
+    def _atomic_mode(self) -> bool:
+        """Whether a batch's tables are swapped as one unit; ``atomic=required`` on a catalog that cannot fails here."""
+        mode = self.routing.atomic
+        can = check_atomic(self.catalog, self.routing)
+        kind = type(self.catalog).__name__
+        atomic = can and mode is not Atomic.OFF
+        key = (self.catalog.name, f"{mode.value}:{atomic}")
+        if key not in _logged_modes:
+            _logged_modes.add(key)
+            log.info(
+                "lakesink: route-by %r: catalog %r (%s) %s",
+                self.routing.column,
+                self.catalog.name,
+                kind,
+                "commits all tables of a batch in one atomic unit"
+                if atomic
+                else (
+                    "commits the tables of a batch one after the other (atomic=off)"
+                    if mode is Atomic.OFF
+                    else "cannot commit several tables atomically: the tables of a batch are committed one after the "
+                    "other, each exactly once, and a replay completes the tables a crash left without the batch"
+                ),
+            )
+        return atomic
+
+    def new_run(self) -> None:
+        """A new run of the query: tables are opened (and checked) afresh."""
+        self._uuids.clear()
+        self._siblings.clear()
+        self._last_tables = ()
+
+    def committer(self, name: str) -> TableCommitter:
+        found = self._committers.pop(name, None)
+        if found is None:
+            route = route_of(name, (), self.routing.column, -1)
+            found = TableCommitter(self.options.for_table(TableName(route.namespace, route.name)), post_commit=self._post_commit)
+        self._committers[name] = found  # most recently used last
+        while len(self._committers) > _MAX_COMMITTERS:
+            self._committers.popitem(last=False)
+        return found
+
+    def routes(self, values: Iterable[object], batch_id: int) -> list[Route]:
+        """The tables a batch's routing values name (RoutingError naming a bad value, or two that collide)."""
+        routes = sorted({route_of(v, self.routing.namespace, self.routing.column, batch_id) for v in values})
+        clashes = case_collisions(routes)
+        if clashes:
+            a, b = clashes[0]
+            raise RoutingError(
+                f"batch {batch_id}: routing values name tables {a} and {b}, which differ only in case: one table on a "
+                "case-insensitive catalog (Glue, Hive), where one batch would commit twice into it. Nothing was "
+                "committed; use one spelling per table"
+            )
+        return routes
+
+    # --- plans ------------------------------------------------------------------------------------
+
+    def template(self) -> TableTemplate | None:
+        """How executors write a table not opened yet (format("lakesink")): None when the catalog names no
+        warehouse to place new tables in."""
+        if self._template is None:
+            root = self.catalog.properties.get("warehouse")
+            if not root:
+                return None
+            schema = seam.new_table_schema(self.stream_schema)
+            name = f"tables routed by {self.routing.column!r}"
+            properties = creation_properties(self.options, name)
+            self._template = TableTemplate(
+                root=root,
+                schema=schema,
+                spec=partitioning.to_spec(self.options.partitioned_by, schema, name),
+                properties=properties,
+                settings=TableSettings.parse(name, properties),
+                io=load_file_io(dict(self.catalog.properties), root),
+            )
+        return self._template
+
+    def _location(self, route: Route) -> str | None:
+        template = self.template()
+        return template.location(route) if template is not None else None
+
+    def plan(self, route: Route, query_id: str | None) -> WritePlan:
+        """The write plan of one table of a batch: opened (created on first sight) and checked the first time this
+        run sees it; later batches read it again and refuse a table dropped or recreated meanwhile."""
+        name = str(route)
+        c = self.committer(name)
+        expected = self._uuids.get(name)
+        if expected is None:
+            table, columns = c.open_routed(
+                self.stream_schema, location=self._location(route), siblings=lambda: self._sibling_locations(route)
+            )
+        else:
+            table = c.reload_table()
+            columns = c.columns_taken(table, self.stream_schema)
+        plan = c.write_plan(table, query_id, columns, expected_uuid=expected)
+        self._uuids[name] = plan.table_uuid
+        return plan
+
+    def plans(self, routes: Sequence[Route], query_id: str | None) -> dict[str, WritePlan]:
+        return {str(r): self.plan(r, query_id) for r in routes}
+
+    def written_plans(self, query_id: str | None) -> dict[str, WritePlan]:
+        """format("lakesink") at the start of a run: the plans of the tables of option ``namespace`` that this query
+        wrote (their replay markers tell the executors which batches they hold); every other table is written with
+        the template."""
+        ns = self.routing.namespace
+        if not ns or query_id is None:
+            return {}
+        try:
+            listed = self.catalog.list_tables(ns)
+        except Exception:
+            return {}  # no namespace yet: no table
+        plans: dict[str, WritePlan] = {}
+        for ident in listed:
+            route = Route(tuple(ident[:-1]), ident[-1])
+            try:
+                table = self.catalog.load_table(ident)
+            except Exception:
+                continue  # dropped meanwhile, or not an Iceberg table
+            if any(parse_last_batch_key(k) == (query_id, self.options.sink_id) for k in table.properties):
+                plans[str(route)] = self.plan(route, query_id)
+        return plans
+
+    def routed_plan(self, plans: Mapping[str, WritePlan], query_id: str | None, *, template: bool) -> RoutedPlan:
+        return RoutedPlan(
+            column=self.routing.column,
+            namespace=self.routing.namespace,
+            plans=dict(plans),
+            template=self.template() if template else None,
+            query_id=query_id,
+            sink_id=self.options.sink_id,
+        )
+
+    def _sibling_locations(self, route: Route) -> list[tuple[str, str]]:
+        """The locations of the other tables of the route's namespace, listed once per run and namespace."""
+        ns = route.namespace
+        if ns not in self._siblings:
+            found: list[tuple[str, str]] = []
+            try:
+                listed = self.catalog.list_tables(ns)
+            except Exception:
+                listed = []  # a namespace that does not exist yet has no tables
+            for ident in listed[:500]:
+                try:
+                    found.append((".".join(ident), self.catalog.load_table(ident).location()))
+                except Exception:
+                    continue
+            self._siblings[ns] = found
+        return self._siblings[ns]
+
+    # --- commit -----------------------------------------------------------------------------------
+
+    def commit_batch(
+        self,
+        *,
+        query_id: str,
+        batch_id: int,
+        results: Sequence[RoutedTaskResult],
+        source_offsets: str | None,
+        run_id: str | None = None,
+    ) -> RoutedOutcome:
+        """Commit a routed batch: every table it wrote, as one unit (see the module's docstring)."""
+        by_table: dict[str, list[TaskResult]] = {}
+        templated: set[str] = set()
+        for r in results:
+            for t in r.tables:
+                by_table.setdefault(t.table, []).append(t.result)
+                if t.templated:
+                    templated.add(t.table)
+        run_id = run_id or next((r.run_id for r in results if r.run_id), None)
+        names = sorted(by_table)
+        routes = self.routes(names, batch_id)
+        if not names:
+            return self._commit_empty(query_id, batch_id, source_offsets, run_id)
+        unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
+        actions: list[tuple[TableCommitter, CommitAction]] = []
+        for route in routes:
+            name = str(route)
+            c = self.committer(name)
+            table, table_results = self._table_for_commit(c, route, by_table[name], name in templated, query_id, batch_id)
+            actions.append(
+                (
+                    c,
+                    c.unit_action(
+                        table,
+                        query_id=query_id,
+                        batch_id=batch_id,
+                        results=table_results,
+                        source_offsets=source_offsets,
+                        run_id=run_id,
+                        unit=unit,
+                    ),
+                )
+            )
+        outcome = self._run(actions, batch_id)
+        self._last_tables = tuple(names)
+        return outcome
+
+    def _run(self, actions: Sequence[tuple[TableCommitter, CommitAction]], batch_id: int) -> RoutedOutcome:
+        try:
+            swapped = swap.run_unit([a for _, a in actions], atomic=self.atomic)
+        except CommitOutcomeUnknownError:
+            for c, a in actions:
+                c.unit_in_doubt(a)
+            raise
+        except RetriesExhausted as e:
+            for i, (c, a) in enumerate(actions):
+                if i not in e.partial:
+                    c.unit_not_committed(a, reason="commit retries exhausted")
+            landed = [actions[i][1].name for i in e.partial]
+            raise CommitConflictError(
+                f"batch {batch_id} into {len(actions)} table(s) failed {e.attempts} time(s) ({e.describe()}); "
+                + (
+                    f"committed to {', '.join(landed)} only (this catalog commits table by table), "
+                    if landed
+                    else "nothing was committed "
+                )
+                + "and the files of the other tables were deleted; restarting the query replays the batch and "
+                "completes it"
+            ) from e.last
+        outcomes: dict[str, BatchOutcome] = {}
+        for (c, a), result in zip(actions, swapped, strict=True):
+            outcomes[a.name] = c.unit_outcome(a, result)
+        for c, a in actions:
+            if outcomes[a.name].outcome is Outcome.COMMITTED and c.hook is not None:
+                c.hook.after_commit()
+        return RoutedOutcome(batch_id, outcomes)
+
+    def _commit_empty(self, query_id: str, batch_id: int, source_offsets: str | None, run_id: str | None) -> RoutedOutcome:
+        """A batch that routed no row: its marker moves in the tables of the sink's previous batch in this run (a
+        marker-only commit each), so that their next snapshot tells an empty batch from a lost one."""
+        if not self._last_tables:
+            log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", query_id, batch_id)
+            return RoutedOutcome(batch_id, {})
+        actions: list[tuple[TableCommitter, CommitAction]] = []
+        for name in self._last_tables:
+            c = self.committer(name)
+            table = c.load_patiently(batch_id)
+            actions.append(
+                (
+                    c,
+                    c.unit_action(
+                        table,
+                        query_id=query_id,
+                        batch_id=batch_id,
+                        results=(),
+                        source_offsets=source_offsets,
+                        run_id=run_id,
+                        unit={},
+                    ),
+                )
+            )
+        return self._run(actions, batch_id)
+
+    def skip_replay(
+        self, *, query_id: str, batch_id: int, routes: Sequence[Route], source_offsets: str | None, run_id: str | None
+    ) -> RoutedOutcome:
+        """Every table of the batch held it when it was planned (foreach_batch): check they still do, write nothing."""
+        actions: list[tuple[TableCommitter, CommitAction]] = []
+        for route in routes:
+            c = self.committer(str(route))
+            table = c.load_patiently(batch_id)
+            marker = TaskResult(
+                query_id=query_id,
+                batch_id=batch_id,
+                partition_id=-1,
+                task_attempt_id=-1,
+                schema_id=table.metadata.current_schema_id,
+                spec_id=table.metadata.default_spec_id,
+                replay_skipped=True,
+                run_id=run_id,
+            )
+            actions.append(
+                (
+                    c,
+                    c.unit_action(
+                        table,
+                        query_id=query_id,
+                        batch_id=batch_id,
+                        results=(marker,),
+                        source_offsets=source_offsets,
+                        run_id=run_id,
+                        unit={},
+                    ),
+                )
+            )
+        return self._run(actions, batch_id)
+
+    def _table_for_commit(
+        self, c: TableCommitter, route: Route, results: list[TaskResult], templated: bool, query_id: str, batch_id: int
+    ) -> tuple[Table, list[TaskResult]]:
+        """The table to commit ``results`` to, as read now; files written with the template go in as they are when
+        the table is as the template made it, else they are rewritten into the table here (its schema, its spec,
+        its location) and the template's files deleted."""
+        name = str(route)
+        expected = self._uuids.get(name) or next((r.table_uuid for r in results if r.table_uuid), None)
+        if not templated:
+            table = c.load_patiently(batch_id)
+        else:
+            try:
+                table = c.load()
+            except NoSuchTableError:
+                if expected is not None:
+                    raise TableIdentityChangedError(
+                        f"table {name} was dropped while the query ran; nothing was committed. Restart the query to "
+                        "write into a table of that name again (a new table starts without the query's earlier batches)"
+                    ) from None
+                table, _ = c.open_routed(
+                    self.stream_schema, location=self._location(route), siblings=lambda: self._sibling_locations(route)
+                )
+        uuid = str(table.metadata.table_uuid)
+        if expected is not None and uuid != expected:
+            raise c.identity_changed(expected, uuid)
+        self._uuids[name] = uuid
+        if not templated:
+            return table, results
+        template = self.template()
+        assert template is not None
+        written = {r.written_schema for r in results if r.files}
+        done = c.last(table, query_id)
+        fits = (
+            written <= {schema_digest(table.schema())}
+            and table.spec() == template.spec
+            and table.location().rstrip("/") == template.location(route).rstrip("/")
+        )
+        if fits or (done is not None and done.batch_id >= batch_id):
+            return table, results  # as written (a batch already there: the loop finds it landed, the files go)
+        return table, self._rewrite(c, table, results, query_id, batch_id)
+
+    def _rewrite(
+        self, c: TableCommitter, table: Table, results: list[TaskResult], query_id: str, batch_id: int
+    ) -> list[TaskResult]:
+        """Files written with the template for a table that differs (created by someone else, or before the run,
+        outside the namespace lakesink opened at the start): their rows rewritten into the table, on the driver."""
+        plan = c.write_plan(table, query_id, c.columns_taken(table, self.stream_schema))
+        log.warning(
+            "lakesink: table=%s batch=%s: the table is not as lakesink would create it, so the batch's files for it "
+            "are rewritten on the driver (restart the query to have the executors write this table directly)",
+            c.table_name,
+            batch_id,
+        )
+        writer = TaskWriter(
+            plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0
+        )  # a new token: unique names
+        old = [f.path for r in results for f in r.files]
+        io = load_file_io(dict(self.catalog.properties), old[0] if old else None)
+        try:
+            for path in old:
+                with io.new_input(path).open() as stream:
+                    for batch in pq.ParquetFile(stream).iter_batches():
+                        writer.add(conform_to_table(_without_field_ids(batch), plan, batch_id))
+            writer.close_files()
+        except BaseException:
+            writer.abort()
+            raise
+        for path in old:
+            storage.delete_file(io, path)
+        return [writer.result()]
+
+    # --- abort ------------------------------------------------------------------------------------
+
+    def abort_batch(self, *, query_id: str | None, batch_id: int, results: Sequence[RoutedTaskResult]) -> None:
+        """Each table's files of a batch that did not commit there deleted (TableCommitter.abort_batch); files
+        written for a table that does not exist (it was never created) deleted."""
+        by_table: dict[str, list[TaskResult]] = {}
+        for r in results:
+            for t in r.tables:
+                by_table.setdefault(t.table, []).append(t.result)
+        for name, table_results in sorted(by_table.items()):
+            c = self.committer(name)
+            try:
+                c.load_fresh()
+            except NoSuchTableError:
+                paths = [f.path for r in table_results for f in r.files]
+                io = load_file_io(dict(self.catalog.properties), paths[0] if paths else None)
+                for path in paths:
+                    try:
+                        storage.delete_file(io, path)
+                    except Exception:
+                        log.warning("lakesink: could not delete %s; an orphan clean-up collects it", path)
+                continue
+            except Exception:
+                pass  # TableCommitter.abort_batch says it cannot read the table and keeps the files
+            c.abort_batch(query_id=query_id, batch_id=batch_id, results=table_results)
+
+
+def _without_field_ids(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A template file's rows, matched to the table by column name (its field ids are the template's)."""
+    return pa.RecordBatch.from_arrays(batch.columns, schema=_strip(batch.schema))
+
+
+def _strip(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])

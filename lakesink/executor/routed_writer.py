@@ -1,0 +1,289 @@
+"""Executor side of option ``route-by``: one task's rows split by their routing column, one TaskWriter per table.
+
+Runs in Spark's Python workers (``mapInArrow`` for ``foreach_batch``, the data source writer's ``write()`` for
+``format("lakesink")``). Each row goes to the table its routing column names (:func:`lakesink.table.routes.parse_route`,
+the one switch point of a routing value); the routing column is not written. A table gets the stream's columns it
+has; a stream column it lacks must be null in the rows routed to it (else a SchemaMismatchError naming the table and
+the column: ``merge-schema`` adds it on the driver's plan instead). Rows of a table whose plan says the batch is
+already committed there (a replay completing the tables a crash left without it) are not written.
+
+The driver's :class:`RoutedPlan` holds a write plan per table it opened. ``format("lakesink")`` plans once per run of
+the query, before its batches are seen: a table it did not open is written with the :class:`TableTemplate`, exactly
+as lakesink would create it (the stream's schema minus the routing column, fresh field ids, ``partitioned-by``, at
+``<warehouse>/<namespace>.db/<table>``); the driver creates the table so at commit, or rewrites the files into a
+table that turned out to differ (lakesink.driver.routing).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.io import FileIO
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+from pyspark import TaskContext
+from pyspark.sql.datasource import WriterCommitMessage
+
+from lakesink.errors import LakesinkError, RoutingError, SchemaMismatchError
+from lakesink.executor.messages import TaskResult, WritePlan
+from lakesink.executor.task_writer import TaskWriter
+from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
+from lakesink.table import locations
+from lakesink.table.routes import InvalidRoute, Route, parse_route
+from lakesink.table.settings import TableSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TableTemplate:
+    """How a table lakesink creates on first sight is written before it exists (``format("lakesink")``)."""
+
+    root: str
+    """The catalog's warehouse location: a new table lives at ``<root>/<namespace>.db/<table>``."""
+    schema: Schema
+    spec: PartitionSpec
+    properties: Mapping[str, str]
+    settings: TableSettings
+    io: FileIO = field(repr=False)
+
+    def location(self, route: Route) -> str:
+        """Made from the validated parts of the route only (no '/', '..' or quote can reach it)."""
+        return f"{self.root.rstrip('/')}/{'.'.join(route.namespace)}.db/{route.name}"
+
+    def plan(self, route: Route, query_id: str | None, sink_id: str | None) -> WritePlan:
+        location = self.location(route)
+        return WritePlan(
+            table=str(route),
+            location=location,
+            data_prefix=locations.data_prefix(str(route), location, self.properties),
+            properties=dict(self.properties),
+            settings=self.settings,
+            table_uuid="",  # not created yet: the driver creates it (or finds it) at commit
+            schema=self.schema,
+            schema_id=0,
+            spec_id=0,
+            io=self.io,
+            query_id=query_id,
+            spec=self.spec,
+            sink_id=sink_id,
+        )
+
+
+@dataclass(frozen=True)
+class RoutedPlan:
+    """Everything a routed task needs: the routing column, a plan per table the driver opened, the template."""
+
+    column: str
+    namespace: tuple[str, ...]
+    plans: Mapping[str, WritePlan]
+    """By table name (``str(Route)``)."""
+    template: TableTemplate | None = None
+    """None (foreach_batch): every table of the batch was planned; a value without a plan is an error."""
+    query_id: str | None = None
+    sink_id: str | None = None
+
+    def plan_for(self, route: Route, batch_id: int) -> WritePlan:
+        plan = self.plans.get(str(route))
+        if plan is not None:
+            return plan
+        if self.template is None:
+            raise RoutingError(
+                f"batch {batch_id} routes rows to table {route}, which was not among the tables lakesink found in the "
+                "batch when it planned it: the batch's rows changed between two reads of the batch (a non-deterministic "
+                "source or query). Nothing was committed; make the routing column deterministic"
+            )
+        return self.template.plan(route, self.query_id, self.sink_id)
+
+
+@dataclass(frozen=True)
+class TableResult:
+    """One task's result for one table."""
+
+    table: str
+    result: TaskResult
+    templated: bool = False
+    """Written with the :class:`TableTemplate` (the table was not planned)."""
+
+
+@dataclass(frozen=True)
+class RoutedTaskResult(WriterCommitMessage):
+    """What a routed task returns to the driver: one :class:`TableResult` per table it routed rows to."""
+
+    query_id: str
+    batch_id: int
+    partition_id: int
+    run_id: str | None
+    tables: tuple[TableResult, ...] = ()
+
+
+def route_of(value: object, namespace: tuple[str, ...], column: str, batch_id: int) -> Route:
+    """The table a routing value names, or RoutingError naming the value and the batch."""
+    route = parse_route(value, namespace)
+    if isinstance(route, InvalidRoute):
+        raise RoutingError(
+            f"batch {batch_id}: routing column {column!r} holds {route.describe()}; nothing was committed. Every row "
+            "must name the table it goes to"
+        )
+    return route
+
+
+def split_by_route(batch: pa.RecordBatch, column: str) -> Iterable[tuple[object, pa.RecordBatch]]:
+    """``batch``'s rows grouped by the routing column's value (None for nulls), without the column."""
+    index = batch.schema.get_field_index(column)
+    values = batch.column(index)
+    rest = batch.remove_column(index)
+    if batch.num_rows == 0:
+        return
+    encoded = pc.dictionary_encode(values, null_encoding="encode")
+    dictionary, codes = encoded.dictionary, encoded.indices
+    if len(dictionary) == 1:
+        yield dictionary[0].as_py(), rest
+        return
+    groups = (
+        pa.table([codes, pa.array(range(batch.num_rows), pa.int64())], names=["code", "row"])
+        .group_by("code", use_threads=False)
+        .aggregate([("row", "list")])
+    )
+    for code, rows in zip(groups.column("code").to_pylist(), groups.column("row_list"), strict=True):
+        yield dictionary[code].as_py(), rest.take(rows.values)
+
+
+def conform_to_table(batch: pa.RecordBatch, plan: WritePlan, batch_id: int) -> pa.RecordBatch:
+    """The columns of ``batch`` the table has: a stream column the table lacks must be null in these rows."""
+    have = set(plan.schema.column_names)
+    extra = [name for name in batch.schema.names if name not in have]
+    for name in extra:
+        filled = batch.num_rows - batch.column(name).null_count
+        if filled:
+            raise SchemaMismatchError(
+                f"table {plan.table} has no column {name!r}, but batch {batch_id} routes {filled} row(s) with a value in "
+                f"it to that table; nothing was committed. Add the column to the table, or set option merge-schema=true "
+                "(lakesink adds it in the batch's commit)"
+            )
+    return batch.select([n for n in batch.schema.names if n in have]) if extra else batch
+
+
+class RoutedTaskWriter:
+    """One task of a routed batch: its rows split by table, each table's rows into Parquet files of that table."""
+
+    def __init__(
+        self,
+        plan: RoutedPlan,
+        *,
+        query_id: str,
+        batch_id: int,
+        partition_id: int,
+        task_attempt_id: int,
+        run_id: str | None = None,
+    ):
+        self._plan = plan
+        self._query_id = query_id
+        self._batch_id = batch_id
+        self._partition_id = partition_id
+        self._task_attempt_id = task_attempt_id
+        self._run_id = run_id
+        self._writers: dict[str, tuple[TaskWriter, bool]] = {}
+        self._skipped: dict[str, WritePlan] = {}
+        self._routes: dict[object, Route] = {}
+
+    def write(self, batches: Iterable[pa.RecordBatch]) -> RoutedTaskResult:
+        """Write every batch's rows into their tables; on any failure delete this task's files (every table's)."""
+        try:
+            fault_point(EXECUTOR_BEFORE_WRITE)
+            budget: int | None = None
+            for batch in batches:
+                for value, rows in split_by_route(batch, self._plan.column):
+                    route = self._routes.get(value) if value is not None else None
+                    if route is None:
+                        route = route_of(value, self._plan.namespace, self._plan.column, self._batch_id)
+                        self._routes[value] = route
+                    writer = self._writer(route)
+                    if writer is not None:
+                        writer.add(conform_to_table(rows, writer.plan, self._batch_id))
+                budget = budget or min((w.plan.settings.row_group_bytes for w, _ in self._writers.values()), default=None)
+                if budget is not None:
+                    self._bound_memory(budget)
+            for w, _ in self._writers.values():
+                w.close_files()
+            fault_point(EXECUTOR_BEFORE_RETURN)
+        except BaseException:
+            for w, _ in self._writers.values():
+                w.abort()
+            raise
+        tables = [TableResult(name, w.result(), templated) for name, (w, templated) in self._writers.items()]
+        tables += [TableResult(name, self._skipped_result(plan)) for name, plan in self._skipped.items()]
+        return RoutedTaskResult(self._query_id, self._batch_id, self._partition_id, self._run_id, tuple(tables))
+
+    def _writer(self, route: Route) -> TaskWriter | None:
+        name = str(route)
+        if name in self._skipped:
+            return None
+        found = self._writers.get(name)
+        if found is not None:
+            return found[0]
+        plan = self._plan.plan_for(route, self._batch_id)
+        last = plan.last_committed_batch
+        if last is not None and self._batch_id <= last:
+            # this table holds the batch already (a replay completing the tables a crash left without it)
+            self._skipped[name] = plan
+            return None
+        writer = TaskWriter(
+            plan,
+            query_id=self._query_id,
+            batch_id=self._batch_id,
+            partition_id=self._partition_id,
+            task_attempt_id=self._task_attempt_id,
+            run_id=self._run_id,
+        )
+        self._writers[name] = (writer, name not in self._plan.plans)
+        return writer
+
+    def _bound_memory(self, budget: int) -> None:
+        """Rows collected across every table's row groups stay under one table's row-group budget."""
+        while sum(w.buffered_bytes for w, _ in self._writers.values()) > budget:
+            max((w for w, _ in self._writers.values()), key=lambda w: w.buffered_bytes).flush_largest()
+
+    def _skipped_result(self, plan: WritePlan) -> TaskResult:
+        return TaskResult(
+            query_id=self._query_id,
+            batch_id=self._batch_id,
+            partition_id=self._partition_id,
+            task_attempt_id=self._task_attempt_id,
+            schema_id=plan.schema_id,
+            spec_id=plan.spec_id,
+            replay_skipped=True,
+            table_uuid=plan.table_uuid or None,
+            run_id=self._run_id,
+            written_schema=plan.schema_digest,
+        )
+
+
+@dataclass(frozen=True)
+class RoutedPartitionWriter:
+    """The ``mapInArrow`` function of a routed ``foreach_batch``: writes one partition, yields its pickled
+    RoutedTaskResult (a module-level class, so that Python workers import executor code only)."""
+
+    plan: RoutedPlan
+    batch_id: int
+    run_id: str | None = None
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ctx = TaskContext.get()
+        if ctx is None:
+            raise LakesinkError("RoutedPartitionWriter must run inside a Spark task (df.mapInArrow)")
+        writer = RoutedTaskWriter(
+            self.plan,
+            query_id=self.plan.query_id or "",
+            batch_id=self.batch_id,
+            partition_id=ctx.partitionId(),
+            task_attempt_id=ctx.taskAttemptId(),
+            run_id=self.run_id,
+        )
+        result = writer.write(batches)
+        yield pa.record_batch([pa.array([pickle.dumps(result)], pa.binary())], names=["task_result"])

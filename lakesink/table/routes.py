@@ -1,0 +1,112 @@
+"""Routing values (option ``route-by``): the table a row's routing column names, validated, never interpolated.
+
+Runs anywhere (executors split rows by it; the driver checks the tables of a batch with it). A routing value comes
+from the data, so it is untrusted: it is parsed into a typed :class:`Route` (namespace levels and a table name made
+of a safe set of characters) or an :class:`InvalidRoute` saying why not. A route never reaches a path or a SQL
+statement as text: pyiceberg's catalogs bind identifiers as parameters, and a table's location is made from the
+validated parts only.
+
+:func:`parse_route` is the one switch point of a routing value: a batch with an invalid route fails today
+(:class:`lakesink.errors.RoutingError`, naming the value and the batch); the dead-letter table (issue 23) will divert
+such rows there instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+#: A namespace level or a table name: letters, digits and '_' (and '-' after the first character), 1 to 128 of them.
+#: Nothing that a path or a SQL statement could read as a separator, a quote, a wildcard or a parent folder.
+_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,127}")
+_MAX_LEVELS = 8
+
+
+@dataclass(frozen=True, order=True)
+class Route:
+    """A valid routing value: the table it names (``namespace`` levels and ``name``)."""
+
+    namespace: tuple[str, ...]
+    name: str
+
+    @property
+    def identifier(self) -> tuple[str, ...]:
+        return (*self.namespace, self.name)
+
+    def __str__(self) -> str:
+        return ".".join(self.identifier)
+
+
+@dataclass(frozen=True)
+class InvalidRoute:
+    """A routing value that names no table lakesink may write, and why."""
+
+    value: object
+    reason: str
+
+    def describe(self) -> str:
+        shown = repr(self.value)
+        if len(shown) > 120:
+            shown = shown[:117] + "..."
+        return f"{shown} ({self.reason})"
+
+
+def parse_namespace(value: str) -> tuple[str, ...] | str:
+    """A dotted namespace (option ``namespace``) as its levels, or the reason it is not one."""
+    parts = tuple(value.split("."))
+    bad = [p for p in parts if not _PART.fullmatch(p)]
+    if bad or not parts:
+        return f"each level must be 1 to 128 letters, digits, '_' or '-' (not first), got {bad[0]!r}" if bad else "it is empty"
+    if len(parts) > _MAX_LEVELS:
+        return f"at most {_MAX_LEVELS} levels"
+    return parts
+
+
+def parse_route(value: object, default_namespace: tuple[str, ...] = ()) -> Route | InvalidRoute:
+    """The table ``value`` (a routing column's value) names: ``ns.table`` (or ``a.b.table``), or ``table`` in
+    ``default_namespace`` (option ``namespace``); else an :class:`InvalidRoute` with the reason."""
+    if value is None:
+        return InvalidRoute(value, "null: every row needs a table name")
+    if not isinstance(value, str):
+        return InvalidRoute(value, f"a {type(value).__name__}, not a string")
+    if not value:
+        return InvalidRoute(value, "empty: every row needs a table name")
+    parts = value.split(".")
+    for p in parts:
+        if not _PART.fullmatch(p):
+            return InvalidRoute(
+                value,
+                "a table name is 'table' or 'namespace.table', each part 1 to 128 letters, digits, '_' or '-' "
+                f"(not first); {p!r} is not",
+            )
+    if len(parts) > _MAX_LEVELS + 1:
+        return InvalidRoute(value, f"at most {_MAX_LEVELS} namespace levels")
+    if len(parts) == 1:
+        if not default_namespace:
+            return InvalidRoute(value, "no namespace: write 'namespace.table', or set option 'namespace'")
+        return Route(default_namespace, parts[0])
+    return Route(tuple(parts[:-1]), parts[-1])
+
+
+def case_collisions(routes: Iterable[Route]) -> list[tuple[Route, Route]]:
+    """Pairs of routes that differ only in case: one table on a case-insensitive catalog (Glue, Hive), so a batch
+    with both would commit two snapshots of one batch into one table (and the second, found "already committed",
+    would drop its rows)."""
+    seen: dict[tuple[str, ...], Route] = {}
+    out = []
+    for r in sorted(set(routes)):
+        key = tuple(p.lower() for p in r.identifier)
+        if key in seen:
+            out.append((seen[key], r))
+        else:
+            seen[key] = r
+    return out
+
+
+def tables_digest(tables: Iterable[str]) -> str:
+    """The digest of a batch's set of tables (``lakesink.batch-tables-digest``): the first 16 hex digits of the
+    SHA-256 of the sorted table names, one a line. Any table's snapshot of the batch carries it, so that a reader of
+    the catalog can tell whether it found the batch in every table the batch wrote."""
+    return hashlib.sha256("\n".join(sorted(set(tables))).encode("utf-8")).hexdigest()[:16]

@@ -1,0 +1,430 @@
+"""Option route-by on the driver: one batch into many tables, one unit of commits (lakesink.driver.routing).
+
+No Spark: the routed task writer (lakesink.executor.routed_writer) writes real Parquet files, the tables live in real
+SQLite catalogs (and moto's Glue for a catalog without multi-table commits); faults at named points, a SIGKILL in a
+subprocess. Every row has a unique id; tables are compared as multisets.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField, StringType
+
+from lakesink.driver import catalogs
+from lakesink.driver.commit import Outcome
+from lakesink.driver.routing import RoutedCommitter, RoutedOutcome
+from lakesink.errors import (
+    CommitConflictError,
+    InjectedFault,
+    InvalidOptionError,
+    RoutingError,
+    SchemaMismatchError,
+    TableIdentityChangedError,
+)
+from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
+from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BEFORE_SWAP, DRIVER_BETWEEN_TABLE_COMMITS
+from lakesink.options import SinkOptions
+from lakesink.table.keys import SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
+from lakesink.table.routes import tables_digest
+from tests.support.helpers import commit, lakesink_snapshots, table_ids, write_task
+
+Q = "routing-query"
+OFFSETS = '[{"logOffset":0}]'
+SCHEMA = pa.schema([("id", pa.int64()), ("user", pa.string()), ("route", pa.string())])
+
+
+def options(props: Mapping[str, str], **extra: str) -> SinkOptions:
+    return SinkOptions.from_mapping(
+        {"route-by": "route", "namespace": "db", **{f"catalog.{k}": v for k, v in props.items()}, **extra}
+    )
+
+
+def routed(props: Mapping[str, str], schema: pa.Schema = SCHEMA, **extra: str) -> RoutedCommitter:
+    return RoutedCommitter(options(props, **extra), schema)
+
+
+def rows(data: Mapping[str | None, Sequence[int]], schema: pa.Schema = SCHEMA) -> pa.RecordBatch:
+    ids = [i for ids in data.values() for i in ids]
+    routes = [r for r, ids in data.items() for _ in ids]
+    columns: dict[str, pa.Array] = {
+        "id": pa.array(ids, pa.int64()),
+        "user": pa.array([f"u{i}" for i in ids], pa.string()),
+        "route": pa.array(routes, pa.string()),
+    }
+    for f in schema:
+        if f.name not in columns:
+            columns[f.name] = pa.array([f"{f.name}-{i}" for i in ids], f.type)
+    return pa.RecordBatch.from_pydict({f.name: columns[f.name] for f in schema}, schema=schema)
+
+
+def write(
+    rc: RoutedCommitter, batch_id: int, data: Mapping[str | None, Sequence[int]], *, template: bool = False, part: int = 0
+) -> RoutedTaskResult:
+    """One task's routed write, planned as foreach_batch plans (every table opened first) or, with ``template``, as
+    format("lakesink") plans (no table opened: the template)."""
+    batch = rows(data, pa.schema([f for f in SCHEMA] + [f for f in rc.stream_schema if f.name not in SCHEMA.names]))
+    plans = {} if template else rc.plans(rc.routes(set(data), batch_id), Q)
+    plan = rc.routed_plan(plans, Q, template=template)
+    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=part, task_attempt_id=part)
+    return writer.write([batch])
+
+
+def run(rc: RoutedCommitter, batch_id: int, data: Mapping[str | None, Sequence[int]], **kw: Any) -> RoutedOutcome:
+    results = [write(rc, batch_id, data, **kw)]
+    try:
+        return rc.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=OFFSETS)
+    except BaseException:
+        rc.abort_batch(query_id=Q, batch_id=batch_id, results=results)
+        raise
+
+
+def ids(props: Mapping[str, str], name: str) -> Counter[int]:
+    return table_ids(catalogs.load_table_fresh(None, dict(props), tuple(name.split("."))))
+
+
+def exists(props: Mapping[str, str], name: str) -> bool:
+    return catalogs.load(None, dict(props)).table_exists(tuple(name.split(".")))
+
+
+def snapshots(props: Mapping[str, str], name: str) -> list[dict[str, Any]]:
+    return lakesink_snapshots(catalogs.load_table_fresh(None, dict(props), tuple(name.split("."))))
+
+
+def test_a_batch_lands_in_each_table_once_without_the_routing_column(catalog_properties: dict[str, str]) -> None:
+    rc = routed(catalog_properties)
+    out = run(rc, 0, {"a": [1, 2], "b": [3], "other.c": [4, 5, 6]})
+    assert {t: o.outcome for t, o in out.tables.items()} == {
+        "db.a": Outcome.COMMITTED,
+        "db.b": Outcome.COMMITTED,
+        "other.c": Outcome.COMMITTED,
+    }
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.b") == Counter([3])
+    assert ids(catalog_properties, "other.c") == Counter([4, 5, 6])
+    table = catalogs.load_table_fresh(None, catalog_properties, ("db", "a"))
+    assert table.schema().column_names == ["id", "user"]  # the routing column is not written
+    digest = tables_digest(["db.a", "db.b", "other.c"])
+    for name in ("db.a", "db.b", "other.c"):
+        (snap,) = snapshots(catalog_properties, name)
+        assert snap["batch_id"] == 0 and snap["summary"][SUMMARY_BATCH_TABLES] == "3"
+        assert snap["summary"][SUMMARY_BATCH_TABLES_DIGEST] == digest
+    # the same batch again (a replay): found in every table, nothing written, nothing committed
+    again = run(rc, 0, {"a": [1, 2], "b": [3], "other.c": [4, 5, 6]})
+    assert {o.outcome for o in again.tables.values()} == {Outcome.REPLAY_SKIPPED}
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and len(snapshots(catalog_properties, "db.a")) == 1
+
+
+def test_several_tasks_and_batches(catalog_properties: dict[str, str]) -> None:
+    rc = routed(catalog_properties)
+    sent: dict[str, Counter[int]] = {"db.a": Counter(), "db.b": Counter()}
+    for b in range(3):
+        results = [write(rc, b, {"a": [b * 100 + p], "b": [b * 100 + 50 + p]}, part=p) for p in range(2)]
+        rc.commit_batch(query_id=Q, batch_id=b, results=results, source_offsets=OFFSETS)
+        sent["db.a"].update([b * 100, b * 100 + 1])
+        sent["db.b"].update([b * 100 + 50, b * 100 + 51])
+    for name, want in sent.items():
+        assert ids(catalog_properties, name) == want
+        assert [s["batch_id"] for s in snapshots(catalog_properties, name)] == [0, 1, 2]
+
+
+def test_a_fault_inside_the_database_transaction_commits_no_table(catalog_properties: dict[str, str], faults: Any) -> None:
+    rc = routed(catalog_properties, **{"table-property.commit.retry.num-retries": "0"})
+    faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")
+    with pytest.raises(CommitConflictError, match="nothing was committed"):
+        run(rc, 0, {"a": [1], "b": [2]})
+    assert faults.fired(CATALOG_BETWEEN_TABLE_SWAPS)
+    assert ids(catalog_properties, "db.a") == Counter() and ids(catalog_properties, "db.b") == Counter()
+    out = run(rc, 0, {"a": [1], "b": [2]})  # the replay commits both
+    assert {o.outcome for o in out.tables.values()} == {Outcome.COMMITTED}
+    assert ids(catalog_properties, "db.a") == Counter([1]) and ids(catalog_properties, "db.b") == Counter([2])
+
+
+def test_atomic_off_commits_table_by_table_and_a_replay_completes_the_batch(
+    catalog_properties: dict[str, str], faults: Any
+) -> None:
+    rc = routed(catalog_properties, atomic="off")
+    faults.arm(DRIVER_BETWEEN_TABLE_COMMITS, "raise")
+    with pytest.raises(InjectedFault):
+        run(rc, 0, {"a": [1, 2], "b": [3, 4]})
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.b") == Counter()
+    restarted = routed(catalog_properties, atomic="off")
+    out = run(restarted, 0, {"a": [1, 2], "b": [3, 4]})  # the replay: skipped in a (nothing written), committed in b
+    assert out.tables["db.a"].outcome is Outcome.REPLAY_SKIPPED and out.tables["db.b"].outcome is Outcome.COMMITTED
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.b") == Counter([3, 4])
+    assert len(snapshots(catalog_properties, "db.a")) == 1
+
+
+_KILLED = textwrap.dedent(
+    """
+    import json, sys
+    from tests.driver.test_routing import routed, run
+    props, extra = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    run(routed(props, **extra), 0, {"a": [1, 2, 3], "b": [10, 20], "c": [30]})
+    print("committed: the kill did not happen")
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("point", "extra", "landed"),
+    [
+        (CATALOG_BETWEEN_TABLE_SWAPS, {}, set()),  # inside the SQL transaction: no table
+        (DRIVER_BETWEEN_TABLE_COMMITS, {"atomic": "off"}, {"db.a"}),  # table by table: the first one only
+    ],
+)
+def test_sigkill_inside_a_routed_commit_then_a_replay(
+    catalog_properties: dict[str, str], faults: Any, point: str, extra: dict[str, str], landed: set[str]
+) -> None:
+    faults.arm(point, "kill")
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED, json.dumps(catalog_properties), json.dumps(extra)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    )
+    assert done.returncode == -9, done.stdout + done.stderr
+    want = {"db.a": Counter([1, 2, 3]), "db.b": Counter([10, 20]), "db.c": Counter([30])}
+    for name in want:
+        assert ids(catalog_properties, name) == (want[name] if name in landed else Counter()), name
+    out = run(routed(catalog_properties, **extra), 0, {"a": [1, 2, 3], "b": [10, 20], "c": [30]})
+    assert {t for t, o in out.tables.items() if o.outcome is Outcome.REPLAY_SKIPPED} == landed
+    for name in want:
+        assert ids(catalog_properties, name) == want[name]
+        assert len(snapshots(catalog_properties, name)) == 1
+
+
+def test_another_writer_on_one_table_mid_batch_retries_the_whole_unit(catalog_properties: dict[str, str], faults: Any) -> None:
+    rc = routed(catalog_properties)
+    run(rc, 0, {"a": [1], "b": [2]})
+    results = [write(rc, 1, {"a": [3], "b": [4]})]
+    other = RoutedCommitter(options(catalog_properties, **{"sink-id": "other"}), SCHEMA)
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    box: list[Any] = []
+    t = threading.Thread(
+        target=lambda: box.append(rc.commit_batch(query_id=Q, batch_id=1, results=results, source_offsets=OFFSETS))
+    )
+    t.start()
+    faults.wait_reached(DRIVER_BEFORE_SWAP)
+    faults.clear()
+    other_results = [write(other, 0, {"b": [99]})]
+    other.commit_batch(query_id="other-query", batch_id=0, results=other_results, source_offsets=OFFSETS)
+    faults.release(DRIVER_BEFORE_SWAP)
+    t.join(120)
+    out = box[0]
+    assert {o.outcome for o in out.tables.values()} == {Outcome.COMMITTED}
+    assert {o.retries for o in out.tables.values()} == {1}  # one retry of the whole unit, never a partial commit
+    assert ids(catalog_properties, "db.a") == Counter([1, 3]) and ids(catalog_properties, "db.b") == Counter([2, 4, 99])
+    a_snaps = snapshots(catalog_properties, "db.a")
+    assert [s["summary"]["lakesink.commit-attempt"] for s in a_snaps] == ["1", "2"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "x'; DROP TABLE iceberg_tables; --",
+        "../../etc/passwd",
+        "db/../../x",
+        "a.b..c",
+        '"quoted"',
+        "name with space",
+        "",
+        None,
+        "ta\x00ble",
+        "../a",
+        "%2e%2e",
+        "t" * 200,
+    ],
+)
+def test_invalid_routing_values_fail_the_batch_naming_value_and_batch(
+    catalog_properties: dict[str, str], value: str | None, tmp_path: Path
+) -> None:
+    rc = routed(catalog_properties)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(RoutingError, match="batch 7") as e:
+        run(rc, 7, {"good": [1], value: [2]})
+    assert repr(value)[:60].strip("'\"")[:20] in str(e.value) or value is None
+    assert not exists(catalog_properties, "db.good")  # nothing created, nothing committed
+    names = catalogs.load(None, catalog_properties).list_namespaces()
+    assert names == []
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_values_differing_only_in_case_are_refused(catalog_properties: dict[str, str]) -> None:
+    rc = routed(catalog_properties)
+    with pytest.raises(RoutingError, match="differ only in case"):
+        rc.routes(["Orders", "orders"], 3)
+
+
+def test_an_empty_batch_moves_the_markers_of_the_previous_batchs_tables(catalog_properties: dict[str, str]) -> None:
+    rc = routed(catalog_properties)
+    run(rc, 0, {"a": [1], "b": [2]})
+    out = rc.commit_batch(query_id=Q, batch_id=1, results=[RoutedTaskResult(Q, 1, 0, None, ())], source_offsets=OFFSETS)
+    assert {o.outcome for o in out.tables.values()} == {Outcome.EMPTY} and set(out.tables) == {"db.a", "db.b"}
+    run(rc, 2, {"a": [3]})
+    last = snapshots(catalog_properties, "db.a")[-1]
+    assert last["batch_id"] == 2 and last["summary"]["lakesink.previous-batch-id"] == "1"
+    assert ids(catalog_properties, "db.a") == Counter([1, 3])
+
+
+def test_a_table_dropped_and_recreated_between_batches_is_a_loud_error(catalog_properties: dict[str, str]) -> None:
+    rc = routed(catalog_properties)
+    run(rc, 0, {"a": [1], "b": [2]})
+    catalog = catalogs.load(None, catalog_properties)
+    catalog.drop_table(("db", "a"))
+    with pytest.raises(TableIdentityChangedError, match="dropped"):
+        run(rc, 1, {"a": [3], "b": [4]})
+    catalog.create_table(("db", "a"), schema=catalogs.load_table_fresh(None, catalog_properties, ("db", "b")).schema())
+    with pytest.raises(TableIdentityChangedError, match="recreated"):
+        run(rc, 1, {"a": [3], "b": [4]})
+    assert ids(catalog_properties, "db.b") == Counter([2])  # nothing of batch 1 anywhere
+    rc.new_run()  # a restart writes into the new table
+    run(rc, 1, {"a": [3], "b": [4]})
+    assert ids(catalog_properties, "db.a") == Counter([3]) and ids(catalog_properties, "db.b") == Counter([2, 4])
+
+
+def _existing_table(props: Mapping[str, str], name: str) -> None:
+    catalog = catalogs.load(None, dict(props))
+    catalog.create_namespace_if_not_exists("db")
+    catalog.create_table(
+        ("db", name),
+        schema=Schema(NestedField(7, "user", StringType(), required=False), NestedField(9, "id", LongType(), required=False)),
+    )
+
+
+WIDE = pa.schema([("id", pa.int64()), ("user", pa.string()), ("route", pa.string()), ("extra", pa.string())])
+
+
+def test_an_existing_table_takes_its_own_columns_by_name(catalog_properties: dict[str, str]) -> None:
+    _existing_table(catalog_properties, "old")
+    rc = routed(catalog_properties, WIDE)
+    batch = pa.RecordBatch.from_pydict(
+        {"id": [1, 2, 3], "user": ["x", "y", "z"], "route": ["old", "new", "old"], "extra": [None, "e", None]},
+        schema=WIDE,
+    )
+    plan = rc.routed_plan(rc.plans(rc.routes(["old", "new"], 0), Q), Q, template=False)
+    result = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0).write([batch])
+    rc.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets=OFFSETS)
+    old = catalogs.load_table_fresh(None, catalog_properties, ("db", "old"))
+    assert old.schema().column_names == ["user", "id"]
+    assert sorted(old.scan().to_arrow().to_pylist(), key=lambda r: r["id"]) == [
+        {"user": "x", "id": 1},
+        {"user": "z", "id": 3},
+    ]
+    new = catalogs.load_table_fresh(None, catalog_properties, ("db", "new"))
+    assert new.scan().to_arrow().to_pylist() == [{"id": 2, "user": "y", "extra": "e"}]
+
+
+def test_a_value_in_a_column_the_table_lacks_fails_naming_table_and_column(catalog_properties: dict[str, str]) -> None:
+    _existing_table(catalog_properties, "old")
+    rc = routed(catalog_properties, WIDE)
+    batch = pa.RecordBatch.from_pydict(
+        {"id": [1, 2], "user": ["x", "y"], "route": ["old", "old"], "extra": [None, "lost?"]}, schema=WIDE
+    )
+    plan = rc.routed_plan(rc.plans(rc.routes(["old"], 4), Q), Q, template=False)
+    with pytest.raises(SchemaMismatchError, match=r"table db\.old has no column 'extra'.*batch 4.*merge-schema"):
+        RoutedTaskWriter(plan, query_id=Q, batch_id=4, partition_id=0, task_attempt_id=0).write([batch])
+    assert ids(catalog_properties, "db.old") == Counter()
+    # with merge-schema the column is added in the batch's commit
+    rc = routed(catalog_properties, WIDE, **{"merge-schema": "true"})
+    plan = rc.routed_plan(rc.plans(rc.routes(["old"], 4), Q), Q, template=False)
+    result = RoutedTaskWriter(plan, query_id=Q, batch_id=4, partition_id=0, task_attempt_id=0).write([batch])
+    rc.commit_batch(query_id=Q, batch_id=4, results=[result], source_offsets=OFFSETS)
+    old = catalogs.load_table_fresh(None, catalog_properties, ("db", "old"))
+    assert old.schema().column_names == ["user", "id", "extra"]
+    assert sorted(r["extra"] or "" for r in old.scan().to_arrow().to_pylist()) == ["", "lost?"]
+
+
+def test_format_lakesink_template_creates_tables_at_commit_or_rewrites_into_a_different_one(
+    catalog_properties: dict[str, str],
+) -> None:
+    """format("lakesink") plans before it sees the batch: unknown tables are written with the template; the commit
+    creates them as the template says, or rewrites the rows into a table someone made otherwise."""
+    _existing_table(catalog_properties, "old")  # field ids and column order unlike the template's
+    rc = routed(catalog_properties)
+    out = run(rc, 0, {"new": [1, 2], "old": [3]}, template=True)
+    assert {o.outcome for o in out.tables.values()} == {Outcome.COMMITTED}
+    assert ids(catalog_properties, "db.new") == Counter([1, 2]) and ids(catalog_properties, "db.old") == Counter([3])
+    old = catalogs.load_table_fresh(None, catalog_properties, ("db", "old"))
+    assert old.scan().to_arrow().to_pylist() == [{"user": "u3", "id": 3}]
+    assert all(p.startswith(old.location()) for p in old.inspect.files().column("file_path").to_pylist())
+    # a replay of the batch with the template: found committed in both tables, nothing twice
+    again = run(routed(catalog_properties), 0, {"new": [1, 2], "old": [3]}, template=True)
+    assert {o.outcome for o in again.tables.values()} == {Outcome.REPLAY_SKIPPED}
+    assert ids(catalog_properties, "db.new") == Counter([1, 2]) and ids(catalog_properties, "db.old") == Counter([3])
+
+
+def test_two_queries_create_and_write_the_same_tables(catalog_properties: dict[str, str]) -> None:
+    one, two = routed(catalog_properties), routed(catalog_properties)
+    r1 = [write(one, 0, {"a": [1], "b": [2]}, template=True)]
+    r2 = [write(two, 0, {"a": [10], "b": [20]}, template=True)]
+    one.commit_batch(query_id=Q, batch_id=0, results=r1, source_offsets=OFFSETS)  # creates both tables
+    two.commit_batch(query_id="second-query", batch_id=0, results=r2, source_offsets=OFFSETS)  # finds them
+    assert ids(catalog_properties, "db.a") == Counter([1, 10]) and ids(catalog_properties, "db.b") == Counter([2, 20])
+
+
+def test_options_refused_with_routing() -> None:
+    with pytest.raises(InvalidOptionError, match="not both"):
+        SinkOptions.from_mapping({"route-by": "route", "table": "db.t"})
+    with pytest.raises(InvalidOptionError, match="complete"):
+        SinkOptions.from_mapping({"route-by": "route", "output-mode": "complete"})
+    with pytest.raises(InvalidOptionError, match="upsert-key"):
+        SinkOptions.from_mapping({"route-by": "route", "upsert-key": "id"})
+    with pytest.raises(InvalidOptionError, match="writer='spark'"):
+        SinkOptions.from_mapping({"route-by": "route", "writer": "spark"})
+    with pytest.raises(InvalidOptionError, match="'atomic' must be one of"):
+        SinkOptions.from_mapping({"route-by": "route", "atomic": "sometimes"})
+    with pytest.raises(InvalidOptionError, match="need option 'route-by'"):
+        SinkOptions.from_mapping({"table": "db.t", "namespace": "db"})
+    with pytest.raises(InvalidOptionError, match="option 'namespace'"):
+        SinkOptions.from_mapping({"route-by": "route", "namespace": "../x"})
+
+
+def test_the_routing_column_must_exist_and_be_a_string(catalog_properties: dict[str, str]) -> None:
+    with pytest.raises(InvalidOptionError, match="does not have"):
+        routed(catalog_properties, pa.schema([("id", pa.int64())]))
+    with pytest.raises(InvalidOptionError, match="must be a string"):
+        routed(catalog_properties, pa.schema([("id", pa.int64()), ("route", pa.int64())]))
+
+
+def test_a_single_table_sink_is_not_disturbed_by_a_routed_one(catalog_properties: dict[str, str]) -> None:
+    """A routed query and a single-table sink write one table: each exactly once."""
+    from tests.support.helpers import make_committer
+
+    rc = routed(catalog_properties)
+    run(rc, 0, {"events": [1, 2]})
+    single = make_committer(catalog_properties)
+    single.open_table(pa.schema([("id", pa.int64()), ("user", pa.string())]))
+    commit(single, "single-query", 0, [write_task(single, "single-query", 0, [3])])
+    assert ids(catalog_properties, "db.events") == Counter([1, 2, 3])
+
+
+def test_atomic_required_refuses_a_catalog_without_multi_table_commits(glue_catalog_properties: dict[str, str]) -> None:
+    props = {k: v for k, v in glue_catalog_properties.items()}
+    with pytest.raises(InvalidOptionError, match=r"'atomic' is 'required'.*cannot commit several tables"):
+        routed(props, atomic="required")
+
+
+def test_glue_commits_table_by_table_and_a_replay_completes(glue_catalog_properties: dict[str, str], faults: Any) -> None:
+    props = dict(glue_catalog_properties)
+    ns = f"db_{uuid.uuid4().hex[:8]}"
+    rc = RoutedCommitter(options(props, namespace=ns), SCHEMA)
+    assert not rc.atomic
+    faults.arm(DRIVER_BETWEEN_TABLE_COMMITS, "raise")
+    with pytest.raises(InjectedFault):
+        run(rc, 0, {"a": [1], "b": [2]})
+    assert ids(props, f"{ns}.a") == Counter([1]) and ids(props, f"{ns}.b") == Counter()
+    run(RoutedCommitter(options(props, namespace=ns), SCHEMA), 0, {"a": [1], "b": [2]})
+    assert ids(props, f"{ns}.a") == Counter([1]) and ids(props, f"{ns}.b") == Counter([2])

@@ -1,0 +1,283 @@
+"""Kill -9 soak of option route-by: ``python -m tests.soak.routing`` (docs/soak.md, docs/routing.md).
+
+One stream routed into five tables (``soak.t0`` .. ``soak.t3`` and ``other.t4``: the table of a row is its id
+mod 5, see tests/soak/job.py ``--route-by``), through either entry point, on the embedded SQLite catalog. Each round
+adds input files, starts the job, and SIGKILLs every process of the job (driver, JVM, Python workers): after a
+random delay, or while a commit is held at a fault point (``pause`` there, then the kill): inside the SQL
+transaction between two tables' row updates, between two tables' commits (``--atomic off``), just before or just
+after the swap.
+
+After every kill, from the catalog alone (lakesink.audit.routes.verify_query): with ``--atomic auto`` (one database
+transaction per batch) each batch is in all its tables or in none; with ``--atomic off`` a batch may be missing
+from some tables until the next run completes it. At the end (a run without faults): every id sent is in the table
+its id names, exactly once, and nowhere else; every table's batches without duplicates or gaps; every batch in all
+its tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from examples.demo import session_members
+from lakesink.audit.routes import verify_query
+from lakesink.driver import catalogs
+from lakesink.faults import (
+    CATALOG_BETWEEN_TABLE_SWAPS,
+    DRIVER_AFTER_SWAP,
+    DRIVER_BEFORE_SWAP,
+    DRIVER_BETWEEN_TABLE_COMMITS,
+    ENV_FAULTS_DIR,
+)
+from tests.support.helpers import assert_snapshot_invariants, table_ids, write_json_input
+
+REPO = Path(__file__).resolve().parents[2]
+TABLES = ("soak.t0", "soak.t1", "soak.t2", "soak.t3", "other.t4")
+DELAY = "delay"
+PAUSE = "pause-kill@"
+PHASES_ATOMIC = (DELAY, PAUSE + CATALOG_BETWEEN_TABLE_SWAPS, PAUSE + DRIVER_BEFORE_SWAP, PAUSE + DRIVER_AFTER_SWAP)
+PHASES_OFF = (DELAY, PAUSE + DRIVER_BETWEEN_TABLE_COMMITS, PAUSE + DRIVER_AFTER_SWAP)
+RUN_TIMEOUT_S = 300.0  # a guard against a hang, not a speed limit
+
+
+def table_of(i: int) -> str:
+    return TABLES[i % 5]
+
+
+class SoakFailed(Exception):
+    pass
+
+
+@dataclass
+class Result:
+    entry: str
+    atomic: str
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    runs: int = 0
+    rows_sent: int = 0
+    rows_in_tables: int = 0
+    incomplete_after_kills: int = 0
+    """Batches found in some of their tables only after a kill (0 with atomic=auto; completed by the next run)."""
+    violations: list[str] = field(default_factory=list)
+
+
+class RoutingSoak:
+    def __init__(self, folder: Path, *, entry: str, atomic: str, seed: int, rows_per_file: int, files_per_batch: int):
+        self.folder = folder
+        self.entry, self.atomic = entry, atomic
+        self.rng = random.Random(seed)
+        self.rows_per_file, self.files_per_batch = rows_per_file, files_per_batch
+        self.home, self.input, self.ck, self.faults = (folder / n for n in ("home", "input", "checkpoint", "faults"))
+        for d in (self.home, self.input, self.faults):
+            d.mkdir(parents=True, exist_ok=True)
+        self.log = folder / "job.log"
+        self.sent: list[int] = []
+        self.result = Result(entry, atomic)
+        self.props = {
+            "type": "sql",
+            "uri": f"sqlite:///{self.home}/catalog.db",
+            "warehouse": f"file://{self.home}/warehouse",
+        }
+
+    def say(self, text: str) -> None:
+        print(f"[routing soak {self.entry}/{self.atomic}] {text}", flush=True)
+
+    def add_input(self, files: int) -> None:
+        self.sent += write_json_input(self.input, files=files, rows_per_file=self.rows_per_file, start=len(self.sent) + 10_000)
+
+    def start(self) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env.update(
+            PYSPARK_PYTHON=sys.executable,
+            PYSPARK_DRIVER_PYTHON=sys.executable,
+            LAKESINK_HOME=str(self.home),
+            PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
+        )
+        env[ENV_FAULTS_DIR] = str(self.faults)
+        cmd = [
+            sys.executable, "-m", "tests.soak.job",
+            "--input", str(self.input),
+            "--checkpoint", str(self.ck),
+            "--max-files", str(self.files_per_batch),
+            "--entry", self.entry,
+            "--route-by",
+            "--atomic", self.atomic,
+        ]  # fmt: skip
+        self.result.runs += 1
+        with self.log.open("ab") as log:
+            log.write(f"\n===== run {self.result.runs} =====\n".encode())
+            log.flush()
+            return subprocess.Popen(cmd, cwd=self.folder, stdout=log, stderr=log, env=env, start_new_session=True)
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGKILL every process of the job's session (the driver, its JVM, the Python workers)."""
+        sid = proc.pid
+        deadline = time.monotonic() + 60
+        while True:
+            left = session_members(sid)
+            if proc.poll() is None:
+                left[proc.pid] = "job"
+            if not left:
+                break
+            if time.monotonic() > deadline:
+                raise SoakFailed(f"processes of the killed job survive: {left}")
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        proc.wait()
+
+    def wait(self, proc: subprocess.Popen[bytes], until: Any = None) -> bool:
+        """Wait for the job to exit (True) or ``until()`` to hold (False)."""
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while proc.poll() is None:
+            if until is not None and until():
+                return False
+            if time.monotonic() > deadline:
+                self.kill(proc)
+                raise SoakFailed(f"the job made no progress for {RUN_TIMEOUT_S:.0f} s; see {self.log}")
+            time.sleep(0.05)
+        return True
+
+    def clear_faults(self) -> None:
+        for p in self.faults.iterdir():
+            p.unlink()
+
+    def round(self, number: int, phase: str) -> None:
+        self.add_input(self.files_per_batch * 2)
+        record: dict[str, Any] = {"round": number, "phase": phase}
+        if phase == DELAY:
+            proc = self.start()
+            delay = self.rng.uniform(4.0, 14.0)
+            exited = self.wait(proc, until=_after(delay))
+            record["delay_s"] = round(delay, 1)
+        else:
+            point = phase.removeprefix(PAUSE)
+            (self.faults / point).write_text("pause")
+            proc = self.start()
+            exited = self.wait(proc, until=lambda: (self.faults / f"{point}.reached").exists())
+            record["reached"] = not exited
+        if not exited:
+            self.kill(proc)
+        record["killed"] = not exited
+        record["exit_code"] = proc.returncode
+        self.clear_faults()
+        report = self.check_units()
+        record["incomplete"] = [b.describe() for b in report]
+        self.result.incomplete_after_kills += len(report)
+        if report and self.atomic == "auto":
+            self.violation(f"round {number} ({phase}): a batch is in some of its tables only: {report[0].describe()}")
+        self.result.rounds.append(record)
+        self.say(json.dumps(record))
+
+    def query_id(self) -> str | None:
+        meta = self.ck / "metadata"
+        return str(json.loads(meta.read_text())["id"]) if meta.exists() else None
+
+    def check_units(self) -> list[Any]:
+        query_id = self.query_id()
+        if query_id is None:
+            return []
+        return list(verify_query(catalogs.load(None, self.props), query_id).incomplete)
+
+    def violation(self, text: str) -> None:
+        self.say(f"VIOLATION: {text}")
+        self.result.violations.append(text)
+
+    def final(self) -> None:
+        proc = self.start()
+        self.wait(proc)
+        if proc.returncode != 0:
+            self.violation(f"the final run failed (exit code {proc.returncode}); see {self.log}")
+            return
+        catalog = catalogs.load(None, self.props)
+        want: dict[str, Counter[int]] = {t: Counter() for t in TABLES}
+        for i in self.sent:
+            want[table_of(i)][i] += 1
+        total = 0
+        for name, ids in want.items():
+            table = catalog.load_table(tuple(name.split(".")))
+            got = table_ids(table)
+            total += sum(got.values())
+            if got != ids:
+                self.violation(f"table {name}: {sum((got - ids).values())} id(s) too many, {sum((ids - got).values())} missing")
+            try:
+                assert_snapshot_invariants(table)
+            except AssertionError as e:
+                self.violation(f"table {name}: {e}")
+        query_id = self.query_id()
+        assert query_id is not None
+        report = verify_query(catalog, query_id)
+        if not report.ok:
+            self.violation(f"after the final run: {report.human()}")
+        self.result.rows_sent, self.result.rows_in_tables = len(self.sent), total
+
+    def play(self, rounds: int, phases: tuple[str, ...]) -> Result:
+        self.add_input(self.files_per_batch)
+        first = self.start()  # a clean first run: batch 0 and the tables exist before the first kill
+        self.wait(first)
+        if first.returncode != 0:
+            raise SoakFailed(f"the first run failed (exit code {first.returncode}); see {self.log}")
+        for n in range(rounds):
+            self.round(n + 1, phases[n % len(phases)] if n < len(phases) else self.rng.choice(phases))
+        self.final()
+        return self.result
+
+
+def _after(seconds: float) -> Any:
+    deadline = time.monotonic() + seconds
+    return lambda: time.monotonic() > deadline
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.soak.routing", description=__doc__)
+    p.add_argument("--dir", required=True, help="a folder of its own for the soak")
+    p.add_argument("--entry", choices=("format", "foreach", "both"), default="both")
+    p.add_argument("--atomic", choices=("auto", "off"), default="auto")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--rows-per-file", type=int, default=60)
+    p.add_argument("--files-per-batch", type=int, default=2)
+    p.add_argument("--phases", default=None, help="comma-separated phases (default: every phase of the atomic mode)")
+    p.add_argument("--json", default=None, help="write the results here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    phases = tuple(args.phases.split(",")) if args.phases else (PHASES_ATOMIC if args.atomic == "auto" else PHASES_OFF)
+    results = []
+    for entry in ("format", "foreach") if args.entry == "both" else (args.entry,):
+        soak = RoutingSoak(
+            Path(args.dir) / entry,
+            entry=entry,
+            atomic=args.atomic,
+            seed=args.seed,
+            rows_per_file=args.rows_per_file,
+            files_per_batch=args.files_per_batch,
+        )
+        results.append(soak.play(args.rounds, phases))
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2))
+    for r in results:
+        print(
+            f"{r.entry}/{r.atomic}: {len(r.rounds)} round(s), {r.runs} run(s), {r.rows_in_tables}/{r.rows_sent} rows, "
+            f"{r.incomplete_after_kills} incomplete batch(es) seen after kills, {len(r.violations)} violation(s)"
+        )
+    return 1 if any(r.violations for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
