@@ -30,6 +30,7 @@ from benchmarks import metadata_cost as metadata_cost_bench
 from benchmarks import partitioned as partitioned_bench
 from benchmarks import rate as rate_bench
 from benchmarks import rest_commit as rest_commit_bench
+from benchmarks import routing as routing_bench
 from benchmarks import throughput as throughput_bench
 from benchmarks import upsert as upsert_bench
 from benchmarks.common import DEFAULT_OUT, machine, spark_session, write_json
@@ -290,6 +291,18 @@ def commit_latency_rest(ctx: click.Context, batches: int, interval: float, catal
             )
         )
     _finish(ctx, "commit_latency_rest", {"command": _command(), **result})
+
+
+@main.command("routing")
+@click.option("--tables", default="1,10,100,200", show_default=True, help="tables one batch touches, one run each")
+@click.option("--batches", default=20, show_default=True, help="batches per run (batch 0, creating the tables, not counted)")
+@click.option("--rows-per-table", default=10, show_default=True)
+@click.pass_context
+def routing(ctx: click.Context, tables: str, batches: int, rows_per_table: int) -> None:
+    """Option route-by: commit time per batch and catalog round trips against the number of tables a batch touches."""
+    counts = tuple(int(t) for t in tables.split(",") if t.strip())
+    result = routing_bench.run(counts, batches, rows_per_table, say=_say)
+    _finish(ctx, "routing", {"command": _command(), **result})
 
 
 def _commit_latency_concurrent(

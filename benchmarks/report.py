@@ -307,6 +307,27 @@ def metadata_cost_md(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def routing_md(r: dict[str, Any]) -> str:
+    """Option route-by: commit time per batch against the tables it touches (benchmarks/routing.py)."""
+    lines = [
+        f"`{r.get('command', 'python -m benchmarks routing')}`, {_machine_line(r['machine'])}; load average at the end "
+        f"{r.get('load_average_end')}.",
+        "",
+        "| tables per batch | batches | commit ms p50 | p90 | ms per table | vs one table | catalog statements per batch "
+        "| rows read back exact |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for x in r["runs"].values():
+        c = x["commit_ms"]
+        kinds = ", ".join(f"{k} {v:g}" for k, v in x["catalog_statements_by_kind"].items())
+        lines.append(
+            f"| {x['tables']} | {x['batches']} | {_f(c.get('p50'), 1)} | {_f(c.get('p90'), 1)} | "
+            f"{_f(x['commit_ms_per_table'], 2)} | {_f(x.get('over_one_table'), 1)}x | "
+            f"{_f(x['catalog_statements_per_batch'])} ({kinds}) | {'yes' if x['exact'] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
 def render(out: Path, page: Path | None) -> str:
     """Write the plots next to the JSON files and the tables into ``page`` (when given); return the tables."""
     rel = out.name if page is not None and page.parent == out.parent else str(out)
@@ -337,6 +358,9 @@ def render(out: Path, page: Path | None) -> str:
     if cl:
         commit_latency.plot(cl, out / "commit_latency.png")
         parts["commit-latency"] = commit_latency_md(cl, rel)
+    rt = load(out, "routing")
+    if rt:
+        parts["routing"] = routing_md(rt)
     r = load(out, "rate")
     if r:
         plots.rate(r, out / PLOTS["rate"])

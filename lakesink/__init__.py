@@ -35,9 +35,11 @@ from lakesink.errors import (
     LakesinkError,
     PublishRefusedError,
     ReplayMismatchError,
+    RoutingError,
     SchemaMismatchError,
     TableIdentityChangedError,
     TableLocationError,
+    TooManyRejectedError,
     UpsertKeyError,
 )
 
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
         resolve,
         verify,
     )
+    from lakesink.audit.completeness import TableWatermark, WaitResult, table_watermark, wait_for_watermark
     from lakesink.driver.catalogs import lakesink_home
     from lakesink.driver.commit import BatchOutcome, Outcome
     from lakesink.maintenance.compaction import compact
@@ -102,11 +105,13 @@ __all__ = [
     "PublishResult",
     "ReplayMismatchError",
     "ReadOptions",
+    "RoutingError",
     "SchemaMismatchError",
     "SinkOptions",
     "SnapshotRecord",
     "TableIdentityChangedError",
     "TableLocationError",
+    "TooManyRejectedError",
     "UpsertKeyError",
     "VerifyReport",
     "Violation",
@@ -122,6 +127,10 @@ __all__ = [
     "remove_orphan_files",
     "resolve",
     "verify",
+    "TableWatermark",
+    "WaitResult",
+    "table_watermark",
+    "wait_for_watermark",
 ]
 
 # The public names, imported on first use (PEP 562). Spark's Python workers import this package
@@ -148,6 +157,7 @@ _LAZY = {
         ),
         "lakesink.audit",
     ),
+    **dict.fromkeys(("TableWatermark", "WaitResult", "table_watermark", "wait_for_watermark"), "lakesink.audit.completeness"),
     "lakesink_home": "lakesink.driver.catalogs",
     "LakesinkDataSource": "lakesink.sink.datasource",
     "BatchOutcome": "lakesink.driver.commit",

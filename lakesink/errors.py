@@ -63,6 +63,10 @@ class UpsertKeyError(LakesinkError):
     """A batch of an upsert sink has a null key or several rows of one key it cannot resolve; nothing was committed."""
 
 
+class TooManyRejectedError(LakesinkError):
+    """More of a batch's rows were dead letters than option ``max-rejected-fraction`` allows; nothing was committed."""
+
+
 class CheckpointError(LakesinkError):
     """The streaming checkpoint could not be read (query id, source offsets) or cleaned."""
 

@@ -34,6 +34,10 @@ DELETE_WHEN = "delete-when"
 ORDER_BY = "order-by"
 TABLE_PROPERTY_PREFIX = "table-property."
 MAINTENANCE = "maintenance"
+EVENT_TIME = "event-time"
+DEAD_LETTER_TABLE = "dead-letter-table"
+REJECT_WHEN = "reject-when"
+MAX_REJECTED_FRACTION = "max-rejected-fraction"
 ROUTE_BY = "route-by"
 NAMESPACE = "namespace"
 ATOMIC = "atomic"
@@ -60,6 +64,10 @@ VALID_OPTIONS = (
     f"{TABLE_PROPERTY_PREFIX}<property>",
     FORMAT_VERSION,
     MAINTENANCE,
+    EVENT_TIME,
+    DEAD_LETTER_TABLE,
+    REJECT_WHEN,
+    MAX_REJECTED_FRACTION,
     ROUTE_BY,
     NAMESPACE,
     ATOMIC,
@@ -211,6 +219,16 @@ class SinkOptions:
     format_version: int | None = None
     """The format version of a table lakesink creates (None: 2); checked against an existing table when given."""
     maintenance: Maintenance = Maintenance.AUTO
+    event_time: str | None = None
+    """A timestamp or date column: each snapshot records the smallest and largest value of the rows it adds, and the
+    recorded watermark never passes the newest one committed (docs/auditing.md, completeness)."""
+    dead_letter_table: TableName | None = None
+    """Rows that cannot or must not be written go to this table, in the batch's own atomic commit (docs/dead-letters.md)."""
+    reject_when: str | None = None
+    """A boolean expression over the batch's columns: rows for which it is true are dead letters (error ``reject-when``).
+    Spark SQL with foreach_batch; with format("lakesink") the subset Iceberg's expression parser reads."""
+    max_rejected_fraction: float = 1.0
+    """Above this fraction of a batch's rows rejected, the batch fails loudly and nothing is committed."""
     routing: Routing | None = None
     """Option ``route-by``: one stream into many tables. ``table`` is then :data:`ROUTED` (no table of its own):
     each table's options are :meth:`for_table`'s."""
@@ -228,7 +246,10 @@ class SinkOptions:
             f"merge_schema={self.merge_schema!r}, branch={self.branch!r}, writer={self.writer.value!r}, "
             f"sink_id={self.sink_id!r}, upsert_key={self.upsert_key!r}, delete_when={self.delete_when!r}, "
             f"order_by={self.order_by!r}, table_properties={dict(self.table_properties)!r}, "
-            f"format_version={self.format_version!r}, maintenance={self.maintenance.value!r}, routing={self.routing!r})"
+            f"format_version={self.format_version!r}, maintenance={self.maintenance.value!r}, event_time={self.event_time!r}, "
+            f"dead_letter_table={str(self.dead_letter_table) if self.dead_letter_table else None!r}, "
+            f"reject_when={self.reject_when!r}, max_rejected_fraction={self.max_rejected_fraction!r}, "
+            f"routing={self.routing!r})"
         )
 
     __str__ = __repr__
@@ -285,6 +306,10 @@ class SinkOptions:
                 ORDER_BY,
                 FORMAT_VERSION,
                 MAINTENANCE,
+                EVENT_TIME,
+                DEAD_LETTER_TABLE,
+                REJECT_WHEN,
+                MAX_REJECTED_FRACTION,
                 ROUTE_BY,
                 NAMESPACE,
                 ATOMIC,
@@ -329,6 +354,14 @@ class SinkOptions:
         if catalog_name is not None and not catalog_name.strip():
             raise InvalidOptionError(f"option '{CATALOG}' must not be empty")
         upsert_key, delete_when, order_by = _parse_upsert(lowered, mode)
+        dead_letter_table, reject_when, max_rejected = _parse_dead_letters(lowered, lowered.get(TABLE, ""))
+        if routing is not None and dead_letter_table is not None:
+            # the routed writer (lakesink.executor.routed_writer) does not sort rows yet: refused, never ignored
+            raise InvalidOptionError(
+                f"option '{DEAD_LETTER_TABLE}' cannot be combined with option '{ROUTE_BY}' yet: a routed sink's rows are "
+                "not sorted into dead letters (an invalid route fails the batch); use one sink per table with "
+                f"'{DEAD_LETTER_TABLE}', or route without it"
+            )
         return cls(
             table=ROUTED if routing is not None else TableName.parse(lowered[TABLE]),
             routing=routing,
@@ -348,6 +381,10 @@ class SinkOptions:
             table_properties=table_properties,
             format_version=_parse_format_version(lowered[FORMAT_VERSION]) if FORMAT_VERSION in lowered else None,
             maintenance=Maintenance.parse(lowered.get(MAINTENANCE, Maintenance.AUTO.value)),
+            event_time=_parse_column(EVENT_TIME, lowered[EVENT_TIME]) if EVENT_TIME in lowered else None,
+            dead_letter_table=dead_letter_table,
+            reject_when=reject_when,
+            max_rejected_fraction=max_rejected,
         )
 
 
@@ -425,6 +462,50 @@ def _parse_upsert(lowered: Mapping[str, str], mode: OutputMode) -> tuple[tuple[s
             "use output mode 'update' or 'append'"
         )
     return key, delete_when, order_by
+
+
+def _parse_dead_letters(lowered: Mapping[str, str], table: str) -> tuple[TableName | None, str | None, float]:
+    """``dead-letter-table``, ``reject-when`` and ``max-rejected-fraction`` (the last two need the first)."""
+    raw = lowered.get(DEAD_LETTER_TABLE, "").strip()
+    reject_when = lowered.get(REJECT_WHEN, "").strip() or None
+    if REJECT_WHEN in lowered and reject_when is None:
+        raise InvalidOptionError(f"option '{REJECT_WHEN}' must be a boolean expression (for example \"amount < 0\"), got ''")
+    fraction = 1.0
+    if MAX_REJECTED_FRACTION in lowered:
+        text = lowered[MAX_REJECTED_FRACTION].strip()
+        try:
+            fraction = float(text)
+        except ValueError:
+            fraction = -1.0
+        if not 0.0 <= fraction <= 1.0 or fraction != fraction:
+            raise InvalidOptionError(
+                f"option '{MAX_REJECTED_FRACTION}' must be a number from 0 to 1 (0.01: fail a batch when more than 1% of "
+                f"its rows are dead letters; default 1: never), got {lowered[MAX_REJECTED_FRACTION]!r}"
+            )
+    if not raw:
+        given = [k for k in (REJECT_WHEN, MAX_REJECTED_FRACTION) if k in lowered]
+        if given or DEAD_LETTER_TABLE in lowered:
+            raise InvalidOptionError(
+                f"option(s) {', '.join(repr(k) for k in given or [DEAD_LETTER_TABLE])} need option '{DEAD_LETTER_TABLE}' "
+                "(for example 'db.events_dead_letters'): the table rejected rows go to"
+            )
+        return None, None, fraction
+    try:
+        name = TableName.parse(raw)
+    except InvalidOptionError:
+        raise InvalidOptionError(
+            f"option '{DEAD_LETTER_TABLE}' must be '<namespace>.<table>' (for example 'db.events_dead_letters'), got {raw!r}"
+        ) from None
+    if table.strip() and str(name) == str(TableName.parse(table)):
+        raise InvalidOptionError(f"option '{DEAD_LETTER_TABLE}' must name another table than option '{TABLE}', got {raw!r}")
+    return name, reject_when, fraction
+
+
+def _parse_column(option: str, value: str) -> str:
+    column = value.strip()
+    if not column or "," in column:
+        raise InvalidOptionError(f"option '{option}' must name one column (for example 'ts'), got {value!r}")
+    return column
 
 
 def _parse_format_version(value: str) -> int:

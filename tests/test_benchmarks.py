@@ -195,3 +195,12 @@ def test_iceberg_java_sink_rows_at_toy_size(tmp_path: Path) -> None:
         assert latency["rows_ok"] and latency["rows_back"] == latency["rows_sent"] > 0 and len(latency["batches"]) == 3
     page = (tmp_path / "performance.md").read_text()
     assert "| Iceberg Java sink (Spark 3.5) (own JVM" in page and "| Spark 3.5 parquet sink (own JVM" in page
+
+
+def test_routing_benchmark_at_toy_size(tmp_path: Path) -> None:
+    """``python -m benchmarks routing`` (no Spark): every table read back exact, the round trips counted."""
+    _bench(tmp_path, "routing", "--tables", "1,3", "--batches", "2", "--rows-per-table", "2")
+    result = json.loads((tmp_path / "performance" / "routing.json").read_text())
+    assert set(result["runs"]) == {"1", "3"} and all(r["exact"] for r in result["runs"].values())
+    assert result["runs"]["3"]["catalog_statements_by_kind"] == {"SELECT": 1.0, "UPDATE": 2.0}
+    assert "<!-- generated: routing -->" in (tmp_path / "performance.md").read_text()

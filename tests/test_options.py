@@ -9,8 +9,8 @@ from lakesink.options import OutputMode, SinkOptions, TableName
 
 VALID_LIST = (
     "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table, partitioned-by, merge-schema, "
-    "branch, sink-id, upsert-key, delete-when, order-by, table-property.<property>, format-version, maintenance, "
-    "route-by, namespace, atomic"
+    "branch, sink-id, upsert-key, delete-when, order-by, table-property.<property>, format-version, maintenance, event-time, "
+    "dead-letter-table, reject-when, max-rejected-fraction, route-by, namespace, atomic"
 )
 
 
@@ -240,7 +240,8 @@ def test_repr_shows_every_field() -> None:
         "SinkOptions(table='db.t', catalog_name='prod', catalog_properties={}, output_mode='complete', "
         "checkpoint_location='/ck', create_table=False, partitioned_by='days(ts), bucket(16, id)', merge_schema=True, "
         "branch='main', writer='auto', sink_id='audit', upsert_key=(), delete_when=None, order_by=None, "
-        "table_properties={'write.target-file-size-bytes': '1024'}, format_version=2, maintenance='off', routing=None)"
+        "table_properties={'write.target-file-size-bytes': '1024'}, format_version=2, maintenance='off', event_time=None, "
+        "dead_letter_table=None, reject_when=None, max_rejected_fraction=1.0, routing=None)"
     )
 
 
@@ -248,3 +249,16 @@ def test_repr_shows_every_field() -> None:
 def test_invalid_sink_id_names_the_option_and_the_valid_form(value: str) -> None:
     with pytest.raises(InvalidOptionError, match="option 'sink-id' must be 1 to 64 characters"):
         SinkOptions.from_mapping({"table": "db.t", "sink-id": value})
+
+
+def test_event_time_names_one_column() -> None:
+    assert SinkOptions.from_spark_options({"table": "db.t", "event-time": " ts "}, overwrite=False).event_time == "ts"
+    assert SinkOptions.from_mapping({"table": "db.t"}).event_time is None
+    for bad in ("", "a,b"):
+        with pytest.raises(InvalidOptionError, match="option 'event-time' must name one column"):
+            SinkOptions.from_mapping({"table": "db.t", "event-time": bad})
+
+
+def test_dead_letters_are_refused_with_route_by_not_ignored() -> None:
+    with pytest.raises(InvalidOptionError, match="'dead-letter-table' cannot be combined with option 'route-by'"):
+        SinkOptions.from_mapping({"route-by": "dest", "dead-letter-table": "db.dead"})

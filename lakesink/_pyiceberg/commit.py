@@ -18,6 +18,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -74,7 +75,7 @@ from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.table.update.snapshot import ManageSnapshots, UpdateSnapshot, _OverwriteFiles, _SnapshotProducer
 from pyiceberg.typedef import EMPTY_DICT, IcebergBaseModel, Record
 from requests import HTTPError
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy import update as sql_update
 from sqlalchemy.orm import Session
 from tenacity import retry
@@ -836,46 +837,95 @@ def _swap_rows_on_sql_catalog(items: Sequence[tuple[Table, Sequence[Any], Sequen
     for table, _, requirements in items:
         for requirement in requirements:
             requirement.validate(table.metadata)  # CommitFailedException: a clean conflict, as from the catalog
+
+    def stage(item: tuple[Table, Sequence[Any], Sequence[Any]]) -> tuple[Table, TableMetadata, str]:
+        table, updates, _ = item
+        base_location = table.metadata_location
+        new = updated_metadata(table.metadata, updates, base_location)
+        version = SqlCatalog._parse_metadata_version(base_location) + 1
+        location = load_location_provider(new.location, new.properties).new_metadata_location(names.metadata_file_name(version))
+        SqlCatalog._write_metadata(metadata=new, io=table.io, metadata_path=location)
+        return table, new, location
+
     staged: list[tuple[Table, TableMetadata, str]] = []
-    try:
-        for table, updates, _ in items:
-            base_location = table.metadata_location
-            new = updated_metadata(table.metadata, updates, base_location)
-            version = SqlCatalog._parse_metadata_version(base_location) + 1
-            location = load_location_provider(new.location, new.properties).new_metadata_location(
-                names.metadata_file_name(version)
-            )
-            SqlCatalog._write_metadata(metadata=new, io=table.io, metadata_path=location)
-            staged.append((table, new, location))
-    except BaseException:
-        for table, _, written in staged:
-            table.io.delete(written)
-        raise
+    if len(items) < _PARALLEL_FROM:
+        try:
+            for item in items:
+                staged.append(stage(item))
+        except BaseException:
+            for table, _, written in staged:
+                table.io.delete(written)
+            raise
+    else:  # each table's metadata file written beside the others' (the unit's largest cost after its manifests)
+        with ThreadPoolExecutor(max_workers=min(_STAGE_THREADS, len(items)), thread_name_prefix="lakesink-stage") as pool:
+            futures = [pool.submit(stage, item) for item in items]
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        staged = [f.result() for f in futures if f.exception() is None]
+        if errors:
+            for table, _, written in staged:
+                table.io.delete(written)
+            raise errors[0]  # type: ignore[misc]
+
+    def moved(table: Table, session: Session) -> CommitFailedException:
+        session.rollback()
+        for t, _, written in staged:
+            t.io.delete(written)  # certainly referenced by nothing: no pointer moved to it
+        # a conflict, never a fallback onto the new metadata: what this commit validated (a compaction's history, the
+        # replay marker) was read from the metadata it was prepared on (issue 20)
+        unit = f" (a unit of {len(staged)} tables: none was committed)" if len(staged) > 1 else ""
+        return CommitFailedException(
+            f"the metadata pointer of table {'.'.join(table.name())} moved since {table.metadata_location} was read{unit}"
+        )
+
+    rows_table: Any = IcebergTables.__table__  # the Core table: one statement executed for many parameter sets
+    rows = rows_table.c
     with Session(catalog.engine) as session:
-        for k, (table, _, location) in enumerate(staged):
-            if k:
-                fault_point(CATALOG_BETWEEN_TABLE_SWAPS)
-            identifier = table.name()
-            result = session.execute(
-                sql_update(IcebergTables)
+        first, _, location = staged[0]
+        result = session.execute(
+            sql_update(IcebergTables)
+            .where(*_row_of(catalog, first), IcebergTables.metadata_location == first.metadata_location)
+            .values(metadata_location=location, previous_metadata_location=first.metadata_location)
+        )
+        if result.rowcount < 1:  # type: ignore[attr-defined]
+            raise moved(first, session)
+        rest = staged[1:]
+        if rest:
+            fault_point(CATALOG_BETWEEN_TABLE_SWAPS)
+        if rest and catalog.engine.dialect.supports_sane_multi_rowcount:
+            # the other rows in one statement, executed for each (each row's own compare-and-swap): the driver
+            # reports the rows matched in total, and each matches at most one, so all moved iff the total is theirs
+            stmt = (
+                sql_update(rows_table)
                 .where(
-                    IcebergTables.catalog_name == catalog.name,
-                    IcebergTables.table_namespace == Catalog.namespace_to_string(Catalog.namespace_from(identifier)),
-                    IcebergTables.table_name == Catalog.table_name_from(identifier),
-                    IcebergTables.metadata_location == table.metadata_location,
+                    rows.catalog_name == bindparam("b_catalog"),
+                    rows.table_namespace == bindparam("b_namespace"),
+                    rows.table_name == bindparam("b_name"),
+                    rows.metadata_location == bindparam("b_old"),
                 )
-                .values(metadata_location=location, previous_metadata_location=table.metadata_location)
+                .values(metadata_location=bindparam("b_new"), previous_metadata_location=bindparam("b_old"))
             )
-            if result.rowcount < 1:  # type: ignore[attr-defined]
-                session.rollback()
-                for t, _, written in staged:
-                    t.io.delete(written)  # certainly referenced by nothing: no pointer moved to it
-                # a conflict, never a fallback onto the new metadata: what this commit validated (a compaction's
-                # history, the replay marker) was read from the metadata it was prepared on (issue 20)
-                unit = f" (a unit of {len(staged)} tables: none was committed)" if len(staged) > 1 else ""
-                raise CommitFailedException(
-                    f"the metadata pointer of table {'.'.join(identifier)} moved since {table.metadata_location} was read{unit}"
+            params = [
+                {
+                    "b_catalog": catalog.name,
+                    "b_namespace": Catalog.namespace_to_string(Catalog.namespace_from(t.name())),
+                    "b_name": Catalog.table_name_from(t.name()),
+                    "b_old": t.metadata_location,
+                    "b_new": loc,
+                }
+                for t, _, loc in rest
+            ]
+            result = session.connection().execute(stmt, params)
+            if result.rowcount != len(rest):
+                raise moved(rest[0][0], session)
+        else:
+            for t, _, loc in rest:
+                result = session.execute(
+                    sql_update(IcebergTables)
+                    .where(*_row_of(catalog, t), IcebergTables.metadata_location == t.metadata_location)
+                    .values(metadata_location=loc, previous_metadata_location=t.metadata_location)
                 )
+                if result.rowcount < 1:  # type: ignore[attr-defined]
+                    raise moved(t, session)
         session.commit()
     for table, new, location in staged:
         try:
@@ -884,6 +934,22 @@ def _swap_rows_on_sql_catalog(items: Sequence[tuple[Table, Sequence[Any], Sequen
             warnings.warn(f"Failed to delete old metadata after commit: {e}", stacklevel=2)
         table.metadata = new
         table.metadata_location = location
+
+
+#: A unit of at least this many tables writes their metadata files on a pool of threads (at most _STAGE_THREADS),
+#: which lives for one swap.
+_PARALLEL_FROM = 4
+_STAGE_THREADS = 8
+
+
+def _row_of(catalog: SqlCatalog, table: Table) -> tuple[Any, ...]:
+    """The WHERE terms of a table's row in pyiceberg's ``iceberg_tables`` (without its compare-and-swap)."""
+    identifier = table.name()
+    return (
+        IcebergTables.catalog_name == catalog.name,
+        IcebergTables.table_namespace == Catalog.namespace_to_string(Catalog.namespace_from(identifier)),
+        IcebergTables.table_name == Catalog.table_name_from(identifier),
+    )
 
 
 def set_request_timeout(catalog: Any, seconds: float) -> bool:
@@ -990,7 +1056,6 @@ def _get_config(catalog: RestCatalog) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-
 @contextmanager
 def idempotency_key(catalog: Any) -> Iterator[str | None]:
     """Send every commit request of this thread inside the block with one new Idempotency-Key, when ``catalog`` is a
@@ -1062,6 +1127,28 @@ def reload_from_sql_catalog(catalog: Any, identifier: tuple[str, ...], known: Ta
                 catalog=catalog,
             )
         return catalog._convert_orm_to_iceberg(row)
+
+
+def pointers_on_sql_catalog(catalog: Any, identifiers: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], str] | None:
+    """The metadata pointers of ``identifiers`` in a SQL catalog, read in one query (tables that do not exist are
+    absent); None when ``catalog`` is not a pyiceberg SQL catalog."""
+    if not isinstance(catalog, SqlCatalog):
+        return None
+    wanted = {(Catalog.namespace_to_string(Catalog.namespace_from(i)), Catalog.table_name_from(i)): tuple(i) for i in identifiers}
+    out: dict[tuple[str, ...], str] = {}
+    names_ = sorted({name for _, name in wanted})
+    with Session(catalog.engine) as session:
+        for start in range(0, len(names_), 500):  # bounded IN lists
+            stmt = select(IcebergTables.table_namespace, IcebergTables.table_name, IcebergTables.metadata_location).where(
+                IcebergTables.catalog_name == catalog.name, IcebergTables.table_name.in_(names_[start : start + 500])
+            )
+            if (type_filter := catalog._iceberg_type_filter()) is not None:
+                stmt = stmt.where(type_filter)
+            for namespace, name, location in session.execute(stmt):
+                ident = wanted.get((namespace, name))
+                if ident is not None and location:
+                    out[ident] = location
+    return out
 
 
 # --- maintenance: manifest rewrite (issue 11) ----------------------------------------------------

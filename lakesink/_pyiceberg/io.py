@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyiceberg.avro.decoder import new_decoder
 from pyiceberg.avro.reader import DoubleReader
@@ -57,7 +58,13 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import DoubleType, IcebergType, ListType, MapType, PrimitiveType
 
 from lakesink.errors import PROGRAMMING_ERRORS, InvalidOptionError
-from lakesink.table.keys import METRICS_COLUMN_PREFIX, METRICS_DEFAULT, METRICS_MAX_INFERRED, METRICS_MAX_INFERRED_DEFAULT
+from lakesink.table.keys import (
+    INDEX_COLUMN,
+    METRICS_COLUMN_PREFIX,
+    METRICS_DEFAULT,
+    METRICS_MAX_INFERRED,
+    METRICS_MAX_INFERRED_DEFAULT,
+)
 from lakesink.table.keys import METRICS_MODE_DEFAULT as _METRICS_DEFAULT_MODE
 from lakesink.table.keys import ROW_GROUP_BYTES as ROW_GROUP_SIZE_BYTES
 from lakesink.table.parquet_layout import dictionary_columns
@@ -135,6 +142,21 @@ def check_write_properties(table_name: str, schema: Schema, table_properties: Ma
             f"table {table_name} has a table property lakesink's writer cannot use: {type(e).__name__}: {e}; fix it with "
             f"ALTER TABLE {table_name} SET TBLPROPERTIES (...) (docs/options.md lists the properties lakesink reads)"
         ) from None
+
+
+def records_bounds(schema: Schema, table_properties: Mapping[str, str], field_id: int) -> bool:
+    """Whether the files lakesink writes record lower and upper bounds of field ``field_id`` (its metrics mode is
+    ``truncate(n)`` or ``full``, not ``none`` or ``counts``)."""
+    plan = compute_statistics_plan(schema, metrics_properties(schema, table_properties))
+    column = plan.get(field_id)
+    return column is not None and column.mode.type.name in ("TRUNCATE", "FULL")
+
+
+def bound_value(statistics: Mapping[str, Any], field_id: int, iceberg_type: PrimitiveType, *, upper: bool) -> Any:
+    """A written file's lower (or upper) bound of one column, decoded from the file's statistics
+    (:func:`file_statistics`); None when the file has none (every value null, or no metrics)."""
+    raw = (statistics.get("upper_bounds" if upper else "lower_bounds") or {}).get(field_id)
+    return from_bytes(iceberg_type, raw) if raw is not None else None
 
 
 def file_statistics(metadata: pq.FileMetaData, schema: Schema, table_properties: Mapping[str, str]) -> dict[str, Any]:
@@ -508,6 +530,26 @@ def filter_arrow(rows: pa.Table, schema: Schema, row_filter: BooleanExpression) 
     """The rows of ``rows`` (columns named as in ``schema``) for which ``row_filter`` is true."""
     bound = bind(schema, row_filter, case_sensitive=True)
     return rows.filter(expression_to_pyarrow(bound, schema))
+
+
+def bind_row_filter(expression: str, schema: Schema) -> BooleanExpression:
+    """``expression`` read by pyiceberg's expression parser and bound to ``schema`` (column names in any case);
+    raises ValueError saying what it could not read or bind."""
+    try:
+        return bind(schema, parse(expression), case_sensitive=False)
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as e:
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+
+
+def matching_rows(batch: pa.RecordBatch, schema: Schema, row_filter: BooleanExpression) -> pa.BooleanArray:
+    """For each row of ``batch`` (columns named as in ``schema``): whether ``row_filter`` (bound by
+    :func:`bind_row_filter`) is true for it -- false where it is false or null, as a SQL WHERE."""
+    verdict = ds.dataset(pa.Table.from_batches([batch])).to_table(
+        columns={INDEX_COLUMN: expression_to_pyarrow(row_filter, schema)}
+    )
+    return pc.fill_null(verdict.column(INDEX_COLUMN).combine_chunks(), False)
 
 
 # --- column metrics: Iceberg Java's inferred-column limit (executor side) -------------------------------

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from pyiceberg.expressions import EqualTo, Reference
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
@@ -13,7 +14,14 @@ from lakesink.audit import routes
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import ancestry, lakesink_key, opt_int_property, progress, sink_of, summary_of
 from lakesink.errors import PROGRAMMING_ERRORS
-from lakesink.table.keys import MAIN_BRANCH, SUMMARY_PREVIOUS_BATCH_ID
+from lakesink.table import dead_letters as dl
+from lakesink.table.keys import (
+    MAIN_BRANCH,
+    SUMMARY_DEAD_LETTER_SINK,
+    SUMMARY_DEAD_LETTER_TABLE,
+    SUMMARY_DEAD_LETTERS,
+    SUMMARY_PREVIOUS_BATCH_ID,
+)
 from lakesink.table.markers import last_committed_batch
 
 DUPLICATE_BATCH = "duplicate-batch"
@@ -23,6 +31,7 @@ MISSING_FILE = "missing-file"
 FILE_SIZE = "file-size"
 SUMMARY_MISMATCH = "summary-mismatch"
 UNREADABLE_MANIFEST = "unreadable-manifest"
+DEAD_LETTERS = "dead-letters"
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,9 @@ class QueryBatches:
     expired_batches: int = 0
     """Batch ids before the oldest snapshot kept in the branch's history, whose snapshots were expired: accounted
     for (the first kept batch records its previous batch), neither missing nor empty."""
+    dead_letters: int | None = None
+    """Option dead-letter-table: the rows the query's batches sent to the dead-letter table (their summaries' count)."""
+    dead_letter_table: str | None = None
 
 
 @dataclass
@@ -85,6 +97,7 @@ class VerifyReport:
                 f"  query {_who(q.query_id, q.sink_id)}: batches {q.first_batch}..{q.last_batch} in {q.snapshots} snapshot(s), "
                 f"{q.empty_batches} empty batch(es) accounted"
                 + (f", {q.expired_batches} batch(es) before the kept history (snapshots expired)" if q.expired_batches else "")
+                + (f", {q.dead_letters} dead letter(s) in {q.dead_letter_table}" if q.dead_letters is not None else "")
             )
         if self.routed_batches:
             lines.append(f"  {self.routed_batches} routed batch(es) looked for in every table they wrote")
@@ -167,6 +180,7 @@ def _verify(
         report.violations.append(Violation("no-branch", f"branch {branch!r} does not exist"))
         return report
     _check_batches(table, snapshots, branch, report)
+    _check_dead_letters(table, snapshots, report)
     if across_tables:
         _check_routed(table, snapshots, report)
     manifests = Manifests(table, show_progress=show_progress)
@@ -174,6 +188,58 @@ def _verify(
     if check_files and head is not None:
         _check_files(table, head, manifests, report, show_progress)
     return report
+
+
+def _check_dead_letters(table: Table, snapshots: Sequence[Snapshot], report: VerifyReport) -> None:
+    """Option dead-letter-table: count each query's dead letters, and check that every batch's count is what the
+    dead-letter table holds for it (its snapshot of the same query and batch, in the same unit): ``dead-letters``."""
+    counts: dict[tuple[str, str | None], tuple[int, str]] = {}
+    expected: dict[tuple[str, str, str, int], tuple[int, int]] = {}  # (table, sink, query, batch) -> (count, snapshot)
+    for s in snapshots:
+        props, key = summary_of(s), lakesink_key(s)
+        count = opt_int_property(props, SUMMARY_DEAD_LETTERS)
+        if key is None or count is None:
+            continue
+        name = props.get(SUMMARY_DEAD_LETTER_TABLE, "")
+        total, _ = counts.get((key[0], sink_of(s)), (0, name))
+        counts[(key[0], sink_of(s))] = (total + count, name)
+        expected[(name, props.get(SUMMARY_DEAD_LETTER_SINK, ""), key[0], key[1])] = (count, s.snapshot_id)
+    for i, q in enumerate(report.queries):
+        if (q.query_id, q.sink_id) in counts:
+            total, name = counts[(q.query_id, q.sink_id)]
+            report.queries[i] = replace(q, dead_letters=total, dead_letter_table=name)
+    held: dict[tuple[str, str, str, int], int] = {}
+    this = ".".join(table.name())
+    for name in sorted({k[0] for k, (count, _) in expected.items() if count}):
+        try:
+            rows = (
+                table.catalog.load_table(name)
+                .scan(
+                    row_filter=EqualTo(Reference(dl.TABLE), this),  # type: ignore[call-arg,arg-type]
+                    selected_fields=(dl.QUERY_ID, dl.BATCH_ID),
+                )
+                .to_arrow()
+            )
+        except PROGRAMMING_ERRORS:
+            raise
+        except Exception as e:
+            report.violations.append(Violation(DEAD_LETTERS, f"dead-letter table {name} cannot be read: {type(e).__name__}: {e}"))
+            continue
+        # the rows it holds for this table, by query and batch (another table's dead letters may share it)
+        for r in rows.group_by([dl.QUERY_ID, dl.BATCH_ID]).aggregate([([], "count_all")]).to_pylist():
+            for k in expected:
+                if k[0] == name and (k[2], k[3]) == (r[dl.QUERY_ID], r[dl.BATCH_ID]):
+                    held[k] = int(r["count_all"])
+    for k, (count, snapshot_id) in sorted(expected.items()):
+        if count and k[0] and held.get(k, 0) != count:
+            report.violations.append(
+                Violation(
+                    DEAD_LETTERS,
+                    f"batch {k[3]} of query {k[2]} (snapshot {snapshot_id}) sent {count} row(s) to dead-letter table {k[0]}, "
+                    f"which holds {held.get(k, 0)} for it (for table {this})",
+                    snapshot_id,
+                )
+            )
 
 
 def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, report: VerifyReport) -> None:

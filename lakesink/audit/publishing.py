@@ -9,7 +9,9 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
 
 from lakesink._pyiceberg import commit as seam_commit
+from lakesink.audit.completeness import first_snapshot_through
 from lakesink.audit.invariants import VerifyReport, verify
+from lakesink.audit.points import format_ms
 from lakesink.driver import swap
 from lakesink.driver.action import CommitAction, Landing
 from lakesink.errors import AuditError, CommitConflictError, PublishRefusedError
@@ -25,13 +27,23 @@ class PublishResult:
     main_after: int
     forced: bool
     verify: VerifyReport
+    through_ms: int | None = None
+    """``through``: the watermark main was published through (the published snapshot's is at or past it)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "verify": self.verify.to_dict()}
 
 
-def publish(table: Table, *, branch: str, force: bool = False, show_progress: bool | None = None) -> PublishResult:
+def publish(
+    table: Table, *, branch: str, force: bool = False, show_progress: bool | None = None, through_ms: int | None = None
+) -> PublishResult:
     """Fast-forward ``main`` to the head of ``branch`` once ``verify`` passes on the branch.
+
+    ``through_ms``: not to the head, but to the oldest snapshot of the branch whose recorded watermark
+    (lakesink.audit.completeness) is at or past it: main then holds every row with an earlier event time (as far as
+    the watermark promises), and the fewest rows of later event times a fast-forward can leave -- not none: a batch
+    mixes event times, so main may show part of the next hour (docs/auditing.md, "Publishing through a watermark").
+    Refused when no snapshot of the branch reached it yet.
 
     Refused (:class:`PublishRefusedError`) when verification finds a violation or when ``main``'s head is not
     an ancestor of the branch head (main moved since the branch was made: not a fast-forward) -- unless
@@ -43,8 +55,19 @@ def publish(table: Table, *, branch: str, force: bool = False, show_progress: bo
     target = table.metadata.snapshot_by_name(branch)
     if target is None:
         raise AuditError(f"branch {branch!r} does not exist or has no snapshot")
-    report = verify(table, branch=branch, show_progress=show_progress)
     main = table.metadata.snapshot_by_name(MAIN_BRANCH)
+    if through_ms is not None:
+        found, head_mark = first_snapshot_through(table, branch, through_ms, after=main.snapshot_id if main is not None else None)
+        if found is None:
+            raise PublishRefusedError(
+                f"publish refused: no snapshot of branch {branch!r} newer than main's head has a watermark at or past "
+                f"{format_ms(through_ms)} (the branch's watermark: "
+                f"{format_ms(head_mark) if head_mark is not None else 'none recorded'}); wait for it (lakesink wait "
+                f"--branch {branch} --watermark ...) and publish again"
+            )
+        target = table.metadata.snapshot_by_id(found)
+        assert target is not None
+    report = verify(table, branch=branch, show_progress=show_progress)
     problems = []
     if not report.ok:
         problems.append(f"verify found {len(report.violations)} violation(s) on branch {branch!r}:\n{report.human()}")
@@ -60,7 +83,7 @@ def publish(table: Table, *, branch: str, force: bool = False, show_progress: bo
         swap.run(action)
     except swap.RetriesExhausted as e:
         raise CommitConflictError(f"{action.what}: {e.attempts} attempt(s) {e.describe()}; main was not moved") from e
-    return PublishResult(branch, main.snapshot_id if main else None, target.snapshot_id, bool(problems), report)
+    return PublishResult(branch, main.snapshot_id if main else None, target.snapshot_id, bool(problems), report, through_ms)
 
 
 class _Publish(CommitAction):

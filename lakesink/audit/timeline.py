@@ -22,6 +22,8 @@ from lakesink.table.keys import (
     MAIN_BRANCH,
     SUMMARY_COMMIT_ATTEMPT,
     SUMMARY_COMMIT_STARTED_MS,
+    SUMMARY_DEAD_LETTER_TABLE,
+    SUMMARY_DEAD_LETTERS,
     SUMMARY_OPERATION,
     SUMMARY_PREVIOUS_BATCH_ID,
     SUMMARY_SOURCE_OFFSETS,
@@ -60,6 +62,9 @@ class SnapshotRecord:
     """The branches whose history contains the snapshot."""
     upserted: tuple[int, int, int] | None = None
     """An upsert batch's rows (inserted, updated, deleted), from its summary (docs/upserts.md); None otherwise."""
+    dead_letters: int | None = None
+    """Option dead-letter-table: the batch's rows that went to the dead-letter table (docs/dead-letters.md)."""
+    dead_letter_table: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +107,8 @@ def history(table: Table) -> list[SnapshotRecord]:
                 total_files=opt_int_property(props, "total-data-files"),
                 branches=branches,
                 upserted=upsert_counts(props),
+                dead_letters=opt_int_property(props, SUMMARY_DEAD_LETTERS),
+                dead_letter_table=props.get(SUMMARY_DEAD_LETTER_TABLE),
             )
         )
     return records

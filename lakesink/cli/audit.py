@@ -6,7 +6,8 @@
     lakesink which db.events --where "id = 42"
     lakesink verify db.events
     lakesink report db.events --html report.html
-    lakesink publish db.events --branch audit
+    lakesink publish db.events --branch audit [--through TIMESTAMP]
+    lakesink wait db.events --watermark 2026-11-23T14:00:00Z [--timeout 3600]
 
 Each prints through the :class:`~lakesink.cli.output.Output` its ``--json`` flag chose (``report`` writes a page).
 """
@@ -15,13 +16,15 @@ from __future__ import annotations
 
 import click
 
-from lakesink.audit import Point, VerifyReport, diff, history, locate, publish, read_at, verify
+from lakesink.audit import Point, VerifyReport, diff, history, locate, parse_timestamp_ms, publish, read_at, verify
+from lakesink.audit.completeness import wait_for_watermark
 from lakesink.audit.routes import verify_query
 from lakesink.cli.common import POINT_HELP, branch_option, catalog_options, load_table, parse_point
 from lakesink.cli.output import ConsoleOutput, Output, output_option
 from lakesink.cli.report import write_report
 from lakesink.driver import catalogs
 from lakesink.errors import LakesinkError
+from lakesink.table.keys import MAIN_BRANCH
 
 
 @click.command("history")
@@ -201,14 +204,82 @@ def report_command(table: str, catalog_name: str | None, catalog_properties: dic
 @catalog_options
 @click.option("--branch", required=True, help="The audited branch to publish.")
 @click.option("--force", is_flag=True, help="Publish even when verify fails or main is not an ancestor of the branch.")
+@click.option(
+    "--through",
+    "through",
+    metavar="TIMESTAMP",
+    help="Publish only through this event time: main goes to the oldest snapshot of the branch whose watermark is at "
+    "or past it (ISO 8601, UTC without an offset, or epoch ms).",
+)
 @output_option(help="Print the result as JSON.")
 def publish_command(
-    table: str, catalog_name: str | None, catalog_properties: dict[str, str], branch: str, force: bool, output: Output
+    table: str,
+    catalog_name: str | None,
+    catalog_properties: dict[str, str],
+    branch: str,
+    force: bool,
+    through: str | None,
+    output: Output,
 ) -> None:
     """Fast-forward TABLE's main branch to --branch after verify passes on it (write-audit-publish)."""
+    through_ms = _timestamp("--through", through) if through is not None else None
     t = load_table(table, catalog_name, catalog_properties)
     try:
-        result = publish(t, branch=branch, force=force, show_progress=output.show_progress)
+        result = publish(t, branch=branch, force=force, show_progress=output.show_progress, through_ms=through_ms)
     except LakesinkError as e:
         raise click.ClickException(str(e)) from None
     output.published(result, branch)
+
+
+WAIT_TIMEOUT_EXIT = 3
+"""The exit status of ``lakesink wait`` when the timeout passed before the watermark was reached."""
+
+
+def _timestamp(option: str, value: str) -> int:
+    try:
+        return parse_timestamp_ms(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not a time: give ISO 8601 (2026-11-23T14:00:00Z; UTC without an offset) or epoch milliseconds",
+            param_hint=option,
+        ) from None
+
+
+@click.command("wait")
+@click.argument("table")
+@catalog_options
+@click.option(
+    "--watermark", "watermark", metavar="TIMESTAMP", required=True, help="The event time to wait for (ISO 8601 or epoch ms)."
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Give up after this many seconds (exit status 3); default: never.",
+)
+@click.option("--interval", type=click.FloatRange(min=0.01), default=5.0, show_default=True, help="Seconds between reads.")
+@click.option("--branch", default=MAIN_BRANCH, show_default=True, help="Whose watermark: this branch's.")
+@click.option("--query", "queries", metavar="QUERY_ID", multiple=True, help="Only these queries' watermarks (repeatable).")
+@output_option(help="Print the result as JSON.")
+def wait_command(
+    table: str,
+    catalog_name: str | None,
+    catalog_properties: dict[str, str],
+    watermark: str,
+    timeout: float | None,
+    interval: float,
+    branch: str,
+    queries: tuple[str, ...],
+    output: Output,
+) -> None:
+    """Wait until TABLE is complete through --watermark: exit 0 as soon as the watermark its lakesink queries recorded
+    on --branch (the smallest of theirs) is at or past it; exit 3 when --timeout passes first."""
+    target = _timestamp("--watermark", watermark)
+    t = load_table(table, catalog_name, catalog_properties)
+    try:
+        result = wait_for_watermark(t, target, timeout_s=timeout, poll_s=interval, branch=branch, queries=queries or None)
+    except LakesinkError as e:
+        raise click.ClickException(str(e)) from None
+    output.waited(result)
+    if not result.reached:
+        raise SystemExit(WAIT_TIMEOUT_EXIT)

@@ -1,6 +1,6 @@
 """The ``lakesink`` command line: one click group, one sub-command per task.
 
-    lakesink history | show | diff | which | verify | report | publish     (lakesink.cli.audit)
+    lakesink history | show | diff | which | verify | report | publish | wait   (lakesink.cli.audit)
     lakesink maintain | compact | expire-snapshots | rewrite-manifests |
              forget-query | remove-orphan-files | checkpoint-clean        (lakesink.cli.maintenance)
 
@@ -30,6 +30,7 @@ for _command in (
     audit.verify_command,
     audit.report_command,
     audit.publish_command,
+    audit.wait_command,
     maintenance.maintain_command,
     maintenance.compact_command,
     maintenance.expire_snapshots_command,

@@ -18,6 +18,7 @@ import click
 import pyarrow as pa
 
 from lakesink.audit import OTHER, Diff, PublishResult, SnapshotRecord, VerifyReport, format_ms
+from lakesink.audit.completeness import WaitResult
 from lakesink.audit.key_diff import keyed_changes
 from lakesink.audit.routes import QueryReport
 from lakesink.cli.common import format_duration
@@ -58,6 +59,9 @@ class Output(ABC):
 
     @abstractmethod
     def published(self, result: PublishResult, branch: str) -> None: ...
+
+    @abstractmethod
+    def waited(self, result: WaitResult) -> None: ...
 
     def report_written(self, path: str, result: VerifyReport) -> None:
         """``report`` (no JSON form: the page is the output)."""
@@ -135,8 +139,22 @@ class ConsoleOutput(Output):
     def published(self, result: PublishResult, branch: str) -> None:
         click.echo(
             f"main moved from snapshot {result.main_before} to {result.main_after} (head of {branch})"
+            + (f", through watermark {format_ms(result.through_ms)}" if result.through_ms is not None else "")
             + (" -- FORCED despite the problems found" if result.forced else "; verify: OK")
         )
+
+    def waited(self, result: WaitResult) -> None:
+        mark = result.watermark
+        now = format_ms(mark.watermark_ms) if mark.watermark_ms is not None else "none recorded"
+        click.echo(
+            f"{'reached' if result.reached else 'TIMED OUT'}: watermark of branch {mark.branch} is {now}, "
+            f"{'at or past' if result.reached else 'before'} {format_ms(result.target_ms)}"
+        )
+        for q in mark.queries:
+            click.echo(
+                f"  query {q.query_id}{f' sink {q.sink_id}' if q.sink_id else ''}: {format_ms(q.watermark_ms)} "
+                f"(batch {q.batch_id})"
+            )
 
     def orphans(self, report: OrphanReport) -> None:
         click.echo(human_report(report))
@@ -203,6 +221,9 @@ class JsonOutput(Output):
     def published(self, result: PublishResult, branch: str) -> None:
         _echo(result.to_dict())
 
+    def waited(self, result: WaitResult) -> None:
+        _echo(result.to_dict())
+
     def orphans(self, report: OrphanReport) -> None:
         _echo(report.to_dict())
 
@@ -255,7 +276,7 @@ def _dumps(value: Any) -> str:
 
 def human_history(records: Sequence[SnapshotRecord]) -> str:
     """The history as a text table for a terminal."""
-    header = (
+    header: tuple[str, ...] = (
         "committed (UTC)",
         "snapshot",
         "operation",
@@ -269,7 +290,7 @@ def human_history(records: Sequence[SnapshotRecord]) -> str:
         "ins/upd/del",
         "source offsets",
     )
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for r in records:
         offsets = r.source_offsets or ""
         rows.append(
@@ -290,8 +311,14 @@ def human_history(records: Sequence[SnapshotRecord]) -> str:
         )
     if not rows:
         return "no snapshots"
+    if any(r.dead_letters is not None for r in records):  # option dead-letter-table: the rows each batch rejected
+        header = (*header[:10], "dead letters", *header[10:])
+        rows = [
+            (*row[:10], "" if r.dead_letters is None else f"{r.dead_letters} -> {r.dead_letter_table}", *row[10:])
+            for row, r in zip(rows, records, strict=True)
+        ]
     if records[0].parent_id is None and (records[0].sequence_number or 0) > 1:
-        rows.insert(0, ("(older snapshots expired)", "", "", "", "", "", "", "", "", "", "", ""))
+        rows.insert(0, ("(older snapshots expired)", *[""] * (len(header) - 1)))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     right = {4, 5, 6, 7, 8, 9}
 

@@ -23,7 +23,8 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,10 @@ def load(name: str | None, overrides: Mapping[str, str]) -> Catalog:
 
 
 _tables_lock = threading.Lock()
-_tables: dict[tuple[int, tuple[str, ...]], Table] = {}
+_tables: OrderedDict[tuple[int, tuple[str, ...]], Table] = OrderedDict()
+#: The tables kept for :func:`load_table` (the most recently read or committed ones): a routed stream may write
+#: thousands of tables over a run, and the driver's memory stays bounded (option route-by, docs/routing.md).
+_MAX_TABLES_KEPT = 1024
 
 
 def load_table(catalog: Catalog, identifier: tuple[str, ...]) -> Table:
@@ -146,6 +150,35 @@ def load_table(catalog: Catalog, identifier: tuple[str, ...]) -> Table:
     return table
 
 
+def load_tables(catalog: Catalog, identifiers: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], Table]:
+    """:func:`load_table` of several tables: on a SQL catalog their pointers are read in one query and a table whose
+    pointer has not moved since this process read it is not parsed again; tables that do not exist are absent.
+    Other catalogs: one :func:`load_table` each."""
+    pointers = seam.pointers_on_sql_catalog(catalog, identifiers)
+    out: dict[tuple[str, ...], Table] = {}
+    for ident in identifiers:
+        ident = tuple(ident)
+        if pointers is not None:
+            if ident not in pointers:
+                continue
+            with _tables_lock:
+                known = _tables.get((id(catalog), ident))
+            if known is not None and known.metadata_location == pointers[ident]:
+                out[ident] = Table(
+                    identifier=known.name(),
+                    metadata=known.metadata,
+                    metadata_location=known.metadata_location,
+                    io=known.io,
+                    catalog=catalog,
+                )
+                continue
+        try:
+            out[ident] = load_table(catalog, ident)
+        except NoSuchTableError:
+            continue
+    return out
+
+
 def remember(table: Table) -> None:
     """Keep ``table`` (read, or just committed by this process) for :func:`load_table`'s next read."""
     if table.catalog is None or not table.metadata_location:
@@ -160,6 +193,9 @@ def remember(table: Table) -> None:
     )
     with _tables_lock:
         _tables[key] = kept
+        _tables.move_to_end(key)
+        while len(_tables) > _MAX_TABLES_KEPT:
+            _tables.popitem(last=False)
 
 
 def reload(table: Table) -> Table:
@@ -325,9 +361,7 @@ def _prepare_embedded_folders(props: Mapping[str, str]) -> None:
 CATALOG_READ_PATIENCE_S = 30.0
 
 
-def read_patiently(
-    load: Callable[[], Table], *, dropped: str, unavailable: str, redact: Callable[[BaseException], str]
-) -> Table:
+def read_patiently(load: Callable[[], Table], *, dropped: str, unavailable: str, redact: Callable[[BaseException], str]) -> Table:
     """``load()`` for a commit attempt, riding out a briefly locked or unreachable catalog for up to 30 s.
 
     A table that is gone raises TableIdentityChangedError(``dropped``); a catalog still failing after 30 s

@@ -15,15 +15,16 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
-from lakesink.driver import catalogs, indoubt, swap, turns, upsert
+from lakesink.driver import catalogs, completeness, dead_letters, indoubt, swap, turns, upsert
 from lakesink.driver.action import CommitAction, Landing, Turn
+from lakesink.driver.completeness import BatchTime, Recorded
 from lakesink.driver.schema import SchemaChange
 from lakesink.driver.swap import RetriesExhausted, Status
 from lakesink.driver.tables import SinkTable
@@ -36,11 +37,19 @@ from lakesink.errors import (
     ReplayMismatchError,
 )
 from lakesink.executor import upsert_task
-from lakesink.executor.messages import TaskResult, WrittenFile, schema_digest
+from lakesink.executor.messages import RowChecks, TaskResult, WritePlan, WrittenFile, schema_digest
 from lakesink.faults import DRIVER_IN_ABORT, fault_point
 from lakesink.options import SINK_ID, OutputMode, SinkOptions
+from lakesink.table import dead_letters as dead_letter_schema
 from lakesink.table import names, storage
-from lakesink.table.keys import SUMMARY_COMMIT_ATTEMPT, SUMMARY_PREVIOUS_BATCH_ID, SUMMARY_SOURCE_OFFSETS
+from lakesink.table.keys import (
+    SUMMARY_COMMIT_ATTEMPT,
+    SUMMARY_DEAD_LETTER_SINK,
+    SUMMARY_DEAD_LETTER_TABLE,
+    SUMMARY_DEAD_LETTERS,
+    SUMMARY_PREVIOUS_BATCH_ID,
+    SUMMARY_SOURCE_OFFSETS,
+)
 from lakesink.table.markers import (
     CommittedBatch,
     SnapshotIndex,
@@ -87,6 +96,8 @@ class _Batch:
     started: float
     changes: pa.Table | None = None
     """Upserts: the keys the batch changes (key columns and lakesink.table.keys.DELETED)."""
+    time: BatchTime | None = None
+    """Spark's watermark for the batch and the event-time column (lakesink.driver.completeness)."""
     unit: Mapping[str, str] = field(default_factory=dict)
     """Option route-by: what every table's snapshot of the batch records about the batch's tables."""
 
@@ -102,6 +113,33 @@ class _Batch:
     def files_since_ms(self) -> int | None:
         """When the oldest of the batch's files was written (None: the tasks did not say)."""
         return min((r.written_since_ms for r in self.results if r.files and r.written_since_ms is not None), default=None)
+
+    @classmethod
+    def new(
+        cls,
+        *,
+        query_id: str,
+        batch_id: int,
+        results: Sequence[TaskResult],
+        source_offsets: str | None,
+        run_id: str | None,
+        changes: pa.Table | None = None,
+        unit: Mapping[str, str] | None = None,
+        batch_time: BatchTime | None = None,
+    ) -> _Batch:
+        """A batch's commit call starting now, with a new commit id (the run id the tasks carry when none is given)."""
+        return cls(
+            query_id=query_id,
+            batch_id=batch_id,
+            results=results,
+            source_offsets=source_offsets,
+            run_id=run_id or next((r.run_id for r in results if r.run_id), None),
+            commit_id=uuid.uuid4().hex,
+            started=time.monotonic(),
+            changes=changes,
+            unit=dict(unit or {}),
+            time=batch_time,
+        )
 
     def commit_name(self) -> names.CommitName:
         """A new name for one attempt's manifests and manifest list (lakesink.table.names: the orphan clean-up keeps them
@@ -129,6 +167,35 @@ class TableCommitter(SinkTable):
     def __init__(self, options: SinkOptions, *, post_commit: Callable[[SinkTable], CommitHook] | None = None):
         super().__init__(options)
         self.hook: CommitHook | None = post_commit(self) if post_commit is not None else None
+        self.dead_letters: TableCommitter | None = None
+        """Option dead-letter-table: the committer of the dead-letter table, whose commit of a batch's dead letters
+        joins the batch's commit as one unit (lakesink.driver.swap.run_unit)."""
+        if options.dead_letter_table is not None:
+            self.dead_letters = TableCommitter(dead_letters.dead_letter_options(options))
+        self._dead_letters_opened = False
+
+    # --- plan ---------------------------------------------------------------------------------------
+
+    def write_plan(
+        self, table: Table, query_id: str | None, stream_schema: pa.Schema | None = None, *, expected_uuid: str | None = None
+    ) -> WritePlan:
+        """:meth:`SinkTable.write_plan`; with option dead-letter-table, the dead-letter table's plan rides along (opened,
+        created when missing, and checked at the first plan) and the replay point is the last batch in both tables."""
+        plan = super().write_plan(table, query_id, stream_schema, expected_uuid=expected_uuid)
+        d = self.dead_letters
+        if d is None:
+            return plan
+        if not self._dead_letters_opened:
+            letters_table = d.open_table(dead_letter_schema.SCHEMA)
+            self._dead_letters_opened = True
+        else:
+            letters_table = d.reload_table()
+        letters_plan = d.write_plan(letters_table, query_id)
+        last = plan.last_committed_batch
+        if last is not None and letters_plan.last_committed_batch is not None:
+            last = min(last, letters_plan.last_committed_batch)
+        checks = RowChecks(letters_plan, reject_when=self.options.reject_when, upsert_key=self.options.upsert_key)
+        return replace(plan, last_committed_batch=last, row_checks=checks)
 
     # --- commit -------------------------------------------------------------------------------------
 
@@ -142,6 +209,7 @@ class TableCommitter(SinkTable):
         run_id: str | None = None,
         table_uuid: str | None = None,
         changes: pa.Table | None = None,
+        batch_time: BatchTime | None = None,
     ) -> BatchOutcome:
         """Commit the batch's files as one snapshot, exactly once for this (query id, sink id, batch id).
 
@@ -151,6 +219,7 @@ class TableCommitter(SinkTable):
         replaces. Task results that all say the batch was found committed when it was planned (``replay_skipped``)
         are :meth:`skip_replay`. The batch holds its table's turn (lakesink.driver.turns) from its first read; the
         post-commit hook (with option ``maintenance=auto``: a background maintenance run when one is due) runs after it.
+        ``batch_time``: the batch's watermark and event-time column, recorded with the commit (lakesink.driver.completeness).
         """
         with self._turn():
             outcome = self._commit_batch(
@@ -161,6 +230,7 @@ class TableCommitter(SinkTable):
                 run_id=run_id,
                 table_uuid=table_uuid,
                 changes=changes,
+                batch_time=batch_time,
             )
         if outcome.outcome is Outcome.COMMITTED and self.hook is not None:
             self.hook.after_commit()
@@ -192,17 +262,17 @@ class TableCommitter(SinkTable):
         results: Sequence[TaskResult],
         source_offsets: str | None,
         run_id: str | None = None,
+        batch_time: BatchTime | None = None,
     ) -> AppendBatch:
         """The action that appends a batch's files to this sink's table, for a unit of several tables
         (:func:`lakesink.driver.swap.run_unit`); ``table``: the table as read for its first attempt."""
-        batch = _Batch(
+        batch = _Batch.new(
             query_id=query_id,
             batch_id=batch_id,
             results=results,
             source_offsets=source_offsets,
-            run_id=run_id or next((r.run_id for r in results if r.run_id), None),
-            commit_id=uuid.uuid4().hex,
-            started=time.monotonic(),
+            run_id=run_id,
+            batch_time=batch_time,
         )
         return AppendBatch(self, table, batch)
 
@@ -218,21 +288,23 @@ class TableCommitter(SinkTable):
         source_offsets: str | None,
         run_id: str | None,
         unit: Mapping[str, str],
+        found_at_plan: bool = False,
+        batch_time: BatchTime | None = None,
     ) -> _BatchAction:
         """This table's action in a batch of several tables (``table``: as read for the first attempt): the batch's
-        files appended (its snapshot records ``unit``), or, when every task found the batch in this table already
-        (a replay completing the others), a replay that must still be there."""
-        batch = _Batch(
+        files appended (its snapshot records ``unit``), or, when the batch was found in this table already when it
+        was planned (``found_at_plan``, foreach_batch) or by every task (a replay completing the others), a replay
+        that must still be there."""
+        batch = _Batch.new(
             query_id=query_id,
             batch_id=batch_id,
             results=results,
             source_offsets=source_offsets,
-            run_id=run_id or next((r.run_id for r in results if r.run_id), None),
-            commit_id=uuid.uuid4().hex,
-            started=time.monotonic(),
+            run_id=run_id,
             unit=unit,
+            batch_time=batch_time,
         )
-        if results and all(r.replay_skipped for r in results):
+        if found_at_plan or (results and all(r.replay_skipped for r in results)):
             return ReplayFoundAtPlan(self, table, batch)
         if not batch.files:
             return MarkEmptyBatch(self, table, batch)
@@ -295,19 +367,19 @@ class TableCommitter(SinkTable):
         table_uuid: str | None,
         changes: pa.Table | None,
         found_at_plan: bool = False,
+        batch_time: BatchTime | None = None,
     ) -> BatchOutcome:
         if changes is None and any(r.changes for r in results):
             # format("lakesink") with upsert-key: the tasks resolved their rows; a key of two tasks is an error
             changes = upsert_task.merge([r.changes for r in results if r.changes], batch_id=batch_id)
-        batch = _Batch(
+        batch = _Batch.new(
             query_id=query_id,
             batch_id=batch_id,
             results=results,
             source_offsets=source_offsets,
-            run_id=run_id or next((r.run_id for r in results if r.run_id), None),
-            commit_id=uuid.uuid4().hex,
-            started=time.monotonic(),
+            run_id=run_id,
             changes=changes if changes is not None and changes.num_rows else None,
+            batch_time=batch_time,
         )
         expected_uuid = table_uuid or next((r.table_uuid for r in results if r.table_uuid), None)
         table = self.load_patiently(batch_id)
@@ -315,19 +387,26 @@ class TableCommitter(SinkTable):
             if expected_uuid is not None and str(table.metadata.table_uuid) != expected_uuid:
                 raise self.identity_changed(expected_uuid, str(table.metadata.table_uuid))
             self.check_branch(table)
+            if self.dead_letters is not None:
+                dead_letters.check_rejected(self.options, results, batch_id=batch_id)
         except LakesinkError:
             self._delete(table, batch.paths, reason="the table or branch changed identity during the batch")
+            self._letters_deleted(batch, reason="the batch failed before its commit")
             raise
         if found_at_plan or (results and all(r.replay_skipped for r in results)):
             # found committed when the batch was planned (foreach_batch), or by every task (format("lakesink"))
             return self._logged(self._skipped_before_writing(table, batch), query_id)
         if not batch.files and batch.changes is None and self.options.output_mode is not OutputMode.COMPLETE:
+            if self.dead_letters is not None and self._letters(batch).files:
+                # every row a dead letter: a snapshot without files records the batch and its count of dead letters
+                return self._logged(self._commit_files(table, batch), query_id)
             return self._logged(self._commit_empty(table, batch), query_id)
         return self._logged(self._commit_files(table, batch), query_id)
 
     def _skipped_before_writing(self, table: Table, batch: _Batch) -> BatchOutcome:
-        """The batch was found committed when it was planned and nothing was written: check it still is."""
-        result = swap.run(ReplayFoundAtPlan(self, table, batch))
+        """The batch was found committed when it was planned and nothing was written: check it still is (in the
+        dead-letter table too)."""
+        result = self._run(ReplayFoundAtPlan(self, table, batch), batch, replay=True)
         assert result.status is Status.ALREADY_COMMITTED and result.done is not None
         self._check_replay(table, batch, result.done)
         return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id)
@@ -341,7 +420,7 @@ class TableCommitter(SinkTable):
         action = MarkEmptyBatch(self, table, batch)
         what = action.what
         try:
-            result = swap.run(action)
+            result = self._run(action, batch)
         except RetriesExhausted as e:
             raise CommitConflictError(
                 f"{what} failed {e.attempts} time(s) ({e.describe()}); restarting the query replays the batch"
@@ -352,24 +431,29 @@ class TableCommitter(SinkTable):
             return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
         return BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1)
 
-    def _commit_files(self, table: Table, batch: _Batch) -> BatchOutcome:
+    def _commit_files(self, table: Table, batch: _Batch, action: _BatchAction | None = None) -> BatchOutcome:
+        """Commit the batch's files (``action``: a given commit, e.g. marking the batch empty in this table while its
+        dead letters are appended to the dead-letter table in the same unit)."""
         settings = self.settings(table)
-        action: AppendBatch
-        if batch.changes is not None:
+        if action is None and batch.changes is not None:
             action = UpsertBatch(self, table, batch)
-        elif self.options.output_mode is OutputMode.COMPLETE:
+        elif action is None and self.options.output_mode is OutputMode.COMPLETE:
             action = OverwriteBatch(self, table, batch)
-        else:
+        elif action is None:
             action = AppendBatch(self, table, batch)
         what = action.what
         try:
-            result = swap.run(action)
+            result = self._run(action, batch)
         except CommitOutcomeUnknownError:
             if catalogs.may_apply_late(self.catalog):  # the abort that follows must keep the files (driver.indoubt)
                 indoubt.record(self.table_name, batch.query_id, self.options.sink_id, batch.batch_id, batch.paths)
+                if self.dead_letters is not None:
+                    d, letters = self.dead_letters, self._letters(batch)
+                    indoubt.record(d.table_name, batch.query_id, d.options.sink_id, batch.batch_id, letters.paths)
             raise
         except RetriesExhausted as e:
             self._delete(table, batch.paths, reason="commit retries exhausted")
+            self._letters_deleted(batch, reason="commit retries exhausted")
             raise CommitConflictError(
                 f"{what} failed {e.attempts} time(s) ({e.describe()}; commit.retry.num-retries="
                 f"{settings.commit_retry.num_retries}); nothing was committed and its files were deleted; restarting "
@@ -381,6 +465,7 @@ class TableCommitter(SinkTable):
                 self._check_replay(table, batch, result.done)
             except DuplicateSinkError:
                 self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
+                self._letters_deleted(batch, reason="a second sink of the same run wrote the batch")
                 raise
             self._delete(table, batch.paths, reason="batch already committed (replay)")
             return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
@@ -411,6 +496,55 @@ class TableCommitter(SinkTable):
 
     def marker_key(self, batch: _Batch) -> str:
         return last_batch_key(batch.query_id, self.options.sink_id)
+
+    # --- the dead-letter table: its commit joins the batch's as one unit ----------------------------
+
+    def _letters(self, batch: _Batch) -> _Batch:
+        """The batch's dead letters, as a batch of the dead-letter table (same query and batch id)."""
+        return replace(
+            batch,
+            results=[r.dead_letters for r in batch.results if r.dead_letters is not None],
+            commit_id=uuid.uuid4().hex,
+            changes=None,
+            time=None,
+        )
+
+    def _run(self, action: _BatchAction, batch: _Batch, *, replay: bool = False) -> swap.SwapResult:
+        """Run the batch's commit ``action``; with a dead-letter table, as one unit with the commit of the batch's dead
+        letters (appended, or the batch marked in its marker when it has none): both tables hold the batch, or neither
+        (on a catalog that commits table after table, the replay completes the missing one). Returns ``action``'s result;
+        the dead-letter table's files are deleted when its commit was found already made (a replay)."""
+        d = self.dead_letters
+        if d is None:
+            return swap.run(action)
+        letters = self._letters(batch)
+        letters_table = d.load_patiently(batch.batch_id)
+        expected = next((r.table_uuid for r in letters.results if r.table_uuid), None)
+        if expected is not None and str(letters_table.metadata.table_uuid) != expected:
+            error = d.identity_changed(expected, str(letters_table.metadata.table_uuid))
+            d._delete(letters_table, letters.paths, reason="the dead-letter table changed identity during the batch")
+            if not replay:
+                self._delete(self.load(), batch.paths, reason="the dead-letter table changed identity during the batch")
+            raise error
+        other: _BatchAction
+        if replay and d.last(letters_table, batch.query_id) is None:
+            return swap.run(action)  # a dead-letter table added to a running query holds none of its earlier batches
+        if replay:
+            other = ReplayFoundAtPlan(d, letters_table, letters)
+        elif letters.files:
+            other = AppendBatch(d, letters_table, letters)
+        else:
+            other = MarkEmptyBatch(d, letters_table, letters)
+        mine, theirs = swap.run_unit([action, other])
+        if theirs.status is Status.ALREADY_COMMITTED and letters.paths:
+            d._delete(letters_table, letters.paths, reason="dead letters already committed (replay)")
+        return mine
+
+    def _letters_deleted(self, batch: _Batch, *, reason: str) -> None:
+        if self.dead_letters is not None:
+            letters = self._letters(batch)
+            if letters.paths:
+                self.dead_letters._delete(self.dead_letters.load(), letters.paths, reason=reason)
 
     # --- a batch found committed --------------------------------------------------------------------
 
@@ -549,6 +683,10 @@ class TableCommitter(SinkTable):
         (an orphan-file clean-up collects leftovers).
         """
         fault_point(DRIVER_IN_ABORT)
+        if self.dead_letters is not None:
+            letters = [r.dead_letters for r in results if r.dead_letters is not None]
+            if letters:
+                self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
         paths = [f.path for r in results for f in r.files]
         in_doubt = indoubt.recorded(self.table_name, query_id, self.options.sink_id, batch_id)
         if in_doubt & set(paths):
@@ -627,6 +765,17 @@ class _BatchAction(CommitAction):
     def retry(self, table: Table) -> CommitRetry:
         return self.committer.settings(table).commit_retry
 
+    def recorded(self, table: Table, statistics: Sequence[Mapping[str, Any]] = ()) -> Recorded:
+        """What this attempt records about event time: the watermark and the event times of the rows it adds
+        (lakesink.driver.completeness), against the query's previous batch in ``table``."""
+        t = self.batch.time
+        bounds = None
+        if t is not None and t.event_time is not None and statistics:
+            c = self.committer
+            field = completeness.event_time_field(table.schema(), t.event_time, c.table_name, table.properties)
+            bounds = completeness.event_time_bounds(statistics, field)
+        return completeness.record(t, self.done(table), bounds, batch_id=self.batch.batch_id)
+
     def redact(self, error: BaseException) -> str:
         return self.committer.redact(error)
 
@@ -670,6 +819,7 @@ class MarkEmptyBatch(_BatchAction):
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
         branch = self.committer.options.branch
         head = table.metadata.snapshot_by_name(branch)
+        recorded = self.recorded(table)
         marker = CommittedBatch(
             self.batch.batch_id,
             head.snapshot_id if head else -1,
@@ -678,6 +828,8 @@ class MarkEmptyBatch(_BatchAction):
             empty=True,
             run_id=self.batch.run_id,
             offsets=offsets_digest(self.batch.source_offsets),
+            watermark=recorded.watermark,
+            event_time_max=recorded.event_time_max,
         )
         return seam_commit.prepare_properties_at_head(
             table, {self.committer.marker_key(self.batch): marker.to_property()}, branch=branch
@@ -709,6 +861,7 @@ class AppendBatch(_BatchAction):
             for r in batch.results
             for f in r.files
         ]
+        self._recorded: Recorded | None = None
 
     def properties(self, snapshot_id: int) -> dict[str, str]:
         """The replay marker, in the same atomic commit as the snapshot it names."""
@@ -719,13 +872,27 @@ class AppendBatch(_BatchAction):
             branch=self.committer.options.branch,
             run_id=self.batch.run_id,
             offsets=offsets_digest(self.batch.source_offsets),
+            watermark=self._recorded.watermark if self._recorded else None,
+            event_time_max=self._recorded.event_time_max if self._recorded else None,
         )
         return {self.committer.marker_key(self.batch): marker.to_property()}
 
     def attempt_summary(self, table: Table, attempt: int) -> dict[str, str]:
         done = self.done(table)
+        self._recorded = self.recorded(table, [f.statistics for f in self.batch.files])
+        letters = self.committer.dead_letters
         return {
             **self.summary,
+            **self._recorded.summary,
+            **(
+                {
+                    SUMMARY_DEAD_LETTERS: str(sum(r.rejected for r in self.batch.results)),
+                    SUMMARY_DEAD_LETTER_TABLE: letters.table_name,
+                    SUMMARY_DEAD_LETTER_SINK: letters.options.sink_id or "",
+                }
+                if letters is not None
+                else {}
+            ),
             **self.batch.unit,
             SUMMARY_COMMIT_ATTEMPT: str(attempt),
             **({SUMMARY_PREVIOUS_BATCH_ID: str(done.batch_id)} if done is not None else {}),

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io import load_file_io
 from pyiceberg.table import Table
@@ -34,6 +35,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink.driver import catalogs, swap
 from lakesink.driver.action import CommitAction
 from lakesink.driver.commit import BatchOutcome, CommitHook, Outcome, TableCommitter
+from lakesink.driver.completeness import BatchTime
 from lakesink.driver.swap import RetriesExhausted
 from lakesink.driver.tables import SinkTable, creation_properties
 from lakesink.errors import (
@@ -207,7 +209,7 @@ class RoutedCommitter:
         warehouse to place new tables in."""
         if self._template is None:
             root = self.catalog.properties.get("warehouse")
-            if not root:
+            if not root or not self.places_tables_itself():
                 return None
             schema = seam.new_table_schema(self.stream_schema)
             name = f"tables routed by {self.routing.column!r}"
@@ -221,6 +223,22 @@ class RoutedCommitter:
                 io=load_file_io(dict(self.catalog.properties), root),
             )
         return self._template
+
+    def places_tables_itself(self) -> bool:
+        """Whether lakesink may place a new table at ``<warehouse>/<namespace>.db/<table>`` itself: a catalog whose
+        ``warehouse`` is a location (a URI or an absolute path) and that takes the location given at creation. A REST
+        catalog's ``warehouse`` may be a name, and its server places tables: format("lakesink") cannot write a table
+        there before it exists."""
+        root = self.catalog.properties.get("warehouse") or ""
+        return not isinstance(self.catalog, RestCatalog) and ("://" in root or root.startswith("/"))
+
+    def no_template_reason(self) -> str:
+        """Why :meth:`template` is None (for the error that refuses format("lakesink"))."""
+        if isinstance(self.catalog, RestCatalog):
+            return "places its tables itself (a REST catalog)"
+        if not self.catalog.properties.get("warehouse"):
+            return "has no 'warehouse' property (option 'catalog.warehouse')"
+        return "has a 'warehouse' that is not a location (a URI or an absolute path)"
 
     def _location(self, route: Route) -> str | None:
         template = self.template()
@@ -305,8 +323,10 @@ class RoutedCommitter:
         results: Sequence[RoutedTaskResult],
         source_offsets: str | None,
         run_id: str | None = None,
+        batch_time: BatchTime | None = None,
     ) -> RoutedOutcome:
-        """Commit a routed batch: every table it wrote, as one unit (see the module's docstring)."""
+        """Commit a routed batch: every table it wrote, as one unit (see the module's docstring). ``batch_time``: the
+        batch's watermark (and event-time column), recorded in every table's commit (lakesink.driver.completeness)."""
         by_table: dict[str, list[TaskResult]] = {}
         templated: set[str] = set()
         for r in results:
@@ -318,13 +338,17 @@ class RoutedCommitter:
         names = sorted(by_table)
         routes = self.routes(names, batch_id)
         if not names:
-            return self._commit_empty(query_id, batch_id, source_offsets, run_id)
+            return self._commit_empty(query_id, batch_id, source_offsets, run_id, batch_time)
         unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
         actions: list[tuple[TableCommitter, CommitAction]] = []
+        # the tables planned for this batch, read in one catalog query (SQL catalogs)
+        read = catalogs.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
         for route in routes:
             name = str(route)
             c = self.committer(name)
-            table, table_results = self._table_for_commit(c, route, by_table[name], name in templated, query_id, batch_id)
+            table, table_results = self._table_for_commit(
+                c, route, by_table[name], name in templated, query_id, batch_id, read.get(route.identifier)
+            )
             actions.append(
                 (
                     c,
@@ -336,6 +360,7 @@ class RoutedCommitter:
                         source_offsets=source_offsets,
                         run_id=run_id,
                         unit=unit,
+                        batch_time=batch_time,
                     ),
                 )
             )
@@ -373,7 +398,9 @@ class RoutedCommitter:
                 c.hook.after_commit()
         return RoutedOutcome(batch_id, outcomes)
 
-    def _commit_empty(self, query_id: str, batch_id: int, source_offsets: str | None, run_id: str | None) -> RoutedOutcome:
+    def _commit_empty(
+        self, query_id: str, batch_id: int, source_offsets: str | None, run_id: str | None, batch_time: BatchTime | None = None
+    ) -> RoutedOutcome:
         """A batch that routed no row: its marker moves in the tables of the sink's previous batch in this run (a
         marker-only commit each), so that their next snapshot tells an empty batch from a lost one."""
         if not self._last_tables:
@@ -394,6 +421,7 @@ class RoutedCommitter:
                         source_offsets=source_offsets,
                         run_id=run_id,
                         unit={},
+                        batch_time=batch_time,
                     ),
                 )
             )
@@ -407,16 +435,6 @@ class RoutedCommitter:
         for route in routes:
             c = self.committer(str(route))
             table = c.load_patiently(batch_id)
-            marker = TaskResult(
-                query_id=query_id,
-                batch_id=batch_id,
-                partition_id=-1,
-                task_attempt_id=-1,
-                schema_id=table.metadata.current_schema_id,
-                spec_id=table.metadata.default_spec_id,
-                replay_skipped=True,
-                run_id=run_id,
-            )
             actions.append(
                 (
                     c,
@@ -424,17 +442,25 @@ class RoutedCommitter:
                         table,
                         query_id=query_id,
                         batch_id=batch_id,
-                        results=(marker,),
+                        results=(),
                         source_offsets=source_offsets,
                         run_id=run_id,
                         unit={},
+                        found_at_plan=True,
                     ),
                 )
             )
         return self._run(actions, batch_id)
 
     def _table_for_commit(
-        self, c: TableCommitter, route: Route, results: list[TaskResult], templated: bool, query_id: str, batch_id: int
+        self,
+        c: TableCommitter,
+        route: Route,
+        results: list[TaskResult],
+        templated: bool,
+        query_id: str,
+        batch_id: int,
+        read: Table | None = None,
     ) -> tuple[Table, list[TaskResult]]:
         """The table to commit ``results`` to, as read now; files written with the template go in as they are when
         the table is as the template made it, else they are rewritten into the table here (its schema, its spec,
@@ -442,7 +468,7 @@ class RoutedCommitter:
         name = str(route)
         expected = self._uuids.get(name) or next((r.table_uuid for r in results if r.table_uuid), None)
         if not templated:
-            table = c.load_patiently(batch_id)
+            table = read if read is not None else c.load_patiently(batch_id)  # not read: raises (dropped) or retries
         else:
             try:
                 table = c.load()

@@ -19,6 +19,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 
@@ -286,6 +287,34 @@ def _turns_of(actions: Iterable[CommitAction]) -> list[turns.Turns]:
     return [found[k] for k in sorted(found, key=repr)]  # one order for every unit: no two units wait for each other
 
 
+#: A unit of at least this many actions prepares them on a pool of threads (each table's manifests, manifest list and
+#: metadata are written by pyiceberg, mostly waiting on storage and on pyiceberg's own manifest-writer pool); the pool
+#: lives for one attempt, with at most _PREPARE_THREADS threads.
+_PARALLEL_FROM = 4
+_PREPARE_THREADS = 8
+
+
+def _prepare(
+    actions: Sequence[CommitAction], read: list[Table], todo: list[int], attempt: int, prepared: dict[int, PreparedCommit]
+) -> None:
+    """Every action of ``todo`` prepared against its table as read (into ``prepared``); the first error raised
+    once every action finished (the caller discards what was prepared)."""
+    if len(todo) < _PARALLEL_FROM:
+        for i in todo:
+            prepared[i] = actions[i].prepare(read[i], attempt)
+        return
+    errors: list[BaseException] = []
+    with ThreadPoolExecutor(max_workers=min(_PREPARE_THREADS, len(todo)), thread_name_prefix="lakesink-prepare") as pool:
+        futures = {i: pool.submit(actions[i].prepare, read[i], attempt) for i in todo}
+    for i, future in futures.items():
+        try:
+            prepared[i] = future.result()
+        except BaseException as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
 def run(action: CommitAction) -> SwapResult:
     """Commit ``action`` exactly once through the loop (:func:`run_unit` of one action)."""
     return run_unit([action])[0]
@@ -408,8 +437,7 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
                         pending[i].settle_on(read[i])
                     prepared: dict[int, PreparedCommit] = {}
                     try:
-                        for i in todo:
-                            prepared[i] = actions[i].prepare(read[i], attempts)
+                        _prepare(actions, read, todo, attempts, prepared)
                         fault_point(DRIVER_BEFORE_SWAP)
                         for i in todo:
                             refuse_stale_files(prepared[i], actions[i].what)

@@ -62,11 +62,31 @@ class WritePlan:
     upsert: UpsertSpec | None = None
     """format("lakesink") with option upsert-key: each task resolves its rows to one row per key
     (lakesink.executor.upsert_task); None for appends and for foreach_batch (which resolves in Spark)."""
+    row_checks: RowChecks | None = None
+    """Option dead-letter-table: rows that do not fit become dead letters (lakesink.executor.dead_letters)."""
 
     @property
     def schema_digest(self) -> str:
         """:func:`schema_digest` of the schema the files are written with (travels back in every TaskResult)."""
         return schema_digest(self.schema)
+
+
+@dataclass(frozen=True)
+class RowChecks:
+    """What each task checks its rows against, and where rejected rows go (option ``dead-letter-table``)."""
+
+    dead_letters: WritePlan
+    """The write plan of the dead-letter table."""
+    reject_when: str | None = None
+    """Option ``reject-when``; format("lakesink"): read by Iceberg's expression parser and evaluated on Arrow."""
+    reject_column: bool = False
+    """foreach_batch: Spark computed ``reject_when`` into the column lakesink.table.dead_letters.REJECT_COLUMN (rows
+    without the column were found not rejected before the upsert resolution); the expression is not evaluated here."""
+    upsert_key: tuple[str, ...] = ()
+    """A null in one of these columns is a dead letter (``null-upsert-key``)."""
+    letters_only: bool = False
+    """foreach_batch with upsert-key: these rows were taken out of the batch as dead letters; a row that passes every
+    check is an error (it would be written without its upsert)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +125,14 @@ class TaskResult(WriterCommitMessage):
     """The plan's schema changes (``merge-schema``): from table schema ``schema_id`` to ``schema``."""
     changes: bytes | None = None
     """With ``WritePlan.upsert``: the keys the task changed, with their deleted flag (Arrow IPC)."""
+    dead_letters: TaskResult | None = None
+    """Option dead-letter-table: the task's rejected rows, written as files of the dead-letter table."""
+    rows_in: int = 0
+    """Option dead-letter-table: the rows the task received (good and rejected)."""
+    rejected: int = 0
+    """Option dead-letter-table: how many of them it rejected."""
+    reasons: tuple[str, ...] = ()
+    """Option dead-letter-table: the first few rejections, for an error message."""
     written_since_ms: int | None = None
     """When the task began writing its files (ms since the epoch, the executor's clock): a commit never uses files
     older than lakesink.table.names.COMMIT_DEADLINE_MS (the orphan clean-up keeps files in flight only so long)."""

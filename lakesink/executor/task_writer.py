@@ -24,6 +24,7 @@ from pyspark import TaskContext
 from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError, TableLocationError
 from lakesink.executor import upsert_task
+from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.table import floats, names, storage
@@ -145,6 +146,13 @@ class TaskWriter:
         self._partitioned = not plan.spec.is_unpartitioned()
         self._files: list[WrittenFile] = []
         self._changes: bytes | None = None
+        self._sorter: RowSorter | None = None
+        self._last_projected: tuple[pa.RecordBatch, pa.RecordBatch] | None = None
+        if plan.row_checks is not None:  # option dead-letter-table: rows that do not fit become dead letters
+            self._sorter = RowSorter(
+                plan.row_checks, table=plan.table, query_id=query_id, batch_id=batch_id, project=self._project
+            )
+        self._dead_letters: TaskResult | None = None
         self._counter = 0
         # open files by partition (the unpartitioned table has one, keyed by ()), least recently written first;
         # keyed by floats.partition_key: Python's == would merge -0.0 with 0.0 and split NaN from NaN
@@ -163,6 +171,8 @@ class TaskWriter:
         """Write every batch; on any failure delete this task's files and re-raise."""
         try:
             fault_point(EXECUTOR_BEFORE_WRITE)
+            if self._sorter is not None:
+                batches = (self._sorter.sort(b) for b in batches)
             if self._plan.upsert is not None:  # format("lakesink") with upsert-key: one row per key of this task
                 batches, changes = upsert_task.resolve_task(
                     batches, self._plan.upsert, batch_id=self._batch_id, partition_id=self._partition_id
@@ -171,6 +181,7 @@ class TaskWriter:
             for batch in batches:
                 self.add(batch)
             self.close_files()
+            self._write_dead_letters()
             fault_point(EXECUTOR_BEFORE_RETURN)
         except BaseException:
             self.abort()
@@ -188,6 +199,18 @@ class TaskWriter:
                     self._add(self._slot(key), part)
             else:
                 self._add(self._slot(()), conformed)
+
+    def _write_dead_letters(self) -> None:
+        """Option dead-letter-table: the task's dead letters, written as files of the dead-letter table."""
+        if self._sorter is not None and self._plan.row_checks is not None:
+            self._dead_letters = TaskWriter(
+                self._plan.row_checks.dead_letters,
+                query_id=self._query_id,
+                batch_id=self._batch_id,
+                partition_id=self._partition_id,
+                task_attempt_id=self._task_attempt_id,
+                run_id=self._run_id,
+            ).write(self._sorter.letters)
 
     def close_files(self) -> None:
         """Write out every row group and close every file."""
@@ -232,11 +255,22 @@ class TaskWriter:
             schema_changes=self._plan.schema_changes,
             changes=self._changes,
             written_since_ms=self._since_ms if self._files else None,
+            dead_letters=self._dead_letters,
+            rows_in=self._sorter.rows_in if self._sorter else 0,
+            rejected=self._sorter.rejected if self._sorter else 0,
+            reasons=tuple(self._sorter.reasons) if self._sorter else (),
         )
 
     # --- conforming rows to the table -----------------------------------------------------------
 
-    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+    def _project(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, Schema]:
+        """The batch as the table's files hold it (UTC, cast, projected), and the stream schema with the table's ids.
+        The last batch's projection is kept: the row sorter projects a batch, and when it keeps all its rows the
+        writer projects the very same batch next (measured: 40% more CPU per row without it)."""
+        last = self._last_projected
+        if last is not None and last[0] is batch and self._source is not None:
+            return last[1], self._source
+        original = batch
         if self._incoming is None or not batch.schema.equals(self._incoming):
             self._incoming = batch.schema
             self._utc = utc_schema(batch.schema)
@@ -245,6 +279,11 @@ class TaskWriter:
         if not self._utc.equals(batch.schema):
             batch = batch.cast(self._utc)
         projected = seam.project_batch(batch, target=self._file_schema, source=self._source)
+        self._last_projected = (original, projected) if self._sorter is not None else None
+        return projected, self._source
+
+    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        projected, _ = self._project(batch)
         if self._has_required:
             for field, column in zip(projected.schema, projected.columns, strict=True):
                 for path, nulls in _null_violations(column, field, field.name, None):
@@ -380,6 +419,13 @@ class TaskWriter:
             except Exception:
                 log.warning("lakesink: could not delete %s of a failed task; an orphan clean-up collects it", path)
         self._files = []
+        if self._dead_letters is not None and self._plan.row_checks is not None:
+            for f in self._dead_letters.files:
+                try:
+                    storage.delete_file(self._plan.row_checks.dead_letters.io, f.path)
+                except Exception:
+                    log.warning("lakesink: could not delete %s of a failed task; an orphan clean-up collects it", f.path)
+            self._dead_letters = None
 
 
 TASK_RESULT_SCHEMA = "task_result binary"

@@ -2,7 +2,8 @@
 
 - ``<checkpoint>/metadata``: ``{"id": "<query id>"}``, written when a query first starts;
 - ``<checkpoint>/offsets/<batch id>``: written before the batch runs: a version line, a JSON line of
-  batch metadata, then one line per source with its end offset (``-`` when a source has none).
+  batch metadata (``batchWatermarkMs``: the event-time watermark Spark computed for the batch, 0 before the first
+  one), then one line per source with its end offset (``-`` when a source has none).
 """
 
 from __future__ import annotations
@@ -61,3 +62,20 @@ def read_source_offsets(checkpoint_location: str, batch_id: int) -> str | None:
         except ValueError:
             offsets.append(line)
     return json.dumps(offsets, separators=(",", ":"))
+
+
+def read_batch_watermark(checkpoint_location: str, batch_id: int) -> int | None:
+    """Spark's event-time watermark for the batch (``batchWatermarkMs`` of its offset log entry, ms since the
+    epoch; 0 before the query has seen an event, and for a query without ``withWatermark``); None when the entry
+    is missing."""
+    text = _read_text(_join(checkpoint_location, "offsets", str(batch_id)))
+    if text is None:
+        return None
+    lines = text.splitlines()
+    try:
+        metadata = json.loads(lines[1])
+        return int(metadata.get("batchWatermarkMs", 0))
+    except (ValueError, IndexError, TypeError, AttributeError) as e:
+        raise CheckpointError(
+            f"unexpected offset log format in {checkpoint_location}/offsets/{batch_id}: no batch metadata"
+        ) from e

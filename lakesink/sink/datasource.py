@@ -30,7 +30,7 @@ from pyspark.sql.types import StructType
 
 from lakesink import _pyspark
 from lakesink.audit import Point, parse_timestamp_ms, resolve
-from lakesink.driver import catalogs
+from lakesink.driver import catalogs, dead_letters
 from lakesink.driver.commit import TableCommitter
 from lakesink.driver.guard import CommitGuard
 from lakesink.driver.routing import RoutedCommitter
@@ -43,6 +43,7 @@ from lakesink.executor.stream_writer import LakesinkStreamWriter
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import ReadOptions, SinkOptions
+from lakesink.sink import completeness
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 from lakesink.table.keys import MAIN_BRANCH
 
@@ -105,27 +106,37 @@ def stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWri
         # Spark re-creates the writer for every commit and abort: those must work even when the table
         # changed since the query started (the commit itself detects that, deletes the batch's files and
         # raises ConcurrentTableChangeError), so nothing is validated here.
-        return LakesinkStreamWriter(None, StreamCommits(options, None))
+        return LakesinkStreamWriter(None, StreamCommits(options, None, has_watermark=completeness.watermarked(schema)))
     committer = _table_committer(options)
     stream_schema = arrow_schema_of(schema)
     table = committer.open_table(stream_schema)
     plan = committer.write_plan(table, read_query_id(options.checkpoint_location), stream_schema)
+    completeness.check_event_time(options, plan)
+    dead_letters.check_reject_when(options, stream_schema, plan)
     if options.upsert_key:
         # the writers resolve their rows to one row per key (Spark rejects outputMode("update") for Python
         # data sources: a change stream in append mode is the way; docs/upserts.md)
         upsert = UpsertSpec(options.upsert_key, options.delete_when, options.order_by)
         upsert.check()
         plan = dataclasses.replace(plan, upsert=upsert)
-    return LakesinkStreamWriter(plan, StreamCommits(options, plan, committer))
+    return LakesinkStreamWriter(plan, StreamCommits(options, plan, committer, has_watermark=completeness.watermarked(schema)))
 
 
 class StreamCommits:
     """The driver side of the batches of one writer: Spark's ``commit()`` and ``abort()``, in a Python worker on
     the driver (:class:`~lakesink.executor.stream_writer.BatchCommits`). Never pickled."""
 
-    def __init__(self, options: SinkOptions, plan: WritePlan | None, committer: TableCommitter | None = None):
+    def __init__(
+        self,
+        options: SinkOptions,
+        plan: WritePlan | None,
+        committer: TableCommitter | None = None,
+        *,
+        has_watermark: bool = False,
+    ):
         assert options.checkpoint_location
         self._options = options
+        self._has_watermark = has_watermark
         self._checkpoint = options.checkpoint_location
         self._plan = plan
         self._committer = committer
@@ -155,6 +166,7 @@ class StreamCommits:
                 batch_id=batch_id,
                 results=results,
                 source_offsets=read_source_offsets(self._checkpoint, batch_id),
+                batch_time=completeness.batch_time(self._options, self._checkpoint, batch_id, has_watermark=self._has_watermark),
             )
 
     def abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
@@ -180,29 +192,39 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
     tables it has not opened: lakesink.executor.routed_writer), or of a commit worker's commits and aborts."""
     assert options.checkpoint_location
     stream_schema = arrow_schema_of(schema)
+    has_watermark = completeness.watermarked(schema)
     if _pyspark.in_streaming_sink_runner():
-        return LakesinkStreamWriter(None, RoutedStreamCommits(options, stream_schema))
+        return LakesinkStreamWriter(None, RoutedStreamCommits(options, stream_schema, has_watermark=has_watermark))
     routed = RoutedCommitter(options, stream_schema, post_commit=auto_maintenance)
     if routed.template() is None:
         raise InvalidOptionError(
             f"format('lakesink') with option 'route-by' writes tables before they exist, at <warehouse>/<namespace>.db/"
-            f"<table>, and catalog {routed.catalog.name!r} has no 'warehouse' property: set it (option "
-            "'catalog.warehouse'), or use lakesink.foreach_batch(route_by=...), which opens each batch's tables first"
+            f"<table>, and catalog {routed.catalog.name!r} ({type(routed.catalog).__name__}) {routed.no_template_reason()}"
+            ": use lakesink.foreach_batch(route_by=...), which opens (and creates) each batch's tables before it "
+            "writes them"
         )
     query_id = read_query_id(options.checkpoint_location)
     plan = routed.routed_plan(routed.written_plans(query_id), query_id, template=True)
-    return LakesinkStreamWriter(plan, RoutedStreamCommits(options, stream_schema, routed))
+    return LakesinkStreamWriter(plan, RoutedStreamCommits(options, stream_schema, routed, has_watermark=has_watermark))
 
 
 class RoutedStreamCommits:
     """The driver side of a routed writer's batches (option route-by): Spark's ``commit()`` and ``abort()``."""
 
-    def __init__(self, options: SinkOptions, stream_schema: pa.Schema, routed: RoutedCommitter | None = None):
+    def __init__(
+        self,
+        options: SinkOptions,
+        stream_schema: pa.Schema,
+        routed: RoutedCommitter | None = None,
+        *,
+        has_watermark: bool = False,
+    ):
         assert options.checkpoint_location
         self._options = options
         self._checkpoint = options.checkpoint_location
         self._schema = stream_schema
         self._routed = routed
+        self._has_watermark = has_watermark
 
     def _driver(self) -> RoutedCommitter:
         if self._routed is None:
@@ -225,6 +247,7 @@ class RoutedStreamCommits:
                 results=results,
                 source_offsets=read_source_offsets(self._checkpoint, batch_id),
                 run_id=run,
+                batch_time=completeness.batch_time(self._options, self._checkpoint, batch_id, has_watermark=self._has_watermark),
             )
 
     def abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:

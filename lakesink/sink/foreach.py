@@ -10,6 +10,7 @@ Spark's own Parquet writer in the JVM (:mod:`lakesink.sink.spark_write`, the fas
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pickle
 import uuid
@@ -22,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from lakesink import _pyspark
 from lakesink.driver import catalogs
 from lakesink.driver.commit import BatchOutcome, TableCommitter
+from lakesink.driver.completeness import BatchTime
 from lakesink.driver.routing import RoutedCommitter, RoutedOutcome, check_atomic
 from lakesink.driver.schema import arrow_schema_of
 from lakesink.errors import InvalidOptionError, LakesinkError
@@ -35,13 +37,17 @@ from lakesink.options import (
     CATALOG,
     CATALOG_PROPERTY_PREFIX,
     CREATE_TABLE,
+    DEAD_LETTER_TABLE,
     DELETE_WHEN,
+    EVENT_TIME,
     MAINTENANCE,
+    MAX_REJECTED_FRACTION,
     MERGE_SCHEMA,
     NAMESPACE,
     ORDER_BY,
     OUTPUT_MODE,
     PARTITIONED_BY,
+    REJECT_WHEN,
     ROUTE_BY,
     SINK_ID,
     TABLE,
@@ -51,7 +57,7 @@ from lakesink.options import (
     SinkOptions,
     WriterKind,
 )
-from lakesink.sink import spark_fs, spark_write, upsert_batch
+from lakesink.sink import completeness, dead_letters, spark_fs, spark_write, upsert_batch
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 from lakesink.table import storage
 from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
@@ -85,6 +91,10 @@ def foreach_batch(
     table_properties: Mapping[str, str] | None = None,
     format_version: int | None = None,
     maintenance: str = "auto",
+    event_time: str | None = None,
+    dead_letter_table: str | None = None,
+    reject_when: str | None = None,
+    max_rejected_fraction: float | None = None,
     route_by: str | None = None,
     namespace: str | None = None,
     atomic: str | None = None,
@@ -123,6 +133,14 @@ def foreach_batch(
         format_version: the Iceberg format version of a table lakesink creates (default 2; 1, 2 or 3).
         maintenance: ``"auto"`` (default: compact small files and expire snapshots as the table's
             ``history.expire.*`` properties ask, between batches; docs/maintenance.md) or ``"off"``.
+        event_time: a timestamp or date column: each snapshot records the smallest and largest event time of the
+            rows it adds (``lakesink.event-time-min``/``-max``), and the watermark it records (when the query has
+            ``withWatermark``) never passes the newest one committed (docs/auditing.md, completeness).
+        dead_letter_table: ``<namespace>.<table>``: rows that do not fit the table (a null in a required column, a
+            null upsert key) or match ``reject_when`` go there instead of failing the batch, in the batch's own atomic
+            commit (docs/dead-letters.md).
+        reject_when: a Spark SQL boolean expression over the batch's columns: rows for which it is true are dead letters.
+        max_rejected_fraction: above this fraction of a batch's rows rejected (0 to 1, default 1), the batch fails.
         route_by: instead of ``table``: a string column of the stream naming each row's table (``ns.table``, or
             ``table`` with ``namespace``); tables are created on first sight, the column is not written, and each
             batch is committed to all its tables as one unit where the catalog can (docs/routing.md).
@@ -158,6 +176,14 @@ def foreach_batch(
     if format_version is not None:
         options[FORMAT_VERSION] = str(format_version)
     options[MAINTENANCE] = maintenance
+    if event_time is not None:
+        options[EVENT_TIME] = event_time
+    if dead_letter_table is not None:
+        options[DEAD_LETTER_TABLE] = dead_letter_table
+    if reject_when is not None:
+        options[REJECT_WHEN] = reject_when
+    if max_rejected_fraction is not None:
+        options[MAX_REJECTED_FRACTION] = str(max_rejected_fraction)
     if table is not None:
         options[TABLE] = table
     routing = {ROUTE_BY: route_by, NAMESPACE: namespace, ATOMIC: atomic}
@@ -173,6 +199,7 @@ class ForeachBatchSink:
         catalog = catalogs.load(options.catalog_name, options.catalog_properties)  # a missing catalog fails here, at start
         if options.routing is not None:
             check_atomic(catalog, options.routing)  # atomic=required on a catalog that cannot: here, at start
+        dead_letters.check_writer(options)
         self._committer: TableCommitter | None = None
         self._checkpoints: dict[str, str | None] = {}
         self._opened: pa.Schema | None = None  # the stream schema the table was opened (fully checked) for
@@ -209,18 +236,24 @@ class ForeachBatchSink:
         # the table must stay the one this run opened (not dropped and recreated between batches)
         plan = committer.write_plan(table, query_id, stream_schema, expected_uuid=self._table_uuid)
         self._table_uuid = plan.table_uuid
+        completeness.check_event_time(self.options, plan)
         if plan.last_committed_batch is not None and batch_id <= plan.last_committed_batch:
             # found committed when planned: checked before any file is written (and against the batch's source offsets)
-            return committer.skip_replay(
+            return committer.skip_replay(  # a replay records nothing new (its watermark is in the committed batch)
                 query_id=query_id,
                 batch_id=batch_id,
                 source_offsets=self._source_offsets(spark, query_id, batch_id),
                 run_id=run_id,
                 table_uuid=plan.table_uuid,
             )
+        letters: DataFrame | None = None
+        if plan.row_checks is not None:  # option dead-letter-table (lakesink.sink.dead_letters)
+            df, plan, letters = dead_letters.prepare(df, plan, self.options)
         resolved = upsert_batch.resolve(df, batch_id, self.options) if self.options.upsert_key else None
         try:
-            return self._write_and_commit(resolved.rows if resolved else df, resolved, plan, table, query_id, batch_id, run_id)
+            return self._write_and_commit(
+                resolved.rows if resolved else df, resolved, plan, table, query_id, batch_id, run_id, letters=letters
+            )
         finally:
             if resolved is not None:
                 upsert_batch.release(resolved)
@@ -234,6 +267,8 @@ class ForeachBatchSink:
         query_id: str,
         batch_id: int,
         run_id: str | None,
+        *,
+        letters: DataFrame | None = None,
     ) -> BatchOutcome:
         committer = self._committer
         assert committer is not None
@@ -243,9 +278,15 @@ class ForeachBatchSink:
             reason = spark_fs.unwritable_reason(spark, plan.data_prefix)  # e.g. s3a:// without hadoop-aws
         if self.options.writer is WriterKind.SPARK and reason is not None:
             raise InvalidOptionError(f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'")
+        if plan.row_checks is not None and reason is None:
+            reason = "option dead-letter-table: rows are sorted in Python workers"
         if self.options.writer is WriterKind.ARROW or reason is not None:
             rows = df.mapInArrow(PartitionWriter(plan, batch_id, run_id), TASK_RESULT_SCHEMA).collect()
             results = [pickle.loads(r[0]) for r in rows]
+            if letters is not None and plan.row_checks is not None:  # taken out before the upsert resolution
+                only = dataclasses.replace(plan, row_checks=dataclasses.replace(plan.row_checks, letters_only=True))
+                more = letters.mapInArrow(PartitionWriter(only, batch_id, run_id), TASK_RESULT_SCHEMA).collect()
+                results += [pickle.loads(r[0]) for r in more]
             directory = None
         else:
             written = spark_write.write_batch(
@@ -272,6 +313,7 @@ class ForeachBatchSink:
                 run_id=run_id,
                 table_uuid=plan.table_uuid,
                 changes=resolved.keys if resolved is not None else None,
+                batch_time=self._batch_time(spark, df, query_id, batch_id),
             )
         except BaseException:
             # what Spark does for a data source whose commit raised: abort with the complete messages
@@ -314,7 +356,12 @@ class ForeachBatchSink:
             results = [pickle.loads(r[0]) for r in df.mapInArrow(writer, TASK_RESULT_SCHEMA).collect()]
         try:
             return routed.commit_batch(
-                query_id=query_id, batch_id=batch_id, results=results, source_offsets=offsets, run_id=run_id
+                query_id=query_id,
+                batch_id=batch_id,
+                results=results,
+                source_offsets=offsets,
+                run_id=run_id,
+                batch_time=self._batch_time(spark, df, query_id, batch_id),
             )
         except BaseException:
             try:
@@ -368,6 +415,10 @@ class ForeachBatchSink:
         if checkpoint is None:
             return None
         return read_source_offsets(checkpoint, batch_id)
+
+    def _batch_time(self, spark: SparkSession, df: DataFrame, query_id: str, batch_id: int) -> BatchTime:
+        checkpoint = self.options.checkpoint_location or self._find_checkpoint(spark, query_id)
+        return completeness.batch_time(self.options, checkpoint, batch_id, has_watermark=completeness.watermarked(df.schema))
 
     def _find_checkpoint(self, spark: SparkSession, query_id: str) -> str | None:
         if query_id not in self._checkpoints:

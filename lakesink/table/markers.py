@@ -34,11 +34,13 @@ from lakesink.table.keys import (
     SUMMARY_BATCH_ID,
     SUMMARY_COMMIT_ID,
     SUMMARY_COMMIT_STARTED_MS,
+    SUMMARY_EVENT_TIME_MAX,
     SUMMARY_PREVIOUS_BATCH_ID,
     SUMMARY_QUERY_ID,
     SUMMARY_RUN_ID,
     SUMMARY_SINK_ID,
     SUMMARY_SOURCE_OFFSETS,
+    SUMMARY_WATERMARK,
 )
 
 _RECHECK_DEPTH = 1000
@@ -58,6 +60,11 @@ class CommittedBatch:
     """Spark's run id of the query run that committed the batch (None when unknown, e.g. ``format("lakesink")``)."""
     offsets: str | None = None
     """:func:`offsets_digest` of the batch's source offsets (None when they were not readable)."""
+    watermark: int | None = None
+    """The watermark recorded with the batch (``lakesink.watermark``, ms; None: the query has none): empty batches
+    record theirs here only."""
+    event_time_max: int | None = None
+    """The largest event time (ms) the query committed through this batch (option ``event-time``)."""
 
     def to_property(self) -> str:
         value: dict[str, object] = {"batch-id": self.batch_id, "snapshot-id": self.snapshot_id, "commit-id": self.commit_id}
@@ -69,6 +76,10 @@ class CommittedBatch:
             value["run-id"] = self.run_id
         if self.offsets is not None:
             value["offsets"] = self.offsets
+        if self.watermark is not None:
+            value["watermark"] = self.watermark
+        if self.event_time_max is not None:
+            value["event-time-max"] = self.event_time_max
         return json.dumps(value)
 
 
@@ -110,7 +121,13 @@ def last_committed_batch(table_properties: Mapping[str, str], query_id: str, sin
         empty=bool(value.get("empty", False)),
         run_id=value.get("run-id"),
         offsets=value.get("offsets"),
+        watermark=_int_or_none(value.get("watermark")),
+        event_time_max=_int_or_none(value.get("event-time-max")),
     )
+
+
+def _int_or_none(value: object) -> int | None:
+    return int(str(value)) if value is not None else None
 
 
 class SnapshotIndex:
@@ -202,6 +219,8 @@ def last_committed_on_branch(
                 branch=branch,
                 run_id=props.get(SUMMARY_RUN_ID),
                 offsets=offsets_digest(props.get(SUMMARY_SOURCE_OFFSETS)),
+                watermark=_int_or_none(props.get(SUMMARY_WATERMARK)),
+                event_time_max=_int_or_none(props.get(SUMMARY_EVENT_TIME_MAX)),
             )
     return None
 

@@ -428,3 +428,47 @@ def test_glue_commits_table_by_table_and_a_replay_completes(glue_catalog_propert
     assert ids(props, f"{ns}.a") == Counter([1]) and ids(props, f"{ns}.b") == Counter()
     run(RoutedCommitter(options(props, namespace=ns), SCHEMA), 0, {"a": [1], "b": [2]})
     assert ids(props, f"{ns}.a") == Counter([1]) and ids(props, f"{ns}.b") == Counter([2])
+
+
+SIX: dict[str | None, list[int]] = {f"t{i}": [i] for i in range(6)}
+
+
+def test_a_large_unit_is_prepared_in_parallel_and_a_conflict_on_a_later_table_rolls_back_every_row(
+    catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """Six tables: prepared on a pool of threads, the first row swapped alone, the other five in one statement (one
+    compare-and-swap each): another writer moving the fifth table rolls the whole unit back, and it is retried."""
+    rc = routed(catalog_properties)
+    run(rc, 0, SIX)
+    results = [write(rc, 1, {name: [100 + ids[0]] for name, ids in SIX.items()})]
+    other = RoutedCommitter(options(catalog_properties, **{"sink-id": "other"}), SCHEMA)
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    box: list[Any] = []
+    t = threading.Thread(
+        target=lambda: box.append(rc.commit_batch(query_id=Q, batch_id=1, results=results, source_offsets=OFFSETS))
+    )
+    t.start()
+    faults.wait_reached(DRIVER_BEFORE_SWAP)
+    faults.clear()
+    other.commit_batch(query_id="other-query", batch_id=0, results=[write(other, 0, {"t4": [999]})], source_offsets=OFFSETS)
+    faults.release(DRIVER_BEFORE_SWAP)
+    t.join(120)
+    out = box[0]
+    assert {o.outcome for o in out.tables.values()} == {Outcome.COMMITTED} and {o.retries for o in out.tables.values()} == {1}
+    for name, first in SIX.items():
+        extra = [999] if name == "t4" else []
+        assert ids(catalog_properties, f"db.{name}") == Counter([first[0], 100 + first[0], *extra]), name
+        attempts = [s["summary"]["lakesink.commit-attempt"] for s in snapshots(catalog_properties, f"db.{name}")]
+        assert attempts[-1] == "2"  # no table kept the first attempt's swap
+
+
+def test_a_fault_inside_the_transaction_of_a_large_unit_commits_no_table(catalog_properties: dict[str, str], faults: Any) -> None:
+    rc = routed(catalog_properties, **{"table-property.commit.retry.num-retries": "0"})
+    faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")
+    with pytest.raises(CommitConflictError, match="nothing was committed"):
+        run(rc, 0, SIX)
+    for name in SIX:
+        assert ids(catalog_properties, f"db.{name}") == Counter()
+    run(rc, 0, SIX)
+    for name, want in SIX.items():
+        assert ids(catalog_properties, f"db.{name}") == Counter(want)

@@ -119,3 +119,28 @@ def test_refusals_at_start(spark: Any, tmp_path: Path, catalog_properties: dict[
     with pytest.raises(Exception, match="'route-by' cannot be used with output mode 'complete'"):
         run_to_end(q.outputMode("complete").trigger(availableNow=True).start())
     assert not catalogs.load(None, catalog_properties).table_exists(("db", "x"))
+
+
+def test_a_routed_stream_commits_each_batch_through_one_rest_transaction(
+    spark: Any, tmp_path: Path, txn_catalog_properties: dict[str, str], txn_proxy: Any, faults: Any
+) -> None:
+    """A REST catalog that serves transactions/commit (the tests' own server, tests/support/txn_rest_server.py): every
+    batch of four tables is one POST .../transactions/commit, never a table's own commit; a crash after it is
+    replayed and skipped in every table. format("lakesink") refuses a REST catalog at start (it would have to place
+    tables the server places): foreach_batch."""
+    refused = RoutedStream(spark, tmp_path / "format", txn_catalog_properties, "format")
+    refused.add_input(files=1)
+    with pytest.raises(StreamingQueryException, match="places its tables itself"):
+        refused.run()
+    s = RoutedStream(spark, tmp_path / "foreach", txn_catalog_properties, "foreach")
+    s.add_input(files=2)
+    s.run()
+    s.add_input(files=1)
+    faults.arm(DRIVER_AFTER_SWAP, "raise")
+    with pytest.raises(StreamingQueryException):
+        s.run()
+    faults.clear()
+    s.run()
+    s.assert_exactly_once()
+    assert txn_proxy.count("transaction", forwarded=True) == 3  # batches 0, 1 and 2, each one request
+    assert txn_proxy.count("commit", forwarded=True) == 0  # no table committed on its own

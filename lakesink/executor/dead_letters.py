@@ -1,0 +1,205 @@
+"""Executor side: a task's rows sorted into good rows and dead letters (option ``dead-letter-table``).
+
+Runs in Spark's Python workers, for both entry points (``format("lakesink")``'s writer and ``foreach_batch``'s Arrow
+path run the same :class:`~lakesink.executor.task_writer.TaskWriter`), so the same input gives the same dead letters.
+Each row is checked in this order and becomes one dead letter, with the first error it has:
+
+1. ``reject-when``: the option's expression is true for it (foreach_batch: Spark computed it into a column;
+   format("lakesink"): Iceberg's expression parser, evaluated on Arrow);
+2. ``null-upsert-key``: a key column of option ``upsert-key`` is null;
+3. ``required-null``: a required (NOT NULL) column or nested field of the table is null where its parent is present.
+
+One classification step, :meth:`RowSorter.sort`, is where a routed sink's ``invalid-route`` joins (issue 22). A row
+that crashes the worker is no data error: the task fails, Spark fails the batch, nothing is committed.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.expressions import BooleanExpression
+from pyiceberg.schema import Schema
+
+from lakesink._pyiceberg import io as seam
+from lakesink.errors import LakesinkError
+from lakesink.executor.messages import RowChecks
+from lakesink.table import dead_letters as dl
+
+_TOKEN = uuid.uuid4().hex  # marks a decimal in the JSON text (a string of the row cannot hold it by chance)
+_DECIMAL = re.compile(r'"\\u0000' + _TOKEN + r'([-+0-9.Ee]+)\\u0000"')
+
+#: How many rejections a task reports by their message (for the error of max-rejected-fraction)
+MAX_REASONS = 5
+
+
+class RowSorter:
+    """Sorts one task's batches: :meth:`sort` returns a batch's good rows and keeps its dead letters."""
+
+    def __init__(
+        self,
+        checks: RowChecks,
+        *,
+        table: str,
+        query_id: str,
+        batch_id: int,
+        project: Callable[[pa.RecordBatch], tuple[pa.RecordBatch, Schema]],
+    ):
+        self._checks = checks
+        self._table = table
+        self._query_id = query_id
+        self._batch_id = batch_id
+        self._project = project
+        """The batch as the table's files hold it (cast, projected), and the stream schema with the table's field ids."""
+        self._filter: BooleanExpression | None = None
+        self.letters: list[pa.RecordBatch] = []
+        self.rows_in = 0
+        self.rejected = 0
+        self.reasons: list[str] = []
+
+    def sort(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The good rows of ``batch`` (without the reject column); its dead letters are kept in :attr:`letters`."""
+        n = batch.num_rows
+        self.rows_in += n
+        reject: pa.Array | None = None
+        if self._checks.reject_column and dl.REJECT_COLUMN in batch.schema.names:
+            reject = pc.fill_null(batch.column(dl.REJECT_COLUMN), False)
+            batch = batch.drop_columns([dl.REJECT_COLUMN])
+        if n == 0:
+            return batch
+        error = np.full(n, None, dtype=object)
+        column = np.full(n, None, dtype=object)
+        message = np.full(n, None, dtype=object)
+
+        def mark(mask: Any, kind: str, col: str | None, text: str) -> None:
+            hit = np.asarray(mask, dtype=bool) & (error == None)  # noqa: E711 (numpy elementwise)
+            error[hit], column[hit], message[hit] = kind, col, text
+
+        projected, source = self._project(batch)
+        if not self._checks.reject_column and self._checks.reject_when is not None:
+            if self._filter is None:
+                self._filter = seam.bind_row_filter(self._checks.reject_when, source)
+            reject = seam.matching_rows(batch, source, self._filter)
+        if reject is not None:
+            mark(reject.to_numpy(zero_copy_only=False), dl.REJECT_WHEN, None, f"reject-when is true: {self._reject_text}")
+        for key in self._checks.upsert_key:
+            if key in batch.schema.names:
+                mark(
+                    batch.column(key).is_null().to_numpy(zero_copy_only=False),
+                    dl.NULL_UPSERT_KEY,
+                    key,
+                    f"upsert key column {key!r} is null",
+                )
+        for field, array in zip(projected.schema, projected.columns, strict=True):
+            for path, rows in _null_rows(array, field, field.name, None, None):
+                mask = np.zeros(n, dtype=bool)
+                mask[rows] = True
+                mark(mask, dl.REQUIRED_NULL, path, f"column {path!r} is required (NOT NULL) in table {self._table} and is null")
+        bad = error != None  # noqa: E711
+        if self._checks.letters_only and not bad.all():
+            raise LakesinkError(
+                f"batch {self._batch_id}: a row taken out of the batch as a dead letter passes every check (the reject "
+                "expression or a key gave different answers twice); nothing was committed"
+            )
+        if not bad.any():
+            return batch
+        bad_rows = pa.array(np.flatnonzero(bad), pa.int64())
+        rejected = batch.take(bad_rows)
+        now = dt.datetime.now(dt.timezone.utc)
+        count = len(bad_rows)
+        self.letters.append(
+            pa.record_batch(
+                [
+                    pa.array(error[bad].tolist(), pa.string()),
+                    pa.array(column[bad].tolist(), pa.string()),
+                    pa.array(message[bad].tolist(), pa.string()),
+                    pa.array(list(_json_rows(rejected)), pa.string()),
+                    pa.array([self._table] * count, pa.string()),
+                    pa.array([self._query_id] * count, pa.string()),
+                    pa.array([self._batch_id] * count, pa.int64()),
+                    pa.array([now] * count, pa.timestamp("us", tz="UTC")),
+                ],
+                schema=dl.SCHEMA,
+            )
+        )
+        self.rejected += count
+        for i in np.flatnonzero(bad)[: max(0, MAX_REASONS - len(self.reasons))]:
+            self.reasons.append(f"{error[i]}: {message[i]}")
+        return batch.filter(pa.array(~bad))
+
+    @property
+    def _reject_text(self) -> str:
+        return self._checks.reject_when or "(option reject-when)"
+
+
+def _null_rows(
+    array: pa.Array | pa.ChunkedArray, field: pa.Field, path: str, present: pa.Array | None, rows_of: np.ndarray | None
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(column path, top-level row indices) for every NOT NULL field holding nulls where its parent is present;
+    ``rows_of``: the top-level row of each element of ``array`` (None: they are the top-level rows)."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    valid = array.is_valid()
+    if not field.nullable:
+        missing = pc.invert(valid) if present is None else pc.and_(present, pc.invert(valid))
+        where = np.flatnonzero(missing.to_numpy(zero_copy_only=False))
+        if len(where):
+            yield path, (where if rows_of is None else np.unique(rows_of[where]))
+    here = valid if present is None else pc.and_(present, valid)
+    t = field.type
+    if pa.types.is_struct(t):
+        for i, child in enumerate(t):
+            yield from _null_rows(array.field(i), child, f"{path}.{child.name}", here, rows_of)
+    elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
+        # the elements of each slot, from the offsets (pc.list_parent_indices aborts the process on a map array:
+        # pyarrow 26, array_nested.cc "Check failed"); elements under a null slot are not checked
+        offsets = array.offsets.to_numpy(zero_copy_only=False)
+        start, end = int(offsets[0]), int(offsets[-1])
+        parents = np.repeat(np.arange(len(array)), np.diff(offsets))
+        child_rows = parents if rows_of is None else rows_of[parents]
+        under = pa.array(here.to_numpy(zero_copy_only=False)[parents], pa.bool_())
+        if pa.types.is_map(t):
+            yield from _null_rows(array.keys.slice(start, end - start), t.key_field, f"{path}.key", under, child_rows)
+            yield from _null_rows(array.items.slice(start, end - start), t.item_field, f"{path}.value", under, child_rows)
+        else:
+            yield from _null_rows(array.values.slice(start, end - start), t.value_field, f"{path}.element", under, child_rows)
+
+
+def _json_rows(batch: pa.RecordBatch) -> Iterator[str]:
+    """Each row as one JSON object, as Spark's ``to_json`` would write it (so ``from_json`` reads it back): maps as
+    objects, timestamps in ISO 8601 (UTC with ``Z``), decimals as numbers, binary as base64."""
+    types = {f.name: f.type for f in batch.schema}
+    for row in batch.to_pylist():
+        text = json.dumps({k: _jsonable(v, types[k]) for k, v in row.items()}, separators=(",", ":"), ensure_ascii=False)
+        yield _DECIMAL.sub(r"\1", text) if "\\u0000" in text else text
+
+
+def _jsonable(value: Any, t: pa.DataType) -> Any:
+    if value is None:
+        return None
+    if pa.types.is_struct(t):
+        return {f.name: _jsonable(value.get(f.name), f.type) for f in t}
+    if pa.types.is_map(t):
+        return {str(k): _jsonable(v, t.item_type) for k, v in value}
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return [_jsonable(v, t.value_type) for v in value]
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            return value.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+        return value.isoformat()
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return f"\x00{_TOKEN}{value}\x00"  # written as a JSON number, digit for digit (json has no exact decimals)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    return value

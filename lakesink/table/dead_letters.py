@@ -1,0 +1,52 @@
+"""The dead-letter table's model: its columns and the error kinds of the rows in it (anywhere: executors build the
+rows, the driver creates and checks the table, the audit commands count them). docs/dead-letters.md.
+
+Columns (lakesink creates the table with them; a table with more columns is fine, lakesink leaves them null):
+
+- ``error``: the kind, one of :data:`ERROR_KINDS`;
+- ``column``: the column (dotted path for a nested field) the error is about, null when it is about the whole row;
+- ``message``: what is wrong, for a person;
+- ``row``: the whole original row as JSON (as the stream delivered it), to repair and replay;
+- ``table``: the table the row was meant for;
+- ``query_id``, ``batch_id``: the streaming query and micro-batch that rejected it (as in the snapshot summaries);
+- ``rejected_at``: when the executor rejected it (UTC).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+ERROR = "error"
+COLUMN = "column"
+MESSAGE = "message"
+ROW = "row"
+TABLE = "table"
+QUERY_ID = "query_id"
+BATCH_ID = "batch_id"
+REJECTED_AT = "rejected_at"
+
+SCHEMA = pa.schema(
+    [
+        pa.field(ERROR, pa.string(), nullable=False),
+        pa.field(COLUMN, pa.string()),
+        pa.field(MESSAGE, pa.string(), nullable=False),
+        pa.field(ROW, pa.string(), nullable=False),
+        pa.field(TABLE, pa.string(), nullable=False),
+        pa.field(QUERY_ID, pa.string(), nullable=False),
+        pa.field(BATCH_ID, pa.int64(), nullable=False),
+        pa.field(REJECTED_AT, pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+"""The columns lakesink writes (Arrow; the Iceberg table gets them with these types, NOT NULL as here)."""
+
+REJECT_WHEN = "reject-when"
+"""The row matched option ``reject-when``."""
+REQUIRED_NULL = "required-null"
+"""A null in a required (NOT NULL) column or nested field of the table; ``column`` names it."""
+NULL_UPSERT_KEY = "null-upsert-key"
+"""With option ``upsert-key``: a null in a key column; ``column`` names it."""
+INVALID_ROUTE = "invalid-route"
+"""Reserved for routed sinks (option ``route-by``): the row's route names no valid table."""
+ERROR_KINDS = (REJECT_WHEN, REQUIRED_NULL, NULL_UPSERT_KEY, INVALID_ROUTE)
+
+from lakesink.table.keys import REJECT_COLUMN as REJECT_COLUMN  # noqa: E402 (re-exported beside the error kinds)

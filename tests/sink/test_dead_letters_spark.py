@@ -1,0 +1,260 @@
+"""Dead letters through both entry points in real Spark: the same input gives the same good rows and the same dead
+letters on both; SIGKILL rounds (in a job process of its own) never leave a batch's good rows without its dead letters
+or the reverse, and a replay never duplicates one; a poison row that crashes a Python worker fails the batch loudly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.types import DoubleType, LongType, NestedField, StringType, StructType
+
+import lakesink
+from lakesink.driver import catalogs
+from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, EXECUTOR_BEFORE_RETURN
+from lakesink.table import dead_letters as dl
+from lakesink.table.markers import last_committed_batch
+from tests.jobs import dead_letter_job as job
+from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE_SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "user", StringType(), required=True),
+    NestedField(3, "amount", DoubleType(), required=False),
+    NestedField(
+        4,
+        "address",
+        StructType(NestedField(5, "city", StringType(), required=True), NestedField(6, "zip", StringType(), required=False)),
+        required=False,
+    ),
+)
+
+
+class Input:
+    """Input files of unique ids; every 10 rows: a null user, a negative amount, a null city.
+
+    (A null ``address`` is left out: pyarrow's Parquet writer refuses a null struct whose NOT NULL field is null under it,
+    "Column 'city' is declared non-nullable but contains nulls" -- a loud failure of the Arrow path with or without
+    dead letters, found here and reported, not this issue's.)"""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.good: list[int] = []
+        self.letters: Counter[tuple[int, str, str | None]] = Counter()
+        self.files = 0
+
+    def add(self, files: int, rows: int = 20, *, all_bad: bool = False, poison: bool = False) -> None:
+        for _ in range(files):
+            lines = []
+            for r in range(rows):
+                i = 1000 * (self.files + 1) + r
+                row: dict[str, Any] = {"id": i, "user": f"u{i}", "amount": float(i), "address": {"city": "c", "zip": None}}
+                kind = 0 if all_bad else i % 10
+                if kind == 0:
+                    row["user"] = None
+                    self.letters[(i, dl.REQUIRED_NULL, "user")] += 1
+                elif kind == 1:
+                    row["amount"] = -1.0
+                    self.letters[(i, dl.REJECT_WHEN, None)] += 1
+                elif kind == 2:
+                    row["address"] = {"city": None, "zip": "z"}
+                    self.letters[(i, dl.REQUIRED_NULL, "address.city")] += 1
+                else:
+                    self.good.append(i)
+                if poison and r == 0:
+                    row["id"] = job.POISON
+                lines.append(json.dumps(row))
+            path = self.folder / f"part-{self.files:05d}.json"
+            tmp = self.folder / f".part-{self.files:05d}.tmp"
+            tmp.write_text("\n".join(lines) + "\n")
+            tmp.rename(path)
+            os.utime(path, (1_700_000_000 + self.files, 1_700_000_000 + self.files))  # file n is batch n
+            self.files += 1
+
+
+def create(props: dict[str, str]) -> None:
+    cat = catalogs.load(None, props)
+    cat.create_namespace_if_not_exists("db")
+    cat.create_table(("db", "events"), schema=TABLE_SCHEMA)
+
+
+def load(props: dict[str, str], name: str) -> Table:
+    return catalogs.load(None, props).load_table(("db", name))
+
+
+def ids(table: Table) -> Counter[int]:
+    return (
+        Counter(table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
+        if table.current_snapshot()
+        else Counter()
+    )
+
+
+def letters(props: dict[str, str]) -> list[dict[str, Any]]:
+    t = load(props, "dead")
+    return t.scan().to_arrow().to_pylist() if t.current_snapshot() else []
+
+
+def letter_keys(props: dict[str, str]) -> Counter[tuple[int, str, str | None]]:
+    return Counter((json.loads(r["row"])["id"], r["error"], r["column"]) for r in letters(props))
+
+
+def batches(table: Table, query_id: str | None) -> int | None:
+    if query_id is None:
+        return None
+    marker = next((last_committed_batch(table.properties, q, s) for q, s in _markers(table) if q == query_id), None)
+    return marker.batch_id if marker else None
+
+
+def _markers(table: Table) -> list[tuple[str, str | None]]:
+    from lakesink.table.markers import parse_last_batch_key
+
+    return [p for k in table.properties if (p := parse_last_batch_key(k)) is not None]
+
+
+def catalog(tmp_path: Path, name: str) -> dict[str, str]:
+    (tmp_path / f"warehouse-{name}").mkdir()
+    return {"type": "sql", "uri": f"sqlite:///{tmp_path}/{name}.db", "warehouse": f"file://{tmp_path}/warehouse-{name}"}
+
+
+def test_both_entry_points_give_the_same_good_rows_and_dead_letters(spark: Any, tmp_path: Path) -> None:
+    src = Input(tmp_path / "input")
+    src.add(files=3)
+    got: dict[str, Any] = {}
+    for entry in ("format", "foreach"):
+        props = catalog(tmp_path, entry)
+        create(props)
+        q = job.start(spark, job.stream(spark, str(src.folder)), props, str(tmp_path / f"ck-{entry}"), entry)
+        q.awaitTermination()  # type: ignore[attr-defined]
+        assert ids(load(props, "events")) == Counter(src.good), entry
+        assert letter_keys(props) == src.letters, entry
+        for table in (load(props, "events"), load(props, "dead")):
+            assert [s["batch_id"] for s in lakesink_snapshots(table)] == [0, 1, 2], entry
+            assert_snapshot_invariants(table)
+        got[entry] = Counter((r["error"], r["column"], r["message"], r["row"], r["table"], r["batch_id"]) for r in letters(props))
+    assert got["format"] == got["foreach"]  # the same dead-letter table, to the JSON of each row
+
+
+def test_every_row_bad_and_a_bad_row_in_every_task(spark: Any, tmp_path: Path) -> None:
+    src = Input(tmp_path / "input")
+    src.add(files=1, all_bad=True)
+    src.add(files=1, rows=30)
+    for entry in ("format", "foreach"):
+        props = catalog(tmp_path, entry)
+        create(props)
+        df = job.stream(spark, str(src.folder)).repartition(3, "id")  # three tasks per batch, each with bad rows
+        q = job.start(spark, df, props, str(tmp_path / f"ck-{entry}"), entry)
+        q.awaitTermination()  # type: ignore[attr-defined]
+        assert ids(load(props, "events")) == Counter(src.good), entry
+        assert letter_keys(props) == src.letters, entry
+        by_batch = Counter(r["batch_id"] for r in letters(props))
+        assert by_batch[0] == 20, entry  # batch 0: every row a dead letter; the table records the batch without a file
+        snaps = lakesink_snapshots(load(props, "events"))
+        assert [(s["batch_id"], s["summary"]["lakesink.dead-letters"]) for s in snaps] == [(0, "20"), (1, str(by_batch[1]))]
+        assert snaps[0]["summary"].get("added-records", "0") == "0"
+
+
+def _job(props: dict[str, str], src: Path, ck: Path, entry: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.jobs.dead_letter_job", json.dumps(props), str(src), str(ck), entry, *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+@pytest.mark.parametrize("entry", ["format", "foreach"])
+def test_sigkill_rounds_never_split_a_batch_from_its_dead_letters(tmp_path: Path, faults: Any, entry: str) -> None:
+    props = catalog(tmp_path, "c")
+    create(props)
+    src = Input(tmp_path / "input")
+    ck = tmp_path / "ck"
+    for point in (EXECUTOR_BEFORE_RETURN, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP):
+        src.add(files=1)
+        faults.arm(point, "kill")
+        run = _job(props, src.folder, ck, entry)
+        assert run.returncode != 0 and faults.fired(point), (point, run.stdout[-2000:], run.stderr[-3000:])
+        query_id = json.loads((ck / "metadata").read_text())["id"] if (ck / "metadata").exists() else None
+        events, dead = load(props, "events"), load(props, "dead")
+        # after every kill: each batch in both tables or in neither
+        assert batches(events, query_id) == batches(dead, query_id), point
+    faults.clear()
+    run = _job(props, src.folder, ck, entry)
+    assert run.returncode == 0 and "JOB DONE" in run.stdout, run.stderr[-3000:]
+    assert ids(load(props, "events")) == Counter(src.good)
+    assert letter_keys(props) == src.letters  # each dead letter once: no replay duplicated one
+    for table in (load(props, "events"), load(props, "dead")):
+        assert [s["batch_id"] for s in lakesink_snapshots(table)] == [0, 1, 2]
+        assert_snapshot_invariants(table)
+
+
+@pytest.mark.parametrize("entry", ["format", "foreach"])
+def test_a_poison_row_that_crashes_a_worker_fails_the_batch_without_dead_letters(tmp_path: Path, entry: str) -> None:
+    props = catalog(tmp_path, "c")
+    create(props)
+    src = Input(tmp_path / "input")
+    src.add(files=1, poison=True)
+    run = _job(props, src.folder, tmp_path / "ck", entry, "--poison")
+    assert run.returncode != 0 and "JOB DONE" not in run.stdout
+    assert "Python worker exited unexpectedly" in run.stderr or "crashed" in run.stderr, run.stderr[-3000:]
+    assert load(props, "events").current_snapshot() is None
+    assert letters(props) == []  # not a data error: no dead letter
+
+
+def test_null_upsert_keys_are_dead_letters_on_both_entry_points(spark: Any, tmp_path: Path) -> None:
+    """With upsert-key: a null key or a rejected row is a dead letter; the other rows upsert as usual (batch 1 updates
+    a key of batch 0). foreach_batch takes them out before Spark resolves the batch, format("lakesink")'s tasks before
+    they resolve theirs: the same tables."""
+    src = tmp_path / "input"
+    src.mkdir()
+    batches_in: list[list[dict[str, Any]]] = [
+        [{"id": i, "user": f"a{i}", "amount": float(i)} for i in range(1, 6)]
+        + [{"id": None, "user": "null-key-0", "amount": 1.0}, {"id": 9, "user": "negative-0", "amount": -1.0}],
+        [{"id": 2, "user": "a2-updated", "amount": 20.0}, {"id": None, "user": "null-key-1", "amount": -3.0}],
+    ]
+    for n, rows in enumerate(batches_in):
+        path = src / f"part-{n}.json"
+        path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
+    got: dict[str, Any] = {}
+    for entry in ("format", "foreach"):
+        props = catalog(tmp_path, entry)
+        df = spark.readStream.schema("id long, user string, amount double").option("maxFilesPerTrigger", 1).json(str(src))
+        options = {"upsert-key": "id", "dead-letter-table": "db.dead", "reject-when": job.REJECT_WHEN}
+        if entry == "format":
+            w = df.writeStream.format("lakesink").option("table", "db.events")
+            for k, v in {**options, **{f"catalog.{k}": v for k, v in props.items()}}.items():
+                w = w.option(k, v)
+        else:
+            sink: Any = lakesink.foreach_batch(
+                "db.events", catalog_properties=props, upsert_key="id", dead_letter_table="db.dead", reject_when=job.REJECT_WHEN
+            )
+            w = df.writeStream.foreachBatch(sink)
+        q = w.option("checkpointLocation", str(tmp_path / f"ck-{entry}")).trigger(availableNow=True).start()
+        q.awaitTermination()
+        table = load(props, "events")
+        kept = sorted((r["id"], r["user"]) for r in table.scan().to_arrow().to_pylist())
+        assert kept == [(1, "a1"), (2, "a2-updated"), (3, "a3"), (4, "a4"), (5, "a5")], entry
+        dead = Counter((json.loads(r["row"])["user"], r["error"], r["column"], r["batch_id"]) for r in letters(props))
+        assert dead == Counter(
+            [
+                ("null-key-0", dl.NULL_UPSERT_KEY, "id", 0),
+                ("negative-0", dl.REJECT_WHEN, None, 0),
+                ("null-key-1", dl.REJECT_WHEN, None, 1),  # both errors: reject-when is checked first
+            ]
+        ), entry
+        got[entry] = Counter((r["error"], r["column"], r["message"], r["row"], r["batch_id"]) for r in letters(props))
+    assert got["format"] == got["foreach"]
