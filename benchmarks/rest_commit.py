@@ -12,6 +12,7 @@ The table is read back at the end: ids 0..n-1, each once.
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -38,7 +39,10 @@ def _run(props: dict[str, str], namespace: str, batches: int, interval: float, p
     )
     sink.open_table(arrow_rows([]).schema)
     commit_ms: list[float] = []
+    load1: list[float] = []
+    metadata_kib: list[float] = []
     requests: list[dict[str, int]] = []
+    unusual: list[dict[str, Any]] = []
     lag = 0.0
     next_tick = time.monotonic()
     for b in range(batches + 1):
@@ -52,8 +56,13 @@ def _run(props: dict[str, str], namespace: str, batches: int, interval: float, p
         assert outcome.outcome is Outcome.COMMITTED, outcome
         if b > 0:
             commit_ms.append(outcome.commit_ms)
+            load1.append(os.getloadavg()[0])
             if proxy is not None:
                 requests.append(dict(Counter(e.kind for e in proxy.exchanges)))
+                if len(proxy.exchanges) > 2:  # what a batch needing more than a read and a commit met
+                    unusual.append({"batch": b, "exchanges": [(e.kind, e.status, e.fault) for e in proxy.exchanges]})
+            # after the counts: this read of the table is the harness's, not the batch's
+            metadata_kib.append(_metadata_bytes(sink.reload_table().metadata_location) / 1024)
         next_tick += interval
         sleep = next_tick - time.monotonic()
         if sleep > 0:
@@ -71,11 +80,43 @@ def _run(props: dict[str, str], namespace: str, batches: int, interval: float, p
         "commit_ms_trend": trend(commit_ms),
         "seconds_behind_the_trigger": round(lag, 1),
         "exact": exact,
+        "by_tenth": _by_tenth(commit_ms, load1, metadata_kib),
+        "series": {
+            "commit_ms": [round(v, 1) for v in commit_ms],
+            "load1": load1,
+            "metadata_kib": [round(v, 1) for v in metadata_kib],
+        },
     }
+    if unusual:
+        out["batches_with_more_requests"] = unusual
     if requests:
         per_batch = [sum(r.values()) for r in requests]
         out["http_requests_per_batch"] = {"max": max(per_batch), "mean": statistics.fmean(per_batch)}
         out["http_requests_by_kind"] = dict(sum((Counter(r) for r in requests), Counter()))
+    return out
+
+
+def _metadata_bytes(location: str) -> int:
+    """The size of the table's current metadata.json (the warehouses here are local folders)."""
+    return Path(location.removeprefix("file:").removeprefix("//")).stat().st_size
+
+
+def _by_tenth(commit_ms: list[float], load1: list[float], metadata_kib: list[float]) -> list[dict[str, Any]]:
+    """Per tenth of the run: the median commit_ms, the median 1-minute load average, the metadata.json size at its end
+    -- to tell growth with the table's history from the load of a shared machine."""
+    n = len(commit_ms)
+    out = []
+    for k in range(10):
+        lo, hi = k * n // 10, (k + 1) * n // 10
+        if hi > lo:
+            out.append(
+                {
+                    "batches": f"{lo + 1}-{hi}",
+                    "commit_ms_p50": round(statistics.median(commit_ms[lo:hi]), 1),
+                    "load1_p50": round(statistics.median(load1[lo:hi]), 2),
+                    "metadata_kib": round(metadata_kib[hi - 1], 1),
+                }
+            )
     return out
 
 
