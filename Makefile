@@ -21,7 +21,7 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# the fast lane (774 tests, about 195 s of CPU; 9.5 min of wall time on a shared 2-core machine under load 6-8):
+# the fast lane (~900 tests; 818 took 15.8 min of wall time on a shared 2-core machine under load 5-12, 2026-11-23):
 # no Spark, no PostgreSQL server, no REST catalog server (lakana, marker rest), no waiting out timeouts -- table, executor,
 # driver (SQLite; AWS Glue on moto's server and the tests' own in-process REST fixture server with transactions/commit),
 # maintenance, audit, CLI, seam contract, executor/driver boundary and layout tests. `make test` runs everything it skips.
