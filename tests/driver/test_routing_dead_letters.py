@@ -324,3 +324,25 @@ def test_an_existing_table_without_a_stream_column_takes_its_rows_and_their_dead
     rc.commit_batch(query_id=Q, batch_id=0, results=[writer.write([narrow])], source_offsets=OFFSETS)
     assert ids(catalog_properties, "db.narrow") == Counter([1])
     assert letters(catalog_properties) == Counter([(1001, dl.REJECT_WHEN, None, "db.narrow")])
+
+
+def test_atomic_off_a_crash_between_table_commits_then_a_replay_completes_tables_and_dead_letters(
+    catalog_properties: dict[str, str], faults: Any
+) -> None:
+    from lakesink.errors import InjectedFault
+    from lakesink.faults import DRIVER_BETWEEN_TABLE_COMMITS
+
+    faults.arm(DRIVER_BETWEEN_TABLE_COMMITS, "raise")
+    with pytest.raises(InjectedFault):
+        run(routed(catalog_properties, atomic="off"), 0, {**GOOD, **BAD_ROUTES})
+    assert ids(catalog_properties, "db.a") == Counter([1, 2, 3])  # the first table only
+    assert ids(catalog_properties, "db.b") == Counter() and letters(catalog_properties) == Counter()
+    faults.clear()
+    out = run(routed(catalog_properties, atomic="off"), 0, {**GOOD, **BAD_ROUTES})
+    assert out.tables["db.a"].outcome is Outcome.REPLAY_SKIPPED
+    assert out.dead_letters is not None and out.dead_letters.outcome is Outcome.COMMITTED
+    check_all(catalog_properties)
+    run(routed(catalog_properties, atomic="off"), 0, {**GOOD, **BAD_ROUTES})
+    check_all(catalog_properties)
+    for name in ("db.a", "db.b", "other.c", DEAD):
+        assert len(lakesink_snapshots(catalogs.load_table_fresh(None, dict(catalog_properties), tuple(name.split("."))))) == 1
