@@ -238,8 +238,9 @@ class SinkOptions:
     each table's options are :meth:`for_table`'s."""
 
     def for_table(self, table: TableName) -> SinkOptions:
-        """The options of one table of a routed sink (everything but the routing)."""
-        return replace(self, table=table, routing=None)
+        """The options of one table of a routed sink (everything but the routing; the dead-letter table is the routed
+        sink's, one for all its tables: lakesink.driver.routing)."""
+        return replace(self, table=table, routing=None, dead_letter_table=None)
 
     def __repr__(self) -> str:  # never print catalog secrets
         return (
@@ -359,13 +360,6 @@ class SinkOptions:
             raise InvalidOptionError(f"option '{CATALOG}' must not be empty")
         upsert_key, delete_when, order_by = _parse_upsert(lowered, mode)
         dead_letter_table, reject_when, max_rejected = _parse_dead_letters(lowered, lowered.get(TABLE, ""))
-        if routing is not None and dead_letter_table is not None:
-            # the routed writer (lakesink.executor.routed_writer) does not sort rows yet: refused, never ignored
-            raise InvalidOptionError(
-                f"option '{DEAD_LETTER_TABLE}' cannot be combined with option '{ROUTE_BY}' yet: a routed sink's rows are "
-                "not sorted into dead letters (an invalid route fails the batch); use one sink per table with "
-                f"'{DEAD_LETTER_TABLE}', or route without it"
-            )
         return cls(
             table=ROUTED if routing is not None else TableName.parse(lowered[TABLE]),
             routing=routing,

@@ -173,6 +173,9 @@ class TableCommitter(SinkTable):
         if options.dead_letter_table is not None:
             self.dead_letters = TableCommitter(dead_letters.dead_letter_options(options))
         self._dead_letters_opened = False
+        self.routed_dead_letters: TableCommitter | None = None
+        """Option route-by with dead-letter-table: the routed sink's one dead-letter table (lakesink.driver.routing
+        commits it in the batch's unit); this table's snapshots record their count of dead letters in it."""
 
     # --- plan ---------------------------------------------------------------------------------------
 
@@ -880,7 +883,7 @@ class AppendBatch(_BatchAction):
     def attempt_summary(self, table: Table, attempt: int) -> dict[str, str]:
         done = self.done(table)
         self._recorded = self.recorded(table, [f.statistics for f in self.batch.files])
-        letters = self.committer.dead_letters
+        letters = self.committer.dead_letters or self.committer.routed_dead_letters
         return {
             **self.summary,
             **self._recorded.summary,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,7 +32,7 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
-from lakesink.driver import catalogs, swap
+from lakesink.driver import catalogs, dead_letters, swap
 from lakesink.driver.action import CommitAction
 from lakesink.driver.commit import BatchOutcome, CommitHook, Outcome, TableCommitter
 from lakesink.driver.completeness import BatchTime
@@ -45,14 +45,22 @@ from lakesink.errors import (
     RoutingError,
     TableIdentityChangedError,
 )
-from lakesink.executor.messages import TaskResult, WritePlan, schema_digest
-from lakesink.executor.routed_writer import RoutedPlan, RoutedTaskResult, TableTemplate, conform_to_table, route_of
+from lakesink.executor.messages import RowChecks, TaskResult, WritePlan, schema_digest
+from lakesink.executor.routed_writer import (
+    RoutedPlan,
+    RoutedTaskResult,
+    TableTemplate,
+    conform_to_table,
+    route_of,
+    routed_table,
+)
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import ATOMIC, Atomic, Routing, SinkOptions, TableName
+from lakesink.table import dead_letters as dead_letter_schema
 from lakesink.table import partitioning, storage
 from lakesink.table.keys import SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
 from lakesink.table.markers import parse_last_batch_key
-from lakesink.table.routes import Route, case_collisions, tables_digest
+from lakesink.table.routes import InvalidRoute, Route, case_collisions, tables_digest
 from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
@@ -67,6 +75,8 @@ class RoutedOutcome:
 
     batch_id: int
     tables: Mapping[str, BatchOutcome]
+    dead_letters: BatchOutcome | None = None
+    """Option dead-letter-table: the batch's commit into the dead-letter table (in the same unit as its tables)."""
 
     @property
     def committed(self) -> list[str]:
@@ -145,6 +155,13 @@ class RoutedCommitter:
         self._siblings: dict[tuple[str, ...], list[tuple[str, str]]] = {}
         self._last_tables: tuple[str, ...] = ()
         self._template: TableTemplate | None = None
+        self.dead_letters: TableCommitter | None = None
+        """Option dead-letter-table: one dead-letter table for all the tables of the sink, committed in each batch's
+        unit (a row whose routing value names no valid table is a dead letter there, error ``invalid-route``)."""
+        if options.dead_letter_table is not None:
+            self.dead_letters = TableCommitter(dead_letters.dead_letter_options(options))
+        self._letters_opened = False
+        self._checks: RowChecks | None = None
 
     # --- start ------------------------------------------------------------------------------------
 
@@ -178,20 +195,28 @@ class RoutedCommitter:
         self._uuids.clear()
         self._siblings.clear()
         self._last_tables = ()
+        self._letters_opened = False
 
     def committer(self, name: str) -> TableCommitter:
         found = self._committers.pop(name, None)
         if found is None:
             route = route_of(name, (), self.routing.column, -1)
             found = TableCommitter(self.options.for_table(TableName(route.namespace, route.name)), post_commit=self._post_commit)
+            found.routed_dead_letters = self.dead_letters
         self._committers[name] = found  # most recently used last
         while len(self._committers) > _MAX_COMMITTERS:
             self._committers.popitem(last=False)
         return found
 
     def routes(self, values: Iterable[object], batch_id: int) -> list[Route]:
-        """The tables a batch's routing values name (RoutingError naming a bad value, or two that collide)."""
-        routes = sorted({route_of(v, self.routing.namespace, self.routing.column, batch_id) for v in values})
+        """The tables a batch's routing values name (RoutingError naming a bad value, or two that collide); with
+        option dead-letter-table, values that name no valid table are left out (their rows are dead letters)."""
+        if self.dead_letters is None:
+            routes = sorted({route_of(v, self.routing.namespace, self.routing.column, batch_id) for v in values})
+        else:
+            letters = str(self.dead_letters.options.table)
+            found = (routed_table(v, self.routing.namespace, letters) for v in values)
+            routes = sorted({r for r in found if not isinstance(r, InvalidRoute)})
         clashes = case_collisions(routes)
         if clashes:
             a, b = clashes[0]
@@ -202,7 +227,45 @@ class RoutedCommitter:
             )
         return routes
 
+    def any_invalid(self, values: Iterable[object]) -> bool:
+        """Option dead-letter-table: whether a routing value names no valid table (its rows are dead letters)."""
+        if self.dead_letters is None:
+            return False
+        letters = str(self.dead_letters.options.table)
+        return any(isinstance(routed_table(v, self.routing.namespace, letters), InvalidRoute) for v in values)
+
     # --- plans ------------------------------------------------------------------------------------
+
+    def row_checks(self, query_id: str | None) -> RowChecks | None:
+        """Option dead-letter-table: the checks every task of the batch runs, with the dead-letter table's plan (the
+        table opened, created when missing, and checked at the first plan of a run; read again at every other)."""
+        d = self.dead_letters
+        if d is None:
+            return None
+        if not self._letters_opened:
+            letters_table = d.open_table(dead_letter_schema.SCHEMA)
+            if letters_table.schema().find_field(dead_letter_schema.TABLE).required:
+                # made before routed sinks had dead letters: an invalid route's null value needs an optional column
+                # (required -> optional is a compatible schema change; readers see no difference in the other rows)
+                with letters_table.update_schema() as update:
+                    update.update_column(dead_letter_schema.TABLE, required=False)
+                log.info("lakesink: dead-letter table %s: column %r made optional", d.table_name, dead_letter_schema.TABLE)
+                letters_table = d.reload_table()
+            self._letters_opened = True
+        else:
+            letters_table = d.reload_table()
+        self._checks = RowChecks(d.write_plan(letters_table, query_id), reject_when=self.options.reject_when)
+        return self._checks
+
+    def _checked(self, plan: WritePlan) -> WritePlan:
+        """A table's plan with the batch's row checks; its replay point the last batch in both it and the dead-letter
+        table (a batch the dead-letter table lacks is written again: the one that holds it finds it landed)."""
+        checks = self._checks
+        if checks is None:
+            return plan
+        last, letters = plan.last_committed_batch, checks.dead_letters.last_committed_batch
+        both = None if letters is None or last is None else min(last, letters)
+        return replace(plan, row_checks=checks, last_committed_batch=both)
 
     def template(self) -> TableTemplate | None:
         """How executors write a table not opened yet (format("lakesink")): None when the catalog names no
@@ -262,7 +325,8 @@ class RoutedCommitter:
         return plan
 
     def plans(self, routes: Sequence[Route], query_id: str | None) -> dict[str, WritePlan]:
-        return {str(r): self.plan(r, query_id) for r in routes}
+        self.row_checks(query_id)
+        return {str(r): self._checked(self.plan(r, query_id)) for r in routes}
 
     def written_plans(self, query_id: str | None) -> dict[str, WritePlan]:
         """format("lakesink") at the start of a run: the plans of the tables of option ``namespace`` that this query
@@ -284,9 +348,21 @@ class RoutedCommitter:
                 continue  # dropped meanwhile, or not an Iceberg table
             if any(parse_last_batch_key(k) == (query_id, self.options.sink_id) for k in table.properties):
                 plans[str(route)] = self.plan(route, query_id)
+        if self.dead_letters is not None:
+            self.row_checks(query_id)
+            plans = {name: self._checked(plan) for name, plan in plans.items()}
         return plans
 
-    def routed_plan(self, plans: Mapping[str, WritePlan], query_id: str | None, *, template: bool) -> RoutedPlan:
+    def routed_plan(
+        self, plans: Mapping[str, WritePlan], query_id: str | None, *, template: bool, reject_column: bool = False
+    ) -> RoutedPlan:
+        """``reject_column`` (foreach_batch with option reject-when): Spark computed the expression into the reject
+        column, which every table's row checks read."""
+        if self.dead_letters is not None and self._checks is None:
+            self.row_checks(query_id)
+        if reject_column and self._checks is not None:
+            self._checks = replace(self._checks, reject_column=True)
+            plans = {n: replace(p, row_checks=self._checks) if p.row_checks is not None else p for n, p in plans.items()}
         return RoutedPlan(
             column=self.routing.column,
             namespace=self.routing.namespace,
@@ -294,6 +370,7 @@ class RoutedCommitter:
             template=self.template() if template else None,
             query_id=query_id,
             sink_id=self.options.sink_id,
+            row_checks=self._checks if self.dead_letters is not None else None,
         )
 
     def _sibling_locations(self, route: Route) -> list[tuple[str, str]]:
@@ -337,7 +414,11 @@ class RoutedCommitter:
         run_id = run_id or next((r.run_id for r in results if r.run_id), None)
         names = sorted(by_table)
         routes = self.routes(names, batch_id)
-        if not names:
+        counted = [t for ts in by_table.values() for t in ts] + [r.invalid_routes for r in results if r.invalid_routes]
+        if self.dead_letters is not None:  # max-rejected-fraction over the whole batch (every table, invalid routes)
+            dead_letters.check_rejected(self.options, counted, batch_id=batch_id)
+        letters = [t.dead_letters for t in counted if t.dead_letters is not None]
+        if not names and not any(t.rows_in for t in counted):
             return self._commit_empty(query_id, batch_id, source_offsets, run_id, batch_time)
         unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
         actions: list[tuple[TableCommitter, CommitAction]] = []
@@ -364,9 +445,34 @@ class RoutedCommitter:
                     ),
                 )
             )
+        if self.dead_letters is not None:
+            actions.append(self._letters_action(query_id, batch_id, letters, source_offsets, run_id))
         outcome = self._run(actions, batch_id)
-        self._last_tables = tuple(names)
+        if names:
+            self._last_tables = tuple(names)
         return outcome
+
+    def _letters_action(
+        self, query_id: str, batch_id: int, letters: Sequence[TaskResult], source_offsets: str | None, run_id: str | None
+    ) -> tuple[TableCommitter, CommitAction]:
+        """The batch's commit into the dead-letter table (its dead letters appended, or its marker moved when it has
+        none), one action of the batch's unit: the batch's tables and its dead letters land together or not at all."""
+        d = self.dead_letters
+        assert d is not None
+        table = d.load_patiently(batch_id)
+        expected = next((r.table_uuid for r in letters if r.table_uuid), None)
+        if expected is not None and str(table.metadata.table_uuid) != expected:
+            raise d.identity_changed(expected, str(table.metadata.table_uuid))
+        action = d.unit_action(
+            table,
+            query_id=query_id,
+            batch_id=batch_id,
+            results=letters,
+            source_offsets=source_offsets,
+            run_id=run_id,
+            unit={},
+        )
+        return d, action
 
     def _run(self, actions: Sequence[tuple[TableCommitter, CommitAction]], batch_id: int) -> RoutedOutcome:
         try:
@@ -391,12 +497,16 @@ class RoutedCommitter:
                 "completes it"
             ) from e.last
         outcomes: dict[str, BatchOutcome] = {}
+        letters: BatchOutcome | None = None
         for (c, a), result in zip(actions, swapped, strict=True):
-            outcomes[a.name] = c.unit_outcome(a, result)
+            if c is self.dead_letters:
+                letters = c.unit_outcome(a, result)
+            else:
+                outcomes[a.name] = c.unit_outcome(a, result)
         for c, a in actions:
-            if outcomes[a.name].outcome is Outcome.COMMITTED and c.hook is not None:
+            if c is not self.dead_letters and outcomes[a.name].outcome is Outcome.COMMITTED and c.hook is not None:
                 c.hook.after_commit()
-        return RoutedOutcome(batch_id, outcomes)
+        return RoutedOutcome(batch_id, outcomes, letters)
 
     def _commit_empty(
         self, query_id: str, batch_id: int, source_offsets: str | None, run_id: str | None, batch_time: BatchTime | None = None
@@ -539,6 +649,11 @@ class RoutedCommitter:
         for r in results:
             for t in r.tables:
                 by_table.setdefault(t.table, []).append(t.result)
+        if self.dead_letters is not None:
+            counted = [t for ts in by_table.values() for t in ts] + [r.invalid_routes for r in results if r.invalid_routes]
+            letters = [t.dead_letters for t in counted if t.dead_letters is not None]
+            if letters:
+                self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
         for name, table_results in sorted(by_table.items()):
             c = self.committer(name)
             try:

@@ -9,7 +9,9 @@ Each row is checked in this order and becomes one dead letter, with the first er
 2. ``null-upsert-key``: a key column of option ``upsert-key`` is null;
 3. ``required-null``: a required (NOT NULL) column or nested field of the table is null where its parent is present.
 
-One classification step, :meth:`RowSorter.sort`, is where a routed sink's ``invalid-route`` joins (issue 22). A row
+A routed sink (option ``route-by``) checks the route first: a row whose routing value names no valid table is a dead
+letter ``invalid-route`` (:meth:`RowSorter.reject_all`, lakesink.executor.routed_writer); the others are sorted by the
+sorter of their table (:meth:`RowSorter.sort`). A row
 that crashes the worker is no data error: the task fails, Spark fails the batch, nothing is committed.
 """
 
@@ -66,8 +68,20 @@ class RowSorter:
         self.rejected = 0
         self.reasons: list[str] = []
 
-    def sort(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """The good rows of ``batch`` (without the reject column); its dead letters are kept in :attr:`letters`."""
+    def reject_all(self, batch: pa.RecordBatch, *, kind: str, column: str | None, text: str, table: str | None) -> None:
+        """Every row of ``batch`` is a dead letter of error ``kind`` (a routed sink's ``invalid-route``: ``table`` is
+        the raw routing value, or None); the reject column, when there is one, is dropped from the row."""
+        n = batch.num_rows
+        self.rows_in += n
+        if dl.REJECT_COLUMN in batch.schema.names:
+            batch = batch.drop_columns([dl.REJECT_COLUMN])
+        if n == 0:
+            return
+        self._append(batch, [kind] * n, [column] * n, [text] * n, table)
+
+    def sort(self, batch: pa.RecordBatch, extra: dict[str, object] | None = None) -> pa.RecordBatch:
+        """The good rows of ``batch`` (without the reject column); its dead letters are kept in :attr:`letters`.
+        ``extra``: columns taken out of the batch before (a routed sink's routing column), put back in each row's JSON."""
         n = batch.num_rows
         self.rows_in += n
         reject: pa.Array | None = None
@@ -112,18 +126,26 @@ class RowSorter:
             )
         if not bad.any():
             return batch
-        bad_rows = pa.array(np.flatnonzero(bad), pa.int64())
-        rejected = batch.take(bad_rows)
+        rejected = batch.take(pa.array(np.flatnonzero(bad), pa.int64()))
+        if extra:
+            for name, value in extra.items():
+                rejected = rejected.append_column(name, pa.array([value] * rejected.num_rows, pa.string()))
+        self._append(rejected, error[bad].tolist(), column[bad].tolist(), message[bad].tolist(), self._table)
+        return batch.filter(pa.array(~bad))
+
+    def _append(
+        self, rejected: pa.RecordBatch, error: list[Any], column: list[Any], message: list[Any], table: str | None
+    ) -> None:
         now = dt.datetime.now(dt.timezone.utc)
-        count = len(bad_rows)
+        count = rejected.num_rows
         self.letters.append(
             pa.record_batch(
                 [
-                    pa.array(error[bad].tolist(), pa.string()),
-                    pa.array(column[bad].tolist(), pa.string()),
-                    pa.array(message[bad].tolist(), pa.string()),
+                    pa.array(error, pa.string()),
+                    pa.array(column, pa.string()),
+                    pa.array(message, pa.string()),
                     pa.array(list(_json_rows(rejected)), pa.string()),
-                    pa.array([self._table] * count, pa.string()),
+                    pa.array([table] * count, pa.string()),
                     pa.array([self._query_id] * count, pa.string()),
                     pa.array([self._batch_id] * count, pa.int64()),
                     pa.array([now] * count, pa.timestamp("us", tz="UTC")),
@@ -132,9 +154,8 @@ class RowSorter:
             )
         )
         self.rejected += count
-        for i in np.flatnonzero(bad)[: max(0, MAX_REASONS - len(self.reasons))]:
+        for i in range(min(count, max(0, MAX_REASONS - len(self.reasons)))):
             self.reasons.append(f"{error[i]}: {message[i]}")
-        return batch.filter(pa.array(~bad))
 
     @property
     def _reject_text(self) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import pickle
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,10 +30,12 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import WriterCommitMessage
 
 from lakesink.errors import LakesinkError, RoutingError, SchemaMismatchError
-from lakesink.executor.messages import TaskResult, WritePlan
+from lakesink.executor.dead_letters import RowSorter
+from lakesink.executor.messages import RowChecks, TaskResult, WritePlan
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
-from lakesink.table import locations
+from lakesink.table import dead_letters as dl
+from lakesink.table import locations, storage
 from lakesink.table.routes import InvalidRoute, Route, parse_route
 from lakesink.table.settings import TableSettings
 
@@ -87,6 +89,9 @@ class RoutedPlan:
     """None (foreach_batch): every table of the batch was planned; a value without a plan is an error."""
     query_id: str | None = None
     sink_id: str | None = None
+    row_checks: RowChecks | None = None
+    """Option dead-letter-table: every table's row checks (one dead-letter table for the whole batch); a row whose
+    routing value names no valid table is a dead letter (``invalid-route``) instead of a RoutingError."""
 
     def plan_for(self, route: Route, batch_id: int) -> WritePlan:
         plan = self.plans.get(str(route))
@@ -98,7 +103,10 @@ class RoutedPlan:
                 "batch when it planned it: the batch's rows changed between two reads of the batch (a non-deterministic "
                 "source or query). Nothing was committed; make the routing column deterministic"
             )
-        return self.template.plan(route, self.query_id, self.sink_id)
+        plan = self.template.plan(route, self.query_id, self.sink_id)
+        if self.row_checks is not None:
+            plan = replace(plan, row_checks=self.row_checks)
+        return plan
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,9 @@ class RoutedTaskResult(WriterCommitMessage):
     partition_id: int
     run_id: str | None
     tables: tuple[TableResult, ...] = ()
+    invalid_routes: TaskResult | None = None
+    """Option dead-letter-table: the task's rows whose routing value names no valid table (their dead letters in
+    ``dead_letters``, their count in ``rows_in`` and ``rejected``)."""
 
 
 def route_of(value: object, namespace: tuple[str, ...], column: str, batch_id: int) -> Route:
@@ -130,6 +141,15 @@ def route_of(value: object, namespace: tuple[str, ...], column: str, batch_id: i
             f"batch {batch_id}: routing column {column!r} holds {route.describe()}; nothing was committed. Every row "
             "must name the table it goes to"
         )
+    return route
+
+
+def routed_table(value: object, namespace: tuple[str, ...], dead_letter_table: str | None) -> Route | InvalidRoute:
+    """:func:`parse_route`; with option dead-letter-table, a value naming the dead-letter table (in any case) is no
+    valid route either (the batch's rows never go into it as rows of a table)."""
+    route = parse_route(value, namespace)
+    if dead_letter_table is not None and isinstance(route, Route) and str(route).lower() == dead_letter_table.lower():
+        return InvalidRoute(value, "it names the dead-letter table")
     return route
 
 
@@ -156,7 +176,7 @@ def split_by_route(batch: pa.RecordBatch, column: str) -> Iterable[tuple[object,
 
 def conform_to_table(batch: pa.RecordBatch, plan: WritePlan, batch_id: int) -> pa.RecordBatch:
     """The columns of ``batch`` the table has: a stream column the table lacks must be null in these rows."""
-    have = set(plan.schema.column_names)
+    have = {*plan.schema.column_names, dl.REJECT_COLUMN}  # the reject column: the row checks read and drop it
     extra = [name for name in batch.schema.names if name not in have]
     for name in extra:
         filled = batch.num_rows - batch.column(name).null_count
@@ -190,7 +210,12 @@ class RoutedTaskWriter:
         self._run_id = run_id
         self._writers: dict[str, tuple[TaskWriter, bool]] = {}
         self._skipped: dict[str, WritePlan] = {}
-        self._routes: dict[object, Route] = {}
+        self._routes: dict[object, Route | InvalidRoute] = {}
+        self._invalid: RowSorter | None = None
+        self._letters_table = plan.row_checks.dead_letters.table if plan.row_checks is not None else None
+        self._invalid_letters: TaskResult | None = None
+        if plan.row_checks is not None:
+            self._invalid = RowSorter(plan.row_checks, table="", query_id=query_id, batch_id=batch_id, project=_no_projection)
 
     def write(self, batches: Iterable[pa.RecordBatch]) -> RoutedTaskResult:
         """Write every batch's rows into their tables; on any failure delete this task's files (every table's)."""
@@ -201,24 +226,83 @@ class RoutedTaskWriter:
                 for value, rows in split_by_route(batch, self._plan.column):
                     route = self._routes.get(value) if value is not None else None
                     if route is None:
-                        route = route_of(value, self._plan.namespace, self._plan.column, self._batch_id)
-                        self._routes[value] = route
+                        route = routed_table(value, self._plan.namespace, self._letters_table)
+                        if value is not None:
+                            self._routes[value] = route
+                    if isinstance(route, InvalidRoute):
+                        self._reject_route(value, route, rows)
+                        continue
                     writer = self._writer(route)
                     if writer is not None:
-                        writer.add(conform_to_table(rows, writer.plan, self._batch_id))
+                        conformed = conform_to_table(rows, writer.plan, self._batch_id)
+                        writer.add(writer.sort(conformed, {self._plan.column: value}))
                 budget = budget or min((w.plan.settings.row_group_bytes for w, _ in self._writers.values()), default=None)
                 if budget is not None:
                     self._bound_memory(budget)
             for w, _ in self._writers.values():
-                w.close_files()
+                w.finish()
+            self._write_invalid_routes()
             fault_point(EXECUTOR_BEFORE_RETURN)
         except BaseException:
             for w, _ in self._writers.values():
                 w.abort()
+            if self._invalid_letters is not None and self._plan.row_checks is not None:
+                for f in self._invalid_letters.files:
+                    try:
+                        storage.delete_file(self._plan.row_checks.dead_letters.io, f.path)
+                    except Exception:
+                        log.warning("lakesink: could not delete %s of a failed task; an orphan clean-up collects it", f.path)
             raise
         tables = [TableResult(name, w.result(), templated) for name, (w, templated) in self._writers.items()]
         tables += [TableResult(name, self._skipped_result(plan)) for name, plan in self._skipped.items()]
-        return RoutedTaskResult(self._query_id, self._batch_id, self._partition_id, self._run_id, tuple(tables))
+        return RoutedTaskResult(
+            self._query_id, self._batch_id, self._partition_id, self._run_id, tuple(tables), self._invalid_result()
+        )
+
+    def _reject_route(self, value: object, route: InvalidRoute, rows: pa.RecordBatch) -> None:
+        """Rows whose routing value names no valid table: dead letters (option dead-letter-table), else RoutingError."""
+        if self._invalid is None:
+            route_of(value, self._plan.namespace, self._plan.column, self._batch_id)  # raises RoutingError
+            raise AssertionError("unreachable: an invalid route")
+        with_column = rows.append_column(self._plan.column, pa.array([value] * rows.num_rows, pa.string()))
+        self._invalid.reject_all(
+            with_column,
+            kind=dl.INVALID_ROUTE,
+            column=self._plan.column,
+            text=f"routing column {self._plan.column!r} holds {route.describe()}",
+            table=value if isinstance(value, str) else None,
+        )
+
+    def _write_invalid_routes(self) -> None:
+        if self._invalid is not None and self._invalid.letters and self._plan.row_checks is not None:
+            self._invalid_letters = TaskWriter(
+                self._plan.row_checks.dead_letters,
+                query_id=self._query_id,
+                batch_id=self._batch_id,
+                partition_id=self._partition_id,
+                task_attempt_id=self._task_attempt_id,
+                run_id=self._run_id,
+            ).write(self._invalid.letters)
+
+    def _invalid_result(self) -> TaskResult | None:
+        sorter = self._invalid
+        if sorter is None or not sorter.rows_in:
+            return None
+        plan = self._plan.row_checks
+        assert plan is not None
+        return TaskResult(
+            query_id=self._query_id,
+            batch_id=self._batch_id,
+            partition_id=self._partition_id,
+            task_attempt_id=self._task_attempt_id,
+            schema_id=plan.dead_letters.schema_id,
+            spec_id=plan.dead_letters.spec_id,
+            run_id=self._run_id,
+            dead_letters=self._invalid_letters,
+            rows_in=sorter.rows_in,
+            rejected=sorter.rejected,
+            reasons=tuple(sorter.reasons),
+        )
 
     def _writer(self, route: Route) -> TaskWriter | None:
         name = str(route)
@@ -262,6 +346,10 @@ class RoutedTaskWriter:
             run_id=self._run_id,
             written_schema=plan.schema_digest,
         )
+
+
+def _no_projection(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, Schema]:
+    raise AssertionError("rows of an invalid route are not checked against a table")
 
 
 @dataclass(frozen=True)

@@ -200,6 +200,16 @@ class TaskWriter:
             else:
                 self._add(self._slot(()), conformed)
 
+    def sort(self, batch: pa.RecordBatch, extra: dict[str, object] | None = None) -> pa.RecordBatch:
+        """A routed task: the good rows of ``batch`` (option dead-letter-table; the rest kept as dead letters, with
+        ``extra`` put back in their JSON), or ``batch`` itself without row checks."""
+        return self._sorter.sort(batch, extra) if self._sorter is not None else batch
+
+    def finish(self) -> None:
+        """A routed task, after its rows were added: every file closed and the dead letters written."""
+        self.close_files()
+        self._write_dead_letters()
+
     def _write_dead_letters(self) -> None:
         """Option dead-letter-table: the task's dead letters, written as files of the dead-letter table."""
         if self._sorter is not None and self._plan.row_checks is not None:

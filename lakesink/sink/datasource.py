@@ -46,6 +46,7 @@ from lakesink.options import ReadOptions, SinkOptions
 from lakesink.sink import completeness
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 from lakesink.table.keys import MAIN_BRANCH
+from lakesink.table.routes import Route
 
 log = logging.getLogger("lakesink")
 
@@ -205,6 +206,8 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
         )
     query_id = read_query_id(options.checkpoint_location)
     plan = routed.routed_plan(routed.written_plans(query_id), query_id, template=True)
+    if plan.template is not None:  # option reject-when: read by Iceberg's parser over the tables' columns
+        dead_letters.check_reject_when(options, routed.stream_schema, plan.template.plan(Route(("ns",), "t"), query_id, None))
     return LakesinkStreamWriter(plan, RoutedStreamCommits(options, stream_schema, routed, has_watermark=has_watermark))
 
 

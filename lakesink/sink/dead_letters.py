@@ -39,6 +39,22 @@ def check_writer(options: SinkOptions) -> None:
         )
 
 
+def with_reject_column(df: DataFrame, options: SinkOptions) -> DataFrame:
+    """The batch's rows with the reject column (option ``reject-when``, computed by Spark), analysed here: a bad
+    expression fails the batch before any job."""
+    if options.reject_when is None:
+        return df
+    try:
+        df = df.withColumn(REJECT_COLUMN, F.expr(options.reject_when).cast("boolean"))
+        df.schema  # noqa: B018 (analysed here)
+    except (AnalysisException, ParseException) as e:
+        raise InvalidOptionError(
+            f"option '{REJECT_WHEN}' {options.reject_when!r} is not a Spark SQL boolean expression over the batch's "
+            f"columns ({', '.join(c for c in df.columns if c != REJECT_COLUMN)}): {str(e).splitlines()[0]}"
+        ) from None
+    return df
+
+
 def prepare(df: DataFrame, plan: WritePlan, options: SinkOptions) -> tuple[DataFrame, WritePlan, DataFrame | None]:
     """The batch's rows with the reject column, the plan whose row checks read it, and (with ``upsert-key``) the
     rows taken out before the upsert resolution because they are certainly dead letters (else None)."""
@@ -46,15 +62,7 @@ def prepare(df: DataFrame, plan: WritePlan, options: SinkOptions) -> tuple[DataF
     # the reject column, when there is one, is the verdict (the expression stays for the dead letters' message)
     checks = replace(plan.row_checks, reject_column=options.reject_when is not None)
     plan = replace(plan, row_checks=checks)
-    if options.reject_when is not None:
-        try:
-            df = df.withColumn(REJECT_COLUMN, F.expr(options.reject_when).cast("boolean"))
-            df.schema  # noqa: B018 (analysed here: a bad expression fails the batch before any job)
-        except (AnalysisException, ParseException) as e:
-            raise InvalidOptionError(
-                f"option '{REJECT_WHEN}' {options.reject_when!r} is not a Spark SQL boolean expression over the batch's "
-                f"columns ({', '.join(c for c in df.columns if c != REJECT_COLUMN)}): {str(e).splitlines()[0]}"
-            ) from None
+    df = with_reject_column(df, options)
     if not options.upsert_key:
         return df, plan, None
     certain: list[Column] = [F.col(f"`{k}`").isNull() for k in options.upsert_key if k in df.columns]

@@ -355,15 +355,24 @@ class ForeachBatchSink:
             routed.new_run()
             self._run = run_id
         values = [r[0] for r in df.select(routing.column).distinct().collect()]
-        routes = routed.routes(values, batch_id)
+        routes = routed.routes(values, batch_id)  # with dead_letter_table: the valid ones (the others: dead letters)
         plans = routed.plans(routes, query_id)
         offsets = self._source_offsets(spark, query_id, batch_id)
-        if routes and all(p.last_committed_batch is not None and batch_id <= p.last_committed_batch for p in plans.values()):
+        invalid = routed.any_invalid(values)  # with dead_letter_table: rows that are dead letters of error invalid-route
+        if (
+            routes
+            and not invalid
+            and all(p.last_committed_batch is not None and batch_id <= p.last_committed_batch for p in plans.values())
+        ):
             # found committed in every table when planned: checked before any file is written
             return routed.skip_replay(query_id=query_id, batch_id=batch_id, routes=routes, source_offsets=offsets, run_id=run_id)
         results: list[RoutedTaskResult] = []
-        if routes:
-            writer = RoutedPartitionWriter(routed.routed_plan(plans, query_id, template=False), batch_id, run_id)
+        if routes or invalid:
+            reject_column = routed.dead_letters is not None and self.options.reject_when is not None
+            if reject_column:  # option reject-when: Spark SQL, computed by Spark into the reject column
+                df = dead_letters.with_reject_column(df, self.options)
+            plan = routed.routed_plan(plans, query_id, template=False, reject_column=reject_column)
+            writer = RoutedPartitionWriter(plan, batch_id, run_id)
             results = [pickle.loads(r[0]) for r in df.mapInArrow(writer, TASK_RESULT_SCHEMA).collect()]
         try:
             return routed.commit_batch(

@@ -7,7 +7,8 @@ Columns (lakesink creates the table with them; a table with more columns is fine
 - ``column``: the column (dotted path for a nested field) the error is about, null when it is about the whole row;
 - ``message``: what is wrong, for a person;
 - ``row``: the whole original row as JSON (as the stream delivered it), to repair and replay;
-- ``table``: the table the row was meant for;
+- ``table``: the table the row was meant for (a routed sink's ``invalid-route``: the raw routing value, null when
+  the value was null);
 - ``query_id``, ``batch_id``: the streaming query and micro-batch that rejected it (as in the snapshot summaries);
 - ``rejected_at``: when the executor rejected it (UTC).
 """
@@ -31,7 +32,7 @@ SCHEMA = pa.schema(
         pa.field(COLUMN, pa.string()),
         pa.field(MESSAGE, pa.string(), nullable=False),
         pa.field(ROW, pa.string(), nullable=False),
-        pa.field(TABLE, pa.string(), nullable=False),
+        pa.field(TABLE, pa.string()),
         pa.field(QUERY_ID, pa.string(), nullable=False),
         pa.field(BATCH_ID, pa.int64(), nullable=False),
         pa.field(REJECTED_AT, pa.timestamp("us", tz="UTC"), nullable=False),
@@ -46,7 +47,8 @@ REQUIRED_NULL = "required-null"
 NULL_UPSERT_KEY = "null-upsert-key"
 """With option ``upsert-key``: a null in a key column; ``column`` names it."""
 INVALID_ROUTE = "invalid-route"
-"""Reserved for routed sinks (option ``route-by``): the row's route names no valid table."""
+"""Option ``route-by``: the row's routing value names no valid table (null, empty, an invalid name); ``column`` is the
+routing column, ``table`` the raw value."""
 ERROR_KINDS = (REJECT_WHEN, REQUIRED_NULL, NULL_UPSERT_KEY, INVALID_ROUTE)
 
 from lakesink.table.keys import REJECT_COLUMN as REJECT_COLUMN  # noqa: E402 (re-exported beside the error kinds)

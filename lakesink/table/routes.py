@@ -6,9 +6,9 @@ of a safe set of characters) or an :class:`InvalidRoute` saying why not. A route
 statement as text: pyiceberg's catalogs bind identifiers as parameters, and a table's location is made from the
 validated parts only.
 
-:func:`parse_route` is the one switch point of a routing value: a batch with an invalid route fails today
-(:class:`lakesink.errors.RoutingError`, naming the value and the batch); the dead-letter table (issue 23) will divert
-such rows there instead.
+:func:`parse_route` is the one switch point of a routing value: a batch with an invalid route fails
+(:class:`lakesink.errors.RoutingError`, naming the value and the batch), or, with option ``dead-letter-table``, its
+rows are dead letters of error ``invalid-route`` (lakesink.executor.routed_writer).
 """
 
 from __future__ import annotations

@@ -1,0 +1,348 @@
+"""Option route-by with option dead-letter-table, without Spark: real routed task writers (lakesink.executor.routed_writer)
+sort real rows, the committer commits every table of the batch and the dead-letter table in one unit on a real SQLite
+catalog (one database transaction). Every row has a unique id; tables are compared as multisets. A SIGKILL inside the
+transaction in a subprocess, then a replay."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from lakesink.driver import catalogs
+from lakesink.driver.commit import Outcome
+from lakesink.driver.routing import RoutedCommitter, RoutedOutcome
+from lakesink.errors import CommitConflictError, RoutingError, TooManyRejectedError
+from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
+from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS
+from lakesink.options import SinkOptions
+from lakesink.table import dead_letters as dl
+from tests.support.helpers import lakesink_snapshots, table_ids
+
+Q = "routing-dead-letters-query"
+OFFSETS = '[{"logOffset":0}]'
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = pa.schema([("id", pa.int64()), ("amount", pa.float64()), ("route", pa.string())])
+DEAD = "db.dead"
+
+# rows whose routing value names no valid table (the attacker's values): every one a dead letter
+BAD_ROUTES: dict[str | None, list[int]] = {
+    None: [100, 101],
+    "": [102],
+    "../etc": [103],
+    "db.x'; DROP TABLE iceberg_tables; --": [104],
+    "a/b": [105],
+    "a..b": [106],
+    "dead": [107],  # the dead-letter table itself (namespace db)
+    "DB.Dead": [108],  # the same in another case
+}
+GOOD: dict[str | None, list[int]] = {"a": [1, 2, 3], "b": [10, 20], "other.c": [30]}
+
+
+def routed(props: Mapping[str, str], **extra: str) -> RoutedCommitter:
+    return RoutedCommitter(
+        SinkOptions.from_mapping(
+            {
+                "route-by": "route",
+                "namespace": "db",
+                "dead-letter-table": DEAD,
+                **{f"catalog.{k}": v for k, v in props.items()},
+                **extra,
+            }
+        ),
+        SCHEMA,
+    )
+
+
+def rows(data: Mapping[str | None, Sequence[int]]) -> pa.RecordBatch:
+    ids = [i for ids in data.values() for i in ids]
+    return pa.RecordBatch.from_pydict(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "amount": pa.array([float(i) for i in ids], pa.float64()),
+            "route": pa.array([r for r, ids in data.items() for _ in ids], pa.string()),
+        },
+        schema=SCHEMA,
+    )
+
+
+def write(rc: RoutedCommitter, batch_id: int, data: Mapping[str | None, Sequence[int]], part: int = 0) -> RoutedTaskResult:
+    """One task's routed write, planned as foreach_batch plans it (the batch's valid tables opened first)."""
+    plans = rc.plans(rc.routes(set(data), batch_id), Q)
+    plan = rc.routed_plan(plans, Q, template=False)
+    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=part, task_attempt_id=part)
+    return writer.write([rows(data)])
+
+
+def run(rc: RoutedCommitter, batch_id: int, *tasks: Mapping[str | None, Sequence[int]]) -> RoutedOutcome:
+    results = [write(rc, batch_id, data, part) for part, data in enumerate(tasks)]
+    try:
+        return rc.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=OFFSETS)
+    except BaseException:
+        rc.abort_batch(query_id=Q, batch_id=batch_id, results=results)
+        raise
+
+
+def ids(props: Mapping[str, str], name: str) -> Counter[int]:
+    cat = catalogs.load(None, dict(props))
+    if not cat.table_exists(tuple(name.split("."))):
+        return Counter()
+    return table_ids(catalogs.load_table_fresh(None, dict(props), tuple(name.split("."))))
+
+
+def letters(props: Mapping[str, str]) -> Counter[tuple[int, str, str | None, str | None]]:
+    """(id, error, column, table) of every dead letter."""
+    cat = catalogs.load(None, dict(props))
+    if not cat.table_exists(("db", "dead")):
+        return Counter()
+    t = catalogs.load_table_fresh(None, dict(props), ("db", "dead"))
+    found = t.scan().to_arrow().to_pylist() if t.current_snapshot() else []
+    return Counter((json.loads(r[dl.ROW])["id"], r[dl.ERROR], r[dl.COLUMN], r[dl.TABLE]) for r in found)
+
+
+def want_letters(bad: Mapping[str | None, Sequence[int]]) -> Counter[tuple[int, str, str | None, str | None]]:
+    return Counter((i, dl.INVALID_ROUTE, "route", value) for value, ids in bad.items() for i in ids)
+
+
+def check_all(props: Mapping[str, str]) -> None:
+    assert ids(props, "db.a") == Counter([1, 2, 3])
+    assert ids(props, "db.b") == Counter([10, 20])
+    assert ids(props, "other.c") == Counter([30])
+    assert letters(props) == want_letters(BAD_ROUTES)
+
+
+def test_invalid_routes_become_dead_letters_in_the_batchs_unit(catalog_properties: dict[str, str]) -> None:
+    rc = routed(catalog_properties)
+    out = run(rc, 0, {**GOOD, **BAD_ROUTES})
+    assert set(out.tables) == {"db.a", "db.b", "other.c"}
+    assert {o.outcome for o in out.tables.values()} == {Outcome.COMMITTED}
+    assert out.dead_letters is not None and out.dead_letters.outcome is Outcome.COMMITTED
+    check_all(catalog_properties)
+    dead = catalogs.load_table_fresh(None, dict(catalog_properties), ("db", "dead"))
+    assert not dead.schema().find_field(dl.TABLE).required  # null: the routing value was null
+    # each dead letter's row is the whole original row, the routing column included (to repair and replay)
+    rows_of = {json.loads(r[dl.ROW])["id"]: json.loads(r[dl.ROW]) for r in dead.scan().to_arrow().to_pylist()}
+    assert rows_of[103] == {"id": 103, "amount": 103.0, "route": "../etc"}
+    assert rows_of[100]["route"] is None
+    # one batch id in every table's snapshot, the dead-letter table's too
+    for name in ("db.a", "db.b", "other.c", DEAD):
+        snaps = lakesink_snapshots(catalogs.load_table_fresh(None, dict(catalog_properties), tuple(name.split("."))))
+        assert [s["batch_id"] for s in snaps] == [0], name
+    # no table was created for a bad value
+    cat = catalogs.load(None, dict(catalog_properties))
+    assert sorted(".".join(t) for t in cat.list_tables(("db",))) == ["db.a", "db.b", "db.dead"]
+
+
+def test_invalid_routes_in_several_tasks_and_a_replay_duplicates_nothing(catalog_properties: dict[str, str]) -> None:
+    rc = routed(catalog_properties)
+    tasks: list[Mapping[str | None, Sequence[int]]] = [
+        {"a": [1, 2], None: [100, 101], "": [102]},
+        {"a": [3], "b": [10, 20], "../etc": [103]},
+        {"other.c": [30]},
+        {"db.x'; DROP TABLE iceberg_tables; --": [104], "a/b": [105], "a..b": [106], "dead": [107]},
+        {"DB.Dead": [108]},
+    ]
+    run(rc, 0, *tasks)
+    check_all(catalog_properties)
+    again = run(routed(catalog_properties), 0, *tasks)  # a replay (a restart from an older checkpoint)
+    assert {o.outcome for o in again.tables.values()} == {Outcome.REPLAY_SKIPPED}
+    assert again.dead_letters is not None and again.dead_letters.outcome is Outcome.REPLAY_SKIPPED
+    check_all(catalog_properties)
+
+
+def test_every_row_bad(catalog_properties: dict[str, str]) -> None:
+    rc = routed(catalog_properties)
+    out = run(rc, 0, BAD_ROUTES)
+    assert out.tables == {}
+    assert out.dead_letters is not None and out.dead_letters.outcome is Outcome.COMMITTED
+    assert letters(catalog_properties) == want_letters(BAD_ROUTES)
+    run(routed(catalog_properties), 0, BAD_ROUTES)  # replayed: no duplicate
+    assert letters(catalog_properties) == want_letters(BAD_ROUTES)
+    run(rc, 1, {"a": [1]})  # the next batch still writes
+    assert ids(catalog_properties, "db.a") == Counter([1])
+
+
+def test_reject_when_and_required_null_per_routed_table(catalog_properties: dict[str, str]) -> None:
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import DoubleType, LongType, NestedField
+
+    cat = catalogs.load(None, dict(catalog_properties))
+    cat.create_namespace_if_not_exists(("db",))
+    # table b exists with a required amount; table a is created by lakesink (every column optional)
+    cat.create_table(
+        ("db", "b"),
+        Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "amount", DoubleType(), required=True)),
+    )
+    rc = routed(catalog_properties, **{"reject-when": "id > 1000"})
+    batch = rows({"a": [1, 1001], "b": [10, 1002], None: [1003]})
+    nulls = pa.RecordBatch.from_pydict(
+        {"id": pa.array([11, 2]), "amount": pa.array([None, None], pa.float64()), "route": pa.array(["b", "a"])},
+        schema=SCHEMA,
+    )
+    plans = rc.plans(rc.routes({"a", "b", None}, 0), Q)
+    writer = RoutedTaskWriter(rc.routed_plan(plans, Q, template=False), query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    results = [writer.write([batch, nulls])]
+    rc.commit_batch(query_id=Q, batch_id=0, results=results, source_offsets=OFFSETS)
+    assert ids(catalog_properties, "db.a") == Counter([1, 2])
+    assert ids(catalog_properties, "db.b") == Counter([10])
+    assert letters(catalog_properties) == Counter(
+        [
+            (1001, dl.REJECT_WHEN, None, "db.a"),
+            (1002, dl.REJECT_WHEN, None, "db.b"),
+            (11, dl.REQUIRED_NULL, "amount", "db.b"),
+            (1003, dl.INVALID_ROUTE, "route", None),  # an invalid route comes first: no table to check it against
+        ]
+    )
+
+
+def test_max_rejected_fraction_counts_the_whole_batch(catalog_properties: dict[str, str]) -> None:
+    # 2 bad rows of 8: 25%, over 0.2 -> nothing committed anywhere
+    rc = routed(catalog_properties, **{"max-rejected-fraction": "0.2"})
+    with pytest.raises(TooManyRejectedError, match="2 of 8 row"):
+        run(rc, 0, {"a": [1, 2, 3]}, {"b": [4, 5, 6]}, {None: [100], "../x": [101]})
+    assert ids(catalog_properties, "db.a") == Counter() and ids(catalog_properties, "db.b") == Counter()
+    assert letters(catalog_properties) == Counter()
+    ok = routed(catalog_properties, **{"max-rejected-fraction": "0.25"})
+    run(ok, 0, {"a": [1, 2, 3]}, {"b": [4, 5, 6]}, {None: [100], "../x": [101]})
+    assert ids(catalog_properties, "db.a") == Counter([1, 2, 3]) and ids(catalog_properties, "db.b") == Counter([4, 5, 6])
+    assert letters(catalog_properties) == want_letters({None: [100], "../x": [101]})
+
+
+def test_without_a_dead_letter_table_an_invalid_route_is_still_a_routing_error(catalog_properties: dict[str, str]) -> None:
+    rc = RoutedCommitter(
+        SinkOptions.from_mapping(
+            {"route-by": "route", "namespace": "db", **{f"catalog.{k}": v for k, v in catalog_properties.items()}}
+        ),
+        SCHEMA,
+    )
+    with pytest.raises(RoutingError, match="'../etc'"):
+        rc.routes(["a", "../etc"], 0)
+    plan = rc.routed_plan(rc.plans(rc.routes(["a"], 0), Q), Q, template=False)
+    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    with pytest.raises(RoutingError, match="batch 0: routing column 'route' holds None"):
+        writer.write([rows({"a": [1], None: [2]})])
+
+
+def test_a_fault_inside_the_database_transaction_commits_neither_tables_nor_dead_letters(
+    catalog_properties: dict[str, str], faults: Any
+) -> None:
+    rc = routed(catalog_properties, **{"table-property.commit.retry.num-retries": "0"})
+    faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")
+    with pytest.raises(CommitConflictError, match="nothing was committed"):
+        run(rc, 0, {**GOOD, **BAD_ROUTES})
+    assert faults.fired(CATALOG_BETWEEN_TABLE_SWAPS)
+    assert ids(catalog_properties, "db.a") == Counter() and letters(catalog_properties) == Counter()
+    faults.clear()
+    run(rc, 0, {**GOOD, **BAD_ROUTES})
+    check_all(catalog_properties)
+
+
+_KILLED = textwrap.dedent(
+    """
+    import json, sys
+    from tests.driver.test_routing_dead_letters import BAD_ROUTES, GOOD, routed, run
+    run(routed(json.loads(sys.argv[1])), 0, {**GOOD, **BAD_ROUTES})
+    print("committed: the kill did not happen")
+    """
+)
+
+
+def test_sigkill_inside_the_transaction_then_a_replay(catalog_properties: dict[str, str], faults: Any) -> None:
+    faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "kill")
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED, json.dumps(catalog_properties)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(ROOT),
+    )
+    assert done.returncode == -9, done.stdout + done.stderr
+    # all or nothing: no table holds the batch, and no dead letter
+    for name in ("db.a", "db.b", "other.c"):
+        assert ids(catalog_properties, name) == Counter(), name
+    assert letters(catalog_properties) == Counter()
+    faults.clear()
+    run(routed(catalog_properties), 0, {**GOOD, **BAD_ROUTES})
+    check_all(catalog_properties)
+    run(routed(catalog_properties), 0, {**GOOD, **BAD_ROUTES})  # and once more: nothing twice
+    check_all(catalog_properties)
+    for name in ("db.a", "db.b", "other.c", DEAD):
+        assert len(lakesink_snapshots(catalogs.load_table_fresh(None, dict(catalog_properties), tuple(name.split("."))))) == 1
+
+
+def test_verify_checks_each_routed_tables_count_of_dead_letters(catalog_properties: dict[str, str]) -> None:
+    from lakesink.audit.invariants import verify
+
+    rc = routed(catalog_properties, **{"reject-when": "id > 1000"})
+    run(rc, 0, {"a": [1, 1001, 1002], "b": [10], None: [100]})
+    a = catalogs.load_table_fresh(None, dict(catalog_properties), ("db", "a"))
+    snap = a.current_snapshot()
+    assert snap is not None and snap.summary is not None
+    assert snap.summary["lakesink.dead-letters"] == "2" and snap.summary["lakesink.dead-letter-table"] == DEAD
+    report = verify(a)
+    assert not report.violations, report.violations
+    assert [q.dead_letters for q in report.queries] == [2]
+
+
+def test_a_dead_letter_table_created_with_a_required_table_column_takes_a_null_route(
+    catalog_properties: dict[str, str],
+) -> None:
+    # a dead-letter table made before routed dead letters existed: its 'table' column is required
+    cat = catalogs.load(None, dict(catalog_properties))
+    cat.create_namespace_if_not_exists(("db",))
+    old = pa.schema([f.with_nullable(False) if f.name == dl.TABLE else f for f in dl.SCHEMA])
+    cat.create_table(("db", "dead"), old)
+    run(routed(catalog_properties), 0, {"a": [1], None: [100]})
+    assert ids(catalog_properties, "db.a") == Counter([1])
+    assert letters(catalog_properties) == Counter([(100, dl.INVALID_ROUTE, "route", None)])
+
+
+def test_an_existing_table_without_a_stream_column_takes_its_rows_and_their_dead_letters(
+    catalog_properties: dict[str, str],
+) -> None:
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    cat = catalogs.load(None, dict(catalog_properties))
+    cat.create_namespace_if_not_exists(("db",))
+    cat.create_table(("db", "narrow"), Schema(NestedField(1, "id", LongType(), required=False)))
+    rc = routed(catalog_properties, **{"reject-when": "id > 1000"})
+    narrow = pa.RecordBatch.from_pydict(
+        {"id": pa.array([1, 1001]), "amount": pa.array([None, None], pa.float64()), "route": pa.array(["narrow"] * 2)},
+        schema=SCHEMA,
+    )
+    plans = rc.plans(rc.routes({"narrow"}, 0), Q)
+    writer = RoutedTaskWriter(rc.routed_plan(plans, Q, template=False), query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    rc.commit_batch(query_id=Q, batch_id=0, results=[writer.write([narrow])], source_offsets=OFFSETS)
+    assert ids(catalog_properties, "db.narrow") == Counter([1])
+    assert letters(catalog_properties) == Counter([(1001, dl.REJECT_WHEN, None, "db.narrow")])
+
+
+def test_atomic_off_a_crash_between_table_commits_then_a_replay_completes_tables_and_dead_letters(
+    catalog_properties: dict[str, str], faults: Any
+) -> None:
+    from lakesink.errors import InjectedFault
+    from lakesink.faults import DRIVER_BETWEEN_TABLE_COMMITS
+
+    faults.arm(DRIVER_BETWEEN_TABLE_COMMITS, "raise")
+    with pytest.raises(InjectedFault):
+        run(routed(catalog_properties, atomic="off"), 0, {**GOOD, **BAD_ROUTES})
+    assert ids(catalog_properties, "db.a") == Counter([1, 2, 3])  # the first table only
+    assert ids(catalog_properties, "db.b") == Counter() and letters(catalog_properties) == Counter()
+    faults.clear()
+    out = run(routed(catalog_properties, atomic="off"), 0, {**GOOD, **BAD_ROUTES})
+    assert out.tables["db.a"].outcome is Outcome.REPLAY_SKIPPED
+    assert out.dead_letters is not None and out.dead_letters.outcome is Outcome.COMMITTED
+    check_all(catalog_properties)
+    run(routed(catalog_properties, atomic="off"), 0, {**GOOD, **BAD_ROUTES})
+    check_all(catalog_properties)
+    for name in ("db.a", "db.b", "other.c", DEAD):
+        assert len(lakesink_snapshots(catalogs.load_table_fresh(None, dict(catalog_properties), tuple(name.split("."))))) == 1

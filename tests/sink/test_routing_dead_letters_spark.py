@@ -1,0 +1,109 @@
+"""Option route-by with option dead-letter-table through both entry points in real local Spark: rows whose routing
+value names no valid table, and rows matching reject-when, are dead letters committed in each batch's unit with the
+batch's tables; a crash after the commit (before Spark's commit log) replays the batch without a duplicate anywhere.
+Both entry points, same input: the same tables and the same dead letters.
+
+Every input row has a unique id; where a row belongs (a table or a dead letter of a kind) is a function of its id.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import functions as F
+
+import lakesink
+from lakesink.driver import catalogs
+from lakesink.faults import DRIVER_AFTER_SWAP
+from lakesink.table import dead_letters as dl
+from tests.support.helpers import SCHEMA_DDL, assert_snapshot_invariants, run_to_end, table_ids, write_json_input
+
+pytestmark = pytest.mark.spark
+
+DEAD = "db.dead"
+ROUTES = {0: "t0", 1: "audit.t1", 2: None, 3: "../etc", 4: "t0"}
+"""id % 5 -> routing value (None: null)."""
+TABLES = ("db.t0", "audit.t1")
+
+
+def where(i: int) -> tuple[str, str | None]:
+    """(the table, or the dead-letter kind; the dead letter's table) of row ``i``."""
+    value = ROUTES[i % 5]
+    if value is None or value.startswith(".."):
+        return dl.INVALID_ROUTE, value
+    table = value if "." in value else f"db.{value}"
+    if i % 5 == 4:  # kind = 4: reject-when
+        return dl.REJECT_WHEN, table
+    return table, None
+
+
+def start(spark: Any, src: Path, ck: Path, props: dict[str, str], entry: str) -> Any:
+    df = spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(src))
+    route = F.col("id") % 5
+    df = df.withColumn(
+        "route",
+        F.when(route == 0, F.lit("t0"))
+        .when(route == 1, F.lit("audit.t1"))
+        .when(route == 2, F.lit(None).cast("string"))
+        .when(route == 3, F.lit("../etc"))
+        .otherwise(F.lit("t0")),
+    )
+    if entry == "format":
+        w = (
+            df.writeStream.format("lakesink")
+            .option("route-by", "route")
+            .option("namespace", "db")
+            .option("dead-letter-table", DEAD)
+            .option("reject-when", "kind = 4")
+        )
+        for k, v in props.items():
+            w = w.option(f"catalog.{k}", v)
+    else:
+        sink = lakesink.foreach_batch(
+            route_by="route", namespace="db", dead_letter_table=DEAD, reject_when="kind = 4", catalog_properties=props
+        )
+        w = df.writeStream.foreachBatch(sink)
+    return w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+
+
+@pytest.mark.parametrize("entry", ["format", "foreach"])
+def test_routed_dead_letters_are_exactly_once_across_a_crash_after_the_commit(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
+) -> None:
+    src, ck = tmp_path / "input", tmp_path / "checkpoint"
+    sent = write_json_input(src, files=2, rows_per_file=20, start=10_000)
+    run_to_end(start(spark, src, ck, catalog_properties, entry))
+    sent += write_json_input(src, files=1, rows_per_file=20, start=20_000)
+    faults.arm(DRIVER_AFTER_SWAP, "raise")  # the batch and its dead letters committed, then the crash
+    with pytest.raises(StreamingQueryException):
+        run_to_end(start(spark, src, ck, catalog_properties, entry))
+    faults.clear()
+    run_to_end(start(spark, src, ck, catalog_properties, entry))  # replays batch 2: found everywhere, skipped
+
+    want: dict[str, Counter[int]] = {t: Counter() for t in TABLES}
+    want_letters: Counter[tuple[int, str, str | None, str | None]] = Counter()
+    for i in sent:
+        place, table = where(i)
+        if place in TABLES:
+            want[place][i] += 1
+        else:
+            want_letters[(i, place, "route" if place == dl.INVALID_ROUTE else None, table)] += 1
+    catalog = catalogs.load(None, catalog_properties)
+    for name, ids in want.items():
+        t = catalog.load_table(tuple(name.split(".")))
+        assert table_ids(t) == ids, name
+        assert_snapshot_invariants(t)
+    dead = catalog.load_table(("db", "dead"))
+    letters = dead.scan().to_arrow().to_pylist()
+    got = Counter((json.loads(r[dl.ROW])["id"], r[dl.ERROR], r[dl.COLUMN], r[dl.TABLE]) for r in letters)
+    assert got == want_letters
+    assert {r[dl.BATCH_ID] for r in letters} == {0, 1, 2}
+    # the whole original row, the routing column included
+    row = next(json.loads(r[dl.ROW]) for r in letters if json.loads(r[dl.ROW])["id"] == 10_003)
+    assert row["route"] == "../etc" and row["kind"] == 3
+    assert not any(".." in ".".join(t) for ns in catalog.list_namespaces() for t in catalog.list_tables(ns))
