@@ -516,50 +516,47 @@ class RoutedCommitter:
         if not self._last_tables:
             log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", query_id, batch_id)
             return RoutedOutcome(batch_id, {})
-        actions: list[tuple[TableCommitter, CommitAction]] = []
-        for name in self._last_tables:
-            c = self.committer(name)
-            table = c.load_patiently(batch_id)
-            actions.append(
-                (
-                    c,
-                    c.unit_action(
-                        table,
-                        query_id=query_id,
-                        batch_id=batch_id,
-                        results=(),
-                        source_offsets=source_offsets,
-                        run_id=run_id,
-                        unit={},
-                        batch_time=batch_time,
-                    ),
-                )
-            )
-        return self._run(actions, batch_id)
+        return self._without_files(
+            self._last_tables, query_id, batch_id, source_offsets, run_id, batch_time=batch_time, found_at_plan=False
+        )
 
     def skip_replay(
         self, *, query_id: str, batch_id: int, routes: Sequence[Route], source_offsets: str | None, run_id: str | None
     ) -> RoutedOutcome:
         """Every table of the batch held it when it was planned (foreach_batch): check they still do, write nothing."""
+        return self._without_files(
+            [str(r) for r in routes], query_id, batch_id, source_offsets, run_id, batch_time=None, found_at_plan=True
+        )
+
+    def _without_files(
+        self,
+        tables: Sequence[str],
+        query_id: str,
+        batch_id: int,
+        source_offsets: str | None,
+        run_id: str | None,
+        *,
+        batch_time: BatchTime | None,
+        found_at_plan: bool,
+    ) -> RoutedOutcome:
+        """A batch that writes no file into ``tables``, as one unit: an empty batch's marker-only commits, or a batch
+        found committed when it was planned (``found_at_plan``: each table must still hold it)."""
         actions: list[tuple[TableCommitter, CommitAction]] = []
-        for route in routes:
-            c = self.committer(str(route))
+        for name in tables:
+            c = self.committer(name)
             table = c.load_patiently(batch_id)
-            actions.append(
-                (
-                    c,
-                    c.unit_action(
-                        table,
-                        query_id=query_id,
-                        batch_id=batch_id,
-                        results=(),
-                        source_offsets=source_offsets,
-                        run_id=run_id,
-                        unit={},
-                        found_at_plan=True,
-                    ),
-                )
+            action = c.unit_action(
+                table,
+                query_id=query_id,
+                batch_id=batch_id,
+                results=(),
+                source_offsets=source_offsets,
+                run_id=run_id,
+                unit={},
+                found_at_plan=found_at_plan,
+                batch_time=batch_time,
             )
+            actions.append((c, action))
         return self._run(actions, batch_id)
 
     def _table_for_commit(
