@@ -147,6 +147,21 @@ class _Batch:
         return names.commit_name(names.BATCH, query_id=self.query_id, batch_id=self.batch_id)
 
 
+def _committed(batch: _Batch, result: swap.SwapResult) -> BatchOutcome:
+    """The outcome of a batch whose commit landed: its snapshot, files, rows and bytes, the time and retries it took."""
+    files = batch.files
+    return BatchOutcome(
+        Outcome.COMMITTED,
+        batch.batch_id,
+        snapshot_id=result.snapshot_id,
+        files=len(files),
+        rows=sum(f.record_count for f in files),
+        bytes=sum(f.size_in_bytes for f in files),
+        commit_ms=(time.monotonic() - batch.started) * 1000,
+        retries=result.attempts - 1,
+    )
+
+
 class CommitHook(Protocol):
     """Called by :class:`TableCommitter` after every batch commit: what an entry point hooks onto the commit
     (automatic maintenance, :func:`lakesink.maintenance.auto.auto_maintenance`). The driver knows no more of it;
@@ -328,20 +343,7 @@ class TableCommitter(SinkTable):
             return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1), batch.query_id)
         if isinstance(action, MarkEmptyBatch):
             return self._logged(BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1), batch.query_id)
-        files = batch.files
-        return self._logged(
-            BatchOutcome(
-                Outcome.COMMITTED,
-                batch.batch_id,
-                snapshot_id=result.snapshot_id,
-                files=len(files),
-                rows=sum(f.record_count for f in files),
-                bytes=sum(f.size_in_bytes for f in files),
-                commit_ms=(time.monotonic() - batch.started) * 1000,
-                retries=result.attempts - 1,
-            ),
-            batch.query_id,
-        )
+        return self._logged(_committed(batch, result), batch.query_id)
 
     def unit_not_committed(self, action: CommitAction, *, reason: str) -> None:
         """This table's action certainly did not land (its unit's retries were exhausted): delete its files."""
@@ -473,7 +475,6 @@ class TableCommitter(SinkTable):
             self._delete(table, batch.paths, reason="batch already committed (replay)")
             return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
         assert result.snapshot_id is not None
-        files = batch.files
         if isinstance(action, UpsertBatch) and action.rewrites:
             last = action.rewrites[-1]
             log.info(
@@ -486,16 +487,7 @@ class TableCommitter(SinkTable):
                 len(last.removed),
                 last.bytes_read,
             )
-        return BatchOutcome(
-            Outcome.COMMITTED,
-            batch.batch_id,
-            snapshot_id=result.snapshot_id,
-            files=len(files),
-            rows=sum(f.record_count for f in files),
-            bytes=sum(f.size_in_bytes for f in files),
-            commit_ms=(time.monotonic() - batch.started) * 1000,
-            retries=result.attempts - 1,
-        )
+        return _committed(batch, result)
 
     def marker_key(self, batch: _Batch) -> str:
         return last_batch_key(batch.query_id, self.options.sink_id)
