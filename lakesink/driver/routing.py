@@ -28,12 +28,12 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io import load_file_io
-from pyiceberg.table import Table
+from pyiceberg.table import Table, Transaction
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink.driver import catalogs, dead_letters, swap
-from lakesink.driver.action import CommitAction
+from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.driver.commit import BatchOutcome, CommitHook, Outcome, TableCommitter
 from lakesink.driver.completeness import BatchTime
 from lakesink.driver.swap import RetriesExhausted
@@ -247,8 +247,13 @@ class RoutedCommitter:
             if letters_table.schema().find_field(dead_letter_schema.TABLE).required:
                 # made before routed sinks had dead letters: an invalid route's null value needs an optional column
                 # (required -> optional is a compatible schema change; readers see no difference in the other rows)
-                with letters_table.update_schema() as update:
-                    update.update_column(dead_letter_schema.TABLE, required=False)
+                try:
+                    swap.run(_OptionalColumn(letters_table, dead_letter_schema.TABLE))
+                except RetriesExhausted as e:
+                    raise CommitConflictError(
+                        f"dead-letter table {d.table_name}: making column {dead_letter_schema.TABLE!r} optional "
+                        f"{e.attempts} time(s) {e.describe()}; nothing was written, restart the query"
+                    ) from e
                 log.info("lakesink: dead-letter table %s: column %r made optional", d.table_name, dead_letter_schema.TABLE)
                 letters_table = d.reload_table()
             self._letters_opened = True
@@ -676,3 +681,24 @@ def _without_field_ids(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 def _strip(schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
+
+
+class _OptionalColumn(CommitAction):
+    """A required top-level column made optional (a compatible schema change), as a commit action: every attempt
+    stages it on the table as read (the swap asserts the schema it read), landed once the column is optional."""
+
+    turn = Turn.BATCH  # part of a sink's set-up: it never waits for this process's maintenance
+
+    def __init__(self, table: Table, column: str):
+        super().__init__(table, f"making column {column!r} of {'.'.join(table.name())} optional")
+        self.column = column
+
+    def landed(self, table: Table) -> Landing | None:
+        return None if table.schema().find_field(self.column).required else Landing(mine=True)
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        def stage(tx: Transaction) -> None:
+            with tx.update_schema() as update:
+                update.update_column(self.column, required=False)
+
+        return seam_commit.prepare_staged(table, stage)
