@@ -17,7 +17,6 @@ table that turned out to differ (lakesink.driver.routing).
 from __future__ import annotations
 
 import logging
-import pickle
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -26,13 +25,12 @@ import pyarrow.compute as pc
 from pyiceberg.io import FileIO
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
-from pyspark import TaskContext
 from pyspark.sql.datasource import WriterCommitMessage
 
-from lakesink.errors import LakesinkError, RoutingError, SchemaMismatchError
+from lakesink.errors import RoutingError, SchemaMismatchError
 from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import RowChecks, TaskResult, WritePlan
-from lakesink.executor.task_writer import TaskWriter
+from lakesink.executor.task_writer import TaskWriter, task_result_batch
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.table import dead_letters as dl
 from lakesink.table import locations, storage
@@ -362,16 +360,4 @@ class RoutedPartitionWriter:
     run_id: str | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        ctx = TaskContext.get()
-        if ctx is None:
-            raise LakesinkError("RoutedPartitionWriter must run inside a Spark task (df.mapInArrow)")
-        writer = RoutedTaskWriter(
-            self.plan,
-            query_id=self.plan.query_id or "",
-            batch_id=self.batch_id,
-            partition_id=ctx.partitionId(),
-            task_attempt_id=ctx.taskAttemptId(),
-            run_id=self.run_id,
-        )
-        result = writer.write(batches)
-        yield pa.record_batch([pa.array([pickle.dumps(result)], pa.binary())], names=["task_result"])
+        yield task_result_batch(RoutedTaskWriter, "RoutedPartitionWriter", self.plan, self.batch_id, self.run_id, batches)

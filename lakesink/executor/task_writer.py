@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -456,16 +456,24 @@ class PartitionWriter:
     run_id: str | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        ctx = TaskContext.get()
-        if ctx is None:
-            raise LakesinkError("PartitionWriter must run inside a Spark task (df.mapInArrow)")
-        writer = TaskWriter(
-            self.plan,
-            query_id=self.plan.query_id or "",
-            batch_id=self.batch_id,
-            partition_id=ctx.partitionId(),
-            task_attempt_id=ctx.taskAttemptId(),
-            run_id=self.run_id,
-        )
-        result = writer.write(batches)
-        yield pa.record_batch([pa.array([pickle.dumps(result)], pa.binary())], names=["task_result"])
+        yield task_result_batch(TaskWriter, "PartitionWriter", self.plan, self.batch_id, self.run_id, batches)
+
+
+def task_result_batch(
+    make: Callable[..., Any], what: str, plan: Any, batch_id: int, run_id: str | None, batches: Iterator[pa.RecordBatch]
+) -> pa.RecordBatch:
+    """One ``mapInArrow`` task: a writer ``make(plan, ...)`` for this Spark task writes ``batches``; its pickled result
+    as the task's one output row (``what`` names the mapInArrow function in the error outside a task)."""
+    ctx = TaskContext.get()
+    if ctx is None:
+        raise LakesinkError(f"{what} must run inside a Spark task (df.mapInArrow)")
+    writer = make(
+        plan,
+        query_id=plan.query_id or "",
+        batch_id=batch_id,
+        partition_id=ctx.partitionId(),
+        task_attempt_id=ctx.taskAttemptId(),
+        run_id=run_id,
+    )
+    result = writer.write(batches)
+    return pa.record_batch([pa.array([pickle.dumps(result)], pa.binary())], names=["task_result"])
