@@ -110,8 +110,11 @@ def main(ctx: click.Context, out: Path, page: Path | None, work: Path | None) ->
     "Arrow batches; java: Iceberg's Java sink and Spark 3.5's parquet sink in a Spark 3.5 subprocess, benchmarks/java_sink.py)",
 )
 @click.option("--java-reps", default=5, show_default=True, help="repetitions of the two Spark 3.5 sinks")
+@click.option("--input-files", default=2, show_default=True, help="zstd Parquet files the input is written as")
 @click.pass_context
-def throughput(ctx: click.Context, rows: int, wide_rows: int | None, reps: int, paths: str, java_reps: int) -> None:
+def throughput(
+    ctx: click.Context, rows: int, wide_rows: int | None, reps: int, paths: str, java_reps: int, input_files: int
+) -> None:
     """Spark's parquet sink vs lakesink (format, foreachBatch) vs naive pyiceberg append; Iceberg's Java sink
     vs Spark 3.5's parquet sink."""
     chosen = [p.strip() for p in paths.split(",") if p.strip()]
@@ -129,7 +132,15 @@ def throughput(ctx: click.Context, rows: int, wide_rows: int | None, reps: int, 
                     continue
                 _say(f"throughput, {name} input:")
                 variants[name] = throughput_bench.run(
-                    spark, root / name, rows=n, reps=reps, wide=wide, paths=chosen, spark_log=log, say=_say
+                    spark,
+                    root / name,
+                    rows=n,
+                    reps=reps,
+                    wide=wide,
+                    paths=chosen,
+                    spark_log=log,
+                    say=_say,
+                    files=input_files,
                 )
         finally:
             spark.stop()

@@ -242,11 +242,12 @@ def run(
     paths: Sequence[str] = PATHS,
     spark_log: Path | None = None,
     say: Callable[[str], None] = print,
+    files: int = 2,
 ) -> dict[str, Any]:
     """Warm-up of each path, then ``reps`` repetitions in a rotating order."""
     src = root / ("input-wide" if wide else "input")
     started = time.perf_counter()
-    data = generate(spark, src, rows, wide=wide)
+    data = generate(spark, src, rows, wide=wide, files=files)
     say(f"input: {data['rows']} rows, {data['columns']} columns, {data['bytes'] / 2**20:.1f} MiB in {data['files']} files")
     runner = Runner(spark, root, src, rows, spark_log)
     warmup = []
