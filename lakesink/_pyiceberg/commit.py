@@ -10,6 +10,7 @@ re-check, the way iceberg#14425 duplicated data): every commit here is one swap,
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -50,6 +51,7 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema
+from pyiceberg.serializers import Compressor
 from pyiceberg.table import CommitTableRequest, Table, TableIdentifier, Transaction
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata, new_table_metadata
@@ -81,6 +83,7 @@ from pyiceberg.table.update.snapshot import (
     _SnapshotProducer,
 )
 from pyiceberg.typedef import EMPTY_DICT, IcebergBaseModel, Record
+from pyiceberg.utils.config import Config
 from requests import HTTPError
 from sqlalchemy import bindparam, select
 from sqlalchemy import update as sql_update
@@ -764,6 +767,22 @@ def updated_metadata(base: TableMetadata, updates: Sequence[Any], base_location:
     return new
 
 
+def write_table_metadata(metadata: TableMetadata, io: Any, location: str) -> None:
+    """Write a new metadata file: pyiceberg's ``SqlCatalog._write_metadata`` (``ToOutputFile.table_metadata``: the
+    JSON, gzipped for a ``.gz.metadata.json`` name, never overwriting), with pyiceberg's ``legacy-current-snapshot-id``
+    setting read once per process; pyiceberg reads its configuration again at every file (its YAML file and every
+    environment variable: 0.1 ms, a tenth of a routed table's share of a batch's commit)."""
+    data = metadata.model_dump_json(exclude_none=not _legacy_current_snapshot_id()).encode("utf-8")
+    with io.new_output(location).create(overwrite=False) as out:
+        out.write(Compressor.get_compressor(location).bytes_compressor()(data))
+
+
+@functools.cache
+def _legacy_current_snapshot_id() -> bool:
+    """pyiceberg's ``legacy-current-snapshot-id`` (write a table without a snapshot as ``current-snapshot-id: -1``)."""
+    return bool(Config().get_bool("legacy-current-snapshot-id"))
+
+
 def _sql_swap_applies(table: Table) -> bool:
     """Whether :func:`_swap_on_sql_catalog` can commit to ``table``: a pyiceberg SQL catalog whose database reports
     the rows an UPDATE matched, and a table read from a metadata file."""
@@ -968,7 +987,7 @@ def _swap_rows_on_sql_catalog(items: Sequence[tuple[Table, Sequence[Any], Sequen
         new = updated_metadata(table.metadata, updates, base_location)
         version = SqlCatalog._parse_metadata_version(base_location) + 1
         location = load_location_provider(new.location, new.properties).new_metadata_location(names.metadata_file_name(version))
-        SqlCatalog._write_metadata(metadata=new, io=table.io, metadata_path=location)
+        write_table_metadata(new, table.io, location)
         return table, new, location
 
     staged: list[tuple[Table, TableMetadata, str]] = []

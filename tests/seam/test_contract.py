@@ -9,6 +9,7 @@ Checked on pyiceberg 0.12.0.
 
 from __future__ import annotations
 
+import gzip
 import importlib
 import inspect
 from collections.abc import Callable, Iterator
@@ -248,19 +249,31 @@ def test_arrow_scan_reads_given_files(table: Table) -> None:
 
 
 def test_sql_catalog_parse_metadata_version_and_write_metadata(table: Table) -> None:
-    with hook("pyiceberg SqlCatalog._parse_metadata_version / _write_metadata (static)", "_swap_on_sql_catalog"):
+    with hook(
+        "pyiceberg SqlCatalog._parse_metadata_version (static), ToOutputFile.table_metadata / Compressor / Config",
+        "_swap_on_sql_catalog, write_table_metadata",
+    ):
         from pyiceberg.catalog.sql import SqlCatalog
+        from pyiceberg.serializers import FromInputFile
 
         assert params(SqlCatalog._parse_metadata_version) == ["metadata_location"]
-        assert params(SqlCatalog._write_metadata) == ["metadata", "io", "metadata_path"]
         name = "00007-6f1c9a2e-1b2c-4d5e-8f90-0123456789ab.metadata.json"
         assert SqlCatalog._parse_metadata_version(f"file:///w/db/t/metadata/{name}") == 7
         assert SqlCatalog._parse_metadata_version(table.metadata_location) >= 1
-        path = f"{table.location()}/metadata/99999-contract.metadata.json"
-        SqlCatalog._write_metadata(metadata=table.metadata, io=table.io, metadata_path=path)
-        from pyiceberg.serializers import FromInputFile
-
-        assert FromInputFile.table_metadata(table.io.new_input(path)).table_uuid == table.metadata.table_uuid
+        # lakesink writes a metadata file as pyiceberg's catalogs do, byte for byte (gzipped for a .gz name)
+        for suffix in ("metadata.json", "gz.metadata.json"):
+            theirs = f"{table.location()}/metadata/99998-contract.{suffix}"
+            ours = f"{table.location()}/metadata/99999-contract.{suffix}"
+            SqlCatalog._write_metadata(metadata=table.metadata, io=table.io, metadata_path=theirs)
+            seam_commit.write_table_metadata(table.metadata, table.io, ours)
+            with table.io.new_input(theirs).open() as a, table.io.new_input(ours).open() as b:
+                got, want = b.read(), a.read()
+            if suffix.startswith("gz."):  # gzip's header carries the time it was written
+                got, want = gzip.decompress(got), gzip.decompress(want)
+            assert got == want
+            assert FromInputFile.table_metadata(table.io.new_input(ours)).table_uuid == table.metadata.table_uuid
+            with pytest.raises(FileExistsError):  # never overwritten
+                seam_commit.write_table_metadata(table.metadata, table.io, ours)
 
 
 def test_sql_catalog_iceberg_tables_row_is_the_pointer(table: Table, catalog: Catalog) -> None:
