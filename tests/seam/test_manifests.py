@@ -262,7 +262,8 @@ def _listed(tmp_path: Path, version: int) -> list[ManifestFile]:
 def test_a_manifest_list_is_the_file_pyiceberg_writes_and_reads_back_the_same(tmp_path: Path, version: int, codec: str) -> None:
     listed = _listed(tmp_path, version)
     io = PyArrowFileIO()
-    for factory, name in ((write_manifest_list, "theirs"), (manifests.write_manifest_list, "ours")):
+    factories: tuple[tuple[Any, str], ...] = ((write_manifest_list, "theirs"), (manifests.write_manifest_list, "ours"))
+    for factory, name in factories:
         with factory(
             format_version=version,
             output_file=io.new_output(str(tmp_path / f"{name}-list.avro")),
@@ -298,7 +299,8 @@ class _ReferenceDeleteManifestWriter(ManifestWriterV2):
 def test_a_delete_manifest_is_the_file_pyiceberg_writes(tmp_path: Path, spec: str) -> None:
     io = PyArrowFileIO()
     written = {}
-    for cls, name in ((_ReferenceDeleteManifestWriter, "theirs"), (manifests.DeleteManifestWriter, "ours")):
+    classes: tuple[tuple[Any, str], ...] = ((_ReferenceDeleteManifestWriter, "theirs"), (manifests.DeleteManifestWriter, "ours"))
+    for cls, name in classes:
         writer = cls(SPECS[spec], SCHEMA, io.new_output(str(tmp_path / f"{name}.avro")), SNAPSHOT, "gzip")
         with writer:
             for _, entry in _entries(spec, 2, DataFileContent.POSITION_DELETES)[1:]:  # entries with a sequence number
@@ -313,7 +315,8 @@ def test_a_delete_manifest_is_the_file_pyiceberg_writes(tmp_path: Path, spec: st
 def test_an_unassigned_sequence_number_is_refused_as_pyiceberg_refuses_it(tmp_path: Path) -> None:
     m = _with(_listed(tmp_path, 2)[0], added_snapshot_id=OLD_SNAPSHOT)
     assert m.sequence_number == UNASSIGNED_SEQ
-    for factory in (write_manifest_list, manifests.write_manifest_list):
+    factories: tuple[Any, ...] = (write_manifest_list, manifests.write_manifest_list)
+    for factory in factories:
         with pytest.raises(ValueError, match="unassigned sequence number"):
             with factory(
                 format_version=2,
