@@ -341,3 +341,52 @@ def test_every_producer_lakesink_commits_through_writes_with_the_prepared_writer
         assert issubclass(producer, seam_commit._PreparedManifests), producer
         assert producer.new_manifest_writer is seam_commit._PreparedManifests.new_manifest_writer, producer
         assert producer._commit is seam_commit._PreparedManifests._commit, producer
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_prepared_merge_append_stages_what_pyicebergs_stages(catalog: Any, version: int) -> None:
+    """pyiceberg's merge-append producer and lakesink's (its ``_manifests`` and ``_commit`` re-implemented in the seam)
+    on the same table, with the same snapshot id: the same updates and requirements, the same snapshot (summary,
+    parent, sequence number, schema) and manifest lists that read back the same, but for the files' own paths."""
+    from pyiceberg.table import Transaction
+    from pyiceberg.table.snapshots import Operation
+    from pyiceberg.table.update import AddSnapshotUpdate
+    from pyiceberg.table.update.snapshot import _MergeAppendFiles
+
+    catalog.create_namespace_if_not_exists(("db",))
+    spec = SPECS["days-bucket-truncate"]
+    name = ("db", f"twin{version}")
+    table = catalog.create_table(name, schema=SCHEMA, partition_spec=spec, properties={"format-version": str(version)})
+    for b in range(2):  # a history: existing manifests to carry over
+        with table.transaction() as tx:
+            with tx.update_snapshot().fast_append() as append:
+                append.append_data_file(_data_file("days-bucket-truncate", 10 + b))
+    table = catalog.load_table(name)
+    staged = {}
+    for who, cls in (("theirs", _MergeAppendFiles), ("ours", seam_commit._MergeAppend)):
+        tx = Transaction(table, autocommit=False)
+        producer = cls(operation=Operation.APPEND, transaction=tx, io=table.io, snapshot_properties={"k": "v"})
+        producer._snapshot_id = SNAPSHOT
+        producer.append_data_file(_data_file("days-bucket-truncate", 3))
+        producer.commit()
+        staged[who] = tx
+    theirs, ours = staged["theirs"], staged["ours"]
+    assert [type(u) for u in ours._updates] == [type(u) for u in theirs._updates]
+    assert ours._requirements == theirs._requirements
+    added_theirs, added_ours = theirs._updates[0], ours._updates[0]
+    assert isinstance(added_theirs, AddSnapshotUpdate) and isinstance(added_ours, AddSnapshotUpdate)
+    snap_theirs, snap_ours = added_theirs.snapshot, added_ours.snapshot
+    assert snap_ours.manifest_list != snap_theirs.manifest_list
+    assert snap_ours.model_copy(update={"manifest_list": "", "timestamp_ms": 0}) == snap_theirs.model_copy(
+        update={"manifest_list": "", "timestamp_ms": 0}
+    )
+    assert ours._updates[1:] == theirs._updates[1:]  # the branch moved to it
+    read_theirs, read_ours = snap_theirs.manifests(table.io), snap_ours.manifests(table.io)
+    assert len(read_ours) == len(read_theirs) == 3
+    new = [m.manifest_path for m in read_ours if m.added_snapshot_id == SNAPSHOT]
+    assert len(new) == 1 and new[0] not in {m.manifest_path for m in read_theirs}
+    assert [plain(_with(m, manifest_path="")) for m in read_ours] == [plain(_with(m, manifest_path="")) for m in read_theirs]
+    for a, b in zip(read_ours, read_theirs, strict=True):
+        assert [plain(e) for e in a.fetch_manifest_entry(table.io, discard_deleted=False)] == [
+            plain(e) for e in b.fetch_manifest_entry(table.io, discard_deleted=False)
+        ]
