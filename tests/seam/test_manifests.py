@@ -386,7 +386,7 @@ def test_the_prepared_merge_append_stages_what_pyicebergs_stages(catalog: Any, v
     new = [m.manifest_path for m in read_ours if m.added_snapshot_id == SNAPSHOT]
     assert len(new) == 1 and new[0] not in {m.manifest_path for m in read_theirs}
     assert [plain(_with(m, manifest_path="")) for m in read_ours] == [plain(_with(m, manifest_path="")) for m in read_theirs]
-    for a, b in zip(read_ours, read_theirs, strict=True):
-        assert [plain(e) for e in a.fetch_manifest_entry(table.io, discard_deleted=False)] == [
-            plain(e) for e in b.fetch_manifest_entry(table.io, discard_deleted=False)
+    for mine, pyicebergs in zip(read_ours, read_theirs, strict=True):
+        assert [plain(e) for e in mine.fetch_manifest_entry(table.io, discard_deleted=False)] == [
+            plain(e) for e in pyicebergs.fetch_manifest_entry(table.io, discard_deleted=False)
         ]
