@@ -1181,9 +1181,8 @@ def idempotency_key_lifetime(catalog: Any) -> str | None:
 
 _UNKNOWN = object()
 
-_retry_config_on_expired_token: Callable[[Callable[[RestCatalog], dict[str, Any]]], Callable[[RestCatalog], dict[str, Any]]] = (
-    retry(**_RETRY_ARGS)
-)  # type: ignore[call-overload]
+_ConfigRead = Callable[[RestCatalog], dict[str, Any]]
+_retry_config_on_expired_token: Callable[[_ConfigRead], _ConfigRead] = retry(**_RETRY_ARGS)  # type: ignore[call-overload]
 
 
 @_retry_config_on_expired_token
