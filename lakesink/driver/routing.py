@@ -58,6 +58,7 @@ from lakesink.executor.routed_writer import (
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_AFTER_TABLE_CREATED, fault_point
 from lakesink.options import ATOMIC, Atomic, Routing, SinkOptions, TableName
+from lakesink.redaction import redact_secrets_in
 from lakesink.table import dead_letters as dead_letter_schema
 from lakesink.table import names as file_names
 from lakesink.table import partitioning, storage
@@ -324,6 +325,27 @@ class RoutedCommitter:
         them): format("lakesink") stages a new table's files instead (:meth:`template`)."""
         root = self.catalog.properties.get("warehouse") or ""
         return not isinstance(self.catalog, RestCatalog) and ("://" in root or root.startswith("/"))
+
+    def check_staging(self) -> None:
+        """format("lakesink") at the start of a run, on a catalog that places its tables itself: the staging area must
+        be writable with the catalog's storage properties (a probe file written and deleted), else InvalidOptionError
+        naming the catalog and the folder, before any batch runs."""
+        template = self.template()
+        if template is None or not template.staged:
+            return
+        probe = f"{template.root}/.probe-{file_names.new_token()}"
+        try:
+            with template.io.new_output(probe).create(overwrite=True) as f:
+                f.write(b"lakesink")
+            storage.delete_file(template.io, probe)
+        except Exception as e:
+            _, props = catalogs.resolve_catalog_properties(self.options.catalog_name, self.options.catalog_properties)
+            raise InvalidOptionError(
+                f"format('lakesink') with option 'route-by' writes the rows of a table it has not opened into the "
+                f"query's staging area {template.root} (catalog {self.catalog.name!r} places its tables itself), and "
+                f"cannot write there: {redact_secrets_in(f'{type(e).__name__}: {e}', props)}. Give a checkpoint location "
+                "that the catalog's storage properties can write, or use lakesink.foreach_batch(route_by=...)"
+            ) from None
 
     def no_template_reason(self) -> str:
         """Why :meth:`template` is None (for the error that refuses format("lakesink"))."""

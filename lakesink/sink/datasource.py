@@ -204,6 +204,7 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
             ": use lakesink.foreach_batch(route_by=...), which opens (and creates) each batch's tables before it "
             "writes them"
         )
+    routed.check_staging()
     query_id = read_query_id(options.checkpoint_location)
     plan = routed.routed_plan(routed.written_plans(query_id), query_id, template=True)
     if plan.template is not None:  # option reject-when: read by Iceberg's parser over the tables' columns

@@ -254,3 +254,13 @@ def test_lakana_places_the_tables_and_each_batch_lands_once_table_by_table(
     assert_read_back(rest_catalog_properties, {"bronze.a": Counter([1, 2, 4]), "silver.b": Counter([3, 5])})
     assert "managed" in table(rest_catalog_properties, "bronze.a").location()
     assert staged_files(ck) == []
+
+
+def test_a_staging_area_lakesink_cannot_write_is_refused_at_start(txn_catalog_properties: dict[str, str], tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    rc = routed(txn_catalog_properties, blocked / "checkpoint")
+    with pytest.raises(InvalidOptionError, match=r"staging area .*a-file/checkpoint/lakesink/staging .*places its tables itself"):
+        rc.check_staging()
+    routed(txn_catalog_properties, tmp_path / "checkpoint").check_staging()  # a folder it can write: accepted
+    assert staged_files(tmp_path / "checkpoint") == []  # the probe is gone
