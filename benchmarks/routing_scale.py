@@ -52,13 +52,11 @@ def lakesink_state(rc: Any) -> dict[str, int]:
     from lakesink.driver import catalogs, turns
     from lakesink.maintenance import auto
 
-    kept = auto.process_state()
     return {
         "committers": len(rc._committers),
         "tables_kept": len(catalogs._tables),
         "turns": len(turns._turns),
-        "maintainers": kept["maintainers"],
-        "maintenance_threads": kept["maintenance_threads"],
+        **auto.process_state(),
     }
 
 
@@ -134,16 +132,12 @@ def run_mode(
         commit_ms = (time.perf_counter() - t0) * 1000
         del plan, result, batch
         gc.collect()
-        with auto._registry_lock:
-            maintainers = list(auto._maintainers.values())
         s: dict[str, Any] = {
             "batch": b,
             "new_tables": b < groups,
             "commit_ms": round(commit_ms, 1),
             **process_sample(db),
             **lakesink_state(rc),
-            "maintenance_queued": sum(m.pending for m in maintainers),
-            "maintenance_runs": sum(m.runs for m in maintainers),
         }
         samples.append(s)
         if b % 10 == 0 or b == batches - 1:

@@ -222,12 +222,29 @@ def _bound() -> None:
     excess = len(_maintainers) - MAX_MAINTAINERS
     if excess <= 0:
         return
-    for k in [k for k, m in _maintainers.items() if not m.pending][:excess]:
+    idle = []
+    for k, m in _maintainers.items():  # oldest first; usually the first one is idle
+        if not m.pending:
+            idle.append(k)
+            if len(idle) == excess:
+                break
+    for k in idle:
         del _maintainers[k]
 
 
-def process_state() -> dict[str, int]:
-    """What automatic maintenance holds in this process (the routing benchmark and the bounds test read it)."""
+def kept_maintainers() -> list[AutoMaintainer]:
+    """The maintainers this process keeps, least recently committed first."""
     with _registry_lock:
-        kept = len(_maintainers)
-    return {"maintainers": kept, "maintenance_threads": _runner.threads()}
+        return list(_maintainers.values())
+
+
+def process_state() -> dict[str, int]:
+    """What automatic maintenance holds in this process (the routing-scale benchmark and the bounds test read it):
+    maintainers kept, maintenance threads alive, runs queued or running, runs done by the maintainers kept."""
+    kept = kept_maintainers()
+    return {
+        "maintainers": len(kept),
+        "maintenance_threads": _runner.threads(),
+        "maintenance_queued": sum(m.pending for m in kept),
+        "maintenance_runs": sum(m.runs for m in kept),
+    }

@@ -75,8 +75,7 @@ class Run:
 
     def quiet(self) -> dict[str, Any]:
         """Every queued maintenance run done; then what the process holds."""
-        with auto._registry_lock:
-            maintainers = list(auto._maintainers.values())
+        maintainers = auto.kept_maintainers()
         for m in maintainers:
             m.wait(120)
         assert not any(m.pending for m in maintainers)
@@ -134,8 +133,7 @@ def test_maintenance_of_many_tables_runs_on_the_runners_few_threads(catalog_prop
     run.tables(names)  # every table committed a second time: its run is due
     state = run.quiet()
     assert state["maintainers"] <= MAINTAINERS and state["maintenance_threads"] <= auto.MAINTENANCE_THREADS, state
-    with auto._registry_lock:
-        kept = list(auto._maintainers.values())
+    kept = auto.kept_maintainers()
     assert kept and all(m.runs >= 1 and m.last_error is None for m in kept[-MAINTAINERS:]), [
         (m.key, m.runs, m.last_error) for m in kept
     ]
