@@ -356,13 +356,15 @@ def routing_scale_md(r: dict[str, Any]) -> str:
             )
     lines += ["", "What lakesink kept at most over each run (limits: committers 256, tables read 1,024, maintainers 4,096):", ""]
     lines += [
-        "| maintenance | committers | tables read | turns | maintainers | maintenance threads | RSS after creation / end MiB |"
+        "| maintenance | committers | table identities | tables read | turns | maintainers | maintenance threads "
+        "| RSS after creation / end MiB |"
     ]
-    lines += ["|---|---|---|---|---|---|---|"]
+    lines += ["|---|---|---|---|---|---|---|---|"]
     for x in r["runs"].values():
         p = x["summary"]["peaks"]
         lines.append(
-            f"| {x['maintenance']} | {p['committers']} | {p['tables_kept']} | {p['turns']} | {p['maintainers']} | "
+            f"| {x['maintenance']} | {p['committers']} | {p.get('table_identities', '-')} | {p['tables_kept']} | {p['turns']} | "
+            f"{p['maintainers']} | "
             f"{p['maintenance_threads']} | {_f(x['summary']['rss_mib_after_creation'])} / {_f(x['summary']['rss_mib_end'])} |"
         )
     return "\n".join(lines)

@@ -54,6 +54,7 @@ def lakesink_state(rc: Any) -> dict[str, int]:
 
     return {
         "committers": len(rc._committers),
+        "table_identities": len(rc._uuids),
         "tables_kept": len(catalogs._tables),
         "turns": len(turns._turns),
         **auto.process_state(),
@@ -194,6 +195,7 @@ def summarize(samples: Sequence[dict[str, Any]], creating: int) -> dict[str, Any
                 "fds",
                 "db_fds",
                 "committers",
+                "table_identities",
                 "tables_kept",
                 "turns",
                 "maintainers",
