@@ -339,13 +339,16 @@ class RoutedCommitter:
                 f.write(b"lakesink")
             storage.delete_file(template.io, probe)
         except Exception as e:
-            _, props = catalogs.resolve_catalog_properties(self.options.catalog_name, self.options.catalog_properties)
             raise InvalidOptionError(
                 f"format('lakesink') with option 'route-by' writes the rows of a table it has not opened into the "
                 f"query's staging area {template.root} (catalog {self.catalog.name!r} places its tables itself), and "
-                f"cannot write there: {redact_secrets_in(f'{type(e).__name__}: {e}', props)}. Give a checkpoint location "
-                "that the catalog's storage properties can write, or use lakesink.foreach_batch(route_by=...)"
+                f"cannot write there: {self._redact(e)}. Give a checkpoint location that the catalog's storage "
+                "properties can write, or use lakesink.foreach_batch(route_by=...)"
             ) from None
+
+    def _redact(self, e: BaseException) -> str:
+        _, props = catalogs.resolve_catalog_properties(self.options.catalog_name, self.options.catalog_properties)
+        return redact_secrets_in(f"{type(e).__name__}: {e}", props)
 
     def no_template_reason(self) -> str:
         """Why :meth:`template` is None (for the error that refuses format("lakesink"))."""
@@ -731,7 +734,7 @@ class RoutedCommitter:
         try:
             listed = list(storage.list_files(template.io, template.root))
         except Exception as e:
-            log.warning("lakesink: cannot list the staging area %s (%s); its files are deleted later", template.root, e)
+            log.warning("lakesink: cannot list the staging area %s (%s); later commits retry", template.root, self._redact(e))
             return
         for f in listed:
             found = file_names.batch_of(f.relative)
