@@ -177,6 +177,7 @@ def summarize(samples: Sequence[dict[str, Any]], creating: int) -> dict[str, Any
             {
                 "batches": f"{part[0]['batch']}-{part[-1]['batch']}",
                 "commit_ms": percentiles([s["commit_ms"] for s in part]),
+                "rss_mib_p50": round(statistics.median(s["rss_mib"] for s in part), 1),
                 **{k: max(s[k] for s in part) for k in ("rss_mib", "threads_os", "threads_py", "fds", "db_fds")},
                 "maintenance_queued": max(s["maintenance_queued"] for s in part),
                 "maintenance_runs_end": part[-1]["maintenance_runs"],
@@ -202,8 +203,8 @@ def summarize(samples: Sequence[dict[str, Any]], creating: int) -> dict[str, Any
                 "maintenance_threads",
             )
         },
-        "rss_mib_after_creation": steady[0]["rss_mib"],
-        "rss_mib_end": samples[-1]["rss_mib"],
+        "rss_mib_p50_first_quarter": quarters[0]["rss_mib_p50"] if quarters else None,
+        "rss_mib_p50_last_quarter": quarters[-1]["rss_mib_p50"] if quarters else None,
     }
 
 
