@@ -1,4 +1,5 @@
-"""``python -m benchmarks throughput|commit-path|commit-latency|driver-memory|memory|rate|report|all`` (``make bench``).
+"""``python -m benchmarks throughput|commit-path|commit-latency|driver-memory|memory|rate|routing|routing-scale|...``
+(``make bench``).
 
 Results go to ``--out`` (default ``docs/performance/``) as JSON and PNG, and the tables into
 ``performance.md`` next to that folder (``docs/performance.md``), between its generated markers.
@@ -31,6 +32,7 @@ from benchmarks import partitioned as partitioned_bench
 from benchmarks import rate as rate_bench
 from benchmarks import rest_commit as rest_commit_bench
 from benchmarks import routing as routing_bench
+from benchmarks import routing_scale as routing_scale_bench
 from benchmarks import throughput as throughput_bench
 from benchmarks import upsert as upsert_bench
 from benchmarks.common import DEFAULT_OUT, machine, spark_session, write_json
@@ -314,6 +316,46 @@ def routing(ctx: click.Context, tables: str, batches: int, rows_per_table: int) 
     counts = tuple(int(t) for t in tables.split(",") if t.strip())
     result = routing_bench.run(counts, batches, rows_per_table, say=_say)
     _finish(ctx, "routing", {"command": _command(), **result})
+
+
+@main.command("routing-scale")
+@click.option("--tables", default=2000, show_default=True, help="distinct tables over the run")
+@click.option("--tables-per-batch", default=200, show_default=True)
+@click.option("--batches", default=40, show_default=True, help="batches per mode (the first tables/per-batch ones create tables)")
+@click.option("--rows-per-table", default=5, show_default=True)
+@click.option(
+    "--maintenance-interval-ms",
+    default=0,
+    show_default=True,
+    help="table property write.lakesink.maintenance.interval-ms of the tables (0: a run is due after every commit)",
+)
+@click.option("--modes", default=",".join(routing_scale_bench.MODES), show_default=True, help="option maintenance, one run each")
+@click.pass_context
+def routing_scale(
+    ctx: click.Context,
+    tables: int,
+    tables_per_batch: int,
+    batches: int,
+    rows_per_table: int,
+    maintenance_interval_ms: int,
+    modes: str,
+) -> None:
+    """Option route-by over many tables: driver memory, threads, connections and commit time per batch over a long run,
+    with automatic maintenance and without (benchmarks/routing_scale.py)."""
+    chosen = tuple(m for m in modes.split(",") if m.strip())
+    for m in chosen:
+        if m not in routing_scale_bench.MODES:
+            raise click.BadParameter(f"unknown mode {m!r}; valid: {', '.join(routing_scale_bench.MODES)}", param_hint="--modes")
+    result = routing_scale_bench.run(
+        tables=tables,
+        per_batch=tables_per_batch,
+        batches=batches,
+        rows_per_table=rows_per_table,
+        interval_ms=maintenance_interval_ms,
+        modes=chosen,
+        say=_say,
+    )
+    _finish(ctx, "routing_scale", {"command": _command(), **result})
 
 
 def _commit_latency_concurrent(

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from benchmarks import commit_latency, driver_memory, java_sink, plots, throughput
+from benchmarks import commit_latency, driver_memory, java_sink, plots, routing_scale, throughput
 
 SECTIONS = ("machine", "throughput", "commit-path", "commit-latency", "memory", "driver-memory", "rate")
 PLOTS = {
@@ -328,6 +328,50 @@ def routing_md(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def routing_scale_md(r: dict[str, Any]) -> str:
+    """Option route-by over many tables: what the driver keeps and the commit time per batch over a long run
+    (benchmarks/routing_scale.py)."""
+    lines = [
+        f"`{r.get('command', 'python -m benchmarks routing-scale')}`, {_machine_line(r['machine'])}; load average at the "
+        f"end {r.get('load_average_end')}.",
+        "",
+        "| maintenance | tables / per batch / batches | creating batches: commit ms p50 | steady batches | commit ms p50 | p90 "
+        "| max | RSS MiB p50 / max | threads OS / Python (max) | fds / on the catalog file (max) "
+        "| maintenance queued (max) / runs | exact |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for x in r["runs"].values():
+        sm = x["summary"]
+        for i, q in enumerate(sm["steady"]):
+            c = q["commit_ms"]
+            first = i == 0
+            lines.append(
+                f"| {x['maintenance'] if first else ''} | "
+                + (f"{x['tables']} / {x['tables_per_batch']} / {x['batches']}" if first else "")
+                + f" | {_f(sm['creating_commit_ms_p50']) if first else ''} | {q['batches']} | {_f(c.get('p50'))} | "
+                f"{_f(c.get('p90'))} | {_f(c.get('max'))} | {_f(q['rss_mib_p50'])} / {_f(q['rss_mib'])} | "
+                f"{q['threads_os']} / {q['threads_py']} | "
+                f"{q['fds']} / {q['db_fds']} | {q['maintenance_queued']} / {q['maintenance_runs_end']} | "
+                + (("yes" if x["exact"] else "NO") if first else "")
+                + " |"
+            )
+    lines += ["", "What lakesink kept at most over each run (limits: committers 256, tables read 1,024, maintainers 4,096):", ""]
+    lines += [
+        "| maintenance | committers | table identities | tables read | turns | maintainers | maintenance threads "
+        "| RSS MiB p50, first / last steady quarter |"
+    ]
+    lines += ["|---|---|---|---|---|---|---|---|"]
+    for x in r["runs"].values():
+        p = x["summary"]["peaks"]
+        lines.append(
+            f"| {x['maintenance']} | {p['committers']} | {p.get('table_identities', '-')} | {p['tables_kept']} | {p['turns']} | "
+            f"{p['maintainers']} | "
+            f"{p['maintenance_threads']} | {_f(x['summary']['rss_mib_p50_first_quarter'])} / "
+            f"{_f(x['summary']['rss_mib_p50_last_quarter'])} |"
+        )
+    return "\n".join(lines)
+
+
 def render(out: Path, page: Path | None) -> str:
     """Write the plots next to the JSON files and the tables into ``page`` (when given); return the tables."""
     rel = out.name if page is not None and page.parent == out.parent else str(out)
@@ -361,6 +405,11 @@ def render(out: Path, page: Path | None) -> str:
     rt = load(out, "routing")
     if rt:
         parts["routing"] = routing_md(rt)
+    rs = load(out, "routing_scale")
+    if rs:
+        for x in rs["runs"].values():  # recomputed from the samples: older result files lack some columns
+            x["summary"] = routing_scale.summarize(x["samples"], max(1, x["tables"] // x["tables_per_batch"]))
+        parts["routing-scale"] = routing_scale_md(rs)
     r = load(out, "rate")
     if r:
         plots.rate(r, out / PLOTS["rate"])

@@ -48,6 +48,10 @@ DRIVER_BETWEEN_TABLE_COMMITS = "driver.between-table-commits"
 """A unit committed one table after the other (a catalog without multi-table commits, or option atomic=off):
 after one table's swap, before the next table's."""
 
+DRIVER_AFTER_TABLE_CREATED = "driver.after-table-created"
+"""format("lakesink") with route-by: the driver created a table first seen in the batch (at commit), before it wrote
+or committed anything into it (an empty table is left behind by a kill here; the replay commits into it)."""
+
 POINTS = (
     EXECUTOR_BEFORE_WRITE,
     EXECUTOR_AFTER_FILE,
@@ -60,6 +64,7 @@ POINTS = (
     DRIVER_IN_ABORT,
     CATALOG_BETWEEN_TABLE_SWAPS,
     DRIVER_BETWEEN_TABLE_COMMITS,
+    DRIVER_AFTER_TABLE_CREATED,
 )
 
 #: How long a paused point waits for its release before it raises: generous, because the test that releases

@@ -204,3 +204,17 @@ def test_routing_benchmark_at_toy_size(tmp_path: Path) -> None:
     assert set(result["runs"]) == {"1", "3"} and all(r["exact"] for r in result["runs"].values())
     assert result["runs"]["3"]["catalog_statements_by_kind"] == {"SELECT": 1.0, "UPDATE": 2.0}
     assert "<!-- generated: routing -->" in (tmp_path / "performance.md").read_text()
+
+
+def test_routing_scale_benchmark_at_toy_size(tmp_path: Path) -> None:
+    """``python -m benchmarks routing-scale`` (no Spark): both modes, every table read back exact, every batch sampled,
+    what lakesink keeps under its limits."""
+    _bench(tmp_path, "routing-scale", "--tables", "12", "--tables-per-batch", "4", "--batches", "6", "--rows-per-table", "2")
+    result = json.loads((tmp_path / "performance" / "routing_scale.json").read_text())
+    assert set(result["runs"]) == {"auto", "off"}
+    for run in result["runs"].values():
+        assert run["exact"] and len(run["samples"]) == 6
+        peaks = run["summary"]["peaks"]
+        assert peaks["committers"] <= 256 and peaks["tables_kept"] <= 1024 and peaks["maintenance_threads"] <= 2
+    assert result["runs"]["off"]["summary"]["peaks"]["maintenance_threads"] == 0
+    assert "<!-- generated: routing-scale -->" in (tmp_path / "performance.md").read_text()

@@ -36,6 +36,7 @@ def test_point_names() -> None:
         "driver.in-abort",
         "catalog.between-table-swaps",
         "driver.between-table-commits",
+        "driver.after-table-created",
     )
 
 

@@ -18,6 +18,7 @@ thousands), catalog connections are the process's one per catalog (lakesink.driv
 from __future__ import annotations
 
 import logging
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -55,8 +56,11 @@ from lakesink.executor.routed_writer import (
     routed_table,
 )
 from lakesink.executor.task_writer import TaskWriter
+from lakesink.faults import DRIVER_AFTER_TABLE_CREATED, fault_point
 from lakesink.options import ATOMIC, Atomic, Routing, SinkOptions, TableName
+from lakesink.redaction import redact_secrets_in
 from lakesink.table import dead_letters as dead_letter_schema
+from lakesink.table import names as file_names
 from lakesink.table import partitioning, storage
 from lakesink.table.keys import SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
 from lakesink.table.markers import parse_last_batch_key
@@ -133,6 +137,20 @@ def check_atomic(catalog: Catalog, routing: Routing) -> bool:
     return can
 
 
+STAGING_FOLDER = "lakesink/staging"
+"""Where format("lakesink") stages the files of tables a run had not opened, under the query's checkpoint, on a
+catalog that places its tables itself (:meth:`RoutedCommitter.template`)."""
+
+
+def staging_root(checkpoint_location: str) -> str:
+    """The query's staging area: ``<checkpoint>/lakesink/staging`` (a relative checkpoint path made absolute, as
+    Spark resolves it against the driver's working folder)."""
+    root = checkpoint_location
+    if "://" not in root and not root.startswith(("/", "file:")):
+        root = os.path.abspath(root)
+    return f"{root.rstrip('/')}/{STAGING_FOLDER}"
+
+
 class RoutedCommitter:
     """The driver side of a routed sink: a :class:`TableCommitter` per table, one unit of commits per batch."""
 
@@ -162,6 +180,7 @@ class RoutedCommitter:
             self.dead_letters = TableCommitter(dead_letters.dead_letter_options(options))
         self._letters_opened = False
         self._checks: RowChecks | None = None
+        self._swept = False
 
     # --- start ------------------------------------------------------------------------------------
 
@@ -273,11 +292,17 @@ class RoutedCommitter:
         return replace(plan, row_checks=checks, last_committed_batch=both)
 
     def template(self) -> TableTemplate | None:
-        """How executors write a table not opened yet (format("lakesink")): None when the catalog names no
-        warehouse to place new tables in."""
+        """How executors write a table not opened yet (format("lakesink")): at ``<warehouse>/<namespace>.db/<table>``
+        when lakesink places new tables itself (:meth:`places_tables_itself`); else into the query's staging area
+        (``<checkpoint>/lakesink/staging``, :func:`staging_root`), from which the driver rewrites the rows into the
+        table, created where the catalog places it (a REST server). None without a checkpoint (foreach_batch)."""
         if self._template is None:
-            root = self.catalog.properties.get("warehouse")
-            if not root or not self.places_tables_itself():
+            if self.places_tables_itself():
+                root: str | None = self.catalog.properties["warehouse"]
+            else:
+                checkpoint = self.options.checkpoint_location
+                root = staging_root(checkpoint) if checkpoint else None
+            if root is None:
                 return None
             schema = seam.new_table_schema(self.stream_schema)
             name = f"tables routed by {self.routing.column!r}"
@@ -289,28 +314,51 @@ class RoutedCommitter:
                 properties=properties,
                 settings=TableSettings.parse(name, properties),
                 io=load_file_io(dict(self.catalog.properties), root),
+                staged=not self.places_tables_itself(),
             )
         return self._template
 
     def places_tables_itself(self) -> bool:
         """Whether lakesink may place a new table at ``<warehouse>/<namespace>.db/<table>`` itself: a catalog whose
         ``warehouse`` is a location (a URI or an absolute path) and that takes the location given at creation. A REST
-        catalog's ``warehouse`` may be a name, and its server places tables: format("lakesink") cannot write a table
-        there before it exists."""
+        catalog's ``warehouse`` may be a name, and its server places tables (some refuse a location, lakana among
+        them): format("lakesink") stages a new table's files instead (:meth:`template`)."""
         root = self.catalog.properties.get("warehouse") or ""
         return not isinstance(self.catalog, RestCatalog) and ("://" in root or root.startswith("/"))
 
+    def check_staging(self) -> None:
+        """format("lakesink") at the start of a run, on a catalog that places its tables itself: the staging area must
+        be writable with the catalog's storage properties (a probe file written and deleted), else InvalidOptionError
+        naming the catalog and the folder, before any batch runs."""
+        template = self.template()
+        if template is None or not template.staged:
+            return
+        probe = f"{template.root}/.probe-{file_names.new_token()}"
+        try:
+            with template.io.new_output(probe).create(overwrite=True) as f:
+                f.write(b"lakesink")
+            storage.delete_file(template.io, probe)
+        except Exception as e:
+            raise InvalidOptionError(
+                f"format('lakesink') with option 'route-by' writes the rows of a table it has not opened into the "
+                f"query's staging area {template.root} (catalog {self.catalog.name!r} places its tables itself), and "
+                f"cannot write there: {self._redact(e)}. Give a checkpoint location that the catalog's storage "
+                "properties can write, or use lakesink.foreach_batch(route_by=...)"
+            ) from None
+
+    def _redact(self, e: BaseException) -> str:
+        _, props = catalogs.resolve_catalog_properties(self.options.catalog_name, self.options.catalog_properties)
+        return redact_secrets_in(f"{type(e).__name__}: {e}", props)
+
     def no_template_reason(self) -> str:
         """Why :meth:`template` is None (for the error that refuses format("lakesink"))."""
-        if isinstance(self.catalog, RestCatalog):
-            return "places its tables itself (a REST catalog)"
-        if not self.catalog.properties.get("warehouse"):
-            return "has no 'warehouse' property (option 'catalog.warehouse')"
-        return "has a 'warehouse' that is not a location (a URI or an absolute path)"
+        return "has no checkpoint location to stage the files of new tables in (option 'checkpointLocation')"
 
     def _location(self, route: Route) -> str | None:
+        """Where a new table is created: the template's location when lakesink places tables; else where the catalog
+        places it (None)."""
         template = self.template()
-        return template.location(route) if template is not None else None
+        return template.location(route) if template is not None and not template.staged else None
 
     def plan(self, route: Route, query_id: str | None) -> WritePlan:
         """The write plan of one table of a batch: opened (created on first sight) and checked the first time this
@@ -455,6 +503,8 @@ class RoutedCommitter:
         outcome = self._run(actions, batch_id)
         if names:
             self._last_tables = tuple(names)
+        if templated or not self._swept:
+            self._sweep_staging(batch_id)  # once per process (a crashed run's leftovers), then after staged batches
         return outcome
 
     def _letters_action(
@@ -593,6 +643,7 @@ class RoutedCommitter:
                 table, _ = c.open_routed(
                     self.stream_schema, location=self._location(route), siblings=lambda: self._sibling_locations(route)
                 )
+                fault_point(DRIVER_AFTER_TABLE_CREATED)
         uuid = str(table.metadata.table_uuid)
         if expected is not None and uuid != expected:
             raise c.identity_changed(expected, uuid)
@@ -603,6 +654,13 @@ class RoutedCommitter:
         assert template is not None
         written = {r.written_schema for r in results if r.files}
         done = c.last(table, query_id)
+        if template.staged:
+            # staged files are never committed: the batch's rows are rewritten into the table, or, when the table
+            # holds the batch already (a replay), the staged files are deleted and the loop must find it there
+            if done is not None and done.batch_id >= batch_id:
+                self._delete_staged(results)
+                return table, [replace(r, files=(), replay_skipped=True) for r in results]
+            return table, self._rewrite(c, table, results, query_id, batch_id, staged=True)
         fits = (
             written <= {schema_digest(table.schema())}
             and table.spec() == template.spec
@@ -613,17 +671,28 @@ class RoutedCommitter:
         return table, self._rewrite(c, table, results, query_id, batch_id)
 
     def _rewrite(
-        self, c: TableCommitter, table: Table, results: list[TaskResult], query_id: str, batch_id: int
+        self, c: TableCommitter, table: Table, results: list[TaskResult], query_id: str, batch_id: int, *, staged: bool = False
     ) -> list[TaskResult]:
         """Files written with the template for a table that differs (created by someone else, or before the run,
-        outside the namespace lakesink opened at the start): their rows rewritten into the table, on the driver."""
+        outside the namespace lakesink opened at the start), or staged (a catalog that places its tables itself):
+        their rows rewritten into the table, on the driver."""
         plan = c.write_plan(table, query_id, c.columns_taken(table, self.stream_schema))
-        log.warning(
-            "lakesink: table=%s batch=%s: the table is not as lakesink would create it, so the batch's files for it "
-            "are rewritten on the driver (restart the query to have the executors write this table directly)",
-            c.table_name,
-            batch_id,
-        )
+        if staged:
+            log.info(
+                "lakesink: table=%s batch=%s: the batch's staged files for it are rewritten into the table on the driver "
+                "(catalog %r places its tables itself; a restart of the query has the executors write this table "
+                "directly when it is in option 'namespace')",
+                c.table_name,
+                batch_id,
+                self.catalog.name,
+            )
+        else:
+            log.warning(
+                "lakesink: table=%s batch=%s: the table is not as lakesink would create it, so the batch's files for it "
+                "are rewritten on the driver (restart the query to have the executors write this table directly)",
+                c.table_name,
+                batch_id,
+            )
         writer = TaskWriter(
             plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0
         )  # a new token: unique names
@@ -640,7 +709,41 @@ class RoutedCommitter:
             raise
         for path in old:
             storage.delete_file(io, path)
-        return [writer.result()]
+        # the tasks' own results stay, without their files: their dead letters and counts are the batch's
+        return [writer.result(), *(replace(r, files=()) for r in results)]
+
+    def _delete_staged(self, results: Sequence[TaskResult]) -> None:
+        template = self.template()
+        assert template is not None and template.staged
+        for r in results:
+            for f in r.files:
+                try:
+                    storage.delete_file(template.io, f.path)
+                except Exception:
+                    log.warning("lakesink: could not delete staged file %s; the next batch's commit collects it", f.path)
+
+    def _sweep_staging(self, batch_id: int) -> None:
+        """Batch ``batch_id`` is settled in every table (committed, or found committed): every staged file of it and
+        of earlier batches is dead (a staged file is never committed; Spark runs a query's batches in order, and a
+        crashed batch is replayed with its own id before the next), so they are deleted, leftovers of killed runs
+        included. Files of later batches (a zombie run ahead of this one) are kept."""
+        self._swept = True
+        template = self.template() if self.options.checkpoint_location else None
+        if template is None or not template.staged:
+            return
+        try:
+            listed = list(storage.list_files(template.io, template.root))
+        except Exception as e:
+            log.warning("lakesink: cannot list the staging area %s (%s); later commits retry", template.root, self._redact(e))
+            return
+        for f in listed:
+            found = file_names.batch_of(f.relative)
+            if found is None or found.batch_id > batch_id:
+                continue
+            try:
+                storage.delete_file(template.io, f"{template.root.rstrip('/')}/{f.relative}")
+            except Exception:
+                log.warning("lakesink: could not delete staged file %s; a later batch's commit collects it", f.relative)
 
     # --- abort ------------------------------------------------------------------------------------
 

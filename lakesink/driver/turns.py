@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -75,7 +76,9 @@ class Turns:
 
 
 _lock = threading.Lock()
-_turns: dict[tuple[Any, ...], Turns] = {}
+_turns: weakref.WeakValueDictionary[tuple[Any, ...], Turns] = weakref.WeakValueDictionary()
+"""The turns of the tables whose commits are under way: a commit holds its table's :class:`Turns` for as long as it
+takes part, and a table nobody commits has none (a routed stream may commit thousands of tables over a run)."""
 
 
 def key(table: Table) -> tuple[Any, ...]:

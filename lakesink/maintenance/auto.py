@@ -1,8 +1,9 @@
 """The sink's automatic maintenance (option ``maintenance=auto``): a post-commit hook of the driver's committer.
 
 Inside the sink (:class:`AutoMaintainer`), the routine of :mod:`lakesink.maintenance.routine` (without orphan
-removal) runs on a background thread of
-the process that commits, at most every ``write.lakesink.maintenance.interval-ms`` (default 1 minute). The
+removal) runs in the background of the process that commits, on one of its few maintenance threads (shared by every
+table: a stream into thousands of tables queues their runs), at most every ``write.lakesink.maintenance.interval-ms``
+(default 1 minute) per table. The
 expensive part (rewriting data files) runs beside the batches; each commit attempt (read, prepare, swap) takes
 its turn between two batch commits of this process, so a batch waits at most for one such attempt: the commit
 loop takes those turns (:mod:`lakesink.driver.turns`), for every maintenance commit of the process.
@@ -15,14 +16,17 @@ calls :meth:`~AutoMaintenance.after_commit` once it committed. The driver never 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.table import Table
 
+from lakesink.driver import catalogs
 from lakesink.driver.tables import SinkTable
 from lakesink.maintenance import compaction, expiry, manifest_rewrite
 from lakesink.options import Maintenance
@@ -51,27 +55,43 @@ class AutoMaintenance:
 
 def auto_maintenance(table: SinkTable) -> AutoMaintenance:
     """The post-commit hook an entry point passes into the committer of a sink (``TableCommitter(options,
-    post_commit=auto_maintenance)``): the process's maintainer of the sink's table (catalog and table as the key)."""
+    post_commit=auto_maintenance)``): the process's maintainer of the sink's table (catalog and table as the key).
+    The maintainer reads the table through the process's catalog by its name: it keeps no reference to the
+    committer (a routed sink drops the committers of the tables it has not used lately, lakesink.driver.routing)."""
     options = table.options
     key = (options.catalog_name, tuple(sorted(options.catalog_properties.items())), options.table.identifier)
-    return AutoMaintenance(maintainer_for(key, table.load), options.maintenance is Maintenance.AUTO)
+    catalog, identifier = table.catalog, options.table.identifier
+    return AutoMaintenance(
+        maintainer_for(key, lambda: catalogs.load_table(catalog, identifier)), options.maintenance is Maintenance.AUTO
+    )
 
 
 class AutoMaintainer:
     """The background maintenance of one table in this process (option ``maintenance=auto``; see
-    :func:`maintainer_for`). Its commits take their turns between the process's batches of the table in the commit
-    loop (:mod:`lakesink.driver.turns`)."""
+    :func:`maintainer_for`). A run that is due waits in the process's queue for one of its
+    :data:`MAINTENANCE_THREADS` threads (:class:`_Runner`): a stream into thousands of tables runs their
+    maintenance a few at a time, never a thread per table. Its commits take their turns between the process's
+    batches of the table in the commit loop (:mod:`lakesink.driver.turns`)."""
 
-    def __init__(self, load: Callable[[], Table]):
+    def __init__(self, load: Callable[[], Table], key: tuple[Any, ...] = ()):
         self._load = load
-        self._thread: threading.Thread | None = None
+        self.key = key
+        self._lock = threading.Lock()
+        self._pending = False
+        """A run is queued or running (at most one per table)."""
+        self._done: threading.Event | None = None
         self._last_run = 0.0
         self._interval_ms = MAINTENANCE_INTERVAL_MS_DEFAULT
         self.runs = 0
         self.last_error: str | None = None
 
+    @property
+    def pending(self) -> bool:
+        return self._pending
+
     def after_commit(self) -> None:
-        """Called after a batch committed; starts a background run when one is due (at most one at a time)."""
+        """Called after a batch committed; queues a background run when one is due (at most one at a time)."""
+        _touch(self)
         now = time.monotonic()
         if not self._last_run:
             # the sink's first commit: the first run is one interval later (a short query never sees one)
@@ -85,16 +105,30 @@ class AutoMaintainer:
                 return
         elif (now - self._last_run) * 1000 < self._interval_ms:
             return
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._last_run = now
-        self._thread = threading.Thread(target=self._run, name="lakesink-maintenance", daemon=True)
-        self._thread.start()
+        with self._lock:
+            if self._pending:
+                return
+            self._pending = True
+            self._done = threading.Event()
+            self._last_run = now
+        _runner.submit(self)
 
     def wait(self, timeout: float | None = None) -> None:
-        """Wait for a run under way (tests, and a sink shutting down)."""
-        if self._thread is not None:
-            self._thread.join(timeout)
+        """Wait for a run queued or under way (tests, and a sink shutting down)."""
+        done = self._done
+        if done is not None:
+            done.wait(timeout)
+
+    def run_queued(self) -> None:
+        """The queued run, on one of the runner's threads."""
+        try:
+            self._run()
+        finally:
+            with self._lock:
+                self._pending = False
+                done = self._done
+            if done is not None:
+                done.set()
 
     def _run(self) -> None:
         try:
@@ -115,8 +149,46 @@ class AutoMaintainer:
             log.warning("lakesink: background maintenance failed (%s); the next run retries", self.last_error)
 
 
+#: The threads of the process that run automatic maintenance, for every table: a run that is due waits for one.
+MAINTENANCE_THREADS = 2
+
+
+class _Runner:
+    """The process's maintenance threads (daemons: a process that exits never waits for maintenance) and the queue
+    of due runs (one entry per table at most: :attr:`AutoMaintainer.pending`)."""
+
+    def __init__(self, threads: int):
+        self._size = threads
+        self._queue: queue.SimpleQueue[AutoMaintainer] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def submit(self, maintainer: AutoMaintainer) -> None:
+        self._queue.put(maintainer)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()]  # none survive a fork
+            if len(self._threads) < self._size:
+                t = threading.Thread(target=self._work, name="lakesink-maintenance", daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    def threads(self) -> int:
+        with self._lock:
+            return sum(t.is_alive() for t in self._threads)
+
+    def _work(self) -> None:
+        while True:
+            self._queue.get().run_queued()
+
+
+_runner = _Runner(MAINTENANCE_THREADS)
+
+#: The maintainers kept (their schedules): the tables committed most recently. A stream into more tables than this
+#: forgets the schedule of the ones it has not committed for longest (their next commit starts it again).
+MAX_MAINTAINERS = 4096
+
 _registry_lock = threading.Lock()
-_maintainers: dict[tuple[Any, ...], AutoMaintainer] = {}
+_maintainers: OrderedDict[tuple[Any, ...], AutoMaintainer] = OrderedDict()
 
 
 def maintainer_for(key: tuple[Any, ...], load: Callable[[], Table]) -> AutoMaintainer:
@@ -126,5 +198,53 @@ def maintainer_for(key: tuple[Any, ...], load: Callable[[], Table]) -> AutoMaint
     with _registry_lock:
         found = _maintainers.get(key)
         if found is None:
-            found = _maintainers[key] = AutoMaintainer(load)
+            found = _maintainers[key] = AutoMaintainer(load, key)
+        _maintainers.move_to_end(key)
+        _bound()
         return found
+
+
+def _touch(maintainer: AutoMaintainer) -> None:
+    """A commit of the maintainer's table: most recently used (put back when it was forgotten meanwhile, so that every
+    committer of a table keeps sharing one maintainer)."""
+    with _registry_lock:
+        if _maintainers.get(maintainer.key) is not maintainer:
+            if maintainer.key in _maintainers:
+                return  # a newer maintainer of the table took its place: this one stays with its committer only
+            _maintainers[maintainer.key] = maintainer
+        _maintainers.move_to_end(maintainer.key)
+        _bound()
+
+
+def _bound() -> None:
+    """Forget the least recently committed maintainers beyond :data:`MAX_MAINTAINERS` (never one with a run queued or
+    running)."""
+    excess = len(_maintainers) - MAX_MAINTAINERS
+    if excess <= 0:
+        return
+    idle = []
+    for k, m in _maintainers.items():  # oldest first; usually the first one is idle
+        if not m.pending:
+            idle.append(k)
+            if len(idle) == excess:
+                break
+    for k in idle:
+        del _maintainers[k]
+
+
+def kept_maintainers() -> list[AutoMaintainer]:
+    """The maintainers this process keeps, least recently committed first."""
+    with _registry_lock:
+        return list(_maintainers.values())
+
+
+def process_state() -> dict[str, int]:
+    """What automatic maintenance holds in this process (the routing-scale benchmark and the bounds test read it):
+    maintainers kept, maintenance threads alive, runs queued or running, runs done by the maintainers kept."""
+    kept = kept_maintainers()
+    return {
+        "maintainers": len(kept),
+        "maintenance_threads": _runner.threads(),
+        "maintenance_queued": sum(m.pending for m in kept),
+        "maintenance_runs": sum(m.runs for m in kept),
+    }

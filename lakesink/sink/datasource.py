@@ -199,11 +199,12 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
     routed = RoutedCommitter(options, stream_schema, post_commit=auto_maintenance)
     if routed.template() is None:
         raise InvalidOptionError(
-            f"format('lakesink') with option 'route-by' writes tables before they exist, at <warehouse>/<namespace>.db/"
-            f"<table>, and catalog {routed.catalog.name!r} ({type(routed.catalog).__name__}) {routed.no_template_reason()}"
+            f"format('lakesink') with option 'route-by' writes the files of a table it has not opened before the table "
+            f"exists, and catalog {routed.catalog.name!r} ({type(routed.catalog).__name__}) {routed.no_template_reason()}"
             ": use lakesink.foreach_batch(route_by=...), which opens (and creates) each batch's tables before it "
             "writes them"
         )
+    routed.check_staging()
     query_id = read_query_id(options.checkpoint_location)
     plan = routed.routed_plan(routed.written_plans(query_id), query_id, template=True)
     if plan.template is not None:  # option reject-when: read by Iceberg's parser over the tables' columns

@@ -1,6 +1,7 @@
 """Spark, both entry points, SIGKILLed and restarted, against the catalogs people run in production: the REST
 catalog server (lakana) with HTTP faults on its commits, and AWS Glue (moto's Glue, files in moto's S3, Glue's
-optimistic lock enforced by the fault proxy).
+optimistic lock enforced by the fault proxy); and format("lakesink") with route-by against both REST servers (the
+routing soak, tests/soak/routing.py).
 
 Each test runs the kill -9 soak (tests/soak/runner.py, docs/soak.md) with the catalog given to the job as its
 default catalog: the job is SIGKILLed at a random moment, inside the commit before the swap, and while the commit
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_AFTER_TABLE_CREATED, DRIVER_BEFORE_SWAP, DRIVER_BETWEEN_TABLE_COMMITS
 from tests.soak.runner import COMMIT_KILL, DELAY, IN_TABLE_NOT_COMMIT_LOG, PAUSE_KILL, main
 from tests.support.catalog_servers import glue_properties
 from tests.support.http_faults import FaultProxy
@@ -85,3 +87,51 @@ def test_sigkill_rounds_and_http_faults_against_glue(
     ]
     run_soak(tmp_path, props, f"glue_{uuid.uuid4().hex[:8]}.events", entry)
     assert all(f.fired for f in faults), [(f.action, f.fired) for f in faults]
+
+
+def run_routing_soak(tmp_path: Path, props: dict[str, str], *, phases: str, first: str, namespaces: str, per_table: bool) -> Any:
+    """format("lakesink") with route-by SIGKILLed and restarted (tests/soak/routing.py): five tables created on first
+    sight where the REST server places them, the first run killed right after the first table was created (empty)."""
+    from tests.soak import routing
+
+    out = tmp_path / "routing.json"
+    args = ["--dir", str(tmp_path / "soak"), "--entry", "format", "--atomic", "auto", "--rounds", str(len(phases.split(",")))]
+    args += ["--phases", phases, "--first-phase", first, "--json", str(out), "--seed", "5"]
+    args += ["--catalog-json", json.dumps(props), "--namespaces", namespaces] + (["--per-table-catalog"] if per_table else [])
+    code = routing.main(args)
+    (result,) = json.loads(out.read_text())
+    assert code == 0 and result["violations"] == [], json.dumps(result, indent=2)[-6000:]
+    assert result["rows_in_tables"] == result["rows_sent"] > 0
+    killed = [r for r in result["rounds"] if r["phase"] != "delay"]
+    assert killed and all(r["killed"] for r in killed), result["rounds"]
+    return result
+
+
+@pytest.mark.timeout(2400)
+def test_format_route_by_sigkill_rounds_against_a_rest_server_with_transactions(
+    tmp_path: Path, txn_catalog_properties: dict[str, str]
+) -> None:
+    """The tests' own REST server with transactions/commit: after every kill each batch is in all its tables or in
+    none (a table created by the killed batch may be left empty); at the end every id once, in its table."""
+    from tests.soak.routing import DELAY, PAUSE
+
+    phases = f"{PAUSE}{DRIVER_BEFORE_SWAP},{PAUSE}{DRIVER_AFTER_SWAP},{DELAY}"
+    first = f"{PAUSE}{DRIVER_AFTER_TABLE_CREATED}"
+    result = run_routing_soak(
+        tmp_path, txn_catalog_properties, phases=phases, first=first, namespaces="soak,other", per_table=False
+    )
+    assert result["incomplete_after_kills"] == 0
+
+
+@pytest.mark.timeout(2400)
+def test_format_route_by_sigkill_rounds_against_the_rest_server(tmp_path: Path, rest_catalog_properties: dict[str, str]) -> None:
+    """lakana (no transactions/commit, no client-chosen locations): table by table, a kill between two tables' commits
+    leaves a batch in some of them, the next run completes it; at the end every id once, in its table."""
+    from tests.soak.routing import DELAY, PAUSE
+
+    phases = f"{PAUSE}{DRIVER_BETWEEN_TABLE_COMMITS},{PAUSE}{DRIVER_AFTER_SWAP},{DELAY}"
+    first = f"{PAUSE}{DRIVER_AFTER_TABLE_CREATED}"
+    result = run_routing_soak(
+        tmp_path, rest_catalog_properties, phases=phases, first=first, namespaces="bronze,silver", per_table=True
+    )
+    assert result["incomplete_after_kills"] >= 1

@@ -16,14 +16,18 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 import lakesink
+from lakesink.audit import interop
 from lakesink.driver import catalogs
+from lakesink.driver.routing import STAGING_FOLDER
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP
+from lakesink.table import storage
 from lakesink.table.keys import SUMMARY_BATCH_TABLES
 from tests.support.helpers import (
     SCHEMA_DDL,
     assert_snapshot_invariants,
     lakesink_snapshots,
+    referenced_data_files,
     run_to_end,
     table_ids,
     write_json_input,
@@ -121,18 +125,16 @@ def test_refusals_at_start(spark: Any, tmp_path: Path, catalog_properties: dict[
     assert not catalogs.load(None, catalog_properties).table_exists(("db", "x"))
 
 
+@pytest.mark.parametrize("entry", ["format", "foreach"])
 def test_a_routed_stream_commits_each_batch_through_one_rest_transaction(
-    spark: Any, tmp_path: Path, txn_catalog_properties: dict[str, str], txn_proxy: Any, faults: Any
+    spark: Any, tmp_path: Path, txn_catalog_properties: dict[str, str], txn_proxy: Any, faults: Any, entry: str
 ) -> None:
     """A REST catalog that serves transactions/commit (the tests' own server, tests/support/txn_rest_server.py): every
     batch of four tables is one POST .../transactions/commit, never a table's own commit; a crash after it is
-    replayed and skipped in every table. format("lakesink") refuses a REST catalog at start (it would have to place
-    tables the server places): foreach_batch."""
-    refused = RoutedStream(spark, tmp_path / "format", txn_catalog_properties, "format")
-    refused.add_input(files=1)
-    with pytest.raises(StreamingQueryException, match="places its tables itself"):
-        refused.run()
-    s = RoutedStream(spark, tmp_path / "foreach", txn_catalog_properties, "foreach")
+    replayed and skipped in every table. format("lakesink") stages the files of the tables its run had not opened
+    (the server places tables) and rewrites them into the tables at commit: every data file in its table's location,
+    nothing left in the staging area, every table read back by DuckDB."""
+    s = RoutedStream(spark, tmp_path, txn_catalog_properties, entry)
     s.add_input(files=2)
     s.run()
     s.add_input(files=1)
@@ -144,3 +146,26 @@ def test_a_routed_stream_commits_each_batch_through_one_rest_transaction(
     s.assert_exactly_once()
     assert txn_proxy.count("transaction", forwarded=True) == 3  # batches 0, 1 and 2, each one request
     assert txn_proxy.count("commit", forwarded=True) == 0  # no table committed on its own
+    catalog = catalogs.load(None, txn_catalog_properties)
+    for name in TABLES.values():
+        table = catalog.load_table(tuple(name.split(".")))
+        assert all(storage.is_under(f, table.location()) for f in referenced_data_files(table)), name
+        read = Counter(interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist())
+        assert read == table_ids(table), name
+    staging = s.ck / STAGING_FOLDER
+    assert not staging.exists() or not any(p.is_file() for p in staging.rglob("*"))
+
+
+@pytest.mark.parametrize("txn_server_options", [{"transactions": False}], indirect=True)
+def test_format_atomic_required_on_a_rest_server_without_transactions_is_refused_at_start(
+    spark: Any, tmp_path: Path, txn_catalog_properties: dict[str, str]
+) -> None:
+    write_json_input(tmp_path / "in", files=1, rows_per_file=3)
+    df = spark.readStream.schema(SCHEMA_DDL).json(str(tmp_path / "in")).withColumn("route", F.lit("db.x"))
+    q = df.writeStream.format("lakesink").option("route-by", "route").option("atomic", "required")
+    for k, v in txn_catalog_properties.items():
+        q = q.option(f"catalog.{k}", v)
+    q = q.option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
+    with pytest.raises(Exception, match=r"option 'atomic' is 'required', but catalog .*RestCatalog"):
+        run_to_end(q.start())
+    assert not catalogs.load(None, txn_catalog_properties).table_exists(("db", "x"))

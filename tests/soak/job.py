@@ -53,6 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--atomic", default="auto", help="with --route-by: option atomic (default: %(default)s)")
     p.add_argument(
+        "--route-namespaces",
+        default="soak,other",
+        help="with --route-by: option namespace, and the namespace of table t4 (default: %(default)s)",
+    )
+    p.add_argument(
         "--stop-file",
         default=None,
         help="with --trigger-seconds: stop the query (query.stop()) and exit with 0 once this file exists",
@@ -89,18 +94,24 @@ def main(argv: list[str] | None = None) -> int:
         from pyspark.sql import functions as F
 
         # the table of a row is a function of its id (tests/soak/routing.py checks every table against it)
-        route = F.when(F.col("id") % 5 == 4, F.lit("other.t4")).otherwise(F.concat(F.lit("t"), (F.col("id") % 5).cast("string")))
+        other = args.route_namespaces.split(",")[1]
+        route = F.when(F.col("id") % 5 == 4, F.lit(f"{other}.t4")).otherwise(
+            F.concat(F.lit("t"), (F.col("id") % 5).cast("string"))
+        )
         events = events.withColumn("route", route)
     if args.route_by and args.entry == "format":
         writer = (
             events.writeStream.format("lakesink")
             .option("route-by", "route")
-            .option("namespace", "soak")
+            .option("namespace", args.route_namespaces.split(",")[0])
             .option("atomic", args.atomic)
         )
     elif args.route_by:
         sink = lakesink.foreach_batch(
-            route_by="route", namespace="soak", atomic=args.atomic, checkpoint_location=args.checkpoint
+            route_by="route",
+            namespace=args.route_namespaces.split(",")[0],
+            atomic=args.atomic,
+            checkpoint_location=args.checkpoint,
         )
         writer = events.writeStream.foreachBatch(sink)  # type: ignore[arg-type]
     elif args.entry == "format":

@@ -1,17 +1,21 @@
 """Kill -9 soak of option route-by: ``python -m tests.soak.routing`` (docs/soak.md, docs/routing.md).
 
 One stream routed into five tables (``soak.t0`` .. ``soak.t3`` and ``other.t4``: the table of a row is its id
-mod 5, see tests/soak/job.py ``--route-by``), through either entry point, on the embedded SQLite catalog. Each round
+mod 5, see tests/soak/job.py ``--route-by``; ``--namespaces`` names other namespaces), through either entry point, on
+the embedded SQLite catalog or the catalog ``--catalog-json`` describes (a REST server: tests/sink/test_rest_spark.py).
+Each round
 adds input files, starts the job, and SIGKILLs every process of the job (driver, JVM, Python workers): after a
 random delay, or while a commit is held at a fault point (``pause`` there, then the kill): inside the SQL
 transaction between two tables' row updates, between two tables' commits (``--atomic off``), just before or just
 after the swap.
 
-After every kill, from the catalog alone (lakesink.audit.routes.verify_query): with ``--atomic auto`` (one database
-transaction per batch) each batch is in all its tables or in none; with ``--atomic off`` a batch may be missing
-from some tables until the next run completes it. At the end (a run without faults): every id sent is in the table
-its id names, exactly once, and nowhere else; every table's batches without duplicates or gaps; every batch in all
-its tables.
+After every kill, from the catalog alone (lakesink.audit.routes.verify_query): with ``--atomic auto`` on an atomic
+catalog (one database transaction or one transactions/commit request per batch) each batch is in all its tables or in
+none; with ``--atomic off``, or on a catalog that commits table by table (``--per-table-catalog``), a batch may be
+missing from some tables until the next run completes it. ``--first-phase`` kills the first run too (e.g. while a
+table the batch created is still empty: ``pause-kill@driver.after-table-created``). At the end (a run without
+faults): every id sent is in the table its id names, exactly once, and nowhere else (read by pyiceberg and DuckDB);
+every table's batches without duplicates or gaps; every batch in all its tables; no staged file left.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from examples.demo import session_members
+from lakesink.audit import interop
 from lakesink.audit.routes import verify_query
 from lakesink.driver import catalogs
+from lakesink.driver.routing import STAGING_FOLDER
 from lakesink.faults import (
     CATALOG_BETWEEN_TABLE_SWAPS,
     DRIVER_AFTER_SWAP,
@@ -43,6 +49,14 @@ from tests.support.helpers import assert_snapshot_invariants, table_ids, write_j
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = ("soak.t0", "soak.t1", "soak.t2", "soak.t3", "other.t4")
+
+
+def tables_in(namespaces: tuple[str, str]) -> tuple[str, ...]:
+    """The soak's five tables: t0..t3 in the first namespace (option namespace), t4 in the second."""
+    first, other = namespaces
+    return (*(f"{first}.t{i}" for i in range(4)), f"{other}.t4")
+
+
 DELAY = "delay"
 PAUSE = "pause-kill@"
 PHASES_ATOMIC = (DELAY, PAUSE + CATALOG_BETWEEN_TABLE_SWAPS, PAUSE + DRIVER_BEFORE_SWAP, PAUSE + DRIVER_AFTER_SWAP)
@@ -50,8 +64,8 @@ PHASES_OFF = (DELAY, PAUSE + DRIVER_BETWEEN_TABLE_COMMITS, PAUSE + DRIVER_AFTER_
 RUN_TIMEOUT_S = 300.0  # a guard against a hang, not a speed limit
 
 
-def table_of(i: int) -> str:
-    return TABLES[i % 5]
+def table_of(i: int, tables: tuple[str, ...] = TABLES) -> str:
+    return tables[i % 5]
 
 
 class SoakFailed(Exception):
@@ -72,9 +86,25 @@ class Result:
 
 
 class RoutingSoak:
-    def __init__(self, folder: Path, *, entry: str, atomic: str, seed: int, rows_per_file: int, files_per_batch: int):
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        entry: str,
+        atomic: str,
+        seed: int,
+        rows_per_file: int,
+        files_per_batch: int,
+        catalog: dict[str, str] | None = None,
+        namespaces: tuple[str, str] = ("soak", "other"),
+        per_table_catalog: bool = False,
+    ):
         self.folder = folder
         self.entry, self.atomic = entry, atomic
+        self.namespaces = namespaces
+        self.tables = tables_in(namespaces)
+        self.expect_whole = atomic == "auto" and not per_table_catalog
+        """Every batch in all its tables or in none after every kill (an atomic catalog, atomic=auto)."""
         self.rng = random.Random(seed)
         self.rows_per_file, self.files_per_batch = rows_per_file, files_per_batch
         self.home, self.input, self.ck, self.faults = (folder / n for n in ("home", "input", "checkpoint", "faults"))
@@ -83,11 +113,16 @@ class RoutingSoak:
         self.log = folder / "job.log"
         self.sent: list[int] = []
         self.result = Result(entry, atomic)
-        self.props = {
-            "type": "sql",
-            "uri": f"sqlite:///{self.home}/catalog.db",
-            "warehouse": f"file://{self.home}/warehouse",
-        }
+        self.props = (
+            dict(catalog)
+            if catalog
+            else {
+                "type": "sql",
+                "uri": f"sqlite:///{self.home}/catalog.db",
+                "warehouse": f"file://{self.home}/warehouse",
+            }
+        )
+        self.own_catalog = bool(catalog)
 
     def say(self, text: str) -> None:
         print(f"[routing soak {self.entry}/{self.atomic}] {text}", flush=True)
@@ -104,6 +139,13 @@ class RoutingSoak:
             PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
         )
         env[ENV_FAULTS_DIR] = str(self.faults)
+        if self.own_catalog:  # the job's default catalog "lakesink", from a configuration file of its own
+            home = self.folder / "pyiceberg"
+            home.mkdir(exist_ok=True)
+            lines = ["catalog:", "  lakesink:"]  # block style: pyiceberg's strictyaml refuses JSON-like flow mappings
+            lines += [f"    {k}: '{v.replace(chr(39), chr(39) * 2)}'" for k, v in sorted(self.props.items())]
+            (home / ".pyiceberg.yaml").write_text("\n".join(lines) + "\n")
+            env["PYICEBERG_HOME"] = str(home)
         cmd = [
             sys.executable, "-m", "tests.soak.job",
             "--input", str(self.input),
@@ -112,6 +154,7 @@ class RoutingSoak:
             "--entry", self.entry,
             "--route-by",
             "--atomic", self.atomic,
+            "--route-namespaces", ",".join(self.namespaces),
         ]  # fmt: skip
         self.result.runs += 1
         with self.log.open("ab") as log:
@@ -177,7 +220,7 @@ class RoutingSoak:
         report = self.check_units()
         record["incomplete"] = [b.describe() for b in report]
         self.result.incomplete_after_kills += len(report)
-        if report and self.atomic == "auto":
+        if report and self.expect_whole:
             self.violation(f"round {number} ({phase}): a batch is in some of its tables only: {report[0].describe()}")
         self.result.rounds.append(record)
         self.say(json.dumps(record))
@@ -203,13 +246,19 @@ class RoutingSoak:
             self.violation(f"the final run failed (exit code {proc.returncode}); see {self.log}")
             return
         catalog = catalogs.load(None, self.props)
-        want: dict[str, Counter[int]] = {t: Counter() for t in TABLES}
+        want: dict[str, Counter[int]] = {t: Counter() for t in self.tables}
         for i in self.sent:
-            want[table_of(i)][i] += 1
+            want[table_of(i, self.tables)][i] += 1
         total = 0
         for name, ids in want.items():
             table = catalog.load_table(tuple(name.split(".")))
             got = table_ids(table)
+            read = Counter(interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist())
+            if read != got:
+                self.violation(f"table {name}: DuckDB reads {sum(read.values())} id(s), pyiceberg {sum(got.values())}")
+            staged = self.ck / STAGING_FOLDER
+            if staged.exists() and any(p.is_file() for p in staged.rglob("*")):
+                self.violation(f"staged files left in {staged} after the final run")
             total += sum(got.values())
             if got != ids:
                 self.violation(f"table {name}: {sum((got - ids).values())} id(s) too many, {sum((ids - got).values())} missing")
@@ -224,12 +273,15 @@ class RoutingSoak:
             self.violation(f"after the final run: {report.human()}")
         self.result.rows_sent, self.result.rows_in_tables = len(self.sent), total
 
-    def play(self, rounds: int, phases: tuple[str, ...]) -> Result:
-        self.add_input(self.files_per_batch)
-        first = self.start()  # a clean first run: batch 0 and the tables exist before the first kill
-        self.wait(first)
-        if first.returncode != 0:
-            raise SoakFailed(f"the first run failed (exit code {first.returncode}); see {self.log}")
+    def play(self, rounds: int, phases: tuple[str, ...], first_phase: str | None = None) -> Result:
+        if first_phase is not None:  # the first run killed too (the tables are created by it)
+            self.round(0, first_phase)
+        else:
+            self.add_input(self.files_per_batch)
+            first = self.start()  # a clean first run: batch 0 and the tables exist before the first kill
+            self.wait(first)
+            if first.returncode != 0:
+                raise SoakFailed(f"the first run failed (exit code {first.returncode}); see {self.log}")
         for n in range(rounds):
             self.round(n + 1, phases[n % len(phases)] if n < len(phases) else self.rng.choice(phases))
         self.final()
@@ -252,6 +304,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--files-per-batch", type=int, default=2)
     p.add_argument("--phases", default=None, help="comma-separated phases (default: every phase of the atomic mode)")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--catalog-json", default=None, help="the catalog's pyiceberg properties (default: a SQLite catalog)")
+    p.add_argument("--namespaces", default="soak,other", help="option namespace, and the namespace of table t4")
+    p.add_argument(
+        "--per-table-catalog",
+        action="store_true",
+        help="the catalog commits table by table (a REST server without transactions/commit): a kill may leave a "
+        "batch in some of its tables, the next run completes it",
+    )
+    p.add_argument("--first-phase", default=None, help="kill the first run too, in this phase")
     return p.parse_args(argv)
 
 
@@ -267,8 +328,11 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             rows_per_file=args.rows_per_file,
             files_per_batch=args.files_per_batch,
+            catalog=json.loads(args.catalog_json) if args.catalog_json else None,
+            namespaces=(args.namespaces.split(",")[0], args.namespaces.split(",")[1]),
+            per_table_catalog=args.per_table_catalog,
         )
-        results.append(soak.play(args.rounds, phases))
+        results.append(soak.play(args.rounds, phases, args.first_phase))
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2))
     for r in results:
