@@ -12,9 +12,10 @@ itself where every parent is present (:func:`violations`), and only then gives t
 (:func:`as_written`): a required array whose nulls all lie under absent parents loses its validity bitmap. Those slots
 are never written: the Parquet writer records the parent's absence (its definition level) and skips the child there.
 
-One place for every pyarrow writer of lakesink: the executor's TaskWriter (``format("lakesink")``, the Arrow and
-driver paths of ``foreach_batch``, the routed writer, upserts) and compaction (the seam's ``write_parquet``).
-Executor-safe: pyarrow and numpy only.
+One place for every path that writes a stream's rows with pyarrow: the executor's TaskWriter (``format("lakesink")``,
+the Arrow and driver paths of ``foreach_batch``, the routed writer, upserts). Spark's own writer (the Spark path) skips
+a null struct's fields itself. Compaction rewrites rows pyarrow read from Parquet, where a required field has no nulls
+under an absent parent. Executor-safe: pyarrow and numpy only.
 """
 
 from __future__ import annotations
@@ -136,10 +137,7 @@ def written_schema(projected: pa.Schema, table: pa.Schema) -> pa.Schema:
     """``projected`` (a projected batch's schema: the table's columns, every field nullable) with the nullability of
     ``table`` (the table's Arrow schema) at every depth; names, types and field metadata stay ``projected``'s."""
     return pa.schema(
-        [
-            f.with_type(_written_type(f.type, t.type)).with_nullable(t.nullable)
-            for f, t in zip(projected, table, strict=True)
-        ],
+        [f.with_type(_written_type(f.type, t.type)).with_nullable(t.nullable) for f, t in zip(projected, table, strict=True)],
         metadata=projected.metadata,
     )
 

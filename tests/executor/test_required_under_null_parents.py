@@ -154,9 +154,7 @@ def relaxed(schema: pa.Schema) -> pa.Schema:
     ],
 )
 @pytest.mark.parametrize("zoned", [False, True], ids=["no-cast", "zoned-timestamp-cast"])
-def test_nulls_under_null_parents_are_written_and_read_back_exactly(
-    make_plan: MakePlan, stream: pa.Schema, zoned: bool
-) -> None:
+def test_nulls_under_null_parents_are_written_and_read_back_exactly(make_plan: MakePlan, stream: pa.Schema, zoned: bool) -> None:
     table = TABLE
     rows = [dict(r) for r in ROWS]
     if zoned:  # a zoned timestamp makes the writer cast the batch (to UTC) before projecting it
