@@ -180,21 +180,30 @@ def _written(array: pa.Array, t: pa.DataType, *, required: bool) -> pa.Array:
     """``array`` as type ``t`` (its own type, with the table's nullability); ``required``: drop its validity."""
     if array.type == t and not (required and array.null_count):
         return array  # nothing required inside, or nothing to drop
-    mask = array.is_null() if array.null_count and not required else None
     if pa.types.is_struct(t):
         assert isinstance(array, pa.StructArray)
         children = [_written(array.field(i), f.type, required=not f.nullable) for i, f in enumerate(t)]
+        mask = array.is_null() if array.null_count and not required else None
         return pa.StructArray.from_arrays(children, fields=list(t), mask=mask)
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        assert isinstance(array, (pa.ListArray, pa.LargeListArray))
-        values = _written(array.values, t.value_type, required=not t.value_field.nullable)
-        make = pa.LargeListArray if pa.types.is_large_list(t) else pa.ListArray
-        return make.from_arrays(array.offsets, values, type=t, mask=mask)
-    if pa.types.is_map(t):
-        assert isinstance(array, pa.MapArray)
-        keys = _written(array.keys, t.key_type, required=True)
-        items = _written(array.items, t.item_type, required=not t.item_field.nullable)
-        return pa.MapArray.from_arrays(array.offsets, keys, items, type=t, mask=mask)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
+        # the same validity (or none) and offsets, over the rewritten children (whole: the offsets index them)
+        if pa.types.is_map(t):
+            assert isinstance(array, pa.MapArray)
+            keys = _written(array.keys, t.key_type, required=True)
+            items = _written(array.items, t.item_type, required=not t.item_field.nullable)
+            child: pa.Array = pa.StructArray.from_arrays([keys, items], fields=[t.key_field, t.item_field])
+        else:
+            assert isinstance(array, (pa.ListArray, pa.LargeListArray))
+            child = _written(array.values, t.value_type, required=not t.value_field.nullable)
+        validity, offsets = array.buffers()[:2]
+        return pa.Array.from_buffers(
+            t,
+            len(array),
+            [None if required else validity, offsets],
+            null_count=0 if required else array.null_count,
+            offset=array.offset,
+            children=[child],
+        )
     if isinstance(array, pa.ExtensionArray):
         return pa.ExtensionArray.from_storage(array.type, _written(array.storage, array.storage.type, required=required))
     # a leaf whose nulls all lie under absent parents: the same buffers without the validity bitmap
