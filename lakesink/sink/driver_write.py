@@ -28,7 +28,7 @@ import logging
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
-from lakesink.driver.schema import chars_as_strings
+from lakesink.driver.schema import chars_as_strings, nullable_everywhere
 from lakesink.executor.messages import TaskResult, WritePlan
 from lakesink.executor.task_writer import TaskWriter
 
@@ -46,11 +46,12 @@ _RESULT_TOO_LARGE = "spark.driver.maxResultSize"
 def collect(df: DataFrame) -> pa.Table | None:
     """The batch's rows as one Arrow table on the driver, or None when Spark refuses to bring that much to the
     driver (``spark.driver.maxResultSize``): then nothing was written and the batch can take another path."""
-    strings = chars_as_strings(df.schema)
-    if strings != df.schema:
-        # char(n)/varchar(n) kept by spark.sql.preserveCharVarcharTypeInfo: pyspark's toArrow() refuses them (the
-        # Arrow path's tasks receive them as strings); Spark has padded and checked the values already
-        df = df.to(strings)  # type: ignore[arg-type]
+    # char(n)/varchar(n) kept by spark.sql.preserveCharVarcharTypeInfo: pyspark's toArrow() refuses them (the Arrow
+    # path's tasks receive them as strings); Spark has padded and checked the values already. Every field nullable:
+    # toArrow() casts to the DataFrame's schema, which pyarrow refuses for a NOT NULL field of a null struct
+    collected = nullable_everywhere(chars_as_strings(df.schema))
+    if collected != df.schema:
+        df = df.to(collected)  # type: ignore[arg-type]
     try:
         return df.toArrow()
     except Exception as e:
