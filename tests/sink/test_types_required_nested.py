@@ -59,6 +59,12 @@ NESTED_COLUMNS = [
     "transform_values(attrs, (k, v) -> case when v is null then null else named_struct('v', coalesce(v.v, 0L)) end) as attrs",
 ]
 ROUTES = {0: "t0", 1: "t1"}
+ROUTE_SQL = "concat('t', cast((id div 3) % 2 as string))"
+"""The routed entries send a row to db.t0 or db.t1 by its id (:func:`route_of`), mixing every shape in both."""
+
+
+def route_of(i: int) -> str:
+    return f"db.t{(i // 3) % 2}"
 
 
 def raw_row(i: int) -> dict[str, Any]:
@@ -109,7 +115,7 @@ def start(spark: Any, entry: str, src: Path, ck: Path, props: dict[str, str], co
     kind, writer, routed = ENTRIES[entry]
     df = spark.readStream.schema(RAW_DDL).option("maxFilesPerTrigger", 1).json(str(src)).selectExpr(*columns)
     if routed:
-        df = df.selectExpr("*", "concat('t', cast(id % 2 as string)) as dest")
+        df = df.selectExpr("*", f"{ROUTE_SQL} as dest")
     if kind == "format":
         w = df.writeStream.format("lakesink")
         w = w.option("route-by", "dest").option("namespace", "db") if routed else w.option("table", table)
@@ -162,7 +168,7 @@ def test_required_fields_under_null_parents_are_written_exactly_once(
     names = [f"db.{t}" for t in ROUTES.values()] if routed else ["db.t"]
     for name in names:
         table = catalog.load_table(tuple(name.split(".")))
-        mine = [r for r in sent if not routed or f"db.t{r['id'] % 2}" == name]
+        mine = [r for r in sent if not routed or route_of(r["id"]) == name]
         assert table_ids(table) == Counter(r["id"] for r in mine), name
         assert_snapshot_invariants(table)
         schema = table.schema()
@@ -244,7 +250,7 @@ def test_a_null_in_a_required_field_of_a_present_parent_fails_naming_it(
     def run() -> None:
         df = spark.readStream.schema(LOUD_DDL).option("maxFilesPerTrigger", 1).json(str(src))
         if routed:
-            df = df.selectExpr("*", "concat('t', cast(id % 2 as string)) as dest")
+            df = df.selectExpr("*", f"{ROUTE_SQL} as dest")
         if kind == "format":
             w = df.writeStream.format("lakesink")
             w = w.option("route-by", "dest").option("namespace", "db") if routed else w.option("table", "db.t")
@@ -280,7 +286,7 @@ def test_a_null_in_a_required_field_of_a_present_parent_fails_naming_it(
             (
                 {"id": r["id"], "name": r["name"], "address": r["address"]}
                 for r in good
-                if not routed or f"db.t{r['id'] % 2}" == name
+                if not routed or route_of(r["id"]) == name
             ),
             key=lambda r: r["id"],
         )
