@@ -115,7 +115,7 @@ def _violations(
     elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
         # the elements of each slot, from the offsets (pc.list_parent_indices aborts the process on a map array:
         # pyarrow 26, array_nested.cc "Check failed"); elements under a null slot are not checked
-        offsets = array.offsets.to_numpy(zero_copy_only=False)  # type: ignore[union-attr]
+        offsets = array.offsets.to_numpy(zero_copy_only=False)
         start, end = int(offsets[0]), int(offsets[-1])
         parents = np.repeat(np.arange(len(array)), np.diff(offsets))
         child_rows = parents if rows_of is None else rows_of[parents]

@@ -241,7 +241,11 @@ def test_identity_partition_on_a_required_field_of_an_optional_struct(
     plan = sink_committer(SinkOptions(table=TableName(("db",), "p"), catalog_properties=catalog_properties)).write_plan(
         table, "q-1"
     )
-    rows = [{"id": 1, "address": {"city": "Lyon", "zip": None}}, {"id": 2, "address": None}, {"id": 3, "address": None}]
+    rows: list[dict[str, Any]] = [
+        {"id": 1, "address": {"city": "Lyon", "zip": None}},
+        {"id": 2, "address": None},
+        {"id": 3, "address": None},
+    ]
     result = writer(plan).write([batch_of(rows, schema)])
     files = sorted(((f.partition, f.record_count) for f in result.files), key=str)
     assert files == sorted([(("Lyon",), 1), ((None,), 2)], key=str)

@@ -32,6 +32,7 @@ if __name__ == "__main__":
     spark.sparkContext.setLogLevel("ERROR")
     df = spark.readStream.schema(DDL).option("maxFilesPerTrigger", 1).json(src)
     sink = lakesink.foreach_batch("db.events", catalog_properties=props, writer=writer)
-    q = df.writeStream.foreachBatch(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()
+    w = df.writeStream.foreachBatch(sink)  # type: ignore[arg-type]
+    q = w.option("checkpointLocation", ck).trigger(availableNow=True).start()
     q.awaitTermination()
     print("DRIVER FALLBACK JOB DONE")

@@ -239,7 +239,7 @@ def test_a_null_in_a_required_field_of_a_present_parent_fails_naming_it(
     kind, writer, routed = ENTRIES[entry]
     loud_table(catalog_properties)
     src, ck = tmp_path / "input", tmp_path / "checkpoint"
-    good = [
+    good: list[dict[str, Any]] = [
         {"id": 1, "name": "a", "address": None},  # a null struct: its required city is not missing
         {"id": 2, "name": "b", "address": {"city": "Lyon", "zip": None}},
         {"id": 3, "name": "c", "address": None},

@@ -86,7 +86,7 @@ def test_field_metadata_and_names_stay_the_projected_batchs() -> None:
 
 
 def test_violations_name_the_path_count_and_rows_only_where_the_parents_are_present() -> None:
-    bad = [
+    bad: list[dict[str, Any]] = [
         {"id": 0, "s": {"a": None, "b": "x"}, "l": [{"sku": None, "n": 1}, {"sku": None, "n": 2}], "ll": None, "m": None},
         {"id": 1, "s": None, "l": None, "ll": [None], "m": [("k", {"sku": None, "n": 1})]},
         {"id": 2, "s": {"a": 2, "b": None}, "l": [], "ll": [{"sku": None, "n": 1}], "m": []},
