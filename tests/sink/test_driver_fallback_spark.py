@@ -143,6 +143,7 @@ def test_a_batch_spark_refuses_to_collect_is_written_by_spark_exactly_once(
     code, out, err = finish(job(catalog_properties, src.folder, ck, writer, str(faults.folder)))
     assert code == 0 and DONE in out, err[-4000:]
     assert err.count(REFUSED) == 1, err[-4000:]  # said once, for the refused batch
+    assert f"lakesink: table=db.events batch={refused} {REFUSED}" in err, err[-4000:]
     table = check_table(catalog_properties, src.sent, len(sizes))
     files = files_by_batch(table, referenced_data_files(table))
     assert sorted(files) == list(range(len(sizes)))
