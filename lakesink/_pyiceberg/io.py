@@ -55,7 +55,7 @@ from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
-from pyiceberg.types import DoubleType, IcebergType, ListType, MapType, PrimitiveType
+from pyiceberg.types import DoubleType, IcebergType, ListType, MapType, NestedField, PrimitiveType
 
 from lakesink.errors import PROGRAMMING_ERRORS, InvalidOptionError
 from lakesink.table.keys import (
@@ -89,7 +89,11 @@ def stream_schema(arrow_schema: pa.Schema, table_schema: Schema) -> Schema:
 
 
 def project_batch(batch: pa.RecordBatch, *, target: Schema, source: Schema) -> pa.RecordBatch:
-    """Reorder, cast (allowed promotions) and null-fill ``batch`` into ``target``, with Parquet field ids."""
+    """Reorder, cast (allowed promotions) and null-fill ``batch`` into ``target``, with Parquet field ids.
+
+    Every field of the result is nullable (map keys excepted): a required field may hold nulls under an absent
+    parent, which pyarrow's casts refuse on a non-nullable field. The caller checks NOT NULL and gives the batch the
+    table's nullability (:mod:`lakesink.table.required`)."""
     projected = visit_with_partner(
         target,
         batch,
@@ -100,12 +104,22 @@ def project_batch(batch: pa.RecordBatch, *, target: Schema, source: Schema) -> p
 
 
 class _ProjectionKeepingNulls(ArrowProjectionVisitor):
-    """pyiceberg's projection (``_to_requested_schema``), with null lists and maps of structs kept null.
+    """pyiceberg's projection (``_to_requested_schema``), with null lists and maps of structs kept null, and every
+    field nullable.
 
     pyiceberg 0.12 rebuilds a list or map whose elements are structs from its offsets alone, without
     its validity: a null ``array<struct<...>>`` or ``map<..., struct<...>>`` would be written as an
     empty one (apache/iceberg-python#3833 and #2246, open). The nulls are put back here.
+
+    pyiceberg declares a required field non-nullable and then casts lists and maps to that type, which pyarrow refuses
+    when the field holds a null anywhere, even under a null parent (a null ``struct<city: string NOT NULL>`` element:
+    "nulls in input cannot be viewed as non-nullable"). Here every field is nullable but a map's key (Arrow's map type
+    cannot declare it so); lakesink.table.required checks NOT NULL and applies the table's nullability afterwards.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._map_keys: set[int] = set()  # field ids of map keys, which stay non-nullable
 
     def list(self, list_type: ListType, list_array: pa.Array | None, value_array: pa.Array | None) -> pa.Array | None:
         return _keep_nulls(super().list(list_type, list_array, value_array), list_array)
@@ -113,7 +127,14 @@ class _ProjectionKeepingNulls(ArrowProjectionVisitor):
     def map(
         self, map_type: MapType, map_array: pa.Array | None, key_result: pa.Array | None, value_result: pa.Array | None
     ) -> pa.Array | None:
+        self._map_keys.add(map_type.key_id)
         return _keep_nulls(super().map(map_type, map_array, key_result, value_result), map_array)
+
+    def _construct_field(self, field: NestedField, arrow_type: pa.DataType) -> pa.Field:
+        constructed = super()._construct_field(field, arrow_type)
+        if field.field_id in self._map_keys:
+            return constructed
+        return constructed.with_nullable(True)
 
 
 def _keep_nulls(result: pa.Array | None, original: pa.Array | None) -> pa.Array | None:

@@ -80,6 +80,25 @@ def chars_as_strings(t: spark_types.DataType) -> spark_types.DataType:
     return t
 
 
+def nullable_everywhere(t: spark_types.DataType) -> spark_types.DataType:
+    """``t`` with every struct field, array element and map value nullable, at any depth.
+
+    What the driver path collects (lakesink.sink.driver_write): pyspark's ``toArrow()`` casts Spark's Arrow batches to
+    the DataFrame's schema, and pyarrow refuses a non-nullable field's nulls even under a null parent ("nulls in input
+    cannot be viewed as non-nullable"), which Spark puts in every field of a null struct. The table's NOT NULL fields
+    are checked by the writer (lakesink.table.required), where the parents are present.
+    """
+    if isinstance(t, spark_types.StructType):
+        return spark_types.StructType(
+            [spark_types.StructField(f.name, nullable_everywhere(f.dataType), True, f.metadata) for f in t.fields]
+        )
+    if isinstance(t, spark_types.ArrayType):
+        return spark_types.ArrayType(nullable_everywhere(t.elementType), True)
+    if isinstance(t, spark_types.MapType):
+        return spark_types.MapType(nullable_everywhere(t.keyType), nullable_everywhere(t.valueType), True)
+    return t
+
+
 def arrow_schema_of(spark_schema: SparkStructType) -> pa.Schema:
     """The Arrow schema of a Spark schema, with zoned timestamps in UTC (as lakesink stores them).
 

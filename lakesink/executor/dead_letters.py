@@ -36,6 +36,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError
 from lakesink.executor.messages import RowChecks
 from lakesink.table import dead_letters as dl
+from lakesink.table import required
 
 _TOKEN = uuid.uuid4().hex  # marks a decimal in the JSON text (a string of the row cannot hold it by chance)
 _DECIMAL = re.compile(r'"\\u0000' + _TOKEN + r'([-+0-9.Ee]+)\\u0000"')
@@ -55,13 +56,17 @@ class RowSorter:
         query_id: str,
         batch_id: int,
         project: Callable[[pa.RecordBatch], tuple[pa.RecordBatch, Schema]],
+        table_schema: pa.Schema | None,
     ):
         self._checks = checks
         self._table = table
         self._query_id = query_id
         self._batch_id = batch_id
         self._project = project
-        """The batch as the table's files hold it (cast, projected), and the stream schema with the table's field ids."""
+        """The batch as the table's files hold it (cast, projected, every field nullable), and the stream schema with
+        the table's field ids."""
+        self._table_schema = table_schema
+        """The table's Arrow schema (its NOT NULL fields); None: rows checked against no table (invalid routes)."""
         self._filter: BooleanExpression | None = None
         self.letters: list[pa.RecordBatch] = []
         self.rows_in = 0
@@ -113,10 +118,11 @@ class RowSorter:
                     key,
                     f"upsert key column {key!r} is null",
                 )
-        for field, array in zip(projected.schema, projected.columns, strict=True):
-            for path, rows in _null_rows(array, field, field.name, None, None):
+        if self._table_schema is not None:
+            for nulls in required.violations(projected, self._table_schema):
                 mask = np.zeros(n, dtype=bool)
-                mask[rows] = True
+                mask[nulls.rows] = True
+                path = nulls.path
                 mark(mask, dl.REQUIRED_NULL, path, f"column {path!r} is required (NOT NULL) in table {self._table} and is null")
         bad = error != None  # noqa: E711
         if self._checks.letters_only and not bad.all():
@@ -160,39 +166,6 @@ class RowSorter:
     @property
     def _reject_text(self) -> str:
         return self._checks.reject_when or "(option reject-when)"
-
-
-def _null_rows(
-    array: pa.Array | pa.ChunkedArray, field: pa.Field, path: str, present: pa.Array | None, rows_of: np.ndarray | None
-) -> Iterator[tuple[str, np.ndarray]]:
-    """(column path, top-level row indices) for every NOT NULL field holding nulls where its parent is present;
-    ``rows_of``: the top-level row of each element of ``array`` (None: they are the top-level rows)."""
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    valid = array.is_valid()
-    if not field.nullable:
-        missing = pc.invert(valid) if present is None else pc.and_(present, pc.invert(valid))
-        where = np.flatnonzero(missing.to_numpy(zero_copy_only=False))
-        if len(where):
-            yield path, (where if rows_of is None else np.unique(rows_of[where]))
-    here = valid if present is None else pc.and_(present, valid)
-    t = field.type
-    if pa.types.is_struct(t):
-        for i, child in enumerate(t):
-            yield from _null_rows(array.field(i), child, f"{path}.{child.name}", here, rows_of)
-    elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
-        # the elements of each slot, from the offsets (pc.list_parent_indices aborts the process on a map array:
-        # pyarrow 26, array_nested.cc "Check failed"); elements under a null slot are not checked
-        offsets = array.offsets.to_numpy(zero_copy_only=False)
-        start, end = int(offsets[0]), int(offsets[-1])
-        parents = np.repeat(np.arange(len(array)), np.diff(offsets))
-        child_rows = parents if rows_of is None else rows_of[parents]
-        under = pa.array(here.to_numpy(zero_copy_only=False)[parents], pa.bool_())
-        if pa.types.is_map(t):
-            yield from _null_rows(array.keys.slice(start, end - start), t.key_field, f"{path}.key", under, child_rows)
-            yield from _null_rows(array.items.slice(start, end - start), t.item_field, f"{path}.value", under, child_rows)
-        else:
-            yield from _null_rows(array.values.slice(start, end - start), t.value_field, f"{path}.element", under, child_rows)
 
 
 def _json_rows(batch: pa.RecordBatch) -> Iterator[str]:

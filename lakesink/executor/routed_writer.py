@@ -220,7 +220,9 @@ class RoutedTaskWriter:
         self._letters_table = plan.row_checks.dead_letters.table if plan.row_checks is not None else None
         self._invalid_letters: TaskResult | None = None
         if plan.row_checks is not None:
-            self._invalid = RowSorter(plan.row_checks, table="", query_id=query_id, batch_id=batch_id, project=_no_projection)
+            self._invalid = RowSorter(
+                plan.row_checks, table="", query_id=query_id, batch_id=batch_id, project=_no_projection, table_schema=None
+            )
 
     def write(self, batches: Iterable[pa.RecordBatch]) -> RoutedTaskResult:
         """Write every batch's rows into their tables; on any failure delete this task's files (every table's)."""

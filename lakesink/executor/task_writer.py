@@ -27,7 +27,7 @@ from lakesink.executor import upsert_task
 from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
-from lakesink.table import floats, names, storage
+from lakesink.table import floats, names, required, storage
 from lakesink.table.keys import DICT_SIZE_DEFAULT
 from lakesink.table.parquet_layout import dictionary_columns
 
@@ -51,43 +51,6 @@ def utc_type(t: pa.DataType) -> pa.DataType:
 
 def utc_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_type(utc_type(f.type)) for f in schema], metadata=schema.metadata)
-
-
-def _has_required_field(schema: pa.Schema) -> bool:
-    def walk(t: pa.DataType) -> bool:
-        if pa.types.is_struct(t):
-            return any(not f.nullable or walk(f.type) for f in t)
-        if pa.types.is_list(t) or pa.types.is_large_list(t):
-            return not t.value_field.nullable or walk(t.value_type)
-        if pa.types.is_map(t):
-            return not t.item_field.nullable or walk(t.key_type) or walk(t.item_type)
-        return False
-
-    return any(not f.nullable or walk(f.type) for f in schema)
-
-
-def _null_violations(
-    array: pa.Array | pa.ChunkedArray, field: pa.Field, path: str, present: pa.Array | None
-) -> Iterator[tuple[str, int]]:
-    """(column path, count) for every NOT NULL field holding nulls where its parent is present."""
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    valid = array.is_valid()
-    if not field.nullable:
-        missing = pc.invert(valid) if present is None else pc.and_(present, pc.invert(valid))
-        count = pc.sum(missing.cast(pa.int64())).as_py() or 0
-        if count:
-            yield path, count
-    here = valid if present is None else pc.and_(present, valid)
-    t = field.type
-    if pa.types.is_struct(t):
-        for i, child in enumerate(t):
-            yield from _null_violations(array.field(i), child, f"{path}.{child.name}", here)
-    elif pa.types.is_list(t) or pa.types.is_large_list(t):
-        yield from _null_violations(array.flatten(), t.value_field, f"{path}.element", None)
-    elif pa.types.is_map(t):
-        yield from _null_violations(array.keys, t.key_field, f"{path}.key", None)
-        yield from _null_violations(array.items, t.item_field, f"{path}.value", None)
 
 
 class _OpenFile:
@@ -142,7 +105,8 @@ class TaskWriter:
         self._max_open = settings.max_open_files
         self._dict_size = settings.dict_size or DICT_SIZE_DEFAULT
         self._writer_options = seam.parquet_writer_options(plan.properties)
-        self._has_required = _has_required_field(seam.arrow_schema(self._file_schema))
+        self._table_arrow = seam.arrow_schema(self._file_schema)
+        self._has_required = required.has_required(self._table_arrow)
         self._partitioned = not plan.spec.is_unpartitioned()
         self._files: list[WrittenFile] = []
         self._changes: bytes | None = None
@@ -150,7 +114,12 @@ class TaskWriter:
         self._last_projected: tuple[pa.RecordBatch, pa.RecordBatch] | None = None
         if plan.row_checks is not None:  # option dead-letter-table: rows that do not fit become dead letters
             self._sorter = RowSorter(
-                plan.row_checks, table=plan.table, query_id=query_id, batch_id=batch_id, project=self._project
+                plan.row_checks,
+                table=plan.table,
+                query_id=query_id,
+                batch_id=batch_id,
+                project=self._project,
+                table_schema=self._table_arrow,
             )
         self._dead_letters: TaskResult | None = None
         self._counter = 0
@@ -161,6 +130,7 @@ class TaskWriter:
         # how incoming batches map onto the table (computed from the first batch)
         self._incoming: pa.Schema | None = None
         self._utc: pa.Schema | None = None
+        self._relaxed: pa.Schema | None = None
         self._source: Schema | None = None
 
     @property
@@ -284,24 +254,28 @@ class TaskWriter:
         if self._incoming is None or not batch.schema.equals(self._incoming):
             self._incoming = batch.schema
             self._utc = utc_schema(batch.schema)
+            self._relaxed = required.relaxed_schema(self._utc)
             self._source = seam.stream_schema(self._utc, self._plan.schema)
         assert self._utc is not None and self._source is not None
         if not self._utc.equals(batch.schema):
-            batch = batch.cast(self._utc)
+            # relaxed: Spark declares a NOT NULL field non-nullable, and pyarrow's cast refuses its nulls under a
+            # null parent (lakesink.table.required)
+            batch = batch.cast(self._relaxed)
         projected = seam.project_batch(batch, target=self._file_schema, source=self._source)
         self._last_projected = (original, projected) if self._sorter is not None else None
         return projected, self._source
 
     def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The batch projected onto the table, NOT NULL checked, with the table's nullability (Parquet's form)."""
         projected, _ = self._project(batch)
-        if self._has_required:
-            for field, column in zip(projected.schema, projected.columns, strict=True):
-                for path, nulls in _null_violations(column, field, field.name, None):
-                    raise SchemaMismatchError(
-                        f"column {path!r} is required (NOT NULL) in table {self._plan.table}, but batch "
-                        f"{self._batch_id} has {nulls} null value(s) in it (partition {self._partition_id})"
-                    )
-        return projected
+        if not self._has_required:
+            return projected
+        for nulls in required.violations(projected, self._table_arrow):
+            raise SchemaMismatchError(
+                f"column {nulls.path!r} is required (NOT NULL) in table {self._plan.table}, but batch "
+                f"{self._batch_id} has {nulls.count} null value(s) in it (partition {self._partition_id})"
+            )
+        return required.as_written(projected, self._table_arrow)
 
     def _split(self, batch: pa.RecordBatch) -> Iterator[tuple[tuple[Any, ...], pa.RecordBatch]]:
         """The batch's rows grouped by partition (one pass: hash grouping, then one take per partition)."""

@@ -28,7 +28,7 @@ import logging
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
-from lakesink.driver.schema import chars_as_strings
+from lakesink.driver.schema import chars_as_strings, nullable_everywhere
 from lakesink.executor.messages import TaskResult, WritePlan
 from lakesink.executor.task_writer import TaskWriter
 
@@ -43,19 +43,27 @@ comfortably; far larger ones meet ``spark.driver.maxResultSize`` and go to the o
 _RESULT_TOO_LARGE = "spark.driver.maxResultSize"
 
 
-def collect(df: DataFrame) -> pa.Table | None:
+def collect(df: DataFrame, *, table: str, batch_id: int) -> pa.Table | None:
     """The batch's rows as one Arrow table on the driver, or None when Spark refuses to bring that much to the
-    driver (``spark.driver.maxResultSize``): then nothing was written and the batch can take another path."""
-    strings = chars_as_strings(df.schema)
-    if strings != df.schema:
-        # char(n)/varchar(n) kept by spark.sql.preserveCharVarcharTypeInfo: pyspark's toArrow() refuses them (the
-        # Arrow path's tasks receive them as strings); Spark has padded and checked the values already
-        df = df.to(strings)  # type: ignore[arg-type]
+    driver (``spark.driver.maxResultSize``): then nothing was written and the batch can take another path (said in the
+    log, naming the table and the batch)."""
+    # char(n)/varchar(n) kept by spark.sql.preserveCharVarcharTypeInfo: pyspark's toArrow() refuses them (the Arrow
+    # path's tasks receive them as strings); Spark has padded and checked the values already. Every field nullable:
+    # toArrow() casts to the DataFrame's schema, which pyarrow refuses for a NOT NULL field of a null struct
+    collected = nullable_everywhere(chars_as_strings(df.schema))
+    if collected != df.schema:
+        df = df.to(collected)  # type: ignore[arg-type]
     try:
         return df.toArrow()
     except Exception as e:
         if _RESULT_TOO_LARGE in str(e):
-            log.warning("lakesink: batch too large to collect on the driver (%s); written by tasks instead", _RESULT_TOO_LARGE)
+            log.warning(
+                "lakesink: table=%s batch=%s too large to collect on the driver (%s); nothing written, the batch is "
+                "written by Spark's tasks instead",
+                table,
+                batch_id,
+                _RESULT_TOO_LARGE,
+            )
             return None
         raise
 

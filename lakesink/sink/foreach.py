@@ -288,7 +288,8 @@ class ForeachBatchSink:
         directory = None
         # small batches on the driver (lakesink.sink.driver_write); never with dead letters (sorted in Python workers)
         on_driver = plan.row_checks is None and self._on_driver()
-        collected = driver_write.collect(df) if on_driver else None  # None: not small, or too large to collect
+        # None: not small, or too large to collect
+        collected = driver_write.collect(df, table=plan.table, batch_id=batch_id) if on_driver else None
         if collected is not None:
             results = [driver_write.write_batch(collected, plan, batch_id=batch_id, run_id=run_id)]
         elif self.options.writer is WriterKind.ARROW or reason is not None:

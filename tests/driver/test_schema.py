@@ -345,3 +345,30 @@ def test_an_internal_error_of_the_iceberg_type_conversion_is_raised_as_it_is(mon
     with pytest.raises(TypeError, match="unexpected keyword") as e:
         check_writable("db.t", TABLE, pa.schema([pa.field("id", pa.int64())]))
     assert not isinstance(e.value, SchemaMismatchError)
+
+
+def test_nullable_everywhere_relaxes_every_field_element_and_value_and_keeps_the_rest() -> None:
+    from pyspark.sql import types as T
+
+    from lakesink.driver.schema import nullable_everywhere
+
+    item = T.StructType([T.StructField("sku", T.StringType(), False, {"k": 1}), T.StructField("n", T.IntegerType(), True)])
+    schema = T.StructType(
+        [
+            T.StructField("id", T.LongType(), False),
+            T.StructField("address", T.StructType([T.StructField("city", T.StringType(), False)]), True),
+            T.StructField("items", T.ArrayType(item, containsNull=False), False),
+            T.StructField("attrs", T.MapType(T.StringType(), item, valueContainsNull=False), True),
+        ]
+    )
+    relaxed = nullable_everywhere(schema)
+    relaxed_item = T.StructType([T.StructField("sku", T.StringType(), True, {"k": 1}), T.StructField("n", T.IntegerType(), True)])
+    assert relaxed == T.StructType(
+        [
+            T.StructField("id", T.LongType(), True),
+            T.StructField("address", T.StructType([T.StructField("city", T.StringType(), True)]), True),
+            T.StructField("items", T.ArrayType(relaxed_item, containsNull=True), True),
+            T.StructField("attrs", T.MapType(T.StringType(), relaxed_item, valueContainsNull=True), True),
+        ]
+    )
+    assert nullable_everywhere(relaxed) == relaxed

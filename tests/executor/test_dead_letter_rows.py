@@ -8,11 +8,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from lakesink.executor.dead_letters import _json_rows, _null_rows
+from lakesink.executor.dead_letters import _json_rows
+from lakesink.table import required
 
 
 def paths(array: pa.Array, field: pa.Field) -> dict[str, list[int]]:
-    return {p: rows.tolist() for p, rows in _null_rows(array, field, field.name, None, None)}
+    batch = pa.record_batch([array], schema=pa.schema([field]))
+    return {v.path: v.rows.tolist() for v in required.violations(batch, batch.schema)}
 
 
 def test_required_nulls_at_every_depth_name_their_path_and_row() -> None:

@@ -24,7 +24,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.types import IntegerType, ListType, LongType, NestedField, StringType, StructType
+from pyiceberg.types import IntegerType, ListType, LongType, MapType, NestedField, StringType, StructType
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
@@ -104,6 +104,39 @@ def test_arrow_projection_visitor_list_and_map() -> None:
         assert projected.schema.names == ["a", "b"]
         assert projected.column("b").to_pylist() == [[{"x": 1}], None]
         assert projected.schema.field("a").metadata == {b"PARQUET:field_id": b"1"}
+
+
+def test_arrow_projection_visitor_construct_field() -> None:
+    with hook("pyiceberg.io.pyarrow.ArrowProjectionVisitor._construct_field", "_ProjectionKeepingNulls"):
+        visitor = private("pyiceberg.io.pyarrow.ArrowProjectionVisitor")
+        assert params(visitor._construct_field) == ["self", "field", "arrow_type"]
+        # the behaviour lakesink depends on: every field it builds goes through _construct_field, so that the
+        # projection of a required field inside a null struct (its slot null, as Spark sends it) is nullable everywhere
+        # (map keys excepted), with the field ids
+        city = pa.struct([pa.field("city", pa.string())])
+        batch = pa.record_batch(
+            {
+                "s": pa.StructArray.from_arrays([pa.array(["x", None])], fields=list(city), mask=pa.array([False, True])),
+                "l": pa.array([[{"city": "y"}, None]], pa.list_(city)).take([0, 0]),
+                "m": pa.array([[("k", {"city": "z"})], None], pa.map_(pa.string(), city)),
+            }
+        )
+        required_city = StructType(NestedField(2, "city", StringType(), required=True))
+        table_schema = Schema(
+            NestedField(1, "s", required_city, required=False),
+            NestedField(
+                3, "l", ListType(4, StructType(NestedField(5, "city", StringType(), required=True)), element_required=False)
+            ),
+            NestedField(
+                6, "m", MapType(7, StringType(), 8, StructType(NestedField(9, "city", StringType(), required=True)), False)
+            ),
+        )
+        projected = seam.project_batch(batch, target=table_schema, source=seam.stream_schema(batch.schema, table_schema))
+        assert projected.to_pylist() == batch.to_pylist()
+        s, lst, m = projected.schema
+        assert s.type.field("city").nullable and s.type.field("city").metadata == {b"PARQUET:field_id": b"2"}
+        assert lst.type.value_field.nullable and lst.type.value_type.field("city").nullable
+        assert not m.type.key_field.nullable and m.type.item_type.field("city").nullable
 
 
 def test_statistics_from_parquet_metadata(tmp_path: Path) -> None:

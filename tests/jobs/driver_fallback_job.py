@@ -1,0 +1,38 @@
+"""Run by tests/sink/test_driver_fallback_spark.py: foreach_batch with writer "driver" or "auto" in a Spark session of
+its own whose ``spark.driver.maxResultSize`` is tiny, so that a batch of large rows cannot be collected on the driver.
+
+Spark fixes ``spark.driver.maxResultSize`` when the session starts: the shared test session cannot have it. Arguments:
+catalog properties (JSON), source folder (JSON files of ``id long, payload string``, one batch each), checkpoint
+folder, writer, maxResultSize. lakesink's log goes to stderr. The test kills it (fault points armed with ``kill``) and
+starts it again from the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from pyspark.sql import SparkSession
+
+import lakesink
+
+DDL = "id long, payload string"
+
+if __name__ == "__main__":
+    props, src, ck, writer, max_result_size = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.maxResultSize", max_result_size)
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    df = spark.readStream.schema(DDL).option("maxFilesPerTrigger", 1).json(src)
+    sink = lakesink.foreach_batch("db.events", catalog_properties=props, writer=writer)
+    w = df.writeStream.foreachBatch(sink)  # type: ignore[arg-type]
+    q = w.option("checkpointLocation", ck).trigger(availableNow=True).start()
+    q.awaitTermination()
+    print("DRIVER FALLBACK JOB DONE")
