@@ -77,12 +77,14 @@ from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.table.update.snapshot import (
     ManageSnapshots,
     UpdateSnapshot,
+    _ManifestMergeManager,
     _MergeAppendFiles,
     _new_manifest_list_file_name,
     _OverwriteFiles,
     _SnapshotProducer,
 )
 from pyiceberg.typedef import EMPTY_DICT, IcebergBaseModel, Record
+from pyiceberg.utils.bin_packing import ListPacker
 from pyiceberg.utils.config import Config
 from requests import HTTPError
 from sqlalchemy import bindparam, select
@@ -307,8 +309,43 @@ class _PreparedManifests(_SnapshotProducer[Any]):
         )
 
 
+class _MergeOnCallingThread(_ManifestMergeManager[Any]):
+    """pyiceberg's ``_ManifestMergeManager`` with its bins merged on the calling thread, in pyiceberg's order.
+
+    pyiceberg submits every bin to its shared thread pool and waits for it; a commit prepared on lakesink's own pool
+    (lakesink.driver.swap) pays that in thread hand-offs only, once per table of a routed unit, where the usual bin is
+    one manifest list's manifests left as they are (fewer than ``commit.manifest.min-count-to-merge``)."""
+
+    def _merge_group(self, first_manifest: ManifestFile, spec_id: int, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        # pyiceberg 0.12's _ManifestMergeManager._merge_group, its executor.submit(...).result() a plain call
+        packer: ListPacker[ManifestFile] = ListPacker(target_weight=self._target_size_bytes, lookback=1, largest_bin_first=False)
+        bins: list[list[ManifestFile]] = packer.pack_end(manifests, lambda m: m.manifest_length)
+        merged: list[ManifestFile] = []
+        for manifest_bin in bins:
+            if len(manifest_bin) == 1:
+                merged.append(manifest_bin[0])
+            elif first_manifest in manifest_bin and len(manifest_bin) < self._min_count_to_merge:
+                # a bin holding the new manifest is merged only from the minimum count on (pyiceberg's comment)
+                merged.extend(manifest_bin)
+            else:
+                merged.append(self._create_manifest(spec_id, manifest_bin))
+        return merged
+
+
 class _MergeAppend(_PreparedManifests, _MergeAppendFiles):
     """pyiceberg's merge-append producer (merging manifests when enabled), with :class:`_PreparedManifests`."""
+
+    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        # pyiceberg's _MergeAppendFiles._process_manifests with :class:`_MergeOnCallingThread`
+        data = [m for m in manifests if m.content == ManifestContent.DATA]
+        deletes = [m for m in manifests if m.content == ManifestContent.DELETES]
+        merger = _MergeOnCallingThread(
+            target_size_bytes=self._target_size_bytes,
+            min_count_to_merge=self._min_count_to_merge,
+            merge_enabled=self._merge_enabled,
+            snapshot_producer=self,
+        )
+        return merger.merge_manifests(data) + deletes
 
     def _existing_manifests(self) -> list[ManifestFile]:
         # pyiceberg's _FastAppendFiles._existing_manifests, the parent's manifest list read by the prepared reader
