@@ -287,11 +287,10 @@ def _turns_of(actions: Iterable[CommitAction]) -> list[turns.Turns]:
     return [found[k] for k in sorted(found, key=repr)]  # one order for every unit: no two units wait for each other
 
 
-#: A unit of at least this many actions prepares them on a pool of threads (each table's manifests, manifest list and
-#: metadata are written by pyiceberg, mostly waiting on storage and on pyiceberg's own manifest-writer pool); the pool
-#: lives for one attempt, with at most _PREPARE_THREADS threads.
+#: A unit of at least this many actions prepares them on a pool of threads (each table's manifest, manifest list and
+#: metadata file: round trips to object storage, CPU on a local filesystem); the pool lives for one attempt, with
+#: :func:`lakesink._pyiceberg.commit.unit_threads` threads (the cores on local storage, more on object storage).
 _PARALLEL_FROM = 4
-_PREPARE_THREADS = 8
 
 
 def _prepare(
@@ -299,12 +298,13 @@ def _prepare(
 ) -> None:
     """Every action of ``todo`` prepared against its table as read (into ``prepared``); the first error raised
     once every action finished (the caller discards what was prepared)."""
-    if len(todo) < _PARALLEL_FROM:
+    threads = seam_commit.unit_threads([read[i] for i in todo]) if len(todo) >= _PARALLEL_FROM else 1
+    if threads == 1:
         for i in todo:
             prepared[i] = actions[i].prepare(read[i], attempt)
         return
     errors: list[BaseException] = []
-    with ThreadPoolExecutor(max_workers=min(_PREPARE_THREADS, len(todo)), thread_name_prefix="lakesink-prepare") as pool:
+    with ThreadPoolExecutor(max_workers=min(threads, len(todo)), thread_name_prefix="lakesink-prepare") as pool:
         futures = {i: pool.submit(actions[i].prepare, read[i], attempt) for i in todo}
     for i, future in futures.items():
         try:
