@@ -30,6 +30,7 @@ from lakesink.errors import (
     InvalidOptionError,
     LakesinkError,
     TableIdentityChangedError,
+    TableLocationError,
 )
 from lakesink.executor.messages import WritePlan
 from lakesink.options import DEFAULT_FORMAT_VERSION, TABLE_PROPERTY_PREFIX, UPSERT_KEY, SinkOptions
@@ -61,10 +62,10 @@ class SinkTable:
     def open_table(self, stream_schema: pa.Schema) -> Table:
         """At the start of a query: load the table (creating it and its namespace if missing and allowed),
         check the stream fits it and that its location overlaps no other table's."""
-        table = self._load_or_create(stream_schema)
+        table, created = self._load_or_create(stream_schema)
         self._check(table, stream_schema)
         self._check_requested_properties(table)
-        locations.check_no_overlap(self.table_name, table.location(), self._sibling_locations())
+        self._check_no_overlap(table, self._sibling_locations(), created=created)
         return self._ensure_branch(table)
 
     def _ensure_branch(self, table: Table) -> Table:
@@ -104,12 +105,47 @@ class SinkTable:
         ``location`` with the stream's schema; check the stream's columns the table has (all of them with
         ``merge-schema``) and its location against ``siblings`` (the other tables of its namespace). Returns the
         table and the stream schema it takes."""
-        table = self._load_or_create(stream_schema, location=location)
+        table, created = self._load_or_create(stream_schema, location=location)
         columns = self.columns_taken(table, stream_schema)
         self._check(table, columns)
         self._check_requested_properties(table)
-        locations.check_no_overlap(self.table_name, table.location(), [s for s in siblings() if s[0] != self.table_name])
+        self._check_no_overlap(table, [s for s in siblings() if s[0] != self.table_name], created=created)
         return self._ensure_branch(table), columns
+
+    def _check_no_overlap(self, table: Table, others: list[tuple[str, str]], *, created: bool) -> None:
+        """TableLocationError when the table's location overlaps another table's. A table lakesink created a moment
+        ago at such a location (the catalog's default location of a renamed table's old name: the renamed table
+        keeps its files there) is dropped again, without its files -- they may be the other table's -- so that no
+        table is left sharing another's location, where an orphan-file clean-up of one would delete the other's."""
+        try:
+            locations.check_no_overlap(self.table_name, table.location(), others)
+        except TableLocationError as e:
+            if not created:
+                raise
+            dropped = self._drop_if_still_empty(table)
+            raise TableLocationError(
+                f"{e}. lakesink had just created {self.table_name} there (the catalog's default location); "
+                + (
+                    "it was dropped again (its files were left: they may be the other table's)"
+                    if dropped
+                    else "it was NOT dropped again (someone wrote to it meanwhile, or it could not be dropped)"
+                )
+                + f". Create {self.table_name} yourself with a location of its own, then restart"
+            ) from None
+
+    def _drop_if_still_empty(self, table: Table) -> bool:
+        """Drop ``table`` (not its files) if it is still the table lakesink created and has no snapshot."""
+        ident = self.options.table.identifier
+        try:
+            now = catalogs.load_table(self.catalog, ident)
+            if now.metadata.table_uuid != table.metadata.table_uuid or now.metadata.snapshots:
+                return False
+            self.catalog.drop_table(ident)
+            log.warning("lakesink: dropped table %s again: its location overlaps another table's", self.table_name)
+            return True
+        except Exception as e:
+            log.warning("lakesink: could not drop table %s again: %s", self.table_name, self.redact(e))
+            return False
 
     def columns_taken(self, table: Table, stream_schema: pa.Schema) -> pa.Schema:
         """Option route-by: the stream columns this table takes (by name), all of them with ``merge-schema``; a
@@ -119,10 +155,11 @@ class SinkTable:
         have = set(table.schema().column_names)
         return pa.schema([f for f in stream_schema if f.name in have], metadata=stream_schema.metadata)
 
-    def _load_or_create(self, stream_schema: pa.Schema, *, location: str | None = None) -> Table:
+    def _load_or_create(self, stream_schema: pa.Schema, *, location: str | None = None) -> tuple[Table, bool]:
+        """The table, and whether this call created it."""
         ident = self.options.table.identifier
         try:
-            return self._patiently(lambda: catalogs.load_table(self.catalog, ident))
+            return self._patiently(lambda: catalogs.load_table(self.catalog, ident)), False
         except NoSuchTableError:
             if not self.options.create_table:
                 raise CatalogError(
@@ -145,9 +182,9 @@ class SinkTable:
                 )
             )
             log.info("lakesink: created table %s in catalog %r", self.table_name, self.catalog.name)
-            return table
+            return table, True
         except TableAlreadyExistsError:  # another query created it first
-            return self._patiently(lambda: catalogs.load_table(self.catalog, ident))
+            return self._patiently(lambda: catalogs.load_table(self.catalog, ident)), False
         except PROGRAMMING_ERRORS:
             raise
         except Exception as e:

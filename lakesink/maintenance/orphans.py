@@ -38,7 +38,7 @@ from pyiceberg.manifest import ManifestContent, ManifestFile, read_manifest_list
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
 
-from lakesink.errors import CatalogError, InvalidOptionError, LakesinkError
+from lakesink.errors import CatalogError, InvalidOptionError, LakesinkError, TableLocationError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import locations, names, storage
 from lakesink.table.keys import SUMMARY_QUERY_ID
@@ -265,6 +265,7 @@ def remove_orphan_files(
             skipped.append(f.orphan(f.skip_reason))
         else:
             candidates.append(f)
+    _refuse_a_shared_location(fresh, name, root, candidates)
     nested = _nested_table_roots(candidates, fresh)
     if nested:
         inside = [(f, _nested_root(f, nested)) for f in candidates]
@@ -421,6 +422,31 @@ def _ago(delta: timedelta) -> str:
         if seconds >= size:
             return f"{seconds / size:.1f}{unit}".replace(".0", "")
     return f"{seconds}s"
+
+
+def _refuse_a_shared_location(table: Table, name: str, root: str, candidates: list[_Listed]) -> None:
+    """TableLocationError, before anything is removed, when another table keeps its metadata in this table's metadata
+    folder: the two share a location (a table renamed, then a new one created under its old name at the same default
+    location; or two tables given one location), and every file of the other would look like an orphan of this one.
+    Found by reading the metadata files (``*.metadata.json``) of the table's metadata folder that the table does not
+    reference: one with another table UUID is the other table's. A metadata file that cannot be read (a leftover of a
+    failed commit) proves nothing and is left to the other rules."""
+    own = posixpath.dirname(storage.key(table.metadata_location))
+    for f in sorted(candidates, key=lambda f: f.modified or datetime.min.replace(tzinfo=timezone.utc), reverse=True):
+        if not f.relative.endswith(".metadata.json") or posixpath.dirname(storage.key(f.uri)) != own:
+            continue
+        try:
+            other = FromInputFile.table_metadata(table.io.new_input(f.uri))
+        except Exception:
+            continue
+        if str(other.table_uuid) != str(table.metadata.table_uuid):
+            raise TableLocationError(
+                f"table {name} shares its location {root!r} with another table: metadata file {f.uri} belongs to "
+                f"table UUID {other.table_uuid} (this table's is {table.metadata.table_uuid}), so that table's files "
+                "would look like orphans of this one; nothing was removed. This happens when a table is renamed and "
+                "a new one is created under its old name at the same default location. Give one of them a location "
+                "of its own (create the new table with an explicit location) before removing orphan files"
+            )
 
 
 def _nested_table_roots(candidates: list[_Listed], table: Table) -> set[str]:

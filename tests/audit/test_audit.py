@@ -92,8 +92,6 @@ def test_history_of_a_missing_table_is_a_clear_error(catalog_properties: dict[st
 # --- points in time, diff, locate ------------------------------------------------------------------
 
 
-
-
 def ids(rows: Any) -> Counter[int]:
     return Counter(rows.column("id").to_pylist())
 

@@ -156,7 +156,6 @@ def test_verify_counts_expired_batches_as_accounted_not_missing_or_empty(catalog
     assert report.violations == [] and q.empty_batches == 1 and q.expired_batches == 4
 
 
-
 @pytest.mark.parametrize("moment", ["summaries", "files"])
 def test_verify_while_another_process_expires_the_snapshots_it_reads(
     catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch, moment: str

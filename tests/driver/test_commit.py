@@ -16,7 +16,7 @@ from pyiceberg.types import StringType
 
 from lakesink._pyiceberg import commit as seam
 from lakesink.driver.commit import Outcome, TableCommitter
-from lakesink.errors import CommitConflictError, CommitOutcomeUnknownError, ConcurrentTableChangeError
+from lakesink.errors import CommitConflictError, CommitOutcomeUnknownError, ConcurrentTableChangeError, TableLocationError
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.options import OutputMode
 from lakesink.table.markers import last_committed_batch
@@ -400,3 +400,26 @@ def test_postgres_commit_that_lands_after_its_error_and_the_settle_read_keeps_it
     assert table_ids(table) == Counter(range(50))  # readable: its manifest list and manifests are there
     assert referenced_data_files(table) <= data_files_on_disk(table)
     assert commit(committer, Q1, 0, [write_task(committer, Q1, 0, list(range(50)), 1)]).outcome is Outcome.REPLAY_SKIPPED
+
+
+def test_a_sink_on_the_old_name_of_a_renamed_table_creates_no_table_in_its_location(catalog_properties: dict[str, str]) -> None:
+    """The sink's table renamed while the query is stopped; the restarted query would create a new table under the
+    old name at the catalog's default location, which is the renamed table's: refused naming both, and the table it
+    had just created is dropped again (an orphan-file clean-up of it would have deleted the renamed table's files);
+    the renamed table keeps its rows and nothing is committed anywhere."""
+    first = make_committer(catalog_properties)
+    commit(first, Q1, 0, [write_task(first, Q1, 0, [1, 2])])
+    first.catalog.rename_table(("db", "events"), ("db", "renamed"))
+    restarted = make_committer(catalog_properties)
+    with pytest.raises(TableLocationError, match=r"table db.events at .* overlaps table db.renamed.*dropped again"):
+        restarted.open_table(SCHEMA)
+    assert ("db", "events") not in [tuple(t) for t in restarted.catalog.list_tables("db")]
+    renamed = restarted.catalog.load_table(("db", "renamed"))
+    assert table_ids(renamed) == Counter([1, 2]) and len(renamed.snapshots()) == 1
+    # created by the user with a location of its own: the sink writes it
+    restarted.catalog.create_table(("db", "events"), schema=renamed.schema(), location=renamed.location() + "-2")
+    again = make_committer(catalog_properties)
+    commit(again, Q2, 0, [write_task(again, Q2, 0, [3])])
+    assert table_ids(load(again)) == Counter([3]) and table_ids(restarted.catalog.load_table(("db", "renamed"))) == Counter(
+        [1, 2]
+    )

@@ -33,6 +33,7 @@ from lakesink.errors import (
     RoutingError,
     SchemaMismatchError,
     TableIdentityChangedError,
+    TableLocationError,
 )
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BEFORE_SWAP, DRIVER_BETWEEN_TABLE_COMMITS
@@ -293,6 +294,30 @@ def test_a_table_dropped_and_recreated_between_batches_is_a_loud_error(catalog_p
     rc.new_run()  # a restart writes into the new table
     run(rc, 1, {"a": [3], "b": [4]})
     assert ids(catalog_properties, "db.a") == Counter([3]) and ids(catalog_properties, "db.b") == Counter([2, 4])
+
+
+def test_a_table_renamed_between_batches_is_a_loud_error_and_keeps_its_rows(catalog_properties: dict[str, str]) -> None:
+    """A rename is, for the running query, its table dropped: the batch fails naming it, nothing is committed to the
+    renamed table nor anywhere else. A restart does not create a new table under the old name where the renamed one
+    still keeps its files (refused naming both); a table the user creates under the old name elsewhere is written."""
+    rc = routed(catalog_properties)
+    run(rc, 0, {"a": [1], "b": [2]})
+    catalog = catalogs.load(None, catalog_properties)
+    catalog.rename_table(("db", "a"), ("db", "renamed"))
+    with pytest.raises(TableIdentityChangedError, match="db.a"):
+        run(rc, 1, {"a": [3], "b": [4]})
+    assert ids(catalog_properties, "db.renamed") == Counter([1]) and ids(catalog_properties, "db.b") == Counter([2])
+    rc.new_run()
+    with pytest.raises(TableLocationError, match=r"table db.a at .* overlaps table db.renamed.*dropped again"):
+        run(rc, 1, {"a": [3], "b": [4]})
+    assert not exists(catalog_properties, "db.a")  # the table lakesink had just created there was dropped again
+    assert ids(catalog_properties, "db.renamed") == Counter([1]) and ids(catalog_properties, "db.b") == Counter([2])
+    renamed = catalog.load_table(("db", "renamed"))
+    catalog.create_table(("db", "a"), schema=renamed.schema(), location=renamed.location() + "-new")
+    rc.new_run()
+    run(rc, 1, {"a": [3], "b": [4]})
+    assert ids(catalog_properties, "db.a") == Counter([3]) and ids(catalog_properties, "db.b") == Counter([2, 4])
+    assert ids(catalog_properties, "db.renamed") == Counter([1])
 
 
 def _existing_table(props: Mapping[str, str], name: str) -> None:

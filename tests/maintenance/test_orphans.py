@@ -35,7 +35,7 @@ from lakesink.audit import interop
 from lakesink.cli import main
 from lakesink.cli.common import format_duration, parse_duration
 from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
-from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError, LakesinkError
+from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError, LakesinkError, TableLocationError
 from lakesink.executor.messages import TaskResult
 from lakesink.faults import DRIVER_BEFORE_SWAP, EXECUTOR_AFTER_FILE
 from lakesink.maintenance.orphans import IN_FLIGHT_WINDOW, OrphanFile, OrphanReport, remove_orphan_files
@@ -737,6 +737,30 @@ def test_nested_tables_and_symbolic_links_are_not_touched(committer: TableCommit
     assert (outside / "precious.parquet").exists()
     assert table_ids(committer.catalog.load_table(("db", "nested"))) == Counter([7])
     assert_intact(table)
+
+
+@pytest.mark.parametrize("clean", ["new", "renamed"])
+def test_two_tables_sharing_a_location_are_refused_before_anything_is_removed(committer: TableCommitter, clean: str) -> None:
+    """A table renamed, then a new table created under its old name: the catalog's default location of the new one is
+    the renamed table's own. Every file of the one looks like an orphan of the other (before the check, the clean-up
+    of the new, empty table deleted the renamed table's data, manifests and current metadata file): refused, naming
+    both UUIDs, whichever of the two is cleaned, and nothing is removed."""
+    commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1, 2])])
+    catalog = committer.catalog
+    catalog.rename_table(("db", "events"), ("db", "renamed"))
+    renamed = catalog.load_table(("db", "renamed"))
+    new = catalog.create_table(("db", "events"), schema=renamed.schema())
+    assert new.location() == renamed.location()  # the catalog's default location of db.events
+    before = on_disk(renamed) | on_disk(new)
+    backdate(before, timedelta(days=10))
+    target = new if clean == "new" else renamed
+    with pytest.raises(
+        TableLocationError, match=r"shares its location .* with another table: metadata file .* belongs to table UUID"
+    ):
+        remove_orphan_files(target, older_than=ZERO)
+    assert on_disk(renamed) | on_disk(new) == before
+    assert table_ids(catalog.load_table(("db", "renamed"))) == Counter([1, 2])
+    assert_intact(catalog.load_table(("db", "renamed")))
 
 
 def test_a_table_without_catalog_is_refused(committer: TableCommitter) -> None:

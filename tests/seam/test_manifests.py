@@ -458,6 +458,5 @@ def test_the_prepared_merge_append_merges_manifests_as_pyiceberg_does(
         ]
 
 
-
 def _no_executor() -> None:
     raise AssertionError("pyiceberg's shared executor was asked for")

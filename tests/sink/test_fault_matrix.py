@@ -60,8 +60,6 @@ pytestmark = pytest.mark.spark
 ENTRY_POINTS = ["format", "foreach"]
 
 
-
-
 def _attempts(stream: Stream) -> dict[int, str]:
     return {s["batch_id"]: s["summary"]["lakesink.commit-attempt"] for s in lakesink_snapshots(stream.table)}
 

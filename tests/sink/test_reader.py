@@ -98,6 +98,7 @@ def test_columns_option_and_invalid_options(spark: Any, table: Any, catalog_prop
     default = LakesinkDataSource(options(catalog_properties))
     assert type(default.reader(default.schema())) is LakesinkReaderWithoutPushdown
 
+
 def test_a_view_queried_with_and_without_filters(spark: Any, table: Any, catalog_properties: dict[str, str]) -> None:
     """Regression test for pyspark 4.3 reusing a pushed-down read plan in a later query (why pushdown is off by default)."""
     read(spark, catalog_properties).createOrReplaceTempView("events_twice")

@@ -248,8 +248,6 @@ def test_checkpoint_in_a_new_folder_is_a_new_query(spark: Any, tmp_path: Path, c
     assert first_query != s.query_id
 
 
-
-
 _ = threading  # (threads are Spark's here)
 
 

@@ -433,9 +433,7 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:  # the client gave up (timed out) while the answer was held: it got nothing
             proxy._replace(exchange, replace(exchange, status=None))
 
-    def _exchange(
-        self, kind: str, status: int | None, forwarded: bool, fault: str | None, key: str | None = None
-    ) -> Exchange:
+    def _exchange(self, kind: str, status: int | None, forwarded: bool, fault: str | None, key: str | None = None) -> Exchange:
         return Exchange(
             kind, self.command, self.path, status, forwarded, fault, key, idempotency_key=self.headers.get("Idempotency-Key")
         )
