@@ -540,6 +540,22 @@ def read_table_metadata(io: FileIO, location: str) -> TableMetadata:
     return FromInputFile.table_metadata(io.new_input(location))
 
 
+def other_tables_metadata(io: FileIO, locations: Iterable[str], table_uuid: Any) -> dict[str, str]:
+    """Of the metadata files at ``locations``, those of other tables than ``table_uuid``: each other table's UUID and
+    one of its files. A file that cannot be read (a leftover of a failed commit) proves nothing and is passed over.
+    Two tables whose metadata share one folder share a location: what one table references, the other would take for
+    orphans."""
+    found: dict[str, str] = {}
+    for location in locations:
+        try:
+            other = str(read_table_metadata(io, location).table_uuid)
+        except Exception:
+            continue
+        if other != str(table_uuid):
+            found.setdefault(other, location)
+    return found
+
+
 def file_key_value_metadata(io: FileIO, path: str) -> dict[str, str]:
     """A Parquet data file's footer key-value metadata (one footer read)."""
     with io.new_input(path).open() as stream:

@@ -179,6 +179,30 @@ def load_tables(catalog: Catalog, identifiers: Sequence[tuple[str, ...]]) -> dic
     return out
 
 
+def live_tables_by_uuid(catalog: Catalog, uuids: set[str]) -> dict[str, str]:
+    """Which of the table UUIDs ``uuids`` a table of ``catalog`` has now (UUID -> the table's name): every namespace
+    of the catalog listed (nested ones too) and each table loaded, so only for the rare case it serves -- another
+    table's metadata found in a table's folder (a rename, or a table dropped without its files). Errors of the
+    catalog are raised (the caller cannot tell live from dropped then)."""
+    found: dict[str, str] = {}
+    seen: set[tuple[str, ...]] = set()
+    todo: list[tuple[str, ...]] = [tuple(ns) for ns in catalog.list_namespaces()]
+    while todo and len(found) < len(uuids):
+        ns = todo.pop()
+        if ns in seen:
+            continue
+        seen.add(ns)
+        todo.extend(tuple(child) for child in catalog.list_namespaces(ns) if len(child) > len(ns))
+        for ident in catalog.list_tables(ns):
+            try:
+                uuid = str(catalog.load_table(ident).metadata.table_uuid)
+            except NoSuchTableError:
+                continue  # dropped meanwhile
+            if uuid in uuids:
+                found[uuid] = ".".join(ident)
+    return found
+
+
 def remember(table: Table) -> None:
     """Keep ``table`` (read, or just committed by this process) for :func:`load_table`'s next read."""
     if table.catalog is None or not table.metadata_location:

@@ -35,7 +35,7 @@ from lakesink.errors import (
 from lakesink.executor.messages import WritePlan
 from lakesink.options import DEFAULT_FORMAT_VERSION, TABLE_PROPERTY_PREFIX, UPSERT_KEY, SinkOptions
 from lakesink.redaction import redact_secrets_in
-from lakesink.table import locations, names, partitioning
+from lakesink.table import locations, names, partitioning, storage
 from lakesink.table.keys import BRANCH_BASE, FORMAT_VERSION, LAST_BATCH_PREFIX, MAIN_BRANCH
 from lakesink.table.markers import CommittedBatch, SnapshotIndex, last_committed_batch, last_committed_on_branch
 from lakesink.table.settings import TableSettings
@@ -119,6 +119,8 @@ class SinkTable:
         table is left sharing another's location, where an orphan-file clean-up of one would delete the other's."""
         try:
             locations.check_no_overlap(self.table_name, table.location(), others)
+            if created:
+                self._check_metadata_folder_is_its_own(table)
         except TableLocationError as e:
             if not created:
                 raise
@@ -132,6 +134,36 @@ class SinkTable:
                 )
                 + f". Create {self.table_name} yourself with a location of its own, then restart"
             ) from None
+
+    def _check_metadata_folder_is_its_own(self, table: Table) -> None:
+        """A table just created: TableLocationError when its metadata folder holds the metadata file of another live
+        table of the catalog -- one renamed into another namespace, which the check against the namespace's tables
+        does not see. Files of a table that no longer exists (dropped without its files, then created again here)
+        are left to the orphan-file clean-up."""
+        folder = table.metadata_location.rsplit("/", 1)[0]
+        try:
+            listed = [
+                f"{folder}/{f.relative}" for f in storage.list_files(table.io, folder) if f.relative.endswith(".metadata.json")
+            ]
+            foreign = seam.other_tables_metadata(
+                table.io, (p for p in listed if p != table.metadata_location), table.metadata.table_uuid
+            )
+            live = catalogs.live_tables_by_uuid(self.catalog, set(foreign)) if foreign else {}
+        except Exception as e:
+            log.warning(
+                "lakesink: table %s: cannot tell whether another table's metadata is in %s (%s); not checked",
+                self.table_name,
+                folder,
+                self.redact(e),
+            )
+            return
+        if live:
+            uuid, other = next(iter(live.items()))
+            raise TableLocationError(
+                f"table {self.table_name} at {table.location()!r} overlaps table {other}: its metadata file "
+                f"{foreign[uuid]} is in {self.table_name}'s metadata folder: lakesink refuses to write where another "
+                "table's files are"
+            )
 
     def _drop_if_still_empty(self, table: Table) -> bool:
         """Drop ``table`` (not its files) if it is still the table lakesink created and has no snapshot."""

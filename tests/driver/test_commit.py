@@ -423,3 +423,19 @@ def test_a_sink_on_the_old_name_of_a_renamed_table_creates_no_table_in_its_locat
     assert table_ids(load(again)) == Counter([3]) and table_ids(restarted.catalog.load_table(("db", "renamed"))) == Counter(
         [1, 2]
     )
+
+
+def test_a_table_renamed_into_another_namespace_is_found_by_its_metadata_files(catalog_properties: dict[str, str]) -> None:
+    """Renamed into another namespace, the table is not among the namespace's tables the location check reads: its
+    metadata file in the new table's metadata folder gives it away; the same refusal, the same drop."""
+    first = make_committer(catalog_properties)
+    commit(first, Q1, 0, [write_task(first, Q1, 0, [1, 2])])
+    first.catalog.create_namespace("archive")
+    first.catalog.rename_table(("db", "events"), ("archive", "events"))
+    restarted = make_committer(catalog_properties)
+    with pytest.raises(
+        TableLocationError, match=r"table db.events at .* overlaps table archive.events: its metadata file .*dropped again"
+    ):
+        restarted.open_table(SCHEMA)
+    assert ("db", "events") not in [tuple(t) for t in restarted.catalog.list_tables("db")]
+    assert table_ids(restarted.catalog.load_table(("archive", "events"))) == Counter([1, 2])

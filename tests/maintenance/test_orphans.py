@@ -753,14 +753,37 @@ def test_two_tables_sharing_a_location_are_refused_before_anything_is_removed(co
     assert new.location() == renamed.location()  # the catalog's default location of db.events
     before = on_disk(renamed) | on_disk(new)
     backdate(before, timedelta(days=10))
-    target = new if clean == "new" else renamed
+    target, other = (new, "db.renamed") if clean == "new" else (renamed, "db.events")
     with pytest.raises(
-        TableLocationError, match=r"shares its location .* with another table: metadata file .* belongs to table UUID"
+        TableLocationError, match=rf"shares its location .* with table {other}: metadata file .* belongs to {other}"
     ):
         remove_orphan_files(target, older_than=ZERO)
     assert on_disk(renamed) | on_disk(new) == before
     assert table_ids(catalog.load_table(("db", "renamed"))) == Counter([1, 2])
     assert_intact(catalog.load_table(("db", "renamed")))
+
+
+def test_files_of_a_table_dropped_without_them_are_orphans_of_the_one_created_in_its_place(committer: TableCommitter) -> None:
+    """Dropped without purging, then created again at the same location: the old table's files are no table's any
+    more; the clean-up of the new one removes them (age permitting) and keeps every file of the new table."""
+    commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1, 2])])
+    catalog = committer.catalog
+    location = load(committer).location()
+    old_files = on_disk(load(committer))
+    catalog.drop_table(("db", "events"))
+    again = make_committer(catalog.properties)
+    commit(again, Q2, 0, [write_task(again, Q2, 0, [3])])
+    table = load(again)
+    assert table.location() == location
+    backdate(on_disk(table), timedelta(days=10))
+    report = remove_orphan_files(table, older_than=ZERO)
+    # the old table's data and metadata files go; its manifests, named by lakesink for a batch of a query the new
+    # table has no marker of, wait out the in-flight window as any such manifest (their names carry their time)
+    assert paths(report.removed) | paths(report.kept_in_flight) == old_files
+    assert {kind(p) for p in paths(report.removed)} >= {"data", "other"}
+    assert all("11111111" in f.reason for f in report.kept_in_flight)
+    assert table_ids(catalog.load_table(("db", "events"))) == Counter([3])
+    assert_intact(catalog.load_table(("db", "events")))
 
 
 def test_a_table_without_catalog_is_refused(committer: TableCommitter) -> None:
