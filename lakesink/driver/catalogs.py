@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,10 @@ from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
 from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import io as seam_io
 from lakesink.errors import PROGRAMMING_ERRORS, CatalogError, CatalogUnavailableError, LakesinkError, TableIdentityChangedError
 from lakesink.redaction import redact_secrets_in
+from lakesink.table import storage
 from lakesink.table.keys import REQUEST_TIMEOUT, REQUEST_TIMEOUT_DEFAULT
 
 log = logging.getLogger("lakesink")
@@ -179,15 +182,45 @@ def load_tables(catalog: Catalog, identifiers: Sequence[tuple[str, ...]]) -> dic
     return out
 
 
-def live_tables_by_uuid(catalog: Catalog, uuids: set[str]) -> dict[str, str]:
-    """Which of the table UUIDs ``uuids`` a table of ``catalog`` has now (UUID -> the table's name): every namespace
-    of the catalog listed (nested ones too) and each table loaded, so only for the rare case it serves -- another
-    table's metadata found in a table's folder (a rename, or a table dropped without its files). Errors of the
-    catalog are raised (the caller cannot tell live from dropped then)."""
-    found: dict[str, str] = {}
+#: At most this many of a folder's unreferenced metadata files are read to find another table's (one read each);
+#: beyond, the catalog's tables are read instead (one load each), whichever is bounded by the catalog's size, not
+#: the folder's: a streaming table without ``write.metadata.delete-after-commit.enabled`` keeps a metadata file per
+#: commit for days.
+READ_METADATA_FILES_AT_MOST = 1000
+
+
+def live_table_sharing_folder(table: Table, unreferenced: Sequence[str]) -> tuple[str, str, str] | None:
+    """Another table of ``table``'s catalog that keeps its metadata in ``table``'s metadata folder: (its name, its
+    UUID, one of its metadata files), or None. ``unreferenced``: the metadata files (``*.metadata.json``) of that
+    folder that ``table`` does not reference, newest first. Up to :data:`READ_METADATA_FILES_AT_MOST` of them, each is
+    read for its table UUID and the catalog searched for the UUIDs that are not ``table``'s (a table dropped without
+    its files has none: its files are nobody's); beyond, every table of the catalog is read and its current metadata
+    file's folder compared. Errors of the catalog are raised (live cannot be told from dropped then)."""
+    catalog = table.catalog
+    own_uuid = str(table.metadata.table_uuid)
+    if len(unreferenced) <= READ_METADATA_FILES_AT_MOST:
+        foreign = seam_io.other_tables_metadata(table.io, unreferenced, own_uuid)
+        if not foreign:
+            return None
+        for ident, other in _every_table(catalog):
+            uuid = str(other.metadata.table_uuid)
+            if uuid in foreign:
+                return ".".join(ident), uuid, foreign[uuid]
+        return None
+    folder = storage.key(posixpath.dirname(table.metadata_location))
+    own = tuple(table.name())
+    for ident, other in _every_table(catalog):
+        if ident != own and other.metadata_location and storage.key(posixpath.dirname(other.metadata_location)) == folder:
+            return ".".join(ident), str(other.metadata.table_uuid), other.metadata_location
+    return None
+
+
+def _every_table(catalog: Catalog) -> Iterator[tuple[tuple[str, ...], Table]]:
+    """Every table of ``catalog``, loaded: every namespace listed, nested ones too (a table dropped meanwhile is
+    passed over)."""
     seen: set[tuple[str, ...]] = set()
     todo: list[tuple[str, ...]] = [tuple(ns) for ns in catalog.list_namespaces()]
-    while todo and len(found) < len(uuids):
+    while todo:
         ns = todo.pop()
         if ns in seen:
             continue
@@ -195,12 +228,9 @@ def live_tables_by_uuid(catalog: Catalog, uuids: set[str]) -> dict[str, str]:
         todo.extend(tuple(child) for child in catalog.list_namespaces(ns) if len(child) > len(ns))
         for ident in catalog.list_tables(ns):
             try:
-                uuid = str(catalog.load_table(ident).metadata.table_uuid)
+                yield tuple(ident), catalog.load_table(ident)
             except NoSuchTableError:
-                continue  # dropped meanwhile
-            if uuid in uuids:
-                found[uuid] = ".".join(ident)
-    return found
+                continue
 
 
 def remember(table: Table) -> None:

@@ -136,33 +136,33 @@ class SinkTable:
             ) from None
 
     def _check_metadata_folder_is_its_own(self, table: Table) -> None:
-        """A table just created: TableLocationError when its metadata folder holds the metadata file of another live
-        table of the catalog -- one renamed into another namespace, which the check against the namespace's tables
-        does not see. Files of a table that no longer exists (dropped without its files, then created again here)
-        are left to the orphan-file clean-up."""
+        """A table just created: TableLocationError when its metadata folder holds the metadata of another live table
+        of the catalog (:func:`lakesink.driver.catalogs.live_table_sharing_folder`) -- one renamed into another
+        namespace, which the check against the namespace's tables does not see. Files of a table that no longer
+        exists (dropped without its files, then created again here) are left to the orphan-file clean-up."""
         folder = table.metadata_location.rsplit("/", 1)[0]
         try:
-            listed = [
-                f"{folder}/{f.relative}" for f in storage.list_files(table.io, folder) if f.relative.endswith(".metadata.json")
-            ]
-            foreign = seam.other_tables_metadata(
-                table.io, (p for p in listed if p != table.metadata_location), table.metadata.table_uuid
+            listed = sorted(
+                (f for f in storage.list_files(table.io, folder) if f.relative.endswith(".metadata.json")),
+                key=lambda f: f.modified.timestamp() if f.modified else 0.0,
+                reverse=True,
             )
-            live = catalogs.live_tables_by_uuid(self.catalog, set(foreign)) if foreign else {}
+            found = catalogs.live_table_sharing_folder(
+                table, [p for p in (f"{folder}/{f.relative}" for f in listed) if p != table.metadata_location]
+            )
         except Exception as e:
             log.warning(
-                "lakesink: table %s: cannot tell whether another table's metadata is in %s (%s); not checked",
+                "lakesink: table %s: cannot tell whether another table keeps its metadata in %s (%s); not checked",
                 self.table_name,
                 folder,
                 self.redact(e),
             )
             return
-        if live:
-            uuid, other = next(iter(live.items()))
+        if found is not None:
+            other, _, path = found
             raise TableLocationError(
-                f"table {self.table_name} at {table.location()!r} overlaps table {other}: its metadata file "
-                f"{foreign[uuid]} is in {self.table_name}'s metadata folder: lakesink refuses to write where another "
-                "table's files are"
+                f"table {self.table_name} at {table.location()!r} overlaps table {other}: its metadata file {path} is "
+                f"in {self.table_name}'s metadata folder: lakesink refuses to write where another table's files are"
             )
 
     def _drop_if_still_empty(self, table: Table) -> bool:

@@ -38,7 +38,6 @@ from pyiceberg.manifest import ManifestContent, ManifestFile, read_manifest_list
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
 
-from lakesink._pyiceberg import io as seam
 from lakesink.driver import catalogs
 from lakesink.errors import CatalogError, InvalidOptionError, LakesinkError, TableLocationError
 from lakesink.redaction import redact_secrets_in
@@ -427,46 +426,35 @@ def _ago(delta: timedelta) -> str:
 
 
 def _refuse_a_shared_location(table: Table, name: str, root: str, candidates: list[_Listed]) -> None:
-    """TableLocationError, before anything is removed, when a live table of the catalog keeps its metadata in this
-    table's metadata folder: the two share a location (a table renamed, then a new one created under its old name at
-    the same default location; or two tables given one location), and every file of the other would look like an
-    orphan of this one. Found by reading the metadata files (``*.metadata.json``) of the folder that the table does
-    not reference: one with another table UUID is another table's; the catalog is then searched for that UUID. The
-    files of a table that no longer exists (dropped without its files, then created again) are this location's
-    orphans, collected by the other rules."""
+    """TableLocationError, before anything is removed, when another live table of the catalog keeps its metadata in
+    this table's metadata folder (:func:`lakesink.driver.catalogs.live_table_sharing_folder`): the two share a location
+    (a table renamed, then a new one created under its old name at the same default location; or two tables given
+    one location), and every file of the other would look like an orphan of this one. The files of a table that no
+    longer exists (dropped without its files, then created again) are this location's orphans, collected by the
+    other rules."""
     own = posixpath.dirname(storage.key(table.metadata_location))
     newest_first = sorted(candidates, key=lambda f: f.modified or datetime.min.replace(tzinfo=timezone.utc), reverse=True)
-    foreign = seam.other_tables_metadata(
-        table.io,
-        (f.uri for f in newest_first if f.relative.endswith(".metadata.json") and posixpath.dirname(storage.key(f.uri)) == own),
-        table.metadata.table_uuid,
-    )
-    if not foreign:
+    unreferenced = [
+        f.uri for f in newest_first if f.relative.endswith(".metadata.json") and posixpath.dirname(storage.key(f.uri)) == own
+    ]
+    if not unreferenced:
         return
     try:
-        live = catalogs.live_tables_by_uuid(table.catalog, set(foreign))
+        found = catalogs.live_table_sharing_folder(table, unreferenced)
     except Exception as e:
         raise TableLocationError(
-            f"table {name}: metadata file {next(iter(foreign.values()))} under its location belongs to another table "
-            f"(UUID {next(iter(foreign))}), and the catalog could not be searched for that table "
-            f"({_safe_error(table, e)}); nothing was removed"
+            f"table {name}: its metadata folder holds metadata files it does not reference, and the catalog could not "
+            f"be searched for another table keeping them there ({_safe_error(table, e)}); nothing was removed"
         ) from None
-    if live:
-        uuid, other = next(iter(live.items()))
+    if found is not None:
+        other, uuid, path = found
         raise TableLocationError(
-            f"table {name} shares its location {root!r} with table {other}: metadata file {foreign[uuid]} belongs to "
+            f"table {name} shares its location {root!r} with table {other}: metadata file {path} belongs to "
             f"{other} (UUID {uuid}; this table's is {table.metadata.table_uuid}), so that table's files would look "
             "like orphans of this one; nothing was removed. This happens when a table is renamed and a new one is "
             "created under its old name at the same default location. Give one of them a location of its own "
             "(create the new table with an explicit location) before removing orphan files"
         )
-    log.info(
-        "lakesink: table=%s: metadata of %s table(s) that no longer exist under its location (UUID %s): their files "
-        "are orphans of this location",
-        name,
-        len(foreign),
-        ", ".join(sorted(foreign)),
-    )
 
 
 def _nested_table_roots(candidates: list[_Listed], table: Table) -> set[str]:

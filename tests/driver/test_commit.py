@@ -15,6 +15,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.types import StringType
 
 from lakesink._pyiceberg import commit as seam
+from lakesink.driver import catalogs
 from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import CommitConflictError, CommitOutcomeUnknownError, ConcurrentTableChangeError, TableLocationError
 from lakesink.faults import DRIVER_BEFORE_SWAP
@@ -425,9 +426,14 @@ def test_a_sink_on_the_old_name_of_a_renamed_table_creates_no_table_in_its_locat
     )
 
 
-def test_a_table_renamed_into_another_namespace_is_found_by_its_metadata_files(catalog_properties: dict[str, str]) -> None:
+@pytest.mark.parametrize("search", ["metadata files", "catalog"])
+def test_a_table_renamed_into_another_namespace_is_found_by_its_metadata_files(
+    catalog_properties: dict[str, str], search: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Renamed into another namespace, the table is not among the namespace's tables the location check reads: its
     metadata file in the new table's metadata folder gives it away; the same refusal, the same drop."""
+    if search == "catalog":
+        monkeypatch.setattr(catalogs, "READ_METADATA_FILES_AT_MOST", 0)
     first = make_committer(catalog_properties)
     commit(first, Q1, 0, [write_task(first, Q1, 0, [1, 2])])
     first.catalog.create_namespace("archive")
