@@ -1345,6 +1345,24 @@ def pointers_on_sql_catalog(catalog: Any, identifiers: Sequence[tuple[str, ...]]
     return out
 
 
+def all_pointers_on_sql_catalog(catalog: Any) -> list[tuple[tuple[str, ...], str]] | None:
+    """Every table of a SQL catalog with its current metadata location, in one query (its rows, nothing loaded);
+    None when ``catalog`` is not a pyiceberg SQL catalog."""
+    if not isinstance(catalog, SqlCatalog):
+        return None
+    stmt = select(IcebergTables.table_namespace, IcebergTables.table_name, IcebergTables.metadata_location).where(
+        IcebergTables.catalog_name == catalog.name
+    )
+    if (type_filter := catalog._iceberg_type_filter()) is not None:
+        stmt = stmt.where(type_filter)
+    with Session(catalog.engine) as session:
+        return [
+            ((*Catalog.identifier_to_tuple(namespace), name), location)
+            for namespace, name, location in session.execute(stmt)
+            if location
+        ]
+
+
 # --- maintenance: manifest rewrite (issue 11) ----------------------------------------------------
 
 
