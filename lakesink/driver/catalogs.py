@@ -197,6 +197,8 @@ def live_table_sharing_folder(table: Table, unreferenced: Sequence[str]) -> tupl
     read for its table UUID and the catalog searched for the UUIDs that are not ``table``'s (a table dropped without
     its files has none: its files are nobody's); beyond, every table of the catalog is read and its current metadata
     file's folder compared. Errors of the catalog are raised (live cannot be told from dropped then)."""
+    if not unreferenced:  # another live table's current metadata file would be one of them
+        return None
     catalog = table.catalog
     own_uuid = str(table.metadata.table_uuid)
     folder = storage.key(posixpath.dirname(table.metadata_location))
