@@ -88,6 +88,7 @@ from pyiceberg.utils.bin_packing import ListPacker
 from pyiceberg.utils.config import Config
 from requests import HTTPError
 from sqlalchemy import bindparam, select
+from sqlalchemy import delete as sql_delete
 from sqlalchemy import update as sql_update
 from sqlalchemy.orm import Session
 from tenacity import retry
@@ -1343,6 +1344,27 @@ def pointers_on_sql_catalog(catalog: Any, identifiers: Sequence[tuple[str, ...]]
                 if ident is not None and location:
                     out[ident] = location
     return out
+
+
+def drop_unchanged_on_sql_catalog(catalog: Any, identifier: tuple[str, ...], metadata_location: str) -> bool | None:
+    """Drop a table of a SQL catalog (its row; no file) only if its metadata pointer is still ``metadata_location``:
+    one ``DELETE ... WHERE metadata_location = <read>``, so that a commit landing meanwhile is never dropped.
+    True when dropped, False when the pointer moved (or the table is gone); None when ``catalog`` is not a pyiceberg
+    SQL catalog."""
+    if not isinstance(catalog, SqlCatalog):
+        return None
+    rows: Any = IcebergTables.__table__
+    with Session(catalog.engine) as session:
+        result = session.execute(
+            sql_delete(rows).where(
+                rows.c.catalog_name == catalog.name,
+                rows.c.table_namespace == Catalog.namespace_to_string(Catalog.namespace_from(identifier)),
+                rows.c.table_name == Catalog.table_name_from(identifier),
+                rows.c.metadata_location == metadata_location,
+            )
+        )
+        session.commit()
+        return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
 def all_pointers_on_sql_catalog(catalog: Any) -> list[tuple[tuple[str, ...], str]] | None:

@@ -166,13 +166,19 @@ class SinkTable:
             )
 
     def _drop_if_still_empty(self, table: Table) -> bool:
-        """Drop ``table`` (not its files) if it is still the table lakesink created and has no snapshot."""
+        """Drop ``table`` (not its files) if it is still the table lakesink created and has no snapshot: on a SQL
+        catalog with a compare-and-swap on its metadata pointer (a commit landing meanwhile is never dropped);
+        elsewhere (no catalog offers a conditional drop) after reading it, milliseconds after its creation."""
         ident = self.options.table.identifier
         try:
             now = catalogs.load_table(self.catalog, ident)
             if now.metadata.table_uuid != table.metadata.table_uuid or now.metadata.snapshots:
                 return False
-            self.catalog.drop_table(ident)
+            dropped = seam_commit.drop_unchanged_on_sql_catalog(self.catalog, ident, now.metadata_location)
+            if dropped is False:
+                return False
+            if dropped is None:
+                self.catalog.drop_table(ident)
             log.warning("lakesink: dropped table %s again: its location overlaps another table's", self.table_name)
             return True
         except Exception as e:

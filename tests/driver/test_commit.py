@@ -447,3 +447,18 @@ def test_a_table_renamed_into_another_namespace_is_found_by_its_metadata_files(
         restarted.open_table(SCHEMA)
     assert ("db", "events") not in [tuple(t) for t in restarted.catalog.list_tables("db")]
     assert table_ids(restarted.catalog.load_table(("archive", "events"))) == Counter([1, 2])
+
+
+def test_a_table_dropped_again_is_dropped_only_if_nothing_committed_to_it_since_it_was_read(
+    catalog_properties: dict[str, str],
+) -> None:
+    """The drop of a table lakesink had just created over another's location is a compare-and-swap on its pointer
+    (SQL catalogs): a commit landing between the read and the drop keeps the table."""
+    c = make_committer(catalog_properties)
+    table = c.open_table(SCHEMA)
+    read = table.metadata_location
+    table.append(arrow_rows([7]))  # another writer, after lakesink read the table
+    assert seam.drop_unchanged_on_sql_catalog(c.catalog, ("db", "events"), read) is False
+    assert table_ids(load(c)) == Counter([7])
+    assert seam.drop_unchanged_on_sql_catalog(c.catalog, ("db", "events"), load(c).metadata_location) is True
+    assert ("db", "events") not in [tuple(t) for t in c.catalog.list_tables("db")]
