@@ -192,7 +192,7 @@ READ_METADATA_FILES_AT_MOST = 1000
 def live_table_sharing_folder(table: Table, unreferenced: Sequence[str]) -> tuple[str, str, str] | None:
     """Another table of ``table``'s catalog that keeps its metadata in ``table``'s metadata folder: (its name, its
     UUID, one of its metadata files), or None. ``unreferenced``: the metadata files (``*.metadata.json``) of that
-    folder that ``table`` does not reference, newest first. On a SQL catalog its rows say where every table's current
+    folder that ``table`` does not reference. On a SQL catalog its rows say where every table's current
     metadata file is (one query). Elsewhere, up to :data:`READ_METADATA_FILES_AT_MOST` of them, each is
     read for its table UUID and the catalog searched for the UUIDs that are not ``table``'s (a table dropped without
     its files has none: its files are nobody's); beyond, every table of the catalog is read and its current metadata

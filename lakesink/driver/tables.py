@@ -142,14 +142,12 @@ class SinkTable:
         exists (dropped without its files, then created again here) are left to the orphan-file clean-up."""
         folder = table.metadata_location.rsplit("/", 1)[0]
         try:
-            listed = sorted(
-                (f for f in storage.list_files(table.io, folder) if f.relative.endswith(".metadata.json")),
-                key=lambda f: f.modified.timestamp() if f.modified else 0.0,
-                reverse=True,
-            )
-            found = catalogs.live_table_sharing_folder(
-                table, [p for p in (f"{folder}/{f.relative}" for f in listed) if p != table.metadata_location]
-            )
+            unreferenced = [
+                path
+                for path in (f"{folder}/{f.relative}" for f in storage.list_files(table.io, folder))
+                if path.endswith(".metadata.json") and path != table.metadata_location
+            ]
+            found = catalogs.live_table_sharing_folder(table, unreferenced)
         except Exception as e:
             log.warning(
                 "lakesink: table %s: cannot tell whether another table keeps its metadata in %s (%s); not checked",

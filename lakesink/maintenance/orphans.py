@@ -433,12 +433,9 @@ def _refuse_a_shared_location(table: Table, name: str, root: str, candidates: li
     longer exists (dropped without its files, then created again) are this location's orphans, collected by the
     other rules."""
     own = posixpath.dirname(storage.key(table.metadata_location))
-    newest_first = sorted(candidates, key=lambda f: f.modified or datetime.min.replace(tzinfo=timezone.utc), reverse=True)
     unreferenced = [
-        f.uri for f in newest_first if f.relative.endswith(".metadata.json") and posixpath.dirname(storage.key(f.uri)) == own
+        f.uri for f in candidates if f.relative.endswith(".metadata.json") and posixpath.dirname(storage.key(f.uri)) == own
     ]
-    if not unreferenced:
-        return
     try:
         found = catalogs.live_table_sharing_folder(table, unreferenced)
     except Exception as e:
