@@ -170,11 +170,53 @@ class RowSorter:
 
 def _json_rows(batch: pa.RecordBatch) -> Iterator[str]:
     """Each row as one JSON object, as Spark's ``to_json`` would write it (so ``from_json`` reads it back): maps as
-    objects, timestamps in ISO 8601 (UTC with ``Z``), decimals as numbers, binary as base64."""
+    objects, timestamps in ISO 8601 (UTC with ``Z``), decimals as numbers, binary as base64. A string that is not
+    valid UTF-8 is kept exactly: each byte that is not part of a UTF-8 character is the escape ``\\udcHH`` (Python's
+    ``surrogateescape``; no valid string holds such a character): ``json.loads(row)[c].encode("utf-8",
+    "surrogateescape")`` gives its bytes back."""
     types = {f.name: f.type for f in batch.schema}
-    for row in batch.to_pylist():
+    escaped = False
+    try:
+        rows = batch.to_pylist()
+    except UnicodeDecodeError:  # a string column holds bytes that are not UTF-8: read as bytes, decoded losslessly
+        rows = batch.cast(pa.schema([f.with_type(_as_binary(f.type)) for f in batch.schema])).to_pylist()
+        escaped = True
+    for row in rows:
         text = json.dumps({k: _jsonable(v, types[k]) for k, v in row.items()}, separators=(",", ":"), ensure_ascii=False)
-        yield _DECIMAL.sub(r"\1", text) if "\\u0000" in text else text
+        if "\\u0000" in text:
+            text = _DECIMAL.sub(r"\1", text)
+        yield _ESCAPED.sub(_escape, text) if escaped else text
+
+
+_ESCAPED = re.compile("[\udc80-\udcff]")  # the bytes surrogateescape decoded (never in a UTF-8 string)
+
+
+def _escape(m: re.Match[str]) -> str:
+    return f"\\u{ord(m.group()):04x}"
+
+
+def _as_binary(t: pa.DataType) -> pa.DataType:
+    """``t`` with every string type in it (nested too) as the binary type of the same layout."""
+    if pa.types.is_string(t):
+        return pa.binary()
+    if pa.types.is_large_string(t):
+        return pa.large_binary()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_as_binary(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(_as_binary(t.key_type)), t.item_field.with_type(_as_binary(t.item_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_as_binary(t.value_type)))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_as_binary(t.value_type)))
+    return t
+
+
+def _text(value: Any, t: pa.DataType) -> Any:
+    """A string's value read as bytes (a batch with bytes that are not UTF-8): its text, bad bytes as surrogates."""
+    if isinstance(value, bytes) and (pa.types.is_string(t) or pa.types.is_large_string(t)):
+        return value.decode("utf-8", "surrogateescape")
+    return value
 
 
 def _jsonable(value: Any, t: pa.DataType) -> Any:
@@ -183,7 +225,7 @@ def _jsonable(value: Any, t: pa.DataType) -> Any:
     if pa.types.is_struct(t):
         return {f.name: _jsonable(value.get(f.name), f.type) for f in t}
     if pa.types.is_map(t):
-        return {str(k): _jsonable(v, t.item_type) for k, v in value}
+        return {str(_text(k, t.key_type)): _jsonable(v, t.item_type) for k, v in value}
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return [_jsonable(v, t.value_type) for v in value]
     if isinstance(value, dt.datetime):
@@ -195,5 +237,7 @@ def _jsonable(value: Any, t: pa.DataType) -> Any:
     if isinstance(value, Decimal):
         return f"\x00{_TOKEN}{value}\x00"  # written as a JSON number, digit for digit (json has no exact decimals)
     if isinstance(value, bytes):
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            return _text(value, t)
         return base64.b64encode(value).decode("ascii")
     return value

@@ -36,7 +36,7 @@ from lakesink.executor.task_writer import TaskWriter, task_result_batch
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.table import dead_letters as dl
 from lakesink.table import locations, storage
-from lakesink.table.routes import InvalidRoute, Route, parse_route
+from lakesink.table.routes import InvalidRoute, Route, parse_route, routing_value
 from lakesink.table.settings import TableSettings
 
 log = logging.getLogger(__name__)
@@ -166,9 +166,12 @@ def split_by_route(batch: pa.RecordBatch, column: str) -> Iterable[tuple[object,
     if batch.num_rows == 0:
         return
     encoded = pc.dictionary_encode(values, null_encoding="encode")
-    dictionary, codes = encoded.dictionary, encoded.indices
+    codes = encoded.indices
+    # each value from its bytes: a value that is not UTF-8 (a Kafka key cast to a string) stays bytes, an invalid route
+    binary = pa.large_binary() if pa.types.is_large_string(values.type) else pa.binary()
+    dictionary = [routing_value(v) for v in encoded.dictionary.view(binary).to_pylist()]
     if len(dictionary) == 1:
-        yield dictionary[0].as_py(), rest
+        yield dictionary[0], rest
         return
     groups = (
         pa.table([codes, pa.array(range(batch.num_rows), pa.int64())], names=["code", "row"])
@@ -176,7 +179,7 @@ def split_by_route(batch: pa.RecordBatch, column: str) -> Iterable[tuple[object,
         .aggregate([("row", "list")])
     )
     for code, rows in zip(groups.column("code").to_pylist(), groups.column("row_list"), strict=True):
-        yield dictionary[code].as_py(), rest.take(rows.values)
+        yield dictionary[code], rest.take(rows.values)
 
 
 def conform_to_table(batch: pa.RecordBatch, plan: WritePlan, batch_id: int) -> pa.RecordBatch:
@@ -271,13 +274,16 @@ class RoutedTaskWriter:
         if self._invalid is None:
             route_of(value, self._plan.namespace, self._plan.column, self._batch_id)  # raises RoutingError
             raise AssertionError("unreachable: an invalid route")
-        with_column = rows.append_column(self._plan.column, pa.array([value] * rows.num_rows, pa.string()))
+        if isinstance(value, bytes):  # not UTF-8: the row keeps the value's exact bytes (its JSON escapes them)
+            column = pa.array([value] * rows.num_rows, pa.binary()).view(pa.string())
+        else:
+            column = pa.array([value] * rows.num_rows, pa.string())
         self._invalid.reject_all(
-            with_column,
+            rows.append_column(self._plan.column, column),
             kind=dl.INVALID_ROUTE,
             column=self._plan.column,
             text=f"routing column {self._plan.column!r} holds {route.describe()}",
-            table=value if isinstance(value, str) else None,
+            table=route.text,
         )
 
     def _write_invalid_routes(self) -> None:

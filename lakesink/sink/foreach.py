@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from lakesink import _pyspark
 from lakesink.driver import catalogs
@@ -63,6 +64,7 @@ from lakesink.sink import completeness, dead_letters, driver_write, spark_fs, sp
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 from lakesink.table import storage
 from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
+from lakesink.table.routes import routing_value
 
 log = logging.getLogger("lakesink")
 
@@ -355,7 +357,9 @@ class ForeachBatchSink:
         if run_id != self._run:  # a new run of the query: every table is opened (and checked) afresh
             routed.new_run()
             self._run = run_id
-        values = [r[0] for r in df.select(routing.column).distinct().collect()]
+        # read as bytes: a value that is not UTF-8 stays itself (an invalid route), not Spark's decoding of it
+        raw = df.select(F.col(f"`{routing.column}`").cast("binary")).distinct().collect()
+        values = [routing_value(None if r[0] is None else bytes(r[0])) for r in raw]
         routes = routed.routes(values, batch_id)  # with dead_letter_table: the valid ones (the others: dead letters)
         plans = routed.plans(routes, query_id)
         offsets = self._source_offsets(spark, query_id, batch_id)

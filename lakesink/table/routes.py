@@ -9,6 +9,11 @@ validated parts only.
 :func:`parse_route` is the one switch point of a routing value: a batch with an invalid route fails
 (:class:`lakesink.errors.RoutingError`, naming the value and the batch), or, with option ``dead-letter-table``, its
 rows are dead letters of error ``invalid-route`` (lakesink.executor.routed_writer).
+
+A routing value's bytes need not be UTF-8 (a Kafka key cast to a string): :func:`routing_value` hands such a value on
+as its bytes, which :func:`parse_route` finds invalid. The names are bounded by what every catalog and filesystem
+takes: a new table's namespace becomes one folder, ``<namespace>.db`` (at most 255 bytes, a file name's limit), and
+pyiceberg's SQL catalog keeps the dotted namespace and the table name in columns of 255 characters.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from dataclasses import dataclass
 #: Nothing that a path or a SQL statement could read as a separator, a quote, a wildcard or a parent folder.
 _PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,127}")
 _MAX_LEVELS = 8
+#: The dotted namespace: its folder ``<namespace>.db`` is one path segment (255 bytes at most on every common
+#: filesystem), and pyiceberg's SQL catalog holds it in a column of 255 characters (enforced on PostgreSQL).
+MAX_NAMESPACE_CHARS = 255 - len(".db")
 
 
 @dataclass(frozen=True, order=True)
@@ -52,6 +60,14 @@ class InvalidRoute:
             shown = shown[:117] + "..."
         return f"{shown} ({self.reason})"
 
+    @property
+    def text(self) -> str | None:
+        """The raw value as a dead letter's ``table`` holds it: the string; bytes that are not UTF-8 with each bad
+        byte as ``\\xHH`` (the row's JSON keeps them exactly); None for a null (or a value of another type)."""
+        if isinstance(self.value, bytes):
+            return self.value.decode("utf-8", "backslashreplace")
+        return self.value if isinstance(self.value, str) else None
+
 
 def parse_namespace(value: str) -> tuple[str, ...] | str:
     """A dotted namespace (option ``namespace``) as its levels, or the reason it is not one."""
@@ -61,7 +77,27 @@ def parse_namespace(value: str) -> tuple[str, ...] | str:
         return f"each level must be 1 to 128 letters, digits, '_' or '-' (not first), got {bad[0]!r}" if bad else "it is empty"
     if len(parts) > _MAX_LEVELS:
         return f"at most {_MAX_LEVELS} levels"
+    if len(value) > MAX_NAMESPACE_CHARS:
+        return _too_long(value)
     return parts
+
+
+def _too_long(namespace: str) -> str:
+    return (
+        f"the namespace is {len(namespace)} characters, at most {MAX_NAMESPACE_CHARS} (dots included): its folder "
+        f"'<namespace>.db' is one path segment (255 bytes at most), and SQL catalogs keep it in 255 characters"
+    )
+
+
+def routing_value(raw: bytes | None) -> str | bytes | None:
+    """A routing column's value from its bytes: the string, or the bytes themselves when they are not UTF-8
+    (:func:`parse_route` finds them invalid, and a dead letter keeps them exactly)."""
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return bytes(raw)
 
 
 def parse_route(value: object, default_namespace: tuple[str, ...] = ()) -> Route | InvalidRoute:
@@ -69,6 +105,11 @@ def parse_route(value: object, default_namespace: tuple[str, ...] = ()) -> Route
     ``default_namespace`` (option ``namespace``); else an :class:`InvalidRoute` with the reason."""
     if value is None:
         return InvalidRoute(value, "null: every row needs a table name")
+    if isinstance(value, bytes | bytearray):  # a string's bytes (routing_value): its text, if they are UTF-8
+        decoded = routing_value(bytes(value))
+        if isinstance(decoded, bytes):
+            return InvalidRoute(decoded, f"not valid UTF-8: {_utf8_error(decoded)}")
+        value = decoded
     if not isinstance(value, str):
         return InvalidRoute(value, f"a {type(value).__name__}, not a string")
     if not value:
@@ -87,7 +128,18 @@ def parse_route(value: object, default_namespace: tuple[str, ...] = ()) -> Route
         if not default_namespace:
             return InvalidRoute(value, "no namespace: write 'namespace.table', or set option 'namespace'")
         return Route(default_namespace, parts[0])
+    namespace = value.rpartition(".")[0]
+    if len(namespace) > MAX_NAMESPACE_CHARS:
+        return InvalidRoute(value, _too_long(namespace))
     return Route(tuple(parts[:-1]), parts[-1])
+
+
+def _utf8_error(raw: bytes) -> str:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"byte 0x{raw[e.start]:02X} at offset {e.start} ({e.reason})"
+    return "valid"  # pragma: no cover (only called on bytes that are not UTF-8)
 
 
 def case_collisions(routes: Iterable[Route]) -> list[tuple[Route, Route]]:

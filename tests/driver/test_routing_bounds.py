@@ -12,9 +12,11 @@ of tables.
 from __future__ import annotations
 
 import gc
+import json
 import threading
 import weakref
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +27,13 @@ from pyiceberg.utils.concurrent import ExecutorFactory
 from benchmarks.routing_scale import lakesink_state, process_sample
 from lakesink.driver import catalogs, routing
 from lakesink.driver.commit import TableCommitter
-from lakesink.driver.routing import RoutedCommitter
+from lakesink.driver.routing import RoutedCommitter, RoutedOutcome
+from lakesink.errors import RoutingError
 from lakesink.executor.routed_writer import RoutedTaskWriter
 from lakesink.maintenance import auto
 from lakesink.options import SinkOptions
+from lakesink.table import dead_letters as dl
+from lakesink.table.routes import MAX_NAMESPACE_CHARS, routing_value
 from tests.support.helpers import table_ids
 
 Q = "bounds-query"
@@ -137,3 +142,98 @@ def test_maintenance_of_many_tables_runs_on_the_runners_few_threads(catalog_prop
     assert kept and all(m.runs >= 1 and m.last_error is None for m in kept[-MAINTAINERS:]), [
         (m.key, m.runs, m.last_error) for m in kept
     ]
+
+
+# --- issue 30: per-row failures of a routed batch (fault-matrix row 40) -----------------------------------------------
+
+LONG_NS = f"{'a' * 128}.{'b' * 128}"
+"""Two namespace levels of 128 characters each passed validation, then became a 260-byte folder (``<namespace>.db``)."""
+LONGEST_NS = f"{'a' * 128}.{'b' * (MAX_NAMESPACE_CHARS - 129)}"
+"""The longest namespace a route may name: its folder 255 bytes, its name 252 characters (SQL catalogs keep 255)."""
+ROW_SCHEMA = pa.schema([("id", pa.int64()), ("user", pa.string()), ("route", pa.string())])
+
+
+def routed_batch(props: dict[str, str], rows: Sequence[tuple[int, bytes, bytes | None]], **extra: str) -> RoutedOutcome:
+    """One batch through the routed sink as foreach_batch runs it (the routing column's distinct values, read as bytes,
+    then one routed task), committed; ``rows``: (id, user's bytes, route's bytes)."""
+    options = SinkOptions.from_mapping(
+        {"route-by": "route", "namespace": "db", **extra, **{f"catalog.{k}": v for k, v in props.items()}}
+    )
+    rc = RoutedCommitter(options, ROW_SCHEMA)
+    batch = pa.record_batch(
+        [
+            pa.array([i for i, _, _ in rows], pa.int64()),
+            pa.array([u for _, u, _ in rows], pa.binary()).view(pa.string()),  # bytes as Spark sends them, unchecked
+            pa.array([r for _, _, r in rows], pa.binary()).view(pa.string()),
+        ],
+        schema=ROW_SCHEMA,
+    )
+    values = {routing_value(r) for _, _, r in rows}
+    plan = rc.routed_plan(rc.plans(rc.routes(values, 0), Q), Q, template=False)
+    result = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0).write([batch])
+    return rc.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets="[]")
+
+
+def dead_letters(props: dict[str, str]) -> dict[int, dict[str, Any]]:
+    table = catalogs.load(None, props).load_table(("db", "dead"))
+    return {json.loads(r[dl.ROW])["id"]: r for r in table.scan().to_arrow().to_pylist()}
+
+
+def test_a_route_too_long_for_a_folder_or_a_catalog_column_is_a_dead_letter(any_catalog_properties: dict[str, str]) -> None:
+    """SQLite and PostgreSQL (whose name columns are 255 characters): the longest valid route is created and written;
+    one past it is an invalid-route dead letter, and the batch lands (before: its table's creation failed on every
+    attempt, with or without a dead-letter table)."""
+    props = any_catalog_properties
+    longest = f"{LONGEST_NS}.{'t' * 128}"
+    rows = [(1, b"u1", b"a"), (2, b"u2", f"{LONG_NS}.t".encode()), (3, b"u3", longest.encode())]
+    out = routed_batch(props, rows, **{"dead-letter-table": "db.dead"})
+    assert sorted(out.committed) == sorted(["db.a", longest]) and out.dead_letters is not None
+    catalog = catalogs.load(None, props)
+    assert table_ids(catalog.load_table(("db", "a"))) == Counter([1])
+    assert table_ids(catalog.load_table((*LONGEST_NS.split("."), "t" * 128))) == Counter([3])
+    letter = dead_letters(props)
+    assert set(letter) == {2}
+    assert (letter[2][dl.ERROR], letter[2][dl.COLUMN], letter[2][dl.TABLE]) == (dl.INVALID_ROUTE, "route", f"{LONG_NS}.t")
+    assert "at most 252" in letter[2][dl.MESSAGE]
+    assert not catalog.namespace_exists(tuple(LONG_NS.split(".")))
+
+
+def test_without_a_dead_letter_table_a_route_too_long_fails_the_batch_naming_it(catalog_properties: dict[str, str]) -> None:
+    with pytest.raises(RoutingError, match="the namespace is 257 characters, at most 252"):
+        routed_batch(catalog_properties, [(1, b"u1", b"a"), (2, b"u2", f"{LONG_NS}.t".encode())])
+    assert not catalogs.load(None, catalog_properties).table_exists(("db", "a"))  # nothing created, nothing committed
+
+
+def test_a_route_or_a_rejected_row_that_is_not_utf8_is_a_dead_letter_with_its_exact_bytes(
+    catalog_properties: dict[str, str],
+) -> None:
+    """A routing value that is not UTF-8 (``CAST(unhex('FF') AS STRING)``, a Kafka key) is an invalid-route dead letter;
+    a row whose data column is not UTF-8 and matches reject-when is a reject-when dead letter; each row's JSON keeps the
+    exact bytes (before: UnicodeDecodeError in the task)."""
+    rows = [
+        (1, b"u1", b"a"),
+        (2, b"u2", b"\xff"),
+        (3, b"caf\xc3\xa9\xfe", b"db.a\xfe"),  # both columns not UTF-8
+        (4, b"\xff\xfe", b"a"),  # a good route, rejected by reject-when
+    ]
+    out = routed_batch(catalog_properties, rows, **{"dead-letter-table": "db.dead", "reject-when": "id = 4"})
+    assert out.committed == ["db.a"] and out.dead_letters is not None
+    assert table_ids(catalogs.load(None, catalog_properties).load_table(("db", "a"))) == Counter([1])
+    letter = dead_letters(catalog_properties)
+    assert {i: (r[dl.ERROR], r[dl.TABLE]) for i, r in letter.items()} == {
+        2: (dl.INVALID_ROUTE, "\\xff"),
+        3: (dl.INVALID_ROUTE, "db.a\\xfe"),
+        4: (dl.REJECT_WHEN, "db.a"),
+    }
+    assert "not valid UTF-8: byte 0xFF at offset 0" in letter[2][dl.MESSAGE]
+    for i, user, route in rows[1:]:
+        row = json.loads(letter[i][dl.ROW])
+        assert row["user"].encode("utf-8", "surrogateescape") == user
+        assert row["route"].encode("utf-8", "surrogateescape") == route
+
+
+def test_without_a_dead_letter_table_a_route_that_is_not_utf8_fails_the_batch_naming_it(
+    catalog_properties: dict[str, str],
+) -> None:
+    with pytest.raises(RoutingError, match=r"holds b'\\xff' \(not valid UTF-8: byte 0xFF at offset 0"):
+        routed_batch(catalog_properties, [(1, b"u1", b"a"), (2, b"u2", b"\xff")])

@@ -46,3 +46,34 @@ def test_a_dead_letters_row_is_json_spark_reads_back() -> None:
         names=["m", "s"],
     )
     assert [json.loads(r) for r in _json_rows(batch)] == [{"m": {"k": [1, None]}, "s": None}]
+
+
+def test_a_rejected_rows_strings_that_are_not_utf8_are_kept_exactly_in_its_json() -> None:
+    """Issue 30: a string column whose bytes are not UTF-8 (Spark passes them on unchecked) at every depth -- a column,
+    a struct field, a list element, a map key and value: each bad byte is the JSON escape \\udcHH, which
+    ``surrogateescape`` turns back into the exact bytes; a valid string (one that spells such an escape included)
+    is unchanged, binary stays base64 (before: UnicodeDecodeError in the task)."""
+
+    def text(*values: bytes | None) -> pa.Array:
+        return pa.array(values, pa.binary()).view(pa.string())  # as Spark sends them: never validated
+
+    bad, spelled = b"caf\xc3\xa9\xfe\xff!", b"\\udcff"
+    nested = pa.StructArray.from_arrays([text(bad, b"ok")], names=["s"])
+    tags = pa.ListArray.from_arrays(pa.array([0, 2, 3], pa.int32()), text(b"\xed\xa0\x80", b"x", b"y"))
+    attrs = pa.MapArray.from_arrays(pa.array([0, 1, 2], pa.int32()), text(b"k\x80", b"k"), text(b"v\xc3", None))
+    batch = pa.record_batch(
+        [text(bad, spelled), nested, tags, attrs, pa.array([b"\xff", None], pa.binary())],
+        names=["s", "st", "tags", "attrs", "bin"],
+    )
+    rows = [json.loads(r) for r in _json_rows(batch)]
+
+    def raw(value: str) -> bytes:
+        return value.encode("utf-8", "surrogateescape")
+
+    assert raw(rows[0]["s"]) == bad and raw(rows[0]["st"]["s"]) == bad
+    assert [raw(v) for v in rows[0]["tags"]] == [b"\xed\xa0\x80", b"x"]
+    assert {raw(k): raw(v) for k, v in rows[0]["attrs"].items()} == {b"k\x80": b"v\xc3"}
+    assert rows[0]["bin"] == "/w=="
+    assert rows[1] == {"s": spelled.decode(), "st": {"s": "ok"}, "tags": ["y"], "attrs": {"k": None}, "bin": None}
+    # the JSON itself is valid UTF-8 (the dead-letter table's `row` is a string column)
+    assert all(r.encode("utf-8") for r in _json_rows(batch))
