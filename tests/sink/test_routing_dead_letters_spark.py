@@ -107,3 +107,66 @@ def test_routed_dead_letters_are_exactly_once_across_a_crash_after_the_commit(
     row = next(json.loads(r[dl.ROW]) for r in letters if json.loads(r[dl.ROW])["id"] == 10_003)
     assert row["route"] == "../etc" and row["kind"] == 3
     assert not any(".." in ".".join(t) for ns in catalog.list_namespaces() for t in catalog.list_tables(ns))
+
+
+NOT_UTF8 = {1: b"\xff", 2: b"t0\xfe"}
+"""kind -> a routing value that is not UTF-8 (``CAST(unhex('FF') AS STRING)``, as a Kafka key cast to a string)."""
+
+
+def start_not_utf8(spark: Any, src: Path, ck: Path, props: dict[str, str], entry: str, letters: bool) -> Any:
+    """Rows of kind 1 and 2 route by a value that is not UTF-8; rows of kind 4 (reject-when) carry a user that is not
+    UTF-8 either; the others go to db.t0."""
+    df = spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(src))
+    df = df.withColumn(
+        "route",
+        F.when(F.col("kind") == 1, F.expr("CAST(unhex('FF') AS STRING)"))
+        .when(F.col("kind") == 2, F.expr("CAST(unhex('7430FE') AS STRING)"))
+        .otherwise(F.lit("t0")),
+    ).withColumn("user", F.when(F.col("kind") == 4, F.expr("CAST(unhex('C3FF') AS STRING)")).otherwise(F.col("user")))
+    extra = {"dead-letter-table": DEAD, "reject-when": "kind = 4"} if letters else {}
+    if entry == "format":
+        w = df.writeStream.format("lakesink").option("route-by", "route").option("namespace", "db")
+        for k, v in {**extra, **{f"catalog.{k}": v for k, v in props.items()}}.items():
+            w = w.option(k, v)
+    else:
+        sink = lakesink.foreach_batch(
+            route_by="route",
+            namespace="db",
+            catalog_properties=props,
+            dead_letter_table=extra.get("dead-letter-table"),
+            reject_when=extra.get("reject-when"),
+        )
+        w = df.writeStream.foreachBatch(sink)
+    return w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+
+
+@pytest.mark.parametrize("entry", ["format", "foreach"])
+def test_a_routing_value_or_a_rejected_row_that_is_not_utf8_is_a_dead_letter_with_its_exact_bytes(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """Issue 30, items 7 and 8 (fault-matrix row 40), both entry points: without a dead-letter table the batch fails
+    with a RoutingError naming the value (nothing committed); with one, such rows are invalid-route dead letters and
+    a rejected row's JSON keeps its bytes exactly (before: UnicodeDecodeError in the task)."""
+    src = tmp_path / "input"
+    sent = write_json_input(src, files=1, rows_per_file=20, start=10_000)
+    with pytest.raises(StreamingQueryException, match=r"not valid UTF-8: byte 0xFF at offset 0"):
+        run_to_end(start_not_utf8(spark, src, tmp_path / "ck-loud", catalog_properties, entry, letters=False))
+    catalog = catalogs.load(None, catalog_properties)
+    assert not catalog.table_exists(("db", "t0"))
+
+    run_to_end(start_not_utf8(spark, src, tmp_path / "ck", catalog_properties, entry, letters=True))
+    catalog = catalogs.load(None, catalog_properties)
+    assert table_ids(catalog.load_table(("db", "t0"))) == Counter(i for i in sent if i % 5 in (0, 3))
+    letters = {json.loads(r[dl.ROW])["id"]: r for r in catalog.load_table(("db", "dead")).scan().to_arrow().to_pylist()}
+    assert set(letters) == {i for i in sent if i % 5 in (1, 2, 4)}
+    for i, r in letters.items():
+        row = json.loads(r[dl.ROW])
+        if i % 5 == 4:
+            assert (r[dl.ERROR], r[dl.COLUMN], r[dl.TABLE]) == (dl.REJECT_WHEN, None, "db.t0")
+            assert row["user"].encode("utf-8", "surrogateescape") == b"\xc3\xff" and row["route"] == "t0"
+        else:
+            raw = NOT_UTF8[i % 5]
+            want = (dl.INVALID_ROUTE, "route", raw.decode("utf-8", "backslashreplace"))
+            assert (r[dl.ERROR], r[dl.COLUMN], r[dl.TABLE]) == want
+            assert row["route"].encode("utf-8", "surrogateescape") == raw and row["user"] == f"user-{i % 97}"
+            assert "not valid UTF-8" in r[dl.MESSAGE]
