@@ -17,6 +17,7 @@ from lakesink.errors import PROGRAMMING_ERRORS
 from lakesink.table import dead_letters as dl
 from lakesink.table.keys import (
     MAIN_BRANCH,
+    SUMMARY_BATCH_TABLES,
     SUMMARY_DEAD_LETTER_SINK,
     SUMMARY_DEAD_LETTER_TABLE,
     SUMMARY_DEAD_LETTERS,
@@ -62,6 +63,9 @@ class QueryBatches:
     dead_letters: int | None = None
     """Option dead-letter-table: the rows the query's batches sent to the dead-letter table (their summaries' count)."""
     dead_letter_table: str | None = None
+    elsewhere_batches: int = 0
+    """Option route-by: batch ids missing from this table's history that the query's other tables account for (batches
+    that wrote other tables only, and empty batches recorded there: lakesink.audit.routes.OtherTables): not lost."""
 
 
 @dataclass
@@ -97,6 +101,11 @@ class VerifyReport:
                 f"  query {_who(q.query_id, q.sink_id)}: batches {q.first_batch}..{q.last_batch} in {q.snapshots} snapshot(s), "
                 f"{q.empty_batches} empty batch(es) accounted"
                 + (f", {q.expired_batches} batch(es) before the kept history (snapshots expired)" if q.expired_batches else "")
+                + (
+                    f", {q.elsewhere_batches} batch(es) without this table, accounted for by the query's other tables"
+                    if q.elsewhere_batches
+                    else ""
+                )
                 + (f", {q.dead_letters} dead letter(s) in {q.dead_letter_table}" if q.dead_letters is not None else "")
             )
         if self.routed_batches:
@@ -179,7 +188,7 @@ def _verify(
     if head is None and branch not in table.metadata.refs and branch != MAIN_BRANCH:
         report.violations.append(Violation("no-branch", f"branch {branch!r} does not exist"))
         return report
-    _check_batches(table, snapshots, branch, report)
+    _check_batches(table, snapshots, branch, report, routes.OtherTables(table, branch) if across_tables else None)
     _check_dead_letters(table, snapshots, report)
     if across_tables:
         _check_routed(table, snapshots, report)
@@ -242,8 +251,11 @@ def _check_dead_letters(table: Table, snapshots: Sequence[Snapshot], report: Ver
             )
 
 
-def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, report: VerifyReport) -> None:
-    """Every (query, sink, batch) in at most one snapshot; each sink's batch ids without an unexplained gap."""
+def _check_batches(
+    table: Table, snapshots: Sequence[Snapshot], branch: str, report: VerifyReport, elsewhere: routes.OtherTables | None = None
+) -> None:
+    """Every (query, sink, batch) in at most one snapshot; each sink's batch ids without an unexplained gap (with
+    ``elsewhere``: a routed query's batch ids its other tables account for are not a gap)."""
     by_key: dict[tuple[str, str | None, int], list[int]] = {}
     by_sink: dict[tuple[str, str | None], list[Snapshot]] = {}
     # the oldest snapshot kept has no parent but is not the table's first one: the history's start was expired
@@ -269,7 +281,18 @@ def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, rep
         batches = sorted({k[1] for s in mine if (k := lakesink_key(s)) is not None})
         empty = 0
         expired = 0
+        accounted = 0
         seen_last: int | None = None
+
+        def unexplained(s: Snapshot, ids: list[int], query_id: str = query_id, sink: str | None = sink) -> list[int]:
+            """``ids`` missing before ``s``, without those a routed query's other tables account for."""
+            nonlocal accounted
+            if not ids or elsewhere is None or (SUMMARY_BATCH_TABLES not in summary_of(s) and sink is None):
+                return ids  # not a routed table, nor a routed query's dead-letter table (a sink of its own)
+            found = elsewhere.accounted(query_id, sink, ids)
+            accounted += len(found)
+            return [i for i in ids if i not in found]
+
         for s in sorted(mine, key=lambda s: (lakesink_key(s) or ("", 0))[1]):
             batch = (lakesink_key(s) or ("", 0))[1]
             if batch == seen_last:
@@ -290,6 +313,7 @@ def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, rep
                     expired = previous + 1  # batch ids up to the previous one: in the expired history
                 else:
                     empty += max(0, previous - (seen_last if seen_last is not None else -1))
+                lost = unexplained(s, lost)
                 if lost:
                     report.violations.append(
                         Violation(
@@ -301,11 +325,11 @@ def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, rep
                     )
             elif seen_last is None and start_expired:
                 expired = batch  # no previous batch recorded: every batch id before it is in the expired history
-            elif seen_last is not None and batch != seen_last + 1:
+            elif seen_last is not None and batch != seen_last + 1 and (gap := unexplained(s, list(range(seen_last + 1, batch)))):
                 report.violations.append(
                     Violation(
                         BATCH_GAP,
-                        f"query {who}: batch id(s) {_ranges(list(range(seen_last + 1, batch)))} missing before batch "
+                        f"query {who}: batch id(s) {_ranges(gap)} missing before batch "
                         f"{batch} (snapshot {s.snapshot_id}), and no empty batch was recorded",
                         s.snapshot_id,
                     )
@@ -323,7 +347,9 @@ def _check_batches(table: Table, snapshots: Sequence[Snapshot], branch: str, rep
                 )
             elif marker.empty:
                 empty += marker.batch_id - seen_last
-        report.queries.append(QueryBatches(query_id, len(mine), batches[0], batches[-1], empty, sink, expired))
+        report.queries.append(
+            QueryBatches(query_id, len(mine), batches[0], batches[-1], empty, sink, expired, elsewhere_batches=accounted)
+        )
 
 
 def _who(query_id: str, sink: str | None) -> str:
@@ -331,7 +357,14 @@ def _who(query_id: str, sink: str | None) -> str:
 
 
 def _ranges(ids: Sequence[int]) -> str:
-    return f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}..{ids[-1]}"
+    """``1..3, 5`` for [1, 2, 3, 5] (ids sorted)."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(f"{a}" if a == b else f"{a}..{b}" for a, b in runs)
 
 
 _SUMMARY_KEYS = (

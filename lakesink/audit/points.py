@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from dateutil.parser import isoparse
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
@@ -49,7 +50,10 @@ class Point:
             if sep and kind == "snapshot":
                 return cls(snapshot_id=int(value))
             if sep and kind in ("time", "timestamp"):
-                return cls(timestamp_ms=parse_timestamp_ms(value))
+                try:
+                    return cls(timestamp_ms=parse_timestamp_ms(value))
+                except ValueError as e:
+                    raise AuditError(f"{text!r} is not a point in a table's history: {e}") from None
             if sep and kind == "batch":
                 query, colon, batch = value.strip().rpartition(":")
                 return cls(batch_id=int(batch), query_id=query if colon else None)
@@ -69,14 +73,60 @@ class Point:
 
 
 def parse_timestamp_ms(value: str) -> int:
-    """Epoch milliseconds, or an ISO 8601 time (UTC when it has no offset)."""
+    """Epoch milliseconds, or an ISO 8601 time, extended (``2026-11-23T14:00:00Z``) or basic (``20261123T1400Z``), read
+    by python-dateutil's ``isoparse`` (UTC when it has no offset).
+
+    What could be read two ways is refused (ValueError saying both readings): a number that ISO 8601 also reads as a
+    date (``2026``, ``2026327``, ``20261123``), and a number of 9 to 11 digits, which is a time of 1973-5138 in epoch
+    *seconds* but of 1970-1973 in epoch milliseconds (``1763906400``)."""
     text = value.strip()
-    if text.lstrip("-").isdigit():
+    iso = _isoparse(text)
+    digits = text[1:] if text[:1] in "+-" else text
+    if digits.isdigit():
+        as_ms = format_ms(int(text)) if _MIN_MS <= int(text) <= _MAX_MS else "out of range"
+        if iso is not None:
+            raise ValueError(
+                f"{value!r} is ambiguous: ISO 8601 reads it as {_iso_text(iso)}, epoch milliseconds as {as_ms}; write the "
+                f"date with its separators ({iso.strftime('%Y-%m-%d')}) or the time as epoch milliseconds "
+                f"({_utc_ms(iso)})"
+            )
+        if len(digits) in _SECONDS_OR_MS_DIGITS:
+            as_s = format_ms(int(text) * 1000) if _MIN_MS <= int(text) * 1000 <= _MAX_MS else "out of range"
+            raise ValueError(
+                f"{value!r} is ambiguous: epoch milliseconds read it as {as_ms}, epoch seconds as {as_s}; lakesink reads "
+                f"epoch milliseconds: write {int(text) * 1000} for the second, or an ISO 8601 time"
+            )
         return int(text)
-    parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if iso is None:
+        raise ValueError(
+            f"{value!r} is not a time: give ISO 8601 (2026-11-23T14:00:00Z, 20261123T1400Z; UTC without an offset) or "
+            "epoch milliseconds"
+        )
+    return _utc_ms(iso)
+
+
+def _utc_ms(parsed: datetime) -> int:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=timezone.utc)
     return int(parsed.timestamp() * 1000)
+
+
+#: Numbers of these many digits are epoch seconds of 1973-5138 as much as epoch milliseconds of 1970-1973: refused.
+_SECONDS_OR_MS_DIGITS = range(9, 12)
+_MIN_MS = int(datetime(1, 1, 1, tzinfo=timezone.utc).timestamp() * 1000)
+_MAX_MS = int(datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc).timestamp() * 1000)
+
+
+def _isoparse(text: str) -> datetime | None:
+    try:
+        parsed: datetime = isoparse(text)
+    except (ValueError, OverflowError):
+        return None
+    return parsed
+
+
+def _iso_text(parsed: datetime) -> str:
+    return parsed.isoformat() + ("" if parsed.tzinfo else " (UTC)")
 
 
 def format_ms(ms: int) -> str:

@@ -18,9 +18,17 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from lakesink.audit.snapshots import lakesink_key, opt_int_property, sink_of, summary_of
+from lakesink.audit.snapshots import ancestry, lakesink_key, opt_int_property, sink_of, summary_of
 from lakesink.errors import PROGRAMMING_ERRORS
-from lakesink.table.keys import SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
+from lakesink.table.keys import (
+    MAIN_BRANCH,
+    SUMMARY_BATCH_TABLES,
+    SUMMARY_BATCH_TABLES_DIGEST,
+    SUMMARY_DEAD_LETTER_SINK,
+    SUMMARY_DEAD_LETTER_TABLE,
+    SUMMARY_PREVIOUS_BATCH_ID,
+)
+from lakesink.table.markers import last_committed_batch
 from lakesink.table.routes import tables_digest
 
 BATCH_INCOMPLETE = "batch-incomplete"
@@ -165,3 +173,93 @@ def verify_query(catalog: Catalog, query_id: str, namespaces: Sequence[tuple[str
 
 def order(key: tuple[str, str | None, int]) -> tuple[str, str, int]:
     return key[0], key[1] or "", key[2]
+
+
+class OtherTables:
+    """The catalog's other tables of a routed query, read once (lazily) by ``lakesink verify`` of one table: which of
+    the batch ids missing from that table's history the query's other tables account for.
+
+    A routed batch writes only the tables its rows name, and a table's next snapshot records the table's own previous
+    batch (its replay marker): batch ids in between are batches that wrote other tables, or empty batches, whose
+    marker-only commit moves the markers of the previous batch's tables only (lakesink.driver.routing). Neither
+    leaves a trace in this table; the other tables have them:
+
+    - a routed batch found in other tables, **complete** there (found in as many tables as its
+      ``lakesink.batch-tables`` count says, their names matching its ``lakesink.batch-tables-digest``) and not naming
+      this table: this table was not in it;
+    - a batch id another table of the same sink accounts as empty (its snapshot's ``lakesink.previous-batch-id``, or its
+      marker recording an empty batch, with no snapshot of its own in between): the batch routed no row.
+
+    The dead-letter table of a routed query (its own sink, named by the routed tables' ``lakesink.dead-letter-sink``)
+    takes part in every batch with rows, never in an empty one: only the second kind accounts for its missing ids.
+    Anything else -- a batch found nowhere, or one whose digest names this table -- stays a gap (lost)."""
+
+    def __init__(self, table: Table, branch: str):
+        self.name = ".".join(table.name())
+        self.branch = branch
+        self._catalog = table.catalog
+        self._tables: dict[str, list[Table]] = {}
+
+    def _others(self, query_id: str) -> list[Table]:
+        if query_id not in self._tables:
+            found: list[Table] = []
+            if self._catalog is not None:
+                found = [t for t in load_tables(self._catalog) if ".".join(t.name()) != self.name and holds_query(t, [query_id])]
+            self._tables[query_id] = found
+        return self._tables[query_id]
+
+    def accounted(self, query_id: str, sink_id: str | None, missing: Sequence[int]) -> set[int]:
+        """The ids of ``missing`` (batch ids of ``query_id``'s sink ``sink_id`` absent from this table's history) that
+        the query's other tables account for (the class's docstring)."""
+        others = self._others(query_id)
+        if not others or not missing:
+            return set()
+        owners = self._dead_letter_owners(others, query_id, sink_id)
+        routed = {} if owners else routed_batches(histories(others), query_id)
+        sinks = owners or {sink_id}
+        out: set[int] = set()
+        for batch_id in missing:
+            found = routed.get((query_id, sink_id, batch_id))
+            if found is not None and found.complete and self.name not in found.found:
+                out.add(batch_id)
+            elif any(self._empty_in(t, query_id, s, batch_id) for t in others for s in sinks):
+                out.add(batch_id)
+        return out
+
+    def _dead_letter_owners(self, others: Sequence[Table], query_id: str, sink_id: str | None) -> set[str | None]:
+        """The routed sinks of ``query_id`` whose dead-letter table this table is, under sink ``sink_id`` (empty: it is
+        not a routed query's dead-letter table)."""
+        owners: set[str | None] = set()
+        for t in others:
+            for s in t.snapshots():
+                props, key = summary_of(s), lakesink_key(s)
+                if (
+                    key is not None
+                    and key[0] == query_id
+                    and SUMMARY_BATCH_TABLES in props
+                    and props.get(SUMMARY_DEAD_LETTER_TABLE) == self.name
+                    and (props.get(SUMMARY_DEAD_LETTER_SINK) or None) == sink_id
+                ):
+                    owners.add(sink_of(s))
+        return owners
+
+    def _empty_in(self, table: Table, query_id: str, sink_id: str | None, batch_id: int) -> bool:
+        """Whether ``table`` accounts ``batch_id`` of the sink as an empty batch on the branch (as its own verify does)."""
+        if self.branch != MAIN_BRANCH and self.branch not in table.metadata.refs:
+            return False
+        seen_last: int | None = None
+        for s in ancestry(table, self.branch):
+            key = lakesink_key(s)
+            if key is None or key[0] != query_id or sink_of(s) != sink_id:
+                continue
+            previous = opt_int_property(summary_of(s), SUMMARY_PREVIOUS_BATCH_ID)
+            if previous is not None and (seen_last if seen_last is not None else -1) < batch_id <= previous < key[1]:
+                return True
+            seen_last = key[1] if seen_last is None else max(seen_last, key[1])
+        marker = last_committed_batch(table.properties, query_id, sink_id)
+        return (
+            marker is not None
+            and marker.branch == self.branch
+            and marker.empty
+            and (seen_last if seen_last is not None else -1) < batch_id <= marker.batch_id
+        )

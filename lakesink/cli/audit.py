@@ -16,8 +16,19 @@ from __future__ import annotations
 
 import click
 
-from lakesink.audit import Point, VerifyReport, diff, history, locate, parse_timestamp_ms, publish, read_at, verify
-from lakesink.audit.completeness import wait_for_watermark
+from lakesink.audit import (
+    Point,
+    VerifyReport,
+    diff,
+    format_ms,
+    history,
+    locate,
+    parse_timestamp_ms,
+    publish,
+    read_at,
+    verify,
+)
+from lakesink.audit.completeness import NO_WATERMARK, TableWatermark, wait_for_watermark
 from lakesink.audit.routes import verify_query
 from lakesink.cli.common import POINT_HELP, branch_option, catalog_options, load_table, parse_point
 from lakesink.cli.output import ConsoleOutput, Output, output_option
@@ -233,16 +244,16 @@ def publish_command(
 
 WAIT_TIMEOUT_EXIT = 3
 """The exit status of ``lakesink wait`` when the timeout passed before the watermark was reached."""
+WAIT_NO_WATERMARK_EXIT = 4
+"""The exit status of ``lakesink wait`` when the table has no watermark to wait for (no query wrote the branch yet, or
+one writes it without a watermark): at once without ``--timeout``, else when the timeout passed."""
 
 
 def _timestamp(option: str, value: str) -> int:
     try:
         return parse_timestamp_ms(value)
-    except ValueError:
-        raise click.BadParameter(
-            f"{value!r} is not a time: give ISO 8601 (2026-11-23T14:00:00Z; UTC without an offset) or epoch milliseconds",
-            param_hint=option,
-        ) from None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=option) from None
 
 
 @click.command("wait")
@@ -255,7 +266,8 @@ def _timestamp(option: str, value: str) -> int:
     "--timeout",
     type=click.FloatRange(min=0),
     default=None,
-    help="Give up after this many seconds (exit status 3); default: never.",
+    help="Give up after this many seconds (exit status 3; 4 if the table still has no watermark). Default: no limit "
+    "while the table has a watermark; a table without one is answered at once (exit status 4).",
 )
 @click.option("--interval", type=click.FloatRange(min=0.01), default=5.0, show_default=True, help="Seconds between reads.")
 @click.option("--branch", default=MAIN_BRANCH, show_default=True, help="Whose watermark: this branch's.")
@@ -273,13 +285,31 @@ def wait_command(
     output: Output,
 ) -> None:
     """Wait until TABLE is complete through --watermark: exit 0 as soon as the watermark its lakesink queries recorded
-    on --branch (the smallest of theirs) is at or past it; exit 3 when --timeout passes first."""
+    on --branch (the smallest of theirs; none while one of them records none) is at or past it; exit 3 when --timeout
+    passes first; exit 4 when the table has no watermark (at once without --timeout)."""
     target = _timestamp("--watermark", watermark)
     t = load_table(table, catalog_name, catalog_properties)
+    told: list[bool] = []
+
+    def waiting(mark: TableWatermark) -> None:  # said once, on stderr (stdout holds the result, maybe JSON)
+        if not told:
+            told.append(True)
+            now = format_ms(mark.watermark_ms) if mark.watermark_ms is not None else f"none ({mark.why_none()})"
+            limit = f"for up to {timeout:g} s" if timeout is not None else "with no time limit"
+            click.echo(
+                f"waiting {limit} for table {table} (branch {branch}) to be complete through {format_ms(target)}: "
+                f"its watermark is {now}; reading it every {interval:g} s",
+                err=True,
+            )
+
     try:
-        result = wait_for_watermark(t, target, timeout_s=timeout, poll_s=interval, branch=branch, queries=queries or None)
+        result = wait_for_watermark(
+            t, target, timeout_s=timeout, poll_s=interval, branch=branch, queries=queries or None, on_wait=waiting
+        )
     except LakesinkError as e:
         raise click.ClickException(str(e)) from None
     output.waited(result)
+    if result.outcome == NO_WATERMARK:
+        raise SystemExit(WAIT_NO_WATERMARK_EXIT)
     if not result.reached:
         raise SystemExit(WAIT_TIMEOUT_EXIT)

@@ -145,15 +145,20 @@ class ConsoleOutput(Output):
 
     def waited(self, result: WaitResult) -> None:
         mark = result.watermark
-        now = format_ms(mark.watermark_ms) if mark.watermark_ms is not None else "none recorded"
-        click.echo(
-            f"{'reached' if result.reached else 'TIMED OUT'}: watermark of branch {mark.branch} is {now}, "
-            f"{'at or past' if result.reached else 'before'} {format_ms(result.target_ms)}"
-        )
+        if mark.watermark_ms is None:
+            click.echo(
+                f"NO WATERMARK: branch {mark.branch} is complete through no time, so not through "
+                f"{format_ms(result.target_ms)}: {mark.why_none()}"
+            )
+        else:
+            click.echo(
+                f"{'reached' if result.reached else 'TIMED OUT'}: watermark of branch {mark.branch} is "
+                f"{format_ms(mark.watermark_ms)}, {'at or past' if result.reached else 'before'} {format_ms(result.target_ms)}"
+            )
         for q in mark.queries:
             click.echo(
-                f"  query {q.query_id}{f' sink {q.sink_id}' if q.sink_id else ''}: {format_ms(q.watermark_ms)} "
-                f"(batch {q.batch_id})"
+                f"  query {q.query_id}{f' sink {q.sink_id}' if q.sink_id else ''}: "
+                f"{format_ms(q.watermark_ms) if q.watermark_ms is not None else 'no watermark'} (batch {q.batch_id})"
             )
 
     def orphans(self, report: OrphanReport) -> None:

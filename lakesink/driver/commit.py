@@ -228,6 +228,7 @@ class TableCommitter(SinkTable):
         table_uuid: str | None = None,
         changes: pa.Table | None = None,
         batch_time: BatchTime | None = None,
+        batch_rows: int | None = None,
     ) -> BatchOutcome:
         """Commit the batch's files as one snapshot, exactly once for this (query id, sink id, batch id).
 
@@ -238,6 +239,8 @@ class TableCommitter(SinkTable):
         are :meth:`skip_replay`. The batch holds its table's turn (lakesink.driver.turns) from its first read; the
         post-commit hook (with option ``maintenance=auto``: a background maintenance run when one is due) runs after it.
         ``batch_time``: the batch's watermark and event-time column, recorded with the commit (lakesink.driver.completeness).
+        ``batch_rows``: with a dead-letter table, the batch's rows when the tasks saw fewer (option
+        ``max-rejected-fraction`` is a fraction of them; lakesink.sink.dead_letters.batch_rows).
         """
         with self._turn():
             outcome = self._commit_batch(
@@ -249,6 +252,7 @@ class TableCommitter(SinkTable):
                 table_uuid=table_uuid,
                 changes=changes,
                 batch_time=batch_time,
+                batch_rows=batch_rows,
             )
         if outcome.outcome is Outcome.COMMITTED and self.hook is not None:
             self.hook.after_commit()
@@ -373,6 +377,7 @@ class TableCommitter(SinkTable):
         changes: pa.Table | None,
         found_at_plan: bool = False,
         batch_time: BatchTime | None = None,
+        batch_rows: int | None = None,
     ) -> BatchOutcome:
         if changes is None and any(r.changes for r in results):
             # format("lakesink") with upsert-key: the tasks resolved their rows; a key of two tasks is an error
@@ -393,7 +398,7 @@ class TableCommitter(SinkTable):
                 raise self.identity_changed(expected_uuid, str(table.metadata.table_uuid))
             self.check_branch(table)
             if self.dead_letters is not None:
-                dead_letters.check_rejected(self.options, results, batch_id=batch_id)
+                dead_letters.check_rejected(self.options, results, batch_id=batch_id, batch_rows=batch_rows)
         except LakesinkError:
             self._delete(table, batch.paths, reason="the table or branch changed identity during the batch")
             self._letters_deleted(batch, reason="the batch failed before its commit")

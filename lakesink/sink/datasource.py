@@ -301,10 +301,8 @@ def open_read(options: ReadOptions) -> ResolvedRead:
     elif options.as_of_timestamp is not None:
         try:
             point = Point(timestamp_ms=parse_timestamp_ms(options.as_of_timestamp))
-        except ValueError:
-            raise InvalidOptionError(
-                f"option 'as-of-timestamp' must be epoch milliseconds or an ISO 8601 time, got {options.as_of_timestamp!r}"
-            ) from None
+        except ValueError as e:
+            raise InvalidOptionError(f"option 'as-of-timestamp' must be epoch milliseconds or an ISO 8601 time: {e}") from None
     elif options.as_of_batch is not None:
         point = Point.parse(f"batch={options.as_of_batch}")
     snapshot: Snapshot | None

@@ -55,6 +55,16 @@ def with_reject_column(df: DataFrame, options: SinkOptions) -> DataFrame:
     return df
 
 
+def batch_rows(df: DataFrame, options: SinkOptions) -> int | None:
+    """With ``upsert-key``: how many rows the batch holds, counted by Spark before its rows are resolved to one per key
+    (the writers see only the resolved rows, and the deleted keys' rows not at all), so that option
+    ``max-rejected-fraction`` is a fraction of the batch's rows. One more Spark job over the batch, only with both
+    options. None without ``upsert-key``: the writers see every row of the batch and count them."""
+    if not options.upsert_key:
+        return None
+    return df.count()
+
+
 def prepare(df: DataFrame, plan: WritePlan, options: SinkOptions) -> tuple[DataFrame, WritePlan, DataFrame | None]:
     """The batch's rows with the reject column, the plan whose row checks read it, and (with ``upsert-key``) the
     rows taken out before the upsert resolution because they are certainly dead letters (else None)."""

@@ -254,12 +254,22 @@ class ForeachBatchSink:
                 table_uuid=plan.table_uuid,
             )
         letters: DataFrame | None = None
+        batch_rows: int | None = None
         if plan.row_checks is not None:  # option dead-letter-table (lakesink.sink.dead_letters)
+            batch_rows = dead_letters.batch_rows(df, self.options)
             df, plan, letters = dead_letters.prepare(df, plan, self.options)
         resolved = upsert_batch.resolve(df, batch_id, self.options) if self.options.upsert_key else None
         try:
             return self._write_and_commit(
-                resolved.rows if resolved else df, resolved, plan, table, query_id, batch_id, run_id, letters=letters
+                resolved.rows if resolved else df,
+                resolved,
+                plan,
+                table,
+                query_id,
+                batch_id,
+                run_id,
+                letters=letters,
+                batch_rows=batch_rows,
             )
         finally:
             if resolved is not None:
@@ -276,6 +286,7 @@ class ForeachBatchSink:
         run_id: str | None,
         *,
         letters: DataFrame | None = None,
+        batch_rows: int | None = None,
     ) -> BatchOutcome:
         committer = self._committer
         assert committer is not None
@@ -328,6 +339,7 @@ class ForeachBatchSink:
                 table_uuid=plan.table_uuid,
                 changes=resolved.keys if resolved is not None else None,
                 batch_time=self._batch_time(spark, df, query_id, batch_id),
+                batch_rows=batch_rows,
             )
         except BaseException:
             # what Spark does for a data source whose commit raised: abort with the complete messages

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import lakesink
-from lakesink.audit import Point, diff, locate, read_at, resolve, verify
+from lakesink.audit import Point, diff, locate, parse_timestamp_ms, read_at, resolve, verify
 from lakesink.cli import main
 from lakesink.driver import catalogs
 from lakesink.driver.commit import Outcome
@@ -385,3 +385,20 @@ def test_verify_reports_a_marker_behind_the_last_batch(table: Any) -> None:
     report = verify(table)
     assert [v.kind for v in report.violations] == ["marker-behind"]
     assert f"query {Q2}: the replay marker names batch 0 but batch 1 is committed" in report.violations[0].message
+
+
+def test_timestamps_are_iso_8601_basic_or_extended_or_epoch_ms_and_ambiguous_ones_are_refused() -> None:
+    t = 1795442400000  # 2026-11-23T14:00:00Z
+    for text in ("2026-11-23T14:00:00Z", "20261123T140000Z", "20261123T1400Z", "2026-11-23T15:00:00+01:00", "2026-11-23 14:00"):
+        assert parse_timestamp_ms(text) == t, text
+    assert parse_timestamp_ms(str(t)) == t and parse_timestamp_ms("0") == 0
+    assert parse_timestamp_ms("2026-11-23") == t - 14 * 3600 * 1000
+    for text in ("20261123", "2026", "2026327"):  # dates in ISO 8601, and milliseconds after the epoch
+        with pytest.raises(ValueError, match="ambiguous: ISO 8601 reads it as 2026-"):
+            parse_timestamp_ms(text)
+    with pytest.raises(ValueError, match=r"epoch seconds as 2026-11-23 14:00:00.000Z.*write 1795442400000"):
+        parse_timestamp_ms("1795442400")
+    with pytest.raises(ValueError, match="is not a time"):
+        parse_timestamp_ms("yesterday")
+    with pytest.raises(AuditError, match="ambiguous"):
+        Point.parse("time=20261123")

@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 import lakesink
-from lakesink.audit.completeness import WaitResult, table_watermark, wait_for_watermark
+from lakesink.audit.completeness import NO_WATERMARK, REACHED, WaitResult, table_watermark, wait_for_watermark
 from lakesink.audit.publishing import publish
-from lakesink.cli.audit import WAIT_TIMEOUT_EXIT
+from lakesink.cli.audit import WAIT_NO_WATERMARK_EXIT, WAIT_TIMEOUT_EXIT
 from lakesink.cli.main import main
 from lakesink.driver.commit import TableCommitter
 from lakesink.driver.completeness import BatchTime
@@ -211,3 +211,78 @@ def test_cli_wait_exits_0_when_reached_and_3_on_timeout(catalog_properties: dict
     assert bad.exit_code == 2 and "ISO 8601" in bad.output
     published = CliRunner().invoke(main, ["publish", "db.events", "--branch", "nope", "--through", "1", *props])
     assert published.exit_code == 1 and "does not exist" in published.output
+
+
+def _no_sleep(_: float) -> None:
+    raise AssertionError("wait_for_watermark paused: it should have answered at once")
+
+
+def test_a_query_without_a_watermark_keeps_the_table_complete_through_no_time(catalog_properties: dict[str, str]) -> None:
+    """Q1 is at 12:00, Q2 commits rows of 10:00 with no watermark: the table is not complete through 11:00 (Q2
+    promises nothing), until Q2 is forgotten."""
+    c = make(catalog_properties, event_time=None)
+    commit(c, Q1, 0, [write(c, Q1, 0, rows([1], [11 * 60]))], BatchTime(T0_MS + 12 * 60 * MINUTE))
+    commit(c, Q2, 0, [write(c, Q2, 0, rows([2], [10 * 60]))], BatchTime(None))
+    mark = table_watermark(load(c))
+    assert mark.watermark_ms is None
+    assert {(q.query_id, q.watermark_ms) for q in mark.queries} == {(Q1, T0_MS + 12 * 60 * MINUTE), (Q2, None)}
+    assert [q.query_id for q in mark.without_watermark] == [Q2]
+    why = mark.why_none()
+    assert why is not None and Q2 in why and "forget-query" in why
+    target = T0_MS + 11 * 60 * MINUTE
+    result = wait_for_watermark(load(c), target, sleep=_no_sleep)
+    assert (result.reached, result.outcome) == (False, NO_WATERMARK)
+    assert table_watermark(load(c), queries=[Q1]).watermark_ms == T0_MS + 12 * 60 * MINUTE  # asked about Q1 only
+    props = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    waited = CliRunner().invoke(main, ["wait", "db.events", "--watermark", "2026-01-01T11:00:00Z", *props])
+    assert waited.exit_code == WAIT_NO_WATERMARK_EXIT == 4, waited.output
+    assert "NO WATERMARK" in waited.stdout and Q2 in waited.stdout and "no watermark (batch 0)" in waited.stdout
+    lakesink.forget_query(load(c), Q2)
+    assert wait_for_watermark(load(c), target, sleep=_no_sleep).outcome == REACHED
+
+
+@pytest.mark.timeout(60)  # before: wait without --timeout on such a table hung for ever
+def test_wait_answers_at_once_when_the_table_has_no_watermark(catalog_properties: dict[str, str]) -> None:
+    c = make(catalog_properties, event_time=None)
+    props = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    nobody = wait_for_watermark(load(c), T0_MS, sleep=_no_sleep)  # no query has committed yet
+    assert (nobody.outcome, nobody.polls) == (NO_WATERMARK, 1) and "no lakesink query" in (nobody.watermark.why_none() or "")
+    commit(c, Q1, 0, [write(c, Q1, 0, rows([1], [0]))], BatchTime(None))  # a query without withWatermark
+    waited = CliRunner().invoke(main, ["wait", "db.events", "--watermark", "2026-01-01T00:00:00Z", "--json", *props])
+    assert waited.exit_code == WAIT_NO_WATERMARK_EXIT, waited.output
+    got = json.loads(waited.stdout)
+    assert got["outcome"] == NO_WATERMARK and got["reached"] is False and got["polls"] == 1
+    assert got["watermark"]["queries"] == [{"query_id": Q1, "sink_id": None, "watermark_ms": None, "batch_id": 0}]
+    assert Q1 in got["watermark"]["why_none"]
+    # with a timeout it waits (for a query to start, or to be restarted with a watermark), says so, then exits 4
+    timed = CliRunner().invoke(
+        main, ["wait", "db.events", "--watermark", "2026-01-01T00:00:00Z", "--timeout", "0.3", "--interval", "0.1", *props]
+    )
+    assert timed.exit_code == WAIT_NO_WATERMARK_EXIT, timed.output
+    assert timed.stderr.startswith("waiting for up to 0.3 s for table db.events (branch main) to be complete through")
+    assert timed.stderr.count("waiting") == 1 and "its watermark is none" in timed.stderr
+
+
+def test_wait_says_what_it_waits_for_before_it_times_out(catalog_properties: dict[str, str]) -> None:
+    c = make(catalog_properties, event_time=None)
+    commit(c, Q1, 0, [write(c, Q1, 0, rows([1], [0]))], BatchTime(T0_MS))
+    props = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    late = CliRunner().invoke(
+        main, ["wait", "db.events", "--watermark", "2026-01-01T01:00:00Z", "--timeout", "0.3", "--interval", "0.1", *props]
+    )
+    assert late.exit_code == WAIT_TIMEOUT_EXIT, late.output
+    assert "complete through 2026-01-01 01:00:00.000Z: its watermark is 2026-01-01 00:00:00.000Z" in late.stderr
+    assert late.stdout.startswith("TIMED OUT")
+
+
+def test_wait_refuses_an_ambiguous_timestamp(catalog_properties: dict[str, str]) -> None:
+    """``20261123`` is ISO 8601's basic form of 2026-11-23 and 20 seconds after the epoch in milliseconds: refused
+    (before: read as epoch ms, and wait exited 0 at once on any table with a watermark)."""
+    c = make(catalog_properties, event_time=None)
+    commit(c, Q1, 0, [write(c, Q1, 0, rows([1], [0]))], BatchTime(T0_MS))
+    props = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    for value in ("20261123", "1767225600"):  # a basic ISO date; epoch *seconds* of 2026-01-01
+        bad = CliRunner().invoke(main, ["wait", "db.events", "--watermark", value, "--timeout", "0", *props])
+        assert bad.exit_code == 2 and "ambiguous" in bad.output, (value, bad.output)
+    basic = CliRunner().invoke(main, ["wait", "db.events", "--watermark", "20260101T000000Z", "--timeout", "0", *props])
+    assert basic.exit_code == 0, basic.output  # the basic form with a time is not ambiguous: T0 itself

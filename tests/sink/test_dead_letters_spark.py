@@ -258,3 +258,41 @@ def test_null_upsert_keys_are_dead_letters_on_both_entry_points(spark: Any, tmp_
         ), entry
         got[entry] = Counter((r["error"], r["column"], r["message"], r["row"], r["batch_id"]) for r in letters(props))
     assert got["format"] == got["foreach"]
+
+
+def test_max_rejected_fraction_with_upsert_key_is_of_the_batchs_rows(spark: Any, tmp_path: Path) -> None:
+    """foreach_batch with upsert-key resolves a batch to one row per key before its writers see it: the rejected
+    fraction is still of the batch's rows (batch 0: 2 of 22 rows rejected, under 0.2 although the 20 good rows are 5
+    keys; batch 1: 5 of 22, above it -- not "of 7" or "of 6")."""
+    src = tmp_path / "input"
+    src.mkdir()
+    batches_in: list[list[dict[str, Any]]] = [
+        [{"id": k, "user": f"u{k}-{seq}", "amount": float(seq)} for k in range(1, 6) for seq in range(4)]
+        + [{"id": None, "user": "null-key-0", "amount": 1.0}, {"id": 90, "user": "negative-0", "amount": -1.0}],
+        [{"id": 6, "user": f"u6-{seq}", "amount": float(seq)} for seq in range(17)]
+        + [{"id": 100 + n, "user": f"negative-1-{n}", "amount": -1.0} for n in range(5)],
+    ]
+    for n, rows in enumerate(batches_in):
+        path = src / f"part-{n}.json"
+        path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
+    props = catalog(tmp_path, "fraction")
+    sink: Any = lakesink.foreach_batch(
+        "db.events",
+        catalog_properties=props,
+        upsert_key="id",
+        order_by="amount",
+        dead_letter_table="db.dead",
+        reject_when=job.REJECT_WHEN,
+        max_rejected_fraction=0.2,
+    )
+    df = spark.readStream.schema("id long, user string, amount double").option("maxFilesPerTrigger", 1).json(str(src))
+    q = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
+    with pytest.raises(Exception, match=r"batch 1: 5 of 22 row\(s\) were rejected as dead letters \(22\.7%\)"):
+        q.awaitTermination()
+    table = load(props, "events")
+    assert sorted((r["id"], r["user"]) for r in table.scan().to_arrow().to_pylist()) == [(k, f"u{k}-3") for k in range(1, 6)]
+    assert Counter((json.loads(r["row"])["user"], r["error"], r["batch_id"]) for r in letters(props)) == Counter(
+        [("null-key-0", dl.NULL_UPSERT_KEY, 0), ("negative-0", dl.REJECT_WHEN, 0)]
+    )
+    assert [s["batch_id"] for s in lakesink_snapshots(table)] == [0]  # batch 1 committed nothing
