@@ -18,8 +18,9 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(PY) examples/demo.py $(DEMO_ARGS)
 
+# --durations=25: the 25 slowest tests at the end (here, not in addopts: the other targets stay quiet)
 test: $(VENV)/.installed
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
 # the fast lane (~900 tests; 818 took 15.8 min of wall time on a shared 2-core machine under load 5-12, 2026-11-23):
 # no Spark, no PostgreSQL server, no REST catalog server (lakana, marker rest), no waiting out timeouts -- table, executor,

@@ -17,6 +17,7 @@ from lakesink.errors import ConcurrentTableChangeError
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions
 from tests.support.helpers import Stream, data_files_on_disk, sink_committer, table_ids
+from tests.support.stream_input import write_stream_lines
 
 WIDER_DDL = "note string, kind long, id long, ts timestamp, user string, amount double"
 
@@ -29,7 +30,7 @@ def _write_wide_input(stream: Stream, n: int) -> None:
         json.dumps({"id": i, "ts": "2024-05-01T10:00:00Z", "user": f"u{i}", "amount": 1.5, "kind": 2**40 + i, "note": f"n{i}"})
         for i in ids
     ]
-    (stream.src / f"part-wide-{start}.json").write_text("\n".join(lines) + "\n")
+    write_stream_lines(stream.src, f"part-wide-{start}.json", lines)
     stream.sent += ids
 
 
@@ -90,9 +91,7 @@ def test_columns_in_another_order_missing_optional_and_promoted_types(stream: St
     # a narrower, reordered stream without 'user' and 'amount'
     start = len(stream.sent) + 10_000
     ids = list(range(start, start + 10))
-    (stream.src / "narrow.json").write_text(
-        "\n".join(json.dumps({"kind": 1, "id": i, "ts": "2024-05-01T10:00:00Z"}) for i in ids) + "\n"
-    )
+    write_stream_lines(stream.src, "narrow.json", [json.dumps({"kind": 1, "id": i, "ts": "2024-05-01T10:00:00Z"}) for i in ids])
     stream.sent += ids
     stream.ddl = "kind tinyint, ts timestamp, id int"
     stream.run()

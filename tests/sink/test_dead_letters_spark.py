@@ -5,7 +5,6 @@ or the reverse, and a replay never duplicates one; a poison row that crashes a P
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -24,6 +23,7 @@ from lakesink.table import dead_letters as dl
 from lakesink.table.markers import last_committed_batch
 from tests.jobs import dead_letter_job as job
 from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots
+from tests.support.stream_input import write_stream_lines
 
 pytestmark = pytest.mark.spark
 
@@ -76,11 +76,7 @@ class Input:
                 if poison and r == 0:
                     row["id"] = job.POISON
                 lines.append(json.dumps(row))
-            path = self.folder / f"part-{self.files:05d}.json"
-            tmp = self.folder / f".part-{self.files:05d}.tmp"
-            tmp.write_text("\n".join(lines) + "\n")
-            tmp.rename(path)
-            os.utime(path, (1_700_000_000 + self.files, 1_700_000_000 + self.files))  # file n is batch n
+            write_stream_lines(self.folder, f"part-{self.files:05d}.json", lines)  # file n is batch n
             self.files += 1
 
 
@@ -226,9 +222,7 @@ def test_null_upsert_keys_are_dead_letters_on_both_entry_points(spark: Any, tmp_
         [{"id": 2, "user": "a2-updated", "amount": 20.0}, {"id": None, "user": "null-key-1", "amount": -3.0}],
     ]
     for n, rows in enumerate(batches_in):
-        path = src / f"part-{n}.json"
-        path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-        os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
+        write_stream_lines(src, f"part-{n}.json", [json.dumps(r) for r in rows])
     got: dict[str, Any] = {}
     for entry in ("format", "foreach"):
         props = catalog(tmp_path, entry)

@@ -27,6 +27,7 @@ from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.sink.spark_write import SPARKWRITE_AFTER_FILES
 from lakesink.table.names import BatchDirectoryName, DataFileName
 from tests.support.helpers import assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, referenced_data_files
+from tests.support.stream_input import write_stream_lines
 
 pytestmark = pytest.mark.spark
 
@@ -58,9 +59,7 @@ class Input:
         for i in ids:
             self.sent[i] = payload(i)
             lines.append(json.dumps({"id": i, "payload": self.sent[i]}))
-        tmp = self.folder / f".part-{self.files:05d}.json.tmp"
-        tmp.write_text("\n".join(lines) + "\n")
-        tmp.rename(self.folder / f"part-{self.files:05d}.json")
+        write_stream_lines(self.folder, f"part-{self.files:05d}.json", lines)  # file n is batch n
         self.files += 1
         return ids
 

@@ -54,6 +54,7 @@ from tests.support.helpers import (
     referenced_data_files,
     table_ids,
 )
+from tests.support.stream_input import write_stream_lines
 
 pytestmark = pytest.mark.spark
 
@@ -220,8 +221,7 @@ def test_row_14_null_in_a_required_column_fails_and_leaves_the_table_unchanged(s
          ("amount", pa.float64()), ("kind", pa.int32())]
     )  # fmt: skip
     table = cat.create_table(("db", "events"), schema=schema)
-    stream.src.mkdir(exist_ok=True)
-    (stream.src / "part-0.json").write_text('{"id": 1, "user": "a"}\n{"id": 2}\n')
+    write_stream_lines(stream.src, "part-0.json", ['{"id": 1, "user": "a"}', '{"id": 2}'])
     message = stream.run_failing()
     assert "column 'user' is required (NOT NULL) in table db.events, but batch 0 has 1 null value(s) in it" in message
     table.refresh()

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import time
 from collections import Counter
 from collections.abc import Sequence
 from itertools import combinations_with_replacement
@@ -35,6 +33,7 @@ from lakesink.errors import UpsertKeyError
 from lakesink.options import SinkOptions, TableName
 from lakesink.sink import upsert_batch as changes
 from tests.support.helpers import assert_snapshot_invariants, run_to_end
+from tests.support.stream_input import write_stream_lines
 from tests.table.test_float_edges import EDGES, FLOAT_TYPES, assert_partitions_bit_exact, bits, spark_winners
 
 pytestmark = pytest.mark.spark
@@ -55,14 +54,9 @@ def text(v: float | None) -> str | None:
 
 
 def write_batches(folder: Path, batches: Sequence[Sequence[dict[str, Any]]], start: int = 0) -> None:
-    """One JSON file per batch, modification times increasing (Spark's file source order)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    base = time.time() - 3600
+    """One JSON file per batch, in write order (tests/support/stream_input.py: Spark's file source order)."""
     for i, events in enumerate(batches, start=start):
-        tmp = folder / f".b-{i:03d}.tmp"
-        tmp.write_text("".join(json.dumps(e) + "\n" for e in events))
-        os.utime(tmp, (base + i, base + i))
-        tmp.rename(folder / f"b-{i:03d}.json")
+        write_stream_lines(folder, f"b-{i:03d}.json", [json.dumps(e) for e in events])
 
 
 def start(spark: Any, src: Path, ck: Path, table: str, props: dict[str, str], entry: str, type_name: str, **options: str) -> Any:

@@ -8,8 +8,6 @@ ArrowInvalid "Integer value 1099511627776 not in range"), and every restart from
 from __future__ import annotations
 
 import json
-import os
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end
+from tests.support.stream_input import write_stream_lines
 
 pytestmark = pytest.mark.spark
 
@@ -32,12 +31,8 @@ WIDE_DDL = "eid long, id long, p long, value string, op string"
 
 
 def write_batch(folder: Path, index: int, events: Sequence[dict[str, Any]]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".b-{index:03d}.tmp"
-    tmp.write_text("".join(json.dumps(e) + "\n" for e in events))
-    t = time.time() - 3600 + index
-    os.utime(tmp, (t, t))
-    tmp.rename(folder / f"b-{index:03d}.json")
+    """One JSON file for one batch, after the files written before it (tests/support/stream_input.py)."""
+    write_stream_lines(folder, f"b-{index:03d}.json", [json.dumps(e) for e in events])
 
 
 def start(spark: Any, tmp_path: Path, props: dict[str, str], entry: str, ddl: str, **options: str) -> Any:

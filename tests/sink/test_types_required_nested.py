@@ -26,6 +26,7 @@ from lakesink.audit import interop
 from lakesink.driver import catalogs
 from tests.support.helpers import assert_snapshot_invariants, data_files_on_disk, run_to_end, table_ids
 from tests.support.interop_values import differences, plain_rows
+from tests.support.stream_input import write_stream_lines
 
 pytestmark = pytest.mark.spark
 
@@ -100,14 +101,11 @@ def expected_row(r: dict[str, Any], *, nested: bool) -> dict[str, Any]:
 
 
 def write_input(folder: Path, files: int, rows_per_file: int) -> list[dict[str, Any]]:
-    folder.mkdir(parents=True, exist_ok=True)
     rows = []
     for f in range(files):
         batch = [raw_row(f * rows_per_file + r) for r in range(rows_per_file)]
         rows += batch
-        tmp = folder / f".part-{f:05d}.json.tmp"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in batch))
-        tmp.rename(folder / f"part-{f:05d}.json")
+        write_stream_lines(folder, f"part-{f:05d}.json", [json.dumps(r) for r in batch])
     return rows
 
 
@@ -215,10 +213,7 @@ def loud_table(catalog_properties: dict[str, str]) -> Any:
 
 
 def loud_rows(src: Path, part: int, rows: list[dict[str, Any]]) -> None:
-    src.mkdir(parents=True, exist_ok=True)
-    tmp = src / f".part-{part:05d}.json.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.rename(src / f"part-{part:05d}.json")
+    write_stream_lines(src, f"part-{part:05d}.json", [json.dumps(r) for r in rows])
 
 
 LOUD_DDL = "id bigint, name string, address struct<city: string, zip: string>"

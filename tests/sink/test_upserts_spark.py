@@ -28,6 +28,7 @@ from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from tests.jobs.upsert_job import EVENTS_DDL, upsert_sink
 from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots
+from tests.support.stream_input import write_stream_lines
 
 pytestmark = pytest.mark.spark
 
@@ -36,14 +37,10 @@ Event = dict[str, Any]
 
 def write_events(folder: Path, batches: Sequence[Sequence[Event]], start: int = 0) -> None:
     """One file per batch. Spark's file source takes files in modification-time order (not name order): the
-    files get increasing modification times, so that batch i is file i and a later file wins."""
-    folder.mkdir(parents=True, exist_ok=True)
-    base = time.time() - 3600
+    files get increasing modification times (tests/support/stream_input.py), so that batch i is file i and a later
+    file wins -- also when they are written within one second."""
     for i, events in enumerate(batches, start=start):
-        tmp = folder / f".events-{i:05d}.json.tmp"
-        tmp.write_text("".join(json.dumps(e) + "\n" for e in events))
-        os.utime(tmp, (base + i, base + i))
-        tmp.rename(folder / f"events-{i:05d}.json")
+        write_stream_lines(folder, f"events-{i:05d}.json", [json.dumps(e) for e in events])
 
 
 def change_stream(seed: int, batches: int, per_batch: int, keys: int, first_eid: int = 0) -> list[list[Event]]:

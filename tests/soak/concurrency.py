@@ -62,7 +62,7 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 from examples.demo import session_members  # noqa: E402
 from tests.soak.others import IDENT, SUMMARY_OP, TABLE, TAG_PREFIX, catalog_properties, read_journal  # noqa: E402
-from tests.support.helpers import write_json_input  # noqa: E402
+from tests.support.helpers import write_json_files  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = ("appender", "deleter", "tagger", "orphans")
@@ -387,8 +387,9 @@ class ConcurrencySoak:
 
     def add_file(self) -> None:
         n = self.files_written
-        ids = write_json_input(self.input, files=1, rows_per_file=self.cfg.rows_per_file, start=n * self.cfg.rows_per_file)
-        self.model.file_ids[f"part-{n * self.cfg.rows_per_file}-00000.json"] = ids
+        self.model.file_ids.update(
+            write_json_files(self.input, files=1, rows_per_file=self.cfg.rows_per_file, start=n * self.cfg.rows_per_file)
+        )
         self.files_written += 1
 
     # --- processes --------------------------------------------------------------------------------

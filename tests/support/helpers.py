@@ -24,6 +24,7 @@ from lakesink.executor.task_writer import TaskWriter
 from lakesink.maintenance.auto import AutoMaintainer, AutoMaintenance, auto_maintenance
 from lakesink.options import OutputMode, SinkOptions, TableName
 from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK_ID
+from tests.support.stream_input import write_stream_lines
 
 SCHEMA_DDL = "id long, ts timestamp, user string, amount double, kind int"
 TABLE = "db.events"
@@ -41,31 +42,31 @@ def wait_until(cond: Callable[[], object], *, timeout: float = WAIT_TIMEOUT_S, w
         time.sleep(0.02)
 
 
-def write_json_input(folder: Path, *, files: int, rows_per_file: int, start: int = 0) -> list[int]:
-    """Write ``files`` JSON files of unique ids into ``folder``; return the ids in order."""
-    folder.mkdir(parents=True, exist_ok=True)
-    ids: list[int] = []
+def write_json_files(folder: Path, *, files: int, rows_per_file: int, start: int = 0) -> dict[str, list[int]]:
+    """Write ``files`` JSON files of unique ids into ``folder``, in order (tests/support/stream_input.py: a file stream
+    reads them in the order written, even within one second); return each file's name and its ids, in write order."""
+    out: dict[str, list[int]] = {}
     for f in range(files):
-        lines = []
-        for r in range(rows_per_file):
-            i = start + f * rows_per_file + r
-            ids.append(i)
-            lines.append(
-                json.dumps(
-                    {
-                        "id": i,
-                        "ts": f"2024-03-{1 + i % 28:02d}T{i % 24:02d}:15:00+01:00",
-                        "user": f"user-{i % 97}",
-                        "amount": i * 0.5,
-                        "kind": i % 5,
-                    }
-                )
+        ids = [start + f * rows_per_file + r for r in range(rows_per_file)]
+        lines = [
+            json.dumps(
+                {
+                    "id": i,
+                    "ts": f"2024-03-{1 + i % 28:02d}T{i % 24:02d}:15:00+01:00",
+                    "user": f"user-{i % 97}",
+                    "amount": i * 0.5,
+                    "kind": i % 5,
+                }
             )
-        # written under a temporary name first: Spark's file source must never see half a file
-        tmp = folder / f".part-{start}-{f:05d}.json.tmp"
-        tmp.write_text("\n".join(lines) + "\n")
-        tmp.rename(folder / f"part-{start}-{f:05d}.json")
-    return ids
+            for i in ids
+        ]
+        out[write_stream_lines(folder, f"part-{start}-{f:05d}.json", lines).name] = ids
+    return out
+
+
+def write_json_input(folder: Path, *, files: int, rows_per_file: int, start: int = 0) -> list[int]:
+    """Write ``files`` JSON files of unique ids into ``folder`` (:func:`write_json_files`); return the ids in order."""
+    return [i for ids in write_json_files(folder, files=files, rows_per_file=rows_per_file, start=start).values() for i in ids]
 
 
 def table_ids(table: Table) -> Counter[int]:
