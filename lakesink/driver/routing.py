@@ -45,6 +45,7 @@ from lakesink.errors import (
     InvalidOptionError,
     RoutingError,
     TableIdentityChangedError,
+    TooManyRejectedError,
 )
 from lakesink.executor.messages import RowChecks, TaskResult, WritePlan, schema_digest
 from lakesink.executor.routed_writer import (
@@ -470,19 +471,20 @@ class RoutedCommitter:
         counted = [t for ts in by_table.values() for t in ts] + [r.invalid_routes for r in results if r.invalid_routes]
         if self.dead_letters is not None:  # max-rejected-fraction over the whole batch (every table, invalid routes)
             dead_letters.check_rejected(self.options, counted, batch_id=batch_id)
-        letters = [t.dead_letters for t in counted if t.dead_letters is not None]
         if not names and not any(t.rows_in for t in counted):
             return self._commit_empty(query_id, batch_id, source_offsets, run_id, batch_time)
         unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
         actions: list[tuple[TableCommitter, CommitAction]] = []
         # the tables planned for this batch, read in one catalog query (SQL catalogs)
         read = catalogs.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
+        kept = [r.invalid_routes for r in results if r.invalid_routes]  # the batch's results as its actions hold them
         for route in routes:
             name = str(route)
             c = self.committer(name)
             table, table_results = self._table_for_commit(
                 c, route, by_table[name], name in templated, query_id, batch_id, read.get(route.identifier)
             )
+            kept += table_results
             actions.append(
                 (
                     c,
@@ -499,6 +501,8 @@ class RoutedCommitter:
                 )
             )
         if self.dead_letters is not None:
+            self._recheck_rejected(actions, kept, query_id, batch_id)
+            letters = [t.dead_letters for t in kept if t.dead_letters is not None]
             actions.append(self._letters_action(query_id, batch_id, letters, source_offsets, run_id))
         outcome = self._run(actions, batch_id)
         if names:
@@ -506,6 +510,22 @@ class RoutedCommitter:
         if templated or not self._swept:
             self._sweep_staging(batch_id)  # once per process (a crashed run's leftovers), then after staged batches
         return outcome
+
+    def _recheck_rejected(
+        self, actions: Sequence[tuple[TableCommitter, CommitAction]], kept: Sequence[TaskResult], query_id: str, batch_id: int
+    ) -> None:
+        """max-rejected-fraction once more, with the dead letters a rewrite into a table found (:meth:`_rewrite_checks`);
+        over it, the files of the batch's actions and dead letters are deleted before TooManyRejectedError (the rewritten
+        files are known to no task result, so an abort would not find them)."""
+        assert self.dead_letters is not None
+        try:
+            dead_letters.check_rejected(self.options, kept, batch_id=batch_id)
+        except TooManyRejectedError:
+            for c, a in actions:
+                c.unit_not_committed(a, reason="too many rejected rows")
+            letters = [t.dead_letters for t in kept if t.dead_letters is not None]
+            self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
+            raise
 
     def _letters_action(
         self, query_id: str, batch_id: int, letters: Sequence[TaskResult], source_offsets: str | None, run_id: str | None
@@ -676,7 +696,7 @@ class RoutedCommitter:
         """Files written with the template for a table that differs (created by someone else, or before the run,
         outside the namespace lakesink opened at the start), or staged (a catalog that places its tables itself):
         their rows rewritten into the table, on the driver."""
-        plan = c.write_plan(table, query_id, c.columns_taken(table, self.stream_schema))
+        plan = self._rewrite_checks(c.write_plan(table, query_id, c.columns_taken(table, self.stream_schema)), query_id)
         if staged:
             log.info(
                 "lakesink: table=%s batch=%s: the batch's staged files for it are rewritten into the table on the driver "
@@ -702,15 +722,27 @@ class RoutedCommitter:
             for path in old:
                 with io.new_input(path).open() as stream:
                     for batch in pq.ParquetFile(stream).iter_batches():
-                        writer.add(conform_to_table(_without_field_ids(batch), plan, batch_id))
-            writer.close_files()
+                        writer.add(writer.sort(conform_to_table(_without_field_ids(batch), plan, batch_id)))
+            writer.finish()
         except BaseException:
             writer.abort()
             raise
         for path in old:
             storage.delete_file(io, path)
-        # the tasks' own results stay, without their files: their dead letters and counts are the batch's
-        return [writer.result(), *(replace(r, files=()) for r in results)]
+        # the tasks' own results stay, without their files: their dead letters and counts are the batch's; the
+        # rewrite's rows were counted by the tasks already (rows_in 0), its dead letters are new
+        return [replace(writer.result(), rows_in=0), *(replace(r, files=()) for r in results)]
+
+    def _rewrite_checks(self, plan: WritePlan, query_id: str) -> WritePlan:
+        """Option dead-letter-table: the rows of a table written with the template are checked against the table
+        itself when they are rewritten into it, as a task checks a planned table's rows: a null in a NOT NULL column of
+        the table is a dead letter ``required-null``, not a SchemaMismatchError failing every batch (issue 30, item 9).
+        ``reject-when`` is not evaluated again: the tasks did, on the stream's rows."""
+        if self.dead_letters is None:
+            return plan
+        checks = self._checks if self._checks is not None else self.row_checks(query_id)  # a commit worker: not yet
+        assert checks is not None
+        return replace(plan, row_checks=replace(checks, reject_when=None, reject_column=False))
 
     def _delete_staged(self, results: Sequence[TaskResult]) -> None:
         template = self.template()
