@@ -29,11 +29,12 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io import load_file_io
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
-from lakesink.driver import catalogs, dead_letters, swap
+from lakesink.driver import catalogs, completeness, dead_letters, swap
 from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.driver.commit import BatchOutcome, CommitHook, Outcome, TableCommitter
 from lakesink.driver.completeness import BatchTime
@@ -375,8 +376,25 @@ class RoutedCommitter:
             table = c.reload_table()
             columns = c.columns_taken(table, self.stream_schema)
         plan = c.write_plan(table, query_id, columns, expected_uuid=expected)
+        self._check_event_time(name, plan.schema, plan.properties)
         self._uuids[name] = plan.table_uuid
         return plan
+
+    def _check_event_time(self, name: str, schema: Schema, properties: Mapping[str, str]) -> None:
+        """Option event-time: a routed table must have the column, with bounds, as a single table must at start
+        (lakesink.driver.completeness.event_time_field); else InvalidOptionError when the table is opened, before
+        anything of the batch is committed -- not at every commit, after the tables before it (issue 30, item 12)."""
+        column = self.options.event_time
+        if column is None:
+            return
+        try:
+            completeness.event_time_field(schema, column, name, properties)
+        except InvalidOptionError as e:
+            raise InvalidOptionError(
+                f"route-by: {e}. Every table a row is routed to needs the event-time column; nothing was committed. "
+                f"Fix the table (add column {column!r} as a timestamp or date, with bounds; option merge-schema=true "
+                f"adds it), route no row to table {name}, or drop option 'event-time'"
+            ) from None
 
     def plans(self, routes: Sequence[Route], query_id: str | None) -> dict[str, WritePlan]:
         self.row_checks(query_id)
@@ -668,6 +686,8 @@ class RoutedCommitter:
         if expected is not None and uuid != expected:
             raise c.identity_changed(expected, uuid)
         self._uuids[name] = uuid
+        if not self.options.merge_schema:  # (merge-schema: the commit adds a missing column; the plan checks it)
+            self._check_event_time(name, table.schema(), table.properties)
         if not templated:
             return table, results
         template = self.template()
