@@ -742,7 +742,9 @@ class RoutedCommitter:
             for path in old:
                 with io.new_input(path).open() as stream:
                     for batch in pq.ParquetFile(stream).iter_batches():
-                        writer.add(writer.sort(conform_to_table(_without_field_ids(batch), plan, batch_id)))
+                        rows = conform_to_table(_without_field_ids(batch), plan, batch_id)
+                        # a dead letter's row names its table in the routing column (the raw value is not kept)
+                        writer.add(writer.sort(rows, {self.routing.column: c.table_name}))
             writer.finish()
         except BaseException:
             writer.abort()

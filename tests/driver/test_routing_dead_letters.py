@@ -385,6 +385,8 @@ def test_format_lakesink_an_existing_table_not_written_yet_takes_a_required_null
     assert ids(catalog_properties, "db.a") == Counter([1, 2])  # created by lakesink: every column optional
     assert ids(catalog_properties, "db.b") == Counter([10, 12])
     assert letters(catalog_properties) == Counter([(11, dl.REQUIRED_NULL, "amount", "db.b")])
+    dead = catalogs.load_table_fresh(None, dict(catalog_properties), ("db", "dead")).scan().to_arrow().to_pylist()
+    assert [json.loads(r[dl.ROW]) for r in dead] == [{"id": 11, "amount": None, "route": "db.b"}]  # the whole row
     # the next run has the executors write b with its own plan: the same rows, the same dead letters
     again = routed(catalog_properties)
     result = write_as_format_lakesink(again, 1, nulls)
