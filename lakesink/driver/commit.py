@@ -772,7 +772,10 @@ class _BatchAction(CommitAction):
         bounds = None
         if t is not None and t.event_time is not None and statistics:
             c = self.committer
-            field = completeness.event_time_field(table.schema(), t.event_time, c.table_name, table.properties)
+            # the schema this commit leaves (merge-schema may add the event-time column in it: issue 30, item 12)
+            changes = c.schema_changes_at_commit(table, self.batch)
+            schema = seam_commit.evolved_schema(table, changes) if changes else table.schema()
+            field = completeness.event_time_field(schema, t.event_time, c.table_name, table.properties)
             bounds = completeness.event_time_bounds(statistics, field)
         return completeness.record(t, self.done(table), bounds, batch_id=self.batch.batch_id)
 

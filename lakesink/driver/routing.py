@@ -29,11 +29,12 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io import load_file_io
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
-from lakesink.driver import catalogs, dead_letters, swap
+from lakesink.driver import catalogs, completeness, dead_letters, swap
 from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.driver.commit import BatchOutcome, CommitHook, Outcome, TableCommitter
 from lakesink.driver.completeness import BatchTime
@@ -45,6 +46,7 @@ from lakesink.errors import (
     InvalidOptionError,
     RoutingError,
     TableIdentityChangedError,
+    TooManyRejectedError,
 )
 from lakesink.executor.messages import RowChecks, TaskResult, WritePlan, schema_digest
 from lakesink.executor.routed_writer import (
@@ -374,8 +376,25 @@ class RoutedCommitter:
             table = c.reload_table()
             columns = c.columns_taken(table, self.stream_schema)
         plan = c.write_plan(table, query_id, columns, expected_uuid=expected)
+        self._check_event_time(name, plan.schema, plan.properties)
         self._uuids[name] = plan.table_uuid
         return plan
+
+    def _check_event_time(self, name: str, schema: Schema, properties: Mapping[str, str]) -> None:
+        """Option event-time: a routed table must have the column, with bounds, as a single table must at start
+        (lakesink.driver.completeness.event_time_field); else InvalidOptionError when the table is opened, before
+        anything of the batch is committed -- not at every commit, after the tables before it (issue 30, item 12)."""
+        column = self.options.event_time
+        if column is None:
+            return
+        try:
+            completeness.event_time_field(schema, column, name, properties)
+        except InvalidOptionError as e:
+            raise InvalidOptionError(
+                f"route-by: {e}. Every table a row is routed to needs the event-time column; nothing was committed. "
+                f"Fix the table (add column {column!r} as a timestamp or date, with bounds; option merge-schema=true "
+                f"adds it), route no row to table {name}, or drop option 'event-time'"
+            ) from None
 
     def plans(self, routes: Sequence[Route], query_id: str | None) -> dict[str, WritePlan]:
         self.row_checks(query_id)
@@ -470,19 +489,20 @@ class RoutedCommitter:
         counted = [t for ts in by_table.values() for t in ts] + [r.invalid_routes for r in results if r.invalid_routes]
         if self.dead_letters is not None:  # max-rejected-fraction over the whole batch (every table, invalid routes)
             dead_letters.check_rejected(self.options, counted, batch_id=batch_id)
-        letters = [t.dead_letters for t in counted if t.dead_letters is not None]
         if not names and not any(t.rows_in for t in counted):
             return self._commit_empty(query_id, batch_id, source_offsets, run_id, batch_time)
         unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
         actions: list[tuple[TableCommitter, CommitAction]] = []
         # the tables planned for this batch, read in one catalog query (SQL catalogs)
         read = catalogs.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
+        kept = [r.invalid_routes for r in results if r.invalid_routes]  # the batch's results as its actions hold them
         for route in routes:
             name = str(route)
             c = self.committer(name)
             table, table_results = self._table_for_commit(
                 c, route, by_table[name], name in templated, query_id, batch_id, read.get(route.identifier)
             )
+            kept += table_results
             actions.append(
                 (
                     c,
@@ -499,6 +519,8 @@ class RoutedCommitter:
                 )
             )
         if self.dead_letters is not None:
+            self._recheck_rejected(actions, kept, query_id, batch_id)
+            letters = [t.dead_letters for t in kept if t.dead_letters is not None]
             actions.append(self._letters_action(query_id, batch_id, letters, source_offsets, run_id))
         outcome = self._run(actions, batch_id)
         if names:
@@ -506,6 +528,22 @@ class RoutedCommitter:
         if templated or not self._swept:
             self._sweep_staging(batch_id)  # once per process (a crashed run's leftovers), then after staged batches
         return outcome
+
+    def _recheck_rejected(
+        self, actions: Sequence[tuple[TableCommitter, CommitAction]], kept: Sequence[TaskResult], query_id: str, batch_id: int
+    ) -> None:
+        """max-rejected-fraction once more, with the dead letters a rewrite into a table found (:meth:`_rewrite_checks`);
+        over it, the files of the batch's actions and dead letters are deleted before TooManyRejectedError (the rewritten
+        files are known to no task result, so an abort would not find them)."""
+        assert self.dead_letters is not None
+        try:
+            dead_letters.check_rejected(self.options, kept, batch_id=batch_id)
+        except TooManyRejectedError:
+            for c, a in actions:
+                c.unit_not_committed(a, reason="too many rejected rows")
+            letters = [t.dead_letters for t in kept if t.dead_letters is not None]
+            self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
+            raise
 
     def _letters_action(
         self, query_id: str, batch_id: int, letters: Sequence[TaskResult], source_offsets: str | None, run_id: str | None
@@ -648,6 +686,8 @@ class RoutedCommitter:
         if expected is not None and uuid != expected:
             raise c.identity_changed(expected, uuid)
         self._uuids[name] = uuid
+        if not self.options.merge_schema:  # (merge-schema: the commit adds a missing column; the plan checks it)
+            self._check_event_time(name, table.schema(), table.properties)
         if not templated:
             return table, results
         template = self.template()
@@ -676,7 +716,7 @@ class RoutedCommitter:
         """Files written with the template for a table that differs (created by someone else, or before the run,
         outside the namespace lakesink opened at the start), or staged (a catalog that places its tables itself):
         their rows rewritten into the table, on the driver."""
-        plan = c.write_plan(table, query_id, c.columns_taken(table, self.stream_schema))
+        plan = self._rewrite_checks(c.write_plan(table, query_id, c.columns_taken(table, self.stream_schema)), query_id)
         if staged:
             log.info(
                 "lakesink: table=%s batch=%s: the batch's staged files for it are rewritten into the table on the driver "
@@ -702,15 +742,29 @@ class RoutedCommitter:
             for path in old:
                 with io.new_input(path).open() as stream:
                     for batch in pq.ParquetFile(stream).iter_batches():
-                        writer.add(conform_to_table(_without_field_ids(batch), plan, batch_id))
-            writer.close_files()
+                        rows = conform_to_table(_without_field_ids(batch), plan, batch_id)
+                        # a dead letter's row names its table in the routing column (the raw value is not kept)
+                        writer.add(writer.sort(rows, {self.routing.column: c.table_name}))
+            writer.finish()
         except BaseException:
             writer.abort()
             raise
         for path in old:
             storage.delete_file(io, path)
-        # the tasks' own results stay, without their files: their dead letters and counts are the batch's
-        return [writer.result(), *(replace(r, files=()) for r in results)]
+        # the tasks' own results stay, without their files: their dead letters and counts are the batch's; the
+        # rewrite's rows were counted by the tasks already (rows_in 0), its dead letters are new
+        return [replace(writer.result(), rows_in=0), *(replace(r, files=()) for r in results)]
+
+    def _rewrite_checks(self, plan: WritePlan, query_id: str) -> WritePlan:
+        """Option dead-letter-table: the rows of a table written with the template are checked against the table
+        itself when they are rewritten into it, as a task checks a planned table's rows: a null in a NOT NULL column of
+        the table is a dead letter ``required-null``, not a SchemaMismatchError failing every batch (issue 30, item 9).
+        ``reject-when`` is not evaluated again: the tasks did, on the stream's rows."""
+        if self.dead_letters is None:
+            return plan
+        checks = self._checks if self._checks is not None else self.row_checks(query_id)  # a commit worker: not yet
+        assert checks is not None
+        return replace(plan, row_checks=replace(checks, reject_when=None, reject_column=False))
 
     def _delete_staged(self, results: Sequence[TaskResult]) -> None:
         template = self.template()

@@ -28,6 +28,7 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError
+from lakesink.table import floats
 
 #: Field id of ``file_path`` in a position delete file (Iceberg's reserved id), whose bounds name the data files
 #: the deletes can apply to.
@@ -139,14 +140,17 @@ def deletes_applying_to(
 def may_apply(delete: DataFile, data: DataFile, specs: Mapping[int, PartitionSpec]) -> bool:
     """Whether the deletes of ``delete`` can apply to rows of ``data``, as Iceberg's ``DeleteFileIndex`` matches
     them: an equality delete file of an unpartitioned spec applies to every data file, otherwise to the data files
-    of its partition; a position delete file to the data files of its partition whose path it can hold (its
-    ``file_path`` bounds). Files of different specs are taken to match (a spec change cannot be ruled out cheaply)."""
+    of its partition (partition values told apart as Iceberg does: :func:`lakesink.table.floats.partition_key`);
+    a position delete file to the data files of its partition whose path it can hold (its ``file_path`` bounds).
+    Files of different specs are taken to match (a spec change cannot be ruled out cheaply)."""
     spec = specs.get(delete.spec_id)
     if delete.content == DataFileContent.EQUALITY_DELETES and spec is not None and not spec.fields:
         return True  # a global equality delete
     if delete.spec_id != data.spec_id or spec is None:
         return True
-    if spec.fields and seam.partition_of(delete) != seam.partition_of(data):
+    # as Iceberg compares partition values (Double.compare): Python's != never matches a NaN partition, and a
+    # delete taken as "another partition's" let a compaction bring the deleted rows back (issue 30, item 4)
+    if spec.fields and floats.partition_key(seam.partition_of(delete)) != floats.partition_key(seam.partition_of(data)):
         return False
     if delete.content == DataFileContent.POSITION_DELETES:
         return _path_in_bounds(delete, data.file_path)

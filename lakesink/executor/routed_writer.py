@@ -24,15 +24,17 @@ from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.expressions import BooleanExpression
 from pyiceberg.io import FileIO
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyspark.sql.datasource import WriterCommitMessage
 
+from lakesink._pyiceberg import io as seam
 from lakesink.errors import RoutingError, SchemaMismatchError
 from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import RowChecks, TaskResult, WritePlan
-from lakesink.executor.task_writer import TaskWriter, task_result_batch
+from lakesink.executor.task_writer import TaskWriter, task_result_batch, utc_schema
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.table import dead_letters as dl
 from lakesink.table import locations, storage
@@ -197,6 +199,31 @@ def conform_to_table(batch: pa.RecordBatch, plan: WritePlan, batch_id: int) -> p
     return batch.select([n for n in batch.schema.names if n in have]) if extra else batch
 
 
+class StreamRejects:
+    """format("lakesink") with option reject-when: the expression evaluated on a routed row as the stream has it (every
+    stream column, before the row is cut to its table's columns), into the reject column each table's row checks read
+    -- as foreach_batch has Spark compute it. Evaluated on a table's columns instead, an expression naming a column one
+    routed table lacks failed every batch once that table was planned (issue 30, item 10)."""
+
+    def __init__(self, expression: str):
+        self._expression = expression
+        self._bound: tuple[pa.Schema, Schema, BooleanExpression] | None = None
+
+    def append(self, rows: pa.RecordBatch) -> pa.RecordBatch:
+        """``rows`` with the reject column (true where the expression is true; false where false or null)."""
+        if self._bound is None or not self._bound[0].equals(rows.schema):
+            schema = seam.new_table_schema(utc_schema(rows.schema))  # the stream's columns, as the start-up check read them
+            self._bound = (rows.schema, schema, seam.bind_row_filter(self._expression, schema))
+        _, schema, bound = self._bound
+        return rows.append_column(dl.REJECT_COLUMN, seam.matching_rows(rows, schema, bound))
+
+    @staticmethod
+    def reading_the_column(plan: WritePlan) -> WritePlan:
+        """A table's plan whose row checks read the reject column instead of evaluating the expression."""
+        checks = plan.row_checks
+        return plan if checks is None else replace(plan, row_checks=replace(checks, reject_column=True))
+
+
 class RoutedTaskWriter:
     """One task of a routed batch: its rows split by table, each table's rows into Parquet files of that table."""
 
@@ -221,6 +248,12 @@ class RoutedTaskWriter:
         self._routes: dict[object, Route | InvalidRoute] = {}
         self._invalid: RowSorter | None = None
         self._letters_table = plan.row_checks.dead_letters.table if plan.row_checks is not None else None
+        checks = plan.row_checks
+        self._rejects = (
+            StreamRejects(checks.reject_when)
+            if checks is not None and checks.reject_when is not None and not checks.reject_column
+            else None
+        )
         self._invalid_letters: TaskResult | None = None
         if plan.row_checks is not None:
             self._invalid = RowSorter(
@@ -244,6 +277,8 @@ class RoutedTaskWriter:
                         continue
                     writer = self._writer(route)
                     if writer is not None:
+                        if self._rejects is not None and writer.plan.row_checks is not None:
+                            rows = self._rejects.append(rows)
                         conformed = conform_to_table(rows, writer.plan, self._batch_id)
                         writer.add(writer.sort(conformed, {self._plan.column: value}))
                 budget = budget or min((w.plan.settings.row_group_bytes for w, _ in self._writers.values()), default=None)
@@ -325,6 +360,8 @@ class RoutedTaskWriter:
         if found is not None:
             return found[0]
         plan = self._plan.plan_for(route, self._batch_id)
+        if self._rejects is not None:
+            plan = StreamRejects.reading_the_column(plan)
         last = plan.last_committed_batch
         if last is not None and self._batch_id <= last:
             # this table holds the batch already (a replay completing the tables a crash left without it)

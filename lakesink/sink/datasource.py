@@ -208,7 +208,11 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
     query_id = read_query_id(options.checkpoint_location)
     plan = routed.routed_plan(routed.written_plans(query_id), query_id, template=True)
     if plan.template is not None:  # option reject-when: read by Iceberg's parser over the tables' columns
-        dead_letters.check_reject_when(options, routed.stream_schema, plan.template.plan(Route(("ns",), "t"), query_id, None))
+        template = plan.template.plan(Route(("ns",), "t"), query_id, None)
+        dead_letters.check_reject_when(options, routed.stream_schema, template)
+        # option event-time: a table created for a routing value takes the stream's columns (every table is checked
+        # when it is opened: lakesink.driver.routing)
+        completeness.check_event_time(options, dataclasses.replace(template, table="created for a routing value"))
     return LakesinkStreamWriter(plan, RoutedStreamCommits(options, stream_schema, routed, has_watermark=has_watermark))
 
 

@@ -10,6 +10,7 @@ table must hold, as a multiset of ids, read back through pyiceberg and DuckDB (a
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -192,6 +193,49 @@ def test_compaction_gives_up_when_the_history_since_its_plan_was_expired(catalog
     table = load(c)
     assert _ids(table.scan().to_arrow()) == Counter(sent) + Counter([-1, -2])
     assert _compactions(table) == 0 and _compacted_files_on_disk(table) == []
+
+
+@pytest.mark.parametrize("value", [math.nan, -0.0])
+def test_compaction_gives_up_when_a_delete_lands_in_a_float_identity_partition(
+    catalog_properties: dict[str, str], faults: Any, value: float
+) -> None:
+    """Partition values compare as Iceberg compares them (table/floats.py), not with Python's ``==``: in a NaN
+    identity partition (NaN never equals NaN) the new position delete was taken as "another partition's", the
+    compaction landed, and the deleted rows were live again (issue 30, item 4). -0.0 is its own partition too."""
+    from lakesink.executor.task_writer import TaskWriter
+    from lakesink.table import partitioning
+
+    schema = pa.schema([("id", pa.int64()), ("p", pa.float64())])
+    c = sink_committer(
+        SinkOptions(
+            table=TableName(("db",), "events"),
+            catalog_properties=catalog_properties,
+            partitioned_by=partitioning.parse("p"),
+            maintenance=Maintenance.OFF,
+        )
+    )
+    plan = c.write_plan(c.open_table(schema), Q1)
+    sent: list[int] = []
+    for b in range(5):  # 5 small files in the one partition (the least compaction rewrites)
+        batch = list(range(b * 1000, b * 1000 + 7))
+        rows = pa.table({"id": pa.array(batch, pa.int64()), "p": pa.array([value] * len(batch), pa.float64())})
+        task = TaskWriter(plan, query_id=Q1, batch_id=b, partition_id=0, task_attempt_id=0).write(rows.to_batches())
+        assert commit(c, Q1, b, [task]).outcome is Outcome.COMMITTED
+        sent += batch
+    deleted = [1, 2003, 3006]
+
+    def delete() -> None:
+        table = load(c)
+        commit_deletes(table, position_delete_files(table, deleted))
+
+    report = _raced(faults, lambda: compaction.compact(load(c)), delete)
+    assert isinstance(report, compaction.CompactionReport), report
+    assert report.status.startswith("gave up:") and "delete file" in report.status, report.status
+    table = load(c)
+    for reader, ids in _read_everywhere(table).items():
+        assert ids == Counter(sent) - Counter(deleted), reader  # the deleted rows stay deleted
+    assert _compactions(table) == 0 and _compacted_files_on_disk(table) == []
+    assert _missing_referenced_files(table) == []
 
 
 # --- a swap whose pointer moved is prepared and validated again, never applied to other metadata ---------------

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from pyiceberg.schema import Schema
-from pyiceberg.types import LongType, NestedField, StringType
+from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 
 from lakesink.driver import catalogs
 from lakesink.driver.commit import Outcome
@@ -497,3 +497,93 @@ def test_a_fault_inside_the_transaction_of_a_large_unit_commits_no_table(catalog
     run(rc, 0, SIX)
     for name, want in SIX.items():
         assert ids(catalog_properties, f"db.{name}") == Counter(want)
+
+
+# --- option event-time: every routed table must have the column (issue 30, item 12) -----------------------------
+
+
+TIMED = pa.schema([*SCHEMA, pa.field("ts", pa.timestamp("us", tz="UTC"))])
+
+
+def timed_rows(data: Mapping[str | None, Sequence[int]], *, untimed: str) -> pa.RecordBatch:
+    """Rows with an event time, except those routed to ``untimed`` (a table without the column takes only nulls in it)."""
+    import datetime as dt
+
+    batch = rows(data, SCHEMA)
+    at = [None if r == untimed else dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=i)
+          for r, ids in data.items() for i in ids]
+    return batch.append_column(TIMED.field("ts"), pa.array(at, TIMED.field("ts").type))
+
+
+@pytest.mark.parametrize("planned", ["foreach_batch", "format_lakesink"])
+def test_event_time_with_a_routed_table_without_the_column_is_refused_before_anything_is_committed(
+    catalog_properties: dict[str, str], planned: str
+) -> None:
+    """A single table without the event-time column is refused at start; a routed table without it failed every batch
+    at commit (with atomic=off after the tables before it had committed: every replay failing the same way). Now it is
+    refused when the table is opened (foreach_batch: before any file is written; format("lakesink"), whose tasks wrote
+    it with the template: at commit, before any table's commit), naming the option, the table, the column and the fix.
+    The tables that have the column are unaffected once the option is dropped or the table fixed."""
+    from lakesink.driver.completeness import BatchTime
+
+    cat = catalogs.load(None, dict(catalog_properties))
+    cat.create_namespace_if_not_exists(("db",))
+    cat.create_table(("db", "old"), Schema(NestedField(1, "id", LongType()), NestedField(2, "user", StringType())))
+    rc = routed(catalog_properties, TIMED, **{"event-time": "ts", "atomic": "off"})
+    data: dict[str | None, list[int]] = {"a": [1, 2], "old": [3]}
+    time = BatchTime(None, "ts")
+    with pytest.raises(InvalidOptionError) as refused:
+        if planned == "foreach_batch":
+            rc.plans(rc.routes(set(data), 0), Q)  # the tables are opened before any file is written
+            raise AssertionError("planned")
+        plan = rc.routed_plan({}, Q, template=True)
+        result = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0).write(
+            [timed_rows(data, untimed="old")]
+        )
+        try:
+            rc.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets=OFFSETS, batch_time=time)
+        finally:
+            rc.abort_batch(query_id=Q, batch_id=0, results=[result])
+    message = str(refused.value)
+    for part in ("'event-time'", "db.old", "'ts'", "nothing was committed", "add column"):
+        assert part in message, (part, message)
+    assert not exists(catalog_properties, "db.a") or ids(catalog_properties, "db.a") == Counter()
+    assert ids(catalog_properties, "db.old") == Counter()
+    # the fix the message names: the column added to the table; the same batch lands everywhere
+    with cat.load_table(("db", "old")).update_schema() as update:
+        update.add_column("ts", TimestamptzType())
+    again = routed(catalog_properties, TIMED, **{"event-time": "ts", "atomic": "off"})
+    plans = again.plans(again.routes(set(data), 0), Q) if planned == "foreach_batch" else {}
+    plan = again.routed_plan(plans, Q, template=planned != "foreach_batch")
+    result = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0).write(
+        [timed_rows(data, untimed="old")]
+    )
+    again.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets=OFFSETS, batch_time=time)
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.old") == Counter([3])
+
+
+@pytest.mark.parametrize("planned", ["foreach_batch", "format_lakesink"])
+def test_event_time_with_merge_schema_adds_the_column_to_a_routed_table_in_the_batchs_commit(
+    catalog_properties: dict[str, str], planned: str
+) -> None:
+    """With merge-schema the batch's commit adds the event-time column to a table without it: the commit reads the event
+    times with the schema it leaves (before: with the table's schema as read, which lacks the column -- every batch
+    failed at commit)."""
+    from lakesink.driver.completeness import BatchTime
+
+    cat = catalogs.load(None, dict(catalog_properties))
+    cat.create_namespace_if_not_exists(("db",))
+    cat.create_table(("db", "old"), Schema(NestedField(1, "id", LongType()), NestedField(2, "user", StringType())))
+    rc = routed(catalog_properties, TIMED, **{"event-time": "ts", "merge-schema": "true"})
+    data: dict[str | None, list[int]] = {"a": [1, 2], "old": [3, 4]}
+    plans = rc.plans(rc.routes(set(data), 0), Q) if planned == "foreach_batch" else {}
+    plan = rc.routed_plan(plans, Q, template=planned != "foreach_batch")
+    result = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0).write(
+        [timed_rows(data, untimed="none")]
+    )
+    rc.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets=OFFSETS, batch_time=BatchTime(None, "ts"))
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.old") == Counter([3, 4])
+    old = catalogs.load_table_fresh(None, dict(catalog_properties), ("db", "old"))
+    assert "ts" in old.schema().column_names
+    summary = old.current_snapshot().summary  # type: ignore[union-attr]
+    assert summary is not None and summary.get("lakesink.event-time-max") is not None, summary

@@ -346,3 +346,118 @@ def test_atomic_off_a_crash_between_table_commits_then_a_replay_completes_tables
     check_all(catalog_properties)
     for name in ("db.a", "db.b", "other.c", DEAD):
         assert len(lakesink_snapshots(catalogs.load_table_fresh(None, dict(catalog_properties), tuple(name.split("."))))) == 1
+
+
+# --- format("lakesink"): tables written with the template, checked against the table at commit (issue 30) --------
+
+
+def write_as_format_lakesink(rc: RoutedCommitter, batch_id: int, *batches: pa.RecordBatch) -> RoutedTaskResult:
+    """One task's routed write, planned as format("lakesink") plans a run (the tables the query wrote, the template
+    for every other table), before the batch is seen."""
+    plan = rc.routed_plan(rc.written_plans(Q), Q, template=True)
+    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=0)
+    return writer.write(list(batches))
+
+
+def test_format_lakesink_an_existing_table_not_written_yet_takes_a_required_null_as_a_dead_letter(
+    catalog_properties: dict[str, str],
+) -> None:
+    """Issue 30, item 9: table b exists (NOT NULL amount) but the query has not written it: the tasks write its rows with
+    the template, and the commit rewrites them into the table. A null amount was a SchemaMismatchError there, every
+    batch; now it is a dead letter ``required-null``, as foreach_batch makes it."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import DoubleType, LongType, NestedField
+
+    cat = catalogs.load(None, dict(catalog_properties))
+    cat.create_namespace_if_not_exists(("db",))
+    cat.create_table(
+        ("db", "b"),
+        Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "amount", DoubleType(), required=True)),
+    )
+    rc = routed(catalog_properties)
+    nulls = pa.RecordBatch.from_pydict(
+        {"id": pa.array([11, 12, 2]), "amount": pa.array([None, 12.0, None], pa.float64()), "route": ["b", "b", "a"]},
+        schema=SCHEMA,
+    )
+    result = write_as_format_lakesink(rc, 0, rows({"a": [1], "b": [10]}), nulls)
+    assert {t.table: t.templated for t in result.tables} == {"db.a": True, "db.b": True}
+    rc.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets=OFFSETS)
+    assert ids(catalog_properties, "db.a") == Counter([1, 2])  # created by lakesink: every column optional
+    assert ids(catalog_properties, "db.b") == Counter([10, 12])
+    assert letters(catalog_properties) == Counter([(11, dl.REQUIRED_NULL, "amount", "db.b")])
+    dead = catalogs.load_table_fresh(None, dict(catalog_properties), ("db", "dead")).scan().to_arrow().to_pylist()
+    assert [json.loads(r[dl.ROW]) for r in dead] == [{"id": 11, "amount": None, "route": "db.b"}]  # the whole row
+    # the next run has the executors write b with its own plan: the same rows, the same dead letters
+    again = routed(catalog_properties)
+    result = write_as_format_lakesink(again, 1, nulls)
+    assert {t.table: t.templated for t in result.tables} == {"db.a": False, "db.b": False}
+    again.commit_batch(query_id=Q, batch_id=1, results=[result], source_offsets=OFFSETS)
+    assert ids(catalog_properties, "db.b") == Counter([10, 12, 12])
+    assert letters(catalog_properties) == Counter([(11, dl.REQUIRED_NULL, "amount", "db.b")] * 2)
+
+
+def test_format_lakesink_required_nulls_found_at_commit_count_toward_max_rejected_fraction(
+    catalog_properties: dict[str, str],
+) -> None:
+    """The dead letters a commit's rewrite finds count toward max-rejected-fraction: over it, nothing is committed and
+    no rewritten file is left behind."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import DoubleType, LongType, NestedField
+
+    cat = catalogs.load(None, dict(catalog_properties))
+    cat.create_namespace_if_not_exists(("db",))
+    b = cat.create_table(
+        ("db", "b"),
+        Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "amount", DoubleType(), required=True)),
+    )
+    rc = routed(catalog_properties, **{"max-rejected-fraction": "0.2"})
+    nulls = pa.RecordBatch.from_pydict(
+        {"id": pa.array([11, 12]), "amount": pa.array([None, None], pa.float64()), "route": ["b", "b"]}, schema=SCHEMA
+    )
+    result = write_as_format_lakesink(rc, 0, rows({"b": [10, 13, 14]}), nulls)  # 2 of 5: 40%
+    with pytest.raises(TooManyRejectedError, match="2 of 5 row"):
+        rc.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets=OFFSETS)
+    rc.abort_batch(query_id=Q, batch_id=0, results=[result])
+    assert ids(catalog_properties, "db.b") == Counter() and letters(catalog_properties) == Counter()
+    data = Path(b.location().removeprefix("file://")) / "data"
+    assert not data.exists() or not [p for p in data.rglob("*") if p.is_file()]
+    dead = Path(cat.load_table(("db", "dead")).location().removeprefix("file://")) / "data"
+    assert not dead.exists() or not [p for p in dead.rglob("*") if p.is_file()]
+
+
+def test_format_lakesink_reject_when_naming_a_column_a_routed_table_lacks_reads_the_streams_row(
+    catalog_properties: dict[str, str],
+) -> None:
+    """Issue 30, item 10: reject-when is evaluated on the stream's row (as Spark evaluates it for foreach_batch), not on
+    the columns of the row's table: table narrow has no amount. Its first run wrote it with the template (every stream
+    column); from the next run on, its own plan lacked the column and every batch failed in the tasks."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    cat = catalogs.load(None, dict(catalog_properties))
+    cat.create_namespace_if_not_exists(("db",))
+    cat.create_table(("db", "narrow"), Schema(NestedField(1, "id", LongType(), required=False)))
+    reject = {"reject-when": "amount > 5 or (amount is null and id > 1000)"}
+
+    def batch(narrow: Sequence[int], wide: Sequence[int]) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict(
+            {
+                "id": pa.array([*narrow, *wide], pa.int64()),
+                "amount": pa.array([None] * len(narrow) + [float(i % 10) for i in wide], pa.float64()),
+                "route": ["narrow"] * len(narrow) + ["a"] * len(wide),
+            },
+            schema=SCHEMA,
+        )
+
+    for run_no in range(3):  # run 0 writes narrow with the template; runs 1 and 2 plan it from the table
+        rc = routed(catalog_properties, **reject)
+        first = run_no * 10
+        result = write_as_format_lakesink(rc, run_no, batch([first + 1, first + 1001], [first + 2, first + 7]))
+        assert {t.table: t.templated for t in result.tables} == {"db.narrow": run_no == 0, "db.a": run_no == 0}
+        rc.commit_batch(query_id=Q, batch_id=run_no, results=[result], source_offsets=OFFSETS)
+    assert ids(catalog_properties, "db.narrow") == Counter([1, 11, 21])
+    assert ids(catalog_properties, "db.a") == Counter([2, 12, 22])
+    assert letters(catalog_properties) == Counter(
+        [(i, dl.REJECT_WHEN, None, "db.narrow") for i in (1001, 1011, 1021)]
+        + [(i, dl.REJECT_WHEN, None, "db.a") for i in (7, 17, 27)]
+    )

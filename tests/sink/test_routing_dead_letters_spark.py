@@ -170,3 +170,96 @@ def test_a_routing_value_or_a_rejected_row_that_is_not_utf8_is_a_dead_letter_wit
             assert (r[dl.ERROR], r[dl.COLUMN], r[dl.TABLE]) == want
             assert row["route"].encode("utf-8", "surrogateescape") == raw and row["user"] == f"user-{i % 97}"
             assert "not valid UTF-8" in r[dl.MESSAGE]
+
+
+def _strict_and_narrow(catalog_properties: dict[str, str]) -> None:
+    """db.strict (amount NOT NULL) and db.narrow (no column kind), made by someone else before the query."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StringType, TimestamptzType
+
+    catalog = catalogs.load(None, catalog_properties)
+    catalog.create_namespace_if_not_exists(("db",))
+    common = [NestedField(1, "id", LongType()), NestedField(2, "ts", TimestamptzType()), NestedField(3, "user", StringType())]
+    catalog.create_table(
+        ("db", "strict"),
+        Schema(*common, NestedField(4, "amount", DoubleType(), required=True), NestedField(5, "kind", IntegerType())),
+    )
+    catalog.create_table(("db", "narrow"), Schema(*common, NestedField(4, "amount", DoubleType())))
+
+
+CHECKED = {0: "db.strict", 1: "db.narrow", 2: "db.t0"}
+"""id % 3 -> the table of the row."""
+CHECKED_REJECT = "kind = 4 or amount >= 10005"
+
+
+def _checked_place(i: int) -> tuple[str, str | None]:
+    """(the table, or the dead-letter kind; the dead letter's column) of row ``i`` of the stream of _start_checked."""
+    table = CHECKED[i % 3]
+    kind = None if table == "db.narrow" else i % 5
+    amount = None if table == "db.strict" and i % 2 == 0 else i * 0.5
+    if kind == 4 or (amount is not None and amount >= 10005):
+        return dl.REJECT_WHEN, None
+    if amount is None:
+        return dl.REQUIRED_NULL, "amount"
+    return table, None
+
+
+def _start_checked(spark: Any, src: Path, ck: Path, props: dict[str, str], entry: str) -> Any:
+    df = spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(src))
+    route = F.col("id") % 3
+    df = (
+        df.withColumn("route", F.when(route == 0, "strict").when(route == 1, "narrow").otherwise("t0"))
+        .withColumn("amount", F.when((route == 0) & (F.col("id") % 2 == 0), F.lit(None)).otherwise(F.col("amount")))
+        .withColumn("kind", F.when(route == 1, F.lit(None)).otherwise(F.col("kind")))
+    )
+    if entry == "format":
+        w = (
+            df.writeStream.format("lakesink")
+            .option("route-by", "route")
+            .option("namespace", "db")
+            .option("dead-letter-table", DEAD)
+            .option("reject-when", CHECKED_REJECT)
+        )
+        for k, v in props.items():
+            w = w.option(f"catalog.{k}", v)
+    else:
+        sink = lakesink.foreach_batch(
+            route_by="route", namespace="db", dead_letter_table=DEAD, reject_when=CHECKED_REJECT, catalog_properties=props
+        )
+        w = df.writeStream.foreachBatch(sink)
+    return w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+
+
+@pytest.mark.parametrize("entry", ["format", "foreach"])
+def test_existing_tables_get_their_row_checks_in_the_first_run_and_after_a_restart(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """Issue 30, items 9 and 10, through both entry points, same input, same outcome. Item 9: format("lakesink")'s first
+    run writes db.strict (which it has not written yet) with the template; the commit rewrites the rows into the table,
+    where a null amount was a SchemaMismatchError every batch, not a required-null dead letter. Item 10: reject-when
+    names kind, which db.narrow lacks: from the second run on (db.narrow planned from the table) every batch failed."""
+    _strict_and_narrow(catalog_properties)
+    src, ck = tmp_path / "input", tmp_path / "checkpoint"
+    sent = write_json_input(src, files=2, rows_per_file=20, start=10_000)
+    run_to_end(_start_checked(spark, src, ck, catalog_properties, entry))
+    sent += write_json_input(src, files=1, rows_per_file=20, start=20_000)  # amounts 10000-10009.5: half rejected
+    run_to_end(_start_checked(spark, src, ck, catalog_properties, entry))  # the restart: tables planned from the table
+
+    want: dict[str, Counter[int]] = {t: Counter() for t in CHECKED.values()}
+    want_letters: Counter[tuple[int, str, str | None, str | None]] = Counter()
+    for i in sent:
+        place, column = _checked_place(i)
+        if place in want:
+            want[place][i] += 1
+        else:
+            want_letters[(i, place, column, CHECKED[i % 3])] += 1
+    assert {k for _, k, _, _ in want_letters} == {dl.REJECT_WHEN, dl.REQUIRED_NULL}
+    assert any(t == "db.narrow" and i >= 20_000 for i, _, _, t in want_letters)  # rejected on a column narrow lacks
+    catalog = catalogs.load(None, catalog_properties)
+    for name, ids in want.items():
+        t = catalog.load_table(tuple(name.split(".")))
+        assert table_ids(t) == ids, name
+        assert_snapshot_invariants(t)
+    letters = catalog.load_table(("db", "dead")).scan().to_arrow().to_pylist()
+    got = Counter((json.loads(r[dl.ROW])["id"], r[dl.ERROR], r[dl.COLUMN], r[dl.TABLE]) for r in letters)
+    assert got == want_letters

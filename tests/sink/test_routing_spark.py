@@ -169,3 +169,56 @@ def test_format_atomic_required_on_a_rest_server_without_transactions_is_refused
     with pytest.raises(Exception, match=r"option 'atomic' is 'required', but catalog .*RestCatalog"):
         run_to_end(q.start())
     assert not catalogs.load(None, txn_catalog_properties).table_exists(("db", "x"))
+
+
+class TimedRoutedStream(RoutedStream):
+    """The routed stream with option event-time ``ts``; db.t1's rows carry no event time (the table has no column ts)."""
+
+    def start(self) -> Any:
+        df = self.spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(self.src))
+        route = F.when(F.col("id") % 4 == 3, F.lit("audit.t3")).otherwise(F.concat(F.lit("t"), (F.col("id") % 4).cast("string")))
+        df = df.withColumn("route", route).withColumn("ts", F.when(F.col("route") == "t1", F.lit(None)).otherwise(F.col("ts")))
+        if self.entry == "format":
+            w = df.writeStream.format("lakesink").option("route-by", "route").option("namespace", "db").option("event-time", "ts")
+            for k, v in self.props.items():
+                w = w.option(f"catalog.{k}", v)
+        else:
+            sink = lakesink.foreach_batch(route_by="route", namespace="db", event_time="ts", catalog_properties=self.props)
+            w = df.writeStream.foreachBatch(sink)
+        return w.option("checkpointLocation", str(self.ck)).trigger(availableNow=True).start()
+
+
+@pytest.mark.parametrize("entry", ["format", "foreach"])
+def test_event_time_with_a_routed_table_without_the_column_is_refused_and_lands_once_the_table_is_fixed(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """Issue 30, item 12: db.t1 exists without the event-time column. The query is refused with the option, the table,
+    the column and the fix, nothing committed in any table (before: every batch failed at commit); once the column is
+    added, the restart writes every row once."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StringType, TimestamptzType
+
+    catalog = catalogs.load(None, catalog_properties)
+    catalog.create_namespace_if_not_exists(("db",))
+    t1 = catalog.create_table(
+        ("db", "t1"),
+        Schema(
+            NestedField(1, "id", LongType()),
+            NestedField(2, "user", StringType()),
+            NestedField(3, "amount", DoubleType()),
+            NestedField(4, "kind", IntegerType()),
+        ),
+    )
+    s = TimedRoutedStream(spark, tmp_path, catalog_properties, entry)
+    s.add_input(files=2)
+    with pytest.raises(StreamingQueryException) as refused:
+        s.run()
+    for part in ("event-time", "db.t1", "'ts'", "nothing was committed"):
+        assert part in str(refused.value), (part, str(refused.value)[:2000])
+    for name in TABLES.values():
+        ident = tuple(name.split("."))
+        assert not catalog.table_exists(ident) or catalog.load_table(ident).current_snapshot() is None, name
+    with t1.update_schema() as update:  # the fix the error names
+        update.add_column("ts", TimestamptzType())
+    s.run()
+    s.assert_exactly_once()
