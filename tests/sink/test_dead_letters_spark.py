@@ -267,9 +267,7 @@ def test_max_rejected_fraction_with_upsert_key_is_of_the_batchs_rows(spark: Any,
         + [{"id": 100 + n, "user": f"negative-1-{n}", "amount": -1.0} for n in range(5)],
     ]
     for n, rows in enumerate(batches_in):
-        path = src / f"part-{n}.json"
-        path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-        os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
+        write_stream_lines(src, f"part-{n}.json", [json.dumps(r) for r in rows])
     props = catalog(tmp_path, "fraction")
     sink: Any = lakesink.foreach_batch(
         "db.events",
