@@ -43,6 +43,7 @@ from lakesink.options import SINK_ID, OutputMode, SinkOptions
 from lakesink.table import dead_letters as dead_letter_schema
 from lakesink.table import names, storage
 from lakesink.table.keys import (
+    SUMMARY_BATCH_TABLES_DIGEST,
     SUMMARY_COMMIT_ATTEMPT,
     SUMMARY_DEAD_LETTER_SINK,
     SUMMARY_DEAD_LETTER_TABLE,
@@ -548,6 +549,13 @@ class TableCommitter(SinkTable):
 
     # --- a batch found committed --------------------------------------------------------------------
 
+    def check_unit_replay(self, action: CommitAction, table: Table, done: CommittedBatch) -> None:
+        """This table's action of a batch of several tables found the batch committed (``done``) by another call:
+        :meth:`_check_replay` (a second sink of the same run, or other source offsets, is a loud error), run inside
+        every attempt of the unit's loop, before any table of the unit is swapped (lakesink.driver.routing)."""
+        assert isinstance(action, _BatchAction)
+        self._check_replay(table, action.batch, done)
+
     def _check_replay(self, table: Table, batch: _Batch, done: CommittedBatch) -> None:
         """A batch found committed is skipped only when it is a faithful replay of the committed one.
 
@@ -833,6 +841,7 @@ class MarkEmptyBatch(_BatchAction):
             offsets=offsets_digest(self.batch.source_offsets),
             watermark=recorded.watermark,
             event_time_max=recorded.event_time_max,
+            tables=self.batch.unit.get(SUMMARY_BATCH_TABLES_DIGEST),
         )
         return seam_commit.prepare_properties_at_head(
             table, {self.committer.marker_key(self.batch): marker.to_property()}, branch=branch
@@ -877,6 +886,7 @@ class AppendBatch(_BatchAction):
             offsets=offsets_digest(self.batch.source_offsets),
             watermark=self._recorded.watermark if self._recorded else None,
             event_time_max=self._recorded.event_time_max if self._recorded else None,
+            tables=self.batch.unit.get(SUMMARY_BATCH_TABLES_DIGEST),
         )
         return {self.committer.marker_key(self.batch): marker.to_property()}
 

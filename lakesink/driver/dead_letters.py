@@ -24,9 +24,16 @@ REASONS_SHOWN = 5
 def dead_letter_options(options: SinkOptions) -> SinkOptions:
     """The options of the sink that writes ``options``' dead letters: the dead-letter table in the same catalog, on
     ``main``, created when missing, with a sink id of its own so that several sinks (tables) of one query can share
-    one dead-letter table, each exactly once (its replay marker ``lakesink.last-batch.<query>.<sink id>``)."""
+    one dead-letter table, each exactly once (its replay marker ``lakesink.last-batch.<query>.<sink id>``).
+
+    The sink id is derived from what the marker marks: the sink's table, or, for a routed sink (whose ``table`` is a
+    placeholder every routed sink shares), its routing column and namespace -- so that two routed sinks of one query
+    sharing a dead-letter table keep one marker each."""
     assert options.dead_letter_table is not None
     origin = f"{options.table}|{options.sink_id or ''}"
+    if options.routing is not None:
+        routing = options.routing
+        origin = f"route-by|{routing.column}|{'.'.join(routing.namespace)}|{options.sink_id or ''}"
     sink_id = "dead-letters-" + hashlib.sha256(origin.encode("utf-8")).hexdigest()[:16]
     return SinkOptions(
         table=options.dead_letter_table,

@@ -44,6 +44,7 @@ from lakesink.errors import (
     CommitConflictError,
     CommitOutcomeUnknownError,
     InvalidOptionError,
+    ReplayMismatchError,
     RoutingError,
     TableIdentityChangedError,
     TooManyRejectedError,
@@ -65,9 +66,9 @@ from lakesink.table import dead_letters as dead_letter_schema
 from lakesink.table import names as file_names
 from lakesink.table import partitioning, storage
 from lakesink.table.keys import SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
-from lakesink.table.markers import parse_last_batch_key
+from lakesink.table.markers import CommittedBatch, parse_last_batch_key, recorded_tables
 from lakesink.table.routes import InvalidRoute, Route, case_collisions, tables_digest
-from lakesink.table.settings import TableSettings
+from lakesink.table.settings import CommitRetry, TableSettings
 
 log = logging.getLogger("lakesink")
 
@@ -181,6 +182,8 @@ class RoutedCommitter:
         if options.dead_letter_table is not None:
             self.dead_letters = TableCommitter(dead_letters.dead_letter_options(options))
         self._letters_opened = False
+        self._letters_read: Table | None = None
+        self._read_at_plan: dict[str, Table] = {}
         self._checks: RowChecks | None = None
         self._swept = False
 
@@ -280,6 +283,7 @@ class RoutedCommitter:
             self._letters_opened = True
         else:
             letters_table = d.reload_table()
+        self._letters_read = letters_table
         self._checks = RowChecks(d.write_plan(letters_table, query_id), reject_when=self.options.reject_when)
         return self._checks
 
@@ -365,6 +369,9 @@ class RoutedCommitter:
     def plan(self, route: Route, query_id: str | None) -> WritePlan:
         """The write plan of one table of a batch: opened (created on first sight) and checked the first time this
         run sees it; later batches read it again and refuse a table dropped or recreated meanwhile."""
+        return self._plan_and_table(route, query_id)[0]
+
+    def _plan_and_table(self, route: Route, query_id: str | None) -> tuple[WritePlan, Table]:
         name = str(route)
         c = self.committer(name)
         expected = self._uuids.get(name)
@@ -378,7 +385,7 @@ class RoutedCommitter:
         plan = c.write_plan(table, query_id, columns, expected_uuid=expected)
         self._check_event_time(name, plan.schema, plan.properties)
         self._uuids[name] = plan.table_uuid
-        return plan
+        return plan, table
 
     def _check_event_time(self, name: str, schema: Schema, properties: Mapping[str, str]) -> None:
         """Option event-time: a routed table must have the column, with bounds, as a single table must at start
@@ -397,8 +404,43 @@ class RoutedCommitter:
             ) from None
 
     def plans(self, routes: Sequence[Route], query_id: str | None) -> dict[str, WritePlan]:
+        """The plans of a batch's tables (foreach_batch: every table opened before any file is written); the tables as
+        read are kept for :meth:`check_replay_at_plan`."""
         self.row_checks(query_id)
-        return {str(r): self._checked(self.plan(r, query_id)) for r in routes}
+        self._read_at_plan.clear()
+        plans: dict[str, WritePlan] = {}
+        for r in routes:
+            plan, self._read_at_plan[str(r)] = self._plan_and_table(r, query_id)
+            plans[str(r)] = self._checked(plan)
+        return plans
+
+    def check_replay_at_plan(self, *, query_id: str, batch_id: int, source_offsets: str | None, run_id: str | None) -> None:
+        """foreach_batch, after :meth:`plans` and before any file is written: the batch is decided as a whole. Each of
+        its tables (and the dead-letter table) that holds it already must hold a faithful replay of the whole batch --
+        another run of the query, the same source offsets, the same set of tables -- else the loud error the commit's
+        loop would raise (:class:`_UnitMember`) is raised here, before any Spark job writes (a batch found in none of
+        them is new, and the loop decides again, table by table, at every attempt of its commit)."""
+        names = sorted(self._read_at_plan)
+        held: list[tuple[TableCommitter, Table, Sequence[str] | None]] = [
+            (self.committer(name), table, names) for name, table in self._read_at_plan.items()
+        ]
+        if self.dead_letters is not None and self._letters_read is not None:
+            held.append((self.dead_letters, self._letters_read, None))
+        for c, table, tables in held:
+            done = c.last(table, query_id)
+            if done is None or done.batch_id < batch_id:
+                continue
+            action = c.unit_action(
+                table,
+                query_id=query_id,
+                batch_id=batch_id,
+                results=(),
+                source_offsets=source_offsets,
+                run_id=run_id,
+                unit={},
+                found_at_plan=True,
+            )
+            _UnitMember(c, action, query_id=query_id, batch_id=batch_id, tables=tables).landed(table)
 
     def written_plans(self, query_id: str | None) -> dict[str, WritePlan]:
         """format("lakesink") at the start of a run: the plans of the tables of option ``namespace`` that this query
@@ -487,7 +529,10 @@ class RoutedCommitter:
         names = sorted(by_table)
         routes = self.routes(names, batch_id)
         counted = [t for ts in by_table.values() for t in ts] + [r.invalid_routes for r in results if r.invalid_routes]
-        if self.dead_letters is not None:  # max-rejected-fraction over the whole batch (every table, invalid routes)
+        if self.dead_letters is not None and not any(t.replay_skipped for t in counted):
+            # max-rejected-fraction over the whole batch (every table, invalid routes); a replay that skips tables
+            # holding the batch (and the dead-letter table) counts none of their rows: that batch passed the check
+            # before its first commit, and the loop checks that this replay is faithful to it
             dead_letters.check_rejected(self.options, counted, batch_id=batch_id)
         if not names and not any(t.rows_in for t in counted):
             return self._commit_empty(query_id, batch_id, source_offsets, run_id, batch_time)
@@ -522,7 +567,7 @@ class RoutedCommitter:
             self._recheck_rejected(actions, kept, query_id, batch_id)
             letters = [t.dead_letters for t in kept if t.dead_letters is not None]
             actions.append(self._letters_action(query_id, batch_id, letters, source_offsets, run_id))
-        outcome = self._run(actions, batch_id)
+        outcome = self._run(actions, query_id, batch_id, names)
         if names:
             self._last_tables = tuple(names)
         if templated or not self._swept:
@@ -567,9 +612,21 @@ class RoutedCommitter:
         )
         return d, action
 
-    def _run(self, actions: Sequence[tuple[TableCommitter, CommitAction]], batch_id: int) -> RoutedOutcome:
+    def _run(
+        self,
+        actions: Sequence[tuple[TableCommitter, CommitAction]],
+        query_id: str,
+        batch_id: int,
+        tables: Sequence[str] | None,
+    ) -> RoutedOutcome:
+        """Run the batch's unit (``tables``: the batch's set of tables, which a table found holding the batch must
+        have recorded; None: an empty batch's marker-only commits, not compared)."""
+        members = [
+            _UnitMember(c, a, query_id=query_id, batch_id=batch_id, tables=tables if c is not self.dead_letters else None)
+            for c, a in actions
+        ]
         try:
-            swapped = swap.run_unit([a for _, a in actions], atomic=self.atomic)
+            swapped = swap.run_unit(members, atomic=self.atomic)
         except CommitOutcomeUnknownError:
             for c, a in actions:
                 c.unit_in_doubt(a)
@@ -650,7 +707,7 @@ class RoutedCommitter:
                 batch_time=batch_time,
             )
             actions.append((c, action))
-        return self._run(actions, batch_id)
+        return self._run(actions, query_id, batch_id, tables if found_at_plan else None)
 
     def _table_for_commit(
         self,
@@ -859,3 +916,65 @@ class _OptionalColumn(CommitAction):
                 update.update_column(self.column, required=False)
 
         return seam_commit.prepare_staged(table, stage)
+
+
+class _UnitMember(CommitAction):
+    """One table's commit in a routed batch's unit, whose "already committed?" is the batch's, not the table's.
+
+    The loop asks every action of the unit whether it landed before it swaps any (lakesink.driver.swap.run_unit, on
+    every attempt): a table found holding the batch by another call is accepted only when that is a faithful replay of
+    the whole batch -- another run of the query (not a second sink of this run), over the same source offsets
+    (:meth:`TableCommitter.check_unit_replay`), and committed as part of the same set of tables (``tables``: the
+    batch's, compared with the digest its marker or snapshot records; None: not compared). Anything else raises
+    before any table of the unit is committed; a faithful replay that finds the batch in some of its tables only (a
+    catalog that commits table by table) completes the others."""
+
+    turn = Turn.BATCH
+
+    def __init__(
+        self, committer: TableCommitter, action: CommitAction, *, query_id: str, batch_id: int, tables: Sequence[str] | None
+    ):
+        super().__init__(action.table, action.what)
+        self.committer = committer
+        self.action = action
+        self.query_id = query_id
+        self.batch_id = batch_id
+        self.tables = sorted(set(tables)) if tables is not None else None
+
+    def landed(self, table: Table) -> Landing | None:
+        found = self.action.landed(table)
+        if found is not None and not found.mine and found.done is not None:
+            self.committer.check_unit_replay(self.action, table, found.done)
+            self._check_tables(table, found.done)
+        return found
+
+    def _check_tables(self, table: Table, done: CommittedBatch) -> None:
+        if self.tables is None:
+            return
+        recorded = recorded_tables(table.metadata, done, self.query_id, self.batch_id, self.committer.options.sink_id)
+        mine = tables_digest(self.tables)
+        if recorded is None or recorded == mine:
+            return
+        raise ReplayMismatchError(
+            f"Spark replays batch {self.batch_id} of query {self.query_id} into another set of tables than the batch was "
+            f"committed to: table {self.committer.table_name} holds the batch, committed with a set of tables of digest "
+            f"{recorded}; this replay routes its rows to {len(self.tables)} table(s) ({', '.join(self.tables)}; digest "
+            f"{mine}). The routing column gives other tables for the same input (it is computed from something that "
+            "changed since, e.g. a join or lookup against a table that was updated): skipping the batch would lose "
+            "the rows routed to other tables, committing it would put rows in two tables. Nothing was committed or "
+            "deleted in any table. To recover: make the routing column route the batch as it did (restore what it is "
+            f"computed from) and restart, or start a new query (new checkpoint) from the committed offsets "
+            "(docs/protocol.md, 'replay over other input')"
+        )
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        return self.action.prepare(table, attempt)
+
+    def retry(self, table: Table) -> CommitRetry:
+        return self.action.retry(table)
+
+    def redact(self, error: BaseException) -> str:
+        return self.action.redact(error)
+
+    def permission_advice(self) -> str:
+        return self.action.permission_advice()

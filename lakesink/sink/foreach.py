@@ -376,6 +376,8 @@ class ForeachBatchSink:
         plans = routed.plans(routes, query_id)
         offsets = self._source_offsets(spark, query_id, batch_id)
         invalid = routed.any_invalid(values)  # with dead_letter_table: rows that are dead letters of error invalid-route
+        # a batch some of its tables hold already: decided for the whole batch here, before any file is written
+        routed.check_replay_at_plan(query_id=query_id, batch_id=batch_id, source_offsets=offsets, run_id=run_id)
         if (
             routes
             and not invalid

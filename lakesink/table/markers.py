@@ -32,6 +32,7 @@ from lakesink.table.keys import (
     LAST_BATCH_PREFIX,
     MAIN_BRANCH,
     SUMMARY_BATCH_ID,
+    SUMMARY_BATCH_TABLES_DIGEST,
     SUMMARY_COMMIT_ID,
     SUMMARY_COMMIT_STARTED_MS,
     SUMMARY_EVENT_TIME_MAX,
@@ -65,6 +66,10 @@ class CommittedBatch:
     record theirs here only."""
     event_time_max: int | None = None
     """The largest event time (ms) the query committed through this batch (option ``event-time``)."""
+    tables: str | None = None
+    """Option route-by: the digest of the set of tables the batch was committed to
+    (:func:`lakesink.table.routes.tables_digest`, ``lakesink.batch-tables-digest``); None: a single-table sink's batch,
+    or a marker written before lakesink recorded it here."""
 
     def to_property(self) -> str:
         value: dict[str, object] = {"batch-id": self.batch_id, "snapshot-id": self.snapshot_id, "commit-id": self.commit_id}
@@ -80,6 +85,8 @@ class CommittedBatch:
             value["watermark"] = self.watermark
         if self.event_time_max is not None:
             value["event-time-max"] = self.event_time_max
+        if self.tables is not None:
+            value["tables"] = self.tables
         return json.dumps(value)
 
 
@@ -123,6 +130,7 @@ def last_committed_batch(table_properties: Mapping[str, str], query_id: str, sin
         offsets=value.get("offsets"),
         watermark=_int_or_none(value.get("watermark")),
         event_time_max=_int_or_none(value.get("event-time-max")),
+        tables=value.get("tables"),
     )
 
 
@@ -221,6 +229,7 @@ def last_committed_on_branch(
                 offsets=offsets_digest(props.get(SUMMARY_SOURCE_OFFSETS)),
                 watermark=_int_or_none(props.get(SUMMARY_WATERMARK)),
                 event_time_max=_int_or_none(props.get(SUMMARY_EVENT_TIME_MAX)),
+                tables=props.get(SUMMARY_BATCH_TABLES_DIGEST),
             )
     return None
 
@@ -236,6 +245,22 @@ def find_batch_snapshot(metadata: TableMetadata, query_id: str, batch_id: int, s
         ):
             return snapshot
     return None
+
+
+def recorded_tables(
+    metadata: TableMetadata, done: CommittedBatch, query_id: str, batch_id: int, sink_id: str | None
+) -> str | None:
+    """Option route-by: the digest of the set of tables batch ``batch_id`` was committed to, as ``done`` (the sink's
+    last batch in the table, at or after ``batch_id``) records it: its marker, else the batch's snapshot summary
+    (``lakesink.batch-tables-digest``); None when neither tells (an expired snapshot of an older marker)."""
+    if done.batch_id == batch_id and done.tables is not None:
+        return done.tables
+    if done.batch_id == batch_id:
+        snapshot = None if done.empty else SnapshotIndex(metadata).get(done.snapshot_id)
+    else:
+        snapshot = find_batch_snapshot(metadata, query_id, batch_id, sink_id)
+    props = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
+    return props.get(SUMMARY_BATCH_TABLES_DIGEST)
 
 
 def batch_summary(

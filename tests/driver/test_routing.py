@@ -28,8 +28,10 @@ from lakesink.driver.commit import Outcome
 from lakesink.driver.routing import RoutedCommitter, RoutedOutcome
 from lakesink.errors import (
     CommitConflictError,
+    DuplicateSinkError,
     InjectedFault,
     InvalidOptionError,
+    ReplayMismatchError,
     RoutingError,
     SchemaMismatchError,
     TableIdentityChangedError,
@@ -587,3 +589,136 @@ def test_event_time_with_merge_schema_adds_the_column_to_a_routed_table_in_the_b
     assert "ts" in old.schema().column_names
     summary = old.current_snapshot().summary  # type: ignore[union-attr]
     assert summary is not None and summary.get("lakesink.event-time-max") is not None, summary
+# --- a routed batch is one unit: "already committed?" decided for the whole batch (fault matrix 38) ---------------------
+
+OTHER_OFFSETS = '[{"logOffset":7}]'
+
+
+def replay(
+    rc: RoutedCommitter,
+    batch_id: int,
+    data: Mapping[str | None, Sequence[int]],
+    *,
+    offsets: str = OFFSETS,
+    run_id: str | None = None,
+) -> RoutedOutcome:
+    """A replay of ``batch_id`` as foreach_batch runs it: tables planned, the batch decided before any file is written,
+    the files written, the unit committed (aborted on an error)."""
+    plans = rc.plans(rc.routes(set(data), batch_id), Q)
+    rc.check_replay_at_plan(query_id=Q, batch_id=batch_id, source_offsets=offsets, run_id=run_id)
+    plan = rc.routed_plan(plans, Q, template=False)
+    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=0)
+    results = [writer.write([rows(data)])]
+    try:
+        return rc.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=offsets, run_id=run_id)
+    except BaseException:
+        rc.abort_batch(query_id=Q, batch_id=batch_id, results=results)
+        raise
+
+
+def commit_unchecked(
+    rc: RoutedCommitter,
+    batch_id: int,
+    data: Mapping[str | None, Sequence[int]],
+    *,
+    offsets: str = OFFSETS,
+    run_id: str | None = None,
+) -> RoutedOutcome:
+    """The same replay reaching the commit without the check at plan time (format("lakesink"), or a batch the plan saw
+    in none of its tables): the commit's loop must decide it before any table is swapped."""
+    results = [write(rc, batch_id, data)]
+    try:
+        return rc.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=offsets, run_id=run_id)
+    except BaseException:
+        rc.abort_batch(query_id=Q, batch_id=batch_id, results=results)
+        raise
+
+
+def files_under(props: Mapping[str, str], name: str) -> list[Path]:
+    root = Path(props["warehouse"].removeprefix("file://")) / f"{name.replace('.', '.db/', 1)}" / "data"
+    return sorted(root.rglob("*.parquet")) if root.exists() else []
+
+
+@pytest.mark.parametrize("atomic", ["auto", "off"])
+@pytest.mark.parametrize("at_plan", [True, False], ids=["checked-at-plan", "checked-in-the-loop"])
+def test_a_replay_over_other_offsets_into_other_tables_commits_nothing_in_any_table(
+    catalog_properties: dict[str, str], atomic: str, at_plan: bool
+) -> None:
+    """Batch 0 went to db.a and db.b; a replay over other offsets routes to db.a and db.c: a loud error before db.c is
+    committed (the documented recovery -- restore offsets/0 and restart -- then leaves every row once)."""
+    first: dict[str | None, list[int]] = {"a": [1, 2], "b": [3]}
+    run(routed(catalog_properties, atomic=atomic), 0, first)
+    rc = routed(catalog_properties, atomic=atomic)
+    other: dict[str | None, list[int]] = {"a": [1, 2], "c": [4]}
+    with pytest.raises(ReplayMismatchError, match="other source offsets"):
+        (replay if at_plan else commit_unchecked)(rc, 0, other, offsets=OTHER_OFFSETS)
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.b") == Counter([3])
+    assert not exists(catalog_properties, "db.c") or ids(catalog_properties, "db.c") == Counter()
+    assert not exists(catalog_properties, "db.c") or files_under(catalog_properties, "db.c") == []
+    # the recovery: the committed offsets restored, the same batch replayed: skipped everywhere, nothing twice
+    out = replay(routed(catalog_properties, atomic=atomic), 0, first)
+    assert {o.outcome for o in out.tables.values()} == {Outcome.REPLAY_SKIPPED}
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.b") == Counter([3])
+    assert not exists(catalog_properties, "db.c") or ids(catalog_properties, "db.c") == Counter()
+
+
+@pytest.mark.parametrize("at_plan", [True, False], ids=["checked-at-plan", "checked-in-the-loop"])
+def test_a_second_routed_sink_of_the_same_run_commits_nothing_in_any_table(
+    catalog_properties: dict[str, str], at_plan: bool
+) -> None:
+    """Two routed sinks of one run with the same sink id: the second finds db.a holding the batch of this very run, a
+    loud DuplicateSinkError before its db.c is committed."""
+    run_id = "run-1"
+    rc = routed(catalog_properties)
+    commit_unchecked(rc, 0, {"a": [1], "b": [2]}, run_id=run_id)
+    second = routed(catalog_properties)
+    with pytest.raises(DuplicateSinkError, match="same run of the query"):
+        (replay if at_plan else commit_unchecked)(second, 0, {"a": [3], "c": [4]}, run_id=run_id)
+    assert ids(catalog_properties, "db.a") == Counter([1]) and ids(catalog_properties, "db.b") == Counter([2])
+    assert not exists(catalog_properties, "db.c") or ids(catalog_properties, "db.c") == Counter()
+
+
+@pytest.mark.parametrize("atomic", ["auto", "off"])
+@pytest.mark.parametrize("at_plan", [True, False], ids=["checked-at-plan", "checked-in-the-loop"])
+@pytest.mark.parametrize(
+    "again",
+    [{"a": [1, 2], "c": [3]}, {"a": [1, 2, 3]}, {"b": [3], "a": [1, 2], "c": [4]}],
+    ids=["row-moved-to-another-table", "fewer-tables", "one-more-table"],
+)
+def test_a_replay_over_the_same_offsets_into_another_set_of_tables_is_a_loud_error(
+    catalog_properties: dict[str, str], atomic: str, at_plan: bool, again: dict[str | None, list[int]]
+) -> None:
+    """The routing column is computed from a lookup that changed between the run and its replay: the same offsets send
+    the batch's rows to another set of tables. Neither skipped in the tables that hold it while committed in the
+    others (row 3 in db.b and db.c), nor committed anywhere: a loud error naming the tables."""
+    run(routed(catalog_properties, atomic=atomic), 0, {"a": [1, 2], "b": [3]})
+    rc = routed(catalog_properties, atomic=atomic)
+    with pytest.raises(ReplayMismatchError, match=r"another set of tables.*db\.a") as e:
+        (replay if at_plan else commit_unchecked)(rc, 0, again)
+    assert "Nothing was committed or deleted in any table" in str(e.value)
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.b") == Counter([3])
+    assert not exists(catalog_properties, "db.c") or ids(catalog_properties, "db.c") == Counter()
+    for name in ("db.a", "db.b"):
+        assert len(snapshots(catalog_properties, name)) == 1
+
+
+def test_a_faithful_replay_completing_a_batch_table_by_table_is_still_completed(
+    catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """The rule's other half: a batch found in some of its tables, replayed over the same offsets into the same set of
+    tables, completes the others (checked at plan time and in the loop)."""
+    rc = routed(catalog_properties, atomic="off")
+    faults.arm(DRIVER_BETWEEN_TABLE_COMMITS, "raise")
+    with pytest.raises(InjectedFault):
+        run(rc, 0, {"a": [1, 2], "b": [3], "c": [4]})
+    faults.clear()
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.b") == Counter()
+    out = replay(routed(catalog_properties, atomic="off"), 0, {"a": [1, 2], "b": [3], "c": [4]})
+    assert out.tables["db.a"].outcome is Outcome.REPLAY_SKIPPED
+    assert out.tables["db.b"].outcome is Outcome.COMMITTED and out.tables["db.c"].outcome is Outcome.COMMITTED
+    assert ids(catalog_properties, "db.b") == Counter([3]) and ids(catalog_properties, "db.c") == Counter([4])
+    digest = tables_digest(["db.a", "db.b", "db.c"])
+    for name in ("db.a", "db.b", "db.c"):
+        table = catalogs.load_table_fresh(None, catalog_properties, tuple(name.split(".")))
+        marker = json.loads(table.properties[f"lakesink.last-batch.{Q}"])
+        assert marker["tables"] == digest, name  # the marker records the batch's set of tables

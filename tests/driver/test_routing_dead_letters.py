@@ -461,3 +461,63 @@ def test_format_lakesink_reject_when_naming_a_column_a_routed_table_lacks_reads_
         [(i, dl.REJECT_WHEN, None, "db.narrow") for i in (1001, 1011, 1021)]
         + [(i, dl.REJECT_WHEN, None, "db.a") for i in (7, 17, 27)]
     )
+# --- markers keyed by what they mark; counts of the batch's input rows (fault matrix 39) --------------------------------
+
+
+def run_as(rc: RoutedCommitter, batch_id: int, data: Mapping[str | None, Sequence[int]], run_id: str) -> RoutedOutcome:
+    results = [write(rc, batch_id, data)]
+    try:
+        return rc.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=OFFSETS, run_id=run_id)
+    except BaseException:
+        rc.abort_batch(query_id=Q, batch_id=batch_id, results=results)
+        raise
+
+
+def test_two_routed_sinks_of_one_query_share_a_dead_letter_table_each_with_its_own_marker(
+    catalog_properties: dict[str, str],
+) -> None:
+    """Two routed sinks of one query (one routes into namespace db, the other into db2) and one dead-letter table: each
+    sink's dead letters are committed with its batch, under a marker of its own, every batch; a replay of both
+    (another run) skips both and duplicates nothing."""
+    first, second = routed(catalog_properties), routed(catalog_properties, namespace="db2")
+    batches: list[tuple[dict[str | None, list[int]], dict[str | None, list[int]]]] = [
+        ({"a": [1], None: [100]}, {"a": [2], "": [200]}),
+        ({"a": [3], "../x": [101]}, {"a": [4], "a/b": [201]}),
+    ]
+    for b, (one, two) in enumerate(batches):
+        out_one = run_as(first, b, one, "run-1")
+        out_two = run_as(second, b, two, "run-1")
+        for out in (out_one, out_two):
+            assert out.dead_letters is not None and out.dead_letters.outcome is Outcome.COMMITTED
+    want = want_letters({None: [100], "": [200], "../x": [101], "a/b": [201]})
+    assert letters(catalog_properties) == want
+    assert ids(catalog_properties, "db.a") == Counter([1, 3]) and ids(catalog_properties, "db2.a") == Counter([2, 4])
+    dead = catalogs.load_table_fresh(None, dict(catalog_properties), ("db", "dead"))
+    markers = [k for k in dead.properties if k.startswith(f"lakesink.last-batch.{Q}.")]
+    assert len(markers) == 2  # one per routed sink
+    # a restart replays the last batch of both: skipped, nothing twice
+    for rc, data in ((routed(catalog_properties), batches[1][0]), (routed(catalog_properties, namespace="db2"), batches[1][1])):
+        again = run_as(rc, 1, data, "run-2")
+        assert {o.outcome for o in again.tables.values()} == {Outcome.REPLAY_SKIPPED}
+        assert again.dead_letters is not None and again.dead_letters.outcome is Outcome.REPLAY_SKIPPED
+    assert letters(catalog_properties) == want
+    assert ids(catalog_properties, "db.a") == Counter([1, 3]) and ids(catalog_properties, "db2.a") == Counter([2, 4])
+
+
+def test_a_replay_that_skips_the_tables_holding_the_batch_keeps_its_rejected_fraction(catalog_properties: dict[str, str]) -> None:
+    """1 invalid route of 21 rows passes max-rejected-fraction=0.1; replayed after a crash before Spark's commit log, the
+    tables holding the batch write nothing, and the fraction must not become 1 of 1: the replay is skipped, never
+    failed where the first run passed."""
+    data: dict[str | None, list[int]] = {"a": list(range(1, 11)), "b": list(range(11, 21)), None: [100]}
+    extra = {"max-rejected-fraction": "0.1"}
+    out = run(routed(catalog_properties, **extra), 0, data)
+    assert {o.outcome for o in out.tables.values()} == {Outcome.COMMITTED}
+    again = run(routed(catalog_properties, **extra), 0, data)
+    assert {o.outcome for o in again.tables.values()} == {Outcome.REPLAY_SKIPPED}
+    assert again.dead_letters is not None and again.dead_letters.outcome is Outcome.REPLAY_SKIPPED
+    assert ids(catalog_properties, "db.a") == Counter(range(1, 11)) and ids(catalog_properties, "db.b") == Counter(range(11, 21))
+    assert letters(catalog_properties) == want_letters({None: [100]})
+    # the next batch is still held to the option: 2 of 3 rejected fails, nothing committed
+    with pytest.raises(TooManyRejectedError, match="2 of 3 row"):
+        run(routed(catalog_properties, **extra), 1, {"a": [30], None: [101], "": [102]})
+    assert ids(catalog_properties, "db.a") == Counter(range(1, 11))
