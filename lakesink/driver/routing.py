@@ -529,7 +529,8 @@ class RoutedCommitter:
         names = sorted(by_table)
         routes = self.routes(names, batch_id)
         counted = [t for ts in by_table.values() for t in ts] + [r.invalid_routes for r in results if r.invalid_routes]
-        if self.dead_letters is not None and not any(t.replay_skipped for t in counted):
+        replaying = any(t.replay_skipped for t in counted)
+        if self.dead_letters is not None and not replaying:
             # max-rejected-fraction over the whole batch (every table, invalid routes); a replay that skips tables
             # holding the batch (and the dead-letter table) counts none of their rows: that batch passed the check
             # before its first commit, and the loop checks that this replay is faithful to it
@@ -564,7 +565,8 @@ class RoutedCommitter:
                 )
             )
         if self.dead_letters is not None:
-            self._recheck_rejected(actions, kept, query_id, batch_id)
+            if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
+                self._recheck_rejected(actions, kept, query_id, batch_id)
             letters = [t.dead_letters for t in kept if t.dead_letters is not None]
             actions.append(self._letters_action(query_id, batch_id, letters, source_offsets, run_id))
         outcome = self._run(actions, query_id, batch_id, names)
