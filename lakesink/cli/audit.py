@@ -15,11 +15,20 @@ Each prints through the :class:`~lakesink.cli.output.Output` its ``--json`` flag
 from __future__ import annotations
 
 import click
+from pyiceberg.expressions import BooleanExpression
 
 from lakesink.audit import Point, VerifyReport, diff, history, locate, parse_timestamp_ms, publish, read_at, verify
 from lakesink.audit.completeness import wait_for_watermark
 from lakesink.audit.routes import verify_query
-from lakesink.cli.common import POINT_HELP, branch_option, catalog_options, load_table, parse_point
+from lakesink.cli.common import (
+    POINT_HELP,
+    branch_option,
+    catalog_options,
+    check_output_file,
+    load_table,
+    parse_point,
+    parse_row_filter,
+)
 from lakesink.cli.output import ConsoleOutput, Output, output_option
 from lakesink.cli.report import write_report
 from lakesink.driver import catalogs
@@ -45,7 +54,13 @@ def history_command(table: str, catalog_name: str | None, catalog_properties: di
 @click.option("--at", "point", metavar="POINT", callback=parse_point, help=f"Read as of this point ({POINT_HELP}); default: now.")
 @branch_option
 @click.option("--columns", metavar="A,B,...", help="Only these columns.")
-@click.option("--where", "row_filter", metavar="EXPR", help='An Iceberg row filter, for example "id > 5 and kind = 2".')
+@click.option(
+    "--where",
+    "row_filter",
+    metavar="EXPR",
+    callback=parse_row_filter,
+    help='An Iceberg row filter, for example "id > 5 and kind = 2".',
+)
 @click.option("--limit", type=int, default=20, show_default=True, help="Rows to print (0: all).")
 @output_option(help="Print the rows as a JSON list.")
 def show_command(
@@ -55,7 +70,7 @@ def show_command(
     point: Point | None,
     branch: str,
     columns: str | None,
-    row_filter: str | None,
+    row_filter: BooleanExpression | None,
     limit: int,
     output: Output,
 ) -> None:
@@ -103,7 +118,13 @@ def diff_command(
 @click.command("which")
 @click.argument("table")
 @catalog_options
-@click.option("--where", "row_filter", metavar="EXPR", help='The rows to trace, as an Iceberg row filter ("id = 42").')
+@click.option(
+    "--where",
+    "row_filter",
+    metavar="EXPR",
+    callback=parse_row_filter,
+    help='The rows to trace, as an Iceberg row filter ("id = 42").',
+)
 @click.option("--file", "file_path", metavar="PATH", help="A data file to trace (its full path, as in the manifests).")
 @click.option("--at", "point", metavar="POINT", callback=parse_point, help=f"As of this point ({POINT_HELP}).")
 @branch_option
@@ -112,7 +133,7 @@ def which_command(
     table: str,
     catalog_name: str | None,
     catalog_properties: dict[str, str],
-    row_filter: str | None,
+    row_filter: BooleanExpression | None,
     file_path: str | None,
     point: Point | None,
     branch: str,
@@ -191,6 +212,7 @@ def verify_command(
 )
 def report_command(table: str, catalog_name: str | None, catalog_properties: dict[str, str], branch: str, html_path: str) -> None:
     """Write a self-contained HTML page about TABLE: verify result, batches, latency, files, writers."""
+    check_output_file(html_path, "--html")  # before the report is built
     t = load_table(table, catalog_name, catalog_properties)
     try:
         result: VerifyReport = write_report(t, html_path, branch=branch)

@@ -140,3 +140,37 @@ def test_every_output_renders_every_result() -> None:
     abstract = set(Output.__abstractmethods__)
     assert abstract and not ConsoleOutput.__abstractmethods__ and not JsonOutput.__abstractmethods__
     assert ConsoleOutput.show_progress is None and JsonOutput.show_progress is False
+
+
+# --- errors, not tracebacks (issue 33) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "bad"),
+    [
+        (["show", "db.events", "--where", "id = = 3"], "'id = = 3'"),
+        (["which", "db.events", "--where", "id >"], "'id >'"),
+    ],
+)
+def test_a_malformed_where_is_a_usage_error(args: list[str], bad: str, catalog_args: list[str]) -> None:
+    result = CliRunner().invoke(main, [*args, *catalog_args])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert f"Invalid value for '--where': {bad} is not an Iceberg row filter at character" in result.output
+    assert "Traceback" not in result.output and "pyparsing" not in result.output
+
+
+def test_report_checks_its_output_path_before_building_the_report(
+    catalog_args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lakesink.cli import audit
+
+    built: list[str] = []
+    monkeypatch.setattr(audit, "write_report", lambda *a, **k: built.append("built"))  # must not be reached
+    missing = tmp_path / "nonexistent" / "r.html"
+    result = CliRunner().invoke(main, ["report", "db.events", "--html", str(missing), *catalog_args])
+    assert result.exit_code == 2, result.output
+    assert f"the folder {missing.parent} does not exist" in result.output
+    result = CliRunner().invoke(main, ["report", "db.events", "--html", str(tmp_path), *catalog_args])
+    assert result.exit_code == 2 and "is a directory" in result.output, result.output
+    assert built == [] and not missing.parent.exists()
