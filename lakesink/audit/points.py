@@ -12,7 +12,7 @@ from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from lakesink.audit.snapshots import ancestry, lakesink_key, opt_int_property, summary_of
+from lakesink.audit.snapshots import ancestry, lakesink_key, match_query_id, opt_int_property, summary_of
 from lakesink.errors import AuditError
 from lakesink.table.keys import MAIN_BRANCH, SUMMARY_PREVIOUS_BATCH_ID
 from lakesink.table.markers import last_committed_batch
@@ -94,10 +94,11 @@ def query_ids(table: Table, branch: str = MAIN_BRANCH) -> list[str]:
 
 
 def the_query(table: Table, query_id: str | None, branch: str = MAIN_BRANCH) -> str:
-    """``query_id``, or the table's only query when it is None."""
-    if query_id is not None:
-        return query_id
+    """``query_id`` (or the one query of the branch whose id starts with it), or the table's only query when it is
+    None."""
     queries = query_ids(table, branch)
+    if query_id is not None:
+        return match_query_id(query_id, queries) or query_id
     if len(queries) == 1:
         return queries[0]
     if not queries:

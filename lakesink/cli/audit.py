@@ -188,9 +188,9 @@ def verify_command(
     if query_id is not None:
         try:
             catalog = catalogs.load(catalog_name, catalog_properties)
+            query_report = verify_query(catalog, query_id, [tuple(ns.split(".")) for ns in namespaces] or None)
         except LakesinkError as e:
             raise click.ClickException(str(e)) from None
-        query_report = verify_query(catalog, query_id, [tuple(ns.split(".")) for ns in namespaces] or None)
         output.verified_query(query_report)
         if not query_report.ok:
             raise click.exceptions.Exit(1)

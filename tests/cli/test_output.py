@@ -174,3 +174,34 @@ def test_report_checks_its_output_path_before_building_the_report(
     result = CliRunner().invoke(main, ["report", "db.events", "--html", str(tmp_path), *catalog_args])
     assert result.exit_code == 2 and "is a directory" in result.output, result.output
     assert built == [] and not missing.parent.exists()
+
+
+QA = "abcd1111-aaaa-4000-8000-000000000001"
+QB = "abcd2222-bbbb-4000-8000-000000000002"
+
+
+def test_the_query_id_prefix_history_prints_is_accepted_everywhere(catalog_properties: dict[str, str]) -> None:
+    c = make_committer(catalog_properties)
+    for q, start in ((QA, 100), (QB, 200)):
+        for b in range(2):
+            ids = list(range(start + b * 10, start + b * 10 + 3))
+            assert commit(c, q, b, [write_task(c, q, b, ids)]).outcome.value == "committed"
+    args = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    printed = run(["history", "db.events"], args)
+    prefix = QB[:8] + QB[8:10]  # what history prints (8 characters) is ambiguous here: one more character
+    assert QB[:8] in printed and QB not in printed
+    shown = json.loads(run(["show", "db.events", "--at", f"batch={prefix}:0", "--json"], args))
+    assert sorted(r["id"] for r in shown) == [100, 101, 102, 110, 111, 112, 200, 201, 202]  # as of QB's batch 0
+    verified = json.loads(run(["verify", "--query", prefix, "--json"], args))
+    assert verified["query_id"] == QB and verified["ok"] is True
+    forgotten = run(["forget-query", "db.events", prefix, "--dry-run", "--json"], args)
+    assert json.loads(forgotten)["key"] == f"lakesink.last-batch.{QB}"
+    for command in (
+        ["show", "db.events", "--at", "batch=abcd:1"],
+        ["verify", "--query", "abcd"],
+        ["forget-query", "db.events", "abcd", "--dry-run"],
+    ):
+        out = run(command, args, exit_code=1)
+        assert "query id 'abcd' is ambiguous: 2 queries start with it" in out and QA in out and QB in out, out
+    unknown = run(["verify", "--query", "zzzz"], args, exit_code=1)
+    assert unknown.startswith("ERROR: no table read holds a snapshot of query 'zzzz'") and QA in unknown, unknown
