@@ -25,13 +25,13 @@ from lakesink.cli.common import (
     branch_option,
     catalog_options,
     check_output_file,
+    load_catalog,
     load_table,
     parse_point,
     parse_row_filter,
 )
 from lakesink.cli.output import ConsoleOutput, Output, output_option
 from lakesink.cli.report import write_report
-from lakesink.driver import catalogs
 from lakesink.errors import LakesinkError
 from lakesink.table.keys import MAIN_BRANCH
 
@@ -186,8 +186,8 @@ def verify_command(
     if (table is None) == (query_id is None):
         raise click.UsageError("give TABLE, or --query ID (every table of the catalog), not both")
     if query_id is not None:
+        catalog = load_catalog(catalog_name, catalog_properties)
         try:
-            catalog = catalogs.load(catalog_name, catalog_properties)
             query_report = verify_query(catalog, query_id, [tuple(ns.split(".")) for ns in namespaces] or None)
         except LakesinkError as e:
             raise click.ClickException(str(e)) from None

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import click
+from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table
@@ -94,20 +95,28 @@ def catalog_options(command: F) -> F:
     return command
 
 
+def load_catalog(catalog_name: str | None, catalog_properties: dict[str, str]) -> Catalog:
+    """The catalog of a command; it must exist (a command never creates one: a missing SQLite catalog file is an
+    error naming the file, and for the embedded default where its folder comes from)."""
+    try:
+        return catalogs.load(catalog_name, catalog_properties, create=False)
+    except LakesinkError as e:
+        raise click.ClickException(str(e)) from None
+
+
 def load_table(table: str, catalog_name: str | None, catalog_properties: dict[str, str]) -> Table:
     """The table, loaded the way the sink loads it; a click error with a clear message otherwise."""
     try:
         name = TableName.parse(table)
     except InvalidOptionError:
         raise click.BadParameter(f"{table!r} is not '<namespace>.<table>' (for example db.events)", param_hint="TABLE") from None
-    try:
-        catalog = catalogs.load(catalog_name, catalog_properties)
-    except LakesinkError as e:
-        raise click.ClickException(str(e)) from None
+    catalog = load_catalog(catalog_name, catalog_properties)
     try:
         return catalog.load_table(name.identifier)
     except (NoSuchTableError, NoSuchNamespaceError):
-        raise click.ClickException(f"table {name} does not exist in catalog {catalog.name!r}") from None
+        _, props = catalogs.resolve_catalog_properties(catalog_name, catalog_properties)
+        where = catalogs.location(catalog.name, props)
+        raise click.ClickException(f"table {name} does not exist in catalog {catalog.name!r} ({where})") from None
     except PROGRAMMING_ERRORS:
         raise
     except Exception as e:

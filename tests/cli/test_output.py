@@ -205,3 +205,23 @@ def test_the_query_id_prefix_history_prints_is_accepted_everywhere(catalog_prope
         assert "query id 'abcd' is ambiguous: 2 queries start with it" in out and QA in out and QB in out, out
     unknown = run(["verify", "--query", "zzzz"], args, exit_code=1)
     assert unknown.startswith("ERROR: no table read holds a snapshot of query 'zzzz'") and QA in unknown, unknown
+
+
+def test_commands_never_create_a_catalog_and_name_the_path_they_read(
+    isolated_config: Path, monkeypatch: pytest.MonkeyPatch, catalog_properties: dict[str, str]
+) -> None:
+    """From a folder without ./lakehouse and without LAKESINK_HOME, a command says which catalog file it looked for,
+    where that path comes from, and creates nothing."""
+    monkeypatch.delenv("LAKESINK_HOME", raising=False)
+    for args in (["history", "demo.events"], ["verify", "--query", "q"], ["compact", "demo.events", "--dry-run"]):
+        out = run(args, [], exit_code=1)
+        assert f"no catalog file {isolated_config / 'lakehouse' / 'catalog.db'}" in out, out
+        assert "LAKESINK_HOME is not set" in out and "set LAKESINK_HOME to the folder that holds catalog.db" in out, out
+        assert not (isolated_config / "lakehouse").exists()
+    # a table missing from an existing catalog: the error names the catalog and its file
+    c = make_committer(catalog_properties)
+    assert commit(c, Q, 0, [write_task(c, Q, 0, [1])]).outcome.value == "committed"
+    args = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    out = run(["history", "db.nope"], args, exit_code=1)
+    db = catalog_properties["uri"][len("sqlite:///") :]
+    assert f"table db.nope does not exist in catalog 'lakesink' (catalog file {db})" in out, out
