@@ -115,6 +115,7 @@ def test_checkpoint_clean_json_shape_and_human_text(tmp_path: Path) -> None:
         "removed",
         "failed",
         "still_blocking",
+        "in_use",
         "ok",
     }
     human = CliRunner().invoke(main, ["checkpoint-clean", str(checkpoint), "--older-than", "0"])
