@@ -39,13 +39,21 @@ from lakesink.table.keys import MAIN_BRANCH
 @click.command("history")
 @click.argument("table")
 @catalog_options
+@click.option("--branch", default=None, help="Only the snapshots in this branch's history; default: every snapshot.")
 @output_option(help="Print a JSON list, one object per snapshot.")
-def history_command(table: str, catalog_name: str | None, catalog_properties: dict[str, str], output: Output) -> None:
+def history_command(
+    table: str, catalog_name: str | None, catalog_properties: dict[str, str], branch: str | None, output: Output
+) -> None:
     """One line per snapshot of TABLE: time, operation, query and batch, rows and files, offsets.
 
     Snapshots not written by lakesink are marked as another writer's (query and batch empty).
     """
-    output.history(history(load_table(table, catalog_name, catalog_properties)))
+    t = load_table(table, catalog_name, catalog_properties)
+    try:
+        records = history(t, branch)
+    except LakesinkError as e:
+        raise click.ClickException(str(e)) from None
+    output.history(records)
 
 
 @click.command("show")

@@ -9,6 +9,7 @@ branch on the format themselves.
 from __future__ import annotations
 
 import json
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
@@ -189,7 +190,12 @@ class ConsoleOutput(Output):
         click.echo(report.human())
 
     def progress(self, what: str, done: int, total: int) -> None:
-        click.echo(f"\r{what}: {done}/{total}", err=True, nl=done >= total)
+        """On a terminal one line rewritten in place; elsewhere (a log file, a pipe) the last step only, as a plain
+        line (no carriage returns in logs)."""
+        if sys.stderr.isatty():
+            click.echo(f"\r{what}: {done}/{total}", err=True, nl=done >= total)
+        elif done >= total:
+            click.echo(f"{what}: {done}/{total}", err=True)
 
 
 class JsonOutput(Output):
@@ -198,7 +204,7 @@ class JsonOutput(Output):
     show_progress = False
 
     def history(self, records: Sequence[SnapshotRecord]) -> None:
-        _echo([r.to_dict() for r in records])
+        _echo([{**r.to_dict(), "source_offsets": _json_value(r.source_offsets)} for r in records])
 
     def rows(self, shown: pa.Table, total: int) -> None:
         _echo(shown.to_pylist())
@@ -247,6 +253,17 @@ class JsonOutput(Output):
 
     def progress(self, what: str, done: int, total: int) -> None:
         pass
+
+
+def _json_value(text: str | None) -> Any:
+    """A JSON document recorded as a string (a snapshot's ``lakesink.source-offsets``), as the value it holds; the
+    string itself when it is not JSON."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def output_option(help: str) -> Callable[[F], F]:

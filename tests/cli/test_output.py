@@ -8,6 +8,7 @@ previous layout when the CLI moved to lakesink/cli/). Real catalog, real table, 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -129,11 +130,19 @@ def test_publish_json_and_text(catalog_args: list[str]) -> None:
     assert "does not exist" in run(["publish", "db.events", "--branch", "nope", "--json"], catalog_args, exit_code=1)
 
 
-def test_progress_goes_to_people_only(capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_goes_to_people_only(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: one line rewritten in place
     ConsoleOutput().progress("compact", 1, 2)
     JsonOutput().progress("compact", 1, 2)
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == "\rcompact: 1/2"
+
+
+def test_progress_into_a_log_has_no_carriage_returns(capsys: pytest.CaptureFixture[str]) -> None:
+    for done in range(4):
+        ConsoleOutput().progress("compact", done, 3)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == "compact: 3/3\n"
 
 
 def test_every_output_renders_every_result() -> None:
@@ -226,3 +235,24 @@ def test_commands_never_create_a_catalog_and_name_the_path_they_read(
     out = run(["history", "db.nope"], args, exit_code=1)
     db = catalog_properties["uri"][len("sqlite:///") :]
     assert f"table db.nope does not exist in catalog 'lakesink' (catalog file {db})" in out, out
+
+
+def test_history_branch_and_source_offsets_as_json_values(catalog_properties: dict[str, str]) -> None:
+    c = make_committer(catalog_properties)
+    for b in range(2):
+        offsets = json.dumps([{"logOffset": b}, None])
+        c.commit_batch(query_id=Q, batch_id=b, results=[write_task(c, Q, b, [b])], source_offsets=offsets)
+    t = c.load()
+    head = t.current_snapshot()
+    assert head is not None
+    t.manage_snapshots().create_branch(head.snapshot_id, "audit").commit()
+    c.load().append(c.load().scan().to_arrow().slice(0, 0), branch="audit")  # a snapshot only on branch audit
+    args = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    every = json.loads(run(["history", "db.events", "--json"], args))
+    assert [r["source_offsets"] for r in every[:2]] == [[{"logOffset": 0}, None], [{"logOffset": 1}, None]]
+    on_main = json.loads(run(["history", "db.events", "--branch", "main", "--json"], args))
+    on_audit = json.loads(run(["history", "db.events", "--branch", "audit", "--json"], args))
+    assert len(every) == 3 and len(on_main) == 2 and len(on_audit) == 3
+    assert all("main" in r["branches"] for r in on_main)
+    missing = run(["history", "db.events", "--branch", "nope"], args, exit_code=1)
+    assert "table db.events has no branch 'nope'; its branches: audit, main" in missing
