@@ -186,8 +186,10 @@ def scan_at(
     branch: str = MAIN_BRANCH,
     columns: Sequence[str] | None = None,
     row_filter: str | BooleanExpression | None = None,
+    limit: int | None = None,
 ) -> Any:
-    """pyiceberg's scan of the table at ``point`` (the branch head when None)."""
+    """pyiceberg's scan of the table at ``point`` (the branch head when None); ``limit``: at most that many rows
+    (the scan stops reading files once it has them)."""
     snapshot = resolve(table, point, branch=branch) if point is not None else table.metadata.snapshot_by_name(branch)
     if snapshot is None:
         raise AuditError(f"branch {branch!r} has no snapshot")
@@ -195,6 +197,7 @@ def scan_at(
         snapshot_id=snapshot.snapshot_id,
         selected_fields=tuple(columns) if columns else ("*",),
         row_filter=row_filter if row_filter is not None else AlwaysTrue(),
+        limit=limit,
     )
 
 
@@ -205,9 +208,11 @@ def read_at(
     branch: str = MAIN_BRANCH,
     columns: Sequence[str] | None = None,
     row_filter: str | BooleanExpression | None = None,
+    limit: int | None = None,
 ) -> pa.Table:
-    """The table's rows at ``point`` as Arrow (columns and an Iceberg row filter such as ``"id > 5"`` optional)."""
-    return scan_at(table, point, branch=branch, columns=columns, row_filter=row_filter).to_arrow()
+    """The table's rows at ``point`` as Arrow (columns, an Iceberg row filter such as ``"id > 5"`` and a limit on the
+    rows read optional)."""
+    return scan_at(table, point, branch=branch, columns=columns, row_filter=row_filter, limit=limit).to_arrow()
 
 
 def dataframe_at(spark: SparkSession, table: Table, point: Point | None = None, **kwargs: Any) -> DataFrame:

@@ -69,7 +69,13 @@ def history_command(
     callback=parse_row_filter,
     help='An Iceberg row filter, for example "id > 5 and kind = 2".',
 )
-@click.option("--limit", type=int, default=20, show_default=True, help="Rows to print (0: all).")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="Rows to print (0: all); only that many rows are read.",
+)
 @output_option(help="Print the rows as a JSON list.")
 def show_command(
     table: str,
@@ -86,10 +92,12 @@ def show_command(
     t = load_table(table, catalog_name, catalog_properties)
     cols = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
     try:
-        rows = read_at(t, point, branch=branch, columns=cols, row_filter=row_filter)
+        # one row more than shown: whether the table has more is known without reading it all
+        rows = read_at(t, point, branch=branch, columns=cols, row_filter=row_filter, limit=limit + 1 if limit else None)
     except (LakesinkError, ValueError) as e:
         raise click.ClickException(str(e)) from None
-    output.rows(rows if limit <= 0 else rows.slice(0, limit), rows.num_rows)
+    more = bool(limit) and rows.num_rows > limit
+    output.rows(rows.slice(0, limit) if more else rows, None if more else rows.num_rows)
 
 
 @click.command("diff")
@@ -98,7 +106,7 @@ def show_command(
 @click.argument("end", metavar="TO", callback=parse_point)
 @catalog_options
 @branch_option
-@click.option("--limit", type=int, default=20, show_default=True, help="Rows to print per side (0: all).")
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="Rows to print per side (0: all).")
 @output_option(help="Print a JSON object with the added and removed rows.")
 def diff_command(
     table: str,

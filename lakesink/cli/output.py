@@ -41,8 +41,8 @@ class Output(ABC):
     def history(self, records: Sequence[SnapshotRecord]) -> None: ...
 
     @abstractmethod
-    def rows(self, shown: pa.Table, total: int) -> None:
-        """``show``: the rows read (``shown`` of ``total``)."""
+    def rows(self, shown: pa.Table, total: int | None) -> None:
+        """``show``: the rows read (``shown`` of ``total``; None: more than shown, not all read)."""
 
     @abstractmethod
     def diff(self, d: Diff, key: Sequence[str], limit: int) -> None:
@@ -102,9 +102,12 @@ class ConsoleOutput(Output):
     def history(self, records: Sequence[SnapshotRecord]) -> None:
         click.echo(human_history(records))
 
-    def rows(self, shown: pa.Table, total: int) -> None:
+    def rows(self, shown: pa.Table, total: int | None) -> None:
         click.echo(human_rows(shown))
-        click.echo(f"({total} row(s){f', first {shown.num_rows} shown' if shown.num_rows < total else ''})")
+        if total is None:
+            click.echo(f"(first {shown.num_rows} row(s) shown; the table has more: --limit 0 for all)")
+        else:
+            click.echo(f"({total} row(s))")
 
     def diff(self, d: Diff, key: Sequence[str], limit: int) -> None:
         click.echo(
@@ -206,7 +209,7 @@ class JsonOutput(Output):
     def history(self, records: Sequence[SnapshotRecord]) -> None:
         _echo([{**r.to_dict(), "source_offsets": _json_value(r.source_offsets)} for r in records])
 
-    def rows(self, shown: pa.Table, total: int) -> None:
+    def rows(self, shown: pa.Table, total: int | None) -> None:
         _echo(shown.to_pylist())
 
     def diff(self, d: Diff, key: Sequence[str], limit: int) -> None:
@@ -429,11 +432,13 @@ def human_compaction(r: compaction.CompactionReport) -> str:
     lines = [f"compaction of {r.table} (branch {r.branch}): {r.status}"]
     if r.groups:
         verb = "would rewrite" if r.dry_run else "rewrote"
-        lines.append(f"{verb} {r.rewritten_files} file(s), {r.rewritten_bytes} B, in {len(r.groups)} group(s)")
+        lines.append(f"{verb} {r.rewritten_files} file(s), {_size(r.rewritten_bytes)}, in {len(r.groups)} group(s)")
         for g in r.groups:
-            lines.append(f"  {g.partition or '(unpartitioned)'}: {len(g.files)} file(s), {g.input_bytes} B, {g.records} row(s)")
+            lines.append(
+                f"  {g.partition or '(unpartitioned)'}: {len(g.files)} file(s), {_size(g.input_bytes)}, {g.records} row(s)"
+            )
     if r.snapshot_id is not None:
-        lines.append(f"into {len(r.added_files)} file(s), {r.added_bytes} B: replace snapshot {r.snapshot_id}")
+        lines.append(f"into {len(r.added_files)} file(s), {_size(r.added_bytes)}: replace snapshot {r.snapshot_id}")
     return "\n".join(lines)
 
 

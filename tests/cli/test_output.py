@@ -8,6 +8,7 @@ previous layout when the CLI moved to lakesink/cli/). Real catalog, real table, 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -256,3 +257,32 @@ def test_history_branch_and_source_offsets_as_json_values(catalog_properties: di
     assert all("main" in r["branches"] for r in on_main)
     missing = run(["history", "db.events", "--branch", "nope"], args, exit_code=1)
     assert "table db.events has no branch 'nope'; its branches: audit, main" in missing
+
+
+def test_show_limit_reads_at_most_one_row_more_and_refuses_a_negative_limit(catalog_args: list[str]) -> None:
+    out = run(["show", "db.events", "--limit", "2"], catalog_args)
+    assert out.rstrip().endswith("(first 2 row(s) shown; the table has more: --limit 0 for all)"), out
+    assert run(["show", "db.events", "--limit", "0"], catalog_args).rstrip().endswith("(30 row(s))")
+    assert run(["show", "db.events", "--limit", "30"], catalog_args).rstrip().endswith("(30 row(s))")
+    assert len(json.loads(run(["show", "db.events", "--limit", "3", "--json"], catalog_args))) == 3
+    for command in (["show", "db.events"], ["diff", "db.events", "batch=0", "batch=2"]):
+        refused = run([*command, "--limit", "-1"], catalog_args, exit_code=2)
+        assert "Invalid value for '--limit': -1 is not in the range x>=0" in refused, refused
+
+
+def test_read_at_stops_at_the_limit(catalog_properties: dict[str, str]) -> None:
+    from lakesink.audit import read_at
+
+    c = make_committer(catalog_properties)
+    for b in range(3):
+        commit(c, Q, b, [write_task(c, Q, b, list(range(b * 10, b * 10 + 10)))])
+    assert read_at(c.load(), limit=4).num_rows == 4 and read_at(c.load()).num_rows == 30
+
+
+def test_sizes_are_printed_in_one_unit_system(catalog_properties: dict[str, str]) -> None:
+    c = make_committer(catalog_properties)
+    for b in range(6):
+        commit(c, Q, b, [write_task(c, Q, b, list(range(b * 10, b * 10 + 10)))])
+    out = run(["compact", "db.events", "--dry-run"], [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()])
+    assert "would rewrite 6 file(s)" in out, out
+    assert re.search(r"\d{4,} B\b", out) is None and "KiB" in out, out
