@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, LiteralPredicate, Not, Or, SetPredicate
+from pyiceberg.expressions.literals import StringLiteral
+from pyiceberg.expressions.parser import parse
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.types import TimestamptzType
 
 from lakesink.audit.snapshots import ancestry, lakesink_key, match_query_id, opt_int_property, summary_of
 from lakesink.errors import AuditError
@@ -179,6 +184,39 @@ def _accounted_empty(table: Table, query_id: str, batch_id: int, mine: Sequence[
     return marker is not None and marker.branch == branch and marker.batch_id >= batch_id and bool(earlier or marker.empty)
 
 
+_NO_OFFSET = re.compile(r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?)?")
+
+
+def utc_by_default(row_filter: str | BooleanExpression, schema: Schema) -> BooleanExpression:
+    """The row filter, with a time compared to a ``timestamptz`` column read as UTC when it has no zone offset
+    (``ts >= '2026-11-23T00:00:00'``, as ``time=`` points read it; pyiceberg refuses it: "Missing zone offset")."""
+    expr = parse(row_filter) if isinstance(row_filter, str) else row_filter
+
+    def zoned(term: Any, value: Any) -> Any:
+        if not (isinstance(value, StringLiteral) and _NO_OFFSET.fullmatch(value.value)):
+            return value
+        try:
+            field = schema.find_field(term.name, case_sensitive=False)
+        except (ValueError, AttributeError):
+            return value  # binding reports the unknown column
+        if not isinstance(field.field_type, TimestamptzType):
+            return value
+        return StringLiteral(datetime.fromisoformat(value.value).replace(tzinfo=timezone.utc).isoformat())
+
+    def visit(e: BooleanExpression) -> BooleanExpression:
+        if isinstance(e, (And, Or)):
+            return type(e)(visit(e.left), visit(e.right))
+        if isinstance(e, Not):
+            return Not(visit(e.child))
+        if isinstance(e, LiteralPredicate):
+            return type(e)(e.term, zoned(e.term, e.literal))
+        if isinstance(e, SetPredicate):
+            return type(e)(e.term, {zoned(e.term, v) for v in e.literals})
+        return e
+
+    return visit(expr)
+
+
 def scan_at(
     table: Table,
     point: Point | None = None,
@@ -196,7 +234,7 @@ def scan_at(
     return table.scan(
         snapshot_id=snapshot.snapshot_id,
         selected_fields=tuple(columns) if columns else ("*",),
-        row_filter=row_filter if row_filter is not None else AlwaysTrue(),
+        row_filter=utc_by_default(row_filter, table.schema()) if row_filter is not None else AlwaysTrue(),
         limit=limit,
     )
 

@@ -286,3 +286,29 @@ def test_sizes_are_printed_in_one_unit_system(catalog_properties: dict[str, str]
     out = run(["compact", "db.events", "--dry-run"], [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()])
     assert "would rewrite 6 file(s)" in out, out
     assert re.search(r"\d{4,} B\b", out) is None and "KiB" in out, out
+
+
+def test_where_reads_a_time_without_zone_offset_as_utc_like_at(catalog_properties: dict[str, str]) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    import pyarrow as pa
+
+    from lakesink.driver import catalogs
+
+    catalog = catalogs.load(None, catalog_properties)
+    catalog.create_namespace_if_not_exists("db")
+    start = datetime(2026, 11, 23, 10, 0, tzinfo=timezone.utc)
+    rows = pa.table({"id": pa.array(range(6), pa.int64()), "ts": [start + timedelta(hours=i) for i in range(6)]})
+    catalog.create_table("db.times", schema=rows.schema).append(rows)
+    args = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    for where, ids in (
+        ("ts >= '2026-11-23T13:00:00'", [3, 4, 5]),
+        ("ts >= '2026-11-23 13:00'", [3, 4, 5]),
+        ("ts < '2026-11-23T13:00:00+01:00'", [0, 1]),  # an explicit offset is kept
+        ("ts in ('2026-11-23T11:00:00', '2026-11-23T14:00:00') or id = 0", [0, 1, 4]),
+        ("not ts < '2026-11-24'", []),
+    ):
+        shown = json.loads(run(["show", "db.times", "--where", where, "--limit", "0", "--json"], args))
+        assert sorted(r["id"] for r in shown) == ids, where
+        traced = json.loads(run(["which", "db.times", "--where", where, "--json"], args))
+        assert sorted(r["id"] for r in traced) == ids, where
