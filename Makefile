@@ -6,7 +6,7 @@ PY := $(abspath $(VENV))/bin/python
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
 
-.PHONY: demo test test-fast test-floor test-deploy jdbc-drivers lakana-server lint soak soak-routing soak-concurrency bench clean
+.PHONY: demo routing-demo test test-fast test-floor test-deploy jdbc-drivers lakana-server lint soak soak-routing soak-concurrency bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,9 @@ $(VENV)/.installed: pyproject.toml
 # make demo DEMO_ARGS=--s3: the same demo with the warehouse on a local S3-compatible server (moto)
 demo: $(VENV)/.installed
 	$(PY) examples/demo.py $(DEMO_ARGS)
+
+routing-demo: $(VENV)/.installed
+	$(PY) examples/routing_demo.py
 
 # --durations=25: the 25 slowest tests at the end (here, not in addopts: the other targets stay quiet)
 test: $(VENV)/.installed
@@ -103,4 +106,4 @@ lint: $(VENV)/.installed
 	$(abspath $(VENV))/bin/lint-imports --no-cache --no-logo
 
 clean:
-	rm -rf $(VENV) $(JAVA_VENV) $(LAKANA_VENV) $(FLOOR_VENV) lakehouse demo-run .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(JAVA_VENV) $(LAKANA_VENV) $(FLOOR_VENV) lakehouse demo-run routing-demo-run .pytest_cache .mypy_cache .ruff_cache

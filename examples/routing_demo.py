@@ -12,12 +12,14 @@ What it does, on the embedded default catalog (a SQLite file and a warehouse und
    is in its type's table exactly once and nowhere else, and ``lakesink verify --query`` finds every batch in all
    the tables it wrote.
 
-    PYSPARK_PYTHON=$PWD/.venv/bin/python .venv/bin/python examples/routing_demo.py [--dir DIR]
+    make routing-demo                                        (creates .venv first when needed)
+    .venv/bin/python examples/routing_demo.py [--dir DIR]    (default folder: ./routing-demo-run, ignored by git)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -28,7 +30,20 @@ import time
 from collections import Counter
 from pathlib import Path
 
-os.environ["PYSPARK_PYTHON"] = sys.executable
+
+def _needs_the_project_environment() -> None:
+    """A clear message instead of a ModuleNotFoundError when this runs outside the project's virtual environment."""
+    missing = [m for m in ("pyspark", "pyiceberg", "lakesink") if importlib.util.find_spec(m) is None]
+    if missing:
+        sys.exit(
+            f"examples/routing_demo.py: this Python ({sys.executable}) cannot import {', '.join(missing)}. Run the demo "
+            "with the project's virtual environment: `make routing-demo` (creates .venv when needed), or "
+            "`.venv/bin/python examples/routing_demo.py` after `make demo` or `make test` created it."
+        )
+
+
+_needs_the_project_environment()
+os.environ["PYSPARK_PYTHON"] = sys.executable  # Spark's Python workers: this interpreter (its venv)
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 from demo import session_members  # noqa: E402  (examples/demo.py: the processes of the job's session)

@@ -11,7 +11,8 @@ is recognised and never committed twice.
 
 or, in code that already uses foreachBatch:
 
-    df.writeStream.foreachBatch(lakesink.foreach_batch("db.events")).start()
+    df.writeStream.foreachBatch(lakesink.foreach_batch("db.events")) \\
+        .option("checkpointLocation", "/ck/events").start()
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema as _to_arrow_schema
@@ -72,15 +73,8 @@ def _pyspark_version() -> str:
     return str(pyspark.__version__)
 
 
-def running_query_checkpoint(spark: SparkSession, query_id: str) -> str | None:
-    """The resolved checkpoint root of the running streaming query ``query_id`` (classic Spark, not Connect).
-
-    Checked on pyspark 4.3.0. Relies on: ``StreamingQuery._jsq`` (the JVM ``StreamingQueryWrapper``),
-    its ``streamingQuery()`` (the JVM ``StreamExecution``) and that object's
-    ``resolvedCheckpointRoot()``; and on ``SparkSession._instantiatedSession`` (the first session of
-    this process). pyspark has no public API for a query's checkpoint location. None when the query is
-    not found or any of that is missing (Spark Connect has no JVM objects in Python).
-    """
+def _running_query(spark: SparkSession, query_id: str) -> tuple[SparkSession, Any] | None:
+    """The session that runs the streaming query ``query_id`` and the query's JVM ``StreamExecution``."""
     # foreachBatch hands over a clone of the session; the query is registered with the session that
     # started it, usually the active or the first session of this process.
     candidates = [spark, SparkSession.getActiveSession(), getattr(SparkSession, "_instantiatedSession", None)]
@@ -90,7 +84,77 @@ def running_query_checkpoint(spark: SparkSession, query_id: str) -> str | None:
         try:
             query = session.streams.get(query_id)
             if query is not None:
-                return str(query._jsq.streamingQuery().resolvedCheckpointRoot())
+                return session, query._jsq.streamingQuery()
         except Exception:
             continue
     return None
+
+
+def running_query_checkpoint(spark: SparkSession, query_id: str) -> str | None:
+    """The resolved checkpoint root of the running streaming query ``query_id`` (classic Spark, not Connect).
+
+    Checked on pyspark 4.3.0. Relies on: ``StreamingQuery._jsq`` (the JVM ``StreamingQueryWrapper``),
+    its ``streamingQuery()`` (the JVM ``StreamExecution``) and that object's
+    ``resolvedCheckpointRoot()``; and on ``SparkSession._instantiatedSession`` (the first session of
+    this process). pyspark has no public API for a query's checkpoint location. None when the query is
+    not found or any of that is missing (Spark Connect has no JVM objects in Python).
+    """
+    found = _running_query(spark, query_id)
+    if found is None:
+        return None
+    try:
+        return str(found[1].resolvedCheckpointRoot())
+    except Exception:
+        return None
+
+
+@dataclass(frozen=True)
+class QueryCheckpoint:
+    """How Spark chose a running query's checkpoint (:func:`running_query_checkpoint_origin`)."""
+
+    root: str
+    """The resolved checkpoint root (a qualified URI, ``file:/...``)."""
+    temporary: bool | None
+    """Spark made it up (no ``checkpointLocation`` option, no ``spark.sql.streaming.checkpointLocation``) and deletes
+    it when the query stops; None when that cannot be told."""
+    query_name: str | None
+    """The query's ``queryName``, if any."""
+    session_root: str | None
+    """The session's ``spark.sql.streaming.checkpointLocation`` (the root of checkpoints given by no option)."""
+
+
+def running_query_checkpoint_origin(spark: SparkSession, query_id: str) -> QueryCheckpoint | None:
+    """The checkpoint of the running streaming query ``query_id`` and how Spark chose it (classic Spark, not Connect).
+
+    Checked on pyspark 4.3.0. Relies on what :func:`running_query_checkpoint` relies on, and on the private field
+    ``deleteCheckpointOnStop`` of the JVM ``StreamExecution`` (read by Java reflection; Spark sets it exactly when
+    it made a temporary checkpoint folder, ``ResolveWriteToStream``), on ``StreamExecution.name()`` and on the SQL
+    configuration ``spark.sql.streaming.checkpointLocation``. None when the query is not found.
+    """
+    found = _running_query(spark, query_id)
+    if found is None:
+        return None
+    session, execution = found
+    try:
+        root = str(execution.resolvedCheckpointRoot())
+        name = execution.name()
+    except Exception:
+        return None
+    temporary: bool | None = None
+    try:
+        cls = execution.getClass()
+        while cls is not None:
+            if "deleteCheckpointOnStop" in [f.getName() for f in cls.getDeclaredFields()]:
+                field = cls.getDeclaredField("deleteCheckpointOnStop")
+                field.setAccessible(True)
+                temporary = bool(field.getBoolean(execution))
+                break
+            cls = cls.getSuperclass()
+    except Exception:
+        temporary = None
+    try:
+        session_root = session.conf.get("spark.sql.streaming.checkpointLocation", None)
+    except Exception:
+        session_root = None
+    query_name = str(name) if name else None
+    return QueryCheckpoint(root=root, temporary=temporary, query_name=query_name, session_root=session_root or None)

@@ -41,6 +41,8 @@ MAX_REJECTED_FRACTION = "max-rejected-fraction"
 ROUTE_BY = "route-by"
 NAMESPACE = "namespace"
 ATOMIC = "atomic"
+ALLOW_TEMPORARY_CHECKPOINT = "allow-temporary-checkpoint"
+"""foreach_batch only: run on a checkpoint that the next start of the query will not find (docs/options.md)."""
 #: Iceberg table format versions lakesink creates tables with (pyiceberg 0.12 writes v3 too).
 FORMAT_VERSIONS = (1, 2, 3)
 DEFAULT_FORMAT_VERSION = 2
@@ -233,6 +235,9 @@ class SinkOptions:
     Spark SQL with foreach_batch; with format("lakesink") the subset Iceberg's expression parser reads."""
     max_rejected_fraction: float = 1.0
     """Above this fraction of a batch's rows rejected, the batch fails loudly and nothing is committed."""
+    allow_temporary_checkpoint: bool = False
+    """:func:`lakesink.foreach_batch` only: accept a query whose checkpoint the next start will not find (a temporary
+    one): no exactly-once across restarts, a warning instead of the refusal."""
     routing: Routing | None = None
     """Option ``route-by``: one stream into many tables. ``table`` is then :data:`ROUTED` (no table of its own):
     each table's options are :meth:`for_table`'s."""
@@ -254,7 +259,7 @@ class SinkOptions:
             f"format_version={self.format_version!r}, maintenance={self.maintenance.value!r}, event_time={self.event_time!r}, "
             f"dead_letter_table={str(self.dead_letter_table) if self.dead_letter_table else None!r}, "
             f"reject_when={self.reject_when!r}, max_rejected_fraction={self.max_rejected_fraction!r}, "
-            f"routing={self.routing!r})"
+            f"allow_temporary_checkpoint={self.allow_temporary_checkpoint!r}, routing={self.routing!r})"
         )
 
     __str__ = __repr__
@@ -274,6 +279,11 @@ class SinkOptions:
                 f"option '{WRITER}' is not used with format('lakesink'), which always writes through Python workers "
                 "(the Arrow path); use lakesink.foreach_batch(..., writer='spark') for Spark's own Parquet writer"
             )
+        if ALLOW_TEMPORARY_CHECKPOINT in lowered:
+            raise InvalidOptionError(
+                f"option '{ALLOW_TEMPORARY_CHECKPOINT}' is not used with format('lakesink'), which always needs "
+                "option 'checkpointLocation'"
+            )
         return cls._parse(lowered, mode, case_sensitive=options)
 
     @classmethod
@@ -282,7 +292,9 @@ class SinkOptions:
         lowered = {k.lower(): v for k, v in options.items()}
         mode = OutputMode.parse(lowered.pop(OUTPUT_MODE, OutputMode.APPEND.value))
         writer = WriterKind.parse(lowered.pop(WRITER, WriterKind.AUTO.value))
-        return cls._parse(lowered, mode, case_sensitive=options, writer=writer)
+        allow_temporary = _parse_bool(ALLOW_TEMPORARY_CHECKPOINT, lowered.pop(ALLOW_TEMPORARY_CHECKPOINT, "false"))
+        parsed = cls._parse(lowered, mode, case_sensitive=options, writer=writer)
+        return replace(parsed, allow_temporary_checkpoint=allow_temporary)
 
     @classmethod
     def _parse(

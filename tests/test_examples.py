@@ -96,3 +96,26 @@ def test_routing_demo_kills_inside_the_multi_table_commit_and_ends_exactly_once(
         assert re.search(rf"^\s*{label}:\s+0\b", done.stdout, re.MULTILINE), detail
     assert "batches in some of their tables only: 0" in done.stdout, detail
     assert done.stdout.rstrip().endswith("OK"), detail
+
+
+def test_routing_demo_outside_the_project_environment_says_how_to_run_it(tmp_path: Path) -> None:
+    """``python examples/routing_demo.py`` with an interpreter that has none of the project's packages (``-S``: no
+    site-packages, as a system Python): a clear message naming the way to run it, not a ModuleNotFoundError."""
+    done = subprocess.run(
+        [sys.executable, "-S", str(ROUTING_DEMO), "--dir", str(tmp_path / "run")],
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "cannot import pyspark, pyiceberg, lakesink" in done.stderr and "make routing-demo" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()
+
+
+def test_the_demos_output_folders_are_ignored_by_git() -> None:
+    root = ROUTING_DEMO.parent.parent
+    for path in ("routing-demo-run/job.log", "demo-run/job.log", "lakehouse/catalog.db"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=root, capture_output=True)
+        assert ignored.returncode == 0, f"{path} is not ignored by git"

@@ -241,8 +241,15 @@ def test_repr_shows_every_field() -> None:
         "checkpoint_location='/ck', create_table=False, partitioned_by='days(ts), bucket(16, id)', merge_schema=True, "
         "branch='main', writer='auto', sink_id='audit', upsert_key=(), delete_when=None, order_by=None, "
         "table_properties={'write.target-file-size-bytes': '1024'}, format_version=2, maintenance='off', event_time=None, "
-        "dead_letter_table=None, reject_when=None, max_rejected_fraction=1.0, routing=None)"
+        "dead_letter_table=None, reject_when=None, max_rejected_fraction=1.0, allow_temporary_checkpoint=False, routing=None)"
     )
+
+
+def test_allow_temporary_checkpoint_is_foreach_batch_only() -> None:
+    assert SinkOptions.from_mapping({"table": "db.t", "allow-temporary-checkpoint": "true"}).allow_temporary_checkpoint
+    assert not SinkOptions.from_mapping({"table": "db.t"}).allow_temporary_checkpoint
+    with pytest.raises(InvalidOptionError, match="'allow-temporary-checkpoint' is not used with format"):
+        SinkOptions.from_spark_options({"table": "db.t", "allow-temporary-checkpoint": "true"}, overwrite=False)
 
 
 @pytest.mark.parametrize("value", ["", " ", "a.b", "a b", "x" * 65, "é"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -9,11 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from dateutil.parser import isoparse
-from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, LiteralPredicate, Not, Or, SetPredicate
+from pyiceberg.expressions.literals import StringLiteral
+from pyiceberg.expressions.parser import parse
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.types import TimestamptzType
 
-from lakesink.audit.snapshots import ancestry, lakesink_key, opt_int_property, summary_of
+from lakesink.audit.snapshots import ancestry, lakesink_key, match_query_id, opt_int_property, summary_of
 from lakesink.errors import AuditError
 from lakesink.table.keys import MAIN_BRANCH, SUMMARY_PREVIOUS_BATCH_ID
 from lakesink.table.markers import last_committed_batch
@@ -144,10 +149,11 @@ def query_ids(table: Table, branch: str = MAIN_BRANCH) -> list[str]:
 
 
 def the_query(table: Table, query_id: str | None, branch: str = MAIN_BRANCH) -> str:
-    """``query_id``, or the table's only query when it is None."""
-    if query_id is not None:
-        return query_id
+    """``query_id`` (or the one query of the branch whose id starts with it), or the table's only query when it is
+    None."""
     queries = query_ids(table, branch)
+    if query_id is not None:
+        return match_query_id(query_id, queries) or query_id
     if len(queries) == 1:
         return queries[0]
     if not queries:
@@ -228,6 +234,39 @@ def _accounted_empty(table: Table, query_id: str, batch_id: int, mine: Sequence[
     return marker is not None and marker.branch == branch and marker.batch_id >= batch_id and bool(earlier or marker.empty)
 
 
+_NO_OFFSET = re.compile(r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?)?")
+
+
+def utc_by_default(row_filter: str | BooleanExpression, schema: Schema) -> BooleanExpression:
+    """The row filter, with a time compared to a ``timestamptz`` column read as UTC when it has no zone offset
+    (``ts >= '2026-11-23T00:00:00'``, as ``time=`` points read it; pyiceberg refuses it: "Missing zone offset")."""
+    expr = parse(row_filter) if isinstance(row_filter, str) else row_filter
+
+    def zoned(term: Any, value: Any) -> Any:
+        if not (isinstance(value, StringLiteral) and _NO_OFFSET.fullmatch(value.value)):
+            return value
+        try:
+            field = schema.find_field(term.name, case_sensitive=False)
+        except (ValueError, AttributeError):
+            return value  # binding reports the unknown column
+        if not isinstance(field.field_type, TimestamptzType):
+            return value
+        return StringLiteral(datetime.fromisoformat(value.value).replace(tzinfo=timezone.utc).isoformat())
+
+    def visit(e: BooleanExpression) -> BooleanExpression:
+        if isinstance(e, (And, Or)):
+            return type(e)(visit(e.left), visit(e.right))
+        if isinstance(e, Not):
+            return Not(visit(e.child))
+        if isinstance(e, LiteralPredicate):
+            return type(e)(e.term, zoned(e.term, e.literal))
+        if isinstance(e, SetPredicate):
+            return type(e)(e.term, {zoned(e.term, v) for v in e.literals})
+        return e
+
+    return visit(expr)
+
+
 def scan_at(
     table: Table,
     point: Point | None = None,
@@ -235,15 +274,18 @@ def scan_at(
     branch: str = MAIN_BRANCH,
     columns: Sequence[str] | None = None,
     row_filter: str | BooleanExpression | None = None,
+    limit: int | None = None,
 ) -> Any:
-    """pyiceberg's scan of the table at ``point`` (the branch head when None)."""
+    """pyiceberg's scan of the table at ``point`` (the branch head when None); ``limit``: at most that many rows
+    (the scan stops reading files once it has them)."""
     snapshot = resolve(table, point, branch=branch) if point is not None else table.metadata.snapshot_by_name(branch)
     if snapshot is None:
         raise AuditError(f"branch {branch!r} has no snapshot")
     return table.scan(
         snapshot_id=snapshot.snapshot_id,
         selected_fields=tuple(columns) if columns else ("*",),
-        row_filter=row_filter if row_filter is not None else AlwaysTrue(),
+        row_filter=utc_by_default(row_filter, table.schema()) if row_filter is not None else AlwaysTrue(),
+        limit=limit,
     )
 
 
@@ -254,9 +296,11 @@ def read_at(
     branch: str = MAIN_BRANCH,
     columns: Sequence[str] | None = None,
     row_filter: str | BooleanExpression | None = None,
+    limit: int | None = None,
 ) -> pa.Table:
-    """The table's rows at ``point`` as Arrow (columns and an Iceberg row filter such as ``"id > 5"`` optional)."""
-    return scan_at(table, point, branch=branch, columns=columns, row_filter=row_filter).to_arrow()
+    """The table's rows at ``point`` as Arrow (columns, an Iceberg row filter such as ``"id > 5"`` and a limit on the
+    rows read optional)."""
+    return scan_at(table, point, branch=branch, columns=columns, row_filter=row_filter, limit=limit).to_arrow()
 
 
 def dataframe_at(spark: SparkSession, table: Table, point: Point | None = None, **kwargs: Any) -> DataFrame:

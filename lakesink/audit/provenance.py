@@ -14,7 +14,7 @@ from pyiceberg.table import Table
 from lakesink._pyiceberg import io as seam
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests, read_files
-from lakesink.audit.points import Point, resolve
+from lakesink.audit.points import Point, resolve, utc_by_default
 from lakesink.audit.snapshots import lakesink_key
 from lakesink.errors import AuditError
 from lakesink.table.keys import MAIN_BRANCH
@@ -81,7 +81,8 @@ def locate(
                 "_committed": pa.array([d[3] for d in described], pa.timestamp("ms", tz="UTC")),
             }
         )
-    scan = table.scan(snapshot_id=snapshot.snapshot_id, row_filter=row_filter if row_filter is not None else AlwaysTrue())
+    rows_wanted = utc_by_default(row_filter, table.schema()) if row_filter is not None else AlwaysTrue()
+    scan = table.scan(snapshot_id=snapshot.snapshot_id, row_filter=rows_wanted)
     parts = []
     for task in scan.plan_files():
         path = task.file.file_path

@@ -18,7 +18,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from lakesink.audit.snapshots import ancestry, lakesink_key, opt_int_property, sink_of, summary_of
+from lakesink.audit.snapshots import ancestry, lakesink_key, match_query_id, opt_int_property, sink_of, summary_of
 from lakesink.errors import PROGRAMMING_ERRORS
 from lakesink.table.keys import (
     MAIN_BRANCH,
@@ -70,6 +70,8 @@ class QueryReport:
     """The tables holding snapshots of the query."""
     batches: int = 0
     incomplete: list[BatchTables] = field(default_factory=list)
+    known_queries: list[str] = field(default_factory=list)
+    """Every query id found in the tables read (to name them when ``query_id`` is none of them); not in to_dict."""
 
     @property
     def ok(self) -> bool:
@@ -86,7 +88,11 @@ class QueryReport:
 
     def human(self) -> str:
         if not self.tables:
-            return f"FAILED: no table of the catalog holds a snapshot of query {self.query_id}"
+            known = ", ".join(self.known_queries[:20]) + (" ..." if len(self.known_queries) > 20 else "")
+            return (
+                f"ERROR: no table read holds a snapshot of query {self.query_id!r} (a query id, or its first characters "
+                f"as lakesink history prints them); the queries found: {known or 'none'}"
+            )
         lines = [
             f"{'OK' if self.ok else 'FAILED'}: query {self.query_id}: {self.batches} routed batch(es) in "
             f"{len(self.tables)} table(s), {len(self.incomplete)} incomplete"
@@ -157,10 +163,13 @@ def load_tables(catalog: Catalog, namespaces: Sequence[tuple[str, ...]] | None =
 def verify_query(catalog: Catalog, query_id: str, namespaces: Sequence[tuple[str, ...]] | None = None) -> QueryReport:
     """Read every table of the catalog (or of ``namespaces``): is each routed batch of ``query_id`` in all the
     tables it wrote?"""
-    report = QueryReport(query_id)
+    every = list(load_tables(catalog, namespaces))
+    known = {k[0] for table in every for s in table.snapshots() if (k := lakesink_key(s)) is not None}
+    query_id = match_query_id(query_id, known) or query_id  # the id, or the one id that starts with it
+    report = QueryReport(query_id, known_queries=sorted(known))
     holding: set[str] = set()
     loaded: list[Table] = []
-    for table in load_tables(catalog, namespaces):
+    for table in every:
         if holds_query(table, [query_id]):
             holding.add(".".join(table.name()))
             loaded.append(table)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar
 
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
+from lakesink.errors import AuditError
 from lakesink.table.keys import (
     MAIN_BRANCH,
     OPERATION_COMPACT,
@@ -74,3 +75,18 @@ def progress(items: Sequence[T], description: str, *, enabled: bool | None = Non
     from rich.progress import track
 
     yield from track(items, description=description, total=len(items), console=Console(stderr=True), transient=True)
+
+
+def match_query_id(given: str, known: Iterable[str]) -> str | None:
+    """The query id that ``given`` names among ``known``: itself, or the one id that starts with it (``lakesink
+    history`` prints a query id's first 8 characters); None when no id is or starts with it. A prefix that starts
+    several ids is an AuditError listing them."""
+    ids = sorted(set(known))
+    if given in ids:
+        return given
+    hits = [q for q in ids if given and q.startswith(given)]
+    if len(hits) > 1:
+        raise AuditError(
+            f"query id {given!r} is ambiguous: {len(hits)} queries start with it: {', '.join(hits)}; give more of the id"
+        )
+    return hits[0] if hits else None

@@ -18,6 +18,7 @@ from lakesink.audit.snapshots import (
     opt_int_property,
     summary_of,
 )
+from lakesink.errors import AuditError
 from lakesink.table.keys import (
     MAIN_BRANCH,
     SUMMARY_COMMIT_ATTEMPT,
@@ -70,8 +71,15 @@ class SnapshotRecord:
         return asdict(self)
 
 
-def history(table: Table) -> list[SnapshotRecord]:
-    """Every snapshot still in the table's metadata, oldest first."""
+def history(table: Table, branch: str | None = None) -> list[SnapshotRecord]:
+    """Every snapshot still in the table's metadata, oldest first; with ``branch``, only those in that branch's
+    history (AuditError naming the branches when the table has no such branch)."""
+    if branch is not None:
+        known = sorted(n for n, r in table.metadata.refs.items() if r.snapshot_ref_type.value == "branch")
+        if branch not in known:
+            raise AuditError(
+                f"table {'.'.join(table.name())} has no branch {branch!r}; its branches: {', '.join(known) or 'none'}"
+            )
     on_branches: dict[int, list[str]] = {}
     for name, ref in sorted(table.metadata.refs.items()):
         if ref.snapshot_ref_type.value == "branch":
@@ -111,4 +119,4 @@ def history(table: Table) -> list[SnapshotRecord]:
                 dead_letter_table=props.get(SUMMARY_DEAD_LETTER_TABLE),
             )
         )
-    return records
+    return records if branch is None else [r for r in records if branch in r.branches]

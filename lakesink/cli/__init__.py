@@ -1,6 +1,6 @@
 """The ``lakesink`` command line (one click group, :data:`main`).
 
-- :mod:`lakesink.cli.main`: the group and its commands;
+- :mod:`lakesink.cli.main`: the group and its commands (imported when used: `lakesink --help` loads none of them);
 - :mod:`lakesink.cli.common`: the options and helpers every command shares (catalog, table, durations);
 - :mod:`lakesink.cli.output`: the output, human or JSON, chosen once by ``--json`` (:class:`~lakesink.cli.output.Output`);
 - :mod:`lakesink.cli.audit`: history, show, diff, which, verify, report, publish;

@@ -15,6 +15,7 @@ Each prints through the :class:`~lakesink.cli.output.Output` its ``--json`` flag
 from __future__ import annotations
 
 import click
+from pyiceberg.expressions import BooleanExpression
 
 from lakesink.audit import (
     Point,
@@ -30,10 +31,18 @@ from lakesink.audit import (
 )
 from lakesink.audit.completeness import NO_WATERMARK, TableWatermark, wait_for_watermark
 from lakesink.audit.routes import verify_query
-from lakesink.cli.common import POINT_HELP, branch_option, catalog_options, load_table, parse_point
+from lakesink.cli.common import (
+    POINT_HELP,
+    branch_option,
+    catalog_options,
+    check_output_file,
+    load_catalog,
+    load_table,
+    parse_point,
+    parse_row_filter,
+)
 from lakesink.cli.output import ConsoleOutput, Output, output_option
 from lakesink.cli.report import write_report
-from lakesink.driver import catalogs
 from lakesink.errors import LakesinkError
 from lakesink.table.keys import MAIN_BRANCH
 
@@ -41,13 +50,21 @@ from lakesink.table.keys import MAIN_BRANCH
 @click.command("history")
 @click.argument("table")
 @catalog_options
+@click.option("--branch", default=None, help="Only the snapshots in this branch's history; default: every snapshot.")
 @output_option(help="Print a JSON list, one object per snapshot.")
-def history_command(table: str, catalog_name: str | None, catalog_properties: dict[str, str], output: Output) -> None:
+def history_command(
+    table: str, catalog_name: str | None, catalog_properties: dict[str, str], branch: str | None, output: Output
+) -> None:
     """One line per snapshot of TABLE: time, operation, query and batch, rows and files, offsets.
 
     Snapshots not written by lakesink are marked as another writer's (query and batch empty).
     """
-    output.history(history(load_table(table, catalog_name, catalog_properties)))
+    t = load_table(table, catalog_name, catalog_properties)
+    try:
+        records = history(t, branch)
+    except LakesinkError as e:
+        raise click.ClickException(str(e)) from None
+    output.history(records)
 
 
 @click.command("show")
@@ -56,8 +73,20 @@ def history_command(table: str, catalog_name: str | None, catalog_properties: di
 @click.option("--at", "point", metavar="POINT", callback=parse_point, help=f"Read as of this point ({POINT_HELP}); default: now.")
 @branch_option
 @click.option("--columns", metavar="A,B,...", help="Only these columns.")
-@click.option("--where", "row_filter", metavar="EXPR", help='An Iceberg row filter, for example "id > 5 and kind = 2".')
-@click.option("--limit", type=int, default=20, show_default=True, help="Rows to print (0: all).")
+@click.option(
+    "--where",
+    "row_filter",
+    metavar="EXPR",
+    callback=parse_row_filter,
+    help='An Iceberg row filter, for example "id > 5 and kind = 2".',
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="Rows to print (0: all); only that many rows are read.",
+)
 @output_option(help="Print the rows as a JSON list.")
 def show_command(
     table: str,
@@ -66,7 +95,7 @@ def show_command(
     point: Point | None,
     branch: str,
     columns: str | None,
-    row_filter: str | None,
+    row_filter: BooleanExpression | None,
     limit: int,
     output: Output,
 ) -> None:
@@ -74,10 +103,12 @@ def show_command(
     t = load_table(table, catalog_name, catalog_properties)
     cols = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
     try:
-        rows = read_at(t, point, branch=branch, columns=cols, row_filter=row_filter)
+        # one row more than shown: whether the table has more is known without reading it all
+        rows = read_at(t, point, branch=branch, columns=cols, row_filter=row_filter, limit=limit + 1 if limit else None)
     except (LakesinkError, ValueError) as e:
         raise click.ClickException(str(e)) from None
-    output.rows(rows if limit <= 0 else rows.slice(0, limit), rows.num_rows)
+    more = bool(limit) and rows.num_rows > limit
+    output.rows(rows.slice(0, limit) if more else rows, None if more else rows.num_rows)
 
 
 @click.command("diff")
@@ -86,7 +117,7 @@ def show_command(
 @click.argument("end", metavar="TO", callback=parse_point)
 @catalog_options
 @branch_option
-@click.option("--limit", type=int, default=20, show_default=True, help="Rows to print per side (0: all).")
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="Rows to print per side (0: all).")
 @output_option(help="Print a JSON object with the added and removed rows.")
 def diff_command(
     table: str,
@@ -114,7 +145,13 @@ def diff_command(
 @click.command("which")
 @click.argument("table")
 @catalog_options
-@click.option("--where", "row_filter", metavar="EXPR", help='The rows to trace, as an Iceberg row filter ("id = 42").')
+@click.option(
+    "--where",
+    "row_filter",
+    metavar="EXPR",
+    callback=parse_row_filter,
+    help='The rows to trace, as an Iceberg row filter ("id = 42").',
+)
 @click.option("--file", "file_path", metavar="PATH", help="A data file to trace (its full path, as in the manifests).")
 @click.option("--at", "point", metavar="POINT", callback=parse_point, help=f"As of this point ({POINT_HELP}).")
 @branch_option
@@ -123,7 +160,7 @@ def which_command(
     table: str,
     catalog_name: str | None,
     catalog_properties: dict[str, str],
-    row_filter: str | None,
+    row_filter: BooleanExpression | None,
     file_path: str | None,
     point: Point | None,
     branch: str,
@@ -176,11 +213,11 @@ def verify_command(
     if (table is None) == (query_id is None):
         raise click.UsageError("give TABLE, or --query ID (every table of the catalog), not both")
     if query_id is not None:
+        catalog = load_catalog(catalog_name, catalog_properties)
         try:
-            catalog = catalogs.load(catalog_name, catalog_properties)
+            query_report = verify_query(catalog, query_id, [tuple(ns.split(".")) for ns in namespaces] or None)
         except LakesinkError as e:
             raise click.ClickException(str(e)) from None
-        query_report = verify_query(catalog, query_id, [tuple(ns.split(".")) for ns in namespaces] or None)
         output.verified_query(query_report)
         if not query_report.ok:
             raise click.exceptions.Exit(1)
@@ -202,6 +239,7 @@ def verify_command(
 )
 def report_command(table: str, catalog_name: str | None, catalog_properties: dict[str, str], branch: str, html_path: str) -> None:
     """Write a self-contained HTML page about TABLE: verify result, batches, latency, files, writers."""
+    check_output_file(html_path, "--html")  # before the report is built
     t = load_table(table, catalog_name, catalog_properties)
     try:
         result: VerifyReport = write_report(t, html_path, branch=branch)

@@ -7,15 +7,19 @@ properties on top of it, and with neither the embedded default catalog under ``$
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
 import click
+from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table
 
+from lakesink._pyiceberg import io as seam
 from lakesink.audit import Point
 from lakesink.driver import catalogs
 from lakesink.errors import PROGRAMMING_ERRORS, AuditError, InvalidOptionError, LakesinkError
@@ -91,20 +95,28 @@ def catalog_options(command: F) -> F:
     return command
 
 
+def load_catalog(catalog_name: str | None, catalog_properties: dict[str, str]) -> Catalog:
+    """The catalog of a command; it must exist (a command never creates one: a missing SQLite catalog file is an
+    error naming the file, and for the embedded default where its folder comes from)."""
+    try:
+        return catalogs.load(catalog_name, catalog_properties, create=False)
+    except LakesinkError as e:
+        raise click.ClickException(str(e)) from None
+
+
 def load_table(table: str, catalog_name: str | None, catalog_properties: dict[str, str]) -> Table:
     """The table, loaded the way the sink loads it; a click error with a clear message otherwise."""
     try:
         name = TableName.parse(table)
     except InvalidOptionError:
         raise click.BadParameter(f"{table!r} is not '<namespace>.<table>' (for example db.events)", param_hint="TABLE") from None
-    try:
-        catalog = catalogs.load(catalog_name, catalog_properties)
-    except LakesinkError as e:
-        raise click.ClickException(str(e)) from None
+    catalog = load_catalog(catalog_name, catalog_properties)
     try:
         return catalog.load_table(name.identifier)
     except (NoSuchTableError, NoSuchNamespaceError):
-        raise click.ClickException(f"table {name} does not exist in catalog {catalog.name!r}") from None
+        _, props = catalogs.resolve_catalog_properties(catalog_name, catalog_properties)
+        where = catalogs.location(catalog.name, props)
+        raise click.ClickException(f"table {name} does not exist in catalog {catalog.name!r} ({where})") from None
     except PROGRAMMING_ERRORS:
         raise
     except Exception as e:
@@ -123,6 +135,38 @@ def parse_point(ctx: click.Context, param: click.Parameter, value: str | None) -
         return Point.parse(value)
     except AuditError as e:
         raise click.BadParameter(str(e)) from None
+
+
+def parse_row_filter(ctx: click.Context, param: click.Parameter, value: str | None) -> BooleanExpression | None:
+    """``--where``: an Iceberg row filter, read before anything else is (a syntax error is a usage error, not a
+    parser's traceback)."""
+    if value is None:
+        return None
+    try:
+        return seam.parse_row_filter(value)
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as e:
+        column = getattr(e, "col", None)
+        where = f" at character {column}" if isinstance(column, int) else ""
+        raise click.BadParameter(
+            f"{value!r} is not an Iceberg row filter{where}: write comparisons (=, !=, <, <=, >, >=, in, not in, is null, "
+            'is not null, like) of a column with a value, joined by and/or/not, for example "id > 5 and kind = 2" '
+            "or \"ts >= '2026-11-23T00:00:00+00:00'\""
+        ) from None
+
+
+def check_output_file(path: str, option: str) -> None:
+    """A file a command will write: its folder must exist and be writable (checked before the work that produces it;
+    click's ``Path(dir_okay=False)`` refuses a folder)."""
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise click.BadParameter(
+            f"cannot write {path!r}: the folder {folder} does not exist (create it first)", param_hint=option
+        )
+    if not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"cannot write {path!r}: the folder {folder} is not writable", param_hint=option)
 
 
 POINT_HELP = "snapshot=<id>, time=<ISO 8601 or epoch ms>, batch=<batch id> or batch=<query id>:<batch id>"

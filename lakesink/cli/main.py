@@ -6,37 +6,113 @@
 
 Tables are found the way the sink finds them (:mod:`lakesink.cli.common`). Output is for humans unless ``--json``
 is given (:mod:`lakesink.cli.output`). Exit status: 0 on success, 1 when the command failed (a clear message on
-stderr), 2 for a usage error. A new command is a function in the module of its kind, added to the group here.
+stderr), 2 for a usage error. A new command is a function in the module of its kind, listed in :data:`COMMANDS`.
+
+The modules of the commands are imported when a command is run (or its own ``--help`` asked), not when the group
+is: they load pyarrow, pyiceberg, SQLAlchemy (about 2 s), which ``lakesink --help`` does not need
+(``benchmarks/cli_startup.py`` measures it; ``tests/cli/test_startup.py`` checks what importing this module loads).
 """
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
+
 import click
 
-from lakesink.cli import audit, maintenance
+
+@dataclass(frozen=True)
+class LazyCommand:
+    """A command of the group, imported when it is used: its module, its function's name and what ``lakesink --help``
+    lists (tests/cli/test_startup.py checks that the list is the one a group of the imported commands prints)."""
+
+    module: str
+    attribute: str
+    help: str
+    """The first paragraph of the command's docstring, which click shortens to fit the list."""
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+_AUDIT = "lakesink.cli.audit"
+_MAINTENANCE = "lakesink.cli.maintenance"
+
+COMMANDS: dict[str, LazyCommand] = {
+    "checkpoint-clean": LazyCommand(
+        _MAINTENANCE,
+        "checkpoint_clean_command",
+        "Remove the temp files Spark abandoned in the streaming checkpoint CHECKPOINT (a path or URL).",
+    ),
+    "compact": LazyCommand(
+        _MAINTENANCE,
+        "compact_command",
+        "Bin-pack TABLE's small data files per partition into one replace snapshot (rows unchanged).",
+    ),
+    "diff": LazyCommand(_AUDIT, "diff_command", "Rows added and removed between two points of TABLE's history."),
+    "expire-snapshots": LazyCommand(
+        _MAINTENANCE, "expire_snapshots_command", "Expire TABLE's old snapshots and delete the files only they referenced."
+    ),
+    "forget-query": LazyCommand(
+        _MAINTENANCE, "forget_query_command", "Remove the replay marker of a retired query QUERY_ID from TABLE."
+    ),
+    "history": LazyCommand(
+        _AUDIT, "history_command", "One line per snapshot of TABLE: time, operation, query and batch, rows and files, offsets."
+    ),
+    "maintain": LazyCommand(
+        _MAINTENANCE,
+        "maintain_command",
+        "Compact TABLE, expire its snapshots (as its properties say), rewrite its manifests when due, then remove "
+        "orphan files at a safe age.",
+    ),
+    "publish": LazyCommand(
+        _AUDIT, "publish_command", "Fast-forward TABLE's main branch to --branch after verify passes on it (write-audit-publish)."
+    ),
+    "remove-orphan-files": LazyCommand(
+        _MAINTENANCE, "remove_orphan_files_command", "Remove the files under TABLE's location that no snapshot references."
+    ),
+    "report": LazyCommand(
+        _AUDIT, "report_command", "Write a self-contained HTML page about TABLE: verify result, batches, latency, files, writers."
+    ),
+    "rewrite-manifests": LazyCommand(
+        _MAINTENANCE,
+        "rewrite_manifests_command",
+        "Merge TABLE's small data manifests, clustered by partition, into one replace snapshot (files unchanged).",
+    ),
+    "show": LazyCommand(_AUDIT, "show_command", "Print TABLE's rows as of a point in its history (time travel)."),
+    "verify": LazyCommand(_AUDIT, "verify_command", "Check TABLE's exactly-once invariants; exit status 1 on any violation."),
+    "wait": LazyCommand(
+        _AUDIT,
+        "wait_command",
+        "Wait until TABLE is complete through --watermark: exit 0 as soon as the watermark its lakesink queries "
+        "recorded on --branch (the smallest of theirs) is at or past it; exit 3 when --timeout passes first.",
+    ),
+    "which": LazyCommand(
+        _AUDIT, "which_command", "Which snapshot, streaming query and batch wrote the rows matching --where (or the file --file)."
+    ),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose commands are imported at their first use (:data:`COMMANDS`)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        lazy = COMMANDS.get(cmd_name)
+        if lazy is None:
+            return None
+        command = getattr(importlib.import_module(lazy.module), lazy.attribute)
+        assert isinstance(command, click.Command)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The list of ``lakesink --help``, from :data:`COMMANDS` (no command module imported)."""
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)  # as click.Group.format_commands
+        rows = [(name, click.Command(name, help=lazy.help).get_short_help_str(limit)) for name, lazy in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="lakesink")
 def main() -> None:
     """Maintenance of the Iceberg tables lakesink writes."""
-
-
-for _command in (
-    audit.history_command,
-    audit.show_command,
-    audit.diff_command,
-    audit.which_command,
-    audit.verify_command,
-    audit.report_command,
-    audit.publish_command,
-    audit.wait_command,
-    maintenance.maintain_command,
-    maintenance.compact_command,
-    maintenance.expire_snapshots_command,
-    maintenance.rewrite_manifests_command,
-    maintenance.forget_query_command,
-    maintenance.remove_orphan_files_command,
-    maintenance.checkpoint_clean_command,
-):
-    main.add_command(_command)

@@ -263,7 +263,7 @@ def checkpoint_clean_command(checkpoint: str, older_than: timedelta, dry_run: bo
     Exit status 1 when refused, when a removal failed, or when Spark would still refuse the restart.
     """
     try:
-        report = clean_checkpoint(checkpoint, older_than=older_than, dry_run=dry_run)
+        report = clean_checkpoint(checkpoint, older_than=older_than, dry_run=dry_run, force_hint="run it with --older-than 0")
     except LakesinkError as e:
         raise click.ClickException(str(e)) from None
     output.checkpoint_cleaned(report)

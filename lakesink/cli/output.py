@@ -9,6 +9,7 @@ branch on the format themselves.
 from __future__ import annotations
 
 import json
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
@@ -40,8 +41,8 @@ class Output(ABC):
     def history(self, records: Sequence[SnapshotRecord]) -> None: ...
 
     @abstractmethod
-    def rows(self, shown: pa.Table, total: int) -> None:
-        """``show``: the rows read (``shown`` of ``total``)."""
+    def rows(self, shown: pa.Table, total: int | None) -> None:
+        """``show``: the rows read (``shown`` of ``total``; None: more than shown, not all read)."""
 
     @abstractmethod
     def diff(self, d: Diff, key: Sequence[str], limit: int) -> None:
@@ -101,9 +102,12 @@ class ConsoleOutput(Output):
     def history(self, records: Sequence[SnapshotRecord]) -> None:
         click.echo(human_history(records))
 
-    def rows(self, shown: pa.Table, total: int) -> None:
+    def rows(self, shown: pa.Table, total: int | None) -> None:
         click.echo(human_rows(shown))
-        click.echo(f"({total} row(s){f', first {shown.num_rows} shown' if shown.num_rows < total else ''})")
+        if total is None:
+            click.echo(f"(first {shown.num_rows} row(s) shown; the table has more: --limit 0 for all)")
+        else:
+            click.echo(f"({total} row(s))")
 
     def diff(self, d: Diff, key: Sequence[str], limit: int) -> None:
         click.echo(
@@ -194,7 +198,12 @@ class ConsoleOutput(Output):
         click.echo(report.human())
 
     def progress(self, what: str, done: int, total: int) -> None:
-        click.echo(f"\r{what}: {done}/{total}", err=True, nl=done >= total)
+        """On a terminal one line rewritten in place; elsewhere (a log file, a pipe) the last step only, as a plain
+        line (no carriage returns in logs)."""
+        if sys.stderr.isatty():
+            click.echo(f"\r{what}: {done}/{total}", err=True, nl=done >= total)
+        elif done >= total:
+            click.echo(f"{what}: {done}/{total}", err=True)
 
 
 class JsonOutput(Output):
@@ -203,9 +212,9 @@ class JsonOutput(Output):
     show_progress = False
 
     def history(self, records: Sequence[SnapshotRecord]) -> None:
-        _echo([r.to_dict() for r in records])
+        _echo([{**r.to_dict(), "source_offsets": _json_value(r.source_offsets)} for r in records])
 
-    def rows(self, shown: pa.Table, total: int) -> None:
+    def rows(self, shown: pa.Table, total: int | None) -> None:
         _echo(shown.to_pylist())
 
     def diff(self, d: Diff, key: Sequence[str], limit: int) -> None:
@@ -252,6 +261,17 @@ class JsonOutput(Output):
 
     def progress(self, what: str, done: int, total: int) -> None:
         pass
+
+
+def _json_value(text: str | None) -> Any:
+    """A JSON document recorded as a string (a snapshot's ``lakesink.source-offsets``), as the value it holds; the
+    string itself when it is not JSON."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def output_option(help: str) -> Callable[[F], F]:
@@ -417,11 +437,13 @@ def human_compaction(r: compaction.CompactionReport) -> str:
     lines = [f"compaction of {r.table} (branch {r.branch}): {r.status}"]
     if r.groups:
         verb = "would rewrite" if r.dry_run else "rewrote"
-        lines.append(f"{verb} {r.rewritten_files} file(s), {r.rewritten_bytes} B, in {len(r.groups)} group(s)")
+        lines.append(f"{verb} {r.rewritten_files} file(s), {_size(r.rewritten_bytes)}, in {len(r.groups)} group(s)")
         for g in r.groups:
-            lines.append(f"  {g.partition or '(unpartitioned)'}: {len(g.files)} file(s), {g.input_bytes} B, {g.records} row(s)")
+            lines.append(
+                f"  {g.partition or '(unpartitioned)'}: {len(g.files)} file(s), {_size(g.input_bytes)}, {g.records} row(s)"
+            )
     if r.snapshot_id is not None:
-        lines.append(f"into {len(r.added_files)} file(s), {r.added_bytes} B: replace snapshot {r.snapshot_id}")
+        lines.append(f"into {len(r.added_files)} file(s), {_size(r.added_bytes)}: replace snapshot {r.snapshot_id}")
     return "\n".join(lines)
 
 

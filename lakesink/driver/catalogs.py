@@ -115,9 +115,12 @@ _opened_as: dict[int, tuple[str | None, Mapping[str, str]]] = {}
 the process), so that :func:`reload_fresh` can open a second instance of it."""
 
 
-def load(name: str | None, overrides: Mapping[str, str]) -> Catalog:
-    """Load (once per process) the catalog named by the sink options."""
+def load(name: str | None, overrides: Mapping[str, str], *, create: bool = True) -> Catalog:
+    """Load (once per process) the catalog named by the sink options. ``create=False`` (the command line): a SQLite
+    catalog whose file does not exist is a CatalogError naming the file, and nothing is created."""
     resolved_name, props = resolve_catalog_properties(name, overrides)
+    if not create:
+        _check_sqlite_file_exists(resolved_name, props)
     key = (resolved_name, tuple(sorted(props.items())))
     with _lock:
         catalog = _cache.get(key)
@@ -412,6 +415,46 @@ def _in_transaction(dbapi_connection: Any) -> bool:
     if status is not None:
         return int(status) != 0  # 0: idle, no transaction
     return True  # unknown driver: rolling back an idle connection is harmless
+
+
+def _sqlite_file(props: Mapping[str, str]) -> Path | None:
+    uri = props.get("uri", "")
+    if props.get("type") != "sql" or not uri.startswith("sqlite:///") or ":memory:" in uri:
+        return None
+    return Path(uri[len("sqlite:///") :].split("?", 1)[0])
+
+
+def _is_embedded(name: str, props: Mapping[str, str]) -> bool:
+    return name == EMBEDDED_CATALOG_NAME and props.get("uri") == expand(EMBEDDED_CATALOG_PROPERTIES["uri"])
+
+
+def _home_origin() -> str:
+    if os.environ.get(ENV_HOME):
+        return f"{ENV_HOME}={os.environ[ENV_HOME]}"
+    return f"{ENV_HOME} is not set: ./{DEFAULT_HOME} in the working folder {os.getcwd()}"
+
+
+def location(name: str, props: Mapping[str, str]) -> str:
+    """Where a catalog is, for a message: its SQLite file (and, for the embedded default, where that comes from), or
+    its uri (secrets redacted)."""
+    db = _sqlite_file(props)
+    if db is not None:
+        embedded = f", the embedded default catalog ({_home_origin()})" if _is_embedded(name, props) else ""
+        return f"catalog file {db}{embedded}"
+    uri = props.get("uri")
+    return f"uri {redact_secrets_in(uri, props)}" if uri else f"type {props.get('type', '?')}"
+
+
+def _check_sqlite_file_exists(name: str, props: Mapping[str, str]) -> None:
+    db = _sqlite_file(props)
+    if db is None or db.exists():
+        return
+    hint = (
+        f"set {ENV_HOME} to the folder that holds catalog.db (an absolute path), or give --catalog / --catalog-property"
+        if _is_embedded(name, props)
+        else "check the catalog's uri"
+    )
+    raise CatalogError(f"catalog {name!r} does not exist: no {location(name, props)}; nothing was created: {hint}")
 
 
 def _prepare_embedded_folders(props: Mapping[str, str]) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
+from lakesink.audit.snapshots import match_query_id
 from lakesink.driver import catalogs, swap
 from lakesink.driver.action import CommitAction, Landing
 from lakesink.errors import CommitConflictError, LakesinkError
@@ -104,6 +105,9 @@ def forget_query(table: Table, query_id: str, *, sink_id: str | None = None, dry
     """Remove a retired query's replay marker ``lakesink.last-batch.<query>[.<sink>]`` (the only way lakesink ever
     removes one). Raises LakesinkError when the table has no such marker, naming the markers it has."""
     name = ".".join(table.name())
+    markers = [parse_last_batch_key(k) for k in table.properties if k.startswith(LAST_BATCH_PREFIX)]
+    # the query id, or the one whose id starts with it (lakesink history prints 8 characters)
+    query_id = match_query_id(query_id, [m[0] for m in markers if m is not None]) or query_id
     key = last_batch_key(query_id, sink_id)
     marker = last_committed_batch(table.properties, query_id, sink_id)
     if marker is None:

@@ -9,9 +9,11 @@
 from __future__ import annotations
 
 import json
+import re
 
 import fsspec
 
+from lakesink._pyspark import QueryCheckpoint
 from lakesink.errors import PROGRAMMING_ERRORS, CheckpointError
 
 
@@ -79,3 +81,40 @@ def read_batch_watermark(checkpoint_location: str, batch_id: int) -> int | None:
         raise CheckpointError(
             f"unexpected offset log format in {checkpoint_location}/offsets/{batch_id}: no batch metadata"
         ) from e
+
+
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _path_of(uri: str) -> str:
+    """``file:/x/y/`` and ``/x/y`` alike: the path, without a local scheme or a trailing slash."""
+    for scheme in ("file://", "file:"):
+        if uri.startswith(scheme):
+            uri = uri[len(scheme) :]
+            break
+    return uri.rstrip("/")
+
+
+def not_found_by_a_restart(origin: QueryCheckpoint) -> str | None:
+    """Why the next start of the query will not find this checkpoint (so it is a new query, with a new query id, and
+    lakesink cannot recognise the batches it replays), or None when it will.
+
+    - a temporary checkpoint: no ``checkpointLocation`` option and no ``spark.sql.streaming.checkpointLocation``;
+      Spark made a folder and deletes it when the query stops;
+    - ``spark.sql.streaming.checkpointLocation`` without a ``queryName``: Spark puts the checkpoint under a random
+      folder name, a new one at every start.
+    """
+    if origin.temporary:
+        return (
+            f"it runs on a temporary checkpoint ({origin.root}) that Spark made because the query has no "
+            "checkpointLocation option, and deletes when the query stops"
+        )
+    if origin.query_name is None and origin.session_root is not None:
+        parent, _, leaf = _path_of(origin.root).rpartition("/")
+        if _UUID.fullmatch(leaf) and parent.endswith(_path_of(origin.session_root)):
+            return (
+                f"its checkpoint {origin.root} is a random folder under spark.sql.streaming.checkpointLocation="
+                f"{origin.session_root} (the query has no checkpointLocation option and no queryName): every start "
+                "gets a new one"
+            )
+    return None

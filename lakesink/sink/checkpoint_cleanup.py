@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -115,6 +115,8 @@ class CheckpointCleanReport:
     still_blocking: tuple[str, ...] = ()
     """Files that are not temp files and still make Spark refuse the restart (relative paths): the offset
     log is empty, yet ``offsets/``, ``commits/`` or ``state/`` holds them. The command leaves them alone."""
+    in_use: str | None = None
+    """A dry run only: why a real run would be refused now (the query may be running), or None."""
 
     @property
     def ok(self) -> bool:
@@ -134,6 +136,7 @@ class CheckpointCleanReport:
             "removed": [f.to_dict() for f in self.removed],
             "failed": [f.to_dict() for f in self.failed],
             "still_blocking": list(self.still_blocking),
+            "in_use": self.in_use,
             "ok": self.ok,
         }
 
@@ -150,6 +153,8 @@ class CheckpointCleanReport:
             lines.append(f"  {f.path}  ({'checksum of ' if f.checksum else ''}an unfinished write of {f.target}){why}")
         for f in self.failed:
             lines.append(f"FAILED to remove {f.path}: {f.error}")
+        if self.in_use:
+            lines.append(f"a run now would be refused: {self.in_use}")
         if self.still_blocking:
             lines.append(
                 "Spark will still refuse to restart the query: its offset log is empty, yet these files are not "
@@ -190,14 +195,19 @@ def _batches(files: Iterable[str], folder: str) -> tuple[int, ...]:
 
 
 def clean_checkpoint(
-    checkpoint: str, *, older_than: timedelta = DEFAULT_OLDER_THAN, dry_run: bool = False
+    checkpoint: str,
+    *,
+    older_than: timedelta = DEFAULT_OLDER_THAN,
+    dry_run: bool = False,
+    force_hint: str = "pass older_than=0 (--older-than 0 on the command line)",
 ) -> CheckpointCleanReport:
     """Remove Spark's abandoned temp files from the streaming checkpoint ``checkpoint`` (a path or fsspec URL).
 
     Raises :class:`CheckpointInUseError` (nothing removed) when a file of the checkpoint changed less than
     ``older_than`` ago, or has no modification time, while ``older_than`` is not zero: the query may be
-    running. Raises :class:`CheckpointError` when the folder does not exist or does not look like a Spark
-    streaming checkpoint.
+    running (a dry run reports it in ``in_use`` instead, and lists what a run would remove). Raises
+    :class:`CheckpointError` when the folder does not exist or does not look like a Spark streaming checkpoint.
+    ``force_hint``: how the caller overrides the check, for the message (the command line: ``--older-than 0``).
     """
     if older_than < timedelta(0):
         raise CheckpointError(f"older_than must not be negative, got {older_than}")
@@ -220,26 +230,12 @@ def clean_checkpoint(
         raise CheckpointError(f"cannot list checkpoint {checkpoint}: {type(e).__name__}: {e}") from e
     names = [f.relative for f in listed]
     temps = {f.relative: t for f in listed if (t := temp_file_target(f.relative)) is not None}
-    if older_than > timedelta(0):
-        cutoff = started - older_than
-        unknown = [f.relative for f in listed if f.modified is None]
-        if unknown:
-            raise CheckpointInUseError(
-                f"checkpoint {checkpoint}: the storage reports no modification time for {unknown[0]}"
-                f"{f' and {len(unknown) - 1} other file(s)' if len(unknown) > 1 else ''}, so lakesink cannot tell "
-                "whether the query still runs; nothing removed. Make sure no process runs the query, then pass "
-                "older_than=0 (--older-than 0)"
-            )
-        young = sorted((f for f in listed if f.modified is not None and f.modified > cutoff), key=lambda f: f.relative)
-        if young:
-            newest = max(young, key=lambda f: f.modified or started)
-            age = max(0.0, (started - (newest.modified or started)).total_seconds())
-            raise CheckpointInUseError(
-                f"checkpoint {checkpoint} changed {age:.0f} s ago ({newest.relative}; {len(young)} file(s) changed "
-                f"within the last {older_than.total_seconds():.0f} s): the query may still be running, and Spark keeps "
-                "no lock that would tell. Nothing removed. Stop the query and run the command again after that "
-                "time, or, when you know that no process runs the query any more, pass older_than=0 (--older-than 0)"
-            )
+    in_use = _in_use(checkpoint, listed, older_than, started)
+    if in_use is not None and not dry_run:
+        raise CheckpointInUseError(
+            f"{in_use}. Nothing removed. Stop the query and run the command again after that time, or, when you know "
+            f"that no process runs the query any more, {force_hint}"
+        )
     offset_log = _batches(names, "offsets")
     commit_log = _batches(names, "commits")
     removed: list[TempFile] = []
@@ -277,4 +273,28 @@ def clean_checkpoint(
         removed=tuple(removed),
         failed=tuple(failed),
         still_blocking=still_blocking,
+        in_use=in_use,
+    )
+
+
+def _in_use(checkpoint: str, listed: Sequence[storage.ListedFile], older_than: timedelta, started: datetime) -> str | None:
+    """Why the query may still be running (a file changed within ``older_than``, or has no modification time)."""
+    if older_than <= timedelta(0):
+        return None
+    unknown = [f.relative for f in listed if f.modified is None]
+    if unknown:
+        return (
+            f"checkpoint {checkpoint}: the storage reports no modification time for {unknown[0]}"
+            f"{f' and {len(unknown) - 1} other file(s)' if len(unknown) > 1 else ''}, so lakesink cannot tell "
+            "whether the query still runs"
+        )
+    cutoff = started - older_than
+    young = sorted((f for f in listed if f.modified is not None and f.modified > cutoff), key=lambda f: f.relative)
+    if not young:
+        return None
+    newest = max(young, key=lambda f: f.modified or started)
+    age = max(0.0, (started - (newest.modified or started)).total_seconds())
+    return (
+        f"checkpoint {checkpoint} changed {age:.0f} s ago ({newest.relative}; {len(young)} file(s) changed within the "
+        f"last {older_than.total_seconds():.0f} s): the query may still be running, and Spark keeps no lock that would tell"
     )

@@ -35,6 +35,7 @@ from lakesink.executor.routed_writer import RoutedPartitionWriter, RoutedTaskRes
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, PartitionWriter
 from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import (
+    ALLOW_TEMPORARY_CHECKPOINT,
     ATOMIC,
     BRANCH,
     CATALOG,
@@ -61,7 +62,7 @@ from lakesink.options import (
     WriterKind,
 )
 from lakesink.sink import completeness, dead_letters, driver_write, spark_fs, spark_write, upsert_batch
-from lakesink.sink.checkpoint import read_query_id, read_source_offsets
+from lakesink.sink.checkpoint import not_found_by_a_restart, read_query_id, read_source_offsets
 from lakesink.table import storage
 from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
 from lakesink.table.routes import routing_value
@@ -102,6 +103,7 @@ def foreach_batch(
     route_by: str | None = None,
     namespace: str | None = None,
     atomic: str | None = None,
+    allow_temporary_checkpoint: bool = False,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -153,6 +155,10 @@ def foreach_batch(
         namespace: with ``route_by``: the namespace of routing values that name none.
         atomic: with ``route_by``: ``"auto"`` (default), ``"required"`` (fail at start on a catalog that cannot
             commit several tables atomically) or ``"off"`` (docs/routing.md).
+        allow_temporary_checkpoint: run a query whose checkpoint its next start will not find -- no
+            ``checkpointLocation`` option (Spark's temporary checkpoint), or ``spark.sql.streaming.checkpointLocation``
+            without a ``queryName`` -- with a warning. Refused by default: a restart is then a new query with a new
+            id, and its replayed batches would be committed again (no exactly-once across restarts).
     """
     options: dict[str, str] = {
         OUTPUT_MODE: output_mode,
@@ -194,6 +200,7 @@ def foreach_batch(
         options[TABLE] = table
     routing = {ROUTE_BY: route_by, NAMESPACE: namespace, ATOMIC: atomic}
     options.update({key: value for key, value in routing.items() if value is not None})
+    options[ALLOW_TEMPORARY_CHECKPOINT] = str(allow_temporary_checkpoint).lower()
     return ForeachBatchSink(SinkOptions.from_mapping(options))
 
 
@@ -208,6 +215,7 @@ class ForeachBatchSink:
         dead_letters.check_writer(options)
         self._committer: TableCommitter | None = None
         self._checkpoints: dict[str, str | None] = {}
+        self._checked_queries: set[str] = set()  # queries whose checkpoint was checked (_check_checkpoint)
         self._opened: pa.Schema | None = None  # the stream schema the table was opened (fully checked) for
         self._run: str | None = None  # the query run the table was opened for
         self._table_uuid: str | None = None  # the table's uuid when this run opened it
@@ -225,6 +233,9 @@ class ForeachBatchSink:
         :attr:`last_routed`)."""
         spark = df.sparkSession
         query_id = self._query_id(spark)
+        if query_id not in self._checked_queries:
+            self._check_checkpoint(spark, query_id)
+            self._checked_queries.add(query_id)
         if self.options.routing is not None:
             self.last_routed = self._routed_batch(df, batch_id, query_id)
             return self.last_routed.total()
@@ -408,6 +419,39 @@ class ForeachBatchSink:
             except Exception:
                 log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
             raise
+
+    def _check_checkpoint(self, spark: SparkSession, query_id: str) -> None:
+        """Refuse (before anything is written) a query whose next start will not find its checkpoint: it would be a
+        new query with a new id, whose replayed batches lakesink could not recognise. Under Spark Connect
+        ``checkpoint_location`` is required anyway (:meth:`_query_id`)."""
+        if _is_connect(spark):
+            return
+        origin = _pyspark.running_query_checkpoint_origin(spark, query_id)
+        reason = not_found_by_a_restart(origin) if origin is not None else None
+        if reason is None:
+            return
+        if self.options.allow_temporary_checkpoint:
+            log.warning(
+                "lakesink: streaming query %s writing %s: %s; allow_temporary_checkpoint=True: a restart is a new query "
+                "with a new id, and the batches it replays are committed again (no exactly-once across restarts)",
+                query_id,
+                self._target(),
+                reason,
+            )
+            return
+        raise InvalidOptionError(
+            f"lakesink.foreach_batch refuses streaming query {query_id} writing {self._target()}: {reason}. A restart "
+            "would be a new query with a new id, and lakesink could not recognise the batches it replays: they would "
+            "be committed again. Give the query a lasting checkpoint: .option('checkpointLocation', "
+            "'/path/to/checkpoint') on writeStream (or a queryName with spark.sql.streaming.checkpointLocation); or, "
+            "for a throwaway query where that does not matter, pass allow_temporary_checkpoint=True to "
+            "lakesink.foreach_batch"
+        )
+
+    def _target(self) -> str:
+        if self.options.routing is not None:
+            return f"the tables of route-by {self.options.routing.column!r}"
+        return f"table {self.options.table}"
 
     def _run_id(self, spark: SparkSession) -> str | None:
         """Spark's run id of the query (a new one at every start), which tells a replay (another run) from a second

@@ -8,6 +8,8 @@ previous layout when the CLI moved to lakesink/cli/). Real catalog, real table, 
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +117,7 @@ def test_checkpoint_clean_json_shape_and_human_text(tmp_path: Path) -> None:
         "removed",
         "failed",
         "still_blocking",
+        "in_use",
         "ok",
     }
     human = CliRunner().invoke(main, ["checkpoint-clean", str(checkpoint), "--older-than", "0"])
@@ -128,11 +131,19 @@ def test_publish_json_and_text(catalog_args: list[str]) -> None:
     assert "does not exist" in run(["publish", "db.events", "--branch", "nope", "--json"], catalog_args, exit_code=1)
 
 
-def test_progress_goes_to_people_only(capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_goes_to_people_only(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: one line rewritten in place
     ConsoleOutput().progress("compact", 1, 2)
     JsonOutput().progress("compact", 1, 2)
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == "\rcompact: 1/2"
+
+
+def test_progress_into_a_log_has_no_carriage_returns(capsys: pytest.CaptureFixture[str]) -> None:
+    for done in range(4):
+        ConsoleOutput().progress("compact", done, 3)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == "compact: 3/3\n"
 
 
 def test_every_output_renders_every_result() -> None:
@@ -140,3 +151,164 @@ def test_every_output_renders_every_result() -> None:
     abstract = set(Output.__abstractmethods__)
     assert abstract and not ConsoleOutput.__abstractmethods__ and not JsonOutput.__abstractmethods__
     assert ConsoleOutput.show_progress is None and JsonOutput.show_progress is False
+
+
+# --- errors, not tracebacks (issue 33) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "bad"),
+    [
+        (["show", "db.events", "--where", "id = = 3"], "'id = = 3'"),
+        (["which", "db.events", "--where", "id >"], "'id >'"),
+    ],
+)
+def test_a_malformed_where_is_a_usage_error(args: list[str], bad: str, catalog_args: list[str]) -> None:
+    result = CliRunner().invoke(main, [*args, *catalog_args])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert f"Invalid value for '--where': {bad} is not an Iceberg row filter at character" in result.output
+    assert "Traceback" not in result.output and "pyparsing" not in result.output
+
+
+def test_report_checks_its_output_path_before_building_the_report(
+    catalog_args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lakesink.cli import audit
+
+    built: list[str] = []
+    monkeypatch.setattr(audit, "write_report", lambda *a, **k: built.append("built"))  # must not be reached
+    missing = tmp_path / "nonexistent" / "r.html"
+    result = CliRunner().invoke(main, ["report", "db.events", "--html", str(missing), *catalog_args])
+    assert result.exit_code == 2, result.output
+    assert f"the folder {missing.parent} does not exist" in result.output
+    result = CliRunner().invoke(main, ["report", "db.events", "--html", str(tmp_path), *catalog_args])
+    assert result.exit_code == 2 and "is a directory" in result.output, result.output
+    assert built == [] and not missing.parent.exists()
+
+
+QA = "abcd1111-aaaa-4000-8000-000000000001"
+QB = "abcd2222-bbbb-4000-8000-000000000002"
+
+
+def test_the_query_id_prefix_history_prints_is_accepted_everywhere(catalog_properties: dict[str, str]) -> None:
+    c = make_committer(catalog_properties)
+    for q, start in ((QA, 100), (QB, 200)):
+        for b in range(2):
+            ids = list(range(start + b * 10, start + b * 10 + 3))
+            assert commit(c, q, b, [write_task(c, q, b, ids)]).outcome.value == "committed"
+    args = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    printed = run(["history", "db.events"], args)
+    prefix = QB[:8] + QB[8:10]  # what history prints (8 characters) is ambiguous here: one more character
+    assert QB[:8] in printed and QB not in printed
+    shown = json.loads(run(["show", "db.events", "--at", f"batch={prefix}:0", "--json"], args))
+    assert sorted(r["id"] for r in shown) == [100, 101, 102, 110, 111, 112, 200, 201, 202]  # as of QB's batch 0
+    verified = json.loads(run(["verify", "--query", prefix, "--json"], args))
+    assert verified["query_id"] == QB and verified["ok"] is True
+    forgotten = run(["forget-query", "db.events", prefix, "--dry-run", "--json"], args)
+    assert json.loads(forgotten)["key"] == f"lakesink.last-batch.{QB}"
+    for command in (
+        ["show", "db.events", "--at", "batch=abcd:1"],
+        ["verify", "--query", "abcd"],
+        ["forget-query", "db.events", "abcd", "--dry-run"],
+    ):
+        out = run(command, args, exit_code=1)
+        assert "query id 'abcd' is ambiguous: 2 queries start with it" in out and QA in out and QB in out, out
+    unknown = run(["verify", "--query", "zzzz"], args, exit_code=1)
+    assert unknown.startswith("ERROR: no table read holds a snapshot of query 'zzzz'") and QA in unknown, unknown
+
+
+def test_commands_never_create_a_catalog_and_name_the_path_they_read(
+    isolated_config: Path, monkeypatch: pytest.MonkeyPatch, catalog_properties: dict[str, str]
+) -> None:
+    """From a folder without ./lakehouse and without LAKESINK_HOME, a command says which catalog file it looked for,
+    where that path comes from, and creates nothing."""
+    monkeypatch.delenv("LAKESINK_HOME", raising=False)
+    for args in (["history", "demo.events"], ["verify", "--query", "q"], ["compact", "demo.events", "--dry-run"]):
+        out = run(args, [], exit_code=1)
+        assert f"no catalog file {isolated_config / 'lakehouse' / 'catalog.db'}" in out, out
+        assert "LAKESINK_HOME is not set" in out and "set LAKESINK_HOME to the folder that holds catalog.db" in out, out
+        assert not (isolated_config / "lakehouse").exists()
+    # a table missing from an existing catalog: the error names the catalog and its file
+    c = make_committer(catalog_properties)
+    assert commit(c, Q, 0, [write_task(c, Q, 0, [1])]).outcome.value == "committed"
+    args = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    out = run(["history", "db.nope"], args, exit_code=1)
+    db = catalog_properties["uri"][len("sqlite:///") :]
+    assert f"table db.nope does not exist in catalog 'lakesink' (catalog file {db})" in out, out
+
+
+def test_history_branch_and_source_offsets_as_json_values(catalog_properties: dict[str, str]) -> None:
+    c = make_committer(catalog_properties)
+    for b in range(2):
+        offsets = json.dumps([{"logOffset": b}, None])
+        c.commit_batch(query_id=Q, batch_id=b, results=[write_task(c, Q, b, [b])], source_offsets=offsets)
+    t = c.load()
+    head = t.current_snapshot()
+    assert head is not None
+    t.manage_snapshots().create_branch(head.snapshot_id, "audit").commit()
+    c.load().append(c.load().scan().to_arrow().slice(0, 0), branch="audit")  # a snapshot only on branch audit
+    args = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    every = json.loads(run(["history", "db.events", "--json"], args))
+    assert [r["source_offsets"] for r in every[:2]] == [[{"logOffset": 0}, None], [{"logOffset": 1}, None]]
+    on_main = json.loads(run(["history", "db.events", "--branch", "main", "--json"], args))
+    on_audit = json.loads(run(["history", "db.events", "--branch", "audit", "--json"], args))
+    assert len(every) == 3 and len(on_main) == 2 and len(on_audit) == 3
+    assert all("main" in r["branches"] for r in on_main)
+    missing = run(["history", "db.events", "--branch", "nope"], args, exit_code=1)
+    assert "table db.events has no branch 'nope'; its branches: audit, main" in missing
+
+
+def test_show_limit_reads_at_most_one_row_more_and_refuses_a_negative_limit(catalog_args: list[str]) -> None:
+    out = run(["show", "db.events", "--limit", "2"], catalog_args)
+    assert out.rstrip().endswith("(first 2 row(s) shown; the table has more: --limit 0 for all)"), out
+    assert run(["show", "db.events", "--limit", "0"], catalog_args).rstrip().endswith("(30 row(s))")
+    assert run(["show", "db.events", "--limit", "30"], catalog_args).rstrip().endswith("(30 row(s))")
+    assert len(json.loads(run(["show", "db.events", "--limit", "3", "--json"], catalog_args))) == 3
+    for command in (["show", "db.events"], ["diff", "db.events", "batch=0", "batch=2"]):
+        refused = run([*command, "--limit", "-1"], catalog_args, exit_code=2)
+        assert "Invalid value for '--limit': -1 is not in the range x>=0" in refused, refused
+
+
+def test_read_at_stops_at_the_limit(catalog_properties: dict[str, str]) -> None:
+    from lakesink.audit import read_at
+
+    c = make_committer(catalog_properties)
+    for b in range(3):
+        commit(c, Q, b, [write_task(c, Q, b, list(range(b * 10, b * 10 + 10)))])
+    assert read_at(c.load(), limit=4).num_rows == 4 and read_at(c.load()).num_rows == 30
+
+
+def test_sizes_are_printed_in_one_unit_system(catalog_properties: dict[str, str]) -> None:
+    c = make_committer(catalog_properties)
+    for b in range(6):
+        commit(c, Q, b, [write_task(c, Q, b, list(range(b * 10, b * 10 + 10)))])
+    out = run(["compact", "db.events", "--dry-run"], [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()])
+    assert "would rewrite 6 file(s)" in out, out
+    assert re.search(r"\d{4,} B\b", out) is None and "KiB" in out, out
+
+
+def test_where_reads_a_time_without_zone_offset_as_utc_like_at(catalog_properties: dict[str, str]) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    import pyarrow as pa
+
+    from lakesink.driver import catalogs
+
+    catalog = catalogs.load(None, catalog_properties)
+    catalog.create_namespace_if_not_exists("db")
+    start = datetime(2026, 11, 23, 10, 0, tzinfo=timezone.utc)
+    rows = pa.table({"id": pa.array(range(6), pa.int64()), "ts": [start + timedelta(hours=i) for i in range(6)]})
+    catalog.create_table("db.times", schema=rows.schema).append(rows)
+    args = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    for where, ids in (
+        ("ts >= '2026-11-23T13:00:00'", [3, 4, 5]),
+        ("ts >= '2026-11-23 13:00'", [3, 4, 5]),
+        ("ts < '2026-11-23T13:00:00+01:00'", [0, 1]),  # an explicit offset is kept
+        ("ts in ('2026-11-23T11:00:00', '2026-11-23T14:00:00') or id = 0", [0, 1, 4]),
+        ("not ts < '2026-11-24'", []),
+    ):
+        shown = json.loads(run(["show", "db.times", "--where", where, "--limit", "0", "--json"], args))
+        assert sorted(r["id"] for r in shown) == ids, where
+        traced = json.loads(run(["which", "db.times", "--where", where, "--json"], args))
+        assert sorted(r["id"] for r in traced) == ids, where

@@ -134,3 +134,18 @@ def test_garbage_offsets_raise_checkpoint_error(tmp_path: Path, text: str) -> No
     with pytest.raises(CheckpointError) as e:
         read_source_offsets(str(ck), 5)
     assert str(e.value) == f"unexpected offset log format in {ck}/offsets/5"
+
+
+def test_a_checkpoint_the_next_start_will_not_find() -> None:
+    from lakesink._pyspark import QueryCheckpoint
+    from lakesink.sink.checkpoint import not_found_by_a_restart
+
+    uid = "5a70e287-d482-427e-9795-6ce46a64bb6c"
+    temp = QueryCheckpoint(root=f"file:/tmp/temporary-{uid}", temporary=True, query_name=None, session_root=None)
+    assert "temporary checkpoint" in (not_found_by_a_restart(temp) or "")
+    random = QueryCheckpoint(root=f"file:/data/ck/{uid}", temporary=False, query_name=None, session_root="/data/ck/")
+    assert "queryName" in (not_found_by_a_restart(random) or "")
+    named = QueryCheckpoint(root="file:/data/ck/events", temporary=False, query_name="events", session_root="/data/ck")
+    given = QueryCheckpoint(root="file:/data/other/events", temporary=False, query_name=None, session_root="/data/ck")
+    unknown = QueryCheckpoint(root="s3://b/ck", temporary=None, query_name=None, session_root=None)
+    assert [not_found_by_a_restart(c) for c in (named, given, unknown)] == [None, None, None]

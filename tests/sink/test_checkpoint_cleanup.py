@@ -205,3 +205,20 @@ def test_command_refusals_exit_1_with_the_reason(tmp_path: Path) -> None:
     assert still.exit_code == 1 and "still make Spark refuse the restart" in still.output
     bad = runner.invoke(main, ["checkpoint-clean", str(tmp_path / "ck"), "--older-than", "soon"])
     assert bad.exit_code == 2 and "is not a duration" in bad.output
+
+
+def test_command_dry_run_of_a_busy_checkpoint_lists_and_warns_and_names_the_option(tmp_path: Path) -> None:
+    """A dry run removes nothing, so a checkpoint that changed recently is no reason to refuse it: it lists what a run
+    would remove and says why a run would be refused now; the refusal of a run names the command's option."""
+    left = ["metadata", f"offsets/.0.{U1}.tmp"]
+    root = lay_out(tmp_path / "ck", left, age_s=0)
+    runner = CliRunner()
+    dry = runner.invoke(main, ["checkpoint-clean", str(root), "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert f"offsets/.0.{U1}.tmp" in dry.output and "a run now would be refused" in dry.output
+    as_json = json.loads(runner.invoke(main, ["checkpoint-clean", str(root), "--dry-run", "--json"]).output)
+    assert "the query may still be running" in as_json["in_use"] and [f["path"] for f in as_json["removed"]] == left[1:]
+    assert files_under(root) == set(left)
+    busy = runner.invoke(main, ["checkpoint-clean", str(root)])
+    assert busy.exit_code == 1 and "run it with --older-than 0" in busy.output and "older_than=0" not in busy.output
+    assert files_under(root) == set(left)
