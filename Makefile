@@ -8,14 +8,26 @@ export PYSPARK_DRIVER_PYTHON := $(PY)
 
 .PHONY: demo routing-demo test test-fast test-floor test-deploy jdbc-drivers lakana-server lint soak soak-routing soak-concurrency bench clean
 
+# the test extra (everything: readers, PostgreSQL, S3, Spark Connect, lint tools; ~2.3 GB)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+# the demo extra only (lakesink's dependencies, DuckDB, moto; pyproject.toml): a stamp of its own, so that `make test`
+# after `make demo` still installs the test extra, and `make demo` after `make test` installs nothing (the test
+# extra holds the demo extra)
+$(VENV)/.installed-demo: pyproject.toml
+	@if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt pyproject.toml ]; then \
+	  echo "$(VENV): the test extra, installed, holds the demo extra"; \
+	else \
+	  set -e; $(PYTHON) -m venv $(VENV); $(PY) -m pip install -q --upgrade pip; $(PY) -m pip install -q -e '.[demo]'; \
+	fi
+	touch $@
+
 # make demo DEMO_ARGS=--s3: the same demo with the warehouse on a local S3-compatible server (moto)
-demo: $(VENV)/.installed
+demo: $(VENV)/.installed-demo
 	$(PY) examples/demo.py $(DEMO_ARGS)
 
 routing-demo: $(VENV)/.installed

@@ -18,7 +18,7 @@ $LAKESINK_HOME, default ./lakehouse; no other service):
 
 With ``--s3`` (``make demo DEMO_ARGS=--s3``) the warehouse is ``s3://lakesink-demo/warehouse`` on an
 S3-compatible server the demo starts on 127.0.0.1 (moto's, ``pip install 'moto[server]>=5.2.5'``, in
-``.venv`` through the test extra); the catalog is a SQLite file beside the embedded one
+``.venv`` through the demo extra); the catalog is a SQLite file beside the embedded one
 (``catalog-s3.db``), handed to the job through pyiceberg's ``PYICEBERG_CATALOG__LAKESINK__*`` variables.
 DuckDB has no S3 access here (no httpfs extension without an extension server): the table is read back
 with pyiceberg, through S3, and the leftover count comes from an orphan-file dry run.

@@ -36,7 +36,7 @@ from lakesink.executor.messages import WritePlan
 from lakesink.options import DEFAULT_FORMAT_VERSION, TABLE_PROPERTY_PREFIX, UPSERT_KEY, SinkOptions
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import locations, names, partitioning, storage
-from lakesink.table.keys import BRANCH_BASE, FORMAT_VERSION, LAST_BATCH_PREFIX, MAIN_BRANCH
+from lakesink.table.keys import BOUNDED_TABLE_DEFAULTS, BRANCH_BASE, FORMAT_VERSION, LAST_BATCH_PREFIX, MAIN_BRANCH
 from lakesink.table.markers import CommittedBatch, SnapshotIndex, last_committed_batch, last_committed_on_branch
 from lakesink.table.settings import TableSettings
 
@@ -431,8 +431,9 @@ class SinkTable:
 
 
 def creation_properties(options: SinkOptions, table_name: str) -> dict[str, str]:
-    """The properties of a table lakesink creates (options ``table-property.*`` and ``format-version``), validated
-    first so that a bad value creates no table."""
+    """The properties of a table lakesink creates (options ``table-property.*`` and ``format-version``, over the
+    bounded defaults :data:`~lakesink.table.keys.BOUNDED_TABLE_DEFAULTS`), validated first so that a bad value
+    creates no table."""
     version = options.format_version or DEFAULT_FORMAT_VERSION
     if not seam_commit.writes_format_version(version):
         raise InvalidOptionError(
@@ -440,7 +441,7 @@ def creation_properties(options: SinkOptions, table_name: str) -> dict[str, str]
             f"{version} tables (apache/iceberg-python#1551); table {table_name} was not created: use "
             f"'{FORMAT_VERSION}' {DEFAULT_FORMAT_VERSION} (the default)"
         )
-    properties = {**options.table_properties, FORMAT_VERSION: str(version)}
+    properties = {**BOUNDED_TABLE_DEFAULTS, **options.table_properties, FORMAT_VERSION: str(version)}
     TableSettings.parse(table_name, properties)
     return properties
 

@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +28,17 @@ from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
 from lakesink.driver.tables import SinkTable
+from lakesink.errors import CatalogPermissionError
 from lakesink.maintenance import compaction, expiry, manifest_rewrite
 from lakesink.options import Maintenance
-from lakesink.table.keys import MAINTENANCE_INTERVAL_MS_DEFAULT
+from lakesink.table.keys import (
+    BOUNDED_TABLE_DEFAULTS,
+    MAINTENANCE_INTERVAL_MS_DEFAULT,
+    MAX_SNAPSHOT_AGE_MS,
+    METADATA_DELETE_AFTER_COMMIT,
+    METADATA_PREVIOUS_VERSIONS_MAX,
+    MIN_SNAPSHOTS_TO_KEEP,
+)
 from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
@@ -66,6 +74,39 @@ def auto_maintenance(table: SinkTable) -> AutoMaintenance:
     )
 
 
+def unbounded_properties(properties: Mapping[str, str]) -> list[str]:
+    """The keys of :data:`~lakesink.table.keys.BOUNDED_TABLE_DEFAULTS` a table does not set (a table lakesink did
+    not create): without them its snapshots or its metadata.json files pile up for as long as it is written."""
+    return [key for key in BOUNDED_TABLE_DEFAULTS if key not in properties]
+
+
+def warn_unbounded(table_name: str, properties: Mapping[str, str]) -> None:
+    """Log once per sink and table (its maintainer's first commit) which bounding properties the table lacks and how
+    to set them; lakesink never changes the properties of a table it did not create."""
+    missing = unbounded_properties(properties)
+    if not missing:
+        return
+    settings = ", ".join(f"'{key}'='{BOUNDED_TABLE_DEFAULTS[key]}'" for key in missing)
+    log.warning(
+        "lakesink: table %s does not set %s: with maintenance=auto its %s grow for as long as the stream runs "
+        "(lakesink sets these on the tables it creates, never on an existing table). Set them yourself, e.g. "
+        "ALTER TABLE %s SET TBLPROPERTIES (%s), or pyiceberg's table.transaction().set_properties(...) "
+        "(docs/maintenance.md, 'What the defaults do')",
+        table_name,
+        ", ".join(missing),
+        " and ".join(
+            part
+            for part, keys in (
+                ("snapshots", (MAX_SNAPSHOT_AGE_MS, MIN_SNAPSHOTS_TO_KEEP)),
+                ("metadata.json files", (METADATA_DELETE_AFTER_COMMIT, METADATA_PREVIOUS_VERSIONS_MAX)),
+            )
+            if any(k in missing for k in keys)
+        ),
+        table_name,
+        settings,
+    )
+
+
 class AutoMaintainer:
     """The background maintenance of one table in this process (option ``maintenance=auto``; see
     :func:`maintainer_for`). A run that is due waits in the process's queue for one of its
@@ -84,6 +125,8 @@ class AutoMaintainer:
         self._interval_ms = MAINTENANCE_INTERVAL_MS_DEFAULT
         self.runs = 0
         self.last_error: str | None = None
+        self.expiry_refused = False
+        """The catalog refused an expiry for lack of permission: this maintainer expires no more."""
 
     @property
     def pending(self) -> bool:
@@ -99,6 +142,7 @@ class AutoMaintainer:
             try:
                 table = self._load()
                 self._interval_ms = TableSettings.parse(".".join(table.name()), table.properties).maintenance_interval_ms
+                warn_unbounded(".".join(table.name()), table.properties)
             except Exception as e:
                 log.info("lakesink: background maintenance: cannot read the table's settings yet (%s)", type(e).__name__)
             if self._interval_ms > 0:
@@ -136,8 +180,20 @@ class AutoMaintainer:
             self._interval_ms = TableSettings.parse(".".join(table.name()), table.properties).maintenance_interval_ms
             compaction.compact(table)
             table = self._load()
-            if TableSettings.parse(".".join(table.name()), table.properties).retention.configured:
-                expiry.expire_snapshots(table)
+            if TableSettings.parse(".".join(table.name()), table.properties).retention.configured and not self.expiry_refused:
+                try:
+                    expiry.expire_snapshots(table)
+                except CatalogPermissionError as e:
+                    # a catalog that keeps history by its own retention (lakana answers 403): stop asking, once said;
+                    # the manifest rewrite below still runs
+                    self.expiry_refused = True
+                    log.warning(
+                        "lakesink: table %s: the catalog refuses snapshot expiry (%s); the sink's maintenance no longer "
+                        "expires snapshots in this process. Give the catalog principal the privilege, or leave expiry to "
+                        "the catalog: remove the table's history.expire.* properties (docs/maintenance.md)",
+                        ".".join(table.name()),
+                        e,
+                    )
                 table = self._load()
             manifest_rewrite.rewrite_manifests(
                 table, min_count=TableSettings.parse(".".join(table.name()), table.properties).manifest_min_count_to_merge

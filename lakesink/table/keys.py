@@ -164,6 +164,22 @@ COMPACT_MIN_INPUT_FILES = "write.lakesink.compact.min-input-files"
 COMPACT_MIN_INPUT_FILES_DEFAULT = 5
 MAINTENANCE_INTERVAL_MS = "write.lakesink.maintenance.interval-ms"
 MAINTENANCE_INTERVAL_MS_DEFAULT = 60_000
+# old metadata.json files: deleted at every commit beyond the newest N (Iceberg's keys; its defaults keep all)
+METADATA_DELETE_AFTER_COMMIT = "write.metadata.delete-after-commit.enabled"
+METADATA_PREVIOUS_VERSIONS_MAX = "write.metadata.previous-versions-max"
+
+#: The properties every table lakesink creates gets, unless an option ``table-property.<key>`` sets the key: a
+#: stream left running keeps its table bounded (docs/maintenance.md, "What the defaults do"). Snapshots older than a
+#: day are expired by ``maintenance=auto`` (at least the newest 100 are kept; replay markers are table properties and
+#: survive expiry), and every commit deletes the metadata.json files beyond the newest 100. They are written into the
+#: table, so every engine and the user see them and can change them. lakesink never sets them on a table it did not
+#: create: with ``maintenance=auto`` it warns once about the missing ones (lakesink.maintenance.auto).
+BOUNDED_TABLE_DEFAULTS: dict[str, str] = {
+    METADATA_DELETE_AFTER_COMMIT: "true",
+    METADATA_PREVIOUS_VERSIONS_MAX: "100",
+    MAX_SNAPSHOT_AGE_MS: str(24 * 3600 * 1000),
+    MIN_SNAPSHOTS_TO_KEEP: "100",
+}
 
 # --- catalog properties lakesink reads (besides pyiceberg's own) -----------------------------------
 

@@ -61,7 +61,12 @@ def _later() -> int:
 def test_refs_older_than_the_tables_max_ref_age_are_removed_but_never_main(catalog_properties: dict[str, str]) -> None:
     c = _committer(
         catalog_properties,
-        {"history.expire.max-ref-age-ms": "60000", "history.expire.max-snapshot-age-ms": "0"},
+        # min-snapshots-to-keep 1 (Iceberg's default; a table lakesink creates keeps 100)
+        {
+            "history.expire.max-ref-age-ms": "60000",
+            "history.expire.max-snapshot-age-ms": "0",
+            "history.expire.min-snapshots-to-keep": "1",
+        },
     )
     sent = _batches(c, Q1, 4)
     table = load(c)

@@ -120,7 +120,7 @@ def test_format_version_3_is_refused_while_pyiceberg_cannot_write_it(catalog_pro
 
 def test_existing_table_without_the_requested_properties_is_refused(catalog_properties: dict[str, str]) -> None:
     _committer(catalog_properties, table_properties={"a.b": "1"})
-    with pytest.raises(InvalidOptionError, match=r"history.expire.max-snapshot-age-ms='1000' \(table has None\)"):
+    with pytest.raises(InvalidOptionError, match=r"history.expire.max-snapshot-age-ms='1000' \(table has '86400000'\)"):
         _committer(catalog_properties, table_properties={"a.b": "1", "history.expire.max-snapshot-age-ms": "1000"})
     with pytest.raises(InvalidOptionError, match=r"format-version=3 \(table has 2\)"):
         _committer(catalog_properties, format_version=3)
