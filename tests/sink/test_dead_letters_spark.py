@@ -5,7 +5,6 @@ or the reverse, and a replay never duplicates one; a poison row that crashes a P
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
