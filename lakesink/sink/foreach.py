@@ -51,6 +51,7 @@ from lakesink.options import (
     PARTITIONED_BY,
     REJECT_WHEN,
     ROUTE_BY,
+    ROUTE_NAMESPACES,
     SINK_ID,
     TABLE,
     TABLE_PROPERTY_PREFIX,
@@ -100,6 +101,7 @@ def foreach_batch(
     route_by: str | None = None,
     namespace: str | None = None,
     atomic: str | None = None,
+    route_namespaces: str | Sequence[str] | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -151,6 +153,9 @@ def foreach_batch(
         namespace: with ``route_by``: the namespace of routing values that name none.
         atomic: with ``route_by``: ``"auto"`` (default), ``"required"`` (fail at start on a catalog that cannot
             commit several tables atomically) or ``"off"`` (docs/routing.md).
+        route_namespaces: with ``route_by``: the namespaces a routed table may be in (a list, or a comma-separated
+            string); a routing value naming a table elsewhere is an invalid route (a dead letter with
+            ``dead_letter_table``, else a RoutingError). Default: any namespace of the catalog.
     """
     options: dict[str, str] = {
         OUTPUT_MODE: output_mode,
@@ -190,7 +195,9 @@ def foreach_batch(
         options[MAX_REJECTED_FRACTION] = str(max_rejected_fraction)
     if table is not None:
         options[TABLE] = table
-    routing = {ROUTE_BY: route_by, NAMESPACE: namespace, ATOMIC: atomic}
+    if route_namespaces is not None and not isinstance(route_namespaces, str):
+        route_namespaces = ",".join(route_namespaces)
+    routing = {ROUTE_BY: route_by, NAMESPACE: namespace, ATOMIC: atomic, ROUTE_NAMESPACES: route_namespaces}
     options.update({key: value for key, value in routing.items() if value is not None})
     return ForeachBatchSink(SinkOptions.from_mapping(options))
 

@@ -64,9 +64,23 @@ def parse_namespace(value: str) -> tuple[str, ...] | str:
     return parts
 
 
-def parse_route(value: object, default_namespace: tuple[str, ...] = ()) -> Route | InvalidRoute:
+def parse_route(
+    value: object, default_namespace: tuple[str, ...] = (), allowed: tuple[tuple[str, ...], ...] = ()
+) -> Route | InvalidRoute:
     """The table ``value`` (a routing column's value) names: ``ns.table`` (or ``a.b.table``), or ``table`` in
-    ``default_namespace`` (option ``namespace``); else an :class:`InvalidRoute` with the reason."""
+    ``default_namespace`` (option ``namespace``); else an :class:`InvalidRoute` with the reason. ``allowed`` (option
+    ``route-namespaces``): the namespaces a route may name (compared exactly, case included); empty: any."""
+    route = _parse_route(value, default_namespace)
+    if allowed and isinstance(route, Route) and route.namespace not in allowed:
+        return InvalidRoute(
+            value,
+            f"namespace {'.'.join(route.namespace)!r} is not one of option 'route-namespaces' "
+            f"({', '.join('.'.join(n) for n in allowed)})",
+        )
+    return route
+
+
+def _parse_route(value: object, default_namespace: tuple[str, ...]) -> Route | InvalidRoute:
     if value is None:
         return InvalidRoute(value, "null: every row needs a table name")
     if not isinstance(value, str):

@@ -346,3 +346,19 @@ def test_atomic_off_a_crash_between_table_commits_then_a_replay_completes_tables
     check_all(catalog_properties)
     for name in ("db.a", "db.b", "other.c", DEAD):
         assert len(lakesink_snapshots(catalogs.load_table_fresh(None, dict(catalog_properties), tuple(name.split("."))))) == 1
+
+
+def test_a_route_outside_route_namespaces_is_an_invalid_route_dead_letter(catalog_properties: dict[str, str]) -> None:
+    """Option route-namespaces with a dead-letter table: a value naming a table in another namespace (one that exists,
+    even) is a dead letter of error invalid-route, in the batch's unit; the other table is untouched."""
+    cat = catalogs.load(None, dict(catalog_properties))
+    cat.create_namespace_if_not_exists(("other",))
+    cat.create_table(("other", "c"), schema=pa.schema([("id", pa.int64()), ("amount", pa.float64())]))
+    rc = routed(catalog_properties, **{"route-namespaces": "db"})
+    out = run(rc, 0, {"a": [1, 2, 3], "b": [10, 20], "other.c": [30]})
+    assert set(out.tables) == {"db.a", "db.b"}
+    assert ids(catalog_properties, "db.a") == Counter([1, 2, 3]) and ids(catalog_properties, "db.b") == Counter([10, 20])
+    assert ids(catalog_properties, "other.c") == Counter()
+    assert letters(catalog_properties) == want_letters({"other.c": [30]})
+    dead = catalogs.load_table_fresh(None, dict(catalog_properties), ("db", "dead")).scan().to_arrow().to_pylist()
+    assert "namespace 'other' is not one of option 'route-namespaces' (db)" in dead[0][dl.MESSAGE]
