@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema as _to_arrow_schema
 from pyspark.sql.types import StructType
 
@@ -158,3 +158,49 @@ def running_query_checkpoint_origin(spark: SparkSession, query_id: str) -> Query
         session_root = None
     query_name = str(name) if name else None
     return QueryCheckpoint(root=root, temporary=temporary, query_name=query_name, session_root=session_root or None)
+
+
+#: Spark expressions Spark calls deterministic that read the clock: each query Spark plans folds them to that query's
+#: start time (its optimizer's ``ComputeCurrentTime``), so two jobs over one DataFrame see two different times.
+CLOCK_EXPRESSIONS = frozenset({"CurrentTimestamp", "Now", "CurrentDate", "LocalTimestamp", "CurrentTime"})
+
+
+def why_computed_twice_differs(df: DataFrame, column: str) -> str | None:
+    """Why the value of ``df``'s ``column`` may differ between two Spark jobs over ``df`` (None: it cannot, as far as
+    Spark's analysed plan tells): an expression Spark marks non-deterministic (``rand()``, ``uuid()``, a Python UDF
+    marked ``asNondeterministic()``), or one that reads the clock (:data:`CLOCK_EXPRESSIONS`).
+
+    Checked on pyspark 4.3.0. Relies on: ``DataFrame._jdf`` (classic Spark; Spark Connect has no JVM objects in
+    Python), its ``queryExecution().analyzed()`` being a ``Project`` whose project list holds ``column``'s
+    ``Alias``, and on Catalyst's ``Expression.deterministic()``, ``children()`` and the class names above.
+    Raises ``LookupError`` when that is not what it finds (Spark Connect, another plan shape): the caller decides.
+    """
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        raise LookupError("no JVM plan (Spark Connect)")
+    plan = jdf.queryExecution().analyzed()
+    if not hasattr(plan, "projectList"):
+        raise LookupError(f"the analysed plan is a {plan.getClass().getSimpleName()}, not a Project")
+    found = None
+    items = plan.projectList().iterator()
+    while items.hasNext():
+        item = items.next()
+        if item.getClass().getSimpleName() == "Alias" and item.name() == column:
+            found = item
+    if found is None:
+        raise LookupError(f"column {column!r} is not computed by the last projection")
+    if not found.deterministic():
+        return "it is not deterministic (Spark computes it again, with another answer, in every job that reads it)"
+    todo = [found]
+    while todo:
+        node = todo.pop()
+        name = node.getClass().getSimpleName()
+        if name in CLOCK_EXPRESSIONS:
+            return (
+                f"it reads the clock ({name}), which Spark fixes once per job: it is not deterministic across the "
+                "jobs that read it"
+            )
+        children = node.children().iterator()
+        while children.hasNext():
+            todo.append(children.next())
+    return None

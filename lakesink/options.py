@@ -40,6 +40,7 @@ REJECT_WHEN = "reject-when"
 MAX_REJECTED_FRACTION = "max-rejected-fraction"
 ROUTE_BY = "route-by"
 NAMESPACE = "namespace"
+ROUTE_NAMESPACES = "route-namespaces"
 ATOMIC = "atomic"
 ALLOW_TEMPORARY_CHECKPOINT = "allow-temporary-checkpoint"
 """foreach_batch only: run on a checkpoint that the next start of the query will not find (docs/options.md)."""
@@ -72,6 +73,7 @@ VALID_OPTIONS = (
     MAX_REJECTED_FRACTION,
     ROUTE_BY,
     NAMESPACE,
+    ROUTE_NAMESPACES,
     ATOMIC,
 )
 
@@ -170,6 +172,9 @@ class Routing:
     namespace: tuple[str, ...] = ()
     """Option ``namespace``: the namespace of routing values that have none (empty: every value must name one)."""
     atomic: Atomic = Atomic.AUTO
+    allowed_namespaces: tuple[tuple[str, ...], ...] = ()
+    """Option ``route-namespaces``: the namespaces a routed table may be in (empty: any namespace of the catalog); a
+    routing value naming a table elsewhere is an invalid route."""
 
 
 @dataclass(frozen=True)
@@ -329,6 +334,7 @@ class SinkOptions:
                 MAX_REJECTED_FRACTION,
                 ROUTE_BY,
                 NAMESPACE,
+                ROUTE_NAMESPACES,
                 ATOMIC,
             )
             and not k.startswith(CATALOG_PROPERTY_PREFIX)
@@ -409,7 +415,7 @@ def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterK
     if not column:
         if ROUTE_BY in lowered:
             raise InvalidOptionError(f"option '{ROUTE_BY}' must name the stream's column that holds each row's table")
-        given = [k for k in (NAMESPACE, ATOMIC) if k in lowered]
+        given = [k for k in (NAMESPACE, ROUTE_NAMESPACES, ATOMIC) if k in lowered]
         if given:
             raise InvalidOptionError(
                 f"option(s) {', '.join(repr(k) for k in given)} need option '{ROUTE_BY}' (one stream into many tables)"
@@ -442,7 +448,35 @@ def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterK
         if isinstance(parsed, str):
             raise InvalidOptionError(f"option '{NAMESPACE}' is {lowered[NAMESPACE]!r}: {parsed} (for example 'db')")
         namespace = parsed
-    return Routing(column, namespace, Atomic.parse(lowered.get(ATOMIC, Atomic.AUTO.value)))
+    allowed = _parse_route_namespaces(lowered)
+    if allowed and namespace and namespace not in allowed:
+        raise InvalidOptionError(
+            f"option '{NAMESPACE}' {'.'.join(namespace)!r} is not one of option '{ROUTE_NAMESPACES}' "
+            f"({', '.join('.'.join(n) for n in allowed)}): every routing value without a namespace would be an invalid "
+            "route; add it to the list or change it"
+        )
+    return Routing(column, namespace, Atomic.parse(lowered.get(ATOMIC, Atomic.AUTO.value)), allowed)
+
+
+def _parse_route_namespaces(lowered: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:
+    """Option ``route-namespaces``: a comma-separated list of namespaces (``db``, ``a.b``); absent: any namespace."""
+    if ROUTE_NAMESPACES not in lowered:
+        return ()
+    raw = lowered[ROUTE_NAMESPACES]
+    items = [i.strip() for i in raw.split(",")]
+    if not any(items) or not all(items):
+        raise InvalidOptionError(
+            f"option '{ROUTE_NAMESPACES}' is {raw!r}: give a comma-separated list of the namespaces routed tables may "
+            "be in (for example 'sales,sales.eu'), without empty items"
+        )
+    allowed: list[tuple[str, ...]] = []
+    for item in items:
+        parsed = parse_namespace(item)
+        if isinstance(parsed, str):
+            raise InvalidOptionError(f"option '{ROUTE_NAMESPACES}' is {raw!r}: {item!r}: {parsed} (for example 'db')")
+        if parsed not in allowed:
+            allowed.append(parsed)
+    return tuple(allowed)
 
 
 def _parse_upsert(lowered: Mapping[str, str], mode: OutputMode) -> tuple[tuple[str, ...], str | None, str | None]:

@@ -1518,12 +1518,15 @@ def prepare_restore_refs(
     snapshot it named), as in the metadata the expiry replaced).
 
     A removed snapshot cannot be added back as it was: Iceberg sets the table's last sequence number to the added
-    snapshot's, so an old one would move it backwards. Each lost snapshot comes back as a new snapshot with a new id
-    and the next sequence number, whose manifest list lists exactly the lost snapshot's manifests (their own
-    sequence numbers are in the list, so every row and delete reads as before); its parent is the lost snapshot
-    (which no longer exists, as after any expiry in Iceberg Java), and its summary names it
-    (:data:`RESTORED_FROM`). Each ref is set to it with its own retention. The swap requires each ref still to be
-    absent, and (through the parent) the catalog refuses the new sequence number when another snapshot was added
+    snapshot's, so an old one would move it backwards. Each lost snapshot comes back **under its own id** (the id
+    the user tagged, which an audit may have recorded: ``read_at(snapshot_id=...)`` reads the same rows again) with
+    the next sequence number, whose manifest list lists exactly the lost snapshot's manifests (their own sequence
+    numbers are in the list, so every row and delete reads as before); its parent is the lost snapshot's parent (gone
+    too, as after any expiry in Iceberg Java; for a snapshot without a parent, an id no snapshot of the table has,
+    so that the catalog still checks the sequence number, which Iceberg skips for a snapshot without parent), and its
+    summary says it was restored (:data:`RESTORED_FROM`). A lost snapshot that exists again (put back by another
+    process) is not added twice. Each ref is set to it with its own retention. The swap requires each ref still to
+    be absent, and (through the parent) the catalog refuses the new sequence number when another snapshot was added
     meanwhile: a conflict, prepared again on the new metadata.
     """
     md = table.metadata
@@ -1534,22 +1537,27 @@ def prepare_restore_refs(
     written: list[str] = []
     sequence = md.next_sequence_number()
     used: set[int] = set()
-    made: dict[int, int] = {}  # lost snapshot id -> its new snapshot id
+    made: dict[int, int] = {}  # lost snapshot id -> the snapshot its refs are set to (its own id)
     try:
         for name, (ref, snapshot) in sorted(lost.items()):
             requirements.append(AssertRefSnapshotId(snapshot_id=None, ref=name))  # type: ignore[call-arg]
+            if snapshot.snapshot_id not in made and md.snapshot_by_id(snapshot.snapshot_id) is not None:
+                made[snapshot.snapshot_id] = snapshot.snapshot_id  # back already (another process): only the ref
             if snapshot.snapshot_id not in made:
-                new_id = md.new_snapshot_id()
-                while new_id in used:
-                    new_id = md.new_snapshot_id()
-                used.add(new_id)
+                new_id = snapshot.snapshot_id  # its own id again: the id the user tagged
+                parent = snapshot.parent_snapshot_id
+                if parent is None:  # an id of no snapshot, never the snapshot's own (a lineage walk would loop)
+                    parent = md.new_snapshot_id()
+                    while parent in used or parent == new_id or md.snapshot_by_id(parent) is not None:
+                        parent = md.new_snapshot_id()
+                    used.add(parent)
                 path = provider.new_metadata_location(names.manifest_list_name(commit, new_id))
                 written.append(path)
                 with write_manifest_list(
                     format_version=md.format_version,
                     output_file=table.io.new_output(path),
                     snapshot_id=new_id,
-                    parent_snapshot_id=snapshot.snapshot_id,
+                    parent_snapshot_id=parent,
                     sequence_number=sequence,
                     avro_compression=compression,
                 ) as writer:
@@ -1564,7 +1572,7 @@ def prepare_restore_refs(
                 )
                 restored = Snapshot(  # type: ignore[call-arg]
                     snapshot_id=new_id,
-                    parent_snapshot_id=snapshot.snapshot_id,
+                    parent_snapshot_id=parent,
                     sequence_number=sequence if md.format_version > 1 else snapshot.sequence_number,
                     manifest_list=path,
                     summary=summary,

@@ -45,7 +45,7 @@ from lakesink._pyiceberg import io as seam_io
 from lakesink.errors import PROGRAMMING_ERRORS, CatalogError, CatalogUnavailableError, LakesinkError, TableIdentityChangedError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import storage
-from lakesink.table.keys import REQUEST_TIMEOUT, REQUEST_TIMEOUT_DEFAULT
+from lakesink.table.keys import DATA_PATH_PROPERTIES, METADATA_PATH_PROPERTIES, REQUEST_TIMEOUT, REQUEST_TIMEOUT_DEFAULT
 
 log = logging.getLogger("lakesink")
 
@@ -227,6 +227,38 @@ def live_table_sharing_folder(table: Table, unreferenced: Sequence[str]) -> tupl
         if ident != own and other.metadata_location and storage.key(posixpath.dirname(other.metadata_location)) == folder:
             return ".".join(ident), str(other.metadata.table_uuid), other.metadata_location
     return None
+
+
+def live_tables_writing_under(table: Table, root: str) -> Iterator[tuple[str, str, str, str]]:
+    """Every other table of ``table``'s catalog that writes files at or inside ``root``, once for each of its folders
+    there: (its name, its UUID, what puts its files there -- its location, a data or metadata path property, its
+    current metadata file's folder -- and that folder). Its metadata need not be in ``root`` (``write.metadata.path``
+    elsewhere) and its location need not be near ``root`` (``write.data.path`` inside ``root``): every table of the
+    catalog is read (one load each; on a SQL catalog the tables whose pointer has not moved since this process read
+    them are not parsed again). Errors of the catalog are raised (live cannot be told from dropped then)."""
+    catalog = table.catalog
+    own = tuple(table.name())
+    rows = seam.all_pointers_on_sql_catalog(catalog)
+    others: Iterator[tuple[tuple[str, ...], Table]] = (
+        iter(load_tables(catalog, [ident for ident, _ in rows if ident != own]).items())
+        if rows is not None
+        else _every_table(catalog)
+    )
+    for ident, other in others:
+        if ident == own:
+            continue
+        props = other.properties
+        folders = [("location", other.location())]
+        folders += [(key, props[key]) for key in (*DATA_PATH_PROPERTIES, *METADATA_PATH_PROPERTIES) if props.get(key)]
+        if other.metadata_location:
+            folders.append(("current metadata file's folder", posixpath.dirname(other.metadata_location)))
+        for what, folder in folders:
+            try:
+                inside = storage.is_under(folder, root)
+            except ValueError:
+                continue  # not a location lakesink can compare: the other table's own to judge
+            if inside:
+                yield ".".join(ident), str(other.metadata.table_uuid), what, folder
 
 
 def _every_table(catalog: Catalog) -> Iterator[tuple[tuple[str, ...], Table]]:

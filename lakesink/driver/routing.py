@@ -236,10 +236,11 @@ class RoutedCommitter:
         """The tables a batch's routing values name (RoutingError naming a bad value, or two that collide); with
         option dead-letter-table, values that name no valid table are left out (their rows are dead letters)."""
         if self.dead_letters is None:
-            routes = sorted({route_of(v, self.routing.namespace, self.routing.column, batch_id) for v in values})
+            r = self.routing
+            routes = sorted({route_of(v, r.namespace, r.column, batch_id, r.allowed_namespaces) for v in values})
         else:
             letters = str(self.dead_letters.options.table)
-            found = (routed_table(v, self.routing.namespace, letters) for v in values)
+            found = (routed_table(v, self.routing.namespace, letters, self.routing.allowed_namespaces) for v in values)
             routes = sorted({r for r in found if not isinstance(r, InvalidRoute)})
         clashes = case_collisions(routes)
         if clashes:
@@ -256,7 +257,8 @@ class RoutedCommitter:
         if self.dead_letters is None:
             return False
         letters = str(self.dead_letters.options.table)
-        return any(isinstance(routed_table(v, self.routing.namespace, letters), InvalidRoute) for v in values)
+        r = self.routing
+        return any(isinstance(routed_table(v, r.namespace, letters, r.allowed_namespaces), InvalidRoute) for v in values)
 
     # --- plans ------------------------------------------------------------------------------------
 
@@ -485,6 +487,7 @@ class RoutedCommitter:
             query_id=query_id,
             sink_id=self.options.sink_id,
             row_checks=self._checks if self.dead_letters is not None else None,
+            allowed_namespaces=self.routing.allowed_namespaces,
         )
 
     def _sibling_locations(self, route: Route) -> list[tuple[str, str]]:

@@ -99,6 +99,8 @@ class RoutedPlan:
     row_checks: RowChecks | None = None
     """Option dead-letter-table: every table's row checks (one dead-letter table for the whole batch); a row whose
     routing value names no valid table is a dead letter (``invalid-route``) instead of a RoutingError."""
+    allowed_namespaces: tuple[tuple[str, ...], ...] = ()
+    """Option ``route-namespaces`` (empty: any namespace)."""
 
     def plan_for(self, route: Route, batch_id: int) -> WritePlan:
         plan = self.plans.get(str(route))
@@ -140,9 +142,11 @@ class RoutedTaskResult(WriterCommitMessage):
     ``dead_letters``, their count in ``rows_in`` and ``rejected``)."""
 
 
-def route_of(value: object, namespace: tuple[str, ...], column: str, batch_id: int) -> Route:
+def route_of(
+    value: object, namespace: tuple[str, ...], column: str, batch_id: int, allowed: tuple[tuple[str, ...], ...] = ()
+) -> Route:
     """The table a routing value names, or RoutingError naming the value and the batch."""
-    route = parse_route(value, namespace)
+    route = parse_route(value, namespace, allowed)
     if isinstance(route, InvalidRoute):
         raise RoutingError(
             f"batch {batch_id}: routing column {column!r} holds {route.describe()}; nothing was committed. Every row "
@@ -151,10 +155,12 @@ def route_of(value: object, namespace: tuple[str, ...], column: str, batch_id: i
     return route
 
 
-def routed_table(value: object, namespace: tuple[str, ...], dead_letter_table: str | None) -> Route | InvalidRoute:
+def routed_table(
+    value: object, namespace: tuple[str, ...], dead_letter_table: str | None, allowed: tuple[tuple[str, ...], ...] = ()
+) -> Route | InvalidRoute:
     """:func:`parse_route`; with option dead-letter-table, a value naming the dead-letter table (in any case) is no
     valid route either (the batch's rows never go into it as rows of a table)."""
-    route = parse_route(value, namespace)
+    route = parse_route(value, namespace, allowed)
     if dead_letter_table is not None and isinstance(route, Route) and str(route).lower() == dead_letter_table.lower():
         return InvalidRoute(value, "it names the dead-letter table")
     return route
@@ -269,7 +275,7 @@ class RoutedTaskWriter:
                 for value, rows in split_by_route(batch, self._plan.column):
                     route = self._routes.get(value) if value is not None else None
                     if route is None:
-                        route = routed_table(value, self._plan.namespace, self._letters_table)
+                        route = routed_table(value, self._plan.namespace, self._letters_table, self._plan.allowed_namespaces)
                         if value is not None:
                             self._routes[value] = route
                     if isinstance(route, InvalidRoute):
@@ -307,7 +313,8 @@ class RoutedTaskWriter:
     def _reject_route(self, value: object, route: InvalidRoute, rows: pa.RecordBatch) -> None:
         """Rows whose routing value names no valid table: dead letters (option dead-letter-table), else RoutingError."""
         if self._invalid is None:
-            route_of(value, self._plan.namespace, self._plan.column, self._batch_id)  # raises RoutingError
+            plan = self._plan
+            route_of(value, plan.namespace, plan.column, self._batch_id, plan.allowed_namespaces)  # raises RoutingError
             raise AssertionError("unreachable: an invalid route")
         if isinstance(value, bytes):  # not UTF-8: the row keeps the value's exact bytes (its JSON escapes them)
             column = pa.array([value] * rows.num_rows, pa.binary()).view(pa.string())

@@ -307,8 +307,8 @@ def expire_snapshots(
         len(deleted),
     )
     return report(
-        "committed",
-        expired_snapshot_ids=tuple(s.snapshot_id for s in expired),
+        "committed",  # (a snapshot put back with a lost ref is in the table again: not expired)
+        expired_snapshot_ids=tuple(s.snapshot_id for s in expired if after.metadata.snapshot_by_id(s.snapshot_id) is None),
         kept_snapshots=len(after.metadata.snapshots),
         deleted_files=tuple(deleted),
         failed_deletes=tuple(failed),

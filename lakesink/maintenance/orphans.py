@@ -221,7 +221,10 @@ def remove_orphan_files(
     ``write.metadata.path``, the legacy ``write.object-storage.path`` and
     ``write.folder-storage.path``) outside the table location, or a table whose location or UUID
     changes while the clean-up runs is refused
-    with :class:`~lakesink.errors.LakesinkError` before anything is removed. Nothing outside the
+    with :class:`~lakesink.errors.LakesinkError` before anything is removed; so is a location another live table of
+    the catalog writes files into (its metadata in this table's metadata folder; or, when some file would be
+    removed, its location, data path or metadata path at or inside this location, every table of the catalog read
+    once), except a table nested in this one with its own ``metadata/`` folder, whose subtree is skipped. Nothing outside the
     table location is ever listed or removed.
 
     The files are listed first and the table is re-read from its catalog afterwards, so a commit
@@ -297,6 +300,8 @@ def remove_orphan_files(
         else:
             to_remove.append(f.orphan(""))
 
+    if to_remove:  # (reading the catalog's tables only when something would be removed)
+        _refuse_another_tables_files(fresh, name, root, nested)
     removed, failed = (to_remove, []) if dry_run else _remove(fresh, to_remove)
     report = OrphanReport(
         table=name,
@@ -451,6 +456,37 @@ def _refuse_a_shared_location(table: Table, name: str, root: str, candidates: li
             "like orphans of this one; nothing was removed. This happens when a table is renamed and a new one is "
             "created under its old name at the same default location. Give one of them a location of its own "
             "(create the new table with an explicit location) before removing orphan files"
+        )
+
+
+def _refuse_another_tables_files(table: Table, name: str, root: str, nested: set[str]) -> None:
+    """TableLocationError, before anything is removed, when another live table of the catalog writes files inside this
+    table's location (:func:`lakesink.driver.catalogs.live_tables_writing_under`) outside the nested tables whose
+    subtrees are skipped: its files would look like orphans of this one, and its metadata need not be in this
+    table's metadata folder for that (``write.metadata.path`` elsewhere, or its ``write.data.path`` inside this
+    location), which :func:`_refuse_a_shared_location` looks at."""
+    skipped = [f"{root}/{r}" for r in nested]
+    try:
+        found = next(
+            (
+                (other, uuid, what, folder)
+                for other, uuid, what, folder in catalogs.live_tables_writing_under(table, root)
+                if not any(storage.is_under(folder, s) for s in skipped)
+            ),
+            None,
+        )
+    except Exception as e:
+        raise TableLocationError(
+            f"table {name}: the catalog could not be searched for another table writing files inside its location "
+            f"{root!r} ({_safe_error(table, e)}); nothing was removed"
+        ) from None
+    if found is not None:
+        other, uuid, what, folder = found
+        raise TableLocationError(
+            f"table {name}: table {other} (UUID {uuid}) writes files inside its location {root!r}: {other}'s {what} is "
+            f"{folder!r}, so that table's files would look like orphans of {name}; nothing was removed. Give {other} "
+            f"a location, write.data.path and write.metadata.path outside {root!r} (or drop it) before removing "
+            f"orphan files of {name}"
         )
 
 

@@ -18,9 +18,10 @@ from pyspark.errors.exceptions.captured import ParseException
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from lakesink._pyspark import why_computed_twice_differs
 from lakesink.errors import InvalidOptionError
 from lakesink.executor.messages import WritePlan
-from lakesink.options import REJECT_WHEN, WRITER, SinkOptions, WriterKind
+from lakesink.options import REJECT_WHEN, UPSERT_KEY, WRITER, SinkOptions, WriterKind
 from lakesink.table.dead_letters import REJECT_COLUMN
 
 
@@ -80,9 +81,34 @@ def prepare(df: DataFrame, plan: WritePlan, options: SinkOptions) -> tuple[DataF
         certain.append(F.coalesce(F.col(REJECT_COLUMN), F.lit(False)))
     if not certain:
         return df, plan, None
+    if options.reject_when is not None:
+        df = _verdicts_computed_once(df, options)
     bad = reduce(lambda a, b: a | b, certain)
     letters = df.where(bad)
     rows = df.where(~bad)
     if options.reject_when is not None:
         rows = rows.drop(REJECT_COLUMN)
     return rows, plan, letters
+
+
+def _verdicts_computed_once(df: DataFrame, options: SinkOptions) -> DataFrame:
+    """``df``, whose reject column two jobs read with one answer per row. InvalidOptionError, before any job, for a
+    ``reject-when`` whose verdict may differ between the two filters that split an upsert batch (its dead letters,
+    then its rows: two Spark jobs, each computing the expression): a row would land in both tables or in neither.
+    Spark's analysed plan tells (:func:`lakesink._pyspark.why_computed_twice_differs`); where it cannot (Spark
+    Connect), the batch with its verdicts is materialised once instead (a lost block then fails the job, it is never
+    computed again)."""
+    try:
+        why = why_computed_twice_differs(df, REJECT_COLUMN)
+    except LookupError:
+        return df.localCheckpoint(eager=True)
+    if why is not None:
+        raise InvalidOptionError(
+            f"option '{REJECT_WHEN}' {options.reject_when!r} is not deterministic: {why}. With option "
+            f"'{UPSERT_KEY}', the dead letters are taken out of the batch before its upsert resolution, by a filter of "
+            "their own, so such a verdict would put a row in the table and in the dead-letter table, or in neither. "
+            "Use a deterministic expression over the batch's columns (compare an event time with a literal time, not "
+            "with current_timestamp(); no rand(), uuid() or non-deterministic UDF)"
+        )
+    return df
+

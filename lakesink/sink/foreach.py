@@ -53,6 +53,7 @@ from lakesink.options import (
     PARTITIONED_BY,
     REJECT_WHEN,
     ROUTE_BY,
+    ROUTE_NAMESPACES,
     SINK_ID,
     TABLE,
     TABLE_PROPERTY_PREFIX,
@@ -104,6 +105,7 @@ def foreach_batch(
     namespace: str | None = None,
     atomic: str | None = None,
     allow_temporary_checkpoint: bool = False,
+    route_namespaces: str | Sequence[str] | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -159,6 +161,9 @@ def foreach_batch(
             ``checkpointLocation`` option (Spark's temporary checkpoint), or ``spark.sql.streaming.checkpointLocation``
             without a ``queryName`` -- with a warning. Refused by default: a restart is then a new query with a new
             id, and its replayed batches would be committed again (no exactly-once across restarts).
+        route_namespaces: with ``route_by``: the namespaces a routed table may be in (a list, or a comma-separated
+            string); a routing value naming a table elsewhere is an invalid route (a dead letter with
+            ``dead_letter_table``, else a RoutingError). Default: any namespace of the catalog.
     """
     options: dict[str, str] = {
         OUTPUT_MODE: output_mode,
@@ -198,7 +203,9 @@ def foreach_batch(
         options[MAX_REJECTED_FRACTION] = str(max_rejected_fraction)
     if table is not None:
         options[TABLE] = table
-    routing = {ROUTE_BY: route_by, NAMESPACE: namespace, ATOMIC: atomic}
+    if route_namespaces is not None and not isinstance(route_namespaces, str):
+        route_namespaces = ",".join(route_namespaces)
+    routing = {ROUTE_BY: route_by, NAMESPACE: namespace, ATOMIC: atomic, ROUTE_NAMESPACES: route_namespaces}
     options.update({key: value for key, value in routing.items() if value is not None})
     options[ALLOW_TEMPORARY_CHECKPOINT] = str(allow_temporary_checkpoint).lower()
     return ForeachBatchSink(SinkOptions.from_mapping(options))

@@ -100,16 +100,29 @@ def routing_value(raw: bytes | None) -> str | bytes | None:
         return bytes(raw)
 
 
-def parse_route(value: object, default_namespace: tuple[str, ...] = ()) -> Route | InvalidRoute:
+def parse_route(
+    value: object, default_namespace: tuple[str, ...] = (), allowed: tuple[tuple[str, ...], ...] = ()
+) -> Route | InvalidRoute:
     """The table ``value`` (a routing column's value) names: ``ns.table`` (or ``a.b.table``), or ``table`` in
-    ``default_namespace`` (option ``namespace``); else an :class:`InvalidRoute` with the reason."""
+    ``default_namespace`` (option ``namespace``); else an :class:`InvalidRoute` with the reason. ``allowed`` (option
+    ``route-namespaces``): the namespaces a route may name (compared exactly, case included); empty: any."""
+    if isinstance(value, bytes | bytearray):  # a string's bytes (routing_value): its text, if they are UTF-8
+        value = routing_value(bytes(value))
+    route = _parse_route(value, default_namespace)
+    if allowed and isinstance(route, Route) and route.namespace not in allowed:
+        return InvalidRoute(
+            value,
+            f"namespace {'.'.join(route.namespace)!r} is not one of option 'route-namespaces' "
+            f"({', '.join('.'.join(n) for n in allowed)})",
+        )
+    return route
+
+
+def _parse_route(value: object, default_namespace: tuple[str, ...]) -> Route | InvalidRoute:
     if value is None:
         return InvalidRoute(value, "null: every row needs a table name")
-    if isinstance(value, bytes | bytearray):  # a string's bytes (routing_value): its text, if they are UTF-8
-        decoded = routing_value(bytes(value))
-        if isinstance(decoded, bytes):
-            return InvalidRoute(decoded, f"not valid UTF-8: {_utf8_error(decoded)}")
-        value = decoded
+    if isinstance(value, bytes):  # bytes that are not UTF-8 (parse_route decoded the others)
+        return InvalidRoute(value, f"not valid UTF-8: {_utf8_error(value)}")
     if not isinstance(value, str):
         return InvalidRoute(value, f"a {type(value).__name__}, not a string")
     if not value:

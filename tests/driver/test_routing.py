@@ -722,3 +722,54 @@ def test_a_faithful_replay_completing_a_batch_table_by_table_is_still_completed(
         table = catalogs.load_table_fresh(None, catalog_properties, tuple(name.split(".")))
         marker = json.loads(table.properties[f"lakesink.last-batch.{Q}"])
         assert marker["tables"] == digest, name  # the marker records the batch's set of tables
+def test_route_namespaces_keep_routed_tables_in_the_allowed_namespaces(catalog_properties: dict[str, str]) -> None:
+    """A routing value can name any table of the catalog (option namespace is only the default of values naming
+    none): with option route-namespaces, a value naming a table in another namespace fails the batch naming the value,
+    the batch and the option, before anything is created or committed; values in the allowed namespaces land."""
+    rc = routed(catalog_properties, **{"route-namespaces": "db, sales.eu"})
+    not_allowed = r"'other\.payments' \(namespace 'other' is not one of option 'route-namespaces' \(db, sales\.eu\)\)"
+    with pytest.raises(RoutingError, match=rf"batch 4: .*{not_allowed}"):
+        run(rc, 4, {"a": [1], "other.payments": [2]})
+    assert not exists(catalog_properties, "db.a") and not exists(catalog_properties, "other.payments")
+    with pytest.raises(RoutingError, match="namespace 'sales' is not one of"):  # compared level by level, exactly
+        rc.routes(["sales.orders"], 5)
+    with pytest.raises(RoutingError, match="namespace 'DB' is not one of"):  # case included
+        rc.routes(["DB.a"], 5)
+    out = run(rc, 5, {"a": [1], "db.b": [2], "sales.eu.orders": [3]})
+    assert {t: o.outcome for t, o in out.tables.items()} == {
+        "db.a": Outcome.COMMITTED,
+        "db.b": Outcome.COMMITTED,
+        "sales.eu.orders": Outcome.COMMITTED,
+    }
+    assert ids(catalog_properties, "db.a") + ids(catalog_properties, "db.b") == Counter([1, 2])
+    assert ids(catalog_properties, "sales.eu.orders") == Counter([3])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"route-namespaces": ""}, "comma-separated list"),
+        ({"route-namespaces": "db,,x"}, "without empty items"),
+        ({"route-namespaces": "db, a b"}, r"'a b': each level must be"),
+        ({"route-namespaces": "x"}, r"option 'namespace' 'db' is not one of option 'route-namespaces' \(x\)"),
+    ],
+)
+def test_route_namespaces_is_checked_when_the_sink_is_made(
+    catalog_properties: dict[str, str], extra: dict[str, str], message: str
+) -> None:
+    with pytest.raises(InvalidOptionError, match=message):
+        options(catalog_properties, **extra)
+
+
+def test_route_namespaces_needs_route_by() -> None:
+    with pytest.raises(InvalidOptionError, match=r"'route-namespaces'.* need option 'route-by'"):
+        SinkOptions.from_mapping({"table": "db.t", "route-namespaces": "db"})
+
+
+def test_foreach_batch_takes_route_namespaces_as_a_list_or_a_string() -> None:
+    import lakesink
+
+    for given in (["db", "sales.eu"], "db,sales.eu"):
+        sink = lakesink.foreach_batch(route_by="route", namespace="db", route_namespaces=given)
+        assert sink.options.routing is not None
+        assert sink.options.routing.allowed_namespaces == (("db",), ("sales", "eu"))

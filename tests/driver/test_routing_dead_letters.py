@@ -521,3 +521,17 @@ def test_a_replay_that_skips_the_tables_holding_the_batch_keeps_its_rejected_fra
     with pytest.raises(TooManyRejectedError, match="2 of 3 row"):
         run(routed(catalog_properties, **extra), 1, {"a": [30], None: [101], "": [102]})
     assert ids(catalog_properties, "db.a") == Counter(range(1, 11))
+def test_a_route_outside_route_namespaces_is_an_invalid_route_dead_letter(catalog_properties: dict[str, str]) -> None:
+    """Option route-namespaces with a dead-letter table: a value naming a table in another namespace (one that exists,
+    even) is a dead letter of error invalid-route, in the batch's unit; the other table is untouched."""
+    cat = catalogs.load(None, dict(catalog_properties))
+    cat.create_namespace_if_not_exists(("other",))
+    cat.create_table(("other", "c"), schema=pa.schema([("id", pa.int64()), ("amount", pa.float64())]))
+    rc = routed(catalog_properties, **{"route-namespaces": "db"})
+    out = run(rc, 0, {"a": [1, 2, 3], "b": [10, 20], "other.c": [30]})
+    assert set(out.tables) == {"db.a", "db.b"}
+    assert ids(catalog_properties, "db.a") == Counter([1, 2, 3]) and ids(catalog_properties, "db.b") == Counter([10, 20])
+    assert ids(catalog_properties, "other.c") == Counter()
+    assert letters(catalog_properties) == want_letters({"other.c": [30]})
+    dead = catalogs.load_table_fresh(None, dict(catalog_properties), ("db", "dead")).scan().to_arrow().to_pylist()
+    assert "namespace 'other' is not one of option 'route-namespaces' (db)" in dead[0][dl.MESSAGE]

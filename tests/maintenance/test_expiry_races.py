@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import ancestors_of
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink.driver import catalogs
@@ -198,3 +199,33 @@ def test_files_of_expired_snapshots_another_clean_up_removed_first_do_not_fail_t
     table = load(c)
     assert_every_referenced_file_exists(table)
     assert table_ids(table) == Counter(b * 10 + i for b in range(5) for i in range(3))
+
+
+@pytest.mark.parametrize("tagged_index", [0, 2], ids=["first snapshot (no parent)", "a later snapshot"])
+def test_a_tag_put_back_after_expiry_keeps_the_snapshot_id_the_user_tagged(
+    catalog_properties: dict[str, str], faults: Any, monkeypatch: pytest.MonkeyPatch, tagged_index: int
+) -> None:
+    """On a catalog that applies the removal to its current metadata, the tag created meanwhile is dropped with its
+    snapshot and put back (test above). The snapshot comes back under the id the user tagged (before: a new id, and the
+    id an audit recorded -- ``read_at(snapshot_id=...)`` -- was gone), reading the same rows, with the next sequence
+    number; its lineage ends (no loop), and the table takes the next commit."""
+    monkeypatch.setattr(seam_commit, "_sql_swap_applies", lambda table: False, raising=False)
+    monkeypatch.setattr(seam_commit, "_swap_on_sql_catalog", lambda table, updates, requirements: False)
+    c = make_committer(catalog_properties)
+    tagged = five_batches(c)[tagged_index]
+    before = load(c)
+    tagged_rows = ids_at(before, tagged)
+    report = expire_while_a_tag_is_created(c, faults, tagged)
+    assert report.status == "committed" and report.restored_refs == ("audit",) and report.files_kept == "", report
+    table = load(c)
+    assert table.metadata.refs["audit"].snapshot_id == tagged, "the tag no longer names the snapshot the user tagged"
+    assert ids_at(table, tagged) == tagged_rows
+    assert tagged not in report.expired_snapshot_ids  # it is in the table: not reported as expired
+    restored = table.metadata.snapshot_by_id(tagged)
+    assert restored is not None and restored.sequence_number == max(s.sequence_number or 0 for s in table.snapshots())
+    assert [s.snapshot_id for s in ancestors_of(restored, table.metadata)] == [tagged]  # its parent is gone: no loop
+    assert_every_referenced_file_exists(table)
+    commit(c, Q, 5, [write_task(c, Q, 5, [500])])
+    table = load(c)
+    assert table_ids(table) == Counter([*(b * 10 + i for b in range(5) for i in range(3)), 500])
+    assert ids_at(table, tagged) == tagged_rows

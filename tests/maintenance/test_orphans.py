@@ -804,6 +804,50 @@ def test_files_of_a_table_dropped_without_them_are_orphans_of_the_one_created_in
     assert_intact(catalog.load_table(("db", "events")))
 
 
+@pytest.mark.parametrize("search", ["sql rows", "catalog"])
+@pytest.mark.parametrize(
+    "other_at",
+    ["this location, its metadata elsewhere", "inside this location, its metadata elsewhere", "its data path inside"],
+)
+def test_another_table_writing_inside_this_location_is_refused_before_anything_is_removed(
+    committer: TableCommitter, tmp_path: Path, other_at: str, search: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another live table whose files land under this table's location although its metadata files do not (its
+    ``write.metadata.path`` elsewhere, or its ``write.data.path`` inside this location): the shared-location check
+    through this table's metadata folder does not see it, and every file it wrote here looked like an orphan of this
+    table (before the check: its data files were removed). Refused, naming both tables, and nothing is removed."""
+    if search == "catalog":  # as on a catalog that is not SQL: every table of the catalog read
+        monkeypatch.setattr("lakesink._pyiceberg.commit.all_pointers_on_sql_catalog", lambda catalog: None)
+    commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1])])
+    table = load(committer)
+    stray = plant(table, "data/leftover.parquet")
+    catalog = committer.catalog
+    catalog.create_namespace_if_not_exists(("other",))
+    if other_at == "its data path inside":
+        location = f"file://{tmp_path}/elsewhere/b"
+        properties = {"write.data.path": f"{table.location()}/data/b"}
+    else:
+        location = table.location() if other_at.startswith("this location") else f"{table.location()}/data/b"
+        properties = {"write.metadata.path": f"file://{tmp_path}/elsewhere/b-metadata"}
+    other = catalog.create_table(("other", "b"), schema=SCHEMA, location=location, properties=properties)
+    other.append(arrow_rows([7, 8]))
+    other = catalog.load_table(("other", "b"))
+    theirs = {p for p in reachable(other) if p.startswith(table.location() + "/")}
+    assert theirs and all(kind(p) == "data" for p in theirs)  # their data files are here, nothing else of theirs
+    backdate(on_disk(table), timedelta(days=10))
+    before = on_disk(table)
+    with pytest.raises(TableLocationError, match=r"table db\.events: table other\.b .* writes files inside") as e:
+        remove_orphan_files(load(committer), older_than=ZERO)
+    assert "nothing was removed" in str(e.value)
+    assert on_disk(table) == before
+    assert table_ids(catalog.load_table(("other", "b"))) == Counter([7, 8])
+    assert_intact(catalog.load_table(("other", "b")))
+    with pytest.raises(TableLocationError, match=r"other\.b"):  # a dry run says so too
+        remove_orphan_files(load(committer), older_than=ZERO, dry_run=True)
+    catalog.drop_table(("other", "b"))  # a table that no longer exists: its files are this location's orphans
+    assert paths(remove_orphan_files(load(committer), older_than=ZERO).removed) == {stray} | theirs
+
+
 def test_a_table_without_catalog_is_refused(committer: TableCommitter) -> None:
     static = StaticTable.from_metadata(load(committer).metadata_location)
     with pytest.raises(LakesinkError, match="loaded from a catalog"):
