@@ -17,6 +17,7 @@ from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, StructType
 
 import lakesink
+from lakesink.audit.routes import verify_query
 from lakesink.driver import catalogs
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, EXECUTOR_BEFORE_RETURN
 from lakesink.table import dead_letters as dl
@@ -195,6 +196,47 @@ def test_sigkill_rounds_never_split_a_batch_from_its_dead_letters(tmp_path: Path
     for table in (load(props, "events"), load(props, "dead")):
         assert [s["batch_id"] for s in lakesink_snapshots(table)] == [0, 1, 2]
         assert_snapshot_invariants(table)
+
+
+def test_sigkill_rounds_with_two_routed_sinks_sharing_the_dead_letter_table(tmp_path: Path, faults: Any) -> None:
+    """Two routed sinks of one query (foreachBatch, sink ids ``even`` and ``odd``, tests/jobs/dead_letter_job.py
+    ``two-routed``), each routing its part of the rows, both with the dead-letter table ``db.dead``: after every SIGKILL
+    each routed batch is in all its tables (the dead-letter table included) or in none; at the end every good row once,
+    in its table, and every dead letter once, under the sink its row went to."""
+    props = catalog(tmp_path, "c")
+    cat = catalogs.load(None, props)
+    cat.create_namespace_if_not_exists("db")
+    for name in job.ROUTED_TABLES:  # with NOT NULL columns: required-null is checked against each row's table
+        cat.create_table(tuple(name.split(".")), schema=TABLE_SCHEMA)
+    src = Input(tmp_path / "input")
+    ck = tmp_path / "ck"
+    for point in (EXECUTOR_BEFORE_RETURN, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_AFTER_SWAP):
+        src.add(files=1)
+        faults.arm(point, "kill")
+        run = _job(props, src.folder, ck, "two-routed")
+        assert run.returncode != 0 and faults.fired(point), (point, run.stdout[-2000:], run.stderr[-3000:])
+        faults.clear()
+        query_id = json.loads((ck / "metadata").read_text())["id"] if (ck / "metadata").exists() else None
+        if query_id is not None:
+            report = verify_query(catalogs.load(None, props), query_id)
+            assert not report.incomplete, (point, report.human())
+    run = _job(props, src.folder, ck, "two-routed")
+    assert run.returncode == 0 and "JOB DONE" in run.stdout, run.stderr[-3000:]
+    cat = catalogs.load(None, props)
+    for name in job.ROUTED_TABLES:
+        want = Counter(i for i in src.good if job.routed_table(i) == name)
+        assert ids(cat.load_table(tuple(name.split(".")))) == want, name
+    assert letter_keys(props) == src.letters  # each dead letter once: no replay of either sink wrote one again
+    for r in letters(props):  # under the sink its row went to: the table its routing value names
+        name = job.routed_table(json.loads(r["row"])["id"])
+        assert r["table"] in (name, name.removeprefix("db.")), r
+    dead = load(props, "dead")
+    sinks = Counter((s["sink_id"], s["batch_id"]) for s in lakesink_snapshots(dead))
+    assert set(sinks.values()) == {1} and len({sink for sink, _ in sinks}) == 2, sinks  # both sinks, each batch once
+    for name in (*job.ROUTED_TABLES, "db.dead"):
+        assert_snapshot_invariants(cat.load_table(tuple(name.split("."))))
+    report = verify_query(cat, json.loads((ck / "metadata").read_text())["id"])
+    assert report.ok, report.human()
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])

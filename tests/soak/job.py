@@ -18,6 +18,7 @@ point, an injected exception) is retried by Spark, up to 4 attempts.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -50,6 +51,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="option route-by (tests/soak/routing.py): each row to table soak.t<id % 5>, ids ending in 4 (mod 5) "
         "to other.t4; --table is not used",
+    )
+    p.add_argument(
+        "--route-lookup",
+        default=None,
+        help='with --route-by: the table of a row is looked up by id %% 5 in this JSON file ({"version": n, '
+        '"tables": {"0": "soak.t0", ...}}), read once at job start as a batch DataFrame and joined to the '
+        "stream (tests/soak/routing.py --lookups rewrites it between runs)",
     )
     p.add_argument("--atomic", default="auto", help="with --route-by: option atomic (default: %(default)s)")
     p.add_argument(
@@ -93,12 +101,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.route_by:
         from pyspark.sql import functions as F
 
-        # the table of a row is a function of its id (tests/soak/routing.py checks every table against it)
-        other = args.route_namespaces.split(",")[1]
-        route = F.when(F.col("id") % 5 == 4, F.lit(f"{other}.t4")).otherwise(
-            F.concat(F.lit("t"), (F.col("id") % 5).cast("string"))
-        )
-        events = events.withColumn("route", route)
+        if args.route_lookup:
+            # the routing column computed from a lookup: a static DataFrame of (key, route) joined to every micro-batch
+            with open(args.route_lookup) as f:
+                lookup = json.load(f)
+            print(f"soak_job: route lookup version {lookup['version']}: {lookup['tables']}", flush=True)
+            static = spark.createDataFrame(
+                [(int(k), v) for k, v in sorted(lookup["tables"].items())], "route_key long, route string"
+            )
+            events = events.withColumn("route_key", F.col("id") % 5).join(F.broadcast(static), "route_key").drop("route_key")
+        else:
+            # the table of a row is a function of its id (tests/soak/routing.py checks every table against it)
+            other = args.route_namespaces.split(",")[1]
+            route = F.when(F.col("id") % 5 == 4, F.lit(f"{other}.t4")).otherwise(
+                F.concat(F.lit("t"), (F.col("id") % 5).cast("string"))
+            )
+            events = events.withColumn("route", route)
     if args.route_by and args.entry == "format":
         writer = (
             events.writeStream.format("lakesink")

@@ -16,6 +16,17 @@ missing from some tables until the next run completes it. ``--first-phase`` kill
 table the batch created is still empty: ``pause-kill@driver.after-table-created``). At the end (a run without
 faults): every id sent is in the table its id names, exactly once, and nowhere else (read by pyiceberg and DuckDB);
 every table's batches without duplicates or gaps; every batch in all its tables; no staged file left.
+
+``--lookups``: the routing column is computed from a lookup (key id % 5 -> table, a JSON file the job reads at its
+start and joins to the stream) that the runner rewrites before every round, a new version each time (seeded,
+printed): odd rounds give another set of tables than the last run's (one key moved to a sixth table ``<namespace>.t5``, or
+back), even rounds permute the last run's tables among the keys (the same set). A run that replays a committed batch
+(killed after the swap, before Spark's commit log) with another set of tables must fail with ``ReplayMismatchError``
+and commit nothing; the runner
+then restores the lookup of the previous run (the documented recovery) and reruns the round. A replay with the same
+set skips the batch everywhere. Counted: ``replays_refused``, ``replays_skipped``. At the end every id sent is in
+exactly one table over all six, and every batch's rows are where one lookup version in use puts them all (each
+batch read from its own snapshots).
 """
 
 from __future__ import annotations
@@ -33,6 +44,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyiceberg.exceptions import NoSuchTableError
+
 from examples.demo import session_members
 from lakesink.audit import interop
 from lakesink.audit.routes import verify_query
@@ -45,7 +58,7 @@ from lakesink.faults import (
     DRIVER_BETWEEN_TABLE_COMMITS,
     ENV_FAULTS_DIR,
 )
-from tests.support.helpers import assert_snapshot_invariants, table_ids, write_json_input
+from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, table_ids, write_json_input
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = ("soak.t0", "soak.t1", "soak.t2", "soak.t3", "other.t4")
@@ -83,6 +96,12 @@ class Result:
     incomplete_after_kills: int = 0
     """Batches found in some of their tables only after a kill (0 with atomic=auto; completed by the next run)."""
     violations: list[str] = field(default_factory=list)
+    lookups: list[dict[str, str]] = field(default_factory=list)
+    """With --lookups: every lookup version written, in order (version n is lookups[n])."""
+    replays_refused: int = 0
+    """Runs that replayed a committed batch with another set of tables: failed with ReplayMismatchError."""
+    replays_skipped: int = 0
+    """Runs that replayed a committed batch with the same set of tables (after a restore, or a permuted lookup)."""
 
 
 class RoutingSoak:
@@ -98,6 +117,7 @@ class RoutingSoak:
         catalog: dict[str, str] | None = None,
         namespaces: tuple[str, str] = ("soak", "other"),
         per_table_catalog: bool = False,
+        lookups: bool = False,
     ):
         self.folder = folder
         self.entry, self.atomic = entry, atomic
@@ -123,12 +143,64 @@ class RoutingSoak:
             }
         )
         self.own_catalog = bool(catalog)
+        self.seed = seed
+        self.lookup_file = folder / "lookup.json" if lookups else None
+        self.sixth = f"{namespaces[0]}.t5"
+        self.version = -1
+        """The lookup version the next run reads (with --lookups)."""
+        if self.lookup_file is not None:
+            self.write_lookup(dict(enumerate(self.tables)))
 
     def say(self, text: str) -> None:
         print(f"[routing soak {self.entry}/{self.atomic}] {text}", flush=True)
 
     def add_input(self, files: int) -> None:
         self.sent += write_json_input(self.input, files=files, rows_per_file=self.rows_per_file, start=len(self.sent) + 10_000)
+
+    def write_lookup(self, tables: dict[int, str]) -> None:
+        """A new lookup version (key id % 5 -> table), read by the next run."""
+        assert self.lookup_file is not None
+        self.result.lookups.append({str(k): v for k, v in sorted(tables.items())})
+        self.use_lookup(len(self.result.lookups) - 1)
+
+    def use_lookup(self, version: int) -> None:
+        assert self.lookup_file is not None
+        self.version = version
+        tables = self.result.lookups[version]
+        self.lookup_file.write_text(json.dumps({"version": version, "tables": tables}))
+        self.say(f"lookup version {version} (seed {self.seed}): {tables}")
+
+    def next_lookup(self, number: int) -> None:
+        """Round ``number``'s lookup, a new version: on odd rounds another set of tables than the last run's (one key
+        moved to the sixth table, or back from it), on even rounds the last run's set permuted among the keys."""
+        last = list(self.result.lookups[self.version].values())
+        if number % 2 == 0:
+            tables = last
+        elif self.sixth in last:
+            tables = list(self.tables)
+        else:
+            tables = list(self.tables)
+            tables[self.rng.randrange(5)] = self.sixth
+        self.rng.shuffle(tables)
+        self.write_lookup(dict(enumerate(tables)))
+
+    def pending_replay(self) -> bool:
+        """A batch in the tables that Spark's commit log does not have (the next run replays it)."""
+        query_id = self.query_id()
+        if query_id is None:
+            return False
+        catalog = catalogs.load(None, self.props)
+        held = -1
+        for name in self.all_tables():
+            table = _load(catalog, name)
+            if table is not None:
+                held = max([held, *(s["batch_id"] for s in lakesink_snapshots(table) if s["query_id"] == query_id)])
+        commits = self.ck / "commits"
+        logged = max((int(p.name) for p in commits.iterdir() if p.name.isdigit()), default=-1) if commits.exists() else -1
+        return held > logged
+
+    def all_tables(self) -> tuple[str, ...]:
+        return (*self.tables, self.sixth) if self.lookup_file is not None else self.tables
 
     def start(self) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
@@ -156,7 +228,10 @@ class RoutingSoak:
             "--atomic", self.atomic,
             "--route-namespaces", ",".join(self.namespaces),
         ]  # fmt: skip
+        if self.lookup_file is not None:
+            cmd += ["--route-lookup", str(self.lookup_file)]
         self.result.runs += 1
+        self.log_from = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as log:
             log.write(f"\n===== run {self.result.runs} =====\n".encode())
             log.flush()
@@ -201,17 +276,27 @@ class RoutingSoak:
     def round(self, number: int, phase: str) -> None:
         self.add_input(self.files_per_batch * 2)
         record: dict[str, Any] = {"round": number, "phase": phase}
-        if phase == DELAY:
-            proc = self.start()
-            delay = self.rng.uniform(4.0, 14.0)
-            exited = self.wait(proc, until=_after(delay))
-            record["delay_s"] = round(delay, 1)
-        else:
-            point = phase.removeprefix(PAUSE)
-            (self.faults / point).write_text("pause")
-            proc = self.start()
-            exited = self.wait(proc, until=lambda: (self.faults / f"{point}.reached").exists())
-            record["reached"] = not exited
+        if self.lookup_file is not None:
+            previous, pending = self.version, self.pending_replay()
+            self.next_lookup(number)
+            record["lookup"] = self.version
+            record["pending_replay"] = pending
+        while True:
+            proc, exited = self.run_phase(phase, record)
+            if not (exited and self.lookup_file is not None and self.refused()):
+                break
+            # the documented recovery: restore what the routing column was computed from when the batch was committed
+            if not pending or set(self.result.lookups[self.version].values()) == set(self.result.lookups[previous].values()):
+                self.violation(f"round {number}: a run refused a replay (ReplayMismatchError) that routes to the same tables")
+                break
+            self.result.replays_refused += 1
+            record["refused_then_restored"] = previous
+            self.say(f"round {number}: replay refused with lookup version {self.version}; restoring version {previous}")
+            self.clear_faults()
+            self.use_lookup(previous)
+            pending = False
+        if self.lookup_file is not None and pending and record.get("reached"):
+            self.result.replays_skipped += 1  # the run went past the replayed batch with the same set of tables
         if not exited:
             self.kill(proc)
         record["killed"] = not exited
@@ -224,6 +309,27 @@ class RoutingSoak:
             self.violation(f"round {number} ({phase}): a batch is in some of its tables only: {report[0].describe()}")
         self.result.rounds.append(record)
         self.say(json.dumps(record))
+
+    def run_phase(self, phase: str, record: dict[str, Any]) -> tuple[subprocess.Popen[bytes], bool]:
+        if phase == DELAY:
+            proc = self.start()
+            delay = self.rng.uniform(4.0, 14.0)
+            exited = self.wait(proc, until=_after(delay))
+            record["delay_s"] = round(delay, 1)
+        else:
+            point = phase.removeprefix(PAUSE)
+            (self.faults / point).write_text("pause")
+            proc = self.start()
+            exited = self.wait(proc, until=lambda: (self.faults / f"{point}.reached").exists())
+            record["reached"] = not exited
+        return proc, exited
+
+    def refused(self) -> bool:
+        """The last run failed with ReplayMismatchError (its part of the job log)."""
+        with self.log.open("rb") as f:
+            f.seek(self.log_from)
+            text = f.read().decode(errors="replace")
+        return "ReplayMismatchError" in text or "into another set of tables than the batch was committed to" in text
 
     def query_id(self) -> str | None:
         meta = self.ck / "metadata"
@@ -250,8 +356,13 @@ class RoutingSoak:
         for i in self.sent:
             want[table_of(i, self.tables)][i] += 1
         total = 0
-        for name, ids in want.items():
-            table = catalog.load_table(tuple(name.split(".")))
+        every: Counter[int] = Counter()
+        for name in self.all_tables():
+            table = _load(catalog, name)
+            if table is None:
+                if name in want:
+                    self.violation(f"table {name} does not exist")
+                continue
             got = table_ids(table)
             read = Counter(interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist())
             if read != got:
@@ -260,18 +371,57 @@ class RoutingSoak:
             if staged.exists() and any(p.is_file() for p in staged.rglob("*")):
                 self.violation(f"staged files left in {staged} after the final run")
             total += sum(got.values())
-            if got != ids:
+            every += got
+            if self.lookup_file is not None:
+                # a table records only the batches that routed rows to it: no duplicate batch (gaps: verify_query)
+                keys = Counter((s["query_id"], s["sink_id"], s["batch_id"]) for s in lakesink_snapshots(table))
+                if dupes := {k: n for k, n in keys.items() if n > 1}:
+                    self.violation(f"table {name}: batches committed more than once: {dupes}")
+                continue
+            if got != want[name]:
+                ids = want[name]
                 self.violation(f"table {name}: {sum((got - ids).values())} id(s) too many, {sum((ids - got).values())} missing")
             try:
                 assert_snapshot_invariants(table)
             except AssertionError as e:
                 self.violation(f"table {name}: {e}")
+        if self.lookup_file is not None:
+            sent = Counter(self.sent)
+            if every != sent:
+                self.violation(
+                    f"over all tables: {sum((every - sent).values())} id(s) too many (in two tables, or twice), "
+                    f"{sum((sent - every).values())} missing"
+                )
+            self.check_batches_routed_by_one_version(catalog)
         query_id = self.query_id()
         assert query_id is not None
         report = verify_query(catalog, query_id)
         if not report.ok:
             self.violation(f"after the final run: {report.human()}")
         self.result.rows_sent, self.result.rows_in_tables = len(self.sent), total
+
+    def check_batches_routed_by_one_version(self, catalog: Any) -> None:
+        """Every batch's rows (each table's snapshot of the batch minus its parent) are where one lookup version
+        that a run used puts them all: a replay never routed part of a batch with another version."""
+        rows: dict[int, dict[int, str]] = {}  # batch id -> id -> table
+        for name in self.all_tables():
+            table = _load(catalog, name)
+            if table is None:
+                continue
+            before: Counter[int] = Counter()
+            for snap in lakesink_snapshots(table):
+                scan = table.scan(snapshot_id=snap["snapshot_id"], selected_fields=("id",))
+                now = Counter(scan.to_arrow().column("id").to_pylist())
+                for i in now - before:
+                    rows.setdefault(snap["batch_id"], {})[i] = name
+                before = now
+        for batch, where in sorted(rows.items()):
+            fits = [
+                v for v, tables in enumerate(self.result.lookups) if all(tables[str(i % 5)] == name for i, name in where.items())
+            ]
+            if not fits:
+                self.violation(f"batch {batch}: its {len(where)} row(s) are where no single lookup version puts them")
+        self.say(f"{len(rows)} batch(es): each routed by one lookup version")
 
     def play(self, rounds: int, phases: tuple[str, ...], first_phase: str | None = None) -> Result:
         if first_phase is not None:  # the first run killed too (the tables are created by it)
@@ -286,6 +436,13 @@ class RoutingSoak:
             self.round(n + 1, phases[n % len(phases)] if n < len(phases) else self.rng.choice(phases))
         self.final()
         return self.result
+
+
+def _load(catalog: Any, name: str) -> Any:
+    try:
+        return catalog.load_table(tuple(name.split(".")))
+    except NoSuchTableError:
+        return None
 
 
 def _after(seconds: float) -> Any:
@@ -313,6 +470,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "batch in some of its tables, the next run completes it",
     )
     p.add_argument("--first-phase", default=None, help="kill the first run too, in this phase")
+    p.add_argument(
+        "--lookups",
+        action="store_true",
+        help="the routing column from a lookup (id %% 5 -> table) that changes before every round (module docstring)",
+    )
     return p.parse_args(argv)
 
 
@@ -331,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             catalog=json.loads(args.catalog_json) if args.catalog_json else None,
             namespaces=(args.namespaces.split(",")[0], args.namespaces.split(",")[1]),
             per_table_catalog=args.per_table_catalog,
+            lookups=args.lookups,
         )
         results.append(soak.play(args.rounds, phases, args.first_phase))
     if args.json:
@@ -339,6 +502,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r.entry}/{r.atomic}: {len(r.rounds)} round(s), {r.runs} run(s), {r.rows_in_tables}/{r.rows_sent} rows, "
             f"{r.incomplete_after_kills} incomplete batch(es) seen after kills, {len(r.violations)} violation(s)"
+            + (
+                f", seed {args.seed}, {len(r.lookups)} lookup version(s), {r.replays_skipped} replay(s) skipped, "
+                f"{r.replays_refused} refused (ReplayMismatchError) then restored"
+                if args.lookups
+                else ""
+            )
         )
     return 1 if any(r.violations for r in results) else 0
 
