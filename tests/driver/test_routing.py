@@ -86,9 +86,15 @@ def write(
 
 
 def run(rc: RoutedCommitter, batch_id: int, data: Mapping[str | None, Sequence[int]], **kw: Any) -> RoutedOutcome:
-    results = [write(rc, batch_id, data, **kw)]
+    return commit_or_abort(rc, batch_id, [write(rc, batch_id, data, **kw)])
+
+
+def commit_or_abort(
+    rc: RoutedCommitter, batch_id: int, results: list[RoutedTaskResult], *, offsets: str = OFFSETS, run_id: str | None = None
+) -> RoutedOutcome:
+    """The unit committed, or aborted with the same results on an error (as both entry points do)."""
     try:
-        return rc.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=OFFSETS)
+        return rc.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=offsets, run_id=run_id)
     except BaseException:
         rc.abort_batch(query_id=Q, batch_id=batch_id, results=results)
         raise
@@ -609,11 +615,7 @@ def replay(
     plan = rc.routed_plan(plans, Q, template=False)
     writer = RoutedTaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=0)
     results = [writer.write([rows(data)])]
-    try:
-        return rc.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=offsets, run_id=run_id)
-    except BaseException:
-        rc.abort_batch(query_id=Q, batch_id=batch_id, results=results)
-        raise
+    return commit_or_abort(rc, batch_id, results, offsets=offsets, run_id=run_id)
 
 
 def commit_unchecked(
@@ -627,11 +629,7 @@ def commit_unchecked(
     """The same replay reaching the commit without the check at plan time (format("lakesink"), or a batch the plan saw
     in none of its tables): the commit's loop must decide it before any table is swapped."""
     results = [write(rc, batch_id, data)]
-    try:
-        return rc.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=offsets, run_id=run_id)
-    except BaseException:
-        rc.abort_batch(query_id=Q, batch_id=batch_id, results=results)
-        raise
+    return commit_or_abort(rc, batch_id, results, offsets=offsets, run_id=run_id)
 
 
 def files_under(props: Mapping[str, str], name: str) -> list[Path]:
