@@ -39,7 +39,7 @@ from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.driver.commit import BatchOutcome, CommitHook, Outcome, TableCommitter
 from lakesink.driver.completeness import BatchTime
 from lakesink.driver.swap import RetriesExhausted
-from lakesink.driver.tables import SinkTable, creation_properties
+from lakesink.driver.tables import Sibling, SinkTable, creation_properties, sibling
 from lakesink.errors import (
     CommitConflictError,
     CommitOutcomeUnknownError,
@@ -173,7 +173,7 @@ class RoutedCommitter:
         self._post_commit = post_commit
         self._committers: OrderedDict[str, TableCommitter] = OrderedDict()
         self._uuids: dict[str, str] = {}
-        self._siblings: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+        self._siblings: dict[tuple[str, ...], list[Sibling]] = {}
         self._last_tables: tuple[str, ...] = ()
         self._template: TableTemplate | None = None
         self.dead_letters: TableCommitter | None = None
@@ -490,18 +490,18 @@ class RoutedCommitter:
             allowed_namespaces=self.routing.allowed_namespaces,
         )
 
-    def _sibling_locations(self, route: Route) -> list[tuple[str, str]]:
+    def _sibling_locations(self, route: Route) -> list[Sibling]:
         """The locations of the other tables of the route's namespace, listed once per run and namespace."""
         ns = route.namespace
         if ns not in self._siblings:
-            found: list[tuple[str, str]] = []
+            found: list[Sibling] = []
             try:
                 listed = self.catalog.list_tables(ns)
             except Exception:
                 listed = []  # a namespace that does not exist yet has no tables
             for ident in listed[:500]:
                 try:
-                    found.append((".".join(ident), self.catalog.load_table(ident).location()))
+                    found.append(sibling(ident, self.catalog.load_table(ident)))
                 except Exception:
                     continue
             self._siblings[ns] = found

@@ -41,6 +41,14 @@ from lakesink.table.markers import CommittedBatch, SnapshotIndex, last_committed
 from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
+
+Sibling = tuple[str, str, str]
+"""Another table of a namespace, for the location-overlap check: its name, location and UUID."""
+
+
+def sibling(identifier: tuple[str, ...], table: Table) -> Sibling:
+    return ".".join(identifier), table.location(), str(table.metadata.table_uuid)
+
 T = TypeVar("T")
 
 
@@ -99,7 +107,7 @@ class SinkTable:
         return table
 
     def open_routed(
-        self, stream_schema: pa.Schema, *, location: str | None, siblings: Callable[[], list[tuple[str, str]]]
+        self, stream_schema: pa.Schema, *, location: str | None, siblings: Callable[[], list[Sibling]]
     ) -> tuple[Table, pa.Schema]:
         """Option route-by, a table seen for the first time in a run: load it, or create it (and its namespace) at
         ``location`` with the stream's schema; check the stream's columns the table has (all of them with
@@ -112,11 +120,16 @@ class SinkTable:
         self._check_no_overlap(table, [s for s in siblings() if s[0] != self.table_name], created=created)
         return self._ensure_branch(table), columns
 
-    def _check_no_overlap(self, table: Table, others: list[tuple[str, str]], *, created: bool) -> None:
+    def _check_no_overlap(self, table: Table, siblings: list[Sibling], *, created: bool) -> None:
         """TableLocationError when the table's location overlaps another table's. A table lakesink created a moment
         ago at such a location (the catalog's default location of a renamed table's old name: the renamed table
         keeps its files there) is dropped again, without its files -- they may be the other table's -- so that no
-        table is left sharing another's location, where an orphan-file clean-up of one would delete the other's."""
+        table is left sharing another's location, where an orphan-file clean-up of one would delete the other's.
+
+        A sibling with this table's UUID is this table under another spelling (a case-insensitive catalog, Glue or
+        Hive, lists ``orders`` for the ``Orders`` lakesink opened): not another table."""
+        own = str(table.metadata.table_uuid)
+        others = [(name, location) for name, location, uuid in siblings if uuid != own]
         try:
             locations.check_no_overlap(self.table_name, table.location(), others)
             if created:
@@ -279,7 +292,7 @@ class SinkTable:
                 "or use the table's identifier fields as the key"
             )
 
-    def _sibling_locations(self) -> list[tuple[str, str]]:
+    def _sibling_locations(self) -> list[Sibling]:
         """Locations of the other tables of the namespace (read once, at the start of a query)."""
         out = []
         ident = self.options.table.identifier
@@ -297,7 +310,7 @@ class SinkTable:
             )
         for other in siblings[:_MAX_SIBLINGS_CHECKED]:
             try:
-                out.append((".".join(other), self.catalog.load_table(other).location()))
+                out.append(sibling(other, self.catalog.load_table(other)))
             except Exception:
                 continue  # dropped meanwhile, or not an Iceberg table
         return out

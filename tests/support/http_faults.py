@@ -162,6 +162,7 @@ class FaultProxy:
         self.token_ttl_s = 3600.0
         self._vend: Callable[[], dict[str, str]] | None = None
         self._glue_lock: threading.Lock | None = None
+        self._glue_lowercase = False
         self._s3_keys: dict[str, float] | None = None
         """S3 mode: vended access key id -> expiry (monotonic); requests signed with an expired one get 403."""
         self._s3_counter = itertools.count(1)
@@ -234,6 +235,12 @@ class FaultProxy:
         the table's current one is refused with ``ConcurrentModificationException`` (checked and forwarded under one
         lock, so the check and the update are one compare-and-swap, as in AWS Glue)."""
         self._glue_lock = threading.Lock()
+
+    def lowercase_glue_names(self) -> None:
+        """AWS Glue's case-insensitive names, which moto's Glue lacks (it keeps ``Orders`` and ``orders`` apart): the
+        database and table names of every Glue request are lowercased before moto sees them, as AWS Glue stores and
+        looks them up, so ``Orders`` and ``orders`` name one table."""
+        self._glue_lowercase = True
 
     def check_s3_credentials(self) -> None:
         """S3 mode (a proxy in front of moto's S3, which checks no credentials): requests signed with a key this proxy
@@ -332,6 +339,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         proxy = self.owner
         body = self._body()
+        if proxy._glue_lowercase and (self.headers.get("X-Amz-Target") or "").startswith("AWSGlue."):
+            body = self._lowercase_glue_names(body)
         kind = request_kind(self.command, self.path, self.headers)
         key: str | None = None
         fault = None
@@ -453,6 +462,18 @@ class _Handler(BaseHTTPRequestHandler):
             return b"".join(chunks)
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length else b""
+
+    def _lowercase_glue_names(self, body: bytes) -> bytes:
+        request = json.loads(body or b"{}")
+        for key in ("DatabaseName", "Name"):
+            if isinstance(request.get(key), str):
+                request[key] = request[key].lower()
+        for key in ("TableInput", "DatabaseInput"):
+            if isinstance(request.get(key), dict) and isinstance(request[key].get("Name"), str):
+                request[key]["Name"] = request[key]["Name"].lower()
+        lowered = json.dumps(request).encode()
+        self.headers.replace_header("Content-Length", str(len(lowered)))
+        return lowered
 
     def _stale_glue_version(self, body: bytes) -> bytes | None:
         """The ConcurrentModificationException answer when the UpdateTable's VersionId is not the current one."""
