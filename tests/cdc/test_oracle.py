@@ -12,19 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import cdc_oracle
-from tests.support.cdc_oracle import ALTER_ROUND, TABLES, TRUNCATE_ROUND
-from tests.support.pg import PostgresServer
-
-ROUNDS = 5
-
-
-@pytest.fixture(scope="module")
-def captured(postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
-    """The workload run once for the module: (the database's DSN, the folder of its change files)."""
-    dsn = f"postgresql://postgres@127.0.0.1:{postgres.port}/{postgres.new_database()}"
-    folder = tmp_path_factory.mktemp("cdc")
-    cdc_oracle.run_workload(dsn, folder, rounds=ROUNDS)
-    return dsn, folder
+from tests.support.cdc_oracle import ALTER_ROUND, ROUNDS, TABLES, TRUNCATE_ROUND
 
 
 def test_replayed_changes_equal_select_star(captured: tuple[str, Path]) -> None:

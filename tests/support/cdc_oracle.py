@@ -72,6 +72,7 @@ SLOT = "lakesink_cdc"
 PUBLICATION = "lakesink_cdc"
 ALTER_ROUND = 2
 TRUNCATE_ROUND = 3
+ROUNDS = 5  # the rounds after round 0 (the snapshot): a few seconds of workload
 CHANGES, DEBEZIUM, DEBEZIUM_SCHEMAS = "changes", "debezium", "debezium-schemas"
 Row = dict[str, Any]
 Key = tuple[Any, ...]
@@ -609,7 +610,7 @@ class CdcWorkload:
             cur.execute("SELECT pg_drop_replication_slot(%s)", (SLOT,))
 
 
-def run_workload(dsn: str, folder: Path, *, rounds: int = 5, seed: int = 32) -> CdcWorkload:
+def run_workload(dsn: str, folder: Path, *, rounds: int = ROUNDS, seed: int = 32) -> CdcWorkload:
     """Setup (round 0) then ``rounds`` rounds; the slot dropped at the end."""
     workload = CdcWorkload(dsn, folder, seed=seed)
     workload.setup()
