@@ -27,6 +27,8 @@ import base64
 import datetime as dt
 import json
 import math
+import struct
+from decimal import Decimal
 from typing import Any
 
 TOPIC_PREFIX = "lake"
@@ -183,4 +185,99 @@ def records(change: dict[str, Any], db: str, key_columns: tuple[str, ...], *, sc
     out = [{"topic": topic, "key": key_text, "value": json.dumps(envelope, ensure_ascii=False)}]
     if op == "d":
         out.append({"topic": topic, "key": key_text, "value": None})
+    return out
+
+
+# -- the way back: Debezium records decoded to the oracle's values (the sink's cdc-format=debezium must do the same) --
+
+_ICEBERG_OF_NAME = {
+    "io.debezium.time.Date": "date",
+    "io.debezium.time.MicroTimestamp": "timestamp",
+    "io.debezium.time.ZonedTimestamp": "timestamptz",
+    "io.debezium.data.Uuid": "uuid",
+}
+_ICEBERG_OF_TYPE = {
+    "int16": "int",
+    "int32": "int",
+    "int64": "long",
+    "string": "string",
+    "boolean": "boolean",
+    "float": "float",
+    "double": "double",
+    "bytes": "binary",
+}
+
+
+def iceberg_type_of(field: dict[str, Any]) -> str:
+    """The Iceberg type of a field of a Connect schema (the ``schemas.enable`` wrapper), as :func:`field_schema` wrote it."""
+    name = field.get("name")
+    if name == "org.apache.kafka.connect.data.Decimal":
+        parameters = field["parameters"]
+        return f"decimal({parameters['connect.decimal.precision']},{parameters['scale']})"
+    if name in _ICEBERG_OF_NAME:
+        return _ICEBERG_OF_NAME[name]
+    return _ICEBERG_OF_TYPE[field["type"]]
+
+
+def decode_value(v: Any, iceberg: str) -> Any:
+    """The inverse of :func:`value`: a Debezium-encoded value as the oracle's Python value."""
+    if v is None:
+        return None
+    if iceberg.startswith("decimal("):
+        scale = int(iceberg[:-1].split(",")[1])
+        unscaled = int.from_bytes(base64.b64decode(v), "big", signed=True)
+        return Decimal(unscaled).scaleb(-scale)
+    if iceberg == "date":
+        return dt.date(1970, 1, 1) + dt.timedelta(days=v)
+    if iceberg == "timestamp":
+        return _EPOCH + dt.timedelta(microseconds=v)
+    if iceberg == "timestamptz":
+        return dt.datetime.fromisoformat(v).astimezone(dt.timezone.utc)
+    if iceberg == "float":
+        return float(struct.unpack("f", struct.pack("f", float(v)))[0])
+    if iceberg == "double":
+        return float(v)
+    if iceberg == "binary":
+        return base64.b64decode(v)
+    return v
+
+
+def as_changes(lines: list[dict[str, Any]], table_types: dict[str, dict[str, str]] | None = None) -> list[dict[str, Any]]:
+    """Kafka records (as :func:`records` wrote them) as the oracle's change records, for ``cdc_oracle.replay``.
+
+    Types come from the Connect schema in each value (``schemas.enable``), else from ``table_types`` (table ->
+    column -> Iceberg type, e.g. the tables' final columns). Tombstones are skipped.
+    """
+    out = []
+    for seq, record in enumerate(lines):
+        if record["value"] is None:
+            continue
+        envelope = json.loads(record["value"])
+        wrapped = "schema" in envelope
+        payload = envelope["payload"] if wrapped else envelope
+        table = f"{payload['source']['schema']}.{payload['source']['table']}"
+        if wrapped:
+            row_fields = next(f for f in envelope["schema"]["fields"] if f["field"] == "after")["fields"]
+            types = {f["field"]: iceberg_type_of(f) for f in row_fields}
+        else:
+            assert table_types is not None, "records without schemas need table_types"
+            types = table_types[table]
+        key = None if record["key"] is None else json.loads(record["key"])
+        if key is not None and wrapped:
+            key = key["payload"]
+
+        def typed(row: dict[str, Any] | None, types: dict[str, str] = types) -> dict[str, Any] | None:
+            return None if row is None else {c: decode_value(v, types[c]) for c, v in row.items() if c in types}
+
+        out.append(
+            {
+                "seq": seq,
+                "table": table,
+                "op": payload["op"],
+                "key": typed(key),
+                "before": typed(payload["before"]),
+                "after": typed(payload["after"]),
+                "types": {c: t for c, t in types.items() if c in (payload["after"] or payload["before"] or {})},
+            }
+        )
     return out
