@@ -202,6 +202,10 @@ INDEX_COLUMN = "__lakesink_index"
 """The verdict column of an expression evaluated on a batch (lakesink._pyiceberg.io.matching_rows)."""
 COUNT_COLUMN = "__lakesink_rows"
 """The number of rows of a key, while a batch is resolved to one row per key (in Spark)."""
+PAYLOAD_COLUMN = "__lakesink_payload"
+"""A Debezium value's envelope as JSON text (the ``schemas.enable`` wrapper removed), while lakesink.cdc.debezium parses it."""
+ENVELOPE_COLUMN = "__lakesink_envelope"
+"""A Debezium value's envelope as a struct, while lakesink.cdc.debezium parses it."""
 
 # --- Spark local properties (TaskContext / SparkContext.getLocalProperty) --------------------------
 

@@ -56,15 +56,33 @@ class PostgresServer:
             shutil.chown(folder, "postgres")
         server = cls(folder=folder, port=_free_port(), bin_dir=_bin_dir())
         server._run("initdb", "-D", str(folder / "data"), "-A", "trust", "-U", "postgres")
-        options = f"-p {server.port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-        server._run("pg_ctl", "-D", str(folder / "data"), "-o", options, "-l", str(folder / "server.log"), "-w", "start")
+        log = folder / "server.log"
+        for attempt in range(5):
+            # wal_level=logical: the change-data tests (tests/cdc) read a logical replication slot of their database
+            options = (
+                f"-p {server.port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+                " -c wal_level=logical -c max_replication_slots=20"
+            )
+            try:
+                server._run("pg_ctl", "-D", str(folder / "data"), "-o", options, "-l", str(log), "-w", "start")
+                break
+            except subprocess.CalledProcessError:
+                # the free port was taken by another process between _free_port() and the bind (seen on a shared
+                # machine: "could not bind IPv4 address: Address already in use"): another port
+                if attempt == 4 or "Address already in use" not in log.read_text(errors="replace"):
+                    raise
+                server.port = _free_port()
         return server
 
     def create_database(self) -> str:
         """A fresh database; returns its SQLAlchemy URI."""
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{self.new_database()}"
+
+    def new_database(self) -> str:
+        """A fresh database; returns its name."""
         name = f"lakesink_{next(self._counter)}"
         self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name)
-        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{name}"
+        return name
 
     def stop(self) -> None:
         try:
