@@ -108,6 +108,11 @@ def serve(host: str, port: int) -> None:
     log.info("lakesink: Prometheus metrics on http://%s:%s/metrics", host, port)
 
 
+def serving() -> bool:
+    """Whether a sink of this process asked for Prometheus metrics (option ``metrics=prometheus:...``)."""
+    return bool(_servers)
+
+
 def observe(metrics: CommitMetrics) -> None:
     _collectors().observe(metrics)
 

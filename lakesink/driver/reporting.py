@@ -47,9 +47,10 @@ def report(m: metrics.CommitMetrics, *, catalog: Any, identifier: tuple[str, ...
             )
 
 
-def report_maintenance(table: str, kind: str, export: MetricsExport) -> None:
-    """A maintenance commit (compaction, expiry, manifest rewrite) made for the sink's table."""
-    if export.prometheus is not None:
+def report_maintenance(table: str, kind: str) -> None:
+    """A maintenance commit (``compaction``, ``expiry``, ``manifest-rewrite``) of the sink's automatic maintenance, counted
+    where this process exports to Prometheus (a sink of the process has option ``metrics=prometheus:...``)."""
+    if prometheus.serving():
         try:
             prometheus.observe_maintenance(table, kind)
         except Exception as e:

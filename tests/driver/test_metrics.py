@@ -22,7 +22,7 @@ from lakesink.driver import metrics
 from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import InvalidOptionError
 from lakesink.options import MetricsExport, SinkOptions, TableName
-from tests.support.helpers import commit, sink_committer, write_task
+from tests.support.helpers import commit, maintainer, sink_committer, write_task
 from tests.support.txn_rest_server import TxnRestServer
 
 Q = "33333333-cccc-4000-8000-000000000033"
@@ -202,3 +202,30 @@ def test_metrics_option() -> None:
     for bad in ("prometheus", "prometheus:x", "statsd:9108", "prometheus:99999"):
         with pytest.raises(InvalidOptionError, match="prometheus:<port>"):
             MetricsExport.parse(bad)
+
+
+def test_prometheus_counts_the_maintenance_commits_of_the_sink(catalog_properties: dict[str, str]) -> None:
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = _free_port()
+    c = _committer(
+        catalog_properties,
+        metrics=MetricsExport.parse(f"prometheus:{port}"),
+        table_properties={"write.lakesink.maintenance.interval-ms": "0", "write.lakesink.compact.min-input-files": "2"},
+    )
+    for b in range(6):
+        _batch(c, b, [b * 10 + i for i in range(3)])
+        maintainer(c).wait(60)
+    assert maintainer(c).last_error is None
+    replaces = [s for s in c.load().snapshots() if s.summary is not None and s.summary.operation.value == "replace"]
+    assert replaces  # compactions (and manifest rewrites) happened
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    counted = sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "lakesink_maintenance_commits_total" and s.labels.get("table") == c.table_name
+    )
+    assert counted == len(replaces)
