@@ -94,19 +94,25 @@ class CommitMetrics:
 # --- this process's record (what a StreamingQueryListener in the same process reads) --------------------------------
 
 _MAX_BATCHES_KEPT = 1000
+_MAX_COMMITS_KEPT = 10_000
+"""At most this many tables' metrics in all (a routed stream commits many tables a batch): the oldest batches go first."""
 _recorded: OrderedDict[tuple[str, int], list[CommitMetrics]] = OrderedDict()
 _recorded_lock = threading.Lock()
+_kept = 0
 
 
 def record(metrics: CommitMetrics) -> None:
-    """Keep ``metrics`` for :func:`recorded` (the newest 1000 batches of the process)."""
+    """Keep ``metrics`` for :func:`recorded` (the newest 1000 batches of the process, 10,000 tables' commits at most)."""
+    global _kept
     key = (metrics.query_id, metrics.batch_id)
     with _recorded_lock:
         kept = _recorded.setdefault(key, [])
+        before = len(kept)
         kept[:] = [m for m in kept if (m.table, m.sink_id) != (metrics.table, metrics.sink_id)] + [metrics]
+        _kept += len(kept) - before
         _recorded.move_to_end(key)
-        while len(_recorded) > _MAX_BATCHES_KEPT:
-            _recorded.popitem(last=False)
+        while len(_recorded) > 1 and (len(_recorded) > _MAX_BATCHES_KEPT or _kept > _MAX_COMMITS_KEPT):
+            _kept -= len(_recorded.popitem(last=False)[1])
 
 
 def recorded(query_id: str, batch_id: int) -> tuple[CommitMetrics, ...]:

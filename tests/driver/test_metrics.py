@@ -33,6 +33,11 @@ def _committer(catalog_properties: dict[str, str], **extra: Any) -> TableCommitt
     return sink_committer(SinkOptions(table=TableName(("db",), name), catalog_properties=catalog_properties, **extra))
 
 
+def _recorded(c: TableCommitter, batch_id: int) -> list[metrics.CommitMetrics]:
+    """This process's record of the batch on ``c``'s table (other tests of the process commit batches of query Q too)."""
+    return [m for m in metrics.recorded(Q, batch_id) if m.table == c.table_name]
+
+
 def _batch(c: TableCommitter, batch_id: int, ids: list[int]) -> tuple[Any, int]:
     """Write and commit ``ids`` as batch ``batch_id``; returns the outcome and the bytes of the files written."""
     result = write_task(c, Q, batch_id, ids)
@@ -46,7 +51,7 @@ def test_a_batch_commit_is_recorded_with_its_exact_numbers(catalog_properties: d
     table = c.load()
     snapshot = table.current_snapshot()
     assert outcome.outcome is Outcome.COMMITTED and snapshot is not None
-    [m] = metrics.recorded(Q, 0)
+    [m] = _recorded(c, 0)
     assert (m.table, m.query_id, m.batch_id, m.outcome) == (c.table_name, Q, 0, metrics.COMMITTED)
     assert (m.snapshot_id, m.sequence_number, m.operation) == (snapshot.snapshot_id, snapshot.sequence_number, "append")
     assert (m.rows_in, m.rows_written, m.dead_letters, m.data_files, m.bytes_written) == (100, 100, 0, 1, written)
@@ -56,7 +61,7 @@ def test_a_batch_commit_is_recorded_with_its_exact_numbers(catalog_properties: d
 
     replay = write_task(c, Q, 0, list(range(100)), attempt=3)  # a restart replays batch 0: found committed, skipped
     assert commit(c, Q, 0, [replay]).outcome is Outcome.REPLAY_SKIPPED
-    [again] = metrics.recorded(Q, 0)
+    [again] = _recorded(c, 0)
     assert (again.outcome, again.replay_skipped, again.rows_written, again.snapshot_id) == (metrics.REPLAY_SKIPPED, True, 0, None)
     assert metrics.commit_report(again) is None  # nothing committed: no Iceberg commit report
 
@@ -229,3 +234,80 @@ def test_prometheus_counts_the_maintenance_commits_of_the_sink(catalog_propertie
         if s.name == "lakesink_maintenance_commits_total" and s.labels.get("table") == c.table_name
     )
     assert counted == len(replaces)
+
+
+# --- dead letters, the watermark, conflicts ----------------------------------------------------------------------------
+
+
+def test_dead_letters_and_rows_in_of_a_known_batch(catalog_properties: dict[str, str]) -> None:
+    from tests.driver import test_dead_letters as dl_test
+
+    c = dl_test.make(catalog_properties, reject_when="amount < 0")
+    good = [dl_test.row(i) for i in range(10)]
+    results = [dl_test.write(c, 0, good[:5] + dl_test.BAD[:3], task=0), dl_test.write(c, 0, good[5:] + dl_test.BAD[3:], task=1)]
+    assert dl_test.commit(c, 0, results).outcome is Outcome.COMMITTED
+    [m] = [m for m in metrics.recorded(dl_test.Q, 0) if m.table == "db.events"]
+    assert (m.rows_in, m.rows_written, m.dead_letters) == (15, 10, 5)
+    assert m.summary["lakesink.dead-letters"] == "5"
+
+
+def test_watermark_lag_is_the_clock_minus_the_batch_watermark(catalog_properties: dict[str, str]) -> None:
+    from lakesink.driver.completeness import BatchTime
+
+    c = _committer(catalog_properties)
+    result = write_task(c, Q, 0, [1, 2])
+    before = int(time.time() * 1000)
+    watermark = before - 3_600_000
+    c.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets="[]", batch_time=BatchTime(watermark_ms=watermark))
+    after = int(time.time() * 1000)
+    [m] = _recorded(c, 0)
+    assert m.watermark_lag_ms is not None and before - watermark <= m.watermark_lag_ms <= after - watermark
+
+
+def test_a_conflict_shows_as_two_attempts_in_the_commit_report(metrics_server: TxnRestServer, faults: Any) -> None:
+    from lakesink.faults import DRIVER_BEFORE_SWAP
+    from tests.support.helpers import arrow_rows
+
+    c = _committer(metrics_server.catalog_properties())
+    result = write_task(c, Q, 0, list(range(20)))
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    box: list[Any] = []
+    t = threading.Thread(target=lambda: box.append(commit(c, Q, 0, [result])))
+    t.start()
+    faults.wait_reached(DRIVER_BEFORE_SWAP)
+    metrics_server.catalog.load_table(c.options.table.identifier).append(arrow_rows([9001]))  # another writer
+    faults.release(DRIVER_BEFORE_SWAP)
+    t.join(60)
+    assert box and box[0].outcome is Outcome.COMMITTED and box[0].retries == 1
+    [m] = _recorded(c, 0)
+    assert (m.attempts, m.conflicts) == (2, 1)
+    [(_, report)] = metrics_server.reports
+    assert report["metrics"]["attempts"] == {"unit": "count", "value": 2}
+    assert report["metrics"]["added-records"] == {"unit": "count", "value": 20}
+    assert report["metrics"]["total-records"] == {"unit": "count", "value": 21}
+
+
+def test_the_process_record_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "_recorded", type(metrics._recorded)())
+    monkeypatch.setattr(metrics, "_kept", 0)
+    monkeypatch.setattr(metrics, "_MAX_COMMITS_KEPT", 25)
+    for batch_id in range(10):
+        for t in range(5):  # a routed batch of 5 tables
+            metrics.record(metrics.CommitMetrics(table=f"db.t{t}", query_id="q", batch_id=batch_id, outcome=metrics.EMPTY))
+        metrics.record(metrics.CommitMetrics(table="db.t0", query_id="q", batch_id=batch_id, outcome=metrics.COMMITTED))
+    assert [b for b in range(10) if metrics.recorded("q", b)] == [5, 6, 7, 8, 9]  # 25 commits: the newest 5 batches
+    assert [m.outcome for m in metrics.recorded("q", 9) if m.table == "db.t0"] == [metrics.COMMITTED]  # replaced, not added
+    assert metrics._kept == 25
+
+
+def test_a_routed_batch_gives_one_commit_per_table(catalog_properties: dict[str, str]) -> None:
+    from tests.driver import test_routing as routing_test
+
+    rc = routing_test.routed(catalog_properties)
+    routing_test.run(rc, 7, {"a": [1, 2], "b": [3], "other.c": [4, 5, 6]})
+    got = {m.table: (m.outcome, m.rows_written, m.data_files) for m in metrics.recorded(routing_test.Q, 7)}
+    assert got == {
+        "db.a": (metrics.COMMITTED, 2, 1),
+        "db.b": (metrics.COMMITTED, 1, 1),
+        "other.c": (metrics.COMMITTED, 3, 1),
+    }
