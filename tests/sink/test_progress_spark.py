@@ -70,3 +70,30 @@ def test_listener_joins_each_batch_progress_with_its_commit(
         s.assert_exactly_once()
     finally:
         spark.streams.removeListener(listener)
+
+
+@pytest.mark.parametrize("txn_server_options", [{"metrics": True}], indirect=True)
+def test_format_lakesink_commits_reach_the_rest_catalog_not_the_driver(spark: Any, tmp_path: Path, txn_server: Any) -> None:
+    """format("lakesink") commits in a Python worker Spark starts: the REST catalog's metrics endpoint receives each
+    commit's report from there, while the driver's listener gets Spark's progress without lakesink's numbers."""
+    lakesink.register(spark)
+    listener = lakesink.CommitProgressListener()
+    spark.streams.addListener(listener)
+    try:
+        s = Stream(spark, tmp_path, txn_server.catalog_properties(), "format")
+        s.add_input(files=2, rows_per_file=30)
+        s.run()
+        s.assert_exactly_once()
+        snapshots = {snap["snapshot_id"]: snap for snap in lakesink_snapshots(s.table)}
+        reports = [r for identifier, r in txn_server.reports if identifier == ("db", "events")]
+        assert sorted(int(r["metadata"]["lakesink.batch-id"]) for r in reports) == [0, 1]
+        for r in reports:
+            snap = snapshots[r["snapshot-id"]]
+            assert r["metadata"]["lakesink.query-id"] == s.query_id and r["operation"] == "append"
+            assert r["metrics"]["added-records"] == {"unit": "count", "value": 30}
+            assert r["metrics"]["added-data-files"]["value"] == int(snap["summary"]["added-data-files"])
+            assert r["metrics"]["attempts"] == {"unit": "count", "value": 1}
+        progress = _wait_for(listener, s.query_id, 1)
+        assert progress.num_input_rows == 30 and progress.commits == ()  # the commit ran in another process
+    finally:
+        spark.streams.removeListener(listener)
