@@ -21,7 +21,6 @@ from lakesink.table import keys
 COMMITTED = "committed"
 REPLAY_SKIPPED = "replay skipped"
 EMPTY = "empty"
-FAILED = "failed"
 
 
 @dataclass(frozen=True)

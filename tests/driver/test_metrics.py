@@ -8,6 +8,7 @@ test is tests/sink/test_progress.py.
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 import urllib.request
@@ -311,3 +312,11 @@ def test_a_routed_batch_gives_one_commit_per_table(catalog_properties: dict[str,
         "db.b": (metrics.COMMITTED, 1, 1),
         "other.c": (metrics.COMMITTED, 3, 1),
     }
+
+
+def test_prometheus_without_its_library_is_refused_at_start(
+    catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed: its import raises ImportError
+    with pytest.raises(InvalidOptionError, match=r"lakesink\[prometheus\]"):
+        _committer(catalog_properties, metrics=MetricsExport.parse(f"prometheus:{_free_port()}"))
