@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from lakesink.audit.completeness import TableWatermark, WaitResult, table_watermark, wait_for_watermark
     from lakesink.driver.catalogs import lakesink_home
     from lakesink.driver.commit import BatchOutcome, Outcome
+    from lakesink.driver.metrics import CommitMetrics
     from lakesink.maintenance.compaction import compact
     from lakesink.maintenance.expiry import expire_snapshots
     from lakesink.maintenance.manifest_rewrite import rewrite_manifests
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from lakesink.options import OutputMode, ReadOptions, SinkOptions
     from lakesink.sink.datasource import LakesinkDataSource
     from lakesink.sink.foreach import ForeachBatchSink, foreach_batch
+    from lakesink.sink.progress import BatchProgress, CommitProgressListener
 
 __version__ = "0.1.0"
 
@@ -85,6 +87,9 @@ __all__ = [
     "rewrite_manifests",
     "AuditError",
     "BatchOutcome",
+    "BatchProgress",
+    "CommitMetrics",
+    "CommitProgressListener",
     "CatalogError",
     "CatalogUnavailableError",
     "CheckpointError",
@@ -163,6 +168,9 @@ _LAZY = {
     "LakesinkDataSource": "lakesink.sink.datasource",
     "BatchOutcome": "lakesink.driver.commit",
     "Outcome": "lakesink.driver.commit",
+    "CommitMetrics": "lakesink.driver.metrics",
+    "BatchProgress": "lakesink.sink.progress",
+    "CommitProgressListener": "lakesink.sink.progress",
     "ForeachBatchSink": "lakesink.sink.foreach",
     "foreach_batch": "lakesink.sink.foreach",
     "remove_orphan_files": "lakesink.maintenance.orphans",

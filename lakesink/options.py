@@ -42,6 +42,9 @@ ROUTE_BY = "route-by"
 NAMESPACE = "namespace"
 ROUTE_NAMESPACES = "route-namespaces"
 ATOMIC = "atomic"
+METRICS = "metrics"
+"""Commit metrics exported beyond the log, the Spark listener and a REST catalog's metrics endpoint: ``off`` (default) or
+``prometheus:[<host>:]<port>`` (docs/metrics.md)."""
 ALLOW_TEMPORARY_CHECKPOINT = "allow-temporary-checkpoint"
 """foreach_batch only: run on a checkpoint that the next start of the query will not find (docs/options.md)."""
 #: Iceberg table format versions lakesink creates tables with (pyiceberg 0.12 writes v3 too).
@@ -75,6 +78,7 @@ VALID_OPTIONS = (
     NAMESPACE,
     ROUTE_NAMESPACES,
     ATOMIC,
+    METRICS,
 )
 
 _TRUE = frozenset({"true", "1", "yes"})
@@ -200,6 +204,27 @@ class TableName:
 
 
 @dataclass(frozen=True)
+class MetricsExport:
+    """Option ``metrics``: ``off`` (the default) or ``prometheus:[<host>:]<port>`` (host default 127.0.0.1)."""
+
+    prometheus: tuple[str, int] | None = None
+
+    @classmethod
+    def parse(cls, value: str) -> MetricsExport:
+        text = value.strip()
+        if text.lower() in ("", "off"):
+            return cls()
+        kind, _, address = text.partition(":")
+        host, _, port = address.rpartition(":")
+        if kind.lower() == "prometheus" and port.isdigit() and int(port) < 65536:
+            return cls(prometheus=(host.strip("[]") or "127.0.0.1", int(port)))
+        raise InvalidOptionError(
+            f"option '{METRICS}={value}' is not valid: use 'off' or 'prometheus:<port>' / 'prometheus:<host>:<port>' "
+            "(for example metrics=prometheus:9108)"
+        )
+
+
+@dataclass(frozen=True)
 class SinkOptions:
     """Every option of a lakesink write, validated."""
 
@@ -243,6 +268,8 @@ class SinkOptions:
     allow_temporary_checkpoint: bool = False
     """:func:`lakesink.foreach_batch` only: accept a query whose checkpoint the next start will not find (a temporary
     one): no exactly-once across restarts, a warning instead of the refusal."""
+    metrics: MetricsExport = field(default_factory=lambda: MetricsExport())
+    """Option ``metrics``: where commit metrics are exported (docs/metrics.md)."""
     routing: Routing | None = None
     """Option ``route-by``: one stream into many tables. ``table`` is then :data:`ROUTED` (no table of its own):
     each table's options are :meth:`for_table`'s."""
@@ -336,6 +363,7 @@ class SinkOptions:
                 NAMESPACE,
                 ROUTE_NAMESPACES,
                 ATOMIC,
+                METRICS,
             )
             and not k.startswith(CATALOG_PROPERTY_PREFIX)
             and not k.startswith(TABLE_PROPERTY_PREFIX)
@@ -401,6 +429,7 @@ class SinkOptions:
             dead_letter_table=dead_letter_table,
             reject_when=reject_when,
             max_rejected_fraction=max_rejected,
+            metrics=MetricsExport.parse(lowered.get(METRICS, "off")),
         )
 
 

@@ -22,7 +22,7 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
-from lakesink.driver import catalogs, completeness, dead_letters, indoubt, swap, turns, upsert
+from lakesink.driver import catalogs, completeness, dead_letters, indoubt, metrics, reporting, swap, turns, upsert
 from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.driver.completeness import BatchTime, Recorded
 from lakesink.driver.schema import SchemaChange
@@ -82,6 +82,12 @@ class BatchOutcome:
     bytes: int = 0
     commit_ms: float = 0.0
     retries: int = 0
+    sequence_number: int | None = None
+    """The committed snapshot's sequence number (COMMITTED)."""
+    operation: str | None = None
+    """The committed snapshot's operation (COMMITTED): append, overwrite."""
+    summary: Mapping[str, str] = field(default_factory=dict)
+    """The committed snapshot's summary (COMMITTED)."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,7 @@ class _Batch:
 def _committed(batch: _Batch, result: swap.SwapResult) -> BatchOutcome:
     """The outcome of a batch whose commit landed: its snapshot, files, rows and bytes, the time and retries it took."""
     files = batch.files
+    snapshot = result.snapshot
     return BatchOutcome(
         Outcome.COMMITTED,
         batch.batch_id,
@@ -160,7 +167,17 @@ def _committed(batch: _Batch, result: swap.SwapResult) -> BatchOutcome:
         bytes=sum(f.size_in_bytes for f in files),
         commit_ms=(time.monotonic() - batch.started) * 1000,
         retries=result.attempts - 1,
+        sequence_number=snapshot.sequence_number if snapshot is not None else None,
+        operation=snapshot.summary.operation.value if snapshot is not None and snapshot.summary is not None else None,
+        summary=dict(snapshot.summary.additional_properties) if snapshot is not None and snapshot.summary is not None else {},
     )
+
+
+_METRICS_OUTCOME = {
+    Outcome.COMMITTED: metrics.COMMITTED,
+    Outcome.REPLAY_SKIPPED: metrics.REPLAY_SKIPPED,
+    Outcome.EMPTY: metrics.EMPTY,
+}
 
 
 class CommitHook(Protocol):
@@ -182,6 +199,7 @@ class TableCommitter(SinkTable):
 
     def __init__(self, options: SinkOptions, *, post_commit: Callable[[SinkTable], CommitHook] | None = None):
         super().__init__(options)
+        reporting.start(options.metrics)  # option metrics: its exporter serves from the sink's start
         self.hook: CommitHook | None = post_commit(self) if post_commit is not None else None
         self.dead_letters: TableCommitter | None = None
         """Option dead-letter-table: the committer of the dead-letter table, whose commit of a batch's dead letters
@@ -345,10 +363,10 @@ class TableCommitter(SinkTable):
                 self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
                 raise
             self._delete(table, batch.paths, reason="batch already committed (replay)")
-            return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1), batch.query_id)
+            return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1), batch)
         if isinstance(action, MarkEmptyBatch):
-            return self._logged(BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1), batch.query_id)
-        return self._logged(_committed(batch, result), batch.query_id)
+            return self._logged(BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1), batch)
+        return self._logged(_committed(batch, result), batch)
 
     def unit_not_committed(self, action: CommitAction, *, reason: str) -> None:
         """This table's action certainly did not land (its unit's retries were exhausted): delete its files."""
@@ -406,13 +424,13 @@ class TableCommitter(SinkTable):
             raise
         if found_at_plan or (results and all(r.replay_skipped for r in results)):
             # found committed when the batch was planned (foreach_batch), or by every task (format("lakesink"))
-            return self._logged(self._skipped_before_writing(table, batch), query_id)
+            return self._logged(self._skipped_before_writing(table, batch), batch)
         if not batch.files and batch.changes is None and self.options.output_mode is not OutputMode.COMPLETE:
             if self.dead_letters is not None and self._letters(batch).files:
                 # every row a dead letter: a snapshot without files records the batch and its count of dead letters
-                return self._logged(self._commit_files(table, batch), query_id)
-            return self._logged(self._commit_empty(table, batch), query_id)
-        return self._logged(self._commit_files(table, batch), query_id)
+                return self._logged(self._commit_files(table, batch), batch)
+            return self._logged(self._commit_empty(table, batch), batch)
+        return self._logged(self._commit_files(table, batch), batch)
 
     def _skipped_before_writing(self, table: Table, batch: _Batch) -> BatchOutcome:
         """The batch was found committed when it was planned and nothing was written: check it still is (in the
@@ -653,8 +671,16 @@ class TableCommitter(SinkTable):
             )
         return changes
 
-    def _logged(self, outcome: BatchOutcome, query_id: str) -> BatchOutcome:
+    def _logged(self, outcome: BatchOutcome, batch: _Batch) -> BatchOutcome:
+        """Log the batch's outcome and report its metrics (lakesink.driver.reporting: after the commit, never raising)."""
+        query_id = batch.query_id
         indoubt.clear(self.table_name, query_id, self.options.sink_id, outcome.batch_id)  # the batch is settled now
+        reporting.report(
+            self._metrics(outcome, batch),
+            catalog=self.catalog,
+            identifier=self.options.table.identifier,
+            export=self.options.metrics,
+        )
         if outcome.outcome is Outcome.COMMITTED:
             log.info(
                 "lakesink: table=%s query=%s%s batch=%s committed snapshot=%s files=%s rows=%s bytes=%s "
@@ -680,6 +706,33 @@ class TableCommitter(SinkTable):
                 outcome.outcome.value,
             )
         return outcome
+
+    def _metrics(self, outcome: BatchOutcome, batch: _Batch) -> metrics.CommitMetrics:
+        """The batch's commit metrics on this table, from what the commit knows (task results, swap result, snapshot)."""
+        letters = sum(f.record_count for r in batch.results if r.dead_letters is not None for f in r.dead_letters.files)
+        received = sum(r.rows_in for r in batch.results)
+        committed = outcome.outcome is Outcome.COMMITTED
+        rows = sum(f.record_count for f in batch.files)
+        watermark = batch.time.watermark_ms if batch.time is not None else None
+        return metrics.CommitMetrics(
+            table=self.table_name,
+            query_id=batch.query_id,
+            sink_id=self.options.sink_id,
+            batch_id=batch.batch_id,
+            outcome=_METRICS_OUTCOME[outcome.outcome],
+            snapshot_id=outcome.snapshot_id if committed else None,
+            sequence_number=outcome.sequence_number,
+            operation=outcome.operation,
+            rows_in=received or rows + letters,
+            rows_written=outcome.rows,
+            dead_letters=letters if committed else 0,
+            data_files=outcome.files,
+            bytes_written=outcome.bytes,
+            commit_duration_ns=int((outcome.commit_ms / 1000 if committed else time.monotonic() - batch.started) * 1e9),
+            attempts=outcome.retries + 1,
+            watermark_lag_ms=int(time.time() * 1000) - watermark if watermark is not None else None,
+            summary=outcome.summary,
+        )
 
     # --- abort --------------------------------------------------------------------------------------
 

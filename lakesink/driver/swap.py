@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential_jitter
 
 from lakesink._pyiceberg import commit as seam_commit
@@ -83,6 +84,9 @@ class SwapResult:
     """The committed snapshot (LANDED)."""
     done: CommittedBatch | None = None
     """The sink's last committed batch as found (ALREADY_COMMITTED)."""
+    snapshot: Snapshot | None = None
+    """The committed snapshot as the table read after the swap holds it (LANDED with a new snapshot): its summary and
+    sequence number, for the commit's metrics (lakesink.driver.metrics)."""
 
 
 class RetriesExhausted(LakesinkError):
@@ -364,7 +368,8 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
         if landing.mine:
             # an earlier attempt of this very call landed (its answer was lost, or a re-sent request got 409)
             pending[i].settle_on(t, landed=landing.snapshot_id)
-            results[i] = SwapResult(Status.LANDED, attempts, snapshot_id=landing.snapshot_id)
+            snapshot = t.metadata.snapshot_by_id(landing.snapshot_id) if landing.snapshot_id is not None else None
+            results[i] = SwapResult(Status.LANDED, attempts, snapshot_id=landing.snapshot_id, snapshot=snapshot)
         else:
             pending[i].settle_on(t)
             results[i] = SwapResult(Status.ALREADY_COMMITTED, attempts, done=landing.done)
@@ -418,7 +423,10 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
             for i in group:
                 catalogs.remember(prepared[i].table)  # the next read of the unmoved table parses nothing
                 pending[i].settle_on(prepared[i].table, landed=prepared[i].snapshot_id)
-                results[i] = SwapResult(Status.LANDED, attempts, snapshot_id=prepared[i].snapshot_id)
+                p = prepared[i]
+                results[i] = SwapResult(
+                    Status.LANDED, attempts, snapshot_id=p.snapshot_id, snapshot=p.table.metadata.snapshot_by_id(p.snapshot_id)
+                )
 
     try:
         with _batch_turns(actions):

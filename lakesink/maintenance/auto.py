@@ -26,7 +26,7 @@ from typing import Any
 
 from pyiceberg.table import Table
 
-from lakesink.driver import catalogs
+from lakesink.driver import catalogs, reporting
 from lakesink.driver.tables import SinkTable
 from lakesink.errors import CatalogPermissionError
 from lakesink.maintenance import compaction, expiry, manifest_rewrite
@@ -178,11 +178,11 @@ class AutoMaintainer:
         try:
             table = self._load()
             self._interval_ms = TableSettings.parse(".".join(table.name()), table.properties).maintenance_interval_ms
-            compaction.compact(table)
+            _reported(compaction.compact(table).status, table, "compaction")
             table = self._load()
             if TableSettings.parse(".".join(table.name()), table.properties).retention.configured and not self.expiry_refused:
                 try:
-                    expiry.expire_snapshots(table)
+                    _reported(expiry.expire_snapshots(table).status, table, "expiry")
                 except CatalogPermissionError as e:
                     # a catalog that keeps history by its own retention (lakana answers 403): stop asking, once said;
                     # the manifest rewrite below still runs
@@ -195,14 +195,21 @@ class AutoMaintainer:
                         e,
                     )
                 table = self._load()
-            manifest_rewrite.rewrite_manifests(
+            rewrite = manifest_rewrite.rewrite_manifests(
                 table, min_count=TableSettings.parse(".".join(table.name()), table.properties).manifest_min_count_to_merge
             )
+            _reported(rewrite.status, table, "manifest-rewrite")
             self.runs += 1
             self.last_error = None
         except Exception as e:  # maintenance never fails the stream; the next run tries again
             self.last_error = f"{type(e).__name__}: {e}"
             log.warning("lakesink: background maintenance failed (%s); the next run retries", self.last_error)
+
+
+def _reported(status: str, table: Table, kind: str) -> None:
+    """A maintenance commit of a background run, counted for the process's metrics exporters (lakesink.driver.reporting)."""
+    if status == "committed":
+        reporting.report_maintenance(".".join(table.name()), kind)
 
 
 #: The threads of the process that run automatic maintenance, for every table: a run that is due waits for one.

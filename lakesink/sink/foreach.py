@@ -47,6 +47,7 @@ from lakesink.options import (
     MAINTENANCE,
     MAX_REJECTED_FRACTION,
     MERGE_SCHEMA,
+    METRICS,
     NAMESPACE,
     ORDER_BY,
     OUTPUT_MODE,
@@ -106,6 +107,7 @@ def foreach_batch(
     atomic: str | None = None,
     allow_temporary_checkpoint: bool = False,
     route_namespaces: str | Sequence[str] | None = None,
+    metrics: str = "off",
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -164,6 +166,8 @@ def foreach_batch(
         route_namespaces: with ``route_by``: the namespaces a routed table may be in (a list, or a comma-separated
             string); a routing value naming a table elsewhere is an invalid route (a dead letter with
             ``dead_letter_table``, else a RoutingError). Default: any namespace of the catalog.
+        metrics: ``"off"`` (default) or ``"prometheus:[<host>:]<port>"``: the commit metrics served to Prometheus
+            (docs/metrics.md; needs ``lakesink[prometheus]``).
     """
     options: dict[str, str] = {
         OUTPUT_MODE: output_mode,
@@ -208,6 +212,7 @@ def foreach_batch(
     routing = {ROUTE_BY: route_by, NAMESPACE: namespace, ATOMIC: atomic, ROUTE_NAMESPACES: route_namespaces}
     options.update({key: value for key, value in routing.items() if value is not None})
     options[ALLOW_TEMPORARY_CHECKPOINT] = str(allow_temporary_checkpoint).lower()
+    options[METRICS] = metrics
     return ForeachBatchSink(SinkOptions.from_mapping(options))
 
 

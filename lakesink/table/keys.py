@@ -215,3 +215,11 @@ BATCH_ID_PROPERTY = "streaming.sql.batchId"
 """The micro-batch id, on executors."""
 RUN_ID_PROPERTY = "spark.jobGroup.id"
 """The query run's id (a new one at every restart)."""
+
+# --- an Iceberg REST commit report's metadata (lakesink.driver.metrics.commit_report) ------------------------------
+# the query id, batch id and dead letters use the snapshot summary's keys (SUMMARY_QUERY_ID, SUMMARY_BATCH_ID, ...)
+
+REPORT_ROWS_IN = "lakesink.rows-in"
+"""The rows the batch's tasks received for the table (written and dead letters)."""
+REPORT_WATERMARK_LAG_MS = "lakesink.watermark-lag-ms"
+"""How far Spark's watermark for the batch was behind the driver's clock at the commit, in ms."""

@@ -27,6 +27,10 @@ What it is: a real REST catalog (stdlib ``ThreadingHTTPServer`` on 127.0.0.1, po
   request (another path or body) is refused with 422 -- how a client that reused a key across different operations
   would be caught. :attr:`TxnRestServer.replayed` lists the keys answered from memory.
 
+- ``POST .../tables/{t}/metrics`` (``ReportMetricsRequest``), listed in ``/v1/config`` and served only with
+  ``metrics=True``: every report is kept in :attr:`TxnRestServer.reports` (204); :attr:`TxnRestServer.before_report`
+  can answer instead (a failing or slow endpoint).
+
 Mutations are serialised by one lock in the server; the compare-and-swap on the row still guards against writers
 that reach the SQLite file directly (:attr:`TxnRestServer.catalog`, or the test hook :attr:`TxnRestServer.before_swap`,
 called after validation and before the row updates). Counters: :attr:`TxnRestServer.applied` (transactions and table
@@ -63,6 +67,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 TRANSACTIONS_ENDPOINT = "POST /v1/{prefix}/transactions/commit"
+METRICS_ENDPOINT = "POST /v1/{prefix}/namespaces/{namespace}/tables/{table}/metrics"
 ENDPOINTS = (
     "GET /v1/{prefix}/namespaces",
     "POST /v1/{prefix}/namespaces",
@@ -106,6 +111,7 @@ class TxnRestServer:
         transactions: bool = True,
         list_endpoints: bool = True,
         idempotency_key_lifetime: str | None = None,
+        metrics: bool = False,
     ):
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
@@ -128,6 +134,12 @@ class TxnRestServer:
         self._keys_lock = threading.Lock()
         self.replayed: list[str] = []
         """Idempotency keys whose request was answered with the answer kept for them (not run again)."""
+        self.metrics = metrics
+        self.reports: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+        """``(table identifier, ReportMetricsRequest)`` of every metrics report received (with ``metrics=True``)."""
+        self.before_report: Callable[[], tuple[int, bytes] | None] | None = None
+        """Test hook: called when a metrics report arrives; an answer it returns replaces the normal 204 (a failing or
+        slow endpoint)."""
 
     # --- life cycle ------------------------------------------------------------------------------------------
 
@@ -162,7 +174,11 @@ class TxnRestServer:
     def config(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"defaults": {}, "overrides": {"prefix": self.prefix}}
         if self.list_endpoints:
-            doc["endpoints"] = [*ENDPOINTS, *([TRANSACTIONS_ENDPOINT] if self.transactions else [])]
+            doc["endpoints"] = [
+                *ENDPOINTS,
+                *([TRANSACTIONS_ENDPOINT] if self.transactions else []),
+                *([METRICS_ENDPOINT] if self.metrics else []),
+            ]
         if self.idempotency_key_lifetime is not None:
             doc["idempotency-key-lifetime"] = self.idempotency_key_lifetime
         return doc
@@ -402,6 +418,15 @@ class _Handler(BaseHTTPRequestHandler):
                     # optional in the spec (pyiceberg's model wants them present: it leaves out None when sending)
                     doc = {"location": None, "partition-spec": None, "write-order": None, **json.loads(body)}
                     return 200, _table_response(owner.create_table(namespace, CreateTableRequest.model_validate(doc)))
+            if len(tail) == 3 and tail[0] == "tables" and tail[2] == "metrics" and method == "POST" and owner.metrics:
+                answer = owner.before_report() if owner.before_report is not None else None
+                if answer is not None:
+                    return answer
+                doc = json.loads(body)
+                if not isinstance(doc, dict) or doc.get("report-type") not in ("commit-report", "scan-report"):
+                    raise _Refused(400, "BadRequestException", f"not a ReportMetricsRequest: {body[:200]!r}")
+                owner.reports.append(((*namespace, tail[1]), doc))
+                return 204, b""
             if len(tail) == 2 and tail[0] == "tables":
                 identifier = (*namespace, tail[1])
                 if method in ("GET", "HEAD"):
