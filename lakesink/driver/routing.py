@@ -5,7 +5,9 @@ those tables (creating them on first sight, with their namespace), and commits t
 :class:`~lakesink.driver.action.CommitAction` s, one per table, through the one loop (:func:`lakesink.driver.swap.run_unit`):
 on a catalog that can swap several tables at once (SQL catalogs: one database transaction; REST catalogs serving
 transactions/commit), all tables or none; elsewhere, or with ``atomic=off``, table after table, each exactly once,
-and a replay completes the tables a crash left without the batch (each table has its own replay marker).
+and a replay completes the tables a crash left without the batch (each table has its own replay marker). With option
+``upsert-key`` the tasks resolved each table's rows by key, and a table's action in the unit is the single-table
+upsert's (:meth:`TableCommitter.unit_action`: an UpsertBatch).
 
 Every table's snapshot of a batch records how many tables the batch wrote and their digest
 (``lakesink.batch-tables``, ``lakesink.batch-tables-digest``), so that an audit of any table, or of the catalog,
