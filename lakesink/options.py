@@ -460,11 +460,11 @@ def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterK
             f"option '{ROUTE_BY}' cannot be used with output mode 'complete': each batch would replace every table "
             "it routes to, and leave the tables it routes no row to as they were; use output mode 'append'"
         )
-    if UPSERT_KEY in lowered or mode is OutputMode.UPDATE:
+    if UPSERT_KEY in lowered and lowered.get(DEAD_LETTER_TABLE, "").strip():
         raise InvalidOptionError(
-            f"option '{ROUTE_BY}' cannot be used with option '{UPSERT_KEY}' or output mode 'update' (upserts are "
-            "committed table by table, without the routed batch's all-tables-or-none guarantee); route the change "
-            "stream into one lakesink.foreach_batch(table, upsert_key=...) per table, or append the changes"
+            f"option '{ROUTE_BY}' with option '{UPSERT_KEY}' cannot be used with option '{DEAD_LETTER_TABLE}' yet (a "
+            "routed upsert does not sort rows into dead letters); drop one of them, or write the change stream of "
+            "each table through its own sink (docs/routing.md)"
         )
     if writer in (WriterKind.SPARK, WriterKind.DRIVER):
         raise InvalidOptionError(

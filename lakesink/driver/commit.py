@@ -335,18 +335,24 @@ class TableCommitter(SinkTable):
         """This table's action in a batch of several tables (``table``: as read for the first attempt): the batch's
         files appended (its snapshot records ``unit``), or, when the batch was found in this table already when it
         was planned (``found_at_plan``, foreach_batch) or by every task (a replay completing the others), a replay
-        that must still be there."""
+        that must still be there. With option ``upsert-key`` the tasks resolved their rows of the table and returned
+        the keys they change: the batch is this table's :class:`UpsertBatch`, the very action of a table of its own."""
+        parts = [r.changes for r in results if r.changes]
+        changes = upsert_task.merge(parts, batch_id=batch_id) if parts else None
         batch = _Batch.new(
             query_id=query_id,
             batch_id=batch_id,
             results=results,
             source_offsets=source_offsets,
             run_id=run_id,
+            changes=changes if changes is not None and changes.num_rows else None,
             unit=unit,
             batch_time=batch_time,
         )
         if found_at_plan or (results and all(r.replay_skipped for r in results)):
             return ReplayFoundAtPlan(self, table, batch)
+        if batch.changes is not None:
+            return UpsertBatch(self, table, batch)
         if not batch.files:
             return MarkEmptyBatch(self, table, batch)
         return AppendBatch(self, table, batch)

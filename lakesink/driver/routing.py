@@ -5,7 +5,9 @@ those tables (creating them on first sight, with their namespace), and commits t
 :class:`~lakesink.driver.action.CommitAction` s, one per table, through the one loop (:func:`lakesink.driver.swap.run_unit`):
 on a catalog that can swap several tables at once (SQL catalogs: one database transaction; REST catalogs serving
 transactions/commit), all tables or none; elsewhere, or with ``atomic=off``, table after table, each exactly once,
-and a replay completes the tables a crash left without the batch (each table has its own replay marker).
+and a replay completes the tables a crash left without the batch (each table has its own replay marker). With option
+``upsert-key`` the tasks resolved each table's rows by key, and a table's action in the unit is the single-table
+upsert's (:meth:`TableCommitter.unit_action`: an UpsertBatch).
 
 Every table's snapshot of a batch records how many tables the batch wrote and their digest
 (``lakesink.batch-tables``, ``lakesink.batch-tables-digest``), so that an audit of any table, or of the catalog,
@@ -39,7 +41,7 @@ from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.driver.commit import BatchOutcome, CommitHook, Outcome, TableCommitter
 from lakesink.driver.completeness import BatchTime
 from lakesink.driver.swap import RetriesExhausted
-from lakesink.driver.tables import Sibling, SinkTable, creation_properties, sibling
+from lakesink.driver.tables import Sibling, SinkTable, creation_properties, sibling, with_identifier_fields
 from lakesink.errors import (
     CommitConflictError,
     CommitOutcomeUnknownError,
@@ -59,6 +61,7 @@ from lakesink.executor.routed_writer import (
     routed_table,
 )
 from lakesink.executor.task_writer import TaskWriter
+from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.faults import DRIVER_AFTER_TABLE_CREATED, fault_point
 from lakesink.options import ATOMIC, Atomic, Routing, SinkOptions, TableName
 from lakesink.redaction import redact_secrets_in
@@ -314,6 +317,8 @@ class RoutedCommitter:
                 return None
             schema = seam.new_table_schema(self.stream_schema)
             name = f"tables routed by {self.routing.column!r}"
+            if self.options.upsert_key:  # the identifier fields of a table lakesink creates (driver.tables)
+                schema = with_identifier_fields(schema, self.options.upsert_key, name)
             properties = creation_properties(self.options, name)
             self._template = TableTemplate(
                 root=root,
@@ -470,10 +475,18 @@ class RoutedCommitter:
         return plans
 
     def routed_plan(
-        self, plans: Mapping[str, WritePlan], query_id: str | None, *, template: bool, reject_column: bool = False
+        self,
+        plans: Mapping[str, WritePlan],
+        query_id: str | None,
+        *,
+        template: bool,
+        reject_column: bool = False,
+        deletes_computed: bool = False,
     ) -> RoutedPlan:
         """``reject_column`` (foreach_batch with option reject-when): Spark computed the expression into the reject
-        column, which every table's row checks read."""
+        column, which every table's row checks read. With option upsert-key every task resolves its rows of each table
+        to one row per key (:meth:`upsert_spec`; ``deletes_computed``: foreach_batch, whose Spark evaluated option
+        delete-when into the column lakesink.table.keys.DELETED)."""
         if self.dead_letters is not None and self._checks is None:
             self.row_checks(query_id)
         if reject_column and self._checks is not None:
@@ -488,7 +501,18 @@ class RoutedCommitter:
             sink_id=self.options.sink_id,
             row_checks=self._checks if self.dead_letters is not None else None,
             allowed_namespaces=self.routing.allowed_namespaces,
+            upsert=self.upsert_spec(deletes_computed=deletes_computed),
         )
+
+    def upsert_spec(self, *, deletes_computed: bool = False) -> UpsertSpec | None:
+        """Option upsert-key: how a task resolves each table's rows (None: appends). ``delete-when`` is the writers'
+        (an Iceberg row filter, checked here) unless Spark computed it already (``deletes_computed``)."""
+        o = self.options
+        if not o.upsert_key:
+            return None
+        spec = UpsertSpec(o.upsert_key, None if deletes_computed else o.delete_when, o.order_by)
+        spec.check()
+        return spec
 
     def _sibling_locations(self, route: Route) -> list[Sibling]:
         """The locations of the other tables of the route's namespace, listed once per run and namespace."""

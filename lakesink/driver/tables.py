@@ -220,7 +220,7 @@ class SinkTable:
             raise CatalogError(f"cannot load table {self.table_name}: {self.redact(e)}") from None
         schema = seam.new_table_schema(stream_schema)
         if self.options.upsert_key:
-            schema = _with_identifier_fields(schema, self.options.upsert_key, self.table_name)
+            schema = with_identifier_fields(schema, self.options.upsert_key, self.table_name)
         spec = partitioning.to_spec(self.options.partitioned_by, schema, self.table_name)
         properties = self.creation_properties()
         try:
@@ -283,6 +283,15 @@ class SinkTable:
         schema = table.schema()
         have = sorted(schema.identifier_field_names())
         want = self.options.upsert_key
+        columns = {n.lower() for n in schema.column_names}
+        missing = [k for k in want if k.lower() not in columns]
+        if missing:
+            raise InvalidOptionError(
+                f"option '{UPSERT_KEY}' is {', '.join(want)!r} but table {self.table_name} has no column "
+                f"{missing[0]!r}: every table an upsert writes needs the key columns as its identifier fields. Add the "
+                f"column to the table (NOT NULL) and set its identifier fields (ALTER TABLE {self.table_name} SET "
+                f"IDENTIFIER FIELDS {', '.join(want)}), or write no row to this table"
+            )
         if {n.lower() for n in have} != {n.lower() for n in want}:
             raise InvalidOptionError(
                 f"option '{UPSERT_KEY}' is {', '.join(want)!r} but table {self.table_name} has "
@@ -459,7 +468,7 @@ def creation_properties(options: SinkOptions, table_name: str) -> dict[str, str]
     return properties
 
 
-def _with_identifier_fields(schema: Schema, key: tuple[str, ...], table_name: str) -> Schema:
+def with_identifier_fields(schema: Schema, key: tuple[str, ...], table_name: str) -> Schema:
     """A new table's schema with the key columns NOT NULL and as its identifier fields."""
     by_name = {f.name.lower(): f for f in schema.fields}
     missing = [k for k in key if k.lower() not in by_name]

@@ -35,9 +35,11 @@ from lakesink.errors import RoutingError, SchemaMismatchError
 from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import RowChecks, TaskResult, WritePlan
 from lakesink.executor.task_writer import TaskWriter, task_result_batch, utc_schema
+from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.table import dead_letters as dl
 from lakesink.table import locations, storage
+from lakesink.table.keys import DELETED
 from lakesink.table.routes import InvalidRoute, Route, parse_route, routing_value
 from lakesink.table.settings import TableSettings
 
@@ -101,6 +103,9 @@ class RoutedPlan:
     routing value names no valid table is a dead letter (``invalid-route``) instead of a RoutingError."""
     allowed_namespaces: tuple[tuple[str, ...], ...] = ()
     """Option ``route-namespaces`` (empty: any namespace)."""
+    upsert: UpsertSpec | None = None
+    """Option upsert-key: every table's rows of a task resolved to one row per key (as one table's task resolves them,
+    lakesink.executor.upsert_task), the keys each table's rows change in its TaskResult."""
 
     def plan_for(self, route: Route, batch_id: int) -> WritePlan:
         plan = self.plans.get(str(route))
@@ -192,7 +197,9 @@ def split_by_route(batch: pa.RecordBatch, column: str) -> Iterable[tuple[object,
 
 def conform_to_table(batch: pa.RecordBatch, plan: WritePlan, batch_id: int) -> pa.RecordBatch:
     """The columns of ``batch`` the table has: a stream column the table lacks must be null in these rows."""
-    have = {*plan.schema.column_names, dl.REJECT_COLUMN}  # the reject column: the row checks read and drop it
+    # the reject column: the row checks read and drop it; the deleted flag (foreach_batch's delete-when, computed by
+    # Spark): the upsert resolution reads and drops it
+    have = {*plan.schema.column_names, dl.REJECT_COLUMN, *((DELETED,) if plan.upsert is not None else ())}
     extra = [name for name in batch.schema.names if name not in have]
     for name in extra:
         filled = batch.num_rows - batch.column(name).null_count
@@ -286,7 +293,7 @@ class RoutedTaskWriter:
                         if self._rejects is not None and writer.plan.row_checks is not None:
                             rows = self._rejects.append(rows)
                         conformed = conform_to_table(rows, writer.plan, self._batch_id)
-                        writer.add(writer.sort(conformed, {self._plan.column: value}))
+                        writer.put(writer.sort(conformed, {self._plan.column: value}))
                 budget = budget or min((w.plan.settings.row_group_bytes for w, _ in self._writers.values()), default=None)
                 if budget is not None:
                     self._bound_memory(budget)
@@ -367,6 +374,8 @@ class RoutedTaskWriter:
         if found is not None:
             return found[0]
         plan = self._plan.plan_for(route, self._batch_id)
+        if self._plan.upsert is not None:
+            plan = replace(plan, upsert=self._plan.upsert)
         if self._rejects is not None:
             plan = StreamRejects.reading_the_column(plan)
         last = plan.last_committed_batch

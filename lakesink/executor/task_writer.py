@@ -110,6 +110,8 @@ class TaskWriter:
         self._partitioned = not plan.spec.is_unpartitioned()
         self._files: list[WrittenFile] = []
         self._changes: bytes | None = None
+        self._pending: list[pa.RecordBatch] = []
+        """A routed task with WritePlan.upsert: the table's rows, resolved to one row per key by :meth:`finish`."""
         self._sorter: RowSorter | None = None
         self._last_projected: tuple[pa.RecordBatch, pa.RecordBatch] | None = None
         if plan.row_checks is not None:  # option dead-letter-table: rows that do not fit become dead letters
@@ -175,8 +177,24 @@ class TaskWriter:
         ``extra`` put back in their JSON), or ``batch`` itself without row checks."""
         return self._sorter.sort(batch, extra) if self._sorter is not None else batch
 
+    def put(self, batch: pa.RecordBatch) -> None:
+        """A routed task's rows of this table: added; with ``WritePlan.upsert`` kept until :meth:`finish` resolves the
+        task's rows of the table to one row per key, as :meth:`write` does for a table of its own."""
+        if self._plan.upsert is None:
+            self.add(batch)
+        elif batch.num_rows:
+            self._pending.append(batch)
+
     def finish(self) -> None:
         """A routed task, after its rows were added: every file closed and the dead letters written."""
+        if self._plan.upsert is not None:
+            pending, self._pending = self._pending, []
+            rows, changes = upsert_task.resolve_task(
+                pending, self._plan.upsert, batch_id=self._batch_id, partition_id=self._partition_id
+            )
+            self._changes = upsert_task.to_ipc(changes)
+            for batch in rows:
+                self.add(batch)
         self.close_files()
         self._write_dead_letters()
 

@@ -69,7 +69,12 @@ def resolve_task(
                 f"({', '.join(keys)}) needs a value in every key column. Nothing was committed; filter or fill the null "
                 "keys before the sink"
             )
-    table = table.append_column(DELETED, _deleted(table, spec.delete_when))
+    if DELETED in table.column_names:  # foreach_batch with route-by: Spark evaluated delete-when into the column
+        deleted = pc.fill_null(table.column(DELETED), False)
+        table = table.drop_columns([DELETED])
+    else:
+        deleted = _deleted(table, spec.delete_when)
+    table = table.append_column(DELETED, deleted)
     table = table.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
     if spec.order_by is not None:
         # the rows with the greatest order value of their key (joined on the narrow columns only: Arrow's hash

@@ -413,7 +413,12 @@ class ForeachBatchSink:
             reject_column = routed.dead_letters is not None and self.options.reject_when is not None
             if reject_column:  # option reject-when: Spark SQL, computed by Spark into the reject column
                 df = dead_letters.with_reject_column(df, self.options)
-            plan = routed.routed_plan(plans, query_id, template=False, reject_column=reject_column)
+            deletes_computed = False
+            if self.options.upsert_key:  # each task resolves its rows of each table (lakesink.executor.upsert_task)
+                df, deletes_computed = upsert_batch.for_routed_tasks(df, routing.column, self.options)
+            plan = routed.routed_plan(
+                plans, query_id, template=False, reject_column=reject_column, deletes_computed=deletes_computed
+            )
             writer = RoutedPartitionWriter(plan, batch_id, run_id)
             results = [pickle.loads(r[0]) for r in df.mapInArrow(writer, TASK_RESULT_SCHEMA).collect()]
         try:

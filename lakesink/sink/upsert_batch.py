@@ -6,6 +6,10 @@ because the commit must know which keys the batch replaces or deletes. The rows 
 key, deletes removed) are written by the usual write paths; :mod:`lakesink.driver.upsert` then
 rewrites the table's files that hold any of the keys (copy-on-write) in the batch's own snapshot.
 
+With option route-by the batch is not resolved here: :func:`for_routed_tasks` makes every task hold all the rows of
+its (table, key) pairs, and the routed tasks resolve them as ``format("lakesink")``'s do (one resolution for both entry
+points of a routed sink).
+
 Why not in ``format("lakesink")``: its writers each see one partition of the batch, never the whole
 batch, so several rows of one key in different partitions could not be resolved (and Spark rejects
 ``outputMode("update")`` for Python data sources).
@@ -113,6 +117,27 @@ def resolve(df: DataFrame, batch_id: int, options: SinkOptions) -> ResolvedBatch
     changed = cached.select(*[F.col(k) for k in keys], F.col(DELETED)).toArrow()
     rows = cached.where(~F.col(DELETED)).drop(DELETED)
     return ResolvedBatch(rows=rows, keys=changed, cached=cached)
+
+
+def for_routed_tasks(df: DataFrame, route_column: str, options: SinkOptions) -> tuple[DataFrame, bool]:
+    """Option route-by: the batch as the routed tasks resolve it, each table's rows by key (lakesink.executor.upsert_task,
+    the resolution of format("lakesink")): every row of one (table, key) in one task (a repartition by the routing
+    column and the key), ``delete-when`` evaluated here by Spark into :data:`DELETED` (any Spark SQL expression, as
+    :func:`resolve` takes). Returns the batch and whether it carries :data:`DELETED`. Checks as :func:`resolve` does:
+    the key columns and their types, the ``order-by`` column, the expression."""
+    keys = key_columns(df, options.upsert_key)
+    if options.order_by is not None:
+        _column(df, options.order_by, ORDER_BY)
+    computed = options.delete_when is not None
+    if options.delete_when is not None:
+        try:
+            df = df.withColumn(DELETED, F.coalesce(F.expr(options.delete_when).cast("boolean"), F.lit(False)))
+        except (AnalysisException, ParseException) as e:
+            raise InvalidOptionError(
+                f"option '{DELETE_WHEN}' {options.delete_when!r} is not a Spark SQL boolean expression over the batch's "
+                f"columns ({', '.join(df.columns)}): {str(e).splitlines()[0]}"
+            ) from None
+    return df.repartition(F.col(f"`{route_column}`"), *[F.col(f"`{k}`") for k in keys]), computed
 
 
 def release(resolved: ResolvedBatch) -> None:

@@ -413,8 +413,13 @@ def test_options_refused_with_routing() -> None:
         SinkOptions.from_mapping({"route-by": "route", "table": "db.t"})
     with pytest.raises(InvalidOptionError, match="complete"):
         SinkOptions.from_mapping({"route-by": "route", "output-mode": "complete"})
-    with pytest.raises(InvalidOptionError, match="upsert-key"):
-        SinkOptions.from_mapping({"route-by": "route", "upsert-key": "id"})
+    # upserts route (tests/driver/test_routing_upserts.py): the options parse, update mode too; not yet with dead letters
+    routed_upserts = SinkOptions.from_mapping({"route-by": "route", "upsert-key": "id", "output-mode": "update"})
+    assert routed_upserts.upsert_key == ("id",) and routed_upserts.routing is not None
+    with pytest.raises(InvalidOptionError, match="output mode 'update' needs option 'upsert-key'"):
+        SinkOptions.from_mapping({"route-by": "route", "output-mode": "update"})
+    with pytest.raises(InvalidOptionError, match="'upsert-key' cannot be used with option 'dead-letter-table' yet"):
+        SinkOptions.from_mapping({"route-by": "route", "upsert-key": "id", "dead-letter-table": "db.letters"})
     with pytest.raises(InvalidOptionError, match="writer='spark'"):
         SinkOptions.from_mapping({"route-by": "route", "writer": "spark"})
     with pytest.raises(InvalidOptionError, match="'atomic' must be one of"):

@@ -1,7 +1,9 @@
 """Run by tests/sink/test_upserts_spark.py: a change stream (JSON event files) upserted with foreach_batch, until done.
 
 Arguments: catalog properties (JSON), source folder, checkpoint folder, entry point (``foreach`` or
-``format``). The test kills it (SIGKILL, or a fault point armed with ``kill``) and starts it again from the same checkpoint.
+``format``), and ``routed`` to route each event by :func:`route` into tables ``db.t0``..``db.t2`` (option
+route-by, tests/sink/test_routing_upserts_spark.py) instead of writing ``db.events``. The test kills it (SIGKILL,
+or a fault point armed with ``kill``) and starts it again from the same checkpoint.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 import lakesink
 
@@ -18,6 +21,26 @@ EVENTS_DDL = "eid long, id long, value string, seq long, op string"
 
 def upsert_sink(props: dict[str, str]) -> lakesink.ForeachBatchSink:
     return lakesink.foreach_batch("db.events", catalog_properties=props, upsert_key="id", delete_when="op = 'd'", order_by="seq")
+
+
+ROUTES = 3
+
+
+def route(df: DataFrame) -> DataFrame:
+    """Each event's table: ``t<eid mod 3>`` in namespace db (so one key has rows in several tables)."""
+    return df.withColumn("route", F.concat(F.lit("t"), (F.col("eid") % ROUTES).cast("string")))
+
+
+def routed_upsert_sink(props: dict[str, str]) -> lakesink.ForeachBatchSink:
+    return lakesink.foreach_batch(
+        route_by="route",
+        namespace="db",
+        catalog_properties=props,
+        upsert_key="id",
+        delete_when="op = 'd'",
+        order_by="seq",
+        output_mode="update",
+    )
 
 
 if __name__ == "__main__":
@@ -31,7 +54,16 @@ if __name__ == "__main__":
     )
     spark.sparkContext.setLogLevel("ERROR")
     df = spark.readStream.schema(EVENTS_DDL).option("maxFilesPerTrigger", 1).json(src)
-    if entry == "format":
+    routed = len(sys.argv) > 5 and sys.argv[5] == "routed"
+    if routed and entry == "format":
+        lakesink.register(spark)
+        w = route(df).repartition(2, "route", "id").writeStream.format("lakesink").option("route-by", "route")
+        for k, v in props.items():
+            w = w.option(f"catalog.{k}", v)
+        w = w.option("namespace", "db").option("upsert-key", "id").option("delete-when", "op = 'd'").option("order-by", "seq")
+    elif routed:
+        w = route(df).writeStream.outputMode("update").foreachBatch(routed_upsert_sink(props))  # type: ignore[arg-type]
+    elif entry == "format":
         lakesink.register(spark)
         w = df.repartition(2, "id").writeStream.format("lakesink").option("table", "db.events")
         for k, v in props.items():
