@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import re
+
 import pytest
 
+import lakesink
 from lakesink.errors import InvalidOptionError
-from lakesink.options import OutputMode, SinkOptions, TableName
+from lakesink.options import (
+    OPTIONS,
+    VALID_OPTIONS,
+    Entry,
+    Option,
+    OutputMode,
+    SinkOptions,
+    TableName,
+    _as_text,
+)
 
 VALID_LIST = (
     "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table, partitioned-by, merge-schema, "
@@ -271,3 +285,60 @@ def test_dead_letters_with_route_by_serve_every_routed_table() -> None:
     assert o.routing is not None and str(o.dead_letter_table) == "db.dead" and o.reject_when == "id < 0"
     # one dead-letter table for the routed sink: a routed table's own options have none (lakesink.driver.routing)
     assert o.for_table(TableName(("db",), "a")).dead_letter_table is None
+
+
+# --- one declaration per option (lakesink.options.OPTIONS) -------------------------------------------
+
+
+def test_foreach_batch_signature_is_the_declaration() -> None:
+    """foreach_batch keeps an explicit signature (types and completion for IDEs, mypy on callers): it must name every
+    declared option, in the declaration's order, with the declared default."""
+    params = list(inspect.signature(lakesink.foreach_batch).parameters.values())
+    assert [(p.name, p.default) for p in params] == [(o.keyword, o.default) for o in OPTIONS]
+    assert params[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD  # the table, positional
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[1:])
+    documented = re.findall(r"(?m)^    ([a-z_]+): ", inspect.getdoc(lakesink.foreach_batch) or "")
+    assert documented == [o.keyword for o in OPTIONS]
+
+
+def test_sink_options_fields_follow_the_declaration() -> None:
+    declared = list(dict.fromkeys(o.field_name for o in OPTIONS))
+    assert [f.name for f in dataclasses.fields(SinkOptions)] == declared
+
+
+def test_foreach_batch_defaults_are_the_defaults_of_absent_options() -> None:
+    keywords = {o.keyword: o.default for o in OPTIONS} | {"table": "db.t"}
+    assert SinkOptions.from_keywords(keywords) == SinkOptions(table=TableName(("db",), "t"))
+    assert SinkOptions.from_keywords(keywords) == SinkOptions.from_mapping({"table": "db.t"})
+
+
+def test_keywords_become_their_options() -> None:
+    o = SinkOptions.from_keywords(
+        {
+            "table": "db.t",
+            "catalog_properties": {"Header.X": "v"},
+            "upsert_key": ["tenant", "id"],
+            "table_properties": {"write.target-file-size-bytes": 1024},
+            "format_version": 1,
+            "merge_schema": True,
+            "checkpoint_location": "/ck",
+            "output_mode": "update",
+        }
+    )
+    assert dict(o.catalog_properties) == {"Header.X": "v"} and o.upsert_key == ("tenant", "id")
+    assert dict(o.table_properties) == {"write.target-file-size-bytes": "1024"} and o.format_version == 1
+    assert o.merge_schema and o.checkpoint_location == "/ck" and o.output_mode is OutputMode.UPDATE
+    with pytest.raises(TypeError, match="'colour'"):
+        SinkOptions.from_keywords({"table": "db.t", "colour": "red"})
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if Entry.SPARK not in o.entries], ids=lambda o: o.key)
+def test_foreach_batch_only_options_are_refused_by_format_lakesink(option: Option) -> None:
+    assert option.spark_refusal and option.parse is not None
+    with pytest.raises(InvalidOptionError, match=f"option '{option.key}' is not used with format"):
+        SinkOptions.from_spark_options({"table": "db.t", option.key: _as_text(option.default)}, overwrite=False)
+
+
+def test_valid_options_are_the_declared_ones() -> None:
+    assert VALID_LIST == f"valid options: {', '.join(VALID_OPTIONS)}"
+    assert VALID_OPTIONS == tuple(o.shown for o in OPTIONS if Entry.SPARK in o.entries)
