@@ -52,7 +52,7 @@ from pyiceberg.exceptions import NoSuchTableError  # noqa: E402
 from lakesink.audit import interop  # noqa: E402
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP, ENV_FAULTS_DIR  # noqa: E402
-from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
+from lakesink.table.keys import ENV_HOME, SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
 
 HERE = Path(__file__).resolve().parent
 STREAM_JOB = HERE / "stream_job.py"
@@ -582,10 +582,10 @@ def start_s3(home: Path) -> Any:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.home:
-        os.environ[catalogs.ENV_HOME] = args.home
+        os.environ[ENV_HOME] = args.home
     # absolute, so that the child processes (started in the same folder or not) use the same catalog
     home = catalogs.lakesink_home()
-    os.environ[catalogs.ENV_HOME] = str(home)
+    os.environ[ENV_HOME] = str(home)
     size = FAST if args.fast else FULL
     kills = args.kills if args.kills is not None else (1 if args.fast else 2)
     demo = Demo(folder=Path(args.dir).expanduser().resolve(), size=size, run_timeout=args.run_timeout, s3=args.s3)

@@ -25,8 +25,7 @@ import signal
 import time
 
 from lakesink.errors import InjectedFault
-
-ENV_FAULTS_DIR = "LAKESINK_FAULTS_DIR"
+from lakesink.table.keys import ENV_FAULTS_DIR as ENV_FAULTS_DIR  # its home is table.keys; the fault tests import it here
 
 EXECUTOR_BEFORE_WRITE = "executor.before-write"
 EXECUTOR_AFTER_FILE = "executor.after-file"

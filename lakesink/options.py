@@ -1,15 +1,19 @@
 """Sink options: parsed once into a frozen, typed :class:`SinkOptions`.
 
 The same options reach lakesink from ``writeStream.option(...)`` (keys arrive lower-cased from
-Spark) and from keyword arguments of :func:`lakesink.foreach_batch`.
+Spark) and from keyword arguments of :func:`lakesink.foreach_batch`. Each option is declared once, in
+:data:`OPTIONS`; adding one is: its key constant, its :class:`Option` row, its :class:`SinkOptions` field (and its
+parser when it goes with others), foreach_batch's keyword, and the rows of docs/options.md -- tests/test_options.py
+fails until the signature and the docs agree with the declaration.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from functools import partial
+from typing import Any, TypeVar
 
 from lakesink.errors import InvalidOptionError
 from lakesink.redaction import redact_properties
@@ -22,7 +26,7 @@ from lakesink.table.routes import parse_namespace
 TABLE = "table"
 CATALOG = "catalog"
 CATALOG_PROPERTY_PREFIX = "catalog."
-CHECKPOINT_LOCATION = "checkpointlocation"
+CHECKPOINT_LOCATION = "checkpointLocation"
 CREATE_TABLE = "create-table"
 OUTPUT_MODE = "output-mode"
 MERGE_SCHEMA = "merge-schema"
@@ -53,33 +57,6 @@ DEFAULT_FORMAT_VERSION = 2
 
 #: Options Spark itself may pass to a sink; accepted and ignored.
 _SPARK_OWN_OPTIONS = frozenset({"path", "queryname"})
-
-VALID_OPTIONS = (
-    TABLE,
-    CATALOG,
-    f"{CATALOG_PROPERTY_PREFIX}<property>",
-    "checkpointLocation",
-    CREATE_TABLE,
-    PARTITIONED_BY,
-    MERGE_SCHEMA,
-    BRANCH,
-    SINK_ID,
-    UPSERT_KEY,
-    DELETE_WHEN,
-    ORDER_BY,
-    f"{TABLE_PROPERTY_PREFIX}<property>",
-    FORMAT_VERSION,
-    MAINTENANCE,
-    EVENT_TIME,
-    DEAD_LETTER_TABLE,
-    REJECT_WHEN,
-    MAX_REJECTED_FRACTION,
-    ROUTE_BY,
-    NAMESPACE,
-    ROUTE_NAMESPACES,
-    ATOMIC,
-    METRICS,
-)
 
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
@@ -209,6 +186,9 @@ class MetricsExport:
 
     prometheus: tuple[str, int] | None = None
 
+    def __str__(self) -> str:
+        return "off" if self.prometheus is None else f"prometheus:{self.prometheus[0]}:{self.prometheus[1]}"
+
     @classmethod
     def parse(cls, value: str) -> MetricsExport:
         text = value.strip()
@@ -268,31 +248,20 @@ class SinkOptions:
     allow_temporary_checkpoint: bool = False
     """:func:`lakesink.foreach_batch` only: accept a query whose checkpoint the next start will not find (a temporary
     one): no exactly-once across restarts, a warning instead of the refusal."""
-    metrics: MetricsExport = field(default_factory=lambda: MetricsExport())
-    """Option ``metrics``: where commit metrics are exported (docs/metrics.md)."""
     routing: Routing | None = None
     """Option ``route-by``: one stream into many tables. ``table`` is then :data:`ROUTED` (no table of its own):
     each table's options are :meth:`for_table`'s."""
+    metrics: MetricsExport = field(default_factory=lambda: MetricsExport())
+    """Option ``metrics``: where commit metrics are exported (docs/metrics.md)."""
 
     def for_table(self, table: TableName) -> SinkOptions:
         """The options of one table of a routed sink (everything but the routing; the dead-letter table is the routed
         sink's, one for all its tables: lakesink.driver.routing)."""
         return replace(self, table=table, routing=None, dead_letter_table=None)
 
-    def __repr__(self) -> str:  # never print catalog secrets
-        return (
-            f"SinkOptions(table={str(self.table)!r}, catalog_name={self.catalog_name!r}, "
-            f"catalog_properties={redact_properties(self.catalog_properties)!r}, "
-            f"output_mode={self.output_mode.value!r}, checkpoint_location={self.checkpoint_location!r}, "
-            f"create_table={self.create_table!r}, partitioned_by={', '.join(map(str, self.partitioned_by))!r}, "
-            f"merge_schema={self.merge_schema!r}, branch={self.branch!r}, writer={self.writer.value!r}, "
-            f"sink_id={self.sink_id!r}, upsert_key={self.upsert_key!r}, delete_when={self.delete_when!r}, "
-            f"order_by={self.order_by!r}, table_properties={dict(self.table_properties)!r}, "
-            f"format_version={self.format_version!r}, maintenance={self.maintenance.value!r}, event_time={self.event_time!r}, "
-            f"dead_letter_table={str(self.dead_letter_table) if self.dead_letter_table else None!r}, "
-            f"reject_when={self.reject_when!r}, max_rejected_fraction={self.max_rejected_fraction!r}, "
-            f"allow_temporary_checkpoint={self.allow_temporary_checkpoint!r}, routing={self.routing!r})"
-        )
+    def __repr__(self) -> str:  # never print catalog secrets (the declaration's secret options are redacted)
+        shown = ", ".join(f"{f.name}={_shown(_BY_FIELD.get(f.name), getattr(self, f.name))!r}" for f in fields(self))
+        return f"SinkOptions({shown})"
 
     __str__ = __repr__
 
@@ -301,32 +270,40 @@ class SinkOptions:
         """Parse the options of ``writeStream.format("lakesink")`` (``overwrite`` is Spark's complete mode)."""
         lowered = {k.lower(): v for k, v in options.items()}
         mode = OutputMode.COMPLETE if overwrite else OutputMode.APPEND
-        if OUTPUT_MODE in lowered:
-            raise InvalidOptionError(
-                f"option '{OUTPUT_MODE}' is not used with format('lakesink'): set the mode with "
-                ".outputMode('append') or .outputMode('complete')"
-            )
-        if WRITER in lowered:
-            raise InvalidOptionError(
-                f"option '{WRITER}' is not used with format('lakesink'), which always writes through Python workers "
-                "(the Arrow path); use lakesink.foreach_batch(..., writer='spark') for Spark's own Parquet writer"
-            )
-        if ALLOW_TEMPORARY_CHECKPOINT in lowered:
-            raise InvalidOptionError(
-                f"option '{ALLOW_TEMPORARY_CHECKPOINT}' is not used with format('lakesink'), which always needs "
-                "option 'checkpointLocation'"
-            )
+        for option in OPTIONS:
+            if option.spark_refusal and option.lowered in lowered:  # lakesink.foreach_batch only
+                raise InvalidOptionError(f"option '{option.key}' is not used with format('lakesink'){option.spark_refusal}")
         return cls._parse(lowered, mode, case_sensitive=options)
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, str]) -> SinkOptions:
         """Parse options given as a plain mapping (used by :func:`lakesink.foreach_batch`)."""
         lowered = {k.lower(): v for k, v in options.items()}
-        mode = OutputMode.parse(lowered.pop(OUTPUT_MODE, OutputMode.APPEND.value))
-        writer = WriterKind.parse(lowered.pop(WRITER, WriterKind.AUTO.value))
-        allow_temporary = _parse_bool(ALLOW_TEMPORARY_CHECKPOINT, lowered.pop(ALLOW_TEMPORARY_CHECKPOINT, "false"))
-        parsed = cls._parse(lowered, mode, case_sensitive=options, writer=writer)
-        return replace(parsed, allow_temporary_checkpoint=allow_temporary)
+        own = {  # lakesink.foreach_batch's own options, parsed first (the others are checked against the mode and writer)
+            option.field_name: option.parse(lowered.pop(option.lowered, _as_text(option.default)))
+            for option in OPTIONS
+            if option.spark_refusal and option.parse is not None
+        }
+        parsed = cls._parse(lowered, own["output_mode"], case_sensitive=options, writer=own["writer"])
+        return replace(parsed, **own)
+
+    @classmethod
+    def from_keywords(cls, keywords: Mapping[str, object]) -> SinkOptions:
+        """Parse :func:`lakesink.foreach_batch`'s keyword arguments (None: not given), each as its declared option."""
+        unknown = sorted(set(keywords) - {option.keyword for option in OPTIONS})
+        if unknown:
+            raise TypeError(f"foreach_batch() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
+        options: dict[str, str] = {}
+        for option in OPTIONS:
+            value = keywords.get(option.keyword)
+            if value is None:
+                continue
+            if option.prefix:  # a mapping: one option per property (names keep their case)
+                assert isinstance(value, Mapping)
+                options.update({f"{option.key}{k}": str(v) for k, v in value.items()})
+            else:
+                options[option.key] = _as_text(value)
+        return cls.from_mapping(options)
 
     @classmethod
     def _parse(
@@ -337,38 +314,7 @@ class SinkOptions:
         case_sensitive: Mapping[str, str],
         writer: WriterKind = WriterKind.AUTO,
     ) -> SinkOptions:
-        unknown = sorted(
-            k
-            for k in lowered
-            if k
-            not in (
-                TABLE,
-                CATALOG,
-                CHECKPOINT_LOCATION,
-                CREATE_TABLE,
-                PARTITIONED_BY,
-                MERGE_SCHEMA,
-                BRANCH,
-                SINK_ID,
-                UPSERT_KEY,
-                DELETE_WHEN,
-                ORDER_BY,
-                FORMAT_VERSION,
-                MAINTENANCE,
-                EVENT_TIME,
-                DEAD_LETTER_TABLE,
-                REJECT_WHEN,
-                MAX_REJECTED_FRACTION,
-                ROUTE_BY,
-                NAMESPACE,
-                ROUTE_NAMESPACES,
-                ATOMIC,
-                METRICS,
-            )
-            and not k.startswith(CATALOG_PROPERTY_PREFIX)
-            and not k.startswith(TABLE_PROPERTY_PREFIX)
-            and k not in _SPARK_OWN_OPTIONS
-        )
+        unknown = sorted(k for k in lowered if k not in _KEYS and not k.startswith(_PREFIXES) and k not in _SPARK_OWN_OPTIONS)
         if unknown:
             raise InvalidOptionError(
                 f"unknown option(s) {', '.join(repr(k) for k in unknown)}; valid options: {', '.join(VALID_OPTIONS)}"
@@ -401,35 +347,28 @@ class SinkOptions:
             raise InvalidOptionError(
                 f"set the format version with option '{FORMAT_VERSION}', not '{TABLE_PROPERTY_PREFIX}{FORMAT_VERSION}'"
             )
-        catalog_name = lowered.get(CATALOG)
-        if catalog_name is not None and not catalog_name.strip():
-            raise InvalidOptionError(f"option '{CATALOG}' must not be empty")
         upsert_key, delete_when, order_by = _parse_upsert(lowered, mode)
         dead_letter_table, reject_when, max_rejected = _parse_dead_letters(lowered, lowered.get(TABLE, ""))
+        table = ROUTED if routing is not None else TableName.parse(lowered[TABLE])
+        alone = {  # the options parsed on their own, in the declaration's order; an absent one keeps its default
+            option.field_name: option.parse(lowered[option.lowered])
+            for option in OPTIONS
+            if option.parse is not None and not option.spark_refusal and option.lowered in lowered
+        }
         return cls(
-            table=ROUTED if routing is not None else TableName.parse(lowered[TABLE]),
+            table=table,
             routing=routing,
-            catalog_name=catalog_name.strip() if catalog_name else None,
             catalog_properties=catalog_properties,
             output_mode=mode,
-            checkpoint_location=lowered.get(CHECKPOINT_LOCATION) or None,
-            create_table=_parse_bool(CREATE_TABLE, lowered.get(CREATE_TABLE, "true")),
-            partitioned_by=partitioning.parse(lowered[PARTITIONED_BY]) if lowered.get(PARTITIONED_BY, "").strip() else (),
-            merge_schema=_parse_bool(MERGE_SCHEMA, lowered.get(MERGE_SCHEMA, "false")),
-            branch=_parse_branch(lowered.get(BRANCH, MAIN_BRANCH)),
             writer=writer,
-            sink_id=_parse_sink_id(lowered[SINK_ID]) if SINK_ID in lowered else None,
             upsert_key=upsert_key,
             delete_when=delete_when,
             order_by=order_by,
             table_properties=table_properties,
-            format_version=_parse_format_version(lowered[FORMAT_VERSION]) if FORMAT_VERSION in lowered else None,
-            maintenance=Maintenance.parse(lowered.get(MAINTENANCE, Maintenance.AUTO.value)),
-            event_time=_parse_column(EVENT_TIME, lowered[EVENT_TIME]) if EVENT_TIME in lowered else None,
             dead_letter_table=dead_letter_table,
             reject_when=reject_when,
             max_rejected_fraction=max_rejected,
-            metrics=MetricsExport.parse(lowered.get(METRICS, "off")),
+            **alone,
         )
 
 
@@ -622,6 +561,176 @@ def _parse_bool(key: str, value: str) -> bool:
     raise InvalidOptionError(f"option '{key}' must be 'true' or 'false', got {value!r}")
 
 
+def _parse_catalog(value: str) -> str:
+    if not value.strip():
+        raise InvalidOptionError(f"option '{CATALOG}' must not be empty")
+    return value.strip()
+
+
+def _parse_partitioned_by(value: str) -> tuple[PartitionTerm, ...]:
+    return partitioning.parse(value) if value.strip() else ()
+
+
+def _terms_text(terms: tuple[PartitionTerm, ...]) -> str:
+    return ", ".join(map(str, terms))
+
+
+# --- the declaration: one entry per option ----------------------------------------------------------
+
+
+class Entry(enum.Flag):
+    """The entry points that take an option."""
+
+    SPARK = enum.auto()
+    """``writeStream.format("lakesink").option(...)`` (:meth:`SinkOptions.from_spark_options`)."""
+    FOREACH = enum.auto()
+    """:func:`lakesink.foreach_batch`'s keyword arguments (:meth:`SinkOptions.from_keywords`, ``from_mapping``)."""
+    BOTH = SPARK | FOREACH
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a lakesink write, declared once (:data:`OPTIONS`).
+
+    From the declaration come the parser's list of known options and its unknown-option error (:data:`VALID_OPTIONS`),
+    the values parsed on their own, the redacted ``repr`` of :class:`SinkOptions`, the refusals of ``format("lakesink")``,
+    and how :func:`lakesink.foreach_batch`'s keyword arguments become options; tests hold foreach_batch's signature and
+    docs/options.md's tables equal to it (tests/test_options.py).
+    """
+
+    key: str
+    """The option's name as documented (``checkpointLocation``); a family's prefix (``catalog.``) with ``prefix``.
+    Matched in any case (Spark lower-cases option names)."""
+    keyword: str
+    """:func:`lakesink.foreach_batch`'s keyword argument."""
+    default: object
+    """foreach_batch's default: None when not giving the option differs from giving any value (the option is then
+    absent, and :class:`SinkOptions` keeps its field's default)."""
+    doc: str
+    """One line: what the option is (the comments of docs/options.md's list of foreach_batch's arguments)."""
+    absent: str = ""
+    """What holds when the option is not given, as docs/options.md's ``default`` column says it."""
+    required: str = "no"
+    """docs/options.md's ``required`` column."""
+    entries: Entry = Entry.BOTH
+    spark_refusal: str = ""
+    """foreach_batch only: the end of the error with which ``format("lakesink")`` refuses the option."""
+    parse: Callable[[str], Any] | None = None
+    """The parser of the option's value alone; None: parsed together with the options it goes with (``_parse_upsert``,
+    ``_parse_dead_letters``, ``_parse_routing``, the prefixed families, ``table``)."""
+    field: str = ""
+    """The :class:`SinkOptions` field the option fills (default: ``keyword``)."""
+    prefix: bool = False
+    """A family of options, ``<key><property>``, given to foreach_batch as a mapping."""
+    secret: bool = False
+    """Values may hold credentials: the ``repr`` shows them redacted (:func:`lakesink.redaction.redact_properties`)."""
+    show: Callable[[Any], object] | None = None
+    """How the ``repr`` shows the field (default: an enum's value, a table's name, a mapping as a dict)."""
+
+    @property
+    def lowered(self) -> str:
+        return self.key.lower()
+
+    @property
+    def field_name(self) -> str:
+        return self.field or self.keyword
+
+    @property
+    def shown(self) -> str:
+        """The name in the list of valid options (``catalog.<property>`` for a family)."""
+        return f"{self.key}<property>" if self.prefix else self.key
+
+
+# fmt: off
+OPTIONS: tuple[Option, ...] = (
+    Option(TABLE, "table", None, '"<namespace>.<table>" (or route_by), as the option `table`', required="yes"),
+    Option(CATALOG, "catalog", None, "as the option `catalog`", "the embedded default", parse=_parse_catalog,
+           field="catalog_name"),
+    Option(CATALOG_PROPERTY_PREFIX, "catalog_properties", None,
+           "dict, as the options `catalog.<property>` (property names keep their case)", prefix=True, secret=True),
+    Option(OUTPUT_MODE, "output_mode", OutputMode.APPEND.value,
+           '"append", "complete" or "update": the mode the query was started with', parse=OutputMode.parse,
+           entries=Entry.FOREACH, spark_refusal=": set the mode with .outputMode('append') or .outputMode('complete')"),
+    Option(CHECKPOINT_LOCATION, "checkpoint_location", None, "the query's checkpoint, to record source offsets",
+           required="yes", parse=lambda v: v or None),
+    Option(CREATE_TABLE, "create_table", True, "as the option `create-table`", "`true`",
+           parse=partial(_parse_bool, CREATE_TABLE)),
+    Option(PARTITIONED_BY, "partitioned_by", None, 'as the option `partitioned-by`, e.g. "days(ts), bucket(16, id)"',
+           "unpartitioned", parse=_parse_partitioned_by, show=_terms_text),
+    Option(MERGE_SCHEMA, "merge_schema", False, "as the option `merge-schema`", "`false`",
+           parse=partial(_parse_bool, MERGE_SCHEMA)),
+    Option(BRANCH, "branch", MAIN_BRANCH, "as the option `branch`", f"`{MAIN_BRANCH}`", parse=_parse_branch),
+    Option(WRITER, "writer", WriterKind.AUTO.value, '"auto", "spark", "arrow" or "driver": who writes the Parquet files',
+           parse=WriterKind.parse, entries=Entry.FOREACH,
+           spark_refusal=", which always writes through Python workers (the Arrow path); use "
+                         "lakesink.foreach_batch(..., writer='spark') for Spark's own Parquet writer"),
+    Option(SINK_ID, "sink_id", None, "as the option `sink-id`: several sinks of one query writing this table", "none",
+           parse=_parse_sink_id),
+    Option(UPSERT_KEY, "upsert_key", None, "as the option `upsert-key`: a column or a list of columns (docs/upserts.md)"),
+    Option(DELETE_WHEN, "delete_when", None, "as the option `delete-when` (Spark SQL here)"),
+    Option(ORDER_BY, "order_by", None, "as the option `order-by`"),
+    Option(TABLE_PROPERTY_PREFIX, "table_properties", None, "dict, as the options `table-property.<property>`",
+           "the bounded defaults", prefix=True),
+    Option(FORMAT_VERSION, "format_version", None, "as the option `format-version` (default 2)",
+           f"`{DEFAULT_FORMAT_VERSION}`", parse=_parse_format_version),
+    Option(MAINTENANCE, "maintenance", Maintenance.AUTO.value, 'as the option `maintenance`: "auto" or "off"', "`auto`",
+           parse=Maintenance.parse),
+    Option(EVENT_TIME, "event_time", None, "as the option `event-time`: a timestamp column (docs/auditing.md)", "none",
+           parse=partial(_parse_column, EVENT_TIME)),
+    Option(DEAD_LETTER_TABLE, "dead_letter_table", None, "as the option `dead-letter-table` (docs/dead-letters.md)",
+           "none"),
+    Option(REJECT_WHEN, "reject_when", None, "as the option `reject-when` (Spark SQL here)", "none"),
+    Option(MAX_REJECTED_FRACTION, "max_rejected_fraction", None, "as the option `max-rejected-fraction` (None: 1)", "`1`"),
+    Option(ALLOW_TEMPORARY_CHECKPOINT, "allow_temporary_checkpoint", False,
+           "run a query whose checkpoint its next start will not find (warning)",
+           parse=partial(_parse_bool, ALLOW_TEMPORARY_CHECKPOINT), entries=Entry.FOREACH,
+           spark_refusal=", which always needs option 'checkpointLocation'"),
+    Option(ROUTE_BY, "route_by", None, "as the option `route-by`: one stream into many tables (docs/routing.md)",
+           required="instead of `table`", field="routing"),
+    Option(NAMESPACE, "namespace", None, "as the option `namespace` (with route_by)", field="routing"),
+    Option(ROUTE_NAMESPACES, "route_namespaces", None, "as the option `route-namespaces`, or a list of namespaces",
+           "any namespace", field="routing"),
+    Option(ATOMIC, "atomic", None, 'as the option `atomic`: "auto", "required" or "off"', "`auto`", field="routing"),
+    Option(METRICS, "metrics", None, 'as the option `metrics`: "off" or "prometheus:[<host>:]<port>" (docs/metrics.md)',
+           "`off`", parse=MetricsExport.parse, show=str),
+)
+# fmt: on
+"""Every option of a lakesink write, in the order the documentation and the list of valid options give them."""
+
+VALID_OPTIONS = tuple(o.shown for o in OPTIONS if Entry.SPARK in o.entries)
+"""The options the unknown-option error lists (foreach_batch's own are named by its signature)."""
+_KEYS = frozenset(o.lowered for o in OPTIONS if o.entries is Entry.BOTH and not o.prefix)
+_PREFIXES = tuple(o.lowered for o in OPTIONS if o.prefix)
+_BY_FIELD = {o.field_name: o for o in OPTIONS if o.field_name != "routing"}
+
+
+def _shown(option: Option | None, value: object) -> object:
+    """A :class:`SinkOptions` field as its ``repr`` shows it (secrets redacted)."""
+    if option is not None and option.secret:
+        assert isinstance(value, Mapping)
+        return redact_properties(value)
+    if option is not None and option.show is not None:
+        return option.show(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, TableName):
+        return str(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+def _as_text(value: object) -> str:
+    """A keyword argument of foreach_batch as option text: booleans ``true``/``false``, lists comma-separated."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Sequence):
+        return ",".join(map(str, value))
+    return str(value)
+
+
 # --- spark.read.format("lakesink") ------------------------------------------------------------------
 
 SNAPSHOT_ID = "snapshot-id"
@@ -672,7 +781,7 @@ class ReadOptions:
     @classmethod
     def from_spark_options(cls, options: Mapping[str, str]) -> ReadOptions:
         lowered = {k.lower(): v for k, v in options.items()}
-        known = (TABLE, CATALOG, BRANCH, SNAPSHOT_ID, AS_OF_TIMESTAMP, AS_OF_BATCH, COLUMNS, PUSHDOWN)
+        known = {k for k in READ_VALID_OPTIONS if not k.endswith("<property>")}
         unknown = sorted(
             k for k in lowered if k not in known and not k.startswith(CATALOG_PROPERTY_PREFIX) and k not in _SPARK_OWN_OPTIONS
         )

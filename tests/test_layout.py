@@ -79,6 +79,26 @@ def test_every_key_is_spelled_only_in_table_keys() -> None:
     assert any(KEY.fullmatch(v) for _, v in _string_constants(KEYS))  # the pattern does find keys where they live
 
 
+#: ``LAKESINK_*`` strings that are not environment variables: the message marker of the Spark path's null check
+ENV_LIKE_MARKERS = {"LAKESINK_NOT_NULL_VIOLATION"}
+
+
+def test_every_environment_variable_is_named_only_in_table_keys() -> None:
+    """The ``LAKESINK_*`` variables lakesink reads (issue 31: they were spread over four modules) and their defaults
+    live in lakesink.table.keys, beside the keys."""
+    spelled = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {value!r}"
+        for path in _sources()
+        if path != KEYS
+        for line, value in _string_constants(path)
+        if re.fullmatch(r"LAKESINK_[A-Z_]+", value) and value not in ENV_LIKE_MARKERS
+    ]
+    assert spelled == [], "environment variables named outside lakesink/table/keys.py:\n" + "\n".join(spelled)
+    assert {"LAKESINK_HOME", "LAKESINK_LOG_LEVEL", "LAKESINK_LOCK_DIR", "LAKESINK_FAULTS_DIR"} <= {
+        v for _, v in _string_constants(KEYS)
+    }
+
+
 def _module_level_imports(path: Path) -> Iterator[tuple[int, str]]:
     """(line, module) of the imports that run when the module is imported (not in functions, not TYPE_CHECKING)."""
     name = _name(path)

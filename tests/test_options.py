@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import itertools
+import json
+import re
+from pathlib import Path
+
 import pytest
 
+import lakesink
 from lakesink.errors import InvalidOptionError
-from lakesink.options import OutputMode, SinkOptions, TableName
+from lakesink.options import (
+    OPTIONS,
+    READ_VALID_OPTIONS,
+    VALID_OPTIONS,
+    Entry,
+    Option,
+    OutputMode,
+    SinkOptions,
+    TableName,
+    _as_text,
+)
+from lakesink.table import keys
 
 VALID_LIST = (
     "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table, partitioned-by, merge-schema, "
@@ -234,6 +253,7 @@ def test_repr_shows_every_field() -> None:
             "table-property.write.target-file-size-bytes": "1024",
             "format-version": "2",
             "maintenance": "off",
+            "metrics": "prometheus:9108",
         }
     )
     assert repr(opts) == (
@@ -241,7 +261,8 @@ def test_repr_shows_every_field() -> None:
         "checkpoint_location='/ck', create_table=False, partitioned_by='days(ts), bucket(16, id)', merge_schema=True, "
         "branch='main', writer='auto', sink_id='audit', upsert_key=(), delete_when=None, order_by=None, "
         "table_properties={'write.target-file-size-bytes': '1024'}, format_version=2, maintenance='off', event_time=None, "
-        "dead_letter_table=None, reject_when=None, max_rejected_fraction=1.0, allow_temporary_checkpoint=False, routing=None)"
+        "dead_letter_table=None, reject_when=None, max_rejected_fraction=1.0, allow_temporary_checkpoint=False, routing=None, "
+        "metrics='prometheus:127.0.0.1:9108')"
     )
 
 
@@ -271,3 +292,150 @@ def test_dead_letters_with_route_by_serve_every_routed_table() -> None:
     assert o.routing is not None and str(o.dead_letter_table) == "db.dead" and o.reject_when == "id < 0"
     # one dead-letter table for the routed sink: a routed table's own options have none (lakesink.driver.routing)
     assert o.for_table(TableName(("db",), "a")).dead_letter_table is None
+
+
+# --- one declaration per option (lakesink.options.OPTIONS) -------------------------------------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "options.md"
+
+
+def _section(title: str) -> list[str]:
+    """The lines of docs/options.md's section ``## <title>`` (up to the next ``## ``)."""
+    lines = DOCS.read_text(encoding="utf-8").splitlines()
+    start = lines.index(f"## {title}") + 1
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return lines[start:end]
+
+
+def _table(lines: list[str]) -> list[list[str]]:
+    """The body rows of the section's first Markdown table, as cells."""
+    rows = [line for line in itertools.dropwhile(lambda x: not x.startswith("|"), lines)]
+    rows = list(itertools.takewhile(lambda x: x.startswith("|"), rows))[2:]
+    return [[c.strip() for c in row.strip().strip("|").split("|")] for row in rows]  # prose cells may hold "|": use the first
+
+
+def _names(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def _py(value: object) -> str:
+    """A default as the docs write it (strings in double quotes)."""
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _comment_block(lines: list[str], first: str) -> str:
+    """A printed output shown as comments (``# ...`` continued by ``#   ...``), joined into one line."""
+    i = next(i for i, line in enumerate(lines) if line.startswith(f"# {first}"))
+    text = [lines[i][2:]]
+    for line in lines[i + 1 :]:
+        if not line.startswith("#   "):
+            break
+        text.append(line[4:])
+    return " ".join(text)
+
+
+def test_foreach_batch_signature_is_the_declaration() -> None:
+    """foreach_batch keeps an explicit signature (types and completion for IDEs, mypy on callers): it must name every
+    declared option, in the declaration's order, with the declared default."""
+    params = list(inspect.signature(lakesink.foreach_batch).parameters.values())
+    assert [(p.name, p.default) for p in params] == [(o.keyword, o.default) for o in OPTIONS]
+    assert params[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD  # the table, positional
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[1:])
+    documented = re.findall(r"(?m)^    ([a-z_]+): ", inspect.getdoc(lakesink.foreach_batch) or "")
+    assert documented == [o.keyword for o in OPTIONS]
+
+
+def test_sink_options_fields_follow_the_declaration() -> None:
+    declared = list(dict.fromkeys(o.field_name for o in OPTIONS))
+    assert [f.name for f in dataclasses.fields(SinkOptions)] == declared
+
+
+def test_foreach_batch_defaults_are_the_defaults_of_absent_options() -> None:
+    keywords = {o.keyword: o.default for o in OPTIONS} | {"table": "db.t"}
+    assert SinkOptions.from_keywords(keywords) == SinkOptions(table=TableName(("db",), "t"))
+    assert SinkOptions.from_keywords(keywords) == SinkOptions.from_mapping({"table": "db.t"})
+
+
+def test_keywords_become_their_options() -> None:
+    o = SinkOptions.from_keywords(
+        {
+            "table": "db.t",
+            "catalog_properties": {"Header.X": "v"},
+            "upsert_key": ["tenant", "id"],
+            "table_properties": {"write.target-file-size-bytes": 1024},
+            "format_version": 1,
+            "merge_schema": True,
+            "checkpoint_location": "/ck",
+            "output_mode": "update",
+        }
+    )
+    assert dict(o.catalog_properties) == {"Header.X": "v"} and o.upsert_key == ("tenant", "id")
+    assert dict(o.table_properties) == {"write.target-file-size-bytes": "1024"} and o.format_version == 1
+    assert o.merge_schema and o.checkpoint_location == "/ck" and o.output_mode is OutputMode.UPDATE
+    with pytest.raises(TypeError, match="'colour'"):
+        SinkOptions.from_keywords({"table": "db.t", "colour": "red"})
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if Entry.SPARK not in o.entries], ids=lambda o: o.key)
+def test_foreach_batch_only_options_are_refused_by_format_lakesink(option: Option) -> None:
+    assert option.spark_refusal and option.parse is not None
+    with pytest.raises(InvalidOptionError, match=f"option '{option.key}' is not used with format"):
+        SinkOptions.from_spark_options({"table": "db.t", option.key: _as_text(option.default)}, overwrite=False)
+
+
+def test_valid_options_are_the_declared_ones() -> None:
+    assert VALID_LIST == f"valid options: {', '.join(VALID_OPTIONS)}"
+    assert VALID_OPTIONS == tuple(o.shown for o in OPTIONS if Entry.SPARK in o.entries)
+
+
+def test_docs_format_lakesink_table_is_the_declaration() -> None:
+    rows = _table(_section('`writeStream.format("lakesink")` options'))
+    documented = [(name, row[1], row[2]) for row in rows for name in _names(row[0])]
+    assert documented == [(o.shown, o.required, o.absent) for o in OPTIONS if Entry.SPARK in o.entries]
+
+
+def test_docs_foreach_batch_table_is_the_declaration() -> None:
+    rows = _table(_section("`lakesink.foreach_batch(...)` arguments"))
+    documented = [(name, row[1]) for row in rows for name in _names(row[0])]
+    assert [name for name, _ in documented] == [o.keyword for o in OPTIONS]
+    for (name, default), option in zip(documented, OPTIONS, strict=True):
+        assert default.startswith(f"`{_py(option.default)}`"), (name, default)
+
+
+def foreach_batch_listing() -> str:
+    """The ``python no-run`` listing of foreach_batch's arguments in docs/options.md, made from the declaration."""
+    lines = ["lakesink.foreach_batch("]
+    for i, option in enumerate(OPTIONS):
+        lines.append(f"    {option.keyword}={_py(option.default)},".ljust(40) + f"# {option.doc}")
+        if i == 0:
+            lines.append("    *,")
+    return "\n".join([*lines, ")"])
+
+
+def test_docs_foreach_batch_listing_is_the_declaration() -> None:
+    text = "\n".join(_section("`lakesink.foreach_batch(...)` arguments"))
+    listing = text.split("```python no-run\n", 1)[1].split("\n```", 1)[0]
+    assert listing == foreach_batch_listing(), "docs/options.md should list:\n" + foreach_batch_listing()
+
+
+def test_docs_read_options_table_is_the_read_options() -> None:
+    rows = _table(_section('`spark.read.format("lakesink")` options'))
+    assert [name for row in rows for name in _names(row[0])] == list(READ_VALID_OPTIONS)
+
+
+def test_docs_environment_table_names_every_variable_of_table_keys() -> None:
+    rows = _table(_section("Environment variables"))
+    documented = {name for row in rows for name in _names(row[0]) if name.startswith("LAKESINK_")}
+    assert documented == {v for k, v in vars(keys).items() if k.startswith("ENV_")}
+
+
+def test_docs_printed_errors_and_repr_are_the_real_ones() -> None:
+    """The outputs docs/options.md shows as comments are what the code prints (the list of valid options was 8 short)."""
+    lines = DOCS.read_text(encoding="utf-8").splitlines()
+    with pytest.raises(InvalidOptionError) as e:
+        SinkOptions.from_spark_options({"table": "db.events", "colour": "red"}, overwrite=False)
+    assert _comment_block(lines, "unknown option(s) 'colour'") == str(e.value)
+    options = SinkOptions.from_mapping(
+        {"table": "db.events", "catalog.type": "sql", "catalog.uri": "postgresql+psycopg2://writer:s3cret@db.invalid/iceberg"}
+    )
+    assert _comment_block(lines, "SinkOptions(") == repr(options)

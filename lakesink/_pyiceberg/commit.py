@@ -97,7 +97,7 @@ from lakesink._pyiceberg.io import live_entries, partition_of
 from lakesink._pyiceberg.manifests import DeleteManifestWriter, snapshot_manifests, write_manifest, write_manifest_list
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 from lakesink.table import floats, names, storage
-from lakesink.table.keys import AVRO_CODEC, AVRO_CODEC_DEFAULT, FORMAT_VERSION
+from lakesink.table.keys import AVRO_CODEC, AVRO_CODEC_DEFAULT, FORMAT_VERSION, UNIT_THREADS_FROM
 from lakesink.table.keys import SUMMARY_RESTORED_FROM as RESTORED_FROM
 from lakesink.table.keys import SUMMARY_RESTORED_REF as RESTORED_REF
 
@@ -1029,7 +1029,7 @@ def _swap_rows_on_sql_catalog(items: Sequence[tuple[Table, Sequence[Any], Sequen
         return table, new, location
 
     staged: list[tuple[Table, TableMetadata, str]] = []
-    threads = unit_threads([t for t, _, _ in items]) if len(items) >= _PARALLEL_FROM else 1
+    threads = unit_threads([t for t, _, _ in items]) if len(items) >= UNIT_THREADS_FROM else 1
     if threads == 1:
         try:
             for item in items:
@@ -1118,9 +1118,6 @@ def _swap_rows_on_sql_catalog(items: Sequence[tuple[Table, Sequence[Any], Sequen
         table.metadata_location = location
 
 
-#: A unit of at least this many tables writes their metadata files on a pool of threads (:func:`unit_threads` of
-#: them), which lives for one swap.
-_PARALLEL_FROM = 4
 #: The threads a unit of tables on object storage (S3, GCS, ADLS, ...) is prepared on: each table's manifest, manifest
 #: list and metadata file is a round trip to the store, which the pool overlaps.
 _REMOTE_THREADS = 8

@@ -22,10 +22,10 @@ from lakesink.cli.common import catalog_options, duration_option, format_duratio
 from lakesink.cli.output import Output, output_option
 from lakesink.errors import LakesinkError
 from lakesink.maintenance import compaction, expiry, manifest_rewrite, routine
-from lakesink.maintenance.orphans import DEFAULT_OLDER_THAN, OTHER_WRITERS_OLDER_THAN, remove_orphan_files
+from lakesink.maintenance.orphans import OTHER_WRITERS_OLDER_THAN, remove_orphan_files
 from lakesink.sink.checkpoint_cleanup import DEFAULT_OLDER_THAN as CHECKPOINT_QUIET_TIME
 from lakesink.sink.checkpoint_cleanup import clean_checkpoint
-from lakesink.table.keys import MAIN_BRANCH
+from lakesink.table.keys import MAIN_BRANCH, ORPHAN_OLDER_THAN_DEFAULT
 
 _dry_run = click.option("--dry-run", is_flag=True, help="Change nothing; report what would be done.")
 _json_output = output_option(help="Print the report as JSON.")
@@ -134,7 +134,7 @@ def rewrite_manifests_command(
 @click.option(
     "--orphans-older-than",
     metavar="DURATION",
-    default=format_duration(routine.SAFE_ORPHAN_AGE),
+    default=format_duration(ORPHAN_OLDER_THAN_DEFAULT),
     show_default=True,
     callback=duration_option,
     help="Remove orphan files last modified longer ago than this.",
@@ -198,7 +198,7 @@ def forget_query_command(
 @click.option(
     "--older-than",
     metavar="DURATION",
-    default=format_duration(DEFAULT_OLDER_THAN),
+    default=format_duration(ORPHAN_OLDER_THAN_DEFAULT),
     show_default=True,
     callback=duration_option,
     help="Only remove files last modified longer ago than this (3d, 12h, 90m, 1d12h, 0).",

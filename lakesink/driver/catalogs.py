@@ -45,19 +45,24 @@ from lakesink._pyiceberg import io as seam_io
 from lakesink.errors import PROGRAMMING_ERRORS, CatalogError, CatalogUnavailableError, LakesinkError, TableIdentityChangedError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import storage
-from lakesink.table.keys import DATA_PATH_PROPERTIES, METADATA_PATH_PROPERTIES, REQUEST_TIMEOUT, REQUEST_TIMEOUT_DEFAULT
+from lakesink.table.keys import (
+    DATA_PATH_PROPERTIES,
+    ENV_HOME,
+    HOME_DEFAULT,
+    METADATA_PATH_PROPERTIES,
+    REQUEST_TIMEOUT,
+    REQUEST_TIMEOUT_DEFAULT,
+)
 
 log = logging.getLogger("lakesink")
 
-ENV_HOME = "LAKESINK_HOME"
-DEFAULT_HOME = "lakehouse"
 EMBEDDED_CATALOG_NAME = "lakesink"
 
 #: The embedded default catalog, the same definition as ``catalog/.pyiceberg.yaml`` in the repository.
 EMBEDDED_CATALOG_PROPERTIES: Mapping[str, str] = {
     "type": "sql",
-    "uri": "sqlite:///${LAKESINK_HOME}/catalog.db",
-    "warehouse": "file://${LAKESINK_HOME}/warehouse",
+    "uri": f"sqlite:///${{{ENV_HOME}}}/catalog.db",
+    "warehouse": f"file://${{{ENV_HOME}}}/warehouse",
 }
 
 _VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
@@ -65,7 +70,7 @@ _VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))
 
 def lakesink_home() -> Path:
     """The folder of the embedded default catalog: ``$LAKESINK_HOME`` or ``./lakehouse``, absolute."""
-    return Path(os.environ.get(ENV_HOME) or DEFAULT_HOME).expanduser().resolve()
+    return Path(os.environ.get(ENV_HOME) or HOME_DEFAULT).expanduser().resolve()
 
 
 def expand(value: str, *, key: str = "") -> str:
@@ -463,7 +468,7 @@ def _is_embedded(name: str, props: Mapping[str, str]) -> bool:
 def _home_origin() -> str:
     if os.environ.get(ENV_HOME):
         return f"{ENV_HOME}={os.environ[ENV_HOME]}"
-    return f"{ENV_HOME} is not set: ./{DEFAULT_HOME} in the working folder {os.getcwd()}"
+    return f"{ENV_HOME} is not set: ./{HOME_DEFAULT} in the working folder {os.getcwd()}"
 
 
 def location(name: str, props: Mapping[str, str]) -> str:

@@ -24,19 +24,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from lakesink.table.keys import ENV_LOCK_DIR, LOCK_DIR_DEFAULT
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no advisory locks; the abort then reads the table at once
     fcntl = None  # type: ignore[assignment]
 
-ENV_LOCK_DIR = "LAKESINK_LOCK_DIR"
 #: How long an abort waits for an in-flight commit of the same sink before it keeps the files.
 ABORT_WAIT_S = 600.0
 
 
 def lock_folder() -> Path:
     """The folder of the commit locks (and of lakesink.driver.indoubt's records) on this host."""
-    return Path(os.environ.get(ENV_LOCK_DIR) or Path(tempfile.gettempdir()) / "lakesink-commit-locks")
+    return Path(os.environ.get(ENV_LOCK_DIR) or Path(tempfile.gettempdir()) / LOCK_DIR_DEFAULT)
 
 
 class CommitGuard:

@@ -48,6 +48,7 @@ from lakesink.faults import (
 )
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import names
+from lakesink.table.keys import UNIT_THREADS_FROM
 from lakesink.table.markers import CommittedBatch
 from lakesink.table.settings import CommitRetry
 
@@ -291,18 +292,12 @@ def _turns_of(actions: Iterable[CommitAction]) -> list[turns.Turns]:
     return [found[k] for k in sorted(found, key=repr)]  # one order for every unit: no two units wait for each other
 
 
-#: A unit of at least this many actions prepares them on a pool of threads (each table's manifest, manifest list and
-#: metadata file: round trips to object storage, CPU on a local filesystem); the pool lives for one attempt, with
-#: :func:`lakesink._pyiceberg.commit.unit_threads` threads (the cores on local storage, more on object storage).
-_PARALLEL_FROM = 4
-
-
 def _prepare(
     actions: Sequence[CommitAction], read: list[Table], todo: list[int], attempt: int, prepared: dict[int, PreparedCommit]
 ) -> None:
     """Every action of ``todo`` prepared against its table as read (into ``prepared``); the first error raised
     once every action finished (the caller discards what was prepared)."""
-    threads = seam_commit.unit_threads([read[i] for i in todo]) if len(todo) >= _PARALLEL_FROM else 1
+    threads = seam_commit.unit_threads([read[i] for i in todo]) if len(todo) >= UNIT_THREADS_FROM else 1
     if threads == 1:
         for i in todo:
             prepared[i] = actions[i].prepare(read[i], attempt)

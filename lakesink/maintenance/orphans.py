@@ -42,13 +42,10 @@ from lakesink.driver import catalogs
 from lakesink.errors import CatalogError, InvalidOptionError, LakesinkError, TableLocationError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import locations, names, storage
-from lakesink.table.keys import SUMMARY_QUERY_ID
+from lakesink.table.keys import ORPHAN_OLDER_THAN_DEFAULT, SUMMARY_QUERY_ID
 from lakesink.table.markers import last_committed_batch, parse_last_batch_key
 
 log = logging.getLogger("lakesink")
-
-DEFAULT_OLDER_THAN = timedelta(days=3)
-"""Iceberg's default for ``deleteOrphanFiles``: files younger than this are never removed."""
 
 OTHER_WRITERS_OLDER_THAN = timedelta(days=1)
 """Files lakesink did not name (other writers': pyiceberg, Spark, Trino, another engine's delete files) younger than
@@ -174,7 +171,7 @@ class OrphanReport:
 def remove_orphan_files(
     table: Table,
     *,
-    older_than: timedelta = DEFAULT_OLDER_THAN,
+    older_than: timedelta = ORPHAN_OLDER_THAN_DEFAULT,
     other_writers_older_than: timedelta = OTHER_WRITERS_OLDER_THAN,
     dry_run: bool = False,
 ) -> OrphanReport:

@@ -26,14 +26,10 @@ from lakesink.driver.action import CommitAction, Landing
 from lakesink.errors import CommitConflictError, LakesinkError
 from lakesink.maintenance import compaction, expiry, manifest_rewrite
 from lakesink.maintenance.orphans import remove_orphan_files
-from lakesink.table.keys import LAST_BATCH_PREFIX
+from lakesink.table.keys import LAST_BATCH_PREFIX, ORPHAN_OLDER_THAN_DEFAULT
 from lakesink.table.markers import last_batch_key, last_committed_batch, parse_last_batch_key
 
 log = logging.getLogger("lakesink")
-
-#: Orphan files younger than this are never removed by ``maintain`` (Iceberg's default for deleteOrphanFiles).
-SAFE_ORPHAN_AGE = timedelta(days=3)
-
 
 @dataclass(frozen=True)
 class MaintenanceReport:
@@ -59,7 +55,7 @@ def maintain(
     table: Table,
     *,
     dry_run: bool = False,
-    orphans_older_than: timedelta | None = SAFE_ORPHAN_AGE,
+    orphans_older_than: timedelta | None = ORPHAN_OLDER_THAN_DEFAULT,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> MaintenanceReport:
     """Compact, expire snapshots (as the table's properties say), rewrite manifests (when that reduces them), then

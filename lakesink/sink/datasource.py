@@ -45,12 +45,10 @@ from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import ReadOptions, SinkOptions
 from lakesink.sink import completeness
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
-from lakesink.table.keys import MAIN_BRANCH
+from lakesink.table.keys import ENV_LOG_LEVEL, LOG_LEVEL_DEFAULT, MAIN_BRANCH
 from lakesink.table.routes import Route
 
 log = logging.getLogger("lakesink")
-
-ENV_LOG_LEVEL = "LAKESINK_LOG_LEVEL"
 
 
 def _log_to_stderr_in_workers() -> None:
@@ -61,10 +59,10 @@ def _log_to_stderr_in_workers() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logger.addHandler(handler)
-    level = os.environ.get(ENV_LOG_LEVEL, "INFO").upper()
+    level = os.environ.get(ENV_LOG_LEVEL, LOG_LEVEL_DEFAULT).upper()
     if not isinstance(logging.getLevelName(level), int):
-        logger.warning("lakesink: %s=%r is not a logging level; using INFO", ENV_LOG_LEVEL, level)
-        level = "INFO"
+        logger.warning("lakesink: %s=%r is not a logging level; using %s", ENV_LOG_LEVEL, level, LOG_LEVEL_DEFAULT)
+        level = LOG_LEVEL_DEFAULT
     logger.setLevel(level)
 
 

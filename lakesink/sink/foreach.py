@@ -34,39 +34,11 @@ from lakesink.executor.messages import WritePlan
 from lakesink.executor.routed_writer import RoutedPartitionWriter, RoutedTaskResult
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, PartitionWriter
 from lakesink.maintenance.auto import auto_maintenance
-from lakesink.options import (
-    ALLOW_TEMPORARY_CHECKPOINT,
-    ATOMIC,
-    BRANCH,
-    CATALOG,
-    CATALOG_PROPERTY_PREFIX,
-    CREATE_TABLE,
-    DEAD_LETTER_TABLE,
-    DELETE_WHEN,
-    EVENT_TIME,
-    MAINTENANCE,
-    MAX_REJECTED_FRACTION,
-    MERGE_SCHEMA,
-    METRICS,
-    NAMESPACE,
-    ORDER_BY,
-    OUTPUT_MODE,
-    PARTITIONED_BY,
-    REJECT_WHEN,
-    ROUTE_BY,
-    ROUTE_NAMESPACES,
-    SINK_ID,
-    TABLE,
-    TABLE_PROPERTY_PREFIX,
-    UPSERT_KEY,
-    WRITER,
-    SinkOptions,
-    WriterKind,
-)
+from lakesink.options import SinkOptions, WriterKind
 from lakesink.sink import completeness, dead_letters, driver_write, spark_fs, spark_write, upsert_batch
 from lakesink.sink.checkpoint import not_found_by_a_restart, read_query_id, read_source_offsets
 from lakesink.table import storage
-from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
+from lakesink.table.keys import MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
 from lakesink.table.routes import routing_value
 
 log = logging.getLogger("lakesink")
@@ -85,8 +57,8 @@ def foreach_batch(
     catalog: str | None = None,
     catalog_properties: Mapping[str, str] | None = None,
     output_mode: str = "append",
-    create_table: bool = True,
     checkpoint_location: str | None = None,
+    create_table: bool = True,
     partitioned_by: str | None = None,
     merge_schema: bool = False,
     branch: str = MAIN_BRANCH,
@@ -102,12 +74,12 @@ def foreach_batch(
     dead_letter_table: str | None = None,
     reject_when: str | None = None,
     max_rejected_fraction: float | None = None,
+    allow_temporary_checkpoint: bool = False,
     route_by: str | None = None,
     namespace: str | None = None,
-    atomic: str | None = None,
-    allow_temporary_checkpoint: bool = False,
     route_namespaces: str | Sequence[str] | None = None,
-    metrics: str = "off",
+    atomic: str | None = None,
+    metrics: str | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -118,9 +90,9 @@ def foreach_batch(
         catalog_properties: properties for pyiceberg's ``load_catalog`` (``type``, ``uri``, ``warehouse``, ...).
         output_mode: ``"append"``, ``"complete"`` or ``"update"`` (needs ``upsert_key``), the mode the query was
             started with.
-        create_table: create the table when it does not exist (else fail at the first batch).
         checkpoint_location: the query's checkpoint, to record source offsets; found from the running
             query when omitted.
+        create_table: create the table when it does not exist (else fail at the first batch).
         partitioned_by: the partition spec of a table lakesink creates, in Iceberg's transform syntax,
             e.g. ``"days(ts), bucket(16, user_id)"`` (docs/partitioning.md).
         merge_schema: add new stream columns to the table and widen its column types (int to long,
@@ -153,67 +125,24 @@ def foreach_batch(
             commit (docs/dead-letters.md).
         reject_when: a Spark SQL boolean expression over the batch's columns: rows for which it is true are dead letters.
         max_rejected_fraction: above this fraction of a batch's rows rejected (0 to 1, default 1), the batch fails.
-        route_by: instead of ``table``: a string column of the stream naming each row's table (``ns.table``, or
-            ``table`` with ``namespace``); tables are created on first sight, the column is not written, and each
-            batch is committed to all its tables as one unit where the catalog can (docs/routing.md).
-        namespace: with ``route_by``: the namespace of routing values that name none.
-        atomic: with ``route_by``: ``"auto"`` (default), ``"required"`` (fail at start on a catalog that cannot
-            commit several tables atomically) or ``"off"`` (docs/routing.md).
         allow_temporary_checkpoint: run a query whose checkpoint its next start will not find -- no
             ``checkpointLocation`` option (Spark's temporary checkpoint), or ``spark.sql.streaming.checkpointLocation``
             without a ``queryName`` -- with a warning. Refused by default: a restart is then a new query with a new
             id, and its replayed batches would be committed again (no exactly-once across restarts).
+        route_by: instead of ``table``: a string column of the stream naming each row's table (``ns.table``, or
+            ``table`` with ``namespace``); tables are created on first sight, the column is not written, and each
+            batch is committed to all its tables as one unit where the catalog can (docs/routing.md).
+        namespace: with ``route_by``: the namespace of routing values that name none.
         route_namespaces: with ``route_by``: the namespaces a routed table may be in (a list, or a comma-separated
             string); a routing value naming a table elsewhere is an invalid route (a dead letter with
             ``dead_letter_table``, else a RoutingError). Default: any namespace of the catalog.
-        metrics: ``"off"`` (default) or ``"prometheus:[<host>:]<port>"``: the commit metrics served to Prometheus
-            (docs/metrics.md; needs ``lakesink[prometheus]``).
+        atomic: with ``route_by``: ``"auto"`` (default), ``"required"`` (fail at start on a catalog that cannot
+            commit several tables atomically) or ``"off"`` (docs/routing.md).
+        metrics: as the option ``metrics``: ``"off"`` (default) or ``"prometheus:[<host>:]<port>"``: the commit
+            metrics served to Prometheus (docs/metrics.md; needs ``lakesink[prometheus]``).
     """
-    options: dict[str, str] = {
-        OUTPUT_MODE: output_mode,
-        CREATE_TABLE: str(create_table).lower(),
-        BRANCH: branch,
-        WRITER: writer,
-    }
-    if catalog is not None:
-        options[CATALOG] = catalog
-    for key, value in (catalog_properties or {}).items():
-        options[f"{CATALOG_PROPERTY_PREFIX}{key}"] = value
-    if checkpoint_location is not None:
-        options["checkpointLocation"] = checkpoint_location
-    if partitioned_by is not None:
-        options[PARTITIONED_BY] = partitioned_by
-    options[MERGE_SCHEMA] = str(merge_schema).lower()
-    if sink_id is not None:
-        options[SINK_ID] = sink_id
-    if upsert_key is not None:
-        options[UPSERT_KEY] = upsert_key if isinstance(upsert_key, str) else ",".join(upsert_key)
-    if delete_when is not None:
-        options[DELETE_WHEN] = delete_when
-    if order_by is not None:
-        options[ORDER_BY] = order_by
-    for key, value in (table_properties or {}).items():
-        options[f"{TABLE_PROPERTY_PREFIX}{key}"] = str(value)
-    if format_version is not None:
-        options[FORMAT_VERSION] = str(format_version)
-    options[MAINTENANCE] = maintenance
-    if event_time is not None:
-        options[EVENT_TIME] = event_time
-    if dead_letter_table is not None:
-        options[DEAD_LETTER_TABLE] = dead_letter_table
-    if reject_when is not None:
-        options[REJECT_WHEN] = reject_when
-    if max_rejected_fraction is not None:
-        options[MAX_REJECTED_FRACTION] = str(max_rejected_fraction)
-    if table is not None:
-        options[TABLE] = table
-    if route_namespaces is not None and not isinstance(route_namespaces, str):
-        route_namespaces = ",".join(route_namespaces)
-    routing = {ROUTE_BY: route_by, NAMESPACE: namespace, ATOMIC: atomic, ROUTE_NAMESPACES: route_namespaces}
-    options.update({key: value for key, value in routing.items() if value is not None})
-    options[ALLOW_TEMPORARY_CHECKPOINT] = str(allow_temporary_checkpoint).lower()
-    options[METRICS] = metrics
-    return ForeachBatchSink(SinkOptions.from_mapping(options))
+    # every argument is an option of lakesink.options.OPTIONS (tests/test_options.py holds this signature equal to it)
+    return ForeachBatchSink(SinkOptions.from_keywords(locals()))
 
 
 class ForeachBatchSink:

@@ -4,10 +4,14 @@ As pyiceberg's ``TableProperties`` (``KEY`` / ``KEY_DEFAULT`` pairs) and ``table
 iceberg-rust's ``spec/table_properties.rs`` and ``spec/snapshot_summary.rs``. The option names of the entry points
 (``table``, ``checkpointLocation``, ``upsert-key``, ...) are the option parser's own, in :mod:`lakesink.options`.
 
+The environment variables lakesink reads (``LAKESINK_*``) and the defaults of its own operations live here too.
+
 Plain constants only: every side (driver, Python workers, maintenance, audit, CLI) imports this module.
 """
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 # --- refs ------------------------------------------------------------------------------------------
 
@@ -223,3 +227,30 @@ REPORT_ROWS_IN = "lakesink.rows-in"
 """The rows the batch's tasks received for the table (written and dead letters)."""
 REPORT_WATERMARK_LAG_MS = "lakesink.watermark-lag-ms"
 """How far Spark's watermark for the batch was behind the driver's clock at the commit, in ms."""
+
+# --- environment variables lakesink reads ----------------------------------------------------------
+
+ENV_HOME = "LAKESINK_HOME"
+"""The folder of the embedded default catalog (``catalog.db``, ``warehouse/``) and the value of ``${LAKESINK_HOME}`` in
+catalog properties (lakesink.driver.catalogs)."""
+HOME_DEFAULT = "lakehouse"
+"""``$LAKESINK_HOME`` when unset: this folder under the working folder."""
+ENV_LOG_LEVEL = "LAKESINK_LOG_LEVEL"
+"""The level of the stderr handler lakesink installs in Spark's Python workers (lakesink.sink.datasource)."""
+LOG_LEVEL_DEFAULT = "INFO"
+ENV_LOCK_DIR = "LAKESINK_LOCK_DIR"
+"""The folder of the commit locks and in-doubt records of this host (lakesink.driver.guard)."""
+LOCK_DIR_DEFAULT = "lakesink-commit-locks"
+"""``$LAKESINK_LOCK_DIR`` when unset: this folder under the system's temporary folder."""
+ENV_FAULTS_DIR = "LAKESINK_FAULTS_DIR"
+"""Tests only: the folder that switches fault points on (lakesink.faults)."""
+
+# --- defaults of lakesink's own operations ---------------------------------------------------------
+
+ORPHAN_OLDER_THAN_DEFAULT = timedelta(days=3)
+"""Orphan files younger than this are never removed (Iceberg's default for ``deleteOrphanFiles``): the default of
+``remove_orphan_files``, of ``maintain`` and of the CLI's ``--older-than``."""
+UNIT_THREADS_FROM = 4
+"""A unit of at least this many tables (or commit actions) is prepared, and its metadata files staged, on a pool of
+threads (:func:`lakesink._pyiceberg.commit.unit_threads` of them) that lives for one attempt; a smaller one on the
+calling thread."""

@@ -5,7 +5,7 @@ themselves (Avro schema, field ids, partition values, bounds, counts).
 
 No Spark: lakesink's routed task writer writes the Parquet files, ``RoutedCommitter.commit_batch`` commits each batch
 to every table as one unit (the tables prepared on lakesink's pool: more tables than
-lakesink.driver.swap._PARALLEL_FROM), v1 and v2 tables, unpartitioned and partitioned (identity, days, bucket,
+lakesink.table.keys.UNIT_THREADS_FROM), v1 and v2 tables, unpartitioned and partitioned (identity, days, bucket,
 truncate), manifests merged along the way (``commit.manifest.min-count-to-merge`` 3), on a SQLite catalog.
 """
 
@@ -20,10 +20,11 @@ import pyarrow as pa
 import pytest
 
 from lakesink.audit import interop
-from lakesink.driver import catalogs, swap
+from lakesink.driver import catalogs
 from lakesink.driver.routing import RoutedCommitter
 from lakesink.executor.routed_writer import RoutedTaskWriter
 from lakesink.options import SinkOptions
+from lakesink.table.keys import UNIT_THREADS_FROM
 from tests.audit.test_interop import normalized
 
 Q = "routing-interop-query"
@@ -92,7 +93,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_routed_tables_read_the_same_in_duckdb_iceberg_rust_and_clickhouse(catalog_properties: dict[str, str], case: str) -> None:
-    assert len(TABLES) >= swap._PARALLEL_FROM  # prepared on lakesink's pool, as a large unit is
+    assert len(TABLES) >= UNIT_THREADS_FROM  # prepared on lakesink's pool, as a large unit is
     _commit_batches(catalog_properties, **CASES[case])
     all_ids: list[int] = []
     for i, name in enumerate(TABLES):
