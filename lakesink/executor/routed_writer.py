@@ -34,6 +34,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink.errors import RoutingError, SchemaMismatchError
 from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import RowChecks, TaskResult, WritePlan
+from lakesink.executor.row_digest import RowsDigest, digest
 from lakesink.executor.task_writer import TaskWriter, task_result_batch, utc_schema
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.table import dead_letters as dl
@@ -126,6 +127,9 @@ class TableResult:
     result: TaskResult
     templated: bool = False
     """Written with the :class:`TableTemplate` (the table was not planned)."""
+    rows_digest: RowsDigest | None = None
+    """The digest of every row this task routed to the table, written or skipped (lakesink.executor.row_digest): a
+    replay that finds the batch in some tables only compares it with the one the batch's commit recorded there."""
 
 
 @dataclass(frozen=True)
@@ -251,6 +255,7 @@ class RoutedTaskWriter:
         self._run_id = run_id
         self._writers: dict[str, tuple[TaskWriter, bool]] = {}
         self._skipped: dict[str, WritePlan] = {}
+        self._digests: dict[str, RowsDigest] = {}
         self._routes: dict[object, Route | InvalidRoute] = {}
         self._invalid: RowSorter | None = None
         self._letters_table = plan.row_checks.dead_letters.table if plan.row_checks is not None else None
@@ -281,6 +286,8 @@ class RoutedTaskWriter:
                     if isinstance(route, InvalidRoute):
                         self._reject_route(value, route, rows)
                         continue
+                    name = str(route)
+                    self._digests[name] = self._digests.get(name, RowsDigest()).add(digest(rows))
                     writer = self._writer(route)
                     if writer is not None:
                         if self._rejects is not None and writer.plan.row_checks is not None:
@@ -304,8 +311,13 @@ class RoutedTaskWriter:
                     except Exception:
                         log.warning("lakesink: could not delete %s of a failed task; an orphan clean-up collects it", f.path)
             raise
-        tables = [TableResult(name, w.result(), templated) for name, (w, templated) in self._writers.items()]
-        tables += [TableResult(name, self._skipped_result(plan)) for name, plan in self._skipped.items()]
+        tables = [
+            TableResult(name, w.result(), templated, self._digests.get(name)) for name, (w, templated) in self._writers.items()
+        ]
+        tables += [
+            TableResult(name, self._skipped_result(plan), rows_digest=self._digests.get(name))
+            for name, plan in self._skipped.items()
+        ]
         return RoutedTaskResult(
             self._query_id, self._batch_id, self._partition_id, self._run_id, tuple(tables), self._invalid_result()
         )

@@ -771,3 +771,54 @@ def test_foreach_batch_takes_route_namespaces_as_a_list_or_a_string() -> None:
         sink = lakesink.foreach_batch(route_by="route", namespace="db", route_namespaces=given)
         assert sink.options.routing is not None
         assert sink.options.routing.allowed_namespaces == (("db",), ("sales", "eu"))
+
+
+def _replay_with_template(
+    rc: RoutedCommitter, batch_id: int, data: Mapping[str | None, Sequence[int]], **kw: Any
+) -> RoutedOutcome:
+    """The replay as format("lakesink") runs it in a new run: no table planned, every row written with the template."""
+    return commit_or_abort(rc, batch_id, [write(rc, batch_id, data, template=True)], **kw)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [replay, commit_unchecked, _replay_with_template],
+    ids=["foreach-checked-at-plan", "foreach-checked-in-the-loop", "format-lakesink-template"],
+)
+def test_a_replay_completing_a_batch_that_moves_rows_between_the_same_tables_is_a_loud_error(
+    catalog_properties: dict[str, str], faults: Any, how: Any
+) -> None:
+    """Issue 30: atomic=off, a crash between the two tables' commits of batch 0 (db.a committed, db.b not), then a
+    replay over the same offsets whose route (a lookup that changed meanwhile) swaps the rows of db.a and db.b: the same
+    set of tables, the same row counts. Completing db.b would commit ids 1 and 2 twice and lose 3 and 4: a loud error,
+    nothing committed in either table; the documented recovery (the route restored) then completes the batch."""
+    first: dict[str | None, list[int]] = {"a": [1, 2], "b": [3, 4]}
+    faults.arm(DRIVER_BETWEEN_TABLE_COMMITS, "raise")
+    with pytest.raises(InjectedFault):
+        run(routed(catalog_properties, atomic="off"), 0, first)
+    faults.clear()
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.b") == Counter()
+    marker = json.loads(catalogs.load_table_fresh(None, catalog_properties, ("db", "a")).properties[f"lakesink.last-batch.{Q}"])
+    assert marker["rows"].startswith("2:")  # the rows the batch routed to db.a, recorded with its commit
+    swapped: dict[str | None, list[int]] = {"a": [3, 4], "b": [1, 2]}
+    with pytest.raises(ReplayMismatchError, match=r"other rows to table\(s\) that hold it: db\.a") as e:
+        how(routed(catalog_properties, atomic="off"), 0, swapped)
+    assert "not yet in db.b" in str(e.value) and "Nothing was committed in any table" in str(e.value)
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.b") == Counter()
+    assert len(snapshots(catalog_properties, "db.a")) == 1 and files_under(catalog_properties, "db.b") == []
+    # the recovery: the route restored, the batch replayed: completed in db.b, every id once
+    out = how(routed(catalog_properties, atomic="off"), 0, first)
+    assert out.tables["db.a"].outcome is Outcome.REPLAY_SKIPPED and out.tables["db.b"].outcome is Outcome.COMMITTED
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.b") == Counter([3, 4])
+
+
+@pytest.mark.parametrize("atomic", ["auto", "off"])
+def test_a_replay_found_in_every_table_is_skipped_even_when_it_routes_rows_otherwise(
+    catalog_properties: dict[str, str], atomic: str
+) -> None:
+    """The check's other half: a batch found in all its tables has nothing to complete, so a replay that routes its rows
+    otherwise among the same tables is skipped everywhere (format("lakesink") writes every row again and compares)."""
+    run(routed(catalog_properties, atomic=atomic), 0, {"a": [1, 2], "b": [3, 4]})
+    out = _replay_with_template(routed(catalog_properties, atomic=atomic), 0, {"a": [3, 4], "b": [1, 2]})
+    assert {o.outcome for o in out.tables.values()} == {Outcome.REPLAY_SKIPPED}
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.b") == Counter([3, 4])
