@@ -730,12 +730,39 @@ class RoutedCommitter:
     ) -> RoutedOutcome:
         """A batch that routed no row: its marker moves in the tables of the sink's previous batch in this run (a
         marker-only commit each), so that their next snapshot tells an empty batch from a lost one."""
-        if not self._last_tables:
+        tables = self._last_tables or self._tables_of_last_batch(query_id)
+        if not tables:
             log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", query_id, batch_id)
             return RoutedOutcome(batch_id, {})
         return self._without_files(
-            self._last_tables, query_id, batch_id, source_offsets, run_id, batch_time=batch_time, found_at_plan=False
+            tables, query_id, batch_id, source_offsets, run_id, batch_time=batch_time, found_at_plan=False
         )
+
+    def _tables_of_last_batch(self, query_id: str) -> tuple[str, ...]:
+        """The tables of option ``namespace`` that hold the sink's last batch, read from the catalog: where an empty
+        batch is recorded when this process committed no batch of the run before it (format("lakesink") commits in a
+        worker that keeps nothing between batches). One table recording it is enough for ``lakesink verify``: the
+        query's other tables account for a batch id their own history lacks (lakesink.audit.routes). None found (no
+        namespace, or the sink wrote only tables outside it): nothing to record it in, as before."""
+        ns = self.routing.namespace
+        if not ns:
+            return ()
+        try:
+            listed = [tuple(ident) for ident in self.catalog.list_tables(ns)]
+        except Exception:
+            return ()  # no namespace yet: no table
+        best = -1
+        found: list[str] = []
+        for ident, table in catalogs.load_tables(self.catalog, listed[:_MAX_COMMITTERS]).items():
+            name = ".".join(ident)
+            done = self.committer(name).last(table, query_id)
+            if done is None or done.batch_id < best:
+                continue
+            if done.batch_id > best:
+                best = done.batch_id
+                found.clear()
+            found.append(name)
+        return tuple(sorted(found))
 
     def skip_replay(
         self, *, query_id: str, batch_id: int, routes: Sequence[Route], source_offsets: str | None, run_id: str | None
