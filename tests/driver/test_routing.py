@@ -842,3 +842,62 @@ def test_format_lakesink_records_an_empty_batch_in_the_tables_of_the_previous_ba
     # the replay of the empty batch (a crash before Spark's commit log) records nothing twice
     again = routed(catalog_properties).commit_batch(query_id=Q, batch_id=1, results=[], source_offsets=OFFSETS)
     assert {o.outcome for o in again.tables.values()} <= {Outcome.EMPTY, Outcome.REPLAY_SKIPPED}
+
+
+def _not_utf8_rows(users: Sequence[bytes]) -> pa.RecordBatch:
+    """Rows of table a whose ``user`` holds the given bytes as strings (a binary column cast to string in Spark)."""
+    n = len(users)
+    return pa.RecordBatch.from_pydict(
+        {
+            "id": pa.array(range(1, n + 1), pa.int64()),
+            "user": pa.array(list(users), pa.binary()).view(pa.string()),
+            "route": pa.array(["a"] * n, pa.string()),
+        },
+        schema=SCHEMA,
+    )
+
+
+_NOT_UTF8 = pytest.mark.parametrize(
+    "users",
+    [[b"ok", b"\xff\xfe bad"], [b"a", b"b\xff", b"c"]],
+    ids=["a-files-bound", "neither-bound"],  # before: a bare UnicodeDecodeError; a file holding it silently
+)
+
+
+@_NOT_UTF8
+def test_a_string_that_is_not_utf8_fails_the_task_naming_table_and_column(
+    catalog_properties: dict[str, str], users: list[bytes]
+) -> None:
+    """Issue 30, item 2b: an Iceberg string is UTF-8; a value that is not is refused before it is written, with an error
+    that names the table, the column and the fix, and the task leaves no file."""
+    rc = routed(catalog_properties)
+    plan = rc.routed_plan(rc.plans(rc.routes({"a"}, 0), Q), Q, template=False)
+    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    with pytest.raises(SchemaMismatchError, match=r"column 'user' of table db\.a .* 1 row\(s\) .* not UTF-8") as e:
+        writer.write([_not_utf8_rows(users)])
+    assert "dead-letter-table" in str(e.value)
+    assert files_under(catalog_properties, "db.a") == [] and ids(catalog_properties, "db.a") == Counter()
+
+
+@_NOT_UTF8
+def test_a_string_that_is_not_utf8_is_a_dead_letter_with_a_dead_letter_table(
+    catalog_properties: dict[str, str], users: list[bytes]
+) -> None:
+    rc = routed(catalog_properties, **{"dead-letter-table": "db.dead"})
+    plan = rc.routed_plan(rc.plans(rc.routes({"a"}, 0), Q), Q, template=False)
+    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    bad = [i + 1 for i, u in enumerate(users) if not _is_utf8(u)]
+    commit_or_abort(rc, 0, [writer.write([_not_utf8_rows(users)])])
+    assert ids(catalog_properties, "db.a") == Counter(i for i in range(1, len(users) + 1) if i not in bad)
+    dead = catalogs.load_table_fresh(None, catalog_properties, ("db", "dead")).scan().to_arrow().to_pylist()
+    assert Counter((json.loads(r["row"])["id"], r["error"], r["column"]) for r in dead) == Counter(
+        (i, "not-utf8", "user") for i in bad
+    )
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
