@@ -277,12 +277,9 @@ class RoutedTaskWriter:
             fault_point(EXECUTOR_BEFORE_WRITE)
             budget: int | None = None
             for batch in batches:
-                for value, rows in split_by_route(batch, self._plan.column):
-                    route = self._routes.get(value) if value is not None else None
-                    if route is None:
-                        route = routed_table(value, self._plan.namespace, self._letters_table, self._plan.allowed_namespaces)
-                        if value is not None:
-                            self._routes[value] = route
+                groups = [(value, self._route(value), rows) for value, rows in split_by_route(batch, self._plan.column)]
+                # invalid routes first (checked first: a RoutingError, or dead letters, before any row's other checks)
+                for value, route, rows in sorted(groups, key=lambda g: not isinstance(g[1], InvalidRoute)):
                     if isinstance(route, InvalidRoute):
                         self._reject_route(value, route, rows)
                         continue
@@ -321,6 +318,14 @@ class RoutedTaskWriter:
         return RoutedTaskResult(
             self._query_id, self._batch_id, self._partition_id, self._run_id, tuple(tables), self._invalid_result()
         )
+
+    def _route(self, value: object) -> Route | InvalidRoute:
+        route = self._routes.get(value) if value is not None else None
+        if route is None:
+            route = routed_table(value, self._plan.namespace, self._letters_table, self._plan.allowed_namespaces)
+            if value is not None:
+                self._routes[value] = route
+        return route
 
     def _reject_route(self, value: object, route: InvalidRoute, rows: pa.RecordBatch) -> None:
         """Rows whose routing value names no valid table: dead letters (option dead-letter-table), else RoutingError."""

@@ -901,3 +901,21 @@ def _is_utf8(value: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def test_an_invalid_route_is_checked_before_a_string_that_is_not_utf8(catalog_properties: dict[str, str]) -> None:
+    """Invalid routes are checked first (docs/dead-letters.md): a task whose rows hold both, in any order, fails with
+    the RoutingError naming the routing value, as before the UTF-8 check existed."""
+    rc = routed(catalog_properties)
+    plan = rc.routed_plan({}, Q, template=True)
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "id": pa.array([1, 2], pa.int64()),
+            "user": pa.array([b"\xc3\xff", b"ok"], pa.binary()).view(pa.string()),
+            "route": pa.array([b"a", b"\xff"], pa.binary()).view(pa.string()),
+        },
+        schema=SCHEMA,
+    )
+    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    with pytest.raises(RoutingError, match="not valid UTF-8"):
+        writer.write([batch])
