@@ -43,6 +43,7 @@ from lakesink.options import SINK_ID, OutputMode, SinkOptions
 from lakesink.table import dead_letters as dead_letter_schema
 from lakesink.table import names, storage
 from lakesink.table.keys import (
+    SUMMARY_BATCH_ROWS_DIGEST,
     SUMMARY_BATCH_TABLES_DIGEST,
     SUMMARY_COMMIT_ATTEMPT,
     SUMMARY_DEAD_LETTER_SINK,
@@ -901,6 +902,7 @@ class MarkEmptyBatch(_BatchAction):
             watermark=recorded.watermark,
             event_time_max=recorded.event_time_max,
             tables=self.batch.unit.get(SUMMARY_BATCH_TABLES_DIGEST),
+            rows=self.batch.unit.get(SUMMARY_BATCH_ROWS_DIGEST),
         )
         return seam_commit.prepare_properties_at_head(
             table, {self.committer.marker_key(self.batch): marker.to_property()}, branch=branch
@@ -946,6 +948,7 @@ class AppendBatch(_BatchAction):
             watermark=self._recorded.watermark if self._recorded else None,
             event_time_max=self._recorded.event_time_max if self._recorded else None,
             tables=self.batch.unit.get(SUMMARY_BATCH_TABLES_DIGEST),
+            rows=self.batch.unit.get(SUMMARY_BATCH_ROWS_DIGEST),
         )
         return {self.committer.marker_key(self.batch): marker.to_property()}
 

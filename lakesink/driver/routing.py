@@ -60,6 +60,7 @@ from lakesink.executor.routed_writer import (
     route_of,
     routed_table,
 )
+from lakesink.executor.row_digest import RowsDigest, combine
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.faults import DRIVER_AFTER_TABLE_CREATED, fault_point
@@ -68,8 +69,8 @@ from lakesink.redaction import redact_secrets_in
 from lakesink.table import dead_letters as dead_letter_schema
 from lakesink.table import names as file_names
 from lakesink.table import partitioning, storage
-from lakesink.table.keys import SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
-from lakesink.table.markers import CommittedBatch, parse_last_batch_key, recorded_tables
+from lakesink.table.keys import SUMMARY_BATCH_ROWS_DIGEST, SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
+from lakesink.table.markers import CommittedBatch, parse_last_batch_key, recorded_rows, recorded_tables
 from lakesink.table.routes import InvalidRoute, Route, case_collisions, tables_digest
 from lakesink.table.settings import CommitRetry, TableSettings
 
@@ -565,6 +566,7 @@ class RoutedCommitter:
         if not names and not any(t.rows_in for t in counted):
             return self._commit_empty(query_id, batch_id, source_offsets, run_id, batch_time)
         unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
+        rows = _rows_digests(results)
         actions: list[tuple[TableCommitter, CommitAction]] = []
         # the tables planned for this batch, read in one catalog query (SQL catalogs)
         read = catalogs.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
@@ -586,11 +588,12 @@ class RoutedCommitter:
                         results=table_results,
                         source_offsets=source_offsets,
                         run_id=run_id,
-                        unit=unit,
+                        unit=_with_rows(unit, rows.get(name)),
                         batch_time=batch_time,
                     ),
                 )
             )
+        self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
         if self.dead_letters is not None:
             if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
                 self._recheck_rejected(actions, kept, query_id, batch_id)
@@ -602,6 +605,65 @@ class RoutedCommitter:
         if templated or not self._swept:
             self._sweep_staging(batch_id)  # once per process (a crashed run's leftovers), then after staged batches
         return outcome
+
+    def _check_replay_rows(
+        self,
+        routes: Sequence[Route],
+        actions: Sequence[tuple[TableCommitter, CommitAction]],
+        rows: Mapping[str, str | None],
+        kept: Sequence[TaskResult],
+        *,
+        query_id: str,
+        batch_id: int,
+    ) -> None:
+        """A replay that finds the batch in some of its tables only (a catalog that commits table by table, or
+        ``atomic=off``, killed between two tables' commits) completes the others only when it routed to each table
+        that holds the batch the very rows the batch's commit there recorded (``lakesink.batch-rows-digest``): a route
+        computed from something that changed since (a lookup) may move rows between the same tables, and completing
+        the others would then commit some rows twice and lose others. Else ReplayMismatchError, before any table is
+        committed (the batch's files deleted). A replay found in every table, or in none, has nothing to complete: it
+        is not compared. A table whose commit recorded no digest (committed by an older lakesink) is not compared."""
+        held: list[tuple[str, TableCommitter, Table, CommittedBatch]] = []
+        missing: list[str] = []
+        for route, (c, a) in zip(routes, actions, strict=True):
+            name, done = str(route), c.last(a.table, query_id)
+            if done is not None and done.batch_id >= batch_id:
+                held.append((name, c, a.table, done))
+            else:
+                missing.append(name)
+        if not held or not missing:
+            return
+        names = sorted(str(r) for r in routes)
+        for (c, a), route in zip(actions, routes, strict=True):
+            if any(str(route) == h[0] for h in held):
+                # first what the loop checks of a table holding the batch (another run, the same offsets, the same
+                # set of tables): a second sink of this run, or other offsets, are told as such
+                _UnitMember(c, a, query_id=query_id, batch_id=batch_id, tables=names).landed(a.table)
+        differ: list[str] = []
+        for name, c, table, done in held:
+            recorded = recorded_rows(table.metadata, done, query_id, batch_id, c.options.sink_id)
+            mine = rows.get(name)
+            if recorded is not None and mine is not None and recorded != mine:
+                differ.append(f"{name} (committed {recorded}, replayed {mine}; <rows>:<digest>)")
+        if not differ:
+            return
+        for c, a in actions:
+            c.unit_not_committed(a, reason="the replay routes other rows than the batch committed")
+        if self.dead_letters is not None:
+            letters = [t.dead_letters for t in kept if t.dead_letters is not None]
+            self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
+        raise ReplayMismatchError(
+            f"Spark replays batch {batch_id} of query {query_id}, which a crash left committed in some of its tables "
+            f"only ({', '.join(n for n, *_ in held)}; not yet in {', '.join(missing)}), but this replay routes other "
+            f"rows to table(s) that hold it: {'; '.join(differ)}. The routing column gives other tables for the same "
+            "rows (it is computed from something that changed since the batch was first committed, e.g. a join or "
+            "lookup against a table that was updated): completing the other tables would commit some rows twice and "
+            "lose others. Nothing was committed in any table and this replay's files were deleted. To recover: make "
+            "the routing column route the batch as it did (restore what it is computed from, e.g. the lookup's "
+            "version) and restart; make the route deterministic (a snapshot of the lookup per batch, recorded with "
+            "the input), or use atomic commits (option atomic=auto on a catalog that commits several tables at once: "
+            "a batch is then in all its tables or in none) (docs/routing.md, 'replays')"
+        )
 
     def _recheck_rejected(
         self, actions: Sequence[tuple[TableCommitter, CommitAction]], kept: Sequence[TaskResult], query_id: str, batch_id: int
@@ -692,12 +754,39 @@ class RoutedCommitter:
     ) -> RoutedOutcome:
         """A batch that routed no row: its marker moves in the tables of the sink's previous batch in this run (a
         marker-only commit each), so that their next snapshot tells an empty batch from a lost one."""
-        if not self._last_tables:
+        tables = self._last_tables or self._tables_of_last_batch(query_id)
+        if not tables:
             log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", query_id, batch_id)
             return RoutedOutcome(batch_id, {})
         return self._without_files(
-            self._last_tables, query_id, batch_id, source_offsets, run_id, batch_time=batch_time, found_at_plan=False
+            tables, query_id, batch_id, source_offsets, run_id, batch_time=batch_time, found_at_plan=False
         )
+
+    def _tables_of_last_batch(self, query_id: str) -> tuple[str, ...]:
+        """The tables of option ``namespace`` that hold the sink's last batch, read from the catalog: where an empty
+        batch is recorded when this process committed no batch of the run before it (format("lakesink") commits in a
+        worker that keeps nothing between batches). One table recording it is enough for ``lakesink verify``: the
+        query's other tables account for a batch id their own history lacks (lakesink.audit.routes). None found (no
+        namespace, or the sink wrote only tables outside it): nothing to record it in, as before."""
+        ns = self.routing.namespace
+        if not ns:
+            return ()
+        try:
+            listed = [tuple(ident) for ident in self.catalog.list_tables(ns)]
+        except Exception:
+            return ()  # no namespace yet: no table
+        best = -1
+        found: list[str] = []
+        for ident, table in catalogs.load_tables(self.catalog, listed[:_MAX_COMMITTERS]).items():
+            name = ".".join(ident)
+            done = self.committer(name).last(table, query_id)
+            if done is None or done.batch_id < best:
+                continue
+            if done.batch_id > best:
+                best = done.batch_id
+                found.clear()
+            found.append(name)
+        return tuple(sorted(found))
 
     def skip_replay(
         self, *, query_id: str, batch_id: int, routes: Sequence[Route], source_offsets: str | None, run_id: str | None
@@ -915,6 +1004,20 @@ class RoutedCommitter:
             except Exception:
                 pass  # TableCommitter.abort_batch says it cannot read the table and keeps the files
             c.abort_batch(query_id=query_id, batch_id=batch_id, results=table_results)
+
+
+def _rows_digests(results: Sequence[RoutedTaskResult]) -> dict[str, str | None]:
+    """Per table, the digest of the rows the batch's tasks routed to it (None when a task computed none)."""
+    found: dict[str, list[RowsDigest | None]] = {}
+    for r in results:
+        for t in r.tables:
+            found.setdefault(t.table, []).append(t.rows_digest)
+    return {name: combine(digests) for name, digests in found.items()}
+
+
+def _with_rows(unit: Mapping[str, str], rows: str | None) -> dict[str, str]:
+    """A table's summary keys of the batch's unit, with the digest of the rows the batch routed to it."""
+    return {**unit, SUMMARY_BATCH_ROWS_DIGEST: rows} if rows is not None else dict(unit)
 
 
 def _without_field_ids(batch: pa.RecordBatch) -> pa.RecordBatch:

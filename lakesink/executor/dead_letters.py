@@ -34,6 +34,7 @@ from pyiceberg.schema import Schema
 
 from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError
+from lakesink.executor import text
 from lakesink.executor.messages import RowChecks
 from lakesink.table import dead_letters as dl
 from lakesink.table import required
@@ -124,6 +125,13 @@ class RowSorter:
                 mask[nulls.rows] = True
                 path = nulls.path
                 mark(mask, dl.REQUIRED_NULL, path, f"column {path!r} is required (NOT NULL) in table {self._table} and is null")
+        for name, mask in text.not_utf8(batch):
+            mark(
+                mask,
+                dl.NOT_UTF8,
+                name,
+                f"column {name!r} holds bytes that are not UTF-8 text (an Iceberg string is UTF-8; table {self._table})",
+            )
         bad = error != None  # noqa: E711
         if self._checks.letters_only and not bad.all():
             raise LakesinkError(

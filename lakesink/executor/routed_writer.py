@@ -34,6 +34,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink.errors import RoutingError, SchemaMismatchError
 from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import RowChecks, TaskResult, WritePlan
+from lakesink.executor.row_digest import RowsDigest, digest
 from lakesink.executor.task_writer import TaskWriter, task_result_batch, utc_schema
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
@@ -131,6 +132,9 @@ class TableResult:
     result: TaskResult
     templated: bool = False
     """Written with the :class:`TableTemplate` (the table was not planned)."""
+    rows_digest: RowsDigest | None = None
+    """The digest of every row this task routed to the table, written or skipped (lakesink.executor.row_digest): a
+    replay that finds the batch in some tables only compares it with the one the batch's commit recorded there."""
 
 
 @dataclass(frozen=True)
@@ -258,6 +262,7 @@ class RoutedTaskWriter:
         self._run_id = run_id
         self._writers: dict[str, tuple[TaskWriter, bool]] = {}
         self._skipped: dict[str, WritePlan] = {}
+        self._digests: dict[str, RowsDigest] = {}
         self._routes: dict[object, Route | InvalidRoute] = {}
         self._invalid: RowSorter | None = None
         self._letters_table = plan.row_checks.dead_letters.table if plan.row_checks is not None else None
@@ -279,15 +284,14 @@ class RoutedTaskWriter:
             fault_point(EXECUTOR_BEFORE_WRITE)
             budget: int | None = None
             for batch in batches:
-                for value, rows in split_by_route(batch, self._plan.column):
-                    route = self._routes.get(value) if value is not None else None
-                    if route is None:
-                        route = routed_table(value, self._plan.namespace, self._letters_table, self._plan.allowed_namespaces)
-                        if value is not None:
-                            self._routes[value] = route
+                groups = [(value, self._route(value), rows) for value, rows in split_by_route(batch, self._plan.column)]
+                # invalid routes first (checked first: a RoutingError, or dead letters, before any row's other checks)
+                for value, route, rows in sorted(groups, key=lambda g: not isinstance(g[1], InvalidRoute)):
                     if isinstance(route, InvalidRoute):
                         self._reject_route(value, route, rows)
                         continue
+                    name = str(route)
+                    self._digests[name] = self._digests.get(name, RowsDigest()).add(digest(rows))
                     writer = self._writer(route)
                     if writer is not None:
                         if self._rejects is not None and writer.plan.row_checks is not None:
@@ -311,11 +315,24 @@ class RoutedTaskWriter:
                     except Exception:
                         log.warning("lakesink: could not delete %s of a failed task; an orphan clean-up collects it", f.path)
             raise
-        tables = [TableResult(name, w.result(), templated) for name, (w, templated) in self._writers.items()]
-        tables += [TableResult(name, self._skipped_result(plan)) for name, plan in self._skipped.items()]
+        tables = [
+            TableResult(name, w.result(), templated, self._digests.get(name)) for name, (w, templated) in self._writers.items()
+        ]
+        tables += [
+            TableResult(name, self._skipped_result(plan), rows_digest=self._digests.get(name))
+            for name, plan in self._skipped.items()
+        ]
         return RoutedTaskResult(
             self._query_id, self._batch_id, self._partition_id, self._run_id, tuple(tables), self._invalid_result()
         )
+
+    def _route(self, value: object) -> Route | InvalidRoute:
+        route = self._routes.get(value) if value is not None else None
+        if route is None:
+            route = routed_table(value, self._plan.namespace, self._letters_table, self._plan.allowed_namespaces)
+            if value is not None:
+                self._routes[value] = route
+        return route
 
     def _reject_route(self, value: object, route: InvalidRoute, rows: pa.RecordBatch) -> None:
         """Rows whose routing value names no valid table: dead letters (option dead-letter-table), else RoutingError."""

@@ -23,7 +23,7 @@ from pyspark import TaskContext
 
 from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError, TableLocationError
-from lakesink.executor import upsert_task
+from lakesink.executor import text, upsert_task
 from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
@@ -165,6 +165,8 @@ class TaskWriter:
     def add(self, batch: pa.RecordBatch) -> None:
         """Conform ``batch`` to the table and add its rows to the open files (the caller aborts on failure)."""
         if batch.num_rows:
+            if self._sorter is None:  # (with row checks, such rows are dead letters already: RowSorter.sort)
+                self._refuse_not_utf8(batch)
             conformed = self._conform(batch)
             if self._partitioned:
                 for key, part in self._split(conformed):
@@ -282,6 +284,18 @@ class TaskWriter:
         projected = seam.project_batch(batch, target=self._file_schema, source=self._source)
         self._last_projected = (original, projected) if self._sorter is not None else None
         return projected, self._source
+
+    def _refuse_not_utf8(self, batch: pa.RecordBatch) -> None:
+        """A string that is not UTF-8 is never written into an Iceberg string column (lakesink.executor.text)."""
+        for name, mask in text.not_utf8(batch):
+            raise SchemaMismatchError(
+                f"column {name!r} of table {self._plan.table} is a string (UTF-8 text in Iceberg), but batch "
+                f"{self._batch_id} has {int(mask.sum())} row(s) whose value in it holds bytes that are not UTF-8 "
+                f"(partition {self._partition_id}; e.g. a binary or Kafka column cast to string); nothing was committed. "
+                "Keep such a column binary (an Iceberg binary column), repair the text before the sink (replace or "
+                "drop the bytes that are not UTF-8), or set option dead-letter-table "
+                "(such rows become dead letters of error 'not-utf8')"
+            )
 
     def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """The batch projected onto the table, NOT NULL checked, with the table's nullability (Parquet's form)."""

@@ -46,6 +46,9 @@ REQUIRED_NULL = "required-null"
 """A null in a required (NOT NULL) column or nested field of the table; ``column`` names it."""
 NULL_UPSERT_KEY = "null-upsert-key"
 """With option ``upsert-key``: a null in a key column; ``column`` names it."""
+NOT_UTF8 = "not-utf8"
+"""A string column (or nested string field) holds bytes that are not UTF-8 (an Iceberg string is UTF-8 text); ``column``
+names the stream's column."""
 INVALID_ROUTE = "invalid-route"
 """Option ``route-by``: the row's routing value names no valid table (null, empty, an invalid name); ``column`` is the
 routing column, ``table`` the raw value."""

@@ -69,6 +69,10 @@ SUMMARY_BATCH_TABLES = "lakesink.batch-tables"
 SUMMARY_BATCH_TABLES_DIGEST = "lakesink.batch-tables-digest"
 """Option ``route-by``: the digest of the names of the tables the batch wrote (lakesink.table.routes.tables_digest):
 with the count, a reader of the catalog tells whether it found the batch in every table it wrote."""
+SUMMARY_BATCH_ROWS_DIGEST = "lakesink.batch-rows-digest"
+"""Option ``route-by``: ``<rows>:<hex>``, an order-independent digest of the rows the batch routed to this table
+(lakesink.executor.row_digest); a replay that finds the batch in some of its tables only must route the same rows to
+each of them (lakesink.driver.routing)."""
 ICEBERG_QUERY_ID = "spark.sql.streaming.queryId"
 """The key Iceberg's own Spark sink writes the query id under, for engines and tools that already know it."""
 ICEBERG_EPOCH_ID = "spark.sql.streaming.epochId"

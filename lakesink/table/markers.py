@@ -32,6 +32,7 @@ from lakesink.table.keys import (
     LAST_BATCH_PREFIX,
     MAIN_BRANCH,
     SUMMARY_BATCH_ID,
+    SUMMARY_BATCH_ROWS_DIGEST,
     SUMMARY_BATCH_TABLES_DIGEST,
     SUMMARY_COMMIT_ID,
     SUMMARY_COMMIT_STARTED_MS,
@@ -70,6 +71,10 @@ class CommittedBatch:
     """Option route-by: the digest of the set of tables the batch was committed to
     (:func:`lakesink.table.routes.tables_digest`, ``lakesink.batch-tables-digest``); None: a single-table sink's batch,
     or a marker written before lakesink recorded it here."""
+    rows: str | None = None
+    """Option route-by: the digest of the rows the batch routed to this table (``lakesink.batch-rows-digest``,
+    lakesink.executor.row_digest); None: a single-table sink's batch, an empty batch, or a marker written before
+    lakesink recorded it."""
 
     def to_property(self) -> str:
         value: dict[str, object] = {"batch-id": self.batch_id, "snapshot-id": self.snapshot_id, "commit-id": self.commit_id}
@@ -87,6 +92,8 @@ class CommittedBatch:
             value["event-time-max"] = self.event_time_max
         if self.tables is not None:
             value["tables"] = self.tables
+        if self.rows is not None:
+            value["rows"] = self.rows
         return json.dumps(value)
 
 
@@ -131,6 +138,7 @@ def last_committed_batch(table_properties: Mapping[str, str], query_id: str, sin
         watermark=_int_or_none(value.get("watermark")),
         event_time_max=_int_or_none(value.get("event-time-max")),
         tables=value.get("tables"),
+        rows=value.get("rows"),
     )
 
 
@@ -230,6 +238,7 @@ def last_committed_on_branch(
                 watermark=_int_or_none(props.get(SUMMARY_WATERMARK)),
                 event_time_max=_int_or_none(props.get(SUMMARY_EVENT_TIME_MAX)),
                 tables=props.get(SUMMARY_BATCH_TABLES_DIGEST),
+                rows=props.get(SUMMARY_BATCH_ROWS_DIGEST),
             )
     return None
 
@@ -261,6 +270,20 @@ def recorded_tables(
         snapshot = find_batch_snapshot(metadata, query_id, batch_id, sink_id)
     props = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
     return props.get(SUMMARY_BATCH_TABLES_DIGEST)
+
+
+def recorded_rows(metadata: TableMetadata, done: CommittedBatch, query_id: str, batch_id: int, sink_id: str | None) -> str | None:
+    """Option route-by: the digest of the rows batch ``batch_id`` routed to this table, as :func:`recorded_tables`
+    finds the set of tables (the marker, else the batch's snapshot summary, ``lakesink.batch-rows-digest``); None when
+    neither tells (a batch committed before lakesink recorded it, or an expired snapshot of an older marker)."""
+    if done.batch_id == batch_id and done.rows is not None:
+        return done.rows
+    if done.batch_id == batch_id:
+        snapshot = None if done.empty else SnapshotIndex(metadata).get(done.snapshot_id)
+    else:
+        snapshot = find_batch_snapshot(metadata, query_id, batch_id, sink_id)
+    props = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
+    return props.get(SUMMARY_BATCH_ROWS_DIGEST)
 
 
 def batch_summary(

@@ -776,3 +776,151 @@ def test_foreach_batch_takes_route_namespaces_as_a_list_or_a_string() -> None:
         sink = lakesink.foreach_batch(route_by="route", namespace="db", route_namespaces=given)
         assert sink.options.routing is not None
         assert sink.options.routing.allowed_namespaces == (("db",), ("sales", "eu"))
+
+
+def _replay_with_template(
+    rc: RoutedCommitter, batch_id: int, data: Mapping[str | None, Sequence[int]], **kw: Any
+) -> RoutedOutcome:
+    """The replay as format("lakesink") runs it in a new run: no table planned, every row written with the template."""
+    return commit_or_abort(rc, batch_id, [write(rc, batch_id, data, template=True)], **kw)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [replay, commit_unchecked, _replay_with_template],
+    ids=["foreach-checked-at-plan", "foreach-checked-in-the-loop", "format-lakesink-template"],
+)
+def test_a_replay_completing_a_batch_that_moves_rows_between_the_same_tables_is_a_loud_error(
+    catalog_properties: dict[str, str], faults: Any, how: Any
+) -> None:
+    """Issue 30: atomic=off, a crash between the two tables' commits of batch 0 (db.a committed, db.b not), then a
+    replay over the same offsets whose route (a lookup that changed meanwhile) swaps the rows of db.a and db.b: the same
+    set of tables, the same row counts. Completing db.b would commit ids 1 and 2 twice and lose 3 and 4: a loud error,
+    nothing committed in either table; the documented recovery (the route restored) then completes the batch."""
+    first: dict[str | None, list[int]] = {"a": [1, 2], "b": [3, 4]}
+    faults.arm(DRIVER_BETWEEN_TABLE_COMMITS, "raise")
+    with pytest.raises(InjectedFault):
+        run(routed(catalog_properties, atomic="off"), 0, first)
+    faults.clear()
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.b") == Counter()
+    marker = json.loads(catalogs.load_table_fresh(None, catalog_properties, ("db", "a")).properties[f"lakesink.last-batch.{Q}"])
+    assert marker["rows"].startswith("2:")  # the rows the batch routed to db.a, recorded with its commit
+    swapped: dict[str | None, list[int]] = {"a": [3, 4], "b": [1, 2]}
+    with pytest.raises(ReplayMismatchError, match=r"other rows to table\(s\) that hold it: db\.a") as e:
+        how(routed(catalog_properties, atomic="off"), 0, swapped)
+    assert "not yet in db.b" in str(e.value) and "Nothing was committed in any table" in str(e.value)
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.b") == Counter()
+    assert len(snapshots(catalog_properties, "db.a")) == 1 and files_under(catalog_properties, "db.b") == []
+    # the recovery: the route restored, the batch replayed: completed in db.b, every id once
+    out = how(routed(catalog_properties, atomic="off"), 0, first)
+    assert out.tables["db.a"].outcome is Outcome.REPLAY_SKIPPED and out.tables["db.b"].outcome is Outcome.COMMITTED
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.b") == Counter([3, 4])
+
+
+@pytest.mark.parametrize("atomic", ["auto", "off"])
+def test_a_replay_found_in_every_table_is_skipped_even_when_it_routes_rows_otherwise(
+    catalog_properties: dict[str, str], atomic: str
+) -> None:
+    """The check's other half: a batch found in all its tables has nothing to complete, so a replay that routes its rows
+    otherwise among the same tables is skipped everywhere (format("lakesink") writes every row again and compares)."""
+    run(routed(catalog_properties, atomic=atomic), 0, {"a": [1, 2], "b": [3, 4]})
+    out = _replay_with_template(routed(catalog_properties, atomic=atomic), 0, {"a": [3, 4], "b": [1, 2]})
+    assert {o.outcome for o in out.tables.values()} == {Outcome.REPLAY_SKIPPED}
+    assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.b") == Counter([3, 4])
+
+
+def test_format_lakesink_records_an_empty_batch_in_the_tables_of_the_previous_batch(catalog_properties: dict[str, str]) -> None:
+    """format("lakesink") commits in a commit worker that keeps nothing between batches (a new RoutedCommitter each
+    time): an empty routed batch is recorded in the tables of option namespace that hold the sink's last batch, found
+    in the catalog, so that ``lakesink verify`` sees no gap (before: recorded nowhere, "batch id(s) 1 missing")."""
+    from lakesink.audit.invariants import verify
+
+    run(routed(catalog_properties), 0, {"a": [1], "b": [2]}, template=True)
+    out = routed(catalog_properties).commit_batch(query_id=Q, batch_id=1, results=[], source_offsets=OFFSETS)
+    assert set(out.tables) == {"db.a", "db.b"} and {o.outcome for o in out.tables.values()} == {Outcome.EMPTY}
+    run(routed(catalog_properties), 2, {"a": [3]}, template=True)
+    last = snapshots(catalog_properties, "db.a")[-1]
+    assert last["batch_id"] == 2 and last["summary"]["lakesink.previous-batch-id"] == "1"
+    report = verify(catalogs.load_table_fresh(None, catalog_properties, ("db", "a")))
+    assert not report.violations, report.violations
+    assert ids(catalog_properties, "db.a") == Counter([1, 3]) and ids(catalog_properties, "db.b") == Counter([2])
+    # the replay of the empty batch (a crash before Spark's commit log) records nothing twice
+    again = routed(catalog_properties).commit_batch(query_id=Q, batch_id=1, results=[], source_offsets=OFFSETS)
+    assert {o.outcome for o in again.tables.values()} <= {Outcome.EMPTY, Outcome.REPLAY_SKIPPED}
+
+
+def _not_utf8_rows(users: Sequence[bytes]) -> pa.RecordBatch:
+    """Rows of table a whose ``user`` holds the given bytes as strings (a binary column cast to string in Spark)."""
+    n = len(users)
+    return pa.RecordBatch.from_pydict(
+        {
+            "id": pa.array(range(1, n + 1), pa.int64()),
+            "user": pa.array(list(users), pa.binary()).view(pa.string()),
+            "route": pa.array(["a"] * n, pa.string()),
+        },
+        schema=SCHEMA,
+    )
+
+
+_NOT_UTF8 = pytest.mark.parametrize(
+    "users",
+    [[b"ok", b"\xff\xfe bad"], [b"a", b"b\xff", b"c"]],
+    ids=["a-files-bound", "neither-bound"],  # before: a bare UnicodeDecodeError; a file holding it silently
+)
+
+
+@_NOT_UTF8
+def test_a_string_that_is_not_utf8_fails_the_task_naming_table_and_column(
+    catalog_properties: dict[str, str], users: list[bytes]
+) -> None:
+    """Issue 30, item 2b: an Iceberg string is UTF-8; a value that is not is refused before it is written, with an error
+    that names the table, the column and the fix, and the task leaves no file."""
+    rc = routed(catalog_properties)
+    plan = rc.routed_plan(rc.plans(rc.routes({"a"}, 0), Q), Q, template=False)
+    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    with pytest.raises(SchemaMismatchError, match=r"column 'user' of table db\.a .* 1 row\(s\) .* not UTF-8") as e:
+        writer.write([_not_utf8_rows(users)])
+    assert "dead-letter-table" in str(e.value)
+    assert files_under(catalog_properties, "db.a") == [] and ids(catalog_properties, "db.a") == Counter()
+
+
+@_NOT_UTF8
+def test_a_string_that_is_not_utf8_is_a_dead_letter_with_a_dead_letter_table(
+    catalog_properties: dict[str, str], users: list[bytes]
+) -> None:
+    rc = routed(catalog_properties, **{"dead-letter-table": "db.dead"})
+    plan = rc.routed_plan(rc.plans(rc.routes({"a"}, 0), Q), Q, template=False)
+    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    bad = [i + 1 for i, u in enumerate(users) if not _is_utf8(u)]
+    commit_or_abort(rc, 0, [writer.write([_not_utf8_rows(users)])])
+    assert ids(catalog_properties, "db.a") == Counter(i for i in range(1, len(users) + 1) if i not in bad)
+    dead = catalogs.load_table_fresh(None, catalog_properties, ("db", "dead")).scan().to_arrow().to_pylist()
+    assert Counter((json.loads(r["row"])["id"], r["error"], r["column"]) for r in dead) == Counter(
+        (i, "not-utf8", "user") for i in bad
+    )
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_an_invalid_route_is_checked_before_a_string_that_is_not_utf8(catalog_properties: dict[str, str]) -> None:
+    """Invalid routes are checked first (docs/dead-letters.md): a task whose rows hold both, in any order, fails with
+    the RoutingError naming the routing value, as before the UTF-8 check existed."""
+    rc = routed(catalog_properties)
+    plan = rc.routed_plan({}, Q, template=True)
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "id": pa.array([1, 2], pa.int64()),
+            "user": pa.array([b"\xc3\xff", b"ok"], pa.binary()).view(pa.string()),
+            "route": pa.array([b"a", b"\xff"], pa.binary()).view(pa.string()),
+        },
+        schema=SCHEMA,
+    )
+    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    with pytest.raises(RoutingError, match="not valid UTF-8"):
+        writer.write([batch])
