@@ -100,6 +100,7 @@ soak-routing: $(VENV)/.installed
 	$(PY) -m tests.soak.routing --dir $(or $(SOAK_DIR),/tmp/lakesink-soak-routing)-off --entry both --atomic off --rounds 8 $(SOAK_ARGS)
 	$(PY) -m tests.soak.routing --dir $(or $(SOAK_DIR),/tmp/lakesink-soak-routing)-lookups --entry both --lookups \
 	  --first-phase pause-kill@driver.after-swap --rounds 12 $(SOAK_ARGS)
+	$(PY) -m tests.soak.routing --dir $(or $(SOAK_DIR),/tmp/lakesink-soak-routing)-upsert --entry both --upsert --rounds 8 $(SOAK_ARGS)
 
 # the concurrency soak (docs/soak.md): per entry point, 20 minutes of a stream with maintenance=auto beside a
 # pyiceberg writer, merge-on-read deletes, tags and remove-orphan-files --older-than 0 (about 50 minutes in all)

@@ -61,6 +61,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--atomic", default="auto", help="with --route-by: option atomic (default: %(default)s)")
     p.add_argument(
+        "--upsert",
+        action="store_true",
+        help="with --route-by: upserts (tests/soak/routing.py --upsert): key = id %% 40, op 'd' (a delete) when id %% 7 = 0, "
+        "upsert-key key, delete-when op = 'd', order-by id; foreach_batch in update mode",
+    )
+    p.add_argument(
         "--route-namespaces",
         default="soak,other",
         help="with --route-by: option namespace, and the namespace of table t4 (default: %(default)s)",
@@ -117,19 +123,38 @@ def main(argv: list[str] | None = None) -> int:
                 F.concat(F.lit("t"), (F.col("id") % 5).cast("string"))
             )
             events = events.withColumn("route", route)
+    mode = "append"
+    upsert: dict[str, str] = {}
+    if args.route_by and args.upsert:
+        from pyspark.sql import functions as F
+
+        # a change stream: 40 keys (each in one table: id % 40 fixes id % 5), every key updated in every batch
+        events = events.withColumn("key", F.col("id") % 40).withColumn(
+            "op", F.when(F.col("id") % 7 == 0, F.lit("d")).otherwise(F.lit("u"))
+        )
+        upsert = {"upsert-key": "key", "delete-when": "op = 'd'", "order-by": "id"}
     if args.route_by and args.entry == "format":
+        if upsert:  # each task resolves its rows: every row of a (table, key) in one task
+            events = events.repartition(2, "route", "key")
         writer = (
             events.writeStream.format("lakesink")
             .option("route-by", "route")
             .option("namespace", args.route_namespaces.split(",")[0])
             .option("atomic", args.atomic)
         )
+        for key, value in upsert.items():
+            writer = writer.option(key, value)
     elif args.route_by:
+        mode = "update" if upsert else "append"
         sink = lakesink.foreach_batch(
             route_by="route",
             namespace=args.route_namespaces.split(",")[0],
             atomic=args.atomic,
             checkpoint_location=args.checkpoint,
+            upsert_key=upsert.get("upsert-key"),
+            delete_when=upsert.get("delete-when"),
+            order_by=upsert.get("order-by"),
+            output_mode=mode,
         )
         writer = events.writeStream.foreachBatch(sink)  # type: ignore[arg-type]
     elif args.entry == "format":
@@ -141,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             args.table, checkpoint_location=args.checkpoint, writer=args.writer, table_properties=properties or None
         )
         writer = events.writeStream.foreachBatch(sink)  # type: ignore[arg-type]
-    writer = writer.option("checkpointLocation", args.checkpoint).outputMode("append").queryName("lakesink-soak")
+    writer = writer.option("checkpointLocation", args.checkpoint).outputMode(mode).queryName("lakesink-soak")
     if args.trigger_seconds > 0:
         writer = writer.trigger(processingTime=f"{args.trigger_seconds} seconds")
     else:

@@ -17,6 +17,12 @@ table the batch created is still empty: ``pause-kill@driver.after-table-created`
 faults): every id sent is in the table its id names, exactly once, and nowhere else (read by pyiceberg and DuckDB);
 every table's batches without duplicates or gaps; every batch in all its tables; no staged file left.
 
+``--upsert``: a change stream (option upsert-key; tests/soak/job.py ``--upsert``): key = id % 40 (each key in one
+table), a row whose id % 7 = 0 deletes its key (delete-when), the greatest id wins (order-by); foreach_batch in update
+mode, format("lakesink") repartitioned by the routing column and the key. At the end every table equals the model of
+the stream: for each key the row of its greatest id sent, absent when that row is a delete (read by pyiceberg and
+DuckDB); every batch once in every table.
+
 ``--lookups``: the routing column is computed from a lookup (key id % 5 -> table, a JSON file the job reads at its
 start and joins to the stream) that the runner rewrites before every round, a new version each time (seeded,
 printed): odd rounds give another set of tables than the last run's (one key moved to a sixth table ``<namespace>.t5``, or
@@ -124,7 +130,9 @@ class RoutingSoak:
         namespaces: tuple[str, str] = ("soak", "other"),
         per_table_catalog: bool = False,
         lookups: bool = False,
+        upsert: bool = False,
     ):
+        self.upsert = upsert
         self.folder = folder
         self.entry, self.atomic = entry, atomic
         self.namespaces = namespaces
@@ -236,6 +244,8 @@ class RoutingSoak:
         ]  # fmt: skip
         if self.lookup_file is not None:
             cmd += ["--route-lookup", str(self.lookup_file)]
+        if self.upsert:
+            cmd += ["--upsert"]
         self.result.runs += 1
         self.log_from = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as log:
@@ -366,7 +376,7 @@ class RoutingSoak:
             return
         catalog = catalogs.load(None, self.props)
         want: dict[str, Counter[int]] = {t: Counter() for t in self.tables}
-        for i in self.sent:
+        for i in upsert_model(self.sent) if self.upsert else self.sent:
             want[table_of(i, self.tables)][i] += 1
         total = 0
         every: Counter[int] = Counter()
@@ -451,6 +461,16 @@ class RoutingSoak:
         return self.result
 
 
+def upsert_model(sent: list[int]) -> list[int]:
+    """--upsert: the ids the tables hold at the end -- for each key (id % 40, which fixes the table) the greatest id
+    sent, unless that row is a delete (id % 7 = 0). Files and batches take ids in increasing order, so the greatest id
+    of a key is its last change."""
+    last: dict[int, int] = {}
+    for i in sent:
+        last[i % 40] = max(last.get(i % 40, i), i)
+    return sorted(i for i in last.values() if i % 7 != 0)
+
+
 def _load(catalog: Any, name: str) -> Any:
     try:
         return catalog.load_table(tuple(name.split(".")))
@@ -488,7 +508,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="the routing column from a lookup (id %% 5 -> table) that changes before every round (module docstring)",
     )
-    return p.parse_args(argv)
+    p.add_argument("--upsert", action="store_true", help="a change stream with option upsert-key (module docstring)")
+    args = p.parse_args(argv)
+    if args.upsert and args.lookups:
+        p.error("--upsert and --lookups are separate variants")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -507,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
             namespaces=(args.namespaces.split(",")[0], args.namespaces.split(",")[1]),
             per_table_catalog=args.per_table_catalog,
             lookups=args.lookups,
+            upsert=args.upsert,
         )
         results.append(soak.play(args.rounds, phases, args.first_phase))
     if args.json:
