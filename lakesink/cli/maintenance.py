@@ -217,9 +217,7 @@ def remove_orphan_files_command(
     """
     t = load_table(table, catalog_name, catalog_properties)
     try:
-        report = remove_orphan_files(
-            t, older_than=older_than, other_writers_older_than=other_writers_older_than, dry_run=dry_run
-        )
+        report = remove_orphan_files(t, older_than=older_than, other_writers_older_than=other_writers_older_than, dry_run=dry_run)
     except OSError as e:  # the storage failed while the files were listed
         raise CommandFailed(f"cannot list the files of {table}: {redacted(e, catalog_name, catalog_properties)}") from None
     output.orphans(report)

@@ -89,7 +89,6 @@ class Output(Renderer):
     def checkpoint_cleaned(self, report: CheckpointCleanReport) -> None: ...
 
 
-
 class ConsoleOutput(TextRenderer, Output):
     """Text for people: tables drawn by rich; progress on stderr (:class:`TextRenderer`)."""
 
@@ -407,12 +406,15 @@ def human_report(report: OrphanReport) -> str:
 
 
 def _files(files: Sequence[OrphanFile], *, with_reason: bool) -> list[str]:
-    out = []
+    """One line per file (kind, last modified, size, path), its reason on the line below, under the path."""
+    rows: list[tuple[str, ...]] = []
     for f in files:
-        modified = f"{f.modified:%Y-%m-%d %H:%M:%S}" if f.modified else "?"
-        line = f"  {f.kind:<13} {modified}  {_size(f.size_in_bytes):>9}  {f.path}"
-        out.append(f"{line}\n      {f.reason}" if with_reason and f.reason else line)
-    return out
+        rows.append((f.kind, f"{f.modified:%Y-%m-%d %H:%M:%S}" if f.modified else "?", _size(f.size_in_bytes), f.path))
+        if with_reason and f.reason:
+            rows.append(("", "", "", f"    {f.reason}"))
+    if not rows:
+        return []
+    return text_table(("kind", "modified", "size", "path"), rows, right={2}, show_header=False, indent=2).splitlines()
 
 
 def _size(n: int) -> str:

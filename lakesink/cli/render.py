@@ -201,13 +201,21 @@ def rich_console(file: IO[str], *, width: int | None = None) -> Any:
     return Console(file=file, force_terminal=terminal, width=width, highlight=False, markup=False, emoji=False)
 
 
-def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, right: Collection[int] = ()) -> str:
+def text_table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    right: Collection[int] = (),
+    show_header: bool = True,
+    indent: int = 0,
+) -> str:
     """Columns two spaces apart, as wide as their widest cell (its width on screen: a CJK character takes two), never
-    folded (a long line is the terminal's or the pager's to wrap); lines without trailing blanks."""
+    folded (a long line is the terminal's or the pager's to wrap); lines without trailing blanks, ``indent`` spaces
+    before each."""
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(box=None, pad_edge=False, padding=(0, 1), show_edge=False, header_style="bold")
+    table = Table(box=None, pad_edge=False, padding=(0, 1), show_edge=False, show_header=show_header)
     for i, name in enumerate(header):
         table.add_column(Text(name), justify="right" if i in right else "left", no_wrap=True)
     for row in rows:
@@ -216,4 +224,4 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, right: C
     measure = rich_console(buffer, width=1_000_000)
     width = measure.measure(table).maximum
     rich_console(buffer, width=max(width, 1)).print(table, crop=False)
-    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
+    return "\n".join(" " * indent + line.rstrip() for line in buffer.getvalue().splitlines())
