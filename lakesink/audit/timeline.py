@@ -16,6 +16,7 @@ from lakesink.audit.snapshots import (
     int_property,
     lakesink_key,
     opt_int_property,
+    sink_of,
     summary_of,
 )
 from lakesink.errors import AuditError
@@ -27,6 +28,7 @@ from lakesink.table.keys import (
     SUMMARY_DEAD_LETTERS,
     SUMMARY_OPERATION,
     SUMMARY_PREVIOUS_BATCH_ID,
+    SUMMARY_RUN_ID,
     SUMMARY_SOURCE_OFFSETS,
 )
 
@@ -66,6 +68,12 @@ class SnapshotRecord:
     dead_letters: int | None = None
     """Option dead-letter-table: the batch's rows that went to the dead-letter table (docs/dead-letters.md)."""
     dead_letter_table: str | None = None
+    run_id: str | None = None
+    """Spark's run id of the query run that committed the batch (a new one at every restart), when recorded."""
+    restarted: bool = False
+    """The first batch of its query (and sink) committed by another run than the query's previous batch in this
+    table: the query was restarted between the two. A batch Spark replays after a restart and lakesink skips (the
+    table holds it) commits nothing, so it has no record of its own."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,11 +94,18 @@ def history(table: Table, branch: str | None = None) -> list[SnapshotRecord]:
             for s in ancestry(table, name):
                 on_branches.setdefault(s.snapshot_id, []).append(name)
     records = []
+    runs: dict[tuple[str, str | None], str] = {}  # (query id, sink id) -> the run id of its last batch so far
     for s in sorted(table.metadata.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms)):
         props = summary_of(s)
         key = lakesink_key(s)
         started = opt_int_property(props, SUMMARY_COMMIT_STARTED_MS)
         branches = tuple(on_branches.get(s.snapshot_id, ()))
+        run_id = props.get(SUMMARY_RUN_ID) or None
+        restarted = False
+        if key is not None and run_id is not None:
+            before = runs.get((key[0], sink_of(s)))
+            restarted = before is not None and before != run_id
+            runs[(key[0], sink_of(s))] = run_id
         records.append(
             SnapshotRecord(
                 snapshot_id=s.snapshot_id,
@@ -117,6 +132,8 @@ def history(table: Table, branch: str | None = None) -> list[SnapshotRecord]:
                 upserted=upsert_counts(props),
                 dead_letters=opt_int_property(props, SUMMARY_DEAD_LETTERS),
                 dead_letter_table=props.get(SUMMARY_DEAD_LETTER_TABLE),
+                run_id=run_id,
+                restarted=restarted,
             )
         )
     return records if branch is None else [r for r in records if branch in r.branches]

@@ -9,7 +9,8 @@
     lakesink publish db.events --branch audit [--through TIMESTAMP]
     lakesink wait db.events --watermark 2026-11-23T14:00:00Z [--timeout 3600]
 
-Each prints through the :class:`~lakesink.cli.output.Output` its ``--json`` flag chose (``report`` writes a page).
+Each prints through the :class:`~lakesink.cli.output.Output` the run chose (``lakesink --json``, or the command's own
+``--json``); errors are raised, never printed here (:meth:`lakesink.cli.main.LazyGroup.main` renders them).
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ from lakesink.cli.common import (
     parse_point,
     parse_row_filter,
 )
-from lakesink.cli.output import ConsoleOutput, Output, output_option
+from lakesink.cli.output import Output, output_option
+from lakesink.cli.render import ExitCode
 from lakesink.cli.report import write_report
-from lakesink.errors import LakesinkError
+from lakesink.errors import AuditError
 from lakesink.table.keys import MAIN_BRANCH
 
 
@@ -60,10 +62,7 @@ def history_command(
     Snapshots not written by lakesink are marked as another writer's (query and batch empty).
     """
     t = load_table(table, catalog_name, catalog_properties)
-    try:
-        records = history(t, branch)
-    except LakesinkError as e:
-        raise click.ClickException(str(e)) from None
+    records = history(t, branch)
     output.history(records)
 
 
@@ -105,8 +104,8 @@ def show_command(
     try:
         # one row more than shown: whether the table has more is known without reading it all
         rows = read_at(t, point, branch=branch, columns=cols, row_filter=row_filter, limit=limit + 1 if limit else None)
-    except (LakesinkError, ValueError) as e:
-        raise click.ClickException(str(e)) from None
+    except ValueError as e:  # pyiceberg's: a column or value the table does not have
+        raise AuditError(str(e)) from e
     more = bool(limit) and rows.num_rows > limit
     output.rows(rows.slice(0, limit) if more else rows, None if more else rows.num_rows)
 
@@ -135,10 +134,7 @@ def diff_command(
     Computed from the two snapshots' manifests: only the data files that differ are read.
     """
     t = load_table(table, catalog_name, catalog_properties)
-    try:
-        d = diff(t, start, end, branch=branch, show_progress=output.show_progress)
-    except LakesinkError as e:
-        raise click.ClickException(str(e)) from None
+    d = diff(t, start, end, branch=branch, show_progress=output.show_progress)
     output.diff(d, sorted(t.schema().identifier_field_names()), limit)
 
 
@@ -172,8 +168,8 @@ def which_command(
     t = load_table(table, catalog_name, catalog_properties)
     try:
         rows = locate(t, row_filter=row_filter, file_path=file_path, point=point, branch=branch)
-    except (LakesinkError, ValueError) as e:
-        raise click.ClickException(str(e)) from None
+    except ValueError as e:  # pyiceberg's: a column or value the table does not have
+        raise AuditError(str(e)) from e
     output.located(rows)
 
 
@@ -214,20 +210,17 @@ def verify_command(
         raise click.UsageError("give TABLE, or --query ID (every table of the catalog), not both")
     if query_id is not None:
         catalog = load_catalog(catalog_name, catalog_properties)
-        try:
-            query_report = verify_query(catalog, query_id, [tuple(ns.split(".")) for ns in namespaces] or None)
-        except LakesinkError as e:
-            raise click.ClickException(str(e)) from None
+        query_report = verify_query(catalog, query_id, [tuple(ns.split(".")) for ns in namespaces] or None)
         output.verified_query(query_report)
         if not query_report.ok:
-            raise click.exceptions.Exit(1)
+            raise click.exceptions.Exit(ExitCode.FAILED)
         return
     assert table is not None
     t = load_table(table, catalog_name, catalog_properties)
     report = verify(t, branch=branch, check_files=not no_files, show_progress=output.show_progress)
     output.verified(report)
     if not report.ok:
-        raise click.exceptions.Exit(1)
+        raise click.exceptions.Exit(ExitCode.FAILED)
 
 
 @click.command("report")
@@ -237,15 +230,15 @@ def verify_command(
 @click.option(
     "--html", "html_path", metavar="FILE", required=True, type=click.Path(dir_okay=False), help="Where to write the page."
 )
-def report_command(table: str, catalog_name: str | None, catalog_properties: dict[str, str], branch: str, html_path: str) -> None:
+@output_option(help="Print the page's path and the verify result shown on it as JSON.")
+def report_command(
+    table: str, catalog_name: str | None, catalog_properties: dict[str, str], branch: str, html_path: str, output: Output
+) -> None:
     """Write a self-contained HTML page about TABLE: verify result, batches, latency, files, writers."""
     check_output_file(html_path, "--html")  # before the report is built
     t = load_table(table, catalog_name, catalog_properties)
-    try:
-        result: VerifyReport = write_report(t, html_path, branch=branch)
-    except LakesinkError as e:
-        raise click.ClickException(str(e)) from None
-    ConsoleOutput().report_written(html_path, result)  # the page is the output: no --json
+    result: VerifyReport = write_report(t, html_path, branch=branch, show_progress=output.show_progress)
+    output.report_written(html_path, result)
 
 
 @click.command("publish")
@@ -273,16 +266,13 @@ def publish_command(
     """Fast-forward TABLE's main branch to --branch after verify passes on it (write-audit-publish)."""
     through_ms = _timestamp("--through", through) if through is not None else None
     t = load_table(table, catalog_name, catalog_properties)
-    try:
-        result = publish(t, branch=branch, force=force, show_progress=output.show_progress, through_ms=through_ms)
-    except LakesinkError as e:
-        raise click.ClickException(str(e)) from None
+    result = publish(t, branch=branch, force=force, show_progress=output.show_progress, through_ms=through_ms)
     output.published(result, branch)
 
 
-WAIT_TIMEOUT_EXIT = 3
+WAIT_TIMEOUT_EXIT = ExitCode.WAIT_TIMED_OUT
 """The exit status of ``lakesink wait`` when the timeout passed before the watermark was reached."""
-WAIT_NO_WATERMARK_EXIT = 4
+WAIT_NO_WATERMARK_EXIT = ExitCode.WAIT_NO_WATERMARK
 """The exit status of ``lakesink wait`` when the table has no watermark to wait for (no query wrote the branch yet, or
 one writes it without a watermark): at once without ``--timeout``, else when the timeout passed."""
 
@@ -329,25 +319,21 @@ def wait_command(
     t = load_table(table, catalog_name, catalog_properties)
     told: list[bool] = []
 
-    def waiting(mark: TableWatermark) -> None:  # said once, on stderr (stdout holds the result, maybe JSON)
+    def waiting(mark: TableWatermark) -> None:  # said once, a remark on stderr (stdout holds the result, maybe JSON)
         if not told:
             told.append(True)
             now = format_ms(mark.watermark_ms) if mark.watermark_ms is not None else f"none ({mark.why_none()})"
             limit = f"for up to {timeout:g} s" if timeout is not None else "with no time limit"
-            click.echo(
+            output.note(
                 f"waiting {limit} for table {table} (branch {branch}) to be complete through {format_ms(target)}: "
-                f"its watermark is {now}; reading it every {interval:g} s",
-                err=True,
+                f"its watermark is {now}; reading it every {interval:g} s"
             )
 
-    try:
-        result = wait_for_watermark(
-            t, target, timeout_s=timeout, poll_s=interval, branch=branch, queries=queries or None, on_wait=waiting
-        )
-    except LakesinkError as e:
-        raise click.ClickException(str(e)) from None
+    result = wait_for_watermark(
+        t, target, timeout_s=timeout, poll_s=interval, branch=branch, queries=queries or None, on_wait=waiting
+    )
     output.waited(result)
     if result.outcome == NO_WATERMARK:
-        raise SystemExit(WAIT_NO_WATERMARK_EXIT)
+        raise click.exceptions.Exit(WAIT_NO_WATERMARK_EXIT)
     if not result.reached:
-        raise SystemExit(WAIT_TIMEOUT_EXIT)
+        raise click.exceptions.Exit(WAIT_TIMEOUT_EXIT)

@@ -22,7 +22,7 @@ from pyiceberg.table import Table
 from lakesink._pyiceberg import io as seam
 from lakesink.audit import Point
 from lakesink.driver import catalogs
-from lakesink.errors import PROGRAMMING_ERRORS, AuditError, InvalidOptionError, LakesinkError
+from lakesink.errors import PROGRAMMING_ERRORS, AuditError, CatalogError, InvalidOptionError
 from lakesink.options import TableName
 from lakesink.redaction import redact_secrets_in
 from lakesink.table.keys import MAIN_BRANCH
@@ -98,14 +98,12 @@ def catalog_options(command: F) -> F:
 def load_catalog(catalog_name: str | None, catalog_properties: dict[str, str]) -> Catalog:
     """The catalog of a command; it must exist (a command never creates one: a missing SQLite catalog file is an
     error naming the file, and for the embedded default where its folder comes from)."""
-    try:
-        return catalogs.load(catalog_name, catalog_properties, create=False)
-    except LakesinkError as e:
-        raise click.ClickException(str(e)) from None
+    return catalogs.load(catalog_name, catalog_properties, create=False)
 
 
 def load_table(table: str, catalog_name: str | None, catalog_properties: dict[str, str]) -> Table:
-    """The table, loaded the way the sink loads it; a click error with a clear message otherwise."""
+    """The table, loaded the way the sink loads it; a :class:`~lakesink.errors.CatalogError` naming the table and
+    the catalog otherwise (a malformed name is a usage error)."""
     try:
         name = TableName.parse(table)
     except InvalidOptionError:
@@ -116,11 +114,11 @@ def load_table(table: str, catalog_name: str | None, catalog_properties: dict[st
     except (NoSuchTableError, NoSuchNamespaceError):
         _, props = catalogs.resolve_catalog_properties(catalog_name, catalog_properties)
         where = catalogs.location(catalog.name, props)
-        raise click.ClickException(f"table {name} does not exist in catalog {catalog.name!r} ({where})") from None
+        raise CatalogError(f"table {name} does not exist in catalog {catalog.name!r} ({where})") from None
     except PROGRAMMING_ERRORS:
         raise
     except Exception as e:
-        raise click.ClickException(f"cannot load table {name}: {redacted(e, catalog_name, catalog_properties)}") from None
+        raise CatalogError(f"cannot load table {name}: {redacted(e, catalog_name, catalog_properties)}") from None
 
 
 def redacted(e: BaseException, catalog_name: str | None, catalog_properties: dict[str, str]) -> str:

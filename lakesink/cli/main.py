@@ -4,9 +4,12 @@
     lakesink maintain | compact | expire-snapshots | rewrite-manifests |
              forget-query | remove-orphan-files | checkpoint-clean        (lakesink.cli.maintenance)
 
-Tables are found the way the sink finds them (:mod:`lakesink.cli.common`). Output is for humans unless ``--json``
-is given (:mod:`lakesink.cli.output`). Exit status: 0 on success, 1 when the command failed (a clear message on
-stderr), 2 for a usage error. A new command is a function in the module of its kind, listed in :data:`COMMANDS`.
+Tables are found the way the sink finds them (:mod:`lakesink.cli.common`). Output is for humans unless ``lakesink
+--json <command>`` (or the command's own ``--json``) is given: chosen once per run (:mod:`lakesink.cli.render`,
+:mod:`lakesink.cli.output`). Every error goes through that output: :meth:`LazyGroup.main` is the one place that turns
+a :class:`~lakesink.errors.LakesinkError` or a usage error into text or a JSON error object and an exit status
+(:class:`~lakesink.cli.render.ExitCode`, docs/cli.md): a command raises, it never prints its own errors. A new
+command is a function in the module of its kind, listed in :data:`COMMANDS`.
 
 The modules of the commands are imported when a command is run (or its own ``--help`` asked), not when the group
 is: they load pyarrow, pyiceberg, SQLAlchemy (about 2 s), which ``lakesink --help`` does not need
@@ -16,9 +19,15 @@ is: they load pyarrow, pyiceberg, SQLAlchemy (about 2 s), which ``lakesink --hel
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import click
+
+from lakesink.cli.render import Failure, Session, asks_json
+from lakesink.errors import LakesinkError
 
 
 @dataclass(frozen=True)
@@ -91,7 +100,30 @@ COMMANDS: dict[str, LazyCommand] = {
 
 
 class LazyGroup(click.Group):
-    """A click group whose commands are imported at their first use (:data:`COMMANDS`)."""
+    """A click group whose commands are imported at their first use (:data:`COMMANDS`), and the one place where what
+    went wrong becomes output (:meth:`main`)."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """Run the command line; in standalone mode (the ``lakesink`` script, click's test runner) an error of the
+        command line or of lakesink is rendered by the run's output (text, or the JSON error object under ``--json``)
+        and the process exits with its :class:`~lakesink.cli.render.ExitCode`. A programming error keeps its
+        traceback."""
+        argv = list(sys.argv[1:] if args is None else args)
+        session = Session()
+        if not standalone_mode:
+            return super().main(argv, prog_name, complete_var, False, obj=session, **extra)
+        try:
+            status = super().main(argv, prog_name, complete_var, False, obj=session, **extra)
+        except (LakesinkError, click.ClickException, click.Abort) as e:
+            _fail(session, Failure.of(e), e, argv)
+        sys.exit(status if isinstance(status, int) else 0)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
@@ -112,7 +144,28 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
+def _fail(session: Session, failure: Failure, cause: BaseException, argv: Sequence[str]) -> NoReturn:
+    if isinstance(cause, click.UsageError) and asks_json(argv):
+        session.json = True  # found while the command line was parsed, before click read --json
+    session.current().error(failure, cause)
+    sys.exit(failure.exit_code)
+
+
+def _choose_json(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(Session).json = True
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--json",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_choose_json,
+    help="Print what the command found as JSON on stdout, and an error as one JSON object on stderr "
+    '({"version": 1, "error": {"type", "message", "exit_code"}}). Each command\'s own --json is an alias.',
+)
 @click.version_option(package_name="lakesink")
 def main() -> None:
     """Maintenance of the Iceberg tables lakesink writes."""

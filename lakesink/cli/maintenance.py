@@ -8,8 +8,10 @@
     lakesink remove-orphan-files TABLE remove the files no snapshot references (--older-than 3d, --dry-run)
     lakesink checkpoint-clean CHECKPOINT  remove the temp files Spark abandoned in a streaming checkpoint
 
-Each takes ``--dry-run`` and ``--json``; for people, progress goes to stderr and a summary to stdout (both through
-the :class:`~lakesink.cli.output.Output` the ``--json`` flag chose).
+Each takes ``--dry-run``; for people, progress goes to stderr and a summary to stdout, both through the
+:class:`~lakesink.cli.output.Output` the run chose (``lakesink --json``, or the command's ``--json``). A failure the
+command found after reporting is a :class:`~lakesink.cli.render.CommandFailed` (exit status 1); errors are raised,
+never printed here (:meth:`lakesink.cli.main.LazyGroup.main` renders them).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import click
 
 from lakesink.cli.common import catalog_options, duration_option, format_duration, load_table, redacted
 from lakesink.cli.output import Output, output_option
-from lakesink.errors import LakesinkError
+from lakesink.cli.render import CommandFailed
 from lakesink.maintenance import compaction, expiry, manifest_rewrite, routine
 from lakesink.maintenance.orphans import OTHER_WRITERS_OLDER_THAN, remove_orphan_files
 from lakesink.sink.checkpoint_cleanup import DEFAULT_OLDER_THAN as CHECKPOINT_QUIET_TIME
@@ -51,17 +53,14 @@ def compact_command(
 ) -> None:
     """Bin-pack TABLE's small data files per partition into one replace snapshot (rows unchanged)."""
     t = load_table(table, catalog_name, catalog_properties)
-    try:
-        report = compaction.compact(
-            t,
-            branch=branch,
-            target_file_size=target_file_size,
-            min_input_files=min_input_files,
-            dry_run=dry_run,
-            progress=lambda d, n: output.progress("rewriting", d, n),
-        )
-    except LakesinkError as e:
-        raise click.ClickException(str(e)) from None
+    report = compaction.compact(
+        t,
+        branch=branch,
+        target_file_size=target_file_size,
+        min_input_files=min_input_files,
+        dry_run=dry_run,
+        progress=lambda d, n: output.progress("rewriting", d, n),
+    )
     output.compaction(report)
 
 
@@ -92,13 +91,10 @@ def expire_snapshots_command(
     """
     t = load_table(table, catalog_name, catalog_properties)
     stamp = datetime.now(timezone.utc) - older_than if older_than is not None else None
-    try:
-        report = expiry.expire_snapshots(t, older_than=stamp, retain_last=retain_last, dry_run=dry_run)
-    except LakesinkError as e:
-        raise click.ClickException(str(e)) from None
+    report = expiry.expire_snapshots(t, older_than=stamp, retain_last=retain_last, dry_run=dry_run)
     output.expiry(report)
     if report.failed_deletes:
-        raise click.ClickException(f"{len(report.failed_deletes)} file(s) could not be deleted")
+        raise CommandFailed(f"{len(report.failed_deletes)} file(s) could not be deleted")
 
 
 @click.command("rewrite-manifests")
@@ -119,12 +115,9 @@ def rewrite_manifests_command(
 ) -> None:
     """Merge TABLE's small data manifests, clustered by partition, into one replace snapshot (files unchanged)."""
     t = load_table(table, catalog_name, catalog_properties)
-    try:
-        output.progress("rewriting manifests", 0, 1)
-        report = manifest_rewrite.rewrite_manifests(t, branch=branch, target_size_bytes=target_size, dry_run=dry_run)
-        output.progress("rewriting manifests", 1, 1)
-    except LakesinkError as e:
-        raise click.ClickException(str(e)) from None
+    output.progress("rewriting manifests", 0, 1)
+    report = manifest_rewrite.rewrite_manifests(t, branch=branch, target_size_bytes=target_size, dry_run=dry_run)
+    output.progress("rewriting manifests", 1, 1)
     output.manifests(report)
 
 
@@ -154,12 +147,9 @@ def maintain_command(
     """Compact TABLE, expire its snapshots (as its properties say), rewrite its manifests when due, then remove
     orphan files at a safe age."""
     t = load_table(table, catalog_name, catalog_properties)
-    try:
-        report = routine.maintain(
-            t, dry_run=dry_run, orphans_older_than=None if no_orphans else orphans_older_than, progress=output.progress
-        )
-    except LakesinkError as e:
-        raise click.ClickException(str(e)) from None
+    report = routine.maintain(
+        t, dry_run=dry_run, orphans_older_than=None if no_orphans else orphans_older_than, progress=output.progress
+    )
     output.maintenance(report)
 
 
@@ -185,10 +175,7 @@ def forget_query_command(
     its replayed batches again once their snapshots are expired.
     """
     t = load_table(table, catalog_name, catalog_properties)
-    try:
-        report = routine.forget_query(t, query_id, sink_id=sink_id, dry_run=dry_run)
-    except LakesinkError as e:
-        raise click.ClickException(str(e)) from None
+    report = routine.forget_query(t, query_id, sink_id=sink_id, dry_run=dry_run)
     output.forgotten(report)
 
 
@@ -231,13 +218,11 @@ def remove_orphan_files_command(
     t = load_table(table, catalog_name, catalog_properties)
     try:
         report = remove_orphan_files(t, older_than=older_than, other_writers_older_than=other_writers_older_than, dry_run=dry_run)
-    except LakesinkError as e:
-        raise click.ClickException(str(e)) from None
     except OSError as e:  # the storage failed while the files were listed
-        raise click.ClickException(f"cannot list the files of {table}: {redacted(e, catalog_name, catalog_properties)}") from None
+        raise CommandFailed(f"cannot list the files of {table}: {redacted(e, catalog_name, catalog_properties)}") from None
     output.orphans(report)
     if report.failed:
-        raise click.ClickException(f"{len(report.failed)} orphan file(s) could not be removed (listed above)")
+        raise CommandFailed(f"{len(report.failed)} orphan file(s) could not be removed (listed above)")
 
 
 @click.command("checkpoint-clean")
@@ -262,13 +247,10 @@ def checkpoint_clean_command(checkpoint: str, older_than: timedelta, dry_run: bo
     removed, when any file of the checkpoint changed within --older-than: the query may be running.
     Exit status 1 when refused, when a removal failed, or when Spark would still refuse the restart.
     """
-    try:
-        report = clean_checkpoint(checkpoint, older_than=older_than, dry_run=dry_run, force_hint="run it with --older-than 0")
-    except LakesinkError as e:
-        raise click.ClickException(str(e)) from None
+    report = clean_checkpoint(checkpoint, older_than=older_than, dry_run=dry_run, force_hint="run it with --older-than 0")
     output.checkpoint_cleaned(report)
     if not report.ok:
         problems = [f"{len(report.failed)} temp file(s) could not be removed"] if report.failed else []
         if report.still_blocking:
             problems.append(f"{len(report.still_blocking)} other file(s) still make Spark refuse the restart")
-        raise click.ClickException("; ".join(problems) + " (listed above)")
+        raise CommandFailed("; ".join(problems) + " (listed above)")

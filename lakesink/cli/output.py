@@ -1,16 +1,17 @@
 """The output of the ``lakesink`` command line: one object renders what a command found, for people or as JSON.
 
 pyiceberg's ``cli/output.py`` is the model: :class:`Output` has one method per kind of result, :class:`ConsoleOutput`
-writes text for a terminal (progress on stderr), :class:`JsonOutput` writes JSON (and no progress). The renderer is
-chosen once, by the ``--json`` flag of the command (:func:`output_option`): the commands call the object and never
-branch on the format themselves.
+writes text (tables and progress drawn by rich, progress on stderr), :class:`JsonOutput` writes JSON (and no
+progress). The format is chosen once per run, by ``lakesink --json <command>`` or the command's own ``--json``
+(:func:`output_option`, :class:`~lakesink.cli.render.Session`); errors go through the same object
+(:class:`~lakesink.cli.render.Renderer`, called by :meth:`lakesink.cli.main.LazyGroup.main`): the commands call it and
+never branch on the format themselves.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from lakesink.audit.completeness import WaitResult
 from lakesink.audit.key_diff import keyed_changes
 from lakesink.audit.routes import QueryReport
 from lakesink.cli.common import format_duration
+from lakesink.cli.render import JsonRenderer, Renderer, Session, TextRenderer, text_table
 from lakesink.maintenance import compaction, expiry, manifest_rewrite
 from lakesink.maintenance.orphans import OrphanFile, OrphanReport
 from lakesink.maintenance.routine import ForgetReport, MaintenanceReport
@@ -31,11 +33,8 @@ from lakesink.sink.checkpoint_cleanup import CheckpointCleanReport
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Output(ABC):
-    """What a command prints; one method per kind of result."""
-
-    show_progress: bool | None
-    """Progress bars of the audit functions: None lets them decide (a terminal), False never."""
+class Output(Renderer):
+    """What a command prints; one method per kind of result (errors, remarks and progress: :class:`Renderer`)."""
 
     @abstractmethod
     def history(self, records: Sequence[SnapshotRecord]) -> None: ...
@@ -64,9 +63,9 @@ class Output(ABC):
     @abstractmethod
     def waited(self, result: WaitResult) -> None: ...
 
+    @abstractmethod
     def report_written(self, path: str, result: VerifyReport) -> None:
-        """``report`` (no JSON form: the page is the output)."""
-        click.echo(f"wrote {path} (verify: {'OK' if result.ok else f'{len(result.violations)} violation(s)'})")
+        """``report``: the page written, and the verify result shown on top of it."""
 
     @abstractmethod
     def orphans(self, report: OrphanReport) -> None: ...
@@ -89,15 +88,9 @@ class Output(ABC):
     @abstractmethod
     def checkpoint_cleaned(self, report: CheckpointCleanReport) -> None: ...
 
-    @abstractmethod
-    def progress(self, what: str, done: int, total: int) -> None:
-        """A step of a long command (``maintain``, ``compact``, ``rewrite-manifests``)."""
 
-
-class ConsoleOutput(Output):
-    """Text for a terminal; progress lines on stderr."""
-
-    show_progress = None
+class ConsoleOutput(TextRenderer, Output):
+    """Text for people: tables drawn by rich; progress on stderr (:class:`TextRenderer`)."""
 
     def history(self, records: Sequence[SnapshotRecord]) -> None:
         click.echo(human_history(records))
@@ -197,19 +190,12 @@ class ConsoleOutput(Output):
     def checkpoint_cleaned(self, report: CheckpointCleanReport) -> None:
         click.echo(report.human())
 
-    def progress(self, what: str, done: int, total: int) -> None:
-        """On a terminal one line rewritten in place; elsewhere (a log file, a pipe) the last step only, as a plain
-        line (no carriage returns in logs)."""
-        if sys.stderr.isatty():
-            click.echo(f"\r{what}: {done}/{total}", err=True, nl=done >= total)
-        elif done >= total:
-            click.echo(f"{what}: {done}/{total}", err=True)
+    def report_written(self, path: str, result: VerifyReport) -> None:
+        click.echo(f"wrote {path} (verify: {'OK' if result.ok else f'{len(result.violations)} violation(s)'})")
 
 
-class JsonOutput(Output):
-    """JSON on stdout (indented, times in ISO 8601, bytes in hex); no progress."""
-
-    show_progress = False
+class JsonOutput(JsonRenderer, Output):
+    """JSON on stdout (indented, times in ISO 8601, bytes in hex); no progress; errors: :class:`JsonRenderer`."""
 
     def history(self, records: Sequence[SnapshotRecord]) -> None:
         _echo([{**r.to_dict(), "source_offsets": _json_value(r.source_offsets)} for r in records])
@@ -259,8 +245,8 @@ class JsonOutput(Output):
     def checkpoint_cleaned(self, report: CheckpointCleanReport) -> None:
         _echo(report.to_dict())
 
-    def progress(self, what: str, done: int, total: int) -> None:
-        pass
+    def report_written(self, path: str, result: VerifyReport) -> None:
+        _echo({"html": path, "verify": result.to_dict()})
 
 
 def _json_value(text: str | None) -> Any:
@@ -275,12 +261,21 @@ def _json_value(text: str | None) -> Any:
 
 
 def output_option(help: str) -> Callable[[F], F]:
-    """The command's ``--json`` flag: the one place the renderer is chosen. The command gets an ``output``."""
+    """The command's ``--json`` flag, an alias of ``lakesink --json``: the one place the command's output is made,
+    of the format the run chose (:class:`~lakesink.cli.render.Session`). The command gets an ``output``; it is the
+    renderer of the run's errors too, and stops its progress when the command's context closes."""
 
     def choose(ctx: click.Context, param: click.Parameter, json_flag: bool) -> Output:
-        return JsonOutput() if json_flag else ConsoleOutput()
+        session = ctx.find_object(Session)
+        if session is None:  # the command run without the group
+            session = ctx.obj = Session()
+        session.json = session.json or json_flag
+        output: Output = JsonOutput() if session.json else ConsoleOutput()
+        session.renderer = output
+        ctx.call_on_close(output.close)
+        return output
 
-    return click.option("--json", "output", is_flag=True, callback=choose, help=help)
+    return click.option("--json", "output", is_flag=True, is_eager=True, callback=choose, help=help)
 
 
 def _echo(value: Any) -> None:
@@ -300,7 +295,8 @@ def _dumps(value: Any) -> str:
 
 
 def human_history(records: Sequence[SnapshotRecord]) -> str:
-    """The history as a text table for a terminal."""
+    """The history as a text table for a terminal; a line ``(<query> restarted)`` before the first batch of a new run
+    of a query (its run id changed: the query was restarted from its checkpoint)."""
     header: tuple[str, ...] = (
         "committed (UTC)",
         "snapshot",
@@ -342,17 +338,15 @@ def human_history(records: Sequence[SnapshotRecord]) -> str:
             (*row[:10], "" if r.dead_letters is None else f"{r.dead_letters} -> {r.dead_letter_table}", *row[10:])
             for row, r in zip(rows, records, strict=True)
         ]
+    blank = [""] * (len(header) - 1)
+    lines: list[tuple[str, ...]] = []
     if records[0].parent_id is None and (records[0].sequence_number or 0) > 1:
-        rows.insert(0, ("(older snapshots expired)", *[""] * (len(header) - 1)))
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    right = {4, 5, 6, 7, 8, 9}
-
-    def fmt(cells: Sequence[str]) -> str:
-        return "  ".join(
-            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    return "\n".join([fmt(header), *(fmt(row) for row in rows)])
+        lines.append(("(older snapshots expired)", *blank))
+    for row, r in zip(rows, records, strict=True):
+        if r.restarted:  # a new run of the query (a restart): a batch it replayed and skipped left no snapshot
+            lines.append((f"({(r.query_id or '')[:8]} restarted)", *blank))
+        lines.append(row)
+    return text_table(header, lines, right={4, 5, 6, 7, 8, 9})
 
 
 def human_rows(rows: Any) -> str:
@@ -360,11 +354,7 @@ def human_rows(rows: Any) -> str:
     names = list(rows.column_names)
     if not names:
         return ""
-    cells = [[_cell(v) for v in row.values()] for row in rows.to_pylist()]
-    widths = [max(len(n), *(len(r[i]) for r in cells)) if cells else len(n) for i, n in enumerate(names)]
-    lines = ["  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    return "\n".join(lines)
+    return text_table(names, [[_cell(v) for v in row.values()] for row in rows.to_pylist()])
 
 
 def _cell(value: Any) -> str:
@@ -416,12 +406,15 @@ def human_report(report: OrphanReport) -> str:
 
 
 def _files(files: Sequence[OrphanFile], *, with_reason: bool) -> list[str]:
-    out = []
+    """One line per file (kind, last modified, size, path), its reason on the line below, under the path."""
+    rows: list[tuple[str, ...]] = []
     for f in files:
-        modified = f"{f.modified:%Y-%m-%d %H:%M:%S}" if f.modified else "?"
-        line = f"  {f.kind:<13} {modified}  {_size(f.size_in_bytes):>9}  {f.path}"
-        out.append(f"{line}\n      {f.reason}" if with_reason and f.reason else line)
-    return out
+        rows.append((f.kind, f"{f.modified:%Y-%m-%d %H:%M:%S}" if f.modified else "?", _size(f.size_in_bytes), f.path))
+        if with_reason and f.reason:
+            rows.append(("", "", "", f"    {f.reason}"))
+    if not rows:
+        return []
+    return text_table(("kind", "modified", "size", "path"), rows, right={2}, show_header=False, indent=2).splitlines()
 
 
 def _size(n: int) -> str:

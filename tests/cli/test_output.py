@@ -17,8 +17,13 @@ import pytest
 from click.testing import CliRunner
 
 from lakesink.cli import main
-from lakesink.cli.output import ConsoleOutput, JsonOutput, Output
+from lakesink.cli.main import COMMANDS
+from lakesink.cli.output import ConsoleOutput, JsonOutput, Output, human_rows
+from lakesink.cli.render import JSON_VERSION, ExitCode
+from tests.support.cli import stderr_apart
 from tests.support.helpers import commit, make_committer, write_task
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 Q = "q-cli"
 
@@ -90,13 +95,15 @@ SHAPES: list[tuple[list[str], type | set[str]]] = [
 
 @pytest.mark.parametrize(("args", "shape"), SHAPES, ids=lambda v: v[0] if isinstance(v, list) else None)
 def test_json_shape_and_human_text_of_every_command(args: list[str], shape: type | set[str], catalog_args: list[str]) -> None:
-    printed = run([*args, "--json"], catalog_args)
-    value: Any = json.loads(printed)
-    if shape is list:
-        assert isinstance(value, list) and value
-    else:
-        assert isinstance(shape, set) and isinstance(value, dict)
-        assert set(value) == shape
+    """The same JSON from ``lakesink --json <command>`` (the format chosen once, for the run) as from the command's
+    own ``--json`` (its alias)."""
+    for printed in (run([*args, "--json"], catalog_args), run(["--json", *args], catalog_args)):
+        value: Any = json.loads(printed)
+        if shape is list:
+            assert isinstance(value, list) and value
+        else:
+            assert isinstance(shape, set) and isinstance(value, dict)
+            assert set(value) == shape
     human = run(args, catalog_args)
     with pytest.raises(json.JSONDecodeError):
         json.loads(human)
@@ -132,11 +139,17 @@ def test_publish_json_and_text(catalog_args: list[str]) -> None:
 
 
 def test_progress_goes_to_people_only(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: one line rewritten in place
-    ConsoleOutput().progress("compact", 1, 2)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: one line (rich's bar) rewritten in place
+    people = ConsoleOutput()
+    people.progress("compact", 0, 2)
+    people.progress("compact", 1, 2)
     JsonOutput().progress("compact", 1, 2)
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err == "\rcompact: 1/2"
+    assert captured.out == "" and captured.err.count("\r") >= 1 and "\n" not in captured.err, repr(captured.err)
+    assert re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", captured.err.rsplit("\r", 1)[1]).startswith("compact ")
+    assert "1/2" in captured.err
+    people.progress("compact", 2, 2)  # the last step: the bar stays, the line ends
+    assert capsys.readouterr().err.endswith("\n\x1b[?25h")
 
 
 def test_progress_into_a_log_has_no_carriage_returns(capsys: pytest.CaptureFixture[str]) -> None:
@@ -312,3 +325,154 @@ def test_where_reads_a_time_without_zone_offset_as_utc_like_at(catalog_propertie
         assert sorted(r["id"] for r in shown) == ids, where
         traced = json.loads(run(["which", "db.times", "--where", where, "--json"], args))
         assert sorted(r["id"] for r in traced) == ids, where
+
+
+# --- one output per run: lakesink --json, errors through it, exit codes, rich (issue 31 item 5) ----------------------
+
+
+def test_every_command_takes_the_group_json_flag(
+    catalog_args: list[str], catalog_properties: dict[str, str], tmp_path: Path
+) -> None:
+    """``lakesink --json <command>``: every command of the group prints JSON (``report`` its page's path and the
+    verify result shown on it; ``checkpoint-clean`` takes a folder)."""
+    table = make_committer(catalog_properties).load()
+    head = table.current_snapshot()
+    assert head is not None
+    table.manage_snapshots().create_branch(head.snapshot_id, "audit").commit()
+    checkpoint = tmp_path / "ck"
+    (checkpoint / "offsets").mkdir(parents=True)
+    page = tmp_path / "r.html"
+    done = {args[0] for args, _ in SHAPES}
+    printed = run(["--json", "report", "db.events", "--html", str(page)], catalog_args)
+    assert json.loads(printed)["html"] == str(page) and json.loads(printed)["verify"]["ok"] is True and page.exists()
+    result = CliRunner().invoke(main, ["--json", "checkpoint-clean", str(checkpoint), "--older-than", "0"])
+    assert result.exit_code == 0 and json.loads(result.output)["checkpoint"] == str(checkpoint), result.output
+    published = stderr_apart().invoke(main, ["--json", "publish", "db.events", "--branch", "audit", *catalog_args])
+    assert published.exit_code == 0 and "main_after" in json.loads(published.stdout), published.output
+    waited = stderr_apart().invoke(main, ["--json", "wait", "db.events", "--watermark", "0", *catalog_args])
+    assert waited.exit_code == ExitCode.WAIT_NO_WATERMARK and json.loads(waited.stdout)["outcome"] == "no-watermark"
+    assert set(COMMANDS) == done | {"report", "checkpoint-clean", "publish", "wait"}
+
+
+def _error_object(stderr: str) -> dict[str, Any]:
+    """The JSON error object: the last line of stderr, one line."""
+    value: Any = json.loads(stderr.strip().splitlines()[-1])
+    assert set(value) == {"version", "error"} and value["version"] == JSON_VERSION == 1, value
+    assert set(value["error"]) == {"type", "message", "exit_code"}, value
+    assert isinstance(value["error"]["message"], str) and value["error"]["message"]
+    return dict(value["error"])
+
+
+ERRORS: list[tuple[list[str], str, int, str]] = [
+    (["history", "db.nope"], "CatalogError", 1, "table db.nope does not exist in catalog"),
+    (["show", "db.events", "--at", "batch=99"], "AuditError", 1, "batch 99"),
+    (["history", "db.events", "--branch", "nope"], "AuditError", 1, "has no branch 'nope'"),
+    (["show", "db.events", "--where", "id = = 3"], "UsageError", 2, "is not an Iceberg row filter"),
+    (["show", "db.events", "--no-such-option"], "UsageError", 2, "--no-such-option"),
+    (["which", "db.events"], "UsageError", 2, "give exactly one of --where or --file"),
+    (["no-such-command"], "UsageError", 2, "no-such-command"),
+]
+
+
+@pytest.mark.parametrize(("args", "kind", "status", "said"), ERRORS, ids=lambda v: v[0] if isinstance(v, list) else None)
+def test_an_error_under_json_is_one_versioned_json_object_on_stderr(
+    args: list[str], kind: str, status: int, said: str, catalog_args: list[str]
+) -> None:
+    """Before: under --json an error came out as click's plain text. Now one JSON object on stderr (stdout holds
+    only the result: here none), whichever --json was given; its exit_code is the process's."""
+    forms = [["--json", *args]] + ([[*args, "--json"]] if args[0] in COMMANDS else [])
+    for argv in forms:
+        result = stderr_apart().invoke(main, [*argv, *catalog_args])
+        assert result.exit_code == status, result.output
+        assert result.stdout == "", result.stdout
+        error = _error_object(result.stderr)
+        assert (error["type"], error["exit_code"]) == (kind, status) and said in error["message"], error
+    text = stderr_apart().invoke(main, [*args, *catalog_args])  # without --json: click's text, as before
+    assert text.exit_code == status and text.stdout == "" and "Error: " in text.stderr and said in text.stderr
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text.stderr.strip().splitlines()[-1])
+
+
+def test_a_failure_found_after_the_report_keeps_stdout_one_json_document(tmp_path: Path) -> None:
+    """``checkpoint-clean`` reports, then fails (a file Spark would still refuse): the report on stdout, the error
+    object on stderr, exit status 1."""
+    checkpoint = tmp_path / "ck"
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "metadata").write_text("{}")
+    (checkpoint / "offsets" / ".0.5b4f6c9e-aaaa-4000-8000-000000000001.tmp").write_text("")
+    (checkpoint / "offsets" / "0.bak").write_text("")  # an empty offset log and another file: Spark still refuses
+    result = stderr_apart().invoke(main, ["--json", "checkpoint-clean", str(checkpoint), "--older-than", "0"])
+    report = json.loads(result.stdout)
+    assert report["still_blocking"] == ["offsets/0.bak"] and report["ok"] is False
+    assert result.exit_code == ExitCode.FAILED, result.output
+    error = _error_object(result.stderr)
+    assert error["type"] == "CommandFailed" and error["exit_code"] == 1 and "listed above" in error["message"]
+
+
+def test_the_exit_codes_are_the_documented_ones() -> None:
+    """docs/cli.md lists every exit status; the table and :class:`ExitCode` are the same."""
+    page = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = page.split("## Exit status", 1)[1].split("\n## ", 1)[0]
+    documented = {int(m[1]): m[2] for m in re.finditer(r"^\| (\d+) \| `(\w+)` \|", section, re.M)}
+    assert documented == {int(code): code.name for code in ExitCode}
+    assert f'"version": {JSON_VERSION}' in page
+
+
+def test_progress_into_a_pipe_or_a_file_has_no_carriage_return(catalog_properties: dict[str, str], tmp_path: Path) -> None:
+    """A command with progress (compact, maintain), its stderr a pipe, then a file: the last step of each, as a plain
+    line, and no carriage return anywhere."""
+    import os
+    import subprocess
+
+    c = make_committer(catalog_properties)
+    for b in range(6):
+        assert commit(c, Q, b, [write_task(c, Q, b, [b])]).outcome.value == "committed"
+    args = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cli = [sys.executable, "-c", "from lakesink.cli import main; main()"]
+    piped = subprocess.run([*cli, "compact", "db.events", "--min-input-files", "2", *args], env=env, capture_output=True)
+    assert piped.returncode == 0, piped.stderr
+    assert b"\r" not in piped.stderr + piped.stdout and piped.stderr.decode().splitlines() == ["rewriting: 1/1"]
+    log = tmp_path / "maintain.log"
+    with log.open("wb") as f:
+        done = subprocess.run([*cli, "maintain", "db.events", "--no-orphans", *args], env=env, stdout=f, stderr=f)
+    assert done.returncode == 0 and b"\r" not in log.read_bytes() and b"compaction of db.events" in log.read_bytes()
+
+
+def test_text_tables_align_by_width_on_screen() -> None:
+    """Tables are drawn by rich: a wide (CJK) character takes two columns on screen, and the next column still
+    starts at one place on every line (``ljust`` counted characters: it was off by one per wide character)."""
+    import unicodedata
+
+    import pyarrow as pa
+
+    def on_screen(text: str) -> int:
+        return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+    text = human_rows(pa.table({"name": ["日本語", "ab", "[bold]x[/]"], "id": [1, 22, 333]}))
+    starts = {on_screen(line[: line.rindex(" ") + 1]) for line in text.splitlines()}
+    assert len(starts) == 1, text
+    assert "[bold]x[/]" in text  # a cell is text, never markup
+
+
+def test_history_shows_a_restart_of_the_query(catalog_properties: dict[str, str]) -> None:
+    """Each snapshot records Spark's run id (lakesink.run-id, a new one at every restart): history marks the first
+    batch of a new run of the query, in text (a line before it) and JSON (``run_id``, ``restarted``)."""
+    c = make_committer(catalog_properties)
+    for b, run_id in enumerate(["run-a", "run-a", "run-b", "run-b", "run-c"]):
+        outcome = c.commit_batch(query_id=Q, batch_id=b, results=[write_task(c, Q, b, [b])], source_offsets=None, run_id=run_id)
+        assert outcome.outcome.value == "committed"
+    c.commit_batch(query_id="q-other", batch_id=0, results=[write_task(c, "q-other", 0, [9])], source_offsets=None, run_id="x")
+    args = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    records = json.loads(run(["--json", "history", "db.events"], args))
+    assert [(r["batch_id"], r["run_id"], r["restarted"]) for r in records] == [
+        (0, "run-a", False),
+        (1, "run-a", False),
+        (2, "run-b", True),
+        (3, "run-b", False),
+        (4, "run-c", True),
+        (0, "x", False),  # another query's first run
+    ]
+    lines = run(["history", "db.events"], args).splitlines()
+    marks = [i for i, line in enumerate(lines) if line.strip() == f"({Q[:8]} restarted)"]
+    assert len(marks) == 2 and all(lines[i + 1].split()[5] == str(b) for i, b in zip(marks, (2, 4), strict=True)), lines

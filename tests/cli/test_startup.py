@@ -16,7 +16,7 @@ from lakesink.cli import main
 from lakesink.cli.main import COMMANDS
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-HEAVY = ("pyarrow", "pandas", "sqlalchemy", "pyiceberg", "pyspark", "numpy")
+HEAVY = ("pyarrow", "pandas", "sqlalchemy", "pyiceberg", "pyspark", "numpy", "rich")
 
 
 def _modules_after(code: str) -> list[str]:
@@ -30,6 +30,12 @@ def test_importing_the_cli_and_its_help_load_no_heavy_module() -> None:
     assert _modules_after("import lakesink.cli") == []
     help_run = "from lakesink.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
     assert _modules_after(help_run) == []
+
+
+def test_an_error_of_the_group_is_rendered_without_heavy_modules() -> None:
+    """``lakesink --json nosuch``: the JSON error object, from the light half of the output (lakesink.cli.render)."""
+    run = "from lakesink.cli import main\ntry:\n    main(['--json', 'nosuch'])\nexcept SystemExit as e:\n    assert e.code == 2"
+    assert _modules_after(run) == []
 
 
 def test_the_lazy_help_lists_what_the_imported_commands_say() -> None:

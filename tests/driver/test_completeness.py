@@ -34,6 +34,7 @@ from lakesink.table.keys import (
     SUMMARY_WATERMARK_NOTE,
 )
 from lakesink.table.markers import last_committed_batch
+from tests.support.cli import stderr_apart
 from tests.support.helpers import lakesink_snapshots, load, sink_committer
 
 Q1 = "11111111-aaaa-4000-8000-000000000001"
@@ -242,15 +243,6 @@ def test_a_query_without_a_watermark_keeps_the_table_complete_through_no_time(ca
 
 
 @pytest.mark.timeout(60)  # before: wait without --timeout on such a table hung for ever
-def stderr_apart() -> CliRunner:
-    """A runner keeping stderr apart from stdout: click 8.2+ always does; click 8.1 (the declared floor, make
-    test-floor) only with ``mix_stderr=False``, which 8.2 removed."""
-    try:
-        return CliRunner(mix_stderr=False)  # type: ignore[call-arg,unused-ignore]
-    except TypeError:
-        return CliRunner()
-
-
 def test_wait_answers_at_once_when_the_table_has_no_watermark(catalog_properties: dict[str, str]) -> None:
     c = make(catalog_properties, event_time=None)
     props = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
