@@ -2,7 +2,9 @@
 
 The verify result on top, then plots drawn with matplotlib and inlined as PNG (``data:`` URIs: no script,
 no network, the page opens anywhere): rows and bytes per batch over time, commit latency, files per batch,
-the size distribution of the live data files, and which writers committed when.
+the size distribution of the live data files, and which writers committed when. A restart of a query (the first
+batch of a new Spark run, ``lakesink.run-id``) is a dashed grey line on every plot and a line of the page: the gap
+of a killed run is explained, and a replay skipped after it left nothing in the table (docs/cli.md).
 """
 
 from __future__ import annotations
@@ -78,6 +80,12 @@ def render_report(table: Table, *, branch: str = MAIN_BRANCH, show_progress: boo
     for label, rs in groups.items():
         ax1.plot([_when(r) for r in rs], [r.added_records for r in rs], marker="o", label=label)
         ax2.plot([_when(r) for r in rs], [r.added_bytes / 1024 for r in rs], marker="s", label=label)
+    restarts = [r for r in records if r.restarted]
+    for ax in (ax1, ax2):
+        for i, r in enumerate(restarts):
+            ax.axvline(
+                _when(r), color="grey", linestyle="--", linewidth=1, label="query restarted" if i == 0 and ax is ax1 else None
+            )
     ax1.set_ylabel("rows added")
     ax2.set_ylabel("KiB added")
     ax1.set_title("Rows and bytes per batch over time")
@@ -91,24 +99,26 @@ def render_report(table: Table, *, branch: str = MAIN_BRANCH, show_progress: boo
     fig, ax = plt.subplots(figsize=(10, 3.2))
     timed = [r for r in mine if r.commit_latency_ms is not None]
     if timed:
-        ax.bar([str(r.batch_id) for r in timed], [r.commit_latency_ms or 0 for r in timed], color="tab:orange")
+        ax.bar([_batch(r) for r in timed], [r.commit_latency_ms or 0 for r in timed], color="tab:orange")
         ax.set_xlabel("batch id")
         ax.set_ylabel("ms")
         ax.set_title("Commit latency per batch (driver: replay re-check and manifests, before the catalog swap)")
-        _thin_ticks(ax, len(timed))
+        _batch_axis(ax, restarts)
     else:
         ax.text(0.5, 0.5, "no batch recorded its commit start (lakesink.commit-started-ms)", ha="center", va="center")
         ax.set_axis_off()
     plots.append(("Commit latency", _png(fig)))
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
-    ax1.bar([str(r.batch_id) for r in mine], [r.added_files for r in mine], color="tab:green")
+    ax1.bar([_batch(r) for r in mine], [r.added_files for r in mine], color="tab:green")
     ax1.set_xlabel("batch id")
     ax1.set_ylabel("data files added")
     ax1.set_title("Files per batch")
-    _thin_ticks(ax1, len(mine))
+    _batch_axis(ax1, restarts)
+    _counts(ax1)
     if sizes:
         ax2.hist([s / 1024 for s in sizes], bins=min(30, max(5, len(sizes) // 2)), color="tab:purple")
+        _counts(ax2)
     ax2.set_xlabel("KiB")
     ax2.set_ylabel("live data files")
     ax2.set_title(f"File size distribution ({len(sizes)} live files)")
@@ -117,8 +127,10 @@ def render_report(table: Table, *, branch: str = MAIN_BRANCH, show_progress: boo
     fig, ax = plt.subplots(figsize=(10, 0.9 + 0.45 * max(1, len(groups))))
     for i, (label, rs) in enumerate(groups.items()):
         ax.scatter([_when(r) for r in rs], [i] * len(rs), s=[20 + 200 * (r.added_records > 0) for r in rs], label=label)
+    for i, r in enumerate(restarts):
+        ax.axvline(_when(r), color="grey", linestyle="--", linewidth=1, label="query restarted" if i == 0 else None)
     ax.set_yticks(range(len(groups)), list(groups))
-    ax.set_title("Writers over time (one mark per snapshot)")
+    ax.set_title("Writers over time (one mark per snapshot; dashed: a query restarted)")
     ax.grid(alpha=0.3)
     _dates(ax)
     plots.append(("Writers", _png(fig)))
@@ -135,11 +147,28 @@ def _dates(ax: Any) -> None:
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
 
 
-def _thin_ticks(ax: Any, n: int) -> None:
-    if n > 30:
-        step = max(1, n // 15)
-        for i, label in enumerate(ax.get_xticklabels()):
-            label.set_visible(i % step == 0)
+def _batch(r: SnapshotRecord) -> int:
+    return r.batch_id if r.batch_id is not None else -1
+
+
+def _batch_axis(ax: Any, restarts: Sequence[SnapshotRecord]) -> None:
+    """A batch-id axis: integer ticks, at most 15 of them (labels never overlap), and a dashed line before the first
+    batch of each restarted run."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=15, integer=True))
+    for i, r in enumerate(restarts):
+        if r.batch_id is not None and r.writer == LAKESINK:
+            ax.axvline(r.batch_id - 0.5, color="grey", linestyle="--", linewidth=1, label="query restarted" if i == 0 else None)
+    if restarts:
+        ax.legend(loc="upper left", fontsize="small")
+
+
+def _counts(ax: Any) -> None:
+    """A count axis: whole numbers only (no 0.25-step ticks on a count of files)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _page(
@@ -161,6 +190,18 @@ def _page(
         for title, data in plots
     )
     rows = sum(r.added_records for r in records)
+    restarts = "".join(
+        f"<li>query <code>{html.escape(r.query_id or '')}</code> restarted before batch {r.batch_id} "
+        f"({html.escape(format_ms(r.timestamp_ms))}, run <code>{html.escape(r.run_id or '')}</code>)</li>"
+        for r in records
+        if r.restarted
+    )
+    restarted = (
+        f"<p>{sum(1 for r in records if r.restarted)} restart(s) (dashed lines in the plots; a batch Spark replayed "
+        f'after a restart and lakesink skipped leaves no snapshot):</p><ul class="restarts">{restarts}</ul>'
+        if restarts
+        else ""
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>lakesink report: {name}</title>
 <style>
@@ -175,6 +216,7 @@ img {{ max-width: 100%; }}
 <p>{report.snapshots_checked} snapshot(s) and {report.files_checked} data file(s) checked; head snapshot
 {report.head_snapshot_id}.</p><ul>{queries}</ul><ul>{violations}</ul></div>
 <p>{len(records)} snapshot(s) from {span}; {rows} row(s) added in total.</p>
+{restarted}
 {figures}
 </body></html>
 """

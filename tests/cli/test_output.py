@@ -476,3 +476,51 @@ def test_history_shows_a_restart_of_the_query(catalog_properties: dict[str, str]
     lines = run(["history", "db.events"], args).splitlines()
     marks = [i for i, line in enumerate(lines) if line.strip() == f"({Q[:8]} restarted)"]
     assert len(marks) == 2 and all(lines[i + 1].split()[5] == str(b) for i, b in zip(marks, (2, 4), strict=True)), lines
+
+
+def test_report_marks_each_restart_and_draws_whole_counts_on_batch_axes(catalog_properties: dict[str, str]) -> None:
+    """The report explains the gaps a killed run leaves: each restart of a query (a new run id) is listed on the page and
+    drawn as a dashed line; the batch axes carry at most 15 integer ticks and the file counts whole numbers only."""
+    pytest.importorskip("matplotlib")
+    from lakesink.cli import report
+
+    c = make_committer(catalog_properties)
+    runs = ["run-a"] * 20 + ["run-b"] * 15 + ["run-c"] * 5
+    for b, run_id in enumerate(runs):
+        outcome = c.commit_batch(query_id=Q, batch_id=b, results=[write_task(c, Q, b, [b])], source_offsets=None, run_id=run_id)
+        assert outcome.outcome.value == "committed"
+    drawn: list[dict[str, Any]] = []
+    original = report._png
+
+    def keep(fig: Any) -> str:  # what each plot shows, read before the figure is cleared
+        for ax in fig.axes:
+            lo, hi = ax.get_xlim()
+            drawn.append(
+                {
+                    "x": ax.get_xlabel(),
+                    "y": ax.get_ylabel(),
+                    "xticks": [t for t in ax.get_xticks() if lo <= t <= hi],
+                    "yticks": list(ax.get_yticks()),
+                    "dashed": sorted(line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"),
+                }
+            )
+        return original(fig)
+
+    report._png = keep
+    try:
+        page, verdict = report.render_report(c.load())
+    finally:
+        report._png = original
+    assert verdict.ok
+    listed = re.findall(r"restarted before batch (\d+)", page)
+    assert listed == ["20", "35"], listed
+    assert "2 restart(s)" in page and page.count('src="data:image/png;base64,') == 4
+    batch_axes = [ax for ax in drawn if ax["x"] == "batch id"]
+    assert len(batch_axes) == 2
+    for ax in batch_axes:
+        assert 0 < len(ax["xticks"]) <= 16 and all(float(t).is_integer() for t in ax["xticks"]), ax
+        assert ax["dashed"] == [19.5, 34.5], ax
+    (files,) = [ax for ax in drawn if ax["y"] == "data files added"]
+    assert all(float(t).is_integer() for t in files["yticks"]), files
+    timed = [ax for ax in drawn if ax["y"] in ("rows added", "KiB added")]
+    assert len(timed) == 2 and all(len(ax["dashed"]) == 2 for ax in timed)
