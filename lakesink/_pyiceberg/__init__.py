@@ -9,12 +9,18 @@ against pyiceberg 0.12.
 - :mod:`lakesink._pyiceberg.io`: executor-safe: Arrow in, Parquet out (schemas, projection, partitions, writer
   options, statistics, locations), reading data files and manifests as pyiceberg's scan does, and the
   corrections of pyiceberg's float/double bugs in manifests;
-- :mod:`lakesink._pyiceberg.commit`: driver side: prepared commits for one compare-and-swap, the SQL catalog's
-  swap and reload, schema evolution, the maintenance snapshot producers (replace, expire, manifest rewrite, the
-  refs an expiry dropped put back), metadata-only commits (``prepare_staged``) and the REST catalog's
-  request timeout.
+- the driver side, by what each module talks to: :mod:`~lakesink._pyiceberg.commit` (a prepared commit's one
+  compare-and-swap, a unit of tables committed together), :mod:`~lakesink._pyiceberg.producers` (pyiceberg's
+  snapshot producers: a batch's snapshot, a compaction's replace, metadata-only commits ``prepare_staged``, schema
+  evolution), :mod:`~lakesink._pyiceberg.maintenance` (manifest rewrite, expiry, the refs an expiry dropped put
+  back), :mod:`~lakesink._pyiceberg.metadata` (a commit's metadata from one parse, written),
+  :mod:`~lakesink._pyiceberg.manifests` (manifests and manifest lists written by pyiceberg's Avro encoder),
+  :mod:`~lakesink._pyiceberg.sql_catalog` (the SQL catalog's rows: swap, reload, pointers),
+  :mod:`~lakesink._pyiceberg.rest` (the REST catalog's HTTP session: transactions/commit, request timeout,
+  Idempotency-Key), :mod:`~lakesink._pyiceberg.refusals` (which errors are the catalog's definite "no") and
+  :mod:`~lakesink._pyiceberg.threads` (the threads a unit of tables is prepared on).
 
-This ``__init__`` imports nothing: an executor importing the io part never loads the commit part (nor SQLAlchemy).
-A module imports the part it uses as ``seam``; a driver module that uses both imports the io part as ``seam``
-and the commit part as ``seam_commit``.
+This ``__init__`` imports nothing: an executor importing the io part never loads the driver side (nor SQLAlchemy).
+A module imports the part it uses as ``seam``; a driver module that uses several imports the io part as ``seam``
+and each driver-side module as ``seam_<name>`` (``seam_commit``, ``seam_producers``, ``seam_sql``, ...).
 """

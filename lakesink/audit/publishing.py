@@ -9,6 +9,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
 
 from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import producers as seam_producers
 from lakesink.audit.completeness import first_snapshot_through
 from lakesink.audit.invariants import VerifyReport, verify
 from lakesink.audit.points import format_ms
@@ -113,6 +114,6 @@ class _Publish(CommitAction):
                 f"{self.what} refused (--force publishes anyway): main moved to {main.snapshot_id} while publishing, a "
                 f"commit the branch's head {self.target} does not have; a fast-forward would drop it"
             )
-        return seam_commit.prepare_staged(
-            table, lambda tx: seam_commit.manage_snapshots(tx).set_current_snapshot(snapshot_id=self.target).commit()
+        return seam_producers.prepare_staged(
+            table, lambda tx: seam_producers.manage_snapshots(tx).set_current_snapshot(snapshot_id=self.target).commit()
         )

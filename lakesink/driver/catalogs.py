@@ -40,8 +40,9 @@ from sqlalchemy.engine import Engine, ExceptionContext
 from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
-from lakesink._pyiceberg import commit as seam
 from lakesink._pyiceberg import io as seam_io
+from lakesink._pyiceberg import rest as seam_rest
+from lakesink._pyiceberg import sql_catalog as seam_sql
 from lakesink.errors import PROGRAMMING_ERRORS, CatalogError, CatalogUnavailableError, LakesinkError, TableIdentityChangedError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import storage
@@ -154,7 +155,7 @@ def load_table(catalog: Catalog, identifier: tuple[str, ...]) -> Table:
     key = (id(catalog), tuple(identifier))
     with _tables_lock:
         known = _tables.get(key)
-    table = seam.reload_from_sql_catalog(catalog, tuple(identifier), known) if known is not None else None
+    table = seam_sql.reload_from_sql_catalog(catalog, tuple(identifier), known) if known is not None else None
     if table is None:
         table = catalog.load_table(identifier)
     remember(table)
@@ -165,7 +166,7 @@ def load_tables(catalog: Catalog, identifiers: Sequence[tuple[str, ...]]) -> dic
     """:func:`load_table` of several tables: on a SQL catalog their pointers are read in one query and a table whose
     pointer has not moved since this process read it is not parsed again; tables that do not exist are absent.
     Other catalogs: one :func:`load_table` each."""
-    pointers = seam.pointers_on_sql_catalog(catalog, identifiers)
+    pointers = seam_sql.pointers_on_sql_catalog(catalog, identifiers)
     out: dict[tuple[str, ...], Table] = {}
     for ident in identifiers:
         ident = tuple(ident)
@@ -211,7 +212,7 @@ def live_table_sharing_folder(table: Table, unreferenced: Sequence[str]) -> tupl
     own_uuid = str(table.metadata.table_uuid)
     folder = storage.key(posixpath.dirname(table.metadata_location))
     own = tuple(table.name())
-    rows = seam.all_pointers_on_sql_catalog(catalog)
+    rows = seam_sql.all_pointers_on_sql_catalog(catalog)
     if rows is not None:  # a SQL catalog: its rows say where every table's current metadata is, in one query
         for ident, location in rows:
             if ident != own and storage.key(posixpath.dirname(location)) == folder:
@@ -243,7 +244,7 @@ def live_tables_writing_under(table: Table, root: str) -> Iterator[tuple[str, st
     them are not parsed again). Errors of the catalog are raised (live cannot be told from dropped then)."""
     catalog = table.catalog
     own = tuple(table.name())
-    rows = seam.all_pointers_on_sql_catalog(catalog)
+    rows = seam_sql.all_pointers_on_sql_catalog(catalog)
     others: Iterator[tuple[tuple[str, ...], Table]] = (
         iter(load_tables(catalog, [ident for ident, _ in rows if ident != own]).items())
         if rows is not None
@@ -362,7 +363,7 @@ def _open(name: str, props: Mapping[str, str]) -> Catalog:
         raise CatalogError(f"cannot load catalog {name!r}: {msg}") from None
     timeout = _request_timeout(name, props)
     if timeout:
-        seam.set_request_timeout(catalog, timeout)  # REST catalogs only: pyiceberg sets no timeout
+        seam_rest.set_request_timeout(catalog, timeout)  # REST catalogs only: pyiceberg sets no timeout
     engine = getattr(catalog, "engine", None)  # pyiceberg's SqlCatalog (types "sql" and "in-memory")
     if isinstance(engine, Engine):
         guard_sql_catalog(engine, drop_connections=not _process_local(props))

@@ -22,6 +22,7 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg import producers as seam_producers
 from lakesink.driver import catalogs, completeness, dead_letters, indoubt, metrics, reporting, swap, turns, upsert
 from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.driver.completeness import BatchTime, Recorded
@@ -660,7 +661,7 @@ class TableCommitter(SinkTable):
                 # merge-schema: the table is still at the schema the plan evolved; evolve it in this commit
                 key = tuple(r.schema_changes)
                 if key not in evolved:
-                    evolved[key] = schema_digest(seam_commit.evolved_schema(table, r.schema_changes))
+                    evolved[key] = schema_digest(seam_producers.evolved_schema(table, r.schema_changes))
                 if evolved[key] != r.written_schema:
                     problem = "the planned schema evolution no longer gives the schema the files were written with"
                 changes = tuple(r.schema_changes)
@@ -842,7 +843,7 @@ class _BatchAction(CommitAction):
             c = self.committer
             # the schema this commit leaves (merge-schema may add the event-time column in it: issue 30, item 12)
             changes = c.schema_changes_at_commit(table, self.batch)
-            schema = seam_commit.evolved_schema(table, changes) if changes else table.schema()
+            schema = seam_producers.evolved_schema(table, changes) if changes else table.schema()
             field = completeness.event_time_field(schema, t.event_time, c.table_name, table.properties)
             bounds = completeness.event_time_bounds(statistics, field)
         return completeness.record(t, self.done(table), bounds, batch_id=self.batch.batch_id)
@@ -904,7 +905,7 @@ class MarkEmptyBatch(_BatchAction):
             tables=self.batch.unit.get(SUMMARY_BATCH_TABLES_DIGEST),
             rows=self.batch.unit.get(SUMMARY_BATCH_ROWS_DIGEST),
         )
-        return seam_commit.prepare_properties_at_head(
+        return seam_producers.prepare_properties_at_head(
             table, {self.committer.marker_key(self.batch): marker.to_property()}, branch=branch
         )
 
@@ -928,7 +929,7 @@ class AppendBatch(_BatchAction):
             run_id=batch.run_id,
         )
         self.data_files = [
-            seam_commit.data_file(
+            seam_producers.data_file(
                 path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=r.spec_id, partition=f.partition
             )
             for r in batch.results
@@ -975,7 +976,7 @@ class AppendBatch(_BatchAction):
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
         schema_changes = self.committer.schema_changes_at_commit(table, self.batch)
-        return seam_commit.prepare_snapshot(
+        return seam_producers.prepare_snapshot(
             table,
             commit=self.batch.commit_name(),
             files_since_ms=self.batch.files_since_ms,
@@ -1010,14 +1011,14 @@ class UpsertBatch(AppendBatch):
         # rewrite the files of this attempt's table that hold the batch's keys, in the schema this commit gives the
         # table (with merge-schema, a key widened int -> long by this very batch: its keys cast to the old type
         # failed the batch at every restart)
-        schema = seam_commit.evolved_schema(table, schema_changes) if schema_changes else table.schema()
+        schema = seam_producers.evolved_schema(table, schema_changes) if schema_changes else table.schema()
         keys = upsert.BatchKeys(c.table_name, schema, batch.changes)
         plan = c.write_plan(table, batch.query_id)
         if schema_changes:
             plan = replace(plan, schema=schema, schema_changes=schema_changes)
         rewrite = upsert.rewrite(table, branch=c.options.branch, keys=keys, plan=plan, batch_id=batch.batch_id, attempt=attempt)
         self.rewrites.append(rewrite)
-        return seam_commit.prepare_rewrite(
+        return seam_producers.prepare_rewrite(
             table,
             commit=batch.commit_name(),
             files_since_ms=batch.files_since_ms,
@@ -1025,7 +1026,7 @@ class UpsertBatch(AppendBatch):
             data_files=[
                 *self.data_files,
                 *(
-                    seam_commit.data_file(
+                    seam_producers.data_file(
                         path=f.path,
                         size_in_bytes=f.size_in_bytes,
                         statistics=f.statistics,

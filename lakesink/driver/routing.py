@@ -36,6 +36,7 @@ from pyiceberg.table import Table, Transaction
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg import producers as seam_producers
 from lakesink.driver import catalogs, completeness, dead_letters, swap
 from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.driver.commit import BatchOutcome, CommitHook, Outcome, TableCommitter
@@ -1047,7 +1048,7 @@ class _OptionalColumn(CommitAction):
             with tx.update_schema() as update:
                 update.update_column(self.column, required=False)
 
-        return seam_commit.prepare_staged(table, stage)
+        return seam_producers.prepare_staged(table, stage)
 
 
 class _UnitMember(CommitAction):

@@ -29,7 +29,10 @@ from pyiceberg.table.snapshots import Snapshot
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential_jitter
 
 from lakesink._pyiceberg import commit as seam_commit
-from lakesink._pyiceberg.commit import PreparedCommit, refused_by_the_catalog
+from lakesink._pyiceberg import refusals as seam_refusals
+from lakesink._pyiceberg import threads as seam_threads
+from lakesink._pyiceberg.commit import PreparedCommit
+from lakesink._pyiceberg.refusals import refused_by_the_catalog
 from lakesink.driver import catalogs, turns
 from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.errors import (
@@ -297,7 +300,7 @@ def _prepare(
 ) -> None:
     """Every action of ``todo`` prepared against its table as read (into ``prepared``); the first error raised
     once every action finished (the caller discards what was prepared)."""
-    threads = seam_commit.unit_threads([read[i] for i in todo]) if len(todo) >= UNIT_THREADS_FROM else 1
+    threads = seam_threads.unit_threads([read[i] for i in todo]) if len(todo) >= UNIT_THREADS_FROM else 1
     if threads == 1:
         for i in todo:
             prepared[i] = actions[i].prepare(read[i], attempt)
@@ -409,7 +412,7 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
                     pending[i].settle_on(t)
                     not_landed = True
             if not_landed:
-                refusal = seam_commit.refused_for_permission(e)
+                refusal = seam_refusals.refused_for_permission(e)
                 if refusal is not None:  # the same request with the same credentials gets the same answer: no retry
                     raise _permission_error(actions[group[0]], refusal) from e
                 refused += 1

@@ -20,6 +20,9 @@ from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wa
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg import metadata as seam_metadata
+from lakesink._pyiceberg import producers as seam_producers
+from lakesink._pyiceberg import sql_catalog as seam_sql
 from lakesink.driver import catalogs, swap
 from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.driver.schema import SchemaChange, check_writable
@@ -48,6 +51,7 @@ Sibling = tuple[str, str, str]
 
 def sibling(identifier: tuple[str, ...], table: Table) -> Sibling:
     return ".".join(identifier), table.location(), str(table.metadata.table_uuid)
+
 
 T = TypeVar("T")
 
@@ -185,7 +189,7 @@ class SinkTable:
             now = catalogs.load_table(self.catalog, ident)
             if now.metadata.table_uuid != table.metadata.table_uuid or now.metadata.snapshots:
                 return False
-            dropped = seam_commit.drop_unchanged_on_sql_catalog(self.catalog, ident, now.metadata_location)
+            dropped = seam_sql.drop_unchanged_on_sql_catalog(self.catalog, ident, now.metadata_location)
             if dropped is False:
                 return False
             if dropped is None:
@@ -367,7 +371,7 @@ class SinkTable:
                 self.table_name,
                 "; ".join(str(c) for c in changes),
             )
-        schema = seam_commit.evolved_schema(table, changes) if changes else table.schema()
+        schema = seam_producers.evolved_schema(table, changes) if changes else table.schema()
         seam.check_write_properties(self.table_name, schema, table.properties)
         return WritePlan(
             table=self.table_name,
@@ -457,7 +461,7 @@ def creation_properties(options: SinkOptions, table_name: str) -> dict[str, str]
     bounded defaults :data:`~lakesink.table.keys.BOUNDED_TABLE_DEFAULTS`), validated first so that a bad value
     creates no table."""
     version = options.format_version or DEFAULT_FORMAT_VERSION
-    if not seam_commit.writes_format_version(version):
+    if not seam_metadata.writes_format_version(version):
         raise InvalidOptionError(
             f"option '{FORMAT_VERSION}' is {version}, but the installed pyiceberg cannot write format version "
             f"{version} tables (apache/iceberg-python#1551); table {table_name} was not created: use "
@@ -520,7 +524,7 @@ class _BranchBase(CommitAction):
         return None if head is None else Landing(mine=True, snapshot_id=head.snapshot_id)
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
-        return seam_commit.prepare_snapshot(
+        return seam_producers.prepare_snapshot(
             table,
             data_files=[],
             overwrite=False,
@@ -549,8 +553,8 @@ class _CreateBranch(CommitAction):
         head = table.metadata.snapshot_by_name(MAIN_BRANCH)
         if head is None:
             raise TableIdentityChangedError(f"{self.what}: main has no snapshot any more (the table was replaced?)")
-        prepared = seam_commit.prepare_staged(
-            table, lambda tx: seam_commit.manage_snapshots(tx).create_branch(head.snapshot_id, self.branch).commit()
+        prepared = seam_producers.prepare_staged(
+            table, lambda tx: seam_producers.manage_snapshots(tx).create_branch(head.snapshot_id, self.branch).commit()
         )
         log.info("lakesink: creating branch %s of %s at snapshot %s", self.branch, self.name, head.snapshot_id)
         return prepared

@@ -34,6 +34,7 @@ from pyiceberg.table import FileScanTask, Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg import producers as seam_producers
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import lakesink_key
@@ -274,7 +275,7 @@ class Compaction(CommitAction):
         return Landing(mine=True, snapshot_id=found.snapshot_id) if found is not None else None
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
-        return seam_commit.prepare_replace(
+        return seam_producers.prepare_replace(
             table,
             deleted=self.validated(table),
             added=self.added,
@@ -365,7 +366,7 @@ def _rewrite(
         key_value_metadata={ROW_ORIGINS: origins.encode(runs)},
     )
     stats = seam.file_statistics(footer, seam.file_schema(schema), table.properties)
-    return seam_commit.data_file(
+    return seam_producers.data_file(
         path=location, size_in_bytes=size, statistics=stats, spec_id=spec.spec_id, partition=seam.partition_of(first)
     )
 

@@ -24,7 +24,7 @@ conflict). A catalog that applies updates to its current metadata itself (REST, 
 that every ref read is unchanged; a ref created meanwhile on a snapshot being removed would be dropped with it
 (pyiceberg and Iceberg Java drop a ref whose snapshot is removed). So, before any file is deleted, the metadata the
 commit replaced is read (the committed metadata's log names it) and every ref it had that the commit dropped without
-deciding to is put back (:func:`lakesink._pyiceberg.commit.prepare_restore_refs`: a new snapshot with the lost snapshot's
+deciding to is put back (:func:`lakesink._pyiceberg.maintenance.prepare_restore_refs`: a new snapshot with the lost snapshot's
 manifests); when that cannot be established or done, no file is deleted. Then the files only removed snapshots
 referenced (manifest lists, manifests, data files) are deleted: a file any kept snapshot references is never deleted.
 Replay markers are table properties and are never touched: a query restarted after its snapshots expired still finds
@@ -49,6 +49,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg import maintenance as seam_maintenance
 from lakesink.driver import catalogs, swap
 from lakesink.driver.action import CommitAction, Landing
 from lakesink.driver.swap import RetriesExhausted, Status
@@ -356,7 +357,7 @@ class ExpireSnapshots(CommitAction):
         staged["refs"] = refs.removed
         staged["protected"] = refs.protected
         staged["read"] = (table.metadata_location, table.metadata)  # a commit through pyiceberg updates ``table`` in place
-        prepared = staged["prepared"] = seam_commit.prepare_expire(table, staged["ids"], refs.removed)
+        prepared = staged["prepared"] = seam_maintenance.prepare_expire(table, staged["ids"], refs.removed)
         return prepared
 
 
@@ -406,7 +407,7 @@ def lost_in(after: Table, read_location: str) -> str:
 
 
 def restore_refs(table: Table, lost: dict[str, tuple[SnapshotRef, Snapshot]]) -> tuple[str, ...]:
-    """Put back ``lost`` refs (see :func:`lakesink._pyiceberg.commit.prepare_restore_refs`) through the commit loop;
+    """Put back ``lost`` refs (see :func:`lakesink._pyiceberg.maintenance.prepare_restore_refs`) through the commit loop;
     returns the names put back. A ref that exists again (created anew by someone) is left as it is."""
     action = _RestoreRefs(table, lost)
     try:
@@ -439,7 +440,7 @@ class _RestoreRefs(CommitAction):
         missing = {n: v for n, v in self.lost.items() if n not in table.metadata.refs}
         self.commit = self.commit.next_attempt()
         self.restored = tuple(sorted(missing))
-        return seam_commit.prepare_restore_refs(table, missing, commit=self.commit)
+        return seam_maintenance.prepare_restore_refs(table, missing, commit=self.commit)
 
 
 def _only_in(table: Table, expired: list[Snapshot], kept: list[Snapshot]) -> set[str]:

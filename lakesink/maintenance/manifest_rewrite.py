@@ -33,6 +33,7 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg import maintenance as seam_maintenance
 from lakesink.driver import swap
 from lakesink.driver.action import CommitAction, Landing
 from lakesink.driver.swap import RetriesExhausted, Status
@@ -189,7 +190,7 @@ class RewriteManifests(CommitAction):
         self.planned = planned
         self.commit_id = uuid.uuid4().hex
         self.summary = {SUMMARY_OPERATION: REWRITE_MANIFESTS, SUMMARY_COMMIT_ID: self.commit_id}
-        self.last: seam_commit.PreparedManifestRewrite | None = None
+        self.last: seam_maintenance.PreparedManifestRewrite | None = None
 
     def landed(self, table: Table) -> Landing | None:
         found = landed_commit(table.metadata, self.branch, self.commit_id)
@@ -197,7 +198,7 @@ class RewriteManifests(CommitAction):
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
         per_manifest = (plan(table, branch=self.branch, target_size_bytes=self.target) or self.planned).entries_per_manifest
-        self.last = seam_commit.prepare_rewrite_manifests(
+        self.last = seam_maintenance.prepare_rewrite_manifests(
             table,
             branch=self.branch,
             entries_per_manifest=per_manifest,

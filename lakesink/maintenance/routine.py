@@ -20,6 +20,7 @@ from typing import Any
 from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import producers as seam_producers
 from lakesink.audit.snapshots import match_query_id
 from lakesink.driver import catalogs, swap
 from lakesink.driver.action import CommitAction, Landing
@@ -136,4 +137,4 @@ class _ForgetMarker(CommitAction):
         return None if self.key in table.properties else Landing(mine=True)
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
-        return seam_commit.prepare_staged(table, lambda tx: tx.remove_properties(self.key))
+        return seam_producers.prepare_staged(table, lambda tx: tx.remove_properties(self.key))

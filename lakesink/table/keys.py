@@ -94,7 +94,7 @@ OPERATION_REWRITE_MANIFESTS = "rewrite-manifests"
 BRANCH_BASE = "lakesink.branch-base"
 """Summary key of the empty snapshot lakesink commits to ``main`` of an empty table to start a branch from."""
 SUMMARY_RESTORED_FROM = "lakesink.restored-from-snapshot-id"
-"""Summary key of a snapshot that puts back a ref snapshot expiry dropped (``_pyiceberg.commit.prepare_restore_refs``):
+"""Summary key of a snapshot that puts back a ref snapshot expiry dropped (``_pyiceberg.maintenance.prepare_restore_refs``):
 the snapshot whose manifests it carries."""
 SUMMARY_RESTORED_REF = "lakesink.restored-ref"
 """Summary key of such a snapshot: the ref(s) it was made for (comma-separated)."""

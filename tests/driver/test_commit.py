@@ -14,7 +14,8 @@ import pytest
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.types import StringType
 
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import sql_catalog as seam_sql
 from lakesink.driver import catalogs
 from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import CommitConflictError, CommitOutcomeUnknownError, ConcurrentTableChangeError, TableLocationError
@@ -165,13 +166,13 @@ def test_two_drivers_committing_the_same_batch_make_exactly_one_snapshot(committ
 
 
 def test_commit_that_landed_but_reported_failure_counts_once(committer: TableCommitter, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    real = seam.PreparedCommit.commit
+    real = seam_commit.PreparedCommit.commit
 
-    def lost_response(self: seam.PreparedCommit) -> None:
+    def lost_response(self: seam_commit.PreparedCommit) -> None:
         real(self)
         raise ConnectionError("connection reset after the commit was applied")
 
-    monkeypatch.setattr(seam.PreparedCommit, "commit", lost_response)
+    monkeypatch.setattr(seam_commit.PreparedCommit, "commit", lost_response)
     result = write_task(committer, Q1, 0, [1, 2, 3])
     outcome = commit(committer, Q1, 0, [result])
     monkeypatch.undo()
@@ -184,16 +185,16 @@ def test_commit_that_landed_but_reported_failure_counts_once(committer: TableCom
 
 
 def test_failed_commit_that_did_not_land_is_settled_and_retried(committer: TableCommitter, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    real = seam.PreparedCommit.commit
+    real = seam_commit.PreparedCommit.commit
     calls = []
 
-    def fails_once(self: seam.PreparedCommit) -> None:
+    def fails_once(self: seam_commit.PreparedCommit) -> None:
         calls.append(1)
         if len(calls) == 1:
             raise ConnectionError("connection refused before the commit")
         real(self)
 
-    monkeypatch.setattr(seam.PreparedCommit, "commit", fails_once)
+    monkeypatch.setattr(seam_commit.PreparedCommit, "commit", fails_once)
     outcome = commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1, 2])])
     table = load(committer)
     assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 1 and len(calls) == 2
@@ -203,13 +204,13 @@ def test_failed_commit_that_did_not_land_is_settled_and_retried(committer: Table
 def test_unknown_outcome_that_cannot_be_settled_deletes_nothing(committer: TableCommitter, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     result = write_task(committer, Q1, 0, [1, 2])
 
-    def catalog_down(self: seam.PreparedCommit) -> None:
+    def catalog_down(self: seam_commit.PreparedCommit) -> None:
         raise ConnectionError("catalog unreachable")
 
     def load_fails(*a: object, **k: object) -> None:
         raise ConnectionError("catalog unreachable")
 
-    monkeypatch.setattr(seam.PreparedCommit, "commit", catalog_down)
+    monkeypatch.setattr(seam_commit.PreparedCommit, "commit", catalog_down)
     monkeypatch.setattr("lakesink.driver.swap._SETTLE_ATTEMPTS", 2)
     # the settling reads (through connections of their own, lakesink.driver.catalogs.load_table_fresh) fail
     monkeypatch.setattr("lakesink.driver.catalogs.load_table_fresh", load_fails)
@@ -224,11 +225,11 @@ def test_retries_exhausted_raise_conflict_error_and_delete_files(committer: Tabl
     table.transaction().set_properties({"commit.retry.num-retries": "2", "commit.retry.min-wait-ms": "1"}).commit_transaction()
     attempts = []
 
-    def always_conflicts(self: seam.PreparedCommit) -> None:
+    def always_conflicts(self: seam_commit.PreparedCommit) -> None:
         attempts.append(1)
         raise CommitFailedException("Requirement failed: branch main has changed")
 
-    monkeypatch.setattr(seam.PreparedCommit, "commit", always_conflicts)
+    monkeypatch.setattr(seam_commit.PreparedCommit, "commit", always_conflicts)
     result = write_task(committer, Q1, 0, [1, 2])
     with pytest.raises(CommitConflictError, match="commit.retry.num-retries=2") as info:
         commit(committer, Q1, 0, [result])
@@ -372,11 +373,11 @@ def test_postgres_commit_that_lands_after_its_error_and_the_settle_read_keeps_it
     committer = make_committer(sql_catalog_properties("postgres", tmp_path, request))
     committer.open_table(SCHEMA)
     assert catalogs.may_apply_late(committer.catalog)
-    real_commit = seam.PreparedCommit.commit
+    real_commit = seam_commit.PreparedCommit.commit
     real_fresh = catalogs.load_table_fresh
-    in_flight: list[seam.PreparedCommit] = []
+    in_flight: list[seam_commit.PreparedCommit] = []
 
-    def connection_breaks_during_commit(self: seam.PreparedCommit) -> None:
+    def connection_breaks_during_commit(self: seam_commit.PreparedCommit) -> None:
         if not in_flight:
             in_flight.append(self)
             raise ConnectionError("server closed the connection unexpectedly (COMMIT sent, no answer)")
@@ -389,7 +390,7 @@ def test_postgres_commit_that_lands_after_its_error_and_the_settle_read_keeps_it
             in_flight[0].landed_late = True  # type: ignore[attr-defined]
         return table
 
-    monkeypatch.setattr(seam.PreparedCommit, "commit", connection_breaks_during_commit)
+    monkeypatch.setattr(seam_commit.PreparedCommit, "commit", connection_breaks_during_commit)
     monkeypatch.setattr(catalogs, "load_table_fresh", settle_read_then_the_server_commits)
     result = write_task(committer, Q1, 0, list(range(50)))
     outcome = commit(committer, Q1, 0, [result])
@@ -433,7 +434,7 @@ def test_a_table_renamed_into_another_namespace_is_found_by_its_metadata_files(
     """Renamed into another namespace, the table is not among the namespace's tables the location check reads: its
     metadata file in the new table's metadata folder gives it away; the same refusal, the same drop."""
     if search != "sql rows":  # as on a catalog that is not SQL
-        monkeypatch.setattr("lakesink._pyiceberg.commit.all_pointers_on_sql_catalog", lambda catalog: None)
+        monkeypatch.setattr("lakesink._pyiceberg.sql_catalog.all_pointers_on_sql_catalog", lambda catalog: None)
     if search == "catalog":
         monkeypatch.setattr(catalogs, "READ_METADATA_FILES_AT_MOST", 0)
     first = make_committer(catalog_properties)
@@ -458,7 +459,7 @@ def test_a_table_dropped_again_is_dropped_only_if_nothing_committed_to_it_since_
     table = c.open_table(SCHEMA)
     read = table.metadata_location
     table.append(arrow_rows([7]))  # another writer, after lakesink read the table
-    assert seam.drop_unchanged_on_sql_catalog(c.catalog, ("db", "events"), read) is False
+    assert seam_sql.drop_unchanged_on_sql_catalog(c.catalog, ("db", "events"), read) is False
     assert table_ids(load(c)) == Counter([7])
-    assert seam.drop_unchanged_on_sql_catalog(c.catalog, ("db", "events"), load(c).metadata_location) is True
+    assert seam_sql.drop_unchanged_on_sql_catalog(c.catalog, ("db", "events"), load(c).metadata_location) is True
     assert ("db", "events") not in [tuple(t) for t in c.catalog.list_tables("db")]

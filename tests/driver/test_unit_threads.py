@@ -1,4 +1,4 @@
-"""How many threads prepare a unit of many tables' commits (lakesink._pyiceberg.commit.unit_threads).
+"""How many threads prepare a unit of many tables' commits (lakesink._pyiceberg.threads.unit_threads).
 
 On a local filesystem preparing a table's commit is CPU under one GIL: more threads than cores only hand it back and
 forth (docs/performance.md, "One stream, many tables"), so a unit of local tables is prepared on the machine's cores.
@@ -16,7 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import sql_catalog as seam_sql
+from lakesink._pyiceberg import threads as seam_threads
 from lakesink.driver import catalogs, swap
 from lakesink.driver.routing import RoutedCommitter
 from lakesink.executor.routed_writer import RoutedTaskWriter
@@ -36,14 +37,14 @@ def table_at(location: str) -> Any:
 def test_local_tables_get_the_machines_cores_at_most_eight(monkeypatch: pytest.MonkeyPatch, cores: int) -> None:
     monkeypatch.setattr("os.cpu_count", lambda: cores)
     tables = [table_at("/data/wh/db.db/a"), table_at("file:///data/wh/db.db/b")]
-    assert seam_commit.unit_threads(tables) == min(cores, 8)
+    assert seam_threads.unit_threads(tables) == min(cores, 8)
 
 
 @pytest.mark.parametrize("location", ["s3://bucket/wh/db.db/a", "gs://bucket/wh/a", "abfss://c@acct.dfs.core.windows.net/a"])
 def test_a_unit_with_any_table_on_object_storage_gets_eight(monkeypatch: pytest.MonkeyPatch, location: str) -> None:
     monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert seam_commit.unit_threads([table_at("/data/wh/db.db/a"), table_at(location)]) == 8
-    assert seam_commit.unit_threads([table_at(location)]) == 8
+    assert seam_threads.unit_threads([table_at("/data/wh/db.db/a"), table_at(location)]) == 8
+    assert seam_threads.unit_threads([table_at(location)]) == 8
 
 
 def test_a_routed_batch_of_local_tables_is_prepared_on_the_cores(
@@ -58,7 +59,7 @@ def test_a_routed_batch_of_local_tables_is_prepared_on_the_cores(
             super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix, **kw)
 
     monkeypatch.setattr(swap, "ThreadPoolExecutor", Recording)
-    monkeypatch.setattr(seam_commit, "ThreadPoolExecutor", Recording)
+    monkeypatch.setattr(seam_sql, "ThreadPoolExecutor", Recording)
     options = SinkOptions.from_mapping(
         {
             "route-by": "route",

@@ -30,7 +30,7 @@ from pyiceberg.table import StaticTable, Table
 from pyiceberg.table.statistics import BlobMetadata, StatisticsFile
 
 import lakesink
-from lakesink._pyiceberg import commit as seam
+from lakesink._pyiceberg import commit as seam_commit
 from lakesink.audit import interop
 from lakesink.cli import main
 from lakesink.cli.common import format_duration, parse_duration
@@ -284,7 +284,7 @@ def test_manifests_of_a_failed_commit_are_removed_once_the_batch_is_committed(co
     before = on_disk(load(committer))
     failed = write_task(committer, Q1, 0, [1, 2])
 
-    def conflict(self: seam.PreparedCommit) -> None:
+    def conflict(self: seam_commit.PreparedCommit) -> None:
         raise CommitFailedException("Requirement failed: branch main has changed")
 
     real_delete = PyArrowFileIO.delete
@@ -294,7 +294,7 @@ def test_manifests_of_a_failed_commit_are_removed_once_the_batch_is_committed(co
             raise OSError("storage unavailable")
         real_delete(self, location)
 
-    monkeypatch.setattr(seam.PreparedCommit, "commit", conflict)
+    monkeypatch.setattr(seam_commit.PreparedCommit, "commit", conflict)
     monkeypatch.setattr(PyArrowFileIO, "delete", storage_down_for_manifests)
     with pytest.raises(CommitConflictError):
         commit(committer, Q1, 0, [failed])
@@ -753,7 +753,7 @@ def test_two_tables_sharing_a_location_are_refused_before_anything_is_removed(
     of the new, empty table deleted the renamed table's data, manifests and current metadata file): refused, naming
     both UUIDs, whichever of the two is cleaned, and nothing is removed."""
     if search != "sql rows":  # as on a catalog that is not SQL: the metadata files read, or the catalog's tables
-        monkeypatch.setattr("lakesink._pyiceberg.commit.all_pointers_on_sql_catalog", lambda catalog: None)
+        monkeypatch.setattr("lakesink._pyiceberg.sql_catalog.all_pointers_on_sql_catalog", lambda catalog: None)
     if search == "catalog":  # a folder of more unreferenced metadata files than are read: the catalog's tables are
         monkeypatch.setattr(catalogs, "READ_METADATA_FILES_AT_MOST", 0)
     commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1, 2])])
@@ -781,7 +781,7 @@ def test_files_of_a_table_dropped_without_them_are_orphans_of_the_one_created_in
     """Dropped without purging, then created again at the same location: the old table's files are no table's any
     more; the clean-up of the new one removes them (age permitting) and keeps every file of the new table."""
     if search != "sql rows":  # as on a catalog that is not SQL
-        monkeypatch.setattr("lakesink._pyiceberg.commit.all_pointers_on_sql_catalog", lambda catalog: None)
+        monkeypatch.setattr("lakesink._pyiceberg.sql_catalog.all_pointers_on_sql_catalog", lambda catalog: None)
     if search == "catalog":
         monkeypatch.setattr(catalogs, "READ_METADATA_FILES_AT_MOST", 0)
     commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1, 2])])
@@ -817,7 +817,7 @@ def test_another_table_writing_inside_this_location_is_refused_before_anything_i
     through this table's metadata folder does not see it, and every file it wrote here looked like an orphan of this
     table (before the check: its data files were removed). Refused, naming both tables, and nothing is removed."""
     if search == "catalog":  # as on a catalog that is not SQL: every table of the catalog read
-        monkeypatch.setattr("lakesink._pyiceberg.commit.all_pointers_on_sql_catalog", lambda catalog: None)
+        monkeypatch.setattr("lakesink._pyiceberg.sql_catalog.all_pointers_on_sql_catalog", lambda catalog: None)
     commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1])])
     table = load(committer)
     stray = plant(table, "data/leftover.parquet")

@@ -25,6 +25,7 @@ from pyiceberg.table import Table
 
 import lakesink
 from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import sql_catalog as seam_sql
 from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import InFlightTooLongError
 from lakesink.executor.task_writer import TaskWriter
@@ -97,7 +98,7 @@ class AtSwap:
 def at_swap(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Callable[[], Table]], AtSwap]]:
     """Run the orphan clean-up (older_than=0) at the entry of every catalog swap while it is armed."""
     armed: list[AtSwap] = []
-    real_sql_swap = seam_commit._swap_on_sql_catalog
+    real_sql_swap = seam_sql._swap_on_sql_catalog
     real_commit_table = SqlCatalog.commit_table
 
     def sql_swap(table: Table, updates: Any, requirements: Any) -> bool:

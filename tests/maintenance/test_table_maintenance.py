@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from pyiceberg.table import Table
 
-from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg import metadata as seam_metadata
 from lakesink.driver import catalogs, turns
 from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import InvalidOptionError
@@ -109,7 +109,7 @@ def test_default_format_version_is_2(catalog_properties: dict[str, str]) -> None
 
 def test_format_version_3_is_refused_while_pyiceberg_cannot_write_it(catalog_properties: dict[str, str]) -> None:
     c = sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties, format_version=3))
-    if seam_commit.writes_format_version(3):
+    if seam_metadata.writes_format_version(3):
         c.open_table(SCHEMA)
         assert load(c).metadata.format_version == 3
         return

@@ -28,6 +28,11 @@ from pyiceberg.types import IntegerType, ListType, LongType, MapType, NestedFiel
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg import maintenance as seam_maintenance
+from lakesink._pyiceberg import metadata as seam_metadata
+from lakesink._pyiceberg import producers as seam_producers
+from lakesink._pyiceberg import rest as seam_rest
+from lakesink._pyiceberg import sql_catalog as seam_sql
 
 
 @contextmanager
@@ -38,7 +43,7 @@ def hook(name: str, used_by: str) -> Iterator[None]:
     except Exception as e:  # an AssertionError too: the behaviour changed
         pytest.fail(
             f"pyiceberg hook {name} (used by lakesink._pyiceberg: {used_by}) changed in this pyiceberg version: "
-            f"{type(e).__name__}: {e}. Update lakesink/_pyiceberg/ (io.py or commit.py, and this test) for the new API.",
+            f"{type(e).__name__}: {e}. Update lakesink/_pyiceberg/ (the module defining it, and this test) for the new API.",
             pytrace=True,
         )
 
@@ -152,7 +157,7 @@ def test_statistics_from_parquet_metadata(tmp_path: Path) -> None:
         stats = seam.file_statistics(pq.read_metadata(path), schema, {})
         assert stats["record_count"] == 3
         assert stats["null_value_counts"] == {1: 0, 2: 1}
-        data_file = seam_commit.data_file(path=str(path), size_in_bytes=path.stat().st_size, statistics=stats, spec_id=0)
+        data_file = seam_producers.data_file(path=str(path), size_in_bytes=path.stat().st_size, statistics=stats, spec_id=0)
         assert data_file.record_count == 3  # DataFile.from_args takes every key of the statistics
 
 
@@ -179,7 +184,7 @@ def test_location_provider_reads_only_the_partition_path() -> None:
 
 def test_transaction_internals_for_the_metadata_cache(table: Table) -> None:
     with hook("pyiceberg.table.Transaction._table / _updates / table_metadata", "_MetadataCachingTransaction"):
-        tx = seam_commit._MetadataCachingTransaction(table)
+        tx = seam_producers._MetadataCachingTransaction(table)
         assert tx._table is table and tx._updates == ()
         assert tx.table_metadata is table.metadata  # nothing staged: no copy
         tx.set_properties({"k": "v"})
@@ -194,10 +199,10 @@ def test_do_commit_is_one_compare_and_swap(table: Table, catalog: Catalog) -> No
     with hook("pyiceberg.table.Table._do_commit", "PreparedCommit.commit (prepare_snapshot / prepare_properties_at_head)"):
         assert params(Table._do_commit) == ["self", "updates", "requirements"]
         stale = catalog.load_table(("db", "contract"))
-        seam_commit.prepare_properties_at_head(table, {"lakesink.contract": "1"}, branch="main").commit()
+        seam_producers.prepare_properties_at_head(table, {"lakesink.contract": "1"}, branch="main").commit()
         assert catalog.load_table(("db", "contract")).properties["lakesink.contract"] == "1"
         catalog.load_table(("db", "contract")).append(ROWS)  # the head moves
-        prepared = seam_commit.prepare_properties_at_head(stale, {"lakesink.contract": "2"}, branch="main")
+        prepared = seam_producers.prepare_properties_at_head(stale, {"lakesink.contract": "2"}, branch="main")
         with pytest.raises(CommitFailedException):  # no rebase, no retry: the stale base fails
             prepared.commit()
         # the path of catalogs without lakesink's own swap: pyiceberg's commit checks the requirements
@@ -212,7 +217,7 @@ def test_snapshot_producer_merge_flag_and_cleanup(table: Table, catalog: Catalog
         "prepare_snapshot / PreparedCommit.discard",
     ):
         files = list(seam.live_data_files(table, "main"))
-        prepared = seam_commit.prepare_snapshot(
+        prepared = seam_producers.prepare_snapshot(
             table, data_files=files, overwrite=False, summary={"lakesink.contract": "x"}, properties=lambda _: {}, branch="main"
         )
         assert isinstance(prepared._producer._merge_enabled, bool)
@@ -223,7 +228,7 @@ def test_snapshot_producer_merge_flag_and_cleanup(table: Table, catalog: Catalog
         prepared.discard()  # deletes what it wrote, commits nothing
         assert not table.io.new_input(manifest_list).exists()
         assert catalog.load_table(("db", "contract")).metadata.snapshot_by_id(prepared.snapshot_id) is None
-        prepared = seam_commit.prepare_snapshot(
+        prepared = seam_producers.prepare_snapshot(
             table, data_files=files, overwrite=False, summary={"lakesink.contract": "y"}, properties=lambda _: {}, branch="main"
         )
         prepared.commit()
@@ -237,7 +242,7 @@ def test_merge_enabled_flag_is_read_when_manifests_are_processed(table: Table, c
         table.transaction().set_properties({"commit.manifest.min-count-to-merge": "2"}).commit_transaction()
         for _ in range(3):
             table = catalog.load_table(("db", "contract"))
-            seam_commit.prepare_snapshot(
+            seam_producers.prepare_snapshot(
                 table,
                 data_files=list(seam.live_data_files(table, "main"))[:1],
                 overwrite=False,
@@ -255,7 +260,7 @@ def test_update_schema_apply(table: Table) -> None:
     with hook("pyiceberg.table.update.schema.UpdateSchema._apply", "evolved_schema"):
         from lakesink.driver.schema import SchemaChange
 
-        schema = seam_commit.evolved_schema(table, [SchemaChange("add", ("extra",), StringType())])
+        schema = seam_producers.evolved_schema(table, [SchemaChange("add", ("extra",), StringType())])
         assert schema.find_field("extra").field_id == 3
         assert "extra" not in table.schema().column_names  # nothing committed
 
@@ -298,7 +303,7 @@ def test_sql_catalog_parse_metadata_version_and_write_metadata(table: Table) -> 
             theirs = f"{table.location()}/metadata/99998-contract.{suffix}"
             ours = f"{table.location()}/metadata/99999-contract.{suffix}"
             SqlCatalog._write_metadata(metadata=table.metadata, io=table.io, metadata_path=theirs)
-            seam_commit.write_table_metadata(table.metadata, table.io, ours)
+            seam_metadata.write_table_metadata(table.metadata, table.io, ours)
             with table.io.new_input(theirs).open() as a, table.io.new_input(ours).open() as b:
                 got, want = b.read(), a.read()
             if suffix.startswith("gz."):  # gzip's header carries the time it was written
@@ -306,7 +311,7 @@ def test_sql_catalog_parse_metadata_version_and_write_metadata(table: Table) -> 
             assert got == want
             assert FromInputFile.table_metadata(table.io.new_input(ours)).table_uuid == table.metadata.table_uuid
             with pytest.raises(FileExistsError):  # never overwritten
-                seam_commit.write_table_metadata(table.metadata, table.io, ours)
+                seam_metadata.write_table_metadata(table.metadata, table.io, ours)
 
 
 def test_sql_catalog_iceberg_tables_row_is_the_pointer(table: Table, catalog: Catalog) -> None:
@@ -335,7 +340,7 @@ def test_sql_catalog_swap_from_the_table_read_and_delete_old_metadata(table: Tab
 
         assert params(SqlCatalog._delete_old_metadata) == ["io", "base", "metadata"]
         stale = catalog.load_table(("db", "contract"))
-        seam_commit.prepare_properties_at_head(table, {"lakesink.contract": "1"}, branch="main").commit()
+        seam_producers.prepare_properties_at_head(table, {"lakesink.contract": "1"}, branch="main").commit()
         fresh = catalog.load_table(("db", "contract"))
         assert fresh.metadata_location == table.metadata_location  # the swap moved the pointer to what it wrote
         assert fresh.properties["lakesink.contract"] == "1"
@@ -345,7 +350,7 @@ def test_sql_catalog_swap_from_the_table_read_and_delete_old_metadata(table: Tab
         folder = Path(fresh.metadata_location.removeprefix("file://")).parent
         before = sorted(folder.iterdir())
         with pytest.raises(CommitFailedException, match="moved"):
-            seam_commit._swap_on_sql_catalog(stale, (SetPropertiesUpdate(updates={"lakesink.contract": "2"}),), ())
+            seam_sql._swap_on_sql_catalog(stale, (SetPropertiesUpdate(updates={"lakesink.contract": "2"}),), ())
         assert catalog.load_table(("db", "contract")).metadata_location == fresh.metadata_location
         assert sorted(folder.iterdir()) == before
 
@@ -366,7 +371,7 @@ def test_apply_table_update_context_and_metadata_log(table: Table) -> None:
         context = private("pyiceberg.table.update._TableMetadataUpdateContext")()
         assert not context.has_changes()
         updates = (SetPropertiesUpdate(updates={"k": "v"}),)
-        ours = seam_commit.updated_metadata(table.metadata, updates, table.metadata_location)
+        ours = seam_metadata.updated_metadata(table.metadata, updates, table.metadata_location)
         theirs = update_table_metadata(table.metadata, updates, metadata_location=table.metadata_location)
         assert ours.properties == theirs.properties
         assert ours.metadata_log == theirs.metadata_log and ours.metadata_log[-1].metadata_file == table.metadata_location
@@ -382,7 +387,7 @@ def test_overwrite_files_producer_relabelled_as_replace(table: Table, catalog: C
         assert {"operation", "transaction", "io", "branch", "snapshot_properties"} <= set(params(_OverwriteFiles.__init__))
         assert params(_OverwriteFiles._summary) == ["self", "snapshot_properties"]
         old = list(seam.live_data_files(table, "main"))
-        prepared = seam_commit.prepare_replace(
+        prepared = seam_producers.prepare_replace(
             table, deleted=old, added=old[:0] + old, summary={"lakesink.contract": "r"}, branch="main"
         )
         prepared.commit()
@@ -408,7 +413,7 @@ def test_overwrite_of_every_live_entry_removes_delete_files_into_a_delete_manife
         commit_deletes(table, position_delete_files(table, [2]))
         table = catalog.load_table(("db", "contract"))
         assert seam.has_delete_files(table, "main")
-        prepared = seam_commit.prepare_snapshot(
+        prepared = seam_producers.prepare_snapshot(
             table, data_files=[], overwrite=True, summary={"lakesink.contract": "o"}, properties=lambda _: {}, branch="main"
         )
         prepared.commit()
@@ -452,7 +457,7 @@ def test_snapshot_producer_for_a_manifest_rewrite_keeps_entry_ids(table: Table, 
 
         before = entries(table)
         assert len(seam.data_manifests(table, head)) == 2
-        prepared = seam_commit.prepare_rewrite_manifests(table, branch="main", entries_per_manifest=100, summary={})
+        prepared = seam_maintenance.prepare_rewrite_manifests(table, branch="main", entries_per_manifest=100, summary={})
         assert len(prepared.replaced) == 2 and len(prepared.created) == 1 and prepared.entries == 2
         prepared.commit()
         after = catalog.load_table(("db", "contract"))
@@ -482,7 +487,7 @@ def test_branch_updates_keep_retention_and_refs_can_be_removed(table: Table, cat
         ).commit()
         table = catalog.load_table(("db", "contract"))
         files = list(seam.live_data_files(table, "b"))
-        prepared = seam_commit.prepare_snapshot(
+        prepared = seam_producers.prepare_snapshot(
             table, data_files=files, overwrite=False, summary={}, properties=lambda _: {}, branch="b"
         )
         moves = [u for u in prepared._updates if isinstance(u, SetSnapshotRefUpdate)]
@@ -490,7 +495,7 @@ def test_branch_updates_keep_retention_and_refs_can_be_removed(table: Table, cat
         prepared.commit()
         table = catalog.load_table(("db", "contract"))
         assert table.metadata.refs["b"].min_snapshots_to_keep == 4
-        seam_commit.prepare_expire(table, [], ["t"]).commit()  # a ref removed, no snapshot
+        seam_maintenance.prepare_expire(table, [], ["t"]).commit()  # a ref removed, no snapshot
         assert set(catalog.load_table(("db", "contract")).metadata.refs) == {"main", "b"}
 
 
@@ -511,7 +516,7 @@ def test_snapshot_producers_name_their_files_from_commit_uuid(table: Table, cata
         assert names.commit_of(list_name) == commit == names.commit_of(names.manifest_name(commit, 2))
         files = list(seam.live_data_files(table, "main"))
         for overwrite in (False, True):  # merge_append and overwrite producers
-            prepared = seam_commit.prepare_snapshot(
+            prepared = seam_producers.prepare_snapshot(
                 table, data_files=files, overwrite=overwrite, summary={}, properties=lambda _: {}, branch="main", commit=commit
             )
             assert prepared._producer.commit_uuid is commit
@@ -550,11 +555,11 @@ def test_sql_catalog_type_filter_and_orm_conversion(table: Table, catalog: Catal
         assert params(SqlCatalog._iceberg_type_filter) == ["self"]
         assert params(SqlCatalog._convert_orm_to_iceberg) == ["self", "orm_table"]
         # the pointer has not moved: the already parsed metadata is reused (the same object)
-        same = seam_commit.reload_from_sql_catalog(catalog, ("db", "contract"), table)
+        same = seam_sql.reload_from_sql_catalog(catalog, ("db", "contract"), table)
         assert same is not None and same.metadata is table.metadata
         # it moved: the table is loaded and parsed afresh, as pyiceberg's load_table does
         catalog.load_table(("db", "contract")).append(ROWS)
-        moved = seam_commit.reload_from_sql_catalog(catalog, ("db", "contract"), table)
+        moved = seam_sql.reload_from_sql_catalog(catalog, ("db", "contract"), table)
         assert moved is not None and moved.metadata_location != table.metadata_location
         assert moved.metadata_location == catalog.load_table(("db", "contract")).metadata_location
         assert len(moved.snapshots()) == len(table.snapshots()) + 1
@@ -648,7 +653,9 @@ def _double_partitioned(catalog: Catalog, values: list[float]) -> Table:
         metadata = pq.read_metadata(path.removeprefix("file://"))
         stats = seam.file_statistics(metadata, seam.file_schema(schema), t.properties)
         size = Path(path.removeprefix("file://")).stat().st_size
-        files.append(seam_commit.data_file(path=path, size_in_bytes=size, statistics=stats, spec_id=spec.spec_id, partition=(v,)))
+        files.append(
+            seam_producers.data_file(path=path, size_in_bytes=size, statistics=stats, spec_id=spec.spec_id, partition=(v,))
+        )
     with t.transaction() as tx, tx.update_snapshot().fast_append() as append:
         for f in files:
             append.append_data_file(f)
@@ -697,7 +704,7 @@ def test_overwrite_of_files_in_a_nan_partition(catalog: Catalog) -> None:
         table = _double_partitioned(catalog, [float("nan"), -0.0, 0.0])
         old = list(seam.live_data_files(table, "main"))
         assert len(old) == 3
-        seam_commit.prepare_replace(table, deleted=old, added=old, summary={}, branch="main").commit()
+        seam_producers.prepare_replace(table, deleted=old, added=old, summary={}, branch="main").commit()
         after = catalog.load_table(("db", "doubles"))
         assert after.current_snapshot().summary.operation.value == "replace"  # type: ignore[union-attr]
         assert sorted(str(t.file.partition[0]) for t in after.scan().plan_files()) == ["-0.0", "0.0", "nan"]
@@ -760,27 +767,29 @@ def test_a_staged_commit_sends_one_request_whatever_the_transaction_staged(
         head = table.metadata.snapshot_by_name("main")
         assert head is not None
         stagings: dict[str, Callable[[Any], object]] = {
-            "create branch": lambda tx: seam_commit.manage_snapshots(tx).create_branch(head.snapshot_id, "audit").commit(),
+            "create branch": lambda tx: seam_producers.manage_snapshots(tx).create_branch(head.snapshot_id, "audit").commit(),
             "remove property": lambda tx: tx.remove_properties("write.format.default"),
-            "set current snapshot": lambda tx: seam_commit.manage_snapshots(tx).set_current_snapshot(head.snapshot_id).commit(),
+            "set current snapshot": lambda tx: (
+                seam_producers.manage_snapshots(tx).set_current_snapshot(head.snapshot_id).commit()
+            ),
         }
         for what, stage in stagings.items():
             monkeypatch.setattr(seam_commit, "_sql_swap_applies", lambda _table: False)
             counting = _CountingRefusals(catalog, monkeypatch, refuse=1)
-            prepared = seam_commit.prepare_staged(table, stage)
+            prepared = seam_producers.prepare_staged(table, stage)
             assert prepared._updates, what
             with pytest.raises(CommitFailedException):
                 prepared.commit()
             assert counting.calls == 1, f"{what}: {counting.calls} requests for one PreparedCommit.commit"
             monkeypatch.undo()
         with pytest.raises(ValueError, match="changes nothing"):
-            seam_commit.prepare_staged(table, lambda tx: None)
+            seam_producers.prepare_staged(table, lambda tx: None)
 
 
 def test_lakesink_never_commits_through_pyicebergs_retry_loop() -> None:
     """Outside the seam, no lakesink module calls a pyiceberg API that commits through commit_transaction (or
     through a table's own autocommit updates). A new call of one of them fails here, naming the module and line;
-    make it a commit action (lakesink.driver.action) whose prepare stages it with ``_pyiceberg.commit.prepare_staged``."""
+    make it a commit action (lakesink.driver.action) whose prepare stages it with ``_pyiceberg.producers.prepare_staged``."""
     import ast
 
     committing = {
@@ -796,7 +805,7 @@ def test_lakesink_never_commits_through_pyicebergs_retry_loop() -> None:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in committing:
                 receiver = ast.unparse(node.func.value)
-                if receiver in ("seam", "seam_commit"):
+                if receiver in ("seam", "seam_commit", "seam_producers", "seam_maintenance"):
                     continue  # the seam's own one-request helpers
                 if node.func.attr == "expire_snapshots" and not receiver.endswith("maintenance"):
                     continue  # lakesink's own expiry.expire_snapshots, not pyiceberg's
@@ -820,7 +829,7 @@ def test_rest_catalog_keeps_the_endpoints_its_config_listed(tmp_path: Path) -> N
             server = TxnRestServer(tmp_path / str(len(list(tmp_path.iterdir()))), **kwargs).start()  # type: ignore[arg-type]
             try:
                 catalog = load_catalog("contract", **server.catalog_properties())
-                assert (seam_commit.REST_TRANSACTIONS_ENDPOINT in catalog._supported_endpoints) is expected  # type: ignore[attr-defined]
+                assert (seam_rest.REST_TRANSACTIONS_ENDPOINT in catalog._supported_endpoints) is expected  # type: ignore[attr-defined]
                 assert seam_commit.catalog_commits_atomically(catalog) is expected
             finally:
                 server.stop()

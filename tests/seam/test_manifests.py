@@ -53,8 +53,9 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import maintenance as seam_maintenance
 from lakesink._pyiceberg import manifests
+from lakesink._pyiceberg import producers as seam_producers
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -331,16 +332,16 @@ def test_an_unassigned_sequence_number_is_refused_as_pyiceberg_refuses_it(tmp_pa
 
 def test_every_producer_lakesink_commits_through_writes_with_the_prepared_writers() -> None:
     producers = [
-        seam_commit._MergeAppend,
-        seam_commit._OverwriteRemovedFiles,
-        seam_commit._OverwriteLive,
-        seam_commit._ReplaceFiles,
-        seam_commit._RewriteManifests,
+        seam_producers._MergeAppend,
+        seam_producers._OverwriteRemovedFiles,
+        seam_producers._OverwriteLive,
+        seam_producers._ReplaceFiles,
+        seam_maintenance._RewriteManifests,
     ]
     for producer in producers:
-        assert issubclass(producer, seam_commit._PreparedManifests), producer
-        assert producer.new_manifest_writer is seam_commit._PreparedManifests.new_manifest_writer, producer
-        assert producer._commit is seam_commit._PreparedManifests._commit, producer
+        assert issubclass(producer, seam_producers._PreparedManifests), producer
+        assert producer.new_manifest_writer is seam_producers._PreparedManifests.new_manifest_writer, producer
+        assert producer._commit is seam_producers._PreparedManifests._commit, producer
 
 
 @pytest.mark.parametrize("version", [1, 2])
@@ -363,7 +364,7 @@ def test_the_prepared_merge_append_stages_what_pyicebergs_stages(catalog: Any, v
                 append.append_data_file(_data_file("days-bucket-truncate", 10 + b))
     table = catalog.load_table(name)
     staged = {}
-    for who, cls in (("theirs", _MergeAppendFiles), ("ours", seam_commit._MergeAppend)):
+    for who, cls in (("theirs", _MergeAppendFiles), ("ours", seam_producers._MergeAppend)):
         tx = Transaction(table, autocommit=False)
         producer = cls(operation=Operation.APPEND, transaction=tx, io=table.io, snapshot_properties={"k": "v"})
         producer._snapshot_id = SNAPSHOT
@@ -431,7 +432,7 @@ def test_the_prepared_merge_append_merges_manifests_as_pyiceberg_does(
         )
     table = catalog.load_table(name)
     staged = {}
-    for who, cls in (("theirs", _MergeAppendFiles), ("ours", seam_commit._MergeAppend)):
+    for who, cls in (("theirs", _MergeAppendFiles), ("ours", seam_producers._MergeAppend)):
         if who == "ours":
             monkeypatch.setattr(ExecutorFactory, "get_or_create", staticmethod(_no_executor))
         tx = Transaction(table, autocommit=False)
