@@ -42,6 +42,9 @@ ROUTE_BY = "route-by"
 NAMESPACE = "namespace"
 ROUTE_NAMESPACES = "route-namespaces"
 ATOMIC = "atomic"
+PAYLOAD = "payload"
+"""With route-by: a string column holding a JSON object whose fields are the row's columns in its routed table
+(docs/cdc.md)."""
 METRICS = "metrics"
 """Commit metrics exported beyond the log, the Spark listener and a REST catalog's metrics endpoint: ``off`` (default) or
 ``prometheus:[<host>:]<port>`` (docs/metrics.md)."""
@@ -78,6 +81,7 @@ VALID_OPTIONS = (
     NAMESPACE,
     ROUTE_NAMESPACES,
     ATOMIC,
+    PAYLOAD,
     METRICS,
 )
 
@@ -270,6 +274,9 @@ class SinkOptions:
     one): no exactly-once across restarts, a warning instead of the refusal."""
     metrics: MetricsExport = field(default_factory=lambda: MetricsExport())
     """Option ``metrics``: where commit metrics are exported (docs/metrics.md)."""
+    payload: str | None = None
+    """Option ``payload`` (with ``route-by``): a JSON string column whose fields are each row's columns in its table;
+    the other stream columns are not written (they serve ``delete-when`` and ``order-by``)."""
     routing: Routing | None = None
     """Option ``route-by``: one stream into many tables. ``table`` is then :data:`ROUTED` (no table of its own):
     each table's options are :meth:`for_table`'s."""
@@ -291,7 +298,8 @@ class SinkOptions:
             f"format_version={self.format_version!r}, maintenance={self.maintenance.value!r}, event_time={self.event_time!r}, "
             f"dead_letter_table={str(self.dead_letter_table) if self.dead_letter_table else None!r}, "
             f"reject_when={self.reject_when!r}, max_rejected_fraction={self.max_rejected_fraction!r}, "
-            f"allow_temporary_checkpoint={self.allow_temporary_checkpoint!r}, routing={self.routing!r})"
+            f"allow_temporary_checkpoint={self.allow_temporary_checkpoint!r}, payload={self.payload!r}, "
+            f"routing={self.routing!r})"
         )
 
     __str__ = __repr__
@@ -363,6 +371,7 @@ class SinkOptions:
                 NAMESPACE,
                 ROUTE_NAMESPACES,
                 ATOMIC,
+                PAYLOAD,
                 METRICS,
             )
             and not k.startswith(CATALOG_PROPERTY_PREFIX)
@@ -430,6 +439,7 @@ class SinkOptions:
             reject_when=reject_when,
             max_rejected_fraction=max_rejected,
             metrics=MetricsExport.parse(lowered.get(METRICS, "off")),
+            payload=_parse_payload(lowered, routing),
         )
 
 
@@ -485,6 +495,23 @@ def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterK
             "route; add it to the list or change it"
         )
     return Routing(column, namespace, Atomic.parse(lowered.get(ATOMIC, Atomic.AUTO.value)), allowed)
+
+
+def _parse_payload(lowered: Mapping[str, str], routing: Routing | None) -> str | None:
+    """Option ``payload``: a column name, with ``route-by`` only."""
+    if PAYLOAD not in lowered:
+        return None
+    column = lowered[PAYLOAD].strip()
+    if not column:
+        raise InvalidOptionError(f"option '{PAYLOAD}' must name the stream's string column that holds each row's JSON object")
+    if routing is None:
+        raise InvalidOptionError(
+            f"option '{PAYLOAD}' needs option '{ROUTE_BY}': the payload's fields are the columns of the table each row "
+            "is routed to (one table without route-by: parse the JSON with from_json before the sink)"
+        )
+    if column == routing.column:
+        raise InvalidOptionError(f"option '{PAYLOAD}' and option '{ROUTE_BY}' name the same column {column!r}")
+    return column
 
 
 def _parse_route_namespaces(lowered: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:

@@ -30,6 +30,7 @@ from lakesink.driver.completeness import BatchTime
 from lakesink.driver.routing import RoutedCommitter, RoutedOutcome, check_atomic
 from lakesink.driver.schema import arrow_schema_of
 from lakesink.errors import InvalidOptionError, LakesinkError
+from lakesink.executor import payload
 from lakesink.executor.messages import WritePlan
 from lakesink.executor.routed_writer import RoutedPartitionWriter, RoutedTaskResult
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, PartitionWriter
@@ -52,6 +53,7 @@ from lakesink.options import (
     ORDER_BY,
     OUTPUT_MODE,
     PARTITIONED_BY,
+    PAYLOAD,
     REJECT_WHEN,
     ROUTE_BY,
     ROUTE_NAMESPACES,
@@ -67,7 +69,7 @@ from lakesink.sink import completeness, dead_letters, driver_write, spark_fs, sp
 from lakesink.sink.checkpoint import not_found_by_a_restart, read_query_id, read_source_offsets
 from lakesink.table import storage
 from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
-from lakesink.table.routes import routing_value
+from lakesink.table.routes import Route, parse_route, routing_value
 
 log = logging.getLogger("lakesink")
 
@@ -108,6 +110,7 @@ def foreach_batch(
     allow_temporary_checkpoint: bool = False,
     route_namespaces: str | Sequence[str] | None = None,
     metrics: str = "off",
+    payload: str | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -168,6 +171,8 @@ def foreach_batch(
             ``dead_letter_table``, else a RoutingError). Default: any namespace of the catalog.
         metrics: ``"off"`` (default) or ``"prometheus:[<host>:]<port>"``: the commit metrics served to Prometheus
             (docs/metrics.md; needs ``lakesink[prometheus]``).
+        payload: with ``route_by``: a string column holding a JSON object whose fields are the row's columns in its
+            table; a table lakesink creates takes its columns from the batch's payloads (docs/cdc.md).
     """
     options: dict[str, str] = {
         OUTPUT_MODE: output_mode,
@@ -213,6 +218,8 @@ def foreach_batch(
     options.update({key: value for key, value in routing.items() if value is not None})
     options[ALLOW_TEMPORARY_CHECKPOINT] = str(allow_temporary_checkpoint).lower()
     options[METRICS] = metrics
+    if payload is not None:
+        options[PAYLOAD] = payload
     return ForeachBatchSink(SinkOptions.from_mapping(options))
 
 
@@ -392,9 +399,12 @@ class ForeachBatchSink:
         if run_id != self._run:  # a new run of the query: every table is opened (and checked) afresh
             routed.new_run()
             self._run = run_id
-        # read as bytes: a value that is not UTF-8 stays itself (an invalid route), not Spark's decoding of it
-        raw = df.select(F.col(f"`{routing.column}`").cast("binary")).distinct().collect()
-        values = [routing_value(None if r[0] is None else bytes(r[0])) for r in raw]
+        if self.options.payload is not None:  # each table's columns from its payloads (the same job finds the routes)
+            values = self._payload_columns(df, routed)
+        else:
+            # read as bytes: a value that is not UTF-8 stays itself (an invalid route), not Spark's decoding of it
+            raw = df.select(F.col(f"`{routing.column}`").cast("binary")).distinct().collect()
+            values = [routing_value(None if r[0] is None else bytes(r[0])) for r in raw]
         routes = routed.routes(values, batch_id)  # with dead_letter_table: the valid ones (the others: dead letters)
         plans = routed.plans(routes, query_id)
         offsets = self._source_offsets(spark, query_id, batch_id)
@@ -436,6 +446,30 @@ class ForeachBatchSink:
             except Exception:
                 log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
             raise
+
+    def _payload_columns(self, df: DataFrame, routed: RoutedCommitter) -> list[object]:
+        """Option payload: one Spark job over the routing and payload columns (lakesink.executor.payload): the batch's
+        routing values, and each table's columns as its payloads hold them (kept in ``routed.table_columns``)."""
+        routing, column = self.options.routing, self.options.payload
+        assert routing is not None and column is not None
+        found_type = df.schema[column].dataType.simpleString() if column in df.columns else None
+        if found_type != "string":
+            has = f"has as {found_type}" if found_type else "does not have"
+            raise InvalidOptionError(
+                f"option 'payload' names column {column!r}, which the stream {has}; the payload column must be a string "
+                f"holding each row's JSON object (columns: {', '.join(df.columns)})"
+            )
+        inference = payload.PayloadInference(routing.column, column)
+        rows = df.select(F.col(f"`{routing.column}`"), F.col(f"`{column}`")).mapInArrow(inference, payload.INFERRED_DDL)
+        found: dict[object, list[dict[str, Any]]] = {}
+        for r in rows.collect():
+            found.setdefault(routing_value(None if r[0] is None else bytes(r[0])), []).append(pickle.loads(r[1]))
+        routed.table_columns = {}
+        for value, parts in found.items():
+            route = parse_route(value, routing.namespace, routing.allowed_namespaces)
+            if isinstance(route, Route):
+                routed.table_columns[str(route)] = payload.merge_columns(parts, str(route))
+        return list(found)
 
     def _check_checkpoint(self, spark: SparkSession, query_id: str) -> None:
         """Refuse (before anything is written) a query whose next start will not find its checkpoint: it would be a
