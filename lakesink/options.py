@@ -43,6 +43,12 @@ NAMESPACE = "namespace"
 ROUTE_NAMESPACES = "route-namespaces"
 ATOMIC = "atomic"
 PAYLOAD = "payload"
+CDC_FORMAT = "cdc-format"
+"""``debezium``: the stream's ``value`` column holds Debezium change events; the sink routes, upserts and deletes by
+them (docs/cdc.md). Implies ``route-by``, ``payload``, ``delete-when`` and ``order-by`` over the parsed columns."""
+#: The columns option cdc-format adds to the batch (lakesink.cdc.debezium.parse with this prefix) and the payload column
+CDC_PREFIX = "cdc_"
+CDC_PAYLOAD = "cdc_payload"
 """With route-by: a string column holding a JSON object whose fields are the row's columns in its routed table
 (docs/cdc.md)."""
 METRICS = "metrics"
@@ -82,6 +88,7 @@ VALID_OPTIONS = (
     ROUTE_NAMESPACES,
     ATOMIC,
     PAYLOAD,
+    CDC_FORMAT,
     METRICS,
 )
 
@@ -277,6 +284,8 @@ class SinkOptions:
     payload: str | None = None
     """Option ``payload`` (with ``route-by``): a JSON string column whose fields are each row's columns in its table;
     the other stream columns are not written (they serve ``delete-when`` and ``order-by``)."""
+    cdc_format: str | None = None
+    """Option ``cdc-format`` (``debezium``): the sink parses the ``value`` column's change events first (docs/cdc.md)."""
     routing: Routing | None = None
     """Option ``route-by``: one stream into many tables. ``table`` is then :data:`ROUTED` (no table of its own):
     each table's options are :meth:`for_table`'s."""
@@ -299,6 +308,7 @@ class SinkOptions:
             f"dead_letter_table={str(self.dead_letter_table) if self.dead_letter_table else None!r}, "
             f"reject_when={self.reject_when!r}, max_rejected_fraction={self.max_rejected_fraction!r}, "
             f"allow_temporary_checkpoint={self.allow_temporary_checkpoint!r}, payload={self.payload!r}, "
+            f"cdc_format={self.cdc_format!r}, "
             f"routing={self.routing!r})"
         )
 
@@ -345,6 +355,7 @@ class SinkOptions:
         case_sensitive: Mapping[str, str],
         writer: WriterKind = WriterKind.AUTO,
     ) -> SinkOptions:
+        cdc_format = _apply_cdc_format(lowered)
         unknown = sorted(
             k
             for k in lowered
@@ -372,6 +383,7 @@ class SinkOptions:
                 ROUTE_NAMESPACES,
                 ATOMIC,
                 PAYLOAD,
+                CDC_FORMAT,
                 METRICS,
             )
             and not k.startswith(CATALOG_PROPERTY_PREFIX)
@@ -440,6 +452,7 @@ class SinkOptions:
             max_rejected_fraction=max_rejected,
             metrics=MetricsExport.parse(lowered.get(METRICS, "off")),
             payload=_parse_payload(lowered, routing),
+            cdc_format=cdc_format,
         )
 
 
@@ -495,6 +508,33 @@ def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterK
             "route; add it to the list or change it"
         )
     return Routing(column, namespace, Atomic.parse(lowered.get(ATOMIC, Atomic.AUTO.value)), allowed)
+
+
+def _apply_cdc_format(lowered: dict[str, str]) -> str | None:
+    """Option ``cdc-format``: the options it implies set in ``lowered`` (the columns lakesink.cdc.debezium.parse adds
+    with prefix ``cdc_``, and the payload column the sink makes from ``after``, else ``before``)."""
+    if CDC_FORMAT not in lowered:
+        return None
+    value = lowered.pop(CDC_FORMAT).strip().lower()
+    if value != "debezium":
+        raise InvalidOptionError(f"option '{CDC_FORMAT}' is {value!r}; the one format lakesink reads is 'debezium'")
+    given = [k for k in (ROUTE_BY, PAYLOAD, DELETE_WHEN, ORDER_BY, TABLE) if lowered.get(k, "").strip()]
+    if given:
+        raise InvalidOptionError(
+            f"option '{CDC_FORMAT}' sets option(s) {', '.join(repr(k) for k in given)} itself (the table from the event's "
+            f"source, deletes from op 'd', the order from the source position); drop them, or drop '{CDC_FORMAT}' and "
+            "call lakesink.cdc.debezium.parse before the sink (docs/cdc.md)"
+        )
+    if not lowered.get(UPSERT_KEY, "").strip():
+        raise InvalidOptionError(
+            f"option '{CDC_FORMAT}' needs option '{UPSERT_KEY}': the primary key columns of the source tables (the "
+            "same names in every table, e.g. 'id')"
+        )
+    lowered[ROUTE_BY] = f"{CDC_PREFIX}route"
+    lowered[PAYLOAD] = CDC_PAYLOAD
+    lowered[DELETE_WHEN] = f"{CDC_PREFIX}op = 'd'"
+    lowered[ORDER_BY] = f"{CDC_PREFIX}order"
+    return value
 
 
 def _parse_payload(lowered: Mapping[str, str], routing: Routing | None) -> str | None:

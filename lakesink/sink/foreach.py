@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakesink import _pyspark
+from lakesink.cdc import debezium
 from lakesink.driver import catalogs
 from lakesink.driver.commit import BatchOutcome, TableCommitter
 from lakesink.driver.completeness import BatchTime
@@ -41,6 +42,9 @@ from lakesink.options import (
     BRANCH,
     CATALOG,
     CATALOG_PROPERTY_PREFIX,
+    CDC_FORMAT,
+    CDC_PAYLOAD,
+    CDC_PREFIX,
     CREATE_TABLE,
     DEAD_LETTER_TABLE,
     DELETE_WHEN,
@@ -111,6 +115,7 @@ def foreach_batch(
     route_namespaces: str | Sequence[str] | None = None,
     metrics: str = "off",
     payload: str | None = None,
+    cdc_format: str | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -173,6 +178,8 @@ def foreach_batch(
             (docs/metrics.md; needs ``lakesink[prometheus]``).
         payload: with ``route_by``: a string column holding a JSON object whose fields are the row's columns in its
             table; a table lakesink creates takes its columns from the batch's payloads (docs/cdc.md).
+        cdc_format: ``"debezium"``: the stream's ``value`` column holds Debezium change events; each goes to the table of
+            its source, upserted by ``upsert_key``, deleted by op ``d``, ordered by the source position (docs/cdc.md).
     """
     options: dict[str, str] = {
         OUTPUT_MODE: output_mode,
@@ -220,7 +227,32 @@ def foreach_batch(
     options[METRICS] = metrics
     if payload is not None:
         options[PAYLOAD] = payload
+    if cdc_format is not None:
+        options[CDC_FORMAT] = cdc_format
     return ForeachBatchSink(SinkOptions.from_mapping(options))
+
+
+def debezium_changes(df: DataFrame) -> DataFrame:
+    """Option cdc-format=debezium: the batch's ``value`` column parsed (lakesink.cdc.debezium.parse, prefix ``cdc_``:
+    tombstones dropped, a record that is no change event fails the job), with the payload column each row's table
+    takes: ``after``, else (a delete) ``before``. A truncate (op ``t``) fails the job naming the table: lakesink does
+    not apply truncates yet, and dropping one would leave rows the source no longer has."""
+    if "value" not in df.columns:
+        raise InvalidOptionError(
+            f"option 'cdc-format' reads Debezium's events from column 'value', which the stream does not have (columns: "
+            f"{', '.join(df.columns)}); rename the column that holds them to 'value'"
+        )
+    changes = debezium.parse(df, column="value", prefix=CDC_PREFIX)
+    op, route = F.col(f"`{CDC_PREFIX}{debezium.OP}`"), F.col(f"`{CDC_PREFIX}{debezium.ROUTE}`")
+    truncate = F.raise_error(
+        F.concat(
+            F.lit("option cdc-format=debezium: the stream truncates table "),
+            route,
+            F.lit(" (op 't'); lakesink does not apply truncates yet, nothing was committed. Re-snapshot the table"),
+        )
+    )
+    after, before = F.col(f"`{CDC_PREFIX}{debezium.AFTER}`"), F.col(f"`{CDC_PREFIX}{debezium.BEFORE}`")
+    return changes.withColumn(CDC_PAYLOAD, F.when(op == "t", truncate).otherwise(F.coalesce(after, before)))
 
 
 class ForeachBatchSink:
@@ -255,6 +287,8 @@ class ForeachBatchSink:
         if query_id not in self._checked_queries:
             self._check_checkpoint(spark, query_id)
             self._checked_queries.add(query_id)
+        if self.options.cdc_format is not None:
+            df = debezium_changes(df)
         if self.options.routing is not None:
             self.last_routed = self._routed_batch(df, batch_id, query_id)
             return self.last_routed.total()
