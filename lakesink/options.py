@@ -549,6 +549,11 @@ def _parse_payload(lowered: Mapping[str, str], routing: Routing | None) -> str |
             f"option '{PAYLOAD}' needs option '{ROUTE_BY}': the payload's fields are the columns of the table each row "
             "is routed to (one table without route-by: parse the JSON with from_json before the sink)"
         )
+    if lowered.get(DEAD_LETTER_TABLE, "").strip():
+        raise InvalidOptionError(
+            f"option '{PAYLOAD}' cannot be used with option '{DEAD_LETTER_TABLE}' yet: a payload value that does not fit "
+            "its table fails the batch, naming the table, the column and the value (docs/cdc.md)"
+        )
     if column == routing.column:
         raise InvalidOptionError(f"option '{PAYLOAD}' and option '{ROUTE_BY}' name the same column {column!r}")
     return column

@@ -10,13 +10,14 @@ Executor side, plain Arrow and ``json`` (no Spark, no catalog). Two steps per ba
 
 JSON values become: integers ``long``, numbers with a fraction or exponent ``double`` (a field holding both: double),
 strings ``string``, ``true``/``false`` ``boolean``, objects ``struct`` (their fields unified the same way), arrays
-``list``. A field that is null (or an empty array) in every payload of a table in the batch is no column of a table
-created by that batch: it has no type to give; it becomes one at the first batch that has a value in it (option
-``merge-schema``; without it that batch is refused, naming the field).
+``list``. A binary column of an existing table takes base64 text. A field that is null (or an empty array) in every
+payload of a table in the batch is no column of a table created by that batch: it has no type to give; it becomes one
+at the first batch that has a value in it (option ``merge-schema``; without it that batch is refused, naming the field).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import pickle
 from collections.abc import Iterable, Iterator, Sequence
@@ -197,8 +198,11 @@ def expand(rows: pa.RecordBatch, payload_column: str, target: pa.Schema, table: 
 def _column(values: list[object], field: pa.Field, table: str) -> pa.Array:
     """The values as the column's type: built as that type, else as their own type and cast (a string into a date,
     a timestamp or a decimal); a value that does not fit is an error naming the table, the column and the value."""
+    t = field.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return pa.array([None if v is None else _base64(v, field, table) for v in values], t)
     try:
-        return pa.array(values, field.type)
+        return pa.array(values, t)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
         pass
     try:
@@ -215,4 +219,17 @@ def _column(values: list[object], field: pa.Field, table: str) -> pa.Array:
             ) from None
     raise SchemaMismatchError(
         f"table {table}, column {field.name!r} ({field.type}): the payloads' values do not fit the column; nothing was committed"
+    )
+
+
+def _base64(value: object, field: pa.Field, table: str) -> bytes:
+    """A binary column's value: JSON has no bytes, so a payload holds them as base64 text (Debezium's encoding)."""
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except ValueError:
+            pass
+    raise SchemaMismatchError(
+        f"table {table}, column {field.name!r} ({field.type}): a payload holds {value!r}, which is no base64 text (a "
+        "binary column's values are base64 in JSON); nothing was committed"
     )

@@ -101,3 +101,11 @@ def test_a_payload_that_is_not_a_json_object_is_refused() -> None:
         payload.expand(bad, "doc", target, "db.t")
     with pytest.raises(SchemaMismatchError, match=r"is a JSON array, not an object"):
         payload.expand(payloads([1]), "doc", target, "db.t")
+
+
+def test_a_binary_column_takes_base64_text_and_refuses_other_text() -> None:
+    target = pa.schema([("blob", pa.binary())])
+    out = payload.expand(payloads({"blob": "AAEC/w=="}, {"blob": None}), "doc", target, "db.t")
+    assert out.column("blob").to_pylist() == [b"\x00\x01\x02\xff", None]
+    with pytest.raises(SchemaMismatchError, match=r"table db\.t, column 'blob' \(binary\): a payload holds 'not base64!'"):
+        payload.expand(payloads({"blob": "not base64!"}), "doc", target, "db.t")
