@@ -155,3 +155,26 @@ def test_payload_needs_route_by_and_format_lakesink_refuses_it_naming_foreach_ba
     assert options.payload == "doc"
     with pytest.raises(InvalidOptionError, match=r"format\('lakesink'\) does not take option 'payload' yet.*foreach_batch"):
         datasource.stream_writer(options, StructType([]))
+
+
+def test_appended_payloads_and_a_new_field_without_merge_schema_is_refused_naming_table_and_field(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    src, ck = tmp_path / "in", tmp_path / "ck"
+
+    def run() -> None:
+        df = spark.readStream.schema("route STRING, doc STRING").option("maxFilesPerTrigger", 1).json(str(src))
+        sink = lakesink.foreach_batch(route_by="route", namespace="db", payload="doc", catalog_properties=catalog_properties)
+        run_to_end(df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
+
+    first = [("a", {"id": 1, "x": "p"}), ("b", {"k": 1.5}), ("a", {"id": 2, "x": None}), ("a", {"id": 1, "x": "p"})]
+    write_round(src, 0, [{"route": r, "doc": d} for r, d in first])
+    run()
+    catalog = catalogs.load(None, catalog_properties)
+    a = catalog.load_table(("db", "a")).scan().to_arrow().to_pylist()
+    assert sorted(a, key=lambda r: (r["id"], r["x"] or "")) == [{"id": 1, "x": "p"}, {"id": 1, "x": "p"}, {"id": 2, "x": None}]
+    assert catalog.load_table(("db", "b")).scan().to_arrow().to_pylist() == [{"k": 1.5}]
+    write_round(src, 1, [{"route": "a", "doc": {"id": 3, "x": "q", "y": 7}}])
+    with pytest.raises(StreamingQueryException, match=r"table db\.a has no column 'y'.*merge-schema=true"):
+        run()
+    assert len(catalog.load_table(("db", "a")).scan().to_arrow()) == 3  # nothing of the failed batch
