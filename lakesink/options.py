@@ -46,6 +46,15 @@ ROUTE_BY = "route-by"
 NAMESPACE = "namespace"
 ROUTE_NAMESPACES = "route-namespaces"
 ATOMIC = "atomic"
+PAYLOAD = "payload"
+CDC_FORMAT = "cdc-format"
+"""``debezium``: the stream's ``value`` column holds Debezium change events; the sink routes, upserts and deletes by
+them (docs/cdc.md). Implies ``route-by``, ``payload``, ``delete-when`` and ``order-by`` over the parsed columns."""
+#: The columns option cdc-format adds to the batch (lakesink.cdc.debezium.parse with this prefix) and the payload column
+CDC_PREFIX = "cdc_"
+CDC_PAYLOAD = "cdc_payload"
+"""With route-by: a string column holding a JSON object whose fields are the row's columns in its routed table
+(docs/cdc.md)."""
 METRICS = "metrics"
 """Commit metrics exported beyond the log, the Spark listener and a REST catalog's metrics endpoint: ``off`` (default) or
 ``prometheus:[<host>:]<port>`` (docs/metrics.md)."""
@@ -251,6 +260,11 @@ class SinkOptions:
     routing: Routing | None = None
     """Option ``route-by``: one stream into many tables. ``table`` is then :data:`ROUTED` (no table of its own):
     each table's options are :meth:`for_table`'s."""
+    payload: str | None = None
+    """Option ``payload`` (with ``route-by``): a JSON string column whose fields are each row's columns in its table;
+    the other stream columns are not written (they serve ``delete-when`` and ``order-by``)."""
+    cdc_format: str | None = None
+    """Option ``cdc-format`` (``debezium``): the sink parses the ``value`` column's change events first (docs/cdc.md)."""
     metrics: MetricsExport = field(default_factory=lambda: MetricsExport())
     """Option ``metrics``: where commit metrics are exported (docs/metrics.md)."""
 
@@ -314,6 +328,7 @@ class SinkOptions:
         case_sensitive: Mapping[str, str],
         writer: WriterKind = WriterKind.AUTO,
     ) -> SinkOptions:
+        cdc_format = _apply_cdc_format(lowered)
         unknown = sorted(k for k in lowered if k not in _KEYS and not k.startswith(_PREFIXES) and k not in _SPARK_OWN_OPTIONS)
         if unknown:
             raise InvalidOptionError(
@@ -369,6 +384,8 @@ class SinkOptions:
             reject_when=reject_when,
             max_rejected_fraction=max_rejected,
             **alone,
+            payload=_parse_payload(lowered, routing),
+            cdc_format=cdc_format,
         )
 
 
@@ -424,6 +441,55 @@ def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterK
             "route; add it to the list or change it"
         )
     return Routing(column, namespace, Atomic.parse(lowered.get(ATOMIC, Atomic.AUTO.value)), allowed)
+
+
+def _apply_cdc_format(lowered: dict[str, str]) -> str | None:
+    """Option ``cdc-format``: the options it implies set in ``lowered`` (the columns lakesink.cdc.debezium.parse adds
+    with prefix ``cdc_``, and the payload column the sink makes from ``after``, else ``before``)."""
+    if CDC_FORMAT not in lowered:
+        return None
+    value = lowered.pop(CDC_FORMAT).strip().lower()
+    if value != "debezium":
+        raise InvalidOptionError(f"option '{CDC_FORMAT}' is {value!r}; the one format lakesink reads is 'debezium'")
+    given = [k for k in (ROUTE_BY, PAYLOAD, DELETE_WHEN, ORDER_BY, TABLE) if lowered.get(k, "").strip()]
+    if given:
+        raise InvalidOptionError(
+            f"option '{CDC_FORMAT}' sets option(s) {', '.join(repr(k) for k in given)} itself (the table from the event's "
+            f"source, deletes from op 'd', the order from the source position); drop them, or drop '{CDC_FORMAT}' and "
+            "call lakesink.cdc.debezium.parse before the sink (docs/cdc.md)"
+        )
+    if not lowered.get(UPSERT_KEY, "").strip():
+        raise InvalidOptionError(
+            f"option '{CDC_FORMAT}' needs option '{UPSERT_KEY}': the primary key columns of the source tables (the "
+            "same names in every table, e.g. 'id')"
+        )
+    lowered[ROUTE_BY] = f"{CDC_PREFIX}route"
+    lowered[PAYLOAD] = CDC_PAYLOAD
+    lowered[DELETE_WHEN] = f"{CDC_PREFIX}op = 'd'"
+    lowered[ORDER_BY] = f"{CDC_PREFIX}order"
+    return value
+
+
+def _parse_payload(lowered: Mapping[str, str], routing: Routing | None) -> str | None:
+    """Option ``payload``: a column name, with ``route-by`` only."""
+    if PAYLOAD not in lowered:
+        return None
+    column = lowered[PAYLOAD].strip()
+    if not column:
+        raise InvalidOptionError(f"option '{PAYLOAD}' must name the stream's string column that holds each row's JSON object")
+    if routing is None:
+        raise InvalidOptionError(
+            f"option '{PAYLOAD}' needs option '{ROUTE_BY}': the payload's fields are the columns of the table each row "
+            "is routed to (one table without route-by: parse the JSON with from_json before the sink)"
+        )
+    if lowered.get(DEAD_LETTER_TABLE, "").strip():
+        raise InvalidOptionError(
+            f"option '{PAYLOAD}' cannot be used with option '{DEAD_LETTER_TABLE}' yet: a payload value that does not fit "
+            "its table fails the batch, naming the table, the column and the value (docs/cdc.md)"
+        )
+    if column == routing.column:
+        raise InvalidOptionError(f"option '{PAYLOAD}' and option '{ROUTE_BY}' name the same column {column!r}")
+    return column
 
 
 def _parse_route_namespaces(lowered: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:
@@ -691,6 +757,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(ROUTE_NAMESPACES, "route_namespaces", None, "as the option `route-namespaces`, or a list of namespaces",
            "any namespace", field="routing"),
     Option(ATOMIC, "atomic", None, 'as the option `atomic`: "auto", "required" or "off"', "`auto`", field="routing"),
+    Option(PAYLOAD, "payload", None, "as the option `payload`: a JSON column, each row's columns in its table (docs/cdc.md)"),
+    Option(CDC_FORMAT, "cdc_format", None, 'as the option `cdc-format`: "debezium" (docs/cdc.md)'),
     Option(METRICS, "metrics", None, 'as the option `metrics`: "off" or "prometheus:[<host>:]<port>" (docs/metrics.md)',
            "`off`", parse=MetricsExport.parse, show=str),
 )

@@ -12,7 +12,7 @@ delete is followed by a *tombstone* (same key, value null) for Kafka's log compa
 
 :func:`parse` turns a column holding such values into the columns a sink of changes needs (see
 :data:`OUTPUT_COLUMNS`), with ``from_json``, ``get_json_object``-free struct access, ``concat_ws`` and
-``raise_error`` only: no row goes through Python. Nothing here is wired into the sink's options yet: docs/cdc.md.
+``raise_error`` only: no row goes through Python. Option ``cdc-format=debezium`` of foreach_batch applies it (docs/cdc.md).
 """
 
 from __future__ import annotations

@@ -131,6 +131,27 @@ def stream_columns(routing: Routing, stream_schema: pa.Schema) -> pa.Schema:
     return stream_schema.remove(index)
 
 
+def fitted_columns(payload_columns: pa.Schema, table_schema: Schema) -> pa.Schema:
+    """Option payload: a table's columns as a batch's payloads hold them, each field the table has with the table's
+    type (the executors cast the payload's values to it: lakesink.executor.payload.expand); a struct with a field the
+    table's struct lacks keeps the payload's type (option merge-schema adds the field, else the batch is refused)."""
+    have = {f.name: f for f in seam.arrow_schema(table_schema)}
+    out = []
+    for f in payload_columns:
+        own = have.get(f.name)
+        if own is None:
+            out.append(f)
+        elif (
+            pa.types.is_struct(f.type)
+            and pa.types.is_struct(own.type)
+            and not ({x.name for x in f.type} <= {x.name for x in own.type})
+        ):
+            out.append(f)
+        else:
+            out.append(pa.field(f.name, own.type))
+    return pa.schema(out, metadata=payload_columns.metadata)
+
+
 def check_atomic(catalog: Catalog, routing: Routing) -> bool:
     """Whether ``catalog`` commits several tables as one unit; InvalidOptionError (at start) when ``atomic=required``
     and it cannot."""
@@ -173,6 +194,9 @@ class RoutedCommitter:
         self.options = options
         self.routing: Routing = options.routing
         self.stream_schema = stream_columns(self.routing, stream_schema)
+        self.table_columns: dict[str, pa.Schema] = {}
+        """Option payload: each table's columns as the batch's payloads hold them (set per batch by foreach_batch,
+        lakesink.executor.payload); a table not in it takes the stream's columns."""
         self.catalog = catalogs.load(options.catalog_name, options.catalog_properties)
         self.atomic = self._atomic_mode()
         self._post_commit = post_commit
@@ -319,7 +343,9 @@ class RoutedCommitter:
                 return None
             schema = seam.new_table_schema(self.stream_schema)
             name = f"tables routed by {self.routing.column!r}"
-            if self.options.upsert_key:  # the identifier fields of a table lakesink creates (driver.tables)
+            # the identifier fields of a table lakesink creates (driver.tables); option payload: the key columns are
+            # payload fields, and each table is created from its payloads (foreach_batch only: the template places it)
+            if self.options.upsert_key and self.options.payload is None:
                 schema = with_identifier_fields(schema, self.options.upsert_key, name)
             properties = creation_properties(self.options, name)
             self._template = TableTemplate(
@@ -380,17 +406,30 @@ class RoutedCommitter:
         run sees it; later batches read it again and refuse a table dropped or recreated meanwhile."""
         return self._plan_and_table(route, query_id)[0]
 
+    def columns_of(self, name: str) -> pa.Schema:
+        """The columns a table takes from the batch: its payloads' (option payload), else the stream's."""
+        return self.table_columns.get(name, self.stream_schema)
+
     def _plan_and_table(self, route: Route, query_id: str | None) -> tuple[WritePlan, Table]:
         name = str(route)
         c = self.committer(name)
         expected = self._uuids.get(name)
         if expected is None:
+            wanted = self.columns_of(name)
+            if name in self.table_columns:  # option payload: the fields an existing table has keep its types
+                try:
+                    wanted = fitted_columns(wanted, c.load().schema())
+                except NoSuchTableError:
+                    pass
             table, columns = c.open_routed(
-                self.stream_schema, location=self._location(route), siblings=lambda: self._sibling_locations(route)
+                wanted, location=self._location(route), siblings=lambda: self._sibling_locations(route)
             )
         else:
             table = c.reload_table()
-            columns = c.columns_taken(table, self.stream_schema)
+            wanted = self.columns_of(name)
+            if name in self.table_columns:
+                wanted = fitted_columns(wanted, table.schema())
+            columns = c.columns_taken(table, wanted)
         plan = c.write_plan(table, query_id, columns, expected_uuid=expected)
         self._check_event_time(name, plan.schema, plan.properties)
         self._uuids[name] = plan.table_uuid
@@ -504,6 +543,7 @@ class RoutedCommitter:
             row_checks=self._checks if self.dead_letters is not None else None,
             allowed_namespaces=self.routing.allowed_namespaces,
             upsert=self.upsert_spec(deletes_computed=deletes_computed),
+            payload=self.options.payload,
         )
 
     def upsert_spec(self, *, deletes_computed: bool = False) -> UpsertSpec | None:
@@ -855,7 +895,7 @@ class RoutedCommitter:
                         "write into a table of that name again (a new table starts without the query's earlier batches)"
                     ) from None
                 table, _ = c.open_routed(
-                    self.stream_schema, location=self._location(route), siblings=lambda: self._sibling_locations(route)
+                    self.columns_of(name), location=self._location(route), siblings=lambda: self._sibling_locations(route)
                 )
                 fault_point(DRIVER_AFTER_TABLE_CREATED)
         uuid = str(table.metadata.table_uuid)

@@ -32,6 +32,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from lakesink._pyiceberg import io as seam
 from lakesink.errors import RoutingError, SchemaMismatchError
+from lakesink.executor import payload
 from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import RowChecks, TaskResult, WritePlan
 from lakesink.executor.row_digest import RowsDigest, digest
@@ -107,6 +108,9 @@ class RoutedPlan:
     upsert: UpsertSpec | None = None
     """Option upsert-key: every table's rows of a task resolved to one row per key (as one table's task resolves them,
     lakesink.executor.upsert_task), the keys each table's rows change in its TaskResult."""
+    payload: str | None = None
+    """Option payload: the JSON column whose fields are each row's columns in its table (lakesink.executor.payload);
+    the other stream columns are not written (the upsert resolution and the row checks read theirs)."""
 
     def plan_for(self, route: Route, batch_id: int) -> WritePlan:
         plan = self.plans.get(str(route))
@@ -296,7 +300,10 @@ class RoutedTaskWriter:
                     if writer is not None:
                         if self._rejects is not None and writer.plan.row_checks is not None:
                             rows = self._rejects.append(rows)
-                        conformed = conform_to_table(rows, writer.plan, self._batch_id)
+                        if self._plan.payload is not None:
+                            conformed = self._from_payload(rows, writer.plan)
+                        else:
+                            conformed = conform_to_table(rows, writer.plan, self._batch_id)
                         writer.put(writer.sort(conformed, {self._plan.column: value}))
                 budget = budget or min((w.plan.settings.row_group_bytes for w, _ in self._writers.values()), default=None)
                 if budget is not None:
@@ -333,6 +340,14 @@ class RoutedTaskWriter:
             if value is not None:
                 self._routes[value] = route
         return route
+
+    def _from_payload(self, rows: pa.RecordBatch, plan: WritePlan) -> pa.RecordBatch:
+        """Option payload: a table's rows as its columns, from their payloads, with the stream columns the upsert
+        resolution and the row checks read (the order-by column, the deleted flag, the reject column)."""
+        assert self._plan.payload is not None
+        target = pa.schema([pa.field(f.name, f.type) for f in seam.arrow_schema(plan.schema)])
+        keep = [dl.REJECT_COLUMN, DELETED, *((plan.upsert.order_by,) if plan.upsert and plan.upsert.order_by else ())]
+        return payload.expand(rows, self._plan.payload, target, plan.table, keep)
 
     def _reject_route(self, value: object, route: InvalidRoute, rows: pa.RecordBatch) -> None:
         """Rows whose routing value names no valid table: dead letters (option dead-letter-table), else RoutingError."""
@@ -392,7 +407,11 @@ class RoutedTaskWriter:
             return found[0]
         plan = self._plan.plan_for(route, self._batch_id)
         if self._plan.upsert is not None:
-            plan = replace(plan, upsert=self._plan.upsert)
+            upsert = self._plan.upsert
+            order = upsert.order_by
+            if self._plan.payload is not None and order is not None and order not in plan.schema.column_names:
+                upsert = replace(upsert, not_written=(order,))  # a stream column outside the payload
+            plan = replace(plan, upsert=upsert)
         if self._rejects is not None:
             plan = StreamRejects.reading_the_column(plan)
         last = plan.last_committed_batch

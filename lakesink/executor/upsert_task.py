@@ -37,6 +37,8 @@ class UpsertSpec:
     key: tuple[str, ...]
     delete_when: str | None = None
     order_by: str | None = None
+    not_written: tuple[str, ...] = ()
+    """Columns the resolution reads but the table does not get (option payload: an order-by column of the stream)."""
 
     def check(self) -> None:
         """Parse ``delete-when`` on the driver, so that a bad expression fails at the start of the query."""
@@ -103,7 +105,8 @@ def resolve_task(
             f"batch {batch_id} has {row[f'{_ROW}_count']} rows for key ({key}) {how} (task {partition_id}). Nothing was committed"
         )
     changes = table.select([*keys, DELETED])
-    rows = table.filter(pc.invert(table.column(DELETED))).drop_columns([DELETED, _ROW])
+    gone = [c for c in spec.not_written if c in table.column_names]
+    rows = table.filter(pc.invert(table.column(DELETED))).drop_columns([DELETED, _ROW, *gone])
     return rows.to_batches(), changes
 
 

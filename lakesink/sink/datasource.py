@@ -190,6 +190,19 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
     """Option route-by: the writer of one run (the plans of the tables the query wrote, and the template of the
     tables it has not opened: lakesink.executor.routed_writer), or of a commit worker's commits and aborts."""
     assert options.checkpoint_location
+    if options.cdc_format is not None:
+        raise InvalidOptionError(
+            f"format('lakesink') does not take option 'cdc-format' yet: the events must be parsed before the sink sees "
+            f"the rows, and its writers cannot open a table from payloads. Use writeStream.foreachBatch("
+            f"lakesink.foreach_batch(cdc_format={options.cdc_format!r}, upsert_key=...)) (docs/cdc.md)"
+        )
+    if options.payload is not None:
+        raise InvalidOptionError(
+            f"format('lakesink') does not take option 'payload' yet: its writers write a table they have not opened "
+            "before the batch's payloads are seen, so no table's columns are known to them. Use "
+            f"lakesink.foreach_batch(route_by=..., payload={options.payload!r}), which reads each batch's payloads, then "
+            "opens (creates, widens) its tables before it writes them (docs/cdc.md)"
+        )
     stream_schema = arrow_schema_of(schema)
     has_watermark = completeness.watermarked(schema)
     if _pyspark.in_streaming_sink_runner():

@@ -24,22 +24,24 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakesink import _pyspark
+from lakesink.cdc import debezium
 from lakesink.driver import catalogs
 from lakesink.driver.commit import BatchOutcome, TableCommitter
 from lakesink.driver.completeness import BatchTime
 from lakesink.driver.routing import RoutedCommitter, RoutedOutcome, check_atomic
 from lakesink.driver.schema import arrow_schema_of
 from lakesink.errors import InvalidOptionError, LakesinkError
+from lakesink.executor import payload
 from lakesink.executor.messages import WritePlan
 from lakesink.executor.routed_writer import RoutedPartitionWriter, RoutedTaskResult
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, PartitionWriter
 from lakesink.maintenance.auto import auto_maintenance
-from lakesink.options import SinkOptions, WriterKind
+from lakesink.options import CDC_PAYLOAD, CDC_PREFIX, SinkOptions, WriterKind
 from lakesink.sink import completeness, dead_letters, driver_write, spark_fs, spark_write, upsert_batch
 from lakesink.sink.checkpoint import not_found_by_a_restart, read_query_id, read_source_offsets
 from lakesink.table import storage
 from lakesink.table.keys import MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
-from lakesink.table.routes import routing_value
+from lakesink.table.routes import Route, parse_route, routing_value
 
 log = logging.getLogger("lakesink")
 
@@ -79,6 +81,8 @@ def foreach_batch(
     namespace: str | None = None,
     route_namespaces: str | Sequence[str] | None = None,
     atomic: str | None = None,
+    payload: str | None = None,
+    cdc_format: str | None = None,
     metrics: str | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
@@ -138,11 +142,38 @@ def foreach_batch(
             ``dead_letter_table``, else a RoutingError). Default: any namespace of the catalog.
         atomic: with ``route_by``: ``"auto"`` (default), ``"required"`` (fail at start on a catalog that cannot
             commit several tables atomically) or ``"off"`` (docs/routing.md).
+        payload: with ``route_by``: a string column holding a JSON object whose fields are the row's columns in its
+            table; a table lakesink creates takes its columns from the batch's payloads (docs/cdc.md).
+        cdc_format: ``"debezium"``: the stream's ``value`` column holds Debezium change events; each goes to the table of
+            its source, upserted by ``upsert_key``, deleted by op ``d``, ordered by the source position (docs/cdc.md).
         metrics: as the option ``metrics``: ``"off"`` (default) or ``"prometheus:[<host>:]<port>"``: the commit
             metrics served to Prometheus (docs/metrics.md; needs ``lakesink[prometheus]``).
     """
     # every argument is an option of lakesink.options.OPTIONS (tests/test_options.py holds this signature equal to it)
     return ForeachBatchSink(SinkOptions.from_keywords(locals()))
+
+
+def debezium_changes(df: DataFrame) -> DataFrame:
+    """Option cdc-format=debezium: the batch's ``value`` column parsed (lakesink.cdc.debezium.parse, prefix ``cdc_``:
+    tombstones dropped, a record that is no change event fails the job), with the payload column each row's table
+    takes: ``after``, else (a delete) ``before``. A truncate (op ``t``) fails the job naming the table: lakesink does
+    not apply truncates yet, and dropping one would leave rows the source no longer has."""
+    if "value" not in df.columns:
+        raise InvalidOptionError(
+            f"option 'cdc-format' reads Debezium's events from column 'value', which the stream does not have (columns: "
+            f"{', '.join(df.columns)}); rename the column that holds them to 'value'"
+        )
+    changes = debezium.parse(df, column="value", prefix=CDC_PREFIX)
+    op, route = F.col(f"`{CDC_PREFIX}{debezium.OP}`"), F.col(f"`{CDC_PREFIX}{debezium.ROUTE}`")
+    truncate = F.raise_error(
+        F.concat(
+            F.lit("option cdc-format=debezium: the stream truncates table "),
+            route,
+            F.lit(" (op 't'); lakesink does not apply truncates yet, nothing was committed. Re-snapshot the table"),
+        )
+    )
+    after, before = F.col(f"`{CDC_PREFIX}{debezium.AFTER}`"), F.col(f"`{CDC_PREFIX}{debezium.BEFORE}`")
+    return changes.withColumn(CDC_PAYLOAD, F.when(op == "t", truncate).otherwise(F.coalesce(after, before)))
 
 
 class ForeachBatchSink:
@@ -177,6 +208,8 @@ class ForeachBatchSink:
         if query_id not in self._checked_queries:
             self._check_checkpoint(spark, query_id)
             self._checked_queries.add(query_id)
+        if self.options.cdc_format is not None:
+            df = debezium_changes(df)
         if self.options.routing is not None:
             self.last_routed = self._routed_batch(df, batch_id, query_id)
             return self.last_routed.total()
@@ -321,9 +354,12 @@ class ForeachBatchSink:
         if run_id != self._run:  # a new run of the query: every table is opened (and checked) afresh
             routed.new_run()
             self._run = run_id
-        # read as bytes: a value that is not UTF-8 stays itself (an invalid route), not Spark's decoding of it
-        raw = df.select(F.col(f"`{routing.column}`").cast("binary")).distinct().collect()
-        values = [routing_value(None if r[0] is None else bytes(r[0])) for r in raw]
+        if self.options.payload is not None:  # each table's columns from its payloads (the same job finds the routes)
+            values = self._payload_columns(df, routed)
+        else:
+            # read as bytes: a value that is not UTF-8 stays itself (an invalid route), not Spark's decoding of it
+            raw = df.select(F.col(f"`{routing.column}`").cast("binary")).distinct().collect()
+            values = [routing_value(None if r[0] is None else bytes(r[0])) for r in raw]
         routes = routed.routes(values, batch_id)  # with dead_letter_table: the valid ones (the others: dead letters)
         plans = routed.plans(routes, query_id)
         offsets = self._source_offsets(spark, query_id, batch_id)
@@ -365,6 +401,30 @@ class ForeachBatchSink:
             except Exception:
                 log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
             raise
+
+    def _payload_columns(self, df: DataFrame, routed: RoutedCommitter) -> list[object]:
+        """Option payload: one Spark job over the routing and payload columns (lakesink.executor.payload): the batch's
+        routing values, and each table's columns as its payloads hold them (kept in ``routed.table_columns``)."""
+        routing, column = self.options.routing, self.options.payload
+        assert routing is not None and column is not None
+        found_type = df.schema[column].dataType.simpleString() if column in df.columns else None
+        if found_type != "string":
+            has = f"has as {found_type}" if found_type else "does not have"
+            raise InvalidOptionError(
+                f"option 'payload' names column {column!r}, which the stream {has}; the payload column must be a string "
+                f"holding each row's JSON object (columns: {', '.join(df.columns)})"
+            )
+        inference = payload.PayloadInference(routing.column, column)
+        rows = df.select(F.col(f"`{routing.column}`"), F.col(f"`{column}`")).mapInArrow(inference, payload.INFERRED_DDL)
+        found: dict[object, list[dict[str, Any]]] = {}
+        for r in rows.collect():
+            found.setdefault(routing_value(None if r[0] is None else bytes(r[0])), []).append(pickle.loads(r[1]))
+        routed.table_columns = {}
+        for value, parts in found.items():
+            route = parse_route(value, routing.namespace, routing.allowed_namespaces)
+            if isinstance(route, Route):
+                routed.table_columns[str(route)] = payload.merge_columns(parts, str(route))
+        return list(found)
 
     def _check_checkpoint(self, spark: SparkSession, query_id: str) -> None:
         """Refuse (before anything is written) a query whose next start will not find its checkpoint: it would be a

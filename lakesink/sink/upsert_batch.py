@@ -125,7 +125,11 @@ def for_routed_tasks(df: DataFrame, route_column: str, options: SinkOptions) -> 
     column and the key), ``delete-when`` evaluated here by Spark into :data:`DELETED` (any Spark SQL expression, as
     :func:`resolve` takes). Returns the batch and whether it carries :data:`DELETED`. Checks as :func:`resolve` does:
     the key columns and their types, the ``order-by`` column, the expression."""
-    keys = key_columns(df, options.upsert_key)
+    if options.payload is not None:  # the keys are payload fields: every row of a key in one task all the same
+        payload = F.col(f"`{options.payload}`")
+        parts = [F.get_json_object(payload, "$." + k) for k in options.upsert_key]
+    else:
+        parts = [F.col(f"`{k}`") for k in key_columns(df, options.upsert_key)]
     if options.order_by is not None:
         _column(df, options.order_by, ORDER_BY)
     computed = options.delete_when is not None
@@ -137,7 +141,7 @@ def for_routed_tasks(df: DataFrame, route_column: str, options: SinkOptions) -> 
                 f"option '{DELETE_WHEN}' {options.delete_when!r} is not a Spark SQL boolean expression over the batch's "
                 f"columns ({', '.join(df.columns)}): {str(e).splitlines()[0]}"
             ) from None
-    return df.repartition(F.col(f"`{route_column}`"), *[F.col(f"`{k}`") for k in keys]), computed
+    return df.repartition(F.col(f"`{route_column}`"), *parts), computed
 
 
 def release(resolved: ResolvedBatch) -> None:

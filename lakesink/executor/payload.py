@@ -1,0 +1,235 @@
+"""Option ``payload`` (with ``route-by``): a JSON object per row whose fields are the row's columns in its table.
+
+Executor side, plain Arrow and ``json`` (no Spark, no catalog). Two steps per batch:
+
+- :func:`infer_batch` (a ``mapInArrow`` job of foreach_batch, before the batch's tables are opened): each table's
+  columns and their types as the batch's payloads hold them; the driver joins the tasks' answers with
+  :func:`unify` and opens (creates, or with ``merge-schema`` widens) each table with them.
+- :func:`expand` (the routed task writer): a table's rows as that table's columns, each payload field cast to the
+  column's type (loud errors naming the table, the column and the value that does not fit).
+
+JSON values become: integers ``long``, numbers with a fraction or exponent ``double`` (a field holding both: double),
+strings ``string``, ``true``/``false`` ``boolean``, objects ``struct`` (their fields unified the same way), arrays
+``list``. A binary column of an existing table takes base64 text. A field that is null (or an empty array) in every
+payload of a table in the batch is no column of a table created by that batch: it has no type to give; it becomes one
+at the first batch that has a value in it (option ``merge-schema``; without it that batch is refused, naming the field).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+from collections.abc import Iterable, Iterator, Sequence
+
+import pyarrow as pa
+
+from lakesink.errors import SchemaMismatchError
+from lakesink.table.routes import routing_value
+
+INFERRED_SCHEMA = pa.schema([pa.field("route", pa.binary()), pa.field("columns", pa.binary())])
+"""What :class:`PayloadInference` yields: a route's raw value and its pickled column list."""
+INFERRED_DDL = "route BINARY, columns BINARY"
+""":data:`INFERRED_SCHEMA` as Spark declares it."""
+
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+
+
+class PayloadTypeError(SchemaMismatchError):
+    """Two values of one payload field that no one column type holds (an integer and a string, ...)."""
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__.replace("dict", "object").replace("list", "array").replace("str", "string")
+
+
+def value_type(value: object, path: str) -> pa.DataType | None:
+    """The Arrow type a JSON value becomes (None: null, or an empty array, no type)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return pa.bool_()
+    if isinstance(value, int):
+        if not _LONG_MIN <= value <= _LONG_MAX:
+            raise PayloadTypeError(f"payload field {path!r} holds {value}, beyond a long (64 bits); send it as a string")
+        return pa.int64()
+    if isinstance(value, float):
+        return pa.float64()
+    if isinstance(value, str):
+        return pa.string()
+    if isinstance(value, dict):
+        fields: dict[str, pa.DataType | None] = {}
+        for name, item in value.items():
+            t = value_type(item, f"{path}.{name}")
+            fields[name] = t if name not in fields else unify(fields[name], t, f"{path}.{name}")
+        return pa.struct([pa.field(n, t) for n, t in fields.items() if t is not None])
+    if isinstance(value, list):
+        element: pa.DataType | None = None
+        for item in value:
+            element = unify(element, value_type(item, f"{path}[]"), f"{path}[]")
+        return None if element is None else pa.list_(element)
+    raise PayloadTypeError(f"payload field {path!r} holds a value of type {_kind(value)}, which JSON does not have")
+
+
+def unify(a: pa.DataType | None, b: pa.DataType | None, path: str) -> pa.DataType | None:
+    """One type for the values of two types (long and double: double; structs: their fields joined), else an error."""
+    if a is None or b is None:
+        return a if b is None else b
+    if a.equals(b):
+        return a
+    numeric = {pa.int64(), pa.float64()}
+    if a in numeric and b in numeric:
+        return pa.float64()
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        fields: dict[str, pa.DataType | None] = {f.name: f.type for f in a}
+        for f in b:
+            fields[f.name] = unify(fields.get(f.name), f.type, f"{path}.{f.name}")
+        return pa.struct([pa.field(n, t) for n, t in fields.items() if t is not None])
+    if pa.types.is_list(a) and pa.types.is_list(b):
+        element = unify(a.value_type, b.value_type, f"{path}[]")
+        return None if element is None else pa.list_(element)
+    raise PayloadTypeError(f"payload field {path!r} holds values of two JSON types that no one column holds: {a} and {b}")
+
+
+def columns_of(objects: Iterable[object], table: str) -> dict[str, pa.DataType | None]:
+    """Each field of a table's payload objects, in first-seen order, with its type (None: no value had one)."""
+    out: dict[str, pa.DataType | None] = {}
+    for obj in objects:
+        if obj is None:
+            continue
+        if not isinstance(obj, dict):
+            raise PayloadTypeError(f"a payload of table {table} is a JSON {_kind(obj)}, not an object of the row's columns")
+        for name, value in obj.items():
+            try:
+                out[name] = unify(out.get(name), value_type(value, name), name)
+            except PayloadTypeError as e:
+                raise PayloadTypeError(f"table {table}: {e}; nothing was committed") from None
+    return out
+
+
+def parse(values: pa.Array, table: str, column: str) -> list[object]:
+    """The payload column's JSON strings as Python objects (a null payload: None)."""
+    out: list[object] = []
+    for text in values.to_pylist():
+        if text is None:
+            out.append(None)
+            continue
+        try:
+            out.append(json.loads(text))
+        except ValueError as e:
+            shown = text if len(text) <= 80 else text[:77] + "..."
+            raise SchemaMismatchError(
+                f"payload column {column!r} of a row routed to table {table} is not JSON ({e}): {shown!r}; nothing was committed"
+            ) from None
+    return out
+
+
+class PayloadInference:
+    """The ``mapInArrow`` function of foreach_batch's inference job: per route of the task, its payloads' columns."""
+
+    def __init__(self, route_column: str, payload_column: str):
+        self.route_column = route_column
+        self.payload_column = payload_column
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        found: dict[bytes | None, dict[str, pa.DataType | None]] = {}
+        for batch in batches:
+            routes: list[bytes | None] = batch.column(self.route_column).cast(pa.binary()).to_pylist()
+            payloads = batch.column(self.payload_column)
+            by_route: dict[bytes | None, list[int]] = {}
+            for i, r in enumerate(routes):
+                by_route.setdefault(r, []).append(i)
+            for r, rows in by_route.items():
+                name = str(routing_value(r))
+                objects = parse(payloads.take(pa.array(rows, pa.int64())), name, self.payload_column)
+                have = found.setdefault(r, {})
+                for n, t in columns_of(objects, name).items():
+                    have[n] = unify(have.get(n), t, f"{name}.{n}")
+        if found:
+            yield pa.record_batch(
+                [pa.array(list(found), pa.binary()), pa.array([pickle.dumps(c) for c in found.values()], pa.binary())],
+                schema=INFERRED_SCHEMA,
+            )
+
+
+def merge_columns(parts: Sequence[dict[str, pa.DataType | None]], table: str) -> pa.Schema:
+    """The tasks' columns of one table joined; the fields with no type left out (see the module's docstring)."""
+    out: dict[str, pa.DataType | None] = {}
+    for part in parts:
+        for n, t in part.items():
+            try:
+                out[n] = unify(out.get(n), t, n)
+            except PayloadTypeError as e:
+                raise PayloadTypeError(f"table {table}: {e}; nothing was committed") from None
+    return pa.schema([pa.field(n, t) for n, t in out.items() if t is not None])
+
+
+def expand(rows: pa.RecordBatch, payload_column: str, target: pa.Schema, table: str, keep: Sequence[str] = ()) -> pa.RecordBatch:
+    """A table's rows as its columns (``target``: the table's Arrow schema), from the payload column, plus the stream
+    columns ``keep`` (read by the upsert resolution and row checks, not written). A column the payloads lack is null;
+    a payload field the table lacks must be null (else an error naming the table and the field: option merge-schema
+    adds the column)."""
+    objects = parse(rows.column(payload_column), table, payload_column)
+    names = set(target.names)
+    for obj in objects:
+        if isinstance(obj, dict):
+            for n, v in obj.items():
+                if n not in names and v is not None and v != []:
+                    raise SchemaMismatchError(
+                        f"table {table} has no column {n!r}, but a payload routed to it has a value in that field; nothing "
+                        "was committed. Add the column to the table, or set option merge-schema=true (lakesink adds it "
+                        "in the batch's commit)"
+                    )
+        elif obj is not None:
+            raise PayloadTypeError(f"a payload of table {table} is a JSON {_kind(obj)}, not an object of the row's columns")
+    arrays: list[pa.Array] = []
+    fields: list[pa.Field] = []
+    for f in target:
+        values = [obj.get(f.name) if isinstance(obj, dict) else None for obj in objects]
+        arrays.append(_column(values, f, table))
+        fields.append(pa.field(f.name, f.type))
+    for name in keep:
+        if name in rows.schema.names and name not in names:
+            arrays.append(rows.column(name))
+            fields.append(rows.schema.field(name))
+    return pa.record_batch(arrays, schema=pa.schema(fields))
+
+
+def _column(values: list[object], field: pa.Field, table: str) -> pa.Array:
+    """The values as the column's type: built as that type, else as their own type and cast (a string into a date,
+    a timestamp or a decimal); a value that does not fit is an error naming the table, the column and the value."""
+    t = field.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return pa.array([None if v is None else _base64(v, field, table) for v in values], t)
+    try:
+        return pa.array(values, t)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+        pass
+    try:
+        return pa.array(values).cast(field.type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError, ValueError):
+        pass
+    for v in values:  # the first value that does not fit, for the message
+        try:
+            pa.array([v]).cast(field.type)
+        except Exception:
+            raise SchemaMismatchError(
+                f"table {table}, column {field.name!r} ({field.type}): a payload holds {v!r}, which does not fit the "
+                "column; nothing was committed. Fix the value at the source, or change the column's type"
+            ) from None
+    raise SchemaMismatchError(
+        f"table {table}, column {field.name!r} ({field.type}): the payloads' values do not fit the column; nothing was committed"
+    )
+
+
+def _base64(value: object, field: pa.Field, table: str) -> bytes:
+    """A binary column's value: JSON has no bytes, so a payload holds them as base64 text (Debezium's encoding)."""
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except ValueError:
+            pass
+    raise SchemaMismatchError(
+        f"table {table}, column {field.name!r} ({field.type}): a payload holds {value!r}, which is no base64 text (a "
+        "binary column's values are base64 in JSON); nothing was committed"
+    )

@@ -1,0 +1,111 @@
+"""Option payload, executor side (lakesink.executor.payload): JSON values to column types, a table's rows from their
+payloads, and the loud errors (a value that does not fit, a field the table lacks, two JSON types in one field)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from datetime import date, datetime, timezone
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+
+from lakesink.errors import SchemaMismatchError
+from lakesink.executor import payload
+
+
+def payloads(*objects: object) -> pa.RecordBatch:
+    texts = [None if o is None else json.dumps(o) for o in objects]
+    return pa.record_batch({"route": ["db.t"] * len(texts), "doc": pa.array(texts, pa.string()), "seq": list(range(len(texts)))})
+
+
+def test_json_values_become_column_types_unified_over_the_batch() -> None:
+    objects = [
+        {"id": 1, "name": "a", "score": 1, "ok": True, "tags": [], "info": {"x": 1}, "gone": None},
+        {"id": 2, "name": None, "score": 2.5, "ok": False, "tags": ["p"], "info": {"y": "s"}, "gone": None},
+    ]
+    columns = payload.merge_columns([payload.columns_of(objects, "db.t")], "db.t")
+    assert columns == pa.schema(
+        [
+            ("id", pa.int64()),
+            ("name", pa.string()),
+            ("score", pa.float64()),
+            ("ok", pa.bool_()),
+            ("tags", pa.list_(pa.string())),
+            ("info", pa.struct([("x", pa.int64()), ("y", pa.string())])),
+        ]
+    )  # "gone": null in every payload, no column
+
+
+def test_the_inference_job_answers_per_route() -> None:
+    batch = pa.record_batch(
+        {"route": ["db.a", "db.b", "db.a"], "doc": [json.dumps({"id": 1}), json.dumps({"k": "x"}), json.dumps({"id": 2.5})]}
+    )
+    out = pa.Table.from_batches(list(payload.PayloadInference("route", "doc")(iter([batch])))).to_pylist()
+    found = {r["route"]: pickle.loads(r["columns"]) for r in out}
+    assert found == {b"db.a": {"id": pa.float64()}, b"db.b": {"k": pa.string()}}
+
+
+def test_two_json_types_in_one_field_are_refused_naming_table_and_field() -> None:
+    with pytest.raises(SchemaMismatchError, match=r"table db\.t: payload field 'id' holds values of two JSON types"):
+        payload.columns_of([{"id": 1}, {"id": "1"}], "db.t")
+
+
+def test_rows_are_cast_to_an_existing_tables_columns() -> None:
+    target = pa.schema(
+        [
+            ("id", pa.int32()),
+            ("day", pa.date32()),
+            ("at", pa.timestamp("us", tz="UTC")),
+            ("amount", pa.decimal128(10, 2)),
+            ("name", pa.string()),
+            ("added_later", pa.string()),
+        ]
+    )
+    rows = payloads(
+        {"id": 1, "day": "2024-02-29", "at": "2024-02-29T10:00:00.5+00:00", "amount": "12.30", "name": "a"},
+        {"id": 2, "day": None, "at": None, "amount": None, "name": None, "dropped_at_source": None},
+    )
+    out = payload.expand(rows, "doc", target, "db.t", keep=["seq"])
+    assert out.schema.names == [*target.names, "seq"]
+    assert out.to_pylist()[0] == {
+        "id": 1,
+        "day": date(2024, 2, 29),
+        "at": datetime(2024, 2, 29, 10, 0, 0, 500000, tzinfo=timezone.utc),
+        "amount": Decimal("12.30"),
+        "name": "a",
+        "added_later": None,  # a column the payload lacks: null
+        "seq": 0,
+    }
+    assert out.column("id").to_pylist() == [1, 2]
+
+
+def test_a_value_that_does_not_fit_names_table_column_and_value() -> None:
+    target = pa.schema([("id", pa.int32())])
+    with pytest.raises(SchemaMismatchError, match=r"table db\.t, column 'id' \(int32\): a payload holds 'x'"):
+        payload.expand(payloads({"id": 1}, {"id": "x"}), "doc", target, "db.t")
+
+
+def test_a_field_the_table_lacks_is_refused_unless_null() -> None:
+    target = pa.schema([("id", pa.int64())])
+    assert payload.expand(payloads({"id": 1, "extra": None}), "doc", target, "db.t").num_rows == 1
+    with pytest.raises(SchemaMismatchError, match=r"table db\.t has no column 'extra'.*merge-schema=true"):
+        payload.expand(payloads({"id": 1, "extra": 5}), "doc", target, "db.t")
+
+
+def test_a_payload_that_is_not_a_json_object_is_refused() -> None:
+    target = pa.schema([("id", pa.int64())])
+    bad = pa.record_batch({"doc": pa.array(["{not json"], pa.string())})
+    with pytest.raises(SchemaMismatchError, match=r"payload column 'doc' of a row routed to table db\.t is not JSON"):
+        payload.expand(bad, "doc", target, "db.t")
+    with pytest.raises(SchemaMismatchError, match=r"is a JSON array, not an object"):
+        payload.expand(payloads([1]), "doc", target, "db.t")
+
+
+def test_a_binary_column_takes_base64_text_and_refuses_other_text() -> None:
+    target = pa.schema([("blob", pa.binary())])
+    out = payload.expand(payloads({"blob": "AAEC/w=="}, {"blob": None}), "doc", target, "db.t")
+    assert out.column("blob").to_pylist() == [b"\x00\x01\x02\xff", None]
+    with pytest.raises(SchemaMismatchError, match=r"table db\.t, column 'blob' \(binary\): a payload holds 'not base64!'"):
+        payload.expand(payloads({"blob": "not base64!"}), "doc", target, "db.t")

@@ -1,0 +1,156 @@
+"""Option cdc-format=debezium through foreach_batch in real local Spark: Debezium's Kafka records (a folder of JSON
+files: topic, key, value) of two tables, with and without the schemas.enable wrapper, tombstones, snapshot reads,
+updates (the later source position wins within a batch, whatever the record order), deletes, a field added midway;
+a restart and a failure between the unit commit and Spark's commit log. Every table equals a model computed in plain
+Python, column for column; a truncate fails the batch naming the table."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql.types import StructType
+
+import lakesink
+from lakesink.driver import catalogs
+from lakesink.errors import InvalidOptionError
+from lakesink.faults import DRIVER_AFTER_SWAP
+from lakesink.options import SinkOptions
+from lakesink.sink import datasource
+from tests.support.helpers import lakesink_snapshots, run_to_end
+
+pytestmark = pytest.mark.spark
+
+Event = dict[str, Any]  # table, op, lsn, before, after
+
+
+def event(table: str, op: str, lsn: int, before: Any, after: Any) -> Event:
+    return {"table": table, "op": op, "lsn": lsn, "before": before, "after": after}
+
+
+def rounds() -> list[list[Event]]:
+    acc, orders = "public.accounts", "shop.orders"
+    one = [event(acc, "r", 100, None, {"id": i, "name": f"a{i}", "balance": i * 1.5}) for i in range(4)]
+    one += [event(orders, "c", 200 + i, None, {"id": i, "item": f"i{i}", "qty": i, "lines": [i, i + 1]}) for i in range(3)]
+    # two updates of one key in one batch, the later position first in the file: the later position wins
+    one += [event(acc, "u", 302, None, {"id": 1, "name": "later", "balance": 2.0})]
+    one += [event(acc, "u", 301, None, {"id": 1, "name": "earlier", "balance": 1.0})]
+    two = [event(acc, "d", 400, {"id": 2, "name": "a2", "balance": 3.0}, None)]
+    two += [event(acc, "u", 401, None, {"id": 3, "name": None, "balance": 0.5, "email": "3@x"})]  # a new field
+    two += [event(orders, "u", 402, None, {"id": 0, "item": "i0", "qty": 9, "lines": []})]
+    three = [event(orders, "d", 500, {"id": 1, "item": "i1", "qty": 1, "lines": [1, 2]}, None)]
+    three += [event(acc, "c", 501, None, {"id": 2, "name": "again", "balance": 4.0, "email": None})]
+    four = [event(acc, "u", 600, None, {"id": 0, "name": "zero", "balance": 0.0, "email": "0@x"})]
+    return [one, two, three, four]
+
+
+def model(batches: Sequence[Sequence[Event]]) -> dict[str, dict[int, dict[str, Any]]]:
+    tables: dict[str, dict[int, dict[str, Any]]] = {}
+    for e in sorted((e for b in batches for e in b), key=lambda e: e["lsn"]):
+        rows = tables.setdefault(e["table"], {})
+        if e["op"] == "d":
+            rows.pop(e["before"]["id"], None)
+        else:
+            rows[e["after"]["id"]] = e["after"]
+    return tables
+
+
+def records(events: Sequence[Event], index: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for n, e in enumerate(events):
+        schema, table = e["table"].split(".")
+        envelope = {
+            "before": e["before"],
+            "after": e["after"],
+            "op": e["op"],
+            "ts_ms": 1,
+            "source": {"connector": "postgresql", "db": "shop", "schema": schema, "table": table, "lsn": e["lsn"]},
+        }
+        value = {"schema": {"type": "struct"}, "payload": envelope} if (index + n) % 2 else envelope  # schemas.enable
+        row = e["after"] or e["before"]
+        key = json.dumps({"id": row["id"]}) if row else None  # a truncate has no key
+        topic = f"lake.{e['table']}"
+        out.append({"topic": topic, "key": key, "value": json.dumps(value)})
+        if e["op"] == "d":
+            out.append({"topic": topic, "key": key, "value": None})  # Debezium's tombstone after a delete
+    return out
+
+
+def write_round(src: Path, index: int, events: Sequence[Event]) -> None:
+    src.mkdir(parents=True, exist_ok=True)
+    path = src / f"round-{index:03d}.json"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records(events, index)))
+    os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+
+
+def start(spark: Any, props: dict[str, str], src: Path, ck: Path) -> Any:
+    df = spark.readStream.schema("topic STRING, key STRING, value STRING").option("maxFilesPerTrigger", 1).json(str(src))
+    sink = lakesink.foreach_batch(cdc_format="debezium", upsert_key="id", merge_schema=True, catalog_properties=props)
+    return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+
+
+def assert_tables_are(props: dict[str, str], batches: Sequence[Sequence[Event]]) -> None:
+    catalog = catalogs.load(None, props)
+    for name, want in model(batches).items():
+        table = catalog.load_table(tuple(name.split(".")))
+        got = table.scan().to_arrow()
+        fields = got.column_names
+        assert not [f for f in fields if f.startswith("cdc_") or f in ("topic", "key", "value")], fields
+        assert {f for row in want.values() for f, v in row.items() if v is not None} <= set(fields)
+        rows = {r["id"]: r for r in got.to_pylist()}
+        assert rows == {k: {f: doc.get(f) for f in fields} for k, doc in want.items()}, name
+        assert table.schema().identifier_field_names() == {"id"}
+        ids = [s["batch_id"] for s in lakesink_snapshots(table)]
+        assert ids == sorted(set(ids)), f"{name} holds a batch twice: {ids}"
+
+
+def test_debezium_records_equal_the_model_across_restarts_and_a_failure_at_the_unit_commit(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    events = rounds()
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_round(src, 0, events[0])
+    run_to_end(start(spark, catalog_properties, src, ck))
+    assert_tables_are(catalog_properties, events[:1])
+    write_round(src, 1, events[1])
+    run_to_end(start(spark, catalog_properties, src, ck))
+    assert_tables_are(catalog_properties, events[:2])
+    write_round(src, 2, events[2])
+    faults.arm(DRIVER_AFTER_SWAP, "raise")  # every table committed, then the failure before Spark's commit log
+    with pytest.raises(StreamingQueryException):
+        run_to_end(start(spark, catalog_properties, src, ck))
+    assert faults.fired(DRIVER_AFTER_SWAP)
+    faults.clear()
+    write_round(src, 3, events[3])
+    run_to_end(start(spark, catalog_properties, src, ck))  # replays batch 2 (found in every table), then batch 3
+    assert_tables_are(catalog_properties, events)
+
+
+def test_a_truncate_fails_the_batch_naming_the_table(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_round(src, 0, [event("public.t", "c", 1, None, {"id": 1})])
+    run_to_end(start(spark, catalog_properties, src, ck))
+    write_round(src, 1, [event("public.t", "t", 2, None, None)])
+    with pytest.raises(StreamingQueryException, match=r"truncates table public\.t \(op 't'\)"):
+        run_to_end(start(spark, catalog_properties, src, ck))
+    table = catalogs.load(None, catalog_properties).load_table(("public", "t"))
+    assert table.scan().to_arrow().to_pylist() == [{"id": 1}]
+
+
+def test_cdc_format_options_are_checked_and_format_lakesink_refuses_it() -> None:
+    with pytest.raises(InvalidOptionError, match="one format lakesink reads is 'debezium'"):
+        SinkOptions.from_mapping({"cdc-format": "maxwell", "upsert-key": "id"})
+    with pytest.raises(InvalidOptionError, match="option 'cdc-format' needs option 'upsert-key'"):
+        SinkOptions.from_mapping({"cdc-format": "debezium"})
+    with pytest.raises(InvalidOptionError, match="sets option\\(s\\) 'route-by' itself"):
+        SinkOptions.from_mapping({"cdc-format": "debezium", "upsert-key": "id", "route-by": "r"})
+    options = SinkOptions.from_mapping({"cdc-format": "Debezium", "upsert-key": "id", "checkpointLocation": "/tmp/x"})
+    assert (options.payload, options.delete_when, options.order_by) == ("cdc_payload", "cdc_op = 'd'", "cdc_order")
+    assert options.routing is not None and options.routing.column == "cdc_route"
+    with pytest.raises(InvalidOptionError, match=r"format\('lakesink'\) does not take option 'cdc-format' yet"):
+        datasource.stream_writer(options, StructType([]))

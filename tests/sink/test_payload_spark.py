@@ -1,0 +1,180 @@
+"""Option payload with route-by and upsert-key through foreach_batch in real local Spark: a change stream of several
+tables whose rows are JSON objects; tables created from the payloads (long, double, string, boolean, list, struct),
+a field added midway (merge-schema), updates, deletes by a stream column, the order from a stream column, a failure
+between the unit commit and Spark's commit log, restarts from the checkpoint. Every table equals a model computed in
+plain Python, column for column."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql.types import StructType
+
+import lakesink
+from lakesink.driver import catalogs
+from lakesink.errors import InvalidOptionError
+from lakesink.faults import DRIVER_AFTER_SWAP
+from lakesink.options import SinkOptions
+from lakesink.sink import datasource
+from tests.support.helpers import lakesink_snapshots, run_to_end
+
+pytestmark = pytest.mark.spark
+
+Change = dict[str, Any]  # route, op, seq, doc (a JSON object or None)
+
+
+def rounds() -> list[list[Change]]:
+    seq = iter(range(1, 10_000))
+
+    def c(route: str, op: str, doc: dict[str, Any]) -> Change:
+        return {"route": route, "op": op, "seq": next(seq), "doc": doc}
+
+    one = [c("db.people", "c", {"id": i, "name": f"p{i}", "score": i / 2, "vip": i % 2 == 0, "note": None}) for i in range(8)]
+    one += [c("shop.items", "c", {"id": f"s{i}", "qty": i, "tags": ["a", f"t{i}"], "dim": {"w": i, "h": 1.5}}) for i in range(5)]
+    one += [c("db.people", "u", {"id": 3, "name": "three", "score": 9.25, "vip": True, "note": None})]  # same batch
+    two = [c("db.people", "u", {"id": 1, "name": None, "score": 0.0, "vip": False, "email": "one@x"})]  # a new field
+    two += [c("db.people", "d", {"id": 2}), c("shop.items", "d", {"id": "s0"})]  # a delete carries the key
+    two += [c("shop.items", "u", {"id": "s1", "qty": 10, "tags": [], "dim": {"w": 7, "h": None}})]
+    three = [c("db.people", "c", {"id": 2, "name": "back", "score": 1, "vip": None, "email": None})]
+    three += [c("shop.items", "u", {"id": "s2", "qty": 20, "tags": None, "dim": None}), c("db.people", "d", {"id": 5})]
+    four = [c("db.people", "u", {"id": 7, "name": "seven", "score": 7.5, "vip": True, "email": "7@x"})]
+    return [one, two, three, four]
+
+
+def model(batches: Sequence[Sequence[Change]]) -> dict[str, dict[Any, dict[str, Any]]]:
+    tables: dict[str, dict[Any, dict[str, Any]]] = {}
+    for change in sorted((c for b in batches for c in b), key=lambda c: c["seq"]):
+        rows = tables.setdefault(change["route"], {})
+        if change["op"] == "d":
+            rows.pop(change["doc"]["id"], None)
+        else:
+            rows[change["doc"]["id"]] = change["doc"]
+    return tables
+
+
+def write_round(src: Path, index: int, changes: Sequence[Change]) -> None:
+    src.mkdir(parents=True, exist_ok=True)
+    path = src / f"round-{index:03d}.json"
+    path.write_text("".join(json.dumps({**c, "doc": json.dumps(c["doc"])}) + "\n" for c in changes))
+    os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+
+
+def start(spark: Any, props: dict[str, str], src: Path, ck: Path) -> Any:
+    df = spark.readStream.schema("route STRING, op STRING, seq LONG, doc STRING").option("maxFilesPerTrigger", 1).json(str(src))
+    sink = lakesink.foreach_batch(
+        route_by="route",
+        payload="doc",
+        upsert_key="id",
+        delete_when="op = 'd'",
+        order_by="seq",
+        merge_schema=True,
+        catalog_properties=props,
+    )
+    return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+
+
+def assert_tables_are(props: dict[str, str], batches: Sequence[Sequence[Change]]) -> None:
+    catalog = catalogs.load(None, props)
+    for name, want in model(batches).items():
+        table = catalog.load_table(tuple(name.split(".")))
+        got = table.scan().to_arrow()
+        assert "route" not in got.column_names and "doc" not in got.column_names and "seq" not in got.column_names
+        fields = got.column_names
+        # column for column: every field a payload had is a column; a field the payloads lacked reads null
+        assert {f for rows in want.values() for f, v in rows.items() if v is not None} <= set(fields)
+        rows = {r["id"]: r for r in got.to_pylist()}
+        assert set(rows) == set(want), name
+        for key, doc in want.items():
+            expected = {f: doc.get(f) for f in fields}
+            actual = rows[key]
+            if name == "shop.items" and actual["dim"] is not None:  # a struct reads back with every field
+                expected["dim"] = {"w": None, "h": None, **(doc.get("dim") or {})}
+            assert actual == expected, (name, key)
+        assert table.schema().identifier_field_names() == {"id"}
+        ids = [s["batch_id"] for s in lakesink_snapshots(table)]
+        assert ids == sorted(set(ids)), f"{name} holds a batch twice: {ids}"
+
+
+def test_payload_tables_equal_the_model_across_restarts_and_a_failure_at_the_unit_commit(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    changes = rounds()
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_round(src, 0, changes[0])
+    run_to_end(start(spark, catalog_properties, src, ck))
+    assert_tables_are(catalog_properties, changes[:1])
+    people = catalogs.load(None, catalog_properties).load_table(("db", "people")).schema()
+    assert [(f.name, str(f.field_type)) for f in people.fields] == [
+        ("id", "long"),
+        ("name", "string"),
+        ("score", "double"),
+        ("vip", "boolean"),
+    ]  # "note": null in every payload, no column
+    items = catalogs.load(None, catalog_properties).load_table(("shop", "items")).schema()
+    assert str(items.find_field("tags").field_type) == "list<string>"
+    assert str(items.find_field("dim").field_type) == "struct<6: w: optional long, 7: h: optional double>"
+    write_round(src, 1, changes[1])
+    run_to_end(start(spark, catalog_properties, src, ck))  # a restart; "email" added in the batch's commit
+    assert_tables_are(catalog_properties, changes[:2])
+    write_round(src, 2, changes[2])
+    faults.arm(DRIVER_AFTER_SWAP, "raise")  # every table committed, then the failure before Spark's commit log
+    with pytest.raises(StreamingQueryException):
+        run_to_end(start(spark, catalog_properties, src, ck))
+    assert faults.fired(DRIVER_AFTER_SWAP)
+    faults.clear()
+    write_round(src, 3, changes[3])
+    run_to_end(start(spark, catalog_properties, src, ck))  # replays batch 2 (found in every table), then batch 3
+    assert_tables_are(catalog_properties, changes)
+
+
+def test_a_value_that_does_not_fit_an_existing_column_fails_the_batch_naming_it(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_round(src, 0, [{"route": "db.p", "op": "c", "seq": 1, "doc": {"id": 1, "n": 5}}])
+    run_to_end(start(spark, catalog_properties, src, ck))
+    write_round(src, 1, [{"route": "db.p", "op": "c", "seq": 2, "doc": {"id": 2, "n": "five"}}])
+    with pytest.raises(StreamingQueryException, match=r"table db\.p, column 'n' \(int64\): a payload holds 'five'"):
+        run_to_end(start(spark, catalog_properties, src, ck))
+    table = catalogs.load(None, catalog_properties).load_table(("db", "p"))
+    assert table.scan().to_arrow().to_pylist() == [{"id": 1, "n": 5}]  # nothing of the failed batch
+
+
+def test_payload_needs_route_by_and_format_lakesink_refuses_it_naming_foreach_batch() -> None:
+    with pytest.raises(InvalidOptionError, match="option 'payload' needs option 'route-by'"):
+        SinkOptions.from_mapping({"table": "db.t", "payload": "doc"})
+    with pytest.raises(InvalidOptionError, match="option 'payload' cannot be used with option 'dead-letter-table' yet"):
+        SinkOptions.from_mapping({"route-by": "route", "payload": "doc", "dead-letter-table": "db.letters"})
+    options = SinkOptions.from_mapping({"route-by": "route", "payload": "doc", "checkpointLocation": "/tmp/x"})
+    assert options.payload == "doc"
+    with pytest.raises(InvalidOptionError, match=r"format\('lakesink'\) does not take option 'payload' yet.*foreach_batch"):
+        datasource.stream_writer(options, StructType([]))
+
+
+def test_appended_payloads_and_a_new_field_without_merge_schema_is_refused_naming_table_and_field(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    src, ck = tmp_path / "in", tmp_path / "ck"
+
+    def run() -> None:
+        df = spark.readStream.schema("route STRING, doc STRING").option("maxFilesPerTrigger", 1).json(str(src))
+        sink = lakesink.foreach_batch(route_by="route", namespace="db", payload="doc", catalog_properties=catalog_properties)
+        run_to_end(df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
+
+    first = [("a", {"id": 1, "x": "p"}), ("b", {"k": 1.5}), ("a", {"id": 2, "x": None}), ("a", {"id": 1, "x": "p"})]
+    write_round(src, 0, [{"route": r, "doc": d} for r, d in first])
+    run()
+    catalog = catalogs.load(None, catalog_properties)
+    a = catalog.load_table(("db", "a")).scan().to_arrow().to_pylist()
+    assert sorted(a, key=lambda r: (r["id"], r["x"] or "")) == [{"id": 1, "x": "p"}, {"id": 1, "x": "p"}, {"id": 2, "x": None}]
+    assert catalog.load_table(("db", "b")).scan().to_arrow().to_pylist() == [{"k": 1.5}]
+    write_round(src, 1, [{"route": "a", "doc": {"id": 3, "x": "q", "y": 7}}])
+    with pytest.raises(StreamingQueryException, match=r"table db\.a has no column 'y'.*merge-schema=true"):
+        run()
+    assert len(catalog.load_table(("db", "a")).scan().to_arrow()) == 3  # nothing of the failed batch
