@@ -20,9 +20,11 @@ QUERY_IDS = [
     "ab-12345-00007-x",  # digits and dashes where the batch id could be mistaken for part of it
     "a",
 ]
+# the test ids name the random UUID by its role, not its value: pytest-xdist's workers must collect the same ids
+QUERY_ID_IDS = ["spark-uuid", "random-uuid", "short", "digits-and-dashes", "one-char"]
 
 
-@pytest.mark.parametrize("query_id", QUERY_IDS)
+@pytest.mark.parametrize("query_id", QUERY_IDS, ids=QUERY_ID_IDS)
 @pytest.mark.parametrize(
     ("batch_id", "partition_id", "attempt", "counter"), [(0, 0, 0, 0), (7, 12, 1034, 3), (123456, 100000, 5, 100001)]
 )
@@ -38,7 +40,7 @@ def test_data_file_names_round_trip(query_id: str, batch_id: int, partition_id: 
     assert names.batch_of(f"data/ts_day=2024-01-01/{name}") == BatchOfFile(query_id[:8], batch_id)
 
 
-@pytest.mark.parametrize("query_id", QUERY_IDS)
+@pytest.mark.parametrize("query_id", QUERY_IDS, ids=QUERY_ID_IDS)
 @pytest.mark.parametrize("batch_id", [0, 9, 99999, 1234567])
 def test_batch_directory_names_round_trip(query_id: str, batch_id: int) -> None:
     token = names.new_token()
@@ -134,7 +136,7 @@ def test_hidden_files_and_nested_tables() -> None:
 # --- commits --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("query_id", QUERY_IDS)
+@pytest.mark.parametrize("query_id", QUERY_IDS, ids=QUERY_ID_IDS)
 @pytest.mark.parametrize("batch_id", [0, 7, 123456])
 def test_a_batch_commits_names_round_trip_through_pyicebergs_manifest_and_list_names(query_id: str, batch_id: int) -> None:
     commit = names.commit_name(names.BATCH, query_id=query_id, batch_id=batch_id, started_ms=1_795_000_000_123)
