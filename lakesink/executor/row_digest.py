@@ -81,7 +81,7 @@ def _values(arr: pa.Array) -> np.ndarray:
         return _values(arr.dictionary_decode())
     n = len(arr)
     if pa.types.is_map(t):
-        return _values(arr.cast(pa.list_(pa.struct([t.key_field, t.item_field]))))
+        return _map_values(arr)
     if pa.types.is_null(t):
         return np.full(n, _NULL, dtype=_U64)
     if pa.types.is_boolean(t):
@@ -108,6 +108,22 @@ def _values(arr: pa.Array) -> np.ndarray:
     if arr.null_count:
         out = np.where(arr.is_null().to_numpy(zero_copy_only=False), _NULL, out)
     return out
+
+
+def _map_values(arr: pa.MapArray) -> np.ndarray:
+    """A map as the list of its (key, value) entries, from its offsets and entries (no cast: a cast to a list of
+    structs refuses a map whose non-nullable value fields sit under a null map). A null map: the null constant."""
+    n = len(arr)
+    offsets = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)  # the slice's offsets, into arr.values
+    valid = ~arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else np.ones(n, dtype=bool)
+    lengths = np.where(valid, np.diff(offsets), 0)
+    starts = offsets[:-1]
+    total = int(lengths.sum())
+    ends = np.cumsum(lengths)
+    index = np.arange(total, dtype=np.int64) - np.repeat(ends - lengths, lengths) + np.repeat(starts, lengths)
+    entries = arr.values.take(pa.array(index, pa.int64()))
+    out = _segments(_values(entries), lengths)
+    return np.where(valid, out, _NULL) if arr.null_count else out
 
 
 def hash_text(text: str) -> int:
