@@ -481,7 +481,6 @@ def test_history_shows_a_restart_of_the_query(catalog_properties: dict[str, str]
 def test_report_marks_each_restart_and_draws_whole_counts_on_batch_axes(catalog_properties: dict[str, str]) -> None:
     """The report explains the gaps a killed run leaves: each restart of a query (a new run id) is listed on the page and
     drawn as a dashed line; the batch axes carry at most 15 integer ticks and the file counts whole numbers only."""
-    pytest.importorskip("matplotlib")
     from lakesink.cli import report
 
     c = make_committer(catalog_properties)

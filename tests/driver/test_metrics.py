@@ -170,7 +170,6 @@ def _free_port() -> int:
 
 
 def test_prometheus_scrape_shows_a_known_batch(catalog_properties: dict[str, str]) -> None:
-    pytest.importorskip("prometheus_client")
     from prometheus_client.parser import text_string_to_metric_families
 
     port = _free_port()
@@ -211,7 +210,6 @@ def test_metrics_option() -> None:
 
 
 def test_prometheus_counts_the_maintenance_commits_of_the_sink(catalog_properties: dict[str, str]) -> None:
-    pytest.importorskip("prometheus_client")
     from prometheus_client.parser import text_string_to_metric_families
 
     port = _free_port()
