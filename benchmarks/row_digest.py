@@ -47,7 +47,8 @@ def main() -> None:
         for work, times in runs.items():
             times.append(timed(work, batch))
     for work, times in runs.items():
-        print(f"{work:8} median {statistics.median(times) * 1000:.0f} ms (min {min(times) * 1000:.0f}, max {max(times) * 1000:.0f})")
+        low, high = min(times) * 1000, max(times) * 1000
+        print(f"{work:8} median {statistics.median(times) * 1000:.0f} ms (min {low:.0f}, max {high:.0f})")
     print(f"ratio digest/parquet {statistics.median(runs['digest']) / statistics.median(runs['parquet']):.2f}")
 
 
