@@ -16,33 +16,23 @@ from lakesink.audit.snapshots import lakesink_key
 from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import AuditError
 from lakesink.maintenance import compaction, expiry
-from lakesink.options import Maintenance, SinkOptions, TableName
-from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files
-from tests.support.helpers import arrow_rows, commit, load, sink_committer, table_ids, write_task
+from lakesink.options import Maintenance
+from tests.support.helpers import (
+    Q1,
+    arrow_rows,
+    commit,
+    commit_batches,
+    load,
+    missing_referenced_files,
+    open_committer,
+    table_ids,
+)
 
 SCHEMA = arrow_rows([]).schema
 
 
 def _committer(props: dict[str, str], table_properties: dict[str, str] | None = None) -> TableCommitter:
-    c = sink_committer(
-        SinkOptions(
-            table=TableName(("db",), "events"),
-            catalog_properties=props,
-            table_properties=table_properties or {},
-            maintenance=Maintenance.OFF,
-        )
-    )
-    c.open_table(SCHEMA)
-    return c
-
-
-def _batches(c: TableCommitter, n: int, *, start: int = 0, rows: int = 4) -> list[int]:
-    sent: list[int] = []
-    for b in range(start, start + n):
-        ids = list(range(b * 1000, b * 1000 + rows))
-        assert commit(c, Q1, b, [write_task(c, Q1, b, ids)]).outcome is Outcome.COMMITTED
-        sent += ids
-    return sent
+    return open_committer(props, table_properties=table_properties or {}, maintenance=Maintenance.OFF)
 
 
 def _batch_snapshots(c: TableCommitter) -> dict[int, int]:
@@ -53,7 +43,7 @@ def _batch_snapshots(c: TableCommitter) -> dict[int, int]:
 def test_which_names_the_original_batch_after_compactions_and_expiry(catalog_properties: dict[str, str]) -> None:
     """Before: every row of a compacted file was attributed to the compaction (query and batch empty)."""
     c = _committer(catalog_properties, {"write.lakesink.compact.min-input-files": "2"})
-    sent = _batches(c, 6)
+    sent = commit_batches(c, 6, rows=4)
     by_batch = _batch_snapshots(c)
     assert compaction.compact(load(c)).status == "committed"
     rows = lakesink.locate(load(c), row_filter="id >= 0")
@@ -64,7 +54,7 @@ def test_which_names_the_original_batch_after_compactions_and_expiry(catalog_pro
     one = lakesink.locate(load(c), row_filter="id = 3002")
     assert one.column("_batch_id").to_pylist() == [3] and one.column("_committed").null_count == 0
     # a second compaction rewrites the compacted file with new small ones: the provenance composes
-    sent += _batches(c, 3, start=6)
+    sent += commit_batches(c, 3, start=6, rows=4)
     by_batch = _batch_snapshots(c)
     assert compaction.compact(load(c)).status == "committed"
     rows = lakesink.locate(load(c), row_filter="id >= 0")
@@ -77,7 +67,7 @@ def test_which_names_the_original_batch_after_compactions_and_expiry(catalog_pro
     ).commit_transaction()
     assert expiry.expire_snapshots(load(c)).status == "committed"
     table = load(c)
-    assert len(table.snapshots()) == 1 and _missing_referenced_files(table) == []
+    assert len(table.snapshots()) == 1 and missing_referenced_files(table) == []
     rows = lakesink.locate(table, row_filter="id < 5000")
     assert sorted(rows.column("id").to_pylist()) == sorted(i for i in sent if i < 5000)
     assert all(r["_batch_id"] == r["id"] // 1000 and r["_query_id"] == Q1 for r in rows.to_pylist())
@@ -97,7 +87,7 @@ def test_which_command_after_compaction(catalog_properties: dict[str, str]) -> N
     from lakesink.cli import main
 
     c = _committer(catalog_properties)
-    _batches(c, 5)
+    commit_batches(c, 5, rows=4)
     assert compaction.compact(load(c)).status == "committed"
     cat = [a for k, v in catalog_properties.items() for a in ("--catalog-property", f"{k}={v}")]
     out = CliRunner().invoke(main, ["which", "db.events", "--where", "id = 2001", "--json", *cat])
@@ -114,9 +104,9 @@ def test_as_of_batch_reads_work_for_every_retained_snapshot(catalog_properties: 
             "write.lakesink.compact.min-input-files": "2",
         },
     )
-    sent = _batches(c, 6)
+    sent = commit_batches(c, 6, rows=4)
     assert compaction.compact(load(c)).status == "committed"
-    sent += _batches(c, 4, start=6)
+    sent += commit_batches(c, 4, start=6, rows=4)
     assert lakesink.rewrite_manifests(load(c)).status == "committed"
     assert expiry.expire_snapshots(load(c)).status == "committed"
     table = load(c)
@@ -140,7 +130,7 @@ def test_as_of_batch_reads_work_for_every_retained_snapshot(catalog_properties: 
 def test_verify_counts_expired_batches_as_accounted_not_missing_or_empty(catalog_properties: dict[str, str]) -> None:
     """Before: the batches before the kept history were counted as empty batches."""
     c = _committer(catalog_properties, {"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": "3"})
-    _batches(c, 7)
+    commit_batches(c, 7, rows=4)
     assert expiry.expire_snapshots(load(c)).status == "committed"
     report = lakesink.verify(load(c))
     assert report.violations == [], report.violations
@@ -150,7 +140,7 @@ def test_verify_counts_expired_batches_as_accounted_not_missing_or_empty(catalog
     assert "4 batch(es) before the kept history (snapshots expired)" in report.human()
     # an empty batch inside the kept history is still counted as empty
     assert commit(c, Q1, 7, []).outcome in (Outcome.COMMITTED, Outcome.EMPTY)
-    _batches(c, 1, start=8)
+    commit_batches(c, 1, start=8, rows=4)
     report = lakesink.verify(load(c))
     (q,) = report.queries
     assert report.violations == [] and q.empty_batches == 1 and q.expired_batches == 4
@@ -176,7 +166,7 @@ def test_verify_while_another_process_expires_the_snapshots_it_reads(
             "write.lakesink.compact.min-input-files": "2",
         },
     )
-    _batches(c, 6)
+    commit_batches(c, 6, rows=4)
     table = load(c)  # what verify reads
     method = "changes" if moment == "summaries" else "live_files"
     real = getattr(Manifests, method)

@@ -31,8 +31,18 @@ from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.maintenance import compaction
 from lakesink.options import Maintenance, OutputMode, SinkOptions, TableName
 from tests.driver import test_upserts as upserts
-from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files, _wait
-from tests.support.helpers import arrow_rows, commit, load, sink_committer, write_task
+from tests.support.helpers import (
+    Q1,
+    arrow_rows,
+    commit,
+    commit_batches,
+    load,
+    missing_referenced_files,
+    open_committer,
+    sink_committer,
+    wait_until,
+    write_task,
+)
 from tests.support.row_deletes import commit_deletes, equality_delete_file, position_delete_files
 
 SCHEMA = arrow_rows([]).schema
@@ -41,26 +51,7 @@ SCHEMA = arrow_rows([]).schema
 def _committer(
     props: dict[str, str], *, mode: OutputMode = OutputMode.APPEND, table_properties: dict[str, str] | None = None
 ) -> TableCommitter:
-    c = sink_committer(
-        SinkOptions(
-            table=TableName(("db",), "events"),
-            catalog_properties=props,
-            table_properties=table_properties or {},
-            output_mode=mode,
-            maintenance=Maintenance.OFF,
-        )
-    )
-    c.open_table(SCHEMA)
-    return c
-
-
-def _batches(c: TableCommitter, n: int, *, start: int = 0, rows: int = 11) -> list[int]:
-    sent: list[int] = []
-    for b in range(start, start + n):
-        ids = list(range(b * 1000, b * 1000 + rows))
-        assert commit(c, Q1, b, [write_task(c, Q1, b, ids)]).outcome is Outcome.COMMITTED
-        sent += ids
-    return sent
+    return open_committer(props, table_properties=table_properties or {}, output_mode=mode, maintenance=Maintenance.OFF)
 
 
 def _raced(faults: Any, step: Callable[[], Any], other: Callable[[], Any]) -> Any:
@@ -81,7 +72,7 @@ def _raced(faults: Any, step: Callable[[], Any], other: Callable[[], Any]) -> An
     t = threading.Thread(target=run, daemon=True)
     t.start()
     try:
-        _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=120)
+        wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=120)
         other()
     finally:
         faults.release(DRIVER_BEFORE_SWAP)  # also when the other writer failed: never leave the step paused
@@ -124,7 +115,7 @@ def test_compaction_gives_up_when_another_engines_delete_lands_between_plan_and_
     """Position deletes name the rewritten file; an equality delete's sequence number is older than the compacted
     file's: either way, landing the compaction would bring the deleted rows back (55 rows became 60)."""
     c = _committer(catalog_properties)
-    sent = _batches(c, 5)  # 55 rows in 5 small files
+    sent = commit_batches(c, 5, rows=11)  # 55 rows in 5 small files
     deleted = [1000, 1003, 2005, 4000, 4010]
 
     def delete() -> None:
@@ -145,7 +136,7 @@ def test_compaction_gives_up_when_another_engines_delete_lands_between_plan_and_
             table.scan().to_arrow()
     assert _compactions(table) == 0  # nothing committed
     assert _compacted_files_on_disk(table) == []  # its new file deleted
-    assert _missing_referenced_files(table) == []
+    assert missing_referenced_files(table) == []
     # a later run sees the delete files and leaves the table alone
     assert compaction.compact(load(c)).status.startswith("skipped: the table has delete files")
 
@@ -156,7 +147,7 @@ def test_compaction_lands_when_a_new_position_delete_names_only_files_it_does_no
     """The validation is as precise as Iceberg's: a position delete whose file_path bounds name only a file the
     compaction does not rewrite does not stop it."""
     c = _committer(catalog_properties)
-    sent = _batches(c, 5)
+    sent = commit_batches(c, 5, rows=11)
 
     def append_then_delete() -> None:
         table = load(c)
@@ -171,14 +162,14 @@ def test_compaction_lands_when_a_new_position_delete_names_only_files_it_does_no
     table = load(c)
     for reader, ids in _read_everywhere(table).items():
         assert ids == Counter(sent) + Counter([-1, -3]), reader
-    assert _missing_referenced_files(table) == []
+    assert missing_referenced_files(table) == []
 
 
 def test_compaction_gives_up_when_the_history_since_its_plan_was_expired(catalog_properties: dict[str, str], faults: Any) -> None:
     """What was committed between the plan and the swap cannot be checked once those snapshots are expired: the
     compaction gives up rather than land unvalidated."""
     c = _committer(catalog_properties)
-    sent = _batches(c, 5)
+    sent = commit_batches(c, 5, rows=11)
 
     def commit_twice_and_expire_the_first() -> None:
         table = load(c)
@@ -235,7 +226,7 @@ def test_compaction_gives_up_when_a_delete_lands_in_a_float_identity_partition(
     for reader, ids in _read_everywhere(table).items():
         assert ids == Counter(sent) - Counter(deleted), reader  # the deleted rows stay deleted
     assert _compactions(table) == 0 and _compacted_files_on_disk(table) == []
-    assert _missing_referenced_files(table) == []
+    assert missing_referenced_files(table) == []
 
 
 # --- a swap whose pointer moved is prepared and validated again, never applied to other metadata ---------------
@@ -248,7 +239,7 @@ def test_a_batch_racing_another_drivers_empty_batch_marker_is_rechecked_not_land
     the pointer moved used to fall back to pyiceberg's commit, whose requirement (the head) still held: the batch
     landed a second time, after the zombie's record of it, on top of metadata its replay re-check never saw."""
     c = _committer(catalog_properties)
-    sent = _batches(c, 2)
+    sent = commit_batches(c, 2, rows=11)
     zombie = _committer(catalog_properties)
     result = _raced(
         faults,
@@ -346,7 +337,7 @@ def test_complete_mode_batch_racing_another_writer_and_engine_replaces_everythin
         for e in seam.manifest_entries(m, table.io)
     ]
     assert len(removed) == 2
-    assert _missing_referenced_files(table) == []
+    assert missing_referenced_files(table) == []
     assert lakesink.verify(table).violations == []
 
 
@@ -357,7 +348,7 @@ def test_manifest_rewrite_racing_an_append_and_a_delete_keeps_every_entry_once(
     catalog_properties: dict[str, str], faults: Any
 ) -> None:
     c = _committer(catalog_properties, table_properties={"commit.manifest-merge.enabled": "false"})
-    sent = _batches(c, 6, rows=3)
+    sent = commit_batches(c, 6, rows=3)
 
     def others() -> None:
         t = load(c)
@@ -375,4 +366,4 @@ def test_manifest_rewrite_racing_an_append_and_a_delete_keeps_every_entry_once(
     assert head is not None
     live = Counter(e.data_file.file_path for m in head.manifests(table.io) for e in m.fetch_manifest_entry(table.io))
     assert all(n == 1 for n in live.values()) and len(live) == 6 + 1 + 2  # data files and the two delete files
-    assert _missing_referenced_files(table) == []
+    assert missing_referenced_files(table) == []

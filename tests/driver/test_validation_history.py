@@ -13,17 +13,17 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 
 from lakesink.driver.validation import Committed, HistoryUnknownError, committed_since, may_apply
-from tests.driver.test_commit_validation import SCHEMA, _batches, _committer
-from tests.support.helpers import load
+from tests.driver.test_commit_validation import SCHEMA, _committer
+from tests.support.helpers import commit_batches, load
 from tests.support.row_deletes import commit_deletes, equality_delete_file
 
 
 def test_committed_since_walks_the_branch_down_to_the_base(catalog_properties: dict[str, str]) -> None:
     c = _committer(catalog_properties)
-    _batches(c, 2)
+    commit_batches(c, 2, rows=11)
     base = load(c).metadata.current_snapshot_id
     assert base is not None
-    _batches(c, 1, start=2)
+    commit_batches(c, 1, start=2, rows=11)
     table = load(c)
     commit_deletes(table, [equality_delete_file(table, "id", [2000])])
     table = load(c)

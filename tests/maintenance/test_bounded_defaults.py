@@ -36,6 +36,7 @@ from tests.support.helpers import (
     data_files_on_disk,
     load,
     maintainer,
+    open_committer,
     referenced_data_files,
     sink_committer,
     table_ids,
@@ -47,10 +48,7 @@ Q = "99999999-dddd-4000-8000-000000000033"
 
 
 def _committer(props: dict[str, str], **table_properties: str) -> TableCommitter:
-    options = SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, table_properties=table_properties)
-    c = sink_committer(options)
-    c.open_table(SCHEMA)
-    return c
+    return open_committer(props, table_properties=table_properties)
 
 
 def live_data_files(table: Table) -> set[str]:

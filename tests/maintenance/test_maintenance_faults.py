@@ -16,24 +16,24 @@ import lakesink
 from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.maintenance import compaction, expiry
-from lakesink.options import Maintenance, SinkOptions, TableName
-from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files, _wait
-from tests.support.helpers import arrow_rows, commit, load, sink_committer, table_ids, write_task
+from lakesink.options import Maintenance
+from tests.support.helpers import (
+    Q1,
+    arrow_rows,
+    commit,
+    load,
+    missing_referenced_files,
+    open_committer,
+    table_ids,
+    wait_until,
+    write_task,
+)
 
 SCHEMA = arrow_rows([]).schema
 
 
 def _committer(props: dict[str, str], table_properties: dict[str, str]) -> TableCommitter:
-    c = sink_committer(
-        SinkOptions(
-            table=TableName(("db",), "events"),
-            catalog_properties=props,
-            table_properties=table_properties,
-            maintenance=Maintenance.OFF,
-        )
-    )
-    c.open_table(SCHEMA)
-    return c
+    return open_committer(props, table_properties=table_properties, maintenance=Maintenance.OFF)
 
 
 def _run_with_another_writer(c: TableCommitter, faults: Any, step: Callable[[], Any]) -> tuple[Any, list[int]]:
@@ -42,7 +42,7 @@ def _run_with_another_writer(c: TableCommitter, faults: Any, step: Callable[[], 
     box: list[Any] = []
     t = threading.Thread(target=lambda: box.append(step()))
     t.start()
-    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP))
     other = load(c)
     other.append(pa.Table.from_pylist([{"id": -1, "user": "other"}, {"id": -2, "user": "other"}], schema=SCHEMA))
     faults.release(DRIVER_BEFORE_SWAP)
@@ -75,7 +75,7 @@ def test_another_writer_committing_during_maintenance(catalog_properties: dict[s
     assert report.status == "committed" and report.attempts == 2, report
     table = load(c)
     assert table_ids(table) == Counter(sent)  # the other writer's rows are intact, every batch's once
-    assert _missing_referenced_files(table) == []
+    assert missing_referenced_files(table) == []
     assert lakesink.verify(table).violations == []
     # the stream goes on
     assert commit(c, Q1, 6, [write_task(c, Q1, 6, [6000])]).outcome is Outcome.COMMITTED

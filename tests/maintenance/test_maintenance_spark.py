@@ -48,8 +48,7 @@ def test_restart_from_the_checkpoint_after_lakesinks_own_maintenance_expired_its
     from datetime import datetime, timezone
 
     from lakesink.maintenance import expiry
-    from tests.maintenance.test_table_maintenance import _missing_referenced_files
-    from tests.support.helpers import referenced_data_files
+    from tests.support.helpers import missing_referenced_files, referenced_data_files
 
     stream.add_input(files=3, rows_per_file=20)
     stream.run(maintenance="off")
@@ -66,4 +65,4 @@ def test_restart_from_the_checkpoint_after_lakesinks_own_maintenance_expired_its
     assert table_ids(table) == Counter(stream.sent)
     verified = lakesink.verify(table)
     assert verified.violations == [], verified.violations
-    assert _missing_referenced_files(table) == [] and referenced_data_files(table)
+    assert missing_referenced_files(table) == [] and referenced_data_files(table)

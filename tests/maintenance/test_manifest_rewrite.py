@@ -27,16 +27,20 @@ from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from lakesink.maintenance import manifest_rewrite
 from lakesink.options import SinkOptions, TableName
-from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files, _wait
 from tests.support.helpers import (
+    Q1,
     arrow_rows,
     as_another_process,
     assert_snapshot_invariants,
     commit,
+    commit_batches,
     load,
     maintainer,
+    missing_referenced_files,
+    open_committer,
     sink_committer,
     table_ids,
+    wait_until,
     write_task,
 )
 
@@ -45,20 +49,7 @@ NO_MERGE = {"commit.manifest-merge.enabled": "false", "write.lakesink.maintenanc
 
 
 def _committer(props: dict[str, str], table_properties: dict[str, str] | None = None) -> TableCommitter:
-    c = sink_committer(
-        SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, table_properties=table_properties or NO_MERGE)
-    )
-    c.open_table(SCHEMA)
-    return c
-
-
-def _batches(c: TableCommitter, n: int, *, start: int = 0, rows: int = 5) -> list[int]:
-    sent: list[int] = []
-    for b in range(start, start + n):
-        ids = list(range(b * 1000, b * 1000 + rows))
-        assert commit(c, Q1, b, [write_task(c, Q1, b, ids)]).outcome is Outcome.COMMITTED
-        sent += ids
-    return sent
+    return open_committer(props, table_properties=table_properties or NO_MERGE)
 
 
 def _head_manifests(table: Table) -> int:
@@ -83,7 +74,7 @@ def _ids(rows: Any) -> Counter[int]:
 
 def test_rewrite_merges_many_manifests_and_keeps_every_entry_history_and_audit(catalog_properties: dict[str, str]) -> None:
     c = _committer(catalog_properties)
-    sent = _batches(c, 12)
+    sent = commit_batches(c, 12, rows=5)
     table = load(c)
     assert _head_manifests(table) == 12  # merging off: one manifest per batch
     entries_before = _entries(table)
@@ -118,9 +109,9 @@ def test_rewrite_merges_many_manifests_and_keeps_every_entry_history_and_audit(c
     # which: a row is attributed to the batch that wrote it, not to the rewrite
     located = lakesink.locate(table, row_filter="id = 7003")
     assert located.column("_batch_id").to_pylist() == [7] and located.column("_query_id").to_pylist() == [Q1]
-    assert _missing_referenced_files(table) == []
+    assert missing_referenced_files(table) == []
     # the stream goes on; a replay of an old batch is still recognised
-    sent += _batches(c, 1, start=12)
+    sent += commit_batches(c, 1, start=12, rows=5)
     assert commit(c, Q1, 3, [write_task(c, Q1, 3, [3000])]).outcome is Outcome.REPLAY_SKIPPED
     assert table_ids(load(c)) == Counter(sent)
     assert_snapshot_invariants(load(c))
@@ -131,9 +122,9 @@ def test_rewrite_merges_many_manifests_and_keeps_every_entry_history_and_audit(c
 
 def test_rewrite_is_due_only_when_it_reduces_the_manifests(catalog_properties: dict[str, str]) -> None:
     c = _committer(catalog_properties)
-    _batches(c, 1)
+    commit_batches(c, 1, rows=5)
     assert lakesink.rewrite_manifests(load(c)).status.startswith("nothing to rewrite")  # one manifest
-    _batches(c, 4, start=1)
+    commit_batches(c, 4, start=1, rows=5)
     dry = lakesink.rewrite_manifests(load(c), dry_run=True)
     assert dry.status == "dry run" and (dry.manifests_before, dry.manifests_after) == (5, 1)
     assert _head_manifests(load(c)) == 5
@@ -155,7 +146,7 @@ def test_partitioned_table_manifests_are_clustered_by_partition(catalog_properti
         )
     )
     c.open_table(SCHEMA)
-    sent = _batches(c, 6, rows=14)  # 7 users, 7 files per batch, one manifest per batch
+    sent = commit_batches(c, 6, rows=14)  # 7 users, 7 files per batch, one manifest per batch
     table = load(c)
     before = _entries(table)
     # a target that holds about 13 entries: each new manifest then holds two partitions or so, in order
@@ -177,12 +168,12 @@ def test_a_batch_racing_the_rewrite_wins_and_the_rewrite_redoes_it_on_the_new_he
     catalog_properties: dict[str, str], faults: Any
 ) -> None:
     c = _committer(catalog_properties)
-    sent = _batches(c, 6)
+    sent = commit_batches(c, 6, rows=5)
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     box: list[manifest_rewrite.ManifestRewriteReport] = []
     t = threading.Thread(target=lambda: box.append(lakesink.rewrite_manifests(load(c))))
     t.start()
-    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP))
     result = write_task(c, Q1, 6, [6000, 6001])
     with as_another_process():  # in this process the batch would wait for the rewrite's attempt (its turn)
         outcome = commit(c, Q1, 6, [result])  # the batch lands first, at its first attempt
@@ -194,7 +185,7 @@ def test_a_batch_racing_the_rewrite_wins_and_the_rewrite_redoes_it_on_the_new_he
     assert report.status == "committed" and report.attempts == 2 and report.manifests_before == 7
     table = load(c)
     assert _head_manifests(table) == 1 and table_ids(table) == Counter(sent)
-    assert lakesink.verify(table).violations == [] and _missing_referenced_files(table) == []
+    assert lakesink.verify(table).violations == [] and missing_referenced_files(table) == []
     # the first attempt's manifests were deleted when its swap conflicted
     metadata = os.path.join(table.location().removeprefix("file://"), "metadata")
     referenced = seam.reachable_files(table, table.metadata.snapshots)[1]
@@ -204,15 +195,15 @@ def test_a_batch_racing_the_rewrite_wins_and_the_rewrite_redoes_it_on_the_new_he
 
 def test_a_rewrite_that_keeps_losing_gives_up_cleanly(catalog_properties: dict[str, str], faults: Any) -> None:
     c = _committer(catalog_properties, {**NO_MERGE, "commit.retry.num-retries": "0"})
-    sent = _batches(c, 4)
+    sent = commit_batches(c, 4, rows=5)
     files_before = set(os.listdir(os.path.join(load(c).location().removeprefix("file://"), "metadata")))
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     box: list[manifest_rewrite.ManifestRewriteReport] = []
     t = threading.Thread(target=lambda: box.append(lakesink.rewrite_manifests(load(c))))
     t.start()
-    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP))
     with as_another_process():
-        sent += _batches(c, 1, start=4)
+        sent += commit_batches(c, 1, start=4, rows=5)
     faults.release(DRIVER_BEFORE_SWAP)
     t.join(120)
     assert box[0].status.startswith("gave up:"), box[0]
@@ -239,7 +230,7 @@ raise SystemExit("not killed")
 @pytest.mark.parametrize("point", [DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP])
 def test_kill_9_during_the_rewrite_leaves_a_consistent_table(catalog_properties: dict[str, str], faults: Any, point: str) -> None:
     c = _committer(catalog_properties)
-    sent = _batches(c, 6)
+    sent = commit_batches(c, 6, rows=5)
     entries = _entries(load(c))
     faults.arm(point, "kill")
     proc = subprocess.run(
@@ -251,12 +242,12 @@ def test_kill_9_during_the_rewrite_leaves_a_consistent_table(catalog_properties:
     table = load(c)
     landed = _head_manifests(table) == 1
     assert landed is (point == DRIVER_AFTER_SWAP)
-    assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == [] and _entries(table) == entries
+    assert table_ids(table) == Counter(sent) and missing_referenced_files(table) == [] and _entries(table) == entries
     assert lakesink.verify(table).violations == []
-    sent += _batches(c, 1, start=6)
+    sent += commit_batches(c, 1, start=6, rows=5)
     again = lakesink.rewrite_manifests(load(c))  # landed: its manifest and the new batch's; else one per batch
     assert again.status == "committed" and again.manifests_before == (2 if landed else 7)
-    assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []
+    assert table_ids(load(c)) == Counter(sent) and missing_referenced_files(load(c)) == []
     assert lakesink.verify(load(c)).violations == []
 
 
@@ -271,7 +262,7 @@ def test_auto_maintenance_rewrites_manifests_from_min_count_to_merge(catalog_pro
     sent: list[int] = []
     counts = []
     for b in range(10):
-        sent += _batches(c, 1, start=b)
+        sent += commit_batches(c, 1, start=b, rows=5)
         maintainer(c).wait(60)
         counts.append(_head_manifests(load(c)))
     assert maintainer(c).last_error is None
@@ -293,14 +284,14 @@ def _cli(props: dict[str, str], *args: str) -> Any:
 
 def test_cli_rewrite_manifests_and_maintain(catalog_properties: dict[str, str]) -> None:
     c = _committer(catalog_properties)
-    sent = _batches(c, 5)
+    sent = commit_batches(c, 5, rows=5)
     dry = _cli(catalog_properties, "rewrite-manifests", "--dry-run", "--json")
     assert dry.exit_code == 0, dry.output
     assert json.loads(dry.output)["status"] == "dry run" and json.loads(dry.output)["manifests_before"] == 5
     assert _head_manifests(load(c)) == 5
     human = _cli(catalog_properties, "rewrite-manifests")
     assert human.exit_code == 0 and "committed" in human.output and "5 data manifest(s) into 1" in human.output, human.output
-    _batches(c, 3, start=5)
+    commit_batches(c, 3, start=5, rows=5)
     sent += [i for b in range(5, 8) for i in range(b * 1000, b * 1000 + 5)]
     m = _cli(catalog_properties, "maintain", "--json", "--no-orphans")
     assert m.exit_code == 0, m.output

@@ -18,9 +18,17 @@ from pyiceberg.table import Table
 import lakesink
 from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.maintenance import expiry
-from lakesink.options import Maintenance, SinkOptions, TableName
-from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files
-from tests.support.helpers import arrow_rows, commit, load, sink_committer, table_ids, write_task
+from lakesink.options import Maintenance
+from tests.support.helpers import (
+    Q1,
+    arrow_rows,
+    commit,
+    load,
+    missing_referenced_files,
+    open_committer,
+    table_ids,
+    write_task,
+)
 
 SCHEMA = arrow_rows([]).schema
 Q2 = "22222222-bbbb-4000-8000-000000000002"
@@ -28,17 +36,7 @@ LATER = 3_600_000  # expiry runs "one hour later" (now_ms), so every snapshot is
 
 
 def _committer(props: dict[str, str], table_properties: dict[str, str], branch: str = "main") -> TableCommitter:
-    c = sink_committer(
-        SinkOptions(
-            table=TableName(("db",), "events"),
-            catalog_properties=props,
-            table_properties=table_properties,
-            branch=branch,
-            maintenance=Maintenance.OFF,
-        )
-    )
-    c.open_table(SCHEMA)
-    return c
+    return open_committer(props, table_properties=table_properties, branch=branch, maintenance=Maintenance.OFF)
 
 
 def _batches(c: TableCommitter, query: str, n: int, *, start: int = 0, base: int = 0) -> list[int]:
@@ -82,7 +80,7 @@ def test_refs_older_than_the_tables_max_ref_age_are_removed_but_never_main(catal
     assert set(table.refs()) == {"main"}  # main is older than the max ref age too, and kept
     # the removed refs' snapshots are expired with the rest of main's old history: only main's head is left
     assert [s.snapshot_id for s in table.snapshots()] == [table.current_snapshot().snapshot_id]  # type: ignore[union-attr]
-    assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == []
+    assert table_ids(table) == Counter(sent) and missing_referenced_files(table) == []
     assert lakesink.verify(table).violations == []
 
 
@@ -137,7 +135,7 @@ def test_branch_retention_is_per_branch(catalog_properties: dict[str, str]) -> N
     assert _ancestry(table, "main") == [table.current_snapshot().snapshot_id]  # type: ignore[union-attr]
     assert _ancestry(table, "audit") == audit_history[-3:]
     assert set(forever_history) <= kept and _ancestry(table, "forever") == forever_history
-    assert _missing_referenced_files(table) == []
+    assert missing_referenced_files(table) == []
     for branch in ("main", "audit", "forever"):
         assert lakesink.verify(table, branch=branch).violations == [], branch
 
@@ -167,7 +165,7 @@ def test_a_branch_a_lakesink_query_writes_to_is_kept_with_a_warning(
     # once the query is retired, expiry removes the branch
     lakesink.forget_query(load(main), Q2)
     assert expiry.expire_snapshots(load(main), now_ms=_later()).removed_refs == ("staging",)
-    assert set(load(main).refs()) == {"main"} and _missing_referenced_files(load(main)) == []
+    assert set(load(main).refs()) == {"main"} and missing_referenced_files(load(main)) == []
 
 
 def table_ids_on(table: Table, branch: str) -> Counter[int]:

@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -32,60 +31,35 @@ from lakesink.maintenance import compaction, expiry
 from lakesink.options import Maintenance, SinkOptions, TableName
 from lakesink.table.markers import last_committed_batch
 from tests.support.helpers import (
+    Q1,
     arrow_rows,
     as_another_process,
     assert_snapshot_invariants,
     commit,
+    commit_batches,
     lakesink_snapshots,
     load,
     maintainer,
     make_committer,
+    missing_referenced_files,
+    open_committer,
     sink_committer,
     table_ids,
+    wait_until,
     write_task,
 )
 
 SCHEMA = arrow_rows([]).schema
-Q1 = "11111111-aaaa-4000-8000-000000000001"
 
 
-def _committer(props: dict[str, str], **options: object) -> TableCommitter:
-    c = sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, **options))  # type: ignore[arg-type]
-    c.open_table(SCHEMA)
-    return c
-
-
-def _batches(c: TableCommitter, n: int, *, start: int = 0, rows: int = 10) -> list[int]:
-    sent: list[int] = []
-    for b in range(start, start + n):
-        ids = list(range(b * 1000, b * 1000 + rows))
-        assert commit(c, Q1, b, [write_task(c, Q1, b, ids)]).outcome is Outcome.COMMITTED
-        sent += ids
-    return sent
-
-
-def _missing_referenced_files(table: Table) -> list[str]:
-    """Every file any snapshot of the table references that is not on disk (must be empty)."""
-    table.refresh()
-    missing = []
-    lists, manifests, files = seam.reachable_files(table, table.metadata.snapshots, live_only=True)
-    for p in sorted(lists | manifests | files):
-        if not os.path.exists(p.removeprefix("file://")):
-            missing.append(p)
-    return missing
+def _committer(props: dict[str, str], **options: Any) -> TableCommitter:
+    return open_committer(props, **options)
 
 
 def _live_files(table: Table) -> list[str]:
     table.refresh()
     head = table.current_snapshot()
     return [f.file_path for f, _ in seam.data_file_entries(table, head)] if head else []
-
-
-def _wait(cond: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 # --- table properties on creation ----------------------------------------------------------------------
@@ -98,7 +72,7 @@ def test_table_properties_and_format_version_are_set_on_creation(catalog_propert
     table = load(c)
     assert table.metadata.format_version == version
     assert {k: table.properties.get(k) for k in props} == props
-    sent = _batches(c, 2)
+    sent = commit_batches(c, 2)
     assert table_ids(load(c)) == Counter(sent)
 
 
@@ -161,7 +135,7 @@ def test_options_parse_table_properties_format_version_and_maintenance() -> None
 
 def test_compaction_rewrites_small_files_into_one_replace_snapshot(catalog_properties: dict[str, str]) -> None:
     c = _committer(catalog_properties)
-    sent = _batches(c, 6)
+    sent = commit_batches(c, 6)
     before = _live_files(load(c))
     report = compaction.compact(load(c))
     table = load(c)
@@ -175,7 +149,7 @@ def test_compaction_rewrites_small_files_into_one_replace_snapshot(catalog_prope
     # the rewritten files stay until the snapshots that reference them expire
     assert all(os.path.exists(p.removeprefix("file://")) for p in before)
     # the stream goes on: the next batch commits, an old batch replayed is still recognised
-    sent += _batches(c, 1, start=6)
+    sent += commit_batches(c, 1, start=6)
     assert commit(c, Q1, 3, [write_task(c, Q1, 3, [3000])]).outcome is Outcome.REPLAY_SKIPPED
     assert table_ids(load(c)) == Counter(sent)
     assert_snapshot_invariants(load(c))
@@ -187,7 +161,7 @@ def test_compacted_file_has_row_groups_by_the_tables_limits_not_one_per_input_fi
     many small files must not keep their many small row groups: readers pay per row group), and chooses the
     dictionary encoding per column as the writers do."""
     c = _committer(catalog_properties, table_properties={"write.parquet.row-group-limit": "25"})
-    sent = _batches(c, 6)  # 6 files of 10 rows: 60 rows
+    sent = commit_batches(c, 6)  # 6 files of 10 rows: 60 rows
     report = compaction.compact(load(c))
     assert report.status == "committed" and len(report.added_files) == 1
     import pyarrow.parquet as pq
@@ -202,7 +176,7 @@ def test_compacted_file_has_row_groups_by_the_tables_limits_not_one_per_input_fi
 
 def test_compaction_dry_run_commits_nothing(catalog_properties: dict[str, str]) -> None:
     c = _committer(catalog_properties)
-    _batches(c, 5)
+    commit_batches(c, 5)
     n = len(load(c).snapshots())
     report = compaction.compact(load(c), dry_run=True)
     assert report.status == "dry run" and report.rewritten_files == 5 and not report.added_files
@@ -213,7 +187,7 @@ def test_compaction_partitioned_table_packs_per_partition(catalog_properties: di
     from lakesink.table.partitioning import parse
 
     c = _committer(catalog_properties, partitioned_by=parse("user"))
-    sent = _batches(c, 5, rows=14)  # 7 users: 7 partitions x 5 files
+    sent = commit_batches(c, 5, rows=14)  # 7 users: 7 partitions x 5 files
     report = compaction.compact(load(c))
     assert report.status == "committed" and len(report.groups) == 7 and len(report.added_files) == 7
     table = load(c)
@@ -226,14 +200,14 @@ def test_batch_committing_during_compaction_wins_and_compaction_lands_after_it(
     catalog_properties: dict[str, str], faults: Any
 ) -> None:
     c = _committer(catalog_properties)
-    sent = _batches(c, 5)
+    sent = commit_batches(c, 5)
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     box: list[compaction.CompactionReport] = []
     t = threading.Thread(target=lambda: box.append(compaction.compact(load(c))))
     t.start()
-    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP))
     with as_another_process():  # in this process the batch would wait for the compaction's attempt (its turn)
-        sent += _batches(c, 1, start=5)  # the batch lands first
+        sent += commit_batches(c, 1, start=5)  # the batch lands first
     faults.release(DRIVER_BEFORE_SWAP)
     t.join(60)
     report = box[0]
@@ -241,19 +215,19 @@ def test_batch_committing_during_compaction_wins_and_compaction_lands_after_it(
     table = load(c)
     assert table_ids(table) == Counter(sent)
     assert len(_live_files(table)) == 2  # the compacted file and the batch's own file
-    assert _missing_referenced_files(table) == []
+    assert missing_referenced_files(table) == []
 
 
 def test_compaction_gives_up_cleanly_when_a_rewritten_file_is_no_longer_live(
     catalog_properties: dict[str, str], faults: Any
 ) -> None:
     c = _committer(catalog_properties)
-    sent = _batches(c, 5)
+    sent = commit_batches(c, 5)
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     box: list[compaction.CompactionReport] = []
     t = threading.Thread(target=lambda: box.append(compaction.compact(load(c))))
     t.start()
-    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP))
     assert compaction.compact(load(c)).status == "committed"  # another compaction rewrites the same files first
     faults.release(DRIVER_BEFORE_SWAP)
     t.join(60)
@@ -284,7 +258,7 @@ raise SystemExit("not killed")
 @pytest.mark.parametrize("point", [DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP])
 def test_kill_9_during_compaction_leaves_a_consistent_table(catalog_properties: dict[str, str], faults: Any, point: str) -> None:
     c = _committer(catalog_properties)
-    sent = _batches(c, 5)
+    sent = commit_batches(c, 5)
     faults.arm(point, "kill")
     proc = subprocess.run(
         [sys.executable, "-c", _KILL_SCRIPT, "compact", *(f"{k}={v}" for k, v in catalog_properties.items())],
@@ -293,13 +267,13 @@ def test_kill_9_during_compaction_leaves_a_consistent_table(catalog_properties: 
     )
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     table = load(c)
-    assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == []
+    assert table_ids(table) == Counter(sent) and missing_referenced_files(table) == []
     landed = any(s.summary and s.summary.operation.value == "replace" for s in table.snapshots())
     assert landed is (point == DRIVER_AFTER_SWAP)
-    sent += _batches(c, 1, start=5)
+    sent += commit_batches(c, 1, start=5)
     again = compaction.compact(load(c))
     assert again.status == ("nothing to compact" if landed else "committed")
-    assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []
+    assert table_ids(load(c)) == Counter(sent) and missing_referenced_files(load(c)) == []
 
 
 # --- snapshot expiry -----------------------------------------------------------------------------------
@@ -314,13 +288,13 @@ def _expiring(props: dict[str, str], keep: int) -> TableCommitter:
 
 def test_expiry_follows_the_table_properties_and_keeps_markers_and_referenced_files(catalog_properties: dict[str, str]) -> None:
     c = _expiring(catalog_properties, 3)
-    sent = _batches(c, 6)
+    sent = commit_batches(c, 6)
     marker_before = last_committed_batch(load(c).properties, Q1)
     report = expiry.expire_snapshots(load(c))
     table = load(c)
     assert report.status == "committed" and len(report.expired_snapshot_ids) == 3 and len(table.snapshots()) == 3
     assert report.deleted_files  # the manifest lists (and merged-away manifests) of the expired snapshots
-    assert _missing_referenced_files(table) == []
+    assert missing_referenced_files(table) == []
     assert table_ids(table) == Counter(sent)
     assert last_committed_batch(table.properties, Q1) == marker_before  # the replay marker is untouched
     # a batch of an expired snapshot replayed (a query restarted after a week) is still recognised
@@ -331,7 +305,7 @@ def test_expiry_follows_the_table_properties_and_keeps_markers_and_referenced_fi
 
 def test_expiry_after_compaction_deletes_the_rewritten_files(catalog_properties: dict[str, str]) -> None:
     c = _expiring(catalog_properties, 1)
-    sent = _batches(c, 5)
+    sent = commit_batches(c, 5)
     small = set(_live_files(load(c)))
     assert compaction.compact(load(c)).status == "committed"
     report = expiry.expire_snapshots(load(c))
@@ -339,29 +313,29 @@ def test_expiry_after_compaction_deletes_the_rewritten_files(catalog_properties:
     assert len(table.snapshots()) == 1
     assert small <= set(report.deleted_files)
     assert not any(os.path.exists(p.removeprefix("file://")) for p in small)
-    assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == []
+    assert table_ids(table) == Counter(sent) and missing_referenced_files(table) == []
 
 
 def test_expiry_never_expires_a_branch_or_tag_head(catalog_properties: dict[str, str]) -> None:
     c = _expiring(catalog_properties, 1)
-    _batches(c, 3)
+    commit_batches(c, 3)
     table = load(c)
     first, second = table.snapshots()[0], table.snapshots()[1]
     table.manage_snapshots().create_tag(first.snapshot_id, "audit-2026").create_branch(second.snapshot_id, "old").commit()
-    _batches(c, 2, start=3)
+    commit_batches(c, 2, start=3)
     report = expiry.expire_snapshots(load(c))
     table = load(c)
     kept = {s.snapshot_id for s in table.snapshots()}
     assert first.snapshot_id in kept and second.snapshot_id in kept
     assert table.current_snapshot().snapshot_id in kept  # type: ignore[union-attr]
     assert len(report.expired_snapshot_ids) == 2  # batch 2 and 3, between the refs and main's head
-    assert _missing_referenced_files(table) == []
+    assert missing_referenced_files(table) == []
     assert table.scan(snapshot_id=first.snapshot_id).to_arrow().num_rows == 10
 
 
 def test_expiry_dry_run_and_default_properties_keep_young_snapshots(catalog_properties: dict[str, str]) -> None:
     c = _committer(catalog_properties)
-    _batches(c, 3)
+    commit_batches(c, 3)
     assert expiry.expire_snapshots(load(c)).status == "nothing to expire"  # Iceberg's default: 5 days
     report = expiry.expire_snapshots(load(c), retain_last=1, older_than=_now(), dry_run=True)
     assert report.status == "dry run" and len(report.expired_snapshot_ids) == 2
@@ -375,7 +349,7 @@ def _now() -> datetime:
 @pytest.mark.parametrize("point", [DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP])
 def test_kill_9_during_expiry_leaves_every_referenced_file(catalog_properties: dict[str, str], faults: Any, point: str) -> None:
     c = _expiring(catalog_properties, 2)
-    sent = _batches(c, 5)
+    sent = commit_batches(c, 5)
     faults.arm(point, "kill")
     proc = subprocess.run(
         [sys.executable, "-c", _KILL_SCRIPT, "expire", *(f"{k}={v}" for k, v in catalog_properties.items())],
@@ -385,11 +359,11 @@ def test_kill_9_during_expiry_leaves_every_referenced_file(catalog_properties: d
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     table = load(c)
     assert len(table.snapshots()) == (2 if point == DRIVER_AFTER_SWAP else 5)
-    assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == []
+    assert table_ids(table) == Counter(sent) and missing_referenced_files(table) == []
     assert last_committed_batch(table.properties, Q1) is not None
-    sent += _batches(c, 1, start=5)
+    sent += commit_batches(c, 1, start=5)
     expiry.expire_snapshots(load(c))
-    assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []
+    assert table_ids(load(c)) == Counter(sent) and missing_referenced_files(load(c)) == []
     assert_snapshot_invariants(load(c))
     assert lakesink_snapshots(load(c))
 
@@ -399,7 +373,7 @@ def test_old_metadata_files_go_as_the_table_properties_say(catalog_properties: d
         catalog_properties,
         table_properties={"write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "3"},
     )
-    _batches(c, 8)
+    commit_batches(c, 8)
     table = load(c)
     meta = Path(table.location().removeprefix("file://")) / "metadata"
     assert len(list(meta.glob("*.metadata.json"))) <= 4
@@ -423,12 +397,12 @@ def test_auto_maintenance_compacts_and_expires_between_batches(catalog_propertie
     )
     sent: list[int] = []
     for b in range(12):
-        sent += _batches(c, 1, start=b)
+        sent += commit_batches(c, 1, start=b)
         maintainer(c).wait(60)
     table = load(c)
     assert maintainer(c).last_error is None and maintainer(c).runs >= 11
     assert len(table.snapshots()) <= 5 and len(_live_files(table)) < 6  # compacted and expired as it went
-    assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == []
+    assert table_ids(table) == Counter(sent) and missing_referenced_files(table) == []
     assert_snapshot_invariants(table)
     assert commit(c, Q1, 0, [write_task(c, Q1, 0, [0])]).outcome is Outcome.REPLAY_SKIPPED
 
@@ -437,7 +411,7 @@ def test_maintenance_off_never_runs(catalog_properties: dict[str, str]) -> None:
     c = _committer(
         catalog_properties, maintenance=Maintenance.OFF, table_properties={"write.lakesink.maintenance.interval-ms": "0"}
     )
-    _batches(c, 6)
+    commit_batches(c, 6)
     maintainer(c).wait(60)
     assert maintainer(c).runs == 0 and len(_live_files(load(c))) == 6
 
@@ -448,19 +422,19 @@ def test_a_batch_committing_keeps_its_first_attempt_and_maintenance_takes_its_tu
     """The batch always wins: while a batch of the sink is between its check and its swap, a maintenance commit
     of the same sink waits for its turn; the batch lands at its first attempt and the compaction right after."""
     c = _committer(catalog_properties, table_properties={"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "10"})
-    sent = _batches(c, 5)
+    sent = commit_batches(c, 5)
     result = write_task(c, Q1, 5, [5000, 5001])
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     box: list[object] = []
     t = threading.Thread(target=lambda: box.append(commit(c, Q1, 5, [result])))
     t.start()
-    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP))
     reports: list[compaction.CompactionReport] = []
     m = threading.Thread(
         target=lambda: reports.append(compaction.compact(load(c)))  # its turns are the commit loop's
     )
     m.start()
-    _wait(lambda: not turns.of(load(c)).maintaining and len(_live_files(load(c))) == 5)
+    wait_until(lambda: not turns.of(load(c)).maintaining and len(_live_files(load(c))) == 5)
     assert reports == [] and len(load(c).snapshots()) == 5  # waiting for its turn: nothing committed meanwhile
     faults.release(DRIVER_BEFORE_SWAP)
     t.join(60)
@@ -473,7 +447,7 @@ def test_a_batch_committing_keeps_its_first_attempt_and_maintenance_takes_its_tu
     head = table.current_snapshot()
     assert head is not None and head.summary is not None
     assert head.summary.additional_properties.get("lakesink.operation") == "compact"
-    assert table_ids(table) == Counter(sent) and _missing_referenced_files(table) == []
+    assert table_ids(table) == Counter(sent) and missing_referenced_files(table) == []
     assert_snapshot_invariants(table)
 
 
@@ -485,13 +459,13 @@ def test_maintenance_gives_up_when_a_batch_holds_the_sink_past_its_turn(
     run compacts."""
     monkeypatch.setattr(turns, "TURN_WAIT_S", 0.2)
     c = _committer(catalog_properties, table_properties={"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "10"})
-    sent = _batches(c, 5)
+    sent = commit_batches(c, 5)
     result = write_task(c, Q1, 5, [5000, 5001])
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     box: list[object] = []
     t = threading.Thread(target=lambda: box.append(commit(c, Q1, 5, [result])))
     t.start()
-    _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP))
+    wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP))
     report = compaction.compact(load(c))
     assert report.status.startswith("gave up:")  # it could not take its turn while the batch held the sink
     faults.release(DRIVER_BEFORE_SWAP)
@@ -500,7 +474,7 @@ def test_maintenance_gives_up_when_a_batch_holds_the_sink_past_its_turn(
     assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 0  # type: ignore[attr-defined]
     sent += [5000, 5001]
     assert compaction.compact(load(c)).status == "committed"  # later it goes
-    assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []
+    assert table_ids(load(c)) == Counter(sent) and missing_referenced_files(load(c)) == []
 
 
 def test_compaction_lands_beside_a_stream_that_commits_back_to_back(catalog_properties: dict[str, str]) -> None:
@@ -509,7 +483,7 @@ def test_compaction_lands_beside_a_stream_that_commits_back_to_back(catalog_prop
     Here batches commit back to back on another thread while the compaction's reads are slow (0.3 s, as on a
     loaded machine): the compaction must land, every batch too, every row once."""
     c = _committer(catalog_properties)
-    sent = _batches(c, 8)
+    sent = commit_batches(c, 8)
     stop = threading.Event()
     streamed: list[int] = []
     errors: list[BaseException] = []
@@ -537,19 +511,19 @@ def test_compaction_lands_beside_a_stream_that_commits_back_to_back(catalog_prop
     s = threading.Thread(target=stream)
     s.start()
     try:
-        _wait(lambda: len(streamed) >= 2)
+        wait_until(lambda: len(streamed) >= 2)
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(catalogs, "load_table", slow_load)
             report = compaction.compact(load(c))
         n = len(streamed)
-        _wait(lambda: len(streamed) >= n + 2)  # the stream goes on after it
+        wait_until(lambda: len(streamed) >= n + 2)  # the stream goes on after it
     finally:
         stop.set()
         s.join(120)
     assert errors == []
     assert report.status == "committed", report.status
     table = load(c)
-    assert table_ids(table) == Counter(sent + streamed) and _missing_referenced_files(table) == []
+    assert table_ids(table) == Counter(sent + streamed) and missing_referenced_files(table) == []
     assert_snapshot_invariants(table)
 
 
@@ -569,7 +543,7 @@ def test_cli_compact_expire_maintain_with_dry_run_and_json(catalog_properties: d
     import json
 
     c = _committer(catalog_properties)
-    sent = _batches(c, 6)
+    sent = commit_batches(c, 6)
     dry = _cli(catalog_properties, "compact", "--dry-run", "--json")
     assert dry.exit_code == 0, dry.output
     assert json.loads(dry.output)["status"] == "dry run" and json.loads(dry.output)["rewritten_files"] == 6
@@ -585,14 +559,14 @@ def test_cli_compact_expire_maintain_with_dry_run_and_json(catalog_properties: d
     report = json.loads(m.output)
     assert report["compaction"]["status"] == "nothing to compact" and report["expiry"]["status"] == "nothing to expire"
     assert report["orphans"] is not None
-    assert table_ids(load(c)) == Counter(sent) and _missing_referenced_files(load(c)) == []
+    assert table_ids(load(c)) == Counter(sent) and missing_referenced_files(load(c)) == []
 
 
 def test_forget_query_removes_only_that_marker_and_says_the_risk(catalog_properties: dict[str, str]) -> None:
     import lakesink
 
     c = _committer(catalog_properties)
-    _batches(c, 1)
+    commit_batches(c, 1)
     unknown = _cli(catalog_properties, "forget-query", "no-such-query")
     assert unknown.exit_code == 1 and Q1 in unknown.output
     dry = _cli(catalog_properties, "forget-query", Q1, "--dry-run")
@@ -617,9 +591,9 @@ def test_audit_after_compaction_and_expiry(catalog_properties: dict[str, str]) -
         catalog_properties,
         table_properties={"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": "4"},
     )
-    _batches(c, 6)
+    commit_batches(c, 6)
     assert lakesink.compact(load(c)).status == "committed"
-    _batches(c, 2, start=6)
+    commit_batches(c, 2, start=6)
     assert lakesink.expire_snapshots(load(c)).status == "committed"
     table = load(c)
     report = lakesink.verify(table)
@@ -645,7 +619,7 @@ def test_a_commit_parses_the_metadata_once_and_never_deep_copies_it(
     from pyiceberg.catalog.sql import SqlCatalog
 
     c = _committer(catalog_properties, maintenance=Maintenance.OFF)
-    _batches(c, 3)
+    commit_batches(c, 3)
     loads: list[object] = []
     deep: list[object] = []
     real_load, real_deepcopy = SqlCatalog.load_table, copy.deepcopy
@@ -687,7 +661,7 @@ def test_a_table_moved_by_another_writer_is_read_afresh_and_parsed_once(
     from lakesink.driver import catalogs
 
     c = _committer(catalog_properties, maintenance=Maintenance.OFF)
-    sent = _batches(c, 2)
+    sent = commit_batches(c, 2)
     name, props = catalogs.resolve_catalog_properties(None, catalog_properties)
     other = load_catalog(name, **props).load_table(("db", "events"))
     other.append(arrow_rows([7000, 7001]))
@@ -742,7 +716,7 @@ def test_auto_maintenance_runs_when_every_commit_has_a_new_committer(catalog_pro
     sent: list[int] = []
     for b in range(6):
         c = _committer(catalog_properties, table_properties=props)
-        sent += _batches(c, 1, start=b)
+        sent += commit_batches(c, 1, start=b)
         maintainer(c).wait(60)
     table = load(c)
     assert any(s.summary and s.summary.operation.value == "replace" for s in table.snapshots())

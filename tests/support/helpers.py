@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -17,8 +18,9 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 import lakesink
+from lakesink._pyiceberg import io as seam
 from lakesink.driver import catalogs, turns
-from lakesink.driver.commit import BatchOutcome, TableCommitter
+from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
 from lakesink.executor.messages import TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.maintenance.auto import AutoMaintainer, AutoMaintenance, auto_maintenance
@@ -28,6 +30,10 @@ from tests.support.stream_input import write_stream_lines
 
 SCHEMA_DDL = "id long, ts timestamp, user string, amount double, kind int"
 TABLE = "db.events"
+EVENTS = TableName(("db",), "events")
+Q1 = "11111111-aaaa-4000-8000-000000000001"
+"""The query id of the tests that drive the committer directly (a second query: :data:`Q2`)."""
+Q2 = "22222222-bbbb-4000-8000-000000000002"
 
 
 WAIT_TIMEOUT_S = 180.0
@@ -136,6 +142,13 @@ def referenced_files(table: Table) -> set[str]:
     return paths
 
 
+def missing_referenced_files(table: Table) -> list[str]:
+    """Every file a snapshot of the table references (live entries) that is not on disk: must be empty."""
+    table.refresh()
+    lists, manifests, files = seam.reachable_files(table, table.metadata.snapshots, live_only=True)
+    return [p for p in sorted(lists | manifests | files) if not os.path.exists(p.removeprefix("file://"))]
+
+
 def assert_table_whole(table: Table) -> None:
     """Every file the table references (a local warehouse) is on disk."""
     missing = sorted(p for p in referenced_files(table) if not Path(p.removeprefix("file://")).exists())
@@ -237,7 +250,26 @@ def maintainer(c: TableCommitter) -> AutoMaintainer:
 
 
 def make_committer(props: Mapping[str, str], mode: OutputMode = OutputMode.APPEND) -> TableCommitter:
-    return sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=dict(props), output_mode=mode))
+    return sink_committer(SinkOptions(table=EVENTS, catalog_properties=dict(props), output_mode=mode))
+
+
+def open_committer(props: Mapping[str, str], *, table: TableName = EVENTS, **options: Any) -> TableCommitter:
+    """The committer of a sink writing ``table`` (``options``: more SinkOptions fields), its table opened -- created
+    with :func:`arrow_rows`' schema when missing."""
+    c = sink_committer(SinkOptions(table=table, catalog_properties=dict(props), **options))
+    c.open_table(arrow_rows([]).schema)
+    return c
+
+
+def commit_batches(c: TableCommitter, n: int, *, start: int = 0, rows: int = 10, query_id: str = Q1) -> list[int]:
+    """Commit batches ``start`` .. ``start + n - 1`` of ``query_id``, batch ``b`` holding ids ``b * 1000`` onwards
+    (``rows`` of them), each asserted COMMITTED: the ids sent, in order."""
+    sent: list[int] = []
+    for b in range(start, start + n):
+        ids = list(range(b * 1000, b * 1000 + rows))
+        assert commit(c, query_id, b, [write_task(c, query_id, b, ids)]).outcome is Outcome.COMMITTED
+        sent += ids
+    return sent
 
 
 def write_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:
