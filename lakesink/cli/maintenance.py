@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 
 import click
 
-from lakesink.cli.common import catalog_options, duration_option, format_duration, load_table, redacted
+from lakesink.cli.common import catalog_options, duration_option, load_table, redacted
 from lakesink.cli.output import Output, output_option
 from lakesink.cli.render import CommandFailed
 from lakesink.maintenance import compaction, expiry, manifest_rewrite, routine
@@ -30,6 +30,7 @@ from lakesink.sink.checkpoint_cleanup import clean_checkpoint
 from lakesink.table.keys import MAIN_BRANCH, ORPHAN_OLDER_THAN_DEFAULT
 
 _dry_run = click.option("--dry-run", is_flag=True, help="Change nothing; report what would be done.")
+_remove_nothing = click.option("--dry-run", is_flag=True, help="Remove nothing; list what would be removed.")
 _json_output = output_option(help="Print the report as JSON.")
 
 
@@ -67,11 +68,9 @@ def compact_command(
 @click.command("expire-snapshots")
 @click.argument("table")
 @catalog_options
-@click.option(
+@duration_option(
     "--older-than",
-    metavar="DURATION",
-    callback=lambda ctx, p, v: None if v is None else duration_option(ctx, p, v),
-    help="Expire snapshots older than this (5d, 12h, ...); default: the table's history.expire.max-snapshot-age-ms.",
+    "Expire snapshots older than this (5d, 12h, ...); default: the table's history.expire.max-snapshot-age-ms.",
 )
 @click.option("--retain-last", type=int, help="Keep at least this many snapshots per branch (default: the table's).")
 @_dry_run
@@ -124,13 +123,10 @@ def rewrite_manifests_command(
 @click.command("maintain")
 @click.argument("table")
 @catalog_options
-@click.option(
+@duration_option(
     "--orphans-older-than",
-    metavar="DURATION",
-    default=format_duration(ORPHAN_OLDER_THAN_DEFAULT),
-    show_default=True,
-    callback=duration_option,
-    help="Remove orphan files last modified longer ago than this.",
+    "Remove orphan files last modified longer ago than this.",
+    ORPHAN_OLDER_THAN_DEFAULT,
 )
 @click.option("--no-orphans", is_flag=True, help="Skip the orphan file clean-up.")
 @_dry_run
@@ -182,25 +178,19 @@ def forget_query_command(
 @click.command("remove-orphan-files")
 @click.argument("table")
 @catalog_options
-@click.option(
+@duration_option(
     "--older-than",
-    metavar="DURATION",
-    default=format_duration(ORPHAN_OLDER_THAN_DEFAULT),
-    show_default=True,
-    callback=duration_option,
-    help="Only remove files last modified longer ago than this (3d, 12h, 90m, 1d12h, 0).",
+    "Only remove files last modified longer ago than this (3d, 12h, 90m, 1d12h, 0).",
+    ORPHAN_OLDER_THAN_DEFAULT,
 )
-@click.option(
+@duration_option(
     "--other-writers-older-than",
-    metavar="DURATION",
-    default=format_duration(OTHER_WRITERS_OLDER_THAN),
-    show_default=True,
-    callback=duration_option,
-    help="Files lakesink did not name (other writers' files, whose commit may still come) only when last modified "
+    "Files lakesink did not name (other writers' files, whose commit may still come) only when last modified "
     "longer ago than this, and than --older-than. Lower it only while no other writer writes the table.",
+    OTHER_WRITERS_OLDER_THAN,
 )
-@click.option("--dry-run", is_flag=True, help="Remove nothing; list what would be removed.")
-@output_option(help="Print the report as JSON.")
+@_remove_nothing
+@_json_output
 def remove_orphan_files_command(
     table: str,
     catalog_name: str | None,
@@ -227,17 +217,14 @@ def remove_orphan_files_command(
 
 @click.command("checkpoint-clean")
 @click.argument("checkpoint")
-@click.option(
+@duration_option(
     "--older-than",
-    metavar="DURATION",
-    default=format_duration(CHECKPOINT_QUIET_TIME),
-    show_default=True,
-    callback=duration_option,
-    help="Act only when no file of the checkpoint changed for this long (3d, 12h, 90m, 0); 0 when you know "
+    "Act only when no file of the checkpoint changed for this long (3d, 12h, 90m, 0); 0 when you know "
     "that no process runs the query any more.",
+    CHECKPOINT_QUIET_TIME,
 )
-@click.option("--dry-run", is_flag=True, help="Remove nothing; list what would be removed.")
-@output_option(help="Print the report as JSON.")
+@_remove_nothing
+@_json_output
 def checkpoint_clean_command(checkpoint: str, older_than: timedelta, dry_run: bool, output: Output) -> None:
     """Remove the temp files Spark abandoned in the streaming checkpoint CHECKPOINT (a path or URL).
 
