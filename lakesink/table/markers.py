@@ -264,12 +264,7 @@ def recorded_tables(
     (``lakesink.batch-tables-digest``); None when neither tells (an expired snapshot of an older marker)."""
     if done.batch_id == batch_id and done.tables is not None:
         return done.tables
-    if done.batch_id == batch_id:
-        snapshot = None if done.empty else SnapshotIndex(metadata).get(done.snapshot_id)
-    else:
-        snapshot = find_batch_snapshot(metadata, query_id, batch_id, sink_id)
-    props = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
-    return props.get(SUMMARY_BATCH_TABLES_DIGEST)
+    return _batch_summary_value(metadata, done, query_id, batch_id, sink_id, SUMMARY_BATCH_TABLES_DIGEST)
 
 
 def recorded_rows(metadata: TableMetadata, done: CommittedBatch, query_id: str, batch_id: int, sink_id: str | None) -> str | None:
@@ -278,12 +273,20 @@ def recorded_rows(metadata: TableMetadata, done: CommittedBatch, query_id: str, 
     neither tells (a batch committed before lakesink recorded it, or an expired snapshot of an older marker)."""
     if done.batch_id == batch_id and done.rows is not None:
         return done.rows
+    return _batch_summary_value(metadata, done, query_id, batch_id, sink_id, SUMMARY_BATCH_ROWS_DIGEST)
+
+
+def _batch_summary_value(
+    metadata: TableMetadata, done: CommittedBatch, query_id: str, batch_id: int, sink_id: str | None, key: str
+) -> str | None:
+    """``key`` of batch ``batch_id``'s snapshot summary (``done``'s snapshot when it is that batch); None when the
+    snapshot is gone, or the batch was empty."""
     if done.batch_id == batch_id:
         snapshot = None if done.empty else SnapshotIndex(metadata).get(done.snapshot_id)
     else:
         snapshot = find_batch_snapshot(metadata, query_id, batch_id, sink_id)
     props = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
-    return props.get(SUMMARY_BATCH_ROWS_DIGEST)
+    return props.get(key)
 
 
 def batch_summary(
