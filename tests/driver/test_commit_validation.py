@@ -11,9 +11,7 @@ table must hold, as a multiset of ids, read back through pyiceberg and DuckDB (a
 from __future__ import annotations
 
 import math
-import threading
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,6 @@ from lakesink._pyiceberg import io as seam
 from lakesink.audit import interop
 from lakesink.driver.commit import Outcome, TableCommitter
 from lakesink.errors import LakesinkError
-from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.maintenance import compaction
 from lakesink.options import Maintenance, OutputMode, SinkOptions, TableName
 from tests.driver import test_upserts as upserts
@@ -39,8 +36,8 @@ from tests.support.helpers import (
     load,
     missing_referenced_files,
     open_committer,
+    raced,
     sink_committer,
-    wait_until,
     write_task,
 )
 from tests.support.row_deletes import commit_deletes, equality_delete_file, position_delete_files
@@ -52,33 +49,6 @@ def _committer(
     props: dict[str, str], *, mode: OutputMode = OutputMode.APPEND, table_properties: dict[str, str] | None = None
 ) -> TableCommitter:
     return open_committer(props, table_properties=table_properties or {}, output_mode=mode, maintenance=Maintenance.OFF)
-
-
-def _raced(faults: Any, step: Callable[[], Any], other: Callable[[], Any]) -> Any:
-    """Run ``step`` in a thread, pause it before its swap, run ``other`` (another writer), release it: its result
-    (or the exception it raised)."""
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    box: list[Any] = []
-
-    def run() -> None:
-        try:
-            box.append(step())
-        except BaseException as e:  # handed to the test
-            import logging
-
-            logging.getLogger(__name__).warning("the raced step raised", exc_info=True)
-            box.append(e)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    try:
-        wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=120)
-        other()
-    finally:
-        faults.release(DRIVER_BEFORE_SWAP)  # also when the other writer failed: never leave the step paused
-        t.join(120)
-    assert not t.is_alive() and box
-    return box[0]
 
 
 def _ids(rows: pa.Table) -> Counter[int]:
@@ -123,7 +93,7 @@ def test_compaction_gives_up_when_another_engines_delete_lands_between_plan_and_
         files = position_delete_files(table, deleted) if kind == "position" else [equality_delete_file(table, "id", deleted)]
         commit_deletes(table, files)
 
-    report = _raced(faults, lambda: compaction.compact(load(c)), delete)
+    report = raced(faults, lambda: compaction.compact(load(c)), delete)
     assert isinstance(report, compaction.CompactionReport), report
     assert report.status.startswith("gave up:") and "delete file" in report.status, report.status
     table = load(c)
@@ -157,7 +127,7 @@ def test_compaction_lands_when_a_new_position_delete_names_only_files_it_does_no
         table = load(c)
         commit_deletes(table, position_delete_files(table, [-2]))
 
-    report = _raced(faults, lambda: compaction.compact(load(c)), append_then_delete)
+    report = raced(faults, lambda: compaction.compact(load(c)), append_then_delete)
     assert report.status == "committed" and report.attempts == 2, report
     table = load(c)
     for reader, ids in _read_everywhere(table).items():
@@ -179,7 +149,7 @@ def test_compaction_gives_up_when_the_history_since_its_plan_was_expired(catalog
         assert first is not None
         load(c).maintenance.expire_snapshots().by_id(first).commit()
 
-    report = _raced(faults, lambda: compaction.compact(load(c)), commit_twice_and_expire_the_first)
+    report = raced(faults, lambda: compaction.compact(load(c)), commit_twice_and_expire_the_first)
     assert report.status.startswith("gave up:") and "cannot be checked" in report.status, report.status
     table = load(c)
     assert _ids(table.scan().to_arrow()) == Counter(sent) + Counter([-1, -2])
@@ -219,7 +189,7 @@ def test_compaction_gives_up_when_a_delete_lands_in_a_float_identity_partition(
         table = load(c)
         commit_deletes(table, position_delete_files(table, deleted))
 
-    report = _raced(faults, lambda: compaction.compact(load(c)), delete)
+    report = raced(faults, lambda: compaction.compact(load(c)), delete)
     assert isinstance(report, compaction.CompactionReport), report
     assert report.status.startswith("gave up:") and "delete file" in report.status, report.status
     table = load(c)
@@ -241,7 +211,7 @@ def test_a_batch_racing_another_drivers_empty_batch_marker_is_rechecked_not_land
     c = _committer(catalog_properties)
     sent = commit_batches(c, 2, rows=11)
     zombie = _committer(catalog_properties)
-    result = _raced(
+    result = raced(
         faults,
         lambda: commit(c, Q1, 2, [write_task(c, Q1, 2, [2000, 2001])]),
         lambda: commit(zombie, Q1, 2, []),  # the same batch, recorded as empty by another driver
@@ -273,7 +243,7 @@ def test_upsert_batch_racing_another_writers_rows_rewrites_them_too(catalog_prop
             )
         )
 
-    result = _raced(faults, lambda: upserts.run_batch(c, 1, second), other_writer)
+    result = raced(faults, lambda: upserts.run_batch(c, 1, second), other_writer)
     assert result.outcome is Outcome.COMMITTED and result.retries == 1, result
     expected = upserts.model([first, [(42, "other", 50, False), (77, "other", 51, False)], second])
     upserts.assert_table_is(c, expected)
@@ -291,7 +261,7 @@ def test_upsert_batch_racing_another_engines_delete_fails_loudly_and_changes_not
         t = c.reload_table()
         commit_deletes(t, position_delete_files(t, [4]))
 
-    result = _raced(faults, lambda: upserts.run_batch(c, 1, [(3, "new", 100, False), (4, "new", 101, False)]), delete)
+    result = raced(faults, lambda: upserts.run_batch(c, 1, [(3, "new", 100, False), (4, "new", 101, False)]), delete)
     assert isinstance(result, LakesinkError) and "has delete files" in str(result), result
     table = c.reload_table()
     expected = Counter(k for k in range(10) if k != 4)
@@ -319,7 +289,7 @@ def test_complete_mode_batch_racing_another_writer_and_engine_replaces_everythin
         t = load(c)
         commit_deletes(t, position_delete_files(t, [5]))
 
-    result = _raced(faults, lambda: commit(c, Q1, 1, [write_task(c, Q1, 1, list(range(100, 120)))]), others)
+    result = raced(faults, lambda: commit(c, Q1, 1, [write_task(c, Q1, 1, list(range(100, 120)))]), others)
     assert result.outcome is Outcome.COMMITTED and result.retries == 1, result
     table = load(c)
     assert not seam.has_delete_files(table, "main")
@@ -356,7 +326,7 @@ def test_manifest_rewrite_racing_an_append_and_a_delete_keeps_every_entry_once(
         t = load(c)
         commit_deletes(t, position_delete_files(t, [-2, 1001]))
 
-    report = _raced(faults, lambda: lakesink.rewrite_manifests(load(c)), others)
+    report = raced(faults, lambda: lakesink.rewrite_manifests(load(c)), others)
     assert report.status == "committed" and report.attempts == 2, report
     table = load(c)
     model = Counter(sent) + Counter([-1, -2]) - Counter([-2, 1001])

@@ -4,7 +4,6 @@ re-plans on the new head and lands; the other writer's rows are intact. Real SQL
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +13,6 @@ import pytest
 
 import lakesink
 from lakesink.driver.commit import Outcome, TableCommitter
-from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.maintenance import compaction, expiry
 from lakesink.options import Maintenance
 from tests.support.helpers import (
@@ -24,8 +22,8 @@ from tests.support.helpers import (
     load,
     missing_referenced_files,
     open_committer,
+    raced,
     table_ids,
-    wait_until,
     write_task,
 )
 
@@ -38,16 +36,8 @@ def _committer(props: dict[str, str], table_properties: dict[str, str]) -> Table
 
 def _run_with_another_writer(c: TableCommitter, faults: Any, step: Callable[[], Any]) -> tuple[Any, list[int]]:
     """Run ``step`` in a thread, pause it before its swap, let another writer append two rows, release it."""
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    box: list[Any] = []
-    t = threading.Thread(target=lambda: box.append(step()))
-    t.start()
-    wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP))
-    other = load(c)
-    other.append(pa.Table.from_pylist([{"id": -1, "user": "other"}, {"id": -2, "user": "other"}], schema=SCHEMA))
-    faults.release(DRIVER_BEFORE_SWAP)
-    t.join(120)
-    return box[0], [-1, -2]
+    rows = pa.Table.from_pylist([{"id": -1, "user": "other"}, {"id": -2, "user": "other"}], schema=SCHEMA)
+    return raced(faults, step, lambda: load(c).append(rows)), [-1, -2]
 
 
 @pytest.mark.parametrize("what", ["compact", "expire", "rewrite-manifests"])

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections import Counter
 from typing import Any
 
@@ -23,9 +22,8 @@ from pyiceberg.table import Table
 import lakesink
 from lakesink._pyiceberg import io as seam
 from lakesink.audit import interop
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
-from lakesink.maintenance import manifest_rewrite
 from lakesink.options import SinkOptions, TableName
 from tests.support.helpers import (
     Q1,
@@ -38,9 +36,9 @@ from tests.support.helpers import (
     maintainer,
     missing_referenced_files,
     open_committer,
+    raced,
     sink_committer,
     table_ids,
-    wait_until,
     write_task,
 )
 
@@ -169,19 +167,16 @@ def test_a_batch_racing_the_rewrite_wins_and_the_rewrite_redoes_it_on_the_new_he
 ) -> None:
     c = _committer(catalog_properties)
     sent = commit_batches(c, 6, rows=5)
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    box: list[manifest_rewrite.ManifestRewriteReport] = []
-    t = threading.Thread(target=lambda: box.append(lakesink.rewrite_manifests(load(c))))
-    t.start()
-    wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP))
-    result = write_task(c, Q1, 6, [6000, 6001])
-    with as_another_process():  # in this process the batch would wait for the rewrite's attempt (its turn)
-        outcome = commit(c, Q1, 6, [result])  # the batch lands first, at its first attempt
-    assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 0
+    outcomes: list[BatchOutcome] = []
+
+    def batch() -> None:
+        result = write_task(c, Q1, 6, [6000, 6001])
+        with as_another_process():  # in this process the batch would wait for the rewrite's attempt (its turn)
+            outcomes.append(commit(c, Q1, 6, [result]))  # the batch lands first, at its first attempt
+
+    report = raced(faults, lambda: lakesink.rewrite_manifests(load(c)), batch)
+    assert outcomes[0].outcome is Outcome.COMMITTED and outcomes[0].retries == 0
     sent += [6000, 6001]
-    faults.release(DRIVER_BEFORE_SWAP)
-    t.join(120)
-    report = box[0]
     assert report.status == "committed" and report.attempts == 2 and report.manifests_before == 7
     table = load(c)
     assert _head_manifests(table) == 1 and table_ids(table) == Counter(sent)
@@ -197,16 +192,13 @@ def test_a_rewrite_that_keeps_losing_gives_up_cleanly(catalog_properties: dict[s
     c = _committer(catalog_properties, {**NO_MERGE, "commit.retry.num-retries": "0"})
     sent = commit_batches(c, 4, rows=5)
     files_before = set(os.listdir(os.path.join(load(c).location().removeprefix("file://"), "metadata")))
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    box: list[manifest_rewrite.ManifestRewriteReport] = []
-    t = threading.Thread(target=lambda: box.append(lakesink.rewrite_manifests(load(c))))
-    t.start()
-    wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP))
-    with as_another_process():
-        sent += commit_batches(c, 1, start=4, rows=5)
-    faults.release(DRIVER_BEFORE_SWAP)
-    t.join(120)
-    assert box[0].status.startswith("gave up:"), box[0]
+
+    def batch() -> None:
+        with as_another_process():
+            sent.extend(commit_batches(c, 1, start=4, rows=5))
+
+    report = raced(faults, lambda: lakesink.rewrite_manifests(load(c)), batch)
+    assert report.status.startswith("gave up:"), report
     table = load(c)
     assert all(s.summary is None or s.summary.operation.value != "replace" for s in table.snapshots())
     assert table_ids(table) == Counter(sent) and _head_manifests(table) == 5

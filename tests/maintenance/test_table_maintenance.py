@@ -43,6 +43,7 @@ from tests.support.helpers import (
     make_committer,
     missing_referenced_files,
     open_committer,
+    raced,
     sink_committer,
     table_ids,
     wait_until,
@@ -201,16 +202,12 @@ def test_batch_committing_during_compaction_wins_and_compaction_lands_after_it(
 ) -> None:
     c = _committer(catalog_properties)
     sent = commit_batches(c, 5)
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    box: list[compaction.CompactionReport] = []
-    t = threading.Thread(target=lambda: box.append(compaction.compact(load(c))))
-    t.start()
-    wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP))
-    with as_another_process():  # in this process the batch would wait for the compaction's attempt (its turn)
-        sent += commit_batches(c, 1, start=5)  # the batch lands first
-    faults.release(DRIVER_BEFORE_SWAP)
-    t.join(60)
-    report = box[0]
+
+    def batch() -> None:
+        with as_another_process():  # in this process the batch would wait for the compaction's attempt (its turn)
+            sent.extend(commit_batches(c, 1, start=5))  # the batch lands first
+
+    report = raced(faults, lambda: compaction.compact(load(c)), batch)
     assert report.status == "committed" and report.attempts == 2
     table = load(c)
     assert table_ids(table) == Counter(sent)
@@ -223,15 +220,9 @@ def test_compaction_gives_up_cleanly_when_a_rewritten_file_is_no_longer_live(
 ) -> None:
     c = _committer(catalog_properties)
     sent = commit_batches(c, 5)
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    box: list[compaction.CompactionReport] = []
-    t = threading.Thread(target=lambda: box.append(compaction.compact(load(c))))
-    t.start()
-    wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP))
-    assert compaction.compact(load(c)).status == "committed"  # another compaction rewrites the same files first
-    faults.release(DRIVER_BEFORE_SWAP)
-    t.join(60)
-    report = box[0]
+    others: list[compaction.CompactionReport] = []
+    report = raced(faults, lambda: compaction.compact(load(c)), lambda: others.append(compaction.compact(load(c))))
+    assert others[0].status == "committed"  # another compaction rewrote the same files first
     assert report.status.startswith("gave up:") and "no longer live" in report.status
     table = load(c)
     assert table_ids(table) == Counter(sent)
@@ -461,17 +452,11 @@ def test_maintenance_gives_up_when_a_batch_holds_the_sink_past_its_turn(
     c = _committer(catalog_properties, table_properties={"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "10"})
     sent = commit_batches(c, 5)
     result = write_task(c, Q1, 5, [5000, 5001])
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    box: list[object] = []
-    t = threading.Thread(target=lambda: box.append(commit(c, Q1, 5, [result])))
-    t.start()
-    wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP))
-    report = compaction.compact(load(c))
+    reports: list[compaction.CompactionReport] = []
+    outcome = raced(faults, lambda: commit(c, Q1, 5, [result]), lambda: reports.append(compaction.compact(load(c))))
+    report = reports[0]
     assert report.status.startswith("gave up:")  # it could not take its turn while the batch held the sink
-    faults.release(DRIVER_BEFORE_SWAP)
-    t.join(60)
-    outcome = box[0]
-    assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 0  # type: ignore[attr-defined]
+    assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 0
     sent += [5000, 5001]
     assert compaction.compact(load(c)).status == "committed"  # later it goes
     assert table_ids(load(c)) == Counter(sent) and missing_referenced_files(load(c)) == []

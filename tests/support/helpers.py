@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -23,6 +25,7 @@ from lakesink.driver import catalogs, turns
 from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
 from lakesink.executor.messages import TaskResult
 from lakesink.executor.task_writer import TaskWriter
+from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.maintenance.auto import AutoMaintainer, AutoMaintenance, auto_maintenance
 from lakesink.options import OutputMode, SinkOptions, TableName
 from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK_ID
@@ -277,6 +280,31 @@ def write_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int], 
     plan = c.write_plan(c.open_table(arrow_rows([]).schema), query_id)
     writer = TaskWriter(plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=attempt)
     return writer.write(arrow_rows(ids).to_batches())
+
+
+def raced(faults: Any, step: Callable[[], Any], other: Callable[[], Any]) -> Any:
+    """Run ``step`` in a thread, pause it before its swap (fault point DRIVER_BEFORE_SWAP), run ``other`` (another
+    writer), release it: ``step``'s result (or the exception it raised)."""
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append(step())
+        except BaseException as e:  # handed to the test
+            logging.getLogger(__name__).warning("the raced step raised", exc_info=True)
+            box.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=120)
+        other()
+    finally:
+        faults.release(DRIVER_BEFORE_SWAP)  # also when the other writer failed: never leave the step paused
+        t.join(120)
+    assert not t.is_alive() and box
+    return box[0]
 
 
 def commit(c: TableCommitter, query_id: str, batch_id: int, results: list[TaskResult]) -> BatchOutcome:
