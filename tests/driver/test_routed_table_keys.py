@@ -234,3 +234,36 @@ def test_a_table_without_a_key_is_a_loud_error_naming_it(catalog_properties: dic
         routed_keys.table_key("db.new", None, set(), ())
     with pytest.raises(InvalidOptionError, match=r"changes of table db\.new in one batch carry different keys"):
         routed_keys.table_key("db.new", None, {("a",), ("a", "b")}, ("id",))
+
+
+def test_a_truncating_unit_failed_inside_its_transaction_then_replayed(catalog_properties: dict[str, str], faults: Any) -> None:
+    """cdc-format's truncate (lakesink.driver.truncate): the truncated table's part of the unit replaces everything
+    live with the batch's rows (foreach_batch kept only the changes after the truncate), atomically with the batch's
+    other tables: a fault inside the unit's transaction changes no table, the replay applies both."""
+    extra = {"table-property.commit.retry.num-retries": "0"}
+    create_keyed_tables(catalog_properties, extra)
+    stream = change_stream(seed=5, batches=1, per_batch=60, keys=5)
+    rc = routed(catalog_properties, **extra)
+    run(rc, 0, stream[0])
+    before = state(catalog_properties, ["db.byid", "db.bypair"])
+    assert before["db.byid"] and before["db.bypair"]
+    after_truncate = [("byid", (k,), f"t{k}", 1000 + k, k == 3) for k in (1, 3, 7)]  # 3: inserted nowhere, deleted
+    other = [("bypair", (0, 0), "p", 1010, False)]
+    faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")
+    rc.truncating = {"db.byid"}
+    with pytest.raises((InjectedFault, CommitConflictError)):
+        run(rc, 1, after_truncate + other)
+    assert faults.fired(CATALOG_BETWEEN_TABLE_SWAPS)
+    faults.clear()
+    assert state(catalog_properties, ["db.byid", "db.bypair"]) == before  # all or nothing
+    restarted = routed(catalog_properties, **extra)
+    restarted.truncating = {"db.byid"}
+    run(restarted, 1, after_truncate + other)
+    got = state(catalog_properties, ["db.byid", "db.bypair"])
+    assert got["db.byid"] == {(1,): ("t1", 1001), (7,): ("t7", 1007)}  # the rows before the truncate are gone
+    assert got["db.bypair"] == {**before["db.bypair"], (0, 0): ("p", 1010)}
+    again = routed(catalog_properties, **extra)
+    again.truncating = {"db.byid"}
+    out = run(again, 1, after_truncate + other)  # a replay found in both tables: nothing changes
+    assert {o.outcome for o in out.tables.values()} == {Outcome.REPLAY_SKIPPED}
+    assert state(catalog_properties, ["db.byid", "db.bypair"]) == got
