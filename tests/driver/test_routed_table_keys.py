@@ -247,8 +247,8 @@ def test_a_truncating_unit_failed_inside_its_transaction_then_replayed(catalog_p
     run(rc, 0, stream[0])
     before = state(catalog_properties, ["db.byid", "db.bypair"])
     assert before["db.byid"] and before["db.bypair"]
-    after_truncate = [("byid", (k,), f"t{k}", 1000 + k, k == 3) for k in (1, 3, 7)]  # 3: inserted nowhere, deleted
-    other = [("bypair", (0, 0), "p", 1010, False)]
+    after_truncate: list[Event] = [("byid", (k,), f"t{k}", 1000 + k, k == 3) for k in (1, 3, 7)]  # 3: inserted nowhere, deleted
+    other: list[Event] = [("bypair", (0, 0), "p", 1010, False)]
     faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")
     rc.truncating = {"db.byid"}
     with pytest.raises((InjectedFault, CommitConflictError)):
