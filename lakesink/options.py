@@ -53,6 +53,9 @@ them (docs/cdc.md). Implies ``route-by``, ``payload``, ``delete-when`` and ``ord
 #: The columns option cdc-format adds to the batch (lakesink.cdc.debezium.parse with this prefix) and the payload column
 CDC_PREFIX = "cdc_"
 CDC_PAYLOAD = "cdc_payload"
+CDC_CONNECT_SCHEMA = "cdc_connect_schema"
+"""Option cdc-format: the column with each record's Kafka Connect schema (``schemas.enable``; null without), which
+types its fields (lakesink.cdc.connect)."""
 """With route-by: a string column holding a JSON object whose fields are the row's columns in its routed table
 (docs/cdc.md)."""
 METRICS = "metrics"
@@ -268,6 +271,12 @@ class SinkOptions:
     metrics: MetricsExport = field(default_factory=lambda: MetricsExport())
     """Option ``metrics``: where commit metrics are exported (docs/metrics.md)."""
 
+    @property
+    def upserts(self) -> bool:
+        """Whether rows replace the table's rows of their key: option upsert-key, or cdc-format (whose changes carry
+        each table's key: lakesink.driver.routed_keys)."""
+        return bool(self.upsert_key) or self.cdc_format is not None
+
     def for_table(self, table: TableName) -> SinkOptions:
         """The options of one table of a routed sink (everything but the routing; the dead-letter table is the routed
         sink's, one for all its tables: lakesink.driver.routing)."""
@@ -362,7 +371,7 @@ class SinkOptions:
             raise InvalidOptionError(
                 f"set the format version with option '{FORMAT_VERSION}', not '{TABLE_PROPERTY_PREFIX}{FORMAT_VERSION}'"
             )
-        upsert_key, delete_when, order_by = _parse_upsert(lowered, mode)
+        upsert_key, delete_when, order_by = _parse_upsert(lowered, mode, keyed_changes=cdc_format is not None)
         dead_letter_table, reject_when, max_rejected = _parse_dead_letters(lowered, lowered.get(TABLE, ""))
         table = ROUTED if routing is not None else TableName.parse(lowered[TABLE])
         alone = {  # the options parsed on their own, in the declaration's order; an absent one keeps its default
@@ -458,11 +467,6 @@ def _apply_cdc_format(lowered: dict[str, str]) -> str | None:
             f"source, deletes from op 'd', the order from the source position); drop them, or drop '{CDC_FORMAT}' and "
             "call lakesink.cdc.debezium.parse before the sink (docs/cdc.md)"
         )
-    if not lowered.get(UPSERT_KEY, "").strip():
-        raise InvalidOptionError(
-            f"option '{CDC_FORMAT}' needs option '{UPSERT_KEY}': the primary key columns of the source tables (the "
-            "same names in every table, e.g. 'id')"
-        )
     lowered[ROUTE_BY] = f"{CDC_PREFIX}route"
     lowered[PAYLOAD] = CDC_PAYLOAD
     lowered[DELETE_WHEN] = f"{CDC_PREFIX}op = 'd'"
@@ -513,8 +517,11 @@ def _parse_route_namespaces(lowered: Mapping[str, str]) -> tuple[tuple[str, ...]
     return tuple(allowed)
 
 
-def _parse_upsert(lowered: Mapping[str, str], mode: OutputMode) -> tuple[tuple[str, ...], str | None, str | None]:
-    """``upsert-key`` (comma-separated columns), ``delete-when`` and ``order-by``, checked against the output mode."""
+def _parse_upsert(
+    lowered: Mapping[str, str], mode: OutputMode, *, keyed_changes: bool = False
+) -> tuple[tuple[str, ...], str | None, str | None]:
+    """``upsert-key`` (comma-separated columns), ``delete-when`` and ``order-by``, checked against the output mode.
+    ``keyed_changes`` (option cdc-format): the changes carry each table's key, upsert-key may be left out."""
     key = tuple(c.strip() for c in lowered.get(UPSERT_KEY, "").split(",") if c.strip())
     if UPSERT_KEY in lowered and (not key or len(set(key)) != len(key)):
         raise InvalidOptionError(
@@ -523,7 +530,7 @@ def _parse_upsert(lowered: Mapping[str, str], mode: OutputMode) -> tuple[tuple[s
         )
     delete_when = lowered.get(DELETE_WHEN, "").strip() or None
     order_by = lowered.get(ORDER_BY, "").strip() or None
-    if not key:
+    if not key and not keyed_changes:
         given = [k for k in (DELETE_WHEN, ORDER_BY) if lowered.get(k, "").strip()]
         if given:
             raise InvalidOptionError(

@@ -119,3 +119,24 @@ def test_the_demos_output_folders_are_ignored_by_git() -> None:
     for path in ("routing-demo-run/job.log", "demo-run/job.log", "lakehouse/catalog.db"):
         ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=root, capture_output=True)
         assert ignored.returncode == 0, f"{path} is not ignored by git"
+
+
+CDC_DATABASE = Path(__file__).resolve().parent.parent / "examples" / "cdc_database.py"
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(700)
+def test_the_cdc_database_example_ends_with_every_table_equal_to_the_database(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, LAKESINK_HOME=str(tmp_path / "lakehouse"))
+    env.pop("LAKESINK_FAULTS_DIR", None)
+    done = subprocess.run(
+        [sys.executable, str(CDC_DATABASE), "--dir", str(tmp_path / "run")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-3000:]}"
+    assert done.stdout.count(" equal") == 3 and done.stdout.rstrip().endswith("OK"), done.stdout

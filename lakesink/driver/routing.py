@@ -37,7 +37,7 @@ from pyiceberg.table import Table, Transaction
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import producers as seam_producers
-from lakesink.driver import catalogs, completeness, dead_letters, swap
+from lakesink.driver import catalogs, completeness, dead_letters, routed_keys, swap, truncate
 from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.driver.commit import BatchOutcome, CommitHook, Outcome, TableCommitter
 from lakesink.driver.completeness import BatchTime
@@ -197,6 +197,14 @@ class RoutedCommitter:
         self.table_columns: dict[str, pa.Schema] = {}
         """Option payload: each table's columns as the batch's payloads hold them (set per batch by foreach_batch,
         lakesink.executor.payload); a table not in it takes the stream's columns."""
+        self.carried_keys: dict[str, set[routed_keys.Key]] = {}
+        """With upserts: the keys each table's changes carry in the batch (set per batch by foreach_batch with
+        cdc-format=debezium: the Kafka keys' fields); the key of a table lakesink creates (lakesink.driver.routed_keys)."""
+        self.truncating: set[str] = set()
+        """Option cdc-format: the tables the batch truncates (set per batch by foreach_batch, which keeps only their
+        changes after the truncate): their part of the unit replaces everything live (lakesink.driver.truncate)."""
+        self.table_keys: dict[str, routed_keys.Key] = {}
+        """With upserts: each table's key, decided when the run first opens it (lakesink.driver.routed_keys)."""
         self.catalog = catalogs.load(options.catalog_name, options.catalog_properties)
         self.atomic = self._atomic_mode()
         self._post_commit = post_commit
@@ -247,6 +255,7 @@ class RoutedCommitter:
         """A new run of the query: tables are opened (and checked) afresh."""
         self._uuids.clear()
         self._siblings.clear()
+        self.table_keys.clear()
         self._last_tables = ()
         self._letters_opened = False
 
@@ -414,6 +423,8 @@ class RoutedCommitter:
         name = str(route)
         c = self.committer(name)
         expected = self._uuids.get(name)
+        if self.options.upserts:  # the table's own key (an existing table's identifier fields), decided once a run
+            self._keyed(c, name, first=expected is None)
         if expected is None:
             wanted = self.columns_of(name)
             if name in self.table_columns:  # option payload: the fields an existing table has keep its types
@@ -434,6 +445,18 @@ class RoutedCommitter:
         self._check_event_time(name, plan.schema, plan.properties)
         self._uuids[name] = plan.table_uuid
         return plan, table
+
+    def _keyed(self, c: TableCommitter, name: str, *, first: bool) -> None:
+        """Option route-by with upserts: the table's committer takes the table's key as its option upsert-key (its
+        creation and checks then use it: lakesink.driver.routed_keys)."""
+        if first or name not in self.table_keys:
+            try:
+                schema: Schema | None = c.load().schema()
+            except NoSuchTableError:
+                schema = None
+            carried = self.carried_keys.get(name, set())
+            self.table_keys[name] = routed_keys.table_key(name, schema, carried, self.options.upsert_key)
+        c.options = replace(c.options, upsert_key=self.table_keys[name])
 
     def _check_event_time(self, name: str, schema: Schema, properties: Mapping[str, str]) -> None:
         """Option event-time: a routed table must have the column, with bounds, as a single table must at start
@@ -543,6 +566,7 @@ class RoutedCommitter:
             row_checks=self._checks if self.dead_letters is not None else None,
             allowed_namespaces=self.routing.allowed_namespaces,
             upsert=self.upsert_spec(deletes_computed=deletes_computed),
+            keys={n: self.table_keys[n] for n in plans if n in self.table_keys},
             payload=self.options.payload,
         )
 
@@ -550,7 +574,7 @@ class RoutedCommitter:
         """Option upsert-key: how a task resolves each table's rows (None: appends). ``delete-when`` is the writers'
         (an Iceberg row filter, checked here) unless Spark computed it already (``deletes_computed``)."""
         o = self.options
-        if not o.upsert_key:
+        if not o.upserts:
             return None
         spec = UpsertSpec(o.upsert_key, None if deletes_computed else o.delete_when, o.order_by)
         spec.check()
@@ -594,6 +618,8 @@ class RoutedCommitter:
                 by_table.setdefault(t.table, []).append(t.result)
                 if t.templated:
                     templated.add(t.table)
+        for name in self.truncating:  # a table the batch truncates is in its unit, rows after the truncate or none
+            by_table.setdefault(name, [])
         run_id = run_id or next((r.run_id for r in results if r.run_id), None)
         names = sorted(by_table)
         routes = self.routes(names, batch_id)
@@ -619,21 +645,17 @@ class RoutedCommitter:
                 c, route, by_table[name], name in templated, query_id, batch_id, read.get(route.identifier)
             )
             kept += table_results
-            actions.append(
-                (
-                    c,
-                    c.unit_action(
-                        table,
-                        query_id=query_id,
-                        batch_id=batch_id,
-                        results=table_results,
-                        source_offsets=source_offsets,
-                        run_id=run_id,
-                        unit=_with_rows(unit, rows.get(name)),
-                        batch_time=batch_time,
-                    ),
-                )
+            action = c.unit_action(
+                table,
+                query_id=query_id,
+                batch_id=batch_id,
+                results=table_results,
+                source_offsets=source_offsets,
+                run_id=run_id,
+                unit=_with_rows(unit, rows.get(name)),
+                batch_time=batch_time,
             )
+            actions.append((c, truncate.truncating(c, action) if name in self.truncating else action))
         self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
         if self.dead_letters is not None:
             if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
@@ -799,9 +821,7 @@ class RoutedCommitter:
         if not tables:
             log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", query_id, batch_id)
             return RoutedOutcome(batch_id, {})
-        return self._without_files(
-            tables, query_id, batch_id, source_offsets, run_id, batch_time=batch_time, found_at_plan=False
-        )
+        return self._without_files(tables, query_id, batch_id, source_offsets, run_id, batch_time=batch_time, found_at_plan=False)
 
     def _tables_of_last_batch(self, query_id: str) -> tuple[str, ...]:
         """The tables of option ``namespace`` that hold the sink's last batch, read from the catalog: where an empty

@@ -21,15 +21,19 @@ import base64
 import json
 import pickle
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
 
 import pyarrow as pa
 
-from lakesink.errors import SchemaMismatchError
+from lakesink.cdc import connect
+from lakesink.errors import SchemaMismatchError, UpsertKeyError
 from lakesink.table.routes import routing_value
 
-INFERRED_SCHEMA = pa.schema([pa.field("route", pa.binary()), pa.field("columns", pa.binary())])
-"""What :class:`PayloadInference` yields: a route's raw value and its pickled column list."""
-INFERRED_DDL = "route BINARY, columns BINARY"
+INFERRED_SCHEMA = pa.schema([pa.field("route", pa.binary()), pa.field("columns", pa.binary()), pa.field("found", pa.binary())])
+"""What :class:`PayloadInference` yields: a route's raw value, its pickled column list and its pickled
+:class:`Found` (the keys its changes carry)."""
+INFERRED_DDL = "route BINARY, columns BINARY, found BINARY"
 """:data:`INFERRED_SCHEMA` as Spark declares it."""
 
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
@@ -124,15 +128,78 @@ def parse(values: pa.Array, table: str, column: str) -> list[object]:
     return out
 
 
-class PayloadInference:
-    """The ``mapInArrow`` function of foreach_batch's inference job: per route of the task, its payloads' columns."""
+@dataclass
+class Found:
+    """What the inference job finds of a route besides its columns."""
 
-    def __init__(self, route_column: str, payload_column: str):
+    keys: set[tuple[str, ...]] = field(default_factory=set)
+    """The distinct keys (their field names) of the route's records (``key_column``: Kafka's key, a JSON object, or
+    the JsonConverter's ``{"schema", "payload"}`` wrapper of one)."""
+
+    truncate: Decimal | None = None
+    """The greatest order (source position) of the route's truncates (op ``t``; ``truncate_columns``), None: none."""
+
+    def join(self, other: Found) -> Found:
+        positions = [p for p in (self.truncate, other.truncate) if p is not None]
+        return Found(self.keys | other.keys, max(positions) if positions else None)
+
+
+def key_fields(text: str | None) -> tuple[str, ...] | None:
+    """The field names of a record's key (Debezium's Kafka key: the source table's primary key), None without one."""
+    if text is None:
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(obj, dict) and set(obj) == {"schema", "payload"} and isinstance(obj["payload"], dict):
+        obj = obj["payload"]
+    return tuple(obj) if isinstance(obj, dict) and obj else None
+
+
+def _last_truncate(
+    batch: pa.RecordBatch, rows: pa.Array, columns: tuple[str, str], table: str, last: Decimal | None
+) -> Decimal | None:
+    op_column, order_column = columns
+    ops = batch.column(op_column).take(rows).to_pylist()
+    orders = batch.column(order_column).take(rows).to_pylist()
+    for op, order in zip(ops, orders, strict=True):
+        if op != "t":
+            continue
+        if order is None:
+            raise UpsertKeyError(
+                f"a truncate of table {table} has no source position ({order_column!r} is null: a connector whose "
+                "records carry no log position): lakesink cannot tell which changes come before it. Nothing was "
+                "committed; re-snapshot the table instead of replicating the truncate"
+            )
+        last = order if last is None else max(last, order)
+    return last
+
+
+class PayloadInference:
+    """The ``mapInArrow`` function of foreach_batch's inference job: per route of the task, its payloads' columns
+    (and with ``key_column``, the keys its records carry: :class:`Found`)."""
+
+    def __init__(
+        self,
+        route_column: str,
+        payload_column: str,
+        key_column: str | None = None,
+        truncate_columns: tuple[str, str] | None = None,
+        schema_column: str | None = None,
+    ):
         self.route_column = route_column
         self.payload_column = payload_column
+        self.key_column = key_column
+        self.truncate_columns = truncate_columns
+        """(op column, order column): where each route's last truncate is (option cdc-format)."""
+        self.schema_column = schema_column
+        """Option cdc-format: each record's Kafka Connect schema (``schemas.enable``), which types its fields
+        (lakesink.cdc.connect)."""
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         found: dict[bytes | None, dict[str, pa.DataType | None]] = {}
+        extra: dict[bytes | None, Found] = {}
         for batch in batches:
             routes: list[bytes | None] = batch.column(self.route_column).cast(pa.binary()).to_pylist()
             payloads = batch.column(self.payload_column)
@@ -141,13 +208,33 @@ class PayloadInference:
                 by_route.setdefault(r, []).append(i)
             for r, rows in by_route.items():
                 name = str(routing_value(r))
-                objects = parse(payloads.take(pa.array(rows, pa.int64())), name, self.payload_column)
+                taken = pa.array(rows, pa.int64())
+                objects = parse(payloads.take(taken), name, self.payload_column)
                 have = found.setdefault(r, {})
+                if self.schema_column is not None:  # fields typed by their Connect schema, the others by their JSON
+                    schemas = batch.column(self.schema_column).take(taken).to_pylist()
+                    untyped = []
+                    for obj, schema in zip(objects, schemas, strict=True):
+                        _, types = connect.decode_row(obj, schema)
+                        for n, t in types.items():
+                            have[n] = unify(have.get(n), t, f"{name}.{n}")
+                        untyped.append({n: v for n, v in obj.items() if n not in types} if isinstance(obj, dict) else obj)
+                    objects = untyped
                 for n, t in columns_of(objects, name).items():
                     have[n] = unify(have.get(n), t, f"{name}.{n}")
+                more = extra.setdefault(r, Found())
+                if self.key_column is not None:
+                    keys = batch.column(self.key_column).take(taken).cast(pa.string()).to_pylist()
+                    more.keys |= {k for k in map(key_fields, keys) if k is not None}
+                if self.truncate_columns is not None:
+                    more.truncate = _last_truncate(batch, taken, self.truncate_columns, name, more.truncate)
         if found:
             yield pa.record_batch(
-                [pa.array(list(found), pa.binary()), pa.array([pickle.dumps(c) for c in found.values()], pa.binary())],
+                [
+                    pa.array(list(found), pa.binary()),
+                    pa.array([pickle.dumps(c) for c in found.values()], pa.binary()),
+                    pa.array([pickle.dumps(extra[r]) for r in found], pa.binary()),
+                ],
                 schema=INFERRED_SCHEMA,
             )
 
@@ -164,12 +251,23 @@ def merge_columns(parts: Sequence[dict[str, pa.DataType | None]], table: str) ->
     return pa.schema([pa.field(n, t) for n, t in out.items() if t is not None])
 
 
-def expand(rows: pa.RecordBatch, payload_column: str, target: pa.Schema, table: str, keep: Sequence[str] = ()) -> pa.RecordBatch:
+def expand(
+    rows: pa.RecordBatch,
+    payload_column: str,
+    target: pa.Schema,
+    table: str,
+    keep: Sequence[str] = (),
+    schema_column: str | None = None,
+) -> pa.RecordBatch:
     """A table's rows as its columns (``target``: the table's Arrow schema), from the payload column, plus the stream
     columns ``keep`` (read by the upsert resolution and row checks, not written). A column the payloads lack is null;
     a payload field the table lacks must be null (else an error naming the table and the field: option merge-schema
-    adds the column)."""
+    adds the column). ``schema_column``: each row's Kafka Connect schema, whose types decode its fields first
+    (lakesink.cdc.connect)."""
     objects = parse(rows.column(payload_column), table, payload_column)
+    if schema_column is not None and schema_column in rows.schema.names:
+        schemas = rows.column(schema_column).to_pylist()
+        objects = [connect.decode_row(obj, schema)[0] for obj, schema in zip(objects, schemas, strict=True)]
     names = set(target.names)
     for obj in objects:
         if isinstance(obj, dict):
@@ -224,6 +322,8 @@ def _column(values: list[object], field: pa.Field, table: str) -> pa.Array:
 
 def _base64(value: object, field: pa.Field, table: str) -> bytes:
     """A binary column's value: JSON has no bytes, so a payload holds them as base64 text (Debezium's encoding)."""
+    if isinstance(value, bytes):  # decoded by the record's Connect schema already
+        return value
     if isinstance(value, str):
         try:
             return base64.b64decode(value, validate=True)

@@ -39,6 +39,7 @@ from lakesink.executor.row_digest import RowsDigest, digest
 from lakesink.executor.task_writer import TaskWriter, task_result_batch, utc_schema
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
+from lakesink.options import CDC_CONNECT_SCHEMA
 from lakesink.table import dead_letters as dl
 from lakesink.table import locations, storage
 from lakesink.table.keys import DELETED
@@ -108,6 +109,9 @@ class RoutedPlan:
     upsert: UpsertSpec | None = None
     """Option upsert-key: every table's rows of a task resolved to one row per key (as one table's task resolves them,
     lakesink.executor.upsert_task), the keys each table's rows change in its TaskResult."""
+    keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """With upserts: each opened table's own key (lakesink.driver.routed_keys: an existing table's identifier fields);
+    a table not in it (one the template writes) takes ``upsert.key``."""
     payload: str | None = None
     """Option payload: the JSON column whose fields are each row's columns in its table (lakesink.executor.payload);
     the other stream columns are not written (the upsert resolution and the row checks read theirs)."""
@@ -347,7 +351,7 @@ class RoutedTaskWriter:
         assert self._plan.payload is not None
         target = pa.schema([pa.field(f.name, f.type) for f in seam.arrow_schema(plan.schema)])
         keep = [dl.REJECT_COLUMN, DELETED, *((plan.upsert.order_by,) if plan.upsert and plan.upsert.order_by else ())]
-        return payload.expand(rows, self._plan.payload, target, plan.table, keep)
+        return payload.expand(rows, self._plan.payload, target, plan.table, keep, schema_column=CDC_CONNECT_SCHEMA)
 
     def _reject_route(self, value: object, route: InvalidRoute, rows: pa.RecordBatch) -> None:
         """Rows whose routing value names no valid table: dead letters (option dead-letter-table), else RoutingError."""
@@ -408,6 +412,8 @@ class RoutedTaskWriter:
         plan = self._plan.plan_for(route, self._batch_id)
         if self._plan.upsert is not None:
             upsert = self._plan.upsert
+            if name in self._plan.keys:
+                upsert = replace(upsert, key=self._plan.keys[name])
             order = upsert.order_by
             if self._plan.payload is not None and order is not None and order not in plan.schema.column_names:
                 upsert = replace(upsert, not_written=(order,))  # a stream column outside the payload

@@ -36,8 +36,8 @@ from lakesink.executor.messages import WritePlan
 from lakesink.executor.routed_writer import RoutedPartitionWriter, RoutedTaskResult
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, PartitionWriter
 from lakesink.maintenance.auto import auto_maintenance
-from lakesink.options import CDC_PAYLOAD, CDC_PREFIX, SinkOptions, WriterKind
-from lakesink.sink import completeness, dead_letters, driver_write, spark_fs, spark_write, upsert_batch
+from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, Routing, SinkOptions, WriterKind
+from lakesink.sink import completeness, dead_letters, driver_write, spark_fs, spark_write, truncates, upsert_batch
 from lakesink.sink.checkpoint import not_found_by_a_restart, read_query_id, read_source_offsets
 from lakesink.table import storage
 from lakesink.table.keys import MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
@@ -156,24 +156,31 @@ def foreach_batch(
 def debezium_changes(df: DataFrame) -> DataFrame:
     """Option cdc-format=debezium: the batch's ``value`` column parsed (lakesink.cdc.debezium.parse, prefix ``cdc_``:
     tombstones dropped, a record that is no change event fails the job), with the payload column each row's table
-    takes: ``after``, else (a delete) ``before``. A truncate (op ``t``) fails the job naming the table: lakesink does
-    not apply truncates yet, and dropping one would leave rows the source no longer has."""
+    takes: ``after``, else (a delete) ``before``; null for a truncate (op ``t``: lakesink.sink.truncates)."""
     if "value" not in df.columns:
         raise InvalidOptionError(
             f"option 'cdc-format' reads Debezium's events from column 'value', which the stream does not have (columns: "
             f"{', '.join(df.columns)}); rename the column that holds them to 'value'"
         )
+    wrapper = F.from_json(F.col("value").cast("string"), "`schema` STRING, payload STRING")
+    # the record's Kafka Connect schema (schemas.enable), which types its fields (lakesink.cdc.connect)
+    df = df.withColumn(CDC_CONNECT_SCHEMA, wrapper["schema"])
     changes = debezium.parse(df, column="value", prefix=CDC_PREFIX)
-    op, route = F.col(f"`{CDC_PREFIX}{debezium.OP}`"), F.col(f"`{CDC_PREFIX}{debezium.ROUTE}`")
-    truncate = F.raise_error(
-        F.concat(
-            F.lit("option cdc-format=debezium: the stream truncates table "),
-            route,
-            F.lit(" (op 't'); lakesink does not apply truncates yet, nothing was committed. Re-snapshot the table"),
-        )
-    )
+    # a truncate (op 't') has no row: its payload is null, and lakesink.sink.truncates applies it
     after, before = F.col(f"`{CDC_PREFIX}{debezium.AFTER}`"), F.col(f"`{CDC_PREFIX}{debezium.BEFORE}`")
-    return changes.withColumn(CDC_PAYLOAD, F.when(op == "t", truncate).otherwise(F.coalesce(after, before)))
+    return changes.withColumn(CDC_PAYLOAD, F.coalesce(after, before))
+
+
+def routed_keys_by_value(
+    values: Sequence[object], routing: Routing, table_keys: Mapping[str, tuple[str, ...]]
+) -> dict[str, tuple[str, ...]]:
+    """Each routing value's table key (lakesink.driver.routed_keys), for partitioning the batch by key."""
+    out: dict[str, tuple[str, ...]] = {}
+    for value in values:
+        route = parse_route(value, routing.namespace, routing.allowed_namespaces)
+        if isinstance(value, str) and isinstance(route, Route) and str(route) in table_keys:
+            out[value] = table_keys[str(route)]
+    return out
 
 
 class ForeachBatchSink:
@@ -355,7 +362,9 @@ class ForeachBatchSink:
             routed.new_run()
             self._run = run_id
         if self.options.payload is not None:  # each table's columns from its payloads (the same job finds the routes)
-            values = self._payload_columns(df, routed)
+            values, found = self._payload_columns(df, routed)
+            if self.options.cdc_format is not None:  # the changes before a truncate dropped, the table marked
+                df, values = truncates.apply(df, routed, routing, found, values)
         else:
             # read as bytes: a value that is not UTF-8 stays itself (an invalid route), not Spark's decoding of it
             raw = df.select(F.col(f"`{routing.column}`").cast("binary")).distinct().collect()
@@ -379,8 +388,9 @@ class ForeachBatchSink:
             if reject_column:  # option reject-when: Spark SQL, computed by Spark into the reject column
                 df = dead_letters.with_reject_column(df, self.options)
             deletes_computed = False
-            if self.options.upsert_key:  # each task resolves its rows of each table (lakesink.executor.upsert_task)
-                df, deletes_computed = upsert_batch.for_routed_tasks(df, routing.column, self.options)
+            if self.options.upserts:  # each task resolves its rows of each table (lakesink.executor.upsert_task)
+                keys = routed_keys_by_value(values, routing, routed.table_keys)
+                df, deletes_computed = upsert_batch.for_routed_tasks(df, routing.column, self.options, keys)
             plan = routed.routed_plan(
                 plans, query_id, template=False, reject_column=reject_column, deletes_computed=deletes_computed
             )
@@ -402,7 +412,7 @@ class ForeachBatchSink:
                 log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
             raise
 
-    def _payload_columns(self, df: DataFrame, routed: RoutedCommitter) -> list[object]:
+    def _payload_columns(self, df: DataFrame, routed: RoutedCommitter) -> tuple[list[object], dict[object, payload.Found]]:
         """Option payload: one Spark job over the routing and payload columns (lakesink.executor.payload): the batch's
         routing values, and each table's columns as its payloads hold them (kept in ``routed.table_columns``)."""
         routing, column = self.options.routing, self.options.payload
@@ -414,17 +424,27 @@ class ForeachBatchSink:
                 f"option 'payload' names column {column!r}, which the stream {has}; the payload column must be a string "
                 f"holding each row's JSON object (columns: {', '.join(df.columns)})"
             )
-        inference = payload.PayloadInference(routing.column, column)
-        rows = df.select(F.col(f"`{routing.column}`"), F.col(f"`{column}`")).mapInArrow(inference, payload.INFERRED_DDL)
+        # cdc-format: the Kafka key's fields are the key of a table lakesink creates (lakesink.driver.routed_keys)
+        key = "key" if self.options.cdc_format is not None and "key" in df.columns else None
+        cdc = (truncates.OP, truncates.ORDER) if self.options.cdc_format is not None else None
+        schema = CDC_CONNECT_SCHEMA if self.options.cdc_format is not None else None
+        inference = payload.PayloadInference(routing.column, column, key, cdc, schema)
+        selected = [F.col(f"`{routing.column}`"), F.col(f"`{column}`"), *([F.col(f"`{key}`")] if key else [])]
+        selected += [F.col(f"`{c}`") for c in (*(cdc or ()), *([schema] if schema else []))]
+        rows = df.select(*selected).mapInArrow(inference, payload.INFERRED_DDL)
         found: dict[object, list[dict[str, Any]]] = {}
+        extra: dict[object, payload.Found] = {}
         for r in rows.collect():
-            found.setdefault(routing_value(None if r[0] is None else bytes(r[0])), []).append(pickle.loads(r[1]))
-        routed.table_columns = {}
+            raw = routing_value(None if r[0] is None else bytes(r[0]))
+            found.setdefault(raw, []).append(pickle.loads(r[1]))
+            extra[raw] = extra.get(raw, payload.Found()).join(pickle.loads(r[2]))
+        routed.table_columns, routed.carried_keys = {}, {}
         for value, parts in found.items():
             route = parse_route(value, routing.namespace, routing.allowed_namespaces)
             if isinstance(route, Route):
                 routed.table_columns[str(route)] = payload.merge_columns(parts, str(route))
-        return list(found)
+                routed.carried_keys[str(route)] = extra[value].keys
+        return list(found), extra
 
     def _check_checkpoint(self, spark: SparkSession, query_id: str) -> None:
         """Refuse (before anything is written) a query whose next start will not find its checkpoint: it would be a

@@ -17,7 +17,7 @@ batch, so several rows of one key in different partitions could not be resolved 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
 
@@ -119,17 +119,24 @@ def resolve(df: DataFrame, batch_id: int, options: SinkOptions) -> ResolvedBatch
     return ResolvedBatch(rows=rows, keys=changed, cached=cached)
 
 
-def for_routed_tasks(df: DataFrame, route_column: str, options: SinkOptions) -> tuple[DataFrame, bool]:
+def for_routed_tasks(
+    df: DataFrame, route_column: str, options: SinkOptions, keys: Mapping[str, Sequence[str]] | None = None
+) -> tuple[DataFrame, bool]:
     """Option route-by: the batch as the routed tasks resolve it, each table's rows by key (lakesink.executor.upsert_task,
     the resolution of format("lakesink")): every row of one (table, key) in one task (a repartition by the routing
     column and the key), ``delete-when`` evaluated here by Spark into :data:`DELETED` (any Spark SQL expression, as
     :func:`resolve` takes). Returns the batch and whether it carries :data:`DELETED`. Checks as :func:`resolve` does:
-    the key columns and their types, the ``order-by`` column, the expression."""
-    if options.payload is not None:  # the keys are payload fields: every row of a key in one task all the same
-        payload = F.col(f"`{options.payload}`")
-        parts = [F.get_json_object(payload, "$." + k) for k in options.upsert_key]
-    else:
-        parts = [F.col(f"`{k}`") for k in key_columns(df, options.upsert_key)]
+    the key columns and their types, the ``order-by`` column, the expression. ``keys``: each routing value's own key
+    (tables keyed differently: lakesink.driver.routed_keys); a value not in it is keyed by option upsert-key."""
+    parts = [_key_value(df, options, options.upsert_key)] if options.upsert_key else []
+    if keys:  # the key value of each row's own table: one CASE over the batch's routing values
+        route = F.col(f"`{route_column}`")
+        case: Column | None = None
+        for value, key in sorted(keys.items()):
+            branch = _key_value(df, options, key)
+            case = F.when(route == F.lit(value), branch) if case is None else case.when(route == F.lit(value), branch)
+        assert case is not None
+        parts = [case.otherwise(parts[0]) if parts else case]
     if options.order_by is not None:
         _column(df, options.order_by, ORDER_BY)
     computed = options.delete_when is not None
@@ -142,6 +149,17 @@ def for_routed_tasks(df: DataFrame, route_column: str, options: SinkOptions) -> 
                 f"columns ({', '.join(df.columns)}): {str(e).splitlines()[0]}"
             ) from None
     return df.repartition(F.col(f"`{route_column}`"), *parts), computed
+
+
+def _key_value(df: DataFrame, options: SinkOptions, key: Sequence[str]) -> Column:
+    """A row's key as one string (to partition by: every row of a key in one task; two keys sharing it only share
+    a task). With option payload the key columns are payload fields."""
+    if options.payload is not None:
+        payload = F.col(f"`{options.payload}`")
+        parts = [F.get_json_object(payload, "$." + k) for k in key]
+    else:
+        parts = [F.col(f"`{k}`").cast("string") for k in key_columns(df, key)]
+    return F.concat_ws("\u0000", *(F.coalesce(p, F.lit("\u0001")) for p in parts))
 
 
 def release(resolved: ResolvedBatch) -> None:

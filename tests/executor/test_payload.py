@@ -109,3 +109,73 @@ def test_a_binary_column_takes_base64_text_and_refuses_other_text() -> None:
     assert out.column("blob").to_pylist() == [b"\x00\x01\x02\xff", None]
     with pytest.raises(SchemaMismatchError, match=r"table db\.t, column 'blob' \(binary\): a payload holds 'not base64!'"):
         payload.expand(payloads({"blob": "not base64!"}), "doc", target, "db.t")
+
+
+def test_a_debezium_connect_schema_types_the_fields() -> None:
+    """cdc-format=debezium with schemas.enable: each field typed by the record's Connect schema (lakesink.cdc.connect),
+    Debezium's encodings decoded; without the schema the same JSON would be longs and strings."""
+    import base64
+    import datetime as dt
+    from decimal import Decimal
+
+    fields = [
+        {"type": "int16", "field": "small"},
+        {"type": "int64", "field": "big"},
+        {
+            "type": "bytes",
+            "name": "org.apache.kafka.connect.data.Decimal",
+            "parameters": {"scale": "2", "connect.decimal.precision": "12"},
+            "field": "amount",
+        },
+        {"type": "int32", "name": "io.debezium.time.Date", "field": "day"},
+        {"type": "int64", "name": "io.debezium.time.MicroTimestamp", "field": "at"},
+        {"type": "string", "name": "io.debezium.time.ZonedTimestamp", "field": "zoned"},
+        {"type": "float", "field": "f"},
+        {"type": "double", "field": "d"},
+        {"type": "bytes", "field": "raw"},
+        {"type": "string", "name": "io.debezium.data.Uuid", "field": "uid"},
+    ]
+    schema = json.dumps({"type": "struct", "fields": [{"type": "struct", "fields": fields, "field": "after"}]})
+    doc = {
+        "small": -3,
+        "big": 2**40,
+        "amount": base64.b64encode((-1230).to_bytes(2, "big", signed=True)).decode(),
+        "day": -1,
+        "at": 1_000_001,
+        "zoned": "2024-01-02T03:04:05.000006+02:00",
+        "f": 0.5,
+        "d": "-Infinity",
+        "raw": base64.b64encode(b"\x00\xff").decode(),
+        "uid": None,
+    }
+    batch = pa.record_batch({"route": ["db.t"], "doc": [json.dumps(doc)], "s": [schema]})
+    out = pa.Table.from_batches(list(payload.PayloadInference("route", "doc", schema_column="s")(iter([batch])))).to_pylist()
+    columns = pickle.loads(out[0]["columns"])
+    assert columns == {
+        "small": pa.int32(),
+        "big": pa.int64(),
+        "amount": pa.decimal128(12, 2),
+        "day": pa.date32(),
+        "at": pa.timestamp("us"),
+        "zoned": pa.timestamp("us", tz="UTC"),
+        "f": pa.float32(),
+        "d": pa.float64(),
+        "raw": pa.binary(),
+        "uid": pa.string(),
+    }  # "uid" null in every payload: typed by the schema all the same
+    target = pa.schema([pa.field(n, t) for n, t in columns.items()])
+    rows = payload.expand(batch, "doc", target, "db.t", schema_column="s").to_pylist()
+    assert rows == [
+        {
+            "small": -3,
+            "big": 2**40,
+            "amount": Decimal("-12.30"),
+            "day": dt.date(1969, 12, 31),
+            "at": dt.datetime(1970, 1, 1, 0, 0, 1, 1),
+            "zoned": dt.datetime(2024, 1, 2, 1, 4, 5, 6, tzinfo=dt.timezone.utc),
+            "f": 0.5,
+            "d": float("-inf"),
+            "raw": b"\x00\xff",
+            "uid": None,
+        }
+    ]

@@ -1,0 +1,66 @@
+"""Option route-by with upserts: the key of each routed table (docs/routing.md, "keys per table").
+
+A change stream of a whole database carries tables with different primary keys, so a routed upsert takes its key
+per table, when the table is first opened in a run:
+
+- **a table that exists**: its Iceberg identifier fields, whatever option ``upsert-key`` says (a table without
+  identifier fields is a loud error: lakesink never guesses which columns make a row's identity);
+- **a table lakesink creates**: the key the batch's changes carry for it -- with ``cdc-format=debezium`` the fields
+  of the Debezium record's Kafka key (the source table's primary key) -- else option ``upsert-key``; the key becomes
+  the new table's identifier fields (NOT NULL). Without either: a loud error naming the table.
+
+Plain data, no Spark: the driver's routed committer (lakesink.driver.routing) calls :func:`table_key`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from pyiceberg.schema import Schema
+
+from lakesink.errors import InvalidOptionError
+from lakesink.options import UPSERT_KEY
+
+Key = tuple[str, ...]
+
+
+def identifier_fields(schema: Schema) -> Key:
+    """The schema's identifier fields, in the order the schema lists them."""
+    return tuple(schema.find_column_name(i) or str(i) for i in schema.identifier_field_ids)
+
+
+def table_key(name: str, schema: Schema | None, carried: Collection[Key], stream_key: Key) -> Key:
+    """The upsert key of routed table ``name``: ``schema`` is the existing table's (None: lakesink creates it),
+    ``carried`` the distinct keys the batch's changes of the table carry (the Debezium record keys' fields),
+    ``stream_key`` option upsert-key (empty: not given)."""
+    if schema is not None:
+        own = identifier_fields(schema)
+        if own:
+            return own
+        hint = next(iter(carried), None) or stream_key or ("<key columns>",)
+        raise InvalidOptionError(
+            f"table {name} exists and has no identifier fields: with route-by and upserts each table's key is its "
+            f"identifier fields (the changes of this batch carry key {', '.join(carried_names(carried)) or 'none'}; "
+            f"option '{UPSERT_KEY}' is {', '.join(stream_key) or 'not set'}). Nothing was committed. Set the table's "
+            f"key (ALTER TABLE {name} SET IDENTIFIER FIELDS {', '.join(hint)}, or pyiceberg's "
+            "update_schema().set_identifier_fields(...); the columns must be NOT NULL), or route no change to it"
+        )
+    if len(carried) > 1:
+        raise InvalidOptionError(
+            f"the changes of table {name} in one batch carry different keys ({'; '.join(carried_names(carried))}): a "
+            "table lakesink creates takes one key. Nothing was committed. Create the table yourself with its identifier "
+            "fields, or send one key shape per table"
+        )
+    if carried:
+        return next(iter(carried))
+    if stream_key:
+        return stream_key
+    raise InvalidOptionError(
+        f"table {name} does not exist and no key is known for it: its changes carry none (Debezium records without "
+        f"a Kafka key) and option '{UPSERT_KEY}' is not set. Nothing was committed. Give option '{UPSERT_KEY}' (the "
+        "key of tables lakesink creates), send the records with their keys, or create the table with identifier fields"
+    )
+
+
+def carried_names(carried: Collection[Key]) -> list[str]:
+    return sorted("(" + ", ".join(k) + ")" for k in carried)

@@ -1,0 +1,100 @@
+"""The PostgreSQL oracle through the sink (issue 32): the seeded workload's Debezium records (tests/support/cdc_oracle.py:
+eleven tables of different schemas and primary keys, inserts, updates to NULL, deletes, key changes, transactions
+over several tables, ALTER TABLE ADD COLUMN in round 2, a TRUNCATE in round 3), one file per round, streamed by
+foreach_batch with cdc-format=debezium through SIGKILLs and restarts from the same checkpoint; then every Iceberg
+table equals ``SELECT *`` of its PostgreSQL table, row for row and column for column, read by pyiceberg and by DuckDB.
+
+Typed columns: the records carry the Kafka Connect schema (``schemas.enable``), which types each column
+(lakesink.cdc.connect): the tables lakesink creates have PostgreSQL's types as Iceberg types (int, long,
+decimal(p,s), string, boolean, date, timestamp, timestamptz, float, double, binary; uuid as string), and the compare
+is exact, with no normalisation beyond the oracle's own mapping (cdc_oracle.normalise: timestamptz in UTC, real as
+32 bits, uuid as text).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lakesink.audit import interop
+from lakesink.driver import catalogs
+from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
+from tests.support import cdc_oracle
+from tests.support.cdc_oracle import ROUNDS, TABLES
+from tests.support.helpers import lakesink_snapshots
+
+pytestmark = pytest.mark.spark
+
+
+def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
+    if faults_dir is not None:
+        env["LAKESINK_FAULTS_DIR"] = faults_dir
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.jobs.cdc_oracle_job", json.dumps(props), str(src), str(ck)],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _utc(value: Any) -> Any:
+    """An aware datetime in UTC (readers give timestamptz in their session's zone: the same instant)."""
+    return value.astimezone(dt.timezone.utc) if isinstance(value, dt.datetime) and value.tzinfo is not None else value
+
+
+def _rows(rows: list[dict[str, Any]], key: tuple[str, ...]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    out = {tuple(r[k] for k in key): {c: _utc(v) for c, v in r.items()} for r in rows}
+    assert len(out) == len(rows), "a key is in the table more than once"
+    return out
+
+
+@pytest.mark.timeout(1500)
+def test_the_postgresql_oracle_streamed_through_sigkills_equals_select_star(
+    captured: tuple[str, Path], tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    dsn, folder = captured
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    src.mkdir()
+    for n in range(ROUNDS + 1):  # one file a round, in order (Spark's file source orders by modification time)
+        path = src / f"round-{n:04d}.jsonl"
+        shutil.copy(folder / cdc_oracle.DEBEZIUM_SCHEMAS / path.name, path)
+        os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
+    # killed inside the first unit's database transaction (between two tables), then after a unit's swap
+    for point in (CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP):
+        faults.arm(point, "kill")
+        proc = _job(catalog_properties, src, ck, str(faults.folder))
+        _, err = proc.communicate(timeout=600)
+        assert faults.fired(point), err[-3000:]
+        assert proc.returncode == -signal.SIGKILL, err[-3000:]
+        faults.clear()
+    proc = _job(catalog_properties, src, ck, None)
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0 and "CDC JOB DONE" in out, err[-3000:]
+
+    expected = cdc_oracle.expected_tables(dsn)
+    catalog = catalogs.load(None, catalog_properties)
+    with cdc_oracle.connect(dsn) as conn, conn.cursor() as cur:
+        columns = {t.qualified: list(cdc_oracle.column_types(cur, t.qualified)) for t in TABLES}
+    for t in TABLES:
+        table = catalog.load_table((t.schema, t.name))
+        assert table.schema().column_names == columns[t.qualified], t.qualified  # the columns, in PostgreSQL's order
+        assert table.schema().identifier_field_names() == set(t.key), t.qualified
+        want = expected[t.qualified]
+        assert _rows(table.scan().to_arrow().to_pylist(), t.key) == want, f"{t.qualified} (pyiceberg)"
+        assert _rows(interop.duckdb_read(table.metadata_location).to_pylist(), t.key) == want, f"{t.qualified} (DuckDB)"
+        batches = [s["batch_id"] for s in lakesink_snapshots(table)]
+        assert batches == sorted(set(batches)), f"{t.qualified} holds a batch twice: {batches}"
+    assert sum(len(rows) for rows in expected.values()) > 50

@@ -1,0 +1,31 @@
+"""Run by tests/cdc/test_cdc_sink.py: the PostgreSQL oracle's Debezium records (a folder of JSON files, one per
+round: topic, key, value) streamed by foreach_batch with cdc-format=debezium, until done.
+
+Arguments: catalog properties (JSON), source folder, checkpoint folder. The test kills it (a fault point armed with
+``kill``) and starts it again from the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from pyspark.sql import SparkSession
+
+import lakesink
+
+if __name__ == "__main__":
+    props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    df = spark.readStream.schema("topic STRING, key STRING, value STRING").option("maxFilesPerTrigger", 1).json(src)
+    sink = lakesink.foreach_batch(cdc_format="debezium", merge_schema=True, catalog_properties=props)
+    q = df.writeStream.foreachBatch(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()  # type: ignore[arg-type]
+    q.awaitTermination()
+    print("CDC JOB DONE")

@@ -1,0 +1,172 @@
+"""Option cdc-format=debezium through foreach_batch in real local Spark: tables with different primary keys in one
+stream, each keyed by its Debezium records' Kafka keys (no option upsert-key), in one batch and across batches,
+through a failure between the unit commit and Spark's commit log; each table equals a model computed in plain Python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import StreamingQueryException
+
+import lakesink
+from lakesink.driver import catalogs
+from lakesink.faults import DRIVER_AFTER_SWAP
+from tests.support.helpers import lakesink_snapshots, run_to_end
+
+pytestmark = pytest.mark.spark
+
+KEYS = {"public.accounts": ("id",), "public.readings": ("sensor", "ts"), "shop.lines": ("order_id", "line")}
+Event = dict[str, Any]  # table, op, lsn, before, after
+
+
+def event(table: str, op: str, lsn: int, before: Any = None, after: Any = None) -> Event:
+    return {"table": table, "op": op, "lsn": lsn, "before": before, "after": after}
+
+
+def key_of(e: Event) -> tuple[Any, ...]:
+    row = e["after"] if e["after"] is not None else e["before"]
+    return tuple(row[k] for k in KEYS[e["table"]])
+
+
+def model(batches: Sequence[Sequence[Event]]) -> dict[str, dict[tuple[Any, ...], dict[str, Any]]]:
+    tables: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {}
+    for e in sorted((e for b in batches for e in b), key=lambda e: e["lsn"]):
+        if e["op"] == "t" and e["table"] not in tables:
+            continue  # a truncate of a table never written: no table
+        rows = tables.setdefault(e["table"], {})
+        if e["op"] == "t":
+            rows.clear()
+        elif e["op"] == "d":
+            rows.pop(key_of(e), None)
+        else:
+            rows[key_of(e)] = e["after"]
+    return tables
+
+
+def records(events: Sequence[Event], index: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for n, e in enumerate(events):
+        schema, table = e["table"].split(".")
+        envelope = {
+            "before": e["before"],
+            "after": e["after"],
+            "op": e["op"],
+            "ts_ms": 1,
+            "source": {"connector": "postgresql", "db": "db", "schema": schema, "table": table, "lsn": e["lsn"]},
+        }
+        wrapped = (index + n) % 2 == 1  # schemas.enable on every other record: the key wrapped too
+        value = {"schema": {"type": "struct"}, "payload": envelope} if wrapped else envelope
+        key = None
+        if e["op"] != "t":  # a truncate has no key
+            key = dict(zip(KEYS[e["table"]], key_of(e), strict=True))
+            if wrapped:
+                key = {"schema": {"type": "struct", "fields": []}, "payload": key}
+        topic = f"lake.{e['table']}"
+        text = None if key is None else json.dumps(key)
+        out.append({"topic": topic, "key": text, "value": json.dumps(value)})
+        if e["op"] == "d":
+            out.append({"topic": topic, "key": text, "value": None})
+    return out
+
+
+def write_round(src: Path, index: int, events: Sequence[Event]) -> None:
+    src.mkdir(parents=True, exist_ok=True)
+    path = src / f"round-{index:03d}.json"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records(events, index)))
+    os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+
+
+def start(spark: Any, props: dict[str, str], src: Path, ck: Path) -> Any:
+    df = spark.readStream.schema("topic STRING, key STRING, value STRING").option("maxFilesPerTrigger", 1).json(str(src))
+    sink = lakesink.foreach_batch(cdc_format="debezium", merge_schema=True, catalog_properties=props)
+    return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+
+
+def assert_tables_are(props: dict[str, str], batches: Sequence[Sequence[Event]]) -> None:
+    catalog = catalogs.load(None, props)
+    for name, want in model(batches).items():
+        table = catalog.load_table(tuple(name.split(".")))
+        assert table.schema().identifier_field_names() == set(KEYS[name]), name
+        fields = table.schema().column_names
+        got = table.scan().to_arrow().to_pylist()
+        rows = {tuple(r[k] for k in KEYS[name]): r for r in got}
+        assert len(rows) == len(got), f"{name}: a key twice"
+        assert rows == {k: {f: doc.get(f) for f in fields} for k, doc in want.items()}, name
+        ids = [s["batch_id"] for s in lakesink_snapshots(table)]
+        assert ids == sorted(set(ids)), f"{name} holds a batch twice: {ids}"
+
+
+def keyed_rounds() -> list[list[Event]]:
+    acc, rd, ln = "public.accounts", "public.readings", "shop.lines"
+    one = [event(acc, "r", 10, after={"id": i, "name": f"a{i}"}) for i in range(3)]
+    one += [event(rd, "r", 10, after={"sensor": s, "ts": t, "v": s * 10.0 + t}) for s in range(2) for t in range(2)]
+    one += [event(ln, "c", 20 + i, after={"order_id": 7, "line": i, "qty": i}) for i in range(3)]
+    # the same sensor in two readings of one batch, updated in reverse file order: the later position wins per key
+    one += [
+        event(rd, "u", 31, after={"sensor": 0, "ts": 1, "v": -2.0}),
+        event(rd, "u", 30, after={"sensor": 0, "ts": 1, "v": -1.0}),
+    ]
+    two = [event(rd, "d", 40, before={"sensor": 1, "ts": 0, "v": 10.0})]
+    two += [event(ln, "u", 41, after={"order_id": 7, "line": 1, "qty": 100}), event(acc, "u", 42, after={"id": 2, "name": None})]
+    two += [event(ln, "c", 43, after={"order_id": 8, "line": 1, "qty": 5})]  # same line, another order: a new key
+    three = [event(acc, "d", 50, before={"id": 0, "name": "a0"}), event(rd, "c", 51, after={"sensor": 1, "ts": 0, "v": 0.5})]
+    return [one, two, three]
+
+
+def test_tables_keyed_by_their_kafka_keys_equal_the_model(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    events = keyed_rounds()
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_round(src, 0, events[0])
+    run_to_end(start(spark, catalog_properties, src, ck))
+    assert_tables_are(catalog_properties, events[:1])
+    write_round(src, 1, events[1])
+    faults.arm(DRIVER_AFTER_SWAP, "raise")  # the unit committed, then a failure before Spark's commit log
+    with pytest.raises(StreamingQueryException):
+        run_to_end(start(spark, catalog_properties, src, ck))
+    faults.clear()
+    write_round(src, 2, events[2])
+    run_to_end(start(spark, catalog_properties, src, ck))  # replays batch 1 (found in every table), then batch 2
+    assert_tables_are(catalog_properties, events)
+
+
+def test_truncates_apply_at_their_position_in_the_batch_and_its_unit(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    acc, rd = "public.accounts", "public.readings"
+    zero = [event(acc, "r", 10, after={"id": i, "name": f"a{i}"}) for i in range(4)]
+    zero += [event(rd, "r", 10, after={"sensor": 0, "ts": t, "v": 1.0}) for t in range(3)]
+    # one batch: changes before the truncate (gone with it), the truncate, changes after it (kept), another table
+    one = [event(acc, "c", 20, after={"id": 9, "name": "before"}), event(acc, "u", 21, after={"id": 1, "name": "x"})]
+    one += [event(acc, "t", 22)]
+    one += [event(acc, "c", 23, after={"id": 1, "name": "after"}), event(acc, "c", 24, after={"id": 5, "name": "gone"})]
+    one += [event(acc, "d", 25, before={"id": 5, "name": "gone"}), event(rd, "u", 26, after={"sensor": 0, "ts": 1, "v": 2.0})]
+    one += [event(acc, "u", 19, after={"id": 2, "name": "older, after in the file"})]  # an earlier position: undone
+    two = [event(rd, "t", 30), event("public.never", "t", 31)]  # only truncates: one table emptied, one never made
+    three = [event(rd, "c", 40, after={"sensor": 7, "ts": 7, "v": 7.0})]
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_round(src, 0, zero)
+    run_to_end(start(spark, catalog_properties, src, ck))
+    write_round(src, 1, one)
+    faults.arm(DRIVER_AFTER_SWAP, "raise")  # the truncating unit committed, then a failure before Spark's commit log
+    with pytest.raises(StreamingQueryException):
+        run_to_end(start(spark, catalog_properties, src, ck))
+    faults.clear()
+    run_to_end(start(spark, catalog_properties, src, ck))  # the replay finds the unit in both tables
+    assert_tables_are(catalog_properties, [zero, one])
+    assert model([zero, one])[acc] == {(1,): {"id": 1, "name": "after"}}
+    write_round(src, 2, two)
+    write_round(src, 3, three)
+    run_to_end(start(spark, catalog_properties, src, ck))
+    assert_tables_are(catalog_properties, [zero, one, two, three])
+    catalog = catalogs.load(None, catalog_properties)
+    assert ("public", "never") not in [tuple(t) for t in catalog.list_tables("public")]
+    readings = catalog.load_table(("public", "readings"))
+    assert [s["batch_id"] for s in lakesink_snapshots(readings)] == [0, 1, 2, 3]
