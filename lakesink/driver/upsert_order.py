@@ -94,8 +94,8 @@ class OrderCheck:
 
     def winners(self, hit: pa.Table, rows: pa.Table) -> pa.Table:
         """The batch's keys a file holds (``hit``) whose change is not older than the file's row of the key."""
-        if self.table_column is None:
-            return hit
+        if self.table_column is None or self.table_column not in rows.column_names:
+            return hit  # no order column (or one this very commit adds, by merge-schema): the file's rows have none
         live = rows.select([*self.key_names, self.table_column]).rename_columns([*self.key_names, HELD_COLUMN])
         live = upsert._cast_like(live, hit.select(self.key_names).schema)
         stale = _stale(hit, live, self)

@@ -37,7 +37,9 @@ Event = tuple[int, str, int | None, bool]
 """(key, value, order value, is a delete)"""
 
 
-def make(props: Mapping[str, str], *, schema: pa.Schema = SCHEMA, order_by: str | None = "seq") -> TableCommitter:
+def make(
+    props: Mapping[str, str], *, schema: pa.Schema = SCHEMA, order_by: str | None = "seq", **extra: Any
+) -> TableCommitter:
     c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),
@@ -45,6 +47,7 @@ def make(props: Mapping[str, str], *, schema: pa.Schema = SCHEMA, order_by: str 
             upsert_key=("id",),
             delete_when="op = 'd'",
             order_by=order_by,
+            **extra,
         )
     )
     c.open_table(schema)
@@ -221,6 +224,22 @@ def test_orders_survive_the_orphan_clean_up(catalog_properties: dict[str, str]) 
     remove_orphan_files(c.reload_table(), older_than=timedelta(0), other_writers_older_than=timedelta(0))
     run(c, 3, [(1, "stale", 3, False), (2, "stale", 4, False)])
     assert state(c) == {}
+
+
+def test_a_branch_keeps_its_own_tombstones(catalog_properties: dict[str, str]) -> None:
+    main = make(catalog_properties)
+    run(main, 0, [(1, "one", 1, False), (2, "two", 2, False)])
+    dev = make(catalog_properties, branch="dev", sink_id="dev")
+    run(dev, 0, [(1, "", 5, True)])
+    run(dev, 1, [(1, "stale", 3, False)])
+    table = main.reload_table()
+    assert set(table.properties) >= {"lakesink.upsert.order-file.dev"}
+    assert "lakesink.upsert.order-file" not in table.properties  # main deleted nothing
+    dev_head = table.metadata.snapshot_by_name("dev")
+    assert dev_head is not None
+    on_dev = {r["id"]: r["value"] for r in table.scan(snapshot_id=dev_head.snapshot_id).to_arrow().to_pylist()}
+    assert on_dev == {2: "two"}
+    assert state(main) == {1: ("one", 1), 2: ("two", 2)}
 
 
 def test_a_null_order_value_against_a_held_one_is_a_loud_error(catalog_properties: dict[str, str]) -> None:
