@@ -377,10 +377,11 @@ def has_delete_files(table: Table, branch: str) -> bool:
     return snapshot is not None and snapshot_has_delete_files(table, snapshot)
 
 
-def read_data_file(table: Table, data_file: DataFile) -> pa.Table:
-    """One data file's rows in the table's current schema (field-id projection, as pyiceberg's scan reads it)."""
+def read_data_file(table: Table, data_file: DataFile, schema: Schema | None = None) -> pa.Table:
+    """One data file's rows in the table's current schema, or ``schema`` (the schema a commit gives the table), by
+    field-id projection, as pyiceberg's scan reads it."""
     task = FileScanTask(data_file)
-    return ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table([task])
+    return ArrowScan(table.metadata, table.io, schema or table.schema(), AlwaysTrue()).to_table([task])
 
 
 def with_small_types(rows: pa.Table) -> pa.Table:

@@ -76,7 +76,7 @@ def data_file(
     *, path: str, size_in_bytes: int, statistics: Mapping[str, Any], spec_id: int, partition: Sequence[Any] = ()
 ) -> DataFile:
     """A DataFile for a Parquet file written by an executor (``partition``: its partition values)."""
-    return DataFile.from_args(
+    data_file = DataFile.from_args(
         content=DataFileContent.DATA,
         file_path=path,
         file_format=FileFormat.PARQUET,
@@ -88,6 +88,8 @@ def data_file(
         key_metadata=None,
         **statistics,
     )
+    data_file.spec_id = spec_id  # from_args does not keep it (pyiceberg 0.12); a scan of the file reads it
+    return data_file
 
 
 class _PreparedManifests(_SnapshotProducer[Any]):

@@ -23,7 +23,7 @@ from pyiceberg.table import Table
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import producers as seam_producers
-from lakesink.driver import catalogs, completeness, dead_letters, indoubt, metrics, reporting, swap, turns, upsert
+from lakesink.driver import catalogs, completeness, dead_letters, indoubt, metrics, reporting, swap, turns, upsert, upsert_order
 from lakesink.driver.action import CommitAction, Landing, Turn
 from lakesink.driver.completeness import BatchTime, Recorded
 from lakesink.driver.schema import SchemaChange
@@ -1003,6 +1003,11 @@ class UpsertBatch(AppendBatch):
     def __init__(self, committer: TableCommitter, table: Table, batch: _Batch):
         super().__init__(committer, table, batch)
         self.rewrites: list[upsert.Rewrite] = []
+        self.order_properties: dict[str, str] = {}
+
+    def properties(self, snapshot_id: int) -> dict[str, str]:
+        """The replay marker and, with option order-by, the order file of this attempt (lakesink.driver.upsert_order)."""
+        return {**super().properties(snapshot_id), **self.order_properties}
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
         c, batch = self.committer, self.batch
@@ -1016,15 +1021,28 @@ class UpsertBatch(AppendBatch):
         plan = c.write_plan(table, batch.query_id)
         if schema_changes:
             plan = replace(plan, schema=schema, schema_changes=schema_changes)
-        rewrite = upsert.rewrite(table, branch=c.options.branch, keys=keys, plan=plan, batch_id=batch.batch_id, attempt=attempt)
+        commit = batch.commit_name()
+        done = upsert_order.rewrite(
+            table,
+            schema,
+            keys,
+            order_by=c.options.order_by,
+            branch=c.options.branch,
+            plan=plan,
+            batch_id=batch.batch_id,
+            attempt=attempt,
+            data_files=self.data_files,
+            commit=commit,
+        )
+        rewrite, self.order_properties = done.rewrite, done.properties
         self.rewrites.append(rewrite)
         return seam_producers.prepare_rewrite(
             table,
-            commit=batch.commit_name(),
+            commit=commit,
             files_since_ms=batch.files_since_ms,
             removed_files=rewrite.removed,
             data_files=[
-                *self.data_files,
+                *done.data_files,
                 *(
                     seam_producers.data_file(
                         path=f.path,
@@ -1036,8 +1054,8 @@ class UpsertBatch(AppendBatch):
                     for f in rewrite.written
                 ),
             ],
-            rewritten_paths=rewrite.paths,
-            summary={**self.attempt_summary(table, attempt), **upsert.summary(rewrite)},
+            rewritten_paths=[*rewrite.paths, *done.written],
+            summary={**self.attempt_summary(table, attempt), **upsert.summary(rewrite), **done.summary},
             properties=self.properties,
             branch=c.options.branch,
             schema_changes=schema_changes,

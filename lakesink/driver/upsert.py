@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import datetime
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,11 +38,13 @@ from lakesink.executor.messages import WritePlan, WrittenFile
 from lakesink.executor.task_writer import TaskWriter, utc_schema
 from lakesink.table import floats
 from lakesink.table.keys import DELETED
+from lakesink.table.keys import ORDER_COLUMN as ORDER
 from lakesink.table.keys import ROW_COLUMN as _ROW
 from lakesink.table.keys import SUMMARY_UPSERT_BYTES_READ as SUMMARY_BYTES_READ
 from lakesink.table.keys import SUMMARY_UPSERT_DELETED as SUMMARY_DELETED
 from lakesink.table.keys import SUMMARY_UPSERT_FILES_READ as SUMMARY_FILES_READ
 from lakesink.table.keys import SUMMARY_UPSERT_INSERTED as SUMMARY_INSERTED
+from lakesink.table.keys import SUMMARY_UPSERT_STALE as SUMMARY_STALE
 from lakesink.table.keys import SUMMARY_UPSERT_UPDATED as SUMMARY_UPDATED
 
 #: ``partition_id`` of the files a rewrite writes (in their names), telling them from a task's files.
@@ -63,6 +66,8 @@ class Rewrite:
     bytes_read: int = 0
     files_considered: int = 0
     """Files whose partition and key bounds could hold a key (read; only those holding one are removed)."""
+    stale: int | None = None
+    """With option order-by: the batch's changes older than the table's (lakesink.driver.upsert_order), not applied."""
 
     @property
     def paths(self) -> list[str]:
@@ -73,7 +78,7 @@ class BatchKeys:
     """The keys a batch changes, as the table's key columns, with lookups for pruning files."""
 
     def __init__(self, table_name: str, schema: Schema, keys: pa.Table):
-        self.names = [n for n in keys.column_names if n != DELETED]
+        self.names = [n for n in keys.column_names if n not in (DELETED, ORDER)]
         self.fields = []
         for name in self.names:
             found = schema.find_field(name, case_sensitive=False)
@@ -88,8 +93,13 @@ class BatchKeys:
         for name, f in zip(self.names, self.fields, strict=True):
             t = target.field(f.name).type
             columns.append(keys.column(name).cast(t))
-        # the key columns under the table's names (the batch may spell them in another case)
-        self.table = pa.table([*columns, keys.column(DELETED)], names=[*(f.name for f in self.fields), DELETED])
+        # the key columns under the table's names (the batch may spell them in another case); with option order-by,
+        # each key's order value last
+        ordered = [ORDER] if ORDER in keys.column_names else []
+        self.table = pa.table(
+            [*columns, keys.column(DELETED), *(keys.column(c) for c in ordered)],
+            names=[*(f.name for f in self.fields), DELETED, *ordered],
+        )
         self.upserts = self.table.num_rows - (pc.sum(self.table.column(DELETED)).as_py() or 0)
         self._sorted = [_sorted_internal(self.table.column(f.name), f.field_type) for f in self.fields]
         self._partition_values: dict[int, list[set[Any] | None]] = {}
@@ -136,8 +146,20 @@ class BatchKeys:
         return self._partition_values[spec.spec_id]
 
 
-def rewrite(table: Table, *, branch: str, keys: BatchKeys, plan: WritePlan, batch_id: int, attempt: int) -> Rewrite:
-    """Rewrite the branch's live files that hold a key of the batch (see the module's description)."""
+def rewrite(
+    table: Table,
+    *,
+    branch: str,
+    keys: BatchKeys,
+    plan: WritePlan,
+    batch_id: int,
+    attempt: int,
+    winners: Callable[[pa.Table, pa.Table], pa.Table] | None = None,
+) -> Rewrite:
+    """Rewrite the branch's live files that hold a key of the batch (see the module's description).
+
+    ``winners`` (option order-by, lakesink.driver.upsert_order): given the batch's keys a file holds and the file's
+    rows, the keys whose change is not older than the file's row; the others keep their row."""
     if seam.has_delete_files(table, branch):
         raise LakesinkError(
             f"table {keys.table_name} (branch {branch}) has delete files, written by another engine's merge-on-read "
@@ -172,13 +194,15 @@ def rewrite(table: Table, *, branch: str, keys: BatchKeys, plan: WritePlan, batc
         # the file's keys in the keys' types: the table's, or wider when this commit widens a key (merge-schema)
         file_keys = _cast_like(rows.select(key_names), keys.table.select(key_names).schema)
         hit = keys.table.join(file_keys, key_names, join_type="left semi")
+        if winners is not None and hit.num_rows:
+            hit = winners(hit, rows)
         if not hit.num_rows:
-            continue  # its bounds could hold a key, but it holds none
+            continue  # its bounds could hold a key, but it holds none (or only rows newer than the batch's changes)
         matched.append(hit)
         removed.append(data_file)
         # joined on the key columns and a row number only (Arrow's hash join carries no nested payload columns)
         numbered = file_keys.append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
-        rest = numbered.join(keys.table.select(key_names), key_names, join_type="left anti")
+        rest = numbered.join(hit.select(key_names), key_names, join_type="left anti")
         order = rest.column(_ROW)
         kept.extend(rows.take(order.take(pc.sort_indices(order))).to_batches())
     written = writer.write(iter(kept)) if kept else None
@@ -205,6 +229,7 @@ def summary(result: Rewrite) -> dict[str, str]:
         SUMMARY_DELETED: str(result.deleted),
         SUMMARY_FILES_READ: str(len(result.removed)),
         SUMMARY_BYTES_READ: str(result.bytes_read),
+        **({SUMMARY_STALE: str(result.stale)} if result.stale is not None else {}),
     }
 
 
@@ -219,7 +244,7 @@ def _cast_like(keys: pa.Table, schema: pa.Schema) -> pa.Table:
 
 def _fits(keys: pa.Table, targets: list[tuple[str, pa.DataType]]) -> pa.Array:
     """Per key: true when every key column's value fits the target integer type (other types: always)."""
-    fits = pa.array([True] * keys.num_rows)
+    fits = pa.array([True] * keys.num_rows, pa.bool_())
     for name, t in targets:
         column = keys.column(name)
         if pa.types.is_integer(t) and pa.types.is_integer(column.type) and column.type.bit_width > t.bit_width:

@@ -26,6 +26,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink.errors import PROGRAMMING_ERRORS, InvalidOptionError, UpsertKeyError
 from lakesink.table import floats
 from lakesink.table.keys import DELETED
+from lakesink.table.keys import ORDER_COLUMN as ORDER
 from lakesink.table.keys import ROW_COLUMN as _ROW
 from lakesink.table.keys import TOP_COLUMN as _TOP
 
@@ -58,7 +59,8 @@ class UpsertSpec:
 def resolve_task(
     batches: Iterable[pa.RecordBatch], spec: UpsertSpec, *, batch_id: int, partition_id: int
 ) -> tuple[list[pa.RecordBatch], pa.Table]:
-    """(the task's rows to write, the keys it changes with :data:`DELETED`), one row per key."""
+    """(the task's rows to write, the keys it changes with :data:`DELETED` and, with ``order-by``, the winning row's
+    order value as :data:`ORDER`), one row per key."""
     received = [b for b in batches if b.num_rows]
     if not received:
         return [], pa.table({})
@@ -78,10 +80,11 @@ def resolve_task(
         deleted = _deleted(table, spec.delete_when)
     table = table.append_column(DELETED, deleted)
     table = table.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
+    order_column: str | None = None
     if spec.order_by is not None:
         # the rows with the greatest order value of their key (joined on the narrow columns only: Arrow's hash
         # join carries no nested payload columns)
-        order = _column(table, spec.order_by, "order-by")
+        order = order_column = _column(table, spec.order_by, "order-by")
         # compared as Spark compares (foreach_batch resolves in Spark): a float's NaN greatest and equal to NaN,
         # -0.0 equal to 0.0 (Arrow's max skips NaN and its = never matches one: such a key lost its row)
         narrow = table.select([*keys, _ROW]).append_column(order, floats.spark_order(table.column(order)))
@@ -105,6 +108,8 @@ def resolve_task(
             f"batch {batch_id} has {row[f'{_ROW}_count']} rows for key ({key}) {how} (task {partition_id}). Nothing was committed"
         )
     changes = table.select([*keys, DELETED])
+    if order_column is not None:  # the commit compares it with the order value the table holds for the key
+        changes = changes.append_column(ORDER, table.column(order_column))
     gone = [c for c in spec.not_written if c in table.column_names]
     rows = table.filter(pc.invert(table.column(DELETED))).drop_columns([DELETED, _ROW, *gone])
     return rows.to_batches(), changes
@@ -123,7 +128,7 @@ def merge(parts: Sequence[bytes], *, batch_id: int) -> pa.Table:
     """On the driver: the tasks' keys, joined; a key changed by two tasks is an UpsertKeyError."""
     tables = [pa.ipc.open_stream(p).read_all() for p in parts]
     changes = pa.concat_tables(tables, promote_options="permissive")
-    keys = [n for n in changes.column_names if n != DELETED]
+    keys = [n for n in changes.column_names if n not in (DELETED, ORDER)]
     counts = changes.group_by(keys, use_threads=False).aggregate([(DELETED, "count")])
     several = counts.filter(pc.greater(counts.column(f"{DELETED}_count"), 1))
     if several.num_rows:

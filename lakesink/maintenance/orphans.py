@@ -42,7 +42,7 @@ from lakesink.driver import catalogs
 from lakesink.errors import CatalogError, InvalidOptionError, LakesinkError, TableLocationError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import locations, names, storage
-from lakesink.table.keys import ORPHAN_OLDER_THAN_DEFAULT, SUMMARY_QUERY_ID
+from lakesink.table.keys import ORPHAN_OLDER_THAN_DEFAULT, PROPERTY_UPSERT_ORDER_FILE, SUMMARY_QUERY_ID
 from lakesink.table.markers import last_committed_batch, parse_last_batch_key
 
 log = logging.getLogger("lakesink")
@@ -515,6 +515,12 @@ def _referenced_keys(table: Table, name: str) -> set[str]:
     keys.update(storage.key(e.metadata_file) for e in md.metadata_log)
     keys.update(storage.key(s.statistics_path) for s in md.statistics)
     keys.update(storage.key(s.statistics_path) for s in md.partition_statistics)
+    # option order-by: the order file of each branch, named by a table property (lakesink.driver.upsert_order)
+    keys.update(
+        storage.key(value)
+        for key, value in md.properties.items()
+        if key == PROPERTY_UPSERT_ORDER_FILE or key.startswith(f"{PROPERTY_UPSERT_ORDER_FILE}.")
+    )
     seen: set[str] = set()
     for snapshot in md.snapshots:
         keys.add(storage.key(snapshot.manifest_list))

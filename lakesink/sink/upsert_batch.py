@@ -31,6 +31,7 @@ from lakesink.errors import InvalidOptionError, UpsertKeyError
 from lakesink.options import DELETE_WHEN, ORDER_BY, UPSERT_KEY, SinkOptions
 from lakesink.table.keys import COUNT_COLUMN as _COUNT
 from lakesink.table.keys import DELETED
+from lakesink.table.keys import ORDER_COLUMN as ORDER
 from lakesink.table.keys import TOP_COLUMN as _TOP
 
 _KEY_TYPES = (
@@ -55,7 +56,8 @@ class ResolvedBatch:
     rows: DataFrame
     """The rows to write: the last row of every key the batch does not delete (the batch's columns)."""
     keys: pa.Table
-    """Every key the batch changes (key columns, then :data:`DELETED`); each key once."""
+    """Every key the batch changes (key columns, then :data:`DELETED`, then with ``order-by`` its order value as
+    :data:`lakesink.table.keys.ORDER_COLUMN`); each key once."""
     cached: DataFrame
     """Cached by :func:`resolve`; call :func:`release` when the batch is done."""
 
@@ -69,6 +71,7 @@ def resolve(df: DataFrame, batch_id: int, options: SinkOptions) -> ResolvedBatch
     """
     keys = key_columns(df, options.upsert_key)
     candidate = df
+    order: str | None = None
     if options.order_by is not None:
         order = _column(df, options.order_by, ORDER_BY)
         top = F.max(F.col(order)).over(Window.partitionBy(*[F.col(k) for k in keys]))
@@ -114,7 +117,9 @@ def resolve(df: DataFrame, batch_id: int, options: SinkOptions) -> ResolvedBatch
             f"({options.order_by}): lakesink cannot tell which one wins. Nothing was committed; order by a column "
             "whose values are unique per key (e.g. a sequence number)"
         )
-    changed = cached.select(*[F.col(k) for k in keys], F.col(DELETED)).toArrow()
+    # with order-by, each key's order value too: the commit compares it with the one the table holds
+    ordered = [F.col(order).alias(ORDER)] if order is not None else []
+    changed = cached.select(*[F.col(k) for k in keys], F.col(DELETED), *ordered).toArrow()
     rows = cached.where(~F.col(DELETED)).drop(DELETED)
     return ResolvedBatch(rows=rows, keys=changed, cached=cached)
 

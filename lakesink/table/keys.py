@@ -84,6 +84,14 @@ SUMMARY_UPSERT_UPDATED = "lakesink.upsert.updated-rows"
 SUMMARY_UPSERT_DELETED = "lakesink.upsert.deleted-rows"
 SUMMARY_UPSERT_FILES_READ = "lakesink.upsert.rewritten-files"
 SUMMARY_UPSERT_BYTES_READ = "lakesink.upsert.rewritten-bytes-read"
+SUMMARY_UPSERT_STALE = "lakesink.upsert.stale-changes"
+"""With option order-by: the batch's changes that lost to a newer order value the table held (not applied)."""
+SUMMARY_UPSERT_ORDER_FILE = "lakesink.upsert.order-file"
+"""With option order-by: the order file the batch's snapshot goes with (lakesink.driver.upsert_order)."""
+PROPERTY_UPSERT_ORDER_FILE = "lakesink.upsert.order-file"
+"""Table property (``.<branch>`` appended for a branch other than main), option order-by: the Parquet file that keeps
+the order value of every key the table deleted (and of every key, when the table has no order-by column), set in the
+same atomic commit as the snapshot it goes with (lakesink.driver.upsert_order)."""
 
 # --- snapshot summary: lakesink's other commits ----------------------------------------------------
 
@@ -201,6 +209,10 @@ DELETED = "__lakesink_deleted"
 """The flag column of a batch's keys: true for a key the batch deletes (driver, executors and Spark agree on it)."""
 ROW_COLUMN = "__lakesink_row"
 """A row's position, while a batch or a rewritten file is resolved to one row per key."""
+ORDER_COLUMN = "__lakesink_order"
+"""The order-by value of each key of a batch's keys (option order-by; a change older than the table's does not apply)."""
+HELD_COLUMN = "__lakesink_held"
+"""The order value the table holds for a key, while a batch's keys are compared with it."""
 TOP_COLUMN = "__lakesink_top"
 """The greatest ``order-by`` value of a key, while a batch is resolved to one row per key."""
 REJECT_COLUMN = "__lakesink_reject"

@@ -269,6 +269,15 @@ def commit_data_file_name(commit: CommitName, n: int) -> str:
     return f"{commit}-{n:05d}.parquet"
 
 
+ORDER_FILE_NUMBER = 99998
+"""The number an upsert batch's order file takes among its commit's files (lakesink.driver.upsert_order)."""
+
+
+def order_file_name(commit: CommitName) -> str:
+    """The name of the order file a batch's commit attempt writes (option order-by); classified as the commit's."""
+    return f"{commit}-{ORDER_FILE_NUMBER:05d}.parquet"
+
+
 def commit_of(name: str) -> CommitName | None:
     """The lakesink commit a manifest, manifest list or maintenance data file (a file name, no folders) was
     written for, or None."""

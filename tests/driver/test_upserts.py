@@ -22,7 +22,7 @@ from lakesink.executor.task_writer import TaskWriter
 from lakesink.executor.upsert_task import UpsertSpec, merge, resolve_task, to_ipc
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, DRIVER_BEFORE_SWAP
 from lakesink.options import SinkOptions, TableName
-from lakesink.table.keys import DELETED
+from lakesink.table.keys import DELETED, ORDER_COLUMN
 from lakesink.table.keys import SUMMARY_UPSERT_DELETED as SUMMARY_DELETED
 from lakesink.table.keys import SUMMARY_UPSERT_FILES_READ as SUMMARY_FILES_READ
 from lakesink.table.keys import SUMMARY_UPSERT_INSERTED as SUMMARY_INSERTED
@@ -298,7 +298,12 @@ def test_a_task_resolves_its_rows_and_the_driver_refuses_a_key_of_two_tasks() ->
         {"id": 1, "op": "u", "seq": 2, "tags": ["b"]},
         {"id": 3, "op": "c", "seq": 5, "tags": None},
     ]
-    assert changes.to_pylist() == [{"id": 1, DELETED: False}, {"id": 2, DELETED: True}, {"id": 3, DELETED: False}]
+    # with order-by, each key's winning order value too (the commit compares it with the table's)
+    assert changes.to_pylist() == [
+        {"id": 1, DELETED: False, ORDER_COLUMN: 2},
+        {"id": 2, DELETED: True, ORDER_COLUMN: 3},
+        {"id": 3, DELETED: False, ORDER_COLUMN: 5},
+    ]
     with pytest.raises(UpsertKeyError, match=r"batch 7 has 2 rows for key \(id=1\) and no option 'order-by'"):
         resolve_task(rows.to_batches(), UpsertSpec(("id",)), batch_id=7, partition_id=0)
     nulls = pa.table({"id": pa.array([1, None], pa.int64())})

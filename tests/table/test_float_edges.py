@@ -35,7 +35,7 @@ from lakesink.executor.upsert_task import UpsertSpec, resolve_task
 from lakesink.maintenance import compaction
 from lakesink.options import SinkOptions, TableName
 from lakesink.table import floats
-from lakesink.table.keys import DELETED
+from lakesink.table.keys import DELETED, ORDER_COLUMN
 from lakesink.table.keys import DELETED as UPSERT_DELETED
 from lakesink.table.partitioning import parse
 from tests.support.helpers import sink_committer
@@ -106,7 +106,10 @@ def test_a_task_resolves_every_float_order_by_edge_as_spark_does(type_name: str)
                 continue
             written, changes = resolve_task(rows.to_batches(), spec, batch_id=3, partition_id=0)
             deleted = op_column and winners[0] == 0
-            assert changes.to_pylist() == [{"id": 7, DELETED: deleted}], case
+            assert changes.select(["id", DELETED]).to_pylist() == [{"id": 7, DELETED: deleted}], case
+            # the winner's order value goes with the key (the commit compares it with the table's, as Spark orders)
+            won = pa.array([case[winners[0]]], arrow_type)
+            assert floats.spark_order(changes.column(ORDER_COLUMN)).to_pylist() == floats.spark_order(won).to_pylist(), case
             got = pa.Table.from_batches(written, rows.schema).column("row").to_pylist() if written else []
             assert got == ([] if deleted else winners), (case, got, winners)
 

@@ -1,0 +1,330 @@
+"""Driver side, option ``order-by`` across batches: a change never overwrites a newer one, deletes included.
+
+Within a batch the tasks (or Spark) keep each key's change with the greatest order value (lakesink.executor.upsert_task,
+lakesink.sink.upsert_batch) and send it with the key (:data:`ORDER`). Here, on every commit attempt and against the table
+that attempt read, each of those changes is compared with the order value the table already holds for its key:
+
+- a **live row**'s order value is the table's own ``order-by`` column (the row is the change that wrote it), read from
+  the files the copy-on-write reads anyway (:func:`lakesink.driver.upsert.rewrite` calls :meth:`OrderCheck.winners`);
+- a **deleted key**'s order value (a tombstone) is kept in the table's **order file**: a Parquet file of (key columns,
+  order value, deleted) next to the table's metadata files, named by the table property
+  :data:`~lakesink.table.keys.PROPERTY_UPSERT_ORDER_FILE` (``.<branch>`` appended off main). A batch that changes it
+  writes a new one (named after its commit attempt) and sets the property in its own commit, so the tombstones move
+  atomically with the rows (and with the other tables of a routed unit); a replayed batch is skipped before anything is
+  compared, so a replay gives the identical table;
+- a table **without** the ``order-by`` column (option payload does not write it) keeps every key's order value in the
+  order file, live keys too.
+
+A change wins when its order value is greater than or equal to the held one (a tie goes to the later batch, as Hudi's
+ordering field and Paimon's sequence field do); a change that loses is not applied: its key keeps the table's row (or
+stays deleted), its row is dropped from the batch's files, and the snapshot counts it in ``lakesink.upsert.stale-changes``.
+A winning delete leaves a tombstone, a winning upsert removes its key's tombstone. Order values compare as Spark SQL
+orders them (floats by :func:`lakesink.table.floats.spark_order`); a null is below every value, and a change whose order
+value is null for a key the table holds a non-null order value for is an UpsertKeyError naming the column (it cannot be
+ordered, and dropping it would be silent). docs/upserts.md: the semantics and the order file's cost.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+
+from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg import producers
+from lakesink.driver import upsert
+from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
+from lakesink.executor.messages import WritePlan, WrittenFile
+from lakesink.executor.task_writer import TaskWriter
+from lakesink.table import floats, names
+from lakesink.table.keys import DELETED, HELD_COLUMN, PROPERTY_UPSERT_ORDER_FILE, SUMMARY_UPSERT_ORDER_FILE
+from lakesink.table.keys import ORDER_COLUMN as ORDER
+from lakesink.table.keys import ROW_COLUMN as _ROW
+
+#: ``partition_id`` of the files that hold a batch's rows without its stale changes (in their names).
+STALE_REWRITE_PARTITION_ID = 99997
+
+_PRESENT = "__lakesink_present"
+
+
+def property_key(branch: str) -> str:
+    """The table property naming the order file of ``branch``."""
+    return PROPERTY_UPSERT_ORDER_FILE if branch == "main" else f"{PROPERTY_UPSERT_ORDER_FILE}.{branch}"
+
+
+def orderable(data_type: pa.DataType) -> bool:
+    """Types whose values order across batches: integers, decimals, floats, dates, timestamps, strings."""
+    t = pa.types
+    return bool(
+        t.is_integer(data_type)
+        or t.is_decimal(data_type)
+        or t.is_floating(data_type)
+        or t.is_date(data_type)
+        or t.is_timestamp(data_type)
+        or t.is_string(data_type)
+        or t.is_large_string(data_type)
+    )
+
+
+@dataclass
+class OrderCheck:
+    """One commit attempt's comparison of a batch's changes with the order values its table holds."""
+
+    table_name: str
+    column: str
+    """The option order-by, as given."""
+    batch_id: int
+    key_names: list[str]
+    table_column: str | None
+    """The table's order-by column (None: the table has none, the order file keeps every key's order value)."""
+    held: pa.Table | None
+    """The order file's rows (key columns, :data:`HELD_COLUMN`, :data:`DELETED`), None when the table has none."""
+    held_path: str | None
+    stale: list[pa.Table] = field(default_factory=list)
+    """The changes that lost (key columns, :data:`DELETED`)."""
+    stale_in_files: int = 0
+    """Of them, upserts that lost to a live row (the copy-on-write counted them as inserted)."""
+
+    def winners(self, hit: pa.Table, rows: pa.Table) -> pa.Table:
+        """The batch's keys a file holds (``hit``) whose change is not older than the file's row of the key."""
+        if self.table_column is None or self.table_column not in rows.column_names:
+            return hit  # no order column (or one this very commit adds, by merge-schema): the file's rows have none
+        live = rows.select([*self.key_names, self.table_column]).rename_columns([*self.key_names, HELD_COLUMN])
+        live = upsert._cast_like(live, hit.select(self.key_names).schema)
+        stale = _stale(hit, live, self)
+        if not pc.any(stale).as_py():
+            return hit
+        lost = hit.filter(stale)
+        self.stale.append(lost.select([*self.key_names, DELETED]))
+        self.stale_in_files += int(pc.sum(pc.invert(lost.column(DELETED))).as_py() or 0)
+        return hit.filter(pc.invert(stale))
+
+
+def start(
+    table: Table, schema: Schema, keys: upsert.BatchKeys, *, order_by: str, branch: str, batch_id: int
+) -> tuple[upsert.BatchKeys, OrderCheck]:
+    """The batch's keys without the changes older than the order file's (a deleted key's tombstone, or any key's
+    when the table has no order column), and the check the copy-on-write asks about live rows."""
+    if ORDER not in keys.table.column_names:
+        raise AssertionError("option order-by, but the batch's keys carry no order value")
+    changes = keys.table
+    order_type = changes.column(ORDER).type
+    if not orderable(order_type) and not pa.types.is_null(order_type):
+        raise InvalidOptionError(
+            f"option 'order-by': column {order_by!r} has type {order_type}, whose values lakesink does not order across "
+            f"batches (table {keys.table_name}). Order by an integer, decimal, float, date, timestamp or string column "
+            "(a sequence number or the source's log position)"
+        )
+    try:
+        table_column: str | None = schema.find_field(order_by, case_sensitive=False).name
+    except ValueError:
+        table_column = None
+    path = table.properties.get(property_key(branch))
+    held = _read(table, path, keys.table_name) if path else None
+    key_names = [f.name for f in keys.fields]
+    check = OrderCheck(keys.table_name, order_by, batch_id, key_names, table_column, held, path)
+    if held is None or not held.num_rows:
+        return keys, check
+    held_keys = upsert._cast_like(held.select([*key_names, HELD_COLUMN]), changes.select(key_names).schema)
+    stale = _stale(changes, held_keys, check)
+    if not pc.any(stale).as_py():
+        return keys, check
+    check.stale.append(changes.filter(stale).select([*key_names, DELETED]))
+    return upsert.BatchKeys(keys.table_name, schema, changes.filter(pc.invert(stale))), check
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What the order check adds to a batch's commit attempt."""
+
+    data_files: list[DataFile]
+    """The batch's files, those that held a stale change replaced by copies without it."""
+    written: tuple[str, ...]
+    """Files this attempt wrote (the copies, the new order file): deleted when the attempt does not land."""
+    properties: dict[str, str]
+    summary: dict[str, str]
+    rewrite: upsert.Rewrite
+
+
+def finish(
+    check: OrderCheck,
+    table: Table,
+    schema: Schema,
+    *,
+    keys: upsert.BatchKeys,
+    rewrite: upsert.Rewrite,
+    data_files: Sequence[DataFile],
+    plan: WritePlan,
+    branch: str,
+    commit: names.CommitName,
+    attempt: int,
+) -> Finished:
+    """After the copy-on-write: the batch's stale rows dropped from its files, the order file brought up to date."""
+    stale = pa.concat_tables(check.stale) if check.stale else None
+    files, written = list(data_files), list[str]()
+    if stale is not None:
+        lost_rows = stale.filter(pc.invert(stale.column(DELETED))).select(check.key_names)
+        if lost_rows.num_rows:
+            files, written = _without(table, schema, files, lost_rows, plan=plan, batch_id=check.batch_id, attempt=attempt)
+    winners = keys.table.select([*check.key_names, DELETED, ORDER])
+    if stale is not None and check.stale_in_files:
+        winners = winners.join(stale.select(check.key_names), check.key_names, join_type="left anti")
+    # the order file: tombstones of the winning deletes (every winner's order when the table has no order column),
+    # without the keys a winning upsert brought back
+    kept = winners if check.table_column is None else winners.filter(winners.column(DELETED))
+    new_held = kept.rename_columns([*check.key_names, DELETED, HELD_COLUMN]).select([*check.key_names, HELD_COLUMN, DELETED])
+    path = check.held_path
+    properties: dict[str, str] = {}
+    held = check.held
+    rest = None
+    if held is not None and held.num_rows and winners.num_rows:
+        held = upsert._cast_like(held, winners.select(check.key_names).schema)
+        rest = held.join(winners.select(check.key_names), check.key_names, join_type="left anti")
+    if new_held.num_rows or (rest is not None and held is not None and rest.num_rows != held.num_rows):
+        base = rest if rest is not None else held
+        parts = [t for t in (base, new_held) if t is not None and t.num_rows]
+        merged = pa.concat_tables(parts, promote_options="permissive") if parts else new_held
+        path = posixpath.join(posixpath.dirname(table.metadata_location), names.order_file_name(commit))
+        _write(table, path, merged.combine_chunks())
+        written.append(path)
+        properties[property_key(branch)] = path
+    return Finished(
+        data_files=files,
+        written=tuple(written),
+        properties=properties,
+        summary={SUMMARY_UPSERT_ORDER_FILE: path} if path else {},
+        rewrite=replace(
+            rewrite,
+            inserted=rewrite.inserted - check.stale_in_files,
+            stale=stale.num_rows if stale is not None else 0,
+        ),
+    )
+
+
+def _stale(changes: pa.Table, held: pa.Table, check: OrderCheck) -> pa.Array:
+    """Per row of ``changes`` (key columns and :data:`ORDER`): true when ``held`` (key columns and
+    :data:`HELD_COLUMN`) holds a greater order value for its key. A null change against a non-null held value raises."""
+    keys = check.key_names
+    numbered = changes.select([*keys, ORDER]).append_column(_ROW, pa.array(range(changes.num_rows), pa.int64()))
+    held = held.append_column(_PRESENT, pa.array([True] * held.num_rows))
+    joined = numbered.join(held, keys, join_type="left outer", use_threads=False)
+    joined = joined.take(pc.sort_indices(joined.column(_ROW)))
+    change, older = joined.column(ORDER), joined.column(HELD_COLUMN)
+    if older.type != change.type and not pa.types.is_null(change.type) and not pa.types.is_null(older.type):
+        try:
+            older = older.cast(change.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise LakesinkError(
+                f"table {check.table_name}: the order values it holds ({older.type}) cannot be compared with the "
+                f"batch's option 'order-by' column {check.column!r} ({change.type}): {e}. Keep the order-by column's "
+                "type (or widen it: int to long, a decimal's precision)"
+            ) from None
+    present = pc.fill_null(joined.column(_PRESENT), False)
+    null_change = pc.and_(pc.and_(present, older.is_valid()), change.is_null())
+    if pc.any(null_change).as_py():
+        row = joined.filter(null_change).slice(0, 1).to_pylist()[0]
+        key = ", ".join(f"{k}={row[k]!r}" for k in keys)
+        raise UpsertKeyError(
+            f"batch {check.batch_id}: option 'order-by' column {check.column!r} is null for key ({key}) of table "
+            f"{check.table_name}, which holds order value {row[HELD_COLUMN]!r} for it: a change without an order value "
+            "cannot be ordered after it. Nothing was committed; give every change an order value"
+        )
+    if pa.types.is_null(change.type) or pa.types.is_null(older.type):
+        return pa.array([False] * changes.num_rows)
+    greater = pc.greater(floats.spark_order(older), floats.spark_order(change))
+    return pc.fill_null(greater, False).combine_chunks() if isinstance(greater, pa.ChunkedArray) else pc.fill_null(greater, False)
+
+
+def _without(
+    table: Table, schema: Schema, files: list[DataFile], lost: pa.Table, *, plan: WritePlan, batch_id: int, attempt: int
+) -> tuple[list[DataFile], list[str]]:
+    """The batch's files, each that holds a key of ``lost`` replaced by a copy of its other rows."""
+    writer = TaskWriter(
+        plan,
+        query_id=plan.query_id or "rewrite",
+        batch_id=batch_id,
+        partition_id=STALE_REWRITE_PARTITION_ID,
+        task_attempt_id=attempt,
+    )
+    names_ = list(lost.column_names)
+    out: list[DataFile] = []
+    kept: list[pa.RecordBatch] = []
+    for data_file in files:
+        rows = seam.with_small_types(seam.read_data_file(table, data_file, schema))
+        file_keys = upsert._cast_like(rows.select(names_), lost.schema)
+        numbered = file_keys.append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+        rest = numbered.join(lost, names_, join_type="left anti").column(_ROW)
+        if len(rest) == rows.num_rows:
+            out.append(data_file)
+            continue
+        kept.extend(rows.take(rest.take(pc.sort_indices(rest))).to_batches())
+    result = writer.write(iter(kept)) if kept else None
+    new: tuple[WrittenFile, ...] = result.files if result is not None else ()
+    out.extend(
+        producers.data_file(
+            path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=plan.spec_id, partition=f.partition
+        )
+        for f in new
+    )
+    return out, [f.path for f in new]
+
+
+def _read(table: Table, path: str, table_name: str) -> pa.Table:
+    try:
+        with table.io.new_input(path).open() as stream:
+            return pq.read_table(stream)
+    except FileNotFoundError:
+        raise LakesinkError(
+            f"table {table_name}: its order file {path} (table property {PROPERTY_UPSERT_ORDER_FILE}, the order values "
+            "of its deleted keys, option order-by) is missing: a change older than a delete could bring the row back. "
+            "Restore the file, or remove the property to forget the deletes' order values"
+        ) from None
+
+
+def _write(table: Table, path: str, rows: pa.Table) -> None:
+    # overwrite=False: a name collision fails loudly instead of replacing another attempt's file
+    with table.io.new_output(path).create(overwrite=False) as stream:
+        pq.write_table(rows, stream)
+
+
+def rewrite(
+    table: Table,
+    schema: Schema,
+    keys: upsert.BatchKeys,
+    *,
+    order_by: str | None,
+    branch: str,
+    plan: WritePlan,
+    batch_id: int,
+    attempt: int,
+    data_files: Sequence[DataFile],
+    commit: names.CommitName,
+) -> Finished:
+    """An upsert batch's copy-on-write (:func:`lakesink.driver.upsert.rewrite`) for one commit attempt; with option
+    ``order-by``, without the changes older than what the table holds (the module's description)."""
+    if order_by is None:
+        done = upsert.rewrite(table, branch=branch, keys=keys, plan=plan, batch_id=batch_id, attempt=attempt)
+        return Finished(data_files=list(data_files), written=(), properties={}, summary={}, rewrite=done)
+    keys, check = start(table, schema, keys, order_by=order_by, branch=branch, batch_id=batch_id)
+    done = upsert.rewrite(
+        table, branch=branch, keys=keys, plan=plan, batch_id=batch_id, attempt=attempt, winners=check.winners
+    )
+    return finish(
+        check,
+        table,
+        schema,
+        keys=keys,
+        rewrite=done,
+        data_files=data_files,
+        plan=plan,
+        branch=branch,
+        commit=commit,
+        attempt=attempt,
+    )
