@@ -31,6 +31,7 @@ from benchmarks import metadata_cost as metadata_cost_bench
 from benchmarks import partitioned as partitioned_bench
 from benchmarks import rate as rate_bench
 from benchmarks import rest_commit as rest_commit_bench
+from benchmarks import routed_spark as routed_spark_bench
 from benchmarks import routing as routing_bench
 from benchmarks import routing_scale as routing_scale_bench
 from benchmarks import throughput as throughput_bench
@@ -193,6 +194,38 @@ def throughput_partitioned(ctx: click.Context, rows: int, reps: int, orders: str
         "variants": variants,
     }
     _finish(ctx, "throughput_partitioned", result)
+
+
+@main.command("routing-spark-writer")
+@click.option("--rows", default=3_000_000, show_default=True, help="rows over all tables")
+@click.option("--tables", default=20, show_default=True, help="tables the routing column names")
+@click.option("--reps", default=5, show_default=True, help="repetitions after the warm-up")
+@click.option("--paths", default=",".join(routed_spark_bench.PATHS), show_default=True)
+@click.pass_context
+def routing_spark_writer(ctx: click.Context, rows: int, tables: int, reps: int, paths: str) -> None:
+    """route-by with writer='spark' vs Spark's parquet sink with partitionBy on the routing column vs writer='arrow'."""
+    with _work(ctx.obj["work"]) as root:
+        info = machine()
+        spark = spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": "1000"})
+        try:
+            variant = routed_spark_bench.run(
+                spark,
+                root,
+                rows=rows,
+                tables=tables,
+                reps=reps,
+                paths=[p.strip() for p in paths.split(",") if p.strip()],
+                say=_say,
+            )
+        finally:
+            spark.stop()
+    result = {
+        "command": _command(),
+        "machine": info,
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
+        "variant": variant,
+    }
+    _finish(ctx, "routing_spark_writer", result)
 
 
 @main.command("commit-path")

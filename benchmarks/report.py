@@ -328,6 +328,34 @@ def routing_md(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def routing_spark_writer_md(r: dict[str, Any]) -> str:
+    """Option route-by with writer='spark' against Spark's parquet sink partitioned by the routing column
+    (benchmarks/routed_spark.py)."""
+    v = r["variant"]
+    inp = v["input"]
+    lines = [
+        f"`{r.get('command', 'python -m benchmarks routing-spark-writer')}`, {_machine_line(r['machine'])}; load average "
+        f"at the end {r.get('load_average_end')}.",
+        "",
+        f"{inp['rows']:,} rows over {inp['tables']} tables, {inp['bytes'] / 2**20:.1f} MiB of zstd Parquet in {inp['files']} "
+        f"files, one batch; {v['reps']} repetitions after a warm-up, rotating order; rows verified after every run: "
+        f"{'all correct' if v['all_rows_ok'] else 'SOME RUNS WRONG (see JSON)'}.",
+        "",
+        "| path | rows/s median | rows/s min-max | ratio to Spark's parquet sink with partitionBy (of medians; paired per "
+        "repetition: median, min-max) | commit ms (median) | files | load average (1 min) over the runs |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p, s in v["summary"].items():
+        loads = [x["load_average"][0] for x in v["runs"] if x["path"] == p]
+        lines.append(
+            f"| {p} | {_f(s['rows_per_s']['median'])} | {_f(s['rows_per_s']['min'])} - {_f(s['rows_per_s']['max'])} | "
+            f"{_ratio(s, 'ratio_to_partitioned_parquet_sink', 'paired_ratio_to_partitioned_parquet_sink')} | "
+            f"{_f(s['commit_ms'].get('median'))} | {', '.join(str(f) for f in s['files'])} | "
+            f"{_f(min(loads), 1)} - {_f(max(loads), 1)} |"
+        )
+    return "\n".join(lines)
+
+
 def routing_scale_md(r: dict[str, Any]) -> str:
     """Option route-by over many tables: what the driver keeps and the commit time per batch over a long run
     (benchmarks/routing_scale.py)."""
@@ -410,6 +438,9 @@ def render(out: Path, page: Path | None) -> str:
         for x in rs["runs"].values():  # recomputed from the samples: older result files lack some columns
             x["summary"] = routing_scale.summarize(x["samples"], max(1, x["tables"] // x["tables_per_batch"]))
         parts["routing-scale"] = routing_scale_md(rs)
+    rw = load(out, "routing_spark_writer")
+    if rw:
+        parts["routing-spark-writer"] = routing_spark_writer_md(rw)
     r = load(out, "rate")
     if r:
         plots.rate(r, out / PLOTS["rate"])

@@ -431,11 +431,20 @@ def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterK
             "routed upsert does not sort rows into dead letters); drop one of them, or write the change stream of "
             "each table through its own sink (docs/routing.md)"
         )
-    if writer in (WriterKind.SPARK, WriterKind.DRIVER):
+    if writer is WriterKind.DRIVER:
         raise InvalidOptionError(
-            f"option '{ROUTE_BY}' writes through Python workers (the Arrow path: each task splits its rows by table); "
-            f"writer={writer.value!r} cannot be used with it: use writer='auto' or 'arrow'"
+            f"option '{ROUTE_BY}' writes through Spark's executors (Python workers, or Spark's own Parquet writer); "
+            f"writer={writer.value!r} cannot be used with it: use writer='auto', 'arrow' or 'spark'"
         )
+    if writer is WriterKind.SPARK:
+        # lakesink.sink.spark_routed: one Spark write job, the rows never pass through Python workers
+        needs_workers = [k for k in (UPSERT_KEY, PAYLOAD) if lowered.get(k, "").strip()]
+        if needs_workers:
+            raise InvalidOptionError(
+                f"option '{ROUTE_BY}' with writer='spark' cannot be used with option(s) "
+                f"{', '.join(repr(k) for k in needs_workers)} yet: a routed upsert resolves and a payload expands each "
+                "table's rows in Python workers (the Arrow path); use writer='auto' or 'arrow' (docs/routing.md)"
+            )
     namespace: tuple[str, ...] = ()
     if lowered.get(NAMESPACE, "").strip():
         parsed = parse_namespace(lowered[NAMESPACE].strip())

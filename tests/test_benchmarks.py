@@ -218,3 +218,18 @@ def test_routing_scale_benchmark_at_toy_size(tmp_path: Path) -> None:
         assert peaks["committers"] <= 256 and peaks["tables_kept"] <= 1024 and peaks["maintenance_threads"] <= 2
     assert result["runs"]["off"]["summary"]["peaks"]["maintenance_threads"] == 0
     assert "<!-- generated: routing-scale -->" in (tmp_path / "performance.md").read_text()
+
+
+@pytest.mark.spark
+@pytest.mark.benchmark
+def test_routing_spark_writer_benchmark_at_toy_size(tmp_path: Path) -> None:
+    """``python -m benchmarks routing-spark-writer``: every path (Spark's parquet sink partitioned by the routing column,
+    route-by with writer='spark', with writer='arrow') writes every row once into its table's folder or table."""
+    _bench(tmp_path, "routing-spark-writer", "--rows", "4000", "--tables", "4", "--reps", "1", timeout=900)
+    result = json.loads((tmp_path / "performance" / "routing_spark_writer.json").read_text())
+    v = result["variant"]
+    runs = v["warmup"] + v["runs"]
+    assert sorted({r["path"] for r in runs}) == ["foreach-arrow", "foreach-spark", "parquet-partitioned"]
+    assert [r["rows_back"] for r in runs] == [4000] * len(runs) and v["all_rows_ok"]
+    assert "ratio_to_partitioned_parquet_sink" in v["summary"]["foreach-spark"]
+    assert "<!-- generated: routing-spark-writer -->" in (tmp_path / "performance.md").read_text()

@@ -61,7 +61,7 @@ from lakesink.executor.routed_writer import (
     route_of,
     routed_table,
 )
-from lakesink.executor.row_digest import RowsDigest, combine
+from lakesink.executor.row_digest import RowsDigest, combine, same_rows
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.faults import DRIVER_AFTER_TABLE_CREATED, fault_point
@@ -706,7 +706,7 @@ class RoutedCommitter:
         for name, c, table, done in held:
             recorded = recorded_rows(table.metadata, done, query_id, batch_id, c.options.sink_id)
             mine = rows.get(name)
-            if recorded is not None and mine is not None and recorded != mine:
+            if recorded is not None and mine is not None and not same_rows(recorded, mine):
                 differ.append(f"{name} (committed {recorded}, replayed {mine}; <rows>:<digest>)")
         if not differ:
             return

@@ -37,7 +37,16 @@ from lakesink.executor.routed_writer import RoutedPartitionWriter, RoutedTaskRes
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, PartitionWriter
 from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, Routing, SinkOptions, WriterKind
-from lakesink.sink import completeness, dead_letters, driver_write, spark_fs, spark_write, truncates, upsert_batch
+from lakesink.sink import (
+    completeness,
+    dead_letters,
+    driver_write,
+    spark_fs,
+    spark_routed,
+    spark_write,
+    truncates,
+    upsert_batch,
+)
 from lakesink.sink.checkpoint import not_found_by_a_restart, read_query_id, read_source_offsets
 from lakesink.table import storage
 from lakesink.table.keys import MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
@@ -105,8 +114,9 @@ def foreach_batch(
         writer: ``"auto"`` (a small batch -- the run's previous one held at most 10,000 rows -- written on the
             driver, else Spark's own Parquet writer when the table allows it, else the Arrow path), ``"spark"``
             (Spark's writer; a table it cannot write fails the batch), ``"arrow"`` (rows through Python workers,
-            written with pyarrow) or ``"driver"`` (every batch collected as Arrow and written on the driver). See
-            docs/write-paths.md.
+            written with pyarrow) or ``"driver"`` (every batch collected as Arrow and written on the driver). With
+            ``route_by``: ``"spark"`` writes every table of a batch with Spark's writer (docs/routing.md), ``"auto"``
+            takes the Arrow path, ``"driver"`` is refused. See docs/write-paths.md.
         sink_id: needed only when one query writes this table through several sinks (two lakesink calls in
             one foreachBatch function, e.g. two filters of the batch, or main and an audit branch): each sink
             gets its own id and is exactly-once on its own. Keep it stable across restarts.
@@ -361,6 +371,8 @@ class ForeachBatchSink:
         if run_id != self._run:  # a new run of the query: every table is opened (and checked) afresh
             routed.new_run()
             self._run = run_id
+        if self.options.writer is WriterKind.SPARK:  # Spark's own Parquet writer, no row in a Python worker
+            return self._routed_spark_batch(df, batch_id, query_id, routed, run_id)
         if self.options.payload is not None:  # each table's columns from its payloads (the same job finds the routes)
             values, found = self._payload_columns(df, routed)
             if self.options.cdc_format is not None:  # the changes before a truncate dropped, the table marked
@@ -411,6 +423,74 @@ class ForeachBatchSink:
             except Exception:
                 log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
             raise
+
+    def _routed_spark_batch(
+        self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None
+    ) -> RoutedOutcome:
+        """Option route-by with writer='spark' (lakesink.sink.spark_routed): one Spark job finds the batch's tables with
+        each one's row count and digest, one write job per group of alike tables writes them, one unit commits them."""
+        routing = self.options.routing
+        assert routing is not None
+        spark = df.sparkSession
+        values = spark_routed.batch_values(df, routing.column)
+        routes = routed.routes(values, batch_id)  # an invalid route: RoutingError (dead letters need 'arrow')
+        plans = routed.plans(routes, query_id)
+        for plan in plans.values():
+            reason = spark_write.unsupported_reason(plan.schema, plan.spec) or spark_fs.unwritable_reason(spark, plan.data_prefix)
+            if reason is not None:
+                raise InvalidOptionError(
+                    f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'"
+                )
+        offsets = self._source_offsets(spark, query_id, batch_id)
+        routed.check_replay_at_plan(query_id=query_id, batch_id=batch_id, source_offsets=offsets, run_id=run_id)
+        if routes and all(p.last_committed_batch is not None and batch_id <= p.last_committed_batch for p in plans.values()):
+            return routed.skip_replay(query_id=query_id, batch_id=batch_id, routes=routes, source_offsets=offsets, run_id=run_id)
+        written: spark_routed.RoutedSparkWrite | None = None
+        if routes:
+            targets = [p.settings.target_file_size for p in plans.values()]
+            written = spark_routed.write_routed(
+                df,
+                column=routing.column,
+                namespace=routing.namespace,
+                allowed=routing.allowed_namespaces,
+                plans=plans,
+                values=values,
+                query_id=query_id,
+                batch_id=batch_id,
+                run_id=run_id,
+                max_records_per_file=max(1, int(min(targets) / self._bytes_per_row)) if self._bytes_per_row else 0,
+            )
+            log.info(
+                "lakesink: route-by batch=%s written by Spark's Parquet writer: tables=%s jobs=%s rows=%s job_ms=%.0f "
+                "footer_ms=%.0f",
+                batch_id,
+                len(plans),
+                written.jobs,
+                written.record_count,
+                written.job_ms,
+                written.footer_ms,
+            )
+            if written.record_count:
+                self._bytes_per_row = written.size_in_bytes / written.record_count
+        results = [written.result] if written is not None else []
+        try:
+            return routed.commit_batch(
+                query_id=query_id,
+                batch_id=batch_id,
+                results=results,
+                source_offsets=offsets,
+                run_id=run_id,
+                batch_time=self._batch_time(spark, df, query_id, batch_id),
+            )
+        except BaseException:
+            try:
+                routed.abort_batch(query_id=query_id, batch_id=batch_id, results=results)
+            except Exception:
+                log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
+            raise
+        finally:
+            for directory in written.directories if written is not None else ():
+                storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)
 
     def _payload_columns(self, df: DataFrame, routed: RoutedCommitter) -> tuple[list[object], dict[object, payload.Found]]:
         """Option payload: one Spark job over the routing and payload columns (lakesink.executor.payload): the batch's

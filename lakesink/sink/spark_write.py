@@ -28,7 +28,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +54,7 @@ from pyiceberg.types import (
     TimestampType,
     TimestamptzType,
 )
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, DataFrameWriter, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -216,11 +216,15 @@ def _project_field(
     return value
 
 
-def project(df: DataFrame, plan: WritePlan, batch_id: int, write_id: str = "") -> DataFrame:
+def project(
+    df: DataFrame, plan: WritePlan, batch_id: int, write_id: str = "", extra: Sequence[tuple[str, Column, T.DataType]] = ()
+) -> DataFrame:
     """``df`` with the table's columns in the table's order and types, with Iceberg field ids, NOT NULL checked.
 
     ``write_id`` goes into the metadata of the first column, which Spark keeps in every file's footer
     (``org.apache.spark.sql.parquet.row.metadata``): how the driver recognises the files of its own write job.
+    ``extra``: columns after the table's (name, value, type), e.g. a partition column of the write that is not
+    written into the files (route-by: lakesink.sink.spark_routed).
     """
     file_schema = seam.file_schema(plan.schema)
     stream = {f.name: f.dataType for f in df.schema.fields}
@@ -235,9 +239,11 @@ def project(df: DataFrame, plan: WritePlan, batch_id: int, write_id: str = "") -
         )
         for i, (tf, ff) in enumerate(zip(plan.schema.fields, file_schema.fields, strict=True))
     ]
+    columns += [value.alias(name) for name, value, _ in extra]
     fields = [f for f in (_spark_field(ff) for ff in file_schema.fields) if f is not None]
     target = T.StructType(
         [T.StructField(f.name, f.dataType, f.nullable, metadata(i, f.metadata["parquet.field.id"])) for i, f in enumerate(fields)]
+        + [T.StructField(name, data_type, True) for name, _, data_type in extra]
     )
     # DataFrame.to() carries the field ids over onto every nested field of the written schema. The explicit
     # metadata of the top-level aliases matters: a projection that changes nothing else is optimised away
@@ -298,9 +304,7 @@ def write_batch(
     directory = f"{plan.data_prefix.rstrip('/')}/{names.batch_directory_name(query_id=query_id, batch_id=batch_id, token=token)}"
     write_id = f"{query_id}/{batch_id}/{token}"
     spark = df.sparkSession
-    settings = plan.settings
-    codec = settings.codec  # validated by TableSettings.parse on the driver
-    _check_refused_settings(spark, plan)
+    check_refused_settings(spark, plan)
     observation = Observation(f"lakesink-{token}")
     projected = project(df, plan, batch_id, write_id)
     partitioned = not plan.spec.is_unpartitioned()
@@ -312,48 +316,18 @@ def write_batch(
         keys = spark_partition.key_names(plan.spec, file_schema)
         columns = spark_partition.grouping_keys(plan.spec, file_schema)
         projected = projected.select("*", *[c.alias(n) for c, n in zip(columns, keys, strict=True)])
-    frame = projected.observe(observation, F.count(F.lit(1)).alias("rows")).write
-    if keys:
-        frame = frame.partitionBy(*keys)
-    writer = (
-        frame.format("parquet")
-        .mode("errorifexists")
-        .option("compression", _SPARK_CODECS[codec])
-        .option("parquet.block.size", str(settings.row_group_bytes))
-        .option("maxRecordsPerFile", str(max(0, max_records_per_file)))
-        .options(**HADOOP_PINS)
+    writer = parquet_writer(
+        projected.observe(observation, F.count(F.lit(1)).alias("rows")), plan, keys, directory, max_records_per_file
     )
-    if storage.spark_location(directory).startswith("file:"):
-        # Hadoop's checksummed local filesystem would leave a hidden .crc file beside every data file
-        writer = writer.option("fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem").option(
-            "fs.file.impl.disable.cache", "true"
-        )
-    # Iceberg's write.parquet.* properties -> parquet-mr (Hadoop configuration) keys, passed as write options
-    for value, key in (
-        (settings.page_size or _PAGE_SIZE_DEFAULT, "parquet.page.size"),
-        (settings.page_row_limit or _PAGE_ROW_LIMIT_DEFAULT, "parquet.page.row.count.limit"),
-        (settings.dict_size or DICT_SIZE_DEFAULT, "parquet.dictionary.page.size"),
-    ):
-        writer = writer.option(key, str(value))
-    if codec == "zstd":
-        level = settings.compression_level if settings.compression_level is not None else _ZSTD_LEVEL_DEFAULT
-        writer = writer.option("parquet.compression.codec.zstd.level", str(level))
     try:
         fault_point(SPARKWRITE_BEFORE_WRITE)
         started = time.monotonic()
-        # a partitioned write sorts each task's rows by the grouping keys (Spark's default): measured faster than
-        # spark.sql.maxConcurrentOutputFileWriters (a writer per partition) on shuffled input, 1M rows over 30 days
-        with _session_confs(spark, {**SESSION_PINS, CONCURRENT_WRITERS: "0"} if keys else SESSION_PINS):
-            try:
-                writer.save(storage.spark_location(directory))
-            except Exception as e:
-                _raise_not_null(e, df, plan, batch_id)
-                raise
+        save(spark, writer, directory, partitioned=bool(keys), on_error=lambda e: raise_not_null(e, df, plan, batch_id))
         written = time.monotonic()
         rows_written = int(observation.get["rows"])
         fault_point(SPARKWRITE_AFTER_FILES)
-        file_names = _file_names(plan.io, directory)
-        files = _files_of_write(plan, directory, file_names, write_id, rows_written, batch_id)
+        listed = file_names(plan.io, directory)
+        files = files_of_write(plan, directory, listed, write_id, rows_written, batch_id)
         footers_read = time.monotonic()
     except BaseException:
         delete_directory(plan.io, directory)
@@ -388,7 +362,58 @@ def write_batch(
     )
 
 
-def _raise_not_null(error: Exception, df: DataFrame, plan: WritePlan, batch_id: int) -> None:
+def parquet_writer(
+    frame: DataFrame, plan: WritePlan, keys: Sequence[str], directory: str, max_records_per_file: int
+) -> DataFrameWriter:
+    """Spark's Parquet writer of ``frame`` into ``directory`` (one folder per value of ``keys``), with the table's
+    Parquet settings and every Hadoop setting lakesink pins (:data:`HADOOP_PINS`)."""
+    settings = plan.settings
+    codec = settings.codec  # validated by TableSettings.parse on the driver
+    frame_writer = frame.write
+    if keys:
+        frame_writer = frame_writer.partitionBy(*keys)
+    writer = (
+        frame_writer.format("parquet")
+        .mode("errorifexists")
+        .option("compression", _SPARK_CODECS[codec])
+        .option("parquet.block.size", str(settings.row_group_bytes))
+        .option("maxRecordsPerFile", str(max(0, max_records_per_file)))
+        .options(**HADOOP_PINS)
+    )
+    if storage.spark_location(directory).startswith("file:"):
+        # Hadoop's checksummed local filesystem would leave a hidden .crc file beside every data file
+        writer = writer.option("fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem").option(
+            "fs.file.impl.disable.cache", "true"
+        )
+    # Iceberg's write.parquet.* properties -> parquet-mr (Hadoop configuration) keys, passed as write options
+    for value, key in (
+        (settings.page_size or _PAGE_SIZE_DEFAULT, "parquet.page.size"),
+        (settings.page_row_limit or _PAGE_ROW_LIMIT_DEFAULT, "parquet.page.row.count.limit"),
+        (settings.dict_size or DICT_SIZE_DEFAULT, "parquet.dictionary.page.size"),
+    ):
+        writer = writer.option(key, str(value))
+    if codec == "zstd":
+        level = settings.compression_level if settings.compression_level is not None else _ZSTD_LEVEL_DEFAULT
+        writer = writer.option("parquet.compression.codec.zstd.level", str(level))
+    return writer
+
+
+def save(
+    spark: SparkSession, writer: DataFrameWriter, directory: str, *, partitioned: bool, on_error: Callable[[Exception], None]
+) -> None:
+    """Run Spark's write job with the session settings lakesink pins (:data:`SESSION_PINS`), put back afterwards;
+    ``on_error`` may turn a failure of the job into lakesink's own error (it returns to let the failure propagate)."""
+    # a partitioned write sorts each task's rows by the grouping keys (Spark's default): measured faster than
+    # spark.sql.maxConcurrentOutputFileWriters (a writer per partition) on shuffled input, 1M rows over 30 days
+    with _session_confs(spark, {**SESSION_PINS, CONCURRENT_WRITERS: "0"} if partitioned else SESSION_PINS):
+        try:
+            writer.save(storage.spark_location(directory))
+        except Exception as e:
+            on_error(e)
+            raise
+
+
+def raise_not_null(error: Exception, df: DataFrame, plan: WritePlan, batch_id: int) -> None:
     m = re.search(re.escape(_NOT_NULL_MARKER) + r"\[([^\]]+)\]", str(error))
     if m is None:
         return
@@ -424,7 +449,7 @@ class _session_confs:
                 self._spark.conf.set(key, value)
 
 
-def _file_names(io: FileIO, directory: str) -> list[str]:
+def file_names(io: FileIO, directory: str) -> list[str]:
     """Paths, relative to ``directory``, of the data files Spark committed into it, listed through the table's
     FileIO (the one the footers are then read with), as Spark's own file index would list them: a file or folder
     whose name starts with ``.`` (checksums), or with ``_`` and holds no ``=`` (``_temporary`` with uncommitted task
@@ -441,7 +466,7 @@ def _hidden(name: str) -> bool:
     return (name.startswith("_") and "=" not in name) or name.startswith(".") or name.endswith("._COPYING_")
 
 
-def _check_refused_settings(spark: SparkSession, plan: WritePlan) -> None:
+def check_refused_settings(spark: SparkSession, plan: WritePlan) -> None:
     for key in _REFUSED_SETTINGS:
         for name in (key, f"spark.hadoop.{key}"):
             if spark.conf.get(name, None):
@@ -465,7 +490,7 @@ def _write_id(metadata: pq.FileMetaData) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _files_of_write(
+def files_of_write(
     plan: WritePlan, directory: str, names: Sequence[str], write_id: str, rows_written: int, batch_id: int
 ) -> list[WrittenFile]:
     """The files in ``directory`` that Spark's write job ``write_id`` committed, with their statistics.

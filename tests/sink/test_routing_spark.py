@@ -103,8 +103,8 @@ def test_a_routed_stream_is_exactly_once_across_restarts_and_a_crash_after_the_c
 
 
 def test_refusals_at_start(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
-    with pytest.raises(InvalidOptionError, match="writer='spark'"):
-        lakesink.foreach_batch(route_by="route", writer="spark", catalog_properties=catalog_properties)
+    with pytest.raises(InvalidOptionError, match="writer='driver'"):  # writer='spark': tests/sink/test_routing_spark_writer.py
+        lakesink.foreach_batch(route_by="route", writer="driver", catalog_properties=catalog_properties)
     with pytest.raises(InvalidOptionError, match="complete"):
         lakesink.foreach_batch(route_by="route", output_mode="complete", catalog_properties=catalog_properties)
     with pytest.raises(InvalidOptionError, match="'upsert-key' cannot be used with option 'dead-letter-table' yet"):

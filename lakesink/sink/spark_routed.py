@@ -1,0 +1,353 @@
+"""Driver side, option ``route-by`` with ``writer='spark'`` (:func:`lakesink.foreach_batch`): Spark's own Parquet writer
+writes every table of a routed batch, no row passes through a Python worker.
+
+1. The batch's routing values: one Spark job over the routing column (as the routed Arrow path), the tables opened.
+2. :func:`write_routed` -- one Spark write job per group of tables whose files look alike (the same file schema with
+   field ids, partition spec, Parquet settings and filesystem: tables lakesink creates from one stream are one group;
+   at most :data:`MAX_TABLES_PER_JOB` tables a job), partitioned by the table (a folder ``__lakesink_route=<n>`` per
+   table) and, for a partitioned table, by its partition keys. The same job observes, per table, the count and the
+   digest of the rows it routes there (the sum of Spark's ``xxhash64`` over the row's columns, the routing column
+   aside), recorded in each table's commit (``lakesink.batch-rows-digest``, kind ``x``: lakesink.executor.row_digest)
+   so that a replay that moves rows between the same tables stays loud, as on the Arrow path. The job writes into a
+   batch directory of the group's first table; each other table's folder is then renamed into a batch directory of its
+   own data location (a rename within one filesystem), so that every committed file lives in its table's location (an
+   orphan clean-up of one table never sees another's files). The driver keeps the files carrying the job's write id,
+   checks that each table's files hold the rows the job counted for it, reads their footers for Iceberg's statistics
+   (as the single-table Spark path, lakesink.sink.spark_write) and hands them to the routed commit as one unit.
+
+A stream column a table lacks must be null in the rows routed to it (checked by Spark, as the Arrow path checks it);
+NOT NULL columns, casts and field ids as in lakesink.sink.spark_write. Tables that hold the batch already (a replay
+completing the tables a crash left without it) get no row written, their digest is compared. Any failure before the
+commit deletes every directory of the batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from pyspark.sql import Column, DataFrame, Observation
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from lakesink._pyiceberg import io as seam
+from lakesink.errors import LakesinkError, SchemaMismatchError
+from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
+from lakesink.executor.routed_writer import RoutedTaskResult, TableResult
+from lakesink.executor.row_digest import RowsDigest
+from lakesink.faults import fault_point
+from lakesink.sink import spark_fs, spark_partition, spark_write
+from lakesink.table import names, storage
+from lakesink.table.routes import parse_route, routing_value
+
+log = logging.getLogger("lakesink")
+
+MAX_TABLES_PER_JOB = 64
+"""A write job observes three aggregates per table it writes: more tables, more jobs (each reads the batch)."""
+ROUTE_KEY = "__lakesink_route"
+"""The partition column of a routed write job: the table's number in its group (not written into the files)."""
+_HASH = "__lakesink_row_hash"
+_MASK = (1 << 64) - 1
+_NO_COLUMN_MARKER = "LAKESINK_ROUTED_NO_COLUMN"
+_UNKNOWN_ROUTE_MARKER = "LAKESINK_ROUTED_UNKNOWN_ROUTE"
+DIGEST_KIND = "x"
+"""lakesink.executor.row_digest.RowsDigest.kind of the digests Spark computes here."""
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _hashed(field: T.StructField) -> Column:
+    column = F.col(_quote(field.name))
+    # Spark refuses maps in hash expressions: a map column is hashed as its JSON text
+    return F.to_json(column) if isinstance(field.dataType, T.MapType) else column
+
+
+def batch_values(df: DataFrame, column: str) -> list[object]:
+    """One Spark job over the routing column: the batch's routing values, read as bytes (a value that is not UTF-8
+    stays itself, an invalid route: lakesink.table.routes.routing_value)."""
+    raw = df.select(F.col(_quote(column)).cast("binary")).distinct().collect()
+    return [routing_value(None if r[0] is None else bytes(r[0])) for r in raw]
+
+
+@dataclass(frozen=True)
+class RoutedSparkWrite:
+    """A routed batch written by Spark's Parquet writer: the result to commit and the directories it wrote."""
+
+    result: RoutedTaskResult
+    directories: tuple[str, ...]
+    jobs: int = 0
+    job_ms: float = 0.0
+    footer_ms: float = 0.0
+
+    @property
+    def record_count(self) -> int:
+        return sum(t.result.record_count for t in self.result.tables)
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(t.result.size_in_bytes for t in self.result.tables)
+
+
+def _group_key(plan: WritePlan) -> tuple[Any, ...]:
+    """Tables with the same key can be written by one job: the same files but for their folder."""
+    parts = urlsplit(plan.data_prefix)
+    spec = tuple((f.source_id, f.field_id, str(f.transform), f.name) for f in plan.spec.fields)
+    return (str(seam.file_schema(plan.schema)), spec, repr(plan.settings), spark_fs.hadoop_scheme(plan.data_prefix), parts.netloc)
+
+
+def write_routed(
+    df: DataFrame,
+    *,
+    column: str,
+    namespace: tuple[str, ...],
+    allowed: tuple[tuple[str, ...], ...],
+    plans: Mapping[str, WritePlan],
+    values: Sequence[object],
+    query_id: str,
+    batch_id: int,
+    run_id: str | None,
+    max_records_per_file: int = 0,
+) -> RoutedSparkWrite:
+    """Write the rows of every table of ``plans`` that does not hold the batch yet; nothing is committed. ``values``:
+    the batch's routing values (each names a table of ``plans``). The tables that hold the batch already get their
+    digest only (observed by the first job). On any failure every directory of the batch is deleted before the error
+    propagates."""
+    if column == ROUTE_KEY or ROUTE_KEY in df.columns or _HASH in df.columns:
+        raise LakesinkError(
+            f"the stream has a column {ROUTE_KEY!r} or {_HASH!r}, which route-by with writer='spark' uses itself; rename it"
+        )
+    value_table = {v: str(parse_route(v, namespace, allowed)) for v in values}
+    held = {n for n, p in plans.items() if p.last_committed_batch is not None and batch_id <= p.last_committed_batch}
+    pending = sorted(set(plans) - held)
+    by_key: dict[tuple[Any, ...], list[str]] = {}
+    for name in pending:
+        by_key.setdefault(_group_key(plans[name]), []).append(name)
+    groups = [g[i : i + MAX_TABLES_PER_JOB] for g in by_key.values() for i in range(0, len(g), MAX_TABLES_PER_JOB)]
+    written: dict[str, TaskResult] = {}
+    digests: dict[str, RowsDigest] = {}
+    directories: list[str] = []
+    job_ms = footer_ms = 0.0
+    io = plans[pending[0]].io if pending else None
+    try:
+        for n, group in enumerate(groups):
+            observed = sorted(held) if n == 0 else []  # the first job digests the rows of the tables holding the batch
+            job = _write_group(
+                df, column, group, observed, plans, value_table, query_id, batch_id, max_records_per_file, directories
+            )
+            digests.update(job.digests)
+            job_ms += job.job_ms
+            footer_ms += job.footer_ms
+            for name in group:
+                plan = plans[name]
+                written[name] = TaskResult(
+                    query_id=query_id,
+                    batch_id=batch_id,
+                    partition_id=pending.index(name),
+                    task_attempt_id=-1,
+                    schema_id=plan.schema_id,
+                    spec_id=plan.spec_id,
+                    files=tuple(job.files[name]),
+                    table_uuid=plan.table_uuid or None,
+                    run_id=run_id,
+                    written_schema=plan.schema_digest,
+                    schema_changes=plan.schema_changes,
+                    written_since_ms=job.since_ms,
+                )
+    except BaseException:
+        for d in reversed(directories):
+            assert io is not None
+            spark_write.delete_directory(io, d)
+        raise
+    tables: list[TableResult] = []
+    for name, plan in sorted(plans.items()):
+        result = written.get(name) or TaskResult(  # holds the batch already: nothing written, its digest compared
+            query_id=query_id,
+            batch_id=batch_id,
+            partition_id=len(pending) + len(tables),
+            task_attempt_id=-1,
+            schema_id=plan.schema_id,
+            spec_id=plan.spec_id,
+            replay_skipped=True,
+            table_uuid=plan.table_uuid or None,
+            run_id=run_id,
+            written_schema=plan.schema_digest,
+        )
+        tables.append(TableResult(name, result, rows_digest=digests.get(name)))
+    return RoutedSparkWrite(
+        result=RoutedTaskResult(query_id, batch_id, 0, run_id, tuple(tables)),
+        directories=tuple(directories),
+        jobs=len(groups),
+        job_ms=job_ms,
+        footer_ms=footer_ms,
+    )
+
+
+@dataclass(frozen=True)
+class _Job:
+    files: dict[str, list[WrittenFile]]
+    digests: dict[str, RowsDigest]
+    since_ms: int
+    job_ms: float
+    footer_ms: float
+
+
+def _write_group(
+    df: DataFrame,
+    column: str,
+    group: Sequence[str],
+    observed: Sequence[str],
+    plans: Mapping[str, WritePlan],
+    value_table: Mapping[object, str],
+    query_id: str,
+    batch_id: int,
+    max_records_per_file: int,
+    directories: list[str],
+) -> _Job:
+    """One Spark write job for the tables of ``group`` (alike files), digesting their rows and those of ``observed``
+    (not written); every directory it makes is appended to ``directories`` as soon as it exists (the caller deletes
+    them on failure)."""
+    first = plans[group[0]]
+    spark = df.sparkSession
+    since_ms = names.now_ms()
+    token = names.new_token()
+    batch_dir = names.batch_directory_name(query_id=query_id, batch_id=batch_id, token=token)
+    job_dir = f"{first.data_prefix.rstrip('/')}/{batch_dir}"
+    write_id = f"{query_id}/{batch_id}/{token}"
+    number = {name: i for i, name in enumerate([*group, *observed])}  # written: 0 .. len(group) - 1
+    # each routing value -> its table's number, -1: a table of another job
+    pairs: list[Column] = []
+    for value, name in value_table.items():
+        if isinstance(value, str):
+            pairs += [F.lit(value), F.lit(number.get(name, -1))]
+    routing = F.col(_quote(column))
+    index = F.element_at(F.create_map(*pairs), routing.cast("string")) if pairs else F.lit(None).cast("int")
+    unknown = F.concat(
+        F.lit(f"{_UNKNOWN_ROUTE_MARKER}[batch {batch_id}] routing value '"),
+        F.coalesce(routing.cast("string"), F.lit("null")),
+        F.lit("' was not in the batch when lakesink planned it"),
+    )
+    route = F.when(index.isNull(), F.raise_error(unknown).cast("int"))
+    # a stream column the group's tables lack must be null in the rows routed to them (as the Arrow path checks)
+    have = set(first.schema.column_names)
+    written_here = (index >= 0) & (index < len(group))
+    for extra in (f for f in df.columns if f != column and f not in have):
+        message = F.concat(
+            F.lit(f"{_NO_COLUMN_MARKER}[{extra}] batch {batch_id} routes a row with a value in column {extra!r} to table "),
+            routing.cast("string"),
+            F.lit(f", which has no column {extra!r}"),
+        )
+        route = route.when(written_here & F.col(_quote(extra)).isNotNull(), F.raise_error(message).cast("int"))
+    fields = [f for f in df.schema.fields if f.name != column]
+    row_hash = F.xxhash64(*[_hashed(f) for f in fields]) if fields else F.lit(0).cast("long")
+    key = F.col(ROUTE_KEY)
+    hashed = F.col(_HASH)
+    digest = Observation(f"lakesink-digest-{token}")
+    aggregates: list[Column] = []
+    for i in range(len(number)):  # per table: rows, and the 64-bit hashes' sum as two sums of 32-bit halves (no overflow)
+        mine = key == i
+        aggregates += [
+            F.count(F.when(mine, 1)).alias(f"c{i}"),
+            F.sum(F.when(mine, F.shiftrightunsigned(hashed, 32))).alias(f"h{i}"),
+            F.sum(F.when(mine, hashed.bitwiseAND(F.lit(0xFFFFFFFF)))).alias(f"l{i}"),
+        ]
+    rows = (
+        df.withColumn(ROUTE_KEY, route.otherwise(index))
+        .withColumn(_HASH, row_hash)
+        .observe(digest, *aggregates)
+        .filter((key >= 0) & (key < len(group)))
+    )
+    spark_write.check_refused_settings(spark, first)
+    named = first if len(group) == 1 else dataclasses.replace(first, table=f"(one of) {', '.join(group)}")
+    projected = spark_write.project(rows, named, batch_id, write_id, extra=[(ROUTE_KEY, key, T.IntegerType())])
+    keys = [ROUTE_KEY]
+    if not first.spec.is_unpartitioned():
+        file_schema = seam.file_schema(first.schema)
+        part_keys = spark_partition.key_names(first.spec, file_schema)
+        columns = spark_partition.grouping_keys(first.spec, file_schema)
+        projected = projected.select("*", *[c.alias(n) for c, n in zip(columns, part_keys, strict=True)])
+        keys += part_keys
+    writer = spark_write.parquet_writer(projected, first, keys, job_dir, max_records_per_file)
+    fault_point(spark_write.SPARKWRITE_BEFORE_WRITE)
+    started = time.monotonic()
+    directories.append(job_dir)
+    spark_write.save(spark, writer, job_dir, partitioned=True, on_error=lambda e: _raise_own(e, df, named, batch_id))
+    written = time.monotonic()
+    seen = digest.get
+    digests = {
+        name: RowsDigest(int(seen[f"c{i}"]), ((int(seen[f"h{i}"] or 0) << 32) + int(seen[f"l{i}"] or 0)) & _MASK, DIGEST_KIND)
+        for name, i in number.items()
+    }
+    fault_point(spark_write.SPARKWRITE_AFTER_FILES)
+    by_table: dict[int, list[str]] = {}
+    for relative in spark_write.file_names(first.io, job_dir):
+        head, _, rest = relative.partition("/")
+        m = re.fullmatch(re.escape(ROUTE_KEY) + r"=(\d+)", head)
+        if m is None or not rest:
+            if not rest:  # a file of an empty task at the job's root (Spark writes one): nothing in it to commit
+                storage.delete_file(first.io, f"{job_dir}/{relative}")
+            continue
+        by_table.setdefault(int(m.group(1)), []).append(rest)
+    files: dict[str, list[WrittenFile]] = {}
+    for name in group:
+        i, plan = number[name], plans[name]
+        source = f"{job_dir}/{ROUTE_KEY}={i}"
+        if plan.data_prefix.rstrip("/") == first.data_prefix.rstrip("/"):
+            directory = source  # already in the table's own data location
+        else:
+            directory = f"{plan.data_prefix.rstrip('/')}/{batch_dir}"
+            directories.append(directory)
+            _rename(spark, source, directory)
+        # the table's files must hold the rows the job routed to it (counted by the observation, once per committed task)
+        found = spark_write.files_of_write(plan, directory, sorted(by_table.get(i, [])), write_id, digests[name].rows, batch_id)
+        files[name] = [f for f in found if f.record_count]
+    storage.remove_empty_directory(job_dir)
+    return _Job(files, digests, since_ms, (written - started) * 1000, (time.monotonic() - written) * 1000)
+
+
+def _rename(spark: Any, source: str, target: str) -> None:
+    """Move a table's folder of the job into a batch directory of its own data location (same filesystem)."""
+    local_source, local_target = storage.local_path(source), storage.local_path(target)
+    if local_source is not None and local_target is not None:
+        os.makedirs(os.path.dirname(local_target), exist_ok=True)
+        os.rename(local_source, local_target)
+        return
+    jvm, jsc = getattr(spark, "_jvm", None), getattr(spark, "_jsc", None)
+    if jvm is None or jsc is None:
+        raise LakesinkError("route-by with writer='spark' needs the session's JVM (not Spark Connect); use writer='arrow'")
+    path = jvm.org.apache.hadoop.fs.Path
+    src, dst = path(storage.spark_location(source)), path(storage.spark_location(target))
+    fs = src.getFileSystem(jsc.hadoopConfiguration())
+    fs.mkdirs(dst.getParent())
+    if not fs.rename(src, dst):
+        raise LakesinkError(
+            f"could not move {source} to {target} (route-by with writer='spark' writes every table of a job into one "
+            "directory, then moves each table's folder into its own data location): check the permissions on the "
+            "tables' locations, or use writer='arrow'"
+        )
+
+
+def _raise_own(error: Exception, df: DataFrame, plan: WritePlan, batch_id: int) -> None:
+    """A failed write job whose failure lakesink raised itself (by ``raise_error``): lakesink's error."""
+    text = str(error)
+    m = re.search(re.escape(_NO_COLUMN_MARKER) + r"\[[^\]]+\] ([^\n]*?which has no column '[^']*')", text)
+    if m is not None:
+        raise SchemaMismatchError(
+            f"{m.group(1)}; nothing was committed. Add the column to the table, or set option merge-schema=true "
+            "(lakesink adds it in the batch's commit)"
+        ) from None
+    m = re.search(re.escape(_UNKNOWN_ROUTE_MARKER) + r"\[[^\]]+\] ([^\n]*?planned it)", text)
+    if m is not None:
+        raise LakesinkError(
+            f"batch {batch_id}: {m.group(1)}: the batch's rows changed between two reads (a non-deterministic source or "
+            "query). Nothing was committed; make the routing column deterministic"
+        ) from None
+    spark_write.raise_not_null(error, df, plan, batch_id)

@@ -1,0 +1,270 @@
+"""Option route-by with writer='spark' (lakesink.sink.spark_routed) in real local Spark: Spark's own Parquet writer
+writes every table of a routed batch, one unit commits them, exactly once through a failure after the files are
+written, a crash after the commit, and SIGKILLs.
+
+Every input row has a unique id; its table is a function of its id; every table is compared with the ids sent to it
+(a multiset) and read back by DuckDB. The tables differ: db.t1 exists beforehand partitioned by bucket(4, id), db.t2
+exists beforehand with an extra optional column (its own write job), the others are created by lakesink.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import functions as F
+
+import lakesink
+from lakesink.audit import interop
+from lakesink.driver import catalogs
+from lakesink.errors import InvalidOptionError
+from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, DRIVER_BETWEEN_TABLE_COMMITS
+from lakesink.sink.spark_write import SPARKWRITE_AFTER_FILES
+from lakesink.table.keys import SUMMARY_BATCH_ROWS_DIGEST, SUMMARY_BATCH_TABLES
+from tests.support.helpers import (
+    SCHEMA_DDL,
+    assert_snapshot_invariants,
+    data_files_on_disk,
+    lakesink_snapshots,
+    referenced_data_files,
+    run_to_end,
+    table_ids,
+    write_json_input,
+)
+
+pytestmark = pytest.mark.spark
+
+TABLES = {0: "db.t0", 1: "db.t1", 2: "db.t2", 3: "audit.t3"}
+
+
+def route_of(i: int) -> str:
+    return TABLES[i % 4]
+
+
+def routed(df: Any) -> Any:
+    """ids ending in 3 (mod 4) name their namespace; the others take option namespace."""
+    route = F.when(F.col("id") % 4 == 3, F.lit("audit.t3")).otherwise(F.concat(F.lit("t"), (F.col("id") % 4).cast("string")))
+    return df.withColumn("route", route)
+
+
+def spark_sink(props: dict[str, str]) -> lakesink.ForeachBatchSink:
+    return lakesink.foreach_batch(route_by="route", namespace="db", writer="spark", catalog_properties=props)
+
+
+def precreate(props: dict[str, str]) -> None:
+    """db.t1 partitioned by bucket(4, id); db.t2 with a column of its own (another file schema: its own write job)."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.transforms import BucketTransform
+    from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StringType, TimestamptzType
+
+    catalog = catalogs.load(None, props)
+    catalog.create_namespace_if_not_exists(("db",))
+    fields = [
+        NestedField(1, "id", LongType(), required=False),
+        NestedField(2, "ts", TimestamptzType(), required=False),
+        NestedField(3, "user", StringType(), required=False),
+        NestedField(4, "amount", DoubleType(), required=False),
+        NestedField(5, "kind", IntegerType(), required=False),
+    ]
+    catalog.create_table(
+        ("db", "t1"),
+        schema=Schema(*fields),
+        partition_spec=PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=BucketTransform(4), name="id_bucket")),
+    )
+    catalog.create_table(("db", "t2"), schema=Schema(*fields, NestedField(6, "note", StringType(), required=False)))
+
+
+class SparkRoutedStream:
+    def __init__(self, spark: Any, tmp_path: Path, props: dict[str, str]):
+        self.spark, self.props = spark, props
+        self.src, self.ck = tmp_path / "input", tmp_path / "checkpoint"
+        self.src.mkdir(parents=True)
+        self.sent: list[int] = []
+
+    def add_input(self, files: int, rows_per_file: int = 40) -> None:
+        self.sent += write_json_input(self.src, files=files, rows_per_file=rows_per_file, start=len(self.sent) + 10_000)
+
+    def start(self) -> Any:
+        df = routed(self.spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(self.src)))
+        w = df.writeStream.foreachBatch(spark_sink(self.props))
+        return w.option("checkpointLocation", str(self.ck)).trigger(availableNow=True).start()
+
+    def run(self) -> None:
+        run_to_end(self.start())
+
+
+def assert_exactly_once(props: dict[str, str], sent: list[int], *, no_orphans: bool = True) -> None:
+    catalog = catalogs.load(None, props)
+    want: dict[str, Counter[int]] = {name: Counter() for name in TABLES.values()}
+    for i in sent:
+        want[route_of(i)][i] += 1
+    for name, ids in want.items():
+        table = catalog.load_table(tuple(name.split(".")))
+        assert table_ids(table) == ids, name
+        assert "route" not in table.schema().column_names
+        assert_snapshot_invariants(table)
+        batches = [s["batch_id"] for s in lakesink_snapshots(table)]
+        assert batches == sorted(set(batches)), f"{name} holds a batch twice: {batches}"
+        read = Counter(interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist())
+        assert read == ids, name
+        files = referenced_data_files(table)
+        # written by Spark's Parquet writer (part-* names, in a batch directory of the table's own location)
+        assert files and all(Path(f).name.startswith("part-") and f.startswith(table.location()) for f in files), name
+        if no_orphans:
+            assert data_files_on_disk(table) <= files, name
+
+
+@pytest.mark.timeout(900)
+def test_a_routed_stream_written_by_spark_is_exactly_once_across_a_failure_after_the_files_and_after_the_commit(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    precreate(catalog_properties)
+    s = SparkRoutedStream(spark, tmp_path, catalog_properties)
+    s.add_input(files=2)
+    s.run()
+    s.add_input(files=1)
+    faults.arm(SPARKWRITE_AFTER_FILES, "raise")  # every table's files written, nothing committed
+    with pytest.raises(StreamingQueryException):
+        s.run()
+    faults.clear()
+    s.add_input(files=1)
+    faults.arm(DRIVER_AFTER_SWAP, "raise")  # every table committed, then the crash before Spark's commit log
+    with pytest.raises(StreamingQueryException):
+        s.run()
+    faults.clear()
+    s.run()  # replays the batch committed everywhere (skipped), then the rest
+    assert_exactly_once(catalog_properties, s.sent)
+    catalog = catalogs.load(None, catalog_properties)
+    t1 = catalog.load_table(("db", "t1"))
+    assert len({f.file.partition[0] for f in t1.scan().plan_files()}) > 1  # bucketed: a file per bucket
+    snaps = lakesink_snapshots(catalog.load_table(("db", "t0")))
+    assert [x["batch_id"] for x in snaps] == [0, 1, 2, 3]
+    assert {x["summary"][SUMMARY_BATCH_TABLES] for x in snaps} == {"4"}
+    assert all(x["summary"][SUMMARY_BATCH_ROWS_DIGEST].split(":")[1].startswith("x") for x in snaps)
+
+
+def test_a_value_in_a_column_the_table_lacks_fails_the_batch_naming_the_table_and_the_column(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    precreate(catalog_properties)
+    write_json_input(tmp_path / "in", files=1, rows_per_file=8)
+    df = routed(spark.readStream.schema(SCHEMA_DDL).json(str(tmp_path / "in"))).withColumn("extra", F.lit("x"))
+    q = df.writeStream.foreachBatch(spark_sink(catalog_properties)).option("checkpointLocation", str(tmp_path / "ck"))
+    with pytest.raises(
+        StreamingQueryException, match=r"routes a row with a value in column 'extra' to table t1, which has no column 'extra'"
+    ):
+        run_to_end(q.trigger(availableNow=True).start())
+    catalog = catalogs.load(None, catalog_properties)
+    assert table_ids(catalog.load_table(("db", "t1"))) == Counter()
+    assert not any(p.is_file() for p in (tmp_path / "warehouse").rglob("*.parquet"))
+
+
+@pytest.mark.timeout(900)
+def test_a_replay_moving_rows_between_the_same_tables_is_loud_then_the_restored_route_completes_the_batch(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """atomic=off, a crash between the two tables' commits of batch 0 (one table holds it), then a replay whose route
+    swaps the rows of the two tables (the same tables, the same counts): the digest Spark computed and recorded with
+    the first table's commit differs, a ReplayMismatchError, nothing more committed; the route restored, the batch is
+    completed and every id is in its table once."""
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    sent = write_json_input(src, files=1, rows_per_file=40, start=10_000)
+
+    def start(swapped: bool) -> Any:
+        even, odd = ("b", "a") if swapped else ("a", "b")
+        df = spark.readStream.schema(SCHEMA_DDL).json(str(src))
+        df = df.withColumn("route", F.when(F.col("id") % 2 == 0, F.lit(even)).otherwise(F.lit(odd)))
+        sink = lakesink.foreach_batch(
+            route_by="route", namespace="db", writer="spark", atomic="off", catalog_properties=catalog_properties
+        )
+        return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+
+    faults.arm(DRIVER_BETWEEN_TABLE_COMMITS, "raise")
+    with pytest.raises(StreamingQueryException):
+        run_to_end(start(swapped=False))
+    faults.clear()
+    catalog = catalogs.load(None, catalog_properties)
+    held = {n: table_ids(catalog.load_table(("db", n))) for n in ("a", "b") if catalog.table_exists(("db", n))}
+    assert sorted(len(ids) for ids in held.values()) in ([20], [0, 20])  # one table holds the batch, the other not
+    with pytest.raises(StreamingQueryException, match="this replay routes other rows to table"):
+        run_to_end(start(swapped=True))
+    assert {n: table_ids(catalog.load_table(("db", n))) for n in held} == held  # nothing more committed
+    run_to_end(start(swapped=False))
+    want = {"a": Counter(i for i in sent if i % 2 == 0), "b": Counter(i for i in sent if i % 2)}
+    assert {n: table_ids(catalog.load_table(("db", n))) for n in ("a", "b")} == want
+
+
+def test_refusals_at_start(catalog_properties: dict[str, str]) -> None:
+    with pytest.raises(InvalidOptionError, match="'upsert-key'.*use writer='auto' or 'arrow'"):
+        lakesink.foreach_batch(route_by="route", writer="spark", upsert_key="id", catalog_properties=catalog_properties)
+    with pytest.raises(InvalidOptionError, match="'payload'.*use writer='auto' or 'arrow'"):
+        lakesink.foreach_batch(route_by="route", writer="spark", payload="p", catalog_properties=catalog_properties)
+    with pytest.raises(InvalidOptionError, match="writer'='spark' cannot divert single rows to a dead-letter table"):
+        lakesink.foreach_batch(route_by="route", writer="spark", dead_letter_table="db.l", catalog_properties=catalog_properties)
+    with pytest.raises(InvalidOptionError, match="writer='driver' cannot be used with it"):
+        lakesink.foreach_batch(route_by="route", writer="driver", catalog_properties=catalog_properties)
+
+
+def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
+    if faults_dir is not None:
+        env["LAKESINK_FAULTS_DIR"] = faults_dir
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.sink.test_routing_spark_writer", json.dumps(props), str(src), str(ck)],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_after_the_files_and_at_the_unit_commit_then_restart_is_exactly_once(
+    tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """The driver is SIGKILLed after Spark's job wrote every table's files, before the unit's swap and after it (before
+    Spark's commit log); each time the job restarts from the same checkpoint."""
+    precreate(catalog_properties)
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    sent = write_json_input(src, files=4, rows_per_file=40, start=10_000)
+    for point in (SPARKWRITE_AFTER_FILES, DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP):
+        faults.arm(point, "kill")
+        proc = _job(catalog_properties, src, ck, str(faults.folder))
+        _, err = proc.communicate(timeout=300)
+        assert faults.fired(point), err[-3000:]
+        assert proc.returncode == -signal.SIGKILL, err[-3000:]
+        faults.clear()
+    proc = _job(catalog_properties, src, ck, None)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "ROUTED SPARK JOB DONE" in out, err[-3000:]
+    assert_exactly_once(catalog_properties, sent, no_orphans=False)
+    t0 = catalogs.load(None, catalog_properties).load_table(("db", "t0"))
+    assert [s["batch_id"] for s in lakesink_snapshots(t0)] == [0, 1, 2, 3]
+
+
+if __name__ == "__main__":  # the job the SIGKILL test starts (and kills)
+    from pyspark.sql import SparkSession
+
+    props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+    session = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    frame = routed(session.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(src))
+    query = frame.writeStream.foreachBatch(spark_sink(props)).option("checkpointLocation", ck).trigger(availableNow=True)
+    query.start().awaitTermination()
+    print("ROUTED SPARK JOB DONE")
