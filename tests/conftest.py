@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import timeouts
 from tests.support.pg import PostgresServer
 
-# the fixtures of the no-Spark tests (isolated pyiceberg configuration, write plans of fresh tables), and the REST
-# catalog server and the HTTP fault layer (tests/support/catalog_servers.py)
-pytest_plugins = ("tests.support.fixtures", "tests.support.catalog_servers")
+# the fixtures of the no-Spark tests (isolated pyiceberg configuration, write plans of fresh tables), the REST
+# catalog server and the HTTP fault layer (tests/support/catalog_servers.py), and the durations file of each run
+# (tests/support/durations.py, make durations)
+pytest_plugins = ("tests.support.fixtures", "tests.support.catalog_servers", "tests.support.durations")
 
 SPARK_MARKER = "spark"
 SPARK_FIXTURE = "spark"
@@ -35,6 +37,58 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 _FAULTS_DIR = tempfile.mkdtemp(prefix="lakesink-faults-")
 os.environ["LAKESINK_FAULTS_DIR"] = _FAULTS_DIR
+# Host-wide state of lakesink, one folder per test process (make test runs two pytest-xdist workers; other test runs
+# may share the machine): the commit locks and in-doubt records (keyed by table, query id and batch: the tests'
+# fixed query ids, e.g. "q-1" on db.events, would meet in /tmp/lakesink-commit-locks), and the embedded default
+# catalog (./lakehouse in the working folder, the repository). A test that checks a default unsets the variable.
+os.environ["LAKESINK_LOCK_DIR"] = tempfile.mkdtemp(prefix="lakesink-locks-")
+os.environ["LAKESINK_HOME"] = os.path.join(tempfile.mkdtemp(prefix="lakesink-home-"), "lakehouse")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Fix the load factor of the wall-time guards for this test (tests/support/timeouts.py), before pytest-timeout
+    arms its timer."""
+    timeouts.pin()
+    yield
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: object) -> object:
+    """pytest-timeout's limit of a test (the ini's timeout = 600, or a test's own mark) is a hang guard: scaled with
+    the machine's load like the guards inside the test (tests/support/timeouts.py), so it stays the larger one."""
+    timeout = getattr(settings, "timeout", None)
+    if not timeout:
+        return None
+    plugin = item.config.pluginmanager.get_plugin("timeout")
+    return plugin.pytest_timeout_set_timer(item=item, settings=settings._replace(timeout=timeouts.guard(timeout)))  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """--dist loadfile hands whole files to the workers, by default the files with the most tests first; here the
+    slowest files first (tests/file_seconds.json, measured: make durations), so that the last file handed out is a
+    short one and the two workers end together."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    from tests.support.durations import slow_files_first
+
+    class SlowFilesFirst(LoadFileScheduling):
+        _ordered = False
+
+        def _assign_work_unit(self, node: object) -> None:
+            if not self._ordered:
+                self._ordered = True
+                order = slow_files_first(list(self.workqueue))
+                units = dict(self.workqueue)
+                self.workqueue.clear()
+                for scope in order:
+                    self.workqueue[scope] = units[scope]
+            super()._assign_work_unit(node)  # type: ignore[arg-type]
+
+    return SlowFilesFirst(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: the fast lane checks the tests it skips too
@@ -89,6 +143,7 @@ def spark() -> Iterator[object]:
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.streaming.stopActiveRunOnRestart", "true")
         .config("spark.driver.memory", "2g")
+        .config("spark.sql.warehouse.dir", tempfile.mkdtemp(prefix="lakesink-spark-warehouse-"))  # not ./spark-warehouse
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

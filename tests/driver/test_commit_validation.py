@@ -34,6 +34,7 @@ from tests.driver import test_upserts as upserts
 from tests.maintenance.test_table_maintenance import Q1, _missing_referenced_files, _wait
 from tests.support.helpers import arrow_rows, commit, load, sink_committer, write_task
 from tests.support.row_deletes import commit_deletes, equality_delete_file, position_delete_files
+from tests.support.timeouts import guard
 
 SCHEMA = arrow_rows([]).schema
 
@@ -81,7 +82,7 @@ def _raced(faults: Any, step: Callable[[], Any], other: Callable[[], Any]) -> An
     t = threading.Thread(target=run, daemon=True)
     t.start()
     try:
-        _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=120)
+        _wait(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=guard(120))
         other()
     finally:
         faults.release(DRIVER_BEFORE_SWAP)  # also when the other writer failed: never leave the step paused
