@@ -13,6 +13,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,8 +61,9 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: object) -> object:
     timeout = getattr(settings, "timeout", None)
     if not timeout:
         return None
-    plugin = item.config.pluginmanager.get_plugin("timeout")
-    return plugin.pytest_timeout_set_timer(item=item, settings=settings._replace(timeout=timeouts.guard(timeout)))  # type: ignore[attr-defined]
+    plugin: Any = item.config.pluginmanager.get_plugin("timeout")
+    scaled = settings._replace(timeout=timeouts.guard(timeout))  # type: ignore[attr-defined]
+    return plugin.pytest_timeout_set_timer(item=item, settings=scaled)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -75,7 +77,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     from tests.support.durations import slow_files_first
 
-    class SlowFilesFirst(LoadFileScheduling):
+    class SlowFilesFirst(LoadFileScheduling):  # type: ignore[misc]
         _ordered = False
 
         def _assign_work_unit(self, node: object) -> None:
@@ -86,7 +88,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
                 self.workqueue.clear()
                 for scope in order:
                     self.workqueue[scope] = units[scope]
-            super()._assign_work_unit(node)  # type: ignore[arg-type]
+            super()._assign_work_unit(node)
 
     return SlowFilesFirst(config, log)
 
