@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from collections import defaultdict
@@ -29,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 ENV_DIR = "PYTEST_DURATIONS_DIR"
 DEFAULT_DIR = REPO / ".pytest-durations"
 FILE_SECONDS = REPO / "tests" / "file_seconds.json"
+FLUSH_EVERY_S = 60.0
 
 
 def _folder() -> Path | None:
@@ -43,6 +43,7 @@ class DurationsRecorder:
         self.config = config
         self.started = time.time()
         self.tests: dict[str, dict[str, Any]] = {}
+        self.flushed = time.monotonic()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         entry = self.tests.setdefault(report.nodeid, {"setup": 0.0, "call": 0.0, "teardown": 0.0, "outcome": "passed"})
@@ -54,8 +55,15 @@ class DurationsRecorder:
         node = getattr(report, "node", None)  # pytest-xdist: the worker that ran the test
         if node is not None:
             entry["worker"] = node.gateway.id
+        if time.monotonic() - self.flushed > FLUSH_EVERY_S:  # a run that is killed still leaves what it measured
+            self.flushed = time.monotonic()
+            self.write(None)
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        self.write(int(exitstatus))
+
+    def write(self, exitstatus: int | None) -> None:
+        """The run's file (``exitstatus`` None: the run is still going, written so far)."""
         folder = _folder()
         if folder is None or not self.tests:
             return
@@ -67,13 +75,15 @@ class DurationsRecorder:
             "dist": getattr(self.config.option, "dist", "no"),
             "args": list(self.config.invocation_params.args),
             "load_at_end": list(os.getloadavg()),
-            "exitstatus": int(exitstatus),
+            "exitstatus": exitstatus,
             "tests": self.tests,
         }
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{doc['started']}.json".replace(":", "")
-        path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
-        shutil.copyfile(path, folder / "last.json")
+        for target in (path, folder / "last.json"):  # whole files only: make durations may read while a run writes
+            partial = target.with_name(target.name + ".partial")
+            partial.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+            os.replace(partial, target)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -118,10 +128,11 @@ def report(doc: dict[str, Any], top_files: int = 15) -> str:
         per_worker[t.get("worker", "main")] += s
     total = sum(v[1] for v in per_folder.values())
     failed = sorted(n for n, t in tests.items() if t["outcome"] in ("failed", "error"))
+    unfinished = " (UNFINISHED: written while it ran)" if doc.get("exitstatus") is None else ""
     lines = [
-        f"run started {doc['started']}, wall {doc['wall_s'] / 60:.1f} min, {len(tests)} tests, "
+        f"run started {doc['started']}{unfinished}, wall {doc['wall_s'] / 60:.1f} min, {len(tests)} tests, "
         f"workers {doc.get('workers') or 1} ({doc.get('dist')}), test time {total / 60:.1f} min, "
-        f"load at end {' '.join(f'{x:.1f}' for x in doc.get('load_at_end', []))}",
+        f"load at the end {' '.join(f'{x:.1f}' for x in doc.get('load_at_end', []))}",
         "",
         "| folder | tests | minutes | share |",
         "|---|---:|---:|---:|",
