@@ -66,11 +66,16 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: object) -> object:
     return plugin.pytest_timeout_set_timer(item=item, settings=scaled)
 
 
+# test files whose tests share no module fixture and no state: make test hands out their tests one by one (each docs
+# page runs in a Spark process of its own: 11 pages took 45 min of one worker's time in one file at load 35, 2026-11-24)
+SPLIT_FILES = ("tests/test_docs.py",)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """--dist loadfile hands whole files to the workers, by default the files with the most tests first; here the
     slowest files first (tests/file_seconds.json, measured: make durations), so that the last file handed out is a
-    short one and the two workers end together."""
+    short one and the two workers end together; the tests of SPLIT_FILES one by one, after the slow files."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -79,6 +84,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     class SlowFilesFirst(LoadFileScheduling):  # type: ignore[misc]
         _ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if nodeid.split("::", 1)[0] in SPLIT_FILES else str(super()._split_scope(nodeid))
 
         def _assign_work_unit(self, node: object) -> None:
             if not self._ordered:

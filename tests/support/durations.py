@@ -99,7 +99,7 @@ def slow_files_first(files: list[str]) -> list[str]:
         seconds: dict[str, float] = json.loads(FILE_SECONDS.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return files
-    return sorted(files, key=lambda f: -seconds.get(f, 0.0))
+    return sorted(files, key=lambda f: -seconds.get(f, 0.0))  # a test's own unit (f = "file::test"): after them
 
 
 # --- the report -----------------------------------------------------------------------------------------------------
