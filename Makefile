@@ -6,7 +6,7 @@ PY := $(abspath $(VENV))/bin/python
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
 
-.PHONY: demo routing-demo test test-parallel test-fast test-floor test-deploy jdbc-drivers lakana-server lint soak soak-routing soak-concurrency bench clean
+.PHONY: demo routing-demo test test-serial durations test-fast test-floor test-deploy jdbc-drivers lakana-server lint soak soak-routing soak-concurrency bench clean
 
 # the test extra (everything: readers, PostgreSQL, S3, Spark Connect, lint tools; ~2.3 GB)
 $(VENV)/.installed: pyproject.toml
@@ -33,19 +33,25 @@ demo: $(VENV)/.installed-demo
 routing-demo: $(VENV)/.installed
 	$(PY) examples/routing_demo.py
 
-# --durations=25: the 25 slowest tests at the end (here, not in addopts: the other targets stay quiet)
+# make test: everything but the soak, benchmark and deploy suites, on two pytest-xdist workers (TEST_WORKERS). Each
+# worker is its own pytest process with its own Spark session, PostgreSQL server, lakana REST server, fault-point,
+# commit-lock and LAKESINK_HOME folders (tests/conftest.py); --dist loadfile gives a worker whole test files (a file's
+# fixtures and order stay as written), the slowest files first (tests/file_seconds.json, measured), the next file to
+# whichever worker is free. The wall-time guards of the tests (pytest-timeout's limit, subprocess timeouts, waits)
+# grow with the load (tests/support/timeouts.py). --durations=25: the 25 slowest tests at the end; every run also
+# writes each test's seconds to .pytest-durations/ (make durations: the sums per test folder).
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
+
+# the same tests in one process, in collection order (to debug a failure: -x, --pdb, no workers)
+test-serial: $(VENV)/.installed
 	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
-# make test on two pytest-xdist workers (TEST_WORKERS), the candidate to become make test (issue 34): each worker has
-# its own Spark session, PostgreSQL server and lakana server (ports and folders of its own); --dist loadfile gives a
-# worker whole test files (a file's fixtures and order stay as written), the next file to whichever worker is free
-# Measured 2026-11-24 05:58-07:05 UTC at load 4-25 (six other sessions on the 2 cores): 1,390 of 1,536 tests in 66.5 min
-# (interrupted; 131 min of test time over the two workers), 1 failure: tests/test_docs.py::test_page_runs[quickstart.md]
-# hit its own 280 s subprocess timeout at load 19. Not yet measured on a quiet machine, nor whole.
-TEST_WORKERS ?= 2
-test-parallel: $(VENV)/.installed
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
+# the seconds of the last run (make test, test-serial, test-fast) per test folder, per worker, the slowest files;
+# DURATIONS_ARGS="--save-order" also writes tests/file_seconds.json, the order in which make test hands out files
+durations:
+	$(PY) -m tests.support.durations $(DURATIONS_ARGS)
 
 # the fast lane (~900 tests; 818 took 15.8 min of wall time on a shared 2-core machine under load 5-12, 2026-11-23):
 # no Spark, no PostgreSQL server, no REST catalog server (lakana, marker rest), no waiting out timeouts -- table, executor,
@@ -131,4 +137,4 @@ lint: $(VENV)/.installed
 	$(abspath $(VENV))/bin/lint-imports --no-cache --no-logo
 
 clean:
-	rm -rf $(VENV) $(JAVA_VENV) $(LAKANA_VENV) $(FLOOR_VENV) lakehouse demo-run routing-demo-run .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(JAVA_VENV) $(LAKANA_VENV) $(FLOOR_VENV) lakehouse demo-run routing-demo-run .pytest_cache .pytest-durations .mypy_cache .ruff_cache

@@ -13,14 +13,17 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.support import timeouts
 from tests.support.pg import PostgresServer
 
-# the fixtures of the no-Spark tests (isolated pyiceberg configuration, write plans of fresh tables), and the REST
-# catalog server and the HTTP fault layer (tests/support/catalog_servers.py)
-pytest_plugins = ("tests.support.fixtures", "tests.support.catalog_servers")
+# the fixtures of the no-Spark tests (isolated pyiceberg configuration, write plans of fresh tables), the REST
+# catalog server and the HTTP fault layer (tests/support/catalog_servers.py), and the durations file of each run
+# (tests/support/durations.py, make durations)
+pytest_plugins = ("tests.support.fixtures", "tests.support.catalog_servers", "tests.support.durations")
 
 SPARK_MARKER = "spark"
 SPARK_FIXTURE = "spark"
@@ -35,6 +38,67 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 _FAULTS_DIR = tempfile.mkdtemp(prefix="lakesink-faults-")
 os.environ["LAKESINK_FAULTS_DIR"] = _FAULTS_DIR
+# Host-wide state of lakesink, one folder per test process (make test runs two pytest-xdist workers; other test runs
+# may share the machine): the commit locks and in-doubt records (keyed by table, query id and batch: the tests'
+# fixed query ids, e.g. "q-1" on db.events, would meet in /tmp/lakesink-commit-locks), and the embedded default
+# catalog (./lakehouse in the working folder, the repository). A test that checks a default unsets the variable.
+os.environ["LAKESINK_LOCK_DIR"] = tempfile.mkdtemp(prefix="lakesink-locks-")
+os.environ["LAKESINK_HOME"] = os.path.join(tempfile.mkdtemp(prefix="lakesink-home-"), "lakehouse")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Fix the load factor of the wall-time guards for this test (tests/support/timeouts.py), before pytest-timeout
+    arms its timer."""
+    timeouts.pin()
+    yield
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: object) -> object:
+    """pytest-timeout's limit of a test (the ini's timeout = 600, or a test's own mark) is a hang guard: scaled with
+    the machine's load like the guards inside the test (tests/support/timeouts.py), so it stays the larger one."""
+    timeout = getattr(settings, "timeout", None)
+    if not timeout:
+        return None
+    plugin: Any = item.config.pluginmanager.get_plugin("timeout")
+    scaled = settings._replace(timeout=timeouts.guard(timeout))  # type: ignore[attr-defined]
+    return plugin.pytest_timeout_set_timer(item=item, settings=scaled)
+
+
+# test files whose tests share no module fixture and no state: make test hands out their tests one by one (each docs
+# page runs in a Spark process of its own: 11 pages took 45 min of one worker's time in one file at load 35, 2026-11-24)
+SPLIT_FILES = ("tests/test_docs.py",)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """--dist loadfile hands whole files to the workers, by default the files with the most tests first; here the
+    slowest files first (tests/file_seconds.json, measured: make durations), so that the last file handed out is a
+    short one and the two workers end together; the tests of SPLIT_FILES one by one, after the slow files."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    from tests.support.durations import slow_files_first
+
+    class SlowFilesFirst(LoadFileScheduling):  # type: ignore[misc]
+        _ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if nodeid.split("::", 1)[0] in SPLIT_FILES else str(super()._split_scope(nodeid))
+
+        def _assign_work_unit(self, node: object) -> None:
+            if not self._ordered:
+                self._ordered = True
+                order = slow_files_first(list(self.workqueue))
+                units = dict(self.workqueue)
+                self.workqueue.clear()
+                for scope in order:
+                    self.workqueue[scope] = units[scope]
+            super()._assign_work_unit(node)
+
+    return SlowFilesFirst(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: the fast lane checks the tests it skips too
@@ -89,6 +153,7 @@ def spark() -> Iterator[object]:
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.streaming.stopActiveRunOnRestart", "true")
         .config("spark.driver.memory", "2g")
+        .config("spark.sql.warehouse.dir", tempfile.mkdtemp(prefix="lakesink-spark-warehouse-"))  # not ./spark-warehouse
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

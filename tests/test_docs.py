@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.timeouts import guard
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 RUNNABLE = "python"
@@ -131,7 +133,7 @@ def test_page_runs(page: Path, tmp_path: Path) -> None:
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=guard(280),
     )
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, (

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.timeouts import guard
+
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
 
 
@@ -37,13 +39,13 @@ def test_demo_fast_kills_and_restarts_with_no_duplicates_and_no_missing_rows(tmp
     try:
         # a guard against a hang, not a time limit: the fast demo takes about a minute on a quiet machine and took
         # 202 s at load 10-12 (a 150 s guard failed it there once); tests never assert on wall time
-        out, err = proc.communicate(timeout=600)
+        out, err = proc.communicate(timeout=guard(600))
     finally:
         if proc.poll() is None:
             # SIGTERM first: the demo then kills its stream job (a session of its own) before exiting
             proc.terminate()
             try:
-                proc.communicate(timeout=30)
+                proc.communicate(timeout=guard(30))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.communicate()
@@ -87,7 +89,7 @@ def test_routing_demo_kills_inside_the_multi_table_commit_and_ends_exactly_once(
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=guard(600),
     )
     log = tmp_path / "run" / "job.log"
     detail = f"{done.stdout}\n{done.stderr[-3000:]}\n" + (log.read_text(errors="replace")[-3000:] if log.exists() else "")
@@ -107,7 +109,7 @@ def test_routing_demo_outside_the_project_environment_says_how_to_run_it(tmp_pat
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=guard(60),
     )
     assert done.returncode == 1, done.stderr
     assert "cannot import pyspark, pyiceberg, lakesink" in done.stderr and "make routing-demo" in done.stderr, done.stderr

@@ -13,6 +13,7 @@ import pytest
 
 from lakesink.errors import InjectedFault
 from lakesink.faults import DRIVER_BEFORE_SWAP, ENV_FAULTS_DIR, EXECUTOR_AFTER_FILE, POINTS, fault_point
+from tests.support.timeouts import guard
 
 
 @pytest.fixture
@@ -121,7 +122,7 @@ def test_pause_waits_for_release_then_continues(faults_dir: Path) -> None:
 def test_kill_sigkills_the_process(faults_dir: Path) -> None:
     (faults_dir / DRIVER_BEFORE_SWAP).write_text("kill")
     code = "from lakesink.faults import fault_point\nfault_point('driver.before-swap')\nprint('survived')\n"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=guard(120))
     assert done.returncode == -9
     assert "survived" not in done.stdout
     fired = [p.name for p in faults_dir.iterdir()]

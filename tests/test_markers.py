@@ -11,6 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from tests import conftest
+from tests.support.timeouts import guard
 
 
 @dataclass
@@ -48,6 +49,6 @@ def test_an_unmarked_test_cannot_start_spark_in_this_process() -> None:
 @pytest.mark.slow  # a JVM starts, only to refuse the option
 def test_an_unmarked_test_cannot_start_spark_in_a_subprocess() -> None:
     code = "from pyspark.sql import SparkSession; SparkSession.builder.master('local[1]').getOrCreate()"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=guard(300))
     assert proc.returncode != 0
     assert "lakesink-test-without-the-spark-marker" in proc.stderr

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.support.helpers import write_json_input
+from tests.support.timeouts import guard
 
 pytestmark = pytest.mark.spark
 
@@ -41,7 +42,7 @@ def test_secrets_stay_out_of_logs_errors_plans_and_metadata(postgres: Any, tmp_p
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=guard(300),
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]

@@ -20,6 +20,7 @@ from lakesink.driver.commit import Outcome
 from lakesink.errors import AuditError
 from lakesink.table.markers import CommittedBatch, last_batch_key, last_committed_batch
 from tests.support.helpers import arrow_rows, commit, load, make_committer, write_task
+from tests.support.timeouts import guard
 
 Q1 = "11111111-aaaa-4000-8000-000000000001"
 Q2 = "22222222-bbbb-4000-8000-000000000002"
@@ -309,8 +310,8 @@ def test_report_html_shows_the_plots_in_a_browser(table: Any, catalog_properties
     shot = tmp_path / "report.png"
     subprocess.run(
         [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={shot}",
-         "--window-size=1100,2600", f"file://{page}"],
-        check=True, capture_output=True, timeout=120,
+         f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1100,2600", f"file://{page}"],
+        check=True, capture_output=True, timeout=guard(120),
     )  # fmt: skip
     image = Image.open(shot).convert("RGB")
     width, height = image.size

@@ -24,6 +24,7 @@ from lakesink.driver.swap import RetriesExhausted, Status
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BEFORE_SWAP
 from lakesink.options import SinkOptions, TableName
 from tests.support.helpers import arrow_rows, commit, table_ids, write_task
+from tests.support.timeouts import guard
 
 Q = "unit-query"
 OFFSETS = '[{"logOffset":0}]'
@@ -111,7 +112,7 @@ def test_sigkill_inside_the_database_transaction_commits_neither_table(
         [sys.executable, "-c", _KILLED_IN_THE_TRANSACTION, json.dumps(catalog_properties)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=guard(300),
         cwd=str(Path(__file__).resolve().parents[2]),
     )
     assert run.returncode == -9, run.stdout + run.stderr  # SIGKILLed after table a's row update, inside the transaction

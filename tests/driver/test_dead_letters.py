@@ -28,6 +28,7 @@ from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIV
 from lakesink.options import SinkOptions, TableName
 from lakesink.table import dead_letters as dl
 from tests.support.helpers import data_files_on_disk, lakesink_snapshots, sink_committer
+from tests.support.timeouts import guard
 
 Q = "33333333-cccc-4000-8000-000000000003"
 ROOT = Path(__file__).resolve().parents[2]
@@ -296,7 +297,7 @@ def test_sigkill_at_each_point_leaves_both_tables_or_neither(catalog_properties:
         [sys.executable, "-c", _KILLED, json.dumps(catalog_properties)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=guard(300),
         cwd=str(ROOT),
     )
     assert run.returncode == -9, run.stdout + run.stderr

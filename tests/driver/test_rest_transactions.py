@@ -38,6 +38,7 @@ from tests.support.helpers import (
     write_task,
 )
 from tests.support.http_faults import FaultProxy
+from tests.support.timeouts import guard
 from tests.support.txn_rest_server import TxnRestServer
 
 Q = "rest-unit-query"
@@ -305,13 +306,13 @@ def _start(props: dict[str, str], batches: list[int]) -> Any:
 def _finished(proc: Any) -> list[dict[str, Any]]:
     import json
 
-    out, err = proc.communicate(timeout=600)
+    out, err = proc.communicate(timeout=guard(600))
     assert proc.returncode == 0, f"exit {proc.returncode}: {out}\n{err[-4000:]}"
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
 def _killed(proc: Any) -> None:
-    out, err = proc.communicate(timeout=600)
+    out, err = proc.communicate(timeout=guard(600))
     assert proc.returncode == -9, f"not SIGKILLed (exit {proc.returncode}): {out}\n{err[-4000:]}"
     assert '"batch": 1' not in out  # batch 1's unit never came back to the process
 

@@ -43,6 +43,7 @@ from lakesink.options import SinkOptions
 from lakesink.table.keys import SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
 from lakesink.table.routes import tables_digest
 from tests.support.helpers import commit, lakesink_snapshots, table_ids, write_task
+from tests.support.timeouts import guard
 
 Q = "routing-query"
 OFFSETS = '[{"logOffset":0}]'
@@ -201,7 +202,7 @@ def test_sigkill_inside_a_routed_commit_then_a_replay(
         [sys.executable, "-c", _KILLED, json.dumps(catalog_properties), json.dumps(extra)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=guard(300),
         cwd=str(Path(__file__).resolve().parents[2]),
     )
     assert done.returncode == -9, done.stdout + done.stderr

@@ -26,6 +26,7 @@ from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS
 from lakesink.options import SinkOptions
 from lakesink.table import dead_letters as dl
 from tests.support.helpers import lakesink_snapshots, table_ids
+from tests.support.timeouts import guard
 
 Q = "routing-dead-letters-query"
 OFFSETS = '[{"logOffset":0}]'
@@ -261,7 +262,7 @@ def test_sigkill_inside_the_transaction_then_a_replay(catalog_properties: dict[s
         [sys.executable, "-c", _KILLED, json.dumps(catalog_properties)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=guard(300),
         cwd=str(ROOT),
     )
     assert done.returncode == -9, done.stdout + done.stderr

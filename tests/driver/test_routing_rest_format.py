@@ -37,6 +37,7 @@ from lakesink.table import storage
 from tests.driver import test_routing as base
 from tests.support.helpers import lakesink_snapshots, referenced_data_files, table_ids
 from tests.support.http_faults import FaultProxy
+from tests.support.timeouts import guard
 from tests.support.txn_rest_server import TxnRestServer
 
 Q = base.Q
@@ -143,7 +144,7 @@ def _killed_run(props: Mapping[str, str], ck: Path, extra: Mapping[str, str]) ->
         [sys.executable, "-c", _KILLED, json.dumps(dict(props)), str(ck), json.dumps(dict(extra))],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=guard(300),
         cwd=str(Path(__file__).resolve().parents[2]),
     )
     assert done.returncode == -9, done.stdout + done.stderr[-4000:]

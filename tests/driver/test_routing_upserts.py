@@ -30,6 +30,7 @@ from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BETWEEN_TABLE_CO
 from lakesink.options import SinkOptions
 from lakesink.table.keys import DELETED, SUMMARY_BATCH_TABLES_DIGEST
 from tests.support.helpers import assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, referenced_data_files
+from tests.support.timeouts import guard
 
 Q = "routed-upserts"
 SCHEMA = pa.schema([("id", pa.int64()), ("value", pa.string()), ("seq", pa.int64()), ("op", pa.string()), ("route", pa.string())])
@@ -239,7 +240,7 @@ def test_sigkill_inside_a_routed_upsert_unit_then_a_replay(
         [sys.executable, "-c", _KILLED, json.dumps(catalog_properties), json.dumps(extra)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=guard(300),
         cwd=str(Path(__file__).resolve().parents[2]),
     )
     assert done.returncode == -9, done.stdout + done.stderr

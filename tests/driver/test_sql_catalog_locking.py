@@ -45,6 +45,7 @@ from tests.support.helpers import (
     write_json_input,
     write_task,
 )
+from tests.support.timeouts import guard
 
 ROOT = Path(__file__).resolve().parents[2]
 Q1 = "11111111-aaaa-4000-8000-000000000001"
@@ -101,7 +102,7 @@ class Writer:
 
     def stop(self) -> tuple[list[int], list[int]]:
         """Stop it; the ids whose append returned and the ids whose append raised."""
-        out, _ = self.proc.communicate(timeout=120)
+        out, _ = self.proc.communicate(timeout=guard(120))
         got = json.loads(out.strip().splitlines()[-1])
         return got["ok"], got["failed"]
 
@@ -305,7 +306,7 @@ def test_stream_beside_a_lock_holder_and_a_pyiceberg_writer(
         for run in range(4):
             if run:  # a batch lost every attempt to the other writer or the lock: restart, as a user would
                 job = start_job()
-            out, job_err = job.communicate(timeout=900)
+            out, job_err = job.communicate(timeout=guard(900))
             err += job_err
             if job.returncode == 0 or "CommitConflictError" not in job_err:
                 break

@@ -33,6 +33,7 @@ from lakesink.executor.routed_writer import RoutedPartitionWriter, RoutedPlan
 from lakesink.executor.task_writer import PartitionWriter
 from lakesink.options import ReadOptions, SinkOptions, TableName
 from lakesink.sink.datasource import open_read, stream_writer
+from tests.support.timeouts import guard
 
 _dumps: Callable[[object], bytes] = cloudpickle.dumps  # what Spark pickles with (untyped in pyspark)
 
@@ -93,7 +94,7 @@ _CHILD = textwrap.dedent(
 
 def _in_fresh_interpreter(modules: tuple[str, ...], pickles: list[Path]) -> dict[str, list[str]]:
     payload = json.dumps([list(modules), [str(p) for p in pickles], list(DRIVER_SIDE)])
-    out = subprocess.run([sys.executable, "-c", _CHILD, payload], capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run([sys.executable, "-c", _CHILD, payload], capture_output=True, text=True, timeout=guard(300), check=True)
     result: dict[str, list[str]] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 

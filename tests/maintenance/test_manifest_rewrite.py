@@ -41,6 +41,7 @@ from tests.support.helpers import (
     table_ids,
     write_task,
 )
+from tests.support.timeouts import guard
 
 SCHEMA = arrow_rows([]).schema
 NO_MERGE = {"commit.manifest-merge.enabled": "false", "write.lakesink.maintenance.interval-ms": "3600000"}
@@ -228,7 +229,7 @@ def test_kill_9_during_the_rewrite_leaves_a_consistent_table(catalog_properties:
     proc = subprocess.run(
         [sys.executable, "-c", _KILL_SCRIPT, *(f"{k}={v}" for k, v in catalog_properties.items())],
         capture_output=True,
-        timeout=300,
+        timeout=guard(300),
     )
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     table = load(c)

@@ -44,6 +44,7 @@ from lakesink.options import OutputMode
 from lakesink.table import names
 from tests.conftest import sql_catalog_properties
 from tests.support.helpers import arrow_rows, commit, load, make_committer, table_ids, write_task
+from tests.support.timeouts import guard
 
 SCHEMA = arrow_rows([]).schema
 Q1 = "11111111-aaaa-4000-8000-000000000001"
@@ -225,7 +226,7 @@ def run_killed_driver(props: Mapping[str, str], query_id: str, batch_id: int) ->
         [sys.executable, "-c", _KILLED_DRIVER, json.dumps(props), query_id, str(batch_id)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=guard(120),
     )
     assert proc.returncode == -9, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
 
@@ -941,7 +942,7 @@ def test_cli_as_a_real_command(committer: TableCommitter) -> None:
         [str(LAKESINK_CLI), "remove-orphan-files", "db.events", *args, "--older-than", "0", "--json"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=guard(120),
     )
     assert proc.returncode == 0, proc.stderr
     assert {f["path"] for f in json.loads(proc.stdout)["removed"]} == files_of(stray)

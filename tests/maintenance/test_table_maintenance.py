@@ -49,6 +49,7 @@ from tests.support.helpers import (
     wait_until,
     write_task,
 )
+from tests.support.timeouts import guard
 
 SCHEMA = arrow_rows([]).schema
 
@@ -254,7 +255,7 @@ def test_kill_9_during_compaction_leaves_a_consistent_table(catalog_properties: 
     proc = subprocess.run(
         [sys.executable, "-c", _KILL_SCRIPT, "compact", *(f"{k}={v}" for k, v in catalog_properties.items())],
         capture_output=True,
-        timeout=300,
+        timeout=guard(300),
     )
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     table = load(c)
@@ -345,7 +346,7 @@ def test_kill_9_during_expiry_leaves_every_referenced_file(catalog_properties: d
     proc = subprocess.run(
         [sys.executable, "-c", _KILL_SCRIPT, "expire", *(f"{k}={v}" for k, v in catalog_properties.items())],
         capture_output=True,
-        timeout=300,
+        timeout=guard(300),
     )
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     table = load(c)
@@ -689,7 +690,7 @@ def test_maintenance_modules_import_first_in_a_fresh_interpreter(module: str) ->
     imported first, the import had to work (it failed with a circular ImportError once). Now maintenance imports
     the driver and never the reverse (automatic maintenance is the committer's post-commit hook); each module
     still imports first in a fresh interpreter."""
-    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=guard(300))
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 

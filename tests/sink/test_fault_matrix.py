@@ -55,6 +55,7 @@ from tests.support.helpers import (
     table_ids,
 )
 from tests.support.stream_input import write_stream_lines
+from tests.support.timeouts import guard
 
 pytestmark = pytest.mark.spark
 
@@ -134,7 +135,7 @@ def test_row_07_zombie_driver_commits_the_same_batch(
             env=env,
             capture_output=True,
             text=True,
-            timeout=900,
+            timeout=guard(900),
         )
         assert proc.returncode == 0 and "ZOMBIE DONE" in proc.stdout, proc.stderr[-3000:]
         assert [x["batch_id"] for x in lakesink_snapshots(s.table)] == [0, 1, 2]  # driver B committed everything

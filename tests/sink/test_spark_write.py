@@ -53,6 +53,7 @@ from tests.support.helpers import (
     table_ids,
     wait_until,
 )
+from tests.support.timeouts import guard
 
 pytestmark = pytest.mark.spark
 
@@ -381,7 +382,7 @@ def test_orphan_clean_up_during_a_spark_batch_before_its_swap_keeps_everything_i
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     q = s.start(writer="spark")
     try:
-        wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=300)
+        wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=guard(300))
         pending = on_disk(table) - before  # the batch's part-* files, its manifest and its manifest list
         assert {kind(p) for p in pending} == {"data", "manifest", "manifest-list"}, pending
         report = remove_orphan_files(table, older_than=dt.timedelta(0))

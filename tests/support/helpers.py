@@ -30,6 +30,7 @@ from lakesink.maintenance.auto import AutoMaintainer, AutoMaintenance, auto_main
 from lakesink.options import OutputMode, SinkOptions, TableName
 from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK_ID
 from tests.support.stream_input import write_stream_lines
+from tests.support.timeouts import guard
 
 SCHEMA_DDL = "id long, ts timestamp, user string, amount double, kind int"
 TABLE = "db.events"
@@ -40,11 +41,14 @@ Q2 = "22222222-bbbb-4000-8000-000000000002"
 
 
 WAIT_TIMEOUT_S = 180.0
-"""How long a test waits for another thread or process (Spark under load is slow: generous, never asserted on)."""
+"""How long a test waits for another thread or process (Spark under load is slow: generous, never asserted on;
+scaled with the machine's load, tests/support/timeouts.py)."""
 
 
 def wait_until(cond: Callable[[], object], *, timeout: float = WAIT_TIMEOUT_S, what: str = "the condition") -> None:
-    """Poll ``cond`` until it is true; fail the test after ``timeout`` seconds (no fixed sleeps in tests)."""
+    """Poll ``cond`` until it is true; fail the test after ``timeout`` seconds times the load factor of
+    tests/support/timeouts.py (a hang guard: no fixed sleeps in tests)."""
+    timeout = guard(timeout)
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
@@ -302,7 +306,7 @@ def raced(faults: Any, step: Callable[[], Any], other: Callable[[], Any]) -> Any
         other()
     finally:
         faults.release(DRIVER_BEFORE_SWAP)  # also when the other writer failed: never leave the step paused
-        t.join(120)
+        t.join(guard(120))
     assert not t.is_alive() and box
     return box[0]
 
