@@ -11,7 +11,7 @@ The driver's :class:`RoutedPlan` holds a write plan per table it opened. ``forma
 the query, before its batches are seen: a table it did not open is written with the :class:`TableTemplate`, exactly
 as lakesink would create it (the stream's schema minus the routing column, fresh field ids, ``partitioned-by``, at
 ``<warehouse>/<namespace>.db/<table>``); the driver creates the table so at commit, or rewrites the files into a
-table that turned out to differ (lakesink.driver.routing). On a catalog that places its tables itself (a REST
+table that turned out to differ (lakesink.driver.committers.routed). On a catalog that places its tables itself (a REST
 server), the template writes into the query's staging area instead, and the driver always rewrites those rows into
 the table, created where the catalog places it: a staged file is never committed.
 """
@@ -63,7 +63,7 @@ class TableTemplate:
     staged: bool = False
     """The catalog places its tables itself (a REST catalog): the files are written into the query's staging area,
     which no table owns, and the driver rewrites their rows into the table (created where the catalog places it)
-    before the batch's commit; a staged file is never committed (lakesink.driver.routing)."""
+    before the batch's commit; a staged file is never committed (lakesink.driver.committers.routed)."""
 
     def location(self, route: Route) -> str:
         """Made from the validated parts of the route only (no '/', '..' or quote can reach it)."""

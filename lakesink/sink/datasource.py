@@ -30,11 +30,12 @@ from pyspark.sql.types import StructType
 
 from lakesink import _pyspark
 from lakesink.audit import Point, parse_timestamp_ms, resolve
-from lakesink.driver import catalogs, dead_letters
-from lakesink.driver.commit import TableCommitter
-from lakesink.driver.guard import CommitGuard
-from lakesink.driver.routing import RoutedCommitter
-from lakesink.driver.schema import arrow_schema_of
+from lakesink.driver import catalogs
+from lakesink.driver.actions import dead_letters
+from lakesink.driver.committers.routed import RoutedCommitter
+from lakesink.driver.committers.table import TableCommitter
+from lakesink.driver.loop.guard import CommitGuard
+from lakesink.driver.tables.schema import arrow_schema_of
 from lakesink.errors import PROGRAMMING_ERRORS, AuditError, CatalogError, InvalidOptionError, LakesinkError
 from lakesink.executor.messages import TaskResult, WritePlan
 from lakesink.executor.reader import LakesinkReader, LakesinkReaderWithoutPushdown, ResolvedRead, spark_schema
@@ -158,7 +159,7 @@ class StreamCommits:
         if query_id is None:
             raise LakesinkError(f"no streaming query id for batch {batch_id} (checkpoint {self._checkpoint})")
         # held until the outcome is known: an abort of this batch in another worker (query.stop() during the
-        # commit) waits for it instead of deleting files the swap is about to reference (lakesink.driver.guard)
+        # commit) waits for it instead of deleting files the swap is about to reference (lakesink.driver.loop.guard)
         with CommitGuard(str(self._options.table), query_id, self._options.sink_id, _run_of(results)).held():
             self._driver().commit_batch(
                 query_id=query_id,
@@ -222,7 +223,7 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
         template = plan.template.plan(Route(("ns",), "t"), query_id, None)
         dead_letters.check_reject_when(options, routed.stream_schema, template)
         # option event-time: a table created for a routing value takes the stream's columns (every table is checked
-        # when it is opened: lakesink.driver.routing)
+        # when it is opened: lakesink.driver.committers.routed)
         completeness.check_event_time(options, dataclasses.replace(template, table="created for a routing value"))
     return LakesinkStreamWriter(plan, RoutedStreamCommits(options, stream_schema, routed, has_watermark=has_watermark))
 

@@ -26,10 +26,12 @@ from pyspark.sql import functions as F
 from lakesink import _pyspark
 from lakesink.cdc import debezium
 from lakesink.driver import catalogs
-from lakesink.driver.commit import BatchOutcome, TableCommitter
-from lakesink.driver.completeness import BatchTime
-from lakesink.driver.routing import RoutedCommitter, RoutedOutcome, check_atomic
-from lakesink.driver.schema import arrow_schema_of
+from lakesink.driver.actions.batch import BatchOutcome
+from lakesink.driver.actions.completeness import BatchTime
+from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
+from lakesink.driver.committers.routed_tables import check_atomic
+from lakesink.driver.committers.table import TableCommitter
+from lakesink.driver.tables.schema import arrow_schema_of
 from lakesink.errors import InvalidOptionError, LakesinkError
 from lakesink.executor import payload
 from lakesink.executor.messages import WritePlan
@@ -341,7 +343,7 @@ class ForeachBatchSink:
     def _routed_batch(self, df: DataFrame, batch_id: int, query_id: str) -> RoutedOutcome:
         """Option route-by: the batch's tables found (one Spark job over the routing column), opened or created and
         checked; a batch every table holds already is skipped before any file is written; else each task splits
-        its rows by table (mapInArrow) and the tables are committed as one unit (lakesink.driver.routing)."""
+        its rows by table (mapInArrow) and the tables are committed as one unit (lakesink.driver.committers.routed)."""
         routing = self.options.routing
         assert routing is not None
         spark = df.sparkSession

@@ -3,7 +3,7 @@
 Runs on the driver with the batch's DataFrame: the work itself runs in Spark (a window and an
 aggregation over the batch), and only the batch's keys come back to the driver (an Arrow table),
 because the commit must know which keys the batch replaces or deletes. The rows that stay (one per
-key, deletes removed) are written by the usual write paths; :mod:`lakesink.driver.upsert` then
+key, deletes removed) are written by the usual write paths; :mod:`lakesink.driver.actions.upsert` then
 rewrites the table's files that hold any of the keys (copy-on-write) in the batch's own snapshot.
 
 With option route-by the batch is not resolved here: :func:`for_routed_tasks` makes every task hold all the rows of
