@@ -16,8 +16,8 @@ import dataclasses
 import logging
 import pickle
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -28,6 +28,7 @@ from lakesink.cdc import debezium
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchOutcome
 from lakesink.driver.actions.completeness import BatchTime
+from lakesink.driver.committers.interface import BatchCommitter
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.routed_tables import check_atomic
 from lakesink.driver.committers.table import TableCommitter
@@ -178,6 +179,27 @@ def debezium_changes(df: DataFrame) -> DataFrame:
     return changes.withColumn(CDC_PAYLOAD, F.when(op == "t", truncate).otherwise(F.coalesce(after, before)))
 
 
+M = TypeVar("M")
+OutcomeT = TypeVar("OutcomeT")
+
+
+def commit_or_abort(
+    committer: BatchCommitter[M], *, query_id: str, batch_id: int, results: Sequence[M], commit: Callable[[], OutcomeT]
+) -> OutcomeT:
+    """The batch's commit (``commit``: a call of the committer's ``commit_batch`` with what this batch knows, its
+    arguments computed inside it), or, when it raised, what Spark does for a data source whose commit raised: abort
+    with the complete task results (abort settles by reading the table; it never deletes files a committed snapshot
+    references), and the error raised again. foreach_batch's one commit, for one table or many."""
+    try:
+        return commit()
+    except BaseException:
+        try:
+            committer.abort_batch(query_id=query_id, batch_id=batch_id, results=results)
+        except Exception:
+            log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
+        raise
+
+
 class ForeachBatchSink:
     """Callable ``(batch DataFrame, batch id)`` for ``foreachBatch``; options are checked when it is made."""
 
@@ -317,25 +339,23 @@ class ForeachBatchSink:
                 self._bytes_per_row = written.size_in_bytes / written.record_count
         self._last_rows = sum(r.record_count for r in results)
         try:
-            return committer.commit_batch(
+            return commit_or_abort(
+                committer,
                 query_id=query_id,
                 batch_id=batch_id,
                 results=results,
-                source_offsets=self._source_offsets(spark, query_id, batch_id),
-                run_id=run_id,
-                table_uuid=plan.table_uuid,
-                changes=resolved.keys if resolved is not None else None,
-                batch_time=self._batch_time(spark, df, query_id, batch_id),
-                batch_rows=batch_rows,
+                commit=lambda: committer.commit_batch(
+                    query_id=query_id,
+                    batch_id=batch_id,
+                    results=results,
+                    source_offsets=self._source_offsets(spark, query_id, batch_id),
+                    run_id=run_id,
+                    table_uuid=plan.table_uuid,
+                    changes=resolved.keys if resolved is not None else None,
+                    batch_time=self._batch_time(spark, df, query_id, batch_id),
+                    batch_rows=batch_rows,
+                ),
             )
-        except BaseException:
-            # what Spark does for a data source whose commit raised: abort with the complete messages
-            # (abort settles by reading the table; it never deletes files a committed snapshot references)
-            try:
-                committer.abort_batch(query_id=query_id, batch_id=batch_id, results=results)
-            except Exception:
-                log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
-            raise
         finally:
             if directory is not None:
                 storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)
@@ -388,21 +408,20 @@ class ForeachBatchSink:
             )
             writer = RoutedPartitionWriter(plan, batch_id, run_id)
             results = [pickle.loads(r[0]) for r in df.mapInArrow(writer, TASK_RESULT_SCHEMA).collect()]
-        try:
-            return routed.commit_batch(
+        return commit_or_abort(
+            routed,
+            query_id=query_id,
+            batch_id=batch_id,
+            results=results,
+            commit=lambda: routed.commit_batch(
                 query_id=query_id,
                 batch_id=batch_id,
                 results=results,
                 source_offsets=offsets,
                 run_id=run_id,
                 batch_time=self._batch_time(spark, df, query_id, batch_id),
-            )
-        except BaseException:
-            try:
-                routed.abort_batch(query_id=query_id, batch_id=batch_id, results=results)
-            except Exception:
-                log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
-            raise
+            ),
+        )
 
     def _payload_columns(self, df: DataFrame, routed: RoutedCommitter) -> list[object]:
         """Option payload: one Spark job over the routing and payload columns (lakesink.executor.payload): the batch's
