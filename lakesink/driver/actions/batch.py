@@ -401,3 +401,29 @@ class UpsertBatch(AppendBatch):
             schema_changes=schema_changes,
             manifest_merge=c.settings(table).manifest_merge,
         )
+
+
+def action_for(
+    committer: TableCommitter,
+    table: Table,
+    batch: Batch,
+    *,
+    found_at_plan: bool = False,
+    overwrite: bool = False,
+    records_letters: bool = False,
+) -> BatchAction:
+    """The one list of what a batch commits into one table -- a sink's own table, one table of a routed batch's unit, a
+    dead-letter table: a replay that must still be there (``found_at_plan``: the batch was found committed when it was
+    planned, or by every task), an upsert (the batch changes keys), an overwrite of everything live (complete mode:
+    ``overwrite``), an empty batch's marker (no file, and no dead letter to count: ``records_letters``), or its files
+    appended. The committers run it (lakesink.driver.committers): a table's alone or with its dead letters, a routed
+    batch's as one unit of every table's."""
+    if found_at_plan:
+        return ReplayFoundAtPlan(committer, table, batch)
+    if batch.changes is not None:
+        return UpsertBatch(committer, table, batch)
+    if overwrite:
+        return OverwriteBatch(committer, table, batch)
+    if not batch.files and not records_letters:
+        return MarkEmptyBatch(committer, table, batch)
+    return AppendBatch(committer, table, batch)

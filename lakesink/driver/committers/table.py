@@ -22,7 +22,7 @@ from pyiceberg.table import Table
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import producers as seam_producers
 from lakesink.driver import catalogs
-from lakesink.driver.actions import dead_letters
+from lakesink.driver.actions import dead_letters, replay
 from lakesink.driver.actions.batch import (
     AppendBatch,
     Batch,
@@ -30,9 +30,9 @@ from lakesink.driver.actions.batch import (
     BatchOutcome,
     MarkEmptyBatch,
     Outcome,
-    OverwriteBatch,
     ReplayFoundAtPlan,
     UpsertBatch,
+    action_for,
     committed,
 )
 from lakesink.driver.actions.completeness import BatchTime
@@ -48,22 +48,17 @@ from lakesink.errors import (
     ConcurrentTableChangeError,
     DuplicateSinkError,
     LakesinkError,
-    ReplayMismatchError,
 )
 from lakesink.executor import upsert_task
 from lakesink.executor.messages import RowChecks, TaskResult, WritePlan, schema_digest
 from lakesink.faults import DRIVER_IN_ABORT, fault_point
-from lakesink.options import SINK_ID, OutputMode, SinkOptions
+from lakesink.options import OutputMode, SinkOptions
 from lakesink.table import dead_letters as dead_letter_schema
 from lakesink.table import storage
-from lakesink.table.keys import (
-    SUMMARY_SOURCE_OFFSETS,
-)
 from lakesink.table.markers import (
     CommittedBatch,
     find_batch_snapshot,
     last_batch_key,
-    offsets_digest,
 )
 
 log = logging.getLogger("lakesink")
@@ -246,13 +241,8 @@ class TableCommitter(SinkTable):
             unit=unit,
             batch_time=batch_time,
         )
-        if found_at_plan or (results and all(r.replay_skipped for r in results)):
-            return ReplayFoundAtPlan(self, table, batch)
-        if batch.changes is not None:
-            return UpsertBatch(self, table, batch)
-        if not batch.files:
-            return MarkEmptyBatch(self, table, batch)
-        return AppendBatch(self, table, batch)
+        found = found_at_plan or bool(results and all(r.replay_skipped for r in results))
+        return action_for(self, table, batch, found_at_plan=found)
 
     def unit_outcome(self, action: CommitAction, result: swap.SwapResult) -> BatchOutcome:
         """What this table's action of a batch of several tables came to (a replay checked, its files deleted)."""
@@ -261,7 +251,7 @@ class TableCommitter(SinkTable):
         if result.status is Status.ALREADY_COMMITTED:
             assert result.done is not None
             try:
-                self._check_replay(table, batch, result.done)
+                replay.check_replay(self, table, batch, result.done)
             except DuplicateSinkError:
                 self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
                 raise
@@ -325,32 +315,38 @@ class TableCommitter(SinkTable):
             self._delete(table, batch.paths, reason="the table or branch changed identity during the batch")
             self._letters_deleted(batch, reason="the batch failed before its commit")
             raise
-        if found_at_plan or (results and all(r.replay_skipped for r in results)):
+        action = action_for(
+            self,
+            table,
+            batch,
             # found committed when the batch was planned (foreach_batch), or by every task (format("lakesink"))
-            return self._logged(self._skipped_before_writing(table, batch), batch)
-        if not batch.files and batch.changes is None and self.options.output_mode is not OutputMode.COMPLETE:
-            if self.dead_letters is not None and self._letters(batch).files:
-                # every row a dead letter: a snapshot without files records the batch and its count of dead letters
-                return self._logged(self._commit_files(table, batch), batch)
-            return self._logged(self._commit_empty(table, batch), batch)
-        return self._logged(self._commit_files(table, batch), batch)
+            found_at_plan=found_at_plan or bool(results and all(r.replay_skipped for r in results)),
+            overwrite=self.options.output_mode is OutputMode.COMPLETE,
+            # every row a dead letter: a snapshot without files records the batch and its count of dead letters
+            records_letters=not batch.files and self.dead_letters is not None and bool(self._letters(batch).files),
+        )
+        if isinstance(action, ReplayFoundAtPlan):
+            return self._logged(self._skipped_before_writing(action), batch)
+        if isinstance(action, MarkEmptyBatch):
+            return self._logged(self._commit_empty(action), batch)
+        return self._logged(self._commit_files(table, batch, action), batch)
 
-    def _skipped_before_writing(self, table: Table, batch: Batch) -> BatchOutcome:
+    def _skipped_before_writing(self, action: ReplayFoundAtPlan) -> BatchOutcome:
         """The batch was found committed when it was planned and nothing was written: check it still is (in the
         dead-letter table too)."""
-        result = self._run(ReplayFoundAtPlan(self, table, batch), batch, replay=True)
+        table, batch = action.table, action.batch
+        result = self._run(action, batch, replay=True)
         assert result.status is Status.ALREADY_COMMITTED and result.done is not None
-        self._check_replay(table, batch, result.done)
+        replay.check_replay(self, table, batch, result.done)
         return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id)
 
-    def _commit_empty(self, table: Table, batch: Batch) -> BatchOutcome:
+    def _commit_empty(self, action: MarkEmptyBatch) -> BatchOutcome:
         """Record an empty batch: a properties-only commit moves the sink's marker to it.
 
         The next snapshot of the sink then carries ``lakesink.previous-batch-id``, so that a missing batch id
         can be told from an empty batch (``lakesink verify``). The commit asserts the branch head it read.
         """
-        action = MarkEmptyBatch(self, table, batch)
-        what = action.what
+        table, batch, what = action.table, action.batch, action.what
         try:
             result = self._run(action, batch)
         except RetriesExhausted as e:
@@ -359,20 +355,13 @@ class TableCommitter(SinkTable):
             ) from e.last
         if result.status is Status.ALREADY_COMMITTED:
             assert result.done is not None
-            self._check_replay(table, batch, result.done)
+            replay.check_replay(self, table, batch, result.done)
             return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
         return BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1)
 
-    def _commit_files(self, table: Table, batch: Batch, action: BatchAction | None = None) -> BatchOutcome:
-        """Commit the batch's files (``action``: a given commit, e.g. marking the batch empty in this table while its
-        dead letters are appended to the dead-letter table in the same unit)."""
+    def _commit_files(self, table: Table, batch: Batch, action: BatchAction) -> BatchOutcome:
+        """Commit the batch's files (``action``: an append, an overwrite or an upsert, :func:`action_for`)."""
         settings = self.settings(table)
-        if action is None and batch.changes is not None:
-            action = UpsertBatch(self, table, batch)
-        elif action is None and self.options.output_mode is OutputMode.COMPLETE:
-            action = OverwriteBatch(self, table, batch)
-        elif action is None:
-            action = AppendBatch(self, table, batch)
         what = action.what
         try:
             result = self._run(action, batch)
@@ -394,7 +383,7 @@ class TableCommitter(SinkTable):
         if result.status is Status.ALREADY_COMMITTED:
             assert result.done is not None
             try:
-                self._check_replay(table, batch, result.done)
+                replay.check_replay(self, table, batch, result.done)
             except DuplicateSinkError:
                 self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
                 self._letters_deleted(batch, reason="a second sink of the same run wrote the batch")
@@ -448,15 +437,9 @@ class TableCommitter(SinkTable):
             if not replay:
                 self._delete(self.load(), batch.paths, reason="the dead-letter table changed identity during the batch")
             raise error
-        other: BatchAction
         if replay and d.last(letters_table, batch.query_id) is None:
             return swap.run(action)  # a dead-letter table added to a running query holds none of its earlier batches
-        if replay:
-            other = ReplayFoundAtPlan(d, letters_table, letters)
-        elif letters.files:
-            other = AppendBatch(d, letters_table, letters)
-        else:
-            other = MarkEmptyBatch(d, letters_table, letters)
+        other = action_for(d, letters_table, letters, found_at_plan=replay)
         mine, theirs = swap.run_unit([action, other])
         if theirs.status is Status.ALREADY_COMMITTED and letters.paths:
             d._delete(letters_table, letters.paths, reason="dead letters already committed (replay)")
@@ -472,64 +455,11 @@ class TableCommitter(SinkTable):
 
     def check_unit_replay(self, action: CommitAction, table: Table, done: CommittedBatch) -> None:
         """This table's action of a batch of several tables found the batch committed (``done``) by another call:
-        :meth:`_check_replay` (a second sink of the same run, or other source offsets, is a loud error), run inside
-        every attempt of the unit's loop, before any table of the unit is swapped (lakesink.driver.committers.routed)."""
+        :func:`lakesink.driver.actions.replay.check_replay` (a second sink of the same run, or other source offsets,
+        is a loud error), run inside every attempt of the unit's loop, before any table of the unit is swapped
+        (lakesink.driver.committers.routed)."""
         assert isinstance(action, BatchAction)
-        self._check_replay(table, action.batch, done)
-
-    def _check_replay(self, table: Table, batch: Batch, done: CommittedBatch) -> None:
-        """A batch found committed is skipped only when it is a faithful replay of the committed one.
-
-        Raises DuplicateSinkError when the batch was committed by the same run of the query (a second sink with
-        the same sink id), and ReplayMismatchError when it was committed over other source offsets.
-        """
-        if batch.run_id is not None and done.batch_id == batch.batch_id and done.run_id == batch.run_id:
-            raise DuplicateSinkError(
-                f"batch {batch.batch_id} of query {batch.query_id} was already committed to {self.table_name} by this "
-                f"same run of the query under sink id {self.options.sink_id or '(default)'}: two sinks of one query "
-                "write this table in the same batch (two lakesink calls in one foreachBatch function, or two "
-                "foreach_batch objects). Each would be taken for a replay of the other and skipped. Give each sink its "
-                f"own sink_id (foreach_batch(..., sink_id='audit') / option '{SINK_ID}'): keep the sink that committed "
-                "first as it is, so that a restart finds its batches, and give the other one a new id; the rows of "
-                "this call were not committed and a restart writes them"
-            )
-        committed, digest = self._committed_offsets(table, batch, done)
-        mine = offsets_digest(batch.source_offsets)
-        if digest is None or mine is None:
-            log.warning(
-                "lakesink: table=%s query=%s batch=%s is already committed; its source offsets cannot be compared "
-                "(%s), so it is skipped as a replay of the same input",
-                self.table_name,
-                batch.query_id,
-                batch.batch_id,
-                "the checkpoint's offsets of the batch are not readable"
-                if mine is None
-                else "the committing snapshot records none or has expired",
-            )
-            return
-        if digest != mine:
-            raise ReplayMismatchError(
-                f"Spark replays batch {batch.batch_id} of query {batch.query_id} over other source offsets than the "
-                f"batch committed to {self.table_name}: committed {committed or '(digest ' + digest + ')'}, replayed "
-                f"{batch.source_offsets}. The checkpoint was changed by hand (offsets/{batch.batch_id} rewritten) or a "
-                "source's rate limit changed: skipping the batch would lose the new rows, committing it would duplicate "
-                "the committed ones. Nothing was committed or deleted. To recover: restore the checkpoint's "
-                f"offsets/{batch.batch_id} to the committed offsets and restart, or start a new query (new checkpoint) "
-                "from the committed offsets (docs/protocol.md, 'replay over other input')"
-            )
-
-    def _committed_offsets(self, table: Table, batch: Batch, done: CommittedBatch) -> tuple[str | None, str | None]:
-        """The committed batch's source offsets (full text when its snapshot is still there) and their digest."""
-        if done.batch_id == batch.batch_id:
-            snapshot = None if done.empty else table.metadata.snapshot_by_id(done.snapshot_id)
-            props = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
-            return props.get(SUMMARY_SOURCE_OFFSETS), done.offsets
-        snapshot = find_batch_snapshot(table.metadata, batch.query_id, batch.batch_id, self.options.sink_id)
-        if snapshot is None:
-            return None, None
-        props = snapshot.summary.additional_properties if snapshot.summary else {}
-        text = props.get(SUMMARY_SOURCE_OFFSETS)
-        return text, offsets_digest(text)
+        replay.check_replay(self, table, action.batch, done)
 
     def schema_changes_at_commit(self, table: Table, batch: Batch) -> tuple[SchemaChange, ...]:
         """The schema changes this commit must make for the files to be registered under the schema and
