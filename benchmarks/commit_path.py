@@ -1,7 +1,7 @@
 """Commit-path benchmark: many small batches into one table through lakesink's real driver.
 
 No Spark: each batch is one task's worth of rows written by :class:`lakesink.executor.task_writer.TaskWriter`
-(a real Parquet file under the table) and committed by :class:`lakesink.driver.commit.TableCommitter`
+(a real Parquet file under the table) and committed by :class:`lakesink.driver.committers.table.TableCommitter`
 on a SQLite catalog, exactly as ``foreachBatch`` does it. Per batch it times
 
 - ``replay_ms``: the replay check made before writing (reload the table, read the query's marker);
@@ -26,7 +26,8 @@ from typing import Any
 import pyarrow as pa
 
 from benchmarks.common import catalog_properties, summarise
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import Maintenance, SinkOptions, TableName

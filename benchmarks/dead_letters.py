@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from lakesink.driver.commit import TableCommitter
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName
 

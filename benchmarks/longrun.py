@@ -25,7 +25,8 @@ from typing import Any
 from benchmarks.commit_path import QUERY_ID, SCHEMA, _rows, _rows_back
 from benchmarks.common import catalog_properties, summarise
 from lakesink._pyiceberg import io as seam
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.maintenance import compaction, expiry
 from lakesink.maintenance.auto import auto_maintenance

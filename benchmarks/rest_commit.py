@@ -27,7 +27,8 @@ QUERY = "55555555-eeee-4000-8000-000000000005"
 
 
 def _run(props: dict[str, str], namespace: str, batches: int, interval: float, proxy: Any | None) -> dict[str, Any]:
-    from lakesink.driver.commit import Outcome, TableCommitter
+    from lakesink.driver.actions.batch import Outcome
+    from lakesink.driver.committers.table import TableCommitter
     from lakesink.executor.task_writer import TaskWriter
     from lakesink.maintenance.auto import auto_maintenance
     from lakesink.options import SinkOptions, TableName

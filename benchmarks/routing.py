@@ -44,7 +44,7 @@ def _count_statements(engine: Any) -> Counter[str]:
 
 def run_tables(root: Path, tables: int, batches: int, rows_per_table: int) -> dict[str, Any]:
     from lakesink.driver import catalogs
-    from lakesink.driver.routing import RoutedCommitter
+    from lakesink.driver.committers.routed import RoutedCommitter
     from lakesink.executor.routed_writer import RoutedTaskWriter
     from lakesink.options import SinkOptions
 

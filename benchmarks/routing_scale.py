@@ -1,7 +1,7 @@
 """A long routed run over many tables (issue 22, "scale and cost"): bounded driver memory, no thread or connection per
 table kept, and automatic maintenance of many tables beside the stream.
 
-The driver as the sink runs it, without Spark: a :class:`~lakesink.driver.routing.RoutedCommitter` with automatic
+The driver as the sink runs it, without Spark: a :class:`~lakesink.driver.committers.routed.RoutedCommitter` with automatic
 maintenance as its post-commit hook (``maintenance=auto``, what both entry points pass), on a SQLite catalog. Batch
 ``b`` routes ``rows_per_table`` rows to each of ``per_batch`` tables, group ``b mod (tables / per_batch)`` of the run's
 ``tables`` distinct tables (2,000 tables over the run, 200 per batch by default: every table is created by one of the
@@ -49,7 +49,8 @@ MODES = ("auto", "off")
 
 def lakesink_state(rc: Any) -> dict[str, int]:
     """What lakesink keeps in this process for a routed sink (every count here must stay under its limit)."""
-    from lakesink.driver import catalogs, turns
+    from lakesink.driver import catalogs
+    from lakesink.driver.loop import turns
     from lakesink.maintenance import auto
 
     return {
@@ -94,7 +95,7 @@ def run_mode(
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     from lakesink.driver import catalogs
-    from lakesink.driver.routing import RoutedCommitter
+    from lakesink.driver.committers.routed import RoutedCommitter
     from lakesink.executor.routed_writer import RoutedTaskWriter
     from lakesink.maintenance import auto
     from lakesink.options import SinkOptions

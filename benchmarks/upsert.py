@@ -27,7 +27,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
-from lakesink.driver.commit import TableCommitter
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import SinkOptions, TableName

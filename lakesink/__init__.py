@@ -64,9 +64,9 @@ if TYPE_CHECKING:
         verify,
     )
     from lakesink.audit.completeness import TableWatermark, WaitResult, table_watermark, wait_for_watermark
+    from lakesink.driver.actions.batch import BatchOutcome, Outcome
     from lakesink.driver.catalogs import lakesink_home
-    from lakesink.driver.commit import BatchOutcome, Outcome
-    from lakesink.driver.metrics import CommitMetrics
+    from lakesink.driver.report.metrics import CommitMetrics
     from lakesink.maintenance.compaction import compact
     from lakesink.maintenance.expiry import expire_snapshots
     from lakesink.maintenance.manifest_rewrite import rewrite_manifests
@@ -166,9 +166,9 @@ _LAZY = {
     **dict.fromkeys(("TableWatermark", "WaitResult", "table_watermark", "wait_for_watermark"), "lakesink.audit.completeness"),
     "lakesink_home": "lakesink.driver.catalogs",
     "LakesinkDataSource": "lakesink.sink.datasource",
-    "BatchOutcome": "lakesink.driver.commit",
-    "Outcome": "lakesink.driver.commit",
-    "CommitMetrics": "lakesink.driver.metrics",
+    "BatchOutcome": "lakesink.driver.committers.table",
+    "Outcome": "lakesink.driver.committers.table",
+    "CommitMetrics": "lakesink.driver.report.metrics",
     "BatchProgress": "lakesink.sink.progress",
     "CommitProgressListener": "lakesink.sink.progress",
     "ForeachBatchSink": "lakesink.sink.foreach",

@@ -274,12 +274,12 @@ class SinkOptions:
     @property
     def upserts(self) -> bool:
         """Whether rows replace the table's rows of their key: option upsert-key, or cdc-format (whose changes carry
-        each table's key: lakesink.driver.routed_keys)."""
+        each table's key: lakesink.driver.tables.routed_keys)."""
         return bool(self.upsert_key) or self.cdc_format is not None
 
     def for_table(self, table: TableName) -> SinkOptions:
         """The options of one table of a routed sink (everything but the routing; the dead-letter table is the routed
-        sink's, one for all its tables: lakesink.driver.routing)."""
+        sink's, one for all its tables: lakesink.driver.committers.routed)."""
         return replace(self, table=table, routing=None, dead_letter_table=None)
 
     def __repr__(self) -> str:  # never print catalog secrets (the declaration's secret options are redacted)
@@ -399,7 +399,7 @@ class SinkOptions:
 
 
 ROUTED = TableName(namespace=("<route-by>",), name="<route-by>")
-"""The ``table`` of a routed sink's options: no table (a name no routing value can take; lakesink.driver.tables refuses
+"""The ``table`` of a routed sink's options: no table (a name no routing value can take; lakesink.driver.tables.sink_table refuses
 to open it)."""
 
 

@@ -291,7 +291,7 @@ def test_event_time_names_one_column() -> None:
 def test_dead_letters_with_route_by_serve_every_routed_table() -> None:
     o = SinkOptions.from_mapping({"route-by": "dest", "dead-letter-table": "db.dead", "reject-when": "id < 0"})
     assert o.routing is not None and str(o.dead_letter_table) == "db.dead" and o.reject_when == "id < 0"
-    # one dead-letter table for the routed sink: a routed table's own options have none (lakesink.driver.routing)
+    # one dead-letter table for the routed sink: a routed table's own options have none (lakesink.driver.committers.routed)
     assert o.for_table(TableName(("db",), "a")).dead_letter_table is None
 
 

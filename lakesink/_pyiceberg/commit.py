@@ -5,7 +5,7 @@ is swapped by exactly one compare-and-swap (:meth:`PreparedCommit.commit`), and 
 by :func:`commit_together`: on a SQL catalog through :mod:`lakesink._pyiceberg.sql_catalog`, on a REST catalog
 through :mod:`lakesink._pyiceberg.rest`, else through pyiceberg's ``Table._do_commit``. pyiceberg's own commit loop
 retries a conflicting snapshot by rebasing it without asking us (which would skip lakesink's replay re-check, the way
-iceberg#14425 duplicated data): every commit here is one swap, and lakesink's one loop (:mod:`lakesink.driver.swap`)
+iceberg#14425 duplicated data): every commit here is one swap, and lakesink's one loop (:mod:`lakesink.driver.loop.swap`)
 decides about retries. Runs on the driver only. Tested against pyiceberg 0.12.
 """
 
@@ -47,7 +47,7 @@ class PreparedCommit:
     """Data files written for this commit attempt alone (an upsert's rewritten files), deleted by :meth:`discard`."""
     files_since_ms: int | None = None
     """When the oldest file this commit writes into the table (and that the table does not reference yet) was
-    written, ms since the epoch; None: only files written by this attempt (checked by lakesink.driver.swap against
+    written, ms since the epoch; None: only files written by this attempt (checked by lakesink.driver.loop.swap against
     lakesink.table.names.COMMIT_DEADLINE_MS)."""
     generic: bool = False
     """Set by :meth:`commit`: the swap went through pyiceberg's ``Table._do_commit`` (the catalog applied the
@@ -115,7 +115,7 @@ def commits_atomically(prepared: Sequence[PreparedCommit]) -> bool:
     on one REST catalog (the same server, prefix and credentials) that lists ``POST /v1/{prefix}/transactions/commit``
     (:func:`catalog_commits_atomically`), none with a token of its own (the request carries one set of credentials).
 
-    Other catalogs have no multi-table commit (Glue, Hive): lakesink.driver.swap commits their tables one after the
+    Other catalogs have no multi-table commit (Glue, Hive): lakesink.driver.loop.swap commits their tables one after the
     other."""
     if len(prepared) < 2:
         return True

@@ -57,7 +57,7 @@ from lakesink.table import floats, names
 
 
 def apply_schema_changes(update: UpdateSchema, changes: Sequence[Any]) -> None:
-    """Stage lakesink.driver.schema.SchemaChange's on a pyiceberg UpdateSchema (public API; new columns optional)."""
+    """Stage lakesink.driver.tables.schema.SchemaChange's on a pyiceberg UpdateSchema (public API; new columns optional)."""
     for change in changes:
         if change.kind == "add":
             update.add_column(change.path, change.field_type, required=False)
@@ -114,7 +114,7 @@ class _PreparedManifests(_SnapshotProducer[Any]):
     def _manifests(self) -> list[ManifestFile]:
         # pyiceberg's _SnapshotProducer._manifests on the calling thread: pyiceberg hands its three parts (the added
         # manifest, the delete manifests, the existing manifests) to its shared thread pool, which a commit prepared on
-        # lakesink's own pool (lakesink.driver.swap) only pays for in thread hand-offs (measured: 0.9 ms of CPU per
+        # lakesink's own pool (lakesink.driver.loop.swap) only pays for in thread hand-offs (measured: 0.9 ms of CPU per
         # table at 100 tables a batch); the parts in pyiceberg's order
         self._build_delete_files_partition_predicate()
         deleted_entries = self._deleted_entries()  # planned first: a failed validation leaves no manifest behind
@@ -195,7 +195,7 @@ class _MergeOnCallingThread(_ManifestMergeManager[Any]):
     """pyiceberg's ``_ManifestMergeManager`` with its bins merged on the calling thread, in pyiceberg's order.
 
     pyiceberg submits every bin to its shared thread pool and waits for it; a commit prepared on lakesink's own pool
-    (lakesink.driver.swap) pays that in thread hand-offs only, once per table of a routed unit, where the usual bin is
+    (lakesink.driver.loop.swap) pays that in thread hand-offs only, once per table of a routed unit, where the usual bin is
     one manifest list's manifests left as they are (fewer than ``commit.manifest.min-count-to-merge``)."""
 
     def _merge_group(self, first_manifest: ManifestFile, spec_id: int, manifests: list[ManifestFile]) -> list[ManifestFile]:
@@ -301,7 +301,7 @@ def prepare_snapshot(
     """Write the manifests of one snapshot (append, merging manifests as Iceberg does, or overwrite of the whole table).
 
     ``properties(snapshot_id)`` gives table properties to set in the same atomic commit, and
-    ``schema_changes`` (lakesink.driver.schema.SchemaChange) evolve the schema in it too. ``commit`` names the
+    ``schema_changes`` (lakesink.driver.tables.schema.SchemaChange) evolve the schema in it too. ``commit`` names the
     manifests and the manifest list (lakesink.table.names); ``files_since_ms``: when the oldest of ``data_files`` was
     written.
     """
@@ -503,7 +503,7 @@ class _OverwriteLive(_OverwriteRemovedFiles):
 # snapshot producers on the new head and commits again, up to ``commit.retry.num-retries`` times (apache/iceberg-
 # python#3320, validated since #3811). It recognises a landed attempt only by its own snapshot id, so behind
 # lakesink's back it could commit what another driver already committed. Every commit lakesink makes is a commit
-# action run by its own loop (lakesink.driver.swap); a metadata-only one is staged on a plain Transaction by
+# action run by its own loop (lakesink.driver.loop.swap); a metadata-only one is staged on a plain Transaction by
 # :func:`prepare_staged` and swapped once per attempt like any other (tests/seam/test_contract.py pins both).
 
 

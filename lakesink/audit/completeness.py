@@ -1,6 +1,6 @@
 """How far a table is complete: the event-time watermark its lakesink queries recorded (driver side, catalog only).
 
-Every batch of a query with ``withWatermark`` records ``lakesink.watermark`` (:mod:`lakesink.driver.completeness`):
+Every batch of a query with ``withWatermark`` records ``lakesink.watermark`` (:mod:`lakesink.driver.actions.completeness`):
 in its snapshot's summary and in the query's replay marker (an empty batch, which has no snapshot, in the marker
 only). A table's watermark on a branch is the **smallest** of the watermarks of the queries that write that
 branch: rows with an event time before it are in the table, as far as each query's watermark promises

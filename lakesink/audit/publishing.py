@@ -13,8 +13,8 @@ from lakesink._pyiceberg import producers as seam_producers
 from lakesink.audit.completeness import first_snapshot_through
 from lakesink.audit.invariants import VerifyReport, verify
 from lakesink.audit.points import format_ms
-from lakesink.driver import swap
-from lakesink.driver.action import CommitAction, Landing
+from lakesink.driver.loop import swap
+from lakesink.driver.loop.action import CommitAction, Landing
 from lakesink.errors import AuditError, CommitConflictError, PublishRefusedError
 from lakesink.table.keys import MAIN_BRANCH
 

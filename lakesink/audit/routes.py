@@ -190,7 +190,7 @@ class OtherTables:
 
     A routed batch writes only the tables its rows name, and a table's next snapshot records the table's own previous
     batch (its replay marker): batch ids in between are batches that wrote other tables, or empty batches, whose
-    marker-only commit moves the markers of the previous batch's tables only (lakesink.driver.routing). Neither
+    marker-only commit moves the markers of the previous batch's tables only (lakesink.driver.committers.routed). Neither
     leaves a trace in this table; the other tables have them:
 
     - a routed batch found in other tables, **complete** there (found in as many tables as its

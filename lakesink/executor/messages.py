@@ -56,7 +56,7 @@ class WritePlan:
     spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC
     """The table's default partition spec (``spec_id``): every file holds rows of one partition of it."""
     schema_changes: tuple[Any, ...] = ()
-    """lakesink.driver.schema.SchemaChange's turning the table's schema ``schema_id`` into ``schema``
+    """lakesink.driver.tables.schema.SchemaChange's turning the table's schema ``schema_id`` into ``schema``
     (``merge-schema``); applied in the batch's commit."""
     sink_id: str | None = None
     upsert: UpsertSpec | None = None

@@ -11,7 +11,7 @@ The driver's :class:`RoutedPlan` holds a write plan per table it opened. ``forma
 the query, before its batches are seen: a table it did not open is written with the :class:`TableTemplate`, exactly
 as lakesink would create it (the stream's schema minus the routing column, fresh field ids, ``partitioned-by``, at
 ``<warehouse>/<namespace>.db/<table>``); the driver creates the table so at commit, or rewrites the files into a
-table that turned out to differ (lakesink.driver.routing). On a catalog that places its tables itself (a REST
+table that turned out to differ (lakesink.driver.committers.routed). On a catalog that places its tables itself (a REST
 server), the template writes into the query's staging area instead, and the driver always rewrites those rows into
 the table, created where the catalog places it: a staged file is never committed.
 """
@@ -64,7 +64,7 @@ class TableTemplate:
     staged: bool = False
     """The catalog places its tables itself (a REST catalog): the files are written into the query's staging area,
     which no table owns, and the driver rewrites their rows into the table (created where the catalog places it)
-    before the batch's commit; a staged file is never committed (lakesink.driver.routing)."""
+    before the batch's commit; a staged file is never committed (lakesink.driver.committers.routed)."""
 
     def location(self, route: Route) -> str:
         """Made from the validated parts of the route only (no '/', '..' or quote can reach it)."""
@@ -110,7 +110,7 @@ class RoutedPlan:
     """Option upsert-key: every table's rows of a task resolved to one row per key (as one table's task resolves them,
     lakesink.executor.upsert_task), the keys each table's rows change in its TaskResult."""
     keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """With upserts: each opened table's own key (lakesink.driver.routed_keys: an existing table's identifier fields);
+    """With upserts: each opened table's own key (lakesink.driver.tables.routed_keys: an existing table's identifier fields);
     a table not in it (one the template writes) takes ``upsert.key``."""
     payload: str | None = None
     """Option payload: the JSON column whose fields are each row's columns in its table (lakesink.executor.payload);

@@ -4,7 +4,7 @@ Runs in Spark's Python workers: each task digests, per table, the rows it routed
 the table holds the batch already); the driver adds the tasks' digests up (:func:`combine`) and records the result in
 the table's commit of the batch (``lakesink.batch-rows-digest``). A replay that finds the batch in some of its
 tables only compares, for each of those, this digest with the recorded one before it completes any other table
-(lakesink.driver.routing): a route computed from something that changed since (a lookup) may move rows between the
+(lakesink.driver.committers.routed): a route computed from something that changed since (a lookup) may move rows between the
 same tables, which neither the set of tables nor their row counts show.
 
 A row's hash is a 64-bit value computed from its Arrow values, column by column, vectorised with numpy (no Python

@@ -8,6 +8,6 @@
 - :mod:`lakesink.maintenance.manifest_rewrite`: a branch head's small manifests merged;
 - :mod:`lakesink.maintenance.orphans`: orphan-file clean-up.
 
-Every maintenance commit goes through the driver's one compare-and-swap loop (:mod:`lakesink.driver.swap`);
+Every maintenance commit goes through the driver's one compare-and-swap loop (:mod:`lakesink.driver.loop.swap`);
 the driver never imports this package.
 """

@@ -6,10 +6,10 @@ table: a stream into thousands of tables queues their runs), at most every ``wri
 (default 1 minute) per table. The
 expensive part (rewriting data files) runs beside the batches; each commit attempt (read, prepare, swap) takes
 its turn between two batch commits of this process, so a batch waits at most for one such attempt: the commit
-loop takes those turns (:mod:`lakesink.driver.turns`), for every maintenance commit of the process.
+loop takes those turns (:mod:`lakesink.driver.loop.turns`), for every maintenance commit of the process.
 
 The entry points (:mod:`lakesink.sink.datasource`, :mod:`lakesink.sink.foreach`) pass :func:`auto_maintenance`
-into the driver's :class:`~lakesink.driver.commit.TableCommitter` as its post-commit hook: every batch commit
+into the driver's :class:`~lakesink.driver.committers.table.TableCommitter` as its post-commit hook: every batch commit
 calls :meth:`~AutoMaintenance.after_commit` once it committed. The driver never imports this package.
 """
 
@@ -26,8 +26,9 @@ from typing import Any
 
 from pyiceberg.table import Table
 
-from lakesink.driver import catalogs, reporting
-from lakesink.driver.tables import SinkTable
+from lakesink.driver import catalogs
+from lakesink.driver.report import reporting
+from lakesink.driver.tables.sink_table import SinkTable
 from lakesink.errors import CatalogPermissionError
 from lakesink.maintenance import compaction, expiry, manifest_rewrite
 from lakesink.options import Maintenance
@@ -46,10 +47,10 @@ log = logging.getLogger("lakesink")
 
 @dataclass(frozen=True)
 class AutoMaintenance:
-    """One sink's post-commit hook (a :class:`lakesink.driver.commit.CommitHook`): with ``maintenance=auto``, a
+    """One sink's post-commit hook (a :class:`lakesink.driver.committers.table.CommitHook`): with ``maintenance=auto``, a
     committed batch starts a background run of the table's one maintainer in this process when one is due
     (:meth:`after_commit`). Every batch commit takes part in the table's turns whatever the option (the commit
-    loop's, :mod:`lakesink.driver.turns`): a sink with maintenance off must not be starved by, nor starve, the
+    loop's, :mod:`lakesink.driver.loop.turns`): a sink with maintenance off must not be starved by, nor starve, the
     maintenance another sink of the process runs on the same table.
     """
 
@@ -65,7 +66,7 @@ def auto_maintenance(table: SinkTable) -> AutoMaintenance:
     """The post-commit hook an entry point passes into the committer of a sink (``TableCommitter(options,
     post_commit=auto_maintenance)``): the process's maintainer of the sink's table (catalog and table as the key).
     The maintainer reads the table through the process's catalog by its name: it keeps no reference to the
-    committer (a routed sink drops the committers of the tables it has not used lately, lakesink.driver.routing)."""
+    committer (a routed sink drops the committers of the tables it has not used lately, lakesink.driver.committers.routed)."""
     options = table.options
     key = (options.catalog_name, tuple(sorted(options.catalog_properties.items())), options.table.identifier)
     catalog, identifier = table.catalog, options.table.identifier
@@ -112,7 +113,7 @@ class AutoMaintainer:
     :func:`maintainer_for`). A run that is due waits in the process's queue for one of its
     :data:`MAINTENANCE_THREADS` threads (:class:`_Runner`): a stream into thousands of tables runs their
     maintenance a few at a time, never a thread per table. Its commits take their turns between the process's
-    batches of the table in the commit loop (:mod:`lakesink.driver.turns`)."""
+    batches of the table in the commit loop (:mod:`lakesink.driver.loop.turns`)."""
 
     def __init__(self, load: Callable[[], Table], key: tuple[Any, ...] = ()):
         self._load = load
@@ -207,7 +208,8 @@ class AutoMaintainer:
 
 
 def _reported(status: str, table: Table, kind: str) -> None:
-    """A maintenance commit of a background run, counted for the process's metrics exporters (lakesink.driver.reporting)."""
+    """A maintenance commit of a background run, counted for the process's metrics exporters
+    (lakesink.driver.report.reporting)."""
     if status == "committed":
         reporting.report_maintenance(".".join(table.name()), kind)
 

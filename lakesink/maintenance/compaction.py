@@ -3,9 +3,9 @@
 Runs on the driver (or from ``lakesink compact``). One run reads the branch head's live data files, packs the
 small ones of each partition into bins, rewrites each bin as one Parquet file and commits everything as one
 Iceberg ``replace`` snapshot (summary ``lakesink.operation=compact``) through the sink's one compare-and-swap
-loop (:func:`lakesink.driver.swap.run`, as a :class:`Compaction` action). When another commit lands first (a batch, another
+loop (:func:`lakesink.driver.loop.swap.run`, as a :class:`Compaction` action). When another commit lands first (a batch, another
 writer), the next attempt re-prepares on the new head, after validating everything committed to the branch since
-the snapshot the plan read (:mod:`lakesink.driver.validation`, as Iceberg Java's ``BaseRewriteFiles`` does): every
+the snapshot the plan read (:mod:`lakesink.driver.loop.validation`, as Iceberg Java's ``BaseRewriteFiles`` does): every
 file it rewrites must still be live, and no delete file committed meanwhile (another engine's merge-on-read
 ``DELETE``, position or equality deletes) may apply to one -- the new file would get a newer sequence number than
 those deletes and bring the deleted rows back. When a check fails, or the snapshots in between cannot be read
@@ -38,9 +38,9 @@ from lakesink._pyiceberg import producers as seam_producers
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import lakesink_key
-from lakesink.driver import swap, validation
-from lakesink.driver.action import CommitAction, Landing
-from lakesink.driver.swap import RetriesExhausted, Status
+from lakesink.driver.loop import swap, validation
+from lakesink.driver.loop.action import CommitAction, Landing
+from lakesink.driver.loop.swap import RetriesExhausted, Status
 from lakesink.errors import CommitOutcomeUnknownError, InFlightTooLongError, LakesinkError
 from lakesink.table import floats, names, parquet_layout, storage
 from lakesink.table.keys import DICT_SIZE_DEFAULT, MAIN_BRANCH, ROW_ORIGINS, SUMMARY_COMMIT_ID, SUMMARY_OPERATION
@@ -170,7 +170,7 @@ def compact(
     """Bin-pack the branch's small data files per partition into one ``replace`` snapshot.
 
     ``progress(done, total)`` is called after each rewritten bin. Each commit attempt (read, prepare, swap) takes
-    its turn between the batches this process commits to the table (lakesink.driver.turns).
+    its turn between the batches this process commits to the table (lakesink.driver.loop.turns).
     """
     started = time.monotonic()
     name = _name(table)

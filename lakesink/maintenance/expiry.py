@@ -50,9 +50,10 @@ from pyiceberg.table.snapshots import Snapshot
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import maintenance as seam_maintenance
-from lakesink.driver import catalogs, swap
-from lakesink.driver.action import CommitAction, Landing
-from lakesink.driver.swap import RetriesExhausted, Status
+from lakesink.driver import catalogs
+from lakesink.driver.loop import swap
+from lakesink.driver.loop.action import CommitAction, Landing
+from lakesink.driver.loop.swap import RetriesExhausted, Status
 from lakesink.errors import LakesinkError
 from lakesink.table import names, storage
 from lakesink.table.keys import MAIN_BRANCH

@@ -9,7 +9,7 @@ it, its data sequence number and its file sequence number (pyiceberg's ``Manifes
 ``wrapExisting``), so every older snapshot reads as before, ``lakesink which`` still names the batch that wrote
 a row, and the rewrite adds and removes no row.
 
-The commit goes through the sink's one compare-and-swap loop (:func:`lakesink.driver.swap.run`, as a
+The commit goes through the sink's one compare-and-swap loop (:func:`lakesink.driver.loop.swap.run`, as a
 :class:`RewriteManifests` action): when another commit lands first (a batch, another writer, a compaction), the
 swap conflicts and the next attempt rewrites the new head's manifests again; when every attempt conflicts the run
 gives up cleanly (what it wrote is deleted, nothing is committed) and a later run starts over. A batch always wins.
@@ -34,9 +34,9 @@ from pyiceberg.table import Table
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import maintenance as seam_maintenance
-from lakesink.driver import swap
-from lakesink.driver.action import CommitAction, Landing
-from lakesink.driver.swap import RetriesExhausted, Status
+from lakesink.driver.loop import swap
+from lakesink.driver.loop.action import CommitAction, Landing
+from lakesink.driver.loop.swap import RetriesExhausted, Status
 from lakesink.errors import CommitOutcomeUnknownError
 from lakesink.table import names
 from lakesink.table.keys import MAIN_BRANCH, SUMMARY_COMMIT_ID, SUMMARY_OPERATION

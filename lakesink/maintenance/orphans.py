@@ -515,7 +515,7 @@ def _referenced_keys(table: Table, name: str) -> set[str]:
     keys.update(storage.key(e.metadata_file) for e in md.metadata_log)
     keys.update(storage.key(s.statistics_path) for s in md.statistics)
     keys.update(storage.key(s.statistics_path) for s in md.partition_statistics)
-    # option order-by: the order file of each branch, named by a table property (lakesink.driver.upsert_order)
+    # option order-by: the order file of each branch, named by a table property (lakesink.driver.actions.upsert_order)
     keys.update(
         storage.key(value)
         for key, value in md.properties.items()

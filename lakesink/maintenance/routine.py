@@ -22,8 +22,9 @@ from pyiceberg.table import Table
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import producers as seam_producers
 from lakesink.audit.snapshots import match_query_id
-from lakesink.driver import catalogs, swap
-from lakesink.driver.action import CommitAction, Landing
+from lakesink.driver import catalogs
+from lakesink.driver.loop import swap
+from lakesink.driver.loop.action import CommitAction, Landing
 from lakesink.errors import CommitConflictError, LakesinkError
 from lakesink.maintenance import compaction, expiry, manifest_rewrite
 from lakesink.maintenance.orphans import remove_orphan_files

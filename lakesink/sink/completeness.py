@@ -1,5 +1,5 @@
 """Driver side: what an entry point knows of a batch's event time, for the commit to record
-(:mod:`lakesink.driver.completeness`): Spark's watermark for the batch, read from the checkpoint's offset log, and
+(:mod:`lakesink.driver.actions.completeness`): Spark's watermark for the batch, read from the checkpoint's offset log, and
 the ``event-time`` option.
 
 A query defines a watermark with ``withWatermark(column, delay)``; Spark marks that column in the stream's schema
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pyspark.sql.types import StructType
 
-from lakesink.driver.completeness import BatchTime, event_time_field
+from lakesink.driver.actions.completeness import BatchTime, event_time_field
 from lakesink.executor.messages import WritePlan
 from lakesink.options import SinkOptions
 from lakesink.sink.checkpoint import read_batch_watermark

@@ -18,10 +18,12 @@ module: it imports the driver at module level (tests/executor/test_boundary.py c
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Generic, Protocol, TypeVar, cast
 
 import pyarrow as pa
 from pyiceberg.table.snapshots import Snapshot
@@ -30,13 +32,15 @@ from pyspark.sql.types import StructType
 
 from lakesink import _pyspark
 from lakesink.audit import Point, parse_timestamp_ms, resolve
-from lakesink.driver import catalogs, dead_letters
-from lakesink.driver.commit import TableCommitter
-from lakesink.driver.guard import CommitGuard
-from lakesink.driver.routing import RoutedCommitter
-from lakesink.driver.schema import arrow_schema_of
+from lakesink.driver import catalogs
+from lakesink.driver.actions import dead_letters
+from lakesink.driver.committers.interface import BatchCommitter
+from lakesink.driver.committers.routed import RoutedCommitter
+from lakesink.driver.committers.table import TableCommitter
+from lakesink.driver.loop.guard import CommitGuard
+from lakesink.driver.tables.schema import arrow_schema_of
 from lakesink.errors import PROGRAMMING_ERRORS, AuditError, CatalogError, InvalidOptionError, LakesinkError
-from lakesink.executor.messages import TaskResult, WritePlan
+from lakesink.executor.messages import TaskResult
 from lakesink.executor.reader import LakesinkReader, LakesinkReaderWithoutPushdown, ResolvedRead, spark_schema
 from lakesink.executor.routed_writer import RoutedTaskResult
 from lakesink.executor.stream_writer import LakesinkStreamWriter
@@ -105,7 +109,10 @@ def stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWri
         # Spark re-creates the writer for every commit and abort: those must work even when the table
         # changed since the query started (the commit itself detects that, deletes the batch's files and
         # raises ConcurrentTableChangeError), so nothing is validated here.
-        return LakesinkStreamWriter(None, StreamCommits(options, None, has_watermark=completeness.watermarked(schema)))
+        has_watermark = completeness.watermarked(schema)
+        return LakesinkStreamWriter(
+            None, StreamCommits(options, TaskResult, functools.partial(_table_committer, options), has_watermark=has_watermark)
+        )
     committer = _table_committer(options)
     stream_schema = arrow_schema_of(schema)
     table = committer.open_table(stream_schema)
@@ -118,58 +125,92 @@ def stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWri
         upsert = UpsertSpec(options.upsert_key, options.delete_when, options.order_by)
         upsert.check()
         plan = dataclasses.replace(plan, upsert=upsert)
-    return LakesinkStreamWriter(plan, StreamCommits(options, plan, committer, has_watermark=completeness.watermarked(schema)))
+    commits = StreamCommits(
+        options,
+        TaskResult,
+        functools.partial(_table_committer, options),
+        committer,
+        query_id=plan.query_id,
+        has_watermark=completeness.watermarked(schema),
+    )
+    return LakesinkStreamWriter(plan, commits)
 
 
-class StreamCommits:
+class CommitMessage(Protocol):
+    """What every task of a batch returns, whatever the sink (a TaskResult, a RoutedTaskResult)."""
+
+    @property
+    def query_id(self) -> str: ...
+
+    @property
+    def run_id(self) -> str | None: ...
+
+
+M = TypeVar("M", bound=CommitMessage)
+
+
+class StreamCommits(Generic[M]):
     """The driver side of the batches of one writer: Spark's ``commit()`` and ``abort()``, in a Python worker on
-    the driver (:class:`~lakesink.executor.stream_writer.BatchCommits`). Never pickled."""
+    the driver (:class:`~lakesink.executor.stream_writer.BatchCommits`), for one table or many (option route-by): one
+    committer interface (lakesink.driver.committers.interface), the commit/abort guard. Never pickled.
+
+    ``messages``: the type of the tasks' results; ``make``: the committer of a worker that has none yet (Spark makes
+    a new writer for every commit and abort); ``query_id``: the plan's, when no task returned a result."""
 
     def __init__(
         self,
         options: SinkOptions,
-        plan: WritePlan | None,
-        committer: TableCommitter | None = None,
+        messages: type[M],
+        make: Callable[[], BatchCommitter[M]],
+        committer: BatchCommitter[M] | None = None,
         *,
+        query_id: str | None = None,
         has_watermark: bool = False,
     ):
         assert options.checkpoint_location
         self._options = options
+        self._messages = messages
+        self._make = make
         self._has_watermark = has_watermark
         self._checkpoint = options.checkpoint_location
-        self._plan = plan
+        self._plan_query_id = query_id
         self._committer = committer
 
-    def _driver(self) -> TableCommitter:
+    def _driver(self) -> BatchCommitter[M]:
         if self._committer is None:
-            self._committer = _table_committer(self._options)
+            self._committer = self._make()
         return self._committer
 
-    def _query_id(self, results: Sequence[TaskResult]) -> str | None:
+    def _results(self, messages: list[WriterCommitMessage | None]) -> list[M]:
+        return [cast(M, m) for m in messages if isinstance(m, self._messages)]
+
+    def _query_id(self, results: Sequence[M]) -> str | None:
         if results:
             return results[0].query_id
-        if self._plan is not None and self._plan.query_id:
-            return self._plan.query_id
+        if self._plan_query_id:
+            return self._plan_query_id
         return read_query_id(self._checkpoint)
 
     def commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
-        results = [m for m in messages if isinstance(m, TaskResult)]
+        results = self._results(messages)
         query_id = self._query_id(results)
         if query_id is None:
             raise LakesinkError(f"no streaming query id for batch {batch_id} (checkpoint {self._checkpoint})")
+        run = _run_of(results)
         # held until the outcome is known: an abort of this batch in another worker (query.stop() during the
-        # commit) waits for it instead of deleting files the swap is about to reference (lakesink.driver.guard)
-        with CommitGuard(str(self._options.table), query_id, self._options.sink_id, _run_of(results)).held():
+        # commit) waits for it instead of deleting files the swap is about to reference (lakesink.driver.loop.guard)
+        with CommitGuard(str(self._options.table), query_id, self._options.sink_id, run).held():
             self._driver().commit_batch(
                 query_id=query_id,
                 batch_id=batch_id,
                 results=results,
                 source_offsets=read_source_offsets(self._checkpoint, batch_id),
+                run_id=run,
                 batch_time=completeness.batch_time(self._options, self._checkpoint, batch_id, has_watermark=self._has_watermark),
             )
 
     def abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
-        results = [m for m in messages if isinstance(m, TaskResult)]
+        results = self._results(messages)
         query_id = self._query_id(results)
         guard = CommitGuard(str(self._options.table), query_id or "", self._options.sink_id, _run_of(results))
         if not guard.acquire_for_abort():
@@ -206,8 +247,9 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
     stream_schema = arrow_schema_of(schema)
     has_watermark = completeness.watermarked(schema)
     if _pyspark.in_streaming_sink_runner():
-        return LakesinkStreamWriter(None, RoutedStreamCommits(options, stream_schema, has_watermark=has_watermark))
-    routed = RoutedCommitter(options, stream_schema, post_commit=auto_maintenance)
+        make = functools.partial(_routed_committer, options, stream_schema)
+        return LakesinkStreamWriter(None, StreamCommits(options, RoutedTaskResult, make, has_watermark=has_watermark))
+    routed = _routed_committer(options, stream_schema)
     if routed.template() is None:
         raise InvalidOptionError(
             f"format('lakesink') with option 'route-by' writes the files of a table it has not opened before the table "
@@ -222,72 +264,14 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
         template = plan.template.plan(Route(("ns",), "t"), query_id, None)
         dead_letters.check_reject_when(options, routed.stream_schema, template)
         # option event-time: a table created for a routing value takes the stream's columns (every table is checked
-        # when it is opened: lakesink.driver.routing)
+        # when it is opened: lakesink.driver.committers.routed)
         completeness.check_event_time(options, dataclasses.replace(template, table="created for a routing value"))
-    return LakesinkStreamWriter(plan, RoutedStreamCommits(options, stream_schema, routed, has_watermark=has_watermark))
+    make = functools.partial(_routed_committer, options, stream_schema)
+    commits = StreamCommits(options, RoutedTaskResult, make, routed, has_watermark=has_watermark)
+    return LakesinkStreamWriter(plan, commits)
 
 
-class RoutedStreamCommits:
-    """The driver side of a routed writer's batches (option route-by): Spark's ``commit()`` and ``abort()``."""
-
-    def __init__(
-        self,
-        options: SinkOptions,
-        stream_schema: pa.Schema,
-        routed: RoutedCommitter | None = None,
-        *,
-        has_watermark: bool = False,
-    ):
-        assert options.checkpoint_location
-        self._options = options
-        self._checkpoint = options.checkpoint_location
-        self._schema = stream_schema
-        self._routed = routed
-        self._has_watermark = has_watermark
-
-    def _driver(self) -> RoutedCommitter:
-        if self._routed is None:
-            self._routed = RoutedCommitter(self._options, self._schema, post_commit=auto_maintenance)
-        return self._routed
-
-    def _results(self, messages: list[WriterCommitMessage | None]) -> list[RoutedTaskResult]:
-        return [m for m in messages if isinstance(m, RoutedTaskResult)]
-
-    def commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
-        results = self._results(messages)
-        query_id = results[0].query_id if results else read_query_id(self._checkpoint)
-        if query_id is None:
-            raise LakesinkError(f"no streaming query id for batch {batch_id} (checkpoint {self._checkpoint})")
-        run = next((r.run_id for r in results if r.run_id), None)
-        with CommitGuard(str(self._options.table), query_id, self._options.sink_id, run).held():
-            self._driver().commit_batch(
-                query_id=query_id,
-                batch_id=batch_id,
-                results=results,
-                source_offsets=read_source_offsets(self._checkpoint, batch_id),
-                run_id=run,
-                batch_time=completeness.batch_time(self._options, self._checkpoint, batch_id, has_watermark=self._has_watermark),
-            )
-
-    def abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
-        results = self._results(messages)
-        query_id = results[0].query_id if results else read_query_id(self._checkpoint)
-        run = next((r.run_id for r in results if r.run_id), None)
-        guard = CommitGuard(str(self._options.table), query_id or "", self._options.sink_id, run)
-        if not guard.acquire_for_abort():
-            log.warning(
-                "lakesink: abort of batch %s: a commit of the same query is still in flight after %.0f s; keeping its files",
-                batch_id,
-                guard.abort_wait_s,
-            )
-            return
-        try:
-            self._driver().abort_batch(query_id=query_id, batch_id=batch_id, results=results)
-        finally:
-            guard.release()
-
-
-def _run_of(results: Sequence[TaskResult]) -> str | None:
+def _run_of(results: Sequence[CommitMessage]) -> str | None:
     """The query run the batch's tasks belong to: the commit/abort lock orders one run's commit and abort, never
     two drivers (a zombie and the live run of the same query on one host must not wait for each other)."""
     return next((r.run_id for r in results if r.run_id), None)
@@ -296,6 +280,11 @@ def _run_of(results: Sequence[TaskResult]) -> str | None:
 def _table_committer(options: SinkOptions) -> TableCommitter:
     """The driver side of the sink's batches, with automatic maintenance as its post-commit hook."""
     return TableCommitter(options, post_commit=auto_maintenance)
+
+
+def _routed_committer(options: SinkOptions, stream_schema: pa.Schema) -> RoutedCommitter:
+    """Option route-by: the driver side of the sink's batches, with automatic maintenance as each table's hook."""
+    return RoutedCommitter(options, stream_schema, post_commit=auto_maintenance)
 
 
 # --- the batch reader -------------------------------------------------------------------------------

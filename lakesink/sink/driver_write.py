@@ -28,7 +28,7 @@ import logging
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
-from lakesink.driver.schema import chars_as_strings, nullable_everywhere
+from lakesink.driver.tables.schema import chars_as_strings, nullable_everywhere
 from lakesink.executor.messages import TaskResult, WritePlan
 from lakesink.executor.task_writer import TaskWriter
 

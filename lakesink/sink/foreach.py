@@ -16,8 +16,8 @@ import dataclasses
 import logging
 import pickle
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -26,10 +26,13 @@ from pyspark.sql import functions as F
 from lakesink import _pyspark
 from lakesink.cdc import debezium
 from lakesink.driver import catalogs
-from lakesink.driver.commit import BatchOutcome, TableCommitter
-from lakesink.driver.completeness import BatchTime
-from lakesink.driver.routing import RoutedCommitter, RoutedOutcome, check_atomic
-from lakesink.driver.schema import arrow_schema_of
+from lakesink.driver.actions.batch import BatchOutcome
+from lakesink.driver.actions.completeness import BatchTime
+from lakesink.driver.committers.interface import BatchCommitter
+from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
+from lakesink.driver.committers.routed_tables import check_atomic
+from lakesink.driver.committers.table import TableCommitter
+from lakesink.driver.tables.schema import arrow_schema_of
 from lakesink.errors import InvalidOptionError, LakesinkError
 from lakesink.executor import payload
 from lakesink.executor.messages import WritePlan
@@ -184,13 +187,34 @@ def debezium_changes(df: DataFrame) -> DataFrame:
 def routed_keys_by_value(
     values: Sequence[object], routing: Routing, table_keys: Mapping[str, tuple[str, ...]]
 ) -> dict[str, tuple[str, ...]]:
-    """Each routing value's table key (lakesink.driver.routed_keys), for partitioning the batch by key."""
+    """Each routing value's table key (lakesink.driver.tables.routed_keys), for partitioning the batch by key."""
     out: dict[str, tuple[str, ...]] = {}
     for value in values:
         route = parse_route(value, routing.namespace, routing.allowed_namespaces)
         if isinstance(value, str) and isinstance(route, Route) and str(route) in table_keys:
             out[value] = table_keys[str(route)]
     return out
+
+
+M = TypeVar("M")
+OutcomeT = TypeVar("OutcomeT")
+
+
+def commit_or_abort(
+    committer: BatchCommitter[M], *, query_id: str, batch_id: int, results: Sequence[M], commit: Callable[[], OutcomeT]
+) -> OutcomeT:
+    """The batch's commit (``commit``: a call of the committer's ``commit_batch`` with what this batch knows, its
+    arguments computed inside it), or, when it raised, what Spark does for a data source whose commit raised: abort
+    with the complete task results (abort settles by reading the table; it never deletes files a committed snapshot
+    references), and the error raised again. foreach_batch's one commit, for one table or many."""
+    try:
+        return commit()
+    except BaseException:
+        try:
+            committer.abort_batch(query_id=query_id, batch_id=batch_id, results=results)
+        except Exception:
+            log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
+        raise
 
 
 class ForeachBatchSink:
@@ -332,25 +356,23 @@ class ForeachBatchSink:
                 self._bytes_per_row = written.size_in_bytes / written.record_count
         self._last_rows = sum(r.record_count for r in results)
         try:
-            return committer.commit_batch(
+            return commit_or_abort(
+                committer,
                 query_id=query_id,
                 batch_id=batch_id,
                 results=results,
-                source_offsets=self._source_offsets(spark, query_id, batch_id),
-                run_id=run_id,
-                table_uuid=plan.table_uuid,
-                changes=resolved.keys if resolved is not None else None,
-                batch_time=self._batch_time(spark, df, query_id, batch_id),
-                batch_rows=batch_rows,
+                commit=lambda: committer.commit_batch(
+                    query_id=query_id,
+                    batch_id=batch_id,
+                    results=results,
+                    source_offsets=self._source_offsets(spark, query_id, batch_id),
+                    run_id=run_id,
+                    table_uuid=plan.table_uuid,
+                    changes=resolved.keys if resolved is not None else None,
+                    batch_time=self._batch_time(spark, df, query_id, batch_id),
+                    batch_rows=batch_rows,
+                ),
             )
-        except BaseException:
-            # what Spark does for a data source whose commit raised: abort with the complete messages
-            # (abort settles by reading the table; it never deletes files a committed snapshot references)
-            try:
-                committer.abort_batch(query_id=query_id, batch_id=batch_id, results=results)
-            except Exception:
-                log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
-            raise
         finally:
             if directory is not None:
                 storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)
@@ -358,7 +380,7 @@ class ForeachBatchSink:
     def _routed_batch(self, df: DataFrame, batch_id: int, query_id: str) -> RoutedOutcome:
         """Option route-by: the batch's tables found (one Spark job over the routing column), opened or created and
         checked; a batch every table holds already is skipped before any file is written; else each task splits
-        its rows by table (mapInArrow) and the tables are committed as one unit (lakesink.driver.routing)."""
+        its rows by table (mapInArrow) and the tables are committed as one unit (lakesink.driver.committers.routed)."""
         routing = self.options.routing
         assert routing is not None
         spark = df.sparkSession
@@ -408,21 +430,20 @@ class ForeachBatchSink:
             )
             writer = RoutedPartitionWriter(plan, batch_id, run_id)
             results = [pickle.loads(r[0]) for r in df.mapInArrow(writer, TASK_RESULT_SCHEMA).collect()]
-        try:
-            return routed.commit_batch(
+        return commit_or_abort(
+            routed,
+            query_id=query_id,
+            batch_id=batch_id,
+            results=results,
+            commit=lambda: routed.commit_batch(
                 query_id=query_id,
                 batch_id=batch_id,
                 results=results,
                 source_offsets=offsets,
                 run_id=run_id,
                 batch_time=self._batch_time(spark, df, query_id, batch_id),
-            )
-        except BaseException:
-            try:
-                routed.abort_batch(query_id=query_id, batch_id=batch_id, results=results)
-            except Exception:
-                log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
-            raise
+            ),
+        )
 
     def _routed_spark_batch(
         self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None
@@ -504,7 +525,7 @@ class ForeachBatchSink:
                 f"option 'payload' names column {column!r}, which the stream {has}; the payload column must be a string "
                 f"holding each row's JSON object (columns: {', '.join(df.columns)})"
             )
-        # cdc-format: the Kafka key's fields are the key of a table lakesink creates (lakesink.driver.routed_keys)
+        # cdc-format: the Kafka key's fields are the key of a table lakesink creates (lakesink.driver.tables.routed_keys)
         key = "key" if self.options.cdc_format is not None and "key" in df.columns else None
         cdc = (truncates.OP, truncates.ORDER) if self.options.cdc_format is not None else None
         schema = CDC_CONNECT_SCHEMA if self.options.cdc_format is not None else None

@@ -12,7 +12,7 @@ What Spark lets a sink put into its own progress (pyspark 4.3, read in its sourc
   (snapshot, attempts, replays) they cannot hold.
 
 What a driver can do: a ``StreamingQueryListener`` on the driver receives every progress event after its batch ended,
-and in the process that ran ``foreachBatch``'s function the commit's numbers are there (lakesink.driver.metrics keeps
+and in the process that ran ``foreachBatch``'s function the commit's numbers are there (lakesink.driver.report.metrics keeps
 the newest 1000 batches). This listener joins them, per (query id, batch id). With ``format("lakesink")`` the commit
 runs in a Python worker Spark starts (not in your driver process): the listener gets Spark's progress with no commits;
 use a REST catalog's commit reports or option ``metrics=prometheus:<port>`` there (docs/metrics.md).
@@ -29,7 +29,7 @@ from typing import Any
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
-from lakesink.driver.metrics import CommitMetrics, recorded
+from lakesink.driver.report.metrics import CommitMetrics, recorded
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ No row passes through a Python worker. Every session setting that would change w
 The driver then keeps, of the files in the directory, those whose footer carries the write id of its
 own job (and checks that they hold the rows the job wrote), reads their footers (through the table's
 FileIO) for Iceberg's column statistics, and hands them to the unchanged
-:class:`~lakesink.driver.commit.TableCommitter` as :class:`~lakesink.executor.messages.TaskResult`\\ s.
+:class:`~lakesink.driver.committers.table.TableCommitter` as :class:`~lakesink.executor.messages.TaskResult`\\ s.
 
 If the Spark job (or anything before the commit) fails, the batch directory is deleted before the
 error propagates. A driver killed in between leaves the directory behind; the orphan-file clean-up

@@ -4,7 +4,7 @@ The payload inference job (lakesink.executor.payload) finds, per table, the posi
 last truncate. Here, on the driver, before the batch's tables are planned: every change of that table at an earlier
 position is dropped from the batch (and the truncates themselves), and the table is marked for the unit
 (``RoutedCommitter.truncating``), whose part for it then replaces everything live with the rows that remain
-(lakesink.driver.truncate). A truncate of a table that does not exist, with no change after it, changes nothing.
+(lakesink.driver.actions.truncate). A truncate of a table that does not exist, with no change after it, changes nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from lakesink._pyiceberg import io as seam
 from lakesink.cdc import debezium
-from lakesink.driver.routing import RoutedCommitter
+from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.executor.payload import Found
 from lakesink.options import CDC_PREFIX, Routing
 from lakesink.table.routes import Route, parse_route

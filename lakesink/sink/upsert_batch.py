@@ -3,7 +3,7 @@
 Runs on the driver with the batch's DataFrame: the work itself runs in Spark (a window and an
 aggregation over the batch), and only the batch's keys come back to the driver (an Arrow table),
 because the commit must know which keys the batch replaces or deletes. The rows that stay (one per
-key, deletes removed) are written by the usual write paths; :mod:`lakesink.driver.upsert` then
+key, deletes removed) are written by the usual write paths; :mod:`lakesink.driver.actions.upsert` then
 rewrites the table's files that hold any of the keys (copy-on-write) in the batch's own snapshot.
 
 With option route-by the batch is not resolved here: :func:`for_routed_tasks` makes every task hold all the rows of
@@ -132,7 +132,7 @@ def for_routed_tasks(
     column and the key), ``delete-when`` evaluated here by Spark into :data:`DELETED` (any Spark SQL expression, as
     :func:`resolve` takes). Returns the batch and whether it carries :data:`DELETED`. Checks as :func:`resolve` does:
     the key columns and their types, the ``order-by`` column, the expression. ``keys``: each routing value's own key
-    (tables keyed differently: lakesink.driver.routed_keys); a value not in it is keyed by option upsert-key."""
+    (tables keyed differently: lakesink.driver.tables.routed_keys); a value not in it is keyed by option upsert-key."""
     parts = [_key_value(df, options, options.upsert_key)] if options.upsert_key else []
     if keys:  # the key value of each row's own table: one CASE over the batch's routing values
         route = F.col(f"`{route_column}`")

@@ -44,7 +44,8 @@ SUMMARY_RUN_ID = "lakesink.run-id"
 second sink of the same run)."""
 SUMMARY_WATERMARK = "lakesink.watermark"
 """The batch's event-time watermark (ms since the epoch) as lakesink records it: Spark's watermark for the batch, kept
-non-decreasing along the query's batches and never past the newest event time committed (:mod:`lakesink.driver.completeness`).
+non-decreasing along the query's batches and never past the newest event time committed
+(:mod:`lakesink.driver.actions.completeness`).
 Written only when the query defines a watermark (``withWatermark``)."""
 SUMMARY_SPARK_WATERMARK = "lakesink.spark-watermark"
 """Spark's own watermark for the batch (``batchWatermarkMs`` of ``<checkpoint>/offsets/<batch>``), when it differs from
@@ -72,7 +73,7 @@ with the count, a reader of the catalog tells whether it found the batch in ever
 SUMMARY_BATCH_ROWS_DIGEST = "lakesink.batch-rows-digest"
 """Option ``route-by``: ``<rows>:<hex>``, an order-independent digest of the rows the batch routed to this table
 (lakesink.executor.row_digest); a replay that finds the batch in some of its tables only must route the same rows to
-each of them (lakesink.driver.routing)."""
+each of them (lakesink.driver.committers.routed)."""
 ICEBERG_QUERY_ID = "spark.sql.streaming.queryId"
 """The key Iceberg's own Spark sink writes the query id under, for engines and tools that already know it."""
 ICEBERG_EPOCH_ID = "spark.sql.streaming.epochId"
@@ -87,11 +88,11 @@ SUMMARY_UPSERT_BYTES_READ = "lakesink.upsert.rewritten-bytes-read"
 SUMMARY_UPSERT_STALE = "lakesink.upsert.stale-changes"
 """With option order-by: the batch's changes that lost to a newer order value the table held (not applied)."""
 SUMMARY_UPSERT_ORDER_FILE = "lakesink.upsert.order-file"
-"""With option order-by: the order file the batch's snapshot goes with (lakesink.driver.upsert_order)."""
+"""With option order-by: the order file the batch's snapshot goes with (lakesink.driver.actions.upsert_order)."""
 PROPERTY_UPSERT_ORDER_FILE = "lakesink.upsert.order-file"
 """Table property (``.<branch>`` appended for a branch other than main), option order-by: the Parquet file that keeps
 the order value of every key the table deleted (and of every key, when the table has no order-by column), set in the
-same atomic commit as the snapshot it goes with (lakesink.driver.upsert_order)."""
+same atomic commit as the snapshot it goes with (lakesink.driver.actions.upsert_order)."""
 
 # --- snapshot summary: lakesink's other commits ----------------------------------------------------
 
@@ -236,7 +237,7 @@ BATCH_ID_PROPERTY = "streaming.sql.batchId"
 RUN_ID_PROPERTY = "spark.jobGroup.id"
 """The query run's id (a new one at every restart)."""
 
-# --- an Iceberg REST commit report's metadata (lakesink.driver.metrics.commit_report) ------------------------------
+# --- an Iceberg REST commit report's metadata (lakesink.driver.report.metrics.commit_report) ------------------------------
 # the query id, batch id and dead letters use the snapshot summary's keys (SUMMARY_QUERY_ID, SUMMARY_BATCH_ID, ...)
 
 REPORT_ROWS_IN = "lakesink.rows-in"
@@ -255,7 +256,7 @@ ENV_LOG_LEVEL = "LAKESINK_LOG_LEVEL"
 """The level of the stderr handler lakesink installs in Spark's Python workers (lakesink.sink.datasource)."""
 LOG_LEVEL_DEFAULT = "INFO"
 ENV_LOCK_DIR = "LAKESINK_LOCK_DIR"
-"""The folder of the commit locks and in-doubt records of this host (lakesink.driver.guard)."""
+"""The folder of the commit locks and in-doubt records of this host (lakesink.driver.loop.guard)."""
 LOCK_DIR_DEFAULT = "lakesink-commit-locks"
 """``$LAKESINK_LOCK_DIR`` when unset: this folder under the system's temporary folder."""
 ENV_FAULTS_DIR = "LAKESINK_FAULTS_DIR"

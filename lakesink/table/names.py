@@ -32,7 +32,7 @@ So the orphan-file clean-up (:mod:`lakesink.maintenance.orphans`) tells, from a 
 left on storage belongs to and since when (:func:`classify`), and every writer is tested against it
 (tests/maintenance/test_orphans_in_flight.py). The in-flight contract between them is here too: the clean-up keeps a file a
 lakesink commit may still reference for :data:`IN_FLIGHT_WINDOW_MS`, and every lakesink commit refuses to swap
-once the oldest file it wrote for it is :data:`COMMIT_DEADLINE_MS` old (lakesink.driver.swap).
+once the oldest file it wrote for it is :data:`COMMIT_DEADLINE_MS` old (lakesink.driver.loop.swap).
 
 Iceberg's names that the clean-up recognises (metadata files, manifests, manifest lists, statistics,
 hidden files) are here too, as predicates. Runs on executors: imports nothing of lakesink but errors.
@@ -270,7 +270,7 @@ def commit_data_file_name(commit: CommitName, n: int) -> str:
 
 
 ORDER_FILE_NUMBER = 99998
-"""The number an upsert batch's order file takes among its commit's files (lakesink.driver.upsert_order)."""
+"""The number an upsert batch's order file takes among its commit's files (lakesink.driver.actions.upsert_order)."""
 
 
 def order_file_name(commit: CommitName) -> str:

@@ -16,7 +16,7 @@ import lakesink
 from lakesink.audit import Point, diff, locate, parse_timestamp_ms, read_at, resolve, verify
 from lakesink.cli import main
 from lakesink.driver import catalogs
-from lakesink.driver.commit import Outcome
+from lakesink.driver.actions.batch import Outcome
 from lakesink.errors import AuditError
 from lakesink.table.markers import CommittedBatch, last_batch_key, last_committed_batch
 from tests.support.helpers import arrow_rows, commit, load, make_committer, write_task

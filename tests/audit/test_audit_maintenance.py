@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 import lakesink
 from lakesink.audit.snapshots import lakesink_key
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import AuditError
 from lakesink.maintenance import compaction, expiry
 from lakesink.options import Maintenance

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 import lakesink
 from lakesink.cli import main
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import PublishRefusedError
 from lakesink.options import SinkOptions, TableName
 from lakesink.table.markers import last_committed_batch

@@ -17,7 +17,8 @@ from pyiceberg.types import StringType
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import sql_catalog as seam_sql
 from lakesink.driver import catalogs
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import CommitConflictError, CommitOutcomeUnknownError, ConcurrentTableChangeError, TableLocationError
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.options import OutputMode
@@ -211,7 +212,7 @@ def test_unknown_outcome_that_cannot_be_settled_deletes_nothing(committer: Table
         raise ConnectionError("catalog unreachable")
 
     monkeypatch.setattr(seam_commit.PreparedCommit, "commit", catalog_down)
-    monkeypatch.setattr("lakesink.driver.swap._SETTLE_ATTEMPTS", 2)
+    monkeypatch.setattr("lakesink.driver.loop.swap._SETTLE_ATTEMPTS", 2)
     # the settling reads (through connections of their own, lakesink.driver.catalogs.load_table_fresh) fail
     monkeypatch.setattr("lakesink.driver.catalogs.load_table_fresh", load_fails)
     with pytest.raises(CommitOutcomeUnknownError, match="no file was deleted"):

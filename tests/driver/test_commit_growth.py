@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.table.markers import last_committed_batch
 from tests.support.helpers import arrow_rows, assert_snapshot_invariants, commit, load, make_committer, table_ids, write_task
 

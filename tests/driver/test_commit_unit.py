@@ -1,5 +1,5 @@
 """A unit of commits on two tables of one pyiceberg SQL catalog: one database transaction, a compare-and-swap per
-table row (lakesink._pyiceberg.commit.commit_together, run by lakesink.driver.swap.run_unit).
+table row (lakesink._pyiceberg.commit.commit_together, run by lakesink.driver.loop.swap.run_unit).
 
 No Spark: real Parquet files written by the task writer, real SQLite catalogs, faults at named points; a SIGKILL
 inside the database transaction in a subprocess. Exactly once is checked with unique ids per table.
@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from pyiceberg.table import Table
 
-from lakesink.driver import swap
-from lakesink.driver.commit import TableCommitter
-from lakesink.driver.swap import RetriesExhausted, Status
+from lakesink.driver.committers.table import TableCommitter
+from lakesink.driver.loop import swap
+from lakesink.driver.loop.swap import RetriesExhausted, Status
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BEFORE_SWAP
 from lakesink.options import SinkOptions, TableName
 from tests.support.helpers import arrow_rows, commit, table_ids, write_task
@@ -91,7 +91,7 @@ def test_a_fault_between_the_row_updates_is_retried_as_a_whole_unit(catalog_prop
 _KILLED_IN_THE_TRANSACTION = textwrap.dedent(
     """
     import json, sys
-    from lakesink.driver import swap
+    from lakesink.driver.loop import swap
     from tests.driver.test_commit_unit import committers, unit
     a, b = committers(json.loads(sys.argv[1]))
     swap.run_unit(unit((a, b), 0, {"a": [1, 2, 3], "b": [10, 20]}))

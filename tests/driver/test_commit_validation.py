@@ -23,7 +23,8 @@ from pyiceberg.table import Table
 import lakesink
 from lakesink._pyiceberg import io as seam
 from lakesink.audit import interop
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import LakesinkError
 from lakesink.maintenance import compaction
 from lakesink.options import Maintenance, OutputMode, SinkOptions, TableName

@@ -1,4 +1,4 @@
-"""What a batch's commit records about event time (lakesink.driver.completeness), and how it is read back
+"""What a batch's commit records about event time (lakesink.driver.actions.completeness), and how it is read back
 (lakesink.audit.completeness: table_watermark, wait_for_watermark, publish through a watermark), on real SQLite
 catalogs with real Parquet files: the watermark is non-decreasing by batch id and never past the newest event time
 committed; event-time bounds come from the written files' column statistics."""
@@ -20,8 +20,8 @@ from lakesink.audit.completeness import NO_WATERMARK, REACHED, WaitResult, table
 from lakesink.audit.publishing import publish
 from lakesink.cli.audit import WAIT_NO_WATERMARK_EXIT, WAIT_TIMEOUT_EXIT
 from lakesink.cli.main import main
-from lakesink.driver.commit import TableCommitter
-from lakesink.driver.completeness import BatchTime
+from lakesink.driver.actions.completeness import BatchTime
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InvalidOptionError, PublishRefusedError
 from lakesink.executor.messages import TaskResult
 from lakesink.executor.task_writer import TaskWriter
@@ -132,7 +132,7 @@ def test_an_empty_batch_records_its_watermark_in_the_marker(catalog_properties: 
 def test_event_time_must_be_a_timestamp_column_with_bounds(catalog_properties: dict[str, str]) -> None:
     c = make(catalog_properties)
     table = c.load()
-    from lakesink.driver.completeness import event_time_field
+    from lakesink.driver.actions.completeness import event_time_field
 
     with pytest.raises(InvalidOptionError, match="no column 'when'"):
         event_time_field(table.schema(), "when", "db.events", table.properties)

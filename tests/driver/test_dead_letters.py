@@ -20,7 +20,8 @@ from pyiceberg.table import Table
 
 import lakesink
 from lakesink.cli.main import main
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InvalidOptionError, TooManyRejectedError
 from lakesink.executor.messages import TaskResult
 from lakesink.executor.task_writer import TaskWriter
@@ -319,7 +320,7 @@ def test_sigkill_at_each_point_leaves_both_tables_or_neither(catalog_properties:
 
 
 def test_reject_when_outside_icebergs_expression_subset_fails_at_query_start(catalog_properties: dict[str, str]) -> None:
-    from lakesink.driver.dead_letters import check_reject_when
+    from lakesink.driver.actions.dead_letters import check_reject_when
 
     c = make(catalog_properties)
     plan = c.write_plan(c.load(), Q)

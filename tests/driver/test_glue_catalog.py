@@ -22,7 +22,8 @@ import pytest
 from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
-from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
+from lakesink.driver.actions.batch import BatchOutcome, Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.executor.messages import TaskResult
 from lakesink.options import SinkOptions, TableName
 from tests.support.catalog_servers import glue_properties

@@ -17,7 +17,8 @@ import pytest
 from pyiceberg.types import IntegerType, LongType
 
 from lakesink.audit import interop
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName
 from lakesink.table.keys import DELETED

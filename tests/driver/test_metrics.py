@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from lakesink.driver import metrics
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
+from lakesink.driver.report import metrics
 from lakesink.errors import InvalidOptionError
 from lakesink.options import MetricsExport, SinkOptions, TableName
 from tests.support.helpers import commit, maintainer, sink_committer, write_task
@@ -251,7 +252,7 @@ def test_dead_letters_and_rows_in_of_a_known_batch(catalog_properties: dict[str,
 
 
 def test_watermark_lag_is_the_clock_minus_the_batch_watermark(catalog_properties: dict[str, str]) -> None:
-    from lakesink.driver.completeness import BatchTime
+    from lakesink.driver.actions.completeness import BatchTime
 
     c = _committer(catalog_properties)
     result = write_task(c, Q, 0, [1, 2])

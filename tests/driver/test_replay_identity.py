@@ -16,7 +16,8 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import DuplicateSinkError, ReplayMismatchError, TableIdentityChangedError
 from lakesink.executor.messages import TaskResult
 from lakesink.executor.task_writer import TaskWriter

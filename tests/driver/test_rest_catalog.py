@@ -1,7 +1,7 @@
 """The driver's commit protocol against a real Iceberg REST catalog server (lakana), through the HTTP fault layer.
 
 No Spark: lakesink's driver committer (``TableCommitter.commit_batch``, the one compare-and-swap loop of
-``lakesink.driver.swap``) commits real Parquet files written by a real task writer; the server applies every
+``lakesink.driver.loop.swap``) commits real Parquet files written by a real task writer; the server applies every
 commit with its own compare-and-swap. Faults are injected at the HTTP layer only (tests/support/http_faults.py): the
 server's answer replaced after it applied the commit (the response lost), before it saw it, 409 conflicts, a
 reset connection, an answer held past the client's timeout, a request that lands after the client gave up on it,
@@ -22,7 +22,8 @@ import pytest
 from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
-from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
+from lakesink.driver.actions.batch import BatchOutcome, Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.executor.messages import TaskResult
 from lakesink.options import SinkOptions, TableName
 from tests.support.helpers import (

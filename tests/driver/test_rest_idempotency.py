@@ -19,9 +19,10 @@ from collections import Counter
 import pytest
 
 import lakesink
-from lakesink.driver import swap
-from lakesink.driver.commit import Outcome, TableCommitter
-from lakesink.driver.swap import Status
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
+from lakesink.driver.loop import swap
+from lakesink.driver.loop.swap import Status
 from lakesink.options import SinkOptions, TableName
 from tests.support.helpers import arrow_rows, assert_snapshot_invariants, commit, lakesink_snapshots, table_ids, write_task
 from tests.support.http_faults import FaultProxy

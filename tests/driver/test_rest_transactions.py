@@ -1,5 +1,5 @@
 """Units of several tables on a REST catalog: one ``POST /v1/{prefix}/transactions/commit`` (issue 24's multi-table
-item, for issue 22's ``atomic``), through lakesink's one loop (lakesink.driver.swap.run_unit) and the seam's
+item, for issue 22's ``atomic``), through lakesink's one loop (lakesink.driver.loop.swap.run_unit) and the seam's
 ``commit_together``.
 
 The server is tests/support/txn_rest_server.py (a REST catalog of the tests' own, atomic across tables: lakana has no
@@ -21,9 +21,10 @@ import pytest
 from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
-from lakesink.driver import catalogs, swap
-from lakesink.driver.commit import TableCommitter
-from lakesink.driver.swap import Status
+from lakesink.driver import catalogs
+from lakesink.driver.committers.table import TableCommitter
+from lakesink.driver.loop import swap
+from lakesink.driver.loop.swap import Status
 from lakesink.errors import UnitNotAtomicError
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.options import SinkOptions, TableName
@@ -275,7 +276,7 @@ def test_a_unit_applied_between_the_settle_reads_is_read_again_and_settled_as_la
 
 _COMMIT_UNITS = """
 import json, sys
-from lakesink.driver import swap
+from lakesink.driver.loop import swap
 from tests.driver.test_rest_transactions import committers, kill_ids, unit
 cs = committers(json.loads(sys.argv[1]))
 for b in json.loads(sys.argv[2]):

@@ -1,4 +1,4 @@
-"""Option route-by with upserts: each table's own key (lakesink.driver.routed_keys), on the driver with real SQLite
+"""Option route-by with upserts: each table's own key (lakesink.driver.tables.routed_keys), on the driver with real SQLite
 catalogs and the routed task writer (no Spark).
 
 Tables with different keys in one batch: an existing table keyed by ``id``, an existing table keyed by
@@ -20,9 +20,10 @@ import pytest
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
-from lakesink.driver import catalogs, routed_keys
-from lakesink.driver.commit import Outcome
-from lakesink.driver.routing import RoutedCommitter, RoutedOutcome
+from lakesink.driver import catalogs
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
+from lakesink.driver.tables import routed_keys
 from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BETWEEN_TABLE_COMMITS
@@ -237,7 +238,7 @@ def test_a_table_without_a_key_is_a_loud_error_naming_it(catalog_properties: dic
 
 
 def test_a_truncating_unit_failed_inside_its_transaction_then_replayed(catalog_properties: dict[str, str], faults: Any) -> None:
-    """cdc-format's truncate (lakesink.driver.truncate): the truncated table's part of the unit replaces everything
+    """cdc-format's truncate (lakesink.driver.actions.truncate): the truncated table's part of the unit replaces everything
     live with the batch's rows (foreach_batch kept only the changes after the truncate), atomically with the batch's
     other tables: a fault inside the unit's transaction changes no table, the replay applies both."""
     extra = {"table-property.commit.retry.num-retries": "0"}

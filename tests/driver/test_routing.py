@@ -1,4 +1,4 @@
-"""Option route-by on the driver: one batch into many tables, one unit of commits (lakesink.driver.routing).
+"""Option route-by on the driver: one batch into many tables, one unit of commits (lakesink.driver.committers.routed).
 
 No Spark: the routed task writer (lakesink.executor.routed_writer) writes real Parquet files, the tables live in real
 SQLite catalogs (and moto's Glue for a catalog without multi-table commits); faults at named points, a SIGKILL in a
@@ -24,8 +24,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 
 from lakesink.driver import catalogs
-from lakesink.driver.commit import Outcome
-from lakesink.driver.routing import RoutedCommitter, RoutedOutcome
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.errors import (
     CommitConflictError,
     DuplicateSinkError,
@@ -542,7 +542,7 @@ def test_event_time_with_a_routed_table_without_the_column_is_refused_before_any
     refused when the table is opened (foreach_batch: before any file is written; format("lakesink"), whose tasks wrote
     it with the template: at commit, before any table's commit), naming the option, the table, the column and the fix.
     The tables that have the column are unaffected once the option is dropped or the table fixed."""
-    from lakesink.driver.completeness import BatchTime
+    from lakesink.driver.actions.completeness import BatchTime
 
     cat = catalogs.load(None, dict(catalog_properties))
     cat.create_namespace_if_not_exists(("db",))
@@ -587,7 +587,7 @@ def test_event_time_with_merge_schema_adds_the_column_to_a_routed_table_in_the_b
     """With merge-schema the batch's commit adds the event-time column to a table without it: the commit reads the event
     times with the schema it leaves (before: with the table's schema as read, which lacks the column -- every batch
     failed at commit)."""
-    from lakesink.driver.completeness import BatchTime
+    from lakesink.driver.actions.completeness import BatchTime
 
     cat = catalogs.load(None, dict(catalog_properties))
     cat.create_namespace_if_not_exists(("db",))

@@ -25,9 +25,10 @@ import pytest
 from pyiceberg.utils.concurrent import ExecutorFactory
 
 from benchmarks.routing_scale import lakesink_state, process_sample
-from lakesink.driver import catalogs, routing
-from lakesink.driver.commit import TableCommitter
-from lakesink.driver.routing import RoutedCommitter, RoutedOutcome
+from lakesink.driver import catalogs
+from lakesink.driver.committers import routed_tables
+from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import RoutingError
 from lakesink.executor.routed_writer import RoutedTaskWriter
 from lakesink.maintenance import auto
@@ -94,7 +95,7 @@ def _threads_named(prefix: str) -> int:
 
 @pytest.fixture
 def lowered(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(routing, "_MAX_COMMITTERS", COMMITTERS)
+    monkeypatch.setattr(routed_tables, "_MAX_COMMITTERS", COMMITTERS)
     monkeypatch.setattr(catalogs, "_MAX_TABLES_KEPT", TABLES_KEPT)
     monkeypatch.setattr(auto, "MAX_MAINTAINERS", MAINTAINERS)
 

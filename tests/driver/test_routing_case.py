@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from lakesink.driver import catalogs
-from lakesink.driver.commit import Outcome, TableCommitter
-from lakesink.driver.routing import RoutedCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.routed import RoutedCommitter
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InjectedFault
 from lakesink.faults import DRIVER_BETWEEN_TABLE_COMMITS
 from lakesink.options import SinkOptions, TableName

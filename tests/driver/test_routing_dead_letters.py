@@ -18,8 +18,8 @@ import pyarrow as pa
 import pytest
 
 from lakesink.driver import catalogs
-from lakesink.driver.commit import Outcome
-from lakesink.driver.routing import RoutedCommitter, RoutedOutcome
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.errors import CommitConflictError, RoutingError, TooManyRejectedError
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS

@@ -21,7 +21,7 @@ import pytest
 
 from lakesink.audit import interop
 from lakesink.driver import catalogs
-from lakesink.driver.routing import RoutedCommitter
+from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.executor.routed_writer import RoutedTaskWriter
 from lakesink.options import SinkOptions
 from lakesink.table.keys import UNIT_THREADS_FROM

@@ -1,4 +1,4 @@
-"""format("lakesink") with route-by on REST catalogs, on the driver (lakesink.driver.routing), without Spark.
+"""format("lakesink") with route-by on REST catalogs, on the driver (lakesink.driver.committers.routed), without Spark.
 
 format("lakesink") plans once per run, before it sees a batch, so a table it has not opened is written with the
 template. A REST server places its tables itself (lakana refuses a client's location and ``write.data.path``), so the
@@ -28,8 +28,9 @@ import pytest
 import lakesink
 from lakesink.audit import interop
 from lakesink.driver import catalogs
-from lakesink.driver.commit import Outcome
-from lakesink.driver.routing import STAGING_FOLDER, RoutedCommitter, RoutedOutcome
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
+from lakesink.driver.committers.routed_tables import STAGING_FOLDER
 from lakesink.errors import InjectedFault, InvalidOptionError
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.faults import DRIVER_AFTER_TABLE_CREATED, DRIVER_BEFORE_SWAP, DRIVER_BETWEEN_TABLE_COMMITS

@@ -22,8 +22,8 @@ import pyarrow as pa
 import pytest
 
 from lakesink.driver import catalogs
-from lakesink.driver.commit import Outcome
-from lakesink.driver.routing import RoutedCommitter, RoutedOutcome
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError, UpsertKeyError
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BETWEEN_TABLE_COMMITS
@@ -279,7 +279,7 @@ def test_the_key_of_a_routed_table_is_its_identifier_fields(catalog_properties: 
     rc = routed(catalog_properties)
     run(rc, 0, [("a", 1, "x", 1, False)])
     # another upsert-key: an existing table is upserted by its identifier fields (tables keyed differently in one
-    # stream: lakesink.driver.routed_keys; tests/driver/test_routed_table_keys.py)
+    # stream: lakesink.driver.tables.routed_keys; tests/driver/test_routed_table_keys.py)
     other = routed(catalog_properties, **{"upsert-key": "value", "sink-id": "other"})
     run(other, 0, [("a", 1, "y", 2, False), ("a", 2, "y", 3, False)])
     assert state(catalog_properties, ["db.a"]) == {"db.a": {1: ("y", 2), 2: ("y", 3)}}

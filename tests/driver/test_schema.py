@@ -1,4 +1,4 @@
-"""lakesink.driver.schema.check_writable: does the stream fit the table? One error listing every problem."""
+"""lakesink.driver.tables.schema.check_writable: does the stream fit the table? One error listing every problem."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pyiceberg.types import (
 )
 
 from lakesink._pyiceberg.io import iceberg_type
-from lakesink.driver.schema import SchemaChange, check_writable
+from lakesink.driver.tables.schema import SchemaChange, check_writable
 from lakesink.errors import SchemaMismatchError
 
 TABLE = Schema(
@@ -286,7 +286,7 @@ def test_the_stream_schema_converts_with_the_to_arrow_schema_of_pyspark_41(monke
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from lakesink import _pyspark
-    from lakesink.driver.schema import arrow_schema_of
+    from lakesink.driver.tables.schema import arrow_schema_of
 
     expected = arrow_schema_of(spark_schema())
     # under make test-floor the installed pyspark is 4.1.0 itself: its own function is the one to call
@@ -300,7 +300,7 @@ def test_the_stream_schema_converts_with_the_to_arrow_schema_of_pyspark_41(monke
 
 def test_an_internal_error_of_the_conversion_is_not_reported_as_a_schema_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
     from lakesink import _pyspark
-    from lakesink.driver.schema import arrow_schema_of
+    from lakesink.driver.tables.schema import arrow_schema_of
 
     def changed_signature(schema: Any, *, some_new_keyword: str) -> pa.Schema:
         raise AssertionError("not called")  # pragma: no cover
@@ -322,7 +322,7 @@ def test_an_internal_error_of_the_conversion_is_not_reported_as_a_schema_mismatc
 def test_pysparks_own_verdict_on_a_schema_is_still_a_schema_mismatch() -> None:
     from pyspark.sql import types as T
 
-    from lakesink.driver.schema import arrow_schema_of
+    from lakesink.driver.tables.schema import arrow_schema_of
 
     duplicated = T.StructType([T.StructField("a", T.IntegerType()), T.StructField("a", T.StringType())])
     with pytest.raises(SchemaMismatchError, match="cannot be written to Iceberg"):
@@ -350,7 +350,7 @@ def test_an_internal_error_of_the_iceberg_type_conversion_is_raised_as_it_is(mon
 def test_nullable_everywhere_relaxes_every_field_element_and_value_and_keeps_the_rest() -> None:
     from pyspark.sql import types as T
 
-    from lakesink.driver.schema import nullable_everywhere
+    from lakesink.driver.tables.schema import nullable_everywhere
 
     item = T.StructType([T.StructField("sku", T.StringType(), False, {"k": 1}), T.StructField("n", T.IntegerType(), True)])
     schema = T.StructType(

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.types import LongType, StringType
 
-from lakesink.driver.commit import TableCommitter
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import ConcurrentTableChangeError
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions

@@ -33,7 +33,8 @@ from sqlalchemy import event, text
 
 from lakesink.audit import verify
 from lakesink.driver import catalogs
-from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
+from lakesink.driver.actions.batch import BatchOutcome, Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import LakesinkError
 from tests.support.helpers import (
     arrow_rows,

@@ -18,8 +18,9 @@ import pytest
 
 from lakesink._pyiceberg import sql_catalog as seam_sql
 from lakesink._pyiceberg import threads as seam_threads
-from lakesink.driver import catalogs, swap
-from lakesink.driver.routing import RoutedCommitter
+from lakesink.driver import catalogs
+from lakesink.driver.committers.routed import RoutedCommitter
+from lakesink.driver.loop import swap
 from lakesink.executor.routed_writer import RoutedTaskWriter
 from lakesink.options import SinkOptions
 

@@ -18,7 +18,8 @@ import pytest
 
 from lakesink.audit import interop
 from lakesink.driver import catalogs
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InjectedFault, InvalidOptionError, UpsertKeyError
 from lakesink.executor.messages import TaskResult
 from lakesink.executor.task_writer import TaskWriter

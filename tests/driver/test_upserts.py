@@ -15,7 +15,8 @@ import pyarrow as pa
 import pytest
 
 from lakesink.audit import interop
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InjectedFault, InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.messages import TaskResult
 from lakesink.executor.task_writer import TaskWriter

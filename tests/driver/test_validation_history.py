@@ -1,4 +1,4 @@
-"""lakesink.driver.validation: the walk from a branch head down to the snapshot a commit was based on, and which
+"""lakesink.driver.loop.validation: the walk from a branch head down to the snapshot a commit was based on, and which
 new delete files may apply to which data files (Iceberg's DeleteFileIndex rules). Real SQLite catalogs."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 
-from lakesink.driver.validation import Committed, HistoryUnknownError, committed_since, may_apply
+from lakesink.driver.loop.validation import Committed, HistoryUnknownError, committed_since, may_apply
 from tests.driver.test_commit_validation import SCHEMA, _committer
 from tests.support.helpers import commit_batches, load
 from tests.support.row_deletes import commit_deletes, equality_delete_file

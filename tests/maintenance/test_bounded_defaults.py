@@ -17,7 +17,8 @@ import pytest
 from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import CatalogPermissionError
 from lakesink.maintenance import expiry
 from lakesink.options import SinkOptions, TableName

@@ -23,7 +23,7 @@ from pyiceberg.table.snapshots import ancestors_of
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink.driver import catalogs
-from lakesink.driver.commit import TableCommitter
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.maintenance.expiry import ExpiryReport, expire_snapshots
 from lakesink.table.keys import SUMMARY_RESTORED_FROM

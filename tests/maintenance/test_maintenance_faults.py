@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 
 import lakesink
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.maintenance import compaction, expiry
 from lakesink.options import Maintenance
 from tests.support.helpers import (

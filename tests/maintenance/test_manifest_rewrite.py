@@ -22,7 +22,8 @@ from pyiceberg.table import Table
 import lakesink
 from lakesink._pyiceberg import io as seam
 from lakesink.audit import interop
-from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
+from lakesink.driver.actions.batch import BatchOutcome, Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from lakesink.options import SinkOptions, TableName
 from tests.support.helpers import (

@@ -35,7 +35,8 @@ from lakesink.audit import interop
 from lakesink.cli import main
 from lakesink.cli.common import format_duration, parse_duration
 from lakesink.driver import catalogs
-from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
+from lakesink.driver.actions.batch import BatchOutcome, Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError, LakesinkError, TableLocationError
 from lakesink.executor.messages import TaskResult
 from lakesink.faults import DRIVER_BEFORE_SWAP, EXECUTOR_AFTER_FILE
@@ -204,7 +205,7 @@ _KILLED_DRIVER = textwrap.dedent(
     """
     import json, sys
     import pyarrow as pa
-    from lakesink.driver.commit import TableCommitter
+    from lakesink.driver.committers.table import TableCommitter
     from lakesink.executor.task_writer import TaskWriter
     from lakesink.maintenance.auto import auto_maintenance
     from lakesink.options import SinkOptions, TableName

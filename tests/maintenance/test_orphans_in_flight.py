@@ -26,7 +26,8 @@ from pyiceberg.table import Table
 import lakesink
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import sql_catalog as seam_sql
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InFlightTooLongError
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_BEFORE_SWAP

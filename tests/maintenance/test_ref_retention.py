@@ -16,7 +16,8 @@ import pytest
 from pyiceberg.table import Table
 
 import lakesink
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.maintenance import expiry
 from lakesink.options import Maintenance
 from tests.support.helpers import (

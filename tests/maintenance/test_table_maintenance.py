@@ -23,8 +23,10 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import metadata as seam_metadata
-from lakesink.driver import catalogs, turns
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver import catalogs
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
+from lakesink.driver.loop import turns
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from lakesink.maintenance import compaction, expiry

@@ -258,7 +258,7 @@ def test_merge_enabled_flag_is_read_when_manifests_are_processed(table: Table, c
 
 def test_update_schema_apply(table: Table) -> None:
     with hook("pyiceberg.table.update.schema.UpdateSchema._apply", "evolved_schema"):
-        from lakesink.driver.schema import SchemaChange
+        from lakesink.driver.tables.schema import SchemaChange
 
         schema = seam_producers.evolved_schema(table, [SchemaChange("add", ("extra",), StringType())])
         assert schema.find_field("extra").field_id == 3
@@ -789,7 +789,7 @@ def test_a_staged_commit_sends_one_request_whatever_the_transaction_staged(
 def test_lakesink_never_commits_through_pyicebergs_retry_loop() -> None:
     """Outside the seam, no lakesink module calls a pyiceberg API that commits through commit_transaction (or
     through a table's own autocommit updates). A new call of one of them fails here, naming the module and line;
-    make it a commit action (lakesink.driver.action) whose prepare stages it with ``_pyiceberg.producers.prepare_staged``."""
+    make it a commit action (lakesink.driver.loop.action) whose prepare stages it with ``_pyiceberg.producers.prepare_staged``."""
     import ast
 
     committing = {

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import lakesink
-from lakesink.driver import metrics
+from lakesink.driver.report import metrics
 from lakesink.faults import DRIVER_AFTER_SWAP
 from tests.support.helpers import Stream, lakesink_snapshots
 

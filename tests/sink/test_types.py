@@ -49,7 +49,7 @@ from pyspark.sql import types as T
 import lakesink
 from lakesink.audit import interop
 from lakesink.driver import catalogs
-from lakesink.driver.schema import arrow_schema_of
+from lakesink.driver.tables.schema import arrow_schema_of
 from lakesink.errors import SchemaMismatchError
 from tests.support.helpers import Stream, run_to_end
 from tests.support.interop_values import differences, plain_rows, plain_values

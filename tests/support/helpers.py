@@ -21,8 +21,10 @@ from pyspark.sql import functions as F
 
 import lakesink
 from lakesink._pyiceberg import io as seam
-from lakesink.driver import catalogs, turns
-from lakesink.driver.commit import BatchOutcome, Outcome, TableCommitter
+from lakesink.driver import catalogs
+from lakesink.driver.actions.batch import BatchOutcome, Outcome
+from lakesink.driver.committers.table import TableCommitter
+from lakesink.driver.loop import turns
 from lakesink.executor.messages import TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_BEFORE_SWAP
@@ -321,7 +323,7 @@ def load(c: TableCommitter) -> Table:
 
 @contextmanager
 def as_another_process() -> Iterator[None]:
-    """Commits made inside the block take their turns (:mod:`lakesink.driver.turns`, one registry per process) as
+    """Commits made inside the block take their turns (:mod:`lakesink.driver.loop.turns`, one registry per process) as
     another process's would: they race this process's maintenance attempts the way a second driver or another engine
     does, instead of waiting for them. Commits already in progress keep the turns they hold."""
     with pytest.MonkeyPatch.context() as patch:

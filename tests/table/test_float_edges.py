@@ -28,7 +28,8 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.table import Table
 from pyiceberg.types import PrimitiveType
 
-from lakesink.driver.commit import Outcome, TableCommitter
+from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import UpsertKeyError
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.executor.upsert_task import UpsertSpec, resolve_task

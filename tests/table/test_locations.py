@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from lakesink.driver.commit import TableCommitter
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import TableLocationError
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName

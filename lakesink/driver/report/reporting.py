@@ -1,6 +1,6 @@
 """Where a commit's metrics go (docs/metrics.md). Driver side.
 
-Every batch's :class:`~lakesink.driver.metrics.CommitMetrics` is kept for this process's Spark listener
+Every batch's :class:`~lakesink.driver.report.metrics.CommitMetrics` is kept for this process's Spark listener
 (lakesink.sink.progress), sent to a REST catalog that serves the spec's metrics endpoint (an Iceberg ``commit-report``,
 as Iceberg Java sends one after each commit), and counted for Prometheus when option ``metrics`` says so. The commit has
 landed before any of this runs: an exporter's failure is logged and never fails the batch.
@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from lakesink._pyiceberg import rest_metrics
-from lakesink.driver import metrics, prometheus
+from lakesink.driver.report import metrics, prometheus
 from lakesink.options import MetricsExport
 from lakesink.redaction import redact_text
 

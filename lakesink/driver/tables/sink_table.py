@@ -23,9 +23,10 @@ from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import metadata as seam_metadata
 from lakesink._pyiceberg import producers as seam_producers
 from lakesink._pyiceberg import sql_catalog as seam_sql
-from lakesink.driver import catalogs, swap
-from lakesink.driver.action import CommitAction, Landing, Turn
-from lakesink.driver.schema import SchemaChange, check_writable
+from lakesink.driver import catalogs
+from lakesink.driver.loop import swap
+from lakesink.driver.loop.action import CommitAction, Landing, Turn
+from lakesink.driver.tables.schema import SchemaChange, check_writable
 from lakesink.errors import (
     PROGRAMMING_ERRORS,
     CatalogError,

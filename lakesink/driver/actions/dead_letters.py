@@ -1,7 +1,7 @@
 """Driver side of option ``dead-letter-table``: the dead-letter table's sink options, the batch-level check of option
 ``max-rejected-fraction``, and the replay point of a sink with a dead-letter table. It never touches rows (the
 executors sort them: :mod:`lakesink.executor.dead_letters`); the commit of a batch's dead letters together with its
-good rows, as one unit, is :class:`lakesink.driver.commit.TableCommitter`'s (docs/dead-letters.md).
+good rows, as one unit, is :class:`lakesink.driver.committers.table.TableCommitter`'s (docs/dead-letters.md).
 """
 
 from __future__ import annotations

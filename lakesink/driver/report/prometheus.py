@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Any
 
-from lakesink.driver.metrics import CommitMetrics
+from lakesink.driver.report.metrics import CommitMetrics
 from lakesink.errors import InvalidOptionError
 
 log = logging.getLogger("lakesink")

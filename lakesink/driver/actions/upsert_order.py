@@ -39,7 +39,7 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import producers
-from lakesink.driver import upsert
+from lakesink.driver.actions import upsert
 from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.messages import WritePlan, WrittenFile
 from lakesink.executor.task_writer import TaskWriter

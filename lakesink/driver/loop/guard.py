@@ -36,7 +36,7 @@ ABORT_WAIT_S = 600.0
 
 
 def lock_folder() -> Path:
-    """The folder of the commit locks (and of lakesink.driver.indoubt's records) on this host."""
+    """The folder of the commit locks (and of lakesink.driver.loop.indoubt's records) on this host."""
     return Path(os.environ.get(ENV_LOCK_DIR) or Path(tempfile.gettempdir()) / LOCK_DIR_DEFAULT)
 
 

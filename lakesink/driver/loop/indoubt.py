@@ -3,13 +3,13 @@
 A catalog reached over HTTP (a REST catalog, AWS Glue) can apply a commit request after the client gave up on it:
 a request that timed out while queued behind a slow commit, or held by a gateway that answered 504. When every
 attempt of a batch's commit ended that way and the branch head still allows one of them to land
-(:class:`lakesink.driver.swap._Pending`), the commit fails with CommitOutcomeUnknownError and deletes nothing.
+(:class:`lakesink.driver.loop.swap._Pending`), the commit fails with CommitOutcomeUnknownError and deletes nothing.
 The abort that follows -- Spark's, in another Python worker of the driver, or ``foreach_batch``'s own -- would
 read the table, find the batch not committed and delete its data files; if the request then landed, the table
 would reference files that are gone. So the commit writes the batch's data file paths here before it raises, and
-:meth:`lakesink.driver.commit.TableCommitter.abort_batch` keeps every path listed for its batch. Commit and abort run on
+:meth:`lakesink.driver.committers.table.TableCommitter.abort_batch` keeps every path listed for its batch. Commit and abort run on
 the driver's host: a small JSON file per (table, query, sink, batch) in the commit-lock folder
-(:mod:`lakesink.driver.guard`) is enough. The record is removed when a later commit of the batch settles it; the
+(:mod:`lakesink.driver.loop.guard`) is enough. The record is removed when a later commit of the batch settles it; the
 kept files, if the request never lands, are unreferenced files for ``remove_orphan_files``.
 """
 
@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from lakesink.driver.guard import lock_folder
+from lakesink.driver.loop.guard import lock_folder
 
 
 def _path(table: str, query_id: str, sink_id: str | None, batch_id: int) -> Path:

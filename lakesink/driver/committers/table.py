@@ -1,178 +1,67 @@
 """Driver side, second job: commit a batch as one snapshot, exactly once, or abort it.
 
 It never touches rows. Every commit goes through the one compare-and-swap loop of
-:mod:`lakesink.driver.swap`; this module decides what a batch's commit is (a data snapshot, a marker-only
+:mod:`lakesink.driver.loop.swap`; this module decides what a batch's commit is (a data snapshot, a marker-only
 commit of an empty batch), what a batch found already committed means (a faithful replay, a replay over
 other input, a second sink of the same run), and which files may be deleted.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Protocol
 
 import pyarrow as pa
 from pyiceberg.table import Table
 
-from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import producers as seam_producers
-from lakesink.driver import catalogs, completeness, dead_letters, indoubt, metrics, reporting, swap, turns, upsert, upsert_order
-from lakesink.driver.action import CommitAction, Landing, Turn
-from lakesink.driver.completeness import BatchTime, Recorded
-from lakesink.driver.schema import SchemaChange
-from lakesink.driver.swap import RetriesExhausted, Status
-from lakesink.driver.tables import SinkTable
+from lakesink.driver import catalogs
+from lakesink.driver.actions import dead_letters, replay
+from lakesink.driver.actions.batch import (
+    AppendBatch,
+    Batch,
+    BatchAction,
+    BatchOutcome,
+    MarkEmptyBatch,
+    Outcome,
+    ReplayFoundAtPlan,
+    UpsertBatch,
+    action_for,
+    committed,
+)
+from lakesink.driver.actions.completeness import BatchTime
+from lakesink.driver.loop import indoubt, swap, turns
+from lakesink.driver.loop.action import CommitAction
+from lakesink.driver.loop.swap import RetriesExhausted, Status
+from lakesink.driver.report import metrics, reporting
+from lakesink.driver.tables.schema import SchemaChange
+from lakesink.driver.tables.sink_table import SinkTable
 from lakesink.errors import (
     CommitConflictError,
     CommitOutcomeUnknownError,
     ConcurrentTableChangeError,
     DuplicateSinkError,
     LakesinkError,
-    ReplayMismatchError,
 )
 from lakesink.executor import upsert_task
-from lakesink.executor.messages import RowChecks, TaskResult, WritePlan, WrittenFile, schema_digest
+from lakesink.executor.messages import RowChecks, TaskResult, WritePlan, schema_digest
 from lakesink.faults import DRIVER_IN_ABORT, fault_point
-from lakesink.options import SINK_ID, OutputMode, SinkOptions
+from lakesink.options import OutputMode, SinkOptions
 from lakesink.table import dead_letters as dead_letter_schema
-from lakesink.table import names, storage
-from lakesink.table.keys import (
-    SUMMARY_BATCH_ROWS_DIGEST,
-    SUMMARY_BATCH_TABLES_DIGEST,
-    SUMMARY_COMMIT_ATTEMPT,
-    SUMMARY_DEAD_LETTER_SINK,
-    SUMMARY_DEAD_LETTER_TABLE,
-    SUMMARY_DEAD_LETTERS,
-    SUMMARY_PREVIOUS_BATCH_ID,
-    SUMMARY_SOURCE_OFFSETS,
-)
+from lakesink.table import storage
 from lakesink.table.markers import (
     CommittedBatch,
-    SnapshotIndex,
-    batch_summary,
     find_batch_snapshot,
     last_batch_key,
-    offsets_digest,
 )
-from lakesink.table.settings import CommitRetry
 
 log = logging.getLogger("lakesink")
-
-
-class Outcome(enum.Enum):
-    COMMITTED = "committed"
-    REPLAY_SKIPPED = "replay skipped"
-    EMPTY = "empty batch, nothing to commit"
-
-
-@dataclass(frozen=True)
-class BatchOutcome:
-    """What happened to one batch on the driver."""
-
-    outcome: Outcome
-    batch_id: int
-    snapshot_id: int | None = None
-    files: int = 0
-    rows: int = 0
-    bytes: int = 0
-    commit_ms: float = 0.0
-    retries: int = 0
-    sequence_number: int | None = None
-    """The committed snapshot's sequence number (COMMITTED)."""
-    operation: str | None = None
-    """The committed snapshot's operation (COMMITTED): append, overwrite."""
-    summary: Mapping[str, str] = field(default_factory=dict)
-    """The committed snapshot's summary (COMMITTED)."""
-
-
-@dataclass(frozen=True)
-class _Batch:
-    """One batch's commit call: what it commits and under which keys."""
-
-    query_id: str
-    batch_id: int
-    results: Sequence[TaskResult]
-    source_offsets: str | None
-    run_id: str | None
-    commit_id: str
-    started: float
-    changes: pa.Table | None = None
-    """Upserts: the keys the batch changes (key columns and lakesink.table.keys.DELETED)."""
-    time: BatchTime | None = None
-    """Spark's watermark for the batch and the event-time column (lakesink.driver.completeness)."""
-    unit: Mapping[str, str] = field(default_factory=dict)
-    """Option route-by: what every table's snapshot of the batch records about the batch's tables."""
-
-    @property
-    def files(self) -> list[WrittenFile]:
-        return [f for r in self.results for f in r.files]
-
-    @property
-    def paths(self) -> list[str]:
-        return [f.path for f in self.files]
-
-    @property
-    def files_since_ms(self) -> int | None:
-        """When the oldest of the batch's files was written (None: the tasks did not say)."""
-        return min((r.written_since_ms for r in self.results if r.files and r.written_since_ms is not None), default=None)
-
-    @classmethod
-    def new(
-        cls,
-        *,
-        query_id: str,
-        batch_id: int,
-        results: Sequence[TaskResult],
-        source_offsets: str | None,
-        run_id: str | None,
-        changes: pa.Table | None = None,
-        unit: Mapping[str, str] | None = None,
-        batch_time: BatchTime | None = None,
-    ) -> _Batch:
-        """A batch's commit call starting now, with a new commit id (the run id the tasks carry when none is given)."""
-        return cls(
-            query_id=query_id,
-            batch_id=batch_id,
-            results=results,
-            source_offsets=source_offsets,
-            run_id=run_id or next((r.run_id for r in results if r.run_id), None),
-            commit_id=uuid.uuid4().hex,
-            started=time.monotonic(),
-            changes=changes,
-            unit=dict(unit or {}),
-            time=batch_time,
-        )
-
-    def commit_name(self) -> names.CommitName:
-        """A new name for one attempt's manifests and manifest list (lakesink.table.names: the orphan clean-up keeps them
-        while the batch is not committed)."""
-        return names.commit_name(names.BATCH, query_id=self.query_id, batch_id=self.batch_id)
-
-
-def _committed(batch: _Batch, result: swap.SwapResult) -> BatchOutcome:
-    """The outcome of a batch whose commit landed: its snapshot, files, rows and bytes, the time and retries it took."""
-    files = batch.files
-    snapshot = result.snapshot
-    return BatchOutcome(
-        Outcome.COMMITTED,
-        batch.batch_id,
-        snapshot_id=result.snapshot_id,
-        files=len(files),
-        rows=sum(f.record_count for f in files),
-        bytes=sum(f.size_in_bytes for f in files),
-        commit_ms=(time.monotonic() - batch.started) * 1000,
-        retries=result.attempts - 1,
-        sequence_number=snapshot.sequence_number if snapshot is not None else None,
-        operation=snapshot.summary.operation.value if snapshot is not None and snapshot.summary is not None else None,
-        summary=dict(snapshot.summary.additional_properties) if snapshot is not None and snapshot.summary is not None else {},
-    )
 
 
 _METRICS_OUTCOME = {
@@ -185,7 +74,7 @@ _METRICS_OUTCOME = {
 class CommitHook(Protocol):
     """Called by :class:`TableCommitter` after every batch commit: what an entry point hooks onto the commit
     (automatic maintenance, :func:`lakesink.maintenance.auto.auto_maintenance`). The driver knows no more of it;
-    the turns maintenance takes between batches are the commit loop's (lakesink.driver.turns)."""
+    the turns maintenance takes between batches are the commit loop's (lakesink.driver.loop.turns)."""
 
     def after_commit(self) -> None:
         """Called after a batch committed a snapshot (not after a replay skipped, nor an empty batch)."""
@@ -205,12 +94,12 @@ class TableCommitter(SinkTable):
         self.hook: CommitHook | None = post_commit(self) if post_commit is not None else None
         self.dead_letters: TableCommitter | None = None
         """Option dead-letter-table: the committer of the dead-letter table, whose commit of a batch's dead letters
-        joins the batch's commit as one unit (lakesink.driver.swap.run_unit)."""
+        joins the batch's commit as one unit (lakesink.driver.loop.swap.run_unit)."""
         if options.dead_letter_table is not None:
             self.dead_letters = TableCommitter(dead_letters.dead_letter_options(options))
         self._dead_letters_opened = False
         self.routed_dead_letters: TableCommitter | None = None
-        """Option route-by with dead-letter-table: the routed sink's one dead-letter table (lakesink.driver.routing
+        """Option route-by with dead-letter-table: the routed sink's one dead-letter table (lakesink.driver.committers.routed
         commits it in the batch's unit); this table's snapshots record their count of dead letters in it."""
 
     # --- plan ---------------------------------------------------------------------------------------
@@ -257,9 +146,10 @@ class TableCommitter(SinkTable):
         ``run_id``: Spark's run id of the query run (else read from the task results); ``changes``: with option
         ``upsert-key``, every key the batch changes (lakesink.sink.upsert_batch.resolve), whose rows the snapshot
         replaces. Task results that all say the batch was found committed when it was planned (``replay_skipped``)
-        are :meth:`skip_replay`. The batch holds its table's turn (lakesink.driver.turns) from its first read; the
+        are :meth:`skip_replay`. The batch holds its table's turn (lakesink.driver.loop.turns) from its first read; the
         post-commit hook (with option ``maintenance=auto``: a background maintenance run when one is due) runs after it.
-        ``batch_time``: the batch's watermark and event-time column, recorded with the commit (lakesink.driver.completeness).
+        ``batch_time``: the batch's watermark and event-time column, recorded with the commit
+        (lakesink.driver.actions.completeness).
         ``batch_rows``: with a dead-letter table, the batch's rows when the tasks saw fewer (option
         ``max-rejected-fraction`` is a fraction of them; lakesink.sink.dead_letters.batch_rows).
         """
@@ -308,8 +198,8 @@ class TableCommitter(SinkTable):
         batch_time: BatchTime | None = None,
     ) -> AppendBatch:
         """The action that appends a batch's files to this sink's table, for a unit of several tables
-        (:func:`lakesink.driver.swap.run_unit`); ``table``: the table as read for its first attempt."""
-        batch = _Batch.new(
+        (:func:`lakesink.driver.loop.swap.run_unit`); ``table``: the table as read for its first attempt."""
+        batch = Batch.new(
             query_id=query_id,
             batch_id=batch_id,
             results=results,
@@ -319,7 +209,7 @@ class TableCommitter(SinkTable):
         )
         return AppendBatch(self, table, batch)
 
-    # --- a batch of several tables (option route-by: lakesink.driver.routing) --------------------------------------
+    # --- a batch of several tables (option route-by: lakesink.driver.committers.routed) --------------------------------------
 
     def unit_action(
         self,
@@ -333,7 +223,7 @@ class TableCommitter(SinkTable):
         unit: Mapping[str, str],
         found_at_plan: bool = False,
         batch_time: BatchTime | None = None,
-    ) -> _BatchAction:
+    ) -> BatchAction:
         """This table's action in a batch of several tables (``table``: as read for the first attempt): the batch's
         files appended (its snapshot records ``unit``), or, when the batch was found in this table already when it
         was planned (``found_at_plan``, foreach_batch) or by every task (a replay completing the others), a replay
@@ -341,7 +231,7 @@ class TableCommitter(SinkTable):
         the keys they change: the batch is this table's :class:`UpsertBatch`, the very action of a table of its own."""
         parts = [r.changes for r in results if r.changes]
         changes = upsert_task.merge(parts, batch_id=batch_id) if parts else None
-        batch = _Batch.new(
+        batch = Batch.new(
             query_id=query_id,
             batch_id=batch_id,
             results=results,
@@ -351,22 +241,17 @@ class TableCommitter(SinkTable):
             unit=unit,
             batch_time=batch_time,
         )
-        if found_at_plan or (results and all(r.replay_skipped for r in results)):
-            return ReplayFoundAtPlan(self, table, batch)
-        if batch.changes is not None:
-            return UpsertBatch(self, table, batch)
-        if not batch.files:
-            return MarkEmptyBatch(self, table, batch)
-        return AppendBatch(self, table, batch)
+        found = found_at_plan or bool(results and all(r.replay_skipped for r in results))
+        return action_for(self, table, batch, found_at_plan=found)
 
     def unit_outcome(self, action: CommitAction, result: swap.SwapResult) -> BatchOutcome:
         """What this table's action of a batch of several tables came to (a replay checked, its files deleted)."""
-        assert isinstance(action, _BatchAction)
+        assert isinstance(action, BatchAction)
         batch, table = action.batch, action.table
         if result.status is Status.ALREADY_COMMITTED:
             assert result.done is not None
             try:
-                self._check_replay(table, batch, result.done)
+                replay.check_replay(self, table, batch, result.done)
             except DuplicateSinkError:
                 self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
                 raise
@@ -374,16 +259,16 @@ class TableCommitter(SinkTable):
             return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1), batch)
         if isinstance(action, MarkEmptyBatch):
             return self._logged(BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1), batch)
-        return self._logged(_committed(batch, result), batch)
+        return self._logged(committed(batch, result), batch)
 
     def unit_not_committed(self, action: CommitAction, *, reason: str) -> None:
         """This table's action certainly did not land (its unit's retries were exhausted): delete its files."""
-        assert isinstance(action, _BatchAction)
+        assert isinstance(action, BatchAction)
         self._delete(action.table, action.batch.paths, reason=reason)
 
     def unit_in_doubt(self, action: CommitAction) -> None:
         """This table's action may still land (the unit's outcome is unknown): the abort that follows keeps its files."""
-        assert isinstance(action, _BatchAction)
+        assert isinstance(action, BatchAction)
         if catalogs.may_apply_late(self.catalog):
             b = action.batch
             indoubt.record(self.table_name, b.query_id, self.options.sink_id, b.batch_id, b.paths)
@@ -409,7 +294,7 @@ class TableCommitter(SinkTable):
         if changes is None and any(r.changes for r in results):
             # format("lakesink") with upsert-key: the tasks resolved their rows; a key of two tasks is an error
             changes = upsert_task.merge([r.changes for r in results if r.changes], batch_id=batch_id)
-        batch = _Batch.new(
+        batch = Batch.new(
             query_id=query_id,
             batch_id=batch_id,
             results=results,
@@ -430,32 +315,38 @@ class TableCommitter(SinkTable):
             self._delete(table, batch.paths, reason="the table or branch changed identity during the batch")
             self._letters_deleted(batch, reason="the batch failed before its commit")
             raise
-        if found_at_plan or (results and all(r.replay_skipped for r in results)):
+        action = action_for(
+            self,
+            table,
+            batch,
             # found committed when the batch was planned (foreach_batch), or by every task (format("lakesink"))
-            return self._logged(self._skipped_before_writing(table, batch), batch)
-        if not batch.files and batch.changes is None and self.options.output_mode is not OutputMode.COMPLETE:
-            if self.dead_letters is not None and self._letters(batch).files:
-                # every row a dead letter: a snapshot without files records the batch and its count of dead letters
-                return self._logged(self._commit_files(table, batch), batch)
-            return self._logged(self._commit_empty(table, batch), batch)
-        return self._logged(self._commit_files(table, batch), batch)
+            found_at_plan=found_at_plan or bool(results and all(r.replay_skipped for r in results)),
+            overwrite=self.options.output_mode is OutputMode.COMPLETE,
+            # every row a dead letter: a snapshot without files records the batch and its count of dead letters
+            records_letters=not batch.files and self.dead_letters is not None and bool(self._letters(batch).files),
+        )
+        if isinstance(action, ReplayFoundAtPlan):
+            return self._logged(self._skipped_before_writing(action), batch)
+        if isinstance(action, MarkEmptyBatch):
+            return self._logged(self._commit_empty(action), batch)
+        return self._logged(self._commit_files(table, batch, action), batch)
 
-    def _skipped_before_writing(self, table: Table, batch: _Batch) -> BatchOutcome:
+    def _skipped_before_writing(self, action: ReplayFoundAtPlan) -> BatchOutcome:
         """The batch was found committed when it was planned and nothing was written: check it still is (in the
         dead-letter table too)."""
-        result = self._run(ReplayFoundAtPlan(self, table, batch), batch, replay=True)
+        table, batch = action.table, action.batch
+        result = self._run(action, batch, replay=True)
         assert result.status is Status.ALREADY_COMMITTED and result.done is not None
-        self._check_replay(table, batch, result.done)
+        replay.check_replay(self, table, batch, result.done)
         return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id)
 
-    def _commit_empty(self, table: Table, batch: _Batch) -> BatchOutcome:
+    def _commit_empty(self, action: MarkEmptyBatch) -> BatchOutcome:
         """Record an empty batch: a properties-only commit moves the sink's marker to it.
 
         The next snapshot of the sink then carries ``lakesink.previous-batch-id``, so that a missing batch id
         can be told from an empty batch (``lakesink verify``). The commit asserts the branch head it read.
         """
-        action = MarkEmptyBatch(self, table, batch)
-        what = action.what
+        table, batch, what = action.table, action.batch, action.what
         try:
             result = self._run(action, batch)
         except RetriesExhausted as e:
@@ -464,25 +355,18 @@ class TableCommitter(SinkTable):
             ) from e.last
         if result.status is Status.ALREADY_COMMITTED:
             assert result.done is not None
-            self._check_replay(table, batch, result.done)
+            replay.check_replay(self, table, batch, result.done)
             return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
         return BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1)
 
-    def _commit_files(self, table: Table, batch: _Batch, action: _BatchAction | None = None) -> BatchOutcome:
-        """Commit the batch's files (``action``: a given commit, e.g. marking the batch empty in this table while its
-        dead letters are appended to the dead-letter table in the same unit)."""
+    def _commit_files(self, table: Table, batch: Batch, action: BatchAction) -> BatchOutcome:
+        """Commit the batch's files (``action``: an append, an overwrite or an upsert, :func:`action_for`)."""
         settings = self.settings(table)
-        if action is None and batch.changes is not None:
-            action = UpsertBatch(self, table, batch)
-        elif action is None and self.options.output_mode is OutputMode.COMPLETE:
-            action = OverwriteBatch(self, table, batch)
-        elif action is None:
-            action = AppendBatch(self, table, batch)
         what = action.what
         try:
             result = self._run(action, batch)
         except CommitOutcomeUnknownError:
-            if catalogs.may_apply_late(self.catalog):  # the abort that follows must keep the files (driver.indoubt)
+            if catalogs.may_apply_late(self.catalog):  # the abort that follows must keep the files (driver.loop.indoubt)
                 indoubt.record(self.table_name, batch.query_id, self.options.sink_id, batch.batch_id, batch.paths)
                 if self.dead_letters is not None:
                     d, letters = self.dead_letters, self._letters(batch)
@@ -499,7 +383,7 @@ class TableCommitter(SinkTable):
         if result.status is Status.ALREADY_COMMITTED:
             assert result.done is not None
             try:
-                self._check_replay(table, batch, result.done)
+                replay.check_replay(self, table, batch, result.done)
             except DuplicateSinkError:
                 self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
                 self._letters_deleted(batch, reason="a second sink of the same run wrote the batch")
@@ -519,14 +403,14 @@ class TableCommitter(SinkTable):
                 len(last.removed),
                 last.bytes_read,
             )
-        return _committed(batch, result)
+        return committed(batch, result)
 
-    def marker_key(self, batch: _Batch) -> str:
+    def marker_key(self, batch: Batch) -> str:
         return last_batch_key(batch.query_id, self.options.sink_id)
 
     # --- the dead-letter table: its commit joins the batch's as one unit ----------------------------
 
-    def _letters(self, batch: _Batch) -> _Batch:
+    def _letters(self, batch: Batch) -> Batch:
         """The batch's dead letters, as a batch of the dead-letter table (same query and batch id)."""
         return replace(
             batch,
@@ -536,7 +420,7 @@ class TableCommitter(SinkTable):
             time=None,
         )
 
-    def _run(self, action: _BatchAction, batch: _Batch, *, replay: bool = False) -> swap.SwapResult:
+    def _run(self, action: BatchAction, batch: Batch, *, replay: bool = False) -> swap.SwapResult:
         """Run the batch's commit ``action``; with a dead-letter table, as one unit with the commit of the batch's dead
         letters (appended, or the batch marked in its marker when it has none): both tables hold the batch, or neither
         (on a catalog that commits table after table, the replay completes the missing one). Returns ``action``'s result;
@@ -553,21 +437,15 @@ class TableCommitter(SinkTable):
             if not replay:
                 self._delete(self.load(), batch.paths, reason="the dead-letter table changed identity during the batch")
             raise error
-        other: _BatchAction
         if replay and d.last(letters_table, batch.query_id) is None:
             return swap.run(action)  # a dead-letter table added to a running query holds none of its earlier batches
-        if replay:
-            other = ReplayFoundAtPlan(d, letters_table, letters)
-        elif letters.files:
-            other = AppendBatch(d, letters_table, letters)
-        else:
-            other = MarkEmptyBatch(d, letters_table, letters)
+        other = action_for(d, letters_table, letters, found_at_plan=replay)
         mine, theirs = swap.run_unit([action, other])
         if theirs.status is Status.ALREADY_COMMITTED and letters.paths:
             d._delete(letters_table, letters.paths, reason="dead letters already committed (replay)")
         return mine
 
-    def _letters_deleted(self, batch: _Batch, *, reason: str) -> None:
+    def _letters_deleted(self, batch: Batch, *, reason: str) -> None:
         if self.dead_letters is not None:
             letters = self._letters(batch)
             if letters.paths:
@@ -577,66 +455,13 @@ class TableCommitter(SinkTable):
 
     def check_unit_replay(self, action: CommitAction, table: Table, done: CommittedBatch) -> None:
         """This table's action of a batch of several tables found the batch committed (``done``) by another call:
-        :meth:`_check_replay` (a second sink of the same run, or other source offsets, is a loud error), run inside
-        every attempt of the unit's loop, before any table of the unit is swapped (lakesink.driver.routing)."""
-        assert isinstance(action, _BatchAction)
-        self._check_replay(table, action.batch, done)
+        :func:`lakesink.driver.actions.replay.check_replay` (a second sink of the same run, or other source offsets,
+        is a loud error), run inside every attempt of the unit's loop, before any table of the unit is swapped
+        (lakesink.driver.committers.routed)."""
+        assert isinstance(action, BatchAction)
+        replay.check_replay(self, table, action.batch, done)
 
-    def _check_replay(self, table: Table, batch: _Batch, done: CommittedBatch) -> None:
-        """A batch found committed is skipped only when it is a faithful replay of the committed one.
-
-        Raises DuplicateSinkError when the batch was committed by the same run of the query (a second sink with
-        the same sink id), and ReplayMismatchError when it was committed over other source offsets.
-        """
-        if batch.run_id is not None and done.batch_id == batch.batch_id and done.run_id == batch.run_id:
-            raise DuplicateSinkError(
-                f"batch {batch.batch_id} of query {batch.query_id} was already committed to {self.table_name} by this "
-                f"same run of the query under sink id {self.options.sink_id or '(default)'}: two sinks of one query "
-                "write this table in the same batch (two lakesink calls in one foreachBatch function, or two "
-                "foreach_batch objects). Each would be taken for a replay of the other and skipped. Give each sink its "
-                f"own sink_id (foreach_batch(..., sink_id='audit') / option '{SINK_ID}'): keep the sink that committed "
-                "first as it is, so that a restart finds its batches, and give the other one a new id; the rows of "
-                "this call were not committed and a restart writes them"
-            )
-        committed, digest = self._committed_offsets(table, batch, done)
-        mine = offsets_digest(batch.source_offsets)
-        if digest is None or mine is None:
-            log.warning(
-                "lakesink: table=%s query=%s batch=%s is already committed; its source offsets cannot be compared "
-                "(%s), so it is skipped as a replay of the same input",
-                self.table_name,
-                batch.query_id,
-                batch.batch_id,
-                "the checkpoint's offsets of the batch are not readable"
-                if mine is None
-                else "the committing snapshot records none or has expired",
-            )
-            return
-        if digest != mine:
-            raise ReplayMismatchError(
-                f"Spark replays batch {batch.batch_id} of query {batch.query_id} over other source offsets than the "
-                f"batch committed to {self.table_name}: committed {committed or '(digest ' + digest + ')'}, replayed "
-                f"{batch.source_offsets}. The checkpoint was changed by hand (offsets/{batch.batch_id} rewritten) or a "
-                "source's rate limit changed: skipping the batch would lose the new rows, committing it would duplicate "
-                "the committed ones. Nothing was committed or deleted. To recover: restore the checkpoint's "
-                f"offsets/{batch.batch_id} to the committed offsets and restart, or start a new query (new checkpoint) "
-                "from the committed offsets (docs/protocol.md, 'replay over other input')"
-            )
-
-    def _committed_offsets(self, table: Table, batch: _Batch, done: CommittedBatch) -> tuple[str | None, str | None]:
-        """The committed batch's source offsets (full text when its snapshot is still there) and their digest."""
-        if done.batch_id == batch.batch_id:
-            snapshot = None if done.empty else table.metadata.snapshot_by_id(done.snapshot_id)
-            props = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
-            return props.get(SUMMARY_SOURCE_OFFSETS), done.offsets
-        snapshot = find_batch_snapshot(table.metadata, batch.query_id, batch.batch_id, self.options.sink_id)
-        if snapshot is None:
-            return None, None
-        props = snapshot.summary.additional_properties if snapshot.summary else {}
-        text = props.get(SUMMARY_SOURCE_OFFSETS)
-        return text, offsets_digest(text)
-
-    def schema_changes_at_commit(self, table: Table, batch: _Batch) -> tuple[SchemaChange, ...]:
+    def schema_changes_at_commit(self, table: Table, batch: Batch) -> tuple[SchemaChange, ...]:
         """The schema changes this commit must make for the files to be registered under the schema and
         spec they were written for; raise ConcurrentTableChangeError (deleting the files) when the table
         moved to another schema or spec meanwhile."""
@@ -679,8 +504,8 @@ class TableCommitter(SinkTable):
             )
         return changes
 
-    def _logged(self, outcome: BatchOutcome, batch: _Batch) -> BatchOutcome:
-        """Log the batch's outcome and report its metrics (lakesink.driver.reporting: after the commit, never raising)."""
+    def _logged(self, outcome: BatchOutcome, batch: Batch) -> BatchOutcome:
+        """Log the batch's outcome and report its metrics (lakesink.driver.report.reporting: after the commit, never raising)."""
         query_id = batch.query_id
         indoubt.clear(self.table_name, query_id, self.options.sink_id, outcome.batch_id)  # the batch is settled now
         reporting.report(
@@ -715,7 +540,7 @@ class TableCommitter(SinkTable):
             )
         return outcome
 
-    def _metrics(self, outcome: BatchOutcome, batch: _Batch) -> metrics.CommitMetrics:
+    def _metrics(self, outcome: BatchOutcome, batch: Batch) -> metrics.CommitMetrics:
         """The batch's commit metrics on this table, from what the commit knows (task results, swap result, snapshot)."""
         letters = sum(f.record_count for r in batch.results if r.dead_letters is not None for f in r.dead_letters.files)
         received = sum(r.rows_in for r in batch.results)
@@ -803,261 +628,3 @@ class TableCommitter(SinkTable):
         if paths:
             log.info("lakesink: table=%s deleted %s unreferenced file(s): %s", self.table_name, len(paths), reason)
 
-
-# --- a batch's commits, as actions of the one loop (lakesink.driver.action) -----------------------------------------
-
-
-class _BatchAction(CommitAction):
-    """A commit of one batch of one sink: it has landed when the sink's replay marker on the branch names the batch
-    (ours when it also carries this call's commit id)."""
-
-    turn = Turn.BATCH
-
-    def __init__(self, committer: TableCommitter, table: Table, batch: _Batch, what: str):
-        super().__init__(table, what)
-        self.committer = committer
-        self.batch = batch
-        self._index: dict[int, SnapshotIndex] = {}
-
-    def done(self, table: Table) -> CommittedBatch | None:
-        """The sink's last committed batch in ``table`` (one index of the snapshots per metadata read)."""
-        index = self._index.setdefault(id(table.metadata), SnapshotIndex(table.metadata))
-        return self.committer.last(table, self.batch.query_id, index=index)
-
-    def landed(self, table: Table) -> Landing | None:
-        done = self.done(table)
-        if done is None or done.batch_id < self.batch.batch_id:
-            return None
-        mine = done.batch_id == self.batch.batch_id and done.commit_id == self.batch.commit_id
-        return Landing(mine=mine, snapshot_id=done.snapshot_id, done=done)
-
-    def retry(self, table: Table) -> CommitRetry:
-        return self.committer.settings(table).commit_retry
-
-    def recorded(self, table: Table, statistics: Sequence[Mapping[str, Any]] = ()) -> Recorded:
-        """What this attempt records about event time: the watermark and the event times of the rows it adds
-        (lakesink.driver.completeness), against the query's previous batch in ``table``."""
-        t = self.batch.time
-        bounds = None
-        if t is not None and t.event_time is not None and statistics:
-            c = self.committer
-            # the schema this commit leaves (merge-schema may add the event-time column in it: issue 30, item 12)
-            changes = c.schema_changes_at_commit(table, self.batch)
-            schema = seam_producers.evolved_schema(table, changes) if changes else table.schema()
-            field = completeness.event_time_field(schema, t.event_time, c.table_name, table.properties)
-            bounds = completeness.event_time_bounds(statistics, field)
-        return completeness.record(t, self.done(table), bounds, batch_id=self.batch.batch_id)
-
-    def redact(self, error: BaseException) -> str:
-        return self.committer.redact(error)
-
-
-class ReplayFoundAtPlan(_BatchAction):
-    """A batch found committed when it was planned (nothing was written): the loop's check must find it again;
-    there is nothing to prepare."""
-
-    def __init__(self, committer: TableCommitter, table: Table, batch: _Batch):
-        super().__init__(committer, table, batch, f"replay of batch {batch.batch_id} of query {batch.query_id}")
-
-    def landed(self, table: Table) -> Landing | None:
-        found = super().landed(table)
-        if found is None:
-            done = self.done(table)
-            raise LakesinkError(
-                f"batch {self.batch.batch_id} of query {self.batch.query_id} was skipped as already committed when it "
-                f"was planned, but table {self.committer.table_name} no longer holds it (last batch found: "
-                f"{done.batch_id if done else 'none'}; was the table or branch rolled back?). Nothing was written; "
-                "restart the query to write the batch"
-            )
-        return found
-
-    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
-        raise AssertionError("a replay found at plan time commits nothing")  # pragma: no cover
-
-
-class MarkEmptyBatch(_BatchAction):
-    """Record an empty batch: a properties-only commit moves the sink's marker to it, asserting the branch head it
-    read. The next snapshot of the sink then carries ``lakesink.previous-batch-id``, so that a missing batch id can
-    be told from an empty batch (``lakesink verify``)."""
-
-    def __init__(self, committer: TableCommitter, table: Table, batch: _Batch):
-        super().__init__(
-            committer,
-            table,
-            batch,
-            f"recording empty batch {batch.batch_id} of query {batch.query_id} in {committer.table_name}",
-        )
-
-    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
-        branch = self.committer.options.branch
-        head = table.metadata.snapshot_by_name(branch)
-        recorded = self.recorded(table)
-        marker = CommittedBatch(
-            self.batch.batch_id,
-            head.snapshot_id if head else -1,
-            self.batch.commit_id,
-            branch=branch,
-            empty=True,
-            run_id=self.batch.run_id,
-            offsets=offsets_digest(self.batch.source_offsets),
-            watermark=recorded.watermark,
-            event_time_max=recorded.event_time_max,
-            tables=self.batch.unit.get(SUMMARY_BATCH_TABLES_DIGEST),
-            rows=self.batch.unit.get(SUMMARY_BATCH_ROWS_DIGEST),
-        )
-        return seam_producers.prepare_properties_at_head(
-            table, {self.committer.marker_key(self.batch): marker.to_property()}, branch=branch
-        )
-
-
-class AppendBatch(_BatchAction):
-    """A batch's files appended as one snapshot, with the replay marker in the same commit."""
-
-    overwrite = False
-
-    def __init__(self, committer: TableCommitter, table: Table, batch: _Batch):
-        super().__init__(
-            committer, table, batch, f"commit of batch {batch.batch_id} of query {batch.query_id} to {committer.table_name}"
-        )
-        self.summary = batch_summary(
-            batch.query_id,
-            batch.batch_id,
-            batch.commit_id,
-            batch.source_offsets,
-            started_ms=int(time.time() * 1000),
-            sink_id=committer.options.sink_id,
-            run_id=batch.run_id,
-        )
-        self.data_files = [
-            seam_producers.data_file(
-                path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=r.spec_id, partition=f.partition
-            )
-            for r in batch.results
-            for f in r.files
-        ]
-        self._recorded: Recorded | None = None
-
-    def properties(self, snapshot_id: int) -> dict[str, str]:
-        """The replay marker, in the same atomic commit as the snapshot it names."""
-        marker = CommittedBatch(
-            self.batch.batch_id,
-            snapshot_id,
-            self.batch.commit_id,
-            branch=self.committer.options.branch,
-            run_id=self.batch.run_id,
-            offsets=offsets_digest(self.batch.source_offsets),
-            watermark=self._recorded.watermark if self._recorded else None,
-            event_time_max=self._recorded.event_time_max if self._recorded else None,
-            tables=self.batch.unit.get(SUMMARY_BATCH_TABLES_DIGEST),
-            rows=self.batch.unit.get(SUMMARY_BATCH_ROWS_DIGEST),
-        )
-        return {self.committer.marker_key(self.batch): marker.to_property()}
-
-    def attempt_summary(self, table: Table, attempt: int) -> dict[str, str]:
-        done = self.done(table)
-        self._recorded = self.recorded(table, [f.statistics for f in self.batch.files])
-        letters = self.committer.dead_letters or self.committer.routed_dead_letters
-        return {
-            **self.summary,
-            **self._recorded.summary,
-            **(
-                {
-                    SUMMARY_DEAD_LETTERS: str(sum(r.rejected for r in self.batch.results)),
-                    SUMMARY_DEAD_LETTER_TABLE: letters.table_name,
-                    SUMMARY_DEAD_LETTER_SINK: letters.options.sink_id or "",
-                }
-                if letters is not None
-                else {}
-            ),
-            **self.batch.unit,
-            SUMMARY_COMMIT_ATTEMPT: str(attempt),
-            **({SUMMARY_PREVIOUS_BATCH_ID: str(done.batch_id)} if done is not None else {}),
-        }
-
-    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
-        schema_changes = self.committer.schema_changes_at_commit(table, self.batch)
-        return seam_producers.prepare_snapshot(
-            table,
-            commit=self.batch.commit_name(),
-            files_since_ms=self.batch.files_since_ms,
-            data_files=self.data_files,
-            overwrite=self.overwrite,
-            summary=self.attempt_summary(table, attempt),
-            properties=self.properties,
-            branch=self.committer.options.branch,
-            schema_changes=schema_changes,
-            manifest_merge=self.committer.settings(table).manifest_merge,
-        )
-
-
-class OverwriteBatch(AppendBatch):
-    """Complete mode: the batch's files replace everything live at the head the attempt read (the swap asserts it)."""
-
-    overwrite = True
-
-
-class UpsertBatch(AppendBatch):
-    """An upsert batch: the files of the attempt's table that hold the batch's keys are rewritten without them (copy
-    on write, validated against what was committed since, on every attempt), in the same snapshot as its rows."""
-
-    def __init__(self, committer: TableCommitter, table: Table, batch: _Batch):
-        super().__init__(committer, table, batch)
-        self.rewrites: list[upsert.Rewrite] = []
-        self.order_properties: dict[str, str] = {}
-
-    def properties(self, snapshot_id: int) -> dict[str, str]:
-        """The replay marker and, with option order-by, the order file of this attempt (lakesink.driver.upsert_order)."""
-        return {**super().properties(snapshot_id), **self.order_properties}
-
-    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
-        c, batch = self.committer, self.batch
-        assert batch.changes is not None
-        schema_changes = c.schema_changes_at_commit(table, batch)
-        # rewrite the files of this attempt's table that hold the batch's keys, in the schema this commit gives the
-        # table (with merge-schema, a key widened int -> long by this very batch: its keys cast to the old type
-        # failed the batch at every restart)
-        schema = seam_producers.evolved_schema(table, schema_changes) if schema_changes else table.schema()
-        keys = upsert.BatchKeys(c.table_name, schema, batch.changes)
-        plan = c.write_plan(table, batch.query_id)
-        if schema_changes:
-            plan = replace(plan, schema=schema, schema_changes=schema_changes)
-        commit = batch.commit_name()
-        done = upsert_order.rewrite(
-            table,
-            schema,
-            keys,
-            order_by=c.options.order_by,
-            branch=c.options.branch,
-            plan=plan,
-            batch_id=batch.batch_id,
-            attempt=attempt,
-            data_files=self.data_files,
-            commit=commit,
-        )
-        rewrite, self.order_properties = done.rewrite, done.properties
-        self.rewrites.append(rewrite)
-        return seam_producers.prepare_rewrite(
-            table,
-            commit=commit,
-            files_since_ms=batch.files_since_ms,
-            removed_files=rewrite.removed,
-            data_files=[
-                *done.data_files,
-                *(
-                    seam_producers.data_file(
-                        path=f.path,
-                        size_in_bytes=f.size_in_bytes,
-                        statistics=f.statistics,
-                        spec_id=rewrite.spec_id,
-                        partition=f.partition,
-                    )
-                    for f in rewrite.written
-                ),
-            ],
-            rewritten_paths=[*rewrite.paths, *done.written],
-            summary={**self.attempt_summary(table, attempt), **upsert.summary(rewrite), **done.summary},
-            properties=self.properties,
-            branch=c.options.branch,
-            schema_changes=schema_changes,
-            manifest_merge=c.settings(table).manifest_merge,
-        )

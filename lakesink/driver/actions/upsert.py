@@ -67,7 +67,7 @@ class Rewrite:
     files_considered: int = 0
     """Files whose partition and key bounds could hold a key (read; only those holding one are removed)."""
     stale: int | None = None
-    """With option order-by: the batch's changes older than the table's (lakesink.driver.upsert_order), not applied."""
+    """With option order-by: the batch's changes older than the table's (lakesink.driver.actions.upsert_order), not applied."""
 
     @property
     def paths(self) -> list[str]:
@@ -158,7 +158,7 @@ def rewrite(
 ) -> Rewrite:
     """Rewrite the branch's live files that hold a key of the batch (see the module's description).
 
-    ``winners`` (option order-by, lakesink.driver.upsert_order): given the batch's keys a file holds and the file's
+    ``winners`` (option order-by, lakesink.driver.actions.upsert_order): given the batch's keys a file holds and the file's
     rows, the keys whose change is not older than the file's row; the others keep their row."""
     if seam.has_delete_files(table, branch):
         raise LakesinkError(

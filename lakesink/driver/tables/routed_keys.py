@@ -9,7 +9,7 @@ per table, when the table is first opened in a run:
   of the Debezium record's Kafka key (the source table's primary key) -- else option ``upsert-key``; the key becomes
   the new table's identifier fields (NOT NULL). Without either: a loud error naming the table.
 
-Plain data, no Spark: the driver's routed committer (lakesink.driver.routing) calls :func:`table_key`.
+Plain data, no Spark: the driver's routed committer (lakesink.driver.committers.routed) calls :func:`table_key`.
 """
 
 from __future__ import annotations

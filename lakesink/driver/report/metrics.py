@@ -1,11 +1,11 @@
 """What one batch's commit did to one table, as numbers for operators (docs/metrics.md). Driver side.
 
-:class:`CommitMetrics` is made by the committer (lakesink.driver.commit) from what the commit already knows -- the
+:class:`CommitMetrics` is made by the committer (lakesink.driver.committers.table) from what the commit already knows -- the
 task results (rows, files, bytes, dead letters), the swap loop's result (attempts), the committed snapshot (its id,
-sequence number, operation and summary) and the batch's watermark -- nothing is counted again. lakesink.driver.reporting
+sequence number, operation and summary) and the batch's watermark -- nothing is counted again. lakesink.driver.report.reporting
 hands it to the exporters: this process's record (:func:`recorded`, read by the Spark listener of
 lakesink.sink.progress), an Iceberg REST ``commit-report`` (:func:`commit_report`), Prometheus
-(lakesink.driver.prometheus).
+(lakesink.driver.report.prometheus).
 """
 
 from __future__ import annotations

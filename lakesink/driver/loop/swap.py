@@ -1,6 +1,6 @@
 """Driver side: the one compare-and-swap loop, with the "has it landed?" re-check on every attempt.
 
-Every commit lakesink makes is a :class:`~lakesink.driver.action.CommitAction` run by :func:`run_unit` (a batch's
+Every commit lakesink makes is a :class:`~lakesink.driver.loop.action.CommitAction` run by :func:`run_unit` (a batch's
 snapshot or marker-only commit, a replay found at plan time, compaction, expiry, manifest rewrite), alone or
 with actions on other tables as one unit. Each attempt re-reads the tables and asks every action whether it is
 already in its table *before* it swaps: a check made once and then retried blindly is how Iceberg's Flink sink
@@ -33,8 +33,9 @@ from lakesink._pyiceberg import refusals as seam_refusals
 from lakesink._pyiceberg import threads as seam_threads
 from lakesink._pyiceberg.commit import PreparedCommit
 from lakesink._pyiceberg.refusals import refused_by_the_catalog
-from lakesink.driver import catalogs, turns
-from lakesink.driver.action import CommitAction, Landing, Turn
+from lakesink.driver import catalogs
+from lakesink.driver.loop import turns
+from lakesink.driver.loop.action import CommitAction, Landing, Turn
 from lakesink.errors import (
     CatalogPermissionError,
     CommitOutcomeUnknownError,
@@ -90,7 +91,7 @@ class SwapResult:
     """The sink's last committed batch as found (ALREADY_COMMITTED)."""
     snapshot: Snapshot | None = None
     """The committed snapshot as the table read after the swap holds it (LANDED with a new snapshot): its summary and
-    sequence number, for the commit's metrics (lakesink.driver.metrics)."""
+    sequence number, for the commit's metrics (lakesink.driver.report.metrics)."""
 
 
 class RetriesExhausted(LakesinkError):
@@ -330,8 +331,8 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
     swap conflicts; a swap that failed otherwise is settled per table by reading it (:func:`settle`).
 
     The first attempt swaps on the tables the actions were made with; later attempts read them again. Actions whose
-    :class:`~lakesink.driver.action.Turn` is MAINTENANCE read their tables again at every attempt, inside their turn
-    (:mod:`lakesink.driver.turns`); BATCH actions hold their tables' turns for the whole loop.
+    :class:`~lakesink.driver.loop.action.Turn` is MAINTENANCE read their tables again at every attempt, inside their turn
+    (:mod:`lakesink.driver.loop.turns`); BATCH actions hold their tables' turns for the whole loop.
 
     Returns one :class:`SwapResult` per action, in order. Raises :class:`RetriesExhausted` when every attempt
     conflicted (``partial``: the actions that landed meanwhile) and CommitOutcomeUnknownError when an outcome could

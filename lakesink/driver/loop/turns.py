@@ -8,7 +8,7 @@ every second cannot starve maintenance by moving the head between its read and i
 stream: when maintenance only yielded, a batch landed between its read and its swap at every attempt and
 compaction never committed in 30 minutes (docs/maintenance.md).
 
-:mod:`lakesink.driver.swap` enters them for every action by its :class:`~lakesink.driver.action.Turn`; no caller
+:mod:`lakesink.driver.loop.swap` enters them for every action by its :class:`~lakesink.driver.loop.action.Turn`; no caller
 wires a guard in.
 """
 

@@ -1,4 +1,4 @@
-"""Driver side: what one commit is, to the one compare-and-swap loop (:mod:`lakesink.driver.swap`).
+"""Driver side: what one commit is, to the one compare-and-swap loop (:mod:`lakesink.driver.loop.swap`).
 
 A :class:`CommitAction` is a commit that can be prepared again: every attempt of the loop reads the table afresh,
 asks the action whether it has already landed (:meth:`CommitAction.landed`: the replay marker, or the commit id of a
@@ -10,9 +10,9 @@ re-applied on the refreshed table by ``Transaction::do_commit``, and pyiceberg's
 like an append.
 
 Every kind of commit lakesink makes is one: a batch's append, upsert, complete-mode overwrite and marker-only
-commit, and a batch found committed when it was planned (:mod:`lakesink.driver.commit`); compaction, snapshot
+commit, and a batch found committed when it was planned (:mod:`lakesink.driver.committers.table`); compaction, snapshot
 expiry and manifest rewrite (:mod:`lakesink.maintenance`). Several actions on several tables can run as one unit
-(:func:`lakesink.driver.swap.run_unit`).
+(:func:`lakesink.driver.loop.swap.run_unit`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from lakesink.table.settings import CommitRetry, TableSettings
 
 
 class Turn(enum.Enum):
-    """How an action takes turns with the other commits of this process on its table (lakesink.driver.turns)."""
+    """How an action takes turns with the other commits of this process on its table (lakesink.driver.loop.turns)."""
 
     BATCH = "batch"
     """A sink's batch: it holds its table for its whole loop; batches never wait for each other, and wait for at

@@ -1,0 +1,447 @@
+"""A batch's commit, as actions of the one loop (lakesink.driver.loop.action): what one batch commits into one table.
+
+- :class:`Batch`: one batch's commit call (its task results, keys, commit id);
+- :class:`AppendBatch` (and :class:`OverwriteBatch`, complete mode; :class:`UpsertBatch`, the copy-on-write of an
+  upsert batch), :class:`MarkEmptyBatch` (a marker-only commit), :class:`ReplayFoundAtPlan` (a replay that must still
+  be there): every one lands when the sink's replay marker on the branch names the batch;
+- :class:`Outcome` / :class:`BatchOutcome`: what happened to one batch on one table.
+
+The committer that decides which action a batch is (lakesink.driver.committers.table) and the unit of several tables
+(lakesink.driver.committers.routed) run them through lakesink.driver.loop.swap.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyiceberg.table import Table
+
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import producers as seam_producers
+from lakesink.driver.actions import completeness, upsert, upsert_order
+from lakesink.driver.actions.completeness import BatchTime, Recorded
+from lakesink.driver.loop import swap
+from lakesink.driver.loop.action import CommitAction, Landing, Turn
+from lakesink.errors import (
+    LakesinkError,
+)
+from lakesink.executor.messages import TaskResult, WrittenFile
+from lakesink.table import names
+from lakesink.table.keys import (
+    SUMMARY_BATCH_ROWS_DIGEST,
+    SUMMARY_BATCH_TABLES_DIGEST,
+    SUMMARY_COMMIT_ATTEMPT,
+    SUMMARY_DEAD_LETTER_SINK,
+    SUMMARY_DEAD_LETTER_TABLE,
+    SUMMARY_DEAD_LETTERS,
+    SUMMARY_PREVIOUS_BATCH_ID,
+)
+from lakesink.table.markers import (
+    CommittedBatch,
+    SnapshotIndex,
+    batch_summary,
+    offsets_digest,
+)
+from lakesink.table.settings import CommitRetry
+
+log = logging.getLogger("lakesink")
+if TYPE_CHECKING:  # (lakesink.driver.committers.table imports this module: no import at run time)
+    from lakesink.driver.committers.table import TableCommitter
+
+
+class Outcome(enum.Enum):
+    COMMITTED = "committed"
+    REPLAY_SKIPPED = "replay skipped"
+    EMPTY = "empty batch, nothing to commit"
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What happened to one batch on the driver."""
+
+    outcome: Outcome
+    batch_id: int
+    snapshot_id: int | None = None
+    files: int = 0
+    rows: int = 0
+    bytes: int = 0
+    commit_ms: float = 0.0
+    retries: int = 0
+    sequence_number: int | None = None
+    """The committed snapshot's sequence number (COMMITTED)."""
+    operation: str | None = None
+    """The committed snapshot's operation (COMMITTED): append, overwrite."""
+    summary: Mapping[str, str] = field(default_factory=dict)
+    """The committed snapshot's summary (COMMITTED)."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch's commit call: what it commits and under which keys."""
+
+    query_id: str
+    batch_id: int
+    results: Sequence[TaskResult]
+    source_offsets: str | None
+    run_id: str | None
+    commit_id: str
+    started: float
+    changes: pa.Table | None = None
+    """Upserts: the keys the batch changes (key columns and lakesink.table.keys.DELETED)."""
+    time: BatchTime | None = None
+    """Spark's watermark for the batch and the event-time column (lakesink.driver.actions.completeness)."""
+    unit: Mapping[str, str] = field(default_factory=dict)
+    """Option route-by: what every table's snapshot of the batch records about the batch's tables."""
+
+    @property
+    def files(self) -> list[WrittenFile]:
+        return [f for r in self.results for f in r.files]
+
+    @property
+    def paths(self) -> list[str]:
+        return [f.path for f in self.files]
+
+    @property
+    def files_since_ms(self) -> int | None:
+        """When the oldest of the batch's files was written (None: the tasks did not say)."""
+        return min((r.written_since_ms for r in self.results if r.files and r.written_since_ms is not None), default=None)
+
+    @classmethod
+    def new(
+        cls,
+        *,
+        query_id: str,
+        batch_id: int,
+        results: Sequence[TaskResult],
+        source_offsets: str | None,
+        run_id: str | None,
+        changes: pa.Table | None = None,
+        unit: Mapping[str, str] | None = None,
+        batch_time: BatchTime | None = None,
+    ) -> Batch:
+        """A batch's commit call starting now, with a new commit id (the run id the tasks carry when none is given)."""
+        return cls(
+            query_id=query_id,
+            batch_id=batch_id,
+            results=results,
+            source_offsets=source_offsets,
+            run_id=run_id or next((r.run_id for r in results if r.run_id), None),
+            commit_id=uuid.uuid4().hex,
+            started=time.monotonic(),
+            changes=changes,
+            unit=dict(unit or {}),
+            time=batch_time,
+        )
+
+    def commit_name(self) -> names.CommitName:
+        """A new name for one attempt's manifests and manifest list (lakesink.table.names: the orphan clean-up keeps them
+        while the batch is not committed)."""
+        return names.commit_name(names.BATCH, query_id=self.query_id, batch_id=self.batch_id)
+
+
+def committed(batch: Batch, result: swap.SwapResult) -> BatchOutcome:
+    """The outcome of a batch whose commit landed: its snapshot, files, rows and bytes, the time and retries it took."""
+    files = batch.files
+    snapshot = result.snapshot
+    return BatchOutcome(
+        Outcome.COMMITTED,
+        batch.batch_id,
+        snapshot_id=result.snapshot_id,
+        files=len(files),
+        rows=sum(f.record_count for f in files),
+        bytes=sum(f.size_in_bytes for f in files),
+        commit_ms=(time.monotonic() - batch.started) * 1000,
+        retries=result.attempts - 1,
+        sequence_number=snapshot.sequence_number if snapshot is not None else None,
+        operation=snapshot.summary.operation.value if snapshot is not None and snapshot.summary is not None else None,
+        summary=dict(snapshot.summary.additional_properties) if snapshot is not None and snapshot.summary is not None else {},
+    )
+
+
+class BatchAction(CommitAction):
+    """A commit of one batch of one sink: it has landed when the sink's replay marker on the branch names the batch
+    (ours when it also carries this call's commit id)."""
+
+    turn = Turn.BATCH
+
+    def __init__(self, committer: TableCommitter, table: Table, batch: Batch, what: str):
+        super().__init__(table, what)
+        self.committer = committer
+        self.batch = batch
+        self._index: dict[int, SnapshotIndex] = {}
+
+    def done(self, table: Table) -> CommittedBatch | None:
+        """The sink's last committed batch in ``table`` (one index of the snapshots per metadata read)."""
+        index = self._index.setdefault(id(table.metadata), SnapshotIndex(table.metadata))
+        return self.committer.last(table, self.batch.query_id, index=index)
+
+    def landed(self, table: Table) -> Landing | None:
+        done = self.done(table)
+        if done is None or done.batch_id < self.batch.batch_id:
+            return None
+        mine = done.batch_id == self.batch.batch_id and done.commit_id == self.batch.commit_id
+        return Landing(mine=mine, snapshot_id=done.snapshot_id, done=done)
+
+    def retry(self, table: Table) -> CommitRetry:
+        return self.committer.settings(table).commit_retry
+
+    def recorded(self, table: Table, statistics: Sequence[Mapping[str, Any]] = ()) -> Recorded:
+        """What this attempt records about event time: the watermark and the event times of the rows it adds
+        (lakesink.driver.actions.completeness), against the query's previous batch in ``table``."""
+        t = self.batch.time
+        bounds = None
+        if t is not None and t.event_time is not None and statistics:
+            c = self.committer
+            # the schema this commit leaves (merge-schema may add the event-time column in it: issue 30, item 12)
+            changes = c.schema_changes_at_commit(table, self.batch)
+            schema = seam_producers.evolved_schema(table, changes) if changes else table.schema()
+            field = completeness.event_time_field(schema, t.event_time, c.table_name, table.properties)
+            bounds = completeness.event_time_bounds(statistics, field)
+        return completeness.record(t, self.done(table), bounds, batch_id=self.batch.batch_id)
+
+    def redact(self, error: BaseException) -> str:
+        return self.committer.redact(error)
+
+
+class ReplayFoundAtPlan(BatchAction):
+    """A batch found committed when it was planned (nothing was written): the loop's check must find it again;
+    there is nothing to prepare."""
+
+    def __init__(self, committer: TableCommitter, table: Table, batch: Batch):
+        super().__init__(committer, table, batch, f"replay of batch {batch.batch_id} of query {batch.query_id}")
+
+    def landed(self, table: Table) -> Landing | None:
+        found = super().landed(table)
+        if found is None:
+            done = self.done(table)
+            raise LakesinkError(
+                f"batch {self.batch.batch_id} of query {self.batch.query_id} was skipped as already committed when it "
+                f"was planned, but table {self.committer.table_name} no longer holds it (last batch found: "
+                f"{done.batch_id if done else 'none'}; was the table or branch rolled back?). Nothing was written; "
+                "restart the query to write the batch"
+            )
+        return found
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        raise AssertionError("a replay found at plan time commits nothing")  # pragma: no cover
+
+
+class MarkEmptyBatch(BatchAction):
+    """Record an empty batch: a properties-only commit moves the sink's marker to it, asserting the branch head it
+    read. The next snapshot of the sink then carries ``lakesink.previous-batch-id``, so that a missing batch id can
+    be told from an empty batch (``lakesink verify``)."""
+
+    def __init__(self, committer: TableCommitter, table: Table, batch: Batch):
+        super().__init__(
+            committer,
+            table,
+            batch,
+            f"recording empty batch {batch.batch_id} of query {batch.query_id} in {committer.table_name}",
+        )
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        branch = self.committer.options.branch
+        head = table.metadata.snapshot_by_name(branch)
+        recorded = self.recorded(table)
+        marker = CommittedBatch(
+            self.batch.batch_id,
+            head.snapshot_id if head else -1,
+            self.batch.commit_id,
+            branch=branch,
+            empty=True,
+            run_id=self.batch.run_id,
+            offsets=offsets_digest(self.batch.source_offsets),
+            watermark=recorded.watermark,
+            event_time_max=recorded.event_time_max,
+            tables=self.batch.unit.get(SUMMARY_BATCH_TABLES_DIGEST),
+            rows=self.batch.unit.get(SUMMARY_BATCH_ROWS_DIGEST),
+        )
+        return seam_producers.prepare_properties_at_head(
+            table, {self.committer.marker_key(self.batch): marker.to_property()}, branch=branch
+        )
+
+
+class AppendBatch(BatchAction):
+    """A batch's files appended as one snapshot, with the replay marker in the same commit."""
+
+    overwrite = False
+
+    def __init__(self, committer: TableCommitter, table: Table, batch: Batch):
+        super().__init__(
+            committer, table, batch, f"commit of batch {batch.batch_id} of query {batch.query_id} to {committer.table_name}"
+        )
+        self.summary = batch_summary(
+            batch.query_id,
+            batch.batch_id,
+            batch.commit_id,
+            batch.source_offsets,
+            started_ms=int(time.time() * 1000),
+            sink_id=committer.options.sink_id,
+            run_id=batch.run_id,
+        )
+        self.data_files = [
+            seam_producers.data_file(
+                path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=r.spec_id, partition=f.partition
+            )
+            for r in batch.results
+            for f in r.files
+        ]
+        self._recorded: Recorded | None = None
+
+    def properties(self, snapshot_id: int) -> dict[str, str]:
+        """The replay marker, in the same atomic commit as the snapshot it names."""
+        marker = CommittedBatch(
+            self.batch.batch_id,
+            snapshot_id,
+            self.batch.commit_id,
+            branch=self.committer.options.branch,
+            run_id=self.batch.run_id,
+            offsets=offsets_digest(self.batch.source_offsets),
+            watermark=self._recorded.watermark if self._recorded else None,
+            event_time_max=self._recorded.event_time_max if self._recorded else None,
+            tables=self.batch.unit.get(SUMMARY_BATCH_TABLES_DIGEST),
+            rows=self.batch.unit.get(SUMMARY_BATCH_ROWS_DIGEST),
+        )
+        return {self.committer.marker_key(self.batch): marker.to_property()}
+
+    def attempt_summary(self, table: Table, attempt: int) -> dict[str, str]:
+        done = self.done(table)
+        self._recorded = self.recorded(table, [f.statistics for f in self.batch.files])
+        letters = self.committer.dead_letters or self.committer.routed_dead_letters
+        return {
+            **self.summary,
+            **self._recorded.summary,
+            **(
+                {
+                    SUMMARY_DEAD_LETTERS: str(sum(r.rejected for r in self.batch.results)),
+                    SUMMARY_DEAD_LETTER_TABLE: letters.table_name,
+                    SUMMARY_DEAD_LETTER_SINK: letters.options.sink_id or "",
+                }
+                if letters is not None
+                else {}
+            ),
+            **self.batch.unit,
+            SUMMARY_COMMIT_ATTEMPT: str(attempt),
+            **({SUMMARY_PREVIOUS_BATCH_ID: str(done.batch_id)} if done is not None else {}),
+        }
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        schema_changes = self.committer.schema_changes_at_commit(table, self.batch)
+        return seam_producers.prepare_snapshot(
+            table,
+            commit=self.batch.commit_name(),
+            files_since_ms=self.batch.files_since_ms,
+            data_files=self.data_files,
+            overwrite=self.overwrite,
+            summary=self.attempt_summary(table, attempt),
+            properties=self.properties,
+            branch=self.committer.options.branch,
+            schema_changes=schema_changes,
+            manifest_merge=self.committer.settings(table).manifest_merge,
+        )
+
+
+class OverwriteBatch(AppendBatch):
+    """Complete mode: the batch's files replace everything live at the head the attempt read (the swap asserts it)."""
+
+    overwrite = True
+
+
+class UpsertBatch(AppendBatch):
+    """An upsert batch: the files of the attempt's table that hold the batch's keys are rewritten without them (copy
+    on write, validated against what was committed since, on every attempt), in the same snapshot as its rows."""
+
+    def __init__(self, committer: TableCommitter, table: Table, batch: Batch):
+        super().__init__(committer, table, batch)
+        self.rewrites: list[upsert.Rewrite] = []
+        self.order_properties: dict[str, str] = {}
+
+    def properties(self, snapshot_id: int) -> dict[str, str]:
+        """The replay marker and, with option order-by, the order file of this attempt (lakesink.driver.actions.upsert_order)."""
+        return {**super().properties(snapshot_id), **self.order_properties}
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        c, batch = self.committer, self.batch
+        assert batch.changes is not None
+        schema_changes = c.schema_changes_at_commit(table, batch)
+        # rewrite the files of this attempt's table that hold the batch's keys, in the schema this commit gives the
+        # table (with merge-schema, a key widened int -> long by this very batch: its keys cast to the old type
+        # failed the batch at every restart)
+        schema = seam_producers.evolved_schema(table, schema_changes) if schema_changes else table.schema()
+        keys = upsert.BatchKeys(c.table_name, schema, batch.changes)
+        plan = c.write_plan(table, batch.query_id)
+        if schema_changes:
+            plan = replace(plan, schema=schema, schema_changes=schema_changes)
+        commit = batch.commit_name()
+        done = upsert_order.rewrite(
+            table,
+            schema,
+            keys,
+            order_by=c.options.order_by,
+            branch=c.options.branch,
+            plan=plan,
+            batch_id=batch.batch_id,
+            attempt=attempt,
+            data_files=self.data_files,
+            commit=commit,
+        )
+        rewrite, self.order_properties = done.rewrite, done.properties
+        self.rewrites.append(rewrite)
+        return seam_producers.prepare_rewrite(
+            table,
+            commit=commit,
+            files_since_ms=batch.files_since_ms,
+            removed_files=rewrite.removed,
+            data_files=[
+                *done.data_files,
+                *(
+                    seam_producers.data_file(
+                        path=f.path,
+                        size_in_bytes=f.size_in_bytes,
+                        statistics=f.statistics,
+                        spec_id=rewrite.spec_id,
+                        partition=f.partition,
+                    )
+                    for f in rewrite.written
+                ),
+            ],
+            rewritten_paths=[*rewrite.paths, *done.written],
+            summary={**self.attempt_summary(table, attempt), **upsert.summary(rewrite), **done.summary},
+            properties=self.properties,
+            branch=c.options.branch,
+            schema_changes=schema_changes,
+            manifest_merge=c.settings(table).manifest_merge,
+        )
+
+
+def action_for(
+    committer: TableCommitter,
+    table: Table,
+    batch: Batch,
+    *,
+    found_at_plan: bool = False,
+    overwrite: bool = False,
+    records_letters: bool = False,
+) -> BatchAction:
+    """The one list of what a batch commits into one table -- a sink's own table, one table of a routed batch's unit, a
+    dead-letter table: a replay that must still be there (``found_at_plan``: the batch was found committed when it was
+    planned, or by every task), an upsert (the batch changes keys), an overwrite of everything live (complete mode:
+    ``overwrite``), an empty batch's marker (no file, and no dead letter to count: ``records_letters``), or its files
+    appended. The committers run it (lakesink.driver.committers): a table's alone or with its dead letters, a routed
+    batch's as one unit of every table's."""
+    if found_at_plan:
+        return ReplayFoundAtPlan(committer, table, batch)
+    if batch.changes is not None:
+        return UpsertBatch(committer, table, batch)
+    if overwrite:
+        return OverwriteBatch(committer, table, batch)
+    if not batch.files and not records_letters:
+        return MarkEmptyBatch(committer, table, batch)
+    return AppendBatch(committer, table, batch)

@@ -1,0 +1,76 @@
+"""A batch found committed: skipped only when it is a faithful replay of the committed one (another run of the query,
+over the same source offsets) -- for every committer and every action that finds its batch landed by another call
+(lakesink.driver.committers.table: a table's commit, a replay found at plan time, a routed unit's member)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from pyiceberg.table import Table
+
+from lakesink.driver.actions.batch import Batch
+from lakesink.errors import DuplicateSinkError, ReplayMismatchError
+from lakesink.options import SINK_ID
+from lakesink.table.keys import SUMMARY_SOURCE_OFFSETS
+from lakesink.table.markers import CommittedBatch, find_batch_snapshot, offsets_digest
+
+if TYPE_CHECKING:  # (lakesink.driver.committers.table imports this module: no import at run time)
+    from lakesink.driver.committers.table import TableCommitter
+
+log = logging.getLogger("lakesink")
+
+
+def check_replay(c: TableCommitter, table: Table, batch: Batch, done: CommittedBatch) -> None:
+    """A batch found committed is skipped only when it is a faithful replay of the committed one.
+
+    Raises DuplicateSinkError when the batch was committed by the same run of the query (a second sink with
+    the same sink id), and ReplayMismatchError when it was committed over other source offsets.
+    """
+    if batch.run_id is not None and done.batch_id == batch.batch_id and done.run_id == batch.run_id:
+        raise DuplicateSinkError(
+            f"batch {batch.batch_id} of query {batch.query_id} was already committed to {c.table_name} by this "
+            f"same run of the query under sink id {c.options.sink_id or '(default)'}: two sinks of one query "
+            "write this table in the same batch (two lakesink calls in one foreachBatch function, or two "
+            "foreach_batch objects). Each would be taken for a replay of the other and skipped. Give each sink its "
+            f"own sink_id (foreach_batch(..., sink_id='audit') / option '{SINK_ID}'): keep the sink that committed "
+            "first as it is, so that a restart finds its batches, and give the other one a new id; the rows of "
+            "this call were not committed and a restart writes them"
+        )
+    committed, digest = _committed_offsets(c, table, batch, done)
+    mine = offsets_digest(batch.source_offsets)
+    if digest is None or mine is None:
+        log.warning(
+            "lakesink: table=%s query=%s batch=%s is already committed; its source offsets cannot be compared "
+            "(%s), so it is skipped as a replay of the same input",
+            c.table_name,
+            batch.query_id,
+            batch.batch_id,
+            "the checkpoint's offsets of the batch are not readable"
+            if mine is None
+            else "the committing snapshot records none or has expired",
+        )
+        return
+    if digest != mine:
+        raise ReplayMismatchError(
+            f"Spark replays batch {batch.batch_id} of query {batch.query_id} over other source offsets than the "
+            f"batch committed to {c.table_name}: committed {committed or '(digest ' + digest + ')'}, replayed "
+            f"{batch.source_offsets}. The checkpoint was changed by hand (offsets/{batch.batch_id} rewritten) or a "
+            "source's rate limit changed: skipping the batch would lose the new rows, committing it would duplicate "
+            "the committed ones. Nothing was committed or deleted. To recover: restore the checkpoint's "
+            f"offsets/{batch.batch_id} to the committed offsets and restart, or start a new query (new checkpoint) "
+            "from the committed offsets (docs/protocol.md, 'replay over other input')"
+        )
+
+def _committed_offsets(c: TableCommitter, table: Table, batch: Batch, done: CommittedBatch) -> tuple[str | None, str | None]:
+    """The committed batch's source offsets (full text when its snapshot is still there) and their digest."""
+    if done.batch_id == batch.batch_id:
+        snapshot = None if done.empty else table.metadata.snapshot_by_id(done.snapshot_id)
+        props = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
+        return props.get(SUMMARY_SOURCE_OFFSETS), done.offsets
+    snapshot = find_batch_snapshot(table.metadata, batch.query_id, batch.batch_id, c.options.sink_id)
+    if snapshot is None:
+        return None, None
+    props = snapshot.summary.additional_properties if snapshot.summary else {}
+    text = props.get(SUMMARY_SOURCE_OFFSETS)
+    return text, offsets_digest(text)

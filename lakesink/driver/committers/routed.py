@@ -1,0 +1,572 @@
+"""Driver side of option ``route-by``: one stream into many tables, each batch one unit of commits.
+
+A batch's rows went to the tables their routing column names (lakesink.executor.routed_writer); the base class
+(lakesink.driver.committers.routed_tables) opens those tables (creating them on first sight, with their namespace),
+this module commits the batch as one unit of :class:`~lakesink.driver.loop.action.CommitAction` s, one per table,
+through the one loop (:func:`lakesink.driver.loop.swap.run_unit`):
+on a catalog that can swap several tables at once (SQL catalogs: one database transaction; REST catalogs serving
+transactions/commit), all tables or none; elsewhere, or with ``atomic=off``, table after table, each exactly once,
+and a replay completes the tables a crash left without the batch (each table has its own replay marker). With option
+``upsert-key`` the tasks resolved each table's rows by key, and a table's action in the unit is the single-table
+upsert's (:meth:`TableCommitter.unit_action`: an UpsertBatch).
+
+Every table's snapshot of a batch records how many tables the batch wrote and their digest
+(``lakesink.batch-tables``, ``lakesink.batch-tables-digest``), so that an audit of any table, or of the catalog,
+can tell whether a batch is complete everywhere (lakesink.audit.routes).
+
+Bounded by design (lakesink.driver.committers.routed_tables): a committer is kept for the tables used last (a run may route to
+thousands), catalog connections are the process's one per catalog (lakesink.driver.catalogs).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.io import load_file_io
+from pyiceberg.table import Table
+
+from lakesink.driver import catalogs
+from lakesink.driver.actions import dead_letters, truncate
+from lakesink.driver.actions.batch import BatchOutcome, Outcome
+from lakesink.driver.actions.completeness import BatchTime
+from lakesink.driver.actions.unit import UnitMember
+from lakesink.driver.committers.routed_tables import RoutedTables
+from lakesink.driver.committers.table import TableCommitter
+from lakesink.driver.loop import swap
+from lakesink.driver.loop.action import CommitAction
+from lakesink.driver.loop.swap import RetriesExhausted
+from lakesink.errors import (
+    CommitConflictError,
+    CommitOutcomeUnknownError,
+    ReplayMismatchError,
+    TableIdentityChangedError,
+    TooManyRejectedError,
+)
+from lakesink.executor.messages import TaskResult, WritePlan, schema_digest
+from lakesink.executor.routed_writer import (
+    RoutedTaskResult,
+    conform_to_table,
+)
+from lakesink.executor.row_digest import RowsDigest, combine, same_rows
+from lakesink.executor.task_writer import TaskWriter
+from lakesink.faults import DRIVER_AFTER_TABLE_CREATED, fault_point
+from lakesink.table import names as file_names
+from lakesink.table import storage
+from lakesink.table.keys import SUMMARY_BATCH_ROWS_DIGEST, SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
+from lakesink.table.markers import CommittedBatch, recorded_rows
+from lakesink.table.routes import Route, tables_digest
+
+log = logging.getLogger("lakesink")
+
+
+@dataclass(frozen=True)
+class RoutedOutcome:
+    """What happened to one routed batch: an outcome per table it wrote (none: a batch of no rows)."""
+
+    batch_id: int
+    tables: Mapping[str, BatchOutcome]
+    dead_letters: BatchOutcome | None = None
+    """Option dead-letter-table: the batch's commit into the dead-letter table (in the same unit as its tables)."""
+
+    @property
+    def committed(self) -> list[str]:
+        return [t for t, o in self.tables.items() if o.outcome is Outcome.COMMITTED]
+
+    def total(self) -> BatchOutcome:
+        """The batch as one outcome: committed when it committed to any table, its files, rows and bytes summed."""
+        outs = list(self.tables.values())
+        kinds = {o.outcome for o in outs}
+        kind = (
+            Outcome.COMMITTED
+            if Outcome.COMMITTED in kinds
+            else (Outcome.REPLAY_SKIPPED if Outcome.REPLAY_SKIPPED in kinds else Outcome.EMPTY)
+        )
+        return BatchOutcome(
+            kind,
+            self.batch_id,
+            files=sum(o.files for o in outs),
+            rows=sum(o.rows for o in outs),
+            bytes=sum(o.bytes for o in outs),
+            commit_ms=max((o.commit_ms for o in outs), default=0.0),
+            retries=max((o.retries for o in outs), default=0),
+        )
+
+
+
+class RoutedCommitter(RoutedTables):
+    """The driver side of a routed sink: a :class:`TableCommitter` per table, one unit of commits per batch."""
+
+    # --- commit -----------------------------------------------------------------------------------
+
+    def commit_batch(
+        self,
+        *,
+        query_id: str,
+        batch_id: int,
+        results: Sequence[RoutedTaskResult],
+        source_offsets: str | None,
+        run_id: str | None = None,
+        batch_time: BatchTime | None = None,
+    ) -> RoutedOutcome:
+        """Commit a routed batch: every table it wrote, as one unit (see the module's docstring). ``batch_time``: the
+        batch's watermark (and event-time column), recorded in every table's commit (lakesink.driver.actions.completeness)."""
+        by_table: dict[str, list[TaskResult]] = {}
+        templated: set[str] = set()
+        for r in results:
+            for t in r.tables:
+                by_table.setdefault(t.table, []).append(t.result)
+                if t.templated:
+                    templated.add(t.table)
+        for name in self.truncating:  # a table the batch truncates is in its unit, rows after the truncate or none
+            by_table.setdefault(name, [])
+        run_id = run_id or next((r.run_id for r in results if r.run_id), None)
+        names = sorted(by_table)
+        routes = self.routes(names, batch_id)
+        counted = [t for ts in by_table.values() for t in ts] + [r.invalid_routes for r in results if r.invalid_routes]
+        replaying = any(t.replay_skipped for t in counted)
+        if self.dead_letters is not None and not replaying:
+            # max-rejected-fraction over the whole batch (every table, invalid routes); a replay that skips tables
+            # holding the batch (and the dead-letter table) counts none of their rows: that batch passed the check
+            # before its first commit, and the loop checks that this replay is faithful to it
+            dead_letters.check_rejected(self.options, counted, batch_id=batch_id)
+        if not names and not any(t.rows_in for t in counted):
+            return self._commit_empty(query_id, batch_id, source_offsets, run_id, batch_time)
+        unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
+        rows = _rows_digests(results)
+        actions: list[tuple[TableCommitter, CommitAction]] = []
+        # the tables planned for this batch, read in one catalog query (SQL catalogs)
+        read = catalogs.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
+        kept = [r.invalid_routes for r in results if r.invalid_routes]  # the batch's results as its actions hold them
+        for route in routes:
+            name = str(route)
+            c = self.committer(name)
+            table, table_results = self._table_for_commit(
+                c, route, by_table[name], name in templated, query_id, batch_id, read.get(route.identifier)
+            )
+            kept += table_results
+            action = c.unit_action(
+                table,
+                query_id=query_id,
+                batch_id=batch_id,
+                results=table_results,
+                source_offsets=source_offsets,
+                run_id=run_id,
+                unit=_with_rows(unit, rows.get(name)),
+                batch_time=batch_time,
+            )
+            actions.append((c, truncate.truncating(c, action) if name in self.truncating else action))
+        self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
+        if self.dead_letters is not None:
+            if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
+                self._recheck_rejected(actions, kept, query_id, batch_id)
+            letters = [t.dead_letters for t in kept if t.dead_letters is not None]
+            actions.append(self._letters_action(query_id, batch_id, letters, source_offsets, run_id))
+        outcome = self._run(actions, query_id, batch_id, names)
+        if names:
+            self._last_tables = tuple(names)
+        if templated or not self._swept:
+            self._sweep_staging(batch_id)  # once per process (a crashed run's leftovers), then after staged batches
+        return outcome
+
+    def _check_replay_rows(
+        self,
+        routes: Sequence[Route],
+        actions: Sequence[tuple[TableCommitter, CommitAction]],
+        rows: Mapping[str, str | None],
+        kept: Sequence[TaskResult],
+        *,
+        query_id: str,
+        batch_id: int,
+    ) -> None:
+        """A replay that finds the batch in some of its tables only (a catalog that commits table by table, or
+        ``atomic=off``, killed between two tables' commits) completes the others only when it routed to each table
+        that holds the batch the very rows the batch's commit there recorded (``lakesink.batch-rows-digest``): a route
+        computed from something that changed since (a lookup) may move rows between the same tables, and completing
+        the others would then commit some rows twice and lose others. Else ReplayMismatchError, before any table is
+        committed (the batch's files deleted). A replay found in every table, or in none, has nothing to complete: it
+        is not compared. A table whose commit recorded no digest (committed by an older lakesink) is not compared."""
+        held: list[tuple[str, TableCommitter, Table, CommittedBatch]] = []
+        missing: list[str] = []
+        for route, (c, a) in zip(routes, actions, strict=True):
+            name, done = str(route), c.last(a.table, query_id)
+            if done is not None and done.batch_id >= batch_id:
+                held.append((name, c, a.table, done))
+            else:
+                missing.append(name)
+        if not held or not missing:
+            return
+        names = sorted(str(r) for r in routes)
+        for (c, a), route in zip(actions, routes, strict=True):
+            if any(str(route) == h[0] for h in held):
+                # first what the loop checks of a table holding the batch (another run, the same offsets, the same
+                # set of tables): a second sink of this run, or other offsets, are told as such
+                UnitMember(c, a, query_id=query_id, batch_id=batch_id, tables=names).landed(a.table)
+        differ: list[str] = []
+        for name, c, table, done in held:
+            recorded = recorded_rows(table.metadata, done, query_id, batch_id, c.options.sink_id)
+            mine = rows.get(name)
+            if recorded is not None and mine is not None and not same_rows(recorded, mine):
+                differ.append(f"{name} (committed {recorded}, replayed {mine}; <rows>:<digest>)")
+        if not differ:
+            return
+        for c, a in actions:
+            c.unit_not_committed(a, reason="the replay routes other rows than the batch committed")
+        if self.dead_letters is not None:
+            letters = [t.dead_letters for t in kept if t.dead_letters is not None]
+            self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
+        raise ReplayMismatchError(
+            f"Spark replays batch {batch_id} of query {query_id}, which a crash left committed in some of its tables "
+            f"only ({', '.join(n for n, *_ in held)}; not yet in {', '.join(missing)}), but this replay routes other "
+            f"rows to table(s) that hold it: {'; '.join(differ)}. The routing column gives other tables for the same "
+            "rows (it is computed from something that changed since the batch was first committed, e.g. a join or "
+            "lookup against a table that was updated): completing the other tables would commit some rows twice and "
+            "lose others. Nothing was committed in any table and this replay's files were deleted. To recover: make "
+            "the routing column route the batch as it did (restore what it is computed from, e.g. the lookup's "
+            "version) and restart; make the route deterministic (a snapshot of the lookup per batch, recorded with "
+            "the input), or use atomic commits (option atomic=auto on a catalog that commits several tables at once: "
+            "a batch is then in all its tables or in none) (docs/routing.md, 'replays')"
+        )
+
+    def _recheck_rejected(
+        self, actions: Sequence[tuple[TableCommitter, CommitAction]], kept: Sequence[TaskResult], query_id: str, batch_id: int
+    ) -> None:
+        """max-rejected-fraction once more, with the dead letters a rewrite into a table found (:meth:`_rewrite_checks`);
+        over it, the files of the batch's actions and dead letters are deleted before TooManyRejectedError (the rewritten
+        files are known to no task result, so an abort would not find them)."""
+        assert self.dead_letters is not None
+        try:
+            dead_letters.check_rejected(self.options, kept, batch_id=batch_id)
+        except TooManyRejectedError:
+            for c, a in actions:
+                c.unit_not_committed(a, reason="too many rejected rows")
+            letters = [t.dead_letters for t in kept if t.dead_letters is not None]
+            self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
+            raise
+
+    def _letters_action(
+        self, query_id: str, batch_id: int, letters: Sequence[TaskResult], source_offsets: str | None, run_id: str | None
+    ) -> tuple[TableCommitter, CommitAction]:
+        """The batch's commit into the dead-letter table (its dead letters appended, or its marker moved when it has
+        none), one action of the batch's unit: the batch's tables and its dead letters land together or not at all."""
+        d = self.dead_letters
+        assert d is not None
+        table = d.load_patiently(batch_id)
+        expected = next((r.table_uuid for r in letters if r.table_uuid), None)
+        if expected is not None and str(table.metadata.table_uuid) != expected:
+            raise d.identity_changed(expected, str(table.metadata.table_uuid))
+        action = d.unit_action(
+            table,
+            query_id=query_id,
+            batch_id=batch_id,
+            results=letters,
+            source_offsets=source_offsets,
+            run_id=run_id,
+            unit={},
+        )
+        return d, action
+
+    def _run(
+        self,
+        actions: Sequence[tuple[TableCommitter, CommitAction]],
+        query_id: str,
+        batch_id: int,
+        tables: Sequence[str] | None,
+    ) -> RoutedOutcome:
+        """Run the batch's unit (``tables``: the batch's set of tables, which a table found holding the batch must
+        have recorded; None: an empty batch's marker-only commits, not compared)."""
+        members = [
+            UnitMember(c, a, query_id=query_id, batch_id=batch_id, tables=tables if c is not self.dead_letters else None)
+            for c, a in actions
+        ]
+        try:
+            swapped = swap.run_unit(members, atomic=self.atomic)
+        except CommitOutcomeUnknownError:
+            for c, a in actions:
+                c.unit_in_doubt(a)
+            raise
+        except RetriesExhausted as e:
+            for i, (c, a) in enumerate(actions):
+                if i not in e.partial:
+                    c.unit_not_committed(a, reason="commit retries exhausted")
+            landed = [actions[i][1].name for i in e.partial]
+            raise CommitConflictError(
+                f"batch {batch_id} into {len(actions)} table(s) failed {e.attempts} time(s) ({e.describe()}); "
+                + (
+                    f"committed to {', '.join(landed)} only (this catalog commits table by table), "
+                    if landed
+                    else "nothing was committed "
+                )
+                + "and the files of the other tables were deleted; restarting the query replays the batch and "
+                "completes it"
+            ) from e.last
+        outcomes: dict[str, BatchOutcome] = {}
+        letters: BatchOutcome | None = None
+        for (c, a), result in zip(actions, swapped, strict=True):
+            if c is self.dead_letters:
+                letters = c.unit_outcome(a, result)
+            else:
+                outcomes[a.name] = c.unit_outcome(a, result)
+        for c, a in actions:
+            if c is not self.dead_letters and outcomes[a.name].outcome is Outcome.COMMITTED and c.hook is not None:
+                c.hook.after_commit()
+        return RoutedOutcome(batch_id, outcomes, letters)
+
+    def _commit_empty(
+        self, query_id: str, batch_id: int, source_offsets: str | None, run_id: str | None, batch_time: BatchTime | None = None
+    ) -> RoutedOutcome:
+        """A batch that routed no row: its marker moves in the tables of the sink's previous batch in this run (a
+        marker-only commit each), so that their next snapshot tells an empty batch from a lost one."""
+        tables = self._last_tables or self._tables_of_last_batch(query_id)
+        if not tables:
+            log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", query_id, batch_id)
+            return RoutedOutcome(batch_id, {})
+        return self._without_files(
+            tables, query_id, batch_id, source_offsets, run_id, batch_time=batch_time, found_at_plan=False
+        )
+
+    def skip_replay(
+        self, *, query_id: str, batch_id: int, routes: Sequence[Route], source_offsets: str | None, run_id: str | None
+    ) -> RoutedOutcome:
+        """Every table of the batch held it when it was planned (foreach_batch): check they still do, write nothing."""
+        return self._without_files(
+            [str(r) for r in routes], query_id, batch_id, source_offsets, run_id, batch_time=None, found_at_plan=True
+        )
+
+    def _without_files(
+        self,
+        tables: Sequence[str],
+        query_id: str,
+        batch_id: int,
+        source_offsets: str | None,
+        run_id: str | None,
+        *,
+        batch_time: BatchTime | None,
+        found_at_plan: bool,
+    ) -> RoutedOutcome:
+        """A batch that writes no file into ``tables``, as one unit: an empty batch's marker-only commits, or a batch
+        found committed when it was planned (``found_at_plan``: each table must still hold it)."""
+        actions: list[tuple[TableCommitter, CommitAction]] = []
+        for name in tables:
+            c = self.committer(name)
+            table = c.load_patiently(batch_id)
+            action = c.unit_action(
+                table,
+                query_id=query_id,
+                batch_id=batch_id,
+                results=(),
+                source_offsets=source_offsets,
+                run_id=run_id,
+                unit={},
+                found_at_plan=found_at_plan,
+                batch_time=batch_time,
+            )
+            actions.append((c, action))
+        return self._run(actions, query_id, batch_id, tables if found_at_plan else None)
+
+    def _table_for_commit(
+        self,
+        c: TableCommitter,
+        route: Route,
+        results: list[TaskResult],
+        templated: bool,
+        query_id: str,
+        batch_id: int,
+        read: Table | None = None,
+    ) -> tuple[Table, list[TaskResult]]:
+        """The table to commit ``results`` to, as read now; files written with the template go in as they are when
+        the table is as the template made it, else they are rewritten into the table here (its schema, its spec,
+        its location) and the template's files deleted."""
+        name = str(route)
+        expected = self._uuids.get(name) or next((r.table_uuid for r in results if r.table_uuid), None)
+        if not templated:
+            table = read if read is not None else c.load_patiently(batch_id)  # not read: raises (dropped) or retries
+        else:
+            try:
+                table = c.load()
+            except NoSuchTableError:
+                if expected is not None:
+                    raise TableIdentityChangedError(
+                        f"table {name} was dropped while the query ran; nothing was committed. Restart the query to "
+                        "write into a table of that name again (a new table starts without the query's earlier batches)"
+                    ) from None
+                table, _ = c.open_routed(
+                    self.columns_of(name), location=self._location(route), siblings=lambda: self._sibling_locations(route)
+                )
+                fault_point(DRIVER_AFTER_TABLE_CREATED)
+        uuid = str(table.metadata.table_uuid)
+        if expected is not None and uuid != expected:
+            raise c.identity_changed(expected, uuid)
+        self._uuids[name] = uuid
+        if not self.options.merge_schema:  # (merge-schema: the commit adds a missing column; the plan checks it)
+            self._check_event_time(name, table.schema(), table.properties)
+        if not templated:
+            return table, results
+        template = self.template()
+        assert template is not None
+        written = {r.written_schema for r in results if r.files}
+        done = c.last(table, query_id)
+        if template.staged:
+            # staged files are never committed: the batch's rows are rewritten into the table, or, when the table
+            # holds the batch already (a replay), the staged files are deleted and the loop must find it there
+            if done is not None and done.batch_id >= batch_id:
+                self._delete_staged(results)
+                return table, [replace(r, files=(), replay_skipped=True) for r in results]
+            return table, self._rewrite(c, table, results, query_id, batch_id, staged=True)
+        fits = (
+            written <= {schema_digest(table.schema())}
+            and table.spec() == template.spec
+            and table.location().rstrip("/") == template.location(route).rstrip("/")
+        )
+        if fits or (done is not None and done.batch_id >= batch_id):
+            return table, results  # as written (a batch already there: the loop finds it landed, the files go)
+        return table, self._rewrite(c, table, results, query_id, batch_id)
+
+    def _rewrite(
+        self, c: TableCommitter, table: Table, results: list[TaskResult], query_id: str, batch_id: int, *, staged: bool = False
+    ) -> list[TaskResult]:
+        """Files written with the template for a table that differs (created by someone else, or before the run,
+        outside the namespace lakesink opened at the start), or staged (a catalog that places its tables itself):
+        their rows rewritten into the table, on the driver."""
+        plan = self._rewrite_checks(c.write_plan(table, query_id, c.columns_taken(table, self.stream_schema)), query_id)
+        if staged:
+            log.info(
+                "lakesink: table=%s batch=%s: the batch's staged files for it are rewritten into the table on the driver "
+                "(catalog %r places its tables itself; a restart of the query has the executors write this table "
+                "directly when it is in option 'namespace')",
+                c.table_name,
+                batch_id,
+                self.catalog.name,
+            )
+        else:
+            log.warning(
+                "lakesink: table=%s batch=%s: the table is not as lakesink would create it, so the batch's files for it "
+                "are rewritten on the driver (restart the query to have the executors write this table directly)",
+                c.table_name,
+                batch_id,
+            )
+        writer = TaskWriter(
+            plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0
+        )  # a new token: unique names
+        old = [f.path for r in results for f in r.files]
+        io = load_file_io(dict(self.catalog.properties), old[0] if old else None)
+        try:
+            for path in old:
+                with io.new_input(path).open() as stream:
+                    for batch in pq.ParquetFile(stream).iter_batches():
+                        rows = conform_to_table(_without_field_ids(batch), plan, batch_id)
+                        # a dead letter's row names its table in the routing column (the raw value is not kept)
+                        writer.add(writer.sort(rows, {self.routing.column: c.table_name}))
+            writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        for path in old:
+            storage.delete_file(io, path)
+        # the tasks' own results stay, without their files: their dead letters and counts are the batch's; the
+        # rewrite's rows were counted by the tasks already (rows_in 0), its dead letters are new
+        return [replace(writer.result(), rows_in=0), *(replace(r, files=()) for r in results)]
+
+    def _rewrite_checks(self, plan: WritePlan, query_id: str) -> WritePlan:
+        """Option dead-letter-table: the rows of a table written with the template are checked against the table
+        itself when they are rewritten into it, as a task checks a planned table's rows: a null in a NOT NULL column of
+        the table is a dead letter ``required-null``, not a SchemaMismatchError failing every batch (issue 30, item 9).
+        ``reject-when`` is not evaluated again: the tasks did, on the stream's rows."""
+        if self.dead_letters is None:
+            return plan
+        checks = self._checks if self._checks is not None else self.row_checks(query_id)  # a commit worker: not yet
+        assert checks is not None
+        return replace(plan, row_checks=replace(checks, reject_when=None, reject_column=False))
+
+    def _delete_staged(self, results: Sequence[TaskResult]) -> None:
+        template = self.template()
+        assert template is not None and template.staged
+        for r in results:
+            for f in r.files:
+                try:
+                    storage.delete_file(template.io, f.path)
+                except Exception:
+                    log.warning("lakesink: could not delete staged file %s; the next batch's commit collects it", f.path)
+
+    def _sweep_staging(self, batch_id: int) -> None:
+        """Batch ``batch_id`` is settled in every table (committed, or found committed): every staged file of it and
+        of earlier batches is dead (a staged file is never committed; Spark runs a query's batches in order, and a
+        crashed batch is replayed with its own id before the next), so they are deleted, leftovers of killed runs
+        included. Files of later batches (a zombie run ahead of this one) are kept."""
+        self._swept = True
+        template = self.template() if self.options.checkpoint_location else None
+        if template is None or not template.staged:
+            return
+        try:
+            listed = list(storage.list_files(template.io, template.root))
+        except Exception as e:
+            log.warning("lakesink: cannot list the staging area %s (%s); later commits retry", template.root, self._redact(e))
+            return
+        for f in listed:
+            found = file_names.batch_of(f.relative)
+            if found is None or found.batch_id > batch_id:
+                continue
+            try:
+                storage.delete_file(template.io, f"{template.root.rstrip('/')}/{f.relative}")
+            except Exception:
+                log.warning("lakesink: could not delete staged file %s; a later batch's commit collects it", f.relative)
+
+    # --- abort ------------------------------------------------------------------------------------
+
+    def abort_batch(self, *, query_id: str | None, batch_id: int, results: Sequence[RoutedTaskResult]) -> None:
+        """Each table's files of a batch that did not commit there deleted (TableCommitter.abort_batch); files
+        written for a table that does not exist (it was never created) deleted."""
+        by_table: dict[str, list[TaskResult]] = {}
+        for r in results:
+            for t in r.tables:
+                by_table.setdefault(t.table, []).append(t.result)
+        if self.dead_letters is not None:
+            counted = [t for ts in by_table.values() for t in ts] + [r.invalid_routes for r in results if r.invalid_routes]
+            letters = [t.dead_letters for t in counted if t.dead_letters is not None]
+            if letters:
+                self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
+        for name, table_results in sorted(by_table.items()):
+            c = self.committer(name)
+            try:
+                c.load_fresh()
+            except NoSuchTableError:
+                paths = [f.path for r in table_results for f in r.files]
+                io = load_file_io(dict(self.catalog.properties), paths[0] if paths else None)
+                for path in paths:
+                    try:
+                        storage.delete_file(io, path)
+                    except Exception:
+                        log.warning("lakesink: could not delete %s; an orphan clean-up collects it", path)
+                continue
+            except Exception:
+                pass  # TableCommitter.abort_batch says it cannot read the table and keeps the files
+            c.abort_batch(query_id=query_id, batch_id=batch_id, results=table_results)
+
+
+def _rows_digests(results: Sequence[RoutedTaskResult]) -> dict[str, str | None]:
+    """Per table, the digest of the rows the batch's tasks routed to it (None when a task computed none)."""
+    found: dict[str, list[RowsDigest | None]] = {}
+    for r in results:
+        for t in r.tables:
+            found.setdefault(t.table, []).append(t.rows_digest)
+    return {name: combine(digests) for name, digests in found.items()}
+
+
+def _with_rows(unit: Mapping[str, str], rows: str | None) -> dict[str, str]:
+    """A table's summary keys of the batch's unit, with the digest of the rows the batch routed to it."""
+    return {**unit, SUMMARY_BATCH_ROWS_DIGEST: rows} if rows is not None else dict(unit)
+
+
+def _without_field_ids(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A template file's rows, matched to the table by column name (its field ids are the template's)."""
+    return pa.RecordBatch.from_arrays(batch.columns, schema=_strip(batch.schema))
+
+
+def _strip(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
+
+

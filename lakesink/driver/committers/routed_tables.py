@@ -1,0 +1,596 @@
+"""Option ``route-by`` on the driver, first half: a routed sink's tables -- which tables a batch's routing values name,
+opened (created on first sight, with their namespace) and checked, their write plans, the template of the tables
+format("lakesink") has not opened yet and its staging area, the dead-letter table's row checks.
+
+:class:`RoutedTables` is the base of :class:`lakesink.driver.committers.routed.RoutedCommitter`, which commits a
+batch's tables as one unit. Bounded by design: a table's committer is kept for the :data:`_MAX_COMMITTERS` tables used
+last (a run may route to thousands), catalog connections are the process's one per catalog (lakesink.driver.catalogs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.rest import RestCatalog
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.io import load_file_io
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table, Transaction
+
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg import producers as seam_producers
+from lakesink.driver import catalogs
+from lakesink.driver.actions import completeness, dead_letters
+from lakesink.driver.actions.unit import UnitMember
+from lakesink.driver.committers.table import CommitHook, TableCommitter
+from lakesink.driver.loop import swap
+from lakesink.driver.loop.action import CommitAction, Landing, Turn
+from lakesink.driver.loop.swap import RetriesExhausted
+from lakesink.driver.tables import routed_keys
+from lakesink.driver.tables.sink_table import Sibling, SinkTable, creation_properties, sibling, with_identifier_fields
+from lakesink.errors import (
+    CommitConflictError,
+    InvalidOptionError,
+    RoutingError,
+)
+from lakesink.executor.messages import RowChecks, WritePlan
+from lakesink.executor.routed_writer import (
+    RoutedPlan,
+    TableTemplate,
+    route_of,
+    routed_table,
+)
+from lakesink.executor.upsert_task import UpsertSpec
+from lakesink.options import ATOMIC, Atomic, Routing, SinkOptions, TableName
+from lakesink.redaction import redact_secrets_in
+from lakesink.table import dead_letters as dead_letter_schema
+from lakesink.table import names as file_names
+from lakesink.table import partitioning, storage
+from lakesink.table.markers import parse_last_batch_key
+from lakesink.table.routes import InvalidRoute, Route, case_collisions
+from lakesink.table.settings import TableSettings
+
+log = logging.getLogger("lakesink")
+
+_MAX_COMMITTERS = 256
+_logged_modes: set[tuple[str, str]] = set()
+
+
+def stream_columns(routing: Routing, stream_schema: pa.Schema) -> pa.Schema:
+    """The stream's schema without its routing column (what the tables take); the column must be a string."""
+    index = stream_schema.get_field_index(routing.column)
+    if index < 0:
+        raise InvalidOptionError(
+            f"option 'route-by' names column {routing.column!r}, which the stream does not have (columns: "
+            f"{', '.join(stream_schema.names)})"
+        )
+    field = stream_schema.field(index)
+    if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
+        raise InvalidOptionError(
+            f"option 'route-by': column {routing.column!r} has type {field.type}; the routing column must be a string "
+            "holding each row's table name ('namespace.table', or 'table' with option 'namespace')"
+        )
+    return stream_schema.remove(index)
+
+
+def fitted_columns(payload_columns: pa.Schema, table_schema: Schema) -> pa.Schema:
+    """Option payload: a table's columns as a batch's payloads hold them, each field the table has with the table's
+    type (the executors cast the payload's values to it: lakesink.executor.payload.expand); a struct with a field the
+    table's struct lacks keeps the payload's type (option merge-schema adds the field, else the batch is refused)."""
+    have = {f.name: f for f in seam.arrow_schema(table_schema)}
+    out = []
+    for f in payload_columns:
+        own = have.get(f.name)
+        if own is None:
+            out.append(f)
+        elif (
+            pa.types.is_struct(f.type)
+            and pa.types.is_struct(own.type)
+            and not ({x.name for x in f.type} <= {x.name for x in own.type})
+        ):
+            out.append(f)
+        else:
+            out.append(pa.field(f.name, own.type))
+    return pa.schema(out, metadata=payload_columns.metadata)
+
+
+def check_atomic(catalog: Catalog, routing: Routing) -> bool:
+    """Whether ``catalog`` commits several tables as one unit; InvalidOptionError (at start) when ``atomic=required``
+    and it cannot."""
+    can = seam_commit.catalog_commits_atomically(catalog)
+    if routing.atomic is Atomic.REQUIRED and not can:
+        raise InvalidOptionError(
+            f"option '{ATOMIC}' is 'required', but catalog {catalog.name!r} ({type(catalog).__name__}) cannot commit "
+            "several tables as one unit (lakesink can with pyiceberg's SQL catalog on SQLite or PostgreSQL, and with a "
+            "REST catalog whose /v1/config lists POST /v1/{prefix}/transactions/commit). Use such a catalog, or "
+            "atomic='auto' (each table on its own, each exactly once; a replay completes a batch's missing tables)"
+        )
+    return can
+
+
+STAGING_FOLDER = "lakesink/staging"
+"""Where format("lakesink") stages the files of tables a run had not opened, under the query's checkpoint, on a
+catalog that places its tables itself (:meth:`RoutedCommitter.template`)."""
+
+
+def staging_root(checkpoint_location: str) -> str:
+    """The query's staging area: ``<checkpoint>/lakesink/staging`` (a relative checkpoint path made absolute, as
+    Spark resolves it against the driver's working folder)."""
+    root = checkpoint_location
+    if "://" not in root and not root.startswith(("/", "file:")):
+        root = os.path.abspath(root)
+    return f"{root.rstrip('/')}/{STAGING_FOLDER}"
+
+
+class RoutedTables:
+    """The tables of a routed sink: a :class:`TableCommitter` per table, their plans (the commit:
+    :class:`~lakesink.driver.committers.routed.RoutedCommitter`)."""
+
+    def __init__(
+        self,
+        options: SinkOptions,
+        stream_schema: pa.Schema,
+        *,
+        post_commit: Callable[[SinkTable], CommitHook] | None = None,
+    ):
+        assert options.routing is not None
+        self.options = options
+        self.routing: Routing = options.routing
+        self.stream_schema = stream_columns(self.routing, stream_schema)
+        self.table_columns: dict[str, pa.Schema] = {}
+        """Option payload: each table's columns as the batch's payloads hold them (set per batch by foreach_batch,
+        lakesink.executor.payload); a table not in it takes the stream's columns."""
+        self.carried_keys: dict[str, set[routed_keys.Key]] = {}
+        """With upserts: the keys each table's changes carry in the batch (set per batch by foreach_batch with
+        cdc-format=debezium: the Kafka keys' fields); the key of a table lakesink creates (lakesink.driver.tables.routed_keys)."""
+        self.truncating: set[str] = set()
+        """Option cdc-format: the tables the batch truncates (set per batch by foreach_batch, which keeps only their
+        changes after the truncate): their part of the unit replaces everything live (lakesink.driver.actions.truncate)."""
+        self.table_keys: dict[str, routed_keys.Key] = {}
+        """With upserts: each table's key, decided when the run first opens it (lakesink.driver.tables.routed_keys)."""
+        self.catalog = catalogs.load(options.catalog_name, options.catalog_properties)
+        self.atomic = self._atomic_mode()
+        self._post_commit = post_commit
+        self._committers: OrderedDict[str, TableCommitter] = OrderedDict()
+        self._uuids: dict[str, str] = {}
+        self._siblings: dict[tuple[str, ...], list[Sibling]] = {}
+        self._last_tables: tuple[str, ...] = ()
+        self._template: TableTemplate | None = None
+        self.dead_letters: TableCommitter | None = None
+        """Option dead-letter-table: one dead-letter table for all the tables of the sink, committed in each batch's
+        unit (a row whose routing value names no valid table is a dead letter there, error ``invalid-route``)."""
+        if options.dead_letter_table is not None:
+            self.dead_letters = TableCommitter(dead_letters.dead_letter_options(options))
+        self._letters_opened = False
+        self._letters_read: Table | None = None
+        self._read_at_plan: dict[str, Table] = {}
+        self._checks: RowChecks | None = None
+        self._swept = False
+
+    # --- start ------------------------------------------------------------------------------------
+
+    def _atomic_mode(self) -> bool:
+        """Whether a batch's tables are swapped as one unit; ``atomic=required`` on a catalog that cannot fails here."""
+        mode = self.routing.atomic
+        can = check_atomic(self.catalog, self.routing)
+        kind = type(self.catalog).__name__
+        atomic = can and mode is not Atomic.OFF
+        key = (self.catalog.name, f"{mode.value}:{atomic}")
+        if key not in _logged_modes:
+            _logged_modes.add(key)
+            log.info(
+                "lakesink: route-by %r: catalog %r (%s) %s",
+                self.routing.column,
+                self.catalog.name,
+                kind,
+                "commits all tables of a batch in one atomic unit"
+                if atomic
+                else (
+                    "commits the tables of a batch one after the other (atomic=off)"
+                    if mode is Atomic.OFF
+                    else "cannot commit several tables atomically: the tables of a batch are committed one after the "
+                    "other, each exactly once, and a replay completes the tables a crash left without the batch"
+                ),
+            )
+        return atomic
+
+    def new_run(self) -> None:
+        """A new run of the query: tables are opened (and checked) afresh."""
+        self._uuids.clear()
+        self._siblings.clear()
+        self.table_keys.clear()
+        self._last_tables = ()
+        self._letters_opened = False
+
+    def committer(self, name: str) -> TableCommitter:
+        found = self._committers.pop(name, None)
+        if found is None:
+            route = route_of(name, (), self.routing.column, -1)
+            found = TableCommitter(self.options.for_table(TableName(route.namespace, route.name)), post_commit=self._post_commit)
+            found.routed_dead_letters = self.dead_letters
+        self._committers[name] = found  # most recently used last
+        while len(self._committers) > _MAX_COMMITTERS:
+            self._committers.popitem(last=False)
+        return found
+
+    def routes(self, values: Iterable[object], batch_id: int) -> list[Route]:
+        """The tables a batch's routing values name (RoutingError naming a bad value, or two that collide); with
+        option dead-letter-table, values that name no valid table are left out (their rows are dead letters)."""
+        if self.dead_letters is None:
+            r = self.routing
+            routes = sorted({route_of(v, r.namespace, r.column, batch_id, r.allowed_namespaces) for v in values})
+        else:
+            letters = str(self.dead_letters.options.table)
+            found = (routed_table(v, self.routing.namespace, letters, self.routing.allowed_namespaces) for v in values)
+            routes = sorted({r for r in found if not isinstance(r, InvalidRoute)})
+        clashes = case_collisions(routes)
+        if clashes:
+            a, b = clashes[0]
+            raise RoutingError(
+                f"batch {batch_id}: routing values name tables {a} and {b}, which differ only in case: one table on a "
+                "case-insensitive catalog (Glue, Hive), where one batch would commit twice into it. Nothing was "
+                "committed; use one spelling per table"
+            )
+        return routes
+
+    def any_invalid(self, values: Iterable[object]) -> bool:
+        """Option dead-letter-table: whether a routing value names no valid table (its rows are dead letters)."""
+        if self.dead_letters is None:
+            return False
+        letters = str(self.dead_letters.options.table)
+        r = self.routing
+        return any(isinstance(routed_table(v, r.namespace, letters, r.allowed_namespaces), InvalidRoute) for v in values)
+
+    # --- plans ------------------------------------------------------------------------------------
+
+    def row_checks(self, query_id: str | None) -> RowChecks | None:
+        """Option dead-letter-table: the checks every task of the batch runs, with the dead-letter table's plan (the
+        table opened, created when missing, and checked at the first plan of a run; read again at every other)."""
+        d = self.dead_letters
+        if d is None:
+            return None
+        if not self._letters_opened:
+            letters_table = d.open_table(dead_letter_schema.SCHEMA)
+            if letters_table.schema().find_field(dead_letter_schema.TABLE).required:
+                # made before routed sinks had dead letters: an invalid route's null value needs an optional column
+                # (required -> optional is a compatible schema change; readers see no difference in the other rows)
+                try:
+                    swap.run(OptionalColumn(letters_table, dead_letter_schema.TABLE))
+                except RetriesExhausted as e:
+                    raise CommitConflictError(
+                        f"dead-letter table {d.table_name}: making column {dead_letter_schema.TABLE!r} optional "
+                        f"{e.attempts} time(s) {e.describe()}; nothing was written, restart the query"
+                    ) from e
+                log.info("lakesink: dead-letter table %s: column %r made optional", d.table_name, dead_letter_schema.TABLE)
+                letters_table = d.reload_table()
+            self._letters_opened = True
+        else:
+            letters_table = d.reload_table()
+        self._letters_read = letters_table
+        self._checks = RowChecks(d.write_plan(letters_table, query_id), reject_when=self.options.reject_when)
+        return self._checks
+
+    def _checked(self, plan: WritePlan) -> WritePlan:
+        """A table's plan with the batch's row checks; its replay point the last batch in both it and the dead-letter
+        table (a batch the dead-letter table lacks is written again: the one that holds it finds it landed)."""
+        checks = self._checks
+        if checks is None:
+            return plan
+        last, letters = plan.last_committed_batch, checks.dead_letters.last_committed_batch
+        both = None if letters is None or last is None else min(last, letters)
+        return replace(plan, row_checks=checks, last_committed_batch=both)
+
+    def template(self) -> TableTemplate | None:
+        """How executors write a table not opened yet (format("lakesink")): at ``<warehouse>/<namespace>.db/<table>``
+        when lakesink places new tables itself (:meth:`places_tables_itself`); else into the query's staging area
+        (``<checkpoint>/lakesink/staging``, :func:`staging_root`), from which the driver rewrites the rows into the
+        table, created where the catalog places it (a REST server). None without a checkpoint (foreach_batch)."""
+        if self._template is None:
+            if self.places_tables_itself():
+                root: str | None = self.catalog.properties["warehouse"]
+            else:
+                checkpoint = self.options.checkpoint_location
+                root = staging_root(checkpoint) if checkpoint else None
+            if root is None:
+                return None
+            schema = seam.new_table_schema(self.stream_schema)
+            name = f"tables routed by {self.routing.column!r}"
+            # the identifier fields of a table lakesink creates (driver.tables.sink_table); option payload: the key columns are
+            # payload fields, and each table is created from its payloads (foreach_batch only: the template places it)
+            if self.options.upsert_key and self.options.payload is None:
+                schema = with_identifier_fields(schema, self.options.upsert_key, name)
+            properties = creation_properties(self.options, name)
+            self._template = TableTemplate(
+                root=root,
+                schema=schema,
+                spec=partitioning.to_spec(self.options.partitioned_by, schema, name),
+                properties=properties,
+                settings=TableSettings.parse(name, properties),
+                io=load_file_io(dict(self.catalog.properties), root),
+                staged=not self.places_tables_itself(),
+            )
+        return self._template
+
+    def places_tables_itself(self) -> bool:
+        """Whether lakesink may place a new table at ``<warehouse>/<namespace>.db/<table>`` itself: a catalog whose
+        ``warehouse`` is a location (a URI or an absolute path) and that takes the location given at creation. A REST
+        catalog's ``warehouse`` may be a name, and its server places tables (some refuse a location, lakana among
+        them): format("lakesink") stages a new table's files instead (:meth:`template`)."""
+        root = self.catalog.properties.get("warehouse") or ""
+        return not isinstance(self.catalog, RestCatalog) and ("://" in root or root.startswith("/"))
+
+    def check_staging(self) -> None:
+        """format("lakesink") at the start of a run, on a catalog that places its tables itself: the staging area must
+        be writable with the catalog's storage properties (a probe file written and deleted), else InvalidOptionError
+        naming the catalog and the folder, before any batch runs."""
+        template = self.template()
+        if template is None or not template.staged:
+            return
+        probe = f"{template.root}/.probe-{file_names.new_token()}"
+        try:
+            with template.io.new_output(probe).create(overwrite=True) as f:
+                f.write(b"lakesink")
+            storage.delete_file(template.io, probe)
+        except Exception as e:
+            raise InvalidOptionError(
+                f"format('lakesink') with option 'route-by' writes the rows of a table it has not opened into the "
+                f"query's staging area {template.root} (catalog {self.catalog.name!r} places its tables itself), and "
+                f"cannot write there: {self._redact(e)}. Give a checkpoint location that the catalog's storage "
+                "properties can write, or use lakesink.foreach_batch(route_by=...)"
+            ) from None
+
+    def _redact(self, e: BaseException) -> str:
+        _, props = catalogs.resolve_catalog_properties(self.options.catalog_name, self.options.catalog_properties)
+        return redact_secrets_in(f"{type(e).__name__}: {e}", props)
+
+    def no_template_reason(self) -> str:
+        """Why :meth:`template` is None (for the error that refuses format("lakesink"))."""
+        return "has no checkpoint location to stage the files of new tables in (option 'checkpointLocation')"
+
+    def _location(self, route: Route) -> str | None:
+        """Where a new table is created: the template's location when lakesink places tables; else where the catalog
+        places it (None)."""
+        template = self.template()
+        return template.location(route) if template is not None and not template.staged else None
+
+    def plan(self, route: Route, query_id: str | None) -> WritePlan:
+        """The write plan of one table of a batch: opened (created on first sight) and checked the first time this
+        run sees it; later batches read it again and refuse a table dropped or recreated meanwhile."""
+        return self._plan_and_table(route, query_id)[0]
+
+    def columns_of(self, name: str) -> pa.Schema:
+        """The columns a table takes from the batch: its payloads' (option payload), else the stream's."""
+        return self.table_columns.get(name, self.stream_schema)
+
+    def _plan_and_table(self, route: Route, query_id: str | None) -> tuple[WritePlan, Table]:
+        name = str(route)
+        c = self.committer(name)
+        expected = self._uuids.get(name)
+        if self.options.upserts:  # the table's own key (an existing table's identifier fields), decided once a run
+            self._keyed(c, name, first=expected is None)
+        if expected is None:
+            wanted = self.columns_of(name)
+            if name in self.table_columns:  # option payload: the fields an existing table has keep its types
+                try:
+                    wanted = fitted_columns(wanted, c.load().schema())
+                except NoSuchTableError:
+                    pass
+            table, columns = c.open_routed(
+                wanted, location=self._location(route), siblings=lambda: self._sibling_locations(route)
+            )
+        else:
+            table = c.reload_table()
+            wanted = self.columns_of(name)
+            if name in self.table_columns:
+                wanted = fitted_columns(wanted, table.schema())
+            columns = c.columns_taken(table, wanted)
+        plan = c.write_plan(table, query_id, columns, expected_uuid=expected)
+        self._check_event_time(name, plan.schema, plan.properties)
+        self._uuids[name] = plan.table_uuid
+        return plan, table
+
+    def _keyed(self, c: TableCommitter, name: str, *, first: bool) -> None:
+        """Option route-by with upserts: the table's committer takes the table's key as its option upsert-key (its
+        creation and checks then use it: lakesink.driver.tables.routed_keys)."""
+        if first or name not in self.table_keys:
+            try:
+                schema: Schema | None = c.load().schema()
+            except NoSuchTableError:
+                schema = None
+            carried = self.carried_keys.get(name, set())
+            self.table_keys[name] = routed_keys.table_key(name, schema, carried, self.options.upsert_key)
+        c.options = replace(c.options, upsert_key=self.table_keys[name])
+
+    def _check_event_time(self, name: str, schema: Schema, properties: Mapping[str, str]) -> None:
+        """Option event-time: a routed table must have the column, with bounds, as a single table must at start
+        (lakesink.driver.actions.completeness.event_time_field); else InvalidOptionError when the table is opened, before
+        anything of the batch is committed -- not at every commit, after the tables before it (issue 30, item 12)."""
+        column = self.options.event_time
+        if column is None:
+            return
+        try:
+            completeness.event_time_field(schema, column, name, properties)
+        except InvalidOptionError as e:
+            raise InvalidOptionError(
+                f"route-by: {e}. Every table a row is routed to needs the event-time column; nothing was committed. "
+                f"Fix the table (add column {column!r} as a timestamp or date, with bounds; option merge-schema=true "
+                f"adds it), route no row to table {name}, or drop option 'event-time'"
+            ) from None
+
+    def plans(self, routes: Sequence[Route], query_id: str | None) -> dict[str, WritePlan]:
+        """The plans of a batch's tables (foreach_batch: every table opened before any file is written); the tables as
+        read are kept for :meth:`check_replay_at_plan`."""
+        self.row_checks(query_id)
+        self._read_at_plan.clear()
+        plans: dict[str, WritePlan] = {}
+        for r in routes:
+            plan, self._read_at_plan[str(r)] = self._plan_and_table(r, query_id)
+            plans[str(r)] = self._checked(plan)
+        return plans
+
+    def check_replay_at_plan(self, *, query_id: str, batch_id: int, source_offsets: str | None, run_id: str | None) -> None:
+        """foreach_batch, after :meth:`plans` and before any file is written: the batch is decided as a whole. Each of
+        its tables (and the dead-letter table) that holds it already must hold a faithful replay of the whole batch --
+        another run of the query, the same source offsets, the same set of tables -- else the loud error the commit's
+        loop would raise (:class:`UnitMember`) is raised here, before any Spark job writes (a batch found in none of
+        them is new, and the loop decides again, table by table, at every attempt of its commit)."""
+        names = sorted(self._read_at_plan)
+        held: list[tuple[TableCommitter, Table, Sequence[str] | None]] = [
+            (self.committer(name), table, names) for name, table in self._read_at_plan.items()
+        ]
+        if self.dead_letters is not None and self._letters_read is not None:
+            held.append((self.dead_letters, self._letters_read, None))
+        for c, table, tables in held:
+            done = c.last(table, query_id)
+            if done is None or done.batch_id < batch_id:
+                continue
+            action = c.unit_action(
+                table,
+                query_id=query_id,
+                batch_id=batch_id,
+                results=(),
+                source_offsets=source_offsets,
+                run_id=run_id,
+                unit={},
+                found_at_plan=True,
+            )
+            UnitMember(c, action, query_id=query_id, batch_id=batch_id, tables=tables).landed(table)
+
+    def written_plans(self, query_id: str | None) -> dict[str, WritePlan]:
+        """format("lakesink") at the start of a run: the plans of the tables of option ``namespace`` that this query
+        wrote (their replay markers tell the executors which batches they hold); every other table is written with
+        the template."""
+        ns = self.routing.namespace
+        if not ns or query_id is None:
+            return {}
+        try:
+            listed = self.catalog.list_tables(ns)
+        except Exception:
+            return {}  # no namespace yet: no table
+        plans: dict[str, WritePlan] = {}
+        for ident in listed:
+            route = Route(tuple(ident[:-1]), ident[-1])
+            try:
+                table = self.catalog.load_table(ident)
+            except Exception:
+                continue  # dropped meanwhile, or not an Iceberg table
+            if any(parse_last_batch_key(k) == (query_id, self.options.sink_id) for k in table.properties):
+                plans[str(route)] = self.plan(route, query_id)
+        if self.dead_letters is not None:
+            self.row_checks(query_id)
+            plans = {name: self._checked(plan) for name, plan in plans.items()}
+        return plans
+
+    def routed_plan(
+        self,
+        plans: Mapping[str, WritePlan],
+        query_id: str | None,
+        *,
+        template: bool,
+        reject_column: bool = False,
+        deletes_computed: bool = False,
+    ) -> RoutedPlan:
+        """``reject_column`` (foreach_batch with option reject-when): Spark computed the expression into the reject
+        column, which every table's row checks read. With option upsert-key every task resolves its rows of each table
+        to one row per key (:meth:`upsert_spec`; ``deletes_computed``: foreach_batch, whose Spark evaluated option
+        delete-when into the column lakesink.table.keys.DELETED)."""
+        if self.dead_letters is not None and self._checks is None:
+            self.row_checks(query_id)
+        if reject_column and self._checks is not None:
+            self._checks = replace(self._checks, reject_column=True)
+            plans = {n: replace(p, row_checks=self._checks) if p.row_checks is not None else p for n, p in plans.items()}
+        return RoutedPlan(
+            column=self.routing.column,
+            namespace=self.routing.namespace,
+            plans=dict(plans),
+            template=self.template() if template else None,
+            query_id=query_id,
+            sink_id=self.options.sink_id,
+            row_checks=self._checks if self.dead_letters is not None else None,
+            allowed_namespaces=self.routing.allowed_namespaces,
+            upsert=self.upsert_spec(deletes_computed=deletes_computed),
+            keys={n: self.table_keys[n] for n in plans if n in self.table_keys},
+            payload=self.options.payload,
+        )
+
+    def upsert_spec(self, *, deletes_computed: bool = False) -> UpsertSpec | None:
+        """Option upsert-key: how a task resolves each table's rows (None: appends). ``delete-when`` is the writers'
+        (an Iceberg row filter, checked here) unless Spark computed it already (``deletes_computed``)."""
+        o = self.options
+        if not o.upserts:
+            return None
+        spec = UpsertSpec(o.upsert_key, None if deletes_computed else o.delete_when, o.order_by)
+        spec.check()
+        return spec
+
+    def _sibling_locations(self, route: Route) -> list[Sibling]:
+        """The locations of the other tables of the route's namespace, listed once per run and namespace."""
+        ns = route.namespace
+        if ns not in self._siblings:
+            found: list[Sibling] = []
+            try:
+                listed = self.catalog.list_tables(ns)
+            except Exception:
+                listed = []  # a namespace that does not exist yet has no tables
+            for ident in listed[:500]:
+                try:
+                    found.append(sibling(ident, self.catalog.load_table(ident)))
+                except Exception:
+                    continue
+            self._siblings[ns] = found
+        return self._siblings[ns]
+
+    def _tables_of_last_batch(self, query_id: str) -> tuple[str, ...]:
+        """The tables of option ``namespace`` that hold the sink's last batch, read from the catalog: where an empty
+        batch is recorded when this process committed no batch of the run before it (format("lakesink") commits in a
+        worker that keeps nothing between batches). One table recording it is enough for ``lakesink verify``: the
+        query's other tables account for a batch id their own history lacks (lakesink.audit.routes). None found (no
+        namespace, or the sink wrote only tables outside it): nothing to record it in, as before."""
+        ns = self.routing.namespace
+        if not ns:
+            return ()
+        try:
+            listed = [tuple(ident) for ident in self.catalog.list_tables(ns)]
+        except Exception:
+            return ()  # no namespace yet: no table
+        best = -1
+        found: list[str] = []
+        for ident, table in catalogs.load_tables(self.catalog, listed[:_MAX_COMMITTERS]).items():
+            name = ".".join(ident)
+            done = self.committer(name).last(table, query_id)
+            if done is None or done.batch_id < best:
+                continue
+            if done.batch_id > best:
+                best = done.batch_id
+                found.clear()
+            found.append(name)
+        return tuple(sorted(found))
+
+
+
+class OptionalColumn(CommitAction):
+    """A required top-level column made optional (a compatible schema change), as a commit action: every attempt
+    stages it on the table as read (the swap asserts the schema it read), landed once the column is optional."""
+
+    turn = Turn.BATCH  # part of a sink's set-up: it never waits for this process's maintenance
+
+    def __init__(self, table: Table, column: str):
+        super().__init__(table, f"making column {column!r} of {'.'.join(table.name())} optional")
+        self.column = column
+
+    def landed(self, table: Table) -> Landing | None:
+        return None if table.schema().find_field(self.column).required else Landing(mine=True)
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        def stage(tx: Transaction) -> None:
+            with tx.update_schema() as update:
+                update.update_column(self.column, required=False)
+
+        return seam_producers.prepare_staged(table, stage)
