@@ -45,18 +45,19 @@ from lakesink.executor.row_digest import RowsDigest
 from lakesink.faults import fault_point
 from lakesink.sink import spark_fs, spark_partition, spark_write
 from lakesink.table import names, storage
+from lakesink.table.keys import ROUTE_PARTITION_COLUMN, ROUTED_NO_COLUMN_MARKER, ROUTED_UNKNOWN_ROUTE_MARKER
 from lakesink.table.routes import parse_route, routing_value
 
 log = logging.getLogger("lakesink")
 
 MAX_TABLES_PER_JOB = 64
 """A write job observes three aggregates per table it writes: more tables, more jobs (each reads the batch)."""
-ROUTE_KEY = "__lakesink_route"
+ROUTE_KEY = ROUTE_PARTITION_COLUMN
 """The partition column of a routed write job: the table's number in its group (not written into the files)."""
 _HASH = "__lakesink_row_hash"
 _MASK = (1 << 64) - 1
-_NO_COLUMN_MARKER = "LAKESINK_ROUTED_NO_COLUMN"
-_UNKNOWN_ROUTE_MARKER = "LAKESINK_ROUTED_UNKNOWN_ROUTE"
+_NO_COLUMN_MARKER = ROUTED_NO_COLUMN_MARKER
+_UNKNOWN_ROUTE_MARKER = ROUTED_UNKNOWN_ROUTE_MARKER
 DIGEST_KIND = "x"
 """lakesink.executor.row_digest.RowsDigest.kind of the digests Spark computes here."""
 

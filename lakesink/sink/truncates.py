@@ -4,7 +4,7 @@ The payload inference job (lakesink.executor.payload) finds, per table, the posi
 last truncate. Here, on the driver, before the batch's tables are planned: every change of that table at an earlier
 position is dropped from the batch (and the truncates themselves), and the table is marked for the unit
 (``RoutedCommitter.truncating``), whose part for it then replaces everything live with the rows that remain
-(lakesink.driver.actions.truncate). A truncate of a table that does not exist, with no change after it, changes nothing.
+(actions.batch.action_for). A truncate of a table that does not exist, with no change after it, changes nothing.
 """
 
 from __future__ import annotations

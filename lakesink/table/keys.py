@@ -271,3 +271,16 @@ UNIT_THREADS_FROM = 4
 """A unit of at least this many tables (or commit actions) is prepared, and its metadata files staged, on a pool of
 threads (:func:`lakesink._pyiceberg.commit.unit_threads` of them) that lives for one attempt; a smaller one on the
 calling thread."""
+
+
+# --- columns and markers of a batch's Spark jobs and Arrow tables (never written into a table) ---------------------
+
+ORDER_PRESENT_COLUMN = "__lakesink_present"
+"""Option order-by: whether a key of the order file is present (lakesink.driver.actions.upsert_order)."""
+ROUTE_PARTITION_COLUMN = "__lakesink_route"
+"""route-by with writer='spark': the partition column of a routed write job, the table's number in its group
+(lakesink.sink.spark_routed; not written into the files)."""
+ROUTED_NO_COLUMN_MARKER = "LAKESINK_ROUTED_NO_COLUMN"
+"""route-by with writer='spark': the marker of the error a row raises with a value in a column its table lacks."""
+ROUTED_UNKNOWN_ROUTE_MARKER = "LAKESINK_ROUTED_UNKNOWN_ROUTE"
+"""route-by with writer='spark': the marker of the error a row raises whose route is not among the batch's tables."""

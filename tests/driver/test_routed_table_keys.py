@@ -238,7 +238,7 @@ def test_a_table_without_a_key_is_a_loud_error_naming_it(catalog_properties: dic
 
 
 def test_a_truncating_unit_failed_inside_its_transaction_then_replayed(catalog_properties: dict[str, str], faults: Any) -> None:
-    """cdc-format's truncate (lakesink.driver.actions.truncate): the truncated table's part of the unit replaces everything
+    """cdc-format's truncate (actions.batch.action_for): the truncated table's part of the unit replaces everything
     live with the batch's rows (foreach_batch kept only the changes after the truncate), atomically with the batch's
     other tables: a fault inside the unit's transaction changes no table, the replay applies both."""
     extra = {"table-property.commit.retry.num-retries": "0"}

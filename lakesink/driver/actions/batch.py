@@ -428,6 +428,7 @@ def action_for(
     *,
     found_at_plan: bool = False,
     overwrite: bool = False,
+    truncate: bool = False,
     records_letters: bool = False,
 ) -> BatchAction:
     """The one list of what a batch commits into one table -- a sink's own table, one table of a routed batch's unit, a
@@ -435,9 +436,17 @@ def action_for(
     planned, or by every task), an upsert (the batch changes keys), an overwrite of everything live (complete mode:
     ``overwrite``), an empty batch's marker (no file, and no dead letter to count: ``records_letters``), or its files
     appended. The committers run it (lakesink.driver.committers): a table's alone or with its dead letters, a routed
-    batch's as one unit of every table's."""
+    batch's as one unit of every table's.
+
+    ``truncate`` (option cdc-format, Debezium's op ``t``): the batch holds only the table's changes after its truncate
+    (foreach_batch dropped the ones before it: lakesink.sink.truncates), and its part of the unit is those rows
+    replacing everything live -- the complete-mode overwrite (every live data and delete file removed at the head the
+    attempt read, which the swap asserts), upserts and empty batches alike; a replay found in the table stays a replay.
+    """
     if found_at_plan:
         return ReplayFoundAtPlan(committer, table, batch)
+    if truncate:
+        return OverwriteBatch(committer, table, batch)
     if batch.changes is not None:
         return UpsertBatch(committer, table, batch)
     if overwrite:

@@ -44,19 +44,26 @@ from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.messages import WritePlan, WrittenFile
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.table import floats, names
-from lakesink.table.keys import DELETED, HELD_COLUMN, PROPERTY_UPSERT_ORDER_FILE, SUMMARY_UPSERT_ORDER_FILE
+from lakesink.table.keys import (
+    DELETED,
+    HELD_COLUMN,
+    MAIN_BRANCH,
+    ORDER_PRESENT_COLUMN,
+    PROPERTY_UPSERT_ORDER_FILE,
+    SUMMARY_UPSERT_ORDER_FILE,
+)
 from lakesink.table.keys import ORDER_COLUMN as ORDER
 from lakesink.table.keys import ROW_COLUMN as _ROW
 
 #: ``partition_id`` of the files that hold a batch's rows without its stale changes (in their names).
 STALE_REWRITE_PARTITION_ID = 99997
 
-_PRESENT = "__lakesink_present"
+_PRESENT = ORDER_PRESENT_COLUMN
 
 
 def property_key(branch: str) -> str:
     """The table property naming the order file of ``branch``."""
-    return PROPERTY_UPSERT_ORDER_FILE if branch == "main" else f"{PROPERTY_UPSERT_ORDER_FILE}.{branch}"
+    return PROPERTY_UPSERT_ORDER_FILE if branch == MAIN_BRANCH else f"{PROPERTY_UPSERT_ORDER_FILE}.{branch}"
 
 
 def orderable(data_type: pa.DataType) -> bool:
@@ -313,9 +320,7 @@ def rewrite(
         done = upsert.rewrite(table, branch=branch, keys=keys, plan=plan, batch_id=batch_id, attempt=attempt)
         return Finished(data_files=list(data_files), written=(), properties={}, summary={}, rewrite=done)
     keys, check = start(table, schema, keys, order_by=order_by, branch=branch, batch_id=batch_id)
-    done = upsert.rewrite(
-        table, branch=branch, keys=keys, plan=plan, batch_id=batch_id, attempt=attempt, winners=check.winners
-    )
+    done = upsert.rewrite(table, branch=branch, keys=keys, plan=plan, batch_id=batch_id, attempt=attempt, winners=check.winners)
     return finish(
         check,
         table,

@@ -31,7 +31,7 @@ from pyiceberg.io import load_file_io
 from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
-from lakesink.driver.actions import dead_letters, truncate
+from lakesink.driver.actions import dead_letters
 from lakesink.driver.actions.batch import BatchOutcome, Outcome
 from lakesink.driver.actions.completeness import BatchTime
 from lakesink.driver.actions.unit import UnitMember
@@ -97,7 +97,6 @@ class RoutedOutcome:
         )
 
 
-
 class RoutedCommitter(RoutedTables):
     """The driver side of a routed sink: a :class:`TableCommitter` per table, one unit of commits per batch."""
 
@@ -158,8 +157,9 @@ class RoutedCommitter(RoutedTables):
                 run_id=run_id,
                 unit=_with_rows(unit, rows.get(name)),
                 batch_time=batch_time,
+                truncate=name in self.truncating,
             )
-            actions.append((c, truncate.truncating(c, action) if name in self.truncating else action))
+            actions.append((c, action))
         self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
         if self.dead_letters is not None:
             if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
@@ -325,9 +325,7 @@ class RoutedCommitter(RoutedTables):
         if not tables:
             log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", query_id, batch_id)
             return RoutedOutcome(batch_id, {})
-        return self._without_files(
-            tables, query_id, batch_id, source_offsets, run_id, batch_time=batch_time, found_at_plan=False
-        )
+        return self._without_files(tables, query_id, batch_id, source_offsets, run_id, batch_time=batch_time, found_at_plan=False)
 
     def skip_replay(
         self, *, query_id: str, batch_id: int, routes: Sequence[Route], source_offsets: str | None, run_id: str | None
@@ -568,5 +566,3 @@ def _without_field_ids(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 def _strip(schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
-
-

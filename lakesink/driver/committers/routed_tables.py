@@ -152,7 +152,7 @@ class RoutedTables:
         cdc-format=debezium: the Kafka keys' fields); the key of a table lakesink creates (lakesink.driver.tables.routed_keys)."""
         self.truncating: set[str] = set()
         """Option cdc-format: the tables the batch truncates (set per batch by foreach_batch, which keeps only their
-        changes after the truncate): their part of the unit replaces everything live (lakesink.driver.actions.truncate)."""
+        changes after the truncate): their part of the unit replaces everything live (actions.batch.action_for)."""
         self.table_keys: dict[str, routed_keys.Key] = {}
         """With upserts: each table's key, decided when the run first opens it (lakesink.driver.tables.routed_keys)."""
         self.catalog = catalogs.load(options.catalog_name, options.catalog_properties)

@@ -223,6 +223,7 @@ class TableCommitter(SinkTable):
         unit: Mapping[str, str],
         found_at_plan: bool = False,
         batch_time: BatchTime | None = None,
+        truncate: bool = False,
     ) -> BatchAction:
         """This table's action in a batch of several tables (``table``: as read for the first attempt): the batch's
         files appended (its snapshot records ``unit``), or, when the batch was found in this table already when it
@@ -242,7 +243,7 @@ class TableCommitter(SinkTable):
             batch_time=batch_time,
         )
         found = found_at_plan or bool(results and all(r.replay_skipped for r in results))
-        return action_for(self, table, batch, found_at_plan=found)
+        return action_for(self, table, batch, found_at_plan=found, truncate=truncate)
 
     def unit_outcome(self, action: CommitAction, result: swap.SwapResult) -> BatchOutcome:
         """What this table's action of a batch of several tables came to (a replay checked, its files deleted)."""
@@ -627,4 +628,3 @@ class TableCommitter(SinkTable):
                 log.warning("lakesink: could not delete %s (%s); an orphan clean-up collects it", path, self.redact(e))
         if paths:
             log.info("lakesink: table=%s deleted %s unreferenced file(s): %s", self.table_name, len(paths), reason)
-
