@@ -180,7 +180,8 @@ def test_sigkill_inside_the_commit_and_at_random_moments_then_restart_equals_the
     tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
     """The job is SIGKILLed before the swap, after it (before Spark's commit log), and at a random moment;
-    each time it restarts from the same checkpoint. The table equals the model in every reader.
+    each time it restarts from the same checkpoint. The table equals the model in every reader. The random moment
+    is 0-2.5 s after the run began a batch, drawn from a seed of this run (printed; LAKESINK_TEST_SEED replays it).
 
     foreach: the fault kills the driver (the job). format: it kills the commit worker; Spark fails the
     query, and the job ends with an error."""
