@@ -124,9 +124,10 @@ def _stream(props_json: str, src: str, checkpoint: str) -> None:
     from pyspark.sql import SparkSession
 
     import lakesink
+    from tests.jobs.jvm import short_lived
     from tests.support.helpers import SCHEMA_DDL
 
-    spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+    spark = short_lived(SparkSession.builder.master("local[2]")).config("spark.ui.enabled", "false").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     lakesink.register(spark)
     w = spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(src).writeStream.format("lakesink")

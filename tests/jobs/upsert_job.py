@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import lakesink
+from tests.jobs.jvm import short_lived
 
 EVENTS_DDL = "eid long, id long, value string, seq long, op string"
 
@@ -47,7 +48,7 @@ if __name__ == "__main__":
     props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
     entry = sys.argv[4] if len(sys.argv) > 4 else "foreach"
     spark = (
-        SparkSession.builder.master("local[2]")
+        short_lived(SparkSession.builder.master("local[2]"))
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .getOrCreate()

@@ -22,6 +22,7 @@ import pytest
 
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_AFTER_TABLE_CREATED, DRIVER_BEFORE_SWAP, DRIVER_BETWEEN_TABLE_COMMITS
 from tests.soak.runner import COMMIT_KILL, DELAY, IN_TABLE_NOT_COMMIT_LOG, PAUSE_KILL, main
+from tests.soak.seed import run_seed
 from tests.support.catalog_servers import glue_properties
 from tests.support.http_faults import FaultProxy
 from tests.test_soak import SMALL
@@ -34,7 +35,8 @@ def run_soak(tmp_path: Path, props: dict[str, str], table: str, entry: str) -> d
     code = main(
         [
             "--dir", str(tmp_path / "soak"), "--json", str(out), *SMALL,
-            "--seed", "3", "--rounds", "3", "--entry", entry, "--writer", "arrow",
+            "--seed", str(run_seed("soak: the delay and the commit kill's linger")),
+            "--rounds", "3", "--entry", entry, "--writer", "arrow",
             # the random-moment kill comes after the first commit: a SIGKILL during Spark's very first offset write
             # leaves offsets/.0.<uuid>.tmp, and Spark 4.3 then refuses the checkpoint for good
             # (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY: "offsets should be empty on batch 0"), seen once here
@@ -96,7 +98,7 @@ def run_routing_soak(tmp_path: Path, props: dict[str, str], *, phases: str, firs
 
     out = tmp_path / "routing.json"
     args = ["--dir", str(tmp_path / "soak"), "--entry", "format", "--atomic", "auto", "--rounds", str(len(phases.split(",")))]
-    args += ["--phases", phases, "--first-phase", first, "--json", str(out), "--seed", "5"]
+    args += ["--phases", phases, "--first-phase", first, "--json", str(out), "--seed", str(run_seed("routing soak: the delay"))]
     args += ["--catalog-json", json.dumps(props), "--namespaces", namespaces] + (["--per-table-catalog"] if per_table else [])
     code = routing.main(args)
     (result,) = json.loads(out.read_text())

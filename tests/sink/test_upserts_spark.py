@@ -6,6 +6,7 @@ the table must equal it through pyiceberg, DuckDB and iceberg-rust.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -23,10 +24,12 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 import lakesink
+from examples.demo import session_members
 from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from tests.jobs.upsert_job import EVENTS_DDL, upsert_sink
+from tests.soak.seed import run_seed
 from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots
 from tests.support.stream_input import write_stream_lines
 
@@ -177,14 +180,16 @@ def test_sigkill_inside_the_commit_and_at_random_moments_then_restart_equals_the
     tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
     """The job is SIGKILLed before the swap, after it (before Spark's commit log), and at a random moment;
-    each time it restarts from the same checkpoint. The table equals the model in every reader.
+    each time it restarts from the same checkpoint. The table equals the model in every reader. The random moment
+    is 0-2.5 s after the run began a batch, drawn from a seed of this run (printed; LAKESINK_TEST_SEED replays it).
 
     foreach: the fault kills the driver (the job). format: it kills the commit worker; Spark fails the
     query, and the job ends with an error."""
     stream = change_stream(seed=3, batches=6, per_batch=60, keys=40)
     src, ck = tmp_path / "in", tmp_path / "ck"
     write_events(src, stream)
-    rng = random.Random(3)
+    seed = run_seed("random-moment kill")
+    rng = random.Random(seed)
     for point in (DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP, None):
         if point is not None:
             faults.arm(point, "kill")
@@ -197,15 +202,33 @@ def test_sigkill_inside_the_commit_and_at_random_moments_then_restart_equals_the
                 assert proc.returncode != 0, err[-3000:]
         else:
             proc = _job(catalog_properties, src, ck, None, entry)
-            time.sleep(rng.uniform(8, 20))  # a random moment: Spark starting, a batch written or committing
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate(timeout=60)
+            kill_at_a_random_moment_of_a_batch(proc, ck, rng.uniform(0.0, 2.5), f"seed {seed}")
     proc = _job(catalog_properties, src, ck, None, entry)
     out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and "UPSERT JOB DONE" in out, err[-3000:]
+    assert proc.returncode == 0 and "UPSERT JOB DONE" in out, (f"seed {seed}", err[-3000:])
     table = catalogs.load(None, catalog_properties).load_table(("db", "events"))
-    assert [s["batch_id"] for s in lakesink_snapshots(table)] == list(range(len(stream)))
+    assert [s["batch_id"] for s in lakesink_snapshots(table)] == list(range(len(stream))), f"seed {seed}"
     assert_every_reader_sees(catalog_properties, model(stream))
+
+
+def kill_at_a_random_moment_of_a_batch(proc: subprocess.Popen[str], ck: Path, delay: float, note: str) -> None:
+    """SIGKILL the job ``delay`` seconds after it began a batch (a new entry in its checkpoint's offset log): the
+    batch's tasks writing, its commit, or the next batch -- not a fixed sleep that, on a busy machine, ends in Spark's
+    start-up. A job that finishes first is not killed (nothing left to interrupt; the final run checks it all)."""
+    offsets = ck / "offsets"
+    before = set(offsets.iterdir()) if offsets.exists() else set()
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and not (offsets.exists() and set(offsets.iterdir()) - before):
+        assert time.monotonic() < deadline, f"{note}: the job began no batch in 300 s"
+        time.sleep(0.05)
+    end = time.monotonic() + delay
+    while proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.05)
+    if proc.poll() is None:
+        for pid in [proc.pid, *session_members(proc.pid)]:  # Spark's Python daemon leaves the job's process group
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
 
 
 def test_change_stream_through_format_lakesink_equals_the_model(

@@ -89,10 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     import lakesink
+    from tests.jobs.jvm import short_lived
     from tests.support.helpers import SCHEMA_DDL
 
     spark = (
-        SparkSession.builder.master(args.master)
+        short_lived(SparkSession.builder.master(args.master))
         .appName("lakesink-soak")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
