@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from benchmarks import cdc as cdc_bench
 from benchmarks import commit_latency as commit_latency_bench
 from benchmarks import commit_path as commit_path_bench
 from benchmarks import driver_memory as driver_memory_bench
@@ -389,6 +390,59 @@ def routing_scale(
         say=_say,
     )
     _finish(ctx, "routing_scale", {"command": _command(), **result})
+
+
+@main.command()
+@click.option("--tables", default=100, show_default=True, help="tables of the change stream (all with key column id)")
+@click.option("--rows-per-table", default=200, show_default=True, help="rows loaded into each table by batch 0 (not measured)")
+@click.option(
+    "--rate", default=1000, show_default=True, help="changes per second arriving: a T-second trigger's batch holds rate*T"
+)
+@click.option("--triggers", default="1,60", show_default=True, help="trigger intervals in seconds, each its batch size")
+@click.option("--batches", default=1, show_default=True, help="batches per trigger interval")
+@click.option(
+    "--sweep", default="1,10", show_default=True, help="one batch changing exactly k tables, for each k (all: the 1 s trigger)"
+)
+@click.option("--reps", default=3, show_default=True, help="repetitions, lakesink and Java interleaved")
+@click.option("--paths", default=",".join(cdc_bench.PATHS), show_default=True, help=f"any of {', '.join(cdc_bench.PATHS)}")
+@click.pass_context
+def cdc(
+    ctx: click.Context,
+    tables: int,
+    rows_per_table: int,
+    rate: int,
+    triggers: str,
+    batches: int,
+    sweep: str,
+    reps: int,
+    paths: str,
+) -> None:
+    """A change stream into many tables: lakesink foreach_batch vs foreachBatch + Iceberg Java MERGE INTO per table."""
+    chosen = [p.strip() for p in paths.split(",") if p.strip()]
+    for p in chosen:
+        if p not in cdc_bench.PATHS:
+            raise click.BadParameter(f"unknown path {p!r}; valid: {', '.join(cdc_bench.PATHS)}", param_hint="--paths")
+    with _work(ctx.obj["work"]) as root:
+        info = machine()
+        spark = spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": "1000"})
+        try:
+            result = cdc_bench.run(
+                spark,
+                root,
+                tables=tables,
+                rows_per_table=rows_per_table,
+                rate=rate,
+                triggers=[int(t) for t in triggers.split(",") if t.strip()],
+                batches=batches,
+                sweep=[int(k) for k in sweep.split(",") if k.strip()],
+                reps=reps,
+                paths=chosen,
+                say=_say,
+            )
+        finally:
+            spark.stop()
+    result = {"command": _command(), "machine": info, "load_average_end": [round(x, 2) for x in os.getloadavg()], **result}
+    _finish(ctx, "cdc", result)
 
 
 def _commit_latency_concurrent(

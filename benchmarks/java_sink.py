@@ -46,14 +46,14 @@ def conf(props: dict[str, str], *, driver_memory: str = "4g", cores: int = 2) ->
     return c
 
 
-def run_job(job: dict[str, Any], result: Path, say: Callable[[str], None]) -> dict[str, Any]:
-    """Run benchmarks/java_sink_job.py in the Java environment; its progress lines are passed to ``say``."""
+def run_job(job: dict[str, Any], result: Path, say: Callable[[str], None], *, script: Path = JOB) -> dict[str, Any]:
+    """Run ``script`` (benchmarks/java_sink_job.py) in the Java environment; its progress lines are passed to ``say``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "SPARK_HOME", "PYTHONPATH"))}
     env["PYSPARK_PYTHON"] = str(java_engine.python())
     log = result.with_suffix(".stderr.log")
     with log.open("w") as err:
         proc = subprocess.Popen(
-            [str(java_engine.python()), str(JOB), json.dumps({**job, "result": str(result)})],
+            [str(java_engine.python()), str(script), json.dumps({**job, "result": str(result)})],
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,

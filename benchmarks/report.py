@@ -356,6 +356,49 @@ def routing_spark_writer_md(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def cdc_md(r: dict[str, Any]) -> str:
+    """A change stream into many tables: lakesink against foreachBatch + Iceberg Java MERGE INTO (benchmarks/cdc.py)."""
+    from benchmarks.cdc import LABELS
+
+    s = r["summary"]
+    lines = [
+        f"`{r.get('command', 'python -m benchmarks cdc')}`, {_machine_line(r['machine'])}; load average at the end "
+        f"{r.get('load_average_end')}. {r['tables']} tables, {r['rows_per_table']} rows each loaded first, "
+        f"{r['rate']:,} changes/s arriving; {r['reps']} repetitions, interleaved; every run's final tables equal "
+        "the model: " + ("yes" if all(x["equals_model"] for x in r["runs"]) else "**NO**") + ".",
+        "",
+        "| batch | changes | tables changed | path | batch ms (median, min-max) | changes/s (median, min-max) "
+        "| lakesink commit ms | lakesink / this path (paired, median, min-max) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    kinds: dict[str, dict[str, Any]] = {}
+    for d in r["workload"]["batches"]:
+        if d["kind"] == "trigger":
+            kinds.setdefault(f"trigger_{d['trigger_s']}s", {"name": f"{d['trigger_s']} s trigger", **d})
+        elif d["kind"] == "sweep":
+            kinds.setdefault(f"sweep_{d['sweep_tables']}", {"name": f"{d['sweep_tables']} table(s) changed", **d})
+    for kind, d in kinds.items():
+        for path, by_kind in s["paths"].items():
+            x = by_kind.get(kind)
+            if x is None:
+                continue
+            ms, cps = x["batch_ms"], x["changes_per_s"]
+            commit = x.get("commit_ms")
+            ratio = s["ratio_lakesink_to"].get(path, {}).get(kind)
+            lines.append(
+                f"| {d['name']} | {d['changes']:,} | {d['tables']} | {LABELS[path]} | "
+                f"{_f(ms.get('median'))} ({_f(ms.get('min'))}-{_f(ms.get('max'))}) | "
+                f"{_f(cps.get('median'), 1)} ({_f(cps.get('min'), 1)}-{_f(cps.get('max'), 1)}) | "
+                + (f"{_f(commit.get('median'))} |" if commit else "- |")
+                + (
+                    f" {_f(ratio.get('median'), 1)}x ({_f(ratio.get('min'), 1)}-{_f(ratio.get('max'), 1)}) |"
+                    if ratio and ratio.get("n")
+                    else " - |"
+                )
+            )
+    return "\n".join(lines)
+
+
 def routing_scale_md(r: dict[str, Any]) -> str:
     """Option route-by over many tables: what the driver keeps and the commit time per batch over a long run
     (benchmarks/routing_scale.py)."""
@@ -433,6 +476,9 @@ def render(out: Path, page: Path | None) -> str:
     rt = load(out, "routing")
     if rt:
         parts["routing"] = routing_md(rt)
+    cd = load(out, "cdc")
+    if cd:
+        parts["cdc"] = cdc_md(cd)
     rs = load(out, "routing_scale")
     if rs:
         for x in rs["runs"].values():  # recomputed from the samples: older result files lack some columns

@@ -233,3 +233,78 @@ def test_routing_spark_writer_benchmark_at_toy_size(tmp_path: Path) -> None:
     assert [r["rows_back"] for r in runs] == [4000] * len(runs) and v["all_rows_ok"]
     assert "ratio_to_partitioned_parquet_sink" in v["summary"]["foreach-spark"]
     assert "<!-- generated: routing-spark-writer -->" in (tmp_path / "performance.md").read_text()
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(1800)
+def test_cdc_lakesink_at_toy_size(tmp_path: Path) -> None:
+    """``python -m benchmarks cdc``, lakesink's side (the Java baseline has its own test below, marked deploy): the
+    load, a sweep batch and two trigger sizes into four tables; the final tables equal the model of the changes (the
+    benchmark fails otherwise), each batch's time and lakesink's commit time recorded, the table in the page."""
+    _bench(
+        tmp_path,
+        "cdc",
+        "--tables",
+        "4",
+        "--rows-per-table",
+        "5",
+        "--rate",
+        "20",
+        "--triggers",
+        "1,3",
+        "--sweep",
+        "1",
+        "--reps",
+        "1",
+        "--paths",
+        "lakesink",
+        timeout=1500,
+    )
+    result = json.loads((tmp_path / "performance" / "cdc.json").read_text())
+    assert [(b["kind"], b["changes"]) for b in result["workload"]["batches"]] == [
+        ("load", 20),
+        ("sweep", 5),
+        ("trigger", 20),
+        ("trigger", 60),
+    ]
+    (run,) = result["runs"]
+    assert run["path"] == "lakesink" and run["equals_model"] and run["rows"] == run["model_rows"] > 0
+    assert [b["batch_id"] for b in run["batches"]] == [0, 1, 2, 3]
+    assert [b["tables_committed"] for b in run["batches"]][1] == 1  # the sweep batch changed one table
+    assert all(b["trigger_ms"] > 0 and b["commit_ms"] > 0 for b in run["batches"])
+    summary = result["summary"]["paths"]["lakesink"]
+    assert set(summary) == {"sweep_1", "trigger_1s", "trigger_3s"}
+    assert summary["trigger_3s"]["changes_per_s"]["n"] == 1
+    assert "<!-- generated: cdc -->" in (tmp_path / "performance.md").read_text()
+
+
+@pytest.mark.spark
+@pytest.mark.benchmark
+@pytest.mark.deploy
+@pytest.mark.timeout(3000)
+def test_cdc_against_java_merge_into_at_toy_size(tmp_path: Path) -> None:
+    """``python -m benchmarks cdc`` with its baseline: foreachBatch + Iceberg Java MERGE INTO (copy-on-write and
+    merge-on-read) in the Java environment, interleaved with lakesink over two repetitions; every engine's final
+    tables equal the model, the paired ratios computed."""
+    from benchmarks import java_sink
+
+    why = java_sink.unavailable()
+    if why is not None:
+        pytest.skip(why)
+    args = ["--tables", "2", "--rows-per-table", "3", "--rate", "6", "--triggers", "1", "--sweep", "1", "--reps", "2"]
+    _bench(tmp_path, "cdc", *args, timeout=2500)
+    result = json.loads((tmp_path / "performance" / "cdc.json").read_text())
+    runs = result["runs"]
+    # interleaved: repetition 1 starts with lakesink, repetition 2 with Java (whose modes run in the other order)
+    assert [(r["rep"], r["path"]) for r in runs] == [
+        (1, "lakesink"),
+        (1, "java-cow"),
+        (1, "java-mor"),
+        (2, "java-mor"),
+        (2, "java-cow"),
+        (2, "lakesink"),
+    ]
+    assert all(r["equals_model"] for r in runs)
+    assert all([b["batch_id"] for b in r["batches"]] == ([0, 1, 2] if r["path"] == "lakesink" else [1, 2]) for r in runs)
+    ratios = result["summary"]["ratio_lakesink_to"]
+    assert set(ratios) == {"java-cow", "java-mor"} and ratios["java-mor"]["trigger_1s"]["n"] == 2
