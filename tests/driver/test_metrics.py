@@ -245,8 +245,11 @@ def test_dead_letters_and_rows_in_of_a_known_batch(catalog_properties: dict[str,
     c = dl_test.make(catalog_properties, reject_when="amount < 0")
     good = [dl_test.row(i) for i in range(10)]
     results = [dl_test.write(c, 0, good[:5] + dl_test.BAD[:3], task=0), dl_test.write(c, 0, good[5:] + dl_test.BAD[3:], task=1)]
-    assert dl_test.commit(c, 0, results).outcome is Outcome.COMMITTED
-    [m] = [m for m in metrics.recorded(dl_test.Q, 0) if m.table == "db.events"]
+    outcome = dl_test.commit(c, 0, results)
+    assert outcome.outcome is Outcome.COMMITTED
+    # the record is per process and other test files commit batch 0 of the same query id into their own db.events:
+    # this commit's metrics are the ones of its snapshot
+    [m] = [m for m in metrics.recorded(dl_test.Q, 0) if m.table == "db.events" and m.snapshot_id == outcome.snapshot_id]
     assert (m.rows_in, m.rows_written, m.dead_letters) == (15, 10, 5)
     assert m.summary["lakesink.dead-letters"] == "5"
 
