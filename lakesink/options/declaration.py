@@ -60,6 +60,8 @@ from lakesink.redaction import redact_properties
 from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH
 from lakesink.table.partitioning import PARTITIONED_BY
 
+__all__ = ["OPTIONS", "VALID_OPTIONS", "Entry", "Option"]
+
 
 class Entry(enum.Flag):
     """The entry points that take an option."""

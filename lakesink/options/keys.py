@@ -4,6 +4,42 @@ from __future__ import annotations
 
 from lakesink.table.partitioning import PARTITIONED_BY as PARTITIONED_BY
 
+__all__ = [
+    "ALLOW_TEMPORARY_CHECKPOINT",
+    "ATOMIC",
+    "BRANCH",
+    "CATALOG",
+    "CATALOG_PROPERTY_PREFIX",
+    "CDC_CONNECT_SCHEMA",
+    "CDC_FORMAT",
+    "CDC_PAYLOAD",
+    "CDC_PREFIX",
+    "CHECKPOINT_LOCATION",
+    "CREATE_TABLE",
+    "DEAD_LETTER_TABLE",
+    "DEFAULT_FORMAT_VERSION",
+    "DELETE_WHEN",
+    "EVENT_TIME",
+    "FORMAT_VERSIONS",
+    "MAINTENANCE",
+    "MAX_REJECTED_FRACTION",
+    "MERGE_SCHEMA",
+    "METRICS",
+    "NAMESPACE",
+    "ORDER_BY",
+    "OUTPUT_MODE",
+    "PARTITIONED_BY",
+    "PAYLOAD",
+    "REJECT_WHEN",
+    "ROUTE_BY",
+    "ROUTE_NAMESPACES",
+    "SINK_ID",
+    "TABLE",
+    "TABLE_PROPERTY_PREFIX",
+    "UPSERT_KEY",
+    "WRITER",
+]
+
 TABLE = "table"
 CATALOG = "catalog"
 CATALOG_PROPERTY_PREFIX = "catalog."

@@ -21,6 +21,8 @@ from lakesink.options.values import (
 from lakesink.redaction import redact_properties
 from lakesink.table.keys import MAIN_BRANCH
 
+__all__ = ["AS_OF_BATCH", "AS_OF_TIMESTAMP", "COLUMNS", "PUSHDOWN", "READ_VALID_OPTIONS", "SNAPSHOT_ID", "ReadOptions"]
+
 SNAPSHOT_ID = "snapshot-id"
 AS_OF_TIMESTAMP = "as-of-timestamp"
 AS_OF_BATCH = "as-of-batch"

@@ -42,6 +42,8 @@ from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH
 from lakesink.table.partitioning import PartitionTerm
 from lakesink.table.routes import parse_namespace
 
+__all__ = ["ROUTED", "SinkOptions"]
+
 
 @dataclass(frozen=True)
 class SinkOptions:

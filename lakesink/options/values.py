@@ -24,6 +24,9 @@ from lakesink.options.keys import (
 from lakesink.table import partitioning
 from lakesink.table.keys import FORMAT_VERSION
 from lakesink.table.partitioning import PartitionTerm
+from lakesink.table.routes import TableIdentifier
+
+__all__ = ["Atomic", "Maintenance", "MetricsExport", "OutputMode", "Routing", "TableName", "WriterKind"]
 
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
@@ -126,11 +129,8 @@ class Routing:
 
 
 @dataclass(frozen=True)
-class TableName:
+class TableName(TableIdentifier):
     """A table identifier: a namespace of one or more levels and a table name."""
-
-    namespace: tuple[str, ...]
-    name: str
 
     @classmethod
     def parse(cls, value: str) -> TableName:
@@ -138,13 +138,6 @@ class TableName:
         if len(parts) < 2 or any(not p for p in parts):
             raise InvalidOptionError(f"option '{TABLE}' must be '<namespace>.<table>' (for example 'db.events'), got {value!r}")
         return cls(namespace=parts[:-1], name=parts[-1])
-
-    @property
-    def identifier(self) -> tuple[str, ...]:
-        return (*self.namespace, self.name)
-
-    def __str__(self) -> str:
-        return ".".join(self.identifier)
 
 
 @dataclass(frozen=True)
