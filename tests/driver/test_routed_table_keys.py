@@ -29,7 +29,7 @@ from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BETWEEN_TABLE_COMMITS
 from lakesink.options import SinkOptions
 from lakesink.table.keys import DELETED
-from tests.support.helpers import lakesink_snapshots
+from tests.support.helpers import fault_between_tables_then_replay, lakesink_snapshots
 
 Q = "routed-keys"
 SCHEMA = pa.schema(
@@ -198,21 +198,16 @@ def test_a_fault_between_tables_keyed_differently_then_a_replay_gives_the_model(
 ) -> None:
     create_keyed_tables(catalog_properties, extra)
     stream = change_stream(seed=11, batches=3, per_batch=80, keys=5)
-    rc = routed(catalog_properties, **extra)
-    run(rc, 0, stream[0])
-    before = state(catalog_properties, sorted(model(stream[:1])))
-    faults.arm(point, "raise")
-    with pytest.raises((InjectedFault, CommitConflictError)):
-        run(rc, 1, stream[1])
-    assert faults.fired(point)
-    faults.clear()
-    after = state(catalog_properties, sorted(before))
-    changed = {n for n in before if after[n] != before[n]}
-    assert bool(changed) == some_landed and len(changed) <= 1  # atomic: none; atomic=off: the first table only
-    restarted = routed(catalog_properties, **extra)
-    out = run(restarted, 1, stream[1])
-    assert {t for t, o in out.tables.items() if o.outcome is Outcome.REPLAY_SKIPPED} == changed
-    run(restarted, 2, stream[2])
+    fault_between_tables_then_replay(
+        faults,
+        point,
+        some_landed=some_landed,
+        routed=lambda: routed(catalog_properties, **extra),
+        run=run,
+        state=lambda tables: state(catalog_properties, tables),
+        stream=stream,
+        tables=sorted(model(stream[:1])),
+    )
     want = model(stream)
     assert state(catalog_properties, sorted(want)) == want
     for name in want:

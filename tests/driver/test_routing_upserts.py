@@ -24,12 +24,18 @@ import pytest
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
-from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError, UpsertKeyError
+from lakesink.errors import InjectedFault, InvalidOptionError, UpsertKeyError
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BETWEEN_TABLE_COMMITS
 from lakesink.options import SinkOptions
 from lakesink.table.keys import DELETED, SUMMARY_BATCH_TABLES_DIGEST
-from tests.support.helpers import assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, referenced_data_files
+from tests.support.helpers import (
+    assert_snapshot_invariants,
+    data_files_on_disk,
+    fault_between_tables_then_replay,
+    lakesink_snapshots,
+    referenced_data_files,
+)
 from tests.support.timeouts import guard
 
 Q = "routed-upserts"
@@ -190,23 +196,17 @@ def test_a_replayed_unit_is_skipped_and_changes_no_table(catalog_properties: dic
 def test_a_fault_between_the_tables_then_a_replay_gives_the_model(
     catalog_properties: dict[str, str], faults: Any, point: str, extra: dict[str, str], some_landed: bool
 ) -> None:
-    rc = routed(catalog_properties, **extra)
     stream = change_stream(seed=13, batches=3, per_batch=60, keys=12)
-    run(rc, 0, stream[0])
-    before = state(catalog_properties, sorted(model(stream[:1])))
-    faults.arm(point, "raise")
-    with pytest.raises((InjectedFault, CommitConflictError)):
-        run(rc, 1, stream[1])
-    assert faults.fired(point)
-    faults.clear()
-    after = state(catalog_properties, sorted(before))
-    changed = {n for n in before if after[n] != before[n]}
-    assert bool(changed) == some_landed and len(changed) <= 1  # atomic: none; atomic=off: the first table only
-    restarted = routed(catalog_properties, **extra)
-    out = run(restarted, 1, stream[1])  # the replay: a table holding the batch is skipped, the others commit
-    skipped = {t for t, o in out.tables.items() if o.outcome is Outcome.REPLAY_SKIPPED}
-    assert skipped == changed
-    run(restarted, 2, stream[2])
+    fault_between_tables_then_replay(
+        faults,
+        point,
+        some_landed=some_landed,
+        routed=lambda: routed(catalog_properties, **extra),
+        run=run,
+        state=lambda tables: state(catalog_properties, tables),
+        stream=stream,
+        tables=sorted(model(stream[:1])),
+    )
     assert_model(catalog_properties, stream)
     for name in model(stream):
         table = catalogs.load_table_fresh(None, dict(catalog_properties), tuple(name.split(".")))
