@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,10 +23,8 @@ import lakesink
 from lakesink._pyiceberg import io as seam
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchOutcome, Outcome
-from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import turns
-from lakesink.errors import CommitConflictError, InjectedFault
 from lakesink.executor.messages import TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_BEFORE_SWAP
@@ -331,35 +329,3 @@ def as_another_process() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(turns, "_turns", {})
         yield
-
-
-def fault_between_tables_then_replay(
-    faults: Any,
-    point: str,
-    *,
-    some_landed: bool,
-    routed: Callable[[], RoutedCommitter],
-    run: Callable[[RoutedCommitter, int, Any], RoutedOutcome],
-    state: Callable[[Sequence[str]], Mapping[str, Any]],
-    stream: Sequence[Any],
-    tables: Sequence[str],
-) -> None:
-    """A routed batch (batch 1 of ``stream``, after batch 0) fails at ``point`` between its tables (``tables``: those
-    batch 0 wrote, read back by ``state``): with ``some_landed`` (atomic=off) the first table only holds it, else none;
-    a restarted committer's replay skips what landed and commits the rest, then batch 2 commits. The caller checks the
-    tables against its model."""
-    rc = routed()
-    run(rc, 0, stream[0])
-    before = state(tables)
-    faults.arm(point, "raise")
-    with pytest.raises((InjectedFault, CommitConflictError)):
-        run(rc, 1, stream[1])
-    assert faults.fired(point)
-    faults.clear()
-    after = state(sorted(before))
-    changed = {n for n in before if after[n] != before[n]}
-    assert bool(changed) == some_landed and len(changed) <= 1  # atomic: none; atomic=off: the first table only
-    restarted = routed()
-    out = run(restarted, 1, stream[1])  # the replay: a table holding the batch is skipped, the others commit
-    assert {t for t, o in out.tables.items() if o.outcome is Outcome.REPLAY_SKIPPED} == changed
-    run(restarted, 2, stream[2])
