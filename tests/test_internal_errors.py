@@ -18,6 +18,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
 
 from lakesink._pyiceberg import io as _pyiceberg
+from lakesink._pyiceberg.io import parquet as seam_parquet
 from lakesink.driver import catalogs
 from lakesink.errors import PROGRAMMING_ERRORS, CatalogError, CheckpointError, InvalidOptionError, LakesinkError
 from lakesink.executor.upsert_task import UpsertSpec
@@ -49,7 +50,7 @@ def test_a_bug_while_checking_table_properties_is_not_an_invalid_option(monkeypa
     def changed(*args: Any, **kwargs: Any) -> Any:
         raise AttributeError("'Schema' object has no attribute 'as_arrow'")
 
-    monkeypatch.setattr(_pyiceberg, "compute_statistics_plan", changed)
+    monkeypatch.setattr(seam_parquet, "compute_statistics_plan", changed)
     with pytest.raises(AttributeError, match="as_arrow") as e:
         _pyiceberg.check_write_properties("db.t", schema, {})
     assert not isinstance(e.value, LakesinkError)

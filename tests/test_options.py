@@ -22,8 +22,8 @@ from lakesink.options import (
     OutputMode,
     SinkOptions,
     TableName,
-    _as_text,
 )
+from lakesink.options.declaration import _as_text
 from lakesink.table import keys
 
 VALID_LIST = (

@@ -121,12 +121,7 @@ def _swap_rows_on_sql_catalog(items: Sequence[tuple[Table, Sequence[Any], Sequen
     rows = rows_table.c
     with Session(catalog.engine) as session:
         first, _, location = staged[0]
-        result = session.execute(
-            sql_update(IcebergTables)
-            .where(*_row_of(catalog, first), IcebergTables.metadata_location == first.metadata_location)
-            .values(metadata_location=location, previous_metadata_location=first.metadata_location)
-        )
-        if result.rowcount < 1:  # type: ignore[attr-defined]
+        if not _swap_row(session, catalog, first, location):
             raise moved(first, session)
         rest = staged[1:]
         if rest:
@@ -159,12 +154,7 @@ def _swap_rows_on_sql_catalog(items: Sequence[tuple[Table, Sequence[Any], Sequen
                 raise moved(rest[0][0], session)
         else:
             for t, _, loc in rest:
-                result = session.execute(
-                    sql_update(IcebergTables)
-                    .where(*_row_of(catalog, t), IcebergTables.metadata_location == t.metadata_location)
-                    .values(metadata_location=loc, previous_metadata_location=t.metadata_location)
-                )
-                if result.rowcount < 1:  # type: ignore[attr-defined]
+                if not _swap_row(session, catalog, t, loc):
                     raise moved(t, session)
         session.commit()
     for table, new, location in staged:
@@ -174,6 +164,17 @@ def _swap_rows_on_sql_catalog(items: Sequence[tuple[Table, Sequence[Any], Sequen
             warnings.warn(f"Failed to delete old metadata after commit: {e}", stacklevel=2)
         table.metadata = new
         table.metadata_location = location
+
+
+def _swap_row(session: Session, catalog: SqlCatalog, table: Table, location: str) -> bool:
+    """One table's row in ``iceberg_tables`` moved from the metadata ``table`` was read at to ``location`` (its
+    compare-and-swap): whether it moved."""
+    result = session.execute(
+        sql_update(IcebergTables)
+        .where(*_row_of(catalog, table), IcebergTables.metadata_location == table.metadata_location)
+        .values(metadata_location=location, previous_metadata_location=table.metadata_location)
+    )
+    return bool(result.rowcount >= 1)  # type: ignore[attr-defined]
 
 
 def _row_of(catalog: SqlCatalog, table: Table) -> tuple[Any, ...]:

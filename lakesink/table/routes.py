@@ -32,9 +32,10 @@ _MAX_LEVELS = 8
 MAX_NAMESPACE_CHARS = 255 - len(".db")
 
 
-@dataclass(frozen=True, order=True)
-class Route:
-    """A valid routing value: the table it names (``namespace`` levels and ``name``)."""
+@dataclass(frozen=True)
+class TableIdentifier:
+    """A table's namespace levels and name: its catalog identifier, written dotted (``db.events``). The base of a
+    routing value's :class:`Route` and of option ``table``'s :class:`lakesink.options.TableName`."""
 
     namespace: tuple[str, ...]
     name: str
@@ -45,6 +46,11 @@ class Route:
 
     def __str__(self) -> str:
         return ".".join(self.identifier)
+
+
+@dataclass(frozen=True, order=True)
+class Route(TableIdentifier):
+    """A valid routing value: the table it names (``namespace`` levels and ``name``)."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ replay; loud errors when no key can be found.
 from __future__ import annotations
 
 import random
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,11 +24,11 @@ from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.tables import routed_keys
 from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError
-from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
-from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BETWEEN_TABLE_COMMITS
+from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS
 from lakesink.options import SinkOptions
 from lakesink.table.keys import DELETED
-from tests.support.helpers import lakesink_snapshots
+from tests.support import routed_upserts
+from tests.support.routed_upserts import BETWEEN_TABLES, RoutedUpserts, model
 
 Q = "routed-keys"
 SCHEMA = pa.schema(
@@ -49,18 +48,7 @@ Event = tuple[str, tuple[int, ...], str, int, bool]
 
 
 def options(props: Mapping[str, str], **extra: str) -> SinkOptions:
-    return SinkOptions.from_mapping(
-        {
-            "route-by": "route",
-            "namespace": "db",
-            "upsert-key": "id",
-            "order-by": "seq",
-            "delete-when": "op = 'd'",
-            "merge-schema": "true",
-            **{f"catalog.{k}": v for k, v in props.items()},
-            **extra,
-        }
-    )
+    return routed_upserts.routed_upsert_options(props, **{"merge-schema": "true", **extra})
 
 
 def create_keyed_tables(props: Mapping[str, str], extra: Mapping[str, str] | None = None) -> None:
@@ -97,29 +85,11 @@ def routed(props: Mapping[str, str], **extra: str) -> RoutedCommitter:
 
 
 def change_stream(seed: int, batches: int, per_batch: int, keys: int) -> list[list[Event]]:
-    rng = random.Random(seed)
-    seq, out = 0, []
-    for _ in range(batches):
-        events = []
-        for _ in range(per_batch):
-            seq += 1
-            table = rng.choice(sorted(KEYS))
-            key = tuple(rng.randrange(keys) for _ in KEYS[table])
-            events.append((table, key, f"v{seq}", seq, rng.random() < 0.25))
-        out.append(events)
-    return out
+    def pick(rng: random.Random) -> tuple[str, tuple[int, ...]]:
+        table = rng.choice(sorted(KEYS))
+        return table, tuple(rng.randrange(keys) for _ in KEYS[table])
 
-
-def model(batches: Sequence[Sequence[Event]]) -> dict[str, dict[tuple[int, ...], tuple[str, int]]]:
-    state: dict[str, dict[tuple[int, ...], tuple[str, int]]] = {}
-    for events in batches:
-        for table, key, value, seq, deleted in sorted(events, key=lambda e: e[3]):
-            rows = state.setdefault(f"db.{table}", {})
-            if deleted:
-                rows.pop(key, None)
-            else:
-                rows[key] = (value, seq)
-    return state
+    return routed_upserts.change_stream(seed, batches, per_batch, pick)
 
 
 def task_rows(events: Sequence[Event]) -> pa.RecordBatch:
@@ -141,32 +111,15 @@ def task_rows(events: Sequence[Event]) -> pa.RecordBatch:
 
 
 def run(rc: RoutedCommitter, batch_id: int, events: Sequence[Event], tasks: int = 3) -> RoutedOutcome:
-    plans = rc.plans(rc.routes({e[0] for e in events}, batch_id), Q)
-    plan = rc.routed_plan(plans, Q, template=False, deletes_computed=True)
-    parts: list[list[Event]] = [[] for _ in range(tasks)]
-    for e in events:  # every (table, key) in one task, as foreach_batch's repartition by each table's key does
-        parts[zlib.crc32(f"{e[0]}/{e[1]}".encode()) % tasks].append(e)
-    results: list[RoutedTaskResult] = []
-    for t, part in enumerate(parts):
-        writer = RoutedTaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=t, task_attempt_id=batch_id * 10 + t)
-        results.append(writer.write([task_rows(part)] if part else []))
-    try:
-        return rc.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=f'[{{"o":{batch_id}}}]')
-    except BaseException:
-        rc.abort_batch(query_id=Q, batch_id=batch_id, results=results)
-        raise
+    results = routed_upserts.write_tasks(rc, Q, batch_id, events, task_rows, tasks=tasks, deletes_computed=True)
+    return routed_upserts.commit_or_abort(rc, Q, batch_id, results, f'[{{"o":{batch_id}}}]')
 
 
-def state(props: Mapping[str, str], tables: Sequence[str]) -> dict[str, dict[tuple[int, ...], tuple[str, int]]]:
-    out = {}
-    for name in tables:
-        table = catalogs.load_table_fresh(None, dict(props), tuple(name.split(".")))
-        key = KEYS[name.split(".")[1]]
-        rows = table.scan().to_arrow().to_pylist()
-        keys = [tuple(r[k] for k in key) for r in rows]
-        assert len(keys) == len(set(keys)), f"{name}: a key is in the table more than once"
-        out[name] = {tuple(r[k] for k in key): (r["value"], r["seq"]) for r in rows}
-    return out
+def state(props: Mapping[str, str], tables: Sequence[str]) -> dict[str, dict[Any, tuple[str, int]]]:
+    return routed_upserts.table_state(props, tables, lambda name, row: tuple(row[k] for k in KEYS[name.split(".")[1]]))
+
+
+DRIVEN = RoutedUpserts(routed, run, state)
 
 
 def test_tables_with_different_keys_in_one_batch_equal_the_model(catalog_properties: dict[str, str]) -> None:
@@ -186,39 +139,13 @@ def test_tables_with_different_keys_in_one_batch_equal_the_model(catalog_propert
     assert {n: set(k) for n, k in rc.table_keys.items()} == {f"db.{n}": set(k) for n, k in KEYS.items()}
 
 
-@pytest.mark.parametrize(
-    ("point", "extra", "some_landed"),
-    [
-        (CATALOG_BETWEEN_TABLE_SWAPS, {"table-property.commit.retry.num-retries": "0"}, False),  # in the SQL transaction
-        (DRIVER_BETWEEN_TABLE_COMMITS, {"atomic": "off"}, True),  # table by table: the first table only
-    ],
-)
+@pytest.mark.parametrize(("point", "extra", "some_landed"), BETWEEN_TABLES)
 def test_a_fault_between_tables_keyed_differently_then_a_replay_gives_the_model(
     catalog_properties: dict[str, str], faults: Any, point: str, extra: dict[str, str], some_landed: bool
 ) -> None:
     create_keyed_tables(catalog_properties, extra)
     stream = change_stream(seed=11, batches=3, per_batch=80, keys=5)
-    rc = routed(catalog_properties, **extra)
-    run(rc, 0, stream[0])
-    before = state(catalog_properties, sorted(model(stream[:1])))
-    faults.arm(point, "raise")
-    with pytest.raises((InjectedFault, CommitConflictError)):
-        run(rc, 1, stream[1])
-    assert faults.fired(point)
-    faults.clear()
-    after = state(catalog_properties, sorted(before))
-    changed = {n for n in before if after[n] != before[n]}
-    assert bool(changed) == some_landed and len(changed) <= 1  # atomic: none; atomic=off: the first table only
-    restarted = routed(catalog_properties, **extra)
-    out = run(restarted, 1, stream[1])
-    assert {t for t, o in out.tables.items() if o.outcome is Outcome.REPLAY_SKIPPED} == changed
-    run(restarted, 2, stream[2])
-    want = model(stream)
-    assert state(catalog_properties, sorted(want)) == want
-    for name in want:
-        table = catalogs.load_table_fresh(None, dict(catalog_properties), tuple(name.split(".")))
-        batches = [s["summary"]["lakesink.batch-id"] for s in lakesink_snapshots(table)]
-        assert len(batches) == len(set(batches)), f"{name} holds a batch twice: {batches}"
+    DRIVEN.fault_between_tables_then_replay(faults, point, some_landed, catalog_properties, extra, stream)
 
 
 def test_a_table_without_a_key_is_a_loud_error_naming_it(catalog_properties: dict[str, str]) -> None:

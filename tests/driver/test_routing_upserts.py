@@ -13,8 +13,8 @@ import random
 import subprocess
 import sys
 import textwrap
-import zlib
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,19 @@ import pytest
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
-from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError, UpsertKeyError
-from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
+from lakesink.errors import InjectedFault, InvalidOptionError, UpsertKeyError
+from lakesink.executor.routed_writer import RoutedTaskResult
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BETWEEN_TABLE_COMMITS
 from lakesink.options import SinkOptions
 from lakesink.table.keys import DELETED, SUMMARY_BATCH_TABLES_DIGEST
-from tests.support.helpers import assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, referenced_data_files
+from tests.support import routed_upserts
+from tests.support.helpers import (
+    assert_snapshot_invariants,
+    data_files_on_disk,
+    lakesink_snapshots,
+    referenced_data_files,
+)
+from tests.support.routed_upserts import BETWEEN_TABLES, RoutedUpserts, model
 from tests.support.timeouts import guard
 
 Q = "routed-upserts"
@@ -38,20 +45,7 @@ TABLES = ("a", "b", "c", "d")
 
 Event = tuple[str, int, str, int, bool]
 """(table, key, value, sequence number, is a delete)"""
-
-
-def options(props: Mapping[str, str], **extra: str) -> SinkOptions:
-    return SinkOptions.from_mapping(
-        {
-            "route-by": "route",
-            "namespace": "db",
-            "upsert-key": "id",
-            "order-by": "seq",
-            "delete-when": "op = 'd'",
-            **{f"catalog.{k}": v for k, v in props.items()},
-            **extra,
-        }
-    )
+options = routed_upserts.routed_upsert_options
 
 
 def routed(props: Mapping[str, str], **extra: str) -> RoutedCommitter:
@@ -61,27 +55,7 @@ def routed(props: Mapping[str, str], **extra: str) -> RoutedCommitter:
 def change_stream(seed: int, batches: int, per_batch: int, keys: int) -> list[list[Event]]:
     """Unique sequence numbers; several events per (table, key) in a batch, deletes, re-inserts; the same keys in
     every table (a key is a row of one table only)."""
-    rng = random.Random(seed)
-    seq, out = 0, []
-    for _ in range(batches):
-        events = []
-        for _ in range(per_batch):
-            seq += 1
-            events.append((rng.choice(TABLES), rng.randrange(keys), f"v{seq}", seq, rng.random() < 0.25))
-        out.append(events)
-    return out
-
-
-def model(batches: Sequence[Sequence[Event]]) -> dict[str, dict[int, tuple[str, int]]]:
-    state: dict[str, dict[int, tuple[str, int]]] = {}
-    for events in batches:
-        for table, key, value, seq, deleted in sorted(events, key=lambda e: e[3]):
-            rows = state.setdefault(f"db.{table}", {})
-            if deleted:
-                rows.pop(key, None)
-            else:
-                rows[key] = (value, seq)
-    return state
+    return routed_upserts.change_stream(seed, batches, per_batch, lambda rng: (rng.choice(TABLES), rng.randrange(keys)))
 
 
 def task_rows(events: Sequence[Event], *, computed_deletes: bool) -> pa.RecordBatch:
@@ -101,37 +75,19 @@ def write(
     rc: RoutedCommitter, batch_id: int, events: Sequence[Event], *, tasks: int = 3, computed_deletes: bool = False
 ) -> list[RoutedTaskResult]:
     """The batch's tasks as foreach_batch runs them: every (table, key) in one task (a repartition by both)."""
-    plans = rc.plans(rc.routes({e[0] for e in events}, batch_id), Q)
-    plan = rc.routed_plan(plans, Q, template=False, deletes_computed=computed_deletes)
-    parts: list[list[Event]] = [[] for _ in range(tasks)]
-    for e in events:
-        parts[zlib.crc32(f"{e[0]}/{e[1]}".encode()) % tasks].append(e)
-    out = []
-    for t, part in enumerate(parts):
-        writer = RoutedTaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=t, task_attempt_id=batch_id * 10 + t)
-        out.append(writer.write([task_rows(part, computed_deletes=computed_deletes)] if part else []))
-    return out
+    rows = partial(task_rows, computed_deletes=computed_deletes)
+    return routed_upserts.write_tasks(rc, Q, batch_id, events, rows, tasks=tasks, deletes_computed=computed_deletes)
 
 
 def run(rc: RoutedCommitter, batch_id: int, events: Sequence[Event], **kw: Any) -> RoutedOutcome:
-    results = write(rc, batch_id, events, **kw)
-    offsets = f'[{{"logOffset":{batch_id}}}]'
-    try:
-        return rc.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=offsets)
-    except BaseException:
-        rc.abort_batch(query_id=Q, batch_id=batch_id, results=results)
-        raise
+    return routed_upserts.commit_or_abort(rc, Q, batch_id, write(rc, batch_id, events, **kw), f'[{{"logOffset":{batch_id}}}]')
 
 
-def state(props: Mapping[str, str], tables: Sequence[str]) -> dict[str, dict[int, tuple[str, int]]]:
-    out = {}
-    for name in tables:
-        table = catalogs.load_table_fresh(None, dict(props), tuple(name.split(".")))
-        rows = table.scan().to_arrow().to_pylist()
-        keys = [r["id"] for r in rows]
-        assert len(keys) == len(set(keys)), f"{name}: a key is in the table more than once"
-        out[name] = {r["id"]: (r["value"], r["seq"]) for r in rows}
-    return out
+def state(props: Mapping[str, str], tables: Sequence[str]) -> dict[str, dict[Any, tuple[str, int]]]:
+    return routed_upserts.table_state(props, tables, lambda _name, row: row["id"])
+
+
+DRIVEN = RoutedUpserts(routed, run, state)
 
 
 def assert_model(props: Mapping[str, str], stream: Sequence[Sequence[Event]]) -> None:
@@ -180,39 +136,12 @@ def test_a_replayed_unit_is_skipped_and_changes_no_table(catalog_properties: dic
         assert len(lakesink_snapshots(catalogs.load_table_fresh(None, dict(catalog_properties), ("db", name[3:])))) == 2
 
 
-@pytest.mark.parametrize(
-    ("point", "extra", "some_landed"),
-    [
-        (CATALOG_BETWEEN_TABLE_SWAPS, {"table-property.commit.retry.num-retries": "0"}, False),  # inside the SQL transaction
-        (DRIVER_BETWEEN_TABLE_COMMITS, {"atomic": "off"}, True),  # table by table: the first table only
-    ],
-)
+@pytest.mark.parametrize(("point", "extra", "some_landed"), BETWEEN_TABLES)
 def test_a_fault_between_the_tables_then_a_replay_gives_the_model(
     catalog_properties: dict[str, str], faults: Any, point: str, extra: dict[str, str], some_landed: bool
 ) -> None:
-    rc = routed(catalog_properties, **extra)
     stream = change_stream(seed=13, batches=3, per_batch=60, keys=12)
-    run(rc, 0, stream[0])
-    before = state(catalog_properties, sorted(model(stream[:1])))
-    faults.arm(point, "raise")
-    with pytest.raises((InjectedFault, CommitConflictError)):
-        run(rc, 1, stream[1])
-    assert faults.fired(point)
-    faults.clear()
-    after = state(catalog_properties, sorted(before))
-    changed = {n for n in before if after[n] != before[n]}
-    assert bool(changed) == some_landed and len(changed) <= 1  # atomic: none; atomic=off: the first table only
-    restarted = routed(catalog_properties, **extra)
-    out = run(restarted, 1, stream[1])  # the replay: a table holding the batch is skipped, the others commit
-    skipped = {t for t, o in out.tables.items() if o.outcome is Outcome.REPLAY_SKIPPED}
-    assert skipped == changed
-    run(restarted, 2, stream[2])
-    assert_model(catalog_properties, stream)
-    for name in model(stream):
-        table = catalogs.load_table_fresh(None, dict(catalog_properties), tuple(name.split(".")))
-        batches = [s["summary"]["lakesink.batch-id"] for s in lakesink_snapshots(table)]
-        assert len(batches) == len(set(batches)), f"{name} holds a batch twice: {batches}"
-        assert data_files_on_disk(table) <= referenced_data_files(table)
+    DRIVEN.fault_between_tables_then_replay(faults, point, some_landed, catalog_properties, extra, stream)
 
 
 _KILLED = textwrap.dedent(

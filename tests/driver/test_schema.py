@@ -331,6 +331,7 @@ def test_pysparks_own_verdict_on_a_schema_is_still_a_schema_mismatch() -> None:
 
 def test_an_internal_error_of_the_iceberg_type_conversion_is_raised_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
     from lakesink._pyiceberg import io as _pyiceberg
+    from lakesink._pyiceberg.io import schemas as seam_schemas
 
     # pyiceberg's verdict: a type Iceberg has no type for
     with pytest.raises(_pyiceberg.UnsupportedIcebergType, match="Unsupported"):
@@ -341,7 +342,7 @@ def test_an_internal_error_of_the_iceberg_type_conversion_is_raised_as_it_is(mon
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise TypeError("visit_pyarrow() got an unexpected keyword argument")
 
-    monkeypatch.setattr(_pyiceberg, "visit_pyarrow", broken)
+    monkeypatch.setattr(seam_schemas, "visit_pyarrow", broken)
     with pytest.raises(TypeError, match="unexpected keyword") as e:
         check_writable("db.t", TABLE, pa.schema([pa.field("id", pa.int64())]))
     assert not isinstance(e.value, SchemaMismatchError)

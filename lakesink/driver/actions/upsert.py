@@ -172,13 +172,7 @@ def rewrite(
     candidates = [f for f in seam.live_data_files(table, branch) if keys.may_hold(f, specs, schema)]
     if not candidates or not len(keys):
         return Rewrite(inserted=keys.upserts, spec_id=plan.spec_id)
-    writer = TaskWriter(
-        plan,
-        query_id=plan.query_id or "rewrite",
-        batch_id=batch_id,
-        partition_id=REWRITE_PARTITION_ID,
-        task_attempt_id=attempt,
-    )
+    writer = rewrite_writer(plan, batch_id=batch_id, partition_id=REWRITE_PARTITION_ID, attempt=attempt)
     removed: list[DataFile] = []
     kept: list[pa.RecordBatch] = []
     matched: list[pa.Table] = []
@@ -218,6 +212,14 @@ def rewrite(
         deleted=deleted,
         bytes_read=bytes_read,
         files_considered=len(candidates),
+    )
+
+
+def rewrite_writer(plan: WritePlan, *, batch_id: int, partition_id: int, attempt: int) -> TaskWriter:
+    """The writer of the files a rewrite on the driver writes (the kept rows of the files it replaces), under a
+    partition id of its own (``partition_id``) so that its file names differ from the tasks'."""
+    return TaskWriter(
+        plan, query_id=plan.query_id or "rewrite", batch_id=batch_id, partition_id=partition_id, task_attempt_id=attempt
     )
 
 

@@ -42,7 +42,6 @@ from lakesink._pyiceberg import producers
 from lakesink.driver.actions import upsert
 from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.messages import WritePlan, WrittenFile
-from lakesink.executor.task_writer import TaskWriter
 from lakesink.table import floats, names
 from lakesink.table.keys import (
     DELETED,
@@ -253,13 +252,7 @@ def _without(
     table: Table, schema: Schema, files: list[DataFile], lost: pa.Table, *, plan: WritePlan, batch_id: int, attempt: int
 ) -> tuple[list[DataFile], list[str]]:
     """The batch's files, each that holds a key of ``lost`` replaced by a copy of its other rows."""
-    writer = TaskWriter(
-        plan,
-        query_id=plan.query_id or "rewrite",
-        batch_id=batch_id,
-        partition_id=STALE_REWRITE_PARTITION_ID,
-        task_attempt_id=attempt,
-    )
+    writer = upsert.rewrite_writer(plan, batch_id=batch_id, partition_id=STALE_REWRITE_PARTITION_ID, attempt=attempt)
     names_ = list(lost.column_names)
     out: list[DataFile] = []
     kept: list[pa.RecordBatch] = []

@@ -1,0 +1,176 @@
+"""Reading a table's data files, manifests and metadata files as pyiceberg's own scan reads them: live entries, the
+entries a snapshot wrote, the files snapshots reach, another table's metadata files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import (
+    ArrowScan,
+)
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile
+from pyiceberg.schema import Schema
+from pyiceberg.serializers import FromInputFile
+from pyiceberg.table import FileScanTask, Table
+from pyiceberg.table.metadata import TableMetadata
+
+
+def live_entries(table: Table, branch: str) -> list[ManifestEntry]:
+    """The live entries (data and delete files) of the branch's current snapshot."""
+    snapshot = table.metadata.snapshot_by_name(branch)
+    if snapshot is None:
+        return []
+    return [e for m in snapshot.manifests(table.io) for e in m.fetch_manifest_entry(table.io, discard_deleted=True)]
+
+
+def entries_written_by(table: Table, snapshot: Any) -> Iterator[ManifestEntry]:
+    """The entries a snapshot wrote itself (added or deleted by it), from the manifests it added: what it changed
+    (Iceberg Java's ``validationHistory`` reads the same manifests)."""
+    for manifest in snapshot.manifests(table.io):
+        if manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        if manifest.added_files_count == 0 and manifest.deleted_files_count == 0:
+            continue  # only existing entries (a merged or rewritten manifest): nothing this snapshot changed
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+            if entry.snapshot_id == snapshot.snapshot_id and entry.status != ManifestEntryStatus.EXISTING:
+                yield entry
+
+
+def live_data_files(table: Table, branch: str) -> Iterable[DataFile]:
+    """The data files of the branch's current snapshot."""
+    snapshot = table.metadata.snapshot_by_name(branch)
+    if snapshot is None:
+        return
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content != ManifestContent.DATA:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            yield entry.data_file
+
+
+def added_data_file_paths(table: Table, snapshot_id: int) -> set[str] | None:
+    """Paths of the data files a snapshot added, or None when the snapshot is gone (expired)."""
+    snapshot = table.metadata.snapshot_by_id(snapshot_id)
+    if snapshot is None:
+        return None
+    paths: set[str] = set()
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot_id:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.snapshot_id == snapshot_id:
+                paths.add(entry.data_file.file_path)
+    return paths
+
+
+def has_delete_files(table: Table, branch: str) -> bool:
+    """True when the branch's current snapshot has live delete files (written by another engine)."""
+    snapshot = table.metadata.snapshot_by_name(branch)
+    return snapshot is not None and snapshot_has_delete_files(table, snapshot)
+
+
+def read_data_file(table: Table, data_file: DataFile, schema: Schema | None = None) -> pa.Table:
+    """One data file's rows in the table's current schema, or ``schema`` (the schema a commit gives the table), by
+    field-id projection, as pyiceberg's scan reads it."""
+    task = FileScanTask(data_file)
+    return ArrowScan(table.metadata, table.io, schema or table.schema(), AlwaysTrue()).to_table([task])
+
+
+def scan_files(
+    metadata: TableMetadata, io: FileIO, tasks: Iterable[FileScanTask], *, schema: Schema, row_filter: BooleanExpression
+) -> Iterator[pa.RecordBatch]:
+    """Read data files as pyiceberg's own scan reads them (field-id projection, schema evolution, row filter)."""
+    return ArrowScan(metadata, io, schema, row_filter).to_record_batches(tasks)
+
+
+def manifest_entries(manifest: ManifestFile, io: FileIO) -> list[ManifestEntry]:
+    """Every entry of a manifest (added, existing and deleted)."""
+    return list(manifest.fetch_manifest_entry(io, discard_deleted=False))
+
+
+def data_file_entries(table: Table, snapshot: Any) -> Iterator[tuple[DataFile, int | None]]:
+    """(data file, data sequence number) of every live entry of a snapshot's data manifests."""
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content != ManifestContent.DATA:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            yield entry.data_file, entry.sequence_number
+
+
+def snapshot_has_delete_files(table: Table, snapshot: Any) -> bool:
+    """True when ``snapshot`` has live delete files (written by another engine). A delete manifest holding only
+    ``deleted`` entries (delete files a complete-mode overwrite removed) has none."""
+    return any(
+        m.content == ManifestContent.DELETES and (m.added_files_count is None or m.has_added_files() or m.has_existing_files())
+        for m in snapshot.manifests(table.io)
+    )
+
+
+def reachable_files(
+    table: Table, snapshots: Iterable[Any], *, live_only: bool = False, gone: set[str] | None = None
+) -> tuple[set[str], set[str], set[str]]:
+    """(manifest lists, manifests, data and delete files) that ``snapshots`` reference: every entry, or with
+    ``live_only`` the files the snapshots contain (a ``deleted`` entry is a file a snapshot no longer has).
+
+    A manifest list or manifest that does not exist raises FileNotFoundError; with ``gone`` (a set) it is added to
+    ``gone`` instead and what it would list is left out (for files that are being deleted anyway: another clean-up
+    removed it first)."""
+    lists: set[str] = set()
+    manifests: set[str] = set()
+    files: set[str] = set()
+    seen: set[str] = set()
+    for snapshot in snapshots:
+        lists.add(snapshot.manifest_list)
+        try:
+            snapshot_manifests = snapshot.manifests(table.io)
+        except FileNotFoundError:
+            if gone is None:
+                raise
+            gone.add(snapshot.manifest_list)
+            continue
+        for manifest in snapshot_manifests:
+            manifests.add(manifest.manifest_path)
+            if manifest.manifest_path in seen:
+                continue
+            seen.add(manifest.manifest_path)
+            try:
+                entries = manifest.fetch_manifest_entry(table.io, discard_deleted=live_only)
+            except FileNotFoundError:
+                if gone is None:
+                    raise
+                gone.add(manifest.manifest_path)
+                continue
+            for entry in entries:
+                files.add(entry.data_file.file_path)
+    return lists, manifests, files
+
+
+def data_manifests(table: Table, snapshot: Any) -> list[ManifestFile]:
+    """The data manifests of a snapshot's manifest list (no manifest is read)."""
+    return [m for m in snapshot.manifests(table.io) if m.content == ManifestContent.DATA]
+
+
+def read_table_metadata(io: FileIO, location: str) -> TableMetadata:
+    """The table metadata in the metadata file at ``location``."""
+    return FromInputFile.table_metadata(io.new_input(location))
+
+
+def other_tables_metadata(io: FileIO, locations: Iterable[str], table_uuid: Any) -> dict[str, str]:
+    """Of the metadata files at ``locations``, those of other tables than ``table_uuid``: each other table's UUID and
+    one of its files. A file that cannot be read (a leftover of a failed commit) proves nothing and is passed over.
+    Two tables whose metadata share one folder share a location: what one table references, the other would take for
+    orphans."""
+    found: dict[str, str] = {}
+    for location in locations:
+        try:
+            other = str(read_table_metadata(io, location).table_uuid)
+        except Exception:
+            continue
+        if other != str(table_uuid):
+            found.setdefault(other, location)
+    return found
