@@ -8,7 +8,9 @@ Convention for fenced code blocks in ``docs/*.md``:
   ``PYSPARK_DRIVER_PYTHON`` = ``sys.executable``, ``HOME=<tmp>/home`` (no ``~/.pyiceberg.yaml``
   of the machine leaks in), no ``PYICEBERG_*`` or ``LAKESINK_*`` variables inherited, and a copy
   of the repository's ``catalog/`` folder in the working folder (pages are written as if run from
-  a checkout). The script must exit with status 0 by itself.
+  a checkout). The script must exit with status 0 by itself. Its Spark driver JVM gets the options
+  of the tests' short-lived jobs (``PYSPARK_SUBMIT_ARGS``, tests/jobs/jvm.py: the quick JIT only, the
+  serial GC; what the page does is the same, its start-up costs less CPU).
 - ```` ```python no-run ````: a fragment shown for reading only; never executed.
 - any other info string (``bash``, ``text``, ``yaml``, ``json``): never executed.
 
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.jobs import jvm
 from tests.support.timeouts import guard
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,6 +116,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
         LAKESINK_HOME=str(tmp_path / "lakehouse"),
         PYSPARK_PYTHON=sys.executable,
         PYSPARK_DRIVER_PYTHON=sys.executable,
+        PYSPARK_SUBMIT_ARGS=jvm.submit_args(),
         PYTHONUNBUFFERED="1",
     )
     return env

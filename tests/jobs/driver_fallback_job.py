@@ -16,6 +16,7 @@ import sys
 from pyspark.sql import SparkSession
 
 import lakesink
+from tests.jobs.jvm import short_lived
 
 DDL = "id long, payload string"
 
@@ -23,7 +24,7 @@ if __name__ == "__main__":
     props, src, ck, writer, max_result_size = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     spark = (
-        SparkSession.builder.master("local[2]")
+        short_lived(SparkSession.builder.master("local[2]"))
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.maxResultSize", max_result_size)

@@ -22,3 +22,9 @@ def short_lived(builder: SparkSession.Builder) -> SparkSession.Builder:
     starts the JVM with the builder's configuration, so the driver's Java options take effect (local mode: the
     executors are in the driver's JVM)."""
     return builder.config("spark.driver.extraJavaOptions", JAVA_OPTIONS)
+
+
+def submit_args() -> str:
+    """``PYSPARK_SUBMIT_ARGS`` that start the driver JVM with the same options, for a child process whose own code
+    builds its session (a docs page's script, tests/test_docs.py): PySpark hands them to spark-submit."""
+    return f'--driver-java-options "{JAVA_OPTIONS}" pyspark-shell'

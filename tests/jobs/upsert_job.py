@@ -13,6 +13,7 @@ import sys
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 import lakesink
 from tests.jobs.jvm import short_lived
@@ -44,18 +45,10 @@ def routed_upsert_sink(props: dict[str, str]) -> lakesink.ForeachBatchSink:
     )
 
 
-if __name__ == "__main__":
-    props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-    entry = sys.argv[4] if len(sys.argv) > 4 else "foreach"
-    spark = (
-        short_lived(SparkSession.builder.master("local[2]"))
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+def writer(spark: SparkSession, props: dict[str, str], src: str, ck: str, entry: str, routed: bool) -> DataStreamWriter:
+    """The job's stream, ready to start: also run by the tests in their own Spark session (a format("lakesink") run
+    whose fault kills a commit worker, not the driver; a restart from the checkpoint)."""
     df = spark.readStream.schema(EVENTS_DDL).option("maxFilesPerTrigger", 1).json(src)
-    routed = len(sys.argv) > 5 and sys.argv[5] == "routed"
     if routed and entry == "format":
         lakesink.register(spark)
         w = route(df).repartition(2, "route", "id").writeStream.format("lakesink").option("route-by", "route")
@@ -72,6 +65,19 @@ if __name__ == "__main__":
         w = w.option("upsert-key", "id").option("delete-when", "op = 'd'").option("order-by", "seq")
     else:
         w = df.writeStream.foreachBatch(upsert_sink(props))  # type: ignore[arg-type]
-    q = w.option("checkpointLocation", ck).trigger(availableNow=True).start()
+    return w.option("checkpointLocation", ck).trigger(availableNow=True)
+
+
+if __name__ == "__main__":
+    props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+    entry = sys.argv[4] if len(sys.argv) > 4 else "foreach"
+    spark = (
+        short_lived(SparkSession.builder.master("local[2]"))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    q = writer(spark, props, src, ck, entry, len(sys.argv) > 5 and sys.argv[5] == "routed").start()
     q.awaitTermination()
     print("UPSERT JOB DONE")

@@ -15,6 +15,7 @@ import pytest
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, StructType
+from pyspark.errors import StreamingQueryException
 
 import lakesink
 from lakesink.audit.routes import verify_query
@@ -163,9 +164,19 @@ def test_every_row_bad_and_a_bad_row_in_every_task(spark: Any, tmp_path: Path) -
         assert snaps[0]["summary"].get("added-records", "0") == "0"
 
 
-def _job(props: dict[str, str], src: Path, ck: Path, entry: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def run_here(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str) -> None:
+    """The job's stream (tests/jobs/dead_letter_job.py) in this test process's Spark session, until done: a restart
+    from the checkpoint as the job does it, without the start-up of a JVM of its own."""
+    q: Any = job.start(spark, job.stream(spark, str(src)), props, str(ck), entry)
+    try:
+        q.awaitTermination()
+    finally:
+        q.stop()
+
+
+def _job(props: dict[str, str], src: Path, ck: Path, entry: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tests.jobs.dead_letter_job", json.dumps(props), str(src), str(ck), entry, *extra],
+        [sys.executable, "-m", "tests.jobs.dead_letter_job", json.dumps(props), str(src), str(ck), entry],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -174,7 +185,11 @@ def _job(props: dict[str, str], src: Path, ck: Path, entry: str, *extra: str) ->
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])
-def test_sigkill_rounds_never_split_a_batch_from_its_dead_letters(tmp_path: Path, faults: Any, entry: str) -> None:
+def test_sigkill_rounds_never_split_a_batch_from_its_dead_letters(spark: Any, tmp_path: Path, faults: Any, entry: str) -> None:
+    """A kill at an executor (its Python worker) fails the job's query (no task retry in the job's session), a kill in
+    the commit fails it too (foreach: the driver, the job; format: the commit worker, a Python worker of Spark's JVM).
+    The kills of a Python worker of the commit are run in this test's Spark session (its JVM lives on; its tasks would
+    be retried, the commit is not), as is the last run (the restart after the kills); the others in a job process."""
     props = catalog(tmp_path, "c")
     create(props)
     src = Input(tmp_path / "input")
@@ -182,15 +197,19 @@ def test_sigkill_rounds_never_split_a_batch_from_its_dead_letters(tmp_path: Path
     for point in (EXECUTOR_BEFORE_RETURN, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP):
         src.add(files=1)
         faults.arm(point, "kill")
-        run = _job(props, src.folder, ck, entry)
-        assert run.returncode != 0 and faults.fired(point), (point, run.stdout[-2000:], run.stderr[-3000:])
+        if entry == "format" and point != EXECUTOR_BEFORE_RETURN:
+            with pytest.raises(StreamingQueryException) as failed:  # the commit worker died: the query fails
+                run_here(spark, props, src.folder, ck, entry)
+            assert faults.fired(point), (point, str(failed.value)[-3000:])
+        else:
+            run = _job(props, src.folder, ck, entry)
+            assert run.returncode != 0 and faults.fired(point), (point, run.stdout[-2000:], run.stderr[-3000:])
         query_id = json.loads((ck / "metadata").read_text())["id"] if (ck / "metadata").exists() else None
         events, dead = load(props, "events"), load(props, "dead")
         # after every kill: each batch in both tables or in neither
         assert batches(events, query_id) == batches(dead, query_id), point
     faults.clear()
-    run = _job(props, src.folder, ck, entry)
-    assert run.returncode == 0 and "JOB DONE" in run.stdout, run.stderr[-3000:]
+    run_here(spark, props, src.folder, ck, entry)  # done: no error
     assert ids(load(props, "events")) == Counter(src.good)
     assert letter_keys(props) == src.letters  # each dead letter once: no replay duplicated one
     for table in (load(props, "events"), load(props, "dead")):
@@ -198,11 +217,12 @@ def test_sigkill_rounds_never_split_a_batch_from_its_dead_letters(tmp_path: Path
         assert_snapshot_invariants(table)
 
 
-def test_sigkill_rounds_with_two_routed_sinks_sharing_the_dead_letter_table(tmp_path: Path, faults: Any) -> None:
+def test_sigkill_rounds_with_two_routed_sinks_sharing_the_dead_letter_table(spark: Any, tmp_path: Path, faults: Any) -> None:
     """Two routed sinks of one query (foreachBatch, sink ids ``even`` and ``odd``, tests/jobs/dead_letter_job.py
     ``two-routed``), each routing its part of the rows, both with the dead-letter table ``db.dead``: after every SIGKILL
     each routed batch is in all its tables (the dead-letter table included) or in none; at the end every good row once,
-    in its table, and every dead letter once, under the sink its row went to."""
+    in its table, and every dead letter once, under the sink its row went to. The kills in a job process; the last run,
+    the restart after them, in this test's Spark session."""
     props = catalog(tmp_path, "c")
     cat = catalogs.load(None, props)
     cat.create_namespace_if_not_exists("db")
@@ -220,8 +240,7 @@ def test_sigkill_rounds_with_two_routed_sinks_sharing_the_dead_letter_table(tmp_
         if query_id is not None:
             report = verify_query(catalogs.load(None, props), query_id)
             assert not report.incomplete, (point, report.human())
-    run = _job(props, src.folder, ck, "two-routed")
-    assert run.returncode == 0 and "JOB DONE" in run.stdout, run.stderr[-3000:]
+    run_here(spark, props, src.folder, ck, "two-routed")  # done: no error
     cat = catalogs.load(None, props)
     for name in job.ROUTED_TABLES:
         want = Counter(i for i in src.good if job.routed_table(i) == name)
@@ -240,14 +259,18 @@ def test_sigkill_rounds_with_two_routed_sinks_sharing_the_dead_letter_table(tmp_
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])
-def test_a_poison_row_that_crashes_a_worker_fails_the_batch_without_dead_letters(tmp_path: Path, entry: str) -> None:
+def test_a_poison_row_that_crashes_a_worker_fails_the_batch_without_dead_letters(spark: Any, tmp_path: Path, entry: str) -> None:
+    """In this test's Spark session (the job's stream with ``--poison``): its tasks are retried, each attempt crashes."""
     props = catalog(tmp_path, "c")
     create(props)
     src = Input(tmp_path / "input")
     src.add(files=1, poison=True)
-    run = _job(props, src.folder, tmp_path / "ck", entry, "--poison")
-    assert run.returncode != 0 and "JOB DONE" not in run.stdout
-    assert "Python worker exited unexpectedly" in run.stderr or "crashed" in run.stderr, run.stderr[-3000:]
+    q: Any = job.start(spark, job.stream(spark, str(src.folder), poison=True), props, str(tmp_path / "ck"), entry)
+    with pytest.raises(StreamingQueryException) as failed:  # the query fails: it never ends as done
+        q.awaitTermination()
+    q.stop()
+    error = str(failed.value)
+    assert "Python worker exited unexpectedly" in error or "crashed" in error, error[-3000:]
     assert load(props, "events").current_snapshot() is None
     assert letters(props) == []  # not a data error: no dead letter
 
@@ -330,6 +353,8 @@ def test_max_rejected_fraction_with_upsert_key_is_of_the_batchs_rows(spark: Any,
         [("null-key-0", dl.NULL_UPSERT_KEY, 0), ("negative-0", dl.REJECT_WHEN, 0)]
     )
     assert [s["batch_id"] for s in lakesink_snapshots(table)] == [0]  # batch 1 committed nothing
+
+
 @pytest.mark.parametrize(
     "reject_when",
     ["coin(id)", "rand() < 0.5", "id < 0 or uuid() < '8'", "unix_micros(current_timestamp()) % 2 = 0"],

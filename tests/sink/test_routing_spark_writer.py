@@ -214,6 +214,12 @@ def test_refusals_at_start(catalog_properties: dict[str, str]) -> None:
         lakesink.foreach_batch(route_by="route", writer="driver", catalog_properties=catalog_properties)
 
 
+def job_query(session: Any, props: dict[str, str], src: str, ck: str) -> Any:
+    """The job's stream (``__main__`` below), ready to start; the test's last run starts it in the test's session."""
+    frame = routed(session.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(src))
+    return frame.writeStream.foreachBatch(spark_sink(props)).option("checkpointLocation", ck).trigger(availableNow=True)
+
+
 def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
     if faults_dir is not None:
@@ -231,10 +237,11 @@ def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None) -> 
 
 @pytest.mark.timeout(900)
 def test_sigkill_after_the_files_and_at_the_unit_commit_then_restart_is_exactly_once(
-    tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
 ) -> None:
     """The driver is SIGKILLed after Spark's job wrote every table's files, before the unit's swap and after it (before
-    Spark's commit log); each time the job restarts from the same checkpoint."""
+    Spark's commit log); each time the job restarts from the same checkpoint. The last run, the restart after the
+    kills, is the job's stream in this test's Spark session (no JVM of its own to start)."""
     precreate(catalog_properties)
     src, ck = tmp_path / "in", tmp_path / "ck"
     sent = write_json_input(src, files=4, rows_per_file=40, start=10_000)
@@ -245,9 +252,11 @@ def test_sigkill_after_the_files_and_at_the_unit_commit_then_restart_is_exactly_
         assert faults.fired(point), err[-3000:]
         assert proc.returncode == -signal.SIGKILL, err[-3000:]
         faults.clear()
-    proc = _job(catalog_properties, src, ck, None)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and "ROUTED SPARK JOB DONE" in out, err[-3000:]
+    query = job_query(spark, catalog_properties, str(src), str(ck)).start()
+    try:
+        query.awaitTermination()  # done: no error
+    finally:
+        query.stop()
     assert_exactly_once(catalog_properties, sent, no_orphans=False)
     t0 = catalogs.load(None, catalog_properties).load_table(("db", "t0"))
     assert [s["batch_id"] for s in lakesink_snapshots(t0)] == [0, 1, 2, 3]
@@ -256,15 +265,15 @@ def test_sigkill_after_the_files_and_at_the_unit_commit_then_restart_is_exactly_
 if __name__ == "__main__":  # the job the SIGKILL test starts (and kills)
     from pyspark.sql import SparkSession
 
+    from tests.jobs.jvm import short_lived
+
     props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
     session = (
-        SparkSession.builder.master("local[2]")
+        short_lived(SparkSession.builder.master("local[2]"))
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    frame = routed(session.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(src))
-    query = frame.writeStream.foreachBatch(spark_sink(props)).option("checkpointLocation", ck).trigger(availableNow=True)
-    query.start().awaitTermination()
+    job_query(session, props, src, ck).start().awaitTermination()
     print("ROUTED SPARK JOB DONE")

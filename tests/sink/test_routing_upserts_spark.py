@@ -22,7 +22,7 @@ from pyspark.errors import StreamingQueryException
 from lakesink.driver import catalogs
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from tests.jobs.upsert_job import EVENTS_DDL, ROUTES, route, routed_upsert_sink
-from tests.sink.test_upserts_spark import Event, change_stream, model, rows_of, write_events
+from tests.sink.test_upserts_spark import Event, change_stream, model, rows_of, run_here, write_events
 from tests.support.helpers import assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, referenced_data_files
 
 pytestmark = pytest.mark.spark
@@ -111,24 +111,28 @@ def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None, ent
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("entry", ["foreach", "format"])
 def test_sigkill_at_the_unit_commit_then_restart_equals_the_model(
-    tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
     """The job is SIGKILLed before the unit's swap, inside its database transaction (between two tables' rows), and
     after it (before Spark's commit log); each time it restarts from the same checkpoint. foreach: the fault kills the
-    driver; format: the commit worker (Spark fails the query)."""
+    driver; format: the commit worker, a Python worker of Spark's JVM (Spark fails the query, the JVM lives on): its
+    runs are the job's stream in this test's Spark session (run_here), and so is the last run of both."""
     stream = change_stream(seed=23, batches=5, per_batch=60, keys=20)
     src, ck = tmp_path / "in", tmp_path / "ck"
     write_events(src, stream)
     for point in (DRIVER_BEFORE_SWAP, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP):
         faults.arm(point, "kill")
-        proc = _job(catalog_properties, src, ck, str(faults.folder), entry)
-        _, err = proc.communicate(timeout=300)
-        assert faults.fired(point), err[-3000:]
-        assert proc.returncode == -signal.SIGKILL if entry == "foreach" else proc.returncode != 0, err[-3000:]
+        if entry == "foreach":
+            proc = _job(catalog_properties, src, ck, str(faults.folder), entry)
+            _, err = proc.communicate(timeout=300)
+            assert faults.fired(point), err[-3000:]
+            assert proc.returncode == -signal.SIGKILL, err[-3000:]
+        else:
+            with pytest.raises(StreamingQueryException) as failed:  # the commit worker died: the query fails
+                run_here(spark, catalog_properties, src, ck, entry, routed=True)
+            assert faults.fired(point), str(failed.value)[-3000:]
         faults.clear()
-    proc = _job(catalog_properties, src, ck, None, entry)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and "UPSERT JOB DONE" in out, err[-3000:]
+    run_here(spark, catalog_properties, src, ck, entry, routed=True)  # done: no error
     assert_tables_are(catalog_properties, stream, no_orphans=False)
     t0 = catalogs.load(None, catalog_properties).load_table(("db", "t0"))
     assert [s["batch_id"] for s in lakesink_snapshots(t0)] == list(range(len(stream)))
