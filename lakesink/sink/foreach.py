@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pickle
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.storagelevel import StorageLevel
 
 from lakesink import _pyspark
 from lakesink.cdc import debezium
@@ -196,6 +198,17 @@ def routed_keys_by_value(
     return out
 
 
+def read_once(df: DataFrame) -> DataFrame:
+    """The batch persisted (lazily: the first Spark job over it fills the cache) at storage level MEMORY_AND_DISK, for
+    a batch that more than one Spark job reads. With option route-by, foreach_batch reads its batch in two jobs at
+    least -- the one finding the batch's tables (with option payload: each table's columns too) and the one writing
+    them (with writer='spark': one per group of alike tables) -- and each would read the source again (and parse the
+    Debezium events again, with cdc-format). Cached are the batch's rows as the function receives them (after
+    cdc-format's parsing): partitions that do not fit in the executors' storage memory go to their local disk. The
+    caller unpersists it when the batch is done, committed or failed."""
+    return df.persist(StorageLevel.MEMORY_AND_DISK)
+
+
 M = TypeVar("M")
 OutcomeT = TypeVar("OutcomeT")
 
@@ -252,7 +265,11 @@ class ForeachBatchSink:
         if self.options.cdc_format is not None:
             df = debezium_changes(df)
         if self.options.routing is not None:
-            self.last_routed = self._routed_batch(df, batch_id, query_id)
+            cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
+            try:
+                self.last_routed = self._routed_batch(cached, batch_id, query_id)
+            finally:
+                cached.unpersist(blocking=False)
             return self.last_routed.total()
         if self._committer is None:
             self._committer = TableCommitter(self.options, post_commit=auto_maintenance)  # automatic maintenance
@@ -395,6 +412,7 @@ class ForeachBatchSink:
             self._run = run_id
         if self.options.writer is WriterKind.SPARK:  # Spark's own Parquet writer, no row in a Python worker
             return self._routed_spark_batch(df, batch_id, query_id, routed, run_id)
+        started = time.perf_counter()
         if self.options.payload is not None:  # each table's columns from its payloads (the same job finds the routes)
             values, found = self._payload_columns(df, routed)
             if self.options.cdc_format is not None:  # the changes before a truncate dropped, the table marked
@@ -403,8 +421,10 @@ class ForeachBatchSink:
             # read as bytes: a value that is not UTF-8 stays itself (an invalid route), not Spark's decoding of it
             raw = df.select(F.col(f"`{routing.column}`").cast("binary")).distinct().collect()
             values = [routing_value(None if r[0] is None else bytes(r[0])) for r in raw]
+        found_ms = (time.perf_counter() - started) * 1000
         routes = routed.routes(values, batch_id)  # with dead_letter_table: the valid ones (the others: dead letters)
         plans = routed.plans(routes, query_id)
+        planned_ms = (time.perf_counter() - started) * 1000 - found_ms
         offsets = self._source_offsets(spark, query_id, batch_id)
         invalid = routed.any_invalid(values)  # with dead_letter_table: rows that are dead letters of error invalid-route
         # a batch some of its tables hold already: decided for the whole batch here, before any file is written
@@ -429,7 +449,16 @@ class ForeachBatchSink:
                 plans, query_id, template=False, reject_column=reject_column, deletes_computed=deletes_computed
             )
             writer = RoutedPartitionWriter(plan, batch_id, run_id)
+            written = time.perf_counter()
             results = [pickle.loads(r[0]) for r in df.mapInArrow(writer, TASK_RESULT_SCHEMA).collect()]
+            log.info(
+                "lakesink: route-by batch=%s tables=%s find_ms=%.0f plan_ms=%.0f write_job_ms=%.0f",
+                batch_id,
+                len(plans),
+                found_ms,
+                planned_ms,
+                (time.perf_counter() - written) * 1000,
+            )
         return commit_or_abort(
             routed,
             query_id=query_id,
