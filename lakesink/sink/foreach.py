@@ -558,7 +558,8 @@ class ForeachBatchSink:
         key = "key" if self.options.cdc_format is not None and "key" in df.columns else None
         cdc = (truncates.OP, truncates.ORDER) if self.options.cdc_format is not None else None
         schema = CDC_CONNECT_SCHEMA if self.options.cdc_format is not None else None
-        inference = payload.PayloadInference(routing.column, column, key, cdc, schema)
+        lenient = self.options.dead_letter_table is not None  # a value that does not fit: a dead letter, not an error
+        inference = payload.PayloadInference(routing.column, column, key, cdc, schema, lenient=lenient)
         selected = [F.col(f"`{routing.column}`"), F.col(f"`{column}`"), *([F.col(f"`{key}`")] if key else [])]
         selected += [F.col(f"`{c}`") for c in (*(cdc or ()), *([schema] if schema else []))]
         rows = df.select(*selected).mapInArrow(inference, payload.INFERRED_DDL)
@@ -572,7 +573,7 @@ class ForeachBatchSink:
         for value, parts in found.items():
             route = parse_route(value, routing.namespace, routing.allowed_namespaces)
             if isinstance(route, Route):
-                routed.table_columns[str(route)] = payload.merge_columns(parts, str(route))
+                routed.table_columns[str(route)] = payload.merge_columns(parts, str(route), lenient=lenient)
                 routed.carried_keys[str(route)] = extra[value].keys
         return list(found), extra
 
