@@ -54,6 +54,8 @@ them (docs/cdc.md). Implies ``route-by``, ``payload``, ``delete-when`` and ``ord
 CDC_PREFIX = "cdc_"
 CDC_PAYLOAD = "cdc_payload"
 CDC_CONNECT_SCHEMA = "cdc_connect_schema"
+CDC_VALUE = "cdc_value"
+"""Option cdc-format with dead-letter-table: the record's ``value`` as it came (a dead letter's row holds it)."""
 """Option cdc-format: the column with each record's Kafka Connect schema (``schemas.enable``; null without), which
 types its fields (lakesink.cdc.connect)."""
 """With route-by: a string column holding a JSON object whose fields are the row's columns in its routed table

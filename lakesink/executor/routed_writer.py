@@ -39,7 +39,7 @@ from lakesink.executor.row_digest import RowsDigest, digest
 from lakesink.executor.task_writer import TaskWriter, task_result_batch, utc_schema
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
-from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PREFIX
+from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PREFIX, CDC_VALUE
 from lakesink.table import dead_letters as dl
 from lakesink.table import locations, storage
 from lakesink.table.keys import DELETED
@@ -374,17 +374,20 @@ class RoutedTaskWriter:
         if not misfits:
             return
         assert self._invalid is not None
-        own = [
-            n for n in rows.schema.names if n == DELETED or (CDC_CONNECT_SCHEMA in rows.schema.names and n.startswith(CDC_PREFIX))
-        ]
+        cdc = CDC_CONNECT_SCHEMA in rows.schema.names  # option cdc-format: its parsed columns are lakesink's own
+        own = [n for n in rows.schema.names if n == DELETED or (cdc and n.startswith(CDC_PREFIX))]
         original = rows.drop_columns(own)
+        if cdc and CDC_VALUE in rows.schema.names:  # the Kafka record's value as it came
+            original = original.append_column("value", rows.column(CDC_VALUE))
+        routing = not (cdc and self._plan.column.startswith(CDC_PREFIX))  # cdc-format's route: from the record
         groups: dict[tuple[str, str], list[int]] = {}
         for m in misfits:
             groups.setdefault((m.column, m.message), []).append(m.row)
         for (column, message), indices in groups.items():
             taken = original.take(pa.array(indices, pa.int64()))
             # a valid route's value is a string (a value that is not UTF-8 is an invalid route: _reject_route)
-            taken = taken.append_column(self._plan.column, pa.array([str(value)] * taken.num_rows, pa.string()))
+            if routing:
+                taken = taken.append_column(self._plan.column, pa.array([str(value)] * taken.num_rows, pa.string()))
             self._invalid.reject_all(taken, kind=dl.PAYLOAD_VALUE, column=column, text=message, table=table)
 
     def _reject_route(self, value: object, route: InvalidRoute, rows: pa.RecordBatch) -> None:

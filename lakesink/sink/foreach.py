@@ -41,7 +41,7 @@ from lakesink.executor.messages import WritePlan
 from lakesink.executor.routed_writer import RoutedPartitionWriter, RoutedTaskResult
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, PartitionWriter
 from lakesink.maintenance.auto import auto_maintenance
-from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, Routing, SinkOptions, WriterKind
+from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, CDC_VALUE, Routing, SinkOptions, WriterKind
 from lakesink.sink import (
     completeness,
     dead_letters,
@@ -168,10 +168,11 @@ def foreach_batch(
     return ForeachBatchSink(SinkOptions.from_keywords(locals()))
 
 
-def debezium_changes(df: DataFrame) -> DataFrame:
+def debezium_changes(df: DataFrame, *, keep_value: bool = False) -> DataFrame:
     """Option cdc-format=debezium: the batch's ``value`` column parsed (lakesink.cdc.debezium.parse, prefix ``cdc_``:
     tombstones dropped, a record that is no change event fails the job), with the payload column each row's table
-    takes: ``after``, else (a delete) ``before``; null for a truncate (op ``t``: lakesink.sink.truncates)."""
+    takes: ``after``, else (a delete) ``before``; null for a truncate (op ``t``: lakesink.sink.truncates).
+    ``keep_value`` (option dead-letter-table): the record's ``value`` kept as :data:`CDC_VALUE`, for its dead letter."""
     if "value" not in df.columns:
         raise InvalidOptionError(
             f"option 'cdc-format' reads Debezium's events from column 'value', which the stream does not have (columns: "
@@ -180,6 +181,8 @@ def debezium_changes(df: DataFrame) -> DataFrame:
     wrapper = F.from_json(F.col("value").cast("string"), "`schema` STRING, payload STRING")
     # the record's Kafka Connect schema (schemas.enable), which types its fields (lakesink.cdc.connect)
     df = df.withColumn(CDC_CONNECT_SCHEMA, wrapper["schema"])
+    if keep_value:
+        df = df.withColumn(CDC_VALUE, F.col("value"))
     changes = debezium.parse(df, column="value", prefix=CDC_PREFIX)
     # a truncate (op 't') has no row: its payload is null, and lakesink.sink.truncates applies it
     after, before = F.col(f"`{CDC_PREFIX}{debezium.AFTER}`"), F.col(f"`{CDC_PREFIX}{debezium.BEFORE}`")
@@ -263,7 +266,7 @@ class ForeachBatchSink:
             self._check_checkpoint(spark, query_id)
             self._checked_queries.add(query_id)
         if self.options.cdc_format is not None:
-            df = debezium_changes(df)
+            df = debezium_changes(df, keep_value=self.options.dead_letter_table is not None)
         if self.options.routing is not None:
             cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
             try:

@@ -127,3 +127,41 @@ def test_payload_values_that_do_not_fit_are_dead_letters_in_the_batch_unit_acros
     dead = catalogs.load(None, catalog_properties).load_table(("db", "dead"))
     message = next(r[dl.MESSAGE] for r in dead.scan().to_arrow().to_pylist() if json.loads(r[dl.ROW])["doc"].find('"two"') > 0)
     assert "table db.p, column 'n' (int64): a payload holds 'two'" in message
+
+
+def test_a_debezium_change_that_does_not_fit_is_a_dead_letter_holding_the_kafka_record(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    from tests.sink.test_cdc_format_spark import event, records
+    from tests.sink.test_cdc_format_spark import write_round as write_records
+
+    acc = "public.accounts"
+    one = [event(acc, "r", 100 + i, None, {"id": i, "name": f"a{i}", "balance": i * 1.5}) for i in range(4)]
+    two = [event(acc, "u", 200, None, {"id": 1, "name": "fits", "balance": 2.5})]
+    two += [event(acc, "u", 201, None, {"id": 2, "name": "bad", "balance": "lots"})]  # a string for a double column
+    two += [event(acc, "c", 202, None, {"id": 9, "name": "new", "balance": 9.0})]
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    df_schema = "topic STRING, key STRING, value STRING"
+    sink = lakesink.foreach_batch(
+        cdc_format="debezium", upsert_key="id", dead_letter_table=DEAD, catalog_properties=catalog_properties
+    )
+
+    def run() -> None:
+        df = spark.readStream.schema(df_schema).option("maxFilesPerTrigger", 1).json(str(src))
+        run_to_end(df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
+
+    write_records(src, 0, one)
+    run()
+    write_records(src, 1, two)
+    run()
+    table = catalogs.load(None, catalog_properties).load_table(("public", "accounts"))
+    got = Counter(tuple(r.values()) for r in table.scan(selected_fields=("id", "name", "balance")).to_arrow().to_pylist())
+    assert got == Counter({(0, "a0", 0.0): 1, (1, "fits", 2.5): 1, (2, "a2", 3.0): 1, (3, "a3", 4.5): 1, (9, "new", 9.0): 1})
+    dead = catalogs.load(None, catalog_properties).load_table(("db", "dead")).scan().to_arrow().to_pylist()
+    assert [(r[dl.ERROR], r[dl.COLUMN], r[dl.TABLE], r[dl.BATCH_ID]) for r in dead] == [
+        (dl.PAYLOAD_VALUE, "balance", "public.accounts", 1)
+    ]
+    row = json.loads(dead[0][dl.ROW])
+    sent = next(r for r in records(two, 1) if '"lots"' in (r["value"] or ""))
+    assert {k: row[k] for k in ("topic", "key", "value")} == sent  # the Kafka record as it came
+    assert not [k for k in row if k.startswith("cdc_") or k.startswith("__lakesink")]
