@@ -187,7 +187,12 @@ class PayloadInference:
         key_column: str | None = None,
         truncate_columns: tuple[str, str] | None = None,
         schema_column: str | None = None,
+        lenient: bool = False,
     ):
+        self.lenient = lenient
+        """Option dead-letter-table: a field whose values no one type holds is a string column (a table it creates;
+        an existing table's column keeps its type): each value then fits its column, or is a dead letter
+        (:func:`expand_fitting`), instead of failing the batch."""
         self.route_column = route_column
         self.payload_column = payload_column
         self.key_column = key_column
@@ -196,6 +201,9 @@ class PayloadInference:
         self.schema_column = schema_column
         """Option cdc-format: each record's Kafka Connect schema (``schemas.enable``), which types its fields
         (lakesink.cdc.connect)."""
+
+    def _unify(self, a: pa.DataType | None, b: pa.DataType | None, path: str) -> pa.DataType | None:
+        return lenient_unify(a, b, path) if self.lenient else unify(a, b, path)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         found: dict[bytes | None, dict[str, pa.DataType | None]] = {}
@@ -217,11 +225,11 @@ class PayloadInference:
                     for obj, schema in zip(objects, schemas, strict=True):
                         _, types = connect.decode_row(obj, schema)
                         for n, t in types.items():
-                            have[n] = unify(have.get(n), t, f"{name}.{n}")
+                            have[n] = self._unify(have.get(n), t, f"{name}.{n}")
                         untyped.append({n: v for n, v in obj.items() if n not in types} if isinstance(obj, dict) else obj)
                     objects = untyped
-                for n, t in columns_of(objects, name).items():
-                    have[n] = unify(have.get(n), t, f"{name}.{n}")
+                for n, t in (lenient_columns(objects, name) if self.lenient else columns_of(objects, name)).items():
+                    have[n] = self._unify(have.get(n), t, f"{name}.{n}")
                 more = extra.setdefault(r, Found())
                 if self.key_column is not None:
                     keys = batch.column(self.key_column).take(taken).cast(pa.string()).to_pylist()
@@ -239,13 +247,40 @@ class PayloadInference:
             )
 
 
-def merge_columns(parts: Sequence[dict[str, pa.DataType | None]], table: str) -> pa.Schema:
-    """The tasks' columns of one table joined; the fields with no type left out (see the module's docstring)."""
+def lenient_unify(a: pa.DataType | None, b: pa.DataType | None, path: str) -> pa.DataType | None:
+    """:func:`unify`, with a string for two types no one type holds (option dead-letter-table)."""
+    try:
+        return unify(a, b, path)
+    except PayloadTypeError:
+        return pa.string()
+
+
+def lenient_columns(objects: Iterable[object], table: str) -> dict[str, pa.DataType | None]:
+    """:func:`columns_of` with :func:`lenient_unify` (a field of several JSON types, or an integer beyond a long: a
+    string; a payload that is no JSON object still fails: it has no fields to cast)."""
+    out: dict[str, pa.DataType | None] = {}
+    for obj in objects:
+        if obj is None:
+            continue
+        if not isinstance(obj, dict):
+            raise PayloadTypeError(f"a payload of table {table} is a JSON {_kind(obj)}, not an object of the row's columns")
+        for name, value in obj.items():
+            try:
+                t = value_type(value, name)
+            except PayloadTypeError:
+                t = pa.string()
+            out[name] = lenient_unify(out.get(name), t, name)
+    return out
+
+
+def merge_columns(parts: Sequence[dict[str, pa.DataType | None]], table: str, lenient: bool = False) -> pa.Schema:
+    """The tasks' columns of one table joined; the fields with no type left out (see the module's docstring).
+    ``lenient``: as :attr:`PayloadInference.lenient`."""
     out: dict[str, pa.DataType | None] = {}
     for part in parts:
         for n, t in part.items():
             try:
-                out[n] = unify(out.get(n), t, n)
+                out[n] = lenient_unify(out.get(n), t, n) if lenient else unify(out.get(n), t, n)
             except PayloadTypeError as e:
                 raise PayloadTypeError(f"table {table}: {e}; nothing was committed") from None
     return pa.schema([pa.field(n, t) for n, t in out.items() if t is not None])
@@ -268,29 +303,7 @@ def expand(
     if schema_column is not None and schema_column in rows.schema.names:
         schemas = rows.column(schema_column).to_pylist()
         objects = [connect.decode_row(obj, schema)[0] for obj, schema in zip(objects, schemas, strict=True)]
-    names = set(target.names)
-    for obj in objects:
-        if isinstance(obj, dict):
-            for n, v in obj.items():
-                if n not in names and v is not None and v != []:
-                    raise SchemaMismatchError(
-                        f"table {table} has no column {n!r}, but a payload routed to it has a value in that field; nothing "
-                        "was committed. Add the column to the table, or set option merge-schema=true (lakesink adds it "
-                        "in the batch's commit)"
-                    )
-        elif obj is not None:
-            raise PayloadTypeError(f"a payload of table {table} is a JSON {_kind(obj)}, not an object of the row's columns")
-    arrays: list[pa.Array] = []
-    fields: list[pa.Field] = []
-    for f in target:
-        values = [obj.get(f.name) if isinstance(obj, dict) else None for obj in objects]
-        arrays.append(_column(values, f, table))
-        fields.append(pa.field(f.name, f.type))
-    for name in keep:
-        if name in rows.schema.names and name not in names:
-            arrays.append(rows.column(name))
-            fields.append(rows.schema.field(name))
-    return pa.record_batch(arrays, schema=pa.schema(fields))
+    return _expand_objects(objects, rows, target, table, keep)
 
 
 def _column(values: list[object], field: pa.Field, table: str) -> pa.Array:
@@ -333,3 +346,95 @@ def _base64(value: object, field: pa.Field, table: str) -> bytes:
         f"table {table}, column {field.name!r} ({field.type}): a payload holds {value!r}, which is no base64 text (a "
         "binary column's values are base64 in JSON); nothing was committed"
     )
+
+
+@dataclass(frozen=True)
+class Misfit:
+    """A payload value that does not fit its table's column (option dead-letter-table: the row is a dead letter)."""
+
+    row: int
+    column: str
+    message: str
+
+
+def expand_fitting(
+    rows: pa.RecordBatch,
+    payload_column: str,
+    target: pa.Schema,
+    table: str,
+    keep: Sequence[str] = (),
+    schema_column: str | None = None,
+    *,
+    deleted_column: str | None = None,
+    key: Sequence[str] = (),
+) -> tuple[pa.RecordBatch, list[Misfit]]:
+    """:func:`expand` for a sink with a dead-letter table: the rows whose payload values all fit their columns, and one
+    :class:`Misfit` per other row (its first value that does not fit), taken out. A deleted row (``deleted_column``
+    true: it is not written, only its ``key`` is read) is a misfit only by a key column; its other values are left
+    null. The other errors of :func:`expand` (a payload that is no JSON object, a field the table lacks) stay errors."""
+    objects = parse(rows.column(payload_column), table, payload_column)
+    if schema_column is not None and schema_column in rows.schema.names:
+        schemas = rows.column(schema_column).to_pylist()
+        objects = [connect.decode_row(obj, schema)[0] for obj, schema in zip(objects, schemas, strict=True)]
+    deleted = rows.column(deleted_column).to_pylist() if deleted_column and deleted_column in rows.schema.names else None
+    misfits: dict[int, Misfit] = {}
+    for f in target:
+        values = [obj.get(f.name) if isinstance(obj, dict) else None for obj in objects]
+        try:
+            _column(values, f, table)
+            continue
+        except SchemaMismatchError:
+            pass
+        for i, v in enumerate(values):
+            if v is None or i in misfits:
+                continue
+            try:
+                _column([v], f, table)
+            except SchemaMismatchError as e:
+                obj = objects[i]
+                if deleted is not None and deleted[i] and f.name not in key and isinstance(obj, dict):
+                    objects[i] = {n: x for n, x in obj.items() if n != f.name}
+                    continue
+                text = str(e).replace("; nothing was committed", "")
+                misfits[i] = Misfit(i, f.name, text)
+    good = [i for i in range(rows.num_rows) if i not in misfits]
+    kept = rows if not misfits else rows.take(pa.array(good, pa.int64()))
+    if misfits:  # the fitting rows' payloads as decoded above (without the values of deleted rows left out)
+        objects = [objects[i] for i in good]
+    expanded = _expand_objects(objects, kept, target, table, keep, fitting=True)
+    return expanded, sorted(misfits.values(), key=lambda m: m.row)
+
+
+def _expand_objects(
+    objects: list[object], rows: pa.RecordBatch, target: pa.Schema, table: str, keep: Sequence[str], fitting: bool = False
+) -> pa.RecordBatch:
+    """:func:`expand`'s second half, over payloads parsed (and decoded) already."""
+    names = set(target.names)
+    for obj in objects:
+        if isinstance(obj, dict):
+            for n, v in obj.items():
+                if n not in names and v is not None and v != []:
+                    raise SchemaMismatchError(
+                        f"table {table} has no column {n!r}, but a payload routed to it has a value in that field; nothing "
+                        "was committed. Add the column to the table, or set option merge-schema=true (lakesink adds it "
+                        "in the batch's commit)"
+                    )
+        elif obj is not None:
+            raise PayloadTypeError(f"a payload of table {table} is a JSON {_kind(obj)}, not an object of the row's columns")
+    arrays: list[pa.Array] = []
+    fields: list[pa.Field] = []
+    for f in target:
+        values = [obj.get(f.name) if isinstance(obj, dict) else None for obj in objects]
+        try:
+            arrays.append(_column(values, f, table))
+        except SchemaMismatchError:
+            if not fitting:
+                raise
+            # each value fits on its own (expand_fitting checked), not all together (JSON values of several types)
+            arrays.append(pa.concat_arrays([_column([v], f, table) for v in values]))
+        fields.append(pa.field(f.name, f.type))
+    for name in keep:
+        if name in rows.schema.names and name not in names:
+            arrays.append(rows.column(name))
+            fields.append(rows.schema.field(name))
+    return pa.record_batch(arrays, schema=pa.schema(fields))

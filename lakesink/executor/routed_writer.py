@@ -39,7 +39,7 @@ from lakesink.executor.row_digest import RowsDigest, digest
 from lakesink.executor.task_writer import TaskWriter, task_result_batch, utc_schema
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
-from lakesink.options import CDC_CONNECT_SCHEMA
+from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PREFIX, CDC_VALUE
 from lakesink.table import dead_letters as dl
 from lakesink.table import locations, storage
 from lakesink.table.keys import DELETED
@@ -305,7 +305,7 @@ class RoutedTaskWriter:
                         if self._rejects is not None and writer.plan.row_checks is not None:
                             rows = self._rejects.append(rows)
                         if self._plan.payload is not None:
-                            conformed = self._from_payload(rows, writer.plan)
+                            conformed = self._from_payload(rows, writer.plan, value)
                         else:
                             conformed = conform_to_table(rows, writer.plan, self._batch_id)
                         writer.put(writer.sort(conformed, {self._plan.column: value}))
@@ -345,13 +345,50 @@ class RoutedTaskWriter:
                 self._routes[value] = route
         return route
 
-    def _from_payload(self, rows: pa.RecordBatch, plan: WritePlan) -> pa.RecordBatch:
+    def _from_payload(self, rows: pa.RecordBatch, plan: WritePlan, value: object) -> pa.RecordBatch:
         """Option payload: a table's rows as its columns, from their payloads, with the stream columns the upsert
-        resolution and the row checks read (the order-by column, the deleted flag, the reject column)."""
+        resolution and the row checks read (the order-by column, the deleted flag, the reject column). With option
+        dead-letter-table, a row holding a value that does not fit its column is a dead letter (``payload-value``),
+        taken out here: it never reaches the table's writer, nor (with upsert-key) the resolution of its key."""
         assert self._plan.payload is not None
         target = pa.schema([pa.field(f.name, f.type) for f in seam.arrow_schema(plan.schema)])
         keep = [dl.REJECT_COLUMN, DELETED, *((plan.upsert.order_by,) if plan.upsert and plan.upsert.order_by else ())]
-        return payload.expand(rows, self._plan.payload, target, plan.table, keep, schema_column=CDC_CONNECT_SCHEMA)
+        if self._invalid is None:
+            return payload.expand(rows, self._plan.payload, target, plan.table, keep, schema_column=CDC_CONNECT_SCHEMA)
+        expanded, misfits = payload.expand_fitting(
+            rows,
+            self._plan.payload,
+            target,
+            plan.table,
+            keep,
+            schema_column=CDC_CONNECT_SCHEMA,
+            deleted_column=DELETED,
+            key=plan.upsert.key if plan.upsert is not None else (),
+        )
+        self._reject_misfits(rows, misfits, plan.table, value)
+        return expanded
+
+    def _reject_misfits(self, rows: pa.RecordBatch, misfits: list[payload.Misfit], table: str, value: object) -> None:
+        """The rows of ``misfits`` as dead letters of error ``payload-value``: each the stream's row as it came (the
+        routing column put back; lakesink's own columns left out), naming the table and the column."""
+        if not misfits:
+            return
+        assert self._invalid is not None
+        cdc = CDC_CONNECT_SCHEMA in rows.schema.names  # option cdc-format: its parsed columns are lakesink's own
+        own = [n for n in rows.schema.names if n == DELETED or (cdc and n.startswith(CDC_PREFIX))]
+        original = rows.drop_columns(own)
+        if cdc and CDC_VALUE in rows.schema.names:  # the Kafka record's value as it came
+            original = original.append_column("value", rows.column(CDC_VALUE))
+        routing = not (cdc and self._plan.column.startswith(CDC_PREFIX))  # cdc-format's route: from the record
+        groups: dict[tuple[str, str], list[int]] = {}
+        for m in misfits:
+            groups.setdefault((m.column, m.message), []).append(m.row)
+        for (column, message), indices in groups.items():
+            taken = original.take(pa.array(indices, pa.int64()))
+            # a valid route's value is a string (a value that is not UTF-8 is an invalid route: _reject_route)
+            if routing:
+                taken = taken.append_column(self._plan.column, pa.array([str(value)] * taken.num_rows, pa.string()))
+            self._invalid.reject_all(taken, kind=dl.PAYLOAD_VALUE, column=column, text=message, table=table)
 
     def _reject_route(self, value: object, route: InvalidRoute, rows: pa.RecordBatch) -> None:
         """Rows whose routing value names no valid table: dead letters (option dead-letter-table), else RoutingError."""

@@ -28,7 +28,7 @@ from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.table import floats, names, required, storage
-from lakesink.table.keys import DICT_SIZE_DEFAULT
+from lakesink.table.keys import DELETED, DICT_SIZE_DEFAULT
 from lakesink.table.parquet_layout import dictionary_columns
 
 log = logging.getLogger(__name__)
@@ -271,6 +271,10 @@ class TaskWriter:
         if last is not None and last[0] is batch and self._source is not None:
             return last[1], self._source
         original = batch
+        upsert = self._plan.upsert
+        if upsert is not None:  # a routed upsert's rows carry columns its resolution reads, which are not written
+            unwritten = [n for n in batch.schema.names if n == DELETED or n in upsert.not_written]
+            batch = batch.drop_columns(unwritten) if unwritten else batch
         if self._incoming is None or not batch.schema.equals(self._incoming):
             self._incoming = batch.schema
             self._utc = utc_schema(batch.schema)

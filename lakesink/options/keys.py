@@ -11,6 +11,7 @@ __all__ = [
     "CATALOG",
     "CATALOG_PROPERTY_PREFIX",
     "CDC_CONNECT_SCHEMA",
+    "CDC_VALUE",
     "CDC_FORMAT",
     "CDC_PAYLOAD",
     "CDC_PREFIX",
@@ -73,6 +74,8 @@ CDC_PAYLOAD = "cdc_payload"
 CDC_CONNECT_SCHEMA = "cdc_connect_schema"
 """Option cdc-format: the column with each record's Kafka Connect schema (``schemas.enable``; null without), which
 types its fields (lakesink.cdc.connect)."""
+CDC_VALUE = "cdc_value"
+"""Option cdc-format with dead-letter-table: the record's ``value`` as it came (a dead letter's row holds it)."""
 """With route-by: a string column holding a JSON object whose fields are the row's columns in its routed table
 (docs/cdc.md)."""
 METRICS = "metrics"

@@ -254,11 +254,11 @@ def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterK
             f"option '{ROUTE_BY}' cannot be used with output mode 'complete': each batch would replace every table "
             "it routes to, and leave the tables it routes no row to as they were; use output mode 'append'"
         )
-    if UPSERT_KEY in lowered and lowered.get(DEAD_LETTER_TABLE, "").strip():
+    if UPSERT_KEY in lowered and lowered.get(DEAD_LETTER_TABLE, "").strip() and PAYLOAD not in lowered:
         raise InvalidOptionError(
-            f"option '{ROUTE_BY}' with option '{UPSERT_KEY}' cannot be used with option '{DEAD_LETTER_TABLE}' yet (a "
-            "routed upsert does not sort rows into dead letters); drop one of them, or write the change stream of "
-            "each table through its own sink (docs/routing.md)"
+            f"option '{ROUTE_BY}' with option '{UPSERT_KEY}' cannot be used with option '{DEAD_LETTER_TABLE}' yet "
+            f"without option '{PAYLOAD}' (a routed upsert of the stream's own columns does not sort rows into dead "
+            "letters); drop one of them, or write the change stream of each table through its own sink (docs/routing.md)"
         )
     if writer is WriterKind.DRIVER:
         raise InvalidOptionError(
@@ -323,11 +323,6 @@ def _parse_payload(lowered: Mapping[str, str], routing: Routing | None) -> str |
         raise InvalidOptionError(
             f"option '{PAYLOAD}' needs option '{ROUTE_BY}': the payload's fields are the columns of the table each row "
             "is routed to (one table without route-by: parse the JSON with from_json before the sink)"
-        )
-    if lowered.get(DEAD_LETTER_TABLE, "").strip():
-        raise InvalidOptionError(
-            f"option '{PAYLOAD}' cannot be used with option '{DEAD_LETTER_TABLE}' yet: a payload value that does not fit "
-            "its table fails the batch, naming the table, the column and the value (docs/cdc.md)"
         )
     if column == routing.column:
         raise InvalidOptionError(f"option '{PAYLOAD}' and option '{ROUTE_BY}' name the same column {column!r}")

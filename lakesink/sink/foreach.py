@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pickle
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.storagelevel import StorageLevel
 
 from lakesink import _pyspark
 from lakesink.cdc import debezium
@@ -39,7 +41,7 @@ from lakesink.executor.messages import WritePlan
 from lakesink.executor.routed_writer import RoutedPartitionWriter, RoutedTaskResult
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, PartitionWriter
 from lakesink.maintenance.auto import auto_maintenance
-from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, Routing, SinkOptions, WriterKind
+from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, CDC_VALUE, Routing, SinkOptions, WriterKind
 from lakesink.sink import (
     completeness,
     dead_letters,
@@ -166,10 +168,11 @@ def foreach_batch(
     return ForeachBatchSink(SinkOptions.from_keywords(locals()))
 
 
-def debezium_changes(df: DataFrame) -> DataFrame:
+def debezium_changes(df: DataFrame, *, keep_value: bool = False) -> DataFrame:
     """Option cdc-format=debezium: the batch's ``value`` column parsed (lakesink.cdc.debezium.parse, prefix ``cdc_``:
     tombstones dropped, a record that is no change event fails the job), with the payload column each row's table
-    takes: ``after``, else (a delete) ``before``; null for a truncate (op ``t``: lakesink.sink.truncates)."""
+    takes: ``after``, else (a delete) ``before``; null for a truncate (op ``t``: lakesink.sink.truncates).
+    ``keep_value`` (option dead-letter-table): the record's ``value`` kept as :data:`CDC_VALUE`, for its dead letter."""
     if "value" not in df.columns:
         raise InvalidOptionError(
             f"option 'cdc-format' reads Debezium's events from column 'value', which the stream does not have (columns: "
@@ -178,6 +181,8 @@ def debezium_changes(df: DataFrame) -> DataFrame:
     wrapper = F.from_json(F.col("value").cast("string"), "`schema` STRING, payload STRING")
     # the record's Kafka Connect schema (schemas.enable), which types its fields (lakesink.cdc.connect)
     df = df.withColumn(CDC_CONNECT_SCHEMA, wrapper["schema"])
+    if keep_value:
+        df = df.withColumn(CDC_VALUE, F.col("value"))
     changes = debezium.parse(df, column="value", prefix=CDC_PREFIX)
     # a truncate (op 't') has no row: its payload is null, and lakesink.sink.truncates applies it
     after, before = F.col(f"`{CDC_PREFIX}{debezium.AFTER}`"), F.col(f"`{CDC_PREFIX}{debezium.BEFORE}`")
@@ -194,6 +199,17 @@ def routed_keys_by_value(
         if isinstance(value, str) and isinstance(route, Route) and str(route) in table_keys:
             out[value] = table_keys[str(route)]
     return out
+
+
+def read_once(df: DataFrame) -> DataFrame:
+    """The batch persisted (lazily: the first Spark job over it fills the cache) at storage level MEMORY_AND_DISK, for
+    a batch that more than one Spark job reads. With option route-by, foreach_batch reads its batch in two jobs at
+    least -- the one finding the batch's tables (with option payload: each table's columns too) and the one writing
+    them (with writer='spark': one per group of alike tables) -- and each would read the source again (and parse the
+    Debezium events again, with cdc-format). Cached are the batch's rows as the function receives them (after
+    cdc-format's parsing): partitions that do not fit in the executors' storage memory go to their local disk. The
+    caller unpersists it when the batch is done, committed or failed."""
+    return df.persist(StorageLevel.MEMORY_AND_DISK)
 
 
 M = TypeVar("M")
@@ -250,9 +266,13 @@ class ForeachBatchSink:
             self._check_checkpoint(spark, query_id)
             self._checked_queries.add(query_id)
         if self.options.cdc_format is not None:
-            df = debezium_changes(df)
+            df = debezium_changes(df, keep_value=self.options.dead_letter_table is not None)
         if self.options.routing is not None:
-            self.last_routed = self._routed_batch(df, batch_id, query_id)
+            cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
+            try:
+                self.last_routed = self._routed_batch(cached, batch_id, query_id)
+            finally:
+                cached.unpersist(blocking=False)
             return self.last_routed.total()
         if self._committer is None:
             self._committer = TableCommitter(self.options, post_commit=auto_maintenance)  # automatic maintenance
@@ -395,6 +415,7 @@ class ForeachBatchSink:
             self._run = run_id
         if self.options.writer is WriterKind.SPARK:  # Spark's own Parquet writer, no row in a Python worker
             return self._routed_spark_batch(df, batch_id, query_id, routed, run_id)
+        started = time.perf_counter()
         if self.options.payload is not None:  # each table's columns from its payloads (the same job finds the routes)
             values, found = self._payload_columns(df, routed)
             if self.options.cdc_format is not None:  # the changes before a truncate dropped, the table marked
@@ -403,8 +424,10 @@ class ForeachBatchSink:
             # read as bytes: a value that is not UTF-8 stays itself (an invalid route), not Spark's decoding of it
             raw = df.select(F.col(f"`{routing.column}`").cast("binary")).distinct().collect()
             values = [routing_value(None if r[0] is None else bytes(r[0])) for r in raw]
+        found_ms = (time.perf_counter() - started) * 1000
         routes = routed.routes(values, batch_id)  # with dead_letter_table: the valid ones (the others: dead letters)
         plans = routed.plans(routes, query_id)
+        planned_ms = (time.perf_counter() - started) * 1000 - found_ms
         offsets = self._source_offsets(spark, query_id, batch_id)
         invalid = routed.any_invalid(values)  # with dead_letter_table: rows that are dead letters of error invalid-route
         # a batch some of its tables hold already: decided for the whole batch here, before any file is written
@@ -429,7 +452,16 @@ class ForeachBatchSink:
                 plans, query_id, template=False, reject_column=reject_column, deletes_computed=deletes_computed
             )
             writer = RoutedPartitionWriter(plan, batch_id, run_id)
+            written = time.perf_counter()
             results = [pickle.loads(r[0]) for r in df.mapInArrow(writer, TASK_RESULT_SCHEMA).collect()]
+            log.info(
+                "lakesink: route-by batch=%s tables=%s find_ms=%.0f plan_ms=%.0f write_job_ms=%.0f",
+                batch_id,
+                len(plans),
+                found_ms,
+                planned_ms,
+                (time.perf_counter() - written) * 1000,
+            )
         return commit_or_abort(
             routed,
             query_id=query_id,
@@ -529,7 +561,8 @@ class ForeachBatchSink:
         key = "key" if self.options.cdc_format is not None and "key" in df.columns else None
         cdc = (truncates.OP, truncates.ORDER) if self.options.cdc_format is not None else None
         schema = CDC_CONNECT_SCHEMA if self.options.cdc_format is not None else None
-        inference = payload.PayloadInference(routing.column, column, key, cdc, schema)
+        lenient = self.options.dead_letter_table is not None  # a value that does not fit: a dead letter, not an error
+        inference = payload.PayloadInference(routing.column, column, key, cdc, schema, lenient=lenient)
         selected = [F.col(f"`{routing.column}`"), F.col(f"`{column}`"), *([F.col(f"`{key}`")] if key else [])]
         selected += [F.col(f"`{c}`") for c in (*(cdc or ()), *([schema] if schema else []))]
         rows = df.select(*selected).mapInArrow(inference, payload.INFERRED_DDL)
@@ -543,7 +576,7 @@ class ForeachBatchSink:
         for value, parts in found.items():
             route = parse_route(value, routing.namespace, routing.allowed_namespaces)
             if isinstance(route, Route):
-                routed.table_columns[str(route)] = payload.merge_columns(parts, str(route))
+                routed.table_columns[str(route)] = payload.merge_columns(parts, str(route), lenient=lenient)
                 routed.carried_keys[str(route)] = extra[value].keys
         return list(found), extra
 

@@ -52,6 +52,10 @@ names the stream's column."""
 INVALID_ROUTE = "invalid-route"
 """Option ``route-by``: the row's routing value names no valid table (null, empty, an invalid name); ``column`` is the
 routing column, ``table`` the raw value."""
-ERROR_KINDS = (REJECT_WHEN, REQUIRED_NULL, NULL_UPSERT_KEY, INVALID_ROUTE)
+PAYLOAD_VALUE = "payload-value"
+"""Option ``payload``: a payload field's value does not fit its table's column (a string in a long column, a number
+beyond an int, text that is no date...); ``column`` names the column, ``table`` the row's table, ``row`` is the stream's
+row as it came (the payload as its JSON text)."""
+ERROR_KINDS = (REJECT_WHEN, REQUIRED_NULL, NULL_UPSERT_KEY, INVALID_ROUTE, PAYLOAD_VALUE)
 
 from lakesink.table.keys import REJECT_COLUMN as REJECT_COLUMN  # noqa: E402 (re-exported beside the error kinds)

@@ -179,3 +179,48 @@ def test_a_debezium_connect_schema_types_the_fields() -> None:
             "uid": None,
         }
     ]
+
+
+def test_with_a_dead_letter_table_the_rows_whose_values_do_not_fit_are_taken_out_named() -> None:
+    target = pa.schema([("id", pa.int64()), ("n", pa.int32()), ("day", pa.date32())])
+    rows = payloads(
+        {"id": 1, "n": 5, "day": "2024-02-29"},
+        {"id": 2, "n": "five", "day": "2024-02-29"},  # n does not fit
+        {"id": 3, "n": 2**40, "day": None},  # beyond an int
+        {"id": 4, "n": 7, "day": "not a date"},
+        {"id": 5, "n": 8, "day": None},
+    )
+    out, misfits = payload.expand_fitting(rows, "doc", target, "db.t", keep=["seq"])
+    assert out.to_pylist() == [
+        {"id": 1, "n": 5, "day": date(2024, 2, 29), "seq": 0},
+        {"id": 5, "n": 8, "day": None, "seq": 4},
+    ]
+    assert [(m.row, m.column) for m in misfits] == [(1, "n"), (2, "n"), (3, "day")]
+    assert "table db.t, column 'n' (int32): a payload holds 'five'" in misfits[0].message
+    assert "nothing was committed" not in misfits[0].message
+
+
+def test_a_deleted_row_is_a_misfit_only_by_its_key() -> None:
+    target = pa.schema([("id", pa.int64()), ("n", pa.int32())])
+    rows = payloads({"id": 1, "n": "bad"}, {"id": "x", "n": 1}, {"id": 3, "n": "bad"})
+    rows = rows.append_column("deleted", pa.array([True, True, False]))
+    out, misfits = payload.expand_fitting(rows, "doc", target, "db.t", keep=["deleted"], deleted_column="deleted", key=["id"])
+    assert out.to_pylist() == [{"id": 1, "n": None, "deleted": True}]  # a delete reads only its key
+    assert [(m.row, m.column) for m in misfits] == [(1, "id"), (2, "n")]
+
+
+def test_values_of_several_json_types_that_each_fit_are_kept() -> None:
+    target = pa.schema([("s", pa.string())])
+    out, misfits = payload.expand_fitting(payloads({"s": "a"}, {"s": 1}), "doc", target, "db.t")
+    assert misfits == [] and out.column("s").to_pylist() == ["a", "1"]
+
+
+def test_with_a_dead_letter_table_the_inference_takes_a_string_for_a_field_of_several_types() -> None:
+    rows = payloads({"id": 1, "n": 5}, {"id": 2, "n": "five"}, {"id": 3, "n": 2**70})
+    inference = payload.PayloadInference("route", "doc", lenient=True)
+    (out,) = list(inference(iter([rows])))
+    columns = pickle.loads(out.column("columns")[0].as_py())
+    assert columns == {"id": pa.int64(), "n": pa.string()}
+    assert payload.merge_columns([{"n": pa.int64()}, {"n": pa.string()}], "db.t", lenient=True).field("n").type == pa.string()
+    with pytest.raises(payload.PayloadTypeError):
+        list(payload.PayloadInference("route", "doc")(iter([rows])))

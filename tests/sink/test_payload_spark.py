@@ -149,8 +149,11 @@ def test_a_value_that_does_not_fit_an_existing_column_fails_the_batch_naming_it(
 def test_payload_needs_route_by_and_format_lakesink_refuses_it_naming_foreach_batch() -> None:
     with pytest.raises(InvalidOptionError, match="option 'payload' needs option 'route-by'"):
         SinkOptions.from_mapping({"table": "db.t", "payload": "doc"})
-    with pytest.raises(InvalidOptionError, match="option 'payload' cannot be used with option 'dead-letter-table' yet"):
-        SinkOptions.from_mapping({"route-by": "route", "payload": "doc", "dead-letter-table": "db.letters"})
+    # a payload value that does not fit its column is a dead letter (tests/sink/test_payload_dead_letters_spark.py)
+    both = {"route-by": "route", "payload": "doc", "upsert-key": "id", "dead-letter-table": "db.letters"}
+    assert SinkOptions.from_mapping(both).dead_letter_table is not None
+    with pytest.raises(InvalidOptionError, match="option 'upsert-key' cannot be used with option 'dead-letter-table' yet"):
+        SinkOptions.from_mapping({"route-by": "route", "upsert-key": "id", "dead-letter-table": "db.letters"})
     options = SinkOptions.from_mapping({"route-by": "route", "payload": "doc", "checkpointLocation": "/tmp/x"})
     assert options.payload == "doc"
     with pytest.raises(InvalidOptionError, match=r"format\('lakesink'\) does not take option 'payload' yet.*foreach_batch"):

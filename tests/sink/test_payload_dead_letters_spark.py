@@ -1,0 +1,167 @@
+"""Option payload with a dead-letter table through foreach_batch in real local Spark (route-by, upsert-key, order-by,
+delete-when): a payload value that does not fit its existing table's column is a dead letter ``payload-value`` (the
+table, the column, the original row), committed in the same unit as the batch's tables; the batch's other changes
+commit. A dead-lettered change is not applied at all: its key resolves from the batch's other changes (or keeps its
+row). A failure between the files and the unit commit leaves nothing; the restart commits the batch once.
+
+The oracle is a model in plain Python: unique ids, the changes applied in ``seq`` order without the misfits; the
+tables and the dead letters compared as multisets."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import StreamingQueryException
+
+import lakesink
+from lakesink.driver import catalogs
+from lakesink.faults import DRIVER_BEFORE_SWAP
+from lakesink.table import dead_letters as dl
+from tests.sink.test_payload_spark import Change, write_round
+from tests.support.helpers import assert_snapshot_invariants, data_files_on_disk, referenced_data_files, run_to_end
+
+pytestmark = pytest.mark.spark
+
+DEAD = "db.dead"
+
+
+def changes() -> tuple[list[list[Change]], set[int]]:
+    """Two batches (the first creates the tables), and the seq of each change that does not fit its table."""
+    seq = iter(range(1, 10_000))
+    misfits: set[int] = set()
+
+    def c(route: str, op: str, doc: dict[str, Any], misfit: bool = False) -> Change:
+        change = {"route": route, "op": op, "seq": next(seq), "doc": doc}
+        if misfit:
+            misfits.add(change["seq"])  # type: ignore[arg-type]
+        return change
+
+    one = [c("db.p", "c", {"id": i, "n": i, "s": f"s{i}"}) for i in range(1, 7)]
+    one += [c("db.q", "c", {"id": 100 + i, "amount": i + 0.5}) for i in range(3)]
+    two = [c("db.p", "u", {"id": 1, "n": 10, "s": "one"})]
+    two += [c("db.p", "u", {"id": 2, "n": "two", "s": "two"}, misfit=True)]  # key 2 keeps its row
+    two += [c("db.p", "u", {"id": 3, "n": 30, "s": "three"}), c("db.p", "u", {"id": 3, "n": "x", "s": "3x"}, misfit=True)]
+    two += [c("db.p", "u", {"id": 4, "n": "y", "s": "4y"}, misfit=True), c("db.p", "u", {"id": 4, "n": 40, "s": "four"})]
+    two += [c("db.p", "d", {"id": 5, "n": "bad", "s": None})]  # a delete reads only its key: applied
+    two += [c("db.p", "c", {"id": 7, "n": 7, "s": "seven"}), c("db.p", "c", {"id": 8, "n": "eight", "s": None}, misfit=True)]
+    two += [c("db.q", "u", {"id": 100, "amount": "lots"}, misfit=True), c("db.q", "c", {"id": 110, "amount": 2.5})]
+    return [one, two], misfits
+
+
+def model(batches: list[list[Change]], misfits: set[int]) -> dict[str, Counter[tuple[Any, ...]]]:
+    tables: dict[str, dict[int, dict[str, Any]]] = {"db.p": {}, "db.q": {}}
+    for change in sorted((c for b in batches for c in b if c["seq"] not in misfits), key=lambda c: c["seq"]):
+        rows = tables[change["route"]]
+        if change["op"] == "d":
+            rows.pop(change["doc"]["id"], None)
+        else:
+            rows[change["doc"]["id"]] = change["doc"]
+    columns = {"db.p": ("id", "n", "s"), "db.q": ("id", "amount")}
+    return {t: Counter(tuple(doc.get(f) for f in columns[t]) for doc in rows.values()) for t, rows in tables.items()}
+
+
+def start(spark: Any, props: dict[str, str], src: Path, ck: Path) -> Any:
+    df = spark.readStream.schema("route STRING, op STRING, seq LONG, doc STRING").option("maxFilesPerTrigger", 1).json(str(src))
+    sink = lakesink.foreach_batch(
+        route_by="route",
+        payload="doc",
+        upsert_key="id",
+        delete_when="op = 'd'",
+        order_by="seq",
+        dead_letter_table=DEAD,
+        catalog_properties=props,
+    )
+    return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+
+
+def tables(props: dict[str, str]) -> dict[str, Counter[tuple[Any, ...]]]:
+    catalog = catalogs.load(None, props)
+    columns = {"db.p": ("id", "n", "s"), "db.q": ("id", "amount")}
+    out = {}
+    for name, fields in columns.items():
+        table = catalog.load_table(tuple(name.split(".")))
+        assert_snapshot_invariants(table)
+        assert data_files_on_disk(table) <= referenced_data_files(table), name  # an aborted batch left no file
+        out[name] = Counter(tuple(r[f] for f in fields) for r in table.scan().to_arrow().to_pylist())
+    return out
+
+
+def letters(props: dict[str, str]) -> Counter[tuple[Any, ...]]:
+    dead = catalogs.load(None, props).load_table(("db", "dead"))
+    out: Counter[tuple[Any, ...]] = Counter()
+    for r in dead.scan().to_arrow().to_pylist():
+        row = json.loads(r[dl.ROW])
+        out[(row["seq"], r[dl.ERROR], r[dl.COLUMN], r[dl.TABLE], r[dl.BATCH_ID], row["route"], row["doc"])] += 1
+    return out
+
+
+def test_payload_values_that_do_not_fit_are_dead_letters_in_the_batch_unit_across_a_failure_before_it(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    batches, misfits = changes()
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_round(src, 0, batches[0])
+    run_to_end(start(spark, catalog_properties, src, ck))
+    assert tables(catalog_properties) == model(batches[:1], misfits)
+    assert letters(catalog_properties) == Counter()
+    write_round(src, 1, batches[1])
+    faults.arm(DRIVER_BEFORE_SWAP, "raise")  # the batch's files written (tables and dead letters), then the failure
+    with pytest.raises(StreamingQueryException):
+        run_to_end(start(spark, catalog_properties, src, ck))
+    assert faults.fired(DRIVER_BEFORE_SWAP)
+    faults.clear()
+    assert tables(catalog_properties) == model(batches[:1], misfits)  # nothing of the failed batch
+    assert letters(catalog_properties) == Counter()
+    run_to_end(start(spark, catalog_properties, src, ck))  # the restart replays batch 1: committed once
+    assert tables(catalog_properties) == model(batches, misfits)
+    want = Counter(
+        (c["seq"], dl.PAYLOAD_VALUE, "amount" if c["route"] == "db.q" else "n", c["route"], 1, c["route"], json.dumps(c["doc"]))
+        for c in batches[1]
+        if c["seq"] in misfits
+    )
+    assert letters(catalog_properties) == want
+    dead = catalogs.load(None, catalog_properties).load_table(("db", "dead"))
+    message = next(r[dl.MESSAGE] for r in dead.scan().to_arrow().to_pylist() if json.loads(r[dl.ROW])["doc"].find('"two"') > 0)
+    assert "table db.p, column 'n' (int64): a payload holds 'two'" in message
+
+
+def test_a_debezium_change_that_does_not_fit_is_a_dead_letter_holding_the_kafka_record(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    from tests.sink.test_cdc_format_spark import event, records
+    from tests.sink.test_cdc_format_spark import write_round as write_records
+
+    acc = "public.accounts"
+    one = [event(acc, "r", 100 + i, None, {"id": i, "name": f"a{i}", "balance": i * 1.5}) for i in range(4)]
+    two = [event(acc, "u", 200, None, {"id": 1, "name": "fits", "balance": 2.5})]
+    two += [event(acc, "u", 201, None, {"id": 2, "name": "bad", "balance": "lots"})]  # a string for a double column
+    two += [event(acc, "c", 202, None, {"id": 9, "name": "new", "balance": 9.0})]
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    df_schema = "topic STRING, key STRING, value STRING"
+    sink = lakesink.foreach_batch(
+        cdc_format="debezium", upsert_key="id", dead_letter_table=DEAD, catalog_properties=catalog_properties
+    )
+
+    def run() -> None:
+        df = spark.readStream.schema(df_schema).option("maxFilesPerTrigger", 1).json(str(src))
+        run_to_end(df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
+
+    write_records(src, 0, one)
+    run()
+    write_records(src, 1, two)
+    run()
+    table = catalogs.load(None, catalog_properties).load_table(("public", "accounts"))
+    got = Counter(tuple(r.values()) for r in table.scan(selected_fields=("id", "name", "balance")).to_arrow().to_pylist())
+    assert got == Counter({(0, "a0", 0.0): 1, (1, "fits", 2.5): 1, (2, "a2", 3.0): 1, (3, "a3", 4.5): 1, (9, "new", 9.0): 1})
+    dead = catalogs.load(None, catalog_properties).load_table(("db", "dead")).scan().to_arrow().to_pylist()
+    assert [(r[dl.ERROR], r[dl.COLUMN], r[dl.TABLE], r[dl.BATCH_ID]) for r in dead] == [
+        (dl.PAYLOAD_VALUE, "balance", "public.accounts", 1)
+    ]
+    row = json.loads(dead[0][dl.ROW])
+    sent = next(r for r in records(two, 1) if '"lots"' in (r["value"] or ""))
+    assert {k: row[k] for k in ("topic", "key", "value")} == sent  # the Kafka record as it came
+    assert not [k for k in row if k.startswith("cdc_") or k.startswith("__lakesink")]
