@@ -92,14 +92,22 @@ def parse_record(value: str | bytes | None, column: str = "value") -> dict[str, 
     if value is None:
         return None
     text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
-    wrapper = _object(text)
+    try:
+        whole: Any = json.loads(text)
+    except ValueError:
+        whole = None  # not JSON: no envelope (the op check below names it)
     schema: str | None = None
-    payload: str | None = text
-    if wrapper is not None and wrapper.get("schema") is not None:  # schemas.enable: {"schema": ..., "payload": ...}
-        schema, payload = _text(wrapper.get("schema")), _text(wrapper.get("payload"))
-    if payload is None or payload.strip() == "null":
-        return None
-    envelope = _object(payload) or {}
+    envelope: dict[str, Any]
+    if isinstance(whole, dict) and whole.get("schema") is not None:  # schemas.enable: {"schema": ..., "payload": ...}
+        schema = _text(whole["schema"])
+        inner = whole.get("payload")
+        if inner is None or (isinstance(inner, str) and inner.strip() == "null"):
+            return None
+        envelope = (_object(inner) if isinstance(inner, str) else inner if isinstance(inner, dict) else None) or {}
+    else:
+        if text.strip() == "null":
+            return None
+        envelope = whole if isinstance(whole, dict) else {}
     op = envelope.get("op")
     op = _text(op) if op is not None else None
     if op not in VALID_OPS:

@@ -22,6 +22,7 @@ from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.options import SinkOptions
 from lakesink.sink import datasource
+from lakesink.table import names
 from tests.support.helpers import lakesink_snapshots, run_to_end
 
 pytestmark = pytest.mark.spark
@@ -154,6 +155,12 @@ def test_a_value_that_does_not_fit_an_existing_column_fails_the_batch_naming_it(
         run_to_end(start(spark, catalog_properties, src, ck, entry))
     table = catalogs.load(None, catalog_properties).load_table(("db", "p"))
     assert table.scan().to_arrow().to_pylist() == [{"id": 1, "n": 5}]  # nothing of the failed batch
+    # format: the failed batch's staged rows deleted by Spark's abort (a staged file is never committed), and no file
+    # of the failed commit left in the table's location
+    assert list((ck / "lakesink").rglob("*.parquet")) == []
+    folder = Path(table.location().removeprefix("file://"))
+    on_disk = {f"file://{p}" for p in folder.rglob("*.parquet") if names.batch_of(p.name) is not None}
+    assert on_disk == {f.file.file_path for f in table.scan().plan_files()}
 
 
 def test_payload_needs_route_by_and_format_lakesink_checks_the_payload_column_at_start(tmp_path: Path) -> None:
