@@ -184,15 +184,25 @@ def test_payload_needs_route_by_and_format_lakesink_checks_the_payload_column_at
         datasource.stream_writer(options, schema)
 
 
+@pytest.mark.parametrize("entry", ["foreach", "format"])
 def test_appended_payloads_and_a_new_field_without_merge_schema_is_refused_naming_table_and_field(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
     src, ck = tmp_path / "in", tmp_path / "ck"
 
     def run() -> None:
         df = spark.readStream.schema("route STRING, doc STRING").option("maxFilesPerTrigger", 1).json(str(src))
-        sink = lakesink.foreach_batch(route_by="route", namespace="db", payload="doc", catalog_properties=catalog_properties)
-        run_to_end(df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
+        if entry == "format":  # payload without upserts: appends, the tables created from the payloads at commit
+            lakesink.register(spark)
+            writer = df.writeStream.format("lakesink").option("route-by", "route").option("namespace", "db")
+            writer = writer.option("payload", "doc")
+            for k, v in catalog_properties.items():
+                writer = writer.option(f"catalog.{k}", v)
+            query = writer.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+        else:
+            sink = lakesink.foreach_batch(route_by="route", namespace="db", payload="doc", catalog_properties=catalog_properties)
+            query = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+        run_to_end(query)
 
     first = [("a", {"id": 1, "x": "p"}), ("b", {"k": 1.5}), ("a", {"id": 2, "x": None}), ("a", {"id": 1, "x": "p"})]
     write_round(src, 0, [{"route": r, "doc": d} for r, d in first])
