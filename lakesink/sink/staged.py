@@ -164,13 +164,16 @@ class StagedCommitter:
 
     def abort_batch(self, *, query_id: str | None, batch_id: int, results: Sequence[StagedTaskResult]) -> None:
         """The batch's staged files deleted (a staged file is never committed, whatever became of the batch; the
-        tables' files the commit wrote were settled by its own abort)."""
+        tables' files the commit wrote were settled by its own abort): those the results name, and, as Spark aborts a
+        batch whose task failed with no result of the others (``[None]``), every staged file of this batch and of
+        earlier ones (:meth:`_sweep`)."""
         for r in results:
             if r.file is not None:
                 try:
                     storage.delete_file(self.plan.io, r.file)
                 except Exception:
                     log.warning("lakesink: could not delete staged file %s; the next batch's commit collects it", r.file)
+        self._sweep(batch_id)
 
     def _sweep(self, batch_id: int) -> None:
         """Batch ``batch_id`` is settled: its staged files and those of earlier batches (killed attempts included)
