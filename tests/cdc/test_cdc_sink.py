@@ -72,6 +72,7 @@ def _rows(rows: list[dict[str, Any]], key: tuple[str, ...]) -> dict[tuple[Any, .
         # kill points, in one run each (issue 34: the suite's time)
         ("format", (CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP)),
     ],
+    ids=["foreach", "format"],
 )
 def test_the_postgresql_oracle_streamed_through_sigkills_equals_select_star(
     captured: tuple[str, Path],
