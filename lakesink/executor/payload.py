@@ -2,7 +2,8 @@
 
 Executor side, plain Arrow and ``json`` (no Spark, no catalog). Two steps per batch:
 
-- :func:`infer_batch` (a ``mapInArrow`` job of foreach_batch, before the batch's tables are opened): each table's
+- :func:`infer_batch` (a ``mapInArrow`` job of foreach_batch, before the batch's tables are opened; format("lakesink")'s
+  writers run the same :class:`PayloadInference` on their rows, lakesink.executor.staged): each table's
   columns and their types as the batch's payloads hold them; the driver joins the tasks' answers with
   :func:`unify` and opens (creates, or with ``merge-schema`` widens) each table with them.
 - :func:`expand` (the routed task writer): a table's rows as that table's columns, each payload field cast to the

@@ -20,6 +20,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from lakesink.errors import LakesinkError
 from lakesink.executor.messages import WritePlan
 from lakesink.executor.routed_writer import RoutedPlan, RoutedTaskWriter
+from lakesink.executor.staged import StagedPlan, StagedTaskWriter
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.table.keys import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
 
@@ -35,10 +36,10 @@ class BatchCommits(Protocol):
 class LakesinkStreamWriter(DataSourceStreamArrowWriter):
     """Writer of one run of a streaming query; pickled to executors with its write plan, without its driver side."""
 
-    def __init__(self, plan: WritePlan | RoutedPlan | None, commits: BatchCommits | None):
+    def __init__(self, plan: WritePlan | RoutedPlan | StagedPlan | None, commits: BatchCommits | None):
         self._plan = plan
         """None when the writer was made for a commit or an abort (it writes no rows then); a RoutedPlan with option
-        route-by (lakesink.executor.routed_writer)."""
+        route-by (lakesink.executor.routed_writer); a StagedPlan with option payload (lakesink.executor.staged)."""
         self._commits = commits
 
     def __getstate__(self) -> dict[str, Any]:
@@ -59,6 +60,15 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
         batch_id = ctx.getLocalProperty(BATCH_ID_PROPERTY)
         if query_id is None or batch_id is None:
             raise LakesinkError("format('lakesink') writes streaming queries only (no query id or batch id in the task)")
+        if isinstance(plan, StagedPlan):
+            return StagedTaskWriter(
+                plan,
+                query_id=query_id,
+                batch_id=int(batch_id),
+                partition_id=ctx.partitionId(),
+                task_attempt_id=ctx.taskAttemptId(),
+                run_id=ctx.getLocalProperty(RUN_ID_PROPERTY) or None,
+            ).write(iterator)
         if isinstance(plan, RoutedPlan):
             return RoutedTaskWriter(
                 plan,

@@ -77,7 +77,7 @@ def resolve_task(
         deleted = pc.fill_null(table.column(DELETED), False)
         table = table.drop_columns([DELETED])
     else:
-        deleted = _deleted(table, spec.delete_when)
+        deleted = deleted_flags(table, spec.delete_when)
     table = table.append_column(DELETED, deleted)
     table = table.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
     order_column: str | None = None
@@ -152,7 +152,8 @@ def _column(table: pa.Table, name: str, option: str) -> str:
     )
 
 
-def _deleted(table: pa.Table, expression: str | None) -> pa.Array:
+def deleted_flags(table: pa.Table, expression: str | None) -> pa.Array:
+    """Whether option delete-when (an Iceberg row filter) is true for each row (false for null)."""
     if expression is None:
         return pa.array([False] * table.num_rows)
     numbered = table.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))

@@ -43,12 +43,14 @@ from lakesink.errors import PROGRAMMING_ERRORS, AuditError, CatalogError, Invali
 from lakesink.executor.messages import TaskResult
 from lakesink.executor.reader import LakesinkReader, LakesinkReaderWithoutPushdown, ResolvedRead, spark_schema
 from lakesink.executor.routed_writer import RoutedTaskResult
+from lakesink.executor.staged import StagedTaskResult
 from lakesink.executor.stream_writer import LakesinkStreamWriter
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import ReadOptions, SinkOptions
-from lakesink.sink import completeness
+from lakesink.sink import completeness, staged
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
+from lakesink.sink.staged import StagedCommitter
 from lakesink.table.keys import ENV_LOG_LEVEL, LOG_LEVEL_DEFAULT, MAIN_BRANCH
 from lakesink.table.routes import Route
 
@@ -231,19 +233,15 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
     """Option route-by: the writer of one run (the plans of the tables the query wrote, and the template of the
     tables it has not opened: lakesink.executor.routed_writer), or of a commit worker's commits and aborts."""
     assert options.checkpoint_location
-    if options.cdc_format is not None:
+    if options.payload is not None and options.dead_letter_table is not None:
         raise InvalidOptionError(
-            f"format('lakesink') does not take option 'cdc-format' yet: the events must be parsed before the sink sees "
-            f"the rows, and its writers cannot open a table from payloads. Use writeStream.foreachBatch("
-            f"lakesink.foreach_batch(cdc_format={options.cdc_format!r}, upsert_key=...)) (docs/cdc.md)"
+            f"format('lakesink') does not take option 'payload' (or 'cdc-format') with option 'dead-letter-table': its "
+            "commit writes the staged rows without sorting misfits into dead letters; use lakesink.foreach_batch("
+            "route_by=..., payload=..., dead_letter_table=...), or drop the dead-letter table (a value that does not "
+            "fit is then a loud error) (docs/dead-letters.md)"
         )
-    if options.payload is not None:
-        raise InvalidOptionError(
-            f"format('lakesink') does not take option 'payload' yet: its writers write a table they have not opened "
-            "before the batch's payloads are seen, so no table's columns are known to them. Use "
-            f"lakesink.foreach_batch(route_by=..., payload={options.payload!r}), which reads each batch's payloads, then "
-            "opens (creates, widens) its tables before it writes them (docs/cdc.md)"
-        )
+    if options.payload is not None:  # cdc-format implies it: the rows staged, the tables written at commit
+        return _staged_stream_writer(options, schema)
     stream_schema = arrow_schema_of(schema)
     has_watermark = completeness.watermarked(schema)
     if _pyspark.in_streaming_sink_runner():
@@ -269,6 +267,27 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
     make = functools.partial(_routed_committer, options, stream_schema)
     commits = StreamCommits(options, RoutedTaskResult, make, routed, has_watermark=has_watermark)
     return LakesinkStreamWriter(plan, commits)
+
+
+def _staged_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWriter:
+    """Option payload (and cdc-format): the executors parse, infer and stage their rows (lakesink.executor.staged); the
+    commit opens the batch's tables from the payloads and writes them (lakesink.sink.staged)."""
+    assert options.checkpoint_location
+    raw = arrow_schema_of(schema)
+    has_watermark = completeness.watermarked(schema)
+    make = functools.partial(_staged_committer, options, raw)
+    if _pyspark.in_streaming_sink_runner():
+        return LakesinkStreamWriter(None, StreamCommits(options, StagedTaskResult, make, has_watermark=has_watermark))
+    query_id = read_query_id(options.checkpoint_location)
+    committer = _staged_committer(options, raw, query_id)
+    commits = StreamCommits(options, StagedTaskResult, make, committer, query_id=query_id, has_watermark=has_watermark)
+    return LakesinkStreamWriter(committer.plan, commits)
+
+
+def _staged_committer(options: SinkOptions, raw: pa.Schema, query_id: str | None = None) -> StagedCommitter:
+    stream_schema = staged.cdc_schema(raw) if options.cdc_format is not None else raw
+    routed = _routed_committer(options, stream_schema)
+    return StagedCommitter(routed, staged.staged_plan(options, raw, routed, query_id))
 
 
 def _run_of(results: Sequence[CommitMessage]) -> str | None:

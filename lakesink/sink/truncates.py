@@ -10,7 +10,10 @@ position is dropped from the batch (and the truncates themselves), and the table
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.exceptions import NoSuchTableError
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -30,16 +33,29 @@ def apply(
 ) -> tuple[DataFrame, list[object]]:
     """The batch without the changes its truncates undo, and the routing values left to plan; sets
     ``routed.truncating``."""
-    routed.truncating = set()
-    truncates = {v: f.truncate for v, f in found.items() if f.truncate is not None and isinstance(v, str)}
+    truncates = positions(found)
+    left = mark(routed, routing, truncates, values)
     if not truncates:
-        return df, list(values)
+        return df, left
     route, op, order = F.col(f"`{routing.column}`"), F.col(f"`{OP}`"), F.col(f"`{ORDER}`")
     drop: Column = F.lit(False)
-    left = list(values)
     for value, position in sorted(truncates.items()):
         before = F.coalesce(order < F.lit(position).cast("decimal(38,0)"), F.lit(False))
         drop = drop | ((route == F.lit(value)) & ((op == F.lit("t")) | before))
+    return df.where(~drop), left
+
+
+def positions(found: Mapping[object, Found]) -> dict[str, Decimal]:
+    """Each routing value's last truncate (its source position), of the values the batch truncates."""
+    return {v: f.truncate for v, f in found.items() if f.truncate is not None and isinstance(v, str)}
+
+
+def mark(routed: RoutedCommitter, routing: Routing, truncates: Mapping[str, Decimal], values: Sequence[object]) -> list[object]:
+    """No Spark (format("lakesink")'s commit runs without a session): sets ``routed.truncating`` and returns the routing
+    values left to plan (a truncate of a table that does not exist, with no change after it, makes no table)."""
+    routed.truncating = set()
+    left = list(values)
+    for value in sorted(truncates):
         target = parse_route(value, routing.namespace, routing.allowed_namespaces)
         if not isinstance(target, Route):
             continue
@@ -54,4 +70,18 @@ def apply(
         if columns is None or not columns.names:  # only truncates: the batch takes the table's own columns
             routed.table_columns[name] = seam.arrow_schema(table.schema())
         routed.truncating.add(name)
-    return df.where(~drop), left
+    return left
+
+
+def undone(rows: pa.RecordBatch, routing: Routing, truncates: Mapping[str, Decimal]) -> pa.RecordBatch:
+    """format("lakesink"): the staged rows without the changes the batch's truncates undo (and the truncates), as
+    :func:`apply` filters foreach_batch's DataFrame."""
+    if not truncates or not rows.num_rows:
+        return rows
+    route, op, order = rows.column(routing.column), rows.column(OP), rows.column(ORDER)
+    drop = pa.array([False] * rows.num_rows)
+    for value, position in truncates.items():
+        before = pc.fill_null(pc.less(order, pa.scalar(position, order.type)), False)
+        mine = pc.fill_null(pc.equal(route, value), False)
+        drop = pc.or_(drop, pc.and_(mine, pc.or_(pc.fill_null(pc.equal(op, "t"), False), before)))
+    return rows.filter(pc.invert(drop))

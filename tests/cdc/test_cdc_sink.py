@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +36,12 @@ from tests.support.helpers import lakesink_snapshots
 pytestmark = pytest.mark.spark
 
 
-def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None) -> subprocess.Popen[str]:
+def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None, entry: str = "foreach") -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
     if faults_dir is not None:
         env["LAKESINK_FAULTS_DIR"] = faults_dir
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.jobs.cdc_oracle_job", json.dumps(props), str(src), str(ck)],
+        [sys.executable, "-m", "tests.jobs.cdc_oracle_job", json.dumps(props), str(src), str(ck), entry],
         cwd=Path(__file__).resolve().parents[2],
         env=env,
         stdout=subprocess.PIPE,
@@ -62,8 +63,24 @@ def _rows(rows: list[dict[str, Any]], key: tuple[str, ...]) -> dict[tuple[Any, .
 
 
 @pytest.mark.timeout(1500)
+@pytest.mark.parametrize(
+    ("entry", "points"),
+    [
+        # killed inside the first unit's database transaction (between two tables), then after a unit's swap
+        ("foreach", (CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP)),
+        # format("lakesink"): the executors stage the rows, the commit worker writes and commits them; the same two
+        # kill points, in one run each (issue 34: the suite's time)
+        ("format", (CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP)),
+    ],
+    ids=["foreach", "format"],
+)
 def test_the_postgresql_oracle_streamed_through_sigkills_equals_select_star(
-    captured: tuple[str, Path], tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+    captured: tuple[str, Path],
+    tmp_path: Path,
+    catalog_properties: dict[str, str],
+    faults: Any,
+    entry: str,
+    points: tuple[str, ...],
 ) -> None:
     dsn, folder = captured
     src, ck = tmp_path / "in", tmp_path / "ck"
@@ -72,15 +89,25 @@ def test_the_postgresql_oracle_streamed_through_sigkills_equals_select_star(
         path = src / f"round-{n:04d}.jsonl"
         shutil.copy(folder / cdc_oracle.DEBEZIUM_SCHEMAS / path.name, path)
         os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
-    # killed inside the first unit's database transaction (between two tables), then after a unit's swap
-    for point in (CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP):
-        faults.arm(point, "kill")
-        proc = _job(catalog_properties, src, ck, str(faults.folder))
-        _, err = proc.communicate(timeout=600)
+    for point in points:
+        if entry == "foreach":  # the point runs in the driver process: it kills itself
+            faults.arm(point, "kill")
+            proc = _job(catalog_properties, src, ck, str(faults.folder), entry)
+            _, err = proc.communicate(timeout=600)
+        else:  # the point runs in Spark's commit worker: the whole job (JVM, workers) SIGKILLed while it waits there
+            faults.arm(point, "pause")
+            proc = _job(catalog_properties, src, ck, str(faults.folder), entry)
+            reached = Path(faults.folder) / f"{point}.reached"
+            deadline = time.monotonic() + 600
+            while not reached.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if reached.exists():
+                os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate(timeout=600)
         assert faults.fired(point), err[-3000:]
         assert proc.returncode == -signal.SIGKILL, err[-3000:]
         faults.clear()
-    proc = _job(catalog_properties, src, ck, None)
+    proc = _job(catalog_properties, src, ck, None, entry)
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == 0 and "CDC JOB DONE" in out, err[-3000:]
 
@@ -98,3 +125,5 @@ def test_the_postgresql_oracle_streamed_through_sigkills_equals_select_star(
         batches = [s["batch_id"] for s in lakesink_snapshots(table)]
         assert batches == sorted(set(batches)), f"{t.qualified} holds a batch twice: {batches}"
     assert sum(len(rows) for rows in expected.values()) > 50
+    staged = list((ck / "lakesink" / "staging").rglob("*.parquet")) if (ck / "lakesink").exists() else []
+    assert staged == [], f"staged files left behind: {staged}"

@@ -133,3 +133,51 @@ def test_invalid_arguments_are_named(spark: SparkSession) -> None:
         debezium.parse(frame, column="op", prefix="x_")
     with pytest.raises(InvalidOptionError, match="no such column"):
         debezium.parse(frame, column="payload", prefix="x_")
+
+
+def _as_json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) and value[:1] in "{[" else value
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_python_parser_gives_the_rows_of_the_spark_parser(
+    spark: SparkSession, captured: tuple[str, Path], variant: str
+) -> None:
+    """format("lakesink")'s parser (lakesink.cdc.envelope, Python over Arrow) against foreach_batch's (Spark SQL), over the
+    oracle's records and MySQL-shaped ones: the same rows, every column (JSON texts compared as JSON)."""
+    from lakesink.cdc import envelope
+    from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX
+    from lakesink.sink.foreach import debezium_changes
+
+    _, folder = captured
+    mysql = [_mysql("mysql-bin.000009", 4_294_967_000, 7), _mysql("mysql-bin.000010", 4, 1, "d"), _mysql("x", 4, 1)]
+    extra = spark.createDataFrame([("mysql", None, v) for v in [*mysql, None, "null"]], "topic STRING, key STRING, value STRING")
+    records = _records(spark, folder, variant).unionByName(extra)
+    by_spark = [r.asDict() for r in debezium_changes(records).collect()]
+    arrow = records.toArrow()
+    by_python = [
+        row
+        for batch in arrow.to_batches()
+        for row in envelope.changes(
+            batch, prefix=CDC_PREFIX, payload_column=CDC_PAYLOAD, schema_column=CDC_CONNECT_SCHEMA
+        ).to_pylist()
+    ]
+
+    def key(row: dict[str, Any]) -> str:
+        return json.dumps({k: _as_json(v) for k, v in row.items()}, sort_keys=True, default=str)
+
+    assert len(by_spark) == len(by_python) > 50
+    assert set(by_spark[0]) == set(by_python[0])
+    assert sorted(map(key, by_spark)) == sorted(map(key, by_python))
+
+
+def test_the_python_parser_refuses_a_record_that_is_not_a_change_event() -> None:
+    import pyarrow as pa
+
+    from lakesink.cdc import envelope
+    from lakesink.errors import SchemaMismatchError
+
+    for value in ('{"ts_ms": 1700000000000}', '{"op": "m", "source": {"db": "d"}}', "not json"):
+        batch = pa.record_batch([pa.array([_mysql("mysql-bin.000001", 4, 0), value])], names=["value"])
+        with pytest.raises(SchemaMismatchError, match="not a Debezium change event"):
+            envelope.changes(batch, prefix="cdc_", payload_column="cdc_payload", schema_column="cdc_connect_schema")

@@ -1,7 +1,8 @@
 """Run by tests/cdc/test_cdc_sink.py: the PostgreSQL oracle's Debezium records (a folder of JSON files, one per
-round: topic, key, value) streamed by foreach_batch with cdc-format=debezium, until done.
+round: topic, key, value) streamed with cdc-format=debezium, until done, by foreach_batch or by format("lakesink").
 
-Arguments: catalog properties (JSON), source folder, checkpoint folder. The test kills it (a fault point armed with
+Arguments: catalog properties (JSON), source folder, checkpoint folder, and optionally the entry point ("foreach",
+the default, or "format"). The test kills it (a fault point armed with
 ``kill``) and starts it again from the same checkpoint.
 """
 
@@ -16,6 +17,7 @@ import lakesink
 
 if __name__ == "__main__":
     props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+    entry = sys.argv[4] if len(sys.argv) > 4 else "foreach"
     spark = (
         SparkSession.builder.master("local[2]")
         .config("spark.ui.enabled", "false")
@@ -25,7 +27,14 @@ if __name__ == "__main__":
     )
     spark.sparkContext.setLogLevel("ERROR")
     df = spark.readStream.schema("topic STRING, key STRING, value STRING").option("maxFilesPerTrigger", 1).json(src)
-    sink = lakesink.foreach_batch(cdc_format="debezium", merge_schema=True, catalog_properties=props)
-    q = df.writeStream.foreachBatch(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()  # type: ignore[arg-type]
+    if entry == "format":
+        lakesink.register(spark)
+        writer = df.writeStream.format("lakesink").option("cdc-format", "debezium").option("merge-schema", "true")
+        for k, v in props.items():
+            writer = writer.option(f"catalog.{k}", v)
+        q = writer.option("checkpointLocation", ck).trigger(availableNow=True).start()
+    else:
+        sink = lakesink.foreach_batch(cdc_format="debezium", merge_schema=True, catalog_properties=props)
+        q = df.writeStream.foreachBatch(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()  # type: ignore[arg-type]
     q.awaitTermination()
     print("CDC JOB DONE")

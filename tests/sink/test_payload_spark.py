@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from pyspark.errors import StreamingQueryException
-from pyspark.sql.types import StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import lakesink
 from lakesink.driver import catalogs
@@ -22,6 +22,7 @@ from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.options import SinkOptions
 from lakesink.sink import datasource
+from lakesink.table import names
 from tests.support.helpers import lakesink_snapshots, run_to_end
 
 pytestmark = pytest.mark.spark
@@ -65,8 +66,15 @@ def write_round(src: Path, index: int, changes: Sequence[Change]) -> None:
     os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
 
 
-def start(spark: Any, props: dict[str, str], src: Path, ck: Path) -> Any:
+def start(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str = "foreach") -> Any:
     df = spark.readStream.schema("route STRING, op STRING, seq LONG, doc STRING").option("maxFilesPerTrigger", 1).json(str(src))
+    if entry == "format":  # the executors stage the rows; the commit worker opens the tables and writes them
+        lakesink.register(spark)
+        writer = df.writeStream.format("lakesink")
+        options = {"route-by": "route", "payload": "doc", "upsert-key": "id", "delete-when": "op = 'd'", "order-by": "seq"}
+        for k, v in {**options, "merge-schema": "true", **{f"catalog.{k}": v for k, v in props.items()}}.items():
+            writer = writer.option(k, v)
+        return writer.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
     sink = lakesink.foreach_batch(
         route_by="route",
         payload="doc",
@@ -101,13 +109,14 @@ def assert_tables_are(props: dict[str, str], batches: Sequence[Sequence[Change]]
         assert ids == sorted(set(ids)), f"{name} holds a batch twice: {ids}"
 
 
+@pytest.mark.parametrize("entry", ["foreach", "format"])
 def test_payload_tables_equal_the_model_across_restarts_and_a_failure_at_the_unit_commit(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
     changes = rounds()
     src, ck = tmp_path / "in", tmp_path / "ck"
     write_round(src, 0, changes[0])
-    run_to_end(start(spark, catalog_properties, src, ck))
+    run_to_end(start(spark, catalog_properties, src, ck, entry))
     assert_tables_are(catalog_properties, changes[:1])
     people = catalogs.load(None, catalog_properties).load_table(("db", "people")).schema()
     assert [(f.name, str(f.field_type)) for f in people.fields] == [
@@ -120,33 +129,41 @@ def test_payload_tables_equal_the_model_across_restarts_and_a_failure_at_the_uni
     assert str(items.find_field("tags").field_type) == "list<string>"
     assert str(items.find_field("dim").field_type) == "struct<6: w: optional long, 7: h: optional double>"
     write_round(src, 1, changes[1])
-    run_to_end(start(spark, catalog_properties, src, ck))  # a restart; "email" added in the batch's commit
+    run_to_end(start(spark, catalog_properties, src, ck, entry))  # a restart; "email" added in the batch's commit
     assert_tables_are(catalog_properties, changes[:2])
     write_round(src, 2, changes[2])
     faults.arm(DRIVER_AFTER_SWAP, "raise")  # every table committed, then the failure before Spark's commit log
     with pytest.raises(StreamingQueryException):
-        run_to_end(start(spark, catalog_properties, src, ck))
+        run_to_end(start(spark, catalog_properties, src, ck, entry))
     assert faults.fired(DRIVER_AFTER_SWAP)
     faults.clear()
     write_round(src, 3, changes[3])
-    run_to_end(start(spark, catalog_properties, src, ck))  # replays batch 2 (found in every table), then batch 3
+    run_to_end(start(spark, catalog_properties, src, ck, entry))  # replays batch 2 (found in every table), then batch 3
     assert_tables_are(catalog_properties, changes)
+    assert list((ck / "lakesink").rglob("*.parquet")) == []  # format: every staged file swept
 
 
+@pytest.mark.parametrize("entry", ["foreach", "format"])
 def test_a_value_that_does_not_fit_an_existing_column_fails_the_batch_naming_it(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
     src, ck = tmp_path / "in", tmp_path / "ck"
     write_round(src, 0, [{"route": "db.p", "op": "c", "seq": 1, "doc": {"id": 1, "n": 5}}])
-    run_to_end(start(spark, catalog_properties, src, ck))
+    run_to_end(start(spark, catalog_properties, src, ck, entry))
     write_round(src, 1, [{"route": "db.p", "op": "c", "seq": 2, "doc": {"id": 2, "n": "five"}}])
     with pytest.raises(StreamingQueryException, match=r"table db\.p, column 'n' \(int64\): a payload holds 'five'"):
-        run_to_end(start(spark, catalog_properties, src, ck))
+        run_to_end(start(spark, catalog_properties, src, ck, entry))
     table = catalogs.load(None, catalog_properties).load_table(("db", "p"))
     assert table.scan().to_arrow().to_pylist() == [{"id": 1, "n": 5}]  # nothing of the failed batch
+    # format: the failed batch's staged rows deleted by Spark's abort (a staged file is never committed), and no file
+    # of the failed commit left in the table's location
+    assert list((ck / "lakesink").rglob("*.parquet")) == []
+    folder = Path(table.location().removeprefix("file://"))
+    on_disk = {f"file://{p}" for p in folder.rglob("*.parquet") if names.batch_of(p.name) is not None}
+    assert on_disk == {f.file.file_path for f in table.scan().plan_files()}
 
 
-def test_payload_needs_route_by_and_format_lakesink_refuses_it_naming_foreach_batch() -> None:
+def test_payload_needs_route_by_and_format_lakesink_checks_the_payload_column_at_start(tmp_path: Path) -> None:
     with pytest.raises(InvalidOptionError, match="option 'payload' needs option 'route-by'"):
         SinkOptions.from_mapping({"table": "db.t", "payload": "doc"})
     # a payload value that does not fit its column is a dead letter (tests/sink/test_payload_dead_letters_spark.py)
@@ -154,21 +171,41 @@ def test_payload_needs_route_by_and_format_lakesink_refuses_it_naming_foreach_ba
     assert SinkOptions.from_mapping(both).dead_letter_table is not None
     with pytest.raises(InvalidOptionError, match="option 'upsert-key' cannot be used with option 'dead-letter-table' yet"):
         SinkOptions.from_mapping({"route-by": "route", "upsert-key": "id", "dead-letter-table": "db.letters"})
-    options = SinkOptions.from_mapping({"route-by": "route", "payload": "doc", "checkpointLocation": "/tmp/x"})
+    options = SinkOptions.from_mapping(
+        {
+            "route-by": "route",
+            "payload": "doc",
+            "checkpointLocation": str(tmp_path / "ck"),
+            "catalog.type": "sql",
+            "catalog.uri": f"sqlite:///{tmp_path}/c.db",
+            "catalog.warehouse": f"file://{tmp_path}/wh",
+        }
+    )
     assert options.payload == "doc"
-    with pytest.raises(InvalidOptionError, match=r"format\('lakesink'\) does not take option 'payload' yet.*foreach_batch"):
-        datasource.stream_writer(options, StructType([]))
+    schema = StructType([StructField("route", StringType()), StructField("doc", LongType())])
+    with pytest.raises(InvalidOptionError, match=r"option 'payload' names column 'doc', which the stream has as int64"):
+        datasource.stream_writer(options, schema)
 
 
+@pytest.mark.parametrize("entry", ["foreach", "format"])
 def test_appended_payloads_and_a_new_field_without_merge_schema_is_refused_naming_table_and_field(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
     src, ck = tmp_path / "in", tmp_path / "ck"
 
     def run() -> None:
         df = spark.readStream.schema("route STRING, doc STRING").option("maxFilesPerTrigger", 1).json(str(src))
-        sink = lakesink.foreach_batch(route_by="route", namespace="db", payload="doc", catalog_properties=catalog_properties)
-        run_to_end(df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
+        if entry == "format":  # payload without upserts: appends, the tables created from the payloads at commit
+            lakesink.register(spark)
+            writer = df.writeStream.format("lakesink").option("route-by", "route").option("namespace", "db")
+            writer = writer.option("payload", "doc")
+            for k, v in catalog_properties.items():
+                writer = writer.option(f"catalog.{k}", v)
+            query = writer.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+        else:
+            sink = lakesink.foreach_batch(route_by="route", namespace="db", payload="doc", catalog_properties=catalog_properties)
+            query = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+        run_to_end(query)
 
     first = [("a", {"id": 1, "x": "p"}), ("b", {"k": 1.5}), ("a", {"id": 2, "x": None}), ("a", {"id": 1, "x": "p"})]
     write_round(src, 0, [{"route": r, "doc": d} for r, d in first])

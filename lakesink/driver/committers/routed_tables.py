@@ -146,13 +146,15 @@ class RoutedTables:
         self.stream_schema = stream_columns(self.routing, stream_schema)
         self.table_columns: dict[str, pa.Schema] = {}
         """Option payload: each table's columns as the batch's payloads hold them (set per batch by foreach_batch,
-        lakesink.executor.payload); a table not in it takes the stream's columns."""
+        or format("lakesink")'s staged commit, lakesink.sink.staged; lakesink.executor.payload); a table not in it takes
+        the stream's columns."""
         self.carried_keys: dict[str, set[routed_keys.Key]] = {}
-        """With upserts: the keys each table's changes carry in the batch (set per batch by foreach_batch with
-        cdc-format=debezium: the Kafka keys' fields); the key of a table lakesink creates (lakesink.driver.tables.routed_keys)."""
+        """With upserts: the keys each table's changes carry in the batch (set per batch by the entry point
+        with cdc-format=debezium: the Kafka keys' fields); the key of a table lakesink creates
+        (lakesink.driver.tables.routed_keys)."""
         self.truncating: set[str] = set()
-        """Option cdc-format: the tables the batch truncates (set per batch by foreach_batch, which keeps only their
-        changes after the truncate): their part of the unit replaces everything live (actions.batch.action_for)."""
+        """Option cdc-format: the tables the batch truncates (set per batch by lakesink.sink.truncates, which keeps
+        only their changes after the truncate): their part of the unit replaces everything live (actions.batch.action_for)."""
         self.table_keys: dict[str, routed_keys.Key] = {}
         """With upserts: each table's key, decided when the run first opens it (lakesink.driver.tables.routed_keys)."""
         self.catalog = catalogs.load(options.catalog_name, options.catalog_properties)

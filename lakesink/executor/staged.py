@@ -1,0 +1,156 @@
+"""Executor side of ``format("lakesink")`` with option ``payload`` (and ``cdc-format``): a task's rows staged.
+
+A routed sink whose tables take their columns from the batch's payloads cannot write a table's files before the
+whole batch has been seen: a table's columns are the union of what every task's payloads hold, and a table the
+batch creates gets its key from the changes' records (lakesink.driver.tables.routed_keys). So each task here:
+
+- parses its rows (option cdc-format: Debezium's envelope, :func:`lakesink.cdc.envelope.changes`, the same columns
+  as foreach_batch's Spark parser gives);
+- evaluates option delete-when into :data:`lakesink.table.keys.DELETED` (an Iceberg row filter over the stream's
+  columns, as format("lakesink")'s upsert writers evaluate it);
+- infers each table's columns from its payloads with foreach_batch's own :class:`~lakesink.executor.payload.PayloadInference`
+  (the keys its records carry, its last truncate);
+- stages the narrow rows the driver needs (routing value, payload, deleted flag, order, Connect schema, op) as ONE
+  Parquet file under the query's staging area (``<checkpoint>/lakesink/staging/rows``), named like a data file of
+  the batch (lakesink.table.names), and returns it with the inference in a :class:`StagedTaskResult`.
+
+The driver (lakesink.sink.staged) merges the inferences, opens/creates/widens the tables, and writes the tables'
+files from the staged rows with the routed task writer, the code foreach_batch's tasks run. A staged file is never
+committed; the abort deletes a failed attempt's, and each commit sweeps those of its batch and earlier ones.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
+from pyspark.sql.datasource import WriterCommitMessage
+
+from lakesink.cdc import envelope
+from lakesink.executor import payload
+from lakesink.executor.upsert_task import deleted_flags
+from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
+from lakesink.table import names, storage
+from lakesink.table.keys import DELETED
+
+STAGED_ROWS_FOLDER = "rows"
+"""Under the query's staging area: the rows format("lakesink") stages with option payload."""
+
+
+@dataclass(frozen=True)
+class StagedPlan:
+    """What a staging task needs (no table: the driver opens them at commit)."""
+
+    root: str
+    """``<checkpoint>/lakesink/staging/rows``."""
+    io: FileIO = field(repr=False)
+    route_column: str
+    payload_column: str
+    query_id: str | None = None
+    cdc: tuple[str, str, str] | None = None
+    """Option cdc-format: (the parsed columns' prefix, the payload column, the Connect schema column)."""
+    key_column: str | None = None
+    """Option cdc-format: Kafka's key (its fields: the key of a table lakesink creates)."""
+    truncate_columns: tuple[str, str] | None = None
+    """Option cdc-format: (op column, order column)."""
+    schema_column: str | None = None
+    delete_when: str | None = None
+    order_by: str | None = None
+    upserts: bool = False
+
+    def staged_columns(self) -> list[str]:
+        """The columns a staged file holds, in this order."""
+        out = [self.route_column, self.payload_column]
+        if self.upserts:
+            out.append(DELETED)
+        for c in (self.order_by, self.schema_column, *(self.truncate_columns or ())):
+            if c is not None and c not in out:
+                out.append(c)
+        return out
+
+
+@dataclass(frozen=True)
+class StagedTaskResult(WriterCommitMessage):
+    """What a staging task returns: its staged file (None: no row) and, per routing value (raw bytes), the columns its
+    payloads hold and what else the inference found (lakesink.executor.payload.Found)."""
+
+    query_id: str
+    batch_id: int
+    partition_id: int
+    run_id: str | None
+    file: str | None = None
+    rows: int = 0
+    columns: Mapping[bytes | None, Mapping[str, pa.DataType | None]] = field(default_factory=dict)
+    found: Mapping[bytes | None, payload.Found] = field(default_factory=dict)
+
+
+class StagedTaskWriter:
+    """One task of a format("lakesink") batch with option payload: its rows parsed, inferred and staged."""
+
+    def __init__(
+        self, plan: StagedPlan, *, query_id: str, batch_id: int, partition_id: int, task_attempt_id: int, run_id: str | None
+    ):
+        self._plan = plan
+        self._query_id = query_id
+        self._batch_id = batch_id
+        self._partition_id = partition_id
+        self._task_attempt_id = task_attempt_id
+        self._run_id = run_id
+
+    def _prepared(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        plan = self._plan
+        if plan.cdc is not None:
+            prefix, payload_column, schema_column = plan.cdc
+            batch = envelope.changes(batch, prefix=prefix, payload_column=payload_column, schema_column=schema_column)
+        if plan.upserts:
+            flags = deleted_flags(pa.Table.from_batches([batch]), plan.delete_when)
+            if isinstance(flags, pa.ChunkedArray):
+                flags = flags.combine_chunks()
+            batch = batch.append_column(DELETED, flags)
+        return batch
+
+    def write(self, batches: Iterator[pa.RecordBatch]) -> StagedTaskResult:
+        plan = self._plan
+        fault_point(EXECUTOR_BEFORE_WRITE)
+        prepared = [b for b in (self._prepared(b) for b in batches if b.num_rows) if b.num_rows]
+        if not prepared:
+            return StagedTaskResult(self._query_id, self._batch_id, self._partition_id, self._run_id)
+        inference = payload.PayloadInference(
+            plan.route_column, plan.payload_column, plan.key_column, plan.truncate_columns, plan.schema_column
+        )
+        columns: dict[bytes | None, dict[str, pa.DataType | None]] = {}
+        found: dict[bytes | None, payload.Found] = {}
+        for out in inference(iter(prepared)):
+            for raw, cols, more in zip(*(out.column(i).to_pylist() for i in range(3)), strict=True):
+                columns[raw] = pickle.loads(cols)
+                found[raw] = pickle.loads(more)
+        rows = pa.Table.from_batches(prepared).select(plan.staged_columns())
+        name = names.data_file_name(
+            query_id=self._query_id,
+            batch_id=self._batch_id,
+            partition_id=self._partition_id,
+            task_attempt_id=self._task_attempt_id,
+            token=names.new_token(),
+            counter=0,
+        )
+        path = f"{plan.root.rstrip('/')}/{name}"
+        try:
+            with plan.io.new_output(path).create(overwrite=True) as stream:
+                pq.write_table(rows, stream, compression="zstd")
+            fault_point(EXECUTOR_BEFORE_RETURN)
+        except BaseException:
+            storage.delete_file(plan.io, path)
+            raise
+        return StagedTaskResult(
+            self._query_id, self._batch_id, self._partition_id, self._run_id, path, rows.num_rows, columns, found
+        )
+
+
+def read_staged(io: FileIO, path: str) -> Iterator[pa.RecordBatch]:
+    """A staged file's rows (on the driver)."""
+    with io.new_input(path).open() as stream:
+        yield from pq.ParquetFile(stream).iter_batches()

@@ -1,0 +1,193 @@
+"""``format("lakesink")`` with option ``payload`` (and ``cdc-format``): the driver's side of a staged batch.
+
+The executors parsed, inferred and staged their rows (lakesink.executor.staged) before the driver saw the batch.
+Spark's ``commit()`` (a Python worker on the driver, no SparkSession) hands the tasks' :class:`StagedTaskResult` s to
+:class:`StagedCommitter`, which does what foreach_batch does for the same options, in the same order, with the same
+code below the entry point:
+
+1. the tasks' payload inferences merged per table (:func:`lakesink.executor.payload.merge_columns`), the keys the
+   changes carry (lakesink.driver.tables.routed_keys), the batch's truncates (lakesink.sink.truncates.mark);
+2. the batch's tables opened, created or widened (merge-schema) and planned (``RoutedCommitter.plans``); a batch every
+   table holds already is skipped, and one some tables hold is checked a faithful replay, BEFORE any table file is
+   written (``check_replay_at_plan``);
+3. the tables' data files written from the staged rows by the routed task writer (the code foreach_batch's tasks
+   run: payload expansion, upsert resolution per table key, the order-by values, the rows digests), here on the
+   driver, one writer for the whole batch (so several rows of one key in different tasks resolve as in foreach);
+4. the one routed unit committed by the RoutedCommitter (truncates, order file, deletes carrying the key only), or
+   the written files aborted when it raised;
+5. the staged files of this batch and earlier ones swept (a staged file is never committed).
+
+Driver-side cost: every row of the batch passes through this worker once (read back from its staged Parquet, the
+payload expanded to the table's columns, written as the tables' Parquet): the driver's Python does the work the
+executors' do on foreach_batch's path; the executors did the parsing and the inference (docs/cdc.md, "Cost").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from decimal import Decimal
+
+import pyarrow as pa
+from pyiceberg.io import load_file_io
+
+from lakesink.cdc import envelope
+from lakesink.driver.actions.completeness import BatchTime
+from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
+from lakesink.driver.committers.routed_tables import staging_root
+from lakesink.errors import InvalidOptionError
+from lakesink.executor import payload
+from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
+from lakesink.executor.staged import STAGED_ROWS_FOLDER, StagedPlan, StagedTaskResult, read_staged
+from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, SinkOptions
+from lakesink.sink import truncates
+from lakesink.sink.foreach import commit_or_abort
+from lakesink.table import names as file_names
+from lakesink.table import storage
+from lakesink.table.routes import Route, parse_route, routing_value
+
+log = logging.getLogger("lakesink")
+
+
+def staged_plan(options: SinkOptions, raw_schema: pa.Schema, routed: RoutedCommitter, query_id: str | None) -> StagedPlan:
+    """What the executors stage (checked at the start of a run: the payload column, delete-when)."""
+    routing = options.routing
+    assert routing is not None and options.payload is not None and options.checkpoint_location
+    cdc = options.cdc_format is not None
+    column = options.payload
+    have = cdc_schema(raw_schema) if cdc else raw_schema
+    index = have.get_field_index(column)
+    if index < 0 or not pa.types.is_string(have.field(index).type):
+        found = f"has as {have.field(index).type}" if index >= 0 else "does not have"
+        raise InvalidOptionError(
+            f"option 'payload' names column {column!r}, which the stream {found}; the payload column must be a string "
+            f"holding each row's JSON object (columns: {', '.join(have.names)})"
+        )
+    routed.upsert_spec()  # delete-when parsed as an Iceberg row filter here, at start
+    root = f"{staging_root(options.checkpoint_location)}/{STAGED_ROWS_FOLDER}"
+    return StagedPlan(
+        root=root,
+        io=load_file_io(dict(routed.catalog.properties), root),
+        route_column=routing.column,
+        payload_column=column,
+        query_id=query_id,
+        cdc=(CDC_PREFIX, CDC_PAYLOAD, CDC_CONNECT_SCHEMA) if cdc else None,
+        key_column="key" if cdc and "key" in raw_schema.names else None,
+        truncate_columns=(truncates.OP, truncates.ORDER) if cdc else None,
+        schema_column=CDC_CONNECT_SCHEMA if cdc else None,
+        delete_when=options.delete_when if options.upserts else None,
+        order_by=options.order_by,
+        upserts=options.upserts,
+    )
+
+
+def cdc_schema(raw_schema: pa.Schema) -> pa.Schema:
+    """The stream's columns after the executors' Debezium parser (the routed committer's stream schema)."""
+    empty = pa.RecordBatch.from_pylist([], schema=raw_schema)
+    return envelope.changes(empty, prefix=CDC_PREFIX, payload_column=CDC_PAYLOAD, schema_column=CDC_CONNECT_SCHEMA).schema
+
+
+class StagedCommitter:
+    """The driver side of a staged batch (see the module's docstring); answers the committer interface."""
+
+    def __init__(self, routed: RoutedCommitter, plan: StagedPlan):
+        self.routed = routed
+        self.plan = plan
+
+    def commit_batch(
+        self,
+        *,
+        query_id: str,
+        batch_id: int,
+        results: Sequence[StagedTaskResult],
+        source_offsets: str | None,
+        run_id: str | None = None,
+        batch_time: BatchTime | None = None,
+    ) -> RoutedOutcome:
+        routed, routing = self.routed, self.routed.routing
+        run_id = run_id or next((r.run_id for r in results if r.run_id), None)
+        parts: dict[object, list[Mapping[str, pa.DataType | None]]] = {}
+        found: dict[object, payload.Found] = {}
+        for r in results:
+            for raw, columns in r.columns.items():
+                value = routing_value(raw)
+                parts.setdefault(value, []).append(columns)
+                found[value] = found.get(value, payload.Found()).join(r.found[raw])
+        routed.table_columns, routed.carried_keys = {}, {}
+        for routed_value, tasks in parts.items():
+            route = parse_route(routed_value, routing.namespace, routing.allowed_namespaces)
+            if isinstance(route, Route):
+                routed.table_columns[str(route)] = payload.merge_columns([dict(c) for c in tasks], str(route))
+                routed.carried_keys[str(route)] = found[routed_value].keys
+        cut = truncates.positions(found) if routed.options.cdc_format is not None else {}
+        values = truncates.mark(routed, routing, cut, list(parts))
+        routes = routed.routes(values, batch_id)
+        plans = routed.plans(routes, query_id)
+        # a batch some of its tables hold already: decided for the whole batch here, before any table file is written
+        routed.check_replay_at_plan(query_id=query_id, batch_id=batch_id, source_offsets=source_offsets, run_id=run_id)
+        if routes and all(p.last_committed_batch is not None and batch_id <= p.last_committed_batch for p in plans.values()):
+            outcome = routed.skip_replay(
+                query_id=query_id, batch_id=batch_id, routes=routes, source_offsets=source_offsets, run_id=run_id
+            )
+            self._sweep(batch_id)
+            return outcome
+        written: list[RoutedTaskResult] = []
+        if routes:
+            plan = routed.routed_plan(plans, query_id, template=False, deletes_computed=True)
+            writer = RoutedTaskWriter(
+                plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id
+            )
+            written = [writer.write(self._rows(results, cut))]
+        outcome = commit_or_abort(
+            routed,
+            query_id=query_id,
+            batch_id=batch_id,
+            results=written,
+            commit=lambda: routed.commit_batch(
+                query_id=query_id,
+                batch_id=batch_id,
+                results=written,
+                source_offsets=source_offsets,
+                run_id=run_id,
+                batch_time=batch_time,
+            ),
+        )
+        self._sweep(batch_id)
+        return outcome
+
+    def _rows(self, results: Sequence[StagedTaskResult], cut: Mapping[str, Decimal]) -> Iterator[pa.RecordBatch]:
+        for r in sorted(results, key=lambda r: r.partition_id):
+            if r.file is None:
+                continue
+            for batch in read_staged(self.plan.io, r.file):
+                yield truncates.undone(batch, self.routed.routing, cut)
+
+    def abort_batch(self, *, query_id: str | None, batch_id: int, results: Sequence[StagedTaskResult]) -> None:
+        """The batch's staged files deleted (a staged file is never committed, whatever became of the batch; the
+        tables' files the commit wrote were settled by its own abort): those the results name, and, as Spark aborts a
+        batch whose task failed with no result of the others (``[None]``), every staged file of this batch and of
+        earlier ones (:meth:`_sweep`)."""
+        for r in results:
+            if r.file is not None:
+                try:
+                    storage.delete_file(self.plan.io, r.file)
+                except Exception:
+                    log.warning("lakesink: could not delete staged file %s; the next batch's commit collects it", r.file)
+        self._sweep(batch_id)
+
+    def _sweep(self, batch_id: int) -> None:
+        """Batch ``batch_id`` is settled: its staged files and those of earlier batches (killed attempts included)
+        are dead. Files of later batches (a zombie run ahead of this one) are kept."""
+        try:
+            listed = list(storage.list_files(self.plan.io, self.plan.root))
+        except Exception as e:
+            log.warning("lakesink: cannot list the staging area %s (%s); later commits retry", self.plan.root, type(e).__name__)
+            return
+        for f in listed:
+            found = file_names.batch_of(f.relative)
+            if found is None or found.batch_id > batch_id:
+                continue
+            try:
+                storage.delete_file(self.plan.io, f"{self.plan.root.rstrip('/')}/{f.relative}")
+            except Exception:
+                log.warning("lakesink: could not delete staged file %s; a later batch's commit collects it", f.relative)
