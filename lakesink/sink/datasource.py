@@ -235,7 +235,7 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
     assert options.checkpoint_location
     if options.payload is not None and options.dead_letter_table is not None:
         raise InvalidOptionError(
-            f"format('lakesink') does not take option 'payload' (or 'cdc-format') with option 'dead-letter-table': its "
+            "format('lakesink') does not take option 'payload' (or 'cdc-format') with option 'dead-letter-table': its "
             "commit writes the staged rows without sorting misfits into dead letters; use lakesink.foreach_batch("
             "route_by=..., payload=..., dead_letter_table=...), or drop the dead-letter table (a value that does not "
             "fit is then a loud error) (docs/dead-letters.md)"
