@@ -10,11 +10,20 @@ or above the newest truncate's position (unless a delete).
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
 
 from lakesink.driver import catalogs
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
+from lakesink.executor.staged import StagedTaskWriter
+from lakesink.options import SinkOptions
+from lakesink.sink.staged import StagedCommitter, cdc_schema, staged_plan
 from lakesink.table.keys import SUMMARY_UPSERT_STALE
 from tests.driver import test_routing_upserts as routing
 from tests.driver import test_upsert_order as order
@@ -107,3 +116,64 @@ def test_after_a_rollback_the_deletes_it_undid_leave_no_tombstone(catalog_proper
     assert order.state(c) == order.model([batches[0], after]) == {1: ("newer than the restored row", 3), 2: ("two", 2)}
     order.run(c, 3, [(3, "stale", 2, False)])  # the new order file (the lineage's, then this batch's): 3's tombstone
     assert order.state(c) == order.model([batches[0], after, [(3, "stale", 2, False)]])
+
+
+# --- the whole path: cdc-format=debezium through format("lakesink")'s staged commit ---------------------------------
+
+RAW = pa.schema([("topic", pa.string()), ("key", pa.string()), ("value", pa.string())])
+
+
+def debezium(op: str, lsn: int, row: dict[str, Any]) -> dict[str, Any]:
+    """A Debezium record of table public.accounts (keyed by id) at source position ``lsn``; a truncate has no row."""
+    envelope = {
+        "before": row if op == "d" else None,
+        "after": None if op in ("d", "t") else row,
+        "op": op,
+        "ts_ms": 1,
+        "source": {"connector": "postgresql", "db": "db", "schema": "public", "table": "accounts", "lsn": lsn},
+    }
+    key = None if op == "t" else json.dumps({"id": row["id"]})
+    return {"topic": "lake.public.accounts", "key": key, "value": json.dumps(envelope)}
+
+
+def staged_batch(props: Mapping[str, str], ck: Path, query_id: str, batch_id: int, records: list[dict[str, Any]]) -> None:
+    options = SinkOptions.from_mapping(
+        {
+            "cdc-format": "debezium",
+            "merge-schema": "true",
+            "checkpointLocation": str(ck),
+            **{f"catalog.{k}": v for k, v in props.items()},
+        }
+    )
+    routed = RoutedCommitter(options, cdc_schema(RAW))
+    c = StagedCommitter(routed, staged_plan(options, RAW, routed, query_id))
+    writer = StagedTaskWriter(c.plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id, run_id="r")
+    result = writer.write(iter([pa.RecordBatch.from_pylist(records, schema=RAW)]))
+    c.commit_batch(query_id=query_id, batch_id=batch_id, results=[result], source_offsets=None, run_id="r")
+
+
+def test_cdc_format_a_late_change_below_a_truncate_stays_out(catalog_properties: dict[str, str], tmp_path: Path) -> None:
+    """The payload table holds no order column: the order file keeps every key's source position, and before the fix
+    the truncate left the pre-truncate ones there (and recorded none of its own batch's)."""
+    query_id = str(uuid.uuid4())
+    rounds = [
+        [debezium("c", 10, {"id": 1, "name": "one"}), debezium("c", 20, {"id": 2, "name": "two"})]
+        + [debezium("c", 21, {"id": 3, "name": "three"}), debezium("d", 25, {"id": 3})],
+        # a change before the truncate (gone with it), the truncate, changes after it
+        [debezium("u", 90, {"id": 2, "name": "gone"}), debezium("t", 100, {})]
+        + [
+            debezium("c", 110, {"id": 4, "name": "four"}),
+            debezium("d", 120, {"id": 5}),
+            debezium("c", 105, {"id": 6, "name": "six"}),
+        ],
+        # late: a snapshot read below the truncate, a change below it, one between the truncate and key 5's delete
+        [debezium("r", 50, {"id": 1, "name": "late"}), debezium("c", 30, {"id": 3, "name": "late"})]
+        + [debezium("c", 115, {"id": 5, "name": "late"}), debezium("u", 130, {"id": 6, "name": "new"})],
+    ]
+    for batch_id, records in enumerate(rounds):
+        staged_batch(catalog_properties, tmp_path / "ck", query_id, batch_id, records)
+    table = catalogs.load_table_fresh(None, dict(catalog_properties), ("public", "accounts"))
+    got = {r["id"]: r["name"] for r in table.scan().to_arrow().to_pylist()}
+    assert got == {4: "four", 6: "new"}
+    head = table.current_snapshot()
+    assert head is not None and head.summary is not None and head.summary[SUMMARY_UPSERT_STALE] == "3"

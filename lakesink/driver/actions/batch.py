@@ -373,7 +373,7 @@ class TruncateBatch(OverwriteBatch):
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
         c, batch = self.committer, self.batch
         assert c.options.order_by is not None
-        floor = upsert_order.truncate_floor(table, c.options.branch)
+        floor = upsert_order.truncate_floor(table, c.options.branch, c.table_name)
         if floor is not None and floor >= self.at:
             raise LakesinkError(
                 f"table {c.table_name}: batch {batch.batch_id} of query {batch.query_id} truncates it at source position "
@@ -498,7 +498,7 @@ def action_for(
     if found_at_plan:
         return ReplayFoundAtPlan(committer, table, batch)
     if truncate and committer.options.order_by is not None and truncate_at is not None:
-        floor = upsert_order.truncate_floor(table, committer.options.branch)
+        floor = upsert_order.truncate_floor(table, committer.options.branch, committer.table_name)
         if floor is None or truncate_at > floor:
             return TruncateBatch(committer, table, batch, truncate_at)
         log.info(

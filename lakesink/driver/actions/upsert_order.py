@@ -295,13 +295,16 @@ def _floor(held: pa.Table | None) -> str | None:
     return value.decode() if value is not None else None
 
 
-def truncate_floor(table: Table, branch: str) -> Decimal | None:
+def truncate_floor(table: Table, branch: str, table_name: str) -> Decimal | None:
     """The source position of the last truncate the branch's order file holds as its floor (None: none)."""
     path = order_file(table, branch)
     if path is None:
         return None
-    with table.io.new_input(path).open() as stream:
-        floor = _floor(pq.read_schema(stream).empty_table())
+    try:
+        with table.io.new_input(path).open() as stream:
+            floor = _floor(pq.read_schema(stream).empty_table())
+    except FileNotFoundError:
+        raise _missing(path, table_name) from None
     return Decimal(floor) if floor is not None else None
 
 
@@ -398,11 +401,15 @@ def _read(table: Table, path: str, table_name: str) -> pa.Table:
         with table.io.new_input(path).open() as stream:
             return pq.read_table(stream)
     except FileNotFoundError:
-        raise LakesinkError(
-            f"table {table_name}: its order file {path} (table property {PROPERTY_UPSERT_ORDER_FILE}, the order values "
-            "of its deleted keys, option order-by) is missing: a change older than a delete could bring the row back. "
-            "Restore the file, or remove the property to forget the deletes' order values"
-        ) from None
+        raise _missing(path, table_name) from None
+
+
+def _missing(path: str, table_name: str) -> LakesinkError:
+    return LakesinkError(
+        f"table {table_name}: its order file {path} (table property {PROPERTY_UPSERT_ORDER_FILE}, the order values "
+        "of its deleted keys and its last truncate's position, option order-by) is missing: a change older than a "
+        "delete or a truncate could bring the row back. Restore the file, or remove the property to forget them"
+    )
 
 
 def _write(table: Table, path: str, rows: pa.Table, floor: str | None) -> None:
