@@ -177,3 +177,21 @@ def test_cdc_format_a_late_change_below_a_truncate_stays_out(catalog_properties:
     assert got == {4: "four", 6: "new"}
     head = table.current_snapshot()
     assert head is not None and head.summary is not None and head.summary[SUMMARY_UPSERT_STALE] == "3"
+
+
+def test_a_truncate_keeps_the_tombstones_above_its_position(catalog_properties: dict[str, str]) -> None:
+    """A delete at a position after the truncate's, delivered in an earlier batch (out of order): its tombstone stays
+    in the truncate's order file, so a change between the truncate and the delete stays out."""
+    props = catalog_properties
+    rc = routing.routed(props)
+    stream: list[list[Event]] = [
+        [("a", 1, "one", 10, False), ("a", 2, "", 150, True)],  # 150: after the truncate at 100
+        [],
+        [("a", 2, "late", 120, False), ("a", 1, "late", 50, False), ("a", 3, "three", 160, False)],
+    ]
+    routing.run(rc, 0, stream[0])
+    truncating(rc, 1, {"a": 100}, stream[1])
+    assert routing.state(props, ["db.a"]) == {"db.a": {}}
+    routing.run(rc, 2, stream[2])
+    assert routing.state(props, ["db.a"]) == model(stream, {"a": 100}) == {"db.a": {3: ("three", 160)}}
+    assert stale_changes(props, "a") == 2

@@ -384,7 +384,14 @@ class TruncateBatch(OverwriteBatch):
         schema = seam_producers.evolved_schema(table, schema_changes) if schema_changes else table.schema()
         commit = batch.commit_name()
         path, self.order_properties = upsert_order.truncated(
-            table, schema, batch.changes, at=self.at, order_by=c.options.order_by, branch=c.options.branch, commit=commit
+            table,
+            schema,
+            batch.changes,
+            at=self.at,
+            order_by=c.options.order_by,
+            branch=c.options.branch,
+            commit=commit,
+            table_name=c.table_name,
         )
         return seam_producers.prepare_snapshot(
             table,

@@ -261,13 +261,14 @@ def truncated(
     order_by: str,
     branch: str,
     commit: names.CommitName,
+    table_name: str,
 ) -> tuple[str, dict[str, str]]:
     """Option cdc-format, a truncate at source position ``at`` whose commit replaces everything live: the order file that
     goes with it (written; its path and the table property naming it). Its floor is ``at``; it holds only the batch's
     changes after the truncate (``changes``: key columns, DELETED, ORDER; the batch already kept each key's newest):
-    their tombstones, or every one's order value when the table has no ``order_by`` column. Every entry of
-    the order file it replaces is below ``at`` (the changes before the truncate are gone with the rows), so it is
-    dropped: the floor stands for all of them."""
+    their tombstones, or every one's order value when the table has no ``order_by`` column. Of the order file it
+    replaces, the entries below ``at`` are dropped (the floor stands for them); those at or above it (changes after the
+    truncate's position that earlier batches delivered) are kept, unless the batch changes their key."""
     entries: pa.Table
     if changes is not None and changes.num_rows:
         key_names = [c for c in changes.column_names if c not in (ORDER, DELETED)]
@@ -284,6 +285,26 @@ def truncated(
             {k: pa.array([], arrow.field(k).type) for k in key_names}
             | {HELD_COLUMN: pa.array([], pa.decimal128(38, 0)), DELETED: pa.array([], pa.bool_())}
         )
+    old_path = order_file(table, branch)
+    old = _read(table, old_path, table_name) if old_path else None
+    if old is not None and old.num_rows and not pa.types.is_null(old.column(HELD_COLUMN).type):
+        held = old.column(HELD_COLUMN)
+        try:
+            floor = pa.array([str(at)]).cast(held.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise LakesinkError(
+                f"table {table_name}: the order values its order file holds ({held.type}) cannot be compared with the "
+                f"truncate's source position {at}: {e}. Order a cdc-format stream by its source position"
+            ) from None
+        newer = old.filter(pc.fill_null(pc.greater_equal(floats.spark_order(held), floats.spark_order(floor)[0]), False))
+        if newer.num_rows:
+            newer = newer.select([*key_names, HELD_COLUMN, DELETED])
+            if entries.num_rows:
+                newer = upsert._cast_like(newer, entries.select([*key_names, HELD_COLUMN]).schema)
+                newer = newer.join(entries.select(key_names), key_names, join_type="left anti")
+                entries = pa.concat_tables([newer, entries], promote_options="permissive")
+            else:
+                entries = newer
     path = posixpath.join(posixpath.dirname(table.metadata_location), names.order_file_name(commit))
     _write(table, path, entries.combine_chunks(), str(at))
     return path, {property_key(branch): path}
