@@ -297,13 +297,15 @@ def prepare_snapshot(
     manifest_merge: bool = True,
     commit: names.CommitName | None = None,
     files_since_ms: int | None = None,
+    owned: Sequence[str] = (),
 ) -> PreparedCommit:
     """Write the manifests of one snapshot (append, merging manifests as Iceberg does, or overwrite of the whole table).
 
     ``properties(snapshot_id)`` gives table properties to set in the same atomic commit, and
     ``schema_changes`` (lakesink.driver.tables.schema.SchemaChange) evolve the schema in it too. ``commit`` names the
     manifests and the manifest list (lakesink.table.names); ``files_since_ms``: when the oldest of ``data_files`` was
-    written.
+    written; ``owned``: files written for this attempt alone (a truncate's order file), deleted by
+    :meth:`PreparedCommit.discard`.
     """
     tx = _MetadataCachingTransaction(table)
     if schema_changes:
@@ -334,7 +336,7 @@ def prepare_snapshot(
         producer._merge_enabled = manifest_merge
     for f in data_files:
         producer.append_data_file(f)
-    return _staged(table, tx, producer, properties, files_since_ms=files_since_ms)
+    return _staged(table, tx, producer, properties, owned, files_since_ms=files_since_ms)
 
 
 def _staged(

@@ -16,7 +16,7 @@ from pyiceberg.table import Table
 from lakesink.errors import LakesinkError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import names, storage
-from lakesink.table.keys import PROPERTY_UPSERT_ORDER_FILE, SUMMARY_QUERY_ID
+from lakesink.table.keys import PROPERTY_UPSERT_ORDER_FILE, SUMMARY_QUERY_ID, SUMMARY_UPSERT_ORDER_FILE
 from lakesink.table.markers import last_committed_batch, parse_last_batch_key
 
 if TYPE_CHECKING:
@@ -57,6 +57,9 @@ def referenced_keys(table: Table, name: str) -> set[str]:
     seen: set[str] = set()
     for snapshot in md.snapshots:
         keys.add(storage.key(snapshot.manifest_list))
+        # and the order file each snapshot went with: after a rollback the head's lineage's is the one in force
+        if snapshot.summary is not None and (order_file := snapshot.summary.get(SUMMARY_UPSERT_ORDER_FILE)):
+            keys.add(storage.key(order_file))
         try:
             manifests = snapshot.manifests(io)
         except Exception as e:

@@ -54,6 +54,7 @@ def mark(routed: RoutedCommitter, routing: Routing, truncates: Mapping[str, Deci
     """No Spark (format("lakesink")'s commit runs without a session): sets ``routed.truncating`` and returns the routing
     values left to plan (a truncate of a table that does not exist, with no change after it, makes no table)."""
     routed.truncating = set()
+    routed.truncated_at = {}
     left = list(values)
     for value in sorted(truncates):
         target = parse_route(value, routing.namespace, routing.allowed_namespaces)
@@ -70,6 +71,7 @@ def mark(routed: RoutedCommitter, routing: Routing, truncates: Mapping[str, Deci
         if columns is None or not columns.names:  # only truncates: the batch takes the table's own columns
             routed.table_columns[name] = seam.arrow_schema(table.schema())
         routed.truncating.add(name)
+        routed.truncated_at[name] = truncates[value]
     return left
 
 

@@ -93,6 +93,10 @@ PROPERTY_UPSERT_ORDER_FILE = "lakesink.upsert.order-file"
 """Table property (``.<branch>`` appended for a branch other than main), option order-by: the Parquet file that keeps
 the order value of every key the table deleted (and of every key, when the table has no order-by column), set in the
 same atomic commit as the snapshot it goes with (lakesink.driver.actions.upsert_order)."""
+ORDER_FILE_FLOOR = "lakesink.order-floor"
+"""Key of the order file's Parquet metadata, option order-by with cdc-format's truncates: the source position of the
+table's last truncate (a decimal, as text). Every change below it is older than the truncate and stale, for any key
+(lakesink.driver.actions.upsert_order.truncated)."""
 
 # --- snapshot summary: lakesink's other commits ----------------------------------------------------
 

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -42,6 +43,7 @@ from lakesink.table.keys import (
     SUMMARY_DEAD_LETTER_TABLE,
     SUMMARY_DEAD_LETTERS,
     SUMMARY_PREVIOUS_BATCH_ID,
+    SUMMARY_UPSERT_ORDER_FILE,
 )
 from lakesink.table.markers import (
     CommittedBatch,
@@ -354,6 +356,58 @@ class OverwriteBatch(AppendBatch):
     overwrite = True
 
 
+class TruncateBatch(OverwriteBatch):
+    """Option cdc-format with order-by: a truncate at source position ``at``. The batch's rows after it replace
+    everything live (the complete-mode overwrite), and, in the same commit, a new order file with the floor ``at``
+    replaces the table's (lakesink.driver.actions.upsert_order.truncated): a later batch's change below ``at`` is older
+    than the truncate and stale, whatever its key."""
+
+    def __init__(self, committer: TableCommitter, table: Table, batch: Batch, at: Decimal):
+        super().__init__(committer, table, batch)
+        self.at = at
+        self.order_properties: dict[str, str] = {}
+
+    def properties(self, snapshot_id: int) -> dict[str, str]:
+        return {**super().properties(snapshot_id), **self.order_properties}
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        c, batch = self.committer, self.batch
+        assert c.options.order_by is not None
+        floor = upsert_order.truncate_floor(table, c.options.branch, c.table_name)
+        if floor is not None and floor >= self.at:
+            raise LakesinkError(
+                f"table {c.table_name}: batch {batch.batch_id} of query {batch.query_id} truncates it at source position "
+                f"{self.at}, but a commit since it was planned truncated it at {floor}: another writer applies the same "
+                "change stream. Nothing was committed; let one query write the table, and restart this one"
+            )
+        schema_changes = c.schema_changes_at_commit(table, batch)
+        schema = seam_producers.evolved_schema(table, schema_changes) if schema_changes else table.schema()
+        commit = batch.commit_name()
+        path, self.order_properties = upsert_order.truncated(
+            table,
+            schema,
+            batch.changes,
+            at=self.at,
+            order_by=c.options.order_by,
+            branch=c.options.branch,
+            commit=commit,
+            table_name=c.table_name,
+        )
+        return seam_producers.prepare_snapshot(
+            table,
+            commit=commit,
+            files_since_ms=batch.files_since_ms,
+            data_files=self.data_files,
+            overwrite=True,
+            summary={**self.attempt_summary(table, attempt), SUMMARY_UPSERT_ORDER_FILE: path},
+            properties=self.properties,
+            branch=c.options.branch,
+            schema_changes=schema_changes,
+            manifest_merge=c.settings(table).manifest_merge,
+            owned=(path,),
+        )
+
+
 class UpsertBatch(AppendBatch):
     """An upsert batch: the files of the attempt's table that hold the batch's keys are rewritten without them (copy
     on write, validated against what was committed since, on every attempt), in the same snapshot as its rows."""
@@ -429,6 +483,7 @@ def action_for(
     found_at_plan: bool = False,
     overwrite: bool = False,
     truncate: bool = False,
+    truncate_at: Decimal | None = None,
     records_letters: bool = False,
 ) -> BatchAction:
     """The one list of what a batch commits into one table -- a sink's own table, one table of a routed batch's unit, a
@@ -442,9 +497,25 @@ def action_for(
     (foreach_batch dropped the ones before it: lakesink.sink.truncates), and its part of the unit is those rows
     replacing everything live -- the complete-mode overwrite (every live data and delete file removed at the head the
     attempt read, which the swap asserts), upserts and empty batches alike; a replay found in the table stays a replay.
+    With option order-by and the truncate's source position (``truncate_at``) its commit also sets the order file's floor
+    (:class:`TruncateBatch`); a truncate not newer than the floor the table holds (a source replayed from an older
+    position) is stale like any older change: not applied, the batch's changes after it are upserted as usual (those
+    below the floor stale too).
     """
     if found_at_plan:
         return ReplayFoundAtPlan(committer, table, batch)
+    if truncate and committer.options.order_by is not None and truncate_at is not None:
+        floor = upsert_order.truncate_floor(table, committer.options.branch, committer.table_name)
+        if floor is None or truncate_at > floor:
+            return TruncateBatch(committer, table, batch, truncate_at)
+        log.info(
+            "table %s: batch %s's truncate at %s is not newer than its last (%s): not applied",
+            committer.table_name,
+            batch.batch_id,
+            truncate_at,
+            floor,
+        )
+        truncate = False
     if truncate:
         return OverwriteBatch(committer, table, batch)
     if batch.changes is not None:

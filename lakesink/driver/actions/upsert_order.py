@@ -13,7 +13,12 @@ that attempt read, each of those changes is compared with the order value the ta
   atomically with the rows (and with the other tables of a routed unit); a replayed batch is skipped before anything is
   compared, so a replay gives the identical table;
 - a table **without** the ``order-by`` column (option payload does not write it) keeps every key's order value in the
-  order file, live keys too.
+  order file, live keys too;
+- a **truncate** (option cdc-format) at source position P leaves P in the order file as its **floor**
+  (:data:`~lakesink.table.keys.ORDER_FILE_FLOOR`, :func:`truncated`): every later change below P is older than the
+  truncate and stale, for any key, in every later batch;
+- after a **rollback** of the table (or branch) the property may name an order file of snapshots no longer in the
+  head's history: the order file is the one the head's lineage recorded (:func:`order_file`).
 
 A change wins when its order value is greater than or equal to the held one (a tie goes to the later batch, as Hudi's
 ordering field and Paimon's sequence field do); a change that loses is not applied: its key keeps the table's row (or
@@ -29,6 +34,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,6 +42,7 @@ import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import ancestors_of
 
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import producers
@@ -47,6 +54,7 @@ from lakesink.table.keys import (
     DELETED,
     HELD_COLUMN,
     MAIN_BRANCH,
+    ORDER_FILE_FLOOR,
     ORDER_PRESENT_COLUMN,
     PROPERTY_UPSERT_ORDER_FILE,
     SUMMARY_UPSERT_ORDER_FILE,
@@ -93,6 +101,8 @@ class OrderCheck:
     held: pa.Table | None
     """The order file's rows (key columns, :data:`HELD_COLUMN`, :data:`DELETED`), None when the table has none."""
     held_path: str | None
+    floor: str | None = None
+    """The order file's floor (the source position of the table's last truncate, as text), None without one."""
     stale: list[pa.Table] = field(default_factory=list)
     """The changes that lost (key columns, :data:`DELETED`)."""
     stale_in_files: int = 0
@@ -132,14 +142,14 @@ def start(
         table_column: str | None = schema.find_field(order_by, case_sensitive=False).name
     except ValueError:
         table_column = None
-    path = table.properties.get(property_key(branch))
+    path = order_file(table, branch)
     held = _read(table, path, keys.table_name) if path else None
     key_names = [f.name for f in keys.fields]
-    check = OrderCheck(keys.table_name, order_by, batch_id, key_names, table_column, held, path)
-    if held is None or not held.num_rows:
-        return keys, check
-    held_keys = upsert._cast_like(held.select([*key_names, HELD_COLUMN]), changes.select(key_names).schema)
-    stale = _stale(changes, held_keys, check)
+    check = OrderCheck(keys.table_name, order_by, batch_id, key_names, table_column, held, path, floor=_floor(held))
+    stale = _below_floor(changes, check)
+    if held is not None and held.num_rows:
+        held_keys = upsert._cast_like(held.select([*key_names, HELD_COLUMN]), changes.select(key_names).schema)
+        stale = pc.or_(stale, _stale(changes, held_keys, check))
     if not pc.any(stale).as_py():
         return keys, check
     check.stale.append(changes.filter(stale).select([*key_names, DELETED]))
@@ -198,9 +208,10 @@ def finish(
         parts = [t for t in (base, new_held) if t is not None and t.num_rows]
         merged = pa.concat_tables(parts, promote_options="permissive") if parts else new_held
         path = posixpath.join(posixpath.dirname(table.metadata_location), names.order_file_name(commit))
-        _write(table, path, merged.combine_chunks())
+        _write(table, path, merged.combine_chunks(), check.floor)
         written.append(path)
-        properties[property_key(branch)] = path
+    if path is not None and table.properties.get(property_key(branch)) != path:
+        properties[property_key(branch)] = path  # a new file, or the lineage's after a rollback (order_file)
     return Finished(
         data_files=files,
         written=tuple(written),
@@ -212,6 +223,136 @@ def finish(
             stale=stale.num_rows if stale is not None else 0,
         ),
     )
+
+
+def order_file(table: Table, branch: str) -> str | None:
+    """The order file of ``branch``: the one its table property names -- unless the table was rolled back (pyiceberg's
+    ``manage_snapshots().rollback_to_snapshot``, Spark's ``CALL ... rollback_to_snapshot``): the property is the table's,
+    not the snapshot's, so after a rollback it may name a file that only snapshots no longer in the head's history
+    recorded (their summary's :data:`SUMMARY_UPSERT_ORDER_FILE`), whose tombstones belong to deletes the rollback
+    undid. Then the order file is the one the head's lineage recorded last (None: no snapshot of it had one). A removed
+    property stays removed (the documented way to forget the tombstones)."""
+    path = table.properties.get(property_key(branch))
+    if path is None:
+        return None
+    md = table.metadata
+    head = md.snapshot_by_name(branch)
+    lineage: str | None = None
+    ancestry: set[int] = set()
+    for snapshot in ancestors_of(head, md) if head is not None else ():
+        ancestry.add(snapshot.snapshot_id)
+        recorded = snapshot.summary.get(SUMMARY_UPSERT_ORDER_FILE) if snapshot.summary is not None else None
+        if recorded is not None and lineage is None:
+            if recorded == path:
+                return path  # the usual case: the head (or its nearest ancestor with order-by) recorded it
+            lineage = recorded
+    setters = {s.snapshot_id for s in md.snapshots if s.summary is not None and s.summary.get(SUMMARY_UPSERT_ORDER_FILE) == path}
+    if setters and not setters & ancestry:
+        return lineage  # rolled back past every snapshot that went with the property's file
+    return path
+
+
+def truncated(
+    table: Table,
+    schema: Schema,
+    changes: pa.Table | None,
+    *,
+    at: Decimal,
+    order_by: str,
+    branch: str,
+    commit: names.CommitName,
+    table_name: str,
+) -> tuple[str, dict[str, str]]:
+    """Option cdc-format, a truncate at source position ``at`` whose commit replaces everything live: the order file that
+    goes with it (written; its path and the table property naming it). Its floor is ``at``; it holds only the batch's
+    changes after the truncate (``changes``: key columns, DELETED, ORDER; the batch already kept each key's newest):
+    their tombstones, or every one's order value when the table has no ``order_by`` column. Of the order file it
+    replaces, the entries below ``at`` are dropped (the floor stands for them); those at or above it (changes after the
+    truncate's position that earlier batches delivered) are kept, unless the batch changes their key."""
+    entries: pa.Table
+    if changes is not None and changes.num_rows:
+        key_names = [c for c in changes.column_names if c not in (ORDER, DELETED)]
+        entries = changes.select([*key_names, ORDER, DELETED]).rename_columns([*key_names, HELD_COLUMN, DELETED])
+        try:
+            schema.find_field(order_by, case_sensitive=False)
+            entries = entries.filter(entries.column(DELETED))  # a live row's order value is its own order-by column
+        except ValueError:
+            pass  # no order-by column: every key's order value is in the order file
+    else:
+        key_names = [schema.find_field(i).name for i in schema.identifier_field_ids]
+        arrow = seam.arrow_schema(schema)
+        entries = pa.table(
+            {k: pa.array([], arrow.field(k).type) for k in key_names}
+            | {HELD_COLUMN: pa.array([], pa.decimal128(38, 0)), DELETED: pa.array([], pa.bool_())}
+        )
+    old_path = order_file(table, branch)
+    old = _read(table, old_path, table_name) if old_path else None
+    if old is not None and old.num_rows and not pa.types.is_null(old.column(HELD_COLUMN).type):
+        held = old.column(HELD_COLUMN)
+        try:
+            floor = pa.array([str(at)]).cast(held.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise LakesinkError(
+                f"table {table_name}: the order values its order file holds ({held.type}) cannot be compared with the "
+                f"truncate's source position {at}: {e}. Order a cdc-format stream by its source position"
+            ) from None
+        newer = old.filter(pc.fill_null(pc.greater_equal(floats.spark_order(held), floats.spark_order(floor)[0]), False))
+        if newer.num_rows:
+            newer = newer.select([*key_names, HELD_COLUMN, DELETED])
+            if entries.num_rows:
+                newer = upsert._cast_like(newer, entries.select([*key_names, HELD_COLUMN]).schema)
+                newer = newer.join(entries.select(key_names), key_names, join_type="left anti")
+                entries = pa.concat_tables([newer, entries], promote_options="permissive")
+            else:
+                entries = newer
+    path = posixpath.join(posixpath.dirname(table.metadata_location), names.order_file_name(commit))
+    _write(table, path, entries.combine_chunks(), str(at))
+    return path, {property_key(branch): path}
+
+
+def _floor(held: pa.Table | None) -> str | None:
+    meta = held.schema.metadata if held is not None else None
+    value = (meta or {}).get(ORDER_FILE_FLOOR.encode())
+    return value.decode() if value is not None else None
+
+
+def truncate_floor(table: Table, branch: str, table_name: str) -> Decimal | None:
+    """The source position of the last truncate the branch's order file holds as its floor (None: none)."""
+    path = order_file(table, branch)
+    if path is None:
+        return None
+    try:
+        with table.io.new_input(path).open() as stream:
+            floor = _floor(pq.read_schema(stream).empty_table())
+    except FileNotFoundError:
+        raise _missing(path, table_name) from None
+    return Decimal(floor) if floor is not None else None
+
+
+def _below_floor(changes: pa.Table, check: OrderCheck) -> pa.Array:
+    """Per change: true when its order value is below the order file's floor (older than the table's last truncate). A
+    null order value cannot be ordered after the truncate: an UpsertKeyError, as against a held value."""
+    if check.floor is None:
+        return pa.array([False] * changes.num_rows)
+    order = changes.column(ORDER)
+    if order.null_count:
+        row = changes.filter(order.is_null()).slice(0, 1).to_pylist()[0]
+        key = ", ".join(f"{k}={row[k]!r}" for k in check.key_names)
+        raise UpsertKeyError(
+            f"batch {check.batch_id}: option 'order-by' column {check.column!r} is null for key ({key}) of table "
+            f"{check.table_name}, truncated at source position {check.floor}: a change without an order value cannot be "
+            "ordered after the truncate. Nothing was committed; give every change an order value"
+        )
+    try:
+        floor = pa.array([check.floor]).cast(order.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise LakesinkError(
+            f"table {check.table_name}: its last truncate's source position {check.floor} cannot be compared with the "
+            f"batch's option 'order-by' column {check.column!r} ({order.type}): {e}. Order a cdc-format stream by its "
+            "source position"
+        ) from None
+    below = pc.less(floats.spark_order(order), floats.spark_order(floor)[0])
+    return below.combine_chunks() if isinstance(below, pa.ChunkedArray) else below
 
 
 def _stale(changes: pa.Table, held: pa.Table, check: OrderCheck) -> pa.Array:
@@ -281,14 +422,20 @@ def _read(table: Table, path: str, table_name: str) -> pa.Table:
         with table.io.new_input(path).open() as stream:
             return pq.read_table(stream)
     except FileNotFoundError:
-        raise LakesinkError(
-            f"table {table_name}: its order file {path} (table property {PROPERTY_UPSERT_ORDER_FILE}, the order values "
-            "of its deleted keys, option order-by) is missing: a change older than a delete could bring the row back. "
-            "Restore the file, or remove the property to forget the deletes' order values"
-        ) from None
+        raise _missing(path, table_name) from None
 
 
-def _write(table: Table, path: str, rows: pa.Table) -> None:
+def _missing(path: str, table_name: str) -> LakesinkError:
+    return LakesinkError(
+        f"table {table_name}: its order file {path} (table property {PROPERTY_UPSERT_ORDER_FILE}, the order values "
+        "of its deleted keys and its last truncate's position, option order-by) is missing: a change older than a "
+        "delete or a truncate could bring the row back. Restore the file, or remove the property to forget them"
+    )
+
+
+def _write(table: Table, path: str, rows: pa.Table, floor: str | None) -> None:
+    if floor is not None:
+        rows = rows.replace_schema_metadata({**(rows.schema.metadata or {}), ORDER_FILE_FLOOR.encode(): floor.encode()})
     # overwrite=False: a name collision fails loudly instead of replacing another attempt's file
     with table.io.new_output(path).create(overwrite=False) as stream:
         pq.write_table(rows, stream)

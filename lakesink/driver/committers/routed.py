@@ -158,6 +158,7 @@ class RoutedCommitter(RoutedTables):
                 unit=_with_rows(unit, rows.get(name)),
                 batch_time=batch_time,
                 truncate=name in self.truncating,
+                truncate_at=self.truncated_at.get(name),
             )
             actions.append((c, action))
         self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)

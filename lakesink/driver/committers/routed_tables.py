@@ -14,6 +14,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from decimal import Decimal
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -155,6 +156,9 @@ class RoutedTables:
         self.truncating: set[str] = set()
         """Option cdc-format: the tables the batch truncates (set per batch by lakesink.sink.truncates, which keeps
         only their changes after the truncate): their part of the unit replaces everything live (actions.batch.action_for)."""
+        self.truncated_at: dict[str, Decimal] = {}
+        """Of them, each one's truncate position (the source position, set with :attr:`truncating`): with order-by, the
+        floor its commit records (actions.batch.TruncateBatch)."""
         self.table_keys: dict[str, routed_keys.Key] = {}
         """With upserts: each table's key, decided when the run first opens it (lakesink.driver.tables.routed_keys)."""
         self.catalog = catalogs.load(options.catalog_name, options.catalog_properties)
@@ -574,7 +578,6 @@ class RoutedTables:
                 found.clear()
             found.append(name)
         return tuple(sorted(found))
-
 
 
 class OptionalColumn(CommitAction):

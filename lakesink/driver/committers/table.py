@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
+from decimal import Decimal
 from typing import Protocol
 
 import pyarrow as pa
@@ -224,6 +225,7 @@ class TableCommitter(SinkTable):
         found_at_plan: bool = False,
         batch_time: BatchTime | None = None,
         truncate: bool = False,
+        truncate_at: Decimal | None = None,
     ) -> BatchAction:
         """This table's action in a batch of several tables (``table``: as read for the first attempt): the batch's
         files appended (its snapshot records ``unit``), or, when the batch was found in this table already when it
@@ -243,7 +245,7 @@ class TableCommitter(SinkTable):
             batch_time=batch_time,
         )
         found = found_at_plan or bool(results and all(r.replay_skipped for r in results))
-        return action_for(self, table, batch, found_at_plan=found, truncate=truncate)
+        return action_for(self, table, batch, found_at_plan=found, truncate=truncate, truncate_at=truncate_at)
 
     def unit_outcome(self, action: CommitAction, result: swap.SwapResult) -> BatchOutcome:
         """What this table's action of a batch of several tables came to (a replay checked, its files deleted)."""
