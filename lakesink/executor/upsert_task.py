@@ -164,7 +164,9 @@ def deleted_flags(table: pa.Table, expression: str | None) -> pa.Array:
 def keys_of(rows: pa.RecordBatch, changes: bytes) -> set[tuple[object, ...]]:
     """The keys ``rows`` hold, as the key columns of ``changes`` (a task's keys, :func:`to_ipc`) name them."""
     names = [n for n in pa.ipc.open_stream(changes).schema.names if n not in (DELETED, ORDER)]
-    return set(zip(*(rows.column(n).to_pylist() for n in names), strict=True)) if rows.num_rows else set()
+    by_name = {n.lower(): n for n in rows.schema.names}  # the table's spelling of the key (the task's: the stream's)
+    columns = [rows.column(by_name.get(n.lower(), n)).to_pylist() for n in names]
+    return set(zip(*columns, strict=True)) if rows.num_rows else set()
 
 
 def without_keys(changes: bytes | None, dropped: set[tuple[object, ...]]) -> bytes | None:
