@@ -38,6 +38,7 @@ from lakesink.executor import text
 from lakesink.executor.messages import RowChecks
 from lakesink.table import dead_letters as dl
 from lakesink.table import required
+from lakesink.table.keys import DELETED
 
 _TOKEN = uuid.uuid4().hex  # marks a decimal in the JSON text (a string of the row cannot hold it by chance)
 _DECIMAL = re.compile(r'"\\u0000' + _TOKEN + r'([-+0-9.Ee]+)\\u0000"')
@@ -76,11 +77,13 @@ class RowSorter:
 
     def reject_all(self, batch: pa.RecordBatch, *, kind: str, column: str | None, text: str, table: str | None) -> None:
         """Every row of ``batch`` is a dead letter of error ``kind`` (a routed sink's ``invalid-route``: ``table`` is
-        the raw routing value, or None); the reject column, when there is one, is dropped from the row."""
+        the raw routing value, or None); the reject column and the deleted flag (lakesink's own columns), when there
+        are, are dropped from the row."""
         n = batch.num_rows
         self.rows_in += n
-        if dl.REJECT_COLUMN in batch.schema.names:
-            batch = batch.drop_columns([dl.REJECT_COLUMN])
+        own = [c for c in (dl.REJECT_COLUMN, DELETED) if c in batch.schema.names]
+        if own:
+            batch = batch.drop_columns(own)
         if n == 0:
             return
         self._append(batch, [kind] * n, [column] * n, [text] * n, table)
@@ -111,23 +114,40 @@ class RowSorter:
             reject = seam.matching_rows(batch, source, self._filter)
         if reject is not None:
             mark(reject.to_numpy(zero_copy_only=False), dl.REJECT_WHEN, None, f"reject-when is true: {self._reject_text}")
-        for key in self._checks.upsert_key:
-            if key in batch.schema.names:
-                mark(
-                    batch.column(key).is_null().to_numpy(zero_copy_only=False),
-                    dl.NULL_UPSERT_KEY,
-                    key,
-                    f"upsert key column {key!r} is null",
-                )
+        by_name = {name.lower(): name for name in batch.schema.names}
+        keys = [by_name[k.lower()] for k in self._checks.upsert_key if k.lower() in by_name]
+        for key in keys:
+            mark(
+                batch.column(key).is_null().to_numpy(zero_copy_only=False),
+                dl.NULL_UPSERT_KEY,
+                key,
+                f"upsert key column {key!r} is null",
+            )
+        # a routed upsert's delete (its deleted flag set before the resolution) is not written: only its key is read
+        deleted = (
+            pc.fill_null(batch.column(DELETED), False).to_numpy(zero_copy_only=False)
+            if DELETED in batch.schema.names
+            else np.zeros(n, dtype=bool)
+        )
+
+        def written(mask: Any, path: str) -> Any:
+            """``mask`` without the deleted rows, unless ``path`` is in a key column."""
+            return mask if path.split(".")[0] in keys else np.asarray(mask, dtype=bool) & ~deleted
+
         if self._table_schema is not None:
             for nulls in required.violations(projected, self._table_schema):
                 mask = np.zeros(n, dtype=bool)
                 mask[nulls.rows] = True
                 path = nulls.path
-                mark(mask, dl.REQUIRED_NULL, path, f"column {path!r} is required (NOT NULL) in table {self._table} and is null")
+                mark(
+                    written(mask, path),
+                    dl.REQUIRED_NULL,
+                    path,
+                    f"column {path!r} is required (NOT NULL) in table {self._table} and is null",
+                )
         for name, mask in text.not_utf8(batch):
             mark(
-                mask,
+                written(mask, name),
                 dl.NOT_UTF8,
                 name,
                 f"column {name!r} holds bytes that are not UTF-8 text (an Iceberg string is UTF-8; table {self._table})",
@@ -141,6 +161,8 @@ class RowSorter:
         if not bad.any():
             return batch
         rejected = batch.take(pa.array(np.flatnonzero(bad), pa.int64()))
+        if DELETED in rejected.schema.names:  # lakesink's own column, not the stream's
+            rejected = rejected.drop_columns([DELETED])
         if extra:
             for name, value in extra.items():
                 rejected = rejected.append_column(name, pa.array([value] * rejected.num_rows, pa.string()))

@@ -159,3 +159,22 @@ def deleted_flags(table: pa.Table, expression: str | None) -> pa.Array:
     numbered = table.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
     matched = seam.filter_rows(numbered, expression).column(_ROW)
     return pc.is_in(numbered.column(_ROW), value_set=matched.combine_chunks())
+
+
+def keys_of(rows: pa.RecordBatch, changes: bytes) -> set[tuple[object, ...]]:
+    """The keys ``rows`` hold, as the key columns of ``changes`` (a task's keys, :func:`to_ipc`) name them."""
+    names = [n for n in pa.ipc.open_stream(changes).schema.names if n not in (DELETED, ORDER)]
+    by_name = {n.lower(): n for n in rows.schema.names}  # the table's spelling of the key (the task's: the stream's)
+    columns = [rows.column(by_name.get(n.lower(), n)).to_pylist() for n in names]
+    return set(zip(*columns, strict=True)) if rows.num_rows else set()
+
+
+def without_keys(changes: bytes | None, dropped: set[tuple[object, ...]]) -> bytes | None:
+    """A task's keys without ``dropped`` (keys whose resolved row became a dead letter after the task: the change is
+    not applied, the table keeps the key's row)."""
+    if changes is None or not dropped:
+        return changes
+    table = pa.ipc.open_stream(changes).read_all()
+    names = [n for n in table.column_names if n not in (DELETED, ORDER)]
+    keep = [k not in dropped for k in zip(*(table.column(n).to_pylist() for n in names), strict=True)]
+    return to_ipc(table.filter(pa.array(keep, pa.bool_())))

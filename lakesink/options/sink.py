@@ -254,12 +254,6 @@ def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterK
             f"option '{ROUTE_BY}' cannot be used with output mode 'complete': each batch would replace every table "
             "it routes to, and leave the tables it routes no row to as they were; use output mode 'append'"
         )
-    if UPSERT_KEY in lowered and lowered.get(DEAD_LETTER_TABLE, "").strip() and PAYLOAD not in lowered:
-        raise InvalidOptionError(
-            f"option '{ROUTE_BY}' with option '{UPSERT_KEY}' cannot be used with option '{DEAD_LETTER_TABLE}' yet "
-            f"without option '{PAYLOAD}' (a routed upsert of the stream's own columns does not sort rows into dead "
-            "letters); drop one of them, or write the change stream of each table through its own sink (docs/routing.md)"
-        )
     if writer is WriterKind.DRIVER:
         raise InvalidOptionError(
             f"option '{ROUTE_BY}' writes through Spark's executors (Python workers, or Spark's own Parquet writer); "

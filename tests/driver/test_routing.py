@@ -414,13 +414,14 @@ def test_options_refused_with_routing() -> None:
         SinkOptions.from_mapping({"route-by": "route", "table": "db.t"})
     with pytest.raises(InvalidOptionError, match="complete"):
         SinkOptions.from_mapping({"route-by": "route", "output-mode": "complete"})
-    # upserts route (tests/driver/test_routing_upserts.py): the options parse, update mode too; not yet with dead letters
+    # upserts route (tests/driver/test_routing_upserts.py): the options parse, update mode too, and with dead letters
+    # (tests/driver/test_routing_upsert_dead_letters.py)
     routed_upserts = SinkOptions.from_mapping({"route-by": "route", "upsert-key": "id", "output-mode": "update"})
     assert routed_upserts.upsert_key == ("id",) and routed_upserts.routing is not None
     with pytest.raises(InvalidOptionError, match="output mode 'update' needs option 'upsert-key'"):
         SinkOptions.from_mapping({"route-by": "route", "output-mode": "update"})
-    with pytest.raises(InvalidOptionError, match="'upsert-key' cannot be used with option 'dead-letter-table' yet"):
-        SinkOptions.from_mapping({"route-by": "route", "upsert-key": "id", "dead-letter-table": "db.letters"})
+    lettered = SinkOptions.from_mapping({"route-by": "route", "upsert-key": "id", "dead-letter-table": "db.letters"})
+    assert lettered.upsert_key == ("id",) and lettered.dead_letter_table is not None and lettered.routing is not None
     # writer='spark' routes (tests/sink/test_routing_spark_writer.py), but not what needs Python workers; 'driver' never
     assert SinkOptions.from_mapping({"route-by": "route", "writer": "spark"}).routing is not None
     with pytest.raises(InvalidOptionError, match="writer='spark' cannot be used with option.*'upsert-key'"):

@@ -107,10 +107,10 @@ def test_refusals_at_start(spark: Any, tmp_path: Path, catalog_properties: dict[
         lakesink.foreach_batch(route_by="route", writer="driver", catalog_properties=catalog_properties)
     with pytest.raises(InvalidOptionError, match="complete"):
         lakesink.foreach_batch(route_by="route", output_mode="complete", catalog_properties=catalog_properties)
-    with pytest.raises(InvalidOptionError, match="'upsert-key' cannot be used with option 'dead-letter-table' yet"):
-        lakesink.foreach_batch(
-            route_by="route", upsert_key="id", dead_letter_table="db.letters", catalog_properties=catalog_properties
-        )
+    # route-by + upsert-key + dead-letter-table is taken (tests/sink/test_routing_upsert_dead_letters_spark.py)
+    lakesink.foreach_batch(
+        route_by="route", upsert_key="id", dead_letter_table="db.letters", catalog_properties=catalog_properties
+    )
     write_json_input(tmp_path / "in", files=1, rows_per_file=3)
     df = spark.readStream.schema(SCHEMA_DDL).json(str(tmp_path / "in")).withColumn("route", F.lit("db.x"))
     q = (

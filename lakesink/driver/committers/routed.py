@@ -47,6 +47,7 @@ from lakesink.errors import (
     TableIdentityChangedError,
     TooManyRejectedError,
 )
+from lakesink.executor import upsert_task
 from lakesink.executor.messages import TaskResult, WritePlan, schema_digest
 from lakesink.executor.routed_writer import (
     RoutedTaskResult,
@@ -453,13 +454,18 @@ class RoutedCommitter(RoutedTables):
         )  # a new token: unique names
         old = [f.path for r in results for f in r.files]
         io = load_file_io(dict(self.catalog.properties), old[0] if old else None)
+        keyed = next((r.changes for r in results if r.changes), None)  # upserts: the tasks resolved the rows by key
+        dropped: set[tuple[object, ...]] = set()  # the keys whose resolved row is a dead letter here: not applied
         try:
             for path in old:
                 with io.new_input(path).open() as stream:
                     for batch in pq.ParquetFile(stream).iter_batches():
                         rows = conform_to_table(_without_field_ids(batch), plan, batch_id)
                         # a dead letter's row names its table in the routing column (the raw value is not kept)
-                        writer.add(writer.sort(rows, {self.routing.column: c.table_name}))
+                        kept = writer.sort(rows, {self.routing.column: c.table_name})
+                        if keyed is not None and kept.num_rows < rows.num_rows:
+                            dropped |= upsert_task.keys_of(rows, keyed) - upsert_task.keys_of(kept, keyed)
+                        writer.add(kept)
             writer.finish()
         except BaseException:
             writer.abort()
@@ -468,7 +474,8 @@ class RoutedCommitter(RoutedTables):
             storage.delete_file(io, path)
         # the tasks' own results stay, without their files: their dead letters and counts are the batch's; the
         # rewrite's rows were counted by the tasks already (rows_in 0), its dead letters are new
-        return [replace(writer.result(), rows_in=0), *(replace(r, files=()) for r in results)]
+        tasks = [replace(r, files=(), changes=upsert_task.without_keys(r.changes, dropped)) for r in results]
+        return [replace(writer.result(), rows_in=0), *tasks]
 
     def _rewrite_checks(self, plan: WritePlan, query_id: str) -> WritePlan:
         """Option dead-letter-table: the rows of a table written with the template are checked against the table
