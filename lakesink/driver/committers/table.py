@@ -9,7 +9,6 @@ other input, a second sink of the same run), and which files may be deleted.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -36,10 +35,11 @@ from lakesink.driver.actions.batch import (
     committed,
 )
 from lakesink.driver.actions.completeness import BatchTime
+from lakesink.driver.committers import outcomes
 from lakesink.driver.loop import indoubt, swap, turns
 from lakesink.driver.loop.action import CommitAction
 from lakesink.driver.loop.swap import RetriesExhausted, Status
-from lakesink.driver.report import metrics, reporting
+from lakesink.driver.report import reporting
 from lakesink.driver.tables.schema import SchemaChange
 from lakesink.driver.tables.sink_table import SinkTable
 from lakesink.errors import (
@@ -62,13 +62,6 @@ from lakesink.table.markers import (
 )
 
 log = logging.getLogger("lakesink")
-
-
-_METRICS_OUTCOME = {
-    Outcome.COMMITTED: metrics.COMMITTED,
-    Outcome.REPLAY_SKIPPED: metrics.REPLAY_SKIPPED,
-    Outcome.EMPTY: metrics.EMPTY,
-}
 
 
 class CommitHook(Protocol):
@@ -230,34 +223,23 @@ class TableCommitter(SinkTable):
         was planned (``found_at_plan``, foreach_batch) or by every task (a replay completing the others), a replay
         that must still be there. With option ``upsert-key`` the tasks resolved their rows of the table and returned
         the keys they change: the batch is this table's :class:`UpsertBatch`, the very action of a table of its own."""
-        parts = [r.changes for r in results if r.changes]
-        changes = upsert_task.merge(parts, batch_id=batch_id) if parts else None
-        batch = Batch.new(
+        batch = _new_batch(
             query_id=query_id,
             batch_id=batch_id,
             results=results,
             source_offsets=source_offsets,
             run_id=run_id,
-            changes=changes if changes is not None and changes.num_rows else None,
             unit=unit,
             batch_time=batch_time,
         )
-        found = found_at_plan or bool(results and all(r.replay_skipped for r in results))
-        return action_for(self, table, batch, found_at_plan=found, truncate=truncate)
+        return action_for(self, table, batch, found_at_plan=_found(results, found_at_plan), truncate=truncate)
 
     def unit_outcome(self, action: CommitAction, result: swap.SwapResult) -> BatchOutcome:
         """What this table's action of a batch of several tables came to (a replay checked, its files deleted)."""
         assert isinstance(action, BatchAction)
         batch, table = action.batch, action.table
         if result.status is Status.ALREADY_COMMITTED:
-            assert result.done is not None
-            try:
-                replay.check_replay(self, table, batch, result.done)
-            except DuplicateSinkError:
-                self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
-                raise
-            self._delete(table, batch.paths, reason="batch already committed (replay)")
-            return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1), batch)
+            return self._logged(self._replayed(table, batch, result), batch)
         if isinstance(action, MarkEmptyBatch):
             return self._logged(BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1), batch)
         return self._logged(committed(batch, result), batch)
@@ -292,16 +274,13 @@ class TableCommitter(SinkTable):
         batch_time: BatchTime | None = None,
         batch_rows: int | None = None,
     ) -> BatchOutcome:
-        if changes is None and any(r.changes for r in results):
-            # format("lakesink") with upsert-key: the tasks resolved their rows; a key of two tasks is an error
-            changes = upsert_task.merge([r.changes for r in results if r.changes], batch_id=batch_id)
-        batch = Batch.new(
+        batch = _new_batch(
             query_id=query_id,
             batch_id=batch_id,
             results=results,
             source_offsets=source_offsets,
             run_id=run_id,
-            changes=changes if changes is not None and changes.num_rows else None,
+            changes=changes,
             batch_time=batch_time,
         )
         expected_uuid = table_uuid or next((r.table_uuid for r in results if r.table_uuid), None)
@@ -320,8 +299,7 @@ class TableCommitter(SinkTable):
             self,
             table,
             batch,
-            # found committed when the batch was planned (foreach_batch), or by every task (format("lakesink"))
-            found_at_plan=found_at_plan or bool(results and all(r.replay_skipped for r in results)),
+            found_at_plan=_found(results, found_at_plan),
             overwrite=self.options.output_mode is OutputMode.COMPLETE,
             # every row a dead letter: a snapshot without files records the batch and its count of dead letters
             records_letters=not batch.files and self.dead_letters is not None and bool(self._letters(batch).files),
@@ -382,15 +360,7 @@ class TableCommitter(SinkTable):
                 "the query replays the batch"
             ) from e.last
         if result.status is Status.ALREADY_COMMITTED:
-            assert result.done is not None
-            try:
-                replay.check_replay(self, table, batch, result.done)
-            except DuplicateSinkError:
-                self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
-                self._letters_deleted(batch, reason="a second sink of the same run wrote the batch")
-                raise
-            self._delete(table, batch.paths, reason="batch already committed (replay)")
-            return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
+            return self._replayed(table, batch, result, letters=True)
         assert result.snapshot_id is not None
         if isinstance(action, UpsertBatch) and action.rewrites:
             last = action.rewrites[-1]
@@ -405,6 +375,21 @@ class TableCommitter(SinkTable):
                 last.bytes_read,
             )
         return committed(batch, result)
+
+    def _replayed(self, table: Table, batch: Batch, result: swap.SwapResult, *, letters: bool = False) -> BatchOutcome:
+        """The batch's commit found it committed already (``result``): a faithful replay deletes its files and is
+        skipped; a second sink of the same run (DuplicateSinkError) deletes them too (``letters``: and its dead
+        letters') and fails."""
+        assert result.done is not None
+        try:
+            replay.check_replay(self, table, batch, result.done)
+        except DuplicateSinkError:
+            self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
+            if letters:
+                self._letters_deleted(batch, reason="a second sink of the same run wrote the batch")
+            raise
+        self._delete(table, batch.paths, reason="batch already committed (replay)")
+        return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
 
     def marker_key(self, batch: Batch) -> str:
         return last_batch_key(batch.query_id, self.options.sink_id)
@@ -506,67 +491,9 @@ class TableCommitter(SinkTable):
         return changes
 
     def _logged(self, outcome: BatchOutcome, batch: Batch) -> BatchOutcome:
-        """Log the batch's outcome and report its metrics (lakesink.driver.report.reporting: after the commit, never raising)."""
-        query_id = batch.query_id
-        indoubt.clear(self.table_name, query_id, self.options.sink_id, outcome.batch_id)  # the batch is settled now
-        reporting.report(
-            self._metrics(outcome, batch),
-            catalog=self.catalog,
-            identifier=self.options.table.identifier,
-            export=self.options.metrics,
-        )
-        if outcome.outcome is Outcome.COMMITTED:
-            log.info(
-                "lakesink: table=%s query=%s%s batch=%s committed snapshot=%s files=%s rows=%s bytes=%s "
-                "commit_ms=%.1f retries=%s",
-                self.table_name,
-                query_id,
-                f" sink={self.options.sink_id}" if self.options.sink_id else "",
-                outcome.batch_id,
-                outcome.snapshot_id,
-                outcome.files,
-                outcome.rows,
-                outcome.bytes,
-                outcome.commit_ms,
-                outcome.retries,
-            )
-        else:
-            log.info(
-                "lakesink: table=%s query=%s%s batch=%s %s",
-                self.table_name,
-                query_id,
-                f" sink={self.options.sink_id}" if self.options.sink_id else "",
-                outcome.batch_id,
-                outcome.outcome.value,
-            )
-        return outcome
-
-    def _metrics(self, outcome: BatchOutcome, batch: Batch) -> metrics.CommitMetrics:
-        """The batch's commit metrics on this table, from what the commit knows (task results, swap result, snapshot)."""
-        letters = sum(f.record_count for r in batch.results if r.dead_letters is not None for f in r.dead_letters.files)
-        received = sum(r.rows_in for r in batch.results)
-        committed = outcome.outcome is Outcome.COMMITTED
-        rows = sum(f.record_count for f in batch.files)
-        watermark = batch.time.watermark_ms if batch.time is not None else None
-        return metrics.CommitMetrics(
-            table=self.table_name,
-            query_id=batch.query_id,
-            sink_id=self.options.sink_id,
-            batch_id=batch.batch_id,
-            outcome=_METRICS_OUTCOME[outcome.outcome],
-            snapshot_id=outcome.snapshot_id if committed else None,
-            sequence_number=outcome.sequence_number,
-            operation=outcome.operation,
-            rows_in=received or rows + letters,
-            rows_written=outcome.rows,
-            dead_letters=letters if committed else 0,
-            data_files=outcome.files,
-            bytes_written=outcome.bytes,
-            commit_duration_ns=int((outcome.commit_ms / 1000 if committed else time.monotonic() - batch.started) * 1e9),
-            attempts=outcome.retries + 1,
-            watermark_lag_ms=int(time.time() * 1000) - watermark if watermark is not None else None,
-            summary=outcome.summary,
-        )
+        """The batch's outcome on this table, settled: logged and its metrics reported (lakesink.driver.committers.outcomes)."""
+        indoubt.clear(self.table_name, batch.query_id, self.options.sink_id, outcome.batch_id)  # the batch is settled now
+        return outcomes.logged(self, outcome, batch)
 
     # --- abort --------------------------------------------------------------------------------------
 
@@ -628,3 +555,36 @@ class TableCommitter(SinkTable):
                 log.warning("lakesink: could not delete %s (%s); an orphan clean-up collects it", path, self.redact(e))
         if paths:
             log.info("lakesink: table=%s deleted %s unreferenced file(s): %s", self.table_name, len(paths), reason)
+
+
+def _new_batch(
+    *,
+    query_id: str,
+    batch_id: int,
+    results: Sequence[TaskResult],
+    source_offsets: str | None,
+    run_id: str | None,
+    changes: pa.Table | None = None,
+    unit: Mapping[str, str] | None = None,
+    batch_time: BatchTime | None = None,
+) -> Batch:
+    """The batch's commit call; with option upsert-key, ``changes`` (every key the batch changes: foreach_batch's
+    resolution), else the keys the tasks resolved merged (format("lakesink"), a routed table; a key of two tasks is an
+    error). A batch that changes no key carries none."""
+    if changes is None and any(r.changes for r in results):
+        changes = upsert_task.merge([r.changes for r in results if r.changes], batch_id=batch_id)
+    return Batch.new(
+        query_id=query_id,
+        batch_id=batch_id,
+        results=results,
+        source_offsets=source_offsets,
+        run_id=run_id,
+        changes=changes if changes is not None and changes.num_rows else None,
+        unit=unit,
+        batch_time=batch_time,
+    )
+
+
+def _found(results: Sequence[TaskResult], found_at_plan: bool) -> bool:
+    """Found committed when the batch was planned (foreach_batch), or by every task (format("lakesink"))."""
+    return found_at_plan or bool(results and all(r.replay_skipped for r in results))
