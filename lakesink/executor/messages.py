@@ -17,6 +17,7 @@ from pyiceberg.schema import Schema
 from pyspark.sql.datasource import WriterCommitMessage
 
 from lakesink.executor.upsert_task import UpsertSpec
+from lakesink.table import names
 from lakesink.table.settings import TableSettings
 
 
@@ -25,6 +26,29 @@ def schema_digest(schema: Schema) -> str:
     digest write and read Parquet files identically."""
     canonical = Schema(*schema.fields, identifier_field_ids=schema.identifier_field_ids, schema_id=0).model_dump_json()
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class TaskIds:
+    """Who writes: one attempt of one task of one batch of a query (and the query's run). Every task writer (one table,
+    routed, staged) takes it; it names the task's files (lakesink.table.names) and stands in its results."""
+
+    query_id: str
+    batch_id: int
+    partition_id: int
+    task_attempt_id: int
+    run_id: str | None = None
+
+    def data_file_name(self, *, token: str, counter: int) -> str:
+        """The name of the ``counter``-th data file of this task's writer ``token``."""
+        return names.data_file_name(
+            query_id=self.query_id,
+            batch_id=self.batch_id,
+            partition_id=self.partition_id,
+            task_attempt_id=self.task_attempt_id,
+            token=token,
+            counter=counter,
+        )
 
 
 @dataclass(frozen=True)

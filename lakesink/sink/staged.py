@@ -37,7 +37,7 @@ from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.routed_tables import staging_root
 from lakesink.errors import InvalidOptionError
 from lakesink.executor import payload
-from lakesink.executor.messages import WritePlan
+from lakesink.executor.messages import TaskIds, WritePlan
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.executor.staged import STAGED_ROWS_FOLDER, StagedPlan, StagedTaskResult, read_staged
 from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, SinkOptions
@@ -149,7 +149,9 @@ class StagedCommitter:
     ) -> RoutedTaskResult:
         """The tables' files written from the staged rows, by one routed task writer for the whole batch."""
         plan = self.routed.routed_plan(plans, query_id, template=False, deletes_computed=True)
-        writer = RoutedTaskWriter(plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id)
+        writer = RoutedTaskWriter(
+            plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id)
+        )
         return writer.write(self._rows(results, cut))
 
     def _rows(self, results: Sequence[StagedTaskResult], cut: Mapping[str, Decimal]) -> Iterator[pa.RecordBatch]:

@@ -47,7 +47,7 @@ from lakesink.errors import (
     TableIdentityChangedError,
     TooManyRejectedError,
 )
-from lakesink.executor.messages import TaskResult, WritePlan, schema_digest
+from lakesink.executor.messages import TaskIds, TaskResult, WritePlan, schema_digest
 from lakesink.executor.routed_writer import (
     RoutedTaskResult,
     conform_to_table,
@@ -448,7 +448,7 @@ class RoutedCommitter(RoutedTables):
                 batch_id,
             )
         writer = TaskWriter(
-            plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0
+            plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0)
         )  # a new token: unique names
         old = [f.path for r in results for f in r.files]
         io = load_file_io(dict(self.catalog.properties), old[0] if old else None)
