@@ -161,6 +161,13 @@ class TaskResult(WriterCommitMessage):
     """When the task began writing its files (ms since the epoch, the executor's clock): a commit never uses files
     older than lakesink.table.names.COMMIT_DEADLINE_MS (the orphan clean-up keeps files in flight only so long)."""
 
+    @classmethod
+    def of_task(cls, ids: TaskIds, *, schema_id: int, spec_id: int, **more: Any) -> TaskResult:
+        """The result of task ``ids`` for a table's schema and spec (``more``: the other fields)."""
+        return cls(
+            ids.query_id, ids.batch_id, ids.partition_id, ids.task_attempt_id, schema_id, spec_id, run_id=ids.run_id, **more
+        )
+
     @property
     def record_count(self) -> int:
         return sum(f.record_count for f in self.files)

@@ -414,14 +414,10 @@ class RoutedTaskWriter:
             return None
         plan = self._plan.row_checks
         assert plan is not None
-        return TaskResult(
-            query_id=self._ids.query_id,
-            batch_id=self._ids.batch_id,
-            partition_id=self._ids.partition_id,
-            task_attempt_id=self._ids.task_attempt_id,
+        return TaskResult.of_task(
+            self._ids,
             schema_id=plan.dead_letters.schema_id,
             spec_id=plan.dead_letters.spec_id,
-            run_id=self._ids.run_id,
             dead_letters=self._invalid_letters,
             rows_in=sorter.rows_in,
             rejected=sorter.rejected,
@@ -461,16 +457,12 @@ class RoutedTaskWriter:
             max((w for w, _ in self._writers.values()), key=lambda w: w.buffered_bytes).flush_largest()
 
     def _skipped_result(self, plan: WritePlan) -> TaskResult:
-        return TaskResult(
-            query_id=self._ids.query_id,
-            batch_id=self._ids.batch_id,
-            partition_id=self._ids.partition_id,
-            task_attempt_id=self._ids.task_attempt_id,
+        return TaskResult.of_task(
+            self._ids,
             schema_id=plan.schema_id,
             spec_id=plan.spec_id,
             replay_skipped=True,
             table_uuid=plan.table_uuid or None,
-            run_id=self._ids.run_id,
             written_schema=plan.schema_digest,
         )
 

@@ -233,17 +233,13 @@ class TaskWriter:
         return self._result(replay_skipped=True)
 
     def _result(self, *, replay_skipped: bool) -> TaskResult:
-        return TaskResult(
-            query_id=self._ids.query_id,
-            batch_id=self._ids.batch_id,
-            partition_id=self._ids.partition_id,
-            task_attempt_id=self._ids.task_attempt_id,
+        return TaskResult.of_task(
+            self._ids,
             schema_id=self._plan.schema_id,
             spec_id=self._plan.spec_id,
             files=tuple(self._files),
             replay_skipped=replay_skipped,
             table_uuid=self._plan.table_uuid,
-            run_id=self._ids.run_id,
             written_schema=self._plan.schema_digest,
             schema_changes=self._plan.schema_changes,
             changes=self._changes,

@@ -352,16 +352,8 @@ class RoutedCommitter(RoutedTables):
         for name in tables:
             c = self.committer(name)
             table = c.load_patiently(batch_id)
-            action = c.unit_action(
-                table,
-                query_id=query_id,
-                batch_id=batch_id,
-                results=(),
-                source_offsets=source_offsets,
-                run_id=run_id,
-                unit={},
-                found_at_plan=found_at_plan,
-                batch_time=batch_time,
+            action = c.action_without_files(
+                table, query_id, batch_id, source_offsets, run_id, found_at_plan=found_at_plan, batch_time=batch_time
             )
             actions.append((c, action))
         return self._run(actions, query_id, batch_id, tables if found_at_plan else None)

@@ -49,7 +49,6 @@ from lakesink.errors import (
     DuplicateSinkError,
     LakesinkError,
 )
-from lakesink.executor import upsert_task
 from lakesink.executor.messages import RowChecks, TaskResult, WritePlan, schema_digest
 from lakesink.faults import DRIVER_IN_ABORT, fault_point
 from lakesink.options import OutputMode, SinkOptions
@@ -223,7 +222,7 @@ class TableCommitter(SinkTable):
         was planned (``found_at_plan``, foreach_batch) or by every task (a replay completing the others), a replay
         that must still be there. With option ``upsert-key`` the tasks resolved their rows of the table and returned
         the keys they change: the batch is this table's :class:`UpsertBatch`, the very action of a table of its own."""
-        batch = _new_batch(
+        batch = Batch.new(
             query_id=query_id,
             batch_id=batch_id,
             results=results,
@@ -233,6 +232,31 @@ class TableCommitter(SinkTable):
             batch_time=batch_time,
         )
         return action_for(self, table, batch, found_at_plan=_found(results, found_at_plan), truncate=truncate)
+
+    def action_without_files(
+        self,
+        table: Table,
+        query_id: str,
+        batch_id: int,
+        source_offsets: str | None,
+        run_id: str | None,
+        *,
+        found_at_plan: bool,
+        batch_time: BatchTime | None = None,
+    ) -> BatchAction:
+        """:meth:`unit_action` of a table the batch wrote no file to: it holds the batch already (``found_at_plan``),
+        or the batch is empty there (its marker moves)."""
+        return self.unit_action(
+            table,
+            query_id=query_id,
+            batch_id=batch_id,
+            results=(),
+            source_offsets=source_offsets,
+            run_id=run_id,
+            unit={},
+            found_at_plan=found_at_plan,
+            batch_time=batch_time,
+        )
 
     def unit_outcome(self, action: CommitAction, result: swap.SwapResult) -> BatchOutcome:
         """What this table's action of a batch of several tables came to (a replay checked, its files deleted)."""
@@ -274,7 +298,7 @@ class TableCommitter(SinkTable):
         batch_time: BatchTime | None = None,
         batch_rows: int | None = None,
     ) -> BatchOutcome:
-        batch = _new_batch(
+        batch = Batch.new(
             query_id=query_id,
             batch_id=batch_id,
             results=results,
@@ -555,34 +579,6 @@ class TableCommitter(SinkTable):
                 log.warning("lakesink: could not delete %s (%s); an orphan clean-up collects it", path, self.redact(e))
         if paths:
             log.info("lakesink: table=%s deleted %s unreferenced file(s): %s", self.table_name, len(paths), reason)
-
-
-def _new_batch(
-    *,
-    query_id: str,
-    batch_id: int,
-    results: Sequence[TaskResult],
-    source_offsets: str | None,
-    run_id: str | None,
-    changes: pa.Table | None = None,
-    unit: Mapping[str, str] | None = None,
-    batch_time: BatchTime | None = None,
-) -> Batch:
-    """The batch's commit call; with option upsert-key, ``changes`` (every key the batch changes: foreach_batch's
-    resolution), else the keys the tasks resolved merged (format("lakesink"), a routed table; a key of two tasks is an
-    error). A batch that changes no key carries none."""
-    if changes is None and any(r.changes for r in results):
-        changes = upsert_task.merge([r.changes for r in results if r.changes], batch_id=batch_id)
-    return Batch.new(
-        query_id=query_id,
-        batch_id=batch_id,
-        results=results,
-        source_offsets=source_offsets,
-        run_id=run_id,
-        changes=changes if changes is not None and changes.num_rows else None,
-        unit=unit,
-        batch_time=batch_time,
-    )
 
 
 def _found(results: Sequence[TaskResult], found_at_plan: bool) -> bool:
