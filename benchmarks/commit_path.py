@@ -28,6 +28,7 @@ import pyarrow as pa
 from benchmarks.common import catalog_properties, summarise
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import Maintenance, SinkOptions, TableName
@@ -88,7 +89,7 @@ def run(
         expected_last = b - 1 if b else None
         if plan.last_committed_batch != expected_last:
             raise AssertionError(f"batch {b}: replay check read last committed batch {plan.last_committed_batch}")
-        writer = TaskWriter(plan, query_id=QUERY_ID, batch_id=b, partition_id=0, task_attempt_id=b)
+        writer = TaskWriter(plan, TaskIds(query_id=QUERY_ID, batch_id=b, partition_id=0, task_attempt_id=b))
         result = writer.write([_rows(b * rows_per_batch, rows_per_batch)])
         c2, t2 = time.process_time(), time.perf_counter()
         outcome = committer.commit_batch(query_id=QUERY_ID, batch_id=b, results=[result], source_offsets=f'[{{"n":{b}}}]')

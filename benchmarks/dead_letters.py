@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from lakesink.driver.committers.table import TableCommitter
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName
 
@@ -51,7 +52,7 @@ def _cpu(committer: TableCommitter, batches: list[pa.RecordBatch], **checks: Any
     best = float("inf")
     for attempt in range(3):
         started = time.process_time()
-        TaskWriter(plan, query_id="bench", batch_id=attempt, partition_id=0, task_attempt_id=attempt).write(batches)
+        TaskWriter(plan, TaskIds(query_id="bench", batch_id=attempt, partition_id=0, task_attempt_id=attempt)).write(batches)
         best = min(best, time.process_time() - started)
     return best
 

@@ -27,6 +27,7 @@ from benchmarks.common import catalog_properties, summarise
 from lakesink._pyiceberg import io as seam
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.maintenance import compaction, expiry
 from lakesink.maintenance.auto import auto_maintenance
@@ -79,7 +80,7 @@ def run(
     for b in range(batches):
         table = committer.reload_table()
         plan = committer.write_plan(table, QUERY_ID)
-        writer = TaskWriter(plan, query_id=QUERY_ID, batch_id=b, partition_id=0, task_attempt_id=b)
+        writer = TaskWriter(plan, TaskIds(query_id=QUERY_ID, batch_id=b, partition_id=0, task_attempt_id=b))
         result = writer.write([_rows(b * rows_per_batch, rows_per_batch)])
         t0, c0 = time.perf_counter(), time.process_time()
         outcome = committer.commit_batch(query_id=QUERY_ID, batch_id=b, results=[result], source_offsets=f'[{{"n":{b}}}]')

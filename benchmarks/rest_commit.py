@@ -22,6 +22,7 @@ from typing import Any
 
 from benchmarks.commit_latency import percentiles, trend
 from benchmarks.common import machine
+from lakesink.executor.messages import TaskIds
 
 QUERY = "55555555-eeee-4000-8000-000000000005"
 
@@ -48,7 +49,7 @@ def _run(props: dict[str, str], namespace: str, batches: int, interval: float, p
     next_tick = time.monotonic()
     for b in range(batches + 1):
         plan = sink.write_plan(sink.reload_table(), QUERY)
-        result = TaskWriter(plan, query_id=QUERY, batch_id=b, partition_id=0, task_attempt_id=0).write(
+        result = TaskWriter(plan, TaskIds(query_id=QUERY, batch_id=b, partition_id=0, task_attempt_id=0)).write(
             arrow_rows([b]).to_batches()
         )
         if proxy is not None:

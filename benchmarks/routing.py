@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from benchmarks.commit_latency import percentiles
 from benchmarks.common import machine
+from lakesink.executor.messages import TaskIds
 
 QUERY = "66666666-eeee-4000-8000-000000000006"
 SCHEMA = pa.schema([("id", pa.int64()), ("user", pa.string()), ("route", pa.string())])
@@ -66,7 +67,7 @@ def run_tables(root: Path, tables: int, batches: int, rows_per_table: int) -> di
             {"id": ids, "user": [f"u{i % 7}" for i in ids], "route": [names[i % tables] for i in ids]}, schema=SCHEMA
         )
         plan = rc.routed_plan(rc.plans(rc.routes(names, b), QUERY), QUERY, template=False)
-        result = RoutedTaskWriter(plan, query_id=QUERY, batch_id=b, partition_id=0, task_attempt_id=0).write([batch])
+        result = RoutedTaskWriter(plan, TaskIds(query_id=QUERY, batch_id=b, partition_id=0, task_attempt_id=0)).write([batch])
         counts.clear()
         started = time.perf_counter()
         rc.commit_batch(query_id=QUERY, batch_id=b, results=[result], source_offsets=f'[{{"logOffset":{b}}}]')

@@ -41,6 +41,7 @@ import pyarrow as pa
 
 from benchmarks.commit_latency import percentiles
 from benchmarks.common import machine
+from lakesink.executor.messages import TaskIds
 
 QUERY = "77777777-eeee-4000-8000-000000000007"
 SCHEMA = pa.schema([("id", pa.int64()), ("user", pa.string()), ("route", pa.string())])
@@ -128,7 +129,7 @@ def run_mode(
             sent.setdefault(route, Counter())[i] += 1
         batch = pa.RecordBatch.from_pydict({"id": ids, "user": [f"u{i % 7}" for i in ids], "route": routes}, schema=SCHEMA)
         plan = rc.routed_plan(rc.plans(rc.routes(group, b), QUERY), QUERY, template=False)
-        result = RoutedTaskWriter(plan, query_id=QUERY, batch_id=b, partition_id=0, task_attempt_id=0).write([batch])
+        result = RoutedTaskWriter(plan, TaskIds(query_id=QUERY, batch_id=b, partition_id=0, task_attempt_id=0)).write([batch])
         t0 = time.perf_counter()
         rc.commit_batch(query_id=QUERY, batch_id=b, results=[result], source_offsets=f'[{{"logOffset":{b}}}]')
         commit_ms = (time.perf_counter() - t0) * 1000

@@ -28,6 +28,7 @@ from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
 from lakesink.driver.committers.table import TableCommitter
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import SinkOptions, TableName
@@ -161,7 +162,7 @@ def _lakesink_batch(committer: TableCommitter, batch_id: int, data: pa.Table) ->
     def apply() -> Any:
         table = committer.reload_table()
         plan = committer.write_plan(table, QUERY)
-        writer = TaskWriter(plan, query_id=QUERY, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id)
+        writer = TaskWriter(plan, TaskIds(query_id=QUERY, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id))
         result = writer.write(data.to_batches())
         keys = pa.table({"id": data.column("id"), DELETED: pa.array([False] * data.num_rows)})
         return committer.commit_batch(query_id=QUERY, batch_id=batch_id, results=[result], source_offsets=None, changes=keys)

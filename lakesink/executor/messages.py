@@ -17,6 +17,7 @@ from pyiceberg.schema import Schema
 from pyspark.sql.datasource import WriterCommitMessage
 
 from lakesink.executor.upsert_task import UpsertSpec
+from lakesink.table import names
 from lakesink.table.settings import TableSettings
 
 
@@ -25,6 +26,29 @@ def schema_digest(schema: Schema) -> str:
     digest write and read Parquet files identically."""
     canonical = Schema(*schema.fields, identifier_field_ids=schema.identifier_field_ids, schema_id=0).model_dump_json()
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class TaskIds:
+    """Who writes: one attempt of one task of one batch of a query (and the query's run). Every task writer (one table,
+    routed, staged) takes it; it names the task's files (lakesink.table.names) and stands in its results."""
+
+    query_id: str
+    batch_id: int
+    partition_id: int
+    task_attempt_id: int
+    run_id: str | None = None
+
+    def data_file_name(self, *, token: str, counter: int) -> str:
+        """The name of the ``counter``-th data file of this task's writer ``token``."""
+        return names.data_file_name(
+            query_id=self.query_id,
+            batch_id=self.batch_id,
+            partition_id=self.partition_id,
+            task_attempt_id=self.task_attempt_id,
+            token=token,
+            counter=counter,
+        )
 
 
 @dataclass(frozen=True)
@@ -136,6 +160,13 @@ class TaskResult(WriterCommitMessage):
     written_since_ms: int | None = None
     """When the task began writing its files (ms since the epoch, the executor's clock): a commit never uses files
     older than lakesink.table.names.COMMIT_DEADLINE_MS (the orphan clean-up keeps files in flight only so long)."""
+
+    @classmethod
+    def of_task(cls, ids: TaskIds, *, schema_id: int, spec_id: int, **more: Any) -> TaskResult:
+        """The result of task ``ids`` for a table's schema and spec (``more``: the other fields)."""
+        return cls(
+            ids.query_id, ids.batch_id, ids.partition_id, ids.task_attempt_id, schema_id, spec_id, run_id=ids.run_id, **more
+        )
 
     @property
     def record_count(self) -> int:

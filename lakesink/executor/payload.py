@@ -96,8 +96,10 @@ def unify(a: pa.DataType | None, b: pa.DataType | None, path: str) -> pa.DataTyp
     raise PayloadTypeError(f"payload field {path!r} holds values of two JSON types that no one column holds: {a} and {b}")
 
 
-def columns_of(objects: Iterable[object], table: str) -> dict[str, pa.DataType | None]:
-    """Each field of a table's payload objects, in first-seen order, with its type (None: no value had one)."""
+def columns_of(objects: Iterable[object], table: str, *, lenient: bool = False) -> dict[str, pa.DataType | None]:
+    """Each field of a table's payload objects, in first-seen order, with its type (None: no value had one).
+    ``lenient`` (option dead-letter-table): :func:`lenient_unify`, a field of several JSON types, or an integer beyond
+    a long, is a string; a payload that is no JSON object still fails: it has no fields to cast."""
     out: dict[str, pa.DataType | None] = {}
     for obj in objects:
         if obj is None:
@@ -105,6 +107,13 @@ def columns_of(objects: Iterable[object], table: str) -> dict[str, pa.DataType |
         if not isinstance(obj, dict):
             raise PayloadTypeError(f"a payload of table {table} is a JSON {_kind(obj)}, not an object of the row's columns")
         for name, value in obj.items():
+            if lenient:
+                try:
+                    t = value_type(value, name)
+                except PayloadTypeError:
+                    t = pa.string()
+                out[name] = lenient_unify(out.get(name), t, name)
+                continue
             try:
                 out[name] = unify(out.get(name), value_type(value, name), name)
             except PayloadTypeError as e:
@@ -229,7 +238,7 @@ class PayloadInference:
                             have[n] = self._unify(have.get(n), t, f"{name}.{n}")
                         untyped.append({n: v for n, v in obj.items() if n not in types} if isinstance(obj, dict) else obj)
                     objects = untyped
-                for n, t in (lenient_columns(objects, name) if self.lenient else columns_of(objects, name)).items():
+                for n, t in columns_of(objects, name, lenient=self.lenient).items():
                     have[n] = self._unify(have.get(n), t, f"{name}.{n}")
                 more = extra.setdefault(r, Found())
                 if self.key_column is not None:
@@ -254,24 +263,6 @@ def lenient_unify(a: pa.DataType | None, b: pa.DataType | None, path: str) -> pa
         return unify(a, b, path)
     except PayloadTypeError:
         return pa.string()
-
-
-def lenient_columns(objects: Iterable[object], table: str) -> dict[str, pa.DataType | None]:
-    """:func:`columns_of` with :func:`lenient_unify` (a field of several JSON types, or an integer beyond a long: a
-    string; a payload that is no JSON object still fails: it has no fields to cast)."""
-    out: dict[str, pa.DataType | None] = {}
-    for obj in objects:
-        if obj is None:
-            continue
-        if not isinstance(obj, dict):
-            raise PayloadTypeError(f"a payload of table {table} is a JSON {_kind(obj)}, not an object of the row's columns")
-        for name, value in obj.items():
-            try:
-                t = value_type(value, name)
-            except PayloadTypeError:
-                t = pa.string()
-            out[name] = lenient_unify(out.get(name), t, name)
-    return out
 
 
 def merge_columns(parts: Sequence[dict[str, pa.DataType | None]], table: str, lenient: bool = False) -> pa.Schema:
@@ -300,11 +291,17 @@ def expand(
     a payload field the table lacks must be null (else an error naming the table and the field: option merge-schema
     adds the column). ``schema_column``: each row's Kafka Connect schema, whose types decode its fields first
     (lakesink.cdc.connect)."""
+    objects = _payloads(rows, payload_column, table, schema_column)
+    return _expand_objects(objects, rows, target, table, keep)
+
+
+def _payloads(rows: pa.RecordBatch, payload_column: str, table: str, schema_column: str | None) -> list[object]:
+    """The rows' payloads parsed, each decoded by its record's Kafka Connect schema (``schema_column``) when it has one."""
     objects = parse(rows.column(payload_column), table, payload_column)
     if schema_column is not None and schema_column in rows.schema.names:
         schemas = rows.column(schema_column).to_pylist()
         objects = [connect.decode_row(obj, schema)[0] for obj, schema in zip(objects, schemas, strict=True)]
-    return _expand_objects(objects, rows, target, table, keep)
+    return objects
 
 
 def _column(values: list[object], field: pa.Field, table: str) -> pa.Array:
@@ -373,10 +370,7 @@ def expand_fitting(
     :class:`Misfit` per other row (its first value that does not fit), taken out. A deleted row (``deleted_column``
     true: it is not written, only its ``key`` is read) is a misfit only by a key column; its other values are left
     null. The other errors of :func:`expand` (a payload that is no JSON object, a field the table lacks) stay errors."""
-    objects = parse(rows.column(payload_column), table, payload_column)
-    if schema_column is not None and schema_column in rows.schema.names:
-        schemas = rows.column(schema_column).to_pylist()
-        objects = [connect.decode_row(obj, schema)[0] for obj, schema in zip(objects, schemas, strict=True)]
+    objects = _payloads(rows, payload_column, table, schema_column)
     deleted = rows.column(deleted_column).to_pylist() if deleted_column and deleted_column in rows.schema.names else None
     misfits: dict[int, Misfit] = {}
     for f in target:

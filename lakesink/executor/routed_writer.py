@@ -34,7 +34,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink.errors import RoutingError, SchemaMismatchError
 from lakesink.executor import payload
 from lakesink.executor.dead_letters import RowSorter
-from lakesink.executor.messages import RowChecks, TaskResult, WritePlan
+from lakesink.executor.messages import RowChecks, TaskIds, TaskResult, WritePlan
 from lakesink.executor.row_digest import RowsDigest, digest
 from lakesink.executor.task_writer import TaskWriter, task_result_batch, utc_schema
 from lakesink.executor.upsert_task import UpsertSpec, deleted_flags
@@ -255,19 +255,10 @@ class RoutedTaskWriter:
     def __init__(
         self,
         plan: RoutedPlan,
-        *,
-        query_id: str,
-        batch_id: int,
-        partition_id: int,
-        task_attempt_id: int,
-        run_id: str | None = None,
+        ids: TaskIds,
     ):
         self._plan = plan
-        self._query_id = query_id
-        self._batch_id = batch_id
-        self._partition_id = partition_id
-        self._task_attempt_id = task_attempt_id
-        self._run_id = run_id
+        self._ids = ids
         self._writers: dict[str, tuple[TaskWriter, bool]] = {}
         self._skipped: dict[str, WritePlan] = {}
         self._digests: dict[str, RowsDigest] = {}
@@ -283,7 +274,7 @@ class RoutedTaskWriter:
         self._invalid_letters: TaskResult | None = None
         if plan.row_checks is not None:
             self._invalid = RowSorter(
-                plan.row_checks, table="", query_id=query_id, batch_id=batch_id, project=_no_projection, table_schema=None
+                plan.row_checks, table="", query_id=ids.query_id, batch_id=ids.batch_id, project=_no_projection, table_schema=None
             )
 
     def write(self, batches: Iterable[pa.RecordBatch]) -> RoutedTaskResult:
@@ -307,7 +298,7 @@ class RoutedTaskWriter:
                         if self._plan.payload is not None:
                             conformed = self._from_payload(rows, writer.plan, value)
                         else:
-                            conformed = conform_to_table(rows, writer.plan, self._batch_id)
+                            conformed = conform_to_table(rows, writer.plan, self._ids.batch_id)
                         conformed = _with_deletes(conformed, writer.plan)
                         writer.put(writer.sort(conformed, {self._plan.column: value}))
                 budget = budget or min((w.plan.settings.row_group_bytes for w, _ in self._writers.values()), default=None)
@@ -335,7 +326,12 @@ class RoutedTaskWriter:
             for name, plan in self._skipped.items()
         ]
         return RoutedTaskResult(
-            self._query_id, self._batch_id, self._partition_id, self._run_id, tuple(tables), self._invalid_result()
+            self._ids.query_id,
+            self._ids.batch_id,
+            self._ids.partition_id,
+            self._ids.run_id,
+            tuple(tables),
+            self._invalid_result(),
         )
 
     def _route(self, value: object) -> Route | InvalidRoute:
@@ -395,7 +391,7 @@ class RoutedTaskWriter:
         """Rows whose routing value names no valid table: dead letters (option dead-letter-table), else RoutingError."""
         if self._invalid is None:
             plan = self._plan
-            route_of(value, plan.namespace, plan.column, self._batch_id, plan.allowed_namespaces)  # raises RoutingError
+            route_of(value, plan.namespace, plan.column, self._ids.batch_id, plan.allowed_namespaces)  # raises RoutingError
             raise AssertionError("unreachable: an invalid route")
         if isinstance(value, bytes):  # not UTF-8: the row keeps the value's exact bytes (its JSON escapes them)
             column = pa.array([value] * rows.num_rows, pa.binary()).view(pa.string())
@@ -411,14 +407,7 @@ class RoutedTaskWriter:
 
     def _write_invalid_routes(self) -> None:
         if self._invalid is not None and self._invalid.letters and self._plan.row_checks is not None:
-            self._invalid_letters = TaskWriter(
-                self._plan.row_checks.dead_letters,
-                query_id=self._query_id,
-                batch_id=self._batch_id,
-                partition_id=self._partition_id,
-                task_attempt_id=self._task_attempt_id,
-                run_id=self._run_id,
-            ).write(self._invalid.letters)
+            self._invalid_letters = TaskWriter(self._plan.row_checks.dead_letters, self._ids).write(self._invalid.letters)
 
     def _invalid_result(self) -> TaskResult | None:
         sorter = self._invalid
@@ -426,14 +415,10 @@ class RoutedTaskWriter:
             return None
         plan = self._plan.row_checks
         assert plan is not None
-        return TaskResult(
-            query_id=self._query_id,
-            batch_id=self._batch_id,
-            partition_id=self._partition_id,
-            task_attempt_id=self._task_attempt_id,
+        return TaskResult.of_task(
+            self._ids,
             schema_id=plan.dead_letters.schema_id,
             spec_id=plan.dead_letters.spec_id,
-            run_id=self._run_id,
             dead_letters=self._invalid_letters,
             rows_in=sorter.rows_in,
             rejected=sorter.rejected,
@@ -447,7 +432,7 @@ class RoutedTaskWriter:
         found = self._writers.get(name)
         if found is not None:
             return found[0]
-        plan = self._plan.plan_for(route, self._batch_id)
+        plan = self._plan.plan_for(route, self._ids.batch_id)
         if self._plan.upsert is not None:
             upsert = self._plan.upsert
             if name in self._plan.keys:
@@ -461,18 +446,11 @@ class RoutedTaskWriter:
         if self._rejects is not None:
             plan = StreamRejects.reading_the_column(plan)
         last = plan.last_committed_batch
-        if last is not None and self._batch_id <= last:
+        if last is not None and self._ids.batch_id <= last:
             # this table holds the batch already (a replay completing the tables a crash left without it)
             self._skipped[name] = plan
             return None
-        writer = TaskWriter(
-            plan,
-            query_id=self._query_id,
-            batch_id=self._batch_id,
-            partition_id=self._partition_id,
-            task_attempt_id=self._task_attempt_id,
-            run_id=self._run_id,
-        )
+        writer = TaskWriter(plan, self._ids)
         self._writers[name] = (writer, name not in self._plan.plans)
         return writer
 
@@ -482,16 +460,12 @@ class RoutedTaskWriter:
             max((w for w, _ in self._writers.values()), key=lambda w: w.buffered_bytes).flush_largest()
 
     def _skipped_result(self, plan: WritePlan) -> TaskResult:
-        return TaskResult(
-            query_id=self._query_id,
-            batch_id=self._batch_id,
-            partition_id=self._partition_id,
-            task_attempt_id=self._task_attempt_id,
+        return TaskResult.of_task(
+            self._ids,
             schema_id=plan.schema_id,
             spec_id=plan.spec_id,
             replay_skipped=True,
             table_uuid=plan.table_uuid or None,
-            run_id=self._run_id,
             written_schema=plan.schema_digest,
         )
 

@@ -32,6 +32,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from lakesink.cdc import envelope
 from lakesink.executor import payload
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.upsert_task import deleted_flags
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.table import names, storage
@@ -91,15 +92,9 @@ class StagedTaskResult(WriterCommitMessage):
 class StagedTaskWriter:
     """One task of a format("lakesink") batch with option payload: its rows parsed, inferred and staged."""
 
-    def __init__(
-        self, plan: StagedPlan, *, query_id: str, batch_id: int, partition_id: int, task_attempt_id: int, run_id: str | None
-    ):
+    def __init__(self, plan: StagedPlan, ids: TaskIds):
         self._plan = plan
-        self._query_id = query_id
-        self._batch_id = batch_id
-        self._partition_id = partition_id
-        self._task_attempt_id = task_attempt_id
-        self._run_id = run_id
+        self._ids = ids
 
     def _prepared(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         plan = self._plan
@@ -114,11 +109,11 @@ class StagedTaskWriter:
         return batch
 
     def write(self, batches: Iterator[pa.RecordBatch]) -> StagedTaskResult:
-        plan = self._plan
+        plan, ids = self._plan, self._ids
         fault_point(EXECUTOR_BEFORE_WRITE)
         prepared = [b for b in (self._prepared(b) for b in batches if b.num_rows) if b.num_rows]
         if not prepared:
-            return StagedTaskResult(self._query_id, self._batch_id, self._partition_id, self._run_id)
+            return StagedTaskResult(ids.query_id, ids.batch_id, ids.partition_id, ids.run_id)
         inference = payload.PayloadInference(
             plan.route_column, plan.payload_column, plan.key_column, plan.truncate_columns, plan.schema_column
         )
@@ -129,14 +124,7 @@ class StagedTaskWriter:
                 columns[raw] = pickle.loads(cols)
                 found[raw] = pickle.loads(more)
         rows = pa.Table.from_batches(prepared).select(plan.staged_columns())
-        name = names.data_file_name(
-            query_id=self._query_id,
-            batch_id=self._batch_id,
-            partition_id=self._partition_id,
-            task_attempt_id=self._task_attempt_id,
-            token=names.new_token(),
-            counter=0,
-        )
+        name = self._ids.data_file_name(token=names.new_token(), counter=0)
         path = f"{plan.root.rstrip('/')}/{name}"
         try:
             with plan.io.new_output(path).create(overwrite=True) as stream:
@@ -146,7 +134,7 @@ class StagedTaskWriter:
             storage.delete_file(plan.io, path)
             raise
         return StagedTaskResult(
-            self._query_id, self._batch_id, self._partition_id, self._run_id, path, rows.num_rows, columns, found
+            ids.query_id, ids.batch_id, ids.partition_id, ids.run_id, path, rows.num_rows, columns, found
         )
 
 

@@ -18,7 +18,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
 from lakesink.errors import LakesinkError
-from lakesink.executor.messages import WritePlan
+from lakesink.executor.messages import TaskIds, WritePlan
 from lakesink.executor.routed_writer import RoutedPlan, RoutedTaskWriter
 from lakesink.executor.staged import StagedPlan, StagedTaskWriter
 from lakesink.executor.task_writer import TaskWriter
@@ -60,32 +60,14 @@ class LakesinkStreamWriter(DataSourceStreamArrowWriter):
         batch_id = ctx.getLocalProperty(BATCH_ID_PROPERTY)
         if query_id is None or batch_id is None:
             raise LakesinkError("format('lakesink') writes streaming queries only (no query id or batch id in the task)")
-        if isinstance(plan, StagedPlan):
-            return StagedTaskWriter(
-                plan,
-                query_id=query_id,
-                batch_id=int(batch_id),
-                partition_id=ctx.partitionId(),
-                task_attempt_id=ctx.taskAttemptId(),
-                run_id=ctx.getLocalProperty(RUN_ID_PROPERTY) or None,
-            ).write(iterator)
-        if isinstance(plan, RoutedPlan):
-            return RoutedTaskWriter(
-                plan,
-                query_id=query_id,
-                batch_id=int(batch_id),
-                partition_id=ctx.partitionId(),
-                task_attempt_id=ctx.taskAttemptId(),
-                run_id=ctx.getLocalProperty(RUN_ID_PROPERTY) or None,
-            ).write(iterator)
-        writer = TaskWriter(
-            plan,
-            query_id=query_id,
-            batch_id=int(batch_id),
-            partition_id=ctx.partitionId(),
-            task_attempt_id=ctx.taskAttemptId(),
-            run_id=ctx.getLocalProperty(RUN_ID_PROPERTY) or None,
+        ids = TaskIds(
+            query_id, int(batch_id), ctx.partitionId(), ctx.taskAttemptId(), ctx.getLocalProperty(RUN_ID_PROPERTY) or None
         )
+        if isinstance(plan, StagedPlan):
+            return StagedTaskWriter(plan, ids).write(iterator)
+        if isinstance(plan, RoutedPlan):
+            return RoutedTaskWriter(plan, ids).write(iterator)
+        writer = TaskWriter(plan, ids)
         last = plan.last_committed_batch
         if query_id == plan.query_id and last is not None and int(batch_id) <= last:
             return writer.skip_replay(iterator)

@@ -25,7 +25,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError, TableLocationError
 from lakesink.executor import text, upsert_task
 from lakesink.executor.dead_letters import RowSorter
-from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
+from lakesink.executor.messages import TaskIds, TaskResult, WritePlan, WrittenFile
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.table import floats, names, required, storage
 from lakesink.table.keys import DELETED, DICT_SIZE_DEFAULT
@@ -82,19 +82,10 @@ class TaskWriter:
     def __init__(
         self,
         plan: WritePlan,
-        *,
-        query_id: str,
-        batch_id: int,
-        partition_id: int,
-        task_attempt_id: int,
-        run_id: str | None = None,
+        ids: TaskIds,
     ):
         self._plan = plan
-        self._run_id = run_id
-        self._query_id = query_id
-        self._batch_id = batch_id
-        self._partition_id = partition_id
-        self._task_attempt_id = task_attempt_id
+        self._ids = ids
         self._token = names.new_token()
         self._since_ms = names.now_ms()  # before any file: every file of the task is at least this recent
         self._file_schema: Schema = seam.file_schema(plan.schema)
@@ -118,8 +109,8 @@ class TaskWriter:
             self._sorter = RowSorter(
                 plan.row_checks,
                 table=plan.table,
-                query_id=query_id,
-                batch_id=batch_id,
+                query_id=ids.query_id,
+                batch_id=ids.batch_id,
                 project=self._project,
                 table_schema=self._table_arrow,
             )
@@ -147,7 +138,7 @@ class TaskWriter:
                 batches = (self._sorter.sort(b) for b in batches)
             if self._plan.upsert is not None:  # format("lakesink") with upsert-key: one row per key of this task
                 batches, changes = upsert_task.resolve_task(
-                    batches, self._plan.upsert, batch_id=self._batch_id, partition_id=self._partition_id
+                    batches, self._plan.upsert, batch_id=self._ids.batch_id, partition_id=self._ids.partition_id
                 )
                 self._changes = upsert_task.to_ipc(changes)
             for batch in batches:
@@ -192,7 +183,7 @@ class TaskWriter:
         if self._plan.upsert is not None:
             pending, self._pending = self._pending, []
             rows, changes = upsert_task.resolve_task(
-                pending, self._plan.upsert, batch_id=self._batch_id, partition_id=self._partition_id
+                pending, self._plan.upsert, batch_id=self._ids.batch_id, partition_id=self._ids.partition_id
             )
             self._changes = upsert_task.to_ipc(changes)
             for batch in rows:
@@ -205,11 +196,11 @@ class TaskWriter:
         if self._sorter is not None and self._plan.row_checks is not None:
             self._dead_letters = TaskWriter(
                 self._plan.row_checks.dead_letters,
-                query_id=self._query_id,
-                batch_id=self._batch_id,
-                partition_id=self._partition_id,
-                task_attempt_id=self._task_attempt_id,
-                run_id=self._run_id,
+                TaskIds(query_id=self._ids.query_id,
+                batch_id=self._ids.batch_id,
+                partition_id=self._ids.partition_id,
+                task_attempt_id=self._ids.task_attempt_id,
+                run_id=self._ids.run_id),
             ).write(self._sorter.letters)
 
     def close_files(self) -> None:
@@ -236,21 +227,19 @@ class TaskWriter:
         """The batch is already in the table: consume the input, write nothing."""
         for _ in batches:
             pass
-        log.info("lakesink: batch %s of query %s is already committed; task writes nothing", self._batch_id, self._query_id)
+        log.info(
+            "lakesink: batch %s of query %s is already committed; task writes nothing", self._ids.batch_id, self._ids.query_id
+        )
         return self._result(replay_skipped=True)
 
     def _result(self, *, replay_skipped: bool) -> TaskResult:
-        return TaskResult(
-            query_id=self._query_id,
-            batch_id=self._batch_id,
-            partition_id=self._partition_id,
-            task_attempt_id=self._task_attempt_id,
+        return TaskResult.of_task(
+            self._ids,
             schema_id=self._plan.schema_id,
             spec_id=self._plan.spec_id,
             files=tuple(self._files),
             replay_skipped=replay_skipped,
             table_uuid=self._plan.table_uuid,
-            run_id=self._run_id,
             written_schema=self._plan.schema_digest,
             schema_changes=self._plan.schema_changes,
             changes=self._changes,
@@ -294,8 +283,8 @@ class TaskWriter:
         for name, mask in text.not_utf8(batch):
             raise SchemaMismatchError(
                 f"column {name!r} of table {self._plan.table} is a string (UTF-8 text in Iceberg), but batch "
-                f"{self._batch_id} has {int(mask.sum())} row(s) whose value in it holds bytes that are not UTF-8 "
-                f"(partition {self._partition_id}; e.g. a binary or Kafka column cast to string); nothing was committed. "
+                f"{self._ids.batch_id} has {int(mask.sum())} row(s) whose value in it holds bytes that are not UTF-8 "
+                f"(partition {self._ids.partition_id}; e.g. a binary or Kafka column cast to string); nothing was committed. "
                 "Keep such a column binary (an Iceberg binary column), repair the text before the sink (replace or "
                 "drop the bytes that are not UTF-8), or set option dead-letter-table "
                 "(such rows become dead letters of error 'not-utf8')"
@@ -309,7 +298,7 @@ class TaskWriter:
         for nulls in required.violations(projected, self._table_arrow):
             raise SchemaMismatchError(
                 f"column {nulls.path!r} is required (NOT NULL) in table {self._plan.table}, but batch "
-                f"{self._batch_id} has {nulls.count} null value(s) in it (partition {self._partition_id})"
+                f"{self._ids.batch_id} has {nulls.count} null value(s) in it (partition {self._ids.partition_id})"
             )
         return required.as_written(projected, self._table_arrow)
 
@@ -376,14 +365,7 @@ class TaskWriter:
             self._close_file(slot)
 
     def _open_file(self, slot: _OpenFile, first_row_group: pa.Table) -> None:
-        name = names.data_file_name(
-            query_id=self._query_id,
-            batch_id=self._batch_id,
-            partition_id=self._partition_id,
-            task_attempt_id=self._task_attempt_id,
-            token=self._token,
-            counter=self._counter,
-        )
+        name = self._ids.data_file_name(token=self._token, counter=self._counter)
         self._counter += 1
         path = seam.new_data_location(self._plan.location, self._plan.properties, name, slot.path_segment)
         if not path.startswith(self._plan.data_prefix.rstrip("/") + "/"):
@@ -472,18 +454,11 @@ class PartitionWriter:
 def task_result_batch(
     make: Callable[..., Any], what: str, plan: Any, batch_id: int, run_id: str | None, batches: Iterator[pa.RecordBatch]
 ) -> pa.RecordBatch:
-    """One ``mapInArrow`` task: a writer ``make(plan, ...)`` for this Spark task writes ``batches``; its pickled result
+    """One ``mapInArrow`` task: a writer ``make(plan, ids)`` for this Spark task writes ``batches``; its pickled result
     as the task's one output row (``what`` names the mapInArrow function in the error outside a task)."""
     ctx = TaskContext.get()
     if ctx is None:
         raise LakesinkError(f"{what} must run inside a Spark task (df.mapInArrow)")
-    writer = make(
-        plan,
-        query_id=plan.query_id or "",
-        batch_id=batch_id,
-        partition_id=ctx.partitionId(),
-        task_attempt_id=ctx.taskAttemptId(),
-        run_id=run_id,
-    )
+    writer = make(plan, TaskIds(plan.query_id or "", batch_id, ctx.partitionId(), ctx.taskAttemptId(), run_id))
     result = writer.write(batches)
     return pa.record_batch([pa.array([pickle.dumps(result)], pa.binary())], names=["task_result"])

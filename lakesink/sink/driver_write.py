@@ -29,7 +29,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from lakesink.driver.tables.schema import chars_as_strings, nullable_everywhere
-from lakesink.executor.messages import TaskResult, WritePlan
+from lakesink.executor.messages import TaskIds, TaskResult, WritePlan
 from lakesink.executor.task_writer import TaskWriter
 
 log = logging.getLogger("lakesink")
@@ -72,5 +72,7 @@ def write_batch(rows: pa.Table, plan: WritePlan, *, batch_id: int, run_id: str |
     """Write the collected rows as the table's data files (one writer, on the driver); nothing is committed.
 
     On any failure the files written so far are deleted before the error propagates (TaskWriter)."""
-    writer = TaskWriter(plan, query_id=plan.query_id or "", batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id)
+    writer = TaskWriter(
+        plan, TaskIds(query_id=plan.query_id or "", batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id)
+    )
     return writer.write(rows.to_batches())

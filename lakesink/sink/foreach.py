@@ -16,26 +16,22 @@ import dataclasses
 import logging
 import pickle
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
-from lakesink import _pyspark
 from lakesink.cdc import debezium
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchOutcome
-from lakesink.driver.actions.completeness import BatchTime
-from lakesink.driver.committers.interface import BatchCommitter
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.routed_tables import check_atomic
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.tables.schema import arrow_schema_of
-from lakesink.errors import InvalidOptionError, LakesinkError
+from lakesink.errors import InvalidOptionError
 from lakesink.executor import payload
 from lakesink.executor.messages import WritePlan
 from lakesink.executor.routed_writer import RoutedPartitionWriter, RoutedTaskResult
@@ -52,19 +48,13 @@ from lakesink.sink import (
     truncates,
     upsert_batch,
 )
-from lakesink.sink.checkpoint import not_found_by_a_restart, read_query_id, read_source_offsets
+from lakesink.sink.commit import commit_or_abort, commit_routed
+from lakesink.sink.query import RunningQuery
 from lakesink.table import storage
-from lakesink.table.keys import MAIN_BRANCH, QUERY_ID_PROPERTY, RUN_ID_PROPERTY
+from lakesink.table.keys import MAIN_BRANCH
 from lakesink.table.routes import Route, parse_route, routing_value
 
 log = logging.getLogger("lakesink")
-
-#: Identifies this Python process (the run, under Spark Connect: see ForeachBatchSink._run_id)
-_PROCESS_TOKEN = uuid.uuid4().hex
-
-
-def _is_connect(spark: SparkSession) -> bool:
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def foreach_batch(
@@ -212,27 +202,6 @@ def read_once(df: DataFrame) -> DataFrame:
     return df.persist(StorageLevel.MEMORY_AND_DISK)
 
 
-M = TypeVar("M")
-OutcomeT = TypeVar("OutcomeT")
-
-
-def commit_or_abort(
-    committer: BatchCommitter[M], *, query_id: str, batch_id: int, results: Sequence[M], commit: Callable[[], OutcomeT]
-) -> OutcomeT:
-    """The batch's commit (``commit``: a call of the committer's ``commit_batch`` with what this batch knows, its
-    arguments computed inside it), or, when it raised, what Spark does for a data source whose commit raised: abort
-    with the complete task results (abort settles by reading the table; it never deletes files a committed snapshot
-    references), and the error raised again. foreach_batch's one commit, for one table or many."""
-    try:
-        return commit()
-    except BaseException:
-        try:
-            committer.abort_batch(query_id=query_id, batch_id=batch_id, results=results)
-        except Exception:
-            log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
-        raise
-
-
 class ForeachBatchSink:
     """Callable ``(batch DataFrame, batch id)`` for ``foreachBatch``; options are checked when it is made."""
 
@@ -243,8 +212,7 @@ class ForeachBatchSink:
             check_atomic(catalog, options.routing)  # atomic=required on a catalog that cannot: here, at start
         dead_letters.check_writer(options)
         self._committer: TableCommitter | None = None
-        self._checkpoints: dict[str, str | None] = {}
-        self._checked_queries: set[str] = set()  # queries whose checkpoint was checked (_check_checkpoint)
+        self._query = RunningQuery(options)  # the query's id, run and checkpoint (lakesink.sink.query)
         self._opened: pa.Schema | None = None  # the stream schema the table was opened (fully checked) for
         self._run: str | None = None  # the query run the table was opened for
         self._table_uuid: str | None = None  # the table's uuid when this run opened it
@@ -261,10 +229,7 @@ class ForeachBatchSink:
         """Write and commit one batch; with ``route_by`` the outcome summed over the batch's tables (each table's in
         :attr:`last_routed`)."""
         spark = df.sparkSession
-        query_id = self._query_id(spark)
-        if query_id not in self._checked_queries:
-            self._check_checkpoint(spark, query_id)
-            self._checked_queries.add(query_id)
+        query_id = self._query.query_id(spark)  # its checkpoint checked lasting at the query's first batch
         if self.options.cdc_format is not None:
             df = debezium_changes(df, keep_value=self.options.dead_letter_table is not None)
         if self.options.routing is not None:
@@ -277,7 +242,7 @@ class ForeachBatchSink:
         if self._committer is None:
             self._committer = TableCommitter(self.options, post_commit=auto_maintenance)  # automatic maintenance
         committer = self._committer
-        run_id = self._run_id(spark)
+        run_id = self._query.run_id(spark)
         if run_id != self._run:  # a new run of the query (or the first): open the table afresh
             self._run, self._opened, self._table_uuid, self._last_rows = run_id, None, None, None
         stream_schema = arrow_schema_of(df.schema)
@@ -295,7 +260,7 @@ class ForeachBatchSink:
             return committer.skip_replay(  # a replay records nothing new (its watermark is in the committed batch)
                 query_id=query_id,
                 batch_id=batch_id,
-                source_offsets=self._source_offsets(spark, query_id, batch_id),
+                source_offsets=self._query.source_offsets(spark, query_id, batch_id),
                 run_id=run_id,
                 table_uuid=plan.table_uuid,
             )
@@ -385,11 +350,11 @@ class ForeachBatchSink:
                     query_id=query_id,
                     batch_id=batch_id,
                     results=results,
-                    source_offsets=self._source_offsets(spark, query_id, batch_id),
+                    source_offsets=self._query.source_offsets(spark, query_id, batch_id),
                     run_id=run_id,
                     table_uuid=plan.table_uuid,
                     changes=resolved.keys if resolved is not None else None,
-                    batch_time=self._batch_time(spark, df, query_id, batch_id),
+                    batch_time=self._query.batch_time(spark, df, query_id, batch_id),
                     batch_rows=batch_rows,
                 ),
             )
@@ -404,7 +369,7 @@ class ForeachBatchSink:
         routing = self.options.routing
         assert routing is not None
         spark = df.sparkSession
-        run_id = self._run_id(spark)
+        run_id = self._query.run_id(spark)
         stream_schema = arrow_schema_of(df.schema)
         if self._routed is None or self._opened is None or not self._opened.equals(stream_schema):
             self._routed = RoutedCommitter(self.options, stream_schema, post_commit=auto_maintenance)
@@ -428,19 +393,10 @@ class ForeachBatchSink:
         routes = routed.routes(values, batch_id)  # with dead_letter_table: the valid ones (the others: dead letters)
         plans = routed.plans(routes, query_id)
         planned_ms = (time.perf_counter() - started) * 1000 - found_ms
-        offsets = self._source_offsets(spark, query_id, batch_id)
         invalid = routed.any_invalid(values)  # with dead_letter_table: rows that are dead letters of error invalid-route
-        # a batch some of its tables hold already: decided for the whole batch here, before any file is written
-        routed.check_replay_at_plan(query_id=query_id, batch_id=batch_id, source_offsets=offsets, run_id=run_id)
-        if (
-            routes
-            and not invalid
-            and all(p.last_committed_batch is not None and batch_id <= p.last_committed_batch for p in plans.values())
-        ):
-            # found committed in every table when planned: checked before any file is written
-            return routed.skip_replay(query_id=query_id, batch_id=batch_id, routes=routes, source_offsets=offsets, run_id=run_id)
-        results: list[RoutedTaskResult] = []
-        if routes or invalid:
+
+        def write() -> list[RoutedTaskResult]:
+            nonlocal df
             reject_column = routed.dead_letters is not None and self.options.reject_when is not None
             if reject_column:  # option reject-when: Spark SQL, computed by Spark into the reject column
                 df = dead_letters.with_reject_column(df, self.options)
@@ -462,20 +418,10 @@ class ForeachBatchSink:
                 planned_ms,
                 (time.perf_counter() - written) * 1000,
             )
-        return commit_or_abort(
-            routed,
-            query_id=query_id,
-            batch_id=batch_id,
-            results=results,
-            commit=lambda: routed.commit_batch(
-                query_id=query_id,
-                batch_id=batch_id,
-                results=results,
-                source_offsets=offsets,
-                run_id=run_id,
-                batch_time=self._batch_time(spark, df, query_id, batch_id),
-            ),
-        )
+            return results
+
+        # rows of invalid routes only (invalid): written all the same (dead letters); df read when committing (see write)
+        return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write, invalid=invalid)
 
     def _routed_spark_batch(
         self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None
@@ -494,12 +440,10 @@ class ForeachBatchSink:
                 raise InvalidOptionError(
                     f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'"
                 )
-        offsets = self._source_offsets(spark, query_id, batch_id)
-        routed.check_replay_at_plan(query_id=query_id, batch_id=batch_id, source_offsets=offsets, run_id=run_id)
-        if routes and all(p.last_committed_batch is not None and batch_id <= p.last_committed_batch for p in plans.values()):
-            return routed.skip_replay(query_id=query_id, batch_id=batch_id, routes=routes, source_offsets=offsets, run_id=run_id)
         written: spark_routed.RoutedSparkWrite | None = None
-        if routes:
+
+        def write() -> list[RoutedTaskResult]:
+            nonlocal written
             targets = [p.settings.target_file_size for p in plans.values()]
             written = spark_routed.write_routed(
                 df,
@@ -525,25 +469,42 @@ class ForeachBatchSink:
             )
             if written.record_count:
                 self._bytes_per_row = written.size_in_bytes / written.record_count
-        results = [written.result] if written is not None else []
+            return [written.result]
+
         try:
-            return routed.commit_batch(
-                query_id=query_id,
-                batch_id=batch_id,
-                results=results,
-                source_offsets=offsets,
-                run_id=run_id,
-                batch_time=self._batch_time(spark, df, query_id, batch_id),
-            )
-        except BaseException:
-            try:
-                routed.abort_batch(query_id=query_id, batch_id=batch_id, results=results)
-            except Exception:
-                log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
-            raise
+            return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write)
         finally:
             for directory in written.directories if written is not None else ():
                 storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)
+
+    def _commit_routed(
+        self,
+        routed: RoutedCommitter,
+        df: Callable[[], DataFrame],
+        query_id: str,
+        batch_id: int,
+        run_id: str | None,
+        routes: Sequence[Route],
+        plans: Mapping[str, WritePlan],
+        write: Callable[[], list[RoutedTaskResult]],
+        *,
+        invalid: bool = False,
+    ) -> RoutedOutcome:
+        """:func:`lakesink.sink.commit.commit_routed` with what the query records: the batch's source offsets, and its
+        time (of ``df()``, the batch as written, read when the commit is made)."""
+        spark = df().sparkSession
+        return commit_routed(
+            routed,
+            query_id=query_id,
+            batch_id=batch_id,
+            routes=routes,
+            plans=plans,
+            source_offsets=self._query.source_offsets(spark, query_id, batch_id),
+            run_id=run_id,
+            write=write,
+            batch_time=lambda: self._query.batch_time(spark, df(), query_id, batch_id),
+            invalid=invalid,
+        )
 
     def _payload_columns(self, df: DataFrame, routed: RoutedCommitter) -> tuple[list[object], dict[object, payload.Found]]:
         """Option payload: one Spark job over the routing and payload columns (lakesink.executor.payload): the batch's
@@ -580,73 +541,6 @@ class ForeachBatchSink:
                 routed.carried_keys[str(route)] = extra[value].keys
         return list(found), extra
 
-    def _check_checkpoint(self, spark: SparkSession, query_id: str) -> None:
-        """Refuse (before anything is written) a query whose next start will not find its checkpoint: it would be a
-        new query with a new id, whose replayed batches lakesink could not recognise. Under Spark Connect
-        ``checkpoint_location`` is required anyway (:meth:`_query_id`)."""
-        if _is_connect(spark):
-            return
-        origin = _pyspark.running_query_checkpoint_origin(spark, query_id)
-        reason = not_found_by_a_restart(origin) if origin is not None else None
-        if reason is None:
-            return
-        if self.options.allow_temporary_checkpoint:
-            log.warning(
-                "lakesink: streaming query %s writing %s: %s; allow_temporary_checkpoint=True: a restart is a new query "
-                "with a new id, and the batches it replays are committed again (no exactly-once across restarts)",
-                query_id,
-                self._target(),
-                reason,
-            )
-            return
-        raise InvalidOptionError(
-            f"lakesink.foreach_batch refuses streaming query {query_id} writing {self._target()}: {reason}. A restart "
-            "would be a new query with a new id, and lakesink could not recognise the batches it replays: they would "
-            "be committed again. Give the query a lasting checkpoint: .option('checkpointLocation', "
-            "'/path/to/checkpoint') on writeStream (or a queryName with spark.sql.streaming.checkpointLocation); or, "
-            "for a throwaway query where that does not matter, pass allow_temporary_checkpoint=True to "
-            "lakesink.foreach_batch"
-        )
-
-    def _target(self) -> str:
-        if self.options.routing is not None:
-            return f"the tables of route-by {self.options.routing.column!r}"
-        return f"table {self.options.table}"
-
-    def _run_id(self, spark: SparkSession) -> str | None:
-        """Spark's run id of the query (a new one at every start), which tells a replay (another run) from a second
-        sink of the same run. Under Spark Connect the query's JVM objects are out of reach, but the server starts
-        a Python process for the foreachBatch function at every start of the query and stops it with the query:
-        that process stands for the run."""
-        if _is_connect(spark):
-            return f"connect-process-{_PROCESS_TOKEN}"
-        return spark.sparkContext.getLocalProperty(RUN_ID_PROPERTY) or None
-
-    def _query_id(self, spark: SparkSession) -> str:
-        """The streaming query's id: a local property of the batch's job (classic Spark), or, under Spark
-        Connect, where this function runs in a server-side Python process without the query's JVM objects,
-        the ``id`` in the metadata file of the checkpoint the user named."""
-        if not _is_connect(spark):
-            query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
-            if not query_id:
-                raise LakesinkError("lakesink.foreach_batch(...) must be passed to writeStream.foreachBatch of a streaming query")
-            return str(query_id)
-        checkpoint = self.options.checkpoint_location
-        if checkpoint is None:
-            raise LakesinkError(
-                "lakesink.foreach_batch runs under Spark Connect here: its function runs in a Python process of the "
-                "Connect server, which cannot see the streaming query's id; pass checkpoint_location=<the query's "
-                "checkpointLocation> to lakesink.foreach_batch (the id is read from that checkpoint's metadata file), "
-                "or use writeStream.format('lakesink')"
-            )
-        query_id = read_query_id(checkpoint)
-        if not query_id:
-            raise LakesinkError(
-                f"checkpoint_location={checkpoint!r} given to lakesink.foreach_batch has no metadata file with a query id: "
-                "it must be the same folder as the query's checkpointLocation option"
-            )
-        return query_id
-
     def _on_driver(self) -> bool:
         """Write this batch on the driver (lakesink.sink.driver_write)? ``writer="driver"``, or ``auto`` after a batch of
         this run with at most SMALL_BATCH_ROWS rows (the first batch of a run, often a backlog, is not collected)."""
@@ -660,24 +554,3 @@ class ForeachBatchSink:
         if not self._bytes_per_row:
             return 0
         return max(1, int(plan.settings.target_file_size / self._bytes_per_row))
-
-    def _source_offsets(self, spark: SparkSession, query_id: str, batch_id: int) -> str | None:
-        checkpoint = self.options.checkpoint_location or self._find_checkpoint(spark, query_id)
-        if checkpoint is None:
-            return None
-        return read_source_offsets(checkpoint, batch_id)
-
-    def _batch_time(self, spark: SparkSession, df: DataFrame, query_id: str, batch_id: int) -> BatchTime:
-        checkpoint = self.options.checkpoint_location or self._find_checkpoint(spark, query_id)
-        return completeness.batch_time(self.options, checkpoint, batch_id, has_watermark=completeness.watermarked(df.schema))
-
-    def _find_checkpoint(self, spark: SparkSession, query_id: str) -> str | None:
-        if query_id not in self._checkpoints:
-            self._checkpoints[query_id] = _pyspark.running_query_checkpoint(spark, query_id)
-            if self._checkpoints[query_id] is None:
-                log.warning(
-                    "lakesink: cannot find the checkpoint of query %s; pass checkpoint_location= to "
-                    "foreach_batch to record source offsets in the snapshot summary",
-                    query_id,
-                )
-        return self._checkpoints[query_id]

@@ -37,11 +37,12 @@ from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.routed_tables import staging_root
 from lakesink.errors import InvalidOptionError
 from lakesink.executor import payload
+from lakesink.executor.messages import TaskIds, WritePlan
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.executor.staged import STAGED_ROWS_FOLDER, StagedPlan, StagedTaskResult, read_staged
 from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, SinkOptions
 from lakesink.sink import truncates
-from lakesink.sink.foreach import commit_or_abort
+from lakesink.sink.commit import commit_routed
 from lakesink.table import names as file_names
 from lakesink.table import storage
 from lakesink.table.routes import Route, parse_route, routing_value
@@ -123,37 +124,35 @@ class StagedCommitter:
         values = truncates.mark(routed, routing, cut, list(parts))
         routes = routed.routes(values, batch_id)
         plans = routed.plans(routes, query_id)
-        # a batch some of its tables hold already: decided for the whole batch here, before any table file is written
-        routed.check_replay_at_plan(query_id=query_id, batch_id=batch_id, source_offsets=source_offsets, run_id=run_id)
-        if routes and all(p.last_committed_batch is not None and batch_id <= p.last_committed_batch for p in plans.values()):
-            outcome = routed.skip_replay(
-                query_id=query_id, batch_id=batch_id, routes=routes, source_offsets=source_offsets, run_id=run_id
-            )
-            self._sweep(batch_id)
-            return outcome
-        written: list[RoutedTaskResult] = []
-        if routes:
-            plan = routed.routed_plan(plans, query_id, template=False, deletes_computed=True)
-            writer = RoutedTaskWriter(
-                plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id
-            )
-            written = [writer.write(self._rows(results, cut))]
-        outcome = commit_or_abort(
+        outcome = commit_routed(
             routed,
             query_id=query_id,
             batch_id=batch_id,
-            results=written,
-            commit=lambda: routed.commit_batch(
-                query_id=query_id,
-                batch_id=batch_id,
-                results=written,
-                source_offsets=source_offsets,
-                run_id=run_id,
-                batch_time=batch_time,
-            ),
+            routes=routes,
+            plans=plans,
+            source_offsets=source_offsets,
+            run_id=run_id,
+            write=lambda: [self._write(plans, query_id, batch_id, run_id, results, cut)],
+            batch_time=lambda: batch_time,
         )
         self._sweep(batch_id)
         return outcome
+
+    def _write(
+        self,
+        plans: Mapping[str, WritePlan],
+        query_id: str,
+        batch_id: int,
+        run_id: str | None,
+        results: Sequence[StagedTaskResult],
+        cut: Mapping[str, Decimal],
+    ) -> RoutedTaskResult:
+        """The tables' files written from the staged rows, by one routed task writer for the whole batch."""
+        plan = self.routed.routed_plan(plans, query_id, template=False, deletes_computed=True)
+        writer = RoutedTaskWriter(
+            plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id)
+        )
+        return writer.write(self._rows(results, cut))
 
     def _rows(self, results: Sequence[StagedTaskResult], cut: Mapping[str, Decimal]) -> Iterator[pa.RecordBatch]:
         for r in sorted(results, key=lambda r: r.partition_id):

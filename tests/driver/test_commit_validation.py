@@ -26,6 +26,7 @@ from lakesink.audit import interop
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import LakesinkError
+from lakesink.executor.messages import TaskIds
 from lakesink.maintenance import compaction
 from lakesink.options import Maintenance, OutputMode, SinkOptions, TableName
 from tests.driver import test_upserts as upserts
@@ -181,7 +182,7 @@ def test_compaction_gives_up_when_a_delete_lands_in_a_float_identity_partition(
     for b in range(5):  # 5 small files in the one partition (the least compaction rewrites)
         batch = list(range(b * 1000, b * 1000 + 7))
         rows = pa.table({"id": pa.array(batch, pa.int64()), "p": pa.array([value] * len(batch), pa.float64())})
-        task = TaskWriter(plan, query_id=Q1, batch_id=b, partition_id=0, task_attempt_id=0).write(rows.to_batches())
+        task = TaskWriter(plan, TaskIds(query_id=Q1, batch_id=b, partition_id=0, task_attempt_id=0)).write(rows.to_batches())
         assert commit(c, Q1, b, [task]).outcome is Outcome.COMMITTED
         sent += batch
     deleted = [1, 2003, 3006]

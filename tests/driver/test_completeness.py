@@ -23,7 +23,7 @@ from lakesink.cli.main import main
 from lakesink.driver.actions.completeness import BatchTime
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InvalidOptionError, PublishRefusedError
-from lakesink.executor.messages import TaskResult
+from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName
 from lakesink.table.keys import (
@@ -61,7 +61,7 @@ def make(catalog_properties: dict[str, str], *, event_time: str | None = "ts", b
 
 def write(c: TableCommitter, query_id: str, batch_id: int, table: pa.Table, attempt: int = 0) -> TaskResult:
     plan = c.write_plan(c.load(), query_id)
-    return TaskWriter(plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=attempt).write(
+    return TaskWriter(plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=attempt)).write(
         table.to_batches()
     )
 

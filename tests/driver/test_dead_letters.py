@@ -23,7 +23,7 @@ from lakesink.cli.main import main
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InvalidOptionError, TooManyRejectedError
-from lakesink.executor.messages import TaskResult
+from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, EXECUTOR_BEFORE_RETURN
 from lakesink.options import SinkOptions, TableName
@@ -87,7 +87,7 @@ def make(props: dict[str, str], **options: Any) -> TableCommitter:
 
 def write(c: TableCommitter, batch_id: int, rows: list[dict[str, Any]], *, task: int = 0, attempt: int = 0) -> TaskResult:
     plan = c.write_plan(c.load(), Q)
-    writer = TaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=task, task_attempt_id=attempt)
+    writer = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=task, task_attempt_id=attempt))
     return writer.write([batch(rows)])
 
 
@@ -222,7 +222,9 @@ def test_without_a_dead_letter_table_a_bad_row_fails_the_batch(catalog_propertie
     c.open_table(SCHEMA)
     plan = c.write_plan(c.load(), Q)
     with pytest.raises(Exception, match="column 'name' is required"):
-        TaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0).write([batch([row(1), row(2, name=None)])])
+        TaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write(
+            [batch([row(1), row(2, name=None)])]
+        )
     assert c.load().current_snapshot() is None
 
 
@@ -340,7 +342,7 @@ def test_a_null_upsert_key_is_a_dead_letter_on_the_arrow_path(catalog_properties
     c = make(catalog_properties, upsert_key=("id",), reject_when="amount < 0")
     plan = replace(c.write_plan(c.load(), Q), upsert=UpsertSpec(("id",), None, None))
     rows = [row(1), row(2), {**row(3), "id": None}, row(4, amount=-1.0)]
-    result = TaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0).write([batch(rows)])
+    result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write([batch(rows)])
     commit(c, 0, [result])
     assert ids(c.load()) == Counter([1, 2])
     got = Counter((r["error"], r["column"], json.loads(r["row"])["name"]) for r in letters(c))

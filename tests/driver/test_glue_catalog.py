@@ -24,7 +24,7 @@ from pyiceberg.table import Table
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchOutcome, Outcome
 from lakesink.driver.committers.table import TableCommitter
-from lakesink.executor.messages import TaskResult
+from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.options import SinkOptions, TableName
 from tests.support.catalog_servers import glue_properties
 from tests.support.helpers import arrow_rows, assert_snapshot_invariants, lakesink_snapshots, sink_committer, table_ids
@@ -46,7 +46,7 @@ def write_task(c: TableCommitter, batch_id: int, ids: list[int], attempt: int = 
     from lakesink.executor.task_writer import TaskWriter
 
     plan = c.write_plan(c.reload_table(), Q)
-    return TaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=attempt).write(
+    return TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=attempt)).write(
         arrow_rows(ids).to_batches()
     )
 

@@ -19,6 +19,7 @@ from pyiceberg.types import IntegerType, LongType
 from lakesink.audit import interop
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName
 from lakesink.table.keys import DELETED
@@ -48,7 +49,9 @@ def batch(c: TableCommitter, batch_id: int, rows: dict[str, pa.Array], deleted: 
     data = pa.table(rows)
     c.open_table(data.schema)
     plan = c.write_plan(c.reload_table(), Q, data.schema)
-    result = TaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id).write(data.to_batches())
+    result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id)).write(
+        data.to_batches()
+    )
     key = [n for n in rows if n in c.options.upsert_key]
     gone = pa.table(deleted) if deleted else pa.table({k: pa.array([], data.schema.field(k).type) for k in key})
     keys = pa.table(

@@ -19,7 +19,7 @@ import pytest
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import DuplicateSinkError, ReplayMismatchError, TableIdentityChangedError
-from lakesink.executor.messages import TaskResult
+from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName
 from lakesink.table.markers import SnapshotIndex, last_committed_batch
@@ -54,7 +54,7 @@ def sink(props: dict[str, str], *, sink_id: str | None = None, branch: str = "ma
 
 def write(c: TableCommitter, batch_id: int, ids: list[int], *, attempt: int = 0, run_id: str | None = RUN1) -> TaskResult:
     plan = c.write_plan(c.reload_table(), Q)
-    writer = TaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=attempt, run_id=run_id)
+    writer = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=attempt, run_id=run_id))
     return writer.write(arrow_rows(ids).to_batches())
 
 
@@ -98,7 +98,9 @@ def test_replay_detected_before_writing_is_checked_against_the_offsets_too(catal
     commit(c, 0, [write(c, 0, [1, 2])])
     plan = c.write_plan(c.reload_table(), Q)
     assert plan.last_committed_batch == 0
-    skipped = TaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0, run_id=RUN2).skip_replay(iter(()))
+    skipped = TaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0, run_id=RUN2)).skip_replay(
+        iter(())
+    )
     with pytest.raises(ReplayMismatchError):
         commit(c, 0, [skipped], offsets=OFFSETS_B, run_id=RUN2)
     assert commit(c, 0, [skipped], offsets=OFFSETS_A, run_id=RUN2).outcome is Outcome.REPLAY_SKIPPED
@@ -156,7 +158,9 @@ def test_same_sink_id_twice_is_refused_before_writing_too(catalog_properties) ->
     first, second = sink(catalog_properties), sink(catalog_properties)
     commit(first, 0, [write(first, 0, [1, 2])])
     plan = second.write_plan(second.reload_table(), Q)
-    skipped = TaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0, run_id=RUN1).skip_replay(iter(()))
+    skipped = TaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0, run_id=RUN1)).skip_replay(
+        iter(())
+    )
     with pytest.raises(DuplicateSinkError):
         commit(second, 0, [skipped])
 
@@ -252,7 +256,7 @@ def test_task_results_carry_a_schema_digest_not_the_schema(catalog_properties) -
     c.open_table(wide)
     plan = c.write_plan(c.reload_table(), Q)
     batch = pa.record_batch([pa.array([1], pa.int64())] + [pa.array(["x"]) for _ in range(1000)], schema=wide)
-    result = TaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0).write([batch])
+    result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write([batch])
     without_files = pickle.dumps(TaskResult(**{**result.__dict__, "files": ()}))
     assert len(pickle.dumps(plan.schema)) > 50_000  # what each result carried before
     assert len(without_files) < 2_000

@@ -37,6 +37,7 @@ from lakesink.errors import (
     TableIdentityChangedError,
     TableLocationError,
 )
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BEFORE_SWAP, DRIVER_BETWEEN_TABLE_COMMITS
 from lakesink.options import SinkOptions
@@ -82,7 +83,7 @@ def write(
     batch = rows(data, pa.schema([f for f in SCHEMA] + [f for f in rc.stream_schema if f.name not in SCHEMA.names]))
     plans = {} if template else rc.plans(rc.routes(set(data), batch_id), Q)
     plan = rc.routed_plan(plans, Q, template=template)
-    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=part, task_attempt_id=part)
+    writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=part, task_attempt_id=part))
     return writer.write([batch])
 
 
@@ -349,7 +350,7 @@ def test_an_existing_table_takes_its_own_columns_by_name(catalog_properties: dic
         schema=WIDE,
     )
     plan = rc.routed_plan(rc.plans(rc.routes(["old", "new"], 0), Q), Q, template=False)
-    result = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0).write([batch])
+    result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write([batch])
     rc.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets=OFFSETS)
     old = catalogs.load_table_fresh(None, catalog_properties, ("db", "old"))
     assert old.schema().column_names == ["user", "id"]
@@ -369,12 +370,12 @@ def test_a_value_in_a_column_the_table_lacks_fails_naming_table_and_column(catal
     )
     plan = rc.routed_plan(rc.plans(rc.routes(["old"], 4), Q), Q, template=False)
     with pytest.raises(SchemaMismatchError, match=r"table db\.old has no column 'extra'.*batch 4.*merge-schema"):
-        RoutedTaskWriter(plan, query_id=Q, batch_id=4, partition_id=0, task_attempt_id=0).write([batch])
+        RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=4, partition_id=0, task_attempt_id=0)).write([batch])
     assert ids(catalog_properties, "db.old") == Counter()
     # with merge-schema the column is added in the batch's commit
     rc = routed(catalog_properties, WIDE, **{"merge-schema": "true"})
     plan = rc.routed_plan(rc.plans(rc.routes(["old"], 4), Q), Q, template=False)
-    result = RoutedTaskWriter(plan, query_id=Q, batch_id=4, partition_id=0, task_attempt_id=0).write([batch])
+    result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=4, partition_id=0, task_attempt_id=0)).write([batch])
     rc.commit_batch(query_id=Q, batch_id=4, results=[result], source_offsets=OFFSETS)
     old = catalogs.load_table_fresh(None, catalog_properties, ("db", "old"))
     assert old.schema().column_names == ["user", "id", "extra"]
@@ -556,7 +557,7 @@ def test_event_time_with_a_routed_table_without_the_column_is_refused_before_any
             rc.plans(rc.routes(set(data), 0), Q)  # the tables are opened before any file is written
             raise AssertionError("planned")
         plan = rc.routed_plan({}, Q, template=True)
-        result = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0).write(
+        result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write(
             [timed_rows(data, untimed="old")]
         )
         try:
@@ -574,7 +575,7 @@ def test_event_time_with_a_routed_table_without_the_column_is_refused_before_any
     again = routed(catalog_properties, TIMED, **{"event-time": "ts", "atomic": "off"})
     plans = again.plans(again.routes(set(data), 0), Q) if planned == "foreach_batch" else {}
     plan = again.routed_plan(plans, Q, template=planned != "foreach_batch")
-    result = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0).write(
+    result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write(
         [timed_rows(data, untimed="old")]
     )
     again.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets=OFFSETS, batch_time=time)
@@ -597,7 +598,7 @@ def test_event_time_with_merge_schema_adds_the_column_to_a_routed_table_in_the_b
     data: dict[str | None, list[int]] = {"a": [1, 2], "old": [3, 4]}
     plans = rc.plans(rc.routes(set(data), 0), Q) if planned == "foreach_batch" else {}
     plan = rc.routed_plan(plans, Q, template=planned != "foreach_batch")
-    result = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0).write(
+    result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write(
         [timed_rows(data, untimed="none")]
     )
     rc.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets=OFFSETS, batch_time=BatchTime(None, "ts"))
@@ -624,7 +625,7 @@ def replay(
     plans = rc.plans(rc.routes(set(data), batch_id), Q)
     rc.check_replay_at_plan(query_id=Q, batch_id=batch_id, source_offsets=offsets, run_id=run_id)
     plan = rc.routed_plan(plans, Q, template=False)
-    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=0)
+    writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=0))
     results = [writer.write([rows(data)])]
     return commit_or_abort(rc, batch_id, results, offsets=offsets, run_id=run_id)
 
@@ -883,7 +884,7 @@ def test_a_string_that_is_not_utf8_fails_the_task_naming_table_and_column(
     that names the table, the column and the fix, and the task leaves no file."""
     rc = routed(catalog_properties)
     plan = rc.routed_plan(rc.plans(rc.routes({"a"}, 0), Q), Q, template=False)
-    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0))
     with pytest.raises(SchemaMismatchError, match=r"column 'user' of table db\.a .* 1 row\(s\) .* not UTF-8") as e:
         writer.write([_not_utf8_rows(users)])
     assert "dead-letter-table" in str(e.value)
@@ -896,7 +897,7 @@ def test_a_string_that_is_not_utf8_is_a_dead_letter_with_a_dead_letter_table(
 ) -> None:
     rc = routed(catalog_properties, **{"dead-letter-table": "db.dead"})
     plan = rc.routed_plan(rc.plans(rc.routes({"a"}, 0), Q), Q, template=False)
-    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0))
     bad = [i + 1 for i, u in enumerate(users) if not _is_utf8(u)]
     commit_or_abort(rc, 0, [writer.write([_not_utf8_rows(users)])])
     assert ids(catalog_properties, "db.a") == Counter(i for i in range(1, len(users) + 1) if i not in bad)
@@ -927,6 +928,6 @@ def test_an_invalid_route_is_checked_before_a_string_that_is_not_utf8(catalog_pr
         },
         schema=SCHEMA,
     )
-    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0))
     with pytest.raises(RoutingError, match="not valid UTF-8"):
         writer.write([batch])

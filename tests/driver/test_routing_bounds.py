@@ -30,6 +30,7 @@ from lakesink.driver.committers import routed_tables
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import RoutingError
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.routed_writer import RoutedTaskWriter
 from lakesink.maintenance import auto
 from lakesink.options import SinkOptions
@@ -69,7 +70,9 @@ class Run:
                 self.sent.setdefault(f"db.{r}", Counter())[i] += 1
             rows = pa.RecordBatch.from_pydict({"id": ids, "user": ["u"] * len(ids), "route": routes}, schema=SCHEMA)
             plan = self.rc.routed_plan(self.rc.plans(self.rc.routes(group, self.batch), Q), Q, template=False)
-            result = RoutedTaskWriter(plan, query_id=Q, batch_id=self.batch, partition_id=0, task_attempt_id=0).write([rows])
+            result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=self.batch, partition_id=0, task_attempt_id=0)).write(
+                [rows]
+            )
             self.rc.commit_batch(query_id=Q, batch_id=self.batch, results=[result], source_offsets="[]")
             self.committers += [weakref.ref(c) for c in self.rc._committers.values()]
             self.batch += 1
@@ -171,7 +174,7 @@ def routed_batch(props: dict[str, str], rows: Sequence[tuple[int, bytes, bytes |
     )
     values = {routing_value(r) for _, _, r in rows}
     plan = rc.routed_plan(rc.plans(rc.routes(values, 0), Q), Q, template=False)
-    result = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0).write([batch])
+    result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write([batch])
     return rc.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets="[]")
 
 

@@ -21,6 +21,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.errors import CommitConflictError, RoutingError, TooManyRejectedError
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS
 from lakesink.options import SinkOptions
@@ -79,7 +80,7 @@ def write(rc: RoutedCommitter, batch_id: int, data: Mapping[str | None, Sequence
     """One task's routed write, planned as foreach_batch plans it (the batch's valid tables opened first)."""
     plans = rc.plans(rc.routes(set(data), batch_id), Q)
     plan = rc.routed_plan(plans, Q, template=False)
-    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=part, task_attempt_id=part)
+    writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=part, task_attempt_id=part))
     return writer.write([rows(data)])
 
 
@@ -189,7 +190,9 @@ def test_reject_when_and_required_null_per_routed_table(catalog_properties: dict
         schema=SCHEMA,
     )
     plans = rc.plans(rc.routes({"a", "b", None}, 0), Q)
-    writer = RoutedTaskWriter(rc.routed_plan(plans, Q, template=False), query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    writer = RoutedTaskWriter(
+        rc.routed_plan(plans, Q, template=False), TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    )
     results = [writer.write([batch, nulls])]
     rc.commit_batch(query_id=Q, batch_id=0, results=results, source_offsets=OFFSETS)
     assert ids(catalog_properties, "db.a") == Counter([1, 2])
@@ -227,7 +230,7 @@ def test_without_a_dead_letter_table_an_invalid_route_is_still_a_routing_error(c
     with pytest.raises(RoutingError, match="'../etc'"):
         rc.routes(["a", "../etc"], 0)
     plan = rc.routed_plan(rc.plans(rc.routes(["a"], 0), Q), Q, template=False)
-    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0))
     with pytest.raises(RoutingError, match="batch 0: routing column 'route' holds None"):
         writer.write([rows({"a": [1], None: [2]})])
 
@@ -321,7 +324,9 @@ def test_an_existing_table_without_a_stream_column_takes_its_rows_and_their_dead
         schema=SCHEMA,
     )
     plans = rc.plans(rc.routes({"narrow"}, 0), Q)
-    writer = RoutedTaskWriter(rc.routed_plan(plans, Q, template=False), query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    writer = RoutedTaskWriter(
+        rc.routed_plan(plans, Q, template=False), TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    )
     rc.commit_batch(query_id=Q, batch_id=0, results=[writer.write([narrow])], source_offsets=OFFSETS)
     assert ids(catalog_properties, "db.narrow") == Counter([1])
     assert letters(catalog_properties) == Counter([(1001, dl.REJECT_WHEN, None, "db.narrow")])
@@ -356,7 +361,7 @@ def write_as_format_lakesink(rc: RoutedCommitter, batch_id: int, *batches: pa.Re
     """One task's routed write, planned as format("lakesink") plans a run (the tables the query wrote, the template
     for every other table), before the batch is seen."""
     plan = rc.routed_plan(rc.written_plans(Q), Q, template=True)
-    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=0)
+    writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=0))
     return writer.write(list(batches))
 
 

@@ -22,6 +22,7 @@ import pytest
 from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.driver.committers.routed import RoutedCommitter
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.routed_writer import RoutedTaskWriter
 from lakesink.options import SinkOptions
 from lakesink.table.keys import UNIT_THREADS_FROM
@@ -77,7 +78,7 @@ def _commit_batches(props: Mapping[str, str], **extra: str) -> RoutedCommitter:
     )
     for b in range(BATCHES):
         plan = rc.routed_plan(rc.plans(rc.routes(TABLES, b), Q), Q, template=False)
-        result = RoutedTaskWriter(plan, query_id=Q, batch_id=b, partition_id=0, task_attempt_id=0).write([_batch(b)])
+        result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=b, partition_id=0, task_attempt_id=0)).write([_batch(b)])
         rc.commit_batch(query_id=Q, batch_id=b, results=[result], source_offsets=f'[{{"logOffset":{b}}}]')
     return rc
 

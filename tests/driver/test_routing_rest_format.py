@@ -32,6 +32,7 @@ from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.routed_tables import STAGING_FOLDER
 from lakesink.errors import InjectedFault, InvalidOptionError
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.faults import DRIVER_AFTER_TABLE_CREATED, DRIVER_BEFORE_SWAP, DRIVER_BETWEEN_TABLE_COMMITS
 from lakesink.table import storage
@@ -117,7 +118,7 @@ def test_a_restarted_run_writes_the_tables_of_its_namespace_directly(
     plans = rc.written_plans(Q)
     assert sorted(plans) == ["db.a", "db.b"]
     plan = rc.routed_plan(plans, Q, template=True)
-    result = RoutedTaskWriter(plan, query_id=Q, batch_id=1, partition_id=0, task_attempt_id=0).write(
+    result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=1, partition_id=0, task_attempt_id=0)).write(
         [base.rows({"a": [5], "other.c": [31]})]
     )
     by_table = {t.table: t for t in result.tables}

@@ -23,6 +23,7 @@ import pytest
 from lakesink.driver import catalogs
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.errors import InjectedFault, TooManyRejectedError
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from lakesink.table import dead_letters as dl
@@ -104,7 +105,7 @@ def write(
         parts[zlib.crc32(f"{c['route']}/{c['id']}".encode()) % tasks].append(c)
     results = []
     for t, part in enumerate(parts):
-        writer = RoutedTaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=t, task_attempt_id=batch_id * 10 + t)
+        writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=t, task_attempt_id=batch_id * 10 + t))
         results.append(writer.write([task_rows(part, foreach=foreach)] if part else []))
     return results
 
@@ -273,7 +274,7 @@ def test_format_lakesink_a_change_rewritten_at_commit_into_a_dead_letter_is_not_
     ]
     rc = routed(props)
     plan = rc.routed_plan(rc.written_plans(Q), Q, template=True)
-    writer = RoutedTaskWriter(plan, query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+    writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0))
     result = writer.write([task_rows(changes, foreach=False)])
     assert {t.table: t.templated for t in result.tables} == {"db.r": True}
     routed_upserts.commit_or_abort(rc, Q, 0, [result], '[{"logOffset":0}]')

@@ -14,6 +14,7 @@ from pyiceberg.types import LongType, StringType
 
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import ConcurrentTableChangeError
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions
 from tests.support.helpers import Stream, data_files_on_disk, sink_committer, table_ids
@@ -119,7 +120,7 @@ def _write(c: TableCommitter, schema: pa.Schema, batch_id: int, ids: list[int]) 
     columns = {"id": pa.array(ids, pa.int64())}
     if "extra" in schema.names:
         columns["extra"] = pa.array([f"e{i}" for i in ids])
-    return plan, TaskWriter(plan, query_id="q-1", batch_id=batch_id, partition_id=0, task_attempt_id=0).write(
+    return plan, TaskWriter(plan, TaskIds(query_id="q-1", batch_id=batch_id, partition_id=0, task_attempt_id=0)).write(
         [pa.record_batch(columns)]
     )
 
@@ -159,7 +160,7 @@ def test_a_plan_evolved_by_an_earlier_batch_of_the_same_run_still_commits(catalo
 
     def task(batch_id: int, ids: list[int]) -> Any:
         batch = pa.record_batch({"id": pa.array(ids, pa.int64()), "extra": pa.array([f"e{i}" for i in ids])})
-        return TaskWriter(plan, query_id="q-1", batch_id=batch_id, partition_id=0, task_attempt_id=0).write([batch])
+        return TaskWriter(plan, TaskIds(query_id="q-1", batch_id=batch_id, partition_id=0, task_attempt_id=0)).write([batch])
 
     c.commit_batch(query_id="q-1", batch_id=1, results=[task(1, [2])], source_offsets=None)
     c.commit_batch(query_id="q-1", batch_id=2, results=[task(2, [3])], source_offsets=None)

@@ -21,6 +21,7 @@ from lakesink._pyiceberg import threads as seam_threads
 from lakesink.driver import catalogs
 from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.driver.loop import swap
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.routed_writer import RoutedTaskWriter
 from lakesink.options import SinkOptions
 
@@ -79,7 +80,7 @@ def test_a_routed_batch_of_local_tables_is_prepared_on_the_cores(
             sent.setdefault(r, Counter())[i] += 1
         rows = pa.RecordBatch.from_pydict({"id": ids, "route": routes}, schema=SCHEMA)
         plan = rc.routed_plan(rc.plans(rc.routes(names, batch), Q), Q, template=False)
-        result = RoutedTaskWriter(plan, query_id=Q, batch_id=batch, partition_id=0, task_attempt_id=0).write([rows])
+        result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=batch, partition_id=0, task_attempt_id=0)).write([rows])
         rc.commit_batch(query_id=Q, batch_id=batch, results=[result], source_offsets=f'[{{"logOffset":{batch}}}]')
     assert ("lakesink-prepare", 2) in pools, pools
     assert all(workers == 2 for _, workers in pools), pools

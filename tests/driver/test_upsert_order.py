@@ -21,7 +21,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InjectedFault, InvalidOptionError, UpsertKeyError
-from lakesink.executor.messages import TaskResult
+from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.executor.upsert_task import UpsertSpec, merge, resolve_task, to_ipc
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, DRIVER_BEFORE_SWAP
@@ -87,7 +87,7 @@ def run(
     for t in range(tasks):
         mine = [e for e in events if e[0] % tasks == t]
         written, changes = resolve_task([rows(mine, seq_type)] if mine else [], spec, batch_id=batch_id, partition_id=t)
-        writer = TaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=t, task_attempt_id=batch_id * 10 + t)
+        writer = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=t, task_attempt_id=batch_id * 10 + t))
         results.append(writer.write(written))
         if (ipc := to_ipc(changes)) is not None:
             parts.append(ipc)

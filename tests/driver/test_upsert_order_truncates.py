@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from lakesink.driver import catalogs
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.staged import StagedTaskWriter
 from lakesink.options import SinkOptions
 from lakesink.sink.staged import StagedCommitter, cdc_schema, staged_plan
@@ -147,7 +148,9 @@ def staged_batch(props: Mapping[str, str], ck: Path, query_id: str, batch_id: in
     )
     routed = RoutedCommitter(options, cdc_schema(RAW))
     c = StagedCommitter(routed, staged_plan(options, RAW, routed, query_id))
-    writer = StagedTaskWriter(c.plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id, run_id="r")
+    writer = StagedTaskWriter(
+        c.plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id, run_id="r")
+    )
     result = writer.write(iter([pa.RecordBatch.from_pylist(records, schema=RAW)]))
     c.commit_batch(query_id=query_id, batch_id=batch_id, results=[result], source_offsets=None, run_id="r")
 

@@ -18,7 +18,7 @@ from lakesink.audit import interop
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InjectedFault, InvalidOptionError, LakesinkError, UpsertKeyError
-from lakesink.executor.messages import TaskResult
+from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.executor.upsert_task import UpsertSpec, merge, resolve_task, to_ipc
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, DRIVER_BEFORE_SWAP
@@ -83,7 +83,7 @@ def run_batch(c: TableCommitter, batch_id: int, events: Sequence[Event], *, task
     results: list[TaskResult] = []
     for t in range(tasks):
         part = data.slice(t * (data.num_rows // tasks + 1), data.num_rows // tasks + 1)
-        writer = TaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=t, task_attempt_id=batch_id * 10 + t)
+        writer = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=t, task_attempt_id=batch_id * 10 + t))
         results.append(writer.write(part.to_batches()))
     return c.commit_batch(
         query_id=Q, batch_id=batch_id, results=results, source_offsets=f'[{{"logOffset":{batch_id}}}]', changes=keys
@@ -237,7 +237,7 @@ def test_merge_schema_and_branch_with_upserts(catalog_properties: dict[str, str]
                      "note": ["n3", "n30"]})  # fmt: skip
     wider.open_table(data.schema)
     plan = wider.write_plan(wider.reload_table(), Q, data.schema)
-    result = TaskWriter(plan, query_id=Q, batch_id=1, partition_id=0, task_attempt_id=0).write(data.to_batches())
+    result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=1, partition_id=0, task_attempt_id=0)).write(data.to_batches())
     keys = pa.table({"id": pa.array([3, 30, 4], pa.int64()), DELETED: [False, False, True]})
     wider.commit_batch(query_id=Q, batch_id=1, results=[result], source_offsets=None, changes=keys)
     table = c.reload_table()
@@ -378,7 +378,7 @@ def test_composite_key_of_string_date_and_timestamp(catalog_properties: dict[str
     def batch(batch_id: int, rows: list[dict[str, Any]], deleted: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
         data = pa.Table.from_pylist(rows, schema=schema)
         plan = c.write_plan(c.reload_table(), Q)
-        result = TaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id).write(
+        result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id)).write(
             data.to_batches()
         )
         keys = pa.Table.from_pylist([*rows, *deleted], schema=schema).select(["tenant", "day", "at"])

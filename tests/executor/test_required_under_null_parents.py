@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lakesink.errors import SchemaMismatchError
-from lakesink.executor.messages import RowChecks, TaskResult, WritePlan
+from lakesink.executor.messages import RowChecks, TaskIds, TaskResult, WritePlan
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName
 from lakesink.table import dead_letters as dl
@@ -50,7 +50,7 @@ def spark_like(array: pa.Array) -> pa.Array:
 
 
 def writer(plan: WritePlan, *, batch_id: int = 5, partition_id: int = 2) -> TaskWriter:
-    return TaskWriter(plan, query_id="q-1", batch_id=batch_id, partition_id=partition_id, task_attempt_id=0)
+    return TaskWriter(plan, TaskIds(query_id="q-1", batch_id=batch_id, partition_id=partition_id, task_attempt_id=0))
 
 
 def read_rows(result: TaskResult) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.types import IntegerType, LongType, PrimitiveType, StringType
 
 from lakesink.errors import InjectedFault, SchemaMismatchError
-from lakesink.executor.messages import TaskResult, WritePlan
+from lakesink.executor.messages import TaskIds, TaskResult, WritePlan
 from lakesink.executor.task_writer import TaskWriter, utc_schema, utc_type
 from lakesink.faults import ENV_FAULTS_DIR, EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN
 from tests.support.files import MakePlan, data_files_on_disk, local_path
@@ -48,7 +48,7 @@ def decoded(field_type: PrimitiveType, value: bytes) -> Any:
 
 
 def writer(plan: WritePlan, *, batch_id: int = 3, partition_id: int = 1, attempt: int = 0) -> TaskWriter:
-    return TaskWriter(plan, query_id="q-1", batch_id=batch_id, partition_id=partition_id, task_attempt_id=attempt)
+    return TaskWriter(plan, TaskIds(query_id="q-1", batch_id=batch_id, partition_id=partition_id, task_attempt_id=attempt))
 
 
 def events(ids: list[int], qty: list[int | None] | None = None, names: list[str | None] | None = None) -> pa.RecordBatch:

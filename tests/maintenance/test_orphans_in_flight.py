@@ -29,6 +29,7 @@ from lakesink._pyiceberg import sql_catalog as seam_sql
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InFlightTooLongError
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.maintenance import compaction, manifest_rewrite
@@ -163,7 +164,9 @@ def _upsert(props: dict[str, str]) -> tuple[TableCommitter, Callable[[], Any]]:
     def run(batch_id: int, rows: pa.Table, keys: list[int], deleted: list[bool]) -> Any:
         plan = c.write_plan(c.reload_table(), Q)
         results = [
-            TaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id).write(rows.to_batches())
+            TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id)).write(
+                rows.to_batches()
+            )
         ]
         changes = pa.table({"id": pa.array(keys, pa.int64()), DELETED: pa.array(deleted)})
         return c.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=None, changes=changes)
@@ -391,14 +394,14 @@ def test_another_process_maintaining_the_table_while_a_batch_is_between_its_writ
         rows = arrow_rows([b * 100 + i for i in range(4)])
         changes = pa.table({"id": rows.column("id"), DELETED: pa.array([False] * 4)}) if kind == "upsert" else None
         plan = c.write_plan(c.reload_table(), Q)
-        result = TaskWriter(plan, query_id=Q, batch_id=b, partition_id=0, task_attempt_id=b).write(rows.to_batches())
+        result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=b, partition_id=0, task_attempt_id=b)).write(rows.to_batches())
         c.commit_batch(query_id=Q, batch_id=b, results=[result], source_offsets=None, changes=changes)
     expected = Counter(b * 100 + i for b in range(6) for i in range(4))
     # batch 6: new rows, and (upsert) a new value for key 101 and key 202 deleted
     rows = arrow_rows([700, 701, 101])
     changes = pa.table({"id": pa.array([700, 701, 101, 202], pa.int64()), DELETED: pa.array([False, False, False, True])})
     plan = c.write_plan(c.reload_table(), Q)
-    result = TaskWriter(plan, query_id=Q, batch_id=6, partition_id=0, task_attempt_id=60).write(rows.to_batches())
+    result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=6, partition_id=0, task_attempt_id=60)).write(rows.to_batches())
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     box: list[Any] = []
 

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.routed import RoutedCommitter
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.staged import StagedTaskResult, StagedTaskWriter
 from lakesink.options import SinkOptions
 from lakesink.sink.staged import StagedCommitter, staged_plan
@@ -50,7 +51,7 @@ def _stage(
         schema=RAW,
     )
     writer = StagedTaskWriter(
-        c.plan, query_id=query_id, batch_id=batch_id, partition_id=partition, task_attempt_id=partition, run_id="run-1"
+        c.plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=partition, task_attempt_id=partition, run_id="run-1")
     )
     return writer.write(iter([batch]))
 

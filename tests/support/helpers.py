@@ -25,7 +25,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchOutcome, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import turns
-from lakesink.executor.messages import TaskResult
+from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.maintenance.auto import AutoMaintainer, AutoMaintenance, auto_maintenance
@@ -284,7 +284,7 @@ def commit_batches(c: TableCommitter, n: int, *, start: int = 0, rows: int = 10,
 def write_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:
     """Write ``ids`` as one task of a batch would (real Parquet files under the table), not committed yet."""
     plan = c.write_plan(c.open_table(arrow_rows([]).schema), query_id)
-    writer = TaskWriter(plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=attempt)
+    writer = TaskWriter(plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=attempt))
     return writer.write(arrow_rows(ids).to_batches())
 
 

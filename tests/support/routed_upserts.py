@@ -17,6 +17,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.errors import CommitConflictError, InjectedFault
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BETWEEN_TABLE_COMMITS
 from lakesink.options import SinkOptions
@@ -94,7 +95,9 @@ def write_tasks(
         parts[zlib.crc32(f"{e[0]}/{e[1]}".encode()) % tasks].append(e)
     results = []
     for t, part in enumerate(parts):
-        writer = RoutedTaskWriter(plan, query_id=query_id, batch_id=batch_id, partition_id=t, task_attempt_id=batch_id * 10 + t)
+        writer = RoutedTaskWriter(
+            plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=t, task_attempt_id=batch_id * 10 + t)
+        )
         results.append(writer.write([rows(part)] if part else []))
     return results
 

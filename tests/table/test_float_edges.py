@@ -31,6 +31,7 @@ from pyiceberg.types import PrimitiveType
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import UpsertKeyError
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.executor.upsert_task import UpsertSpec, resolve_task
 from lakesink.maintenance import compaction
@@ -127,7 +128,9 @@ def committer(props: dict[str, str], arrow_type: pa.DataType) -> TableCommitter:
 def write(c: TableCommitter, batch_id: int, tasks: list[list[pa.RecordBatch]]) -> None:
     plan = c.write_plan(c.reload_table(), Q)
     results = [
-        TaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=t, task_attempt_id=batch_id * 100 + t).write(batches)
+        TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=t, task_attempt_id=batch_id * 100 + t)).write(
+            batches
+        )
         for t, batches in enumerate(tasks)
     ]
     outcome = c.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=f'[{{"o":{batch_id}}}]')
@@ -333,7 +336,7 @@ def test_upserts_move_keys_between_every_float_partition(catalog_properties: dic
         )
         keys = pa.table({"id": pa.array(list(rows), pa.int64()), UPSERT_DELETED: pa.array([k in deleted for k in rows])})
         plan = c.write_plan(c.reload_table(), Q)
-        result = TaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id).write([data])
+        result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id)).write([data])
         outcome = c.commit_batch(
             query_id=Q, batch_id=batch_id, results=[result], source_offsets=f'[{{"o":{batch_id}}}]', changes=keys
         )
@@ -392,7 +395,7 @@ def test_diff_cancels_rewritten_float_edges_and_shows_a_change_of_zero_sign(cata
             [pa.array([1, 2], pa.int64()), pa.array([v, 1.0]), pa.array([math.nan, math.nan])], names=["id", "v", "w"]
         )
         plan = u.write_plan(u.reload_table(), Q)
-        result = TaskWriter(plan, query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id).write([data])
+        result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id)).write([data])
         keys = pa.table({"id": pa.array([1, 2], pa.int64()), UPSERT_DELETED: [False, False]})
         u.commit_batch(query_id=Q, batch_id=batch_id, results=[result], source_offsets=f'[{{"o":{batch_id}}}]', changes=keys)
     table = u.reload_table()

@@ -10,6 +10,7 @@ import pytest
 
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import TableLocationError
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import SinkOptions, TableName
 from lakesink.table import locations
@@ -106,7 +107,7 @@ def test_executor_refuses_a_file_outside_the_checked_prefix(
     plan = _committer(catalog_properties, "t").write_plan(table, "q-1")
     # a plan whose properties were changed after the check (the executor re-checks every file it opens)
     moved = type(plan)(**{**plan.__dict__, "properties": {"write.data.path": f"file://{tmp_path}/x"}})
-    writer = TaskWriter(moved, query_id="q-1", batch_id=0, partition_id=0, task_attempt_id=0)
+    writer = TaskWriter(moved, TaskIds(query_id="q-1", batch_id=0, partition_id=0, task_attempt_id=0))
     with pytest.raises(TableLocationError, match="refuses to write"):
         writer.write(pa.table({"id": [1], "user": ["a"]}).to_batches())
     assert not (tmp_path / "x").exists()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from lakesink.executor.messages import TaskIds
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.table import names
 from lakesink.table.names import BatchDirectoryName, BatchOfFile, DataFileName
@@ -94,7 +95,7 @@ def test_names_that_would_not_parse_back_are_refused(kwargs: dict[str, object], 
 
 def test_the_executor_names_its_files_with_names(make_plan: MakePlan) -> None:
     plan = make_plan(pa.schema([pa.field("id", pa.int64())]))
-    result = TaskWriter(plan, query_id="1964bb6e-59a8", batch_id=42, partition_id=3, task_attempt_id=17).write(
+    result = TaskWriter(plan, TaskIds(query_id="1964bb6e-59a8", batch_id=42, partition_id=3, task_attempt_id=17)).write(
         [pa.record_batch([pa.array([1, 2], pa.int64())], names=["id"])]
     )
     (f,) = result.files

@@ -14,7 +14,7 @@ from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransfor
 
 from lakesink.audit import interop
 from lakesink.errors import InvalidOptionError
-from lakesink.executor.messages import WritePlan
+from lakesink.executor.messages import TaskIds, WritePlan
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.options import OutputMode, SinkOptions, TableName
 from tests.support.helpers import Stream, assert_snapshot_invariants, sink_committer
@@ -155,7 +155,7 @@ def _plan(tmp_path: Path, terms: str, properties: dict[str, str] | None = None) 
 
 def test_fanout_writer_keeps_a_bounded_number_of_files_open(tmp_path: Path) -> None:
     plan = _plan(tmp_path, "k", {"write.lakesink.max-open-files": "2"})
-    writer = TaskWriter(plan, query_id="q-1", batch_id=0, partition_id=0, task_attempt_id=0)
+    writer = TaskWriter(plan, TaskIds(query_id="q-1", batch_id=0, partition_id=0, task_attempt_id=0))
     # partitions a, b, c interleaved row by row: with 2 open files, c evicts a, then a evicts b...
     ids = list(range(30))
     batch = pa.record_batch({"id": pa.array(ids, pa.int64()), "k": pa.array(["abc"[i % 3] for i in ids])})
@@ -173,7 +173,7 @@ def test_fanout_writer_keeps_a_bounded_number_of_files_open(tmp_path: Path) -> N
 
 def test_fanout_writer_without_eviction_writes_one_file_per_partition(tmp_path: Path) -> None:
     plan = _plan(tmp_path, "bucket(5, id), k")
-    writer = TaskWriter(plan, query_id="q-1", batch_id=0, partition_id=0, task_attempt_id=0)
+    writer = TaskWriter(plan, TaskIds(query_id="q-1", batch_id=0, partition_id=0, task_attempt_id=0))
     ids = list(range(1000))
     batch = pa.record_batch({"id": pa.array(ids, pa.int64()), "k": pa.array([None if i % 10 == 0 else "xy"[i % 2] for i in ids])})
     result = writer.write([batch.slice(i, 100) for i in range(0, 1000, 100)])

@@ -33,6 +33,7 @@ from lakesink.driver.loop.action import CommitAction, Landing, Turn
 from lakesink.errors import (
     LakesinkError,
 )
+from lakesink.executor import upsert_task
 from lakesink.executor.messages import TaskResult, WrittenFile
 from lakesink.table import names
 from lakesink.table.keys import (
@@ -128,7 +129,12 @@ class Batch:
         unit: Mapping[str, str] | None = None,
         batch_time: BatchTime | None = None,
     ) -> Batch:
-        """A batch's commit call starting now, with a new commit id (the run id the tasks carry when none is given)."""
+        """A batch's commit call starting now, with a new commit id (the run id the tasks carry when none is given).
+        With option upsert-key: ``changes``, every key the batch changes (foreach_batch's resolution), else the keys the
+        tasks resolved, merged (format("lakesink"), a routed table; a key of two tasks is an error); a batch that
+        changes no key carries none."""
+        if changes is None and any(r.changes for r in results):
+            changes = upsert_task.merge([r.changes for r in results if r.changes], batch_id=batch_id)
         return cls(
             query_id=query_id,
             batch_id=batch_id,
@@ -137,7 +143,7 @@ class Batch:
             run_id=run_id or next((r.run_id for r in results if r.run_id), None),
             commit_id=uuid.uuid4().hex,
             started=time.monotonic(),
-            changes=changes,
+            changes=changes if changes is not None and changes.num_rows else None,
             unit=dict(unit or {}),
             time=batch_time,
         )

@@ -34,7 +34,7 @@ from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzTyp
 
 from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError
-from lakesink.executor.messages import WritePlan, WrittenFile
+from lakesink.executor.messages import TaskIds, WritePlan, WrittenFile
 from lakesink.executor.task_writer import TaskWriter, utc_schema
 from lakesink.table import floats
 from lakesink.table.keys import DELETED
@@ -219,7 +219,7 @@ def rewrite_writer(plan: WritePlan, *, batch_id: int, partition_id: int, attempt
     """The writer of the files a rewrite on the driver writes (the kept rows of the files it replaces), under a
     partition id of its own (``partition_id``) so that its file names differ from the tasks'."""
     return TaskWriter(
-        plan, query_id=plan.query_id or "rewrite", batch_id=batch_id, partition_id=partition_id, task_attempt_id=attempt
+        plan, TaskIds(query_id=plan.query_id or "rewrite", batch_id=batch_id, partition_id=partition_id, task_attempt_id=attempt)
     )
 
 

@@ -4,7 +4,7 @@ Both committers answer it -- :class:`~lakesink.driver.committers.table.TableComm
 :class:`~lakesink.executor.messages.TaskResult`) and :class:`~lakesink.driver.committers.routed.RoutedCommitter`
 (option route-by, :class:`~lakesink.executor.routed_writer.RoutedTaskResult`) -- so that an entry point has one
 batch loop for both: ``format("lakesink")``'s :class:`lakesink.sink.datasource.StreamCommits`, ``foreach_batch``'s
-commit-or-abort (lakesink.sink.foreach). A batch found committed when it was planned (``skip_replay``) is the
+commit-or-abort (lakesink.sink.commit). A batch found committed when it was planned (``skip_replay``) is the
 entry point's to tell, with what it knows of the batch's tables (one table's uuid, a routed batch's routes).
 """
 

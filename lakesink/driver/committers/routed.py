@@ -48,7 +48,7 @@ from lakesink.errors import (
     TooManyRejectedError,
 )
 from lakesink.executor import upsert_task
-from lakesink.executor.messages import TaskResult, WritePlan, schema_digest
+from lakesink.executor.messages import TaskIds, TaskResult, WritePlan, schema_digest
 from lakesink.executor.routed_writer import (
     RoutedTaskResult,
     conform_to_table,
@@ -354,16 +354,8 @@ class RoutedCommitter(RoutedTables):
         for name in tables:
             c = self.committer(name)
             table = c.load_patiently(batch_id)
-            action = c.unit_action(
-                table,
-                query_id=query_id,
-                batch_id=batch_id,
-                results=(),
-                source_offsets=source_offsets,
-                run_id=run_id,
-                unit={},
-                found_at_plan=found_at_plan,
-                batch_time=batch_time,
+            action = c.action_without_files(
+                table, query_id, batch_id, source_offsets, run_id, found_at_plan=found_at_plan, batch_time=batch_time
             )
             actions.append((c, action))
         return self._run(actions, query_id, batch_id, tables if found_at_plan else None)
@@ -450,7 +442,7 @@ class RoutedCommitter(RoutedTables):
                 batch_id,
             )
         writer = TaskWriter(
-            plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0
+            plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0)
         )  # a new token: unique names
         old = [f.path for r in results for f in r.files]
         io = load_file_io(dict(self.catalog.properties), old[0] if old else None)

@@ -457,16 +457,7 @@ class RoutedTables:
             done = c.last(table, query_id)
             if done is None or done.batch_id < batch_id:
                 continue
-            action = c.unit_action(
-                table,
-                query_id=query_id,
-                batch_id=batch_id,
-                results=(),
-                source_offsets=source_offsets,
-                run_id=run_id,
-                unit={},
-                found_at_plan=True,
-            )
+            action = c.action_without_files(table, query_id, batch_id, source_offsets, run_id, found_at_plan=True)
             UnitMember(c, action, query_id=query_id, batch_id=batch_id, tables=tables).landed(table)
 
     def written_plans(self, query_id: str | None) -> dict[str, WritePlan]:

@@ -9,7 +9,6 @@ other input, a second sink of the same run), and which files may be deleted.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -37,10 +36,11 @@ from lakesink.driver.actions.batch import (
     committed,
 )
 from lakesink.driver.actions.completeness import BatchTime
+from lakesink.driver.committers import outcomes
 from lakesink.driver.loop import indoubt, swap, turns
 from lakesink.driver.loop.action import CommitAction
 from lakesink.driver.loop.swap import RetriesExhausted, Status
-from lakesink.driver.report import metrics, reporting
+from lakesink.driver.report import reporting
 from lakesink.driver.tables.schema import SchemaChange
 from lakesink.driver.tables.sink_table import SinkTable
 from lakesink.errors import (
@@ -50,7 +50,6 @@ from lakesink.errors import (
     DuplicateSinkError,
     LakesinkError,
 )
-from lakesink.executor import upsert_task
 from lakesink.executor.messages import RowChecks, TaskResult, WritePlan, schema_digest
 from lakesink.faults import DRIVER_IN_ABORT, fault_point
 from lakesink.options import OutputMode, SinkOptions
@@ -63,13 +62,6 @@ from lakesink.table.markers import (
 )
 
 log = logging.getLogger("lakesink")
-
-
-_METRICS_OUTCOME = {
-    Outcome.COMMITTED: metrics.COMMITTED,
-    Outcome.REPLAY_SKIPPED: metrics.REPLAY_SKIPPED,
-    Outcome.EMPTY: metrics.EMPTY,
-}
 
 
 class CommitHook(Protocol):
@@ -232,34 +224,49 @@ class TableCommitter(SinkTable):
         was planned (``found_at_plan``, foreach_batch) or by every task (a replay completing the others), a replay
         that must still be there. With option ``upsert-key`` the tasks resolved their rows of the table and returned
         the keys they change: the batch is this table's :class:`UpsertBatch`, the very action of a table of its own."""
-        parts = [r.changes for r in results if r.changes]
-        changes = upsert_task.merge(parts, batch_id=batch_id) if parts else None
         batch = Batch.new(
             query_id=query_id,
             batch_id=batch_id,
             results=results,
             source_offsets=source_offsets,
             run_id=run_id,
-            changes=changes if changes is not None and changes.num_rows else None,
             unit=unit,
             batch_time=batch_time,
         )
-        found = found_at_plan or bool(results and all(r.replay_skipped for r in results))
+        found = _found(results, found_at_plan)
         return action_for(self, table, batch, found_at_plan=found, truncate=truncate, truncate_at=truncate_at)
+
+    def action_without_files(
+        self,
+        table: Table,
+        query_id: str,
+        batch_id: int,
+        source_offsets: str | None,
+        run_id: str | None,
+        *,
+        found_at_plan: bool,
+        batch_time: BatchTime | None = None,
+    ) -> BatchAction:
+        """:meth:`unit_action` of a table the batch wrote no file to: it holds the batch already (``found_at_plan``),
+        or the batch is empty there (its marker moves)."""
+        return self.unit_action(
+            table,
+            query_id=query_id,
+            batch_id=batch_id,
+            results=(),
+            source_offsets=source_offsets,
+            run_id=run_id,
+            unit={},
+            found_at_plan=found_at_plan,
+            batch_time=batch_time,
+        )
 
     def unit_outcome(self, action: CommitAction, result: swap.SwapResult) -> BatchOutcome:
         """What this table's action of a batch of several tables came to (a replay checked, its files deleted)."""
         assert isinstance(action, BatchAction)
         batch, table = action.batch, action.table
         if result.status is Status.ALREADY_COMMITTED:
-            assert result.done is not None
-            try:
-                replay.check_replay(self, table, batch, result.done)
-            except DuplicateSinkError:
-                self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
-                raise
-            self._delete(table, batch.paths, reason="batch already committed (replay)")
-            return self._logged(BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1), batch)
+            return self._logged(self._replayed(table, batch, result), batch)
         if isinstance(action, MarkEmptyBatch):
             return self._logged(BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1), batch)
         return self._logged(committed(batch, result), batch)
@@ -294,16 +301,13 @@ class TableCommitter(SinkTable):
         batch_time: BatchTime | None = None,
         batch_rows: int | None = None,
     ) -> BatchOutcome:
-        if changes is None and any(r.changes for r in results):
-            # format("lakesink") with upsert-key: the tasks resolved their rows; a key of two tasks is an error
-            changes = upsert_task.merge([r.changes for r in results if r.changes], batch_id=batch_id)
         batch = Batch.new(
             query_id=query_id,
             batch_id=batch_id,
             results=results,
             source_offsets=source_offsets,
             run_id=run_id,
-            changes=changes if changes is not None and changes.num_rows else None,
+            changes=changes,
             batch_time=batch_time,
         )
         expected_uuid = table_uuid or next((r.table_uuid for r in results if r.table_uuid), None)
@@ -322,8 +326,7 @@ class TableCommitter(SinkTable):
             self,
             table,
             batch,
-            # found committed when the batch was planned (foreach_batch), or by every task (format("lakesink"))
-            found_at_plan=found_at_plan or bool(results and all(r.replay_skipped for r in results)),
+            found_at_plan=_found(results, found_at_plan),
             overwrite=self.options.output_mode is OutputMode.COMPLETE,
             # every row a dead letter: a snapshot without files records the batch and its count of dead letters
             records_letters=not batch.files and self.dead_letters is not None and bool(self._letters(batch).files),
@@ -384,15 +387,7 @@ class TableCommitter(SinkTable):
                 "the query replays the batch"
             ) from e.last
         if result.status is Status.ALREADY_COMMITTED:
-            assert result.done is not None
-            try:
-                replay.check_replay(self, table, batch, result.done)
-            except DuplicateSinkError:
-                self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
-                self._letters_deleted(batch, reason="a second sink of the same run wrote the batch")
-                raise
-            self._delete(table, batch.paths, reason="batch already committed (replay)")
-            return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
+            return self._replayed(table, batch, result, letters=True)
         assert result.snapshot_id is not None
         if isinstance(action, UpsertBatch) and action.rewrites:
             last = action.rewrites[-1]
@@ -407,6 +402,21 @@ class TableCommitter(SinkTable):
                 last.bytes_read,
             )
         return committed(batch, result)
+
+    def _replayed(self, table: Table, batch: Batch, result: swap.SwapResult, *, letters: bool = False) -> BatchOutcome:
+        """The batch's commit found it committed already (``result``): a faithful replay deletes its files and is
+        skipped; a second sink of the same run (DuplicateSinkError) deletes them too (``letters``: and its dead
+        letters') and fails."""
+        assert result.done is not None
+        try:
+            replay.check_replay(self, table, batch, result.done)
+        except DuplicateSinkError:
+            self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
+            if letters:
+                self._letters_deleted(batch, reason="a second sink of the same run wrote the batch")
+            raise
+        self._delete(table, batch.paths, reason="batch already committed (replay)")
+        return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
 
     def marker_key(self, batch: Batch) -> str:
         return last_batch_key(batch.query_id, self.options.sink_id)
@@ -508,67 +518,9 @@ class TableCommitter(SinkTable):
         return changes
 
     def _logged(self, outcome: BatchOutcome, batch: Batch) -> BatchOutcome:
-        """Log the batch's outcome and report its metrics (lakesink.driver.report.reporting: after the commit, never raising)."""
-        query_id = batch.query_id
-        indoubt.clear(self.table_name, query_id, self.options.sink_id, outcome.batch_id)  # the batch is settled now
-        reporting.report(
-            self._metrics(outcome, batch),
-            catalog=self.catalog,
-            identifier=self.options.table.identifier,
-            export=self.options.metrics,
-        )
-        if outcome.outcome is Outcome.COMMITTED:
-            log.info(
-                "lakesink: table=%s query=%s%s batch=%s committed snapshot=%s files=%s rows=%s bytes=%s "
-                "commit_ms=%.1f retries=%s",
-                self.table_name,
-                query_id,
-                f" sink={self.options.sink_id}" if self.options.sink_id else "",
-                outcome.batch_id,
-                outcome.snapshot_id,
-                outcome.files,
-                outcome.rows,
-                outcome.bytes,
-                outcome.commit_ms,
-                outcome.retries,
-            )
-        else:
-            log.info(
-                "lakesink: table=%s query=%s%s batch=%s %s",
-                self.table_name,
-                query_id,
-                f" sink={self.options.sink_id}" if self.options.sink_id else "",
-                outcome.batch_id,
-                outcome.outcome.value,
-            )
-        return outcome
-
-    def _metrics(self, outcome: BatchOutcome, batch: Batch) -> metrics.CommitMetrics:
-        """The batch's commit metrics on this table, from what the commit knows (task results, swap result, snapshot)."""
-        letters = sum(f.record_count for r in batch.results if r.dead_letters is not None for f in r.dead_letters.files)
-        received = sum(r.rows_in for r in batch.results)
-        committed = outcome.outcome is Outcome.COMMITTED
-        rows = sum(f.record_count for f in batch.files)
-        watermark = batch.time.watermark_ms if batch.time is not None else None
-        return metrics.CommitMetrics(
-            table=self.table_name,
-            query_id=batch.query_id,
-            sink_id=self.options.sink_id,
-            batch_id=batch.batch_id,
-            outcome=_METRICS_OUTCOME[outcome.outcome],
-            snapshot_id=outcome.snapshot_id if committed else None,
-            sequence_number=outcome.sequence_number,
-            operation=outcome.operation,
-            rows_in=received or rows + letters,
-            rows_written=outcome.rows,
-            dead_letters=letters if committed else 0,
-            data_files=outcome.files,
-            bytes_written=outcome.bytes,
-            commit_duration_ns=int((outcome.commit_ms / 1000 if committed else time.monotonic() - batch.started) * 1e9),
-            attempts=outcome.retries + 1,
-            watermark_lag_ms=int(time.time() * 1000) - watermark if watermark is not None else None,
-            summary=outcome.summary,
-        )
+        """The batch's outcome on this table, settled: logged and its metrics reported (lakesink.driver.committers.outcomes)."""
+        indoubt.clear(self.table_name, batch.query_id, self.options.sink_id, outcome.batch_id)  # the batch is settled now
+        return outcomes.logged(self, outcome, batch)
 
     # --- abort --------------------------------------------------------------------------------------
 
@@ -630,3 +582,8 @@ class TableCommitter(SinkTable):
                 log.warning("lakesink: could not delete %s (%s); an orphan clean-up collects it", path, self.redact(e))
         if paths:
             log.info("lakesink: table=%s deleted %s unreferenced file(s): %s", self.table_name, len(paths), reason)
+
+
+def _found(results: Sequence[TaskResult], found_at_plan: bool) -> bool:
+    """Found committed when the batch was planned (foreach_batch), or by every task (format("lakesink"))."""
+    return found_at_plan or bool(results and all(r.replay_skipped for r in results))

@@ -1,0 +1,87 @@
+"""A batch's commit as the driver-side entry points run it, after the batch was planned.
+
+:func:`commit_or_abort`: the one commit of ``foreach_batch`` (one table or many) and of a staged batch, and the abort
+that follows when it raised. :func:`commit_routed`: a routed batch from its plans on -- the replay check of the whole
+batch before any file is written, the skip of a batch every table holds already, the write, the commit -- the same
+sequence for foreach_batch's two write paths (lakesink.sink.foreach) and format("lakesink")'s staged batch
+(lakesink.sink.staged).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+
+from lakesink.driver.actions.completeness import BatchTime
+from lakesink.driver.committers.interface import BatchCommitter
+from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
+from lakesink.executor.messages import WritePlan
+from lakesink.executor.routed_writer import RoutedTaskResult
+from lakesink.table.routes import Route
+
+log = logging.getLogger("lakesink")
+
+M = TypeVar("M")
+OutcomeT = TypeVar("OutcomeT")
+
+
+def commit_or_abort(
+    committer: BatchCommitter[M], *, query_id: str, batch_id: int, results: Sequence[M], commit: Callable[[], OutcomeT]
+) -> OutcomeT:
+    """The batch's commit (``commit``: a call of the committer's ``commit_batch`` with what this batch knows, its
+    arguments computed inside it), or, when it raised, what Spark does for a data source whose commit raised: abort
+    with the complete task results (abort settles by reading the table; it never deletes files a committed snapshot
+    references), and the error raised again. foreach_batch's one commit, for one table or many."""
+    try:
+        return commit()
+    except BaseException:
+        try:
+            committer.abort_batch(query_id=query_id, batch_id=batch_id, results=results)
+        except Exception:
+            log.exception("lakesink: abort of batch %s failed; its files are left for orphan clean-up", batch_id)
+        raise
+
+
+def commit_routed(
+    routed: RoutedCommitter,
+    *,
+    query_id: str,
+    batch_id: int,
+    routes: Sequence[Route],
+    plans: Mapping[str, WritePlan],
+    source_offsets: str | None,
+    run_id: str | None,
+    write: Callable[[], list[RoutedTaskResult]],
+    batch_time: Callable[[], BatchTime | None],
+    invalid: bool = False,
+) -> RoutedOutcome:
+    """A routed batch whose tables are planned (``plans`` of ``routes``): a batch some of its tables hold already is
+    decided for the whole batch, before any file is written (``check_replay_at_plan``); one every table held when it
+    was planned is skipped; else its files are written (``write``, also when the batch has only rows of an invalid
+    route, ``invalid``: dead letters) and committed as one unit, or aborted when the commit raised."""
+    routed.check_replay_at_plan(query_id=query_id, batch_id=batch_id, source_offsets=source_offsets, run_id=run_id)
+    if (
+        routes
+        and not invalid
+        and all(p.last_committed_batch is not None and batch_id <= p.last_committed_batch for p in plans.values())
+    ):
+        # found committed in every table when planned: checked before any file is written
+        return routed.skip_replay(
+            query_id=query_id, batch_id=batch_id, routes=routes, source_offsets=source_offsets, run_id=run_id
+        )
+    results = write() if routes or invalid else []
+    return commit_or_abort(
+        routed,
+        query_id=query_id,
+        batch_id=batch_id,
+        results=results,
+        commit=lambda: routed.commit_batch(
+            query_id=query_id,
+            batch_id=batch_id,
+            results=results,
+            source_offsets=source_offsets,
+            run_id=run_id,
+            batch_time=batch_time(),
+        ),
+    )
