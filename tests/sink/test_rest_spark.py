@@ -4,11 +4,17 @@ optimistic lock enforced by the fault proxy); and format("lakesink") with route-
 routing soak, tests/soak/routing.py).
 
 Each test runs the kill -9 soak (tests/soak/runner.py, docs/soak.md) with the catalog given to the job as its
-default catalog: the job is SIGKILLed at a random moment, inside the commit before the swap, and while the commit
-is held right after the swap (the batch in the table, not in Spark's commit log), and restarted from its
-checkpoint each time; meanwhile the proxy answers some commit requests with a 5xx after the server applied them,
-refuses one before, and reports a 409 for one it applied. The verdict is the soak's: every id exactly once (read
-back with DuckDB), every batch in one snapshot, no gap, every replayed batch skipped.
+default catalog: the job is SIGKILLed while the commit is held right after the swap (the batch in the table, not in
+Spark's commit log) and once more, either inside the commit before the swap or at a random moment (SCHEDULES), and
+restarted from its checkpoint each time; meanwhile the proxy answers some commit requests with a 5xx after the
+server applied them, refuses one before, and reports a 409 for one it applied. The verdict is the soak's: every id
+exactly once (read back with DuckDB), every batch in one snapshot, no gap, every replayed batch skipped.
+
+Each kill costs a Spark start-up (one job run, about a fifth of a test's time), so each fault point is hit once per
+catalog and once per entry point, not once per (catalog, entry point): the kill before the swap and the random-moment
+kill are shared out between the entry points crosswise (SCHEDULES), the kill after the swap -- the one whose replay is
+catalog-specific (the next run reads the batch's snapshot back from the REST server or Glue) -- runs in all four. The
+same fault points on the embedded SQLite catalog, both entry points each: tests/test_soak.py.
 """
 
 from __future__ import annotations
@@ -30,17 +36,29 @@ from tests.test_soak import SMALL
 pytestmark = pytest.mark.spark
 
 
-def run_soak(tmp_path: Path, props: dict[str, str], table: str, entry: str) -> dict[str, Any]:
+AFTER_SWAP = PAUSE_KILL  # the commit held right after the swap, the job SIGKILLed: the replay must be skipped
+BEFORE_SWAP = f"{COMMIT_KILL}@{DRIVER_BEFORE_SWAP}"  # the committing process SIGKILLs itself before the swap
+# (catalog, entry) -> the kill rounds, in order. Every test kills after the swap; the kill before the swap and the
+# random-moment kill (DELAY, 0-3 s after the query started) go crosswise: each once per catalog and once per entry.
+# The random-moment kill comes after the first commit: a SIGKILL during Spark's very first offset write leaves
+# offsets/.0.<uuid>.tmp, and Spark 4.3 then refuses the checkpoint for good (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY:
+# "offsets should be empty on batch 0"), seen once here.
+SCHEDULES = {
+    ("rest", "format"): (BEFORE_SWAP, AFTER_SWAP),
+    ("rest", "foreach"): (AFTER_SWAP, DELAY),
+    ("glue", "format"): (AFTER_SWAP, DELAY),
+    ("glue", "foreach"): (BEFORE_SWAP, AFTER_SWAP),
+}
+
+
+def run_soak(tmp_path: Path, props: dict[str, str], table: str, entry: str, schedule: tuple[str, ...]) -> dict[str, Any]:
     out = tmp_path / "soak.json"
     code = main(
         [
             "--dir", str(tmp_path / "soak"), "--json", str(out), *SMALL,
             "--seed", str(run_seed("soak: the delay and the commit kill's linger")),
-            "--rounds", "3", "--entry", entry, "--writer", "arrow",
-            # the random-moment kill comes after the first commit: a SIGKILL during Spark's very first offset write
-            # leaves offsets/.0.<uuid>.tmp, and Spark 4.3 then refuses the checkpoint for good
-            # (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY: "offsets should be empty on batch 0"), seen once here
-            "--schedule", f"{COMMIT_KILL}@driver.before-swap,{DELAY},{PAUSE_KILL}", "--max-delay", "3",
+            "--rounds", str(len(schedule)), "--entry", entry, "--writer", "arrow",
+            "--schedule", ",".join(schedule), "--max-delay", "3",
             "--catalog-json", json.dumps(props), "--table", table,
             "--run-timeout", "420",  # the loaded 2-core machine: the first REST commit worker can take minutes
         ]
@@ -53,6 +71,9 @@ def run_soak(tmp_path: Path, props: dict[str, str], table: str, entry: str) -> d
     assert seed["rows_in_table"] == seed["rows_sent"] > 0
     assert seed["kills_landed"][IN_TABLE_NOT_COMMIT_LOG] >= 1
     assert seed["replays"]["already_in_table_skipped"] >= 1
+    rounds = seed["round_log"]  # every round of the schedule delivered, in its order
+    assert len(rounds) == len(schedule), rounds
+    assert [r["phase"] + (f"@{r['point']}" if "@" in s else "") for r, s in zip(rounds, schedule, strict=True)] == list(schedule)
     return dict(seed)
 
 
@@ -73,7 +94,7 @@ def test_sigkill_rounds_and_http_faults_against_the_rest_server(
 ) -> None:
     props = lakana.catalog_properties(tmp_path / "warehouse", uri=rest_proxy.uri)
     faults = arm_commit_faults(rest_proxy)
-    run_soak(tmp_path, props, "bronze.events", entry)
+    run_soak(tmp_path, props, "bronze.events", entry, SCHEDULES["rest", entry])
     assert all(f.fired for f in faults), [(f.action, f.fired) for f in faults]
 
 
@@ -87,7 +108,7 @@ def test_sigkill_rounds_and_http_faults_against_glue(
         glue_proxy.arm("commit", "status-after", status=500),  # applied, answer lost: botocore re-sends it
         glue_proxy.arm("commit", "status-before", status=503),  # refused: botocore re-sends it
     ]
-    run_soak(tmp_path, props, f"glue_{uuid.uuid4().hex[:8]}.events", entry)
+    run_soak(tmp_path, props, f"glue_{uuid.uuid4().hex[:8]}.events", entry, SCHEDULES["glue", entry])
     assert all(f.fired for f in faults), [(f.action, f.fired) for f in faults]
 
 
