@@ -119,6 +119,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
 
 
+_jvm_archive_build: Any = None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A session with Spark tests writes the class data sharing archive of the tests' job JVMs in the background when
+    this machine has none yet (tests/jobs/jvm.py): the jobs started after it is there start faster, those before run
+    without it. The other pytest-xdist worker's build finds the first one's lock and ends at once."""
+    global _jvm_archive_build
+    if session.config.option.collectonly or not any(item.get_closest_marker(SPARK_MARKER) for item in session.items):
+        return
+    from tests.jobs import jvm
+
+    _jvm_archive_build = jvm.start_background_build()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from tests.jobs import jvm
+
+    jvm.stop_background_build(_jvm_archive_build)
+
+
 class SparkWithoutMarkerError(Exception):
     pass
 
