@@ -110,6 +110,8 @@ def test_a_job_runs_with_the_archive_mapped_into_its_jvm(tmp_path: Path) -> None
     assert archive is not None, "the archive could not be written: run python -m tests.jobs.jvm to see why"
     ids = write_json_input(tmp_path / "input", files=4, rows_per_file=25)
     env = dict(os.environ, LAKESINK_HOME=str(tmp_path / "lakehouse"))
+    # the job is this repository's module (tests.soak.job), run from tmp_path: the repository on its path
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(jvm.REPO), env.get("PYTHONPATH", "")) if p)
     env.pop("PYSPARK_SUBMIT_ARGS", None)
     cmd = [sys.executable, "-m", "tests.soak.job", "--input", str(tmp_path / "input")]
     cmd += ["--checkpoint", str(tmp_path / "ck"), "--table", "cds.events"]

@@ -206,6 +206,7 @@ _KILLED_DRIVER = textwrap.dedent(
     import json, sys
     import pyarrow as pa
     from lakesink.driver.committers.table import TableCommitter
+    from lakesink.executor.messages import TaskIds
     from lakesink.executor.task_writer import TaskWriter
     from lakesink.maintenance.auto import auto_maintenance
     from lakesink.options import SinkOptions, TableName
@@ -215,7 +216,8 @@ _KILLED_DRIVER = textwrap.dedent(
     c = TableCommitter(options, post_commit=auto_maintenance)
     rows = pa.table({"id": pa.array([100, 101], pa.int64()), "user": pa.array(["a", "b"])})
     plan = c.write_plan(c.open_table(rows.schema), query_id)
-    result = TaskWriter(plan, query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0).write(rows.to_batches())
+    ids = TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0)
+    result = TaskWriter(plan, ids).write(rows.to_batches())
     c.commit_batch(query_id=query_id, batch_id=batch_id, results=[result], source_offsets=None)  # killed before the swap
     print("the driver was not killed")
     """
