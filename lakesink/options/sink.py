@@ -259,15 +259,15 @@ def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterK
             f"option '{ROUTE_BY}' writes through Spark's executors (Python workers, or Spark's own Parquet writer); "
             f"writer={writer.value!r} cannot be used with it: use writer='auto', 'arrow' or 'spark'"
         )
-    if writer is WriterKind.SPARK:
-        # lakesink.sink.spark_routed: one Spark write job, the rows never pass through Python workers
-        needs_workers = [k for k in (UPSERT_KEY, PAYLOAD) if lowered.get(k, "").strip()]
-        if needs_workers:
-            raise InvalidOptionError(
-                f"option '{ROUTE_BY}' with writer='spark' cannot be used with option(s) "
-                f"{', '.join(repr(k) for k in needs_workers)} yet: a routed upsert resolves and a payload expands each "
-                "table's rows in Python workers (the Arrow path); use writer='auto' or 'arrow' (docs/routing.md)"
-            )
+    if writer is WriterKind.SPARK and lowered.get(PAYLOAD, "").strip():
+        # lakesink.sink.spark_routed: the rows never pass through Python workers (upserts: resolved by Spark,
+        # lakesink.sink.upsert_batch.resolve_routed)
+        raise InvalidOptionError(
+            f"option '{ROUTE_BY}' with writer='spark' cannot be used with option '{PAYLOAD}' (nor 'cdc-format', which "
+            "sets it): a payload's columns are inferred per table from the batch's JSON, Debezium's Kafka Connect types "
+            "decoded, and each row expanded into its table's columns by lakesink's Python code in Python workers "
+            "(lakesink.executor.payload), which Spark's writer never runs; use writer='auto' or 'arrow' (docs/routing.md)"
+        )
     namespace: tuple[str, ...] = ()
     if lowered.get(NAMESPACE, "").strip():
         parsed = parse_namespace(lowered[NAMESPACE].strip())

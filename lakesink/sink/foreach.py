@@ -191,6 +191,17 @@ def routed_keys_by_value(
     return out
 
 
+def routed_tables_by_value(values: Sequence[object], routing: Routing) -> dict[str, str]:
+    """Each valid routing value's table (``t`` and ``db.t`` with namespace ``db`` name one table), for resolving a
+    routed batch's upserts per table."""
+    out: dict[str, str] = {}
+    for value in values:
+        route = parse_route(value, routing.namespace, routing.allowed_namespaces)
+        if isinstance(value, str) and isinstance(route, Route):
+            out[value] = str(route)
+    return out
+
+
 def read_once(df: DataFrame) -> DataFrame:
     """The batch persisted (lazily: the first Spark job over it fills the cache) at storage level MEMORY_AND_DISK, for
     a batch that more than one Spark job reads. With option route-by, foreach_batch reads its batch in two jobs at
@@ -403,7 +414,8 @@ class ForeachBatchSink:
             deletes_computed = False
             if self.options.upserts:  # each task resolves its rows of each table (lakesink.executor.upsert_task)
                 keys = routed_keys_by_value(values, routing, routed.table_keys)
-                df, deletes_computed = upsert_batch.for_routed_tasks(df, routing.column, self.options, keys)
+                tables = routed_tables_by_value(values, routing)  # one table's spellings: one partition
+                df, deletes_computed = upsert_batch.for_routed_tasks(df, routing.column, self.options, keys, tables)
             plan = routed.routed_plan(
                 plans, query_id, template=False, reject_column=reject_column, deletes_computed=deletes_computed
             )
@@ -441,12 +453,14 @@ class ForeachBatchSink:
                     f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'"
                 )
         written: spark_routed.RoutedSparkWrite | None = None
+        resolved: upsert_batch.RoutedResolution | None = None  # upserts: each (table, key) resolved by Spark
 
         def write() -> list[RoutedTaskResult]:
-            nonlocal written
+            nonlocal written, resolved
+            resolved = self._resolve_routed(df, batch_id, values, routed) if self.options.upserts else None
             targets = [p.settings.target_file_size for p in plans.values()]
             written = spark_routed.write_routed(
-                df,
+                resolved.rows if resolved is not None else df,
                 column=routing.column,
                 namespace=routing.namespace,
                 allowed=routing.allowed_namespaces,
@@ -469,13 +483,28 @@ class ForeachBatchSink:
             )
             if written.record_count:
                 self._bytes_per_row = written.size_in_bytes / written.record_count
-            return [written.result]
+            return resolved.with_keys([written.result]) if resolved is not None else [written.result]
 
         try:
             return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write)
         finally:
             for directory in written.directories if written is not None else ():
                 storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)
+            if resolved is not None:
+                resolved.release()
+
+    def _resolve_routed(
+        self, df: DataFrame, batch_id: int, values: Sequence[object], routed: RoutedCommitter
+    ) -> upsert_batch.RoutedResolution:
+        """Route-by with writer='spark' and upserts: the batch resolved to one row per (table, key) by Spark
+        (lakesink.sink.upsert_batch.resolve_routed), each table by its own key (``routed.table_keys``, set when its plan
+        was made); each table's changes then go to its part of the unit commit, the single table's UpsertBatch."""
+        routing = self.options.routing
+        assert routing is not None
+        tables = routed_tables_by_value(values, routing)
+        return upsert_batch.resolve_routed(
+            df, batch_id, self.options, column=routing.column, tables=tables, keys=routed.table_keys
+        )
 
     def _commit_routed(
         self,

@@ -315,9 +315,13 @@ def _write_group(
 
 
 def _rename(spark: Any, source: str, target: str) -> None:
-    """Move a table's folder of the job into a batch directory of its own data location (same filesystem)."""
+    """Move a table's folder of the job into a batch directory of its own data location (same filesystem). A table the
+    job wrote no row to has no folder (with upserts: a table whose changes in the batch are all deletes): nothing to
+    move (its files must then hold no row, which :func:`spark_write.files_of_write` checks)."""
     local_source, local_target = storage.local_path(source), storage.local_path(target)
     if local_source is not None and local_target is not None:
+        if not os.path.exists(local_source):
+            return
         os.makedirs(os.path.dirname(local_target), exist_ok=True)
         os.rename(local_source, local_target)
         return
@@ -327,6 +331,8 @@ def _rename(spark: Any, source: str, target: str) -> None:
     path = jvm.org.apache.hadoop.fs.Path
     src, dst = path(storage.spark_location(source)), path(storage.spark_location(target))
     fs = src.getFileSystem(jsc.hadoopConfiguration())
+    if not fs.exists(src):
+        return
     fs.mkdirs(dst.getParent())
     if not fs.rename(src, dst):
         raise LakesinkError(

@@ -6,9 +6,11 @@ because the commit must know which keys the batch replaces or deletes. The rows 
 key, deletes removed) are written by the usual write paths; :mod:`lakesink.driver.actions.upsert` then
 rewrites the table's files that hold any of the keys (copy-on-write) in the batch's own snapshot.
 
-With option route-by the batch is not resolved here: :func:`for_routed_tasks` makes every task hold all the rows of
-its (table, key) pairs, and the routed tasks resolve them as ``format("lakesink")``'s do (one resolution for both entry
-points of a routed sink).
+With option route-by on the Arrow path the batch is not resolved here: :func:`for_routed_tasks` makes every task hold
+all the rows of its (table, key) pairs, and the routed tasks resolve them as ``format("lakesink")``'s do (one resolution
+for both entry points of a routed sink). With route-by and ``writer='spark'`` no row may pass through a Python worker:
+:func:`resolve_routed` resolves each (table, key) here, in Spark, as :func:`resolve` resolves one table's keys, and the
+keys each table's changes carry go to the routed commit, whose per-table action is the single table's upsert.
 
 Why not in ``format("lakesink")``: its writers each see one partition of the batch, never the whole
 batch, so several rows of one key in different partitions could not be resolved (and Spark rejects
@@ -17,20 +19,24 @@ batch, so several rows of one key in different partitions could not be resolved 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lakesink.errors import InvalidOptionError, UpsertKeyError
+from lakesink.executor import upsert_task
+from lakesink.executor.routed_writer import RoutedTaskResult
 from lakesink.options import DELETE_WHEN, ORDER_BY, UPSERT_KEY, SinkOptions
 from lakesink.table.keys import COUNT_COLUMN as _COUNT
-from lakesink.table.keys import DELETED
+from lakesink.table.keys import DELETED, ROUTED_TABLE_COLUMN
 from lakesink.table.keys import ORDER_COLUMN as ORDER
 from lakesink.table.keys import TOP_COLUMN as _TOP
 
@@ -69,12 +75,22 @@ def resolve(df: DataFrame, batch_id: int, options: SinkOptions) -> ResolvedBatch
     (naming the key), before anything is written; InvalidOptionError for a key or ``order-by`` column the batch
     lacks, or a ``delete-when`` expression Spark cannot evaluate over the batch.
     """
-    keys = key_columns(df, options.upsert_key)
+    return _resolve(df, batch_id, options, key_columns(df, options.upsert_key))
+
+
+def _resolve(
+    df: DataFrame, batch_id: int, options: SinkOptions, keys: Sequence[str], *, tables: Sequence[str] | None = None
+) -> ResolvedBatch:
+    """:func:`resolve` over the key columns ``keys``. ``tables`` (option route-by, :func:`resolve_routed`): the rows carry
+    their table's number among ``tables`` in :data:`ROUTED_TABLE_COLUMN`, each (table, key) is resolved on its own, an
+    error names the table, and the keys come back with the table's number first."""
+    by = [F.col(ROUTED_TABLE_COLUMN)] if tables is not None else []
+    group = [*by, *[F.col(k) for k in keys]]
     candidate = df
     order: str | None = None
     if options.order_by is not None:
         order = _column(df, options.order_by, ORDER_BY)
-        top = F.max(F.col(order)).over(Window.partitionBy(*[F.col(k) for k in keys]))
+        top = F.max(F.col(order)).over(Window.partitionBy(*group))
         candidate = df.withColumn(_TOP, top).where(F.col(order).eqNullSafe(F.col(_TOP))).drop(_TOP)
     try:
         flag = F.lit(False)
@@ -82,7 +98,7 @@ def resolve(df: DataFrame, batch_id: int, options: SinkOptions) -> ResolvedBatch
             flag = F.coalesce(F.expr(options.delete_when).cast("boolean"), F.lit(False))
         cached = candidate.withColumn(DELETED, flag).persist()
         bad = (
-            cached.groupBy(*[F.col(k) for k in keys])
+            cached.groupBy(*group)
             .agg(F.count(F.lit(1)).alias(_COUNT))
             .where((F.col(_COUNT) > 1) | _any_null(keys))
             .limit(1)
@@ -98,41 +114,127 @@ def resolve(df: DataFrame, batch_id: int, options: SinkOptions) -> ResolvedBatch
     if bad:
         cached.unpersist()
         row = bad[0]
+        number = row[ROUTED_TABLE_COLUMN] if tables is not None else None
+        where = f" for table {tables[number]}" if tables is not None and number is not None else ""
         nulls = [k for k in keys if row[k] is None]
         if nulls:
             raise UpsertKeyError(
-                f"batch {batch_id} has a row whose key column {nulls[0]!r} is null; option '{UPSERT_KEY}' "
+                f"batch {batch_id} has a row{where} whose key column {nulls[0]!r} is null; option '{UPSERT_KEY}' "
                 f"({', '.join(keys)}) needs a value in every key column. Nothing was committed; filter or fill the "
                 "null keys before the sink"
             )
         key = ", ".join(f"{k}={row[k]!r}" for k in keys)
         if options.order_by is None:
             raise UpsertKeyError(
-                f"batch {batch_id} has {row[_COUNT]} rows for key ({key}): with option '{UPSERT_KEY}' and no option "
-                f"'{ORDER_BY}', a batch may hold one row per key. Nothing was committed; give option '{ORDER_BY}' (a "
-                "column whose greatest value wins, e.g. an event time or sequence number) or de-duplicate the stream"
+                f"batch {batch_id} has {row[_COUNT]} rows for key ({key}){where}: with option '{UPSERT_KEY}' and no "
+                f"option '{ORDER_BY}', a batch may hold one row per key. Nothing was committed; give option '{ORDER_BY}' "
+                "(a column whose greatest value wins, e.g. an event time or sequence number) or de-duplicate the stream"
             )
         raise UpsertKeyError(
-            f"batch {batch_id} has {row[_COUNT]} rows for key ({key}) with the same greatest '{ORDER_BY}' value "
+            f"batch {batch_id} has {row[_COUNT]} rows for key ({key}){where} with the same greatest '{ORDER_BY}' value "
             f"({options.order_by}): lakesink cannot tell which one wins. Nothing was committed; order by a column "
             "whose values are unique per key (e.g. a sequence number)"
         )
     # with order-by, each key's order value too: the commit compares it with the one the table holds
     ordered = [F.col(order).alias(ORDER)] if order is not None else []
-    changed = cached.select(*[F.col(k) for k in keys], F.col(DELETED), *ordered).toArrow()
+    changed = cached.select(*group, F.col(DELETED), *ordered).toArrow()
     rows = cached.where(~F.col(DELETED)).drop(DELETED)
     return ResolvedBatch(rows=rows, keys=changed, cached=cached)
 
 
+@dataclass(frozen=True)
+class RoutedResolution:
+    """A routed batch of changes resolved to one row per (table, key) in Spark (option route-by with writer='spark')."""
+
+    rows: DataFrame
+    """The rows to write: the last row of every (table, key) the batch does not delete (the batch's columns)."""
+    keys: Mapping[str, pa.Table]
+    """Each table's keys the batch changes, as :attr:`ResolvedBatch.keys` (the table's key columns as the batch spells them)."""
+    cached: tuple[DataFrame, ...]
+
+    def with_keys(self, results: Sequence[RoutedTaskResult]) -> list[RoutedTaskResult]:
+        """The written batch's results, each table's with the keys the batch changes there (Arrow IPC, as a routed
+        task of the Arrow path returns them: lakesink.executor.upsert_task.to_ipc). The routed commit then makes each
+        table's part of the unit the single-table upsert's action (lakesink.driver.actions.batch.UpsertBatch: the
+        files holding the keys rewritten without them, the order file of order-by), in the one unit commit."""
+        out = []
+        for r in results:
+            tables = []
+            for t in r.tables:
+                keys = self.keys.get(t.table)
+                changes = upsert_task.to_ipc(keys) if keys is not None else None
+                tables.append(dataclasses.replace(t, result=dataclasses.replace(t.result, changes=changes)))
+            out.append(dataclasses.replace(r, tables=tuple(tables)))
+        return out
+
+    def release(self) -> None:
+        for cached in self.cached:
+            cached.unpersist()
+
+
+def resolve_routed(
+    df: DataFrame,
+    batch_id: int,
+    options: SinkOptions,
+    *,
+    column: str,
+    tables: Mapping[str, str],
+    keys: Mapping[str, Sequence[str]],
+) -> RoutedResolution:
+    """Option route-by with writer='spark': the batch resolved as :func:`resolve` resolves one table's, each (table, key)
+    on its own, by Spark (no row passes through a Python worker). ``tables``: each routing value of the batch and the
+    table it names (two values may name one table: ``t`` and ``db.t`` with namespace ``db``); ``keys``: each table's key
+    (lakesink.driver.tables.routed_keys: an existing table's identifier fields, else option upsert-key). Tables keyed
+    by the same columns are resolved together (one window over the table's number and the key). Call
+    :meth:`RoutedResolution.release` when the batch is done."""
+    if ROUTED_TABLE_COLUMN in df.columns:
+        raise InvalidOptionError(
+            f"the stream has a column {ROUTED_TABLE_COLUMN!r}, which route-by with writer='spark' and upserts uses "
+            "itself; rename it"
+        )
+    names = sorted(set(tables.values()))
+    pairs: list[Column] = []
+    for value, name in sorted(tables.items()):
+        pairs += [F.lit(value), F.lit(names.index(name))]
+    routing = F.col("`" + column.replace("`", "``") + "`").cast("string")
+    numbered = df.withColumn(ROUTED_TABLE_COLUMN, F.element_at(F.create_map(*pairs), routing) if pairs else F.lit(None))
+    by_key: dict[tuple[str, ...], list[int]] = {}
+    for i, name in enumerate(names):
+        by_key.setdefault(tuple(keys.get(name) or options.upsert_key), []).append(i)
+    resolved: list[ResolvedBatch] = []
+    changed: dict[str, pa.Table] = {}
+    try:
+        for key, numbers in by_key.items():
+            part = numbered if len(by_key) == 1 else numbered.where(F.col(ROUTED_TABLE_COLUMN).isin(numbers))
+            done = _resolve(part, batch_id, options, key_columns(part, key), tables=names)
+            resolved.append(done)
+            number = done.keys.column(ROUTED_TABLE_COLUMN)
+            for i in numbers:
+                changed[names[i]] = done.keys.filter(pc.equal(number, i)).drop_columns([ROUTED_TABLE_COLUMN])
+    except BaseException:
+        for r in resolved:
+            release(r)
+        raise
+    rows = reduce(DataFrame.unionByName, [r.rows for r in resolved]).drop(ROUTED_TABLE_COLUMN)
+    return RoutedResolution(rows=rows, keys=changed, cached=tuple(r.cached for r in resolved))
+
+
 def for_routed_tasks(
-    df: DataFrame, route_column: str, options: SinkOptions, keys: Mapping[str, Sequence[str]] | None = None
+    df: DataFrame,
+    route_column: str,
+    options: SinkOptions,
+    keys: Mapping[str, Sequence[str]] | None = None,
+    tables: Mapping[str, str] | None = None,
 ) -> tuple[DataFrame, bool]:
     """Option route-by: the batch as the routed tasks resolve it, each table's rows by key (lakesink.executor.upsert_task,
     the resolution of format("lakesink")): every row of one (table, key) in one task (a repartition by the routing
     column and the key), ``delete-when`` evaluated here by Spark into :data:`DELETED` (any Spark SQL expression, as
     :func:`resolve` takes). Returns the batch and whether it carries :data:`DELETED`. Checks as :func:`resolve` does:
     the key columns and their types, the ``order-by`` column, the expression. ``keys``: each routing value's own key
-    (tables keyed differently: lakesink.driver.tables.routed_keys); a value not in it is keyed by option upsert-key."""
+    (tables keyed differently: lakesink.driver.tables.routed_keys); a value not in it is keyed by option upsert-key.
+    ``tables``: each routing value's table, partitioned by instead of the value (two values naming one table, ``t``
+    and ``db.t`` with namespace ``db``: one key's rows of both in one task, else two tasks would each resolve a row
+    of the key); a value not in it (an invalid route) is partitioned by itself."""
     parts = [_key_value(df, options, options.upsert_key)] if options.upsert_key else []
     if keys:  # the key value of each row's own table: one CASE over the batch's routing values
         route = F.col(f"`{route_column}`")
@@ -153,7 +255,11 @@ def for_routed_tasks(
                 f"option '{DELETE_WHEN}' {options.delete_when!r} is not a Spark SQL boolean expression over the batch's "
                 f"columns ({', '.join(df.columns)}): {str(e).splitlines()[0]}"
             ) from None
-    return df.repartition(F.col(f"`{route_column}`"), *parts), computed
+    route_of: Column = F.col(f"`{route_column}`")
+    if tables:
+        pairs = [c for value, table in sorted(tables.items()) for c in (F.lit(value), F.lit(table))]
+        route_of = F.coalesce(F.element_at(F.create_map(*pairs), route_of.cast("string")), route_of.cast("string"))
+    return df.repartition(route_of, *parts), computed
 
 
 def _key_value(df: DataFrame, options: SinkOptions, key: Sequence[str]) -> Column:

@@ -284,6 +284,9 @@ ORDER_PRESENT_COLUMN = "__lakesink_present"
 ROUTE_PARTITION_COLUMN = "__lakesink_route"
 """route-by with writer='spark': the partition column of a routed write job, the table's number in its group
 (lakesink.sink.spark_routed; not written into the files)."""
+ROUTED_TABLE_COLUMN = "__lakesink_table"
+"""route-by with writer='spark' and upserts: each row's table as its number among the batch's tables, while the batch is
+resolved to one row per (table, key) in Spark (lakesink.sink.upsert_batch.resolve_routed; not written into the files)."""
 ROUTED_NO_COLUMN_MARKER = "LAKESINK_ROUTED_NO_COLUMN"
 """route-by with writer='spark': the marker of the error a row raises with a value in a column its table lacks."""
 ROUTED_UNKNOWN_ROUTE_MARKER = "LAKESINK_ROUTED_UNKNOWN_ROUTE"

@@ -423,10 +423,13 @@ def test_options_refused_with_routing() -> None:
         SinkOptions.from_mapping({"route-by": "route", "output-mode": "update"})
     lettered = SinkOptions.from_mapping({"route-by": "route", "upsert-key": "id", "dead-letter-table": "db.letters"})
     assert lettered.upsert_key == ("id",) and lettered.dead_letter_table is not None and lettered.routing is not None
-    # writer='spark' routes (tests/sink/test_routing_spark_writer.py), but not what needs Python workers; 'driver' never
+    # writer='spark' routes (tests/sink/test_routing_spark_writer.py), upserts too (Spark resolves them:
+    # tests/sink/test_routing_upserts_spark.py), but not a payload (expanded in Python workers); 'driver' never
     assert SinkOptions.from_mapping({"route-by": "route", "writer": "spark"}).routing is not None
-    with pytest.raises(InvalidOptionError, match="writer='spark' cannot be used with option.*'upsert-key'"):
-        SinkOptions.from_mapping({"route-by": "route", "writer": "spark", "upsert-key": "id"})
+    spark_upserts = SinkOptions.from_mapping({"route-by": "route", "writer": "spark", "upsert-key": "id"})
+    assert spark_upserts.upsert_key == ("id",) and spark_upserts.routing is not None
+    with pytest.raises(InvalidOptionError, match="writer='spark' cannot be used with option 'payload'.*Python workers"):
+        SinkOptions.from_mapping({"route-by": "route", "writer": "spark", "payload": "p"})
     with pytest.raises(InvalidOptionError, match="writer='driver' cannot be used with it"):
         SinkOptions.from_mapping({"route-by": "route", "writer": "driver"})
     with pytest.raises(InvalidOptionError, match="'atomic' must be one of"):

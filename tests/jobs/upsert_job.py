@@ -1,8 +1,9 @@
 """Run by tests/sink/test_upserts_spark.py: a change stream (JSON event files) upserted with foreach_batch, until done.
 
-Arguments: catalog properties (JSON), source folder, checkpoint folder, entry point (``foreach`` or
-``format``), and ``routed`` to route each event by :func:`route` into tables ``db.t0``..``db.t2`` (option
-route-by, tests/sink/test_routing_upserts_spark.py) instead of writing ``db.events``. The test kills it (SIGKILL,
+Arguments: catalog properties (JSON), source folder, checkpoint folder, entry point (``foreach``, ``format``, or
+``foreach-spark``: foreach_batch with writer='spark', routed only), and ``routed`` to route each event by :func:`route`
+into tables ``db.t0``..``db.t2`` (option route-by, tests/sink/test_routing_upserts_spark.py) instead of writing
+``db.events``. The test kills it (SIGKILL,
 or a fault point armed with ``kill``) and starts it again from the same checkpoint.
 """
 
@@ -33,9 +34,12 @@ def route(df: DataFrame) -> DataFrame:
     return df.withColumn("route", F.concat(F.lit("t"), (F.col("eid") % ROUTES).cast("string")))
 
 
-def routed_upsert_sink(props: dict[str, str]) -> lakesink.ForeachBatchSink:
+def routed_upsert_sink(props: dict[str, str], writer: str = "auto") -> lakesink.ForeachBatchSink:
+    """``writer``: ``auto`` (a routed sink's Arrow path: each task resolves its (table, key) rows) or ``spark`` (Spark
+    resolves them and writes with its own Parquet writer)."""
     return lakesink.foreach_batch(
         route_by="route",
+        writer=writer,
         namespace="db",
         catalog_properties=props,
         upsert_key="id",
@@ -56,7 +60,8 @@ def writer(spark: SparkSession, props: dict[str, str], src: str, ck: str, entry:
             w = w.option(f"catalog.{k}", v)
         w = w.option("namespace", "db").option("upsert-key", "id").option("delete-when", "op = 'd'").option("order-by", "seq")
     elif routed:
-        w = route(df).writeStream.outputMode("update").foreachBatch(routed_upsert_sink(props))  # type: ignore[arg-type]
+        sink = routed_upsert_sink(props, writer="spark" if entry == "foreach-spark" else "auto")
+        w = route(df).writeStream.outputMode("update").foreachBatch(sink)  # type: ignore[arg-type]
     elif entry == "format":
         lakesink.register(spark)
         w = df.repartition(2, "id").writeStream.format("lakesink").option("table", "db.events")

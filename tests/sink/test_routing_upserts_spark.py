@@ -1,5 +1,7 @@
 """Option route-by with upsert-key through both entry points in real local Spark: a change stream of several tables,
-a failure and a SIGKILL at the batch's unit commit, restarts from the checkpoint.
+a failure and a SIGKILL at the batch's unit commit, restarts from the checkpoint. foreach_batch runs with both writers
+(``foreach``: the Arrow path, each task resolves its (table, key) rows; ``foreach-spark``: writer='spark', Spark resolves
+them and writes with its own Parquet writer) against the same model.
 
 The oracle is a model computed in plain Python from the events (unique event ids and sequence numbers; each event's
 table is ``t<eid mod 3>``, tests/jobs/upsert_job.py): every table must equal its model, and hold each batch once.
@@ -17,9 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField, StringType
 from pyspark.errors import StreamingQueryException
 
+import lakesink
 from lakesink.driver import catalogs
+from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from tests.jobs.upsert_job import EVENTS_DDL, ROUTES, route, routed_upsert_sink
 from tests.sink.test_upserts_spark import Event, change_stream, model, rows_of, run_here, write_events
@@ -58,8 +64,9 @@ def start(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str) ->
         for k, v in props.items():
             w = w.option(f"catalog.{k}", v)
         w = w.option("namespace", "db").option("upsert-key", "id").option("delete-when", "op = 'd'").option("order-by", "seq")
-    else:
-        w = df.writeStream.outputMode("update").foreachBatch(routed_upsert_sink(props))  # type: ignore[arg-type]
+    else:  # foreach, or foreach-spark: writer='spark' (Spark resolves each (table, key) and writes with its own writer)
+        sink = routed_upsert_sink(props, writer="spark" if entry == "foreach-spark" else "auto")
+        w = df.writeStream.outputMode("update").foreachBatch(sink)  # type: ignore[arg-type]
     return w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
 
 
@@ -71,7 +78,7 @@ def run(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str) -> N
         q.stop()
 
 
-@pytest.mark.parametrize("entry", ["foreach", "format"])
+@pytest.mark.parametrize("entry", ["foreach", "foreach-spark", "format"])
 def test_a_routed_change_stream_equals_the_model_across_a_failure_at_the_unit_commit(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
@@ -109,20 +116,21 @@ def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None, ent
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("entry", ["foreach", "format"])
+@pytest.mark.parametrize("entry", ["foreach", "foreach-spark", "format"])
 def test_sigkill_at_the_unit_commit_then_restart_equals_the_model(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
     """The job is SIGKILLed before the unit's swap, inside its database transaction (between two tables' rows), and
-    after it (before Spark's commit log); each time it restarts from the same checkpoint. foreach: the fault kills the
-    driver; format: the commit worker, a Python worker of Spark's JVM (Spark fails the query, the JVM lives on): its
-    runs are the job's stream in this test's Spark session (run_here), and so is the last run of both."""
+    after it (before Spark's commit log); each time it restarts from the same checkpoint. foreach (writer 'auto': the
+    Arrow path; foreach-spark: writer='spark'): the fault kills the driver; format: the commit worker, a Python worker
+    of Spark's JVM (Spark fails the query, the JVM lives on): its runs are the job's stream in this test's Spark session
+    (run_here), and so is the last run of all."""
     stream = change_stream(seed=23, batches=5, per_batch=60, keys=20)
     src, ck = tmp_path / "in", tmp_path / "ck"
     write_events(src, stream)
     for point in (DRIVER_BEFORE_SWAP, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP):
         faults.arm(point, "kill")
-        if entry == "foreach":
+        if entry != "format":
             proc = _job(catalog_properties, src, ck, str(faults.folder), entry)
             _, err = proc.communicate(timeout=300)
             assert faults.fired(point), err[-3000:]
@@ -136,3 +144,119 @@ def test_sigkill_at_the_unit_commit_then_restart_equals_the_model(
     assert_tables_are(catalog_properties, stream, no_orphans=False)
     t0 = catalogs.load(None, catalog_properties).load_table(("db", "t0"))
     assert [s["batch_id"] for s in lakesink_snapshots(t0)] == list(range(len(stream)))
+
+
+def _keyed_model(batches: Sequence[Sequence[dict[str, Any]]], key: str) -> dict[Any, tuple[int, str]]:
+    """A table's rows (key -> (eid, value)) with option order-by: a change applies when its sequence number is greater
+    than the last one applied to its key, a delete's included (the order file remembers it); batch by batch."""
+    state: dict[Any, tuple[int, str]] = {}
+    last: dict[Any, int] = {}
+    for events in batches:
+        for e in sorted(events, key=lambda e: e["seq"]):
+            k = e[key]
+            if e["seq"] <= last.get(k, -1):
+                continue  # stale: the table holds a newer change of the key
+            last[k] = e["seq"]
+            if e["op"] == "d":
+                state.pop(k, None)
+            else:
+                state[k] = (e["eid"], e["value"])
+    return state
+
+
+@pytest.mark.parametrize("writer", ["auto", "spark"])
+def test_keys_per_table_two_spellings_of_a_table_and_a_table_of_deletes_only(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], writer: str
+) -> None:
+    """Both writers against one model: an existing table keyed by its own identifier field (``value``, not option
+    upsert-key), two routing values naming one table (``n`` and ``db.n``: one key, resolved across both), a change older
+    than the one the table holds (order-by: not applied), and a batch whose changes of two tables are all deletes (no
+    row written there: with writer='spark' a table of the write job without a folder)."""
+    catalog = catalogs.load(None, catalog_properties)
+    catalog.create_namespace_if_not_exists("db")
+    catalog.create_table(
+        ("db", "k"),
+        schema=Schema(
+            NestedField(1, "eid", LongType()),
+            NestedField(2, "id", LongType()),
+            NestedField(3, "value", StringType(), required=True),
+            NestedField(4, "seq", LongType()),
+            NestedField(5, "op", StringType()),
+            identifier_field_ids=[3],
+        ),
+    )
+
+    def ev(eid: int, route: str, id: int, value: str, seq: int, op: str = "u") -> dict[str, Any]:
+        return {"eid": eid, "id": id, "value": value, "seq": seq, "op": op, "route": route}
+
+    batches = [
+        [
+            ev(1, "n", 1, "a", 1, "c"), ev(2, "n", 1, "b", 2), ev(3, "n", 2, "c", 3, "c"), ev(4, "db.n", 3, "d", 9, "c"),
+            ev(5, "db.n", 1, "e", 10),  # the same table and key as eids 1 and 2, by another spelling: the latest wins
+            ev(6, "k", 10, "x", 4, "c"), ev(7, "k", 11, "x", 5), ev(8, "k", 12, "y", 6, "c"),  # keyed by value
+            ev(9, "z_gone", 5, "f", 7, "c"), ev(10, "z_gone", 6, "g", 8, "c"),
+        ],
+        [
+            ev(11, "z_gone", 5, "f", 11, "d"), ev(12, "z_gone", 6, "g", 12, "d"),  # only deletes: no row to write
+            ev(13, "k", 12, "y", 14, "d"),  # only deletes
+            ev(14, "n", 2, "c", 13, "d"),
+            ev(15, "n", 3, "stale", 0),  # older than the change the table holds for key 3: not applied
+        ],
+    ]  # fmt: skip
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_events(src, batches)
+    sink = lakesink.foreach_batch(
+        route_by="route",
+        namespace="db",
+        writer=writer,
+        catalog_properties=catalog_properties,
+        upsert_key="id",
+        delete_when="op = 'd'",
+        order_by="seq",
+        output_mode="update",
+    )
+    df = spark.readStream.schema(EVENTS_DDL + ", route string").option("maxFilesPerTrigger", 1).json(str(src))
+    q = df.writeStream.outputMode("update").foreachBatch(sink).option("checkpointLocation", str(ck))
+    q = q.trigger(availableNow=True).start()
+    try:
+        q.awaitTermination()
+    finally:
+        q.stop()
+
+    def events_of(table: str) -> list[list[dict[str, Any]]]:
+        return [[e for e in b if e["route"].split(".")[-1] == table] for b in batches]
+
+    for name, key in (("n", "id"), ("k", "value"), ("z_gone", "id")):
+        table = catalog.load_table(("db", name))
+        rows = table.scan().to_arrow().to_pylist()
+        keys = [r[key] for r in rows]
+        assert len(keys) == len(set(keys)), f"db.{name}: a key twice"
+        assert {r[key]: (r["eid"], r["value"]) for r in rows} == _keyed_model(events_of(name), key), f"db.{name}"
+        assert [s["batch_id"] for s in lakesink_snapshots(table)] == [0, 1], f"db.{name}"
+        assert_snapshot_invariants(table)
+        if name != "n":  # (db.n: the stale change's batch file, replaced by a copy without it, is left to the
+            # orphan clean-up on both writers: lakesink.driver.actions.upsert_order deletes only unlanded attempts' files)
+            assert data_files_on_disk(table) <= referenced_data_files(table), f"db.{name}"
+    assert catalog.load_table(("db", "k")).schema().identifier_field_names() == {"value"}
+    assert _keyed_model(events_of("z_gone"), "id") == {} and _keyed_model(events_of("n"), "id") == {1: (5, "e"), 3: (4, "d")}
+
+
+def test_route_by_with_writer_spark_takes_upserts_and_refuses_a_payload_naming_why(catalog_properties: dict[str, str]) -> None:
+    """Route-by with writer='spark' and upsert-key is no longer refused (issue 31); a payload still is, with the reason
+    and what to use (its rows are expanded by lakesink's Python code in Python workers)."""
+    sink = lakesink.foreach_batch(
+        route_by="route", writer="spark", upsert_key="id", output_mode="update", catalog_properties=catalog_properties
+    )
+    assert sink.options.upsert_key == ("id",) and sink.options.routing is not None
+    with pytest.raises(InvalidOptionError, match=r"'payload'.*Python workers.*use writer='auto' or 'arrow'") as refused:
+        lakesink.foreach_batch(route_by="route", writer="spark", payload="p", catalog_properties=catalog_properties)
+    assert "yet" not in str(refused.value)
+    # dead letters stay refused with writer='spark' (its writer writes every row or fails), upserts or not
+    with pytest.raises(InvalidOptionError, match="cannot divert single rows to a dead-letter table.*use writer='auto'"):
+        lakesink.foreach_batch(
+            route_by="route",
+            writer="spark",
+            upsert_key="id",
+            dead_letter_table="db.letters",
+            catalog_properties=catalog_properties,
+        )
