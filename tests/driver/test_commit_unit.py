@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from pyiceberg.table import Table
 
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.swap import RetriesExhausted, Status
@@ -46,7 +47,7 @@ def unit(cs: tuple[TableCommitter, ...], batch_id: int, ids: dict[str, list[int]
     actions = []
     for c in cs:
         result = write_task(c, Q, batch_id, ids[c.options.table.name])
-        actions.append(c.append_action(c.load(), query_id=Q, batch_id=batch_id, results=[result], source_offsets=OFFSETS))
+        actions.append(c.append_action(c.load(), BatchCall(Q, batch_id, OFFSETS), [result]))
     return actions
 
 

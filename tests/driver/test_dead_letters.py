@@ -20,7 +20,7 @@ from pyiceberg.table import Table
 
 import lakesink
 from lakesink.cli.main import main
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InvalidOptionError, TooManyRejectedError
 from lakesink.executor.messages import TaskIds, TaskResult
@@ -92,7 +92,7 @@ def write(c: TableCommitter, batch_id: int, rows: list[dict[str, Any]], *, task:
 
 
 def commit(c: TableCommitter, batch_id: int, results: list[TaskResult]) -> Any:
-    return c.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=f'[{{"logOffset":{batch_id}}}]')
+    return c.commit_batch(BatchCall(Q, batch_id, f'[{{"logOffset":{batch_id}}}]'), results)
 
 
 def ids(table: Table) -> Counter[int]:
@@ -314,7 +314,7 @@ def test_sigkill_at_each_point_leaves_both_tables_or_neither(catalog_properties:
     r = make(catalog_properties, reject_when="amount < 0")
     plan = r.write_plan(r.load(), Q)
     if plan.last_committed_batch is not None and plan.last_committed_batch >= 1:
-        r.skip_replay(query_id=Q, batch_id=1, source_offsets='[{"logOffset":1}]', run_id=None, table_uuid=None)
+        r.skip_replay(BatchCall(Q, 1, '[{"logOffset":1}]', None), table_uuid=None)
     else:
         commit(r, 1, [write(r, 1, [row(2), *BAD[:2]], task=0, attempt=5), write(r, 1, [row(3), *BAD[2:]], task=1, attempt=5)])
     assert ids(r.load()) == Counter([1, 2, 3])

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.report import metrics
 from lakesink.errors import InvalidOptionError
@@ -261,7 +261,7 @@ def test_watermark_lag_is_the_clock_minus_the_batch_watermark(catalog_properties
     result = write_task(c, Q, 0, [1, 2])
     before = int(time.time() * 1000)
     watermark = before - 3_600_000
-    c.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets="[]", batch_time=BatchTime(watermark_ms=watermark))
+    c.commit_batch(BatchCall(Q, 0, "[]", time=BatchTime(watermark_ms=watermark)), [result])
     after = int(time.time() * 1000)
     [m] = _recorded(c, 0)
     assert m.watermark_lag_ms is not None and before - watermark <= m.watermark_lag_ms <= after - watermark

@@ -22,7 +22,7 @@ import pytest
 from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
-from lakesink.driver.actions.batch import BatchOutcome, Outcome
+from lakesink.driver.actions.batch import BatchCall, BatchOutcome, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.options import SinkOptions, TableName
@@ -59,7 +59,7 @@ def write_task(c: TableCommitter, batch_id: int, ids: list[int], attempt: int = 
 
 
 def commit(c: TableCommitter, batch_id: int, results: list[TaskResult]) -> BatchOutcome:
-    return c.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=f'[{{"logOffset":{batch_id}}}]')
+    return c.commit_batch(BatchCall(Q, batch_id, f'[{{"logOffset":{batch_id}}}]'), results)
 
 
 def table(props: dict[str, str]) -> Table:

@@ -19,7 +19,7 @@ from collections import Counter
 import pytest
 
 import lakesink
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.swap import Status
@@ -139,13 +139,7 @@ def test_a_transactions_request_resent_with_its_key_is_applied_once(
     cs = [committer(txn_catalog_properties, name) for name in ("a", "b")]
     ids = {"a": [1, 2], "b": [10]}
     actions = [
-        c.append_action(
-            c.load(),
-            query_id=Q,
-            batch_id=0,
-            results=[write_task(c, Q, 0, ids[c.options.table.name])],
-            source_offsets='[{"logOffset":0}]',
-        )
+        c.append_action(c.load(), BatchCall(Q, 0, '[{"logOffset":0}]'), [write_task(c, Q, 0, ids[c.options.table.name])])
         for c in cs
     ]
     txn_proxy.reset_counts()

@@ -22,6 +22,7 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink.driver import catalogs
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.swap import Status
@@ -63,7 +64,7 @@ def unit(cs: tuple[TableCommitter, ...], batch_id: int, ids: dict[str, list[int]
     actions = []
     for c in cs:
         result = write_task(c, Q, batch_id, ids[c.options.table.name])
-        actions.append(c.append_action(c.load(), query_id=Q, batch_id=batch_id, results=[result], source_offsets=OFFSETS))
+        actions.append(c.append_action(c.load(), BatchCall(Q, batch_id, OFFSETS), [result]))
     return actions
 
 

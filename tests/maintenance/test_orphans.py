@@ -205,6 +205,7 @@ _KILLED_DRIVER = textwrap.dedent(
     """
     import json, sys
     import pyarrow as pa
+    from lakesink.driver.actions.batch import BatchCall
     from lakesink.driver.committers.table import TableCommitter
     from lakesink.executor.messages import TaskIds
     from lakesink.executor.task_writer import TaskWriter
@@ -218,7 +219,7 @@ _KILLED_DRIVER = textwrap.dedent(
     plan = c.write_plan(c.open_table(rows.schema), query_id)
     ids = TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0)
     result = TaskWriter(plan, ids).write(rows.to_batches())
-    c.commit_batch(query_id=query_id, batch_id=batch_id, results=[result], source_offsets=None)  # killed before the swap
+    c.commit_batch(BatchCall(query_id, batch_id, None), [result])  # killed before the swap
     print("the driver was not killed")
     """
 )

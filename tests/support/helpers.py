@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 import lakesink
 from lakesink._pyiceberg import io as seam
 from lakesink.driver import catalogs
-from lakesink.driver.actions.batch import BatchOutcome, Outcome
+from lakesink.driver.actions.batch import BatchCall, BatchOutcome, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import turns
 from lakesink.executor.messages import TaskIds, TaskResult
@@ -314,7 +314,7 @@ def raced(faults: Any, step: Callable[[], Any], other: Callable[[], Any]) -> Any
 
 
 def commit(c: TableCommitter, query_id: str, batch_id: int, results: list[TaskResult]) -> BatchOutcome:
-    return c.commit_batch(query_id=query_id, batch_id=batch_id, results=results, source_offsets='[{"logOffset":0}]')
+    return c.commit_batch(BatchCall(query_id, batch_id, '[{"logOffset":0}]'), results)
 
 
 def load(c: TableCommitter) -> Table:
