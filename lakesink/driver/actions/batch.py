@@ -466,7 +466,7 @@ class UpsertBatch(AppendBatch):
         )
         rewrite, self.order_properties = done.rewrite, done.properties
         self.rewrites.append(rewrite)
-        return seam_producers.prepare_rewrite(
+        return seam_producers.prepare_snapshot(
             table,
             commit=commit,
             files_since_ms=batch.files_since_ms,
@@ -484,7 +484,7 @@ class UpsertBatch(AppendBatch):
                     for f in rewrite.written
                 ),
             ],
-            rewritten_paths=[*rewrite.paths, *done.written],
+            owned=[*rewrite.paths, *done.written],
             summary={**self.attempt_summary(table, attempt), **upsert.summary(rewrite), **done.summary},
             properties=self.properties,
             branch=c.options.branch,
