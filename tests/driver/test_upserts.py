@@ -411,20 +411,12 @@ def _add_position_delete(table: Any, data_path: str, positions: list[int]) -> No
         DataFile,
         DataFileContent,
         FileFormat,
-        ManifestContent,
         ManifestEntry,
         ManifestEntryStatus,
-        ManifestWriterV2,
     )
     from pyiceberg.typedef import Record
 
-    class DeleteManifestWriter(ManifestWriterV2):
-        def content(self) -> ManifestContent:
-            return ManifestContent.DELETES
-
-        @property
-        def _meta(self) -> dict[str, str]:
-            return {**super()._meta, "content": "deletes"}
+    from tests.support.row_deletes import DeleteManifestWriter
 
     location = f"{table.location()}/data/pos-{uuid.uuid4().hex}.parquet"
     schema = pa.schema(

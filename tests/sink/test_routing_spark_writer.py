@@ -10,7 +10,6 @@ exists beforehand with an extra optional column (its own write job), the others 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from tests.support.helpers import (
     table_ids,
     write_json_input,
 )
+from tests.support.job_process import start_job
 
 pytestmark = pytest.mark.spark
 
@@ -221,18 +221,7 @@ def job_query(session: Any, props: dict[str, str], src: str, ck: str) -> Any:
 
 
 def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
-    if faults_dir is not None:
-        env["LAKESINK_FAULTS_DIR"] = faults_dir
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.sink.test_routing_spark_writer", json.dumps(props), str(src), str(ck)],
-        cwd=Path(__file__).resolve().parents[2],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return start_job("tests.sink.test_routing_spark_writer", json.dumps(props), str(src), str(ck), faults_dir=faults_dir)
 
 
 @pytest.mark.timeout(900)

@@ -63,8 +63,8 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 from examples.demo import session_members  # noqa: E402
 from tests.soak.others import IDENT, SUMMARY_OP, TABLE, TAG_PREFIX, catalog_properties, read_journal  # noqa: E402
 from tests.support.helpers import write_json_files  # noqa: E402
+from tests.support.soak import SoakFolder, job_env, kill  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 ROLES = ("appender", "deleter", "tagger", "orphans")
 
 #: The table the stream creates: maintenance inside the sink often, expiry of snapshots older than two minutes.
@@ -321,7 +321,7 @@ class Process:
 
 
 @dataclass
-class ConcurrencySoak:
+class ConcurrencySoak(SoakFolder):
     cfg: Config
     t0: float = field(default_factory=time.monotonic)
     rng: random.Random = field(init=False)
@@ -343,22 +343,6 @@ class ConcurrencySoak:
         self.props = catalog_properties(self.home)
 
     # --- paths ------------------------------------------------------------------------------------
-
-    @property
-    def folder(self) -> Path:
-        return self.cfg.folder
-
-    @property
-    def home(self) -> Path:
-        return self.folder / "lakehouse"
-
-    @property
-    def input(self) -> Path:
-        return self.folder / "input"
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.folder / "checkpoint"
 
     @property
     def stop_others(self) -> Path:
@@ -395,14 +379,7 @@ class ConcurrencySoak:
     # --- processes --------------------------------------------------------------------------------
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            PYSPARK_PYTHON=sys.executable,
-            PYSPARK_DRIVER_PYTHON=sys.executable,
-            LAKESINK_HOME=str(self.home),
-            PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
-        )
-        return env
+        return job_env(self.home)
 
     def start_stream(self) -> None:
         self.stream_runs += 1
@@ -468,12 +445,8 @@ class ConcurrencySoak:
         while left := session_members(sid):
             if time.monotonic() > deadline:
                 raise SoakAborted(f"processes of the killed session {sid} survive: {left}")
-            for pid in left:
-                killed.add(pid)
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            killed.update(left)
+            kill(left)
             time.sleep(0.02)
         proc.wait()
         return len(killed)

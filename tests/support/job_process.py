@@ -1,0 +1,28 @@
+"""A job of the tests (``python -m tests.jobs...``) started as a process of its own, to be killed and restarted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_job(module: str, *args: str, faults_dir: str | None) -> subprocess.Popen[str]:
+    """``python -m module args...`` from the repository's root, in a session of its own (a test kills its whole group),
+    its output piped as text; ``faults_dir``: where its fault points are armed (None: none, whatever this process
+    has armed)."""
+    env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
+    if faults_dir is not None:
+        env["LAKESINK_FAULTS_DIR"] = faults_dir
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
