@@ -7,8 +7,6 @@ inside the database transaction in a subprocess. Exactly once is checked with un
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 import threading
 from collections import Counter
@@ -25,7 +23,7 @@ from lakesink.driver.loop.swap import RetriesExhausted, Status
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BEFORE_SWAP
 from lakesink.options import SinkOptions, TableName
 from tests.support.helpers import arrow_rows, commit, table_ids, write_task
-from tests.support.timeouts import guard
+from tests.support.job_process import run_script
 
 Q = "unit-query"
 OFFSETS = '[{"logOffset":0}]'
@@ -109,13 +107,7 @@ def test_sigkill_inside_the_database_transaction_commits_neither_table(
     a, b = committers(catalog_properties)
     before = state(a), state(b)
     faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "kill")
-    run = subprocess.run(
-        [sys.executable, "-c", _KILLED_IN_THE_TRANSACTION, json.dumps(catalog_properties)],
-        capture_output=True,
-        text=True,
-        timeout=guard(300),
-        cwd=str(Path(__file__).resolve().parents[2]),
-    )
+    run = run_script(_KILLED_IN_THE_TRANSACTION, json.dumps(catalog_properties))
     assert run.returncode == -9, run.stdout + run.stderr  # SIGKILLed after table a's row update, inside the transaction
     assert faults.fired(CATALOG_BETWEEN_TABLE_SWAPS)
     assert (state(a), state(b)) == before  # the uncommitted transaction is gone with the process

@@ -5,12 +5,9 @@ unique id; tables are compared as multisets. SIGKILLs in a subprocess at each po
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -29,10 +26,9 @@ from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIV
 from lakesink.options import SinkOptions, TableName
 from lakesink.table import dead_letters as dl
 from tests.support.helpers import data_files_on_disk, lakesink_snapshots, sink_committer
-from tests.support.timeouts import guard
+from tests.support.job_process import run_script
 
 Q = "33333333-cccc-4000-8000-000000000003"
-ROOT = Path(__file__).resolve().parents[2]
 
 SCHEMA = pa.schema(
     [
@@ -296,13 +292,7 @@ def test_sigkill_at_each_point_leaves_both_tables_or_neither(catalog_properties:
     c = make(catalog_properties, reject_when="amount < 0")
     commit(c, 0, [write(c, 0, [row(1)])])
     faults.arm(point, "kill")
-    run = subprocess.run(
-        [sys.executable, "-c", _KILLED, json.dumps(catalog_properties)],
-        capture_output=True,
-        text=True,
-        timeout=guard(300),
-        cwd=str(ROOT),
-    )
+    run = run_script(_KILLED, json.dumps(catalog_properties))
     assert run.returncode == -9, run.stdout + run.stderr
     assert c.dead_letters is not None
     main_has = c.last_committed(Q)

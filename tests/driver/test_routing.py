@@ -8,8 +8,6 @@ subprocess. Every row has a unique id; tables are compared as multisets.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 import threading
 import uuid
@@ -44,7 +42,7 @@ from lakesink.options import SinkOptions
 from lakesink.table.keys import SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
 from lakesink.table.routes import tables_digest
 from tests.support.helpers import commit, lakesink_snapshots, table_ids, write_task
-from tests.support.timeouts import guard
+from tests.support.job_process import run_script
 
 Q = "routing-query"
 OFFSETS = '[{"logOffset":0}]'
@@ -199,13 +197,7 @@ def test_sigkill_inside_a_routed_commit_then_a_replay(
     catalog_properties: dict[str, str], faults: Any, point: str, extra: dict[str, str], landed: set[str]
 ) -> None:
     faults.arm(point, "kill")
-    done = subprocess.run(
-        [sys.executable, "-c", _KILLED, json.dumps(catalog_properties), json.dumps(extra)],
-        capture_output=True,
-        text=True,
-        timeout=guard(300),
-        cwd=str(Path(__file__).resolve().parents[2]),
-    )
+    done = run_script(_KILLED, json.dumps(catalog_properties), json.dumps(extra))
     assert done.returncode == -9, done.stdout + done.stderr
     want = {"db.a": Counter([1, 2, 3]), "db.b": Counter([10, 20]), "db.c": Counter([30])}
     for name in want:

@@ -6,8 +6,6 @@ transaction in a subprocess, then a replay."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -27,11 +25,10 @@ from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS
 from lakesink.options import SinkOptions
 from lakesink.table import dead_letters as dl
 from tests.support.helpers import lakesink_snapshots, table_ids
-from tests.support.timeouts import guard
+from tests.support.job_process import run_script
 
 Q = "routing-dead-letters-query"
 OFFSETS = '[{"logOffset":0}]'
-ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = pa.schema([("id", pa.int64()), ("amount", pa.float64()), ("route", pa.string())])
 DEAD = "db.dead"
 
@@ -261,13 +258,7 @@ _KILLED = textwrap.dedent(
 
 def test_sigkill_inside_the_transaction_then_a_replay(catalog_properties: dict[str, str], faults: Any) -> None:
     faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "kill")
-    done = subprocess.run(
-        [sys.executable, "-c", _KILLED, json.dumps(catalog_properties)],
-        capture_output=True,
-        text=True,
-        timeout=guard(300),
-        cwd=str(ROOT),
-    )
+    done = run_script(_KILLED, json.dumps(catalog_properties))
     assert done.returncode == -9, done.stdout + done.stderr
     # all or nothing: no table holds the batch, and no dead letter
     for name in ("db.a", "db.b", "other.c"):

@@ -14,8 +14,6 @@ tables are compared as multisets, read back with pyiceberg, DuckDB and iceberg-r
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -39,7 +37,7 @@ from lakesink.table import storage
 from tests.driver import test_routing as base
 from tests.support.helpers import lakesink_snapshots, referenced_data_files, table_ids
 from tests.support.http_faults import FaultProxy
-from tests.support.timeouts import guard
+from tests.support.job_process import run_script
 from tests.support.txn_rest_server import TxnRestServer
 
 Q = base.Q
@@ -142,13 +140,7 @@ _KILLED = textwrap.dedent(
 
 
 def _killed_run(props: Mapping[str, str], ck: Path, extra: Mapping[str, str]) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _KILLED, json.dumps(dict(props)), str(ck), json.dumps(dict(extra))],
-        capture_output=True,
-        text=True,
-        timeout=guard(300),
-        cwd=str(Path(__file__).resolve().parents[2]),
-    )
+    done = run_script(_KILLED, json.dumps(dict(props)), str(ck), json.dumps(dict(extra)))
     assert done.returncode == -9, done.stdout + done.stderr[-4000:]
 
 

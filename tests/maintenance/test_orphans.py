@@ -45,6 +45,7 @@ from lakesink.options import Maintenance, OutputMode, SinkOptions
 from lakesink.table import names
 from tests.conftest import sql_catalog_properties
 from tests.support.helpers import EVENTS, arrow_rows, commit, load, make_committer, sink_committer, table_ids, write_task
+from tests.support.job_process import run_script
 from tests.support.timeouts import guard
 
 SCHEMA = arrow_rows([]).schema
@@ -226,12 +227,7 @@ _KILLED_DRIVER = textwrap.dedent(
 
 
 def run_killed_driver(props: Mapping[str, str], query_id: str, batch_id: int) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", _KILLED_DRIVER, json.dumps(props), query_id, str(batch_id)],
-        capture_output=True,
-        text=True,
-        timeout=guard(120),
-    )
+    proc = run_script(_KILLED_DRIVER, json.dumps(props), query_id, str(batch_id), timeout=120)
     assert proc.returncode == -9, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
 
 

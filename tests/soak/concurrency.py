@@ -60,10 +60,9 @@ from typing import Any
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
-from examples.demo import session_members  # noqa: E402
 from tests.soak.others import IDENT, SUMMARY_OP, TABLE, TAG_PREFIX, catalog_properties, read_journal  # noqa: E402
 from tests.support.helpers import write_json_files  # noqa: E402
-from tests.support.soak import SoakFolder, job_env, kill  # noqa: E402
+from tests.support.soak import SoakFolder, job_env, kill_session  # noqa: E402
 
 ROLES = ("appender", "deleter", "tagger", "orphans")
 
@@ -435,21 +434,7 @@ class ConcurrencySoak(SoakFolder):
         self.say("other writers started: " + ", ".join(f"{p.role} (pid {p.proc.pid})" for p in self.others))
 
     def kill_session(self, proc: subprocess.Popen[bytes]) -> int:
-        sid = proc.pid
-        killed = set(session_members(sid))
-        try:
-            os.killpg(sid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 30
-        while left := session_members(sid):
-            if time.monotonic() > deadline:
-                raise SoakAborted(f"processes of the killed session {sid} survive: {left}")
-            killed.update(left)
-            kill(left)
-            time.sleep(0.02)
-        proc.wait()
-        return len(killed)
+        return len(kill_session(proc, what=f"the killed session {proc.pid}", error=SoakAborted))
 
     def kill_stream(self) -> None:
         assert self.stream is not None

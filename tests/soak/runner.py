@@ -56,7 +56,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -95,7 +94,7 @@ from tests.support.helpers import (  # noqa: E402
     referenced_data_files,
     write_json_input,
 )
-from tests.support.soak import SoakFolder, job_env, kill  # noqa: E402
+from tests.support.soak import SoakFolder, job_env, kill, kill_session  # noqa: E402
 
 TABLE = "soak.events"
 IDENT = ("soak", "events")
@@ -396,20 +395,7 @@ class Soak(SoakFolder):
         leaves the job's process group, not its session) and wait until all are gone."""
         proc = self.child
         assert proc is not None
-        sid = proc.pid  # start_new_session: session id = process group id = the job's pid
-        killed = session_members(sid)
-        try:
-            os.killpg(sid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 30
-        while left := session_members(sid):
-            if time.monotonic() > deadline:
-                raise SoakAborted(f"processes of the killed job survive: {left}")
-            killed.update(left)
-            kill(left)
-            time.sleep(0.02)
-        proc.wait()
+        killed = kill_session(proc, what="the killed job", error=SoakAborted)
         self.run.ended, self.run.exit_code, self.run.killed = time.time(), proc.returncode, True
         self.child = None
         return killed

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.timeouts import guard
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -25,4 +27,12 @@ def start_job(module: str, *args: str, faults_dir: str | None) -> subprocess.Pop
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+    )
+
+
+def run_script(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -c script args...`` from the repository's root, run to its end (a test's fault point armed to kill it:
+    exit -9) within ``timeout`` seconds (scaled by tests.support.timeouts.guard), its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=guard(timeout), cwd=ROOT
     )

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from examples.demo import session_members
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,3 +59,24 @@ def kill(pids: Iterable[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def kill_session(proc: subprocess.Popen[bytes], *, what: str, error: type[Exception]) -> dict[int, str]:
+    """SIGKILL every process of ``proc``'s session (started with start_new_session: session id = process group id =
+    its pid; see examples/demo.py: Spark's Python daemon leaves the job's process group, not its session) and wait
+    until all are gone, else raise ``error`` naming ``what`` after 30 s: the processes killed (pid: command name)."""
+    sid = proc.pid
+    killed = session_members(sid)
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + 30
+    while left := session_members(sid):
+        if time.monotonic() > deadline:
+            raise error(f"processes of {what} survive: {left}")
+        killed.update(left)
+        kill(left)
+        time.sleep(0.02)
+    proc.wait()
+    return killed
