@@ -22,31 +22,22 @@ from lakesink.driver.loop import swap
 from lakesink.driver.loop.swap import RetriesExhausted, Status
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BEFORE_SWAP
 from lakesink.options import SinkOptions, TableName
-from tests.support.helpers import arrow_rows, commit, table_ids, write_task
+from tests.support.helpers import commit, table_ids, write_task
 from tests.support.job_process import run_script
+from tests.support.units import table_committers, unit_actions
 
 Q = "unit-query"
 OFFSETS = '[{"logOffset":0}]'
 
 
 def committers(props: dict[str, str], **table_properties: str) -> tuple[TableCommitter, TableCommitter]:
-    made = []
-    for name in ("a", "b"):
-        c = TableCommitter(
-            SinkOptions(table=TableName(("db",), name), catalog_properties=props, table_properties=table_properties)
-        )
-        c.open_table(arrow_rows([]).schema)
-        made.append(c)
-    return made[0], made[1]
+    a, b = table_committers(props, ("a", "b"), **table_properties)
+    return a, b
 
 
 def unit(cs: tuple[TableCommitter, ...], batch_id: int, ids: dict[str, list[int]]) -> list[Any]:
     """The actions appending ``ids[table]`` to each table, as one batch of one query."""
-    actions = []
-    for c in cs:
-        result = write_task(c, Q, batch_id, ids[c.options.table.name])
-        actions.append(c.append_action(c.load(), BatchCall(Q, batch_id, OFFSETS), [result]))
-    return actions
+    return unit_actions(cs, BatchCall(Q, batch_id, OFFSETS), ids)
 
 
 def state(c: TableCommitter) -> tuple[str | None, int]:
