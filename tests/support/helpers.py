@@ -288,6 +288,18 @@ def write_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int], 
     return writer.write(arrow_rows(ids).to_batches())
 
 
+def write_reloaded_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:
+    """:func:`write_task` planned on the table as reloaded (its plan read through the catalog, no open's checks)."""
+    plan = c.write_plan(c.reload_table(), query_id)
+    writer = TaskWriter(plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=attempt))
+    return writer.write(arrow_rows(ids).to_batches())
+
+
+def commit_at_offset(c: TableCommitter, query_id: str, batch_id: int, results: list[TaskResult]) -> BatchOutcome:
+    """Commit batch ``batch_id`` of ``query_id``, its source offsets those of a source log at offset ``batch_id``."""
+    return c.commit_batch(BatchCall(query_id, batch_id, f'[{{"logOffset":{batch_id}}}]'), results)
+
+
 def raced(faults: Any, step: Callable[[], Any], other: Callable[[], Any]) -> Any:
     """Run ``step`` in a thread, pause it before its swap (fault point DRIVER_BEFORE_SWAP), run ``other`` (another
     writer), release it: ``step``'s result (or the exception it raised)."""
