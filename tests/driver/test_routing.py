@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-import threading
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -37,11 +36,11 @@ from lakesink.errors import (
 )
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
-from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BEFORE_SWAP, DRIVER_BETWEEN_TABLE_COMMITS
+from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BETWEEN_TABLE_COMMITS
 from lakesink.options import SinkOptions
 from lakesink.table.keys import SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
 from lakesink.table.routes import tables_digest
-from tests.support.helpers import commit, lakesink_snapshots, table_ids, write_task
+from tests.support.helpers import commit, lakesink_snapshots, raced, table_ids, write_task
 from tests.support.job_process import run_script
 
 Q = "routing-query"
@@ -214,19 +213,11 @@ def test_another_writer_on_one_table_mid_batch_retries_the_whole_unit(catalog_pr
     run(rc, 0, {"a": [1], "b": [2]})
     results = [write(rc, 1, {"a": [3], "b": [4]})]
     other = RoutedCommitter(options(catalog_properties, **{"sink-id": "other"}), SCHEMA)
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    box: list[Any] = []
-    t = threading.Thread(
-        target=lambda: box.append(rc.commit_batch(BatchCall(Q, 1, OFFSETS), results))
+    out = raced(
+        faults,
+        lambda: rc.commit_batch(BatchCall(Q, 1, OFFSETS), results),
+        lambda: other.commit_batch(BatchCall("other-query", 0, OFFSETS), [write(other, 0, {"b": [99]})]),
     )
-    t.start()
-    faults.wait_reached(DRIVER_BEFORE_SWAP)
-    faults.clear()
-    other_results = [write(other, 0, {"b": [99]})]
-    other.commit_batch(BatchCall("other-query", 0, OFFSETS), other_results)
-    faults.release(DRIVER_BEFORE_SWAP)
-    t.join(120)
-    out = box[0]
     assert {o.outcome for o in out.tables.values()} == {Outcome.COMMITTED}
     assert {o.retries for o in out.tables.values()} == {1}  # one retry of the whole unit, never a partial commit
     assert ids(catalog_properties, "db.a") == Counter([1, 3]) and ids(catalog_properties, "db.b") == Counter([2, 4, 99])
@@ -479,18 +470,11 @@ def test_a_large_unit_is_prepared_in_parallel_and_a_conflict_on_a_later_table_ro
     run(rc, 0, SIX)
     results = [write(rc, 1, {name: [100 + ids[0]] for name, ids in SIX.items()})]
     other = RoutedCommitter(options(catalog_properties, **{"sink-id": "other"}), SCHEMA)
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    box: list[Any] = []
-    t = threading.Thread(
-        target=lambda: box.append(rc.commit_batch(BatchCall(Q, 1, OFFSETS), results))
+    out = raced(
+        faults,
+        lambda: rc.commit_batch(BatchCall(Q, 1, OFFSETS), results),
+        lambda: other.commit_batch(BatchCall("other-query", 0, OFFSETS), [write(other, 0, {"t4": [999]})]),
     )
-    t.start()
-    faults.wait_reached(DRIVER_BEFORE_SWAP)
-    faults.clear()
-    other.commit_batch(BatchCall("other-query", 0, OFFSETS), [write(other, 0, {"t4": [999]})])
-    faults.release(DRIVER_BEFORE_SWAP)
-    t.join(120)
-    out = box[0]
     assert {o.outcome for o in out.tables.values()} == {Outcome.COMMITTED} and {o.retries for o in out.tables.values()} == {1}
     for name, first in SIX.items():
         extra = [999] if name == "t4" else []
