@@ -268,20 +268,16 @@ def test_watermark_lag_is_the_clock_minus_the_batch_watermark(catalog_properties
 
 
 def test_a_conflict_shows_as_two_attempts_in_the_commit_report(metrics_server: TxnRestServer, faults: Any) -> None:
-    from lakesink.faults import DRIVER_BEFORE_SWAP
-    from tests.support.helpers import arrow_rows
+    from tests.support.helpers import arrow_rows, raced
 
     c = _committer(metrics_server.catalog_properties())
     result = write_task(c, Q, 0, list(range(20)))
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    box: list[Any] = []
-    t = threading.Thread(target=lambda: box.append(commit(c, Q, 0, [result])))
-    t.start()
-    faults.wait_reached(DRIVER_BEFORE_SWAP)
-    metrics_server.catalog.load_table(c.options.table.identifier).append(arrow_rows([9001]))  # another writer
-    faults.release(DRIVER_BEFORE_SWAP)
-    t.join(60)
-    assert box and box[0].outcome is Outcome.COMMITTED and box[0].retries == 1
+
+    def other() -> None:  # another writer, between the commit's check and its swap
+        metrics_server.catalog.load_table(c.options.table.identifier).append(arrow_rows([9001]))
+
+    outcome = raced(faults, lambda: commit(c, Q, 0, [result]), other)
+    assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 1
     [m] = _recorded(c, 0)
     assert (m.attempts, m.conflicts) == (2, 1)
     [(_, report)] = metrics_server.reports
