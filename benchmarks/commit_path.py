@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from benchmarks.common import catalog_properties, summarise
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.task_writer import TaskWriter
@@ -92,7 +92,7 @@ def run(
         writer = TaskWriter(plan, TaskIds(query_id=QUERY_ID, batch_id=b, partition_id=0, task_attempt_id=b))
         result = writer.write([_rows(b * rows_per_batch, rows_per_batch)])
         c2, t2 = time.process_time(), time.perf_counter()
-        outcome = committer.commit_batch(query_id=QUERY_ID, batch_id=b, results=[result], source_offsets=f'[{{"n":{b}}}]')
+        outcome = committer.commit_batch(BatchCall(QUERY_ID, b, f'[{{"n":{b}}}]'), [result])
         c3, t3 = time.process_time(), time.perf_counter()
         if outcome.outcome is not Outcome.COMMITTED:
             raise AssertionError(f"batch {b}: {outcome}")

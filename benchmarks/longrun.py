@@ -25,7 +25,7 @@ from typing import Any
 from benchmarks.commit_path import QUERY_ID, SCHEMA, _rows, _rows_back
 from benchmarks.common import catalog_properties, summarise
 from lakesink._pyiceberg import io as seam
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.task_writer import TaskWriter
@@ -83,7 +83,7 @@ def run(
         writer = TaskWriter(plan, TaskIds(query_id=QUERY_ID, batch_id=b, partition_id=0, task_attempt_id=b))
         result = writer.write([_rows(b * rows_per_batch, rows_per_batch)])
         t0, c0 = time.perf_counter(), time.process_time()
-        outcome = committer.commit_batch(query_id=QUERY_ID, batch_id=b, results=[result], source_offsets=f'[{{"n":{b}}}]')
+        outcome = committer.commit_batch(BatchCall(QUERY_ID, b, f'[{{"n":{b}}}]'), [result])
         commit_ms.append((time.perf_counter() - t0) * 1000)
         commit_cpu_ms.append((time.process_time() - c0) * 1000)
         if outcome.outcome is not Outcome.COMMITTED:

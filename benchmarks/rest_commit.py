@@ -22,6 +22,7 @@ from typing import Any
 
 from benchmarks.commit_latency import percentiles, trend
 from benchmarks.common import machine
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.executor.messages import TaskIds
 
 QUERY = "55555555-eeee-4000-8000-000000000005"
@@ -54,7 +55,7 @@ def _run(props: dict[str, str], namespace: str, batches: int, interval: float, p
         )
         if proxy is not None:
             proxy.reset_counts()
-        outcome = sink.commit_batch(query_id=QUERY, batch_id=b, results=[result], source_offsets=f'[{{"logOffset":{b}}}]')
+        outcome = sink.commit_batch(BatchCall(QUERY, b, f'[{{"logOffset":{b}}}]'), [result])
         assert outcome.outcome is Outcome.COMMITTED, outcome
         if b > 0:
             commit_ms.append(outcome.commit_ms)

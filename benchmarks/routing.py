@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from benchmarks.commit_latency import percentiles
 from benchmarks.common import machine
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.executor.messages import TaskIds
 
 QUERY = "66666666-eeee-4000-8000-000000000006"
@@ -70,7 +71,7 @@ def run_tables(root: Path, tables: int, batches: int, rows_per_table: int) -> di
         result = RoutedTaskWriter(plan, TaskIds(query_id=QUERY, batch_id=b, partition_id=0, task_attempt_id=0)).write([batch])
         counts.clear()
         started = time.perf_counter()
-        rc.commit_batch(query_id=QUERY, batch_id=b, results=[result], source_offsets=f'[{{"logOffset":{b}}}]')
+        rc.commit_batch(BatchCall(QUERY, b, f'[{{"logOffset":{b}}}]'), [result])
         if b > 0:
             commit_ms.append((time.perf_counter() - started) * 1000)
             statements.append(dict(counts))

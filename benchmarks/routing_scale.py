@@ -41,6 +41,7 @@ import pyarrow as pa
 
 from benchmarks.commit_latency import percentiles
 from benchmarks.common import machine
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.executor.messages import TaskIds
 
 QUERY = "77777777-eeee-4000-8000-000000000007"
@@ -131,7 +132,7 @@ def run_mode(
         plan = rc.routed_plan(rc.plans(rc.routes(group, b), QUERY), QUERY, template=False)
         result = RoutedTaskWriter(plan, TaskIds(query_id=QUERY, batch_id=b, partition_id=0, task_attempt_id=0)).write([batch])
         t0 = time.perf_counter()
-        rc.commit_batch(query_id=QUERY, batch_id=b, results=[result], source_offsets=f'[{{"logOffset":{b}}}]')
+        rc.commit_batch(BatchCall(QUERY, b, f'[{{"logOffset":{b}}}]'), [result])
         commit_ms = (time.perf_counter() - t0) * 1000
         del plan, result, batch
         gc.collect()

@@ -27,6 +27,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.task_writer import TaskWriter
@@ -165,7 +166,7 @@ def _lakesink_batch(committer: TableCommitter, batch_id: int, data: pa.Table) ->
         writer = TaskWriter(plan, TaskIds(query_id=QUERY, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id))
         result = writer.write(data.to_batches())
         keys = pa.table({"id": data.column("id"), DELETED: pa.array([False] * data.num_rows)})
-        return committer.commit_batch(query_id=QUERY, batch_id=batch_id, results=[result], source_offsets=None, changes=keys)
+        return committer.commit_batch(BatchCall(QUERY, batch_id, None), [result], changes=keys)
 
     outcome, ms = _timed(apply)
     table = committer.reload_table()

@@ -34,6 +34,7 @@ from pyiceberg.table.update import (
     AssertTableUUID,
     SetPropertiesUpdate,
     SetSnapshotRefUpdate,
+    TableRequirement,
     update_table_metadata,
 )
 from pyiceberg.table.update.schema import UpdateSchema
@@ -289,7 +290,8 @@ def prepare_snapshot(
     table: Table,
     *,
     data_files: Sequence[DataFile],
-    overwrite: bool,
+    overwrite: bool = False,
+    removed_files: Sequence[DataFile] = (),
     summary: Mapping[str, str],
     properties: Callable[[int], Mapping[str, str]],
     branch: str,
@@ -299,19 +301,18 @@ def prepare_snapshot(
     files_since_ms: int | None = None,
     owned: Sequence[str] = (),
 ) -> PreparedCommit:
-    """Write the manifests of one snapshot (append, merging manifests as Iceberg does, or overwrite of the whole table).
+    """Write the manifests of one snapshot: an append (merging manifests as Iceberg does), an overwrite of the whole
+    table (``overwrite``: complete mode), or an upsert batch's copy-on-write (``removed_files`` removed, ``data_files``
+    -- the batch's rows and the rewritten files' remaining rows -- added: an overwrite, for which pyiceberg checks
+    that every removed file is still live in the branch head the commit asserts; an append without removed files).
 
     ``properties(snapshot_id)`` gives table properties to set in the same atomic commit, and
     ``schema_changes`` (lakesink.driver.tables.schema.SchemaChange) evolve the schema in it too. ``commit`` names the
     manifests and the manifest list (lakesink.table.names); ``files_since_ms``: when the oldest of ``data_files`` was
-    written; ``owned``: files written for this attempt alone (a truncate's order file), deleted by
-    :meth:`PreparedCommit.discard`.
+    written; ``owned``: files written for this attempt alone (a truncate's order file, an upsert's rewritten files),
+    deleted by :meth:`PreparedCommit.discard`.
     """
-    tx = _MetadataCachingTransaction(table)
-    if schema_changes:
-        update_schema = tx.update_schema()
-        apply_schema_changes(update_schema, schema_changes)
-        update_schema.commit()  # staged in the transaction, like the snapshot below
+    tx = _transaction(table, schema_changes)
     update = tx.update_snapshot(snapshot_properties=dict(summary), branch=branch)
     producer: Any
     if overwrite:
@@ -329,26 +330,48 @@ def prepare_snapshot(
             ),
             commit,
         )
+    elif removed_files:
+        producer = _named(_overwrite(update), commit)
+        for removed in removed_files:
+            producer.delete_data_file(removed)
     else:
-        producer = _named(_merge_append(update), commit)
-        # Iceberg's default for commit.manifest-merge.enabled is true (pyiceberg's is false): without merging,
-        # every batch adds a manifest that every later manifest list carries forever
-        producer._merge_enabled = manifest_merge
-    for f in data_files:
-        producer.append_data_file(f)
-    return _staged(table, tx, producer, properties, owned, files_since_ms=files_since_ms)
+        producer = _merging_append(update, commit, manifest_merge)
+    return _staged(table, tx, producer, data_files, properties, owned, files_since_ms=files_since_ms)
+
+
+def _transaction(table: Table, schema_changes: Sequence[Any]) -> _MetadataCachingTransaction:
+    """The transaction of one snapshot of ``table``, its ``schema_changes`` staged in it first."""
+    tx = _MetadataCachingTransaction(table)
+    if schema_changes:
+        update_schema = tx.update_schema()
+        apply_schema_changes(update_schema, schema_changes)
+        update_schema.commit()  # staged in the transaction, like the snapshot after it
+    return tx
+
+
+def _merging_append(update: UpdateSnapshot, commit: names.CommitName | None, manifest_merge: bool) -> Any:
+    """An append that merges manifests as Iceberg does (``manifest_merge``: the table's commit.manifest-merge.enabled)."""
+    producer = _named(_merge_append(update), commit)
+    # Iceberg's default for commit.manifest-merge.enabled is true (pyiceberg's is false): without merging,
+    # every batch adds a manifest that every later manifest list carries forever
+    producer._merge_enabled = manifest_merge
+    return producer
 
 
 def _staged(
     table: Table,
     tx: Transaction,
     producer: Any,
+    data_files: Sequence[DataFile],
     properties: Callable[[int], Mapping[str, str]],
     owned: Sequence[str] = (),
     *,
     files_since_ms: int | None = None,
 ) -> PreparedCommit:
-    """Stage ``producer``'s snapshot and the properties into ``tx``: the prepared commit of both."""
+    """Add ``data_files`` to ``producer``'s snapshot and stage it and the properties into ``tx``: the prepared commit
+    of both."""
+    for f in data_files:
+        producer.append_data_file(f)
     producer.commit()  # stages the snapshot into the transaction; nothing reaches the catalog yet
     # staged after the snapshot: while the producer works nothing is staged yet, so the transaction's
     # metadata is the table's own (no copy of the whole history; see _MetadataCachingTransaction)
@@ -356,61 +379,36 @@ def _staged(
         tx.set_properties(dict(props))
     # besides the branch head (AssertRefSnapshotId, from the producer): the table, its schema and its
     # partition spec must still be the ones the files were written for
-    requirements = (
-        *tx._requirements,
-        AssertTableUUID(uuid=table.metadata.table_uuid),
+    return _prepared(
+        table,
+        tx,
+        producer,
         AssertCurrentSchemaId(current_schema_id=table.metadata.current_schema_id),  # type: ignore[call-arg]
         AssertDefaultSpecId(default_spec_id=table.metadata.default_spec_id),  # type: ignore[call-arg]
-    )
-    return PreparedCommit(
-        table=table,
-        snapshot_id=producer.snapshot_id,
-        _updates=keeping_ref_retention(table.metadata, tx._updates),
-        _requirements=requirements,
-        _producer=producer,
-        _owned_files=tuple(owned),
+        owned=owned,
         files_since_ms=files_since_ms,
     )
 
 
-def prepare_rewrite(
+def _prepared(
     table: Table,
-    *,
-    removed_files: Sequence[DataFile],
-    data_files: Sequence[DataFile],
-    rewritten_paths: Sequence[str],
-    summary: Mapping[str, str],
-    properties: Callable[[int], Mapping[str, str]],
-    branch: str,
-    schema_changes: Sequence[Any] = (),
-    manifest_merge: bool = True,
-    commit: names.CommitName | None = None,
+    tx: Transaction,
+    producer: Any,
+    *requirements: TableRequirement,
+    owned: Sequence[str] = (),
     files_since_ms: int | None = None,
 ) -> PreparedCommit:
-    """An upsert batch's snapshot (copy-on-write): remove ``removed_files``, add ``data_files`` (the batch's rows
-    and the rewritten files' remaining rows), in one snapshot.
-
-    Without removed files it is an append (merging manifests); with them an overwrite, for which pyiceberg
-    checks that every removed file is still live in the branch head the commit asserts. ``rewritten_paths``
-    (files written for this attempt only) are deleted by :meth:`PreparedCommit.discard`.
-    """
-    tx = _MetadataCachingTransaction(table)
-    if schema_changes:
-        update_schema = tx.update_schema()
-        apply_schema_changes(update_schema, schema_changes)
-        update_schema.commit()
-    update = tx.update_snapshot(snapshot_properties=dict(summary), branch=branch)
-    producer: Any
-    if removed_files:
-        producer = _named(_overwrite(update), commit)
-        for removed in removed_files:
-            producer.delete_data_file(removed)
-    else:
-        producer = _named(_merge_append(update), commit)
-        producer._merge_enabled = manifest_merge
-    for f in data_files:
-        producer.append_data_file(f)
-    return _staged(table, tx, producer, properties, rewritten_paths, files_since_ms=files_since_ms)
+    """The prepared commit of ``producer``'s staged snapshot: ``tx``'s updates (the refs' retention kept) under its
+    requirements (the branch head), the table's uuid and ``requirements``."""
+    return PreparedCommit(
+        table=table,
+        snapshot_id=producer.snapshot_id,
+        _updates=keeping_ref_retention(table.metadata, tx._updates),
+        _requirements=(*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid), *requirements),
+        _producer=producer,
+        _owned_files=tuple(owned),
+        files_since_ms=files_since_ms,
+    )
 
 
 class _OverwriteRemovedFiles(_PreparedManifests, _OverwriteFiles):
@@ -585,12 +583,4 @@ def prepare_replace(
     for f in added:
         producer.append_data_file(f)
     producer.commit()
-    requirements = (*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid))
-    return PreparedCommit(
-        table=table,
-        snapshot_id=producer.snapshot_id,
-        _updates=keeping_ref_retention(table.metadata, tx._updates),
-        _requirements=requirements,
-        _producer=producer,
-        files_since_ms=files_since_ms,
-    )
+    return _prepared(table, tx, producer, files_since_ms=files_since_ms)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.actions.completeness import BatchTime
 from lakesink.driver.committers.interface import BatchCommitter
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
@@ -45,43 +47,33 @@ def commit_or_abort(
 
 def commit_routed(
     routed: RoutedCommitter,
+    call: BatchCall,
     *,
-    query_id: str,
-    batch_id: int,
     routes: Sequence[Route],
     plans: Mapping[str, WritePlan],
-    source_offsets: str | None,
-    run_id: str | None,
     write: Callable[[], list[RoutedTaskResult]],
     batch_time: Callable[[], BatchTime | None],
     invalid: bool = False,
 ) -> RoutedOutcome:
-    """A routed batch whose tables are planned (``plans`` of ``routes``): a batch some of its tables hold already is
-    decided for the whole batch, before any file is written (``check_replay_at_plan``); one every table held when it
-    was planned is skipped; else its files are written (``write``, also when the batch has only rows of an invalid
-    route, ``invalid``: dead letters) and committed as one unit, or aborted when the commit raised."""
-    routed.check_replay_at_plan(query_id=query_id, batch_id=batch_id, source_offsets=source_offsets, run_id=run_id)
+    """A routed batch (``call``; its time is read by ``batch_time`` when the commit is made) whose tables are planned
+    (``plans`` of ``routes``): a batch some of its tables hold already is decided for the whole batch, before any file
+    is written (``check_replay_at_plan``); one every table held when it was planned is skipped; else its files are
+    written (``write``, also when the batch has only rows of an invalid route, ``invalid``: dead letters) and committed
+    as one unit, or aborted when the commit raised."""
+    routed.check_replay_at_plan(call)
+    batch_id = call.batch_id
     if (
         routes
         and not invalid
         and all(p.last_committed_batch is not None and batch_id <= p.last_committed_batch for p in plans.values())
     ):
         # found committed in every table when planned: checked before any file is written
-        return routed.skip_replay(
-            query_id=query_id, batch_id=batch_id, routes=routes, source_offsets=source_offsets, run_id=run_id
-        )
+        return routed.skip_replay(call, routes=routes)
     results = write() if routes or invalid else []
     return commit_or_abort(
         routed,
-        query_id=query_id,
+        query_id=call.query_id,
         batch_id=batch_id,
         results=results,
-        commit=lambda: routed.commit_batch(
-            query_id=query_id,
-            batch_id=batch_id,
-            results=results,
-            source_offsets=source_offsets,
-            run_id=run_id,
-            batch_time=batch_time(),
-        ),
+        commit=lambda: routed.commit_batch(replace(call, time=batch_time()), results),
     )

@@ -34,6 +34,7 @@ from lakesink import _pyspark
 from lakesink.audit import Point, parse_timestamp_ms, resolve
 from lakesink.driver import catalogs
 from lakesink.driver.actions import dead_letters
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.interface import BatchCommitter
 from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.driver.committers.table import TableCommitter
@@ -203,12 +204,14 @@ class StreamCommits(Generic[M]):
         # commit) waits for it instead of deleting files the swap is about to reference (lakesink.driver.loop.guard)
         with CommitGuard(str(self._options.table), query_id, self._options.sink_id, run).held():
             self._driver().commit_batch(
-                query_id=query_id,
-                batch_id=batch_id,
-                results=results,
-                source_offsets=read_source_offsets(self._checkpoint, batch_id),
-                run_id=run,
-                batch_time=completeness.batch_time(self._options, self._checkpoint, batch_id, has_watermark=self._has_watermark),
+                BatchCall(
+                    query_id,
+                    batch_id,
+                    read_source_offsets(self._checkpoint, batch_id),
+                    run,
+                    completeness.batch_time(self._options, self._checkpoint, batch_id, has_watermark=self._has_watermark),
+                ),
+                results,
             )
 
     def abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:

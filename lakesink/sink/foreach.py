@@ -26,7 +26,7 @@ from pyspark.storagelevel import StorageLevel
 
 from lakesink.cdc import debezium
 from lakesink.driver import catalogs
-from lakesink.driver.actions.batch import BatchOutcome
+from lakesink.driver.actions.batch import BatchCall, BatchOutcome
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.routed_tables import check_atomic
 from lakesink.driver.committers.table import TableCommitter
@@ -269,10 +269,7 @@ class ForeachBatchSink:
         if plan.last_committed_batch is not None and batch_id <= plan.last_committed_batch:
             # found committed when planned: checked before any file is written (and against the batch's source offsets)
             return committer.skip_replay(  # a replay records nothing new (its watermark is in the committed batch)
-                query_id=query_id,
-                batch_id=batch_id,
-                source_offsets=self._query.source_offsets(spark, query_id, batch_id),
-                run_id=run_id,
+                BatchCall(query_id, batch_id, self._query.source_offsets(spark, query_id, batch_id), run_id),
                 table_uuid=plan.table_uuid,
             )
         letters: DataFrame | None = None
@@ -358,14 +355,16 @@ class ForeachBatchSink:
                 batch_id=batch_id,
                 results=results,
                 commit=lambda: committer.commit_batch(
-                    query_id=query_id,
-                    batch_id=batch_id,
-                    results=results,
-                    source_offsets=self._query.source_offsets(spark, query_id, batch_id),
-                    run_id=run_id,
+                    BatchCall(
+                        query_id,
+                        batch_id,
+                        self._query.source_offsets(spark, query_id, batch_id),
+                        run_id,
+                        self._query.batch_time(spark, df, query_id, batch_id),
+                    ),
+                    results,
                     table_uuid=plan.table_uuid,
                     changes=resolved.keys if resolved is not None else None,
-                    batch_time=self._query.batch_time(spark, df, query_id, batch_id),
                     batch_rows=batch_rows,
                 ),
             )
@@ -524,12 +523,9 @@ class ForeachBatchSink:
         spark = df().sparkSession
         return commit_routed(
             routed,
-            query_id=query_id,
-            batch_id=batch_id,
+            BatchCall(query_id, batch_id, self._query.source_offsets(spark, query_id, batch_id), run_id),
             routes=routes,
             plans=plans,
-            source_offsets=self._query.source_offsets(spark, query_id, batch_id),
-            run_id=run_id,
             write=write,
             batch_time=lambda: self._query.batch_time(spark, df(), query_id, batch_id),
             invalid=invalid,

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from decimal import Decimal
 
 import pyarrow as pa
 from pyiceberg.io import load_file_io
 
 from lakesink.cdc import envelope
-from lakesink.driver.actions.completeness import BatchTime
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.routed_tables import staging_root
 from lakesink.errors import InvalidOptionError
@@ -95,18 +96,10 @@ class StagedCommitter:
         self.routed = routed
         self.plan = plan
 
-    def commit_batch(
-        self,
-        *,
-        query_id: str,
-        batch_id: int,
-        results: Sequence[StagedTaskResult],
-        source_offsets: str | None,
-        run_id: str | None = None,
-        batch_time: BatchTime | None = None,
-    ) -> RoutedOutcome:
+    def commit_batch(self, call: BatchCall, results: Sequence[StagedTaskResult]) -> RoutedOutcome:
         routed, routing = self.routed, self.routed.routing
-        run_id = run_id or next((r.run_id for r in results if r.run_id), None)
+        query_id, batch_id = call.query_id, call.batch_id
+        run_id = call.run_id or next((r.run_id for r in results if r.run_id), None)
         parts: dict[object, list[Mapping[str, pa.DataType | None]]] = {}
         found: dict[object, payload.Found] = {}
         for r in results:
@@ -126,14 +119,11 @@ class StagedCommitter:
         plans = routed.plans(routes, query_id)
         outcome = commit_routed(
             routed,
-            query_id=query_id,
-            batch_id=batch_id,
+            replace(call, run_id=run_id),
             routes=routes,
             plans=plans,
-            source_offsets=source_offsets,
-            run_id=run_id,
             write=lambda: [self._write(plans, query_id, batch_id, run_id, results, cut)],
-            batch_time=lambda: batch_time,
+            batch_time=lambda: call.time,
         )
         self._sweep(batch_id)
         return outcome

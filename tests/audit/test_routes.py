@@ -15,6 +15,7 @@ from lakesink.audit import publish, verify
 from lakesink.audit.routes import BATCH_INCOMPLETE, verify_query
 from lakesink.cli import main
 from lakesink.driver import catalogs
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.errors import InjectedFault
 from lakesink.faults import DRIVER_BETWEEN_TABLE_COMMITS
 from tests.driver.test_routing import OFFSETS, Q, routed, run
@@ -85,7 +86,7 @@ def test_a_table_left_out_of_routed_batches_has_no_gap_but_a_lost_batch_is_still
     rc = routed(catalog_properties, atomic="off")
     run(rc, 0, {"a": [1], "b": [2]})
     run(rc, 1, {"b": [3]})
-    rc.commit_batch(query_id=Q, batch_id=2, results=[], source_offsets=OFFSETS)  # routes no row: db.b's marker moves
+    rc.commit_batch(BatchCall(Q, 2, OFFSETS), [])  # routes no row: db.b's marker moves
     run(rc, 3, {"a": [4], "b": [5]})
     catalog = catalogs.load(None, catalog_properties)
     for name in ("db.a", "db.b"):
@@ -133,7 +134,7 @@ def test_the_dead_letter_table_of_a_routed_query_has_no_gap_after_an_empty_batch
     snapshot records the batch before as its previous one, and verify finds the empty batch in the routed tables."""
     rc = routed_with_letters(catalog_properties)
     run_with_letters(rc, 0, {"a": [1], None: [100]})
-    rc.commit_batch(query_id=LETTERS_Q, batch_id=1, results=[], source_offsets=OFFSETS)  # routes no row
+    rc.commit_batch(BatchCall(LETTERS_Q, 1, OFFSETS), [])  # routes no row
     run_with_letters(rc, 2, {"a": [2], None: [101]})
     catalog = catalogs.load(None, catalog_properties)
     dead = verify(catalog.load_table(("db", "dead")))

@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,23 +31,13 @@ from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
 from tests.support import cdc_oracle
 from tests.support.cdc_oracle import ROUNDS, TABLES
 from tests.support.helpers import lakesink_snapshots
+from tests.support.job_process import start_job
 
 pytestmark = pytest.mark.spark
 
 
 def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None, entry: str = "foreach") -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
-    if faults_dir is not None:
-        env["LAKESINK_FAULTS_DIR"] = faults_dir
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.jobs.cdc_oracle_job", json.dumps(props), str(src), str(ck), entry],
-        cwd=Path(__file__).resolve().parents[2],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return start_job("tests.jobs.cdc_oracle_job", json.dumps(props), str(src), str(ck), entry, faults_dir=faults_dir)
 
 
 def _utc(value: Any) -> Any:

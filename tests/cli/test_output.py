@@ -20,6 +20,7 @@ from lakesink.cli import main
 from lakesink.cli.main import COMMANDS
 from lakesink.cli.output import ConsoleOutput, JsonOutput, Output, human_rows
 from lakesink.cli.render import JSON_VERSION, ExitCode
+from lakesink.driver.actions.batch import BatchCall
 from tests.support.cli import stderr_apart
 from tests.support.helpers import commit, make_committer, write_task
 
@@ -255,7 +256,7 @@ def test_history_branch_and_source_offsets_as_json_values(catalog_properties: di
     c = make_committer(catalog_properties)
     for b in range(2):
         offsets = json.dumps([{"logOffset": b}, None])
-        c.commit_batch(query_id=Q, batch_id=b, results=[write_task(c, Q, b, [b])], source_offsets=offsets)
+        c.commit_batch(BatchCall(Q, b, offsets), [write_task(c, Q, b, [b])])
     t = c.load()
     head = t.current_snapshot()
     assert head is not None
@@ -460,9 +461,9 @@ def test_history_shows_a_restart_of_the_query(catalog_properties: dict[str, str]
     batch of a new run of the query, in text (a line before it) and JSON (``run_id``, ``restarted``)."""
     c = make_committer(catalog_properties)
     for b, run_id in enumerate(["run-a", "run-a", "run-b", "run-b", "run-c"]):
-        outcome = c.commit_batch(query_id=Q, batch_id=b, results=[write_task(c, Q, b, [b])], source_offsets=None, run_id=run_id)
+        outcome = c.commit_batch(BatchCall(Q, b, None, run_id), [write_task(c, Q, b, [b])])
         assert outcome.outcome.value == "committed"
-    c.commit_batch(query_id="q-other", batch_id=0, results=[write_task(c, "q-other", 0, [9])], source_offsets=None, run_id="x")
+    c.commit_batch(BatchCall("q-other", 0, None, "x"), [write_task(c, "q-other", 0, [9])])
     args = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
     records = json.loads(run(["--json", "history", "db.events"], args))
     assert [(r["batch_id"], r["run_id"], r["restarted"]) for r in records] == [
@@ -486,7 +487,7 @@ def test_report_marks_each_restart_and_draws_whole_counts_on_batch_axes(catalog_
     c = make_committer(catalog_properties)
     runs = ["run-a"] * 20 + ["run-b"] * 15 + ["run-c"] * 5
     for b, run_id in enumerate(runs):
-        outcome = c.commit_batch(query_id=Q, batch_id=b, results=[write_task(c, Q, b, [b])], source_offsets=None, run_id=run_id)
+        outcome = c.commit_batch(BatchCall(Q, b, None, run_id), [write_task(c, Q, b, [b])])
         assert outcome.outcome.value == "committed"
     drawn: list[dict[str, Any]] = []
     original = report._png

@@ -32,7 +32,7 @@ from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
 from tests.sink import test_types as types_matrix
 from tests.support.helpers import Stream, assert_snapshot_invariants, lakesink_snapshots, sink_committer, table_ids
 from tests.support.interop_values import differences, plain_rows
-from tests.support.java_engine import JavaEngine, iceberg_jars, jdbc_jar, jdbc_url
+from tests.support.java_engine import JavaEngine, jdbc_url, session_conf
 
 pytestmark = [pytest.mark.spark, pytest.mark.deploy]
 
@@ -70,18 +70,7 @@ def java(shared: dict[str, str]) -> Iterator[JavaEngine]:
     conf[f"{prefix}.uri"] = url
     conf[f"{prefix}.jdbc.user"] = extra.get("jdbc.user", "postgres")
     conf[f"{prefix}.warehouse"] = shared["warehouse"]
-    conf.update(
-        {
-            "spark.jars": ",".join([*iceberg_jars(), jdbc_jar(kind)]),
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.driver.memory": "1g",
-            "spark.sql.session.timeZone": "UTC",
-            "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-            "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
-            "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
-        }
-    )
+    conf.update(session_conf(kind))
     engine = JavaEngine(conf)
     yield engine
     engine.close()

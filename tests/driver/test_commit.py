@@ -31,6 +31,7 @@ from tests.support.helpers import (
     lakesink_snapshots,
     load,
     make_committer,
+    raced,
     referenced_data_files,
     table_ids,
     write_task,
@@ -128,18 +129,11 @@ def test_complete_mode_replaces_table_contents_in_one_overwrite_snapshot(catalog
 
 def test_other_writer_between_check_and_swap_is_retried_and_both_land(committer: TableCommitter, faults) -> None:  # type: ignore[no-untyped-def]
     result = write_task(committer, Q1, 0, list(range(50)))
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    outcome_box: list[object] = []
-    t = threading.Thread(target=lambda: outcome_box.append(commit(committer, Q1, 0, [result])))
-    t.start()
-    faults.wait_reached(DRIVER_BEFORE_SWAP)
     other = make_committer(committer.options.catalog_properties).catalog.load_table(("db", "events"))
-    other.append(arrow_rows([9001, 9002]))  # another writer commits while we hold a checked, stale base
-    faults.release(DRIVER_BEFORE_SWAP)
-    t.join(60)
-    outcome = outcome_box[0]
+    # another writer commits while we hold a checked, stale base
+    outcome = raced(faults, lambda: commit(committer, Q1, 0, [result]), lambda: other.append(arrow_rows([9001, 9002])))
     table = load(committer)
-    assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 1  # type: ignore[attr-defined]
+    assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 1
     assert table_ids(table) == Counter([*range(50), 9001, 9002])
     assert len(lakesink_snapshots(table)) == 1 and len(table.snapshots()) == 2
 

@@ -7,8 +7,6 @@ inside the database transaction in a subprocess. Exactly once is checked with un
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 import threading
 from collections import Counter
@@ -18,36 +16,28 @@ from typing import Any
 import pytest
 from pyiceberg.table import Table
 
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.swap import RetriesExhausted, Status
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BEFORE_SWAP
 from lakesink.options import SinkOptions, TableName
-from tests.support.helpers import arrow_rows, commit, table_ids, write_task
-from tests.support.timeouts import guard
+from tests.support.helpers import commit, table_ids, write_task
+from tests.support.job_process import run_script
+from tests.support.units import table_committers, unit_actions
 
 Q = "unit-query"
 OFFSETS = '[{"logOffset":0}]'
 
 
 def committers(props: dict[str, str], **table_properties: str) -> tuple[TableCommitter, TableCommitter]:
-    made = []
-    for name in ("a", "b"):
-        c = TableCommitter(
-            SinkOptions(table=TableName(("db",), name), catalog_properties=props, table_properties=table_properties)
-        )
-        c.open_table(arrow_rows([]).schema)
-        made.append(c)
-    return made[0], made[1]
+    a, b = table_committers(props, ("a", "b"), **table_properties)
+    return a, b
 
 
 def unit(cs: tuple[TableCommitter, ...], batch_id: int, ids: dict[str, list[int]]) -> list[Any]:
     """The actions appending ``ids[table]`` to each table, as one batch of one query."""
-    actions = []
-    for c in cs:
-        result = write_task(c, Q, batch_id, ids[c.options.table.name])
-        actions.append(c.append_action(c.load(), query_id=Q, batch_id=batch_id, results=[result], source_offsets=OFFSETS))
-    return actions
+    return unit_actions(cs, BatchCall(Q, batch_id, OFFSETS), ids)
 
 
 def state(c: TableCommitter) -> tuple[str | None, int]:
@@ -108,13 +98,7 @@ def test_sigkill_inside_the_database_transaction_commits_neither_table(
     a, b = committers(catalog_properties)
     before = state(a), state(b)
     faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "kill")
-    run = subprocess.run(
-        [sys.executable, "-c", _KILLED_IN_THE_TRANSACTION, json.dumps(catalog_properties)],
-        capture_output=True,
-        text=True,
-        timeout=guard(300),
-        cwd=str(Path(__file__).resolve().parents[2]),
-    )
+    run = run_script(_KILLED_IN_THE_TRANSACTION, json.dumps(catalog_properties))
     assert run.returncode == -9, run.stdout + run.stderr  # SIGKILLed after table a's row update, inside the transaction
     assert faults.fired(CATALOG_BETWEEN_TABLE_SWAPS)
     assert (state(a), state(b)) == before  # the uncommitted transaction is gone with the process

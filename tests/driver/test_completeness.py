@@ -20,6 +20,7 @@ from lakesink.audit.completeness import NO_WATERMARK, REACHED, WaitResult, table
 from lakesink.audit.publishing import publish
 from lakesink.cli.audit import WAIT_NO_WATERMARK_EXIT, WAIT_TIMEOUT_EXIT
 from lakesink.cli.main import main
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.actions.completeness import BatchTime
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InvalidOptionError, PublishRefusedError
@@ -67,7 +68,7 @@ def write(c: TableCommitter, query_id: str, batch_id: int, table: pa.Table, atte
 
 
 def commit(c: TableCommitter, query_id: str, batch_id: int, results: list[TaskResult], time: BatchTime) -> None:
-    c.commit_batch(query_id=query_id, batch_id=batch_id, results=results, source_offsets=f"[{batch_id}]", batch_time=time)
+    c.commit_batch(BatchCall(query_id, batch_id, f"[{batch_id}]", time=time), results)
 
 
 def summaries(c: TableCommitter, query_id: str = Q1) -> list[dict[str, str]]:

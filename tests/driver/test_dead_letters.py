@@ -5,12 +5,9 @@ unique id; tables are compared as multisets. SIGKILLs in a subprocess at each po
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -20,7 +17,7 @@ from pyiceberg.table import Table
 
 import lakesink
 from lakesink.cli.main import main
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InvalidOptionError, TooManyRejectedError
 from lakesink.executor.messages import TaskIds, TaskResult
@@ -29,10 +26,9 @@ from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIV
 from lakesink.options import SinkOptions, TableName
 from lakesink.table import dead_letters as dl
 from tests.support.helpers import data_files_on_disk, lakesink_snapshots, sink_committer
-from tests.support.timeouts import guard
+from tests.support.job_process import run_script
 
 Q = "33333333-cccc-4000-8000-000000000003"
-ROOT = Path(__file__).resolve().parents[2]
 
 SCHEMA = pa.schema(
     [
@@ -92,7 +88,7 @@ def write(c: TableCommitter, batch_id: int, rows: list[dict[str, Any]], *, task:
 
 
 def commit(c: TableCommitter, batch_id: int, results: list[TaskResult]) -> Any:
-    return c.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=f'[{{"logOffset":{batch_id}}}]')
+    return c.commit_batch(BatchCall(Q, batch_id, f'[{{"logOffset":{batch_id}}}]'), results)
 
 
 def ids(table: Table) -> Counter[int]:
@@ -296,13 +292,7 @@ def test_sigkill_at_each_point_leaves_both_tables_or_neither(catalog_properties:
     c = make(catalog_properties, reject_when="amount < 0")
     commit(c, 0, [write(c, 0, [row(1)])])
     faults.arm(point, "kill")
-    run = subprocess.run(
-        [sys.executable, "-c", _KILLED, json.dumps(catalog_properties)],
-        capture_output=True,
-        text=True,
-        timeout=guard(300),
-        cwd=str(ROOT),
-    )
+    run = run_script(_KILLED, json.dumps(catalog_properties))
     assert run.returncode == -9, run.stdout + run.stderr
     assert c.dead_letters is not None
     main_has = c.last_committed(Q)
@@ -314,7 +304,7 @@ def test_sigkill_at_each_point_leaves_both_tables_or_neither(catalog_properties:
     r = make(catalog_properties, reject_when="amount < 0")
     plan = r.write_plan(r.load(), Q)
     if plan.last_committed_batch is not None and plan.last_committed_batch >= 1:
-        r.skip_replay(query_id=Q, batch_id=1, source_offsets='[{"logOffset":1}]', run_id=None, table_uuid=None)
+        r.skip_replay(BatchCall(Q, 1, '[{"logOffset":1}]', None), table_uuid=None)
     else:
         commit(r, 1, [write(r, 1, [row(2), *BAD[:2]], task=0, attempt=5), write(r, 1, [row(3), *BAD[2:]], task=1, attempt=5)])
     assert ids(r.load()) == Counter([1, 2, 3])

@@ -17,7 +17,7 @@ import pytest
 from pyiceberg.types import IntegerType, LongType
 
 from lakesink.audit import interop
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.task_writer import TaskWriter
@@ -60,7 +60,7 @@ def batch(c: TableCommitter, batch_id: int, rows: dict[str, pa.Array], deleted: 
             DELETED: [False] * data.num_rows + [True] * gone.num_rows,
         }
     )
-    return c.commit_batch(query_id=Q, batch_id=batch_id, results=[result], source_offsets=None, changes=keys)
+    return c.commit_batch(BatchCall(Q, batch_id, None), [result], changes=keys)
 
 
 def table_rows(c: TableCommitter) -> dict[Any, str]:

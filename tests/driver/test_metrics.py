@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.report import metrics
 from lakesink.errors import InvalidOptionError
@@ -261,27 +261,23 @@ def test_watermark_lag_is_the_clock_minus_the_batch_watermark(catalog_properties
     result = write_task(c, Q, 0, [1, 2])
     before = int(time.time() * 1000)
     watermark = before - 3_600_000
-    c.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets="[]", batch_time=BatchTime(watermark_ms=watermark))
+    c.commit_batch(BatchCall(Q, 0, "[]", time=BatchTime(watermark_ms=watermark)), [result])
     after = int(time.time() * 1000)
     [m] = _recorded(c, 0)
     assert m.watermark_lag_ms is not None and before - watermark <= m.watermark_lag_ms <= after - watermark
 
 
 def test_a_conflict_shows_as_two_attempts_in_the_commit_report(metrics_server: TxnRestServer, faults: Any) -> None:
-    from lakesink.faults import DRIVER_BEFORE_SWAP
-    from tests.support.helpers import arrow_rows
+    from tests.support.helpers import arrow_rows, raced
 
     c = _committer(metrics_server.catalog_properties())
     result = write_task(c, Q, 0, list(range(20)))
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    box: list[Any] = []
-    t = threading.Thread(target=lambda: box.append(commit(c, Q, 0, [result])))
-    t.start()
-    faults.wait_reached(DRIVER_BEFORE_SWAP)
-    metrics_server.catalog.load_table(c.options.table.identifier).append(arrow_rows([9001]))  # another writer
-    faults.release(DRIVER_BEFORE_SWAP)
-    t.join(60)
-    assert box and box[0].outcome is Outcome.COMMITTED and box[0].retries == 1
+
+    def other() -> None:  # another writer, between the commit's check and its swap
+        metrics_server.catalog.load_table(c.options.table.identifier).append(arrow_rows([9001]))
+
+    outcome = raced(faults, lambda: commit(c, Q, 0, [result]), other)
+    assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 1
     [m] = _recorded(c, 0)
     assert (m.attempts, m.conflicts) == (2, 1)
     [(_, report)] = metrics_server.reports

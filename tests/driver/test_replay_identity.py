@@ -16,7 +16,7 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import DuplicateSinkError, ReplayMismatchError, TableIdentityChangedError
 from lakesink.executor.messages import TaskIds, TaskResult
@@ -61,7 +61,7 @@ def write(c: TableCommitter, batch_id: int, ids: list[int], *, attempt: int = 0,
 def commit(  # type: ignore[no-untyped-def]
     c: TableCommitter, batch_id: int, results: list[TaskResult], offsets: str | None = OFFSETS_A, run_id: str | None = RUN1
 ):
-    return c.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=offsets, run_id=run_id)
+    return c.commit_batch(BatchCall(Q, batch_id, offsets, run_id), results)
 
 
 # --- item 2: a replay over other input ---------------------------------------------------------------

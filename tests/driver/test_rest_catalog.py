@@ -24,17 +24,20 @@ from pyiceberg.table import Table
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchOutcome, Outcome
 from lakesink.driver.committers.table import TableCommitter
-from lakesink.executor.messages import TaskIds, TaskResult
+from lakesink.executor.messages import TaskResult
 from lakesink.options import SinkOptions, TableName
 from tests.support.helpers import (
     arrow_rows,
     assert_snapshot_invariants,
     assert_table_whole,
+    commit_at_offset,
     data_files_on_disk,
     lakesink_snapshots,
+    open_committer,
     referenced_files,
     sink_committer,
     table_ids,
+    write_reloaded_task,
 )
 from tests.support.http_faults import FaultProxy
 from tests.support.rest_server import NAMESPACE
@@ -44,22 +47,15 @@ IDENT = (NAMESPACE, "events")
 
 
 def committer(props: dict[str, str]) -> TableCommitter:
-    c = sink_committer(SinkOptions(table=TableName((NAMESPACE,), "events"), catalog_properties=dict(props)))
-    c.open_table(arrow_rows([]).schema)
-    return c
+    return open_committer(props, table=TableName((NAMESPACE,), "events"))
 
 
 def write_task(c: TableCommitter, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:
-    from lakesink.executor.task_writer import TaskWriter
-
-    plan = c.write_plan(c.reload_table(), Q)
-    return TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=attempt)).write(
-        arrow_rows(ids).to_batches()
-    )
+    return write_reloaded_task(c, Q, batch_id, ids, attempt)
 
 
 def commit(c: TableCommitter, batch_id: int, results: list[TaskResult]) -> BatchOutcome:
-    return c.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=f'[{{"logOffset":{batch_id}}}]')
+    return commit_at_offset(c, Q, batch_id, results)
 
 
 def table(props: dict[str, str]) -> Table:

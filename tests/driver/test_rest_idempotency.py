@@ -19,23 +19,33 @@ from collections import Counter
 import pytest
 
 import lakesink
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, BatchOutcome, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.swap import Status
-from lakesink.options import SinkOptions, TableName
-from tests.support.helpers import arrow_rows, assert_snapshot_invariants, commit, lakesink_snapshots, table_ids, write_task
+from tests.support.helpers import assert_snapshot_invariants, commit, lakesink_snapshots, table_ids, write_task
 from tests.support.http_faults import FaultProxy
 from tests.support.txn_rest_server import TxnRestServer
+from tests.support.units import table_committers, unit_actions
 
 Q = "idempotency-query"
 LIFETIME = "PT30M"
 
 
 def committer(props: dict[str, str], name: str = "events") -> TableCommitter:
-    c = TableCommitter(SinkOptions(table=TableName(("db",), name), catalog_properties=props))
-    c.open_table(arrow_rows([]).schema)
+    (c,) = table_committers(props, (name,))
     return c
+
+
+def resent_commit(props: dict[str, str], server: TxnRestServer, proxy: FaultProxy) -> tuple[TableCommitter, BatchOutcome, int]:
+    """Batch 0 of a new table committed with its request sent twice (the proxy's ``resend-after``): the committer, its
+    outcome, and the commits the server had applied before."""
+    c = committer(props)
+    result = write_task(c, Q, 0, [1, 2])
+    proxy.reset_counts()
+    before = applied_commits(server)
+    proxy.arm("commit", "resend-after")
+    return c, commit(c, Q, 0, [result]), before
 
 
 def keys(proxy: FaultProxy, kind: str) -> list[str | None]:
@@ -57,12 +67,7 @@ def assert_once(c: TableCommitter, ids: list[int], batches: int) -> None:
 def test_a_commit_resent_with_its_key_is_applied_once_and_answered_with_the_first_answer(
     txn_server: TxnRestServer, txn_proxy: FaultProxy, txn_catalog_properties: dict[str, str]
 ) -> None:
-    c = committer(txn_catalog_properties)
-    result = write_task(c, Q, 0, [1, 2])
-    txn_proxy.reset_counts()
-    before = applied_commits(txn_server)
-    txn_proxy.arm("commit", "resend-after")
-    outcome = commit(c, Q, 0, [result])
+    c, outcome, before = resent_commit(txn_catalog_properties, txn_server, txn_proxy)
     # the resent request was answered from the server's memory (200, the same metadata): no settle read, no retry
     assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 0
     assert applied_commits(txn_server) == before + 1
@@ -119,12 +124,7 @@ def test_a_server_that_advertises_no_lifetime_gets_no_key_and_a_resend_is_settle
 ) -> None:
     """Without the advertisement the spec says to assume no support: no header. The resent request then gets 409 for
     a commit that landed; lakesink settles it by reading the table (landed), and commits once."""
-    c = committer(txn_catalog_properties)
-    result = write_task(c, Q, 0, [1, 2])
-    txn_proxy.reset_counts()
-    before = applied_commits(txn_server)
-    txn_proxy.arm("commit", "resend-after")
-    outcome = commit(c, Q, 0, [result])
+    c, outcome, before = resent_commit(txn_catalog_properties, txn_server, txn_proxy)
     assert outcome.outcome is Outcome.COMMITTED and outcome.retries == 1  # the 409, then the read that found it
     assert [e.status for e in txn_proxy.exchanges if e.kind == "commit"] == [409]
     assert applied_commits(txn_server) == before + 1 and not txn_server.replayed
@@ -136,18 +136,9 @@ def test_a_server_that_advertises_no_lifetime_gets_no_key_and_a_resend_is_settle
 def test_a_transactions_request_resent_with_its_key_is_applied_once(
     txn_server: TxnRestServer, txn_proxy: FaultProxy, txn_catalog_properties: dict[str, str]
 ) -> None:
-    cs = [committer(txn_catalog_properties, name) for name in ("a", "b")]
+    cs = table_committers(txn_catalog_properties, ("a", "b"))
     ids = {"a": [1, 2], "b": [10]}
-    actions = [
-        c.append_action(
-            c.load(),
-            query_id=Q,
-            batch_id=0,
-            results=[write_task(c, Q, 0, ids[c.options.table.name])],
-            source_offsets='[{"logOffset":0}]',
-        )
-        for c in cs
-    ]
+    actions = unit_actions(cs, BatchCall(Q, 0, '[{"logOffset":0}]'), ids)
     txn_proxy.reset_counts()
     txn_proxy.arm("transaction", "resend-after")
     results = swap.run_unit(actions)

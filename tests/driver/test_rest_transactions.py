@@ -22,6 +22,7 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink.driver import catalogs
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.swap import Status
@@ -29,7 +30,6 @@ from lakesink.errors import UnitNotAtomicError
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.options import SinkOptions, TableName
 from tests.support.helpers import (
-    arrow_rows,
     assert_snapshot_invariants,
     assert_table_whole,
     commit,
@@ -41,6 +41,7 @@ from tests.support.helpers import (
 from tests.support.http_faults import FaultProxy
 from tests.support.timeouts import guard
 from tests.support.txn_rest_server import TxnRestServer
+from tests.support.units import table_committers, unit_actions
 
 Q = "rest-unit-query"
 OFFSETS = '[{"logOffset":0}]'
@@ -48,23 +49,12 @@ NAMES = ("a", "b", "c")
 
 
 def committers(props: dict[str, str], names: tuple[str, ...] = NAMES, **table_properties: str) -> tuple[TableCommitter, ...]:
-    made = []
-    for name in names:
-        c = TableCommitter(
-            SinkOptions(table=TableName(("db",), name), catalog_properties=props, table_properties=table_properties)
-        )
-        c.open_table(arrow_rows([]).schema)
-        made.append(c)
-    return tuple(made)
+    return table_committers(props, names, **table_properties)
 
 
 def unit(cs: tuple[TableCommitter, ...], batch_id: int, ids: dict[str, list[int]]) -> list[Any]:
     """The actions appending ``ids[table]`` to each table, as one batch of one query."""
-    actions = []
-    for c in cs:
-        result = write_task(c, Q, batch_id, ids[c.options.table.name])
-        actions.append(c.append_action(c.load(), query_id=Q, batch_id=batch_id, results=[result], source_offsets=OFFSETS))
-    return actions
+    return unit_actions(cs, BatchCall(Q, batch_id, OFFSETS), ids)
 
 
 def fresh(c: TableCommitter) -> Table:

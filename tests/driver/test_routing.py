@@ -8,10 +8,7 @@ subprocess. Every row has a unique id; tables are compared as multisets.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
-import threading
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -24,7 +21,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 
 from lakesink.driver import catalogs
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.errors import (
     CommitConflictError,
@@ -39,12 +36,12 @@ from lakesink.errors import (
 )
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
-from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BEFORE_SWAP, DRIVER_BETWEEN_TABLE_COMMITS
+from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BETWEEN_TABLE_COMMITS
 from lakesink.options import SinkOptions
 from lakesink.table.keys import SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
 from lakesink.table.routes import tables_digest
-from tests.support.helpers import commit, lakesink_snapshots, table_ids, write_task
-from tests.support.timeouts import guard
+from tests.support.helpers import commit, lakesink_snapshots, raced, table_ids, write_task
+from tests.support.job_process import run_script
 
 Q = "routing-query"
 OFFSETS = '[{"logOffset":0}]'
@@ -96,7 +93,7 @@ def commit_or_abort(
 ) -> RoutedOutcome:
     """The unit committed, or aborted with the same results on an error (as both entry points do)."""
     try:
-        return rc.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=offsets, run_id=run_id)
+        return rc.commit_batch(BatchCall(Q, batch_id, offsets, run_id), results)
     except BaseException:
         rc.abort_batch(query_id=Q, batch_id=batch_id, results=results)
         raise
@@ -142,7 +139,7 @@ def test_several_tasks_and_batches(catalog_properties: dict[str, str]) -> None:
     sent: dict[str, Counter[int]] = {"db.a": Counter(), "db.b": Counter()}
     for b in range(3):
         results = [write(rc, b, {"a": [b * 100 + p], "b": [b * 100 + 50 + p]}, part=p) for p in range(2)]
-        rc.commit_batch(query_id=Q, batch_id=b, results=results, source_offsets=OFFSETS)
+        rc.commit_batch(BatchCall(Q, b, OFFSETS), results)
         sent["db.a"].update([b * 100, b * 100 + 1])
         sent["db.b"].update([b * 100 + 50, b * 100 + 51])
     for name, want in sent.items():
@@ -199,13 +196,7 @@ def test_sigkill_inside_a_routed_commit_then_a_replay(
     catalog_properties: dict[str, str], faults: Any, point: str, extra: dict[str, str], landed: set[str]
 ) -> None:
     faults.arm(point, "kill")
-    done = subprocess.run(
-        [sys.executable, "-c", _KILLED, json.dumps(catalog_properties), json.dumps(extra)],
-        capture_output=True,
-        text=True,
-        timeout=guard(300),
-        cwd=str(Path(__file__).resolve().parents[2]),
-    )
+    done = run_script(_KILLED, json.dumps(catalog_properties), json.dumps(extra))
     assert done.returncode == -9, done.stdout + done.stderr
     want = {"db.a": Counter([1, 2, 3]), "db.b": Counter([10, 20]), "db.c": Counter([30])}
     for name in want:
@@ -222,19 +213,11 @@ def test_another_writer_on_one_table_mid_batch_retries_the_whole_unit(catalog_pr
     run(rc, 0, {"a": [1], "b": [2]})
     results = [write(rc, 1, {"a": [3], "b": [4]})]
     other = RoutedCommitter(options(catalog_properties, **{"sink-id": "other"}), SCHEMA)
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    box: list[Any] = []
-    t = threading.Thread(
-        target=lambda: box.append(rc.commit_batch(query_id=Q, batch_id=1, results=results, source_offsets=OFFSETS))
+    out = raced(
+        faults,
+        lambda: rc.commit_batch(BatchCall(Q, 1, OFFSETS), results),
+        lambda: other.commit_batch(BatchCall("other-query", 0, OFFSETS), [write(other, 0, {"b": [99]})]),
     )
-    t.start()
-    faults.wait_reached(DRIVER_BEFORE_SWAP)
-    faults.clear()
-    other_results = [write(other, 0, {"b": [99]})]
-    other.commit_batch(query_id="other-query", batch_id=0, results=other_results, source_offsets=OFFSETS)
-    faults.release(DRIVER_BEFORE_SWAP)
-    t.join(120)
-    out = box[0]
     assert {o.outcome for o in out.tables.values()} == {Outcome.COMMITTED}
     assert {o.retries for o in out.tables.values()} == {1}  # one retry of the whole unit, never a partial commit
     assert ids(catalog_properties, "db.a") == Counter([1, 3]) and ids(catalog_properties, "db.b") == Counter([2, 4, 99])
@@ -282,7 +265,7 @@ def test_values_differing_only_in_case_are_refused(catalog_properties: dict[str,
 def test_an_empty_batch_moves_the_markers_of_the_previous_batchs_tables(catalog_properties: dict[str, str]) -> None:
     rc = routed(catalog_properties)
     run(rc, 0, {"a": [1], "b": [2]})
-    out = rc.commit_batch(query_id=Q, batch_id=1, results=[RoutedTaskResult(Q, 1, 0, None, ())], source_offsets=OFFSETS)
+    out = rc.commit_batch(BatchCall(Q, 1, OFFSETS), [RoutedTaskResult(Q, 1, 0, None, ())])
     assert {o.outcome for o in out.tables.values()} == {Outcome.EMPTY} and set(out.tables) == {"db.a", "db.b"}
     run(rc, 2, {"a": [3]})
     last = snapshots(catalog_properties, "db.a")[-1]
@@ -351,7 +334,7 @@ def test_an_existing_table_takes_its_own_columns_by_name(catalog_properties: dic
     )
     plan = rc.routed_plan(rc.plans(rc.routes(["old", "new"], 0), Q), Q, template=False)
     result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write([batch])
-    rc.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets=OFFSETS)
+    rc.commit_batch(BatchCall(Q, 0, OFFSETS), [result])
     old = catalogs.load_table_fresh(None, catalog_properties, ("db", "old"))
     assert old.schema().column_names == ["user", "id"]
     assert sorted(old.scan().to_arrow().to_pylist(), key=lambda r: r["id"]) == [
@@ -376,7 +359,7 @@ def test_a_value_in_a_column_the_table_lacks_fails_naming_table_and_column(catal
     rc = routed(catalog_properties, WIDE, **{"merge-schema": "true"})
     plan = rc.routed_plan(rc.plans(rc.routes(["old"], 4), Q), Q, template=False)
     result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=4, partition_id=0, task_attempt_id=0)).write([batch])
-    rc.commit_batch(query_id=Q, batch_id=4, results=[result], source_offsets=OFFSETS)
+    rc.commit_batch(BatchCall(Q, 4, OFFSETS), [result])
     old = catalogs.load_table_fresh(None, catalog_properties, ("db", "old"))
     assert old.schema().column_names == ["user", "id", "extra"]
     assert sorted(r["extra"] or "" for r in old.scan().to_arrow().to_pylist()) == ["", "lost?"]
@@ -405,8 +388,8 @@ def test_two_queries_create_and_write_the_same_tables(catalog_properties: dict[s
     one, two = routed(catalog_properties), routed(catalog_properties)
     r1 = [write(one, 0, {"a": [1], "b": [2]}, template=True)]
     r2 = [write(two, 0, {"a": [10], "b": [20]}, template=True)]
-    one.commit_batch(query_id=Q, batch_id=0, results=r1, source_offsets=OFFSETS)  # creates both tables
-    two.commit_batch(query_id="second-query", batch_id=0, results=r2, source_offsets=OFFSETS)  # finds them
+    one.commit_batch(BatchCall(Q, 0, OFFSETS), r1)  # creates both tables
+    two.commit_batch(BatchCall("second-query", 0, OFFSETS), r2)  # finds them
     assert ids(catalog_properties, "db.a") == Counter([1, 10]) and ids(catalog_properties, "db.b") == Counter([2, 20])
 
 
@@ -490,18 +473,11 @@ def test_a_large_unit_is_prepared_in_parallel_and_a_conflict_on_a_later_table_ro
     run(rc, 0, SIX)
     results = [write(rc, 1, {name: [100 + ids[0]] for name, ids in SIX.items()})]
     other = RoutedCommitter(options(catalog_properties, **{"sink-id": "other"}), SCHEMA)
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    box: list[Any] = []
-    t = threading.Thread(
-        target=lambda: box.append(rc.commit_batch(query_id=Q, batch_id=1, results=results, source_offsets=OFFSETS))
+    out = raced(
+        faults,
+        lambda: rc.commit_batch(BatchCall(Q, 1, OFFSETS), results),
+        lambda: other.commit_batch(BatchCall("other-query", 0, OFFSETS), [write(other, 0, {"t4": [999]})]),
     )
-    t.start()
-    faults.wait_reached(DRIVER_BEFORE_SWAP)
-    faults.clear()
-    other.commit_batch(query_id="other-query", batch_id=0, results=[write(other, 0, {"t4": [999]})], source_offsets=OFFSETS)
-    faults.release(DRIVER_BEFORE_SWAP)
-    t.join(120)
-    out = box[0]
     assert {o.outcome for o in out.tables.values()} == {Outcome.COMMITTED} and {o.retries for o in out.tables.values()} == {1}
     for name, first in SIX.items():
         extra = [999] if name == "t4" else []
@@ -564,7 +540,7 @@ def test_event_time_with_a_routed_table_without_the_column_is_refused_before_any
             [timed_rows(data, untimed="old")]
         )
         try:
-            rc.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets=OFFSETS, batch_time=time)
+            rc.commit_batch(BatchCall(Q, 0, OFFSETS, time=time), [result])
         finally:
             rc.abort_batch(query_id=Q, batch_id=0, results=[result])
     message = str(refused.value)
@@ -581,7 +557,7 @@ def test_event_time_with_a_routed_table_without_the_column_is_refused_before_any
     result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write(
         [timed_rows(data, untimed="old")]
     )
-    again.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets=OFFSETS, batch_time=time)
+    again.commit_batch(BatchCall(Q, 0, OFFSETS, time=time), [result])
     assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.old") == Counter([3])
 
 
@@ -604,7 +580,7 @@ def test_event_time_with_merge_schema_adds_the_column_to_a_routed_table_in_the_b
     result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write(
         [timed_rows(data, untimed="none")]
     )
-    rc.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets=OFFSETS, batch_time=BatchTime(None, "ts"))
+    rc.commit_batch(BatchCall(Q, 0, OFFSETS, time=BatchTime(None, "ts")), [result])
     assert ids(catalog_properties, "db.a") == Counter([1, 2]) and ids(catalog_properties, "db.old") == Counter([3, 4])
     old = catalogs.load_table_fresh(None, dict(catalog_properties), ("db", "old"))
     assert "ts" in old.schema().column_names
@@ -626,7 +602,7 @@ def replay(
     """A replay of ``batch_id`` as foreach_batch runs it: tables planned, the batch decided before any file is written,
     the files written, the unit committed (aborted on an error)."""
     plans = rc.plans(rc.routes(set(data), batch_id), Q)
-    rc.check_replay_at_plan(query_id=Q, batch_id=batch_id, source_offsets=offsets, run_id=run_id)
+    rc.check_replay_at_plan(BatchCall(Q, batch_id, offsets, run_id))
     plan = rc.routed_plan(plans, Q, template=False)
     writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=0))
     results = [writer.write([rows(data)])]
@@ -846,7 +822,7 @@ def test_format_lakesink_records_an_empty_batch_in_the_tables_of_the_previous_ba
     from lakesink.audit.invariants import verify
 
     run(routed(catalog_properties), 0, {"a": [1], "b": [2]}, template=True)
-    out = routed(catalog_properties).commit_batch(query_id=Q, batch_id=1, results=[], source_offsets=OFFSETS)
+    out = routed(catalog_properties).commit_batch(BatchCall(Q, 1, OFFSETS), [])
     assert set(out.tables) == {"db.a", "db.b"} and {o.outcome for o in out.tables.values()} == {Outcome.EMPTY}
     run(routed(catalog_properties), 2, {"a": [3]}, template=True)
     last = snapshots(catalog_properties, "db.a")[-1]
@@ -855,7 +831,7 @@ def test_format_lakesink_records_an_empty_batch_in_the_tables_of_the_previous_ba
     assert not report.violations, report.violations
     assert ids(catalog_properties, "db.a") == Counter([1, 3]) and ids(catalog_properties, "db.b") == Counter([2])
     # the replay of the empty batch (a crash before Spark's commit log) records nothing twice
-    again = routed(catalog_properties).commit_batch(query_id=Q, batch_id=1, results=[], source_offsets=OFFSETS)
+    again = routed(catalog_properties).commit_batch(BatchCall(Q, 1, OFFSETS), [])
     assert {o.outcome for o in again.tables.values()} <= {Outcome.EMPTY, Outcome.REPLAY_SKIPPED}
 
 

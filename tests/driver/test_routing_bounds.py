@@ -26,6 +26,7 @@ from pyiceberg.utils.concurrent import ExecutorFactory
 
 from benchmarks.routing_scale import lakesink_state, process_sample
 from lakesink.driver import catalogs
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers import routed_tables
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.table import TableCommitter
@@ -73,7 +74,7 @@ class Run:
             result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=self.batch, partition_id=0, task_attempt_id=0)).write(
                 [rows]
             )
-            self.rc.commit_batch(query_id=Q, batch_id=self.batch, results=[result], source_offsets="[]")
+            self.rc.commit_batch(BatchCall(Q, self.batch, "[]"), [result])
             self.committers += [weakref.ref(c) for c in self.rc._committers.values()]
             self.batch += 1
             state = lakesink_state(self.rc)
@@ -175,7 +176,7 @@ def routed_batch(props: dict[str, str], rows: Sequence[tuple[int, bytes, bytes |
     values = {routing_value(r) for _, _, r in rows}
     plan = rc.routed_plan(rc.plans(rc.routes(values, 0), Q), Q, template=False)
     result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write([batch])
-    return rc.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets="[]")
+    return rc.commit_batch(BatchCall(Q, 0, "[]"), [result])
 
 
 def dead_letters(props: dict[str, str]) -> dict[int, dict[str, Any]]:

@@ -6,8 +6,6 @@ transaction in a subprocess, then a replay."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -18,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from lakesink.driver import catalogs
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.errors import CommitConflictError, RoutingError, TooManyRejectedError
 from lakesink.executor.messages import TaskIds
@@ -27,11 +25,10 @@ from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS
 from lakesink.options import SinkOptions
 from lakesink.table import dead_letters as dl
 from tests.support.helpers import lakesink_snapshots, table_ids
-from tests.support.timeouts import guard
+from tests.support.job_process import run_script
 
 Q = "routing-dead-letters-query"
 OFFSETS = '[{"logOffset":0}]'
-ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = pa.schema([("id", pa.int64()), ("amount", pa.float64()), ("route", pa.string())])
 DEAD = "db.dead"
 
@@ -87,7 +84,7 @@ def write(rc: RoutedCommitter, batch_id: int, data: Mapping[str | None, Sequence
 def run(rc: RoutedCommitter, batch_id: int, *tasks: Mapping[str | None, Sequence[int]]) -> RoutedOutcome:
     results = [write(rc, batch_id, data, part) for part, data in enumerate(tasks)]
     try:
-        return rc.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=OFFSETS)
+        return rc.commit_batch(BatchCall(Q, batch_id, OFFSETS), results)
     except BaseException:
         rc.abort_batch(query_id=Q, batch_id=batch_id, results=results)
         raise
@@ -194,7 +191,7 @@ def test_reject_when_and_required_null_per_routed_table(catalog_properties: dict
         rc.routed_plan(plans, Q, template=False), TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
     )
     results = [writer.write([batch, nulls])]
-    rc.commit_batch(query_id=Q, batch_id=0, results=results, source_offsets=OFFSETS)
+    rc.commit_batch(BatchCall(Q, 0, OFFSETS), results)
     assert ids(catalog_properties, "db.a") == Counter([1, 2])
     assert ids(catalog_properties, "db.b") == Counter([10])
     assert letters(catalog_properties) == Counter(
@@ -261,13 +258,7 @@ _KILLED = textwrap.dedent(
 
 def test_sigkill_inside_the_transaction_then_a_replay(catalog_properties: dict[str, str], faults: Any) -> None:
     faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "kill")
-    done = subprocess.run(
-        [sys.executable, "-c", _KILLED, json.dumps(catalog_properties)],
-        capture_output=True,
-        text=True,
-        timeout=guard(300),
-        cwd=str(ROOT),
-    )
+    done = run_script(_KILLED, json.dumps(catalog_properties))
     assert done.returncode == -9, done.stdout + done.stderr
     # all or nothing: no table holds the batch, and no dead letter
     for name in ("db.a", "db.b", "other.c"):
@@ -327,7 +318,7 @@ def test_an_existing_table_without_a_stream_column_takes_its_rows_and_their_dead
     writer = RoutedTaskWriter(
         rc.routed_plan(plans, Q, template=False), TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
     )
-    rc.commit_batch(query_id=Q, batch_id=0, results=[writer.write([narrow])], source_offsets=OFFSETS)
+    rc.commit_batch(BatchCall(Q, 0, OFFSETS), [writer.write([narrow])])
     assert ids(catalog_properties, "db.narrow") == Counter([1])
     assert letters(catalog_properties) == Counter([(1001, dl.REJECT_WHEN, None, "db.narrow")])
 
@@ -387,7 +378,7 @@ def test_format_lakesink_an_existing_table_not_written_yet_takes_a_required_null
     )
     result = write_as_format_lakesink(rc, 0, rows({"a": [1], "b": [10]}), nulls)
     assert {t.table: t.templated for t in result.tables} == {"db.a": True, "db.b": True}
-    rc.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets=OFFSETS)
+    rc.commit_batch(BatchCall(Q, 0, OFFSETS), [result])
     assert ids(catalog_properties, "db.a") == Counter([1, 2])  # created by lakesink: every column optional
     assert ids(catalog_properties, "db.b") == Counter([10, 12])
     assert letters(catalog_properties) == Counter([(11, dl.REQUIRED_NULL, "amount", "db.b")])
@@ -397,7 +388,7 @@ def test_format_lakesink_an_existing_table_not_written_yet_takes_a_required_null
     again = routed(catalog_properties)
     result = write_as_format_lakesink(again, 1, nulls)
     assert {t.table: t.templated for t in result.tables} == {"db.a": False, "db.b": False}
-    again.commit_batch(query_id=Q, batch_id=1, results=[result], source_offsets=OFFSETS)
+    again.commit_batch(BatchCall(Q, 1, OFFSETS), [result])
     assert ids(catalog_properties, "db.b") == Counter([10, 12, 12])
     assert letters(catalog_properties) == Counter([(11, dl.REQUIRED_NULL, "amount", "db.b")] * 2)
 
@@ -422,7 +413,7 @@ def test_format_lakesink_required_nulls_found_at_commit_count_toward_max_rejecte
     )
     result = write_as_format_lakesink(rc, 0, rows({"b": [10, 13, 14]}), nulls)  # 2 of 5: 40%
     with pytest.raises(TooManyRejectedError, match="2 of 5 row"):
-        rc.commit_batch(query_id=Q, batch_id=0, results=[result], source_offsets=OFFSETS)
+        rc.commit_batch(BatchCall(Q, 0, OFFSETS), [result])
     rc.abort_batch(query_id=Q, batch_id=0, results=[result])
     assert ids(catalog_properties, "db.b") == Counter() and letters(catalog_properties) == Counter()
     data = Path(b.location().removeprefix("file://")) / "data"
@@ -460,7 +451,7 @@ def test_format_lakesink_reject_when_naming_a_column_a_routed_table_lacks_reads_
         first = run_no * 10
         result = write_as_format_lakesink(rc, run_no, batch([first + 1, first + 1001], [first + 2, first + 7]))
         assert {t.table: t.templated for t in result.tables} == {"db.narrow": run_no == 0, "db.a": run_no == 0}
-        rc.commit_batch(query_id=Q, batch_id=run_no, results=[result], source_offsets=OFFSETS)
+        rc.commit_batch(BatchCall(Q, run_no, OFFSETS), [result])
     assert ids(catalog_properties, "db.narrow") == Counter([1, 11, 21])
     assert ids(catalog_properties, "db.a") == Counter([2, 12, 22])
     assert letters(catalog_properties) == Counter(
@@ -473,7 +464,7 @@ def test_format_lakesink_reject_when_naming_a_column_a_routed_table_lacks_reads_
 def run_as(rc: RoutedCommitter, batch_id: int, data: Mapping[str | None, Sequence[int]], run_id: str) -> RoutedOutcome:
     results = [write(rc, batch_id, data)]
     try:
-        return rc.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=OFFSETS, run_id=run_id)
+        return rc.commit_batch(BatchCall(Q, batch_id, OFFSETS, run_id), results)
     except BaseException:
         rc.abort_batch(query_id=Q, batch_id=batch_id, results=results)
         raise

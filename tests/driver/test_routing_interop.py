@@ -21,6 +21,7 @@ import pytest
 
 from lakesink.audit import interop
 from lakesink.driver import catalogs
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.routed_writer import RoutedTaskWriter
@@ -79,7 +80,7 @@ def _commit_batches(props: Mapping[str, str], **extra: str) -> RoutedCommitter:
     for b in range(BATCHES):
         plan = rc.routed_plan(rc.plans(rc.routes(TABLES, b), Q), Q, template=False)
         result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=b, partition_id=0, task_attempt_id=0)).write([_batch(b)])
-        rc.commit_batch(query_id=Q, batch_id=b, results=[result], source_offsets=f'[{{"logOffset":{b}}}]')
+        rc.commit_batch(BatchCall(Q, b, f'[{{"logOffset":{b}}}]'), [result])
     return rc
 
 

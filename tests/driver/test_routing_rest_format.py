@@ -14,8 +14,6 @@ tables are compared as multisets, read back with pyiceberg, DuckDB and iceberg-r
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -28,7 +26,7 @@ import pytest
 import lakesink
 from lakesink.audit import interop
 from lakesink.driver import catalogs
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.routed_tables import STAGING_FOLDER
 from lakesink.errors import InjectedFault, InvalidOptionError
@@ -39,7 +37,7 @@ from lakesink.table import storage
 from tests.driver import test_routing as base
 from tests.support.helpers import lakesink_snapshots, referenced_data_files, table_ids
 from tests.support.http_faults import FaultProxy
-from tests.support.timeouts import guard
+from tests.support.job_process import run_script
 from tests.support.txn_rest_server import TxnRestServer
 
 Q = base.Q
@@ -55,7 +53,7 @@ def run(rc: RoutedCommitter, batch_id: int, data: Mapping[Any, Sequence[int]]) -
     """One task of a format("lakesink") batch: written with the plans of a run's start (the template), committed."""
     results: list[RoutedTaskResult] = [base.write(rc, batch_id, data, template=True)]
     try:
-        return rc.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=base.OFFSETS)
+        return rc.commit_batch(BatchCall(Q, batch_id, base.OFFSETS), results)
     except BaseException:
         rc.abort_batch(query_id=Q, batch_id=batch_id, results=results)
         raise
@@ -124,7 +122,7 @@ def test_a_restarted_run_writes_the_tables_of_its_namespace_directly(
     by_table = {t.table: t for t in result.tables}
     assert not by_table["db.a"].templated and by_table["other.c"].templated
     assert all(storage.is_under(f.path, table(txn_catalog_properties, "db.a").location()) for f in by_table["db.a"].result.files)
-    rc.commit_batch(query_id=Q, batch_id=1, results=[result], source_offsets=base.OFFSETS)
+    rc.commit_batch(BatchCall(Q, 1, base.OFFSETS), [result])
     assert_read_back(txn_catalog_properties, {"db.a": Counter([1, 2, 3, 5]), "other.c": Counter([30, 31])})
     assert staged_files(ck) == []
 
@@ -142,13 +140,7 @@ _KILLED = textwrap.dedent(
 
 
 def _killed_run(props: Mapping[str, str], ck: Path, extra: Mapping[str, str]) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _KILLED, json.dumps(dict(props)), str(ck), json.dumps(dict(extra))],
-        capture_output=True,
-        text=True,
-        timeout=guard(300),
-        cwd=str(Path(__file__).resolve().parents[2]),
-    )
+    done = run_script(_KILLED, json.dumps(dict(props)), str(ck), json.dumps(dict(extra)))
     assert done.returncode == -9, done.stdout + done.stderr[-4000:]
 
 
@@ -220,8 +212,8 @@ def test_a_table_another_query_creates_meanwhile_is_written_once_by_each(
     one, two = routed(txn_catalog_properties, tmp_path / "ck1"), routed(txn_catalog_properties, tmp_path / "ck2")
     r1 = [base.write(one, 0, {"a": [1], "b": [2]}, template=True)]
     r2 = [base.write(two, 0, {"a": [10], "b": [20]}, template=True)]
-    one.commit_batch(query_id=Q, batch_id=0, results=r1, source_offsets=base.OFFSETS)  # creates both tables
-    two.commit_batch(query_id="second-query", batch_id=0, results=r2, source_offsets=base.OFFSETS)  # finds them
+    one.commit_batch(BatchCall(Q, 0, base.OFFSETS), r1)  # creates both tables
+    two.commit_batch(BatchCall("second-query", 0, base.OFFSETS), r2)  # finds them
     assert_read_back(txn_catalog_properties, {"db.a": Counter([1, 10]), "db.b": Counter([2, 20])})
     assert staged_files(tmp_path / "ck1") == staged_files(tmp_path / "ck2") == []
 

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 import textwrap
 from collections.abc import Mapping, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -36,8 +33,8 @@ from tests.support.helpers import (
     lakesink_snapshots,
     referenced_data_files,
 )
+from tests.support.job_process import run_script
 from tests.support.routed_upserts import BETWEEN_TABLES, RoutedUpserts, model
-from tests.support.timeouts import guard
 
 Q = "routed-upserts"
 SCHEMA = pa.schema([("id", pa.int64()), ("value", pa.string()), ("seq", pa.int64()), ("op", pa.string()), ("route", pa.string())])
@@ -165,13 +162,7 @@ def test_sigkill_inside_a_routed_upsert_unit_then_a_replay(
     catalog_properties: dict[str, str], faults: Any, point: str, extra: dict[str, str]
 ) -> None:
     faults.arm(point, "kill")
-    done = subprocess.run(
-        [sys.executable, "-c", _KILLED, json.dumps(catalog_properties), json.dumps(extra)],
-        capture_output=True,
-        text=True,
-        timeout=guard(300),
-        cwd=str(Path(__file__).resolve().parents[2]),
-    )
+    done = run_script(_KILLED, json.dumps(catalog_properties), json.dumps(extra))
     assert done.returncode == -9, done.stdout + done.stderr
     faults.clear()
     stream = change_stream(seed=17, batches=2, per_batch=50, keys=10)

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.types import LongType, StringType
 
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import ConcurrentTableChangeError
 from lakesink.executor.messages import TaskIds
@@ -128,7 +129,7 @@ def _write(c: TableCommitter, schema: pa.Schema, batch_id: int, ids: list[int]) 
 def test_concurrent_schema_change_before_a_merge_commit_fails_cleanly(catalog_properties: dict[str, str]) -> None:
     c = _committer(catalog_properties, merge=True)
     _, first = _write(c, BASE, 0, [1, 2])
-    c.commit_batch(query_id="q-1", batch_id=0, results=[first], source_offsets=None)
+    c.commit_batch(BatchCall("q-1", 0, None), [first])
     plan, result = _write(c, WIDE, 1, [3, 4])  # files written with the evolved schema (extra = new field id)
     assert plan.schema_changes
     table = c.catalog.load_table(("db", "events"))
@@ -136,7 +137,7 @@ def test_concurrent_schema_change_before_a_merge_commit_fails_cleanly(catalog_pr
         update.add_column("other", StringType())
     metadata_before = c.catalog.load_table(("db", "events")).metadata_location
     with pytest.raises(ConcurrentTableChangeError) as e:
-        c.commit_batch(query_id="q-1", batch_id=1, results=[result], source_offsets=None)
+        c.commit_batch(BatchCall("q-1", 1, None), [result])
     assert "changed while the batch was written" in str(e.value) and "merge-schema" in str(e.value)
     table = c.catalog.load_table(("db", "events"))
     assert table.metadata_location == metadata_before
@@ -144,7 +145,7 @@ def test_concurrent_schema_change_before_a_merge_commit_fails_cleanly(catalog_pr
     assert not ({f.path for f in result.files} & data_files_on_disk(table))  # its files were deleted
     # the query's restart plans again against the new schema and commits
     _, again = _write(c, WIDE, 1, [3, 4])
-    c.commit_batch(query_id="q-1", batch_id=1, results=[again], source_offsets=None)
+    c.commit_batch(BatchCall("q-1", 1, None), [again])
     table = c.catalog.load_table(("db", "events"))
     rows = {r["id"]: r for r in table.scan().to_arrow().to_pylist()}
     assert rows[3]["extra"] == "e3" and rows[3]["other"] is None and rows[1]["extra"] is None
@@ -154,7 +155,7 @@ def test_a_plan_evolved_by_an_earlier_batch_of_the_same_run_still_commits(catalo
     """format('lakesink') plans once per run: the first batch evolves the table, later batches find it evolved."""
     c = _committer(catalog_properties, merge=True)
     _, first = _write(c, BASE, 0, [1])
-    c.commit_batch(query_id="q-1", batch_id=0, results=[first], source_offsets=None)
+    c.commit_batch(BatchCall("q-1", 0, None), [first])
     table = c.open_table(WIDE)
     plan = c.write_plan(table, "q-1", WIDE)
 
@@ -162,8 +163,8 @@ def test_a_plan_evolved_by_an_earlier_batch_of_the_same_run_still_commits(catalo
         batch = pa.record_batch({"id": pa.array(ids, pa.int64()), "extra": pa.array([f"e{i}" for i in ids])})
         return TaskWriter(plan, TaskIds(query_id="q-1", batch_id=batch_id, partition_id=0, task_attempt_id=0)).write([batch])
 
-    c.commit_batch(query_id="q-1", batch_id=1, results=[task(1, [2])], source_offsets=None)
-    c.commit_batch(query_id="q-1", batch_id=2, results=[task(2, [3])], source_offsets=None)
+    c.commit_batch(BatchCall("q-1", 1, None), [task(1, [2])])
+    c.commit_batch(BatchCall("q-1", 2, None), [task(2, [3])])
     table = c.catalog.load_table(("db", "events"))
     assert len(table.schemas()) == 2
     assert sorted((r["id"], r["extra"]) for r in table.scan().to_arrow().to_pylist()) == [(1, None), (2, "e2"), (3, "e3")]
@@ -178,7 +179,7 @@ def test_concurrent_schema_change_without_merge_fails_and_deletes_the_files(
     with table.update_schema() as update:
         update.add_column("other", StringType())
     with pytest.raises(ConcurrentTableChangeError):
-        c.commit_batch(query_id="q-1", batch_id=0, results=[result], source_offsets=None)
+        c.commit_batch(BatchCall("q-1", 0, None), [result])
     table = c.catalog.load_table(("db", "events"))
     assert table.current_snapshot() is None
     assert data_files_on_disk(table) == set()
@@ -193,7 +194,7 @@ def test_concurrent_partition_spec_change_fails_and_deletes_the_files(catalog_pr
     with table.update_spec() as update:  # another writer partitions the table meanwhile
         update.add_field("id", BucketTransform(4), "id_bucket_4")
     with pytest.raises(ConcurrentTableChangeError) as e:
-        c.commit_batch(query_id="q-1", batch_id=0, results=[result], source_offsets=None)
+        c.commit_batch(BatchCall("q-1", 0, None), [result])
     assert "partition spec 0, the table now has spec 1" in str(e.value)
     table = c.catalog.load_table(("db", "events"))
     assert table.current_snapshot() is None

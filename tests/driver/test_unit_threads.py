@@ -19,6 +19,7 @@ import pytest
 from lakesink._pyiceberg import sql_catalog as seam_sql
 from lakesink._pyiceberg import threads as seam_threads
 from lakesink.driver import catalogs
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.driver.loop import swap
 from lakesink.executor.messages import TaskIds
@@ -81,7 +82,7 @@ def test_a_routed_batch_of_local_tables_is_prepared_on_the_cores(
         rows = pa.RecordBatch.from_pydict({"id": ids, "route": routes}, schema=SCHEMA)
         plan = rc.routed_plan(rc.plans(rc.routes(names, batch), Q), Q, template=False)
         result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=batch, partition_id=0, task_attempt_id=0)).write([rows])
-        rc.commit_batch(query_id=Q, batch_id=batch, results=[result], source_offsets=f'[{{"logOffset":{batch}}}]')
+        rc.commit_batch(BatchCall(Q, batch, f'[{{"logOffset":{batch}}}]'), [result])
     assert ("lakesink-prepare", 2) in pools, pools
     assert all(workers == 2 for _, workers in pools), pools
     catalog = catalogs.load(None, catalog_properties)

@@ -18,7 +18,7 @@ import pytest
 
 from lakesink.audit import interop
 from lakesink.driver import catalogs
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InjectedFault, InvalidOptionError, UpsertKeyError
 from lakesink.executor.messages import TaskIds, TaskResult
@@ -91,13 +91,8 @@ def run(
         results.append(writer.write(written))
         if (ipc := to_ipc(changes)) is not None:
             parts.append(ipc)
-    return c.commit_batch(
-        query_id=Q,
-        batch_id=batch_id,
-        results=results,
-        source_offsets=f'[{{"logOffset":{batch_id}}}]',
-        changes=merge(parts, batch_id=batch_id) if parts else None,
-    )
+    changes = merge(parts, batch_id=batch_id) if parts else None
+    return c.commit_batch(BatchCall(Q, batch_id, f'[{{"logOffset":{batch_id}}}]'), results, changes=changes)
 
 
 def model(batches: Sequence[Sequence[Event]]) -> dict[int, tuple[str, int | None]]:

@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from lakesink.driver import catalogs
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.staged import StagedTaskWriter
@@ -152,7 +153,7 @@ def staged_batch(props: Mapping[str, str], ck: Path, query_id: str, batch_id: in
         c.plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id, run_id="r")
     )
     result = writer.write(iter([pa.RecordBatch.from_pylist(records, schema=RAW)]))
-    c.commit_batch(query_id=query_id, batch_id=batch_id, results=[result], source_offsets=None, run_id="r")
+    c.commit_batch(BatchCall(query_id, batch_id, None, "r"), [result])
 
 
 def test_cdc_format_a_late_change_below_a_truncate_stays_out(catalog_properties: dict[str, str], tmp_path: Path) -> None:

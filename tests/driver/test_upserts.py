@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from lakesink.audit import interop
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InjectedFault, InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.messages import TaskIds, TaskResult
@@ -85,9 +85,7 @@ def run_batch(c: TableCommitter, batch_id: int, events: Sequence[Event], *, task
         part = data.slice(t * (data.num_rows // tasks + 1), data.num_rows // tasks + 1)
         writer = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=t, task_attempt_id=batch_id * 10 + t))
         results.append(writer.write(part.to_batches()))
-    return c.commit_batch(
-        query_id=Q, batch_id=batch_id, results=results, source_offsets=f'[{{"logOffset":{batch_id}}}]', changes=keys
-    )
+    return c.commit_batch(BatchCall(Q, batch_id, f'[{{"logOffset":{batch_id}}}]'), results, changes=keys)
 
 
 def model(batches: Sequence[Sequence[Event]]) -> dict[int, tuple[str, int]]:
@@ -239,7 +237,7 @@ def test_merge_schema_and_branch_with_upserts(catalog_properties: dict[str, str]
     plan = wider.write_plan(wider.reload_table(), Q, data.schema)
     result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=1, partition_id=0, task_attempt_id=0)).write(data.to_batches())
     keys = pa.table({"id": pa.array([3, 30, 4], pa.int64()), DELETED: [False, False, True]})
-    wider.commit_batch(query_id=Q, batch_id=1, results=[result], source_offsets=None, changes=keys)
+    wider.commit_batch(BatchCall(Q, 1, None), [result], changes=keys)
     table = c.reload_table()
     got = {r["id"]: (r["value"], r["note"]) for r in table.scan().to_arrow().to_pylist()}
     expected = {k: ("old", None) for k in range(20) if k not in (3, 4)} | {3: ("new", "n3"), 30: ("new", "n30")}
@@ -383,7 +381,7 @@ def test_composite_key_of_string_date_and_timestamp(catalog_properties: dict[str
         )
         keys = pa.Table.from_pylist([*rows, *deleted], schema=schema).select(["tenant", "day", "at"])
         keys = keys.append_column(DELETED, pa.array([False] * len(rows) + [True] * len(deleted)))
-        c.commit_batch(query_id=Q, batch_id=batch_id, results=[result], source_offsets=None, changes=keys)
+        c.commit_batch(BatchCall(Q, batch_id, None), [result], changes=keys)
 
     batch(0, [row(i, 0) for i in range(30)])
     batch(1, [row(i, 1) for i in (3, 17, 40)], deleted=[row(5, 0), row(99, 0)])
@@ -413,20 +411,12 @@ def _add_position_delete(table: Any, data_path: str, positions: list[int]) -> No
         DataFile,
         DataFileContent,
         FileFormat,
-        ManifestContent,
         ManifestEntry,
         ManifestEntryStatus,
-        ManifestWriterV2,
     )
     from pyiceberg.typedef import Record
 
-    class DeleteManifestWriter(ManifestWriterV2):
-        def content(self) -> ManifestContent:
-            return ManifestContent.DELETES
-
-        @property
-        def _meta(self) -> dict[str, str]:
-            return {**super()._meta, "content": "deletes"}
+    from tests.support.row_deletes import DeleteManifestWriter
 
     location = f"{table.location()}/data/pos-{uuid.uuid4().hex}.parquet"
     schema = pa.schema(

@@ -11,7 +11,6 @@ catalogs, Glue and Hive do. The second is reached on the same real SQL catalog b
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,10 +23,9 @@ from pyiceberg.table.snapshots import ancestors_of
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink.driver import catalogs
 from lakesink.driver.committers.table import TableCommitter
-from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.maintenance.expiry import ExpiryReport, expire_snapshots
 from lakesink.table.keys import SUMMARY_RESTORED_FROM
-from tests.support.helpers import commit, load, make_committer, table_ids, write_task
+from tests.support.helpers import commit, load, make_committer, raced, table_ids, write_task
 
 Q = "11111111-aaaa-4000-8000-000000000001"
 
@@ -75,26 +73,26 @@ def five_batches(c: TableCommitter) -> list[int]:
 
 def expire_while_a_tag_is_created(c: TableCommitter, faults: Any, tagged: int) -> ExpiryReport:
     """Expire every snapshot but the head; between the expiry's read and its swap, tag ``tagged``."""
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    box: list[Any] = []
-
-    def run() -> None:
-        try:
-            box.append(expire_snapshots(load(c), retain_last=1, older_than=datetime.now(timezone.utc)))
-        except BaseException as e:  # the test inspects it
-            box.append(e)
-
-    t = threading.Thread(target=run)
-    t.start()
     try:
-        faults.wait_reached(DRIVER_BEFORE_SWAP)
-        load(c).manage_snapshots().create_tag(tagged, "audit").commit()  # a person tagging a snapshot for an audit
+        report = raced(
+            faults,
+            lambda: expire_snapshots(load(c), retain_last=1, older_than=datetime.now(timezone.utc)),
+            lambda: load(c).manage_snapshots().create_tag(tagged, "audit").commit(),  # a person tagging for an audit
+        )
     finally:
-        faults.release(DRIVER_BEFORE_SWAP)
-        t.join(120)
         faults.clear()
-    assert box and isinstance(box[0], ExpiryReport), box
-    return box[0]
+    assert isinstance(report, ExpiryReport), report
+    return report
+
+
+def tag_the_first_during_expiry(c: TableCommitter, faults: Any) -> tuple[int, Counter[int], set[str], ExpiryReport]:
+    """Five batches, then :func:`expire_while_a_tag_is_created` tagging the first: its snapshot id, the rows and files
+    it read before, and the expiry's report."""
+    first, *_ = five_batches(c)
+    before = load(c)
+    tagged_rows = ids_at(before, first)
+    tagged_files = snapshot_files(before, first)
+    return first, tagged_rows, tagged_files, expire_while_a_tag_is_created(c, faults, first)
 
 
 def assert_every_referenced_file_exists(table: Table) -> None:
@@ -110,11 +108,7 @@ def test_a_tag_created_between_expirys_read_and_its_swap_is_kept_with_its_files(
     """lakesink's compare-and-swap on the SQL catalog: the swap from the metadata read conflicts, the next attempt
     decides again on the metadata with the tag, and the tagged snapshot stays as it is."""
     c = make_committer(catalog_properties)
-    first, *_ = five_batches(c)
-    before = load(c)
-    tagged_rows = ids_at(before, first)
-    tagged_files = snapshot_files(before, first)
-    report = expire_while_a_tag_is_created(c, faults, first)
+    first, tagged_rows, tagged_files, report = tag_the_first_during_expiry(c, faults)
     table = load(c)
     assert "audit" in table.metadata.refs, "the tag created during the expiry was dropped"
     assert table.metadata.refs["audit"].snapshot_id == first  # the tag, on the very snapshot the user tagged
@@ -137,11 +131,7 @@ def test_a_tag_created_during_expiry_is_kept_when_the_catalog_applies_updates_to
     monkeypatch.setattr(seam_commit, "_sql_swap_applies", lambda table: False, raising=False)
     monkeypatch.setattr(seam_commit, "_swap_on_sql_catalog", lambda table, updates, requirements: False)
     c = make_committer(catalog_properties)
-    first, *_ = five_batches(c)
-    before = load(c)
-    tagged_rows = ids_at(before, first)
-    tagged_files = snapshot_files(before, first)
-    report = expire_while_a_tag_is_created(c, faults, first)
+    first, tagged_rows, tagged_files, report = tag_the_first_during_expiry(c, faults)
     assert report.status == "committed", report
     table = load(c)
     assert "audit" in table.metadata.refs, "the tag created during the expiry was dropped"

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 from typing import Any
 
@@ -42,7 +40,7 @@ from tests.support.helpers import (
     table_ids,
     write_task,
 )
-from tests.support.timeouts import guard
+from tests.support.job_process import run_script
 
 SCHEMA = arrow_rows([]).schema
 NO_MERGE = {"commit.manifest-merge.enabled": "false", "write.lakesink.maintenance.interval-ms": "3600000"}
@@ -227,12 +225,8 @@ def test_kill_9_during_the_rewrite_leaves_a_consistent_table(catalog_properties:
     sent = commit_batches(c, 6, rows=5)
     entries = _entries(load(c))
     faults.arm(point, "kill")
-    proc = subprocess.run(
-        [sys.executable, "-c", _KILL_SCRIPT, *(f"{k}={v}" for k, v in catalog_properties.items())],
-        capture_output=True,
-        timeout=guard(300),
-    )
-    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    proc = run_script(_KILL_SCRIPT, *(f"{k}={v}" for k, v in catalog_properties.items()))
+    assert proc.returncode == -9, proc.stderr[-2000:]
     table = load(c)
     landed = _head_manifests(table) == 1
     assert landed is (point == DRIVER_AFTER_SWAP)

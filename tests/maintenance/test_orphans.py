@@ -45,6 +45,7 @@ from lakesink.options import Maintenance, OutputMode, SinkOptions
 from lakesink.table import names
 from tests.conftest import sql_catalog_properties
 from tests.support.helpers import EVENTS, arrow_rows, commit, load, make_committer, sink_committer, table_ids, write_task
+from tests.support.job_process import run_script
 from tests.support.timeouts import guard
 
 SCHEMA = arrow_rows([]).schema
@@ -205,6 +206,7 @@ _KILLED_DRIVER = textwrap.dedent(
     """
     import json, sys
     import pyarrow as pa
+    from lakesink.driver.actions.batch import BatchCall
     from lakesink.driver.committers.table import TableCommitter
     from lakesink.executor.messages import TaskIds
     from lakesink.executor.task_writer import TaskWriter
@@ -218,19 +220,14 @@ _KILLED_DRIVER = textwrap.dedent(
     plan = c.write_plan(c.open_table(rows.schema), query_id)
     ids = TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0)
     result = TaskWriter(plan, ids).write(rows.to_batches())
-    c.commit_batch(query_id=query_id, batch_id=batch_id, results=[result], source_offsets=None)  # killed before the swap
+    c.commit_batch(BatchCall(query_id, batch_id, None), [result])  # killed before the swap
     print("the driver was not killed")
     """
 )
 
 
 def run_killed_driver(props: Mapping[str, str], query_id: str, batch_id: int) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", _KILLED_DRIVER, json.dumps(props), query_id, str(batch_id)],
-        capture_output=True,
-        text=True,
-        timeout=guard(120),
-    )
+    proc = run_script(_KILLED_DRIVER, json.dumps(props), query_id, str(batch_id), timeout=120)
     assert proc.returncode == -9, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
 
 

@@ -26,7 +26,7 @@ from pyiceberg.table import Table
 import lakesink
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import sql_catalog as seam_sql
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import InFlightTooLongError
 from lakesink.executor.messages import TaskIds
@@ -169,7 +169,7 @@ def _upsert(props: dict[str, str]) -> tuple[TableCommitter, Callable[[], Any]]:
             )
         ]
         changes = pa.table({"id": pa.array(keys, pa.int64()), DELETED: pa.array(deleted)})
-        return c.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=None, changes=changes)
+        return c.commit_batch(BatchCall(Q, batch_id, None), results, changes=changes)
 
     ids = list(range(10))
     run(
@@ -395,7 +395,7 @@ def test_another_process_maintaining_the_table_while_a_batch_is_between_its_writ
         changes = pa.table({"id": rows.column("id"), DELETED: pa.array([False] * 4)}) if kind == "upsert" else None
         plan = c.write_plan(c.reload_table(), Q)
         result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=b, partition_id=0, task_attempt_id=b)).write(rows.to_batches())
-        c.commit_batch(query_id=Q, batch_id=b, results=[result], source_offsets=None, changes=changes)
+        c.commit_batch(BatchCall(Q, b, None), [result], changes=changes)
     expected = Counter(b * 100 + i for b in range(6) for i in range(4))
     # batch 6: new rows, and (upsert) a new value for key 101 and key 202 deleted
     rows = arrow_rows([700, 701, 101])
@@ -408,9 +408,7 @@ def test_another_process_maintaining_the_table_while_a_batch_is_between_its_writ
     def batch() -> None:
         try:
             box.append(
-                c.commit_batch(
-                    query_id=Q, batch_id=6, results=[result], source_offsets=None, changes=changes if kind == "upsert" else None
-                )
+                c.commit_batch(BatchCall(Q, 6, None), [result], changes=changes if kind == "upsert" else None)
             )
         except BaseException as e:  # the test inspects it
             box.append(e)

@@ -51,6 +51,7 @@ from tests.support.helpers import (
     wait_until,
     write_task,
 )
+from tests.support.job_process import run_script
 from tests.support.timeouts import guard
 
 SCHEMA = arrow_rows([]).schema
@@ -254,12 +255,8 @@ def test_kill_9_during_compaction_leaves_a_consistent_table(catalog_properties: 
     c = _committer(catalog_properties)
     sent = commit_batches(c, 5)
     faults.arm(point, "kill")
-    proc = subprocess.run(
-        [sys.executable, "-c", _KILL_SCRIPT, "compact", *(f"{k}={v}" for k, v in catalog_properties.items())],
-        capture_output=True,
-        timeout=guard(300),
-    )
-    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    proc = run_script(_KILL_SCRIPT, "compact", *(f"{k}={v}" for k, v in catalog_properties.items()))
+    assert proc.returncode == -9, proc.stderr[-2000:]
     table = load(c)
     assert table_ids(table) == Counter(sent) and missing_referenced_files(table) == []
     landed = any(s.summary and s.summary.operation.value == "replace" for s in table.snapshots())
@@ -345,12 +342,8 @@ def test_kill_9_during_expiry_leaves_every_referenced_file(catalog_properties: d
     c = _expiring(catalog_properties, 2)
     sent = commit_batches(c, 5)
     faults.arm(point, "kill")
-    proc = subprocess.run(
-        [sys.executable, "-c", _KILL_SCRIPT, "expire", *(f"{k}={v}" for k, v in catalog_properties.items())],
-        capture_output=True,
-        timeout=guard(300),
-    )
-    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    proc = run_script(_KILL_SCRIPT, "expire", *(f"{k}={v}" for k, v in catalog_properties.items()))
+    assert proc.returncode == -9, proc.stderr[-2000:]
     table = load(c)
     assert len(table.snapshots()) == (2 if point == DRIVER_AFTER_SWAP else 5)
     assert table_ids(table) == Counter(sent) and missing_referenced_files(table) == []

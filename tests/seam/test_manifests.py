@@ -32,7 +32,6 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
-    ManifestWriterV2,
     read_manifest_list,
     write_manifest,
     write_manifest_list,
@@ -56,6 +55,7 @@ from pyiceberg.types import (
 from lakesink._pyiceberg import maintenance as seam_maintenance
 from lakesink._pyiceberg import manifests
 from lakesink._pyiceberg import producers as seam_producers
+from tests.support.row_deletes import DeleteManifestWriter as ReferenceDeleteManifestWriter  # what lakesink wrote before its own
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -285,22 +285,11 @@ def test_a_manifest_list_is_the_file_pyiceberg_writes_and_reads_back_the_same(tm
         assert [plain(m) for m in read_manifest_list(io.new_input(str(tmp_path / path)))] == [plain(m) for m in theirs]
 
 
-class _ReferenceDeleteManifestWriter(ManifestWriterV2):
-    """A delete manifest written by pyiceberg's own v2 writer (what lakesink wrote before its prepared writer)."""
-
-    def content(self) -> ManifestContent:
-        return ManifestContent.DELETES
-
-    @property
-    def _meta(self) -> dict[str, str]:
-        return {**super()._meta, "content": "deletes"}
-
-
 @pytest.mark.parametrize("spec", sorted(SPECS))
 def test_a_delete_manifest_is_the_file_pyiceberg_writes(tmp_path: Path, spec: str) -> None:
     io = PyArrowFileIO()
     written = {}
-    classes: tuple[tuple[Any, str], ...] = ((_ReferenceDeleteManifestWriter, "theirs"), (manifests.DeleteManifestWriter, "ours"))
+    classes: tuple[tuple[Any, str], ...] = ((ReferenceDeleteManifestWriter, "theirs"), (manifests.DeleteManifestWriter, "ours"))
     for cls, name in classes:
         writer = cls(SPECS[spec], SCHEMA, io.new_output(str(tmp_path / f"{name}.avro")), SNAPSHOT, "gzip")
         with writer:

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.sink.spark_write import SPARKWRITE_AFTER_FILES
 from lakesink.table.names import BatchDirectoryName, DataFileName
 from tests.support.helpers import assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, referenced_data_files
+from tests.support.job_process import start_job
 from tests.support.stream_input import write_stream_lines
 
 pytestmark = pytest.mark.spark
@@ -65,16 +65,8 @@ class Input:
 
 
 def job(props: dict[str, str], src: Path, ck: Path, writer: str, faults_dir: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "LAKESINK_FAULTS_DIR": faults_dir}
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.jobs.driver_fallback_job", json.dumps(props), str(src), str(ck), writer, MAX_RESULT_SIZE],
-        cwd=Path(__file__).resolve().parents[2],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    args = (json.dumps(props), str(src), str(ck), writer, MAX_RESULT_SIZE)
+    return start_job("tests.jobs.driver_fallback_job", *args, faults_dir=faults_dir)
 
 
 def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:

@@ -25,38 +25,23 @@ from lakesink.table import storage
 from lakesink.table.keys import SUMMARY_BATCH_TABLES
 from tests.support.helpers import (
     SCHEMA_DDL,
-    assert_snapshot_invariants,
     lakesink_snapshots,
     referenced_data_files,
     run_to_end,
     table_ids,
     write_json_input,
 )
+from tests.support.routed_stream import TABLES, RoutedInput, assert_routed_exactly_once, routed
 
 pytestmark = pytest.mark.spark
 
-TABLES = {0: "db.t0", 1: "db.t1", 2: "db.t2", 3: "audit.t3"}
-
-
-def route_of(i: int) -> str:
-    return TABLES[i % 4]
-
-
-class RoutedStream:
+class RoutedStream(RoutedInput):
     def __init__(self, spark: Any, tmp_path: Path, props: dict[str, str], entry: str):
-        self.spark, self.props, self.entry = spark, props, entry
-        self.src, self.ck = tmp_path / "input", tmp_path / "checkpoint"
-        self.src.mkdir(parents=True)
-        self.sent: list[int] = []
-
-    def add_input(self, files: int, rows_per_file: int = 40) -> None:
-        self.sent += write_json_input(self.src, files=files, rows_per_file=rows_per_file, start=len(self.sent) + 10_000)
+        super().__init__(spark, tmp_path, props)
+        self.entry = entry
 
     def start(self) -> Any:
-        df = self.spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(self.src))
-        # ids ending in 3 (mod 4) name their namespace; the others take option namespace
-        route = F.when(F.col("id") % 4 == 3, F.lit("audit.t3")).otherwise(F.concat(F.lit("t"), (F.col("id") % 4).cast("string")))
-        df = df.withColumn("route", route)
+        df = routed(self.spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(self.src)))
         if self.entry == "format":
             w = df.writeStream.format("lakesink").option("route-by", "route").option("namespace", "db")
             for k, v in self.props.items():
@@ -66,19 +51,8 @@ class RoutedStream:
             w = df.writeStream.foreachBatch(sink)
         return w.option("checkpointLocation", str(self.ck)).trigger(availableNow=True).start()
 
-    def run(self) -> None:
-        run_to_end(self.start())
-
     def assert_exactly_once(self) -> None:
-        catalog = catalogs.load(None, self.props)
-        want: dict[str, Counter[int]] = {name: Counter() for name in TABLES.values()}
-        for i in self.sent:
-            want[route_of(i)][i] += 1
-        for name, ids in want.items():
-            table = catalog.load_table(tuple(name.split(".")))
-            assert table_ids(table) == ids, name
-            assert "route" not in table.schema().column_names
-            assert_snapshot_invariants(table)
+        assert_routed_exactly_once(self.props, self.sent)
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])
@@ -177,9 +151,8 @@ class TimedRoutedStream(RoutedStream):
     """The routed stream with option event-time ``ts``; db.t1's rows carry no event time (the table has no column ts)."""
 
     def start(self) -> Any:
-        df = self.spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(self.src))
-        route = F.when(F.col("id") % 4 == 3, F.lit("audit.t3")).otherwise(F.concat(F.lit("t"), (F.col("id") % 4).cast("string")))
-        df = df.withColumn("route", route).withColumn("ts", F.when(F.col("route") == "t1", F.lit(None)).otherwise(F.col("ts")))
+        df = routed(self.spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(self.src)))
+        df = df.withColumn("ts", F.when(F.col("route") == "t1", F.lit(None)).otherwise(F.col("ts")))
         if self.entry == "format":
             w = df.writeStream.format("lakesink").option("route-by", "route").option("namespace", "db").option("event-time", "ts")
             for k, v in self.props.items():

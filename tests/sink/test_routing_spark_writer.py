@@ -10,7 +10,6 @@ exists beforehand with an extra optional column (its own write job), the others 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -31,7 +30,6 @@ from lakesink.sink.spark_write import SPARKWRITE_AFTER_FILES
 from lakesink.table.keys import SUMMARY_BATCH_ROWS_DIGEST, SUMMARY_BATCH_TABLES
 from tests.support.helpers import (
     SCHEMA_DDL,
-    assert_snapshot_invariants,
     data_files_on_disk,
     lakesink_snapshots,
     referenced_data_files,
@@ -39,21 +37,10 @@ from tests.support.helpers import (
     table_ids,
     write_json_input,
 )
+from tests.support.job_process import start_job
+from tests.support.routed_stream import RoutedInput, assert_routed_exactly_once, routed
 
 pytestmark = pytest.mark.spark
-
-TABLES = {0: "db.t0", 1: "db.t1", 2: "db.t2", 3: "audit.t3"}
-
-
-def route_of(i: int) -> str:
-    return TABLES[i % 4]
-
-
-def routed(df: Any) -> Any:
-    """ids ending in 3 (mod 4) name their namespace; the others take option namespace."""
-    route = F.when(F.col("id") % 4 == 3, F.lit("audit.t3")).otherwise(F.concat(F.lit("t"), (F.col("id") % 4).cast("string")))
-    return df.withColumn("route", route)
-
 
 def spark_sink(props: dict[str, str]) -> lakesink.ForeachBatchSink:
     return lakesink.foreach_batch(route_by="route", namespace="db", writer="spark", catalog_properties=props)
@@ -83,35 +70,16 @@ def precreate(props: dict[str, str]) -> None:
     catalog.create_table(("db", "t2"), schema=Schema(*fields, NestedField(6, "note", StringType(), required=False)))
 
 
-class SparkRoutedStream:
-    def __init__(self, spark: Any, tmp_path: Path, props: dict[str, str]):
-        self.spark, self.props = spark, props
-        self.src, self.ck = tmp_path / "input", tmp_path / "checkpoint"
-        self.src.mkdir(parents=True)
-        self.sent: list[int] = []
-
-    def add_input(self, files: int, rows_per_file: int = 40) -> None:
-        self.sent += write_json_input(self.src, files=files, rows_per_file=rows_per_file, start=len(self.sent) + 10_000)
-
+class SparkRoutedStream(RoutedInput):
     def start(self) -> Any:
         df = routed(self.spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(self.src)))
         w = df.writeStream.foreachBatch(spark_sink(self.props))
         return w.option("checkpointLocation", str(self.ck)).trigger(availableNow=True).start()
 
-    def run(self) -> None:
-        run_to_end(self.start())
-
 
 def assert_exactly_once(props: dict[str, str], sent: list[int], *, no_orphans: bool = True) -> None:
-    catalog = catalogs.load(None, props)
-    want: dict[str, Counter[int]] = {name: Counter() for name in TABLES.values()}
-    for i in sent:
-        want[route_of(i)][i] += 1
-    for name, ids in want.items():
-        table = catalog.load_table(tuple(name.split(".")))
-        assert table_ids(table) == ids, name
-        assert "route" not in table.schema().column_names
-        assert_snapshot_invariants(table)
+    for name, table in assert_routed_exactly_once(props, sent).items():
+        ids = table_ids(table)
         batches = [s["batch_id"] for s in lakesink_snapshots(table)]
         assert batches == sorted(set(batches)), f"{name} holds a batch twice: {batches}"
         read = Counter(interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist())
@@ -220,18 +188,7 @@ def job_query(session: Any, props: dict[str, str], src: str, ck: str) -> Any:
 
 
 def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
-    if faults_dir is not None:
-        env["LAKESINK_FAULTS_DIR"] = faults_dir
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.sink.test_routing_spark_writer", json.dumps(props), str(src), str(ck)],
-        cwd=Path(__file__).resolve().parents[2],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return start_job("tests.sink.test_routing_spark_writer", json.dumps(props), str(src), str(ck), faults_dir=faults_dir)
 
 
 @pytest.mark.timeout(900)

@@ -10,10 +10,8 @@ table is ``t<eid mod 3>``, tests/jobs/upsert_job.py): every table must equal its
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIV
 from tests.jobs.upsert_job import EVENTS_DDL, ROUTES, route, routed_upsert_sink
 from tests.sink.test_upserts_spark import Event, change_stream, model, rows_of, run_here, write_events
 from tests.support.helpers import assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, referenced_data_files
+from tests.support.job_process import start_job
 
 pytestmark = pytest.mark.spark
 
@@ -101,18 +100,7 @@ def test_a_routed_change_stream_equals_the_model_across_a_failure_at_the_unit_co
 
 
 def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None, entry: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
-    if faults_dir is not None:
-        env["LAKESINK_FAULTS_DIR"] = faults_dir
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.jobs.upsert_job", json.dumps(props), str(src), str(ck), entry, "routed"],
-        cwd=Path(__file__).resolve().parents[2],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return start_job("tests.jobs.upsert_job", json.dumps(props), str(src), str(ck), entry, "routed", faults_dir=faults_dir)
 
 
 @pytest.mark.timeout(900)

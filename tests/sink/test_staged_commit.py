@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.staged import StagedTaskResult, StagedTaskWriter
@@ -67,7 +67,7 @@ def test_a_staged_batch_commits_once_and_leaves_no_staged_file(catalog_propertie
     t0 = _stage(c, query_id, 0, 0, [("db.a", "c", 1, {"id": 1, "x": "old"}), ("db.a", "c", 2, {"id": 2, "x": "two"})])
     t1 = _stage(c, query_id, 0, 1, [("db.a", "u", 3, {"id": 1, "x": "new", "y": 1.5}), ("db.b", "c", 4, {"id": 9, "k": True})])
     assert len(_staged(ck)) == 2 and t0.file is not None and t1.rows == 2
-    out = c.commit_batch(query_id=query_id, batch_id=0, results=[t0, t1], source_offsets=None, run_id="run-1")
+    out = c.commit_batch(BatchCall(query_id, 0, None, "run-1"), [t0, t1])
     assert sorted(out.committed) == ["db.a", "db.b"]
     catalog = c.routed.catalog
     a = catalog.load_table(("db", "a"))
@@ -87,12 +87,12 @@ def test_a_staged_batch_commits_once_and_leaves_no_staged_file(catalog_propertie
         again, query_id, 0, 1, [("db.a", "u", 3, {"id": 1, "x": "new", "y": 1.5}), ("db.b", "c", 4, {"id": 9, "k": True})]
     )
     data = sorted(p.name for p in (tmp_path / "warehouse").rglob("*.parquet"))
-    replay = again.commit_batch(query_id=query_id, batch_id=0, results=[r0, r1], source_offsets=None, run_id="run-2")
+    replay = again.commit_batch(BatchCall(query_id, 0, None, "run-2"), [r0, r1])
     assert {o.outcome for o in replay.tables.values()} == {Outcome.REPLAY_SKIPPED}
     assert sorted(p.name for p in (tmp_path / "warehouse").rglob("*.parquet")) == data  # no table file written
     assert _staged(ck) == []
     d = _stage(again, query_id, 1, 0, [("db.a", "d", 5, {"id": 2})])
-    again.commit_batch(query_id=query_id, batch_id=1, results=[d], source_offsets=None, run_id="run-2")
+    again.commit_batch(BatchCall(query_id, 1, None, "run-2"), [d])
     a = catalog.load_table(("db", "a"))
     assert a.scan().to_arrow().to_pylist() == [{"id": 1, "x": "new", "y": 1.5}]
     assert [s["batch_id"] for s in lakesink_snapshots(a)] == [0, 1]

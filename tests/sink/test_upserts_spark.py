@@ -12,7 +12,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from tests.jobs.upsert_job import EVENTS_DDL, upsert_sink, writer
 from tests.soak.seed import run_seed
 from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots
+from tests.support.job_process import start_job
 from tests.support.stream_input import write_stream_lines
 
 pytestmark = pytest.mark.spark
@@ -160,18 +160,7 @@ def test_update_mode_aggregation_keeps_one_row_per_group(spark: Any, tmp_path: P
 
 
 def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None, entry: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
-    if faults_dir is not None:
-        env["LAKESINK_FAULTS_DIR"] = faults_dir
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.jobs.upsert_job", json.dumps(props), str(src), str(ck), entry],
-        cwd=Path(__file__).resolve().parents[2],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return start_job("tests.jobs.upsert_job", json.dumps(props), str(src), str(ck), entry, faults_dir=faults_dir)
 
 
 def run_here(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str, *, routed: bool = False) -> None:

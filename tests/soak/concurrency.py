@@ -60,11 +60,10 @@ from typing import Any
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
-from examples.demo import session_members  # noqa: E402
 from tests.soak.others import IDENT, SUMMARY_OP, TABLE, TAG_PREFIX, catalog_properties, read_journal  # noqa: E402
 from tests.support.helpers import write_json_files  # noqa: E402
+from tests.support.soak import SoakFolder, job_env, kill_session  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 ROLES = ("appender", "deleter", "tagger", "orphans")
 
 #: The table the stream creates: maintenance inside the sink often, expiry of snapshots older than two minutes.
@@ -321,7 +320,7 @@ class Process:
 
 
 @dataclass
-class ConcurrencySoak:
+class ConcurrencySoak(SoakFolder):
     cfg: Config
     t0: float = field(default_factory=time.monotonic)
     rng: random.Random = field(init=False)
@@ -343,22 +342,6 @@ class ConcurrencySoak:
         self.props = catalog_properties(self.home)
 
     # --- paths ------------------------------------------------------------------------------------
-
-    @property
-    def folder(self) -> Path:
-        return self.cfg.folder
-
-    @property
-    def home(self) -> Path:
-        return self.folder / "lakehouse"
-
-    @property
-    def input(self) -> Path:
-        return self.folder / "input"
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.folder / "checkpoint"
 
     @property
     def stop_others(self) -> Path:
@@ -395,14 +378,7 @@ class ConcurrencySoak:
     # --- processes --------------------------------------------------------------------------------
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            PYSPARK_PYTHON=sys.executable,
-            PYSPARK_DRIVER_PYTHON=sys.executable,
-            LAKESINK_HOME=str(self.home),
-            PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
-        )
-        return env
+        return job_env(self.home)
 
     def start_stream(self) -> None:
         self.stream_runs += 1
@@ -458,25 +434,7 @@ class ConcurrencySoak:
         self.say("other writers started: " + ", ".join(f"{p.role} (pid {p.proc.pid})" for p in self.others))
 
     def kill_session(self, proc: subprocess.Popen[bytes]) -> int:
-        sid = proc.pid
-        killed = set(session_members(sid))
-        try:
-            os.killpg(sid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 30
-        while left := session_members(sid):
-            if time.monotonic() > deadline:
-                raise SoakAborted(f"processes of the killed session {sid} survive: {left}")
-            for pid in left:
-                killed.add(pid)
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.02)
-        proc.wait()
-        return len(killed)
+        return len(kill_session(proc, what=f"the killed session {proc.pid}", error=SoakAborted))
 
     def kill_stream(self) -> None:
         assert self.stream is not None

@@ -42,9 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -68,8 +66,8 @@ from lakesink.faults import (
     ENV_FAULTS_DIR,
 )
 from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, table_ids, write_json_input
+from tests.support.soak import job_env, kill
 
-REPO = Path(__file__).resolve().parents[2]
 TABLES = ("soak.t0", "soak.t1", "soak.t2", "soak.t3", "other.t4")
 
 
@@ -217,13 +215,7 @@ class RoutingSoak:
         return (*self.tables, self.sixth) if self.lookup_file is not None else self.tables
 
     def start(self) -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
-        env.update(
-            PYSPARK_PYTHON=sys.executable,
-            PYSPARK_DRIVER_PYTHON=sys.executable,
-            LAKESINK_HOME=str(self.home),
-            PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
-        )
+        env = job_env(self.home)
         env[ENV_FAULTS_DIR] = str(self.faults)
         if self.own_catalog:  # the job's default catalog "lakesink", from a configuration file of its own
             home = self.folder / "pyiceberg"
@@ -265,11 +257,7 @@ class RoutingSoak:
                 break
             if time.monotonic() > deadline:
                 raise SoakFailed(f"processes of the killed job survive: {left}")
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill(left)
             time.sleep(0.05)
         proc.wait()
 

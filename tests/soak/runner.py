@@ -56,7 +56,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -95,8 +94,8 @@ from tests.support.helpers import (  # noqa: E402
     referenced_data_files,
     write_json_input,
 )
+from tests.support.soak import SoakFolder, job_env, kill, kill_session  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 TABLE = "soak.events"
 IDENT = ("soak", "events")
 POLL_S = 0.05
@@ -244,7 +243,7 @@ class OwedSkip:
 
 
 @dataclass
-class Soak:
+class Soak(SoakFolder):
     cfg: Config
     rng: random.Random = field(init=False)
     t0: float = field(default_factory=time.monotonic)
@@ -268,22 +267,6 @@ class Soak:
         self.ident = tuple(self.cfg.table.split("."))
 
     # --- paths ----------------------------------------------------------------------------------
-
-    @property
-    def folder(self) -> Path:
-        return self.cfg.folder
-
-    @property
-    def home(self) -> Path:
-        return self.folder / "lakehouse"
-
-    @property
-    def input(self) -> Path:
-        return self.folder / "input"
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.folder / "checkpoint"
 
     @property
     def faults(self) -> Path:
@@ -355,13 +338,7 @@ class Soak:
     # --- the job ----------------------------------------------------------------------------------
 
     def start_run(self) -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
-        env.update(
-            PYSPARK_PYTHON=sys.executable,
-            PYSPARK_DRIVER_PYTHON=sys.executable,
-            LAKESINK_HOME=str(self.home),
-            PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
-        )
+        env = job_env(self.home)
         env[ENV_FAULTS_DIR] = str(self.faults)  # read by the job's driver, commit worker and executors
         if self.cfg.catalog:  # the job's default catalog "lakesink", from a configuration file of its own
             home = self.folder / "pyiceberg"
@@ -418,24 +395,7 @@ class Soak:
         leaves the job's process group, not its session) and wait until all are gone."""
         proc = self.child
         assert proc is not None
-        sid = proc.pid  # start_new_session: session id = process group id = the job's pid
-        killed = session_members(sid)
-        try:
-            os.killpg(sid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 30
-        while left := session_members(sid):
-            if time.monotonic() > deadline:
-                raise SoakAborted(f"processes of the killed job survive: {left}")
-            for pid, name in left.items():
-                killed[pid] = name
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.02)
-        proc.wait()
+        killed = kill_session(proc, what="the killed job", error=SoakAborted)
         self.run.ended, self.run.exit_code, self.run.killed = time.time(), proc.returncode, True
         self.child = None
         return killed
@@ -489,11 +449,7 @@ class Soak:
         while left := session_members(run.pid):
             if time.monotonic() > deadline:
                 raise SoakAborted(f"processes of the failed run {run.number} survive: {left}")
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill(left)
             time.sleep(0.02)
         report = clean_checkpoint(str(self.checkpoint), older_than=timedelta(0))
         removed = [f.path for f in report.removed]

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 import lakesink
 from lakesink._pyiceberg import io as seam
 from lakesink.driver import catalogs
-from lakesink.driver.actions.batch import BatchOutcome, Outcome
+from lakesink.driver.actions.batch import BatchCall, BatchOutcome, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import turns
 from lakesink.executor.messages import TaskIds, TaskResult
@@ -288,6 +288,18 @@ def write_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int], 
     return writer.write(arrow_rows(ids).to_batches())
 
 
+def write_reloaded_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:
+    """:func:`write_task` planned on the table as reloaded (its plan read through the catalog, no open's checks)."""
+    plan = c.write_plan(c.reload_table(), query_id)
+    writer = TaskWriter(plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=attempt))
+    return writer.write(arrow_rows(ids).to_batches())
+
+
+def commit_at_offset(c: TableCommitter, query_id: str, batch_id: int, results: list[TaskResult]) -> BatchOutcome:
+    """Commit batch ``batch_id`` of ``query_id``, its source offsets those of a source log at offset ``batch_id``."""
+    return c.commit_batch(BatchCall(query_id, batch_id, f'[{{"logOffset":{batch_id}}}]'), results)
+
+
 def raced(faults: Any, step: Callable[[], Any], other: Callable[[], Any]) -> Any:
     """Run ``step`` in a thread, pause it before its swap (fault point DRIVER_BEFORE_SWAP), run ``other`` (another
     writer), release it: ``step``'s result (or the exception it raised)."""
@@ -314,7 +326,7 @@ def raced(faults: Any, step: Callable[[], Any], other: Callable[[], Any]) -> Any
 
 
 def commit(c: TableCommitter, query_id: str, batch_id: int, results: list[TaskResult]) -> BatchOutcome:
-    return c.commit_batch(query_id=query_id, batch_id=batch_id, results=results, source_offsets='[{"logOffset":0}]')
+    return c.commit_batch(BatchCall(query_id, batch_id, '[{"logOffset":0}]'), results)
 
 
 def load(c: TableCommitter) -> Table:

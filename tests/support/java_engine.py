@@ -83,13 +83,11 @@ def jdbc_url(catalog_properties: Mapping[str, str]) -> tuple[str, str, dict[str,
     raise ValueError(f"no JDBC equivalent for catalog URI {uri!r}")
 
 
-def spark_conf(name: str, catalog_properties: Mapping[str, str]) -> dict[str, str]:
-    """Spark configuration for Iceberg's ``SparkCatalog`` ``name`` on the same catalog as ``catalog_properties``."""
-    url, kind, extra = jdbc_url(catalog_properties)
-    prefix = f"spark.sql.catalog.{name}"
-    conf = {
+def session_conf(kind: str) -> dict[str, str]:
+    """The Java session's own Spark configuration: Iceberg's jars and the JDBC driver of ``kind`` (:func:`jdbc_url`), a
+    small local session in UTC, its answers written as Parquet pyarrow reads."""
+    return {
         "spark.jars": ",".join([*iceberg_jars(), jdbc_jar(kind)]),
-        "spark.sql.extensions": EXTENSIONS,
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "2",
         "spark.driver.memory": "1g",
@@ -99,6 +97,16 @@ def spark_conf(name: str, catalog_properties: Mapping[str, str]) -> dict[str, st
         # and dates before 1582 / timestamps before 1900 as they are (proleptic Gregorian, as Iceberg)
         "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
         "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+    }
+
+
+def spark_conf(name: str, catalog_properties: Mapping[str, str]) -> dict[str, str]:
+    """Spark configuration for Iceberg's ``SparkCatalog`` ``name`` on the same catalog as ``catalog_properties``."""
+    url, kind, extra = jdbc_url(catalog_properties)
+    prefix = f"spark.sql.catalog.{name}"
+    conf = {
+        **session_conf(kind),
+        "spark.sql.extensions": EXTENSIONS,
         prefix: "org.apache.iceberg.spark.SparkCatalog",
         f"{prefix}.type": "jdbc",
         f"{prefix}.uri": url,

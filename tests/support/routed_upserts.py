@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from lakesink.driver import catalogs
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.errors import CommitConflictError, InjectedFault
 from lakesink.executor.messages import TaskIds
@@ -107,7 +107,7 @@ def commit_or_abort(
 ) -> RoutedOutcome:
     """The batch committed, or aborted (its files deleted) when the commit fails, as foreach_batch does."""
     try:
-        return rc.commit_batch(query_id=query_id, batch_id=batch_id, results=results, source_offsets=offsets)
+        return rc.commit_batch(BatchCall(query_id, batch_id, offsets), results)
     except BaseException:
         rc.abort_batch(query_id=query_id, batch_id=batch_id, results=results)
         raise

@@ -37,7 +37,9 @@ FILE_PATH_ID = 2147483546
 POS_ID = 2147483545
 
 
-class _DeleteManifestWriter(ManifestWriterV2):
+class DeleteManifestWriter(ManifestWriterV2):
+    """A delete manifest written by pyiceberg's own v2 manifest writer (it has no writer for them: subclassed)."""
+
     def content(self) -> ManifestContent:
         return ManifestContent.DELETES
 
@@ -60,7 +62,7 @@ class _RowDelta(_FastAppendFiles):
             by_spec.setdefault(f.spec_id, []).append(f)
         added = []
         for spec_id, files in by_spec.items():
-            writer = _DeleteManifestWriter(
+            writer = DeleteManifestWriter(
                 self.spec(spec_id), self.schema(), self.new_manifest_output(), self._snapshot_id, "deflate"
             )
             with writer:

@@ -28,7 +28,7 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.table import Table
 from pyiceberg.types import PrimitiveType
 
-from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import UpsertKeyError
 from lakesink.executor.messages import TaskIds
@@ -133,7 +133,7 @@ def write(c: TableCommitter, batch_id: int, tasks: list[list[pa.RecordBatch]]) -
         )
         for t, batches in enumerate(tasks)
     ]
-    outcome = c.commit_batch(query_id=Q, batch_id=batch_id, results=results, source_offsets=f'[{{"o":{batch_id}}}]')
+    outcome = c.commit_batch(BatchCall(Q, batch_id, f'[{{"o":{batch_id}}}]'), results)
     assert outcome.outcome is Outcome.COMMITTED
 
 
@@ -337,9 +337,7 @@ def test_upserts_move_keys_between_every_float_partition(catalog_properties: dic
         keys = pa.table({"id": pa.array(list(rows), pa.int64()), UPSERT_DELETED: pa.array([k in deleted for k in rows])})
         plan = c.write_plan(c.reload_table(), Q)
         result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id)).write([data])
-        outcome = c.commit_batch(
-            query_id=Q, batch_id=batch_id, results=[result], source_offsets=f'[{{"o":{batch_id}}}]', changes=keys
-        )
+        outcome = c.commit_batch(BatchCall(Q, batch_id, f'[{{"o":{batch_id}}}]'), [result], changes=keys)
         assert outcome.outcome is Outcome.COMMITTED
         for k in deleted:
             state.pop(k, None)
@@ -397,7 +395,7 @@ def test_diff_cancels_rewritten_float_edges_and_shows_a_change_of_zero_sign(cata
         plan = u.write_plan(u.reload_table(), Q)
         result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id)).write([data])
         keys = pa.table({"id": pa.array([1, 2], pa.int64()), UPSERT_DELETED: [False, False]})
-        u.commit_batch(query_id=Q, batch_id=batch_id, results=[result], source_offsets=f'[{{"o":{batch_id}}}]', changes=keys)
+        u.commit_batch(BatchCall(Q, batch_id, f'[{{"o":{batch_id}}}]'), [result], changes=keys)
     table = u.reload_table()
     d = diff(table, Point(batch_id=0, query_id=Q), Point(batch_id=1, query_id=Q))
     assert [(r["id"], str(r["v"])) for r in d.added.to_pylist()] == [(1, "0.0")]

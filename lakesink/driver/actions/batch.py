@@ -1,5 +1,7 @@
 """A batch's commit, as actions of the one loop (lakesink.driver.loop.action): what one batch commits into one table.
 
+- :class:`BatchCall`: which batch a commit call is for (its replay keys, source offsets, run id, time), the one
+  argument every committer's commit call takes;
 - :class:`Batch`: one batch's commit call (its task results, keys, commit id);
 - :class:`AppendBatch` (and :class:`OverwriteBatch`, complete mode; :class:`UpsertBatch`, the copy-on-write of an
   upsert batch), :class:`MarkEmptyBatch` (a marker-only commit), :class:`ReplayFoundAtPlan` (a replay that must still
@@ -86,6 +88,20 @@ class BatchOutcome:
 
 
 @dataclass(frozen=True)
+class BatchCall:
+    """Which batch a commit call is for, as the entry point knows it: the keys of its replay marker (query id, batch
+    id), the source offsets a replay must match, Spark's run id of the query run (None: read from the task results) and
+    the batch's watermark and event-time column (lakesink.driver.actions.completeness). Every committer's commit call
+    (``commit_batch``, ``skip_replay``, a unit's actions) takes one, beside what is its own (the task results)."""
+
+    query_id: str
+    batch_id: int
+    source_offsets: str | None
+    run_id: str | None = None
+    time: BatchTime | None = None
+
+
+@dataclass(frozen=True)
 class Batch:
     """One batch's commit call: what it commits and under which keys."""
 
@@ -119,33 +135,29 @@ class Batch:
     @classmethod
     def new(
         cls,
-        *,
-        query_id: str,
-        batch_id: int,
+        call: BatchCall,
         results: Sequence[TaskResult],
-        source_offsets: str | None,
-        run_id: str | None,
+        *,
         changes: pa.Table | None = None,
         unit: Mapping[str, str] | None = None,
-        batch_time: BatchTime | None = None,
     ) -> Batch:
         """A batch's commit call starting now, with a new commit id (the run id the tasks carry when none is given).
         With option upsert-key: ``changes``, every key the batch changes (foreach_batch's resolution), else the keys the
         tasks resolved, merged (format("lakesink"), a routed table; a key of two tasks is an error); a batch that
         changes no key carries none."""
         if changes is None and any(r.changes for r in results):
-            changes = upsert_task.merge([r.changes for r in results if r.changes], batch_id=batch_id)
+            changes = upsert_task.merge([r.changes for r in results if r.changes], batch_id=call.batch_id)
         return cls(
-            query_id=query_id,
-            batch_id=batch_id,
+            query_id=call.query_id,
+            batch_id=call.batch_id,
             results=results,
-            source_offsets=source_offsets,
-            run_id=run_id or next((r.run_id for r in results if r.run_id), None),
+            source_offsets=call.source_offsets,
+            run_id=call.run_id or next((r.run_id for r in results if r.run_id), None),
             commit_id=uuid.uuid4().hex,
             started=time.monotonic(),
             changes=changes if changes is not None and changes.num_rows else None,
             unit=dict(unit or {}),
-            time=batch_time,
+            time=call.time,
         )
 
     def commit_name(self) -> names.CommitName:
@@ -454,7 +466,7 @@ class UpsertBatch(AppendBatch):
         )
         rewrite, self.order_properties = done.rewrite, done.properties
         self.rewrites.append(rewrite)
-        return seam_producers.prepare_rewrite(
+        return seam_producers.prepare_snapshot(
             table,
             commit=commit,
             files_since_ms=batch.files_since_ms,
@@ -472,7 +484,7 @@ class UpsertBatch(AppendBatch):
                     for f in rewrite.written
                 ),
             ],
-            rewritten_paths=[*rewrite.paths, *done.written],
+            owned=[*rewrite.paths, *done.written],
             summary={**self.attempt_summary(table, attempt), **upsert.summary(rewrite), **done.summary},
             properties=self.properties,
             branch=c.options.branch,

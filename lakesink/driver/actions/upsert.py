@@ -6,7 +6,7 @@ A batch of an upsert sink (option ``upsert-key``) arrives resolved to one row pe
 that attempt read, :func:`rewrite` finds the live data files whose partition and key statistics can
 hold any of those keys, reads them, and writes their rows *without* those keys into new files. The
 batch's snapshot then removes the files that held a key and adds the rewritten files and the batch's
-rows (:func:`lakesink._pyiceberg.producers.prepare_rewrite`), so every reader sees the new state without
+rows (:func:`lakesink._pyiceberg.producers.prepare_snapshot`), so every reader sees the new state without
 reading a delete file.
 
 Why copy-on-write and not delete files: docs/upserts.md (what every reader here reads, measured).

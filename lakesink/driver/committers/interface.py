@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
-from lakesink.driver.actions.batch import BatchOutcome
-from lakesink.driver.actions.completeness import BatchTime
+from lakesink.driver.actions.batch import BatchCall, BatchOutcome
 from lakesink.driver.committers.routed import RoutedOutcome
 
 R = TypeVar("R", contravariant=True)
@@ -24,18 +23,10 @@ R = TypeVar("R", contravariant=True)
 class BatchCommitter(Protocol[R]):
     """Commit a batch's files exactly once, or abort it: the calls every entry point makes, whatever the sink."""
 
-    def commit_batch(
-        self,
-        *,
-        query_id: str,
-        batch_id: int,
-        results: Sequence[R],
-        source_offsets: str | None,
-        run_id: str | None = None,
-        batch_time: BatchTime | None = None,
-    ) -> BatchOutcome | RoutedOutcome:
-        """Commit the batch as one unit (one table's snapshot, or every table of a routed batch), exactly once for
-        (query id, sink id, batch id); a batch found committed is checked to be a faithful replay and skipped."""
+    def commit_batch(self, call: BatchCall, results: Sequence[R]) -> BatchOutcome | RoutedOutcome:
+        """Commit the batch (``call``: which batch, lakesink.driver.actions.batch.BatchCall) as one unit (one table's
+        snapshot, or every table of a routed batch), exactly once for (query id, sink id, batch id); a batch found
+        committed is checked to be a faithful replay and skipped."""
         ...
 
     def abort_batch(self, *, query_id: str | None, batch_id: int, results: Sequence[R]) -> None:

@@ -32,8 +32,7 @@ from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
 from lakesink.driver.actions import dead_letters
-from lakesink.driver.actions.batch import BatchOutcome, Outcome
-from lakesink.driver.actions.completeness import BatchTime
+from lakesink.driver.actions.batch import BatchCall, BatchOutcome, Outcome
 from lakesink.driver.actions.unit import UnitMember
 from lakesink.driver.committers.routed_tables import RoutedTables
 from lakesink.driver.committers.table import TableCommitter
@@ -103,18 +102,10 @@ class RoutedCommitter(RoutedTables):
 
     # --- commit -----------------------------------------------------------------------------------
 
-    def commit_batch(
-        self,
-        *,
-        query_id: str,
-        batch_id: int,
-        results: Sequence[RoutedTaskResult],
-        source_offsets: str | None,
-        run_id: str | None = None,
-        batch_time: BatchTime | None = None,
-    ) -> RoutedOutcome:
-        """Commit a routed batch: every table it wrote, as one unit (see the module's docstring). ``batch_time``: the
+    def commit_batch(self, call: BatchCall, results: Sequence[RoutedTaskResult]) -> RoutedOutcome:
+        """Commit a routed batch: every table it wrote, as one unit (see the module's docstring). The call's time: the
         batch's watermark (and event-time column), recorded in every table's commit (lakesink.driver.actions.completeness)."""
+        query_id, batch_id = call.query_id, call.batch_id
         by_table: dict[str, list[TaskResult]] = {}
         templated: set[str] = set()
         for r in results:
@@ -124,7 +115,7 @@ class RoutedCommitter(RoutedTables):
                     templated.add(t.table)
         for name in self.truncating:  # a table the batch truncates is in its unit, rows after the truncate or none
             by_table.setdefault(name, [])
-        run_id = run_id or next((r.run_id for r in results if r.run_id), None)
+        call = replace(call, run_id=call.run_id or next((r.run_id for r in results if r.run_id), None))
         names = sorted(by_table)
         routes = self.routes(names, batch_id)
         counted = [t for ts in by_table.values() for t in ts] + [r.invalid_routes for r in results if r.invalid_routes]
@@ -135,7 +126,7 @@ class RoutedCommitter(RoutedTables):
             # before its first commit, and the loop checks that this replay is faithful to it
             dead_letters.check_rejected(self.options, counted, batch_id=batch_id)
         if not names and not any(t.rows_in for t in counted):
-            return self._commit_empty(query_id, batch_id, source_offsets, run_id, batch_time)
+            return self._commit_empty(call)
         unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
         rows = _rows_digests(results)
         actions: list[tuple[TableCommitter, CommitAction]] = []
@@ -151,13 +142,9 @@ class RoutedCommitter(RoutedTables):
             kept += table_results
             action = c.unit_action(
                 table,
-                query_id=query_id,
-                batch_id=batch_id,
-                results=table_results,
-                source_offsets=source_offsets,
-                run_id=run_id,
+                call,
+                table_results,
                 unit=_with_rows(unit, rows.get(name)),
-                batch_time=batch_time,
                 truncate=name in self.truncating,
                 truncate_at=self.truncated_at.get(name),
             )
@@ -167,7 +154,7 @@ class RoutedCommitter(RoutedTables):
             if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
                 self._recheck_rejected(actions, kept, query_id, batch_id)
             letters = [t.dead_letters for t in kept if t.dead_letters is not None]
-            actions.append(self._letters_action(query_id, batch_id, letters, source_offsets, run_id))
+            actions.append(self._letters_action(call, letters))
         outcome = self._run(actions, query_id, batch_id, names)
         if names:
             self._last_tables = tuple(names)
@@ -250,26 +237,16 @@ class RoutedCommitter(RoutedTables):
             self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
             raise
 
-    def _letters_action(
-        self, query_id: str, batch_id: int, letters: Sequence[TaskResult], source_offsets: str | None, run_id: str | None
-    ) -> tuple[TableCommitter, CommitAction]:
+    def _letters_action(self, call: BatchCall, letters: Sequence[TaskResult]) -> tuple[TableCommitter, CommitAction]:
         """The batch's commit into the dead-letter table (its dead letters appended, or its marker moved when it has
         none), one action of the batch's unit: the batch's tables and its dead letters land together or not at all."""
         d = self.dead_letters
         assert d is not None
-        table = d.load_patiently(batch_id)
+        table = d.load_patiently(call.batch_id)
         expected = next((r.table_uuid for r in letters if r.table_uuid), None)
         if expected is not None and str(table.metadata.table_uuid) != expected:
             raise d.identity_changed(expected, str(table.metadata.table_uuid))
-        action = d.unit_action(
-            table,
-            query_id=query_id,
-            batch_id=batch_id,
-            results=letters,
-            source_offsets=source_offsets,
-            run_id=run_id,
-            unit={},
-        )
+        action = d.unit_action(table, replace(call, time=None), letters, unit={})
         return d, action
 
     def _run(
@@ -318,47 +295,28 @@ class RoutedCommitter(RoutedTables):
                 c.hook.after_commit()
         return RoutedOutcome(batch_id, outcomes, letters)
 
-    def _commit_empty(
-        self, query_id: str, batch_id: int, source_offsets: str | None, run_id: str | None, batch_time: BatchTime | None = None
-    ) -> RoutedOutcome:
+    def _commit_empty(self, call: BatchCall) -> RoutedOutcome:
         """A batch that routed no row: its marker moves in the tables of the sink's previous batch in this run (a
         marker-only commit each), so that their next snapshot tells an empty batch from a lost one."""
-        tables = self._last_tables or self._tables_of_last_batch(query_id)
+        tables = self._last_tables or self._tables_of_last_batch(call.query_id)
         if not tables:
-            log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", query_id, batch_id)
-            return RoutedOutcome(batch_id, {})
-        return self._without_files(tables, query_id, batch_id, source_offsets, run_id, batch_time=batch_time, found_at_plan=False)
+            log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", call.query_id, call.batch_id)
+            return RoutedOutcome(call.batch_id, {})
+        return self._without_files(tables, call, found_at_plan=False)
 
-    def skip_replay(
-        self, *, query_id: str, batch_id: int, routes: Sequence[Route], source_offsets: str | None, run_id: str | None
-    ) -> RoutedOutcome:
+    def skip_replay(self, call: BatchCall, *, routes: Sequence[Route]) -> RoutedOutcome:
         """Every table of the batch held it when it was planned (foreach_batch): check they still do, write nothing."""
-        return self._without_files(
-            [str(r) for r in routes], query_id, batch_id, source_offsets, run_id, batch_time=None, found_at_plan=True
-        )
+        return self._without_files([str(r) for r in routes], replace(call, time=None), found_at_plan=True)
 
-    def _without_files(
-        self,
-        tables: Sequence[str],
-        query_id: str,
-        batch_id: int,
-        source_offsets: str | None,
-        run_id: str | None,
-        *,
-        batch_time: BatchTime | None,
-        found_at_plan: bool,
-    ) -> RoutedOutcome:
+    def _without_files(self, tables: Sequence[str], call: BatchCall, *, found_at_plan: bool) -> RoutedOutcome:
         """A batch that writes no file into ``tables``, as one unit: an empty batch's marker-only commits, or a batch
         found committed when it was planned (``found_at_plan``: each table must still hold it)."""
         actions: list[tuple[TableCommitter, CommitAction]] = []
         for name in tables:
             c = self.committer(name)
-            table = c.load_patiently(batch_id)
-            action = c.action_without_files(
-                table, query_id, batch_id, source_offsets, run_id, found_at_plan=found_at_plan, batch_time=batch_time
-            )
-            actions.append((c, action))
-        return self._run(actions, query_id, batch_id, tables if found_at_plan else None)
+            table = c.load_patiently(call.batch_id)
+            actions.append((c, c.action_without_files(table, call, found_at_plan=found_at_plan)))
+        return self._run(actions, call.query_id, call.batch_id, tables if found_at_plan else None)
 
     def _table_for_commit(
         self,

@@ -29,6 +29,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import producers as seam_producers
 from lakesink.driver import catalogs
 from lakesink.driver.actions import completeness, dead_letters
+from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.actions.unit import UnitMember
 from lakesink.driver.committers.table import CommitHook, TableCommitter
 from lakesink.driver.loop import swap
@@ -441,12 +442,13 @@ class RoutedTables:
             plans[str(r)] = self._checked(plan)
         return plans
 
-    def check_replay_at_plan(self, *, query_id: str, batch_id: int, source_offsets: str | None, run_id: str | None) -> None:
+    def check_replay_at_plan(self, call: BatchCall) -> None:
         """foreach_batch, after :meth:`plans` and before any file is written: the batch is decided as a whole. Each of
         its tables (and the dead-letter table) that holds it already must hold a faithful replay of the whole batch --
         another run of the query, the same source offsets, the same set of tables -- else the loud error the commit's
         loop would raise (:class:`UnitMember`) is raised here, before any Spark job writes (a batch found in none of
         them is new, and the loop decides again, table by table, at every attempt of its commit)."""
+        query_id, batch_id = call.query_id, call.batch_id
         names = sorted(self._read_at_plan)
         held: list[tuple[TableCommitter, Table, Sequence[str] | None]] = [
             (self.committer(name), table, names) for name, table in self._read_at_plan.items()
@@ -457,7 +459,7 @@ class RoutedTables:
             done = c.last(table, query_id)
             if done is None or done.batch_id < batch_id:
                 continue
-            action = c.action_without_files(table, query_id, batch_id, source_offsets, run_id, found_at_plan=True)
+            action = c.action_without_files(table, replace(call, time=None), found_at_plan=True)
             UnitMember(c, action, query_id=query_id, batch_id=batch_id, tables=tables).landed(table)
 
     def written_plans(self, query_id: str | None) -> dict[str, WritePlan]:

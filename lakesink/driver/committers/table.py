@@ -27,6 +27,7 @@ from lakesink.driver.actions.batch import (
     AppendBatch,
     Batch,
     BatchAction,
+    BatchCall,
     BatchOutcome,
     MarkEmptyBatch,
     Outcome,
@@ -35,7 +36,6 @@ from lakesink.driver.actions.batch import (
     action_for,
     committed,
 )
-from lakesink.driver.actions.completeness import BatchTime
 from lakesink.driver.committers import outcomes
 from lakesink.driver.loop import indoubt, swap, turns
 from lakesink.driver.loop.action import CommitAction
@@ -122,100 +122,52 @@ class TableCommitter(SinkTable):
 
     def commit_batch(
         self,
-        *,
-        query_id: str,
-        batch_id: int,
+        call: BatchCall,
         results: Sequence[TaskResult],
-        source_offsets: str | None,
-        run_id: str | None = None,
+        *,
         table_uuid: str | None = None,
         changes: pa.Table | None = None,
-        batch_time: BatchTime | None = None,
         batch_rows: int | None = None,
     ) -> BatchOutcome:
         """Commit the batch's files as one snapshot, exactly once for this (query id, sink id, batch id).
 
-        ``table_uuid``: the uuid of the table the batch was planned for (else read from the task results);
-        ``run_id``: Spark's run id of the query run (else read from the task results); ``changes``: with option
+        ``call``: the batch (its run id, else read from the task results; its time, the batch's watermark and
+        event-time column recorded with the commit, lakesink.driver.actions.completeness); ``table_uuid``: the uuid of
+        the table the batch was planned for (else read from the task results); ``changes``: with option
         ``upsert-key``, every key the batch changes (lakesink.sink.upsert_batch.resolve), whose rows the snapshot
         replaces. Task results that all say the batch was found committed when it was planned (``replay_skipped``)
         are :meth:`skip_replay`. The batch holds its table's turn (lakesink.driver.loop.turns) from its first read; the
         post-commit hook (with option ``maintenance=auto``: a background maintenance run when one is due) runs after it.
-        ``batch_time``: the batch's watermark and event-time column, recorded with the commit
-        (lakesink.driver.actions.completeness).
         ``batch_rows``: with a dead-letter table, the batch's rows when the tasks saw fewer (option
         ``max-rejected-fraction`` is a fraction of them; lakesink.sink.dead_letters.batch_rows).
         """
         with self._turn():
-            outcome = self._commit_batch(
-                query_id=query_id,
-                batch_id=batch_id,
-                results=results,
-                source_offsets=source_offsets,
-                run_id=run_id,
-                table_uuid=table_uuid,
-                changes=changes,
-                batch_time=batch_time,
-                batch_rows=batch_rows,
-            )
+            outcome = self._commit_batch(call, results, table_uuid=table_uuid, changes=changes, batch_rows=batch_rows)
         if outcome.outcome is Outcome.COMMITTED and self.hook is not None:
             self.hook.after_commit()
         return outcome
 
-    def skip_replay(
-        self, *, query_id: str, batch_id: int, source_offsets: str | None, run_id: str | None, table_uuid: str | None
-    ) -> BatchOutcome:
+    def skip_replay(self, call: BatchCall, *, table_uuid: str | None) -> BatchOutcome:
         """The entry point found the batch committed when it planned it and wrote nothing: check that the table still
         holds it and that it is a faithful replay (same source offsets, another run), and skip it."""
         with self._turn():
-            return self._commit_batch(
-                query_id=query_id,
-                batch_id=batch_id,
-                results=(),
-                source_offsets=source_offsets,
-                run_id=run_id,
-                table_uuid=table_uuid,
-                changes=None,
-                found_at_plan=True,
-            )
+            return self._commit_batch(call, (), table_uuid=table_uuid, changes=None, found_at_plan=True)
 
-    def append_action(
-        self,
-        table: Table,
-        *,
-        query_id: str,
-        batch_id: int,
-        results: Sequence[TaskResult],
-        source_offsets: str | None,
-        run_id: str | None = None,
-        batch_time: BatchTime | None = None,
-    ) -> AppendBatch:
+    def append_action(self, table: Table, call: BatchCall, results: Sequence[TaskResult]) -> AppendBatch:
         """The action that appends a batch's files to this sink's table, for a unit of several tables
         (:func:`lakesink.driver.loop.swap.run_unit`); ``table``: the table as read for its first attempt."""
-        batch = Batch.new(
-            query_id=query_id,
-            batch_id=batch_id,
-            results=results,
-            source_offsets=source_offsets,
-            run_id=run_id,
-            batch_time=batch_time,
-        )
-        return AppendBatch(self, table, batch)
+        return AppendBatch(self, table, Batch.new(call, results))
 
     # --- a batch of several tables (option route-by: lakesink.driver.committers.routed) --------------------------------------
 
     def unit_action(
         self,
         table: Table,
-        *,
-        query_id: str,
-        batch_id: int,
+        call: BatchCall,
         results: Sequence[TaskResult],
-        source_offsets: str | None,
-        run_id: str | None,
+        *,
         unit: Mapping[str, str],
         found_at_plan: bool = False,
-        batch_time: BatchTime | None = None,
         truncate: bool = False,
         truncate_at: Decimal | None = None,
     ) -> BatchAction:
@@ -224,42 +176,14 @@ class TableCommitter(SinkTable):
         was planned (``found_at_plan``, foreach_batch) or by every task (a replay completing the others), a replay
         that must still be there. With option ``upsert-key`` the tasks resolved their rows of the table and returned
         the keys they change: the batch is this table's :class:`UpsertBatch`, the very action of a table of its own."""
-        batch = Batch.new(
-            query_id=query_id,
-            batch_id=batch_id,
-            results=results,
-            source_offsets=source_offsets,
-            run_id=run_id,
-            unit=unit,
-            batch_time=batch_time,
-        )
+        batch = Batch.new(call, results, unit=unit)
         found = _found(results, found_at_plan)
         return action_for(self, table, batch, found_at_plan=found, truncate=truncate, truncate_at=truncate_at)
 
-    def action_without_files(
-        self,
-        table: Table,
-        query_id: str,
-        batch_id: int,
-        source_offsets: str | None,
-        run_id: str | None,
-        *,
-        found_at_plan: bool,
-        batch_time: BatchTime | None = None,
-    ) -> BatchAction:
+    def action_without_files(self, table: Table, call: BatchCall, *, found_at_plan: bool) -> BatchAction:
         """:meth:`unit_action` of a table the batch wrote no file to: it holds the batch already (``found_at_plan``),
         or the batch is empty there (its marker moves)."""
-        return self.unit_action(
-            table,
-            query_id=query_id,
-            batch_id=batch_id,
-            results=(),
-            source_offsets=source_offsets,
-            run_id=run_id,
-            unit={},
-            found_at_plan=found_at_plan,
-            batch_time=batch_time,
-        )
+        return self.unit_action(table, call, (), unit={}, found_at_plan=found_at_plan)
 
     def unit_outcome(self, action: CommitAction, result: swap.SwapResult) -> BatchOutcome:
         """What this table's action of a batch of several tables came to (a replay checked, its files deleted)."""
@@ -289,27 +213,16 @@ class TableCommitter(SinkTable):
 
     def _commit_batch(
         self,
-        *,
-        query_id: str,
-        batch_id: int,
+        call: BatchCall,
         results: Sequence[TaskResult],
-        source_offsets: str | None,
-        run_id: str | None,
+        *,
         table_uuid: str | None,
         changes: pa.Table | None,
         found_at_plan: bool = False,
-        batch_time: BatchTime | None = None,
         batch_rows: int | None = None,
     ) -> BatchOutcome:
-        batch = Batch.new(
-            query_id=query_id,
-            batch_id=batch_id,
-            results=results,
-            source_offsets=source_offsets,
-            run_id=run_id,
-            changes=changes,
-            batch_time=batch_time,
-        )
+        batch_id = call.batch_id
+        batch = Batch.new(call, results, changes=changes)
         expected_uuid = table_uuid or next((r.table_uuid for r in results if r.table_uuid), None)
         table = self.load_patiently(batch_id)
         try:

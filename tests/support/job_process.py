@@ -1,0 +1,38 @@
+"""A job of the tests (``python -m tests.jobs...``) started as a process of its own, to be killed and restarted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.timeouts import guard
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_job(module: str, *args: str, faults_dir: str | None) -> subprocess.Popen[str]:
+    """``python -m module args...`` from the repository's root, in a session of its own (a test kills its whole group),
+    its output piped as text; ``faults_dir``: where its fault points are armed (None: none, whatever this process
+    has armed)."""
+    env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
+    if faults_dir is not None:
+        env["LAKESINK_FAULTS_DIR"] = faults_dir
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def run_script(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -c script args...`` from the repository's root, run to its end (a test's fault point armed to kill it:
+    exit -9) within ``timeout`` seconds (scaled by tests.support.timeouts.guard), its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=guard(timeout), cwd=ROOT
+    )
