@@ -31,7 +31,7 @@ from pyiceberg.io import load_file_io
 from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
-from lakesink.driver.actions import dead_letters
+from lakesink.driver.actions import dead_letters, held
 from lakesink.driver.actions.batch import BatchOutcome, Outcome
 from lakesink.driver.actions.completeness import BatchTime
 from lakesink.driver.actions.unit import UnitMember
@@ -43,6 +43,7 @@ from lakesink.driver.loop.swap import RetriesExhausted
 from lakesink.errors import (
     CommitConflictError,
     CommitOutcomeUnknownError,
+    LakesinkError,
     ReplayMismatchError,
     TableIdentityChangedError,
     TooManyRejectedError,
@@ -101,6 +102,12 @@ class RoutedOutcome:
 class RoutedCommitter(RoutedTables):
     """The driver side of a routed sink: a :class:`TableCommitter` per table, one unit of commits per batch."""
 
+    held: held.HeldBack | None = None
+    """Option cdc-transactions=hold: what the batch holds back (set per batch by foreach_batch), recorded in every table
+    of its unit, in the same commit (lakesink.driver.actions.held)."""
+    held_tables: tuple[str, ...] = ()
+    """Option cdc-transactions=hold: the tables that recorded the state the batch started from."""
+
     # --- commit -----------------------------------------------------------------------------------
 
     def commit_batch(
@@ -138,6 +145,7 @@ class RoutedCommitter(RoutedTables):
             return self._commit_empty(query_id, batch_id, source_offsets, run_id, batch_time)
         unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
         rows = _rows_digests(results)
+        attempt = held.Attempt(self.held, query_id=query_id, batch_id=batch_id, sink_id=self.options.sink_id)
         actions: list[tuple[TableCommitter, CommitAction]] = []
         # the tables planned for this batch, read in one catalog query (SQL catalogs)
         read = catalogs.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
@@ -149,6 +157,8 @@ class RoutedCommitter(RoutedTables):
                 c, route, by_table[name], name in templated, query_id, batch_id, read.get(route.identifier)
             )
             kept += table_results
+            properties = attempt.record(table, c.load_fresh, name)  # the held file next to the first table's metadata
+            unit.update(attempt.summary())
             action = c.unit_action(
                 table,
                 query_id=query_id,
@@ -160,15 +170,19 @@ class RoutedCommitter(RoutedTables):
                 batch_time=batch_time,
                 truncate=name in self.truncating,
                 truncate_at=self.truncated_at.get(name),
+                properties=properties,
             )
             actions.append((c, action))
-        self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
-        if self.dead_letters is not None:
-            if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
-                self._recheck_rejected(actions, kept, query_id, batch_id)
-            letters = [t.dead_letters for t in kept if t.dead_letters is not None]
-            actions.append(self._letters_action(query_id, batch_id, letters, source_offsets, run_id))
-        outcome = self._run(actions, query_id, batch_id, names)
+        with attempt.settling():
+            self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
+            if self.dead_letters is not None:
+                if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
+                    self._recheck_rejected(actions, kept, query_id, batch_id)
+                letters = [t.dead_letters for t in kept if t.dead_letters is not None]
+                actions.append(self._letters_action(query_id, batch_id, letters, source_offsets, run_id))
+            outcome = self._run(actions, query_id, batch_id, names)
+        if not _landed_here(outcome):
+            attempt.drop()  # a replay found committed: the held file its commit named is the one in force
         if names:
             self._last_tables = tuple(names)
         if templated or not self._swept:
@@ -322,12 +336,36 @@ class RoutedCommitter(RoutedTables):
         self, query_id: str, batch_id: int, source_offsets: str | None, run_id: str | None, batch_time: BatchTime | None = None
     ) -> RoutedOutcome:
         """A batch that routed no row: its marker moves in the tables of the sink's previous batch in this run (a
-        marker-only commit each), so that their next snapshot tells an empty batch from a lost one."""
-        tables = self._last_tables or self._tables_of_last_batch(query_id)
+        marker-only commit each), so that their next snapshot tells an empty batch from a lost one (with what it holds
+        back, option cdc-transactions=hold)."""
+        tables = self._last_tables or self.held_tables or self._tables_of_last_batch(query_id)
+        if not tables and self.held is not None and self.held.rows.num_rows:
+            raise LakesinkError(
+                f"batch {batch_id} of query {query_id} holds back {self.held.changes} change(s) (option cdc-transactions="
+                f"hold: source transaction {self.held.waiting_for} is not whole yet), releases none, and the sink has no "
+                "table yet to record them in. Nothing was committed. Let the connector's snapshot (or a whole "
+                "transaction) be in the first batch (a larger first trigger), or create one of the tables first (docs/cdc.md)"
+            )
         if not tables:
             log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", query_id, batch_id)
             return RoutedOutcome(batch_id, {})
-        return self._without_files(tables, query_id, batch_id, source_offsets, run_id, batch_time=batch_time, found_at_plan=False)
+        attempt = held.Attempt(self.held, query_id=query_id, batch_id=batch_id, sink_id=self.options.sink_id)
+        first = self.committer(tables[0])
+        properties = attempt.record(first.load_patiently(batch_id), first.load_fresh, tables[0]) if self.held else {}
+        with attempt.settling():
+            outcome = self._without_files(
+                tables,
+                query_id,
+                batch_id,
+                source_offsets,
+                run_id,
+                batch_time=batch_time,
+                found_at_plan=False,
+                properties=properties,
+            )
+        if not _landed_here(outcome):
+            attempt.drop()
+        return outcome
 
     def skip_replay(
         self, *, query_id: str, batch_id: int, routes: Sequence[Route], source_offsets: str | None, run_id: str | None
@@ -347,6 +385,7 @@ class RoutedCommitter(RoutedTables):
         *,
         batch_time: BatchTime | None,
         found_at_plan: bool,
+        properties: Mapping[str, str] | None = None,
     ) -> RoutedOutcome:
         """A batch that writes no file into ``tables``, as one unit: an empty batch's marker-only commits, or a batch
         found committed when it was planned (``found_at_plan``: each table must still hold it)."""
@@ -355,7 +394,14 @@ class RoutedCommitter(RoutedTables):
             c = self.committer(name)
             table = c.load_patiently(batch_id)
             action = c.action_without_files(
-                table, query_id, batch_id, source_offsets, run_id, found_at_plan=found_at_plan, batch_time=batch_time
+                table,
+                query_id,
+                batch_id,
+                source_offsets,
+                run_id,
+                found_at_plan=found_at_plan,
+                batch_time=batch_time,
+                properties=properties,
             )
             actions.append((c, action))
         return self._run(actions, query_id, batch_id, tables if found_at_plan else None)
@@ -543,6 +589,11 @@ class RoutedCommitter(RoutedTables):
             except Exception:
                 pass  # TableCommitter.abort_batch says it cannot read the table and keeps the files
             c.abort_batch(query_id=query_id, batch_id=batch_id, results=table_results)
+
+
+def _landed_here(outcome: RoutedOutcome) -> bool:
+    """Whether this call's commit landed in some table (not only a replay found committed)."""
+    return any(o.outcome is not Outcome.REPLAY_SKIPPED for o in outcome.tables.values())
 
 
 def _rows_digests(results: Sequence[RoutedTaskResult]) -> dict[str, str | None]:

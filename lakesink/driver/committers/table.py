@@ -218,6 +218,7 @@ class TableCommitter(SinkTable):
         batch_time: BatchTime | None = None,
         truncate: bool = False,
         truncate_at: Decimal | None = None,
+        properties: Mapping[str, str] | None = None,
     ) -> BatchAction:
         """This table's action in a batch of several tables (``table``: as read for the first attempt): the batch's
         files appended (its snapshot records ``unit``), or, when the batch was found in this table already when it
@@ -232,6 +233,7 @@ class TableCommitter(SinkTable):
             run_id=run_id,
             unit=unit,
             batch_time=batch_time,
+            properties=properties,
         )
         found = _found(results, found_at_plan)
         return action_for(self, table, batch, found_at_plan=found, truncate=truncate, truncate_at=truncate_at)
@@ -246,9 +248,10 @@ class TableCommitter(SinkTable):
         *,
         found_at_plan: bool,
         batch_time: BatchTime | None = None,
+        properties: Mapping[str, str] | None = None,
     ) -> BatchAction:
         """:meth:`unit_action` of a table the batch wrote no file to: it holds the batch already (``found_at_plan``),
-        or the batch is empty there (its marker moves)."""
+        or the batch is empty there (its marker moves, with ``properties``)."""
         return self.unit_action(
             table,
             query_id=query_id,
@@ -259,6 +262,7 @@ class TableCommitter(SinkTable):
             unit={},
             found_at_plan=found_at_plan,
             batch_time=batch_time,
+            properties=properties,
         )
 
     def unit_outcome(self, action: CommitAction, result: swap.SwapResult) -> BatchOutcome:
