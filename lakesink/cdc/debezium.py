@@ -21,6 +21,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from lakesink.cdc.transactions import METADATA_HINT
 from lakesink.errors import InvalidOptionError
 from lakesink.table.keys import ENVELOPE_COLUMN as _ENVELOPE_COLUMN
 from lakesink.table.keys import PAYLOAD_COLUMN as _PAYLOAD
@@ -144,7 +145,7 @@ def _checked_op(op: Column, column: str) -> Column:
         F.lit(
             f"lakesink.cdc.debezium.parse: column {column!r} holds a record that is not a Debezium change event "
             f"(op must be one of {', '.join(VALID_OPS)}; a heartbeat, transaction-metadata or schema-change topic, or a "
-            "logical message 'm', must not be read as changes: read the tables' topics only). Its op: "
+            f"logical message 'm', must not be read as changes: read the tables' topics only; {METADATA_HINT}). Its op: "
         ),
         F.coalesce(op, F.lit("<missing: not a JSON envelope>")),
     )

@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from lakesink.cdc.transactions import METADATA_HINT
 from lakesink.errors import SchemaMismatchError
 
 VALID_OPS = ("c", "u", "d", "r", "t")
@@ -114,7 +115,7 @@ def parse_record(value: str | bytes | None, column: str = "value") -> dict[str, 
         raise SchemaMismatchError(
             f"lakesink.cdc.envelope: column {column!r} holds a record that is not a Debezium change event (op must be "
             f"one of {', '.join(VALID_OPS)}; a heartbeat, transaction-metadata or schema-change topic, or a logical "
-            f"message 'm', must not be read as changes: read the tables' topics only). Its op: "
+            f"message 'm', must not be read as changes: read the tables' topics only; {METADATA_HINT}). Its op: "
             f"{op if op is not None else '<missing: not a JSON envelope>'}"
         )
     source = envelope.get("source")

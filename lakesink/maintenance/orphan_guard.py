@@ -13,6 +13,7 @@ from pyiceberg.manifest import ManifestContent, ManifestFile, read_manifest_list
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
 
+from lakesink.driver.actions import held
 from lakesink.errors import LakesinkError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import names, storage
@@ -54,6 +55,8 @@ def referenced_keys(table: Table, name: str) -> set[str]:
         for key, value in md.properties.items()
         if key == PROPERTY_UPSERT_ORDER_FILE or key.startswith(f"{PROPERTY_UPSERT_ORDER_FILE}.")
     )
+    # option cdc-transactions: the changes a sink's batch held back, named by a table property (lakesink.driver.actions.held)
+    keys.update(storage.key(path) for path in held.held_files(md.properties))
     seen: set[str] = set()
     for snapshot in md.snapshots:
         keys.add(storage.key(snapshot.manifest_list))

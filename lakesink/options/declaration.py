@@ -18,6 +18,7 @@ from lakesink.options.keys import (
     CATALOG,
     CATALOG_PROPERTY_PREFIX,
     CDC_FORMAT,
+    CDC_TRANSACTIONS,
     CHECKPOINT_LOCATION,
     CREATE_TABLE,
     DEAD_LETTER_TABLE,
@@ -42,6 +43,7 @@ from lakesink.options.keys import (
     WRITER,
 )
 from lakesink.options.values import (
+    CdcTransactions,
     Maintenance,
     MetricsExport,
     OutputMode,
@@ -178,6 +180,11 @@ OPTIONS: tuple[Option, ...] = (
     Option(ATOMIC, "atomic", None, 'as the option `atomic`: "auto", "required" or "off"', "`auto`", field="routing"),
     Option(PAYLOAD, "payload", None, "as the option `payload`: a JSON column, each row's columns in its table (docs/cdc.md)"),
     Option(CDC_FORMAT, "cdc_format", None, 'as the option `cdc-format`: "debezium" (docs/cdc.md)'),
+    Option(CDC_TRANSACTIONS, "cdc_transactions", CdcTransactions.OFF.value,
+           '"off" or "hold": with cdc_format, source transactions held back until whole (docs/cdc.md)',
+           parse=CdcTransactions.parse, entries=Entry.FOREACH,
+           spark_refusal=": source transactions are held back on foreach_batch's path only; use "
+                         "lakesink.foreach_batch(cdc_format='debezium', cdc_transactions='hold') (docs/cdc.md)"),
     Option(METRICS, "metrics", None, 'as the option `metrics`: "off" or "prometheus:[<host>:]<port>" (docs/metrics.md)',
            "`off`", parse=MetricsExport.parse, show=str),
 )

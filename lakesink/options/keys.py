@@ -15,6 +15,7 @@ __all__ = [
     "CDC_FORMAT",
     "CDC_PAYLOAD",
     "CDC_PREFIX",
+    "CDC_TRANSACTIONS",
     "CHECKPOINT_LOCATION",
     "CREATE_TABLE",
     "DEAD_LETTER_TABLE",
@@ -76,6 +77,9 @@ CDC_CONNECT_SCHEMA = "cdc_connect_schema"
 types its fields (lakesink.cdc.connect)."""
 CDC_VALUE = "cdc_value"
 """Option cdc-format with dead-letter-table: the record's ``value`` as it came (a dead letter's row holds it)."""
+CDC_TRANSACTIONS = "cdc-transactions"
+"""With cdc-format: ``hold`` (read Debezium's transaction metadata and hold back every change after the first source
+transaction a batch does not hold whole) or ``off`` (default; a transaction-metadata record fails the batch)."""
 """With route-by: a string column holding a JSON object whose fields are the row's columns in its routed table
 (docs/cdc.md)."""
 METRICS = "metrics"

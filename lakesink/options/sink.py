@@ -16,6 +16,7 @@ from lakesink.options.keys import (
     CDC_FORMAT,
     CDC_PAYLOAD,
     CDC_PREFIX,
+    CDC_TRANSACTIONS,
     DEAD_LETTER_TABLE,
     DELETE_WHEN,
     MAX_REJECTED_FRACTION,
@@ -31,6 +32,7 @@ from lakesink.options.keys import (
 )
 from lakesink.options.values import (
     Atomic,
+    CdcTransactions,
     Maintenance,
     MetricsExport,
     OutputMode,
@@ -97,6 +99,9 @@ class SinkOptions:
     the other stream columns are not written (they serve ``delete-when`` and ``order-by``)."""
     cdc_format: str | None = None
     """Option ``cdc-format`` (``debezium``): the sink parses the ``value`` column's change events first (docs/cdc.md)."""
+    cdc_transactions: CdcTransactions = CdcTransactions.OFF
+    """:func:`lakesink.foreach_batch` only, with ``cdc-format``: ``hold`` releases whole source transactions only, in
+    commit order, by Debezium's transaction metadata (lakesink.sink.transactions; docs/cdc.md)."""
     metrics: MetricsExport = field(default_factory=lambda: MetricsExport())
     """Option ``metrics``: where commit metrics are exported (docs/metrics.md)."""
 
@@ -137,6 +142,11 @@ class SinkOptions:
             if option.spark_refusal and option.parse is not None
         }
         parsed = cls._parse(lowered, own["output_mode"], case_sensitive=options, writer=own["writer"])
+        if own["cdc_transactions"] is CdcTransactions.HOLD and parsed.cdc_format is None:
+            raise InvalidOptionError(
+                f"option '{CDC_TRANSACTIONS}' is 'hold', which reads Debezium's transaction metadata: it needs option "
+                "'cdc-format' ('debezium'); drop it, or set cdc_format='debezium' (docs/cdc.md)"
+            )
         return replace(parsed, **own)
 
     @classmethod

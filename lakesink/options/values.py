@@ -12,6 +12,7 @@ from lakesink.options.keys import (
     ATOMIC,
     BRANCH,
     CATALOG,
+    CDC_TRANSACTIONS,
     DEFAULT_FORMAT_VERSION,
     FORMAT_VERSIONS,
     MAINTENANCE,
@@ -26,7 +27,7 @@ from lakesink.table.keys import FORMAT_VERSION
 from lakesink.table.partitioning import PartitionTerm
 from lakesink.table.routes import TableIdentifier
 
-__all__ = ["Atomic", "Maintenance", "MetricsExport", "OutputMode", "Routing", "TableName", "WriterKind"]
+__all__ = ["Atomic", "CdcTransactions", "Maintenance", "MetricsExport", "OutputMode", "Routing", "TableName", "WriterKind"]
 
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
@@ -97,6 +98,21 @@ class Maintenance(enum.Enum):
     @classmethod
     def parse(cls, value: str) -> Maintenance:
         return _parse_choice(cls, MAINTENANCE, value)
+
+
+class CdcTransactions(enum.Enum):
+    """Option ``cdc-transactions`` (with ``cdc-format``): what the sink does with Debezium's transaction metadata
+    (docs/cdc.md, "A source transaction split across micro-batches")."""
+
+    OFF = "off"
+    """No transaction metadata is read: a transaction-metadata record in the stream fails the batch."""
+    HOLD = "hold"
+    """Each batch releases, in commit order, the longest prefix of the source transactions it holds whole, and holds
+    back every change after the first incomplete one, in its own commit, for the next batch."""
+
+    @classmethod
+    def parse(cls, value: str) -> CdcTransactions:
+        return _parse_choice(cls, CDC_TRANSACTIONS, value)
 
 
 class Atomic(enum.Enum):

@@ -37,7 +37,17 @@ from lakesink.executor.messages import WritePlan
 from lakesink.executor.routed_writer import RoutedPartitionWriter, RoutedTaskResult
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, PartitionWriter
 from lakesink.maintenance.auto import auto_maintenance
-from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, CDC_VALUE, Routing, SinkOptions, WriterKind
+from lakesink.options import (
+    CDC_CONNECT_SCHEMA,
+    CDC_PAYLOAD,
+    CDC_PREFIX,
+    CDC_VALUE,
+    Atomic,
+    CdcTransactions,
+    Routing,
+    SinkOptions,
+    WriterKind,
+)
 from lakesink.sink import (
     completeness,
     dead_letters,
@@ -45,6 +55,7 @@ from lakesink.sink import (
     spark_fs,
     spark_routed,
     spark_write,
+    transactions,
     truncates,
     upsert_batch,
 )
@@ -87,6 +98,7 @@ def foreach_batch(
     atomic: str | None = None,
     payload: str | None = None,
     cdc_format: str | None = None,
+    cdc_transactions: str = "off",
     metrics: str | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
@@ -151,6 +163,10 @@ def foreach_batch(
             table; a table lakesink creates takes its columns from the batch's payloads (docs/cdc.md).
         cdc_format: ``"debezium"``: the stream's ``value`` column holds Debezium change events; each goes to the table of
             its source, upserted by ``upsert_key``, deleted by op ``d``, ordered by the source position (docs/cdc.md).
+        cdc_transactions: with ``cdc_format``: ``"off"`` (default: a Debezium transaction-metadata record fails the
+            batch) or ``"hold"``: the stream also carries the transaction topic (``provide.transaction.metadata``), and
+            each batch commits, in commit order, the longest prefix of the source transactions it holds whole; every
+            change after the first incomplete one is held back in the batch's own commit (docs/cdc.md).
         metrics: as the option ``metrics``: ``"off"`` (default) or ``"prometheus:[<host>:]<port>"``: the commit
             metrics served to Prometheus (docs/metrics.md; needs ``lakesink[prometheus]``).
     """
@@ -220,7 +236,15 @@ class ForeachBatchSink:
         self.options = options
         catalog = catalogs.load(options.catalog_name, options.catalog_properties)  # a missing catalog fails here, at start
         if options.routing is not None:
-            check_atomic(catalog, options.routing)  # atomic=required on a catalog that cannot: here, at start
+            atomic = check_atomic(catalog, options.routing)  # atomic=required on a catalog that cannot: here, at start
+            if options.cdc_transactions is CdcTransactions.HOLD and (not atomic or options.routing.atomic is Atomic.OFF):
+                raise InvalidOptionError(
+                    "option 'cdc-transactions'='hold' needs every batch's tables and what it holds back in one atomic "
+                    f"commit, which catalog {catalog.name!r} ({type(catalog).__name__}) with option 'atomic' "
+                    f"{options.routing.atomic.value!r} does not give: a crash between two tables would show half a "
+                    "source transaction. Use a catalog that commits several tables at once (SQL, or REST with "
+                    "transactions/commit) and atomic='auto', or cdc_transactions='off' (docs/cdc.md)"
+                )
         dead_letters.check_writer(options)
         self._committer: TableCommitter | None = None
         self._query = RunningQuery(options)  # the query's id, run and checkpoint (lakesink.sink.query)
@@ -232,6 +256,9 @@ class ForeachBatchSink:
         self._routed: RoutedCommitter | None = None  # option route-by
         self.last_routed: RoutedOutcome | None = None
         """Option route-by: the last batch's outcome in each of its tables."""
+        self._held: transactions.Split | None = None  # option cdc-transactions=hold: this batch's split
+        self._held_query: str | None = None
+        self._held_tables: tuple[str, ...] = ()  # the tables that recorded what the last batch held back
 
     def __repr__(self) -> str:
         return f"ForeachBatchSink({self.options!r})"
@@ -241,6 +268,11 @@ class ForeachBatchSink:
         :attr:`last_routed`)."""
         spark = df.sparkSession
         query_id = self._query.query_id(spark)  # its checkpoint checked lasting at the query's first batch
+        self._held = None
+        if self.options.cdc_transactions is CdcTransactions.HOLD:  # whole source transactions only (lakesink.sink.transactions)
+            known = self._held_tables if self._held_query == query_id else ()
+            self._held = transactions.split(df, self.options, query_id=query_id, batch_id=batch_id, known=known)
+            df = self._held.released
         if self.options.cdc_format is not None:
             df = debezium_changes(df, keep_value=self.options.dead_letter_table is not None)
         if self.options.routing is not None:
@@ -249,6 +281,11 @@ class ForeachBatchSink:
                 self.last_routed = self._routed_batch(cached, batch_id, query_id)
             finally:
                 cached.unpersist(blocking=False)
+                if self._held is not None:
+                    self._held.release()
+            if self._held is not None:  # where the next batch finds what this one held back
+                self._held_query = query_id
+                self._held_tables = tuple(self.last_routed.tables) or self._held.tables or self._held_tables
             return self.last_routed.total()
         if self._committer is None:
             self._committer = TableCommitter(self.options, post_commit=auto_maintenance)  # automatic maintenance
@@ -388,6 +425,9 @@ class ForeachBatchSink:
         if run_id != self._run:  # a new run of the query: every table is opened (and checked) afresh
             routed.new_run()
             self._run = run_id
+        # option cdc-transactions=hold: what the batch holds back, recorded in its unit
+        routed.held = self._held.back if self._held is not None else None
+        routed.held_tables = self._held.tables if self._held is not None else ()
         if self.options.writer is WriterKind.SPARK:  # Spark's own Parquet writer, no row in a Python worker
             return self._routed_spark_batch(df, batch_id, query_id, routed, run_id)
         started = time.perf_counter()

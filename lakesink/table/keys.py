@@ -93,6 +93,21 @@ PROPERTY_UPSERT_ORDER_FILE = "lakesink.upsert.order-file"
 """Table property (``.<branch>`` appended for a branch other than main), option order-by: the Parquet file that keeps
 the order value of every key the table deleted (and of every key, when the table has no order-by column), set in the
 same atomic commit as the snapshot it goes with (lakesink.driver.actions.upsert_order)."""
+PROPERTY_CDC_HELD_PREFIX = "lakesink.cdc-held."
+"""Table property ``<prefix><query id>[.<sink id>]``, option cdc-transactions=hold: the changes a sink's batch held
+back (a source transaction not yet whole, and every change after it), as JSON: the batch, the Parquet file of the held
+records, their count, the oldest one's time, the last released transaction's commit time, and the same of the batch
+before (a replay of the batch starts from those). Set in every table of the batch's unit, in the same atomic commit
+(lakesink.driver.actions.held)."""
+SUMMARY_CDC_HELD_CHANGES = "lakesink.cdc.held-changes"
+"""Option cdc-transactions=hold: how many changes the batch held back (not in any table yet)."""
+SUMMARY_CDC_HELD_OLDEST_MS = "lakesink.cdc.held-oldest-ms"
+"""Option cdc-transactions=hold: when the oldest change held back was made (its event's ``ts_ms``)."""
+SUMMARY_CDC_COMMITTED_MS = "lakesink.cdc.committed-ms"
+"""Option cdc-transactions=hold: the commit time (``END``'s ``ts_ms``) of the last source transaction released: every
+table holds every transaction committed up to it (the completeness watermark of a change stream)."""
+SUMMARY_CDC_HELD_FILE = "lakesink.cdc.held-file"
+"""Option cdc-transactions=hold: the file of the changes the batch held back (none when it held none)."""
 ORDER_FILE_FLOOR = "lakesink.order-floor"
 """Key of the order file's Parquet metadata, option order-by with cdc-format's truncates: the source position of the
 table's last truncate (a decimal, as text). Every change below it is older than the truncate and stale, for any key

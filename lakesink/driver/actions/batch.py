@@ -118,6 +118,9 @@ class Batch:
     """Spark's watermark for the batch and the event-time column (lakesink.driver.actions.completeness)."""
     unit: Mapping[str, str] = field(default_factory=dict)
     """Option route-by: what every table's snapshot of the batch records about the batch's tables."""
+    properties: Mapping[str, str] = field(default_factory=dict)
+    """Table properties the batch's commit sets with its marker (option cdc-transactions: the changes it held back,
+    lakesink.driver.actions.held)."""
 
     @property
     def files(self) -> list[WrittenFile]:
@@ -140,6 +143,7 @@ class Batch:
         *,
         changes: pa.Table | None = None,
         unit: Mapping[str, str] | None = None,
+        properties: Mapping[str, str] | None = None,
     ) -> Batch:
         """A batch's commit call starting now, with a new commit id (the run id the tasks carry when none is given).
         With option upsert-key: ``changes``, every key the batch changes (foreach_batch's resolution), else the keys the
@@ -158,6 +162,7 @@ class Batch:
             changes=changes if changes is not None and changes.num_rows else None,
             unit=dict(unit or {}),
             time=call.time,
+            properties=dict(properties or {}),
         )
 
     def commit_name(self) -> names.CommitName:
@@ -284,7 +289,7 @@ class MarkEmptyBatch(BatchAction):
             rows=self.batch.unit.get(SUMMARY_BATCH_ROWS_DIGEST),
         )
         return seam_producers.prepare_properties_at_head(
-            table, {self.committer.marker_key(self.batch): marker.to_property()}, branch=branch
+            table, {**self.batch.properties, self.committer.marker_key(self.batch): marker.to_property()}, branch=branch
         )
 
 
@@ -329,7 +334,7 @@ class AppendBatch(BatchAction):
             tables=self.batch.unit.get(SUMMARY_BATCH_TABLES_DIGEST),
             rows=self.batch.unit.get(SUMMARY_BATCH_ROWS_DIGEST),
         )
-        return {self.committer.marker_key(self.batch): marker.to_property()}
+        return {**self.batch.properties, self.committer.marker_key(self.batch): marker.to_property()}
 
     def attempt_summary(self, table: Table, attempt: int) -> dict[str, str]:
         done = self.done(table)

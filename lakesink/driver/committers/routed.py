@@ -31,7 +31,7 @@ from pyiceberg.io import load_file_io
 from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
-from lakesink.driver.actions import dead_letters
+from lakesink.driver.actions import dead_letters, held
 from lakesink.driver.actions.batch import BatchCall, BatchOutcome, Outcome
 from lakesink.driver.actions.unit import UnitMember
 from lakesink.driver.committers.routed_tables import RoutedTables
@@ -42,6 +42,7 @@ from lakesink.driver.loop.swap import RetriesExhausted
 from lakesink.errors import (
     CommitConflictError,
     CommitOutcomeUnknownError,
+    LakesinkError,
     ReplayMismatchError,
     TableIdentityChangedError,
     TooManyRejectedError,
@@ -100,6 +101,12 @@ class RoutedOutcome:
 class RoutedCommitter(RoutedTables):
     """The driver side of a routed sink: a :class:`TableCommitter` per table, one unit of commits per batch."""
 
+    held: held.HeldBack | None = None
+    """Option cdc-transactions=hold: what the batch holds back (set per batch by foreach_batch), recorded in every table
+    of its unit, in the same commit (lakesink.driver.actions.held)."""
+    held_tables: tuple[str, ...] = ()
+    """Option cdc-transactions=hold: the tables that recorded the state the batch started from."""
+
     # --- commit -----------------------------------------------------------------------------------
 
     def commit_batch(self, call: BatchCall, results: Sequence[RoutedTaskResult]) -> RoutedOutcome:
@@ -129,6 +136,7 @@ class RoutedCommitter(RoutedTables):
             return self._commit_empty(call)
         unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
         rows = _rows_digests(results)
+        attempt = held.Attempt(self.held, query_id=query_id, batch_id=batch_id, sink_id=self.options.sink_id)
         actions: list[tuple[TableCommitter, CommitAction]] = []
         # the tables planned for this batch, read in one catalog query (SQL catalogs)
         read = catalogs.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
@@ -140,6 +148,8 @@ class RoutedCommitter(RoutedTables):
                 c, route, by_table[name], name in templated, query_id, batch_id, read.get(route.identifier)
             )
             kept += table_results
+            properties = attempt.record(table, c.load_fresh, name)  # the held file next to the first table's metadata
+            unit.update(attempt.summary())
             action = c.unit_action(
                 table,
                 call,
@@ -147,15 +157,19 @@ class RoutedCommitter(RoutedTables):
                 unit=_with_rows(unit, rows.get(name)),
                 truncate=name in self.truncating,
                 truncate_at=self.truncated_at.get(name),
+                properties=properties,
             )
             actions.append((c, action))
-        self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
-        if self.dead_letters is not None:
-            if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
-                self._recheck_rejected(actions, kept, query_id, batch_id)
-            letters = [t.dead_letters for t in kept if t.dead_letters is not None]
-            actions.append(self._letters_action(call, letters))
-        outcome = self._run(actions, query_id, batch_id, names)
+        with attempt.settling():
+            self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
+            if self.dead_letters is not None:
+                if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
+                    self._recheck_rejected(actions, kept, query_id, batch_id)
+                letters = [t.dead_letters for t in kept if t.dead_letters is not None]
+                actions.append(self._letters_action(call, letters))
+            outcome = self._run(actions, query_id, batch_id, names)
+        if not _landed_here(outcome):
+            attempt.drop()  # a replay found committed: the held file its commit named is the one in force
         if names:
             self._last_tables = tuple(names)
         if templated or not self._swept:
@@ -297,25 +311,49 @@ class RoutedCommitter(RoutedTables):
 
     def _commit_empty(self, call: BatchCall) -> RoutedOutcome:
         """A batch that routed no row: its marker moves in the tables of the sink's previous batch in this run (a
-        marker-only commit each), so that their next snapshot tells an empty batch from a lost one."""
-        tables = self._last_tables or self._tables_of_last_batch(call.query_id)
+        marker-only commit each), so that their next snapshot tells an empty batch from a lost one (with what it holds
+        back, option cdc-transactions=hold)."""
+        query_id, batch_id = call.query_id, call.batch_id
+        tables = self._last_tables or self.held_tables or self._tables_of_last_batch(query_id)
+        if not tables and self.held is not None and self.held.rows.num_rows:
+            raise LakesinkError(
+                f"batch {batch_id} of query {query_id} holds back {self.held.changes} change(s) (option cdc-transactions="
+                f"hold: source transaction {self.held.waiting_for} is not whole yet), releases none, and the sink has no "
+                "table yet to record them in. Nothing was committed. Let the connector's snapshot (or a whole "
+                "transaction) be in the first batch (a larger first trigger), or create one of the tables first (docs/cdc.md)"
+            )
         if not tables:
-            log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", call.query_id, call.batch_id)
-            return RoutedOutcome(call.batch_id, {})
-        return self._without_files(tables, call, found_at_plan=False)
+            log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", query_id, batch_id)
+            return RoutedOutcome(batch_id, {})
+        attempt = held.Attempt(self.held, query_id=query_id, batch_id=batch_id, sink_id=self.options.sink_id)
+        first = self.committer(tables[0])
+        properties = attempt.record(first.load_patiently(batch_id), first.load_fresh, tables[0]) if self.held else {}
+        with attempt.settling():
+            outcome = self._without_files(tables, call, found_at_plan=False, properties=properties)
+        if not _landed_here(outcome):
+            attempt.drop()
+        return outcome
 
     def skip_replay(self, call: BatchCall, *, routes: Sequence[Route]) -> RoutedOutcome:
         """Every table of the batch held it when it was planned (foreach_batch): check they still do, write nothing."""
         return self._without_files([str(r) for r in routes], replace(call, time=None), found_at_plan=True)
 
-    def _without_files(self, tables: Sequence[str], call: BatchCall, *, found_at_plan: bool) -> RoutedOutcome:
+    def _without_files(
+        self,
+        tables: Sequence[str],
+        call: BatchCall,
+        *,
+        found_at_plan: bool,
+        properties: Mapping[str, str] | None = None,
+    ) -> RoutedOutcome:
         """A batch that writes no file into ``tables``, as one unit: an empty batch's marker-only commits, or a batch
         found committed when it was planned (``found_at_plan``: each table must still hold it)."""
         actions: list[tuple[TableCommitter, CommitAction]] = []
         for name in tables:
             c = self.committer(name)
             table = c.load_patiently(call.batch_id)
-            actions.append((c, c.action_without_files(table, call, found_at_plan=found_at_plan)))
+            action = c.action_without_files(table, call, found_at_plan=found_at_plan, properties=properties)
+            actions.append((c, action))
         return self._run(actions, call.query_id, call.batch_id, tables if found_at_plan else None)
 
     def _table_for_commit(
@@ -501,6 +539,11 @@ class RoutedCommitter(RoutedTables):
             except Exception:
                 pass  # TableCommitter.abort_batch says it cannot read the table and keeps the files
             c.abort_batch(query_id=query_id, batch_id=batch_id, results=table_results)
+
+
+def _landed_here(outcome: RoutedOutcome) -> bool:
+    """Whether this call's commit landed in some table (not only a replay found committed)."""
+    return any(o.outcome is not Outcome.REPLAY_SKIPPED for o in outcome.tables.values())
 
 
 def _rows_digests(results: Sequence[RoutedTaskResult]) -> dict[str, str | None]:

@@ -170,20 +170,23 @@ class TableCommitter(SinkTable):
         found_at_plan: bool = False,
         truncate: bool = False,
         truncate_at: Decimal | None = None,
+        properties: Mapping[str, str] | None = None,
     ) -> BatchAction:
         """This table's action in a batch of several tables (``table``: as read for the first attempt): the batch's
         files appended (its snapshot records ``unit``), or, when the batch was found in this table already when it
         was planned (``found_at_plan``, foreach_batch) or by every task (a replay completing the others), a replay
         that must still be there. With option ``upsert-key`` the tasks resolved their rows of the table and returned
         the keys they change: the batch is this table's :class:`UpsertBatch`, the very action of a table of its own."""
-        batch = Batch.new(call, results, unit=unit)
+        batch = Batch.new(call, results, unit=unit, properties=properties)
         found = _found(results, found_at_plan)
         return action_for(self, table, batch, found_at_plan=found, truncate=truncate, truncate_at=truncate_at)
 
-    def action_without_files(self, table: Table, call: BatchCall, *, found_at_plan: bool) -> BatchAction:
+    def action_without_files(
+        self, table: Table, call: BatchCall, *, found_at_plan: bool, properties: Mapping[str, str] | None = None
+    ) -> BatchAction:
         """:meth:`unit_action` of a table the batch wrote no file to: it holds the batch already (``found_at_plan``),
-        or the batch is empty there (its marker moves)."""
-        return self.unit_action(table, call, (), unit={}, found_at_plan=found_at_plan)
+        or the batch is empty there (its marker moves, with ``properties``)."""
+        return self.unit_action(table, call, (), unit={}, found_at_plan=found_at_plan, properties=properties)
 
     def unit_outcome(self, action: CommitAction, result: swap.SwapResult) -> BatchOutcome:
         """What this table's action of a batch of several tables came to (a replay checked, its files deleted)."""

@@ -1,0 +1,200 @@
+"""Option cdc-transactions=hold on foreach_batch: a source transaction cut by two micro-batches held back until whole.
+
+Before a batch's Debezium records are parsed (lakesink.sink.foreach), the records the previous batch held back
+(lakesink.driver.actions.held: named by its unit's tables) are read first and joined to the batch's. One Spark job
+over the union finds the transaction topic's ``END`` records (by their shape: ``status``, ``id``, ``event_count``; their
+Kafka ``offset`` is their commit order) and counts each transaction's distinct changes at hand; the driver decides
+which transactions are released (lakesink.cdc.transactions.release: the longest whole prefix in commit order). The
+batch goes on with the released changes (and the changes of no transaction: a snapshot's reads); the others, with
+the ``BEGIN``/``END`` records of transactions not released, are collected to the driver and recorded in the batch's own unit
+commit (lakesink.driver.committers.routed). The ``BEGIN`` and ``END`` records of released transactions are dropped; a
+``BEGIN`` without its ``END`` holds back every transaction that ends after it (lakesink.cdc.transactions.release).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.storagelevel import StorageLevel
+
+from lakesink.cdc import transactions
+from lakesink.driver import catalogs
+from lakesink.driver.actions import held
+from lakesink.driver.actions.held import HeldBack
+from lakesink.errors import InvalidOptionError
+from lakesink.options import CDC_TRANSACTIONS, SinkOptions
+
+log = logging.getLogger("lakesink")
+
+OFFSET = "offset"
+"""Kafka's offset column: the commit order of the transaction topic's records (one partition)."""
+_KIND, _TX, _TX_ORDER, _TX_COUNT, _TX_TS = (
+    "__lakesink_tx_kind",
+    "__lakesink_tx_id",
+    "__lakesink_tx_order",
+    "__lakesink_tx_count",
+    "__lakesink_tx_ts",
+)
+_HELPERS = (_KIND, _TX, _TX_ORDER, _TX_COUNT, _TX_TS)
+_PARSED = "__lakesink_tx_record"
+_CHANGE, _BEGIN, _END = "change", "begin", "end"
+_META = "status STRING, id STRING, event_count LONG, ts_ms LONG, op STRING, `transaction` STRUCT<id: STRING, total_order: LONG>"
+
+
+@dataclass
+class Split:
+    """A batch split into the changes it releases and what it holds back."""
+
+    released: DataFrame
+    """The batch's records to parse and commit (the stream's columns): held ones of earlier batches first released."""
+    back: HeldBack
+    tables: tuple[str, ...]
+    """The tables that recorded the state the batch started from."""
+    decision: transactions.Release
+    _cached: DataFrame
+
+    def release(self) -> None:
+        self._cached.unpersist(blocking=False)
+
+
+def split(df: DataFrame, options: SinkOptions, *, query_id: str, batch_id: int, known: Sequence[str] = ()) -> Split:
+    """The batch (the stream's columns, before parsing) with the records its predecessor held back, split."""
+    if OFFSET not in df.columns or "value" not in df.columns:
+        raise InvalidOptionError(
+            f"option '{CDC_TRANSACTIONS}'='hold' orders the transaction topic's END records by their Kafka offset: the "
+            f"stream needs columns 'value' and '{OFFSET}' (Kafka's source gives both; columns: {', '.join(df.columns)}). "
+            "Select Kafka's 'offset' with the value"
+        )
+    tables, start = _starting_state(options, query_id=query_id, batch_id=batch_id, known=known)
+    io = next(iter(tables.values())).io if tables else None
+    rows = held.read_rows(io, start) if io is not None else None
+    if rows is not None and rows.num_rows:
+        df = _frame(rows, df).unionByName(df)
+    annotated = _annotated(df).persist(StorageLevel.MEMORY_AND_DISK)
+    kind, tx = F.col(_KIND), F.col(_TX)
+    ends: list[transactions.End] = []
+    begins: dict[str, int] = {}
+    for r in annotated.where(kind != F.lit(_CHANGE)).select(_KIND, _TX, _TX_COUNT, OFFSET, _TX_TS).collect():
+        position = _position(r[3], r[1])
+        if r[0] == _END:
+            ends.append(transactions.End(r[1], int(r[2] or 0), position, r[4]))
+        else:
+            begins[r[1]] = min(position, begins.get(r[1], position))
+    # a change without total_order counts on its own (as lakesink.cdc.transactions.split_records counts it)
+    order = F.col(_TX_ORDER)
+    distinct = F.count_distinct(order) + F.sum(F.when(order.isNull(), F.lit(1)).otherwise(F.lit(0)))
+    counted = annotated.where((kind == F.lit(_CHANGE)) & tx.isNotNull()).groupBy(_TX).agg(distinct).collect()
+    decision = transactions.release(ends, {r[0]: int(r[1]) for r in counted}, begins)
+    held_ids = sorted(decision.held)
+    waiting = tx.isin(*held_ids) if held_ids else F.lit(False)
+    released = annotated.where((kind == F.lit(_CHANGE)) & (tx.isNull() | ~waiting)).drop(*_HELPERS)
+    back_rows = annotated.where(waiting).toArrow()
+    changes = back_rows.filter(pc.equal(back_rows.column(_KIND), _CHANGE)) if back_rows.num_rows else back_rows
+    oldest = pc.min(changes.column(_TX_TS)).as_py() if changes.num_rows else None
+    back = HeldBack(
+        rows=back_rows.drop_columns(list(_HELPERS)),
+        changes=changes.num_rows,
+        oldest_ms=oldest,
+        committed_ms=decision.committed_ms,
+        waiting_for=decision.waiting_for,
+        previous=start,
+    )
+    if back.changes:
+        age = f"{time.time() * 1000 - oldest:.0f} ms" if oldest is not None else "unknown"
+        log.info(
+            "lakesink: query=%s batch=%s cdc-transactions: %s transaction(s) released; %s change(s) held back, waiting "
+            "for transaction %s; the oldest held change is %s old",
+            query_id,
+            batch_id,
+            len(decision.released),
+            back.changes,
+            decision.waiting_for,
+            age,
+        )
+    key = held.property_key(query_id, options.sink_id)
+    recorded = tuple(sorted(n for n, t in tables.items() if key in t.properties))
+    return Split(released, back, recorded, decision, annotated)
+
+
+def _annotated(df: DataFrame) -> DataFrame:
+    """Each record's kind (a change, or the transaction topic's BEGIN/END), transaction id, total order, event count
+    and time (the value's JSON parsed once)."""
+    text = F.col("value").cast("string")
+    wrapper = F.from_json(text, "`schema` STRING, payload STRING")
+    payload = F.when(wrapper["schema"].isNotNull(), wrapper["payload"]).otherwise(text)
+    parsed = df.select(*(F.col(f"`{c}`") for c in df.columns), F.from_json(payload, _META).alias(_PARSED))
+    meta = F.col(_PARSED)
+    is_meta: Column = meta["status"].isin(transactions.BEGIN, transactions.END) & meta["op"].isNull() & meta["id"].isNotNull()
+    kind = F.when(is_meta & (meta["status"] == F.lit(transactions.END)), F.lit(_END))
+    kind = kind.when(is_meta, F.lit(_BEGIN)).otherwise(F.lit(_CHANGE))
+    return parsed.select(
+        *(F.col(f"`{c}`") for c in df.columns),
+        kind.alias(_KIND),
+        F.when(is_meta, meta["id"]).otherwise(meta["transaction"]["id"]).alias(_TX),
+        meta["transaction"]["total_order"].alias(_TX_ORDER),
+        meta["event_count"].alias(_TX_COUNT),
+        meta["ts_ms"].alias(_TX_TS),
+    )
+
+
+def _position(offset: object, tx: str) -> int:
+    if not isinstance(offset, int):
+        raise InvalidOptionError(
+            f"option '{CDC_TRANSACTIONS}'='hold': the END record of transaction {tx} has no Kafka offset ({offset!r}); "
+            "the transaction topic's offsets are its commit order"
+        )
+    return offset
+
+
+def _frame(rows: pa.Table, like: DataFrame) -> DataFrame:
+    """The held records as a DataFrame of the stream's schema."""
+    return like.sparkSession.createDataFrame(rows.select(like.columns).to_pylist(), schema=like.schema)
+
+
+def _starting_state(
+    options: SinkOptions, *, query_id: str, batch_id: int, known: Sequence[str]
+) -> tuple[dict[str, Table], held.HeldState | None]:
+    """The tables holding the sink's held-back record and the state this batch starts from. ``known``: the tables of
+    this process's last batch of the query (else every table of the sink's namespaces is read: a new run)."""
+    catalog = catalogs.load(options.catalog_name, options.catalog_properties)
+    key = held.property_key(query_id, options.sink_id)
+    tables: dict[str, Table] = {}
+    if known:
+        tables = _load(catalog, [tuple(n.split(".")) for n in known])
+    if not any(key in t.properties for t in tables.values()):
+        tables = _load(catalog, _sink_tables(catalog, options))
+    latest = held.recorded(tables, query_id, options.sink_id)
+    return tables, held.starting_state(latest, batch_id, query_id=query_id)
+
+
+def _load(catalog: Catalog, idents: Sequence[tuple[str, ...]]) -> dict[str, Table]:
+    return {".".join(i): t for i, t in catalogs.load_tables(catalog, idents).items()}
+
+
+def _sink_tables(catalog: Catalog, options: SinkOptions) -> list[tuple[str, ...]]:
+    """Every table a routed sink may have written: of option route-namespaces, else of option namespace, else of every
+    namespace of the catalog (read once per run)."""
+    assert options.routing is not None
+    routing = options.routing
+    if routing.allowed_namespaces:
+        namespaces: list[tuple[str, ...]] = [tuple(n) for n in routing.allowed_namespaces]
+    elif routing.namespace:
+        namespaces = [tuple(routing.namespace)]
+    else:
+        namespaces = [tuple(n) for n in catalog.list_namespaces()]
+    out: list[tuple[str, ...]] = []
+    for ns in namespaces:
+        try:
+            out.extend(tuple(i) for i in catalog.list_tables(ns))
+        except Exception:
+            continue  # a namespace dropped meanwhile: no table
+    return out

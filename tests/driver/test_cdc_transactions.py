@@ -1,0 +1,329 @@
+"""Option cdc-transactions=hold, driver side without Spark (issue 32, item 5): a source transaction cut by two
+micro-batches is held back until whole, in the batch's own unit commit.
+
+A seeded change stream of source transactions over two tables is delivered as Kafka would: three topics (the tables'
+and the transaction topic with the END records, in commit order) each consumed up to a random cut per batch, so
+batches cut transactions anywhere (an END before its changes, changes before their END). Each batch is split by
+lakesink.cdc.transactions.split_records (the records the previous batch held back, read from its unit's tables,
+first) and its released changes committed by the routed committer with what it holds back (``rc.held``). After every
+batch each table equals the model applied to a whole prefix of the transactions, in commit order; at the end, to the
+whole model.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from lakesink.cdc import transactions
+from lakesink.driver import catalogs
+from lakesink.driver.actions import held
+from lakesink.driver.committers.routed import RoutedCommitter
+from lakesink.errors import CommitConflictError, InjectedFault
+from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
+from lakesink.maintenance.orphans import remove_orphan_files
+from lakesink.table.keys import SUMMARY_CDC_COMMITTED_MS, SUMMARY_CDC_HELD_CHANGES
+from lakesink.table.markers import last_committed_batch
+from tests.driver import test_routing_upserts as routing
+from tests.support import routed_upserts
+from tests.support.helpers import lakesink_snapshots
+
+Q = routing.Q
+TABLES = ("a", "b")
+RECORDS = pa.schema([("topic", pa.string()), ("value", pa.string()), ("offset", pa.int64())])
+Event = routing.Event
+
+
+def change(tx: str | None, order: int, table: str, key: int, value: str, seq: int, delete: bool, ts: int) -> dict[str, Any]:
+    row = {"id": key, "value": value}
+    envelope = {
+        "op": "d" if delete else ("r" if tx is None else "u"),
+        "before": row if delete else None,
+        "after": None if delete else row,
+        "source": {"schema": "db", "table": table, "lsn": seq},
+        "ts_ms": ts,
+        **({"transaction": {"id": tx, "total_order": order, "data_collection_order": order}} if tx else {}),
+    }
+    return {"topic": f"db.{table}", "value": json.dumps(envelope)}
+
+
+def begin(tx: str) -> dict[str, Any]:
+    return {"topic": "tx", "value": json.dumps({"status": "BEGIN", "id": tx, "ts_ms": 0, "event_count": None})}
+
+
+def end(tx: str, count: int, ts: int) -> dict[str, Any]:
+    return {"topic": "tx", "value": json.dumps({"status": "END", "id": tx, "ts_ms": ts, "event_count": count})}
+
+
+def event_of(value: str) -> Event:
+    e = json.loads(value)
+    row = e["before"] if e["op"] == "d" else e["after"]
+    return (e["source"]["table"], row["id"], row["value"], e["source"]["lsn"], e["op"] == "d")
+
+
+def source(seed: int, count: int) -> tuple[list[Event], list[list[Event]], dict[str, list[dict[str, Any]]]]:
+    """A snapshot (no transaction), ``count`` transactions in commit order, and each topic's records in order."""
+    rng = random.Random(seed)
+    seq = 0
+    topics: dict[str, list[dict[str, Any]]] = {"db.a": [], "db.b": [], "tx": []}
+    snapshot: list[Event] = []
+    for key in range(4):
+        for t in TABLES:
+            seq += 1
+            snapshot.append((t, key, f"s{seq}", seq, False))
+            topics[f"db.{t}"].append(change(None, 0, t, key, f"s{seq}", seq, False, 1000 + seq))
+    txs: list[list[Event]] = []
+    for n in range(count):
+        tx = f"{500 + n}:{seq}"
+        topics["tx"].append(begin(tx))
+        events: list[Event] = []
+        for order in range(1, rng.randint(1, 5) + 1):
+            seq += 1
+            t, key = rng.choice(TABLES), rng.randrange(6)
+            delete = rng.random() < 0.2
+            events.append((t, key, f"v{seq}", seq, delete))
+            topics[f"db.{t}"].append(change(tx, order, t, key, f"v{seq}", seq, delete, 1000 + seq))
+        topics["tx"].append(end(tx, len(events), 1000 + seq))
+        txs.append(events)
+    for recs in topics.values():
+        for offset, r in enumerate(recs):
+            r["offset"] = offset
+    return snapshot, txs, topics
+
+
+def deliveries(topics: Mapping[str, list[dict[str, Any]]], seed: int, batches: int) -> list[pa.Table]:
+    """Each topic consumed up to a random cut per batch (the last batch takes the rest); the first batch holds the
+    snapshot whole (a snapshot is no transaction: cut, it shows part of itself, which is not this test's subject)."""
+    rng = random.Random(seed)
+    at = {name: sum(1 for r in recs if "transaction" not in r["value"] and name != "tx") for name, recs in topics.items()}
+    out = []
+    for b in range(batches):
+        rows: list[dict[str, Any]] = []
+        for name, recs in topics.items():
+            cut = len(recs) if b == batches - 1 else min(len(recs), at[name] + rng.randint(0, 2 * len(recs) // batches))
+            rows.extend(recs[at[name] if b else 0 : cut])
+            at[name] = cut
+        rng.shuffle(rows)  # no order across topics
+        out.append(pa.Table.from_pylist(rows, RECORDS))
+    return out
+
+
+def tables(props: Mapping[str, str]) -> dict[str, Any]:
+    catalog = catalogs.load(None, dict(props))
+    idents = [("db", t) for t in TABLES]
+    return {".".join(i): t for i, t in catalogs.load_tables(catalog, idents).items()}
+
+
+def run_batch(rc: RoutedCommitter, props: Mapping[str, str], batch_id: int, records: pa.Table) -> transactions.RecordsSplit:
+    """One batch as foreach_batch's option cdc-transactions=hold runs it (lakesink.sink.transactions), without Spark."""
+    found = tables(props)
+    start = held.starting_state(held.recorded(found, Q, None), batch_id, query_id=Q)
+    io = next(iter(found.values())).io if found else None
+    previous = held.read_rows(io, start) if io is not None else None
+    union = pa.concat_tables([previous.select(RECORDS.names).cast(RECORDS), records]) if previous is not None else records
+    split = transactions.split_records(union)
+    rc.held = held.HeldBack(
+        rows=split.held,
+        changes=split.held_changes,
+        oldest_ms=split.oldest_ms,
+        committed_ms=split.decision.committed_ms,
+        waiting_for=split.decision.waiting_for,
+        previous=start,
+    )
+    rc.held_tables = tuple(sorted(n for n, t in found.items() if held.property_key(Q, None) in t.properties))
+    routing.run(rc, batch_id, [event_of(v) for v in split.released.column("value").to_pylist()])
+    return split
+
+
+def state(props: Mapping[str, str]) -> dict[str, dict[Any, tuple[str, int]]]:
+    present = sorted(tables(props))
+    return {n: rows for n, rows in routing.state(props, present).items() if rows}
+
+
+def expected(snapshot: Sequence[Event], txs: Sequence[Sequence[Event]], whole: int) -> dict[str, dict[Any, tuple[str, int]]]:
+    return {n: rows for n, rows in routed_upserts.model([snapshot, *txs[:whole]]).items() if rows}
+
+
+def prefixes_shown(props: Mapping[str, str], snapshot: Sequence[Event], txs: Sequence[Sequence[Event]]) -> list[int]:
+    """The numbers of transactions, in commit order, whose state the tables show (several when a transaction changed
+    nothing); none: the tables show a state the source never had at a commit."""
+    now = state(props)
+    matches = [k for k in range(len(txs) + 1) if expected(snapshot, txs, k) == now]
+    assert matches, "the tables show a state the source never had at a commit (half a transaction)"
+    return matches
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_every_batch_commits_a_whole_prefix_of_the_source_transactions(catalog_properties: dict[str, str], seed: int) -> None:
+    """Fails before item 5 (no option, no held record): committing every batch's changes as they came shows half
+    transactions after some batch."""
+    props = catalog_properties
+    snapshot, txs, topics = source(seed, count=30)
+    batches = deliveries(topics, seed, batches=8)
+    rc = routing.routed(props)
+    released = 0
+    for batch_id, records in enumerate(batches):
+        split = run_batch(rc, props, batch_id, records)
+        released += len(split.decision.released)
+        assert released in prefixes_shown(props, snapshot, txs)  # exactly the released transactions, a whole prefix
+        head = {n: t.current_snapshot() for n, t in tables(props).items()}
+        recorded = {
+            held.HeldState.from_property(t.properties[held.property_key(Q)], table=n).batch_id
+            for n, t in tables(props).items()
+            if held.property_key(Q) in t.properties
+        }
+        assert batch_id in recorded  # every batch records what it holds back
+        assert all(s is not None for s in head.values())
+    assert released == len(txs)
+    assert state(props) == expected(snapshot, txs, len(txs))
+    last = tables(props)["db.a"].current_snapshot()
+    assert last is not None and last.summary is not None
+
+
+def test_a_transaction_whose_end_never_arrives_holds_back_the_rest(catalog_properties: dict[str, str]) -> None:
+    props = catalog_properties
+    snapshot, txs, topics = source(5, count=6)
+    lost = 2  # the END of the third transaction never arrives (its BEGIN does: the connector stopped mid-way)
+    ends = [r for r in topics["tx"] if json.loads(r["value"])["status"] == "END"]
+    missing = json.loads(ends[lost]["value"])["id"]
+    topics = {**topics, "tx": [r for r in topics["tx"] if r is not ends[lost]]}
+    rc = routing.routed(props)
+    for batch_id, records in enumerate(deliveries(topics, 5, batches=3)):
+        split = run_batch(rc, props, batch_id, records)
+    assert lost in prefixes_shown(props, snapshot, txs)  # nothing after the incomplete transaction
+    assert split.decision.waiting_for == missing
+    later = sum(len(t) for t in txs[lost:])
+    assert split.held_changes == later  # its changes and every change after it, held
+    for name, table in tables(props).items():
+        record = held.HeldState.from_property(table.properties[held.property_key(Q)], table=name)
+        assert record.changes == later and record.waiting_for == missing and record.oldest_ms is not None
+    summaries = [s["summary"] for n, t in tables(props).items() for s in lakesink_snapshots(t)]
+    assert summaries[-1].get(SUMMARY_CDC_HELD_CHANGES) is not None
+    assert any(SUMMARY_CDC_COMMITTED_MS in s for s in summaries)
+
+
+def test_a_fault_at_the_units_swap_then_a_replay_loses_and_duplicates_no_held_change(
+    catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """The unit fails inside its swap (between the tables, in the SQL transaction): no table moves, the held file of the
+    failed attempt is deleted, and a restarted committer's replay of the batch starts from the state the batch before
+    recorded; a failure after the swap keeps the held file the landed commit names (it was deleted before the fix: the
+    next batch failed on the missing file); a replay of a batch that landed (a crash before Spark's commit log) is
+    skipped and keeps its record."""
+    props = {**catalog_properties}
+    snapshot, txs, topics = source(7, count=20)
+    batches = deliveries(topics, 7, batches=6)
+    rc = routing.routed(props, **{"table-property.commit.retry.num-retries": "0"})
+    released = 0
+    for batch_id, records in enumerate(batches):
+        if batch_id == 2:
+            before = {n: t.properties.get(held.property_key(Q)) for n, t in tables(props).items()}
+            files = held_files_on_disk(props)
+            faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")
+            with pytest.raises((InjectedFault, CommitConflictError)):
+                run_batch(rc, props, batch_id, records)
+            assert faults.fired(CATALOG_BETWEEN_TABLE_SWAPS)
+            faults.clear()
+            assert {n: t.properties.get(held.property_key(Q)) for n, t in tables(props).items()} == before
+            assert held_files_on_disk(props) == files  # the failed attempt's held file deleted
+            rc = routing.routed(props, **{"table-property.commit.retry.num-retries": "0"})  # a restart
+        if batch_id == 4:  # the unit lands, then the driver fails (before Spark's commit log): a restart replays it
+            faults.arm(DRIVER_AFTER_SWAP, "raise")
+            with pytest.raises(InjectedFault):
+                run_batch(rc, props, batch_id, records)
+            assert faults.fired(DRIVER_AFTER_SWAP)
+            faults.clear()
+            named = set(held.held_files(tables(props)["db.a"].properties))
+            assert named <= held_files_on_disk(props)  # the landed commit's held file kept
+            rc = routing.routed(props, **{"table-property.commit.retry.num-retries": "0"})
+        split = run_batch(rc, props, batch_id, records)
+        released += len(split.decision.released)
+        if batch_id == 3:  # landed, then replayed (killed before Spark's commit log): skipped, the record kept
+            record = {n: t.properties.get(held.property_key(Q)) for n, t in tables(props).items()}
+            replay = run_batch(routing.routed(props), props, batch_id, records)
+            assert replay.decision == split.decision
+            assert {n: t.properties.get(held.property_key(Q)) for n, t in tables(props).items()} == record
+        assert released in prefixes_shown(props, snapshot, txs)
+    assert state(props) == expected(snapshot, txs, len(txs))
+    for name, table in tables(props).items():
+        done = last_committed_batch(table.properties, Q)
+        assert done is not None and done.batch_id == len(batches) - 1, name
+        batches_seen = [s["summary"]["lakesink.batch-id"] for s in lakesink_snapshots(table)]
+        assert len(batches_seen) == len(set(batches_seen))
+    assert set(held.held_files(tables(props)["db.a"].properties)) <= held_files_on_disk(props)
+
+
+def held_files_on_disk(props: Mapping[str, str]) -> set[str]:
+    out: set[str] = set()
+    for table in tables(props).values():
+        folder = Path(table.metadata_location.removeprefix("file://")).parent
+        out |= {f"file://{p}" for p in folder.glob(f"{held.HELD_FILE_PREFIX}*")}
+    return out
+
+
+def test_release_is_the_longest_whole_prefix_in_commit_order() -> None:
+    ends = [transactions.End("t2", 1, 20, 200), transactions.End("t1", 2, 10, 100), transactions.End("t3", 1, 30, 300)]
+    # t1 whole, t2 not (its change not at hand), t3 whole but after t2: held
+    out = transactions.release(ends, {"t1": 2, "t3": 1, "t4": 3})
+    assert out.released == ("t1",) and out.held == {"t2", "t3", "t4"} and out.committed_ms == 100
+    assert out.waiting_for == "t2"
+    every = transactions.release(ends, {"t1": 2, "t2": 1, "t3": 1})
+    assert every.released == ("t1", "t2", "t3") and not every.held and every.waiting_for is None
+    # no END yet for t9: it committed after every END at hand
+    tail = transactions.release(ends[:2], {"t1": 2, "t2": 1, "t9": 1})
+    assert tail.released == ("t1", "t2") and tail.held == {"t9"} and tail.waiting_for == "t9"
+    # t5 begun at 15, not ended: every END after 15 waits (t2's commit may come after t5's)
+    barrier = transactions.release(ends, {"t1": 2, "t2": 1, "t3": 1}, {"t5": 15, "t1": 5})
+    assert barrier.released == ("t1",) and barrier.held == {"t2", "t3", "t5"} and barrier.waiting_for == "t5"
+
+
+def test_split_records_counts_a_redelivered_change_once() -> None:
+    rows = [change("t1", 1, "a", 1, "x", 5, False, 9), change("t1", 1, "a", 1, "x", 5, False, 9), end("t1", 2, 10)]
+    for i, r in enumerate(rows):
+        r["offset"] = i
+    split = transactions.split_records(pa.Table.from_pylist(rows, RECORDS))
+    assert split.released.num_rows == 0 and split.held.num_rows == 3 and split.held_changes == 2
+    assert split.decision.waiting_for == "t1"
+
+
+def test_without_holding_back_a_batch_shows_half_a_transaction(catalog_properties: dict[str, str]) -> None:
+    """The control of the tests above: the same deliveries committed as they come (what cdc-transactions=off does)
+    show, after some batch, a state the source never had at a commit."""
+    props = catalog_properties
+    snapshot, txs, topics = source(3, count=30)
+    rc = routing.routed(props)
+    halves = 0
+    for batch_id, records in enumerate(deliveries(topics, 3, batches=8)):
+        values = [v for v in records.column("value").to_pylist() if not transactions.is_transaction_record(json.loads(v))]
+        routing.run(rc, batch_id, [event_of(v) for v in values])
+        now = state(props)
+        halves += not any(expected(snapshot, txs, k) == now for k in range(len(txs) + 1))
+    assert halves > 0
+    assert state(props) == expected(snapshot, txs, len(txs))
+
+
+def test_the_orphan_clean_up_keeps_the_held_file_a_table_names(catalog_properties: dict[str, str]) -> None:
+    """The held file is referenced by no snapshot, only by the table property: the clean-up must keep it (the next
+    batch reads it), and removes an earlier batch's that no property names any more."""
+    props = catalog_properties
+    snapshot, txs, topics = source(13, count=12)
+    lost = 1
+    ends = [r for r in topics["tx"] if json.loads(r["value"])["status"] == "END"]
+    topics = {**topics, "tx": [r for r in topics["tx"] if r is not ends[lost]]}  # holds back from the 2nd on
+    rc = routing.routed(props)
+    for batch_id, records in enumerate(deliveries(topics, 13, batches=4)):
+        run_batch(rc, props, batch_id, records)
+    named = {p for t in tables(props).values() for p in held.held_files(t.properties)}
+    assert named and named <= held_files_on_disk(props)
+    for table in tables(props).values():
+        remove_orphan_files(table, older_than=timedelta(0), other_writers_older_than=timedelta(0))
+    assert named <= held_files_on_disk(props)  # kept
+    run_batch(rc, props, 4, pa.Table.from_pylist([], RECORDS))  # the next batch reads them back
+    assert lost in prefixes_shown(props, snapshot, txs)
