@@ -73,7 +73,8 @@ def staged_plan(
         )
     routed.upsert_spec()  # delete-when parsed as an Iceberg row filter here, at start
     if options.reject_when is not None:  # evaluated by the commit's routed writer on the staged rows, without the route
-        dead_letters.check_reject_when(options, have.remove(have.get_field_index(routing.column)), None)
+        route = have.get_field_index(routing.column)
+        dead_letters.check_reject_when(options, have.remove(route) if route >= 0 else have, None)
     root = f"{staging_root(options.checkpoint_location)}/{STAGED_ROWS_FOLDER}"
     return StagedPlan(
         root=root,
