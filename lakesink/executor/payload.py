@@ -310,6 +310,12 @@ def _column(values: list[object], field: pa.Field, table: str) -> pa.Array:
     t = field.type
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
         return pa.array([None if v is None else _base64(v, field, table) for v in values], t)
+    lossy = next((v for v in values if not _exact(v, t)), None)
+    if lossy is not None:
+        raise SchemaMismatchError(
+            f"table {table}, column {field.name!r} ({field.type}): a payload holds {lossy!r}, which does not fit the "
+            "column; nothing was committed. Fix the value at the source, or change the column's type"
+        )
     try:
         return pa.array(values, t)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
@@ -329,6 +335,32 @@ def _column(values: list[object], field: pa.Field, table: str) -> pa.Array:
     raise SchemaMismatchError(
         f"table {table}, column {field.name!r} ({field.type}): the payloads' values do not fit the column; nothing was committed"
     )
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _exact(value: object, t: pa.DataType) -> bool:
+    """Whether pyarrow builds ``value`` as type ``t`` without changing it: it silently truncates a number with a fraction
+    into an integer column (``7.5`` is ``7``), makes a boolean a number (``true`` is ``1.0``) and a double beyond a
+    float's range infinite; such a value does not fit (a struct's fields and a list's or map's items checked alike)."""
+    if value is None:
+        return True
+    if pa.types.is_integer(t):
+        return not isinstance(value, bool) and not (isinstance(value, float) and not value.is_integer())
+    if pa.types.is_floating(t):
+        if isinstance(value, bool):
+            return False
+        if pa.types.is_float32(t) and isinstance(value, (int, float)):
+            return not (abs(value) > _FLOAT32_MAX and abs(value) != float("inf"))
+        return True
+    if pa.types.is_struct(t) and isinstance(value, dict):
+        return all(_exact(value.get(f.name), f.type) for f in t)
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and isinstance(value, list):
+        return all(_exact(v, t.value_type) for v in value)
+    if pa.types.is_map(t) and isinstance(value, dict):
+        return all(_exact(v, t.item_type) for v in value.values())
+    return True
 
 
 def _base64(value: object, field: pa.Field, table: str) -> bytes:

@@ -10,9 +10,12 @@ batch creates gets its key from the changes' records (lakesink.driver.tables.rou
   columns, as format("lakesink")'s upsert writers evaluate it);
 - infers each table's columns from its payloads with foreach_batch's own :class:`~lakesink.executor.payload.PayloadInference`
   (the keys its records carry, its last truncate);
-- stages the narrow rows the driver needs (routing value, payload, deleted flag, order, Connect schema, op) as ONE
-  Parquet file under the query's staging area (``<checkpoint>/lakesink/staging/rows``), named like a data file of
-  the batch (lakesink.table.names), and returns it with the inference in a :class:`StagedTaskResult`.
+- stages the narrow rows the driver needs (routing value, payload, deleted flag, order, Connect schema, op; with
+  option dead-letter-table the whole row, from which the commit makes foreach_batch's dead letters) as ONE Parquet
+  file under the query's staging area (``<checkpoint>/lakesink/staging/rows``), named like a data file of the batch
+  (lakesink.table.names), and returns it with the inference in a :class:`StagedTaskResult`.
+
+A payload column that is a VARIANT (Spark 4) is turned into its JSON text first (lakesink.executor.variant).
 
 The driver (lakesink.sink.staged) merges the inferences, opens/creates/widens the tables, and writes the tables'
 files from the staged rows with the routed task writer, the code foreach_batch's tasks run. A staged file is never
@@ -31,10 +34,11 @@ from pyiceberg.io import FileIO
 from pyspark.sql.datasource import WriterCommitMessage
 
 from lakesink.cdc import envelope
-from lakesink.executor import payload
+from lakesink.executor import payload, variant
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.upsert_task import deleted_flags
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
+from lakesink.options import CDC_VALUE
 from lakesink.table import names, storage
 from lakesink.table.keys import DELETED
 
@@ -62,9 +66,19 @@ class StagedPlan:
     delete_when: str | None = None
     order_by: str | None = None
     upserts: bool = False
+    dead_letters: bool = False
+    """Option dead-letter-table: the inference is lenient (a field of several JSON types is a string column, each value
+    then fits its column or is a dead letter: lakesink.executor.payload), and the whole row is staged (every stream
+    column as it came; with cdc-format the Kafka record's value too), so that the commit's routed task writer makes the
+    dead letters foreach_batch's tasks make of the same rows (their ``row``, reject-when over the stream's columns)."""
+    variant: bool = False
+    """The payload column is a VARIANT (Spark 4): each value becomes its JSON text first (Spark's ``to_json`` of it,
+    timestamps in UTC: lakesink.executor.variant), as foreach_batch has Spark turn it into that text."""
 
-    def staged_columns(self) -> list[str]:
-        """The columns a staged file holds, in this order."""
+    def staged_columns(self, names: list[str]) -> list[str]:
+        """The columns a staged file holds, in this order (``names``: the task's parsed batch's columns)."""
+        if self.dead_letters:
+            return list(names)
         out = [self.route_column, self.payload_column]
         if self.upserts:
             out.append(DELETED)
@@ -98,8 +112,13 @@ class StagedTaskWriter:
 
     def _prepared(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         plan = self._plan
+        if plan.variant:
+            index = batch.schema.get_field_index(plan.payload_column)
+            batch = batch.set_column(index, plan.payload_column, variant.json_texts(batch.column(index)))
         if plan.cdc is not None:
             prefix, payload_column, schema_column = plan.cdc
+            if plan.dead_letters and "value" in batch.schema.names:  # a dead letter's row holds the record's value
+                batch = batch.append_column(CDC_VALUE, batch.column("value"))
             batch = envelope.changes(batch, prefix=prefix, payload_column=payload_column, schema_column=schema_column)
         if plan.upserts:
             flags = deleted_flags(pa.Table.from_batches([batch]), plan.delete_when)
@@ -115,7 +134,12 @@ class StagedTaskWriter:
         if not prepared:
             return StagedTaskResult(ids.query_id, ids.batch_id, ids.partition_id, ids.run_id)
         inference = payload.PayloadInference(
-            plan.route_column, plan.payload_column, plan.key_column, plan.truncate_columns, plan.schema_column
+            plan.route_column,
+            plan.payload_column,
+            plan.key_column,
+            plan.truncate_columns,
+            plan.schema_column,
+            lenient=plan.dead_letters,
         )
         columns: dict[bytes | None, dict[str, pa.DataType | None]] = {}
         found: dict[bytes | None, payload.Found] = {}
@@ -123,7 +147,8 @@ class StagedTaskWriter:
             for raw, cols, more in zip(*(out.column(i).to_pylist() for i in range(3)), strict=True):
                 columns[raw] = pickle.loads(cols)
                 found[raw] = pickle.loads(more)
-        rows = pa.Table.from_batches(prepared).select(plan.staged_columns())
+        rows = pa.Table.from_batches(prepared)
+        rows = rows.select(plan.staged_columns(rows.schema.names))
         name = self._ids.data_file_name(token=names.new_token(), counter=0)
         path = f"{plan.root.rstrip('/')}/{name}"
         try:
@@ -133,9 +158,7 @@ class StagedTaskWriter:
         except BaseException:
             storage.delete_file(plan.io, path)
             raise
-        return StagedTaskResult(
-            ids.query_id, ids.batch_id, ids.partition_id, ids.run_id, path, rows.num_rows, columns, found
-        )
+        return StagedTaskResult(ids.query_id, ids.batch_id, ids.partition_id, ids.run_id, path, rows.num_rows, columns, found)
 
 
 def read_staged(io: FileIO, path: str) -> Iterator[pa.RecordBatch]:

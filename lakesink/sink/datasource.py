@@ -28,7 +28,7 @@ from typing import Generic, Protocol, TypeVar, cast
 import pyarrow as pa
 from pyiceberg.table.snapshots import Snapshot
 from pyspark.sql.datasource import DataSource, DataSourceReader, WriterCommitMessage
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
 from lakesink import _pyspark
 from lakesink.audit import Point, parse_timestamp_ms, resolve
@@ -236,13 +236,6 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
     """Option route-by: the writer of one run (the plans of the tables the query wrote, and the template of the
     tables it has not opened: lakesink.executor.routed_writer), or of a commit worker's commits and aborts."""
     assert options.checkpoint_location
-    if options.payload is not None and options.dead_letter_table is not None:
-        raise InvalidOptionError(
-            "format('lakesink') does not take option 'payload' (or 'cdc-format') with option 'dead-letter-table': its "
-            "commit writes the staged rows without sorting misfits into dead letters; use lakesink.foreach_batch("
-            "route_by=..., payload=..., dead_letter_table=...), or drop the dead-letter table (a value that does not "
-            "fit is then a loud error) (docs/dead-letters.md)"
-        )
     if options.payload is not None:  # cdc-format implies it: the rows staged, the tables written at commit
         return _staged_stream_writer(options, schema)
     stream_schema = arrow_schema_of(schema)
@@ -276,21 +269,35 @@ def _staged_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
     """Option payload (and cdc-format): the executors parse, infer and stage their rows (lakesink.executor.staged); the
     commit opens the batch's tables from the payloads and writes them (lakesink.sink.staged)."""
     assert options.checkpoint_location
+    schema, variant = _variant_payload_as_text(options, schema)
     raw = arrow_schema_of(schema)
     has_watermark = completeness.watermarked(schema)
-    make = functools.partial(_staged_committer, options, raw)
+    make = functools.partial(_staged_committer, options, raw, variant=variant)
     if _pyspark.in_streaming_sink_runner():
         return LakesinkStreamWriter(None, StreamCommits(options, StagedTaskResult, make, has_watermark=has_watermark))
     query_id = read_query_id(options.checkpoint_location)
-    committer = _staged_committer(options, raw, query_id)
+    committer = _staged_committer(options, raw, query_id, variant=variant)
     commits = StreamCommits(options, StagedTaskResult, make, committer, query_id=query_id, has_watermark=has_watermark)
     return LakesinkStreamWriter(committer.plan, commits)
 
 
-def _staged_committer(options: SinkOptions, raw: pa.Schema, query_id: str | None = None) -> StagedCommitter:
+def _staged_committer(
+    options: SinkOptions, raw: pa.Schema, query_id: str | None = None, *, variant: bool = False
+) -> StagedCommitter:
     stream_schema = staged.cdc_schema(raw) if options.cdc_format is not None else raw
     routed = _routed_committer(options, stream_schema)
-    return StagedCommitter(routed, staged.staged_plan(options, raw, routed, query_id))
+    return StagedCommitter(routed, staged.staged_plan(options, raw, routed, query_id, variant=variant))
+
+
+def _variant_payload_as_text(options: SinkOptions, schema: StructType) -> tuple[StructType, bool]:
+    """Option payload naming a VARIANT column (Spark 4): the stream's schema with that column as the string of its JSON
+    text, which the executors make of each value (lakesink.executor.variant), and whether it was one."""
+    fields = list(schema.fields)
+    for i, f in enumerate(fields):
+        if f.name == options.payload and type(f.dataType).__name__ == "VariantType":
+            fields[i] = StructField(f.name, StringType(), f.nullable, f.metadata)
+            return StructType(fields), True
+    return schema, False
 
 
 def _run_of(results: Sequence[CommitMessage]) -> str | None:

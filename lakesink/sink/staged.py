@@ -11,8 +11,10 @@ code below the entry point:
    table holds already is skipped, and one some tables hold is checked a faithful replay, BEFORE any table file is
    written (``check_replay_at_plan``);
 3. the tables' data files written from the staged rows by the routed task writer (the code foreach_batch's tasks
-   run: payload expansion, upsert resolution per table key, the order-by values, the rows digests), here on the
-   driver, one writer for the whole batch (so several rows of one key in different tasks resolve as in foreach);
+   run: payload expansion, upsert resolution per table key, the order-by values, the rows digests; with option
+   dead-letter-table the row checks, which sort the staged whole rows into the tables' rows and dead letters as
+   foreach_batch's tasks sort them), here on the driver, one writer for the whole batch (so several rows of one key in
+   different tasks resolve as in foreach);
 4. the one routed unit committed by the RoutedCommitter (truncates, order file, deletes carrying the key only), or
    the written files aborted when it raised;
 5. the staged files of this batch and earlier ones swept (a staged file is never committed).
@@ -33,6 +35,7 @@ import pyarrow as pa
 from pyiceberg.io import load_file_io
 
 from lakesink.cdc import envelope
+from lakesink.driver.actions import dead_letters
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.routed_tables import staging_root
@@ -51,8 +54,12 @@ from lakesink.table.routes import Route, parse_route, routing_value
 log = logging.getLogger("lakesink")
 
 
-def staged_plan(options: SinkOptions, raw_schema: pa.Schema, routed: RoutedCommitter, query_id: str | None) -> StagedPlan:
-    """What the executors stage (checked at the start of a run: the payload column, delete-when)."""
+def staged_plan(
+    options: SinkOptions, raw_schema: pa.Schema, routed: RoutedCommitter, query_id: str | None, *, variant: bool = False
+) -> StagedPlan:
+    """What the executors stage (checked at the start of a run: the payload column, delete-when, reject-when).
+    ``variant``: the payload column is a VARIANT, which ``raw_schema`` holds as the string of its JSON text (the
+    executors turn it into that text: lakesink.executor.variant)."""
     routing = options.routing
     assert routing is not None and options.payload is not None and options.checkpoint_location
     cdc = options.cdc_format is not None
@@ -63,9 +70,12 @@ def staged_plan(options: SinkOptions, raw_schema: pa.Schema, routed: RoutedCommi
         found = f"has as {have.field(index).type}" if index >= 0 else "does not have"
         raise InvalidOptionError(
             f"option 'payload' names column {column!r}, which the stream {found}; the payload column must be a string "
-            f"holding each row's JSON object (columns: {', '.join(have.names)})"
+            f"holding each row's JSON object, or a VARIANT (columns: {', '.join(have.names)})"
         )
     routed.upsert_spec()  # delete-when parsed as an Iceberg row filter here, at start
+    if options.reject_when is not None:  # evaluated by the commit's routed writer on the staged rows, without the route
+        route = have.get_field_index(routing.column)
+        dead_letters.check_reject_when(options, have.remove(route) if route >= 0 else have, None)
     root = f"{staging_root(options.checkpoint_location)}/{STAGED_ROWS_FOLDER}"
     return StagedPlan(
         root=root,
@@ -80,6 +90,8 @@ def staged_plan(options: SinkOptions, raw_schema: pa.Schema, routed: RoutedCommi
         delete_when=options.delete_when if options.upserts else None,
         order_by=options.order_by,
         upserts=options.upserts,
+        dead_letters=options.dead_letter_table is not None,
+        variant=variant,
     )
 
 
@@ -111,7 +123,9 @@ class StagedCommitter:
         for routed_value, tasks in parts.items():
             route = parse_route(routed_value, routing.namespace, routing.allowed_namespaces)
             if isinstance(route, Route):
-                routed.table_columns[str(route)] = payload.merge_columns([dict(c) for c in tasks], str(route))
+                routed.table_columns[str(route)] = payload.merge_columns(
+                    [dict(c) for c in tasks], str(route), lenient=self.plan.dead_letters
+                )
                 routed.carried_keys[str(route)] = found[routed_value].keys
         cut = truncates.positions(found) if routed.options.cdc_format is not None else {}
         values = truncates.mark(routed, routing, cut, list(parts))
@@ -124,6 +138,7 @@ class StagedCommitter:
             plans=plans,
             write=lambda: [self._write(plans, query_id, batch_id, run_id, results, cut)],
             batch_time=lambda: call.time,
+            invalid=routed.any_invalid(values),  # option dead-letter-table: rows of no valid table are dead letters
         )
         self._sweep(batch_id)
         return outcome

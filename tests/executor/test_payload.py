@@ -87,6 +87,35 @@ def test_a_value_that_does_not_fit_names_table_column_and_value() -> None:
         payload.expand(payloads({"id": 1}, {"id": "x"}), "doc", target, "db.t")
 
 
+def test_a_value_pyarrow_would_change_does_not_fit() -> None:
+    """pyarrow builds 7.5 into a long column as 7, true into a double as 1.0, 1e300 into a float as infinity (also in a
+    struct or a list): each is a value that does not fit, never a silent change (before: 7.5 was committed as 7)."""
+    target = pa.schema(
+        [
+            ("n", pa.int64()),
+            ("x", pa.float64()),
+            ("f", pa.float32()),
+            ("s", pa.struct([("a", pa.int32())])),
+            ("l", pa.list_(pa.int64())),
+        ]
+    )
+    rows = payloads(
+        {"n": 7.0, "x": 1, "f": 1.5, "s": {"a": 2.0}, "l": [1, 2.0]},  # each value exact in its column: fits
+        {"n": 7.5},
+        {"x": True},
+        {"f": 1e300},
+        {"s": {"a": 0.5}},
+        {"l": [1, 2.5]},
+        {"n": False},
+    )
+    out, misfits = payload.expand_fitting(rows, "doc", target, "db.t")
+    assert out.to_pylist() == [{"n": 7, "x": 1.0, "f": 1.5, "s": {"a": 2}, "l": [1, 2]}]
+    assert [(m.row, m.column) for m in misfits] == [(1, "n"), (2, "x"), (3, "f"), (4, "s"), (5, "l"), (6, "n")]
+    assert "column 'n' (int64): a payload holds 7.5" in misfits[0].message
+    with pytest.raises(SchemaMismatchError, match=r"column 'n' \(int64\): a payload holds 7\.5"):
+        payload.expand(payloads({"n": 7.5}), "doc", target, "db.t")
+
+
 def test_a_field_the_table_lacks_is_refused_unless_null() -> None:
     target = pa.schema([("id", pa.int64())])
     assert payload.expand(payloads({"id": 1, "extra": None}), "doc", target, "db.t").num_rows == 1

@@ -1,8 +1,11 @@
-"""Option payload with a dead-letter table through foreach_batch in real local Spark (route-by, upsert-key, order-by,
-delete-when): a payload value that does not fit its existing table's column is a dead letter ``payload-value`` (the
-table, the column, the original row), committed in the same unit as the batch's tables; the batch's other changes
-commit. A dead-lettered change is not applied at all: its key resolves from the batch's other changes (or keeps its
-row). A failure between the files and the unit commit leaves nothing; the restart commits the batch once.
+"""Option payload with a dead-letter table in real local Spark, through both entry points (foreach_batch, and
+format("lakesink"), whose commit writes the tables and the dead letters from the staged rows) (route-by, upsert-key,
+order-by, delete-when): a payload value that does not fit its existing table's column is a dead letter
+``payload-value`` (the table, the column, the original row), committed in the same unit as the batch's tables; the
+batch's other changes commit. A dead-lettered change is not applied at all: its key resolves from the batch's other
+changes (or keeps its row). A failure between the files and the unit commit leaves nothing; the restart commits the
+batch once; a failure after the unit commit is replayed without a dead letter twice. The same input through the two
+entry points gives the same tables and the same dead letters (every column but the time and the query id).
 
 The oracle is a model in plain Python: unique ids, the changes applied in ``seq`` order without the misfits; the
 tables and the dead letters compared as multisets."""
@@ -19,14 +22,16 @@ from pyspark.errors import StreamingQueryException
 
 import lakesink
 from lakesink.driver import catalogs
-from lakesink.faults import DRIVER_BEFORE_SWAP
+from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from lakesink.table import dead_letters as dl
+from tests.conftest import sql_catalog_properties
 from tests.sink.test_payload_spark import Change, write_round
 from tests.support.helpers import assert_snapshot_invariants, data_files_on_disk, referenced_data_files, run_to_end
 
 pytestmark = pytest.mark.spark
 
 DEAD = "db.dead"
+ENTRIES = ["foreach", "format"]
 
 
 def changes() -> tuple[list[list[Change]], set[int]]:
@@ -49,7 +54,9 @@ def changes() -> tuple[list[list[Change]], set[int]]:
     two += [c("db.p", "d", {"id": 5, "n": "bad", "s": None})]  # a delete reads only its key: applied
     two += [c("db.p", "c", {"id": 7, "n": 7, "s": "seven"}), c("db.p", "c", {"id": 8, "n": "eight", "s": None}, misfit=True)]
     two += [c("db.q", "u", {"id": 100, "amount": "lots"}, misfit=True), c("db.q", "c", {"id": 110, "amount": 2.5})]
-    return [one, two], misfits
+    three = [c("db.p", "u", {"id": 7, "n": 7.5, "s": "x"}, misfit=True), c("db.p", "c", {"id": 9, "n": 9, "s": "nine"})]
+    three += [c("db.q", "u", {"id": 101, "amount": "none"}, misfit=True), c("db.q", "u", {"id": 102, "amount": 0.25})]
+    return [one, two, three], misfits
 
 
 def model(batches: list[list[Change]], misfits: set[int]) -> dict[str, Counter[tuple[Any, ...]]]:
@@ -64,17 +71,29 @@ def model(batches: list[list[Change]], misfits: set[int]) -> dict[str, Counter[t
     return {t: Counter(tuple(doc.get(f) for f in columns[t]) for doc in rows.values()) for t, rows in tables.items()}
 
 
-def start(spark: Any, props: dict[str, str], src: Path, ck: Path) -> Any:
+def start(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str = "foreach", **more: str) -> Any:
+    """The stream of ``src`` into the routed tables with option payload and a dead-letter table; ``more``: options
+    more (foreach_batch's keywords spelt as options with '_')."""
     df = spark.readStream.schema("route STRING, op STRING, seq LONG, doc STRING").option("maxFilesPerTrigger", 1).json(str(src))
-    sink = lakesink.foreach_batch(
-        route_by="route",
-        payload="doc",
-        upsert_key="id",
-        delete_when="op = 'd'",
-        order_by="seq",
-        dead_letter_table=DEAD,
-        catalog_properties=props,
-    )
+    options = {
+        "route_by": "route",
+        "payload": "doc",
+        "upsert_key": "id",
+        "delete_when": "op = 'd'",
+        "order_by": "seq",
+        "dead_letter_table": DEAD,
+        **more,
+    }
+    if entry == "format":  # the executors stage the rows; the commit writes the tables and the dead letters
+        lakesink.register(spark)
+        writer = df.writeStream.format("lakesink")
+        for k, v in {
+            **{k.replace("_", "-"): v for k, v in options.items()},
+            **{f"catalog.{k}": v for k, v in props.items()},
+        }.items():
+            writer = writer.option(k, v)
+        return writer.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    sink = lakesink.foreach_batch(**options, catalog_properties=props)  # type: ignore[arg-type]
     return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
 
 
@@ -99,38 +118,128 @@ def letters(props: dict[str, str]) -> Counter[tuple[Any, ...]]:
     return out
 
 
-def test_payload_values_that_do_not_fit_are_dead_letters_in_the_batch_unit_across_a_failure_before_it(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_payload_values_that_do_not_fit_are_dead_letters_in_the_batch_unit_across_failures_before_and_after_it(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
     batches, misfits = changes()
     src, ck = tmp_path / "in", tmp_path / "ck"
     write_round(src, 0, batches[0])
-    run_to_end(start(spark, catalog_properties, src, ck))
+    run_to_end(start(spark, catalog_properties, src, ck, entry))
     assert tables(catalog_properties) == model(batches[:1], misfits)
     assert letters(catalog_properties) == Counter()
     write_round(src, 1, batches[1])
     faults.arm(DRIVER_BEFORE_SWAP, "raise")  # the batch's files written (tables and dead letters), then the failure
     with pytest.raises(StreamingQueryException):
-        run_to_end(start(spark, catalog_properties, src, ck))
+        run_to_end(start(spark, catalog_properties, src, ck, entry))
     assert faults.fired(DRIVER_BEFORE_SWAP)
     faults.clear()
     assert tables(catalog_properties) == model(batches[:1], misfits)  # nothing of the failed batch
     assert letters(catalog_properties) == Counter()
-    run_to_end(start(spark, catalog_properties, src, ck))  # the restart replays batch 1: committed once
-    assert tables(catalog_properties) == model(batches, misfits)
-    want = Counter(
-        (c["seq"], dl.PAYLOAD_VALUE, "amount" if c["route"] == "db.q" else "n", c["route"], 1, c["route"], json.dumps(c["doc"]))
-        for c in batches[1]
-        if c["seq"] in misfits
-    )
-    assert letters(catalog_properties) == want
+    run_to_end(start(spark, catalog_properties, src, ck, entry))  # the restart replays batch 1: committed once
+    assert tables(catalog_properties) == model(batches[:2], misfits)
+
+    def want(upto: int) -> Counter[tuple[Any, ...]]:
+        return Counter(
+            (
+                c["seq"],
+                dl.PAYLOAD_VALUE,
+                "amount" if c["route"] == "db.q" else "n",
+                c["route"],
+                b,
+                c["route"],
+                json.dumps(c["doc"]),
+            )
+            for b, batch in enumerate(batches[:upto])
+            for c in batch
+            if c["seq"] in misfits
+        )
+
+    assert letters(catalog_properties) == want(2)
     dead = catalogs.load(None, catalog_properties).load_table(("db", "dead"))
     message = next(r[dl.MESSAGE] for r in dead.scan().to_arrow().to_pylist() if json.loads(r[dl.ROW])["doc"].find('"two"') > 0)
     assert "table db.p, column 'n' (int64): a payload holds 'two'" in message
+    write_round(src, 2, batches[2])
+    faults.arm(DRIVER_AFTER_SWAP, "raise")  # the unit committed (tables and dead letters), then the failure
+    with pytest.raises(StreamingQueryException):
+        run_to_end(start(spark, catalog_properties, src, ck, entry))
+    assert faults.fired(DRIVER_AFTER_SWAP)
+    faults.clear()
+    assert tables(catalog_properties) == model(batches, misfits)
+    assert letters(catalog_properties) == want(3)
+    run_to_end(start(spark, catalog_properties, src, ck, entry))  # the restart replays batch 2: found, not written again
+    assert tables(catalog_properties) == model(batches, misfits)
+    assert letters(catalog_properties) == want(3)
+    assert list((ck / "lakesink").rglob("*.parquet")) == []  # format: every staged file swept
 
 
+def dead_letter_rows(props: dict[str, str]) -> Counter[tuple[Any, ...]]:
+    """Every dead letter but its time and its query id."""
+    dead = catalogs.load(None, props).load_table(("db", "dead")).scan().to_arrow().to_pylist()
+    keep = (dl.ERROR, dl.COLUMN, dl.MESSAGE, dl.ROW, dl.TABLE, dl.BATCH_ID)
+    return Counter(tuple(r[k] for k in keep) for r in dead)
+
+
+def test_both_entry_points_make_the_same_tables_and_dead_letters_of_the_same_input(
+    spark: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Every kind of dead letter a routed payload stream has (payload-value, invalid-route, null-upsert-key,
+    reject-when), its row, message, column and table: foreach_batch's and format("lakesink")'s equal."""
+    seq = iter(range(1, 10_000))
+
+    def c(route: str | None, op: str, doc: dict[str, Any] | None) -> Change:
+        return {"route": route, "op": op, "seq": next(seq), "doc": doc}
+
+    one = [c("db.p", "c", {"id": i, "n": i, "s": f"s{i}"}) for i in range(1, 5)]
+    one += [c("db.q", "c", {"id": 100, "amount": 1.5, "when": "2024-01-31"})]
+    two = [c("db.p", "u", {"id": 1, "n": "one", "s": "x"}), c("db.p", "u", {"id": 2, "n": 20, "s": "two"})]
+    two += [c("db.q", "u", {"id": 100, "amount": [1], "when": None}), c("db.q", "c", {"id": 101, "amount": 2, "when": "x"})]
+    two += [c("", "c", {"id": 5, "n": 5}), c(None, "c", {"id": 6}), c("db.dead", "c", {"id": 7})]
+    two += [c("db.p", "c", {"id": None, "n": 9, "s": "no key"}), c("db.p", "c", {"n": 10, "s": "no key field"})]
+    two += [c("db.p", "c", {"id": 11, "n": 11, "s": "rejected"}), c("db.p", "d", {"id": 3, "n": "bad", "s": None})]
+    two += [c("db.p", "c", {"id": 12, "n": 12, "s": 'é\u0001"/'})]
+    rejected = next(x["seq"] for x in two if x["doc"] and x["doc"].get("s") == "rejected")
+    got = {}
+    for entry in ENTRIES:
+        (tmp_path / entry).mkdir()
+        props = sql_catalog_properties("sqlite", tmp_path / entry, request)
+        src, ck = tmp_path / entry / "in", tmp_path / entry / "ck"
+        for i, batch in enumerate((one, two)):
+            write_round(src, i, batch)
+            run_to_end(start(spark, props, src, ck, entry, reject_when=f"seq = {rejected}"))
+        got[entry] = (tables_of(props), dead_letter_rows(props))
+    assert got["foreach"] == got["format"]
+    letters_kinds = Counter((r[0], r[1], r[4], r[5]) for r in got["format"][1].elements())
+    assert letters_kinds == Counter(
+        {
+            (dl.PAYLOAD_VALUE, "n", "db.p", 1): 1,
+            (dl.PAYLOAD_VALUE, "amount", "db.q", 1): 1,
+            (dl.INVALID_ROUTE, "route", "", 1): 1,
+            (dl.INVALID_ROUTE, "route", None, 1): 1,
+            (dl.INVALID_ROUTE, "route", "db.dead", 1): 1,
+            (dl.NULL_UPSERT_KEY, "id", "db.p", 1): 2,
+            (dl.REJECT_WHEN, None, "db.p", 1): 1,
+        }
+    )
+    p, q = got["format"][0]["db.p"], got["format"][0]["db.q"]
+    assert sorted(p) == [(1, 1, "s1"), (2, 20, "two"), (4, 4, "s4"), (12, 12, 'é\u0001"/')]
+    assert sorted(q) == [(100, 1.5, "2024-01-31"), (101, 2.0, "x")]
+
+
+def tables_of(props: dict[str, str]) -> dict[str, Counter[tuple[Any, ...]]]:
+    """Every table of namespace db but the dead letters, as multisets of rows (columns in the table's order)."""
+    catalog = catalogs.load(None, props)
+    out = {}
+    for ident in catalog.list_tables("db"):
+        if ident[-1] != "dead":
+            rows = catalog.load_table(ident).scan().to_arrow().to_pylist()
+            out[".".join(ident)] = Counter(tuple(r.values()) for r in rows)
+    return out
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
 def test_a_debezium_change_that_does_not_fit_is_a_dead_letter_holding_the_kafka_record(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
     from tests.sink.test_cdc_format_spark import event, records
     from tests.sink.test_cdc_format_spark import write_round as write_records
@@ -148,6 +257,14 @@ def test_a_debezium_change_that_does_not_fit_is_a_dead_letter_holding_the_kafka_
 
     def run() -> None:
         df = spark.readStream.schema(df_schema).option("maxFilesPerTrigger", 1).json(str(src))
+        if entry == "format":
+            lakesink.register(spark)
+            writer = df.writeStream.format("lakesink")
+            options = {"cdc-format": "debezium", "upsert-key": "id", "dead-letter-table": DEAD}
+            for k, v in {**options, **{f"catalog.{k}": v for k, v in catalog_properties.items()}}.items():
+                writer = writer.option(k, v)
+            run_to_end(writer.option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
+            return
         run_to_end(df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
 
     write_records(src, 0, one)

@@ -187,10 +187,14 @@ def test_payload_needs_route_by_and_format_lakesink_checks_the_payload_column_at
     schema = StructType([StructField("route", StringType()), StructField("doc", LongType())])
     with pytest.raises(InvalidOptionError, match=r"option 'payload' names column 'doc', which the stream has as int64"):
         datasource.stream_writer(options, schema)
-    # format('lakesink')'s staged commit does not sort misfits into dead letters: refused at start, naming the fix
+    # format('lakesink') takes a dead-letter table with payload too: its commit sorts the staged rows
+    # (tests/sink/test_payload_dead_letters_spark.py); a reject-when it cannot read fails at start
     lettered = SinkOptions.from_mapping({**options_map(tmp_path), "dead-letter-table": "db.letters"})
-    with pytest.raises(InvalidOptionError, match=r"format\('lakesink'\) does not take option 'payload'.*foreach_batch"):
-        datasource.stream_writer(lettered, StructType([StructField("route", StringType()), StructField("doc", StringType())]))
+    text = StructType([StructField("route", StringType()), StructField("doc", StringType())])
+    assert datasource.stream_writer(lettered, text) is not None
+    unreadable = SinkOptions.from_mapping({**options_map(tmp_path), "dead-letter-table": "db.l", "reject-when": "len(doc) > 3"})
+    with pytest.raises(InvalidOptionError, match=r"option 'reject-when' 'len\(doc\) > 3' cannot be evaluated"):
+        datasource.stream_writer(unreadable, text)
 
 
 @pytest.mark.parametrize("entry", ["foreach", "format"])

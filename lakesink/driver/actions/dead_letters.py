@@ -65,13 +65,15 @@ def check_rejected(
     return received, rejected
 
 
-def check_reject_when(options: SinkOptions, stream: pa.Schema, plan: WritePlan) -> None:
+def check_reject_when(options: SinkOptions, stream: pa.Schema, plan: WritePlan | None) -> None:
     """format("lakesink") at query start: option ``reject-when`` is read by Iceberg's expression parser and evaluated
-    on Arrow in the writers (no Spark there); what it cannot read or bind fails here, naming what it reads."""
+    on Arrow in the writers (no Spark there); what it cannot read or bind fails here, naming what it reads. ``plan``
+    None (option payload: no table yet): over the stream's columns alone."""
     if options.reject_when is None:
         return
     try:
-        seam.bind_row_filter(options.reject_when, seam.stream_schema(stream, plan.schema))
+        schema = seam.new_table_schema(stream) if plan is None else seam.stream_schema(stream, plan.schema)
+        seam.bind_row_filter(options.reject_when, schema)
     except ValueError as e:
         raise InvalidOptionError(
             f"option '{REJECT_WHEN}' {options.reject_when!r} cannot be evaluated by format('lakesink') ({e}). Its writers "
