@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.jobs import jvm
 from tests.support.timeouts import guard
 
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
@@ -25,6 +26,9 @@ def test_demo_fast_kills_and_restarts_with_no_duplicates_and_no_missing_rows(tmp
         PYSPARK_PYTHON=sys.executable,
         PYSPARK_DRIVER_PYTHON=sys.executable,
         LAKESINK_HOME=str(tmp_path / "lakehouse"),
+        # the JVM options of the tests' short-lived jobs (tests/jobs/jvm.py: the quick JIT, the serial GC, the class
+        # data sharing archive when there is one), inherited by the Spark jobs the example starts; what it does is the same
+        PYSPARK_SUBMIT_ARGS=jvm.submit_args(),
     )
     env.pop("LAKESINK_FAULTS_DIR", None)  # the demo uses a folder of its own for the job it kills
     proc = subprocess.Popen(
@@ -82,6 +86,7 @@ ROUTING_DEMO = Path(__file__).resolve().parent.parent / "examples" / "routing_de
 def test_routing_demo_kills_inside_the_multi_table_commit_and_ends_exactly_once(tmp_path: Path) -> None:
     env = dict(os.environ)
     env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, LAKESINK_HOME=str(tmp_path / "lakehouse"))
+    env["PYSPARK_SUBMIT_ARGS"] = jvm.submit_args()  # the tests' short-lived job JVM options, as in the demo's test
     env.pop("LAKESINK_FAULTS_DIR", None)
     done = subprocess.run(
         [sys.executable, str(ROUTING_DEMO), "--dir", str(tmp_path / "run")],
@@ -131,6 +136,7 @@ CDC_DATABASE = Path(__file__).resolve().parent.parent / "examples" / "cdc_databa
 def test_the_cdc_database_example_ends_with_every_table_equal_to_the_database(tmp_path: Path) -> None:
     env = dict(os.environ)
     env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, LAKESINK_HOME=str(tmp_path / "lakehouse"))
+    env["PYSPARK_SUBMIT_ARGS"] = jvm.submit_args()  # the tests' short-lived job JVM options, as in the demo's test
     env.pop("LAKESINK_FAULTS_DIR", None)
     done = subprocess.run(
         [sys.executable, str(CDC_DATABASE), "--dir", str(tmp_path / "run")],

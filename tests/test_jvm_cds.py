@@ -138,3 +138,19 @@ def test_a_job_runs_with_the_archive_mapped_into_its_jvm(tmp_path: Path) -> None
     props = {"type": "sql", "uri": f"sqlite:///{home}/catalog.db", "warehouse": f"file://{home}/warehouse"}
     table = catalogs.load("lakesink", props).load_table(("cds", "events"))
     assert sorted(table_ids(table).elements()) == sorted(ids), json.dumps(sorted(table_ids(table)))[:500]
+
+
+# the job modules whose Spark session is no short-lived local driver JVM of this environment's Spark
+NOT_SHORT_LIVED = {
+    "connect_job.py": "a Spark Connect client: the server's JVM is started by tests/support/connect.py",
+    "java_engine_server.py": "Spark 3.5 in a virtual environment of its own (other jars: the archive is not its own)",
+}
+
+
+def test_every_job_builds_its_session_with_the_short_lived_options() -> None:
+    """Each Spark job the tests start in a process of its own (tests/jobs/) starts its driver JVM with :func:`jvm.short_lived`
+    (the quick JIT, the serial GC, the archive): a job without it costs its full start-up on every run (issue 34)."""
+    folder = Path(jvm.__file__).parent
+    builds = [path for path in sorted(folder.glob("*.py")) if "SparkSession.builder" in path.read_text()]
+    missing = [path.name for path in builds if "short_lived(" not in path.read_text() and path.name not in NOT_SHORT_LIVED]
+    assert missing == [], f"tests/jobs/ modules that build a Spark session without jvm.short_lived(): {missing}"

@@ -15,6 +15,8 @@ from tests.support.timeouts import guard
 
 pytestmark = pytest.mark.spark
 
+ROOT = Path(__file__).resolve().parents[1]
+
 SECRET = "Sentinel-S3cret-7f3a9"
 
 
@@ -26,6 +28,7 @@ def test_secrets_stay_out_of_logs_errors_plans_and_metadata(postgres: Any, tmp_p
     write_json_input(src, files=2, rows_per_file=10)
     ck = tmp_path / "ck"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "LAKESINK_HOME": str(tmp_path / "home")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)  # the job imports tests.jobs.jvm
     env.pop("LAKESINK_FAULTS_DIR", None)
     proc = subprocess.run(
         [

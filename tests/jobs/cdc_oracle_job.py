@@ -14,12 +14,13 @@ import sys
 from pyspark.sql import SparkSession
 
 import lakesink
+from tests.jobs.jvm import short_lived
 
 if __name__ == "__main__":
     props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
     entry = sys.argv[4] if len(sys.argv) > 4 else "foreach"
     spark = (
-        SparkSession.builder.master("local[2]")
+        short_lived(SparkSession.builder.master("local[2]"))
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")

@@ -21,10 +21,11 @@ def main() -> int:
     from pyspark.sql import SparkSession
 
     import lakesink
+    from tests.jobs.jvm import short_lived
     from tests.support.helpers import SCHEMA_DDL
 
     builder = (
-        SparkSession.builder.master(cfg["master"])
+        short_lived(SparkSession.builder.master(cfg["master"]))
         .appName("lakesink-deploy-job")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

@@ -10,9 +10,10 @@ import traceback
 from pyspark.sql import SparkSession
 
 import lakesink
+from tests.jobs.jvm import short_lived
 
 uri, secret, src, ck, bad_uri, warehouse = sys.argv[1:7]
-spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+spark = short_lived(SparkSession.builder.master("local[2]")).config("spark.ui.enabled", "false").getOrCreate()
 lakesink.register(spark)
 df = spark.readStream.schema("id long, user string").json(src)
 

@@ -9,10 +9,11 @@ import sys
 from pyspark.sql import SparkSession
 
 import lakesink
+from tests.jobs.jvm import short_lived
 from tests.support.helpers import SCHEMA_DDL
 
 props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+spark = short_lived(SparkSession.builder.master("local[2]")).config("spark.ui.enabled", "false").getOrCreate()
 lakesink.register(spark)
 w = spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(src).writeStream.format("lakesink")
 for k, v in props.items():
