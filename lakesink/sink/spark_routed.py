@@ -63,8 +63,6 @@ _MASK = (1 << 64) - 1
 _NO_COLUMN_MARKER = ROUTED_NO_COLUMN_MARKER
 _UNKNOWN_ROUTE_MARKER = ROUTED_UNKNOWN_ROUTE_MARKER
 _FOOTER_THREADS = 8
-CACHE_PINS = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
-"""Session settings of the job that fills the batch's cache (:func:`find_routes`), put back afterwards."""
 DIGEST_KIND = "x"
 """lakesink.executor.row_digest.RowsDigest.kind of the digests Spark computes here."""
 
@@ -100,12 +98,8 @@ def _digest(count: Any, high: Any, low: Any) -> RowsDigest:
 def find_routes(df: DataFrame, column: str) -> dict[object, RowsDigest]:
     """One Spark job over the batch: its routing values, read as bytes (a value that is not UTF-8 stays itself, an
     invalid route: lakesink.table.routes.routing_value), each with the count and digest of the rows carrying it (one
-    hash aggregation keyed by the value, in Spark's generated code: the write job then observes nothing).
-
-    The first job over foreach_batch's persisted batch (lakesink.sink.foreach.read_once) fills the cache: it does so
-    with :data:`CACHE_PINS`, the batch's columns cached uncompressed (Spark's default tries every column encoding on
-    every cached batch: measured at about twice the job's time on 3M rows; the write jobs read it faster too). It
-    takes more of the executors' storage memory; what does not fit goes to their local disk (MEMORY_AND_DISK)."""
+    hash aggregation keyed by the value, in Spark's generated code: the write job then observes nothing). The first
+    job over foreach_batch's persisted batch (lakesink.sink.foreach.read_once): it fills the cache."""
     _check_columns(df, column)
     hashed = _row_hash(df, column)
     grouped = df.groupBy(F.col(_quote(column)).cast("binary").alias("value")).agg(
@@ -113,8 +107,7 @@ def find_routes(df: DataFrame, column: str) -> dict[object, RowsDigest]:
         F.sum(F.shiftrightunsigned(hashed, 32)).alias("h"),
         F.sum(hashed.bitwiseAND(F.lit(0xFFFFFFFF))).alias("l"),
     )
-    with spark_write.session_confs(df.sparkSession, CACHE_PINS):
-        raw = grouped.collect()
+    raw = grouped.collect()
     return {routing_value(None if r[0] is None else bytes(r[0])): _digest(r[1], r[2], r[3]) for r in raw}
 
 

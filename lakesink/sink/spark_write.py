@@ -405,7 +405,7 @@ def save(
     ``on_error`` may turn a failure of the job into lakesink's own error (it returns to let the failure propagate)."""
     # a partitioned write sorts each task's rows by the grouping keys (Spark's default): measured faster than
     # spark.sql.maxConcurrentOutputFileWriters (a writer per partition) on shuffled input, 1M rows over 30 days
-    with session_confs(spark, {**SESSION_PINS, CONCURRENT_WRITERS: "0"} if partitioned else SESSION_PINS):
+    with _session_confs(spark, {**SESSION_PINS, CONCURRENT_WRITERS: "0"} if partitioned else SESSION_PINS):
         try:
             writer.save(storage.spark_location(directory))
         except Exception as e:
@@ -428,8 +428,8 @@ def raise_not_null(error: Exception, df: DataFrame, plan: WritePlan, batch_id: i
     ) from None
 
 
-class session_confs:
-    """Set session confs for one write (or one job), then put back what was there (unset when nothing was)."""
+class _session_confs:
+    """Set session confs for one write, then put back what was there (unset when nothing was)."""
 
     def __init__(self, spark: SparkSession, confs: dict[str, str]):
         self._spark = spark
