@@ -493,9 +493,13 @@ class ForeachBatchSink:
         routing = self.options.routing
         assert routing is not None
         spark = df.sparkSession
-        values = spark_routed.batch_values(df, routing.column)
+        started = time.perf_counter()
+        found = spark_routed.find_routes(df, routing.column)  # each routing value's rows: count and digest
+        values = list(found)
+        found_ms = (time.perf_counter() - started) * 1000
         routes = routed.routes(values, batch_id)  # an invalid route: RoutingError (dead letters need 'arrow')
         plans = routed.plans(routes, query_id)
+        planned_ms = (time.perf_counter() - started) * 1000 - found_ms
         for plan in plans.values():
             reason = spark_write.unsupported_reason(plan.schema, plan.spec) or spark_fs.unwritable_reason(spark, plan.data_prefix)
             if reason is not None:
@@ -520,14 +524,17 @@ class ForeachBatchSink:
                 batch_id=batch_id,
                 run_id=run_id,
                 max_records_per_file=max(1, int(min(targets) / self._bytes_per_row)) if self._bytes_per_row else 0,
+                found=found,
             )
             log.info(
-                "lakesink: route-by batch=%s written by Spark's Parquet writer: tables=%s jobs=%s rows=%s job_ms=%.0f "
-                "footer_ms=%.0f",
+                "lakesink: route-by batch=%s written by Spark's Parquet writer: tables=%s jobs=%s rows=%s find_ms=%.0f "
+                "plan_ms=%.0f job_ms=%.0f footer_ms=%.0f",
                 batch_id,
                 len(plans),
                 written.jobs,
                 written.record_count,
+                found_ms,
+                planned_ms,
                 written.job_ms,
                 written.footer_ms,
             )

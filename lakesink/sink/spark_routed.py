@@ -1,19 +1,22 @@
 """Driver side, option ``route-by`` with ``writer='spark'`` (:func:`lakesink.foreach_batch`): Spark's own Parquet writer
 writes every table of a routed batch, no row passes through a Python worker.
 
-1. The batch's routing values: one Spark job over the routing column (as the routed Arrow path), the tables opened.
+1. :func:`find_routes` -- one Spark job over the batch: its routing values, each with the count and the digest of its
+   rows (the sum of Spark's ``xxhash64`` over the row's columns, the routing column aside: one hash aggregation keyed
+   by the value), then the tables opened. Each table's count and digest are recorded in its commit
+   (``lakesink.batch-rows-digest``, kind ``x``: lakesink.executor.row_digest) so that a replay that moves rows between
+   the same tables stays loud, as on the Arrow path.
 2. :func:`write_routed` -- one Spark write job per group of tables whose files look alike (the same file schema with
    field ids, partition spec, Parquet settings and filesystem: tables lakesink creates from one stream are one group;
    at most :data:`MAX_TABLES_PER_JOB` tables a job), partitioned by the table (a folder ``__lakesink_route=<n>`` per
-   table) and, for a partitioned table, by its partition keys. The same job observes, per table, the count and the
-   digest of the rows it routes there (the sum of Spark's ``xxhash64`` over the row's columns, the routing column
-   aside), recorded in each table's commit (``lakesink.batch-rows-digest``, kind ``x``: lakesink.executor.row_digest)
-   so that a replay that moves rows between the same tables stays loud, as on the Arrow path. The job writes into a
+   table) and, for a partitioned table, by its partition keys; it observes nothing (the counts and digests of step 1;
+   given rows other than the batch's, the first job observes them, three aggregates per table). The job writes into a
    batch directory of the group's first table; each other table's folder is then renamed into a batch directory of its
    own data location (a rename within one filesystem), so that every committed file lives in its table's location (an
    orphan clean-up of one table never sees another's files). The driver keeps the files carrying the job's write id,
-   checks that each table's files hold the rows the job counted for it, reads their footers for Iceberg's statistics
-   (as the single-table Spark path, lakesink.sink.spark_write) and hands them to the routed commit as one unit.
+   checks that each table's files hold the rows counted for it, reads their footers (every table's at once) for
+   Iceberg's statistics (as the single-table Spark path, lakesink.sink.spark_write) and hands them to the routed commit
+   as one unit.
 
 A stream column a table lacks must be null in the rows routed to it (checked by Spark, as the Arrow path checks it);
 NOT NULL columns, casts and field ids as in lakesink.sink.spark_write. Tables that hold the batch already (a replay
@@ -29,6 +32,7 @@ import os
 import re
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -58,6 +62,7 @@ _HASH = "__lakesink_row_hash"
 _MASK = (1 << 64) - 1
 _NO_COLUMN_MARKER = ROUTED_NO_COLUMN_MARKER
 _UNKNOWN_ROUTE_MARKER = ROUTED_UNKNOWN_ROUTE_MARKER
+_FOOTER_THREADS = 8
 DIGEST_KIND = "x"
 """lakesink.executor.row_digest.RowsDigest.kind of the digests Spark computes here."""
 
@@ -72,11 +77,38 @@ def _hashed(field: T.StructField) -> Column:
     return F.to_json(column) if isinstance(field.dataType, T.MapType) else column
 
 
-def batch_values(df: DataFrame, column: str) -> list[object]:
-    """One Spark job over the routing column: the batch's routing values, read as bytes (a value that is not UTF-8
-    stays itself, an invalid route: lakesink.table.routes.routing_value)."""
-    raw = df.select(F.col(_quote(column)).cast("binary")).distinct().collect()
-    return [routing_value(None if r[0] is None else bytes(r[0])) for r in raw]
+def _check_columns(df: DataFrame, column: str) -> None:
+    if column == ROUTE_KEY or ROUTE_KEY in df.columns or _HASH in df.columns:
+        raise LakesinkError(
+            f"the stream has a column {ROUTE_KEY!r} or {_HASH!r}, which route-by with writer='spark' uses itself; rename it"
+        )
+
+
+def _row_hash(df: DataFrame, column: str) -> Column:
+    """Spark's ``xxhash64`` of a row's columns, the routing column aside (the row hash of digest kind ``x``)."""
+    fields = [f for f in df.schema.fields if f.name != column]
+    return F.xxhash64(*[_hashed(f) for f in fields]) if fields else F.lit(0).cast("long")
+
+
+def _digest(count: Any, high: Any, low: Any) -> RowsDigest:
+    """A digest from a row count and its rows' hashes summed as two sums of their 32-bit halves (no overflow)."""
+    return RowsDigest(int(count), ((int(high or 0) << 32) + int(low or 0)) & _MASK, DIGEST_KIND)
+
+
+def find_routes(df: DataFrame, column: str) -> dict[object, RowsDigest]:
+    """One Spark job over the batch: its routing values, read as bytes (a value that is not UTF-8 stays itself, an
+    invalid route: lakesink.table.routes.routing_value), each with the count and digest of the rows carrying it (one
+    hash aggregation keyed by the value, in Spark's generated code: the write job then observes nothing). The first
+    job over foreach_batch's persisted batch (lakesink.sink.foreach.read_once): it fills the cache."""
+    _check_columns(df, column)
+    hashed = _row_hash(df, column)
+    grouped = df.groupBy(F.col(_quote(column)).cast("binary").alias("value")).agg(
+        F.count(F.lit(1)).alias("c"),
+        F.sum(F.shiftrightunsigned(hashed, 32)).alias("h"),
+        F.sum(hashed.bitwiseAND(F.lit(0xFFFFFFFF))).alias("l"),
+    )
+    raw = grouped.collect()
+    return {routing_value(None if r[0] is None else bytes(r[0])): _digest(r[1], r[2], r[3]) for r in raw}
 
 
 @dataclass(frozen=True)
@@ -117,16 +149,21 @@ def write_routed(
     batch_id: int,
     run_id: str | None,
     max_records_per_file: int = 0,
+    found: Mapping[object, RowsDigest] | None = None,
 ) -> RoutedSparkWrite:
     """Write the rows of every table of ``plans`` that does not hold the batch yet; nothing is committed. ``values``:
-    the batch's routing values (each names a table of ``plans``). The tables that hold the batch already get their
-    digest only (observed by the first job). On any failure every directory of the batch is deleted before the error
-    propagates."""
-    if column == ROUTE_KEY or ROUTE_KEY in df.columns or _HASH in df.columns:
-        raise LakesinkError(
-            f"the stream has a column {ROUTE_KEY!r} or {_HASH!r}, which route-by with writer='spark' uses itself; rename it"
-        )
+    the batch's routing values (each names a table of ``plans``). ``found``: each value's digest as
+    :func:`find_routes` found it in ``df`` (the very rows written): each table's count and digest are then theirs, and
+    the write jobs observe nothing; without it (``df`` is not the batch :func:`find_routes` read) the first job also
+    observes each table's count and digest (those holding the batch already included: they get their digest only).
+    On any failure every directory of the batch is deleted before the error propagates."""
+    _check_columns(df, column)
     value_table = {v: str(parse_route(v, namespace, allowed)) for v in values}
+    known: dict[str, RowsDigest] | None = None
+    if found is not None:
+        known = {name: RowsDigest(kind=DIGEST_KIND) for name in plans}
+        for value, found_digest in found.items():
+            known[value_table[value]] = known[value_table[value]].add(found_digest)
     held = {n for n, p in plans.items() if p.last_committed_batch is not None and batch_id <= p.last_committed_batch}
     pending = sorted(set(plans) - held)
     by_key: dict[tuple[Any, ...], list[str]] = {}
@@ -134,15 +171,16 @@ def write_routed(
         by_key.setdefault(_group_key(plans[name]), []).append(name)
     groups = [g[i : i + MAX_TABLES_PER_JOB] for g in by_key.values() for i in range(0, len(g), MAX_TABLES_PER_JOB)]
     written: dict[str, TaskResult] = {}
-    digests: dict[str, RowsDigest] = {}
+    digests: dict[str, RowsDigest] = dict(known or {})
     directories: list[str] = []
     job_ms = footer_ms = 0.0
     io = plans[pending[0]].io if pending else None
     try:
         for n, group in enumerate(groups):
-            observed = sorted(held) if n == 0 else []  # the first job digests the rows of the tables holding the batch
+            # without ``found``, the first job digests the rows of the tables holding the batch
+            observed = sorted(held) if n == 0 and known is None else []
             job = _write_group(
-                df, column, group, observed, plans, value_table, query_id, batch_id, max_records_per_file, directories
+                df, column, group, observed, plans, value_table, query_id, batch_id, max_records_per_file, directories, known
             )
             digests.update(job.digests)
             job_ms += job.job_ms
@@ -212,10 +250,11 @@ def _write_group(
     batch_id: int,
     max_records_per_file: int,
     directories: list[str],
+    known: Mapping[str, RowsDigest] | None,
 ) -> _Job:
     """One Spark write job for the tables of ``group`` (alike files), digesting their rows and those of ``observed``
-    (not written); every directory it makes is appended to ``directories`` as soon as it exists (the caller deletes
-    them on failure)."""
+    (not written) unless their digests are ``known``; every directory it makes is appended to ``directories`` as soon
+    as it exists (the caller deletes them on failure)."""
     first = plans[group[0]]
     spark = df.sparkSession
     since_ms = names.now_ms()
@@ -247,25 +286,22 @@ def _write_group(
             F.lit(f", which has no column {extra!r}"),
         )
         route = route.when(written_here & F.col(_quote(extra)).isNotNull(), F.raise_error(message).cast("int"))
-    fields = [f for f in df.schema.fields if f.name != column]
-    row_hash = F.xxhash64(*[_hashed(f) for f in fields]) if fields else F.lit(0).cast("long")
     key = F.col(ROUTE_KEY)
-    hashed = F.col(_HASH)
-    digest = Observation(f"lakesink-digest-{token}")
-    aggregates: list[Column] = []
-    for i in range(len(number)):  # per table: rows, and the 64-bit hashes' sum as two sums of 32-bit halves (no overflow)
-        mine = key == i
-        aggregates += [
-            F.count(F.when(mine, 1)).alias(f"c{i}"),
-            F.sum(F.when(mine, F.shiftrightunsigned(hashed, 32))).alias(f"h{i}"),
-            F.sum(F.when(mine, hashed.bitwiseAND(F.lit(0xFFFFFFFF)))).alias(f"l{i}"),
-        ]
-    rows = (
-        df.withColumn(ROUTE_KEY, route.otherwise(index))
-        .withColumn(_HASH, row_hash)
-        .observe(digest, *aggregates)
-        .filter((key >= 0) & (key < len(group)))
-    )
+    rows = df.withColumn(ROUTE_KEY, route.otherwise(index))
+    digest: Observation | None = None
+    if known is None:
+        hashed = F.col(_HASH)
+        digest = Observation(f"lakesink-digest-{token}")
+        aggregates: list[Column] = []
+        for i in range(len(number)):  # per table: rows, and the 64-bit hashes' sum as two sums of 32-bit halves
+            mine = key == i
+            aggregates += [
+                F.count(F.when(mine, 1)).alias(f"c{i}"),
+                F.sum(F.when(mine, F.shiftrightunsigned(hashed, 32))).alias(f"h{i}"),
+                F.sum(F.when(mine, hashed.bitwiseAND(F.lit(0xFFFFFFFF)))).alias(f"l{i}"),
+            ]
+        rows = rows.withColumn(_HASH, _row_hash(df, column)).observe(digest, *aggregates)
+    rows = rows.filter((key >= 0) & (key < len(group)))
     spark_write.check_refused_settings(spark, first)
     named = first if len(group) == 1 else dataclasses.replace(first, table=f"(one of) {', '.join(group)}")
     projected = spark_write.project(rows, named, batch_id, write_id, extra=[(ROUTE_KEY, key, T.IntegerType())])
@@ -282,11 +318,12 @@ def _write_group(
     directories.append(job_dir)
     spark_write.save(spark, writer, job_dir, partitioned=True, on_error=lambda e: _raise_own(e, df, named, batch_id))
     written = time.monotonic()
-    seen = digest.get
-    digests = {
-        name: RowsDigest(int(seen[f"c{i}"]), ((int(seen[f"h{i}"] or 0) << 32) + int(seen[f"l{i}"] or 0)) & _MASK, DIGEST_KIND)
-        for name, i in number.items()
-    }
+    if digest is not None:
+        seen = digest.get
+        digests = {name: _digest(seen[f"c{i}"], seen[f"h{i}"], seen[f"l{i}"]) for name, i in number.items()}
+    else:
+        assert known is not None
+        digests = {name: known[name] for name in group}
     fault_point(spark_write.SPARKWRITE_AFTER_FILES)
     by_table: dict[int, list[str]] = {}
     for relative in spark_write.file_names(first.io, job_dir):
@@ -297,19 +334,25 @@ def _write_group(
                 storage.delete_file(first.io, f"{job_dir}/{relative}")
             continue
         by_table.setdefault(int(m.group(1)), []).append(rest)
-    files: dict[str, list[WrittenFile]] = {}
+    located: dict[str, str] = {}
     for name in group:
         i, plan = number[name], plans[name]
         source = f"{job_dir}/{ROUTE_KEY}={i}"
         if plan.data_prefix.rstrip("/") == first.data_prefix.rstrip("/"):
-            directory = source  # already in the table's own data location
+            located[name] = source  # already in the table's own data location
         else:
-            directory = f"{plan.data_prefix.rstrip('/')}/{batch_dir}"
-            directories.append(directory)
-            _rename(spark, source, directory)
-        # the table's files must hold the rows the job routed to it (counted by the observation, once per committed task)
-        found = spark_write.files_of_write(plan, directory, sorted(by_table.get(i, [])), write_id, digests[name].rows, batch_id)
-        files[name] = [f for f in found if f.record_count]
+            located[name] = f"{plan.data_prefix.rstrip('/')}/{batch_dir}"
+            directories.append(located[name])
+            _rename(spark, source, located[name])
+
+    def table_files(name: str) -> list[WrittenFile]:
+        # the table's files must hold the rows the batch routes to it (found, or observed once per committed task)
+        names = sorted(by_table.get(number[name], []))
+        found = spark_write.files_of_write(plans[name], located[name], names, write_id, digests[name].rows, batch_id)
+        return [f for f in found if f.record_count]
+
+    with ThreadPoolExecutor(max_workers=max(1, min(_FOOTER_THREADS, len(group)))) as pool:  # the tables' footers at once
+        files = dict(zip(group, pool.map(table_files, group), strict=True))
     storage.remove_empty_directory(job_dir)
     return _Job(files, digests, since_ms, (written - started) * 1000, (time.monotonic() - written) * 1000)
 

@@ -171,6 +171,51 @@ def test_a_replay_moving_rows_between_the_same_tables_is_loud_then_the_restored_
     assert {n: table_ids(catalog.load_table(("db", n))) for n in ("a", "b")} == want
 
 
+def write_plans_since(spark: Any, seen: set[int]) -> list[str]:
+    """The physical plans of the Parquet write jobs Spark ran since ``seen`` (SQL execution ids, updated), from
+    Spark's SQL status store (kept with the UI off)."""
+    jvm_context = spark.sparkContext._jsc.sc()
+    jvm_context.listenerBus().waitUntilEmpty(60_000)
+    executions = spark._jsparkSession.sharedState().statusStore().executionsList()
+    plans = []
+    for i in range(executions.size()):
+        execution = executions.apply(i)
+        if execution.executionId() not in seen:
+            seen.add(execution.executionId())
+            if "InsertIntoHadoopFsRelationCommand" in execution.physicalPlanDescription():
+                plans.append(execution.physicalPlanDescription())
+    return plans
+
+
+def test_the_write_job_observes_nothing_and_records_each_tables_digest_of_its_rows(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """The job that finds the batch's routing values also counts and digests each one's rows (one hash aggregation):
+    the write job carries no observation (on main d511c88 it observed 3 aggregates per table, CollectMetrics). The
+    digest recorded in each table's commit is the one the observation recorded (the count and the sum of xxhash64 over
+    the row's columns, the routing column aside, mod 2**64; here computed as a decimal sum): batches committed before
+    compare equal when replayed."""
+    s = SparkRoutedStream(spark, tmp_path, catalog_properties)
+    s.add_input(files=1, rows_per_file=100)  # one batch
+    seen: set[int] = set()
+    write_plans_since(spark, seen)
+    s.run()
+    plans = write_plans_since(spark, seen)
+    assert len(plans) == 1, plans  # the 4 tables are alike: one write job
+    assert "CollectMetrics" not in plans[0], plans[0]
+    batch = routed(spark.read.schema(SCHEMA_DDL).json(str(s.src)))
+    hashed = F.xxhash64("id", "ts", "user", "amount", "kind").cast("decimal(38,0)")
+    want = {
+        r["route"]: f"{r['n']}:x{int(r['h']) % 2**64:016x}"
+        for r in batch.groupBy("route").agg(F.count(F.lit(1)).alias("n"), F.sum(hashed).alias("h")).collect()
+    }
+    catalog = catalogs.load(None, catalog_properties)
+    for route, name in (("t0", "db.t0"), ("t1", "db.t1"), ("t2", "db.t2"), ("audit.t3", "audit.t3")):
+        (snapshot,) = lakesink_snapshots(catalog.load_table(tuple(name.split("."))))
+        assert snapshot["summary"][SUMMARY_BATCH_ROWS_DIGEST] == want[route], name
+    assert_exactly_once(catalog_properties, s.sent)
+
+
 def test_refusals_at_start(catalog_properties: dict[str, str]) -> None:
     # upsert-key is taken (tests/sink/test_routing_upserts_spark.py); a payload is expanded in Python workers
     with pytest.raises(InvalidOptionError, match="'payload'.*use writer='auto' or 'arrow'"):
