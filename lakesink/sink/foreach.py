@@ -524,7 +524,7 @@ class ForeachBatchSink:
                 batch_id=batch_id,
                 run_id=run_id,
                 max_records_per_file=max(1, int(min(targets) / self._bytes_per_row)) if self._bytes_per_row else 0,
-                found=found,
+                found=found if resolved is None else None,  # upserts write resolved rows: the write job counts them
             )
             log.info(
                 "lakesink: route-by batch=%s written by Spark's Parquet writer: tables=%s jobs=%s rows=%s find_ms=%.0f "
