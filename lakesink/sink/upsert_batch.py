@@ -236,12 +236,18 @@ def for_routed_tasks(
     and ``db.t`` with namespace ``db``: one key's rows of both in one task, else two tasks would each resolve a row
     of the key); a value not in it (an invalid route) is partitioned by itself."""
     parts = [_key_value(df, options, options.upsert_key)] if options.upsert_key else []
-    if keys:  # the key value of each row's own table: one CASE over the batch's routing values
+    default = tuple(options.upsert_key) if options.upsert_key else None
+    by_key: dict[tuple[str, ...], list[str]] = {}  # the routing values of each key other than option upsert-key's
+    for value, key in sorted((keys or {}).items()):
+        if tuple(key) != default:
+            by_key.setdefault(tuple(key), []).append(value)
+    if by_key:  # the key value of each row's own table: one CASE branch per key (100 tables of one key: none)
         route = F.col(f"`{route_column}`")
         case: Column | None = None
-        for value, key in sorted(keys.items()):
+        for key, values in sorted(by_key.items()):
             branch = _key_value(df, options, key)
-            case = F.when(route == F.lit(value), branch) if case is None else case.when(route == F.lit(value), branch)
+            hit = route.isin(*values)
+            case = F.when(hit, branch) if case is None else case.when(hit, branch)
         assert case is not None
         parts = [case.otherwise(parts[0]) if parts else case]
     if options.order_by is not None:
@@ -256,8 +262,14 @@ def for_routed_tasks(
                 f"columns ({', '.join(df.columns)}): {str(e).splitlines()[0]}"
             ) from None
     route_of: Column = F.col(f"`{route_column}`")
-    if tables:
-        pairs = [c for value, table in sorted(tables.items()) for c in (F.lit(value), F.lit(table))]
+    named: dict[str, list[str]] = {}
+    for value, table in sorted((tables or {}).items()):
+        named.setdefault(table, []).append(value)
+    # only the values that share their table with another value are mapped to it: every other table's rows carry one
+    # value, which groups them as its table does (a batch of 100 tables named one way each: no map)
+    shared = [(value, table) for table, values in sorted(named.items()) if len(values) > 1 for value in values]
+    if shared:
+        pairs = [c for value, table in shared for c in (F.lit(value), F.lit(table))]
         route_of = F.coalesce(F.element_at(F.create_map(*pairs), route_of.cast("string")), route_of.cast("string"))
     return df.repartition(route_of, *parts), computed
 

@@ -414,6 +414,10 @@ def test_overwrite_of_every_live_entry_removes_delete_files_into_a_delete_manife
         commit_deletes(table, position_delete_files(table, [2]))
         table = catalog.load_table(("db", "contract"))
         assert seam.has_delete_files(table, "main")
+        # both from one read of the manifest list (an upsert's copy-on-write): the same answers as each on its own
+        deletes_too, files = seam.branch_data_files(table, "main")
+        assert deletes_too and [f.file_path for f in files] == [f.file_path for f in seam.live_data_files(table, "main")]
+        assert files
         prepared = seam_producers.prepare_snapshot(
             table, data_files=[], overwrite=True, summary={"lakesink.contract": "o"}, properties=lambda _: {}, branch="main"
         )
@@ -421,6 +425,7 @@ def test_overwrite_of_every_live_entry_removes_delete_files_into_a_delete_manife
         table = catalog.load_table(("db", "contract"))
         head = table.current_snapshot()
         assert head is not None and not seam.has_delete_files(table, "main") and table.scan().to_arrow().num_rows == 0
+        assert seam.branch_data_files(table, "main") == (False, [])
         deletes = [m for m in head.manifests(table.io) if m.content == ManifestContent.DELETES]
         assert [e.status for m in deletes for e in seam.manifest_entries(m, table.io)] == [ManifestEntryStatus.DELETED]
 

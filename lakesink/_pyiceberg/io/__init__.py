@@ -40,6 +40,7 @@ from lakesink._pyiceberg.io.partitions import (
 )
 from lakesink._pyiceberg.io.reads import (
     added_data_file_paths,
+    branch_data_files,
     data_file_entries,
     data_manifests,
     entries_written_by,
@@ -71,6 +72,7 @@ __all__ = [
     "arrow_schema",
     "bind_row_filter",
     "bound_value",
+    "branch_data_files",
     "check_write_properties",
     "column_bounds",
     "data_file_entries",

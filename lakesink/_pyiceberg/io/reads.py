@@ -53,6 +53,24 @@ def live_data_files(table: Table, branch: str) -> Iterable[DataFile]:
             yield entry.data_file
 
 
+def branch_data_files(table: Table, branch: str) -> tuple[bool, list[DataFile]]:
+    """(whether the branch's current snapshot has live delete files, its data files): :func:`has_delete_files` and
+    :func:`live_data_files` from one read of the snapshot's manifest list (an upsert's copy-on-write needs both, once
+    per table of a routed unit: 100 tables read 100 manifest lists fewer)."""
+    snapshot = table.metadata.snapshot_by_name(branch)
+    if snapshot is None:
+        return False, []
+    manifests = snapshot.manifests(table.io)
+    deletes = any(_live_deletes(m) for m in manifests)
+    files = [
+        entry.data_file
+        for m in manifests
+        if m.content == ManifestContent.DATA
+        for entry in m.fetch_manifest_entry(table.io, discard_deleted=True)
+    ]
+    return deletes, files
+
+
 def added_data_file_paths(table: Table, snapshot_id: int) -> set[str] | None:
     """Paths of the data files a snapshot added, or None when the snapshot is gone (expired)."""
     snapshot = table.metadata.snapshot_by_id(snapshot_id)
@@ -105,10 +123,11 @@ def data_file_entries(table: Table, snapshot: Any) -> Iterator[tuple[DataFile, i
 def snapshot_has_delete_files(table: Table, snapshot: Any) -> bool:
     """True when ``snapshot`` has live delete files (written by another engine). A delete manifest holding only
     ``deleted`` entries (delete files a complete-mode overwrite removed) has none."""
-    return any(
-        m.content == ManifestContent.DELETES and (m.added_files_count is None or m.has_added_files() or m.has_existing_files())
-        for m in snapshot.manifests(table.io)
-    )
+    return any(_live_deletes(m) for m in snapshot.manifests(table.io))
+
+
+def _live_deletes(m: ManifestFile) -> bool:
+    return m.content == ManifestContent.DELETES and (m.added_files_count is None or m.has_added_files() or m.has_existing_files())
 
 
 def reachable_files(

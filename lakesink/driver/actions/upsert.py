@@ -160,7 +160,8 @@ def rewrite(
 
     ``winners`` (option order-by, lakesink.driver.actions.upsert_order): given the batch's keys a file holds and the file's
     rows, the keys whose change is not older than the file's row; the others keep their row."""
-    if seam.has_delete_files(table, branch):
+    has_deletes, live = seam.branch_data_files(table, branch)  # one read of the branch's manifest list
+    if has_deletes:
         raise LakesinkError(
             f"table {keys.table_name} (branch {branch}) has delete files, written by another engine's merge-on-read "
             "update or delete; lakesink's upserts rewrite data files (copy-on-write) and would bring deleted rows "
@@ -169,7 +170,7 @@ def rewrite(
         )
     specs = table.specs()
     schema = table.schema()
-    candidates = [f for f in seam.live_data_files(table, branch) if keys.may_hold(f, specs, schema)]
+    candidates = [f for f in live if keys.may_hold(f, specs, schema)]
     if not candidates or not len(keys):
         return Rewrite(inserted=keys.upserts, spec_id=plan.spec_id)
     writer = rewrite_writer(plan, batch_id=batch_id, partition_id=REWRITE_PARTITION_ID, attempt=attempt)
