@@ -11,6 +11,8 @@ built a 100-branch CASE and a 100-entry map, about 4 s of driver time in py4j ca
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -27,6 +29,21 @@ def options(**extra: Any) -> SinkOptions:
     return SinkOptions.from_keywords(
         {"route_by": "route", "namespace": "db", "upsert_key": "id", "delete_when": "op = 'd'", "order_by": "seq", **extra}
     )
+
+
+@contextmanager
+def partitions(spark: Any, n: int) -> Iterator[None]:
+    """``n`` shuffle partitions, kept as they are (adaptive execution would coalesce a small test batch's partitions
+    into one, where every grouping holds trivially)."""
+    keys = ("spark.sql.shuffle.partitions", "spark.sql.adaptive.enabled")
+    before = {k: spark.conf.get(k) for k in keys}
+    spark.conf.set("spark.sql.shuffle.partitions", str(n))
+    spark.conf.set("spark.sql.adaptive.enabled", "false")
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            spark.conf.set(k, v)
 
 
 def partition_groups(df: Any, group: Any) -> dict[tuple[Any, ...], set[int]]:
@@ -53,17 +70,18 @@ def test_one_key_many_tables_builds_no_case_and_no_map(spark: Any) -> None:
     plan = parted._jdf.queryExecution().analyzed().toString()
     assert "CASE WHEN" not in plan.upper()
     assert "map(" not in plan and "element_at" not in plan
-    groups = partition_groups(parted, lambda r: (r["route"], r["id"]))
+    with partitions(spark, 8):
+        groups = partition_groups(parted, lambda r: (r["route"], r["id"]))
     assert len(groups) == len({(v, i % 7) for i, v in enumerate(values * 3)})
     assert all(len(p) == 1 for p in groups.values())
+    assert len({p for ps in groups.values() for p in ps}) > 1
 
 
 def test_rows_of_one_table_and_key_meet_in_one_task(spark: Any) -> None:
     """Tables keyed differently (``k1`` by ``k``, the others by option upsert-key's ``id``), two routing values naming one
     table (``t2`` and ``db.t2``, each key's rows of both in one task, else two tasks would each resolve a row of the
     key), an invalid route and a null route: every (table, key) is in exactly one partition, over many partitions."""
-    spark.conf.set("spark.sql.shuffle.partitions", "16")
-    try:
+    with partitions(spark, 16):
         rows = []
         for i in range(400):
             route = ["k1", "t2", "db.t2", "t3", "no.such.ns.t", None][i % 6]
@@ -85,5 +103,3 @@ def test_rows_of_one_table_and_key_meet_in_one_task(spark: Any) -> None:
         assert all(len(p) == 1 for p in groups.values()), {g: p for g, p in groups.items() if len(p) > 1}
         # the shared table's key spread over several partitions (the check above is not met by one partition for all)
         assert len({p for g, ps in groups.items() if g[0] == tables["t2"] for p in ps}) > 1
-    finally:
-        spark.conf.set("spark.sql.shuffle.partitions", "4")
