@@ -73,9 +73,9 @@ if TYPE_CHECKING:
     from lakesink.maintenance.orphans import remove_orphan_files
     from lakesink.maintenance.routine import forget_query, maintain
     from lakesink.options import OutputMode, ReadOptions, SinkOptions
-    from lakesink.sink.datasource import LakesinkDataSource
     from lakesink.sink.foreach import ForeachBatchSink, foreach_batch
     from lakesink.sink.progress import BatchProgress, CommitProgressListener
+    from lakesink.sink.source import LakesinkDataSource
 
 __version__ = "0.1.0"
 
@@ -165,7 +165,7 @@ _LAZY = {
     ),
     **dict.fromkeys(("TableWatermark", "WaitResult", "table_watermark", "wait_for_watermark"), "lakesink.audit.completeness"),
     "lakesink_home": "lakesink.driver.catalogs",
-    "LakesinkDataSource": "lakesink.sink.datasource",
+    "LakesinkDataSource": "lakesink.sink.source",
     "BatchOutcome": "lakesink.driver.committers.table",
     "Outcome": "lakesink.driver.committers.table",
     "CommitMetrics": "lakesink.driver.report.metrics",
@@ -210,8 +210,8 @@ def register(spark: SparkSession) -> None:
     """Register the ``lakesink`` data source with a Spark session.
 
     It writes (``writeStream.format("lakesink")``) and reads (``spark.read.format("lakesink")``, see
-    :mod:`lakesink.sink.datasource`).
+    :mod:`lakesink.sink.source`).
     """
-    from lakesink.sink.datasource import LakesinkDataSource
+    from lakesink.sink.source import LakesinkDataSource
 
     spark.dataSource.register(LakesinkDataSource)

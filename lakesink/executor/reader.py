@@ -2,7 +2,7 @@
 
 Where each part runs:
 
-- the data source's ``schema()`` and ``reader()`` (:mod:`lakesink.sink.datasource`), and the reader's
+- the data source's ``schema()`` and ``reader()`` (:mod:`lakesink.sink.source`), and the reader's
   ``pushFilters`` and ``partitions``, run in a Python worker on the driver while Spark plans the query: they open
   the catalog, resolve the point in time (``snapshot-id``, ``as-of-timestamp``, ``as-of-batch``, ``branch``) and
   plan the scan with pyiceberg, so pushed filters skip data files by partition values and column statistics
@@ -12,7 +12,7 @@ Where each part runs:
 
 Executors unpickle :class:`LakesinkReader` from this module, so it imports executor-safe code only: the
 driver side -- opening the catalog and resolving the point in time with the audit package -- is
-:func:`lakesink.sink.datasource.open_read`, which hands the reader the table it resolved (what a worker
+:func:`lakesink.sink.read.open_read`, which hands the reader the table it resolved (what a worker
 really loads: tests/executor/test_boundary.py).
 
 Spark's Python data source API (pyspark 4.x) has filter pushdown (``pushFilters``) but no column pruning hook:
@@ -157,8 +157,8 @@ class LakesinkReader(DataSourceReader):
     """Batch reader of a lakesink (any Iceberg) table at a point in time."""
 
     def __init__(self, options: ReadOptions, schema: StructType, resolved: ResolvedRead):
-        """Made on the driver (:meth:`lakesink.sink.datasource.LakesinkDataSource.reader`), from the table resolved
-        at the point the options name (:func:`lakesink.sink.datasource.open_read`)."""
+        """Made on the driver (:meth:`lakesink.sink.source.LakesinkDataSource.reader`), from the table resolved
+        at the point the options name (:func:`lakesink.sink.read.open_read`)."""
         self.options = options
         self.snapshot_id = resolved.snapshot_id
         self.schema = resolved.schema

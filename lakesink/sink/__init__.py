@@ -1,8 +1,10 @@
 """The entry points: where Spark hands lakesink a micro-batch (driver side).
 
-- :mod:`lakesink.sink.datasource`: ``writeStream.format("lakesink")`` and ``spark.read.format("lakesink")``,
+- :mod:`lakesink.sink.source`: ``writeStream.format("lakesink")`` and ``spark.read.format("lakesink")``,
   Spark's Python data source (its ``streamWriter()``, ``commit()``, ``abort()``, ``reader()`` run in Python
-  workers on the driver machine; the objects it hands to executors are in :mod:`lakesink.executor`);
+  workers on the driver machine; the objects it hands to executors are in :mod:`lakesink.executor`): a thin
+  factory that imports its step's module when the step runs -- :mod:`lakesink.sink.datasource` (the stream writer
+  and its committer), :mod:`lakesink.sink.read` (the batch read);
 - :mod:`lakesink.sink.foreach`: ``foreachBatch(lakesink.foreach_batch(...))``, in the driver process;
 - :mod:`lakesink.sink.checkpoint`: the query id and source offsets read from Spark's checkpoint;
 - :mod:`lakesink.sink.upsert_batch`: an upsert batch resolved to one row per key, in Spark (``foreach_batch``);

@@ -1,5 +1,6 @@
-"""``writeStream.format("lakesink")`` and ``spark.read.format("lakesink")``: Spark's Python data source API
-wired to lakesink (driver side).
+"""``writeStream.format("lakesink")``: the stream writer of Spark's Python data source API wired to lakesink
+(driver side). The class Spark registers, :class:`~lakesink.sink.source.LakesinkDataSource`, calls
+:func:`stream_writer` from its ``streamWriter()``; the batch read is :mod:`lakesink.sink.read`.
 
 Where each part runs (see docs/protocol.md and docs/architecture.md):
 
@@ -20,19 +21,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
-import sys
 from collections.abc import Callable, Sequence
 from typing import Generic, Protocol, TypeVar, cast
 
 import pyarrow as pa
-from pyiceberg.table.snapshots import Snapshot
-from pyspark.sql.datasource import DataSource, DataSourceReader, WriterCommitMessage
+from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import StringType, StructField, StructType
 
 from lakesink import _pyspark
-from lakesink.audit import Point, parse_timestamp_ms, resolve
-from lakesink.driver import catalogs
 from lakesink.driver.actions import dead_letters
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.interface import BatchCommitter
@@ -40,59 +36,20 @@ from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop.guard import CommitGuard
 from lakesink.driver.tables.schema import arrow_schema_of
-from lakesink.errors import PROGRAMMING_ERRORS, AuditError, CatalogError, InvalidOptionError, LakesinkError
+from lakesink.errors import InvalidOptionError, LakesinkError
 from lakesink.executor.messages import TaskResult
-from lakesink.executor.reader import LakesinkReader, LakesinkReaderWithoutPushdown, ResolvedRead, spark_schema
 from lakesink.executor.routed_writer import RoutedTaskResult
 from lakesink.executor.staged import StagedTaskResult
 from lakesink.executor.stream_writer import LakesinkStreamWriter
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.maintenance.auto import auto_maintenance
-from lakesink.options import ReadOptions, SinkOptions
+from lakesink.options import SinkOptions
 from lakesink.sink import completeness, staged
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 from lakesink.sink.staged import StagedCommitter
-from lakesink.table.keys import ENV_LOG_LEVEL, LOG_LEVEL_DEFAULT, MAIN_BRANCH
 from lakesink.table.routes import Route
 
 log = logging.getLogger("lakesink")
-
-
-def _log_to_stderr_in_workers() -> None:
-    """Spark's Python workers have no logging set up; give lakesink's lines a handler there."""
-    logger = logging.getLogger("lakesink")
-    if logger.handlers or logging.getLogger().handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logger.addHandler(handler)
-    level = os.environ.get(ENV_LOG_LEVEL, LOG_LEVEL_DEFAULT).upper()
-    if not isinstance(logging.getLevelName(level), int):
-        logger.warning("lakesink: %s=%r is not a logging level; using %s", ENV_LOG_LEVEL, level, LOG_LEVEL_DEFAULT)
-        level = LOG_LEVEL_DEFAULT
-    logger.setLevel(level)
-
-
-class LakesinkDataSource(DataSource):
-    """The ``lakesink`` streaming sink, and a batch reader of its tables. Register it with :func:`lakesink.register`."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "lakesink"
-
-    def schema(self) -> StructType:
-        """The table's schema at the point in time the read options name (``spark.read.format("lakesink")``)."""
-        return table_schema(ReadOptions.from_spark_options(dict(self.options)))
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        """A batch reader of the table (see :mod:`lakesink.executor.reader`)."""
-        options = ReadOptions.from_spark_options(dict(self.options))
-        reader = LakesinkReader if options.pushdown else LakesinkReaderWithoutPushdown
-        return reader(options, schema, open_read(options))
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> LakesinkStreamWriter:
-        _log_to_stderr_in_workers()
-        return stream_writer(SinkOptions.from_spark_options(dict(self.options), overwrite=overwrite), schema)
 
 
 # --- the stream writer ------------------------------------------------------------------------------
@@ -314,49 +271,3 @@ def _table_committer(options: SinkOptions) -> TableCommitter:
 def _routed_committer(options: SinkOptions, stream_schema: pa.Schema) -> RoutedCommitter:
     """Option route-by: the driver side of the sink's batches, with automatic maintenance as each table's hook."""
     return RoutedCommitter(options, stream_schema, post_commit=auto_maintenance)
-
-
-# --- the batch reader -------------------------------------------------------------------------------
-
-
-def open_read(options: ReadOptions) -> ResolvedRead:
-    """Load the table and resolve the options' point in time (driver side)."""
-    catalog = catalogs.load(options.catalog_name, options.catalog_properties)
-    try:
-        table = catalog.load_table(options.table.identifier)
-    except PROGRAMMING_ERRORS:
-        raise
-    except Exception as e:
-        raise CatalogError(f"cannot read table {options.table}: {type(e).__name__}: {e}") from None
-    point = None
-    if options.snapshot_id is not None:
-        point = Point(snapshot_id=options.snapshot_id)
-    elif options.as_of_timestamp is not None:
-        try:
-            point = Point(timestamp_ms=parse_timestamp_ms(options.as_of_timestamp))
-        except ValueError as e:
-            raise InvalidOptionError(f"option 'as-of-timestamp' must be epoch milliseconds or an ISO 8601 time: {e}") from None
-    elif options.as_of_batch is not None:
-        point = Point.parse(f"batch={options.as_of_batch}")
-    snapshot: Snapshot | None
-    if point is not None:
-        snapshot = resolve(table, point, branch=options.branch)
-    else:
-        snapshot = table.metadata.snapshot_by_name(options.branch)
-        if snapshot is None and options.branch != MAIN_BRANCH:
-            raise AuditError(f"branch {options.branch!r} of {options.table} does not exist")
-    schema = table.schema()
-    if snapshot is not None and snapshot.schema_id is not None and point is not None:
-        schema = table.metadata.schema_by_id(snapshot.schema_id) or schema
-    if options.columns:
-        missing = [c for c in options.columns if c not in schema.column_names]
-        if missing:
-            raise InvalidOptionError(
-                f"option 'columns': no column(s) {missing} in {options.table}; columns: {schema.column_names}"
-            )
-        schema = schema.select(*options.columns)
-    return ResolvedRead(table, snapshot.snapshot_id if snapshot else None, schema)
-
-
-def table_schema(options: ReadOptions) -> StructType:
-    return spark_schema(open_read(options).schema)

@@ -32,7 +32,8 @@ from lakesink.executor.reader import LakesinkReader
 from lakesink.executor.routed_writer import RoutedPartitionWriter, RoutedPlan
 from lakesink.executor.task_writer import PartitionWriter
 from lakesink.options import ReadOptions, SinkOptions, TableName
-from lakesink.sink.datasource import open_read, stream_writer
+from lakesink.sink.datasource import stream_writer
+from lakesink.sink.read import open_read
 from tests.support.timeouts import guard
 
 _dumps: Callable[[object], bytes] = cloudpickle.dumps  # what Spark pickles with (untyped in pyspark)

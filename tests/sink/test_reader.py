@@ -12,7 +12,7 @@ from pyspark.sql.datasource import GreaterThanOrEqual, In, LessThan, Not
 import lakesink
 from lakesink.errors import InvalidOptionError
 from lakesink.executor.reader import LakesinkReader, LakesinkReaderWithoutPushdown, to_expression
-from lakesink.sink.datasource import LakesinkDataSource
+from lakesink.sink.source import LakesinkDataSource
 from tests.audit.test_audit import batch_input_ids
 from tests.support.helpers import Stream, commit, load, make_committer, table_ids, write_task
 

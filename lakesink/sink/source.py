@@ -1,0 +1,74 @@
+"""The class Spark registers for ``format("lakesink")``: :class:`LakesinkDataSource`, a thin factory.
+
+Spark pickles this class (by reference: its module and name) into the Python workers it starts on the driver
+machine for the data source: the one that makes the instance from the options, the one that calls
+``streamWriter()`` at each start of the query, the one that commits and aborts its batches, the one that plans a
+batch read. Each such worker imports this module before it knows which of these steps it runs. So this module
+imports no driver code: each method imports the module that does its step when it runs -- the stream writer and
+its committer (:mod:`lakesink.sink.datasource`: the driver's committers, the catalogs, SQLAlchemy) or the batch
+read (:mod:`lakesink.sink.read`: lakesink.audit's point-in-time resolution). A worker that only makes the instance
+pays for neither; one that writes does not load the audit code. tests/sink/test_worker_imports.py holds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from pyspark.sql.datasource import DataSource, DataSourceReader
+from pyspark.sql.types import StructType
+
+from lakesink.table.keys import ENV_LOG_LEVEL, LOG_LEVEL_DEFAULT
+
+if TYPE_CHECKING:
+    from lakesink.executor.stream_writer import LakesinkStreamWriter
+
+
+def _log_to_stderr_in_workers() -> None:
+    """Spark's Python workers have no logging set up; give lakesink's lines a handler there."""
+    logger = logging.getLogger("lakesink")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    level = os.environ.get(ENV_LOG_LEVEL, LOG_LEVEL_DEFAULT).upper()
+    if not isinstance(logging.getLevelName(level), int):
+        logger.warning("lakesink: %s=%r is not a logging level; using %s", ENV_LOG_LEVEL, level, LOG_LEVEL_DEFAULT)
+        level = LOG_LEVEL_DEFAULT
+    logger.setLevel(level)
+
+
+class LakesinkDataSource(DataSource):
+    """The ``lakesink`` streaming sink, and a batch reader of its tables. Register it with :func:`lakesink.register`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "lakesink"
+
+    def schema(self) -> StructType:
+        """The table's schema at the point in time the read options name (``spark.read.format("lakesink")``)."""
+        from lakesink.options import ReadOptions
+        from lakesink.sink.read import table_schema
+
+        return table_schema(ReadOptions.from_spark_options(dict(self.options)))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """A batch reader of the table (see :mod:`lakesink.executor.reader`)."""
+        from lakesink.executor.reader import LakesinkReader, LakesinkReaderWithoutPushdown
+        from lakesink.options import ReadOptions
+        from lakesink.sink.read import open_read
+
+        options = ReadOptions.from_spark_options(dict(self.options))
+        reader = LakesinkReader if options.pushdown else LakesinkReaderWithoutPushdown
+        return reader(options, schema, open_read(options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> LakesinkStreamWriter:
+        """The writer of one run of the query, or of a commit worker's commits and aborts (:mod:`lakesink.sink.datasource`)."""
+        from lakesink.options import SinkOptions
+        from lakesink.sink.datasource import stream_writer
+
+        _log_to_stderr_in_workers()
+        return stream_writer(SinkOptions.from_spark_options(dict(self.options), overwrite=overwrite), schema)
