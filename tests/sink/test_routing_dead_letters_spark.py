@@ -17,11 +17,10 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
-import lakesink
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.table import dead_letters as dl
-from tests.support.helpers import SCHEMA_DDL, assert_snapshot_invariants, run_to_end, table_ids, write_json_input
+from tests.support.helpers import SCHEMA_DDL, assert_snapshot_invariants, run_to_end, start_sink, table_ids, write_json_input
 
 pytestmark = pytest.mark.spark
 
@@ -53,22 +52,7 @@ def start(spark: Any, src: Path, ck: Path, props: dict[str, str], entry: str) ->
         .when(route == 3, F.lit("../etc"))
         .otherwise(F.lit("t0")),
     )
-    if entry == "format":
-        w = (
-            df.writeStream.format("lakesink")
-            .option("route-by", "route")
-            .option("namespace", "db")
-            .option("dead-letter-table", DEAD)
-            .option("reject-when", "kind = 4")
-        )
-        for k, v in props.items():
-            w = w.option(f"catalog.{k}", v)
-    else:
-        sink = lakesink.foreach_batch(
-            route_by="route", namespace="db", dead_letter_table=DEAD, reject_when="kind = 4", catalog_properties=props
-        )
-        w = df.writeStream.foreachBatch(sink)
-    return w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    return start_sink(df, entry, ck, props, route_by="route", namespace="db", dead_letter_table=DEAD, reject_when="kind = 4")
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])
@@ -123,21 +107,8 @@ def start_not_utf8(spark: Any, src: Path, ck: Path, props: dict[str, str], entry
         .when(F.col("kind") == 2, F.expr("CAST(unhex('7430FE') AS STRING)"))
         .otherwise(F.lit("t0")),
     ).withColumn("user", F.when(F.col("kind") == 4, F.expr("CAST(unhex('C3FF') AS STRING)")).otherwise(F.col("user")))
-    extra = {"dead-letter-table": DEAD, "reject-when": "kind = 4"} if letters else {}
-    if entry == "format":
-        w = df.writeStream.format("lakesink").option("route-by", "route").option("namespace", "db")
-        for k, v in {**extra, **{f"catalog.{k}": v for k, v in props.items()}}.items():
-            w = w.option(k, v)
-    else:
-        sink = lakesink.foreach_batch(
-            route_by="route",
-            namespace="db",
-            catalog_properties=props,
-            dead_letter_table=extra.get("dead-letter-table"),
-            reject_when=extra.get("reject-when"),
-        )
-        w = df.writeStream.foreachBatch(sink)
-    return w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    letter_options = {"dead_letter_table": DEAD, "reject_when": "kind = 4"} if letters else {}
+    return start_sink(df, entry, ck, props, route_by="route", namespace="db", **letter_options)
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])
@@ -212,22 +183,7 @@ def _start_checked(spark: Any, src: Path, ck: Path, props: dict[str, str], entry
         .withColumn("amount", F.when((route == 0) & (F.col("id") % 2 == 0), F.lit(None)).otherwise(F.col("amount")))
         .withColumn("kind", F.when(route == 1, F.lit(None)).otherwise(F.col("kind")))
     )
-    if entry == "format":
-        w = (
-            df.writeStream.format("lakesink")
-            .option("route-by", "route")
-            .option("namespace", "db")
-            .option("dead-letter-table", DEAD)
-            .option("reject-when", CHECKED_REJECT)
-        )
-        for k, v in props.items():
-            w = w.option(f"catalog.{k}", v)
-    else:
-        sink = lakesink.foreach_batch(
-            route_by="route", namespace="db", dead_letter_table=DEAD, reject_when=CHECKED_REJECT, catalog_properties=props
-        )
-        w = df.writeStream.foreachBatch(sink)
-    return w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    return start_sink(df, entry, ck, props, route_by="route", namespace="db", dead_letter_table=DEAD, reject_when=CHECKED_REJECT)
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])

@@ -182,6 +182,39 @@ def run_to_end(query: Any) -> None:
         query.stop()
 
 
+def start_sink(df: Any, entry: str, ck: Path, props: Mapping[str, str], *, mode: str | None = None, **options: Any) -> Any:
+    """Start ``df`` into lakesink through one entry point, ``trigger(availableNow=True)``, checkpoint ``ck``: "format"
+    (``format("lakesink")``, each of ``options`` as a Spark option spelled with dashes, the catalog's properties as
+    ``catalog.*``) or "foreach" (``foreachBatch(lakesink.foreach_batch(**options))``). ``options`` are
+    foreach_batch's keyword arguments (a None one is left out); ``mode``: the query's output mode, when not Spark's
+    default."""
+    options = {k: v for k, v in options.items() if v is not None}
+    if entry == "format":
+        lakesink.register(df.sparkSession)
+        w = df.writeStream.format("lakesink")
+        for k, v in options.items():
+            w = w.option(k.replace("_", "-"), v)  # pyspark spells True as "true"
+        for k, v in props.items():
+            w = w.option(f"catalog.{k}", v)
+    else:
+        assert entry == "foreach", entry
+        w = df.writeStream.foreachBatch(lakesink.foreach_batch(catalog_properties=dict(props), **options))
+    if mode is not None:
+        w = w.outputMode(mode)
+    return w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+
+
+def fail_once_at(
+    faults: Any, point: str, run: Callable[[], object], error: type[BaseException] = StreamingQueryException
+) -> None:
+    """Arm fault point ``point`` to raise, run ``run`` (it must fail with ``error``), check the point fired, disarm."""
+    faults.arm(point, "raise")
+    with pytest.raises(error):
+        run()
+    assert faults.fired(point)
+    faults.clear()
+
+
 class Stream:
     """One streaming pipeline (source folder, checkpoint, table) that a test starts and restarts."""
 
