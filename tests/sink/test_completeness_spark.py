@@ -24,7 +24,7 @@ from lakesink.table.keys import (
     SUMMARY_WATERMARK,
     SUMMARY_WATERMARK_NOTE,
 )
-from tests.support.helpers import Stream, assert_snapshot_invariants, lakesink_snapshots, table_ids
+from tests.support.helpers import Stream, assert_snapshot_invariants, lakesink_snapshots, run_to_end, table_ids
 
 pytestmark = pytest.mark.spark
 
@@ -52,10 +52,7 @@ def _start(s: Stream, **extra: Any) -> Any:
 
 def _run(s: Stream, **extra: Any) -> None:
     q = _start(s, **extra)
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(q)
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])
@@ -134,10 +131,7 @@ def test_a_routed_sink_records_the_watermark_in_every_table(
         sink: Any = lakesink.foreach_batch(route_by="route", catalog_properties=s.props, event_time="ts")
         w = df.writeStream.foreachBatch(sink)
     q = w.option("checkpointLocation", str(s.ck)).trigger(availableNow=True).start()
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(q)
     catalog = catalogs.load(None, s.props)
     by_table = {}
     for name in ("r0", "r1"):

@@ -24,7 +24,7 @@ from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, EXEC
 from lakesink.table import dead_letters as dl
 from lakesink.table.markers import last_committed_batch
 from tests.jobs import dead_letter_job as job
-from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots
+from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end
 from tests.support.stream_input import write_stream_lines
 
 pytestmark = pytest.mark.spark
@@ -168,10 +168,7 @@ def run_here(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str)
     """The job's stream (tests/jobs/dead_letter_job.py) in this test process's Spark session, until done: a restart
     from the checkpoint as the job does it, without the start-up of a JVM of its own."""
     q: Any = job.start(spark, job.stream(spark, str(src)), props, str(ck), entry)
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(q)
 
 
 def _job(props: dict[str, str], src: Path, ck: Path, entry: str) -> subprocess.CompletedProcess[str]:
