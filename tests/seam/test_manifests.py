@@ -143,34 +143,20 @@ def _data_file(spec: str, i: int, content: DataFileContent = DataFileContent.DAT
 def _entries(spec: str, version: int, content: DataFileContent = DataFileContent.DATA) -> list[tuple[str, ManifestEntry]]:
     """(how the writer takes it, the entry): one added by this snapshot, one existing, one deleted."""
     existing_seq = 3 if version > 1 else None
-    return [
-        (
-            "add",
-            ManifestEntry.from_args(
-                status=ManifestEntryStatus.ADDED, snapshot_id=SNAPSHOT, data_file=_data_file(spec, 0, content)
-            ),
-        ),
-        (
-            "existing",
-            ManifestEntry.from_args(
-                status=ManifestEntryStatus.EXISTING,
-                snapshot_id=OLD_SNAPSHOT,
-                sequence_number=existing_seq,
-                file_sequence_number=existing_seq,
-                data_file=_data_file(spec, 1, content),
-            ),
-        ),
-        (
-            "delete",
-            ManifestEntry.from_args(
-                status=ManifestEntryStatus.ADDED,
-                snapshot_id=OLD_SNAPSHOT,
-                sequence_number=existing_seq,
-                file_sequence_number=existing_seq,
-                data_file=_data_file(spec, 2, content),
-            ),
-        ),
-    ]
+
+    def older(status: ManifestEntryStatus, n: int) -> ManifestEntry:
+        """Entry ``n``, of an older snapshot."""
+        return ManifestEntry.from_args(
+            status=status,
+            snapshot_id=OLD_SNAPSHOT,
+            sequence_number=existing_seq,
+            file_sequence_number=existing_seq,
+            data_file=_data_file(spec, n, content),
+        )
+
+    new = _data_file(spec, 0, content)
+    added = ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=SNAPSHOT, data_file=new)
+    return [("add", added), ("existing", older(ManifestEntryStatus.EXISTING, 1)), ("delete", older(ManifestEntryStatus.ADDED, 2))]
 
 
 def plain(value: Any) -> Any:
