@@ -64,7 +64,7 @@ ROUTED_UPSERTS = {"route_by": "route", "namespace": "db", "upsert_key": "id", "o
 
 def start(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str, fraction: str = "1") -> Any:
     df = spark.readStream.schema(DDL).option("maxFilesPerTrigger", 1).json(str(src))
-    rejects = {"dead_letter_table": DEAD, "reject_when": "op = 'x'", "max_rejected_fraction": float(fraction)}
+    rejects: dict[str, Any] = {"dead_letter_table": DEAD, "reject_when": "op = 'x'", "max_rejected_fraction": float(fraction)}
     if entry == "format":  # its tasks resolve each table's rows by key: every row of a (table, key) in one task
         return start_sink(df.repartition(2, "route", "id"), entry, ck, props, **ROUTED_UPSERTS, **rejects)
     return start_sink(df, entry, ck, props, mode="update", **ROUTED_UPSERTS, **rejects)
