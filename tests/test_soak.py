@@ -26,6 +26,7 @@ from tests.soak.runner import (
     main,
 )
 from tests.soak.seed import run_seed
+from tests.support.soak import exactly_once_seed
 
 pytestmark = pytest.mark.spark
 
@@ -39,16 +40,11 @@ SMALL = ["--initial-files", "8", "--ahead", "8", "--rows-per-file", "50", "--run
 def run_soak(tmp_path: Path, *args: str) -> dict[str, Any]:
     out = tmp_path / "soak.json"
     code = main(["--dir", str(tmp_path / "soak"), "--json", str(out), *SMALL, *args])
-    report: dict[str, Any] = json.loads(out.read_text())
-    assert code == 0, json.dumps(report, indent=2)[-6000:]
-    (seed,) = report["seeds"]
-    assert seed["violations"] == []
-    assert seed["duplicates"] == seed["missing"] == seed["unexpected"] == 0
-    assert seed["rows_in_table"] == seed["rows_sent"] > 0
+    seed = exactly_once_seed(code, out)
     assert seed["batches_in_table"] == seed["snapshots"] > 0
     # files left on disk only for batches a fault touched (a killed worker, a batch in flight at a kill)
     assert seed["unreferenced_data_files_unexplained"] == 0
-    return dict(seed)
+    return seed
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
