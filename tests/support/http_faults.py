@@ -40,8 +40,10 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
+
+from tests.support.net import QuietHandler
 
 _REST_TABLE = re.compile(r"^/v1/[^/]+/namespaces/[^/]+/tables/[^/]+$")
 _REST_TABLES = re.compile(r"^/v1/[^/]+/namespaces/[^/]+/tables$")
@@ -314,24 +316,8 @@ class FaultProxy:
         return expiry is not None and expiry > time.monotonic()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     owner: FaultProxy
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
-        pass
-
-    def do_GET(self) -> None:
-        self._handle()
-
-    def do_POST(self) -> None:
-        self._handle()
-
-    def do_DELETE(self) -> None:
-        self._handle()
-
-    def do_HEAD(self) -> None:
-        self._handle()
 
     def do_PUT(self) -> None:
         self._handle()

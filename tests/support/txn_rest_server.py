@@ -43,7 +43,7 @@ import json
 import threading
 import urllib.parse
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,8 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.typedef import IcebergBaseModel
 from sqlalchemy import update
 from sqlalchemy.orm import Session
+
+from tests.support.net import QuietHandler
 
 TRANSACTIONS_ENDPOINT = "POST /v1/{prefix}/transactions/commit"
 METRICS_ENDPOINT = "POST /v1/{prefix}/namespaces/{namespace}/tables/{table}/metrics"
@@ -321,24 +323,8 @@ def _table_response(table: Table) -> bytes:
     return response.model_dump_json().encode()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     server_owner: TxnRestServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
-        pass
-
-    def do_GET(self) -> None:
-        self._handle()
-
-    def do_HEAD(self) -> None:
-        self._handle()
-
-    def do_POST(self) -> None:
-        self._handle()
-
-    def do_DELETE(self) -> None:
-        self._handle()
 
     def _handle(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
