@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from tests.support.net import QuietHandler
+from tests.support.net import QuietHandler, serve
 
 _REST_TABLE = re.compile(r"^/v1/[^/]+/namespaces/[^/]+/tables/[^/]+$")
 _REST_TABLES = re.compile(r"^/v1/[^/]+/namespaces/[^/]+/tables$")
@@ -179,9 +179,7 @@ class FaultProxy:
         class Handler(_Handler):
             owner = proxy
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True).start()
+        self._server = serve(Handler, "fault-proxy")
         return self
 
     @property

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import socket
-from http.server import BaseHTTPRequestHandler
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
@@ -12,6 +13,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def serve(handler: type[BaseHTTPRequestHandler], name: str) -> ThreadingHTTPServer:
+    """An HTTP server on a free port of 127.0.0.1, ``handler`` answering, served by daemon thread ``name``."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
+    return server
 
 
 class QuietHandler(BaseHTTPRequestHandler):

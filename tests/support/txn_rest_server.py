@@ -66,7 +66,7 @@ from pyiceberg.typedef import IcebergBaseModel
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from tests.support.net import QuietHandler
+from tests.support.net import QuietHandler, serve
 
 TRANSACTIONS_ENDPOINT = "POST /v1/{prefix}/transactions/commit"
 METRICS_ENDPOINT = "POST /v1/{prefix}/namespaces/{namespace}/tables/{table}/metrics"
@@ -151,9 +151,7 @@ class TxnRestServer:
         class Handler(_Handler):
             server_owner = owner
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="txn-rest-server", daemon=True).start()
+        self._server = serve(Handler, "txn-rest-server")
         return self
 
     @property
