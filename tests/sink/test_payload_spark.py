@@ -22,7 +22,7 @@ from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.options import SinkOptions
 from lakesink.sink import datasource
 from lakesink.table import names
-from tests.support.helpers import fail_once_at, lakesink_snapshots, run_to_end, start_sink
+from tests.support.helpers import assert_refused, fail_once_at, lakesink_snapshots, run_to_end, start_sink
 
 pytestmark = pytest.mark.spark
 
@@ -160,8 +160,7 @@ def options_map(tmp_path: Path) -> dict[str, str]:
 
 
 def test_payload_needs_route_by_and_format_lakesink_checks_the_payload_column_at_start(tmp_path: Path) -> None:
-    with pytest.raises(InvalidOptionError, match="option 'payload' needs option 'route-by'"):
-        SinkOptions.from_mapping({"table": "db.t", "payload": "doc"})
+    assert_refused({"table": "db.t", "payload": "doc"}, "option 'payload' needs option 'route-by'")
     # a payload value that does not fit its column is a dead letter (tests/sink/test_payload_dead_letters_spark.py)
     both = {"route-by": "route", "payload": "doc", "upsert-key": "id", "dead-letter-table": "db.letters"}
     assert SinkOptions.from_mapping(both).dead_letter_table is not None

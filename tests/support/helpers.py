@@ -25,6 +25,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, BatchOutcome, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import turns
+from lakesink.errors import InvalidOptionError
 from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_BEFORE_SWAP
@@ -202,6 +203,12 @@ def start_sink(df: Any, entry: str, ck: Path, props: Mapping[str, str], *, mode:
     if mode is not None:
         w = w.outputMode(mode)
     return w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+
+
+def assert_refused(options: Mapping[str, str], match: str) -> None:
+    """``SinkOptions.from_mapping(options)`` raises an InvalidOptionError whose message matches ``match``."""
+    with pytest.raises(InvalidOptionError, match=match):
+        SinkOptions.from_mapping(options)
 
 
 def fail_once_at(

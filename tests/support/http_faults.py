@@ -225,10 +225,14 @@ class FaultProxy:
 
     def expire_tokens(self) -> None:
         """Every token issued so far expires now: the client's next request gets 401 and must refresh."""
+        self._expire_every(self._tokens)
+
+    def _expire_every(self, expiries: dict[str, float] | None) -> None:
+        """Every credential of ``expiries`` (credential -> its expiry, ``time.monotonic()``) expires now."""
         with self._lock:
-            assert self._tokens is not None
-            for t in self._tokens:
-                self._tokens[t] = 0.0
+            assert expiries is not None
+            for credential in expiries:
+                expiries[credential] = 0.0
 
     def enforce_glue_version_id(self) -> None:
         """Glue's optimistic lock, which moto's Glue does not enforce: an ``UpdateTable`` whose ``VersionId`` is not
@@ -265,10 +269,7 @@ class FaultProxy:
 
     def expire_s3_credentials(self) -> None:
         """Every credential vended so far expires now."""
-        with self._lock:
-            assert self._s3_keys is not None
-            for k in self._s3_keys:
-                self._s3_keys[k] = 0.0
+        self._expire_every(self._s3_keys)
 
     def s3_refusals(self) -> int:
         return self.count("s3", forwarded=False)
