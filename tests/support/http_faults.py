@@ -40,10 +40,9 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from http.server import ThreadingHTTPServer
 from typing import Any
 
-from tests.support.net import QuietHandler, serve
+from tests.support.net import LocalHttpServer, QuietHandler
 
 _REST_TABLE = re.compile(r"^/v1/[^/]+/namespaces/[^/]+/tables/[^/]+$")
 _REST_TABLES = re.compile(r"^/v1/[^/]+/namespaces/[^/]+/tables$")
@@ -146,8 +145,13 @@ def _error_body(status: int, message: str) -> bytes:
     ).encode()
 
 
-class FaultProxy:
+class FaultProxy(LocalHttpServer):
     """The proxy: ``FaultProxy(upstream).start()``; ``uri`` is what the client is given instead of the server's."""
+
+    thread_name = "fault-proxy"
+
+    def _handler(self) -> type[QuietHandler]:
+        return _Handler
 
     def __init__(self, upstream: str):
         parts = urllib.parse.urlsplit(upstream)
@@ -156,7 +160,6 @@ class FaultProxy:
         self._faults: list[Fault] = []
         self._lock = threading.Lock()
         self.exchanges: list[Exchange] = []
-        self._server: ThreadingHTTPServer | None = None
         self._tokens: dict[str, float] | None = None
         """OAuth2 mode: issued token -> expiry (monotonic); None: the client's Authorization goes through."""
         self._upstream_token: str | None = None
@@ -173,28 +176,11 @@ class FaultProxy:
 
     # --- control ---------------------------------------------------------------------------------------
 
-    def start(self) -> FaultProxy:
-        proxy = self
-
-        class Handler(_Handler):
-            owner = proxy
-
-        self._server = serve(Handler, "fault-proxy")
-        return self
-
-    @property
-    def uri(self) -> str:
-        assert self._server is not None
-        port = self._server.server_address[1]
-        return f"http://127.0.0.1:{port}"
-
     def stop(self) -> None:
         with self._lock:
             for f in self._faults:
                 f.release()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        super().stop()
 
     def arm(self, kind: str, action: str, **kwargs: Any) -> Fault:
         fault = Fault(kind=kind, action=action, **kwargs)

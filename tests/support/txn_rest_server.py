@@ -43,7 +43,6 @@ import json
 import threading
 import urllib.parse
 from collections.abc import Callable
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +65,7 @@ from pyiceberg.typedef import IcebergBaseModel
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from tests.support.net import QuietHandler, serve
+from tests.support.net import LocalHttpServer, QuietHandler
 
 TRANSACTIONS_ENDPOINT = "POST /v1/{prefix}/transactions/commit"
 METRICS_ENDPOINT = "POST /v1/{prefix}/namespaces/{namespace}/tables/{table}/metrics"
@@ -102,8 +101,13 @@ class _Refused(Exception):
         self.kind = kind
 
 
-class TxnRestServer:
+class TxnRestServer(LocalHttpServer):
     """``TxnRestServer(folder).start()``; ``uri`` for the client (or a fault proxy's upstream), :meth:`catalog_properties`."""
+
+    thread_name = "txn-rest-server"
+
+    def _handler(self) -> type[QuietHandler]:
+        return _Handler
 
     def __init__(
         self,
@@ -122,7 +126,6 @@ class TxnRestServer:
         self.list_endpoints = list_endpoints
         self.catalog = SqlCatalog("txn-rest", uri=f"sqlite:///{folder / 'catalog.db'}", warehouse=(folder / "warehouse").as_uri())
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
         self.before_swap: Callable[[list[tuple[str, ...]]], object] | None = None
         """Test hook: called with the identifiers of a commit (one table, or a transaction's) after its
         requirements were validated and its metadata files written, before the row updates."""
@@ -145,28 +148,12 @@ class TxnRestServer:
 
     # --- life cycle ------------------------------------------------------------------------------------------
 
-    def start(self) -> TxnRestServer:
-        owner = self
-
-        class Handler(_Handler):
-            server_owner = owner
-
-        self._server = serve(Handler, "txn-rest-server")
-        return self
-
-    @property
-    def uri(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
     def catalog_properties(self, *, uri: str | None = None) -> dict[str, str]:
         """pyiceberg RestCatalog properties (through ``uri``, e.g. a fault proxy, when given)."""
         return {"type": "rest", "uri": uri or self.uri}
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        super().stop()
         self.catalog.close()
 
     # --- the catalog ------------------------------------------------------------------------------------------
@@ -322,12 +309,12 @@ def _table_response(table: Table) -> bytes:
 
 
 class _Handler(QuietHandler):
-    server_owner: TxnRestServer
+    owner: TxnRestServer
 
     def _handle(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        owner = self.server_owner
+        owner = self.owner
         key = self.headers.get("Idempotency-Key")
         if key and owner.idempotency_key_lifetime is not None and self.command in ("POST", "DELETE"):
             status, payload = owner.idempotent(key, (self.command, self.path, body), lambda: self._answer_for(body))
@@ -352,7 +339,7 @@ class _Handler(QuietHandler):
             return 500, _error(500, "ServerError", f"{type(e).__name__}: {e}")
 
     def _route(self, url: urllib.parse.SplitResult, body: bytes) -> tuple[int, bytes]:
-        owner = self.server_owner
+        owner = self.owner
         parts = [urllib.parse.unquote(p) for p in url.path.strip("/").split("/")]
         method = self.command
         if parts == ["v1", "config"] and method == "GET":
@@ -426,7 +413,7 @@ class _Handler(QuietHandler):
         raise _Refused(404, "NotFoundException", f"no route {method} {url.path}")
 
     def _namespace(self, namespace: tuple[str, ...], method: str) -> tuple[int, bytes]:
-        catalog = self.server_owner.catalog
+        catalog = self.owner.catalog
         if method in ("GET", "HEAD"):
             props = _or_404(
                 lambda: catalog.load_namespace_properties(namespace), NoSuchNamespaceError, "NoSuchNamespaceException"
@@ -435,7 +422,7 @@ class _Handler(QuietHandler):
                 (200, json.dumps({"namespace": list(namespace), "properties": props}).encode()) if method == "GET" else (204, b"")
             )
         if method == "DELETE":
-            with self.server_owner._lock:
+            with self.owner._lock:
                 try:
                     _or_404(lambda: catalog.drop_namespace(namespace), NoSuchNamespaceError, "NoSuchNamespaceException")
                 except NamespaceNotEmptyError as e:
