@@ -30,7 +30,7 @@ from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.maintenance.auto import AutoMaintainer, AutoMaintenance, auto_maintenance
-from lakesink.options import OutputMode, SinkOptions, TableName
+from lakesink.options import Maintenance, OutputMode, SinkOptions, TableName
 from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK_ID
 from tests.support.stream_input import write_stream_lines
 from tests.support.timeouts import guard
@@ -308,6 +308,14 @@ def open_committer(props: Mapping[str, str], *, table: TableName = EVENTS, **opt
     c = sink_committer(SinkOptions(table=table, catalog_properties=dict(props), **options))
     c.open_table(arrow_rows([]).schema)
     return c
+
+
+def committer_no_maintenance(
+    props: Mapping[str, str], table_properties: Mapping[str, str] | None = None, **options: Any
+) -> TableCommitter:
+    """:func:`open_committer` with ``table_properties`` on a table it creates and automatic maintenance off: for a test
+    that runs the maintenance itself, or counts the snapshots."""
+    return open_committer(props, table_properties=dict(table_properties or {}), maintenance=Maintenance.OFF, **options)
 
 
 def commit_batches(c: TableCommitter, n: int, *, start: int = 0, rows: int = 10, query_id: str = Q1) -> list[int]:
