@@ -247,20 +247,13 @@ class Stream:
         df = self.spark.readStream.schema(self.ddl).option("maxFilesPerTrigger", 1).json(str(self.src))
         if self.mode == "complete":
             df = df.groupBy("kind").agg(F.count("*").alias("rows"), F.sum("id").alias("id_sum"))
-        if self.entry == "format":
-            w = df.writeStream.format("lakesink").option("table", self.table_name)
-            for k, v in self.props.items():
-                w = w.option(f"catalog.{k}", v)
-            for k, v in extra.items():
-                w = w.option(k.replace("_", "-"), str(v).lower() if isinstance(v, bool) else v)
-        else:
-            kwargs = {k.replace("-", "_"): v for k, v in extra.items()}
-            if self.entry == "foreach-driver":
-                kwargs.setdefault("writer", "driver")  # every batch collected and written on the driver
-            w = df.writeStream.foreachBatch(
-                lakesink.foreach_batch(self.table_name, catalog_properties=self.props, output_mode=self.mode, **kwargs)
-            )
-        return w.option("checkpointLocation", str(self.ck)).outputMode(self.mode).trigger(availableNow=True).start()
+        options = {k.replace("-", "_"): v for k, v in extra.items()}
+        if self.entry != "format":
+            options["output_mode"] = self.mode
+        if self.entry == "foreach-driver":
+            options.setdefault("writer", "driver")  # every batch collected and written on the driver
+        entry = "format" if self.entry == "format" else "foreach"
+        return start_sink(df, entry, self.ck, self.props, mode=self.mode, table=self.table_name, **options)
 
     def run(self, **extra: Any) -> None:
         run_to_end(self.start(**extra))
