@@ -211,6 +211,19 @@ def assert_refused(options: Mapping[str, str], match: str) -> None:
         SinkOptions.from_mapping(options)
 
 
+@contextmanager
+def paused_at(faults: Any, point: str, start: Callable[[], Any]) -> Iterator[Any]:
+    """Arm fault point ``point`` to pause, start the query (``start()``), wait until it reached the point: the query,
+    held there while the test acts (then ``faults.release(point)``); stopped on the way out whatever happened."""
+    faults.arm(point, "pause")
+    query = start()
+    try:
+        faults.wait_reached(point)
+        yield query
+    finally:
+        query.stop()
+
+
 def fail_once_at(
     faults: Any, point: str, run: Callable[[], object], error: type[BaseException] = StreamingQueryException
 ) -> None:
