@@ -1,4 +1,6 @@
-"""Helpers shared by the tests: uniquely-keyed input, table read-back, snapshot invariants."""
+"""Helpers shared by the tests: uniquely-keyed input, table read-back, snapshot invariants; a query started through
+either entry point (:func:`start_sink`, :class:`Stream`) and run to its end; fault points armed to fail once
+(:func:`fail_once_at`) or to hold a query (:func:`paused_at`); the driver's committer driven directly."""
 
 from __future__ import annotations
 
