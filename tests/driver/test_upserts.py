@@ -17,7 +17,7 @@ import pytest
 from lakesink.audit import interop
 from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.table import TableCommitter
-from lakesink.errors import InjectedFault, InvalidOptionError, LakesinkError, UpsertKeyError
+from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.executor.upsert_task import UpsertSpec, merge, resolve_task, to_ipc
@@ -34,6 +34,7 @@ from tests.support.helpers import (
     data_files_on_disk,
     lakesink_snapshots,
     referenced_data_files,
+    run_through_a_fault,
     sink_committer,
 )
 
@@ -180,11 +181,7 @@ def test_failure_inside_the_commit_then_replay_gives_the_model(
     c = make(catalog_properties)
     stream = change_stream(seed=11, batches=3, per_batch=40, keys=25)
     run_batch(c, 0, stream[0])
-    faults.arm(point, "raise")
-    try:
-        run_batch(c, 1, stream[1])
-    except InjectedFault:
-        pass
+    run_through_a_fault(faults, point, lambda: run_batch(c, 1, stream[1]))
     run_batch(c, 1, stream[1])
     run_batch(c, 2, stream[2])
     assert_table_is(c, model(stream))

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, BatchOutcome, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import turns
-from lakesink.errors import InvalidOptionError
+from lakesink.errors import InjectedFault, InvalidOptionError
 from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_BEFORE_SWAP
@@ -211,6 +211,14 @@ def assert_refused(options: Mapping[str, str], match: str) -> None:
     """``SinkOptions.from_mapping(options)`` raises an InvalidOptionError whose message matches ``match``."""
     with pytest.raises(InvalidOptionError, match=match):
         SinkOptions.from_mapping(options)
+
+
+def run_through_a_fault(faults: Any, point: str, run: Callable[[], object]) -> None:
+    """Arm fault point ``point`` to raise, then ``run()``: the InjectedFault, when it surfaces, is the expected outcome
+    (a failure the commit settles by reading the table, as ``catalog.fails-after-apply``, surfaces none)."""
+    faults.arm(point, "raise")
+    with suppress(InjectedFault):
+        run()
 
 
 @contextmanager
