@@ -16,25 +16,37 @@ from tests.support.timeouts import guard
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
 
 
-@pytest.mark.spark
-@pytest.mark.timeout(700)
-# --s3: the warehouse on the S3-compatible server the demo starts (make demo DEMO_ARGS=--s3; docs/deployment.md)
-@pytest.mark.parametrize("storage", ["local", pytest.param("s3", marks=pytest.mark.deploy)])
-def test_demo_fast_kills_and_restarts_with_no_duplicates_and_no_missing_rows(tmp_path: Path, storage: str) -> None:
+def example_env(tmp_path: Path) -> dict[str, str]:
+    """The environment an example runs in: this interpreter for Spark's Python, its lakehouse under ``tmp_path``, the
+    JVM options of the tests' short-lived jobs (tests/jobs/jvm.py: the quick JIT, the serial GC, the class data sharing
+    archive when there is one, inherited by the Spark jobs the example starts; what it does is the same), and no fault
+    folder of the tests (an example kills its jobs with a folder of its own)."""
     env = dict(os.environ)
     env.update(
         PYSPARK_PYTHON=sys.executable,
         PYSPARK_DRIVER_PYTHON=sys.executable,
         LAKESINK_HOME=str(tmp_path / "lakehouse"),
-        # the JVM options of the tests' short-lived jobs (tests/jobs/jvm.py: the quick JIT, the serial GC, the class
-        # data sharing archive when there is one), inherited by the Spark jobs the example starts; what it does is the same
         PYSPARK_SUBMIT_ARGS=jvm.submit_args(),
     )
-    env.pop("LAKESINK_FAULTS_DIR", None)  # the demo uses a folder of its own for the job it kills
+    env.pop("LAKESINK_FAULTS_DIR", None)
+    return env
+
+
+def run_example(example: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``example --dir tmp_path/run`` to its end (a guard against a hang, not a time limit)."""
+    run = [sys.executable, str(example), "--dir", str(tmp_path / "run")]
+    return subprocess.run(run, cwd=tmp_path, env=example_env(tmp_path), capture_output=True, text=True, timeout=guard(600))
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(700)
+# --s3: the warehouse on the S3-compatible server the demo starts (make demo DEMO_ARGS=--s3; docs/deployment.md)
+@pytest.mark.parametrize("storage", ["local", pytest.param("s3", marks=pytest.mark.deploy)])
+def test_demo_fast_kills_and_restarts_with_no_duplicates_and_no_missing_rows(tmp_path: Path, storage: str) -> None:
     proc = subprocess.Popen(
         [sys.executable, str(DEMO), "--fast", "--dir", str(tmp_path / "demo-run"), *(["--s3"] if storage == "s3" else [])],
         cwd=tmp_path,
-        env=env,
+        env=example_env(tmp_path),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -84,18 +96,7 @@ ROUTING_DEMO = Path(__file__).resolve().parent.parent / "examples" / "routing_de
 @pytest.mark.spark
 @pytest.mark.timeout(700)
 def test_routing_demo_kills_inside_the_multi_table_commit_and_ends_exactly_once(tmp_path: Path) -> None:
-    env = dict(os.environ)
-    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, LAKESINK_HOME=str(tmp_path / "lakehouse"))
-    env["PYSPARK_SUBMIT_ARGS"] = jvm.submit_args()  # the tests' short-lived job JVM options, as in the demo's test
-    env.pop("LAKESINK_FAULTS_DIR", None)
-    done = subprocess.run(
-        [sys.executable, str(ROUTING_DEMO), "--dir", str(tmp_path / "run")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=guard(600),
-    )
+    done = run_example(ROUTING_DEMO, tmp_path)
     log = tmp_path / "run" / "job.log"
     detail = f"{done.stdout}\n{done.stderr[-3000:]}\n" + (log.read_text(errors="replace")[-3000:] if log.exists() else "")
     assert done.returncode == 0, detail
@@ -134,17 +135,6 @@ CDC_DATABASE = Path(__file__).resolve().parent.parent / "examples" / "cdc_databa
 @pytest.mark.spark
 @pytest.mark.timeout(700)
 def test_the_cdc_database_example_ends_with_every_table_equal_to_the_database(tmp_path: Path) -> None:
-    env = dict(os.environ)
-    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, LAKESINK_HOME=str(tmp_path / "lakehouse"))
-    env["PYSPARK_SUBMIT_ARGS"] = jvm.submit_args()  # the tests' short-lived job JVM options, as in the demo's test
-    env.pop("LAKESINK_FAULTS_DIR", None)
-    done = subprocess.run(
-        [sys.executable, str(CDC_DATABASE), "--dir", str(tmp_path / "run")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = run_example(CDC_DATABASE, tmp_path)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-3000:]}"
     assert done.stdout.count(" equal") == 3 and done.stdout.rstrip().endswith("OK"), done.stdout

@@ -61,11 +61,16 @@ def test_unarmed_point_is_a_no_op(faults_dir: Path) -> None:
     assert sorted(p.name for p in faults_dir.iterdir()) == [EXECUTOR_AFTER_FILE]
 
 
-def test_raise_fires_once_then_the_file_is_claimed(faults_dir: Path) -> None:
-    (faults_dir / DRIVER_BEFORE_SWAP).write_text("raise\n")
+def raised_at_the_swap(faults_dir: Path, action: str) -> str:
+    """Arm driver.before-swap with ``action`` and reach it: the message of the InjectedFault it raises."""
+    (faults_dir / DRIVER_BEFORE_SWAP).write_text(action)
     with pytest.raises(InjectedFault) as e:
         fault_point(DRIVER_BEFORE_SWAP)
-    assert str(e.value) == "fault injected at driver.before-swap"
+    return str(e.value)
+
+
+def test_raise_fires_once_then_the_file_is_claimed(faults_dir: Path) -> None:
+    assert raised_at_the_swap(faults_dir, "raise\n") == "fault injected at driver.before-swap"
     assert InjectedFault.retryable is True
     assert sorted(p.name for p in faults_dir.iterdir()) == [f"{DRIVER_BEFORE_SWAP}.fired.{os.getpid()}"]
     for _ in range(3):
@@ -81,10 +86,8 @@ def test_raise_always_fires_every_time(faults_dir: Path) -> None:
 
 
 def test_unknown_action_names_the_valid_ones(faults_dir: Path) -> None:
-    (faults_dir / DRIVER_BEFORE_SWAP).write_text("explode:always")
-    with pytest.raises(InjectedFault) as e:
-        fault_point(DRIVER_BEFORE_SWAP)
-    assert str(e.value) == "unknown fault action 'explode:always' at driver.before-swap; valid: raise, kill, pause"
+    message = raised_at_the_swap(faults_dir, "explode:always")
+    assert message == "unknown fault action 'explode:always' at driver.before-swap; valid: raise, kill, pause"
 
 
 def test_pause_waits_for_release_then_continues(faults_dir: Path) -> None:

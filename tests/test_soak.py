@@ -22,10 +22,12 @@ from tests.soak.runner import (
     IN_TABLE_NOT_COMMIT_LOG,
     OFFSET_KILL,
     PAUSE_KILL,
+    PHASES,
     START_UP,
     main,
 )
 from tests.soak.seed import run_seed
+from tests.support.soak import exactly_once_seed
 
 pytestmark = pytest.mark.spark
 
@@ -39,16 +41,16 @@ SMALL = ["--initial-files", "8", "--ahead", "8", "--rows-per-file", "50", "--run
 def run_soak(tmp_path: Path, *args: str) -> dict[str, Any]:
     out = tmp_path / "soak.json"
     code = main(["--dir", str(tmp_path / "soak"), "--json", str(out), *SMALL, *args])
-    report: dict[str, Any] = json.loads(out.read_text())
-    assert code == 0, json.dumps(report, indent=2)[-6000:]
-    (seed,) = report["seeds"]
-    assert seed["violations"] == []
-    assert seed["duplicates"] == seed["missing"] == seed["unexpected"] == 0
-    assert seed["rows_in_table"] == seed["rows_sent"] > 0
+    seed = exactly_once_seed(code, out)
     assert seed["batches_in_table"] == seed["snapshots"] > 0
     # files left on disk only for batches a fault touched (a killed worker, a batch in flight at a kill)
     assert seed["unreferenced_data_files_unexplained"] == 0
-    return dict(seed)
+    return seed
+
+
+def kills_by_phase(kills: dict[str, int]) -> dict[str, int]:
+    """The report's ``kills_by_phase`` of a seed whose rounds killed ``kills`` (phase -> count): every phase, the others 0."""
+    return {phase: kills.get(phase, 0) for phase in PHASES}
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
@@ -73,14 +75,7 @@ def test_process_kills_in_the_first_offset_write_at_random_moment_inside_the_com
         "--max-delay", "3",
     )  # fmt: skip
     assert seed["entry"] == "format"
-    assert seed["kills_by_phase"] == {
-        DELAY: 1,
-        COMMIT_KILL: 1,
-        PAUSE_KILL: 1,
-        OFFSET_KILL: 1,
-        EXECUTOR_KILL: 0,
-        EXECUTOR_RAISE: 0,
-    }
+    assert seed["kills_by_phase"] == kills_by_phase({DELAY: 1, COMMIT_KILL: 1, PAUSE_KILL: 1, OFFSET_KILL: 1})
     offset_round, delay_round, _, pause_round = seed["round_log"]
     assert offset_round["run"] == 1 and offset_round["landed"] == START_UP  # killed before its first batch began
     # the first run that reached Spark's start-up check after it was refused and recovered: run 2, or run 3 when the
@@ -126,14 +121,7 @@ def test_executor_kills_and_exceptions_are_retried_without_a_restart(tmp_path: P
         f"{EXECUTOR_KILL}@executor.after-file,{EXECUTOR_KILL}@executor.before-write,{EXECUTOR_RAISE}@executor.after-file",
     )  # fmt: skip
     assert seed["entry"] == "foreach"
-    assert seed["kills_by_phase"] == {
-        DELAY: 0,
-        COMMIT_KILL: 0,
-        PAUSE_KILL: 0,
-        OFFSET_KILL: 0,
-        EXECUTOR_KILL: 2,
-        EXECUTOR_RAISE: 1,
-    }
+    assert seed["kills_by_phase"] == kills_by_phase({EXECUTOR_KILL: 2, EXECUTOR_RAISE: 1})
     assert seed["runs"] == 1  # no restart: every failed task was retried by Spark
     assert seed["failed_task_attempts_in_log"] >= 3
     # the worker killed after writing its file could not delete it: on disk, never referenced

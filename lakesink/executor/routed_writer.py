@@ -18,7 +18,6 @@ the table, created where the catalog places it: a staged file is never committed
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -45,8 +44,6 @@ from lakesink.table import locations, storage
 from lakesink.table.keys import DELETED
 from lakesink.table.routes import InvalidRoute, Route, parse_route, routing_value
 from lakesink.table.settings import TableSettings
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -312,11 +309,8 @@ class RoutedTaskWriter:
             for w, _ in self._writers.values():
                 w.abort()
             if self._invalid_letters is not None and self._plan.row_checks is not None:
-                for f in self._invalid_letters.files:
-                    try:
-                        storage.delete_file(self._plan.row_checks.dead_letters.io, f.path)
-                    except Exception:
-                        log.warning("lakesink: could not delete %s of a failed task; an orphan clean-up collects it", f.path)
+                letters = (f.path for f in self._invalid_letters.files)
+                storage.delete_failed_task_files(self._plan.row_checks.dead_letters.io, letters)
             raise
         tables = [
             TableResult(name, w.result(), templated, self._digests.get(name)) for name, (w, templated) in self._writers.items()

@@ -134,17 +134,9 @@ class TaskWriter:
         """Write every batch; on any failure delete this task's files and re-raise."""
         try:
             fault_point(EXECUTOR_BEFORE_WRITE)
-            if self._sorter is not None:
-                batches = (self._sorter.sort(b) for b in batches)
-            if self._plan.upsert is not None:  # format("lakesink") with upsert-key: one row per key of this task
-                batches, changes = upsert_task.resolve_task(
-                    batches, self._plan.upsert, batch_id=self._ids.batch_id, partition_id=self._ids.partition_id
-                )
-                self._changes = upsert_task.to_ipc(changes)
-            for batch in batches:
-                self.add(batch)
-            self.close_files()
-            self._write_dead_letters()
+            for batch in batches:  # format("lakesink") with upsert-key: put keeps them, finish resolves one row per key
+                self.put(self.sort(batch))
+            self.finish()
             fault_point(EXECUTOR_BEFORE_RETURN)
         except BaseException:
             self.abort()
@@ -171,15 +163,15 @@ class TaskWriter:
         return self._sorter.sort(batch, extra) if self._sorter is not None else batch
 
     def put(self, batch: pa.RecordBatch) -> None:
-        """A routed task's rows of this table: added; with ``WritePlan.upsert`` kept until :meth:`finish` resolves the
-        task's rows of the table to one row per key, as :meth:`write` does for a table of its own."""
+        """Rows of this table (:meth:`write`'s, or a routed task's): added; with ``WritePlan.upsert`` kept until
+        :meth:`finish` resolves the task's rows of the table to one row per key."""
         if self._plan.upsert is None:
             self.add(batch)
         elif batch.num_rows:
             self._pending.append(batch)
 
     def finish(self) -> None:
-        """A routed task, after its rows were added: every file closed and the dead letters written."""
+        """After the task's rows were put: every file closed and the dead letters written."""
         if self._plan.upsert is not None:
             pending, self._pending = self._pending, []
             rows, changes = upsert_task.resolve_task(
@@ -415,18 +407,10 @@ class TaskWriter:
             if slot.path is not None:
                 paths.append(slot.path)
         self._open = {}
-        for path in paths:
-            try:
-                storage.delete_file(self._plan.io, path)
-            except Exception:
-                log.warning("lakesink: could not delete %s of a failed task; an orphan clean-up collects it", path)
+        storage.delete_failed_task_files(self._plan.io, paths)
         self._files = []
         if self._dead_letters is not None and self._plan.row_checks is not None:
-            for f in self._dead_letters.files:
-                try:
-                    storage.delete_file(self._plan.row_checks.dead_letters.io, f.path)
-                except Exception:
-                    log.warning("lakesink: could not delete %s of a failed task; an orphan clean-up collects it", f.path)
+            storage.delete_failed_task_files(self._plan.row_checks.dead_letters.io, (f.path for f in self._dead_letters.files))
             self._dead_letters = None
 
 

@@ -82,18 +82,15 @@ class CommittedBatch:
             value["branch"] = self.branch
         if self.empty:
             value["empty"] = True
-        if self.run_id is not None:
-            value["run-id"] = self.run_id
-        if self.offsets is not None:
-            value["offsets"] = self.offsets
-        if self.watermark is not None:
-            value["watermark"] = self.watermark
-        if self.event_time_max is not None:
-            value["event-time-max"] = self.event_time_max
-        if self.tables is not None:
-            value["tables"] = self.tables
-        if self.rows is not None:
-            value["rows"] = self.rows
+        optional = {
+            "run-id": self.run_id,
+            "offsets": self.offsets,
+            "watermark": self.watermark,
+            "event-time-max": self.event_time_max,
+            "tables": self.tables,
+            "rows": self.rows,
+        }
+        value.update((key, v) for key, v in optional.items() if v is not None)  # a field that is None: no key
         return json.dumps(value)
 
 

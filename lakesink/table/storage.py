@@ -21,9 +21,10 @@ by the Spark path (batch directories) and by the orphan-file clean-up; imports n
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -33,6 +34,8 @@ import fsspec
 from pyarrow.fs import FileSelector, FileType
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
+
+log = logging.getLogger(__name__)
 
 _STORES = {
     "s3": "s3",
@@ -201,6 +204,16 @@ def delete_file(io: FileIO, location: str, *, missing_ok: bool = True) -> None:
     except FileNotFoundError:
         if not missing_ok:
             raise
+
+
+def delete_failed_task_files(io: FileIO, locations: Iterable[str]) -> None:
+    """Delete the files of a failed task, each on its own: one that cannot be deleted is logged (an orphan clean-up
+    collects it), never raised over the task's own error."""
+    for location in locations:
+        try:
+            delete_file(io, location)
+        except Exception:
+            log.warning("lakesink: could not delete %s of a failed task; an orphan clean-up collects it", location)
 
 
 def delete_directory(io: FileIO, location: str) -> None:

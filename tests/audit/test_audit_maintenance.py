@@ -17,23 +17,18 @@ from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import AuditError
 from lakesink.maintenance import compaction, expiry
-from lakesink.options import Maintenance
 from tests.support.helpers import (
     Q1,
     arrow_rows,
     commit,
     commit_batches,
+    committer_no_maintenance,
     load,
     missing_referenced_files,
-    open_committer,
     table_ids,
 )
 
 SCHEMA = arrow_rows([]).schema
-
-
-def _committer(props: dict[str, str], table_properties: dict[str, str] | None = None) -> TableCommitter:
-    return open_committer(props, table_properties=table_properties or {}, maintenance=Maintenance.OFF)
 
 
 def _batch_snapshots(c: TableCommitter) -> dict[int, int]:
@@ -43,7 +38,7 @@ def _batch_snapshots(c: TableCommitter) -> dict[int, int]:
 
 def test_which_names_the_original_batch_after_compactions_and_expiry(catalog_properties: dict[str, str]) -> None:
     """Before: every row of a compacted file was attributed to the compaction (query and batch empty)."""
-    c = _committer(catalog_properties, {"write.lakesink.compact.min-input-files": "2"})
+    c = committer_no_maintenance(catalog_properties, {"write.lakesink.compact.min-input-files": "2"})
     sent = commit_batches(c, 6, rows=4)
     by_batch = _batch_snapshots(c)
     assert compaction.compact(load(c)).status == "committed"
@@ -87,7 +82,7 @@ def test_which_names_the_original_batch_after_compactions_and_expiry(catalog_pro
 def test_which_command_after_compaction(catalog_properties: dict[str, str]) -> None:
     from lakesink.cli import main
 
-    c = _committer(catalog_properties)
+    c = committer_no_maintenance(catalog_properties)
     commit_batches(c, 5, rows=4)
     assert compaction.compact(load(c)).status == "committed"
     cat = [a for k, v in catalog_properties.items() for a in ("--catalog-property", f"{k}={v}")]
@@ -97,7 +92,7 @@ def test_which_command_after_compaction(catalog_properties: dict[str, str]) -> N
 
 
 def test_as_of_batch_reads_work_for_every_retained_snapshot(catalog_properties: dict[str, str]) -> None:
-    c = _committer(
+    c = committer_no_maintenance(
         catalog_properties,
         {
             "history.expire.max-snapshot-age-ms": "0",
@@ -130,7 +125,9 @@ def test_as_of_batch_reads_work_for_every_retained_snapshot(catalog_properties: 
 
 def test_verify_counts_expired_batches_as_accounted_not_missing_or_empty(catalog_properties: dict[str, str]) -> None:
     """Before: the batches before the kept history were counted as empty batches."""
-    c = _committer(catalog_properties, {"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": "3"})
+    c = committer_no_maintenance(
+        catalog_properties, {"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": "3"}
+    )
     commit_batches(c, 7, rows=4)
     assert expiry.expire_snapshots(load(c)).status == "committed"
     report = lakesink.verify(load(c))
@@ -159,7 +156,7 @@ def test_verify_while_another_process_expires_the_snapshots_it_reads(
     from lakesink.audit import Manifests
 
     keep = "2" if moment == "summaries" else "1"
-    c = _committer(
+    c = committer_no_maintenance(
         catalog_properties,
         {
             "history.expire.max-snapshot-age-ms": "0",

@@ -24,7 +24,6 @@ import lakesink
 from lakesink._pyiceberg import io as seam
 from lakesink.audit import interop
 from lakesink.driver.actions.batch import Outcome
-from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import LakesinkError
 from lakesink.executor.messages import TaskIds
 from lakesink.maintenance import compaction
@@ -35,9 +34,9 @@ from tests.support.helpers import (
     arrow_rows,
     commit,
     commit_batches,
+    committer_no_maintenance,
     load,
     missing_referenced_files,
-    open_committer,
     raced,
     sink_committer,
     write_task,
@@ -45,12 +44,6 @@ from tests.support.helpers import (
 from tests.support.row_deletes import commit_deletes, equality_delete_file, position_delete_files
 
 SCHEMA = arrow_rows([]).schema
-
-
-def _committer(
-    props: dict[str, str], *, mode: OutputMode = OutputMode.APPEND, table_properties: dict[str, str] | None = None
-) -> TableCommitter:
-    return open_committer(props, table_properties=table_properties or {}, output_mode=mode, maintenance=Maintenance.OFF)
 
 
 def _ids(rows: pa.Table) -> Counter[int]:
@@ -86,7 +79,7 @@ def test_compaction_gives_up_when_another_engines_delete_lands_between_plan_and_
 ) -> None:
     """Position deletes name the rewritten file; an equality delete's sequence number is older than the compacted
     file's: either way, landing the compaction would bring the deleted rows back (55 rows became 60)."""
-    c = _committer(catalog_properties)
+    c = committer_no_maintenance(catalog_properties)
     sent = commit_batches(c, 5, rows=11)  # 55 rows in 5 small files
     deleted = [1000, 1003, 2005, 4000, 4010]
 
@@ -118,7 +111,7 @@ def test_compaction_lands_when_a_new_position_delete_names_only_files_it_does_no
 ) -> None:
     """The validation is as precise as Iceberg's: a position delete whose file_path bounds name only a file the
     compaction does not rewrite does not stop it."""
-    c = _committer(catalog_properties)
+    c = committer_no_maintenance(catalog_properties)
     sent = commit_batches(c, 5, rows=11)
 
     def append_then_delete() -> None:
@@ -140,7 +133,7 @@ def test_compaction_lands_when_a_new_position_delete_names_only_files_it_does_no
 def test_compaction_gives_up_when_the_history_since_its_plan_was_expired(catalog_properties: dict[str, str], faults: Any) -> None:
     """What was committed between the plan and the swap cannot be checked once those snapshots are expired: the
     compaction gives up rather than land unvalidated."""
-    c = _committer(catalog_properties)
+    c = committer_no_maintenance(catalog_properties)
     sent = commit_batches(c, 5, rows=11)
 
     def commit_twice_and_expire_the_first() -> None:
@@ -210,9 +203,9 @@ def test_a_batch_racing_another_drivers_empty_batch_marker_is_rechecked_not_land
     """A marker-only commit (an empty batch) moves the metadata pointer but not the branch head. A swap that found
     the pointer moved used to fall back to pyiceberg's commit, whose requirement (the head) still held: the batch
     landed a second time, after the zombie's record of it, on top of metadata its replay re-check never saw."""
-    c = _committer(catalog_properties)
+    c = committer_no_maintenance(catalog_properties)
     sent = commit_batches(c, 2, rows=11)
-    zombie = _committer(catalog_properties)
+    zombie = committer_no_maintenance(catalog_properties)
     result = raced(
         faults,
         lambda: commit(c, Q1, 2, [write_task(c, Q1, 2, [2000, 2001])]),
@@ -280,7 +273,7 @@ def test_complete_mode_batch_racing_another_writer_and_engine_replaces_everythin
     """Another writer appends and another engine commits an equality delete between a complete-mode batch's
     preparation and its swap: the batch replaces everything live at its swap, delete files included, so the
     table holds exactly the batch's rows and every reader (pyiceberg too) reads them."""
-    c = _committer(catalog_properties, mode=OutputMode.COMPLETE)
+    c = committer_no_maintenance(catalog_properties, output_mode=OutputMode.COMPLETE)
     assert commit(c, Q1, 0, [write_task(c, Q1, 0, list(range(10)))]).outcome is Outcome.COMMITTED
 
     def others() -> None:
@@ -319,7 +312,7 @@ def test_complete_mode_batch_racing_another_writer_and_engine_replaces_everythin
 def test_manifest_rewrite_racing_an_append_and_a_delete_keeps_every_entry_once(
     catalog_properties: dict[str, str], faults: Any
 ) -> None:
-    c = _committer(catalog_properties, table_properties={"commit.manifest-merge.enabled": "false"})
+    c = committer_no_maintenance(catalog_properties, table_properties={"commit.manifest-merge.enabled": "false"})
     sent = commit_batches(c, 6, rows=3)
 
     def others() -> None:

@@ -7,7 +7,6 @@ test is tests/sink/test_progress.py.
 
 from __future__ import annotations
 
-import socket
 import sys
 import threading
 import time
@@ -25,6 +24,7 @@ from lakesink.driver.report import metrics
 from lakesink.errors import InvalidOptionError
 from lakesink.options import MetricsExport, SinkOptions, TableName
 from tests.support.helpers import commit, maintainer, sink_committer, write_task
+from tests.support.net import free_port
 from tests.support.txn_rest_server import TxnRestServer
 
 Q = "33333333-cccc-4000-8000-000000000033"
@@ -164,16 +164,10 @@ def test_rest_reports_switched_off_by_the_catalog_property(metrics_server: TxnRe
 # --- Prometheus -------------------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_prometheus_scrape_shows_a_known_batch(catalog_properties: dict[str, str]) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    port = _free_port()
+    port = free_port()
     c = _committer(catalog_properties, metrics=MetricsExport.parse(f"prometheus:127.0.0.1:{port}"))
     outcome, written = _batch(c, 0, list(range(100)))
     _batch(c, 0, list(range(100)))  # replayed: skipped
@@ -213,7 +207,7 @@ def test_metrics_option() -> None:
 def test_prometheus_counts_the_maintenance_commits_of_the_sink(catalog_properties: dict[str, str]) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    port = _free_port()
+    port = free_port()
     c = _committer(
         catalog_properties,
         metrics=MetricsExport.parse(f"prometheus:{port}"),
@@ -317,4 +311,4 @@ def test_prometheus_without_its_library_is_refused_at_start(
 ) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed: its import raises ImportError
     with pytest.raises(InvalidOptionError, match=r"lakesink\[prometheus\]"):
-        _committer(catalog_properties, metrics=MetricsExport.parse(f"prometheus:{_free_port()}"))
+        _committer(catalog_properties, metrics=MetricsExport.parse(f"prometheus:{free_port()}"))

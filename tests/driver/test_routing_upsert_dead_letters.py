@@ -29,7 +29,7 @@ from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from lakesink.table import dead_letters as dl
 from lakesink.table.keys import DELETED, REJECT_COLUMN
 from tests.support import routed_upserts
-from tests.support.helpers import data_files_on_disk, lakesink_snapshots, referenced_data_files
+from tests.support.helpers import data_files_on_disk, fail_once_at, lakesink_snapshots, referenced_data_files
 
 Q = "routed-upsert-dead-letters"
 DEAD = "db.dead"
@@ -196,11 +196,7 @@ def test_dead_letters_of_a_routed_upsert_across_a_failure_before_and_after_the_u
     assert tables(props) == model(batches[:1], s.kinds)
     assert letters(props) == want_letters(batches[:1], s.kinds)
     # batch 1: its files written (tables and dead letters), then a failure before the unit's swap: nothing of it lands
-    faults.arm(DRIVER_BEFORE_SWAP, "raise")
-    with pytest.raises(InjectedFault):
-        run(rc, 1, batches[1], foreach=foreach)
-    assert faults.fired(DRIVER_BEFORE_SWAP)
-    faults.clear()
+    fail_once_at(faults, DRIVER_BEFORE_SWAP, lambda: run(rc, 1, batches[1], foreach=foreach), InjectedFault)
     assert tables(props) == model(batches[:1], s.kinds)
     assert letters(props) == want_letters(batches[:1], s.kinds)
     rc = routed(props)  # the restarted query replays batch 1: committed once
@@ -208,10 +204,7 @@ def test_dead_letters_of_a_routed_upsert_across_a_failure_before_and_after_the_u
     assert tables(props) == model(batches[:2], s.kinds)
     assert letters(props) == want_letters(batches[:2], s.kinds)
     # batch 2: every table and the dead letters committed, then a failure before Spark's commit log: the replay skips it
-    faults.arm(DRIVER_AFTER_SWAP, "raise")
-    with pytest.raises(InjectedFault):
-        run(rc, 2, batches[2], foreach=foreach)
-    faults.clear()
+    fail_once_at(faults, DRIVER_AFTER_SWAP, lambda: run(rc, 2, batches[2], foreach=foreach), InjectedFault)
     rc = routed(props)
     run(rc, 2, batches[2], foreach=foreach)
     assert tables(props) == model(batches, s.kinds)

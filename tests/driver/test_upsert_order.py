@@ -20,7 +20,7 @@ from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.table import TableCommitter
-from lakesink.errors import InjectedFault, InvalidOptionError, UpsertKeyError
+from lakesink.errors import InvalidOptionError, UpsertKeyError
 from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.executor.upsert_task import UpsertSpec, merge, resolve_task, to_ipc
@@ -29,7 +29,7 @@ from lakesink.maintenance.orphans import remove_orphan_files
 from lakesink.options import SinkOptions, TableName
 from lakesink.table.keys import SUMMARY_UPSERT_STALE
 from tests.driver import test_routing_upserts as routing
-from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, sink_committer
+from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_through_a_fault, sink_committer
 
 Q = "22222222-bbbb-4000-8000-000000000002"
 SCHEMA = pa.schema([("id", pa.int64()), ("value", pa.string()), ("seq", pa.int64()), ("op", pa.string())])
@@ -191,11 +191,7 @@ def test_a_failure_inside_the_commit_then_a_replay_gives_the_model(
     c = make(catalog_properties)
     stream = shuffled_stream(seed=17, batches=4, per_batch=40, keys=15)
     run(c, 0, stream[0])
-    faults.arm(point, "raise")
-    try:
-        run(c, 1, stream[1])
-    except InjectedFault:
-        pass
+    run_through_a_fault(faults, point, lambda: run(c, 1, stream[1]))
     for batch_id in (1, 2, 3):
         run(c, batch_id, stream[batch_id])
     assert state(c) == model(stream)

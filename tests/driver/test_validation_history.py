@@ -13,13 +13,13 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 
 from lakesink.driver.loop.validation import Committed, HistoryUnknownError, committed_since, may_apply
-from tests.driver.test_commit_validation import SCHEMA, _committer
-from tests.support.helpers import commit_batches, load
+from tests.driver.test_commit_validation import SCHEMA
+from tests.support.helpers import commit_batches, committer_no_maintenance, load
 from tests.support.row_deletes import commit_deletes, equality_delete_file
 
 
 def test_committed_since_walks_the_branch_down_to_the_base(catalog_properties: dict[str, str]) -> None:
-    c = _committer(catalog_properties)
+    c = committer_no_maintenance(catalog_properties)
     commit_batches(c, 2, rows=11)
     base = load(c).metadata.current_snapshot_id
     assert base is not None

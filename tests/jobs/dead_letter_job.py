@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
 import lakesink
-from tests.jobs.jvm import short_lived
+from tests.jobs.jvm import local_session
 
 DDL = "id long, user string, amount double, address struct<city: string, zip: string>"
 REJECT_WHEN = "amount < 0"
@@ -88,12 +88,7 @@ def start(spark: SparkSession, df: DataFrame, props: dict[str, str], ck: str, en
 
 if __name__ == "__main__":
     props, src, ck, entry = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-    spark = (
-        short_lived(SparkSession.builder.master("local[2]"))
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
+    spark = local_session()
     lakesink.register(spark)
     q = start(spark, stream(spark, src, poison="--poison" in sys.argv), props, ck, entry)
     q.awaitTermination()  # type: ignore[attr-defined]

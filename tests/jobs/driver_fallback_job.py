@@ -13,23 +13,15 @@ import json
 import logging
 import sys
 
-from pyspark.sql import SparkSession
-
 import lakesink
-from tests.jobs.jvm import short_lived
+from tests.jobs.jvm import local_session
 
 DDL = "id long, payload string"
 
 if __name__ == "__main__":
     props, src, ck, writer, max_result_size = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
-    spark = (
-        short_lived(SparkSession.builder.master("local[2]"))
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.maxResultSize", max_result_size)
-        .getOrCreate()
-    )
+    spark = local_session({"spark.driver.maxResultSize": max_result_size})
     spark.sparkContext.setLogLevel("ERROR")
     df = spark.readStream.schema(DDL).option("maxFilesPerTrigger", 1).json(src)
     sink = lakesink.foreach_batch("db.events", catalog_properties=props, writer=writer)

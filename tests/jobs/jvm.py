@@ -95,6 +95,17 @@ def short_lived(builder: SparkSession.Builder) -> SparkSession.Builder:
     return builder.config("spark.driver.extraJavaOptions", java_options())
 
 
+def local_session(conf: dict[str, str] | None = None) -> SparkSession:
+    """The Spark session of a test's job process: local[2] with two shuffle partitions, no UI, the short-lived driver
+    JVM's options; ``conf``: more of Spark's settings."""
+    from pyspark.sql import SparkSession  # here: this module is imported where pyspark is not (tests/test_examples.py)
+
+    builder = short_lived(SparkSession.builder.master("local[2]")).config("spark.ui.enabled", "false")
+    for k, v in {"spark.sql.shuffle.partitions": "2", **(conf or {})}.items():
+        builder = builder.config(k, v)
+    return builder.getOrCreate()
+
+
 def submit_args() -> str:
     """``PYSPARK_SUBMIT_ARGS`` that start the driver JVM with the same options, for a child process whose own code
     builds its session (a docs page's script, tests/test_docs.py): PySpark hands them to spark-submit."""

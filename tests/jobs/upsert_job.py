@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 import lakesink
-from tests.jobs.jvm import short_lived
+from tests.jobs.jvm import local_session
 
 EVENTS_DDL = "eid long, id long, value string, seq long, op string"
 
@@ -76,12 +76,7 @@ def writer(spark: SparkSession, props: dict[str, str], src: str, ck: str, entry:
 if __name__ == "__main__":
     props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
     entry = sys.argv[4] if len(sys.argv) > 4 else "foreach"
-    spark = (
-        short_lived(SparkSession.builder.master("local[2]"))
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
+    spark = local_session()
     spark.sparkContext.setLogLevel("ERROR")
     q = writer(spark, props, src, ck, entry, len(sys.argv) > 5 and sys.argv[5] == "routed").start()
     q.awaitTermination()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.maintenance.expiry import ExpiryReport, expire_snapshots
 from lakesink.table.keys import SUMMARY_RESTORED_FROM
+from tests.support.files import local_file
 from tests.support.helpers import commit, load, make_committer, raced, table_ids, write_task
 
 Q = "11111111-aaaa-4000-8000-000000000001"
@@ -33,10 +33,6 @@ Q = "11111111-aaaa-4000-8000-000000000001"
 @pytest.fixture
 def catalog_properties(any_catalog_properties: dict[str, str]) -> dict[str, str]:
     return any_catalog_properties
-
-
-def local(uri: str) -> Path:
-    return Path(uri.removeprefix("file://"))
 
 
 def reachable(table: Table) -> set[str]:
@@ -96,7 +92,7 @@ def tag_the_first_during_expiry(c: TableCommitter, faults: Any) -> tuple[int, Co
 
 
 def assert_every_referenced_file_exists(table: Table) -> None:
-    missing = {p for p in reachable(table) if not local(p).exists()}
+    missing = {p for p in reachable(table) if not local_file(p).exists()}
     assert not missing, f"the table references missing files: {missing}"
     for snapshot in table.snapshots():
         table.scan(snapshot_id=snapshot.snapshot_id).to_arrow()
@@ -113,7 +109,7 @@ def test_a_tag_created_between_expirys_read_and_its_swap_is_kept_with_its_files(
     assert "audit" in table.metadata.refs, "the tag created during the expiry was dropped"
     assert table.metadata.refs["audit"].snapshot_id == first  # the tag, on the very snapshot the user tagged
     assert ids_at(table, first) == tagged_rows
-    assert all(local(p).exists() for p in tagged_files), "files the tagged snapshot reads were deleted"
+    assert all(local_file(p).exists() for p in tagged_files), "files the tagged snapshot reads were deleted"
     # the first attempt's swap conflicted (the pointer moved); the second decided again, on the metadata with the tag
     assert report.status == "committed" and report.attempts == 2, report
     assert first not in report.expired_snapshot_ids and report.restored_refs == ()
@@ -138,7 +134,7 @@ def test_a_tag_created_during_expiry_is_kept_when_the_catalog_applies_updates_to
     tag = table.metadata.refs["audit"]
     assert str(tag.snapshot_ref_type.value) == "tag"
     assert ids_at(table, tag.snapshot_id) == tagged_rows
-    assert all(local(p).exists() for p in tagged_files), "files the tagged snapshot reads were deleted"
+    assert all(local_file(p).exists() for p in tagged_files), "files the tagged snapshot reads were deleted"
     assert_every_referenced_file_exists(table)
     assert report.restored_refs == ("audit",) and report.files_kept == ""
     restored = table.metadata.snapshot_by_id(tag.snapshot_id)
@@ -173,8 +169,8 @@ def test_files_of_expired_snapshots_another_clean_up_removed_first_do_not_fail_t
         table = real_reload(t)
         present = {s.snapshot_id for s in table.snapshots()}
         for sid in snapshot_ids[:2]:
-            if sid not in present and local(lists[sid]).exists():
-                local(lists[sid]).unlink()
+            if sid not in present and local_file(lists[sid]).exists():
+                local_file(lists[sid]).unlink()
                 removed_by_other.append(lists[sid])
         return table
 
@@ -185,7 +181,7 @@ def test_files_of_expired_snapshots_another_clean_up_removed_first_do_not_fail_t
     assert set(report.expired_snapshot_ids) == set(snapshot_ids[:4])
     # the expiry deleted the manifest lists of the other two expired snapshots, as it would have without the race
     assert {lists[sid] for sid in snapshot_ids[2:4]} <= set(report.deleted_files)
-    assert not any(local(lists[sid]).exists() for sid in snapshot_ids[:4])
+    assert not any(local_file(lists[sid]).exists() for sid in snapshot_ids[:4])
     table = load(c)
     assert_every_referenced_file_exists(table)
     assert table_ids(table) == Counter(b * 10 + i for b in range(5) for i in range(3))

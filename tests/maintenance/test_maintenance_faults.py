@@ -15,24 +15,19 @@ import lakesink
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.maintenance import compaction, expiry
-from lakesink.options import Maintenance
 from tests.support.helpers import (
     Q1,
     arrow_rows,
     commit,
+    committer_no_maintenance,
     load,
     missing_referenced_files,
-    open_committer,
     raced,
     table_ids,
     write_task,
 )
 
 SCHEMA = arrow_rows([]).schema
-
-
-def _committer(props: dict[str, str], table_properties: dict[str, str]) -> TableCommitter:
-    return open_committer(props, table_properties=table_properties, maintenance=Maintenance.OFF)
 
 
 def _run_with_another_writer(c: TableCommitter, faults: Any, step: Callable[[], Any]) -> tuple[Any, list[int]]:
@@ -43,7 +38,7 @@ def _run_with_another_writer(c: TableCommitter, faults: Any, step: Callable[[], 
 
 @pytest.mark.parametrize("what", ["compact", "expire", "rewrite-manifests"])
 def test_another_writer_committing_during_maintenance(catalog_properties: dict[str, str], faults: Any, what: str) -> None:
-    c = _committer(
+    c = committer_no_maintenance(
         catalog_properties,
         {
             "commit.manifest-merge.enabled": "false",

@@ -44,6 +44,7 @@ from lakesink.maintenance.orphans import IN_FLIGHT_WINDOW, OrphanFile, OrphanRep
 from lakesink.options import Maintenance, OutputMode, SinkOptions
 from lakesink.table import names
 from tests.conftest import sql_catalog_properties
+from tests.support.files import local_file
 from tests.support.helpers import EVENTS, arrow_rows, commit, load, make_committer, sink_committer, table_ids, write_task
 from tests.support.job_process import run_script
 from tests.support.timeouts import guard
@@ -66,13 +67,9 @@ def catalog_properties(any_catalog_properties: dict[str, str]) -> dict[str, str]
     return any_catalog_properties
 
 
-def local(uri: str) -> Path:
-    return Path(uri.removeprefix("file://"))
-
-
 def on_disk(table: Table) -> set[str]:
     """Every file under the table location (hidden names excluded), spelled as the table spells paths."""
-    root = local(table.location())
+    root = local_file(table.location())
     return {
         f"file://{p}"
         for p in root.rglob("*")
@@ -98,7 +95,7 @@ def assert_intact(table: Table, *, read_every_snapshot: bool = True) -> None:
     """Never a committed reference to a missing file: every referenced file exists and every snapshot
     (or only the current one) reads."""
     table = table.refresh()
-    missing = {p for p in reachable(table) if not local(p).exists()}
+    missing = {p for p in reachable(table) if not local_file(p).exists()}
     assert not missing, f"the table references missing files: {missing}"
     for snapshot in table.snapshots() if read_every_snapshot else [table.current_snapshot()]:
         if snapshot is not None:
@@ -123,11 +120,11 @@ def files_of(*results: TaskResult) -> set[str]:
 def backdate(uris: Iterable[str], age: timedelta) -> None:
     when = time.time() - age.total_seconds()
     for uri in uris:
-        os.utime(local(uri), (when, when))
+        os.utime(local_file(uri), (when, when))
 
 
 def plant(table: Table, relative: str, content: bytes = b"not referenced by anything") -> str:
-    path = local(table.location()) / relative
+    path = local_file(table.location()) / relative
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
     return f"file://{path}"
@@ -333,7 +330,7 @@ def test_unreferenced_files_are_removed_only_when_older_than_the_threshold(commi
 
     one_day = remove_orphan_files(table, older_than=timedelta(days=1))
     assert paths(one_day.removed) == two_days and paths(one_day.kept_too_young) == twelve_hours
-    assert not any(local(p).exists() for p in two_days) and all(local(p).exists() for p in twelve_hours)
+    assert not any(local_file(p).exists() for p in two_days) and all(local_file(p).exists() for p in twelve_hours)
 
     # files lakesink did not name wait a day whatever older_than says (another writer's commit may still come)
     kept = remove_orphan_files(table, older_than=timedelta(hours=11))
@@ -383,7 +380,7 @@ def test_referenced_files_are_never_removed(catalog_properties: dict[str, str]) 
         StatisticsFile(  # type: ignore[call-arg]  # pydantic fields by name (their aliases are the spec's keys)
             snapshot_id=third,
             statistics_path=stats,
-            file_size_in_bytes=local(stats).stat().st_size,
+            file_size_in_bytes=local_file(stats).stat().st_size,
             file_footer_size_in_bytes=0,
             blob_metadata=[
                 BlobMetadata(type="apache-datasketches-theta-v1", snapshot_id=third, sequence_number=3, fields=[1])  # type: ignore[call-arg]
@@ -453,7 +450,7 @@ def spark_path_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[i
     """
     written = write_task(c, query_id, batch_id, ids)
     (f,) = written.files
-    source = local(f.path)
+    source = local_file(f.path)
     directory = source.parent / names.batch_directory_name(query_id=query_id, batch_id=batch_id, token=names.new_token())
     directory.mkdir()
     target = directory / f"part-00000-{uuid.uuid4()}-c000.zstd.parquet"
@@ -592,8 +589,8 @@ def test_files_are_held_when_the_query_id_prefix_is_ambiguous(committer: TableCo
 def test_a_possible_next_metadata_version_is_kept(committer: TableCommitter) -> None:
     commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1])])
     table = load(committer)
-    current = json.loads(local(table.metadata_location).read_text())
-    folder = local(table.metadata_location).parent
+    current = json.loads(local_file(table.metadata_location).read_text())
+    folder = local_file(table.metadata_location).parent
 
     def variant(log_end: str) -> str:
         md = dict(current)
@@ -648,7 +645,7 @@ def test_another_writers_commit_in_flight_survives_older_than_zero(committer: Ta
     assert all("not named by lakesink" in f.reason for f in report.kept_too_young)
     swap()
     table = load(committer)
-    assert {p for p in reachable(table) if not local(p).exists()} == set()
+    assert {p for p in reachable(table) if not local_file(p).exists()} == set()
     ids = Counter(interop.duckdb_query(load(committer).metadata_location, "SELECT id FROM t").column("id").to_pylist())
     assert ids == (Counter([1, 2, 7, 8, 9]) if how == "pyiceberg append" else Counter([2]))
 
@@ -676,7 +673,7 @@ def test_other_writers_files_go_at_the_age_the_caller_gives(committer: TableComm
     assert done.exit_code == 0, done.output
     assert [f["path"] for f in json.loads(done.output)["removed"]] == [stray]
     assert json.loads(done.output)["other_writers_older_than_seconds"] == 3600
-    assert not local(stray).exists()
+    assert not local_file(stray).exists()
     with pytest.raises(InvalidOptionError, match="other_writers_older_than"):
         remove_orphan_files(table, other_writers_older_than=timedelta(seconds=-1))
 
@@ -710,7 +707,7 @@ def test_a_data_path_outside_the_table_location_is_refused(committer: TableCommi
     assert len(list(elsewhere.iterdir())) == 1
     with pytest.raises(LakesinkError, match=r"write\.data\.path=.* outside its location"):
         remove_orphan_files(table, older_than=ZERO)
-    assert local(stray).exists() and len(list(elsewhere.iterdir())) == 1
+    assert local_file(stray).exists() and len(list(elsewhere.iterdir())) == 1
     table.transaction().set_properties({"write.data.path": f"{table.location()}/data2"}).commit_transaction()
     assert paths(remove_orphan_files(load(committer), older_than=ZERO).removed) == {stray}
 
@@ -739,7 +736,7 @@ def test_nested_tables_and_symbolic_links_are_not_touched(committer: TableCommit
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "precious.parquet").write_bytes(b"someone else's")
-    (local(table.location()) / "data" / "link").symlink_to(outside)
+    (local_file(table.location()) / "data" / "link").symlink_to(outside)
     stray = plant(table, "data/leftover.parquet")
     backdate(on_disk(table) | {f"file://{outside / 'precious.parquet'}"}, timedelta(days=10))
 
@@ -893,7 +890,7 @@ def test_cli_dry_run_json_then_removal(committer: TableCommitter) -> None:
     assert out["dry_run"] is True and out["older_than_seconds"] == 12 * 3600
     assert {f["path"] for f in out["removed"]} == {foreign}
     assert {f["path"] for f in out["kept_too_young"]} == files_of(stray, pending)
-    assert out["removed_count"] == 1 and out["removed_bytes"] == local(foreign).stat().st_size
+    assert out["removed_count"] == 1 and out["removed_bytes"] == local_file(foreign).stat().st_size
     assert on_disk(table) == everything
 
     human = runner.invoke(main, [*args, "--older-than", "0"])
@@ -924,7 +921,7 @@ def test_a_file_that_cannot_be_removed_is_reported(committer: TableCommitter, mo
     assert "FAILED to remove 1 file(s)" in result.output and "PermissionError: access denied" in result.output
     assert "1 orphan file(s) could not be removed" in result.output
     monkeypatch.undo()
-    assert local(locked).exists() and not local(free).exists()
+    assert local_file(locked).exists() and not local_file(free).exists()
     report = remove_orphan_files(table)
     assert paths(report.removed) == {locked} and report.ok
 

@@ -38,7 +38,8 @@ from lakesink.maintenance.orphans import IN_FLIGHT_WINDOW, OrphanReport, remove_
 from lakesink.options import OutputMode, SinkOptions, TableName
 from lakesink.table import names
 from lakesink.table.keys import DELETED
-from tests.maintenance.test_orphans import assert_intact, backdate, local, on_disk, plant, reachable, spark_path_task
+from tests.maintenance.test_orphans import assert_intact, backdate, on_disk, plant, reachable, spark_path_task
+from tests.support.files import local_file
 from tests.support.helpers import arrow_rows, as_another_process, commit, load, sink_committer, table_ids, write_task
 
 Q = "11111111-aaaa-4000-8000-000000000001"
@@ -323,7 +324,7 @@ def test_a_maintenance_commits_leftovers_are_kept_for_the_in_flight_window_by_na
     assert all("lakesink" in f.reason and "may still land" in f.reason for f in report.kept_in_flight)
     backdate({old_name_young_file}, window + timedelta(hours=1))
     assert {f.path for f in remove_orphan_files(table, older_than=ZERO).removed} == {old_name_young_file}
-    assert all(local(p).exists() for p in (young_file, young_manifest))
+    assert all(local_file(p).exists() for p in (young_file, young_manifest))
     assert table_ids(load(c)) == Counter(range(4))
 
 

@@ -19,14 +19,13 @@ import lakesink
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.maintenance import expiry
-from lakesink.options import Maintenance
 from tests.support.helpers import (
     Q1,
     arrow_rows,
     commit,
+    committer_no_maintenance,
     load,
     missing_referenced_files,
-    open_committer,
     table_ids,
     write_task,
 )
@@ -34,10 +33,6 @@ from tests.support.helpers import (
 SCHEMA = arrow_rows([]).schema
 Q2 = "22222222-bbbb-4000-8000-000000000002"
 LATER = 3_600_000  # expiry runs "one hour later" (now_ms), so every snapshot is that old
-
-
-def _committer(props: dict[str, str], table_properties: dict[str, str], branch: str = "main") -> TableCommitter:
-    return open_committer(props, table_properties=table_properties, branch=branch, maintenance=Maintenance.OFF)
 
 
 def _batches(c: TableCommitter, query: str, n: int, *, start: int = 0, base: int = 0) -> list[int]:
@@ -58,7 +53,7 @@ def _later() -> int:
 
 
 def test_refs_older_than_the_tables_max_ref_age_are_removed_but_never_main(catalog_properties: dict[str, str]) -> None:
-    c = _committer(
+    c = committer_no_maintenance(
         catalog_properties,
         # min-snapshots-to-keep 1 (Iceberg's default; a table lakesink creates keeps 100)
         {
@@ -86,7 +81,7 @@ def test_refs_older_than_the_tables_max_ref_age_are_removed_but_never_main(catal
 
 
 def test_a_refs_own_max_ref_age_overrides_the_tables(catalog_properties: dict[str, str]) -> None:
-    c = _committer(catalog_properties, {"history.expire.min-snapshots-to-keep": "10"})  # max ref age: forever
+    c = committer_no_maintenance(catalog_properties, {"history.expire.min-snapshots-to-keep": "10"})  # max ref age: forever
     _batches(c, Q1, 3)
     table = load(c)
     s0, s1 = table.snapshots()[0].snapshot_id, table.snapshots()[1].snapshot_id
@@ -113,7 +108,7 @@ def test_branch_retention_is_per_branch(catalog_properties: dict[str, str]) -> N
     """main keeps its head only (table: max age 0, min 1); branch 'audit' keeps 3 snapshots (its own
     min-snapshots-to-keep); branch 'forever' keeps its whole history (its own max-snapshot-age-ms)."""
     props = {"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": "1"}
-    main = _committer(catalog_properties, props)
+    main = committer_no_maintenance(catalog_properties, props)
     _batches(main, Q1, 2)
     table = load(main)
     head = table.current_snapshot()
@@ -121,9 +116,9 @@ def test_branch_retention_is_per_branch(catalog_properties: dict[str, str]) -> N
     table.manage_snapshots().create_branch(head.snapshot_id, "audit", min_snapshots_to_keep=3).create_branch(
         head.snapshot_id, "forever", max_snapshot_age_ms=LATER * 10
     ).commit()
-    audit = _committer(catalog_properties, props, branch="audit")
+    audit = committer_no_maintenance(catalog_properties, props, branch="audit")
     _batches(audit, Q2, 5, base=100_000)
-    forever = _committer(catalog_properties, props, branch="forever")
+    forever = committer_no_maintenance(catalog_properties, props, branch="forever")
     _batches(forever, "33333333-cccc-4000-8000-000000000003", 3, base=200_000)
     _batches(main, Q1, 3, start=2)
     table = load(main)
@@ -145,9 +140,9 @@ def test_a_branch_a_lakesink_query_writes_to_is_kept_with_a_warning(
     catalog_properties: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     props = {"history.expire.max-ref-age-ms": "60000"}
-    main = _committer(catalog_properties, props)
+    main = committer_no_maintenance(catalog_properties, props)
     _batches(main, Q1, 2)
-    staging = _committer(catalog_properties, props, branch="staging")  # the query's branch, created from main
+    staging = committer_no_maintenance(catalog_properties, props, branch="staging")  # the query's branch, created from main
     sent = _batches(staging, Q2, 3, base=100_000)
     table = load(main)
     table.manage_snapshots().create_branch(table.snapshots()[0].snapshot_id, "abandoned").commit()
@@ -182,7 +177,7 @@ def test_expiry_cli_reports_removed_and_protected_refs(catalog_properties: dict[
 
     from lakesink.cli import main as cli
 
-    c = _committer(catalog_properties, {"history.expire.max-ref-age-ms": "0"})
+    c = committer_no_maintenance(catalog_properties, {"history.expire.max-ref-age-ms": "0"})
     _batches(c, Q1, 2)
     table = load(c)
     table.manage_snapshots().create_tag(table.snapshots()[0].snapshot_id, "t").commit()
@@ -200,7 +195,7 @@ def test_commits_to_a_branch_keep_its_retention_properties(catalog_properties: d
     """pyiceberg's snapshot producer sets the branch with a SetSnapshotRefUpdate without the ref's retention, so
     every batch commit (and compaction, manifest rewrite) to a branch wiped its min-snapshots-to-keep,
     max-snapshot-age-ms and max-ref-age-ms; Java keeps them (SnapshotRef.builderFrom). Failed before the fix."""
-    c = _committer(catalog_properties, {})
+    c = committer_no_maintenance(catalog_properties, {})
     _batches(c, Q1, 1)
     table = load(c)
     head = table.current_snapshot()
@@ -208,7 +203,7 @@ def test_commits_to_a_branch_keep_its_retention_properties(catalog_properties: d
     table.manage_snapshots().create_branch(
         head.snapshot_id, "audit", max_ref_age_ms=7, max_snapshot_age_ms=8, min_snapshots_to_keep=9
     ).commit()
-    audit = _committer(catalog_properties, {}, branch="audit")
+    audit = committer_no_maintenance(catalog_properties, {}, branch="audit")
     _batches(audit, Q2, 6, base=100_000)
     assert lakesink.compact(load(c), branch="audit").status == "committed"
     assert lakesink.rewrite_manifests(load(c), branch="audit").status.startswith(("committed", "nothing"))

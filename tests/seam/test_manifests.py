@@ -143,34 +143,20 @@ def _data_file(spec: str, i: int, content: DataFileContent = DataFileContent.DAT
 def _entries(spec: str, version: int, content: DataFileContent = DataFileContent.DATA) -> list[tuple[str, ManifestEntry]]:
     """(how the writer takes it, the entry): one added by this snapshot, one existing, one deleted."""
     existing_seq = 3 if version > 1 else None
-    return [
-        (
-            "add",
-            ManifestEntry.from_args(
-                status=ManifestEntryStatus.ADDED, snapshot_id=SNAPSHOT, data_file=_data_file(spec, 0, content)
-            ),
-        ),
-        (
-            "existing",
-            ManifestEntry.from_args(
-                status=ManifestEntryStatus.EXISTING,
-                snapshot_id=OLD_SNAPSHOT,
-                sequence_number=existing_seq,
-                file_sequence_number=existing_seq,
-                data_file=_data_file(spec, 1, content),
-            ),
-        ),
-        (
-            "delete",
-            ManifestEntry.from_args(
-                status=ManifestEntryStatus.ADDED,
-                snapshot_id=OLD_SNAPSHOT,
-                sequence_number=existing_seq,
-                file_sequence_number=existing_seq,
-                data_file=_data_file(spec, 2, content),
-            ),
-        ),
-    ]
+
+    def older(status: ManifestEntryStatus, n: int) -> ManifestEntry:
+        """Entry ``n``, of an older snapshot."""
+        return ManifestEntry.from_args(
+            status=status,
+            snapshot_id=OLD_SNAPSHOT,
+            sequence_number=existing_seq,
+            file_sequence_number=existing_seq,
+            data_file=_data_file(spec, n, content),
+        )
+
+    new = _data_file(spec, 0, content)
+    added = ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=SNAPSHOT, data_file=new)
+    return [("add", added), ("existing", older(ManifestEntryStatus.EXISTING, 1)), ("delete", older(ManifestEntryStatus.ADDED, 2))]
 
 
 def plain(value: Any) -> Any:
@@ -338,8 +324,6 @@ def test_the_prepared_merge_append_stages_what_pyicebergs_stages(catalog: Any, v
     """pyiceberg's merge-append producer and lakesink's (its ``_manifests`` and ``_commit`` re-implemented in the seam)
     on the same table, with the same snapshot id: the same updates and requirements, the same snapshot (summary,
     parent, sequence number, schema) and manifest lists that read back the same, but for the files' own paths."""
-    from pyiceberg.table import Transaction
-    from pyiceberg.table.snapshots import Operation
     from pyiceberg.table.update import AddSnapshotUpdate
     from pyiceberg.table.update.snapshot import _MergeAppendFiles
 
@@ -354,12 +338,7 @@ def test_the_prepared_merge_append_stages_what_pyicebergs_stages(catalog: Any, v
     table = catalog.load_table(name)
     staged = {}
     for who, cls in (("theirs", _MergeAppendFiles), ("ours", seam_producers._MergeAppend)):
-        tx = Transaction(table, autocommit=False)
-        producer = cls(operation=Operation.APPEND, transaction=tx, io=table.io, snapshot_properties={"k": "v"})
-        producer._snapshot_id = SNAPSHOT
-        producer.append_data_file(_data_file("days-bucket-truncate", 3))
-        producer.commit()
-        staged[who] = tx
+        staged[who] = _staged_merge_append(table, cls)
     theirs, ours = staged["theirs"], staged["ours"]
     assert [type(u) for u in ours._updates] == [type(u) for u in theirs._updates]
     assert ours._requirements == theirs._requirements
@@ -392,8 +371,6 @@ def test_the_prepared_merge_append_merges_manifests_as_pyiceberg_does(
     manifests in the same order, a merged one holding the same entries (EXISTING for the carried-over files, ADDED for
     the new one), whether every manifest fits one bin or the target size splits them into two. lakesink's never asks
     for pyiceberg's executor (a thread hand-off per table of a routed unit: docs/performance.md)."""
-    from pyiceberg.table import Transaction
-    from pyiceberg.table.snapshots import Operation
     from pyiceberg.table.update import AddSnapshotUpdate
     from pyiceberg.table.update.snapshot import _MergeAppendFiles
     from pyiceberg.utils.concurrent import ExecutorFactory
@@ -424,12 +401,7 @@ def test_the_prepared_merge_append_merges_manifests_as_pyiceberg_does(
     for who, cls in (("theirs", _MergeAppendFiles), ("ours", seam_producers._MergeAppend)):
         if who == "ours":
             monkeypatch.setattr(ExecutorFactory, "get_or_create", staticmethod(_no_executor))
-        tx = Transaction(table, autocommit=False)
-        producer = cls(operation=Operation.APPEND, transaction=tx, io=table.io, snapshot_properties={"k": "v"})
-        producer._snapshot_id = SNAPSHOT
-        producer.append_data_file(_data_file("days-bucket-truncate", 3))
-        producer.commit()
-        staged[who] = tx
+        staged[who] = _staged_merge_append(table, cls)
     theirs, ours = staged["theirs"], staged["ours"]
     assert ours._requirements == theirs._requirements
     added_theirs, added_ours = theirs._updates[0], ours._updates[0]
@@ -446,6 +418,20 @@ def test_the_prepared_merge_append_merges_manifests_as_pyiceberg_does(
         assert [plain(e) for e in mine.fetch_manifest_entry(table.io, discard_deleted=False)] == [
             plain(e) for e in pyicebergs.fetch_manifest_entry(table.io, discard_deleted=False)
         ]
+
+
+def _staged_merge_append(table: Any, producer_class: Any) -> Any:
+    """A transaction of ``table`` staging one data file's merge append, made by ``producer_class`` (pyiceberg's or
+    lakesink's), not committed."""
+    from pyiceberg.table import Transaction
+    from pyiceberg.table.snapshots import Operation
+
+    tx = Transaction(table, autocommit=False)
+    producer = producer_class(operation=Operation.APPEND, transaction=tx, io=table.io, snapshot_properties={"k": "v"})
+    producer._snapshot_id = SNAPSHOT
+    producer.append_data_file(_data_file("days-bucket-truncate", 3))
+    producer.commit()
+    return tx
 
 
 def _no_executor() -> None:

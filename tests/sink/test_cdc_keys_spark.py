@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.errors import StreamingQueryException
 
 import lakesink
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP
-from tests.support.helpers import lakesink_snapshots, run_to_end
+from tests.support.helpers import fail_once_at, lakesink_snapshots, run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -128,10 +127,8 @@ def test_tables_keyed_by_their_kafka_keys_equal_the_model(
     run_to_end(start(spark, catalog_properties, src, ck))
     assert_tables_are(catalog_properties, events[:1])
     write_round(src, 1, events[1])
-    faults.arm(DRIVER_AFTER_SWAP, "raise")  # the unit committed, then a failure before Spark's commit log
-    with pytest.raises(StreamingQueryException):
-        run_to_end(start(spark, catalog_properties, src, ck))
-    faults.clear()
+    # the unit committed, then a failure before Spark's commit log
+    fail_once_at(faults, DRIVER_AFTER_SWAP, lambda: run_to_end(start(spark, catalog_properties, src, ck)))
     write_round(src, 2, events[2])
     run_to_end(start(spark, catalog_properties, src, ck))  # replays batch 1 (found in every table), then batch 2
     assert_tables_are(catalog_properties, events)
@@ -155,10 +152,8 @@ def test_truncates_apply_at_their_position_in_the_batch_and_its_unit(
     write_round(src, 0, zero)
     run_to_end(start(spark, catalog_properties, src, ck))
     write_round(src, 1, one)
-    faults.arm(DRIVER_AFTER_SWAP, "raise")  # the truncating unit committed, then a failure before Spark's commit log
-    with pytest.raises(StreamingQueryException):
-        run_to_end(start(spark, catalog_properties, src, ck))
-    faults.clear()
+    # the truncating unit committed, then a failure before Spark's commit log
+    fail_once_at(faults, DRIVER_AFTER_SWAP, lambda: run_to_end(start(spark, catalog_properties, src, ck)))
     run_to_end(start(spark, catalog_properties, src, ck))  # the replay finds the unit in both tables
     assert_tables_are(catalog_properties, [zero, one])
     assert model([zero, one])[acc] == {(1,): {"id": 1, "name": "after"}}

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-import lakesink
 from lakesink.audit.completeness import table_watermark
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_BEFORE_SWAP
@@ -24,7 +23,7 @@ from lakesink.table.keys import (
     SUMMARY_WATERMARK,
     SUMMARY_WATERMARK_NOTE,
 )
-from tests.support.helpers import Stream, assert_snapshot_invariants, lakesink_snapshots, table_ids
+from tests.support.helpers import Stream, assert_snapshot_invariants, lakesink_snapshots, run_to_end, start_sink, table_ids
 
 pytestmark = pytest.mark.spark
 
@@ -37,25 +36,11 @@ def _ts_ms(i: int) -> int:
 
 def _start(s: Stream, **extra: Any) -> Any:
     df = s.spark.readStream.schema(s.ddl).option("maxFilesPerTrigger", 1).json(str(s.src)).withWatermark("ts", "1 hour")
-    if s.entry == "format":
-        w = df.writeStream.format("lakesink").option("table", s.table_name)
-        for k, v in s.props.items():
-            w = w.option(f"catalog.{k}", v)
-        for k, v in extra.items():
-            w = w.option(k.replace("_", "-"), v)
-    else:
-        w = df.writeStream.foreachBatch(
-            lakesink.foreach_batch(s.table_name, catalog_properties=s.props, **{k.replace("-", "_"): v for k, v in extra.items()})
-        )
-    return w.option("checkpointLocation", str(s.ck)).trigger(availableNow=True).start()
+    return start_sink(df, s.entry, s.ck, s.props, table=s.table_name, **extra)
 
 
 def _run(s: Stream, **extra: Any) -> None:
-    q = _start(s, **extra)
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(_start(s, **extra))
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])
@@ -126,18 +111,7 @@ def test_a_routed_sink_records_the_watermark_in_every_table(
     s.add_input(files=3, rows_per_file=20)
     df = s.spark.readStream.schema(s.ddl).option("maxFilesPerTrigger", 1).json(str(s.src)).withWatermark("ts", "1 hour")
     df = df.withColumn("route", F.concat(F.lit("db.r"), (F.col("id") % 2).cast("string")))
-    if entry == "format":
-        w = df.writeStream.format("lakesink").option("route-by", "route").option("event-time", "ts")
-        for k, v in s.props.items():
-            w = w.option(f"catalog.{k}", v)
-    else:
-        sink: Any = lakesink.foreach_batch(route_by="route", catalog_properties=s.props, event_time="ts")
-        w = df.writeStream.foreachBatch(sink)
-    q = w.option("checkpointLocation", str(s.ck)).trigger(availableNow=True).start()
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(start_sink(df, entry, s.ck, s.props, route_by="route", event_time="ts"))
     catalog = catalogs.load(None, s.props)
     by_table = {}
     for name in ("r0", "r1"):

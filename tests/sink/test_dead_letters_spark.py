@@ -24,7 +24,7 @@ from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, EXEC
 from lakesink.table import dead_letters as dl
 from lakesink.table.markers import last_committed_batch
 from tests.jobs import dead_letter_job as job
-from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots
+from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end
 from tests.support.stream_input import write_stream_lines
 
 pytestmark = pytest.mark.spark
@@ -168,10 +168,7 @@ def run_here(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str)
     """The job's stream (tests/jobs/dead_letter_job.py) in this test process's Spark session, until done: a restart
     from the checkpoint as the job does it, without the start-up of a JVM of its own."""
     q: Any = job.start(spark, job.stream(spark, str(src)), props, str(ck), entry)
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(q)
 
 
 def _job(props: dict[str, str], src: Path, ck: Path, entry: str) -> subprocess.CompletedProcess[str]:
@@ -355,6 +352,22 @@ def test_max_rejected_fraction_with_upsert_key_is_of_the_batchs_rows(spark: Any,
     assert [s["batch_id"] for s in lakesink_snapshots(table)] == [0]  # batch 1 committed nothing
 
 
+def _start_with_reject_when(spark: Any, tmp_path: Path, reject_when: str) -> tuple[Any, dict[str, str], list[int]]:
+    """foreach_batch into db.events with upsert-key id, dead letters and ``reject_when``, started over one file of
+    2,000 ids read by four tasks: the query, the catalog's properties, the ids sent."""
+    src = tmp_path / "input"
+    src.mkdir()
+    ids_in = list(range(1, 2001))
+    (src / "part-0.json").write_text("\n".join(json.dumps({"id": i, "user": f"u{i}", "amount": float(i)}) for i in ids_in))
+    props = catalog(tmp_path, "foreach")
+    sink: Any = lakesink.foreach_batch(
+        "db.events", catalog_properties=props, upsert_key="id", dead_letter_table="db.dead", reject_when=reject_when
+    )
+    df = spark.readStream.schema("id long, user string, amount double").json(str(src)).repartition(4)
+    q = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
+    return q, props, ids_in
+
+
 @pytest.mark.parametrize(
     "reject_when",
     ["coin(id)", "rand() < 0.5", "id < 0 or uuid() < '8'", "unix_micros(current_timestamp()) % 2 = 0"],
@@ -373,16 +386,7 @@ def test_a_non_deterministic_reject_when_puts_every_row_in_exactly_one_table(
     from pyspark.sql import functions as F
 
     spark.udf.register("coin", F.udf(lambda i: random.random() < 0.5, "boolean").asNondeterministic())
-    src = tmp_path / "input"
-    src.mkdir()
-    ids_in = list(range(1, 2001))
-    (src / "part-0.json").write_text("\n".join(json.dumps({"id": i, "user": f"u{i}", "amount": float(i)}) for i in ids_in))
-    props = catalog(tmp_path, "foreach")
-    sink: Any = lakesink.foreach_batch(
-        "db.events", catalog_properties=props, upsert_key="id", dead_letter_table="db.dead", reject_when=reject_when
-    )
-    df = spark.readStream.schema("id long, user string, amount double").json(str(src)).repartition(4)
-    q = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
+    q, props, _ = _start_with_reject_when(spark, tmp_path, reject_when)
     with pytest.raises(Exception, match=r"option 'reject-when' .* is not deterministic"):
         q.awaitTermination()
     cat = catalogs.load(None, props)
@@ -393,16 +397,7 @@ def test_a_non_deterministic_reject_when_puts_every_row_in_exactly_one_table(
 def test_a_deterministic_reject_when_with_upsert_key_puts_every_row_in_exactly_one_table(spark: Any, tmp_path: Path) -> None:
     """The guard of the test above: a deterministic reject-when over many rows and tasks, every input id once in the
     table or the dead-letter table (a multiset)."""
-    src = tmp_path / "input"
-    src.mkdir()
-    ids_in = list(range(1, 2001))
-    (src / "part-0.json").write_text("\n".join(json.dumps({"id": i, "user": f"u{i}", "amount": float(i)}) for i in ids_in))
-    props = catalog(tmp_path, "foreach")
-    sink: Any = lakesink.foreach_batch(
-        "db.events", catalog_properties=props, upsert_key="id", dead_letter_table="db.dead", reject_when="hash(id) % 2 = 0"
-    )
-    df = spark.readStream.schema("id long, user string, amount double").json(str(src)).repartition(4)
-    q = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
+    q, props, ids_in = _start_with_reject_when(spark, tmp_path, "hash(id) % 2 = 0")
     q.awaitTermination()
     good, dead = ids(load(props, "events")), Counter(json.loads(r["row"])["id"] for r in letters(props))
     assert good + dead == Counter(ids_in)

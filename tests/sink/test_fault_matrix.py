@@ -51,6 +51,7 @@ from tests.support.helpers import (
     assert_snapshot_invariants,
     data_files_on_disk,
     lakesink_snapshots,
+    paused_at,
     referenced_data_files,
     table_ids,
 )
@@ -77,17 +78,12 @@ def test_row_02_03_06_on_postgres(spark: Any, tmp_path: Path, request: Any, faul
     s.run_failing()
     assert [x["batch_id"] for x in lakesink_snapshots(s.table)] == [0]
     s.add_input(files=1)
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")  # row 6
-    q = s.start()
-    try:
-        faults.wait_reached(DRIVER_BEFORE_SWAP)
+    with paused_at(faults, DRIVER_BEFORE_SWAP, s.start) as q:  # row 6
         other = s.table
         other.append(pa.Table.from_pylist([{"id": -1, "user": "other"}], schema=other.schema().as_arrow()))
         s.sent.append(-1)
         faults.release(DRIVER_BEFORE_SWAP)
         q.awaitTermination(180)
-    finally:
-        q.stop()
     s.assert_exactly_once()
     table = s.table
     assert data_files_on_disk(table) == referenced_data_files(table)
@@ -122,10 +118,7 @@ def test_row_07_zombie_driver_commits_the_same_batch(
     """Two drivers of one query (same query id) commit the same batches: one snapshot per batch."""
     s = Stream(spark, tmp_path, catalog_properties, "format")
     s.add_input(files=3)
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    q = s.start()
-    try:
-        faults.wait_reached(DRIVER_BEFORE_SWAP)  # driver A checked batch 0 and is about to swap
+    with paused_at(faults, DRIVER_BEFORE_SWAP, s.start) as q:  # driver A checked batch 0 and is about to swap
         zombie_ck = tmp_path / "checkpoint-zombie"
         shutil.copytree(s.ck, zombie_ck)  # the same query id, batch 0 planned but not committed
         env = {k: v for k, v in os.environ.items() if k != "LAKESINK_FAULTS_DIR"}
@@ -141,8 +134,6 @@ def test_row_07_zombie_driver_commits_the_same_batch(
         assert [x["batch_id"] for x in lakesink_snapshots(s.table)] == [0, 1, 2]  # driver B committed everything
         faults.release(DRIVER_BEFORE_SWAP)
         q.awaitTermination(180)  # driver A: its swap conflicts, the re-check finds batch 0 committed
-    finally:
-        q.stop()
     table = s.table
     assert {x["query_id"] for x in lakesink_snapshots(table)} == {s.query_id}
     s.assert_exactly_once()
@@ -156,17 +147,12 @@ def test_row_09_retries_exhausted_then_restart(stream: Stream, faults: Any) -> N
                         ("amount", pa.float64()), ("kind", pa.int32())])  # fmt: skip
     cat.create_table(("db", "events"), schema=schema, properties={"commit.retry.num-retries": "0"})
     stream.add_input(files=1)
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    q = stream.start()
-    try:
-        faults.wait_reached(DRIVER_BEFORE_SWAP)
+    with paused_at(faults, DRIVER_BEFORE_SWAP, stream.start) as q:
         stream.table.append(pa.Table.from_pylist([{"id": -5}], schema=schema))  # the conflict
         stream.sent.append(-5)
         faults.release(DRIVER_BEFORE_SWAP)
         with pytest.raises(Exception) as info:
             q.awaitTermination(180)
-    finally:
-        q.stop()
     message = str(info.value)
     assert "CommitConflictError" in message and "commit.retry.num-retries=0" in message
     assert "nothing was committed and its files were deleted; restarting the query replays the batch" in message

@@ -16,14 +16,13 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-import lakesink
 from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.options import SinkOptions
 from lakesink.sink import datasource
 from lakesink.table import names
-from tests.support.helpers import lakesink_snapshots, run_to_end
+from tests.support.helpers import assert_refused, fail_once_at, lakesink_snapshots, run_to_end, start_sink
 
 pytestmark = pytest.mark.spark
 
@@ -66,25 +65,14 @@ def write_round(src: Path, index: int, changes: Sequence[Change]) -> None:
     os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
 
 
+PAYLOAD_UPSERTS = {"route_by": "route", "payload": "doc", "upsert_key": "id", "delete_when": "op = 'd'", "order_by": "seq"}
+"""The sink's options: each row's table is its ``route``, its columns the JSON document ``doc``, upserted by ``id``."""
+
+
 def start(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str = "foreach") -> Any:
     df = spark.readStream.schema("route STRING, op STRING, seq LONG, doc STRING").option("maxFilesPerTrigger", 1).json(str(src))
-    if entry == "format":  # the executors stage the rows; the commit worker opens the tables and writes them
-        lakesink.register(spark)
-        writer = df.writeStream.format("lakesink")
-        options = {"route-by": "route", "payload": "doc", "upsert-key": "id", "delete-when": "op = 'd'", "order-by": "seq"}
-        for k, v in {**options, "merge-schema": "true", **{f"catalog.{k}": v for k, v in props.items()}}.items():
-            writer = writer.option(k, v)
-        return writer.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
-    sink = lakesink.foreach_batch(
-        route_by="route",
-        payload="doc",
-        upsert_key="id",
-        delete_when="op = 'd'",
-        order_by="seq",
-        merge_schema=True,
-        catalog_properties=props,
-    )
-    return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    # format: the executors stage the rows; the commit worker opens the tables and writes them
+    return start_sink(df, entry, ck, props, **PAYLOAD_UPSERTS, merge_schema=True)
 
 
 def assert_tables_are(props: dict[str, str], batches: Sequence[Sequence[Change]]) -> None:
@@ -132,11 +120,8 @@ def test_payload_tables_equal_the_model_across_restarts_and_a_failure_at_the_uni
     run_to_end(start(spark, catalog_properties, src, ck, entry))  # a restart; "email" added in the batch's commit
     assert_tables_are(catalog_properties, changes[:2])
     write_round(src, 2, changes[2])
-    faults.arm(DRIVER_AFTER_SWAP, "raise")  # every table committed, then the failure before Spark's commit log
-    with pytest.raises(StreamingQueryException):
-        run_to_end(start(spark, catalog_properties, src, ck, entry))
-    assert faults.fired(DRIVER_AFTER_SWAP)
-    faults.clear()
+    # every table committed, then the failure before Spark's commit log
+    fail_once_at(faults, DRIVER_AFTER_SWAP, lambda: run_to_end(start(spark, catalog_properties, src, ck, entry)))
     write_round(src, 3, changes[3])
     run_to_end(start(spark, catalog_properties, src, ck, entry))  # replays batch 2 (found in every table), then batch 3
     assert_tables_are(catalog_properties, changes)
@@ -175,8 +160,7 @@ def options_map(tmp_path: Path) -> dict[str, str]:
 
 
 def test_payload_needs_route_by_and_format_lakesink_checks_the_payload_column_at_start(tmp_path: Path) -> None:
-    with pytest.raises(InvalidOptionError, match="option 'payload' needs option 'route-by'"):
-        SinkOptions.from_mapping({"table": "db.t", "payload": "doc"})
+    assert_refused({"table": "db.t", "payload": "doc"}, "option 'payload' needs option 'route-by'")
     # a payload value that does not fit its column is a dead letter (tests/sink/test_payload_dead_letters_spark.py)
     both = {"route-by": "route", "payload": "doc", "upsert-key": "id", "dead-letter-table": "db.letters"}
     assert SinkOptions.from_mapping(both).dead_letter_table is not None
@@ -205,17 +189,8 @@ def test_appended_payloads_and_a_new_field_without_merge_schema_is_refused_namin
 
     def run() -> None:
         df = spark.readStream.schema("route STRING, doc STRING").option("maxFilesPerTrigger", 1).json(str(src))
-        if entry == "format":  # payload without upserts: appends, the tables created from the payloads at commit
-            lakesink.register(spark)
-            writer = df.writeStream.format("lakesink").option("route-by", "route").option("namespace", "db")
-            writer = writer.option("payload", "doc")
-            for k, v in catalog_properties.items():
-                writer = writer.option(f"catalog.{k}", v)
-            query = writer.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
-        else:
-            sink = lakesink.foreach_batch(route_by="route", namespace="db", payload="doc", catalog_properties=catalog_properties)
-            query = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
-        run_to_end(query)
+        # payload without upserts: appends, the tables created from the payloads at commit
+        run_to_end(start_sink(df, entry, ck, catalog_properties, route_by="route", namespace="db", payload="doc"))
 
     first = [("a", {"id": 1, "x": "p"}), ("b", {"k": 1.5}), ("a", {"id": 2, "x": None}), ("a", {"id": 1, "x": "p"})]
     write_round(src, 0, [{"route": r, "doc": d} for r, d in first])

@@ -15,6 +15,7 @@ import pytest
 import lakesink
 from lakesink.driver import catalogs
 from tests.sink.test_cdc_format_spark import assert_tables_are, records, rounds, write_round
+from tests.support.helpers import run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -46,10 +47,7 @@ def test_route_by_with_upsert_key_reads_each_batch_once(spark: Any, tmp_path: Pa
     df = spark.readStream.schema("route STRING, op STRING, seq BIGINT, id BIGINT, name STRING")
     df = df.option("maxFilesPerTrigger", 1).parquet(str(src))
     q = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(q)
     assert input_rows(q) == sum(len(b) for b in batches)  # 129; 258 when each job read the files (main d1c02e5)
     catalog = catalogs.load(None, catalog_properties)
     deleted = set(range(9))
@@ -69,10 +67,7 @@ def test_cdc_format_reads_each_batch_once(spark: Any, tmp_path: Path, catalog_pr
         cdc_format="debezium", upsert_key="id", merge_schema=True, catalog_properties=catalog_properties
     )
     q = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(q)
     # every record of the files (tombstones included) once: the payload-inference job and the writing job share it
     assert input_rows(q) == sum(len(records(events, index)) for index, events in enumerate(batches))
     assert_tables_are(catalog_properties, batches)

@@ -29,6 +29,7 @@ from tests.support.helpers import (
     assert_snapshot_invariants,
     lakesink_snapshots,
     referenced_data_files,
+    run_to_end,
     table_ids,
     write_json_input,
 )
@@ -63,10 +64,7 @@ class Pipeline:
 
     def run(self, writer: Any) -> None:
         q = writer.start()
-        try:
-            q.awaitTermination()
-        finally:
-            q.stop()
+        run_to_end(q)
 
     @property
     def table(self) -> Any:

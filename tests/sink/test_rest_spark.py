@@ -31,6 +31,7 @@ from tests.soak.runner import COMMIT_KILL, DELAY, IN_TABLE_NOT_COMMIT_LOG, PAUSE
 from tests.soak.seed import run_seed
 from tests.support.catalog_servers import glue_properties
 from tests.support.http_faults import FaultProxy
+from tests.support.soak import exactly_once_seed
 from tests.test_soak import SMALL
 
 pytestmark = pytest.mark.spark
@@ -63,18 +64,13 @@ def run_soak(tmp_path: Path, props: dict[str, str], table: str, entry: str, sche
             "--run-timeout", "420",  # the loaded 2-core machine: the first REST commit worker can take minutes
         ]
     )  # fmt: skip
-    report: dict[str, Any] = json.loads(out.read_text())
-    assert code == 0, json.dumps(report, indent=2)[-6000:]
-    (seed,) = report["seeds"]
-    assert seed["violations"] == []
-    assert seed["duplicates"] == seed["missing"] == seed["unexpected"] == 0
-    assert seed["rows_in_table"] == seed["rows_sent"] > 0
+    seed = exactly_once_seed(code, out)
     assert seed["kills_landed"][IN_TABLE_NOT_COMMIT_LOG] >= 1
     assert seed["replays"]["already_in_table_skipped"] >= 1
     rounds = seed["round_log"]  # every round of the schedule delivered, in its order
     assert len(rounds) == len(schedule), rounds
     assert [r["phase"] + (f"@{r['point']}" if "@" in s else "") for r, s in zip(rounds, schedule, strict=True)] == list(schedule)
-    return dict(seed)
+    return seed
 
 
 def arm_commit_faults(proxy: FaultProxy) -> list[Any]:

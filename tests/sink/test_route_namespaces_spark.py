@@ -18,10 +18,9 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
-import lakesink
 from lakesink.driver import catalogs
 from lakesink.table import dead_letters as dl
-from tests.support.helpers import SCHEMA_DDL, assert_snapshot_invariants, run_to_end, table_ids, write_json_input
+from tests.support.helpers import SCHEMA_DDL, assert_snapshot_invariants, run_to_end, start_sink, table_ids, write_json_input
 
 pytestmark = pytest.mark.spark
 
@@ -44,19 +43,8 @@ def start(spark: Any, src: Path, ck: Path, props: dict[str, str], entry: str, de
     normal = F.when(F.col("id") % 2 == 0, F.lit("t0")).otherwise(F.lit("sales.eu.orders"))
     # the hostile ids are >= 20_000 (the second file)
     df = df.withColumn("route", F.when((F.col("id") >= 20_000) & (F.col("id") % 3 == 2), F.lit(OUTSIDE)).otherwise(normal))
-    extra = {"dead-letter-table": DEAD} if dead_letters else {}
-    if entry == "format":
-        w = df.writeStream.format("lakesink").option("route-by", "route").option("namespace", "db")
-        w = w.option("route-namespaces", ALLOWED)
-        for k, v in {**extra, **{f"catalog.{k}": v for k, v in props.items()}}.items():
-            w = w.option(k, v)
-    else:
-        kwargs: dict[str, Any] = {"dead_letter_table": DEAD} if dead_letters else {}
-        sink = lakesink.foreach_batch(
-            route_by="route", namespace="db", route_namespaces=ALLOWED, catalog_properties=props, **kwargs
-        )
-        w = df.writeStream.foreachBatch(sink)
-    return w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    letters = DEAD if dead_letters else None
+    return start_sink(df, entry, ck, props, route_by="route", namespace="db", route_namespaces=ALLOWED, dead_letter_table=letters)
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])

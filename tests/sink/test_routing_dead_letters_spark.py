@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,18 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
-import lakesink
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.table import dead_letters as dl
-from tests.support.helpers import SCHEMA_DDL, assert_snapshot_invariants, run_to_end, table_ids, write_json_input
+from tests.support.helpers import (
+    SCHEMA_DDL,
+    assert_snapshot_invariants,
+    fail_once_at,
+    run_to_end,
+    start_sink,
+    table_ids,
+    write_json_input,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -31,15 +39,34 @@ ROUTES = {0: "t0", 1: "audit.t1", 2: None, 3: "../etc", 4: "t0"}
 TABLES = ("db.t0", "audit.t1")
 
 
-def where(i: int) -> tuple[str, str | None]:
-    """(the table, or the dead-letter kind; the dead letter's table) of row ``i``."""
+Letter = tuple[int, str, str | None, str | None]
+"""A dead letter: (the row's id, its kind, its column, its table)."""
+
+
+def where(i: int) -> tuple[str, str | None, str | None]:
+    """(the table, or the dead-letter kind; the dead letter's column; its table) of row ``i``."""
     value = ROUTES[i % 5]
     if value is None or value.startswith(".."):
-        return dl.INVALID_ROUTE, value
+        return dl.INVALID_ROUTE, "route", value
     table = value if "." in value else f"db.{value}"
     if i % 5 == 4:  # kind = 4: reject-when
-        return dl.REJECT_WHEN, table
-    return table, None
+        return dl.REJECT_WHEN, None, table
+    return table, None, None
+
+
+def expected(
+    sent: list[int], tables: Iterable[str], place: Callable[[int], tuple[str, str | None, str | None]]
+) -> tuple[dict[str, Counter[int]], Counter[Letter]]:
+    """The ids each table should hold, and the dead letters, of the rows ``sent`` (``place``: :func:`where`'s)."""
+    want: dict[str, Counter[int]] = {t: Counter() for t in tables}
+    letters: Counter[Letter] = Counter()
+    for i in sent:
+        table_or_kind, column, table = place(i)
+        if table_or_kind in want:
+            want[table_or_kind][i] += 1
+        else:
+            letters[(i, table_or_kind, column, table)] += 1
+    return want, letters
 
 
 def start(spark: Any, src: Path, ck: Path, props: dict[str, str], entry: str) -> Any:
@@ -53,22 +80,7 @@ def start(spark: Any, src: Path, ck: Path, props: dict[str, str], entry: str) ->
         .when(route == 3, F.lit("../etc"))
         .otherwise(F.lit("t0")),
     )
-    if entry == "format":
-        w = (
-            df.writeStream.format("lakesink")
-            .option("route-by", "route")
-            .option("namespace", "db")
-            .option("dead-letter-table", DEAD)
-            .option("reject-when", "kind = 4")
-        )
-        for k, v in props.items():
-            w = w.option(f"catalog.{k}", v)
-    else:
-        sink = lakesink.foreach_batch(
-            route_by="route", namespace="db", dead_letter_table=DEAD, reject_when="kind = 4", catalog_properties=props
-        )
-        w = df.writeStream.foreachBatch(sink)
-    return w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    return start_sink(df, entry, ck, props, route_by="route", namespace="db", dead_letter_table=DEAD, reject_when="kind = 4")
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])
@@ -79,20 +91,11 @@ def test_routed_dead_letters_are_exactly_once_across_a_crash_after_the_commit(
     sent = write_json_input(src, files=2, rows_per_file=20, start=10_000)
     run_to_end(start(spark, src, ck, catalog_properties, entry))
     sent += write_json_input(src, files=1, rows_per_file=20, start=20_000)
-    faults.arm(DRIVER_AFTER_SWAP, "raise")  # the batch and its dead letters committed, then the crash
-    with pytest.raises(StreamingQueryException):
-        run_to_end(start(spark, src, ck, catalog_properties, entry))
-    faults.clear()
+    # the batch and its dead letters committed, then the crash
+    fail_once_at(faults, DRIVER_AFTER_SWAP, lambda: run_to_end(start(spark, src, ck, catalog_properties, entry)))
     run_to_end(start(spark, src, ck, catalog_properties, entry))  # replays batch 2: found everywhere, skipped
 
-    want: dict[str, Counter[int]] = {t: Counter() for t in TABLES}
-    want_letters: Counter[tuple[int, str, str | None, str | None]] = Counter()
-    for i in sent:
-        place, table = where(i)
-        if place in TABLES:
-            want[place][i] += 1
-        else:
-            want_letters[(i, place, "route" if place == dl.INVALID_ROUTE else None, table)] += 1
+    want, want_letters = expected(sent, TABLES, where)
     catalog = catalogs.load(None, catalog_properties)
     for name, ids in want.items():
         t = catalog.load_table(tuple(name.split(".")))
@@ -123,21 +126,8 @@ def start_not_utf8(spark: Any, src: Path, ck: Path, props: dict[str, str], entry
         .when(F.col("kind") == 2, F.expr("CAST(unhex('7430FE') AS STRING)"))
         .otherwise(F.lit("t0")),
     ).withColumn("user", F.when(F.col("kind") == 4, F.expr("CAST(unhex('C3FF') AS STRING)")).otherwise(F.col("user")))
-    extra = {"dead-letter-table": DEAD, "reject-when": "kind = 4"} if letters else {}
-    if entry == "format":
-        w = df.writeStream.format("lakesink").option("route-by", "route").option("namespace", "db")
-        for k, v in {**extra, **{f"catalog.{k}": v for k, v in props.items()}}.items():
-            w = w.option(k, v)
-    else:
-        sink = lakesink.foreach_batch(
-            route_by="route",
-            namespace="db",
-            catalog_properties=props,
-            dead_letter_table=extra.get("dead-letter-table"),
-            reject_when=extra.get("reject-when"),
-        )
-        w = df.writeStream.foreachBatch(sink)
-    return w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    letter_options = {"dead_letter_table": DEAD, "reject_when": "kind = 4"} if letters else {}
+    return start_sink(df, entry, ck, props, route_by="route", namespace="db", **letter_options)
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])
@@ -192,16 +182,17 @@ CHECKED = {0: "db.strict", 1: "db.narrow", 2: "db.t0"}
 CHECKED_REJECT = "kind = 4 or amount >= 10005"
 
 
-def _checked_place(i: int) -> tuple[str, str | None]:
-    """(the table, or the dead-letter kind; the dead letter's column) of row ``i`` of the stream of _start_checked."""
+def _checked_place(i: int) -> tuple[str, str | None, str | None]:
+    """(the table, or the dead-letter kind; the dead letter's column; its table) of row ``i`` of the stream of
+    _start_checked."""
     table = CHECKED[i % 3]
     kind = None if table == "db.narrow" else i % 5
     amount = None if table == "db.strict" and i % 2 == 0 else i * 0.5
     if kind == 4 or (amount is not None and amount >= 10005):
-        return dl.REJECT_WHEN, None
+        return dl.REJECT_WHEN, None, table
     if amount is None:
-        return dl.REQUIRED_NULL, "amount"
-    return table, None
+        return dl.REQUIRED_NULL, "amount", table
+    return table, None, None
 
 
 def _start_checked(spark: Any, src: Path, ck: Path, props: dict[str, str], entry: str) -> Any:
@@ -212,22 +203,7 @@ def _start_checked(spark: Any, src: Path, ck: Path, props: dict[str, str], entry
         .withColumn("amount", F.when((route == 0) & (F.col("id") % 2 == 0), F.lit(None)).otherwise(F.col("amount")))
         .withColumn("kind", F.when(route == 1, F.lit(None)).otherwise(F.col("kind")))
     )
-    if entry == "format":
-        w = (
-            df.writeStream.format("lakesink")
-            .option("route-by", "route")
-            .option("namespace", "db")
-            .option("dead-letter-table", DEAD)
-            .option("reject-when", CHECKED_REJECT)
-        )
-        for k, v in props.items():
-            w = w.option(f"catalog.{k}", v)
-    else:
-        sink = lakesink.foreach_batch(
-            route_by="route", namespace="db", dead_letter_table=DEAD, reject_when=CHECKED_REJECT, catalog_properties=props
-        )
-        w = df.writeStream.foreachBatch(sink)
-    return w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    return start_sink(df, entry, ck, props, route_by="route", namespace="db", dead_letter_table=DEAD, reject_when=CHECKED_REJECT)
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])
@@ -245,14 +221,7 @@ def test_existing_tables_get_their_row_checks_in_the_first_run_and_after_a_resta
     sent += write_json_input(src, files=1, rows_per_file=20, start=20_000)  # amounts 10000-10009.5: half rejected
     run_to_end(_start_checked(spark, src, ck, catalog_properties, entry))  # the restart: tables planned from the table
 
-    want: dict[str, Counter[int]] = {t: Counter() for t in CHECKED.values()}
-    want_letters: Counter[tuple[int, str, str | None, str | None]] = Counter()
-    for i in sent:
-        place, column = _checked_place(i)
-        if place in want:
-            want[place][i] += 1
-        else:
-            want_letters[(i, place, column, CHECKED[i % 3])] += 1
+    want, want_letters = expected(sent, CHECKED.values(), _checked_place)
     assert {k for _, k, _, _ in want_letters} == {dl.REJECT_WHEN, dl.REQUIRED_NULL}
     assert any(t == "db.narrow" and i >= 20_000 for i, _, _, t in want_letters)  # rejected on a column narrow lacks
     catalog = catalogs.load(None, catalog_properties)

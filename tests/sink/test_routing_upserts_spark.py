@@ -27,7 +27,13 @@ from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from tests.jobs.upsert_job import EVENTS_DDL, ROUTES, route, routed_upsert_sink
 from tests.sink.test_upserts_spark import Event, change_stream, model, rows_of, run_here, write_events
-from tests.support.helpers import assert_snapshot_invariants, data_files_on_disk, lakesink_snapshots, referenced_data_files
+from tests.support.helpers import (
+    assert_snapshot_invariants,
+    data_files_on_disk,
+    lakesink_snapshots,
+    referenced_data_files,
+    run_to_end,
+)
 from tests.support.job_process import start_job
 
 pytestmark = pytest.mark.spark
@@ -70,11 +76,7 @@ def start(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str) ->
 
 
 def run(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str) -> None:
-    q = start(spark, props, src, ck, entry)
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(start(spark, props, src, ck, entry))
 
 
 @pytest.mark.parametrize("entry", ["foreach", "foreach-spark", "format"])
@@ -210,9 +212,8 @@ def test_keys_per_table_two_spellings_of_a_table_and_a_table_of_deletes_only(
     spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
     q = q.trigger(availableNow=True).start()
     try:
-        q.awaitTermination()
+        run_to_end(q)
     finally:
-        q.stop()
         spark.conf.unset("spark.sql.adaptive.coalescePartitions.enabled")
 
     def events_of(table: str) -> list[list[dict[str, Any]]]:

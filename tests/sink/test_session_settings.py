@@ -26,7 +26,7 @@ import lakesink
 from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.sink.spark_write import SPARKWRITE_AFTER_FILES
-from tests.support.helpers import Stream, assert_snapshot_invariants, referenced_data_files, table_ids
+from tests.support.helpers import Stream, assert_snapshot_invariants, referenced_data_files, run_to_end, table_ids
 
 pytestmark = pytest.mark.spark
 
@@ -130,10 +130,7 @@ def test_session_settings_do_not_change_what_is_written(
     before = {k: spark.conf.get(k, None) for k in HOSTILE_SESSION}
     with session_confs(spark, HOSTILE_SESSION):
         q = _start(spark, tmp_path / "src", tmp_path / "ck", catalog_properties, entry)
-        try:
-            q.awaitTermination()
-        finally:
-            q.stop()
+        run_to_end(q)
     assert {k: spark.conf.get(k, None) for k in HOSTILE_SESSION} == before  # nothing leaked into the user's session
 
     table = catalogs.load(None, catalog_properties).load_table(("db", "dates"))

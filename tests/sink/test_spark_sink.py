@@ -27,6 +27,7 @@ from tests.support.helpers import (
     assert_snapshot_invariants,
     data_files_on_disk,
     lakesink_snapshots,
+    paused_at,
     referenced_data_files,
     table_ids,
 )
@@ -141,10 +142,7 @@ def test_task_that_fails_once_is_retried_without_duplicates(stream: Stream, faul
 def test_other_writer_between_check_and_swap(spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any) -> None:
     s = Stream(spark, tmp_path, catalog_properties, "format")
     s.add_input(files=1)
-    faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    q = s.start()
-    try:
-        faults.wait_reached(DRIVER_BEFORE_SWAP)
+    with paused_at(faults, DRIVER_BEFORE_SWAP, s.start) as q:
         other = s.table
         other_rows = other.scan().to_arrow().schema.empty_table()
         import pyarrow as pa
@@ -159,8 +157,6 @@ def test_other_writer_between_check_and_swap(spark: Any, tmp_path: Path, catalog
         other.append(extra)  # another writer commits between lakesink's check and its swap
         faults.release(DRIVER_BEFORE_SWAP)
         q.awaitTermination(120)
-    finally:
-        q.stop()
     table = s.table
     assert table_ids(table) == Counter([*s.sent, 1, 2])
     assert [x["batch_id"] for x in lakesink_snapshots(table)] == [0]
@@ -261,17 +257,12 @@ def test_partition_spec_change_during_a_run_is_a_clear_conflict(
 
     s = Stream(spark, tmp_path, catalog_properties, "format")
     s.add_input(files=1)
-    faults.arm(DRIVER_BEFORE_CHECK, "pause")
-    q = s.start()
-    try:
-        faults.wait_reached(DRIVER_BEFORE_CHECK)
+    with paused_at(faults, DRIVER_BEFORE_CHECK, s.start) as q:
         with s.table.update_spec() as spec:
             spec.add_field("kind", IdentityTransform(), "kind")
         faults.release(DRIVER_BEFORE_CHECK)
         with pytest.raises(StreamingQueryException) as info:
             q.awaitTermination(120)
-    finally:
-        q.stop()
     assert "ConcurrentTableChangeError" in str(info.value)
     assert "changed while the batch was written" in str(info.value)
     table = s.table

@@ -80,6 +80,13 @@ def _table(props: dict[str, str]) -> Any:
     return catalogs.load(None, props).load_table(TABLE)
 
 
+def _create_table(props: dict[str, str], schema: Schema, properties: dict[str, str] | None = None) -> None:
+    """The table (and its namespace) created before the stream starts."""
+    cat = catalogs.load(None, props)
+    cat.create_namespace("db")
+    cat.create_table(TABLE, schema=schema, properties=properties or {})
+
+
 def _data_root(table: Any) -> Path:
     return Path(table.location().removeprefix("file://")) / "data"
 
@@ -149,11 +156,9 @@ def test_round_trip_identical_through_pyiceberg_duckdb_and_iceberg_rust(
 
 
 def test_reorder_promote_and_null_fill(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
-    cat = catalogs.load(None, catalog_properties)
-    cat.create_namespace("db")
-    cat.create_table(
-        TABLE,
-        schema=Schema(
+    _create_table(
+        catalog_properties,
+        Schema(
             NestedField(1, "id", LongType(), required=True),
             NestedField(2, "extra", StringType(), required=False),
             NestedField(3, "kind", LongType(), required=False),  # stream: int
@@ -198,11 +203,9 @@ def test_reorder_promote_and_null_fill(spark: Any, tmp_path: Path, catalog_prope
 def test_null_in_a_not_null_column_fails_the_batch_before_anything_is_committed(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
 ) -> None:
-    cat = catalogs.load(None, catalog_properties)
-    cat.create_namespace("db")
-    cat.create_table(
-        TABLE,
-        schema=Schema(
+    _create_table(
+        catalog_properties,
+        Schema(
             NestedField(1, "id", LongType(), required=True),
             NestedField(2, "user", StringType(), required=True),
         ),
@@ -221,9 +224,7 @@ def test_required_column_written_by_spark_reads_back_everywhere(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
 ) -> None:
     """Spark writes every column as optional in Parquet; readers of a NOT NULL Iceberg column accept it."""
-    cat = catalogs.load(None, catalog_properties)
-    cat.create_namespace("db")
-    cat.create_table(TABLE, schema=Schema(NestedField(1, "id", LongType(), required=True)))
+    _create_table(catalog_properties, Schema(NestedField(1, "id", LongType(), required=True)))
     _run(_stream_of(spark, spark.range(30), tmp_path / "src", files=1), tmp_path / "ck", catalog_properties)
     table = _table(catalog_properties)
     readers: list[Callable[[], pa.Table]] = [
@@ -404,12 +405,10 @@ def test_orphan_clean_up_during_a_spark_batch_before_its_swap_keeps_everything_i
 def test_target_file_size_rolls_files_from_the_second_batch(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
 ) -> None:
-    cat = catalogs.load(None, catalog_properties)
-    cat.create_namespace("db")
-    cat.create_table(
-        TABLE,
-        schema=Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "user", StringType(), required=False)),
-        properties={"write.target-file-size-bytes": "1000"},
+    _create_table(
+        catalog_properties,
+        Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "user", StringType(), required=False)),
+        {"write.target-file-size-bytes": "1000"},
     )
     data = spark.range(600).selectExpr("id", "concat('user-', id) as user")
     _run(_stream_of(spark, data, tmp_path / "src", files=2), tmp_path / "ck", catalog_properties)

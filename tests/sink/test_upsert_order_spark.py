@@ -17,7 +17,7 @@ from lakesink.driver import catalogs
 from lakesink.table.keys import SUMMARY_UPSERT_STALE
 from tests.jobs.upsert_job import EVENTS_DDL, upsert_sink
 from tests.sink.test_upserts_spark import Event, assert_every_reader_sees, write_events
-from tests.support.helpers import lakesink_snapshots
+from tests.support.helpers import lakesink_snapshots, run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -53,10 +53,7 @@ def run(spark: Any, entry: str, src: Path, ck: Path, props: dict[str, str]) -> N
             w = w.option(f"catalog.{k}", v)
         w = w.option("upsert-key", "id").option("delete-when", "op = 'd'").option("order-by", "seq")
     q = w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(q)
 
 
 @pytest.mark.parametrize("entry", ["foreach", "format"])

@@ -29,7 +29,7 @@ from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from tests.jobs.upsert_job import EVENTS_DDL, upsert_sink, writer
 from tests.soak.seed import run_seed
-from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots
+from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end
 from tests.support.job_process import start_job
 from tests.support.stream_input import write_stream_lines
 
@@ -90,10 +90,7 @@ def assert_every_reader_sees(props: dict[str, str], expected: dict[int, tuple[in
 def run(spark: Any, src: Path, ck: Path, sink: Any) -> None:
     df = spark.readStream.schema(EVENTS_DDL).option("maxFilesPerTrigger", 1).json(str(src))
     q = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(q)
 
 
 def test_change_stream_through_foreach_batch_equals_the_model(
@@ -139,10 +136,7 @@ def test_update_mode_aggregation_keeps_one_row_per_group(spark: Any, tmp_path: P
         .trigger(availableNow=True)
         .start()
     )
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(q)
     events = [e for batch in stream for e in batch]
     expected = {
         op: (sum(1 for e in events if e["op"] == op), max(e["seq"] for e in events if e["op"] == op))
@@ -167,10 +161,7 @@ def run_here(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str,
     """The job's stream (tests/jobs/upsert_job.py) in this test process's Spark session, until done: a restart from the
     checkpoint as the job does it, without the start-up of a JVM of its own."""
     q = writer(spark, props, str(src), str(ck), entry, routed).start()
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(q)
 
 
 @pytest.mark.timeout(900)
@@ -251,10 +242,7 @@ def test_change_stream_through_format_lakesink_equals_the_model(
         .trigger(availableNow=True)
         .start()
     )
-    try:
-        q.awaitTermination()
-    finally:
-        q.stop()
+    run_to_end(q)
     assert_every_reader_sees(catalog_properties, model(stream))
     table = catalogs.load(None, catalog_properties).load_table(("db", "events"))
     assert [s["batch_id"] for s in lakesink_snapshots(table)] == [0, 1, 2]

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.catalog_servers import moto_proxy
 from tests.support.helpers import Stream, lakesink_snapshots
 from tests.support.http_faults import FaultProxy
 from tests.support.rest_server import TOKEN
@@ -33,10 +34,7 @@ pytestmark = pytest.mark.spark
 @pytest.fixture
 def s3_gate(moto_server: Any) -> Iterator[FaultProxy]:
     """The credential check in front of moto's S3."""
-    proxy = FaultProxy(moto_server.endpoint).start()
-    proxy.check_s3_credentials()
-    yield proxy
-    proxy.stop()
+    yield from moto_proxy(moto_server, FaultProxy.check_s3_credentials)
 
 
 @pytest.fixture
@@ -55,13 +53,20 @@ def _data_file_keys(gate: FaultProxy) -> dict[str, str | None]:
     return {e.path.rsplit("/", 1)[-1]: e.key for e in gate.exchanges if e.method == "PUT" and "/data/" in e.path}
 
 
+def _stream(spark: Any, tmp_path: Path, vending: dict[str, str], entry: str) -> tuple[Stream, dict[str, str]]:
+    """A stream into bronze.events with three input files, and the sink options of ``entry`` on S3 (no hadoop-aws in
+    pyspark: foreach_batch takes the Arrow path)."""
+    s = Stream(spark, tmp_path, vending, entry, table="bronze.events")
+    s.add_input(files=3, rows_per_file=20)
+    return s, ({"writer": "arrow"} if entry == "foreach" else {})
+
+
 @pytest.mark.parametrize("entry", ["foreach", "format"])
 def test_credentials_rotating_at_every_commit_never_reach_a_later_batch(
     spark: Any, tmp_path: Path, vending: dict[str, str], s3_gate: FaultProxy, entry: str
 ) -> None:
-    s = Stream(spark, tmp_path, vending, entry, table="bronze.events")
-    s.add_input(files=3, rows_per_file=20)
-    s.run(**({"writer": "arrow"} if entry == "foreach" else {}))  # no hadoop-aws in pyspark: the Arrow path on S3
+    s, options = _stream(spark, tmp_path, vending, entry)
+    s.run(**options)
     s.assert_exactly_once()
     assert len(lakesink_snapshots(s.table)) == 3
     assert s3_gate.s3_refusals() == 0
@@ -73,9 +78,7 @@ def test_credentials_rotating_at_every_commit_never_reach_a_later_batch(
 def test_credentials_expiring_while_a_batch_writes_fail_it_loudly_and_the_restart_writes_it_once(
     spark: Any, tmp_path: Path, vending: dict[str, str], s3_gate: FaultProxy, entry: str
 ) -> None:
-    s = Stream(spark, tmp_path, vending, entry, table="bronze.events")
-    s.add_input(files=3, rows_per_file=20)
-    options = {"writer": "arrow"} if entry == "foreach" else {}
+    s, options = _stream(spark, tmp_path, vending, entry)
     s.run(**options)  # three batches
     s.add_input(files=1, rows_per_file=20)
     # the next data file's request finds every credential expired: the batch's writes are refused

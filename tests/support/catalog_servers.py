@@ -12,9 +12,9 @@ server's environment).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
@@ -23,6 +23,21 @@ from tests.support.rest_server import LakanaServer
 from tests.support.txn_rest_server import TxnRestServer
 
 REST_FIXTURE = "lakana"
+
+
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Stoppable)
+
+
+def serving(server: S) -> Iterator[S]:
+    """A fixture's started server (or proxy): yielded to the test, stopped after it, whatever the test did."""
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -34,17 +49,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def lakana() -> Iterator[LakanaServer]:
     """One lakana REST catalog server for the test session (each test gets an environment of its own)."""
-    server = LakanaServer.start()
-    yield server
-    server.stop()
+    yield from serving(LakanaServer.start())
 
 
 @pytest.fixture
 def rest_proxy(lakana: LakanaServer) -> Iterator[FaultProxy]:
     """The HTTP fault layer in front of the session's REST server, for one test."""
-    proxy = FaultProxy(lakana.uri).start()
-    yield proxy
-    proxy.stop()
+    yield from serving(FaultProxy(lakana.uri).start())
 
 
 @pytest.fixture
@@ -65,17 +76,13 @@ def txn_server_options(request: pytest.FixtureRequest) -> dict[str, Any]:
 @pytest.fixture
 def txn_server(tmp_path: Path, txn_server_options: dict[str, Any]) -> Iterator[TxnRestServer]:
     """The tests' own REST catalog server (in this process) for one test: the ``transactions/commit`` that lakana lacks."""
-    server = TxnRestServer(tmp_path / "txn-server", **txn_server_options).start()
-    yield server
-    server.stop()
+    yield from serving(TxnRestServer(tmp_path / "txn-server", **txn_server_options).start())
 
 
 @pytest.fixture
 def txn_proxy(txn_server: TxnRestServer) -> Iterator[FaultProxy]:
     """The HTTP fault layer in front of the ``txn_server``."""
-    proxy = FaultProxy(txn_server.uri).start()
-    yield proxy
-    proxy.stop()
+    yield from serving(FaultProxy(txn_server.uri).start())
 
 
 @pytest.fixture
@@ -92,18 +99,20 @@ def moto_server() -> Iterator[Any]:
     """moto's server on 127.0.0.1 (S3 and Glue) for the test session."""
     from tests.support.s3 import S3Server
 
-    server = S3Server.start()
-    yield server
-    server.stop()
+    yield from serving(S3Server.start())
+
+
+def moto_proxy(moto_server: Any, check: Callable[[FaultProxy], None]) -> Iterator[FaultProxy]:
+    """For a fixture: the HTTP fault layer in front of moto's server (Glue and S3), making one ``check`` moto does not."""
+    proxy = FaultProxy(moto_server.endpoint).start()
+    check(proxy)
+    yield from serving(proxy)
 
 
 @pytest.fixture
 def glue_proxy(moto_server: Any) -> Iterator[FaultProxy]:
     """The HTTP fault layer in front of moto's Glue, enforcing Glue's optimistic lock (VersionId), which moto does not."""
-    proxy = FaultProxy(moto_server.endpoint).start()
-    proxy.enforce_glue_version_id()
-    yield proxy
-    proxy.stop()
+    yield from moto_proxy(moto_server, FaultProxy.enforce_glue_version_id)
 
 
 def glue_properties(moto_server: Any, glue_uri: str, **extra: str) -> dict[str, str]:

@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.cluster import free_port, spark_home
+from tests.support.cluster import spark_home
+from tests.support.net import free_port
 
 
 @dataclass

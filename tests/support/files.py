@@ -15,6 +15,11 @@ def local_path(url: str) -> str:
     return url[len("file://") :] if url.startswith("file://") else url
 
 
+def local_file(url: str) -> Path:
+    """The local file of a ``file://`` URL, as a Path."""
+    return Path(local_path(url))
+
+
 def data_files_on_disk(plan: WritePlan) -> list[str]:
     """Every file under the table's data folder (empty when the folder does not exist)."""
     folder = Path(local_path(plan.location)) / "data"

@@ -1,4 +1,6 @@
-"""Helpers shared by the tests: uniquely-keyed input, table read-back, snapshot invariants."""
+"""Helpers shared by the tests: uniquely-keyed input, table read-back, snapshot invariants; a query started through
+either entry point (:func:`start_sink`, :class:`Stream`) and run to its end; fault points armed to fail once
+(:func:`fail_once_at`) or to hold a query (:func:`paused_at`); the driver's committer driven directly."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +27,12 @@ from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, BatchOutcome, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import turns
+from lakesink.errors import InjectedFault, InvalidOptionError
 from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.maintenance.auto import AutoMaintainer, AutoMaintenance, auto_maintenance
-from lakesink.options import OutputMode, SinkOptions, TableName
+from lakesink.options import Maintenance, OutputMode, SinkOptions, TableName
 from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK_ID
 from tests.support.stream_input import write_stream_lines
 from tests.support.timeouts import guard
@@ -182,6 +185,66 @@ def run_to_end(query: Any) -> None:
         query.stop()
 
 
+def start_sink(df: Any, entry: str, ck: Path, props: Mapping[str, str], *, mode: str | None = None, **options: Any) -> Any:
+    """Start ``df`` into lakesink through one entry point, ``trigger(availableNow=True)``, checkpoint ``ck``: "format"
+    (``format("lakesink")``, each of ``options`` as a Spark option spelled with dashes, the catalog's properties as
+    ``catalog.*``) or "foreach" (``foreachBatch(lakesink.foreach_batch(**options))``). ``options`` are
+    foreach_batch's keyword arguments (a None one is left out); ``mode``: the query's output mode, when not Spark's
+    default."""
+    options = {k: v for k, v in options.items() if v is not None}
+    if entry == "format":
+        lakesink.register(df.sparkSession)
+        w = df.writeStream.format("lakesink")
+        for k, v in options.items():
+            w = w.option(k.replace("_", "-"), v)  # pyspark spells True as "true"
+        for k, v in props.items():
+            w = w.option(f"catalog.{k}", v)
+    else:
+        assert entry == "foreach", entry
+        w = df.writeStream.foreachBatch(lakesink.foreach_batch(catalog_properties=dict(props), **options))
+    if mode is not None:
+        w = w.outputMode(mode)
+    return w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+
+
+def assert_refused(options: Mapping[str, str], match: str) -> None:
+    """``SinkOptions.from_mapping(options)`` raises an InvalidOptionError whose message matches ``match``."""
+    with pytest.raises(InvalidOptionError, match=match):
+        SinkOptions.from_mapping(options)
+
+
+def run_through_a_fault(faults: Any, point: str, run: Callable[[], object]) -> None:
+    """Arm fault point ``point`` to raise, then ``run()``: the InjectedFault, when it surfaces, is the expected outcome
+    (a failure the commit settles by reading the table, as ``catalog.fails-after-apply``, surfaces none)."""
+    faults.arm(point, "raise")
+    with suppress(InjectedFault):
+        run()
+
+
+@contextmanager
+def paused_at(faults: Any, point: str, start: Callable[[], Any]) -> Iterator[Any]:
+    """Arm fault point ``point`` to pause, start the query (``start()``), wait until it reached the point: the query,
+    held there while the test acts (then ``faults.release(point)``); stopped on the way out whatever happened."""
+    faults.arm(point, "pause")
+    query = start()
+    try:
+        faults.wait_reached(point)
+        yield query
+    finally:
+        query.stop()
+
+
+def fail_once_at(
+    faults: Any, point: str, run: Callable[[], object], error: type[BaseException] = StreamingQueryException
+) -> None:
+    """Arm fault point ``point`` to raise, run ``run`` (it must fail with ``error``), check the point fired, disarm."""
+    faults.arm(point, "raise")
+    with pytest.raises(error):
+        run()
+    assert faults.fired(point)
+    faults.clear()
+
+
 class Stream:
     """One streaming pipeline (source folder, checkpoint, table) that a test starts and restarts."""
 
@@ -207,20 +270,13 @@ class Stream:
         df = self.spark.readStream.schema(self.ddl).option("maxFilesPerTrigger", 1).json(str(self.src))
         if self.mode == "complete":
             df = df.groupBy("kind").agg(F.count("*").alias("rows"), F.sum("id").alias("id_sum"))
-        if self.entry == "format":
-            w = df.writeStream.format("lakesink").option("table", self.table_name)
-            for k, v in self.props.items():
-                w = w.option(f"catalog.{k}", v)
-            for k, v in extra.items():
-                w = w.option(k.replace("_", "-"), str(v).lower() if isinstance(v, bool) else v)
-        else:
-            kwargs = {k.replace("-", "_"): v for k, v in extra.items()}
-            if self.entry == "foreach-driver":
-                kwargs.setdefault("writer", "driver")  # every batch collected and written on the driver
-            w = df.writeStream.foreachBatch(
-                lakesink.foreach_batch(self.table_name, catalog_properties=self.props, output_mode=self.mode, **kwargs)
-            )
-        return w.option("checkpointLocation", str(self.ck)).outputMode(self.mode).trigger(availableNow=True).start()
+        options = {k.replace("-", "_"): v for k, v in extra.items()}
+        if self.entry != "format":
+            options["output_mode"] = self.mode
+        if self.entry == "foreach-driver":
+            options.setdefault("writer", "driver")  # every batch collected and written on the driver
+        entry = "format" if self.entry == "format" else "foreach"
+        return start_sink(df, entry, self.ck, self.props, mode=self.mode, table=self.table_name, **options)
 
     def run(self, **extra: Any) -> None:
         run_to_end(self.start(**extra))
@@ -268,6 +324,14 @@ def open_committer(props: Mapping[str, str], *, table: TableName = EVENTS, **opt
     c = sink_committer(SinkOptions(table=table, catalog_properties=dict(props), **options))
     c.open_table(arrow_rows([]).schema)
     return c
+
+
+def committer_no_maintenance(
+    props: Mapping[str, str], table_properties: Mapping[str, str] | None = None, **options: Any
+) -> TableCommitter:
+    """:func:`open_committer` with ``table_properties`` on a table it creates and automatic maintenance off: for a test
+    that runs the maintenance itself, or counts the snapshots."""
+    return open_committer(props, table_properties=dict(table_properties or {}), maintenance=Maintenance.OFF, **options)
 
 
 def commit_batches(c: TableCommitter, n: int, *, start: int = 0, rows: int = 10, query_id: str = Q1) -> list[int]:

@@ -40,8 +40,9 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.support.net import LocalHttpServer, QuietHandler
 
 _REST_TABLE = re.compile(r"^/v1/[^/]+/namespaces/[^/]+/tables/[^/]+$")
 _REST_TABLES = re.compile(r"^/v1/[^/]+/namespaces/[^/]+/tables$")
@@ -144,8 +145,13 @@ def _error_body(status: int, message: str) -> bytes:
     ).encode()
 
 
-class FaultProxy:
+class FaultProxy(LocalHttpServer):
     """The proxy: ``FaultProxy(upstream).start()``; ``uri`` is what the client is given instead of the server's."""
+
+    thread_name = "fault-proxy"
+
+    def _handler(self) -> type[QuietHandler]:
+        return _Handler
 
     def __init__(self, upstream: str):
         parts = urllib.parse.urlsplit(upstream)
@@ -154,7 +160,6 @@ class FaultProxy:
         self._faults: list[Fault] = []
         self._lock = threading.Lock()
         self.exchanges: list[Exchange] = []
-        self._server: ThreadingHTTPServer | None = None
         self._tokens: dict[str, float] | None = None
         """OAuth2 mode: issued token -> expiry (monotonic); None: the client's Authorization goes through."""
         self._upstream_token: str | None = None
@@ -171,30 +176,11 @@ class FaultProxy:
 
     # --- control ---------------------------------------------------------------------------------------
 
-    def start(self) -> FaultProxy:
-        proxy = self
-
-        class Handler(_Handler):
-            owner = proxy
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True).start()
-        return self
-
-    @property
-    def uri(self) -> str:
-        assert self._server is not None
-        port = self._server.server_address[1]
-        return f"http://127.0.0.1:{port}"
-
     def stop(self) -> None:
         with self._lock:
             for f in self._faults:
                 f.release()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        super().stop()
 
     def arm(self, kind: str, action: str, **kwargs: Any) -> Fault:
         fault = Fault(kind=kind, action=action, **kwargs)
@@ -225,10 +211,14 @@ class FaultProxy:
 
     def expire_tokens(self) -> None:
         """Every token issued so far expires now: the client's next request gets 401 and must refresh."""
+        self._expire_every(self._tokens)
+
+    def _expire_every(self, expiries: dict[str, float] | None) -> None:
+        """Every credential of ``expiries`` (credential -> its expiry, ``time.monotonic()``) expires now."""
         with self._lock:
-            assert self._tokens is not None
-            for t in self._tokens:
-                self._tokens[t] = 0.0
+            assert expiries is not None
+            for credential in expiries:
+                expiries[credential] = 0.0
 
     def enforce_glue_version_id(self) -> None:
         """Glue's optimistic lock, which moto's Glue does not enforce: an ``UpdateTable`` whose ``VersionId`` is not
@@ -265,10 +255,7 @@ class FaultProxy:
 
     def expire_s3_credentials(self) -> None:
         """Every credential vended so far expires now."""
-        with self._lock:
-            assert self._s3_keys is not None
-            for k in self._s3_keys:
-                self._s3_keys[k] = 0.0
+        self._expire_every(self._s3_keys)
 
     def s3_refusals(self) -> int:
         return self.count("s3", forwarded=False)
@@ -314,24 +301,8 @@ class FaultProxy:
         return expiry is not None and expiry > time.monotonic()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     owner: FaultProxy
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
-        pass
-
-    def do_GET(self) -> None:
-        self._handle()
-
-    def do_POST(self) -> None:
-        self._handle()
-
-    def do_DELETE(self) -> None:
-        self._handle()
-
-    def do_HEAD(self) -> None:
-        self._handle()
 
     def do_PUT(self) -> None:
         self._handle()

@@ -10,11 +10,12 @@ import glob
 import itertools
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.net import free_port
 
 
 def _bin_dir() -> Path:
@@ -28,12 +29,6 @@ def _bin_dir() -> Path:
         "PostgreSQL server binaries not found (looked in /usr/lib/postgresql/*/bin and PATH): "
         "install them with 'apt-get install postgresql' (.ci/run does)"
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -54,7 +49,7 @@ class PostgresServer:
         folder = Path(tempfile.mkdtemp(prefix="lakesink-pg-"))
         if os.geteuid() == 0:
             shutil.chown(folder, "postgres")
-        server = cls(folder=folder, port=_free_port(), bin_dir=_bin_dir())
+        server = cls(folder=folder, port=free_port(), bin_dir=_bin_dir())
         server._run("initdb", "-D", str(folder / "data"), "-A", "trust", "-U", "postgres")
         log = folder / "server.log"
         for attempt in range(5):
@@ -67,11 +62,11 @@ class PostgresServer:
                 server._run("pg_ctl", "-D", str(folder / "data"), "-o", options, "-l", str(log), "-w", "start")
                 break
             except subprocess.CalledProcessError:
-                # the free port was taken by another process between _free_port() and the bind (seen on a shared
+                # the free port was taken by another process between free_port() and the bind (seen on a shared
                 # machine: "could not bind IPv4 address: Address already in use"): another port
                 if attempt == 4 or "Address already in use" not in log.read_text(errors="replace"):
                     raise
-                server.port = _free_port()
+                server.port = free_port()
         return server
 
     def create_database(self) -> str:

@@ -25,7 +25,6 @@ import itertools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.net import free_port
 from tests.support.timeouts import guard
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,12 +113,6 @@ def migrated_template() -> Path:
             )
             partial.rename(template)
     return template
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

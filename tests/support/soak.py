@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,18 @@ from typing import Any
 from examples.demo import session_members
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def exactly_once_seed(code: int, out: Path) -> dict[str, Any]:
+    """The one seed of a soak run (tests/soak/runner.py) whose report is ``out`` and exit code ``code``, checked: the
+    run succeeded, no violation, every row sent in the table once."""
+    report: dict[str, Any] = json.loads(out.read_text())
+    assert code == 0, json.dumps(report, indent=2)[-6000:]
+    (seed,) = report["seeds"]
+    assert seed["violations"] == []
+    assert seed["duplicates"] == seed["missing"] == seed["unexpected"] == 0
+    assert seed["rows_in_table"] == seed["rows_sent"] > 0
+    return dict(seed)
 
 
 class SoakFolder:

@@ -43,7 +43,6 @@ import json
 import threading
 import urllib.parse
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +64,8 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.typedef import IcebergBaseModel
 from sqlalchemy import update
 from sqlalchemy.orm import Session
+
+from tests.support.net import LocalHttpServer, QuietHandler
 
 TRANSACTIONS_ENDPOINT = "POST /v1/{prefix}/transactions/commit"
 METRICS_ENDPOINT = "POST /v1/{prefix}/namespaces/{namespace}/tables/{table}/metrics"
@@ -100,8 +101,13 @@ class _Refused(Exception):
         self.kind = kind
 
 
-class TxnRestServer:
+class TxnRestServer(LocalHttpServer):
     """``TxnRestServer(folder).start()``; ``uri`` for the client (or a fault proxy's upstream), :meth:`catalog_properties`."""
+
+    thread_name = "txn-rest-server"
+
+    def _handler(self) -> type[QuietHandler]:
+        return _Handler
 
     def __init__(
         self,
@@ -120,7 +126,6 @@ class TxnRestServer:
         self.list_endpoints = list_endpoints
         self.catalog = SqlCatalog("txn-rest", uri=f"sqlite:///{folder / 'catalog.db'}", warehouse=(folder / "warehouse").as_uri())
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
         self.before_swap: Callable[[list[tuple[str, ...]]], object] | None = None
         """Test hook: called with the identifiers of a commit (one table, or a transaction's) after its
         requirements were validated and its metadata files written, before the row updates."""
@@ -143,30 +148,12 @@ class TxnRestServer:
 
     # --- life cycle ------------------------------------------------------------------------------------------
 
-    def start(self) -> TxnRestServer:
-        owner = self
-
-        class Handler(_Handler):
-            server_owner = owner
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="txn-rest-server", daemon=True).start()
-        return self
-
-    @property
-    def uri(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
     def catalog_properties(self, *, uri: str | None = None) -> dict[str, str]:
         """pyiceberg RestCatalog properties (through ``uri``, e.g. a fault proxy, when given)."""
         return {"type": "rest", "uri": uri or self.uri}
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        super().stop()
         self.catalog.close()
 
     # --- the catalog ------------------------------------------------------------------------------------------
@@ -321,29 +308,13 @@ def _table_response(table: Table) -> bytes:
     return response.model_dump_json().encode()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server_owner: TxnRestServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
-        pass
-
-    def do_GET(self) -> None:
-        self._handle()
-
-    def do_HEAD(self) -> None:
-        self._handle()
-
-    def do_POST(self) -> None:
-        self._handle()
-
-    def do_DELETE(self) -> None:
-        self._handle()
+class _Handler(QuietHandler):
+    owner: TxnRestServer
 
     def _handle(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        owner = self.server_owner
+        owner = self.owner
         key = self.headers.get("Idempotency-Key")
         if key and owner.idempotency_key_lifetime is not None and self.command in ("POST", "DELETE"):
             status, payload = owner.idempotent(key, (self.command, self.path, body), lambda: self._answer_for(body))
@@ -368,7 +339,7 @@ class _Handler(BaseHTTPRequestHandler):
             return 500, _error(500, "ServerError", f"{type(e).__name__}: {e}")
 
     def _route(self, url: urllib.parse.SplitResult, body: bytes) -> tuple[int, bytes]:
-        owner = self.server_owner
+        owner = self.owner
         parts = [urllib.parse.unquote(p) for p in url.path.strip("/").split("/")]
         method = self.command
         if parts == ["v1", "config"] and method == "GET":
@@ -442,7 +413,7 @@ class _Handler(BaseHTTPRequestHandler):
         raise _Refused(404, "NotFoundException", f"no route {method} {url.path}")
 
     def _namespace(self, namespace: tuple[str, ...], method: str) -> tuple[int, bytes]:
-        catalog = self.server_owner.catalog
+        catalog = self.owner.catalog
         if method in ("GET", "HEAD"):
             props = _or_404(
                 lambda: catalog.load_namespace_properties(namespace), NoSuchNamespaceError, "NoSuchNamespaceException"
@@ -451,7 +422,7 @@ class _Handler(BaseHTTPRequestHandler):
                 (200, json.dumps({"namespace": list(namespace), "properties": props}).encode()) if method == "GET" else (204, b"")
             )
         if method == "DELETE":
-            with self.server_owner._lock:
+            with self.owner._lock:
                 try:
                     _or_404(lambda: catalog.drop_namespace(namespace), NoSuchNamespaceError, "NoSuchNamespaceException")
                 except NamespaceNotEmptyError as e:
