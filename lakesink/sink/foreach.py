@@ -49,7 +49,7 @@ from lakesink.options import (
     WriterKind,
 )
 from lakesink.sink import (
-    completeness,
+    checkpoint,
     dead_letters,
     driver_write,
     spark_fs,
@@ -313,7 +313,7 @@ class ForeachBatchSink:
         # the table must stay the one this run opened (not dropped and recreated between batches)
         plan = committer.write_plan(table, query_id, stream_schema, expected_uuid=self._table_uuid)
         self._table_uuid = plan.table_uuid
-        completeness.check_event_time(self.options, plan)
+        checkpoint.check_event_time(self.options, plan)
         if plan.last_committed_batch is not None and batch_id <= plan.last_committed_batch:
             # found committed when planned: checked before any file is written (and against the batch's source offsets)
             return committer.skip_replay(  # a replay records nothing new (its watermark is in the committed batch)
