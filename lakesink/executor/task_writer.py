@@ -134,8 +134,8 @@ class TaskWriter:
         """Write every batch; on any failure delete this task's files and re-raise."""
         try:
             fault_point(EXECUTOR_BEFORE_WRITE)
-            if self._sorter is not None:
-                batches = (self._sorter.sort(b) for b in batches)
+            if self._sorter is not None:  # dead letters out before a key's changes are resolved (docs/dead-letters.md)
+                batches = (self.sort(b) for b in batches)
             if self._plan.upsert is not None:  # format("lakesink") with upsert-key: one row per key of this task
                 batches, changes = upsert_task.resolve_task(
                     batches, self._plan.upsert, batch_id=self._ids.batch_id, partition_id=self._ids.partition_id
@@ -166,9 +166,14 @@ class TaskWriter:
                 self._add(self._slot(()), conformed)
 
     def sort(self, batch: pa.RecordBatch, extra: dict[str, object] | None = None) -> pa.RecordBatch:
-        """A routed task: the good rows of ``batch`` (option dead-letter-table; the rest kept as dead letters, with
-        ``extra`` put back in their JSON), or ``batch`` itself without row checks."""
-        return self._sorter.sort(batch, extra) if self._sorter is not None else batch
+        """The good rows of ``batch`` (option dead-letter-table; the rest kept as dead letters, with ``extra`` put back
+        in their JSON: a routed task's routing value), or ``batch`` itself without row checks. With upserts, before the
+        resolution: the deleted flag computed first, so that a delete is checked by its key only."""
+        if self._sorter is None:
+            return batch
+        if self._plan.upsert is not None:
+            batch = upsert_task.with_deleted(batch, self._plan.upsert)
+        return self._sorter.sort(batch, extra)
 
     def put(self, batch: pa.RecordBatch) -> None:
         """A routed task's rows of this table: added; with ``WritePlan.upsert`` kept until :meth:`finish` resolves the

@@ -127,7 +127,6 @@ class TableCommitter(SinkTable):
         *,
         table_uuid: str | None = None,
         changes: pa.Table | None = None,
-        batch_rows: int | None = None,
     ) -> BatchOutcome:
         """Commit the batch's files as one snapshot, exactly once for this (query id, sink id, batch id).
 
@@ -138,11 +137,9 @@ class TableCommitter(SinkTable):
         replaces. Task results that all say the batch was found committed when it was planned (``replay_skipped``)
         are :meth:`skip_replay`. The batch holds its table's turn (lakesink.driver.loop.turns) from its first read; the
         post-commit hook (with option ``maintenance=auto``: a background maintenance run when one is due) runs after it.
-        ``batch_rows``: with a dead-letter table, the batch's rows when the tasks saw fewer (option
-        ``max-rejected-fraction`` is a fraction of them; lakesink.sink.dead_letters.batch_rows).
         """
         with self._turn():
-            outcome = self._commit_batch(call, results, table_uuid=table_uuid, changes=changes, batch_rows=batch_rows)
+            outcome = self._commit_batch(call, results, table_uuid=table_uuid, changes=changes)
         if outcome.outcome is Outcome.COMMITTED and self.hook is not None:
             self.hook.after_commit()
         return outcome
@@ -222,7 +219,6 @@ class TableCommitter(SinkTable):
         table_uuid: str | None,
         changes: pa.Table | None,
         found_at_plan: bool = False,
-        batch_rows: int | None = None,
     ) -> BatchOutcome:
         batch_id = call.batch_id
         batch = Batch.new(call, results, changes=changes)
@@ -233,7 +229,7 @@ class TableCommitter(SinkTable):
                 raise self.identity_changed(expected_uuid, str(table.metadata.table_uuid))
             self.check_branch(table)
             if self.dead_letters is not None:
-                dead_letters.check_rejected(self.options, results, batch_id=batch_id, batch_rows=batch_rows)
+                dead_letters.check_rejected(self.options, results, batch_id=batch_id)
         except LakesinkError:
             self._delete(table, batch.paths, reason="the table or branch changed identity during the batch")
             self._letters_deleted(batch, reason="the batch failed before its commit")
