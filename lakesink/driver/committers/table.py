@@ -193,6 +193,7 @@ class TableCommitter(SinkTable):
             return self._logged(self._replayed(table, batch, result), batch)
         if isinstance(action, MarkEmptyBatch):
             return self._logged(BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1), batch)
+        self.drop_replaced(action, result)
         return self._logged(committed(batch, result), batch)
 
     def unit_not_committed(self, action: CommitAction, *, reason: str) -> None:
@@ -302,6 +303,7 @@ class TableCommitter(SinkTable):
         if result.status is Status.ALREADY_COMMITTED:
             return self._replayed(table, batch, result, letters=True)
         assert result.snapshot_id is not None
+        self.drop_replaced(action, result)
         if isinstance(action, UpsertBatch) and action.rewrites:
             last = action.rewrites[-1]
             log.info(
@@ -330,6 +332,30 @@ class TableCommitter(SinkTable):
             raise
         self._delete(table, batch.paths, reason="batch already committed (replay)")
         return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
+
+    def drop_replaced(self, action: BatchAction, result: swap.SwapResult) -> None:
+        """Option order-by: the batch's files that its landed commit replaced by copies (they held a stale change)
+        are referenced by no snapshot now, and deleted -- only after the landing (a retry, or the replay of a commit
+        that failed, reads them again), never one the landed snapshot references (read back from the table: the attempt
+        that landed may not have replaced it), and kept when that snapshot cannot be read (an orphan clean-up collects
+        them; so does it after a crash between the landing and here)."""
+        if not isinstance(action, UpsertBatch) or not action.replaced or result.snapshot_id is None:
+            return
+        if result.status is not Status.LANDED:
+            return
+        try:
+            table = self.load()
+            referenced = seam.added_data_file_paths(table, result.snapshot_id)
+        except Exception as e:
+            log.warning(
+                "lakesink: table=%s: cannot read the landed snapshot (%s); its replaced files are kept",
+                self.table_name,
+                self.redact(e),
+            )
+            return
+        if referenced is not None:
+            dead = sorted(action.replaced - referenced)
+            self._delete(table, dead, reason="replaced by copies without the batch's stale changes (option order-by)")
 
     def marker_key(self, batch: Batch) -> str:
         return last_batch_key(batch.query_id, self.options.sink_id)
