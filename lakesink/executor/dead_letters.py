@@ -33,7 +33,6 @@ from pyiceberg.expressions import BooleanExpression
 from pyiceberg.schema import Schema
 
 from lakesink._pyiceberg import io as seam
-from lakesink.errors import LakesinkError
 from lakesink.executor import text
 from lakesink.executor.messages import RowChecks
 from lakesink.table import dead_letters as dl
@@ -153,11 +152,6 @@ class RowSorter:
                 f"column {name!r} holds bytes that are not UTF-8 text (an Iceberg string is UTF-8; table {self._table})",
             )
         bad = error != None  # noqa: E711
-        if self._checks.letters_only and not bad.all():
-            raise LakesinkError(
-                f"batch {self._batch_id}: a row taken out of the batch as a dead letter passes every check (the reject "
-                "expression or a key gave different answers twice); nothing was committed"
-            )
         if not bad.any():
             return batch
         rejected = batch.take(pa.array(np.flatnonzero(bad), pa.int64()))

@@ -104,13 +104,10 @@ class RowChecks:
     reject_when: str | None = None
     """Option ``reject-when``; format("lakesink"): read by Iceberg's expression parser and evaluated on Arrow."""
     reject_column: bool = False
-    """foreach_batch: Spark computed ``reject_when`` into the column lakesink.table.dead_letters.REJECT_COLUMN (rows
-    without the column were found not rejected before the upsert resolution); the expression is not evaluated here."""
+    """foreach_batch: Spark computed ``reject_when`` into the column lakesink.table.dead_letters.REJECT_COLUMN; the
+    expression is not evaluated here."""
     upsert_key: tuple[str, ...] = ()
     """A null in one of these columns is a dead letter (``null-upsert-key``)."""
-    letters_only: bool = False
-    """foreach_batch with upsert-key: these rows were taken out of the batch as dead letters; a row that passes every
-    check is an error (it would be written without its upsert)."""
 
 
 @dataclass(frozen=True)

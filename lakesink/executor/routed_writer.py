@@ -36,7 +36,7 @@ from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import RowChecks, TaskIds, TaskResult, WritePlan
 from lakesink.executor.row_digest import RowsDigest, digest
 from lakesink.executor.task_writer import TaskWriter, task_result_batch, utc_schema
-from lakesink.executor.upsert_task import UpsertSpec, deleted_flags
+from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PREFIX, CDC_VALUE
 from lakesink.table import dead_letters as dl
@@ -296,7 +296,6 @@ class RoutedTaskWriter:
                             conformed = self._from_payload(rows, writer.plan, value)
                         else:
                             conformed = conform_to_table(rows, writer.plan, self._ids.batch_id)
-                        conformed = _with_deletes(conformed, writer.plan)
                         writer.put(writer.sort(conformed, {self._plan.column: value}))
                 budget = budget or min((w.plan.settings.row_group_bytes for w, _ in self._writers.values()), default=None)
                 if budget is not None:
@@ -462,19 +461,6 @@ class RoutedTaskWriter:
             table_uuid=plan.table_uuid or None,
             written_schema=plan.schema_digest,
         )
-
-
-def _with_deletes(rows: pa.RecordBatch, plan: WritePlan) -> pa.RecordBatch:
-    """A routed upsert with row checks (option dead-letter-table): ``rows`` with the deleted flag before they are
-    sorted, so that a delete is checked by its key only (format("lakesink") evaluates option delete-when here, as its
-    resolution would; foreach_batch's Spark computed the flag already). The resolution reads the flag."""
-    upsert = plan.upsert
-    if plan.row_checks is None or upsert is None or upsert.delete_when is None or DELETED in rows.schema.names:
-        return rows
-    flags = deleted_flags(pa.Table.from_batches([rows]), upsert.delete_when)
-    if isinstance(flags, pa.ChunkedArray):
-        flags = flags.combine_chunks()
-    return rows.append_column(DELETED, flags)
 
 
 def _no_projection(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, Schema]:

@@ -158,9 +158,14 @@ class TaskWriter:
                 self._add(self._slot(()), conformed)
 
     def sort(self, batch: pa.RecordBatch, extra: dict[str, object] | None = None) -> pa.RecordBatch:
-        """A routed task: the good rows of ``batch`` (option dead-letter-table; the rest kept as dead letters, with
-        ``extra`` put back in their JSON), or ``batch`` itself without row checks."""
-        return self._sorter.sort(batch, extra) if self._sorter is not None else batch
+        """The good rows of ``batch`` (option dead-letter-table; the rest kept as dead letters, with ``extra`` put back
+        in their JSON: a routed task's routing value), or ``batch`` itself without row checks. With upserts, before the
+        resolution: the deleted flag computed first, so that a delete is checked by its key only."""
+        if self._sorter is None:
+            return batch
+        if self._plan.upsert is not None:
+            batch = upsert_task.with_deleted(batch, self._plan.upsert)
+        return self._sorter.sort(batch, extra)
 
     def put(self, batch: pa.RecordBatch) -> None:
         """Rows of this table (:meth:`write`'s, or a routed task's): added; with ``WritePlan.upsert`` kept until

@@ -161,6 +161,18 @@ def deleted_flags(table: pa.Table, expression: str | None) -> pa.Array:
     return pc.is_in(numbered.column(_ROW), value_set=matched.combine_chunks())
 
 
+def with_deleted(rows: pa.RecordBatch, spec: UpsertSpec) -> pa.RecordBatch:
+    """``rows`` with the deleted flag (:data:`DELETED`, option delete-when) before they are sorted into dead letters
+    (option dead-letter-table), so that a delete is checked by its key only -- on a table of its own as on a routed
+    table. foreach_batch's Spark computed the flag already; the resolution reads it (:func:`resolve_task`)."""
+    if spec.delete_when is None or DELETED in rows.schema.names:
+        return rows
+    flags = deleted_flags(pa.Table.from_batches([rows]), spec.delete_when)
+    if isinstance(flags, pa.ChunkedArray):
+        flags = flags.combine_chunks()
+    return rows.append_column(DELETED, flags)
+
+
 def keys_of(rows: pa.RecordBatch, changes: bytes) -> set[tuple[object, ...]]:
     """The keys ``rows`` hold, as the key columns of ``changes`` (a task's keys, :func:`to_ipc`) name them."""
     names = [n for n in pa.ipc.open_stream(changes).schema.names if n not in (DELETED, ORDER)]

@@ -27,7 +27,7 @@ from typing import Any
 from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
-from lakesink.driver.report import reporting
+from lakesink.driver.report import metrics
 from lakesink.driver.tables.sink_table import SinkTable
 from lakesink.errors import CatalogPermissionError
 from lakesink.maintenance import compaction, expiry, manifest_rewrite
@@ -209,9 +209,9 @@ class AutoMaintainer:
 
 def _reported(status: str, table: Table, kind: str) -> None:
     """A maintenance commit of a background run, counted for the process's metrics exporters
-    (lakesink.driver.report.reporting)."""
+    (lakesink.driver.report.metrics)."""
     if status == "committed":
-        reporting.report_maintenance(".".join(table.name()), kind)
+        metrics.report_maintenance(".".join(table.name()), kind)
 
 
 #: The threads of the process that run automatic maintenance, for every table: a run that is due waits for one.

@@ -44,7 +44,7 @@ from lakesink.executor.stream_writer import LakesinkStreamWriter
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import SinkOptions
-from lakesink.sink import completeness, staged
+from lakesink.sink import checkpoint, staged
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 from lakesink.sink.staged import StagedCommitter
 from lakesink.table.routes import Route
@@ -69,7 +69,7 @@ def stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWri
         # Spark re-creates the writer for every commit and abort: those must work even when the table
         # changed since the query started (the commit itself detects that, deletes the batch's files and
         # raises ConcurrentTableChangeError), so nothing is validated here.
-        has_watermark = completeness.watermarked(schema)
+        has_watermark = checkpoint.watermarked(schema)
         return LakesinkStreamWriter(
             None, StreamCommits(options, TaskResult, functools.partial(_table_committer, options), has_watermark=has_watermark)
         )
@@ -77,7 +77,7 @@ def stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWri
     stream_schema = arrow_schema_of(schema)
     table = committer.open_table(stream_schema)
     plan = committer.write_plan(table, read_query_id(options.checkpoint_location), stream_schema)
-    completeness.check_event_time(options, plan)
+    checkpoint.check_event_time(options, plan)
     dead_letters.check_reject_when(options, stream_schema, plan)
     if options.upsert_key:
         # the writers resolve their rows to one row per key (Spark rejects outputMode("update") for Python
@@ -91,7 +91,7 @@ def stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWri
         functools.partial(_table_committer, options),
         committer,
         query_id=plan.query_id,
-        has_watermark=completeness.watermarked(schema),
+        has_watermark=checkpoint.watermarked(schema),
     )
     return LakesinkStreamWriter(plan, commits)
 
@@ -166,7 +166,7 @@ class StreamCommits(Generic[M]):
                     batch_id,
                     read_source_offsets(self._checkpoint, batch_id),
                     run,
-                    completeness.batch_time(self._options, self._checkpoint, batch_id, has_watermark=self._has_watermark),
+                    checkpoint.batch_time(self._options, self._checkpoint, batch_id, has_watermark=self._has_watermark),
                 ),
                 results,
             )
@@ -196,7 +196,7 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
     if options.payload is not None:  # cdc-format implies it: the rows staged, the tables written at commit
         return _staged_stream_writer(options, schema)
     stream_schema = arrow_schema_of(schema)
-    has_watermark = completeness.watermarked(schema)
+    has_watermark = checkpoint.watermarked(schema)
     if _pyspark.in_streaming_sink_runner():
         make = functools.partial(_routed_committer, options, stream_schema)
         return LakesinkStreamWriter(None, StreamCommits(options, RoutedTaskResult, make, has_watermark=has_watermark))
@@ -216,7 +216,7 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
         dead_letters.check_reject_when(options, routed.stream_schema, template)
         # option event-time: a table created for a routing value takes the stream's columns (every table is checked
         # when it is opened: lakesink.driver.committers.routed)
-        completeness.check_event_time(options, dataclasses.replace(template, table="created for a routing value"))
+        checkpoint.check_event_time(options, dataclasses.replace(template, table="created for a routing value"))
     make = functools.partial(_routed_committer, options, stream_schema)
     commits = StreamCommits(options, RoutedTaskResult, make, routed, has_watermark=has_watermark)
     return LakesinkStreamWriter(plan, commits)
@@ -228,7 +228,7 @@ def _staged_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
     assert options.checkpoint_location
     schema, variant = _variant_payload_as_text(options, schema)
     raw = arrow_schema_of(schema)
-    has_watermark = completeness.watermarked(schema)
+    has_watermark = checkpoint.watermarked(schema)
     make = functools.partial(_staged_committer, options, raw, variant=variant)
     if _pyspark.in_streaming_sink_runner():
         return LakesinkStreamWriter(None, StreamCommits(options, StagedTaskResult, make, has_watermark=has_watermark))

@@ -12,7 +12,6 @@ code as ``format("lakesink")``).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import pickle
 import time
@@ -49,7 +48,7 @@ from lakesink.options import (
     WriterKind,
 )
 from lakesink.sink import (
-    completeness,
+    checkpoint,
     dead_letters,
     driver_write,
     spark_fs,
@@ -313,31 +312,21 @@ class ForeachBatchSink:
         # the table must stay the one this run opened (not dropped and recreated between batches)
         plan = committer.write_plan(table, query_id, stream_schema, expected_uuid=self._table_uuid)
         self._table_uuid = plan.table_uuid
-        completeness.check_event_time(self.options, plan)
+        checkpoint.check_event_time(self.options, plan)
         if plan.last_committed_batch is not None and batch_id <= plan.last_committed_batch:
             # found committed when planned: checked before any file is written (and against the batch's source offsets)
             return committer.skip_replay(  # a replay records nothing new (its watermark is in the committed batch)
                 BatchCall(query_id, batch_id, self._query.source_offsets(spark, query_id, batch_id), run_id),
                 table_uuid=plan.table_uuid,
             )
-        letters: DataFrame | None = None
-        batch_rows: int | None = None
+        resolved: upsert_batch.ResolvedBatch | None = None
         if plan.row_checks is not None:  # option dead-letter-table (lakesink.sink.dead_letters)
-            batch_rows = dead_letters.batch_rows(df, self.options)
-            df, plan, letters = dead_letters.prepare(df, plan, self.options)
-        resolved = upsert_batch.resolve(df, batch_id, self.options) if self.options.upsert_key else None
+            # with upsert-key: the tasks sort a key's changes, then resolve the ones that fit (a routed table's rule)
+            df, plan = dead_letters.prepare(df, plan, self.options)
+        elif self.options.upsert_key:
+            resolved = upsert_batch.resolve(df, batch_id, self.options)
         try:
-            return self._write_and_commit(
-                resolved.rows if resolved else df,
-                resolved,
-                plan,
-                table,
-                query_id,
-                batch_id,
-                run_id,
-                letters=letters,
-                batch_rows=batch_rows,
-            )
+            return self._write_and_commit(resolved.rows if resolved else df, resolved, plan, table, query_id, batch_id, run_id)
         finally:
             if resolved is not None:
                 upsert_batch.release(resolved)
@@ -351,9 +340,6 @@ class ForeachBatchSink:
         query_id: str,
         batch_id: int,
         run_id: str | None,
-        *,
-        letters: DataFrame | None = None,
-        batch_rows: int | None = None,
     ) -> BatchOutcome:
         committer = self._committer
         assert committer is not None
@@ -375,10 +361,6 @@ class ForeachBatchSink:
         elif self.options.writer is WriterKind.ARROW or reason is not None:
             rows = df.mapInArrow(PartitionWriter(plan, batch_id, run_id), TASK_RESULT_SCHEMA).collect()
             results = [pickle.loads(r[0]) for r in rows]
-            if letters is not None and plan.row_checks is not None:  # taken out before the upsert resolution
-                only = dataclasses.replace(plan, row_checks=dataclasses.replace(plan.row_checks, letters_only=True))
-                more = letters.mapInArrow(PartitionWriter(only, batch_id, run_id), TASK_RESULT_SCHEMA).collect()
-                results += [pickle.loads(r[0]) for r in more]
         else:
             written = spark_write.write_batch(
                 df, plan, batch_id=batch_id, max_records_per_file=self._max_records_per_file(plan), run_id=run_id
@@ -413,7 +395,6 @@ class ForeachBatchSink:
                     results,
                     table_uuid=plan.table_uuid,
                     changes=resolved.keys if resolved is not None else None,
-                    batch_rows=batch_rows,
                 ),
             )
         finally:

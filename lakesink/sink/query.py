@@ -16,8 +16,7 @@ from lakesink import _pyspark
 from lakesink.driver.actions.completeness import BatchTime
 from lakesink.errors import InvalidOptionError, LakesinkError
 from lakesink.options import SinkOptions
-from lakesink.sink import completeness
-from lakesink.sink.checkpoint import not_found_by_a_restart, read_query_id, read_source_offsets
+from lakesink.sink.checkpoint import batch_time, not_found_by_a_restart, read_query_id, read_source_offsets, watermarked
 from lakesink.table.keys import QUERY_ID_PROPERTY, RUN_ID_PROPERTY
 
 log = logging.getLogger("lakesink")
@@ -121,7 +120,7 @@ class RunningQuery:
 
     def batch_time(self, spark: SparkSession, df: DataFrame, query_id: str, batch_id: int) -> BatchTime:
         checkpoint = self.options.checkpoint_location or self._find_checkpoint(spark, query_id)
-        return completeness.batch_time(self.options, checkpoint, batch_id, has_watermark=completeness.watermarked(df.schema))
+        return batch_time(self.options, checkpoint, batch_id, has_watermark=watermarked(df.schema))
 
     def _find_checkpoint(self, spark: SparkSession, query_id: str) -> str | None:
         if query_id not in self._checkpoints:

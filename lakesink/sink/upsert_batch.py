@@ -6,8 +6,9 @@ because the commit must know which keys the batch replaces or deletes. The rows 
 key, deletes removed) are written by the usual write paths; :mod:`lakesink.driver.actions.upsert` then
 rewrites the table's files that hold any of the keys (copy-on-write) in the batch's own snapshot.
 
-With option route-by on the Arrow path the batch is not resolved here: :func:`for_routed_tasks` makes every task hold
-all the rows of its (table, key) pairs, and the routed tasks resolve them as ``format("lakesink")``'s do (one resolution
+With option route-by on the Arrow path, and for one table with a dead-letter table, the batch is not resolved here:
+:func:`for_routed_tasks` (:func:`for_tasks`) makes every task hold all the rows of its (table, key) pairs, and the tasks
+sort them into dead letters first and resolve the rest as ``format("lakesink")``'s do (one resolution
 for both entry points of a routed sink). With route-by and ``writer='spark'`` no row may pass through a Python worker:
 :func:`resolve_routed` resolves each (table, key) here, in Spark, as :func:`resolve` resolves one table's keys, and the
 keys each table's changes carry go to the routed commit, whose per-table action is the single table's upsert.
@@ -219,9 +220,16 @@ def resolve_routed(
     return RoutedResolution(rows=rows, keys=changed, cached=tuple(r.cached for r in resolved))
 
 
+def for_tasks(df: DataFrame, options: SinkOptions) -> tuple[DataFrame, bool]:
+    """One table with option dead-letter-table: the batch as its tasks resolve it (:func:`for_routed_tasks` without a
+    route): every row of a key in one task, whose writer sorts the key's changes into dead letters first and resolves
+    the ones that fit (lakesink.executor.task_writer), as format("lakesink")'s and a routed table's tasks do."""
+    return for_routed_tasks(df, None, options)
+
+
 def for_routed_tasks(
     df: DataFrame,
-    route_column: str,
+    route_column: str | None,
     options: SinkOptions,
     keys: Mapping[str, Sequence[str]] | None = None,
     tables: Mapping[str, str] | None = None,
@@ -241,7 +249,8 @@ def for_routed_tasks(
     for value, key in sorted((keys or {}).items()):
         if tuple(key) != default:
             by_key.setdefault(tuple(key), []).append(value)
-    if by_key:  # the key value of each row's own table: one CASE branch per key (100 tables of one key: none)
+    # the key value of each row's own table: one CASE branch per key (100 tables of one key: none)
+    if by_key and route_column is not None:
         route = F.col(f"`{route_column}`")
         case: Column | None = None
         for key, values in sorted(by_key.items()):
@@ -261,6 +270,8 @@ def for_routed_tasks(
                 f"option '{DELETE_WHEN}' {options.delete_when!r} is not a Spark SQL boolean expression over the batch's "
                 f"columns ({', '.join(df.columns)}): {str(e).splitlines()[0]}"
             ) from None
+    if route_column is None:
+        return df.repartition(*parts), computed
     route_of: Column = F.col(f"`{route_column}`")
     named: dict[str, list[str]] = {}
     for value, table in sorted((tables or {}).items()):

@@ -227,9 +227,8 @@ def test_keys_per_table_two_spellings_of_a_table_and_a_table_of_deletes_only(
         assert {r[key]: (r["eid"], r["value"]) for r in rows} == _keyed_model(events_of(name), key), f"db.{name}"
         assert [s["batch_id"] for s in lakesink_snapshots(table)] == [0, 1], f"db.{name}"
         assert_snapshot_invariants(table)
-        if name != "n":  # (db.n: the stale change's batch file, replaced by a copy without it, is left to the
-            # orphan clean-up on both writers: lakesink.driver.actions.upsert_order deletes only unlanded attempts' files)
-            assert data_files_on_disk(table) <= referenced_data_files(table), f"db.{name}"
+        # db.n too: the stale change's batch file, replaced by a copy without it, is deleted once the commit landed
+        assert data_files_on_disk(table) <= referenced_data_files(table), f"db.{name}"
     assert catalog.load_table(("db", "k")).schema().identifier_field_names() == {"value"}
     assert _keyed_model(events_of("z_gone"), "id") == {} and _keyed_model(events_of("n"), "id") == {1: (5, "e"), 3: (4, "d")}
 

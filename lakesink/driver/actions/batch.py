@@ -439,6 +439,10 @@ class UpsertBatch(AppendBatch):
         super().__init__(committer, table, batch)
         self.rewrites: list[upsert.Rewrite] = []
         self.order_properties: dict[str, str] = {}
+        self.replaced: set[str] = set()
+        """Option order-by: the batch's files some attempt replaced by copies without its stale changes (every
+        attempt's: the landed one may be an earlier attempt's request, settled late). The committer deletes those the
+        landed snapshot does not reference once it landed (TableCommitter.drop_replaced), never before."""
 
     def properties(self, snapshot_id: int) -> dict[str, str]:
         """The replay marker and, with option order-by, the order file of this attempt (lakesink.driver.actions.upsert_order)."""
@@ -470,6 +474,7 @@ class UpsertBatch(AppendBatch):
             commit=commit,
         )
         rewrite, self.order_properties = done.rewrite, done.properties
+        self.replaced.update(done.replaced)
         self.rewrites.append(rewrite)
         return seam_producers.prepare_snapshot(
             table,

@@ -46,14 +46,12 @@ def dead_letter_options(options: SinkOptions) -> SinkOptions:
     )
 
 
-def check_rejected(
-    options: SinkOptions, results: Sequence[TaskResult], *, batch_id: int, batch_rows: int | None = None
-) -> tuple[int, int]:
+def check_rejected(options: SinkOptions, results: Sequence[TaskResult], *, batch_id: int) -> tuple[int, int]:
     """(rows received, rows rejected) of the batch; raises TooManyRejectedError (nothing is committed) when the rejected
-    fraction is above option ``max-rejected-fraction``, with the count and the first reasons. ``batch_rows``: the
-    batch's rows when the tasks saw fewer (foreach_batch with ``upsert-key``: one row per key reaches them), else the
-    rows the tasks received."""
-    received = batch_rows if batch_rows is not None else sum(r.rows_in for r in results)
+    fraction is above option ``max-rejected-fraction``, with the count and the first reasons. The tasks see every row of
+    the batch (with ``upsert-key`` too: they sort a key's changes before they resolve them), so the rows they received
+    are the batch's."""
+    received = sum(r.rows_in for r in results)
     rejected = sum(r.rejected for r in results)
     if received and rejected / received > options.max_rejected_fraction:
         reasons = [reason for r in results for reason in r.reasons][:REASONS_SHOWN]

@@ -164,6 +164,10 @@ class Finished:
     """The batch's files, those that held a stale change replaced by copies without it."""
     written: tuple[str, ...]
     """Files this attempt wrote (the copies, the new order file): deleted when the attempt does not land."""
+    replaced: tuple[str, ...]
+    """The batch's files this attempt replaced by copies (they held a stale change): unreferenced once it lands, but
+    kept until then -- a retry (or a replay of a commit that failed) reads them again (lakesink.driver.actions.batch:
+    UpsertBatch.replaced, deleted by the committer after the landing)."""
     properties: dict[str, str]
     summary: dict[str, str]
     rewrite: upsert.Rewrite
@@ -212,9 +216,11 @@ def finish(
         written.append(path)
     if path is not None and table.properties.get(property_key(branch)) != path:
         properties[property_key(branch)] = path  # a new file, or the lineage's after a rollback (order_file)
+    remaining = {f.file_path for f in files}
     return Finished(
         data_files=files,
         written=tuple(written),
+        replaced=tuple(f.file_path for f in data_files if f.file_path not in remaining),
         properties=properties,
         summary={SUMMARY_UPSERT_ORDER_FILE: path} if path else {},
         rewrite=replace(
@@ -458,7 +464,7 @@ def rewrite(
     ``order-by``, without the changes older than what the table holds (the module's description)."""
     if order_by is None:
         done = upsert.rewrite(table, branch=branch, keys=keys, plan=plan, batch_id=batch_id, attempt=attempt)
-        return Finished(data_files=list(data_files), written=(), properties={}, summary={}, rewrite=done)
+        return Finished(data_files=list(data_files), written=(), replaced=(), properties={}, summary={}, rewrite=done)
     keys, check = start(table, schema, keys, order_by=order_by, branch=branch, batch_id=batch_id)
     done = upsert.rewrite(table, branch=branch, keys=keys, plan=plan, batch_id=batch_id, attempt=attempt, winners=check.winners)
     return finish(

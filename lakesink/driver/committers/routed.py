@@ -492,7 +492,9 @@ class RoutedCommitter(RoutedTables):
         crashed batch is replayed with its own id before the next), so they are deleted, leftovers of killed runs
         included. Files of later batches (a zombie run ahead of this one) are kept."""
         self._swept = True
-        template = self.template() if self.options.checkpoint_location else None
+        if not self.options.checkpoint_location or self.places_tables_itself():
+            return  # no staging area (the template, when there is one, writes into the tables): nothing to sweep
+        template = self.template()
         if template is None or not template.staged:
             return
         try:

@@ -9,6 +9,7 @@ other input, a second sink of the same run), and which files may be deleted.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -36,11 +37,10 @@ from lakesink.driver.actions.batch import (
     action_for,
     committed,
 )
-from lakesink.driver.committers import outcomes
-from lakesink.driver.loop import indoubt, swap, turns
+from lakesink.driver.loop import guard, swap, turns
 from lakesink.driver.loop.action import CommitAction
 from lakesink.driver.loop.swap import RetriesExhausted, Status
-from lakesink.driver.report import reporting
+from lakesink.driver.report import metrics
 from lakesink.driver.tables.schema import SchemaChange
 from lakesink.driver.tables.sink_table import SinkTable
 from lakesink.errors import (
@@ -83,7 +83,7 @@ class TableCommitter(SinkTable):
 
     def __init__(self, options: SinkOptions, *, post_commit: Callable[[SinkTable], CommitHook] | None = None):
         super().__init__(options)
-        reporting.start(options.metrics)  # option metrics: its exporter serves from the sink's start
+        metrics.start(options.metrics)  # option metrics: its exporter serves from the sink's start
         self.hook: CommitHook | None = post_commit(self) if post_commit is not None else None
         self.dead_letters: TableCommitter | None = None
         """Option dead-letter-table: the committer of the dead-letter table, whose commit of a batch's dead letters
@@ -127,7 +127,6 @@ class TableCommitter(SinkTable):
         *,
         table_uuid: str | None = None,
         changes: pa.Table | None = None,
-        batch_rows: int | None = None,
     ) -> BatchOutcome:
         """Commit the batch's files as one snapshot, exactly once for this (query id, sink id, batch id).
 
@@ -138,11 +137,9 @@ class TableCommitter(SinkTable):
         replaces. Task results that all say the batch was found committed when it was planned (``replay_skipped``)
         are :meth:`skip_replay`. The batch holds its table's turn (lakesink.driver.loop.turns) from its first read; the
         post-commit hook (with option ``maintenance=auto``: a background maintenance run when one is due) runs after it.
-        ``batch_rows``: with a dead-letter table, the batch's rows when the tasks saw fewer (option
-        ``max-rejected-fraction`` is a fraction of them; lakesink.sink.dead_letters.batch_rows).
         """
         with self._turn():
-            outcome = self._commit_batch(call, results, table_uuid=table_uuid, changes=changes, batch_rows=batch_rows)
+            outcome = self._commit_batch(call, results, table_uuid=table_uuid, changes=changes)
         if outcome.outcome is Outcome.COMMITTED and self.hook is not None:
             self.hook.after_commit()
         return outcome
@@ -196,6 +193,7 @@ class TableCommitter(SinkTable):
             return self._logged(self._replayed(table, batch, result), batch)
         if isinstance(action, MarkEmptyBatch):
             return self._logged(BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1), batch)
+        self.drop_replaced(action, result)
         return self._logged(committed(batch, result), batch)
 
     def unit_not_committed(self, action: CommitAction, *, reason: str) -> None:
@@ -208,7 +206,7 @@ class TableCommitter(SinkTable):
         assert isinstance(action, BatchAction)
         if catalogs.may_apply_late(self.catalog):
             b = action.batch
-            indoubt.record(self.table_name, b.query_id, self.options.sink_id, b.batch_id, b.paths)
+            guard.record_in_doubt(self.table_name, b.query_id, self.options.sink_id, b.batch_id, b.paths)
 
     def _turn(self) -> AbstractContextManager[None]:
         """This batch's turn on its table, from its first read (the loop holds it too, for its actions)."""
@@ -222,7 +220,6 @@ class TableCommitter(SinkTable):
         table_uuid: str | None,
         changes: pa.Table | None,
         found_at_plan: bool = False,
-        batch_rows: int | None = None,
     ) -> BatchOutcome:
         batch_id = call.batch_id
         batch = Batch.new(call, results, changes=changes)
@@ -233,7 +230,7 @@ class TableCommitter(SinkTable):
                 raise self.identity_changed(expected_uuid, str(table.metadata.table_uuid))
             self.check_branch(table)
             if self.dead_letters is not None:
-                dead_letters.check_rejected(self.options, results, batch_id=batch_id, batch_rows=batch_rows)
+                dead_letters.check_rejected(self.options, results, batch_id=batch_id)
         except LakesinkError:
             self._delete(table, batch.paths, reason="the table or branch changed identity during the batch")
             self._letters_deleted(batch, reason="the batch failed before its commit")
@@ -288,11 +285,12 @@ class TableCommitter(SinkTable):
         try:
             result = self._run(action, batch)
         except CommitOutcomeUnknownError:
-            if catalogs.may_apply_late(self.catalog):  # the abort that follows must keep the files (driver.loop.indoubt)
-                indoubt.record(self.table_name, batch.query_id, self.options.sink_id, batch.batch_id, batch.paths)
+            # the abort that follows must keep the files (lakesink.driver.loop.guard.record_in_doubt)
+            if catalogs.may_apply_late(self.catalog):
+                guard.record_in_doubt(self.table_name, batch.query_id, self.options.sink_id, batch.batch_id, batch.paths)
                 if self.dead_letters is not None:
                     d, letters = self.dead_letters, self._letters(batch)
-                    indoubt.record(d.table_name, batch.query_id, d.options.sink_id, batch.batch_id, letters.paths)
+                    guard.record_in_doubt(d.table_name, batch.query_id, d.options.sink_id, batch.batch_id, letters.paths)
             raise
         except RetriesExhausted as e:
             self._delete(table, batch.paths, reason="commit retries exhausted")
@@ -305,6 +303,7 @@ class TableCommitter(SinkTable):
         if result.status is Status.ALREADY_COMMITTED:
             return self._replayed(table, batch, result, letters=True)
         assert result.snapshot_id is not None
+        self.drop_replaced(action, result)
         if isinstance(action, UpsertBatch) and action.rewrites:
             last = action.rewrites[-1]
             log.info(
@@ -333,6 +332,30 @@ class TableCommitter(SinkTable):
             raise
         self._delete(table, batch.paths, reason="batch already committed (replay)")
         return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
+
+    def drop_replaced(self, action: BatchAction, result: swap.SwapResult) -> None:
+        """Option order-by: the batch's files that its landed commit replaced by copies (they held a stale change)
+        are referenced by no snapshot now, and deleted -- only after the landing (a retry, or the replay of a commit
+        that failed, reads them again), never one the landed snapshot references (read back from the table: the attempt
+        that landed may not have replaced it), and kept when that snapshot cannot be read (an orphan clean-up collects
+        them; so does it after a crash between the landing and here)."""
+        if not isinstance(action, UpsertBatch) or not action.replaced or result.snapshot_id is None:
+            return
+        if result.status is not Status.LANDED:
+            return
+        try:
+            table = self.load()
+            referenced = seam.added_data_file_paths(table, result.snapshot_id)
+        except Exception as e:
+            log.warning(
+                "lakesink: table=%s: cannot read the landed snapshot (%s); its replaced files are kept",
+                self.table_name,
+                self.redact(e),
+            )
+            return
+        if referenced is not None:
+            dead = sorted(action.replaced - referenced)
+            self._delete(table, dead, reason="replaced by copies without the batch's stale changes (option order-by)")
 
     def marker_key(self, batch: Batch) -> str:
         return last_batch_key(batch.query_id, self.options.sink_id)
@@ -434,9 +457,43 @@ class TableCommitter(SinkTable):
         return changes
 
     def _logged(self, outcome: BatchOutcome, batch: Batch) -> BatchOutcome:
-        """The batch's outcome on this table, settled: logged and its metrics reported (lakesink.driver.committers.outcomes)."""
-        indoubt.clear(self.table_name, batch.query_id, self.options.sink_id, outcome.batch_id)  # the batch is settled now
-        return outcomes.logged(self, outcome, batch)
+        """The batch's outcome on this table, once settled (a table of its own, each table of a routed unit, a
+        dead-letter table): its commit metrics reported where option ``metrics`` and the catalog say
+        (lakesink.driver.report.metrics: after the commit, never raising) and its log line; returns ``outcome``."""
+        guard.clear_in_doubt(self.table_name, batch.query_id, self.options.sink_id, outcome.batch_id)  # the batch is settled now
+        options = self.options
+        metrics.report(
+            _commit_metrics(self, outcome, batch),
+            catalog=self.catalog,
+            identifier=options.table.identifier,
+            export=options.metrics,
+        )
+        of_sink = f" sink={options.sink_id}" if options.sink_id else ""
+        if outcome.outcome is Outcome.COMMITTED:
+            log.info(
+                "lakesink: table=%s query=%s%s batch=%s committed snapshot=%s files=%s rows=%s bytes=%s commit_ms=%.1f "
+                "retries=%s",
+                self.table_name,
+                batch.query_id,
+                of_sink,
+                outcome.batch_id,
+                outcome.snapshot_id,
+                outcome.files,
+                outcome.rows,
+                outcome.bytes,
+                outcome.commit_ms,
+                outcome.retries,
+            )
+        else:
+            log.info(
+                "lakesink: table=%s query=%s%s batch=%s %s",
+                self.table_name,
+                batch.query_id,
+                of_sink,
+                outcome.batch_id,
+                outcome.outcome.value,
+            )
+        return outcome
 
     # --- abort --------------------------------------------------------------------------------------
 
@@ -453,7 +510,7 @@ class TableCommitter(SinkTable):
             if letters:
                 self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
         paths = [f.path for r in results for f in r.files]
-        in_doubt = indoubt.recorded(self.table_name, query_id, self.options.sink_id, batch_id)
+        in_doubt = guard.in_doubt(self.table_name, query_id, self.options.sink_id, batch_id)
         if in_doubt & set(paths):
             log.warning(
                 "lakesink: abort of batch %s keeps %s file(s) that a commit request the catalog has not answered may "
@@ -503,3 +560,38 @@ class TableCommitter(SinkTable):
 def _found(results: Sequence[TaskResult], found_at_plan: bool) -> bool:
     """Found committed when the batch was planned (foreach_batch), or by every task (format("lakesink"))."""
     return found_at_plan or bool(results and all(r.replay_skipped for r in results))
+
+
+_METRICS_OUTCOME = {
+    Outcome.COMMITTED: metrics.COMMITTED,
+    Outcome.REPLAY_SKIPPED: metrics.REPLAY_SKIPPED,
+    Outcome.EMPTY: metrics.EMPTY,
+}
+
+
+def _commit_metrics(sink: SinkTable, outcome: BatchOutcome, batch: Batch) -> metrics.CommitMetrics:
+    """The batch's commit metrics on ``sink``'s table, from what the commit knows (task results, swap result, snapshot)."""
+    letters = sum(f.record_count for r in batch.results if r.dead_letters is not None for f in r.dead_letters.files)
+    received = sum(r.rows_in for r in batch.results)
+    committed = outcome.outcome is Outcome.COMMITTED
+    rows = sum(f.record_count for f in batch.files)
+    watermark = batch.time.watermark_ms if batch.time is not None else None
+    return metrics.CommitMetrics(
+        table=sink.table_name,
+        query_id=batch.query_id,
+        sink_id=sink.options.sink_id,
+        batch_id=batch.batch_id,
+        outcome=_METRICS_OUTCOME[outcome.outcome],
+        snapshot_id=outcome.snapshot_id if committed else None,
+        sequence_number=outcome.sequence_number,
+        operation=outcome.operation,
+        rows_in=received or rows + letters,
+        rows_written=outcome.rows,
+        dead_letters=letters if committed else 0,
+        data_files=outcome.files,
+        bytes_written=outcome.bytes,
+        commit_duration_ns=int((outcome.commit_ms / 1000 if committed else time.monotonic() - batch.started) * 1e9),
+        attempts=outcome.retries + 1,
+        watermark_lag_ms=int(time.time() * 1000) - watermark if watermark is not None else None,
+        summary=outcome.summary,
+    )

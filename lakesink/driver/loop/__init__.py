@@ -6,6 +6,6 @@
   settling of unknown outcomes;
 - :mod:`~lakesink.driver.loop.turns`: the turns this process's batches and maintenance commits take on a table;
 - :mod:`~lakesink.driver.loop.validation`: what was committed to a branch since a commit's base snapshot;
-- :mod:`~lakesink.driver.loop.guard`: an abort waits for a commit of the same sink still in flight;
-- :mod:`~lakesink.driver.loop.indoubt`: the files of commits whose outcome is in doubt, kept from every abort.
+- :mod:`~lakesink.driver.loop.guard`: what an abort keeps: it waits for a commit of the same sink still in flight, and
+  keeps the files of commits whose outcome is in doubt.
 """

@@ -11,16 +11,31 @@ its (table, query, sink) from its first replay check until its outcome is known;
 lock before it reads the table, waiting for the commit to finish. The lock is per query run (the run id
 the batch's tasks report), so that two drivers of one query never wait for each other. The operating system releases the lock
 of a process that dies (SIGKILL included), so a killed commit never blocks an abort.
+
+The second thing an abort must keep (:func:`record_in_doubt`, :func:`in_doubt`, :func:`clear_in_doubt`): the data
+files of a batch whose commit a catalog server may still apply. A catalog reached over HTTP (a REST catalog, AWS Glue)
+can apply a commit request after the client gave up on it: a request that timed out while queued behind a slow commit,
+or held by a gateway that answered 504. When every attempt of a batch's commit ended that way and the branch head
+still allows one of them to land (:class:`lakesink.driver.loop.swap._Pending`), the commit fails with
+CommitOutcomeUnknownError and deletes nothing. The abort that follows -- Spark's, in another Python worker of the
+driver, or ``foreach_batch``'s own -- would read the table, find the batch not committed and delete its data files; if
+the request then landed, the table would reference files that are gone. So the commit writes the batch's data file
+paths here before it raises, and :meth:`lakesink.driver.committers.table.TableCommitter.abort_batch` keeps every path
+listed for its batch: a small JSON file per (table, query, sink, batch) in the lock folder, removed when a later
+commit of the batch settles it; the kept files, if the request never lands, are unreferenced files for
+``remove_orphan_files``. (It was a module of its own, driver/loop/indoubt.py, that every commit entered to clear a
+record it rarely has: folded here, issue 31.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,7 +51,7 @@ ABORT_WAIT_S = 600.0
 
 
 def lock_folder() -> Path:
-    """The folder of the commit locks (and of lakesink.driver.loop.indoubt's records) on this host."""
+    """The folder of the commit locks (and of the records of commits in doubt) on this host."""
     return Path(os.environ.get(ENV_LOCK_DIR) or Path(tempfile.gettempdir()) / LOCK_DIR_DEFAULT)
 
 
@@ -98,3 +113,36 @@ class CommitGuard:
                 fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+
+
+# --- the files of a batch whose commit a catalog server may still apply -------------------------------
+
+
+def _in_doubt_path(table: str, query_id: str, sink_id: str | None, batch_id: int) -> Path:
+    key = f"{table}\0{query_id}\0{sink_id or ''}\0{batch_id}"
+    return lock_folder() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.in-doubt.json"
+
+
+def record_in_doubt(table: str, query_id: str, sink_id: str | None, batch_id: int, paths: Sequence[str]) -> None:
+    """Remember ``paths`` (added to what is recorded already) as files a pending commit of the batch may reference."""
+    path = _in_doubt_path(table, query_id, sink_id, batch_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = sorted(set(paths) | set(in_doubt(table, query_id, sink_id, batch_id)))
+    partial = path.with_suffix(f".{os.getpid()}.partial")
+    partial.write_text(json.dumps(kept))
+    partial.replace(path)
+
+
+def in_doubt(table: str, query_id: str | None, sink_id: str | None, batch_id: int) -> set[str]:
+    """The files of the batch that a commit left in doubt (empty when none)."""
+    if query_id is None:
+        return set()
+    try:
+        return set(json.loads(_in_doubt_path(table, query_id, sink_id, batch_id).read_text()))
+    except (FileNotFoundError, ValueError):
+        return set()
+
+
+def clear_in_doubt(table: str, query_id: str, sink_id: str | None, batch_id: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        _in_doubt_path(table, query_id, sink_id, batch_id).unlink()

@@ -2,21 +2,33 @@
 
 :class:`CommitMetrics` is made by the committer (lakesink.driver.committers.table) from what the commit already knows -- the
 task results (rows, files, bytes, dead letters), the swap loop's result (attempts), the committed snapshot (its id,
-sequence number, operation and summary) and the batch's watermark -- nothing is counted again. lakesink.driver.report.reporting
-hands it to the exporters: this process's record (:func:`recorded`, read by the Spark listener of
-lakesink.sink.progress), an Iceberg REST ``commit-report`` (:func:`commit_report`), Prometheus
-(lakesink.driver.report.prometheus).
+sequence number, operation and summary) and the batch's watermark -- nothing is counted again. :func:`report` hands it
+to the exporters: this process's record (:func:`recorded`, read by the Spark listener of lakesink.sink.progress), an
+Iceberg REST ``commit-report`` (:func:`commit_report`) when the catalog is a REST catalog serving the metrics endpoint,
+Prometheus (lakesink.driver.report.prometheus) when option ``metrics`` says so. The commit has landed before any of this
+runs: an exporter's failure is logged and never fails the batch. (Where the metrics go was a module of its own,
+reporting.py, that every commit entered: folded here, and the REST catalog's seam is asked only about a REST catalog,
+issue 31.)
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyiceberg.catalog.rest import RestCatalog
+
+from lakesink._pyiceberg import rest_metrics
+from lakesink.driver.report import prometheus
+from lakesink.options import MetricsExport
+from lakesink.redaction import redact_text
 from lakesink.table import keys
+
+log = logging.getLogger("lakesink")
 
 COMMITTED = "committed"
 REPLAY_SKIPPED = "replay skipped"
@@ -184,3 +196,45 @@ def commit_report(metrics: CommitMetrics) -> dict[str, Any] | None:
         "metrics": counters,
         "metadata": metadata,
     }
+
+
+# --- where a commit's metrics go ---------------------------------------------------------------------
+
+
+def start(export: MetricsExport) -> None:
+    """At the sink's start: the exporters option ``metrics`` asks for (a missing library is a loud InvalidOptionError)."""
+    if export.prometheus is not None:
+        prometheus.serve(*export.prometheus)
+
+
+def report(m: CommitMetrics, *, catalog: Any, identifier: tuple[str, ...], export: MetricsExport) -> None:
+    """Hand one table's commit metrics to every exporter (after the commit: failures are logged, never raised)."""
+    record(m)
+    if export.prometheus is not None:
+        try:
+            prometheus.observe(m)
+        except Exception as e:  # an exporter's bug never fails a commit that landed
+            log.warning("lakesink: table=%s batch=%s: Prometheus metrics not updated: %r", m.table, m.batch_id, e)
+    # only a REST catalog can take a commit report: the seam (and the report's body) only for one
+    body = commit_report(m) if isinstance(catalog, RestCatalog) and rest_metrics.reports_metrics(catalog) else None
+    if body is not None:
+        try:
+            rest_metrics.post_report(catalog, identifier, body)
+        except Exception as e:
+            log.warning(
+                "lakesink: table=%s batch=%s: the commit report to the REST catalog's metrics endpoint failed (%s); "
+                "the batch is committed",
+                m.table,
+                m.batch_id,
+                redact_text(str(e)) or type(e).__name__,
+            )
+
+
+def report_maintenance(table: str, kind: str) -> None:
+    """A maintenance commit (``compaction``, ``expiry``, ``manifest-rewrite``) of the sink's automatic maintenance, counted
+    where this process exports to Prometheus (a sink of the process has option ``metrics=prometheus:...``)."""
+    if prometheus.serving():
+        try:
+            prometheus.observe_maintenance(table, kind)
+        except Exception as e:
+            log.warning("lakesink: table=%s: Prometheus maintenance metrics not updated: %r", table, e)

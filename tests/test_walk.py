@@ -1,0 +1,52 @@
+"""The walk of one batch's commit stays short (issue 31, "one path"): the lakesink modules the driver's commit of one
+batch enters, counted by tests/support/walk.py (``sys.setprofile``), at most what docs/architecture.md ("Where a batch
+gets committed") gives -- so the walk cannot grow silently. A change that needs one more module on the walk raises the
+number here and in the docs, saying why.
+
+Measured with the same tracer on b345ef1 (before issue 31's rebuild) / 61f3c07 (the start of this round) / now:
+format("lakesink") one table 22 / 30 / 25, route-by (two tables) 27 / 40 / 33; foreach_batch one table 18 / 27 / 23,
+route-by 20 / 33 / 29. Each test fails on 61f3c07.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.walk import foreach_commit_walk, stream_commit_walk
+
+WALKS = {
+    ("format", "one table"): 25,
+    ("format", "route-by"): 33,
+    ("foreach_batch", "one table"): 23,
+    ("foreach_batch", "route-by"): 29,
+}
+
+NEVER_ENTERED = {
+    "lakesink._pyiceberg.rest_metrics",  # a commit report goes to a REST catalog only: not asked on a SQL catalog
+    "lakesink.driver.report.prometheus",  # option metrics not set
+    "lakesink.driver.actions.dead_letters",  # no dead-letter table
+    "lakesink.driver.actions.upsert",  # no upsert-key
+    "lakesink.driver.actions.upsert_order",
+    "lakesink.driver.loop.validation",  # an append validates nothing since its base
+    "lakesink._pyiceberg.io.schemas",  # route-by: no template made for a commit that writes no new table
+    "lakesink.table.partitioning",
+}
+
+
+@pytest.mark.parametrize(("entry", "kind"), list(WALKS), ids=[f"{e}-{k}" for e, k in WALKS])
+def test_the_walk_of_one_batchs_commit_stays_short(
+    entry: str, kind: str, catalog_properties: dict[str, str], tmp_path: Path
+) -> None:
+    routed = kind == "route-by"
+    if entry == "format":
+        walk = stream_commit_walk(catalog_properties, tmp_path, routed=routed)
+    else:
+        walk = foreach_commit_walk(catalog_properties, routed=routed)
+    assert "lakesink.driver.actions.batch" in walk and "lakesink.driver.loop.swap" in walk  # the tracer sees the commit
+    assert walk & NEVER_ENTERED == set()
+    assert len(walk) <= WALKS[(entry, kind)], (
+        f"the commit of one batch ({entry}, {kind}) enters {len(walk)} modules, more than {WALKS[(entry, kind)]}: "
+        + ", ".join(sorted(walk))
+    )
