@@ -142,8 +142,8 @@ def run_batch(rc: RoutedCommitter, props: Mapping[str, str], batch_id: int, reco
     rc.held_homes = frozenset()
     events = [event_of(v) for v in split.released.column("value").to_pylist()]
     if not events and not rc.held_tables and split.held_changes:  # foreach_batch: no table records it yet
-        held_changes = [v for v in split.held.column("value").to_pylist() if not transactions.is_transaction_record(json.loads(v))]
-        values = transactions_sink.homes(rc, rc.routing, sorted({event_of(v)[0] for v in held_changes}), batch_id)
+        changes = [v for v in split.held.column("value").to_pylist() if not transactions.is_transaction_record(json.loads(v))]
+        values = transactions_sink.homes(rc, rc.routing, sorted({event_of(v)[0] for v in changes}), batch_id)
         rc.plans(rc.routes(values, batch_id), Q)  # the tables made, as foreach_batch plans them
     routing.run(rc, batch_id, events)
     return split
