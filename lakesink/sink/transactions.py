@@ -27,11 +27,13 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
+from lakesink._pyiceberg import io as seam
 from lakesink.cdc import transactions
 from lakesink.driver import catalogs
 from lakesink.driver.actions import held
@@ -96,8 +98,11 @@ def homes(routed: RoutedCommitter, routing: Routing, values: Sequence[object], b
         if not isinstance(route, Route):
             continue  # an invalid route: its changes are dead letters (or fail) when they are released
         columns = routed.table_columns.get(str(route))
-        if columns is not None and not columns.names and not routed.catalog.table_exists(route.identifier):
-            continue
+        if columns is not None and not columns.names:  # truncates only: an existing table keeps its columns
+            try:
+                routed.table_columns[str(route)] = seam.arrow_schema(routed.committer(str(route)).load().schema())
+            except NoSuchTableError:
+                continue
         kept.append(value)
     routed.truncating, routed.truncated_at = set(), {}  # nothing is applied: no truncate either
     routed.held_homes = frozenset(str(r) for r in routed.routes(kept, batch_id))

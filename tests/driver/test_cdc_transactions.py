@@ -365,13 +365,24 @@ def test_a_first_batch_that_releases_nothing_makes_the_held_changes_tables(
 ) -> None:
     """The query's first batch holds its one transaction back and no table exists: the held changes' tables (a, b) are
     made, empty, in the batch's unit, which records what it holds (before the fix the batch failed: "the sink has no
-    table yet to record them in", on every restart). A failure after the unit's swap and a replay of the batch (a
-    restart mid-transaction) keep the record and its file; the transaction's third table (c) is made when it is
+    table yet to record them in", on every restart). A failure inside the unit's swap (the tables made, nothing
+    recorded) and a restart; a failure after the swap and a replay of the batch (a restart mid-transaction) keep the
+    record and its file; the transaction's third table (c) is made when it is
     released; a transaction of deletes only follows. After every batch the tables show a whole prefix of the
     transactions (never half of one); at the end the model."""
     props = catalog_properties
     txs, batches = first_batch_stream()
-    rc = routing.routed(props)
+    no_retry = {"table-property.commit.retry.num-retries": "0"}
+    rc = routing.routed(props, **no_retry)
+    faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")  # inside the unit's database transaction: nothing lands
+    with pytest.raises((InjectedFault, CommitConflictError)):
+        run_batch(rc, props, 0, batches[0])
+    assert faults.fired(CATALOG_BETWEEN_TABLE_SWAPS)
+    faults.clear()
+    assert sorted(tables(props)) == ["db.a", "db.b"]  # made when planned, before the unit: empty, no record
+    assert not any(held.property_key(Q) in t.properties for t in tables(props).values())
+    assert held_files_on_disk(props) == set()  # the failed attempt's held file deleted
+    rc = routing.routed(props, **no_retry)  # a restart: batch 0 again, its tables found made
     faults.arm(DRIVER_AFTER_SWAP, "raise")  # the unit of batch 0 lands, then the driver fails before Spark's commit log
     with pytest.raises(InjectedFault):
         run_batch(rc, props, 0, batches[0])
