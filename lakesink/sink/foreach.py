@@ -420,6 +420,7 @@ class ForeachBatchSink:
         # option cdc-transactions=hold: what the batch holds back, recorded in its unit
         routed.held = self._held.back if self._held is not None else None
         routed.held_tables = self._held.tables if self._held is not None else ()
+        routed.held_homes = frozenset()
         if self.options.writer is WriterKind.SPARK:  # Spark's own Parquet writer, no row in a Python worker
             return self._routed_spark_batch(df, batch_id, query_id, routed, run_id)
         started = time.perf_counter()
@@ -427,6 +428,9 @@ class ForeachBatchSink:
             values, found = self._payload_columns(df, routed)
             if self.options.cdc_format is not None:  # the changes before a truncate dropped, the table marked
                 df, values = truncates.apply(df, routed, routing, found, values)
+            if not values and self._held is not None and self._held.needs_home:  # cdc-transactions=hold, no table yet
+                held_changes = debezium_changes(self._held.held_changes(), keep_value=self.options.dead_letter_table is not None)
+                values = transactions.homes(routed, routing, self._payload_columns(held_changes, routed)[0], batch_id)
         else:
             # read as bytes: a value that is not UTF-8 stays itself (an invalid route), not Spark's decoding of it
             raw = df.select(F.col(f"`{routing.column}`").cast("binary")).distinct().collect()

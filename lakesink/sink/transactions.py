@@ -9,6 +9,12 @@ batch goes on with the released changes (and the changes of no transaction: a sn
 the ``BEGIN``/``END`` records of transactions not released, are collected to the driver and recorded in the batch's own unit
 commit (lakesink.driver.committers.routed). The ``BEGIN`` and ``END`` records of released transactions are dropped; a
 ``BEGIN`` without its ``END`` holds back every transaction that ends after it (lakesink.cdc.transactions.release).
+
+A batch that releases no change while no table records what the sink holds back (the query's first batches, one
+transaction open) has no table to record it in: its held changes' tables are created, as the changes would make them
+(their payloads' columns and keys, foreach_batch's inference over the held changes), and committed in its unit with no
+row, each carrying the record (:func:`homes`; RoutedCommitter.held_homes). Readers see those tables empty: the state
+before the held transaction.
 """
 
 from __future__ import annotations
@@ -21,17 +27,21 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
+from lakesink._pyiceberg import io as seam
 from lakesink.cdc import transactions
 from lakesink.driver import catalogs
 from lakesink.driver.actions import held
 from lakesink.driver.actions.held import HeldBack
+from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.errors import InvalidOptionError
-from lakesink.options import CDC_TRANSACTIONS, SinkOptions
+from lakesink.options import CDC_TRANSACTIONS, Routing, SinkOptions
+from lakesink.table.routes import Route, parse_route
 
 log = logging.getLogger("lakesink")
 
@@ -62,8 +72,41 @@ class Split:
     decision: transactions.Release
     _cached: DataFrame
 
+    @property
+    def needs_home(self) -> bool:
+        """Whether the batch holds changes back while no table records what the sink holds (a batch that then releases
+        no change makes its held changes' tables: :func:`homes`)."""
+        return not self.tables and self.back.changes > 0
+
+    def held_changes(self) -> DataFrame:
+        """The held change records (the stream's columns), without the transaction topic's records."""
+        return self._cached.where((F.col(_KIND) == F.lit(_CHANGE)) & F.col(_TX).isin(*sorted(self.decision.held))).drop(*_HELPERS)
+
     def release(self) -> None:
         self._cached.unpersist(blocking=False)
+
+
+def homes(routed: RoutedCommitter, routing: Routing, values: Sequence[object], batch_id: int) -> list[object]:
+    """A batch that releases no change and holds some back, while no table records what the sink holds: the routing
+    values of its held changes (``values``; their columns and keys set in ``routed`` by the same inference a released
+    change goes through) whose tables are made and committed in the batch's unit without a row, recording what it
+    holds (``routed.held_homes``). A route whose held changes are only truncates of a table that does not exist makes no
+    table (as a released one makes none). The caller plans (creates) the tables of the values returned."""
+    kept: list[object] = []
+    for value in values:
+        route = parse_route(value, routing.namespace, routing.allowed_namespaces)
+        if not isinstance(route, Route):
+            continue  # an invalid route: its changes are dead letters (or fail) when they are released
+        columns = routed.table_columns.get(str(route))
+        if columns is not None and not columns.names:  # truncates only: an existing table keeps its columns
+            try:
+                routed.table_columns[str(route)] = seam.arrow_schema(routed.committer(str(route)).load().schema())
+            except NoSuchTableError:
+                continue
+        kept.append(value)
+    routed.truncating, routed.truncated_at = set(), {}  # nothing is applied: no truncate either
+    routed.held_homes = frozenset(str(r) for r in routed.routes(kept, batch_id))
+    return kept
 
 
 def split(df: DataFrame, options: SinkOptions, *, query_id: str, batch_id: int, known: Sequence[str] = ()) -> Split:

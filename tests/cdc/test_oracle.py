@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -109,3 +110,57 @@ def test_debezium_records_decoded_and_replayed_equal_select_star(captured: tuple
     model = cdc_oracle.replay(cdc_debezium.as_changes(records, table_types if variant == cdc_oracle.DEBEZIUM else None))
     for table in TABLES:
         assert model[table.qualified] == expected[table.qualified], table.qualified
+
+
+@pytest.mark.parametrize(
+    ("variant", "tx_variant"),
+    [(cdc_oracle.DEBEZIUM, cdc_oracle.TRANSACTIONS), (cdc_oracle.DEBEZIUM_SCHEMAS, cdc_oracle.TRANSACTIONS_SCHEMAS)],
+)
+def test_debezium_records_carry_the_slots_transactions(captured: tuple[str, Path], variant: str, tx_variant: str) -> None:
+    """provide.transaction.metadata=true: every change of a transaction carries its block, numbered in the transaction
+    and in its table; the transaction topic has a BEGIN and an END per transaction, in commit order, whose counts are
+    the transaction's changes per table -- the transactions pgoutput's BEGIN/COMMIT delimited (xid, commit LSN)."""
+    _, folder = captured
+    changes = list(cdc_oracle.read_changes(folder))
+    txs = cdc_oracle.transactions_of(changes)
+    assert len(txs) > 40
+    for _, members in txs:  # one xid and one commit per transaction, commits in order
+        assert len({(c["txid"], c["commit_lsn"]) for c in members}) == 1
+    commits = [members[0]["commit_lsn"] for _, members in txs]
+    assert commits == sorted(set(commits))
+
+    def read(sub: str) -> list[dict[str, Any]]:
+        return [json.loads(line) for p in sorted((folder / sub).glob("round-*.jsonl")) for line in p.read_text().splitlines()]
+
+    records, tx_records = read(variant), read(tx_variant)
+    for name in {r["topic"] for r in records + tx_records}:  # Kafka offsets: each topic's records numbered from 0
+        assert [r["offset"] for r in records + tx_records if r["topic"] == name] == list(
+            range(sum(1 for r in records + tx_records if r["topic"] == name))
+        )
+    payloads = [(lambda v: v["payload"] if "schema" in v else v)(json.loads(r["value"])) for r in records if r["value"]]
+    blocks = [p["transaction"] for p in payloads]
+    assert [b is None for b in blocks] == [c["op"] == "r" for c in changes]  # snapshot reads belong to no transaction
+    expected_ends = []
+    at = 0
+    for tx, members in txs:
+        while changes[at]["op"] == "r":
+            at += 1
+        mine = blocks[at : at + len(members)]
+        at += len(members)
+        assert {b["id"] for b in mine} == {tx} and tx == f"{members[0]['txid']}:{members[0]['commit_lsn']}"
+        assert [b["total_order"] for b in mine] == list(range(1, len(members) + 1))
+        per_table: dict[str, int] = {}
+        for b, c in zip(mine, members, strict=True):
+            per_table[c["table"]] = per_table.get(c["table"], 0) + 1
+            assert b["data_collection_order"] == per_table[c["table"]]
+        expected_ends.append((tx, len(members), per_table))
+    metadata = [(lambda v: v["payload"] if "schema" in v else v)(json.loads(r["value"])) for r in tx_records]
+    assert [(m["status"], m["id"]) for m in metadata] == [(s, tx) for tx, *_ in expected_ends for s in ("BEGIN", "END")]
+    ends = [m for m in metadata if m["status"] == "END"]
+    assert [
+        (m["id"], m["event_count"], {d["data_collection"]: d["event_count"] for d in m["data_collections"]}) for m in ends
+    ] == [(tx, n, per_table) for tx, n, per_table in expected_ends]
+    assert all(m["event_count"] is None and m["data_collections"] is None for m in metadata if m["status"] == "BEGIN")
+    assert max(len(per_table) for *_, per_table in expected_ends) >= 3  # transactions over several tables
+    deletes_only = [tx for tx, members in txs if {c["op"] for c in members} == {"d"}]
+    assert deletes_only  # a transaction of deletes only (cdc_oracle.DELETES_ONLY)

@@ -29,6 +29,7 @@ from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.errors import CommitConflictError, InjectedFault
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
 from lakesink.maintenance.orphans import remove_orphan_files
+from lakesink.sink import transactions as transactions_sink
 from lakesink.table.keys import SUMMARY_CDC_COMMITTED_MS, SUMMARY_CDC_HELD_CHANGES
 from lakesink.table.markers import last_committed_batch
 from tests.driver import test_routing_upserts as routing
@@ -117,7 +118,7 @@ def deliveries(topics: Mapping[str, list[dict[str, Any]]], seed: int, batches: i
 
 def tables(props: Mapping[str, str]) -> dict[str, Any]:
     catalog = catalogs.load(None, dict(props))
-    idents = [("db", t) for t in TABLES]
+    idents = [("db", t) for t in routing.TABLES]
     return {".".join(i): t for i, t in catalogs.load_tables(catalog, idents).items()}
 
 
@@ -138,7 +139,13 @@ def run_batch(rc: RoutedCommitter, props: Mapping[str, str], batch_id: int, reco
         previous=start,
     )
     rc.held_tables = tuple(sorted(n for n, t in found.items() if held.property_key(Q, None) in t.properties))
-    routing.run(rc, batch_id, [event_of(v) for v in split.released.column("value").to_pylist()])
+    rc.held_homes = frozenset()
+    events = [event_of(v) for v in split.released.column("value").to_pylist()]
+    if not events and not rc.held_tables and split.held_changes:  # foreach_batch: no table records it yet
+        changes = [v for v in split.held.column("value").to_pylist() if not transactions.is_transaction_record(json.loads(v))]
+        values = transactions_sink.homes(rc, rc.routing, sorted({event_of(v)[0] for v in changes}), batch_id)
+        rc.plans(rc.routes(values, batch_id), Q)  # the tables made, as foreach_batch plans them
+    routing.run(rc, batch_id, events)
     return split
 
 
@@ -327,3 +334,83 @@ def test_the_orphan_clean_up_keeps_the_held_file_a_table_names(catalog_propertie
     assert named <= held_files_on_disk(props)  # kept
     run_batch(rc, props, 4, pa.Table.from_pylist([], RECORDS))  # the next batch reads them back
     assert lost in prefixes_shown(props, snapshot, txs)
+
+
+def first_batch_stream() -> tuple[list[list[Event]], list[pa.Table]]:
+    """Transaction t1 over three tables (a, b, and c, whose first change it is), then t2 of deletes only (a, b); the
+    query's first batch has t1's BEGIN and its changes in a and b, nothing else: it releases nothing, and no table
+    exists. Batch 1 brings t1's change in c and t2's first delete, batch 2 t1's END, batch 3 the rest."""
+    t1 = [("a", 1, "one", 1, False), ("b", 2, "two", 2, False), ("c", 3, "three", 3, False)]
+    t2 = [("a", 1, "one", 4, True), ("b", 2, "two", 5, True)]
+    rec = {
+        "a1": change("t1", 1, "a", 1, "one", 1, False, 1001),
+        "b2": change("t1", 2, "b", 2, "two", 2, False, 1002),
+        "c3": change("t1", 3, "c", 3, "three", 3, False, 1003),
+        "a1-": change("t2", 1, "a", 1, "one", 4, True, 1004),
+        "b2-": change("t2", 2, "b", 2, "two", 5, True, 1005),
+        "begin1": begin("t1"),
+        "end1": end("t1", 3, 1003),
+        "begin2": begin("t2"),
+        "end2": end("t2", 2, 1005),
+    }
+    offsets = {"a1": 0, "a1-": 1, "b2": 0, "b2-": 1, "c3": 0, "begin1": 0, "end1": 1, "begin2": 2, "end2": 3}
+    for name, r in rec.items():
+        r["offset"] = offsets[name]
+    cuts = [["begin1", "a1", "b2"], ["c3", "begin2", "a1-"], ["end1"], ["b2-", "end2"]]
+    return [t1, t2], [pa.Table.from_pylist([rec[n] for n in names], RECORDS) for names in cuts]
+
+
+def test_a_first_batch_that_releases_nothing_makes_the_held_changes_tables(
+    catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """The query's first batch holds its one transaction back and no table exists: the held changes' tables (a, b) are
+    made, empty, in the batch's unit, which records what it holds (before the fix the batch failed: "the sink has no
+    table yet to record them in", on every restart). A failure inside the unit's swap (the tables made, nothing
+    recorded) and a restart; a failure after the swap and a replay of the batch (a restart mid-transaction) keep the
+    record and its file; the transaction's third table (c) is made when it is
+    released; a transaction of deletes only follows. After every batch the tables show a whole prefix of the
+    transactions (never half of one); at the end the model."""
+    props = catalog_properties
+    txs, batches = first_batch_stream()
+    no_retry = {"table-property.commit.retry.num-retries": "0"}
+    rc = routing.routed(props, **no_retry)
+    faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")  # inside the unit's database transaction: nothing lands
+    with pytest.raises((InjectedFault, CommitConflictError)):
+        run_batch(rc, props, 0, batches[0])
+    assert faults.fired(CATALOG_BETWEEN_TABLE_SWAPS)
+    faults.clear()
+    assert sorted(tables(props)) == ["db.a", "db.b"]  # made when planned, before the unit: empty, no record
+    assert not any(held.property_key(Q) in t.properties for t in tables(props).values())
+    assert held_files_on_disk(props) == set()  # the failed attempt's held file deleted
+    rc = routing.routed(props, **no_retry)  # a restart: batch 0 again, its tables found made
+    faults.arm(DRIVER_AFTER_SWAP, "raise")  # the unit of batch 0 lands, then the driver fails before Spark's commit log
+    with pytest.raises(InjectedFault):
+        run_batch(rc, props, 0, batches[0])
+    assert faults.fired(DRIVER_AFTER_SWAP)
+    faults.clear()
+    made = tables(props)
+    assert sorted(made) == ["db.a", "db.b"]  # the held changes' tables, not c (none of its changes at hand)
+    assert all(t.scan().to_arrow().num_rows == 0 for t in made.values())
+    records = {n: t.properties[held.property_key(Q)] for n, t in made.items()}
+    state0 = held.HeldState.from_property(records["db.a"], table="db.a")
+    assert state0.batch_id == 0 and state0.changes == 2 and state0.waiting_for == "t1" and state0.file is not None
+    assert set(records.values()) == {records["db.a"]}  # one record, in every table of the unit
+    assert {state0.file} <= held_files_on_disk(props)
+    assert prefixes_shown(props, [], txs) == [0]
+    rc = routing.routed(props)  # a restart: Spark replays batch 0 from its checkpoint (mid-transaction)
+    replay = run_batch(rc, props, 0, batches[0])
+    assert replay.decision.released == () and replay.held_changes == 2
+    assert {n: t.properties[held.property_key(Q)] for n, t in tables(props).items()} == records  # skipped, kept
+    assert held_files_on_disk(props) == {state0.file}  # the replay's own held file deleted
+    for batch_id in (1, 2, 3):
+        run_batch(rc, props, batch_id, batches[batch_id])
+        shown = prefixes_shown(props, [], txs)
+        assert shown == [{1: 0, 2: 1, 3: 2}[batch_id]], (batch_id, shown)
+        if batch_id == 2:
+            assert "db.c" in tables(props)  # made by the batch that releases t1, in its unit
+    assert state(props) == expected([], txs, 2) == {"db.c": {3: ("three", 3)}}
+    for name, table in tables(props).items():
+        ids = [s["summary"]["lakesink.batch-id"] for s in lakesink_snapshots(table)]
+        assert len(ids) == len(set(ids)), name
+    latest = held.recorded(tables(props), Q, None)  # c keeps batch 2's record (batch 3 did not change it)
+    assert latest is not None and latest.batch_id == 3 and latest.changes == 0 and latest.file is None

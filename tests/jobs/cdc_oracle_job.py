@@ -2,8 +2,9 @@
 round: topic, key, value) streamed with cdc-format=debezium, until done, by foreach_batch or by format("lakesink").
 
 Arguments: catalog properties (JSON), source folder, checkpoint folder, and optionally the entry point ("foreach",
-the default, or "format"). The test kills it (a fault point armed with
-``kill``) and starts it again from the same checkpoint.
+the default, "format", or "hold": foreach_batch with cdc_transactions='hold' over the tables' topics and the
+transaction topic, Kafka's offset column with them). The test kills it (a fault point armed with ``kill``) and starts it
+again from the same checkpoint.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ if __name__ == "__main__":
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    df = spark.readStream.schema("topic STRING, key STRING, value STRING").option("maxFilesPerTrigger", 1).json(src)
+    columns = "topic STRING, key STRING, value STRING" + (", offset LONG" if entry == "hold" else "")
+    df = spark.readStream.schema(columns).option("maxFilesPerTrigger", 1).json(src)
     if entry == "format":
         lakesink.register(spark)
         writer = df.writeStream.format("lakesink").option("cdc-format", "debezium").option("merge-schema", "true")
@@ -35,7 +37,8 @@ if __name__ == "__main__":
             writer = writer.option(f"catalog.{k}", v)
         q = writer.option("checkpointLocation", ck).trigger(availableNow=True).start()
     else:
-        sink = lakesink.foreach_batch(cdc_format="debezium", merge_schema=True, catalog_properties=props)
+        hold = "hold" if entry == "hold" else "off"
+        sink = lakesink.foreach_batch(cdc_format="debezium", cdc_transactions=hold, merge_schema=True, catalog_properties=props)
         q = df.writeStream.foreachBatch(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()  # type: ignore[arg-type]
     q.awaitTermination()
     print("CDC JOB DONE")

@@ -22,17 +22,17 @@ from lakesink.driver.actions import held
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
 from lakesink.options import SinkOptions
-from tests.driver.test_cdc_transactions import TABLES, Event, deliveries, source
+from tests.driver.test_cdc_transactions import TABLES, Event, deliveries, first_batch_stream, source
 from tests.support import routed_upserts
 from tests.support.helpers import lakesink_snapshots, run_to_end
 
 pytestmark = pytest.mark.spark
 
 
-def values(props: Mapping[str, str]) -> dict[str, dict[int, str]]:
+def values(props: Mapping[str, str], names: Sequence[str] = TABLES) -> dict[str, dict[int, str]]:
     catalog = catalogs.load(None, dict(props))
     out: dict[str, dict[int, str]] = {}
-    for t in TABLES:
+    for t in names:
         try:
             rows = catalog.load_table(("db", t)).scan().to_arrow().to_pylist()
         except Exception:
@@ -54,7 +54,9 @@ def write(src: Path, index: int, records: pa.Table) -> None:
     os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
 
 
-def start(spark: Any, props: dict[str, str], src: Path, ck: Path, seen: list[dict[str, dict[int, str]]]) -> Any:
+def start(
+    spark: Any, props: dict[str, str], src: Path, ck: Path, seen: list[dict[str, dict[int, str]]], names: Sequence[str] = TABLES
+) -> Any:
     df = spark.readStream.schema("topic STRING, value STRING, offset LONG").option("maxFilesPerTrigger", 1).json(str(src))
     sink = lakesink.foreach_batch(
         cdc_format="debezium",
@@ -66,7 +68,7 @@ def start(spark: Any, props: dict[str, str], src: Path, ck: Path, seen: list[dic
 
     def batch(frame: Any, batch_id: int) -> None:
         sink(frame, batch_id)
-        seen.append(values(props))  # what a reader sees after the batch's unit
+        seen.append(values(props, names))  # what a reader sees after the batch's unit
 
     return df.writeStream.foreachBatch(batch).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
 
@@ -109,6 +111,47 @@ def test_every_batch_commits_whole_source_transactions_through_failures_and_rest
         assert ids == sorted(set(ids)), f"db.{t} holds a batch twice: {ids}"
         record = held.HeldState.from_property(table.properties[held.property_key(_query_id(ck))], table=t)
         assert record.changes == 0 and record.file is None  # every change released at the end
+
+
+def test_a_first_batch_that_releases_nothing_makes_its_held_changes_tables(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """The query's first batch holds its one open transaction (over tables a and b; its third table, c, and its END
+    come later) and no table exists: foreach_batch makes a and b -- empty, typed by the held changes' payloads, keyed by
+    their Kafka keys' fields -- in the batch's unit, which records what it holds. Before the fix the batch failed ("no
+    table yet to record them in") and so did every restart. A failure after the unit's swap, a restart that replays the
+    batch mid-transaction, then the END: after every batch a reader sees a whole prefix of the transactions; at the end
+    the model (t2, deletes only, empties a and b again)."""
+    props = catalog_properties
+    txs, batches = first_batch_stream()
+    names = ("a", "b", "c")
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    seen: list[dict[str, dict[int, str]]] = []
+    write(src, 0, batches[0])
+    faults.arm(DRIVER_AFTER_SWAP, "raise")  # batch 0's unit landed, then the failure before Spark's commit log
+    with pytest.raises(StreamingQueryException):
+        run_to_end(start(spark, props, src, ck, seen, names))
+    assert faults.fired(DRIVER_AFTER_SWAP)
+    faults.clear()
+    catalog = catalogs.load(None, props)
+    made = {t: catalog.load_table(("db", t)) for t in ("a", "b")}
+    assert not catalog.table_exists(("db", "c"))
+    key = held.property_key(_query_id(ck))
+    for t, table in made.items():
+        assert table.scan().to_arrow().num_rows == 0, t
+        assert [f.name for f in table.schema().fields] == ["id", "value"], t  # the held payloads' columns
+        assert table.schema().identifier_field_names() == {"id"}, t
+        record = held.HeldState.from_property(table.properties[key], table=t)
+        assert record.batch_id == 0 and record.changes == 2 and record.waiting_for == "t1" and record.file is not None
+    for i in (1, 2, 3):
+        write(src, i, batches[i])
+    run_to_end(start(spark, props, src, ck, seen, names))  # batch 0 replayed (found committed), then 1, 2, 3
+    whole = [expected([], txs, k) for k in range(len(txs) + 1)]
+    assert [whole.index(state) if state in whole else None for state in seen] == [0, 0, 1, 2]
+    assert values(props, names) == whole[-1] == {"db.c": {3: "three"}}
+    for t in names:
+        ids = [s["batch_id"] for s in lakesink_snapshots(catalog.load_table(("db", t)))]
+        assert ids == sorted(set(ids)), f"db.{t} holds a batch twice: {ids}"
 
 
 def test_a_transaction_whose_end_never_arrives_holds_back_the_rest(

@@ -19,6 +19,14 @@ Debezium's default value encodings (``decimal.handling.mode=precise``, ``time.pr
 Each record is ``{"topic": "lake.<schema>.<table>", "key": <JSON text or null>, "value": <JSON text or null>}``; a
 delete is followed by its tombstone (same key, value null), as with Debezium's ``tombstones.on.delete=true``. A
 truncate has no key. ``source.lsn`` is the change's WAL position, ``source.txId`` its transaction id.
+
+Transaction metadata, as with Debezium's ``provide.transaction.metadata=true``: every change of a transaction (not a
+snapshot read) carries ``"transaction": {"id", "total_order", "data_collection_order"}`` (its position in the
+transaction, and among the transaction's changes of its table, from 1; the id is Debezium's PostgreSQL form
+``<txId>:<LSN>``, here the commit's LSN), and the transaction topic ``lake.transaction`` has a ``BEGIN`` and an ``END``
+record per transaction (:func:`transaction_records`: ``status``, ``id``, ``ts_ms``, ``event_count``,
+``data_collections`` with each table's ``event_count``; keyed by ``{"id"}``). A tombstone is no event: it carries no
+transaction and is not counted.
 """
 
 from __future__ import annotations
@@ -115,17 +123,114 @@ def _source_schema() -> dict[str, Any]:
     }
 
 
-def records(change: dict[str, Any], db: str, key_columns: tuple[str, ...], *, schemas: bool) -> list[dict[str, Any]]:
-    """The Kafka records (topic, key, value as JSON text) of one change record; a delete brings its tombstone."""
+TRANSACTION_TOPIC = f"{TOPIC_PREFIX}.transaction"
+_TRANSACTION_BLOCK_SCHEMA = {
+    "type": "struct",
+    "fields": [
+        {"type": "string", "optional": False, "field": "id"},
+        {"type": "int64", "optional": False, "field": "total_order"},
+        {"type": "int64", "optional": False, "field": "data_collection_order"},
+    ],
+    "optional": True,
+    "name": "event.block",
+    "version": 1,
+    "field": "transaction",
+}
+_TRANSACTION_VALUE_SCHEMA = {
+    "type": "struct",
+    "fields": [
+        {"type": "string", "optional": False, "field": "status"},
+        {"type": "string", "optional": False, "field": "id"},
+        {"type": "int64", "optional": True, "field": "event_count"},
+        {
+            "type": "array",
+            "items": {
+                "type": "struct",
+                "fields": [
+                    {"type": "string", "optional": False, "field": "data_collection"},
+                    {"type": "int64", "optional": False, "field": "event_count"},
+                ],
+                "optional": False,
+            },
+            "optional": True,
+            "field": "data_collections",
+        },
+        {"type": "int64", "optional": False, "field": "ts_ms"},
+    ],
+    "optional": False,
+    "name": "io.debezium.connector.common.TransactionMetadataValue",
+    "version": 1,
+}
+_TRANSACTION_KEY_SCHEMA = {
+    "type": "struct",
+    "fields": [{"type": "string", "optional": False, "field": "id"}],
+    "optional": False,
+    "name": "io.debezium.connector.common.TransactionMetadataKey",
+    "version": 1,
+}
+
+
+def transaction_id(change: dict[str, Any]) -> str | None:
+    """Debezium's id of a change's transaction (``<txId>:<commit LSN>``); None for a snapshot read (no transaction)."""
+    return None if change["op"] == "r" else f"{change['txid']}:{change['commit_lsn']}"
+
+
+def transaction_blocks(changes: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """Each change's ``transaction`` block (changes in commit order, a transaction's changes together)."""
+    total: dict[str, int] = {}
+    per_table: dict[tuple[str, str], int] = {}
+    out: list[dict[str, Any] | None] = []
+    for change in changes:
+        tx = transaction_id(change)
+        if tx is None:
+            out.append(None)
+            continue
+        total[tx] = total.get(tx, 0) + 1
+        per_table[(tx, change["table"])] = per_table.get((tx, change["table"]), 0) + 1
+        out.append({"id": tx, "total_order": total[tx], "data_collection_order": per_table[(tx, change["table"])]})
+    return out
+
+
+def transaction_records(tx: str, ts_ms: int, tables: list[str], *, schemas: bool) -> list[dict[str, Any]]:
+    """The transaction topic's ``BEGIN`` and ``END`` records of transaction ``tx`` (``tables``: its changes' tables, one
+    entry per change, in order)."""
+    counts: dict[str, int] = {}
+    for t in tables:
+        counts[t] = counts.get(t, 0) + 1
+    begin = {"status": "BEGIN", "id": tx, "ts_ms": ts_ms, "event_count": None, "data_collections": None}
+    collections = [{"data_collection": t, "event_count": n} for t, n in counts.items()]
+    end = {"status": "END", "id": tx, "ts_ms": ts_ms, "event_count": len(tables), "data_collections": collections}
+    key: Any = {"schema": _TRANSACTION_KEY_SCHEMA, "payload": {"id": tx}} if schemas else {"id": tx}
+    out = []
+    for value in (begin, end):
+        wrapped = {"schema": _TRANSACTION_VALUE_SCHEMA, "payload": value} if schemas else value
+        out.append({"topic": TRANSACTION_TOPIC, "key": json.dumps(key), "value": json.dumps(wrapped)})
+    return out
+
+
+def commit_ms(change: dict[str, Any]) -> int:
+    return int(dt.datetime.fromisoformat(change["commit_ts"]).timestamp() * 1000)
+
+
+def records(
+    change: dict[str, Any],
+    db: str,
+    key_columns: tuple[str, ...],
+    *,
+    schemas: bool,
+    transaction: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """The Kafka records (topic, key, value as JSON text) of one change record; a delete brings its tombstone.
+    ``transaction``: the change's ``transaction`` block (:func:`transaction_blocks`)."""
     table, op, types = change["table"], change["op"], change["types"]
     schema_name, table_name = table.split(".")
     topic = f"{TOPIC_PREFIX}.{table}"
-    commit_ms = int(dt.datetime.fromisoformat(change["commit_ts"]).timestamp() * 1000)
+    committed = commit_ms(change)
     source = {
         "version": VERSION,
         "connector": "postgresql",
         "name": TOPIC_PREFIX,
-        "ts_ms": commit_ms,
+        "ts_ms": committed,
         "snapshot": "true" if op == "r" else "false",
         "db": db,
         "sequence": json.dumps([None, str(change["lsn"])]),
@@ -140,8 +245,8 @@ def records(change: dict[str, Any], db: str, key_columns: tuple[str, ...], *, sc
         "after": _row(change["after"], types),
         "source": source,
         "op": op,
-        "ts_ms": commit_ms,
-        "transaction": None,
+        "ts_ms": committed,
+        "transaction": transaction,
     }
     key_types = {c: types[c] for c in key_columns}
     key = None if change["key"] is None else _row(change["key"], key_types)
@@ -161,7 +266,7 @@ def records(change: dict[str, Any], db: str, key_columns: tuple[str, ...], *, sc
                     _source_schema(),
                     {"type": "string", "optional": False, "field": "op"},
                     {"type": "int64", "optional": True, "field": "ts_ms"},
-                    {"type": "struct", "fields": [], "optional": True, "field": "transaction"},
+                    _TRANSACTION_BLOCK_SCHEMA,
                 ],
                 "optional": False,
                 "name": f"{topic}.Envelope",

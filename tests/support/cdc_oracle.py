@@ -5,11 +5,12 @@ How it runs (:class:`CdcWorkload`): eleven tables in two schemas (``public``, ``
 keys; REPLICA IDENTITY FULL, so that updates and deletes carry the whole old row) are created and seeded; a
 ``pgoutput`` slot is created and the seeded rows are read as round 0 (op ``r``, the slot's consistent point as
 their LSN); then every round runs seeded transactions -- inserts, updates (columns set to NULL too, a primary key
-changed now and then), deletes, transactions over several tables, one rolled back, ``ALTER TABLE ... ADD COLUMN``
-(round :data:`ALTER_ROUND`), ``TRUNCATE`` (round :data:`TRUNCATE_ROUND`) -- and reads the slot's changes
+changed now and then), deletes, transactions over several tables, one of deletes only (:data:`DELETES_ONLY`), one
+rolled back, ``ALTER TABLE ... ADD COLUMN`` (round :data:`ALTER_ROUND`), ``TRUNCATE`` (round :data:`TRUNCATE_ROUND`)
+-- and reads the slot's changes
 (``pg_logical_slot_get_binary_changes``, decoded by :mod:`tests.support.pgoutput`).
 
-What it writes, one file per round in three folders (a Spark file stream reads a folder, each new round a new
+What it writes, one file per round in five folders (a Spark file stream reads a folder, each new round a new
 file; the rounds replay in file-name order):
 
 - ``changes/round-NNNN.jsonl``: one change a line: ``seq`` (a total order over the whole capture), ``round``,
@@ -19,9 +20,15 @@ file; the rounds replay in file-name order):
   position, an integer), ``commit_lsn``, ``commit_ts``. An update of a primary key is written as Debezium writes
   it: a ``d`` of the old key then a ``c`` of the new one (same LSN, consecutive ``seq``).
 - ``debezium/round-NNNN.jsonl`` and ``debezium-schemas/round-NNNN.jsonl``: the same changes as Kafka records of
-  Debezium's PostgreSQL connector (``{"topic", "key", "value"}``, key and value as JSON text; value without, or
-  with, the JsonConverter's ``schemas.enable`` wrapper; a tombstone -- value null -- after every delete), built by
-  :mod:`tests.support.cdc_debezium`.
+  Debezium's PostgreSQL connector (``{"topic", "key", "value", "offset"}``, key and value as JSON text; value without,
+  or with, the JsonConverter's ``schemas.enable`` wrapper; a tombstone -- value null -- after every delete; ``offset``
+  the record's position in its topic, over all rounds), built by :mod:`tests.support.cdc_debezium`, with Debezium's
+  transaction metadata (``provide.transaction.metadata=true``): each change of a transaction carries its
+  ``transaction`` block (id, total_order, data_collection_order) from the slot's real transaction boundaries
+  (pgoutput's BEGIN/COMMIT, the xid and the commit LSN).
+- ``transactions/round-NNNN.jsonl`` and ``transactions-schemas/round-NNNN.jsonl``: the transaction topic
+  (``lake.transaction``): a ``BEGIN`` and an ``END`` record per transaction of the round, in commit order (``END``:
+  ``event_count``, ``data_collections``), with their offsets. A consumer of the tables' topics alone never sees them.
 
 Values as Iceberg will hold them (:func:`normalise`; JSON encoding in the change files by :func:`encode`):
 
@@ -72,8 +79,10 @@ SLOT = "lakesink_cdc"
 PUBLICATION = "lakesink_cdc"
 ALTER_ROUND = 2
 TRUNCATE_ROUND = 3
+DELETES_ONLY = 3  # the transaction of each round that deletes only (a row of three tables)
 ROUNDS = 5  # the rounds after round 0 (the snapshot): a few seconds of workload
 CHANGES, DEBEZIUM, DEBEZIUM_SCHEMAS = "changes", "debezium", "debezium-schemas"
+TRANSACTIONS, TRANSACTIONS_SCHEMAS = "transactions", "transactions-schemas"
 Row = dict[str, Any]
 Key = tuple[Any, ...]
 
@@ -346,11 +355,12 @@ class CdcWorkload:
     round: int = 0
     _decoder: Decoder = field(default_factory=Decoder)
     _capture_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    _offsets: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.keys = {t.qualified: [] for t in TABLES}
-        for sub in (CHANGES, DEBEZIUM, DEBEZIUM_SCHEMAS):
+        for sub in (CHANGES, DEBEZIUM, DEBEZIUM_SCHEMAS, TRANSACTIONS, TRANSACTIONS_SCHEMAS):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
 
     @property
@@ -486,9 +496,15 @@ class CdcWorkload:
                         cur.execute("TRUNCATE public.flags")
                         self.keys["public.flags"].clear()
                         self._insert(cur, TABLES[7])
-                    for table in self.rng.sample(TABLES, self.rng.randint(1, 3)):
-                        for _ in range(self.rng.randint(1, 4)):
-                            self.rng.choice([self._insert, self._insert, self._update, self._update, self._delete])(cur, table)
+                    if n == DELETES_ONLY:  # a transaction of deletes only, over three tables
+                        for table in (TABLES[0], TABLES[5], TABLES[9]):
+                            self._delete(cur, table)
+                    else:
+                        for table in self.rng.sample(TABLES, self.rng.randint(1, 3)):
+                            for _ in range(self.rng.randint(1, 4)):
+                                self.rng.choice([self._insert, self._insert, self._update, self._update, self._delete])(
+                                    cur, table
+                                )
                 if n == 2:  # a rolled back transaction: none of it may appear
                     keys = {t: list(k) for t, k in self.keys.items()}
                     with conn.cursor() as cur:
@@ -598,16 +614,47 @@ class CdcWorkload:
                 encoded[part] = None if change[part] is None else {c: encode(v, types[c]) for c, v in change[part].items()}
             lines.append(json.dumps(encoded, ensure_ascii=False))
         (self.folder / CHANGES / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        for sub, schemas in ((DEBEZIUM, False), (DEBEZIUM_SCHEMAS, True)):
+        blocks = cdc_debezium.transaction_blocks(changes)
+        for sub, tx_sub, schemas in ((DEBEZIUM, TRANSACTIONS, False), (DEBEZIUM_SCHEMAS, TRANSACTIONS_SCHEMAS, True)):
             records = [
-                r for c in changes for r in cdc_debezium.records(c, self.db, self._capture_keys[c["table"]], schemas=schemas)
+                r
+                for c, block in zip(changes, blocks, strict=True)
+                for r in cdc_debezium.records(c, self.db, self._capture_keys[c["table"]], schemas=schemas, transaction=block)
             ]
-            (self.folder / sub / name).write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+            tx_records = []
+            for tx, members in _transactions(changes):
+                tables = [c["table"] for c in members]
+                tx_records += cdc_debezium.transaction_records(tx, cdc_debezium.commit_ms(members[-1]), tables, schemas=schemas)
+            for sub_name, rows in ((sub, records), (tx_sub, tx_records)):
+                for r in rows:
+                    r["offset"] = self._offsets.get((sub_name, r["topic"]), 0)
+                    self._offsets[(sub_name, r["topic"])] = r["offset"] + 1
+                (self.folder / sub_name / name).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         return changes
 
     def drop_slot(self) -> None:
         with connect(self.dsn, autocommit=True) as conn, conn.cursor() as cur:
             cur.execute("SELECT pg_drop_replication_slot(%s)", (SLOT,))
+
+
+def _transactions(changes: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The transactions of changes in commit order (Debezium's ids), each with its changes; snapshot reads belong to none."""
+    out: list[tuple[str, list[dict[str, Any]]]] = []
+    for change in changes:
+        tx = cdc_debezium.transaction_id(change)
+        if tx is None:
+            continue
+        if out and out[-1][0] == tx:
+            out[-1][1].append(change)
+        else:
+            assert all(t != tx for t, _ in out), f"transaction {tx}'s changes are not together"
+            out.append((tx, [change]))
+    return out
+
+
+def transactions_of(changes: Iterable[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The committed transactions of a capture (:func:`read_changes`), in commit order, each with its changes."""
+    return _transactions(list(changes))
 
 
 def run_workload(dsn: str, folder: Path, *, rounds: int = ROUNDS, seed: int = 32) -> CdcWorkload:

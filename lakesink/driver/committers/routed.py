@@ -106,6 +106,10 @@ class RoutedCommitter(RoutedTables):
     of its unit, in the same commit (lakesink.driver.actions.held)."""
     held_tables: tuple[str, ...] = ()
     """Option cdc-transactions=hold: the tables that recorded the state the batch started from."""
+    held_homes: frozenset[str] = frozenset()
+    """Option cdc-transactions=hold: the tables a batch that releases no change made for the changes it holds back,
+    when no table recorded what the sink holds yet (set per batch by foreach_batch, lakesink.sink.transactions.homes):
+    in its unit without a row, their commits carry the record."""
 
     # --- commit -----------------------------------------------------------------------------------
 
@@ -121,6 +125,8 @@ class RoutedCommitter(RoutedTables):
                 if t.templated:
                     templated.add(t.table)
         for name in self.truncating:  # a table the batch truncates is in its unit, rows after the truncate or none
+            by_table.setdefault(name, [])
+        for name in self.held_homes if self.held is not None else ():  # made to record what the batch holds back
             by_table.setdefault(name, [])
         call = replace(call, run_id=call.run_id or next((r.run_id for r in results if r.run_id), None))
         names = sorted(by_table)
@@ -319,8 +325,8 @@ class RoutedCommitter(RoutedTables):
             raise LakesinkError(
                 f"batch {batch_id} of query {query_id} holds back {self.held.changes} change(s) (option cdc-transactions="
                 f"hold: source transaction {self.held.waiting_for} is not whole yet), releases none, and the sink has no "
-                "table yet to record them in. Nothing was committed. Let the connector's snapshot (or a whole "
-                "transaction) be in the first batch (a larger first trigger), or create one of the tables first (docs/cdc.md)"
+                "table yet to record them in (its held changes make none: truncates of tables that do not exist). "
+                "Nothing was committed. Create one of the tables the stream routes to first (docs/cdc.md)"
             )
         if not tables:
             log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", query_id, batch_id)
