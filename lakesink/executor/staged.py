@@ -16,6 +16,8 @@ batch creates gets its key from the changes' records (lakesink.driver.tables.rou
   (lakesink.table.names), and returns it with the inference in a :class:`StagedTaskResult`.
 
 A payload column that is a VARIANT (Spark 4) is turned into its JSON text first (lakesink.executor.variant).
+With option cdc-transactions=hold a task stages its records as they came, the transaction topic's records beside the
+changes (:attr:`StagedPlan.transactions`): the commit decides which are released and stages those with :meth:`stage`.
 
 The driver (lakesink.sink.staged) merges the inferences, opens/creates/widens the tables, and writes the tables'
 files from the staged rows with the routed task writer, the code foreach_batch's tasks run. A staged file is never
