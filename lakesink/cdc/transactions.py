@@ -17,7 +17,8 @@ the source never had: the later transaction without the earlier one). A transact
 committed after every ``END`` at hand (one partition), so it is held too. Changes without a ``transaction`` block
 (a snapshot's reads, op ``r``) belong to no transaction and are released as they come.
 
-Used on the driver by foreach_batch (lakesink.sink.transactions); no Spark, no catalog here.
+Used on the driver by foreach_batch (lakesink.sink.transactions: :func:`release`) and by format("lakesink")'s commit
+(lakesink.sink.staged_transactions: :func:`split_records`); no Spark, no catalog here.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ STATUSES = (BEGIN, END)
 
 METADATA_HINT = (
     "Debezium's transaction metadata (a record with status BEGIN or END, provide.transaction.metadata=true) is read "
-    "by lakesink.foreach_batch(cdc_format='debezium', cdc_transactions='hold') (option 'cdc-transactions'), which "
-    "holds a source transaction back until it is whole"
+    "by lakesink.foreach_batch(cdc_format='debezium', cdc_transactions='hold') (option 'cdc-transactions', on "
+    "format('lakesink') too), which holds a source transaction back until it is whole"
 )
 """The end of the error a transaction-metadata record gives without option ``cdc-transactions=hold``."""
 

@@ -16,6 +16,8 @@ batch creates gets its key from the changes' records (lakesink.driver.tables.rou
   (lakesink.table.names), and returns it with the inference in a :class:`StagedTaskResult`.
 
 A payload column that is a VARIANT (Spark 4) is turned into its JSON text first (lakesink.executor.variant).
+With option cdc-transactions=hold a task stages its records as they came, the transaction topic's records beside the
+changes (:attr:`StagedPlan.transactions`): the commit decides which are released and stages those with :meth:`stage`.
 
 The driver (lakesink.sink.staged) merges the inferences, opens/creates/widens the tables, and writes the tables'
 files from the staged rows with the routed task writer, the code foreach_batch's tasks run. A staged file is never
@@ -74,6 +76,12 @@ class StagedPlan:
     variant: bool = False
     """The payload column is a VARIANT (Spark 4): each value becomes its JSON text first (Spark's ``to_json`` of it,
     timestamps in UTC: lakesink.executor.variant), as foreach_batch has Spark turn it into that text."""
+    transactions: bool = False
+    """Option cdc-transactions=hold: the task stages its records as they came (the stream's columns: Kafka's ``value``
+    and ``offset``, the transaction topic's ``BEGIN``/``END`` records beside the changes), neither parsed nor inferred.
+    Which of them a batch releases is known only once every task's records are joined with those the previous batch
+    held back (lakesink.sink.staged_transactions); the commit stages the released ones as this writer does without
+    the option (:meth:`StagedTaskWriter.stage`), so their inference covers exactly the rows committed."""
 
     def staged_columns(self, names: list[str]) -> list[str]:
         """The columns a staged file holds, in this order (``names``: the task's parsed batch's columns)."""
@@ -128,11 +136,26 @@ class StagedTaskWriter:
         return batch
 
     def write(self, batches: Iterator[pa.RecordBatch]) -> StagedTaskResult:
-        plan, ids = self._plan, self._ids
         fault_point(EXECUTOR_BEFORE_WRITE)
+        if self._plan.transactions:  # the records as they came: the commit decides which are released
+            result = self._stage_rows([b for b in batches if b.num_rows])
+        else:
+            result = self.stage(batches)
+        if result.file is not None:
+            try:
+                fault_point(EXECUTOR_BEFORE_RETURN)
+            except BaseException:
+                storage.delete_file(self._plan.io, result.file)
+                raise
+        return result
+
+    def stage(self, batches: Iterator[pa.RecordBatch]) -> StagedTaskResult:
+        """The rows parsed, inferred and staged (also run by the commit over the records a batch releases, option
+        cdc-transactions=hold: lakesink.sink.staged_transactions)."""
+        plan = self._plan
         prepared = [b for b in (self._prepared(b) for b in batches if b.num_rows) if b.num_rows]
         if not prepared:
-            return StagedTaskResult(ids.query_id, ids.batch_id, ids.partition_id, ids.run_id)
+            return self._stage_rows([])
         inference = payload.PayloadInference(
             plan.route_column,
             plan.payload_column,
@@ -148,17 +171,30 @@ class StagedTaskWriter:
                 columns[raw] = pickle.loads(cols)
                 found[raw] = pickle.loads(more)
         rows = pa.Table.from_batches(prepared)
-        rows = rows.select(plan.staged_columns(rows.schema.names))
-        name = self._ids.data_file_name(token=names.new_token(), counter=0)
+        return self._stage_rows(rows.select(plan.staged_columns(rows.schema.names)).to_batches(), columns, found)
+
+    def _stage_rows(
+        self,
+        batches: list[pa.RecordBatch],
+        columns: Mapping[bytes | None, Mapping[str, pa.DataType | None]] | None = None,
+        found: Mapping[bytes | None, payload.Found] | None = None,
+    ) -> StagedTaskResult:
+        """``batches`` written as the task's one staged file (none: no row)."""
+        plan, ids = self._plan, self._ids
+        if not batches:
+            return StagedTaskResult(ids.query_id, ids.batch_id, ids.partition_id, ids.run_id)
+        rows = pa.Table.from_batches(batches)
+        name = ids.data_file_name(token=names.new_token(), counter=0)
         path = f"{plan.root.rstrip('/')}/{name}"
         try:
             with plan.io.new_output(path).create(overwrite=True) as stream:
                 pq.write_table(rows, stream, compression="zstd")
-            fault_point(EXECUTOR_BEFORE_RETURN)
         except BaseException:
             storage.delete_file(plan.io, path)
             raise
-        return StagedTaskResult(ids.query_id, ids.batch_id, ids.partition_id, ids.run_id, path, rows.num_rows, columns, found)
+        return StagedTaskResult(
+            ids.query_id, ids.batch_id, ids.partition_id, ids.run_id, path, rows.num_rows, columns or {}, found or {}
+        )
 
 
 def read_staged(io: FileIO, path: str) -> Iterator[pa.RecordBatch]:

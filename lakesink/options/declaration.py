@@ -182,9 +182,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(CDC_FORMAT, "cdc_format", None, 'as the option `cdc-format`: "debezium" (docs/cdc.md)'),
     Option(CDC_TRANSACTIONS, "cdc_transactions", CdcTransactions.OFF.value,
            '"off" or "hold": with cdc_format, source transactions held back until whole (docs/cdc.md)',
-           parse=CdcTransactions.parse, entries=Entry.FOREACH,
-           spark_refusal=": source transactions are held back on foreach_batch's path only; use "
-                         "lakesink.foreach_batch(cdc_format='debezium', cdc_transactions='hold') (docs/cdc.md)"),
+           "`off`", parse=CdcTransactions.parse),
     Option(METRICS, "metrics", None, 'as the option `metrics`: "off" or "prometheus:[<host>:]<port>" (docs/metrics.md)',
            "`off`", parse=MetricsExport.parse, show=str),
 )

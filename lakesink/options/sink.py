@@ -100,8 +100,9 @@ class SinkOptions:
     cdc_format: str | None = None
     """Option ``cdc-format`` (``debezium``): the sink parses the ``value`` column's change events first (docs/cdc.md)."""
     cdc_transactions: CdcTransactions = CdcTransactions.OFF
-    """:func:`lakesink.foreach_batch` only, with ``cdc-format``: ``hold`` releases whole source transactions only, in
-    commit order, by Debezium's transaction metadata (lakesink.sink.transactions; docs/cdc.md)."""
+    """Option ``cdc-transactions`` (with ``cdc-format``): ``hold`` releases whole source transactions only, in commit
+    order, by Debezium's transaction metadata (lakesink.sink.transactions, lakesink.sink.staged_transactions;
+    docs/cdc.md)."""
     metrics: MetricsExport = field(default_factory=lambda: MetricsExport())
     """Option ``metrics``: where commit metrics are exported (docs/metrics.md)."""
 
@@ -142,11 +143,6 @@ class SinkOptions:
             if option.spark_refusal and option.parse is not None
         }
         parsed = cls._parse(lowered, own["output_mode"], case_sensitive=options, writer=own["writer"])
-        if own["cdc_transactions"] is CdcTransactions.HOLD and parsed.cdc_format is None:
-            raise InvalidOptionError(
-                f"option '{CDC_TRANSACTIONS}' is 'hold', which reads Debezium's transaction metadata: it needs option "
-                "'cdc-format' ('debezium'); drop it, or set cdc_format='debezium' (docs/cdc.md)"
-            )
         return replace(parsed, **own)
 
     @classmethod
@@ -218,6 +214,11 @@ class SinkOptions:
             for option in OPTIONS
             if option.parse is not None and not option.spark_refusal and option.lowered in lowered
         }
+        if alone.get("cdc_transactions") is CdcTransactions.HOLD and cdc_format is None:
+            raise InvalidOptionError(
+                f"option '{CDC_TRANSACTIONS}' is 'hold', which reads Debezium's transaction metadata: it needs option "
+                "'cdc-format' ('debezium'); drop it, or set cdc_format='debezium' (docs/cdc.md)"
+            )
         return cls(
             table=table,
             routing=routing,

@@ -243,7 +243,7 @@ def _staged_committer(
 ) -> StagedCommitter:
     stream_schema = staged.cdc_schema(raw) if options.cdc_format is not None else raw
     routed = _routed_committer(options, stream_schema)
-    return StagedCommitter(routed, staged.staged_plan(options, raw, routed, query_id, variant=variant))
+    return StagedCommitter(routed, staged.staged_plan(options, raw, routed, query_id, variant=variant), raw)
 
 
 def _variant_payload_as_text(options: SinkOptions, schema: StructType) -> tuple[StructType, bool]:

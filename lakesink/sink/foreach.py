@@ -41,7 +41,6 @@ from lakesink.options import (
     CDC_PAYLOAD,
     CDC_PREFIX,
     CDC_VALUE,
-    Atomic,
     CdcTransactions,
     Routing,
     SinkOptions,
@@ -244,15 +243,8 @@ class ForeachBatchSink:
         self.options = options
         catalog = catalogs.load(options.catalog_name, options.catalog_properties)  # a missing catalog fails here, at start
         if options.routing is not None:
-            atomic = check_atomic(catalog, options.routing)  # atomic=required on a catalog that cannot: here, at start
-            if options.cdc_transactions is CdcTransactions.HOLD and (not atomic or options.routing.atomic is Atomic.OFF):
-                raise InvalidOptionError(
-                    "option 'cdc-transactions'='hold' needs every batch's tables and what it holds back in one atomic "
-                    f"commit, which catalog {catalog.name!r} ({type(catalog).__name__}) with option 'atomic' "
-                    f"{options.routing.atomic.value!r} does not give: a crash between two tables would show half a "
-                    "source transaction. Use a catalog that commits several tables at once (SQL, or REST with "
-                    "transactions/commit) and atomic='auto', or cdc_transactions='off' (docs/cdc.md)"
-                )
+            # atomic=required on a catalog that cannot, or cdc-transactions=hold without atomic batches: here, at start
+            check_atomic(catalog, options.routing, hold=options.cdc_transactions is CdcTransactions.HOLD)
         dead_letters.check_writer(options)
         self._committer: TableCommitter | None = None
         self._query = RunningQuery(options)  # the query's id, run and checkpoint (lakesink.sink.query)

@@ -38,14 +38,14 @@ from lakesink.cdc import envelope
 from lakesink.driver.actions import dead_letters
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
-from lakesink.driver.committers.routed_tables import staging_root
+from lakesink.driver.committers.routed_tables import check_atomic, staging_root
 from lakesink.errors import InvalidOptionError
 from lakesink.executor import payload
 from lakesink.executor.messages import TaskIds, WritePlan
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.executor.staged import STAGED_ROWS_FOLDER, StagedPlan, StagedTaskResult, read_staged
-from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, SinkOptions
-from lakesink.sink import truncates
+from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, CdcTransactions, SinkOptions
+from lakesink.sink import staged_transactions, truncates
 from lakesink.sink.commit import commit_routed
 from lakesink.table import names as file_names
 from lakesink.table import storage
@@ -76,6 +76,10 @@ def staged_plan(
     if options.reject_when is not None:  # evaluated by the commit's routed writer on the staged rows, without the route
         route = have.get_field_index(routing.column)
         dead_letters.check_reject_when(options, have.remove(route) if route >= 0 else have, None)
+    hold = options.cdc_transactions is CdcTransactions.HOLD
+    if hold:  # Kafka's value and offset in the stream; the batch's tables and what it holds back in one atomic commit
+        staged_transactions.check_records(raw_schema)
+        check_atomic(routed.catalog, routing, hold=True)
     root = f"{staging_root(options.checkpoint_location)}/{STAGED_ROWS_FOLDER}"
     return StagedPlan(
         root=root,
@@ -92,6 +96,7 @@ def staged_plan(
         upserts=options.upserts,
         dead_letters=options.dead_letter_table is not None,
         variant=variant,
+        transactions=hold,
     )
 
 
@@ -104,14 +109,19 @@ def cdc_schema(raw_schema: pa.Schema) -> pa.Schema:
 class StagedCommitter:
     """The driver side of a staged batch (see the module's docstring); answers the committer interface."""
 
-    def __init__(self, routed: RoutedCommitter, plan: StagedPlan):
+    def __init__(self, routed: RoutedCommitter, plan: StagedPlan, raw: pa.Schema | None = None):
         self.routed = routed
         self.plan = plan
+        self.raw = raw
+        """The stream's columns (option cdc-transactions=hold: the staged records' and the held records')."""
 
     def commit_batch(self, call: BatchCall, results: Sequence[StagedTaskResult]) -> RoutedOutcome:
         routed, routing = self.routed, self.routed.routing
         query_id, batch_id = call.query_id, call.batch_id
         run_id = call.run_id or next((r.run_id for r in results if r.run_id), None)
+        if self.plan.transactions:  # option cdc-transactions=hold: the released records, staged as one task's
+            assert self.raw is not None
+            results = staged_transactions.released(routed, self.plan, self.raw, replace(call, run_id=run_id), results)
         parts: dict[object, list[Mapping[str, pa.DataType | None]]] = {}
         found: dict[object, payload.Found] = {}
         for r in results:
@@ -140,6 +150,8 @@ class StagedCommitter:
             batch_time=lambda: call.time,
             invalid=routed.any_invalid(values),  # option dead-letter-table: rows of no valid table are dead letters
         )
+        if self.plan.transactions:
+            staged_transactions.remember(routed, call, list(outcome.tables))
         self._sweep(batch_id)
         return outcome
 

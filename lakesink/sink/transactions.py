@@ -117,7 +117,7 @@ def split(df: DataFrame, options: SinkOptions, *, query_id: str, batch_id: int, 
             f"stream needs columns 'value' and '{OFFSET}' (Kafka's source gives both; columns: {', '.join(df.columns)}). "
             "Select Kafka's 'offset' with the value"
         )
-    tables, start = _starting_state(options, query_id=query_id, batch_id=batch_id, known=known)
+    tables, start = starting_state(options, query_id=query_id, batch_id=batch_id, known=known)
     io = next(iter(tables.values())).io if tables else None
     rows = held.read_rows(io, start) if io is not None else None
     if rows is not None and rows.num_rows:
@@ -203,7 +203,7 @@ def _frame(rows: pa.Table, like: DataFrame) -> DataFrame:
     return like.sparkSession.createDataFrame(rows.select(like.columns).to_pylist(), schema=like.schema)
 
 
-def _starting_state(
+def starting_state(
     options: SinkOptions, *, query_id: str, batch_id: int, known: Sequence[str]
 ) -> tuple[dict[str, Table], held.HeldState | None]:
     """The tables holding the sink's held-back record and the state this batch starts from. ``known``: the tables of

@@ -1,8 +1,10 @@
-"""Option cdc-transactions=hold through foreach_batch in real local Spark (issue 32, item 5): Debezium records of two
-tables and the transaction topic (BEGIN/END, Kafka's offset their commit order), delivered one file per micro-batch
-with transactions cut anywhere (tests/driver/test_cdc_transactions.py makes the stream). After every batch each table
-shows the source's state after a whole prefix of its transactions; a failure inside the unit's swap and one after it
-(before Spark's commit log) are replayed by restarts; at the end every table equals the whole model."""
+"""Option cdc-transactions=hold in real local Spark on both entry points, foreach_batch and format("lakesink") (issue
+32, item 5): Debezium records of two tables and the transaction topic (BEGIN/END, Kafka's offset their commit order),
+delivered one file per micro-batch with transactions cut anywhere (tests/driver/test_cdc_transactions.py makes the
+stream). Every batch's committed state (each table read at its snapshot of that batch, or its last before) is the
+source's state after a whole prefix of its transactions -- the prefix the plain-Python decision gives for the same
+deliveries, so both entry points commit the same tables batch by batch; a failure inside the unit's swap and one after
+it (before Spark's commit log) are replayed by restarts; at the end every table equals the whole model."""
 
 from __future__ import annotations
 
@@ -14,24 +16,29 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyiceberg.exceptions import NoSuchTableError
 from pyspark.errors import StreamingQueryException
 
 import lakesink
+from lakesink.cdc import transactions
 from lakesink.driver import catalogs
 from lakesink.driver.actions import held
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
 from lakesink.options import SinkOptions
-from tests.driver.test_cdc_transactions import TABLES, Event, deliveries, first_batch_stream, source
+from tests.driver.test_cdc_transactions import RECORDS, TABLES, Event, deliveries, first_batch_stream, source
 from tests.support import routed_upserts
 from tests.support.helpers import lakesink_snapshots, run_to_end
 
 pytestmark = pytest.mark.spark
 
+ENTRIES = ["foreach", "format"]
+State = dict[str, dict[int, str]]
 
-def values(props: Mapping[str, str], names: Sequence[str] = TABLES) -> dict[str, dict[int, str]]:
+
+def values(props: Mapping[str, str], names: Sequence[str] = TABLES) -> State:
     catalog = catalogs.load(None, dict(props))
-    out: dict[str, dict[int, str]] = {}
+    out: State = {}
     for t in names:
         try:
             rows = catalog.load_table(("db", t)).scan().to_arrow().to_pylist()
@@ -42,7 +49,42 @@ def values(props: Mapping[str, str], names: Sequence[str] = TABLES) -> dict[str,
     return out
 
 
-def expected(snapshot: Sequence[Event], txs: Sequence[Sequence[Event]], whole: int) -> dict[str, dict[int, str]]:
+def states_by_batch(props: Mapping[str, str], query_id: str) -> dict[int, State]:
+    """What a reader saw after each batch's unit: each table at its snapshot of the batch, or its last before it."""
+    catalog = catalogs.load(None, dict(props))
+    history: dict[str, list[tuple[int, int]]] = {}
+    opened: dict[str, Any] = {}
+    for t in TABLES:
+        try:
+            table = catalog.load_table(("db", t))
+        except NoSuchTableError:
+            continue
+        opened[f"db.{t}"] = table
+        history[f"db.{t}"] = [(s["batch_id"], s["snapshot_id"]) for s in lakesink_snapshots(table) if s["query_id"] == query_id]
+    out: dict[int, State] = {}
+    for b in sorted({b for h in history.values() for b, _ in h}):
+        state: State = {}
+        for name, h in history.items():
+            at = [sid for batch, sid in h if batch <= b]
+            rows = opened[name].scan(snapshot_id=at[-1]).to_arrow().to_pylist() if at else []
+            if rows:
+                state[name] = {r["id"]: r["value"] for r in rows}
+        out[b] = state
+    return out
+
+
+def released_per_batch(batches: Sequence[pa.Table]) -> list[int]:
+    """How many transactions (in commit order) are released after each batch, by the plain-Python decision."""
+    back: pa.Table | None = None
+    out: list[int] = []
+    for records in batches:
+        split = transactions.split_records(pa.concat_tables([back, records]) if back is not None else records)
+        back = split.held
+        out.append((out[-1] if out else 0) + len(split.decision.released))
+    return out
+
+
+def expected(snapshot: Sequence[Event], txs: Sequence[Sequence[Event]], whole: int) -> State:
     state = routed_upserts.model([snapshot, *txs[:whole]])
     return {n: {k: v for k, (v, _) in rows.items()} for n, rows in state.items() if rows}
 
@@ -55,9 +97,27 @@ def write(src: Path, index: int, records: pa.Table) -> None:
 
 
 def start(
-    spark: Any, props: dict[str, str], src: Path, ck: Path, seen: list[dict[str, dict[int, str]]], names: Sequence[str] = TABLES
+    spark: Any,
+    props: dict[str, str],
+    src: Path,
+    ck: Path,
+    entry: str,
+    seen: list[State] | None = None,
+    names: Sequence[str] = TABLES,
 ) -> Any:
     df = spark.readStream.schema("topic STRING, value STRING, offset LONG").option("maxFilesPerTrigger", 1).json(str(src))
+    if entry == "format":  # the executors stage the records as they came; the commit decides what is released
+        writer = df.writeStream.format("lakesink")
+        options = {
+            "cdc-format": "debezium",
+            "cdc-transactions": "hold",
+            "upsert-key": "id",
+            "table-property.commit.retry.num-retries": "0",  # the fault inside the swap fails the batch, not retried
+            **{f"catalog.{k}": v for k, v in props.items()},
+        }
+        for k, v in options.items():
+            writer = writer.option(k, v)
+        return writer.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
     sink = lakesink.foreach_batch(
         cdc_format="debezium",
         cdc_transactions="hold",
@@ -65,52 +125,72 @@ def start(
         catalog_properties=props,
         table_properties={"commit.retry.num-retries": "0"},  # the fault inside the swap fails the batch, not retried
     )
+    if seen is None:
+        return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    recorded = seen
 
     def batch(frame: Any, batch_id: int) -> None:
         sink(frame, batch_id)
-        seen.append(values(props, names))  # what a reader sees after the batch's unit
+        recorded.append(values(props, names))  # what a reader sees after the batch's unit
 
     return df.writeStream.foreachBatch(batch).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
 
 
+def held_files_on_disk(props: Mapping[str, str]) -> set[str]:
+    warehouse = Path(props["warehouse"].removeprefix("file://"))
+    return {str(p) for p in warehouse.rglob(f"{held.HELD_FILE_PREFIX}*")}
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
 def test_every_batch_commits_whole_source_transactions_through_failures_and_restarts(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
+    """Fails on format("lakesink") before the change (the option refused); on either entry point when a batch commits
+    its changes as they come (a state no prefix gives) or holds back other changes than the decision says."""
     props = catalog_properties
     snapshot, txs, topics = source(21, count=24)
     batches = deliveries(topics, 21, batches=6)
     src, ck = tmp_path / "in", tmp_path / "ck"
-    seen: list[dict[str, dict[int, str]]] = []
     for i in range(3):
         write(src, i, batches[i])
-    run_to_end(start(spark, props, src, ck, seen))
+    run_to_end(start(spark, props, src, ck, entry))  # batches 0-2 in one run
     write(src, 3, batches[3])
+    files = held_files_on_disk(props)
     faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")  # inside the unit's SQL transaction: nothing lands
     with pytest.raises(StreamingQueryException):
-        run_to_end(start(spark, props, src, ck, seen))
+        run_to_end(start(spark, props, src, ck, entry))
     assert faults.fired(CATALOG_BETWEEN_TABLE_SWAPS)
     faults.clear()
-    run_to_end(start(spark, props, src, ck, seen))  # batch 3 again, from the state batch 2 recorded
+    assert held_files_on_disk(props) == files  # the held file of the attempt that did not land: deleted
+    run_to_end(start(spark, props, src, ck, entry))  # batch 3 again, from the state batch 2 recorded
     write(src, 4, batches[4])
     faults.arm(DRIVER_AFTER_SWAP, "raise")  # the unit landed, then the failure before Spark's commit log
     with pytest.raises(StreamingQueryException):
-        run_to_end(start(spark, props, src, ck, seen))
+        run_to_end(start(spark, props, src, ck, entry))
     assert faults.fired(DRIVER_AFTER_SWAP)
     faults.clear()
     write(src, 5, batches[5])
-    run_to_end(start(spark, props, src, ck, seen))  # batch 4 replayed (found committed), then batch 5
-    whole = [expected(snapshot, txs, k) for k in range(len(txs) + 1)]
-    assert len(seen) >= len(batches)
-    for i, state in enumerate(seen):
-        assert state in whole, f"after batch {i} a reader sees a state the source never had at a commit"
-    assert seen[-1] == whole[-1] == values(props)
+    run_to_end(start(spark, props, src, ck, entry))  # batch 4 replayed (found committed), then batch 5
+    query_id = _query_id(ck)
+    seen = states_by_batch(props, query_id)
+    assert sorted(seen) == list(range(len(batches)))
+    whole = released_per_batch(batches)
+    for b, state in seen.items():
+        # a whole prefix (readers never see half a transaction), the one the decision gives: both entry points equal
+        assert state == expected(snapshot, txs, whole[b]), f"after batch {b} a reader sees another state"
+    assert whole[-1] == len(txs) and values(props) == expected(snapshot, txs, len(txs))
     catalog = catalogs.load(None, props)
+    named: set[str] = set()
     for t in TABLES:
         table = catalog.load_table(("db", t))
+        assert [(f.name, str(f.field_type)) for f in table.schema().fields] == [("id", "long"), ("value", "string")]
         ids = [s["batch_id"] for s in lakesink_snapshots(table)]
         assert ids == sorted(set(ids)), f"db.{t} holds a batch twice: {ids}"
-        record = held.HeldState.from_property(table.properties[held.property_key(_query_id(ck))], table=t)
+        record = held.HeldState.from_property(table.properties[held.property_key(query_id)], table=t)
         assert record.changes == 0 and record.file is None  # every change released at the end
+        named |= {f.removeprefix("file://") for f in held.held_files(table.properties)}
+    assert named <= held_files_on_disk(props)
+    assert list((ck / "lakesink").rglob("*.parquet")) == []  # format: every staged file swept, failed attempts' too
 
 
 def test_a_first_batch_that_releases_nothing_makes_its_held_changes_tables(
@@ -126,11 +206,11 @@ def test_a_first_batch_that_releases_nothing_makes_its_held_changes_tables(
     txs, batches = first_batch_stream()
     names = ("a", "b", "c")
     src, ck = tmp_path / "in", tmp_path / "ck"
-    seen: list[dict[str, dict[int, str]]] = []
+    seen: list[State] = []
     write(src, 0, batches[0])
     faults.arm(DRIVER_AFTER_SWAP, "raise")  # batch 0's unit landed, then the failure before Spark's commit log
     with pytest.raises(StreamingQueryException):
-        run_to_end(start(spark, props, src, ck, seen, names))
+        run_to_end(start(spark, props, src, ck, "foreach", seen, names))
     assert faults.fired(DRIVER_AFTER_SWAP)
     faults.clear()
     catalog = catalogs.load(None, props)
@@ -145,7 +225,7 @@ def test_a_first_batch_that_releases_nothing_makes_its_held_changes_tables(
         assert record.batch_id == 0 and record.changes == 2 and record.waiting_for == "t1" and record.file is not None
     for i in (1, 2, 3):
         write(src, i, batches[i])
-    run_to_end(start(spark, props, src, ck, seen, names))  # batch 0 replayed (found committed), then 1, 2, 3
+    run_to_end(start(spark, props, src, ck, "foreach", seen, names))  # batch 0 replayed (found committed), then 1, 2, 3
     whole = [expected([], txs, k) for k in range(len(txs) + 1)]
     assert [whole.index(state) if state in whole else None for state in seen] == [0, 0, 1, 2]
     assert values(props, names) == whole[-1] == {"db.c": {3: "three"}}
@@ -154,8 +234,9 @@ def test_a_first_batch_that_releases_nothing_makes_its_held_changes_tables(
         assert ids == sorted(set(ids)), f"db.{t} holds a batch twice: {ids}"
 
 
+@pytest.mark.parametrize("entry", ENTRIES)
 def test_a_transaction_whose_end_never_arrives_holds_back_the_rest(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
     props = catalog_properties
     snapshot, txs, topics = source(9, count=8)
@@ -166,9 +247,8 @@ def test_a_transaction_whose_end_never_arrives_holds_back_the_rest(
     src, ck = tmp_path / "in", tmp_path / "ck"
     for i, records in enumerate(deliveries(topics, 9, batches=3)):
         write(src, i, records)
-    seen: list[dict[str, dict[int, str]]] = []
-    run_to_end(start(spark, props, src, ck, seen))
-    assert seen[-1] == expected(snapshot, txs, lost)
+    run_to_end(start(spark, props, src, ck, entry))
+    assert values(props) == expected(snapshot, txs, lost)
     table = catalogs.load(None, props).load_table(("db", "a"))
     record = held.HeldState.from_property(table.properties[held.property_key(_query_id(ck))], table="db.a")
     assert record.waiting_for == missing and record.changes == sum(len(t) for t in txs[lost:])
@@ -188,11 +268,34 @@ def test_transaction_records_without_the_option_fail_naming_it(
         run_to_end(query)
 
 
-def test_format_lakesink_refuses_the_option_naming_foreach_batch() -> None:
-    with pytest.raises(InvalidOptionError, match="cdc-transactions.*foreach_batch"):
-        SinkOptions.from_spark_options({"cdc-format": "debezium", "cdc-transactions": "hold"}, overwrite=False)
+def test_format_lakesink_takes_the_option_and_checks_it_at_start(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """Was a test of the refusal (InvalidOptionError naming foreach_batch): the option is now parsed for
+    format("lakesink"), and what it needs is checked when the query starts, before any record is staged."""
+    options = SinkOptions.from_spark_options({"cdc-format": "debezium", "cdc-transactions": "hold"}, overwrite=False)
+    assert options.cdc_transactions.value == "hold"
     with pytest.raises(InvalidOptionError, match="needs option 'cdc-format'"):
         SinkOptions.from_mapping({"table": "db.t", "cdc-transactions": "hold"})
+    with pytest.raises(InvalidOptionError, match="needs option 'cdc-format'"):
+        SinkOptions.from_spark_options({"table": "db.t", "cdc-transactions": "hold"}, overwrite=False)
+    src = tmp_path / "in"
+    write(src, 0, pa.Table.from_pylist([], RECORDS))
+    no_offset = spark.readStream.schema("topic STRING, value STRING").json(str(src))
+    writer = no_offset.writeStream.format("lakesink").option("cdc-format", "debezium").option("cdc-transactions", "hold")
+    for k, v in catalog_properties.items():
+        writer = writer.option(f"catalog.{k}", v)
+    query = writer.option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
+    with pytest.raises(StreamingQueryException, match="'value' and 'offset'"):
+        run_to_end(query)
+    assert not (tmp_path / "ck" / "lakesink").exists() or list((tmp_path / "ck" / "lakesink").rglob("*.parquet")) == []
+    writer = spark.readStream.schema("topic STRING, value STRING, offset LONG").json(str(src)).writeStream.format("lakesink")
+    hold = {"cdc-format": "debezium", "cdc-transactions": "hold", "atomic": "off"}  # each table on its own: refused
+    for k, v in {**hold, **{f"catalog.{k}": v for k, v in catalog_properties.items()}}.items():
+        writer = writer.option(k, v)
+    query = writer.option("checkpointLocation", str(tmp_path / "ck2")).trigger(availableNow=True).start()
+    with pytest.raises(StreamingQueryException, match="one atomic commit"):
+        run_to_end(query)
 
 
 def _query_id(ck: Path) -> str:

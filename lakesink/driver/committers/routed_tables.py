@@ -103,10 +103,19 @@ def fitted_columns(payload_columns: pa.Schema, table_schema: Schema) -> pa.Schem
     return pa.schema(out, metadata=payload_columns.metadata)
 
 
-def check_atomic(catalog: Catalog, routing: Routing) -> bool:
+def check_atomic(catalog: Catalog, routing: Routing, *, hold: bool = False) -> bool:
     """Whether ``catalog`` commits several tables as one unit; InvalidOptionError (at start) when ``atomic=required``
-    and it cannot."""
+    and it cannot, or when ``hold`` (option cdc-transactions=hold, both entry points) and the sink's batches are not
+    atomic."""
     can = seam_commit.catalog_commits_atomically(catalog)
+    if hold and (not can or routing.atomic is Atomic.OFF):
+        raise InvalidOptionError(
+            "option 'cdc-transactions'='hold' needs every batch's tables and what it holds back in one atomic "
+            f"commit, which catalog {catalog.name!r} ({type(catalog).__name__}) with option '{ATOMIC}' "
+            f"{routing.atomic.value!r} does not give: a crash between two tables would show half a "
+            "source transaction. Use a catalog that commits several tables at once (SQL, or REST with "
+            "transactions/commit) and atomic='auto', or cdc_transactions='off' (docs/cdc.md)"
+        )
     if routing.atomic is Atomic.REQUIRED and not can:
         raise InvalidOptionError(
             f"option '{ATOMIC}' is 'required', but catalog {catalog.name!r} ({type(catalog).__name__}) cannot commit "

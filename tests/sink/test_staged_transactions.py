@@ -1,0 +1,189 @@
+"""Option cdc-transactions=hold on format("lakesink"), without Spark (issue 32, item 5): the executors' staging writer
+(lakesink.executor.staged) run on Arrow batches as Spark's tasks run it, and the commit (lakesink.sink.staged, which
+decides in lakesink.sink.staged_transactions) as Spark's commit worker calls it, with the abort Spark calls when the
+commit raised. The cases an attacker picks: a transaction begun in one batch and ended two batches later, its
+changes in two tasks; a batch of only a transaction's END; an END whose BEGIN was never read (a restart from a later
+offset); a failure inside the unit's swap (the attempt's staged and held files deleted, the replay decides the same);
+a unit that landed and is replayed by a new commit worker (found committed, the record kept)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from lakesink.driver import catalogs
+from lakesink.driver.actions import held
+from lakesink.driver.actions.batch import BatchCall
+from lakesink.driver.committers.routed import RoutedCommitter
+from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError
+from lakesink.executor.messages import TaskIds
+from lakesink.executor.staged import StagedTaskResult, StagedTaskWriter
+from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
+from lakesink.options import SinkOptions
+from lakesink.sink import staged
+from lakesink.sink.staged import StagedCommitter
+from tests.driver.test_cdc_transactions import RECORDS, begin, change, end
+
+Q = "7b3a1f00-0000-4000-8000-000000000032"
+
+
+def committer(props: Mapping[str, str], ck: Path, **extra: str) -> StagedCommitter:
+    """A commit worker's committer (Spark makes a new one for every commit)."""
+    given = {
+        "cdc-format": "debezium",
+        "cdc-transactions": "hold",
+        "upsert-key": "id",
+        "checkpointLocation": str(ck),
+        "table-property.commit.retry.num-retries": "0",
+        **{f"catalog.{k}": v for k, v in props.items()},
+        **extra,
+    }
+    options = SinkOptions.from_spark_options(given, overwrite=False)
+    routed = RoutedCommitter(options, staged.cdc_schema(RECORDS))
+    return StagedCommitter(routed, staged.staged_plan(options, RECORDS, routed, Q), RECORDS)
+
+
+def stage(
+    c: StagedCommitter, batch_id: int, tasks: Sequence[Sequence[dict[str, Any]]], run: str = "run"
+) -> list[StagedTaskResult]:
+    """Each task's records staged by the executors' writer (the plan Spark pickles to them), in run ``run``."""
+    out = []
+    for p, records in enumerate(tasks):
+        ids = TaskIds(query_id=Q, batch_id=batch_id, partition_id=p, task_attempt_id=0, run_id=run)
+        rows = pa.Table.from_pylist(list(records), RECORDS)
+        out.append(StagedTaskWriter(c.plan, ids).write(iter(rows.to_batches())))
+    return out
+
+
+def commit(c: StagedCommitter, batch_id: int, results: Sequence[StagedTaskResult]) -> None:
+    """Spark's commit(), and its abort() with the complete messages when the commit raised."""
+    try:
+        c.commit_batch(BatchCall(Q, batch_id, None, results[0].run_id if results else None), results)
+    except BaseException:
+        c.abort_batch(query_id=Q, batch_id=batch_id, results=results)
+        raise
+
+
+def state(props: Mapping[str, str]) -> dict[str, dict[int, str]]:
+    catalog = catalogs.load(None, dict(props))
+    out: dict[str, dict[int, str]] = {}
+    for t in ("a", "b"):
+        try:
+            rows = catalog.load_table(("db", t)).scan().to_arrow().to_pylist()
+        except Exception:
+            continue
+        if rows:
+            out[f"db.{t}"] = {r["id"]: r["value"] for r in rows}
+    return out
+
+
+def records(props: Mapping[str, str]) -> dict[str, str | None]:
+    catalog = catalogs.load(None, dict(props))
+    return {t: catalog.load_table(("db", t)).properties.get(held.property_key(Q)) for t in ("a", "b")}
+
+
+def on_disk(props: Mapping[str, str], ck: Path) -> tuple[set[str], set[str]]:
+    """The held files beside the tables' metadata, and the staged files under the checkpoint."""
+    warehouse = Path(props["warehouse"].removeprefix("file://"))
+    return {p.name for p in warehouse.rglob(f"{held.HELD_FILE_PREFIX}*")}, {p.name for p in ck.rglob("*.parquet")}
+
+
+def at(offset: int, record: dict[str, Any]) -> dict[str, Any]:
+    return {**record, "offset": offset}
+
+
+def test_held_transactions_through_tasks_batches_failures_and_replays(
+    catalog_properties: dict[str, str], tmp_path: Path, faults: Any
+) -> None:
+    """Fails before the change (format("lakesink") refused the option; with it passed through, the executors' parser
+    fails on the first BEGIN record); fails when the commit releases changes of a transaction that is not whole (the
+    states after batches 0-3), when a failed attempt leaves its staged or held file, or when the replay of a landed
+    batch decides otherwise."""
+    props, ck = catalog_properties, tmp_path / "ck"
+    snap = [at(0, change(None, 0, "a", 1, "s1", 1, False, 1001)), at(0, change(None, 0, "b", 1, "s2", 2, False, 1002))]
+    t1 = [
+        change("t1", n, t, k, v, seq, False, 1000 + seq)
+        for n, t, k, v, seq in ((1, "a", 2, "x", 3), (2, "b", 2, "y", 4), (3, "a", 1, "z", 5))
+    ]
+    t2 = [change("t2", n, "b", k, v, seq, d, 1000 + seq) for n, k, v, seq, d in ((1, 3, "p", 6, False), (2, 1, "s2", 7, True))]
+    t3 = [change("t3", 1, "a", 9, "q", 8, False, 1008)]
+    batches: list[list[list[dict[str, Any]]]] = [
+        # t1 begun; its first two changes in two tasks (the tables' topics), no END yet
+        [[*snap, at(0, begin("t1")), at(1, t1[0])], [at(1, t1[1])]],
+        [[at(2, t1[2])]],  # t1's last change, still no END: held
+        [[at(1, end("t1", 3, 1005)), at(2, begin("t2")), at(3, t2[0])]],  # END of t1, two batches after its BEGIN
+        [[at(3, end("t2", 2, 1007))]],  # a batch of only a transaction record: t2 not whole, nothing released
+        [[at(4, t2[1])], [at(4, t3[0]), at(5, end("t3", 1, 1008))]],  # t3's BEGIN never read (a later start offset)
+    ]
+    want = [
+        {"db.a": {1: "s1"}, "db.b": {1: "s2"}},
+        {"db.a": {1: "s1"}, "db.b": {1: "s2"}},
+        {"db.a": {1: "z", 2: "x"}, "db.b": {1: "s2", 2: "y"}},
+        {"db.a": {1: "z", 2: "x"}, "db.b": {1: "s2", 2: "y"}},
+        {"db.a": {1: "z", 2: "x", 9: "q"}, "db.b": {2: "y", 3: "p"}},
+    ]
+    held_back = [2, 3, 1, 1, 0]  # changes held after each batch
+    c = committer(props, ck)
+    for batch_id, tasks in enumerate(batches):
+        if batch_id == 2:  # the unit fails inside its swap: nothing lands, the attempt's files are deleted
+            before, files = records(props), on_disk(props, ck)
+            faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")
+            with pytest.raises((InjectedFault, CommitConflictError)):
+                commit(c, batch_id, stage(c, batch_id, tasks))
+            assert faults.fired(CATALOG_BETWEEN_TABLE_SWAPS)
+            faults.clear()
+            assert records(props) == before and state(props) == want[1]
+            assert on_disk(props, ck) == (files[0], set()), "the failed attempt's held or staged files are left"
+            c = committer(props, ck)  # a restart: the batch replayed from the state batch 1 recorded
+        if batch_id == 3:  # the unit lands, then the failure before Spark's commit log: a new worker replays it
+            faults.arm(DRIVER_AFTER_SWAP, "raise")
+            with pytest.raises(InjectedFault):
+                commit(c, batch_id, stage(c, batch_id, tasks))
+            assert faults.fired(DRIVER_AFTER_SWAP)
+            faults.clear()
+            landed, files = records(props), on_disk(props, ck)
+            commit(committer(props, ck), batch_id, stage(c, batch_id, tasks, "restarted"))  # decided the same, found committed
+            assert records(props) == landed and on_disk(props, ck)[0] == files[0]
+            assert state(props) == want[batch_id] and on_disk(props, ck)[1] == set()
+            c = committer(props, ck)
+            continue
+        commit(c, batch_id, stage(c, batch_id, tasks))
+        assert state(props) == want[batch_id], batch_id
+        for name, text in records(props).items():
+            assert text is not None, name
+            record = held.HeldState.from_property(text, table=name)
+            assert record.batch_id == batch_id and record.changes == held_back[batch_id], (name, record)
+            assert {f.rsplit("/", 1)[-1] for f in record.files()} <= on_disk(props, ck)[0]
+        assert on_disk(props, ck)[1] == set(), "a staged file is left after its batch's commit"
+        c = committer(props, ck) if batch_id % 2 else c  # a new commit worker now and then (nothing kept between)
+    assert state(props) == want[-1]
+
+
+def test_hold_is_checked_at_start_on_format_lakesink(catalog_properties: dict[str, str], tmp_path: Path) -> None:
+    """Kafka's offset (the transaction topic's commit order) and atomic units are needed; refused at start."""
+    with pytest.raises(InvalidOptionError, match="one atomic commit"):
+        committer(catalog_properties, tmp_path / "ck", atomic="off")
+    options = SinkOptions.from_spark_options(
+        {"cdc-format": "debezium", "cdc-transactions": "hold", "checkpointLocation": str(tmp_path / "ck")}
+        | {f"catalog.{k}": v for k, v in catalog_properties.items()},
+        overwrite=False,
+    )
+    no_offset = pa.schema([("topic", pa.string()), ("value", pa.string())])
+    with pytest.raises(InvalidOptionError, match="'value' and 'offset'"):
+        staged.staged_plan(options, no_offset, RoutedCommitter(options, staged.cdc_schema(no_offset)), Q)
+
+
+def test_a_transaction_record_without_an_offset_fails_the_batch_naming_the_option(
+    catalog_properties: dict[str, str], tmp_path: Path
+) -> None:
+    c = committer(catalog_properties, tmp_path / "ck")
+    results = stage(c, 0, [[{**end("t1", 1, 5), "offset": None}]])
+    with pytest.raises(InvalidOptionError, match="cdc-transactions.*no offset"):
+        commit(c, 0, results)
+    assert on_disk(catalog_properties, tmp_path / "ck")[1] == set()
+    assert json.dumps(state(catalog_properties)) == "{}"
