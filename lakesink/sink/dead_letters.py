@@ -111,4 +111,3 @@ def _verdicts_computed_once(df: DataFrame, options: SinkOptions) -> DataFrame:
             "with current_timestamp(); no rand(), uuid() or non-deterministic UDF)"
         )
     return df
-

@@ -99,7 +99,7 @@ def find_routes(df: DataFrame, column: str) -> dict[object, RowsDigest]:
     """One Spark job over the batch: its routing values, read as bytes (a value that is not UTF-8 stays itself, an
     invalid route: lakesink.table.routes.routing_value), each with the count and digest of the rows carrying it (one
     hash aggregation keyed by the value, in Spark's generated code: the write job then observes nothing). The first
-    job over foreach_batch's persisted batch (lakesink.sink.foreach.read_once): it fills the cache."""
+    job over foreach_batch's persisted batch (lakesink.sink.foreach_spark.read_once): it fills the cache."""
     _check_columns(df, column)
     hashed = _row_hash(df, column)
     grouped = df.groupBy(F.col(_quote(column)).cast("binary").alias("value")).agg(
