@@ -70,7 +70,7 @@ def split_root(warehouse: str, query_id: str) -> str:
 
 
 def _value_key(column: str) -> Column:
-    raw = F.col(spark_routed._quote(column)).cast("binary")
+    raw = F.col(spark_routed.quote(column)).cast("binary")
     named = F.concat(F.lit("v"), F.hex(raw))
     hashed = F.concat(F.lit("h"), F.coalesce(F.sha2(raw, 256), F.lit("null")))
     return F.when(raw.isNotNull() & (F.length(raw) >= 1) & (F.length(raw) <= MAX_VALUE_BYTES), named).otherwise(hashed)
@@ -94,6 +94,8 @@ class Split:
     digests: dict[object, RowsDigest]
     """Each routing value's rows: count and digest (kind ``x``)."""
     template: WritePlan
+    folders: tuple[str, ...] = ()
+    """The folder keys of the split job: the value's, then the template's partition keys."""
     odd: bool = False
     """A value got a hashed folder (null, empty, longer than MAX_VALUE_BYTES): the batch needs the two-job path."""
     since_ms: int = 0
@@ -107,7 +109,7 @@ def split(
     """Write the batch ``df`` by routing value into a new batch directory under ``root`` (with the ``template`` plan's
     columns, field ids, partition spec and settings), then count and digest each value's rows from the files written.
     On any failure the directory is deleted before the error propagates."""
-    spark_routed._check_columns(df, column)
+    spark_routed.check_columns(df, column)
     if VALUE_KEY in df.columns:
         raise LakesinkError(f"the stream has a column {VALUE_KEY!r}, which route-by with writer='spark' uses itself; rename it")
     spark = df.sparkSession
@@ -152,6 +154,7 @@ def split(
         keys=values,
         digests={v: found[k] for v, k in values.items()},
         template=plan,
+        folders=tuple(keys),
         odd=odd,
         since_ms=since_ms,
         job_ms=(written - started) * 1000,
@@ -162,7 +165,7 @@ def split(
 def _read_schema(plan: WritePlan, keys: list[str]) -> T.StructType:
     """The split's files as Spark reads them back: the template's columns, then the partition folders (as text)."""
     file_schema = seam.file_schema(plan.schema)
-    fields = [f for f in (spark_write._spark_field(ff) for ff in file_schema.fields) if f is not None]
+    fields = [f for f in (spark_write.spark_field(ff) for ff in file_schema.fields) if f is not None]
     return T.StructType(
         [T.StructField(f.name, f.dataType, True) for f in fields] + [T.StructField(k, T.StringType()) for k in keys]
     )
@@ -171,26 +174,30 @@ def _read_schema(plan: WritePlan, keys: list[str]) -> T.StructType:
 def _read_back(spark: Any, df: DataFrame, column: str, plan: WritePlan, directory: str, keys: list[str]) -> DataFrame:
     """The split's rows read back from its files, each stream column as the stream's type (the template's type is the
     stream's, or a wider integer for a narrower one: cast back exactly), the routing column from the folder key."""
-    read: DataFrame = spark.read.schema(_read_schema(plan, keys)).parquet(storage.spark_location(directory))
+    # the values' folders only (a file Spark may leave at the job's root for an empty task holds no row)
+    folders = sorted({f.relative.split("/", 1)[0] for f in storage.list_files(plan.io, directory)})
+    paths = [storage.spark_location(f"{directory}/{f}") for f in folders if f.startswith(f"{VALUE_KEY}=")]
+    reader = spark.read.schema(_read_schema(plan, keys)).option("basePath", storage.spark_location(directory))
+    read: DataFrame = reader.parquet(*paths)
     have = set(read.columns)
     columns: list[Column] = []
     for f in df.schema.fields:
         if f.name == column:
             columns.append(F.unhex(F.substring(F.col(VALUE_KEY), 2, 1 << 20)).cast("string").alias(column))
         elif f.name in have:
-            columns.append(F.col(spark_routed._quote(f.name)).cast(f.dataType).alias(f.name))
+            columns.append(F.col(spark_routed.quote(f.name)).cast(f.dataType).alias(f.name))
         else:
             columns.append(F.lit(None).cast(f.dataType).alias(f.name))
-    return read.select(*columns, F.col(VALUE_KEY))
+    return read.select(*columns, F.col(VALUE_KEY))  # (the template's partition keys: recomputed by each table)
 
 
 def _digests(spark: Any, df: DataFrame, column: str, plan: WritePlan, directory: str, keys: list[str]) -> dict[str, RowsDigest]:
     """Each folder key's rows in the split's files: count and digest (lakesink.sink.spark_routed.find_routes's)."""
     if not any(f.relative.startswith(f"{VALUE_KEY}=") for f in storage.list_files(plan.io, directory)):
         return {}  # no row written (an empty batch): nothing to read back
-    with spark_write._session_confs(spark, _PINNED_READ):  # a file Spark cannot read fails the batch, never skipped
+    with spark_write.session_confs(spark, _PINNED_READ):  # a file Spark cannot read fails the batch, never skipped
         back = _read_back(spark, df, column, plan, directory, keys)
-        hashed = spark_routed._row_hash(back.drop(VALUE_KEY), column)
+        hashed = spark_routed.row_hash(back.drop(VALUE_KEY), column)
         rows = (
             back.groupBy(F.col(VALUE_KEY))
             .agg(
@@ -200,13 +207,13 @@ def _digests(spark: Any, df: DataFrame, column: str, plan: WritePlan, directory:
             )
             .collect()
         )
-    return {str(r[0]): spark_routed._digest(r[1], r[2], r[3]) for r in rows}
+    return {str(r[0]): spark_routed.digest_of(r[1], r[2], r[3]) for r in rows}
 
 
 def fits(plan: WritePlan, template: WritePlan) -> bool:
     """Can the split's files of a table be its data files as they are? Its file schema (with field ids), partition
     spec, Parquet settings and filesystem are the template's, and its commit adds no column."""
-    return not plan.schema_changes and spark_routed._group_key(plan) == spark_routed._group_key(template)
+    return not plan.schema_changes and spark_routed.group_key(plan) == spark_routed.group_key(template)
 
 
 def place(
@@ -246,7 +253,7 @@ def place(
             for value in mine:  # one value: its folder is the batch directory; more (spellings of one table): in it
                 folder = f"{VALUE_KEY}={s.keys[value]}"
                 target = located[name] if len(mine) == 1 else f"{located[name]}/{folder}"
-                spark_routed._rename(spark, f"{s.directory}/{folder}", target)
+                spark_routed.move_folder(spark, f"{s.directory}/{folder}", target)
         fault_point(spark_write.SPARKWRITE_AFTER_FILES)
 
         def table_files(name: str) -> list[WrittenFile]:
@@ -276,7 +283,7 @@ def place(
         if other:  # tables not as lakesink creates them: written from the split's files by Spark
             values = [v for v, t in value_table.items() if t in other]
             keys = [s.keys[v] for v in values]
-            rows = _read_back(spark, df, column, s.template, s.directory, [VALUE_KEY])
+            rows = _read_back(spark, df, column, s.template, s.directory, list(s.folders))
             rewritten = spark_routed.write_routed(
                 rows.filter(F.col(VALUE_KEY).isin(keys)).drop(VALUE_KEY),
                 column=column,
