@@ -15,13 +15,12 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.storagelevel import StorageLevel
 
 from lakesink.cdc import debezium
 from lakesink.driver import catalogs
@@ -51,13 +50,13 @@ from lakesink.sink import (
     dead_letters,
     driver_write,
     spark_fs,
-    spark_routed,
     spark_write,
     transactions,
     truncates,
     upsert_batch,
 )
-from lakesink.sink.commit import commit_or_abort, commit_routed
+from lakesink.sink.commit import commit_or_abort
+from lakesink.sink.foreach_spark import RoutedSparkBatches, read_once, routed_tables_by_value
 from lakesink.sink.query import RunningQuery
 from lakesink.table import storage
 from lakesink.table.keys import MAIN_BRANCH
@@ -214,29 +213,7 @@ def routed_keys_by_value(
     return out
 
 
-def routed_tables_by_value(values: Sequence[object], routing: Routing) -> dict[str, str]:
-    """Each valid routing value's table (``t`` and ``db.t`` with namespace ``db`` name one table), for resolving a
-    routed batch's upserts per table."""
-    out: dict[str, str] = {}
-    for value in values:
-        route = parse_route(value, routing.namespace, routing.allowed_namespaces)
-        if isinstance(value, str) and isinstance(route, Route):
-            out[value] = str(route)
-    return out
-
-
-def read_once(df: DataFrame) -> DataFrame:
-    """The batch persisted (lazily: the first Spark job over it fills the cache) at storage level MEMORY_AND_DISK, for
-    a batch that more than one Spark job reads. With option route-by, foreach_batch reads its batch in two jobs at
-    least -- the one finding the batch's tables (with option payload: each table's columns too) and the one writing
-    them (with writer='spark': one per group of alike tables) -- and each would read the source again (and parse the
-    Debezium events again, with cdc-format). Cached are the batch's rows as the function receives them (after
-    cdc-format's parsing): partitions that do not fit in the executors' storage memory go to their local disk. The
-    caller unpersists it when the batch is done, committed or failed."""
-    return df.persist(StorageLevel.MEMORY_AND_DISK)
-
-
-class ForeachBatchSink:
+class ForeachBatchSink(RoutedSparkBatches):
     """Callable ``(batch DataFrame, batch id)`` for ``foreachBatch``; options are checked when it is made."""
 
     def __init__(self, options: SinkOptions):
@@ -278,11 +255,9 @@ class ForeachBatchSink:
         if self.options.payload is not None:
             df = variant_payload_as_text(df, self.options.payload)
         if self.options.routing is not None:
-            cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
             try:
-                self.last_routed = self._routed_batch(cached, batch_id, query_id)
+                self.last_routed = self._routed_batch(df, batch_id, query_id)
             finally:
-                cached.unpersist(blocking=False)
                 if self._held is not None:
                     self._held.release()
             if self._held is not None:  # where the next batch finds what this one held back
@@ -413,6 +388,20 @@ class ForeachBatchSink:
         routed.held = self._held.back if self._held is not None else None
         routed.held_tables = self._held.tables if self._held is not None else ()
         routed.held_homes = frozenset()
+        root = self._split_root(spark, routed, query_id)
+        if root is not None:  # writer='spark', appends: the write job is the batch's one read (lakesink.sink.spark_split)
+            return self._split_batch(df, batch_id, query_id, routed, run_id, root)
+        cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
+        try:
+            return self._routed_batch_read_once(cached, batch_id, query_id, routed, run_id)
+        finally:
+            cached.unpersist(blocking=False)
+
+    def _routed_batch_read_once(
+        self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None
+    ) -> RoutedOutcome:
+        routing = self.options.routing
+        assert routing is not None
         if self.options.writer is WriterKind.SPARK:  # Spark's own Parquet writer, no row in a Python worker
             return self._routed_spark_batch(df, batch_id, query_id, routed, run_id)
         started = time.perf_counter()
@@ -462,110 +451,6 @@ class ForeachBatchSink:
         # rows of invalid routes only (invalid): written all the same (dead letters); df read when committing (see write)
         return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write, invalid=invalid)
 
-    def _routed_spark_batch(
-        self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None
-    ) -> RoutedOutcome:
-        """Option route-by with writer='spark' (lakesink.sink.spark_routed): one Spark job finds the batch's tables with
-        each one's row count and digest, one write job per group of alike tables writes them, one unit commits them."""
-        routing = self.options.routing
-        assert routing is not None
-        spark = df.sparkSession
-        started = time.perf_counter()
-        found = spark_routed.find_routes(df, routing.column)  # each routing value's rows: count and digest
-        values = list(found)
-        found_ms = (time.perf_counter() - started) * 1000
-        routes = routed.routes(values, batch_id)  # an invalid route: RoutingError (dead letters need 'arrow')
-        plans = routed.plans(routes, query_id)
-        planned_ms = (time.perf_counter() - started) * 1000 - found_ms
-        for plan in plans.values():
-            reason = spark_write.unsupported_reason(plan.schema, plan.spec) or spark_fs.unwritable_reason(spark, plan.data_prefix)
-            if reason is not None:
-                raise InvalidOptionError(
-                    f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'"
-                )
-        written: spark_routed.RoutedSparkWrite | None = None
-        resolved: upsert_batch.RoutedResolution | None = None  # upserts: each (table, key) resolved by Spark
-
-        def write() -> list[RoutedTaskResult]:
-            nonlocal written, resolved
-            resolved = self._resolve_routed(df, batch_id, values, routed) if self.options.upserts else None
-            targets = [p.settings.target_file_size for p in plans.values()]
-            written = spark_routed.write_routed(
-                resolved.rows if resolved is not None else df,
-                column=routing.column,
-                namespace=routing.namespace,
-                allowed=routing.allowed_namespaces,
-                plans=plans,
-                values=values,
-                query_id=query_id,
-                batch_id=batch_id,
-                run_id=run_id,
-                max_records_per_file=max(1, int(min(targets) / self._bytes_per_row)) if self._bytes_per_row else 0,
-                found=found if resolved is None else None,  # upserts write resolved rows: the write job counts them
-            )
-            log.info(
-                "lakesink: route-by batch=%s written by Spark's Parquet writer: tables=%s jobs=%s rows=%s find_ms=%.0f "
-                "plan_ms=%.0f job_ms=%.0f footer_ms=%.0f",
-                batch_id,
-                len(plans),
-                written.jobs,
-                written.record_count,
-                found_ms,
-                planned_ms,
-                written.job_ms,
-                written.footer_ms,
-            )
-            if written.record_count:
-                self._bytes_per_row = written.size_in_bytes / written.record_count
-            return resolved.with_keys([written.result]) if resolved is not None else [written.result]
-
-        try:
-            return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write)
-        finally:
-            for directory in written.directories if written is not None else ():
-                storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)
-            if resolved is not None:
-                resolved.release()
-
-    def _resolve_routed(
-        self, df: DataFrame, batch_id: int, values: Sequence[object], routed: RoutedCommitter
-    ) -> upsert_batch.RoutedResolution:
-        """Route-by with writer='spark' and upserts: the batch resolved to one row per (table, key) by Spark
-        (lakesink.sink.upsert_batch.resolve_routed), each table by its own key (``routed.table_keys``, set when its plan
-        was made); each table's changes then go to its part of the unit commit, the single table's UpsertBatch."""
-        routing = self.options.routing
-        assert routing is not None
-        tables = routed_tables_by_value(values, routing)
-        return upsert_batch.resolve_routed(
-            df, batch_id, self.options, column=routing.column, tables=tables, keys=routed.table_keys
-        )
-
-    def _commit_routed(
-        self,
-        routed: RoutedCommitter,
-        df: Callable[[], DataFrame],
-        query_id: str,
-        batch_id: int,
-        run_id: str | None,
-        routes: Sequence[Route],
-        plans: Mapping[str, WritePlan],
-        write: Callable[[], list[RoutedTaskResult]],
-        *,
-        invalid: bool = False,
-    ) -> RoutedOutcome:
-        """:func:`lakesink.sink.commit.commit_routed` with what the query records: the batch's source offsets, and its
-        time (of ``df()``, the batch as written, read when the commit is made)."""
-        spark = df().sparkSession
-        return commit_routed(
-            routed,
-            BatchCall(query_id, batch_id, self._query.source_offsets(spark, query_id, batch_id), run_id),
-            routes=routes,
-            plans=plans,
-            write=write,
-            batch_time=lambda: self._query.batch_time(spark, df(), query_id, batch_id),
-            invalid=invalid,
-        )
-
     def _payload_columns(self, df: DataFrame, routed: RoutedCommitter) -> tuple[list[object], dict[object, payload.Found]]:
         """Option payload: one Spark job over the routing and payload columns (lakesink.executor.payload): the batch's
         routing values, and each table's columns as its payloads hold them (kept in ``routed.table_columns``)."""
@@ -608,9 +493,3 @@ class ForeachBatchSink:
             return True
         small = self._last_rows is not None and self._last_rows <= driver_write.SMALL_BATCH_ROWS
         return self.options.writer is WriterKind.AUTO and small
-
-    def _max_records_per_file(self, plan: WritePlan) -> int:
-        """Spark rolls files by row count only: the target file size over the last batch's bytes per row (0: no limit)."""
-        if not self._bytes_per_row:
-            return 0
-        return max(1, int(plan.settings.target_file_size / self._bytes_per_row))

@@ -67,30 +67,30 @@ DIGEST_KIND = "x"
 """lakesink.executor.row_digest.RowsDigest.kind of the digests Spark computes here."""
 
 
-def _quote(name: str) -> str:
+def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
 def _hashed(field: T.StructField) -> Column:
-    column = F.col(_quote(field.name))
+    column = F.col(quote(field.name))
     # Spark refuses maps in hash expressions: a map column is hashed as its JSON text
     return F.to_json(column) if isinstance(field.dataType, T.MapType) else column
 
 
-def _check_columns(df: DataFrame, column: str) -> None:
+def check_columns(df: DataFrame, column: str) -> None:
     if column == ROUTE_KEY or ROUTE_KEY in df.columns or _HASH in df.columns:
         raise LakesinkError(
             f"the stream has a column {ROUTE_KEY!r} or {_HASH!r}, which route-by with writer='spark' uses itself; rename it"
         )
 
 
-def _row_hash(df: DataFrame, column: str) -> Column:
+def row_hash(df: DataFrame, column: str) -> Column:
     """Spark's ``xxhash64`` of a row's columns, the routing column aside (the row hash of digest kind ``x``)."""
     fields = [f for f in df.schema.fields if f.name != column]
     return F.xxhash64(*[_hashed(f) for f in fields]) if fields else F.lit(0).cast("long")
 
 
-def _digest(count: Any, high: Any, low: Any) -> RowsDigest:
+def digest_of(count: Any, high: Any, low: Any) -> RowsDigest:
     """A digest from a row count and its rows' hashes summed as two sums of their 32-bit halves (no overflow)."""
     return RowsDigest(int(count), ((int(high or 0) << 32) + int(low or 0)) & _MASK, DIGEST_KIND)
 
@@ -99,16 +99,16 @@ def find_routes(df: DataFrame, column: str) -> dict[object, RowsDigest]:
     """One Spark job over the batch: its routing values, read as bytes (a value that is not UTF-8 stays itself, an
     invalid route: lakesink.table.routes.routing_value), each with the count and digest of the rows carrying it (one
     hash aggregation keyed by the value, in Spark's generated code: the write job then observes nothing). The first
-    job over foreach_batch's persisted batch (lakesink.sink.foreach.read_once): it fills the cache."""
-    _check_columns(df, column)
-    hashed = _row_hash(df, column)
-    grouped = df.groupBy(F.col(_quote(column)).cast("binary").alias("value")).agg(
+    job over foreach_batch's persisted batch (lakesink.sink.foreach_spark.read_once): it fills the cache."""
+    check_columns(df, column)
+    hashed = row_hash(df, column)
+    grouped = df.groupBy(F.col(quote(column)).cast("binary").alias("value")).agg(
         F.count(F.lit(1)).alias("c"),
         F.sum(F.shiftrightunsigned(hashed, 32)).alias("h"),
         F.sum(hashed.bitwiseAND(F.lit(0xFFFFFFFF))).alias("l"),
     )
     raw = grouped.collect()
-    return {routing_value(None if r[0] is None else bytes(r[0])): _digest(r[1], r[2], r[3]) for r in raw}
+    return {routing_value(None if r[0] is None else bytes(r[0])): digest_of(r[1], r[2], r[3]) for r in raw}
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class RoutedSparkWrite:
         return sum(t.result.size_in_bytes for t in self.result.tables)
 
 
-def _group_key(plan: WritePlan) -> tuple[Any, ...]:
+def group_key(plan: WritePlan) -> tuple[Any, ...]:
     """Tables with the same key can be written by one job: the same files but for their folder."""
     parts = urlsplit(plan.data_prefix)
     spec = tuple((f.source_id, f.field_id, str(f.transform), f.name) for f in plan.spec.fields)
@@ -157,7 +157,7 @@ def write_routed(
     the write jobs observe nothing; without it (``df`` is not the batch :func:`find_routes` read) the first job also
     observes each table's count and digest (those holding the batch already included: they get their digest only).
     On any failure every directory of the batch is deleted before the error propagates."""
-    _check_columns(df, column)
+    check_columns(df, column)
     value_table = {v: str(parse_route(v, namespace, allowed)) for v in values}
     known: dict[str, RowsDigest] | None = None
     if found is not None:
@@ -168,7 +168,7 @@ def write_routed(
     pending = sorted(set(plans) - held)
     by_key: dict[tuple[Any, ...], list[str]] = {}
     for name in pending:
-        by_key.setdefault(_group_key(plans[name]), []).append(name)
+        by_key.setdefault(group_key(plans[name]), []).append(name)
     groups = [g[i : i + MAX_TABLES_PER_JOB] for g in by_key.values() for i in range(0, len(g), MAX_TABLES_PER_JOB)]
     written: dict[str, TaskResult] = {}
     digests: dict[str, RowsDigest] = dict(known or {})
@@ -268,7 +268,7 @@ def _write_group(
     for value, name in value_table.items():
         if isinstance(value, str):
             pairs += [F.lit(value), F.lit(number.get(name, -1))]
-    routing = F.col(_quote(column))
+    routing = F.col(quote(column))
     index = F.element_at(F.create_map(*pairs), routing.cast("string")) if pairs else F.lit(None).cast("int")
     unknown = F.concat(
         F.lit(f"{_UNKNOWN_ROUTE_MARKER}[batch {batch_id}] routing value '"),
@@ -285,7 +285,7 @@ def _write_group(
             routing.cast("string"),
             F.lit(f", which has no column {extra!r}"),
         )
-        route = route.when(written_here & F.col(_quote(extra)).isNotNull(), F.raise_error(message).cast("int"))
+        route = route.when(written_here & F.col(quote(extra)).isNotNull(), F.raise_error(message).cast("int"))
     key = F.col(ROUTE_KEY)
     rows = df.withColumn(ROUTE_KEY, route.otherwise(index))
     digest: Observation | None = None
@@ -300,7 +300,7 @@ def _write_group(
                 F.sum(F.when(mine, F.shiftrightunsigned(hashed, 32))).alias(f"h{i}"),
                 F.sum(F.when(mine, hashed.bitwiseAND(F.lit(0xFFFFFFFF)))).alias(f"l{i}"),
             ]
-        rows = rows.withColumn(_HASH, _row_hash(df, column)).observe(digest, *aggregates)
+        rows = rows.withColumn(_HASH, row_hash(df, column)).observe(digest, *aggregates)
     rows = rows.filter((key >= 0) & (key < len(group)))
     spark_write.check_refused_settings(spark, first)
     named = first if len(group) == 1 else dataclasses.replace(first, table=f"(one of) {', '.join(group)}")
@@ -320,7 +320,7 @@ def _write_group(
     written = time.monotonic()
     if digest is not None:
         seen = digest.get
-        digests = {name: _digest(seen[f"c{i}"], seen[f"h{i}"], seen[f"l{i}"]) for name, i in number.items()}
+        digests = {name: digest_of(seen[f"c{i}"], seen[f"h{i}"], seen[f"l{i}"]) for name, i in number.items()}
     else:
         assert known is not None
         digests = {name: known[name] for name in group}
@@ -343,7 +343,7 @@ def _write_group(
         else:
             located[name] = f"{plan.data_prefix.rstrip('/')}/{batch_dir}"
             directories.append(located[name])
-            _rename(spark, source, located[name])
+            move_folder(spark, source, located[name])
 
     def table_files(name: str) -> list[WrittenFile]:
         # the table's files must hold the rows the batch routes to it (found, or observed once per committed task)
@@ -357,7 +357,7 @@ def _write_group(
     return _Job(files, digests, since_ms, (written - started) * 1000, (time.monotonic() - written) * 1000)
 
 
-def _rename(spark: Any, source: str, target: str) -> None:
+def move_folder(spark: Any, source: str, target: str) -> None:
     """Move a table's folder of the job into a batch directory of its own data location (same filesystem). A table the
     job wrote no row to has no folder (with upserts: a table whose changes in the batch are all deletes): nothing to
     move (its files must then hold no row, which :func:`spark_write.files_of_write` checks)."""

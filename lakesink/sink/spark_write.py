@@ -156,13 +156,13 @@ def _spark_type(t: IcebergType) -> T.DataType | None:
     if isinstance(t, DecimalType):
         return T.DecimalType(t.precision, t.scale)
     if isinstance(t, StructType):
-        fields = [_spark_field(f) for f in t.fields]
+        fields = [spark_field(f) for f in t.fields]
         return None if any(f is None for f in fields) else T.StructType([f for f in fields if f is not None])
     # lists and maps (Spark writes no field ids for elements, keys, values), fixed, uuid, time, timestamp_ns, ...
     return None
 
 
-def _spark_field(f: NestedField) -> T.StructField | None:
+def spark_field(f: NestedField) -> T.StructField | None:
     t = _spark_type(f.field_type)
     # always nullable for Spark: NOT NULL is checked by lakesink's own expression (DataFrame.to() would refuse it)
     return None if t is None else T.StructField(f.name, t, True, {"parquet.field.id": f.field_id})
@@ -171,7 +171,7 @@ def _spark_field(f: NestedField) -> T.StructField | None:
 def unsupported_reason(schema: Schema, spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC) -> str | None:
     """Why Spark's own writer cannot write this table, or None when it can."""
     for f in schema.fields:
-        if _spark_field(f) is None:
+        if spark_field(f) is None:
             return (
                 f"column {f.name!r} has type {f.field_type}: Spark's Parquet writer cannot write it with Iceberg "
                 "field ids (lists and maps: no ids on elements, keys and values; fixed, uuid, time, timestamp_ns)"
@@ -240,7 +240,7 @@ def project(
         for i, (tf, ff) in enumerate(zip(plan.schema.fields, file_schema.fields, strict=True))
     ]
     columns += [value.alias(name) for name, value, _ in extra]
-    fields = [f for f in (_spark_field(ff) for ff in file_schema.fields) if f is not None]
+    fields = [f for f in (spark_field(ff) for ff in file_schema.fields) if f is not None]
     target = T.StructType(
         [T.StructField(f.name, f.dataType, f.nullable, metadata(i, f.metadata["parquet.field.id"])) for i, f in enumerate(fields)]
         + [T.StructField(name, data_type, True) for name, _, data_type in extra]
@@ -405,7 +405,7 @@ def save(
     ``on_error`` may turn a failure of the job into lakesink's own error (it returns to let the failure propagate)."""
     # a partitioned write sorts each task's rows by the grouping keys (Spark's default): measured faster than
     # spark.sql.maxConcurrentOutputFileWriters (a writer per partition) on shuffled input, 1M rows over 30 days
-    with _session_confs(spark, {**SESSION_PINS, CONCURRENT_WRITERS: "0"} if partitioned else SESSION_PINS):
+    with session_confs(spark, {**SESSION_PINS, CONCURRENT_WRITERS: "0"} if partitioned else SESSION_PINS):
         try:
             writer.save(storage.spark_location(directory))
         except Exception as e:
@@ -428,7 +428,7 @@ def raise_not_null(error: Exception, df: DataFrame, plan: WritePlan, batch_id: i
     ) from None
 
 
-class _session_confs:
+class session_confs:
     """Set session confs for one write, then put back what was there (unset when nothing was)."""
 
     def __init__(self, spark: SparkSession, confs: dict[str, str]):

@@ -1,0 +1,265 @@
+"""foreach_batch's routed batches written by Spark's own Parquet writer (option route-by with ``writer='spark'``), and
+what every routed batch of foreach_batch shares: :func:`read_once`, the unit commit with what the query records.
+
+Appends split the batch by routing value in the job that reads it (lakesink.sink.spark_split); upserts (and a batch
+with a routing value no folder can be named by) find the batch's tables in one job over the persisted batch, then
+write them (lakesink.sink.spark_routed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.storagelevel import StorageLevel
+
+from lakesink.driver.actions.batch import BatchCall
+from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
+from lakesink.errors import InvalidOptionError
+from lakesink.executor.messages import WritePlan
+from lakesink.executor.routed_writer import RoutedTaskResult
+from lakesink.options import Routing, SinkOptions, WriterKind
+from lakesink.sink import spark_fs, spark_routed, spark_split, spark_write, upsert_batch
+from lakesink.sink.commit import commit_routed
+from lakesink.sink.query import RunningQuery
+from lakesink.table import storage
+from lakesink.table.routes import Route, parse_route
+
+log = logging.getLogger("lakesink")
+
+
+def read_once(df: DataFrame) -> DataFrame:
+    """The batch persisted (lazily: the first Spark job over it fills the cache) at storage level MEMORY_AND_DISK, for
+    a batch that more than one Spark job reads. With option route-by, foreach_batch reads its batch in two jobs at
+    least -- the one finding the batch's tables (with option payload: each table's columns too) and the one writing
+    them (with writer='spark': one per group of alike tables) -- and each would read the source again (and parse the
+    Debezium events again, with cdc-format). Cached are the batch's rows as the function receives them (after
+    cdc-format's parsing): partitions that do not fit in the executors' storage memory go to their local disk. The
+    caller unpersists it when the batch is done, committed or failed."""
+    return df.persist(StorageLevel.MEMORY_AND_DISK)
+
+
+def routed_tables_by_value(values: Sequence[object], routing: Routing) -> dict[str, str]:
+    """Each valid routing value's table (``t`` and ``db.t`` with namespace ``db`` name one table), for resolving a
+    routed batch's upserts per table."""
+    out: dict[str, str] = {}
+    for value in values:
+        route = parse_route(value, routing.namespace, routing.allowed_namespaces)
+        if isinstance(value, str) and isinstance(route, Route):
+            out[value] = str(route)
+    return out
+
+
+class RoutedSparkBatches:
+    """The part of :class:`lakesink.sink.foreach.ForeachBatchSink` that writes routed batches with Spark's writer."""
+
+    options: SinkOptions
+    _query: RunningQuery
+    _bytes_per_row: float | None
+
+    def _routed_spark_batch(
+        self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None
+    ) -> RoutedOutcome:
+        """Option route-by with writer='spark' (lakesink.sink.spark_routed): one Spark job finds the batch's tables with
+        each one's row count and digest, one write job per group of alike tables writes them, one unit commits them."""
+        routing = self.options.routing
+        assert routing is not None
+        spark = df.sparkSession
+        started = time.perf_counter()
+        found = spark_routed.find_routes(df, routing.column)  # each routing value's rows: count and digest
+        values = list(found)
+        found_ms = (time.perf_counter() - started) * 1000
+        routes = routed.routes(values, batch_id)  # an invalid route: RoutingError (dead letters need 'arrow')
+        plans = routed.plans(routes, query_id)
+        planned_ms = (time.perf_counter() - started) * 1000 - found_ms
+        for plan in plans.values():
+            reason = spark_write.unsupported_reason(plan.schema, plan.spec) or spark_fs.unwritable_reason(spark, plan.data_prefix)
+            if reason is not None:
+                raise InvalidOptionError(
+                    f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'"
+                )
+        written: spark_routed.RoutedSparkWrite | None = None
+        resolved: upsert_batch.RoutedResolution | None = None  # upserts: each (table, key) resolved by Spark
+
+        def write() -> list[RoutedTaskResult]:
+            nonlocal written, resolved
+            resolved = self._resolve_routed(df, batch_id, values, routed) if self.options.upserts else None
+            targets = [p.settings.target_file_size for p in plans.values()]
+            written = spark_routed.write_routed(
+                resolved.rows if resolved is not None else df,
+                column=routing.column,
+                namespace=routing.namespace,
+                allowed=routing.allowed_namespaces,
+                plans=plans,
+                values=values,
+                query_id=query_id,
+                batch_id=batch_id,
+                run_id=run_id,
+                max_records_per_file=max(1, int(min(targets) / self._bytes_per_row)) if self._bytes_per_row else 0,
+                found=found if resolved is None else None,  # upserts write resolved rows: the write job counts them
+            )
+            log.info(
+                "lakesink: route-by batch=%s written by Spark's Parquet writer: tables=%s jobs=%s rows=%s find_ms=%.0f "
+                "plan_ms=%.0f job_ms=%.0f footer_ms=%.0f",
+                batch_id,
+                len(plans),
+                written.jobs,
+                written.record_count,
+                found_ms,
+                planned_ms,
+                written.job_ms,
+                written.footer_ms,
+            )
+            if written.record_count:
+                self._bytes_per_row = written.size_in_bytes / written.record_count
+            return resolved.with_keys([written.result]) if resolved is not None else [written.result]
+
+        try:
+            return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write)
+        finally:
+            for directory in written.directories if written is not None else ():
+                storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)
+            if resolved is not None:
+                resolved.release()
+
+    def _split_root(self, spark: Any, routed: RoutedCommitter, query_id: str) -> str | None:
+        """Where route-by with writer='spark' splits the batch by routing value before the tables are opened
+        (lakesink.sink.spark_split), or None when it cannot: upserts (resolved by table key, known once the tables
+        are), no template to write with (a catalog that places its tables itself), or one Spark cannot write."""
+        template = routed.template() if self.options.writer is WriterKind.SPARK and not self.options.upserts else None
+        if template is None or template.staged:
+            return None
+        plan = template.plan(Route(("ns",), "t"), query_id, self.options.sink_id)
+        if spark_write.unsupported_reason(plan.schema, plan.spec) or spark_fs.unwritable_reason(spark, template.root):
+            return None
+        return spark_split.split_root(template.root, query_id)
+
+    def _split_batch(
+        self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None, root: str
+    ) -> RoutedOutcome:
+        """Option route-by with writer='spark', appends (lakesink.sink.spark_split): one Spark job writes the batch by
+        routing value (its only read), one counts and digests each value's rows from the files; then the tables are
+        opened, each one's files moved into it (or written from the split's files), and one unit commits them."""
+        routing = self.options.routing
+        template = routed.template()
+        assert routing is not None and template is not None
+        spark_split.sweep(template.io, root, batch_id)  # a killed driver's split directories of earlier batches
+        plan = template.plan(Route(("ns",), "t"), query_id, self.options.sink_id)
+        per_file = self._max_records_per_file(plan)
+        started = time.perf_counter()
+        s = spark_split.split(
+            df,
+            column=routing.column,
+            template=plan,
+            root=root,
+            query_id=query_id,
+            batch_id=batch_id,
+            max_records_per_file=per_file,
+        )
+        written: spark_routed.RoutedSparkWrite | None = None
+        try:
+            if s.odd:  # a null, empty or long routing value: the two jobs' path (the source read again)
+                spark_write.delete_directory(template.io, s.directory)
+                cached = read_once(df)
+                try:
+                    return self._routed_spark_batch(cached, batch_id, query_id, routed, run_id)
+                finally:
+                    cached.unpersist(blocking=False)
+            split_ms = (time.perf_counter() - started) * 1000
+            routes = routed.routes(list(s.keys), batch_id)  # an invalid route: RoutingError (dead letters need 'arrow')
+            plans = routed.plans(routes, query_id)
+            planned_ms = (time.perf_counter() - started) * 1000 - split_ms
+            for p in plans.values():
+                reason = spark_write.unsupported_reason(p.schema, p.spec) or spark_fs.unwritable_reason(
+                    df.sparkSession, p.data_prefix
+                )
+                if reason is not None:
+                    raise InvalidOptionError(
+                        f"writer='spark' cannot write table {p.table}: {reason}; use writer='auto' or 'arrow'"
+                    )
+
+            def write() -> list[RoutedTaskResult]:
+                nonlocal written
+                placed = time.perf_counter()
+                written = spark_split.place(
+                    df.sparkSession,
+                    df,
+                    s,
+                    column=routing.column,
+                    namespace=routing.namespace,
+                    allowed=routing.allowed_namespaces,
+                    plans=plans,
+                    query_id=query_id,
+                    batch_id=batch_id,
+                    run_id=run_id,
+                    max_records_per_file=per_file,
+                )
+                log.info(
+                    "lakesink: route-by batch=%s split by Spark's Parquet writer: tables=%s jobs=%s rows=%s split_job_ms=%.0f "
+                    "digest_ms=%.0f plan_ms=%.0f place_ms=%.0f",
+                    batch_id,
+                    len(plans),
+                    written.jobs,
+                    written.record_count,
+                    s.job_ms,
+                    s.digest_ms,
+                    planned_ms,
+                    (time.perf_counter() - placed) * 1000,
+                )
+                if written.record_count:
+                    self._bytes_per_row = written.size_in_bytes / written.record_count
+                return [written.result]
+
+            return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write)
+        finally:
+            spark_write.delete_directory(template.io, s.directory)  # what was not moved into a table
+            for directory in written.directories if written is not None else ():
+                storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)
+
+    def _resolve_routed(
+        self, df: DataFrame, batch_id: int, values: Sequence[object], routed: RoutedCommitter
+    ) -> upsert_batch.RoutedResolution:
+        """Route-by with writer='spark' and upserts: the batch resolved to one row per (table, key) by Spark
+        (lakesink.sink.upsert_batch.resolve_routed), each table by its own key (``routed.table_keys``, set when its plan
+        was made); each table's changes then go to its part of the unit commit, the single table's UpsertBatch."""
+        routing = self.options.routing
+        assert routing is not None
+        tables = routed_tables_by_value(values, routing)
+        return upsert_batch.resolve_routed(
+            df, batch_id, self.options, column=routing.column, tables=tables, keys=routed.table_keys
+        )
+
+    def _commit_routed(
+        self,
+        routed: RoutedCommitter,
+        df: Callable[[], DataFrame],
+        query_id: str,
+        batch_id: int,
+        run_id: str | None,
+        routes: Sequence[Route],
+        plans: Mapping[str, WritePlan],
+        write: Callable[[], list[RoutedTaskResult]],
+        *,
+        invalid: bool = False,
+    ) -> RoutedOutcome:
+        """:func:`lakesink.sink.commit.commit_routed` with what the query records: the batch's source offsets, and its
+        time (of ``df()``, the batch as written, read when the commit is made)."""
+        spark = df().sparkSession
+        return commit_routed(
+            routed,
+            BatchCall(query_id, batch_id, self._query.source_offsets(spark, query_id, batch_id), run_id),
+            routes=routes,
+            plans=plans,
+            write=write,
+            batch_time=lambda: self._query.batch_time(spark, df(), query_id, batch_id),
+            invalid=invalid,
+        )
+
+    def _max_records_per_file(self, plan: WritePlan) -> int:
+        """Spark rolls files by row count only: the target file size over the last batch's bytes per row (0: no limit)."""
+        if not self._bytes_per_row:
+            return 0
+        return max(1, int(plan.settings.target_file_size / self._bytes_per_row))

@@ -1,0 +1,358 @@
+"""Driver side, option ``route-by`` with ``writer='spark'`` (appends): the batch is read once, by its write job.
+
+Before the tables are known, there is nothing to write with but the template (the schema, field ids, partition spec
+and Parquet settings of the tables lakesink creates from the stream:
+lakesink.driver.committers.routed_tables.RoutedTables.template). So:
+
+1. :func:`split` -- one Spark write job over the batch, the first and only read of its source: its rows as the template
+   takes them (lakesink.sink.spark_write.project: field ids, casts, NOT NULL checks), partitioned by routing value into
+   a folder per value, ``__lakesink_value=v<the value's UTF-8 bytes in hex>``, of a batch directory of the query's
+   split area ``<warehouse>/.lakesink-split/<query id>/`` (no character that Spark escapes in a folder name, no two
+   values in one folder on a filesystem that ignores case). Then one Spark job over the files it wrote (not over the
+   batch: the source is read once) counts and digests each value's rows: the very values
+   lakesink.sink.spark_routed.find_routes computes over the batch (digest kind ``x``; each column read back as the
+   stream's type: the template's types are the stream's own or wider integers), so that a replay of a batch committed
+   by either compares equal. A value whose folder name would be longer than a file name may be (more than
+   :data:`MAX_VALUE_BYTES` bytes), null or empty gets a folder named by its SHA-256 instead, and the batch goes the
+   way of two jobs (lakesink.sink.spark_routed: find, then write; an invalid route's RoutingError from there).
+2. The tables are opened as on that path (created on first sight), the replay of the whole batch decided, then
+   :func:`place` -- a table whose files look like the template's (same file schema with field ids, partition spec,
+   Parquet settings and filesystem: every table lakesink creates from the stream) gets its values' folders moved
+   into a batch directory of its own data location (a rename, as lakesink.sink.spark_routed moves a table's folder),
+   their footers read and checked (the job's write id, field ids, the rows counted for it); any other table (created
+   by someone else) is written by lakesink.sink.spark_routed.write_routed from the split's files.
+
+A split directory not moved or committed is deleted when the batch ends, committed or failed; a driver killed in
+between leaves it, and the query's next run deletes every split directory of an earlier batch (:func:`sweep`; never
+one of the batch it runs: a zombie driver of the previous run may still be reading it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from lakesink._pyiceberg import io as seam
+from lakesink.errors import LakesinkError
+from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
+from lakesink.executor.routed_writer import RoutedTaskResult, TableResult
+from lakesink.executor.row_digest import RowsDigest
+from lakesink.faults import fault_point
+from lakesink.sink import spark_partition, spark_routed, spark_write
+from lakesink.table import names, storage
+from lakesink.table.routes import parse_route, routing_value
+
+log = logging.getLogger("lakesink")
+
+SPLIT_FOLDER = ".lakesink-split"
+"""Under the catalog's warehouse: ``<warehouse>/.lakesink-split/<query id>/<batch directory>``."""
+VALUE_KEY = "__lakesink_value"
+"""The partition column of the split job: ``v`` and the routing value's bytes in hex, or ``h`` and their SHA-256."""
+MAX_VALUE_BYTES = 118
+"""The longest routing value (in UTF-8 bytes) whose folder is named by the value: 17 + 1 + 2 * 118 < 255 bytes."""
+_FOOTER_THREADS = 8
+#: driver, after the split job wrote the batch by routing value and its rows were counted, before any table is opened
+SPARKSPLIT_AFTER_SPLIT = "sparksplit.after-split"
+_PINNED_READ = {"spark.sql.files.ignoreCorruptFiles": "false", "spark.sql.files.ignoreMissingFiles": "false"}
+
+
+def split_root(warehouse: str, query_id: str) -> str:
+    return f"{warehouse.rstrip('/')}/{SPLIT_FOLDER}/{query_id}"
+
+
+def _value_key(column: str) -> Column:
+    raw = F.col(spark_routed.quote(column)).cast("binary")
+    named = F.concat(F.lit("v"), F.hex(raw))
+    hashed = F.concat(F.lit("h"), F.coalesce(F.sha2(raw, 256), F.lit("null")))
+    return F.when(raw.isNotNull() & (F.length(raw) >= 1) & (F.length(raw) <= MAX_VALUE_BYTES), named).otherwise(hashed)
+
+
+def _value_of(key: str) -> object:
+    """The routing value of a folder key ``v<hex>`` (a value that is not UTF-8 stays bytes: an invalid route)."""
+    return routing_value(bytes.fromhex(key[1:]))
+
+
+@dataclass(frozen=True)
+class Split:
+    """A batch written by routing value into one directory (:func:`split`); nothing committed, no table opened."""
+
+    directory: str
+    write_id: str
+    batch_dir: str
+    """The name of the batch directory (``directory``'s last segment; each table's own takes it too)."""
+    keys: dict[object, str]
+    """Each routing value's folder key (``v<hex>``)."""
+    digests: dict[object, RowsDigest]
+    """Each routing value's rows: count and digest (kind ``x``)."""
+    template: WritePlan
+    folders: tuple[str, ...] = ()
+    """The folder keys of the split job: the value's, then the template's partition keys."""
+    odd: bool = False
+    """A value got a hashed folder (null, empty, longer than MAX_VALUE_BYTES): the batch needs the two-job path."""
+    since_ms: int = 0
+    job_ms: float = 0.0
+    digest_ms: float = 0.0
+
+
+def split(
+    df: DataFrame, *, column: str, template: WritePlan, root: str, query_id: str, batch_id: int, max_records_per_file: int
+) -> Split:
+    """Write the batch ``df`` by routing value into a new batch directory under ``root`` (with the ``template`` plan's
+    columns, field ids, partition spec and settings), then count and digest each value's rows from the files written.
+    On any failure the directory is deleted before the error propagates."""
+    spark_routed.check_columns(df, column)
+    if VALUE_KEY in df.columns:
+        raise LakesinkError(f"the stream has a column {VALUE_KEY!r}, which route-by with writer='spark' uses itself; rename it")
+    spark = df.sparkSession
+    since_ms = names.now_ms()
+    token = names.new_token()
+    batch_dir = names.batch_directory_name(query_id=query_id, batch_id=batch_id, token=token)
+    directory = f"{root.rstrip('/')}/{batch_dir}"
+    write_id = f"{query_id}/{batch_id}/{token}"
+    plan = dataclasses.replace(template, data_prefix=root, table=f"(created for a routing value of column {column!r})")
+    spark_write.check_refused_settings(spark, plan)
+    key = F.col(VALUE_KEY)
+    projected = spark_write.project(
+        df.withColumn(VALUE_KEY, _value_key(column)), plan, batch_id, write_id, extra=[(VALUE_KEY, key, T.StringType())]
+    )
+    keys = [VALUE_KEY]
+    if not plan.spec.is_unpartitioned():
+        file_schema = seam.file_schema(plan.schema)
+        part_keys = spark_partition.key_names(plan.spec, file_schema)
+        columns = spark_partition.grouping_keys(plan.spec, file_schema)
+        projected = projected.select("*", *[c.alias(n) for c, n in zip(columns, part_keys, strict=True)])
+        keys += part_keys
+    writer = spark_write.parquet_writer(projected, plan, keys, directory, max_records_per_file)
+    try:
+        fault_point(spark_write.SPARKWRITE_BEFORE_WRITE)
+        started = time.monotonic()
+        spark_write.save(
+            spark, writer, directory, partitioned=True, on_error=lambda e: spark_write.raise_not_null(e, df, plan, batch_id)
+        )
+        written = time.monotonic()
+        found = _digests(spark, df, column, plan, directory, keys)
+        digested = time.monotonic()
+        fault_point(SPARKSPLIT_AFTER_SPLIT)
+    except BaseException:
+        spark_write.delete_directory(plan.io, directory)
+        raise
+    odd = any(not k.startswith("v") for k in found)
+    values = {_value_of(k): k for k in found if k.startswith("v")}
+    return Split(
+        directory=directory,
+        write_id=write_id,
+        batch_dir=batch_dir,
+        keys=values,
+        digests={v: found[k] for v, k in values.items()},
+        template=plan,
+        folders=tuple(keys),
+        odd=odd,
+        since_ms=since_ms,
+        job_ms=(written - started) * 1000,
+        digest_ms=(digested - written) * 1000,
+    )
+
+
+def _read_schema(plan: WritePlan, keys: list[str]) -> T.StructType:
+    """The split's files as Spark reads them back: the template's columns, then the partition folders (as text)."""
+    file_schema = seam.file_schema(plan.schema)
+    fields = [f for f in (spark_write.spark_field(ff) for ff in file_schema.fields) if f is not None]
+    return T.StructType(
+        [T.StructField(f.name, f.dataType, True) for f in fields] + [T.StructField(k, T.StringType()) for k in keys]
+    )
+
+
+def _read_back(spark: Any, df: DataFrame, column: str, plan: WritePlan, directory: str, keys: list[str]) -> DataFrame:
+    """The split's rows read back from its files, each stream column as the stream's type (the template's type is the
+    stream's, or a wider integer for a narrower one: cast back exactly), the routing column from the folder key."""
+    # the values' folders only (a file Spark may leave at the job's root for an empty task holds no row)
+    folders = sorted({f.relative.split("/", 1)[0] for f in storage.list_files(plan.io, directory)})
+    paths = [storage.spark_location(f"{directory}/{f}") for f in folders if f.startswith(f"{VALUE_KEY}=")]
+    reader = spark.read.schema(_read_schema(plan, keys)).option("basePath", storage.spark_location(directory))
+    read: DataFrame = reader.parquet(*paths)
+    have = set(read.columns)
+    columns: list[Column] = []
+    for f in df.schema.fields:
+        if f.name == column:
+            columns.append(F.unhex(F.substring(F.col(VALUE_KEY), 2, 1 << 20)).cast("string").alias(column))
+        elif f.name in have:
+            columns.append(F.col(spark_routed.quote(f.name)).cast(f.dataType).alias(f.name))
+        else:
+            columns.append(F.lit(None).cast(f.dataType).alias(f.name))
+    return read.select(*columns, F.col(VALUE_KEY))  # (the template's partition keys: recomputed by each table)
+
+
+def _digests(spark: Any, df: DataFrame, column: str, plan: WritePlan, directory: str, keys: list[str]) -> dict[str, RowsDigest]:
+    """Each folder key's rows in the split's files: count and digest (lakesink.sink.spark_routed.find_routes's)."""
+    if not any(f.relative.startswith(f"{VALUE_KEY}=") for f in storage.list_files(plan.io, directory)):
+        return {}  # no row written (an empty batch): nothing to read back
+    with spark_write.session_confs(spark, _PINNED_READ):  # a file Spark cannot read fails the batch, never skipped
+        back = _read_back(spark, df, column, plan, directory, keys)
+        hashed = spark_routed.row_hash(back.drop(VALUE_KEY), column)
+        rows = (
+            back.groupBy(F.col(VALUE_KEY))
+            .agg(
+                F.count(F.lit(1)).alias("c"),
+                F.sum(F.shiftrightunsigned(hashed, 32)).alias("h"),
+                F.sum(hashed.bitwiseAND(F.lit(0xFFFFFFFF))).alias("l"),
+            )
+            .collect()
+        )
+    return {str(r[0]): spark_routed.digest_of(r[1], r[2], r[3]) for r in rows}
+
+
+def fits(plan: WritePlan, template: WritePlan) -> bool:
+    """Can the split's files of a table be its data files as they are? Its file schema (with field ids), partition
+    spec, Parquet settings and filesystem are the template's, and its commit adds no column."""
+    return not plan.schema_changes and spark_routed.group_key(plan) == spark_routed.group_key(template)
+
+
+def place(
+    spark: Any,
+    df: DataFrame,
+    s: Split,
+    *,
+    column: str,
+    namespace: tuple[str, ...],
+    allowed: tuple[tuple[str, ...], ...],
+    plans: Mapping[str, WritePlan],
+    query_id: str,
+    batch_id: int,
+    run_id: str | None,
+    max_records_per_file: int,
+) -> spark_routed.RoutedSparkWrite:
+    """Make the split's files every table's data files (see the module's docstring); nothing is committed. A table
+    holding the batch already gets none (its digest is compared). On any failure every batch directory made in the
+    tables' locations is deleted before the error propagates (the split's own is the caller's)."""
+    value_table = {v: str(parse_route(v, namespace, allowed)) for v in s.keys}
+    digests: dict[str, RowsDigest] = {name: RowsDigest(kind=spark_routed.DIGEST_KIND) for name in plans}
+    for value, digest in s.digests.items():
+        digests[value_table[value]] = digests[value_table[value]].add(digest)
+    held = {n for n, p in plans.items() if p.last_committed_batch is not None and batch_id <= p.last_committed_batch}
+    moved = sorted(n for n in plans if n not in held and fits(plans[n], s.template))
+    other = sorted(n for n in plans if n not in held and n not in moved)
+    directories: list[str] = []
+    written: dict[str, TaskResult] = {}
+    started = time.monotonic()
+    io = s.template.io
+    try:
+        located: dict[str, str] = {}
+        for name in moved:
+            located[name] = f"{plans[name].data_prefix.rstrip('/')}/{s.batch_dir}"
+            directories.append(located[name])
+            mine = [v for v, t in value_table.items() if t == name]
+            for value in mine:  # one value: its folder is the batch directory; more (spellings of one table): in it
+                folder = f"{VALUE_KEY}={s.keys[value]}"
+                target = located[name] if len(mine) == 1 else f"{located[name]}/{folder}"
+                spark_routed.move_folder(spark, f"{s.directory}/{folder}", target)
+        fault_point(spark_write.SPARKWRITE_AFTER_FILES)
+
+        def table_files(name: str) -> list[WrittenFile]:
+            listed = spark_write.file_names(plans[name].io, located[name])
+            found = spark_write.files_of_write(plans[name], located[name], listed, s.write_id, digests[name].rows, batch_id)
+            return [f for f in found if f.record_count]
+
+        with ThreadPoolExecutor(max_workers=max(1, min(_FOOTER_THREADS, len(moved)))) as pool:  # footers at once
+            files = dict(zip(moved, pool.map(table_files, moved), strict=True))
+        for i, name in enumerate(moved):
+            plan = plans[name]
+            written[name] = TaskResult(
+                query_id=query_id,
+                batch_id=batch_id,
+                partition_id=i,
+                task_attempt_id=-1,
+                schema_id=plan.schema_id,
+                spec_id=plan.spec_id,
+                files=tuple(files[name]),
+                table_uuid=plan.table_uuid or None,
+                run_id=run_id,
+                written_schema=plan.schema_digest,
+                schema_changes=plan.schema_changes,
+                written_since_ms=s.since_ms,
+            )
+        rewritten: spark_routed.RoutedSparkWrite | None = None
+        if other:  # tables not as lakesink creates them: written from the split's files by Spark
+            values = [v for v, t in value_table.items() if t in other]
+            keys = [s.keys[v] for v in values]
+            rows = _read_back(spark, df, column, s.template, s.directory, list(s.folders))
+            rewritten = spark_routed.write_routed(
+                rows.filter(F.col(VALUE_KEY).isin(keys)).drop(VALUE_KEY),
+                column=column,
+                namespace=namespace,
+                allowed=allowed,
+                plans={n: plans[n] for n in other},
+                values=values,
+                query_id=query_id,
+                batch_id=batch_id,
+                run_id=run_id,
+                max_records_per_file=max_records_per_file,
+                found={v: s.digests[v] for v in values},
+            )
+            directories += rewritten.directories
+            for t in rewritten.result.tables:
+                written[t.table] = dataclasses.replace(t.result, partition_id=len(moved) + other.index(t.table))
+    except BaseException:
+        for d in reversed(directories):
+            spark_write.delete_directory(io, d)
+        raise
+    tables: list[TableResult] = []
+    for name, plan in sorted(plans.items()):
+        result = written.get(name) or TaskResult(  # holds the batch already: nothing written, its digest compared
+            query_id=query_id,
+            batch_id=batch_id,
+            partition_id=len(plans) + len(tables),
+            task_attempt_id=-1,
+            schema_id=plan.schema_id,
+            spec_id=plan.spec_id,
+            replay_skipped=True,
+            table_uuid=plan.table_uuid or None,
+            run_id=run_id,
+            written_schema=plan.schema_digest,
+        )
+        tables.append(TableResult(name, result, rows_digest=digests.get(name)))
+    return spark_routed.RoutedSparkWrite(
+        result=RoutedTaskResult(query_id, batch_id, 0, run_id, tuple(tables)),
+        directories=tuple(directories),
+        jobs=1 + (rewritten.jobs if rewritten is not None else 0),
+        job_ms=s.job_ms + (rewritten.job_ms if rewritten is not None else 0.0),
+        footer_ms=(time.monotonic() - started) * 1000,
+    )
+
+
+def sweep(io: Any, root: str, batch_id: int) -> None:
+    """Delete the query's split directories of batches before ``batch_id`` (a killed driver's; never the running
+    batch's: a zombie driver of the previous run may still read it). Never raises."""
+    try:
+        stale = set()
+        for f in storage.list_files(io, root):
+            first = f.relative.split("/", 1)[0]
+            parsed = names.BatchDirectoryName.parse(first)
+            if parsed is not None and parsed.batch_id < batch_id:
+                stale.add(first)
+        for d in sorted(stale):
+            spark_write.delete_directory(io, f"{root.rstrip('/')}/{d}")
+    except Exception as e:
+        log.warning("lakesink: could not sweep the split area %s (%s); the next run retries", root, e)
+
+
+__all__ = [
+    "MAX_VALUE_BYTES",
+    "SPARKSPLIT_AFTER_SPLIT",
+    "SPLIT_FOLDER",
+    "VALUE_KEY",
+    "Split",
+    "fits",
+    "place",
+    "split",
+    "split_root",
+    "sweep",
+]

@@ -1,0 +1,192 @@
+"""Option route-by with writer='spark', appends (lakesink.sink.spark_split): the batch is read once, by the Spark job
+that writes it by routing value before the tables are opened; the values' counts and digests come from the files it
+wrote; the tables' files are moved into them. Real local Spark, SQLite catalog; every row has a unique id."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.errors import StreamingQueryException
+
+import lakesink
+from lakesink.driver import catalogs
+from lakesink.sink.spark_split import SPARKSPLIT_AFTER_SPLIT, SPLIT_FOLDER, sweep
+from lakesink.table import names
+from tests.sink.test_routing_spark_writer import SparkRoutedStream, _job, assert_exactly_once, job_query
+from tests.support.helpers import table_ids, write_json_input
+
+pytestmark = pytest.mark.spark
+
+
+def executions_since(spark: Any, seen: set[int]) -> list[str]:
+    """The physical plans of the SQL executions Spark ran since ``seen`` (execution ids, updated)."""
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(60_000)
+    executions = spark._jsparkSession.sharedState().statusStore().executionsList()
+    plans = []
+    for i in range(executions.size()):
+        execution = executions.apply(i)
+        if execution.executionId() not in seen:
+            seen.add(execution.executionId())
+            plans.append(execution.physicalPlanDescription())
+    return plans
+
+
+def split_area(props: dict[str, str]) -> list[Path]:
+    """Every file left in the split area of the catalog's warehouse."""
+    root = Path(props["warehouse"].removeprefix("file://")) / SPLIT_FOLDER
+    return sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []
+
+
+def test_the_batch_is_read_once_by_the_write_job_without_a_cache(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """One batch of 100 rows over 4 tables: exactly one Spark job reads the batch (its RDD, ``ExistingRDD``), and it is
+    the Parquet write job; nothing is cached (no ``InMemoryRelation``); the query's numInputRows is the batch's rows.
+    On main 61f3c07 two jobs read it (the find job filling the cache, the write job reading the cache)."""
+    s = SparkRoutedStream(spark, tmp_path, catalog_properties)
+    s.add_input(files=1, rows_per_file=100)
+    seen: set[int] = set()
+    executions_since(spark, seen)
+    q = s.start()
+    try:
+        q.awaitTermination()
+    finally:
+        q.stop()
+    plans = executions_since(spark, seen)
+    # the batch: foreachBatch's DataFrame over the micro-batch's RDD (ExistingRDD), or a cache of it
+    reading = [p for p in plans if any(n in p for n in ("ExistingRDD", "InMemoryRelation", "InMemoryTableScan"))]
+    assert len(reading) == 1, reading
+    assert "InsertIntoHadoopFsRelationCommand" in reading[0]
+    assert not any("InMemoryRelation" in p or "InMemoryTableScan" in p for p in plans)
+    assert sum(int(p["numInputRows"]) for p in q.recentProgress) == 100
+    assert_exactly_once(catalog_properties, s.sent)
+    assert split_area(catalog_properties) == []
+
+
+def _parquet_stream(spark: Any, src: Path, ck: Path, props: dict[str, str]) -> Any:
+    sink = lakesink.foreach_batch(route_by="route", namespace="db", writer="spark", catalog_properties=props)
+    df = spark.readStream.schema("id BIGINT, route STRING").option("maxFilesPerTrigger", 1).parquet(str(src))
+    return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+
+
+def test_two_spellings_of_one_table_and_a_long_name_land_once(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """``n`` and ``db.n`` name one table: both values' folders go into it (one batch directory, the rows of both); a
+    valid name longer than a folder name may hold (a 120-character namespace) takes the two jobs' path. Each id lands
+    once in its table. Fails if the moves kept one folder per table (the other spelling's rows lost)."""
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    src.mkdir()
+    long_ns = "n" * 120
+    routes = ["n", "db.n", "db.m-1_2", f"{long_ns}.t"]
+    ids = list(range(80))
+    pq.write_table(pa.table({"id": ids, "route": [routes[i % 4] for i in ids]}), src / "a.parquet")
+    run = _parquet_stream(spark, src, ck, catalog_properties)
+    run.awaitTermination()
+    run.stop()
+    catalog = catalogs.load(None, catalog_properties)
+    assert table_ids(catalog.load_table(("db", "n"))) == Counter(i for i in ids if i % 4 in (0, 1))
+    assert table_ids(catalog.load_table(("db", "m-1_2"))) == Counter(i for i in ids if i % 4 == 2)
+    assert table_ids(catalog.load_table((long_ns, "t"))) == Counter(i for i in ids if i % 4 == 3)
+    assert split_area(catalog_properties) == []
+
+
+@pytest.mark.parametrize("bad", ["a/b=c%", None, "", "t\u00e4"])
+def test_an_invalid_value_fails_the_batch_as_before_and_leaves_nothing(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], bad: str | None
+) -> None:
+    """A value that names no valid table (characters Spark escapes in folder names, null, empty, a non-ASCII letter)
+    fails the batch with the RoutingError of the two jobs' path; no table is created, the split area is empty."""
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    src.mkdir()
+    pq.write_table(
+        pa.table({"id": [1, 2, 3], "route": ["t0", bad, "t1"]}, schema=pa.schema([("id", pa.int64()), ("route", pa.string())])),
+        src / "a.parquet",
+    )
+    run = _parquet_stream(spark, src, ck, catalog_properties)
+    with pytest.raises(StreamingQueryException, match="RoutingError|routing value"):
+        run.awaitTermination()
+    run.stop()
+    catalog = catalogs.load(None, catalog_properties)
+    assert not catalog.table_exists(("db", "t0")) and not catalog.table_exists(("db", "t1"))
+    assert split_area(catalog_properties) == []
+
+
+def test_a_failure_after_the_split_leaves_nothing_and_the_restart_is_exactly_once(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    s = SparkRoutedStream(spark, tmp_path, catalog_properties)
+    s.add_input(files=2)
+    faults.arm(SPARKSPLIT_AFTER_SPLIT, "raise")  # the batch split by value, no table opened yet
+    with pytest.raises(StreamingQueryException):
+        s.run()
+    assert faults.fired(SPARKSPLIT_AFTER_SPLIT)
+    faults.clear()
+    assert split_area(catalog_properties) == []
+    assert not catalogs.load(None, catalog_properties).table_exists(("db", "t0"))
+    s.run()
+    assert_exactly_once(catalog_properties, s.sent)
+    assert split_area(catalog_properties) == []
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_after_the_split_leaves_a_directory_that_a_later_batch_sweeps(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """The driver SIGKILLed after the split job (its directory left behind), restarted: the batch is replayed (its
+    stale directory kept while a batch of that id may run), the next batch deletes it; every id once."""
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    sent = write_json_input(src, files=3, rows_per_file=40, start=10_000)
+    faults.arm(SPARKSPLIT_AFTER_SPLIT, "kill")
+    proc = _job(catalog_properties, src, ck, str(faults.folder))
+    _, err = proc.communicate(timeout=300)
+    assert faults.fired(SPARKSPLIT_AFTER_SPLIT), err[-3000:]
+    assert proc.returncode == -signal.SIGKILL, err[-3000:]
+    faults.clear()
+    assert split_area(catalog_properties), "the killed driver's split directory"
+    query = job_query(spark, catalog_properties, str(src), str(ck)).start()
+    try:
+        query.awaitTermination()
+    finally:
+        query.stop()
+    assert_exactly_once(catalog_properties, sent)
+    assert split_area(catalog_properties) == []
+
+
+def test_sweep_deletes_the_directories_of_earlier_batches_only(tmp_path: Path) -> None:
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    root = tmp_path / "split"
+    query = "12345678-aaaa-4000-8000-000000000001"
+    for batch in (3, 4, 5):
+        d = root / names.batch_directory_name(query_id=query, batch_id=batch, token=names.new_token()) / "__lakesink_value=v74"
+        d.mkdir(parents=True)
+        (d / "part-0.parquet").write_bytes(b"x")
+    (root / "not-a-batch").mkdir()
+    (root / "not-a-batch" / "f").write_bytes(b"x")
+    sweep(PyArrowFileIO(), str(root), 5)
+    left = sorted(p.relative_to(root).parts[0] for p in root.rglob("*.parquet"))
+    assert [names.BatchDirectoryName.parse(n).batch_id for n in left] == [5]  # type: ignore[union-attr]
+    assert (root / "not-a-batch" / "f").exists()
+
+
+def test_an_empty_batch_then_rows(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
+    """A batch of no row (a file without rows) writes nothing and opens no table; the next batch lands once."""
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    src.mkdir()
+    schema = pa.schema([("id", pa.int64()), ("route", pa.string())])
+    pq.write_table(pa.table({"id": [], "route": []}, schema=schema), src / "a.parquet")
+    pq.write_table(pa.table({"id": [1, 2, 3], "route": ["t0", "t1", "db.t0"]}, schema=schema), src / "b.parquet")
+    run = _parquet_stream(spark, src, ck, catalog_properties)
+    run.awaitTermination()
+    run.stop()
+    catalog = catalogs.load(None, catalog_properties)
+    assert table_ids(catalog.load_table(("db", "t0"))) == Counter([1, 3])
+    assert table_ids(catalog.load_table(("db", "t1"))) == Counter([2])
+    assert split_area(catalog_properties) == []
