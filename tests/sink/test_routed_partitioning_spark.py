@@ -19,7 +19,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from lakesink.options import SinkOptions
-from lakesink.sink.foreach import routed_tables_by_value
+from lakesink.sink.foreach_spark import routed_tables_by_value
 from lakesink.sink.upsert_batch import for_routed_tasks
 
 pytestmark = pytest.mark.spark
