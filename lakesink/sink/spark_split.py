@@ -49,14 +49,13 @@ from lakesink.executor.row_digest import RowsDigest
 from lakesink.faults import fault_point
 from lakesink.sink import spark_partition, spark_routed, spark_write
 from lakesink.table import names, storage
+from lakesink.table.keys import SPLIT_VALUE_COLUMN as VALUE_KEY  # the split job's partition column
 from lakesink.table.routes import parse_route, routing_value
 
 log = logging.getLogger("lakesink")
 
 SPLIT_FOLDER = ".lakesink-split"
 """Under the catalog's warehouse: ``<warehouse>/.lakesink-split/<query id>/<batch directory>``."""
-VALUE_KEY = "__lakesink_value"
-"""The partition column of the split job: ``v`` and the routing value's bytes in hex, or ``h`` and their SHA-256."""
 MAX_VALUE_BYTES = 118
 """The longest routing value (in UTF-8 bytes) whose folder is named by the value: 17 + 1 + 2 * 118 < 255 bytes."""
 _FOOTER_THREADS = 8

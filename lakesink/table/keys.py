@@ -302,6 +302,9 @@ ROUTE_PARTITION_COLUMN = "__lakesink_route"
 ROUTED_TABLE_COLUMN = "__lakesink_table"
 """route-by with writer='spark' and upserts: each row's table as its number among the batch's tables, while the batch is
 resolved to one row per (table, key) in Spark (lakesink.sink.upsert_batch.resolve_routed; not written into the files)."""
+SPLIT_VALUE_COLUMN = "__lakesink_value"
+"""route-by with writer='spark', appends: the partition column of the split job, ``v`` and the routing value's bytes in
+hex, or ``h`` and their SHA-256 (lakesink.sink.spark_split; a folder name, not written into the files)."""
 ROUTED_NO_COLUMN_MARKER = "LAKESINK_ROUTED_NO_COLUMN"
 """route-by with writer='spark': the marker of the error a row raises with a value in a column its table lacks."""
 ROUTED_UNKNOWN_ROUTE_MARKER = "LAKESINK_ROUTED_UNKNOWN_ROUTE"
