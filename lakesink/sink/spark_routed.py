@@ -206,23 +206,10 @@ def write_routed(
             assert io is not None
             spark_write.delete_directory(io, d)
         raise
-    tables: list[TableResult] = []
-    for name, plan in sorted(plans.items()):
-        result = written.get(name) or TaskResult(  # holds the batch already: nothing written, its digest compared
-            query_id=query_id,
-            batch_id=batch_id,
-            partition_id=len(pending) + len(tables),
-            task_attempt_id=-1,
-            schema_id=plan.schema_id,
-            spec_id=plan.spec_id,
-            replay_skipped=True,
-            table_uuid=plan.table_uuid or None,
-            run_id=run_id,
-            written_schema=plan.schema_digest,
-        )
-        tables.append(TableResult(name, result, rows_digest=digests.get(name)))
     return RoutedSparkWrite(
-        result=RoutedTaskResult(query_id, batch_id, 0, run_id, tuple(tables)),
+        result=routed_result(
+            plans, written, digests, query_id=query_id, batch_id=batch_id, run_id=run_id, first_skipped=len(pending)
+        ),
         directories=tuple(directories),
         jobs=len(groups),
         job_ms=job_ms,
@@ -401,3 +388,33 @@ def _raise_own(error: Exception, df: DataFrame, plan: WritePlan, batch_id: int) 
             "query). Nothing was committed; make the routing column deterministic"
         ) from None
     spark_write.raise_not_null(error, df, plan, batch_id)
+
+
+def routed_result(
+    plans: Mapping[str, WritePlan],
+    written: Mapping[str, TaskResult],
+    digests: Mapping[str, Any],
+    *,
+    query_id: str,
+    batch_id: int,
+    run_id: str | None,
+    first_skipped: int,
+) -> RoutedTaskResult:
+    """The batch's result: each table's written files, or (a table that holds the batch already: nothing written, its
+    digest compared) a replay-skipped result numbered from ``first_skipped``."""
+    tables: list[TableResult] = []
+    for name, plan in sorted(plans.items()):
+        result = written.get(name) or TaskResult(
+            query_id=query_id,
+            batch_id=batch_id,
+            partition_id=first_skipped + len(tables),
+            task_attempt_id=-1,
+            schema_id=plan.schema_id,
+            spec_id=plan.spec_id,
+            replay_skipped=True,
+            table_uuid=plan.table_uuid or None,
+            run_id=run_id,
+            written_schema=plan.schema_digest,
+        )
+        tables.append(TableResult(name, result, rows_digest=digests.get(name)))
+    return RoutedTaskResult(query_id, batch_id, 0, run_id, tuple(tables))

@@ -44,7 +44,6 @@ from pyspark.sql import types as T
 from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError
 from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
-from lakesink.executor.routed_writer import RoutedTaskResult, TableResult
 from lakesink.executor.row_digest import RowsDigest
 from lakesink.faults import fault_point
 from lakesink.sink import spark_partition, spark_routed, spark_write
@@ -303,23 +302,10 @@ def place(
         for d in reversed(directories):
             spark_write.delete_directory(io, d)
         raise
-    tables: list[TableResult] = []
-    for name, plan in sorted(plans.items()):
-        result = written.get(name) or TaskResult(  # holds the batch already: nothing written, its digest compared
-            query_id=query_id,
-            batch_id=batch_id,
-            partition_id=len(plans) + len(tables),
-            task_attempt_id=-1,
-            schema_id=plan.schema_id,
-            spec_id=plan.spec_id,
-            replay_skipped=True,
-            table_uuid=plan.table_uuid or None,
-            run_id=run_id,
-            written_schema=plan.schema_digest,
-        )
-        tables.append(TableResult(name, result, rows_digest=digests.get(name)))
     return spark_routed.RoutedSparkWrite(
-        result=RoutedTaskResult(query_id, batch_id, 0, run_id, tuple(tables)),
+        result=spark_routed.routed_result(
+            plans, written, digests, query_id=query_id, batch_id=batch_id, run_id=run_id, first_skipped=len(plans)
+        ),
         directories=tuple(directories),
         jobs=1 + (rewritten.jobs if rewritten is not None else 0),
         job_ms=s.job_ms + (rewritten.job_ms if rewritten is not None else 0.0),
