@@ -13,8 +13,8 @@ against pyiceberg 0.12.
   compare-and-swap, a unit of tables committed together), :mod:`~lakesink._pyiceberg.producers` (pyiceberg's
   snapshot producers: a batch's snapshot, a compaction's replace, metadata-only commits ``prepare_staged``, schema
   evolution), :mod:`~lakesink._pyiceberg.maintenance` (manifest rewrite, expiry, the refs an expiry dropped put
-  back), :mod:`~lakesink._pyiceberg.metadata` (a commit's metadata from one parse, written),
-  :mod:`~lakesink._pyiceberg.manifests` (manifests and manifest lists written by pyiceberg's Avro encoder),
+  back), :mod:`~lakesink._pyiceberg.metadata` (Iceberg's metadata files: a commit's table metadata from one
+  parse, written; manifests and manifest lists written by pyiceberg's Avro encoder),
   :mod:`~lakesink._pyiceberg.sql_catalog` (the SQL catalog's rows: swap, reload, pointers),
   :mod:`~lakesink._pyiceberg.rest` (the REST catalog's HTTP session: transactions/commit, request timeout,
   Idempotency-Key), :mod:`~lakesink._pyiceberg.refusals` (which errors are the catalog's definite "no") and

@@ -26,8 +26,7 @@ from pyiceberg.table.update.snapshot import _SnapshotProducer
 from pyiceberg.typedef import EMPTY_DICT, Record
 
 from lakesink._pyiceberg.commit import PreparedCommit
-from lakesink._pyiceberg.manifests import snapshot_manifests, write_manifest_list
-from lakesink._pyiceberg.metadata import keeping_ref_retention
+from lakesink._pyiceberg.metadata import keeping_ref_retention, snapshot_manifests, write_manifest_list
 from lakesink._pyiceberg.producers import _MetadataCachingTransaction, _PreparedManifests
 from lakesink.table import names, storage
 from lakesink.table.keys import AVRO_CODEC, AVRO_CODEC_DEFAULT

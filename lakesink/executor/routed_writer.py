@@ -42,7 +42,7 @@ from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PREFIX, CDC_VALUE
 from lakesink.table import dead_letters as dl
 from lakesink.table import locations, storage
 from lakesink.table.keys import DELETED
-from lakesink.table.routes import InvalidRoute, Route, parse_route, routing_value
+from lakesink.table.routes import InvalidRoute, Route, route_of, routed_table, routing_value
 from lakesink.table.settings import TableSettings
 
 
@@ -154,30 +154,6 @@ class RoutedTaskResult(WriterCommitMessage):
     invalid_routes: TaskResult | None = None
     """Option dead-letter-table: the task's rows whose routing value names no valid table (their dead letters in
     ``dead_letters``, their count in ``rows_in`` and ``rejected``)."""
-
-
-def route_of(
-    value: object, namespace: tuple[str, ...], column: str, batch_id: int, allowed: tuple[tuple[str, ...], ...] = ()
-) -> Route:
-    """The table a routing value names, or RoutingError naming the value and the batch."""
-    route = parse_route(value, namespace, allowed)
-    if isinstance(route, InvalidRoute):
-        raise RoutingError(
-            f"batch {batch_id}: routing column {column!r} holds {route.describe()}; nothing was committed. Every row "
-            "must name the table it goes to"
-        )
-    return route
-
-
-def routed_table(
-    value: object, namespace: tuple[str, ...], dead_letter_table: str | None, allowed: tuple[tuple[str, ...], ...] = ()
-) -> Route | InvalidRoute:
-    """:func:`parse_route`; with option dead-letter-table, a value naming the dead-letter table (in any case) is no
-    valid route either (the batch's rows never go into it as rows of a table)."""
-    route = parse_route(value, namespace, allowed)
-    if dead_letter_table is not None and isinstance(route, Route) and str(route).lower() == dead_letter_table.lower():
-        return InvalidRoute(value, "it names the dead-letter table")
-    return route
 
 
 def split_by_route(batch: pa.RecordBatch, column: str) -> Iterable[tuple[object, pa.RecordBatch]]:

@@ -6,7 +6,7 @@ table: a stream into thousands of tables queues their runs), at most every ``wri
 (default 1 minute) per table. The
 expensive part (rewriting data files) runs beside the batches; each commit attempt (read, prepare, swap) takes
 its turn between two batch commits of this process, so a batch waits at most for one such attempt: the commit
-loop takes those turns (:mod:`lakesink.driver.loop.turns`), for every maintenance commit of the process.
+loop takes those turns (:class:`lakesink.driver.loop.swap.Turns`), for every maintenance commit of the process.
 
 The entry points (:mod:`lakesink.sink.datasource`, :mod:`lakesink.sink.foreach`) pass :func:`auto_maintenance`
 into the driver's :class:`~lakesink.driver.committers.table.TableCommitter` as its post-commit hook: every batch commit
@@ -50,7 +50,7 @@ class AutoMaintenance:
     """One sink's post-commit hook (a :class:`lakesink.driver.committers.table.CommitHook`): with ``maintenance=auto``, a
     committed batch starts a background run of the table's one maintainer in this process when one is due
     (:meth:`after_commit`). Every batch commit takes part in the table's turns whatever the option (the commit
-    loop's, :mod:`lakesink.driver.loop.turns`): a sink with maintenance off must not be starved by, nor starve, the
+    loop's, :class:`lakesink.driver.loop.swap.Turns`): a sink with maintenance off must not be starved by, nor starve, the
     maintenance another sink of the process runs on the same table.
     """
 
@@ -113,7 +113,7 @@ class AutoMaintainer:
     :func:`maintainer_for`). A run that is due waits in the process's queue for one of its
     :data:`MAINTENANCE_THREADS` threads (:class:`_Runner`): a stream into thousands of tables runs their
     maintenance a few at a time, never a thread per table. Its commits take their turns between the process's
-    batches of the table in the commit loop (:mod:`lakesink.driver.loop.turns`)."""
+    batches of the table in the commit loop (:class:`lakesink.driver.loop.swap.Turns`)."""
 
     def __init__(self, load: Callable[[], Table], key: tuple[Any, ...] = ()):
         self._load = load

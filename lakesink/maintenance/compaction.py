@@ -170,7 +170,7 @@ def compact(
     """Bin-pack the branch's small data files per partition into one ``replace`` snapshot.
 
     ``progress(done, total)`` is called after each rewritten bin. Each commit attempt (read, prepare, swap) takes
-    its turn between the batches this process commits to the table (lakesink.driver.loop.turns).
+    its turn between the batches this process commits to the table (lakesink.driver.loop.swap.Turns).
     """
     started = time.monotonic()
     name = _name(table)

@@ -135,11 +135,14 @@ def watermarked(schema: StructType) -> bool:
     return any(WATERMARK_DELAY_METADATA in (f.metadata or {}) for f in schema.fields)
 
 
-def batch_time(options: SinkOptions, checkpoint: str | None, batch_id: int, *, has_watermark: bool) -> BatchTime:
-    """The batch's :class:`BatchTime`: Spark's watermark for it when the query has one, and option ``event-time``."""
+def batch_time(options: SinkOptions, checkpoint: str | None, batch_id: int, *, has_watermark: bool) -> BatchTime | None:
+    """The batch's :class:`BatchTime`: Spark's watermark for it when the query has one, and option ``event-time``;
+    None when it has neither (the commit then records nothing about event time)."""
     spark = read_batch_watermark(checkpoint, batch_id) if checkpoint else None
     if spark is not None and not has_watermark and spark <= 0:
         spark = None  # no withWatermark column in the stream, and Spark never moved a watermark: the query has none
+    if spark is None and options.event_time is None:
+        return None
     return BatchTime(watermark_ms=spark, event_time=options.event_time)
 
 

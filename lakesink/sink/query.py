@@ -118,7 +118,7 @@ class RunningQuery:
             return None
         return read_source_offsets(checkpoint, batch_id)
 
-    def batch_time(self, spark: SparkSession, df: DataFrame, query_id: str, batch_id: int) -> BatchTime:
+    def batch_time(self, spark: SparkSession, df: DataFrame, query_id: str, batch_id: int) -> BatchTime | None:
         checkpoint = self.options.checkpoint_location or self._find_checkpoint(spark, query_id)
         return batch_time(self.options, checkpoint, batch_id, has_watermark=watermarked(df.schema))
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from lakesink.errors import RoutingError
 
 #: A namespace level or a table name: letters, digits and '_' (and '-' after the first character), 1 to 128 of them.
 #: Nothing that a path or a SQL statement could read as a separator, a quote, a wildcard or a parent folder.
@@ -39,10 +41,11 @@ class TableIdentifier:
 
     namespace: tuple[str, ...]
     name: str
+    identifier: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """The catalog identifier: the namespace levels, then the name (made once: every commit of the table uses it)."""
 
-    @property
-    def identifier(self) -> tuple[str, ...]:
-        return (*self.namespace, self.name)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "identifier", (*self.namespace, self.name))
 
     def __str__(self) -> str:
         return ".".join(self.identifier)
@@ -121,6 +124,30 @@ def parse_route(
             f"namespace {'.'.join(route.namespace)!r} is not one of option 'route-namespaces' "
             f"({', '.join('.'.join(n) for n in allowed)})",
         )
+    return route
+
+
+def route_of(
+    value: object, namespace: tuple[str, ...], column: str, batch_id: int, allowed: tuple[tuple[str, ...], ...] = ()
+) -> Route:
+    """The table a routing value names, or RoutingError naming the value and the batch."""
+    route = parse_route(value, namespace, allowed)
+    if isinstance(route, InvalidRoute):
+        raise RoutingError(
+            f"batch {batch_id}: routing column {column!r} holds {route.describe()}; nothing was committed. Every row "
+            "must name the table it goes to"
+        )
+    return route
+
+
+def routed_table(
+    value: object, namespace: tuple[str, ...], dead_letter_table: str | None, allowed: tuple[tuple[str, ...], ...] = ()
+) -> Route | InvalidRoute:
+    """:func:`parse_route`; with option dead-letter-table, a value naming the dead-letter table (in any case) is no
+    valid route either (the batch's rows never go into it as rows of a table)."""
+    route = parse_route(value, namespace, allowed)
+    if dead_letter_table is not None and isinstance(route, Route) and str(route).lower() == dead_letter_table.lower():
+        return InvalidRoute(value, "it names the dead-letter table")
     return route
 
 

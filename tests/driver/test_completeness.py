@@ -215,6 +215,28 @@ def test_cli_wait_exits_0_when_reached_and_3_on_timeout(catalog_properties: dict
     assert published.exit_code == 1 and "does not exist" in published.output
 
 
+def test_a_batch_that_records_no_event_time_carries_the_newest_event_time_committed_on(
+    catalog_properties: dict[str, str],
+) -> None:
+    """A batch of a query with neither a watermark nor option event-time (its time None, as the entry points give it:
+    the commit does not consult lakesink.driver.actions.completeness) records no watermark but keeps the newest event
+    time committed in its marker, appended or empty -- so a later batch's watermark is still bounded by it, not by
+    that batch's own rows only."""
+    c = make(catalog_properties)
+    commit(c, Q1, 0, [write(c, Q1, 0, rows([1, 2], [0, 10]))], BatchTime(0, "ts"))
+    for batch, ids, minutes in ((1, [3], [5]), (2, [], [])):  # no time; batch 2 an empty batch
+        c.commit_batch(BatchCall(Q1, batch, f"[{batch}]"), [write(c, Q1, batch, rows(ids, minutes))])
+        marker = last_committed_batch(load(c).properties, Q1)
+        assert marker is not None and (marker.batch_id, marker.watermark, marker.event_time_max) == (
+            batch,
+            None,
+            T0_MS + 10 * MINUTE,
+        )
+    assert SUMMARY_WATERMARK not in summaries(c)[1] and SUMMARY_EVENT_TIME_MAX not in summaries(c)[1]
+    commit(c, Q1, 3, [write(c, Q1, 3, rows([4], [2]))], BatchTime(T0_MS + 110 * MINUTE, "ts"))
+    assert int(summaries(c)[2][SUMMARY_WATERMARK]) == T0_MS + 10 * MINUTE  # the newest committed, not this batch's 2
+
+
 def _no_sleep(_: float) -> None:
     raise AssertionError("wait_for_watermark paused: it should have answered at once")
 

@@ -26,7 +26,7 @@ from lakesink._pyiceberg import metadata as seam_metadata
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
-from lakesink.driver.loop import turns
+from lakesink.driver.loop import swap
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from lakesink.maintenance import compaction, expiry
@@ -415,7 +415,7 @@ def test_a_batch_committing_keeps_its_first_attempt_and_maintenance_takes_its_tu
         target=lambda: reports.append(compaction.compact(load(c)))  # its turns are the commit loop's
     )
     m.start()
-    wait_until(lambda: not turns.of(load(c)).maintaining and len(_live_files(load(c))) == 5)
+    wait_until(lambda: not swap.table_turns(load(c)).maintaining and len(_live_files(load(c))) == 5)
     assert reports == [] and len(load(c).snapshots()) == 5  # waiting for its turn: nothing committed meanwhile
     faults.release(DRIVER_BEFORE_SWAP)
     t.join(60)
@@ -438,7 +438,7 @@ def test_maintenance_gives_up_when_a_batch_holds_the_sink_past_its_turn(
     """A batch stuck in its commit (here: paused before its swap) never waits for maintenance: the maintenance
     attempt waits at most TURN_WAIT_S for its turn, then gives up cleanly (its new files deleted) and a later
     run compacts."""
-    monkeypatch.setattr(turns, "TURN_WAIT_S", 0.2)
+    monkeypatch.setattr(swap, "TURN_WAIT_S", 0.2)
     c = open_committer(catalog_properties, table_properties={"commit.retry.num-retries": "1", "commit.retry.min-wait-ms": "10"})
     sent = commit_batches(c, 5)
     result = write_task(c, Q1, 5, [5000, 5001])

@@ -1,4 +1,4 @@
-"""lakesink's manifest and manifest-list writers (lakesink/_pyiceberg/manifests.py) write the files pyiceberg writes.
+"""lakesink's manifest and manifest-list writers (lakesink/_pyiceberg/metadata.py) write the files pyiceberg writes.
 
 The same entries are written with pyiceberg 0.12's writers and with lakesink's, for v1 and v2 tables, unpartitioned
 and partitioned (identity on string, date, decimal, double with NaN, long; days, bucket, truncate), with bounds,
@@ -53,7 +53,7 @@ from pyiceberg.types import (
 )
 
 from lakesink._pyiceberg import maintenance as seam_maintenance
-from lakesink._pyiceberg import manifests
+from lakesink._pyiceberg import metadata as manifests
 from lakesink._pyiceberg import producers as seam_producers
 from tests.support.row_deletes import DeleteManifestWriter as ReferenceDeleteManifestWriter  # what lakesink wrote before its own
 

@@ -26,7 +26,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, BatchOutcome, Outcome
 from lakesink.driver.committers.table import TableCommitter
-from lakesink.driver.loop import turns
+from lakesink.driver.loop import swap
 from lakesink.errors import InjectedFault, InvalidOptionError
 from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.executor.task_writer import TaskWriter
@@ -399,9 +399,9 @@ def load(c: TableCommitter) -> Table:
 
 @contextmanager
 def as_another_process() -> Iterator[None]:
-    """Commits made inside the block take their turns (:mod:`lakesink.driver.loop.turns`, one registry per process) as
+    """Commits made inside the block take their turns (:class:`lakesink.driver.loop.swap.Turns`, one registry a process) as
     another process's would: they race this process's maintenance attempts the way a second driver or another engine
     does, instead of waiting for them. Commits already in progress keep the turns they hold."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(turns, "_turns", {})
+        patch.setattr(swap, "_turns", {})
         yield

@@ -32,9 +32,7 @@ from lakesink.driver.actions import completeness, upsert, upsert_order
 from lakesink.driver.actions.completeness import BatchTime, Recorded
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
-from lakesink.errors import (
-    LakesinkError,
-)
+from lakesink.errors import LakesinkError, ReplayMismatchError
 from lakesink.executor import upsert_task
 from lakesink.executor.messages import TaskResult, WrittenFile
 from lakesink.table import names
@@ -53,7 +51,9 @@ from lakesink.table.markers import (
     SnapshotIndex,
     batch_summary,
     offsets_digest,
+    recorded_tables,
 )
+from lakesink.table.routes import tables_digest
 from lakesink.table.settings import CommitRetry
 
 log = logging.getLogger("lakesink")
@@ -171,6 +171,15 @@ class Batch:
         return names.commit_name(names.BATCH, query_id=self.query_id, batch_id=self.batch_id)
 
 
+def marker_times(recorded: Recorded | None, done: CommittedBatch | None) -> tuple[int | None, int | None]:
+    """The watermark and the newest event time committed that a batch's marker records: as the batch recorded them
+    (:meth:`BatchAction.recorded`), or, when it had nothing to record, no watermark and the newest event time carried
+    on from the query's previous batch (``done``), as lakesink.driver.actions.completeness.record would."""
+    if recorded is not None:
+        return recorded.watermark, recorded.event_time_max
+    return None, done.event_time_max if done is not None else None
+
+
 def committed(batch: Batch, result: swap.SwapResult) -> BatchOutcome:
     """The outcome of a batch whose commit landed: its snapshot, files, rows and bytes, the time and retries it took."""
     files = batch.files
@@ -197,10 +206,28 @@ class BatchAction(CommitAction):
     turn = Turn.BATCH
 
     def __init__(self, committer: TableCommitter, table: Table, batch: Batch, what: str):
-        super().__init__(table, what)
+        self.table = table  # (CommitAction's two attributes, set here: a batch's commit runs no code of the base class)
+        self.what = what
         self.committer = committer
         self.batch = batch
         self._index: dict[int, SnapshotIndex] = {}
+        self.unit_member = False
+        self._unit_tables: list[str] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.committer.table_name
+
+    def as_unit_member(self, tables: Sequence[str] | None) -> BatchAction:
+        """This action as one table's commit in a routed batch's unit, whose "already committed?" is the batch's, not
+        the table's: the loop asks every action of the unit whether it landed before it swaps any (on every attempt),
+        and a table found holding the batch by another call is accepted (:meth:`landed`) only as a faithful replay of
+        the whole batch -- another run of the query, not a second sink of this run, over the same source offsets
+        (TableCommitter.check_unit_replay), committed as part of the same set of tables (``tables``: the batch's,
+        compared with the digest its marker or snapshot records; None: not compared). Anything else raises before any
+        table of the unit is committed; a faithful replay finding the batch in some tables only completes the others."""
+        self.unit_member, self._unit_tables = True, sorted(set(tables)) if tables is not None else None
+        return self
 
     def done(self, table: Table) -> CommittedBatch | None:
         """The sink's last committed batch in ``table`` (one index of the snapshots per metadata read)."""
@@ -212,15 +239,42 @@ class BatchAction(CommitAction):
         if done is None or done.batch_id < self.batch.batch_id:
             return None
         mine = done.batch_id == self.batch.batch_id and done.commit_id == self.batch.commit_id
+        if self.unit_member and not mine:
+            self.committer.check_unit_replay(self, table, done)
+            self._check_unit_tables(table, done)
         return Landing(mine=mine, snapshot_id=done.snapshot_id, done=done)
+
+    def _check_unit_tables(self, table: Table, done: CommittedBatch) -> None:
+        b, tables = self.batch, self._unit_tables
+        if tables is None:
+            return
+        recorded = recorded_tables(table.metadata, done, b.query_id, b.batch_id, self.committer.options.sink_id)
+        mine = tables_digest(tables)
+        if recorded is None or recorded == mine:
+            return
+        raise ReplayMismatchError(
+            f"Spark replays batch {b.batch_id} of query {b.query_id} into another set of tables than the batch was "
+            f"committed to: table {self.committer.table_name} holds the batch, committed with a set of tables of digest "
+            f"{recorded}; this replay routes its rows to {len(tables)} table(s) ({', '.join(tables)}; digest "
+            f"{mine}). The routing column gives other tables for the same input (it is computed from something that "
+            "changed since, e.g. a join or lookup against a table that was updated): skipping the batch would lose "
+            "the rows routed to other tables, committing it would put rows in two tables. Nothing was committed or "
+            "deleted in any table. To recover: make the routing column route the batch as it did (restore what it is "
+            f"computed from) and restart, or start a new query (new checkpoint) from the committed offsets "
+            "(docs/protocol.md, 'replay over other input')"
+        )
 
     def retry(self, table: Table) -> CommitRetry:
         return self.committer.settings(table).commit_retry
 
-    def recorded(self, table: Table, statistics: Sequence[Mapping[str, Any]] = ()) -> Recorded:
+    def recorded(self, table: Table, statistics: Sequence[Mapping[str, Any]] = ()) -> Recorded | None:
         """What this attempt records about event time: the watermark and the event times of the rows it adds
-        (lakesink.driver.actions.completeness), against the query's previous batch in ``table``."""
+        (lakesink.driver.actions.completeness), against the query's previous batch in ``table``. None: the query has
+        neither a watermark nor option event-time (the batch's time is None) -- nothing to record
+        (:func:`marker_times`)."""
         t = self.batch.time
+        if t is None:
+            return None
         bounds = None
         if t is not None and t.event_time is not None and statistics:
             c = self.committer
@@ -274,7 +328,7 @@ class MarkEmptyBatch(BatchAction):
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
         branch = self.committer.options.branch
         head = table.metadata.snapshot_by_name(branch)
-        recorded = self.recorded(table)
+        watermark, event_time_max = marker_times(self.recorded(table), self.done(table))
         marker = CommittedBatch(
             self.batch.batch_id,
             head.snapshot_id if head else -1,
@@ -283,8 +337,8 @@ class MarkEmptyBatch(BatchAction):
             empty=True,
             run_id=self.batch.run_id,
             offsets=offsets_digest(self.batch.source_offsets),
-            watermark=recorded.watermark,
-            event_time_max=recorded.event_time_max,
+            watermark=watermark,
+            event_time_max=event_time_max,
             tables=self.batch.unit.get(SUMMARY_BATCH_TABLES_DIGEST),
             rows=self.batch.unit.get(SUMMARY_BATCH_ROWS_DIGEST),
         )
@@ -318,7 +372,8 @@ class AppendBatch(BatchAction):
             for r in batch.results
             for f in r.files
         ]
-        self._recorded: Recorded | None = None
+        self._times: tuple[int | None, int | None] = (None, None)
+        """The marker's watermark and newest event time, as the attempt's summary recorded them (:func:`marker_times`)."""
 
     def properties(self, snapshot_id: int) -> dict[str, str]:
         """The replay marker, in the same atomic commit as the snapshot it names."""
@@ -329,8 +384,8 @@ class AppendBatch(BatchAction):
             branch=self.committer.options.branch,
             run_id=self.batch.run_id,
             offsets=offsets_digest(self.batch.source_offsets),
-            watermark=self._recorded.watermark if self._recorded else None,
-            event_time_max=self._recorded.event_time_max if self._recorded else None,
+            watermark=self._times[0],
+            event_time_max=self._times[1],
             tables=self.batch.unit.get(SUMMARY_BATCH_TABLES_DIGEST),
             rows=self.batch.unit.get(SUMMARY_BATCH_ROWS_DIGEST),
         )
@@ -338,11 +393,12 @@ class AppendBatch(BatchAction):
 
     def attempt_summary(self, table: Table, attempt: int) -> dict[str, str]:
         done = self.done(table)
-        self._recorded = self.recorded(table, [f.statistics for f in self.batch.files])
+        recorded = self.recorded(table, [f.statistics for f in self.batch.files])
+        self._times = marker_times(recorded, done)
         letters = self.committer.dead_letters or self.committer.routed_dead_letters
         return {
             **self.summary,
-            **self._recorded.summary,
+            **(recorded.summary if recorded is not None else {}),
             **(
                 {
                     SUMMARY_DEAD_LETTERS: str(sum(r.rejected for r in self.batch.results)),

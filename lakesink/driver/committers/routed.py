@@ -2,7 +2,7 @@
 
 A batch's rows went to the tables their routing column names (lakesink.executor.routed_writer); the base class
 (lakesink.driver.committers.routed_tables) opens those tables (creating them on first sight, with their namespace),
-this module commits the batch as one unit of :class:`~lakesink.driver.loop.action.CommitAction` s, one per table,
+this module commits the batch as one unit of :class:`~lakesink.driver.actions.batch.BatchAction` s, one per table,
 through the one loop (:func:`lakesink.driver.loop.swap.run_unit`):
 on a catalog that can swap several tables at once (SQL catalogs: one database transaction; REST catalogs serving
 transactions/commit), all tables or none; elsewhere, or with ``atomic=off``, table after table, each exactly once,
@@ -32,12 +32,10 @@ from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
 from lakesink.driver.actions import dead_letters, held
-from lakesink.driver.actions.batch import BatchCall, BatchOutcome, Outcome
-from lakesink.driver.actions.unit import UnitMember
+from lakesink.driver.actions.batch import BatchAction, BatchCall, BatchOutcome, Outcome
 from lakesink.driver.committers.routed_tables import RoutedTables
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import swap
-from lakesink.driver.loop.action import CommitAction
 from lakesink.driver.loop.swap import RetriesExhausted
 from lakesink.errors import (
     CommitConflictError,
@@ -143,7 +141,7 @@ class RoutedCommitter(RoutedTables):
         unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
         rows = _rows_digests(results)
         attempt = held.Attempt(self.held, query_id=query_id, batch_id=batch_id, sink_id=self.options.sink_id)
-        actions: list[tuple[TableCommitter, CommitAction]] = []
+        actions: list[tuple[TableCommitter, BatchAction]] = []
         # the tables planned for this batch, read in one catalog query (SQL catalogs)
         read = catalogs.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
         kept = [r.invalid_routes for r in results if r.invalid_routes]  # the batch's results as its actions hold them
@@ -185,7 +183,7 @@ class RoutedCommitter(RoutedTables):
     def _check_replay_rows(
         self,
         routes: Sequence[Route],
-        actions: Sequence[tuple[TableCommitter, CommitAction]],
+        actions: Sequence[tuple[TableCommitter, BatchAction]],
         rows: Mapping[str, str | None],
         kept: Sequence[TaskResult],
         *,
@@ -210,11 +208,11 @@ class RoutedCommitter(RoutedTables):
         if not held or not missing:
             return
         names = sorted(str(r) for r in routes)
-        for (c, a), route in zip(actions, routes, strict=True):
+        for (_, a), route in zip(actions, routes, strict=True):
             if any(str(route) == h[0] for h in held):
                 # first what the loop checks of a table holding the batch (another run, the same offsets, the same
                 # set of tables): a second sink of this run, or other offsets, are told as such
-                UnitMember(c, a, query_id=query_id, batch_id=batch_id, tables=names).landed(a.table)
+                a.as_unit_member(names).landed(a.table)
         differ: list[str] = []
         for name, c, table, done in held:
             recorded = recorded_rows(table.metadata, done, query_id, batch_id, c.options.sink_id)
@@ -242,7 +240,7 @@ class RoutedCommitter(RoutedTables):
         )
 
     def _recheck_rejected(
-        self, actions: Sequence[tuple[TableCommitter, CommitAction]], kept: Sequence[TaskResult], query_id: str, batch_id: int
+        self, actions: Sequence[tuple[TableCommitter, BatchAction]], kept: Sequence[TaskResult], query_id: str, batch_id: int
     ) -> None:
         """max-rejected-fraction once more, with the dead letters a rewrite into a table found (:meth:`_rewrite_checks`);
         over it, the files of the batch's actions and dead letters are deleted before TooManyRejectedError (the rewritten
@@ -257,7 +255,7 @@ class RoutedCommitter(RoutedTables):
             self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
             raise
 
-    def _letters_action(self, call: BatchCall, letters: Sequence[TaskResult]) -> tuple[TableCommitter, CommitAction]:
+    def _letters_action(self, call: BatchCall, letters: Sequence[TaskResult]) -> tuple[TableCommitter, BatchAction]:
         """The batch's commit into the dead-letter table (its dead letters appended, or its marker moved when it has
         none), one action of the batch's unit: the batch's tables and its dead letters land together or not at all."""
         d = self.dead_letters
@@ -271,17 +269,14 @@ class RoutedCommitter(RoutedTables):
 
     def _run(
         self,
-        actions: Sequence[tuple[TableCommitter, CommitAction]],
+        actions: Sequence[tuple[TableCommitter, BatchAction]],
         query_id: str,
         batch_id: int,
         tables: Sequence[str] | None,
     ) -> RoutedOutcome:
         """Run the batch's unit (``tables``: the batch's set of tables, which a table found holding the batch must
         have recorded; None: an empty batch's marker-only commits, not compared)."""
-        members = [
-            UnitMember(c, a, query_id=query_id, batch_id=batch_id, tables=tables if c is not self.dead_letters else None)
-            for c, a in actions
-        ]
+        members = [a.as_unit_member(tables if c is not self.dead_letters else None) for c, a in actions]
         try:
             swapped = swap.run_unit(members, atomic=self.atomic)
         except CommitOutcomeUnknownError:
@@ -354,7 +349,7 @@ class RoutedCommitter(RoutedTables):
     ) -> RoutedOutcome:
         """A batch that writes no file into ``tables``, as one unit: an empty batch's marker-only commits, or a batch
         found committed when it was planned (``found_at_plan``: each table must still hold it)."""
-        actions: list[tuple[TableCommitter, CommitAction]] = []
+        actions: list[tuple[TableCommitter, BatchAction]] = []
         for name in tables:
             c = self.committer(name)
             table = c.load_patiently(call.batch_id)

@@ -30,7 +30,6 @@ from lakesink._pyiceberg import producers as seam_producers
 from lakesink.driver import catalogs
 from lakesink.driver.actions import completeness, dead_letters
 from lakesink.driver.actions.batch import BatchCall
-from lakesink.driver.actions.unit import UnitMember
 from lakesink.driver.committers.table import CommitHook, TableCommitter
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
@@ -46,8 +45,6 @@ from lakesink.executor.messages import RowChecks, WritePlan
 from lakesink.executor.routed_writer import (
     RoutedPlan,
     TableTemplate,
-    route_of,
-    routed_table,
 )
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.options import ATOMIC, Atomic, Routing, SinkOptions, TableName
@@ -56,7 +53,7 @@ from lakesink.table import dead_letters as dead_letter_schema
 from lakesink.table import names as file_names
 from lakesink.table import partitioning, storage
 from lakesink.table.markers import parse_last_batch_key
-from lakesink.table.routes import InvalidRoute, Route, case_collisions
+from lakesink.table.routes import InvalidRoute, Route, case_collisions, route_of, routed_table
 from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
@@ -455,8 +452,8 @@ class RoutedTables:
         """foreach_batch, after :meth:`plans` and before any file is written: the batch is decided as a whole. Each of
         its tables (and the dead-letter table) that holds it already must hold a faithful replay of the whole batch --
         another run of the query, the same source offsets, the same set of tables -- else the loud error the commit's
-        loop would raise (:class:`UnitMember`) is raised here, before any Spark job writes (a batch found in none of
-        them is new, and the loop decides again, table by table, at every attempt of its commit)."""
+        loop would raise (:meth:`BatchAction.as_unit_member`) is raised here, before any Spark job writes (a batch found
+        in none of them is new, and the loop decides again, table by table, at every attempt of its commit)."""
         query_id, batch_id = call.query_id, call.batch_id
         names = sorted(self._read_at_plan)
         held: list[tuple[TableCommitter, Table, Sequence[str] | None]] = [
@@ -469,7 +466,7 @@ class RoutedTables:
             if done is None or done.batch_id < batch_id:
                 continue
             action = c.action_without_files(table, replace(call, time=None), found_at_plan=True)
-            UnitMember(c, action, query_id=query_id, batch_id=batch_id, tables=tables).landed(table)
+            action.as_unit_member(tables).landed(table)
 
     def written_plans(self, query_id: str | None) -> dict[str, WritePlan]:
         """format("lakesink") at the start of a run: the plans of the tables of option ``namespace`` that this query

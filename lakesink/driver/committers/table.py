@@ -37,7 +37,7 @@ from lakesink.driver.actions.batch import (
     action_for,
     committed,
 )
-from lakesink.driver.loop import guard, swap, turns
+from lakesink.driver.loop import guard, swap
 from lakesink.driver.loop.action import CommitAction
 from lakesink.driver.loop.swap import RetriesExhausted, Status
 from lakesink.driver.report import metrics
@@ -67,7 +67,7 @@ log = logging.getLogger("lakesink")
 class CommitHook(Protocol):
     """Called by :class:`TableCommitter` after every batch commit: what an entry point hooks onto the commit
     (automatic maintenance, :func:`lakesink.maintenance.auto.auto_maintenance`). The driver knows no more of it;
-    the turns maintenance takes between batches are the commit loop's (lakesink.driver.loop.turns)."""
+    the turns maintenance takes between batches are the commit loop's (lakesink.driver.loop.swap.Turns)."""
 
     def after_commit(self) -> None:
         """Called after a batch committed a snapshot (not after a replay skipped, nor an empty batch)."""
@@ -135,7 +135,7 @@ class TableCommitter(SinkTable):
         the table the batch was planned for (else read from the task results); ``changes``: with option
         ``upsert-key``, every key the batch changes (lakesink.sink.upsert_batch.resolve), whose rows the snapshot
         replaces. Task results that all say the batch was found committed when it was planned (``replay_skipped``)
-        are :meth:`skip_replay`. The batch holds its table's turn (lakesink.driver.loop.turns) from its first read; the
+        are :meth:`skip_replay`. The batch holds its table's turn (lakesink.driver.loop.swap.Turns) from its first read; the
         post-commit hook (with option ``maintenance=auto``: a background maintenance run when one is due) runs after it.
         """
         with self._turn():
@@ -210,7 +210,7 @@ class TableCommitter(SinkTable):
 
     def _turn(self) -> AbstractContextManager[None]:
         """This batch's turn on its table, from its first read (the loop holds it too, for its actions)."""
-        return turns.of_identifier(self.catalog, self.options.table.identifier).batch()
+        return swap.turns_of_identifier(self.catalog, self.options.table.identifier).batch()
 
     def _commit_batch(
         self,
@@ -460,8 +460,9 @@ class TableCommitter(SinkTable):
         """The batch's outcome on this table, once settled (a table of its own, each table of a routed unit, a
         dead-letter table): its commit metrics reported where option ``metrics`` and the catalog say
         (lakesink.driver.report.metrics: after the commit, never raising) and its log line; returns ``outcome``."""
-        guard.clear_in_doubt(self.table_name, batch.query_id, self.options.sink_id, outcome.batch_id)  # the batch is settled now
         options = self.options
+        if catalogs.may_apply_late(self.catalog):  # the batch is settled now (only such a catalog leaves one in doubt)
+            guard.clear_in_doubt(self.table_name, batch.query_id, options.sink_id, outcome.batch_id)
         metrics.report(
             _commit_metrics(self, outcome, batch),
             catalog=self.catalog,

@@ -29,7 +29,7 @@ from lakesink.table.settings import CommitRetry, TableSettings
 
 
 class Turn(enum.Enum):
-    """How an action takes turns with the other commits of this process on its table (lakesink.driver.loop.turns)."""
+    """How an action takes turns with the other commits of this process on its table (lakesink.driver.loop.swap.Turns)."""
 
     BATCH = "batch"
     """A sink's batch: it holds its table for its whole loop; batches never wait for each other, and wait for at
@@ -55,10 +55,13 @@ class CommitAction(abc.ABC):
     """One commit of one table, prepared again on every attempt of the loop (see the module's docstring).
 
     ``table`` is the table as the caller read it (the first attempt of a batch uses it; a maintenance attempt reads
-    it again inside its turn). ``what`` names the commit in messages and logs.
+    it again inside its turn). ``what`` names the commit in messages and logs. A subclass may set the two itself
+    instead of calling ``__init__`` (a batch's actions do: lakesink.driver.actions.batch).
     """
 
     turn: Turn = Turn.MAINTENANCE
+    table: Table
+    what: str
 
     def __init__(self, table: Table, what: str):
         self.table = table

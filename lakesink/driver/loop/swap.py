@@ -11,18 +11,25 @@ each table through a fresh connection (:class:`Settled`): our commit id is there
 commit is there (committed by another writer), or neither (not landed). Only a
 certainly-not-landed commit is discarded; when the table cannot be read the outcome stays unknown and
 nothing is deleted.
+
+The loop's commits take turns on a table (:class:`Turns`): a batch holds its table for its whole loop, a maintenance
+attempt waits until no batch of the table in this process is committing.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
+from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
@@ -34,7 +41,6 @@ from lakesink._pyiceberg import threads as seam_threads
 from lakesink._pyiceberg.commit import PreparedCommit
 from lakesink._pyiceberg.refusals import refused_by_the_catalog
 from lakesink.driver import catalogs
-from lakesink.driver.loop import turns
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
 from lakesink.errors import (
     CatalogPermissionError,
@@ -264,6 +270,99 @@ def _reload(action: CommitAction) -> Table:
     )
 
 
+# --- turns: the turns the commits of this process take on one table ---------------------------------------------------
+#
+# A batch commit holds its table's turn (Turns.batch) for its whole loop; batches never wait for each other. A
+# maintenance attempt (read, prepare, swap) starts once no batch is inside (Turns.maintenance), and a batch arriving
+# during it waits for that one attempt: a stream committing every second cannot starve maintenance (measured: when it
+# only yielded, compaction never committed in 30 minutes; docs/maintenance.md). The loop enters them for every action
+# by its Turn; no caller wires a guard in. (Once driver/loop/turns.py, entered by every commit: folded, issue 31.)
+
+#: How long a maintenance commit attempt waits for its turn between the batches of its table.
+TURN_WAIT_S = 30.0
+
+
+class Turns:
+    """The turn-taking of this process's commits on one table (:func:`table_turns`)."""
+
+    def __init__(self) -> None:
+        self._state = threading.Condition()
+        self._batches = 0  # batch commits in progress
+        self.maintaining = False
+        """A maintenance attempt holds its turn."""
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        with self._state:
+            while self.maintaining:
+                self._state.wait()
+            self._batches += 1
+        try:
+            yield
+        finally:
+            with self._state:
+                self._batches -= 1
+                self._state.notify_all()
+
+    @contextmanager
+    def maintenance(self) -> Iterator[None]:
+        """Around one maintenance commit attempt: waits until no batch of the table is committing (at most
+        ``TURN_WAIT_S``; then it raises CommitFailedException, a conflict the loop retries later), and batches that
+        arrive during the attempt wait for it. A batch waits at most for one attempt (a read of the catalog's
+        pointer, the manifests of one snapshot, one swap); it always commits on top of it and never conflicts."""
+        deadline = time.monotonic() + TURN_WAIT_S
+        with self._state:
+            while self._batches:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CommitFailedException(
+                        f"batches of this table kept committing for {TURN_WAIT_S:.0f} s: maintenance yields and retries later"
+                    )
+                self._state.wait(left)
+            self.maintaining = True
+        try:
+            yield
+        finally:
+            with self._state:
+                self.maintaining = False
+                self._state.notify_all()
+
+
+_lock = threading.Lock()
+_turns: weakref.WeakValueDictionary[tuple[Any, ...], Turns] = weakref.WeakValueDictionary()
+"""The turns of the tables whose commits are under way: a commit holds its table's :class:`Turns` for as long as it
+takes part, and a table nobody commits has none (a routed stream may commit thousands of tables over a run)."""
+
+
+def turns_key(table: Table) -> tuple[Any, ...]:
+    """A table of this process, whichever catalog object read it: its catalog's name and properties, its name."""
+    return _turns_key(table.catalog, tuple(table.name()))
+
+
+def _turns_key(catalog: Catalog | None, identifier: tuple[str, ...]) -> tuple[Any, ...]:
+    props = tuple(sorted((str(k), str(v)) for k, v in catalog.properties.items())) if catalog is not None else ()
+    return (catalog.name if catalog is not None else None, props, tuple(identifier))
+
+
+def table_turns(table: Table) -> Turns:
+    """The process's one :class:`Turns` of ``table``."""
+    return _turns_for(turns_key(table))
+
+
+def turns_of_identifier(catalog: Catalog, identifier: tuple[str, ...]) -> Turns:
+    """The process's one :class:`Turns` of the table ``identifier`` of ``catalog`` (before reading it: a batch's
+    committer holds it from its first read)."""
+    return _turns_for(_turns_key(catalog, identifier))
+
+
+def _turns_for(k: tuple[Any, ...]) -> Turns:
+    with _lock:
+        found = _turns.get(k)
+        if found is None:
+            found = _turns[k] = Turns()
+        return found
+
+
 @contextmanager
 def _batch_turns(actions: Sequence[CommitAction]) -> Iterator[None]:
     """The turns of the tables of the unit's batch actions, held for the whole loop."""
@@ -289,10 +388,10 @@ def _maintenance_turns(actions: Sequence[CommitAction]) -> Callable[[], Abstract
     return guard
 
 
-def _turns_of(actions: Iterable[CommitAction]) -> list[turns.Turns]:
-    found: dict[tuple[object, ...], turns.Turns] = {}
+def _turns_of(actions: Iterable[CommitAction]) -> list[Turns]:
+    found: dict[tuple[object, ...], Turns] = {}
     for a in actions:
-        found.setdefault(turns.key(a.table), turns.of(a.table))
+        found.setdefault(turns_key(a.table), table_turns(a.table))
     return [found[k] for k in sorted(found, key=repr)]  # one order for every unit: no two units wait for each other
 
 
@@ -332,7 +431,7 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
 
     The first attempt swaps on the tables the actions were made with; later attempts read them again. Actions whose
     :class:`~lakesink.driver.loop.action.Turn` is MAINTENANCE read their tables again at every attempt, inside their turn
-    (:mod:`lakesink.driver.loop.turns`); BATCH actions hold their tables' turns for the whole loop.
+    (:class:`Turns`); BATCH actions hold their tables' turns for the whole loop.
 
     Returns one :class:`SwapResult` per action, in order. Raises :class:`RetriesExhausted` when every attempt
     conflicted (``partial``: the actions that landed meanwhile) and CommitOutcomeUnknownError when an outcome could
