@@ -47,7 +47,6 @@ from lakesink.executor.staged import STAGED_ROWS_FOLDER, StagedPlan, StagedTaskR
 from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, CdcTransactions, SinkOptions
 from lakesink.sink import staged_transactions, truncates
 from lakesink.sink.commit import commit_routed
-from lakesink.table import names as file_names
 from lakesink.table import storage
 from lakesink.table.routes import Route, parse_route, routing_value
 
@@ -194,16 +193,4 @@ class StagedCommitter:
     def _sweep(self, batch_id: int) -> None:
         """Batch ``batch_id`` is settled: its staged files and those of earlier batches (killed attempts included)
         are dead. Files of later batches (a zombie run ahead of this one) are kept."""
-        try:
-            listed = list(storage.list_files(self.plan.io, self.plan.root))
-        except Exception as e:
-            log.warning("lakesink: cannot list the staging area %s (%s); later commits retry", self.plan.root, type(e).__name__)
-            return
-        for f in listed:
-            found = file_names.batch_of(f.relative)
-            if found is None or found.batch_id > batch_id:
-                continue
-            try:
-                storage.delete_file(self.plan.io, f"{self.plan.root.rstrip('/')}/{f.relative}")
-            except Exception:
-                log.warning("lakesink: could not delete staged file %s; a later batch's commit collects it", f.relative)
+        storage.delete_settled_staging(self.plan.io, self.plan.root, batch_id)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -34,6 +34,8 @@ import fsspec
 from pyarrow.fs import FileSelector, FileType
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
+
+from lakesink.table import names
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +216,29 @@ def delete_failed_task_files(io: FileIO, locations: Iterable[str]) -> None:
             delete_file(io, location)
         except Exception:
             log.warning("lakesink: could not delete %s of a failed task; an orphan clean-up collects it", location)
+
+
+def delete_settled_staging(
+    io: FileIO, root: str, batch_id: int, describe: Callable[[BaseException], str] = lambda e: type(e).__name__
+) -> None:
+    """A staging area under ``root`` (files no table references: option payload's staged rows, a routed template's
+    files on a catalog that places its tables) once batch ``batch_id`` is settled: its files and those of earlier
+    batches (killed attempts included) are dead and deleted; files of later batches (a zombie run ahead) are kept.
+    Never raises: a listing or a deletion that fails is logged (``describe``: the error as it may be logged) and a
+    later commit's sweep collects it. Runs on the driver (lakesink.sink.staged, lakesink.driver.committers.routed)."""
+    try:
+        listed = list(list_files(io, root))
+    except Exception as e:
+        log.warning("lakesink: cannot list the staging area %s (%s); later commits retry", root, describe(e))
+        return
+    for f in listed:
+        found = names.batch_of(f.relative)
+        if found is None or found.batch_id > batch_id:
+            continue
+        try:
+            delete_file(io, f"{root.rstrip('/')}/{f.relative}")
+        except Exception:
+            log.warning("lakesink: could not delete staged file %s; a later batch's commit collects it", f.relative)
 
 
 def delete_directory(io: FileIO, location: str) -> None:

@@ -54,7 +54,6 @@ from lakesink.executor.routed_writer import (
 from lakesink.executor.row_digest import RowsDigest, combine, same_rows
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_AFTER_TABLE_CREATED, fault_point
-from lakesink.table import names as file_names
 from lakesink.table import storage
 from lakesink.table.keys import SUMMARY_BATCH_ROWS_DIGEST, SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
 from lakesink.table.markers import CommittedBatch, recorded_rows
@@ -498,19 +497,7 @@ class RoutedCommitter(RoutedTables):
         template = self.template()
         if template is None or not template.staged:
             return
-        try:
-            listed = list(storage.list_files(template.io, template.root))
-        except Exception as e:
-            log.warning("lakesink: cannot list the staging area %s (%s); later commits retry", template.root, self._redact(e))
-            return
-        for f in listed:
-            found = file_names.batch_of(f.relative)
-            if found is None or found.batch_id > batch_id:
-                continue
-            try:
-                storage.delete_file(template.io, f"{template.root.rstrip('/')}/{f.relative}")
-            except Exception:
-                log.warning("lakesink: could not delete staged file %s; a later batch's commit collects it", f.relative)
+        storage.delete_settled_staging(template.io, template.root, batch_id, self._redact)
 
     # --- abort ------------------------------------------------------------------------------------
 
