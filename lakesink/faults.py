@@ -14,8 +14,9 @@ on by writing a file named after the point into that folder; the file holds one 
     act at exactly that moment), then go on.
 
 Each action fires once: the process that fires it first claims the file by renaming it, so a
-retried task or a restarted query runs normally afterwards. Add ``:always`` (``raise:always``)
-to fire at every pass instead.
+retried task or a restarted query runs normally afterwards (the file is renamed
+``<point>.fired.<pid>``). Add ``:always`` (``raise:always``) to fire at every pass instead: the file stays, and each
+process that fires it leaves ``<point>.fired.<pid>`` beside it.
 """
 
 from __future__ import annotations
@@ -87,12 +88,14 @@ def _fire(folder: str, name: str) -> None:
     except FileNotFoundError:
         return
     kind, _, mode = action.partition(":")
+    fired = f"{path}.fired.{os.getpid()}"
     if mode != "always":
-        claimed = f"{path}.fired.{os.getpid()}"
         try:
-            os.rename(path, claimed)
+            os.rename(path, fired)  # claimed: it fires once
         except FileNotFoundError:
             return  # another process fired it first
+    else:
+        open(fired, "a").close()  # it stays armed; the marker tells a test that it fired (and in which process)
     if kind == "raise":
         raise InjectedFault(f"fault injected at {name}")
     if kind == "kill":

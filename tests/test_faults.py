@@ -82,7 +82,8 @@ def test_raise_always_fires_every_time(faults_dir: Path) -> None:
     for _ in range(3):
         with pytest.raises(InjectedFault, match=r"^fault injected at driver\.before-swap$"):
             fault_point(DRIVER_BEFORE_SWAP)
-    assert sorted(p.name for p in faults_dir.iterdir()) == [DRIVER_BEFORE_SWAP]
+    # still armed, and marked as fired by this process (a test can tell that it fired: Faults.fired)
+    assert sorted(p.name for p in faults_dir.iterdir()) == [DRIVER_BEFORE_SWAP, f"{DRIVER_BEFORE_SWAP}.fired.{os.getpid()}"]
 
 
 def test_unknown_action_names_the_valid_ones(faults_dir: Path) -> None:

@@ -181,24 +181,41 @@ def _job(props: dict[str, str], src: Path, ck: Path, entry: str) -> subprocess.C
     )
 
 
+def kill_every_task_attempt_here(spark: Any, faults: Any, props: dict[str, str], src: Path, ck: Path, entry: str) -> None:
+    """A SIGKILL of an executor (its Python worker) at ``executor.before-return``, after its files were written, that
+    fails the query: in this test's Spark session, whose tasks are retried (local[2,4]), the point is armed for every
+    attempt (``kill:always``), so the task fails for good as in a job process without task retries, without the
+    start-up of a JVM of its own. The fault is cleared afterwards."""
+    faults.arm(EXECUTOR_BEFORE_RETURN, "kill:always")
+    with pytest.raises(StreamingQueryException) as failed:  # every attempt's worker killed: the query fails
+        run_here(spark, props, src, ck, entry)
+    error = str(failed.value)
+    assert faults.fired(EXECUTOR_BEFORE_RETURN), error[-3000:]
+    assert "Python worker exited unexpectedly" in error or "crashed" in error, error[-3000:]
+    faults.clear()
+
+
 @pytest.mark.parametrize("entry", ["format", "foreach"])
 def test_sigkill_rounds_never_split_a_batch_from_its_dead_letters(spark: Any, tmp_path: Path, faults: Any, entry: str) -> None:
-    """A kill at an executor (its Python worker) fails the job's query (no task retry in the job's session), a kill in
-    the commit fails it too (foreach: the driver, the job; format: the commit worker, a Python worker of Spark's JVM).
-    The kills of a Python worker of the commit are run in this test's Spark session (its JVM lives on; its tasks would
-    be retried, the commit is not), as is the last run (the restart after the kills); the others in a job process."""
+    """A kill at an executor (its Python worker) fails the query (every attempt of its task killed), a kill in the
+    commit fails it too (foreach: the driver, the job; format: the commit worker, a Python worker of Spark's JVM).
+    The executor kills and the kills of a Python worker of the commit are run in this test's Spark session (its JVM
+    lives on), as is the last run (the restart after the kills); the kills of foreach's driver in a job process."""
     props = catalog(tmp_path, "c")
     create(props)
     src = Input(tmp_path / "input")
     ck = tmp_path / "ck"
     for point in (EXECUTOR_BEFORE_RETURN, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP):
         src.add(files=1)
-        faults.arm(point, "kill")
-        if entry == "format" and point != EXECUTOR_BEFORE_RETURN:
+        if point == EXECUTOR_BEFORE_RETURN:
+            kill_every_task_attempt_here(spark, faults, props, src.folder, ck, entry)
+        elif entry == "format":
+            faults.arm(point, "kill")
             with pytest.raises(StreamingQueryException) as failed:  # the commit worker died: the query fails
                 run_here(spark, props, src.folder, ck, entry)
             assert faults.fired(point), (point, str(failed.value)[-3000:])
         else:
+            faults.arm(point, "kill")
             run = _job(props, src.folder, ck, entry)
             assert run.returncode != 0 and faults.fired(point), (point, run.stdout[-2000:], run.stderr[-3000:])
         query_id = json.loads((ck / "metadata").read_text())["id"] if (ck / "metadata").exists() else None
@@ -218,8 +235,9 @@ def test_sigkill_rounds_with_two_routed_sinks_sharing_the_dead_letter_table(spar
     """Two routed sinks of one query (foreachBatch, sink ids ``even`` and ``odd``, tests/jobs/dead_letter_job.py
     ``two-routed``), each routing its part of the rows, both with the dead-letter table ``db.dead``: after every SIGKILL
     each routed batch is in all its tables (the dead-letter table included) or in none; at the end every good row once,
-    in its table, and every dead letter once, under the sink its row went to. The kills in a job process; the last run,
-    the restart after them, in this test's Spark session."""
+    in its table, and every dead letter once, under the sink its row went to. The kills of the driver in a job process;
+    the executor kill (every attempt of its task) and the last run, the restart after the kills, in this test's Spark
+    session."""
     props = catalog(tmp_path, "c")
     cat = catalogs.load(None, props)
     cat.create_namespace_if_not_exists("db")
@@ -229,10 +247,13 @@ def test_sigkill_rounds_with_two_routed_sinks_sharing_the_dead_letter_table(spar
     ck = tmp_path / "ck"
     for point in (EXECUTOR_BEFORE_RETURN, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_AFTER_SWAP):
         src.add(files=1)
-        faults.arm(point, "kill")
-        run = _job(props, src.folder, ck, "two-routed")
-        assert run.returncode != 0 and faults.fired(point), (point, run.stdout[-2000:], run.stderr[-3000:])
-        faults.clear()
+        if point == EXECUTOR_BEFORE_RETURN:
+            kill_every_task_attempt_here(spark, faults, props, src.folder, ck, "two-routed")
+        else:
+            faults.arm(point, "kill")
+            run = _job(props, src.folder, ck, "two-routed")
+            assert run.returncode != 0 and faults.fired(point), (point, run.stdout[-2000:], run.stderr[-3000:])
+            faults.clear()
         query_id = json.loads((ck / "metadata").read_text())["id"] if (ck / "metadata").exists() else None
         if query_id is not None:
             report = verify_query(catalogs.load(None, props), query_id)

@@ -1,7 +1,9 @@
 """Spark, both entry points, SIGKILLed and restarted, against the catalogs people run in production: the REST
 catalog server (lakana) with HTTP faults on its commits, and AWS Glue (moto's Glue, files in moto's S3, Glue's
 optimistic lock enforced by the fault proxy); and format("lakesink") with route-by against both REST servers (the
-routing soak, tests/soak/routing.py).
+routing soak, tests/soak/routing.py): the first run killed after it created a table, then a kill before the swap (the tests'
+server with transactions/commit) or between two tables' commits (lakana), after the swap, and a random-moment kill
+(the server with transactions/commit only).
 
 Each test runs the kill -9 soak (tests/soak/runner.py, docs/soak.md) with the catalog given to the job as its
 default catalog: the job is SIGKILLed while the commit is held right after the swap (the batch in the table, not in
@@ -145,10 +147,12 @@ def test_format_route_by_sigkill_rounds_against_a_rest_server_with_transactions(
 @pytest.mark.timeout(2400)
 def test_format_route_by_sigkill_rounds_against_the_rest_server(tmp_path: Path, rest_catalog_properties: dict[str, str]) -> None:
     """lakana (no transactions/commit, no client-chosen locations): table by table, a kill between two tables' commits
-    leaves a batch in some of them, the next run completes it; at the end every id once, in its table."""
-    from tests.soak.routing import DELAY, PAUSE
+    leaves a batch in some of them, the next run completes it; at the end every id once, in its table. The
+    random-moment kill (phase delay) is the test above's: each kill here costs a job run (a Spark start-up), and on
+    the server with transactions/commit a random kill has the stronger verdict (the batch in all its tables or none)."""
+    from tests.soak.routing import PAUSE
 
-    phases = f"{PAUSE}{DRIVER_BETWEEN_TABLE_COMMITS},{PAUSE}{DRIVER_AFTER_SWAP},{DELAY}"
+    phases = f"{PAUSE}{DRIVER_BETWEEN_TABLE_COMMITS},{PAUSE}{DRIVER_AFTER_SWAP}"
     first = f"{PAUSE}{DRIVER_AFTER_TABLE_CREATED}"
     result = run_routing_soak(
         tmp_path, rest_catalog_properties, phases=phases, first=first, namespaces="bronze,silver", per_table=True
