@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -81,7 +82,7 @@ DELAY = "delay"
 PAUSE = "pause-kill@"
 PHASES_ATOMIC = (DELAY, PAUSE + CATALOG_BETWEEN_TABLE_SWAPS, PAUSE + DRIVER_BEFORE_SWAP, PAUSE + DRIVER_AFTER_SWAP)
 PHASES_OFF = (DELAY, PAUSE + DRIVER_BETWEEN_TABLE_COMMITS, PAUSE + DRIVER_AFTER_SWAP)
-RUN_TIMEOUT_S = 300.0  # a guard against a hang, not a speed limit
+RUN_TIMEOUT_S = 300.0  # a guard against a hang (seconds of silence), not a speed limit
 
 
 def table_of(i: int, tables: tuple[str, ...] = TABLES) -> str:
@@ -263,15 +264,38 @@ class RoutingSoak:
 
     def wait(self, proc: subprocess.Popen[bytes], until: Any = None) -> bool:
         """Wait for the job to exit (True) or ``until()`` to hold (False)."""
-        deadline = time.monotonic() + RUN_TIMEOUT_S
+        # silence, not speed (as runner.Stall): the guard restarts whenever the job's log, checkpoint, warehouse or
+        # fault markers change, so a loaded machine's slow but working job is never taken for hung
+        seen, since, checked = self.progress_signature(), time.monotonic(), time.monotonic()
         while proc.poll() is None:
             if until is not None and until():
                 return False
-            if time.monotonic() > deadline:
-                self.kill(proc)
-                raise SoakFailed(f"the job made no progress for {RUN_TIMEOUT_S:.0f} s; see {self.log}")
+            now = time.monotonic()
+            if now - checked >= 1.0:
+                checked, signature = now, self.progress_signature()
+                if signature != seen:
+                    seen, since = signature, now
+                elif now - since > RUN_TIMEOUT_S:
+                    self.kill(proc)
+                    raise SoakFailed(f"the job made no progress for {RUN_TIMEOUT_S:.0f} s; see {self.log}")
             time.sleep(0.05)
         return True
+
+    def progress_signature(self) -> tuple[float, ...]:
+        """What changes while the job works: its log's size, and the count and newest modification of the files in
+        its checkpoint, home (catalog and warehouse) and faults folders."""
+        signature: list[float] = [self.log.stat().st_size if self.log.exists() else 0]
+        for folder in (self.ck, self.home, self.faults):
+            count, newest = 0, 0.0
+            for root, _, files in os.walk(folder):
+                for name in files:
+                    try:
+                        mtime = os.stat(os.path.join(root, name)).st_mtime
+                    except FileNotFoundError:
+                        continue
+                    count, newest = count + 1, max(newest, mtime)
+            signature += [count, newest]
+        return tuple(signature)
 
     def clear_faults(self) -> None:
         for p in self.faults.iterdir():
