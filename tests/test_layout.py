@@ -202,8 +202,8 @@ def test_no_module_level_import_cycle() -> None:
 LAZY_OK = {"lakesink", "lakesink.sink.source"}
 DRIVER_LIBRARIES = ("lakesink", "sqlalchemy", "tenacity", "pyiceberg.catalog")
 # the seam of one kind of catalog, imported inside a function once a catalog of that kind was found
-# (lakesink/_pyiceberg/kinds.py: asked from sys.modules): a process that commits to a SQL catalog never loads the REST
-# client, one that commits to a REST catalog never SQLAlchemy (tests/sink/test_worker_imports.py holds both); and
+# (lakesink._pyiceberg.commit.is_sql_catalog: asked from sys.modules): a process that commits to a SQL catalog never
+# loads the REST client, one that commits to a REST catalog never SQLAlchemy (tests/sink/test_worker_imports.py holds both); and
 # SQLAlchemy's event API where a SQL catalog's engine is guarded (its caller found a SQLAlchemy engine)
 LAZY_SEAMS = {"lakesink._pyiceberg.sql_catalog", "lakesink._pyiceberg.rest", "lakesink._pyiceberg.rest_metrics"}
 LAZY_SQLALCHEMY = {("lakesink.driver.catalogs", "guard_sql_catalog")}

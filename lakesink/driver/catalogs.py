@@ -37,7 +37,7 @@ from pyiceberg.utils.config import Config
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
 from lakesink._pyiceberg import io as seam_io
-from lakesink._pyiceberg.kinds import is_rest_catalog, is_sql_catalog, is_sql_engine
+from lakesink._pyiceberg.commit import is_rest_catalog, is_sql_catalog, is_sql_engine
 from lakesink.errors import PROGRAMMING_ERRORS, CatalogError, CatalogUnavailableError, LakesinkError, TableIdentityChangedError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import storage
@@ -362,7 +362,7 @@ def _open(name: str, props: Mapping[str, str]) -> Catalog:
         raise CatalogError(f"cannot load catalog {name!r}: {msg}") from None
     timeout = _request_timeout(name, props)
     if timeout and is_rest_catalog(catalog):  # pyiceberg sets no timeout
-        from lakesink._pyiceberg.rest import set_request_timeout  # the kind in use only (_pyiceberg/kinds.py)
+        from lakesink._pyiceberg.rest import set_request_timeout  # the kind in use only
 
         set_request_timeout(catalog, timeout)
     engine = getattr(catalog, "engine", None)  # pyiceberg's SqlCatalog (types "sql" and "in-memory")
@@ -371,8 +371,8 @@ def _open(name: str, props: Mapping[str, str]) -> Catalog:
     return catalog
 
 
-# The SQL catalog's seam (lakesink._pyiceberg.sql_catalog), imported for a SQL catalog only (_pyiceberg/kinds.py): a
-# process that reads and commits through a REST catalog never imports SQLAlchemy. None: not a SQL catalog.
+# The SQL catalog's seam (lakesink._pyiceberg.sql_catalog), imported for a SQL catalog only (is_sql_catalog): a process
+# that reads and commits through a REST catalog never imports SQLAlchemy. None: not a SQL catalog.
 
 
 def _reload_from_sql_catalog(catalog: Catalog, identifier: tuple[str, ...], known: Table) -> Table | None:
@@ -441,7 +441,7 @@ def guard_sql_catalog(engine: Engine, *, drop_connections: bool = True) -> None:
     a COMMIT refused by the lock therefore certainly did not land), the connection is closed and replaced
     (``drop_connections``), and the pool never takes back a connection with an open transaction.
     """
-    from sqlalchemy import event  # a SQL catalog's engine: SQLAlchemy is loaded (_pyiceberg/kinds.py)
+    from sqlalchemy import event  # called with a SQL catalog's engine: SQLAlchemy is loaded already
 
     if event.contains(engine, "reset", _no_open_transaction_in_pool):
         return

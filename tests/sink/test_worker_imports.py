@@ -1,5 +1,5 @@
 """What a Spark Python worker of the data source loads before it knows its step (lakesink.sink.source), and what a
-process that commits loads of the catalog kinds it does not use (lakesink._pyiceberg.kinds).
+process that commits loads of the catalog kinds it does not use (lakesink._pyiceberg.commit.is_sql_catalog).
 
 Spark pickles the registered class, ``LakesinkDataSource``, by reference into every Python worker it starts for the
 data source on the driver machine -- the one that only makes the instance from the options, the one that calls

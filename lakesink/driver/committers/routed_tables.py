@@ -26,7 +26,7 @@ from pyiceberg.table import Table, Transaction
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import producers as seam_producers
-from lakesink._pyiceberg.kinds import is_rest_catalog
+from lakesink._pyiceberg.commit import is_rest_catalog
 from lakesink.driver import catalogs
 from lakesink.driver.actions import completeness, dead_letters
 from lakesink.driver.actions.batch import BatchCall

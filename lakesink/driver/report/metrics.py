@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lakesink._pyiceberg.kinds import is_rest_catalog
+from lakesink._pyiceberg.commit import is_rest_catalog
 from lakesink.driver.report import prometheus
 from lakesink.options import MetricsExport
 from lakesink.redaction import redact_text
@@ -216,7 +216,7 @@ def report(m: CommitMetrics, *, catalog: Any, identifier: tuple[str, ...], expor
     # only a REST catalog can take a commit report: the seam (and the report's body) only for one
     if not is_rest_catalog(catalog):
         return
-    from lakesink._pyiceberg.rest_metrics import post_report, reports_metrics  # the kind in use only (_pyiceberg/kinds.py)
+    from lakesink._pyiceberg.rest_metrics import post_report, reports_metrics  # the kind in use only
 
     body = commit_report(m) if reports_metrics(catalog) else None
     if body is not None:
