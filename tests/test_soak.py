@@ -52,8 +52,10 @@ ENTRIES = ("format", "foreach")
 
 @functools.cache
 def _shared_seed() -> int:
-    """One seed per test session, so that the two tests that share the points out draw from the same one."""
-    return run_seed("soak: the random-moment kill and the kill before the swap shared out between the entry points")
+    """One seed per test session, so that the two tests that share the points out draw from the same one; it is also
+    their soaks' seed (the delay, the commit kill's linger; foreach_batch's soak: the seed + 1), so that the one seed
+    printed replays either test whole."""
+    return run_seed("soak: the kills shared out between the entry points, the delay and the commit kill's linger")
 
 
 def shared_out(entry: str, seed: int | None = None) -> str:
@@ -102,7 +104,7 @@ def test_process_kills_in_the_first_offset_write_at_random_moment_inside_the_com
     second = shared_out("format")
     seed = run_soak(
         tmp_path,
-        "--seed", str(run_seed("soak: the first offset write, the delay and the commit kill's linger")),
+        "--seed", str(_shared_seed()),
         "--rounds", "3",
         "--schedule", f"{OFFSET_KILL},{second},{PAUSE_KILL}",
         "--max-delay", "3",
@@ -173,7 +175,7 @@ def test_process_kills_with_every_batch_written_on_the_driver(tmp_path: Path) ->
     first = shared_out("foreach")
     seed = run_soak(
         tmp_path,
-        "--seed", str(run_seed("soak: the delay and the commit kill's linger")),
+        "--seed", str(_shared_seed() + 1),
         "--rounds", "2",
         "--entry", "foreach",
         "--writer", "driver",
