@@ -3,11 +3,19 @@
 Each test runs the soak runner in this process; the runner starts the streaming job as a child
 process (one Spark session at a time), kills and restarts it, and checks the table through DuckDB.
 The long version (many random rounds, several seeds) is run with its own command.
+
+Each kill costs a run of the job (a JVM and its Python workers: about 35 s of CPU, measured), so a fault point is
+hit once per run of this file where its recovery is the same code for both entry points: the random-moment kill
+and the kill before the swap are shared out between format("lakesink") and foreach_batch by a seed of the run
+(:func:`shared_out`, printed; LAKESINK_TEST_SEED replays it); the kill after the swap -- the worst moment, whose
+replay each entry point's own commit process must skip -- runs in both.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -37,6 +45,31 @@ TEST_TIMEOUT_S = 1200
 
 SMALL = ["--initial-files", "8", "--ahead", "8", "--rows-per-file", "50", "--run-timeout", "150"]
 
+BEFORE_SWAP = f"{COMMIT_KILL}@driver.before-swap"
+SHARED = (DELAY, BEFORE_SWAP)  # hit once per run, by one entry point or the other
+ENTRIES = ("format", "foreach")
+
+
+@functools.cache
+def _shared_seed() -> int:
+    """One seed per test session, so that the two tests that share the points out draw from the same one; it is also
+    their soaks' seed (the delay, the commit kill's linger; foreach_batch's soak: the seed + 1), so that the one seed
+    printed replays either test whole."""
+    return run_seed("soak: the kills shared out between the entry points, the delay and the commit kill's linger")
+
+
+def shared_out(entry: str, seed: int | None = None) -> str:
+    """The one of :data:`SHARED` that ``entry``'s test runs (the other entry point's test runs the other one)."""
+    order = list(SHARED)
+    random.Random(_shared_seed() if seed is None else seed).shuffle(order)
+    return order[ENTRIES.index(entry)]
+
+
+def test_the_entry_points_share_the_random_kill_and_the_kill_before_the_swap_out() -> None:
+    """Whatever the seed, each of the two is run once over the entry points; either may get either."""
+    got = {tuple(shared_out(e, seed) for e in ENTRIES) for seed in range(40)}
+    assert got == {SHARED, SHARED[::-1]}
+
 
 def run_soak(tmp_path: Path, *args: str) -> dict[str, Any]:
     out = tmp_path / "soak.json"
@@ -57,26 +90,29 @@ def kills_by_phase(kills: dict[str, int]) -> dict[str, int]:
 def test_process_kills_in_the_first_offset_write_at_random_moment_inside_the_commit_and_after_the_swap(
     tmp_path: Path,
 ) -> None:
-    """SIGKILL of the whole job, four rounds of one soak (one stream, one checkpoint):
+    """SIGKILL of the whole job, three rounds of one soak (one stream, one checkpoint):
 
     1. while Spark writes ``offsets/0`` (both temp files there, neither renamed): Spark 4.3 refuses every restart
        (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY ... offsets should be empty on batch 0). The harness recognises the
        refusal, applies lakesink checkpoint-clean, counts it, and the stream goes on: every id once. Before the
        recovery existed, every restart failed and the soak aborted ("the job failed 3 times without a fault that
        explains it"), as a fresh clone's make test once did;
-    2. after a random delay (0-3 s after the query started; the seed is printed, LAKESINK_TEST_SEED replays it);
-    3. with the commit worker killed before the swap (and the whole job after a random linger);
-    4. with the commit paused after the swap: the batch in the table, not in Spark's commit log."""
+    2. after a random delay (0-3 s after the query started; the seed is printed, LAKESINK_TEST_SEED replays it), or
+       with the commit worker killed before the swap (and the whole job after a random linger): the one of the two
+       that :func:`shared_out` gives format("lakesink") this run (foreach_batch gets the other);
+    3. with the commit paused after the swap: the batch in the table, not in Spark's commit log."""
+    second = shared_out("format")
     seed = run_soak(
         tmp_path,
-        "--seed", str(run_seed("soak: the first offset write, the delay and the commit kill's linger")),
-        "--rounds", "4",
-        "--schedule", f"{OFFSET_KILL},{DELAY},{COMMIT_KILL}@driver.before-swap,{PAUSE_KILL}",
+        "--seed", str(_shared_seed()),
+        "--rounds", "3",
+        "--schedule", f"{OFFSET_KILL},{second},{PAUSE_KILL}",
         "--max-delay", "3",
     )  # fmt: skip
     assert seed["entry"] == "format"
-    assert seed["kills_by_phase"] == kills_by_phase({DELAY: 1, COMMIT_KILL: 1, PAUSE_KILL: 1, OFFSET_KILL: 1})
-    offset_round, delay_round, _, pause_round = seed["round_log"]
+    assert seed["kills_by_phase"] == kills_by_phase({second.partition("@")[0]: 1, PAUSE_KILL: 1, OFFSET_KILL: 1})
+    offset_round, second_round, pause_round = seed["round_log"]
+    delay_round = second_round if second == DELAY else None
     assert offset_round["run"] == 1 and offset_round["landed"] == START_UP  # killed before its first batch began
     # the first run that reached Spark's start-up check after it was refused and recovered: run 2, or run 3 when the
     # delay killed run 2 in its start-up too (seen). The delay may land in a later first offset-log write as well:
@@ -86,7 +122,7 @@ def test_process_kills_in_the_first_offset_write_at_random_moment_inside_the_com
     first_recovery = seed["checkpoint_recoveries"][0]
     assert first_recovery["run"] in (2, 3), first_recovery
     if first_recovery["run"] == 3:
-        assert delay_round["run"] == 2 and delay_round["landed"] == START_UP, delay_round
+        assert delay_round is not None and delay_round["run"] == 2 and delay_round["landed"] == START_UP, delay_round
     for recovery in seed["checkpoint_recoveries"]:
         assert recovery["failed"] == [] and recovery["still_blocking"] == [], recovery
     # exactly the two files of the interrupted write of offsets/0: the temp file and its checksum, one uuid
@@ -94,10 +130,10 @@ def test_process_kills_in_the_first_offset_write_at_random_moment_inside_the_com
     temp, crc = sorted(first_recovery["removed"], key=len)
     assert re.fullmatch(rf"offsets/\.0\.({uuid})\.tmp", temp), first_recovery
     assert crc == f"offsets/.{temp.split('/')[1]}.crc", first_recovery
-    # four kills, four restarts from the same checkpoint (plus a restart for any run that finished its input before
+    # three kills, three restarts from the same checkpoint (plus a restart for any run that finished its input before
     # its round's fault hit it; that fault then waits for the next run), plus one for every restart Spark refused
     late = sum(r["restarts_before_delivery"] for r in seed["round_log"])
-    assert seed["runs"] == 5 + late + seed["spark_refused_restarts"]
+    assert seed["runs"] == 4 + late + seed["spark_refused_restarts"]
     # the pause at driver.after-swap always leaves a batch in the table that Spark's commit log lacks:
     # the next run replays it and lakesink skips it (checked by the runner: logged, no new file)
     assert pause_round["landed"] == IN_TABLE_NOT_COMMIT_LOG
@@ -132,21 +168,22 @@ def test_executor_kills_and_exceptions_are_retried_without_a_restart(tmp_path: P
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_process_kills_with_every_batch_written_on_the_driver(tmp_path: Path) -> None:
     """foreach_batch's small-batch path (writer="driver": the rows collected and written in the driver process),
-    SIGKILLed after a delay, just before the swap (its files written, nothing committed) and after the swap.
+    SIGKILLed after a delay or just before the swap (its files written, nothing committed) -- the one of the two
+    that :func:`shared_out` gives foreach_batch this run (format("lakesink") gets the other) -- and after the swap.
     Each once (more random kills of this path: ``make soak``, whose foreach seeds write their small batches on the
     driver too, docs/soak.md)."""
+    first = shared_out("foreach")
     seed = run_soak(
         tmp_path,
-        "--seed", str(run_seed("soak: the delay and the commit kill's linger")),
-        "--rounds", "3",
+        "--seed", str(_shared_seed() + 1),
+        "--rounds", "2",
         "--entry", "foreach",
         "--writer", "driver",
-        "--schedule", f"{DELAY},{COMMIT_KILL}@driver.before-swap,{PAUSE_KILL}",
+        "--schedule", f"{first},{PAUSE_KILL}",
         "--max-delay", "3",
     )  # fmt: skip
     assert seed["entry"] == "foreach"
-    assert seed["kills_by_phase"][DELAY] == 1 and seed["kills_by_phase"][COMMIT_KILL] == 1
-    assert seed["kills_by_phase"][PAUSE_KILL] == 1
+    assert seed["kills_by_phase"] == kills_by_phase({first.partition("@")[0]: 1, PAUSE_KILL: 1})
     assert seed["kills_landed"][IN_TABLE_NOT_COMMIT_LOG] >= 1  # the pause after the swap: replayed, skipped
     assert seed["replays"]["already_in_table_skipped"] >= 1
     collect_orphans(seed)

@@ -18,7 +18,10 @@ against pyiceberg 0.12.
   :mod:`~lakesink._pyiceberg.sql_catalog` (the SQL catalog's rows: swap, reload, pointers),
   :mod:`~lakesink._pyiceberg.rest` (the REST catalog's HTTP session: transactions/commit, request timeout,
   Idempotency-Key), :mod:`~lakesink._pyiceberg.refusals` (which errors are the catalog's definite "no") and
-  :mod:`~lakesink._pyiceberg.threads` (the threads a unit of tables is prepared on).
+  :mod:`~lakesink._pyiceberg.threads` (the threads a unit of tables is prepared on). ``commit`` also tells a SQL
+  catalog from a REST one without importing either (``is_sql_catalog``, ``is_rest_catalog``), so that a process
+  that commits imports the seam of the kind it uses only (``sql_catalog``, ``rest``, ``rest_metrics``: where used,
+  tests/test_layout.py ``LAZY_SEAMS``).
 
 This ``__init__`` imports nothing: an executor importing the io part never loads the driver side (nor SQLAlchemy).
 A module imports the part it uses as ``seam``; a driver module that uses several imports the io part as ``seam``

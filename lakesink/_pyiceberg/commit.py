@@ -3,7 +3,8 @@
 A :class:`PreparedCommit` (made by :mod:`lakesink._pyiceberg.producers` or :mod:`lakesink._pyiceberg.maintenance`)
 is swapped by exactly one compare-and-swap (:meth:`PreparedCommit.commit`), and a unit of commits of several tables
 by :func:`commit_together`: on a SQL catalog through :mod:`lakesink._pyiceberg.sql_catalog`, on a REST catalog
-through :mod:`lakesink._pyiceberg.rest`, else through pyiceberg's ``Table._do_commit``. pyiceberg's own commit loop
+through :mod:`lakesink._pyiceberg.rest`, else through pyiceberg's ``Table._do_commit``. Which kind a catalog is, is
+asked here without importing either kind (:func:`is_sql_catalog`, :func:`is_rest_catalog`). pyiceberg's own commit loop
 retries a conflicting snapshot by rebasing it without asking us (which would skip lakesink's replay re-check, the way
 iceberg#14425 duplicated data): every commit here is one swap, and lakesink's one loop (:mod:`lakesink.driver.loop.swap`)
 decides about retries. Runs on the driver only. Tested against pyiceberg 0.12.
@@ -11,21 +12,58 @@ decides about retries. Runs on the driver only. Tested against pyiceberg 0.12.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyiceberg.catalog import TOKEN, Catalog
-from pyiceberg.catalog.rest import RestCatalog
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 
-from lakesink._pyiceberg.rest import _commit_transaction_on_rest_catalog, _rest_lists_transactions, idempotency_key
-from lakesink._pyiceberg.sql_catalog import _sql_swap_applies, _swap_on_sql_catalog, _swap_tables_on_sql_catalog
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 from lakesink.table import storage
+
+if TYPE_CHECKING:
+    from typing import TypeGuard
+
+    from pyiceberg.catalog.rest import RestCatalog
+    from pyiceberg.catalog.sql import SqlCatalog
+    from sqlalchemy.engine import Engine
+
+# --- which kind of catalog: asked without importing the kinds that are not in use --------------------------------
+#
+# pyiceberg imports a catalog's implementation when a catalog of its type is made (load_catalog imports
+# pyiceberg.catalog.sql for type "sql", pyiceberg.catalog.rest for "rest"): an object of a kind exists only once the
+# kind's module is loaded, so the same isinstance (subclasses included) is asked of the class in sys.modules. Asked
+# with classes imported at module level, every process that commits -- Spark's driver-side Python workers of
+# format("lakesink"), started again with each JVM (every restart of a query, every Spark job of the tests), the
+# driver of foreach_batch -- imported both kinds, SQLAlchemy and the REST client (requests, its models), for the one
+# it does not use: 0.2-0.6 s of CPU per process, measured under load. The seam of a kind (sql_catalog, rest,
+# rest_metrics) is imported where it is used, once the kind was found (tests/test_layout.py LAZY_SEAMS;
+# tests/sink/test_worker_imports.py holds both directions).
+
+
+def _instance_of(obj: object, module: str, name: str) -> bool:
+    loaded: Any = sys.modules.get(module)
+    return loaded is not None and isinstance(obj, getattr(loaded, name))
+
+
+def is_sql_catalog(catalog: object) -> TypeGuard[SqlCatalog]:
+    """``isinstance(catalog, pyiceberg.catalog.sql.SqlCatalog)`` (types ``sql`` and ``in-memory``), without importing it."""
+    return _instance_of(catalog, "pyiceberg.catalog.sql", "SqlCatalog")
+
+
+def is_rest_catalog(catalog: object) -> TypeGuard[RestCatalog]:
+    """``isinstance(catalog, pyiceberg.catalog.rest.RestCatalog)``, without importing it."""
+    return _instance_of(catalog, "pyiceberg.catalog.rest", "RestCatalog")
+
+
+def is_sql_engine(engine: object) -> TypeGuard[Engine]:
+    """``isinstance(engine, sqlalchemy.engine.Engine)`` (a SQL catalog's ``engine``), without importing SQLAlchemy."""
+    return _instance_of(engine, "sqlalchemy.engine", "Engine")
 
 
 @dataclass
@@ -74,7 +112,7 @@ class PreparedCommit:
             self.swapped_on_base = True
         else:
             self.generic = True
-            with idempotency_key(self.table.catalog):  # one key per attempt, where the REST server supports them
+            with _idempotency_key(self.table.catalog):  # one key per attempt, where the REST server supports them
                 self.table._do_commit(updates=self._updates, requirements=self._requirements)
         fault_point(CATALOG_FAILS_AFTER_APPLY)
 
@@ -97,16 +135,66 @@ class PreparedCommit:
             storage.delete_file(self.table.io, path)
 
 
+# The seam functions of one catalog kind, their module imported when a catalog of the kind is in use (above):
+# module-level names, so that a test can replace one at this seam.
+
+
+def _sql_swap_applies(table: Table) -> bool:
+    """:func:`lakesink._pyiceberg.sql_catalog._sql_swap_applies`, its module imported for a SQL catalog only."""
+    if not is_sql_catalog(table.catalog):
+        return False
+    from lakesink._pyiceberg.sql_catalog import _sql_swap_applies as applies  # the kind in use only
+
+    return applies(table)
+
+
+def _rest_lists_transactions(catalog: Catalog) -> bool:
+    """:func:`lakesink._pyiceberg.rest._rest_lists_transactions`, its module imported for a REST catalog only."""
+    if not is_rest_catalog(catalog):
+        return False
+    from lakesink._pyiceberg.rest import _rest_lists_transactions as lists  # the kind in use only
+
+    return lists(catalog)
+
+
+def _idempotency_key(catalog: Catalog) -> AbstractContextManager[str | None]:
+    """:func:`lakesink._pyiceberg.rest.idempotency_key` for a REST catalog (its module imported then); else no key."""
+    if not is_rest_catalog(catalog):
+        return nullcontext()
+    from lakesink._pyiceberg.rest import idempotency_key  # the kind in use only
+
+    return idempotency_key(catalog)
+
+
+def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Sequence[Any]) -> bool:
+    """:func:`lakesink._pyiceberg.sql_catalog._swap_on_sql_catalog`."""
+    from lakesink._pyiceberg.sql_catalog import _swap_on_sql_catalog as swap  # the kind in use only
+
+    return swap(table, updates, requirements)
+
+
+def _swap_tables_on_sql_catalog(prepared: Sequence[PreparedCommit]) -> None:
+    """:func:`lakesink._pyiceberg.sql_catalog._swap_tables_on_sql_catalog`."""
+    from lakesink._pyiceberg.sql_catalog import _swap_tables_on_sql_catalog as swap  # the kind in use only
+
+    swap(prepared)
+
+
+def _commit_transaction_on_rest_catalog(prepared: Sequence[PreparedCommit]) -> None:
+    """:func:`lakesink._pyiceberg.rest._commit_transaction_on_rest_catalog`."""
+    from lakesink._pyiceberg.rest import _commit_transaction_on_rest_catalog as commit  # the kind in use only
+
+    commit(prepared)
+
+
 def catalog_commits_atomically(catalog: Catalog | None) -> bool:
     """Whether ``catalog`` can commit several of its tables as one unit (:func:`commit_together`): a pyiceberg SQL
     catalog on a database that reports the rows an UPDATE matched (one database transaction), or a REST catalog whose
     ``/v1/config`` lists ``POST /v1/{prefix}/transactions/commit`` (one request the server applies to every table or
     none). For ``atomic=required``: say at start, naming the catalog, when a catalog cannot."""
-    if isinstance(catalog, SqlCatalog):
+    if is_sql_catalog(catalog):
         return bool(catalog.engine.dialect.supports_sane_rowcount)
-    if isinstance(catalog, RestCatalog):
-        return _rest_lists_transactions(catalog)
-    return False
+    return catalog is not None and _rest_lists_transactions(catalog)
 
 
 def commits_atomically(prepared: Sequence[PreparedCommit]) -> bool:
@@ -120,18 +208,18 @@ def commits_atomically(prepared: Sequence[PreparedCommit]) -> bool:
     if len(prepared) < 2:
         return True
     first = prepared[0].table.catalog
-    if isinstance(first, RestCatalog):
+    if is_rest_catalog(first):
         return _rest_lists_transactions(first) and all(
-            isinstance(p.table.catalog, RestCatalog)
+            is_rest_catalog(p.table.catalog)
             and (p.table.catalog is first or p.table.catalog.properties == first.properties)
             and not p.table.config.get(TOKEN)
             for p in prepared
         )
-    if not isinstance(first, SqlCatalog):
+    if not is_sql_catalog(first):
         return False
     return all(
         _sql_swap_applies(p.table)
-        and isinstance(p.table.catalog, SqlCatalog)
+        and is_sql_catalog(p.table.catalog)
         and p.table.catalog.name == first.name
         and str(p.table.catalog.engine.url) == str(first.engine.url)
         for p in prepared
@@ -157,7 +245,7 @@ def commit_together(prepared: Sequence[PreparedCommit]) -> None:
             "that lists POST /v1/{prefix}/transactions/commit)"
         )
     fault_point(CATALOG_FAILS_BEFORE_APPLY)
-    if isinstance(prepared[0].table.catalog, RestCatalog):
+    if is_rest_catalog(prepared[0].table.catalog):
         _commit_transaction_on_rest_catalog(prepared)
     else:
         _swap_tables_on_sql_catalog(prepared)

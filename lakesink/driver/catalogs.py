@@ -27,22 +27,17 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyiceberg.catalog import Catalog, load_catalog
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.typedef import Identifier
 from pyiceberg.utils.config import Config
-from sqlalchemy import event
-from sqlalchemy.engine import Engine, ExceptionContext
-from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
 from lakesink._pyiceberg import io as seam_io
-from lakesink._pyiceberg import rest as seam_rest
-from lakesink._pyiceberg import sql_catalog as seam_sql
+from lakesink._pyiceberg.commit import is_rest_catalog, is_sql_catalog, is_sql_engine
 from lakesink.errors import PROGRAMMING_ERRORS, CatalogError, CatalogUnavailableError, LakesinkError, TableIdentityChangedError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import storage
@@ -54,6 +49,10 @@ from lakesink.table.keys import (
     REQUEST_TIMEOUT,
     REQUEST_TIMEOUT_DEFAULT,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine, ExceptionContext
+    from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 
 log = logging.getLogger("lakesink")
 
@@ -155,7 +154,7 @@ def load_table(catalog: Catalog, identifier: tuple[str, ...]) -> Table:
     key = (id(catalog), tuple(identifier))
     with _tables_lock:
         known = _tables.get(key)
-    table = seam_sql.reload_from_sql_catalog(catalog, tuple(identifier), known) if known is not None else None
+    table = _reload_from_sql_catalog(catalog, tuple(identifier), known) if known is not None else None
     if table is None:
         table = catalog.load_table(identifier)
     remember(table)
@@ -166,7 +165,7 @@ def load_tables(catalog: Catalog, identifiers: Sequence[tuple[str, ...]]) -> dic
     """:func:`load_table` of several tables: on a SQL catalog their pointers are read in one query and a table whose
     pointer has not moved since this process read it is not parsed again; tables that do not exist are absent.
     Other catalogs: one :func:`load_table` each."""
-    pointers = seam_sql.pointers_on_sql_catalog(catalog, identifiers)
+    pointers = _pointers_on_sql_catalog(catalog, identifiers)
     out: dict[tuple[str, ...], Table] = {}
     for ident in identifiers:
         ident = tuple(ident)
@@ -212,7 +211,7 @@ def live_table_sharing_folder(table: Table, unreferenced: Sequence[str]) -> tupl
     own_uuid = str(table.metadata.table_uuid)
     folder = storage.key(posixpath.dirname(table.metadata_location))
     own = tuple(table.name())
-    rows = seam_sql.all_pointers_on_sql_catalog(catalog)
+    rows = _all_pointers_on_sql_catalog(catalog)
     if rows is not None:  # a SQL catalog: its rows say where every table's current metadata is, in one query
         for ident, location in rows:
             if ident != own and storage.key(posixpath.dirname(location)) == folder:
@@ -244,7 +243,7 @@ def live_tables_writing_under(table: Table, root: str) -> Iterator[tuple[str, st
     them are not parsed again). Errors of the catalog are raised (live cannot be told from dropped then)."""
     catalog = table.catalog
     own = tuple(table.name())
-    rows = seam_sql.all_pointers_on_sql_catalog(catalog)
+    rows = _all_pointers_on_sql_catalog(catalog)
     others: Iterator[tuple[tuple[str, ...], Table]] = (
         iter(load_tables(catalog, [ident for ident, _ in rows if ident != own]).items())
         if rows is not None
@@ -328,7 +327,7 @@ def may_apply_late(catalog: Catalog) -> bool:
     COMMIT the server received, and a read through another connection can come before the server finishes. Only
     SQLite answers for sure: its COMMIT runs in this process and, when it fails, the transaction is rolled back
     before the error reaches lakesink."""
-    if isinstance(catalog, SqlCatalog):
+    if is_sql_catalog(catalog):
         return catalog.engine.dialect.name != "sqlite"
     return True
 
@@ -362,12 +361,42 @@ def _open(name: str, props: Mapping[str, str]) -> Catalog:
         msg = redact_secrets_in(f"{type(e).__name__}: {e}", props)
         raise CatalogError(f"cannot load catalog {name!r}: {msg}") from None
     timeout = _request_timeout(name, props)
-    if timeout:
-        seam_rest.set_request_timeout(catalog, timeout)  # REST catalogs only: pyiceberg sets no timeout
+    if timeout and is_rest_catalog(catalog):  # pyiceberg sets no timeout
+        from lakesink._pyiceberg.rest import set_request_timeout  # the kind in use only
+
+        set_request_timeout(catalog, timeout)
     engine = getattr(catalog, "engine", None)  # pyiceberg's SqlCatalog (types "sql" and "in-memory")
-    if isinstance(engine, Engine):
+    if is_sql_engine(engine):
         guard_sql_catalog(engine, drop_connections=not _process_local(props))
     return catalog
+
+
+# The SQL catalog's seam (lakesink._pyiceberg.sql_catalog), imported for a SQL catalog only (is_sql_catalog): a process
+# that reads and commits through a REST catalog never imports SQLAlchemy. None: not a SQL catalog.
+
+
+def _reload_from_sql_catalog(catalog: Catalog, identifier: tuple[str, ...], known: Table) -> Table | None:
+    if not is_sql_catalog(catalog):
+        return None
+    from lakesink._pyiceberg.sql_catalog import reload_from_sql_catalog  # the kind in use only
+
+    return reload_from_sql_catalog(catalog, identifier, known)
+
+
+def _pointers_on_sql_catalog(catalog: Catalog, identifiers: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], str] | None:
+    if not is_sql_catalog(catalog):
+        return None
+    from lakesink._pyiceberg.sql_catalog import pointers_on_sql_catalog  # the kind in use only
+
+    return pointers_on_sql_catalog(catalog, identifiers)
+
+
+def _all_pointers_on_sql_catalog(catalog: Catalog) -> list[tuple[tuple[str, ...], str]] | None:
+    if not is_sql_catalog(catalog):
+        return None
+    from lakesink._pyiceberg.sql_catalog import all_pointers_on_sql_catalog  # the kind in use only
+
+    return all_pointers_on_sql_catalog(catalog)
 
 
 def _request_timeout(name: str, props: Mapping[str, str]) -> float:
@@ -412,6 +441,8 @@ def guard_sql_catalog(engine: Engine, *, drop_connections: bool = True) -> None:
     a COMMIT refused by the lock therefore certainly did not land), the connection is closed and replaced
     (``drop_connections``), and the pool never takes back a connection with an open transaction.
     """
+    from sqlalchemy import event  # called with a SQL catalog's engine: SQLAlchemy is loaded already
+
     if event.contains(engine, "reset", _no_open_transaction_in_pool):
         return
     event.listen(engine, "handle_error", _roll_back_and_drop if drop_connections else _roll_back)

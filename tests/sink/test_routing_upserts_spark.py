@@ -9,7 +9,9 @@ table is ``t<eid mod 3>``, tests/jobs/upsert_job.py): every table must equal its
 
 from __future__ import annotations
 
+import functools
 import json
+import random
 import signal
 import subprocess
 from collections.abc import Sequence
@@ -27,6 +29,7 @@ from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from tests.jobs.upsert_job import EVENTS_DDL, ROUTES, route, routed_upsert_sink
 from tests.sink.test_upserts_spark import Event, change_stream, model, rows_of, run_here, write_events
+from tests.soak.seed import run_seed
 from tests.support.helpers import (
     assert_snapshot_invariants,
     data_files_on_disk,
@@ -101,6 +104,52 @@ def test_a_routed_change_stream_equals_the_model_across_a_failure_at_the_unit_co
     assert [s["batch_id"] for s in lakesink_snapshots(t0)] == [0, 1, 2, 3]
 
 
+# the kill points of the batch's unit commit, in the order a commit passes them
+UNIT_POINTS = (DRIVER_BEFORE_SWAP, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP)
+FOREACH_WRITERS = ("foreach", "foreach-spark")
+
+
+@functools.cache
+def _crosswise_seed() -> int:
+    """One seed per test session (both foreach writers' tests draw from it, so that between them every point is hit):
+    new each run, printed; LAKESINK_TEST_SEED replays it (tests/soak/seed.py)."""
+    return run_seed("routed upserts: the kill points shared out between the foreach writers")
+
+
+def kill_points(entry: str) -> tuple[str, ...]:
+    """The points where :func:`test_sigkill_at_the_unit_commit_then_restart_equals_the_model` kills ``entry``'s commit.
+
+    format: all three (its kills cost no JVM: the commit worker dies, the test's Spark session lives on). The two
+    foreach writers (a JVM start per kill, the job's driver killed) commit through the same driver code and differ in
+    how the batch's files were written: after the swap in both (the worst moment: each writer's replay must be
+    skipped); before the swap and inside the unit's database transaction shared out between them crosswise, by the
+    session's seed, so that each point is hit once per run and each (writer, point) in every other run on average,
+    instead of each point twice per run (repetitions: ``make soak-routing``'s --upsert soak, docs/soak.md)."""
+    return points_of(entry, _crosswise_seed() if entry in FOREACH_WRITERS else 0)
+
+
+def points_of(entry: str, seed: int) -> tuple[str, ...]:
+    """:func:`kill_points` with the seed ``seed``."""
+    if entry not in FOREACH_WRITERS:
+        return UNIT_POINTS
+    shared = [DRIVER_BEFORE_SWAP, CATALOG_BETWEEN_TABLE_SWAPS]
+    random.Random(seed).shuffle(shared)
+    mine = shared[FOREACH_WRITERS.index(entry)]
+    return tuple(p for p in UNIT_POINTS if p in (mine, DRIVER_AFTER_SWAP))
+
+
+def test_the_foreach_writers_share_every_unit_point_out_between_them() -> None:
+    """Whatever the seed: each point once over the two writers, the kill after the swap in both, format all three."""
+    seen = set()
+    for seed in range(40):
+        points = {entry: points_of(entry, seed) for entry in FOREACH_WRITERS}
+        assert set(points["foreach"]) | set(points["foreach-spark"]) == set(UNIT_POINTS), points
+        assert all(len(p) == 2 and p[-1] == DRIVER_AFTER_SWAP for p in points.values()), points
+        seen.add(points["foreach"])
+    assert len(seen) == 2  # either writer gets either point, depending on the seed
+    assert kill_points("format") == UNIT_POINTS
+
+
 def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None, entry: str) -> subprocess.Popen[str]:
     return start_job("tests.jobs.upsert_job", json.dumps(props), str(src), str(ck), entry, "routed", faults_dir=faults_dir)
 
@@ -112,13 +161,14 @@ def test_sigkill_at_the_unit_commit_then_restart_equals_the_model(
 ) -> None:
     """The job is SIGKILLed before the unit's swap, inside its database transaction (between two tables' rows), and
     after it (before Spark's commit log); each time it restarts from the same checkpoint. foreach (writer 'auto': the
-    Arrow path; foreach-spark: writer='spark'): the fault kills the driver; format: the commit worker, a Python worker
-    of Spark's JVM (Spark fails the query, the JVM lives on): its runs are the job's stream in this test's Spark session
-    (run_here), and so is the last run of all."""
+    Arrow path; foreach-spark: writer='spark'): the fault kills the driver, after the swap and at one of the other two
+    points each (:func:`kill_points`: shared out by a seed of the run, printed); format: all three, killing the commit
+    worker, a Python worker of Spark's JVM (Spark fails the query, the JVM lives on): its runs are the job's stream in
+    this test's Spark session (run_here), and so is the last run of all."""
     stream = change_stream(seed=23, batches=5, per_batch=60, keys=20)
     src, ck = tmp_path / "in", tmp_path / "ck"
     write_events(src, stream)
-    for point in (DRIVER_BEFORE_SWAP, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP):
+    for point in kill_points(entry):
         faults.arm(point, "kill")
         if entry != "format":
             proc = _job(catalog_properties, src, ck, str(faults.folder), entry)

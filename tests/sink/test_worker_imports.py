@@ -1,4 +1,5 @@
-"""What a Spark Python worker of the data source loads before it knows its step (lakesink.sink.source).
+"""What a Spark Python worker of the data source loads before it knows its step (lakesink.sink.source), and what a
+process that commits loads of the catalog kinds it does not use (lakesink._pyiceberg.commit.is_sql_catalog).
 
 Spark pickles the registered class, ``LakesinkDataSource``, by reference into every Python worker it starts for the
 data source on the driver machine -- the one that only makes the instance from the options, the one that calls
@@ -17,11 +18,14 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 from pyspark import cloudpickle
 
 from lakesink.sink.source import LakesinkDataSource
 from tests.support.timeouts import guard
+from tests.support.txn_rest_server import TxnRestServer
 
 _dumps: Callable[[object], bytes] = cloudpickle.dumps  # what Spark pickles with (untyped in pyspark)
 
@@ -77,3 +81,64 @@ def test_the_registered_class_is_the_light_one() -> None:
 
     assert lakesink.LakesinkDataSource is LakesinkDataSource
     assert LakesinkDataSource.__module__ == "lakesink.sink.source"
+
+
+# what a process that commits (a driver-side Python worker of format("lakesink"), the driver of foreach_batch) imports
+# first, then what it does: open the sink's table and commit two batches through the driver's committer
+_COMMITTING_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    props, forbidden, expected = json.loads(sys.argv[1])
+    import lakesink.sink.datasource, lakesink.sink.foreach  # the modules of the commit worker and of foreach_batch
+    from tests.support.helpers import commit_batches, load, open_committer
+    committer = open_committer(props)
+    sent = commit_batches(committer, 2)
+    ids = sorted(load(committer).scan().to_arrow().column("id").to_pylist())
+    print(json.dumps({
+        "committed": ids == sorted(sent) and len(ids) == 20,
+        "forbidden": sorted(m for m in sys.modules if m in forbidden),
+        "expected": sorted(m for m in expected if m in sys.modules),
+    }))
+    """
+)
+
+# the modules of the REST catalog kind: pyiceberg's client (requests and its models) and lakesink's REST seams
+REST_KIND = ("pyiceberg.catalog.rest", "lakesink._pyiceberg.rest", "lakesink._pyiceberg.rest_metrics")
+# the modules of the SQL catalog kind: SQLAlchemy, pyiceberg's SqlCatalog and lakesink's SQL seam
+SQL_KIND = ("sqlalchemy", "pyiceberg.catalog.sql", "lakesink._pyiceberg.sql_catalog")
+
+
+def _commit_in_a_fresh_process(props: dict[str, str], forbidden: tuple[str, ...], expected: tuple[str, ...]) -> Any:
+    payload = json.dumps([props, list(forbidden), list(expected)])
+    out = subprocess.run(
+        [sys.executable, "-c", _COMMITTING_CHILD, payload], capture_output=True, text=True, timeout=guard(300)
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_committing_to_a_sql_catalog_loads_no_rest_client(catalog_properties: dict[str, str]) -> None:
+    """Fails when a module of the commit path imports pyiceberg's REST catalog, or lakesink's REST seams, at module
+    level (lakesink._pyiceberg.commit did for isinstance checks, lakesink.driver.catalogs for the request timeout,
+    lakesink.driver.report.metrics for the commit report: main 6c0af56): 0.2-0.4 s of CPU in every process that
+    commits, measured under load."""
+    result = _commit_in_a_fresh_process(catalog_properties, REST_KIND, ("lakesink._pyiceberg.sql_catalog",))
+    assert result["committed"]
+    assert result["expected"] == ["lakesink._pyiceberg.sql_catalog"]  # the commits went through the SQL catalog's swap
+    assert result["forbidden"] == [], f"committing to a SQL catalog loaded the REST catalog kind: {result['forbidden']}"
+
+
+@pytest.mark.parametrize("txn_server_options", [{"metrics": True}], indirect=True)
+def test_committing_to_a_rest_catalog_loads_no_sqlalchemy(
+    txn_server: TxnRestServer, txn_catalog_properties: dict[str, str]
+) -> None:
+    """The other way round (the REST server, a SQLite-backed fixture, runs in this process; the child is the client
+    only). Fails when a module of the commit path imports SQLAlchemy, pyiceberg's SqlCatalog or lakesink's SQL seam at
+    module level (lakesink._pyiceberg.commit, lakesink.driver.catalogs and lakesink.driver.tables.sink_table did:
+    main 6c0af56): 0.3-0.6 s of CPU in every process that commits, measured under load."""
+    expected = ("lakesink._pyiceberg.rest", "lakesink._pyiceberg.rest_metrics")
+    result = _commit_in_a_fresh_process(txn_catalog_properties, SQL_KIND, expected)
+    assert result["committed"]
+    assert result["expected"] == sorted(expected)  # the REST seams were used: commits, their reports
+    assert len(txn_server.reports) >= 2  # a commit report per batch reached the server
+    assert result["forbidden"] == [], f"committing to a REST catalog loaded the SQL catalog kind: {result['forbidden']}"

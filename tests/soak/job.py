@@ -1,6 +1,6 @@
 """The streaming job of the soak: run as a child process by tests/soak/runner.py, which SIGKILLs it.
 
-JSON files in ``--input`` (unique ids, ``tests.support.helpers.SCHEMA_DDL``) → a lakesink table, through
+JSON files in ``--input`` (unique ids, ``tests.support.stream_input.SCHEMA_DDL``) → a lakesink table, through
 ``writeStream.format("lakesink")`` or (``--entry foreach``) ``foreachBatch(lakesink.foreach_batch(...))``.
 The catalog is the embedded default: SQLite + warehouse under ``$LAKESINK_HOME`` (the runner gives
 every soak its own). The trigger is ``availableNow``: the job consumes what is in the input folder
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import lakesink
     from tests.jobs.jvm import short_lived
-    from tests.support.helpers import SCHEMA_DDL
+    from tests.support.stream_input import SCHEMA_DDL
 
     spark = (
         short_lived(SparkSession.builder.master(args.master))

@@ -34,10 +34,10 @@ from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.maintenance.auto import AutoMaintainer, AutoMaintenance, auto_maintenance
 from lakesink.options import Maintenance, OutputMode, SinkOptions, TableName
 from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK_ID
+from tests.support.stream_input import SCHEMA_DDL as SCHEMA_DDL  # re-exported: the tests import it from here
 from tests.support.stream_input import write_stream_lines
 from tests.support.timeouts import guard
 
-SCHEMA_DDL = "id long, ts timestamp, user string, amount double, kind int"
 TABLE = "db.events"
 EVENTS = TableName(("db",), "events")
 Q1 = "11111111-aaaa-4000-8000-000000000001"

@@ -22,6 +22,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+SCHEMA_DDL = "id long, ts timestamp, user string, amount double, kind int"
+"""The rows of the tests' JSON input files (tests.support.helpers.write_json_files: unique ids). Here, in a module that
+imports nothing heavy, for the jobs the tests start as processes of their own (tests/soak/job.py): importing
+tests.support.helpers (pytest, lakesink's driver) costs a job's driver about 2 s before its JVM starts."""
+
 LEAD_S = 120
 """How many seconds before now the first modification time is (a budget of fast placements before times run ahead)."""
 

@@ -18,7 +18,6 @@ from decimal import Decimal
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io import load_file_io
 from pyiceberg.schema import Schema
@@ -27,6 +26,7 @@ from pyiceberg.table import Table, Transaction
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import producers as seam_producers
+from lakesink._pyiceberg.commit import is_rest_catalog
 from lakesink.driver import catalogs
 from lakesink.driver.actions import completeness, dead_letters
 from lakesink.driver.actions.batch import BatchCall
@@ -337,7 +337,7 @@ class RoutedTables:
         catalog's ``warehouse`` may be a name, and its server places tables (some refuse a location, lakana among
         them): format("lakesink") stages a new table's files instead (:meth:`template`)."""
         root = self.catalog.properties.get("warehouse") or ""
-        return not isinstance(self.catalog, RestCatalog) and ("://" in root or root.startswith("/"))
+        return not is_rest_catalog(self.catalog) and ("://" in root or root.startswith("/"))
 
     def check_staging(self) -> None:
         """format("lakesink") at the start of a run, on a catalog that places its tables itself: the staging area must

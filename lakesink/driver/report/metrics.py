@@ -20,9 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyiceberg.catalog.rest import RestCatalog
-
-from lakesink._pyiceberg import rest_metrics
+from lakesink._pyiceberg.commit import is_rest_catalog
 from lakesink.driver.report import prometheus
 from lakesink.options import MetricsExport
 from lakesink.redaction import redact_text
@@ -216,10 +214,14 @@ def report(m: CommitMetrics, *, catalog: Any, identifier: tuple[str, ...], expor
         except Exception as e:  # an exporter's bug never fails a commit that landed
             log.warning("lakesink: table=%s batch=%s: Prometheus metrics not updated: %r", m.table, m.batch_id, e)
     # only a REST catalog can take a commit report: the seam (and the report's body) only for one
-    body = commit_report(m) if isinstance(catalog, RestCatalog) and rest_metrics.reports_metrics(catalog) else None
+    if not is_rest_catalog(catalog):
+        return
+    from lakesink._pyiceberg.rest_metrics import post_report, reports_metrics  # the kind in use only
+
+    body = commit_report(m) if reports_metrics(catalog) else None
     if body is not None:
         try:
-            rest_metrics.post_report(catalog, identifier, body)
+            post_report(catalog, identifier, body)
         except Exception as e:
             log.warning(
                 "lakesink: table=%s batch=%s: the commit report to the REST catalog's metrics endpoint failed (%s); "

@@ -22,7 +22,7 @@ from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import metadata as seam_metadata
 from lakesink._pyiceberg import producers as seam_producers
-from lakesink._pyiceberg import sql_catalog as seam_sql
+from lakesink._pyiceberg.commit import is_sql_catalog
 from lakesink.driver import catalogs
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
@@ -190,7 +190,11 @@ class SinkTable:
             now = catalogs.load_table(self.catalog, ident)
             if now.metadata.table_uuid != table.metadata.table_uuid or now.metadata.snapshots:
                 return False
-            dropped = seam_sql.drop_unchanged_on_sql_catalog(self.catalog, ident, now.metadata_location)
+            dropped = None  # not a SQL catalog
+            if is_sql_catalog(self.catalog):
+                from lakesink._pyiceberg.sql_catalog import drop_unchanged_on_sql_catalog  # the kind in use only
+
+                dropped = drop_unchanged_on_sql_catalog(self.catalog, ident, now.metadata_location)
             if dropped is False:
                 return False
             if dropped is None:
