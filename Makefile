@@ -62,9 +62,11 @@ test-fast: $(VENV)/.installed
 
 # The declared dependency floor: a virtual environment of its own with the OLDEST version of every dependency
 # pyproject.toml allows (constraints-floor.txt), then the fast lane and one Spark exactly-once test on both entry
-# points. A floor that cannot be installed or does not run fails here, not on a user's machine. Measured on a
-# machine at load average ~20 (2 cores): the environment about 20 min (pyspark 4.1.0 is built from its sdist),
-# the fast lane 17 min, the Spark test 7 min; a quiet machine needs a fraction of that.
+# points. A floor that cannot be installed or does not run fails here, not on a user's machine. The fast lane runs on
+# TEST_WORKERS pytest-xdist workers (--dist loadfile, as make test; pytest-xdist's floor 3.5.0 is in the floor
+# environment). Measured on a machine at load average ~20 (2 cores), serially: the environment about 20 min (pyspark
+# 4.1.0 is built from its sdist), the fast lane 17 min, the Spark test 7 min; a quiet machine needs a fraction of that.
+# .ci/run builds the environment in the background while lint and make test run.
 FLOOR_VENV ?= .venv-floor
 FLOOR_PY := $(abspath $(FLOOR_VENV))/bin/python
 FLOOR_SPARK_TESTS ?= tests/sink/test_spark_sink.py::test_append_exactly_once_across_restarts
@@ -79,12 +81,16 @@ $(FLOOR_VENV)/.installed: pyproject.toml constraints-floor.txt
 test-floor: $(FLOOR_VENV)/.installed
 	LAKESINK_FLOOR_VENV=1 $(FLOOR_PY) -m pytest -p no:cacheprovider tests/test_floor.py
 	PYSPARK_PYTHON=$(FLOOR_PY) PYSPARK_DRIVER_PYTHON=$(FLOOR_PY) $(FLOOR_PY) -m pytest -p no:cacheprovider \
+	  -n $(TEST_WORKERS) --dist loadfile \
 	  -m "not spark and not postgres and not slow and not soak and not benchmark and not deploy" $(PYTEST_ARGS)
 	PYSPARK_PYTHON=$(FLOOR_PY) PYSPARK_DRIVER_PYTHON=$(FLOOR_PY) $(FLOOR_PY) -m pytest -p no:cacheprovider \
 	  -m spark $(FLOOR_SPARK_TESTS)
 
 # The deployment tests (docs/deployment.md, marker "deploy"): Iceberg's Java engine (Spark 3.5 with
-# Iceberg's own runtime, in a second virtual environment), a Spark standalone cluster, Spark Connect.
+# Iceberg's own runtime, in a second virtual environment), a Spark standalone cluster, Spark Connect. On TEST_WORKERS
+# pytest-xdist workers, --dist loadfile (a file's cluster, Connect server or Java engine serves its tests, as serially):
+# each worker has its own PostgreSQL server and fault folder (tests/conftest.py); the cluster's master and workers,
+# the Connect server and the Java engine's JVM listen on free ports of their own, in folders of their own.
 JAVA_VENV ?= .venv-iceberg-java
 $(JAVA_VENV)/.installed:
 	$(PYTHON) -m venv $(JAVA_VENV)
@@ -104,7 +110,7 @@ jdbc-drivers:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java libxerial-sqlite-jdbc-java)
 
 test-deploy: $(VENV)/.installed $(JAVA_VENV)/.installed jdbc-drivers
-	$(PY) -m pytest -m deploy $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m deploy $(PYTEST_ARGS)
 
 # the long kill -9 soak (docs/soak.md); the short version runs inside `make test`
 soak: $(VENV)/.installed
