@@ -90,31 +90,13 @@ class RoutedSparkBatches:
             targets = [p.settings.target_file_size for p in plans.values()]
             written = spark_routed.write_routed(
                 resolved.rows if resolved is not None else df,
-                column=routing.column,
-                namespace=routing.namespace,
-                allowed=routing.allowed_namespaces,
+                self._batch_of(query_id, batch_id, run_id),
                 plans=plans,
                 values=values,
-                query_id=query_id,
-                batch_id=batch_id,
-                run_id=run_id,
                 max_records_per_file=max(1, int(min(targets) / self._bytes_per_row)) if self._bytes_per_row else 0,
                 found=found if resolved is None else None,  # upserts write resolved rows: the write job counts them
             )
-            log.info(
-                "lakesink: route-by batch=%s written by Spark's Parquet writer: tables=%s jobs=%s rows=%s find_ms=%.0f "
-                "plan_ms=%.0f job_ms=%.0f footer_ms=%.0f",
-                batch_id,
-                len(plans),
-                written.jobs,
-                written.record_count,
-                found_ms,
-                planned_ms,
-                written.job_ms,
-                written.footer_ms,
-            )
-            if written.record_count:
-                self._bytes_per_row = written.size_in_bytes / written.record_count
+            self._written("written", batch_id, written, find_ms=found_ms, plan_ms=planned_ms, footer_ms=written.footer_ms)
             return resolved.with_keys([written.result]) if resolved is not None else [written.result]
 
         try:
@@ -185,32 +167,10 @@ class RoutedSparkBatches:
                 nonlocal written
                 placed = time.perf_counter()
                 written = spark_split.place(
-                    df.sparkSession,
-                    df,
-                    s,
-                    column=routing.column,
-                    namespace=routing.namespace,
-                    allowed=routing.allowed_namespaces,
-                    plans=plans,
-                    query_id=query_id,
-                    batch_id=batch_id,
-                    run_id=run_id,
-                    max_records_per_file=per_file,
+                    df, s, self._batch_of(query_id, batch_id, run_id), plans=plans, max_records_per_file=per_file
                 )
-                log.info(
-                    "lakesink: route-by batch=%s split by Spark's Parquet writer: tables=%s jobs=%s rows=%s split_job_ms=%.0f "
-                    "digest_ms=%.0f plan_ms=%.0f place_ms=%.0f",
-                    batch_id,
-                    len(plans),
-                    written.jobs,
-                    written.record_count,
-                    s.job_ms,
-                    s.digest_ms,
-                    planned_ms,
-                    (time.perf_counter() - placed) * 1000,
-                )
-                if written.record_count:
-                    self._bytes_per_row = written.size_in_bytes / written.record_count
+                place_ms = (time.perf_counter() - placed) * 1000
+                self._written("split", batch_id, written, digest_ms=s.digest_ms, plan_ms=planned_ms, place_ms=place_ms)
                 return [written.result]
 
             return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write)
@@ -218,6 +178,27 @@ class RoutedSparkBatches:
             spark_write.delete_directory(template.io, s.directory)  # what was not moved into a table
             for directory in written.directories if written is not None else ():
                 storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)
+
+    def _batch_of(self, query_id: str, batch_id: int, run_id: str | None) -> spark_routed.RoutedBatch:
+        routing = self.options.routing
+        assert routing is not None
+        return spark_routed.RoutedBatch(routing.column, routing.namespace, routing.allowed_namespaces, query_id, batch_id, run_id)
+
+    def _written(self, how: str, batch_id: int, written: spark_routed.RoutedSparkWrite, **phases_ms: float) -> None:
+        """Log a routed batch written by Spark's writer with the time of its phases; keep its bytes per row (the next
+        batch's rows per file)."""
+        log.info(
+            "lakesink: route-by batch=%s %s by Spark's Parquet writer: tables=%s jobs=%s rows=%s job_ms=%.0f %s",
+            batch_id,
+            how,
+            len(written.result.tables),
+            written.jobs,
+            written.record_count,
+            written.job_ms,
+            " ".join(f"{name}={ms:.0f}" for name, ms in phases_ms.items()),
+        )
+        if written.record_count:
+            self._bytes_per_row = written.size_in_bytes / written.record_count
 
     def _resolve_routed(
         self, df: DataFrame, batch_id: int, values: Sequence[object], routed: RoutedCommitter

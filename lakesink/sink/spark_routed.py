@@ -137,28 +137,40 @@ def group_key(plan: WritePlan) -> tuple[Any, ...]:
     return (str(seam.file_schema(plan.schema)), spec, repr(plan.settings), spark_fs.hadoop_scheme(plan.data_prefix), parts.netloc)
 
 
+@dataclass(frozen=True)
+class RoutedBatch:
+    """A routed batch as the Spark writers take it: its routing (column, namespace, allowed namespaces) and ids."""
+
+    column: str
+    namespace: tuple[str, ...]
+    allowed: tuple[tuple[str, ...], ...]
+    query_id: str
+    batch_id: int
+    run_id: str | None
+
+    def tables_by_value(self, values: Sequence[object]) -> dict[object, str]:
+        """Each routing value's table (its name: ``t`` and ``db.t`` with namespace ``db`` name one table)."""
+        return {v: str(parse_route(v, self.namespace, self.allowed)) for v in values}
+
+
 def write_routed(
     df: DataFrame,
+    batch: RoutedBatch,
     *,
-    column: str,
-    namespace: tuple[str, ...],
-    allowed: tuple[tuple[str, ...], ...],
     plans: Mapping[str, WritePlan],
     values: Sequence[object],
-    query_id: str,
-    batch_id: int,
-    run_id: str | None,
     max_records_per_file: int = 0,
     found: Mapping[object, RowsDigest] | None = None,
 ) -> RoutedSparkWrite:
-    """Write the rows of every table of ``plans`` that does not hold the batch yet; nothing is committed. ``values``:
+    """Write the rows of every table of ``plans`` that does not hold the ``batch`` yet; nothing is committed. ``values``:
     the batch's routing values (each names a table of ``plans``). ``found``: each value's digest as
     :func:`find_routes` found it in ``df`` (the very rows written): each table's count and digest are then theirs, and
     the write jobs observe nothing; without it (``df`` is not the batch :func:`find_routes` read) the first job also
     observes each table's count and digest (those holding the batch already included: they get their digest only).
     On any failure every directory of the batch is deleted before the error propagates."""
+    column, query_id, batch_id, run_id = batch.column, batch.query_id, batch.batch_id, batch.run_id
     check_columns(df, column)
-    value_table = {v: str(parse_route(v, namespace, allowed)) for v in values}
+    value_table = batch.tables_by_value(values)
     known: dict[str, RowsDigest] | None = None
     if found is not None:
         known = {name: RowsDigest(kind=DIGEST_KIND) for name in plans}
@@ -186,20 +198,14 @@ def write_routed(
             job_ms += job.job_ms
             footer_ms += job.footer_ms
             for name in group:
-                plan = plans[name]
-                written[name] = TaskResult(
+                written[name] = spark_write.task_result(
+                    plans[name],
+                    job.files[name],
                     query_id=query_id,
                     batch_id=batch_id,
                     partition_id=pending.index(name),
-                    task_attempt_id=-1,
-                    schema_id=plan.schema_id,
-                    spec_id=plan.spec_id,
-                    files=tuple(job.files[name]),
-                    table_uuid=plan.table_uuid or None,
                     run_id=run_id,
-                    written_schema=plan.schema_digest,
-                    schema_changes=plan.schema_changes,
-                    written_since_ms=job.since_ms,
+                    since_ms=job.since_ms,
                 )
     except BaseException:
         for d in reversed(directories):

@@ -49,7 +49,7 @@ from lakesink.faults import fault_point
 from lakesink.sink import spark_partition, spark_routed, spark_write
 from lakesink.table import names, storage
 from lakesink.table.keys import SPLIT_VALUE_COLUMN as VALUE_KEY  # the split job's partition column
-from lakesink.table.routes import parse_route, routing_value
+from lakesink.table.routes import routing_value
 
 log = logging.getLogger("lakesink")
 
@@ -215,23 +215,18 @@ def fits(plan: WritePlan, template: WritePlan) -> bool:
 
 
 def place(
-    spark: Any,
     df: DataFrame,
     s: Split,
+    batch: spark_routed.RoutedBatch,
     *,
-    column: str,
-    namespace: tuple[str, ...],
-    allowed: tuple[tuple[str, ...], ...],
     plans: Mapping[str, WritePlan],
-    query_id: str,
-    batch_id: int,
-    run_id: str | None,
     max_records_per_file: int,
 ) -> spark_routed.RoutedSparkWrite:
     """Make the split's files every table's data files (see the module's docstring); nothing is committed. A table
     holding the batch already gets none (its digest is compared). On any failure every batch directory made in the
     tables' locations is deleted before the error propagates (the split's own is the caller's)."""
-    value_table = {v: str(parse_route(v, namespace, allowed)) for v in s.keys}
+    spark, column, query_id, batch_id, run_id = df.sparkSession, batch.column, batch.query_id, batch.batch_id, batch.run_id
+    value_table = batch.tables_by_value(list(s.keys))
     digests: dict[str, RowsDigest] = {name: RowsDigest(kind=spark_routed.DIGEST_KIND) for name in plans}
     for value, digest in s.digests.items():
         digests[value_table[value]] = digests[value_table[value]].add(digest)
@@ -262,20 +257,8 @@ def place(
         with ThreadPoolExecutor(max_workers=max(1, min(_FOOTER_THREADS, len(moved)))) as pool:  # footers at once
             files = dict(zip(moved, pool.map(table_files, moved), strict=True))
         for i, name in enumerate(moved):
-            plan = plans[name]
-            written[name] = TaskResult(
-                query_id=query_id,
-                batch_id=batch_id,
-                partition_id=i,
-                task_attempt_id=-1,
-                schema_id=plan.schema_id,
-                spec_id=plan.spec_id,
-                files=tuple(files[name]),
-                table_uuid=plan.table_uuid or None,
-                run_id=run_id,
-                written_schema=plan.schema_digest,
-                schema_changes=plan.schema_changes,
-                written_since_ms=s.since_ms,
+            written[name] = spark_write.task_result(
+                plans[name], files[name], query_id=query_id, batch_id=batch_id, partition_id=i, run_id=run_id, since_ms=s.since_ms
             )
         rewritten: spark_routed.RoutedSparkWrite | None = None
         if other:  # tables not as lakesink creates them: written from the split's files by Spark
@@ -284,14 +267,9 @@ def place(
             rows = _read_back(spark, df, column, s.template, s.directory, list(s.folders))
             rewritten = spark_routed.write_routed(
                 rows.filter(F.col(VALUE_KEY).isin(keys)).drop(VALUE_KEY),
-                column=column,
-                namespace=namespace,
-                allowed=allowed,
+                batch,
                 plans={n: plans[n] for n in other},
                 values=values,
-                query_id=query_id,
-                batch_id=batch_id,
-                run_id=run_id,
                 max_records_per_file=max_records_per_file,
                 found={v: s.digests[v] for v in values},
             )

@@ -336,20 +336,7 @@ def write_batch(
     for f in empty:  # Spark writes a file even for an empty task; nothing to commit in it
         plan.io.delete(f.path)
     results = tuple(
-        TaskResult(
-            query_id=query_id,
-            batch_id=batch_id,
-            partition_id=i,
-            task_attempt_id=-1,
-            schema_id=plan.schema_id,
-            spec_id=plan.spec_id,
-            files=(f,),
-            table_uuid=plan.table_uuid,
-            run_id=run_id,
-            written_schema=plan.schema_digest,
-            schema_changes=plan.schema_changes,
-            written_since_ms=since_ms,
-        )
+        task_result(plan, (f,), query_id=query_id, batch_id=batch_id, partition_id=i, run_id=run_id, since_ms=since_ms)
         for i, f in enumerate(f for f in files if f.record_count)
     )
     if not results:
@@ -359,6 +346,33 @@ def write_batch(
         results=results,
         job_ms=(written - started) * 1000,
         footer_ms=(footers_read - written) * 1000,
+    )
+
+
+def task_result(
+    plan: WritePlan,
+    files: Sequence[WrittenFile],
+    *,
+    query_id: str,
+    batch_id: int,
+    partition_id: int,
+    run_id: str | None,
+    since_ms: int,
+) -> TaskResult:
+    """Files Spark's writer wrote for the table of ``plan``, as the result of one task for the table's committer."""
+    return TaskResult(
+        query_id=query_id,
+        batch_id=batch_id,
+        partition_id=partition_id,
+        task_attempt_id=-1,
+        schema_id=plan.schema_id,
+        spec_id=plan.spec_id,
+        files=tuple(files),
+        table_uuid=plan.table_uuid or None,
+        run_id=run_id,
+        written_schema=plan.schema_digest,
+        schema_changes=plan.schema_changes,
+        written_since_ms=since_ms,
     )
 
 

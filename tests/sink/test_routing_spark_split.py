@@ -15,7 +15,9 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 import lakesink
+from lakesink import faults as faults_module
 from lakesink.driver import catalogs
+from lakesink.sink import spark_split
 from lakesink.sink.spark_split import SPARKSPLIT_AFTER_SPLIT, SPLIT_FOLDER, sweep
 from lakesink.table import names
 from tests.sink.test_routing_spark_writer import SparkRoutedStream, _job, assert_exactly_once, job_query
@@ -190,3 +192,50 @@ def test_an_empty_batch_then_rows(spark: Any, tmp_path: Path, catalog_properties
     assert table_ids(catalog.load_table(("db", "t0"))) == Counter([1, 3])
     assert table_ids(catalog.load_table(("db", "t1"))) == Counter([2])
     assert split_area(catalog_properties) == []
+
+
+def _tamper(how: str, directory: Path) -> None:
+    """One Parquet file of a value's folder in the split ``directory``: deleted, copied beside itself (the same write
+    id in its footer: a task attempt's output twice), or cut short (a partial file)."""
+    victim = sorted(p for p in directory.rglob("part-*.parquet") if p.stat().st_size > 0)[0]
+    if how == "lost":
+        victim.unlink()
+    elif how == "twice":
+        victim.with_name("part-99999-copy.c000.zstd.parquet").write_bytes(victim.read_bytes())
+    else:
+        data = victim.read_bytes()
+        victim.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("how", ["lost", "twice", "partial"])
+def test_a_split_file_lost_copied_or_cut_short_fails_the_batch_then_the_restart_is_exactly_once(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """After the split job and its count, before the tables are opened, one of its files is lost, copied (a leaked task
+    attempt's output) or cut short: the rows counted no longer match the files' footers, the batch fails
+    loudly, nothing is committed in any table; the restart writes every id once. Fails if a value's count were taken
+    from the files as they are when placed (their footers, as issue 31's brief proposed, or a read-back job after
+    this point): the batch would commit without the lost rows, or with the copied ones twice."""
+    tampered: list[str] = []
+    real = faults_module.fault_point
+
+    def tamper(point: str) -> None:
+        real(point)
+        if point == SPARKSPLIT_AFTER_SPLIT and not tampered:
+            (batch_dir,) = [p for p in (Path(catalog_properties["warehouse"].removeprefix("file://")) / SPLIT_FOLDER).glob("*/*")]
+            _tamper(how, batch_dir)
+            tampered.append(how)
+
+    monkeypatch.setattr(spark_split, "fault_point", tamper)
+    s = SparkRoutedStream(spark, tmp_path, catalog_properties)
+    s.add_input(files=1, rows_per_file=100)
+    with pytest.raises(StreamingQueryException, match="Nothing is committed"):
+        s.run()
+    assert tampered == [how]
+    catalog = catalogs.load(None, catalog_properties)
+    for name in ("db.t0", "db.t1", "db.t2", "audit.t3"):
+        ident = tuple(name.split("."))
+        assert not catalog.table_exists(ident) or not table_ids(catalog.load_table(ident)), name
+    assert split_area(catalog_properties) == []
+    s.run()
+    assert_exactly_once(catalog_properties, s.sent)
