@@ -4,8 +4,9 @@ gets committed") gives -- so the walk cannot grow silently. A change that needs 
 number here and in the docs, saying why.
 
 Measured with the same tracer on b345ef1 (before issue 31's rebuild) / 61f3c07 (the start of this round) / now:
-format("lakesink") one table 22 / 30 / 25, route-by (two tables) 27 / 40 / 33; foreach_batch one table 18 / 27 / 23,
-route-by 20 / 33 / 29. Each test fails on 61f3c07.
+format("lakesink") one table 22 / 30 / 25, route-by (two tables) 27 / 40 / 32; foreach_batch one table 18 / 27 / 23,
+route-by 20 / 33 / 28. Each test fails on 61f3c07; the route-by ones fail on 6c0af56 too (33 and 29: the held-back
+changes' module, lakesink.driver.actions.held, was entered with option cdc-transactions off).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from tests.support.walk import foreach_commit_walk, stream_commit_walk
 
 WALKS = {
     ("format", "one table"): 25,
-    ("format", "route-by"): 33,
+    ("format", "route-by"): 32,
     ("foreach_batch", "one table"): 23,
-    ("foreach_batch", "route-by"): 29,
+    ("foreach_batch", "route-by"): 28,
 }
 
 NEVER_ENTERED = {
@@ -29,6 +30,7 @@ NEVER_ENTERED = {
     "lakesink.driver.actions.dead_letters",  # no dead-letter table
     "lakesink.driver.actions.upsert",  # no upsert-key
     "lakesink.driver.actions.upsert_order",
+    "lakesink.driver.actions.held",  # option cdc-transactions not set (was entered on every routed batch until 6c0af56)
     "lakesink.driver.loop.validation",  # an append validates nothing since its base
     "lakesink._pyiceberg.io.schemas",  # route-by: no template made for a commit that writes no new table
     "lakesink.table.partitioning",

@@ -49,12 +49,12 @@ def values(props: Mapping[str, str], names: Sequence[str] = TABLES) -> State:
     return out
 
 
-def states_by_batch(props: Mapping[str, str], query_id: str) -> dict[int, State]:
+def states_by_batch(props: Mapping[str, str], query_id: str, names: Sequence[str] = TABLES) -> dict[int, State]:
     """What a reader saw after each batch's unit: each table at its snapshot of the batch, or its last before it."""
     catalog = catalogs.load(None, dict(props))
     history: dict[str, list[tuple[int, int]]] = {}
     opened: dict[str, Any] = {}
-    for t in TABLES:
+    for t in names:
         try:
             table = catalog.load_table(("db", t))
         except NoSuchTableError:
@@ -193,15 +193,17 @@ def test_every_batch_commits_whole_source_transactions_through_failures_and_rest
     assert list((ck / "lakesink").rglob("*.parquet")) == []  # format: every staged file swept, failed attempts' too
 
 
+@pytest.mark.parametrize("entry", ENTRIES)
 def test_a_first_batch_that_releases_nothing_makes_its_held_changes_tables(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
     """The query's first batch holds its one open transaction (over tables a and b; its third table, c, and its END
-    come later) and no table exists: foreach_batch makes a and b -- empty, typed by the held changes' payloads, keyed by
-    their Kafka keys' fields -- in the batch's unit, which records what it holds. Before the fix the batch failed ("no
-    table yet to record them in") and so did every restart. A failure after the unit's swap, a restart that replays the
-    batch mid-transaction, then the END: after every batch a reader sees a whole prefix of the transactions; at the end
-    the model (t2, deletes only, empties a and b again)."""
+    come later) and no table exists: either entry point makes a and b -- empty, typed by the held changes' payloads,
+    keyed by their Kafka keys' fields -- in the batch's unit, which records what it holds. Before the fix the batch
+    failed ("no table yet to record them in") and so did every restart (foreach_batch until df4f128, format("lakesink")
+    until this test's commit). A failure after the unit's swap, a restart that replays the batch mid-transaction, then
+    the END: after every batch a reader sees a whole prefix of the transactions; at the end the model (t2, deletes
+    only, empties a and b again)."""
     props = catalog_properties
     txs, batches = first_batch_stream()
     names = ("a", "b", "c")
@@ -210,7 +212,7 @@ def test_a_first_batch_that_releases_nothing_makes_its_held_changes_tables(
     write(src, 0, batches[0])
     faults.arm(DRIVER_AFTER_SWAP, "raise")  # batch 0's unit landed, then the failure before Spark's commit log
     with pytest.raises(StreamingQueryException):
-        run_to_end(start(spark, props, src, ck, "foreach", seen, names))
+        run_to_end(start(spark, props, src, ck, entry, seen, names))
     assert faults.fired(DRIVER_AFTER_SWAP)
     faults.clear()
     catalog = catalogs.load(None, props)
@@ -225,9 +227,12 @@ def test_a_first_batch_that_releases_nothing_makes_its_held_changes_tables(
         assert record.batch_id == 0 and record.changes == 2 and record.waiting_for == "t1" and record.file is not None
     for i in (1, 2, 3):
         write(src, i, batches[i])
-    run_to_end(start(spark, props, src, ck, "foreach", seen, names))  # batch 0 replayed (found committed), then 1, 2, 3
+    run_to_end(start(spark, props, src, ck, entry, seen, names))  # batch 0 replayed (found committed), then 1, 2, 3
     whole = [expected([], txs, k) for k in range(len(txs) + 1)]
-    assert [whole.index(state) if state in whole else None for state in seen] == [0, 0, 1, 2]
+    if entry == "foreach":  # what a reader saw right after each batch's unit (the replay of batch 0 included)
+        assert [whole.index(state) if state in whole else None for state in seen] == [0, 0, 1, 2]
+    history = states_by_batch(props, _query_id(ck), names)  # each table as of its snapshot of each batch
+    assert {b: whole.index(state) if state in whole else None for b, state in history.items()} == {0: 0, 1: 0, 2: 1, 3: 2}
     assert values(props, names) == whole[-1] == {"db.c": {3: "three"}}
     for t in names:
         ids = [s["batch_id"] for s in lakesink_snapshots(catalog.load_table(("db", t)))]
