@@ -125,9 +125,11 @@ class StagedCommitter:
         found = self._table_columns(results)
         cut = truncates.positions(found) if routed.options.cdc_format is not None else {}
         values = truncates.mark(routed, routing, cut, list(found))
-        home = staged_transactions.home_inference(routed, self.plan, replace(call, run_id=run_id)) if not values else None
+        home = None
+        if self.plan.transactions and not routed.routes(values, batch_id):  # no table planned (dead letters at most)
+            home = staged_transactions.home_inference(routed, self.plan, replace(call, run_id=run_id))
         if home is not None:  # cdc-transactions=hold, no table yet: the held changes' tables made empty, in the unit
-            values = transactions.homes(routed, routing, list(self._table_columns([home])), batch_id)
+            values = [*values, *transactions.homes(routed, routing, list(self._table_columns([home])), batch_id)]
         routes = routed.routes(values, batch_id)
         plans = routed.plans(routes, query_id)
         outcome = commit_routed(

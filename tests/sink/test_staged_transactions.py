@@ -325,3 +325,36 @@ def test_a_held_changes_table_another_writer_made_meanwhile_takes_the_record_and
     assert b.scan().to_arrow().to_pylist() == [{"id": 9, "value": "theirs", "note": "kept"}]  # b2 made, then deleted
     assert shown(props) == {"db.b": {9: "theirs"}, "db.c": {3: "three"}}
     assert whole_prefixes(txs)[-1] == {"db.c": {3: "three"}}
+
+
+def test_a_batch_whose_released_changes_are_all_dead_letters_still_records_what_it_holds(
+    catalog_properties: dict[str, str], tmp_path: Path
+) -> None:
+    """Option dead-letter-table with route-namespaces: a change of a schema the sink does not take (other.x) is a dead
+    letter of kind invalid-route. A batch whose released changes are all such dead letters plans no table: its unit is
+    the dead-letter table alone, and it must still record what it holds back -- in the tables that hold the sink's
+    state (batch 1 below), or, with none yet, in its held changes' tables made empty (batch 0). Else the next batch
+    starts from an older state: the held changes lost (batch 0) or a transaction released twice and everything after
+    it held forever (batch 1)."""
+    props, ck = catalog_properties, tmp_path / "ck"
+    c = committer(props, ck, **{"dead-letter-table": "dl.letters", "route-namespaces": "db"})
+    stray = change(None, 0, "x", 1, "stray", 1, False, 1001)
+    stray = {**stray, "value": stray["value"].replace('"schema": "db"', '"schema": "other"')}
+    t1 = [change("t1", 1, "a", 1, "one", 2, False, 1002)]
+    t2 = [change("t2", 1, "x", 2, "away", 3, False, 1003)]
+    t2 = [{**r, "value": r["value"].replace('"schema": "db"', '"schema": "other"')} for r in t2]
+    t3 = [change("t3", 1, "a", 3, "three", 4, False, 1004)]
+    batches = [
+        [at(0, stray), at(0, begin("t1")), at(1, t1[0])],  # releases only a dead letter, holds t1 (no table yet)
+        [at(1, end("t1", 1, 1002)), at(2, begin("t2")), at(0, t2[0])],  # releases t1, holds t2
+        [at(3, end("t2", 1, 1003)), at(4, begin("t3")), at(2, t3[0])],  # releases t2 (a dead letter only), holds t3
+        [at(5, end("t3", 1, 1004))],  # releases t3
+    ]
+    for batch_id, records in enumerate(batches):
+        c = committer(props, ck, **{"dead-letter-table": "dl.letters", "route-namespaces": "db"})
+        commit(c, batch_id, stage(c, batch_id, [records]))
+        latest = held.recorded(tables_of(props, ("a",)), Q, None)
+        assert latest is not None and latest.batch_id == batch_id, (batch_id, latest)
+    assert shown(props) == {"db.a": {1: "one", 3: "three"}}
+    letters = catalogs.load(None, dict(props)).load_table(("dl", "letters")).scan().to_arrow().to_pylist()
+    assert sorted((r["error"], r["batch_id"]) for r in letters) == [("invalid-route", 0), ("invalid-route", 2)], letters

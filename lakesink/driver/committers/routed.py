@@ -131,6 +131,11 @@ class RoutedCommitter(RoutedTables):
             by_table.setdefault(name, [])
         for name in self.held_homes if self.held is not None else ():  # made to record what the batch holds back
             by_table.setdefault(name, [])
+        if self.held is not None and not by_table and any(r.invalid_routes for r in results):
+            # dead letters only (invalid routes): the record of what the batch holds back goes to the tables that hold
+            # the sink's state, without a row (else the next batch would start from an older state)
+            for name in self.held_tables or self._last_tables:
+                by_table.setdefault(name, [])
         call = replace(call, run_id=call.run_id or next((r.run_id for r in results if r.run_id), None))
         names = sorted(by_table)
         routes = self.routes(names, batch_id)
