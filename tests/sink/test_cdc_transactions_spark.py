@@ -27,6 +27,7 @@ from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
 from lakesink.options import SinkOptions
 from tests.driver.test_cdc_transactions import RECORDS, TABLES, Event, deliveries, first_batch_stream, source
+from tests.sink.test_staged_transactions import DEAD_LETTER_OPTIONS, dead_letter_stream
 from tests.support import routed_upserts
 from tests.support.helpers import lakesink_snapshots, run_to_end
 
@@ -104,6 +105,7 @@ def start(
     entry: str,
     seen: list[State] | None = None,
     names: Sequence[str] = TABLES,
+    dead_letters: bool = False,
 ) -> Any:
     df = spark.readStream.schema("topic STRING, value STRING, offset LONG").option("maxFilesPerTrigger", 1).json(str(src))
     if entry == "format":  # the executors stage the records as they came; the commit decides what is released
@@ -114,6 +116,7 @@ def start(
             "upsert-key": "id",
             "table-property.commit.retry.num-retries": "0",  # the fault inside the swap fails the batch, not retried
             **{f"catalog.{k}": v for k, v in props.items()},
+            **(DEAD_LETTER_OPTIONS if dead_letters else {}),
         }
         for k, v in options.items():
             writer = writer.option(k, v)
@@ -124,6 +127,8 @@ def start(
         upsert_key="id",
         catalog_properties=props,
         table_properties={"commit.retry.num-retries": "0"},  # the fault inside the swap fails the batch, not retried
+        dead_letter_table=DEAD_LETTER_OPTIONS["dead-letter-table"] if dead_letters else None,
+        route_namespaces=DEAD_LETTER_OPTIONS["route-namespaces"] if dead_letters else None,
     )
     if seen is None:
         return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
@@ -237,6 +242,28 @@ def test_a_first_batch_that_releases_nothing_makes_its_held_changes_tables(
     for t in names:
         ids = [s["batch_id"] for s in lakesink_snapshots(catalog.load_table(("db", t)))]
         assert ids == sorted(set(ids)), f"db.{t} holds a batch twice: {ids}"
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_batch_whose_released_changes_are_all_dead_letters_records_what_it_holds(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """tests/sink/test_staged_transactions.py's stream (changes of a schema option route-namespaces does not take are
+    dead letters) through real Spark on both entry points: the first batch releases only a dead letter and holds a
+    change while no table exists, a later one releases only a dead letter while holding the next transaction. Fails
+    before the fix on either entry point: the first batch records nothing (its held change lost), or the third leaves
+    the record a batch behind (the last transaction held forever)."""
+    props = catalog_properties
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    for i, records in enumerate(dead_letter_stream()):
+        write(src, i, pa.Table.from_pylist(records, RECORDS))
+    run_to_end(start(spark, props, src, ck, entry, dead_letters=True))
+    assert values(props) == {"db.a": {1: "one", 3: "three"}}
+    catalog = catalogs.load(None, props)
+    record = held.recorded({"db.a": catalog.load_table(("db", "a"))}, _query_id(ck), None)
+    assert record is not None and record.batch_id == 3 and record.changes == 0, record
+    letters = catalog.load_table(("dl", "letters")).scan().to_arrow().to_pylist()
+    assert sorted((r["error"], r["batch_id"]) for r in letters) == [("invalid-route", 0), ("invalid-route", 2)], letters
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

@@ -327,34 +327,47 @@ def test_a_held_changes_table_another_writer_made_meanwhile_takes_the_record_and
     assert whole_prefixes(txs)[-1] == {"db.c": {3: "three"}}
 
 
+def stray(record: dict[str, Any]) -> dict[str, Any]:
+    """A change of schema ``other``, which option route-namespaces=db does not take: a dead letter (invalid-route)."""
+    return {**record, "value": record["value"].replace('"schema": "db"', '"schema": "other"')}
+
+
+DEAD_LETTER_OPTIONS = {"dead-letter-table": "dl.letters", "route-namespaces": "db"}
+
+
+def dead_letter_stream() -> list[list[dict[str, Any]]]:
+    """Four micro-batches of Kafka records: batch 0 releases only a dead letter (a snapshot read of other.x) and holds
+    t1 (db.a) while no table exists; batch 1 releases t1 and holds t2 (other.x only); batch 2 releases t2 -- a dead
+    letter only -- and holds t3 (db.a); batch 3 releases t3. At the end: db.a {1: one, 3: three}, two dead letters
+    (batches 0 and 2)."""
+    t1 = change("t1", 1, "a", 1, "one", 2, False, 1002)
+    t2 = stray(change("t2", 1, "x", 2, "away", 3, False, 1003))
+    t3 = change("t3", 1, "a", 3, "three", 4, False, 1004)
+    return [
+        [at(0, stray(change(None, 0, "x", 1, "stray", 1, False, 1001))), at(0, begin("t1")), at(1, t1)],
+        [at(1, end("t1", 1, 1002)), at(2, begin("t2")), at(0, t2)],
+        [at(3, end("t2", 1, 1003)), at(4, begin("t3")), at(2, t3)],
+        [at(5, end("t3", 1, 1004))],
+    ]
+
+
 def test_a_batch_whose_released_changes_are_all_dead_letters_still_records_what_it_holds(
     catalog_properties: dict[str, str], tmp_path: Path
 ) -> None:
-    """Option dead-letter-table with route-namespaces: a change of a schema the sink does not take (other.x) is a dead
-    letter of kind invalid-route. A batch whose released changes are all such dead letters plans no table: its unit is
-    the dead-letter table alone, and it must still record what it holds back -- in the tables that hold the sink's
-    state (batch 1 below), or, with none yet, in its held changes' tables made empty (batch 0). Else the next batch
-    starts from an older state: the held changes lost (batch 0) or a transaction released twice and everything after
-    it held forever (batch 1)."""
+    """Option dead-letter-table with route-namespaces: a change of a schema the sink does not take is a dead letter of
+    kind invalid-route. A batch whose released changes are all such dead letters plans no table: its unit is the
+    dead-letter table alone, and it must still record what it holds back -- in the tables that hold the sink's state
+    (batch 2), or, with none yet, in its held changes' tables made empty (batch 0). Fails before the fix: batch 0
+    records nothing (its held change lost: the next batch starts from no state), and without the routed committer's
+    part batch 2 records nothing (the next batch would start from batch 1's state: t2 released twice, t3 and
+    everything after it held forever)."""
     props, ck = catalog_properties, tmp_path / "ck"
-    c = committer(props, ck, **{"dead-letter-table": "dl.letters", "route-namespaces": "db"})
-    stray = change(None, 0, "x", 1, "stray", 1, False, 1001)
-    stray = {**stray, "value": stray["value"].replace('"schema": "db"', '"schema": "other"')}
-    t1 = [change("t1", 1, "a", 1, "one", 2, False, 1002)]
-    t2 = [change("t2", 1, "x", 2, "away", 3, False, 1003)]
-    t2 = [{**r, "value": r["value"].replace('"schema": "db"', '"schema": "other"')} for r in t2]
-    t3 = [change("t3", 1, "a", 3, "three", 4, False, 1004)]
-    batches = [
-        [at(0, stray), at(0, begin("t1")), at(1, t1[0])],  # releases only a dead letter, holds t1 (no table yet)
-        [at(1, end("t1", 1, 1002)), at(2, begin("t2")), at(0, t2[0])],  # releases t1, holds t2
-        [at(3, end("t2", 1, 1003)), at(4, begin("t3")), at(2, t3[0])],  # releases t2 (a dead letter only), holds t3
-        [at(5, end("t3", 1, 1004))],  # releases t3
-    ]
-    for batch_id, records in enumerate(batches):
-        c = committer(props, ck, **{"dead-letter-table": "dl.letters", "route-namespaces": "db"})
+    for batch_id, records in enumerate(dead_letter_stream()):
+        c = committer(props, ck, **DEAD_LETTER_OPTIONS)  # a new commit worker every batch
         commit(c, batch_id, stage(c, batch_id, [records]))
         latest = held.recorded(tables_of(props, ("a",)), Q, None)
         assert latest is not None and latest.batch_id == batch_id, (batch_id, latest)
+        assert latest.changes == (0 if batch_id == 3 else 1), latest
     assert shown(props) == {"db.a": {1: "one", 3: "three"}}
     letters = catalogs.load(None, dict(props)).load_table(("dl", "letters")).scan().to_arrow().to_pylist()
     assert sorted((r["error"], r["batch_id"]) for r in letters) == [("invalid-route", 0), ("invalid-route", 2)], letters
