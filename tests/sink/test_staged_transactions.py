@@ -20,7 +20,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.actions import held
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.routed import RoutedCommitter
-from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError
+from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError, LakesinkError
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.staged import StagedTaskResult, StagedTaskWriter
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
@@ -371,3 +371,25 @@ def test_a_batch_whose_released_changes_are_all_dead_letters_still_records_what_
     assert shown(props) == {"db.a": {1: "one", 3: "three"}}
     letters = catalogs.load(None, dict(props)).load_table(("dl", "letters")).scan().to_arrow().to_pylist()
     assert sorted((r["error"], r["batch_id"]) for r in letters) == [("invalid-route", 0), ("invalid-route", 2)], letters
+
+
+def test_a_dead_letters_only_batch_holding_changes_that_make_no_table_fails_loudly(
+    catalog_properties: dict[str, str], tmp_path: Path
+) -> None:
+    """The first batch releases only a dead letter and holds a transaction whose one change is a truncate of a table
+    that does not exist (it makes no table): nowhere to record what it holds, so the batch fails loudly, nothing
+    committed -- not a unit of dead letters alone that would lose the held records."""
+    props, ck = catalog_properties, tmp_path / "ck"
+    truncate = json.loads(change("t1", 1, "zz", 0, "", 2, False, 1002)["value"])
+    truncate.update(op="t", before=None, after=None)
+    records = [
+        at(0, stray(change(None, 0, "x", 1, "stray", 1, False, 1001))),
+        at(0, begin("t1")),
+        at(0, {"topic": "db.zz", "value": json.dumps(truncate)}),
+    ]
+    c = committer(props, ck, **DEAD_LETTER_OPTIONS)
+    with pytest.raises(LakesinkError, match="releases dead letters only, and the sink has no table yet"):
+        commit(c, 0, stage(c, 0, [records]))
+    catalog = catalogs.load(None, dict(props))
+    assert not catalog.table_exists(("dl", "letters")) or catalog.load_table(("dl", "letters")).scan().to_arrow().num_rows == 0
+    assert on_disk(props, ck) == (set(), set())

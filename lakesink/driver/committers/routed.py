@@ -136,6 +136,8 @@ class RoutedCommitter(RoutedTables):
             # the sink's state, without a row (else the next batch would start from an older state)
             for name in self.held_tables or self._last_tables:
                 by_table.setdefault(name, [])
+            if not by_table and self.held.rows.num_rows:
+                raise self._nowhere_to_hold(call, "releases dead letters only")
         call = replace(call, run_id=call.run_id or next((r.run_id for r in results if r.run_id), None))
         names = sorted(by_table)
         routes = self.routes(names, batch_id)
@@ -332,12 +334,7 @@ class RoutedCommitter(RoutedTables):
         query_id, batch_id = call.query_id, call.batch_id
         tables = self._last_tables or self.held_tables or self._tables_of_last_batch(query_id)
         if not tables and self.held is not None and self.held.rows.num_rows:
-            raise LakesinkError(
-                f"batch {batch_id} of query {query_id} holds back {self.held.changes} change(s) (option cdc-transactions="
-                f"hold: source transaction {self.held.waiting_for} is not whole yet), releases none, and the sink has no "
-                "table yet to record them in (its held changes make none: truncates of tables that do not exist). "
-                "Nothing was committed. Create one of the tables the stream routes to first (docs/cdc.md)"
-            )
+            raise self._nowhere_to_hold(call, "releases none")
         if not tables:
             log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", query_id, batch_id)
             return RoutedOutcome(batch_id, {})
@@ -351,6 +348,15 @@ class RoutedCommitter(RoutedTables):
         if not _landed_here(outcome):
             attempt.drop()
         return outcome
+
+    def _nowhere_to_hold(self, call: BatchCall, released: str) -> LakesinkError:
+        assert self.held is not None
+        return LakesinkError(
+            f"batch {call.batch_id} of query {call.query_id} holds back {self.held.changes} change(s) (option "
+            f"cdc-transactions=hold: source transaction {self.held.waiting_for} is not whole yet), {released}, and the "
+            "sink has no table yet to record them in (its held changes make none: truncates of tables that do not "
+            "exist). Nothing was committed. Create one of the tables the stream routes to first (docs/cdc.md)"
+        )
 
     def _held_attempt(self, query_id: str, batch_id: int) -> Attempt | None:
         """Option cdc-transactions=hold: this commit call's held file and record (None: the option off)."""
