@@ -5,7 +5,9 @@ number here and in the docs, saying why.
 
 Measured with the same tracer on b345ef1 (before issue 31's rebuild) / 61f3c07 (the start of the last round) /
 6c0af56 (the start of this one) / now: format("lakesink") one table 22 / 30 / 25 / 21, route-by (two tables)
-27 / 40 / 33 / 27; foreach_batch one table 18 / 27 / 23 / 17, route-by 20 / 33 / 29 / 22. Each test fails on 6c0af56.
+27 / 40 / 33 / 26; foreach_batch one table 18 / 27 / 23 / 17, route-by 20 / 33 / 29 / 21. Each test fails on 6c0af56
+(the route-by ones entered lakesink.driver.actions.held, the held-back changes' module, with option cdc-transactions
+off).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from tests.support.walk import foreach_commit_walk, stream_commit_walk
 
 WALKS = {
     ("format", "one table"): 21,
-    ("format", "route-by"): 27,
+    ("format", "route-by"): 26,
     ("foreach_batch", "one table"): 17,
-    ("foreach_batch", "route-by"): 22,
+    ("foreach_batch", "route-by"): 21,
 }
 
 NEVER_ENTERED = {
@@ -29,6 +31,7 @@ NEVER_ENTERED = {
     "lakesink.driver.actions.dead_letters",  # no dead-letter table
     "lakesink.driver.actions.upsert",  # no upsert-key
     "lakesink.driver.actions.upsert_order",
+    "lakesink.driver.actions.held",  # option cdc-transactions not set (was entered on every routed batch until 6c0af56)
     "lakesink.driver.loop.validation",  # an append validates nothing since its base
     "lakesink.driver.actions.completeness",  # no watermark, no option event-time: nothing about event time to record
     "lakesink._pyiceberg.io.schemas",  # route-by: no template made for a commit that writes no new table

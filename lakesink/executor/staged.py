@@ -156,6 +156,23 @@ class StagedTaskWriter:
         prepared = [b for b in (self._prepared(b) for b in batches if b.num_rows) if b.num_rows]
         if not prepared:
             return self._stage_rows([])
+        columns, found = self._inferred(prepared)
+        rows = pa.Table.from_batches(prepared)
+        return self._stage_rows(rows.select(plan.staged_columns(rows.schema.names)).to_batches(), columns, found)
+
+    def infer(self, batches: Iterator[pa.RecordBatch]) -> StagedTaskResult:
+        """The rows parsed and inferred as :meth:`stage` does, nothing staged: a result without a file (option
+        cdc-transactions=hold: the changes a batch holds back, whose tables a batch that releases none makes)."""
+        ids = self._ids
+        prepared = [b for b in (self._prepared(b) for b in batches if b.num_rows) if b.num_rows]
+        columns, found = self._inferred(prepared) if prepared else ({}, {})
+        return StagedTaskResult(ids.query_id, ids.batch_id, ids.partition_id, ids.run_id, None, 0, columns, found)
+
+    def _inferred(
+        self, prepared: list[pa.RecordBatch]
+    ) -> tuple[dict[bytes | None, dict[str, pa.DataType | None]], dict[bytes | None, payload.Found]]:
+        """Per routing value (raw bytes): the columns its payloads hold, and what else the inference found."""
+        plan = self._plan
         inference = payload.PayloadInference(
             plan.route_column,
             plan.payload_column,
@@ -170,8 +187,7 @@ class StagedTaskWriter:
             for raw, cols, more in zip(*(out.column(i).to_pylist() for i in range(3)), strict=True):
                 columns[raw] = pickle.loads(cols)
                 found[raw] = pickle.loads(more)
-        rows = pa.Table.from_batches(prepared)
-        return self._stage_rows(rows.select(plan.staged_columns(rows.schema.names)).to_batches(), columns, found)
+        return columns, found
 
     def _stage_rows(
         self,

@@ -409,9 +409,11 @@ class ForeachBatchSink(RoutedSparkBatches):
             values, found = self._payload_columns(df, routed)
             if self.options.cdc_format is not None:  # the changes before a truncate dropped, the table marked
                 df, values = truncates.apply(df, routed, routing, found, values)
-            if not values and self._held is not None and self._held.needs_home:  # cdc-transactions=hold, no table yet
+            # cdc-transactions=hold, no table yet, none planned (dead letters at most): the held changes' tables
+            if self._held is not None and self._held.needs_home and not routed.routes(values, batch_id):
                 held_changes = debezium_changes(self._held.held_changes(), keep_value=self.options.dead_letter_table is not None)
-                values = transactions.homes(routed, routing, self._payload_columns(held_changes, routed)[0], batch_id)
+                homes = transactions.homes(routed, routing, self._payload_columns(held_changes, routed)[0], batch_id)
+                values = [*values, *homes]
         else:
             # read as bytes: a value that is not UTF-8 stays itself (an invalid route), not Spark's decoding of it
             raw = df.select(F.col(f"`{routing.column}`").cast("binary")).distinct().collect()

@@ -45,7 +45,7 @@ from lakesink.executor.messages import TaskIds, WritePlan
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.executor.staged import STAGED_ROWS_FOLDER, StagedPlan, StagedTaskResult, read_staged
 from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, CdcTransactions, SinkOptions
-from lakesink.sink import staged_transactions, truncates
+from lakesink.sink import staged_transactions, transactions, truncates
 from lakesink.sink.commit import commit_routed
 from lakesink.table import storage
 from lakesink.table.routes import Route, parse_route, routing_value
@@ -121,23 +121,14 @@ class StagedCommitter:
         if self.plan.transactions:  # option cdc-transactions=hold: the released records, staged as one task's
             assert self.raw is not None
             results = staged_transactions.released(routed, self.plan, self.raw, replace(call, run_id=run_id), results)
-        parts: dict[object, list[Mapping[str, pa.DataType | None]]] = {}
-        found: dict[object, payload.Found] = {}
-        for r in results:
-            for raw, columns in r.columns.items():
-                value = routing_value(raw)
-                parts.setdefault(value, []).append(columns)
-                found[value] = found.get(value, payload.Found()).join(r.found[raw])
-        routed.table_columns, routed.carried_keys = {}, {}
-        for routed_value, tasks in parts.items():
-            route = parse_route(routed_value, routing.namespace, routing.allowed_namespaces)
-            if isinstance(route, Route):
-                routed.table_columns[str(route)] = payload.merge_columns(
-                    [dict(c) for c in tasks], str(route), lenient=self.plan.dead_letters
-                )
-                routed.carried_keys[str(route)] = found[routed_value].keys
+        found = self._table_columns(results)
         cut = truncates.positions(found) if routed.options.cdc_format is not None else {}
-        values = truncates.mark(routed, routing, cut, list(parts))
+        values = truncates.mark(routed, routing, cut, list(found))
+        home = None
+        if self.plan.transactions and not routed.routes(values, batch_id):  # no table planned (dead letters at most)
+            home = staged_transactions.home_inference(routed, self.plan, replace(call, run_id=run_id))
+        if home is not None:  # cdc-transactions=hold, no table yet: the held changes' tables made empty, in the unit
+            values = [*values, *transactions.homes(routed, routing, list(self._table_columns([home])), batch_id)]
         routes = routed.routes(values, batch_id)
         plans = routed.plans(routes, query_id)
         outcome = commit_routed(
@@ -153,6 +144,27 @@ class StagedCommitter:
             staged_transactions.remember(routed, call, list(outcome.tables))
         self._sweep(batch_id)
         return outcome
+
+    def _table_columns(self, results: Sequence[StagedTaskResult]) -> dict[object, payload.Found]:
+        """The tasks' inferences joined: each table's columns and carried keys set in the routed committer; per routing
+        value, what the inference found (its keys, its last truncate)."""
+        routed, routing = self.routed, self.routed.routing
+        parts: dict[object, list[Mapping[str, pa.DataType | None]]] = {}
+        found: dict[object, payload.Found] = {}
+        for r in results:
+            for raw, columns in r.columns.items():
+                value = routing_value(raw)
+                parts.setdefault(value, []).append(columns)
+                found[value] = found.get(value, payload.Found()).join(r.found[raw])
+        routed.table_columns, routed.carried_keys = {}, {}
+        for routed_value, tasks in parts.items():
+            route = parse_route(routed_value, routing.namespace, routing.allowed_namespaces)
+            if isinstance(route, Route):
+                routed.table_columns[str(route)] = payload.merge_columns(
+                    [dict(c) for c in tasks], str(route), lenient=self.plan.dead_letters
+                )
+                routed.carried_keys[str(route)] = found[routed_value].keys
+        return found
 
     def _write(
         self,

@@ -16,7 +16,11 @@ records, Kafka's ``offset`` beside them -- neither parsed nor inferred). Here, i
    change is not the table's yet);
 4. what is held back goes to the routed committer (``RoutedCommitter.held``), which writes it as the held file and
    names it in every table of the batch's unit, in the same atomic commit (lakesink.driver.actions.held), or deletes
-   it when that commit did not land.
+   it when that commit did not land;
+5. a batch that plans no table while it holds changes back and no table records what the sink holds (the query's
+   first batches, one transaction open) has nowhere to record them: its held changes are parsed and inferred by the
+   staging writer's code, nothing staged (:func:`home_inference`), and foreach_batch's decision
+   (lakesink.sink.transactions.homes) makes their tables, empty, in the batch's unit (``RoutedCommitter.held_homes``).
 
 Cost: the released records are parsed and their payloads inferred in the commit worker (without the option the
 executors do both); the held records are read and rewritten every batch (docs/cdc.md).
@@ -92,6 +96,7 @@ def released(
     )
     key = held.property_key(query_id, options.sink_id)
     routed.held_tables = tuple(sorted(n for n, t in tables.items() if key in t.properties))
+    routed.held_homes = frozenset()  # set by a batch that releases no change and has no table (home_inference)
     if split.held_changes:
         log.info(
             "lakesink: query=%s batch=%s cdc-transactions: %s transaction(s) released; %s change(s) held back, waiting "
@@ -109,6 +114,27 @@ def released(
     writer = StagedTaskWriter(replace(plan, transactions=False), ids)
     result = writer.stage(iter(split.released.to_batches()))
     return [result] if result.file is not None else []
+
+
+def home_inference(routed: RoutedCommitter, plan: StagedPlan, call: BatchCall) -> StagedTaskResult | None:
+    """A batch that holds changes back while no table records what the sink holds (the query's first batches, one
+    transaction open), and that plans no table of its own: the held changes parsed and inferred by the staging writer's
+    code, nothing staged -- what foreach_batch's inference gives for them (lakesink.sink.transactions.homes then makes
+    their tables, empty, in the batch's unit: ``RoutedCommitter.held_homes``). None: the batch needs no home."""
+    back = routed.held
+    if back is None or routed.held_tables or not back.changes:
+        return None
+    kinds = [not cdc_transactions.is_transaction_record(_payload(v)) for v in back.rows.column("value").to_pylist()]
+    changes = back.rows.filter(pa.array(kinds, pa.bool_()))
+    ids = TaskIds(query_id=call.query_id, batch_id=call.batch_id, partition_id=0, task_attempt_id=0, run_id=call.run_id)
+    return StagedTaskWriter(replace(plan, transactions=False), ids).infer(iter(changes.to_batches()))
+
+
+def _payload(value: object) -> object:
+    try:
+        return cdc_transactions.payload_of(value if isinstance(value, str | bytes) else None)
+    except ValueError:
+        return None
 
 
 def remember(routed: RoutedCommitter, call: BatchCall, tables: Sequence[str]) -> None:

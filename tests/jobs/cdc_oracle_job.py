@@ -2,9 +2,10 @@
 round: topic, key, value) streamed with cdc-format=debezium, until done, by foreach_batch or by format("lakesink").
 
 Arguments: catalog properties (JSON), source folder, checkpoint folder, and optionally the entry point ("foreach",
-the default, "format", or "hold": foreach_batch with cdc_transactions='hold' over the tables' topics and the
-transaction topic, Kafka's offset column with them). The test kills it (a fault point armed with ``kill``) and starts it
-again from the same checkpoint.
+the default, "format", "hold": foreach_batch with cdc_transactions='hold' over the tables' topics and the transaction
+topic, Kafka's offset column with them, or "hold-format": the same through format("lakesink")). The test kills it (a
+fault point armed with ``kill`` in the driver, or the whole job killed while a commit worker pauses at one) and starts
+it again from the same checkpoint.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ if __name__ == "__main__":
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    columns = "topic STRING, key STRING, value STRING" + (", offset LONG" if entry == "hold" else "")
+    columns = "topic STRING, key STRING, value STRING" + (", offset LONG" if entry.startswith("hold") else "")
     df = spark.readStream.schema(columns).option("maxFilesPerTrigger", 1).json(src)
-    if entry == "format":
+    if entry in ("format", "hold-format"):
         lakesink.register(spark)
         writer = df.writeStream.format("lakesink").option("cdc-format", "debezium").option("merge-schema", "true")
+        if entry == "hold-format":
+            writer = writer.option("cdc-transactions", "hold")
         for k, v in props.items():
             writer = writer.option(f"catalog.{k}", v)
         q = writer.option("checkpointLocation", ck).trigger(availableNow=True).start()

@@ -27,6 +27,7 @@ from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
 from lakesink.options import SinkOptions
 from tests.driver.test_cdc_transactions import RECORDS, TABLES, Event, deliveries, first_batch_stream, source
+from tests.sink.test_staged_transactions import DEAD_LETTER_OPTIONS, dead_letter_stream
 from tests.support import routed_upserts
 from tests.support.helpers import lakesink_snapshots, run_to_end
 
@@ -49,12 +50,12 @@ def values(props: Mapping[str, str], names: Sequence[str] = TABLES) -> State:
     return out
 
 
-def states_by_batch(props: Mapping[str, str], query_id: str) -> dict[int, State]:
+def states_by_batch(props: Mapping[str, str], query_id: str, names: Sequence[str] = TABLES) -> dict[int, State]:
     """What a reader saw after each batch's unit: each table at its snapshot of the batch, or its last before it."""
     catalog = catalogs.load(None, dict(props))
     history: dict[str, list[tuple[int, int]]] = {}
     opened: dict[str, Any] = {}
-    for t in TABLES:
+    for t in names:
         try:
             table = catalog.load_table(("db", t))
         except NoSuchTableError:
@@ -104,6 +105,7 @@ def start(
     entry: str,
     seen: list[State] | None = None,
     names: Sequence[str] = TABLES,
+    dead_letters: bool = False,
 ) -> Any:
     df = spark.readStream.schema("topic STRING, value STRING, offset LONG").option("maxFilesPerTrigger", 1).json(str(src))
     if entry == "format":  # the executors stage the records as they came; the commit decides what is released
@@ -114,6 +116,7 @@ def start(
             "upsert-key": "id",
             "table-property.commit.retry.num-retries": "0",  # the fault inside the swap fails the batch, not retried
             **{f"catalog.{k}": v for k, v in props.items()},
+            **(DEAD_LETTER_OPTIONS if dead_letters else {}),
         }
         for k, v in options.items():
             writer = writer.option(k, v)
@@ -124,6 +127,8 @@ def start(
         upsert_key="id",
         catalog_properties=props,
         table_properties={"commit.retry.num-retries": "0"},  # the fault inside the swap fails the batch, not retried
+        dead_letter_table=DEAD_LETTER_OPTIONS["dead-letter-table"] if dead_letters else None,
+        route_namespaces=DEAD_LETTER_OPTIONS["route-namespaces"] if dead_letters else None,
     )
     if seen is None:
         return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
@@ -193,15 +198,17 @@ def test_every_batch_commits_whole_source_transactions_through_failures_and_rest
     assert list((ck / "lakesink").rglob("*.parquet")) == []  # format: every staged file swept, failed attempts' too
 
 
+@pytest.mark.parametrize("entry", ENTRIES)
 def test_a_first_batch_that_releases_nothing_makes_its_held_changes_tables(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
     """The query's first batch holds its one open transaction (over tables a and b; its third table, c, and its END
-    come later) and no table exists: foreach_batch makes a and b -- empty, typed by the held changes' payloads, keyed by
-    their Kafka keys' fields -- in the batch's unit, which records what it holds. Before the fix the batch failed ("no
-    table yet to record them in") and so did every restart. A failure after the unit's swap, a restart that replays the
-    batch mid-transaction, then the END: after every batch a reader sees a whole prefix of the transactions; at the end
-    the model (t2, deletes only, empties a and b again)."""
+    come later) and no table exists: either entry point makes a and b -- empty, typed by the held changes' payloads,
+    keyed by their Kafka keys' fields -- in the batch's unit, which records what it holds. Before the fix the batch
+    failed ("no table yet to record them in") and so did every restart (foreach_batch until df4f128, format("lakesink")
+    until this test's commit). A failure after the unit's swap, a restart that replays the batch mid-transaction, then
+    the END: after every batch a reader sees a whole prefix of the transactions; at the end the model (t2, deletes
+    only, empties a and b again)."""
     props = catalog_properties
     txs, batches = first_batch_stream()
     names = ("a", "b", "c")
@@ -210,7 +217,7 @@ def test_a_first_batch_that_releases_nothing_makes_its_held_changes_tables(
     write(src, 0, batches[0])
     faults.arm(DRIVER_AFTER_SWAP, "raise")  # batch 0's unit landed, then the failure before Spark's commit log
     with pytest.raises(StreamingQueryException):
-        run_to_end(start(spark, props, src, ck, "foreach", seen, names))
+        run_to_end(start(spark, props, src, ck, entry, seen, names))
     assert faults.fired(DRIVER_AFTER_SWAP)
     faults.clear()
     catalog = catalogs.load(None, props)
@@ -225,13 +232,40 @@ def test_a_first_batch_that_releases_nothing_makes_its_held_changes_tables(
         assert record.batch_id == 0 and record.changes == 2 and record.waiting_for == "t1" and record.file is not None
     for i in (1, 2, 3):
         write(src, i, batches[i])
-    run_to_end(start(spark, props, src, ck, "foreach", seen, names))  # batch 0 replayed (found committed), then 1, 2, 3
+    run_to_end(start(spark, props, src, ck, entry, seen, names))  # batch 0 replayed (found committed), then 1, 2, 3
     whole = [expected([], txs, k) for k in range(len(txs) + 1)]
-    assert [whole.index(state) if state in whole else None for state in seen] == [0, 0, 1, 2]
+    if entry == "foreach":  # what a reader saw right after each batch's unit (the replay of batch 0 included)
+        assert [whole.index(state) if state in whole else None for state in seen] == [0, 0, 1, 2]
+    # each table as of its snapshot of each batch: batches 0 and 1 made none (a marker-only commit into tables made
+    # empty), so a reader saw the empty tables, whole[0], until batch 2
+    history = states_by_batch(props, _query_id(ck), names)
+    assert {b: whole.index(state) if state in whole else None for b, state in history.items()} == {2: 1, 3: 2}
     assert values(props, names) == whole[-1] == {"db.c": {3: "three"}}
     for t in names:
         ids = [s["batch_id"] for s in lakesink_snapshots(catalog.load_table(("db", t)))]
         assert ids == sorted(set(ids)), f"db.{t} holds a batch twice: {ids}"
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_batch_whose_released_changes_are_all_dead_letters_records_what_it_holds(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """tests/sink/test_staged_transactions.py's stream (changes of a schema option route-namespaces does not take are
+    dead letters) through real Spark on both entry points: the first batch releases only a dead letter and holds a
+    change while no table exists, a later one releases only a dead letter while holding the next transaction. Fails
+    before the fix on either entry point: the first batch records nothing (its held change lost), or the third leaves
+    the record a batch behind (the last transaction held forever)."""
+    props = catalog_properties
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    for i, records in enumerate(dead_letter_stream()):
+        write(src, i, pa.Table.from_pylist(records, RECORDS))
+    run_to_end(start(spark, props, src, ck, entry, dead_letters=True))
+    assert values(props) == {"db.a": {1: "one", 3: "three"}}
+    catalog = catalogs.load(None, props)
+    record = held.recorded({"db.a": catalog.load_table(("db", "a"))}, _query_id(ck), None)
+    assert record is not None and record.batch_id == 3 and record.changes == 0, record
+    letters = catalog.load_table(("dl", "letters")).scan().to_arrow().to_pylist()
+    assert sorted((r["error"], r["batch_id"]) for r in letters) == [("invalid-route", 0), ("invalid-route", 2)], letters
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

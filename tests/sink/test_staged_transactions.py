@@ -20,14 +20,15 @@ from lakesink.driver import catalogs
 from lakesink.driver.actions import held
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.routed import RoutedCommitter
-from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError
+from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError, LakesinkError
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.staged import StagedTaskResult, StagedTaskWriter
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
 from lakesink.options import SinkOptions
 from lakesink.sink import staged
 from lakesink.sink.staged import StagedCommitter
-from tests.driver.test_cdc_transactions import RECORDS, begin, change, end
+from tests.driver.test_cdc_transactions import RECORDS, begin, change, end, first_batch_stream
+from tests.support.helpers import lakesink_snapshots
 
 Q = "7b3a1f00-0000-4000-8000-000000000032"
 
@@ -187,3 +188,208 @@ def test_a_transaction_record_without_an_offset_fails_the_batch_naming_the_optio
         commit(c, 0, results)
     assert on_disk(catalog_properties, tmp_path / "ck")[1] == set()
     assert json.dumps(state(catalog_properties)) == "{}"
+
+
+def tables_of(props: Mapping[str, str], names: Sequence[str] = ("a", "b", "c")) -> dict[str, Any]:
+    catalog = catalogs.load(None, dict(props))
+    return {f"db.{t}": catalog.load_table(("db", t)) for t in names if catalog.table_exists(("db", t))}
+
+
+def shown(props: Mapping[str, str]) -> dict[str, dict[int, str]]:
+    """Every table's rows (empty tables left out), as a reader sees them now."""
+    out = {n: {r["id"]: r["value"] for r in t.scan().to_arrow().to_pylist()} for n, t in tables_of(props).items()}
+    return {n: rows for n, rows in out.items() if rows}
+
+
+def whole_prefixes(txs: Sequence[Sequence[tuple[str, int, str, int, bool]]]) -> list[dict[str, dict[int, str]]]:
+    """The tables after each whole prefix of the transactions (first_batch_stream's: no snapshot)."""
+    out = []
+    for k in range(len(txs) + 1):
+        state: dict[str, dict[int, str]] = {}
+        for table, key, value, _, delete in (e for tx in txs[:k] for e in tx):
+            rows = state.setdefault(f"db.{table}", {})
+            if delete:
+                rows.pop(key, None)
+            else:
+                rows[key] = value
+        out.append({n: rows for n, rows in state.items() if rows})
+    return out
+
+
+def test_a_first_batch_that_releases_nothing_makes_its_held_changes_tables_on_format_lakesink(
+    catalog_properties: dict[str, str], tmp_path: Path, faults: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The query's first batch holds its one open transaction (t1 over a and b; its change in c and its END come
+    later) and no table exists: the commit makes a and b -- empty, their columns and key inferred from the held
+    changes by the staging writer's code -- in the batch's unit, which records what it holds. Fails before the fix
+    (every attempt: "the sink has no table yet to record them in"). The attacks: a failure inside the unit's swap (the
+    tables made, nothing recorded, the attempt's held and staged files deleted); a kill between the held file and the
+    swap (its held file left unnamed: the restart decides the same and names its own); a failure after the swap and a
+    new commit worker replaying the batch (found committed, the record kept, the replay's held file deleted). After
+    every batch a reader sees a whole prefix of the transactions; at the end the model."""
+    props, ck = catalog_properties, tmp_path / "ck"
+    txs, batches = first_batch_stream()
+    tasks = [[r] for r in batches[0].to_pylist()]  # one record per task
+    key = held.property_key(Q)
+    c = committer(props, ck)
+    faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")  # inside the unit's database transaction: nothing lands
+    with pytest.raises((InjectedFault, CommitConflictError)):
+        commit(c, 0, stage(c, 0, tasks))
+    assert faults.fired(CATALOG_BETWEEN_TABLE_SWAPS)
+    faults.clear()
+    assert sorted(tables_of(props)) == ["db.a", "db.b"]  # made when planned, before the unit: empty, no record
+    assert not any(key in t.properties for t in tables_of(props).values())
+    assert on_disk(props, ck) == (set(), set())  # the failed attempt's held and staged files deleted
+
+    # a kill between the held file and the swap: nothing after the failure runs (no settling, no abort)
+    c = committer(props, ck)
+    faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")
+    with monkeypatch.context() as m, pytest.raises((InjectedFault, CommitConflictError)):
+        m.setattr(held.Attempt, "drop", lambda self: None)
+        c.commit_batch(BatchCall(Q, 0, None, "killed"), stage(c, 0, tasks, "killed"))
+    faults.clear()
+    orphan, _ = on_disk(props, ck)
+    assert len(orphan) == 1 and not any(key in t.properties for t in tables_of(props).values())
+
+    c = committer(props, ck)  # a restart: batch 0 again, its tables found made, no record yet
+    faults.arm(DRIVER_AFTER_SWAP, "raise")  # the unit lands, then the failure before Spark's commit log
+    with pytest.raises(InjectedFault):
+        commit(c, 0, stage(c, 0, tasks, "restarted"))
+    assert faults.fired(DRIVER_AFTER_SWAP)
+    faults.clear()
+    made = tables_of(props)
+    assert sorted(made) == ["db.a", "db.b"]  # the held changes' tables, not c (none of its changes at hand)
+    for name, table in made.items():
+        assert table.scan().to_arrow().num_rows == 0, name
+        assert [f.name for f in table.schema().fields] == ["id", "value"], name  # the held payloads' columns
+        assert table.schema().identifier_field_names() == {"id"}, name
+    texts = {n: t.properties[key] for n, t in made.items()}
+    assert len(set(texts.values())) == 1  # one record, in every table of the unit
+    state0 = held.HeldState.from_property(texts["db.a"], table="db.a")
+    assert state0.batch_id == 0 and state0.changes == 2 and state0.waiting_for == "t1" and state0.file is not None
+    named = state0.file.rsplit("/", 1)[-1]
+    assert on_disk(props, ck) == (orphan | {named}, set()) and named not in orphan  # the killed attempt's: unnamed
+
+    commit(committer(props, ck), 0, stage(c, 0, tasks, "replayed"))  # a new commit worker replays batch 0
+    assert {n: t.properties[key] for n, t in tables_of(props).items()} == texts  # found committed, the record kept
+    assert on_disk(props, ck) == (orphan | {named}, set())  # the replay's own held file deleted
+    whole = whole_prefixes(txs)
+    shown_after = [whole.index(shown(props))]
+    for batch_id in (1, 2, 3):
+        c = committer(props, ck)
+        commit(c, batch_id, stage(c, batch_id, [batches[batch_id].to_pylist()]))
+        now = shown(props)
+        shown_after.append(whole.index(now) if now in whole else -1)
+        if batch_id == 2:
+            assert "db.c" in tables_of(props)  # made by the batch that releases t1, in its unit
+    assert shown_after == [0, 0, 1, 2]
+    assert shown(props) == whole[-1] == {"db.c": {3: "three"}}
+    for name, table in tables_of(props).items():
+        ids = [s["summary"]["lakesink.batch-id"] for s in lakesink_snapshots(table)]
+        assert len(ids) == len(set(ids)), name
+    latest = held.recorded(tables_of(props), Q, None)
+    assert latest is not None and latest.batch_id == 3 and latest.changes == 0 and latest.file is None
+
+
+def test_a_held_changes_table_another_writer_made_meanwhile_takes_the_record_and_keeps_its_rows(
+    catalog_properties: dict[str, str], tmp_path: Path
+) -> None:
+    """Before the query's first batch (which releases nothing), another writer made db.b -- with a column of its own
+    and a row -- where the held changes route. Without identifier fields the batch fails loudly naming the fix, nothing
+    recorded (as a released change into it would fail); once the key is set, the restart's unit records what it holds
+    in a (made) and b (found, not made again, not emptied), and the release later applies t1 and t2 into b beside that
+    row. Fails before the fix (the first batch's "no table yet" error); and when a home made over an existing table
+    loses its rows or its record."""
+    props, ck = catalog_properties, tmp_path / "ck"
+    txs, batches = first_batch_stream()
+    catalog = catalogs.load(None, dict(props))
+    catalog.create_namespace_if_not_exists("db")
+    theirs = pa.schema([pa.field("id", pa.int64(), nullable=False), ("value", pa.string()), ("note", pa.string())])
+    other = catalog.create_table(("db", "b"), schema=theirs, properties={"commit.retry.num-retries": "0"})
+    other.append(pa.Table.from_pylist([{"id": 9, "value": "theirs", "note": "kept"}], theirs))
+    c = committer(props, ck)
+    with pytest.raises(InvalidOptionError, match="db.b exists and has no identifier fields"):
+        commit(c, 0, stage(c, 0, [batches[0].to_pylist()]))
+    assert held.recorded(tables_of(props), Q, None) is None and on_disk(props, ck) == (set(), set())
+    with other.update_schema() as update:
+        update.set_identifier_fields("id")
+    for batch_id, records in enumerate(batches):
+        c = committer(props, ck)
+        commit(c, batch_id, stage(c, batch_id, [records.to_pylist()]))
+        if batch_id == 0:
+            assert sorted(tables_of(props)) == ["db.a", "db.b"]
+            record = held.recorded(tables_of(props), Q, None)
+            assert record is not None and record.batch_id == 0 and record.changes == 2
+            assert all(held.property_key(Q) in t.properties for t in tables_of(props).values())
+    b = catalog.load_table(("db", "b"))
+    assert b.scan().to_arrow().to_pylist() == [{"id": 9, "value": "theirs", "note": "kept"}]  # b2 made, then deleted
+    assert shown(props) == {"db.b": {9: "theirs"}, "db.c": {3: "three"}}
+    assert whole_prefixes(txs)[-1] == {"db.c": {3: "three"}}
+
+
+def stray(record: dict[str, Any]) -> dict[str, Any]:
+    """A change of schema ``other``, which option route-namespaces=db does not take: a dead letter (invalid-route)."""
+    return {**record, "value": record["value"].replace('"schema": "db"', '"schema": "other"')}
+
+
+DEAD_LETTER_OPTIONS = {"dead-letter-table": "dl.letters", "route-namespaces": "db"}
+
+
+def dead_letter_stream() -> list[list[dict[str, Any]]]:
+    """Four micro-batches of Kafka records: batch 0 releases only a dead letter (a snapshot read of other.x) and holds
+    t1 (db.a) while no table exists; batch 1 releases t1 and holds t2 (other.x only); batch 2 releases t2 -- a dead
+    letter only -- and holds t3 (db.a); batch 3 releases t3. At the end: db.a {1: one, 3: three}, two dead letters
+    (batches 0 and 2)."""
+    t1 = change("t1", 1, "a", 1, "one", 2, False, 1002)
+    t2 = stray(change("t2", 1, "x", 2, "away", 3, False, 1003))
+    t3 = change("t3", 1, "a", 3, "three", 4, False, 1004)
+    return [
+        [at(0, stray(change(None, 0, "x", 1, "stray", 1, False, 1001))), at(0, begin("t1")), at(1, t1)],
+        [at(1, end("t1", 1, 1002)), at(2, begin("t2")), at(0, t2)],
+        [at(3, end("t2", 1, 1003)), at(4, begin("t3")), at(2, t3)],
+        [at(5, end("t3", 1, 1004))],
+    ]
+
+
+def test_a_batch_whose_released_changes_are_all_dead_letters_still_records_what_it_holds(
+    catalog_properties: dict[str, str], tmp_path: Path
+) -> None:
+    """Option dead-letter-table with route-namespaces: a change of a schema the sink does not take is a dead letter of
+    kind invalid-route. A batch whose released changes are all such dead letters plans no table: its unit is the
+    dead-letter table alone, and it must still record what it holds back -- in the tables that hold the sink's state
+    (batch 2), or, with none yet, in its held changes' tables made empty (batch 0). Fails before the fix: batch 0
+    records nothing (its held change lost: the next batch starts from no state), and without the routed committer's
+    part batch 2 records nothing (the next batch would start from batch 1's state: t2 released twice, t3 and
+    everything after it held forever)."""
+    props, ck = catalog_properties, tmp_path / "ck"
+    for batch_id, records in enumerate(dead_letter_stream()):
+        c = committer(props, ck, **DEAD_LETTER_OPTIONS)  # a new commit worker every batch
+        commit(c, batch_id, stage(c, batch_id, [records]))
+        latest = held.recorded(tables_of(props, ("a",)), Q, None)
+        assert latest is not None and latest.batch_id == batch_id, (batch_id, latest)
+        assert latest.changes == (0 if batch_id == 3 else 1), latest
+    assert shown(props) == {"db.a": {1: "one", 3: "three"}}
+    letters = catalogs.load(None, dict(props)).load_table(("dl", "letters")).scan().to_arrow().to_pylist()
+    assert sorted((r["error"], r["batch_id"]) for r in letters) == [("invalid-route", 0), ("invalid-route", 2)], letters
+
+
+def test_a_dead_letters_only_batch_holding_changes_that_make_no_table_fails_loudly(
+    catalog_properties: dict[str, str], tmp_path: Path
+) -> None:
+    """The first batch releases only a dead letter and holds a transaction whose one change is a truncate of a table
+    that does not exist (it makes no table): nowhere to record what it holds, so the batch fails loudly, nothing
+    committed -- not a unit of dead letters alone that would lose the held records."""
+    props, ck = catalog_properties, tmp_path / "ck"
+    truncate = json.loads(change("t1", 1, "zz", 0, "", 2, False, 1002)["value"])
+    truncate.update(op="t", before=None, after=None)
+    records = [
+        at(0, stray(change(None, 0, "x", 1, "stray", 1, False, 1001))),
+        at(0, begin("t1")),
+        at(0, {"topic": "db.zz", "value": json.dumps(truncate)}),
+    ]
+    c = committer(props, ck, **DEAD_LETTER_OPTIONS)
+    with pytest.raises(LakesinkError, match="releases dead letters only, and the sink has no table yet"):
+        commit(c, 0, stage(c, 0, [records]))
+    catalog = catalogs.load(None, dict(props))
+    assert not catalog.table_exists(("dl", "letters")) or catalog.load_table(("dl", "letters")).scan().to_arrow().num_rows == 0
+    assert on_disk(props, ck) == (set(), set())

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -33,6 +34,7 @@ from pyiceberg.table import Table
 from lakesink.driver import catalogs
 from lakesink.driver.actions import dead_letters, held
 from lakesink.driver.actions.batch import BatchAction, BatchCall, BatchOutcome, Outcome
+from lakesink.driver.actions.held import Attempt
 from lakesink.driver.committers.routed_tables import RoutedTables
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import swap
@@ -99,13 +101,14 @@ class RoutedCommitter(RoutedTables):
     """The driver side of a routed sink: a :class:`TableCommitter` per table, one unit of commits per batch."""
 
     held: held.HeldBack | None = None
-    """Option cdc-transactions=hold: what the batch holds back (set per batch by foreach_batch), recorded in every table
-    of its unit, in the same commit (lakesink.driver.actions.held)."""
+    """Option cdc-transactions=hold: what the batch holds back (set per batch by both entry points), recorded in every
+    table of its unit, in the same commit (lakesink.driver.actions.held). None (the option off): the batch's commit
+    does not enter that module."""
     held_tables: tuple[str, ...] = ()
     """Option cdc-transactions=hold: the tables that recorded the state the batch started from."""
     held_homes: frozenset[str] = frozenset()
     """Option cdc-transactions=hold: the tables a batch that releases no change made for the changes it holds back,
-    when no table recorded what the sink holds yet (set per batch by foreach_batch, lakesink.sink.transactions.homes):
+    when no table recorded what the sink holds yet (set per batch by both entry points, lakesink.sink.transactions.homes):
     in its unit without a row, their commits carry the record."""
 
     # --- commit -----------------------------------------------------------------------------------
@@ -125,6 +128,13 @@ class RoutedCommitter(RoutedTables):
             by_table.setdefault(name, [])
         for name in self.held_homes if self.held is not None else ():  # made to record what the batch holds back
             by_table.setdefault(name, [])
+        if self.held is not None and not by_table and any(r.invalid_routes for r in results):
+            # dead letters only (invalid routes): the record of what the batch holds back goes to the tables that hold
+            # the sink's state, without a row (else the next batch would start from an older state)
+            for name in self.held_tables or self._last_tables:
+                by_table.setdefault(name, [])
+            if not by_table and self.held.rows.num_rows:
+                raise self._nowhere_to_hold(call, "releases dead letters only")
         call = replace(call, run_id=call.run_id or next((r.run_id for r in results if r.run_id), None))
         names = sorted(by_table)
         routes = self.routes(names, batch_id)
@@ -139,7 +149,7 @@ class RoutedCommitter(RoutedTables):
             return self._commit_empty(call)
         unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
         rows = _rows_digests(results)
-        attempt = held.Attempt(self.held, query_id=query_id, batch_id=batch_id, sink_id=self.options.sink_id)
+        attempt = self._held_attempt(query_id, batch_id)
         actions: list[tuple[TableCommitter, BatchAction]] = []
         # the tables planned for this batch, read in one catalog query (SQL catalogs)
         read = catalogs.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
@@ -151,8 +161,10 @@ class RoutedCommitter(RoutedTables):
                 c, route, by_table[name], name in templated, query_id, batch_id, read.get(route.identifier)
             )
             kept += table_results
-            properties = attempt.record(table, c.load_fresh, name)  # the held file next to the first table's metadata
-            unit.update(attempt.summary())
+            properties: Mapping[str, str] = {}
+            if attempt is not None:  # the held file next to the first table's metadata
+                properties = attempt.record(table, c.load_fresh, name)
+                unit.update(attempt.summary())
             action = c.unit_action(
                 table,
                 call,
@@ -163,7 +175,7 @@ class RoutedCommitter(RoutedTables):
                 properties=properties,
             )
             actions.append((c, action))
-        with attempt.settling():
+        with attempt.settling() if attempt is not None else nullcontext():
             self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
             if self.dead_letters is not None:
                 if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
@@ -171,7 +183,7 @@ class RoutedCommitter(RoutedTables):
                 letters = [t.dead_letters for t in kept if t.dead_letters is not None]
                 actions.append(self._letters_action(call, letters))
             outcome = self._run(actions, query_id, batch_id, names)
-        if not _landed_here(outcome):
+        if attempt is not None and not _landed_here(outcome):
             attempt.drop()  # a replay found committed: the held file its commit named is the one in force
         if names:
             self._last_tables = tuple(names)
@@ -316,23 +328,35 @@ class RoutedCommitter(RoutedTables):
         query_id, batch_id = call.query_id, call.batch_id
         tables = self._last_tables or self.held_tables or self._tables_of_last_batch(query_id)
         if not tables and self.held is not None and self.held.rows.num_rows:
-            raise LakesinkError(
-                f"batch {batch_id} of query {query_id} holds back {self.held.changes} change(s) (option cdc-transactions="
-                f"hold: source transaction {self.held.waiting_for} is not whole yet), releases none, and the sink has no "
-                "table yet to record them in (its held changes make none: truncates of tables that do not exist). "
-                "Nothing was committed. Create one of the tables the stream routes to first (docs/cdc.md)"
-            )
+            raise self._nowhere_to_hold(call, "releases none")
         if not tables:
             log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", query_id, batch_id)
             return RoutedOutcome(batch_id, {})
-        attempt = held.Attempt(self.held, query_id=query_id, batch_id=batch_id, sink_id=self.options.sink_id)
+        attempt = self._held_attempt(query_id, batch_id)
+        if attempt is None:
+            return self._without_files(tables, call, found_at_plan=False)
         first = self.committer(tables[0])
-        properties = attempt.record(first.load_patiently(batch_id), first.load_fresh, tables[0]) if self.held else {}
+        properties = attempt.record(first.load_patiently(batch_id), first.load_fresh, tables[0])
         with attempt.settling():
             outcome = self._without_files(tables, call, found_at_plan=False, properties=properties)
         if not _landed_here(outcome):
             attempt.drop()
         return outcome
+
+    def _nowhere_to_hold(self, call: BatchCall, released: str) -> LakesinkError:
+        assert self.held is not None
+        return LakesinkError(
+            f"batch {call.batch_id} of query {call.query_id} holds back {self.held.changes} change(s) (option "
+            f"cdc-transactions=hold: source transaction {self.held.waiting_for} is not whole yet), {released}, and the "
+            "sink has no table yet to record them in (its held changes make none: truncates of tables that do not "
+            "exist). Nothing was committed. Create one of the tables the stream routes to first (docs/cdc.md)"
+        )
+
+    def _held_attempt(self, query_id: str, batch_id: int) -> Attempt | None:
+        """Option cdc-transactions=hold: this commit call's held file and record (None: the option off)."""
+        if self.held is None:
+            return None
+        return Attempt(self.held, query_id=query_id, batch_id=batch_id, sink_id=self.options.sink_id)
 
     def skip_replay(self, call: BatchCall, *, routes: Sequence[Route]) -> RoutedOutcome:
         """Every table of the batch held it when it was planned (foreach_batch): check they still do, write nothing."""
