@@ -351,6 +351,11 @@ def committer_no_maintenance(
     return open_committer(props, table_properties=dict(table_properties or {}), maintenance=Maintenance.OFF, **options)
 
 
+def expire_all_but(keep: int) -> dict[str, str]:
+    """Table properties under which every snapshot is old enough to expire (maximum age 0) but the newest ``keep``."""
+    return {"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": str(keep)}
+
+
 def commit_batches(c: TableCommitter, n: int, *, start: int = 0, rows: int = 10, query_id: str = Q1) -> list[int]:
     """Commit batches ``start`` .. ``start + n - 1`` of ``query_id``, batch ``b`` holding ids ``b * 1000`` onwards
     (``rows`` of them), each asserted COMMITTED: the ids sent, in order."""
