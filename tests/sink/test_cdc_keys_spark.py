@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 
-import lakesink
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP
-from tests.support.changes import rounds_through_a_failure, tables_model, write_json_round
+from tests.support.changes import rounds_through_a_failure, start_debezium, tables_model, write_json_round
 from tests.support.helpers import fail_once_at, lakesink_snapshots, run_to_end
 
 pytestmark = pytest.mark.spark
@@ -70,9 +69,7 @@ def write_round(src: Path, index: int, events: Sequence[Event]) -> None:
 
 
 def start(spark: Any, props: dict[str, str], src: Path, ck: Path) -> Any:
-    df = spark.readStream.schema("topic STRING, key STRING, value STRING").option("maxFilesPerTrigger", 1).json(str(src))
-    sink = lakesink.foreach_batch(cdc_format="debezium", merge_schema=True, catalog_properties=props)
-    return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    return start_debezium(spark, props, src, ck)  # no option upsert-key: each table keyed by its records' Kafka keys
 
 
 def assert_tables_are(props: dict[str, str], batches: Sequence[Sequence[Event]]) -> None:

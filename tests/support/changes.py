@@ -1,6 +1,7 @@
 """A change stream as the upsert and CDC tests feed it to Spark and check what it leaves: one JSON file a round (one
 round a batch, read in the order written: tests/support/stream_input.py), the rounds run through a failure between the
-unit commit and Spark's commit log, and the model -- the tables computed in plain Python from the changes.
+unit commit and Spark's commit log, and the model -- the tables computed in plain Python from the changes. Debezium's
+Kafka records (tests/support/cdc_debezium.py) in such files are read by :func:`start_debezium`.
 
 The model applies the changes one by one in their order (a sequence number, a source position): a change with
 ``op`` 'd' removes its key's row, 't' (a truncate) empties its table, any other sets its key's row."""
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import lakesink
 from lakesink.faults import DRIVER_AFTER_SWAP
 from tests.support.helpers import fail_once_at
 from tests.support.stream_input import write_stream_lines
@@ -19,10 +21,21 @@ from tests.support.stream_input import write_stream_lines
 C = TypeVar("C", bound=Mapping[str, Any])
 R = TypeVar("R")
 
+KAFKA_DDL = "topic STRING, key STRING, value STRING"
+"""The columns of a Kafka record as the tests write them into JSON files."""
+
 
 def write_json_round(src: Path, index: int, lines: Iterable[Mapping[str, Any]]) -> None:
     """Round ``index``: one file of JSON lines in ``src``, which Spark reads after the rounds written before it."""
     write_stream_lines(src, f"round-{index:03d}.json", [json.dumps(line) for line in lines])
+
+
+def start_debezium(spark: Any, props: Mapping[str, str], src: Path, ck: Path, **options: Any) -> Any:
+    """A foreach_batch query with option cdc-format=debezium and merge-schema over the Kafka records in ``src``, one
+    file a batch, until it has read them (availableNow); ``options``: the sink's other keyword arguments."""
+    df = spark.readStream.schema(KAFKA_DDL).option("maxFilesPerTrigger", 1).json(str(src))
+    sink = lakesink.foreach_batch(cdc_format="debezium", merge_schema=True, catalog_properties=dict(props), **options)
+    return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
 
 
 def apply(
