@@ -23,6 +23,7 @@ from tests.support.helpers import (
     commit,
     commit_batches,
     committer_no_maintenance,
+    expire_all_but,
     load,
     missing_referenced_files,
     table_ids,
@@ -58,9 +59,7 @@ def test_which_names_the_original_batch_after_compactions_and_expiry(catalog_pro
     assert all(r["_batch_id"] == r["id"] // 1000 for r in rows.select(["id", "_batch_id"]).to_pylist())
     # the batches' and the compactions' snapshots expire: the provenance is in the files, it stays
     table = load(c)
-    table.transaction().set_properties(
-        {"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": "1"}
-    ).commit_transaction()
+    table.transaction().set_properties(expire_all_but(1)).commit_transaction()
     assert expiry.expire_snapshots(load(c)).status == "committed"
     table = load(c)
     assert len(table.snapshots()) == 1 and missing_referenced_files(table) == []
@@ -92,14 +91,7 @@ def test_which_command_after_compaction(catalog_properties: dict[str, str]) -> N
 
 
 def test_as_of_batch_reads_work_for_every_retained_snapshot(catalog_properties: dict[str, str]) -> None:
-    c = committer_no_maintenance(
-        catalog_properties,
-        {
-            "history.expire.max-snapshot-age-ms": "0",
-            "history.expire.min-snapshots-to-keep": "6",
-            "write.lakesink.compact.min-input-files": "2",
-        },
-    )
+    c = committer_no_maintenance(catalog_properties, {**expire_all_but(6), "write.lakesink.compact.min-input-files": "2"})
     sent = commit_batches(c, 6, rows=4)
     assert compaction.compact(load(c)).status == "committed"
     sent += commit_batches(c, 4, start=6, rows=4)
@@ -125,9 +117,7 @@ def test_as_of_batch_reads_work_for_every_retained_snapshot(catalog_properties: 
 
 def test_verify_counts_expired_batches_as_accounted_not_missing_or_empty(catalog_properties: dict[str, str]) -> None:
     """Before: the batches before the kept history were counted as empty batches."""
-    c = committer_no_maintenance(
-        catalog_properties, {"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": "3"}
-    )
+    c = committer_no_maintenance(catalog_properties, expire_all_but(3))
     commit_batches(c, 7, rows=4)
     assert expiry.expire_snapshots(load(c)).status == "committed"
     report = lakesink.verify(load(c))
@@ -155,15 +145,8 @@ def test_verify_while_another_process_expires_the_snapshots_it_reads(
     checked again on the table's current metadata; a file missing from the current metadata is still a violation."""
     from lakesink.audit import Manifests
 
-    keep = "2" if moment == "summaries" else "1"
-    c = committer_no_maintenance(
-        catalog_properties,
-        {
-            "history.expire.max-snapshot-age-ms": "0",
-            "history.expire.min-snapshots-to-keep": keep,
-            "write.lakesink.compact.min-input-files": "2",
-        },
-    )
+    keep = 2 if moment == "summaries" else 1
+    c = committer_no_maintenance(catalog_properties, {**expire_all_but(keep), "write.lakesink.compact.min-input-files": "2"})
     commit_batches(c, 6, rows=4)
     table = load(c)  # what verify reads
     method = "changes" if moment == "summaries" else "live_files"

@@ -609,18 +609,11 @@ def replay(
     return commit_or_abort(rc, batch_id, results, offsets=offsets, run_id=run_id)
 
 
-def commit_unchecked(
-    rc: RoutedCommitter,
-    batch_id: int,
-    data: Mapping[str | None, Sequence[int]],
-    *,
-    offsets: str = OFFSETS,
-    run_id: str | None = None,
-) -> RoutedOutcome:
+def commit_unchecked(rc: RoutedCommitter, batch_id: int, data: Mapping[str | None, Sequence[int]], **kw: Any) -> RoutedOutcome:
     """The same replay reaching the commit without the check at plan time (format("lakesink"), or a batch the plan saw
-    in none of its tables): the commit's loop must decide it before any table is swapped."""
-    results = [write(rc, batch_id, data)]
-    return commit_or_abort(rc, batch_id, results, offsets=offsets, run_id=run_id)
+    in none of its tables): the commit's loop must decide it before any table is swapped (``kw``: commit_or_abort's
+    offsets and run id)."""
+    return commit_or_abort(rc, batch_id, [write(rc, batch_id, data)], **kw)
 
 
 def files_under(props: Mapping[str, str], name: str) -> list[Path]:

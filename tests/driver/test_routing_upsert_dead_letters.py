@@ -29,7 +29,13 @@ from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from lakesink.table import dead_letters as dl
 from lakesink.table.keys import DELETED, REJECT_COLUMN
 from tests.support import routed_upserts
-from tests.support.helpers import data_files_on_disk, fail_once_at, lakesink_snapshots, referenced_data_files
+from tests.support.helpers import (
+    create_required_value_table,
+    data_files_on_disk,
+    fail_once_at,
+    lakesink_snapshots,
+    referenced_data_files,
+)
 
 Q = "routed-upsert-dead-letters"
 DEAD = "db.dead"
@@ -132,22 +138,6 @@ def letters(props: Mapping[str, str]) -> Counter[Any]:
     return out
 
 
-def create_required_table(props: Mapping[str, str]) -> None:
-    from pyiceberg.schema import Schema
-    from pyiceberg.types import LongType, NestedField, StringType
-
-    cat = catalogs.load(None, dict(props))
-    cat.create_namespace_if_not_exists(("db",))
-    schema = Schema(
-        NestedField(1, "id", LongType(), required=True),
-        NestedField(2, "value", StringType(), required=True),
-        NestedField(3, "seq", LongType(), required=False),
-        NestedField(4, "op", StringType(), required=False),
-        identifier_field_ids=[1],
-    )
-    cat.create_table(("db", "r"), schema)
-
-
 def stream() -> tuple[list[list[Change]], Stream]:
     s = Stream()
     zero = [s.c(t, k, "c") for t in ("a", "b", "r") for k in range(1, 6)]
@@ -189,7 +179,7 @@ def test_dead_letters_of_a_routed_upsert_across_a_failure_before_and_after_the_u
     catalog_properties: dict[str, str], faults: Any, foreach: bool
 ) -> None:
     props = catalog_properties
-    create_required_table(props)
+    create_required_value_table(props, ("db", "r"))
     batches, s = stream()
     rc = routed(props)
     run(rc, 0, batches[0], foreach=foreach)
@@ -253,7 +243,7 @@ def test_format_lakesink_a_change_rewritten_at_commit_into_a_dead_letter_is_not_
     rows into the table; a resolved change found there to be a dead letter (a null in the table's NOT NULL column) is
     not applied: the table keeps the key's row (before, the key's row was deleted and nothing written for it)."""
     props = catalog_properties
-    create_required_table(props)
+    create_required_value_table(props, ("db", "r"))
     r = catalogs.load(None, dict(props)).load_table(("db", "r"))
     before = [{"id": k, "value": f"old{k}", "seq": -k, "op": "c"} for k in (1, 2, 3)]
     r.append(pa.Table.from_pylist(before, schema=r.schema().as_arrow()))

@@ -196,29 +196,19 @@ def test_zoned_timestamps_are_stored_as_the_same_instants_in_utc(make_plan: Make
 
 
 def test_utc_type_relabels_zoned_timestamps_at_any_depth() -> None:
-    paris = pa.timestamp("ms", tz="Europe/Paris")
-    schema = pa.schema(
-        [
-            pa.field("a", paris),
+    def fields(zoned: pa.DataType) -> list[pa.Field]:
+        """``zoned`` at every depth, beside a timestamp without a zone and one in UTC already (both kept as they are)."""
+        return [
+            pa.field("a", zoned),
             pa.field("b", pa.timestamp("us")),
-            pa.field("c", pa.struct([pa.field("x", paris), pa.field("y", pa.int32())])),
-            pa.field("d", pa.list_(paris)),
-            pa.field("e", pa.map_(pa.string(), paris)),
-            pa.field("f", pa.large_list(pa.timestamp("us", tz="UTC"))),
-        ],
-        metadata={b"k": b"v"},
-    )
-    utc = pa.timestamp("ms", tz="UTC")
-    assert utc_schema(schema) == pa.schema(
-        [
-            pa.field("a", utc),
-            pa.field("b", pa.timestamp("us")),
-            pa.field("c", pa.struct([pa.field("x", utc), pa.field("y", pa.int32())])),
-            pa.field("d", pa.list_(utc)),
-            pa.field("e", pa.map_(pa.string(), utc)),
+            pa.field("c", pa.struct([pa.field("x", zoned), pa.field("y", pa.int32())])),
+            pa.field("d", pa.list_(zoned)),
+            pa.field("e", pa.map_(pa.string(), zoned)),
             pa.field("f", pa.large_list(pa.timestamp("us", tz="UTC"))),
         ]
-    )
+
+    schema = pa.schema(fields(pa.timestamp("ms", tz="Europe/Paris")), metadata={b"k": b"v"})
+    assert utc_schema(schema) == pa.schema(fields(pa.timestamp("ms", tz="UTC")))
     assert utc_schema(schema).metadata == {b"k": b"v"}
     assert utc_type(pa.int64()) == pa.int64()
 

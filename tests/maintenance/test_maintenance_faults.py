@@ -20,6 +20,7 @@ from tests.support.helpers import (
     arrow_rows,
     commit,
     committer_no_maintenance,
+    expire_all_but,
     load,
     missing_referenced_files,
     raced,
@@ -40,11 +41,7 @@ def _run_with_another_writer(c: TableCommitter, faults: Any, step: Callable[[], 
 def test_another_writer_committing_during_maintenance(catalog_properties: dict[str, str], faults: Any, what: str) -> None:
     c = committer_no_maintenance(
         catalog_properties,
-        {
-            "commit.manifest-merge.enabled": "false",
-            "history.expire.max-snapshot-age-ms": "0",
-            "history.expire.min-snapshots-to-keep": "2",
-        },
+        {"commit.manifest-merge.enabled": "false", **expire_all_but(2)},
     )
     sent: list[int] = []
     for b in range(6):

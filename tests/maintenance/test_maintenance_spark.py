@@ -8,15 +8,14 @@ from typing import Any
 import pytest
 
 import lakesink
-from tests.support.helpers import Stream, table_ids
+from tests.support.helpers import Stream, expire_all_but, table_ids
 
 pytestmark = pytest.mark.spark
 
 PROPS = {
     "write.lakesink.maintenance.interval-ms": "0",  # a run after every batch
     "write.lakesink.compact.min-input-files": "2",
-    "history.expire.max-snapshot-age-ms": "0",
-    "history.expire.min-snapshots-to-keep": "3",
+    **expire_all_but(3),
 }
 
 

@@ -40,7 +40,16 @@ from lakesink.table import names
 from lakesink.table.keys import DELETED
 from tests.maintenance.test_orphans import assert_intact, backdate, on_disk, plant, reachable, spark_path_task
 from tests.support.files import local_file
-from tests.support.helpers import arrow_rows, as_another_process, commit, load, sink_committer, table_ids, write_task
+from tests.support.helpers import (
+    arrow_rows,
+    as_another_process,
+    commit,
+    expire_all_but,
+    load,
+    sink_committer,
+    table_ids,
+    write_task,
+)
 
 Q = "11111111-aaaa-4000-8000-000000000001"
 ZERO = timedelta(0)
@@ -384,11 +393,7 @@ def test_another_process_maintaining_the_table_while_a_batch_is_between_its_writ
     ``lakesink expire-snapshots`` then ``remove-orphan-files --older-than 0`` (which leave the branch head where it
     is, so the batch's swap does not conflict), run by another process, do not wait for it. The batch, paused
     before its swap, then lands once, on top of everything, with every file it references."""
-    props = {
-        "commit.manifest-merge.enabled": "false",
-        "history.expire.max-snapshot-age-ms": "0",
-        "history.expire.min-snapshots-to-keep": "2",
-    }
+    props = {"commit.manifest-merge.enabled": "false", **expire_all_but(2)}
     options: dict[str, Any] = {"upsert_key": ("id",)} if kind == "upsert" else {}
     c = committer(catalog_properties, table_properties=props, **options)
     for b in range(6):

@@ -24,6 +24,7 @@ from tests.support.helpers import (
     arrow_rows,
     commit,
     committer_no_maintenance,
+    expire_all_but,
     load,
     missing_referenced_files,
     table_ids,
@@ -56,11 +57,7 @@ def test_refs_older_than_the_tables_max_ref_age_are_removed_but_never_main(catal
     c = committer_no_maintenance(
         catalog_properties,
         # min-snapshots-to-keep 1 (Iceberg's default; a table lakesink creates keeps 100)
-        {
-            "history.expire.max-ref-age-ms": "60000",
-            "history.expire.max-snapshot-age-ms": "0",
-            "history.expire.min-snapshots-to-keep": "1",
-        },
+        {"history.expire.max-ref-age-ms": "60000", **expire_all_but(1)},
     )
     sent = _batches(c, Q1, 4)
     table = load(c)
@@ -107,7 +104,7 @@ def test_a_refs_own_max_ref_age_overrides_the_tables(catalog_properties: dict[st
 def test_branch_retention_is_per_branch(catalog_properties: dict[str, str]) -> None:
     """main keeps its head only (table: max age 0, min 1); branch 'audit' keeps 3 snapshots (its own
     min-snapshots-to-keep); branch 'forever' keeps its whole history (its own max-snapshot-age-ms)."""
-    props = {"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": "1"}
+    props = expire_all_but(1)
     main = committer_no_maintenance(catalog_properties, props)
     _batches(main, Q1, 2)
     table = load(main)

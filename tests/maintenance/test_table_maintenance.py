@@ -40,6 +40,7 @@ from tests.support.helpers import (
     assert_snapshot_invariants,
     commit,
     commit_batches,
+    expire_all_but,
     lakesink_snapshots,
     load,
     maintainer,
@@ -265,10 +266,7 @@ def test_kill_9_during_compaction_leaves_a_consistent_table(catalog_properties: 
 
 
 def _expiring(props: dict[str, str], keep: int) -> TableCommitter:
-    return open_committer(
-        props,
-        table_properties={"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": str(keep)},
-    )
+    return open_committer(props, table_properties=expire_all_but(keep))
 
 
 def test_expiry_follows_the_table_properties_and_keeps_markers_and_referenced_files(catalog_properties: dict[str, str]) -> None:
@@ -370,11 +368,7 @@ _unused = make_committer
 def test_auto_maintenance_compacts_and_expires_between_batches(catalog_properties: dict[str, str]) -> None:
     c = open_committer(
         catalog_properties,
-        table_properties={
-            "write.lakesink.maintenance.interval-ms": "0",
-            "history.expire.max-snapshot-age-ms": "0",
-            "history.expire.min-snapshots-to-keep": "4",
-        },
+        table_properties={"write.lakesink.maintenance.interval-ms": "0", **expire_all_but(4)},
     )
     sent: list[int] = []
     for b in range(12):
@@ -562,10 +556,7 @@ def test_audit_after_compaction_and_expiry(catalog_properties: dict[str, str]) -
     from lakesink.cli.output import human_history
     from lakesink.errors import AuditError
 
-    c = open_committer(
-        catalog_properties,
-        table_properties={"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": "4"},
-    )
+    c = open_committer(catalog_properties, table_properties=expire_all_but(4))
     commit_batches(c, 6)
     assert lakesink.compact(load(c)).status == "committed"
     commit_batches(c, 2, start=6)

@@ -7,20 +7,19 @@ Python, column for column; a truncate fails the batch naming the table."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql.types import StructType
 
-import lakesink
 from lakesink.driver import catalogs
-from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.options import SinkOptions
 from lakesink.sink import datasource
-from tests.support.helpers import assert_refused, fail_once_at, lakesink_snapshots, run_to_end
+from tests.support.changes import rounds_through_a_failure, start_debezium, tables_model, write_json_round
+from tests.support.helpers import assert_refused, lakesink_snapshots, run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -48,14 +47,11 @@ def rounds() -> list[list[Event]]:
 
 
 def model(batches: Sequence[Sequence[Event]]) -> dict[str, dict[int, dict[str, Any]]]:
-    tables: dict[str, dict[int, dict[str, Any]]] = {}
-    for e in sorted((e for b in batches for e in b), key=lambda e: e["lsn"]):
-        rows = tables.setdefault(e["table"], {})
-        if e["op"] == "d":
-            rows.pop(e["before"]["id"], None)
-        else:
-            rows[e["after"]["id"]] = e["after"]
-    return tables
+    """Every table by id (a delete's id from its before image) in source position order."""
+    flat = [e for b in batches for e in b]
+    return tables_model(
+        flat, table="table", order="lsn", key=lambda e: (e["after"] or e["before"])["id"], row=itemgetter("after")
+    )
 
 
 def records(events: Sequence[Event], index: int) -> list[dict[str, Any]]:
@@ -80,16 +76,11 @@ def records(events: Sequence[Event], index: int) -> list[dict[str, Any]]:
 
 
 def write_round(src: Path, index: int, events: Sequence[Event]) -> None:
-    src.mkdir(parents=True, exist_ok=True)
-    path = src / f"round-{index:03d}.json"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records(events, index)))
-    os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+    write_json_round(src, index, records(events, index))
 
 
 def start(spark: Any, props: dict[str, str], src: Path, ck: Path) -> Any:
-    df = spark.readStream.schema("topic STRING, key STRING, value STRING").option("maxFilesPerTrigger", 1).json(str(src))
-    sink = lakesink.foreach_batch(cdc_format="debezium", upsert_key="id", merge_schema=True, catalog_properties=props)
-    return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    return start_debezium(spark, props, src, ck, upsert_key="id")
 
 
 def assert_tables_are(props: dict[str, str], batches: Sequence[Sequence[Event]]) -> None:
@@ -110,20 +101,15 @@ def assert_tables_are(props: dict[str, str], batches: Sequence[Sequence[Event]])
 def test_debezium_records_equal_the_model_across_restarts_and_a_failure_at_the_unit_commit(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
 ) -> None:
-    events = rounds()
     src, ck = tmp_path / "in", tmp_path / "ck"
-    write_round(src, 0, events[0])
-    run_to_end(start(spark, catalog_properties, src, ck))
-    assert_tables_are(catalog_properties, events[:1])
-    write_round(src, 1, events[1])
-    run_to_end(start(spark, catalog_properties, src, ck))
-    assert_tables_are(catalog_properties, events[:2])
-    write_round(src, 2, events[2])
-    # every table committed, then the failure before Spark's commit log
-    fail_once_at(faults, DRIVER_AFTER_SWAP, lambda: run_to_end(start(spark, catalog_properties, src, ck)))
-    write_round(src, 3, events[3])
-    run_to_end(start(spark, catalog_properties, src, ck))  # replays batch 2 (found in every table), then batch 3
-    assert_tables_are(catalog_properties, events)
+    rounds_through_a_failure(  # batch 2: every table committed, then the failure; the run of batch 3 replays it first
+        rounds(),
+        faults,
+        failing=2,
+        write=lambda index, events: write_round(src, index, events),
+        run=lambda: run_to_end(start(spark, catalog_properties, src, ck)),
+        check=lambda events: assert_tables_are(catalog_properties, events),
+    )
 
 
 def test_a_truncate_empties_the_table(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:

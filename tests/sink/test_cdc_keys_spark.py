@@ -6,16 +6,15 @@ through a failure between the unit commit and Spark's commit log; each table equ
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import lakesink
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP
+from tests.support.changes import rounds_through_a_failure, start_debezium, tables_model, write_json_round
 from tests.support.helpers import fail_once_at, lakesink_snapshots, run_to_end
 
 pytestmark = pytest.mark.spark
@@ -34,18 +33,9 @@ def key_of(e: Event) -> tuple[Any, ...]:
 
 
 def model(batches: Sequence[Sequence[Event]]) -> dict[str, dict[tuple[Any, ...], dict[str, Any]]]:
-    tables: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {}
-    for e in sorted((e for b in batches for e in b), key=lambda e: e["lsn"]):
-        if e["op"] == "t" and e["table"] not in tables:
-            continue  # a truncate of a table never written: no table
-        rows = tables.setdefault(e["table"], {})
-        if e["op"] == "t":
-            rows.clear()
-        elif e["op"] == "d":
-            rows.pop(key_of(e), None)
-        else:
-            rows[key_of(e)] = e["after"]
-    return tables
+    """Every table by its key in source position order; a truncate of a table never written makes no table."""
+    flat = [e for b in batches for e in b]
+    return tables_model(flat, table="table", order="lsn", key=key_of, row=lambda e: e["after"])
 
 
 def records(events: Sequence[Event], index: int) -> list[dict[str, Any]]:
@@ -75,16 +65,11 @@ def records(events: Sequence[Event], index: int) -> list[dict[str, Any]]:
 
 
 def write_round(src: Path, index: int, events: Sequence[Event]) -> None:
-    src.mkdir(parents=True, exist_ok=True)
-    path = src / f"round-{index:03d}.json"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records(events, index)))
-    os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+    write_json_round(src, index, records(events, index))
 
 
 def start(spark: Any, props: dict[str, str], src: Path, ck: Path) -> Any:
-    df = spark.readStream.schema("topic STRING, key STRING, value STRING").option("maxFilesPerTrigger", 1).json(str(src))
-    sink = lakesink.foreach_batch(cdc_format="debezium", merge_schema=True, catalog_properties=props)
-    return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    return start_debezium(spark, props, src, ck)  # no option upsert-key: each table keyed by its records' Kafka keys
 
 
 def assert_tables_are(props: dict[str, str], batches: Sequence[Sequence[Event]]) -> None:
@@ -121,17 +106,15 @@ def keyed_rounds() -> list[list[Event]]:
 def test_tables_keyed_by_their_kafka_keys_equal_the_model(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
 ) -> None:
-    events = keyed_rounds()
     src, ck = tmp_path / "in", tmp_path / "ck"
-    write_round(src, 0, events[0])
-    run_to_end(start(spark, catalog_properties, src, ck))
-    assert_tables_are(catalog_properties, events[:1])
-    write_round(src, 1, events[1])
-    # the unit committed, then a failure before Spark's commit log
-    fail_once_at(faults, DRIVER_AFTER_SWAP, lambda: run_to_end(start(spark, catalog_properties, src, ck)))
-    write_round(src, 2, events[2])
-    run_to_end(start(spark, catalog_properties, src, ck))  # replays batch 1 (found in every table), then batch 2
-    assert_tables_are(catalog_properties, events)
+    rounds_through_a_failure(  # batch 1: the unit committed, then the failure; the run of batch 2 replays it first
+        keyed_rounds(),
+        faults,
+        failing=1,
+        write=lambda index, events: write_round(src, index, events),
+        run=lambda: run_to_end(start(spark, catalog_properties, src, ck)),
+        check=lambda events: assert_tables_are(catalog_properties, events),
+    )
 
 
 def test_truncates_apply_at_their_position_in_the_batch_and_its_unit(

@@ -34,6 +34,12 @@ def _ts_ms(i: int) -> int:
     return int(datetime.fromisoformat(f"2024-03-{1 + i % 28:02d}T{i % 24:02d}:15:00+01:00").timestamp() * 1000)
 
 
+@pytest.fixture(params=["format", "foreach"])
+def s(request: pytest.FixtureRequest, spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> Stream:
+    """The test's stream on a fresh SQLite catalog, through each entry point in turn."""
+    return Stream(spark, tmp_path, catalog_properties, request.param)
+
+
 def _start(s: Stream, **extra: Any) -> Any:
     df = s.spark.readStream.schema(s.ddl).option("maxFilesPerTrigger", 1).json(str(s.src)).withWatermark("ts", "1 hour")
     return start_sink(df, s.entry, s.ck, s.props, table=s.table_name, **extra)
@@ -43,11 +49,7 @@ def _run(s: Stream, **extra: Any) -> None:
     run_to_end(_start(s, **extra))
 
 
-@pytest.mark.parametrize("entry", ["format", "foreach"])
-def test_snapshots_carry_sparks_watermark_and_event_time_bounds(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
-) -> None:
-    s = Stream(spark, tmp_path, catalog_properties, entry)
+def test_snapshots_carry_sparks_watermark_and_event_time_bounds(s: Stream) -> None:
     s.add_input(files=3, rows_per_file=30)
     _run(s, event_time="ts")
     table = s.table
@@ -71,11 +73,7 @@ def test_snapshots_carry_sparks_watermark_and_event_time_bounds(
     assert table_watermark(table).watermark_ms == int(snaps[-1]["summary"][SUMMARY_WATERMARK])
 
 
-@pytest.mark.parametrize("entry", ["format", "foreach"])
-def test_a_watermark_moved_back_by_a_restart_stays_and_the_batch_says_why(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str, faults: Any
-) -> None:
-    s = Stream(spark, tmp_path, catalog_properties, entry)
+def test_a_watermark_moved_back_by_a_restart_stays_and_the_batch_says_why(s: Stream, faults: Any) -> None:
     s.add_input(files=3, rows_per_file=20)
     _run(s)
     recorded = int(lakesink_snapshots(s.table)[-1]["summary"][SUMMARY_WATERMARK])
@@ -102,16 +100,12 @@ def test_a_watermark_moved_back_by_a_restart_stays_and_the_batch_says_why(
     assert "never moves back" in last["summary"][SUMMARY_WATERMARK_NOTE]
 
 
-@pytest.mark.parametrize("entry", ["format", "foreach"])
-def test_a_routed_sink_records_the_watermark_in_every_table(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
-) -> None:
+def test_a_routed_sink_records_the_watermark_in_every_table(s: Stream) -> None:
     """Option route-by: every table's snapshot of a batch carries the batch's watermark (one unit, one watermark)."""
-    s = Stream(spark, tmp_path, catalog_properties, entry)
     s.add_input(files=3, rows_per_file=20)
     df = s.spark.readStream.schema(s.ddl).option("maxFilesPerTrigger", 1).json(str(s.src)).withWatermark("ts", "1 hour")
     df = df.withColumn("route", F.concat(F.lit("db.r"), (F.col("id") % 2).cast("string")))
-    run_to_end(start_sink(df, entry, s.ck, s.props, route_by="route", event_time="ts"))
+    run_to_end(start_sink(df, s.entry, s.ck, s.props, route_by="route", event_time="ts"))
     catalog = catalogs.load(None, s.props)
     by_table = {}
     for name in ("r0", "r1"):

@@ -20,6 +20,7 @@ import lakesink
 from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_BEFORE_SWAP
+from tests.support.changes import apply
 from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end
 from tests.support.stream_input import write_stream_lines
 
@@ -51,13 +52,10 @@ def start(spark: Any, tmp_path: Path, props: dict[str, str], entry: str, ddl: st
 
 
 def model(batches: Sequence[Sequence[dict[str, Any]]]) -> dict[int, tuple[int, str]]:
+    """id -> (p, value): batch by batch, each batch's events in event id order."""
     state: dict[int, tuple[int, str]] = {}
     for events in batches:
-        for e in sorted(events, key=lambda e: e["eid"]):
-            if e["op"] == "d":
-                state.pop(e["id"], None)
-            else:
-                state[e["id"]] = (e["p"], e["value"])
+        apply(state, events, order="eid", key=lambda e: e["id"], row=lambda e: (e["p"], e["value"]))
     return state
 
 

@@ -25,6 +25,7 @@ from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from lakesink.table import dead_letters as dl
 from tests.conftest import sql_catalog_properties
 from tests.sink.test_payload_spark import Change, write_round
+from tests.support.changes import KAFKA_DDL
 from tests.support.helpers import assert_snapshot_invariants, data_files_on_disk, fail_once_at, referenced_data_files, run_to_end
 
 pytestmark = pytest.mark.spark
@@ -243,13 +244,12 @@ def test_a_debezium_change_that_does_not_fit_is_a_dead_letter_holding_the_kafka_
     two += [event(acc, "u", 201, None, {"id": 2, "name": "bad", "balance": "lots"})]  # a string for a double column
     two += [event(acc, "c", 202, None, {"id": 9, "name": "new", "balance": 9.0})]
     src, ck = tmp_path / "in", tmp_path / "ck"
-    df_schema = "topic STRING, key STRING, value STRING"
     sink = lakesink.foreach_batch(
         cdc_format="debezium", upsert_key="id", dead_letter_table=DEAD, catalog_properties=catalog_properties
     )
 
     def run() -> None:
-        df = spark.readStream.schema(df_schema).option("maxFilesPerTrigger", 1).json(str(src))
+        df = spark.readStream.schema(KAFKA_DDL).option("maxFilesPerTrigger", 1).json(str(src))
         if entry == "format":
             lakesink.register(spark)
             writer = df.writeStream.format("lakesink")

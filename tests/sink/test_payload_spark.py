@@ -7,7 +7,6 @@ plain Python, column for column."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,11 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError
-from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.options import SinkOptions
 from lakesink.sink import datasource
 from lakesink.table import names
-from tests.support.helpers import assert_refused, fail_once_at, lakesink_snapshots, run_to_end, start_sink
+from tests.support.changes import rounds_through_a_failure, tables_model, write_json_round
+from tests.support.helpers import assert_refused, lakesink_snapshots, run_to_end, start_sink
 
 pytestmark = pytest.mark.spark
 
@@ -48,21 +47,14 @@ def rounds() -> list[list[Change]]:
 
 
 def model(batches: Sequence[Sequence[Change]]) -> dict[str, dict[Any, dict[str, Any]]]:
-    tables: dict[str, dict[Any, dict[str, Any]]] = {}
-    for change in sorted((c for b in batches for c in b), key=lambda c: c["seq"]):
-        rows = tables.setdefault(change["route"], {})
-        if change["op"] == "d":
-            rows.pop(change["doc"]["id"], None)
-        else:
-            rows[change["doc"]["id"]] = change["doc"]
-    return tables
+    """Every table (its route) by the document's id, in ``seq`` order."""
+    flat = [c for b in batches for c in b]
+    return tables_model(flat, table="route", order="seq", key=lambda c: c["doc"]["id"], row=lambda c: c["doc"])
 
 
 def write_round(src: Path, index: int, changes: Sequence[Change]) -> None:
-    src.mkdir(parents=True, exist_ok=True)
-    path = src / f"round-{index:03d}.json"
-    path.write_text("".join(json.dumps({**c, "doc": json.dumps(c["doc"])}) + "\n" for c in changes))
-    os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+    """Round ``index``: the changes, each ``doc`` as JSON text."""
+    write_json_round(src, index, ({**c, "doc": json.dumps(c["doc"])} for c in changes))
 
 
 PAYLOAD_UPSERTS = {"route_by": "route", "payload": "doc", "upsert_key": "id", "delete_when": "op = 'd'", "order_by": "seq"}
@@ -101,30 +93,31 @@ def assert_tables_are(props: dict[str, str], batches: Sequence[Sequence[Change]]
 def test_payload_tables_equal_the_model_across_restarts_and_a_failure_at_the_unit_commit(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
-    changes = rounds()
     src, ck = tmp_path / "in", tmp_path / "ck"
-    write_round(src, 0, changes[0])
-    run_to_end(start(spark, catalog_properties, src, ck, entry))
-    assert_tables_are(catalog_properties, changes[:1])
-    people = catalogs.load(None, catalog_properties).load_table(("db", "people")).schema()
-    assert [(f.name, str(f.field_type)) for f in people.fields] == [
-        ("id", "long"),
-        ("name", "string"),
-        ("score", "double"),
-        ("vip", "boolean"),
-    ]  # "note": null in every payload, no column
-    items = catalogs.load(None, catalog_properties).load_table(("shop", "items")).schema()
-    assert str(items.find_field("tags").field_type) == "list<string>"
-    assert str(items.find_field("dim").field_type) == "struct<6: w: optional long, 7: h: optional double>"
-    write_round(src, 1, changes[1])
-    run_to_end(start(spark, catalog_properties, src, ck, entry))  # a restart; "email" added in the batch's commit
-    assert_tables_are(catalog_properties, changes[:2])
-    write_round(src, 2, changes[2])
-    # every table committed, then the failure before Spark's commit log
-    fail_once_at(faults, DRIVER_AFTER_SWAP, lambda: run_to_end(start(spark, catalog_properties, src, ck, entry)))
-    write_round(src, 3, changes[3])
-    run_to_end(start(spark, catalog_properties, src, ck, entry))  # replays batch 2 (found in every table), then batch 3
-    assert_tables_are(catalog_properties, changes)
+
+    def check(so_far: Sequence[Sequence[Change]]) -> None:
+        assert_tables_are(catalog_properties, so_far)
+        if len(so_far) > 1:
+            return  # batch 1, run by a restart: "email" added in the batch's commit
+        people = catalogs.load(None, catalog_properties).load_table(("db", "people")).schema()
+        assert [(f.name, str(f.field_type)) for f in people.fields] == [
+            ("id", "long"),
+            ("name", "string"),
+            ("score", "double"),
+            ("vip", "boolean"),
+        ]  # "note": null in every payload, no column
+        items = catalogs.load(None, catalog_properties).load_table(("shop", "items")).schema()
+        assert str(items.find_field("tags").field_type) == "list<string>"
+        assert str(items.find_field("dim").field_type) == "struct<6: w: optional long, 7: h: optional double>"
+
+    rounds_through_a_failure(  # batch 2: every table committed, then the failure; the run of batch 3 replays it first
+        rounds(),
+        faults,
+        failing=2,
+        write=lambda index, changes: write_round(src, index, changes),
+        run=lambda: run_to_end(start(spark, catalog_properties, src, ck, entry)),
+        check=check,
+    )
     assert list((ck / "lakesink").rglob("*.parquet")) == []  # format: every staged file swept
 
 

@@ -15,6 +15,7 @@ import pytest
 import lakesink
 from lakesink.driver import catalogs
 from tests.sink.test_cdc_format_spark import assert_tables_are, records, rounds, write_round
+from tests.support.changes import start_debezium
 from tests.support.helpers import run_to_end
 
 pytestmark = pytest.mark.spark
@@ -62,11 +63,7 @@ def test_cdc_format_reads_each_batch_once(spark: Any, tmp_path: Path, catalog_pr
     batches = rounds()[:2]
     for index, events in enumerate(batches):
         write_round(src, index, events)
-    df = spark.readStream.schema("topic STRING, key STRING, value STRING").option("maxFilesPerTrigger", 1).json(str(src))
-    sink = lakesink.foreach_batch(
-        cdc_format="debezium", upsert_key="id", merge_schema=True, catalog_properties=catalog_properties
-    )
-    q = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    q = start_debezium(spark, catalog_properties, src, ck, upsert_key="id")
     run_to_end(q)
     # every record of the files (tombstones included) once: the payload-inference job and the writing job share it
     assert input_rows(q) == sum(len(records(events, index)) for index, events in enumerate(batches))

@@ -4,7 +4,6 @@ wrote; the tables' files are moved into them. Real local Spark, SQLite catalog; 
 
 from __future__ import annotations
 
-import signal
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,21 +21,10 @@ from lakesink.sink.spark_split import SPARKSPLIT_AFTER_SPLIT, SPLIT_FOLDER, swee
 from lakesink.table import names
 from tests.sink.test_routing_spark_writer import SparkRoutedStream, _job, assert_exactly_once, job_query
 from tests.support.helpers import table_ids, write_json_input
+from tests.support.job_process import killed_at
+from tests.support.spark_plans import executions_since
 
 pytestmark = pytest.mark.spark
-
-
-def executions_since(spark: Any, seen: set[int]) -> list[str]:
-    """The physical plans of the SQL executions Spark ran since ``seen`` (execution ids, updated)."""
-    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(60_000)
-    executions = spark._jsparkSession.sharedState().statusStore().executionsList()
-    plans = []
-    for i in range(executions.size()):
-        execution = executions.apply(i)
-        if execution.executionId() not in seen:
-            seen.add(execution.executionId())
-            plans.append(execution.physicalPlanDescription())
-    return plans
 
 
 def split_area(props: dict[str, str]) -> list[Path]:
@@ -145,12 +133,7 @@ def test_sigkill_after_the_split_leaves_a_directory_that_a_later_batch_sweeps(
     stale directory kept while a batch of that id may run), the next batch deletes it; every id once."""
     src, ck = tmp_path / "in", tmp_path / "ck"
     sent = write_json_input(src, files=3, rows_per_file=40, start=10_000)
-    faults.arm(SPARKSPLIT_AFTER_SPLIT, "kill")
-    proc = _job(catalog_properties, src, ck, str(faults.folder))
-    _, err = proc.communicate(timeout=300)
-    assert faults.fired(SPARKSPLIT_AFTER_SPLIT), err[-3000:]
-    assert proc.returncode == -signal.SIGKILL, err[-3000:]
-    faults.clear()
+    killed_at(faults, SPARKSPLIT_AFTER_SPLIT, lambda: _job(catalog_properties, src, ck, str(faults.folder)))
     assert split_area(catalog_properties), "the killed driver's split directory"
     query = job_query(spark, catalog_properties, str(src), str(ck)).start()
     try:

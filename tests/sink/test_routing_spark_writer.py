@@ -10,7 +10,6 @@ exists beforehand with an extra optional column (its own write job), the others 
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -37,8 +36,9 @@ from tests.support.helpers import (
     table_ids,
     write_json_input,
 )
-from tests.support.job_process import start_job
+from tests.support.job_process import killed_at, start_job
 from tests.support.routed_stream import RoutedInput, assert_routed_exactly_once, routed
+from tests.support.spark_plans import executions_since
 
 pytestmark = pytest.mark.spark
 
@@ -172,19 +172,8 @@ def test_a_replay_moving_rows_between_the_same_tables_is_loud_then_the_restored_
 
 
 def write_plans_since(spark: Any, seen: set[int]) -> list[str]:
-    """The physical plans of the Parquet write jobs Spark ran since ``seen`` (SQL execution ids, updated), from
-    Spark's SQL status store (kept with the UI off)."""
-    jvm_context = spark.sparkContext._jsc.sc()
-    jvm_context.listenerBus().waitUntilEmpty(60_000)
-    executions = spark._jsparkSession.sharedState().statusStore().executionsList()
-    plans = []
-    for i in range(executions.size()):
-        execution = executions.apply(i)
-        if execution.executionId() not in seen:
-            seen.add(execution.executionId())
-            if "InsertIntoHadoopFsRelationCommand" in execution.physicalPlanDescription():
-                plans.append(execution.physicalPlanDescription())
-    return plans
+    """The physical plans of the Parquet write jobs Spark ran since ``seen`` (SQL execution ids, updated)."""
+    return [plan for plan in executions_since(spark, seen) if "InsertIntoHadoopFsRelationCommand" in plan]
 
 
 def test_the_write_job_observes_nothing_and_records_each_tables_digest_of_its_rows(
@@ -247,12 +236,7 @@ def test_sigkill_after_the_files_and_at_the_unit_commit_then_restart_is_exactly_
     src, ck = tmp_path / "in", tmp_path / "ck"
     sent = write_json_input(src, files=4, rows_per_file=40, start=10_000)
     for point in (SPARKWRITE_AFTER_FILES, DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP):
-        faults.arm(point, "kill")
-        proc = _job(catalog_properties, src, ck, str(faults.folder))
-        _, err = proc.communicate(timeout=300)
-        assert faults.fired(point), err[-3000:]
-        assert proc.returncode == -signal.SIGKILL, err[-3000:]
-        faults.clear()
+        killed_at(faults, point, lambda: _job(catalog_properties, src, ck, str(faults.folder)))
     query = job_query(spark, catalog_properties, str(src), str(ck)).start()
     try:
         query.awaitTermination()  # done: no error

@@ -30,7 +30,6 @@ from tests.driver.test_routing_upsert_dead_letters import (
     SCHEMA,
     TABLES,
     Change,
-    create_required_table,
     letters,
     model,
     stream,
@@ -39,6 +38,7 @@ from tests.driver.test_routing_upsert_dead_letters import (
 )
 from tests.support.helpers import (
     assert_snapshot_invariants,
+    create_required_value_table,
     data_files_on_disk,
     fail_once_at,
     lakesink_snapshots,
@@ -85,7 +85,7 @@ def test_routed_upsert_dead_letters_equal_the_model_across_a_failure_before_the_
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
     props = catalog_properties
-    create_required_table(props)
+    create_required_value_table(props, ("db", "r"))
     batches, s = stream()
     src, ck = tmp_path / "in", tmp_path / "ck"
     write_round(src, 0, batches[0])

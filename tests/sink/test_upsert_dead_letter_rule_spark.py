@@ -20,7 +20,7 @@ import pytest
 import lakesink
 from lakesink.driver import catalogs
 from lakesink.table import dead_letters as dl
-from tests.support.helpers import assert_snapshot_invariants, run_to_end
+from tests.support.helpers import assert_snapshot_invariants, create_required_value_table, run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -82,22 +82,6 @@ def model(batches: list[list[Change]]) -> tuple[dict[int, tuple[str, int]], Coun
     return rows, letters
 
 
-def create_table(props: dict[str, str]) -> None:
-    from pyiceberg.schema import Schema
-    from pyiceberg.types import LongType, NestedField, StringType
-
-    cat = catalogs.load(None, props)
-    cat.create_namespace_if_not_exists(("db",))
-    schema = Schema(
-        NestedField(1, "id", LongType(), required=True),
-        NestedField(2, "value", StringType(), required=True),
-        NestedField(3, "seq", LongType(), required=False),
-        NestedField(4, "op", StringType(), required=False),
-        identifier_field_ids=[1],
-    )
-    cat.create_table(("db", "events"), schema)
-
-
 def table_state(props: dict[str, str]) -> dict[int, tuple[str, int]]:
     table = catalogs.load_table_fresh(None, props, ("db", "events"))
     assert_snapshot_invariants(table)
@@ -120,7 +104,7 @@ def test_a_dead_lettered_change_is_not_applied_and_its_key_resolves_from_the_oth
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
     props = catalog_properties
-    create_table(props)
+    create_required_value_table(props, ("db", "events"))
     src = tmp_path / "in"
     src.mkdir()
     for i, batch in enumerate(BATCHES):

@@ -29,6 +29,7 @@ from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from tests.jobs.upsert_job import EVENTS_DDL, upsert_sink, writer
 from tests.soak.seed import run_seed
+from tests.support.changes import apply
 from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end
 from tests.support.job_process import start_job
 from tests.support.stream_input import write_stream_lines
@@ -65,11 +66,7 @@ def model(batches: Sequence[Sequence[Event]]) -> dict[int, tuple[int, str]]:
     """The table's expected rows (id -> (eid, value)): events applied in sequence order, batch by batch."""
     state: dict[int, tuple[int, str]] = {}
     for events in batches:
-        for e in sorted(events, key=lambda e: e["seq"]):
-            if e["op"] == "d":
-                state.pop(e["id"], None)
-            else:
-                state[e["id"]] = (e["eid"], e["value"])
+        apply(state, events, order="seq", key=lambda e: e["id"], row=lambda e: (e["eid"], e["value"]))
     return state
 
 

@@ -17,7 +17,9 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.types import LongType, NestedField, StringType
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
@@ -165,6 +167,21 @@ def assert_table_whole(table: Table) -> None:
     """Every file the table references (a local warehouse) is on disk."""
     missing = sorted(p for p in referenced_files(table) if not Path(p.removeprefix("file://")).exists())
     assert not missing, f"table {'.'.join(table.name())} references files that are gone: {missing}"
+
+
+def create_required_value_table(props: Mapping[str, str], identifier: tuple[str, str]) -> None:
+    """Create the upsert table of the dead-letter tests (and its namespace): key ``id``, ``value`` NOT NULL (a change
+    with a null value is a required-null dead letter), ``seq`` and ``op`` optional."""
+    cat = catalogs.load(None, dict(props))
+    cat.create_namespace_if_not_exists(identifier[:1])
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "value", StringType(), required=True),
+        NestedField(3, "seq", LongType(), required=False),
+        NestedField(4, "op", StringType(), required=False),
+        identifier_field_ids=[1],
+    )
+    cat.create_table(identifier, schema)
 
 
 def arrow_rows(ids: Iterable[int]) -> pa.Table:
@@ -332,6 +349,11 @@ def committer_no_maintenance(
     """:func:`open_committer` with ``table_properties`` on a table it creates and automatic maintenance off: for a test
     that runs the maintenance itself, or counts the snapshots."""
     return open_committer(props, table_properties=dict(table_properties or {}), maintenance=Maintenance.OFF, **options)
+
+
+def expire_all_but(keep: int) -> dict[str, str]:
+    """Table properties under which every snapshot is old enough to expire (maximum age 0) but the newest ``keep``."""
+    return {"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": str(keep)}
 
 
 def commit_batches(c: TableCommitter, n: int, *, start: int = 0, rows: int = 10, query_id: str = Q1) -> list[int]:

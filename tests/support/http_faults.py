@@ -355,18 +355,8 @@ class _Handler(QuietHandler):
         action = fault.action if fault else None
         if fault is not None:
             fault.reached.set()
-        if action == "status-before":
-            assert fault is not None
-            proxy._record(self._exchange(kind, fault.status, False, action))
-            self._answer(fault.status, fault.body or _error_body(fault.status, f"injected {fault.status} before forwarding"))
+        if fault is not None and self._injected(fault, kind, forwarded=False, note="before forwarding"):
             return
-        if action == "reset-before":
-            proxy._record(self._exchange(kind, None, False, action))
-            self._reset()
-            return
-        if action == "hold-request":
-            assert fault is not None
-            fault.released.wait(HOLD_LIMIT_S)
         if action == "call-before":
             assert fault is not None and fault.call is not None
             fault.call()
@@ -387,18 +377,8 @@ class _Handler(QuietHandler):
             proxy._record(self._exchange(kind, 502, False, action))
             self._answer(502, _error_body(502, f"upstream failed: {e}"))
             return
-        if action == "status-after":
-            assert fault is not None
-            proxy._record(self._exchange(kind, fault.status, True, action))
-            self._answer(fault.status, _error_body(fault.status, f"injected {fault.status} after the server answered {status}"))
+        if fault is not None and self._injected(fault, kind, forwarded=True, note=f"after the server answered {status}"):
             return
-        if action == "reset-after":
-            proxy._record(self._exchange(kind, None, True, action))
-            self._reset()
-            return
-        if action == "hold-response":
-            assert fault is not None
-            fault.released.wait(HOLD_LIMIT_S)
         if kind == "commit" and status == 200 and proxy.after_commit is not None:
             proxy.after_commit()
         delegated = "vended-credentials" in (self.headers.get("X-Iceberg-Access-Delegation") or "")
@@ -412,6 +392,24 @@ class _Handler(QuietHandler):
             self._answer(status, payload, headers)
         except OSError:  # the client gave up (timed out) while the answer was held: it got nothing
             proxy._replace(exchange, replace(exchange, status=None))
+
+    def _injected(self, fault: Fault, kind: str, *, forwarded: bool, note: str) -> bool:
+        """``fault`` at its step, before forwarding the request or after (``forwarded``): its status answered (the
+        fault's body before forwarding, else an error naming ``note``) or the client's connection reset -- True, the
+        request is done; its hold (of the request, of the response) waited out until released -- False, go on."""
+        step = "after" if forwarded else "before"
+        if fault.action == f"status-{step}":
+            self.owner._record(self._exchange(kind, fault.status, forwarded, fault.action))
+            body = None if forwarded else fault.body
+            self._answer(fault.status, body or _error_body(fault.status, f"injected {fault.status} {note}"))
+            return True
+        if fault.action == f"reset-{step}":
+            self.owner._record(self._exchange(kind, None, forwarded, fault.action))
+            self._reset()
+            return True
+        if fault.action == ("hold-response" if forwarded else "hold-request"):
+            fault.released.wait(HOLD_LIMIT_S)
+        return False
 
     def _exchange(self, kind: str, status: int | None, forwarded: bool, fault: str | None, key: str | None = None) -> Exchange:
         return Exchange(

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.support.timeouts import guard
 
@@ -36,3 +39,14 @@ def run_script(script: str, *args: str, timeout: float = 300) -> subprocess.Comp
     return subprocess.run(
         [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=guard(timeout), cwd=ROOT
     )
+
+
+def killed_at(faults: Any, point: str, start: Callable[[], subprocess.Popen[str]], *, timeout: float = 300) -> None:
+    """Fault point ``point`` armed to kill, the job ``start`` returns run until it dies: it reached the point and was
+    SIGKILLed there (its stderr's tail in the failure message); the point cleared."""
+    faults.arm(point, "kill")
+    proc = start()
+    _, err = proc.communicate(timeout=timeout)
+    assert faults.fired(point), err[-3000:]
+    assert proc.returncode == -signal.SIGKILL, err[-3000:]
+    faults.clear()
