@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -67,7 +66,7 @@ from lakesink.faults import (
     ENV_FAULTS_DIR,
 )
 from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, table_ids, write_json_input
-from tests.support.soak import job_env, kill
+from tests.support.soak import job_env, kill, progress_signature
 
 TABLES = ("soak.t0", "soak.t1", "soak.t2", "soak.t3", "other.t4")
 
@@ -282,20 +281,9 @@ class RoutingSoak:
         return True
 
     def progress_signature(self) -> tuple[float, ...]:
-        """What changes while the job works: its log's size, and the count and newest modification of the files in
-        its checkpoint, home (catalog and warehouse) and faults folders."""
-        signature: list[float] = [self.log.stat().st_size if self.log.exists() else 0]
-        for folder in (self.ck, self.home, self.faults):
-            count, newest = 0, 0.0
-            for root, _, files in os.walk(folder):
-                for name in files:
-                    try:
-                        mtime = os.stat(os.path.join(root, name)).st_mtime
-                    except FileNotFoundError:
-                        continue
-                    count, newest = count + 1, max(newest, mtime)
-            signature += [count, newest]
-        return tuple(signature)
+        """What changes while the job works (tests.support.soak.progress_signature): its log, checkpoint, home
+        (catalog and warehouse) and fault markers."""
+        return progress_signature(self.log, (self.ck, self.home, self.faults))
 
     def clear_faults(self) -> None:
         for p in self.faults.iterdir():

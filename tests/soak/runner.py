@@ -94,7 +94,7 @@ from tests.support.helpers import (  # noqa: E402
     referenced_data_files,
     write_json_input,
 )
-from tests.support.soak import SoakFolder, job_env, kill, kill_session  # noqa: E402
+from tests.support.soak import SoakFolder, job_env, kill, kill_session, progress_signature  # noqa: E402
 
 TABLE = "soak.events"
 IDENT = ("soak", "events")
@@ -283,18 +283,7 @@ class Soak(SoakFolder):
     def progress_signature(self) -> tuple[float, ...]:
         """What changes while the job works: its log's size, and the count and newest modification of the
         files in its checkpoint, the table's warehouse and the faults folder."""
-        sig: list[float] = [self.log.stat().st_size if self.log.exists() else 0]
-        for folder in (self.checkpoint, self.home, self.faults):
-            count, newest = 0, 0.0
-            for root, _, files in os.walk(folder):
-                for name in files:
-                    try:
-                        mtime = os.stat(os.path.join(root, name)).st_mtime
-                    except FileNotFoundError:
-                        continue
-                    count, newest = count + 1, max(newest, mtime)
-            sig += [count, newest]
-        return tuple(sig)
+        return progress_signature(self.log, (self.checkpoint, self.home, self.faults))
 
     def say(self, text: str) -> None:
         print(f"[seed {self.cfg.seed} {time.monotonic() - self.t0:6.1f}s] {text}", flush=True)

@@ -52,6 +52,24 @@ class SoakFolder:
         return self.folder / "checkpoint"
 
 
+def progress_signature(log: Path, folders: Iterable[Path]) -> tuple[float, ...]:
+    """What changes while a soak's job works: its log's size, and the count and newest modification of the files in
+    each folder (checkpoint, home or warehouse, fault markers). A hang guard compares two of these: silence, not
+    speed."""
+    signature: list[float] = [log.stat().st_size if log.exists() else 0]
+    for folder in folders:
+        count, newest = 0, 0.0
+        for root, _, files in os.walk(folder):
+            for name in files:
+                try:
+                    mtime = os.stat(os.path.join(root, name)).st_mtime
+                except FileNotFoundError:
+                    continue
+                count, newest = count + 1, max(newest, mtime)
+        signature += [count, newest]
+    return tuple(signature)
+
+
 def job_env(home: Path) -> dict[str, str]:
     """The environment of a soak's Spark job: this Python for Spark's workers, lakesink's home ``home`` and the
     repository on the Python path (the job imports tests.*)."""
