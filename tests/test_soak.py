@@ -145,47 +145,52 @@ def test_process_kills_in_the_first_offset_write_at_random_moment_inside_the_com
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_executor_kills_and_exceptions_are_retried_without_a_restart(tmp_path: Path) -> None:
-    """A Python worker SIGKILLed while writing, and a task that raises: Spark retries, the same run commits."""
-    seed = run_soak(
-        tmp_path,
-        "--seed", "2",
-        "--rounds", "3",
-        "--entry", "foreach",
-        "--writer", "arrow",  # the executor.* fault points fire in Python workers: the Arrow path
-        "--schedule",
-        f"{EXECUTOR_KILL}@executor.after-file,{EXECUTOR_KILL}@executor.before-write,{EXECUTOR_RAISE}@executor.after-file",
-    )  # fmt: skip
-    assert seed["entry"] == "foreach"
-    assert seed["kills_by_phase"] == kills_by_phase({EXECUTOR_KILL: 2, EXECUTOR_RAISE: 1})
-    assert seed["runs"] == 1  # no restart: every failed task was retried by Spark
-    assert seed["failed_task_attempts_in_log"] >= 3
-    # the worker killed after writing its file could not delete it: on disk, never referenced
-    assert seed["unreferenced_data_files"] >= 1
-    collect_orphans(seed)
+def test_executor_faults_retried_then_process_kills_with_every_batch_written_on_the_driver(tmp_path: Path) -> None:
+    """foreach_batch, one soak (one stream, one checkpoint), the option writer changed between runs:
 
+    1. run 1 on the Arrow path (the executor.* fault points fire in Python workers): a Python worker SIGKILLed while
+       writing (after its file, before its write) and a task that raises; Spark retries each task, the same run commits
+       the batch (no restart). Then the whole job killed with its commit paused after the swap: the batch in the table,
+       not in Spark's commit log (whose replay foreach_batch skips on the driver before any writer is chosen);
+    2. the restarts write every batch on the driver (writer="driver", foreach_batch's small-batch path): the replay
+       skipped, then a SIGKILL after a delay or just before the swap (its files written, nothing committed) -- the one
+       of the two that :func:`shared_out` gives foreach_batch this run (format("lakesink") gets the other).
 
-@pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_process_kills_with_every_batch_written_on_the_driver(tmp_path: Path) -> None:
-    """foreach_batch's small-batch path (writer="driver": the rows collected and written in the driver process),
-    SIGKILLed after a delay or just before the swap (its files written, nothing committed) -- the one of the two
-    that :func:`shared_out` gives foreach_batch this run (format("lakesink") gets the other) -- and after the swap.
-    Each once (more random kills of this path: ``make soak``, whose foreach seeds write their small batches on the
-    driver too, docs/soak.md)."""
-    first = shared_out("foreach")
+    One job run fewer than a soak per writer (issue 34); more random kills of the driver path: ``make soak``, whose
+    foreach seeds write their small batches on the driver too (docs/soak.md)."""
+    second = shared_out("foreach")
+    executor = [
+        f"{EXECUTOR_KILL}@executor.after-file",
+        f"{EXECUTOR_KILL}@executor.before-write",
+        f"{EXECUTOR_RAISE}@executor.after-file",
+    ]
     seed = run_soak(
         tmp_path,
         "--seed", str(_shared_seed() + 1),
-        "--rounds", "2",
+        "--rounds", str(len(executor) + 2),
         "--entry", "foreach",
-        "--writer", "driver",
-        "--schedule", f"{first},{PAUSE_KILL}",
+        "--writer", "arrow,driver",
+        "--initial-files", "12",  # the first run's batches: one per executor fault and the pause, and to spare
+        "--schedule", ",".join([*executor, PAUSE_KILL, second]),
         "--max-delay", "3",
     )  # fmt: skip
     assert seed["entry"] == "foreach"
-    assert seed["kills_by_phase"] == kills_by_phase({first.partition("@")[0]: 1, PAUSE_KILL: 1})
-    assert seed["kills_landed"][IN_TABLE_NOT_COMMIT_LOG] >= 1  # the pause after the swap: replayed, skipped
+    assert seed["kills_by_phase"] == kills_by_phase(
+        {EXECUTOR_KILL: 2, EXECUTOR_RAISE: 1, PAUSE_KILL: 1, second.partition("@")[0]: 1}
+    )
+    *executor_rounds, pause_round, second_round = seed["round_log"]
+    writers = {run["number"]: run["writer"] for run in seed["run_log"]}
+    # every executor fault retried by Spark in the first run, on the Arrow path: no restart
+    assert [(r["run"], r["restarts_before_delivery"]) for r in executor_rounds] == [(1, 0)] * 3, executor_rounds
+    assert writers[1] == "arrow"
+    assert seed["failed_task_attempts_in_log"] >= 3
+    # the worker killed after writing its file could not delete it: on disk, never referenced
+    assert seed["unreferenced_data_files"] >= 1
+    # the pause after the swap: replayed by a run writing on the driver, skipped
+    assert pause_round["landed"] == IN_TABLE_NOT_COMMIT_LOG
     assert seed["replays"]["already_in_table_skipped"] >= 1
+    assert writers[second_round["run"]] == "driver" and second_round["run"] > pause_round["run"], seed["run_log"]
+    assert set(list(writers.values())[1:]) == {"driver"}
     collect_orphans(seed)
 
 
@@ -220,36 +225,37 @@ def collect_orphans(seed: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("entry", "atomic", "phases", "lookups"),
     [
+        # one kill each, in the first run (the run that creates the tables): no clean run before it (issue 34)
         ("foreach", "auto", "pause-kill@catalog.between-table-swaps", False),
         ("foreach", "off", "pause-kill@driver.between-table-commits", False),
-        # the routing column from a lookup that changes before every round; the first run killed after the swap too:
+        # the routing column from a lookup that changes before every round; the first run killed after the swap:
         # round 1 another set of tables (the replay of the batch held after the swap is refused, the lookup restored,
-        # the round rerun), round 2 the same set permuted (the replay skipped), round 3 another set again (refused,
-        # restored, rerun: the replay skipped) killed inside the SQL transaction of a batch's tables
-        (
-            "format",
-            "auto",
-            "pause-kill@driver.after-swap,pause-kill@driver.after-swap,pause-kill@catalog.between-table-swaps",
-            True,
-        ),
+        # the round rerun: the replay skipped, the next batch killed after the swap), round 2 the same set permuted
+        # (the replay skipped) killed inside the SQL transaction of a batch's tables
+        ("format", "auto", "pause-kill@driver.after-swap,pause-kill@catalog.between-table-swaps", True),
     ],
 )
 def test_routed_stream_through_sigkill_rounds(tmp_path: Path, entry: str, atomic: str, phases: str, lookups: bool) -> None:
     """Option route-by (tests/soak/routing.py): SIGKILL of the whole job inside the SQL transaction of a batch's
-    tables, between two tables' commits (atomic=off), after the swap, after a delay. After every kill each batch
-    is in all its tables or in none (atomic=auto); at the end every id is in the table its id names, once."""
+    tables, between two tables' commits (atomic=off), after the swap. After every kill each batch is in all its tables
+    or in none (atomic=auto); at the end every id is in the table its id names, once. Without a lookup the one kill is
+    in the first run (``--first-phase``, no round after it); with one, the first run is killed after the swap, then
+    every phase is a round."""
     from tests.soak import routing
 
     out = tmp_path / "routing.json"
+    listed = phases.split(",")
+    first, rounds = (listed[0], []) if not lookups else ("pause-kill@driver.after-swap", listed)
     code = routing.main(
-        ["--dir", str(tmp_path / "soak"), "--entry", entry, "--atomic", atomic, "--rounds", str(len(phases.split(",")))]
-        + ["--phases", phases]
-        + ["--json", str(out)]
-        + (["--lookups", "--seed", "7", "--first-phase", "pause-kill@driver.after-swap"] if lookups else [])
+        ["--dir", str(tmp_path / "soak"), "--entry", entry, "--atomic", atomic, "--rounds", str(len(rounds))]
+        + (["--phases", ",".join(rounds)] if rounds else [])
+        + ["--first-phase", first, "--json", str(out)]
+        + (["--lookups", "--seed", "7"] if lookups else [])
     )
     (result,) = json.loads(out.read_text())
     assert code == 0 and result["violations"] == [], json.dumps(result, indent=2)
     assert result["rows_in_tables"] == result["rows_sent"] > 0
+    assert [r["phase"] for r in result["rounds"]] == [first, *rounds]
     assert all(r["killed"] for r in result["rounds"]), result["rounds"]
     if atomic == "auto":
         assert result["incomplete_after_kills"] == 0
@@ -257,3 +263,4 @@ def test_routed_stream_through_sigkill_rounds(tmp_path: Path, entry: str, atomic
         assert result["incomplete_after_kills"] >= 1
     if lookups:  # both cases happened: a replay with another set of tables refused, one with the same set skipped
         assert result["replays_refused"] >= 1 and result["replays_skipped"] >= 1, json.dumps(result, indent=2)
+        assert result["runs"] == 5, json.dumps(result, indent=2)  # 3 kills, the refused run, the final run

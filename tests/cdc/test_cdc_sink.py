@@ -1,7 +1,8 @@
 """The PostgreSQL oracle through the sink (issue 32): the seeded workload's Debezium records (tests/support/cdc_oracle.py:
 eleven tables of different schemas and primary keys, inserts, updates to NULL, deletes, key changes, transactions
 over several tables, ALTER TABLE ADD COLUMN in round 2, a TRUNCATE in round 3), one file per round, streamed by
-foreach_batch with cdc-format=debezium through SIGKILLs and restarts from the same checkpoint; then every Iceberg
+foreach_batch with cdc-format=debezium through SIGKILLs and restarts from the same checkpoint (the kills in a job process
+of its own, tests/jobs/cdc_oracle_job.py; the last run, after them, in the test's Spark session); then every Iceberg
 table equals ``SELECT *`` of its PostgreSQL table, row for row and column for column, read by pyiceberg and by DuckDB.
 
 Typed columns: the records carry the Kafka Connect schema (``schemas.enable``), which types each column
@@ -28,9 +29,10 @@ import pytest
 from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
+from tests.jobs import cdc_oracle_job as job
 from tests.support import cdc_oracle
 from tests.support.cdc_oracle import ROUNDS, TABLES
-from tests.support.helpers import lakesink_snapshots
+from tests.support.helpers import lakesink_snapshots, run_to_end
 from tests.support.job_process import start_job
 
 pytestmark = pytest.mark.spark
@@ -64,6 +66,7 @@ def _rows(rows: list[dict[str, Any]], key: tuple[str, ...]) -> dict[tuple[Any, .
     ids=["foreach", "format"],
 )
 def test_the_postgresql_oracle_streamed_through_sigkills_equals_select_star(
+    spark: Any,
     captured: tuple[str, Path],
     tmp_path: Path,
     catalog_properties: dict[str, str],
@@ -96,9 +99,14 @@ def test_the_postgresql_oracle_streamed_through_sigkills_equals_select_star(
         assert faults.fired(point), err[-3000:]
         assert proc.returncode == -signal.SIGKILL, err[-3000:]
         faults.clear()
-    proc = _job(catalog_properties, src, ck, None, entry)
-    out, err = proc.communicate(timeout=900)
-    assert proc.returncode == 0 and "CDC JOB DONE" in out, err[-3000:]
+    # the last run, the restart after the kills, in this test's Spark session: the job's stream (its time zone set as
+    # the job sets it), from the same checkpoint, without the start-up of a JVM of its own (issue 34)
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", job.TIME_ZONE)
+    try:
+        run_to_end(job.start(spark, catalog_properties, str(src), str(ck), entry))  # done: no error
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
 
     expected = cdc_oracle.expected_tables(dsn)
     catalog = catalogs.load(None, catalog_properties)

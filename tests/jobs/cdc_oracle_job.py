@@ -12,23 +12,16 @@ from __future__ import annotations
 
 import json
 import sys
-
-from pyspark.sql import SparkSession
+from typing import Any
 
 import lakesink
-from tests.jobs.jvm import short_lived
 
-if __name__ == "__main__":
-    props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-    entry = sys.argv[4] if len(sys.argv) > 4 else "foreach"
-    spark = (
-        short_lived(SparkSession.builder.master("local[2]"))
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+TIME_ZONE = "UTC"  # the job's session time zone (a test running the stream in its own session sets it too)
+
+
+def start(spark: Any, props: dict[str, str], src: str, ck: str, entry: str = "foreach") -> Any:
+    """The job's streaming query over ``src`` in ``spark``, started (trigger availableNow): also run by a test in its
+    own Spark session, as a restart of the job from the same checkpoint without a JVM of its own."""
     columns = "topic STRING, key STRING, value STRING" + (", offset LONG" if entry.startswith("hold") else "")
     df = spark.readStream.schema(columns).option("maxFilesPerTrigger", 1).json(src)
     if entry in ("format", "hold-format"):
@@ -38,10 +31,26 @@ if __name__ == "__main__":
             writer = writer.option("cdc-transactions", "hold")
         for k, v in props.items():
             writer = writer.option(f"catalog.{k}", v)
-        q = writer.option("checkpointLocation", ck).trigger(availableNow=True).start()
-    else:
-        hold = "hold" if entry == "hold" else "off"
-        sink = lakesink.foreach_batch(cdc_format="debezium", cdc_transactions=hold, merge_schema=True, catalog_properties=props)
-        q = df.writeStream.foreachBatch(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()  # type: ignore[arg-type]
-    q.awaitTermination()
+        return writer.option("checkpointLocation", ck).trigger(availableNow=True).start()
+    hold = "hold" if entry == "hold" else "off"
+    sink = lakesink.foreach_batch(cdc_format="debezium", cdc_transactions=hold, merge_schema=True, catalog_properties=props)
+    return df.writeStream.foreachBatch(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    from pyspark.sql import SparkSession
+
+    from tests.jobs.jvm import short_lived
+
+    props, src, ck = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+    entry = sys.argv[4] if len(sys.argv) > 4 else "foreach"
+    spark = (
+        short_lived(SparkSession.builder.master("local[2]"))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", TIME_ZONE)
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    start(spark, props, src, ck, entry).awaitTermination()
     print("CDC JOB DONE")

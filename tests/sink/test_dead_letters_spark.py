@@ -4,7 +4,9 @@ or the reverse, and a replay never duplicates one; a poison row that crashes a P
 
 from __future__ import annotations
 
+import functools
 import json
+import random
 import subprocess
 import sys
 from collections import Counter
@@ -24,6 +26,7 @@ from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, EXEC
 from lakesink.table import dead_letters as dl
 from lakesink.table.markers import last_committed_batch
 from tests.jobs import dead_letter_job as job
+from tests.soak.seed import run_seed
 from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end
 from tests.support.stream_input import write_stream_lines
 
@@ -195,17 +198,61 @@ def kill_every_task_attempt_here(spark: Any, faults: Any, props: dict[str, str],
     faults.clear()
 
 
+# the foreach_batch tests whose driver the kills inside the commit kill (a job process each: a JVM start per kill)
+DRIVER_KILLED = ("foreach", "two-routed")
+
+
+@functools.cache
+def _crosswise_seed() -> int:
+    """One seed per test session (both tests draw from it, so that between them the point is hit): new each run,
+    printed; LAKESINK_TEST_SEED replays it (tests/soak/seed.py)."""
+    return run_seed("dead letters: the kill inside the unit's transaction shared out between the foreach_batch tests")
+
+
+def kill_points(entry: str, seed: int | None = None) -> tuple[str, ...]:
+    """Where the SIGKILL rounds of ``entry`` kill, in order: a Python worker at an executor's return, inside the unit's
+    SQL transaction (between two tables' rows), after the swap. format: all three (its kills cost no JVM: the
+    Python worker that commits dies, the test's Spark session lives on). The two foreach_batch tests (``foreach``: one
+    table and its dead letters; ``two-routed``: two routed sinks sharing the dead-letter table) kill the driver, a job
+    process each, and commit through the same driver code into the same catalog transaction: the kill inside the
+    transaction is shared out between them by the session's seed (``seed``: another one), one of the two each run,
+    either on average every other run; the executor kill and the kill after the swap (whose replay each sink must
+    skip) in both."""
+    if entry not in DRIVER_KILLED:
+        return (EXECUTOR_BEFORE_RETURN, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP)
+    chosen = random.Random(_crosswise_seed() if seed is None else seed).choice(DRIVER_KILLED)
+    inside = (CATALOG_BETWEEN_TABLE_SWAPS,) if chosen == entry else ()
+    return (EXECUTOR_BEFORE_RETURN, *inside, DRIVER_AFTER_SWAP)
+
+
+def test_the_foreach_tests_share_the_kill_inside_the_transaction_out() -> None:
+    """Whatever the seed, the kill inside the unit's transaction is in exactly one of the two foreach_batch tests, and
+    either may get it; the executor kill and the kill after the swap in both, format all three."""
+    seen = set()
+    for seed in range(40):
+        inside = [entry for entry in DRIVER_KILLED if CATALOG_BETWEEN_TABLE_SWAPS in kill_points(entry, seed)]
+        assert len(inside) == 1, seed
+        seen.add(inside[0])
+        for entry in DRIVER_KILLED:
+            assert {EXECUTOR_BEFORE_RETURN, DRIVER_AFTER_SWAP} <= set(kill_points(entry, seed)), seed
+    assert seen == set(DRIVER_KILLED)
+    assert kill_points("format") == (EXECUTOR_BEFORE_RETURN, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP)
+
+
 @pytest.mark.parametrize("entry", ["format", "foreach"])
 def test_sigkill_rounds_never_split_a_batch_from_its_dead_letters(spark: Any, tmp_path: Path, faults: Any, entry: str) -> None:
     """A kill at an executor (its Python worker) fails the query (every attempt of its task killed), a kill in the
     commit fails it too (foreach: the driver, the job; format: the commit worker, a Python worker of Spark's JVM).
     The executor kills and the kills of a Python worker of the commit are run in this test's Spark session (its JVM
-    lives on), as is the last run (the restart after the kills); the kills of foreach's driver in a job process."""
+    lives on), as is the last run (the restart after the kills); the kills of foreach's driver in a job process. The
+    points: :func:`kill_points` (foreach: the kill inside the transaction in every other run, shared out with the
+    two-routed test by a seed of the run, printed)."""
     props = catalog(tmp_path, "c")
     create(props)
     src = Input(tmp_path / "input")
     ck = tmp_path / "ck"
-    for point in (EXECUTOR_BEFORE_RETURN, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP):
+    points = kill_points(entry)
+    for point in points:
         src.add(files=1)
         if point == EXECUTOR_BEFORE_RETURN:
             kill_every_task_attempt_here(spark, faults, props, src.folder, ck, entry)
@@ -227,7 +274,7 @@ def test_sigkill_rounds_never_split_a_batch_from_its_dead_letters(spark: Any, tm
     assert ids(load(props, "events")) == Counter(src.good)
     assert letter_keys(props) == src.letters  # each dead letter once: no replay duplicated one
     for table in (load(props, "events"), load(props, "dead")):
-        assert [s["batch_id"] for s in lakesink_snapshots(table)] == [0, 1, 2]
+        assert [s["batch_id"] for s in lakesink_snapshots(table)] == list(range(len(points)))
         assert_snapshot_invariants(table)
 
 
@@ -237,7 +284,9 @@ def test_sigkill_rounds_with_two_routed_sinks_sharing_the_dead_letter_table(spar
     each routed batch is in all its tables (the dead-letter table included) or in none; at the end every good row once,
     in its table, and every dead letter once, under the sink its row went to. The kills of the driver in a job process;
     the executor kill (every attempt of its task) and the last run, the restart after the kills, in this test's Spark
-    session."""
+    session. The points: :func:`kill_points` and a second kill after the swap, which hits the ``odd`` sink's commit
+    while the ``even`` sink's replay skips its batch (the kill inside the transaction in every other run, shared out
+    with the one-table foreach test by a seed of the run, printed)."""
     props = catalog(tmp_path, "c")
     cat = catalogs.load(None, props)
     cat.create_namespace_if_not_exists("db")
@@ -245,7 +294,7 @@ def test_sigkill_rounds_with_two_routed_sinks_sharing_the_dead_letter_table(spar
         cat.create_table(tuple(name.split(".")), schema=TABLE_SCHEMA)
     src = Input(tmp_path / "input")
     ck = tmp_path / "ck"
-    for point in (EXECUTOR_BEFORE_RETURN, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_AFTER_SWAP):
+    for point in (*kill_points("two-routed"), DRIVER_AFTER_SWAP):
         src.add(files=1)
         if point == EXECUTOR_BEFORE_RETURN:
             kill_every_task_attempt_here(spark, faults, props, src.folder, ck, "two-routed")

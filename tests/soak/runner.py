@@ -116,6 +116,7 @@ POINTS = {
     EXECUTOR_RAISE: (EXECUTOR_BEFORE_WRITE, EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN),
 }
 ACTION = {COMMIT_KILL: "kill", PAUSE_KILL: "pause", EXECUTOR_KILL: "kill", EXECUTOR_RAISE: "raise"}
+WRITERS = ("auto", "spark", "arrow", "driver")  # foreach_batch's option writer (tests/soak/job.py --writer)
 SHIM_ARM = "spark.offset-log-write"  # the arm file of tests/support/chmod_shim.py, in the faults folder
 
 # what deliver() found
@@ -173,7 +174,10 @@ class Config:
     rounds: int
     folder: Path
     entry: str = "format"
-    writer: str = "auto"  # foreach_batch's write path (executor.* fault points fire on the arrow path only)
+    writer: str = "auto"
+    """foreach_batch's write path (executor.* fault points fire on the arrow path only); comma-separated: the writer of
+    each run in turn, the last one for every later run (e.g. ``arrow,driver``: run 1 on the Arrow path, the restarts
+    with every batch written on the driver; the option changes, the checkpoint and the table stay)."""
     phases: tuple[str, ...] = PHASES
     schedule: tuple[str, ...] | None = None  # explicit phases (``phase`` or ``phase@point``), in order
     rows_per_file: int = 100
@@ -218,6 +222,7 @@ class RunRecord:
     log_offset: int = 0
     offsets_at_start: list[int] = field(default_factory=list)
     commits_at_start: list[int] = field(default_factory=list)
+    writer: str = "auto"
 
 
 @dataclass
@@ -348,7 +353,7 @@ class Soak(SoakFolder):
             "--table", self.cfg.table,
             "--max-files", str(self.cfg.files_per_batch),
             "--entry", self.cfg.entry,
-            "--writer", self.cfg.writer,
+            "--writer", self.writer_of(number),
             "--master", self.cfg.master,
         ]  # fmt: skip
         with self.log.open("ab") as log:
@@ -360,6 +365,7 @@ class Soak(SoakFolder):
         self.runs.append(
             RunRecord(
                 number=number,
+                writer=self.writer_of(number),
                 pid=proc.pid,
                 started=time.time(),
                 log_offset=log_offset,
@@ -368,6 +374,11 @@ class Soak(SoakFolder):
             )
         )
         return proc
+
+    def writer_of(self, number: int) -> str:
+        """The writer of run ``number`` (1 is the first): :attr:`Config.writer`'s entry for it, else its last."""
+        writers = self.cfg.writer.split(",")
+        return writers[min(number, len(writers)) - 1]
 
     @property
     def run(self) -> RunRecord:
@@ -891,9 +902,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--writer",
-        choices=("auto", "spark", "arrow", "driver"),
         default="auto",
-        help="foreach_batch's write path (executor.* fault points fire on the arrow path only; default: %(default)s)",
+        help="foreach_batch's write path: auto, spark, arrow or driver (executor.* fault points fire on the arrow path "
+        "only); comma-separated: the writer of each run in turn, the last for the later runs, e.g. arrow,driver "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--phases",
@@ -946,6 +958,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dir", default=None, help="run folder (default: a new temporary folder); one sub-folder per seed")
     p.add_argument("--json", default=None, help="write the results as JSON to this file")
     args = p.parse_args(argv)
+    for writer in args.writer.split(","):
+        if writer not in WRITERS:
+            p.error(f"unknown writer {writer!r}; valid: {', '.join(WRITERS)}")
     for phase in args.phases:
         if phase not in PHASES:
             p.error(f"unknown phase {phase!r}; valid: {', '.join(PHASES)}")
