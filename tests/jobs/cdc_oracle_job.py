@@ -34,7 +34,7 @@ def start(spark: Any, props: dict[str, str], src: str, ck: str, entry: str = "fo
         return writer.option("checkpointLocation", ck).trigger(availableNow=True).start()
     hold = "hold" if entry == "hold" else "off"
     sink = lakesink.foreach_batch(cdc_format="debezium", cdc_transactions=hold, merge_schema=True, catalog_properties=props)
-    return df.writeStream.foreachBatch(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()  # type: ignore[arg-type]
+    return df.writeStream.foreachBatch(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()
 
 
 if __name__ == "__main__":
