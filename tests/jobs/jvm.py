@@ -132,12 +132,14 @@ def worker_python() -> str:
         import pyspark
     except ImportError:  # pragma: no cover - the jobs need pyspark anyway
         return sys.executable
-    home = Path(pyspark.__file__).resolve().parent
+    home = Path(pyspark.__file__).parent  # PySpark's Spark home (pyspark.find_spark_home), as Spark writes the path
     zip_path = home / "python" / "lib" / "pyspark.zip"
     spark_home = os.environ.get("SPARK_HOME")
-    if not zip_path.is_file() or (spark_home and Path(spark_home).resolve() != home):
+    if not zip_path.is_file() or (spark_home and Path(spark_home).resolve() != home.resolve()):
         return sys.executable
-    text = _WORKER_PYTHON.format(zip="*/pyspark.zip", python=shlex.quote(sys.executable))
+    # the installed package's zip only (a standalone cluster's worker of another Spark home keeps its own)
+    zips = "|".join(sorted({shlex.quote(str(zip_path)), shlex.quote(str(zip_path.resolve()))}))
+    text = _WORKER_PYTHON.format(zip=zips, python=shlex.quote(sys.executable))
     folder = Path(os.environ.get(ENV_CDS_DIR) or Path(tempfile.gettempdir()) / "lakesink-jvm-cds")
     script = folder / f"python-{hashlib.sha256(text.encode()).hexdigest()[:16]}.sh"
     if not script.is_file():
