@@ -140,7 +140,7 @@ def worker_python() -> str:
     # the installed package's zip only (a standalone cluster's worker of another Spark home keeps its own)
     zips = "|".join(sorted({shlex.quote(str(zip_path)), shlex.quote(str(zip_path.resolve()))}))
     text = _WORKER_PYTHON.format(zip=zips, python=shlex.quote(sys.executable))
-    folder = Path(os.environ.get(ENV_CDS_DIR) or Path(tempfile.gettempdir()) / "lakesink-jvm-cds")
+    folder = Path(tempfile.gettempdir()) / "lakesink-worker-python"
     script = folder / f"python-{hashlib.sha256(text.encode()).hexdigest()[:16]}.sh"
     if not script.is_file():
         folder.mkdir(parents=True, exist_ok=True)
