@@ -31,7 +31,17 @@ class Builder:
 
 def options_of_a_job() -> tuple[str, str]:
     builder: Any = Builder()
-    jvm.short_lived(builder)
+    pythons = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    try:
+        jvm.short_lived(builder)
+        # and the job's Spark Python processes run without pyspark.zip (tests/sink/test_worker_imports.py)
+        assert os.environ["PYSPARK_PYTHON"] == os.environ["PYSPARK_DRIVER_PYTHON"] == jvm.worker_python()
+    finally:  # this process's own Spark session keeps its Python
+        for key, value in pythons.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     return builder.conf["spark.driver.extraJavaOptions"], jvm.submit_args()
 
 

@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -91,8 +92,63 @@ def java_options() -> str:
 def short_lived(builder: SparkSession.Builder) -> SparkSession.Builder:
     """``builder`` (a SparkSession.Builder, before getOrCreate) with the options of a short-lived driver JVM: PySpark
     starts the JVM with the builder's configuration, so the driver's Java options take effect (local mode: the
-    executors are in the driver's JVM)."""
+    executors are in the driver's JVM). Spark's Python processes run :func:`worker_python`: ``PYSPARK_PYTHON`` (the
+    workers of executors, of the data source's planning and commits; PySpark reads it when the session starts) and
+    ``PYSPARK_DRIVER_PYTHON`` (the JVM's look-up of data sources; this process is the driver already)."""
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = worker_python()
     return builder.config("spark.driver.extraJavaOptions", java_options())
+
+
+_WORKER_PYTHON = """#!/bin/sh
+# Spark's Python processes of the tests' short-lived jobs, without Spark's pyspark.zip on their path
+# (tests/jobs/jvm.py, worker_python): the installed pyspark, the same files, with their cached bytecode.
+set -f
+P=
+IFS=:
+for e in $PYTHONPATH; do
+  case "$e" in
+    {zip}) ;;
+    *) P="${{P:+$P:}}$e" ;;
+  esac
+done
+unset IFS
+PYTHONPATH=$P
+export PYTHONPATH
+exec {python} "$@"
+"""
+
+
+def worker_python() -> str:
+    """The Python of Spark's workers in a short-lived job: this interpreter, started without ``pyspark.zip`` on its
+    path when that zip is the installed pyspark's own (a pip install: ``SPARK_HOME`` is the package's folder).
+
+    Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on the path of every Python process it starts -- the
+    daemon of each worker module (five in a run of the soak's job: the executors', the planners' and the commit
+    runner's) and the workers it forks. Python cannot cache the bytecode of modules imported from a zip: each such
+    process compiled pyspark's ~280 modules from source, 0.8-0.9 s of CPU more than from the installed package (0.2 s),
+    about 4 CPU-s per run of the soak's job. A small shell script drops the zip and runs this interpreter; elsewhere
+    (another Spark home) the workers run ``sys.executable`` as before."""
+    try:
+        import pyspark
+    except ImportError:  # pragma: no cover - the jobs need pyspark anyway
+        return sys.executable
+    home = Path(pyspark.__file__).parent  # PySpark's Spark home (pyspark.find_spark_home), as Spark writes the path
+    zip_path = home / "python" / "lib" / "pyspark.zip"
+    spark_home = os.environ.get("SPARK_HOME")
+    if not zip_path.is_file() or (spark_home and Path(spark_home).resolve() != home.resolve()):
+        return sys.executable
+    # the installed package's zip only (a standalone cluster's worker of another Spark home keeps its own)
+    zips = "|".join(sorted({shlex.quote(str(zip_path)), shlex.quote(str(zip_path.resolve()))}))
+    text = _WORKER_PYTHON.format(zip=zips, python=shlex.quote(sys.executable))
+    folder = Path(tempfile.gettempdir()) / "lakesink-worker-python"
+    script = folder / f"python-{hashlib.sha256(text.encode()).hexdigest()[:16]}.sh"
+    if not script.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = script.with_name(f"{script.name}.{os.getpid()}.tmp")
+        partial.write_text(text)
+        partial.chmod(0o755)
+        partial.replace(script)  # whole or absent: another job may read it at once
+    return str(script)
 
 
 def local_session(conf: dict[str, str] | None = None) -> SparkSession:

@@ -13,6 +13,7 @@ interpreter, as Spark does it: the class and an instance pickled here with pyspa
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -142,3 +143,42 @@ def test_committing_to_a_rest_catalog_loads_no_sqlalchemy(
     assert result["expected"] == sorted(expected)  # the REST seams were used: commits, their reports
     assert len(txn_server.reports) >= 2  # a commit report per batch reached the server
     assert result["forbidden"] == [], f"committing to a REST catalog loaded the SQL catalog kind: {result['forbidden']}"
+
+
+# Spark starts every Python process of a job (each worker module's daemon, the workers it forks) with its own
+# pyspark.zip first on PYTHONPATH; a module imported from a zip has no cached bytecode, so each process compiled
+# pyspark from source (0.8-0.9 CPU-s more per daemon, five daemons in a run of the soak's job)
+_WHERE_PYSPARK = "import json, sys, pyspark; print(json.dumps([pyspark.__file__, pyspark.__version__, sys.path]))"
+
+
+def test_short_lived_jobs_workers_import_the_installed_pyspark(tmp_path: Path) -> None:
+    """tests/jobs/jvm.py's worker_python, run as Spark runs a worker (Spark's PYTHONPATH: pyspark.zip, py4j's zip, the
+    user's entries), imports pyspark from the installed package, of the same version, and keeps every other entry of
+    the path. Fails when the short-lived jobs' workers run the plain interpreter (main 987a169: no worker_python): the
+    control below shows that interpreter importing pyspark from the zip."""
+    import pyspark
+
+    from tests.jobs.jvm import worker_python
+
+    lib = Path(pyspark.__file__).parent / "python" / "lib"  # as Spark writes it (its home: pyspark.find_spark_home)
+    spark_zip = lib / "pyspark.zip"
+    if not spark_zip.is_file():
+        pytest.skip("pyspark is not a pip install with its own pyspark.zip")
+    py4j = sorted(lib.glob("py4j-*-src.zip"))
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
+    env["PYTHONPATH"] = os.pathsep.join([str(spark_zip), *map(str, py4j), str(tmp_path)])
+
+    def where(python: str) -> list[Any]:
+        out = subprocess.run(
+            [python, "-c", _WHERE_PYSPARK], env=env, capture_output=True, text=True, timeout=guard(120), check=True
+        )
+        return list(json.loads(out.stdout))
+
+    plain_file, _, _ = where(sys.executable)  # the control: Spark's path, the plain interpreter
+    assert str(spark_zip) in plain_file
+
+    file, version, path = where(worker_python())
+    assert ".zip" not in file and Path(file).resolve().parent == Path(pyspark.__file__).resolve().parent
+    assert version == pyspark.__version__
+    assert str(tmp_path) in path and all(str(p) in path for p in py4j)  # the other entries kept
+    assert str(spark_zip) not in path
