@@ -5,6 +5,10 @@ PY := $(abspath $(VENV))/bin/python
 # Spark's Python workers must run the same interpreter as the driver (see docs/quickstart.md)
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
+# Python keeps the bytecode it compiles (__pycache__, git-ignored): an environment that sets PYTHONDONTWRITEBYTECODE
+# (this machine's does) made every process of a test run -- each Spark Python worker of each SIGKILLed job included --
+# compile lakesink and the tests from source again (~0.2 CPU-s per worker import of the executor's writer, h-imports)
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo routing-demo test test-serial durations test-fast test-floor test-deploy jdbc-drivers lakana-server lint soak soak-routing soak-concurrency bench clean
 
