@@ -3,10 +3,14 @@ runs in the test's process, and its quiet HTTP/1.1 request handler."""
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar, Self
+
+POLL_S = 0.05
+"""How often a server's loop looks for stop(): its shutdown waits at most this long."""
 
 
 def free_port() -> int:
@@ -57,7 +61,10 @@ class LocalHttpServer:
         handler = type(base.__name__, (base,), {"owner": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name=self.thread_name, daemon=True).start()
+        # stop()'s shutdown() waits for the serving loop to see it, up to one poll interval (socketserver's 0.5 s: half
+        # a second of teardown per server and test, a server and its fault proxy per REST test; issue 34)
+        serve = functools.partial(self._server.serve_forever, poll_interval=POLL_S)
+        threading.Thread(target=serve, name=self.thread_name, daemon=True).start()
         return self
 
     @property
