@@ -14,7 +14,7 @@ import json
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import click
 import pyarrow as pa
@@ -31,6 +31,12 @@ from lakesink.maintenance.routine import ForgetReport, MaintenanceReport
 from lakesink.sink.checkpoint_cleanup import CheckpointCleanReport
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Result(Protocol):
+    """A command's result that knows its JSON form (the reports of lakesink.audit, .maintenance, checkpoint-clean)."""
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 class Output(Renderer):
@@ -212,38 +218,18 @@ class JsonOutput(JsonRenderer, Output):
     def located(self, rows: pa.Table) -> None:
         _echo(rows.to_pylist())
 
-    def verified(self, report: VerifyReport) -> None:
-        _echo(report.to_dict())
-
-    def verified_query(self, report: QueryReport) -> None:
-        _echo(report.to_dict())
-
     def published(self, result: PublishResult, branch: str) -> None:
         _echo(result.to_dict())
 
     def waited(self, result: WaitResult) -> None:
         _echo(result.to_dict())
 
-    def orphans(self, report: OrphanReport) -> None:
+    def _result(self, report: _Result) -> None:
+        """A command's result as its own ``to_dict()``: the JSON of every report named below."""
         _echo(report.to_dict())
 
-    def compaction(self, report: compaction.CompactionReport) -> None:
-        _echo(report.to_dict())
-
-    def expiry(self, report: expiry.ExpiryReport) -> None:
-        _echo(report.to_dict())
-
-    def manifests(self, report: manifest_rewrite.ManifestRewriteReport) -> None:
-        _echo(report.to_dict())
-
-    def maintenance(self, report: MaintenanceReport) -> None:
-        _echo(report.to_dict())
-
-    def forgotten(self, report: ForgetReport) -> None:
-        _echo(report.to_dict())
-
-    def checkpoint_cleaned(self, report: CheckpointCleanReport) -> None:
-        _echo(report.to_dict())
+    verified = verified_query = _result  # audit
+    orphans = compaction = expiry = manifests = maintenance = forgotten = checkpoint_cleaned = _result  # maintenance
 
     def report_written(self, path: str, result: VerifyReport) -> None:
         _echo({"html": path, "verify": result.to_dict()})

@@ -1,7 +1,10 @@
 """What crosses between driver and executors: small, frozen, picklable dataclasses.
 
 The driver sends a :class:`WritePlan` to the executors (inside the pickled Spark writer or the
-``mapInArrow`` closure); each task sends back one :class:`TaskResult`.
+``mapInArrow`` closure); each task sends back one :class:`TaskResult`. The digests a result carries are defined here
+with it, and compared on the driver from here: :func:`schema_digest` (the schema the files were written with) and,
+option ``route-by``, :class:`RowsDigest` (the rows a task routed to a table; the row hash that makes one runs in the
+tasks: lakesink.executor.row_digest).
 """
 
 from __future__ import annotations
@@ -26,6 +29,53 @@ def schema_digest(schema: Schema) -> str:
     digest write and read Parquet files identically."""
     canonical = Schema(*schema.fields, identifier_field_ids=schema.identifier_field_ids, schema_id=0).model_dump_json()
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
+
+
+_MASK = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class RowsDigest:
+    """The rows of one task (or of a whole batch) for one table: how many, and the sum of their hashes (mod 2**64),
+    as lakesink.executor.row_digest (or Spark, ``kind`` ``"x"``) computes them. Order-independent: the driver adds the
+    tasks' digests up (:func:`combine_rows_digests`) and records the sum in the table's commit of the batch; a replay
+    that finds the batch in some of its tables compares (:func:`same_rows`) before it completes any other."""
+
+    rows: int = 0
+    total: int = 0
+    kind: str = ""
+    """Which row hash: ``""`` lakesink.executor.row_digest's (the Arrow path), ``"x"`` Spark's ``xxhash64`` of the
+    row's columns (route-by with writer='spark', computed by Spark: lakesink.sink.spark_routed)."""
+
+    def add(self, other: RowsDigest) -> RowsDigest:
+        return RowsDigest(self.rows + other.rows, (self.total + other.total) & _MASK, self.kind or other.kind)
+
+    def text(self) -> str:
+        """As recorded in a commit (``lakesink.batch-rows-digest``): ``<rows>:<kind><16 hex digits>``."""
+        return f"{self.rows}:{self.kind}{self.total:016x}"
+
+
+def same_rows(recorded: str, replayed: str) -> bool:
+    """Do two digests of a table's rows of one batch (:meth:`RowsDigest.text`) tell the same rows? Digests of two
+    kinds (the batch committed by one writer, replayed by the other: the Arrow path and route-by with writer='spark'
+    hash rows differently) can only compare their row counts."""
+    if recorded == replayed:
+        return True
+    rows_a, _, hash_a = recorded.partition(":")
+    rows_b, _, hash_b = replayed.partition(":")
+    if hash_a[:-16] != hash_b[:-16]:
+        return rows_a == rows_b
+    return False
+
+
+def combine_rows_digests(digests: list[RowsDigest | None]) -> str | None:
+    """The batch's digest for one table from its tasks' (None when a task did not compute one)."""
+    total = RowsDigest()
+    for d in digests:
+        if d is None:
+            return None
+        total = total.add(d)
+    return total.text()
 
 
 @dataclass(frozen=True)

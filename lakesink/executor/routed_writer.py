@@ -33,8 +33,8 @@ from lakesink._pyiceberg import io as seam
 from lakesink.errors import RoutingError, SchemaMismatchError
 from lakesink.executor import payload
 from lakesink.executor.dead_letters import RowSorter
-from lakesink.executor.messages import RowChecks, TaskIds, TaskResult, WritePlan
-from lakesink.executor.row_digest import RowsDigest, digest
+from lakesink.executor.messages import RowChecks, RowsDigest, TaskIds, TaskResult, WritePlan
+from lakesink.executor.row_digest import digest
 from lakesink.executor.task_writer import TaskWriter, task_result_batch, utc_schema
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point

@@ -1,11 +1,12 @@
 """An order-independent digest of the rows a routed batch sent to one table (option ``route-by``).
 
 Runs in Spark's Python workers: each task digests, per table, the rows it routed there (written, or skipped because
-the table holds the batch already); the driver adds the tasks' digests up (:func:`combine`) and records the result in
-the table's commit of the batch (``lakesink.batch-rows-digest``). A replay that finds the batch in some of its
-tables only compares, for each of those, this digest with the recorded one before it completes any other table
-(lakesink.driver.committers.routed): a route computed from something that changed since (a lookup) may move rows between the
-same tables, which neither the set of tables nor their row counts show.
+the table holds the batch already) into a :class:`~lakesink.executor.messages.RowsDigest`, a part of its result (the
+digest's type, and what the driver does with it, are the message's: lakesink.executor.messages); the driver adds the
+tasks' digests up and records the result in the table's commit of the batch (``lakesink.batch-rows-digest``). A
+replay that finds the batch in some of its tables only compares, for each of those, this digest with the recorded one
+before it completes any other table (lakesink.driver.committers.routed): a route computed from something that changed
+since (a lookup) may move rows between the same tables, which neither the set of tables nor their row counts show.
 
 A row's hash is a 64-bit value computed from its Arrow values, column by column, vectorised with numpy (no Python
 per row); a table's digest is the count of its rows and the sum of their hashes modulo 2**64, so it is the same for
@@ -15,56 +16,16 @@ null differs from every value, every NaN is one value, -0.0 is 0.0, a timestamp'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakesink.executor.messages import RowsDigest
+
+__all__ = ["RowsDigest", "digest", "hash_text"]
+
 _U64 = np.uint64
 _NULL = _U64(0x9E3779B97F4A7C15)
-_MASK = (1 << 64) - 1
-
-
-@dataclass(frozen=True)
-class RowsDigest:
-    """The rows of one task (or of a whole batch) for one table: how many, and the sum of their hashes (mod 2**64)."""
-
-    rows: int = 0
-    total: int = 0
-    kind: str = ""
-    """Which row hash: ``""`` this module's (the Arrow path), ``"x"`` Spark's ``xxhash64`` of the row's columns
-    (route-by with writer='spark', computed by Spark: lakesink.sink.spark_routed)."""
-
-    def add(self, other: RowsDigest) -> RowsDigest:
-        return RowsDigest(self.rows + other.rows, (self.total + other.total) & _MASK, self.kind or other.kind)
-
-    def text(self) -> str:
-        """As recorded in a commit (``lakesink.batch-rows-digest``): ``<rows>:<kind><16 hex digits>``."""
-        return f"{self.rows}:{self.kind}{self.total:016x}"
-
-
-def same_rows(recorded: str, replayed: str) -> bool:
-    """Do two digests of a table's rows of one batch (:meth:`RowsDigest.text`) tell the same rows? Digests of two
-    kinds (the batch committed by one writer, replayed by the other: the Arrow path and route-by with writer='spark'
-    hash rows differently) can only compare their row counts."""
-    if recorded == replayed:
-        return True
-    rows_a, _, hash_a = recorded.partition(":")
-    rows_b, _, hash_b = replayed.partition(":")
-    if hash_a[:-16] != hash_b[:-16]:
-        return rows_a == rows_b
-    return False
-
-
-def combine(digests: list[RowsDigest | None]) -> str | None:
-    """The batch's digest for one table from its tasks' (None when a task did not compute one)."""
-    total = RowsDigest()
-    for d in digests:
-        if d is None:
-            return None
-        total = total.add(d)
-    return total.text()
 
 
 def digest(batch: pa.RecordBatch) -> RowsDigest:

@@ -29,7 +29,7 @@ import logging
 import os
 import posixpath
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -74,13 +74,7 @@ class OrphanFile:
     """Why the file was kept, skipped, or could not be removed (empty for removed files)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "size_in_bytes": self.size_in_bytes,
-            "modified": self.modified.isoformat() if self.modified else None,
-            "kind": self.kind,
-            "reason": self.reason,
-        }
+        return {**asdict(self), "modified": self.modified.isoformat() if self.modified else None}
 
 
 @dataclass(frozen=True)

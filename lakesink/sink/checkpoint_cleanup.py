@@ -38,7 +38,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -83,15 +83,7 @@ class TempFile:
     """Why it could not be removed (None when it was, or in a dry run)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "target": self.target,
-            "checksum": self.checksum,
-            "size": self.size,
-            "modified": self.modified.isoformat() if self.modified else None,
-            "blocks_restart": self.blocks_restart,
-            "error": self.error,
-        }
+        return {**asdict(self), "modified": self.modified.isoformat() if self.modified else None}
 
 
 @dataclass(frozen=True)

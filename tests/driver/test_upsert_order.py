@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -19,15 +20,16 @@ import pytest
 from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, Outcome
+from lakesink.driver.actions.upsert_order import OrderCheck, _below_floor, _stale
 from lakesink.driver.committers.table import TableCommitter
-from lakesink.errors import InvalidOptionError, UpsertKeyError
+from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.executor.upsert_task import UpsertSpec, merge, resolve_task, to_ipc
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, DRIVER_BEFORE_SWAP
 from lakesink.maintenance.orphans import remove_orphan_files
 from lakesink.options import SinkOptions, TableName
-from lakesink.table.keys import SUMMARY_UPSERT_STALE
+from lakesink.table.keys import HELD_COLUMN, ORDER_COLUMN, SUMMARY_UPSERT_STALE
 from tests.driver import test_routing_upserts as routing
 from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_through_a_fault, sink_committer
 
@@ -299,3 +301,25 @@ def test_routed_tables_never_take_an_older_change(catalog_properties: dict[str, 
     for name in want:
         table = catalogs.load_table_fresh(None, dict(catalog_properties), tuple(name.split(".")))
         assert_snapshot_invariants(table)
+
+
+def test_an_order_value_the_table_holds_that_the_batchs_order_by_type_cannot_take_is_refused_naming_it() -> None:
+    """The two comparisons of a batch's order-by values with what the table holds (its last truncate's position, its
+    keys' order values) that a cast cannot make: a LakesinkError naming the table, the value held, the column, its
+    type and the fix. Pins both messages of upsert_order._as_order_type (one helper since h-dupsrc; the same text as
+    the two hand-written raises before it: passes on 987a169 too, fails if a message lost a part)."""
+    check = OrderCheck("db.t", "pos", 3, ["id"], None, None, None, floor="abc")
+    changes = pa.table({"id": pa.array([1], pa.int64()), ORDER_COLUMN: pa.array([7], pa.int64())})
+    with pytest.raises(LakesinkError) as floor:
+        _below_floor(changes, check)
+    assert str(floor.value).startswith(
+        "table db.t: its last truncate's source position abc cannot be compared with the batch's option 'order-by' "
+        "column 'pos' (int64): "
+    ) and str(floor.value).endswith(". Order a cdc-format stream by its source position")
+    held = pa.table({"id": pa.array([1], pa.int64()), HELD_COLUMN: pa.array(["x"])})
+    with pytest.raises(LakesinkError) as values:
+        _stale(changes, held, replace(check, floor=None))
+    assert str(values.value).startswith(
+        "table db.t: the order values it holds (string) cannot be compared with the batch's option 'order-by' column "
+        "'pos' (int64): "
+    ) and str(values.value).endswith(". Keep the order-by column's type (or widen it: int to long, a decimal's precision)")

@@ -13,7 +13,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from lakesink.executor.row_digest import RowsDigest, digest, same_rows
+from lakesink.executor.messages import RowsDigest, same_rows
+from lakesink.executor.row_digest import digest
 
 REQUIRED_STRUCT = pa.struct([pa.field("v", pa.int64(), nullable=False)])
 

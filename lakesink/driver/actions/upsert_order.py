@@ -35,6 +35,7 @@ import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -349,16 +350,30 @@ def _below_floor(changes: pa.Table, check: OrderCheck) -> pa.Array:
             f"{check.table_name}, truncated at source position {check.floor}: a change without an order value cannot be "
             "ordered after the truncate. Nothing was committed; give every change an order value"
         )
-    try:
-        floor = pa.array([check.floor]).cast(order.type)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise LakesinkError(
-            f"table {check.table_name}: its last truncate's source position {check.floor} cannot be compared with the "
-            f"batch's option 'order-by' column {check.column!r} ({order.type}): {e}. Order a cdc-format stream by its "
-            "source position"
-        ) from None
+    floor = _as_order_type(
+        pa.array([check.floor]),
+        order.type,
+        check,
+        what=f"its last truncate's source position {check.floor}",
+        fix="Order a cdc-format stream by its source position",
+    )
     below = pc.less(floats.spark_order(order), floats.spark_order(floor)[0])
     return below.combine_chunks() if isinstance(below, pa.ChunkedArray) else below
+
+
+ArrayT = TypeVar("ArrayT", pa.Array, pa.ChunkedArray)
+
+
+def _as_order_type(values: ArrayT, order_type: pa.DataType, check: OrderCheck, *, what: str, fix: str) -> ArrayT:
+    """``values`` (a value the table holds: its truncate's position, its rows' order values) cast to the type of the
+    batch's option ``order-by`` column, or a LakesinkError saying which (``what``) cannot be compared, and ``fix``."""
+    try:
+        return values.cast(order_type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise LakesinkError(
+            f"table {check.table_name}: {what} cannot be compared with the batch's option 'order-by' column "
+            f"{check.column!r} ({order_type}): {e}. {fix}"
+        ) from None
 
 
 def _stale(changes: pa.Table, held: pa.Table, check: OrderCheck) -> pa.Array:
@@ -371,14 +386,13 @@ def _stale(changes: pa.Table, held: pa.Table, check: OrderCheck) -> pa.Array:
     joined = joined.take(pc.sort_indices(joined.column(_ROW)))
     change, older = joined.column(ORDER), joined.column(HELD_COLUMN)
     if older.type != change.type and not pa.types.is_null(change.type) and not pa.types.is_null(older.type):
-        try:
-            older = older.cast(change.type)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-            raise LakesinkError(
-                f"table {check.table_name}: the order values it holds ({older.type}) cannot be compared with the "
-                f"batch's option 'order-by' column {check.column!r} ({change.type}): {e}. Keep the order-by column's "
-                "type (or widen it: int to long, a decimal's precision)"
-            ) from None
+        older = _as_order_type(
+            older,
+            change.type,
+            check,
+            what=f"the order values it holds ({older.type})",
+            fix="Keep the order-by column's type (or widen it: int to long, a decimal's precision)",
+        )
     present = pc.fill_null(joined.column(_PRESENT), False)
     null_change = pc.and_(pc.and_(present, older.is_valid()), change.is_null())
     if pc.any(null_change).as_py():

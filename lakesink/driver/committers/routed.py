@@ -48,12 +48,19 @@ from lakesink.errors import (
     TooManyRejectedError,
 )
 from lakesink.executor import upsert_task
-from lakesink.executor.messages import TaskIds, TaskResult, WritePlan, schema_digest
+from lakesink.executor.messages import (
+    RowsDigest,
+    TaskIds,
+    TaskResult,
+    WritePlan,
+    combine_rows_digests,
+    same_rows,
+    schema_digest,
+)
 from lakesink.executor.routed_writer import (
     RoutedTaskResult,
     conform_to_table,
 )
-from lakesink.executor.row_digest import RowsDigest, combine, same_rows
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_AFTER_TABLE_CREATED, fault_point
 from lakesink.table import storage
@@ -566,7 +573,7 @@ def _rows_digests(results: Sequence[RoutedTaskResult]) -> dict[str, str | None]:
     for r in results:
         for t in r.tables:
             found.setdefault(t.table, []).append(t.rows_digest)
-    return {name: combine(digests) for name, digests in found.items()}
+    return {name: combine_rows_digests(digests) for name, digests in found.items()}
 
 
 def _with_rows(unit: Mapping[str, str], rows: str | None) -> dict[str, str]:
