@@ -1,7 +1,10 @@
 """The benchmark harness runs (at toy size), so that it cannot rot between two benchmark campaigns.
 
 Nothing here looks at time: only that every path wrote the right number of rows and that the JSON,
-Markdown and PNG outputs exist. The real runs are ``make bench`` (docs/performance.md).
+Markdown and PNG outputs exist. The real runs are ``make bench`` (docs/performance.md). The Spark driver JVMs of these
+toy runs get the options of the tests' short-lived jobs (``PYSPARK_SUBMIT_ARGS``, tests/jobs/jvm.py: the quick JIT
+only, the serial GC, the class data sharing archive): what each benchmark runs and writes is the same, its start-up
+costs less CPU (``make bench`` runs without them).
 """
 
 from __future__ import annotations
@@ -14,19 +17,26 @@ from pathlib import Path
 
 import pytest
 
+from tests.jobs import jvm
+from tests.support.timeouts import guard
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _bench(tmp_path: Path, *args: str, timeout: int = 500) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # a test without the spark marker keeps the guard's arguments (tests/conftest.py): it must not start Spark
+    env.setdefault("PYSPARK_SUBMIT_ARGS", jvm.submit_args())
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--out", str(tmp_path / "performance"), "--work", str(tmp_path / "work"), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        # a hang guard, scaled with the load (tests/support/timeouts.py): at load 40 on the 2 cores the toy throughput
+        # run went past an unscaled 500 s and was killed mid-query (2026-11-25)
+        timeout=guard(timeout),
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
     return proc

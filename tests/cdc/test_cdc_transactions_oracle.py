@@ -169,12 +169,20 @@ def committed_states(props: Mapping[str, str]) -> dict[int, State]:
             snaps = [(s["batch_id"], s["snapshot_id"]) for s in lakesink_snapshots(tables[t.qualified])]
             assert [b for b, _ in snaps] == sorted({b for b, _ in snaps}), f"{t.qualified} holds a batch twice: {snaps}"
             history[t.qualified] = snaps
+    # a table that a batch did not change is read as of the same snapshot as before: each snapshot is scanned once
+    scanned: dict[tuple[str, int], list[dict[str, Any]]] = {}
+
+    def rows_at(name: str, snapshot_id: int) -> list[dict[str, Any]]:
+        if (name, snapshot_id) not in scanned:
+            scanned[name, snapshot_id] = tables[name].scan(snapshot_id=snapshot_id).to_arrow().to_pylist()
+        return scanned[name, snapshot_id]
+
     out: dict[int, State] = {}
     for b in sorted({b for snaps in history.values() for b, _ in snaps}):
         rows: dict[str, list[dict[str, Any]]] = {}
         for name, snaps in history.items():
             at = [sid for batch, sid in snaps if batch <= b]
-            rows[name] = tables[name].scan(snapshot_id=at[-1]).to_arrow().to_pylist() if at else []
+            rows[name] = rows_at(name, at[-1]) if at else []
         out[b] = shown(rows, keys)
     return out
 
