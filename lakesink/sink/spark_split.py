@@ -15,6 +15,9 @@ lakesink.driver.committers.routed_tables.RoutedTables.template). So:
    by either compares equal. A value whose folder name would be longer than a file name may be (more than
    :data:`MAX_VALUE_BYTES` bytes), null or empty gets a folder named by its SHA-256 instead, and the batch goes the
    way of two jobs (lakesink.sink.spark_routed: find, then write; an invalid route's RoutingError from there).
+   That job runs in a thread of its own (:func:`counted` waits for it): a batch whose tables this run opened before
+   reads them again meanwhile; a batch with a table to create waits for the count first (a failed count leaves no
+   new table behind). No file is placed before the count ends.
 2. The tables are opened as on that path (created on first sight), the replay of the whole batch decided, then
    :func:`place` -- a table whose files look like the template's (same file schema with field ids, partition spec,
    Parquet settings and filesystem: every table lakesink creates from the stream) gets its values' folders moved
