@@ -154,7 +154,7 @@ def split(
             None
             if odd
             else _counter().submit(
-                inheritable_thread_target(_timed_digests), spark, df, column, plan, directory, keys, sorted(found)
+                inheritable_thread_target(spark)(_timed_digests), spark, df, column, plan, directory, keys, sorted(found)
             )
         )
     except BaseException:
