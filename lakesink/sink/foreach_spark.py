@@ -152,8 +152,11 @@ class RoutedSparkBatches:
                     cached.unpersist(blocking=False)
             split_ms = (time.perf_counter() - started) * 1000
             routes = routed.routes(list(s.keys), batch_id)  # an invalid route: RoutingError (dead letters need 'arrow')
-            plans = routed.plans(routes, query_id)
+            if not routed.opened_in_run(routes):  # a table to create: only once the rows are counted (a failure
+                s = spark_split.counted(s)  # of the count then leaves no new table behind)
+            plans = routed.plans(routes, query_id)  # else read again while Spark counts each value's rows
             planned_ms = (time.perf_counter() - started) * 1000 - split_ms
+            s = spark_split.counted(s) if s.counting is not None else s
             for p in plans.values():
                 reason = spark_write.unsupported_reason(p.schema, p.spec) or spark_fs.unwritable_reason(
                     df.sparkSession, p.data_prefix
@@ -170,11 +173,20 @@ class RoutedSparkBatches:
                     df, s, self._batch_of(query_id, batch_id, run_id), plans=plans, max_records_per_file=per_file
                 )
                 place_ms = (time.perf_counter() - placed) * 1000
-                self._written("split", batch_id, written, digest_ms=s.digest_ms, plan_ms=planned_ms, place_ms=place_ms)
+                self._written(
+                    "split",
+                    batch_id,
+                    written,
+                    digest_ms=s.digest_ms,
+                    plan_ms=planned_ms,
+                    digest_wait_ms=s.digest_wait_ms,
+                    place_ms=place_ms,
+                )
                 return [written.result]
 
             return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write)
         finally:
+            spark_split.settle(s)  # a counting job still running (the batch failed before it ended) reads the directory
             spark_write.delete_directory(template.io, s.directory)  # what was not moved into a table
             for directory in written.directories if written is not None else ():
                 storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)

@@ -15,6 +15,9 @@ lakesink.driver.committers.routed_tables.RoutedTables.template). So:
    by either compares equal. A value whose folder name would be longer than a file name may be (more than
    :data:`MAX_VALUE_BYTES` bytes), null or empty gets a folder named by its SHA-256 instead, and the batch goes the
    way of two jobs (lakesink.sink.spark_routed: find, then write; an invalid route's RoutingError from there).
+   That job runs in a thread of its own (:func:`counted` waits for it): a batch whose tables this run opened before
+   reads them again meanwhile; a batch with a table to create waits for the count first (a failed count leaves no
+   new table behind). No file is placed before the count ends.
 2. The tables are opened as on that path (created on first sight), the replay of the whole batch decided, then
    :func:`place` -- a table whose files look like the template's (same file schema with field ids, partition spec,
    Parquet settings and filesystem: every table lakesink creates from the stream) gets its values' folders moved
@@ -33,10 +36,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark import inheritable_thread_target
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -89,9 +93,9 @@ class Split:
     """The name of the batch directory (``directory``'s last segment; each table's own takes it too)."""
     keys: dict[object, str]
     """Each routing value's folder key (``v<hex>``)."""
-    digests: dict[object, RowsDigest]
-    """Each routing value's rows: count and digest (kind ``x``)."""
     template: WritePlan
+    digests: dict[object, RowsDigest] = dataclasses.field(default_factory=dict)
+    """Each routing value's rows: count and digest (kind ``x``); filled by :func:`counted`."""
     folders: tuple[str, ...] = ()
     """The folder keys of the split job: the value's, then the template's partition keys."""
     odd: bool = False
@@ -99,6 +103,10 @@ class Split:
     since_ms: int = 0
     job_ms: float = 0.0
     digest_ms: float = 0.0
+    digest_wait_ms: float = 0.0
+    """How long the driver waited for the counting job after opening the tables."""
+    counting: Future[tuple[dict[str, RowsDigest], float]] | None = None
+    """The job counting and digesting each value's rows, running (:func:`counted` waits for it)."""
 
 
 def split(
@@ -137,27 +145,92 @@ def split(
             spark, writer, directory, partitioned=True, on_error=lambda e: spark_write.raise_not_null(e, df, plan, batch_id)
         )
         written = time.monotonic()
-        found = _digests(spark, df, column, plan, directory, keys)
-        digested = time.monotonic()
-        fault_point(SPARKSPLIT_AFTER_SPLIT)
+        found = _folder_keys(plan.io, directory)
+        odd = any(not k.startswith("v") for k in found)
+        # counted while the driver opens the tables (none for a batch that goes the two jobs' way)
+        # in a thread of its own with the batch's Spark job properties, captured here (its job group: a query stopped
+        # cancels it)
+        counting = (
+            None
+            if odd
+            else _counter().submit(
+                inheritable_thread_target(spark)(_timed_digests), spark, df, column, plan, directory, keys, sorted(found)
+            )
+        )
     except BaseException:
         spark_write.delete_directory(plan.io, directory)
         raise
-    odd = any(not k.startswith("v") for k in found)
     values = {_value_of(k): k for k in found if k.startswith("v")}
     return Split(
         directory=directory,
         write_id=write_id,
         batch_dir=batch_dir,
         keys=values,
-        digests={v: found[k] for v, k in values.items()},
         template=plan,
         folders=tuple(keys),
         odd=odd,
         since_ms=since_ms,
         job_ms=(written - started) * 1000,
-        digest_ms=(digested - written) * 1000,
+        counting=counting,
     )
+
+
+def counted(s: Split) -> Split:
+    """The split with each value's count and digest: waits for the job counting them (started by :func:`split`, run
+    while the driver opens the batch's tables). Its failure is the batch's; the values it found must be the folders
+    listed after the write (a folder gone or appeared meanwhile: LakesinkError, nothing committed)."""
+    assert s.counting is not None
+    waited = time.monotonic()
+    found, job_ms = s.counting.result()
+    if set(found) != set(s.keys.values()):
+        raise LakesinkError(
+            f"route-by with writer='spark': the split directory {s.directory} changed while its rows were counted "
+            f"(folders {sorted(s.keys.values())}, counted {sorted(found)}). Nothing is committed; the batch is retried "
+            "when the query restarts -- check that nothing else writes or deletes under the warehouse's "
+            f"{SPLIT_FOLDER} folder"
+        )
+    fault_point(SPARKSPLIT_AFTER_SPLIT)
+    return dataclasses.replace(
+        s,
+        digests={v: found[k] for v, k in s.keys.items()},
+        counting=None,
+        digest_ms=job_ms,
+        digest_wait_ms=(time.monotonic() - waited) * 1000,
+    )
+
+
+def settle(s: Split) -> None:
+    """Wait for the split's counting job, if still running, ignoring its outcome (before its directory is deleted)."""
+    if s.counting is not None:
+        wait([s.counting])
+
+
+_COUNTER: ThreadPoolExecutor | None = None
+
+
+def _counter() -> ThreadPoolExecutor:
+    """The driver's threads running the counting jobs (one per batch at a time; daemon-like, made on first use)."""
+    global _COUNTER
+    if _COUNTER is None:
+        _COUNTER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lakesink-split-count")
+    return _COUNTER
+
+
+def _timed_digests(*args: Any) -> tuple[dict[str, RowsDigest], float]:
+    """:func:`_digests`, with the milliseconds it took."""
+    started = time.monotonic()
+    found = _digests(*args)
+    return found, (time.monotonic() - started) * 1000
+
+
+def _folder_keys(io: Any, directory: str) -> set[str]:
+    """The folder keys (``v<hex>`` or ``h<sha>``) of the values' folders holding a data file of the split."""
+    prefix = f"{VALUE_KEY}="
+    return {
+        f.relative.split("/", 1)[0][len(prefix) :]
+        for f in storage.list_files(io, directory)
+        if f.relative.startswith(prefix) and "/" in f.relative
+    }
 
 
 def _read_schema(plan: WritePlan, keys: list[str]) -> T.StructType:
@@ -169,12 +242,13 @@ def _read_schema(plan: WritePlan, keys: list[str]) -> T.StructType:
     )
 
 
-def _read_back(spark: Any, df: DataFrame, column: str, plan: WritePlan, directory: str, keys: list[str]) -> DataFrame:
+def _read_back(
+    spark: Any, df: DataFrame, column: str, plan: WritePlan, directory: str, keys: list[str], folders: list[str]
+) -> DataFrame:
     """The split's rows read back from its files, each stream column as the stream's type (the template's type is the
     stream's, or a wider integer for a narrower one: cast back exactly), the routing column from the folder key."""
     # the values' folders only (a file Spark may leave at the job's root for an empty task holds no row)
-    folders = sorted({f.relative.split("/", 1)[0] for f in storage.list_files(plan.io, directory)})
-    paths = [storage.spark_location(f"{directory}/{f}") for f in folders if f.startswith(f"{VALUE_KEY}=")]
+    paths = [storage.spark_location(f"{directory}/{VALUE_KEY}={k}") for k in folders]
     reader = spark.read.schema(_read_schema(plan, keys)).option("basePath", storage.spark_location(directory))
     read: DataFrame = reader.parquet(*paths)
     have = set(read.columns)
@@ -189,12 +263,15 @@ def _read_back(spark: Any, df: DataFrame, column: str, plan: WritePlan, director
     return read.select(*columns, F.col(VALUE_KEY))  # (the template's partition keys: recomputed by each table)
 
 
-def _digests(spark: Any, df: DataFrame, column: str, plan: WritePlan, directory: str, keys: list[str]) -> dict[str, RowsDigest]:
-    """Each folder key's rows in the split's files: count and digest (lakesink.sink.spark_routed.find_routes's)."""
-    if not any(f.relative.startswith(f"{VALUE_KEY}=") for f in storage.list_files(plan.io, directory)):
+def _digests(
+    spark: Any, df: DataFrame, column: str, plan: WritePlan, directory: str, keys: list[str], folders: list[str]
+) -> dict[str, RowsDigest]:
+    """Each folder key's rows in the split's files (in the values' ``folders``, as listed after the write): count and
+    digest (lakesink.sink.spark_routed.find_routes's)."""
+    if not folders:
         return {}  # no row written (an empty batch): nothing to read back
     with spark_write.session_confs(spark, _PINNED_READ):  # a file Spark cannot read fails the batch, never skipped
-        back = _read_back(spark, df, column, plan, directory, keys)
+        back = _read_back(spark, df, column, plan, directory, keys, folders)
         hashed = spark_routed.row_hash(back.drop(VALUE_KEY), column)
         rows = (
             back.groupBy(F.col(VALUE_KEY))
@@ -264,7 +341,7 @@ def place(
         if other:  # tables not as lakesink creates them: written from the split's files by Spark
             values = [v for v, t in value_table.items() if t in other]
             keys = [s.keys[v] for v in values]
-            rows = _read_back(spark, df, column, s.template, s.directory, list(s.folders))
+            rows = _read_back(spark, df, column, s.template, s.directory, list(s.folders), keys)
             rewritten = spark_routed.write_routed(
                 rows.filter(F.col(VALUE_KEY).isin(keys)).drop(VALUE_KEY),
                 batch,
@@ -313,8 +390,10 @@ __all__ = [
     "SPLIT_FOLDER",
     "VALUE_KEY",
     "Split",
+    "counted",
     "fits",
     "place",
+    "settle",
     "split",
     "split_root",
     "sweep",

@@ -222,6 +222,10 @@ class RoutedTables:
         self._last_tables = ()
         self._letters_opened = False
 
+    def opened_in_run(self, routes: Iterable[Route]) -> bool:
+        """Whether this run opened every table of ``routes`` before (their plans read them again, create none)."""
+        return all(str(r) in self._uuids for r in routes)
+
     def committer(self, name: str) -> TableCommitter:
         found = self._committers.pop(name, None)
         if found is None:
