@@ -114,6 +114,12 @@ def lakesink_snapshots(table: Table) -> list[dict[str, Any]]:
     return out
 
 
+def assert_each_batch_once(table: Table, name: str) -> None:
+    """lakesink's snapshots of ``table`` (named ``name`` in the failure) hold each batch once, in batch order."""
+    ids = [s["batch_id"] for s in lakesink_snapshots(table)]
+    assert ids == sorted(set(ids)), f"{name} holds a batch twice: {ids}"
+
+
 def assert_snapshot_invariants(table: Table) -> None:
     """Every (query id, sink id, batch id) in at most one snapshot; a sink's batch ids without gaps."""
     snaps = lakesink_snapshots(table)
@@ -356,12 +362,20 @@ def expire_all_but(keep: int) -> dict[str, str]:
     return {"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": str(keep)}
 
 
-def commit_batches(c: TableCommitter, n: int, *, start: int = 0, rows: int = 10, query_id: str = Q1) -> list[int]:
+def commit_batches(
+    c: TableCommitter,
+    n: int,
+    *,
+    start: int = 0,
+    rows: int = 10,
+    query_id: str = Q1,
+    ids_of: Callable[[int], list[int]] | None = None,
+) -> list[int]:
     """Commit batches ``start`` .. ``start + n - 1`` of ``query_id``, batch ``b`` holding ids ``b * 1000`` onwards
-    (``rows`` of them), each asserted COMMITTED: the ids sent, in order."""
+    (``rows`` of them; ``ids_of(b)`` instead when given), each asserted COMMITTED: the ids sent, in order."""
     sent: list[int] = []
     for b in range(start, start + n):
-        ids = list(range(b * 1000, b * 1000 + rows))
+        ids = list(range(b * 1000, b * 1000 + rows)) if ids_of is None else ids_of(b)
         assert commit(c, query_id, b, [write_task(c, query_id, b, ids)]).outcome is Outcome.COMMITTED
         sent += ids
     return sent
