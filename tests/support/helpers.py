@@ -150,6 +150,12 @@ def referenced_data_files(table: Table) -> set[str]:
     return paths
 
 
+def assert_files_are_referenced(table: Table) -> None:
+    """The table's data files on disk are the ones its snapshots reference: none left behind, none missing."""
+    on_disk, referenced = data_files_on_disk(table), referenced_data_files(table)
+    assert on_disk == referenced, f"not referenced: {sorted(on_disk - referenced)}; missing: {sorted(referenced - on_disk)}"
+
+
 def referenced_files(table: Table) -> set[str]:
     """Every manifest list, manifest and data file the table's snapshots reference (every one must exist)."""
     paths: set[str] = set()
