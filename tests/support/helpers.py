@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.types import LongType, NestedField, StringType
+from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
@@ -39,6 +39,15 @@ from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK
 from tests.support.stream_input import SCHEMA_DDL as SCHEMA_DDL  # re-exported: the tests import it from here
 from tests.support.stream_input import write_stream_lines
 from tests.support.timeouts import guard
+
+INPUT_FIELDS = (
+    NestedField(1, "id", LongType(), required=False),
+    NestedField(2, "ts", TimestamptzType(), required=False),
+    NestedField(3, "user", StringType(), required=False),
+    NestedField(4, "amount", DoubleType(), required=False),
+    NestedField(5, "kind", IntegerType(), required=False),
+)
+"""The columns of :data:`SCHEMA_DDL` as the fields of an Iceberg table (all optional), for a test that creates it."""
 
 TABLE = "db.events"
 EVENTS = TableName(("db",), "events")
@@ -272,6 +281,36 @@ def fail_once_at(
         run()
     assert faults.fired(point)
     faults.clear()
+
+
+class StreamInput:
+    """A file stream's input folder under ``tmp_path`` (JSON files of unique ids, :func:`write_json_input`; ``sent``:
+    the ids written, in order) and its checkpoint folder, for a test that makes its query itself."""
+
+    first_id = 10_000
+    """The first id written (each next file goes on from the last id)."""
+    rows_per_file = 40
+
+    def __init__(self, spark: Any, tmp_path: Path, props: dict[str, str]):
+        self.spark, self.props = spark, props
+        self.src, self.ck = tmp_path / "input", tmp_path / "checkpoint"
+        self.src.mkdir(parents=True)
+        self.sent: list[int] = []
+
+    def add_input(self, files: int, rows_per_file: int | None = None) -> None:
+        rows = self.rows_per_file if rows_per_file is None else rows_per_file
+        self.sent += write_json_input(self.src, files=files, rows_per_file=rows, start=len(self.sent) + self.first_id)
+
+    def source(self, max_files: int | None = 1) -> Any:
+        """The input files as a stream of :data:`SCHEMA_DDL` rows, ``max_files`` a batch (None: every file there is)."""
+        reader = self.spark.readStream.schema(SCHEMA_DDL)
+        if max_files is not None:
+            reader = reader.option("maxFilesPerTrigger", max_files)
+        return reader.json(str(self.src))
+
+    def until_read(self, writer: Any) -> Any:
+        """``writer`` (a DataStreamWriter) on the checkpoint, to end once it has read the input (availableNow)."""
+        return writer.option("checkpointLocation", str(self.ck)).trigger(availableNow=True)
 
 
 class Stream:
