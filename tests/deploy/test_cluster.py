@@ -9,7 +9,6 @@ Executors reach lakesink the simplest way a cluster allows: every worker runs th
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -28,6 +27,7 @@ from lakesink.driver import catalogs
 from lakesink.faults import ENV_FAULTS_DIR, EXECUTOR_BEFORE_WRITE
 from tests.support.cluster import StandaloneCluster, ancestors
 from tests.support.helpers import assert_snapshot_invariants, table_ids, write_json_input
+from tests.support.job_process import deploy_job
 
 pytestmark = [pytest.mark.spark, pytest.mark.deploy]
 
@@ -55,18 +55,16 @@ def test_executor_sigkilled_mid_batch_on_a_cluster_every_id_lands_once(
     faults = tmp_path / "faults"
     faults.mkdir()
     sent = write_json_input(tmp_path / "input", files=4, rows_per_file=50)
-    cfg = {
-        "input": str(tmp_path / "input"),
-        "checkpoint": str(tmp_path / "ck"),
-        "table": "db.events",
-        "entry": entry,
+    job_command = deploy_job(
+        tmp_path,
+        props,
+        entry=entry,
+        master=cluster.url,
         # foreach_batch, writer="auto": Spark's own writer on the cluster (file:// is writable there);
         # the pause below is then on the Arrow path of format("lakesink")
-        "writer": "arrow",
-        "catalog_properties": props,
-        "master": cluster.url,
-        "max_files": 2,
-        "conf": {
+        writer="arrow",
+        max_files=2,
+        conf={
             "spark.executor.memory": "512m",
             "spark.executor.cores": "1",
             "spark.cores.max": "2",
@@ -74,7 +72,7 @@ def test_executor_sigkilled_mid_batch_on_a_cluster_every_id_lands_once(
             "spark.executorEnv.LAKESINK_FAULTS_DIR": str(faults),
             "spark.executorEnv.PYTHONPATH": str(ROOT),
         },
-    }
+    )
     # the first task that starts writing waits at the fault point; its executor is then SIGKILLed
     (faults / EXECUTOR_BEFORE_WRITE).write_text("pause")
     env = {
@@ -85,7 +83,7 @@ def test_executor_sigkilled_mid_batch_on_a_cluster_every_id_lands_once(
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
     job = subprocess.Popen(
-        ["nice", "-n", "5", sys.executable, "-m", "tests.jobs.deploy_job", json.dumps(cfg)],
+        ["nice", "-n", "5", *job_command],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -124,21 +122,19 @@ def test_foreach_batch_auto_uses_spark_writer_on_the_cluster(tmp_path: Path, clu
     warehouse.mkdir()
     props = {"type": "sql", "uri": postgres.create_database(), "warehouse": f"file://{warehouse}"}
     sent = write_json_input(tmp_path / "input", files=2, rows_per_file=50)
-    cfg = {
-        "input": str(tmp_path / "input"),
-        "checkpoint": str(tmp_path / "ck"),
-        "table": "db.events",
-        "entry": "foreach",
-        "writer": "auto",
-        "catalog_properties": props,
-        "master": cluster.url,
-        "max_files": 2,  # one batch, the run's first: auto writes it with Spark's writer (later small ones: on the driver)
-        "conf": {"spark.executor.memory": "512m", "spark.executor.cores": "1", "spark.cores.max": "2"},
-    }
+    job_command = deploy_job(
+        tmp_path,
+        props,
+        entry="foreach",
+        master=cluster.url,
+        writer="auto",
+        max_files=2,  # one batch, the run's first: auto writes it with Spark's writer (later small ones: on the driver)
+        conf={"spark.executor.memory": "512m", "spark.executor.cores": "1", "spark.cores.max": "2"},
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
     env.pop(ENV_FAULTS_DIR, None)
     done = subprocess.run(
-        ["nice", "-n", "5", sys.executable, "-m", "tests.jobs.deploy_job", json.dumps(cfg)],
+        ["nice", "-n", "5", *job_command],
         env=env,
         cwd=ROOT,
         capture_output=True,

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import BucketTransform, DayTransform
-from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StringType, TimestamptzType
+from pyiceberg.types import StringType
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
@@ -30,7 +30,7 @@ from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID
 from tests.sink import test_types as types_matrix
-from tests.support.helpers import Stream, assert_snapshot_invariants, lakesink_snapshots, sink_committer, table_ids
+from tests.support.helpers import INPUT_FIELDS, Stream, assert_snapshot_invariants, lakesink_snapshots, sink_committer, table_ids
 from tests.support.interop_values import differences, plain_rows
 from tests.support.java_engine import JavaEngine, jdbc_url, session_conf
 
@@ -109,13 +109,7 @@ def test_java_reads_partitioned_evolved_tables_branches_time_travel_and_summarie
 ) -> None:
     catalog = catalogs.load(None, shared)
     catalog.create_namespace_if_not_exists("db")
-    schema = Schema(
-        NestedField(1, "id", LongType(), required=False),
-        NestedField(2, "ts", TimestamptzType(), required=False),
-        NestedField(3, "user", StringType(), required=False),
-        NestedField(4, "amount", DoubleType(), required=False),
-        NestedField(5, "kind", IntegerType(), required=False),
-    )
+    schema = Schema(*INPUT_FIELDS)
     spec = PartitionSpec(
         PartitionField(source_id=2, field_id=1000, transform=DayTransform(), name="ts_day"),
         PartitionField(source_id=1, field_id=1001, transform=BucketTransform(4), name="id_bucket"),

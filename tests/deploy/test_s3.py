@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, ENV_FAULTS_DI
 from lakesink.maintenance.orphans import remove_orphan_files
 from lakesink.table import names
 from tests.support.helpers import Stream, assert_snapshot_invariants, referenced_data_files, table_ids, write_json_input
+from tests.support.job_process import deploy_job
 from tests.support.s3 import SECRET_KEY, S3Server
 
 pytestmark = pytest.mark.spark
@@ -103,17 +103,10 @@ def test_kill_9_in_the_middle_then_replay_on_s3(tmp_path: Path, s3_server: S3Ser
     faults_dir = tmp_path / "faults"
     faults_dir.mkdir()
     sent = write_json_input(tmp_path / "input", files=6, rows_per_file=30)
-    cfg = {
-        "input": str(tmp_path / "input"),
-        "checkpoint": str(tmp_path / "ck"),
-        "table": "db.events",
-        "entry": "foreach",  # the driver itself runs the commit: the kill takes the whole job down
-        "catalog_properties": props,
-        "master": "local[2,4]",
-    }
+    # foreach: the driver itself runs the commit, the kill takes the whole job down
+    job = deploy_job(tmp_path, props, entry="foreach", master="local[2,4]")
     env = {**os.environ, ENV_FAULTS_DIR: str(faults_dir), "PYTHONPATH": str(ROOT)}
     (faults_dir / DRIVER_AFTER_SWAP).write_text("kill")
-    job = [sys.executable, "-m", "tests.jobs.deploy_job", json.dumps(cfg)]
     first = subprocess.run(job, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
     table = catalogs.load(None, props).load_table(("db", "events"))

@@ -25,6 +25,7 @@ from lakesink.options import OutputMode
 from lakesink.table.markers import last_committed_batch
 from tests.support.helpers import (
     arrow_rows,
+    assert_files_are_referenced,
     assert_snapshot_invariants,
     commit,
     data_files_on_disk,
@@ -272,7 +273,7 @@ def test_abort_after_the_marker_moved_past_the_batch_keeps_its_committed_files(c
     stray = write_task(committer, Q1, 1, [1, 2], attempt=5)
     committer.abort_batch(query_id=Q1, batch_id=1, results=[committed, stray])
     table = load(committer)
-    assert data_files_on_disk(table) == referenced_data_files(table)
+    assert_files_are_referenced(table)
     assert {f.path for f in committed.files} <= data_files_on_disk(table)
     assert table_ids(table) == Counter([1, 2, 3])
 
@@ -324,7 +325,7 @@ def test_catalog_locked_longer_than_its_busy_timeout(tmp_path: Path) -> None:
     table = load(c)
     assert outcome.outcome is Outcome.COMMITTED
     assert table_ids(table) == Counter([1, 2, 3]) and len(table.snapshots()) == 1
-    assert data_files_on_disk(table) == referenced_data_files(table)
+    assert_files_are_referenced(table)
 
 
 @pytest.mark.slow

@@ -27,9 +27,10 @@ def _committer(catalog_properties: dict[str, str], **properties: str) -> TableCo
     return c
 
 
-def _run(c: TableCommitter, batches: int) -> list[int]:
+def _run(c: TableCommitter, batches: int, *, start: int = 0) -> list[int]:
+    """Batches ``start`` .. ``start + batches - 1``, batch ``b`` holding ids ``3b`` .. ``3b + 2``, each COMMITTED."""
     sent: list[int] = []
-    for b in range(batches):
+    for b in range(start, start + batches):
         ids = list(range(b * 3, b * 3 + 3))
         outcome = commit(c, Q, b, [write_task(c, Q, b, ids)])
         assert outcome.outcome is Outcome.COMMITTED
@@ -49,10 +50,7 @@ def test_manifest_list_stays_bounded_and_rows_read_back_once(catalog_properties:
     counts = []
     sent: list[int] = []
     for round_ in range(5):
-        for b in range(round_ * 6, round_ * 6 + 6):
-            ids = [b * 3, b * 3 + 1, b * 3 + 2]
-            assert commit(c, Q, b, [write_task(c, Q, b, ids)]).outcome is Outcome.COMMITTED
-            sent += ids
+        sent += _run(c, 6, start=round_ * 6)
         counts.append(_manifests(c))
     # 30 batches, one new manifest each: merged whenever 4 accumulate, never more than 4 in the list
     assert max(counts) <= 4, counts

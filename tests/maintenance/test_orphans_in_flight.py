@@ -44,6 +44,7 @@ from tests.support.helpers import (
     arrow_rows,
     as_another_process,
     commit,
+    commit_batches,
     expire_all_but,
     load,
     sink_committer,
@@ -78,12 +79,7 @@ def committer(
 
 
 def batches(c: TableCommitter, n: int, *, start: int = 0) -> list[int]:
-    sent: list[int] = []
-    for b in range(start, start + n):
-        ids = [b * 100 + i for i in range(4)]
-        assert commit(c, Q, b, [write_task(c, Q, b, ids)]).outcome is Outcome.COMMITTED
-        sent += ids
-    return sent
+    return commit_batches(c, n, start=start, query_id=Q, ids_of=lambda b: [b * 100 + i for i in range(4)])
 
 
 # --- the clean-up at every swap -----------------------------------------------------------------------------

@@ -6,8 +6,8 @@ Python, column for column; a truncate fails the batch naming the table."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
+from functools import partial
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -18,16 +18,10 @@ from pyspark.sql.types import StructType
 from lakesink.driver import catalogs
 from lakesink.options import SinkOptions
 from lakesink.sink import datasource
-from tests.support.changes import rounds_through_a_failure, start_debezium, tables_model, write_json_round
-from tests.support.helpers import assert_refused, lakesink_snapshots, run_to_end
+from tests.support.changes import DebeziumRounds, Event, event, tables_model
+from tests.support.helpers import assert_each_batch_once, assert_refused
 
 pytestmark = pytest.mark.spark
-
-Event = dict[str, Any]  # table, op, lsn, before, after
-
-
-def event(table: str, op: str, lsn: int, before: Any, after: Any) -> Event:
-    return {"table": table, "op": op, "lsn": lsn, "before": before, "after": after}
 
 
 def rounds() -> list[list[Event]]:
@@ -54,33 +48,13 @@ def model(batches: Sequence[Sequence[Event]]) -> dict[str, dict[int, dict[str, A
     )
 
 
-def records(events: Sequence[Event], index: int) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for n, e in enumerate(events):
-        schema, table = e["table"].split(".")
-        envelope = {
-            "before": e["before"],
-            "after": e["after"],
-            "op": e["op"],
-            "ts_ms": 1,
-            "source": {"connector": "postgresql", "db": "shop", "schema": schema, "table": table, "lsn": e["lsn"]},
-        }
-        value = {"schema": {"type": "struct"}, "payload": envelope} if (index + n) % 2 else envelope  # schemas.enable
-        row = e["after"] or e["before"]
-        key = json.dumps({"id": row["id"]}) if row else None  # a truncate has no key
-        topic = f"lake.{e['table']}"
-        out.append({"topic": topic, "key": key, "value": json.dumps(value)})
-        if e["op"] == "d":
-            out.append({"topic": topic, "key": key, "value": None})  # Debezium's tombstone after a delete
-    return out
+def kafka_key(e: Event) -> dict[str, Any] | None:
+    row = e["after"] or e["before"]
+    return {"id": row["id"]} if row else None  # a truncate has no key; a key without the schemas.enable wrapper
 
 
-def write_round(src: Path, index: int, events: Sequence[Event]) -> None:
-    write_json_round(src, index, records(events, index))
-
-
-def start(spark: Any, props: dict[str, str], src: Path, ck: Path) -> Any:
-    return start_debezium(spark, props, src, ck, upsert_key="id")
+def stream(spark: Any, props: dict[str, str], tmp_path: Path) -> DebeziumRounds:
+    return DebeziumRounds(spark, props, tmp_path, db="shop", key=kafka_key, wrap_key=False, options={"upsert_key": "id"})
 
 
 def assert_tables_are(props: dict[str, str], batches: Sequence[Sequence[Event]]) -> None:
@@ -94,31 +68,24 @@ def assert_tables_are(props: dict[str, str], batches: Sequence[Sequence[Event]])
         rows = {r["id"]: r for r in got.to_pylist()}
         assert rows == {k: {f: doc.get(f) for f in fields} for k, doc in want.items()}, name
         assert table.schema().identifier_field_names() == {"id"}
-        ids = [s["batch_id"] for s in lakesink_snapshots(table)]
-        assert ids == sorted(set(ids)), f"{name} holds a batch twice: {ids}"
+        assert_each_batch_once(table, name)
 
 
 def test_debezium_records_equal_the_model_across_restarts_and_a_failure_at_the_unit_commit(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
 ) -> None:
-    src, ck = tmp_path / "in", tmp_path / "ck"
-    rounds_through_a_failure(  # batch 2: every table committed, then the failure; the run of batch 3 replays it first
-        rounds(),
-        faults,
-        failing=2,
-        write=lambda index, events: write_round(src, index, events),
-        run=lambda: run_to_end(start(spark, catalog_properties, src, ck)),
-        check=lambda events: assert_tables_are(catalog_properties, events),
-    )
+    # batch 2: every table committed, then the failure; the run of batch 3 replays it first
+    check = partial(assert_tables_are, catalog_properties)
+    stream(spark, catalog_properties, tmp_path).through_a_failure(rounds(), faults, failing=2, check=check)
 
 
 def test_a_truncate_empties_the_table(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
     """(A truncate was refused before it was applied; tests/sink/test_cdc_keys_spark.py tests its position.)"""
-    src, ck = tmp_path / "in", tmp_path / "ck"
-    write_round(src, 0, [event("public.t", "c", 1, None, {"id": 1})])
-    run_to_end(start(spark, catalog_properties, src, ck))
-    write_round(src, 1, [event("public.t", "t", 2, None, None)])
-    run_to_end(start(spark, catalog_properties, src, ck))
+    cdc = stream(spark, catalog_properties, tmp_path)
+    cdc.write(0, [event("public.t", "c", 1, None, {"id": 1})])
+    cdc.run()
+    cdc.write(1, [event("public.t", "t", 2, None, None)])
+    cdc.run()
     table = catalogs.load(None, catalog_properties).load_table(("public", "t"))
     assert table.scan().to_arrow().to_pylist() == []
 

@@ -5,8 +5,8 @@ through a failure between the unit commit and Spark's commit log; each table equ
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +14,12 @@ import pytest
 
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP
-from tests.support.changes import rounds_through_a_failure, start_debezium, tables_model, write_json_round
-from tests.support.helpers import fail_once_at, lakesink_snapshots, run_to_end
+from tests.support.changes import DebeziumRounds, Event, event, tables_model
+from tests.support.helpers import assert_each_batch_once, fail_once_at, lakesink_snapshots
 
 pytestmark = pytest.mark.spark
 
 KEYS = {"public.accounts": ("id",), "public.readings": ("sensor", "ts"), "shop.lines": ("order_id", "line")}
-Event = dict[str, Any]  # table, op, lsn, before, after
-
-
-def event(table: str, op: str, lsn: int, before: Any = None, after: Any = None) -> Event:
-    return {"table": table, "op": op, "lsn": lsn, "before": before, "after": after}
 
 
 def key_of(e: Event) -> tuple[Any, ...]:
@@ -38,38 +33,13 @@ def model(batches: Sequence[Sequence[Event]]) -> dict[str, dict[tuple[Any, ...],
     return tables_model(flat, table="table", order="lsn", key=key_of, row=lambda e: e["after"])
 
 
-def records(events: Sequence[Event], index: int) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for n, e in enumerate(events):
-        schema, table = e["table"].split(".")
-        envelope = {
-            "before": e["before"],
-            "after": e["after"],
-            "op": e["op"],
-            "ts_ms": 1,
-            "source": {"connector": "postgresql", "db": "db", "schema": schema, "table": table, "lsn": e["lsn"]},
-        }
-        wrapped = (index + n) % 2 == 1  # schemas.enable on every other record: the key wrapped too
-        value = {"schema": {"type": "struct"}, "payload": envelope} if wrapped else envelope
-        key = None
-        if e["op"] != "t":  # a truncate has no key
-            key = dict(zip(KEYS[e["table"]], key_of(e), strict=True))
-            if wrapped:
-                key = {"schema": {"type": "struct", "fields": []}, "payload": key}
-        topic = f"lake.{e['table']}"
-        text = None if key is None else json.dumps(key)
-        out.append({"topic": topic, "key": text, "value": json.dumps(value)})
-        if e["op"] == "d":
-            out.append({"topic": topic, "key": text, "value": None})
-    return out
+def kafka_key(e: Event) -> dict[str, Any] | None:
+    return None if e["op"] == "t" else dict(zip(KEYS[e["table"]], key_of(e), strict=True))  # a truncate has no key
 
 
-def write_round(src: Path, index: int, events: Sequence[Event]) -> None:
-    write_json_round(src, index, records(events, index))
-
-
-def start(spark: Any, props: dict[str, str], src: Path, ck: Path) -> Any:
-    return start_debezium(spark, props, src, ck)  # no option upsert-key: each table keyed by its records' Kafka keys
+def stream(spark: Any, props: dict[str, str], tmp_path: Path) -> DebeziumRounds:
+    """No option upsert-key: each table keyed by its records' Kafka keys (wrapped as the value is, with schemas.enable)."""
+    return DebeziumRounds(spark, props, tmp_path, db="db", key=kafka_key, wrap_key=True)
 
 
 def assert_tables_are(props: dict[str, str], batches: Sequence[Sequence[Event]]) -> None:
@@ -82,8 +52,7 @@ def assert_tables_are(props: dict[str, str], batches: Sequence[Sequence[Event]])
         rows = {tuple(r[k] for k in KEYS[name]): r for r in got}
         assert len(rows) == len(got), f"{name}: a key twice"
         assert rows == {k: {f: doc.get(f) for f in fields} for k, doc in want.items()}, name
-        ids = [s["batch_id"] for s in lakesink_snapshots(table)]
-        assert ids == sorted(set(ids)), f"{name} holds a batch twice: {ids}"
+        assert_each_batch_once(table, name)
 
 
 def keyed_rounds() -> list[list[Event]]:
@@ -106,15 +75,9 @@ def keyed_rounds() -> list[list[Event]]:
 def test_tables_keyed_by_their_kafka_keys_equal_the_model(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
 ) -> None:
-    src, ck = tmp_path / "in", tmp_path / "ck"
-    rounds_through_a_failure(  # batch 1: the unit committed, then the failure; the run of batch 2 replays it first
-        keyed_rounds(),
-        faults,
-        failing=1,
-        write=lambda index, events: write_round(src, index, events),
-        run=lambda: run_to_end(start(spark, catalog_properties, src, ck)),
-        check=lambda events: assert_tables_are(catalog_properties, events),
-    )
+    # batch 1: the unit committed, then the failure; the run of batch 2 replays it first
+    check = partial(assert_tables_are, catalog_properties)
+    stream(spark, catalog_properties, tmp_path).through_a_failure(keyed_rounds(), faults, failing=1, check=check)
 
 
 def test_truncates_apply_at_their_position_in_the_batch_and_its_unit(
@@ -131,18 +94,17 @@ def test_truncates_apply_at_their_position_in_the_batch_and_its_unit(
     one += [event(acc, "u", 19, after={"id": 2, "name": "older, after in the file"})]  # an earlier position: undone
     two = [event(rd, "t", 30), event("public.never", "t", 31)]  # only truncates: one table emptied, one never made
     three = [event(rd, "c", 40, after={"sensor": 7, "ts": 7, "v": 7.0})]
-    src, ck = tmp_path / "in", tmp_path / "ck"
-    write_round(src, 0, zero)
-    run_to_end(start(spark, catalog_properties, src, ck))
-    write_round(src, 1, one)
-    # the truncating unit committed, then a failure before Spark's commit log
-    fail_once_at(faults, DRIVER_AFTER_SWAP, lambda: run_to_end(start(spark, catalog_properties, src, ck)))
-    run_to_end(start(spark, catalog_properties, src, ck))  # the replay finds the unit in both tables
+    cdc = stream(spark, catalog_properties, tmp_path)
+    cdc.write(0, zero)
+    cdc.run()
+    cdc.write(1, one)
+    fail_once_at(faults, DRIVER_AFTER_SWAP, cdc.run)  # the truncating unit committed, then a failure before Spark's commit log
+    cdc.run()  # the replay finds the unit in both tables
     assert_tables_are(catalog_properties, [zero, one])
     assert model([zero, one])[acc] == {(1,): {"id": 1, "name": "after"}}
-    write_round(src, 2, two)
-    write_round(src, 3, three)
-    run_to_end(start(spark, catalog_properties, src, ck))
+    cdc.write(2, two)
+    cdc.write(3, three)
+    cdc.run()
     assert_tables_are(catalog_properties, [zero, one, two, three])
     catalog = catalogs.load(None, catalog_properties)
     assert ("public", "never") not in [tuple(t) for t in catalog.list_tables("public")]

@@ -29,7 +29,7 @@ from lakesink.options import SinkOptions
 from tests.driver.test_cdc_transactions import RECORDS, TABLES, Event, deliveries, first_batch_stream, source
 from tests.sink.test_staged_transactions import DEAD_LETTER_OPTIONS, dead_letter_stream
 from tests.support import routed_upserts
-from tests.support.helpers import lakesink_snapshots, run_to_end
+from tests.support.helpers import assert_each_batch_once, lakesink_snapshots, run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -38,16 +38,7 @@ State = dict[str, dict[int, str]]
 
 
 def values(props: Mapping[str, str], names: Sequence[str] = TABLES) -> State:
-    catalog = catalogs.load(None, dict(props))
-    out: State = {}
-    for t in names:
-        try:
-            rows = catalog.load_table(("db", t)).scan().to_arrow().to_pylist()
-        except Exception:
-            continue
-        if rows:
-            out[f"db.{t}"] = {r["id"]: r["value"] for r in rows}
-    return out
+    return routed_upserts.values_seen(props, names)
 
 
 def states_by_batch(props: Mapping[str, str], query_id: str, names: Sequence[str] = TABLES) -> dict[int, State]:
@@ -189,8 +180,7 @@ def test_every_batch_commits_whole_source_transactions_through_failures_and_rest
     for t in TABLES:
         table = catalog.load_table(("db", t))
         assert [(f.name, str(f.field_type)) for f in table.schema().fields] == [("id", "long"), ("value", "string")]
-        ids = [s["batch_id"] for s in lakesink_snapshots(table)]
-        assert ids == sorted(set(ids)), f"db.{t} holds a batch twice: {ids}"
+        assert_each_batch_once(table, f"db.{t}")
         record = held.HeldState.from_property(table.properties[held.property_key(query_id)], table=t)
         assert record.changes == 0 and record.file is None  # every change released at the end
         named |= {f.removeprefix("file://") for f in held.held_files(table.properties)}
@@ -242,8 +232,7 @@ def test_a_first_batch_that_releases_nothing_makes_its_held_changes_tables(
     assert {b: whole.index(state) if state in whole else None for b, state in history.items()} == {2: 1, 3: 2}
     assert values(props, names) == whole[-1] == {"db.c": {3: "three"}}
     for t in names:
-        ids = [s["batch_id"] for s in lakesink_snapshots(catalog.load_table(("db", t)))]
-        assert ids == sorted(set(ids)), f"db.{t} holds a batch twice: {ids}"
+        assert_each_batch_once(catalog.load_table(("db", t)), f"db.{t}")
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

@@ -20,10 +20,9 @@ from lakesink.faults import DRIVER_BEFORE_SWAP
 from tests.conftest import sql_catalog_properties
 from tests.support.helpers import (
     Stream,
+    assert_files_are_referenced,
     assert_snapshot_invariants,
-    data_files_on_disk,
     lakesink_snapshots,
-    referenced_data_files,
     table_ids,
     wait_until,
     write_json_input,
@@ -94,4 +93,4 @@ def test_two_streams_and_a_plain_writer_on_one_table(spark: Any, tmp_path: Path,
     conflicts = sum(int(s["summary"]["lakesink.commit-attempt"]) - 1 for s in snaps)
     assert conflicts >= 1, "the forced conflict must have been retried"
     print(f"{kind}: {len(snaps)} stream commits, {len(plain)} plain appends, {conflicts} conflicts retried")
-    assert data_files_on_disk(table) == referenced_data_files(table)
+    assert_files_are_referenced(table)

@@ -19,8 +19,8 @@ from lakesink.sink.driver_write import SMALL_BATCH_ROWS
 from lakesink.table.names import BatchDirectoryName, DataFileName
 from tests.support.helpers import (
     SCHEMA_DDL,
+    assert_files_are_referenced,
     assert_snapshot_invariants,
-    data_files_on_disk,
     referenced_data_files,
     run_to_end,
     table_ids,
@@ -79,7 +79,7 @@ def test_auto_writes_a_batch_on_the_driver_after_a_small_batch_of_the_same_run(
         return bool(names) and all("/" not in n for n in names)
 
     assert spark_path(files[0]) and driver_path(files[1]) and driver_path(files[2]) and spark_path(files[3]), files
-    assert data_files_on_disk(table) == referenced_data_files(table)
+    assert_files_are_referenced(table)
 
 
 def test_a_new_run_starts_on_spark_s_writer_then_goes_back_to_the_driver(

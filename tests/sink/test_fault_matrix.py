@@ -48,11 +48,11 @@ from lakesink.faults import (
 from tests.conftest import sql_catalog_properties
 from tests.support.helpers import (
     Stream,
+    assert_files_are_referenced,
     assert_snapshot_invariants,
     data_files_on_disk,
     lakesink_snapshots,
     paused_at,
-    referenced_data_files,
     table_ids,
 )
 from tests.support.stream_input import write_stream_lines
@@ -86,7 +86,7 @@ def test_row_02_03_06_on_postgres(spark: Any, tmp_path: Path, request: Any, faul
         q.awaitTermination(180)
     s.assert_exactly_once()
     table = s.table
-    assert data_files_on_disk(table) == referenced_data_files(table)
+    assert_files_are_referenced(table)
     assert "2" in _attempts(s).values()  # the batch that met the other writer landed on its 2nd attempt
 
 
@@ -98,7 +98,7 @@ def test_row_04_commit_landed_but_the_catalog_reported_failure(stream: Stream, f
     stream.assert_exactly_once()
     assert _attempts(stream) == {0: "1", 1: "1"}
     table = stream.table
-    assert data_files_on_disk(table) == referenced_data_files(table)  # nothing deleted, nothing left
+    assert_files_are_referenced(table)  # nothing deleted, nothing left
 
 
 def test_row_05_catalog_failed_before_applying(stream: Stream, faults: Any) -> None:
@@ -109,7 +109,7 @@ def test_row_05_catalog_failed_before_applying(stream: Stream, faults: Any) -> N
     stream.assert_exactly_once()
     assert _attempts(stream) == {0: "2", 1: "1"}
     table = stream.table
-    assert data_files_on_disk(table) == referenced_data_files(table)
+    assert_files_are_referenced(table)
 
 
 def test_row_07_zombie_driver_commits_the_same_batch(
@@ -137,7 +137,7 @@ def test_row_07_zombie_driver_commits_the_same_batch(
     table = s.table
     assert {x["query_id"] for x in lakesink_snapshots(table)} == {s.query_id}
     s.assert_exactly_once()
-    assert data_files_on_disk(table) == referenced_data_files(table)  # driver A deleted its files
+    assert_files_are_referenced(table)  # driver A deleted its files
 
 
 def test_row_09_retries_exhausted_then_restart(stream: Stream, faults: Any) -> None:
@@ -156,7 +156,7 @@ def test_row_09_retries_exhausted_then_restart(stream: Stream, faults: Any) -> N
     message = str(info.value)
     assert "CommitConflictError" in message and "commit.retry.num-retries=0" in message
     assert "nothing was committed and its files were deleted; restarting the query replays the batch" in message
-    assert data_files_on_disk(stream.table) == referenced_data_files(stream.table)
+    assert_files_are_referenced(stream.table)
     stream.run()  # the restart completes
     stream.assert_exactly_once()
 

@@ -235,14 +235,15 @@ def tables_of(props: dict[str, str]) -> dict[str, Counter[tuple[Any, ...]]]:
 def test_a_debezium_change_that_does_not_fit_is_a_dead_letter_holding_the_kafka_record(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
-    from tests.sink.test_cdc_format_spark import event, records
-    from tests.sink.test_cdc_format_spark import write_round as write_records
+    from tests.sink.test_cdc_format_spark import stream
+    from tests.support.changes import event
 
     acc = "public.accounts"
     one = [event(acc, "r", 100 + i, None, {"id": i, "name": f"a{i}", "balance": i * 1.5}) for i in range(4)]
     two = [event(acc, "u", 200, None, {"id": 1, "name": "fits", "balance": 2.5})]
     two += [event(acc, "u", 201, None, {"id": 2, "name": "bad", "balance": "lots"})]  # a string for a double column
     two += [event(acc, "c", 202, None, {"id": 9, "name": "new", "balance": 9.0})]
+    cdc = stream(spark, catalog_properties, tmp_path)  # its records only: the query is this test's
     src, ck = tmp_path / "in", tmp_path / "ck"
     sink = lakesink.foreach_batch(
         cdc_format="debezium", upsert_key="id", dead_letter_table=DEAD, catalog_properties=catalog_properties
@@ -260,9 +261,9 @@ def test_a_debezium_change_that_does_not_fit_is_a_dead_letter_holding_the_kafka_
             return
         run_to_end(df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
 
-    write_records(src, 0, one)
+    cdc.write(0, one)
     run()
-    write_records(src, 1, two)
+    cdc.write(1, two)
     run()
     table = catalogs.load(None, catalog_properties).load_table(("public", "accounts"))
     got = Counter(tuple(r.values()) for r in table.scan(selected_fields=("id", "name", "balance")).to_arrow().to_pylist())
@@ -272,6 +273,6 @@ def test_a_debezium_change_that_does_not_fit_is_a_dead_letter_holding_the_kafka_
         (dl.PAYLOAD_VALUE, "balance", "public.accounts", 1)
     ]
     row = json.loads(dead[0][dl.ROW])
-    sent = next(r for r in records(two, 1) if '"lots"' in (r["value"] or ""))
+    sent = next(r for r in cdc.records(two, 1) if '"lots"' in (r["value"] or ""))
     assert {k: row[k] for k in ("topic", "key", "value")} == sent  # the Kafka record as it came
     assert not [k for k in row if k.startswith("cdc_") or k.startswith("__lakesink")]

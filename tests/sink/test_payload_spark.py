@@ -21,7 +21,7 @@ from lakesink.options import SinkOptions
 from lakesink.sink import datasource
 from lakesink.table import names
 from tests.support.changes import rounds_through_a_failure, tables_model, write_json_round
-from tests.support.helpers import assert_refused, lakesink_snapshots, run_to_end, start_sink
+from tests.support.helpers import assert_each_batch_once, assert_refused, run_to_end, start_sink
 
 pytestmark = pytest.mark.spark
 
@@ -85,8 +85,7 @@ def assert_tables_are(props: dict[str, str], batches: Sequence[Sequence[Change]]
                 expected["dim"] = {"w": None, "h": None, **(doc.get("dim") or {})}
             assert actual == expected, (name, key)
         assert table.schema().identifier_field_names() == {"id"}
-        ids = [s["batch_id"] for s in lakesink_snapshots(table)]
-        assert ids == sorted(set(ids)), f"{name} holds a batch twice: {ids}"
+        assert_each_batch_once(table, name)
 
 
 @pytest.mark.parametrize("entry", ["foreach", "format"])

@@ -14,8 +14,7 @@ import pytest
 
 import lakesink
 from lakesink.driver import catalogs
-from tests.sink.test_cdc_format_spark import assert_tables_are, records, rounds, write_round
-from tests.support.changes import start_debezium
+from tests.sink.test_cdc_format_spark import assert_tables_are, rounds, stream
 from tests.support.helpers import run_to_end
 
 pytestmark = pytest.mark.spark
@@ -59,12 +58,12 @@ def test_route_by_with_upsert_key_reads_each_batch_once(spark: Any, tmp_path: Pa
 
 
 def test_cdc_format_reads_each_batch_once(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
-    src, ck = tmp_path / "in", tmp_path / "ck"
+    cdc = stream(spark, catalog_properties, tmp_path)  # option upsert-key=id
     batches = rounds()[:2]
     for index, events in enumerate(batches):
-        write_round(src, index, events)
-    q = start_debezium(spark, catalog_properties, src, ck, upsert_key="id")
+        cdc.write(index, events)
+    q = cdc.start()
     run_to_end(q)
     # every record of the files (tombstones included) once: the payload-inference job and the writing job share it
-    assert input_rows(q) == sum(len(records(events, index)) for index, events in enumerate(batches))
+    assert input_rows(q) == sum(len(cdc.records(events, index)) for index, events in enumerate(batches))
     assert_tables_are(catalog_properties, batches)

@@ -24,34 +24,21 @@ from pyspark.sql import functions as F
 import lakesink
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from tests.support.helpers import (
-    SCHEMA_DDL,
     TABLE,
+    StreamInput,
     assert_snapshot_invariants,
     lakesink_snapshots,
     referenced_data_files,
     run_to_end,
     table_ids,
-    write_json_input,
 )
 
 pytestmark = pytest.mark.spark
 
 
-class Pipeline:
-    def __init__(self, spark: Any, tmp_path: Path, props: dict[str, str]):
-        self.spark, self.props = spark, props
-        self.src, self.ck = tmp_path / "input", tmp_path / "checkpoint"
-        self.src.mkdir()
-        self.sent: list[int] = []
-
-    def add(self, files: int, rows: int = 20) -> None:
-        self.sent += write_json_input(self.src, files=files, rows_per_file=rows, start=len(self.sent) + 1_000)
-
-    def source(self, max_files: int | None) -> Any:
-        reader = self.spark.readStream.schema(SCHEMA_DDL)
-        if max_files is not None:
-            reader = reader.option("maxFilesPerTrigger", max_files)
-        return reader.json(str(self.src))
+class Pipeline(StreamInput):
+    first_id = 1_000
+    rows_per_file = 20
 
     def writer(self, entry: str, df: Any, **kwargs: Any) -> Any:
         if entry == "format":
@@ -60,7 +47,7 @@ class Pipeline:
                 w = w.option(f"catalog.{k}", v)
         else:
             w = df.writeStream.foreachBatch(lakesink.foreach_batch(TABLE, catalog_properties=self.props, **kwargs))
-        return w.option("checkpointLocation", str(self.ck)).trigger(availableNow=True)
+        return self.until_read(w)
 
     def run(self, writer: Any) -> None:
         q = writer.start()
@@ -78,7 +65,7 @@ def test_hand_repaired_checkpoint_over_more_input_is_refused_then_recovers(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
     p = Pipeline(spark, tmp_path, catalog_properties)
-    p.add(3)
+    p.add_input(3)
     p.run(p.writer(entry, p.source(1)))  # batches 0, 1, 2: one file each
     committed = Counter(p.sent)
     assert table_ids(p.table) == committed
@@ -87,7 +74,7 @@ def test_hand_repaired_checkpoint_over_more_input_is_refused_then_recovers(
     for log in ("offsets", "commits"):  # with Hadoop's checksum files, as a user deleting them by hand would
         (p.ck / log / "2").unlink()
         (p.ck / log / ".2.crc").unlink(missing_ok=True)
-    p.add(2)
+    p.add_input(2)
     snapshots = len(p.table.snapshots())
     with pytest.raises(StreamingQueryException) as info:
         p.run(p.writer(entry, p.source(None)))  # no rate limit: batch 2 is re-planned over files 3..5
@@ -106,7 +93,7 @@ def test_two_sinks_in_one_foreach_batch_each_once_across_a_crash_between_them(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
 ) -> None:
     p = Pipeline(spark, tmp_path, catalog_properties)
-    p.add(4)
+    p.add_input(4)
     even = lakesink.foreach_batch(TABLE, catalog_properties=p.props, sink_id="even")
     odd = lakesink.foreach_batch(TABLE, catalog_properties=p.props, sink_id="odd")
     crash = {"armed": True}
@@ -119,7 +106,7 @@ def test_two_sinks_in_one_foreach_batch_each_once_across_a_crash_between_them(
         odd(df.filter(F.col("id") % 2 == 1), batch_id)
 
     def writer() -> Any:
-        return p.source(1).writeStream.foreachBatch(both).option("checkpointLocation", str(p.ck)).trigger(availableNow=True)
+        return p.until_read(p.source(1).writeStream.foreachBatch(both))
 
     with pytest.raises(StreamingQueryException, match="dies between the two sinks"):
         p.run(writer())
@@ -133,7 +120,7 @@ def test_two_sinks_in_one_foreach_batch_each_once_across_a_crash_between_them(
 
 def test_two_sinks_without_sink_ids_fail_loudly(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
     p = Pipeline(spark, tmp_path, catalog_properties)
-    p.add(1)
+    p.add_input(1)
     first = lakesink.foreach_batch(TABLE, catalog_properties=p.props)
     second = lakesink.foreach_batch(TABLE, catalog_properties=p.props)
 
@@ -142,7 +129,7 @@ def test_two_sinks_without_sink_ids_fail_loudly(spark: Any, tmp_path: Path, cata
         second(df.filter(F.col("id") % 2 == 1), batch_id)
 
     with pytest.raises(StreamingQueryException) as info:
-        p.run(p.source(1).writeStream.foreachBatch(both).option("checkpointLocation", str(p.ck)).trigger(availableNow=True))
+        p.run(p.until_read(p.source(1).writeStream.foreachBatch(both)))
     assert "DuplicateSinkError" in str(info.value) and "sink_id" in str(info.value)
     assert table_ids(p.table) == Counter(i for i in p.sent if i % 2 == 0)  # only what the first sink committed
 
@@ -155,7 +142,7 @@ def test_stop_during_commit_never_deletes_files_of_a_commit_that_lands(
     table must reference only files that exist, and a restart must finish the input exactly once. The race with
     an abort running *during* the commit is covered without Spark in tests/driver/test_replay_identity.py."""
     p = Pipeline(spark, tmp_path, catalog_properties)
-    p.add(2)
+    p.add_input(2)
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     q = p.writer("format", p.source(1)).start()
     faults.wait_reached(DRIVER_BEFORE_SWAP)  # commit() of batch 0 wrote its manifests, swap pending

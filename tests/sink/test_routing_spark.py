@@ -25,15 +25,17 @@ from lakesink.table import storage
 from lakesink.table.keys import SUMMARY_BATCH_TABLES
 from tests.support.helpers import (
     SCHEMA_DDL,
+    fail_once_at,
     lakesink_snapshots,
     referenced_data_files,
     run_to_end,
     table_ids,
     write_json_input,
 )
-from tests.support.routed_stream import TABLES, RoutedInput, assert_routed_exactly_once, routed
+from tests.support.routed_stream import TABLES, RoutedInput, assert_routed_exactly_once
 
 pytestmark = pytest.mark.spark
+
 
 class RoutedStream(RoutedInput):
     def __init__(self, spark: Any, tmp_path: Path, props: dict[str, str], entry: str):
@@ -41,7 +43,7 @@ class RoutedStream(RoutedInput):
         self.entry = entry
 
     def start(self) -> Any:
-        df = routed(self.spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(self.src)))
+        df = self.source()
         if self.entry == "format":
             w = df.writeStream.format("lakesink").option("route-by", "route").option("namespace", "db")
             for k, v in self.props.items():
@@ -49,7 +51,7 @@ class RoutedStream(RoutedInput):
         else:
             sink = lakesink.foreach_batch(route_by="route", namespace="db", catalog_properties=self.props)
             w = df.writeStream.foreachBatch(sink)
-        return w.option("checkpointLocation", str(self.ck)).trigger(availableNow=True).start()
+        return self.started(w)
 
     def assert_exactly_once(self) -> None:
         assert_routed_exactly_once(self.props, self.sent)
@@ -63,10 +65,7 @@ def test_a_routed_stream_is_exactly_once_across_restarts_and_a_crash_after_the_c
     s.add_input(files=2)
     s.run()
     s.add_input(files=1)
-    faults.arm(DRIVER_AFTER_SWAP, "raise")  # every table committed, then the crash before Spark's commit log
-    with pytest.raises(StreamingQueryException):
-        s.run()
-    faults.clear()
+    fail_once_at(faults, DRIVER_AFTER_SWAP, s.run)  # every table committed, then the crash before Spark's commit log
     s.add_input(files=1)
     s.run()  # replays batch 2 (found in every table, skipped) and writes batch 3
     s.assert_exactly_once()
@@ -114,10 +113,7 @@ def test_a_routed_stream_commits_each_batch_through_one_rest_transaction(
     s.add_input(files=2)
     s.run()
     s.add_input(files=1)
-    faults.arm(DRIVER_AFTER_SWAP, "raise")
-    with pytest.raises(StreamingQueryException):
-        s.run()
-    faults.clear()
+    fail_once_at(faults, DRIVER_AFTER_SWAP, s.run)
     s.run()
     s.assert_exactly_once()
     assert txn_proxy.count("transaction", forwarded=True) == 3  # batches 0, 1 and 2, each one request
@@ -151,8 +147,7 @@ class TimedRoutedStream(RoutedStream):
     """The routed stream with option event-time ``ts``; db.t1's rows carry no event time (the table has no column ts)."""
 
     def start(self) -> Any:
-        df = routed(self.spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(self.src)))
-        df = df.withColumn("ts", F.when(F.col("route") == "t1", F.lit(None)).otherwise(F.col("ts")))
+        df = self.source().withColumn("ts", F.when(F.col("route") == "t1", F.lit(None)).otherwise(F.col("ts")))
         if self.entry == "format":
             w = df.writeStream.format("lakesink").option("route-by", "route").option("namespace", "db").option("event-time", "ts")
             for k, v in self.props.items():
@@ -160,7 +155,7 @@ class TimedRoutedStream(RoutedStream):
         else:
             sink = lakesink.foreach_batch(route_by="route", namespace="db", event_time="ts", catalog_properties=self.props)
             w = df.writeStream.foreachBatch(sink)
-        return w.option("checkpointLocation", str(self.ck)).trigger(availableNow=True).start()
+        return self.started(w)
 
 
 @pytest.mark.parametrize("entry", ["format", "foreach"])

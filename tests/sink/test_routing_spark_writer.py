@@ -28,8 +28,11 @@ from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, DRIVER_BETWEE
 from lakesink.sink.spark_write import SPARKWRITE_AFTER_FILES
 from lakesink.table.keys import SUMMARY_BATCH_ROWS_DIGEST, SUMMARY_BATCH_TABLES
 from tests.support.helpers import (
+    INPUT_FIELDS,
     SCHEMA_DDL,
+    assert_each_batch_once,
     data_files_on_disk,
+    fail_once_at,
     lakesink_snapshots,
     referenced_data_files,
     run_to_end,
@@ -42,6 +45,7 @@ from tests.support.spark_plans import executions_since
 
 pytestmark = pytest.mark.spark
 
+
 def spark_sink(props: dict[str, str]) -> lakesink.ForeachBatchSink:
     return lakesink.foreach_batch(route_by="route", namespace="db", writer="spark", catalog_properties=props)
 
@@ -51,37 +55,27 @@ def precreate(props: dict[str, str]) -> None:
     from pyiceberg.partitioning import PartitionField, PartitionSpec
     from pyiceberg.schema import Schema
     from pyiceberg.transforms import BucketTransform
-    from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StringType, TimestamptzType
+    from pyiceberg.types import NestedField, StringType
 
     catalog = catalogs.load(None, props)
     catalog.create_namespace_if_not_exists(("db",))
-    fields = [
-        NestedField(1, "id", LongType(), required=False),
-        NestedField(2, "ts", TimestamptzType(), required=False),
-        NestedField(3, "user", StringType(), required=False),
-        NestedField(4, "amount", DoubleType(), required=False),
-        NestedField(5, "kind", IntegerType(), required=False),
-    ]
     catalog.create_table(
         ("db", "t1"),
-        schema=Schema(*fields),
+        schema=Schema(*INPUT_FIELDS),
         partition_spec=PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=BucketTransform(4), name="id_bucket")),
     )
-    catalog.create_table(("db", "t2"), schema=Schema(*fields, NestedField(6, "note", StringType(), required=False)))
+    catalog.create_table(("db", "t2"), schema=Schema(*INPUT_FIELDS, NestedField(6, "note", StringType(), required=False)))
 
 
 class SparkRoutedStream(RoutedInput):
     def start(self) -> Any:
-        df = routed(self.spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(self.src)))
-        w = df.writeStream.foreachBatch(spark_sink(self.props))
-        return w.option("checkpointLocation", str(self.ck)).trigger(availableNow=True).start()
+        return self.started(self.source().writeStream.foreachBatch(spark_sink(self.props)))
 
 
 def assert_exactly_once(props: dict[str, str], sent: list[int], *, no_orphans: bool = True) -> None:
     for name, table in assert_routed_exactly_once(props, sent).items():
         ids = table_ids(table)
-        batches = [s["batch_id"] for s in lakesink_snapshots(table)]
-        assert batches == sorted(set(batches)), f"{name} holds a batch twice: {batches}"
+        assert_each_batch_once(table, name)
         read = Counter(interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist())
         assert read == ids, name
         files = referenced_data_files(table)
@@ -100,15 +94,9 @@ def test_a_routed_stream_written_by_spark_is_exactly_once_across_a_failure_after
     s.add_input(files=2)
     s.run()
     s.add_input(files=1)
-    faults.arm(SPARKWRITE_AFTER_FILES, "raise")  # every table's files written, nothing committed
-    with pytest.raises(StreamingQueryException):
-        s.run()
-    faults.clear()
+    fail_once_at(faults, SPARKWRITE_AFTER_FILES, s.run)  # every table's files written, nothing committed
     s.add_input(files=1)
-    faults.arm(DRIVER_AFTER_SWAP, "raise")  # every table committed, then the crash before Spark's commit log
-    with pytest.raises(StreamingQueryException):
-        s.run()
-    faults.clear()
+    fail_once_at(faults, DRIVER_AFTER_SWAP, s.run)  # every table committed, then the crash before Spark's commit log
     s.run()  # replays the batch committed everywhere (skipped), then the rest
     assert_exactly_once(catalog_properties, s.sent)
     catalog = catalogs.load(None, catalog_properties)

@@ -37,11 +37,11 @@ from tests.driver.test_routing_upsert_dead_letters import (
     want_letters,
 )
 from tests.support.helpers import (
+    assert_each_batch_once,
     assert_snapshot_invariants,
     create_required_value_table,
     data_files_on_disk,
     fail_once_at,
-    lakesink_snapshots,
     referenced_data_files,
     run_to_end,
     start_sink,
@@ -75,8 +75,7 @@ def assert_once(props: dict[str, str]) -> None:
     for name in (*TABLES, DEAD):
         table = catalogs.load(None, props).load_table(tuple(name.split(".")))
         assert_snapshot_invariants(table)
-        held = [s["batch_id"] for s in lakesink_snapshots(table)]
-        assert held == sorted(set(held)), f"{name} holds a batch twice: {held}"
+        assert_each_batch_once(table, name)
         assert data_files_on_disk(table) <= referenced_data_files(table), name  # an aborted batch left no file
 
 

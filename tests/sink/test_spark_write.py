@@ -45,8 +45,8 @@ from tests.audit.test_interop import normalized
 from tests.maintenance.test_orphans import assert_intact, kind, on_disk, paths, reachable
 from tests.support.helpers import (
     Stream,
+    assert_files_are_referenced,
     assert_snapshot_invariants,
-    data_files_on_disk,
     lakesink_snapshots,
     referenced_data_files,
     run_to_end,
@@ -297,7 +297,7 @@ def test_task_that_fails_once_is_retried_without_duplicates(
     _run(df, tmp_path / "ck", catalog_properties)
     table = _table(catalog_properties)
     assert table_ids(table) == Counter(ids)
-    assert data_files_on_disk(table) == referenced_data_files(table)
+    assert_files_are_referenced(table)
     assert not any("_temporary" in p for p in _everything_under(_data_root(table)))
 
 
@@ -316,7 +316,7 @@ def test_failure_after_the_files_deletes_them_and_a_restart_commits_once(
     s.run(writer="spark")
     s.assert_exactly_once()
     table = s.table
-    assert data_files_on_disk(table) == referenced_data_files(table)
+    assert_files_are_referenced(table)
 
 
 # --- choosing the path ---------------------------------------------------------------------------------

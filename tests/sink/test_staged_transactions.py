@@ -28,6 +28,7 @@ from lakesink.options import SinkOptions
 from lakesink.sink import staged
 from lakesink.sink.staged import StagedCommitter
 from tests.driver.test_cdc_transactions import RECORDS, begin, change, end, first_batch_stream
+from tests.support import routed_upserts
 from tests.support.helpers import lakesink_snapshots
 
 Q = "7b3a1f00-0000-4000-8000-000000000032"
@@ -71,16 +72,7 @@ def commit(c: StagedCommitter, batch_id: int, results: Sequence[StagedTaskResult
 
 
 def state(props: Mapping[str, str]) -> dict[str, dict[int, str]]:
-    catalog = catalogs.load(None, dict(props))
-    out: dict[str, dict[int, str]] = {}
-    for t in ("a", "b"):
-        try:
-            rows = catalog.load_table(("db", t)).scan().to_arrow().to_pylist()
-        except Exception:
-            continue
-        if rows:
-            out[f"db.{t}"] = {r["id"]: r["value"] for r in rows}
-    return out
+    return routed_upserts.values_seen(props, ("a", "b"))
 
 
 def records(props: Mapping[str, str]) -> dict[str, str | None]:

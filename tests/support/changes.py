@@ -1,7 +1,8 @@
 """A change stream as the upsert and CDC tests feed it to Spark and check what it leaves: one JSON file a round (one
 round a batch, read in the order written: tests/support/stream_input.py), the rounds run through a failure between the
 unit commit and Spark's commit log, and the model -- the tables computed in plain Python from the changes. Debezium's
-Kafka records (tests/support/cdc_debezium.py) in such files are read by :func:`start_debezium`.
+Kafka records (tests/support/cdc_debezium.py) in such files are read by :func:`start_debezium`; :class:`DebeziumRounds`
+writes changes (:func:`event`) as such records (the envelope's fields the sink reads) and runs the query over them.
 
 The model applies the changes one by one in their order (a sequence number, a source position): a change with
 ``op`` 'd' removes its key's row, 't' (a truncate) empties its table, any other sets its key's row."""
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import lakesink
 from lakesink.faults import DRIVER_AFTER_SWAP
-from tests.support.helpers import fail_once_at
+from tests.support.helpers import fail_once_at, run_to_end
 from tests.support.stream_input import write_stream_lines
 
 C = TypeVar("C", bound=Mapping[str, Any])
@@ -84,3 +86,76 @@ def rounds_through_a_failure(
         else:
             run()
             check(rounds[: index + 1])
+
+
+Event = dict[str, Any]
+"""A change of a table (``schema.table``) at a source position ``lsn``, its row before and after."""
+
+
+def event(table: str, op: str, lsn: int, before: Any = None, after: Any = None) -> Event:
+    return {"table": table, "op": op, "lsn": lsn, "before": before, "after": after}
+
+
+@dataclass
+class DebeziumRounds:
+    """Rounds of changes (:func:`event`) as Debezium's Kafka records in ``<tmp_path>/in`` (one file a round), read by a query
+    of :func:`start_debezium` (``options``: the sink's other keyword arguments) checkpointed in ``<tmp_path>/ck``.
+
+    A record's value: the envelope (before, after, op, ts_ms, source with connector, ``db``, schema, table, lsn),
+    wrapped as with ``schemas.enable`` in every other record (by the round's index plus the record's); its key:
+    ``key(event)`` as JSON (None: no key), wrapped with the value when ``wrap_key``. A delete is followed by its
+    tombstone (same key, value null)."""
+
+    spark: Any
+    props: Mapping[str, str]
+    tmp_path: Path
+    db: str
+    key: Callable[[Event], Any]
+    wrap_key: bool
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def records(self, events: Sequence[Event], index: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for n, e in enumerate(events):
+            schema, table = e["table"].split(".")
+            envelope = {
+                "before": e["before"],
+                "after": e["after"],
+                "op": e["op"],
+                "ts_ms": 1,
+                "source": {"connector": "postgresql", "db": self.db, "schema": schema, "table": table, "lsn": e["lsn"]},
+            }
+            wrapped = (index + n) % 2 == 1  # schemas.enable
+            value = {"schema": {"type": "struct"}, "payload": envelope} if wrapped else envelope
+            key = self.key(e)
+            if key is not None and wrapped and self.wrap_key:
+                key = {"schema": {"type": "struct", "fields": []}, "payload": key}
+            topic = f"lake.{e['table']}"
+            text = None if key is None else json.dumps(key)
+            out.append({"topic": topic, "key": text, "value": json.dumps(value)})
+            if e["op"] == "d":
+                out.append({"topic": topic, "key": text, "value": None})  # Debezium's tombstone after a delete
+        return out
+
+    def write(self, index: int, events: Sequence[Event]) -> None:
+        """Round ``index``: ``events``' records in a file of their own."""
+        write_json_round(self.tmp_path / "in", index, self.records(events, index))
+
+    def start(self) -> Any:
+        """A query (a restart from the checkpoint) that ends once it has read every round written."""
+        return start_debezium(self.spark, self.props, self.tmp_path / "in", self.tmp_path / "ck", **self.options)
+
+    def run(self) -> None:
+        """:meth:`start`, run to its end."""
+        run_to_end(self.start())
+
+    def through_a_failure(
+        self,
+        rounds: Sequence[Sequence[Event]],
+        faults: Any,
+        *,
+        failing: int,
+        check: Callable[[Sequence[Sequence[Event]]], object],
+    ) -> None:
+        """:func:`rounds_through_a_failure` of ``rounds`` written and run by this."""
+        rounds_through_a_failure(rounds, faults, failing=failing, write=self.write, run=self.run, check=check)

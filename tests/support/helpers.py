@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.types import LongType, NestedField, StringType
+from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
@@ -39,6 +39,15 @@ from lakesink.table.keys import SUMMARY_BATCH_ID, SUMMARY_QUERY_ID, SUMMARY_SINK
 from tests.support.stream_input import SCHEMA_DDL as SCHEMA_DDL  # re-exported: the tests import it from here
 from tests.support.stream_input import write_stream_lines
 from tests.support.timeouts import guard
+
+INPUT_FIELDS = (
+    NestedField(1, "id", LongType(), required=False),
+    NestedField(2, "ts", TimestamptzType(), required=False),
+    NestedField(3, "user", StringType(), required=False),
+    NestedField(4, "amount", DoubleType(), required=False),
+    NestedField(5, "kind", IntegerType(), required=False),
+)
+"""The columns of :data:`SCHEMA_DDL` as the fields of an Iceberg table (all optional), for a test that creates it."""
 
 TABLE = "db.events"
 EVENTS = TableName(("db",), "events")
@@ -114,6 +123,12 @@ def lakesink_snapshots(table: Table) -> list[dict[str, Any]]:
     return out
 
 
+def assert_each_batch_once(table: Table, name: str) -> None:
+    """lakesink's snapshots of ``table`` (named ``name`` in the failure) hold each batch once, in batch order."""
+    ids = [s["batch_id"] for s in lakesink_snapshots(table)]
+    assert ids == sorted(set(ids)), f"{name} holds a batch twice: {ids}"
+
+
 def assert_snapshot_invariants(table: Table) -> None:
     """Every (query id, sink id, batch id) in at most one snapshot; a sink's batch ids without gaps."""
     snaps = lakesink_snapshots(table)
@@ -142,6 +157,12 @@ def referenced_data_files(table: Table) -> set[str]:
             for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
                 paths.add(entry.data_file.file_path)
     return paths
+
+
+def assert_files_are_referenced(table: Table) -> None:
+    """The table's data files on disk are the ones its snapshots reference: none left behind, none missing."""
+    on_disk, referenced = data_files_on_disk(table), referenced_data_files(table)
+    assert on_disk == referenced, f"not referenced: {sorted(on_disk - referenced)}; missing: {sorted(referenced - on_disk)}"
 
 
 def referenced_files(table: Table) -> set[str]:
@@ -262,6 +283,36 @@ def fail_once_at(
     faults.clear()
 
 
+class StreamInput:
+    """A file stream's input folder under ``tmp_path`` (JSON files of unique ids, :func:`write_json_input`; ``sent``:
+    the ids written, in order) and its checkpoint folder, for a test that makes its query itself."""
+
+    first_id = 10_000
+    """The first id written (each next file goes on from the last id)."""
+    rows_per_file = 40
+
+    def __init__(self, spark: Any, tmp_path: Path, props: dict[str, str]):
+        self.spark, self.props = spark, props
+        self.src, self.ck = tmp_path / "input", tmp_path / "checkpoint"
+        self.src.mkdir(parents=True)
+        self.sent: list[int] = []
+
+    def add_input(self, files: int, rows_per_file: int | None = None) -> None:
+        rows = self.rows_per_file if rows_per_file is None else rows_per_file
+        self.sent += write_json_input(self.src, files=files, rows_per_file=rows, start=len(self.sent) + self.first_id)
+
+    def source(self, max_files: int | None = 1) -> Any:
+        """The input files as a stream of :data:`SCHEMA_DDL` rows, ``max_files`` a batch (None: every file there is)."""
+        reader = self.spark.readStream.schema(SCHEMA_DDL)
+        if max_files is not None:
+            reader = reader.option("maxFilesPerTrigger", max_files)
+        return reader.json(str(self.src))
+
+    def until_read(self, writer: Any) -> Any:
+        """``writer`` (a DataStreamWriter) on the checkpoint, to end once it has read the input (availableNow)."""
+        return writer.option("checkpointLocation", str(self.ck)).trigger(availableNow=True)
+
+
 class Stream:
     """One streaming pipeline (source folder, checkpoint, table) that a test starts and restarts."""
 
@@ -356,12 +407,20 @@ def expire_all_but(keep: int) -> dict[str, str]:
     return {"history.expire.max-snapshot-age-ms": "0", "history.expire.min-snapshots-to-keep": str(keep)}
 
 
-def commit_batches(c: TableCommitter, n: int, *, start: int = 0, rows: int = 10, query_id: str = Q1) -> list[int]:
+def commit_batches(
+    c: TableCommitter,
+    n: int,
+    *,
+    start: int = 0,
+    rows: int = 10,
+    query_id: str = Q1,
+    ids_of: Callable[[int], list[int]] | None = None,
+) -> list[int]:
     """Commit batches ``start`` .. ``start + n - 1`` of ``query_id``, batch ``b`` holding ids ``b * 1000`` onwards
-    (``rows`` of them), each asserted COMMITTED: the ids sent, in order."""
+    (``rows`` of them; ``ids_of(b)`` instead when given), each asserted COMMITTED: the ids sent, in order."""
     sent: list[int] = []
     for b in range(start, start + n):
-        ids = list(range(b * 1000, b * 1000 + rows))
+        ids = list(range(b * 1000, b * 1000 + rows)) if ids_of is None else ids_of(b)
         assert commit(c, query_id, b, [write_task(c, query_id, b, ids)]).outcome is Outcome.COMMITTED
         sent += ids
     return sent

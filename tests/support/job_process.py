@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,22 @@ def start_job(module: str, *args: str, faults_dir: str | None) -> subprocess.Pop
         text=True,
         start_new_session=True,
     )
+
+
+def deploy_job(tmp_path: Path, props: Mapping[str, str], *, entry: str, master: str, **more: Any) -> list[str]:
+    """The command line of tests/jobs/deploy_job.py: the JSON input files in ``<tmp_path>/input`` into ``db.events`` of
+    catalog ``props`` through entry point ``entry``, checkpointed in ``<tmp_path>/ck``, on Spark master ``master``;
+    ``more``: the job's other settings (``writer``, ``max_files``, ``conf``)."""
+    cfg = {
+        "input": str(tmp_path / "input"),
+        "checkpoint": str(tmp_path / "ck"),
+        "table": "db.events",
+        "entry": entry,
+        "catalog_properties": dict(props),
+        "master": master,
+        **more,
+    }
+    return [sys.executable, "-m", "tests.jobs.deploy_job", json.dumps(cfg)]
 
 
 def run_script(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

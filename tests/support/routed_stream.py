@@ -4,14 +4,13 @@ their namespace (``audit.t3``), the others take option namespace ``db`` (``t0`` 
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from pyiceberg.table import Table
 from pyspark.sql import functions as F
 
 from lakesink.driver import catalogs
-from tests.support.helpers import assert_snapshot_invariants, run_to_end, table_ids, write_json_input
+from tests.support.helpers import StreamInput, assert_snapshot_invariants, run_to_end, table_ids
 
 TABLES = {0: "db.t0", 1: "db.t1", 2: "db.t2", 3: "audit.t3"}
 
@@ -26,17 +25,16 @@ def routed(df: Any) -> Any:
     return df.withColumn("route", route)
 
 
-class RoutedInput:
+class RoutedInput(StreamInput):
     """The stream's input files (``add_input``: every id once) and its checkpoint; a test's subclass starts it."""
 
-    def __init__(self, spark: Any, tmp_path: Path, props: dict[str, str]):
-        self.spark, self.props = spark, props
-        self.src, self.ck = tmp_path / "input", tmp_path / "checkpoint"
-        self.src.mkdir(parents=True)
-        self.sent: list[int] = []
+    def source(self, max_files: int | None = 1) -> Any:
+        """The input files as the routed stream (column ``route``), ``max_files`` a batch."""
+        return routed(super().source(max_files))
 
-    def add_input(self, files: int, rows_per_file: int = 40) -> None:
-        self.sent += write_json_input(self.src, files=files, rows_per_file=rows_per_file, start=len(self.sent) + 10_000)
+    def started(self, writer: Any) -> Any:
+        """``writer`` (a DataStreamWriter of :meth:`source`) started on the checkpoint, ending once it read the input."""
+        return self.until_read(writer).start()
 
     def start(self) -> Any:
         raise NotImplementedError

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +124,20 @@ def table_state(
         keys = [key(name, r) for r in rows]
         assert len(keys) == len(set(keys)), f"{name}: a key is in the table more than once"
         out[name] = {key(name, r): (r["value"], r["seq"]) for r in rows}
+    return out
+
+
+def values_seen(props: Mapping[str, str], names: Iterable[str]) -> dict[str, dict[int, str]]:
+    """What a reader sees of tables ``db.<name>``: each one that can be loaded and holds rows, its ``value`` by ``id``."""
+    catalog = catalogs.load(None, dict(props))
+    out: dict[str, dict[int, str]] = {}
+    for t in names:
+        try:
+            rows = catalog.load_table(("db", t)).scan().to_arrow().to_pylist()
+        except Exception:
+            continue
+        if rows:
+            out[f"db.{t}"] = {r["id"]: r["value"] for r in rows}
     return out
 
 
