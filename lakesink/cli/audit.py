@@ -40,7 +40,7 @@ from lakesink.cli.common import (
     load_catalog,
     load_table,
     parse_point,
-    parse_row_filter,
+    row_filter_option,
 )
 from lakesink.cli.output import Output, output_option
 from lakesink.cli.render import ExitCode
@@ -72,13 +72,7 @@ def history_command(
 @click.option("--at", "point", metavar="POINT", callback=parse_point, help=f"Read as of this point ({POINT_HELP}); default: now.")
 @branch_option
 @click.option("--columns", metavar="A,B,...", help="Only these columns.")
-@click.option(
-    "--where",
-    "row_filter",
-    metavar="EXPR",
-    callback=parse_row_filter,
-    help='An Iceberg row filter, for example "id > 5 and kind = 2".',
-)
+@row_filter_option(help='An Iceberg row filter, for example "id > 5 and kind = 2".')
 @click.option(
     "--limit",
     type=click.IntRange(min=0),
@@ -141,13 +135,7 @@ def diff_command(
 @click.command("which")
 @click.argument("table")
 @catalog_options
-@click.option(
-    "--where",
-    "row_filter",
-    metavar="EXPR",
-    callback=parse_row_filter,
-    help='The rows to trace, as an Iceberg row filter ("id = 42").',
-)
+@row_filter_option(help='The rows to trace, as an Iceberg row filter ("id = 42").')
 @click.option("--file", "file_path", metavar="PATH", help="A data file to trace (its full path, as in the manifests).")
 @click.option("--at", "point", metavar="POINT", callback=parse_point, help=f"As of this point ({POINT_HELP}).")
 @branch_option

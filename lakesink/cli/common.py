@@ -168,6 +168,12 @@ def parse_row_filter(ctx: click.Context, param: click.Parameter, value: str | No
         ) from None
 
 
+def row_filter_option(help: str) -> Callable[[F], F]:
+    """A ``--where EXPR`` option: an Iceberg row filter, parsed by :func:`parse_row_filter` (the command's
+    ``row_filter`` argument; None when not given)."""
+    return click.option("--where", "row_filter", metavar="EXPR", callback=parse_row_filter, help=help)
+
+
 def check_output_file(path: str, option: str) -> None:
     """A file a command will write: its folder must exist and be writable (checked before the work that produces it;
     click's ``Path(dir_okay=False)`` refuses a folder)."""
