@@ -298,13 +298,8 @@ def _write_group(
     spark_write.check_refused_settings(spark, first)
     named = first if len(group) == 1 else dataclasses.replace(first, table=f"(one of) {', '.join(group)}")
     projected = spark_write.project(rows, named, batch_id, write_id, extra=[(ROUTE_KEY, key, T.IntegerType())])
-    keys = [ROUTE_KEY]
-    if not first.spec.is_unpartitioned():
-        file_schema = seam.file_schema(first.schema)
-        part_keys = spark_partition.key_names(first.spec, file_schema)
-        columns = spark_partition.grouping_keys(first.spec, file_schema)
-        projected = projected.select("*", *[c.alias(n) for c, n in zip(columns, part_keys, strict=True)])
-        keys += part_keys
+    projected, part_keys = spark_partition.with_grouping_keys(projected, first.spec, first.schema)
+    keys = [ROUTE_KEY, *part_keys]
     writer = spark_write.parquet_writer(projected, first, keys, job_dir, max_records_per_file)
     fault_point(spark_write.SPARKWRITE_BEFORE_WRITE)
     started = time.monotonic()

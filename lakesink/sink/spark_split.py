@@ -130,13 +130,8 @@ def split(
     projected = spark_write.project(
         df.withColumn(VALUE_KEY, _value_key(column)), plan, batch_id, write_id, extra=[(VALUE_KEY, key, T.StringType())]
     )
-    keys = [VALUE_KEY]
-    if not plan.spec.is_unpartitioned():
-        file_schema = seam.file_schema(plan.schema)
-        part_keys = spark_partition.key_names(plan.spec, file_schema)
-        columns = spark_partition.grouping_keys(plan.spec, file_schema)
-        projected = projected.select("*", *[c.alias(n) for c, n in zip(columns, part_keys, strict=True)])
-        keys += part_keys
+    projected, part_keys = spark_partition.with_grouping_keys(projected, plan.spec, plan.schema)
+    keys = [VALUE_KEY, *part_keys]
     writer = spark_write.parquet_writer(projected, plan, keys, directory, max_records_per_file)
     try:
         fault_point(spark_write.SPARKWRITE_BEFORE_WRITE)

@@ -307,15 +307,7 @@ def write_batch(
     check_refused_settings(spark, plan)
     observation = Observation(f"lakesink-{token}")
     projected = project(df, plan, batch_id, write_id)
-    partitioned = not plan.spec.is_unpartitioned()
-    keys: list[str] = []
-    if partitioned:
-        # one grouping-key column per partition field: Spark writes one directory per key, one partition per
-        # file (docs/partitioning.md#spark-path); the keys are not written into the files
-        file_schema = seam.file_schema(plan.schema)
-        keys = spark_partition.key_names(plan.spec, file_schema)
-        columns = spark_partition.grouping_keys(plan.spec, file_schema)
-        projected = projected.select("*", *[c.alias(n) for c, n in zip(columns, keys, strict=True)])
+    projected, keys = spark_partition.with_grouping_keys(projected, plan.spec, plan.schema)
     writer = parquet_writer(
         projected.observe(observation, F.count(F.lit(1)).alias("rows")), plan, keys, directory, max_records_per_file
     )
