@@ -95,6 +95,21 @@ def digest_of(count: Any, high: Any, low: Any) -> RowsDigest:
     return RowsDigest(int(count), ((int(high or 0) << 32) + int(low or 0)) & _MASK, DIGEST_KIND)
 
 
+def digest_aggregates(hashed: Column, where: Column | None = None, suffix: str = "") -> list[Column]:
+    """The three aggregates :func:`digest_of` takes (``c``, ``h``, ``l``, each name followed by ``suffix``): the count of
+    the rows (those where ``where`` holds), and the sum of their 64-bit row hashes ``hashed`` as two sums of the hashes'
+    32-bit halves (no overflow)."""
+
+    def rows(value: Column) -> Column:
+        return value if where is None else F.when(where, value)
+
+    return [
+        F.count(rows(F.lit(1))).alias(f"c{suffix}"),
+        F.sum(rows(F.shiftrightunsigned(hashed, 32))).alias(f"h{suffix}"),
+        F.sum(rows(hashed.bitwiseAND(F.lit(0xFFFFFFFF)))).alias(f"l{suffix}"),
+    ]
+
+
 def find_routes(df: DataFrame, column: str) -> dict[object, RowsDigest]:
     """One Spark job over the batch: its routing values, read as bytes (a value that is not UTF-8 stays itself, an
     invalid route: lakesink.table.routes.routing_value), each with the count and digest of the rows carrying it (one
@@ -102,11 +117,7 @@ def find_routes(df: DataFrame, column: str) -> dict[object, RowsDigest]:
     job over foreach_batch's persisted batch (lakesink.sink.foreach_spark.read_once): it fills the cache."""
     check_columns(df, column)
     hashed = row_hash(df, column)
-    grouped = df.groupBy(F.col(quote(column)).cast("binary").alias("value")).agg(
-        F.count(F.lit(1)).alias("c"),
-        F.sum(F.shiftrightunsigned(hashed, 32)).alias("h"),
-        F.sum(hashed.bitwiseAND(F.lit(0xFFFFFFFF))).alias("l"),
-    )
+    grouped = df.groupBy(F.col(quote(column)).cast("binary").alias("value")).agg(*digest_aggregates(hashed))
     raw = grouped.collect()
     return {routing_value(None if r[0] is None else bytes(r[0])): digest_of(r[1], r[2], r[3]) for r in raw}
 
@@ -286,13 +297,8 @@ def _write_group(
         hashed = F.col(_HASH)
         digest = Observation(f"lakesink-digest-{token}")
         aggregates: list[Column] = []
-        for i in range(len(number)):  # per table: rows, and the 64-bit hashes' sum as two sums of 32-bit halves
-            mine = key == i
-            aggregates += [
-                F.count(F.when(mine, 1)).alias(f"c{i}"),
-                F.sum(F.when(mine, F.shiftrightunsigned(hashed, 32))).alias(f"h{i}"),
-                F.sum(F.when(mine, hashed.bitwiseAND(F.lit(0xFFFFFFFF)))).alias(f"l{i}"),
-            ]
+        for i in range(len(number)):  # per table: its rows' count and digest
+            aggregates += digest_aggregates(hashed, where=key == i, suffix=str(i))
         rows = rows.withColumn(_HASH, row_hash(df, column)).observe(digest, *aggregates)
     rows = rows.filter((key >= 0) & (key < len(group)))
     spark_write.check_refused_settings(spark, first)

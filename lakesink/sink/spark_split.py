@@ -268,15 +268,7 @@ def _digests(
     with spark_write.session_confs(spark, _PINNED_READ):  # a file Spark cannot read fails the batch, never skipped
         back = _read_back(spark, df, column, plan, directory, keys, folders)
         hashed = spark_routed.row_hash(back.drop(VALUE_KEY), column)
-        rows = (
-            back.groupBy(F.col(VALUE_KEY))
-            .agg(
-                F.count(F.lit(1)).alias("c"),
-                F.sum(F.shiftrightunsigned(hashed, 32)).alias("h"),
-                F.sum(hashed.bitwiseAND(F.lit(0xFFFFFFFF))).alias("l"),
-            )
-            .collect()
-        )
+        rows = back.groupBy(F.col(VALUE_KEY)).agg(*spark_routed.digest_aggregates(hashed)).collect()
     return {str(r[0]): spark_routed.digest_of(r[1], r[2], r[3]) for r in rows}
 
 
