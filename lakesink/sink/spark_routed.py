@@ -48,7 +48,7 @@ from lakesink.executor.routed_writer import RoutedTaskResult, TableResult
 from lakesink.executor.row_digest import RowsDigest
 from lakesink.faults import fault_point
 from lakesink.sink import spark_fs, spark_partition, spark_write
-from lakesink.table import names, storage
+from lakesink.table import storage
 from lakesink.table.keys import ROUTE_PARTITION_COLUMN, ROUTED_NO_COLUMN_MARKER, ROUTED_UNKNOWN_ROUTE_MARKER
 from lakesink.table.routes import parse_route, routing_value
 
@@ -261,11 +261,8 @@ def _write_group(
     as it exists (the caller deletes them on failure)."""
     first = plans[group[0]]
     spark = df.sparkSession
-    since_ms = names.now_ms()
-    token = names.new_token()
-    batch_dir = names.batch_directory_name(query_id=query_id, batch_id=batch_id, token=token)
-    job_dir = f"{first.data_prefix.rstrip('/')}/{batch_dir}"
-    write_id = f"{query_id}/{batch_id}/{token}"
+    job = spark_write.job_directory(first.data_prefix, query_id=query_id, batch_id=batch_id)
+    job_dir, batch_dir, token, write_id, since_ms = job.path, job.name, job.token, job.write_id, job.since_ms
     number = {name: i for i, name in enumerate([*group, *observed])}  # written: 0 .. len(group) - 1
     # each routing value -> its table's number, -1: a table of another job
     pairs: list[Column] = []

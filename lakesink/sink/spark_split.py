@@ -119,11 +119,8 @@ def split(
     if VALUE_KEY in df.columns:
         raise LakesinkError(f"the stream has a column {VALUE_KEY!r}, which route-by with writer='spark' uses itself; rename it")
     spark = df.sparkSession
-    since_ms = names.now_ms()
-    token = names.new_token()
-    batch_dir = names.batch_directory_name(query_id=query_id, batch_id=batch_id, token=token)
-    directory = f"{root.rstrip('/')}/{batch_dir}"
-    write_id = f"{query_id}/{batch_id}/{token}"
+    job = spark_write.job_directory(root, query_id=query_id, batch_id=batch_id)
+    directory, batch_dir, write_id, since_ms = job.path, job.name, job.write_id, job.since_ms
     plan = dataclasses.replace(template, data_prefix=root, table=f"(created for a routing value of column {column!r})")
     spark_write.check_refused_settings(spark, plan)
     key = F.col(VALUE_KEY)
