@@ -64,7 +64,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 from pyiceberg.utils.decimal import unscaled_to_decimal
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from lakesink._pyiceberg import io as seam
@@ -215,6 +215,19 @@ def grouping_keys(spec: PartitionSpec, schema: Schema) -> list[Column]:
         else:
             raise LakesinkError(f"no Spark grouping key for partition field {pf.name!r} ({pf.transform})")
     return out
+
+
+def with_grouping_keys(df: DataFrame, spec: PartitionSpec, schema: Schema) -> tuple[DataFrame, list[str]]:
+    """``df`` (rows projected onto the table's ``schema``) with one grouping-key column per field of ``spec`` appended
+    (:func:`grouping_keys`, named by :func:`key_names`), and their names: Spark's writer writes one directory per key,
+    one partition per file (docs/partitioning.md#spark-path); the keys are not written into the files. An
+    unpartitioned spec: ``df`` as it is, no key."""
+    if spec.is_unpartitioned():
+        return df, []
+    file_schema = seam.file_schema(schema)
+    names = key_names(spec, file_schema)
+    columns = grouping_keys(spec, file_schema)
+    return df.select("*", *[c.alias(n) for c, n in zip(columns, names, strict=True)]), names
 
 
 # --- partition values, from the files -------------------------------------------------------------

@@ -48,7 +48,7 @@ from lakesink.executor.routed_writer import RoutedTaskResult, TableResult
 from lakesink.executor.row_digest import RowsDigest
 from lakesink.faults import fault_point
 from lakesink.sink import spark_fs, spark_partition, spark_write
-from lakesink.table import names, storage
+from lakesink.table import storage
 from lakesink.table.keys import ROUTE_PARTITION_COLUMN, ROUTED_NO_COLUMN_MARKER, ROUTED_UNKNOWN_ROUTE_MARKER
 from lakesink.table.routes import parse_route, routing_value
 
@@ -95,6 +95,21 @@ def digest_of(count: Any, high: Any, low: Any) -> RowsDigest:
     return RowsDigest(int(count), ((int(high or 0) << 32) + int(low or 0)) & _MASK, DIGEST_KIND)
 
 
+def digest_aggregates(hashed: Column, where: Column | None = None, suffix: str = "") -> list[Column]:
+    """The three aggregates :func:`digest_of` takes (``c``, ``h``, ``l``, each name followed by ``suffix``): the count of
+    the rows (those where ``where`` holds), and the sum of their 64-bit row hashes ``hashed`` as two sums of the hashes'
+    32-bit halves (no overflow)."""
+
+    def rows(value: Column) -> Column:
+        return value if where is None else F.when(where, value)
+
+    return [
+        F.count(rows(F.lit(1))).alias(f"c{suffix}"),
+        F.sum(rows(F.shiftrightunsigned(hashed, 32))).alias(f"h{suffix}"),
+        F.sum(rows(hashed.bitwiseAND(F.lit(0xFFFFFFFF)))).alias(f"l{suffix}"),
+    ]
+
+
 def find_routes(df: DataFrame, column: str) -> dict[object, RowsDigest]:
     """One Spark job over the batch: its routing values, read as bytes (a value that is not UTF-8 stays itself, an
     invalid route: lakesink.table.routes.routing_value), each with the count and digest of the rows carrying it (one
@@ -102,11 +117,7 @@ def find_routes(df: DataFrame, column: str) -> dict[object, RowsDigest]:
     job over foreach_batch's persisted batch (lakesink.sink.foreach_spark.read_once): it fills the cache."""
     check_columns(df, column)
     hashed = row_hash(df, column)
-    grouped = df.groupBy(F.col(quote(column)).cast("binary").alias("value")).agg(
-        F.count(F.lit(1)).alias("c"),
-        F.sum(F.shiftrightunsigned(hashed, 32)).alias("h"),
-        F.sum(hashed.bitwiseAND(F.lit(0xFFFFFFFF))).alias("l"),
-    )
+    grouped = df.groupBy(F.col(quote(column)).cast("binary").alias("value")).agg(*digest_aggregates(hashed))
     raw = grouped.collect()
     return {routing_value(None if r[0] is None else bytes(r[0])): digest_of(r[1], r[2], r[3]) for r in raw}
 
@@ -250,11 +261,8 @@ def _write_group(
     as it exists (the caller deletes them on failure)."""
     first = plans[group[0]]
     spark = df.sparkSession
-    since_ms = names.now_ms()
-    token = names.new_token()
-    batch_dir = names.batch_directory_name(query_id=query_id, batch_id=batch_id, token=token)
-    job_dir = f"{first.data_prefix.rstrip('/')}/{batch_dir}"
-    write_id = f"{query_id}/{batch_id}/{token}"
+    job = spark_write.job_directory(first.data_prefix, query_id=query_id, batch_id=batch_id)
+    job_dir, batch_dir, token, write_id, since_ms = job.path, job.name, job.token, job.write_id, job.since_ms
     number = {name: i for i, name in enumerate([*group, *observed])}  # written: 0 .. len(group) - 1
     # each routing value -> its table's number, -1: a table of another job
     pairs: list[Column] = []
@@ -286,25 +294,15 @@ def _write_group(
         hashed = F.col(_HASH)
         digest = Observation(f"lakesink-digest-{token}")
         aggregates: list[Column] = []
-        for i in range(len(number)):  # per table: rows, and the 64-bit hashes' sum as two sums of 32-bit halves
-            mine = key == i
-            aggregates += [
-                F.count(F.when(mine, 1)).alias(f"c{i}"),
-                F.sum(F.when(mine, F.shiftrightunsigned(hashed, 32))).alias(f"h{i}"),
-                F.sum(F.when(mine, hashed.bitwiseAND(F.lit(0xFFFFFFFF)))).alias(f"l{i}"),
-            ]
+        for i in range(len(number)):  # per table: its rows' count and digest
+            aggregates += digest_aggregates(hashed, where=key == i, suffix=str(i))
         rows = rows.withColumn(_HASH, row_hash(df, column)).observe(digest, *aggregates)
     rows = rows.filter((key >= 0) & (key < len(group)))
     spark_write.check_refused_settings(spark, first)
     named = first if len(group) == 1 else dataclasses.replace(first, table=f"(one of) {', '.join(group)}")
     projected = spark_write.project(rows, named, batch_id, write_id, extra=[(ROUTE_KEY, key, T.IntegerType())])
-    keys = [ROUTE_KEY]
-    if not first.spec.is_unpartitioned():
-        file_schema = seam.file_schema(first.schema)
-        part_keys = spark_partition.key_names(first.spec, file_schema)
-        columns = spark_partition.grouping_keys(first.spec, file_schema)
-        projected = projected.select("*", *[c.alias(n) for c, n in zip(columns, part_keys, strict=True)])
-        keys += part_keys
+    projected, part_keys = spark_partition.with_grouping_keys(projected, first.spec, first.schema)
+    keys = [ROUTE_KEY, *part_keys]
     writer = spark_write.parquet_writer(projected, first, keys, job_dir, max_records_per_file)
     fault_point(spark_write.SPARKWRITE_BEFORE_WRITE)
     started = time.monotonic()

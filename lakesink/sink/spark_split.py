@@ -119,24 +119,16 @@ def split(
     if VALUE_KEY in df.columns:
         raise LakesinkError(f"the stream has a column {VALUE_KEY!r}, which route-by with writer='spark' uses itself; rename it")
     spark = df.sparkSession
-    since_ms = names.now_ms()
-    token = names.new_token()
-    batch_dir = names.batch_directory_name(query_id=query_id, batch_id=batch_id, token=token)
-    directory = f"{root.rstrip('/')}/{batch_dir}"
-    write_id = f"{query_id}/{batch_id}/{token}"
+    job = spark_write.job_directory(root, query_id=query_id, batch_id=batch_id)
+    directory, batch_dir, write_id, since_ms = job.path, job.name, job.write_id, job.since_ms
     plan = dataclasses.replace(template, data_prefix=root, table=f"(created for a routing value of column {column!r})")
     spark_write.check_refused_settings(spark, plan)
     key = F.col(VALUE_KEY)
     projected = spark_write.project(
         df.withColumn(VALUE_KEY, _value_key(column)), plan, batch_id, write_id, extra=[(VALUE_KEY, key, T.StringType())]
     )
-    keys = [VALUE_KEY]
-    if not plan.spec.is_unpartitioned():
-        file_schema = seam.file_schema(plan.schema)
-        part_keys = spark_partition.key_names(plan.spec, file_schema)
-        columns = spark_partition.grouping_keys(plan.spec, file_schema)
-        projected = projected.select("*", *[c.alias(n) for c, n in zip(columns, part_keys, strict=True)])
-        keys += part_keys
+    projected, part_keys = spark_partition.with_grouping_keys(projected, plan.spec, plan.schema)
+    keys = [VALUE_KEY, *part_keys]
     writer = spark_write.parquet_writer(projected, plan, keys, directory, max_records_per_file)
     try:
         fault_point(spark_write.SPARKWRITE_BEFORE_WRITE)
@@ -273,15 +265,7 @@ def _digests(
     with spark_write.session_confs(spark, _PINNED_READ):  # a file Spark cannot read fails the batch, never skipped
         back = _read_back(spark, df, column, plan, directory, keys, folders)
         hashed = spark_routed.row_hash(back.drop(VALUE_KEY), column)
-        rows = (
-            back.groupBy(F.col(VALUE_KEY))
-            .agg(
-                F.count(F.lit(1)).alias("c"),
-                F.sum(F.shiftrightunsigned(hashed, 32)).alias("h"),
-                F.sum(hashed.bitwiseAND(F.lit(0xFFFFFFFF))).alias("l"),
-            )
-            .collect()
-        )
+        rows = back.groupBy(F.col(VALUE_KEY)).agg(*spark_routed.digest_aggregates(hashed)).collect()
     return {str(r[0]): spark_routed.digest_of(r[1], r[2], r[3]) for r in rows}
 
 

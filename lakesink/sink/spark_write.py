@@ -267,6 +267,28 @@ def _null_count(df: DataFrame, path: str) -> int:
 
 
 @dataclass(frozen=True)
+class JobDirectory:
+    """A new batch directory for one Spark write job (named by :func:`lakesink.table.names.batch_directory_name`), and
+    the write id the job's files carry in their footers (:data:`WRITE_ID_KEY`)."""
+
+    path: str
+    name: str
+    """The directory's name (``path``'s last segment)."""
+    token: str
+    write_id: str
+    since_ms: int
+    """When the directory was named (ms since the epoch): before any file of the batch is written."""
+
+
+def job_directory(prefix: str, *, query_id: str, batch_id: int) -> JobDirectory:
+    """A new batch directory under ``prefix`` for batch ``batch_id`` of query ``query_id`` (nothing is created)."""
+    since_ms = names.now_ms()
+    token = names.new_token()
+    name = names.batch_directory_name(query_id=query_id, batch_id=batch_id, token=token)
+    return JobDirectory(f"{prefix.rstrip('/')}/{name}", name, token, f"{query_id}/{batch_id}/{token}", since_ms)
+
+
+@dataclass(frozen=True)
 class SparkWrite:
     """One batch written by Spark's Parquet writer: its directory and the results to commit."""
 
@@ -299,23 +321,13 @@ def write_batch(
     On any failure the directory is deleted before the error propagates.
     """
     query_id = plan.query_id or ""
-    since_ms = names.now_ms()  # before any file of the batch is written
-    token = names.new_token()
-    directory = f"{plan.data_prefix.rstrip('/')}/{names.batch_directory_name(query_id=query_id, batch_id=batch_id, token=token)}"
-    write_id = f"{query_id}/{batch_id}/{token}"
+    job = job_directory(plan.data_prefix, query_id=query_id, batch_id=batch_id)
+    directory, token, write_id, since_ms = job.path, job.token, job.write_id, job.since_ms
     spark = df.sparkSession
     check_refused_settings(spark, plan)
     observation = Observation(f"lakesink-{token}")
     projected = project(df, plan, batch_id, write_id)
-    partitioned = not plan.spec.is_unpartitioned()
-    keys: list[str] = []
-    if partitioned:
-        # one grouping-key column per partition field: Spark writes one directory per key, one partition per
-        # file (docs/partitioning.md#spark-path); the keys are not written into the files
-        file_schema = seam.file_schema(plan.schema)
-        keys = spark_partition.key_names(plan.spec, file_schema)
-        columns = spark_partition.grouping_keys(plan.spec, file_schema)
-        projected = projected.select("*", *[c.alias(n) for c, n in zip(columns, keys, strict=True)])
+    projected, keys = spark_partition.with_grouping_keys(projected, plan.spec, plan.schema)
     writer = parquet_writer(
         projected.observe(observation, F.count(F.lit(1)).alias("rows")), plan, keys, directory, max_records_per_file
     )

@@ -11,6 +11,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyiceberg.transforms import BucketTransform
+from pyiceberg.types import LongType
 from pyspark.errors import StreamingQueryException
 
 import lakesink
@@ -60,8 +62,8 @@ def test_the_batch_is_read_once_by_the_write_job_without_a_cache(
     assert split_area(catalog_properties) == []
 
 
-def _parquet_stream(spark: Any, src: Path, ck: Path, props: dict[str, str]) -> Any:
-    sink = lakesink.foreach_batch(route_by="route", namespace="db", writer="spark", catalog_properties=props)
+def _parquet_stream(spark: Any, src: Path, ck: Path, props: dict[str, str], **options: Any) -> Any:
+    sink = lakesink.foreach_batch(route_by="route", namespace="db", writer="spark", catalog_properties=props, **options)
     df = spark.readStream.schema("id BIGINT, route STRING").option("maxFilesPerTrigger", 1).parquet(str(src))
     return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
 
@@ -175,6 +177,36 @@ def test_an_empty_batch_then_rows(spark: Any, tmp_path: Path, catalog_properties
     catalog = catalogs.load(None, catalog_properties)
     assert table_ids(catalog.load_table(("db", "t0"))) == Counter([1, 3])
     assert table_ids(catalog.load_table(("db", "t1"))) == Counter([2])
+    assert split_area(catalog_properties) == []
+
+
+def test_created_tables_partitioned_by_a_bucket_hold_one_partition_per_file(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """Option partitioned-by: the tables lakesink creates are partitioned, so the split job partitions each value's
+    folder by the template's grouping keys as well (lakesink.sink.spark_partition.with_grouping_keys). Each id lands
+    once in its table, in more than one partition; every file holds the ids of one bucket, the one its partition value
+    says. Fails if the split job wrote without the grouping keys (a file would hold the rows of several buckets: the
+    batch fails on its footer's bounds)."""
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    src.mkdir()
+    ids = list(range(200))
+    pq.write_table(pa.table({"id": ids, "route": [("t0", "db.t1")[i % 2] for i in ids]}), src / "a.parquet")
+    run = _parquet_stream(spark, src, ck, catalog_properties, partitioned_by="bucket(4, id)")
+    run.awaitTermination()
+    run.stop()
+    catalog = catalogs.load(None, catalog_properties)
+    bucket = BucketTransform(4).transform(LongType())
+    for n, name in enumerate(("t0", "t1")):
+        table = catalog.load_table(("db", name))
+        assert table_ids(table) == Counter(i for i in ids if i % 2 == n)
+        partitions: set[int] = set()
+        for task in table.scan().plan_files():
+            with table.io.new_input(task.file.file_path).open() as f:
+                file_ids = pq.read_table(f).column("id").to_pylist()
+            assert {bucket(i) for i in file_ids} == {task.file.partition[0]}, task.file.file_path
+            partitions.add(task.file.partition[0])
+        assert len(partitions) > 1, name
     assert split_area(catalog_properties) == []
 
 
