@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from lakesink.executor.messages import RowsDigest
 
-__all__ = ["RowsDigest", "digest", "hash_text"]
+__all__ = ["digest", "hash_text"]
 
 _U64 = np.uint64
 _NULL = _U64(0x9E3779B97F4A7C15)

@@ -4,7 +4,7 @@ writes every table of a routed batch, no row passes through a Python worker.
 1. :func:`find_routes` -- one Spark job over the batch: its routing values, each with the count and the digest of its
    rows (the sum of Spark's ``xxhash64`` over the row's columns, the routing column aside: one hash aggregation keyed
    by the value), then the tables opened. Each table's count and digest are recorded in its commit
-   (``lakesink.batch-rows-digest``, kind ``x``: lakesink.executor.row_digest) so that a replay that moves rows between
+   (``lakesink.batch-rows-digest``, kind ``x``: lakesink.executor.messages) so that a replay that moves rows between
    the same tables stays loud, as on the Arrow path.
 2. :func:`write_routed` -- one Spark write job per group of tables whose files look alike (the same file schema with
    field ids, partition spec, Parquet settings and filesystem: tables lakesink creates from one stream are one group;
@@ -43,9 +43,8 @@ from pyspark.sql import types as T
 
 from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError
-from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
+from lakesink.executor.messages import RowsDigest, TaskResult, WritePlan, WrittenFile
 from lakesink.executor.routed_writer import RoutedTaskResult, TableResult
-from lakesink.executor.row_digest import RowsDigest
 from lakesink.faults import fault_point
 from lakesink.sink import spark_fs, spark_partition, spark_write
 from lakesink.table import storage
@@ -64,7 +63,7 @@ _NO_COLUMN_MARKER = ROUTED_NO_COLUMN_MARKER
 _UNKNOWN_ROUTE_MARKER = ROUTED_UNKNOWN_ROUTE_MARKER
 _FOOTER_THREADS = 8
 DIGEST_KIND = "x"
-"""lakesink.executor.row_digest.RowsDigest.kind of the digests Spark computes here."""
+"""lakesink.executor.messages.RowsDigest.kind of the digests Spark computes here."""
 
 
 def quote(name: str) -> str:

@@ -47,8 +47,7 @@ from pyspark.sql import types as T
 
 from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError
-from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
-from lakesink.executor.row_digest import RowsDigest
+from lakesink.executor.messages import RowsDigest, TaskResult, WritePlan, WrittenFile
 from lakesink.faults import fault_point
 from lakesink.sink import spark_partition, spark_routed, spark_write
 from lakesink.table import names, storage
