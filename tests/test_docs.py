@@ -5,12 +5,14 @@ Convention for fenced code blocks in ``docs/*.md``:
 - ```` ```python ````: runnable. The blocks of one page are concatenated in order into one script,
   which runs in a fresh interpreter (this one, ``sys.executable``) with
   cwd = a temporary folder, ``LAKESINK_HOME=<tmp>/lakehouse``, ``PYSPARK_PYTHON`` and
-  ``PYSPARK_DRIVER_PYTHON`` = ``sys.executable``, ``HOME=<tmp>/home`` (no ``~/.pyiceberg.yaml``
-  of the machine leaks in), no ``PYICEBERG_*`` or ``LAKESINK_*`` variables inherited, and a copy
-  of the repository's ``catalog/`` folder in the working folder (pages are written as if run from
-  a checkout). The script must exit with status 0 by itself. Its Spark driver JVM gets the options
-  of the tests' short-lived jobs (``PYSPARK_SUBMIT_ARGS``, tests/jobs/jvm.py: the quick JIT only, the
-  serial GC; what the page does is the same, its start-up costs less CPU).
+  ``PYSPARK_DRIVER_PYTHON`` = ``sys.executable`` without the installed pyspark's ``pyspark.zip`` on
+  Spark's workers' path (tests/jobs/jvm.py, ``worker_python``: the same files, their cached bytecode),
+  ``HOME=<tmp>/home`` (no ``~/.pyiceberg.yaml`` of the machine leaks in), no ``PYICEBERG_*`` or
+  ``LAKESINK_*`` variables inherited, and a copy of the repository's ``catalog/`` folder in the
+  working folder (pages are written as if run from a checkout). The script must exit with status 0
+  by itself. Its Spark driver JVM gets the options of the tests' short-lived jobs
+  (``PYSPARK_SUBMIT_ARGS``, tests/jobs/jvm.py: the quick JIT only, the serial GC; what the page does
+  is the same, its start-up costs less CPU).
 - ```` ```python no-run ````: a fragment shown for reading only; never executed.
 - any other info string (``bash``, ``text``, ``yaml``, ``json``): never executed.
 
@@ -114,8 +116,8 @@ def _env(tmp_path: Path) -> dict[str, str]:
     env.update(
         HOME=str(tmp_path / "home"),
         LAKESINK_HOME=str(tmp_path / "lakehouse"),
-        PYSPARK_PYTHON=sys.executable,
-        PYSPARK_DRIVER_PYTHON=sys.executable,
+        PYSPARK_PYTHON=jvm.worker_python(),
+        PYSPARK_DRIVER_PYTHON=jvm.worker_python(),
         PYSPARK_SUBMIT_ARGS=jvm.submit_args(),
         PYTHONUNBUFFERED="1",
     )

@@ -23,8 +23,8 @@ def example_env(tmp_path: Path) -> dict[str, str]:
     folder of the tests (an example kills its jobs with a folder of its own)."""
     env = dict(os.environ)
     env.update(
-        PYSPARK_PYTHON=sys.executable,
-        PYSPARK_DRIVER_PYTHON=sys.executable,
+        PYSPARK_PYTHON=jvm.worker_python(),
+        PYSPARK_DRIVER_PYTHON=jvm.worker_python(),
         LAKESINK_HOME=str(tmp_path / "lakehouse"),
         PYSPARK_SUBMIT_ARGS=jvm.submit_args(),
     )
