@@ -164,3 +164,14 @@ def test_every_job_builds_its_session_with_the_short_lived_options() -> None:
     builds = [path for path in sorted(folder.glob("*.py")) if "SparkSession.builder" in path.read_text()]
     missing = [path.name for path in builds if "short_lived(" not in path.read_text() and path.name not in NOT_SHORT_LIVED]
     assert missing == [], f"tests/jobs/ modules that build a Spark session without jvm.short_lived(): {missing}"
+
+
+@pytest.mark.spark
+def test_the_test_processs_own_session_runs_with_the_short_lived_options(spark: Any) -> None:
+    """Each pytest worker's own Spark session (tests/conftest.py) runs its JVM with the jobs' options and its Python
+    workers without pyspark.zip: without them the tests of that session cost about a third more CPU (issue 34)."""
+    arguments = [
+        str(a) for a in spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+    ]
+    assert set(jvm.JAVA_OPTIONS.split()) <= set(arguments), arguments
+    assert spark.sparkContext.pythonExec == jvm.worker_python()

@@ -1,10 +1,16 @@
-"""The JVM options of the short-lived Spark jobs the tests start as child processes (a job SIGKILLed and restarted).
+"""The JVM options of the short-lived Spark jobs the tests start as child processes (a job SIGKILLed and restarted), and
+of each pytest worker's own Spark session (tests/conftest.py, the ``spark`` fixture).
 
 Each such job is a fresh JVM that runs a few small micro-batches and dies: most of its CPU goes into Java's
 start-up and the JIT compiling Spark's code paths once. ``-XX:TieredStopAtLevel=1`` (the quick C1 compiler only, no
 C2) and the serial garbage collector (no parallel GC threads on 2 cores) cut the CPU time of one run of the soak's
 job by about a third (tests/soak/job.py, 8 files of 50 rows: 34.7 s of CPU -> 23.7 s, measured on the loaded 2-core
 machine with the process tree's rusage). What the job does, and every fault point it passes, is the same.
+
+The test process's own session runs for the whole ``make test`` but spends it the same way: hundreds of small
+streaming queries, each planned, code-generated and run once over a few rows, so the C2 compiler's work rarely pays
+back. With these options (and :func:`worker_python`) two Spark test files ran in 85 CPU-s instead of 120-139 (the
+process tree's CPU in a cgroup, 2026-11-25), and a whole ``make test`` in 20.0 minutes (39.2 minutes of test time).
 
 Class data sharing (AppCDS): loading and verifying Spark's ~10,000 classes from its jars is most of the rest of a
 start. :func:`ensure_archive` runs the soak's job once over a few small files with ``-XX:ArchiveClassesAtExit`` and
