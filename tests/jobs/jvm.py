@@ -10,7 +10,8 @@ machine with the process tree's rusage). What the job does, and every fault poin
 The test process's own session runs for the whole ``make test`` but spends it the same way: hundreds of small
 streaming queries, each planned, code-generated and run once over a few rows, so the C2 compiler's work rarely pays
 back. With these options (and :func:`worker_python`) two Spark test files ran in 85 CPU-s instead of 120-139 (the
-process tree's CPU in a cgroup, 2026-11-25), and a whole ``make test`` in 20.0 minutes (39.2 minutes of test time).
+process tree's CPU in a cgroup, 2026-11-25); a whole ``make test`` on the same machine, back to back: 21.5 minutes and
+2,203 CPU-s before, 19.9-20.0 minutes and 2,006 CPU-s with them (-9 %).
 
 Class data sharing (AppCDS): loading and verifying Spark's ~10,000 classes from its jars is most of the rest of a
 start. :func:`ensure_archive` runs the soak's job once over a few small files with ``-XX:ArchiveClassesAtExit`` and
