@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _bench(tmp_path: Path, *args: str, timeout: int = 500) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = jvm.worker_python()
+    env.update(jvm.python_env())
     # a test without the spark marker keeps the guard's arguments (tests/conftest.py): it must not start Spark
     env.setdefault("PYSPARK_SUBMIT_ARGS", jvm.submit_args())
     proc = subprocess.run(

@@ -116,8 +116,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
     env.update(
         HOME=str(tmp_path / "home"),
         LAKESINK_HOME=str(tmp_path / "lakehouse"),
-        PYSPARK_PYTHON=jvm.worker_python(),
-        PYSPARK_DRIVER_PYTHON=jvm.worker_python(),
+        **jvm.python_env(),
         PYSPARK_SUBMIT_ARGS=jvm.submit_args(),
         PYTHONUNBUFFERED="1",
     )

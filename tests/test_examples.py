@@ -23,8 +23,7 @@ def example_env(tmp_path: Path) -> dict[str, str]:
     folder of the tests (an example kills its jobs with a folder of its own)."""
     env = dict(os.environ)
     env.update(
-        PYSPARK_PYTHON=jvm.worker_python(),
-        PYSPARK_DRIVER_PYTHON=jvm.worker_python(),
+        **jvm.python_env(),
         LAKESINK_HOME=str(tmp_path / "lakehouse"),
         PYSPARK_SUBMIT_ARGS=jvm.submit_args(),
     )

@@ -102,8 +102,14 @@ def short_lived(builder: SparkSession.Builder) -> SparkSession.Builder:
     executors are in the driver's JVM). Spark's Python processes run :func:`worker_python`: ``PYSPARK_PYTHON`` (the
     workers of executors, of the data source's planning and commits; PySpark reads it when the session starts) and
     ``PYSPARK_DRIVER_PYTHON`` (the JVM's look-up of data sources; this process is the driver already)."""
-    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = worker_python()
+    os.environ.update(python_env())
     return builder.config("spark.driver.extraJavaOptions", java_options())
+
+
+def python_env() -> dict[str, str]:
+    """``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` of a Spark the tests start: :func:`worker_python` for both."""
+    python = worker_python()
+    return {"PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python}
 
 
 _WORKER_PYTHON = """#!/bin/sh
