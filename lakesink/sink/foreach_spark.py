@@ -123,8 +123,8 @@ class RoutedSparkBatches:
         self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None, root: str
     ) -> RoutedOutcome:
         """Option route-by with writer='spark', appends (lakesink.sink.spark_split): one Spark job writes the batch by
-        routing value (its only read), one counts and digests each value's rows from the files; then the tables are
-        opened, each one's files moved into it (or written from the split's files), and one unit commits them."""
+        routing value (its only read), counting and digesting the whole batch; then the tables are opened, each one's
+        files moved into it (or written from the split's files), and one unit commits them."""
         routing = self.options.routing
         template = routed.template()
         assert routing is not None and template is not None
@@ -152,11 +152,8 @@ class RoutedSparkBatches:
                     cached.unpersist(blocking=False)
             split_ms = (time.perf_counter() - started) * 1000
             routes = routed.routes(list(s.keys), batch_id)  # an invalid route: RoutingError (dead letters need 'arrow')
-            if not routed.opened_in_run(routes):  # a table to create: only once the rows are counted (a failure
-                s = spark_split.counted(s)  # of the count then leaves no new table behind)
-            plans = routed.plans(routes, query_id)  # else read again while Spark counts each value's rows
+            plans = routed.plans(routes, query_id)
             planned_ms = (time.perf_counter() - started) * 1000 - split_ms
-            s = spark_split.counted(s) if s.counting is not None else s
             for p in plans.values():
                 reason = spark_write.unsupported_reason(p.schema, p.spec) or spark_fs.unwritable_reason(
                     df.sparkSession, p.data_prefix
@@ -172,21 +169,11 @@ class RoutedSparkBatches:
                 written = spark_split.place(
                     df, s, self._batch_of(query_id, batch_id, run_id), plans=plans, max_records_per_file=per_file
                 )
-                place_ms = (time.perf_counter() - placed) * 1000
-                self._written(
-                    "split",
-                    batch_id,
-                    written,
-                    digest_ms=s.digest_ms,
-                    plan_ms=planned_ms,
-                    digest_wait_ms=s.digest_wait_ms,
-                    place_ms=place_ms,
-                )
+                self._written("split", batch_id, written, plan_ms=planned_ms, place_ms=(time.perf_counter() - placed) * 1000)
                 return [written.result]
 
             return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write)
         finally:
-            spark_split.settle(s)  # a counting job still running (the batch failed before it ended) reads the directory
             spark_write.delete_directory(template.io, s.directory)  # what was not moved into a table
             for directory in written.directories if written is not None else ():
                 storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)

@@ -57,7 +57,8 @@ MAX_TABLES_PER_JOB = 64
 """A write job observes three aggregates per table it writes: more tables, more jobs (each reads the batch)."""
 ROUTE_KEY = ROUTE_PARTITION_COLUMN
 """The partition column of a routed write job: the table's number in its group (not written into the files)."""
-_HASH = "__lakesink_row_hash"
+HASH_COLUMN = "__lakesink_row_hash"
+"""A column of each row's hash while a job observes its rows (a stream column of that name is refused)."""
 _MASK = (1 << 64) - 1
 _NO_COLUMN_MARKER = ROUTED_NO_COLUMN_MARKER
 _UNKNOWN_ROUTE_MARKER = ROUTED_UNKNOWN_ROUTE_MARKER
@@ -77,14 +78,15 @@ def _hashed(field: T.StructField) -> Column:
 
 
 def check_columns(df: DataFrame, column: str) -> None:
-    if column == ROUTE_KEY or ROUTE_KEY in df.columns or _HASH in df.columns:
+    if column == ROUTE_KEY or ROUTE_KEY in df.columns or HASH_COLUMN in df.columns:
         raise LakesinkError(
-            f"the stream has a column {ROUTE_KEY!r} or {_HASH!r}, which route-by with writer='spark' uses itself; rename it"
+            f"the stream has a column {ROUTE_KEY!r} or {HASH_COLUMN!r}, which route-by with writer='spark' uses itself; rename it"
         )
 
 
-def row_hash(df: DataFrame, column: str) -> Column:
-    """Spark's ``xxhash64`` of a row's columns, the routing column aside (the row hash of digest kind ``x``)."""
+def row_hash(df: DataFrame, column: str | None) -> Column:
+    """Spark's ``xxhash64`` of a row's columns, the routing ``column`` aside (the row hash of digest kind ``x``; with
+    ``column`` None, of every column: lakesink.sink.spark_split's digest of the whole batch, kind ``b``)."""
     fields = [f for f in df.schema.fields if f.name != column]
     return F.xxhash64(*[_hashed(f) for f in fields]) if fields else F.lit(0).cast("long")
 
@@ -290,12 +292,12 @@ def _write_group(
     rows = df.withColumn(ROUTE_KEY, route.otherwise(index))
     digest: Observation | None = None
     if known is None:
-        hashed = F.col(_HASH)
+        hashed = F.col(HASH_COLUMN)
         digest = Observation(f"lakesink-digest-{token}")
         aggregates: list[Column] = []
         for i in range(len(number)):  # per table: its rows' count and digest
             aggregates += digest_aggregates(hashed, where=key == i, suffix=str(i))
-        rows = rows.withColumn(_HASH, row_hash(df, column)).observe(digest, *aggregates)
+        rows = rows.withColumn(HASH_COLUMN, row_hash(df, column)).observe(digest, *aggregates)
     rows = rows.filter((key >= 0) & (key < len(group)))
     spark_write.check_refused_settings(spark, first)
     named = first if len(group) == 1 else dataclasses.replace(first, table=f"(one of) {', '.join(group)}")

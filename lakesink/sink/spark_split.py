@@ -8,22 +8,24 @@ lakesink.driver.committers.routed_tables.RoutedTables.template). So:
    takes them (lakesink.sink.spark_write.project: field ids, casts, NOT NULL checks), partitioned by routing value into
    a folder per value, ``__lakesink_value=v<the value's UTF-8 bytes in hex>``, of a batch directory of the query's
    split area ``<warehouse>/.lakesink-split/<query id>/`` (no character that Spark escapes in a folder name, no two
-   values in one folder on a filesystem that ignores case). Then one Spark job over the files it wrote (not over the
-   batch: the source is read once) counts and digests each value's rows: the very values
-   lakesink.sink.spark_routed.find_routes computes over the batch (digest kind ``x``; each column read back as the
-   stream's type: the template's types are the stream's own or wider integers), so that a replay of a batch committed
-   by either compares equal. A value whose folder name would be longer than a file name may be (more than
+   values in one folder on a filesystem that ignores case). The job observes the batch as a whole (one
+   ``CollectMetrics`` of three aggregates, whatever the number of tables): its row count, once per committed task, and
+   its digest of kind ``b`` (:data:`BATCH_DIGEST_KIND`: the sum of Spark's ``xxhash64`` over every column of each row,
+   the routing column included). A value whose folder name would be longer than a file name may be (more than
    :data:`MAX_VALUE_BYTES` bytes), null or empty gets a folder named by its SHA-256 instead, and the batch goes the
    way of two jobs (lakesink.sink.spark_routed: find, then write; an invalid route's RoutingError from there).
-   That job runs in a thread of its own (:func:`counted` waits for it): a batch whose tables this run opened before
-   reads them again meanwhile; a batch with a table to create waits for the count first (a failed count leaves no
-   new table behind). No file is placed before the count ends.
 2. The tables are opened as on that path (created on first sight), the replay of the whole batch decided, then
    :func:`place` -- a table whose files look like the template's (same file schema with field ids, partition spec,
    Parquet settings and filesystem: every table lakesink creates from the stream) gets its values' folders moved
    into a batch directory of its own data location (a rename, as lakesink.sink.spark_routed moves a table's folder),
-   their footers read and checked (the job's write id, field ids, the rows counted for it); any other table (created
-   by someone else) is written by lakesink.sink.spark_routed.write_routed from the split's files.
+   their footers read and checked (the job's write id, field ids); any other table (created by someone else) is
+   written by lakesink.sink.spark_routed.write_routed from the split's files. The rows in the footers of every value's
+   files, wherever they are then, must add up to the rows the job counted: a file lost, copied or cut short since the
+   job fails the batch, nothing committed. Each table's commit records ``<its rows>:b<the batch's digest>``
+   (``lakesink.batch-rows-digest``): the batch's rows with their routing values determine every table's rows, so a
+   replay that finds the batch in some of its tables compares the digest it observed with the recorded one (a row
+   moved between tables changes its routing value, hence the digest) -- as strict as a digest per table, and stricter
+   where a replay changes rows of tables that do not hold the batch yet (a ReplayMismatchError there too).
 
 A split directory not moved or committed is deleted when the batch ends, committed or failed; a driver killed in
 between leaves it, and the query's next run deletes every split directory of an earlier batch (:func:`sweep`; never
@@ -36,12 +38,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark import inheritable_thread_target
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -60,8 +61,11 @@ SPLIT_FOLDER = ".lakesink-split"
 """Under the catalog's warehouse: ``<warehouse>/.lakesink-split/<query id>/<batch directory>``."""
 MAX_VALUE_BYTES = 118
 """The longest routing value (in UTF-8 bytes) whose folder is named by the value: 17 + 1 + 2 * 118 < 255 bytes."""
+BATCH_DIGEST_KIND = "b"
+"""lakesink.executor.messages.RowsDigest.kind of a table's digest on this path: the table's rows, and the digest of
+the whole batch (every column of each row, the routing column included; lakesink.sink.spark_routed.row_hash's hash)."""
 _FOOTER_THREADS = 8
-#: driver, after the split job wrote the batch by routing value and its rows were counted, before any table is opened
+#: driver, after the split job wrote the batch by routing value (its rows counted by the job), before any table is opened
 SPARKSPLIT_AFTER_SPLIT = "sparksplit.after-split"
 _PINNED_READ = {"spark.sql.files.ignoreCorruptFiles": "false", "spark.sql.files.ignoreMissingFiles": "false"}
 
@@ -93,27 +97,22 @@ class Split:
     keys: dict[object, str]
     """Each routing value's folder key (``v<hex>``)."""
     template: WritePlan
-    digests: dict[object, RowsDigest] = dataclasses.field(default_factory=dict)
-    """Each routing value's rows: count and digest (kind ``x``); filled by :func:`counted`."""
+    batch: RowsDigest
+    """The batch as the split job observed it: its rows (once per committed task) and its digest (kind ``b``)."""
     folders: tuple[str, ...] = ()
     """The folder keys of the split job: the value's, then the template's partition keys."""
     odd: bool = False
     """A value got a hashed folder (null, empty, longer than MAX_VALUE_BYTES): the batch needs the two-job path."""
     since_ms: int = 0
     job_ms: float = 0.0
-    digest_ms: float = 0.0
-    digest_wait_ms: float = 0.0
-    """How long the driver waited for the counting job after opening the tables."""
-    counting: Future[tuple[dict[str, RowsDigest], float]] | None = None
-    """The job counting and digesting each value's rows, running (:func:`counted` waits for it)."""
 
 
 def split(
     df: DataFrame, *, column: str, template: WritePlan, root: str, query_id: str, batch_id: int, max_records_per_file: int
 ) -> Split:
     """Write the batch ``df`` by routing value into a new batch directory under ``root`` (with the ``template`` plan's
-    columns, field ids, partition spec and settings), then count and digest each value's rows from the files written.
-    On any failure the directory is deleted before the error propagates."""
+    columns, field ids, partition spec and settings), observing the batch's row count and digest in the same job. On
+    any failure the directory is deleted before the error propagates."""
     spark_routed.check_columns(df, column)
     if VALUE_KEY in df.columns:
         raise LakesinkError(f"the stream has a column {VALUE_KEY!r}, which route-by with writer='spark' uses itself; rename it")
@@ -123,8 +122,13 @@ def split(
     plan = dataclasses.replace(template, data_prefix=root, table=f"(created for a routing value of column {column!r})")
     spark_write.check_refused_settings(spark, plan)
     key = F.col(VALUE_KEY)
+    # the batch's rows as the stream gives them (the digest a replay computes again), counted once per committed task
+    observation = Observation(f"lakesink-split-{job.token}")
+    hash_column = spark_routed.HASH_COLUMN
+    hashed = df.withColumn(hash_column, spark_routed.row_hash(df, None))  # once a row, in Spark's generated code
+    observed = hashed.observe(observation, *spark_routed.digest_aggregates(F.col(hash_column))).drop(hash_column)
     projected = spark_write.project(
-        df.withColumn(VALUE_KEY, _value_key(column)), plan, batch_id, write_id, extra=[(VALUE_KEY, key, T.StringType())]
+        observed.withColumn(VALUE_KEY, _value_key(column)), plan, batch_id, write_id, extra=[(VALUE_KEY, key, T.StringType())]
     )
     projected, part_keys = spark_partition.with_grouping_keys(projected, plan.spec, plan.schema)
     keys = [VALUE_KEY, *part_keys]
@@ -136,18 +140,12 @@ def split(
             spark, writer, directory, partitioned=True, on_error=lambda e: spark_write.raise_not_null(e, df, plan, batch_id)
         )
         written = time.monotonic()
+        seen = observation.get
+        batch = dataclasses.replace(spark_routed.digest_of(seen["c"], seen["h"], seen["l"]), kind=BATCH_DIGEST_KIND)
         found = _folder_keys(plan.io, directory)
         odd = any(not k.startswith("v") for k in found)
-        # counted while the driver opens the tables (none for a batch that goes the two jobs' way)
-        # in a thread of its own with the batch's Spark job properties, captured here (its job group: a query stopped
-        # cancels it)
-        counting = (
-            None
-            if odd
-            else _counter().submit(
-                inheritable_thread_target(spark)(_timed_digests), spark, df, column, plan, directory, keys, sorted(found)
-            )
-        )
+        if not odd:
+            fault_point(SPARKSPLIT_AFTER_SPLIT)
     except BaseException:
         spark_write.delete_directory(plan.io, directory)
         raise
@@ -158,60 +156,12 @@ def split(
         batch_dir=batch_dir,
         keys=values,
         template=plan,
+        batch=batch,
         folders=tuple(keys),
         odd=odd,
         since_ms=since_ms,
         job_ms=(written - started) * 1000,
-        counting=counting,
     )
-
-
-def counted(s: Split) -> Split:
-    """The split with each value's count and digest: waits for the job counting them (started by :func:`split`, run
-    while the driver opens the batch's tables). Its failure is the batch's; the values it found must be the folders
-    listed after the write (a folder gone or appeared meanwhile: LakesinkError, nothing committed)."""
-    assert s.counting is not None
-    waited = time.monotonic()
-    found, job_ms = s.counting.result()
-    if set(found) != set(s.keys.values()):
-        raise LakesinkError(
-            f"route-by with writer='spark': the split directory {s.directory} changed while its rows were counted "
-            f"(folders {sorted(s.keys.values())}, counted {sorted(found)}). Nothing is committed; the batch is retried "
-            "when the query restarts -- check that nothing else writes or deletes under the warehouse's "
-            f"{SPLIT_FOLDER} folder"
-        )
-    fault_point(SPARKSPLIT_AFTER_SPLIT)
-    return dataclasses.replace(
-        s,
-        digests={v: found[k] for v, k in s.keys.items()},
-        counting=None,
-        digest_ms=job_ms,
-        digest_wait_ms=(time.monotonic() - waited) * 1000,
-    )
-
-
-def settle(s: Split) -> None:
-    """Wait for the split's counting job, if still running, ignoring its outcome (before its directory is deleted)."""
-    if s.counting is not None:
-        wait([s.counting])
-
-
-_COUNTER: ThreadPoolExecutor | None = None
-
-
-def _counter() -> ThreadPoolExecutor:
-    """The driver's threads running the counting jobs (one per batch at a time; daemon-like, made on first use)."""
-    global _COUNTER
-    if _COUNTER is None:
-        _COUNTER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lakesink-split-count")
-    return _COUNTER
-
-
-def _timed_digests(*args: Any) -> tuple[dict[str, RowsDigest], float]:
-    """:func:`_digests`, with the milliseconds it took."""
-    started = time.monotonic()
-    found = _digests(*args)
-    return found, (time.monotonic() - started) * 1000
 
 
 def _folder_keys(io: Any, directory: str) -> set[str]:
@@ -254,20 +204,6 @@ def _read_back(
     return read.select(*columns, F.col(VALUE_KEY))  # (the template's partition keys: recomputed by each table)
 
 
-def _digests(
-    spark: Any, df: DataFrame, column: str, plan: WritePlan, directory: str, keys: list[str], folders: list[str]
-) -> dict[str, RowsDigest]:
-    """Each folder key's rows in the split's files (in the values' ``folders``, as listed after the write): count and
-    digest (lakesink.sink.spark_routed.find_routes's)."""
-    if not folders:
-        return {}  # no row written (an empty batch): nothing to read back
-    with spark_write.session_confs(spark, _PINNED_READ):  # a file Spark cannot read fails the batch, never skipped
-        back = _read_back(spark, df, column, plan, directory, keys, folders)
-        hashed = spark_routed.row_hash(back.drop(VALUE_KEY), column)
-        rows = back.groupBy(F.col(VALUE_KEY)).agg(*spark_routed.digest_aggregates(hashed)).collect()
-    return {str(r[0]): spark_routed.digest_of(r[1], r[2], r[3]) for r in rows}
-
-
 def fits(plan: WritePlan, template: WritePlan) -> bool:
     """Can the split's files of a table be its data files as they are? Its file schema (with field ids), partition
     spec, Parquet settings and filesystem are the template's, and its commit adds no column."""
@@ -283,13 +219,12 @@ def place(
     max_records_per_file: int,
 ) -> spark_routed.RoutedSparkWrite:
     """Make the split's files every table's data files (see the module's docstring); nothing is committed. A table
-    holding the batch already gets none (its digest is compared). On any failure every batch directory made in the
-    tables' locations is deleted before the error propagates (the split's own is the caller's)."""
+    holding the batch already gets none (its digest is compared). The rows in the footers of every value's files must
+    add up to the rows the split job counted (else LakesinkError: a file lost, copied or cut short). On any failure
+    every batch directory made in the tables' locations is deleted before the error propagates (the split's own is the
+    caller's)."""
     spark, column, query_id, batch_id, run_id = df.sparkSession, batch.column, batch.query_id, batch.batch_id, batch.run_id
     value_table = batch.tables_by_value(list(s.keys))
-    digests: dict[str, RowsDigest] = {name: RowsDigest(kind=spark_routed.DIGEST_KIND) for name in plans}
-    for value, digest in s.digests.items():
-        digests[value_table[value]] = digests[value_table[value]].add(digest)
     held = {n for n, p in plans.items() if p.last_committed_batch is not None and batch_id <= p.last_committed_batch}
     moved = sorted(n for n in plans if n not in held and fits(plans[n], s.template))
     other = sorted(n for n in plans if n not in held and n not in moved)
@@ -298,6 +233,10 @@ def place(
     started = time.monotonic()
     io = s.template.io
     try:
+        # the rows of the values not moved (tables holding the batch, tables written from the split), in the split
+        stay = [v for v, t in value_table.items() if t not in moved]
+        with ThreadPoolExecutor(max_workers=max(1, min(_FOOTER_THREADS, len(stay)))) as pool:
+            value_rows = dict(zip(stay, pool.map(lambda v: _rows_in_folder(s, v, batch_id), stay), strict=True))
         located: dict[str, str] = {}
         for name in moved:
             located[name] = f"{plans[name].data_prefix.rstrip('/')}/{s.batch_dir}"
@@ -311,11 +250,15 @@ def place(
 
         def table_files(name: str) -> list[WrittenFile]:
             listed = spark_write.file_names(plans[name].io, located[name])
-            found = spark_write.files_of_write(plans[name], located[name], listed, s.write_id, digests[name].rows, batch_id)
+            found = spark_write.files_of_write(plans[name], located[name], listed, s.write_id, None, batch_id)
             return [f for f in found if f.record_count]
 
         with ThreadPoolExecutor(max_workers=max(1, min(_FOOTER_THREADS, len(moved)))) as pool:  # footers at once
             files = dict(zip(moved, pool.map(table_files, moved), strict=True))
+        rows = {name: sum(f.record_count for f in files[name]) for name in moved}
+        for value, n in value_rows.items():
+            rows[value_table[value]] = rows.get(value_table[value], 0) + n
+        _check_rows(s, rows, batch_id)
         for i, name in enumerate(moved):
             written[name] = spark_write.task_result(
                 plans[name], files[name], query_id=query_id, batch_id=batch_id, partition_id=i, run_id=run_id, since_ms=s.since_ms
@@ -324,15 +267,17 @@ def place(
         if other:  # tables not as lakesink creates them: written from the split's files by Spark
             values = [v for v, t in value_table.items() if t in other]
             keys = [s.keys[v] for v in values]
-            rows = _read_back(spark, df, column, s.template, s.directory, list(s.folders), keys)
-            rewritten = spark_routed.write_routed(
-                rows.filter(F.col(VALUE_KEY).isin(keys)).drop(VALUE_KEY),
-                batch,
-                plans={n: plans[n] for n in other},
-                values=values,
-                max_records_per_file=max_records_per_file,
-                found={v: s.digests[v] for v in values},
-            )
+            with spark_write.session_confs(spark, _PINNED_READ):  # a file Spark cannot read fails the batch
+                read = _read_back(spark, df, column, s.template, s.directory, list(s.folders), keys)
+                rewritten = spark_routed.write_routed(
+                    read.filter(F.col(VALUE_KEY).isin(keys)).drop(VALUE_KEY),
+                    batch,
+                    plans={n: plans[n] for n in other},
+                    values=values,
+                    max_records_per_file=max_records_per_file,
+                    # each value's rows as its footers give them: the rewrite's files must hold as many
+                    found={v: RowsDigest(rows=value_rows[v], kind=BATCH_DIGEST_KIND) for v in values},
+                )
             directories += rewritten.directories
             for t in rewritten.result.tables:
                 written[t.table] = dataclasses.replace(t.result, partition_id=len(moved) + other.index(t.table))
@@ -340,6 +285,7 @@ def place(
         for d in reversed(directories):
             spark_write.delete_directory(io, d)
         raise
+    digests = {name: RowsDigest(rows.get(name, 0), s.batch.total, BATCH_DIGEST_KIND) for name in plans}
     return spark_routed.RoutedSparkWrite(
         result=spark_routed.routed_result(
             plans, written, digests, query_id=query_id, batch_id=batch_id, run_id=run_id, first_skipped=len(plans)
@@ -349,6 +295,27 @@ def place(
         job_ms=s.job_ms + (rewritten.job_ms if rewritten is not None else 0.0),
         footer_ms=(time.monotonic() - started) * 1000,
     )
+
+
+def _rows_in_folder(s: Split, value: object, batch_id: int) -> int:
+    """The rows in the footers of a value's files of the split job (in its folder of the split)."""
+    folder = f"{s.directory}/{VALUE_KEY}={s.keys[value]}"
+    listed = spark_write.file_names(s.template.io, folder)
+    return sum(f.record_count for f in spark_write.files_of_write(s.template, folder, listed, s.write_id, None, batch_id))
+
+
+def _check_rows(s: Split, rows: Mapping[str, int], batch_id: int) -> None:
+    """The rows in the footers of the batch's files (``rows``: per table) must be the rows the split job counted."""
+    in_files = sum(rows.values())
+    if in_files != s.batch.rows:
+        raise LakesinkError(
+            f"route-by with writer='spark': the split job of batch {batch_id} wrote {s.batch.rows} rows, but the files "
+            f"carrying its write id hold {in_files} rows (per table: "
+            f"{', '.join(f'{n} {r}' for n, r in sorted(rows.items()))}): a file was copied, leaked by a task attempt, "
+            f"cut short or removed since the job (in {s.directory} or a table's data location). Nothing is committed; "
+            "the batch is written again when the query restarts -- check that nothing else writes or deletes under "
+            f"the warehouse's {SPLIT_FOLDER} folder or the tables' data directories"
+        )
 
 
 def sweep(io: Any, root: str, batch_id: int) -> None:
@@ -368,15 +335,14 @@ def sweep(io: Any, root: str, batch_id: int) -> None:
 
 
 __all__ = [
+    "BATCH_DIGEST_KIND",
     "MAX_VALUE_BYTES",
     "SPARKSPLIT_AFTER_SPLIT",
     "SPLIT_FOLDER",
     "VALUE_KEY",
     "Split",
-    "counted",
     "fits",
     "place",
-    "settle",
     "split",
     "split_root",
     "sweep",

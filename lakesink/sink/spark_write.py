@@ -517,7 +517,7 @@ def _write_id(metadata: pq.FileMetaData) -> str | None:
 
 
 def files_of_write(
-    plan: WritePlan, directory: str, names: Sequence[str], write_id: str, rows_written: int, batch_id: int
+    plan: WritePlan, directory: str, names: Sequence[str], write_id: str, rows_written: int | None, batch_id: int
 ) -> list[WrittenFile]:
     """The files in ``directory`` that Spark's write job ``write_id`` committed, with their statistics.
 
@@ -527,7 +527,8 @@ def files_of_write(
     out (and left alone: it is not lakesink's to delete; the orphan clean-up collects it). The files'
     rows must then add up to the rows Spark's job wrote (counted by an observation, once per committed
     task): more means a file of the job is there twice, fewer that one is missing. Either fails the
-    batch before anything is committed.
+    batch before anything is committed. ``rows_written`` None: the caller adds the rows of several directories up and
+    checks their sum (route-by's split job counts the whole batch: lakesink.sink.spark_split).
     """
     file_schema = seam.file_schema(plan.schema)
 
@@ -563,7 +564,7 @@ def files_of_write(
             found = list(pool.map(read, names))
     files = [f for f in found if f is not None]
     in_files = sum(f.record_count for f in files)
-    if in_files != rows_written:
+    if rows_written is not None and in_files != rows_written:
         raise LakesinkError(
             f"Spark's write job for batch {batch_id} of table {plan.table} wrote {rows_written} rows, but the files "
             f"carrying its write id in {directory} hold {in_files} rows ({len(files)} file(s)): a file was copied, "

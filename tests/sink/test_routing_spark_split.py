@@ -1,6 +1,7 @@
 """Option route-by with writer='spark', appends (lakesink.sink.spark_split): the batch is read once, by the Spark job
-that writes it by routing value before the tables are opened; the values' counts and digests come from the files it
-wrote; the tables' files are moved into them. Real local Spark, SQLite catalog; every row has a unique id."""
+that writes it by routing value before the tables are opened, and that job counts and digests it; the tables' files
+are moved into them, their footers' rows checked against the job's count. Real local Spark, SQLite catalog; every row
+has a unique id."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import LongType
 from pyspark.errors import StreamingQueryException
+from pyspark.sql import functions as F
 
 import lakesink
 from lakesink import faults as faults_module
@@ -22,8 +24,9 @@ from lakesink.driver.committers.routed_tables import RoutedTables
 from lakesink.sink import spark_split
 from lakesink.sink.spark_split import SPARKSPLIT_AFTER_SPLIT, SPLIT_FOLDER, sweep
 from lakesink.table import names
+from lakesink.table.keys import SUMMARY_BATCH_ROWS_DIGEST
 from tests.sink.test_routing_spark_writer import SparkRoutedStream, _job, assert_exactly_once, job_query
-from tests.support.helpers import table_ids, write_json_input
+from tests.support.helpers import lakesink_snapshots, table_ids, write_json_input
 from tests.support.job_process import killed_at
 from tests.support.spark_plans import executions_since
 
@@ -73,7 +76,9 @@ def test_two_spellings_of_one_table_and_a_long_name_land_once(
 ) -> None:
     """``n`` and ``db.n`` name one table: both values' folders go into it (one batch directory, the rows of both); a
     valid name longer than a folder name may hold (a 120-character namespace) takes the two jobs' path. Each id lands
-    once in its table. Fails if the moves kept one folder per table (the other spelling's rows lost)."""
+    once in its table. Fails if the moves kept one folder per table (the other spelling's rows lost). The batch, on
+    the two jobs' path, records each table's digest of kind ``x`` (the job finding the routes counts and digests each
+    value's rows: the sum of xxhash64 over the row's columns, the routing column aside, mod 2**64)."""
     src, ck = tmp_path / "in", tmp_path / "ck"
     src.mkdir()
     long_ns = "n" * 120
@@ -88,6 +93,13 @@ def test_two_spellings_of_one_table_and_a_long_name_land_once(
     assert table_ids(catalog.load_table(("db", "m-1_2"))) == Counter(i for i in ids if i % 4 == 2)
     assert table_ids(catalog.load_table((long_ns, "t"))) == Counter(i for i in ids if i % 4 == 3)
     assert split_area(catalog_properties) == []
+    table = {"n": "db.n", "db.n": "db.n", "db.m-1_2": "db.m-1_2", f"{long_ns}.t": f"{long_ns}.t"}
+    by_table: dict[str, list[int]] = {}
+    for r in spark.read.parquet(str(src)).select("route", F.xxhash64("id").alias("h")).collect():
+        by_table.setdefault(table[r["route"]], []).append(r["h"])
+    for name, hashes in by_table.items():
+        (snapshot,) = lakesink_snapshots(catalog.load_table(tuple(name.rsplit(".", 1))))
+        assert snapshot["summary"][SUMMARY_BATCH_ROWS_DIGEST] == f"{len(hashes)}:x{sum(hashes) % 2**64:016x}", name
 
 
 @pytest.mark.parametrize("bad", ["a/b=c%", None, "", "t\u00e4"])
@@ -261,20 +273,26 @@ def test_a_split_file_lost_copied_or_cut_short_fails_the_batch_then_the_restart_
 def test_a_split_file_tampered_while_a_later_batch_reads_its_tables_again_fails_that_batch(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    """Two batches in one run: the second one's tables were opened by the first, so the driver reads them again while
-    Spark counts and digests the second split (lakesink.sink.spark_split.counted). One of its files is lost or copied
-    once counted: the second batch fails loudly with nothing of it committed, the first stays; the restart writes
-    every id once. Fails if the overlapped path placed the files before the count ended, or without it."""
+    """Two batches in one run: the second one's tables were opened by the first, and the driver reads them again after
+    Spark split the second batch. One of its split files is lost or copied while the driver reads them (after the
+    tables are planned, before the files are placed): the second batch fails loudly with nothing of it committed, the
+    first stays; the restart writes every id once. Fails if the files were placed without checking their rows against
+    the split job's count (the batch would commit without the lost rows, or with the copied ones twice)."""
     tampered: list[str] = []
     fired: list[str] = []
     real = faults_module.fault_point
 
     def tamper(point: str) -> None:
         real(point)
-        if point != SPARKSPLIT_AFTER_SPLIT:
-            return
-        fired.append(point)
-        if fired.count(point) == 2 and not tampered:  # the second batch of the run
+        if point == SPARKSPLIT_AFTER_SPLIT:
+            fired.append(point)
+
+    real_plans = RoutedTables.plans
+
+    def plans(self: RoutedTables, *args: Any, **kwargs: Any) -> Any:
+        fired.append("plans")
+        planned = real_plans(self, *args, **kwargs)
+        if fired.count("plans") == 2 and not tampered:  # the second batch of the run, its tables read again
             (batch_dir,) = [
                 p
                 for p in (Path(catalog_properties["warehouse"].removeprefix("file://")) / SPLIT_FOLDER).glob("*/*")
@@ -282,12 +300,7 @@ def test_a_split_file_tampered_while_a_later_batch_reads_its_tables_again_fails_
             ]
             _tamper(how, batch_dir)
             tampered.append(how)
-
-    real_plans = RoutedTables.plans
-
-    def plans(self: RoutedTables, *args: Any, **kwargs: Any) -> Any:
-        fired.append("plans")
-        return real_plans(self, *args, **kwargs)
+        return planned
 
     monkeypatch.setattr(spark_split, "fault_point", tamper)
     monkeypatch.setattr(RoutedTables, "plans", plans)
@@ -296,8 +309,8 @@ def test_a_split_file_tampered_while_a_later_batch_reads_its_tables_again_fails_
     with pytest.raises(StreamingQueryException, match="Nothing is committed"):
         s.run()
     assert tampered == [how]
-    # the first batch creates its tables once counted; the second reads them again while Spark counts
-    assert fired == [SPARKSPLIT_AFTER_SPLIT, "plans", "plans", SPARKSPLIT_AFTER_SPLIT]
+    # each batch: split (and counted by its job), then its tables planned (the first batch creates them)
+    assert fired == [SPARKSPLIT_AFTER_SPLIT, "plans", SPARKSPLIT_AFTER_SPLIT, "plans"]
     catalog = catalogs.load(None, catalog_properties)
     tables = [catalog.load_table(tuple(name.split("."))) for name in ("db.t0", "db.t1", "db.t2", "audit.t3")]
     held = sorted(i for t in tables for i in table_ids(t).elements())

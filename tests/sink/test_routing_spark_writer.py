@@ -25,6 +25,7 @@ from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, DRIVER_BETWEEN_TABLE_COMMITS
+from lakesink.sink.spark_split import BATCH_DIGEST_KIND
 from lakesink.sink.spark_write import SPARKWRITE_AFTER_FILES
 from lakesink.table.keys import SUMMARY_BATCH_ROWS_DIGEST, SUMMARY_BATCH_TABLES
 from tests.support.helpers import (
@@ -105,7 +106,8 @@ def test_a_routed_stream_written_by_spark_is_exactly_once_across_a_failure_after
     snaps = lakesink_snapshots(catalog.load_table(("db", "t0")))
     assert [x["batch_id"] for x in snaps] == [0, 1, 2, 3]
     assert {x["summary"][SUMMARY_BATCH_TABLES] for x in snaps} == {"4"}
-    assert all(x["summary"][SUMMARY_BATCH_ROWS_DIGEST].split(":")[1].startswith("x") for x in snaps)
+    # appends into tables lakesink creates and tables created beforehand alike: the split job's digest of the batch
+    assert all(x["summary"][SUMMARY_BATCH_ROWS_DIGEST].split(":")[1].startswith(BATCH_DIGEST_KIND) for x in snaps)
 
 
 def test_a_value_in_a_column_the_table_lacks_fails_the_batch_naming_the_table_and_the_column(
@@ -164,14 +166,15 @@ def write_plans_since(spark: Any, seen: set[int]) -> list[str]:
     return [plan for plan in executions_since(spark, seen) if "InsertIntoHadoopFsRelationCommand" in plan]
 
 
-def test_the_write_job_observes_nothing_and_records_each_tables_digest_of_its_rows(
+def test_the_split_job_observes_the_batch_once_and_each_table_records_its_rows_and_the_batchs_digest(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
 ) -> None:
-    """The job that finds the batch's routing values also counts and digests each one's rows (one hash aggregation):
-    the write job carries no observation (on main d511c88 it observed 3 aggregates per table, CollectMetrics). The
-    digest recorded in each table's commit is the one the observation recorded (the count and the sum of xxhash64 over
-    the row's columns, the routing column aside, mod 2**64; here computed as a decimal sum): batches committed before
-    compare equal when replayed."""
+    """The write job (the split job, the batch's only read) counts and digests the batch in one observation of three
+    aggregates, whatever the number of tables (on main d511c88 a write job observed 3 aggregates per table; on main
+    8da9c98 a second job read the files back to digest each value's rows). Each table's commit records its own rows
+    and the digest of the whole batch: the count and the sum of xxhash64 over every column of each row, the routing
+    column included, mod 2**64 (computed here as a decimal sum) -- so a replay that moves a row to another table
+    changes the digest every table holding the batch recorded."""
     s = SparkRoutedStream(spark, tmp_path, catalog_properties)
     s.add_input(files=1, rows_per_file=100)  # one batch
     seen: set[int] = set()
@@ -179,13 +182,14 @@ def test_the_write_job_observes_nothing_and_records_each_tables_digest_of_its_ro
     s.run()
     plans = write_plans_since(spark, seen)
     assert len(plans) == 1, plans  # the 4 tables are alike: one write job
-    assert "CollectMetrics" not in plans[0], plans[0]
+    assert plans[0].count("CollectMetrics") == 2, plans[0]  # one node (in the plan's tree and its details)
+    observed = next(line for line in plans[0].splitlines() if line.startswith("Arguments: lakesink-split-"))
+    assert observed.count(" AS ") == 3, observed  # count, and the hashes' sum as two halves
     batch = routed(spark.read.schema(SCHEMA_DDL).json(str(s.src)))
-    hashed = F.xxhash64("id", "ts", "user", "amount", "kind").cast("decimal(38,0)")
-    want = {
-        r["route"]: f"{r['n']}:x{int(r['h']) % 2**64:016x}"
-        for r in batch.groupBy("route").agg(F.count(F.lit(1)).alias("n"), F.sum(hashed).alias("h")).collect()
-    }
+    hashed = F.xxhash64("id", "ts", "user", "amount", "kind", "route").cast("decimal(38,0)")
+    (whole,) = batch.agg(F.sum(hashed).alias("h")).collect()
+    digest = f"{BATCH_DIGEST_KIND}{int(whole['h']) % 2**64:016x}"
+    want = {r["route"]: f"{r['n']}:{digest}" for r in batch.groupBy("route").agg(F.count(F.lit(1)).alias("n")).collect()}
     catalog = catalogs.load(None, catalog_properties)
     for route, name in (("t0", "db.t0"), ("t1", "db.t1"), ("t2", "db.t2"), ("audit.t3", "audit.t3")):
         (snapshot,) = lakesink_snapshots(catalog.load_table(tuple(name.split("."))))
