@@ -190,6 +190,18 @@ def load_tables(catalog: Catalog, identifiers: Sequence[tuple[str, ...]]) -> dic
     return out
 
 
+def read_at_once(catalog: Catalog, identifiers: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], Table] | None:
+    """:func:`load_tables` (a routed batch opening many tables asks a SQL catalog once), or None when the catalog cannot
+    be read now: each table then reads itself, riding out the catalog's trouble (lakesink.driver.tables.sink_table)."""
+    try:
+        return load_tables(catalog, identifiers)
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as e:
+        log.debug("lakesink: %d tables not read at once (%s); each reads itself", len(identifiers), e)
+        return None
+
+
 #: At most this many of a folder's unreferenced metadata files are read to find another table's (one read each);
 #: beyond, the catalog's tables are read instead (one load each), whichever is bounded by the catalog's size, not
 #: the folder's: a streaming table without ``write.metadata.delete-after-commit.enabled`` keeps a metadata file per

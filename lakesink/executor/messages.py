@@ -45,7 +45,9 @@ class RowsDigest:
     total: int = 0
     kind: str = ""
     """Which row hash: ``""`` lakesink.executor.row_digest's (the Arrow path), ``"x"`` Spark's ``xxhash64`` of the
-    row's columns (route-by with writer='spark', computed by Spark: lakesink.sink.spark_routed)."""
+    row's columns, the routing column aside (route-by with writer='spark', the two jobs' path: lakesink.sink.spark_routed),
+    ``"b"`` the same hash of every column, summed over the whole batch (its split job: lakesink.sink.spark_split; the
+    table's own rows, the batch's sum)."""
 
     def add(self, other: RowsDigest) -> RowsDigest:
         return RowsDigest(self.rows + other.rows, (self.total + other.total) & _MASK, self.kind or other.kind)

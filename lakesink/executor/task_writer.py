@@ -193,11 +193,13 @@ class TaskWriter:
         if self._sorter is not None and self._plan.row_checks is not None:
             self._dead_letters = TaskWriter(
                 self._plan.row_checks.dead_letters,
-                TaskIds(query_id=self._ids.query_id,
-                batch_id=self._ids.batch_id,
-                partition_id=self._ids.partition_id,
-                task_attempt_id=self._ids.task_attempt_id,
-                run_id=self._ids.run_id),
+                TaskIds(
+                    query_id=self._ids.query_id,
+                    batch_id=self._ids.batch_id,
+                    partition_id=self._ids.partition_id,
+                    task_attempt_id=self._ids.task_attempt_id,
+                    run_id=self._ids.run_id,
+                ),
             ).write(self._sorter.letters)
 
     def close_files(self) -> None:

@@ -33,6 +33,7 @@ from lakesink.table.markers import last_batch_key, last_committed_batch, parse_l
 
 log = logging.getLogger("lakesink")
 
+
 @dataclass(frozen=True)
 class MaintenanceReport:
     table: str

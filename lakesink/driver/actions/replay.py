@@ -62,6 +62,7 @@ def check_replay(c: TableCommitter, table: Table, batch: Batch, done: CommittedB
             "from the committed offsets (docs/protocol.md, 'replay over other input')"
         )
 
+
 def _committed_offsets(c: TableCommitter, table: Table, batch: Batch, done: CommittedBatch) -> tuple[str | None, str | None]:
     """The committed batch's source offsets (full text when its snapshot is still there) and their digest."""
     if done.batch_id == batch.batch_id:

@@ -386,7 +386,11 @@ class RoutedTables:
         """The columns a table takes from the batch: its payloads' (option payload), else the stream's."""
         return self.table_columns.get(name, self.stream_schema)
 
-    def _plan_and_table(self, route: Route, query_id: str | None) -> tuple[WritePlan, Table]:
+    def _plan_and_table(
+        self, route: Route, query_id: str | None, first: Mapping[tuple[str, ...], Table] | None = None
+    ) -> tuple[WritePlan, Table]:
+        """The plan and the table as read; ``first``: the tables opened for the first time in the run, read at once
+        (one not in it was not found), or None (each table reads itself)."""
         name = str(route)
         c = self.committer(name)
         expected = self._uuids.get(name)
@@ -400,7 +404,11 @@ class RoutedTables:
                 except NoSuchTableError:
                     pass
             table, columns = c.open_routed(
-                wanted, location=self._location(route), siblings=lambda: self._sibling_locations(route)
+                wanted,
+                location=self._location(route),
+                siblings=lambda: self._sibling_locations(route),
+                read=None if first is None else first.get(route.identifier),
+                absent=first is not None and route.identifier not in first,
             )
         else:
             table = c.reload_table()
@@ -447,8 +455,11 @@ class RoutedTables:
         self.row_checks(query_id)
         self._read_at_plan.clear()
         plans: dict[str, WritePlan] = {}
+        opening = [r.identifier for r in routes if str(r) not in self._uuids]
+        at_once = len(opening) > 1 and not self.options.upserts and not self.table_columns  # (those read each first)
+        first = catalogs.read_at_once(self.catalog, opening) if at_once else None
         for r in routes:
-            plan, self._read_at_plan[str(r)] = self._plan_and_table(r, query_id)
+            plan, self._read_at_plan[str(r)] = self._plan_and_table(r, query_id, first)
             plans[str(r)] = self._checked(plan)
         return plans
 

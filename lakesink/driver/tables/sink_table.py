@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, FloatType, NestedField
@@ -45,6 +45,10 @@ from lakesink.table.markers import CommittedBatch, SnapshotIndex, last_committed
 from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
+
+_namespaces_made: set[tuple[int, tuple[str, ...]]] = set()
+"""The namespaces this process made or found when it created a table (catalog by id): a routed batch creating many
+tables in one namespace asks the catalog for it once (a namespace dropped since: made again when a creation says so)."""
 
 Sibling = tuple[str, str, str]
 """Another table of a namespace, for the location-overlap check: its name, location and UUID."""
@@ -112,13 +116,20 @@ class SinkTable:
         return table
 
     def open_routed(
-        self, stream_schema: pa.Schema, *, location: str | None, siblings: Callable[[], list[Sibling]]
+        self,
+        stream_schema: pa.Schema,
+        *,
+        location: str | None,
+        siblings: Callable[[], list[Sibling]],
+        read: Table | None = None,
+        absent: bool = False,
     ) -> tuple[Table, pa.Schema]:
         """Option route-by, a table seen for the first time in a run: load it, or create it (and its namespace) at
         ``location`` with the stream's schema; check the stream's columns the table has (all of them with
         ``merge-schema``) and its location against ``siblings`` (the other tables of its namespace). Returns the
-        table and the stream schema it takes."""
-        table, created = self._load_or_create(stream_schema, location=location)
+        table and the stream schema it takes. ``read``: the table as the caller read it just now (with the batch's
+        other tables, in one catalog query); ``absent``: the caller found no such table just now."""
+        table, created = self._load_or_create(stream_schema, location=location, read=read, absent=absent)
         columns = self.columns_taken(table, stream_schema)
         self._check(table, columns)
         self._check_requested_properties(table)
@@ -213,32 +224,48 @@ class SinkTable:
         have = set(table.schema().column_names)
         return pa.schema([f for f in stream_schema if f.name in have], metadata=stream_schema.metadata)
 
-    def _load_or_create(self, stream_schema: pa.Schema, *, location: str | None = None) -> tuple[Table, bool]:
-        """The table, and whether this call created it."""
+    def _load_or_create(
+        self, stream_schema: pa.Schema, *, location: str | None = None, read: Table | None = None, absent: bool = False
+    ) -> tuple[Table, bool]:
+        """The table, and whether this call created it (``read``, ``absent``: :meth:`open_routed`'s)."""
         ident = self.options.table.identifier
+        if read is not None:
+            return read, False
         try:
-            return self._patiently(lambda: catalogs.load_table(self.catalog, ident)), False
+            if not absent:
+                return self._patiently(lambda: catalogs.load_table(self.catalog, ident)), False
         except NoSuchTableError:
-            if not self.options.create_table:
-                raise CatalogError(
-                    f"table {self.table_name} does not exist in catalog {self.catalog.name!r} (option create-table is false)"
-                ) from None
+            pass
         except PROGRAMMING_ERRORS:
             raise
         except Exception as e:
             raise CatalogError(f"cannot load table {self.table_name}: {self.redact(e)}") from None
+        if not self.options.create_table:
+            raise CatalogError(
+                f"table {self.table_name} does not exist in catalog {self.catalog.name!r} (option create-table is false)"
+            )
         schema = seam.new_table_schema(stream_schema)
         if self.options.upsert_key:
             schema = with_identifier_fields(schema, self.options.upsert_key, self.table_name)
         spec = partitioning.to_spec(self.options.partitioned_by, schema, self.table_name)
         properties = self.creation_properties()
+
+        def create() -> Table:
+            return self.catalog.create_table(ident, schema=schema, partition_spec=spec, properties=properties, location=location)
+
+        namespace = self.options.table.namespace
+        made = (id(self.catalog), tuple(namespace))
         try:
-            self._patiently(lambda: self.catalog.create_namespace_if_not_exists(self.options.table.namespace))
-            table = self._patiently(
-                lambda: self.catalog.create_table(
-                    ident, schema=schema, partition_spec=spec, properties=properties, location=location
-                )
-            )
+            try:
+                if made not in _namespaces_made:  # made (or found) by this process before: not asked again
+                    self._patiently(lambda: self.catalog.create_namespace_if_not_exists(namespace))
+                    _namespaces_made.add(made)
+                table = self._patiently(create)
+            except NoSuchNamespaceError:  # dropped since this process made it
+                _namespaces_made.discard(made)
+                self._patiently(lambda: self.catalog.create_namespace_if_not_exists(namespace))
+                _namespaces_made.add(made)
+                table = self._patiently(create)
             log.info("lakesink: created table %s in catalog %r", self.table_name, self.catalog.name)
             return table, True
         except TableAlreadyExistsError:  # another query created it first
@@ -437,7 +464,7 @@ class SinkTable:
         retrying = Retrying(
             stop=stop_after_delay(catalogs.CATALOG_READ_PATIENCE_S),
             wait=wait_exponential_jitter(initial=0.2, max=5.0),
-            retry=retry_if_not_exception_type((NoSuchTableError, TableAlreadyExistsError, LakesinkError)),
+            retry=retry_if_not_exception_type((NoSuchTableError, NoSuchNamespaceError, TableAlreadyExistsError, LakesinkError)),
             reraise=True,
         )
         for attempt in retrying:
