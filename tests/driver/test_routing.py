@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 
@@ -903,3 +904,48 @@ def test_an_invalid_route_is_checked_before_a_string_that_is_not_utf8(catalog_pr
     writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0))
     with pytest.raises(RoutingError, match="not valid UTF-8"):
         writer.write([batch])
+
+
+def test_a_batch_opening_many_tables_reads_them_at_once_and_asks_for_their_namespace_once(
+    catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first batch routing to 12 tables, 2 of them existing: their plans read the tables in one catalog query (no
+    load per table), ask for the namespace once in the process (not once per table created), create the other 10,
+    and open the 2 as they are. Then the namespace is dropped behind the process's back (its tables with it) and a
+    new sink's batch routes to 2 new tables there: the creation says the namespace is gone, it is made again, both
+    tables are created and committed, every id once."""
+    catalog = catalogs.load(None, catalog_properties)
+    catalog.create_namespace("db")
+    for name in ("t00", "t01"):
+        catalog.create_table(("db", name), schema=Schema(NestedField(1, "id", LongType(), required=False)))
+    rc = routed(catalog_properties)
+    calls: Counter[str] = Counter()
+    for method in ("load_table", "create_namespace_if_not_exists", "create_table"):
+        real = getattr(rc.catalog, method)
+
+        def counted(*a: Any, _real: Any = real, _name: str = method, **k: Any) -> Any:
+            try:
+                return _real(*a, **k)
+            except NoSuchTableError:
+                calls[f"{_name} (not found)"] += 1
+                raise
+            finally:
+                calls[_name] += 1
+
+        monkeypatch.setattr(rc.catalog, method, counted)
+    routes = rc.routes([f"t{i:02d}" for i in range(12)], 0)
+    plans = rc.plans(routes, Q)
+    assert sorted(plans) == [f"db.t{i:02d}" for i in range(12)]
+    # no table looked for one by one before it is created (on main 8da9c98: 10 lookups not found, 10 namespace asks)
+    assert calls["load_table (not found)"] == 0, calls
+    assert (calls["create_table"], calls["create_namespace_if_not_exists"]) == (10, 1), calls
+    assert {n: p.table_uuid for n, p in plans.items() if n in ("db.t00", "db.t01")} == {
+        f"db.{n}": str(catalog.load_table(("db", n)).metadata.table_uuid) for n in ("t00", "t01")
+    }
+    monkeypatch.undo()
+    for ident in catalog.list_tables("db"):
+        catalog.drop_table(ident)
+    catalog.drop_namespace("db")
+    again = routed(catalog_properties)  # the process's one catalog object: it made "db" before, in its view
+    run(again, 0, {"n1": [1, 2], "n2": [3]})
+    assert {n: table_ids(catalog.load_table(("db", n))) for n in ("n1", "n2")} == {"n1": Counter([1, 2]), "n2": Counter([3])}
