@@ -188,6 +188,33 @@ def _utf8_error(raw: bytes) -> str:
     return "valid"  # pragma: no cover (only called on bytes that are not UTF-8)
 
 
+def batch_routes(
+    values: Iterable[object],
+    namespace: tuple[str, ...],
+    column: str,
+    batch_id: int,
+    allowed: tuple[tuple[str, ...], ...] = (),
+    dead_letter_table: str | None = None,
+) -> list[Route]:
+    """The tables a batch's routing values name, sorted: RoutingError naming a bad value (:func:`route_of`), or two
+    that differ only in case; with option dead-letter-table, values that name no valid table are left out (their rows
+    are dead letters: :func:`routed_table`)."""
+    if dead_letter_table is None:
+        routes = sorted({route_of(v, namespace, column, batch_id, allowed) for v in values})
+    else:
+        found = (routed_table(v, namespace, dead_letter_table, allowed) for v in values)
+        routes = sorted({r for r in found if not isinstance(r, InvalidRoute)})
+    clashes = case_collisions(routes)
+    if clashes:
+        a, b = clashes[0]
+        raise RoutingError(
+            f"batch {batch_id}: routing values name tables {a} and {b}, which differ only in case: one table on a "
+            "case-insensitive catalog (Glue, Hive), where one batch would commit twice into it. Nothing was "
+            "committed; use one spelling per table"
+        )
+    return routes
+
+
 def case_collisions(routes: Iterable[Route]) -> list[tuple[Route, Route]]:
     """Pairs of routes that differ only in case: one table on a case-insensitive catalog (Glue, Hive), so a batch
     with both would commit two snapshots of one batch into one table (and the second, found "already committed",

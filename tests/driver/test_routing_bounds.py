@@ -99,7 +99,7 @@ def _threads_named(prefix: str) -> int:
 
 @pytest.fixture
 def lowered(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(routed_tables, "_MAX_COMMITTERS", COMMITTERS)
+    monkeypatch.setattr(routed_tables, "MAX_COMMITTERS", COMMITTERS)
     monkeypatch.setattr(catalogs, "_MAX_TABLES_KEPT", TABLES_KEPT)
     monkeypatch.setattr(auto, "MAX_MAINTAINERS", MAINTAINERS)
 

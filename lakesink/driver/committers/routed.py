@@ -35,6 +35,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.actions import dead_letters, held
 from lakesink.driver.actions.batch import BatchAction, BatchCall, BatchOutcome, Outcome
 from lakesink.driver.actions.held import Attempt
+from lakesink.driver.committers import routed_tables
 from lakesink.driver.committers.routed_tables import RoutedTables
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import swap
@@ -63,10 +64,11 @@ from lakesink.executor.routed_writer import (
 )
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_AFTER_TABLE_CREATED, fault_point
+from lakesink.options import TableName
 from lakesink.table import storage
 from lakesink.table.keys import SUMMARY_BATCH_ROWS_DIGEST, SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
 from lakesink.table.markers import CommittedBatch, recorded_rows
-from lakesink.table.routes import Route, tables_digest
+from lakesink.table.routes import Route, batch_routes, route_of, tables_digest
 
 log = logging.getLogger("lakesink")
 
@@ -118,7 +120,39 @@ class RoutedCommitter(RoutedTables):
     when no table recorded what the sink holds yet (set per batch by both entry points, lakesink.sink.transactions.homes):
     in its unit without a row, their commits carry the record."""
 
+    def committer(self, name: str) -> TableCommitter:
+        """The table's committer (one per table, the routed_tables.MAX_COMMITTERS used last kept)."""
+        found = self._committers.pop(name, None)
+        if found is None:
+            route = route_of(name, (), self.routing.column, -1)
+            found = TableCommitter(self.options.for_table(TableName(route.namespace, route.name)), post_commit=self._post_commit)
+            found.routed_dead_letters = self.dead_letters
+        self._committers[name] = found  # most recently used last
+        while len(self._committers) > routed_tables.MAX_COMMITTERS:
+            self._committers.popitem(last=False)
+        return found
+
     # --- commit -----------------------------------------------------------------------------------
+
+    def check_replay_at_plan(self, call: BatchCall) -> None:
+        """foreach_batch, after :meth:`plans` and before any file is written: the batch is decided as a whole. Each of
+        its tables (and the dead-letter table) that holds it already must hold a faithful replay of the whole batch --
+        another run of the query, the same source offsets, the same set of tables -- else the loud error the commit's
+        loop would raise (:meth:`BatchAction.as_unit_member`) is raised here, before any Spark job writes (a batch found
+        in none of them is new, and the loop decides again, table by table, at every attempt of its commit)."""
+        query_id, batch_id = call.query_id, call.batch_id
+        names = sorted(self._read_at_plan)
+        held: list[tuple[TableCommitter, Table, Sequence[str] | None]] = [
+            (self.committer(name), table, names) for name, table in self._read_at_plan.items()
+        ]
+        if self.dead_letters is not None and self._letters_read is not None:
+            held.append((self.dead_letters, self._letters_read, None))
+        for c, table, tables in held:
+            done = c.last(table, query_id)
+            if done is None or done.batch_id < batch_id:
+                continue
+            action = c.action_without_files(table, replace(call, time=None), found_at_plan=True)
+            action.as_unit_member(tables).landed(table)
 
     def commit_batch(self, call: BatchCall, results: Sequence[RoutedTaskResult]) -> RoutedOutcome:
         """Commit a routed batch: every table it wrote, as one unit (see the module's docstring). The call's time: the
@@ -144,7 +178,10 @@ class RoutedCommitter(RoutedTables):
                 raise self._nowhere_to_hold(call, "releases dead letters only")
         call = replace(call, run_id=call.run_id or next((r.run_id for r in results if r.run_id), None))
         names = sorted(by_table)
-        routes = self.routes(names, batch_id)
+        routing = self.routing
+        routes = batch_routes(
+            names, routing.namespace, routing.column, batch_id, routing.allowed_namespaces, self.dead_letter_name
+        )
         counted = [t for ts in by_table.values() for t in ts] + [r.invalid_routes for r in results if r.invalid_routes]
         replaying = any(t.replay_skipped for t in counted)
         if self.dead_letters is not None and not replaying:
@@ -421,7 +458,7 @@ class RoutedCommitter(RoutedTables):
         if expected is not None and uuid != expected:
             raise c.identity_changed(expected, uuid)
         self._uuids[name] = uuid
-        if not self.options.merge_schema:  # (merge-schema: the commit adds a missing column; the plan checks it)
+        if self.options.event_time is not None and not self.options.merge_schema:  # (merge-schema: the commit adds it)
             self._check_event_time(name, table.schema(), table.properties)
         if not templated:
             return table, results
@@ -506,29 +543,6 @@ class RoutedCommitter(RoutedTables):
         checks = self._checks if self._checks is not None else self.row_checks(query_id)  # a commit worker: not yet
         assert checks is not None
         return replace(plan, row_checks=replace(checks, reject_when=None, reject_column=False))
-
-    def _delete_staged(self, results: Sequence[TaskResult]) -> None:
-        template = self.template()
-        assert template is not None and template.staged
-        for r in results:
-            for f in r.files:
-                try:
-                    storage.delete_file(template.io, f.path)
-                except Exception:
-                    log.warning("lakesink: could not delete staged file %s; the next batch's commit collects it", f.path)
-
-    def _sweep_staging(self, batch_id: int) -> None:
-        """Batch ``batch_id`` is settled in every table (committed, or found committed): every staged file of it and
-        of earlier batches is dead (a staged file is never committed; Spark runs a query's batches in order, and a
-        crashed batch is replayed with its own id before the next), so they are deleted, leftovers of killed runs
-        included. Files of later batches (a zombie run ahead of this one) are kept."""
-        self._swept = True
-        if not self.options.checkpoint_location or self.places_tables_itself():
-            return  # no staging area (the template, when there is one, writes into the tables): nothing to sweep
-        template = self.template()
-        if template is None or not template.staged:
-            return
-        storage.delete_settled_staging(template.io, template.root, batch_id, self._redact)
 
     # --- abort ------------------------------------------------------------------------------------
 

@@ -1,10 +1,13 @@
 """Option ``route-by`` on the driver, first half: a routed sink's tables -- which tables a batch's routing values name,
 opened (created on first sight, with their namespace) and checked, their write plans, the template of the tables
-format("lakesink") has not opened yet and its staging area, the dead-letter table's row checks.
+format("lakesink") has not opened yet and its staging area (its files deleted once settled), the dead-letter table's
+row checks.
 
 :class:`RoutedTables` is the base of :class:`lakesink.driver.committers.routed.RoutedCommitter`, which commits a
-batch's tables as one unit. Bounded by design: a table's committer is kept for the :data:`_MAX_COMMITTERS` tables used
-last (a run may route to thousands), catalog connections are the process's one per catalog (lakesink.driver.catalogs).
+batch's tables as one unit and keeps a committer per table (:meth:`RoutedCommitter.committer`; a batch's commit does
+not enter this module: the routes of its tables come from lakesink.table.routes.batch_routes). Bounded by design: a
+table's committer is kept for the :data:`MAX_COMMITTERS` tables used last (a run may route to thousands), catalog
+connections are the process's one per catalog (lakesink.driver.catalogs).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from lakesink._pyiceberg import producers as seam_producers
 from lakesink._pyiceberg.commit import is_rest_catalog
 from lakesink.driver import catalogs
 from lakesink.driver.actions import completeness, dead_letters
-from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.table import CommitHook, TableCommitter
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
@@ -39,26 +41,26 @@ from lakesink.driver.tables.sink_table import Sibling, SinkTable, creation_prope
 from lakesink.errors import (
     CommitConflictError,
     InvalidOptionError,
-    RoutingError,
 )
-from lakesink.executor.messages import RowChecks, WritePlan
+from lakesink.executor.messages import RowChecks, TaskResult, WritePlan
 from lakesink.executor.routed_writer import (
     RoutedPlan,
     TableTemplate,
 )
 from lakesink.executor.upsert_task import UpsertSpec
-from lakesink.options import ATOMIC, Atomic, Routing, SinkOptions, TableName
+from lakesink.options import ATOMIC, Atomic, Routing, SinkOptions
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import dead_letters as dead_letter_schema
 from lakesink.table import names as file_names
 from lakesink.table import partitioning, storage
 from lakesink.table.markers import parse_last_batch_key
-from lakesink.table.routes import InvalidRoute, Route, case_collisions, route_of, routed_table
+from lakesink.table.routes import InvalidRoute, Route, batch_routes, routed_table
 from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
 
-_MAX_COMMITTERS = 256
+MAX_COMMITTERS = 256
+"""A table's committer is kept for this many tables used last (RoutedCommitter.committer)."""
 _logged_modes: set[tuple[str, str]] = set()
 
 
@@ -181,6 +183,8 @@ class RoutedTables:
         unit (a row whose routing value names no valid table is a dead letter there, error ``invalid-route``)."""
         if options.dead_letter_table is not None:
             self.dead_letters = TableCommitter(dead_letters.dead_letter_options(options))
+        self.dead_letter_name = str(self.dead_letters.options.table) if self.dead_letters is not None else None
+        """The dead-letter table's name (a routing value naming it is no valid route), or None."""
         self._letters_opened = False
         self._letters_read: Table | None = None
         self._read_at_plan: dict[str, Table] = {}
@@ -227,43 +231,23 @@ class RoutedTables:
         return all(str(r) in self._uuids for r in routes)
 
     def committer(self, name: str) -> TableCommitter:
-        found = self._committers.pop(name, None)
-        if found is None:
-            route = route_of(name, (), self.routing.column, -1)
-            found = TableCommitter(self.options.for_table(TableName(route.namespace, route.name)), post_commit=self._post_commit)
-            found.routed_dead_letters = self.dead_letters
-        self._committers[name] = found  # most recently used last
-        while len(self._committers) > _MAX_COMMITTERS:
-            self._committers.popitem(last=False)
-        return found
+        """The table's committer, kept per table by the commit (:class:`~lakesink.driver.committers.routed.RoutedCommitter`)."""
+        raise NotImplementedError
 
     def routes(self, values: Iterable[object], batch_id: int) -> list[Route]:
-        """The tables a batch's routing values name (RoutingError naming a bad value, or two that collide); with
-        option dead-letter-table, values that name no valid table are left out (their rows are dead letters)."""
-        if self.dead_letters is None:
-            r = self.routing
-            routes = sorted({route_of(v, r.namespace, r.column, batch_id, r.allowed_namespaces) for v in values})
-        else:
-            letters = str(self.dead_letters.options.table)
-            found = (routed_table(v, self.routing.namespace, letters, self.routing.allowed_namespaces) for v in values)
-            routes = sorted({r for r in found if not isinstance(r, InvalidRoute)})
-        clashes = case_collisions(routes)
-        if clashes:
-            a, b = clashes[0]
-            raise RoutingError(
-                f"batch {batch_id}: routing values name tables {a} and {b}, which differ only in case: one table on a "
-                "case-insensitive catalog (Glue, Hive), where one batch would commit twice into it. Nothing was "
-                "committed; use one spelling per table"
-            )
-        return routes
+        """The tables a batch's routing values name (lakesink.table.routes.batch_routes: RoutingError naming a bad
+        value, or two that collide); with option dead-letter-table, values that name no valid table are left out."""
+        r = self.routing
+        return batch_routes(values, r.namespace, r.column, batch_id, r.allowed_namespaces, self.dead_letter_name)
 
     def any_invalid(self, values: Iterable[object]) -> bool:
         """Option dead-letter-table: whether a routing value names no valid table (its rows are dead letters)."""
-        if self.dead_letters is None:
+        if self.dead_letter_name is None:
             return False
-        letters = str(self.dead_letters.options.table)
         r = self.routing
-        return any(isinstance(routed_table(v, r.namespace, letters, r.allowed_namespaces), InvalidRoute) for v in values)
+        return any(
+            isinstance(routed_table(v, r.namespace, self.dead_letter_name, r.allowed_namespaces), InvalidRoute) for v in values
+        )
 
     # --- plans ------------------------------------------------------------------------------------
 
@@ -367,6 +351,29 @@ class RoutedTables:
         _, props = catalogs.resolve_catalog_properties(self.options.catalog_name, self.options.catalog_properties)
         return redact_secrets_in(f"{type(e).__name__}: {e}", props)
 
+    def _delete_staged(self, results: Sequence[TaskResult]) -> None:
+        template = self.template()
+        assert template is not None and template.staged
+        for r in results:
+            for f in r.files:
+                try:
+                    storage.delete_file(template.io, f.path)
+                except Exception:
+                    log.warning("lakesink: could not delete staged file %s; the next batch's commit collects it", f.path)
+
+    def _sweep_staging(self, batch_id: int) -> None:
+        """Batch ``batch_id`` is settled in every table (committed, or found committed): every staged file of it and
+        of earlier batches is dead (a staged file is never committed; Spark runs a query's batches in order, and a
+        crashed batch is replayed with its own id before the next), so they are deleted, leftovers of killed runs
+        included. Files of later batches (a zombie run ahead of this one) are kept."""
+        self._swept = True
+        if not self.options.checkpoint_location or self.places_tables_itself():
+            return  # no staging area (the template, when there is one, writes into the tables): nothing to sweep
+        template = self.template()
+        if template is None or not template.staged:
+            return
+        storage.delete_settled_staging(template.io, template.root, batch_id, self._redact)
+
     def no_template_reason(self) -> str:
         """Why :meth:`template` is None (for the error that refuses format("lakesink"))."""
         return "has no checkpoint location to stage the files of new tables in (option 'checkpointLocation')"
@@ -462,26 +469,6 @@ class RoutedTables:
             plan, self._read_at_plan[str(r)] = self._plan_and_table(r, query_id, first)
             plans[str(r)] = self._checked(plan)
         return plans
-
-    def check_replay_at_plan(self, call: BatchCall) -> None:
-        """foreach_batch, after :meth:`plans` and before any file is written: the batch is decided as a whole. Each of
-        its tables (and the dead-letter table) that holds it already must hold a faithful replay of the whole batch --
-        another run of the query, the same source offsets, the same set of tables -- else the loud error the commit's
-        loop would raise (:meth:`BatchAction.as_unit_member`) is raised here, before any Spark job writes (a batch found
-        in none of them is new, and the loop decides again, table by table, at every attempt of its commit)."""
-        query_id, batch_id = call.query_id, call.batch_id
-        names = sorted(self._read_at_plan)
-        held: list[tuple[TableCommitter, Table, Sequence[str] | None]] = [
-            (self.committer(name), table, names) for name, table in self._read_at_plan.items()
-        ]
-        if self.dead_letters is not None and self._letters_read is not None:
-            held.append((self.dead_letters, self._letters_read, None))
-        for c, table, tables in held:
-            done = c.last(table, query_id)
-            if done is None or done.batch_id < batch_id:
-                continue
-            action = c.action_without_files(table, replace(call, time=None), found_at_plan=True)
-            action.as_unit_member(tables).landed(table)
 
     def written_plans(self, query_id: str | None) -> dict[str, WritePlan]:
         """format("lakesink") at the start of a run: the plans of the tables of option ``namespace`` that this query
@@ -582,7 +569,7 @@ class RoutedTables:
             return ()  # no namespace yet: no table
         best = -1
         found: list[str] = []
-        for ident, table in catalogs.load_tables(self.catalog, listed[:_MAX_COMMITTERS]).items():
+        for ident, table in catalogs.load_tables(self.catalog, listed[:MAX_COMMITTERS]).items():
             name = ".".join(ident)
             done = self.committer(name).last(table, query_id)
             if done is None or done.batch_id < best:
