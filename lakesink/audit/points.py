@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import pyarrow as pa
 from dateutil.parser import isoparse
@@ -25,6 +25,7 @@ from lakesink.table.markers import last_committed_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from typing_extensions import Unpack
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,15 @@ def utc_by_default(row_filter: str | BooleanExpression, schema: Schema) -> Boole
     return visit(expr)
 
 
+class ScanOptions(TypedDict, total=False):
+    """The keyword arguments :func:`read_at` and :func:`dataframe_at` pass on to :func:`scan_at` (its defaults)."""
+
+    branch: str
+    columns: Sequence[str] | None
+    row_filter: str | BooleanExpression | None
+    limit: int | None
+
+
 def scan_at(
     table: Table,
     point: Point | None = None,
@@ -289,20 +299,12 @@ def scan_at(
     )
 
 
-def read_at(
-    table: Table,
-    point: Point | None = None,
-    *,
-    branch: str = MAIN_BRANCH,
-    columns: Sequence[str] | None = None,
-    row_filter: str | BooleanExpression | None = None,
-    limit: int | None = None,
-) -> pa.Table:
+def read_at(table: Table, point: Point | None = None, **options: Unpack[ScanOptions]) -> pa.Table:
     """The table's rows at ``point`` as Arrow (columns, an Iceberg row filter such as ``"id > 5"`` and a limit on the
-    rows read optional)."""
-    return scan_at(table, point, branch=branch, columns=columns, row_filter=row_filter, limit=limit).to_arrow()
+    rows read optional: :class:`ScanOptions`, as :func:`scan_at` takes them)."""
+    return scan_at(table, point, **options).to_arrow()
 
 
-def dataframe_at(spark: SparkSession, table: Table, point: Point | None = None, **kwargs: Any) -> DataFrame:
+def dataframe_at(spark: SparkSession, table: Table, point: Point | None = None, **options: Unpack[ScanOptions]) -> DataFrame:
     """:func:`read_at` as a Spark DataFrame (for large tables prefer ``spark.read.format("lakesink")``)."""
-    return spark.createDataFrame(read_at(table, point, **kwargs))
+    return spark.createDataFrame(read_at(table, point, **options))

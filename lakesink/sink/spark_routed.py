@@ -31,7 +31,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -377,21 +377,35 @@ def move_folder(spark: Any, source: str, target: str) -> None:
         )
 
 
+#: The errors the write job raises itself (by ``raise_error``): its marker, what follows the marker's ``[...]`` up to
+#: the end of the message, and lakesink's error built from that text and the batch id.
+_OWN_ERRORS: tuple[tuple[str, str, Callable[[str, int], LakesinkError]], ...] = (
+    (
+        _NO_COLUMN_MARKER,
+        r"[^\n]*?which has no column '[^']*'",
+        lambda found, batch_id: SchemaMismatchError(
+            f"{found}; nothing was committed. Add the column to the table, or set option merge-schema=true "
+            "(lakesink adds it in the batch's commit)"
+        ),
+    ),
+    (
+        _UNKNOWN_ROUTE_MARKER,
+        r"[^\n]*?planned it",
+        lambda found, batch_id: LakesinkError(
+            f"batch {batch_id}: {found}: the batch's rows changed between two reads (a non-deterministic source or "
+            "query). Nothing was committed; make the routing column deterministic"
+        ),
+    ),
+)
+
+
 def _raise_own(error: Exception, df: DataFrame, plan: WritePlan, batch_id: int) -> None:
     """A failed write job whose failure lakesink raised itself (by ``raise_error``): lakesink's error."""
     text = str(error)
-    m = re.search(re.escape(_NO_COLUMN_MARKER) + r"\[[^\]]+\] ([^\n]*?which has no column '[^']*')", text)
-    if m is not None:
-        raise SchemaMismatchError(
-            f"{m.group(1)}; nothing was committed. Add the column to the table, or set option merge-schema=true "
-            "(lakesink adds it in the batch's commit)"
-        ) from None
-    m = re.search(re.escape(_UNKNOWN_ROUTE_MARKER) + r"\[[^\]]+\] ([^\n]*?planned it)", text)
-    if m is not None:
-        raise LakesinkError(
-            f"batch {batch_id}: {m.group(1)}: the batch's rows changed between two reads (a non-deterministic source or "
-            "query). Nothing was committed; make the routing column deterministic"
-        ) from None
+    for marker, message, build in _OWN_ERRORS:
+        m = re.search(re.escape(marker) + r"\[[^\]]+\] (" + message + ")", text)
+        if m is not None:
+            raise build(m.group(1), batch_id) from None
     spark_write.raise_not_null(error, df, plan, batch_id)
 
 
