@@ -161,6 +161,50 @@ def test_a_replay_moving_rows_between_the_same_tables_is_loud_then_the_restored_
     assert {n: table_ids(catalog.load_table(("db", n))) for n in ("a", "b")} == want
 
 
+@pytest.mark.timeout(900)
+def test_a_replay_changing_only_the_rows_of_a_table_without_the_batch_is_loud_too(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """atomic=off, a crash between the two tables' commits of batch 0 (one table holds it), then a replay whose rows
+    differ only in the table that does not hold it yet (a column computed from something that changed since). The
+    split job's digest covers the whole batch (kind ``b``, docs/routing.md): the replay is a ReplayMismatchError
+    before anything more is committed -- stricter than a digest per table, which would have let it complete the other
+    table with rows the first run never routed. Restored, the replay completes the batch: every id once, the held
+    table's rows as first written."""
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    sent = write_json_input(src, files=1, rows_per_file=40, start=20_000)
+
+    def start(changed: str | None) -> Any:
+        df = spark.readStream.schema(SCHEMA_DDL).json(str(src))
+        df = df.withColumn("route", F.when(F.col("id") % 2 == 0, F.lit("a")).otherwise(F.lit("b")))
+        note = F.lit("first")
+        if changed is not None:  # the rows routed to the table that does not hold the batch get another value
+            note = F.when(F.col("route") == changed, F.lit("changed")).otherwise(note)
+        sink = lakesink.foreach_batch(
+            route_by="route", namespace="db", writer="spark", atomic="off", catalog_properties=catalog_properties
+        )
+        q = df.withColumn("note", note).writeStream.foreachBatch(sink).option("checkpointLocation", str(ck))
+        return q.trigger(availableNow=True).start()
+
+    faults.arm(DRIVER_BETWEEN_TABLE_COMMITS, "raise")
+    with pytest.raises(StreamingQueryException):
+        run_to_end(start(None))
+    faults.clear()
+    catalog = catalogs.load(None, catalog_properties)
+    held = [n for n in ("a", "b") if catalog.table_exists(("db", n)) and table_ids(catalog.load_table(("db", n)))]
+    assert len(held) == 1, held  # one table holds the batch, the other not
+    (other,) = {"a", "b"} - set(held)
+    before = {n: table_ids(catalog.load_table(("db", n))) for n in ("a", "b") if catalog.table_exists(("db", n))}
+    with pytest.raises(StreamingQueryException, match="this replay routes other rows to table"):
+        run_to_end(start(other))
+    assert {n: table_ids(catalog.load_table(("db", n))) for n in before} == before  # nothing more committed
+    run_to_end(start(None))
+    want = {"a": Counter(i for i in sent if i % 2 == 0), "b": Counter(i for i in sent if i % 2)}
+    assert {n: table_ids(catalog.load_table(("db", n))) for n in ("a", "b")} == want
+    notes = interop.duckdb_query(catalog.load_table(("db", other)).metadata_location, "SELECT DISTINCT note FROM t")
+    assert notes.column("note").to_pylist() == ["first"]
+
+
 def write_plans_since(spark: Any, seen: set[int]) -> list[str]:
     """The physical plans of the Parquet write jobs Spark ran since ``seen`` (SQL execution ids, updated)."""
     return [plan for plan in executions_since(spark, seen) if "InsertIntoHadoopFsRelationCommand" in plan]
