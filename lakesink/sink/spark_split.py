@@ -275,8 +275,9 @@ def place(
                     plans={n: plans[n] for n in other},
                     values=values,
                     max_records_per_file=max_records_per_file,
-                    # each value's rows as its footers give them: the rewrite's files must hold as many
-                    found={v: RowsDigest(rows=value_rows[v], kind=BATCH_DIGEST_KIND) for v in values},
+                    # each value's rows as its footers give them: the rewrite's files must hold as many (the
+                    # tables' digests are this function's, below)
+                    found={v: RowsDigest(rows=value_rows[v]) for v in values},
                 )
             directories += rewritten.directories
             for t in rewritten.result.tables:

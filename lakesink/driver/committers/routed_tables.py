@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -139,7 +140,7 @@ def staging_root(checkpoint_location: str) -> str:
     return f"{root.rstrip('/')}/{STAGING_FOLDER}"
 
 
-class RoutedTables:
+class RoutedTables(ABC):
     """The tables of a routed sink: a :class:`TableCommitter` per table, their plans (the commit:
     :class:`~lakesink.driver.committers.routed.RoutedCommitter`)."""
 
@@ -230,9 +231,9 @@ class RoutedTables:
         """Whether this run opened every table of ``routes`` before (their plans read them again, create none)."""
         return all(str(r) in self._uuids for r in routes)
 
+    @abstractmethod
     def committer(self, name: str) -> TableCommitter:
         """The table's committer, kept per table by the commit (:class:`~lakesink.driver.committers.routed.RoutedCommitter`)."""
-        raise NotImplementedError
 
     def routes(self, values: Iterable[object], batch_id: int) -> list[Route]:
         """The tables a batch's routing values name (lakesink.table.routes.batch_routes: RoutingError naming a bad
