@@ -98,8 +98,14 @@ def test_executor_sigkilled_mid_batch_on_a_cluster_every_id_lands_once(
             time.sleep(0.1)
         paused = [int(p.name.rsplit(".", 1)[1]) for p in faults.glob(f"{EXECUTOR_BEFORE_WRITE}.fired.*")]
         assert len(paused) == 1
+        # the master may launch the application's second executor after the first one already runs the
+        # paused task (a loaded machine, a worker still releasing the previous application's core): wait for it
         executors = cluster.executor_pids()
-        assert len(executors) == 2, "expected two executor JVMs"
+        two_by = time.monotonic() + 180
+        while len(executors) < 2 and time.monotonic() < two_by:
+            time.sleep(0.5)
+            executors = cluster.executor_pids()
+        assert len(executors) == 2, f"expected two executor JVMs, found {executors}: {cluster.log_tails()}"
         victim = [pid for pid in executors if pid in ancestors(paused[0])]
         assert len(victim) == 1, f"the paused Python worker {paused[0]} runs under none of the executors {executors}"
         os.kill(victim[0], signal.SIGKILL)

@@ -87,11 +87,15 @@ class StandaloneCluster:
         deadline = time.monotonic() + timeout
         while (folder / "master.log").read_text(errors="replace").count("Registering worker") < workers:
             if time.monotonic() > deadline or any(p.poll() is not None for p in cluster.procs):
-                logs = {p.name: p.read_text(errors="replace")[-2000:] for p in folder.glob("*.log")}
+                logs = cluster.log_tails()
                 cluster.stop()
                 raise RuntimeError(f"the standalone cluster did not come up: {logs}")
             time.sleep(0.5)
         return cluster
+
+    def log_tails(self) -> dict[str, str]:
+        """The end of the master's and each worker's log, for a failure's message."""
+        return {p.name: p.read_text(errors="replace")[-2000:] for p in self.folder.glob("*.log")}
 
     def executor_pids(self) -> list[int]:
         """Process ids of the executor JVMs the workers started (CoarseGrainedExecutorBackend)."""
