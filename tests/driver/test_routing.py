@@ -949,3 +949,36 @@ def test_a_batch_opening_many_tables_reads_them_at_once_and_asks_for_their_names
     again = routed(catalog_properties)  # the process's one catalog object: it made "db" before, in its view
     run(again, 0, {"n1": [1, 2], "n2": [3]})
     assert {n: table_ids(catalog.load_table(("db", n))) for n in ("n1", "n2")} == {"n1": Counter([1, 2]), "n2": Counter([3])}
+
+
+def test_format_lakesink_opens_the_tables_it_wrote_at_the_start_of_a_run_with_one_read_each_at_most(
+    catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """format("lakesink") at the start of a run plans the tables of option ``namespace`` that the query wrote: 6 of
+    them (and one it did not write, planned by none) are read in one catalog query, the namespace's tables for the
+    location check too, and each is opened as read -- every table read once at most (on main 3399c05: 14 loads, each
+    table twice: once to find the query's marker, once for the location check of its siblings, with the tables this
+    process had just committed read again). Their plans are the tables' own (UUIDs), and the run's next batch commits
+    each id once."""
+    data = {f"w{i}": [i] for i in range(6)}
+    run(routed(catalog_properties), 0, data)
+    catalog = catalogs.load(None, catalog_properties)
+    catalog.create_table(("db", "other"), schema=Schema(NestedField(1, "id", LongType(), required=False)))
+    rc = routed(catalog_properties)  # a new run
+    loads: list[tuple[str, ...]] = []
+    real = rc.catalog.load_table
+
+    def counted(ident: Any, *a: Any, **k: Any) -> Any:
+        loads.append(tuple(ident))
+        return real(ident, *a, **k)
+
+    monkeypatch.setattr(rc.catalog, "load_table", counted)
+    plans = rc.written_plans(Q)
+    monkeypatch.undo()
+    assert sorted(plans) == [f"db.w{i}" for i in range(6)]
+    assert len(loads) <= 7 and len(loads) == len(set(loads)), loads  # one read of each table at most
+    assert {n: p.table_uuid for n, p in plans.items()} == {
+        n: str(catalog.load_table(tuple(n.split("."))).metadata.table_uuid) for n in plans
+    }
+    run(rc, 1, {f"w{i}": [10 + i] for i in range(6)})
+    assert {n: table_ids(catalog.load_table(("db", n))) for n in data} == {f"w{i}": Counter([i, 10 + i]) for i in range(6)}

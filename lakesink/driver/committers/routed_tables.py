@@ -463,13 +463,18 @@ class RoutedTables(ABC):
         self.row_checks(query_id)
         self._read_at_plan.clear()
         plans: dict[str, WritePlan] = {}
-        opening = [r.identifier for r in routes if str(r) not in self._uuids]
-        at_once = len(opening) > 1 and not self.options.upserts and not self.table_columns  # (those read each first)
-        first = catalogs.read_at_once(self.catalog, opening) if at_once else None
+        first = self._read_at_once([r.identifier for r in routes if str(r) not in self._uuids])
         for r in routes:
             plan, self._read_at_plan[str(r)] = self._plan_and_table(r, query_id, first)
             plans[str(r)] = self._checked(plan)
         return plans
+
+    def _read_at_once(self, opening: list[tuple[str, ...]]) -> dict[tuple[str, ...], Table] | None:
+        """Tables opened for the first time in the run, read in one catalog query (catalogs.read_at_once), or None:
+        each table reads itself (one table; with upserts or payloads each is read first for its key or columns)."""
+        if len(opening) > 1 and not self.options.upserts and not self.table_columns:
+            return catalogs.read_at_once(self.catalog, opening)
+        return None
 
     def written_plans(self, query_id: str | None) -> dict[str, WritePlan]:
         """format("lakesink") at the start of a run: the plans of the tables of option ``namespace`` that this query
@@ -483,14 +488,18 @@ class RoutedTables(ABC):
         except Exception:
             return {}  # no namespace yet: no table
         plans: dict[str, WritePlan] = {}
+        read = self._read_at_once([tuple(ident) for ident in listed]) or {}
         for ident in listed:
             route = Route(tuple(ident[:-1]), ident[-1])
-            try:
-                table = self.catalog.load_table(ident)
-            except Exception:
-                continue  # dropped meanwhile, or not an Iceberg table
+            table = read.get(route.identifier)
+            if table is None:
+                try:
+                    table = self.catalog.load_table(ident)
+                except Exception:
+                    continue  # dropped meanwhile, or not an Iceberg table
             if any(parse_last_batch_key(k) == (query_id, self.options.sink_id) for k in table.properties):
-                plans[str(route)] = self.plan(route, query_id)
+                # opened as read above (one catalog query for all of them, where the catalog answers one)
+                plans[str(route)] = self._plan_and_table(route, query_id, {route.identifier: table})[0]
         if self.dead_letters is not None:
             self.row_checks(query_id)
             plans = {name: self._checked(plan) for name, plan in plans.items()}
@@ -547,11 +556,15 @@ class RoutedTables(ABC):
                 listed = self.catalog.list_tables(ns)
             except Exception:
                 listed = []  # a namespace that does not exist yet has no tables
-            for ident in listed[:500]:
+            checked = [tuple(ident) for ident in listed[:500]]
+            read = catalogs.read_at_once(self.catalog, checked)  # one query, and the tables kept for their opening
+            for ident in checked:
                 try:
-                    found.append(sibling(ident, self.catalog.load_table(ident)))
+                    table = read.get(ident) if read is not None else catalogs.load_table(self.catalog, ident)
                 except Exception:
                     continue
+                if table is not None:  # (absent from what was read at once: dropped meanwhile)
+                    found.append(sibling(ident, table))
             self._siblings[ns] = found
         return self._siblings[ns]
 
