@@ -960,7 +960,7 @@ def test_format_lakesink_opens_the_tables_it_wrote_at_the_start_of_a_run_with_on
     table twice: once to find the query's marker, once for the location check of its siblings, with the tables this
     process had just committed read again). Their plans are the tables' own (UUIDs), and the run's next batch commits
     each id once."""
-    data = {f"w{i}": [i] for i in range(6)}
+    data: dict[str | None, list[int]] = {f"w{i}": [i] for i in range(6)}
     run(routed(catalog_properties), 0, data)
     catalog = catalogs.load(None, catalog_properties)
     catalog.create_table(("db", "other"), schema=Schema(NestedField(1, "id", LongType(), required=False)))
@@ -981,4 +981,6 @@ def test_format_lakesink_opens_the_tables_it_wrote_at_the_start_of_a_run_with_on
         n: str(catalog.load_table(tuple(n.split("."))).metadata.table_uuid) for n in plans
     }
     run(rc, 1, {f"w{i}": [10 + i] for i in range(6)})
-    assert {n: table_ids(catalog.load_table(("db", n))) for n in data} == {f"w{i}": Counter([i, 10 + i]) for i in range(6)}
+    assert {n: table_ids(catalog.load_table(("db", f"w{i}"))) for i, n in enumerate(data)} == {
+        f"w{i}": Counter([i, 10 + i]) for i in range(6)
+    }
