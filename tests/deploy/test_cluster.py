@@ -82,6 +82,7 @@ def test_executor_sigkilled_mid_batch_on_a_cluster_every_id_lands_once(
         "PYSPARK_PYTHON": sys.executable,
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
+    earlier = set(cluster.executor_pids())  # an earlier test's application's executors, still exiting
     job = subprocess.Popen(
         ["nice", "-n", "5", *job_command],
         env=env,
@@ -98,13 +99,17 @@ def test_executor_sigkilled_mid_batch_on_a_cluster_every_id_lands_once(
             time.sleep(0.1)
         paused = [int(p.name.rsplit(".", 1)[1]) for p in faults.glob(f"{EXECUTOR_BEFORE_WRITE}.fired.*")]
         assert len(paused) == 1
+
         # the master may launch the application's second executor after the first one already runs the
         # paused task (a loaded machine, a worker still releasing the previous application's core): wait for it
-        executors = cluster.executor_pids()
+        def executors_of_the_job() -> list[int]:
+            return [pid for pid in cluster.executor_pids() if pid not in earlier]
+
+        executors = executors_of_the_job()
         two_by = time.monotonic() + 180
         while len(executors) < 2 and time.monotonic() < two_by:
             time.sleep(0.5)
-            executors = cluster.executor_pids()
+            executors = executors_of_the_job()
         assert len(executors) == 2, f"expected two executor JVMs, found {executors}: {cluster.log_tails()}"
         victim = [pid for pid in executors if pid in ancestors(paused[0])]
         assert len(victim) == 1, f"the paused Python worker {paused[0]} runs under none of the executors {executors}"
