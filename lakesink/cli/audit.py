@@ -41,11 +41,11 @@ from lakesink.cli.common import (
     load_table,
     parse_point,
     row_filter_option,
+    table_value_errors,
 )
 from lakesink.cli.output import Output, output_option
 from lakesink.cli.render import ExitCode
 from lakesink.cli.report import write_report
-from lakesink.errors import AuditError
 from lakesink.table.keys import MAIN_BRANCH
 
 
@@ -95,11 +95,9 @@ def show_command(
     """Print TABLE's rows as of a point in its history (time travel)."""
     t = load_table(table, catalog_name, catalog_properties)
     cols = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
-    try:
+    with table_value_errors():
         # one row more than shown: whether the table has more is known without reading it all
         rows = read_at(t, point, branch=branch, columns=cols, row_filter=row_filter, limit=limit + 1 if limit else None)
-    except ValueError as e:  # pyiceberg's: a column or value the table does not have
-        raise AuditError(str(e)) from e
     more = bool(limit) and rows.num_rows > limit
     output.rows(rows.slice(0, limit) if more else rows, None if more else rows.num_rows)
 
@@ -154,10 +152,8 @@ def which_command(
     if (row_filter is None) == (file_path is None):
         raise click.UsageError("give exactly one of --where or --file")
     t = load_table(table, catalog_name, catalog_properties)
-    try:
+    with table_value_errors():
         rows = locate(t, row_filter=row_filter, file_path=file_path, point=point, branch=branch)
-    except ValueError as e:  # pyiceberg's: a column or value the table does not have
-        raise AuditError(str(e)) from e
     output.located(rows)
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -138,6 +139,16 @@ def load_table(table: str, catalog_name: str | None, catalog_properties: dict[st
 def redacted(e: BaseException, catalog_name: str | None, catalog_properties: dict[str, str]) -> str:
     _, props = catalogs.resolve_catalog_properties(catalog_name, catalog_properties)
     return redact_secrets_in(f"{type(e).__name__}: {e}", props)
+
+
+@contextmanager
+def table_value_errors() -> Iterator[None]:
+    """pyiceberg's ValueError while a command reads a table (a column or value the table does not have) as an
+    AuditError: the command line's message, not a traceback."""
+    try:
+        yield
+    except ValueError as e:
+        raise AuditError(str(e)) from e
 
 
 def parse_point(ctx: click.Context, param: click.Parameter, value: str | None) -> Point | None:

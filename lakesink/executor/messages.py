@@ -10,9 +10,9 @@ tasks: lakesink.executor.row_digest).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pyiceberg.io import FileIO
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
@@ -162,6 +162,30 @@ class RowChecks:
     """A null in one of these columns is a dead letter (``null-upsert-key``)."""
 
 
+class _Written(Protocol):
+    @property
+    def record_count(self) -> int: ...
+
+    @property
+    def size_in_bytes(self) -> int: ...
+
+
+class WrittenTotals:
+    """The rows and bytes written, summed over the parts :meth:`written_parts` names (data files, or the task results
+    that hold them): one definition for a task's result and for a batch Spark wrote."""
+
+    def written_parts(self) -> Iterable[_Written]:
+        raise NotImplementedError
+
+    @property
+    def record_count(self) -> int:
+        return sum(p.record_count for p in self.written_parts())
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(p.size_in_bytes for p in self.written_parts())
+
+
 @dataclass(frozen=True)
 class WrittenFile:
     """One immutable Parquet data file written by a task (pre-commit: not in the table yet)."""
@@ -176,7 +200,7 @@ class WrittenFile:
 
 
 @dataclass(frozen=True)
-class TaskResult(WriterCommitMessage):
+class TaskResult(WrittenTotals, WriterCommitMessage):
     """What a task returns to the driver."""
 
     query_id: str
@@ -217,10 +241,5 @@ class TaskResult(WriterCommitMessage):
             ids.query_id, ids.batch_id, ids.partition_id, ids.task_attempt_id, schema_id, spec_id, run_id=ids.run_id, **more
         )
 
-    @property
-    def record_count(self) -> int:
-        return sum(f.record_count for f in self.files)
-
-    @property
-    def size_in_bytes(self) -> int:
-        return sum(f.size_in_bytes for f in self.files)
+    def written_parts(self) -> Iterable[WrittenFile]:
+        return self.files

@@ -29,7 +29,7 @@ import logging
 import os
 import posixpath
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -61,7 +61,7 @@ contract: no lakesink commit swaps once the oldest file it wrote for it is older
 
 
 @dataclass(frozen=True)
-class OrphanFile:
+class OrphanFile(storage.ListedFileRecord):
     """One file under the table location that no snapshot of the table references."""
 
     path: str
@@ -72,9 +72,6 @@ class OrphanFile:
     """``data``, ``manifest``, ``manifest-list``, ``metadata``, ``statistics`` or ``other`` (from the name)."""
     reason: str = ""
     """Why the file was kept, skipped, or could not be removed (empty for removed files)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "modified": self.modified.isoformat() if self.modified else None}
 
 
 @dataclass(frozen=True)

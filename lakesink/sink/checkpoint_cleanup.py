@@ -38,7 +38,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -65,7 +65,7 @@ _CHECKPOINT_ENTRIES = ("metadata", "offsets", "commits", "sources", "state")
 
 
 @dataclass(frozen=True)
-class TempFile:
+class TempFile(storage.ListedFileRecord):
     """One abandoned temp file of a checkpoint."""
 
     path: str
@@ -81,9 +81,6 @@ class TempFile:
     ``state/`` of a checkpoint whose offset log has no entry)."""
     error: str | None = None
     """Why it could not be removed (None when it was, or in a dry run)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "modified": self.modified.isoformat() if self.modified else None}
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +43,7 @@ from pyspark.sql import types as T
 
 from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError
-from lakesink.executor.messages import RowsDigest, TaskResult, WritePlan, WrittenFile
+from lakesink.executor.messages import RowsDigest, TaskResult, WritePlan, WrittenFile, WrittenTotals
 from lakesink.executor.routed_writer import RoutedTaskResult, TableResult
 from lakesink.faults import fault_point
 from lakesink.sink import spark_fs, spark_partition, spark_write
@@ -124,7 +124,7 @@ def find_routes(df: DataFrame, column: str) -> dict[object, RowsDigest]:
 
 
 @dataclass(frozen=True)
-class RoutedSparkWrite:
+class RoutedSparkWrite(WrittenTotals):
     """A routed batch written by Spark's Parquet writer: the result to commit and the directories it wrote."""
 
     result: RoutedTaskResult
@@ -133,13 +133,8 @@ class RoutedSparkWrite:
     job_ms: float = 0.0
     footer_ms: float = 0.0
 
-    @property
-    def record_count(self) -> int:
-        return sum(t.result.record_count for t in self.result.tables)
-
-    @property
-    def size_in_bytes(self) -> int:
-        return sum(t.result.size_in_bytes for t in self.result.tables)
+    def written_parts(self) -> Iterable[TaskResult]:
+        return (t.result for t in self.result.tables)
 
 
 def group_key(plan: WritePlan) -> tuple[Any, ...]:

@@ -28,7 +28,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -60,7 +60,7 @@ from pyspark.sql import types as T
 
 from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError
-from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile
+from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile, WrittenTotals
 from lakesink.faults import fault_point
 from lakesink.sink import spark_partition
 from lakesink.table import names, storage
@@ -289,7 +289,7 @@ def job_directory(prefix: str, *, query_id: str, batch_id: int) -> JobDirectory:
 
 
 @dataclass(frozen=True)
-class SparkWrite:
+class SparkWrite(WrittenTotals):
     """One batch written by Spark's Parquet writer: its directory and the results to commit."""
 
     directory: str
@@ -299,13 +299,8 @@ class SparkWrite:
     footer_ms: float = 0.0
     """Wall time of listing the files and reading their footers on the driver."""
 
-    @property
-    def record_count(self) -> int:
-        return sum(r.record_count for r in self.results)
-
-    @property
-    def size_in_bytes(self) -> int:
-        return sum(r.size_in_bytes for r in self.results)
+    def written_parts(self) -> Iterable[TaskResult]:
+        return self.results
 
 
 def write_batch(

@@ -25,7 +25,7 @@ import logging
 import os
 import posixpath
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -182,6 +182,18 @@ class ListedFile:
     size: int
     modified: datetime | None
     """Last modification time (UTC) as the storage reports it; None when it reports none."""
+
+
+class ListedFileRecord:
+    """A clean-up report's record of a listed file (an orphan file, a checkpoint's temp file): a frozen dataclass with
+    the ``modified`` time the listing found (:attr:`ListedFile.modified`)."""
+
+    modified: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON-ready values: ``modified`` in ISO 8601 (None when the storage reported no time)."""
+        assert is_dataclass(self) and not isinstance(self, type)
+        return {**asdict(self), "modified": self.modified.isoformat() if self.modified else None}
 
 
 def list_files(io: FileIO, root: str) -> Iterator[ListedFile]:
