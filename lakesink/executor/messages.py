@@ -10,6 +10,7 @@ tasks: lakesink.executor.row_digest).
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -170,12 +171,13 @@ class _Written(Protocol):
     def size_in_bytes(self) -> int: ...
 
 
-class WrittenTotals:
+class WrittenTotals(ABC):
     """The rows and bytes written, summed over the parts :meth:`written_parts` names (data files, or the task results
     that hold them): one definition for a task's result and for a batch Spark wrote."""
 
+    @abstractmethod
     def written_parts(self) -> Iterable[_Written]:
-        raise NotImplementedError
+        """The parts whose rows and bytes add up to this one's."""
 
     @property
     def record_count(self) -> int:

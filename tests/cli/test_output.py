@@ -185,6 +185,26 @@ def test_a_malformed_where_is_a_usage_error(args: list[str], bad: str, catalog_a
     assert "Traceback" not in result.output and "pyparsing" not in result.output
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["show", "db.events", "--columns", "id,nosuch"],
+        ["show", "db.events", "--where", "nosuch = 3"],
+        ["which", "db.events", "--where", "nosuch = 3"],
+    ],
+)
+def test_a_column_the_table_lacks_is_an_audit_error_naming_it(args: list[str], catalog_args: list[str]) -> None:
+    """pyiceberg's ValueError for a column the table does not have comes out as the command line's error (its
+    message, naming the column; exit code 1), in text and under --json, never a traceback."""
+    for json_flag in ([], ["--json"]):
+        result = CliRunner().invoke(main, [*json_flag, *args, *catalog_args])
+        assert result.exit_code == 1, result.output
+        assert isinstance(result.exception, SystemExit), result.exception
+        assert "nosuch" in result.output and "Traceback" not in result.output, result.output
+        if json_flag:
+            assert json.loads(result.output)["error"]["type"] == "AuditError", result.output
+
+
 def test_report_checks_its_output_path_before_building_the_report(
     catalog_args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
