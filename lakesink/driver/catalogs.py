@@ -143,13 +143,14 @@ _tables: OrderedDict[tuple[int, tuple[str, ...]], Table] = OrderedDict()
 _MAX_TABLES_KEPT = 1024
 
 
-def load_table(catalog: Catalog, identifier: tuple[str, ...]) -> Table:
+def load_table(catalog: Catalog, identifier: tuple[str, ...], *, keep: bool = True) -> Table:
     """``catalog.load_table(identifier)``, without parsing the metadata again when it has not moved.
 
     On a SQL catalog (the embedded default, PostgreSQL) the pointer is read (one query) and compared with the
     table this process last read or committed (:func:`remember`); only a moved pointer is loaded and parsed.
     With the whole history kept, metadata.json grows by about 1 KiB per batch and parsing it is the largest
-    per-batch cost after a few thousand batches (docs/performance.md). Other catalogs load as usual.
+    per-batch cost after a few thousand batches (docs/performance.md). Other catalogs load as usual. ``keep=False``:
+    a table read for a look only (another table of a namespace, for its location) is not kept for the next read.
     """
     key = (id(catalog), tuple(identifier))
     with _tables_lock:
@@ -157,11 +158,12 @@ def load_table(catalog: Catalog, identifier: tuple[str, ...]) -> Table:
     table = _reload_from_sql_catalog(catalog, tuple(identifier), known) if known is not None else None
     if table is None:
         table = catalog.load_table(identifier)
-    remember(table)
+    if keep:
+        remember(table)
     return table
 
 
-def load_tables(catalog: Catalog, identifiers: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], Table]:
+def load_tables(catalog: Catalog, identifiers: Sequence[tuple[str, ...]], *, keep: bool = True) -> dict[tuple[str, ...], Table]:
     """:func:`load_table` of several tables: on a SQL catalog their pointers are read in one query and a table whose
     pointer has not moved since this process read it is not parsed again; tables that do not exist are absent.
     Other catalogs: one :func:`load_table` each."""
@@ -184,17 +186,19 @@ def load_tables(catalog: Catalog, identifiers: Sequence[tuple[str, ...]]) -> dic
                 )
                 continue
         try:
-            out[ident] = load_table(catalog, ident)
+            out[ident] = load_table(catalog, ident, keep=keep)
         except NoSuchTableError:
             continue
     return out
 
 
-def read_at_once(catalog: Catalog, identifiers: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], Table] | None:
+def read_at_once(
+    catalog: Catalog, identifiers: Sequence[tuple[str, ...]], *, keep: bool = True
+) -> dict[tuple[str, ...], Table] | None:
     """:func:`load_tables` (a routed batch opening many tables asks a SQL catalog once), or None when the catalog cannot
     be read now: each table then reads itself, riding out the catalog's trouble (lakesink.driver.tables.sink_table)."""
     try:
-        return load_tables(catalog, identifiers)
+        return load_tables(catalog, identifiers, keep=keep)
     except PROGRAMMING_ERRORS:
         raise
     except Exception as e:

@@ -955,11 +955,11 @@ def test_format_lakesink_opens_the_tables_it_wrote_at_the_start_of_a_run_with_on
     catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """format("lakesink") at the start of a run plans the tables of option ``namespace`` that the query wrote: 6 of
-    them (and one it did not write, planned by none) are read in one catalog query, the namespace's tables for the
-    location check too, and each is opened as read -- every table read once at most (on main 3399c05: 14 loads, each
-    table twice: once to find the query's marker, once for the location check of its siblings, with the tables this
-    process had just committed read again). Their plans are the tables' own (UUIDs), and the run's next batch commits
-    each id once."""
+    them (and one it did not write, planned by none) are read in one catalog query, which serves the location check
+    against the namespace's tables too, and each is opened as read -- every table read once at most (on main 3399c05:
+    14 loads, each table twice: once to find the query's marker, once for the location check, with the tables this
+    process had just committed read again). Only the planned tables are kept for their next read. Their plans are the
+    tables' own (UUIDs), and the run's next batch commits each id once."""
     data: dict[str | None, list[int]] = {f"w{i}": [i] for i in range(6)}
     run(routed(catalog_properties), 0, data)
     catalog = catalogs.load(None, catalog_properties)
@@ -974,9 +974,16 @@ def test_format_lakesink_opens_the_tables_it_wrote_at_the_start_of_a_run_with_on
 
     monkeypatch.setattr(rc.catalog, "load_table", counted)
     plans = rc.written_plans(Q)
-    monkeypatch.undo()
     assert sorted(plans) == [f"db.w{i}" for i in range(6)]
     assert len(loads) <= 7 and len(loads) == len(set(loads)), loads  # one read of each table at most
+    # kept for their next read: the tables planned, not the one only looked at (a namespace of many large tables the
+    # stream does not write must not stay in the driver's memory)
+    loads.clear()
+    catalogs.load_table(rc.catalog, ("db", "w0"))
+    assert loads == []
+    catalogs.load_table(rc.catalog, ("db", "other"))
+    assert loads == [("db", "other")]
+    monkeypatch.undo()
     assert {n: p.table_uuid for n, p in plans.items()} == {
         n: str(catalog.load_table(tuple(n.split("."))).metadata.table_uuid) for n in plans
     }
@@ -984,3 +991,30 @@ def test_format_lakesink_opens_the_tables_it_wrote_at_the_start_of_a_run_with_on
     assert {n: table_ids(catalog.load_table(("db", f"w{i}"))) for i, n in enumerate(data)} == {
         f"w{i}": Counter([i, 10 + i]) for i in range(6)
     }
+
+
+def test_the_location_check_does_not_keep_the_namespaces_other_tables(
+    catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first batch creating a table in a namespace of 3 other tables checks its location against theirs (read in
+    one catalog query) without keeping them for a next read: the driver keeps the tables it writes, not every table
+    of the namespaces it writes into."""
+    catalog = catalogs.load(None, catalog_properties)
+    catalog.create_namespace("db")
+    for name in ("a", "b", "c"):
+        catalog.create_table(("db", name), schema=Schema(NestedField(1, "id", LongType(), required=False)))
+    rc = routed(catalog_properties)
+    run(rc, 0, {"n1": [1, 2]})
+    loads: list[tuple[str, ...]] = []
+    real = rc.catalog.load_table
+
+    def counted(ident: Any, *a: Any, **k: Any) -> Any:
+        loads.append(tuple(ident))
+        return real(ident, *a, **k)
+
+    monkeypatch.setattr(rc.catalog, "load_table", counted)
+    for name in ("a", "b", "c", "n1"):
+        catalogs.load_table(rc.catalog, ("db", name))
+    assert loads == [("db", "a"), ("db", "b"), ("db", "c")]  # n1 kept (written), the others read anew
+    monkeypatch.undo()
+    assert table_ids(catalog.load_table(("db", "n1"))) == Counter([1, 2])

@@ -61,6 +61,8 @@ from lakesink.table.settings import TableSettings
 log = logging.getLogger("lakesink")
 
 MAX_COMMITTERS = 256
+_MAX_SIBLINGS = 500
+"""The tables of a namespace a new table's location is checked against (the first ones the catalog lists)."""
 """A table's committer is kept for this many tables used last (RoutedCommitter.committer)."""
 _logged_modes: set[tuple[str, str]] = set()
 
@@ -469,11 +471,11 @@ class RoutedTables(ABC):
             plans[str(r)] = self._checked(plan)
         return plans
 
-    def _read_at_once(self, opening: list[tuple[str, ...]]) -> dict[tuple[str, ...], Table] | None:
+    def _read_at_once(self, opening: list[tuple[str, ...]], *, keep: bool = True) -> dict[tuple[str, ...], Table] | None:
         """Tables opened for the first time in the run, read in one catalog query (catalogs.read_at_once), or None:
         each table reads itself (one table; with upserts or payloads each is read first for its key or columns)."""
         if len(opening) > 1 and not self.options.upserts and not self.table_columns:
-            return catalogs.read_at_once(self.catalog, opening)
+            return catalogs.read_at_once(self.catalog, opening, keep=keep)
         return None
 
     def written_plans(self, query_id: str | None) -> dict[str, WritePlan]:
@@ -488,17 +490,20 @@ class RoutedTables(ABC):
         except Exception:
             return {}  # no namespace yet: no table
         plans: dict[str, WritePlan] = {}
-        read = self._read_at_once([tuple(ident) for ident in listed]) or {}
+        # every table of the namespace, read in one catalog query where the catalog answers one; kept only when planned
+        read = self._read_at_once([tuple(ident) for ident in listed], keep=False)
+        if read is not None and ns not in self._siblings and len(listed) <= _MAX_SIBLINGS:
+            self._siblings[ns] = [sibling(ident, table) for ident, table in read.items()]  # the location check's look
         for ident in listed:
             route = Route(tuple(ident[:-1]), ident[-1])
-            table = read.get(route.identifier)
+            table = (read or {}).get(route.identifier)
             if table is None:
                 try:
                     table = self.catalog.load_table(ident)
                 except Exception:
                     continue  # dropped meanwhile, or not an Iceberg table
             if any(parse_last_batch_key(k) == (query_id, self.options.sink_id) for k in table.properties):
-                # opened as read above (one catalog query for all of them, where the catalog answers one)
+                catalogs.remember(table)  # the table's next read parses nothing when it has not moved
                 plans[str(route)] = self._plan_and_table(route, query_id, {route.identifier: table})[0]
         if self.dead_letters is not None:
             self.row_checks(query_id)
@@ -556,11 +561,12 @@ class RoutedTables(ABC):
                 listed = self.catalog.list_tables(ns)
             except Exception:
                 listed = []  # a namespace that does not exist yet has no tables
-            checked = [tuple(ident) for ident in listed[:500]]
-            read = catalogs.read_at_once(self.catalog, checked)  # one query, and the tables kept for their opening
+            checked = [tuple(ident) for ident in listed[:_MAX_SIBLINGS]]
+            # one catalog query; the tables this process keeps are not parsed again, the others not kept
+            read = catalogs.read_at_once(self.catalog, checked, keep=False)
             for ident in checked:
                 try:
-                    table = read.get(ident) if read is not None else catalogs.load_table(self.catalog, ident)
+                    table = read.get(ident) if read is not None else catalogs.load_table(self.catalog, ident, keep=False)
                 except Exception:
                     continue
                 if table is not None:  # (absent from what was read at once: dropped meanwhile)
