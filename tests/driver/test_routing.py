@@ -951,6 +951,19 @@ def test_a_batch_opening_many_tables_reads_them_at_once_and_asks_for_their_names
     assert {n: table_ids(catalog.load_table(("db", n))) for n in ("n1", "n2")} == {"n1": Counter([1, 2]), "n2": Counter([3])}
 
 
+def loads_of(rc: RoutedCommitter, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
+    """The tables the routed committer's catalog loads (parses) from now on, in order (until monkeypatch.undo())."""
+    loads: list[tuple[str, ...]] = []
+    real = rc.catalog.load_table
+
+    def counted(ident: Any, *a: Any, **k: Any) -> Any:
+        loads.append(tuple(ident))
+        return real(ident, *a, **k)
+
+    monkeypatch.setattr(rc.catalog, "load_table", counted)
+    return loads
+
+
 def test_format_lakesink_opens_the_tables_it_wrote_at_the_start_of_a_run_with_one_read_each_at_most(
     catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -965,14 +978,7 @@ def test_format_lakesink_opens_the_tables_it_wrote_at_the_start_of_a_run_with_on
     catalog = catalogs.load(None, catalog_properties)
     catalog.create_table(("db", "other"), schema=Schema(NestedField(1, "id", LongType(), required=False)))
     rc = routed(catalog_properties)  # a new run
-    loads: list[tuple[str, ...]] = []
-    real = rc.catalog.load_table
-
-    def counted(ident: Any, *a: Any, **k: Any) -> Any:
-        loads.append(tuple(ident))
-        return real(ident, *a, **k)
-
-    monkeypatch.setattr(rc.catalog, "load_table", counted)
+    loads = loads_of(rc, monkeypatch)
     plans = rc.written_plans(Q)
     assert sorted(plans) == [f"db.w{i}" for i in range(6)]
     assert len(loads) <= 7 and len(loads) == len(set(loads)), loads  # one read of each table at most
@@ -988,7 +994,7 @@ def test_format_lakesink_opens_the_tables_it_wrote_at_the_start_of_a_run_with_on
         n: str(catalog.load_table(tuple(n.split("."))).metadata.table_uuid) for n in plans
     }
     run(rc, 1, {f"w{i}": [10 + i] for i in range(6)})
-    assert {n: table_ids(catalog.load_table(("db", f"w{i}"))) for i, n in enumerate(data)} == {
+    assert {f"w{i}": table_ids(catalog.load_table(("db", f"w{i}"))) for i in range(6)} == {
         f"w{i}": Counter([i, 10 + i]) for i in range(6)
     }
 
@@ -1005,14 +1011,7 @@ def test_the_location_check_does_not_keep_the_namespaces_other_tables(
         catalog.create_table(("db", name), schema=Schema(NestedField(1, "id", LongType(), required=False)))
     rc = routed(catalog_properties)
     run(rc, 0, {"n1": [1, 2]})
-    loads: list[tuple[str, ...]] = []
-    real = rc.catalog.load_table
-
-    def counted(ident: Any, *a: Any, **k: Any) -> Any:
-        loads.append(tuple(ident))
-        return real(ident, *a, **k)
-
-    monkeypatch.setattr(rc.catalog, "load_table", counted)
+    loads = loads_of(rc, monkeypatch)
     for name in ("a", "b", "c", "n1"):
         catalogs.load_table(rc.catalog, ("db", name))
     assert loads == [("db", "a"), ("db", "b"), ("db", "c")]  # n1 kept (written), the others read anew

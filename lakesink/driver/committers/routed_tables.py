@@ -38,7 +38,13 @@ from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
 from lakesink.driver.loop.swap import RetriesExhausted
 from lakesink.driver.tables import routed_keys
-from lakesink.driver.tables.sink_table import Sibling, SinkTable, creation_properties, sibling, with_identifier_fields
+from lakesink.driver.tables.sink_table import (
+    Sibling,
+    SinkTable,
+    creation_properties,
+    read_siblings,
+    with_identifier_fields,
+)
 from lakesink.errors import (
     CommitConflictError,
     InvalidOptionError,
@@ -61,8 +67,6 @@ from lakesink.table.settings import TableSettings
 log = logging.getLogger("lakesink")
 
 MAX_COMMITTERS = 256
-_MAX_SIBLINGS = 500
-"""The tables of a namespace a new table's location is checked against (the first ones the catalog lists)."""
 """A table's committer is kept for this many tables used last (RoutedCommitter.committer)."""
 _logged_modes: set[tuple[str, str]] = set()
 
@@ -387,11 +391,6 @@ class RoutedTables(ABC):
         template = self.template()
         return template.location(route) if template is not None and not template.staged else None
 
-    def plan(self, route: Route, query_id: str | None) -> WritePlan:
-        """The write plan of one table of a batch: opened (created on first sight) and checked the first time this
-        run sees it; later batches read it again and refuse a table dropped or recreated meanwhile."""
-        return self._plan_and_table(route, query_id)[0]
-
     def columns_of(self, name: str) -> pa.Schema:
         """The columns a table takes from the batch: its payloads' (option payload), else the stream's."""
         return self.table_columns.get(name, self.stream_schema)
@@ -492,8 +491,8 @@ class RoutedTables(ABC):
         plans: dict[str, WritePlan] = {}
         # every table of the namespace, read in one catalog query where the catalog answers one; kept only when planned
         read = self._read_at_once([tuple(ident) for ident in listed], keep=False)
-        if read is not None and ns not in self._siblings and len(listed) <= _MAX_SIBLINGS:
-            self._siblings[ns] = [sibling(ident, table) for ident, table in read.items()]  # the location check's look
+        if read is not None and ns not in self._siblings:  # what the location check of a new table there reads
+            self._siblings[ns] = read_siblings(self.catalog, listed, read)
         for ident in listed:
             route = Route(tuple(ident[:-1]), ident[-1])
             table = (read or {}).get(route.identifier)
@@ -556,22 +555,11 @@ class RoutedTables(ABC):
         """The locations of the other tables of the route's namespace, listed once per run and namespace."""
         ns = route.namespace
         if ns not in self._siblings:
-            found: list[Sibling] = []
             try:
                 listed = self.catalog.list_tables(ns)
             except Exception:
                 listed = []  # a namespace that does not exist yet has no tables
-            checked = [tuple(ident) for ident in listed[:_MAX_SIBLINGS]]
-            # one catalog query; the tables this process keeps are not parsed again, the others not kept
-            read = catalogs.read_at_once(self.catalog, checked, keep=False)
-            for ident in checked:
-                try:
-                    table = read.get(ident) if read is not None else catalogs.load_table(self.catalog, ident, keep=False)
-                except Exception:
-                    continue
-                if table is not None:  # (absent from what was read at once: dropped meanwhile)
-                    found.append(sibling(ident, table))
-            self._siblings[ns] = found
+            self._siblings[ns] = read_siblings(self.catalog, listed)
         return self._siblings[ns]
 
     def _tables_of_last_batch(self, query_id: str) -> tuple[str, ...]:

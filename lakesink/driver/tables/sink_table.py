@@ -7,7 +7,7 @@ and its typed settings: the commit refuses files written for another table, sche
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 import pyarrow as pa
@@ -61,7 +61,30 @@ def sibling(identifier: tuple[str, ...], table: Table) -> Sibling:
 T = TypeVar("T")
 
 
-_MAX_SIBLINGS_CHECKED = 500
+MAX_SIBLINGS_CHECKED = 500
+"""A new table's location is checked against this many tables of its namespace (the first ones the catalog lists)."""
+
+
+def read_siblings(
+    catalog: Catalog, identifiers: Sequence[tuple[str, ...]], read: Mapping[tuple[str, ...], Table] | None = None
+) -> list[Sibling]:
+    """The name, location and UUID of the first :data:`MAX_SIBLINGS_CHECKED` tables of ``identifiers`` (a namespace's,
+    for the location check). ``read``: those tables as the caller read them just now; else they are read here, in one
+    catalog query where the catalog answers one. Either way they are not kept for a next read (the driver keeps the
+    tables it writes, not every table of their namespaces); a table dropped meanwhile, or not an Iceberg table, is
+    left out."""
+    checked = [tuple(ident) for ident in identifiers[:MAX_SIBLINGS_CHECKED]]
+    if read is None:
+        read = catalogs.read_at_once(catalog, checked, keep=False)
+    out = []
+    for ident in checked:
+        try:
+            table = read.get(ident) if read is not None else catalogs.load_table(catalog, ident, keep=False)
+        except Exception:
+            continue
+        if table is not None:
+            out.append(sibling(ident, table))
+    return out
 
 
 class SinkTable:
@@ -339,26 +362,20 @@ class SinkTable:
 
     def _sibling_locations(self) -> list[Sibling]:
         """Locations of the other tables of the namespace (read once, at the start of a query)."""
-        out = []
         ident = self.options.table.identifier
         try:
             siblings = [t for t in self.catalog.list_tables(self.options.table.namespace) if tuple(t) != ident]
         except Exception as e:
             log.warning("lakesink: cannot list the tables of %s (%s); location overlap not checked", ident[:-1], e)
             return []
-        if len(siblings) > _MAX_SIBLINGS_CHECKED:
+        if len(siblings) > MAX_SIBLINGS_CHECKED:
             log.warning(
                 "lakesink: namespace of %s has %s tables; location overlap checked against the first %s",
                 self.table_name,
                 len(siblings),
-                _MAX_SIBLINGS_CHECKED,
+                MAX_SIBLINGS_CHECKED,
             )
-        for other in siblings[:_MAX_SIBLINGS_CHECKED]:
-            try:
-                out.append(sibling(other, self.catalog.load_table(other)))
-            except Exception:
-                continue  # dropped meanwhile, or not an Iceberg table
-        return out
+        return read_siblings(self.catalog, siblings)
 
     # --- every batch ------------------------------------------------------------------------------
 
