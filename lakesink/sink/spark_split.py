@@ -6,7 +6,7 @@ lakesink.driver.committers.routed_tables.RoutedTables.template). So:
 
 1. :func:`split` -- one Spark write job over the batch, the first and only read of its source: its rows as the template
    takes them (lakesink.sink.spark_write.project: field ids, casts, NOT NULL checks), partitioned by routing value into
-   a folder per value, ``__lakesink_value=v<the value's UTF-8 bytes in hex>``, of a batch directory of the query's
+   a folder per value, ``__lakesink_value=<the value's UTF-8 bytes in hex>``, of a batch directory of the query's
    split area ``<warehouse>/.lakesink-split/<query id>/`` (no character that Spark escapes in a folder name, no two
    values in one folder on a filesystem that ignores case). The job observes the batch as a whole (one
    ``CollectMetrics`` of three aggregates, whatever the number of tables): its row count, once per committed task, and
@@ -75,15 +75,23 @@ def split_root(warehouse: str, query_id: str) -> str:
 
 
 def _value_key(column: str) -> Column:
-    raw = F.col(spark_routed.quote(column)).cast("binary")
-    named = F.concat(F.lit("v"), F.hex(raw))
-    hashed = F.concat(F.lit("h"), F.coalesce(F.sha2(raw, 256), F.lit("null")))
-    return F.when(raw.isNotNull() & (F.length(raw) >= 1) & (F.length(raw) <= MAX_VALUE_BYTES), named).otherwise(hashed)
+    """A row's folder key: its routing value's UTF-8 bytes in hex (upper case, nothing else: the cheapest key measured,
+    2026-11-26), or ``h`` and their SHA-256 (lower case; null: ``hnull``) for a value :func:`split` leaves to the two
+    jobs' path. No ``H`` in hex digits: two keys never differ by case alone."""
+    value = F.col(spark_routed.quote(column))  # a string (lakesink.driver.committers.routed_tables.stream_columns)
+    size = F.octet_length(value)
+    hashed = F.concat(F.lit("h"), F.coalesce(F.sha2(value.cast("binary"), 256), F.lit("null")))
+    return F.when((size >= 1) & (size <= MAX_VALUE_BYTES), F.hex(value)).otherwise(hashed)
+
+
+def _named(key: str) -> bool:
+    """A folder key holding its value (hex digits), not a hashed one (``h...``)."""
+    return not key.startswith("h")
 
 
 def _value_of(key: str) -> object:
-    """The routing value of a folder key ``v<hex>`` (a value that is not UTF-8 stays bytes: an invalid route)."""
-    return routing_value(bytes.fromhex(key[1:]))
+    """The routing value of a named folder key (a value that is not UTF-8 stays bytes: an invalid route)."""
+    return routing_value(bytes.fromhex(key))
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,7 @@ class Split:
     batch_dir: str
     """The name of the batch directory (``directory``'s last segment; each table's own takes it too)."""
     keys: dict[object, str]
-    """Each routing value's folder key (``v<hex>``)."""
+    """Each routing value's folder key (its UTF-8 bytes in hex: :func:`_value_key`)."""
     template: WritePlan
     batch: RowsDigest
     """The batch as the split job observed it: its rows (once per committed task) and its digest (kind ``b``)."""
@@ -143,13 +151,13 @@ def split(
         seen = observation.get
         batch = dataclasses.replace(spark_routed.digest_of(seen["c"], seen["h"], seen["l"]), kind=BATCH_DIGEST_KIND)
         found = _folder_keys(plan.io, directory)
-        odd = any(not k.startswith("v") for k in found)
+        odd = not all(_named(k) for k in found)
         if not odd:
             fault_point(SPARKSPLIT_AFTER_SPLIT)
     except BaseException:
         spark_write.delete_directory(plan.io, directory)
         raise
-    values = {_value_of(k): k for k in found if k.startswith("v")}
+    values = {_value_of(k): k for k in found if _named(k)}
     return Split(
         directory=directory,
         write_id=write_id,
@@ -165,7 +173,7 @@ def split(
 
 
 def _folder_keys(io: Any, directory: str) -> set[str]:
-    """The folder keys (``v<hex>`` or ``h<sha>``) of the values' folders holding a data file of the split."""
+    """The folder keys (``<hex>`` or ``h<sha>``) of the values' folders holding a data file of the split."""
     prefix = f"{VALUE_KEY}="
     return {
         f.relative.split("/", 1)[0][len(prefix) :]

@@ -165,7 +165,7 @@ def test_sweep_deletes_the_directories_of_earlier_batches_only(tmp_path: Path) -
     root = tmp_path / "split"
     query = "12345678-aaaa-4000-8000-000000000001"
     for batch in (3, 4, 5):
-        d = root / names.batch_directory_name(query_id=query, batch_id=batch, token=names.new_token()) / "__lakesink_value=v74"
+        d = root / names.batch_directory_name(query_id=query, batch_id=batch, token=names.new_token()) / "__lakesink_value=74"
         d.mkdir(parents=True)
         (d / "part-0.parquet").write_bytes(b"x")
     (root / "not-a-batch").mkdir()
