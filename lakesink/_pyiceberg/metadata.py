@@ -110,6 +110,17 @@ def updated_metadata(base: TableMetadata, updates: Sequence[Any], base_location:
     return new
 
 
+@dataclass(frozen=True)
+class NewTable:
+    """A table to create (pyiceberg's ``create_table`` arguments; ``location`` None: the catalog's default)."""
+
+    identifier: tuple[str, ...]
+    schema: Schema
+    spec: PartitionSpec
+    properties: dict[str, str]
+    location: str | None
+
+
 def write_table_metadata(metadata: TableMetadata, io: Any, location: str) -> None:
     """Write a new metadata file: pyiceberg's ``SqlCatalog._write_metadata`` (``ToOutputFile.table_metadata``: the
     JSON, gzipped for a ``.gz.metadata.json`` name, never overwriting), with pyiceberg's ``legacy-current-snapshot-id``

@@ -38,6 +38,7 @@ from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wa
 
 from lakesink._pyiceberg import io as seam_io
 from lakesink._pyiceberg.commit import is_rest_catalog, is_sql_catalog, is_sql_engine
+from lakesink._pyiceberg.metadata import NewTable
 from lakesink.errors import PROGRAMMING_ERRORS, CatalogError, CatalogUnavailableError, LakesinkError, TableIdentityChangedError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table import storage
@@ -385,6 +386,27 @@ def _open(name: str, props: Mapping[str, str]) -> Catalog:
     if is_sql_engine(engine):
         guard_sql_catalog(engine, drop_connections=not _process_local(props))
     return catalog
+
+
+def create_at_once(catalog: Catalog, new: Sequence[NewTable]) -> dict[tuple[str, ...], Table] | None:
+    """Create several tables of a SQL catalog in one transaction (lakesink._pyiceberg.sql_catalog
+    .create_tables_on_sql_catalog): all of them, kept as read; or None -- not a SQL catalog, fewer than two tables, or
+    any failure (a namespace missing, a table created meanwhile, the catalog's trouble), nothing created: each table
+    is then created by itself, as always (lakesink.driver.tables.sink_table), which rides those out."""
+    if len(new) < 2 or not is_sql_catalog(catalog):
+        return None
+    from lakesink._pyiceberg.sql_catalog import create_tables_on_sql_catalog  # the kind in use only
+
+    try:
+        created = create_tables_on_sql_catalog(catalog, new)
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as e:
+        log.debug("lakesink: %d tables not created at once (%s); each creates itself", len(new), e)
+        return None
+    for table in (created or {}).values():
+        remember(table)
+    return created
 
 
 # The SQL catalog's seam (lakesink._pyiceberg.sql_catalog), imported for a SQL catalog only (is_sql_catalog): a process

@@ -204,7 +204,7 @@ def _read_back(
     columns: list[Column] = []
     for f in df.schema.fields:
         if f.name == column:
-            columns.append(F.unhex(F.substring(F.col(VALUE_KEY), 2, 1 << 20)).cast("string").alias(column))
+            columns.append(F.unhex(F.col(VALUE_KEY)).cast("string").alias(column))
         elif f.name in have:
             columns.append(F.col(spark_routed.quote(f.name)).cast(f.dataType).alias(f.name))
         else:

@@ -314,6 +314,90 @@ def test_a_table_renamed_between_batches_is_a_loud_error_and_keeps_its_rows(cata
     assert ids(catalog_properties, "db.renamed") == Counter([1])
 
 
+def _metadata_files(props: Mapping[str, str], name: str) -> list[str]:
+    table = catalogs.load_table_fresh(None, dict(props), tuple(name.split(".")))
+    folder = Path(table.metadata_location.removeprefix("file://")).parent
+    return sorted(p.name for p in folder.glob("*.metadata.json"))
+
+
+def test_a_batchs_new_tables_are_created_in_one_catalog_transaction_as_one_at_a_time_would(
+    catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three new tables in one batch: created together (no create_table of pyiceberg's), each as the one-at-a-time
+    path creates a table (the fourth, alone in its batch): same schema, spec, sort order, properties, location scheme."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    alone: list[tuple[str, ...]] = []
+    real = SqlCatalog.create_table
+
+    def counted(self: Any, ident: Any, *a: Any, **k: Any) -> Any:
+        alone.append(tuple(ident))
+        return real(self, ident, *a, **k)
+
+    monkeypatch.setattr(SqlCatalog, "create_table", counted)
+    rc = routed(catalog_properties, **{"partitioned-by": "bucket(4, id)"})
+    run(rc, 0, {"a": [1], "b": [2], "c": [3]})
+    assert alone == []
+    run(rc, 1, {"a": [4], "d": [5]})
+    assert alone == [("db", "d")]
+    tables = {n: catalogs.load_table_fresh(None, catalog_properties, ("db", n)) for n in "abcd"}
+    d = tables["d"]
+    for name, t in tables.items():
+        assert t.schema() == d.schema() and t.spec() == d.spec() and t.sort_order() == d.sort_order(), name
+        assert t.format_version == d.format_version and t.location() == d.location()[: -len("d")] + name, name
+        created_with = {k: v for k, v in t.properties.items() if not k.startswith("lakesink.last-batch.")}
+        assert created_with == {k: v for k, v in d.properties.items() if not k.startswith("lakesink.last-batch.")}, name
+        assert len(_metadata_files(catalog_properties, f"db.{name}")) == (3 if name == "a" else 2), name
+    assert ids(catalog_properties, "db.a") == Counter([1, 4]) and ids(catalog_properties, "db.d") == Counter([5])
+    assert ids(catalog_properties, "db.b") == Counter([2]) and ids(catalog_properties, "db.c") == Counter([3])
+
+
+def test_a_table_created_meanwhile_makes_each_table_create_itself_and_leaves_no_stray_file(
+    catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer creates db.b between the batch's read of its tables and their creation: the transaction creating
+    a, b, c fails as a whole (none created, the metadata files it wrote deleted), each table then creates itself and
+    db.b, the other writer's table, is written -- every id once, no metadata file of the failed attempt left."""
+    real = catalogs.read_at_once
+    theirs: list[str] = []
+
+    def read_then_another_creates_b(catalog: Any, identifiers: Any, **kw: Any) -> Any:
+        found = real(catalog, identifiers, **kw)
+        if theirs:
+            return found
+        other = catalogs.load(None, catalog_properties)
+        other.create_namespace_if_not_exists("db")
+        b = other.create_table(
+            ("db", "b"),
+            schema=Schema(NestedField(9, "id", LongType(), required=False), NestedField(7, "user", StringType(), required=False)),
+        )
+        theirs.append(str(b.metadata.table_uuid))
+        return found
+
+    monkeypatch.setattr(catalogs, "read_at_once", read_then_another_creates_b)
+    rc = routed(catalog_properties)
+    run(rc, 0, {"a": [1], "b": [2], "c": [3]})
+    assert theirs and str(catalogs.load_table_fresh(None, catalog_properties, ("db", "b")).metadata.table_uuid) == theirs[0]
+    assert ids(catalog_properties, "db.a") == Counter([1]) and ids(catalog_properties, "db.b") == Counter([2])
+    assert ids(catalog_properties, "db.c") == Counter([3])
+    for name in ("db.a", "db.b", "db.c"):  # its creation and the batch's commit, nothing of the failed transaction
+        assert len(_metadata_files(catalog_properties, name)) == 2, (name, _metadata_files(catalog_properties, name))
+
+
+def test_tables_created_together_are_checked_as_one_created_alone(catalog_properties: dict[str, str]) -> None:
+    """db.a renamed away keeps its files at db.a's default location: a batch creating db.a and db.c together is refused
+    as one creating db.a alone (TableLocationError, db.a dropped again); nothing of the batch is committed anywhere."""
+    rc = routed(catalog_properties)
+    run(rc, 0, {"a": [1], "b": [2]})
+    catalogs.load(None, catalog_properties).rename_table(("db", "a"), ("db", "renamed"))
+    rc = routed(catalog_properties)
+    with pytest.raises(TableLocationError, match=r"table db.a at .* overlaps table db.renamed.*dropped again"):
+        run(rc, 1, {"a": [3], "b": [4], "c": [5]})
+    assert not exists(catalog_properties, "db.a")
+    assert ids(catalog_properties, "db.renamed") == Counter([1]) and ids(catalog_properties, "db.b") == Counter([2])
+    assert not exists(catalog_properties, "db.c") or ids(catalog_properties, "db.c") == Counter()
+
+
 def _existing_table(props: Mapping[str, str], name: str) -> None:
     catalog = catalogs.load(None, dict(props))
     catalog.create_namespace_if_not_exists("db")
@@ -510,8 +594,11 @@ def timed_rows(data: Mapping[str | None, Sequence[int]], *, untimed: str) -> pa.
     import datetime as dt
 
     batch = rows(data, SCHEMA)
-    at = [None if r == untimed else dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=i)
-          for r, ids in data.items() for i in ids]
+    at = [
+        None if r == untimed else dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=i)
+        for r, ids in data.items()
+        for i in ids
+    ]
     return batch.append_column(TIMED.field("ts"), pa.array(at, TIMED.field("ts").type))
 
 
@@ -587,6 +674,8 @@ def test_event_time_with_merge_schema_adds_the_column_to_a_routed_table_in_the_b
     assert "ts" in old.schema().column_names
     summary = old.current_snapshot().summary  # type: ignore[union-attr]
     assert summary is not None and summary.get("lakesink.event-time-max") is not None, summary
+
+
 # --- a routed batch is one unit: "already committed?" decided for the whole batch (fault matrix 38) ---------------------
 
 OTHER_OFFSETS = '[{"logOffset":7}]'
@@ -705,6 +794,8 @@ def test_a_faithful_replay_completing_a_batch_table_by_table_is_still_completed(
         table = catalogs.load_table_fresh(None, catalog_properties, tuple(name.split(".")))
         marker = json.loads(table.properties[f"lakesink.last-batch.{Q}"])
         assert marker["tables"] == digest, name  # the marker records the batch's set of tables
+
+
 def test_route_namespaces_keep_routed_tables_in_the_allowed_namespaces(catalog_properties: dict[str, str]) -> None:
     """A routing value can name any table of the catalog (option namespace is only the default of values naming
     none): with option route-namespaces, a value naming a table in another namespace fails the batch naming the value,
@@ -910,10 +1001,11 @@ def test_a_batch_opening_many_tables_reads_them_at_once_and_asks_for_their_names
     catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A first batch routing to 12 tables, 2 of them existing: their plans read the tables in one catalog query (no
-    load per table), ask for the namespace once in the process (not once per table created), create the other 10,
-    and open the 2 as they are. Then the namespace is dropped behind the process's back (its tables with it) and a
-    new sink's batch routes to 2 new tables there: the creation says the namespace is gone, it is made again, both
-    tables are created and committed, every id once."""
+    load per table), ask for the namespace once in the process (not once per table created), create the other 10
+    (together: lakesink.driver.catalogs.create_at_once), and open the 2 as they are. Then the namespace is dropped
+    behind the process's back (its tables with it) and a new sink's batch routes to 2 new tables there: the creation
+    together says the namespace is gone, each table then creates itself, the namespace is made again, both tables are
+    created and committed, every id once."""
     catalog = catalogs.load(None, catalog_properties)
     catalog.create_namespace("db")
     for name in ("t00", "t01"):
@@ -938,7 +1030,9 @@ def test_a_batch_opening_many_tables_reads_them_at_once_and_asks_for_their_names
     assert sorted(plans) == [f"db.t{i:02d}" for i in range(12)]
     # no table looked for one by one before it is created (on main 8da9c98: 10 lookups not found, 10 namespace asks)
     assert calls["load_table (not found)"] == 0, calls
-    assert (calls["create_table"], calls["create_namespace_if_not_exists"]) == (10, 1), calls
+    # the 10 created together, in one catalog transaction (before 2026-11-26: 10 create_table calls)
+    assert (calls["create_table"], calls["create_namespace_if_not_exists"]) == (0, 1), calls
+    assert sorted(catalog.list_tables("db")) == [("db", f"t{i:02d}") for i in range(12)]
     assert {n: p.table_uuid for n, p in plans.items() if n in ("db.t00", "db.t01")} == {
         f"db.{n}": str(catalog.load_table(("db", n)).metadata.table_uuid) for n in ("t00", "t01")
     }

@@ -16,7 +16,7 @@ import logging
 import os
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from decimal import Decimal
 
@@ -46,6 +46,7 @@ from lakesink.driver.tables.sink_table import (
     with_identifier_fields,
 )
 from lakesink.errors import (
+    PROGRAMMING_ERRORS,
     CommitConflictError,
     InvalidOptionError,
 )
@@ -396,10 +397,14 @@ class RoutedTables(ABC):
         return self.table_columns.get(name, self.stream_schema)
 
     def _plan_and_table(
-        self, route: Route, query_id: str | None, first: Mapping[tuple[str, ...], Table] | None = None
+        self,
+        route: Route,
+        query_id: str | None,
+        first: Mapping[tuple[str, ...], Table] | None = None,
+        created: Collection[tuple[str, ...]] = (),
     ) -> tuple[WritePlan, Table]:
         """The plan and the table as read; ``first``: the tables opened for the first time in the run, read at once
-        (one not in it was not found), or None (each table reads itself)."""
+        (one not in it was not found), or None (each table reads itself); ``created``: those of them just created."""
         name = str(route)
         c = self.committer(name)
         expected = self._uuids.get(name)
@@ -418,6 +423,7 @@ class RoutedTables(ABC):
                 siblings=lambda: self._sibling_locations(route),
                 read=None if first is None else first.get(route.identifier),
                 absent=first is not None and route.identifier not in first,
+                created=route.identifier in created,
             )
         else:
             table = c.reload_table()
@@ -465,10 +471,39 @@ class RoutedTables(ABC):
         self._read_at_plan.clear()
         plans: dict[str, WritePlan] = {}
         first = self._read_at_once([r.identifier for r in routes if str(r) not in self._uuids])
+        created = self._create_at_once([r for r in routes if str(r) not in self._uuids], first)
+        first = {**first, **created} if first is not None else None
         for r in routes:
-            plan, self._read_at_plan[str(r)] = self._plan_and_table(r, query_id, first)
+            plan, self._read_at_plan[str(r)] = self._plan_and_table(r, query_id, first, created)
             plans[str(r)] = self._checked(plan)
         return plans
+
+    def _create_at_once(
+        self, opening: Sequence[Route], read: Mapping[tuple[str, ...], Table] | None
+    ) -> dict[tuple[str, ...], Table]:
+        """The tables of ``opening`` that ``read`` (their one catalog query) did not find, created in one catalog
+        transaction where the catalog makes one (catalogs.create_at_once; ~4 ms a table less on SQLite); each is then
+        opened as a table lakesink created (checked, dropped again if it overlaps another). Empty when they are not:
+        each then creates itself."""
+        if read is None or not self.options.create_table:
+            return {}
+        absent = [r for r in opening if r.identifier not in read]
+        if len(absent) < 2:
+            return {}
+        committers = [self.committer(str(r)) for r in absent]
+        try:
+            for c in {tuple(r.namespace): c for r, c in zip(absent, committers, strict=True)}.values():
+                c.make_namespace()
+            new = [c.new_table(self.columns_of(str(r)), self._location(r)) for r, c in zip(absent, committers, strict=True)]
+        except PROGRAMMING_ERRORS:
+            raise
+        except Exception:
+            return {}  # each table creates itself, with the errors it would give
+        created = catalogs.create_at_once(self.catalog, new) or {}
+        for r in absent:
+            if r.identifier in created:
+                log.info("lakesink: created table %s in catalog %r", r, self.catalog.name)
+        return created
 
     def _read_at_once(self, opening: list[tuple[str, ...]], *, keep: bool = True) -> dict[tuple[str, ...], Table] | None:
         """Tables opened for the first time in the run, read in one catalog query (catalogs.read_at_once), or None:

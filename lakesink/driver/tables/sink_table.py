@@ -23,6 +23,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import metadata as seam_metadata
 from lakesink._pyiceberg import producers as seam_producers
 from lakesink._pyiceberg.commit import is_sql_catalog
+from lakesink._pyiceberg.metadata import NewTable
 from lakesink.driver import catalogs
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
@@ -146,13 +147,18 @@ class SinkTable:
         siblings: Callable[[], list[Sibling]],
         read: Table | None = None,
         absent: bool = False,
+        created: bool = False,
     ) -> tuple[Table, pa.Schema]:
         """Option route-by, a table seen for the first time in a run: load it, or create it (and its namespace) at
         ``location`` with the stream's schema; check the stream's columns the table has (all of them with
         ``merge-schema``) and its location against ``siblings`` (the other tables of its namespace). Returns the
         table and the stream schema it takes. ``read``: the table as the caller read it just now (with the batch's
-        other tables, in one catalog query); ``absent``: the caller found no such table just now."""
-        table, created = self._load_or_create(stream_schema, location=location, read=read, absent=absent)
+        other tables, in one catalog query); ``absent``: the caller found no such table just now; ``created``: ``read``
+        is a table the caller created just now (lakesink.driver.catalogs.create_at_once, with :meth:`new_table`)."""
+        if read is not None:
+            table = read
+        else:
+            table, created = self._load_or_create(stream_schema, location=location, absent=absent)
         columns = self.columns_taken(table, stream_schema)
         self._check(table, columns)
         self._check_requested_properties(table)
@@ -247,13 +253,29 @@ class SinkTable:
         have = set(table.schema().column_names)
         return pa.schema([f for f in stream_schema if f.name in have], metadata=stream_schema.metadata)
 
+    def new_table(self, stream_schema: pa.Schema, location: str | None) -> NewTable:
+        """What a table lakesink creates from ``stream_schema`` is created with (option upsert-key: its identifier
+        fields; option partition-by: its spec; the creation properties), at ``location`` (None: the catalog's)."""
+        schema = seam.new_table_schema(stream_schema)
+        if self.options.upsert_key:
+            schema = with_identifier_fields(schema, self.options.upsert_key, self.table_name)
+        spec = partitioning.to_spec(self.options.partitioned_by, schema, self.table_name)
+        return NewTable(self.options.table.identifier, schema, spec, self.creation_properties(), location)
+
+    def make_namespace(self, *, again: bool = False) -> None:
+        """Create the table's namespace unless it exists (asked once a process; ``again``: it was dropped since)."""
+        made = (id(self.catalog), tuple(self.options.table.namespace))
+        if again:
+            _namespaces_made.discard(made)
+        if made not in _namespaces_made:  # made (or found) by this process before: not asked again
+            self._patiently(lambda: self.catalog.create_namespace_if_not_exists(self.options.table.namespace))
+            _namespaces_made.add(made)
+
     def _load_or_create(
-        self, stream_schema: pa.Schema, *, location: str | None = None, read: Table | None = None, absent: bool = False
+        self, stream_schema: pa.Schema, *, location: str | None = None, absent: bool = False
     ) -> tuple[Table, bool]:
-        """The table, and whether this call created it (``read``, ``absent``: :meth:`open_routed`'s)."""
+        """The table, and whether this call created it (``absent``: :meth:`open_routed`'s)."""
         ident = self.options.table.identifier
-        if read is not None:
-            return read, False
         try:
             if not absent:
                 return self._patiently(lambda: catalogs.load_table(self.catalog, ident)), False
@@ -267,27 +289,19 @@ class SinkTable:
             raise CatalogError(
                 f"table {self.table_name} does not exist in catalog {self.catalog.name!r} (option create-table is false)"
             )
-        schema = seam.new_table_schema(stream_schema)
-        if self.options.upsert_key:
-            schema = with_identifier_fields(schema, self.options.upsert_key, self.table_name)
-        spec = partitioning.to_spec(self.options.partitioned_by, schema, self.table_name)
-        properties = self.creation_properties()
+        new = self.new_table(stream_schema, location)
 
         def create() -> Table:
-            return self.catalog.create_table(ident, schema=schema, partition_spec=spec, properties=properties, location=location)
+            return self.catalog.create_table(
+                ident, schema=new.schema, partition_spec=new.spec, properties=new.properties, location=location
+            )
 
-        namespace = self.options.table.namespace
-        made = (id(self.catalog), tuple(namespace))
         try:
             try:
-                if made not in _namespaces_made:  # made (or found) by this process before: not asked again
-                    self._patiently(lambda: self.catalog.create_namespace_if_not_exists(namespace))
-                    _namespaces_made.add(made)
+                self.make_namespace()
                 table = self._patiently(create)
             except NoSuchNamespaceError:  # dropped since this process made it
-                _namespaces_made.discard(made)
-                self._patiently(lambda: self.catalog.create_namespace_if_not_exists(namespace))
-                _namespaces_made.add(made)
+                self.make_namespace(again=True)
                 table = self._patiently(create)
             log.info("lakesink: created table %s in catalog %r", self.table_name, self.catalog.name)
             return table, True
