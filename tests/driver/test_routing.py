@@ -384,6 +384,36 @@ def test_a_table_created_meanwhile_makes_each_table_create_itself_and_leaves_no_
         assert len(_metadata_files(catalog_properties, name)) == 2, (name, _metadata_files(catalog_properties, name))
 
 
+def test_a_creation_whose_commit_outcome_is_unknown_keeps_its_files_and_the_tables_are_written(
+    catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transaction creating a, b and c lands, but its commit raises (a connection lost on the reply): the metadata
+    files it wrote are kept (a row names them), each table then finds itself created and is written -- every id once,
+    every table readable (deleting the files would have left three tables pointing at nothing)."""
+    from sqlalchemy.exc import OperationalError
+
+    from lakesink._pyiceberg import sql_catalog
+
+    class LostReply(sql_catalog.Session):  # type: ignore[misc,name-defined]
+        lost = 0
+
+        def commit(self) -> None:
+            super().commit()
+            if LostReply.lost == 0:
+                LostReply.lost += 1
+                raise OperationalError("COMMIT", {}, Exception("connection lost after the commit"))
+
+    monkeypatch.setattr(sql_catalog, "Session", LostReply)
+    rc = routed(catalog_properties)
+    run(rc, 0, {"a": [1], "b": [2], "c": [3]})
+    assert LostReply.lost == 1
+    for name, i in (("db.a", 1), ("db.b", 2), ("db.c", 3)):
+        assert ids(catalog_properties, name) == Counter([i]), name
+        table = catalogs.load_table_fresh(None, catalog_properties, tuple(name.split(".")))
+        (created_with,) = [e.metadata_file for e in table.metadata.metadata_log]  # the file the transaction wrote
+        assert Path(created_with.removeprefix("file://")).exists(), name
+
+
 def test_tables_created_together_are_checked_as_one_created_alone(catalog_properties: dict[str, str]) -> None:
     """db.a renamed away keeps its files at db.a's default location: a batch creating db.a and db.c together is refused
     as one creating db.a alone (TableLocationError, db.a dropped again); nothing of the batch is committed anywhere."""
