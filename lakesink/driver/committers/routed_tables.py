@@ -470,8 +470,9 @@ class RoutedTables(ABC):
         self.row_checks(query_id)
         self._read_at_plan.clear()
         plans: dict[str, WritePlan] = {}
-        first = self._read_at_once([r.identifier for r in routes if str(r) not in self._uuids])
-        created = self._create_at_once([r for r in routes if str(r) not in self._uuids], first)
+        opening = [r for r in routes if str(r) not in self._uuids]
+        first = self._read_at_once([r.identifier for r in opening])
+        created = self._create_at_once(opening, first)
         first = {**first, **created} if first is not None else None
         for r in routes:
             plan, self._read_at_plan[str(r)] = self._plan_and_table(r, query_id, first, created)
