@@ -33,6 +33,8 @@ def schema_digest(schema: Schema) -> str:
 
 
 _MASK = (1 << 64) - 1
+ROWS_ONLY = "n"
+""":attr:`RowsDigest.kind` of a count without a hash (recorded as ``<rows>``)."""
 
 
 @dataclass(frozen=True)
@@ -48,25 +50,27 @@ class RowsDigest:
     """Which row hash: ``""`` lakesink.executor.row_digest's (the Arrow path), ``"x"`` Spark's ``xxhash64`` of the
     row's columns, the routing column aside (route-by with writer='spark', the two jobs' path: lakesink.sink.spark_routed),
     ``"b"`` the same hash of every column, summed over the whole batch (its split job: lakesink.sink.spark_split; the
-    table's own rows, the batch's sum)."""
+    table's own rows, the batch's sum), :data:`ROWS_ONLY` the rows alone (that split job where a batch's tables are
+    committed as one unit: no replay compares a hash there)."""
 
     def add(self, other: RowsDigest) -> RowsDigest:
         return RowsDigest(self.rows + other.rows, (self.total + other.total) & _MASK, self.kind or other.kind)
 
     def text(self) -> str:
-        """As recorded in a commit (``lakesink.batch-rows-digest``): ``<rows>:<kind><16 hex digits>``."""
-        return f"{self.rows}:{self.kind}{self.total:016x}"
+        """As recorded in a commit (``lakesink.batch-rows-digest``): ``<rows>:<kind><16 hex digits>``, or ``<rows>``
+        (kind :data:`ROWS_ONLY`: compared with any digest by its rows, :func:`same_rows`)."""
+        return str(self.rows) if self.kind == ROWS_ONLY else f"{self.rows}:{self.kind}{self.total:016x}"
 
 
 def same_rows(recorded: str, replayed: str) -> bool:
     """Do two digests of a table's rows of one batch (:meth:`RowsDigest.text`) tell the same rows? Digests of two
     kinds (the batch committed by one writer, replayed by the other: the Arrow path and route-by with writer='spark'
-    hash rows differently) can only compare their row counts."""
+    hash rows differently; or one of them is a count alone, ``<rows>``) can only compare their row counts."""
     if recorded == replayed:
         return True
-    rows_a, _, hash_a = recorded.partition(":")
-    rows_b, _, hash_b = replayed.partition(":")
-    if hash_a[:-16] != hash_b[:-16]:
+    rows_a, hashed_a, hash_a = recorded.partition(":")
+    rows_b, hashed_b, hash_b = replayed.partition(":")
+    if not hashed_a or not hashed_b or hash_a[:-16] != hash_b[:-16]:
         return rows_a == rows_b
     return False
 

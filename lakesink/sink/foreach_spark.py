@@ -123,8 +123,9 @@ class RoutedSparkBatches:
         self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None, root: str
     ) -> RoutedOutcome:
         """Option route-by with writer='spark', appends (lakesink.sink.spark_split): one Spark job writes the batch by
-        routing value (its only read), counting and digesting the whole batch; then the tables are opened, each one's
-        files moved into it (or written from the split's files), and one unit commits them."""
+        routing value (its only read), counting the whole batch (and digesting it where the tables are not committed
+        as one unit); then the tables are opened, each one's files moved into it (or written from the split's files),
+        and one unit commits them."""
         routing = self.options.routing
         template = routed.template()
         assert routing is not None and template is not None
@@ -140,6 +141,7 @@ class RoutedSparkBatches:
             query_id=query_id,
             batch_id=batch_id,
             max_records_per_file=per_file,
+            digest=not routed.atomic,  # one unit: a replay finds the batch in all its tables or in none, compares no digest
         )
         written: spark_routed.RoutedSparkWrite | None = None
         try:

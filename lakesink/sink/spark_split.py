@@ -9,10 +9,15 @@ lakesink.driver.committers.routed_tables.RoutedTables.template). So:
    a folder per value, ``__lakesink_value=<the value's UTF-8 bytes in hex>``, of a batch directory of the query's
    split area ``<warehouse>/.lakesink-split/<query id>/`` (no character that Spark escapes in a folder name, no two
    values in one folder on a filesystem that ignores case). The job observes the batch as a whole (one
-   ``CollectMetrics`` of three aggregates, whatever the number of tables): its row count, once per committed task, and
-   its digest of kind ``b`` (:data:`BATCH_DIGEST_KIND`: the sum of Spark's ``xxhash64`` over every column of each row,
-   the routing column included). A value whose folder name would be longer than a file name may be (more than
-   :data:`MAX_VALUE_BYTES` bytes), null or empty gets a folder named by its SHA-256 instead, and the batch goes the
+   ``CollectMetrics``, whatever the number of tables): its row count, once per committed task, and -- where the
+   batch's tables are not committed as one unit (``atomic=off``, a catalog that commits table by table) -- its digest
+   of kind ``b`` (:data:`BATCH_DIGEST_KIND`: the sum of Spark's ``xxhash64`` over every column of each row, the routing
+   column included). As one unit, a replay finds the batch in all its tables or in none and compares no digest
+   (lakesink.driver.committers.routed): the job counts the rows alone (kind ROWS_ONLY, recorded ``<rows>``; the hash
+   and its two sums cost about 4% of the job, docs/performance.md), and the rare replay that finds the batch in some
+   of its tables all the same (an earlier run's crash table by table, a table dropped since) reads it again for its
+   digest before anything is compared (:func:`place`). A value whose folder name would be longer than a file name may
+   be (more than :data:`MAX_VALUE_BYTES` bytes), null or empty gets a folder named by its SHA-256 instead, and the batch goes the
    way of two jobs (lakesink.sink.spark_routed: find, then write; an invalid route's RoutingError from there).
 2. The tables are opened as on that path (created on first sight), the replay of the whole batch decided, then
    :func:`place` -- a table whose files look like the template's (same file schema with field ids, partition spec,
@@ -22,10 +27,11 @@ lakesink.driver.committers.routed_tables.RoutedTables.template). So:
    written by lakesink.sink.spark_routed.write_routed from the split's files. The rows in the footers of every value's
    files, wherever they are then, must add up to the rows the job counted: a file lost, copied or cut short since the
    job fails the batch, nothing committed. Each table's commit records ``<its rows>:b<the batch's digest>``
-   (``lakesink.batch-rows-digest``): the batch's rows with their routing values determine every table's rows, so a
-   replay that finds the batch in some of its tables compares the digest it observed with the recorded one (a row
-   moved between tables changes its routing value, hence the digest) -- as strict as a digest per table, and stricter
-   where a replay changes rows of tables that do not hold the batch yet (a ReplayMismatchError there too).
+   (``lakesink.batch-rows-digest``; ``<its rows>`` alone as one unit): the batch's rows with their routing values
+   determine every table's rows, so a replay that finds the batch in some of its tables compares the digest it
+   observed with the recorded one (a row moved between tables changes its routing value, hence the digest) -- as
+   strict as a digest per table, and stricter where a replay changes rows of tables that do not hold the batch yet (a
+   ReplayMismatchError there too).
 
 A split directory not moved or committed is deleted when the batch ends, committed or failed; a driver killed in
 between leaves it, and the query's next run deletes every split directory of an earlier batch (:func:`sweep`; never
@@ -48,7 +54,7 @@ from pyspark.sql import types as T
 
 from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError
-from lakesink.executor.messages import RowsDigest, TaskResult, WritePlan, WrittenFile
+from lakesink.executor.messages import ROWS_ONLY, RowsDigest, TaskResult, WritePlan, WrittenFile
 from lakesink.faults import fault_point
 from lakesink.sink import spark_partition, spark_routed, spark_write
 from lakesink.table import names, storage
@@ -116,11 +122,20 @@ class Split:
 
 
 def split(
-    df: DataFrame, *, column: str, template: WritePlan, root: str, query_id: str, batch_id: int, max_records_per_file: int
+    df: DataFrame,
+    *,
+    column: str,
+    template: WritePlan,
+    root: str,
+    query_id: str,
+    batch_id: int,
+    max_records_per_file: int,
+    digest: bool = True,
 ) -> Split:
     """Write the batch ``df`` by routing value into a new batch directory under ``root`` (with the ``template`` plan's
-    columns, field ids, partition spec and settings), observing the batch's row count and digest in the same job. On
-    any failure the directory is deleted before the error propagates."""
+    columns, field ids, partition spec and settings), observing the batch's row count and, with ``digest``, its digest
+    in the same job (without: its rows alone, kind ROWS_ONLY -- where the batch's tables are committed as one unit, no
+    replay compares a digest, :func:`place`). On any failure the directory is deleted before the error propagates."""
     spark_routed.check_columns(df, column)
     if VALUE_KEY in df.columns:
         raise LakesinkError(f"the stream has a column {VALUE_KEY!r}, which route-by with writer='spark' uses itself; rename it")
@@ -132,9 +147,7 @@ def split(
     key = F.col(VALUE_KEY)
     # the batch's rows as the stream gives them (the digest a replay computes again), counted once per committed task
     observation = Observation(f"lakesink-split-{job.token}")
-    hash_column = spark_routed.HASH_COLUMN
-    hashed = df.withColumn(hash_column, spark_routed.row_hash(df, None))  # once a row, in Spark's generated code
-    observed = hashed.observe(observation, *spark_routed.digest_aggregates(F.col(hash_column))).drop(hash_column)
+    observed = _observed(df, observation, digest)
     projected = spark_write.project(
         observed.withColumn(VALUE_KEY, _value_key(column)), plan, batch_id, write_id, extra=[(VALUE_KEY, key, T.StringType())]
     )
@@ -148,8 +161,7 @@ def split(
             spark, writer, directory, partitioned=True, on_error=lambda e: spark_write.raise_not_null(e, df, plan, batch_id)
         )
         written = time.monotonic()
-        seen = observation.get
-        batch = dataclasses.replace(spark_routed.digest_of(seen["c"], seen["h"], seen["l"]), kind=BATCH_DIGEST_KIND)
+        batch = _observed_batch(observation.get, digest)
         found = _folder_keys(plan.io, directory)
         odd = not all(_named(k) for k in found)
         if not odd:
@@ -170,6 +182,28 @@ def split(
         since_ms=since_ms,
         job_ms=(written - started) * 1000,
     )
+
+
+def _observed(df: DataFrame, observation: Observation, digest: bool) -> DataFrame:
+    """``df`` observed as :func:`split` does: its rows counted, and with ``digest`` their hashes summed (the hash a
+    column of its own, computed once a row in Spark's generated code, then dropped)."""
+    if not digest:
+        return df.observe(observation, F.count(F.lit(1)).alias("c"))
+    hash_column = spark_routed.HASH_COLUMN
+    hashed = df.withColumn(hash_column, spark_routed.row_hash(df, None))
+    return hashed.observe(observation, *spark_routed.digest_aggregates(F.col(hash_column))).drop(hash_column)
+
+
+def _observed_batch(seen: Mapping[str, Any], digest: bool) -> RowsDigest:
+    if not digest:
+        return RowsDigest(int(seen["c"]), 0, ROWS_ONLY)
+    return dataclasses.replace(spark_routed.digest_of(seen["c"], seen["h"], seen["l"]), kind=BATCH_DIGEST_KIND)
+
+
+def _batch_digest(df: DataFrame) -> RowsDigest:
+    """The batch's count and digest of kind ``b`` by a job of their own (the source read again)."""
+    (seen,) = df.agg(*spark_routed.digest_aggregates(spark_routed.row_hash(df, None))).collect()
+    return _observed_batch(seen.asDict(), True)
 
 
 def _folder_keys(io: Any, directory: str) -> set[str]:
@@ -234,6 +268,9 @@ def place(
     spark, column, query_id, batch_id, run_id = df.sparkSession, batch.column, batch.query_id, batch.batch_id, batch.run_id
     value_table = batch.tables_by_value(list(s.keys))
     held = {n for n, p in plans.items() if p.last_committed_batch is not None and batch_id <= p.last_committed_batch}
+    whole = s.batch
+    if whole.kind == ROWS_ONLY and held and len(held) < len(plans):
+        whole = _digest_again(df, s, batch_id, held)
     moved = sorted(n for n in plans if n not in held and fits(plans[n], s.template))
     other = sorted(n for n in plans if n not in held and n not in moved)
     directories: list[str] = []
@@ -294,7 +331,7 @@ def place(
         for d in reversed(directories):
             spark_write.delete_directory(io, d)
         raise
-    digests = {name: RowsDigest(rows.get(name, 0), s.batch.total, BATCH_DIGEST_KIND) for name in plans}
+    digests = {name: RowsDigest(rows.get(name, 0), whole.total, whole.kind) for name in plans}
     return spark_routed.RoutedSparkWrite(
         result=spark_routed.routed_result(
             plans, written, digests, query_id=query_id, batch_id=batch_id, run_id=run_id, first_skipped=len(plans)
@@ -304,6 +341,23 @@ def place(
         job_ms=s.job_ms + (rewritten.job_ms if rewritten is not None else 0.0),
         footer_ms=(time.monotonic() - started) * 1000,
     )
+
+
+def _digest_again(df: DataFrame, s: Split, batch_id: int, held: set[str]) -> RowsDigest:
+    """The batch's digest for a replay that finds it in some of its tables only, where the split job counted its rows
+    alone (its tables are committed as one unit now, but a crash of an earlier run that committed table by table, or
+    a table dropped since, left the batch in some of them): compared by lakesink.driver.committers.routed before the
+    other tables are completed, as on a catalog that commits table by table."""
+    log.info("lakesink: route-by batch=%s is in %s of its tables only: reading it again for its digest", batch_id, len(held))
+    whole = _batch_digest(df)
+    if whole.rows != s.batch.rows:
+        raise LakesinkError(
+            f"route-by with writer='spark': batch {batch_id} gave the split job {s.batch.rows} rows and a second read "
+            f"of it {whole.rows} rows: its source does not give the same rows twice, so this replay cannot be compared "
+            f"with the tables that hold the batch ({', '.join(sorted(held))}). Nothing is committed; make the source "
+            "replayable (docs/routing.md, 'replays')"
+        )
+    return whole
 
 
 def _rows_in_folder(s: Split, value: object, batch_id: int) -> int:

@@ -8,12 +8,13 @@ pyarrow refuses to cast it).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from lakesink.executor.messages import RowsDigest, same_rows
+from lakesink.executor.messages import ROWS_ONLY, RowsDigest, same_rows
 from lakesink.executor.row_digest import digest
 
 REQUIRED_STRUCT = pa.struct([pa.field("v", pa.int64(), nullable=False)])
@@ -69,3 +70,15 @@ def test_digests_of_two_kinds_compare_their_row_counts_only() -> None:
     assert not same_rows(spark, RowsDigest(3, 0xDEE, "x").text())
     assert not same_rows(arrow, RowsDigest(3, 0xABD).text())
     assert RowsDigest(kind="x").add(RowsDigest(2, 5, "x")) == RowsDigest(2, 5, "x")
+
+
+def test_a_count_alone_compares_with_every_kind_by_its_rows() -> None:
+    """The split job of route-by with writer='spark' as one unit records a table's rows alone (kind ROWS_ONLY, text
+    ``<rows>``, lakesink.sink.spark_split): compared with a digest of any kind, or another count, by the rows."""
+    alone = RowsDigest(3, 0, ROWS_ONLY).text()
+    assert alone == "3"
+    for other in (RowsDigest(3, 0xABC), RowsDigest(3, 0xDEF, "x"), RowsDigest(3, 0x123, "b"), RowsDigest(3, 0, ROWS_ONLY)):
+        assert same_rows(alone, other.text()) and same_rows(other.text(), alone), other
+        more = dataclasses.replace(other, rows=4).text()
+        assert not same_rows(alone, more) and not same_rows(more, alone), other
+    assert RowsDigest(kind=ROWS_ONLY).add(RowsDigest(2, 0, ROWS_ONLY)).text() == "2"
