@@ -17,8 +17,9 @@ lakesink.driver.committers.routed_tables.RoutedTables.template). So:
    and its two sums cost about 4% of the job, docs/performance.md), and the rare replay that finds the batch in some
    of its tables all the same (an earlier run's crash table by table, a table dropped since) reads it again for its
    digest before anything is compared (:func:`place`). A value whose folder name would be longer than a file name may
-   be (more than :data:`MAX_VALUE_BYTES` bytes), null or empty gets a folder named by its SHA-256 instead, and the batch goes the
-   way of two jobs (lakesink.sink.spark_routed: find, then write; an invalid route's RoutingError from there).
+   be (more than :data:`MAX_VALUE_BYTES` bytes), null or empty gets a folder named by its SHA-256 instead, and the
+   batch goes the way of two jobs (lakesink.sink.spark_routed: find, then write; an invalid route's RoutingError from
+   there).
 2. The tables are opened as on that path (created on first sight), the replay of the whole batch decided, then
    :func:`place` -- a table whose files look like the template's (same file schema with field ids, partition spec,
    Parquet settings and filesystem: every table lakesink creates from the stream) gets its values' folders moved
