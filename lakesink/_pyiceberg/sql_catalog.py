@@ -302,7 +302,7 @@ def create_tables_on_sql_catalog(catalog: Any, new: Sequence[NewTable]) -> dict[
     for wanted in sorted({Catalog.namespace_from(n.identifier) for n in new}):
         if not catalog.namespace_exists(wanted):
             raise NoSuchNamespaceError(f"Namespace does not exist: {wanted}")
-    made: list[tuple[NewTable, str, TableMetadata, Any]] = []
+    made: list[tuple[NewTable, str, str, str, TableMetadata, Any]] = []  # and namespace, name, metadata file
     unknown = False  # the commit failed without saying whether it landed: the files stay (a row may name them)
     try:
         for n in new:
@@ -319,15 +319,11 @@ def create_tables_on_sql_catalog(catalog: Any, new: Sequence[NewTable]) -> dict[
             )
             io = load_file_io(properties=catalog.properties, location=metadata_location)
             write_table_metadata(metadata, io, metadata_location)
-            made.append((n, metadata_location, metadata, io))
+            made.append((n, namespace, name, metadata_location, metadata, io))
         with Session(catalog.engine) as session:
             try:
-                for n, metadata_location, _, _ in made:
-                    row = catalog._create_table_row(
-                        Catalog.namespace_to_string(Catalog.namespace_from(n.identifier)),
-                        Catalog.table_name_from(n.identifier),
-                        metadata_location,
-                    )
+                for _, namespace, name, metadata_location, _, _ in made:
+                    row = catalog._create_table_row(namespace, name, metadata_location)
                     session.execute(insert(IcebergTables).values(**row))
                 unknown = True
                 session.commit()
@@ -337,7 +333,7 @@ def create_tables_on_sql_catalog(catalog: Any, new: Sequence[NewTable]) -> dict[
                     f"one of tables {', '.join('.'.join(n.identifier) for n in new)} already exists"
                 ) from e
     except BaseException:
-        for _, metadata_location, _, io in [] if unknown else made:
+        for _, _, _, metadata_location, _, io in [] if unknown else made:
             try:
                 io.delete(metadata_location)
             except Exception:
@@ -351,5 +347,5 @@ def create_tables_on_sql_catalog(catalog: Any, new: Sequence[NewTable]) -> dict[
             io=catalog._load_file_io(metadata.properties, metadata_location),
             catalog=catalog,
         )
-        for n, metadata_location, metadata, _ in made
+        for n, _, _, metadata_location, metadata, _ in made
     }
