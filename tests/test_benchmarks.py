@@ -148,7 +148,9 @@ def test_commit_latency_and_driver_memory_at_toy_size(tmp_path: Path) -> None:
     result = json.loads((out / "commit_latency.json").read_text())
     assert result["concurrent"] and set(result["runs"]) == set(sinks.split(","))
     for run in result["runs"].values():
-        assert run["rows_ok"] and run["rows_back"] == run["rows_sent"] > 0
+        # rows_ok: the values back are exactly 0..n-1 (a duplicate or a loss breaks it) and at least the rows the
+        # progress reported; more is a batch the stop interrupted after its commit (commit_latency.exact)
+        assert run["rows_ok"] and run["rows_back"] >= run["rows_sent"] > 0
         assert len(run["batches"]) == 3 and run["stats"]["add_batch_ms"]["n"] == 2
     latency = result["runs"]["lakesink"]
     assert all(b["outcome"] == "Outcome.COMMITTED" for b in latency["batches"]) and latency["stats"]["commit_ms"]["p50"] > 0
@@ -202,7 +204,8 @@ def test_iceberg_java_sink_rows_at_toy_size(tmp_path: Path) -> None:
     assert java["summary"]["java-iceberg"]["paired_ratio_to_own_parquet_sink"]["n"] == 2
     for sink in ("java", "java-parquet"):
         latency = json.loads((out / "commit_latency.json").read_text())["runs"][sink]
-        assert latency["rows_ok"] and latency["rows_back"] == latency["rows_sent"] > 0 and len(latency["batches"]) == 3
+        # as above (commit_latency.exact): CI saw 45 rows back for 40 reported, the values exactly 0..44
+        assert latency["rows_ok"] and latency["rows_back"] >= latency["rows_sent"] > 0 and len(latency["batches"]) == 3
     page = (tmp_path / "performance.md").read_text()
     assert "| Iceberg Java sink (Spark 3.5) (own JVM" in page and "| Spark 3.5 parquet sink (own JVM" in page
 
