@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from lakesink.driver.report.commit_metrics import CommitMetrics
 from lakesink.errors import InvalidOptionError
-
-if TYPE_CHECKING:  # (lakesink.driver.report.metrics imports this module to export to it)
-    from lakesink.driver.report.metrics import CommitMetrics
 
 log = logging.getLogger("lakesink")
 
