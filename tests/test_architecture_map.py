@@ -96,15 +96,24 @@ def test_the_module_map_lists_every_module_and_only_those() -> None:
         "exist: remove or rename that line"
         for p in extra
     ]
-    problems += [f"docs/architecture.md, '## The packages': {m}: not an entry ('  name.py' or '  name/', two spaces "
-                 "a level) nor a continuation (indented more than 8 spaces)" for m in malformed]
+    problems += [
+        f"docs/architecture.md, '## The packages': {m}: not an entry ('  name.py' or '  name/', two spaces "
+        "a level) nor a continuation (indented more than 8 spaces)"
+        for m in malformed
+    ]
     assert problems == [], "the module map and lakesink/ differ:\n" + "\n".join(problems)
 
 
 def test_the_map_parser_sees_what_is_missing_and_what_is_extra() -> None:
-    lines = ["  errors.py        one error hierarchy", "  sink/            the entry points",
-             "    foreach.py     foreach_batch()", "                   continued", "    gone.py        removed",
-             "  table/", "    keys.py"]
+    lines = [
+        "  errors.py        one error hierarchy",
+        "  sink/            the entry points",
+        "    foreach.py     foreach_batch()",
+        "                   continued",
+        "    gone.py        removed",
+        "  table/",
+        "    keys.py",
+    ]
     paths, malformed = mapped(lines)
     assert set(paths) == {"errors.py", "sink/", "sink/foreach.py", "sink/gone.py", "table/", "table/keys.py"}
     assert malformed == []
