@@ -220,7 +220,7 @@ def grouping_keys(spec: PartitionSpec, schema: Schema) -> list[Column]:
 def with_grouping_keys(df: DataFrame, spec: PartitionSpec, schema: Schema) -> tuple[DataFrame, list[str]]:
     """``df`` (rows projected onto the table's ``schema``) with one grouping-key column per field of ``spec`` appended
     (:func:`grouping_keys`, named by :func:`key_names`), and their names: Spark's writer writes one directory per key,
-    one partition per file (docs/partitioning.md#spark-path); the keys are not written into the files. An
+    one partition per file (docs/partitioning.md#on-the-spark-path); the keys are not written into the files. An
     unpartitioned spec: ``df`` as it is, no key."""
     if spec.is_unpartitioned():
         return df, []
