@@ -174,7 +174,7 @@ def plan(
     live = seam.live_entries(table, branch)
     if equality := [e.data_file.file_path for e in live if e.data_file.content == DataFileContent.EQUALITY_DELETES]:
         return (
-            f"skipped: the table has {len(equality)} equality delete file(s) (e.g. {equality[0]}), written by another "
+            f"skipped: the table has delete files: {len(equality)} equality delete file(s) (e.g. {equality[0]}), written by another "
             "engine; lakesink's compaction does not apply equality deletes, and rewriting the data files they apply to "
             "would bring the deleted rows back. Compact it once with an engine that applies them (Spark: CALL "
             f"<catalog>.system.rewrite_data_files(table => '{_name(table)}', options => map('delete-file-threshold', '1'))), "

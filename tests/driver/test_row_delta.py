@@ -389,3 +389,80 @@ def test_v1_tables_cannot_take_delete_files(catalog_properties: dict[str, str]) 
     with pytest.raises(ValueError, match="format version 1"):
         commit_delta(table, delta)
 
+
+
+# --- compaction with delete files (issue 52 item 5) -------------------------------------------------------------------
+
+
+def test_compaction_applies_lakesinks_position_deletes_and_drops_the_delete_files(catalog_properties: dict[str, str]) -> None:
+    """Small files with merge-on-read deletes (two tasks' delete files, each naming several data files), one file
+    whose rows are all deleted: the compaction rewrites the files without the deleted rows, removes the fully deleted
+    one without a replacement, drops every delete file (none names a live data file any more), and keeps each row's
+    provenance (the new file's runs count the rows it holds). Every reader reads the same rows before and after."""
+    c = committer_no_maintenance(catalog_properties)
+    sent = commit_batches(c, 6)
+    table = load(c)
+    deleted = [0, 5, 1001, 2002, 2003, 3009, *range(4000, 4010)]  # batch 4's file entirely
+    commit_delta(table, delta_of(write_deletes(delete_target(table), positions_of(table, deleted), tasks=2)))
+    model = Counter(sent) - Counter(deleted)
+    assert_everywhere(load(c), model)
+    report = compaction.compact(load(c))
+    assert report.status == "committed", report.status
+    after = load(c)
+    assert_everywhere(after, model)
+    assert not live_delete_files(after)
+    head = after.current_snapshot()
+    assert head is not None and head.summary is not None
+    assert head.summary.operation.value == "replace"
+    assert head.summary["removed-position-delete-files"] == "2" and head.summary["total-delete-files"] == "0"
+    assert head.summary["total-position-deletes"] == "0" and head.summary["total-records"] == str(sum(model.values()))
+    assert report.rewritten_files == 6 and len(report.added_files) == 1
+    from lakesink.audit import origins
+    from lakesink._pyiceberg import io as seam
+
+    runs = origins.decode(seam.file_key_value_metadata(after.io, report.added_files[0]))
+    assert runs is not None and sum(r.rows for r in runs) == sum(model.values())
+    assert sorted(r.batch_id for r in runs) == [0, 1, 2, 3, 5]  # batch 4's rows are all gone
+
+
+def test_compaction_keeps_a_delete_file_that_still_names_a_live_data_file(catalog_properties: dict[str, str]) -> None:
+    """One delete file names rows of small files and of a large file the compaction does not rewrite: the small files
+    are rewritten without their deleted rows, and the delete file stays (its deletes of the large file still apply;
+    its older sequence number keeps it off the new file)."""
+    c = committer_no_maintenance(catalog_properties)
+    sent = commit_batches(c, 5)
+    sent += commit_batches(c, 1, rows=40000, start=9)
+    table = load(c)
+    sizes = sorted(f.file_size_in_bytes for f, _ in _data_entries(table))
+    deleted = [1, 1002, 2003, 9000, 29500]
+    commit_delta(table, delta_of(write_deletes(delete_target(table), positions_of(table, deleted))))
+    (delete_entry,) = live_delete_files(load(c))
+    assert sum(sizes[:-1]) < sizes[-1]
+    report = compaction.compact(load(c), target_file_size=sizes[-1])  # the large file is not small (75 % of the target)
+    assert report.status == "committed" and report.rewritten_files == 5, report
+    after = load(c)
+    assert_everywhere(after, Counter(sent) - Counter(deleted))
+    assert [e.data_file.file_path for e in live_delete_files(after)] == [delete_entry.data_file.file_path]
+
+
+def test_compaction_refuses_equality_deletes_naming_the_fix(catalog_properties: dict[str, str]) -> None:
+    """Equality deletes (another engine's) are not applied by lakesink's compaction: the run is skipped and says how
+    to compact the table (an engine that applies them), nothing is committed."""
+    from tests.support.row_deletes import equality_delete_file
+
+    c = committer_no_maintenance(catalog_properties)
+    commit_batches(c, 5)
+    commit_deletes(load(c), [equality_delete_file(load(c), "id", [3])])
+    before = load(c).current_snapshot()
+    report = compaction.compact(load(c))
+    assert report.status.startswith("skipped: the table has delete files: 1 equality delete file(s)")
+    assert "rewrite_data_files" in report.status and "db.events" in report.status
+    assert load(c).current_snapshot() == before
+
+
+def _data_entries(table: Table) -> list[tuple[Any, Any]]:
+    from lakesink._pyiceberg import io as seam
+
+    head = table.current_snapshot()
+    assert head is not None
+    return list(seam.data_file_entries(table, head))
