@@ -105,25 +105,31 @@ class _RowDeltaProducer(_MergeAppend):
         if self._added_data_files:
             with self.new_manifest_writer(spec=self._transaction.table_metadata.spec()) as writer:
                 for f in self._added_data_files:
-                    writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, data_file=f))
+                    writer.add(
+                        ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, data_file=f)
+                    )
             added.append(writer.to_manifest_file())
         for spec_id, files in sorted(_by_spec(self._added_deletes).items()):
             with self._delete_manifest_writer(spec_id) as writer:
                 for f in files:
-                    writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, data_file=f))
+                    writer.add(
+                        ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, data_file=f)
+                    )
             added.append(writer.to_manifest_file())
         by_kind: dict[tuple[bool, int], list[ManifestEntry]] = {}
         for entry in removed_entries:
             by_kind.setdefault((entry.data_file.content == DataFileContent.DATA, entry.data_file.spec_id), []).append(entry)
         for (data, spec_id), entries in sorted(by_kind.items()):
-            with (self.new_manifest_writer(self.spec(spec_id)) if data else self._delete_manifest_writer(spec_id)) as writer:
+            with self.new_manifest_writer(self.spec(spec_id)) if data else self._delete_manifest_writer(spec_id) as writer:
                 for entry in entries:
                     writer.delete(entry)
             added.append(writer.to_manifest_file())
         return self._process_manifests(added + kept)
 
     def _delete_manifest_writer(self, spec_id: int) -> DeleteManifestWriter:
-        return DeleteManifestWriter(self.spec(spec_id), self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression)
+        return DeleteManifestWriter(
+            self.spec(spec_id), self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression
+        )
 
     def _parent_without_removed(self) -> tuple[list[ManifestFile], list[ManifestEntry]]:
         """The parent's manifests to keep (one holding a removed file rewritten without it) and the removed files'
@@ -150,7 +156,7 @@ class _RowDeltaProducer(_MergeAppend):
                 continue
             deletes = manifest.content == ManifestContent.DELETES
             spec = self.spec(manifest.partition_spec_id)
-            with (self._delete_manifest_writer(spec.spec_id) if deletes else self.new_manifest_writer(spec)) as writer:
+            with self._delete_manifest_writer(spec.spec_id) if deletes else self.new_manifest_writer(spec) as writer:
                 for e in rest:
                     writer.existing(e)
             kept.append(writer.to_manifest_file())

@@ -134,7 +134,9 @@ class PositionDeleteWriter:
             self._paths.setdefault(table, []).append(pc.cast(paths, pa.string()))
             self._positions.setdefault(table, []).append(pc.cast(pos, pa.int64()))
 
-    def add_batch(self, table: str, batch: pa.RecordBatch | pa.Table, *, path_column: str = "file_path", pos_column: str = "pos") -> None:
+    def add_batch(
+        self, table: str, batch: pa.RecordBatch | pa.Table, *, path_column: str = "file_path", pos_column: str = "pos"
+    ) -> None:
         """:meth:`add` of a batch's ``path_column`` and ``pos_column``."""
         self.add(table, batch.column(path_column), batch.column(pos_column))
 

@@ -174,9 +174,10 @@ def plan(
     live = seam.live_entries(table, branch)
     if equality := [e.data_file.file_path for e in live if e.data_file.content == DataFileContent.EQUALITY_DELETES]:
         return (
-            f"skipped: the table has delete files: {len(equality)} equality delete file(s) (e.g. {equality[0]}), written by another "
-            "engine; lakesink's compaction does not apply equality deletes, and rewriting the data files they apply to "
-            "would bring the deleted rows back. Compact it once with an engine that applies them (Spark: CALL "
+            f"skipped: the table has delete files: {len(equality)} equality delete file(s) (e.g. {equality[0]}), "
+            "written by another engine; lakesink's compaction does not apply equality deletes, and rewriting the data "
+            "files they apply to would bring the deleted rows back. Compact it once with an engine that applies them "
+            "(Spark: CALL "
             f"<catalog>.system.rewrite_data_files(table => '{_name(table)}', options => map('delete-file-threshold', '1'))), "
             "then lakesink's compaction runs again"
         )
@@ -226,10 +227,10 @@ def plan(
                 )
             )
     rewritten = {f.file_path for b in result.bins for f in b}
-    for f in rewritten:
-        if f in deletes.applying:
-            result.deletes[f] = deletes.applying[f]
-            result.deleted[f] = sorted(deletes.positions[f])
+    for path in rewritten:
+        if path in deletes.applying:
+            result.deletes[path] = deletes.applying[path]
+            result.deleted[path] = sorted(deletes.positions[path])
     # a delete file goes once no data file it names stays live: all rewritten now, or gone before (a dangling one)
     still_live = {f.file_path for f, _ in data} - rewritten
     result.removed_deletes = [deletes.files[p] for p, named in sorted(deletes.names.items()) if not named & still_live]

@@ -19,12 +19,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.expressions import EqualTo, In
 from pyiceberg.manifest import DataFileContent, ManifestContent
 from pyiceberg.table import Table
 
+from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg.io import deletes as seam_deletes
-from lakesink.audit import interop
+from lakesink._pyiceberg.producers import data_file
+from lakesink.audit import interop, origins
 from lakesink.driver.actions.row_delta import RowDelta, RowDeltaAction, TableContext, delete_target
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.validation import RowDeltaChecks
@@ -33,10 +34,9 @@ from lakesink.executor.messages import TaskIds
 from lakesink.executor.position_deletes import DeleteTarget, PositionDeleteWriter
 from lakesink.maintenance import compaction, expiry
 from lakesink.options import TableName
-from lakesink._pyiceberg.producers import data_file
 from lakesink.table import names, partitioning
 from tests.support.helpers import Q1, commit_batches, committer_no_maintenance, load, raced, write_task
-from tests.support.row_deletes import commit_deletes, position_delete_files
+from tests.support.row_deletes import commit_deletes, equality_delete_file, position_delete_files
 
 # --- helpers: the lookup Spark will do, the tasks, the commit ------------------------------------------------------
 
@@ -182,7 +182,12 @@ def test_deletes_alone_are_a_delete_snapshot_and_rows_alone_an_append(catalog_pr
     new = write_task(c, Q1, 7, [7000])
     rows = [data_file(path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=0) for f in new.files]
     table = load(c)
-    commit_delta(table, RowDelta(checks=RowDeltaChecks(table.current_snapshot().snapshot_id, frozenset()), commit=names.commit_name(names.COMPACT), data_files=tuple(rows)))  # type: ignore[union-attr]
+    head = table.current_snapshot()
+    assert head is not None
+    checks = RowDeltaChecks(base_snapshot_id=head.snapshot_id, referenced_data_files=frozenset())
+    commit_delta(
+        table, RowDelta(checks=checks, commit=names.commit_name(names.BATCH, query_id=Q1, batch_id=7), data_files=tuple(rows))
+    )
     snapshot = table.current_snapshot()
     assert snapshot is not None and snapshot.summary is not None
     assert snapshot.summary.operation.value == "append"
@@ -207,13 +212,13 @@ def test_a_partitioned_tables_deletes_go_one_file_per_partition_with_the_datas_p
     for m in table.current_snapshot().manifests(table.io):  # type: ignore[union-attr]
         if m.content == ManifestContent.DATA:
             for e in m.fetch_manifest_entry(table.io):
-                data_partition[e.data_file.file_path] = tuple(e.data_file.partition)
+                data_partition[e.data_file.file_path] = seam.partition_of(e.data_file)
     entries = live_delete_files(table)
-    partitions = [tuple(e.data_file.partition) for e in entries]
+    partitions = [seam.partition_of(e.data_file) for e in entries]
     assert len(partitions) == len(set(partitions)) >= 2  # one file per partition
     for e in entries:
         referenced = set(seam_deletes.read_position_deletes(table.io, e.data_file.file_path).column("file_path").to_pylist())
-        assert {data_partition[p] for p in referenced} == {tuple(e.data_file.partition)}
+        assert {data_partition[p] for p in referenced} == {seam.partition_of(e.data_file)}
         assert {p.rsplit("/", 2)[1] for p in referenced} == {e.data_file.file_path.rsplit("/", 2)[1]}  # its folder
 
 
@@ -340,7 +345,7 @@ def test_serializable_new_data_in_the_conflict_filter_is_a_conflict(catalog_prop
     table = load(c)
     results = write_deletes(delete_target(table), positions_of(table, [3]))
     commit_batches(c, 1, start=5)  # ids 5000..5009
-    keys = In("id", [3, 5004]) if matching else EqualTo("id", 3)
+    keys = seam.parse_row_filter("id in (3, 5004)" if matching else "id = 3")
     delta = delta_of(results, no_conflicting_data=True, conflict_filter=keys)
     if matching:
         with pytest.raises(RowDeltaConflictError, match="may hold rows") as e:
@@ -390,7 +395,6 @@ def test_v1_tables_cannot_take_delete_files(catalog_properties: dict[str, str]) 
         commit_delta(table, delta)
 
 
-
 # --- compaction with delete files (issue 52 item 5) -------------------------------------------------------------------
 
 
@@ -417,12 +421,9 @@ def test_compaction_applies_lakesinks_position_deletes_and_drops_the_delete_file
     assert head.summary["removed-position-delete-files"] == "2" and head.summary["total-delete-files"] == "0"
     assert head.summary["total-position-deletes"] == "0" and head.summary["total-records"] == str(sum(model.values()))
     assert report.rewritten_files == 6 and len(report.added_files) == 1
-    from lakesink.audit import origins
-    from lakesink._pyiceberg import io as seam
-
     runs = origins.decode(seam.file_key_value_metadata(after.io, report.added_files[0]))
     assert runs is not None and sum(r.rows for r in runs) == sum(model.values())
-    assert sorted(r.batch_id for r in runs) == [0, 1, 2, 3, 5]  # batch 4's rows are all gone
+    assert sorted(r.batch_id or 0 for r in runs) == [0, 1, 2, 3, 5]  # batch 4's rows are all gone
 
 
 def test_compaction_keeps_a_delete_file_that_still_names_a_live_data_file(catalog_properties: dict[str, str]) -> None:
@@ -448,8 +449,6 @@ def test_compaction_keeps_a_delete_file_that_still_names_a_live_data_file(catalo
 def test_compaction_refuses_equality_deletes_naming_the_fix(catalog_properties: dict[str, str]) -> None:
     """Equality deletes (another engine's) are not applied by lakesink's compaction: the run is skipped and says how
     to compact the table (an engine that applies them), nothing is committed."""
-    from tests.support.row_deletes import equality_delete_file
-
     c = committer_no_maintenance(catalog_properties)
     commit_batches(c, 5)
     commit_deletes(load(c), [equality_delete_file(load(c), "id", [3])])
@@ -461,8 +460,6 @@ def test_compaction_refuses_equality_deletes_naming_the_fix(catalog_properties: 
 
 
 def _data_entries(table: Table) -> list[tuple[Any, Any]]:
-    from lakesink._pyiceberg import io as seam
-
     head = table.current_snapshot()
     assert head is not None
     return list(seam.data_file_entries(table, head))

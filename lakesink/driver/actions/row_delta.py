@@ -133,9 +133,7 @@ class RowDelta:
         )
 
 
-def delete_target(
-    table: Table, *, branch: str = MAIN_BRANCH, candidates: Sequence[DataFile] | None = None
-) -> DeleteTarget:
+def delete_target(table: Table, *, branch: str = MAIN_BRANCH, candidates: Sequence[DataFile] | None = None) -> DeleteTarget:
     """What the executors need to write ``table``'s position deletes (lakesink.executor.position_deletes): its
     location and properties, and the data files whose rows they may delete -- ``candidates`` (the lookup's, live in
     the branch head), or every live data file of the head -- with the head as the snapshot the positions are read from.
@@ -148,7 +146,9 @@ def delete_target(
         f.file_path: TargetFile(
             spec_id=f.spec_id,
             partition=seam.partition_of(f),
-            partition_path=seam.partition_path(specs[f.spec_id], schema, seam.partition_of(f)) if specs[f.spec_id].fields else None,
+            partition_path=seam.partition_path(specs[f.spec_id], schema, seam.partition_of(f))
+            if specs[f.spec_id].fields
+            else None,
             record_count=f.record_count,
         )
         for f in files

@@ -223,7 +223,11 @@ def validate_row_delta(table: Table, *, branch: str, checks: RowDeltaChecks) -> 
         )
     if checks.no_conflicting_deletes and referenced and since.added_deletes:
         conflicts = sorted(
-            {(d.file.file_path, d.snapshot_id) for d in since.added_deletes if any(_may_delete_from(d.file, p) for p in referenced)}
+            {
+                (d.file.file_path, d.snapshot_id)
+                for d in since.added_deletes
+                if any(_may_delete_from(d.file, p) for p in referenced)
+            }
         )
         if conflicts:
             raise RowDeltaConflictError(
