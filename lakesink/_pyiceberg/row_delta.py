@@ -40,7 +40,7 @@ from pyiceberg.manifest import (
     ManifestEntryStatus,
     ManifestFile,
 )
-from pyiceberg.table import Table
+from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.typedef import EMPTY_DICT, Record
 
@@ -48,9 +48,6 @@ from lakesink._pyiceberg.commit import PreparedCommit
 from lakesink._pyiceberg.metadata import DeleteManifestWriter, snapshot_manifests
 from lakesink._pyiceberg.producers import _MergeAppend, _named, _prepared, _staged, _transaction
 from lakesink.table import names
-
-#: pyiceberg's table property of the partition summary limit, and its default
-_PARTITION_SUMMARY_LIMIT = "write.summary.partition-limit"
 
 
 def delete_file(
@@ -167,7 +164,13 @@ class _RowDeltaProducer(_MergeAppend):
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:  # noqa: B006
         metadata = self._transaction.table_metadata
         schema, specs = metadata.schema(), metadata.specs()
-        collector = SnapshotSummaryCollector(partition_summary_limit=int(metadata.properties.get(_PARTITION_SUMMARY_LIMIT, "0")))
+        collector = SnapshotSummaryCollector(
+            partition_summary_limit=int(
+                metadata.properties.get(
+                    TableProperties.WRITE_PARTITION_SUMMARY_LIMIT, TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT
+                )
+            )
+        )
         for f in self._added_data_files:
             collector.add_file(f, schema, metadata.spec())
         for f in self._added_deletes:
