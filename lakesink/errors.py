@@ -126,6 +126,19 @@ class ConcurrentTableChangeError(LakesinkError):
     retryable = True
 
 
+class RowDeltaConflictError(ConcurrentTableChangeError):
+    """A row delta (position deletes with a batch's rows) conflicts with what was committed since the snapshot its
+    positions were read from: a data file its deletes point at was removed or rewritten (a compaction, another
+    engine's copy-on-write), another engine's delete files may delete the same rows, or new data files may hold rows
+    the batch changes. The positions are no longer valid as they are: nothing was committed, and the files the batch
+    wrote for this attempt are left to the caller, who finds the positions again on the new head (or a restart
+    does). ``files``: the conflicting files."""
+
+    def __init__(self, message: str, files: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.files = files
+
+
 class ReplayMismatchError(LakesinkError):
     """Spark replays a batch that the table already holds, but over other source offsets than the committed one.
 

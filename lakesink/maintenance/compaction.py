@@ -12,6 +12,13 @@ those deletes and bring the deleted rows back. When a check fails, or the snapsh
 (expired, the branch reset), the run gives up cleanly: its new files are deleted, nothing is committed, and a later
 run starts over. So a batch always wins against a compaction, and so does another engine's delete.
 
+**Delete files.** Position deletes (lakesink's merge-on-read, or another engine's) are applied: a data file is
+rewritten without its deleted rows, and a position delete file goes in the same snapshot once none of the data files it
+names is live any more (the files it deletes rows of all rewritten, or gone before). A data file whose deletes reach
+Iceberg Java's ``delete-ratio-threshold`` (30 % of its rows) is rewritten whatever its size, alone if need be; a data
+file whose rows are all deleted is removed and replaced by nothing. Equality deletes (another engine's) are not
+applied: a table holding live ones is skipped, and the report says how to compact it.
+
 Files a batch has written but not committed are never read: only the head's live files are.
 
 Each new file keeps the provenance of its rows in its Parquet footer (:mod:`lakesink.audit.origins`): which
@@ -24,17 +31,19 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pyiceberg.expressions import AlwaysTrue
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import FileScanTask, Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import producers as seam_producers
+from lakesink._pyiceberg import row_delta as seam_row_delta
+from lakesink._pyiceberg.io import deletes as seam_deletes
 from lakesink.audit import origins
 from lakesink.audit.manifests import Manifests
 from lakesink.audit.snapshots import lakesink_key
@@ -52,6 +61,9 @@ log = logging.getLogger("lakesink")
 
 #: A file smaller than this share of the target size is "small" (Iceberg's min-file-size-bytes default: 75 %).
 SMALL_FILE_RATIO = 0.75
+#: A data file with at least this share of its rows deleted is rewritten whatever its size (Iceberg Java's
+#: rewrite_data_files ``delete-ratio-threshold`` default).
+DELETE_RATIO = 0.3
 
 
 class CompactionStaleError(LakesinkError):
@@ -102,6 +114,51 @@ class CompactionReport:
 class _Plan:
     bins: list[list[DataFile]] = field(default_factory=list)
     groups: list[Group] = field(default_factory=list)
+    deletes: dict[str, list[DataFile]] = field(default_factory=dict)
+    """The position delete files that apply to each data file of the bins, by its path."""
+    deleted: dict[str, list[int]] = field(default_factory=dict)
+    """The deleted positions of each data file of the bins, sorted."""
+    removed_deletes: list[DataFile] = field(default_factory=list)
+    """The position delete files the compaction removes: none of the data files they name stays live."""
+
+
+@dataclass
+class _Deletes:
+    """The branch head's live position deletes, read: which delete files apply to which data file, the positions."""
+
+    applying: dict[str, list[DataFile]] = field(default_factory=dict)
+    positions: dict[str, set[int]] = field(default_factory=dict)
+    names: dict[str, set[str]] = field(default_factory=dict)
+    """Each delete file's path: the data files its rows name."""
+    files: dict[str, DataFile] = field(default_factory=dict)
+
+
+def _read_deletes(table: Table, entries: Sequence[Any], data: Sequence[tuple[DataFile, int | None]]) -> _Deletes:
+    """Read the live position delete files ``entries`` and match them to the live ``data`` files (data file, data
+    sequence number) as the spec's scope rules say: same spec and partition, a data sequence number not above the
+    delete file's, its path among the delete file's rows."""
+    out = _Deletes()
+    by_path = {f.file_path: (f, seq) for f, seq in data}
+    for entry in entries:
+        delete = entry.data_file
+        rows = seam_deletes.read_position_deletes(table.io, delete.file_path)
+        out.files[delete.file_path] = delete
+        named = seam_deletes.positions_by_file(seam_deletes.sorted_positions(rows.column("file_path"), rows.column("pos")))
+        out.names[delete.file_path] = set(named)
+        for path, positions in named.items():
+            found = by_path.get(path)
+            if found is None:
+                continue
+            f, seq = found
+            if f.spec_id != delete.spec_id or floats.partition_key(seam.partition_of(f)) != floats.partition_key(
+                seam.partition_of(delete)
+            ):
+                continue
+            if seq is not None and entry.sequence_number is not None and seq > entry.sequence_number:
+                continue  # a data file newer than the delete file (a rewrite kept its path? never: paths are unique)
+            out.applying.setdefault(path, []).append(delete)
+            out.positions.setdefault(path, set()).update(positions.to_pylist())
+    return out
 
 
 def plan(
@@ -114,20 +171,34 @@ def plan(
     head = table.metadata.snapshot_by_name(branch)
     if head is None:
         return "nothing to compact"
-    if seam.snapshot_has_delete_files(table, head):
-        return "skipped: the table has delete files (rewriting data files would need them applied; not supported)"
+    live = seam.live_entries(table, branch)
+    if equality := [e.data_file.file_path for e in live if e.data_file.content == DataFileContent.EQUALITY_DELETES]:
+        return (
+            f"skipped: the table has delete files: {len(equality)} equality delete file(s) (e.g. {equality[0]}), "
+            "written by another engine; lakesink's compaction does not apply equality deletes, and rewriting the data "
+            "files they apply to would bring the deleted rows back. Compact it once with an engine that applies them "
+            "(Spark: CALL "
+            f"<catalog>.system.rewrite_data_files(table => '{_name(table)}', options => map('delete-file-threshold', '1'))), "
+            "then lakesink's compaction runs again"
+        )
+    data = [(e.data_file, e.sequence_number) for e in live if e.data_file.content == DataFileContent.DATA]
+    deletes = _read_deletes(table, [e for e in live if e.data_file.content == DataFileContent.POSITION_DELETES], data)
     spec = table.spec()
     small_limit = int(target * SMALL_FILE_RATIO)
+
+    def heavy(f: DataFile) -> bool:  # deletes reach Java's delete-ratio-threshold: worth rewriting alone
+        return len(deletes.positions.get(f.file_path, ())) >= DELETE_RATIO * max(f.record_count, 1)
+
     # grouped by floats.partition_key, not the values: Python's == merges -0.0 with 0.0 (and never matches NaN)
     by_partition: dict[tuple[Any, ...], list[DataFile]] = {}
-    for f, _ in seam.data_file_entries(table, head):
-        if f.spec_id != spec.spec_id or f.file_size_in_bytes >= small_limit:
+    for f, _ in data:
+        if f.spec_id != spec.spec_id or (f.file_size_in_bytes >= small_limit and not heavy(f)):
             continue
         by_partition.setdefault(floats.partition_key(seam.partition_of(f)), []).append(f)
     result = _Plan()
     for _, files in sorted(by_partition.items(), key=lambda kv: repr(kv[0])):
         key = seam.partition_of(files[0])  # the same bits in every file of the group
-        if len(files) < min_files:
+        if len(files) < min_files and not any(heavy(f) for f in files):
             continue
         # first fit decreasing into bins of at most the target size
         bins: list[list[DataFile]] = []
@@ -143,7 +214,7 @@ def plan(
                 sizes.append(f.file_size_in_bytes)
         part = seam.partition_path(spec, table.schema(), key) if spec.fields else ""
         for b in bins:
-            if len(b) < 2:
+            if len(b) < 2 and not heavy(b[0]):
                 continue
             b.sort(key=lambda f: f.file_path)
             result.bins.append(b)
@@ -152,10 +223,18 @@ def plan(
                     partition=part,
                     files=tuple(f.file_path for f in b),
                     input_bytes=sum(f.file_size_in_bytes for f in b),
-                    records=sum(f.record_count for f in b),
+                    records=sum(f.record_count - len(deletes.positions.get(f.file_path, ())) for f in b),
                 )
             )
-    return result if result.bins else "nothing to compact"
+    rewritten = {f.file_path for b in result.bins for f in b}
+    for path in rewritten:
+        if path in deletes.applying:
+            result.deletes[path] = deletes.applying[path]
+            result.deleted[path] = sorted(deletes.positions[path])
+    # a delete file goes once no data file it names stays live: all rewritten now, or gone before (a dangling one)
+    still_live = {f.file_path for f, _ in data} - rewritten
+    result.removed_deletes = [deletes.files[p] for p, named in sorted(deletes.names.items()) if not named & still_live]
+    return result if result.bins or result.removed_deletes else "nothing to compact"
 
 
 def compact(
@@ -189,8 +268,11 @@ def compact(
     added_by = {path: sid for path, (_, sid) in Manifests(table).live_files(head).items()} if head is not None else {}
     try:
         for i, b in enumerate(planned.bins):
-            runs = _origins(table, b, added_by)
-            added.append(_rewrite(table, b, schema=schema, spec=spec, commit=files_name, index=i, runs=runs))
+            runs = _origins(table, b, added_by, planned.deleted)
+            if sum(r.rows for r in runs) == 0:
+                continue  # every row of the bin is deleted: its files go, nothing replaces them
+            deletes = {f.file_path: planned.deletes.get(f.file_path, []) for f in b}
+            added.append(_rewrite(table, b, schema=schema, spec=spec, commit=files_name, index=i, runs=runs, deletes=deletes))
             if progress:
                 progress(i + 1, len(planned.bins))
     except BaseException:
@@ -207,6 +289,7 @@ def compact(
         added=added,
         files_name=files_name,
         spec_id=spec.spec_id,
+        removed_deletes=planned.removed_deletes,
     )
     try:
         result = swap.run(action)
@@ -259,8 +342,10 @@ class Compaction(CommitAction):
         added: Sequence[DataFile],
         files_name: names.CommitName,
         spec_id: int,
+        removed_deletes: Sequence[DataFile] = (),
     ):
         super().__init__(table, f"compaction of {_name(table)}")
+        self.removed_deletes = removed_deletes
         self.branch = branch
         self.commit_id = commit_id
         self.base = base
@@ -275,9 +360,21 @@ class Compaction(CommitAction):
         return Landing(mine=True, snapshot_id=found.snapshot_id) if found is not None else None
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        rewritten = self.validated(table)
+        if self.removed_deletes:
+            # delete files go too: pyiceberg's overwrite would rewrite their manifest as a data manifest
+            return seam_row_delta.prepare_rewrite(
+                table,
+                removed=[*rewritten, *self.removed_deletes],
+                added=self.added,
+                summary=self.summary,
+                branch=self.branch,
+                commit=self.files_name.next_attempt(),
+                files_since_ms=self.files_name.started_ms,
+            )
         return seam_producers.prepare_replace(
             table,
-            deleted=self.validated(table),
+            deleted=rewritten,
             added=self.added,
             summary=self.summary,
             branch=self.branch,
@@ -297,11 +394,12 @@ class Compaction(CommitAction):
         if not since.moved:
             return self.rewritten
         head = t.metadata.snapshot_by_name(self.branch)
-        live = {f.file_path: f for f, _ in seam.data_file_entries(t, head)} if head is not None else {}
-        wanted = {f.file_path for f in self.rewritten}
+        live = {e.data_file.file_path: e.data_file for e in seam.live_entries(t, self.branch)} if head is not None else {}
+        wanted = {f.file_path for f in (*self.rewritten, *self.removed_deletes)}
         missing = sorted(wanted - live.keys())
         if missing:
             raise CompactionStaleError(f"{len(missing)} file(s) the compaction rewrites are no longer live (e.g. {missing[0]})")
+        wanted = {f.file_path for f in self.rewritten}
         deleted = [live[p] for p in sorted(wanted)]
         conflicts = validation.deletes_applying_to(deleted, since.added_deletes, t.specs())
         if conflicts:
@@ -314,26 +412,48 @@ class Compaction(CommitAction):
         return deleted
 
 
-def _origins(table: Table, files: Sequence[DataFile], added_by: dict[str, int | None]) -> list[origins.Run]:
-    """The row provenance of the file that ``files`` are rewritten into: their rows, in order (see
-    :mod:`lakesink.audit.origins`); a file that was itself compacted gives its own runs."""
+def _origins(
+    table: Table, files: Sequence[DataFile], added_by: dict[str, int | None], deleted: Mapping[str, Sequence[int]]
+) -> list[origins.Run]:
+    """The row provenance of the file that ``files`` are rewritten into: their rows, in order, but the ``deleted``
+    positions of each (see :mod:`lakesink.audit.origins`); a file that was itself compacted gives its own runs."""
     runs: list[origins.Run] = []
     index = SnapshotIndex(table.metadata)
     for f in files:
-        sid = added_by.get(f.file_path)
-        snapshot = index.get(sid)
-        key = lakesink_key(snapshot) if snapshot is not None else None
-        props = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
-        if props.get(SUMMARY_OPERATION) == COMPACT or key is None:
-            try:
-                found = origins.decode(seam.file_key_value_metadata(table.io, f.file_path))
-            except Exception:  # an unreadable footer: the rows are attributed to the snapshot that added the file
-                found = None
-            if found is not None and sum(r.rows for r in found) == f.record_count:
-                runs.extend(found)
-                continue
-        runs.append(origins.Run(key[0] if key else None, key[1] if key else None, sid, f.record_count))
+        runs.extend(_without(_file_origins(table, f, added_by, index), deleted.get(f.file_path, ())))
     return runs
+
+
+def _without(runs: Sequence[origins.Run], positions: Sequence[int]) -> list[origins.Run]:
+    """``runs`` (one file's rows, in order) without the rows at ``positions`` (sorted)."""
+    out = []
+    start = 0
+    i = 0
+    for r in runs:
+        end = start + r.rows
+        gone = 0
+        while i < len(positions) and positions[i] < end:
+            gone += positions[i] >= start
+            i += 1
+        out.append(replace(r, rows=r.rows - gone))
+        start = end
+    return out
+
+
+def _file_origins(table: Table, f: DataFile, added_by: dict[str, int | None], index: SnapshotIndex) -> list[origins.Run]:
+    """One file's rows, in order, as runs of the batches that wrote them."""
+    sid = added_by.get(f.file_path)
+    snapshot = index.get(sid)
+    key = lakesink_key(snapshot) if snapshot is not None else None
+    props = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
+    if props.get(SUMMARY_OPERATION) == COMPACT or key is None:
+        try:
+            found = origins.decode(seam.file_key_value_metadata(table.io, f.file_path))
+        except Exception:  # an unreadable footer: the rows are attributed to the snapshot that added the file
+            found = None
+        if found is not None and sum(r.rows for r in found) == f.record_count:
+            return found
+    return [origins.Run(key[0] if key else None, key[1] if key else None, sid, f.record_count)]
 
 
 def _rewrite(
@@ -345,8 +465,10 @@ def _rewrite(
     commit: names.CommitName,
     index: int,
     runs: list[origins.Run],
+    deletes: Mapping[str, Sequence[DataFile]],
 ) -> DataFile:
-    tasks = [FileScanTask(f) for f in files]
+    # the position deletes that apply to each file are applied as it is read (pyiceberg's scan of a task)
+    tasks = [FileScanTask(f, delete_files=set(deletes.get(f.file_path, ()))) for f in files]
     batches = seam.scan_files(table.metadata, table.io, tasks, schema=schema, row_filter=AlwaysTrue())
     first = files[0]
     part = seam.partition_path(spec, schema, seam.partition_of(first)) if spec.fields else None

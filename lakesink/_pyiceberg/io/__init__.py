@@ -5,7 +5,8 @@ Runs in Spark's Python workers as well as on the driver: it imports no catalog, 
 table's schema as files are written with it, batches projected onto it, Arrow types as Iceberg types),
 :mod:`~lakesink._pyiceberg.io.parquet` (Parquet files written: writer options, column statistics and metrics, data
 file locations), :mod:`~lakesink._pyiceberg.io.partitions` (partition values), :mod:`~lakesink._pyiceberg.io.filters`
-(Iceberg row filter expressions), :mod:`~lakesink._pyiceberg.io.reads` (data files, manifests and metadata files
+(Iceberg row filter expressions), :mod:`~lakesink._pyiceberg.io.deletes` (position delete files written and
+read), :mod:`~lakesink._pyiceberg.io.reads` (data files, manifests and metadata files
 read as pyiceberg's own scan reads them) and :mod:`~lakesink._pyiceberg.io.floats` (two pyiceberg 0.12.0 bugs with
 float and double values in manifests, corrected when this package is imported: every process that writes or commits
 imports it). Every name is importable from here (``from lakesink._pyiceberg import io as seam``). Tested against
@@ -14,7 +15,15 @@ pyiceberg 0.12.
 
 from __future__ import annotations
 
-from lakesink._pyiceberg.io.filters import bind_row_filter, filter_arrow, filter_rows, matching_rows, parse_row_filter
+from lakesink._pyiceberg.io.deletes import FILE_PATH_ID, POS_ID
+from lakesink._pyiceberg.io.filters import (
+    bind_row_filter,
+    data_file_may_match,
+    filter_arrow,
+    filter_rows,
+    matching_rows,
+    parse_row_filter,
+)
 from lakesink._pyiceberg.io.floats import fast_avro_reads_doubles_as_float32, partition_summaries_merge_signed_zeros
 from lakesink._pyiceberg.io.parquet import (
     bound_value,
@@ -67,6 +76,8 @@ from lakesink._pyiceberg.io.schemas import (
 )
 
 __all__ = [
+    "FILE_PATH_ID",
+    "POS_ID",
     "UnsupportedIcebergType",
     "added_data_file_paths",
     "arrow_schema",
@@ -76,6 +87,7 @@ __all__ = [
     "check_write_properties",
     "column_bounds",
     "data_file_entries",
+    "data_file_may_match",
     "data_manifests",
     "entries_written_by",
     "fast_avro_reads_doubles_as_float32",

@@ -7,10 +7,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.expressions.parser import parse
-from pyiceberg.expressions.visitors import bind
+from pyiceberg.expressions.visitors import _InclusiveMetricsEvaluator, bind, expression_evaluator, inclusive_projection
 from pyiceberg.io.pyarrow import (
     expression_to_pyarrow,
 )
+from pyiceberg.manifest import DataFile
+from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 
 from lakesink._pyiceberg.io.schemas import new_table_schema
@@ -56,3 +58,15 @@ def matching_rows(batch: pa.RecordBatch, schema: Schema, row_filter: BooleanExpr
         columns={INDEX_COLUMN: expression_to_pyarrow(row_filter, schema)}
     )
     return pc.fill_null(verdict.column(INDEX_COLUMN).combine_chunks(), False)
+
+
+def data_file_may_match(schema: Schema, spec: PartitionSpec, data_file: DataFile, row_filter: BooleanExpression) -> bool:
+    """Whether ``data_file`` (of partition spec ``spec``) may hold rows for which ``row_filter`` (unbound, over
+    ``schema``'s columns) is true, by its partition values and column metrics, as pyiceberg's scan plans files
+    (inclusive projection onto the partition, then the inclusive metrics evaluator): false only when it certainly
+    holds none."""
+    projected = inclusive_projection(schema, spec, case_sensitive=True)(row_filter)
+    partition_schema = Schema(*spec.partition_type(schema).fields)
+    if not expression_evaluator(partition_schema, projected, case_sensitive=True)(data_file.partition):
+        return False
+    return bool(_InclusiveMetricsEvaluator(schema, row_filter, case_sensitive=True, include_empty_files=True).eval(data_file))

@@ -22,17 +22,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntryStatus
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Table
 
 from lakesink._pyiceberg import io as seam
-from lakesink.errors import LakesinkError
+from lakesink.errors import LakesinkError, RowDeltaConflictError
 from lakesink.table import floats
 
 #: Field id of ``file_path`` in a position delete file (Iceberg's reserved id), whose bounds name the data files
 #: the deletes can apply to.
-DELETE_FILE_PATH_ID = 2147483546
+DELETE_FILE_PATH_ID = seam.FILE_PATH_ID
 
 
 class HistoryUnknownError(LakesinkError):
@@ -167,3 +168,97 @@ def _path_in_bounds(delete: DataFile, path: str) -> bool:
         return False
     # an upper bound may be truncated (and then rounded up), so a path above it cannot be named in the file
     return not (upper is not None and encoded > upper)
+
+
+# --- row deltas: position deletes committed with a batch's rows (Iceberg Java's BaseRowDelta.validate) ----------------
+
+
+@dataclass(frozen=True)
+class RowDeltaChecks:
+    """What a row delta is validated against on every attempt, from the snapshot its positions were read from
+    (``base_snapshot_id``: Java's ``validateFromSnapshot``) to the head the attempt swaps -- the checks Iceberg's Spark
+    ``MERGE``/``UPDATE`` asks of ``RowDelta`` in merge-on-read mode (``SparkPositionDeltaWrite``):
+
+    - ``referenced_data_files`` (``validateDataFilesExist`` with ``validateDeletedFiles``): the data files the deletes
+      point at must not have been removed by any commit since -- a compaction's or another engine's rewrite, a
+      ``delete`` that dropped a whole file: a position names a row of one file, and means nothing in another;
+    - ``no_conflicting_deletes`` (``validateNoConflictingDeleteFiles``): no delete file committed since may apply to
+      one of those data files (another engine deleting or updating the same rows: applying both would keep its
+      version of a row beside the batch's, or bring back what it deleted);
+    - ``no_conflicting_data`` with ``conflict_filter`` (``validateNoConflictingDataFiles``, serializable isolation):
+      no data file committed since may hold rows matching the filter (an Iceberg expression over the table's columns,
+      e.g. the batch's keys; None: every row) -- a concurrent insert of a key the batch changes.
+
+    Any of them failing is a :class:`~lakesink.errors.RowDeltaConflictError` naming the files: the positions must be
+    found again on the new head. Everything else committed meanwhile (other files' rows, deletes of other files,
+    other engines' appends without ``no_conflicting_data``) leaves the positions valid, and the attempt is simply
+    prepared again on the new head: the deletes get the new snapshot's sequence number, which still covers every data
+    file they point at."""
+
+    base_snapshot_id: int | None
+    referenced_data_files: frozenset[str]
+    no_conflicting_deletes: bool = True
+    no_conflicting_data: bool = False
+    conflict_filter: BooleanExpression | None = None
+
+
+def validate_row_delta(table: Table, *, branch: str, checks: RowDeltaChecks) -> Committed:
+    """Validate a row delta against everything committed to ``branch`` since ``checks.base_snapshot_id`` (the module's
+    walk); what was committed, when nothing conflicts. Raises :class:`~lakesink.errors.RowDeltaConflictError` naming
+    the files (or the history that cannot be read: expired, the branch reset)."""
+    name = ".".join(table.name())
+    try:
+        since = committed_since(table, branch=branch, base_snapshot_id=checks.base_snapshot_id)
+    except HistoryUnknownError as e:
+        raise RowDeltaConflictError(f"{e}; the batch's position deletes were read from that snapshot") from None
+    if not since.moved:
+        return since
+    referenced = checks.referenced_data_files
+    if gone := sorted({f.file_path for f in since.removed_data if f.file_path in referenced}):
+        raise RowDeltaConflictError(
+            f"table {name}: {len(gone)} data file(s) the batch's position deletes point at were removed or rewritten "
+            f"since snapshot {checks.base_snapshot_id} (a compaction, another engine's copy-on-write or delete): "
+            f"{', '.join(gone[:5])}{' ...' if len(gone) > 5 else ''}; the positions must be found again on the new head",
+            tuple(gone),
+        )
+    if checks.no_conflicting_deletes and referenced and since.added_deletes:
+        conflicts = sorted(
+            {
+                (d.file.file_path, d.snapshot_id)
+                for d in since.added_deletes
+                if any(_may_delete_from(d.file, p) for p in referenced)
+            }
+        )
+        if conflicts:
+            raise RowDeltaConflictError(
+                f"table {name}: {len(conflicts)} delete file(s) committed since snapshot {checks.base_snapshot_id} may "
+                f"delete rows of data files the batch deletes rows of: "
+                f"{', '.join(f'{path} (snapshot {sid})' for path, sid in conflicts[:5])}{' ...' if len(conflicts) > 5 else ''}; "
+                "another writer changed the same rows: the batch's changes must be looked up again on the new head",
+                tuple(path for path, _ in conflicts),
+            )
+    if checks.no_conflicting_data and since.added_data:
+        schema, specs = table.schema(), table.specs()
+        row_filter = checks.conflict_filter if checks.conflict_filter is not None else AlwaysTrue()
+        new = sorted(
+            f.file_path
+            for f in since.added_data
+            if f.spec_id not in specs or seam.data_file_may_match(schema, specs[f.spec_id], f, row_filter)
+        )
+        if new:
+            raise RowDeltaConflictError(
+                f"table {name}: {len(new)} data file(s) committed since snapshot {checks.base_snapshot_id} may hold rows "
+                f"the batch changes ({row_filter}): {', '.join(new[:5])}{' ...' if len(new) > 5 else ''}; the batch's "
+                "changes must be looked up again on the new head",
+                tuple(new),
+            )
+    return since
+
+
+def _may_delete_from(delete: DataFile, path: str) -> bool:
+    """Whether ``delete`` may delete rows of the data file at ``path`` (whose partition is not at hand): a position
+    delete file whose ``file_path`` bounds can hold the path; an equality delete file always (its scope is a
+    partition, and the batch's data files' partitions are not compared here: conservative)."""
+    if delete.content == DataFileContent.POSITION_DELETES:
+        return _path_in_bounds(delete, path)
+    return True
