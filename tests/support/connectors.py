@@ -494,7 +494,7 @@ def oracle_twice() -> tuple[Oracle, list[Streamed]]:
     """Oracle: a snapshot, a key changed in two transactions of one batch (the later first), a key changed twice in one
     transaction at two SCNs, and across batches with a redelivered transaction."""
     o = Oracle()
-    t = "APP.CUSTOMERS"
+    t = "app.customers"
     one: Streamed = o.snapshot([read(t, _row(i, f"r{i}", i)) for i in range(1, 4)], 0)
     a = o.commit([update(t, _row(1, "r1", 1), _row(1, "a", 10)), update(t, _row(1, "a", 10), _row(1, "b", 11))], 1)
     b = o.commit([update(t, _row(1, "b", 11), _row(1, "c", 12)), insert(t, _row(4, "d", 4))], 2)
