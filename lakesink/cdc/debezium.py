@@ -39,9 +39,10 @@ OUTPUT_COLUMNS = (ROUTE, OP, IS_DELETE, ORDER, BEFORE, AFTER, SOURCE_DB, SOURCE_
   connector without schemas, MySQL's), or the topic with ``route_from="topic"``: a value for option ``route-by``;
 - ``op`` (string): ``c`` insert, ``u`` update, ``d`` delete, ``r`` snapshot read, ``t`` truncate;
 - ``is_delete`` (boolean): ``op = 'd'`` (a truncate is not a delete of one key: ``op = 't'``);
-- ``order`` (decimal(38,0)): the change's position in the source's log, non-decreasing for the changes of one key:
-  PostgreSQL's ``source.lsn``; MySQL's binlog ``source.file`` (its numeric suffix), ``source.pos`` and
-  ``source.row`` combined as ``suffix * 10^16 + pos * 10^6 + row``; null for other connectors;
+- ``order`` (decimal(38,0)): the change's position in its source, increasing for the changes of one key, per
+  connector as :mod:`lakesink.cdc.positions` packs it (PostgreSQL's ``source.lsn``; MySQL's commit time and binlog
+  coordinates; SQL Server's, Db2's and Informix's LSNs; Oracle's SCNs; Vitess's ordered transaction metadata); a record
+  of a connector lakesink cannot order (MongoDB, ...) or with a position outside its bound fails the job;
 - ``before``, ``after``: the row images as JSON text (null where the op has none), or structs of ``row_schema``;
 - ``source_db``, ``source_schema``, ``source_table``, ``tx_id`` (string: PostgreSQL's ``txId`` is a number, Oracle's
   a hex string), ``ts_ms`` (long: when the connector processed the change).
@@ -54,8 +55,25 @@ _SOURCE = T.StructType(
     [
         T.StructField(name, T.StringType())  # strings: a number, or a connector's own spelling, parses without loss
         for name in (
-            "connector", "name", "db", "schema", "table", "lsn", "txId", "file", "pos", "row", "snapshot", "gtid", "ts_ms",
-            "change_lsn", "commit_lsn", "event_serial_no", "scn", "commit_scn", "txSeq",
+            "connector",
+            "name",
+            "db",
+            "schema",
+            "table",
+            "lsn",
+            "txId",
+            "file",
+            "pos",
+            "row",
+            "snapshot",
+            "gtid",
+            "ts_ms",
+            "change_lsn",
+            "commit_lsn",
+            "event_serial_no",
+            "scn",
+            "commit_scn",
+            "txSeq",
         )  # fmt: skip
     ]
 )
@@ -231,9 +249,7 @@ class _Orders:
         return self.fail(F.concat(F.lit(f"source.{name} is "), shown, F.lit(f", expected {expected}")))
 
     def checked(self, struct: Column, name: str, digits: int, connector: Column, then: Column) -> Column:
-        return F.when(~_fits(struct[name], digits), self.bad(name, struct[name], f"an integer below 10^{digits}")).otherwise(
-            then
-        )
+        return F.when(~_fits(struct[name], digits), self.bad(name, struct[name], f"an integer below 10^{digits}")).otherwise(then)
 
     def binlog(self, source: Column, op: Column) -> Column:
         suffix = F.regexp_extract(source["file"], r"\.([0-9]+)$", 1)
@@ -252,14 +268,18 @@ class _Orders:
             F.when(
                 ~file_ok,
                 self.bad(
-                    "file", source["file"],
+                    "file",
+                    source["file"],
                     f"a binlog file name with a numeric suffix below 10^{digits['suffix']} ('mysql-bin.000003')",
                 ),
             )  # fmt: skip
             .when(~_fits(source["pos"], digits["pos"]), self.bad("pos", source["pos"], f"an integer below 10^{digits['pos']}"))
             .when(~row_ok, self.bad("row", source["row"], f"an integer below 10^{digits['row']}"))
             .when(~F.coalesce(timed, F.lit(False)), coordinates)
-            .when(~_fits(source["ts_ms"], digits["ts_ms"]), self.bad("ts_ms", source["ts_ms"], f"an integer below 10^{digits['ts_ms']}"))
+            .when(
+                ~_fits(source["ts_ms"], digits["ts_ms"]),
+                self.bad("ts_ms", source["ts_ms"], f"an integer below 10^{digits['ts_ms']}"),
+            )
             .otherwise((self.number(source["ts_ms"]) * _dec(positions.MYSQL_TIME_STEP) + coordinates).cast(_ORDER))
         )
 
@@ -292,7 +312,10 @@ class _Orders:
                 ),
             )
             .when(change.isNull(), self.fail(F.concat(F.lit("a change (op '"), op, F.lit("') without source.change_lsn"))))
-            .when(~serial_ok, self.bad("event_serial_no", source["event_serial_no"], f"an integer below 10^{positions.DIGITS['serial']}"))
+            .when(
+                ~serial_ok,
+                self.bad("event_serial_no", source["event_serial_no"], f"an integer below 10^{positions.DIGITS['serial']}"),
+            )
             .otherwise((_dec(positions.STREAMED) + change * _dec(positions.LSN_STEP) + serial).cast(_ORDER))
         )
 
@@ -300,9 +323,15 @@ class _Orders:
         digits = positions.DIGITS["informix_lsn"]
         snapshot = op == F.lit("r")
         return (
-            F.when(snapshot & ~_fits(source["commit_lsn"], digits), self.bad("commit_lsn", source["commit_lsn"], f"an integer below 10^{digits}"))
+            F.when(
+                snapshot & ~_fits(source["commit_lsn"], digits),
+                self.bad("commit_lsn", source["commit_lsn"], f"an integer below 10^{digits}"),
+            )
             .when(snapshot, (self.number(source["commit_lsn"]) * _dec(positions.LSN_STEP)).cast(_ORDER))
-            .when(~_fits(source["change_lsn"], digits), self.bad("change_lsn", source["change_lsn"], f"an integer below 10^{digits}"))
+            .when(
+                ~_fits(source["change_lsn"], digits),
+                self.bad("change_lsn", source["change_lsn"], f"an integer below 10^{digits}"),
+            )
             .otherwise((_dec(positions.STREAMED) + self.number(source["change_lsn"]) * _dec(positions.LSN_STEP)).cast(_ORDER))
         )
 
@@ -318,19 +347,28 @@ class _Orders:
                 source["txSeq"].isNotNull() & ~_fits(source["txSeq"], d["within"]),
                 self.bad("txSeq", source["txSeq"], f"an integer below 10^{d['within']}"),
             )
-            .when(source["commit_scn"].isNull(), (_dec(positions.STREAMED) + scn * step + F.coalesce(sequence, _dec(0))).cast(_ORDER))
-            .when(~_fits(source["commit_scn"], d["scn"]), self.bad("commit_scn", source["commit_scn"], f"an integer below 10^{d['scn']}"))
+            .when(
+                source["commit_scn"].isNull(),
+                (_dec(positions.STREAMED) + scn * step + F.coalesce(sequence, _dec(0))).cast(_ORDER),
+            )
+            .when(
+                ~_fits(source["commit_scn"], d["scn"]),
+                self.bad("commit_scn", source["commit_scn"], f"an integer below 10^{d['scn']}"),
+            )
             .when(
                 source["txSeq"].isNull() & ((distance < _dec(0)) | (distance >= _dec(positions.ORACLE_STEP - 1))),
                 self.fail(
-                    F.concat(F.lit("source.scn "), source["scn"], F.lit(" is not within 10^17 below its commit_scn "), source["commit_scn"])
+                    F.concat(
+                        F.lit("source.scn "),
+                        source["scn"],
+                        F.lit(" is not within 10^17 below its commit_scn "),
+                        source["commit_scn"],
+                    )
                 ),
             )
             .otherwise(
                 (
-                    _dec(positions.STREAMED)
-                    + commit * step
-                    + F.coalesce(sequence, _dec(positions.ORACLE_STEP - 1) - distance)
+                    _dec(positions.STREAMED) + commit * step + F.coalesce(sequence, _dec(positions.ORACLE_STEP - 1) - distance)
                 ).cast(_ORDER)
             )
         )

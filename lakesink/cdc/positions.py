@@ -113,9 +113,7 @@ def _fits(value: str | None, digits: int) -> bool:
 def _number(source: Mapping[str, Any], name: str, digits: int, connector: str | None, route: str) -> int:
     value = text(source.get(name))
     if not _fits(value, digits):
-        raise SchemaMismatchError(
-            refusal(connector, route, f"source.{name} is {value!r}, expected an integer below 10^{digits}")
-        )
+        raise SchemaMismatchError(refusal(connector, route, f"source.{name} is {value!r}, expected an integer below 10^{digits}"))
     return int(str(value))
 
 
@@ -201,7 +199,9 @@ def _lsn_hex(source: Mapping[str, Any], op: str, connector: str, route: str) -> 
         return position * LSN_STEP
     if change is None:
         raise SchemaMismatchError(refusal(connector, route, f"a change (op {op!r}) without source.change_lsn"))
-    serial = _number(source, "event_serial_no", DIGITS["serial"], connector, route) if source.get("event_serial_no") is not None else 0
+    serial = (
+        _number(source, "event_serial_no", DIGITS["serial"], connector, route) if source.get("event_serial_no") is not None else 0
+    )
     return STREAMED + change * LSN_STEP + serial
 
 

@@ -195,8 +195,17 @@ def _connector_records(schemas: bool) -> list[dict[str, Any]]:
     out += postgres.records(postgres.commit([cn.insert("public.t", {"id": 1, "name": "a", "qty": 1})], 1), schemas=schemas)
     vitess = {"connector": "vitess", "keyspace": "k", "shard": "0", "table": "t"}
     meta = {"id": "[]", "total_order": 2, "data_collection_order": 1, "transaction_rank": 68, "transaction_epoch": 1}
-    out.append({"topic": "v", "key": None, "value": json.dumps({"op": "c", "after": {"id": 1}, "source": vitess, "transaction": meta})})
-    informix = {"connector": "informix", "db": "d", "schema": "s", "table": "t", "commit_lsn": "627404540760620", "change_lsn": "627404540485812"}
+    out.append(
+        {"topic": "v", "key": None, "value": json.dumps({"op": "c", "after": {"id": 1}, "source": vitess, "transaction": meta})}
+    )
+    informix = {
+        "connector": "informix",
+        "db": "d",
+        "schema": "s",
+        "table": "t",
+        "commit_lsn": "627404540760620",
+        "change_lsn": "627404540485812",
+    }
     out.append({"topic": "i", "key": None, "value": json.dumps({"op": "u", "after": {"id": 1}, "source": informix})})
     return out
 

@@ -147,7 +147,13 @@ def test_a_position_outside_its_bound_is_refused_naming_the_field(source: dict[s
 
 def test_vitess_orders_by_its_ordered_transaction_metadata() -> None:
     def record(epoch: int, rank: int, total: int) -> str:
-        transaction = {"id": "[]", "total_order": total, "data_collection_order": 1, "transaction_rank": rank, "transaction_epoch": epoch}
+        transaction = {
+            "id": "[]",
+            "total_order": total,
+            "data_collection_order": 1,
+            "transaction_rank": rank,
+            "transaction_epoch": epoch,
+        }
         source = {"connector": "vitess", "keyspace": "k", "shard": "0", "table": "t"}
         return json.dumps({"op": "u", "after": {"id": 1}, "source": source, "transaction": transaction})
 

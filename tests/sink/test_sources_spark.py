@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.errors import PySparkException
-from pyspark.sql.utils import StreamingQueryException
+from pyspark.errors import PySparkException, StreamingQueryException
 
 from lakesink.driver import catalogs
 from tests.support import connectors as cn
@@ -46,7 +45,11 @@ def test_connectors_streams_equal_the_source_after_every_delivery(
 ) -> None:
     """Fails before the change: the new MySQL primary's changes were dropped as stale, and the SQL Server and Oracle
     records had no order (a key changed twice in a batch failed the batch, UpsertKeyError, on every retry)."""
-    sources = [cn.mysql_failover(), cn.sqlserver_twice(), cn.oracle_twice()]
+    sources: list[tuple[cn.MySql | cn.SqlServer | cn.Oracle, list[cn.Streamed]]] = [
+        cn.mysql_failover(),
+        cn.sqlserver_twice(),
+        cn.oracle_twice(),
+    ]
     deliveries = max(len(rounds) for _, rounds in sources)
     seen: list[cn.Streamed] = []
     for index in range(deliveries):
@@ -66,9 +69,7 @@ def test_a_mongodb_record_fails_the_first_batch_naming_the_fix(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
     """Fails before the change: MongoDB's records were taken, their extended-JSON 'after' written as text, unordered."""
-    write_json_round(
-        tmp_path / "in", 0, [cn.mongodb("inventory.customers", "596e275826f08b2730779e1f", {"name": "Anne"}, "c")]
-    )
+    write_json_round(tmp_path / "in", 0, [cn.mongodb("inventory.customers", "596e275826f08b2730779e1f", {"name": "Anne"}, "c")])
     with pytest.raises((StreamingQueryException, PySparkException), match="ExtractNewDocumentState"):
         run_to_end(start(spark, entry, catalog_properties, tmp_path))
     assert not catalogs.load(None, catalog_properties).table_exists(("inventory", "customers"))

@@ -100,7 +100,13 @@ def _value_schema(topic: str, source: Sequence[tuple[str, str, bool]], connector
         "fields": [
             {**row, "field": "before"},
             {**row, "field": "after"},
-            {"type": "struct", "fields": _fields(source), "optional": False, "name": f"io.debezium.connector.{connector}.Source", "field": "source"},
+            {
+                "type": "struct",
+                "fields": _fields(source),
+                "optional": False,
+                "name": f"io.debezium.connector.{connector}.Source",
+                "field": "source",
+            },
             {"type": "string", "optional": False, "field": "op"},
             {"type": "int64", "optional": True, "field": "ts_ms"},
             {"type": "int64", "optional": True, "field": "ts_us"},
@@ -138,7 +144,7 @@ def kafka_records(
         value = {"schema": _value_schema(topic, source_schema, source["connector"]), "payload": payload}
         key_schema = {"type": "struct", "fields": _fields(ROW_FIELDS[:1]), "optional": False, "name": f"{topic}.Key"}
         key = {"schema": key_schema, "payload": key}
-    records = [{"topic": topic, "key": json.dumps(key), "value": json.dumps(value)}]
+    records: list[dict[str, Any]] = [{"topic": topic, "key": json.dumps(key), "value": json.dumps(value)}]
     if change.op == "d":
         records.append({"topic": topic, "key": json.dumps(key), "value": None})
     return records
@@ -174,7 +180,9 @@ class MySql:
     log: list[tuple[Change, dict[str, Any]]] = field(default_factory=list)
     """Every change streamed, with its source block (to redeliver it)."""
 
-    def _source(self, change: Change, *, gtid: str | None, ts_ms: int, pos: int, row: int, snapshot: str = "false") -> dict[str, Any]:
+    def _source(
+        self, change: Change, *, gtid: str | None, ts_ms: int, pos: int, row: int, snapshot: str = "false"
+    ) -> dict[str, Any]:
         db, table = change.table.split(".")
         return {
             "version": VERSION, "connector": "mysql", "name": self.name, **_times(ts_ms), "snapshot": snapshot,
@@ -187,11 +195,20 @@ class MySql:
         out = []
         for i, change in enumerate(changes):
             c = replace(change, seq=seq * 1000 + i)
-            out.append((c, self._source(c, gtid=None, ts_ms=self.clock_ms + 5_000, pos=self.pos, row=0, snapshot="true" if i else "first")))
+            out.append(
+                (
+                    c,
+                    self._source(
+                        c, gtid=None, ts_ms=self.clock_ms + 5_000, pos=self.pos, row=0, snapshot="true" if i else "first"
+                    ),
+                )
+            )
         self.clock_ms += 10
         return out
 
-    def commit(self, changes: Sequence[Change], seq: int, *, gtid: str | None = None, ts_ms: int | None = None) -> list[tuple[Change, dict[str, Any]]]:
+    def commit(
+        self, changes: Sequence[Change], seq: int, *, gtid: str | None = None, ts_ms: int | None = None
+    ) -> list[tuple[Change, dict[str, Any]]]:
         """One transaction: a GTID event, then one row event per change (a new event position each, row 0), an XID
         event; ``gtid``/``ts_ms``: a transaction replicated from another primary keeps its own."""
         self.clock_ms += 37
@@ -264,7 +281,9 @@ class SqlServer:
     def next_vlf(self) -> None:
         self.vlf, self.block, self.slot = self.vlf + 1, 0x10, 1
 
-    def _source(self, change: Change, change_lsn: str | None, commit_lsn: str, serial: int | None, snapshot: str) -> dict[str, Any]:
+    def _source(
+        self, change: Change, change_lsn: str | None, commit_lsn: str, serial: int | None, snapshot: str
+    ) -> dict[str, Any]:
         schema, table = change.table.split(".")
         return {
             "version": VERSION, "connector": self.connector, "name": self.name, **_times(self.clock_ms),
@@ -348,7 +367,7 @@ class Oracle:
         SCN), the commit at a higher SCN."""
         self.tx += 1
         tx = f"{self.tx:08x}c4030000"
-        scns = []
+        scns: list[int] = []
         for _ in changes:
             if not same_scn or not scns:
                 self.scn += 3
@@ -424,8 +443,17 @@ def mongodb(collection: str, doc_id: str, after: dict[str, Any] | None, op: str,
     value = {
         "after": document,
         "source": {
-            "version": VERSION, "connector": "mongodb", "name": "fulfillment", **_times(1_558_965_508_000),
-            "snapshot": "false", "db": db, "rs": "rs0", "collection": name, "ord": ord_, "lsid": None, "txnNumber": None,
+            "version": VERSION,
+            "connector": "mongodb",
+            "name": "fulfillment",
+            **_times(1_558_965_508_000),
+            "snapshot": "false",
+            "db": db,
+            "rs": "rs0",
+            "collection": name,
+            "ord": ord_,
+            "lsid": None,
+            "txnNumber": None,
         },  # fmt: skip
         "op": op,
         "ts_ms": 1_558_965_515_240,
@@ -463,7 +491,10 @@ def mysql_failover() -> tuple[MySql, list[Streamed]]:
     five = p.commit([update(t, _row(4, "r4", 4), _row(4, "f", 14))], 5)
     two: Streamed = [*three, *four, *five, *[x for x in one if x[0].seq // 1000 == 2]]
     r = p.failover(server_id=2, uuid="8f9ad2c4-71ca-11e1-9e33-c80aa9429563")
-    replicated = [r.commit([c for c, _ in tx], tx[0][0].seq // 1000, gtid=tx[0][1]["gtid"], ts_ms=tx[0][1]["ts_ms"]) for tx in (three, four, five)]
+    replicated = [
+        r.commit([c for c, _ in tx], tx[0][0].seq // 1000, gtid=tx[0][1]["gtid"], ts_ms=tx[0][1]["ts_ms"])
+        for tx in (three, four, five)
+    ]
     r.clock_ms = max(r.clock_ms, p.clock_ms) + 2_000  # the failover takes seconds
     two += r.commit([update(t, _row(1, "d", 13), _row(1, "g", 15)), insert(t, _row(6, "h", 6))], 6)
     two += r.commit([update(t, _row(5, "e", 5), _row(5, "i", 16)), insert(t, _row(3, "j", 17))], 7)
