@@ -150,6 +150,17 @@ def kafka_records(
     return records
 
 
+_DELIVERED: dict[int, int] = {}
+
+
+def processing_ms(source: dict[str, Any], lag_ms: int) -> int:
+    """The envelope's ``ts_ms`` (when the connector processed the change): a record delivered again (the same source
+    block: a Kafka Connect restart re-sends it) is processed again, a minute later each time."""
+    count = _DELIVERED.get(id(source), 0)
+    _DELIVERED[id(source)] = count + 1
+    return source["ts_ms"] + lag_ms + 60_000 * count
+
+
 def _times(ms: int) -> dict[str, int]:
     return {"ts_ms": ms, "ts_us": ms * 1000, "ts_ns": ms * 1_000_000}
 
@@ -244,7 +255,7 @@ class MySql:
         out: list[dict[str, Any]] = []
         for change, source in streamed:
             topic = f"{self.name}.{change.table}"
-            out += kafka_records(topic, change, source, MYSQL_SOURCE, schemas=schemas, processed_ms=source["ts_ms"] + 250)
+            out += kafka_records(topic, change, source, MYSQL_SOURCE, schemas=schemas, processed_ms=processing_ms(source, 250))
         return out
 
 
@@ -314,7 +325,9 @@ class SqlServer:
         out: list[dict[str, Any]] = []
         for change, source in streamed:
             topic = f"{self.name}.{self.db}.{change.table}"
-            out += kafka_records(topic, change, source, SQLSERVER_SOURCE, schemas=schemas, processed_ms=source["ts_ms"] + 3000)
+            out += kafka_records(
+                topic, change, source, SQLSERVER_SOURCE, schemas=schemas, processed_ms=processing_ms(source, 3000)
+            )
         return out
 
 
@@ -384,7 +397,7 @@ class Oracle:
         out: list[dict[str, Any]] = []
         for change, source in streamed:
             topic = f"{self.name}.{change.table}"
-            out += kafka_records(topic, change, source, ORACLE_SOURCE, schemas=schemas, processed_ms=source["ts_ms"] + 500)
+            out += kafka_records(topic, change, source, ORACLE_SOURCE, schemas=schemas, processed_ms=processing_ms(source, 500))
         return out
 
 
@@ -427,7 +440,7 @@ class Postgres:
         out: list[dict[str, Any]] = []
         for change, source in streamed:
             topic = f"{self.name}.{change.table}"
-            out += kafka_records(topic, change, source, POSTGRES_SOURCE, schemas=schemas, processed_ms=source["ts_ms"] + 80)
+            out += kafka_records(topic, change, source, POSTGRES_SOURCE, schemas=schemas, processed_ms=processing_ms(source, 80))
         return out
 
 
@@ -474,8 +487,8 @@ def mysql_failover() -> tuple[MySql, list[Streamed]]:
     """Three deliveries (micro-batches) of a MySQL source with GTIDs through a primary failover and two redeliveries:
 
     0. the snapshot of ``shop.items`` (ids 1-4), then transactions on the primary (id 1 updated twice in one batch);
-    1. more transactions on the primary; the connector restarts and re-sends transaction 2 as it was (the same source
-       block); the primary fails: the replica, whose binlog had replicated transactions 3-5 at its own (lower)
+    1. more transactions on the primary; the connector restarts and re-sends transactions 2 and 5 as they were (the
+       same source blocks; 5 in the same batch as its first delivery); the primary fails: the replica, whose binlog had replicated transactions 3-5 at its own (lower)
        coordinates, becomes the primary and commits transactions 6-7;
     2. the connector, restarted on the new primary from the offset it had committed (after transaction 2), re-sends
        transactions 3-5 read from the new primary's binlog (their GTIDs and commit times, new coordinates), then
@@ -489,7 +502,8 @@ def mysql_failover() -> tuple[MySql, list[Streamed]]:
     three = p.commit([update(t, _row(2, "r2", 2), _row(2, "c", 12)), update(t, _row(1, "b", 11), _row(1, "d", 13))], 3)
     four = p.commit([delete(t, _row(3, "r3", 3))], 4)
     five = p.commit([update(t, _row(4, "r4", 4), _row(4, "f", 14))], 5)
-    two: Streamed = [*three, *four, *five, *[x for x in one if x[0].seq // 1000 == 2]]
+    # transaction 2 re-sent in a later batch, transaction 5 in the same batch as its first delivery
+    two: Streamed = [*three, *four, *five, *[x for x in one if x[0].seq // 1000 == 2], *five]
     r = p.failover(server_id=2, uuid="8f9ad2c4-71ca-11e1-9e33-c80aa9429563")
     replicated = [
         r.commit([c for c, _ in tx], tx[0][0].seq // 1000, gtid=tx[0][1]["gtid"], ts_ms=tx[0][1]["ts_ms"])
