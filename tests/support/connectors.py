@@ -158,7 +158,7 @@ def processing_ms(source: dict[str, Any], lag_ms: int) -> int:
     block: a Kafka Connect restart re-sends it) is processed again, a minute later each time."""
     count = _DELIVERED.get(id(source), 0)
     _DELIVERED[id(source)] = count + 1
-    return source["ts_ms"] + lag_ms + 60_000 * count
+    return int(source["ts_ms"]) + lag_ms + 60_000 * count
 
 
 def _times(ms: int) -> dict[str, int]:
@@ -488,8 +488,8 @@ def mysql_failover() -> tuple[MySql, list[Streamed]]:
 
     0. the snapshot of ``shop.items`` (ids 1-4), then transactions on the primary (id 1 updated twice in one batch);
     1. more transactions on the primary; the connector restarts and re-sends transactions 2 and 5 as they were (the
-       same source blocks; 5 in the same batch as its first delivery); the primary fails: the replica, whose binlog had replicated transactions 3-5 at its own (lower)
-       coordinates, becomes the primary and commits transactions 6-7;
+       same source blocks; 5 in the same batch as its first delivery); the primary fails: the replica, whose binlog had
+       replicated transactions 3-5 at its own (lower) coordinates, becomes the primary and commits transactions 6-7;
     2. the connector, restarted on the new primary from the offset it had committed (after transaction 2), re-sends
        transactions 3-5 read from the new primary's binlog (their GTIDs and commit times, new coordinates), then
        transactions 8-9 on the new primary.
