@@ -161,6 +161,22 @@ def processing_ms(source: dict[str, Any], lag_ms: int) -> int:
     return int(source["ts_ms"]) + lag_ms + 60_000 * count
 
 
+def stream_records(
+    streamed: Iterable[tuple[Change, dict[str, Any]]],
+    prefix: str,
+    source_schema: Sequence[tuple[str, str, bool]],
+    *,
+    lag_ms: int,
+    schemas: bool,
+) -> list[dict[str, Any]]:
+    """The Kafka records of changes streamed with their source blocks, each in topic ``<prefix>.<table>``."""
+    out: list[dict[str, Any]] = []
+    for change, source in streamed:
+        topic = f"{prefix}.{change.table}"
+        out += kafka_records(topic, change, source, source_schema, schemas=schemas, processed_ms=processing_ms(source, lag_ms))
+    return out
+
+
 def _times(ms: int) -> dict[str, int]:
     return {"ts_ms": ms, "ts_us": ms * 1000, "ts_ns": ms * 1_000_000}
 
@@ -252,11 +268,7 @@ class MySql:
         return MySql(server_id=server_id, uuid=uuid, gtids=self.gtids, name=self.name, clock_ms=self.clock_ms - 3)
 
     def records(self, streamed: Iterable[tuple[Change, dict[str, Any]]], *, schemas: bool) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for change, source in streamed:
-            topic = f"{self.name}.{change.table}"
-            out += kafka_records(topic, change, source, MYSQL_SOURCE, schemas=schemas, processed_ms=processing_ms(source, 250))
-        return out
+        return stream_records(streamed, self.name, MYSQL_SOURCE, lag_ms=250, schemas=schemas)
 
 
 # -- SQL Server and Db2 -----------------------------------------------------------------------------------------------
@@ -322,13 +334,7 @@ class SqlServer:
         ]
 
     def records(self, streamed: Iterable[tuple[Change, dict[str, Any]]], *, schemas: bool) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for change, source in streamed:
-            topic = f"{self.name}.{self.db}.{change.table}"
-            out += kafka_records(
-                topic, change, source, SQLSERVER_SOURCE, schemas=schemas, processed_ms=processing_ms(source, 3000)
-            )
-        return out
+        return stream_records(streamed, f"{self.name}.{self.db}", SQLSERVER_SOURCE, lag_ms=3000, schemas=schemas)
 
 
 def db2() -> SqlServer:
@@ -394,11 +400,7 @@ class Oracle:
         ]
 
     def records(self, streamed: Iterable[tuple[Change, dict[str, Any]]], *, schemas: bool) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for change, source in streamed:
-            topic = f"{self.name}.{change.table}"
-            out += kafka_records(topic, change, source, ORACLE_SOURCE, schemas=schemas, processed_ms=processing_ms(source, 500))
-        return out
+        return stream_records(streamed, self.name, ORACLE_SOURCE, lag_ms=500, schemas=schemas)
 
 
 # -- PostgreSQL -------------------------------------------------------------------------------------------------------
@@ -437,11 +439,7 @@ class Postgres:
         return out
 
     def records(self, streamed: Iterable[tuple[Change, dict[str, Any]]], *, schemas: bool) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for change, source in streamed:
-            topic = f"{self.name}.{change.table}"
-            out += kafka_records(topic, change, source, POSTGRES_SOURCE, schemas=schemas, processed_ms=processing_ms(source, 80))
-        return out
+        return stream_records(streamed, self.name, POSTGRES_SOURCE, lag_ms=80, schemas=schemas)
 
 
 # -- MongoDB ----------------------------------------------------------------------------------------------------------
