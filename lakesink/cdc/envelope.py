@@ -15,20 +15,18 @@ row (the JSON texts compared as JSON: Spark re-serialises a nested object, Pytho
 from __future__ import annotations
 
 import json
-import re
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 
+from lakesink.cdc import positions
+from lakesink.cdc.positions import text as _text
 from lakesink.cdc.transactions import METADATA_HINT
 from lakesink.errors import SchemaMismatchError
 
 VALID_OPS = ("c", "u", "d", "r", "t")
 ORDER_TYPE = pa.decimal128(38, 0)
-_MYSQL_FILE_STEP, _MYSQL_POS_STEP = 10**16, 10**6  # as lakesink.cdc.debezium
-_SUFFIX = re.compile(r"\.(\d+)$")
-_MAX_ORDER = Decimal(10) ** 38
 
 #: the columns :func:`changes` adds, without the prefix, with their Arrow types (as the Spark parser types them)
 COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
@@ -46,46 +44,12 @@ COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
 )
 
 
-def _text(value: Any) -> str | None:
-    """A JSON value as Spark's from_json reads it into a string field: a string as itself, anything else as JSON."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
 def _object(text: str) -> dict[str, Any] | None:
     try:
         obj = json.loads(text)
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
-
-
-def _decimal(text: str | None) -> Decimal | None:
-    """A cast to decimal(38,0) (half up), None where the text is no number (as Spark without ANSI errors)."""
-    if text is None:
-        return None
-    try:
-        d = Decimal(text.strip()).quantize(Decimal(1), rounding=ROUND_HALF_UP)
-    except (InvalidOperation, ValueError):
-        return None
-    return d if d.is_finite() and abs(d) < _MAX_ORDER else None
-
-
-def _order(source: dict[str, Any]) -> Decimal | None:
-    lsn = _decimal(_text(source.get("lsn")))
-    if lsn is not None:
-        return lsn
-    file = _text(source.get("file"))
-    match = _SUFFIX.search(file) if file is not None else None
-    pos = _decimal(_text(source.get("pos")))
-    if match is None or pos is None:
-        return None
-    row = _decimal(_text(source.get("row"))) or Decimal(0)
-    value = Decimal(match.group(1)) * _MYSQL_FILE_STEP + pos * _MYSQL_POS_STEP + row
-    return value if abs(value) < _MAX_ORDER else None
 
 
 def parse_record(value: str | bytes | None, column: str = "value") -> dict[str, Any] | None:
@@ -121,13 +85,16 @@ def parse_record(value: str | bytes | None, column: str = "value") -> dict[str, 
     source = envelope.get("source")
     source = source if isinstance(source, dict) else {}
     names = [_text(source.get("schema")) or _text(source.get("db")), _text(source.get("table"))]
+    route = ".".join(n for n in names if n is not None)
+    transaction = envelope.get("transaction")
+    order = positions.order(source, op, transaction if isinstance(transaction, dict) else None, route)
     before, after = _text(envelope.get("before")), _text(envelope.get("after"))
     ts = envelope.get("ts_ms")
     return {
-        "route": ".".join(n for n in names if n is not None),
+        "route": route,
         "op": op,
         "is_delete": op == "d",
-        "order": _order(source),
+        "order": None if order is None else Decimal(order),
         "before": before,
         "after": after,
         "source_db": _text(source.get("db")),

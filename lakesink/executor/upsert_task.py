@@ -38,6 +38,9 @@ class UpsertSpec:
     key: tuple[str, ...]
     delete_when: str | None = None
     order_by: str | None = None
+    copies_are_one: bool = False
+    """Option cdc-format: rows of one key equal in every column, order included, are one change delivered twice (a
+    Kafka Connect restart re-sends what it had not committed): one of them is kept instead of failing the batch."""
     not_written: tuple[str, ...] = ()
     """Columns the resolution reads but the table does not get (option payload: an order-by column of the stream)."""
 
@@ -96,6 +99,10 @@ def resolve_task(
         table = table.take(pc.take(winners, pc.sort_indices(winners)))
     counts = table.group_by(keys, use_threads=False).aggregate([(_ROW, "count")])
     several = counts.filter(pc.greater(counts.column(f"{_ROW}_count"), 1))
+    if several.num_rows and order_column is not None and spec.copies_are_one:
+        table = _one_of_each_copy(table, keys, several.select(keys))
+        counts = table.group_by(keys, use_threads=False).aggregate([(_ROW, "count")])
+        several = counts.filter(pc.greater(counts.column(f"{_ROW}_count"), 1))
     if several.num_rows:
         row = several.slice(0, 1).to_pylist()[0]
         key = ", ".join(f"{k}={row[k]!r}" for k in keys)
@@ -113,6 +120,28 @@ def resolve_task(
     gone = [c for c in spec.not_written if c in table.column_names]
     rows = table.filter(pc.invert(table.column(DELETED))).drop_columns([DELETED, _ROW, *gone])
     return rows.to_batches(), changes
+
+
+def _one_of_each_copy(table: pa.Table, keys: Sequence[str], tied: pa.Table) -> pa.Table:
+    """``table`` without the copies among the rows of the ``tied`` keys (several rows with the key's greatest order): a
+    row equal to an earlier one in every column but the row number is the same change delivered twice (a Kafka Connect
+    restart re-sends what it had not committed, with the same source position): one of them stays. Rows of a tied key
+    that differ stay, and fail the batch as before. Only the tied keys' rows are compared (in Python: they may hold
+    nested values Arrow cannot group by)."""
+    marked = table.select(list(keys)).append_column(_ROW, table.column(_ROW))
+    rows = marked.join(tied, list(keys), join_type="inner", use_threads=False).column(_ROW).to_pylist()
+    index = {n: i for i, n in enumerate(table.column(_ROW).to_pylist())}
+    seen: set[str] = set()
+    dropped: set[int] = set()
+    others = table.drop_columns([_ROW])
+    for number in sorted(rows):
+        image = repr(others.slice(index[number], 1).to_pylist()[0])
+        if image in seen:
+            dropped.add(index[number])
+        seen.add(image)
+    if not dropped:
+        return table
+    return table.take(pa.array([i for i in range(table.num_rows) if i not in dropped], pa.int64()))
 
 
 def to_ipc(changes: pa.Table) -> bytes | None:

@@ -150,7 +150,7 @@ def test_the_python_parser_gives_the_rows_of_the_spark_parser(
     from lakesink.sink.foreach import debezium_changes
 
     _, folder = captured
-    mysql = [_mysql("mysql-bin.000009", 4_294_967_000, 7), _mysql("mysql-bin.000010", 4, 1, "d"), _mysql("x", 4, 1)]
+    mysql = [_mysql("mysql-bin.000009", 4_294_967_000, 7), _mysql("mysql-bin.000010", 4, 1, "d")]
     extra = spark.createDataFrame([("mysql", None, v) for v in [*mysql, None, "null"]], "topic STRING, key STRING, value STRING")
     records = _records(spark, folder, variant).unionByName(extra)
     by_spark = [r.asDict() for r in debezium_changes(records).collect()]
@@ -181,3 +181,72 @@ def test_the_python_parser_refuses_a_record_that_is_not_a_change_event() -> None
         batch = pa.record_batch([pa.array([_mysql("mysql-bin.000001", 4, 0), value])], names=["value"])
         with pytest.raises(SchemaMismatchError, match="not a Debezium change event"):
             envelope.changes(batch, prefix="cdc_", payload_column="cdc_payload", schema_column="cdc_connect_schema")
+
+
+def _connector_records(schemas: bool) -> list[dict[str, Any]]:
+    """Every connector builder's deliveries (tests/support/connectors.py), one list."""
+    from tests.support import connectors as cn
+
+    out: list[dict[str, Any]] = []
+    for source, rounds in (cn.mysql_failover(), cn.sqlserver_twice(), cn.sqlserver_twice(cn.db2()), cn.oracle_twice()):
+        for r in rounds:
+            out += source.records(r, schemas=schemas)
+    postgres = cn.Postgres()
+    out += postgres.records(postgres.commit([cn.insert("public.t", {"id": 1, "name": "a", "qty": 1})], 1), schemas=schemas)
+    vitess = {"connector": "vitess", "keyspace": "k", "shard": "0", "table": "t"}
+    meta = {"id": "[]", "total_order": 2, "data_collection_order": 1, "transaction_rank": 68, "transaction_epoch": 1}
+    out.append(
+        {"topic": "v", "key": None, "value": json.dumps({"op": "c", "after": {"id": 1}, "source": vitess, "transaction": meta})}
+    )
+    informix = {
+        "connector": "informix",
+        "db": "d",
+        "schema": "s",
+        "table": "t",
+        "commit_lsn": "627404540760620",
+        "change_lsn": "627404540485812",
+    }
+    out.append({"topic": "i", "key": None, "value": json.dumps({"op": "u", "after": {"id": 1}, "source": informix})})
+    return out
+
+
+@pytest.mark.parametrize("schemas", [False, True])
+def test_both_parsers_order_every_connector_alike(spark: SparkSession, schemas: bool) -> None:
+    """The Spark parser's order column equals the Python parser's for every connector's records (tests/support/connectors.py:
+    MySQL through a failover, SQL Server, Db2, Oracle, PostgreSQL, Vitess, Informix): fails before the change, when the
+    Spark parser gave them none."""
+    from lakesink.cdc import envelope
+
+    records = _connector_records(schemas)
+    df = spark.createDataFrame([(r["topic"], r["key"], r["value"]) for r in records], "topic STRING, key STRING, value STRING")
+    by_spark = [(r.route, r.op, r.order) for r in debezium.parse(df).collect()]
+    by_python = [(p["route"], p["op"], p["order"]) for r in records if (p := envelope.parse_record(r["value"])) is not None]
+    assert by_spark == by_python
+    assert all(order is not None for _, _, order in by_spark)
+
+
+@pytest.mark.parametrize(
+    ("source", "match"),
+    [
+        ({"connector": "mongodb", "db": "inventory", "collection": "customers", "ord": 1}, "ExtractNewDocumentState"),
+        ({"connector": "spanner", "db": "d", "table": "t"}, "connector 'spanner'"),
+        ({"connector": "vitess", "keyspace": "k", "table": "t"}, "VitessOrderedTransactionMetadataFactory"),
+        ({"connector": "somedb", "db": "k", "table": "t"}, "neither 'lsn' nor binlog"),
+        ({"connector": "mysql", "db": "d", "table": "t", "file": "x", "pos": 4}, "source.file"),
+        ({"connector": "mysql", "db": "d", "table": "t", "file": "b.000001", "pos": 4, "gtid": "u:1"}, "source.ts_ms"),
+        ({"connector": "sqlserver", "db": "d", "table": "t", "change_lsn": "zz:00", "commit_lsn": None}, "source.change_lsn"),
+        ({"connector": "sqlserver", "db": "d", "table": "t", "change_lsn": "1" * 21}, "below 16\\^20"),
+        ({"connector": "oracle", "db": "d", "table": "t", "scn": "5", "commit_scn": "4"}, "not within 10\\^17"),
+    ],
+)
+def test_both_parsers_refuse_a_record_without_a_trusted_order(spark: SparkSession, source: dict[str, Any], match: str) -> None:
+    """A refused connector, a position outside its bound: the Spark job fails and the Python parser raises, both naming
+    it -- never a null or wrapped order (fails before the change: both gave a null order)."""
+    from lakesink.cdc import envelope
+    from lakesink.errors import SchemaMismatchError
+
+    value = json.dumps({"op": "u", "after": {"id": 1}, "source": source})
+    with pytest.raises(SchemaMismatchError, match=match):
+        envelope.parse_record(value)
+    with pytest.raises(PySparkException, match=match):
+        debezium.parse(spark.createDataFrame([(value,)], "value STRING")).collect()

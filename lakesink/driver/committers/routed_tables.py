@@ -583,7 +583,9 @@ class RoutedTables(ABC):
         o = self.options
         if not o.upserts:
             return None
-        spec = UpsertSpec(o.upsert_key, None if deletes_computed else o.delete_when, o.order_by)
+        spec = UpsertSpec(
+            o.upsert_key, None if deletes_computed else o.delete_when, o.order_by, copies_are_one=o.cdc_format is not None
+        )
         spec.check()
         return spec
 
