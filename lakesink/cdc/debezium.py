@@ -205,6 +205,16 @@ def _order(source: Column, transaction: Column, op: Column, route: Column) -> Co
         .when(connector.isin(*positions.LSN_HEX), o.lsn_hex(source, op))
         .when(connector == F.lit("informix"), o.informix(source, op))
         .when(connector == F.lit("oracle"), o.oracle(source, op))
+        .when(
+            lsn_first & (op == F.lit("r")),
+            o.checked(
+                source,
+                "lsn",
+                positions.DIGITS["snapshot_lsn"],
+                connector,
+                (o.number(source["lsn"]) - _dec(positions.SNAPSHOT_BELOW)).cast(_ORDER),
+            ),
+        )  # fmt: skip
         .when(lsn_first, o.checked(source, "lsn", 38, connector, o.number(source["lsn"])))
         .when(binlog, o.binlog(source, op))
         .when(connector.isNull(), F.lit(None).cast(_ORDER))

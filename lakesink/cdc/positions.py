@@ -7,7 +7,12 @@ order files hold ("greater or equal wins", lakesink.driver.actions.upsert_order)
 
 Packings (``10^k`` written ``Ek``; every part is bounded, a value outside its bound is a loud error, never a wrap):
 
-- **PostgreSQL** (and a record with ``source.lsn``): the change's WAL position, as it is.
+- **PostgreSQL** (and a record with ``source.lsn``): a streamed change's WAL position, as it is; a snapshot read
+  (op ``r``) ``lsn - E37`` (``lsn`` < E20: a 64-bit WAL position), below every streamed change. A snapshot reads at the
+  replication slot's consistent point, and a transaction that was open then commits after it with changes logged
+  BEFORE that point: streamed after the snapshot, their LSNs are below the snapshot read's although they are the newer
+  state (Debezium's snapshot reads carry the consistent point's LSN). Snapshot reads among themselves keep the LSN's
+  order (a later re-snapshot wins over an earlier one).
 - **MySQL, MariaDB** binlog coordinates ``C = suffix*E16 + pos*E6 + row`` (``file``'s numeric suffix < E6, ``pos`` <
   E10, ``row`` < E6). A MySQL change streamed with a GTID (``gtid`` set, op not ``r``) adds its transaction's commit
   time: ``ts_ms*E22 + C``. With ``gtid_mode=ON`` on MySQL 8.0.1+ Debezium sets ``source.ts_ms`` from the GTID event's
@@ -47,6 +52,8 @@ MYSQL_TIME_STEP = E[22]
 """A GTID change's commit time (ms) above its coordinates (< E22)."""
 STREAMED = E[37]
 """The band of a streamed change of an LSN/SCN connector: above every snapshot read (< E37)."""
+SNAPSHOT_BELOW = E[37]
+"""PostgreSQL: subtracted from a snapshot read's LSN (< E20), so that it is below every streamed change (>= 0)."""
 LSN_STEP = E[12]
 ORACLE_STEP = E[17]
 VITESS_EPOCH_STEP, VITESS_RANK_STEP = E[33], E[10]
@@ -54,7 +61,7 @@ VITESS_EPOCH_STEP, VITESS_RANK_STEP = E[33], E[10]
 #: significant digits each part may have (its bound): decimal parts in decimal digits, LSNs in hex digits
 DIGITS = {
     "suffix": 6, "pos": 10, "row": 6, "ts_ms": 16, "lsn_hex": 20, "serial": 12, "informix_lsn": 25,
-    "scn": 20, "within": 17, "epoch": 4, "rank": 23, "total_order": 10,
+    "scn": 20, "within": 17, "epoch": 4, "rank": 23, "total_order": 10, "snapshot_lsn": 20,
 }  # fmt: skip
 
 BINLOG = ("mysql", "mariadb")
@@ -147,7 +154,7 @@ def order(source: Mapping[str, Any], op: str, transaction: Mapping[str, Any] | N
     if connector == "oracle":
         return _oracle(source, op, route)
     if connector == "postgresql" or (connector not in ORDERED and source.get("lsn") is not None):
-        return _lsn(source, connector, route)
+        return _lsn(source, op, connector, route)
     if connector in BINLOG or source.get("file") is not None:
         return _binlog(source, op, connector, route)
     if connector is None:
@@ -162,8 +169,10 @@ def order(source: Mapping[str, Any], op: str, transaction: Mapping[str, Any] | N
     )  # fmt: skip
 
 
-def _lsn(source: Mapping[str, Any], connector: str | None, route: str) -> int | None:
+def _lsn(source: Mapping[str, Any], op: str, connector: str | None, route: str) -> int | None:
     value = text(source.get("lsn"))
+    if op == "r":
+        return _number(source, "lsn", DIGITS["snapshot_lsn"], connector, route) - SNAPSHOT_BELOW
     if _fits(value, 38):
         return int(str(value))
     raise SchemaMismatchError(refusal(connector, route, f"source.lsn is {value!r}, expected an integer below 10^38"))

@@ -112,6 +112,28 @@ def test_a_snapshot_read_is_below_every_streamed_change_of_an_lsn_connector() ->
     assert rows[1]["order"] > rows[0]["order"]
 
 
+@pytest.mark.parametrize("schemas", [False, True])
+def test_a_postgresql_transaction_open_during_the_snapshot_wins_over_the_snapshot_read(schemas: bool) -> None:
+    """PostgreSQL's snapshot reads carry the slot's consistent point as their LSN; a transaction open at that point
+    commits after it with changes logged before it (lower LSNs), streamed after the snapshot: it is the newer state.
+    Fails before the change (the snapshot read's LSN won: the update was dropped as stale, only a counter moved)."""
+    pg = cn.Postgres()
+    update = cn.update("public.t", {"id": 1}, {"id": 1, "name": "new", "qty": 2})
+    straddling = pg.open_transaction([update, cn.insert("public.t", {"id": 3, "name": "c", "qty": 3})], 2)
+    snap = pg.snapshot(
+        [cn.read("public.t", {"id": 1, "name": "old", "qty": 1}), cn.read("public.t", {"id": 2, "name": "b", "qty": 1})], 1
+    )
+    later = pg.commit([cn.update("public.t", {"id": 2}, {"id": 2, "name": "b2", "qty": 5})], 3)
+    rounds = [snap, straddling, later]  # the snapshot first, the open transaction streamed when it commits
+    batches = [parsed(pg.records(r, schemas=schemas)) for r in rounds]
+    assert applied(batches) == {"public.t": {1: {"id": 1, "name": "new", "qty": 2}, 2: {"id": 2, "name": "b2", "qty": 5},
+                                             3: {"id": 3, "name": "c", "qty": 3}}}  # fmt: skip
+    assert applied([[row for b in batches for row in b]]) == applied(batches)  # all in one micro-batch: the same
+    resnapshot = pg.snapshot([cn.read("public.t", {"id": 9, "name": "z", "qty": 9})], 4)
+    orders = [r["order"] for r in parsed(pg.records(snap + resnapshot, schemas=schemas))]
+    assert orders[0] == orders[1] < orders[2] < 0 <= min(r["order"] for b in batches[1:] for r in b)  # re-snapshot above
+
+
 def test_mongodb_and_unknown_connectors_are_refused_naming_the_fix() -> None:
     with pytest.raises(SchemaMismatchError, match="connector 'mongodb'.*ExtractNewDocumentState"):
         parsed([cn.mongodb("inventory.customers", "596e275826f08b2730779e1f", {"name": "Anne"}, "c")])

@@ -438,6 +438,28 @@ class Postgres:
             out.append((c, source))
         return out
 
+    def snapshot(self, changes: Sequence[Change], seq: int) -> list[tuple[Change, dict[str, Any]]]:
+        """Snapshot reads (op ``r``): Debezium's PostgreSQL snapshot gives every read the replication slot's consistent
+        point as ``lsn``, ``snapshot`` ``first`` / ``true`` / ``last``, no ``txId`` of a change."""
+        self.clock_ms += 5
+        out = []
+        for i, change in enumerate(changes):
+            c = replace(change, seq=seq * 1000 + i)
+            schema, table = c.table.split(".")
+            flag = "first" if i == 0 else ("last" if i == len(changes) - 1 else "true")
+            source = {
+                "version": VERSION, "connector": "postgresql", "name": self.name, **_times(self.clock_ms),
+                "snapshot": flag, "db": self.db, "sequence": json.dumps([None, str(self.lsn)]),
+                "schema": schema, "table": table, "txId": self.txid, "lsn": self.lsn, "xmin": None,
+            }  # fmt: skip
+            out.append((c, source))
+        return out
+
+    def open_transaction(self, changes: Sequence[Change], seq: int) -> list[tuple[Change, dict[str, Any]]]:
+        """A transaction's changes logged NOW (their LSNs taken) but committed later: stream them after whatever is
+        streamed or snapshotted in between (the transaction that is open while a snapshot reads)."""
+        return self.commit(changes, seq)
+
     def records(self, streamed: Iterable[tuple[Change, dict[str, Any]]], *, schemas: bool) -> list[dict[str, Any]]:
         return stream_records(streamed, self.name, POSTGRES_SOURCE, lag_ms=80, schemas=schemas)
 
