@@ -33,8 +33,8 @@ from pyiceberg.table.update import (
     AssertRefSnapshotId,
     AssertTableUUID,
     SetPropertiesUpdate,
-    SetStatisticsUpdate,
     SetSnapshotRefUpdate,
+    SetStatisticsUpdate,
     TableRequirement,
     update_table_metadata,
 )
@@ -345,6 +345,11 @@ def prepare_snapshot(
     return _staged(table, tx, producer, data_files, properties, owned, files_since_ms=files_since_ms, commit=commit)
 
 
+def _set_statistics(statistics: Any) -> SetStatisticsUpdate:
+    """The update that attaches ``statistics`` to its snapshot (pyiceberg fills the deprecated ``snapshot-id`` from it)."""
+    return SetStatisticsUpdate(statistics=statistics)  # type: ignore[call-arg]
+
+
 def _transaction(table: Table, schema_changes: Sequence[Any]) -> _MetadataCachingTransaction:
     """The transaction of one snapshot of ``table``, its ``schema_changes`` staged in it first."""
     tx = _MetadataCachingTransaction(table)
@@ -391,7 +396,7 @@ def _staged(
     if props:
         tx.set_properties(props)
     if statistics is not None:
-        tx._apply((SetStatisticsUpdate(statistics=statistics),))
+        tx._apply((_set_statistics(statistics),))
     # besides the branch head (AssertRefSnapshotId, from the producer): the table, its schema and its
     # partition spec must still be the ones the files were written for
     return _prepared(
@@ -558,7 +563,7 @@ def prepare_properties_at_head(table: Table, properties: Mapping[str, str], *, b
         statistics, more, written = state_files.attach(table, {**table.properties, **props}, head.snapshot_id, None)
         props.update(more)
         if statistics is not None:
-            updates.append(SetStatisticsUpdate(statistics=statistics))
+            updates.append(_set_statistics(statistics))
     return PreparedCommit(
         table=table,
         snapshot_id=head.snapshot_id if head else -1,
@@ -611,5 +616,5 @@ def prepare_replace(
     if more:
         tx.set_properties(more)
     if statistics is not None:
-        tx._apply((SetStatisticsUpdate(statistics=statistics),))
+        tx._apply((_set_statistics(statistics),))
     return _prepared(table, tx, producer, files_since_ms=files_since_ms, owned=() if written is None else (written,))

@@ -142,7 +142,7 @@ def attach(
     blobs = [(path, _bytes(table, path)) for path in wanted]
     commit = commit or names.commit_name(names.STATE)
     path = posixpath.join(posixpath.dirname(table.metadata_location), names.state_file_name(commit))
-    data, footer = puffin(blobs, snapshot_id=snapshot_id, sequence_number=table.metadata.last_sequence_number)
+    data, footer = puffin(blobs, snapshot_id=snapshot_id, sequence_number=getattr(table.metadata, "last_sequence_number", 0))
     with table.io.new_output(path).create(overwrite=False) as stream:
         stream.write(data)
     written = StateFile(path, len(data), footer, wanted)

@@ -25,7 +25,9 @@ from lakesink.driver.actions import held
 from lakesink.table import state_files
 from lakesink.table.keys import PROPERTY_UPSERT_ORDER_FILE
 from tests.driver import test_cdc_transactions as cdc
+from tests.driver import test_routing_upserts as routing
 from tests.driver.test_upsert_order import make, run, state
+from tests.support import routed_upserts
 from tests.support.java_engine import JavaEngine, spark_conf
 
 pytestmark = [pytest.mark.deploy]
@@ -57,7 +59,10 @@ def maintain(java: Any, props: dict[str, str], *tables: str) -> None:
     """The weekly job most Iceberg users schedule: orphan files older than 3 days removed, old snapshots expired."""
     age(props, 4)
     for t in tables:
-        java.sql(f"CALL {java.catalog}.system.expire_snapshots(table => '{t}', older_than => TIMESTAMP '2999-01-01 00:00:00', retain_last => 1)")
+        after_every_snapshot = "TIMESTAMP '2999-01-01 00:00:00'"
+        java.sql(
+            f"CALL {java.catalog}.system.expire_snapshots(table => '{t}', older_than => {after_every_snapshot}, retain_last => 1)"
+        )
         java.sql(f"CALL {java.catalog}.system.remove_orphan_files(table => '{t}')")
 
 
@@ -98,7 +103,7 @@ def test_java_maintenance_beside_a_cdc_format_table_holding_every_keys_order(
 
 def test_java_maintenance_while_a_transaction_is_held(catalog_properties: dict[str, str], java: Any) -> None:
     props = catalog_properties
-    rc = cdc.routing.routed(props)
+    rc = routing.routed(props)
     t1 = [cdc.change("t1", 1, "a", 1, "one", 2, False, 1002), cdc.change("t1", 2, "b", 1, "uno", 3, False, 1003)]
     first = [
         {**cdc.change(None, 0, "a", 9, "snap", 1, False, 1001), "offset": 0},
@@ -112,6 +117,6 @@ def test_java_maintenance_while_a_transaction_is_held(catalog_properties: dict[s
     maintain(java, props, "db.a", "db.b")
     assert gone(record.file)
     cdc.run_batch(rc, props, 1, pa.Table.from_pylist([{**cdc.end("t1", 2, 1003), "offset": 1}], cdc.RECORDS))
-    assert cdc.routed_upserts.values_seen(props, ("a", "b")) == {"db.a": {1: "one", 9: "snap"}, "db.b": {1: "uno"}}
+    assert routed_upserts.values_seen(props, ("a", "b")) == {"db.a": {1: "one", 9: "snap"}, "db.b": {1: "uno"}}
     latest = held.recorded(cdc.tables(props), cdc.Q, None)
     assert latest is not None and latest.batch_id == 1 and latest.changes == 0

@@ -21,11 +21,19 @@ from lakesink.errors import LakesinkError
 from lakesink.table import state_files
 from lakesink.table.keys import PROPERTY_STATE_FILE, PROPERTY_UPSERT_ORDER_FILE
 from tests.driver import test_cdc_transactions as cdc
+from tests.driver import test_routing_upserts as routing
 from tests.driver.test_upsert_order import make, run, state
+from tests.support import routed_upserts
 
 
 def local(path: str) -> Path:
     return Path(path.removeprefix("file://"))
+
+
+def head(table: Any) -> int:
+    snapshot_id = table.metadata.current_snapshot_id
+    assert snapshot_id is not None
+    return int(snapshot_id)
 
 
 def attached(table: Any) -> dict[int, str]:
@@ -45,10 +53,10 @@ def test_a_deleted_order_file_is_read_from_the_state_file_and_a_stale_insert_sta
     order_file = table.properties[PROPERTY_UPSERT_ORDER_FILE]
     recorded = state_files.current(table.properties)
     assert recorded is not None and recorded.holds == (order_file,)
-    assert attached(table)[table.metadata.current_snapshot_id] == recorded.path  # listed: live to every engine
+    assert attached(table)[head(table)] == recorded.path  # listed: live to every engine
     run(c, 2, [(2, "newer", 7, False)])  # no delete: the same state file, attached to the new snapshot too
     table = c.reload_table()
-    assert attached(table)[table.metadata.current_snapshot_id] == recorded.path
+    assert attached(table)[head(table)] == recorded.path
     os.remove(local(order_file))  # what Iceberg Java's remove_orphan_files does to it
     run(c, 3, [(1, "stale", 3, False), (3, "three", 8, False)])  # older than the delete: stays deleted
     assert state(c) == {2: ("newer", 7), 3: ("three", 8)}
@@ -80,7 +88,7 @@ def test_a_table_carrying_an_order_file_without_a_state_file_gets_one_on_its_nex
     table = c.reload_table()
     recorded = state_files.current(table.properties)
     assert recorded is not None and recorded.holds == (table.properties[PROPERTY_UPSERT_ORDER_FILE],)
-    assert attached(table)[table.metadata.current_snapshot_id] == recorded.path
+    assert attached(table)[head(table)] == recorded.path
     os.remove(local(table.properties[PROPERTY_UPSERT_ORDER_FILE]))
     run(c, 3, [(1, "stale", 3, False)])
     assert state(c) == {2: ("two", 6)}
@@ -109,7 +117,7 @@ def test_a_deleted_held_file_is_read_from_the_state_file_and_released_when_its_t
     (its END later); the held file deleted as Iceberg Java's remove_orphan_files deletes it; batch 1 brings the END.
     Fails before the change ("the file of the changes batch 0 held back ... is missing. Restore the file")."""
     props = catalog_properties
-    rc = cdc.routing.routed(props)
+    rc = routing.routed(props)
     t1 = [cdc.change("t1", 1, "a", 1, "one", 2, False, 1002), cdc.change("t1", 2, "b", 1, "uno", 3, False, 1003)]
     first = [
         {**cdc.change(None, 0, "a", 9, "snap", 1, False, 1001), "offset": 0},
@@ -126,7 +134,7 @@ def test_a_deleted_held_file_is_read_from_the_state_file_and_released_when_its_t
     assert recorded is not None and record.file in recorded.holds
     os.remove(local(record.file))
     cdc.run_batch(rc, props, 1, pa.Table.from_pylist([{**cdc.end("t1", 2, 1003), "offset": 1}], cdc.RECORDS))
-    assert cdc.routed_upserts.values_seen(props, ("a", "b")) == {"db.a": {1: "one", 9: "snap"}, "db.b": {1: "uno"}}
+    assert routed_upserts.values_seen(props, ("a", "b")) == {"db.a": {1: "one", 9: "snap"}, "db.b": {1: "uno"}}
     latest = held.recorded(cdc.tables(props), cdc.Q, None)
     assert latest is not None and latest.batch_id == 1 and latest.changes == 0
 
@@ -146,4 +154,3 @@ def test_the_state_file_is_a_puffin_file_every_reader_of_the_metadata_takes(cata
     assert state_files.read_blobs(table, recorded.path) == {order_file: local(order_file).read_bytes()}
     entry = next(s for s in table.metadata.statistics if s.statistics_path == recorded.path)
     assert entry.blob_metadata == [] and entry.file_footer_size_in_bytes == recorded.footer
-

@@ -303,7 +303,8 @@ def test_a_redelivered_tail_and_a_compacted_transaction_never_block_the_stream(
         assert seen == after
     else:
         run_to_end(start(spark, props, src, ck, entry, wait=0))
-        assert list(states_by_batch(props, _query_id(ck)).values()) == after
+        by_batch = states_by_batch(props, _query_id(ck))  # batch 2 released nothing: no snapshot of it
+        assert sorted(by_batch) == [0, 1, 3] and by_batch == {b: after[b] for b in by_batch}
     assert values(props) == after[-1]
     latest = held.recorded({f"db.{t}": catalogs.load(None, props).load_table(("db", t)) for t in TABLES}, _query_id(ck), None)
     assert latest is not None and latest.batch_id == len(batches) - 1 and latest.changes == 0

@@ -424,7 +424,8 @@ def pg_change(tx: str, total: int, per_table: int, table: str, key: int, value: 
 
 
 def tx_begin(tx: str, ts: int) -> dict[str, Any]:
-    return {"topic": "lake.transaction", "value": json.dumps({"status": "BEGIN", "id": tx, "ts_ms": ts, "event_count": None, "data_collections": None})}
+    begin_ = {"status": "BEGIN", "id": tx, "ts_ms": ts, "event_count": None, "data_collections": None}
+    return {"topic": "lake.transaction", "value": json.dumps(begin_)}
 
 
 def tx_end(tx: str, ts: int, per_table: Mapping[str, int]) -> dict[str, Any]:
@@ -441,18 +442,29 @@ def redelivery_stream() -> tuple[list[list[dict[str, Any]]], list[dict[str, dict
     t1, t2, t3, t4, t5, t6 = "571:100", "572:200", "573:300", "574:400", "575:500", "576:600"
     batches = [
         [
-            at(0, tx_begin(t1, 1000)), at(0, pg_change(t1, 1, 1, "a", 1, "t1", 101, 1000)),
-            at(0, pg_change(t1, 2, 1, "b", 1, "t1", 102, 1000)), at(1, tx_end(t1, 1001, {"a": 1, "b": 1})),
-            at(2, tx_begin(t2, 1002)), at(1, pg_change(t2, 1, 1, "a", 2, "t2", 201, 1002)), at(3, tx_end(t2, 1003, {"a": 1})),
+            at(0, tx_begin(t1, 1000)),
+            at(0, pg_change(t1, 1, 1, "a", 1, "t1", 101, 1000)),
+            at(0, pg_change(t1, 2, 1, "b", 1, "t1", 102, 1000)),
+            at(1, tx_end(t1, 1001, {"a": 1, "b": 1})),
+            at(2, tx_begin(t2, 1002)),
+            at(1, pg_change(t2, 1, 1, "a", 2, "t2", 201, 1002)),
+            at(3, tx_end(t2, 1003, {"a": 1})),
         ],
         [  # the connector restarted: the tail of t1 (its END again, at a new offset) and t2's change re-sent
-            at(1, pg_change(t1, 2, 1, "b", 1, "t1", 102, 1000)), at(4, tx_end(t1, 1001, {"a": 1, "b": 1})),
+            at(1, pg_change(t1, 2, 1, "b", 1, "t1", 102, 1000)),
+            at(4, tx_end(t1, 1001, {"a": 1, "b": 1})),
             at(2, pg_change(t2, 1, 1, "a", 2, "t2", 201, 1002)),
-            at(5, tx_begin(t3, 1004)), at(3, pg_change(t3, 1, 1, "a", 3, "t3", 301, 1004)), at(6, tx_end(t3, 1005, {"a": 1})),
+            at(5, tx_begin(t3, 1004)),
+            at(3, pg_change(t3, 1, 1, "a", 3, "t3", 301, 1004)),
+            at(6, tx_end(t3, 1005, {"a": 1})),
         ],
         [  # t4's first change compacted away (t5 changed a.1 later): t4 can never be whole
-            at(7, tx_begin(t4, 1006)), at(5, pg_change(t4, 2, 2, "a", 4, "t4", 402, 1006)), at(8, tx_end(t4, 1007, {"a": 2})),
-            at(9, tx_begin(t5, 1008)), at(6, pg_change(t5, 1, 1, "a", 1, "t5", 501, 1008)), at(10, tx_end(t5, 1009, {"a": 1})),
+            at(7, tx_begin(t4, 1006)),
+            at(5, pg_change(t4, 2, 2, "a", 4, "t4", 402, 1006)),
+            at(8, tx_end(t4, 1007, {"a": 2})),
+            at(9, tx_begin(t5, 1008)),
+            at(6, pg_change(t5, 1, 1, "a", 1, "t5", 501, 1008)),
+            at(10, tx_end(t5, 1009, {"a": 1})),
         ],
         [at(11, tx_begin(t6, 1010)), at(2, pg_change(t6, 1, 1, "b", 6, "t6", 601, 1010)), at(12, tx_end(t6, 1011, {"b": 1}))],
     ]

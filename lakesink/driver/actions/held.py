@@ -197,9 +197,7 @@ def read_rows(io: FileIO, state: HeldState | None) -> pa.Table | None:
     return read(io, state)[0]
 
 
-def read(
-    io: FileIO | None, state: HeldState | None, tables: Sequence[Table] = ()
-) -> tuple[pa.Table | None, Memory]:
+def read(io: FileIO | None, state: HeldState | None, tables: Sequence[Table] = ()) -> tuple[pa.Table | None, Memory]:
     """The records ``state`` held back (None: none) and what the batches up to it released (its file's metadata, and
     its ``since``). A held file that is gone is read from its copy in a state file of ``tables`` (the tables that
     record the state: lakesink.table.state_files)."""
