@@ -40,7 +40,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.statistics import StatisticsFile
 
 from lakesink.errors import LakesinkError
-from lakesink.table import names
+from lakesink.table import names, storage
 from lakesink.table.keys import PROPERTY_CDC_HELD_PREFIX, PROPERTY_STATE_FILE, PROPERTY_UPSERT_ORDER_FILE
 
 log = logging.getLogger("lakesink")
@@ -115,8 +115,8 @@ def named_files(properties: Mapping[str, str]) -> list[str]:
 def own_files(properties: Mapping[str, str], metadata_location: str) -> tuple[str, ...]:
     """The state files the properties name that live in the table's metadata folder (a held file another table of the
     unit names lives with the table it was written for, whose state file holds it)."""
-    folder = posixpath.dirname(metadata_location)
-    return tuple(sorted({p for p in named_files(properties) if posixpath.dirname(p) == folder}))
+    folder = storage.key(posixpath.dirname(metadata_location))  # Java writes file:/..., pyiceberg file:///...
+    return tuple(sorted({p for p in named_files(properties) if storage.key(posixpath.dirname(p)) == folder}))
 
 
 def current(properties: Mapping[str, str]) -> StateFile | None:
