@@ -5,9 +5,10 @@ Iceberg's ``remove_orphan_files`` (its default cutoff, 3 days: every file of the
 ``expire_snapshots`` (every snapshot older than the call, the last kept), run by Iceberg 1.9.2's Java engine (Spark
 3.5 + Iceberg's SparkCatalog on the same catalog rows, tests/support/java_engine.py), between lakesink's batches. A
 PostgreSQL catalog, as tests/deploy/test_java_routing.py says why: on a SQLite file the Java session's connection
-left lakesink's next commit "database is locked" five times over. The stream must go on: nothing stuck, a stale insert after a delete stays deleted, a held transaction is
-released when its END comes. Before the change Iceberg deleted the order file (``...-99998.parquet``) and the held file
-(``lakesink-held-...parquet``), and every later batch failed ("... is missing ... Restore the file").
+left lakesink's next commit "database is locked" five times over. The stream must go on: nothing stuck, a stale
+insert after a delete stays deleted, a held transaction is released when its END comes. Before the change Iceberg
+deleted the order file (``...-99998.parquet``) and the held file (``lakesink-held-...parquet``), and every later batch
+failed ("... is missing ... Restore the file").
 """
 
 from __future__ import annotations
