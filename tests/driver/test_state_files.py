@@ -10,6 +10,7 @@ Iceberg Java engine runs the same on tests/deploy/test_state_files_java.py."""
 from __future__ import annotations
 
 import os
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,10 @@ import pytest
 
 from lakesink.driver.actions import held
 from lakesink.errors import LakesinkError
+from lakesink.maintenance.compaction import compact
+from lakesink.maintenance.expiry import expire_snapshots
+from lakesink.maintenance.manifest_rewrite import rewrite_manifests
+from lakesink.maintenance.orphans import remove_orphan_files
 from lakesink.table import state_files
 from lakesink.table.keys import PROPERTY_STATE_FILE, PROPERTY_UPSERT_ORDER_FILE
 from tests.driver import test_cdc_transactions as cdc
@@ -154,3 +159,31 @@ def test_the_state_file_is_a_puffin_file_every_reader_of_the_metadata_takes(cata
     assert state_files.read_blobs(table, recorded.path) == {order_file: local(order_file).read_bytes()}
     entry = next(s for s in table.metadata.statistics if s.statistics_path == recorded.path)
     assert entry.blob_metadata == [] and entry.file_footer_size_in_bytes == recorded.footer
+
+
+def test_lakesinks_own_compaction_manifest_rewrite_expiry_and_orphan_removal_keep_the_state_file(
+    catalog_properties: dict[str, str],
+) -> None:
+    """lakesink's own maintenance commits attach the state file to their snapshots too: after a compaction and a
+    manifest rewrite (the head is theirs), an expiry keeping only the head and the orphan clean-up, the order file is
+    deleted as another engine's orphan removal deletes it -- and a stale insert after the delete stays deleted. Fails
+    before the change (the batch after the deletion fails, every retry)."""
+    c = make(catalog_properties)
+    for b in range(4):
+        run(c, b, [(b, f"v{b}", b + 1, False)])
+    run(c, 4, [(1, "", 10, True)])
+    run(c, 5, [(5, "five", 11, False)])
+    order_file = c.reload_table().properties[PROPERTY_UPSERT_ORDER_FILE]
+    compact(c.reload_table(), min_input_files=2)
+    rewrite_manifests(c.reload_table(), min_count=1)
+    table = c.reload_table()
+    summary = table.current_snapshot().summary  # type: ignore[union-attr]
+    assert summary is not None and summary.operation.value == "replace"  # the head is a maintenance commit's
+    recorded = state_files.current(table.properties)
+    assert recorded is not None and attached(table)[head(table)] == recorded.path
+    expire_snapshots(table, older_than=datetime.now(timezone.utc) + timedelta(days=1), retain_last=1)
+    remove_orphan_files(c.reload_table(), older_than=timedelta(0), other_writers_older_than=timedelta(0))
+    assert local(recorded.path).exists()
+    os.remove(local(order_file))
+    run(c, 6, [(1, "stale", 5, False)])
+    assert state(c, readers=True) == {0: ("v0", 1), 2: ("v2", 3), 3: ("v3", 4), 5: ("five", 11)}
