@@ -21,6 +21,7 @@ from pyiceberg.table.update import (
     RemoveSnapshotRefUpdate,
     RemoveSnapshotsUpdate,
     SetSnapshotRefUpdate,
+    SetStatisticsUpdate,
 )
 from pyiceberg.table.update.snapshot import _SnapshotProducer
 from pyiceberg.typedef import EMPTY_DICT, Record
@@ -28,7 +29,7 @@ from pyiceberg.typedef import EMPTY_DICT, Record
 from lakesink._pyiceberg.commit import PreparedCommit
 from lakesink._pyiceberg.metadata import keeping_ref_retention, snapshot_manifests, write_manifest_list
 from lakesink._pyiceberg.producers import _MetadataCachingTransaction, _PreparedManifests
-from lakesink.table import names, storage
+from lakesink.table import names, state_files, storage
 from lakesink.table.keys import AVRO_CODEC, AVRO_CODEC_DEFAULT
 from lakesink.table.keys import SUMMARY_RESTORED_FROM as RESTORED_FROM
 from lakesink.table.keys import SUMMARY_RESTORED_REF as RESTORED_REF
@@ -145,10 +146,18 @@ def prepare_rewrite_manifests(
         entries_per_manifest=entries_per_manifest,
     )
     producer.commit()
+    # the table's state file attached to the new snapshot too (lakesink.table.state_files): the properties do not
+    # change, so it is the current one (a state file that is written here is a commit file of this attempt)
+    statistics, more, written = state_files.attach(table, table.properties, producer.snapshot_id, commit)
+    if more:
+        tx.set_properties(more)
+    if statistics is not None:
+        tx._apply((SetStatisticsUpdate(statistics=statistics),))  # type: ignore[call-arg]
     return PreparedManifestRewrite(
         table=table,
         snapshot_id=producer.snapshot_id,
         _updates=keeping_ref_retention(table.metadata, tx._updates),
+        _owned_files=() if written is None else (written,),
         _requirements=(*tx._requirements, AssertTableUUID(uuid=table.metadata.table_uuid)),
         _producer=producer,
         replaced=tuple(m.manifest_path for m in producer.replaced),

@@ -34,6 +34,7 @@ from pyiceberg.table.update import (
     AssertTableUUID,
     SetPropertiesUpdate,
     SetSnapshotRefUpdate,
+    SetStatisticsUpdate,
     TableRequirement,
     update_table_metadata,
 )
@@ -59,7 +60,7 @@ from lakesink._pyiceberg.metadata import (
     write_manifest,
     write_manifest_list,
 )
-from lakesink.table import floats, names
+from lakesink.table import floats, names, state_files
 
 
 def apply_schema_changes(update: UpdateSchema, changes: Sequence[Any]) -> None:
@@ -341,7 +342,12 @@ def prepare_snapshot(
             producer.delete_data_file(removed)
     else:
         producer = _merging_append(update, commit, manifest_merge)
-    return _staged(table, tx, producer, data_files, properties, owned, files_since_ms=files_since_ms)
+    return _staged(table, tx, producer, data_files, properties, owned, files_since_ms=files_since_ms, commit=commit)
+
+
+def _set_statistics(statistics: Any) -> SetStatisticsUpdate:
+    """The update that attaches ``statistics`` to its snapshot (pyiceberg fills the deprecated ``snapshot-id`` from it)."""
+    return SetStatisticsUpdate(statistics=statistics)  # type: ignore[call-arg]
 
 
 def _transaction(table: Table, schema_changes: Sequence[Any]) -> _MetadataCachingTransaction:
@@ -372,16 +378,25 @@ def _staged(
     owned: Sequence[str] = (),
     *,
     files_since_ms: int | None = None,
+    commit: names.CommitName | None = None,
 ) -> PreparedCommit:
     """Add ``data_files`` to ``producer``'s snapshot and stage it and the properties into ``tx``: the prepared commit
-    of both."""
+    of both, with the table's state file attached to the snapshot (lakesink.table.state_files)."""
     for f in data_files:
         producer.append_data_file(f)
     producer.commit()  # stages the snapshot into the transaction; nothing reaches the catalog yet
     # staged after the snapshot: while the producer works nothing is staged yet, so the transaction's
     # metadata is the table's own (no copy of the whole history; see _MetadataCachingTransaction)
-    if props := properties(producer.snapshot_id):
-        tx.set_properties(dict(props))
+    props = dict(properties(producer.snapshot_id))
+    owned = list(owned)
+    statistics, more, written = state_files.attach(table, {**table.properties, **props}, producer.snapshot_id, commit)
+    props.update(more)
+    if written is not None:
+        owned.append(written)
+    if props:
+        tx.set_properties(props)
+    if statistics is not None:
+        tx._apply((_set_statistics(statistics),))
     # besides the branch head (AssertRefSnapshotId, from the producer): the table, its schema and its
     # partition spec must still be the ones the files were written for
     return _prepared(
@@ -541,11 +556,20 @@ def prepare_properties_at_head(table: Table, properties: Mapping[str, str], *, b
         AssertTableUUID(uuid=table.metadata.table_uuid),
         AssertRefSnapshotId(snapshot_id=head.snapshot_id if head else None, ref=branch),  # type: ignore[call-arg]
     )
+    props = dict(properties)
+    updates: list[Any] = []
+    written = None
+    if head is not None:  # the table's state file attached to the head (lakesink.table.state_files)
+        statistics, more, written = state_files.attach(table, {**table.properties, **props}, head.snapshot_id, None)
+        props.update(more)
+        if statistics is not None:
+            updates.append(_set_statistics(statistics))
     return PreparedCommit(
         table=table,
         snapshot_id=head.snapshot_id if head else -1,
-        _updates=(SetPropertiesUpdate(updates=dict(properties)),),
+        _updates=(SetPropertiesUpdate(updates=props), *updates),
         _requirements=requirements,
+        _owned_files=() if written is None else (written,),
     )
 
 
@@ -588,4 +612,9 @@ def prepare_replace(
     for f in added:
         producer.append_data_file(f)
     producer.commit()
-    return _prepared(table, tx, producer, files_since_ms=files_since_ms)
+    statistics, more, written = state_files.attach(table, table.properties, producer.snapshot_id, commit)
+    if more:
+        tx.set_properties(more)
+    if statistics is not None:
+        tx._apply((_set_statistics(statistics),))
+    return _prepared(table, tx, producer, files_since_ms=files_since_ms, owned=() if written is None else (written,))

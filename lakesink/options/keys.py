@@ -16,6 +16,7 @@ __all__ = [
     "CDC_PAYLOAD",
     "CDC_PREFIX",
     "CDC_TRANSACTIONS",
+    "CDC_TRANSACTION_WAIT",
     "CHECKPOINT_LOCATION",
     "CREATE_TABLE",
     "DEAD_LETTER_TABLE",
@@ -80,6 +81,9 @@ CDC_VALUE = "cdc_value"
 CDC_TRANSACTIONS = "cdc-transactions"
 """With cdc-format: ``hold`` (read Debezium's transaction metadata and hold back every change after the first source
 transaction a batch does not hold whole) or ``off`` (default; a transaction-metadata record fails the batch)."""
+CDC_TRANSACTION_WAIT = "cdc-transaction-wait"
+"""With cdc-transactions=hold: seconds a held transaction that cannot become whole (its END at hand and changes
+missing, or changes without their BEGIN and END) waits before it is released as it stands (docs/cdc.md)."""
 """With route-by: a string column holding a JSON object whose fields are the row's columns in its routed table
 (docs/cdc.md)."""
 METRICS = "metrics"

@@ -40,7 +40,7 @@ from lakesink.options.values import (
     TableName,
     WriterKind,
 )
-from lakesink.table.keys import FORMAT_VERSION, MAIN_BRANCH
+from lakesink.table.keys import CDC_TRANSACTION_WAIT_S_DEFAULT, FORMAT_VERSION, MAIN_BRANCH
 from lakesink.table.partitioning import PartitionTerm
 from lakesink.table.routes import parse_namespace
 
@@ -103,6 +103,9 @@ class SinkOptions:
     """Option ``cdc-transactions`` (with ``cdc-format``): ``hold`` releases whole source transactions only, in commit
     order, by Debezium's transaction metadata (lakesink.sink.transactions, lakesink.sink.staged_transactions;
     docs/cdc.md)."""
+    cdc_transaction_wait: float = CDC_TRANSACTION_WAIT_S_DEFAULT
+    """Option ``cdc-transaction-wait`` (with ``cdc-transactions=hold``): seconds a held transaction that cannot become
+    whole waits before it is released as it stands (lakesink.cdc.transactions.release)."""
     metrics: MetricsExport = field(default_factory=lambda: MetricsExport())
     """Option ``metrics``: where commit metrics are exported (docs/metrics.md)."""
 

@@ -12,6 +12,7 @@ from lakesink.options.keys import (
     ATOMIC,
     BRANCH,
     CATALOG,
+    CDC_TRANSACTION_WAIT,
     CDC_TRANSACTIONS,
     DEFAULT_FORMAT_VERSION,
     FORMAT_VERSIONS,
@@ -226,6 +227,20 @@ def _parse_bool(key: str, value: str) -> bool:
     if v in _FALSE:
         return False
     raise InvalidOptionError(f"option '{key}' must be 'true' or 'false', got {value!r}")
+
+
+def _parse_cdc_transaction_wait(value: str) -> float:
+    """Option cdc-transaction-wait: seconds, a number >= 0."""
+    try:
+        seconds = float(str(value).strip())
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise InvalidOptionError(
+            f"option '{CDC_TRANSACTION_WAIT}' is the seconds a held transaction that cannot become whole waits before it "
+            f"is released as it stands: a number >= 0 (default 600), got {value!r}"
+        )
+    return seconds
 
 
 def _parse_catalog(value: str) -> str:

@@ -96,6 +96,7 @@ def foreach_batch(
     payload: str | None = None,
     cdc_format: str | None = None,
     cdc_transactions: str = "off",
+    cdc_transaction_wait: float | None = None,
     metrics: str | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
@@ -164,6 +165,9 @@ def foreach_batch(
             batch) or ``"hold"``: the stream also carries the transaction topic (``provide.transaction.metadata``), and
             each batch commits, in commit order, the longest prefix of the source transactions it holds whole; every
             change after the first incomplete one is held back in the batch's own commit (docs/cdc.md).
+        cdc_transaction_wait: with ``cdc_transactions="hold"``: seconds (default 600) a held transaction that cannot
+            become whole (its ``END`` at hand and changes missing, or changes without ``BEGIN`` and ``END``) waits
+            before it is released as it stands (docs/cdc.md).
         metrics: as the option ``metrics``: ``"off"`` (default) or ``"prometheus:[<host>:]<port>"``: the commit
             metrics served to Prometheus (docs/metrics.md; needs ``lakesink[prometheus]``).
     """

@@ -29,6 +29,7 @@ executors do both); the held records are read and rewritten every batch (docs/cd
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -74,7 +75,7 @@ def released(
     tables, start = transactions.starting_state(options, query_id=query_id, batch_id=batch_id, known=known)
     io = next(iter(tables.values())).io if tables else None
     parts: list[pa.Table] = []
-    previous = held.read_rows(io, start) if io is not None else None
+    previous, memory = held.read(io, start, list(tables.values()))
     if previous is not None and previous.num_rows:
         parts.append(previous)
     for r in sorted(results, key=lambda r: r.partition_id):
@@ -82,7 +83,13 @@ def released(
             parts.append(pa.Table.from_batches(list(read_staged(plan.io, r.file))))
     records = pa.concat_tables([_as(p, raw) for p in parts]) if parts else raw.empty_table()
     try:
-        split = cdc_transactions.split_records(records, offset=transactions.OFFSET)
+        split = cdc_transactions.split_records(
+            records,
+            offset=transactions.OFFSET,
+            memory=memory,
+            now_ms=int(time.time() * 1000),
+            wait_ms=int(options.cdc_transaction_wait * 1000),
+        )
     except ValueError as e:
         raise InvalidOptionError(f"option '{CDC_TRANSACTIONS}'='hold': {e}") from None
     decision = split.decision
@@ -93,7 +100,11 @@ def released(
         committed_ms=decision.committed_ms,
         waiting_for=decision.waiting_for,
         previous=start,
+        memory=decision.memory,
+        redelivered=split.redelivered,
+        incomplete=decision.incomplete,
     )
+    transactions.report(query_id, batch_id, decision, split.redelivered)
     key = held.property_key(query_id, options.sink_id)
     routed.held_tables = tuple(sorted(n for n, t in tables.items() if key in t.properties))
     routed.held_homes = frozenset()  # set by a batch that releases no change and has no table (home_inference)

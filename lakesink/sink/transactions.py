@@ -119,7 +119,7 @@ def split(df: DataFrame, options: SinkOptions, *, query_id: str, batch_id: int, 
         )
     tables, start = starting_state(options, query_id=query_id, batch_id=batch_id, known=known)
     io = next(iter(tables.values())).io if tables else None
-    rows = held.read_rows(io, start) if io is not None else None
+    rows, memory = held.read(io, start, list(tables.values()))
     if rows is not None and rows.num_rows:
         df = _frame(rows, df).unionByName(df)
     annotated = _annotated(df).persist(StorageLevel.MEMORY_AND_DISK)
@@ -136,10 +136,19 @@ def split(df: DataFrame, options: SinkOptions, *, query_id: str, batch_id: int, 
     order = F.col(_TX_ORDER)
     distinct = F.count_distinct(order) + F.sum(F.when(order.isNull(), F.lit(1)).otherwise(F.lit(0)))
     counted = annotated.where((kind == F.lit(_CHANGE)) & tx.isNotNull()).groupBy(_TX).agg(distinct).collect()
-    decision = transactions.release(ends, {r[0]: int(r[1]) for r in counted}, begins)
-    held_ids = sorted(decision.held)
+    decision = transactions.release(
+        ends,
+        {r[0]: int(r[1]) for r in counted},
+        begins,
+        memory=memory,
+        now_ms=int(time.time() * 1000),
+        wait_ms=int(options.cdc_transaction_wait * 1000),
+    )
+    held_ids, dropped_ids = sorted(decision.held), sorted(decision.dropped)
     waiting = tx.isin(*held_ids) if held_ids else F.lit(False)
-    released = annotated.where((kind == F.lit(_CHANGE)) & (tx.isNull() | ~waiting)).drop(*_HELPERS)
+    dropped = tx.isin(*dropped_ids) if dropped_ids else F.lit(False)
+    released = annotated.where((kind == F.lit(_CHANGE)) & (tx.isNull() | (~waiting & ~dropped))).drop(*_HELPERS)
+    redelivered = annotated.where((kind == F.lit(_CHANGE)) & dropped).count() if dropped_ids else 0
     back_rows = annotated.where(waiting).toArrow()
     changes = back_rows.filter(pc.equal(back_rows.column(_KIND), _CHANGE)) if back_rows.num_rows else back_rows
     oldest = pc.min(changes.column(_TX_TS)).as_py() if changes.num_rows else None
@@ -150,7 +159,11 @@ def split(df: DataFrame, options: SinkOptions, *, query_id: str, batch_id: int, 
         committed_ms=decision.committed_ms,
         waiting_for=decision.waiting_for,
         previous=start,
+        memory=decision.memory,
+        redelivered=redelivered,
+        incomplete=decision.incomplete,
     )
+    report(query_id, batch_id, decision, redelivered)
     if back.changes:
         age = f"{time.time() * 1000 - oldest:.0f} ms" if oldest is not None else "unknown"
         log.info(
@@ -166,6 +179,28 @@ def split(df: DataFrame, options: SinkOptions, *, query_id: str, batch_id: int, 
     key = held.property_key(query_id, options.sink_id)
     recorded = tuple(sorted(n for n, t in tables.items() if key in t.properties))
     return Split(released, back, recorded, decision, annotated)
+
+
+def report(query_id: str, batch_id: int, decision: transactions.Release, redelivered: int) -> None:
+    """The log lines of what the batch dropped as redelivered and released as it stood (both entry points)."""
+    if redelivered:
+        log.info(
+            "lakesink: query=%s batch=%s cdc-transactions: %s change(s) of %s transaction(s) released before were "
+            "delivered again (a connector restart): dropped",
+            query_id,
+            batch_id,
+            redelivered,
+            len(decision.dropped),
+        )
+    if decision.incomplete:
+        log.warning(
+            "lakesink: query=%s batch=%s cdc-transactions: transaction(s) %s released as they stand: their changes "
+            "did not all come within option cdc-transaction-wait (a compacted topic, a table whose topic is not read, "
+            "a lost END; docs/cdc.md)",
+            query_id,
+            batch_id,
+            ", ".join(decision.incomplete),
+        )
 
 
 def _annotated(df: DataFrame) -> DataFrame:

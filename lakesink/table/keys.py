@@ -108,6 +108,20 @@ SUMMARY_CDC_COMMITTED_MS = "lakesink.cdc.committed-ms"
 table holds every transaction committed up to it (the completeness watermark of a change stream)."""
 SUMMARY_CDC_HELD_FILE = "lakesink.cdc.held-file"
 """Option cdc-transactions=hold: the file of the changes the batch held back (none when it held none)."""
+SUMMARY_CDC_REDELIVERED = "lakesink.cdc.redelivered-changes"
+"""Option cdc-transactions=hold: change records the batch dropped because an earlier batch released their transaction
+(Kafka Connect's redelivery after a connector restart)."""
+SUMMARY_CDC_RELEASED_INCOMPLETE = "lakesink.cdc.released-incomplete"
+"""Option cdc-transactions=hold: transactions the batch released as they stood after waiting option
+``cdc-transaction-wait`` for changes that never came (a compacted topic, a topic not read, a lost ``END``)."""
+CDC_TRANSACTION_WAIT_S_DEFAULT = 600.0
+"""Option ``cdc-transaction-wait``'s default: how long (seconds) a held transaction that is not whole and not open
+waits before it is released as it stands."""
+PROPERTY_STATE_FILE = "lakesink.state-file"
+"""Table property: the table's state file (a Puffin file next to its metadata, lakesink.table.state_files) as JSON --
+its path, size, footer size and the state files it holds a copy of (the order files and held files the table's
+properties name that live in its metadata folder). Every lakesink commit attaches it as the statistics file of its new
+snapshot, so that every engine's orphan removal and snapshot expiry sees it live."""
 ORDER_FILE_FLOOR = "lakesink.order-floor"
 """Key of the order file's Parquet metadata, option order-by with cdc-format's truncates: the source position of the
 table's last truncate (a decimal, as text). Every change below it is older than the truncate and stale, for any key

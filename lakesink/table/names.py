@@ -185,7 +185,9 @@ BRANCH = "branch"
 """The empty snapshot a branch of an empty table is created from."""
 RESTORE = "restore"
 """A ref that snapshot expiry dropped on a catalog that applies updates to its current metadata, put back."""
-COMMIT_KINDS = (BATCH, COMPACT, MANIFESTS, BRANCH, RESTORE)
+STATE = "state"
+"""A commit that attaches a table's state file (lakesink.table.state_files) and has no name of its own."""
+COMMIT_KINDS = (BATCH, COMPACT, MANIFESTS, BRANCH, RESTORE, STATE)
 
 _COMMIT = re.compile(
     r"^lakesink-(?P<kind>[a-z]+)-(?P<stamp>[0-9a-f]{12})-" + _TOKEN + r"(?:-(?P<batch>\d{5,})-" + _QUERY + r")?$"
@@ -193,6 +195,7 @@ _COMMIT = re.compile(
 _MANIFEST = re.compile(r"^(?P<commit>lakesink-.+)-m(?P<n>\d+)\.avro$")
 _MANIFEST_LIST = re.compile(r"^snap-(?P<snapshot>-?\d+)-(?P<attempt>\d+)-(?P<commit>lakesink-.+)\.avro$")
 _COMMIT_DATA_FILE = re.compile(r"^(?P<commit>lakesink-.+)-(?P<n>\d{5,})\.parquet$")
+_COMMIT_STATE_FILE = re.compile(r"^(?P<commit>lakesink-.+)-(?P<n>\d{5,})\.puffin$")
 
 
 def now_ms() -> int:
@@ -278,10 +281,19 @@ def order_file_name(commit: CommitName) -> str:
     return f"{commit}-{ORDER_FILE_NUMBER:05d}.parquet"
 
 
+STATE_FILE_NUMBER = 99996
+"""The number a commit's state file takes among its commit's files (lakesink.table.state_files)."""
+
+
+def state_file_name(commit: CommitName) -> str:
+    """The name of the state file (Puffin) a commit attempt writes; classified as the commit's."""
+    return f"{commit}-{STATE_FILE_NUMBER:05d}.puffin"
+
+
 def commit_of(name: str) -> CommitName | None:
-    """The lakesink commit a manifest, manifest list or maintenance data file (a file name, no folders) was
-    written for, or None."""
-    m = _MANIFEST.match(name) or _MANIFEST_LIST.match(name) or _COMMIT_DATA_FILE.match(name)
+    """The lakesink commit a manifest, manifest list, maintenance data file or state file (a file name, no folders)
+    was written for, or None."""
+    m = _MANIFEST.match(name) or _MANIFEST_LIST.match(name) or _COMMIT_DATA_FILE.match(name) or _COMMIT_STATE_FILE.match(name)
     return None if m is None else CommitName.parse(m["commit"])
 
 
@@ -351,7 +363,7 @@ def classify(path: str) -> FileClass:
     if kind == "metadata":
         m = _METADATA_NAME.match(name)
         return FileClass(kind, stamp_ms=uuid_stamp(m["uuid"]) if m else None)
-    commit = commit_of(name) if kind in ("manifest", "manifest-list", "data") else None
+    commit = commit_of(name) if kind in ("manifest", "manifest-list", "data", "statistics") else None
     if commit is not None:
         batch = None
         if commit.query_prefix is not None and commit.batch_id is not None:

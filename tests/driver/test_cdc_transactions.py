@@ -127,7 +127,7 @@ def run_batch(rc: RoutedCommitter, props: Mapping[str, str], batch_id: int, reco
     found = tables(props)
     start = held.starting_state(held.recorded(found, Q, None), batch_id, query_id=Q)
     io = next(iter(found.values())).io if found else None
-    previous = held.read_rows(io, start) if io is not None else None
+    previous = held.read(io, start, list(found.values()))[0]  # as lakesink.sink.transactions.split reads it
     union = pa.concat_tables([previous.select(RECORDS.names).cast(RECORDS), records]) if previous is not None else records
     split = transactions.split_records(union)
     rc.held = held.HeldBack(

@@ -27,7 +27,7 @@ from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
 from lakesink.options import SinkOptions
 from tests.driver.test_cdc_transactions import RECORDS, TABLES, Event, deliveries, first_batch_stream, source
-from tests.sink.test_staged_transactions import DEAD_LETTER_OPTIONS, dead_letter_stream
+from tests.sink.test_staged_transactions import DEAD_LETTER_OPTIONS, dead_letter_stream, redelivery_stream
 from tests.support import routed_upserts
 from tests.support.helpers import assert_each_batch_once, lakesink_snapshots, run_to_end
 
@@ -97,6 +97,7 @@ def start(
     seen: list[State] | None = None,
     names: Sequence[str] = TABLES,
     dead_letters: bool = False,
+    wait: float | None = None,
 ) -> Any:
     df = spark.readStream.schema("topic STRING, value STRING, offset LONG").option("maxFilesPerTrigger", 1).json(str(src))
     if entry == "format":  # the executors stage the records as they came; the commit decides what is released
@@ -108,6 +109,7 @@ def start(
             "table-property.commit.retry.num-retries": "0",  # the fault inside the swap fails the batch, not retried
             **{f"catalog.{k}": v for k, v in props.items()},
             **(DEAD_LETTER_OPTIONS if dead_letters else {}),
+            **({"cdc-transaction-wait": str(wait)} if wait is not None else {}),
         }
         for k, v in options.items():
             writer = writer.option(k, v)
@@ -120,6 +122,7 @@ def start(
         table_properties={"commit.retry.num-retries": "0"},  # the fault inside the swap fails the batch, not retried
         dead_letter_table=DEAD_LETTER_OPTIONS["dead-letter-table"] if dead_letters else None,
         route_namespaces=DEAD_LETTER_OPTIONS["route-namespaces"] if dead_letters else None,
+        cdc_transaction_wait=wait,
     )
     if seen is None:
         return df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
@@ -182,7 +185,9 @@ def test_every_batch_commits_whole_source_transactions_through_failures_and_rest
         assert [(f.name, str(f.field_type)) for f in table.schema().fields] == [("id", "long"), ("value", "string")]
         assert_each_batch_once(table, f"db.{t}")
         record = held.HeldState.from_property(table.properties[held.property_key(query_id)], table=t)
-        assert record.changes == 0 and record.file is None  # every change released at the end
+        assert record.changes == 0  # every change released at the end: the file holds no record, only released ids
+        rows, memory = held.read(table.io, record)
+        assert rows is not None and rows.num_rows == 0 and memory.released
         named |= {f.removeprefix("file://") for f in held.held_files(table.properties)}
     assert named <= held_files_on_disk(props)
     assert list((ck / "lakesink").rglob("*.parquet")) == []  # format: every staged file swept, failed attempts' too
@@ -276,6 +281,33 @@ def test_a_transaction_whose_end_never_arrives_holds_back_the_rest(
     record = held.HeldState.from_property(table.properties[held.property_key(_query_id(ck))], table="db.a")
     assert record.waiting_for == missing and record.changes == sum(len(t) for t in txs[lost:])
     assert record.oldest_ms is not None and record.file is not None
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_redelivered_tail_and_a_compacted_transaction_never_block_the_stream(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """Issue 51, item 6, on both entry points: the stream of tests/sink/test_staged_transactions.py's redelivery_stream
+    (a connector restart re-sends t1's tail with its END and t2's change without it; t4 can never be whole, a compacted
+    topic dropped one of its changes), one file per batch, option cdc-transaction-wait=0. Fails before the fix: t1 and
+    everything after it held for ever (the tables stay at batch 0's state), t2's re-sent change held. After: after every
+    batch the tables are the model's, and nothing is held at the end."""
+    props = catalog_properties
+    batches, after = redelivery_stream()
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    for i, records in enumerate(batches):
+        write(src, i, pa.Table.from_pylist(records, RECORDS))
+    seen: list[State] = []
+    if entry == "foreach":
+        run_to_end(start(spark, props, src, ck, entry, seen=seen, wait=0))
+        assert seen == after
+    else:
+        run_to_end(start(spark, props, src, ck, entry, wait=0))
+        by_batch = states_by_batch(props, _query_id(ck))  # batch 2 released nothing: no snapshot of it
+        assert sorted(by_batch) == [0, 1, 3] and by_batch == {b: after[b] for b in by_batch}
+    assert values(props) == after[-1]
+    latest = held.recorded({f"db.{t}": catalogs.load(None, props).load_table(("db", t)) for t in TABLES}, _query_id(ck), None)
+    assert latest is not None and latest.batch_id == len(batches) - 1 and latest.changes == 0
 
 
 def test_transaction_records_without_the_option_fail_naming_it(

@@ -280,7 +280,10 @@ def test_a_first_batch_that_releases_nothing_makes_its_held_changes_tables_on_fo
         ids = [s["summary"]["lakesink.batch-id"] for s in lakesink_snapshots(table)]
         assert len(ids) == len(set(ids)), name
     latest = held.recorded(tables_of(props), Q, None)
-    assert latest is not None and latest.batch_id == 3 and latest.changes == 0 and latest.file is None
+    assert latest is not None and latest.batch_id == 3 and latest.changes == 0
+    # nothing held: the batch's file holds no record, only the ids of the transactions released (issue 51, item 6)
+    rows, memory = held.read(next(iter(tables_of(props).values())).io, latest)
+    assert rows is not None and rows.num_rows == 0 and memory.released
 
 
 def test_a_held_changes_table_another_writer_made_meanwhile_takes_the_record_and_keeps_its_rows(
@@ -385,3 +388,129 @@ def test_a_dead_letters_only_batch_holding_changes_that_make_no_table_fails_loud
     catalog = catalogs.load(None, dict(props))
     assert not catalog.table_exists(("dl", "letters")) or catalog.load_table(("dl", "letters")).scan().to_arrow().num_rows == 0
     assert on_disk(props, ck) == (set(), set())
+
+
+# --- issue 51, item 6: redelivery after a connector restart, and transactions that never become whole ----------------
+# Records built field by field from Debezium's documentation: a PostgreSQL change event (its `source` block, `op`,
+# `ts_ms` and the `transaction` block of provide.transaction.metadata) and the transaction topic's BEGIN / END records
+# ("Transaction metadata": status, id "<txId>:<LSN>", ts_ms, event_count, data_collections).
+
+
+def pg_change(tx: str, total: int, per_table: int, table: str, key: int, value: str | None, lsn: int, ts: int) -> dict[str, Any]:
+    """A Debezium PostgreSQL change event of transaction ``tx`` (value None: a delete of ``key``)."""
+    row = {"id": key, "value": value}
+    envelope = {
+        "before": row if value is None else None,
+        "after": None if value is None else row,
+        "source": {
+            "version": "2.7.3.Final",
+            "connector": "postgresql",
+            "name": "lake",
+            "ts_ms": ts,
+            "snapshot": "false",
+            "db": "shop",
+            "sequence": json.dumps([str(lsn - 1), str(lsn)]),
+            "schema": "db",
+            "table": table,
+            "txId": int(tx.split(":")[0]),
+            "lsn": lsn,
+            "xmin": None,
+        },
+        "op": "d" if value is None else "u",
+        "ts_ms": ts + 5,
+        "transaction": {"id": tx, "total_order": total, "data_collection_order": per_table},
+    }
+    return {"topic": f"lake.db.{table}", "value": json.dumps(envelope)}
+
+
+def tx_begin(tx: str, ts: int) -> dict[str, Any]:
+    begin_ = {"status": "BEGIN", "id": tx, "ts_ms": ts, "event_count": None, "data_collections": None}
+    return {"topic": "lake.transaction", "value": json.dumps(begin_)}
+
+
+def tx_end(tx: str, ts: int, per_table: Mapping[str, int]) -> dict[str, Any]:
+    collections = [{"data_collection": f"db.{t}", "event_count": n} for t, n in per_table.items()]
+    end_ = {"status": "END", "id": tx, "ts_ms": ts, "event_count": sum(per_table.values()), "data_collections": collections}
+    return {"topic": "lake.transaction", "value": json.dumps(end_)}
+
+
+def redelivery_stream() -> tuple[list[list[dict[str, Any]]], list[dict[str, dict[int, str]]]]:
+    """Four micro-batches and the tables after each. Batch 0: t1 (a.1, b.1) and t2 (a.2), whole. Batch 1, after a
+    connector restart: Debezium re-sends t1's tail (b.1 and its END, at a new offset) and t2's change without its END,
+    then t3 (a.3). Batch 2: t4's END says 2 changes but the compacted topic kept one (a.4; its other, a.1's update, was
+    compacted away by t5's newer a.1), then t5 (a.1 "t5"): both held. Batch 3: t6 (b.6); t4 has waited."""
+    t1, t2, t3, t4, t5, t6 = "571:100", "572:200", "573:300", "574:400", "575:500", "576:600"
+    batches = [
+        [
+            at(0, tx_begin(t1, 1000)),
+            at(0, pg_change(t1, 1, 1, "a", 1, "t1", 101, 1000)),
+            at(0, pg_change(t1, 2, 1, "b", 1, "t1", 102, 1000)),
+            at(1, tx_end(t1, 1001, {"a": 1, "b": 1})),
+            at(2, tx_begin(t2, 1002)),
+            at(1, pg_change(t2, 1, 1, "a", 2, "t2", 201, 1002)),
+            at(3, tx_end(t2, 1003, {"a": 1})),
+        ],
+        [  # the connector restarted: the tail of t1 (its END again, at a new offset) and t2's change re-sent
+            at(1, pg_change(t1, 2, 1, "b", 1, "t1", 102, 1000)),
+            at(4, tx_end(t1, 1001, {"a": 1, "b": 1})),
+            at(2, pg_change(t2, 1, 1, "a", 2, "t2", 201, 1002)),
+            at(5, tx_begin(t3, 1004)),
+            at(3, pg_change(t3, 1, 1, "a", 3, "t3", 301, 1004)),
+            at(6, tx_end(t3, 1005, {"a": 1})),
+        ],
+        [  # t4's first change compacted away (t5 changed a.1 later): t4 can never be whole
+            at(7, tx_begin(t4, 1006)),
+            at(5, pg_change(t4, 2, 2, "a", 4, "t4", 402, 1006)),
+            at(8, tx_end(t4, 1007, {"a": 2})),
+            at(9, tx_begin(t5, 1008)),
+            at(6, pg_change(t5, 1, 1, "a", 1, "t5", 501, 1008)),
+            at(10, tx_end(t5, 1009, {"a": 1})),
+        ],
+        [at(11, tx_begin(t6, 1010)), at(2, pg_change(t6, 1, 1, "b", 6, "t6", 601, 1010)), at(12, tx_end(t6, 1011, {"b": 1}))],
+    ]
+    after = [
+        {"db.a": {1: "t1", 2: "t2"}, "db.b": {1: "t1"}},
+        {"db.a": {1: "t1", 2: "t2", 3: "t3"}, "db.b": {1: "t1"}},
+        {"db.a": {1: "t1", 2: "t2", 3: "t3"}, "db.b": {1: "t1"}},
+        {"db.a": {1: "t5", 2: "t2", 3: "t3", 4: "t4"}, "db.b": {1: "t1", 6: "t6"}},
+    ]
+    return batches, after
+
+
+def test_a_redelivered_tail_is_dropped_and_a_transaction_that_cannot_be_whole_is_released_after_its_wait(
+    catalog_properties: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 51, item 6, on format("lakesink")'s commit. Fails before the fix: batch 1's re-sent END of t1 (one of its
+    two changes at hand) holds t1 again -- and t3 behind it -- forever, t2's re-sent change sits in the held file (a
+    false held-oldest-ms); t4, which a compacted topic can never make whole, holds t5 and t6 forever. After: the
+    redelivered records are dropped (counted in lakesink.cdc.redelivered-changes), nothing is held after batch 1, and
+    t4 is released as it stands by the first batch after its wait (counted in lakesink.cdc.released-incomplete)."""
+    props, ck = catalog_properties, tmp_path / "ck"
+    batches, after = redelivery_stream()
+    held_back = [0, 0, 2, 0]
+    for batch_id, records in enumerate(batches):
+        c = committer(props, ck, **{"cdc-transaction-wait": "0"})  # a new commit worker every batch
+        commit(c, batch_id, stage(c, batch_id, [records[::2], records[1::2]]))  # two tasks
+        assert state(props) == after[batch_id], batch_id
+        latest = held.recorded(tables_of(props, ("a", "b")), Q, None)
+        assert latest is not None and latest.batch_id == batch_id and latest.changes == held_back[batch_id], latest
+    summaries = [s["summary"] for s in lakesink_snapshots(tables_of(props, ("a",))["db.a"])]
+    by_batch = {int(s["lakesink.batch-id"]): s for s in summaries}
+    assert by_batch[1].get("lakesink.cdc.redelivered-changes") == "2"
+    assert by_batch[3].get("lakesink.cdc.released-incomplete") == "1"
+    assert "lakesink.cdc.released-incomplete" not in by_batch.get(2, {})  # batch 2 released nothing: held only
+
+
+def test_a_transaction_that_cannot_be_whole_waits_out_the_default_wait(
+    catalog_properties: dict[str, str], tmp_path: Path
+) -> None:
+    """Without option cdc-transaction-wait (600 s) the batch after t4's END still holds it and what follows: the wait is
+    what releases it, not the next batch."""
+    props, ck = catalog_properties, tmp_path / "ck"
+    batches, after = redelivery_stream()
+    for batch_id, records in enumerate(batches):
+        c = committer(props, ck)
+        commit(c, batch_id, stage(c, batch_id, [records]))
+    assert state(props) == after[2]
+    latest = held.recorded(tables_of(props, ("a", "b")), Q, None)
+    assert latest is not None and latest.changes == 3 and latest.waiting_for == "574:400" and latest.since

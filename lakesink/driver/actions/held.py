@@ -18,28 +18,34 @@ import json
 import logging
 import posixpath
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 
+from lakesink.cdc.transactions import Memory
 from lakesink.errors import CommitOutcomeUnknownError, LakesinkError
-from lakesink.table import storage
+from lakesink.table import state_files, storage
 from lakesink.table.keys import (
     PROPERTY_CDC_HELD_PREFIX,
     SUMMARY_CDC_COMMITTED_MS,
     SUMMARY_CDC_HELD_CHANGES,
     SUMMARY_CDC_HELD_FILE,
     SUMMARY_CDC_HELD_OLDEST_MS,
+    SUMMARY_CDC_REDELIVERED,
+    SUMMARY_CDC_RELEASED_INCOMPLETE,
 )
 
 log = logging.getLogger("lakesink")
 
 HELD_FILE_PREFIX = "lakesink-held-"
+RELEASED_METADATA = b"lakesink.cdc.released"
+"""Key of the held file's Parquet metadata: the ids of the last transactions released whole (JSON), whose redelivered
+records the next batch drops (lakesink.cdc.transactions.Memory)."""
 
 
 def property_key(query_id: str, sink_id: str | None = None) -> str:
@@ -60,6 +66,8 @@ class HeldState:
     waiting_for: str | None = None
     previous: HeldState | None = None
     """The state the batch started from (a replay of it starts from there)."""
+    since: Mapping[str, int] | None = None
+    """Per held transaction that may never be whole: when a batch first held it (lakesink.cdc.transactions.Memory)."""
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -70,6 +78,8 @@ class HeldState:
             "committed-ms": self.committed_ms,
             "waiting-for": self.waiting_for,
         }
+        if self.since:
+            out["since"] = dict(self.since)
         if self.previous is not None:
             out["previous"] = self.previous.as_dict()
         return out
@@ -82,7 +92,7 @@ class HeldState:
         def num(v: object) -> int | None:
             return int(v) if isinstance(v, int) else None
 
-        file, waiting, previous = d.get("file"), d.get("waiting-for"), d.get("previous")
+        file, waiting, previous, since = d.get("file"), d.get("waiting-for"), d.get("previous"), d.get("since")
         return cls(
             batch_id=int(str(d["batch"])),
             file=file if isinstance(file, str) else None,
@@ -91,6 +101,7 @@ class HeldState:
             committed_ms=num(d.get("committed-ms")),
             waiting_for=waiting if isinstance(waiting, str) else None,
             previous=cls.from_dict(previous) if isinstance(previous, Mapping) else None,
+            since={str(k): v for k, v in since.items() if isinstance(v, int)} if isinstance(since, Mapping) else None,
         )
 
     @classmethod
@@ -122,10 +133,22 @@ class HeldBack:
     waiting_for: str | None
     previous: HeldState | None
     """The state the batch started from."""
+    memory: Memory = field(default_factory=Memory)
+    """What the batches up to this one released, and since when the held transactions that may never be whole wait."""
+    redelivered: int = 0
+    """Change records the batch dropped: of transactions an earlier batch released."""
+    incomplete: tuple[str, ...] = ()
+    """Transactions the batch released as they stood, after waiting (option cdc-transaction-wait)."""
 
     def state(self, batch_id: int, file: str | None) -> HeldState:
         previous = None if self.previous is None else HeldState(**{**self.previous.__dict__, "previous": None})
-        return HeldState(batch_id, file, self.changes, self.oldest_ms, self.committed, self.waiting_for, previous)
+        since = dict(self.memory.since) or None
+        return HeldState(batch_id, file, self.changes, self.oldest_ms, self.committed, self.waiting_for, previous, since)
+
+    @property
+    def needs_file(self) -> bool:
+        """Whether the batch writes a held file: records held back, or transactions released to remember."""
+        return bool(self.rows.num_rows or self.memory.released)
 
     @property
     def committed(self) -> int | None:
@@ -141,6 +164,10 @@ class HeldBack:
             out[SUMMARY_CDC_HELD_OLDEST_MS] = str(self.oldest_ms)
         if self.committed is not None:
             out[SUMMARY_CDC_COMMITTED_MS] = str(self.committed)
+        if self.redelivered:
+            out[SUMMARY_CDC_REDELIVERED] = str(self.redelivered)
+        if self.incomplete:
+            out[SUMMARY_CDC_RELEASED_INCOMPLETE] = str(len(self.incomplete))
         return out
 
 
@@ -167,23 +194,47 @@ def starting_state(latest: HeldState | None, batch_id: int, *, query_id: str) ->
 
 def read_rows(io: FileIO, state: HeldState | None) -> pa.Table | None:
     """The records ``state`` held back (None: none)."""
-    if state is None or not state.file:
-        return None
+    return read(io, state)[0]
+
+
+def read(io: FileIO | None, state: HeldState | None, tables: Sequence[Table] = ()) -> tuple[pa.Table | None, Memory]:
+    """The records ``state`` held back (None: none) and what the batches up to it released (its file's metadata, and
+    its ``since``). A held file that is gone is read from its copy in a state file of ``tables`` (the tables that
+    record the state: lakesink.table.state_files)."""
+    since = dict(state.since or {}) if state is not None else {}
+    if state is None or not state.file or io is None:
+        return None, Memory(since=since)
     try:
         with io.new_input(state.file).open() as stream:
-            return pq.read_table(stream)
+            rows = pq.read_table(stream)
+    except FileNotFoundError:
+        rows = _from_state_files(state, tables)
+    text = (rows.schema.metadata or {}).get(RELEASED_METADATA)
+    released = tuple(str(i) for i in json.loads(text)) if text else ()
+    return rows.replace_schema_metadata(None), Memory(released=released, since=since)
+
+
+def _from_state_files(state: HeldState, tables: Sequence[Table]) -> pa.Table:
+    assert state.file is not None
+    try:
+        return state_files.read_parquet(tables, state.file)
     except FileNotFoundError:
         raise LakesinkError(
             f"the file of the changes batch {state.batch_id} held back (option cdc-transactions), {state.file}, is "
-            "missing: the next batch would lose them. Restore the file (nothing was committed)"
+            "missing, and no state file (a Puffin file the metadata of the tables recording it lists, "
+            "lakesink-*-99996.puffin) holds a copy of it: the next batch would lose them. Nothing was committed. Restore "
+            "the file from a backup of the table's metadata folder, or roll the tables back to the snapshots whose state "
+            "files hold it (docs/cdc.md)"
         ) from None
 
 
-def write_rows(table: Table, *, query_id: str, batch_id: int, rows: pa.Table) -> str:
-    """The held records written next to ``table``'s metadata, under a new name (an attempt's file never replaces
-    another's); the path."""
+def write_rows(table: Table, *, query_id: str, batch_id: int, rows: pa.Table, released: tuple[str, ...] = ()) -> str:
+    """The held records (and the ids of the transactions released, in the file's metadata) written next to
+    ``table``'s metadata, under a new name (an attempt's file never replaces another's); the path."""
     name = f"{HELD_FILE_PREFIX}{query_id}-{batch_id}-{uuid.uuid4().hex}.parquet"
     path = posixpath.join(posixpath.dirname(table.metadata_location), name)
+    if released:
+        rows = rows.replace_schema_metadata({**(rows.schema.metadata or {}), RELEASED_METADATA: json.dumps(list(released))})
     with table.io.new_output(path).create(overwrite=False) as stream:
         pq.write_table(rows, stream)
     return path
@@ -215,8 +266,10 @@ class Attempt:
         ``table`` fresh when the attempt is settled."""
         if self.back is None or self._first is not None:
             return self.properties
-        if self.back.rows.num_rows:
-            self.path = write_rows(table, query_id=self.query_id, batch_id=self.batch_id, rows=self.back.rows)
+        if self.back.needs_file:
+            self.path = write_rows(
+                table, query_id=self.query_id, batch_id=self.batch_id, rows=self.back.rows, released=self.back.memory.released
+            )
         self._first = (reload, table.io, name)
         state = self.back.state(self.batch_id, self.path)
         self.properties = {property_key(self.query_id, self.sink_id): state.to_property()}

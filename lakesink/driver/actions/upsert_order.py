@@ -50,7 +50,7 @@ from lakesink._pyiceberg import producers
 from lakesink.driver.actions import upsert
 from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.messages import WritePlan, WrittenFile
-from lakesink.table import floats, names
+from lakesink.table import floats, names, state_files
 from lakesink.table.keys import (
     DELETED,
     HELD_COLUMN,
@@ -329,8 +329,7 @@ def truncate_floor(table: Table, branch: str, table_name: str) -> Decimal | None
     if path is None:
         return None
     try:
-        with table.io.new_input(path).open() as stream:
-            floor = _floor(pq.read_schema(stream).empty_table())
+        floor = _floor(state_files.read_parquet([table], path))
     except FileNotFoundError:
         raise _missing(path, table_name) from None
     return Decimal(floor) if floor is not None else None
@@ -438,9 +437,10 @@ def _without(
 
 
 def _read(table: Table, path: str, table_name: str) -> pa.Table:
+    """The order file: the file, else its copy in a state file the table's metadata lists (lakesink.table.state_files:
+    another engine's orphan removal deletes the file, never a statistics file)."""
     try:
-        with table.io.new_input(path).open() as stream:
-            return pq.read_table(stream)
+        return state_files.read_parquet([table], path)
     except FileNotFoundError:
         raise _missing(path, table_name) from None
 
@@ -448,8 +448,11 @@ def _read(table: Table, path: str, table_name: str) -> pa.Table:
 def _missing(path: str, table_name: str) -> LakesinkError:
     return LakesinkError(
         f"table {table_name}: its order file {path} (table property {PROPERTY_UPSERT_ORDER_FILE}, the order values "
-        "of its deleted keys and its last truncate's position, option order-by) is missing: a change older than a "
-        "delete or a truncate could bring the row back. Restore the file, or remove the property to forget them"
+        "of its deleted keys and its last truncate's position, option order-by) is missing, and no state file of the "
+        "table (a Puffin file its metadata lists, lakesink-*-99996.puffin) holds a copy of it: a change older than a "
+        "delete or a truncate could bring the row back. Nothing was committed. Restore the file (from a backup of the "
+        "table's metadata folder), or roll the table back to a snapshot whose state file holds it; removing the "
+        "property forgets the deletes (docs/upserts.md)"
     )
 
 
