@@ -45,7 +45,6 @@ batches run back to back), on a fresh PostgreSQL catalog database (Iceberg's Jdb
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -59,8 +58,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from benchmarks import java_sink
-from benchmarks.cdc import CommitLog, _progress
-from benchmarks.common import summarise
+from benchmarks.cdc import timed_stream
+from benchmarks.common import duckdb_connection, summarise
 
 NAMESPACE = "cdc"
 MODES = {"cow": "copy-on-write", "mor": "merge-on-read"}
@@ -460,26 +459,7 @@ def run_lakesink(
         table_properties=mode_properties(mode),
         maintenance=maintenance,
     )
-    handler = CommitLog()
-    logger = logging.getLogger("lakesink")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        stream = spark.readStream.schema(SPARK_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(changes))
-        started = time.perf_counter()
-        q = stream.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
-        q = q.trigger(availableNow=True).start()
-        q.awaitTermination()
-        seconds = time.perf_counter() - started
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    batches = _progress(q)
-    for b in batches:
-        commit = handler.batches.get(b["batch_id"], {})
-        b["commit_ms"] = commit.get("commit_ms")
-        b["tables_committed"] = commit.get("tables")
+    seconds, batches = timed_stream(spark, sink, SPARK_SCHEMA, changes, str(checkpoint))
     return {"seconds": seconds, "batches": batches}
 
 
@@ -598,26 +578,11 @@ def java_run(w: Workload, root: Path, props: dict[str, str], rep: int, say: Call
 # --- reads -----------------------------------------------------------------------------------------------------
 
 
-def _duckdb() -> Any:
-    import importlib.util
-
-    import duckdb
-
-    con = duckdb.connect()
-    for ext in ("avro", "iceberg"):
-        spec = importlib.util.find_spec(f"duckdb_extension_{ext}")
-        if spec is None or not spec.submodule_search_locations:
-            raise RuntimeError(f"duckdb-extension-{ext} is not installed")
-        found = sorted(Path(next(iter(spec.submodule_search_locations))).rglob(f"{ext}.duckdb_extension"))
-        con.execute(f"LOAD '{found[0]}'")
-    return con
-
-
 def reads(table: Any, expected: pa.Table, reps: int) -> dict[str, Any]:
     """Full scans of the table's current snapshot by DuckDB and pyiceberg, alternating; each checked."""
     from lakesink._pyiceberg import io as seam
 
-    con = _duckdb()
+    con = duckdb_connection()
     location = table.metadata_location.removeprefix("file://")
     head = table.current_snapshot()
     live = {"data_files": 0, "delete_files": 0}
