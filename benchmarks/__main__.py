@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from benchmarks import cdc as cdc_bench
+from benchmarks import cdc_scale as cdc_scale_bench
 from benchmarks import commit_latency as commit_latency_bench
 from benchmarks import commit_path as commit_path_bench
 from benchmarks import driver_memory as driver_memory_bench
@@ -443,6 +444,74 @@ def cdc(
             spark.stop()
     result = {"command": _command(), "machine": info, "load_average_end": [round(x, 2) for x in os.getloadavg()], **result}
     _finish(ctx, "cdc", result)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _names(text: str, valid: tuple[str, ...], hint: str) -> list[str]:
+    chosen = [x.strip() for x in text.split(",") if x.strip()]
+    for x in chosen:
+        if x not in valid:
+            raise click.BadParameter(f"unknown {x!r}; valid: {', '.join(valid)}", param_hint=hint)
+    return chosen
+
+
+@main.command("cdc-scale")
+@click.option("--parts", default=",".join(cdc_scale_bench.PARTS), show_default=True, help="any of scale, small, reads")
+@click.option(
+    "--modes",
+    default=",".join(cdc_scale_bench.MODES),
+    show_default=True,
+    help="table write modes (write.update/delete/merge.mode): cow = copy-on-write, mor = merge-on-read; a mode lakesink "
+    "does not apply is reported as skipped with the reason",
+)
+@click.option("--tables", default=10, show_default=True, help="scale: tables of the change stream")
+@click.option("--sizes", default="1000,1000000", show_default=True, help="scale: rows per table, each size its own stream")
+@click.option("--changes", default=10_000, show_default=True, help="scale: changes per batch, over all tables")
+@click.option("--batches", default=5, show_default=True, help="scale: measured batches per stream (after the load)")
+@click.option("--reps", default=3, show_default=True, help="scale and small: repetitions, the paths' order alternating")
+@click.option(
+    "--java-sizes",
+    default="1000000",
+    show_default=True,
+    help="scale: sizes at which foreachBatch + Iceberg Java MERGE INTO (merge-on-read) runs too; '' for none",
+)
+@click.option("--maintenance", default="auto", show_default=True, help="foreach_batch's maintenance option (scale, small)")
+@click.option("--small-tables", default=100, show_default=True)
+@click.option("--small-rows", default=20, show_default=True, help="small: rows per table")
+@click.option("--small-changes", default=1000, show_default=True, help="small: changes per batch (a 1 s trigger)")
+@click.option("--small-batches", default=5, show_default=True)
+@click.option("--read-rows", default=1_000_000, show_default=True, help="reads: rows of the one table")
+@click.option("--read-batches", default=100, show_default=True)
+@click.option("--read-changes", default=1000, show_default=True, help="reads: changes per batch")
+@click.option("--read-reps", default=3, show_default=True, help="reads: scans per reader, before and after compaction")
+@click.pass_context
+def cdc_scale(ctx: click.Context, /, parts: str, modes: str, sizes: str, java_sizes: str, **kw: Any) -> None:
+    """A change stream at production size: batch cost by table size, write amplification, throughput against
+    foreachBatch + MERGE INTO merge-on-read, 100 small tables, reads after many batches -- per write mode."""
+    with _work(ctx.obj["work"]) as root:
+        info = machine()
+        extra = {"spark.sql.streaming.numRecentProgressUpdates": "1000", "spark.ui.showConsoleProgress": "false"}
+        spark = spark_session(extra=extra)
+        try:
+            result = cdc_scale_bench.run(
+                spark,
+                root,
+                parts=_names(parts, cdc_scale_bench.PARTS, "--parts"),
+                modes=_names(modes, tuple(cdc_scale_bench.MODES), "--modes"),
+                sizes=_ints(sizes),
+                java_sizes=_ints(java_sizes),
+                say=_say,
+                **kw,
+            )
+        finally:
+            spark.stop()
+    result = {"command": _command(), "machine": info, "load_average_end": [round(x, 2) for x in os.getloadavg()], **result}
+    _finish(ctx, "cdc_scale", result)
+    if result.get("wrong"):
+        raise click.ClickException(f"the tables differ from the model of the changes: {', '.join(result['wrong'])}")
 
 
 def _commit_latency_concurrent(

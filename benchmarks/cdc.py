@@ -195,6 +195,37 @@ def same_rows(actual: list[dict[str, Any]], model: list[dict[str, Any]]) -> dict
     return {"equals_model": a == m, "rows": len(a), "model_rows": len(m)}
 
 
+def timed_stream(
+    spark: Any, sink: Any, schema: str, changes: Path, checkpoint: str, *, output_mode: str = "append"
+) -> tuple[float, list[dict[str, Any]]]:
+    """Spark's file source over ``changes`` (one file per batch, ``availableNow``) into the ``foreachBatch`` function
+    ``sink``: the seconds from start to end and, per batch with rows, its progress with lakesink's commit time and
+    phases (from its log lines)."""
+    handler = CommitLog()
+    logger = logging.getLogger("lakesink")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(changes))
+        started = time.perf_counter()
+        q = stream.writeStream.outputMode(output_mode).foreachBatch(sink).option("checkpointLocation", checkpoint)
+        q = q.trigger(availableNow=True).start()
+        q.awaitTermination()
+        seconds = time.perf_counter() - started
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    batches = _progress(q)
+    for b in batches:
+        commit = handler.batches.get(b["batch_id"], {})
+        b["commit_ms"] = commit.get("commit_ms")
+        b["tables_committed"] = commit.get("tables")
+        for phase in ("find_ms", "plan_ms", "write_job_ms"):
+            b[phase] = commit.get(phase)
+    return seconds, batches
+
+
 def run_lakesink(
     spark: Any,
     changes: Path,
@@ -215,29 +246,8 @@ def run_lakesink(
         output_mode="update",
         catalog_properties=props,
     )
-    handler = CommitLog()
-    logger = logging.getLogger("lakesink")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        stream = spark.readStream.schema(SPARK_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(changes))
-        checkpoint = str(root / f"ck-lakesink-{rep}")
-        started = time.perf_counter()
-        q = stream.writeStream.outputMode("update").foreachBatch(sink).option("checkpointLocation", checkpoint)
-        q = q.trigger(availableNow=True).start()
-        q.awaitTermination()
-        seconds = time.perf_counter() - started
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    batches = _progress(q)
-    for b in batches:
-        commit = handler.batches.get(b["batch_id"], {})
-        b["commit_ms"] = commit.get("commit_ms")
-        b["tables_committed"] = commit.get("tables")
-        for phase in ("find_ms", "plan_ms", "write_job_ms"):
-            b[phase] = commit.get(phase)
+    checkpoint = str(root / f"ck-lakesink-{rep}")
+    seconds, batches = timed_stream(spark, sink, SPARK_SCHEMA, changes, checkpoint, output_mode="update")
     check = same_rows(read_lakesink(props, tables), model)
     return {"path": "lakesink", "rep": rep, "seconds": seconds, "batches": batches, **check}
 

@@ -5,7 +5,9 @@ what a Spark user writes today to apply a change stream of many tables -- ``fore
 argv[1]: a JSON object with ``conf`` (Spark configuration with Iceberg's catalog ``bench_java`` over a SQLite
 catalog), ``changes`` (the Parquet folder of change files, one file per batch), ``expected`` (a Parquet file: the
 model's final rows, with their ``route``), ``tables``, ``modes`` (``cow`` and/or ``mor``), ``root`` (scratch), ``rep``
-and ``result`` (where the JSON answer goes). Progress lines go to stdout.
+and ``result`` (where the JSON answer goes); optionally ``schema`` (Spark DDL of the change files) and
+``columns`` (the tables' columns) for another layout than benchmarks/cdc.py's (benchmarks/cdc_scale.py). Progress
+lines go to stdout.
 
 Per mode: fresh tables ``bench_java.<mode>_<rep>.t000...`` (format version 2, ``write.merge/update/delete.mode``
 copy-on-write or merge-on-read), created and loaded with the initial rows by the parent before the stream (not
@@ -49,11 +51,11 @@ def _session(conf: dict[str, str], cores: int) -> Any:
     return spark
 
 
-def merge_sql(target: str, source: str) -> str:
+def merge_sql(target: str, source: str, columns: tuple[str, ...] = COLUMNS) -> str:
     """The MERGE a user writes for a change row: delete, update every column, or insert."""
-    sets = ", ".join(f"t.{c} = s.{c}" for c in COLUMNS if c != "id")
-    cols = ", ".join(COLUMNS)
-    vals = ", ".join(f"s.{c}" for c in COLUMNS)
+    sets = ", ".join(f"t.{c} = s.{c}" for c in columns if c != "id")
+    cols = ", ".join(columns)
+    vals = ", ".join(f"s.{c}" for c in columns)
     return (
         f"MERGE INTO {target} t USING {source} s ON t.id = s.id "
         "WHEN MATCHED AND s.op = 'd' THEN DELETE "
@@ -84,6 +86,7 @@ def run_mode(spark: Any, job: dict[str, Any], mode: str) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     ns = f"{CATALOG}.{mode}_{job['rep']}"  # its tables created and loaded by the parent (benchmarks/cdc.py)
+    columns = tuple(job.get("columns", COLUMNS))  # another benchmark's tables (benchmarks/cdc_scale.py: a dozen columns)
     first = int(job.get("first_batch", 0))  # the load batch is not streamed here: batch ids as the parent counts them
     merges: dict[int, list[float]] = {}
 
@@ -101,12 +104,12 @@ def run_mode(spark: Any, job: dict[str, Any], mode: str) -> dict[str, Any]:
             for route in routes:
                 latest.filter(F.col("route") == route).drop("route").createOrReplaceTempView("changes")
                 t0 = time.perf_counter()
-                session.sql(merge_sql(f"{ns}.{route}", "changes"))
+                session.sql(merge_sql(f"{ns}.{route}", "changes", columns))
                 times.append(time.perf_counter() - t0)
         finally:
             latest.unpersist()
 
-    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(job["changes"])
+    stream = spark.readStream.schema(job.get("schema", SCHEMA)).option("maxFilesPerTrigger", 1).parquet(job["changes"])
     checkpoint = str(Path(job["root"]) / f"ck-{mode}-{job['rep']}")
     started = time.perf_counter()
     q = stream.writeStream.foreachBatch(apply).option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
@@ -126,9 +129,9 @@ def run_mode(spark: Any, job: dict[str, Any], mode: str) -> dict[str, Any]:
     ]
     actual = None
     for name in job["tables"]:
-        part = spark.table(f"{ns}.{name}").select(F.lit(name).alias("route"), *COLUMNS)
+        part = spark.table(f"{ns}.{name}").select(F.lit(name).alias("route"), *columns)
         actual = part if actual is None else actual.unionByName(part)
-    expected = spark.read.parquet(job["expected"]).select("route", *COLUMNS)
+    expected = spark.read.parquet(job["expected"]).select("route", *columns)
     assert actual is not None, "no tables to compare"
     missing = expected.exceptAll(actual).count()
     extra = actual.exceptAll(expected).count()

@@ -130,3 +130,20 @@ def lakesink_stream(df: Any, table: str, props: Mapping[str, str]) -> Any:
 def catalog_properties(root: Path) -> dict[str, str]:
     (root / "warehouse").mkdir(parents=True, exist_ok=True)
     return {"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}/warehouse"}
+
+
+def duckdb_connection() -> Any:
+    """A DuckDB connection with the Iceberg and Avro extensions loaded from their PyPI packages (no extension server
+    here: ``INSTALL iceberg`` fails)."""
+    import importlib.util
+
+    import duckdb
+
+    con = duckdb.connect()
+    for ext in ("avro", "iceberg"):
+        spec = importlib.util.find_spec(f"duckdb_extension_{ext}")
+        if spec is None or not spec.submodule_search_locations:
+            raise RuntimeError(f"duckdb-extension-{ext} is not installed")
+        found = sorted(Path(next(iter(spec.submodule_search_locations))).rglob(f"{ext}.duckdb_extension"))
+        con.execute(f"LOAD '{found[0]}'")
+    return con

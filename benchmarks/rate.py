@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import catalog_properties, lakesink_stream
+from benchmarks.common import catalog_properties, duckdb_connection, lakesink_stream
 
 
 def _check(q: Any) -> None:
@@ -176,17 +176,7 @@ def table_sample(props: dict[str, str], table: str) -> dict[str, Any]:
 
 
 def _duckdb_scan_ms(metadata_location: str) -> float:
-    import importlib.util
-
-    import duckdb
-
-    con = duckdb.connect()
-    for ext in ("avro", "iceberg"):
-        spec = importlib.util.find_spec(f"duckdb_extension_{ext}")
-        if spec is None or not spec.submodule_search_locations:
-            raise RuntimeError(f"duckdb-extension-{ext} is not installed")
-        found = sorted(Path(next(iter(spec.submodule_search_locations))).rglob(f"{ext}.duckdb_extension"))
-        con.execute(f"LOAD '{found[0]}'")
+    con = duckdb_connection()
     start = time.perf_counter()
     con.execute(f"SELECT count(*), sum(value) FROM iceberg_scan('{metadata_location.removeprefix('file://')}')").fetchall()
     return (time.perf_counter() - start) * 1000

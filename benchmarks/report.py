@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from benchmarks import commit_latency, driver_memory, java_sink, plots, routing_scale, throughput
+from benchmarks import cdc_scale, commit_latency, driver_memory, java_sink, plots, routing_scale, throughput
 
 SECTIONS = ("machine", "throughput", "commit-path", "commit-latency", "memory", "driver-memory", "rate")
 PLOTS = {
@@ -399,6 +399,98 @@ def cdc_md(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _spread(x: dict[str, Any] | None, digits: int = 0, scale: float = 1.0, unit: str = "") -> str:
+    """``median (min-max)`` of a summarise() result, or -."""
+    if not x or not x.get("n"):
+        return "-"
+    m, lo, hi = (x[k] / scale for k in ("median", "min", "max"))
+    if x["n"] == 1:
+        return f"{_f(m, digits)}{unit}"
+    return f"{_f(m, digits)}{unit} ({_f(lo, digits)}-{_f(hi, digits)})"
+
+
+def cdc_scale_md(r: dict[str, Any]) -> str:
+    """A change stream at production size, per write mode (benchmarks/cdc_scale.py)."""
+    s = r["summary"]
+    runs = [x for part in ("scale", "small", "reads") for x in (r.get(part) or {}).get("runs", [])]
+    loads = [v for x in runs for v in x.get("load_average", [])[:1] + x.get("load_average", [])[3:4]]
+    lines = [
+        f"`{r.get('command', 'python -m benchmarks cdc-scale')}`, {_machine_line(r['machine'])}; load average (1 min) "
+        f"over the runs {_f(min(loads, default=0), 1)}-{_f(max(loads, default=0), 1)}; maintenance `{r['maintenance']}`. "
+        "Every run's tables equal the model of the changes: "
+        + ("yes" if all(x["equals_model"] for x in runs) else f"**NO** ({', '.join(r.get('wrong', []))})")
+        + ".",
+        "",
+    ]
+    for path, why in (r.get("skipped") or {}).items():
+        lines.append(f"- **{path} skipped**: {why}")
+    if r.get("skipped"):
+        lines.append("")
+    sc = r.get("scale")
+    if sc:
+        w = sc["workload"]
+        change_mb = {size: sum(b["bytes"] for b in bs[1:]) / max(1, len(bs) - 1) / 2**20 for size, bs in w.items()}
+        lines += [
+            f"**Batch cost by table size**: {sc['tables']} tables, {sc['batches']} batches of {sc['changes']:,} changes "
+            f"after the load, {sc['reps']} repetitions, paths alternating; medians over the repetitions of each run's "
+            "median batch (min-max).",
+            "",
+            "| path | rows per table | batch ms | changes/s | batch time / smallest size's (paired) | written per batch "
+            "(data + delete files) | changed rows (change file) | write amplification | lakesink commit ms "
+            "| Java MERGE INTO merge-on-read batch time / this path's (paired) | mode applied |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for path, by_size in s["scale"]["paths"].items():
+            for size, x in sorted(by_size.items(), key=lambda kv: int(kv[0])):
+                growth = s["scale"]["growth_over_smallest"].get(path, {}).get(size)
+                vs = s["scale"]["speedup_over_java_mor"].get(path, {}).get(size)
+                lines.append(
+                    f"| {path} | {int(size):,} | {_spread(x['batch_ms'])} | {_spread(x['changes_per_s'])} | "
+                    f"{_spread(growth, 2, unit='x') if growth else '1.00x'} | "
+                    f"{_spread(x['bytes_written_per_batch'], 2, 2**20, ' MiB')} | {_f(change_mb.get(size), 2)} MiB | "
+                    f"{_spread(x['amplification'], 1, unit='x')} | {_spread(x['commit_ms'])} | "
+                    f"{_spread(vs, 2, unit='x')} | {'yes' if x['mode_effective'] else '**NO**'} |"
+                )
+        lines.append("")
+    sm = r.get("small")
+    if sm:
+        lines += [
+            f"**Many small tables**: {sm['tables']} tables of {sm['rows_per_table']} rows, {sm['batches']} batches of "
+            f"{sm['changes']:,} changes (a 1 s trigger at {sm['changes']:,} changes/s); over every batch of every "
+            "repetition.",
+            "",
+            "| path | batch ms | lakesink commit ms | commit share of the batch | commit ms per table |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for path, x in s["small"].items():
+            lines.append(
+                f"| {path} | {_spread(x['batch_ms'])} | {_spread(x['commit_ms'])} | {_spread(x['commit_share'], 2)} | "
+                f"{_spread(x['commit_ms_per_table'], 1)} |"
+            )
+        lines.append("")
+    rd = r.get("reads")
+    if rd:
+        lines += [
+            f"**Reads**: one table of {rd['rows']:,} rows after {rd['batches']} batches of {rd['changes']:,} changes "
+            f"(maintenance off), every column scanned {rd['reps']} times per reader, alternating; then lakesink's "
+            "compaction and the same scans.",
+            "",
+            "| path | files after the batches (data + delete) | DuckDB ms | pyiceberg ms | compaction | files after it | "
+            "DuckDB ms | pyiceberg ms | before / after, DuckDB (paired) | pyiceberg (paired) |",
+            "|---|---|---:|---:|---|---|---:|---:|---:|---:|",
+        ]
+        for x in rd["runs"]:
+            b, a = x["before_compaction"], x["after_compaction"]
+            lines.append(
+                f"| {x['path']} | {b['data_files']} + {b['delete_files']} | {_spread(b['ms']['duckdb'])} | "
+                f"{_spread(b['ms']['pyiceberg'])} | {x['compaction']['status']}, {_f(x['compaction']['ms'])} ms | "
+                f"{a['data_files']} + {a['delete_files']} | {_spread(a['ms']['duckdb'])} | {_spread(a['ms']['pyiceberg'])} | "
+                f"{_spread(x['ratio_before_to_after']['duckdb'], 2, unit='x')} | "
+                f"{_spread(x['ratio_before_to_after']['pyiceberg'], 2, unit='x')} |"
+            )
+    return "\n".join(lines).rstrip()
+
+
 def routing_scale_md(r: dict[str, Any]) -> str:
     """Option route-by over many tables: what the driver keeps and the commit time per batch over a long run
     (benchmarks/routing_scale.py)."""
@@ -479,6 +571,10 @@ def render(out: Path, page: Path | None) -> str:
     cd = load(out, "cdc")
     if cd:
         parts["cdc"] = cdc_md(cd)
+    cs = load(out, "cdc_scale")
+    if cs:
+        cs["summary"] = cdc_scale.summary(cs)  # recomputed from the runs: the page's columns may be newer than the file
+        parts["cdc-scale"] = cdc_scale_md(cs)
     rs = load(out, "routing_scale")
     if rs:
         for x in rs["runs"].values():  # recomputed from the samples: older result files lack some columns

@@ -321,3 +321,111 @@ def test_cdc_against_java_merge_into_at_toy_size(tmp_path: Path) -> None:
     assert all([b["batch_id"] for b in r["batches"]] == ([0, 1, 2] if r["path"] == "lakesink" else [1, 2]) for r in runs)
     ratios = result["summary"]["ratio_lakesink_to"]
     assert set(ratios) == {"java-cow", "java-mor"} and ratios["java-mor"]["trigger_1s"]["n"] == 2
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(3000)
+def test_cdc_scale_at_toy_size(tmp_path: Path) -> None:
+    """``python -m benchmarks cdc-scale`` (issue 52), lakesink's side in every mode (the Java baseline has its own test
+    below, marked deploy): each part's runs equal the model of the changes (the benchmark fails otherwise), the bytes
+    each batch wrote and its change file recorded, a mode lakesink does not apply reported as skipped with its reason
+    instead of measured, the reads checked before and after compaction, the tables in the page."""
+    from benchmarks import cdc_scale
+
+    _bench(
+        tmp_path,
+        "cdc-scale",
+        *("--tables", "3", "--sizes", "30,60", "--changes", "40", "--batches", "2", "--reps", "1", "--java-sizes", ""),
+        *("--small-tables", "4", "--small-rows", "3", "--small-changes", "20", "--small-batches", "2"),
+        *("--read-rows", "80", "--read-batches", "3", "--read-changes", "20", "--read-reps", "2"),
+        timeout=2500,
+    )
+    result = json.loads((tmp_path / "performance" / "cdc_scale.json").read_text())
+    measured = [m for m in ("cow", "mor") if f"lakesink-{m}" not in result["skipped"]]
+    assert "cow" in measured  # today's upsert: copy-on-write
+    for mode, why in result["skipped"].items():  # a mode lakesink does not apply yet says why, and is not measured
+        assert mode == "lakesink-mor" and "merge-on-read" in why
+    scale = result["scale"]
+    assert [(b["kind"], b["changes"]) for b in scale["workload"]["30"]] == [("load", 90), ("change", 40), ("change", 40)]
+    assert all(b["inserts"] + b["updates"] + b["deletes"] == 40 for b in scale["workload"]["60"][1:])
+    assert sorted((r["path"], r["size"]) for r in scale["runs"]) == sorted(
+        (f"lakesink-{m}", s) for m in measured for s in (30, 60)
+    )
+    for r in scale["runs"]:
+        assert r["equals_model"] and r["rows"] == r["model_rows"] > 0 and r["mode_effective"]
+        assert [b["batch_id"] for b in r["batches"]] == [0, 1, 2]
+        for b in r["batches"][1:]:
+            assert b["rows"] == 40 and b["data_bytes"] > 0 and b["change_bytes"] > 0 and b["commit_ms"] > 0
+            assert b["delete_files"] == 0 if r["mode"] == "cow" else b["delete_files"] > 0
+    growth = result["summary"]["scale"]["growth_over_smallest"]
+    assert all(growth[f"lakesink-{m}"]["60"]["n"] == 1 for m in measured)
+    small = result["small"]
+    assert {r["path"] for r in small["runs"]} == {f"lakesink-{m}" for m in measured}
+    assert all(r["equals_model"] and len(r["batches"]) == 3 for r in small["runs"])
+    for r in result["reads"]["runs"]:
+        assert r["equals_model"] and r["batches"] == 3
+        for when in ("before_compaction", "after_compaction"):
+            assert set(r[when]["checks"]) == {"duckdb", "pyiceberg"}
+            assert all(c["rows"] == c["model_rows"] > 0 for c in r[when]["checks"].values())
+    assert cdc_scale.COLUMNS[3:] == cdc_scale.VALUE_COLUMNS and len(cdc_scale.VALUE_COLUMNS) == 12
+    page = (tmp_path / "performance.md").read_text()
+    assert "<!-- generated: cdc-scale -->" in page and "| lakesink-cow | 60 |" in page
+
+
+def test_cdc_scale_checks_catch_a_wrong_table(tmp_path: Path) -> None:
+    """The check every cdc-scale run ends with (no Spark): the model's rows pass; a lost row, a duplicated row, a
+    resurrected deleted key and a changed value each fail it -- a benchmark whose output is wrong says so."""
+    import numpy as np
+    import pyarrow as pa
+
+    from benchmarks import cdc_scale
+
+    w = cdc_scale.Workload.write(tmp_path, tables=2, rows_per_table=30, batches=2, changes=40)
+    e = w.expected(0)
+    assert cdc_scale.compare(e, e)["equals_model"]
+    assert not cdc_scale.compare(e.slice(1), e)["equals_model"]  # a lost row
+    assert not cdc_scale.compare(pa.concat_tables([e, e.slice(0, 1)]), e)["equals_model"]  # a duplicate
+    deleted = int(np.flatnonzero(w.keys[0].seq[: w.keys[0].next_id] < 0)[0])
+    ghost = cdc_scale.values(0, np.array([deleted]), np.array([0]))
+    back = pa.Table.from_arrays(
+        [pa.array([deleted]), pa.array(["c"]), pa.array([0]), *ghost.columns], names=list(cdc_scale.COLUMNS)
+    )
+    assert not cdc_scale.compare(pa.concat_tables([e, back]), e)["equals_model"]  # a deleted key back
+    amounts = e.column("amount").to_pylist()
+    amounts[3] += 0.01
+    assert cdc_scale.compare(e.set_column(e.schema.get_field_index("amount"), "amount", pa.array(amounts)), e)[
+        "wrong_columns"
+    ] == ["amount"]
+
+
+@pytest.mark.spark
+@pytest.mark.benchmark
+@pytest.mark.deploy
+@pytest.mark.timeout(3000)
+def test_cdc_scale_against_java_merge_into_at_toy_size(tmp_path: Path) -> None:
+    """``python -m benchmarks cdc-scale --parts scale`` with its baseline: foreachBatch + Iceberg Java MERGE INTO
+    merge-on-read on the same change files in the Java environment, interleaved with lakesink over two repetitions;
+    its tables equal the model, its delete files counted, the paired ratio computed."""
+    from benchmarks import java_sink
+
+    why = java_sink.unavailable()
+    if why is not None:
+        pytest.skip(why)
+    args = ["--parts", "scale", "--modes", "cow", "--tables", "2", "--sizes", "20,40", "--changes", "30", "--batches", "2"]
+    _bench(tmp_path, "cdc-scale", *args, "--reps", "2", "--java-sizes", "40", timeout=2500)
+    result = json.loads((tmp_path / "performance" / "cdc_scale.json").read_text())
+    runs = result["scale"]["runs"]
+    # interleaved: repetition 1 runs lakesink first at each size, repetition 2 Java first
+    assert [(r["rep"], r["size"], r["path"]) for r in runs] == [
+        (1, 20, "lakesink-cow"),
+        (1, 40, "lakesink-cow"),
+        (1, 40, "java-mor"),
+        (2, 20, "lakesink-cow"),
+        (2, 40, "java-mor"),
+        (2, 40, "lakesink-cow"),
+    ]
+    java = [r for r in runs if r["path"] == "java-mor"]
+    assert all(r["equals_model"] and r["mode_effective"] and [b["batch_id"] for b in r["batches"]] == [1, 2] for r in java)
+    assert all(r["written"]["delete_files"] > 0 and r["amplification"] > 0 for r in java)
+    assert result["summary"]["scale"]["speedup_over_java_mor"]["lakesink-cow"]["40"]["n"] == 2
+    assert "| java-mor | 40 |" in (tmp_path / "performance.md").read_text()
