@@ -24,13 +24,15 @@ delete nothing, or the wrong row, silently.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import pickle
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.io import FileIO
+from pyspark import TaskContext
 from pyspark.sql.datasource import WriterCommitMessage
 
 from lakesink._pyiceberg.io import deletes as seam_deletes
@@ -236,3 +238,83 @@ def _chunks(arrays: list[pa.Array | pa.ChunkedArray]) -> list[pa.Array]:
 def _partition_key(values: tuple[Any, ...]) -> tuple[Any, ...]:
     """Partition values as a dict key that tells -0.0 from 0.0 and NaN equal to NaN (lakesink.table.floats)."""
     return floats.partition_key(values)
+
+
+#: Columns of the rows a merge-on-read lookup hands its tasks (lakesink.sink.merge_on_read): the data file (its path as
+#: the table's manifests spell it), the row's position in it, and whether the change that matched it is stale (older
+#: than the row: the row stays, no delete is written).
+LOOKUP_PATH = "__lakesink_path"
+LOOKUP_POS = "__lakesink_pos"
+LOOKUP_STALE = "__lakesink_stale"
+LOOKUP_SPARK_PATH = "__lakesink_spark_path"
+"""The data file as Spark names it (``_metadata.file_path``): :data:`LOOKUP_PATH` is null when no candidate file
+matched that name, a loud error."""
+
+
+@dataclass(frozen=True)
+class LookupTaskResult:
+    """One lookup task's outcome: its position delete files, and the matched rows' other columns (the batch's keys,
+    deleted flag, staleness: what the driver counts and the order file records), as Arrow IPC."""
+
+    deletes: tuple[DeleteTaskResult, ...]
+    matched: bytes
+
+
+@dataclass(frozen=True)
+class LookupWriter:
+    """The ``mapInArrow`` function of a merge-on-read lookup (lakesink.sink.merge_on_read): a task's matched rows
+    (:data:`LOOKUP_PATH`, :data:`LOOKUP_POS`, :data:`LOOKUP_STALE` and ``outcome`` columns) -- the rows of the non-stale
+    ones deleted by position delete files (:class:`PositionDeleteWriter`, one file per partition), the ``outcome``
+    columns of every one returned; yields the task's pickled :class:`LookupTaskResult` (one row, ``task_result binary``).
+    A module-level class, pickled by reference: the Python workers import this executor module only."""
+
+    target: DeleteTarget
+    query_id: str
+    batch_id: int
+    outcome: tuple[str, ...]
+    run_id: str | None = None
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ctx = TaskContext.get()
+        if ctx is None:
+            raise LakesinkError("LookupWriter must run inside a Spark task (df.mapInArrow)")
+        ids = TaskIds(self.query_id, self.batch_id, ctx.partitionId(), ctx.taskAttemptId(), self.run_id)
+        writer = PositionDeleteWriter(ids, {self.target.table: self.target})
+        matched: list[pa.RecordBatch] = []
+        try:
+            for batch in batches:
+                if not batch.num_rows:
+                    continue
+                if batch.column(LOOKUP_PATH).null_count:
+                    unnamed = batch.filter(batch.column(LOOKUP_PATH).is_null()).column(LOOKUP_SPARK_PATH)[0].as_py()
+                    raise LakesinkError(
+                        f"table {self.target.table}: Spark read a row of data file {unnamed}, which is none of the "
+                        f"{len(self.target.files)} candidate file(s) by the name the table's manifests give it (a path "
+                        "spelled another way); no position delete was committed"
+                    )
+                live = batch.filter(pc.invert(pc.fill_null(batch.column(LOOKUP_STALE), False)))
+                writer.add(self.target.table, live.column(LOOKUP_PATH), live.column(LOOKUP_POS))
+                matched.append(batch.select([*self.outcome, LOOKUP_STALE]))
+            results = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        yield pa.record_batch(
+            [pa.array([pickle.dumps(LookupTaskResult(tuple(results), _ipc(matched)))], pa.binary())], names=["task_result"]
+        )
+
+
+def _ipc(batches: Sequence[pa.RecordBatch]) -> bytes:
+    if not batches:
+        return b""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batches[0].schema) as stream:
+        for b in batches:
+            stream.write_batch(b)
+    return bytes(sink.getvalue())
+
+
+def matched_rows(results: Iterable[LookupTaskResult]) -> pa.Table | None:
+    """Every lookup task's matched rows as one table (None: no task matched a row)."""
+    tables = [pa.ipc.open_stream(r.matched).read_all() for r in results if r.matched]
+    return pa.concat_tables(tables) if tables else None

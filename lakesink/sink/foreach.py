@@ -25,11 +25,12 @@ from pyspark.sql import functions as F
 from lakesink.cdc import debezium
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, BatchOutcome
+from lakesink.driver.actions.upsert_mor import MergeLookup
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.routed_tables import check_atomic
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.tables.schema import arrow_schema_of
-from lakesink.errors import InvalidOptionError
+from lakesink.errors import InvalidOptionError, RowDeltaConflictError
 from lakesink.executor import payload
 from lakesink.executor.messages import WritePlan
 from lakesink.executor.routed_writer import RoutedPartitionWriter, RoutedTaskResult
@@ -49,6 +50,7 @@ from lakesink.sink import (
     checkpoint,
     dead_letters,
     driver_write,
+    merge_on_read,
     spark_fs,
     spark_write,
     transactions,
@@ -58,7 +60,7 @@ from lakesink.sink import (
 from lakesink.sink.commit import commit_or_abort
 from lakesink.sink.foreach_spark import RoutedSparkBatches, read_once, routed_tables_by_value
 from lakesink.sink.query import RunningQuery
-from lakesink.table import storage
+from lakesink.table import settings, storage
 from lakesink.table.keys import MAIN_BRANCH
 from lakesink.table.routes import Route, parse_route, routing_value
 
@@ -297,10 +299,80 @@ class ForeachBatchSink(RoutedSparkBatches):
         elif self.options.upsert_key:
             resolved = upsert_batch.resolve(df, batch_id, self.options)
         try:
+            if resolved is not None and self._merge_on_read(table, plan):
+                return self._merge_batch(resolved, plan, table, query_id, batch_id, run_id)
             return self._write_and_commit(resolved.rows if resolved else df, resolved, plan, table, query_id, batch_id, run_id)
         finally:
             if resolved is not None:
                 upsert_batch.release(resolved)
+
+    def _merge_on_read(self, table: Any, plan: WritePlan) -> bool:
+        """Whether this upsert batch is applied merge-on-read (the table's write modes: lakesink.table.settings), else
+        copy-on-write -- also, with a warning, when the lookup cannot read the table's files by name (a key or order-by
+        column renamed: lakesink.sink.merge_on_read.fallback_reason)."""
+        if not settings.merge_on_read(plan.table, table.properties):
+            return False
+        if table.metadata.format_version < 2:
+            raise InvalidOptionError(
+                f"table {plan.table} says merge-on-read (write.merge.mode), but is Iceberg format version 1, which holds "
+                "no delete files; upgrade it (table property format-version=2) or set write.merge.mode=copy-on-write"
+            )
+        reason = merge_on_read.fallback_reason(table, self.options)
+        if reason is not None:
+            log.warning("lakesink: table=%s merge-on-read, but the batch is upserted copy-on-write: %s", plan.table, reason)
+            return False
+        return True
+
+    def _merge_batch(
+        self,
+        resolved: upsert_batch.ResolvedBatch,
+        plan: WritePlan,
+        table: Any,
+        query_id: str,
+        batch_id: int,
+        run_id: str | None,
+    ) -> BatchOutcome:
+        """A merge-on-read upsert batch (lakesink.sink.merge_on_read): the executors look its keys up in the table and
+        write the position delete files, the rows that win are written, and both are committed as one row delta. A
+        commit that finds the positions invalidated (RowDeltaConflictError: a compaction rewrote a file they point at, a
+        concurrent change of a key) deletes the attempt's files and looks the keys up again on the new head."""
+        committer = self._committer
+        assert committer is not None
+        spark = resolved.rows.sparkSession
+        for attempt in range(1, merge_on_read.LOOKUP_ATTEMPTS + 1):
+            if attempt > 1:
+                table = committer.reload_table()
+            found, stale = merge_on_read.lookup(
+                spark,
+                table,
+                schema=plan.schema,
+                changes=resolved.keys,
+                options=self.options,
+                table_name=plan.table,
+                query_id=query_id,
+                batch_id=batch_id,
+                run_id=run_id,
+            )
+            rows = merge_on_read.without_stale(resolved.rows, stale)
+            try:
+                return self._write_and_commit(rows, resolved, plan, table, query_id, batch_id, run_id, merge=found)
+            except RowDeltaConflictError as e:
+                committer.abort_deletes(query_id=query_id, batch_id=batch_id, paths=found.paths)
+                if attempt == merge_on_read.LOOKUP_ATTEMPTS:
+                    raise
+                log.warning(
+                    "lakesink: table=%s batch=%s: the merge-on-read lookup is out of date (%s); looking the keys up again "
+                    "on the new head (attempt %s of %s)",
+                    plan.table,
+                    batch_id,
+                    e,
+                    attempt + 1,
+                    merge_on_read.LOOKUP_ATTEMPTS,
+                )
+            except BaseException:
+                committer.abort_deletes(query_id=query_id, batch_id=batch_id, paths=found.paths)
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _write_and_commit(
         self,
@@ -311,6 +383,7 @@ class ForeachBatchSink(RoutedSparkBatches):
         query_id: str,
         batch_id: int,
         run_id: str | None,
+        merge: MergeLookup | None = None,
     ) -> BatchOutcome:
         committer = self._committer
         assert committer is not None
@@ -366,6 +439,7 @@ class ForeachBatchSink(RoutedSparkBatches):
                     results,
                     table_uuid=plan.table_uuid,
                     changes=resolved.keys if resolved is not None else None,
+                    merge=merge,
                 ),
             )
         finally:

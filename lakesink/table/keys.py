@@ -89,6 +89,18 @@ SUMMARY_UPSERT_STALE = "lakesink.upsert.stale-changes"
 """With option order-by: the batch's changes that lost to a newer order value the table held (not applied)."""
 SUMMARY_UPSERT_ORDER_FILE = "lakesink.upsert.order-file"
 """With option order-by: the order file the batch's snapshot goes with (lakesink.driver.actions.upsert_order)."""
+SUMMARY_UPSERT_MODE = "lakesink.upsert.mode"
+"""How the batch applied its changes: :data:`MERGE_ON_READ` (position delete files for the rows it replaces) or
+:data:`COPY_ON_WRITE` (the files holding them rewritten), as the table's write modes chose
+(lakesink.table.settings.UpsertMode)."""
+WRITE_UPDATE_MODE = "write.update.mode"
+WRITE_DELETE_MODE = "write.delete.mode"
+WRITE_MERGE_MODE = "write.merge.mode"
+"""Iceberg's row-level write modes (Java's ``TableProperties.UPDATE_MODE``/``DELETE_MODE``/``MERGE_MODE``): an upsert
+batch is a ``MERGE`` -- ``write.merge.mode`` chooses; without it, merge-on-read only when both ``write.update.mode``
+and ``write.delete.mode`` say so. Iceberg's default, and lakesink's: copy-on-write."""
+COPY_ON_WRITE = "copy-on-write"
+MERGE_ON_READ = "merge-on-read"
 PROPERTY_UPSERT_ORDER_FILE = "lakesink.upsert.order-file"
 """Table property (``.<branch>`` appended for a branch other than main), option order-by: the Parquet file that keeps
 the order value of every key the table deleted (and of every key, when the table has no order-by column), set in the

@@ -28,6 +28,7 @@ from lakesink.table.keys import (
     COMPACT_MIN_INPUT_FILES,
     COMPACT_MIN_INPUT_FILES_DEFAULT,
     COMPRESSION_LEVEL,
+    COPY_ON_WRITE,
     DICT_SIZE,
     MAINTENANCE_INTERVAL_MS,
     MAINTENANCE_INTERVAL_MS_DEFAULT,
@@ -42,6 +43,7 @@ from lakesink.table.keys import (
     MAX_REF_AGE_MS_DEFAULT,
     MAX_SNAPSHOT_AGE_MS,
     MAX_SNAPSHOT_AGE_MS_DEFAULT,
+    MERGE_ON_READ,
     MIN_SNAPSHOTS_TO_KEEP,
     MIN_SNAPSHOTS_TO_KEEP_DEFAULT,
     PAGE_ROW_LIMIT,
@@ -52,6 +54,9 @@ from lakesink.table.keys import (
     ROW_GROUP_ROWS_DEFAULT,
     TARGET_FILE_SIZE,
     TARGET_FILE_SIZE_DEFAULT,
+    WRITE_DELETE_MODE,
+    WRITE_MERGE_MODE,
+    WRITE_UPDATE_MODE,
 )
 
 #: Codecs the Parquet writers know (Iceberg's names; ``none`` is ``uncompressed``).
@@ -177,6 +182,29 @@ class TableSettings:
                 "(docs/options.md lists the properties lakesink reads)"
             )
         return settings
+
+
+def merge_on_read(table: str, properties: Mapping[str, str]) -> bool:
+    """Whether an upsert batch into ``table`` writes position deletes (merge-on-read) rather than rewriting the files
+    that hold its keys (copy-on-write), as Iceberg's row-level write modes say: a batch of upserts and deletes is a
+    ``MERGE``, so ``write.merge.mode`` decides; a table without it is merge-on-read only when both
+    ``write.update.mode`` and ``write.delete.mode`` are (a batch both updates and deletes). Raises InvalidOptionError
+    naming the property and the valid values for any other value."""
+    modes: dict[str, str] = {}
+    for key in (WRITE_MERGE_MODE, WRITE_UPDATE_MODE, WRITE_DELETE_MODE):
+        raw = properties.get(key)
+        if raw is None:
+            continue
+        value = str(raw).strip().lower()
+        if value not in (COPY_ON_WRITE, MERGE_ON_READ):
+            raise InvalidOptionError(
+                f"table {table} has table property {key}={raw!r}; valid values: {COPY_ON_WRITE!r}, {MERGE_ON_READ!r} "
+                f"(Iceberg's row-level write modes; fix it with ALTER TABLE {table} SET TBLPROPERTIES ('{key}'='...'))"
+            )
+        modes[key] = value
+    if WRITE_MERGE_MODE in modes:
+        return modes[WRITE_MERGE_MODE] == MERGE_ON_READ
+    return modes.get(WRITE_UPDATE_MODE) == MERGE_ON_READ and modes.get(WRITE_DELETE_MODE) == MERGE_ON_READ
 
 
 def _int(value: int | None) -> int:

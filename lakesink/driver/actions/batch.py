@@ -28,7 +28,8 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import producers as seam_producers
-from lakesink.driver.actions import completeness, upsert, upsert_order
+from lakesink._pyiceberg import row_delta as seam_row_delta
+from lakesink.driver.actions import completeness, upsert, upsert_mor, upsert_order
 from lakesink.driver.actions.completeness import BatchTime, Recorded
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
@@ -37,6 +38,7 @@ from lakesink.executor import upsert_task
 from lakesink.executor.messages import TaskResult, WrittenFile
 from lakesink.table import names
 from lakesink.table.keys import (
+    MERGE_ON_READ,
     SUMMARY_BATCH_ROWS_DIGEST,
     SUMMARY_BATCH_TABLES_DIGEST,
     SUMMARY_COMMIT_ATTEMPT,
@@ -121,6 +123,9 @@ class Batch:
     properties: Mapping[str, str] = field(default_factory=dict)
     """Table properties the batch's commit sets with its marker (option cdc-transactions: the changes it held back,
     lakesink.driver.actions.held)."""
+    merge: upsert_mor.MergeLookup | None = None
+    """Upserts into a merge-on-read table: the executors' lookup of the batch's keys (its position delete files),
+    committed as one row delta (:class:`MergeOnReadBatch`)."""
 
     @property
     def files(self) -> list[WrittenFile]:
@@ -144,6 +149,7 @@ class Batch:
         changes: pa.Table | None = None,
         unit: Mapping[str, str] | None = None,
         properties: Mapping[str, str] | None = None,
+        merge: upsert_mor.MergeLookup | None = None,
     ) -> Batch:
         """A batch's commit call starting now, with a new commit id (the run id the tasks carry when none is given).
         With option upsert-key: ``changes``, every key the batch changes (foreach_batch's resolution), else the keys the
@@ -163,6 +169,7 @@ class Batch:
             unit=dict(unit or {}),
             time=call.time,
             properties=dict(properties or {}),
+            merge=merge,
         )
 
     def commit_name(self) -> names.CommitName:
@@ -559,6 +566,71 @@ class UpsertBatch(AppendBatch):
         )
 
 
+class MergeOnReadBatch(AppendBatch):
+    """An upsert batch into a merge-on-read table: its rows and the position delete files the executors wrote for the
+    rows it replaces or deletes, one row delta (lakesink.driver.actions.upsert_mor), validated on every attempt against
+    what was committed since the lookup; with option order-by, the order file brought up to date in the same commit."""
+
+    def __init__(self, committer: TableCommitter, table: Table, batch: Batch):
+        super().__init__(committer, table, batch)
+        assert batch.merge is not None
+        self.merge = batch.merge
+        self.order_properties: dict[str, str] = {}
+        self.finished: upsert_order.Finished | None = None
+
+    @property
+    def delete_paths(self) -> tuple[str, ...]:
+        return self.merge.paths
+
+    def properties(self, snapshot_id: int) -> dict[str, str]:
+        return {**super().properties(snapshot_id), **self.order_properties}
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        c, batch, m = self.committer, self.batch, self.merge
+        upsert_mor.validate(table, branch=c.options.branch, lookup=m, table_name=c.table_name)
+        schema_changes = c.schema_changes_at_commit(table, batch)
+        schema = seam_producers.evolved_schema(table, schema_changes) if schema_changes else table.schema()
+        commit = batch.commit_name()
+        if m.check is not None:
+            plan = c.write_plan(table, batch.query_id)
+            done = upsert_order.finish(
+                m.check,
+                table,
+                schema,
+                keys=m.keys,
+                rewrite=m.counts,
+                data_files=self.data_files,
+                plan=plan,
+                branch=c.options.branch,
+                commit=commit,
+                attempt=attempt,
+                written_without_stale=True,
+            )
+        else:
+            done = upsert_order.Finished(
+                data_files=self.data_files, written=(), replaced=(), properties={}, summary={}, rewrite=m.counts
+            )
+        self.order_properties, self.finished = done.properties, done
+        since = [t for t in (batch.files_since_ms, m.written_since_ms) if t is not None]
+        return seam_row_delta.prepare_row_delta(
+            table,
+            data_files=self.data_files,
+            delete_files=m.delete_files,
+            summary={
+                **self.attempt_summary(table, attempt),
+                **upsert.summary(done.rewrite, mode=MERGE_ON_READ),
+                **done.summary,
+            },
+            properties=self.properties,
+            branch=c.options.branch,
+            schema_changes=schema_changes,
+            manifest_merge=c.settings(table).manifest_merge,
+            commit=commit,
+            files_since_ms=min(since, default=None),
+            owned=done.written,
+        )
+
+
 def action_for(
     committer: TableCommitter,
     table: Table,
@@ -603,7 +675,7 @@ def action_for(
     if truncate:
         return OverwriteBatch(committer, table, batch)
     if batch.changes is not None:
-        return UpsertBatch(committer, table, batch)
+        return MergeOnReadBatch(committer, table, batch) if batch.merge is not None else UpsertBatch(committer, table, batch)
     if overwrite:
         return OverwriteBatch(committer, table, batch)
     if not batch.files and not records_letters:

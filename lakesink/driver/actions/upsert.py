@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -33,17 +33,19 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzType
 
 from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg.io import deletes as seam_deletes
 from lakesink.errors import LakesinkError
 from lakesink.executor.messages import TaskIds, WritePlan, WrittenFile
 from lakesink.executor.task_writer import TaskWriter, utc_schema
-from lakesink.table import floats
-from lakesink.table.keys import DELETED
+from lakesink.table import floats, settings
+from lakesink.table.keys import COPY_ON_WRITE, DELETED
 from lakesink.table.keys import ORDER_COLUMN as ORDER
 from lakesink.table.keys import ROW_COLUMN as _ROW
 from lakesink.table.keys import SUMMARY_UPSERT_BYTES_READ as SUMMARY_BYTES_READ
 from lakesink.table.keys import SUMMARY_UPSERT_DELETED as SUMMARY_DELETED
 from lakesink.table.keys import SUMMARY_UPSERT_FILES_READ as SUMMARY_FILES_READ
 from lakesink.table.keys import SUMMARY_UPSERT_INSERTED as SUMMARY_INSERTED
+from lakesink.table.keys import SUMMARY_UPSERT_MODE as SUMMARY_MODE
 from lakesink.table.keys import SUMMARY_UPSERT_STALE as SUMMARY_STALE
 from lakesink.table.keys import SUMMARY_UPSERT_UPDATED as SUMMARY_UPDATED
 
@@ -161,13 +163,19 @@ def rewrite(
     ``winners`` (option order-by, lakesink.driver.actions.upsert_order): given the batch's keys a file holds and the file's
     rows, the keys whose change is not older than the file's row; the others keep their row."""
     has_deletes, live = seam.branch_data_files(table, branch)  # one read of the branch's manifest list
+    deleted_positions: dict[str, set[int]] = {}
     if has_deletes:
-        raise LakesinkError(
-            f"table {keys.table_name} (branch {branch}) has delete files, written by another engine's merge-on-read "
-            "update or delete; lakesink's upserts rewrite data files (copy-on-write) and would bring deleted rows "
-            "back. Compact the table so that no delete files remain (e.g. Spark's rewrite_data_files with "
-            "delete-file-threshold=1, or rewrite_position_delete_files) and restart the query"
-        )
+        if not settings.merge_on_read(keys.table_name, table.properties):
+            raise LakesinkError(
+                f"table {keys.table_name} (branch {branch}) has delete files, written by a merge-on-read update or delete "
+                "(another engine's, or lakesink's own before the table's write.merge.mode was set back to "
+                "copy-on-write); lakesink's copy-on-write upserts of a copy-on-write table would bring deleted rows "
+                "back. Compact the table so that no delete files remain (lakesink compact, Spark's rewrite_data_files "
+                "with delete-file-threshold=1, or rewrite_position_delete_files) and restart the query, or set "
+                "write.merge.mode=merge-on-read"
+            )
+        # a merge-on-read table upserted by a path that rewrites files (docs/upserts.md): its position deletes applied
+        deleted_positions = _deleted_positions(table, branch, keys.table_name)
     specs = table.specs()
     schema = table.schema()
     candidates = [f for f in live if keys.may_hold(f, specs, schema)]
@@ -185,6 +193,9 @@ def rewrite(
         # data, as a pyiceberg append of rows in the table's own Arrow schema is), and the rows of several files go
         # into one file below (a mix failed with ArrowInvalid)
         rows = seam.with_small_types(seam.read_data_file(table, data_file))
+        if data_file.file_path in deleted_positions:  # rows a position delete file deletes are not the table's
+            gone = pa.array(sorted(deleted_positions[data_file.file_path]), pa.int64())
+            rows = rows.filter(pc.invert(pc.is_in(pa.array(range(rows.num_rows), pa.int64()), value_set=gone)))
         bytes_read += data_file.file_size_in_bytes
         # the file's keys in the keys' types: the table's, or wider when this commit widens a key (merge-schema)
         file_keys = _cast_like(rows.select(key_names), keys.table.select(key_names).schema)
@@ -216,6 +227,40 @@ def rewrite(
     )
 
 
+def _deleted_positions(table: Table, branch: str, table_name: str) -> dict[str, set[int]]:
+    """The positions the branch's live position delete files delete, by data file path (the spec's scope rules:
+    same spec and partition, a data sequence number not above the delete file's). Equality deletes: a loud error."""
+    entries = seam.live_entries(table, branch)
+    equality = [e.data_file.file_path for e in entries if e.data_file.content == DataFileContent.EQUALITY_DELETES]
+    if equality:
+        raise LakesinkError(
+            f"table {table_name} (branch {branch}) has {len(equality)} equality delete file(s) (e.g. {equality[0]}), "
+            "written by another engine; lakesink neither reads nor applies equality deletes, and an upsert would bring "
+            "the rows they delete back. Compact the table with an engine that applies them (Spark's rewrite_data_files "
+            "with delete-file-threshold=1) and restart the query"
+        )
+    data = {e.data_file.file_path: e for e in entries if e.data_file.content == DataFileContent.DATA}
+    out: dict[str, set[int]] = {}
+    for entry in entries:
+        delete = entry.data_file
+        if delete.content != DataFileContent.POSITION_DELETES:
+            continue
+        rows = seam_deletes.read_position_deletes(table.io, delete.file_path)
+        for path, positions in seam_deletes.positions_by_file(
+            seam_deletes.sorted_positions(rows.column("file_path"), rows.column("pos"))
+        ).items():
+            found = data.get(path)
+            if found is None or found.data_file.spec_id != delete.spec_id:
+                continue
+            if floats.partition_key(seam.partition_of(found.data_file)) != floats.partition_key(seam.partition_of(delete)):
+                continue
+            if found.sequence_number is not None and entry.sequence_number is not None:
+                if found.sequence_number > entry.sequence_number:
+                    continue
+            out.setdefault(path, set()).update(positions.to_pylist())
+    return out
+
+
 def rewrite_writer(plan: WritePlan, *, batch_id: int, partition_id: int, attempt: int) -> TaskWriter:
     """The writer of the files a rewrite on the driver writes (the kept rows of the files it replaces), under a
     partition id of its own (``partition_id``) so that its file names differ from the tasks'."""
@@ -224,9 +269,11 @@ def rewrite_writer(plan: WritePlan, *, batch_id: int, partition_id: int, attempt
     )
 
 
-def summary(result: Rewrite) -> dict[str, str]:
-    """The batch's counts, for the snapshot summary (the audit commands read them)."""
+def summary(result: Rewrite, *, mode: str = COPY_ON_WRITE) -> dict[str, str]:
+    """The batch's counts, for the snapshot summary (the audit commands read them), and how it applied them (``mode``:
+    copy-on-write, or merge-on-read: no file rewritten)."""
     return {
+        SUMMARY_MODE: mode,
         SUMMARY_INSERTED: str(result.inserted),
         SUMMARY_UPDATED: str(result.updated),
         SUMMARY_DELETED: str(result.deleted),

@@ -186,11 +186,14 @@ def finish(
     branch: str,
     commit: names.CommitName,
     attempt: int,
+    written_without_stale: bool = False,
 ) -> Finished:
-    """After the copy-on-write: the batch's stale rows dropped from its files, the order file brought up to date."""
+    """After the copy-on-write: the batch's stale rows dropped from its files, the order file brought up to date.
+    ``written_without_stale``: the batch's files hold none of its stale changes already (merge-on-read's lookup ran
+    before the rows were written, lakesink.sink.merge_on_read): no file is read or replaced."""
     stale = pa.concat_tables(check.stale) if check.stale else None
     files, written = list(data_files), list[str]()
-    if stale is not None:
+    if stale is not None and not written_without_stale:
         lost_rows = stale.filter(pc.invert(stale.column(DELETED))).select(check.key_names)
         if lost_rows.num_rows:
             files, written = _without(table, schema, files, lost_rows, plan=plan, batch_id=check.batch_id, attempt=attempt)

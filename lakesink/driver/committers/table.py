@@ -37,6 +37,7 @@ from lakesink.driver.actions.batch import (
     action_for,
     committed,
 )
+from lakesink.driver.actions.upsert_mor import MergeLookup
 from lakesink.driver.loop import guard, swap
 from lakesink.driver.loop.action import CommitAction
 from lakesink.driver.loop.swap import RetriesExhausted, Status
@@ -127,6 +128,7 @@ class TableCommitter(SinkTable):
         *,
         table_uuid: str | None = None,
         changes: pa.Table | None = None,
+        merge: MergeLookup | None = None,
     ) -> BatchOutcome:
         """Commit the batch's files as one snapshot, exactly once for this (query id, sink id, batch id).
 
@@ -134,12 +136,14 @@ class TableCommitter(SinkTable):
         event-time column recorded with the commit, lakesink.driver.actions.completeness); ``table_uuid``: the uuid of
         the table the batch was planned for (else read from the task results); ``changes``: with option
         ``upsert-key``, every key the batch changes (lakesink.sink.upsert_batch.resolve), whose rows the snapshot
-        replaces. Task results that all say the batch was found committed when it was planned (``replay_skipped``)
-        are :meth:`skip_replay`. The batch holds its table's turn (lakesink.driver.loop.swap.Turns) from its first read; the
-        post-commit hook (with option ``maintenance=auto``: a background maintenance run when one is due) runs after it.
+        replaces; ``merge``: a merge-on-read table's lookup of those keys (its position delete files, committed with
+        the rows as one row delta: lakesink.driver.actions.upsert_mor). Task results that all say the batch was found
+        committed when it was planned (``replay_skipped``) are :meth:`skip_replay`. The batch holds its table's turn
+        (lakesink.driver.loop.swap.Turns) from its first read; the post-commit hook (with option ``maintenance=auto``:
+        a background maintenance run when one is due) runs after it.
         """
         with self._turn():
-            outcome = self._commit_batch(call, results, table_uuid=table_uuid, changes=changes)
+            outcome = self._commit_batch(call, results, table_uuid=table_uuid, changes=changes, merge=merge)
         if outcome.outcome is Outcome.COMMITTED and self.hook is not None:
             self.hook.after_commit()
         return outcome
@@ -220,9 +224,10 @@ class TableCommitter(SinkTable):
         table_uuid: str | None,
         changes: pa.Table | None,
         found_at_plan: bool = False,
+        merge: MergeLookup | None = None,
     ) -> BatchOutcome:
         batch_id = call.batch_id
-        batch = Batch.new(call, results, changes=changes)
+        batch = Batch.new(call, results, changes=changes, merge=merge)
         expected_uuid = table_uuid or next((r.table_uuid for r in results if r.table_uuid), None)
         table = self.load_patiently(batch_id)
         try:
@@ -287,7 +292,8 @@ class TableCommitter(SinkTable):
         except CommitOutcomeUnknownError:
             # the abort that follows must keep the files (lakesink.driver.loop.guard.record_in_doubt)
             if catalogs.may_apply_late(self.catalog):
-                guard.record_in_doubt(self.table_name, batch.query_id, self.options.sink_id, batch.batch_id, batch.paths)
+                paths = [*batch.paths, *(batch.merge.paths if batch.merge is not None else ())]
+                guard.record_in_doubt(self.table_name, batch.query_id, self.options.sink_id, batch.batch_id, paths)
                 if self.dead_letters is not None:
                     d, letters = self.dead_letters, self._letters(batch)
                     guard.record_in_doubt(d.table_name, batch.query_id, d.options.sink_id, batch.batch_id, letters.paths)
@@ -547,6 +553,29 @@ class TableCommitter(SinkTable):
                 return
             paths = [p for p in paths if p not in referenced]
         self._delete(table, paths, reason=f"batch {batch_id} aborted")
+
+    def abort_deletes(self, *, query_id: str, batch_id: int, paths: Sequence[str]) -> None:
+        """Merge-on-read: delete the position delete files a lookup of the batch wrote (``paths``), unless the batch may
+        reference them -- found committed in the table (an orphan clean-up collects them if the landed snapshot is
+        another lookup's), or its commit in doubt at the catalog -- or the table cannot be read (kept: orphans)."""
+        in_doubt = guard.in_doubt(self.table_name, query_id, self.options.sink_id, batch_id)
+        paths = [p for p in paths if p not in in_doubt]
+        if not paths:
+            return
+        try:
+            table = self.load_fresh()
+        except Exception as e:
+            log.warning(
+                "lakesink: abort of batch %s cannot read the table (%s); keeping %s delete file(s)",
+                batch_id,
+                self.redact(e),
+                len(paths),
+            )
+            return
+        done = self.last(table, query_id)
+        if done is not None and done.batch_id >= batch_id:
+            return
+        self._delete(table, paths, reason=f"position delete files of batch {batch_id}, not committed")
 
     def _delete(self, table: Table, paths: Sequence[str], *, reason: str) -> None:
         for path in paths:

@@ -1,0 +1,284 @@
+"""Merge-on-read upserts on foreach_batch: a batch's keys looked up in the table by Spark's executors, and the position
+delete files written there (the driver never reads a data file's rows).
+
+For one table whose write modes say merge-on-read (lakesink.table.settings.merge_on_read), :func:`lookup`, against the
+branch head as it reads it:
+
+1. finds the **candidate files** on the driver from manifests only, as the copy-on-write does: the live data files whose
+   partition and key-column bounds can hold a key of the batch (lakesink.driver.actions.upsert.BatchKeys.may_hold), and
+   the live position delete files that may apply to them (equality deletes: a loud refusal);
+2. has **Spark** read the candidates' key columns (and, with option order-by, the table's order-by column) with each
+   row's file and position (``_metadata.file_path``, ``_metadata.row_index``: Spark 3.5+), join them with the batch's
+   keys (sent as a broadcast table), and drop the positions the table's position deletes delete already (an anti-join
+   with the delete files Spark reads too: Spark's Parquet read applies no Iceberg delete). With order-by the stored row's
+   order value is compared with the change's in the same join, as Spark SQL orders (the copy-on-write's rule): a change
+   older than the row is stale -- not applied, and its row not written;
+3. has the **executors** write the position delete files for the matched rows of the changes that win
+   (lakesink.executor.position_deletes.LookupWriter, one file per partition per task), and return them with the
+   matched keys.
+
+The result (lakesink.driver.actions.upsert_mor.MergeLookup) goes with the batch's rows -- written afterwards by the
+usual write paths, without the stale changes (:func:`without_stale`) -- to the commit, one row delta.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import re
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from lakesink._pyiceberg import io as seam
+from lakesink.driver.actions import upsert, upsert_order
+from lakesink.driver.actions.row_delta import delete_target
+from lakesink.driver.actions.upsert_mor import MergeLookup
+from lakesink.driver.loop import validation
+from lakesink.errors import LakesinkError, UpsertKeyError
+from lakesink.executor.position_deletes import (
+    LOOKUP_PATH,
+    LOOKUP_POS,
+    LOOKUP_SPARK_PATH,
+    LOOKUP_STALE,
+    DeleteTarget,
+    DeleteTaskResult,
+    LookupTaskResult,
+    LookupWriter,
+    matched_rows,
+)
+from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, utc_schema
+from lakesink.options import SinkOptions
+from lakesink.table import floats, storage
+from lakesink.table.keys import DELETED, HELD_COLUMN
+from lakesink.table.keys import ORDER_COLUMN as ORDER
+
+log = logging.getLogger("lakesink")
+
+_KEY = "__lakesink_path_key"
+_SPARK_PATH = LOOKUP_SPARK_PATH
+_CLASH = "__lakesink_null_order"
+
+#: How many times a batch looks its keys up when its commit finds the lookup out of date (RowDeltaConflictError).
+LOOKUP_ATTEMPTS = 4
+
+
+def fallback_reason(table: Table, options: SinkOptions) -> str | None:
+    """Why this merge-on-read table's batch is upserted copy-on-write instead (None: it is not): a key or order-by
+    column renamed since some of its files were written (Spark reads the files' columns by name)."""
+    schema = table.schema()
+    wanted = list(schema.identifier_field_ids)
+    if options.order_by is not None:
+        try:
+            wanted.append(schema.find_field(options.order_by, case_sensitive=False).field_id)
+        except ValueError:
+            pass
+    for field_id in wanted:
+        name = schema.find_field(field_id).name
+        for old in table.metadata.schemas:
+            try:
+                if old.find_field(field_id).name != name:
+                    return f"column {name} was renamed (schema {old.schema_id} named it {old.find_field(field_id).name})"
+            except ValueError:
+                continue
+    return None
+
+
+def lookup(
+    spark: SparkSession,
+    table: Table,
+    *,
+    schema: Schema,
+    changes: pa.Table,
+    options: SinkOptions,
+    table_name: str,
+    query_id: str,
+    batch_id: int,
+    run_id: str | None,
+) -> tuple[MergeLookup, pa.Table | None]:
+    """The batch's keys (``changes``: lakesink.sink.upsert_batch.ResolvedBatch.keys) looked up in ``table`` at its branch
+    head (the module's description), in the schema the batch's files are written in (``schema``: the write plan's);
+    returns the lookup and the stale upserts' keys (key columns as the batch spells them, None: none), whose rows must
+    not be written (:func:`without_stale`)."""
+    branch = options.branch
+    keys = upsert.BatchKeys(table_name, schema, changes)
+    check: upsert_order.OrderCheck | None = None
+    if options.order_by is not None:
+        keys, check = upsert_order.start(table, schema, keys, order_by=options.order_by, branch=branch, batch_id=batch_id)
+    head = table.metadata.snapshot_by_name(branch)
+    entries = seam.live_entries(table, branch)
+    if equality := [e.data_file.file_path for e in entries if e.data_file.content == DataFileContent.EQUALITY_DELETES]:
+        raise LakesinkError(
+            f"table {table_name} (branch {branch}) has {len(equality)} equality delete file(s) (e.g. {equality[0]}), "
+            "written by another engine; lakesink neither reads nor applies equality deletes, and its upserts would keep "
+            "rows they delete. Compact the table with an engine that applies them (Spark's rewrite_data_files with "
+            "delete-file-threshold=1) and restart the query"
+        )
+    specs, table_schema = table.specs(), table.schema()
+    data = [e.data_file for e in entries if e.data_file.content == DataFileContent.DATA]
+    candidates = [f for f in data if keys.may_hold(f, specs, table_schema)] if len(keys) else []
+    counts = upsert.Rewrite(spec_id=0, inserted=keys.upserts, files_considered=len(candidates))
+    base = head.snapshot_id if head is not None else None
+    if not candidates:
+        return MergeLookup(keys, check, (), base, counts), _stale_upserts(keys, check)
+    positions = [e.data_file for e in entries if e.data_file.content == DataFileContent.POSITION_DELETES]
+    applying = _deletes_applying(candidates, positions, specs)
+    key_names = [f.name for f in keys.fields]
+    order_column = check.table_column if check is not None else None
+    arrow = utc_schema(seam.arrow_schema(schema))
+    read = [*key_names, *([order_column] if order_column is not None and order_column not in key_names else [])]
+    rows = (
+        spark.read.schema(from_arrow_schema(pa.schema([arrow.field(n) for n in read])))
+        .option("recursiveFileLookup", "true")  # no partition discovery from the folders' names
+        .parquet(*[storage.spark_location(f.file_path) for f in candidates])
+        .select(
+            *[_col(n) for n in read],
+            F.col("_metadata.file_path").alias(_SPARK_PATH),
+            F.col("_metadata.row_index").alias(LOOKUP_POS),
+        )
+    )
+    if order_column is not None:
+        rows = rows.withColumn(HELD_COLUMN, _col(order_column))
+        if order_column not in key_names:
+            rows = rows.drop(order_column)
+    batch_keys = keys.table.select([*key_names, DELETED, *([ORDER] if ORDER in keys.table.column_names else [])])
+    matched = rows.join(F.broadcast(spark.createDataFrame(batch_keys)), key_names, "inner")
+    # each row's data file as the table's manifests name it (Spark names it by its URL-encoded URI)
+    files = spark.createDataFrame(
+        [(_path_key(f.file_path), f.file_path) for f in candidates], f"{_KEY} string, {LOOKUP_PATH} string"
+    )
+    matched = matched.withColumn(_KEY, _spark_path_key(F.col(_SPARK_PATH))).join(F.broadcast(files), _KEY, "left")
+    if applying:
+        gone = (
+            spark.read.schema("file_path string, pos long")
+            .option("recursiveFileLookup", "true")
+            .parquet(*[storage.spark_location(d.file_path) for d in applying])
+            .select(F.col("file_path").alias(LOOKUP_PATH), F.col("pos").alias(LOOKUP_POS))
+        )
+        matched = matched.join(gone, [LOOKUP_PATH, LOOKUP_POS], "left_anti")  # rows the table deleted already
+    stale, clash = _stale(matched, order_column is not None and ORDER in batch_keys.column_names)
+    matched = matched.withColumn(LOOKUP_STALE, stale).withColumn(_CLASH, clash)
+    outcome = (*key_names, DELETED, _CLASH, *([HELD_COLUMN] if order_column is not None else []))
+    target = delete_target(table, branch=branch, candidates=candidates)
+    writer = LookupWriter(target, query_id, batch_id, outcome, run_id)
+    collected = matched.repartition(F.col(LOOKUP_PATH)).mapInArrow(writer, TASK_RESULT_SCHEMA).collect()
+    results: list[LookupTaskResult] = [pickle.loads(r[0]) for r in collected]
+    deletes = tuple(d for r in results for d in r.deletes)
+    try:
+        found = matched_rows(results)
+        updated, deleted = 0, 0
+        if found is not None and found.num_rows:
+            _check_found(found, keys, check, table_name, batch_id)
+            found = upsert._cast_like(found, keys.table.select(key_names).schema)
+            distinct = found.group_by([*key_names, DELETED, LOOKUP_STALE]).aggregate([])
+            won = distinct.filter(pc.invert(distinct.column(LOOKUP_STALE)))
+            deleted = int(pc.sum(won.column(DELETED)).as_py() or 0)
+            updated = won.num_rows - deleted
+            lost = distinct.filter(distinct.column(LOOKUP_STALE))
+            if check is not None and lost.num_rows:
+                check.stale.append(lost.select([*key_names, DELETED]))
+                check.stale_in_files += int(pc.sum(pc.invert(lost.column(DELETED))).as_py() or 0)
+    except BaseException:
+        _abort(target, deletes)
+        raise
+    counts = upsert.Rewrite(
+        spec_id=0, inserted=keys.upserts - updated, updated=updated, deleted=deleted, files_considered=len(candidates)
+    )
+    log.info(
+        "lakesink: table=%s batch=%s merge-on-read lookup: candidate_files=%s delete_files=%s updated=%s deleted=%s",
+        table_name,
+        batch_id,
+        len(candidates),
+        sum(len(d.files) for d in deletes),
+        updated,
+        deleted,
+    )
+    return MergeLookup(keys, check, deletes, base, counts), _stale_upserts(keys, check)
+
+
+def without_stale(rows: DataFrame, stale: pa.Table | None) -> DataFrame:
+    """The batch's rows to write without those of its stale upserts (``stale``: their keys as the batch spells them)."""
+    if stale is None or not stale.num_rows:
+        return rows
+    lost = rows.sparkSession.createDataFrame(stale)
+    return rows.join(F.broadcast(lost), list(stale.column_names), "left_anti")
+
+
+def _stale_upserts(keys: upsert.BatchKeys, check: upsert_order.OrderCheck | None) -> pa.Table | None:
+    """The stale upserts' keys (the order file's and the live rows'), under the batch's spelling of the key columns."""
+    if check is None or not check.stale:
+        return None
+    stale = pa.concat_tables(check.stale)
+    rows = stale.filter(pc.invert(stale.column(DELETED))).select([f.name for f in keys.fields])
+    return rows.rename_columns(list(keys.names)) if rows.num_rows else None
+
+
+def _stale(matched: DataFrame, ordered: bool) -> tuple[Column, Column]:
+    """Per matched row: whether the batch's change is older than the row (the row's order value greater: Spark SQL's
+    order, NaN greatest, null lowest), and whether the change's order value is null against a row's non-null one."""
+    if not ordered:
+        return F.lit(False), F.lit(False)
+    change_type = matched.schema[ORDER].dataType
+    held = F.col(HELD_COLUMN).cast(change_type)
+    change = F.col(ORDER)
+    stale = F.when(held.isNull() | change.isNull(), F.lit(False)).otherwise(held > change)
+    return stale, held.isNotNull() & change.isNull()
+
+
+def _check_found(
+    found: pa.Table, keys: upsert.BatchKeys, check: upsert_order.OrderCheck | None, table_name: str, batch_id: int
+) -> None:
+    """A null order value against a row's non-null one: a loud error, as the copy-on-write's order check raises."""
+    clash = found.column(_CLASH)
+    if check is not None and pc.any(clash).as_py():
+        row = found.filter(clash).slice(0, 1).to_pylist()[0]
+        key = ", ".join(f"{k}={row[k]!r}" for k in check.key_names)
+        raise UpsertKeyError(
+            f"batch {batch_id}: option 'order-by' column {check.column!r} is null for key ({key}) of table "
+            f"{table_name}, which holds order value {row.get(HELD_COLUMN)!r} for it: a change without an order value "
+            "cannot be ordered after it. Nothing was committed; give every change an order value"
+        )
+
+
+def _deletes_applying(
+    candidates: Sequence[DataFile], deletes: Sequence[DataFile], specs: dict[int, PartitionSpec]
+) -> list[DataFile]:
+    """The position delete files that may apply to a candidate (same spec and partition, its path in their bounds)."""
+    by_partition: dict[tuple[object, ...], list[DataFile]] = {}
+    for f in candidates:
+        by_partition.setdefault((f.spec_id, floats.partition_key(seam.partition_of(f))), []).append(f)
+    out = []
+    for d in deletes:
+        same = by_partition.get((d.spec_id, floats.partition_key(seam.partition_of(d))), [])
+        if any(validation.may_apply(d, f, specs) for f in same):
+            out.append(d)
+    return out
+
+
+def _path_key(path: str) -> str:
+    """A data file's path as :func:`_spark_path_key` spells Spark's name of it (``file:`` and a bare path one, s3a s3)."""
+    return re.sub(r"^s3a://", "s3://", re.sub(r"^file:/+", "/", path))
+
+
+def _spark_path_key(column: Column) -> Column:
+    # Spark's _metadata.file_path is the file's URI, percent-encoded; a '+' stays itself (url_decode would make it a space)
+    decoded = F.url_decode(F.regexp_replace(column, r"\+", "%2B"))
+    return F.regexp_replace(F.regexp_replace(decoded, r"^file:/+", "/"), r"^s3a://", "s3://")
+
+
+def _col(name: str) -> Column:
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _abort(target: DeleteTarget, deletes: Sequence[DeleteTaskResult]) -> None:
+    paths = [f.path for d in deletes for f in d.files]
+    if paths:
+        storage.delete_failed_task_files(target.io, paths)

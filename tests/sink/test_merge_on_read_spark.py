@@ -1,0 +1,143 @@
+"""Merge-on-read upserts through foreach_batch with real Spark (issue 52, item 1): the batch's keys looked up by the
+executors, position delete files written there, one row-delta snapshot per batch.
+
+The oracle is a plain-Python model of the change stream with order across batches (a change older than what the table
+holds for its key -- its row, or its delete -- is not applied); every reader (pyiceberg, DuckDB, iceberg-rust) must
+read the table as the model says, and lakesink's compaction must leave the same rows without delete files.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyiceberg.manifest import DataFileContent
+
+import lakesink
+from lakesink.audit import interop
+from lakesink.driver import catalogs
+from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
+from lakesink.maintenance import compaction
+from lakesink.table.keys import SUMMARY_UPSERT_MODE, SUMMARY_UPSERT_STALE
+from tests.jobs.upsert_job import EVENTS_DDL
+from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end
+from tests.support.job_process import start_job
+from tests.support.stream_input import write_stream_lines
+
+pytestmark = pytest.mark.spark
+
+Event = dict[str, Any]
+MOR = {"write.merge.mode": "merge-on-read"}
+
+
+def write_events(folder: Path, batches: Sequence[Sequence[Event]], start: int = 0) -> None:
+    for i, events in enumerate(batches, start=start):
+        write_stream_lines(folder, f"events-{i:05d}.json", [json.dumps(e) for e in events])
+
+
+def change_stream(seed: int, batches: int, per_batch: int, keys: int, first_eid: int = 0) -> list[list[Event]]:
+    """Several events per key per batch, deletes and re-inserts; event ids and sequence numbers unique and rising."""
+    rng = random.Random(seed)
+    out, eid = [], first_eid
+    for _ in range(batches):
+        events = []
+        for _ in range(per_batch):
+            eid += 1
+            op = "d" if rng.random() < 0.25 else rng.choice(["c", "u"])
+            events.append({"eid": eid, "id": rng.randrange(keys), "value": f"v{eid}", "seq": eid, "op": op})
+        out.append(events)
+    return out
+
+
+def model(batches: Sequence[Sequence[Event]]) -> dict[int, tuple[int, str]]:
+    """The table (id -> (eid, value)) after the batches: within and across batches a key's change with the greatest
+    ``seq`` wins; a change older than what the table holds for its key (its row's or its delete's seq) is not applied."""
+    held: dict[int, tuple[int, tuple[int, str] | None]] = {}
+    for events in batches:
+        newest: dict[int, Event] = {}
+        for e in events:
+            if e["id"] not in newest or e["seq"] > newest[e["id"]]["seq"]:
+                newest[e["id"]] = e
+        for key, e in newest.items():
+            if key in held and held[key][0] > e["seq"]:
+                continue  # stale
+            held[key] = (e["seq"], None if e["op"] == "d" else (e["eid"], e["value"]))
+    return {k: row for k, (_, row) in held.items() if row is not None}
+
+
+def rows_of(table: pa.Table) -> dict[int, tuple[int, str]]:
+    ids = table.column("id").to_pylist()
+    assert len(ids) == len(set(ids)), "a key is in the table more than once"
+    return {r["id"]: (r["eid"], r["value"]) for r in table.to_pylist()}
+
+
+def load(props: dict[str, str]) -> Any:
+    return catalogs.load(None, props).load_table(("db", "events"))
+
+
+def assert_every_reader_sees(props: dict[str, str], expected: dict[int, tuple[int, str]]) -> None:
+    table = load(props)
+    assert rows_of(table.scan().to_arrow()) == expected, "pyiceberg"
+    assert rows_of(interop.duckdb_read(table.metadata_location)) == expected, "duckdb"
+    assert rows_of(interop.iceberg_rust_read(table.metadata_location)) == expected, "iceberg-rust"
+    assert_snapshot_invariants(table)
+
+
+def sink(props: dict[str, str], **extra: Any) -> lakesink.ForeachBatchSink:
+    return lakesink.foreach_batch(
+        "db.events", catalog_properties=props, upsert_key="id", delete_when="op = 'd'", order_by="seq", **extra
+    )
+
+
+def run(spark: Any, src: Path, ck: Path, s: Any) -> None:
+    df = spark.readStream.schema(EVENTS_DDL).option("maxFilesPerTrigger", 1).json(str(src))
+    q = df.writeStream.foreachBatch(s).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    run_to_end(q)
+
+
+def delete_files(table: Any) -> list[str]:
+    return [
+        t.file_path
+        for m in table.current_snapshot().manifests(table.io)
+        for e in m.fetch_manifest_entry(table.io, discard_deleted=True)
+        if (t := e.data_file).content != DataFileContent.DATA
+    ]
+
+
+def test_merge_on_read_change_stream_with_stale_changes_equals_the_model_in_every_reader(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """Inserts, updates, deletes, re-inserts, several changes of a key per batch, then a batch of stale changes (older
+    than the rows and the deletes the table holds) and a batch of newer ones: every batch a row delta (no data file
+    rewritten), position delete files only where rows were replaced, the stale changes counted and not applied; the
+    table equals the model in every reader, and after lakesink's compaction too, without delete files."""
+    stream = change_stream(seed=7, batches=4, per_batch=60, keys=25)
+    last_seq = stream[-1][-1]["seq"]
+    # stale: every key changed with a seq below everything the stream wrote (updates, deletes, inserts of deleted keys)
+    stale = [{"eid": 5000 + k, "id": k, "value": f"stale{k}", "seq": -k - 1, "op": "d" if k % 3 == 0 else "u"} for k in range(25)]
+    newer = [{"eid": 6000 + k, "id": k, "value": f"new{k}", "seq": last_seq + 1 + k, "op": "d" if k % 4 == 0 else "u"} for k in range(0, 30, 2)]
+    batches = [*stream, stale, newer]
+    write_events(tmp_path / "in", batches)
+    run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties, table_properties=MOR))
+    expected = model(batches)
+    assert_every_reader_sees(catalog_properties, expected)
+    table = load(catalog_properties)
+    snaps = lakesink_snapshots(table)
+    assert [s["batch_id"] for s in snaps] == list(range(len(batches)))
+    summaries = [table.metadata.snapshot_by_id(s["snapshot_id"]).summary for s in snaps]
+    assert all(s[SUMMARY_UPSERT_MODE] == "merge-on-read" for s in summaries)
+    assert not any(int(s.get("deleted-data-files") or 0) for s in summaries), "merge-on-read rewrote a data file"
+    assert sum(int(s.get("added-position-deletes") or 0) for s in summaries) > 0
+    assert int(summaries[len(stream)][SUMMARY_UPSERT_STALE]) == 25  # every change of the stale batch
+    assert delete_files(table)
+    # lakesink's compaction applies the delete files and drops them: the same rows, no delete file
+    assert compaction.compact(table, min_input_files=2).status == "committed"
+    assert_every_reader_sees(catalog_properties, expected)
+    assert delete_files(load(catalog_properties)) == []
