@@ -1,7 +1,8 @@
 """Run by tests/sink/test_upserts_spark.py: a change stream (JSON event files) upserted with foreach_batch, until done.
 
 Arguments: catalog properties (JSON), source folder, checkpoint folder, entry point (``foreach``, ``format``, or
-``foreach-spark``: foreach_batch with writer='spark', routed only), and ``routed`` to route each event by :func:`route`
+``foreach-spark``: foreach_batch with writer='spark', routed only; ``foreach-mor``: foreach_batch into a merge-on-read
+table), and ``routed`` to route each event by :func:`route`
 into tables ``db.t0``..``db.t2`` (option route-by, tests/sink/test_routing_upserts_spark.py) instead of writing
 ``db.events``. The test kills it (SIGKILL,
 or a fault point armed with ``kill``) and starts it again from the same checkpoint.
@@ -22,8 +23,15 @@ from tests.jobs.jvm import local_session
 EVENTS_DDL = "eid long, id long, value string, seq long, op string"
 
 
-def upsert_sink(props: dict[str, str]) -> lakesink.ForeachBatchSink:
-    return lakesink.foreach_batch("db.events", catalog_properties=props, upsert_key="id", delete_when="op = 'd'", order_by="seq")
+def upsert_sink(props: dict[str, str], table_properties: dict[str, str] | None = None) -> lakesink.ForeachBatchSink:
+    return lakesink.foreach_batch(
+        "db.events",
+        catalog_properties=props,
+        upsert_key="id",
+        delete_when="op = 'd'",
+        order_by="seq",
+        table_properties=table_properties,
+    )
 
 
 ROUTES = 3
@@ -68,6 +76,8 @@ def writer(spark: SparkSession, props: dict[str, str], src: str, ck: str, entry:
         for k, v in props.items():
             w = w.option(f"catalog.{k}", v)
         w = w.option("upsert-key", "id").option("delete-when", "op = 'd'").option("order-by", "seq")
+    elif entry == "foreach-mor":  # a merge-on-read table (tests/sink/test_merge_on_read_spark.py)
+        w = df.writeStream.foreachBatch(upsert_sink(props, {"write.merge.mode": "merge-on-read"}))  # type: ignore[arg-type]
     else:
         w = df.writeStream.foreachBatch(upsert_sink(props))  # type: ignore[arg-type]
     return w.option("checkpointLocation", ck).trigger(availableNow=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyiceberg.manifest import DataFileContent
 
@@ -141,3 +142,103 @@ def test_merge_on_read_change_stream_with_stale_changes_equals_the_model_in_ever
     assert compaction.compact(table, min_input_files=2).status == "committed"
     assert_every_reader_sees(catalog_properties, expected)
     assert delete_files(load(catalog_properties)) == []
+
+
+def unreferenced_delete_files(table: Any) -> list[str]:
+    """Position delete files in the table's data folder that no snapshot of the table references."""
+    referenced = {
+        e.data_file.file_path.removeprefix("file://")
+        for snap in table.metadata.snapshots
+        for m in snap.manifests(table.io)
+        for e in m.fetch_manifest_entry(table.io, discard_deleted=False)
+    }
+    folder = Path(table.location().removeprefix("file://")) / "data"
+    return [
+        str(p) for p in folder.rglob("*.parquet") if str(p) not in referenced and pq.read_schema(p).names == ["file_path", "pos"]
+    ]
+
+
+def set_properties(props: dict[str, str], **values: str) -> None:
+    table = load(props)
+    with table.transaction() as tx:
+        tx.set_properties({k.replace("_", "."): v for k, v in values.items()})
+
+
+def test_copy_on_write_and_merge_on_read_batches_on_one_table(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """One table, one query: copy-on-write batches; the property switched to merge-on-read: row deltas; a batch through
+    a path that upserts copy-on-write (option dead-letter-table) on the merge-on-read table, which applies its position
+    deletes; switched back to copy-on-write: the table holds delete files, the batch fails loudly and changes nothing
+    until lakesink's compaction drops them; then copy-on-write again. Equal to the model in every reader at each step."""
+    stream = change_stream(seed=11, batches=8, per_batch=50, keys=20)
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    done: list[list[Event]] = []
+
+    def step(batches: list[list[Event]], s: Any, mode: str) -> None:
+        write_events(src, batches, start=len(done))
+        run(spark, src, ck, s)
+        done.extend(batches)
+        assert_every_reader_sees(catalog_properties, model(done))
+        table = load(catalog_properties)
+        modes = [table.metadata.snapshot_by_id(x["snapshot_id"]).summary[SUMMARY_UPSERT_MODE] for x in lakesink_snapshots(table)]
+        assert modes[-len(batches) :] == [mode] * len(batches), modes
+
+    step(stream[0:2], sink(catalog_properties), "copy-on-write")
+    set_properties(catalog_properties, write_merge_mode="merge-on-read")
+    step(stream[2:4], sink(catalog_properties), "merge-on-read")
+    assert delete_files(load(catalog_properties))
+    # option dead-letter-table: its tasks resolve the keys, the commit rewrites files (copy-on-write), deletes applied
+    step(stream[4:5], sink(catalog_properties, dead_letter_table="db.events_dead"), "copy-on-write")
+    step(stream[5:6], sink(catalog_properties), "merge-on-read")
+    set_properties(catalog_properties, write_merge_mode="copy-on-write")
+    write_events(src, stream[6:7], start=len(done))
+    before = load(catalog_properties).metadata.current_snapshot_id
+    with pytest.raises(Exception, match=r"has delete files.*write.merge.mode"):
+        run(spark, src, ck, sink(catalog_properties))
+    assert load(catalog_properties).metadata.current_snapshot_id == before
+    assert compaction.compact(load(catalog_properties), min_input_files=2).status == "committed"
+    assert delete_files(load(catalog_properties)) == []
+    run(spark, src, ck, sink(catalog_properties))  # the failed batch again, copy-on-write now
+    done.extend(stream[6:7])
+    assert_every_reader_sees(catalog_properties, model(done))
+    step(stream[7:8], sink(catalog_properties), "copy-on-write")
+
+
+def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None) -> subprocess.Popen[str]:
+    return start_job("tests.jobs.upsert_job", json.dumps(props), str(src), str(ck), "foreach-mor", faults_dir=faults_dir)
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_between_the_executors_delete_files_and_the_commit_and_after_the_swap_then_restart_equals_the_model(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """The job writing a merge-on-read table is SIGKILLed after the executors wrote the batch's position delete files
+    and rows, before the swap; then after the swap, before Spark's commit log; each time restarted from the checkpoint.
+    Every batch lands once (one snapshot per batch Spark ran), the table equals the model in every reader."""
+    stream = change_stream(seed=5, batches=5, per_batch=60, keys=30)
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_events(src, stream[:2])  # the table holds rows: the later batches replace some of them
+    proc = _job(catalog_properties, src, ck, None)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    write_events(src, stream[2:], start=2)
+    for i, point in enumerate((DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP)):
+        faults.arm(point, "kill")
+        proc = _job(catalog_properties, src, ck, str(faults.folder))
+        _, err = proc.communicate(timeout=300)
+        assert faults.fired(point), err[-3000:]
+        assert proc.returncode == -signal.SIGKILL, err[-3000:]
+        if i == 0:  # killed after the executors wrote the batch's position delete files: none of them is in the table
+            assert unreferenced_delete_files(load(catalog_properties)), "no delete file written before the kill"
+    faults.clear()
+    proc = _job(catalog_properties, src, ck, None)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    table = load(catalog_properties)
+    ran = sorted(int(p.name) for p in (ck / "commits").iterdir() if p.name.isdigit())
+    assert ran == list(range(len(ran))) and len(ran) <= len(stream), ran
+    snaps = lakesink_snapshots(table)
+    assert [s["batch_id"] for s in snaps] == ran
+    assert all(table.metadata.snapshot_by_id(s["snapshot_id"]).summary[SUMMARY_UPSERT_MODE] == "merge-on-read" for s in snaps[1:])
+    assert_every_reader_sees(catalog_properties, model(stream))
