@@ -9,9 +9,11 @@ read the table as the model says, and lakesink's compaction must leave the same 
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,11 +26,11 @@ from pyiceberg.manifest import DataFileContent
 import lakesink
 from lakesink.audit import interop
 from lakesink.driver import catalogs
-from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
+from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, ENV_FAULTS_DIR
 from lakesink.maintenance import compaction
 from lakesink.table.keys import SUMMARY_UPSERT_MODE, SUMMARY_UPSERT_STALE
 from tests.jobs.upsert_job import EVENTS_DDL
-from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end
+from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, raced, run_to_end
 from tests.support.job_process import start_job
 from tests.support.stream_input import write_stream_lines
 
@@ -123,7 +125,10 @@ def test_merge_on_read_change_stream_with_stale_changes_equals_the_model_in_ever
     last_seq = stream[-1][-1]["seq"]
     # stale: every key changed with a seq below everything the stream wrote (updates, deletes, inserts of deleted keys)
     stale = [{"eid": 5000 + k, "id": k, "value": f"stale{k}", "seq": -k - 1, "op": "d" if k % 3 == 0 else "u"} for k in range(25)]
-    newer = [{"eid": 6000 + k, "id": k, "value": f"new{k}", "seq": last_seq + 1 + k, "op": "d" if k % 4 == 0 else "u"} for k in range(0, 30, 2)]
+    newer = [
+        {"eid": 6000 + k, "id": k, "value": f"new{k}", "seq": last_seq + 1 + k, "op": "d" if k % 4 == 0 else "u"}
+        for k in range(0, 30, 2)
+    ]
     batches = [*stream, stale, newer]
     write_events(tmp_path / "in", batches)
     run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties, table_properties=MOR))
@@ -241,4 +246,46 @@ def test_sigkill_between_the_executors_delete_files_and_the_commit_and_after_the
     snaps = lakesink_snapshots(table)
     assert [s["batch_id"] for s in snaps] == ran
     assert all(table.metadata.snapshot_by_id(s["snapshot_id"]).summary[SUMMARY_UPSERT_MODE] == "merge-on-read" for s in snaps[1:])
+    assert_every_reader_sees(catalog_properties, model(stream))
+
+
+def test_a_compaction_between_the_lookup_and_the_swap_makes_the_batch_look_its_keys_up_again(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, caplog: Any
+) -> None:
+    """lakesink's compaction rewrites the files a merge-on-read batch's position deletes point at while the batch waits
+    at its swap: the commit finds the positions invalid (RowDeltaConflictError), deletes the attempt's files, and the
+    batch looks its keys up again on the new head -- never committing positions of files that are gone. The table
+    equals the model in every reader; no delete file of the first lookup is left behind."""
+    stream = change_stream(seed=13, batches=4, per_batch=40, keys=15)
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_events(src, stream[:3])
+    s = sink(catalog_properties, table_properties=MOR, maintenance="off")
+    run(spark, src, ck, s)
+    assert delete_files(load(catalog_properties))
+    write_events(src, stream[3:], start=3)
+    caplog.set_level("WARNING", logger="lakesink")
+    compacted: list[str] = []
+
+    def compact() -> None:  # another process (this one's batch holds the table's turn: lakesink.driver.loop.swap.Turns)
+        code = (
+            "import json, sys; from lakesink.driver import catalogs; from lakesink.maintenance import compaction; "
+            "t = catalogs.load(None, json.loads(sys.argv[1])).load_table(('db', 'events')); "
+            "print(compaction.compact(t, min_input_files=2).status)"
+        )
+        env = {k: v for k, v in os.environ.items() if k != ENV_FAULTS_DIR}
+        done = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(catalog_properties)], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        compacted.append(done.stdout.strip().splitlines()[-1])
+
+    result = raced(faults, lambda: run(spark, src, ck, s), compact)
+    assert result is None, result
+    assert compacted == ["committed"]
+    assert "looking the keys up again on the new head" in caplog.text
+    table = load(catalog_properties)
+    last = table.current_snapshot()
+    assert last.summary[SUMMARY_UPSERT_MODE] == "merge-on-read"
+    assert table.metadata.snapshot_by_id(last.parent_snapshot_id).summary.operation.value == "replace"
+    assert unreferenced_delete_files(table) == []
     assert_every_reader_sees(catalog_properties, model(stream))

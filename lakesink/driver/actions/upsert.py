@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import datetime
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,8 @@ from lakesink.table.keys import SUMMARY_UPSERT_INSERTED as SUMMARY_INSERTED
 from lakesink.table.keys import SUMMARY_UPSERT_MODE as SUMMARY_MODE
 from lakesink.table.keys import SUMMARY_UPSERT_STALE as SUMMARY_STALE
 from lakesink.table.keys import SUMMARY_UPSERT_UPDATED as SUMMARY_UPDATED
+
+log = logging.getLogger("lakesink")
 
 #: ``partition_id`` of the files a rewrite writes (in their names), telling them from a task's files.
 REWRITE_PARTITION_ID = 99999
@@ -163,9 +166,16 @@ def rewrite(
     ``winners`` (option order-by, lakesink.driver.actions.upsert_order): given the batch's keys a file holds and the file's
     rows, the keys whose change is not older than the file's row; the others keep their row."""
     has_deletes, live = seam.branch_data_files(table, branch)  # one read of the branch's manifest list
+    merge_on_read = settings.merge_on_read(keys.table_name, table.properties)
+    if merge_on_read:
+        log.warning(
+            "lakesink: table=%s says merge-on-read, but this batch is upserted copy-on-write (its files rewritten, its "
+            "position deletes applied): merge-on-read is foreach_batch's single-table path only (docs/upserts.md)",
+            keys.table_name,
+        )
     deleted_positions: dict[str, set[int]] = {}
     if has_deletes:
-        if not settings.merge_on_read(keys.table_name, table.properties):
+        if not merge_on_read:
             raise LakesinkError(
                 f"table {keys.table_name} (branch {branch}) has delete files, written by a merge-on-read update or delete "
                 "(another engine's, or lakesink's own before the table's write.merge.mode was set back to "
