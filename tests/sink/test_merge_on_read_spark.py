@@ -114,13 +114,15 @@ def delete_files(table: Any) -> list[str]:
     ]
 
 
+@pytest.mark.parametrize("partitioned_by", [None, "bucket(4, id)"])
 def test_merge_on_read_change_stream_with_stale_changes_equals_the_model_in_every_reader(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], partitioned_by: str | None
 ) -> None:
     """Inserts, updates, deletes, re-inserts, several changes of a key per batch, then a batch of stale changes (older
     than the rows and the deletes the table holds) and a batch of newer ones: every batch a row delta (no data file
     rewritten), position delete files only where rows were replaced, the stale changes counted and not applied; the
-    table equals the model in every reader, and after lakesink's compaction too, without delete files."""
+    table equals the model in every reader, and after lakesink's compaction too, without delete files. Partitioned: each
+    delete file in its data files' partition (a delete file of another partition would apply to nothing)."""
     stream = change_stream(seed=7, batches=4, per_batch=60, keys=25)
     last_seq = stream[-1][-1]["seq"]
     # stale: every key changed with a seq below everything the stream wrote (updates, deletes, inserts of deleted keys)
@@ -131,7 +133,7 @@ def test_merge_on_read_change_stream_with_stale_changes_equals_the_model_in_ever
     ]
     batches = [*stream, stale, newer]
     write_events(tmp_path / "in", batches)
-    run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties, table_properties=MOR))
+    run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties, table_properties=MOR, partitioned_by=partitioned_by))
     expected = model(batches)
     assert_every_reader_sees(catalog_properties, expected)
     table = load(catalog_properties)
