@@ -97,6 +97,7 @@ def foreach_batch(
     cdc_format: str | None = None,
     cdc_transactions: str = "off",
     cdc_transaction_wait: float | None = None,
+    cdc_unavailable_value: str = "__debezium_unavailable_value",
     metrics: str | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
@@ -168,6 +169,9 @@ def foreach_batch(
         cdc_transaction_wait: with ``cdc_transactions="hold"``: seconds (default 600) a held transaction that cannot
             become whole (its ``END`` at hand and changes missing, or changes without ``BEGIN`` and ``END``) waits
             before it is released as it stands (docs/cdc.md).
+        cdc_unavailable_value: with ``cdc_format``: the connector's ``unavailable.value.placeholder`` (Debezium's default
+            ``"__debezium_unavailable_value"``; ``"hex:<octets>"`` for bytes): a column holding it keeps the value the
+            table holds for the key (PostgreSQL's unchanged TOAST values; docs/cdc.md).
         metrics: as the option ``metrics``: ``"off"`` (default) or ``"prometheus:[<host>:]<port>"``: the commit
             metrics served to Prometheus (docs/metrics.md; needs ``lakesink[prometheus]``).
     """

@@ -31,6 +31,7 @@ from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import producers as seam_producers
 from lakesink._pyiceberg.commit import is_rest_catalog
+from lakesink.cdc.unavailable import Placeholder
 from lakesink.driver import catalogs
 from lakesink.driver.actions import completeness, dead_letters
 from lakesink.driver.committers.table import CommitHook, TableCommitter
@@ -438,7 +439,7 @@ class RoutedTables(ABC):
 
     def _keyed(self, c: TableCommitter, name: str, *, first: bool) -> None:
         """Option route-by with upserts: the table's committer takes the table's key as its option upsert-key (its
-        creation and checks then use it: lakesink.driver.tables.routed_keys)."""
+        creation and checks then use it), checked every batch against the keys its changes carry (routed_keys)."""
         if first or name not in self.table_keys:
             try:
                 schema: Schema | None = c.load().schema()
@@ -446,6 +447,7 @@ class RoutedTables(ABC):
                 schema = None
             carried = self.carried_keys.get(name, set())
             self.table_keys[name] = routed_keys.table_key(name, schema, carried, self.options.upsert_key)
+        routed_keys.check_carried(name, self.table_keys[name], self.carried_keys.get(name, ()))
         c.options = replace(c.options, upsert_key=self.table_keys[name])
 
     def _check_event_time(self, name: str, schema: Schema, properties: Mapping[str, str]) -> None:
@@ -583,9 +585,9 @@ class RoutedTables(ABC):
         o = self.options
         if not o.upserts:
             return None
-        spec = UpsertSpec(
-            o.upsert_key, None if deletes_computed else o.delete_when, o.order_by, copies_are_one=o.cdc_format is not None
-        )
+        cdc, when = o.cdc_format is not None, None if deletes_computed else o.delete_when  # cdc: copies, placeholders
+        unavailable = Placeholder(o.cdc_unavailable_value.raw) if cdc else None
+        spec = UpsertSpec(o.upsert_key, when, o.order_by, copies_are_one=cdc, unavailable=unavailable)
         spec.check()
         return spec
 
