@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import pickle
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -425,7 +426,8 @@ def _value(value: object, field: pa.Field, table: str) -> object:
     """One top-level value ready for the column's type, or the error naming why it does not fit: a value its Connect
     schema did not decode, a Connect temporal value the column cannot hold exactly (lakesink.cdc.connect), an integer
     into a temporal column (it has no unit), a number with more digits than a decimal column holds (made a
-    ``Decimal``), a decimal beyond 38 digits into a string column (its exact text), an integer beyond an int column."""
+    ``Decimal``), a decimal beyond 38 digits into a string column (its exact text), an integer beyond an int column, a
+    UUID's text into a uuid column."""
     if value is None:
         return None
     t = field.type
@@ -448,6 +450,11 @@ def _value(value: object, field: pa.Field, table: str) -> object:
         return number
     if isinstance(value, Decimal) and (pa.types.is_string(t) or pa.types.is_large_string(t)):
         return format(value, "f")
+    if isinstance(t, pa.UuidType):  # an Iceberg uuid column takes a UUID's text (io.debezium.data.Uuid)
+        try:
+            return uuid.UUID(value) if isinstance(value, str) else value
+        except ValueError:
+            raise _misfit(table, field, value, "which is no UUID", _FIX) from None
     if pa.types.is_int32(t) and _is_int(value) and not _INT_MIN <= value <= _INT_MAX:  # type: ignore[operator]
         raise _misfit(table, field, value, "which is beyond an int (32 bits)", _WIDEN_FIX.format("long"))
     if pa.types.is_float32(t) and isinstance(value, float) and _FLOAT32_MAX < abs(value) < float("inf"):
@@ -485,6 +492,8 @@ def _decimal_misfit(number: Decimal, t: pa.Decimal128Type) -> str | None:
         return "which no decimal holds"
     _, digits, exponent = number.as_tuple()
     assert isinstance(exponent, int)
+    if not any(digits):  # a zero (0.000, -0.0): any column holds it
+        return None
     kept = list(digits)
     while len(kept) > 1 and kept[-1] == 0 and exponent < 0:  # trailing zeros of the fraction: 12.30 is 12.3
         kept.pop()

@@ -96,9 +96,9 @@ def test_a_source_type_widening_across_a_batch_and_values_that_do_not_fit(
     binascii.Error and on pyarrow's "precision should be between 1 and 38"."""
     props, src, ck = catalog_properties, tmp_path / "in", tmp_path / "ck"
     rounds, want, dead = batches()
-    df = spark.readStream.schema(KAFKA_DDL).option("maxFilesPerTrigger", 1).json(str(src))
 
     def run() -> None:
+        df = spark.readStream.schema(KAFKA_DDL).option("maxFilesPerTrigger", 1).json(str(src))
         run_to_end(start_sink(df, entry, ck, props, cdc_format="debezium", merge_schema=True, dead_letter_table=DEAD))
 
     write_json_round(src, 0, rounds[0])
