@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import lru_cache
 
 import pyarrow as pa
 
@@ -366,8 +367,9 @@ def _payloads(rows: pa.RecordBatch, payload_column: str, table: str, schema_colu
 def _column(values: list[object], field: pa.Field, table: str) -> pa.Array:
     """The values as the column's type: built as that type, else as their own type and cast (a string into a date,
     a timestamp or a decimal); a value that does not fit is an error naming the table, the column and the value."""
-    values = [_value(v, field, table) for v in values]
     t = field.type
+    if _needs_values(values, t):
+        values = [_value(v, field, table) for v in values]
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
         return pa.array([None if v is None else _base64(v, field, table) for v in values], t)
     lossy = next((v for v in values if not _exact(v, t)), None)
@@ -431,6 +433,7 @@ def _value(value: object, field: pa.Field, table: str) -> object:
     if value is None:
         return None
     t = field.type
+    kind = _type_kind(t)
     if isinstance(value, connect.Undecodable):
         raise _misfit(table, field, value, "which its Connect schema does not decode", "Fix the value at the source")
     if isinstance(value, connect.Temporal):
@@ -438,9 +441,9 @@ def _value(value: object, field: pa.Field, table: str) -> object:
             return connect.temporal_value(value, t)
         except connect.Inexact as e:
             raise _misfit(table, field, value, f"which the column cannot hold exactly: {e}", _FIX) from None
-    if _is_temporal(t) and _is_int(value):
+    if kind == "temporal" and _is_int(value):
         raise _misfit(table, field, value, "an integer, which a date or time column does not take", UNIT_FIX)
-    if pa.types.is_decimal(t):
+    if kind == "decimal":
         number = _decimal(value)
         if number is None:
             return value  # not a number: built or cast as is (an error naming the value)
@@ -448,16 +451,16 @@ def _value(value: object, field: pa.Field, table: str) -> object:
         if why is not None:
             raise _misfit(table, field, value, why, _FIX)
         return number
-    if isinstance(value, Decimal) and (pa.types.is_string(t) or pa.types.is_large_string(t)):
+    if isinstance(value, Decimal) and kind == "string":
         return format(value, "f")
-    if isinstance(t, pa.UuidType):  # an Iceberg uuid column takes a UUID's text (io.debezium.data.Uuid)
+    if kind == "uuid":  # an Iceberg uuid column takes a UUID's text (io.debezium.data.Uuid)
         try:
             return uuid.UUID(value) if isinstance(value, str) else value
         except ValueError:
             raise _misfit(table, field, value, "which is no UUID", _FIX) from None
-    if pa.types.is_int32(t) and _is_int(value) and not _INT_MIN <= value <= _INT_MAX:  # type: ignore[operator]
+    if kind == "int32" and _is_int(value) and not _INT_MIN <= value <= _INT_MAX:  # type: ignore[operator]
         raise _misfit(table, field, value, "which is beyond an int (32 bits)", _WIDEN_FIX.format("long"))
-    if pa.types.is_float32(t) and isinstance(value, float) and _FLOAT32_MAX < abs(value) < float("inf"):
+    if kind == "float32" and isinstance(value, float) and _FLOAT32_MAX < abs(value) < float("inf"):
         raise _misfit(table, field, value, "which is beyond a float's range", _WIDEN_FIX.format("double"))
     return value
 
@@ -513,26 +516,69 @@ def _exact(value: object, t: pa.DataType) -> bool:
     value does not fit (a struct's fields and a list's or map's items checked alike)."""
     if value is None:
         return True
-    if _is_temporal(t):
-        return not _is_int(value)  # no unit
-    if pa.types.is_decimal(t):
-        number = _decimal(value)
-        return number is None or _decimal_misfit(number, t) is None
-    if pa.types.is_integer(t):
+    kind = _type_kind(t)
+    if kind in ("int", "int32"):
         return not isinstance(value, bool) and not (isinstance(value, float) and not value.is_integer())
-    if pa.types.is_floating(t):
+    if kind in ("float", "float32"):
         if isinstance(value, bool):
             return False
-        if pa.types.is_float32(t) and isinstance(value, (int, float)):
+        if kind == "float32" and isinstance(value, (int, float)):
             return not (abs(value) > _FLOAT32_MAX and abs(value) != float("inf"))
         return True
-    if pa.types.is_struct(t) and isinstance(value, dict):
+    if kind == "temporal":
+        return not _is_int(value)  # no unit
+    if kind == "decimal":
+        number = _decimal(value)
+        return number is None or _decimal_misfit(number, t) is None
+    if kind == "struct" and isinstance(value, dict):
         return all(_exact(value.get(f.name), f.type) for f in t)
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and isinstance(value, list):
+    if kind == "list" and isinstance(value, list):
         return all(_exact(v, t.value_type) for v in value)
-    if pa.types.is_map(t) and isinstance(value, dict):
+    if kind == "map" and isinstance(value, dict):
         return all(_exact(v, t.item_type) for v in value.values())
     return True
+
+
+@lru_cache(maxsize=1024)
+def _type_kind(t: pa.DataType) -> str:
+    """What the value checks (:func:`_exact`, :func:`_value`) look at in a column of type ``t`` (once per type)."""
+    if pa.types.is_integer(t):
+        return "int32" if pa.types.is_int32(t) else "int"
+    if pa.types.is_floating(t):
+        return "float32" if pa.types.is_float32(t) else "float"
+    if _is_temporal(t):
+        return "temporal"
+    if pa.types.is_decimal(t):
+        return "decimal"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_struct(t):
+        return "struct"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return "list"
+    if pa.types.is_map(t):
+        return "map"
+    if isinstance(t, pa.UuidType):
+        return "uuid"
+    return "other"
+
+
+_DECODED = frozenset({connect.Temporal, connect.Undecodable, Decimal})
+"""Values a Connect schema decoded (lakesink.cdc.connect), which :func:`_value` turns into the column's values."""
+
+
+def _needs_values(values: list[object], t: pa.DataType) -> bool:
+    """Whether :func:`_value` has anything to do for these values in a column of type ``t`` (the kinds of the values
+    taken once: most columns of plain JSON values need nothing)."""
+    kinds = set(map(type, values))
+    if kinds & _DECODED:
+        return True
+    kind = _type_kind(t)
+    if kind in ("decimal", "uuid"):
+        return True
+    if kind in ("int32", "temporal"):
+        return int in kinds
+    return kind == "float32" and float in kinds
 
 
 def _base64(value: object, field: pa.Field, table: str) -> bytes:
