@@ -19,6 +19,7 @@ at the first batch that has a value in it (option ``merge-schema``; without it t
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import pickle
 import uuid
@@ -441,6 +442,10 @@ def _value(value: object, field: pa.Field, table: str) -> object:
             return connect.temporal_value(value, t)
         except connect.Inexact as e:
             raise _misfit(table, field, value, f"which the column cannot hold exactly: {e}", _FIX) from None
+    if isinstance(value, dt.datetime) and pa.types.is_date(t):  # a ZonedTimestamp: pyarrow would drop its time
+        if value.timetz().replace(tzinfo=None) != dt.time():
+            raise _misfit(table, field, value, "which has a time of day, which a date column cannot hold", _FIX)
+        return value.date()
     if kind == "temporal" and _is_int(value):
         raise _misfit(table, field, value, "an integer, which a date or time column does not take", UNIT_FIX)
     if kind == "decimal":
@@ -563,7 +568,7 @@ def _type_kind(t: pa.DataType) -> str:
     return "other"
 
 
-_DECODED = frozenset({connect.Temporal, connect.Undecodable, Decimal})
+_DECODED = frozenset({connect.Temporal, connect.Undecodable, Decimal, dt.datetime})
 """Values a Connect schema decoded (lakesink.cdc.connect), which :func:`_value` turns into the column's values."""
 
 
