@@ -11,7 +11,9 @@ Executor side, plain Arrow and ``json`` (no Spark, no catalog). Two steps per ba
 
 JSON values become: integers ``long``, numbers with a fraction or exponent ``double`` (a field holding both: double),
 strings ``string``, ``true``/``false`` ``boolean``, objects ``struct`` (their fields unified the same way), arrays
-``list``. A binary column of an existing table takes base64 text. A field that is null (or an empty array) in every
+``list``. An existing table's column takes a value only when the value is exactly what the column holds (never rounded,
+truncated, or read in a unit it does not name: :func:`_value`, :func:`_exact`; docs/cdc.md). A binary column of an
+existing table takes base64 text. A field that is null (or an empty array) in every
 payload of a table in the batch is no column of a table created by that batch: it has no type to give; it becomes one
 at the first batch that has a value in it (option ``merge-schema``; without it that batch is refused, naming the field).
 """
@@ -400,7 +402,7 @@ def _column(values: list[object], field: pa.Field, table: str) -> pa.Array:
     )
 
 
-UNIT_FIX = (
+_UNIT_FIX = (
     "An integer has no unit (days, milliseconds, microseconds, nanoseconds?): enable the converter's schemas "
     "(value.converter.schemas.enable=true: the record's Connect schema names the unit, io.debezium.time.Timestamp "
     "milliseconds, MicroTimestamp microseconds, ...), or have the connector send ISO 8601 text "
@@ -447,7 +449,7 @@ def _value(value: object, field: pa.Field, table: str) -> object:
             raise _misfit(table, field, value, "which has a time of day, which a date column cannot hold", _FIX)
         return value.date()
     if kind == "temporal" and _is_int(value):
-        raise _misfit(table, field, value, "an integer, which a date or time column does not take", UNIT_FIX)
+        raise _misfit(table, field, value, "an integer, which a date or time column does not take", _UNIT_FIX)
     if kind == "decimal":
         number = _decimal(value)
         if number is None:
