@@ -456,7 +456,8 @@ def _value(value: object, field: pa.Field, table: str) -> object:
             return value  # not a number: built or cast as is (an error naming the value)
         why = _decimal_misfit(number, t)
         if why is not None:
-            raise _misfit(table, field, value, why, _FIX)
+            fix = _FIX + (_PRECISION_FIX if "before the point" in why else "")
+            raise _misfit(table, field, value, why, fix)
         return number
     if isinstance(value, Decimal) and kind == "string":
         return format(value, "f")
@@ -472,6 +473,10 @@ def _value(value: object, field: pa.Field, table: str) -> object:
     return value
 
 
+_PRECISION_FIX = (
+    " (a record whose Connect schema gives the decimal a greater precision at the same scale: option merge-schema=true "
+    "widens the column in the batch's commit)"
+)
 _WIDEN_FIX = (
     "Option merge-schema=true widens the column to {} in the batch's commit (as Iceberg allows), or change the column's type"
 )

@@ -570,3 +570,43 @@ def test_a_uuid_column_takes_debeziums_uuid_text(catalog_properties: dict[str, s
     assert [(r["id"], r["ref"]) for r in rows(props, "shop.u")] == [(1, uuid.UUID(text))]
     ((kind, _, message),) = letters(props)
     assert kind == "payload-value" and "'not-a-uuid', which is no UUID" in message
+
+
+def test_without_merge_schema_a_widened_source_type_names_both_types_the_column_and_the_option(
+    catalog_properties: dict[str, str], tmp_path: Path
+) -> None:
+    """The table keeps its int and decimal(10,2) columns; the records' schema says int64 and decimal(20,2) (after the
+    source's ALTER). A value that fits is written; one that does not is refused naming the column's type, the value and
+    option merge-schema (before: "does not fit the column", no type, no option)."""
+    props = catalog_properties
+    create(
+        props,
+        "shop.w",
+        NestedField(1, "id", IntegerType(), required=True),
+        NestedField(2, "qty", IntegerType()),
+        NestedField(3, "price", DecimalType(10, 2)),
+    )
+    new = [{**ID, "type": "int64"}, {"type": "int64", "optional": True, "field": "qty"}, decimal_schema("price", 20, 2)]
+    run(
+        committer(props, tmp_path / "ck"),
+        0,
+        [record("shop.w", "c", 10, {"id": 1, "qty": 5, "price": unscaled(Decimal("1.5"), 2)}, new)],
+    )
+    assert rows(props, "shop.w") == [{"id": 1, "qty": 5, "price": Decimal("1.50")}]
+    table = catalogs.load(None, props).load_table(("shop", "w"))
+    assert [str(f.field_type) for f in table.schema().fields] == ["int", "int", "decimal(10, 2)"]  # not widened
+    for n, (row, match) in enumerate(
+        [
+            (
+                {"id": 2, "qty": BIG, "price": None},
+                r"column 'qty' \(int32\).*1099511627776.*merge-schema=true widens the column to long",
+            ),
+            (
+                {"id": 2, "qty": 1, "price": unscaled(Decimal("123456789012.34"), 2)},
+                r"column 'price' \(decimal128\(10, 2\)\).*123456789012\.34.*before the point.*merge-schema=true widens",
+            ),
+        ]
+    ):
+        with pytest.raises(SchemaMismatchError, match=rf"table shop\.w, {match}"):
+            run(committer(props, tmp_path / "ck"), 1 + n, [record("shop.w", "c", 11, row, new)])
+    assert [r["id"] for r in rows(props, "shop.w")] == [1]
