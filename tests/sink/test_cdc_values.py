@@ -595,18 +595,17 @@ def test_without_merge_schema_a_widened_source_type_names_both_types_the_column_
     assert rows(props, "shop.w") == [{"id": 1, "qty": 5, "price": Decimal("1.50")}]
     table = catalogs.load(None, props).load_table(("shop", "w"))
     assert [str(f.field_type) for f in table.schema().fields] == ["int", "int", "decimal(10, 2)"]  # not widened
-    for n, (row, match) in enumerate(
-        [
-            (
-                {"id": 2, "qty": BIG, "price": None},
-                r"column 'qty' \(int32\).*1099511627776.*merge-schema=true widens the column to long",
-            ),
-            (
-                {"id": 2, "qty": 1, "price": unscaled(Decimal("123456789012.34"), 2)},
-                r"column 'price' \(decimal128\(10, 2\)\).*123456789012\.34.*before the point.*merge-schema=true widens",
-            ),
-        ]
-    ):
+    cases: list[tuple[dict[str, Any], str]] = [
+        (
+            {"id": 2, "qty": BIG, "price": None},
+            r"column 'qty' \(int32\).*1099511627776.*merge-schema=true widens the column to long",
+        ),
+        (
+            {"id": 2, "qty": 1, "price": unscaled(Decimal("123456789012.34"), 2)},
+            r"column 'price' \(decimal128\(10, 2\)\).*123456789012\.34.*before the point.*merge-schema=true widens",
+        ),
+    ]
+    for n, (row, match) in enumerate(cases):
         with pytest.raises(SchemaMismatchError, match=rf"table shop\.w, {match}"):
             run(committer(props, tmp_path / "ck"), 1 + n, [record("shop.w", "c", 11, row, new)])
     assert [r["id"] for r in rows(props, "shop.w")] == [1]
