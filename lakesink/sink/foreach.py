@@ -492,7 +492,9 @@ class ForeachBatchSink(RoutedSparkBatches):
         for value, parts in found.items():
             route = parse_route(value, routing.namespace, routing.allowed_namespaces)
             if isinstance(route, Route):
-                routed.table_columns[str(route)] = payload.merge_columns(parts, str(route), lenient=lenient)
+                routed.table_columns[str(route)] = payload.merge_columns(
+                    parts, str(route), lenient=lenient, wide=extra[value].wide
+                )
                 routed.carried_keys[str(route)] = extra[value].keys
         return list(found), extra
 

@@ -26,6 +26,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io import load_file_io
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
+from pyiceberg.types import PrimitiveType
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
@@ -39,6 +40,7 @@ from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
 from lakesink.driver.loop.swap import RetriesExhausted
 from lakesink.driver.tables import routed_keys
+from lakesink.driver.tables.schema import allowed_promotion
 from lakesink.driver.tables.sink_table import (
     Sibling,
     SinkTable,
@@ -51,6 +53,7 @@ from lakesink.errors import (
     CommitConflictError,
     InvalidOptionError,
 )
+from lakesink.executor import payload
 from lakesink.executor.messages import RowChecks, TaskResult, WritePlan
 from lakesink.executor.routed_writer import (
     RoutedPlan,
@@ -90,11 +93,16 @@ def stream_columns(routing: Routing, stream_schema: pa.Schema) -> pa.Schema:
     return stream_schema.remove(index)
 
 
-def fitted_columns(payload_columns: pa.Schema, table_schema: Schema) -> pa.Schema:
+def fitted_columns(payload_columns: pa.Schema, table_schema: Schema, *, merge: bool = False) -> pa.Schema:
     """Option payload: a table's columns as a batch's payloads hold them, each field the table has with the table's
     type (the executors cast the payload's values to it: lakesink.executor.payload.expand); a struct with a field the
-    table's struct lacks keeps the payload's type (option merge-schema adds the field, else the batch is refused)."""
+    table's struct lacks keeps the payload's type (option merge-schema adds the field, else the batch is refused).
+    With ``merge`` (option merge-schema), a field that needs its type in full (typed by a Connect schema, or holding an
+    integer beyond an int: lakesink.executor.payload.wide_fields) keeps the payload's type where it is a promotion of
+    the column's that Iceberg allows (int to long, float to double, a decimal's precision up): the batch's commit
+    widens the column (lakesink.driver.tables.schema.check_writable)."""
     have = {f.name: f for f in seam.arrow_schema(table_schema)}
+    wide = payload.wide_fields(payload_columns) if merge else set()
     out = []
     for f in payload_columns:
         own = have.get(f.name)
@@ -106,9 +114,22 @@ def fitted_columns(payload_columns: pa.Schema, table_schema: Schema) -> pa.Schem
             and not ({x.name for x in f.type} <= {x.name for x in own.type})
         ):
             out.append(f)
+        elif f.name in wide and _promotes(own.type, f.type):
+            out.append(pa.field(f.name, f.type))
         else:
             out.append(pa.field(f.name, own.type))
     return pa.schema(out, metadata=payload_columns.metadata)
+
+
+def _promotes(column: pa.DataType, wanted: pa.DataType) -> bool:
+    """Whether Iceberg allows promoting a column of type ``column`` to ``wanted`` (and the two differ)."""
+    if column.equals(wanted):
+        return False
+    try:
+        old, new = seam.iceberg_type(column), seam.iceberg_type(wanted)
+    except seam.UnsupportedIcebergType:
+        return False
+    return isinstance(old, PrimitiveType) and isinstance(new, PrimitiveType) and allowed_promotion(old, new)
 
 
 def check_atomic(catalog: Catalog, routing: Routing, *, hold: bool = False) -> bool:
@@ -415,7 +436,7 @@ class RoutedTables(ABC):
             wanted = self.columns_of(name)
             if name in self.table_columns:  # option payload: the fields an existing table has keep its types
                 try:
-                    wanted = fitted_columns(wanted, c.load().schema())
+                    wanted = fitted_columns(wanted, c.load().schema(), merge=self.options.merge_schema)
                 except NoSuchTableError:
                     pass
             table, columns = c.open_routed(
@@ -430,7 +451,7 @@ class RoutedTables(ABC):
             table = c.reload_table()
             wanted = self.columns_of(name)
             if name in self.table_columns:
-                wanted = fitted_columns(wanted, table.schema())
+                wanted = fitted_columns(wanted, table.schema(), merge=self.options.merge_schema)
             columns = c.columns_taken(table, wanted)
         plan = c.write_plan(table, query_id, columns, expected_uuid=expected)
         self._check_event_time(name, plan.schema, plan.properties)
