@@ -26,7 +26,6 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io import load_file_io
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
-from pyiceberg.types import PrimitiveType
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
@@ -40,7 +39,7 @@ from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
 from lakesink.driver.loop.swap import RetriesExhausted
 from lakesink.driver.tables import routed_keys
-from lakesink.driver.tables.schema import allowed_promotion
+from lakesink.driver.tables.schema import fitted_columns, stream_columns
 from lakesink.driver.tables.sink_table import (
     Sibling,
     SinkTable,
@@ -53,7 +52,6 @@ from lakesink.errors import (
     CommitConflictError,
     InvalidOptionError,
 )
-from lakesink.executor import payload
 from lakesink.executor.messages import RowChecks, TaskResult, WritePlan
 from lakesink.executor.routed_writer import (
     RoutedPlan,
@@ -74,62 +72,6 @@ log = logging.getLogger("lakesink")
 MAX_COMMITTERS = 256
 """A table's committer is kept for this many tables used last (RoutedCommitter.committer)."""
 _logged_modes: set[tuple[str, str]] = set()
-
-
-def stream_columns(routing: Routing, stream_schema: pa.Schema) -> pa.Schema:
-    """The stream's schema without its routing column (what the tables take); the column must be a string."""
-    index = stream_schema.get_field_index(routing.column)
-    if index < 0:
-        raise InvalidOptionError(
-            f"option 'route-by' names column {routing.column!r}, which the stream does not have (columns: "
-            f"{', '.join(stream_schema.names)})"
-        )
-    field = stream_schema.field(index)
-    if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
-        raise InvalidOptionError(
-            f"option 'route-by': column {routing.column!r} has type {field.type}; the routing column must be a string "
-            "holding each row's table name ('namespace.table', or 'table' with option 'namespace')"
-        )
-    return stream_schema.remove(index)
-
-
-def fitted_columns(payload_columns: pa.Schema, table_schema: Schema, *, merge: bool = False) -> pa.Schema:
-    """Option payload: a table's columns as a batch's payloads hold them, each field the table has with the table's
-    type (the executors cast the payload's values to it: lakesink.executor.payload.expand); a struct with a field the
-    table's struct lacks keeps the payload's type (option merge-schema adds the field, else the batch is refused).
-    With ``merge`` (option merge-schema), a field that needs its type in full (typed by a Connect schema, or holding an
-    integer beyond an int: lakesink.executor.payload.wide_fields) keeps the payload's type where it is a promotion of
-    the column's that Iceberg allows (int to long, float to double, a decimal's precision up): the batch's commit
-    widens the column (lakesink.driver.tables.schema.check_writable)."""
-    have = {f.name: f for f in seam.arrow_schema(table_schema)}
-    wide = payload.wide_fields(payload_columns) if merge else set()
-    out = []
-    for f in payload_columns:
-        own = have.get(f.name)
-        if own is None:
-            out.append(f)
-        elif (
-            pa.types.is_struct(f.type)
-            and pa.types.is_struct(own.type)
-            and not ({x.name for x in f.type} <= {x.name for x in own.type})
-        ):
-            out.append(f)
-        elif f.name in wide and _promotes(own.type, f.type):
-            out.append(pa.field(f.name, f.type))
-        else:
-            out.append(pa.field(f.name, own.type))
-    return pa.schema(out, metadata=payload_columns.metadata)
-
-
-def _promotes(column: pa.DataType, wanted: pa.DataType) -> bool:
-    """Whether Iceberg allows promoting a column of type ``column`` to ``wanted`` (and the two differ)."""
-    if column.equals(wanted):
-        return False
-    try:
-        old, new = seam.iceberg_type(column), seam.iceberg_type(wanted)
-    except seam.UnsupportedIcebergType:
-        return False
-    return isinstance(old, PrimitiveType) and isinstance(new, PrimitiveType) and allowed_promotion(old, new)
 
 
 def check_atomic(catalog: Catalog, routing: Routing, *, hold: bool = False) -> bool:
