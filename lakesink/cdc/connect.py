@@ -15,7 +15,7 @@ and the payload step (lakesink.executor.payload) types each field by it:
 | the same above 38 digits or unconstrained; ``io.debezium.data.VariableScaleDecimal`` | string (exact) | base64 |
 | ``io.debezium.time.Date``, Kafka Connect's ``Date`` | date | days since 1970-01-01 |
 | ``io.debezium.time.Timestamp`` / ``MicroTimestamp`` / ``NanoTimestamp``, Connect's ``Timestamp`` | timestamp | ms/µs/ns/ms |
-| ``io.debezium.time.Time`` / ``MicroTime`` / ``NanoTime``, Connect's ``Time`` | time | ms/µs/ns/ms since midnight |
+| ``io.debezium.time.Time`` / ``MicroTime`` / ``NanoTime``, Connect's ``Time`` | long (as sent) | ms/µs/ns/ms since midnight |
 | ``io.debezium.time.ZonedTimestamp`` | timestamptz | ISO 8601 text with its offset (held in UTC) |
 | ``io.debezium.data.Uuid``, ``io.debezium.data.Json``, ... other named strings | string | |
 
@@ -159,7 +159,10 @@ _TEMPORALS: dict[str, tuple[str, int]] = {
     "io.debezium.time.NanoTime": ("time", 1_000_000_000),
     "org.apache.kafka.connect.data.Time": ("time", 1000),
 }
-_KIND_TYPES = {"date": pa.date32(), "timestamp": pa.timestamp("us"), "time": pa.time64("us")}
+# a time of day makes a long column of the connector's own unit, not Iceberg's ``time``: Iceberg's Spark runtime cannot
+# read a table holding a ``time`` column at all ("Spark does not support time fields"); an existing ``time`` column
+# takes the value converted exactly (temporal_value)
+_KIND_TYPES = {"date": pa.date32(), "timestamp": pa.timestamp("us"), "time": pa.int64()}
 _NAMED: dict[str, tuple[pa.DataType, Decoder]] = {
     **{name: (_KIND_TYPES[kind], _temporal(name, kind, per)) for name, (kind, per) in _TEMPORALS.items()},
     "io.debezium.time.ZonedTimestamp": (pa.timestamp("us", tz="UTC"), _zoned),

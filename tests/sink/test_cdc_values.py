@@ -316,10 +316,10 @@ def test_a_connect_schema_gives_each_temporal_its_unit_in_a_table_lakesink_creat
         "kts": "timestamp",
         "day": "date",
         "kday": "date",
-        "t_ms": "time",
-        "t_us": "time",
-        "t_ns": "time",
-        "kt": "time",
+        "t_ms": "long",  # a time of day: the number as sent (Iceberg's time type is unreadable by Spark's runtime)
+        "t_us": "long",
+        "t_ns": "long",
+        "kt": "long",
     }
     assert rows(props, "shop.t") == [
         {
@@ -330,10 +330,10 @@ def test_a_connect_schema_gives_each_temporal_its_unit_in_a_table_lakesink_creat
             "kts": AT,
             "day": dt.date(2023, 11, 14),
             "kday": dt.date(1969, 12, 31),
-            "t_ms": dt.time(1, 0, 0, 1000),
-            "t_us": dt.time(1, 0, 0, 1),
-            "t_ns": dt.time(1, 0, 0, 1),
-            "kt": dt.time(0),
+            "t_ms": 3_600_001,
+            "t_us": 3_600_000_001,
+            "t_ns": 3_600_000_001_000,
+            "kt": 0,
         }
     ]
     # a nanosecond digit a microsecond column cannot hold: refused, naming the value and its unit
