@@ -35,7 +35,8 @@ def check_replay(c: TableCommitter, table: Table, batch: Batch, done: CommittedB
             "foreach_batch objects). Each would be taken for a replay of the other and skipped. Give each sink its "
             f"own sink_id (foreach_batch(..., sink_id='audit') / option '{SINK_ID}'): keep the sink that committed "
             "first as it is, so that a restart finds its batches, and give the other one a new id; the rows of "
-            "this call were not committed and a restart writes them"
+            "this call were not committed, and a restart writes them once the sinks have ids of their own (a restart "
+            "without would take them for a replay)"
         )
     committed, digest = _committed_offsets(c, table, batch, done)
     mine = offsets_digest(batch.source_offsets)
