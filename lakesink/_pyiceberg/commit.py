@@ -23,6 +23,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 
+from lakesink._pyiceberg.worker import refuse_if_orphaned
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 from lakesink.table import storage
 
@@ -236,6 +237,7 @@ def commit_together(prepared: Sequence[PreparedCommit]) -> None:
 
     The fault point ``CATALOG_BETWEEN_TABLE_SWAPS`` is inside the SQL transaction only: a REST unit is one request,
     there is no moment between two tables' swaps on the client side."""
+    refuse_if_orphaned(f"the commit of {len(prepared)} table(s)")
     if len(prepared) == 1:
         prepared[0].commit()
         return

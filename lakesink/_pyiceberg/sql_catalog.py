@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from lakesink._pyiceberg.metadata import NewTable, updated_metadata, write_table_metadata
 from lakesink._pyiceberg.threads import unit_threads
+from lakesink._pyiceberg.worker import refuse_if_orphaned
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, fault_point
 from lakesink.table import names
 from lakesink.table.keys import UNIT_THREADS_FROM
@@ -159,6 +160,13 @@ def _swap_rows_on_sql_catalog(items: Sequence[tuple[Table, Sequence[Any], Sequen
             for t, _, loc in rest:
                 if not _swap_row(session, catalog, t, loc):
                     raise moved(t, session)
+        try:  # the last moment before the COMMIT (lakesink._pyiceberg.worker; checked before the swap too)
+            refuse_if_orphaned(f"the swap of {', '.join('.'.join(t.name()) for t, _, _ in staged)}")
+        except BaseException:
+            session.rollback()
+            for t, _, written in staged:
+                t.io.delete(written)  # certainly referenced by nothing: no pointer moved to it
+            raise
         session.commit()
     for table, new, location in staged:
         try:

@@ -70,7 +70,8 @@ def claim(owner: object, options: SinkOptions, *, query_id: str, run_id: str | N
         for key, what in marker_keys(options, query_id):
             held = _claims.get(key)
             other = held.owner() if held is not None else None
-            if held is not None and other is not None and other is not owner and (held.run_id, held.batch_id) == (run_id, batch_id):
+            mine = held is not None and (held.run_id, held.batch_id) == (run_id, batch_id)
+            if mine and other is not None and other is not owner:
                 raise DuplicateSinkError(
                     f"two sinks of query {query_id} write the same replay marker in batch {batch_id}: {what}, under sink "
                     f"id {options.sink_id or '(default)'} (two lakesink calls in one foreachBatch function). A marker "

@@ -32,7 +32,7 @@ from pyiceberg.io import load_file_io
 from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
-from lakesink.driver.actions import dead_letters, held
+from lakesink.driver.actions import dead_letters, held, replay
 from lakesink.driver.actions.batch import BatchAction, BatchCall, BatchOutcome, Outcome
 from lakesink.driver.actions.held import Attempt
 from lakesink.driver.committers import routed_tables
@@ -159,9 +159,9 @@ class RoutedCommitter(RoutedTables):
             action.as_unit_member(tables).landed(table)
             if tables is not None:
                 holding.append((c.table_name, c, table, done))
-        counted = _counted_only(holding, missing, query_id, batch_id)
+        counted = replay.counted_only(holding, missing, query_id, batch_id)
         if counted:
-            raise _counted_only_error(query_id, batch_id, counted, missing)
+            raise replay.counted_only_error(query_id, batch_id, counted, missing)
 
     def commit_batch(self, call: BatchCall, results: Sequence[RoutedTaskResult]) -> RoutedOutcome:
         """Commit a routed batch: every table it wrote, as one unit (see the module's docstring). The call's time: the
@@ -280,7 +280,7 @@ class RoutedCommitter(RoutedTables):
                 # set of tables): a second sink of this run, or other offsets, are told as such
                 a.as_unit_member(names).landed(a.table)
         differ: list[str] = []
-        counted = _counted_only(held, missing, query_id, batch_id)
+        counted = replay.counted_only(held, missing, query_id, batch_id)
         for name, c, table, done in held:
             recorded = recorded_rows(table.metadata, done, query_id, batch_id, c.options.sink_id)
             mine = rows.get(name)
@@ -294,7 +294,7 @@ class RoutedCommitter(RoutedTables):
             letters = [t.dead_letters for t in kept if t.dead_letters is not None]
             self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
         if counted:
-            raise _counted_only_error(query_id, batch_id, counted, missing)
+            raise replay.counted_only_error(query_id, batch_id, counted, missing)
         raise ReplayMismatchError(
             f"Spark replays batch {batch_id} of query {query_id}, which a crash left committed in some of its tables "
             f"only ({', '.join(n for n, *_ in held)}; not yet in {', '.join(missing)}), but this replay routes other "
@@ -588,41 +588,6 @@ class RoutedCommitter(RoutedTables):
             except Exception:
                 pass  # TableCommitter.abort_batch says it cannot read the table and keeps the files
             c.abort_batch(query_id=query_id, batch_id=batch_id, results=table_results)
-
-
-def _counted_only(
-    held: Sequence[tuple[str, TableCommitter, Table, CommittedBatch]], missing: Sequence[str], query_id: str, batch_id: int
-) -> list[str]:
-    """Of the tables holding a batch that a replay finds in some of its tables only (``missing``: the others), those
-    whose commit recorded its rows as a count alone (``lakesink.batch-rows-digest`` ``<rows>``: route-by with
-    writer='spark' committing the batch's tables as one unit, lakesink.sink.spark_split), which no replay can be
-    compared with. Empty when the batch is in every table or in none."""
-    if not held or not missing:
-        return []
-    out = []
-    for name, c, table, done in held:
-        recorded = recorded_rows(table.metadata, done, query_id, batch_id, c.options.sink_id)
-        if recorded is not None and ":" not in recorded:
-            out.append(name)
-    return out
-
-
-def _counted_only_error(query_id: str, batch_id: int, counted: Sequence[str], missing: Sequence[str]) -> ReplayMismatchError:
-    return ReplayMismatchError(
-        f"Spark replays batch {batch_id} of query {query_id}, which is in some of its tables only "
-        f"({', '.join(sorted(counted))} hold it; {', '.join(sorted(missing))} not), and the tables that hold it recorded "
-        "the batch's rows as a count alone (route-by with writer='spark' on a catalog that committed the batch's tables "
-        "as one unit: lakesink.batch-rows-digest '<rows>'). As one unit the batch was committed to all its tables, so "
-        "the others lost it since (a table dropped and created again, or rolled back), and a count cannot tell whether "
-        "this replay routes every row as the batch did: a route computed from something that changed since (a lookup) "
-        "would put a row in two tables and lose another. Nothing was committed in any table and this replay's files "
-        "were deleted. To go on, either leave the batch as it is -- in the tables that hold it and not in the others, as "
-        f"a run without the restart would have left it -- by recording batch {batch_id} done in Spark's checkpoint "
-        f"(write <checkpoint>/commits/{batch_id} as Spark writes it: the line 'v1', then "
-        "'{\"nextBatchWatermarkMs\":0}', or a copy of the previous batch's commits file) and restarting; or restore the "
-        "tables that lost it; or start a new query (new checkpoint) from the committed offsets (docs/routing.md, "
-        "'The row digest on this path')"
-    )
 
 
 def _landed_here(outcome: RoutedOutcome) -> bool:
