@@ -152,7 +152,7 @@ class StreamCommits(Generic[M]):
         return read_query_id(self._checkpoint)
 
     def commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
-        # the processes this worker hangs from: a swap after the JVM died is refused (lakesink._pyiceberg.commit)
+        # the processes this worker hangs from: a swap after its JVM died is refused (lakesink._pyiceberg.worker)
         _pyspark.mark_commit_worker()
         results = self._results(messages)
         query_id = self._query_id(results)

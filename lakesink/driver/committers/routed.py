@@ -262,7 +262,7 @@ class RoutedCommitter(RoutedTables):
         committed (the batch's files deleted). A replay found in every table, or in none, has nothing to complete: it
         is not compared. A table whose commit recorded no digest (committed by an older lakesink) is not compared; one
         whose commit recorded its row count alone (route-by with writer='spark' committing the batch's tables as one
-        unit) cannot be compared, and the replay is refused (:func:`_counted_only_error`)."""
+        unit) cannot be compared, and the replay is refused (lakesink.driver.actions.replay.counted_only_error)."""
         held: list[tuple[str, TableCommitter, Table, CommittedBatch]] = []
         missing: list[str] = []
         for route, (c, a) in zip(routes, actions, strict=True):
