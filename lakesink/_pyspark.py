@@ -13,7 +13,6 @@ already needs, so both the executor side and the driver side may use it.
 from __future__ import annotations
 
 import inspect
-import os
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,49 +43,6 @@ def in_streaming_sink_runner() -> bool:
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
-
-
-_commit_worker_parents: tuple[int, int | None] | None = None
-"""The processes this commit worker hung from when its commit began (:func:`mark_commit_worker`): its parent (Spark's
-Python daemon, or the JVM itself) and that one's parent (the JVM); None outside a commit worker."""
-
-
-def _parent_of(pid: int) -> int | None:
-    """The parent process of ``pid`` (Linux: ``/proc/<pid>/stat``); None when it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data.rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _parents() -> tuple[int, int | None]:
-    parent = os.getppid()
-    return parent, _parent_of(parent)
-
-
-def mark_commit_worker() -> None:
-    """At the start of a commit in Spark's streaming sink runner (format("lakesink")): remember the processes this
-    worker hangs from, which :func:`commit_worker_orphaned` compares with.
-
-    Checked on pyspark 4.3.0. Relies on: the commit worker is a child of Spark's Python daemon (a child of the JVM,
-    ``spark.python.use.daemon``, the default) or of the JVM itself; when the JVM dies its children are given to another
-    parent (init or a subreaper), and the daemon kills its workers only when it notices (measured: 0.23 s after the
-    job's process group was SIGKILLed, under load 20) -- a worker in the middle of its commit may finish it meanwhile."""
-    global _commit_worker_parents
-    _commit_worker_parents = _parents()
-
-
-def commit_worker_orphaned() -> bool:
-    """Whether this process is a commit worker (:func:`mark_commit_worker`) whose JVM (or daemon) has died since its
-    commit began: nobody waits for its outcome any more, and a query restarted meanwhile may be replaying the batch.
-    False outside a commit worker, and where the parents cannot be read (not Linux: the worker's own parent only)."""
-    known = _commit_worker_parents
-    if known is None:
-        return False
-    now = _parents()
-    return now[0] != known[0] or (known[1] is not None and now[1] != known[1])
 
 
 def arrow_schema(schema: StructType, *, error_on_duplicated_field_names_in_struct: bool = False) -> pa.Schema:

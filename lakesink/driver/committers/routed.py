@@ -159,7 +159,7 @@ class RoutedCommitter(RoutedTables):
             action.as_unit_member(tables).landed(table)
             if tables is not None:
                 holding.append((c.table_name, c, table, done))
-        counted = replay.counted_only(holding, missing, query_id, batch_id)
+        counted = replay.counted_only(holding, missing, query_id, batch_id) if holding and missing else []
         if counted:
             raise replay.counted_only_error(query_id, batch_id, counted, missing)
 
