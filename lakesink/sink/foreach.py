@@ -49,6 +49,7 @@ from lakesink.sink import (
     checkpoint,
     dead_letters,
     driver_write,
+    markers,
     spark_fs,
     spark_write,
     transactions,
@@ -253,6 +254,8 @@ class ForeachBatchSink(RoutedSparkBatches):
         :attr:`last_routed`)."""
         spark = df.sparkSession
         query_id = self._query.query_id(spark)  # its checkpoint checked lasting at the query's first batch
+        # a second sink of this query moving one of this sink's markers is refused before anything is written
+        markers.claim(self, self.options, query_id=query_id, run_id=self._query.run_id(spark), batch_id=batch_id)
         self._held = None
         if self.options.cdc_transactions is CdcTransactions.HOLD:  # whole source transactions only (lakesink.sink.transactions)
             known = self._held_tables if self._held_query == query_id else ()
