@@ -164,6 +164,14 @@ class TableIdentityChangedError(ConcurrentTableChangeError):
     retryable = False
 
 
+class CommitWorkerOrphaned(BaseException):
+    """format("lakesink"): the Spark commit worker running a batch's commit found its JVM dead before the swap.
+
+    Nothing was committed, and nothing may be: a job killed must not change a table afterwards (a reader or a restarted
+    query may already be looking). A BaseException, like SystemExit: no retry loop catches it, the worker ends; the
+    batch's files are left to the restarted query's replay and to the orphan clean-up."""
+
+
 class InjectedFault(LakesinkError):
     """Raised by a fault point switched on by a test (see :mod:`lakesink.faults`)."""
 

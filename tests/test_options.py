@@ -31,7 +31,7 @@ VALID_LIST = (
     "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table, partitioned-by, merge-schema, "
     "branch, sink-id, upsert-key, delete-when, order-by, table-property.<property>, format-version, maintenance, event-time, "
     "dead-letter-table, reject-when, max-rejected-fraction, route-by, namespace, route-namespaces, atomic, payload, cdc-format, "
-    "cdc-transactions, cdc-transaction-wait, metrics"
+    "cdc-transactions, cdc-transaction-wait, cdc-unavailable-value, metrics"
 )
 
 
@@ -263,7 +263,8 @@ def test_repr_shows_every_field() -> None:
         "branch='main', writer='auto', sink_id='audit', upsert_key=(), delete_when=None, order_by=None, "
         "table_properties={'write.target-file-size-bytes': '1024'}, format_version=2, maintenance='off', event_time=None, "
         "dead_letter_table=None, reject_when=None, max_rejected_fraction=1.0, allow_temporary_checkpoint=False, routing=None, "
-        "payload=None, cdc_format=None, cdc_transactions='off', cdc_transaction_wait=600.0, metrics='prometheus:127.0.0.1:9108')"
+        "payload=None, cdc_format=None, cdc_transactions='off', cdc_transaction_wait=600.0, "
+        "cdc_unavailable_value='__debezium_unavailable_value', metrics='prometheus:127.0.0.1:9108')"
     )
 
 

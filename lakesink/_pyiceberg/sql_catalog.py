@@ -6,7 +6,7 @@ reuses parsed metadata, and the queries of many pointers at once. Driver side.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +41,9 @@ def _sql_swap_applies(table: Table) -> bool:
     return bool(isinstance(catalog, SqlCatalog) and table.metadata_location and catalog.engine.dialect.supports_sane_rowcount)
 
 
-def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Sequence[Any]) -> bool:
+def _swap_on_sql_catalog(
+    table: Table, updates: Sequence[Any], requirements: Sequence[Any], *, before_commit: Callable[[], None] | None = None
+) -> bool:
     """Commit on a pyiceberg SQL catalog from the metadata already read: one compare-and-swap of the pointer
     from ``table.metadata_location`` to a metadata file built from ``table.metadata``.
 
@@ -54,21 +56,24 @@ def _swap_on_sql_catalog(table: Table, updates: Sequence[Any], requirements: Seq
     (falling back to pyiceberg's commit there would apply the updates to metadata this commit did not validate:
     an empty batch's marker, a tag, another branch's snapshot). An error of the swap itself is raised as from
     pyiceberg's own commit. The new metadata file is named by :func:`lakesink.table.names.metadata_file_name`.
+    ``before_commit``: called inside the transaction right before its COMMIT (raising rolls it back).
     """
     if not _sql_swap_applies(table):
         return False
-    _swap_rows_on_sql_catalog([(table, updates, requirements)])
+    _swap_rows_on_sql_catalog([(table, updates, requirements)], before_commit=before_commit)
     return True
 
 
-def _swap_tables_on_sql_catalog(prepared: Sequence[PreparedCommit]) -> None:
+def _swap_tables_on_sql_catalog(prepared: Sequence[PreparedCommit], *, before_commit: Callable[[], None] | None = None) -> None:
     """:func:`_swap_on_sql_catalog` for several tables of one SQL catalog in one database transaction: a table's
     row moves only if every row does (SQLite and PostgreSQL roll the whole transaction back otherwise, and a
     process killed inside it leaves it uncommitted). Iceberg Java's JdbcCatalog reads the same rows."""
-    _swap_rows_on_sql_catalog([(p.table, p._updates, p._requirements) for p in prepared])
+    _swap_rows_on_sql_catalog([(p.table, p._updates, p._requirements) for p in prepared], before_commit=before_commit)
 
 
-def _swap_rows_on_sql_catalog(items: Sequence[tuple[Table, Sequence[Any], Sequence[Any]]]) -> None:
+def _swap_rows_on_sql_catalog(
+    items: Sequence[tuple[Table, Sequence[Any], Sequence[Any]]], *, before_commit: Callable[[], None] | None = None
+) -> None:
     """The SQL catalog's compare-and-swap of one table or several (``items``: each table as read, its updates and
     requirements), all in one database transaction: every requirement checked against the metadata read, every new
     metadata file written, then one ``UPDATE iceberg_tables ... WHERE metadata_location = <read>`` per table; a row
@@ -159,6 +164,14 @@ def _swap_rows_on_sql_catalog(items: Sequence[tuple[Table, Sequence[Any], Sequen
             for t, _, loc in rest:
                 if not _swap_row(session, catalog, t, loc):
                     raise moved(t, session)
+        try:  # the last moment before the COMMIT (lakesink._pyiceberg.commit: a commit worker whose job was killed)
+            if before_commit is not None:
+                before_commit()
+        except BaseException:
+            session.rollback()
+            for t, _, written in staged:
+                t.io.delete(written)  # certainly referenced by nothing: no pointer moved to it
+            raise
         session.commit()
     for table, new, location in staged:
         try:

@@ -37,7 +37,7 @@ from lakesink.executor import text
 from lakesink.executor.messages import RowChecks
 from lakesink.table import dead_letters as dl
 from lakesink.table import required
-from lakesink.table.keys import DELETED
+from lakesink.table.keys import DELETED, UNAVAILABLE_COLUMN
 
 _TOKEN = uuid.uuid4().hex  # marks a decimal in the JSON text (a string of the row cannot hold it by chance)
 _DECIMAL = re.compile(r'"\\u0000' + _TOKEN + r'([-+0-9.Ee]+)\\u0000"')
@@ -155,8 +155,9 @@ class RowSorter:
         if not bad.any():
             return batch
         rejected = batch.take(pa.array(np.flatnonzero(bad), pa.int64()))
-        if DELETED in rejected.schema.names:  # lakesink's own column, not the stream's
-            rejected = rejected.drop_columns([DELETED])
+        own = [c for c in (DELETED, UNAVAILABLE_COLUMN) if c in rejected.schema.names]
+        if own:  # lakesink's own columns, not the stream's
+            rejected = rejected.drop_columns(own)
         if extra:
             for name, value in extra.items():
                 rejected = rejected.append_column(name, pa.array([value] * rejected.num_rows, pa.string()))

@@ -11,7 +11,9 @@ Executor side, plain Arrow and ``json`` (no Spark, no catalog). Two steps per ba
 
 JSON values become: integers ``long``, numbers with a fraction or exponent ``double`` (a field holding both: double),
 strings ``string``, ``true``/``false`` ``boolean``, objects ``struct`` (their fields unified the same way), arrays
-``list``. A binary column of an existing table takes base64 text. A field that is null (or an empty array) in every
+``list``. An existing table's column takes a value only when the value is exactly what the column holds (never rounded,
+truncated, or read in a unit it does not name: :func:`_value`, :func:`_exact`; docs/cdc.md). A binary column of an
+existing table takes base64 text. A field that is null (or an empty array) in every
 payload of a table in the batch is no column of a table created by that batch: it has no type to give; it becomes one
 at the first batch that has a value in it (option ``merge-schema``; without it that batch is refused, naming the field).
 """
@@ -19,11 +21,14 @@ at the first batch that has a value in it (option ``merge-schema``; without it t
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import pickle
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import lru_cache
 
 import pyarrow as pa
 
@@ -82,9 +87,9 @@ def unify(a: pa.DataType | None, b: pa.DataType | None, path: str) -> pa.DataTyp
         return a if b is None else b
     if a.equals(b):
         return a
-    numeric = {pa.int64(), pa.float64()}
-    if a in numeric and b in numeric:
-        return pa.float64()
+    wider = _wider(a, b)
+    if wider is not None:
+        return wider
     if pa.types.is_struct(a) and pa.types.is_struct(b):
         fields: dict[str, pa.DataType | None] = {f.name: f.type for f in a}
         for f in b:
@@ -94,6 +99,20 @@ def unify(a: pa.DataType | None, b: pa.DataType | None, path: str) -> pa.DataTyp
         element = unify(a.value_type, b.value_type, f"{path}[]")
         return None if element is None else pa.list_(element)
     raise PayloadTypeError(f"payload field {path!r} holds values of two JSON types that no one column holds: {a} and {b}")
+
+
+def _wider(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The one type of two number types (a Connect schema changed by the source's ``ALTER COLUMN ... TYPE``, or JSON):
+    the wider integer, the wider float, an integer and a float: double; decimals of one scale: the greater precision."""
+    if pa.types.is_integer(a) and pa.types.is_integer(b):
+        return a if a.bit_width >= b.bit_width else b
+    if pa.types.is_floating(a) and pa.types.is_floating(b):
+        return a if a.bit_width >= b.bit_width else b
+    if (pa.types.is_integer(a) and pa.types.is_floating(b)) or (pa.types.is_floating(a) and pa.types.is_integer(b)):
+        return pa.float64()
+    if pa.types.is_decimal(a) and pa.types.is_decimal(b) and a.scale == b.scale:
+        return a if a.precision >= b.precision else b
+    return None
 
 
 def columns_of(objects: Iterable[object], table: str, *, lenient: bool = False) -> dict[str, pa.DataType | None]:
@@ -149,9 +168,15 @@ class Found:
     truncate: Decimal | None = None
     """The greatest order (source position) of the route's truncates (op ``t``; ``truncate_columns``), None: none."""
 
+    wide: set[str] = field(default_factory=set)
+    """The fields that need their inferred type in full: typed by a Connect schema (the source's own type), or
+    holding a JSON integer beyond an int (32 bits) or a number beyond a float's range. With ``merge-schema`` an existing
+    table's narrower column of such a field is widened as Iceberg allows (int to long, float to double, a decimal's
+    precision), in the batch's commit (:func:`wide_fields`); any other field keeps the column's type."""
+
     def join(self, other: Found) -> Found:
         positions = [p for p in (self.truncate, other.truncate) if p is not None]
-        return Found(self.keys | other.keys, max(positions) if positions else None)
+        return Found(self.keys | other.keys, max(positions) if positions else None, self.wide | other.wide)
 
 
 def key_fields(text: str | None) -> tuple[str, ...] | None:
@@ -229,18 +254,20 @@ class PayloadInference:
                 taken = pa.array(rows, pa.int64())
                 objects = parse(payloads.take(taken), name, self.payload_column)
                 have = found.setdefault(r, {})
+                more = extra.setdefault(r, Found())
                 if self.schema_column is not None:  # fields typed by their Connect schema, the others by their JSON
                     schemas = batch.column(self.schema_column).take(taken).to_pylist()
                     untyped = []
                     for obj, schema in zip(objects, schemas, strict=True):
-                        _, types = connect.decode_row(obj, schema)
+                        types = connect.field_types(obj, schema)
                         for n, t in types.items():
                             have[n] = self._unify(have.get(n), t, f"{name}.{n}")
+                        more.wide |= types.keys()
                         untyped.append({n: v for n, v in obj.items() if n not in types} if isinstance(obj, dict) else obj)
                     objects = untyped
                 for n, t in columns_of(objects, name, lenient=self.lenient).items():
                     have[n] = self._unify(have.get(n), t, f"{name}.{n}")
-                more = extra.setdefault(r, Found())
+                more.wide |= _beyond_narrow(objects)
                 if self.key_column is not None:
                     keys = batch.column(self.key_column).take(taken).cast(pa.string()).to_pylist()
                     more.keys |= {k for k in map(key_fields, keys) if k is not None}
@@ -257,6 +284,37 @@ class PayloadInference:
             )
 
 
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _beyond_narrow(objects: Iterable[object]) -> set[str]:
+    """The fields of payload objects holding an integer beyond an int (32 bits) or a finite number beyond a float's
+    range: an existing int or float column of such a field is widened with merge-schema (:attr:`Found.wide`)."""
+    out: set[str] = set()
+    for obj in objects:
+        if not isinstance(obj, dict):
+            continue
+        for n, v in obj.items():
+            if isinstance(v, bool) or n in out:
+                continue
+            if isinstance(v, int) and not _INT_MIN <= v <= _INT_MAX:
+                out.add(n)
+            elif isinstance(v, float) and _FLOAT32_MAX < abs(v) < float("inf"):
+                out.add(n)
+    return out
+
+
+WIDE_FIELDS = b"lakesink.payload.wide"
+"""The metadata key of a table's payload columns (:func:`merge_columns`) that lists :attr:`Found.wide`."""
+
+
+def wide_fields(columns: pa.Schema) -> set[str]:
+    """The fields :func:`merge_columns` marked as needing their type in full (:attr:`Found.wide`)."""
+    text = (columns.metadata or {}).get(WIDE_FIELDS)
+    return set(json.loads(text)) if text else set()
+
+
 def lenient_unify(a: pa.DataType | None, b: pa.DataType | None, path: str) -> pa.DataType | None:
     """:func:`unify`, with a string for two types no one type holds (option dead-letter-table)."""
     try:
@@ -265,9 +323,12 @@ def lenient_unify(a: pa.DataType | None, b: pa.DataType | None, path: str) -> pa
         return pa.string()
 
 
-def merge_columns(parts: Sequence[dict[str, pa.DataType | None]], table: str, lenient: bool = False) -> pa.Schema:
+def merge_columns(
+    parts: Sequence[dict[str, pa.DataType | None]], table: str, lenient: bool = False, wide: Iterable[str] = ()
+) -> pa.Schema:
     """The tasks' columns of one table joined; the fields with no type left out (see the module's docstring).
-    ``lenient``: as :attr:`PayloadInference.lenient`."""
+    ``lenient``: as :attr:`PayloadInference.lenient`; ``wide``: the fields of :attr:`Found.wide` (kept in the schema's
+    metadata, :func:`wide_fields`)."""
     out: dict[str, pa.DataType | None] = {}
     for part in parts:
         for n, t in part.items():
@@ -275,7 +336,9 @@ def merge_columns(parts: Sequence[dict[str, pa.DataType | None]], table: str, le
                 out[n] = lenient_unify(out.get(n), t, n) if lenient else unify(out.get(n), t, n)
             except PayloadTypeError as e:
                 raise PayloadTypeError(f"table {table}: {e}; nothing was committed") from None
-    return pa.schema([pa.field(n, t) for n, t in out.items() if t is not None])
+    marked = sorted(n for n in set(wide) if out.get(n) is not None)
+    metadata = {WIDE_FIELDS: json.dumps(marked).encode()} if marked else None
+    return pa.schema([pa.field(n, t) for n, t in out.items() if t is not None], metadata=metadata)
 
 
 def expand(
@@ -300,7 +363,7 @@ def _payloads(rows: pa.RecordBatch, payload_column: str, table: str, schema_colu
     objects = parse(rows.column(payload_column), table, payload_column)
     if schema_column is not None and schema_column in rows.schema.names:
         schemas = rows.column(schema_column).to_pylist()
-        objects = [connect.decode_row(obj, schema)[0] for obj, schema in zip(objects, schemas, strict=True)]
+        objects = [connect.decode_row(obj, schema) for obj, schema in zip(objects, schemas, strict=True)]
     return objects
 
 
@@ -308,6 +371,8 @@ def _column(values: list[object], field: pa.Field, table: str) -> pa.Array:
     """The values as the column's type: built as that type, else as their own type and cast (a string into a date,
     a timestamp or a decimal); a value that does not fit is an error naming the table, the column and the value."""
     t = field.type
+    if _needs_values(values, t):
+        values = [_value(v, field, table) for v in values]
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
         return pa.array([None if v is None else _base64(v, field, table) for v in values], t)
     lossy = next((v for v in values if not _exact(v, t)), None)
@@ -337,30 +402,195 @@ def _column(values: list[object], field: pa.Field, table: str) -> pa.Array:
     )
 
 
-_FLOAT32_MAX = 3.4028234663852886e38
+_UNIT_FIX = (
+    "An integer has no unit (days, milliseconds, microseconds, nanoseconds?): enable the converter's schemas "
+    "(value.converter.schemas.enable=true: the record's Connect schema names the unit, io.debezium.time.Timestamp "
+    "milliseconds, MicroTimestamp microseconds, ...), or have the connector send ISO 8601 text "
+    "(time.precision.mode=isostring), or make the column a long"
+)
+
+
+def _misfit(table: str, field: pa.Field, value: object, why: str, fix: str) -> SchemaMismatchError:
+    return SchemaMismatchError(
+        f"table {table}, column {field.name!r} ({field.type}): a payload holds {value!r}, {why}; nothing was committed. {fix}"
+    )
+
+
+_FIX = "Fix the value at the source, or change the column's type"
+
+
+def _is_temporal(t: pa.DataType) -> bool:
+    return bool(pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_time(t))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _value(value: object, field: pa.Field, table: str) -> object:
+    """One top-level value ready for the column's type, or the error naming why it does not fit: a value its Connect
+    schema did not decode, a Connect temporal value the column cannot hold exactly (lakesink.cdc.connect), an integer
+    into a temporal column (it has no unit), a number with more digits than a decimal column holds (made a
+    ``Decimal``), a decimal beyond 38 digits into a string column (its exact text), an integer beyond an int column, a
+    UUID's text into a uuid column."""
+    if value is None:
+        return None
+    t = field.type
+    kind = _type_kind(t)
+    if isinstance(value, connect.Undecodable):
+        raise _misfit(table, field, value, "which its Connect schema does not decode", "Fix the value at the source")
+    if isinstance(value, connect.Temporal):
+        try:
+            return connect.temporal_value(value, t)
+        except connect.Inexact as e:
+            raise _misfit(table, field, value, f"which the column cannot hold exactly: {e}", _FIX) from None
+    if isinstance(value, dt.datetime) and pa.types.is_date(t):  # a ZonedTimestamp: pyarrow would drop its time
+        if value.timetz().replace(tzinfo=None) != dt.time():
+            raise _misfit(table, field, value, "which has a time of day, which a date column cannot hold", _FIX)
+        return value.date()
+    if kind == "temporal" and _is_int(value):
+        raise _misfit(table, field, value, "an integer, which a date or time column does not take", _UNIT_FIX)
+    if kind == "decimal":
+        number = _decimal(value)
+        if number is None:
+            return value  # not a number: built or cast as is (an error naming the value)
+        why = _decimal_misfit(number, t)
+        if why is not None:
+            fix = _FIX + (_PRECISION_FIX if "before the point" in why else "")
+            raise _misfit(table, field, value, why, fix)
+        return number
+    if isinstance(value, Decimal) and kind == "string":
+        return format(value, "f")
+    if kind == "uuid":  # an Iceberg uuid column takes a UUID's text (io.debezium.data.Uuid)
+        try:
+            return uuid.UUID(value) if isinstance(value, str) else value
+        except ValueError:
+            raise _misfit(table, field, value, "which is no UUID", _FIX) from None
+    if kind == "int32" and _is_int(value) and not _INT_MIN <= value <= _INT_MAX:  # type: ignore[operator]
+        raise _misfit(table, field, value, "which is beyond an int (32 bits)", _WIDEN_FIX.format("long"))
+    if kind == "float32" and isinstance(value, float) and _FLOAT32_MAX < abs(value) < float("inf"):
+        raise _misfit(table, field, value, "which is beyond a float's range", _WIDEN_FIX.format("double"))
+    return value
+
+
+_PRECISION_FIX = (
+    " (a record whose Connect schema gives the decimal a greater precision at the same scale: option merge-schema=true "
+    "widens the column in the batch's commit)"
+)
+_WIDEN_FIX = (
+    "Option merge-schema=true widens the column to {} in the batch's commit (as Iceberg allows), or change the column's type"
+)
+
+
+def _decimal(value: object) -> Decimal | None:
+    """A number (a JSON number as the shortest text of its double, a string, a decoded decimal) as a Decimal."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, Decimal):
+        return value
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, str):
+        try:
+            return Decimal(value)
+        except ArithmeticError:
+            return None
+    return None
+
+
+def _decimal_misfit(number: Decimal, t: pa.Decimal128Type) -> str | None:
+    """Why ``number`` does not fit ``decimal(p,s)`` exactly (more fraction digits than the scale, more integer digits
+    than ``p - s``, not finite), None when it does (a Decimal's own arithmetic is not used: it rounds to 28 digits)."""
+    if not number.is_finite():
+        return "which no decimal holds"
+    _, digits, exponent = number.as_tuple()
+    assert isinstance(exponent, int)
+    if not any(digits):  # a zero (0.000, -0.0): any column holds it
+        return None
+    kept = list(digits)
+    while len(kept) > 1 and kept[-1] == 0 and exponent < 0:  # trailing zeros of the fraction: 12.30 is 12.3
+        kept.pop()
+        exponent += 1
+    if exponent < -t.scale:
+        return f"which has {-exponent} digit(s) after the point, more than the column's scale ({t.scale})"
+    whole = 0 if kept == [0] else len(kept) + exponent
+    if whole > t.precision - t.scale:
+        return f"which has {whole} digit(s) before the point, more than the column's {t.precision - t.scale}"
+    return None
 
 
 def _exact(value: object, t: pa.DataType) -> bool:
     """Whether pyarrow builds ``value`` as type ``t`` without changing it: it silently truncates a number with a fraction
-    into an integer column (``7.5`` is ``7``), makes a boolean a number (``true`` is ``1.0``) and a double beyond a
-    float's range infinite; such a value does not fit (a struct's fields and a list's or map's items checked alike)."""
+    into an integer column (``7.5`` is ``7``), makes a boolean a number (``true`` is ``1.0``), a double beyond a
+    float's range infinite, rounds a number into a decimal column and reads an integer as days or microseconds; such a
+    value does not fit (a struct's fields and a list's or map's items checked alike)."""
     if value is None:
         return True
-    if pa.types.is_integer(t):
+    kind = _type_kind(t)
+    if kind in ("int", "int32"):
         return not isinstance(value, bool) and not (isinstance(value, float) and not value.is_integer())
-    if pa.types.is_floating(t):
+    if kind in ("float", "float32"):
         if isinstance(value, bool):
             return False
-        if pa.types.is_float32(t) and isinstance(value, (int, float)):
+        if kind == "float32" and isinstance(value, (int, float)):
             return not (abs(value) > _FLOAT32_MAX and abs(value) != float("inf"))
         return True
-    if pa.types.is_struct(t) and isinstance(value, dict):
+    if kind == "temporal":
+        return not _is_int(value)  # no unit
+    if kind == "decimal":
+        number = _decimal(value)
+        return number is None or _decimal_misfit(number, t) is None
+    if kind == "struct" and isinstance(value, dict):
         return all(_exact(value.get(f.name), f.type) for f in t)
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and isinstance(value, list):
+    if kind == "list" and isinstance(value, list):
         return all(_exact(v, t.value_type) for v in value)
-    if pa.types.is_map(t) and isinstance(value, dict):
+    if kind == "map" and isinstance(value, dict):
         return all(_exact(v, t.item_type) for v in value.values())
     return True
+
+
+@lru_cache(maxsize=1024)
+def _type_kind(t: pa.DataType) -> str:
+    """What the value checks (:func:`_exact`, :func:`_value`) look at in a column of type ``t`` (once per type)."""
+    if pa.types.is_integer(t):
+        return "int32" if pa.types.is_int32(t) else "int"
+    if pa.types.is_floating(t):
+        return "float32" if pa.types.is_float32(t) else "float"
+    if _is_temporal(t):
+        return "temporal"
+    if pa.types.is_decimal(t):
+        return "decimal"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_struct(t):
+        return "struct"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return "list"
+    if pa.types.is_map(t):
+        return "map"
+    if isinstance(t, pa.UuidType):
+        return "uuid"
+    return "other"
+
+
+_DECODED = frozenset({connect.Temporal, connect.Undecodable, Decimal, dt.datetime})
+"""Values a Connect schema decoded (lakesink.cdc.connect), which :func:`_value` turns into the column's values."""
+
+
+def _needs_values(values: list[object], t: pa.DataType) -> bool:
+    """Whether :func:`_value` has anything to do for these values in a column of type ``t`` (the kinds of the values
+    taken once: most columns of plain JSON values need nothing)."""
+    kinds = set(map(type, values))
+    if kinds & _DECODED:
+        return True
+    kind = _type_kind(t)
+    if kind in ("decimal", "uuid"):
+        return True
+    if kind in ("int32", "temporal"):
+        return int in kinds
+    return kind == "float32" and float in kinds
 
 
 def _base64(value: object, field: pa.Field, table: str) -> bytes:

@@ -30,6 +30,7 @@ from pyiceberg.schema import Schema
 from pyspark.sql.datasource import WriterCommitMessage
 
 from lakesink._pyiceberg import io as seam
+from lakesink.cdc import unavailable
 from lakesink.errors import RoutingError, SchemaMismatchError
 from lakesink.executor import payload
 from lakesink.executor.dead_letters import RowSorter
@@ -320,7 +321,8 @@ class RoutedTaskWriter:
         target = pa.schema([pa.field(f.name, f.type) for f in seam.arrow_schema(plan.schema)])
         keep = [dl.REJECT_COLUMN, DELETED, *((plan.upsert.order_by,) if plan.upsert and plan.upsert.order_by else ())]
         if self._invalid is None:
-            return payload.expand(rows, self._plan.payload, target, plan.table, keep, schema_column=CDC_CONNECT_SCHEMA)
+            expanded = payload.expand(rows, self._plan.payload, target, plan.table, keep, schema_column=CDC_CONNECT_SCHEMA)
+            return self._marked(expanded, plan)
         expanded, misfits = payload.expand_fitting(
             rows,
             self._plan.payload,
@@ -332,7 +334,18 @@ class RoutedTaskWriter:
             key=plan.upsert.key if plan.upsert is not None else (),
         )
         self._reject_misfits(rows, misfits, plan.table, value)
-        return expanded
+        return self._marked(expanded, plan)
+
+    @staticmethod
+    def _marked(expanded: pa.RecordBatch, plan: WritePlan) -> pa.RecordBatch:
+        """Option cdc-format: the changes' columns holding Debezium's unavailable-value placeholder marked (the key's
+        earlier value is kept: lakesink.cdc.unavailable); the key columns are always sent."""
+        upsert = plan.upsert
+        if upsert is None or upsert.unavailable is None:
+            return expanded
+        key = {k.lower() for k in upsert.key}
+        columns = [f.name for f in seam.arrow_schema(plan.schema) if f.name.lower() not in key]
+        return unavailable.marks(expanded, columns, upsert.unavailable, DELETED)
 
     def _reject_misfits(self, rows: pa.RecordBatch, misfits: list[payload.Misfit], table: str, value: object) -> None:
         """The rows of ``misfits`` as dead letters of error ``payload-value``: each the stream's row as it came (the

@@ -28,7 +28,7 @@ from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import TaskIds, TaskResult, WritePlan, WrittenFile
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.table import floats, names, required, storage
-from lakesink.table.keys import DELETED, DICT_SIZE_DEFAULT
+from lakesink.table.keys import DELETED, DICT_SIZE_DEFAULT, UNAVAILABLE_COLUMN
 from lakesink.table.parquet_layout import dictionary_columns
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,11 @@ class TaskWriter:
         if self._plan.upsert is not None:
             pending, self._pending = self._pending, []
             rows, changes = upsert_task.resolve_task(
-                pending, self._plan.upsert, batch_id=self._ids.batch_id, partition_id=self._ids.partition_id
+                pending,
+                self._plan.upsert,
+                batch_id=self._ids.batch_id,
+                partition_id=self._ids.partition_id,
+                table_name=self._plan.table,
             )
             self._changes = upsert_task.to_ipc(changes)
             for batch in rows:
@@ -261,7 +265,7 @@ class TaskWriter:
         original = batch
         upsert = self._plan.upsert
         if upsert is not None:  # a routed upsert's rows carry columns its resolution reads, which are not written
-            unwritten = [n for n in batch.schema.names if n == DELETED or n in upsert.not_written]
+            unwritten = [n for n in batch.schema.names if n in (DELETED, UNAVAILABLE_COLUMN) or n in upsert.not_written]
             batch = batch.drop_columns(unwritten) if unwritten else batch
         if self._incoming is None or not batch.schema.equals(self._incoming):
             self._incoming = batch.schema

@@ -23,12 +23,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakesink._pyiceberg import io as seam
+from lakesink.cdc import unavailable
 from lakesink.errors import PROGRAMMING_ERRORS, InvalidOptionError, UpsertKeyError
 from lakesink.table import floats
 from lakesink.table.keys import DELETED
 from lakesink.table.keys import ORDER_COLUMN as ORDER
 from lakesink.table.keys import ROW_COLUMN as _ROW
 from lakesink.table.keys import TOP_COLUMN as _TOP
+from lakesink.table.keys import UNAVAILABLE_COLUMN as UNAVAILABLE
+
+_NOT_KEYS = (DELETED, ORDER, UNAVAILABLE)
+"""The columns of a batch's keys that are not key columns."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,9 @@ class UpsertSpec:
     Kafka Connect restart re-sends what it had not committed): one of them is kept instead of failing the batch."""
     not_written: tuple[str, ...] = ()
     """Columns the resolution reads but the table does not get (option payload: an order-by column of the stream)."""
+    unavailable: unavailable.Placeholder | None = None
+    """Option cdc-format: Debezium's unavailable-value placeholder (option cdc-unavailable-value), whose columns keep the
+    key's earlier value (lakesink.cdc.unavailable)."""
 
     def check(self) -> None:
         """Parse ``delete-when`` on the driver, so that a bad expression fails at the start of the query."""
@@ -60,10 +68,12 @@ class UpsertSpec:
 
 
 def resolve_task(
-    batches: Iterable[pa.RecordBatch], spec: UpsertSpec, *, batch_id: int, partition_id: int
+    batches: Iterable[pa.RecordBatch], spec: UpsertSpec, *, batch_id: int, partition_id: int, table_name: str = ""
 ) -> tuple[list[pa.RecordBatch], pa.Table]:
     """(the task's rows to write, the keys it changes with :data:`DELETED` and, with ``order-by``, the winning row's
-    order value as :data:`ORDER`), one row per key."""
+    order value as :data:`ORDER`), one row per key. Option cdc-format, rows marking Debezium's unavailable-value
+    placeholders (:data:`UNAVAILABLE`, lakesink.cdc.unavailable): a marked column takes the value of its key's earlier
+    change in the task; the keys carry the columns left to keep from the table's row (the commit fills them)."""
     received = [b for b in batches if b.num_rows]
     if not received:
         return [], pa.table({})
@@ -84,6 +94,9 @@ def resolve_task(
     table = table.append_column(DELETED, deleted)
     table = table.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
     order_column: str | None = None
+    if spec.order_by is not None and UNAVAILABLE in table.column_names:  # before the key's earlier changes are dropped
+        order = _column(table, spec.order_by, "order-by")
+        table = unavailable.fill_from_earlier(table, keys, order, DELETED, table=table_name, row_column=_ROW)
     if spec.order_by is not None:
         # the rows with the greatest order value of their key (joined on the narrow columns only: Arrow's hash
         # join carries no nested payload columns)
@@ -117,7 +130,9 @@ def resolve_task(
     changes = table.select([*keys, DELETED])
     if order_column is not None:  # the commit compares it with the order value the table holds for the key
         changes = changes.append_column(ORDER, table.column(order_column))
-    gone = [c for c in spec.not_written if c in table.column_names]
+    if UNAVAILABLE in table.column_names:  # the columns the commit keeps from the table's row of the key
+        changes = changes.append_column(UNAVAILABLE, table.column(UNAVAILABLE))
+    gone = [c for c in (*spec.not_written, UNAVAILABLE) if c in table.column_names]
     rows = table.filter(pc.invert(table.column(DELETED))).drop_columns([DELETED, _ROW, *gone])
     return rows.to_batches(), changes
 
@@ -157,7 +172,7 @@ def merge(parts: Sequence[bytes], *, batch_id: int) -> pa.Table:
     """On the driver: the tasks' keys, joined; a key changed by two tasks is an UpsertKeyError."""
     tables = [pa.ipc.open_stream(p).read_all() for p in parts]
     changes = pa.concat_tables(tables, promote_options="permissive")
-    keys = [n for n in changes.column_names if n not in (DELETED, ORDER)]
+    keys = [n for n in changes.column_names if n not in _NOT_KEYS]
     counts = changes.group_by(keys, use_threads=False).aggregate([(DELETED, "count")])
     several = counts.filter(pc.greater(counts.column(f"{DELETED}_count"), 1))
     if several.num_rows:
@@ -204,7 +219,7 @@ def with_deleted(rows: pa.RecordBatch, spec: UpsertSpec) -> pa.RecordBatch:
 
 def keys_of(rows: pa.RecordBatch, changes: bytes) -> set[tuple[object, ...]]:
     """The keys ``rows`` hold, as the key columns of ``changes`` (a task's keys, :func:`to_ipc`) name them."""
-    names = [n for n in pa.ipc.open_stream(changes).schema.names if n not in (DELETED, ORDER)]
+    names = [n for n in pa.ipc.open_stream(changes).schema.names if n not in _NOT_KEYS]
     by_name = {n.lower(): n for n in rows.schema.names}  # the table's spelling of the key (the task's: the stream's)
     columns = [rows.column(by_name.get(n.lower(), n)).to_pylist() for n in names]
     return set(zip(*columns, strict=True)) if rows.num_rows else set()
@@ -216,6 +231,6 @@ def without_keys(changes: bytes | None, dropped: set[tuple[object, ...]]) -> byt
     if changes is None or not dropped:
         return changes
     table = pa.ipc.open_stream(changes).read_all()
-    names = [n for n in table.column_names if n not in (DELETED, ORDER)]
+    names = [n for n in table.column_names if n not in _NOT_KEYS]
     keep = [k not in dropped for k in zip(*(table.column(n).to_pylist() for n in names), strict=True)]
     return to_ipc(table.filter(pa.array(keep, pa.bool_())))

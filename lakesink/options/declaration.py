@@ -20,6 +20,8 @@ from lakesink.options.keys import (
     CDC_FORMAT,
     CDC_TRANSACTION_WAIT,
     CDC_TRANSACTIONS,
+    CDC_UNAVAILABLE_VALUE,
+    CDC_UNAVAILABLE_VALUE_DEFAULT,
     CHECKPOINT_LOCATION,
     CREATE_TABLE,
     DEAD_LETTER_TABLE,
@@ -49,6 +51,7 @@ from lakesink.options.values import (
     MetricsExport,
     OutputMode,
     TableName,
+    UnavailableValue,
     WriterKind,
     _parse_bool,
     _parse_branch,
@@ -188,6 +191,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(CDC_TRANSACTION_WAIT, "cdc_transaction_wait", None,
            "seconds a held transaction that cannot become whole waits before its release as it stands (docs/cdc.md)",
            "`600`", parse=_parse_cdc_transaction_wait),
+    Option(CDC_UNAVAILABLE_VALUE, "cdc_unavailable_value", CDC_UNAVAILABLE_VALUE_DEFAULT,
+           "with cdc_format: the connector's unavailable.value.placeholder, whose columns keep the table's value "
+           "(docs/cdc.md)", f"`{CDC_UNAVAILABLE_VALUE_DEFAULT}`", parse=UnavailableValue.parse, show=str),
     Option(METRICS, "metrics", None, 'as the option `metrics`: "off" or "prometheus:[<host>:]<port>" (docs/metrics.md)',
            "`off`", parse=MetricsExport.parse, show=str),
 )

@@ -17,6 +17,8 @@ __all__ = [
     "CDC_PREFIX",
     "CDC_TRANSACTIONS",
     "CDC_TRANSACTION_WAIT",
+    "CDC_UNAVAILABLE_VALUE",
+    "CDC_UNAVAILABLE_VALUE_DEFAULT",
     "CHECKPOINT_LOCATION",
     "CREATE_TABLE",
     "DEAD_LETTER_TABLE",
@@ -78,6 +80,11 @@ CDC_CONNECT_SCHEMA = "cdc_connect_schema"
 types its fields (lakesink.cdc.connect)."""
 CDC_VALUE = "cdc_value"
 """Option cdc-format with dead-letter-table: the record's ``value`` as it came (a dead letter's row holds it)."""
+CDC_UNAVAILABLE_VALUE = "cdc-unavailable-value"
+"""With cdc-format: the connector's ``unavailable.value.placeholder`` (``hex:<octets>`` for bytes, as Debezium reads it):
+a column holding it keeps the value the table holds for the key (PostgreSQL's unchanged TOAST values; docs/cdc.md)."""
+CDC_UNAVAILABLE_VALUE_DEFAULT = "__debezium_unavailable_value"
+"""Debezium's default ``unavailable.value.placeholder``."""
 CDC_TRANSACTIONS = "cdc-transactions"
 """With cdc-format: ``hold`` (read Debezium's transaction metadata and hold back every change after the first source
 transaction a batch does not hold whole) or ``off`` (default; a transaction-metadata record fails the batch)."""

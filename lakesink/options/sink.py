@@ -17,6 +17,7 @@ from lakesink.options.keys import (
     CDC_PAYLOAD,
     CDC_PREFIX,
     CDC_TRANSACTIONS,
+    CDC_UNAVAILABLE_VALUE,
     DEAD_LETTER_TABLE,
     DELETE_WHEN,
     MAX_REJECTED_FRACTION,
@@ -38,6 +39,7 @@ from lakesink.options.values import (
     OutputMode,
     Routing,
     TableName,
+    UnavailableValue,
     WriterKind,
 )
 from lakesink.table.keys import CDC_TRANSACTION_WAIT_S_DEFAULT, FORMAT_VERSION, MAIN_BRANCH
@@ -106,6 +108,9 @@ class SinkOptions:
     cdc_transaction_wait: float = CDC_TRANSACTION_WAIT_S_DEFAULT
     """Option ``cdc-transaction-wait`` (with ``cdc-transactions=hold``): seconds a held transaction that cannot become
     whole waits before it is released as it stands (lakesink.cdc.transactions.release)."""
+    cdc_unavailable_value: UnavailableValue = field(default_factory=UnavailableValue)
+    """Option ``cdc-unavailable-value`` (with ``cdc-format``): Debezium's unavailable-value placeholder; a column holding
+    it keeps the value the table holds for the key (lakesink.cdc.unavailable; docs/cdc.md)."""
     metrics: MetricsExport = field(default_factory=lambda: MetricsExport())
     """Option ``metrics``: where commit metrics are exported (docs/metrics.md)."""
 
@@ -217,6 +222,11 @@ class SinkOptions:
             for option in OPTIONS
             if option.parse is not None and not option.spark_refusal and option.lowered in lowered
         }
+        if alone.get("cdc_unavailable_value", UnavailableValue()) != UnavailableValue() and cdc_format is None:
+            raise InvalidOptionError(
+                f"option '{CDC_UNAVAILABLE_VALUE}' is Debezium's unavailable-value placeholder: it needs option "
+                "'cdc-format' ('debezium'); drop it, or set cdc_format='debezium' (docs/cdc.md)"
+            )
         if alone.get("cdc_transactions") is CdcTransactions.HOLD and cdc_format is None:
             raise InvalidOptionError(
                 f"option '{CDC_TRANSACTIONS}' is 'hold', which reads Debezium's transaction metadata: it needs option "

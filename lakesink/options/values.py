@@ -14,6 +14,8 @@ from lakesink.options.keys import (
     CATALOG,
     CDC_TRANSACTION_WAIT,
     CDC_TRANSACTIONS,
+    CDC_UNAVAILABLE_VALUE,
+    CDC_UNAVAILABLE_VALUE_DEFAULT,
     DEFAULT_FORMAT_VERSION,
     FORMAT_VERSIONS,
     MAINTENANCE,
@@ -28,7 +30,17 @@ from lakesink.table.keys import FORMAT_VERSION
 from lakesink.table.partitioning import PartitionTerm
 from lakesink.table.routes import TableIdentifier
 
-__all__ = ["Atomic", "CdcTransactions", "Maintenance", "MetricsExport", "OutputMode", "Routing", "TableName", "WriterKind"]
+__all__ = [
+    "Atomic",
+    "CdcTransactions",
+    "Maintenance",
+    "MetricsExport",
+    "OutputMode",
+    "Routing",
+    "TableName",
+    "UnavailableValue",
+    "WriterKind",
+]
 
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
@@ -114,6 +126,38 @@ class CdcTransactions(enum.Enum):
     @classmethod
     def parse(cls, value: str) -> CdcTransactions:
         return _parse_choice(cls, CDC_TRANSACTIONS, value)
+
+
+@dataclass(frozen=True)
+class UnavailableValue:
+    """Option ``cdc-unavailable-value``: the connector's ``unavailable.value.placeholder`` as given, and its bytes
+    (``hex:<octets>`` as Debezium reads it, else the text's UTF-8 bytes; lakesink.cdc.unavailable)."""
+
+    given: str = CDC_UNAVAILABLE_VALUE_DEFAULT
+    raw: bytes = CDC_UNAVAILABLE_VALUE_DEFAULT.encode()
+
+    @classmethod
+    def parse(cls, value: str) -> UnavailableValue:
+        if value.startswith("hex:"):
+            try:
+                raw = bytes.fromhex(value[4:])
+            except ValueError:
+                raw = b""
+            if not raw:
+                raise InvalidOptionError(
+                    f"option '{CDC_UNAVAILABLE_VALUE}' is {value!r}: after 'hex:' Debezium reads hexadecimal octets "
+                    "(e.g. 'hex:DEADBEEF'); give the connector's unavailable.value.placeholder as it is configured"
+                )
+            return cls(value, raw)
+        if not value:
+            raise InvalidOptionError(
+                f"option '{CDC_UNAVAILABLE_VALUE}' is empty; give the connector's unavailable.value.placeholder "
+                f"(Debezium's default: {CDC_UNAVAILABLE_VALUE_DEFAULT!r})"
+            )
+        return cls(value, value.encode())
+
+    def __str__(self) -> str:
+        return self.given
 
 
 class Atomic(enum.Enum):

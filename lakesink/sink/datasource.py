@@ -29,6 +29,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import StringType, StructField, StructType
 
 from lakesink import _pyspark
+from lakesink._pyiceberg import commit as seam_commit
 from lakesink.driver.actions import dead_letters
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.interface import BatchCommitter
@@ -152,6 +153,8 @@ class StreamCommits(Generic[M]):
         return read_query_id(self._checkpoint)
 
     def commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
+        # the processes this worker hangs from: a swap after its JVM died is refused (lakesink._pyiceberg.commit)
+        seam_commit.mark_commit_worker()
         results = self._results(messages)
         query_id = self._query_id(results)
         if query_id is None:

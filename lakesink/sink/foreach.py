@@ -50,6 +50,7 @@ from lakesink.sink import (
     checkpoint,
     dead_letters,
     driver_write,
+    markers,
     merge_on_read,
     spark_fs,
     spark_write,
@@ -99,6 +100,7 @@ def foreach_batch(
     cdc_format: str | None = None,
     cdc_transactions: str = "off",
     cdc_transaction_wait: float | None = None,
+    cdc_unavailable_value: str = "__debezium_unavailable_value",
     metrics: str | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
@@ -170,6 +172,9 @@ def foreach_batch(
         cdc_transaction_wait: with ``cdc_transactions="hold"``: seconds (default 600) a held transaction that cannot
             become whole (its ``END`` at hand and changes missing, or changes without ``BEGIN`` and ``END``) waits
             before it is released as it stands (docs/cdc.md).
+        cdc_unavailable_value: with ``cdc_format``: the connector's ``unavailable.value.placeholder`` (Debezium's default
+            ``"__debezium_unavailable_value"``; ``"hex:<octets>"`` for bytes): a column holding it keeps the value the
+            table holds for the key (PostgreSQL's unchanged TOAST values; docs/cdc.md).
         metrics: as the option ``metrics``: ``"off"`` (default) or ``"prometheus:[<host>:]<port>"``: the commit
             metrics served to Prometheus (docs/metrics.md; needs ``lakesink[prometheus]``).
     """
@@ -251,6 +256,8 @@ class ForeachBatchSink(RoutedSparkBatches):
         :attr:`last_routed`)."""
         spark = df.sparkSession
         query_id = self._query.query_id(spark)  # its checkpoint checked lasting at the query's first batch
+        # a second sink of this query moving one of this sink's markers is refused before anything is written
+        markers.claim(self, self.options, query_id=query_id, run_id=self._query.run_id(spark), batch_id=batch_id)
         self._held = None
         if self.options.cdc_transactions is CdcTransactions.HOLD:  # whole source transactions only (lakesink.sink.transactions)
             known = self._held_tables if self._held_query == query_id else ()
@@ -562,7 +569,9 @@ class ForeachBatchSink(RoutedSparkBatches):
         for value, parts in found.items():
             route = parse_route(value, routing.namespace, routing.allowed_namespaces)
             if isinstance(route, Route):
-                routed.table_columns[str(route)] = payload.merge_columns(parts, str(route), lenient=lenient)
+                routed.table_columns[str(route)] = payload.merge_columns(
+                    parts, str(route), lenient=lenient, wide=extra[value].wide
+                )
                 routed.carried_keys[str(route)] = extra[value].keys
         return list(found), extra
 

@@ -161,7 +161,7 @@ class StagedCommitter:
             route = parse_route(routed_value, routing.namespace, routing.allowed_namespaces)
             if isinstance(route, Route):
                 routed.table_columns[str(route)] = payload.merge_columns(
-                    [dict(c) for c in tasks], str(route), lenient=self.plan.dead_letters
+                    [dict(c) for c in tasks], str(route), lenient=self.plan.dead_letters, wide=found[routed_value].wide
                 )
                 routed.carried_keys[str(route)] = found[routed_value].keys
         return found

@@ -53,9 +53,10 @@ INVALID_ROUTE = "invalid-route"
 """Option ``route-by``: the row's routing value names no valid table (null, empty, an invalid name); ``column`` is the
 routing column, ``table`` the raw value."""
 PAYLOAD_VALUE = "payload-value"
-"""Option ``payload``: a payload field's value does not fit its table's column (a string in a long column, a number
-beyond an int, text that is no date...); ``column`` names the column, ``table`` the row's table, ``row`` is the stream's
-row as it came (the payload as its JSON text)."""
+"""Option ``payload``: a payload field's value does not fit its table's column exactly (a string in a long column, a
+number beyond an int, more digits than a decimal column holds, an integer in a temporal column, text that is no
+date, a value its Connect schema cannot decode...); ``column`` names the column, ``table`` the row's table, ``row`` is
+the stream's row as it came (the payload as its JSON text)."""
 ERROR_KINDS = (REJECT_WHEN, REQUIRED_NULL, NULL_UPSERT_KEY, INVALID_ROUTE, PAYLOAD_VALUE)
 
 from lakesink.table.keys import REJECT_COLUMN as REJECT_COLUMN  # noqa: E402 (re-exported beside the error kinds)

@@ -259,6 +259,10 @@ ORDER_COLUMN = "__lakesink_order"
 """The order-by value of each key of a batch's keys (option order-by; a change older than the table's does not apply)."""
 HELD_COLUMN = "__lakesink_held"
 """The order value the table holds for a key, while a batch's keys are compared with it."""
+UNAVAILABLE_COLUMN = "__lakesink_unavailable"
+"""Option cdc-format: per change, the columns whose value its source did not send (Debezium's unavailable-value
+placeholder: PostgreSQL's unchanged TOASTed values), kept from the row the table (or the batch) holds for the key
+(lakesink.cdc.unavailable); in a batch's keys, those the commit fills from the table."""
 TOP_COLUMN = "__lakesink_top"
 """The greatest ``order-by`` value of a key, while a batch is resolved to one row per key."""
 REJECT_COLUMN = "__lakesink_reject"

@@ -7,6 +7,7 @@ subprocess. Every row has a unique id; tables are compared as multisets.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 import uuid
@@ -35,7 +36,7 @@ from lakesink.errors import (
     TableIdentityChangedError,
     TableLocationError,
 )
-from lakesink.executor.messages import TaskIds
+from lakesink.executor.messages import ROWS_ONLY, RowsDigest, TaskIds
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BETWEEN_TABLE_COMMITS
 from lakesink.options import SinkOptions
@@ -778,6 +779,38 @@ def test_a_second_routed_sink_of_the_same_run_commits_nothing_in_any_table(
         (replay if at_plan else commit_unchecked)(second, 0, {"a": [3], "c": [4]}, run_id=run_id)
     assert ids(catalog_properties, "db.a") == Counter([1]) and ids(catalog_properties, "db.b") == Counter([2])
     assert not exists(catalog_properties, "db.c") or ids(catalog_properties, "db.c") == Counter()
+
+
+def counted_only(result: RoutedTaskResult) -> RoutedTaskResult:
+    """A task's result whose tables' digests are counts alone, as route-by with writer='spark' records them where the
+    batch's tables are committed as one unit (lakesink.sink.spark_split: kind ROWS_ONLY, ``<rows>``)."""
+    tables = tuple(
+        dataclasses.replace(t, rows_digest=RowsDigest(t.rows_digest.rows, 0, ROWS_ONLY) if t.rows_digest else None)
+        for t in result.tables
+    )
+    return dataclasses.replace(result, tables=tables)
+
+
+@pytest.mark.parametrize("at_plan", [True, False], ids=["checked-at-plan", "checked-in-the-loop"])
+def test_a_replay_completing_a_batch_whose_tables_recorded_counts_alone_is_refused(
+    catalog_properties: dict[str, str], at_plan: bool
+) -> None:
+    """Issue 51, item 13, on the Arrow path (foreach_batch checked at plan time; format("lakesink")'s commit in the
+    loop): batch 0 committed as one unit with counts alone (ids 1, 2, 3 to a, c, b), db.c dropped since, a replay whose
+    changed lookup sends 1 to c and 2 to a. The counts match (1 each); completing c would leave a=[1] b=[3] c=[1]. The
+    replay is refused, nothing committed in any table."""
+    rc = routed(catalog_properties)
+    first: dict[str | None, list[int]] = {"a": [1], "c": [2], "b": [3]}
+    commit_or_abort(rc, 0, [counted_only(write(rc, 0, first))])
+    assert snapshots(catalog_properties, "db.a")[0]["summary"]["lakesink.batch-rows-digest"] == "1"
+    catalogs.load(None, catalog_properties).drop_table(("db", "c"))  # (its files stay where they were)
+    dropped = files_under(catalog_properties, "db.c")
+    moved: dict[str | None, list[int]] = {"c": [1], "a": [2], "b": [3]}
+    with pytest.raises(ReplayMismatchError, match="recorded the batch's rows as a count alone"):
+        (replay if at_plan else commit_unchecked)(routed(catalog_properties), 0, moved)
+    assert ids(catalog_properties, "db.a") == Counter([1]) and ids(catalog_properties, "db.b") == Counter([3])
+    assert not exists(catalog_properties, "db.c") or ids(catalog_properties, "db.c") == Counter()
+    assert files_under(catalog_properties, "db.c") == dropped  # the replay's files deleted
 
 
 @pytest.mark.parametrize("atomic", ["auto", "off"])

@@ -253,3 +253,177 @@ def test_with_a_dead_letter_table_the_inference_takes_a_string_for_a_field_of_se
     assert payload.merge_columns([{"n": pa.int64()}, {"n": pa.string()}], "db.t", lenient=True).field("n").type == pa.string()
     with pytest.raises(payload.PayloadTypeError):
         list(payload.PayloadInference("route", "doc")(iter([rows])))
+
+
+def connect_schema(*fields: dict[str, object]) -> str:
+    """A Debezium envelope's Connect schema (JsonConverter schemas.enable) whose ``after`` struct has ``fields``."""
+    return json.dumps({"type": "struct", "fields": [{"type": "struct", "fields": list(fields), "field": "after"}]})
+
+
+def test_a_number_with_more_digits_than_a_decimal_column_holds_does_not_fit() -> None:
+    """Before: 12.345 into decimal(10,2) became 12.35 and 7.5 into decimal(10,0) 8 (the float-to-decimal cast rounds;
+    the exactness check had no decimal case), also inside a struct; strings were refused."""
+    target = pa.schema([("a", pa.decimal128(10, 2)), ("z", pa.decimal128(10, 0)), ("s", pa.struct([("d", pa.decimal128(5, 1))]))])
+    fits = payloads({"a": 12.30, "z": 7.0, "s": {"d": 1.5}}, {"a": 7, "z": "12", "s": {"d": 9999.9}}, {"a": "-0.10", "z": -0.0})
+    assert payload.expand(fits, "doc", target, "db.t").to_pylist() == [
+        {"a": Decimal("12.30"), "z": Decimal("7"), "s": {"d": Decimal("1.5")}},
+        {"a": Decimal("7.00"), "z": Decimal("12"), "s": {"d": Decimal("9999.9")}},
+        {"a": Decimal("-0.10"), "z": Decimal("0"), "s": None},
+    ]
+    rows = payloads(
+        {"a": 12.345}, {"z": 7.5}, {"a": 123456789.5}, {"a": "12.345"}, {"s": {"d": 0.25}}, {"a": 1e300}, {"a": "NaN"}
+    )
+    out, misfits = payload.expand_fitting(rows, "doc", target, "db.t")
+    assert out.num_rows == 0
+    assert [(m.row, m.column) for m in misfits] == [(0, "a"), (1, "z"), (2, "a"), (3, "a"), (4, "s"), (5, "a"), (6, "a")]
+    assert "holds 12.345, which has 3 digit(s) after the point, more than the column's scale (2)" in misfits[0].message
+    assert "holds 123456789.5, which has 9 digit(s) before the point, more than the column's 8" in misfits[2].message
+    with pytest.raises(SchemaMismatchError, match=r"table db\.t, column 'z' \(decimal128\(10, 0\)\): a payload holds 7\.5"):
+        payload.expand(payloads({"z": 7.5}), "doc", target, "db.t")
+
+
+def test_an_integer_into_a_temporal_column_has_no_unit_and_is_refused() -> None:
+    """Before: pyarrow read an integer in the column's unit: io.debezium.time.Timestamp's milliseconds as microseconds
+    (2023-11-14 became 1970-01-20), days into a date column; now refused naming the fix."""
+    target = pa.schema([("at", pa.timestamp("us")), ("day", pa.date32()), ("t", pa.time64("us")), ("l", pa.list_(pa.date32()))])
+    for doc, column in (({"at": 1_700_000_000_000}, "at"), ({"day": 19_000}, "day"), ({"t": 5}, "t"), ({"l": [1]}, "l")):
+        with pytest.raises(SchemaMismatchError, match=rf"table db\.t, column '{column}'.*a payload holds"):
+            payload.expand(payloads(doc), "doc", target, "db.t")
+    with pytest.raises(SchemaMismatchError, match=r"no unit.*schemas\.enable=true.*time\.precision\.mode=isostring"):
+        payload.expand(payloads({"at": 1}), "doc", target, "db.t")
+    ok = payload.expand(payloads({"at": "2023-11-14T22:13:20.123", "day": "2023-11-14"}), "doc", target, "db.t")
+    assert ok.to_pylist() == [{"at": datetime(2023, 11, 14, 22, 13, 20, 123000), "day": date(2023, 11, 14), "t": None, "l": None}]
+
+
+def test_a_connect_value_that_does_not_decode_is_a_misfit_never_a_crash() -> None:
+    """Before: a Decimal that is no base64 raised a bare binascii.Error out of the inference and the expansion, bytes
+    without their padding were decoded into other bytes, a PostgreSQL infinity timestamp raised OverflowError."""
+    schema = connect_schema(
+        {
+            "type": "bytes",
+            "name": "org.apache.kafka.connect.data.Decimal",
+            "parameters": {"scale": "2", "connect.decimal.precision": "10"},
+            "field": "d",
+        },
+        {"type": "bytes", "field": "b"},
+        {"type": "int64", "name": "io.debezium.time.MicroTimestamp", "field": "at"},
+        {"type": "string", "name": "io.debezium.time.ZonedTimestamp", "field": "z"},
+        {"type": "double", "field": "x"},
+    )
+    docs = [{"d": "AQ==", "b": "AAE=", "at": 0, "z": "2024-01-01T00:00:00Z", "x": "NaN"}]
+    docs += [{"d": "not base64!"}, {"b": "AAE"}, {"at": 9223372036825200000}, {"z": "noon"}, {"x": "many"}]
+    batch = pa.record_batch({"route": ["db.t"] * len(docs), "doc": [json.dumps(d) for d in docs], "s": [schema] * len(docs)})
+    (inferred,) = list(payload.PayloadInference("route", "doc", schema_column="s")(iter([batch])))
+    columns = pickle.loads(inferred.column("columns")[0].as_py())
+    target = pa.schema([pa.field(n, t) for n, t in columns.items()])
+    out, misfits = payload.expand_fitting(batch, "doc", target, "db.t", schema_column="s")
+    assert out.num_rows == 1 and out.column("d").to_pylist() == [Decimal("0.01")]
+    assert [(m.row, m.column) for m in misfits] == [(1, "d"), (2, "b"), (3, "at"), (4, "z"), (5, "x")]
+    assert "holds 'not base64!' (org.apache.kafka.connect.data.Decimal: " in misfits[0].message
+    assert "beyond the range of a timestamp" in misfits[2].message
+    with pytest.raises(SchemaMismatchError, match=r"table db\.t, column 'd' .*'not base64!'"):
+        payload.expand(batch, "doc", target, "db.t", schema_column="s")
+
+
+def test_connect_decimals_above_38_digits_are_their_exact_text() -> None:
+    """Before: decimal128(65, 30) raised pyarrow's bare "precision should be between 1 and 38"; a decimal(38,10)'s
+    32-digit value was rounded to 28 digits by Decimal.scaleb."""
+    import base64
+
+    def b64(n: int) -> str:
+        return base64.b64encode(n.to_bytes(max(1, (n.bit_length() + 8) // 8), "big", signed=True)).decode()
+
+    dec = "org.apache.kafka.connect.data.Decimal"
+    schema = connect_schema(
+        {"type": "bytes", "name": dec, "parameters": {"scale": "30", "connect.decimal.precision": "65"}, "field": "big"},
+        {"type": "bytes", "name": dec, "parameters": {"scale": "2"}, "field": "free"},
+        {
+            "type": "struct",
+            "name": "io.debezium.data.VariableScaleDecimal",
+            "field": "var",
+            "fields": [{"type": "int32", "field": "scale"}, {"type": "bytes", "field": "value"}],
+        },
+        {"type": "bytes", "name": dec, "parameters": {"scale": "10", "connect.decimal.precision": "38"}, "field": "wide"},
+    )
+    doc = {"big": b64(-(10**64) - 7), "free": b64(12345), "var": {"scale": -2, "value": b64(5)}, "wide": b64(10**37 + 3)}
+    batch = pa.record_batch({"route": ["db.t"], "doc": [json.dumps(doc)], "s": [schema]})
+    (inferred,) = list(payload.PayloadInference("route", "doc", schema_column="s")(iter([batch])))
+    columns = pickle.loads(inferred.column("columns")[0].as_py())
+    assert columns == {"big": pa.string(), "free": pa.string(), "var": pa.string(), "wide": pa.decimal128(38, 10)}
+    target = pa.schema([pa.field(n, t) for n, t in columns.items()])
+    assert payload.expand(batch, "doc", target, "db.t", schema_column="s").to_pylist() == [
+        {
+            "big": "-" + "1" + "0" * 34 + "." + "0" * 29 + "7",
+            "free": "123.45",
+            "var": "500",
+            "wide": Decimal("1000000000000000000000000000.0000000003"),
+        }
+    ]
+    # into an existing decimal column: each value cast exactly, or refused naming it
+    narrow = pa.schema([("free", pa.decimal128(5, 2)), ("big", pa.decimal128(38, 2))])
+    out, misfits = payload.expand_fitting(batch, "doc", narrow, "db.t", schema_column="s")
+    assert out.num_rows == 0 and [(m.row, m.column) for m in misfits] == [(0, "big")]
+
+
+def test_a_source_type_widening_joins_the_types_and_marks_the_fields_for_merge_schema() -> None:
+    """A batch holding records before and after ALTER COLUMN ... TYPE bigint (Connect int32, then int64): before,
+    "two JSON types that no one column holds: int32 and int64"; now one type, Iceberg's promotion, and the field marked
+    wide (Found.wide: a narrower column of an existing table is widened with merge-schema). A JSON integer marks its
+    field only beyond 32 bits."""
+    old = connect_schema(
+        {"type": "int32", "field": "id"},
+        {"type": "float", "field": "f"},
+        {
+            "type": "bytes",
+            "name": "org.apache.kafka.connect.data.Decimal",
+            "parameters": {"scale": "2", "connect.decimal.precision": "10"},
+            "field": "d",
+        },
+    )
+    new = connect_schema(
+        {"type": "int64", "field": "id"},
+        {"type": "double", "field": "f"},
+        {
+            "type": "bytes",
+            "name": "org.apache.kafka.connect.data.Decimal",
+            "parameters": {"scale": "2", "connect.decimal.precision": "20"},
+            "field": "d",
+        },
+    )
+    batch = pa.record_batch(
+        {
+            "route": ["db.t"] * 4,
+            "doc": [
+                json.dumps(d)
+                for d in (
+                    {"id": 1, "n": 1, "f": None, "d": None},
+                    {"id": 2**40, "n": 2**40, "f": 1.5, "d": None},
+                    {"id": 3, "small": 5},
+                    {"id": 4, "n": None},
+                )
+            ],
+            "s": [old, new, None, None],
+        }
+    )
+    (inferred,) = list(payload.PayloadInference("route", "doc", schema_column="s")(iter([batch])))
+    columns = pickle.loads(inferred.column("columns")[0].as_py())
+    found = pickle.loads(inferred.column("found")[0].as_py())
+    assert columns == {"id": pa.int64(), "f": pa.float64(), "d": pa.decimal128(20, 2), "n": pa.int64(), "small": pa.int64()}
+    assert found.wide == {"id", "f", "d", "n"}  # "small" only ever held 5
+    merged = payload.merge_columns([columns], "db.t", wide=found.wide)
+    assert payload.wide_fields(merged) == {"id", "f", "d", "n"}
+    assert payload.unify(pa.decimal128(10, 2), pa.decimal128(12, 2), "x") == pa.decimal128(12, 2)
+    with pytest.raises(payload.PayloadTypeError):
+        payload.unify(pa.decimal128(10, 2), pa.decimal128(10, 3), "x")  # Iceberg keeps a decimal's scale
+    # without merge-schema the int column keeps its type: a value beyond it names both types and the option
+    with pytest.raises(
+        SchemaMismatchError,
+        match=r"column 'id' \(int32\).*1099511627776, which is beyond an int.*merge-schema=true widens the column to long",
+    ):
+        payload.expand(
+            batch,
+            "doc",
+            pa.schema([(n, t) for n, t in columns.items() if n != "id"] + [("id", pa.int32())]),
+            "db.t",
+            schema_column="s",
+        )

@@ -134,6 +134,35 @@ def test_two_sinks_without_sink_ids_fail_loudly(spark: Any, tmp_path: Path, cata
     assert table_ids(p.table) == Counter(i for i in p.sent if i % 2 == 0)  # only what the first sink committed
 
 
+def test_two_sinks_without_sink_ids_stay_loud_after_a_restart_then_ids_write_every_row_once(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """Issue 51, item 10 (one table): the second sink without an id of its own fails loudly, and a restart that changes
+    nothing fails again -- it must not take the first sink's commit of the batch for a replay of its own and skip its
+    rows (before: the restart completed silently, the odd ids lost). Given an id, the restart writes them once."""
+    p = Pipeline(spark, tmp_path, catalog_properties)
+    p.add_input(1)
+
+    def writer(second_id: str | None) -> Any:
+        first = lakesink.foreach_batch(TABLE, catalog_properties=p.props)
+        second = lakesink.foreach_batch(TABLE, catalog_properties=p.props, sink_id=second_id)
+
+        def both(df: Any, batch_id: int) -> None:
+            first(df.filter(F.col("id") % 2 == 0), batch_id)
+            second(df.filter(F.col("id") % 2 == 1), batch_id)
+
+        return p.until_read(p.source(1).writeStream.foreachBatch(both))
+
+    for _ in range(2):  # the first run, then a restart that changes nothing
+        with pytest.raises(StreamingQueryException, match="DuplicateSinkError") as info:
+            p.run(writer(None))
+        assert "sink_id" in str(info.value)
+        assert table_ids(p.table) == Counter(i for i in p.sent if i % 2 == 0)
+    p.run(writer("odd"))  # the fix the error names: the restart writes the second sink's rows once
+    assert table_ids(p.table) == Counter(p.sent)
+    assert_snapshot_invariants(p.table)
+
+
 def test_stop_during_commit_never_deletes_files_of_a_commit_that_lands(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
 ) -> None:

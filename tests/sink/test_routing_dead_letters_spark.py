@@ -18,6 +18,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
+import lakesink
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.table import dead_letters as dl
@@ -110,6 +111,52 @@ def test_routed_dead_letters_are_exactly_once_across_a_crash_after_the_commit(
     row = next(json.loads(r[dl.ROW]) for r in letters if json.loads(r[dl.ROW])["id"] == 10_003)
     assert row["route"] == "../etc" and row["kind"] == 3
     assert not any(".." in ".".join(t) for ns in catalog.list_namespaces() for t in catalog.list_tables(ns))
+
+
+def two_routed_sinks(spark: Any, src: Path, ck: Path, props: dict[str, str], second_id: str | None) -> Any:
+    """One foreachBatch function, two routed sinks with the same routing column, namespace and dead-letter table: the
+    even ids to the first (db.a; id % 4 == 2 a null route, its dead letter), the odd ids to the second (db.b; id % 4 ==
+    3 a null route)."""
+    df = spark.readStream.schema(SCHEMA_DDL).json(str(src))
+    df = df.withColumn(
+        "route",
+        F.when(F.col("id") % 4 >= 2, F.lit(None).cast("string")).when(F.col("id") % 2 == 0, F.lit("a")).otherwise(F.lit("b")),
+    )
+    first = lakesink.foreach_batch(route_by="route", namespace="db", dead_letter_table=DEAD, catalog_properties=props)
+    second = lakesink.foreach_batch(
+        route_by="route", namespace="db", dead_letter_table=DEAD, catalog_properties=props, sink_id=second_id
+    )
+
+    def both(batch: Any, batch_id: int) -> None:
+        first(batch.filter(F.col("id") % 2 == 0), batch_id)
+        second(batch.filter(F.col("id") % 2 == 1), batch_id)
+
+    q = df.writeStream.foreachBatch(both).option("checkpointLocation", str(ck))
+    return q.trigger(availableNow=True).start()
+
+
+def test_two_routed_sinks_sharing_a_dead_letter_table_under_one_marker_stay_loud_until_given_ids(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """Issue 51, item 10: two routed sinks of one query (the same routing column, namespace and sink id) share one
+    dead-letter marker. The first run fails loudly (DuplicateSinkError); a restart that changes nothing must fail again
+    -- before, it committed the second sink's rows to db.b and took the first sink's dead letters of the batch for a
+    replay of its own: its dead letters were never written. Given an id, the restart writes its rows and its dead
+    letters once."""
+    src, ck = tmp_path / "input", tmp_path / "checkpoint"
+    sent = write_json_input(src, files=1, rows_per_file=16, start=40_000)
+    catalog = catalogs.load(None, catalog_properties)
+    for _ in range(2):  # the first run, then a restart that changes nothing
+        with pytest.raises(StreamingQueryException, match="DuplicateSinkError") as info:
+            run_to_end(two_routed_sinks(spark, src, ck, catalog_properties, None))
+        assert "sink_id" in str(info.value)
+        assert not catalog.table_exists(("db", "b")) or table_ids(catalog.load_table(("db", "b"))) == Counter()
+    run_to_end(two_routed_sinks(spark, src, ck, catalog_properties, "second"))
+    assert table_ids(catalog.load_table(("db", "a"))) == Counter(i for i in sent if i % 4 == 0)
+    assert table_ids(catalog.load_table(("db", "b"))) == Counter(i for i in sent if i % 4 == 1)
+    letters = catalog.load_table(("db", "dead")).scan().to_arrow().to_pylist()
+    got = Counter((json.loads(r[dl.ROW])["id"], r[dl.ERROR]) for r in letters)
+    assert got == Counter({(i, dl.INVALID_ROUTE): 1 for i in sent if i % 4 >= 2})
 
 
 NOT_UTF8 = {1: b"\xff", 2: b"t0\xfe"}

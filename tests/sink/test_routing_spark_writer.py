@@ -264,6 +264,48 @@ def test_a_replay_changing_only_the_rows_of_a_table_without_the_batch_is_loud_to
     assert notes.column("note").to_pylist() == ["first"]
 
 
+@pytest.mark.timeout(900)
+def test_a_table_dropped_after_a_unit_commit_then_a_replay_moving_rows_is_refused_with_a_way_out(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """Issue 51, item 13. As one unit (SQLite, atomic='auto') the split job counts each table's rows alone. Batch 0
+    routes ids 1, 2, 3 to a, c, b and lands in all three; the driver dies before Spark's commit log; table c is dropped
+    (then created again by the replay); the lookup changed: the replay routes 1 to c and 2 to a. The tables holding the
+    batch recorded a count (1 row each), which matched -- before, the replay completed c silently (a=[1], b=[3], c=[1]:
+    id 1 twice, id 2 lost). Now it is refused, nothing committed; the way out the error names (batch 0 recorded done in
+    the checkpoint) leaves the batch where the unit put it, and the next batch is committed once."""
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_json_input(src, files=1, rows_per_file=3, start=1)  # ids 1, 2, 3
+
+    def start(lookup: dict[int, str]) -> Any:
+        df = spark.readStream.schema(SCHEMA_DDL).json(str(src))
+        route = F.lit("b")
+        for i, table in lookup.items():
+            route = F.when(F.col("id") == i, F.lit(table)).otherwise(route)
+        df = df.withColumn("route", route)
+        q = df.writeStream.foreachBatch(spark_sink(catalog_properties)).option("checkpointLocation", str(ck))
+        return q.trigger(availableNow=True).start()
+
+    first = {1: "a", 2: "c", 3: "b"}
+    fail_once_at(faults, DRIVER_AFTER_SWAP, lambda: run_to_end(start(first)))  # the unit landed, then the crash
+    catalog = catalogs.load(None, catalog_properties)
+    assert {n: table_ids(catalog.load_table(("db", n))) for n in "abc"} == {n: Counter([i]) for i, n in first.items()}
+    catalog.drop_table(("db", "c"))
+    with pytest.raises(StreamingQueryException, match="recorded the batch's rows as a count alone"):
+        run_to_end(start({1: "c", 2: "a", 3: "b"}))
+    assert table_ids(catalog.load_table(("db", "a"))) == Counter([1])
+    assert table_ids(catalog.load_table(("db", "b"))) == Counter([3])
+    assert not catalog.table_exists(("db", "c")) or table_ids(catalog.load_table(("db", "c"))) == Counter()
+    # the way out: batch 0 recorded done in the checkpoint, as Spark writes it
+    (ck / "commits").mkdir(exist_ok=True)
+    (ck / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}')
+    write_json_input(src, files=1, rows_per_file=1, start=4)  # batch 1: id 4
+    run_to_end(start({1: "c", 2: "a", 3: "b", 4: "a"}))
+    assert table_ids(catalog.load_table(("db", "a"))) == Counter([1, 4])
+    assert table_ids(catalog.load_table(("db", "b"))) == Counter([3])
+    assert not catalog.table_exists(("db", "c")) or table_ids(catalog.load_table(("db", "c"))) == Counter()
+
+
 def write_plans_since(spark: Any, seen: set[int]) -> list[str]:
     """The physical plans of the Parquet write jobs Spark ran since ``seen`` (SQL execution ids, updated)."""
     return [plan for plan in executions_since(spark, seen) if "InsertIntoHadoopFsRelationCommand" in plan]

@@ -55,6 +55,12 @@ _SCHEMA_OF: dict[str, dict[str, Any]] = {
     "timestamp": {"type": "int64", "name": "io.debezium.time.MicroTimestamp", "version": 1},
     "timestamptz": {"type": "string", "name": "io.debezium.time.ZonedTimestamp", "version": 1},
     "uuid": {"type": "string", "name": "io.debezium.data.Uuid", "version": 1},
+    # PostgreSQL's json/jsonb and arrays, as the connector's Connect schemas give them (not in the oracle's tables)
+    "json": {"type": "string", "name": "io.debezium.data.Json", "version": 1},
+    "list<string>": {"type": "array", "items": {"type": "string", "optional": True}},
+    "list<int>": {"type": "array", "items": {"type": "int32", "optional": True}},
+    "list<binary>": {"type": "array", "items": {"type": "bytes", "optional": True}},
+    "list<uuid>": {"type": "array", "items": {"type": "string", "name": "io.debezium.data.Uuid", "version": 1, "optional": True}},
 }
 
 
@@ -92,6 +98,8 @@ def value(v: Any, iceberg: str) -> Any:
         return {math.inf: "Infinity", -math.inf: "-Infinity"}.get(v, "NaN")
     if iceberg == "binary":
         return base64.b64encode(v).decode()
+    if iceberg == "list<binary>":
+        return [None if b is None else base64.b64encode(b).decode() for b in v]
     return v
 
 

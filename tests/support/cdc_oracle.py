@@ -10,7 +10,7 @@ rolled back, ``ALTER TABLE ... ADD COLUMN`` (round :data:`ALTER_ROUND`), ``TRUNC
 -- and reads the slot's changes
 (``pg_logical_slot_get_binary_changes``, decoded by :mod:`tests.support.pgoutput`).
 
-What it writes, one file per round in five folders (a Spark file stream reads a folder, each new round a new
+What it writes, one file per round in six folders (a Spark file stream reads a folder, each new round a new
 file; the rounds replay in file-name order):
 
 - ``changes/round-NNNN.jsonl``: one change a line: ``seq`` (a total order over the whole capture), ``round``,
@@ -26,6 +26,12 @@ file; the rounds replay in file-name order):
   transaction metadata (``provide.transaction.metadata=true``): each change of a transaction carries its
   ``transaction`` block (id, total_order, data_collection_order) from the slot's real transaction boundaries
   (pgoutput's BEGIN/COMMIT, the xid and the commit LSN).
+- ``debezium-toast/round-NNNN.jsonl``: ``debezium-schemas/``'s records as Debezium sends them for tables with
+  REPLICA IDENTITY DEFAULT (PostgreSQL's default; :data:`DEBEZIUM_TOAST`): an unchanged TOASTed value (the
+  ``documents.body`` updates leave alone, which pgoutput marks ``u``) is Debezium's placeholder
+  ``__debezium_unavailable_value``, an update carries no ``before``, a delete's ``before`` the key only. The other
+  folders fill such a value from the old row (as Debezium does under FULL); a consumer of this one must keep the
+  stored value (option cdc-format does: tests/cdc/test_cdc_toast_oracle.py).
 - ``transactions/round-NNNN.jsonl`` and ``transactions-schemas/round-NNNN.jsonl``: the transaction topic
   (``lake.transaction``): a ``BEGIN`` and an ``END`` record per transaction of the round, in commit order (``END``:
   ``event_count``, ``data_collections``), with their offsets. A consumer of the tables' topics alone never sees them.
@@ -82,6 +88,12 @@ TRUNCATE_ROUND = 3
 DELETES_ONLY = 3  # the transaction of each round that deletes only (a row of three tables)
 ROUNDS = 5  # the rounds after round 0 (the snapshot): a few seconds of workload
 CHANGES, DEBEZIUM, DEBEZIUM_SCHEMAS = "changes", "debezium", "debezium-schemas"
+UNAVAILABLE_VALUE = "__debezium_unavailable_value"
+DEBEZIUM_TOAST = "debezium-toast"
+"""``debezium-schemas/`` as Debezium sends the records of a table with REPLICA IDENTITY DEFAULT: an unchanged TOASTed
+value (pgoutput's ``u``) is the connector's placeholder ``__debezium_unavailable_value`` instead of the value (the
+other folders fill it from the old row, as Debezium does under FULL), an update has no ``before``, a delete's
+``before`` holds the key only."""
 TRANSACTIONS, TRANSACTIONS_SCHEMAS = "transactions", "transactions-schemas"
 Row = dict[str, Any]
 Key = tuple[Any, ...]
@@ -356,11 +368,13 @@ class CdcWorkload:
     _decoder: Decoder = field(default_factory=Decoder)
     _capture_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
     _offsets: dict[tuple[str, str], int] = field(default_factory=dict)
+    _toasted: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    """By a change's ``seq``: the columns pgoutput did not send (unchanged TOAST values), filled from the old row."""
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.keys = {t.qualified: [] for t in TABLES}
-        for sub in (CHANGES, DEBEZIUM, DEBEZIUM_SCHEMAS, TRANSACTIONS, TRANSACTIONS_SCHEMAS):
+        for sub in (CHANGES, DEBEZIUM, DEBEZIUM_SCHEMAS, DEBEZIUM_TOAST, TRANSACTIONS, TRANSACTIONS_SCHEMAS):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
 
     @property
@@ -591,16 +605,20 @@ class CdcWorkload:
             return [self._change(table, "d", m.old, None, types, xid, m.lsn, commit_lsn, commit_time)]
         old, new = m.old, dict(m.new or {})
         assert old is not None, f"update of {table} without its old row: is its REPLICA IDENTITY FULL?"
-        for column, value in new.items():
-            if value is UNCHANGED_TOAST:
-                assert old[column] is not UNCHANGED_TOAST, f"{table}.{column}: unchanged TOAST value in the old row too"
-                new[column] = old[column]
+        toasted = tuple(c for c, v in new.items() if v is UNCHANGED_TOAST)
+        for column in toasted:
+            assert old[column] is not UNCHANGED_TOAST, f"{table}.{column}: unchanged TOAST value in the old row too"
+            new[column] = old[column]
         if any(old[c] != new[c] for c in key):  # Debezium's way: the old key deleted, the new one created
-            return [
+            changes = [
                 self._change(table, "d", old, None, types, xid, m.lsn, commit_lsn, commit_time),
                 self._change(table, "c", None, new, types, xid, m.lsn, commit_lsn, commit_time),
             ]
-        return [self._change(table, "u", old, new, types, xid, m.lsn, commit_lsn, commit_time)]
+        else:
+            changes = [self._change(table, "u", old, new, types, xid, m.lsn, commit_lsn, commit_time)]
+        if toasted:
+            self._toasted[changes[-1]["seq"]] = toasted
+        return changes
 
     def _write(self, changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for change in changes:
@@ -630,7 +648,26 @@ class CdcWorkload:
                     r["offset"] = self._offsets.get((sub_name, r["topic"]), 0)
                     self._offsets[(sub_name, r["topic"])] = r["offset"] + 1
                 (self.folder / sub_name / name).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        toast = [
+            r
+            for c in changes
+            for r in cdc_debezium.records(self._as_default(c), self.db, self._capture_keys[c["table"]], schemas=True)
+        ]
+        (self.folder / DEBEZIUM_TOAST / name).write_text("".join(json.dumps(r) + "\n" for r in toast), encoding="utf-8")
         return changes
+
+    def _as_default(self, change: dict[str, Any]) -> dict[str, Any]:
+        """A change as Debezium sends it under REPLICA IDENTITY DEFAULT (:data:`DEBEZIUM_TOAST`)."""
+        out = dict(change)
+        toasted = self._toasted.get(change["seq"], ())
+        if toasted and out["after"] is not None:
+            out["after"] = {c: (UNAVAILABLE_VALUE if c in toasted else v) for c, v in out["after"].items()}
+        if out["op"] in ("u", "c"):
+            out["before"] = None
+        elif out["op"] == "d" and out["before"] is not None:
+            key = self._capture_keys[change["table"]]
+            out["before"] = {c: (v if c in key else None) for c, v in out["before"].items()}
+        return out
 
     def drop_slot(self) -> None:
         with connect(self.dsn, autocommit=True) as conn, conn.cursor() as cur:

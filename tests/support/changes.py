@@ -15,8 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pyarrow as pa
+
 import lakesink
+from lakesink.driver.actions.batch import BatchCall
+from lakesink.driver.committers.routed import RoutedCommitter
+from lakesink.executor.messages import TaskIds
+from lakesink.executor.staged import StagedTaskWriter
 from lakesink.faults import DRIVER_AFTER_SWAP
+from lakesink.options import SinkOptions
+from lakesink.sink.staged import StagedCommitter, cdc_schema, staged_plan
 from tests.support.helpers import fail_once_at, run_to_end
 from tests.support.stream_input import write_stream_lines
 
@@ -159,3 +167,34 @@ class DebeziumRounds:
     ) -> None:
         """:func:`rounds_through_a_failure` of ``rounds`` written and run by this."""
         rounds_through_a_failure(rounds, faults, failing=failing, write=self.write, run=self.run, check=check)
+
+
+KAFKA_SCHEMA = pa.schema([("topic", pa.string()), ("key", pa.string()), ("value", pa.string())])
+""":data:`KAFKA_DDL` as Arrow."""
+
+
+def staged_cdc_batch(
+    props: Mapping[str, str],
+    ck: Path,
+    query_id: str,
+    batch_id: int,
+    records: Sequence[Mapping[str, Any]],
+    options: Mapping[str, str] | None = None,
+) -> None:
+    """One micro-batch of ``format("lakesink")`` with option cdc-format over Kafka records (topic, key, value), without
+    Spark: one staging task (lakesink.executor.staged) and the staged commit (lakesink.sink.staged); ``options``: the
+    sink's other options."""
+    sink_options = SinkOptions.from_mapping(
+        {
+            "cdc-format": "debezium",
+            "merge-schema": "true",
+            "checkpointLocation": str(ck),
+            **(options or {}),
+            **{f"catalog.{k}": v for k, v in props.items()},
+        }
+    )
+    routed = RoutedCommitter(sink_options, cdc_schema(KAFKA_SCHEMA))
+    c = StagedCommitter(routed, staged_plan(sink_options, KAFKA_SCHEMA, routed, query_id))
+    ids = TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id, run_id="r")
+    result = StagedTaskWriter(c.plan, ids).write(iter([pa.RecordBatch.from_pylist(list(records), schema=KAFKA_SCHEMA)]))
+    c.commit_batch(BatchCall(query_id, batch_id, None, "r"), [result])

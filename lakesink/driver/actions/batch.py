@@ -29,6 +29,7 @@ from pyiceberg.table import Table
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import producers as seam_producers
 from lakesink._pyiceberg import row_delta as seam_row_delta
+from lakesink.cdc import unavailable
 from lakesink.driver.actions import completeness, upsert, upsert_mor, upsert_order
 from lakesink.driver.actions.completeness import BatchTime, Recorded
 from lakesink.driver.loop import swap
@@ -38,7 +39,9 @@ from lakesink.executor import upsert_task
 from lakesink.executor.messages import TaskResult, WrittenFile
 from lakesink.table import names
 from lakesink.table.keys import (
+    DELETED,
     MERGE_ON_READ,
+    ORDER_COLUMN,
     SUMMARY_BATCH_ROWS_DIGEST,
     SUMMARY_BATCH_TABLES_DIGEST,
     SUMMARY_COMMIT_ATTEMPT,
@@ -47,6 +50,7 @@ from lakesink.table.keys import (
     SUMMARY_DEAD_LETTERS,
     SUMMARY_PREVIOUS_BATCH_ID,
     SUMMARY_UPSERT_ORDER_FILE,
+    UNAVAILABLE_COLUMN,
 )
 from lakesink.table.markers import (
     CommittedBatch,
@@ -469,10 +473,13 @@ class TruncateBatch(OverwriteBatch):
         schema_changes = c.schema_changes_at_commit(table, batch)
         schema = seam_producers.evolved_schema(table, schema_changes) if schema_changes else table.schema()
         commit = batch.commit_name()
+        changes = batch.changes
+        if changes is not None and UNAVAILABLE_COLUMN in changes.column_names:  # none left to keep (action_for)
+            changes = changes.drop_columns([UNAVAILABLE_COLUMN])
         path, self.order_properties = upsert_order.truncated(
             table,
             schema,
-            batch.changes,
+            changes,
             at=self.at,
             order_by=c.options.order_by,
             branch=c.options.branch,
@@ -537,7 +544,19 @@ class UpsertBatch(AppendBatch):
             commit=commit,
         )
         rewrite, self.order_properties = done.rewrite, done.properties
+        # option cdc-format: the batch's rows keeping a column of the row they replace (Debezium's unavailable value)
+        data_files, filled, replaced = upsert.fill_unavailable(
+            table,
+            schema,
+            done.data_files,
+            rewrite,
+            keys=keys,
+            plan=plan,
+            batch_id=batch.batch_id,
+            attempt=attempt,
+        )
         self.replaced.update(done.replaced)
+        self.replaced.update(replaced)  # the copies of this attempt's stale rewrite among them: unreferenced once it lands
         self.rewrites.append(rewrite)
         return seam_producers.prepare_snapshot(
             table,
@@ -545,7 +564,7 @@ class UpsertBatch(AppendBatch):
             files_since_ms=batch.files_since_ms,
             removed_files=rewrite.removed,
             data_files=[
-                *done.data_files,
+                *data_files,
                 *(
                     seam_producers.data_file(
                         path=f.path,
@@ -557,7 +576,7 @@ class UpsertBatch(AppendBatch):
                     for f in rewrite.written
                 ),
             ],
-            owned=[*rewrite.paths, *done.written],
+            owned=[*rewrite.paths, *done.written, *filled],
             summary={**self.attempt_summary(table, attempt), **upsert.summary(rewrite), **done.summary},
             properties=self.properties,
             branch=c.options.branch,
@@ -663,6 +682,7 @@ def action_for(
     if truncate and committer.options.order_by is not None and truncate_at is not None:
         floor = upsert_order.truncate_floor(table, committer.options.branch, committer.table_name)
         if floor is None or truncate_at > floor:
+            _nothing_to_keep(committer, batch)
             return TruncateBatch(committer, table, batch, truncate_at)
         log.info(
             "table %s: batch %s's truncate at %s is not newer than its last (%s): not applied",
@@ -673,6 +693,7 @@ def action_for(
         )
         truncate = False
     if truncate:
+        _nothing_to_keep(committer, batch)
         return OverwriteBatch(committer, table, batch)
     if batch.changes is not None:
         return MergeOnReadBatch(committer, table, batch) if batch.merge is not None else UpsertBatch(committer, table, batch)
@@ -681,3 +702,12 @@ def action_for(
     if not batch.files and not records_letters:
         return MarkEmptyBatch(committer, table, batch)
     return AppendBatch(committer, table, batch)
+
+
+def _nothing_to_keep(committer: TableCommitter, batch: Batch) -> None:
+    """A truncating batch replaces everything live: a change after the truncate keeping a column of the key's row
+    (Debezium's unavailable value, not filled by an earlier change of the batch) has no row to keep it from."""
+    if batch.changes is None or UNAVAILABLE_COLUMN not in batch.changes.column_names:
+        return
+    key = [n for n in batch.changes.column_names if n not in (DELETED, ORDER_COLUMN, UNAVAILABLE_COLUMN)]
+    unavailable.check_held(unavailable.wanted(batch.changes, key), {}, key, table=committer.table_name)

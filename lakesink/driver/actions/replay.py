@@ -5,6 +5,7 @@ over the same source offsets) -- for every committer and every action that finds
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pyiceberg.table import Table
@@ -13,7 +14,7 @@ from lakesink.driver.actions.batch import Batch
 from lakesink.errors import DuplicateSinkError, ReplayMismatchError
 from lakesink.options import SINK_ID
 from lakesink.table.keys import SUMMARY_SOURCE_OFFSETS
-from lakesink.table.markers import CommittedBatch, find_batch_snapshot, offsets_digest
+from lakesink.table.markers import CommittedBatch, find_batch_snapshot, offsets_digest, recorded_rows
 
 if TYPE_CHECKING:  # (lakesink.driver.committers.table imports this module: no import at run time)
     from lakesink.driver.committers.table import TableCommitter
@@ -35,7 +36,8 @@ def check_replay(c: TableCommitter, table: Table, batch: Batch, done: CommittedB
             "foreach_batch objects). Each would be taken for a replay of the other and skipped. Give each sink its "
             f"own sink_id (foreach_batch(..., sink_id='audit') / option '{SINK_ID}'): keep the sink that committed "
             "first as it is, so that a restart finds its batches, and give the other one a new id; the rows of "
-            "this call were not committed and a restart writes them"
+            "this call were not committed, and a restart writes them once the sinks have ids of their own (a restart "
+            "without would take them for a replay)"
         )
     committed, digest = _committed_offsets(c, table, batch, done)
     mine = offsets_digest(batch.source_offsets)
@@ -75,3 +77,38 @@ def _committed_offsets(c: TableCommitter, table: Table, batch: Batch, done: Comm
     props = snapshot.summary.additional_properties if snapshot.summary else {}
     text = props.get(SUMMARY_SOURCE_OFFSETS)
     return text, offsets_digest(text)
+
+
+def counted_only(
+    held: Sequence[tuple[str, TableCommitter, Table, CommittedBatch]], missing: Sequence[str], query_id: str, batch_id: int
+) -> list[str]:
+    """Of the tables holding a batch that a replay finds in some of its tables only (``missing``: the others), those
+    whose commit recorded its rows as a count alone (``lakesink.batch-rows-digest`` ``<rows>``: route-by with
+    writer='spark' committing the batch's tables as one unit, lakesink.sink.spark_split), which no replay can be
+    compared with. Empty when the batch is in every table or in none."""
+    if not held or not missing:
+        return []
+    out = []
+    for name, c, table, done in held:
+        recorded = recorded_rows(table.metadata, done, query_id, batch_id, c.options.sink_id)
+        if recorded is not None and ":" not in recorded:
+            out.append(name)
+    return out
+
+
+def counted_only_error(query_id: str, batch_id: int, counted: Sequence[str], missing: Sequence[str]) -> ReplayMismatchError:
+    return ReplayMismatchError(
+        f"Spark replays batch {batch_id} of query {query_id}, which is in some of its tables only "
+        f"({', '.join(sorted(counted))} hold it; {', '.join(sorted(missing))} not), and the tables that hold it recorded "
+        "the batch's rows as a count alone (route-by with writer='spark' on a catalog that committed the batch's tables "
+        "as one unit: lakesink.batch-rows-digest '<rows>'). As one unit the batch was committed to all its tables, so "
+        "the others lost it since (a table dropped and created again, or rolled back), and a count cannot tell whether "
+        "this replay routes every row as the batch did: a route computed from something that changed since (a lookup) "
+        "would put a row in two tables and lose another. Nothing was committed in any table and this replay's files "
+        "were deleted. To go on, either leave the batch as it is -- in the tables that hold it and not in the others, as "
+        f"a run without the restart would have left it -- by recording batch {batch_id} done in Spark's checkpoint "
+        f"(write <checkpoint>/commits/{batch_id} as Spark writes it: the line 'v1', then "
+        "'{\"nextBatchWatermarkMs\":0}', or a copy of the previous batch's commits file) and restarting; or restore the "
+        "tables that lost it; or start a new query (new checkpoint) from the committed offsets (docs/routing.md, "
+        "'The row digest on this path')"
+    )

@@ -21,7 +21,7 @@ import bisect
 import datetime
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -34,7 +34,9 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzType
 
 from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg import producers
 from lakesink._pyiceberg.io import deletes as seam_deletes
+from lakesink.cdc import unavailable
 from lakesink.errors import LakesinkError
 from lakesink.executor.messages import TaskIds, WritePlan, WrittenFile
 from lakesink.executor.task_writer import TaskWriter, utc_schema
@@ -49,11 +51,14 @@ from lakesink.table.keys import SUMMARY_UPSERT_INSERTED as SUMMARY_INSERTED
 from lakesink.table.keys import SUMMARY_UPSERT_MODE as SUMMARY_MODE
 from lakesink.table.keys import SUMMARY_UPSERT_STALE as SUMMARY_STALE
 from lakesink.table.keys import SUMMARY_UPSERT_UPDATED as SUMMARY_UPDATED
+from lakesink.table.keys import UNAVAILABLE_COLUMN as UNAVAILABLE
 
 log = logging.getLogger("lakesink")
 
 #: ``partition_id`` of the files a rewrite writes (in their names), telling them from a task's files.
 REWRITE_PARTITION_ID = 99999
+#: ``partition_id`` of the copies of a batch's files whose unavailable values were filled (:func:`fill_unavailable`).
+FILLED_PARTITION_ID = 99996
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,12 @@ class Rewrite:
     """Files whose partition and key bounds could hold a key (read; only those holding one are removed)."""
     stale: int | None = None
     """With option order-by: the batch's changes older than the table's (lakesink.driver.actions.upsert_order), not applied."""
+    unavailable: dict[tuple[Any, ...], list[str]] = field(default_factory=dict)
+    """Option cdc-format: the keys whose change keeps columns of the row this attempt replaces (Debezium's
+    unavailable-value placeholder, lakesink.cdc.unavailable), and those columns; changes that lost to a newer row are
+    not among them."""
+    kept: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
+    """The replaced rows of those keys (their values fill the batch's rows: :func:`fill_unavailable`)."""
 
     @property
     def paths(self) -> list[str]:
@@ -83,7 +94,7 @@ class BatchKeys:
     """The keys a batch changes, as the table's key columns, with lookups for pruning files."""
 
     def __init__(self, table_name: str, schema: Schema, keys: pa.Table):
-        self.names = [n for n in keys.column_names if n not in (DELETED, ORDER)]
+        self.names = [n for n in keys.column_names if n not in (DELETED, ORDER, UNAVAILABLE)]
         self.fields = []
         for name in self.names:
             found = schema.find_field(name, case_sensitive=False)
@@ -98,9 +109,9 @@ class BatchKeys:
         for name, f in zip(self.names, self.fields, strict=True):
             t = target.field(f.name).type
             columns.append(keys.column(name).cast(t))
-        # the key columns under the table's names (the batch may spell them in another case); with option order-by,
-        # each key's order value last
-        ordered = [ORDER] if ORDER in keys.column_names else []
+        # the key columns under the table's names (the batch may spell them in another case)
+        # with option order-by, each key's order value last; with cdc-format, the columns its change keeps
+        ordered = [c for c in (ORDER, UNAVAILABLE) if c in keys.column_names]
         self.table = pa.table(
             [*columns, keys.column(DELETED), *(keys.column(c) for c in ordered)],
             names=[*(f.name for f in self.fields), DELETED, *ordered],
@@ -189,14 +200,18 @@ def rewrite(
     specs = table.specs()
     schema = table.schema()
     candidates = [f for f in live if keys.may_hold(f, specs, schema)]
+    key_names = [f.name for f in keys.fields]
+    wanted = unavailable.wanted(keys.table, key_names)  # option cdc-format: the changes keeping the row's values
     if not candidates or not len(keys):
+        unavailable.check_held(wanted, {}, key_names, table=keys.table_name)
         return Rewrite(inserted=keys.upserts, spec_id=plan.spec_id)
     writer = rewrite_writer(plan, batch_id=batch_id, partition_id=REWRITE_PARTITION_ID, attempt=attempt)
     removed: list[DataFile] = []
     kept: list[pa.RecordBatch] = []
     matched: list[pa.Table] = []
     bytes_read = 0
-    key_names = [f.name for f in keys.fields]
+    seen: set[tuple[Any, ...]] = set()
+    kept_values: dict[tuple[Any, ...], dict[str, Any]] = {}
     for data_file in candidates:
         # one Arrow type per column whichever engine wrote a file: pyiceberg reads a string column back as the type
         # the file's footer records (string from lakesink's files, large_string from a file written from large_string
@@ -210,10 +225,14 @@ def rewrite(
         # the file's keys in the keys' types: the table's, or wider when this commit widens a key (merge-schema)
         file_keys = _cast_like(rows.select(key_names), keys.table.select(key_names).schema)
         hit = keys.table.join(file_keys, key_names, join_type="left semi")
+        if wanted and hit.num_rows:
+            seen.update(zip(*(hit.column(k).to_pylist() for k in key_names), strict=True))
         if winners is not None and hit.num_rows:
             hit = winners(hit, rows)
         if not hit.num_rows:
             continue  # its bounds could hold a key, but it holds none (or only rows newer than the batch's changes)
+        if wanted:
+            kept_values.update(_rows_of(rows, file_keys, hit, key_names, wanted))
         matched.append(hit)
         removed.append(data_file)
         # joined on the key columns and a row number only (Arrow's hash join carries no nested payload columns)
@@ -221,6 +240,9 @@ def rewrite(
         rest = numbered.join(hit.select(key_names), key_names, join_type="left anti")
         order = rest.column(_ROW)
         kept.extend(rows.take(order.take(pc.sort_indices(order))).to_batches())
+    # a change that lost to a newer row (order-by) is not applied: nothing of its to keep
+    wanted = {k: v for k, v in wanted.items() if k in kept_values or k not in seen}
+    unavailable.check_held(wanted, kept_values, key_names, table=keys.table_name)
     written = writer.write(iter(kept)) if kept else None
     found = pa.concat_tables(matched).group_by([*key_names, DELETED]).aggregate([]) if matched else None
     deleted = int(pc.sum(found.column(DELETED)).as_py() or 0) if found is not None else 0
@@ -234,6 +256,8 @@ def rewrite(
         deleted=deleted,
         bytes_read=bytes_read,
         files_considered=len(candidates),
+        unavailable=wanted,
+        kept=kept_values,
     )
 
 
@@ -269,6 +293,80 @@ def _deleted_positions(table: Table, branch: str, table_name: str) -> dict[str, 
                     continue
             out.setdefault(path, set()).update(positions.to_pylist())
     return out
+
+
+def _rows_of(
+    rows: pa.Table, file_keys: pa.Table, hit: pa.Table, key_names: list[str], wanted: dict[tuple[Any, ...], list[str]]
+) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The rows of a file (``rows``, its keys ``file_keys`` in the batch's key types) whose key the batch changes
+    (``hit``) keeping some of their columns (``wanted``), by key: those columns' values."""
+    asked = hit.filter(pc.invert(hit.column(DELETED))).select(key_names)
+    numbered = file_keys.append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+    at = numbered.join(asked, key_names, join_type="left semi").column(_ROW)
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    if not len(at):
+        return out
+    taken_keys = file_keys.take(at).to_pylist()
+    taken = rows.take(at).to_pylist()
+    for k, row in zip(taken_keys, taken, strict=True):
+        key = tuple(k[n] for n in key_names)
+        if key in wanted:
+            out[key] = {n: row.get(n) for n in wanted[key]}
+    return out
+
+
+def fill_unavailable(
+    table: Table,
+    schema: Schema,
+    files: list[DataFile],
+    result: Rewrite,
+    *,
+    keys: BatchKeys,
+    plan: WritePlan,
+    batch_id: int,
+    attempt: int,
+) -> tuple[list[DataFile], list[str], list[str]]:
+    """Option cdc-format: the batch's files (``files``), each holding a row whose change keeps columns of the row this
+    attempt replaces (``result.unavailable``) replaced by a copy with those values (``result.kept``;
+    lakesink.cdc.unavailable.fill); only the files whose key bounds can hold such a key are read. Returns (the batch's
+    files, the copies written, the files they replace)."""
+    if not result.unavailable:
+        return files, [], []
+    key_names = [f.name for f in keys.fields]
+    marked = keys.table.filter(pc.is_valid(keys.table.column(UNAVAILABLE)))
+    asking = BatchKeys(keys.table_name, schema, marked.select([*key_names, DELETED]))
+    specs = table.specs()
+    writer = rewrite_writer(plan, batch_id=batch_id, partition_id=FILLED_PARTITION_ID, attempt=attempt)
+    asked = [dict(zip(key_names, key, strict=True)) for key in result.unavailable]
+    out: list[DataFile] = []
+    filled: list[pa.RecordBatch] = []
+    replaced: list[str] = []
+    for data_file in files:
+        if not asking.may_hold(data_file, specs, schema):
+            out.append(data_file)
+            continue
+        rows = seam.with_small_types(seam.read_data_file(table, data_file, schema))
+        file_keys = rows.select(key_names)
+        if not file_keys.join(pa.Table.from_pylist(asked, schema=file_keys.schema), key_names, join_type="left semi").num_rows:
+            out.append(data_file)
+            continue
+        replaced.append(data_file.file_path)
+        filled.extend(unavailable.fill(rows, result.unavailable, result.kept, key_names).to_batches())
+    new = written_copies(writer, filled, plan)
+    out.extend(new)
+    return out, [f.file_path for f in new], replaced
+
+
+def written_copies(writer: TaskWriter, rows: list[pa.RecordBatch], plan: WritePlan) -> list[DataFile]:
+    """``rows`` written by ``writer`` (a rewrite's copies of a batch's files), as the DataFiles the commit adds."""
+    written = writer.write(iter(rows)) if rows else None
+    new: tuple[WrittenFile, ...] = written.files if written is not None else ()
+    return [
+        producers.data_file(
+            path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=plan.spec_id, partition=f.partition
+        )
+        for f in new
+    ]
 
 
 def rewrite_writer(plan: WritePlan, *, batch_id: int, partition_id: int, attempt: int) -> TaskWriter:

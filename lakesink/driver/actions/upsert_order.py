@@ -46,10 +46,9 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
 
 from lakesink._pyiceberg import io as seam
-from lakesink._pyiceberg import producers
 from lakesink.driver.actions import upsert
 from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
-from lakesink.executor.messages import WritePlan, WrittenFile
+from lakesink.executor.messages import WritePlan
 from lakesink.table import floats, names, state_files
 from lakesink.table.keys import (
     DELETED,
@@ -428,15 +427,9 @@ def _without(
             out.append(data_file)
             continue
         kept.extend(rows.take(rest.take(pc.sort_indices(rest))).to_batches())
-    result = writer.write(iter(kept)) if kept else None
-    new: tuple[WrittenFile, ...] = result.files if result is not None else ()
-    out.extend(
-        producers.data_file(
-            path=f.path, size_in_bytes=f.size_in_bytes, statistics=f.statistics, spec_id=plan.spec_id, partition=f.partition
-        )
-        for f in new
-    )
-    return out, [f.path for f in new]
+    new = upsert.written_copies(writer, kept, plan)
+    out.extend(new)
+    return out, [f.file_path for f in new]
 
 
 def _read(table: Table, path: str, table_name: str) -> pa.Table:

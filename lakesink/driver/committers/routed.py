@@ -32,7 +32,7 @@ from pyiceberg.io import load_file_io
 from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
-from lakesink.driver.actions import dead_letters, held
+from lakesink.driver.actions import dead_letters, held, replay
 from lakesink.driver.actions.batch import BatchAction, BatchCall, BatchOutcome, Outcome
 from lakesink.driver.actions.held import Attempt
 from lakesink.driver.committers import routed_tables
@@ -147,12 +147,21 @@ class RoutedCommitter(RoutedTables):
         ]
         if self.dead_letters is not None and self._letters_read is not None:
             held.append((self.dead_letters, self._letters_read, None))
+        holding: list[tuple[str, TableCommitter, Table, CommittedBatch]] = []
+        missing: list[str] = []
         for c, table, tables in held:
             done = c.last(table, query_id)
             if done is None or done.batch_id < batch_id:
+                if tables is not None:
+                    missing.append(c.table_name)
                 continue
             action = c.action_without_files(table, replace(call, time=None), found_at_plan=True)
             action.as_unit_member(tables).landed(table)
+            if tables is not None:
+                holding.append((c.table_name, c, table, done))
+        counted = replay.counted_only(holding, missing, query_id, batch_id) if holding and missing else []
+        if counted:
+            raise replay.counted_only_error(query_id, batch_id, counted, missing)
 
     def commit_batch(self, call: BatchCall, results: Sequence[RoutedTaskResult]) -> RoutedOutcome:
         """Commit a routed batch: every table it wrote, as one unit (see the module's docstring). The call's time: the
@@ -251,7 +260,9 @@ class RoutedCommitter(RoutedTables):
         computed from something that changed since (a lookup) may move rows between the same tables, and completing
         the others would then commit some rows twice and lose others. Else ReplayMismatchError, before any table is
         committed (the batch's files deleted). A replay found in every table, or in none, has nothing to complete: it
-        is not compared. A table whose commit recorded no digest (committed by an older lakesink) is not compared."""
+        is not compared. A table whose commit recorded no digest (committed by an older lakesink) is not compared; one
+        whose commit recorded its row count alone (route-by with writer='spark' committing the batch's tables as one
+        unit) cannot be compared, and the replay is refused (lakesink.driver.actions.replay.counted_only_error)."""
         held: list[tuple[str, TableCommitter, Table, CommittedBatch]] = []
         missing: list[str] = []
         for route, (c, a) in zip(routes, actions, strict=True):
@@ -269,18 +280,21 @@ class RoutedCommitter(RoutedTables):
                 # set of tables): a second sink of this run, or other offsets, are told as such
                 a.as_unit_member(names).landed(a.table)
         differ: list[str] = []
+        counted = replay.counted_only(held, missing, query_id, batch_id)
         for name, c, table, done in held:
             recorded = recorded_rows(table.metadata, done, query_id, batch_id, c.options.sink_id)
             mine = rows.get(name)
             if recorded is not None and mine is not None and not same_rows(recorded, mine):
                 differ.append(f"{name} (committed {recorded}, replayed {mine}; <rows>:<digest>)")
-        if not differ:
+        if not differ and not counted:
             return
         for c, a in actions:
-            c.unit_not_committed(a, reason="the replay routes other rows than the batch committed")
+            c.unit_not_committed(a, reason="the replay cannot be shown to route the rows the batch committed")
         if self.dead_letters is not None:
             letters = [t.dead_letters for t in kept if t.dead_letters is not None]
             self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
+        if counted:
+            raise replay.counted_only_error(query_id, batch_id, counted, missing)
         raise ReplayMismatchError(
             f"Spark replays batch {batch_id} of query {query_id}, which a crash left committed in some of its tables "
             f"only ({', '.join(n for n, *_ in held)}; not yet in {', '.join(missing)}), but this replay routes other "

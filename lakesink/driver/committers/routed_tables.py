@@ -31,6 +31,7 @@ from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import producers as seam_producers
 from lakesink._pyiceberg.commit import is_rest_catalog
+from lakesink.cdc.unavailable import Placeholder
 from lakesink.driver import catalogs
 from lakesink.driver.actions import completeness, dead_letters
 from lakesink.driver.committers.table import CommitHook, TableCommitter
@@ -38,6 +39,7 @@ from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
 from lakesink.driver.loop.swap import RetriesExhausted
 from lakesink.driver.tables import routed_keys
+from lakesink.driver.tables.schema import fitted_columns, stream_columns
 from lakesink.driver.tables.sink_table import (
     Sibling,
     SinkTable,
@@ -70,44 +72,6 @@ log = logging.getLogger("lakesink")
 MAX_COMMITTERS = 256
 """A table's committer is kept for this many tables used last (RoutedCommitter.committer)."""
 _logged_modes: set[tuple[str, str]] = set()
-
-
-def stream_columns(routing: Routing, stream_schema: pa.Schema) -> pa.Schema:
-    """The stream's schema without its routing column (what the tables take); the column must be a string."""
-    index = stream_schema.get_field_index(routing.column)
-    if index < 0:
-        raise InvalidOptionError(
-            f"option 'route-by' names column {routing.column!r}, which the stream does not have (columns: "
-            f"{', '.join(stream_schema.names)})"
-        )
-    field = stream_schema.field(index)
-    if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
-        raise InvalidOptionError(
-            f"option 'route-by': column {routing.column!r} has type {field.type}; the routing column must be a string "
-            "holding each row's table name ('namespace.table', or 'table' with option 'namespace')"
-        )
-    return stream_schema.remove(index)
-
-
-def fitted_columns(payload_columns: pa.Schema, table_schema: Schema) -> pa.Schema:
-    """Option payload: a table's columns as a batch's payloads hold them, each field the table has with the table's
-    type (the executors cast the payload's values to it: lakesink.executor.payload.expand); a struct with a field the
-    table's struct lacks keeps the payload's type (option merge-schema adds the field, else the batch is refused)."""
-    have = {f.name: f for f in seam.arrow_schema(table_schema)}
-    out = []
-    for f in payload_columns:
-        own = have.get(f.name)
-        if own is None:
-            out.append(f)
-        elif (
-            pa.types.is_struct(f.type)
-            and pa.types.is_struct(own.type)
-            and not ({x.name for x in f.type} <= {x.name for x in own.type})
-        ):
-            out.append(f)
-        else:
-            out.append(pa.field(f.name, own.type))
-    return pa.schema(out, metadata=payload_columns.metadata)
 
 
 def check_atomic(catalog: Catalog, routing: Routing, *, hold: bool = False) -> bool:
@@ -414,7 +378,7 @@ class RoutedTables(ABC):
             wanted = self.columns_of(name)
             if name in self.table_columns:  # option payload: the fields an existing table has keep its types
                 try:
-                    wanted = fitted_columns(wanted, c.load().schema())
+                    wanted = fitted_columns(wanted, c.load().schema(), merge=self.options.merge_schema)
                 except NoSuchTableError:
                     pass
             table, columns = c.open_routed(
@@ -429,7 +393,7 @@ class RoutedTables(ABC):
             table = c.reload_table()
             wanted = self.columns_of(name)
             if name in self.table_columns:
-                wanted = fitted_columns(wanted, table.schema())
+                wanted = fitted_columns(wanted, table.schema(), merge=self.options.merge_schema)
             columns = c.columns_taken(table, wanted)
         plan = c.write_plan(table, query_id, columns, expected_uuid=expected)
         self._check_event_time(name, plan.schema, plan.properties)
@@ -438,7 +402,7 @@ class RoutedTables(ABC):
 
     def _keyed(self, c: TableCommitter, name: str, *, first: bool) -> None:
         """Option route-by with upserts: the table's committer takes the table's key as its option upsert-key (its
-        creation and checks then use it: lakesink.driver.tables.routed_keys)."""
+        creation and checks then use it), checked every batch against the keys its changes carry (routed_keys)."""
         if first or name not in self.table_keys:
             try:
                 schema: Schema | None = c.load().schema()
@@ -446,6 +410,7 @@ class RoutedTables(ABC):
                 schema = None
             carried = self.carried_keys.get(name, set())
             self.table_keys[name] = routed_keys.table_key(name, schema, carried, self.options.upsert_key)
+        routed_keys.check_carried(name, self.table_keys[name], self.carried_keys.get(name, ()))
         c.options = replace(c.options, upsert_key=self.table_keys[name])
 
     def _check_event_time(self, name: str, schema: Schema, properties: Mapping[str, str]) -> None:
@@ -583,9 +548,9 @@ class RoutedTables(ABC):
         o = self.options
         if not o.upserts:
             return None
-        spec = UpsertSpec(
-            o.upsert_key, None if deletes_computed else o.delete_when, o.order_by, copies_are_one=o.cdc_format is not None
-        )
+        cdc, when = o.cdc_format is not None, None if deletes_computed else o.delete_when  # cdc: copies, placeholders
+        unavailable = Placeholder(o.cdc_unavailable_value.raw) if cdc else None
+        spec = UpsertSpec(o.upsert_key, when, o.order_by, copies_are_one=cdc, unavailable=unavailable)
         spec.check()
         return spec
 

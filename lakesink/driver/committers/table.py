@@ -340,7 +340,7 @@ class TableCommitter(SinkTable):
         return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
 
     def drop_replaced(self, action: BatchAction, result: swap.SwapResult) -> None:
-        """Option order-by: the batch's files that its landed commit replaced by copies (they held a stale change)
+        """Options order-by and cdc-format: the batch's files its landed commit replaced by copies (a stale change, a kept value)
         are referenced by no snapshot now, and deleted -- only after the landing (a retry, or the replay of a commit
         that failed, reads them again), never one the landed snapshot references (read back from the table: the attempt
         that landed may not have replaced it), and kept when that snapshot cannot be read (an orphan clean-up collects
@@ -361,7 +361,7 @@ class TableCommitter(SinkTable):
             return
         if referenced is not None:
             dead = sorted(action.replaced - referenced)
-            self._delete(table, dead, reason="replaced by copies without the batch's stale changes (option order-by)")
+            self._delete(table, dead, reason="replaced by copies (order-by's stale changes, cdc-format's unavailable values)")
 
     def marker_key(self, batch: Batch) -> str:
         return last_batch_key(batch.query_id, self.options.sink_id)

@@ -9,7 +9,13 @@ per table, when the table is first opened in a run:
   of the Debezium record's Kafka key (the source table's primary key) -- else option ``upsert-key``; the key becomes
   the new table's identifier fields (NOT NULL). Without either: a loud error naming the table.
 
-Plain data, no Spark: the driver's routed committer (lakesink.driver.committers.routed) calls :func:`table_key`.
+Every batch, whichever way the key was decided: the keys the batch's changes carry must be the table's key
+(:func:`check_carried`). A source whose primary key changed (``ALTER TABLE ... ADD PRIMARY KEY``, Debezium's Kafka
+key then names other columns) is a loud error naming both keys: upserting by the table's key would merge rows the
+source keeps apart, or split one the source keeps whole (docs/cdc.md, "a source's primary key changes").
+
+Plain data, no Spark: the driver's routed committer (lakesink.driver.committers.routed) calls :func:`table_key` and
+:func:`check_carried`.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from collections.abc import Collection
 
 from pyiceberg.schema import Schema
 
-from lakesink.errors import InvalidOptionError
+from lakesink.errors import InvalidOptionError, SchemaMismatchError
 from lakesink.options import UPSERT_KEY
 
 Key = tuple[str, ...]
@@ -59,6 +65,25 @@ def table_key(name: str, schema: Schema | None, carried: Collection[Key], stream
         f"table {name} does not exist and no key is known for it: its changes carry none (Debezium records without "
         f"a Kafka key) and option '{UPSERT_KEY}' is not set. Nothing was committed. Give option '{UPSERT_KEY}' (the "
         "key of tables lakesink creates), send the records with their keys, or create the table with identifier fields"
+    )
+
+
+def check_carried(name: str, key: Key, carried: Collection[Key], batch_id: int | None = None) -> None:
+    """The keys a batch's changes of table ``name`` carry (``carried``: the Debezium records' Kafka keys' fields) are
+    all the table's ``key`` (compared as sets of column names: Iceberg's identifier fields are a set), else a
+    SchemaMismatchError naming the table, both keys and the way out -- before anything of the batch is written."""
+    other = [k for k in carried if set(k) != set(key)]
+    if not other:
+        return
+    batch = f"batch {batch_id}'s" if batch_id is not None else "the batch's"
+    mixed = " and the table's own" if len(other) < len(carried) else ""
+    raise SchemaMismatchError(
+        f"table {name} is keyed by ({', '.join(key)}) (its identifier fields), but {batch} changes of it carry key "
+        f"{'; '.join(carried_names(other))}{mixed} (the records' Kafka keys: the source table's primary key changed). "
+        f"Upserting by ({', '.join(key)}) would merge rows the source keeps apart (or split one it keeps whole): "
+        "nothing was committed. lakesink does not re-key a table: rebuild it under the new key -- stop the query, "
+        f"drop or rename table {name}, and re-snapshot the source table (Debezium's incremental snapshot); "
+        'docs/cdc.md, "a source\'s primary key changes"'
     )
 
 

@@ -1,4 +1,6 @@
-"""The stream's schema against the table's: creation of a new table and the checks made at query start."""
+"""The stream's schema against the table's: creation of a new table, the checks made at query start, and the columns a
+routed table takes (the stream without its routing column; a batch's payloads fitted to the table, widened where
+Iceberg allows)."""
 
 from __future__ import annotations
 
@@ -25,8 +27,10 @@ from pyspark.sql.types import StructType as SparkStructType
 
 from lakesink import _pyspark
 from lakesink._pyiceberg import io as seam
-from lakesink.errors import SchemaMismatchError
+from lakesink.errors import InvalidOptionError, SchemaMismatchError
+from lakesink.executor import payload
 from lakesink.executor.task_writer import utc_schema
+from lakesink.options import Routing
 
 VALID_SPARK_TYPES = (
     "boolean, byte, short, int, long, float, double, decimal(p,s), string, char(n), varchar(n), binary, date, "
@@ -277,3 +281,62 @@ def allowed_promotion(stream: PrimitiveType, table: PrimitiveType) -> bool:
     if isinstance(stream, DecimalType) and isinstance(table, DecimalType):
         return stream.scale == table.scale and stream.precision <= table.precision
     return False
+
+
+# --- option route-by / payload: the columns a routed table takes from the stream or the batch's payloads -----------
+
+
+def stream_columns(routing: Routing, stream_schema: pa.Schema) -> pa.Schema:
+    """The stream's schema without its routing column (what the tables take); the column must be a string."""
+    index = stream_schema.get_field_index(routing.column)
+    if index < 0:
+        raise InvalidOptionError(
+            f"option 'route-by' names column {routing.column!r}, which the stream does not have (columns: "
+            f"{', '.join(stream_schema.names)})"
+        )
+    field = stream_schema.field(index)
+    if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
+        raise InvalidOptionError(
+            f"option 'route-by': column {routing.column!r} has type {field.type}; the routing column must be a string "
+            "holding each row's table name ('namespace.table', or 'table' with option 'namespace')"
+        )
+    return stream_schema.remove(index)
+
+
+def fitted_columns(payload_columns: pa.Schema, table_schema: Schema, *, merge: bool = False) -> pa.Schema:
+    """Option payload: a table's columns as a batch's payloads hold them, each field the table has with the table's
+    type (the executors cast the payload's values to it: lakesink.executor.payload.expand); a struct with a field the
+    table's struct lacks keeps the payload's type (option merge-schema adds the field, else the batch is refused).
+    With ``merge`` (option merge-schema), a field that needs its type in full (typed by a Connect schema, or holding an
+    integer beyond an int: lakesink.executor.payload.wide_fields) keeps the payload's type where it is a promotion of
+    the column's that Iceberg allows (int to long, float to double, a decimal's precision up): the batch's commit
+    widens the column (lakesink.driver.tables.schema.check_writable)."""
+    have = {f.name: f for f in seam.arrow_schema(table_schema)}
+    wide = payload.wide_fields(payload_columns) if merge else set()
+    out = []
+    for f in payload_columns:
+        own = have.get(f.name)
+        if own is None:
+            out.append(f)
+        elif (
+            pa.types.is_struct(f.type)
+            and pa.types.is_struct(own.type)
+            and not ({x.name for x in f.type} <= {x.name for x in own.type})
+        ):
+            out.append(f)
+        elif f.name in wide and _promotes(own.type, f.type):
+            out.append(pa.field(f.name, f.type))
+        else:
+            out.append(pa.field(f.name, own.type))
+    return pa.schema(out, metadata=payload_columns.metadata)
+
+
+def _promotes(column: pa.DataType, wanted: pa.DataType) -> bool:
+    """Whether Iceberg allows promoting a column of type ``column`` to ``wanted`` (and the two differ)."""
+    if column.equals(wanted):
+        return False
+    try:
+        old, new = seam.iceberg_type(column), seam.iceberg_type(wanted)
+    except seam.UnsupportedIcebergType:
+        return False
+    return isinstance(old, PrimitiveType) and isinstance(new, PrimitiveType) and allowed_promotion(old, new)
