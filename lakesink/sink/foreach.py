@@ -345,41 +345,59 @@ class ForeachBatchSink(RoutedSparkBatches):
         concurrent change of a key) deletes the attempt's files and looks the keys up again on the new head."""
         committer = self._committer
         assert committer is not None
-        spark = resolved.rows.sparkSession
         for attempt in range(1, merge_on_read.LOOKUP_ATTEMPTS + 1):
-            if attempt > 1:
-                table = committer.reload_table()
-            found, stale = merge_on_read.lookup(
-                spark,
-                table,
-                schema=plan.schema,
-                changes=resolved.keys,
-                options=self.options,
-                table_name=plan.table,
-                query_id=query_id,
-                batch_id=batch_id,
-                run_id=run_id,
-            )
-            rows = merge_on_read.without_stale(resolved.rows, stale)
-            try:
-                return self._write_and_commit(rows, resolved, plan, table, query_id, batch_id, run_id, merge=found)
-            except RowDeltaConflictError as e:
-                committer.abort_deletes(query_id=query_id, batch_id=batch_id, paths=found.paths)
-                if attempt == merge_on_read.LOOKUP_ATTEMPTS:
-                    raise
-                log.warning(
-                    "lakesink: table=%s batch=%s: the merge-on-read lookup is out of date (%s); looking the keys up again "
-                    "on the new head (attempt %s of %s)",
-                    plan.table,
-                    batch_id,
-                    e,
-                    attempt + 1,
-                    merge_on_read.LOOKUP_ATTEMPTS,
-                )
-            except BaseException:
-                committer.abort_deletes(query_id=query_id, batch_id=batch_id, paths=found.paths)
-                raise
+            with committer.batch_turn():  # this process's maintenance waits from the lookup to the commit
+                if attempt > 1:
+                    table = committer.reload_table()
+                outcome = self._merge_attempt(resolved, plan, table, query_id, batch_id, run_id, attempt)
+            if outcome is not None:
+                return outcome
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _merge_attempt(
+        self,
+        resolved: upsert_batch.ResolvedBatch,
+        plan: WritePlan,
+        table: Any,
+        query_id: str,
+        batch_id: int,
+        run_id: str | None,
+        attempt: int,
+    ) -> BatchOutcome | None:
+        """One attempt of :meth:`_merge_batch` (None: the lookup was out of date, its files deleted: look again)."""
+        committer = self._committer
+        assert committer is not None
+        found, stale = merge_on_read.lookup(
+            resolved.rows.sparkSession,
+            table,
+            schema=plan.schema,
+            changes=resolved.keys,
+            options=self.options,
+            table_name=plan.table,
+            query_id=query_id,
+            batch_id=batch_id,
+            run_id=run_id,
+        )
+        rows = merge_on_read.without_stale(resolved.rows, stale)
+        try:
+            return self._write_and_commit(rows, resolved, plan, table, query_id, batch_id, run_id, merge=found)
+        except RowDeltaConflictError as e:
+            committer.abort_deletes(query_id=query_id, batch_id=batch_id, paths=found.paths)
+            if attempt == merge_on_read.LOOKUP_ATTEMPTS:
+                raise
+            log.warning(
+                "lakesink: table=%s batch=%s: the merge-on-read lookup is out of date (%s); looking the keys up again "
+                "on the new head (attempt %s of %s)",
+                plan.table,
+                batch_id,
+                e,
+                attempt + 1,
+                merge_on_read.LOOKUP_ATTEMPTS,
+            )
+            return None
+        except BaseException:
+            committer.abort_deletes(query_id=query_id, batch_id=batch_id, paths=found.paths)
+            raise
 
     def _write_and_commit(
         self,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -18,7 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.manifest import DataFileContent
@@ -30,33 +28,14 @@ from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, ENV_FAULTS_DI
 from lakesink.maintenance import compaction
 from lakesink.table.keys import SUMMARY_UPSERT_MODE, SUMMARY_UPSERT_STALE
 from tests.jobs.upsert_job import EVENTS_DDL
+from tests.sink.test_upserts_spark import change_stream, rows_of, write_events
 from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, raced, run_to_end
 from tests.support.job_process import start_job
-from tests.support.stream_input import write_stream_lines
 
 pytestmark = pytest.mark.spark
 
 Event = dict[str, Any]
 MOR = {"write.merge.mode": "merge-on-read"}
-
-
-def write_events(folder: Path, batches: Sequence[Sequence[Event]], start: int = 0) -> None:
-    for i, events in enumerate(batches, start=start):
-        write_stream_lines(folder, f"events-{i:05d}.json", [json.dumps(e) for e in events])
-
-
-def change_stream(seed: int, batches: int, per_batch: int, keys: int, first_eid: int = 0) -> list[list[Event]]:
-    """Several events per key per batch, deletes and re-inserts; event ids and sequence numbers unique and rising."""
-    rng = random.Random(seed)
-    out, eid = [], first_eid
-    for _ in range(batches):
-        events = []
-        for _ in range(per_batch):
-            eid += 1
-            op = "d" if rng.random() < 0.25 else rng.choice(["c", "u"])
-            events.append({"eid": eid, "id": rng.randrange(keys), "value": f"v{eid}", "seq": eid, "op": op})
-        out.append(events)
-    return out
 
 
 def model(batches: Sequence[Sequence[Event]]) -> dict[int, tuple[int, str]]:
@@ -73,12 +52,6 @@ def model(batches: Sequence[Sequence[Event]]) -> dict[int, tuple[int, str]]:
                 continue  # stale
             held[key] = (e["seq"], None if e["op"] == "d" else (e["eid"], e["value"]))
     return {k: row for k, (_, row) in held.items() if row is not None}
-
-
-def rows_of(table: pa.Table) -> dict[int, tuple[int, str]]:
-    ids = table.column("id").to_pylist()
-    assert len(ids) == len(set(ids)), "a key is in the table more than once"
-    return {r["id"]: (r["eid"], r["value"]) for r in table.to_pylist()}
 
 
 def load(props: dict[str, str]) -> Any:

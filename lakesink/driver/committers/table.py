@@ -212,6 +212,12 @@ class TableCommitter(SinkTable):
             b = action.batch
             guard.record_in_doubt(self.table_name, b.query_id, self.options.sink_id, b.batch_id, b.paths)
 
+    def batch_turn(self) -> AbstractContextManager[None]:
+        """This batch's turn on its table (:meth:`_turn`), held by an entry point from before the batch's first read
+        of the table (merge-on-read: its lookup, lakesink.sink.merge_on_read) through its commit, so that this process's
+        maintenance does not commit in between."""
+        return self._turn()
+
     def _turn(self) -> AbstractContextManager[None]:
         """This batch's turn on its table, from its first read (the loop holds it too, for its actions)."""
         return swap.turns_of_identifier(self.catalog, self.options.table.identifier).batch()
