@@ -17,7 +17,16 @@ from typing import Any, TypeVar
 import click
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
-from pyiceberg.expressions import And, BooleanExpression, LiteralPredicate, Not, Or, SetPredicate, UnboundPredicate
+from pyiceberg.expressions import (
+    And,
+    BooleanExpression,
+    LiteralPredicate,
+    Not,
+    Or,
+    Reference,
+    SetPredicate,
+    UnboundPredicate,
+)
 from pyiceberg.table import Table
 from pyiceberg.types import StringType
 
@@ -131,7 +140,8 @@ def load_table(table: str, catalog_name: str | None, catalog_properties: dict[st
     except (NoSuchTableError, NoSuchNamespaceError):
         _, props = catalogs.resolve_catalog_properties(catalog_name, catalog_properties)
         where = catalogs.location(catalog.name, props)
-        raise CatalogError(f"table {name} does not exist in catalog {catalog.name!r} ({where}){_what_exists(catalog, name)}") from None
+        found = _what_exists(catalog, name)
+        raise CatalogError(f"table {name} does not exist in catalog {catalog.name!r} ({where}){found}") from None
     except PROGRAMMING_ERRORS:
         raise
     except Exception as e:
@@ -232,6 +242,8 @@ def check_row_filter(table: Table, row_filter: BooleanExpression | None) -> None
     columns = schema.column_names
     name = ".".join(table.name()[-2:])
     for predicate in _predicates(utc_by_default(row_filter, schema)):  # a time without offset: UTC, as the read takes it
+        if not isinstance(predicate.term, Reference):
+            continue
         column = predicate.term.name
         try:
             field = schema.find_field(column, case_sensitive=True)
@@ -253,7 +265,7 @@ def check_row_filter(table: Table, row_filter: BooleanExpression | None) -> None
                 ) from None
 
 
-def _predicates(expression: BooleanExpression) -> Iterator[UnboundPredicate[Any]]:
+def _predicates(expression: BooleanExpression) -> Iterator[UnboundPredicate]:
     if isinstance(expression, (And, Or)):
         yield from _predicates(expression.left)
         yield from _predicates(expression.right)

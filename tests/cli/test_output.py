@@ -215,7 +215,7 @@ def test_a_column_the_table_lacks_is_an_audit_error_naming_it(args: list[str], c
         (["which", "db.events", "--where", "user = 5"], "column 'user' of table db.events holds string values; 5 is not one"),
         (["show", "db.events", "--where", "id in (1, 2) and user in (3, 4)"], "holds string values; 3 is not one"),
         (["show", "db.events", "--where", "id > 'abc'"], "column 'id' of table db.events holds long values; 'abc' is not one"),
-        (["show", "db.events", "--where", "not usr = 'u1'"], "column 'usr', which table db.events does not have (did you mean 'user'?)"),
+        (["show", "db.events", "--where", "not usr = 'u1'"], "'usr', which table db.events does not have (did you mean 'user'?)"),
     ],
 )
 def test_a_where_value_of_another_type_is_one_error_line(args: list[str], said: str, catalog_args: list[str]) -> None:
