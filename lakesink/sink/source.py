@@ -66,9 +66,21 @@ class LakesinkDataSource(DataSource):
         return reader(options, schema, open_read(options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> LakesinkStreamWriter:
-        """The writer of one run of the query, or of a commit worker's commits and aborts (:mod:`lakesink.sink.datasource`)."""
+        """The writer of one run of the query, or of a commit worker's commits and aborts (:mod:`lakesink.sink.datasource`).
+
+        This is the first place lakesink sees the options of ``format("lakesink")``: ``start()`` runs no Python code of
+        a data source; Spark makes the writer in the query's own thread when it plans the first batch, and an error here
+        ends the query before any row is read or written, reported by ``awaitTermination()`` / ``query.exception()``
+        inside Spark's ``PYTHON_DATA_SOURCE_ERROR``. So a lakesink error is raised afresh from this frame (Spark prints
+        the traceback whole: one frame, then the message) and logged as one line of its own."""
+        from lakesink.errors import LakesinkError
         from lakesink.options import SinkOptions
         from lakesink.sink.datasource import stream_writer
 
         _log_to_stderr_in_workers()
-        return stream_writer(SinkOptions.from_spark_options(dict(self.options), overwrite=overwrite), schema)
+        try:
+            return stream_writer(SinkOptions.from_spark_options(dict(self.options), overwrite=overwrite), schema)
+        except LakesinkError as e:
+            refused = e
+        logging.getLogger("lakesink").error("lakesink: format('lakesink') cannot start: %s: %s", type(refused).__name__, refused)
+        raise refused.with_traceback(None)
