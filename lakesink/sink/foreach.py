@@ -389,21 +389,25 @@ class ForeachBatchSink(RoutedSparkBatches):
         routed.held_tables = self._held.tables if self._held is not None else ()
         routed.held_homes = frozenset()
         root = self._split_root(spark, routed, query_id)
-        if root is not None:  # writer='spark', appends: the write job is the batch's one read (lakesink.sink.spark_split)
+        if root is not None:  # Spark's writer, appends: the write job is the batch's one read (lakesink.sink.spark_split)
             return self._split_batch(df, batch_id, query_id, routed, run_id, root)
         cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
         try:
-            return self._routed_batch_read_once(cached, batch_id, query_id, routed, run_id)
+            if self._spark_writes_routed():  # Spark's own Parquet writer, no row in a Python worker
+                outcome = self._routed_spark_batch(cached, batch_id, query_id, routed, run_id)
+                if outcome is not None:
+                    return outcome
+            return self._routed_arrow_batch(cached, batch_id, query_id, routed, run_id)
         finally:
             cached.unpersist(blocking=False)
 
-    def _routed_batch_read_once(
+    def _routed_arrow_batch(
         self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None
     ) -> RoutedOutcome:
+        """Option route-by through Python workers (mapInArrow, lakesink.executor.routed_writer): ``writer='arrow'``,
+        and ``auto`` with ``payload``, ``dead-letter-table`` or a table Spark's writer cannot write."""
         routing = self.options.routing
         assert routing is not None
-        if self.options.writer is WriterKind.SPARK:  # Spark's own Parquet writer, no row in a Python worker
-            return self._routed_spark_batch(df, batch_id, query_id, routed, run_id)
         started = time.perf_counter()
         if self.options.payload is not None:  # each table's columns from its payloads (the same job finds the routes)
             values, found = self._payload_columns(df, routed)
