@@ -119,8 +119,9 @@ def foreach_batch(
             driver, else Spark's own Parquet writer when the table allows it, else the Arrow path), ``"spark"``
             (Spark's writer; a table it cannot write fails the batch), ``"arrow"`` (rows through Python workers,
             written with pyarrow) or ``"driver"`` (every batch collected as Arrow and written on the driver). With
-            ``route_by``: ``"spark"`` writes every table of a batch with Spark's writer (docs/routing.md), ``"auto"``
-            takes the Arrow path, ``"driver"`` is refused. See docs/write-paths.md.
+            ``route_by``: ``"spark"`` writes every table of a batch with Spark's writer (docs/routing.md); ``"auto"``
+            too, except with ``payload`` (``cdc_format``) or ``dead_letter_table``, or for a batch holding a table
+            Spark cannot write (the Arrow path); ``"driver"`` is refused. See docs/write-paths.md.
         sink_id: needed only when one query writes this table through several sinks (two lakesink calls in
             one foreachBatch function, e.g. two filters of the batch, or main and an audit branch): each sink
             gets its own id and is exactly-once on its own. Keep it stable across restarts.
