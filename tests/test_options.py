@@ -126,6 +126,17 @@ def test_missing_or_empty_table_is_rejected(options: dict[str, str]) -> None:
     )
 
 
+@pytest.mark.parametrize("table", [None, "", "   "])
+def test_foreach_batch_without_a_table_is_told_in_its_own_spelling(table: str | None) -> None:
+    """Issue 54: foreach_batch() without a table suggested .option('table', ...), format("lakesink")'s spelling."""
+    with pytest.raises(InvalidOptionError) as e:
+        lakesink.foreach_batch(table)
+    assert str(e.value) == (
+        "foreach_batch() needs the table (for example lakesink.foreach_batch('db.events')), or route_by= (each row goes "
+        "to the table its column names)"
+    )
+
+
 @pytest.mark.parametrize("bad", ["events", "db..x", ".events", "db.", "db. .x", "."])
 def test_bad_table_name_is_rejected_with_the_expected_form(bad: str) -> None:
     with pytest.raises(InvalidOptionError) as e:

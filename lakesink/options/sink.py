@@ -142,7 +142,7 @@ class SinkOptions:
             for option in OPTIONS
             if option.spark_refusal and option.parse is not None
         }
-        parsed = cls._parse(lowered, own["output_mode"], case_sensitive=options, writer=own["writer"])
+        parsed = cls._parse(lowered, own["output_mode"], case_sensitive=options, writer=own["writer"], keywords=True)
         return replace(parsed, **own)
 
     @classmethod
@@ -173,13 +173,20 @@ class SinkOptions:
         *,
         case_sensitive: Mapping[str, str],
         writer: WriterKind = WriterKind.AUTO,
+        keywords: bool = False,
     ) -> SinkOptions:
+        """``keywords``: the options are foreach_batch's arguments (an error spells them so)."""
         cdc_format = _apply_cdc_format(lowered)
         unknown = sorted(k for k in lowered if k not in _KEYS and not k.startswith(_PREFIXES) and k not in _SPARK_OWN_OPTIONS)
         if unknown:
             raise InvalidOptionError(_unknown("option(s)", unknown, VALID_OPTIONS))
         routing = _parse_routing(lowered, mode, writer)
         if routing is None and (TABLE not in lowered or not lowered[TABLE].strip()):
+            if keywords:
+                raise InvalidOptionError(
+                    "foreach_batch() needs the table (for example lakesink.foreach_batch('db.events')), or route_by= "
+                    "(each row goes to the table its column names)"
+                )
             raise InvalidOptionError(
                 f"option '{TABLE}' is required (for example .option('table', 'db.events')), or option '{ROUTE_BY}' "
                 "(each row goes to the table its column names)"
