@@ -117,8 +117,9 @@ def demo_imports() -> set[str]:
             used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and ast.unparse(n.value) == "interop"}
             extra = used - INTEROP_FUNCTIONS
             assert not extra, f"demo.py calls interop.{extra}: add their packages to the demo extra, then here"
-    for path in CLI:
-        names |= _imports(ast.parse(path.read_text()), module=f"lakesink.cli.{path.stem}", module_level_only=False)
+    for cli_module in CLI:
+        tree = ast.parse(cli_module.read_text())
+        names |= _imports(tree, module=f"lakesink.cli.{cli_module.stem}", module_level_only=False)
     interop_tree = ast.parse((ROOT / "lakesink" / "audit" / "interop.py").read_text())
     for fn in ast.walk(interop_tree):
         if isinstance(fn, ast.FunctionDef) and fn.name in INTEROP_FUNCTIONS:
