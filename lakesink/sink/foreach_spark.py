@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from pyiceberg.types import StructType
 from pyspark.sql import DataFrame
 from pyspark.storagelevel import StorageLevel
 
@@ -53,6 +54,24 @@ def routed_tables_by_value(values: Sequence[object], routing: Routing) -> dict[s
     return out
 
 
+def _required_columns_reason(plan: WritePlan) -> str | None:
+    """``writer='auto'``: a table with NOT NULL columns (its key aside: a null key is an UpsertKeyError on both paths)
+    takes the Arrow path, whose check names the table and counts the nulls in a SchemaMismatchError; Spark's writer
+    stops the job with its own error naming the group of tables written together (tests/sink/
+    test_types_required_nested.py)."""
+    keys = set(plan.schema.identifier_field_ids)
+    required = [f.name for f in plan.schema.fields if f.required and f.field_id not in keys]
+    required += [f.name for f in plan.schema.fields if not f.required and _has_required_field(f.field_type)]
+    if not required:
+        return None
+    return f"NOT NULL column(s) {', '.join(required)}: the Arrow path checks them table by table"
+
+
+def _has_required_field(t: Any) -> bool:
+    """A struct with a NOT NULL field at any depth (lists and maps: Spark's writer does not write them at all)."""
+    return isinstance(t, StructType) and any(f.required or _has_required_field(f.field_type) for f in t.fields)
+
+
 class RoutedSparkBatches:
     """The part of :class:`lakesink.sink.foreach.ForeachBatchSink` that writes routed batches with Spark's writer."""
 
@@ -84,6 +103,8 @@ class RoutedSparkBatches:
         the Arrow path (logged), before any file of it is written in a table."""
         for plan in plans.values():
             reason = spark_write.unsupported_reason(plan.schema, plan.spec) or spark_fs.unwritable_reason(spark, plan.data_prefix)
+            if reason is None and self.options.writer is WriterKind.AUTO:
+                reason = _required_columns_reason(plan)
             if reason is None:
                 continue
             if self.options.writer is WriterKind.SPARK:
