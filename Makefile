@@ -10,7 +10,7 @@ export PYSPARK_DRIVER_PYTHON := $(PY)
 # compile lakesink and the tests from source again (~0.2 CPU-s per worker import of the executor's writer, h-imports)
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo routing-demo test test-serial durations test-fast test-floor test-deploy jdbc-drivers lakana-server lint soak soak-routing soak-concurrency bench clean
+.PHONY: demo routing-demo cdc-demo test test-serial durations test-fast test-floor test-deploy jdbc-drivers lakana-server lint soak soak-routing soak-concurrency bench clean
 
 # the test extra (everything: readers, PostgreSQL, S3, Spark Connect, lint tools; ~2.3 GB)
 $(VENV)/.installed: pyproject.toml
@@ -34,8 +34,14 @@ $(VENV)/.installed-demo: pyproject.toml
 demo: $(VENV)/.installed-demo
 	$(PY) examples/demo.py $(DEMO_ARGS)
 
-routing-demo: $(VENV)/.installed
+# one stream into many tables, SIGKILLed inside the multi-table commit (docs/routing.md); on the demo's environment
+routing-demo: $(VENV)/.installed-demo
 	$(PY) examples/routing_demo.py
+
+# a database's Debezium change stream into one Iceberg table per source table, restarted halfway, every table checked
+# against the database row for row (docs/cdc.md); on the demo's environment
+cdc-demo: $(VENV)/.installed-demo
+	$(PY) examples/cdc_database.py
 
 # make test: everything but the soak, benchmark and deploy suites, on two pytest-xdist workers (TEST_WORKERS). Each
 # worker is its own pytest process with its own Spark session, PostgreSQL server, lakana REST server, fault-point,
@@ -147,4 +153,4 @@ lint: $(VENV)/.installed
 	$(abspath $(VENV))/bin/lint-imports --no-cache --no-logo
 
 clean:
-	rm -rf $(VENV) $(JAVA_VENV) $(LAKANA_VENV) $(FLOOR_VENV) lakehouse demo-run routing-demo-run .pytest_cache .pytest-durations .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(JAVA_VENV) $(LAKANA_VENV) $(FLOOR_VENV) lakehouse demo-run routing-demo-run cdc-database-run .pytest_cache .pytest-durations .mypy_cache .ruff_cache

@@ -210,8 +210,12 @@ def register(spark: SparkSession) -> None:
     """Register the ``lakesink`` data source with a Spark session.
 
     It writes (``writeStream.format("lakesink")``) and reads (``spark.read.format("lakesink")``, see
-    :mod:`lakesink.sink.source`).
+    :mod:`lakesink.sink.source`). Spark runs the data source in Python workers started with ``PYSPARK_PYTHON``
+    (default ``python3`` from ``PATH``), not necessarily this interpreter: when they run on this machine, their
+    interpreter is checked here, and one that cannot import lakesink and its dependencies is a
+    :class:`LakesinkError` saying the fix (instead of a ``ModuleNotFoundError`` at the query's first batch).
     """
-    from lakesink.sink.source import LakesinkDataSource
+    from lakesink.sink.source import LakesinkDataSource, check_worker_python
 
+    check_worker_python(spark)
     spark.dataSource.register(LakesinkDataSource)

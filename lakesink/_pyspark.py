@@ -67,6 +67,23 @@ def arrow_schema(schema: StructType, *, error_on_duplicated_field_names_in_struc
     )
 
 
+def local_worker_python(spark: SparkSession) -> str | None:
+    """The interpreter Spark starts the session's Python workers with (data source writers, ``mapInArrow``), when they
+    run on this machine (a ``local`` master); None otherwise (a cluster's executors, a Spark Connect session).
+
+    Checked on pyspark 4.1.0 and 4.3.0. Relies on: ``SparkContext.pythonExec`` (set from ``PYSPARK_PYTHON`` when the
+    context is made, default ``python3``), which pyspark gives every Python function and data source it registers.
+    """
+    try:
+        context = spark.sparkContext
+    except Exception:  # Spark Connect: no SparkContext in the client
+        return None
+    if not str(context.master).startswith("local"):
+        return None
+    python = getattr(context, "pythonExec", None)
+    return python if isinstance(python, str) else None
+
+
 def _pyspark_version() -> str:
     import pyspark
 

@@ -8,6 +8,9 @@ a schema mismatch cannot.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class LakesinkError(Exception):
     """Base class of every error raised by lakesink."""
@@ -23,6 +26,18 @@ Where lakesink turns a dependency's failures into one of its error classes with 
 a ``TypeError`` from a changed signature reported as "cannot load table" or as a schema mismatch sends the
 user after a problem they do not have (pyspark 4.1's ``to_arrow_schema`` was reported as a schema mismatch).
 """
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the candidate nearest to ``word`` (difflib's ratio, case and ``_``/``-`` aside),
+    or ``""`` when none is near: for a misspelled option, column or table name in an error message."""
+    by_form = {_form(c): c for c in candidates}
+    near = difflib.get_close_matches(_form(word), list(by_form), n=1, cutoff=0.75)
+    return f" (did you mean {by_form[near[0]]!r}?)" if near else ""
+
+
+def _form(name: str) -> str:
+    return name.lower().replace("_", "-")
 
 
 class InvalidOptionError(LakesinkError, ValueError):

@@ -1,6 +1,8 @@
 """``make demo`` installs the demo extra only (pyproject.toml), not the test extra: the extra must hold every package
-examples/demo.py and examples/stream_job.py import, and lakesink's modules on their path import at module level
-(checked statically here with ``ast``, no install); the README's prerequisites name what .ci/run installs itself.
+the examples the README runs on that environment import (examples/demo.py and its stream job, ``make routing-demo``,
+``make cdc-demo``), every package the ``lakesink`` command line imports (its commands import theirs when they run:
+``report --html`` needs matplotlib), and what lakesink's modules on their path import at module level (checked
+statically here with ``ast``, no install); the README's prerequisites name what .ci/run installs itself.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ else:  # pragma: no cover
     tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = [ROOT / "examples" / "demo.py", ROOT / "examples" / "stream_job.py"]
+SCRIPTS = [ROOT / "examples" / name for name in ("demo.py", "stream_job.py", "routing_demo.py", "cdc_database.py")]
+# the command line's modules, every import (a command imports its packages when it runs)
+CLI = sorted((ROOT / "lakesink" / "cli").glob("*.py"))
 # the functions of lakesink.audit.interop the demo may call: DuckDB's reader (the demo extra holds DuckDB only)
 INTEROP_FUNCTIONS = {"duckdb_query", "duckdb_connection"}
 
@@ -113,6 +117,9 @@ def demo_imports() -> set[str]:
             used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and ast.unparse(n.value) == "interop"}
             extra = used - INTEROP_FUNCTIONS
             assert not extra, f"demo.py calls interop.{extra}: add their packages to the demo extra, then here"
+    for cli_module in CLI:
+        tree = ast.parse(cli_module.read_text())
+        names |= _imports(tree, module=f"lakesink.cli.{cli_module.stem}", module_level_only=False)
     interop_tree = ast.parse((ROOT / "lakesink" / "audit" / "interop.py").read_text())
     for fn in ast.walk(interop_tree):
         if isinstance(fn, ast.FunctionDef) and fn.name in INTEROP_FUNCTIONS:
@@ -137,7 +144,8 @@ def demo_imports() -> set[str]:
         found = _imports(ast.parse(path.read_text()), module=module, module_level_only=True)
         names |= found
         todo += [n for n in found if n.split(".")[0] == "lakesink"]
-    return {n.split(".")[0] for n in names if n} - set(sys.stdlib_module_names) - {"lakesink", "__future__"}
+    examples = {script.stem for script in SCRIPTS}  # routing_demo.py imports demo.py's helpers
+    return {n.split(".")[0] for n in names if n} - set(sys.stdlib_module_names) - {"lakesink", "__future__"} - examples
 
 
 def test_demo_extra_covers_every_import_of_the_demo() -> None:
@@ -163,10 +171,11 @@ def test_test_extra_holds_the_demo_extra() -> None:
     assert {str(r) for r in _requirements({"demo"})} <= {str(r) for r in _requirements({"test"})}
 
 
-def test_makefile_demo_installs_the_demo_extra_only() -> None:
+@pytest.mark.parametrize("target", ["demo", "routing-demo", "cdc-demo"])
+def test_makefile_demos_install_the_demo_extra_only(target: str) -> None:
     makefile = (ROOT / "Makefile").read_text()
-    demo_rule = re.search(r"^demo: (.*)$", makefile, re.M)
-    assert demo_rule is not None and demo_rule.group(1).strip() == "$(VENV)/.installed-demo"
+    rule = re.search(rf"^{target}: (.*)$", makefile, re.M)
+    assert rule is not None and rule.group(1).strip() == "$(VENV)/.installed-demo", f"make {target}: not on the demo extra"
     assert "-e '.[demo]'" in makefile
 
 

@@ -123,7 +123,7 @@ def test_routing_demo_outside_the_project_environment_says_how_to_run_it(tmp_pat
 
 def test_the_demos_output_folders_are_ignored_by_git() -> None:
     root = ROUTING_DEMO.parent.parent
-    for path in ("routing-demo-run/job.log", "demo-run/job.log", "lakehouse/catalog.db"):
+    for path in ("routing-demo-run/job.log", "demo-run/job.log", "cdc-database-run/checkpoint", "lakehouse/catalog.db"):
         ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=root, capture_output=True)
         assert ignored.returncode == 0, f"{path} is not ignored by git"
 

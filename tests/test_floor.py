@@ -77,3 +77,12 @@ def test_the_floor_environment_holds_the_floor() -> None:
     installed = {n: metadata.version(n) for n in constraints()}
     wrong = {n: (v, installed[n]) for n, v in constraints().items() if not same_version(installed[n], v)}
     assert wrong == {}, f"(pinned, installed) differ: {wrong}"
+
+
+def test_the_license_is_an_spdx_expression_the_build_backend_reads() -> None:
+    """``project.license`` as a TOML table makes setuptools print a deprecation at every install (three times); the
+    SPDX string needs setuptools 77 or later (PEP 639), which the build system then requires."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["license"] == "Apache-2.0"
+    (setuptools,) = [Requirement(r) for r in pyproject["build-system"]["requires"] if Requirement(r).name == "setuptools"]
+    assert setuptools.specifier.contains("77.0.0") and not setuptools.specifier.contains("76.1.0"), setuptools

@@ -26,6 +26,7 @@ from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
+from pyiceberg.table.statistics import StatisticsFile
 from pyiceberg.table.update import (
     AddSnapshotUpdate,
     AssertCurrentSchemaId,
@@ -61,6 +62,7 @@ from lakesink._pyiceberg.metadata import (
     write_manifest_list,
 )
 from lakesink.table import floats, names, state_files
+from lakesink.table.keys import STATE_PROPERTY_PREFIXES
 
 
 def apply_schema_changes(update: UpdateSchema, changes: Sequence[Any]) -> None:
@@ -389,7 +391,7 @@ def _staged(
     # metadata is the table's own (no copy of the whole history; see _MetadataCachingTransaction)
     props = dict(properties(producer.snapshot_id))
     owned = list(owned)
-    statistics, more, written = state_files.attach(table, {**table.properties, **props}, producer.snapshot_id, commit)
+    statistics, more, written = _attach_state(table, {**table.properties, **props}, producer.snapshot_id, commit)
     props.update(more)
     if written is not None:
         owned.append(written)
@@ -560,7 +562,7 @@ def prepare_properties_at_head(table: Table, properties: Mapping[str, str], *, b
     updates: list[Any] = []
     written = None
     if head is not None:  # the table's state file attached to the head (lakesink.table.state_files)
-        statistics, more, written = state_files.attach(table, {**table.properties, **props}, head.snapshot_id, None)
+        statistics, more, written = _attach_state(table, {**table.properties, **props}, head.snapshot_id, None)
         props.update(more)
         if statistics is not None:
             updates.append(_set_statistics(statistics))
@@ -612,9 +614,19 @@ def prepare_replace(
     for f in added:
         producer.append_data_file(f)
     producer.commit()
-    statistics, more, written = state_files.attach(table, table.properties, producer.snapshot_id, commit)
+    statistics, more, written = _attach_state(table, table.properties, producer.snapshot_id, commit)
     if more:
         tx.set_properties(more)
     if statistics is not None:
         tx._apply((_set_statistics(statistics),))
     return _prepared(table, tx, producer, files_since_ms=files_since_ms, owned=() if written is None else (written,))
+
+
+def _attach_state(
+    table: Table, properties: Mapping[str, str], snapshot_id: int, commit: names.CommitName | None
+) -> tuple[StatisticsFile | None, dict[str, str], str | None]:
+    """:func:`lakesink.table.state_files.attach` for a table whose ``properties`` name a state file; a table without one
+    (no order-by, no held changes: most tables) attaches nothing and reads nothing."""
+    if not any(key.startswith(STATE_PROPERTY_PREFIXES) for key in properties):
+        return None, {}, None
+    return state_files.attach(table, properties, snapshot_id, commit)

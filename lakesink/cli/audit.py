@@ -36,9 +36,12 @@ from lakesink.cli.common import (
     POINT_HELP,
     branch_option,
     catalog_options,
+    check_order_by,
     check_output_file,
+    check_row_filter,
     load_catalog,
     load_table,
+    parse_order_by,
     parse_point,
     row_filter_option,
     table_value_errors,
@@ -78,7 +81,15 @@ def history_command(
     type=click.IntRange(min=0),
     default=20,
     show_default=True,
-    help="Rows to print (0: all); only that many rows are read.",
+    help="Rows to print (0: all); only that many rows are read (without --order-by).",
+)
+@click.option(
+    "--order-by",
+    "order_by",
+    metavar="COL [desc],...",
+    callback=parse_order_by,
+    help='Print the rows sorted by these columns (for example "ts desc, id"); every matching row is then read. '
+    "Default: the order of the table's files.",
 )
 @output_option(help="Print the rows as a JSON list.")
 def show_command(
@@ -90,14 +101,22 @@ def show_command(
     columns: str | None,
     row_filter: BooleanExpression | None,
     limit: int,
+    order_by: list[tuple[str, str]],
     output: Output,
 ) -> None:
     """Print TABLE's rows as of a point in its history (time travel)."""
     t = load_table(table, catalog_name, catalog_properties)
+    check_row_filter(t, row_filter)
     cols = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
+    check_order_by(t, order_by)
+    read_cols = cols + [c for c, _ in order_by if c not in cols] if cols and order_by else cols
     with table_value_errors():
-        # one row more than shown: whether the table has more is known without reading it all
-        rows = read_at(t, point, branch=branch, columns=cols, row_filter=row_filter, limit=limit + 1 if limit else None)
+        # one row more than shown: whether the table has more is known without reading it all (sorted: all are read)
+        read_limit = limit + 1 if limit and not order_by else None
+        rows = read_at(t, point, branch=branch, columns=read_cols, row_filter=row_filter, limit=read_limit)
+    if order_by:
+        rows = rows.sort_by(order_by)
+        rows = rows.select(cols) if cols else rows
     more = bool(limit) and rows.num_rows > limit
     output.rows(rows.slice(0, limit) if more else rows, None if more else rows.num_rows)
 
@@ -152,6 +171,7 @@ def which_command(
     if (row_filter is None) == (file_path is None):
         raise click.UsageError("give exactly one of --where or --file")
     t = load_table(table, catalog_name, catalog_properties)
+    check_row_filter(t, row_filter)
     with table_value_errors():
         rows = locate(t, row_filter=row_filter, file_path=file_path, point=point, branch=branch)
     output.located(rows)

@@ -17,13 +17,24 @@ from typing import Any, TypeVar
 import click
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
-from pyiceberg.expressions import BooleanExpression
+from pyiceberg.expressions import (
+    And,
+    BooleanExpression,
+    LiteralPredicate,
+    Not,
+    Or,
+    Reference,
+    SetPredicate,
+    UnboundPredicate,
+)
 from pyiceberg.table import Table
+from pyiceberg.types import StringType
 
 from lakesink._pyiceberg import io as seam
 from lakesink.audit import Point
+from lakesink.audit.points import utc_by_default
 from lakesink.driver import catalogs
-from lakesink.errors import PROGRAMMING_ERRORS, AuditError, CatalogError, InvalidOptionError
+from lakesink.errors import PROGRAMMING_ERRORS, AuditError, CatalogError, InvalidOptionError, did_you_mean
 from lakesink.options import TableName
 from lakesink.redaction import redact_secrets_in
 from lakesink.table.keys import MAIN_BRANCH
@@ -129,11 +140,52 @@ def load_table(table: str, catalog_name: str | None, catalog_properties: dict[st
     except (NoSuchTableError, NoSuchNamespaceError):
         _, props = catalogs.resolve_catalog_properties(catalog_name, catalog_properties)
         where = catalogs.location(catalog.name, props)
-        raise CatalogError(f"table {name} does not exist in catalog {catalog.name!r} ({where})") from None
+        found = _what_exists(catalog, name)
+        raise CatalogError(f"table {name} does not exist in catalog {catalog.name!r} ({where}){found}") from None
     except PROGRAMMING_ERRORS:
         raise
     except Exception as e:
         raise CatalogError(f"cannot load table {name}: {redacted(e, catalog_name, catalog_properties)}") from None
+
+
+_LISTED = 20
+"""At most this many names are listed after "does not exist"."""
+
+
+def _what_exists(catalog: Catalog, name: TableName) -> str:
+    """What the catalog holds where ``name`` was looked for: the namespace's tables, or, when the namespace does not
+    exist, the catalog's namespaces (the nearest name first, as a "did you mean"); empty when the listing fails."""
+    namespace = ".".join(name.namespace)
+    try:
+        try:
+            tables = sorted(".".join(t) for t in catalog.list_tables(name.namespace))
+        except NoSuchNamespaceError:
+            tables = None
+        if tables is None or not tables and not _namespace_exists(catalog, name.namespace):
+            namespaces = sorted(".".join(n) for n in catalog.list_namespaces())
+            listed = _listing(namespaces)
+            held = f"; the catalog's namespaces: {listed}" if namespaces else "; it has no namespace (no table yet)"
+            return f": namespace {namespace!r} does not exist{did_you_mean(namespace, namespaces)}{held}"
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception:
+        return ""  # the error stays the table's; a catalog that cannot list adds nothing
+    if not tables:
+        return f"; namespace {namespace!r} has no table"
+    return f"{did_you_mean(str(name), tables)}; the tables of namespace {namespace!r}: {_listing(tables)}"
+
+
+def _namespace_exists(catalog: Catalog, namespace: tuple[str, ...]) -> bool:
+    try:
+        catalog.load_namespace_properties(namespace)
+    except NoSuchNamespaceError:
+        return False
+    return True
+
+
+def _listing(names: Sequence[str]) -> str:
+    more = f" and {len(names) - _LISTED} more" if len(names) > _LISTED else ""
+    return ", ".join(names[:_LISTED]) + more
 
 
 def redacted(e: BaseException, catalog_name: str | None, catalog_properties: dict[str, str]) -> str:
@@ -177,6 +229,78 @@ def parse_row_filter(ctx: click.Context, param: click.Parameter, value: str | No
             'is not null, like) of a column with a value, joined by and/or/not, for example "id > 5 and kind = 2" '
             "or \"ts >= '2026-11-23T00:00:00+00:00'\""
         ) from None
+
+
+def check_row_filter(table: Table, row_filter: BooleanExpression | None) -> None:
+    """``--where`` against the table it reads, before the read: each column it names must be one of the table's (as
+    the scan binds them: the case as written) and each value convertible to that column's type -- else an
+    :class:`~lakesink.errors.AuditError` naming the column, its type, the value and the table's columns (pyiceberg
+    raises a TypeError for a value of another kind: a traceback, not a message)."""
+    if row_filter is None:
+        return
+    schema = table.schema()
+    columns = schema.column_names
+    name = ".".join(table.name()[-2:])
+    for predicate in _predicates(utc_by_default(row_filter, schema)):  # a time without offset: UTC, as the read takes it
+        if not isinstance(predicate.term, Reference):
+            continue
+        column = predicate.term.name
+        try:
+            field = schema.find_field(column, case_sensitive=True)
+        except ValueError:
+            raise AuditError(
+                f"--where names column {column!r}, which table {name} does not have{did_you_mean(column, columns)}; "
+                f"its columns: {', '.join(columns)}"
+            ) from None
+        literals = [predicate.literal] if isinstance(predicate, LiteralPredicate) else []
+        literals += sorted(predicate.literals, key=str) if isinstance(predicate, SetPredicate) else []
+        for literal in literals:
+            try:
+                literal.to(field.field_type)
+            except (TypeError, ValueError):  # pyiceberg: TypeError for another kind, ValueError for a bad text
+                given = literal.value
+                hint = f" (quote it: '{given}')" if not isinstance(given, str) and field.field_type == StringType() else ""
+                raise AuditError(
+                    f"--where: column {column!r} of table {name} holds {field.field_type} values; {given!r} is not one{hint}"
+                ) from None
+
+
+def _predicates(expression: BooleanExpression) -> Iterator[UnboundPredicate]:
+    if isinstance(expression, (And, Or)):
+        yield from _predicates(expression.left)
+        yield from _predicates(expression.right)
+    elif isinstance(expression, Not):
+        yield from _predicates(expression.child)
+    elif isinstance(expression, UnboundPredicate):
+        yield expression
+
+
+def parse_order_by(ctx: click.Context, param: click.Parameter, value: str | None) -> list[tuple[str, str]]:
+    """``--order-by "ts desc, id"``: (column, ``ascending`` or ``descending``) pairs, as pyarrow's ``sort_by`` takes
+    them."""
+    if value is None:
+        return []
+    keys: list[tuple[str, str]] = []
+    for item in value.split(","):
+        words = item.split()
+        if not words or len(words) > 2 or (len(words) == 2 and words[1].lower() not in ("asc", "desc")):
+            raise click.BadParameter(
+                f"{value!r}: give columns separated by commas, each optionally followed by asc or desc (for example "
+                '"ts desc, id")'
+            )
+        keys.append((words[0], "descending" if words[-1].lower() == "desc" and len(words) == 2 else "ascending"))
+    return keys
+
+
+def check_order_by(table: Table, order_by: Sequence[tuple[str, str]]) -> None:
+    """``--order-by``'s columns must be the table's top-level columns (an AuditError naming them otherwise)."""
+    columns = [f.name for f in table.schema().fields]
+    for column, _ in order_by:
+        if column not in columns:
+            raise AuditError(
+                f"--order-by names column {column!r}, which table {'.'.join(table.name()[-2:])} does not have"
+                f"{did_you_mean(column, columns)}; its columns: {', '.join(columns)}"
+            )
 
 
 def row_filter_option(help: str) -> Callable[[F], F]:

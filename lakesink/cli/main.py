@@ -168,4 +168,10 @@ def _choose_json(ctx: click.Context, param: click.Parameter, value: bool) -> Non
 )
 @click.version_option(package_name="lakesink")
 def main() -> None:
-    """Maintenance of the Iceberg tables lakesink writes."""
+    """Audit and maintain the Iceberg tables lakesink writes.
+
+    Audit (docs/auditing.md): which batch of which query wrote a row (history, which), the table as of any batch or
+    time (show, diff), the exactly-once invariants (verify, report), write-audit-publish and completeness (publish,
+    wait). Maintenance (docs/maintenance.md): maintain, compact, expire-snapshots, rewrite-manifests, forget-query,
+    remove-orphan-files, checkpoint-clean.
+    """

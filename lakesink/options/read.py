@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from lakesink.errors import InvalidOptionError
+from lakesink.errors import InvalidOptionError, did_you_mean
 from lakesink.options.keys import (
     _SPARK_OWN_OPTIONS,
     BRANCH,
@@ -76,9 +76,8 @@ class ReadOptions:
             k for k in lowered if k not in known and not k.startswith(CATALOG_PROPERTY_PREFIX) and k not in _SPARK_OWN_OPTIONS
         )
         if unknown:
-            raise InvalidOptionError(
-                f"unknown read option(s) {', '.join(repr(k) for k in unknown)}; valid options: {', '.join(READ_VALID_OPTIONS)}"
-            )
+            named = ", ".join(f"{k!r}{did_you_mean(k, READ_VALID_OPTIONS)}" for k in unknown)
+            raise InvalidOptionError(f"unknown read option(s) {named}; valid options: {', '.join(READ_VALID_OPTIONS)}")
         if TABLE not in lowered or not lowered[TABLE].strip():
             raise InvalidOptionError(f"option '{TABLE}' is required (for example .option('table', 'db.events'))")
         travel = [k for k in (SNAPSHOT_ID, AS_OF_TIMESTAMP, AS_OF_BATCH) if lowered.get(k, "").strip()]

@@ -4,10 +4,10 @@ upsert, dead letters, cdc-format, payload) checked together."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 
-from lakesink.errors import InvalidOptionError
+from lakesink.errors import InvalidOptionError, did_you_mean
 from lakesink.options.declaration import _BY_FIELD, _KEYS, _PREFIXES, OPTIONS, VALID_OPTIONS, _as_text, _shown
 from lakesink.options.keys import (
     _SPARK_OWN_OPTIONS,
@@ -150,15 +150,17 @@ class SinkOptions:
             for option in OPTIONS
             if option.spark_refusal and option.parse is not None
         }
-        parsed = cls._parse(lowered, own["output_mode"], case_sensitive=options, writer=own["writer"])
+        parsed = cls._parse(lowered, own["output_mode"], case_sensitive=options, writer=own["writer"], keywords=True)
         return replace(parsed, **own)
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, object]) -> SinkOptions:
         """Parse :func:`lakesink.foreach_batch`'s keyword arguments (None: not given), each as its declared option."""
-        unknown = sorted(set(keywords) - {option.keyword for option in OPTIONS})
+        keywords_known = [option.keyword for option in OPTIONS]
+        unknown = sorted(set(keywords) - set(keywords_known))
         if unknown:
-            raise TypeError(f"foreach_batch() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
+            named = ", ".join(f"{k!r}{did_you_mean(k, keywords_known)}" for k in unknown)
+            raise TypeError(f"foreach_batch() got unexpected keyword argument(s) {named}")
         options: dict[str, str] = {}
         for option in OPTIONS:
             value = keywords.get(option.keyword)
@@ -179,15 +181,20 @@ class SinkOptions:
         *,
         case_sensitive: Mapping[str, str],
         writer: WriterKind = WriterKind.AUTO,
+        keywords: bool = False,
     ) -> SinkOptions:
+        """``keywords``: the options are foreach_batch's arguments (an error spells them so)."""
         cdc_format = _apply_cdc_format(lowered)
         unknown = sorted(k for k in lowered if k not in _KEYS and not k.startswith(_PREFIXES) and k not in _SPARK_OWN_OPTIONS)
         if unknown:
-            raise InvalidOptionError(
-                f"unknown option(s) {', '.join(repr(k) for k in unknown)}; valid options: {', '.join(VALID_OPTIONS)}"
-            )
+            raise InvalidOptionError(_unknown("option(s)", unknown, VALID_OPTIONS))
         routing = _parse_routing(lowered, mode, writer)
         if routing is None and (TABLE not in lowered or not lowered[TABLE].strip()):
+            if keywords:
+                raise InvalidOptionError(
+                    "foreach_batch() needs the table (for example lakesink.foreach_batch('db.events')), or route_by= "
+                    "(each row goes to the table its column names)"
+                )
             raise InvalidOptionError(
                 f"option '{TABLE}' is required (for example .option('table', 'db.events')), or option '{ROUTE_BY}' "
                 "(each row goes to the table its column names)"
@@ -249,6 +256,16 @@ class SinkOptions:
             payload=_parse_payload(lowered, routing),
             cdc_format=cdc_format,
         )
+
+
+def _unknown(what: str, unknown: Sequence[str], valid: Sequence[str]) -> str:
+    """The error of unknown options: each with the nearest valid name ("did you mean"); the valid options listed
+    unless every unknown one has its nearest name (the list is long: docs/options.md holds it)."""
+    hints = {k: did_you_mean(k, valid) for k in unknown}
+    named = ", ".join(f"{k!r}{hint}" for k, hint in hints.items())
+    if all(hints.values()):
+        return f"unknown {what} {named}; every option is in docs/options.md"
+    return f"unknown {what} {named}; valid options: {', '.join(valid)}"
 
 
 ROUTED = TableName(namespace=("<route-by>",), name="<route-by>")

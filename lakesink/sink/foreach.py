@@ -124,8 +124,9 @@ def foreach_batch(
             driver, else Spark's own Parquet writer when the table allows it, else the Arrow path), ``"spark"``
             (Spark's writer; a table it cannot write fails the batch), ``"arrow"`` (rows through Python workers,
             written with pyarrow) or ``"driver"`` (every batch collected as Arrow and written on the driver). With
-            ``route_by``: ``"spark"`` writes every table of a batch with Spark's writer (docs/routing.md), ``"auto"``
-            takes the Arrow path, ``"driver"`` is refused. See docs/write-paths.md.
+            ``route_by``: ``"spark"`` writes every table of a batch with Spark's writer (docs/routing.md); ``"auto"``
+            too, except with ``payload`` (``cdc_format``) or ``dead_letter_table``, or for a batch holding a table
+            Spark cannot write (the Arrow path); ``"driver"`` is refused. See docs/write-paths.md.
         sink_id: needed only when one query writes this table through several sinks (two lakesink calls in
             one foreachBatch function, e.g. two filters of the batch, or main and an audit branch): each sink
             gets its own id and is exactly-once on its own. Keep it stable across restarts.
@@ -492,21 +493,25 @@ class ForeachBatchSink(RoutedSparkBatches):
         routed.held_tables = self._held.tables if self._held is not None else ()
         routed.held_homes = frozenset()
         root = self._split_root(spark, routed, query_id)
-        if root is not None:  # writer='spark', appends: the write job is the batch's one read (lakesink.sink.spark_split)
+        if root is not None:  # Spark's writer, appends: the write job is the batch's one read (lakesink.sink.spark_split)
             return self._split_batch(df, batch_id, query_id, routed, run_id, root)
         cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
         try:
-            return self._routed_batch_read_once(cached, batch_id, query_id, routed, run_id)
+            if self._spark_writes_routed():  # Spark's own Parquet writer, no row in a Python worker
+                outcome = self._routed_spark_batch(cached, batch_id, query_id, routed, run_id)
+                if outcome is not None:
+                    return outcome
+            return self._routed_arrow_batch(cached, batch_id, query_id, routed, run_id)
         finally:
             cached.unpersist(blocking=False)
 
-    def _routed_batch_read_once(
+    def _routed_arrow_batch(
         self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None
     ) -> RoutedOutcome:
+        """Option route-by through Python workers (mapInArrow, lakesink.executor.routed_writer): ``writer='arrow'``,
+        and ``auto`` with ``payload``, ``dead-letter-table`` or a table Spark's writer cannot write."""
         routing = self.options.routing
         assert routing is not None
-        if self.options.writer is WriterKind.SPARK:  # Spark's own Parquet writer, no row in a Python worker
-            return self._routed_spark_batch(df, batch_id, query_id, routed, run_id)
         started = time.perf_counter()
         if self.options.payload is not None:  # each table's columns from its payloads (the same job finds the routes)
             values, found = self._payload_columns(df, routed)

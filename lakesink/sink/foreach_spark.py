@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from pyiceberg.types import StructType
 from pyspark.sql import DataFrame
 from pyspark.storagelevel import StorageLevel
 
@@ -53,6 +54,24 @@ def routed_tables_by_value(values: Sequence[object], routing: Routing) -> dict[s
     return out
 
 
+def _required_columns_reason(plan: WritePlan) -> str | None:
+    """``writer='auto'``: a table with NOT NULL columns (its key aside: a null key is an UpsertKeyError on both paths)
+    takes the Arrow path, whose check names the table and counts the nulls in a SchemaMismatchError; Spark's writer
+    stops the job with its own error naming the group of tables written together (tests/sink/
+    test_types_required_nested.py)."""
+    keys = set(plan.schema.identifier_field_ids)
+    required = [f.name for f in plan.schema.fields if f.required and f.field_id not in keys]
+    required += [f.name for f in plan.schema.fields if not f.required and _has_required_field(f.field_type)]
+    if not required:
+        return None
+    return f"NOT NULL column(s) {', '.join(required)}: the Arrow path checks them table by table"
+
+
+def _has_required_field(t: Any) -> bool:
+    """A struct with a NOT NULL field at any depth (lists and maps: Spark's writer does not write them at all)."""
+    return isinstance(t, StructType) and any(f.required or _has_required_field(f.field_type) for f in t.fields)
+
+
 class RoutedSparkBatches:
     """The part of :class:`lakesink.sink.foreach.ForeachBatchSink` that writes routed batches with Spark's writer."""
 
@@ -60,11 +79,53 @@ class RoutedSparkBatches:
     _query: RunningQuery
     _bytes_per_row: float | None
 
-    def _routed_spark_batch(
+    def _routed_arrow_batch(
         self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None
     ) -> RoutedOutcome:
-        """Option route-by with writer='spark' (lakesink.sink.spark_routed): one Spark job finds the batch's tables with
-        each one's row count and digest, one write job per group of alike tables writes them, one unit commits them."""
+        """The routed batch through Python workers (lakesink.sink.foreach.ForeachBatchSink)."""
+        raise NotImplementedError
+
+    def _spark_writes_routed(self) -> bool:
+        """Whether route-by's batches go to Spark's own Parquet writer: ``writer='spark'``, and ``writer='auto'`` (the
+        default) wherever it keeps the Arrow path's guarantees -- not with option ``payload`` (so ``cdc-format``: each
+        row expanded into its table's columns by lakesink's Python code) nor ``dead-letter-table`` (rows sorted out one
+        by one in Python workers); a table Spark cannot write sends an ``auto`` batch back to the Arrow path
+        (:meth:`_spark_cannot_write`). docs/routing.md, "Spark's own Parquet writer"."""
+        if self.options.writer is WriterKind.SPARK:
+            return True
+        return (
+            self.options.writer is WriterKind.AUTO and self.options.payload is None and self.options.dead_letter_table is None
+        )
+
+    def _spark_cannot_write(self, spark: Any, plans: Mapping[str, WritePlan], batch_id: int) -> bool:
+        """Whether a table of the batch is one Spark's writer cannot write (a type or transform it lacks, a filesystem
+        Spark has no client for): with ``writer='spark'`` an InvalidOptionError naming it; with ``auto`` the batch takes
+        the Arrow path (logged), before any file of it is written in a table."""
+        for plan in plans.values():
+            reason = spark_write.unsupported_reason(plan.schema, plan.spec) or spark_fs.unwritable_reason(spark, plan.data_prefix)
+            if reason is None and self.options.writer is WriterKind.AUTO:
+                reason = _required_columns_reason(plan)
+            if reason is None:
+                continue
+            if self.options.writer is WriterKind.SPARK:
+                raise InvalidOptionError(
+                    f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'"
+                )
+            log.info(
+                "lakesink: route-by batch=%s takes the Arrow path: Spark's writer cannot write table %s: %s",
+                batch_id,
+                plan.table,
+                reason,
+            )
+            return True
+        return False
+
+    def _routed_spark_batch(
+        self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None
+    ) -> RoutedOutcome | None:
+        """Option route-by with Spark's writer (lakesink.sink.spark_routed): one Spark job finds the batch's tables with
+        each one's row count and digest, one write job per group of alike tables writes them, one unit commits them.
+        None: ``writer='auto'`` and a table Spark cannot write (the caller takes the Arrow path; nothing written)."""
         routing = self.options.routing
         assert routing is not None
         spark = df.sparkSession
@@ -75,12 +136,8 @@ class RoutedSparkBatches:
         routes = routed.routes(values, batch_id)  # an invalid route: RoutingError (dead letters need 'arrow')
         plans = routed.plans(routes, query_id)
         planned_ms = (time.perf_counter() - started) * 1000 - found_ms
-        for plan in plans.values():
-            reason = spark_write.unsupported_reason(plan.schema, plan.spec) or spark_fs.unwritable_reason(spark, plan.data_prefix)
-            if reason is not None:
-                raise InvalidOptionError(
-                    f"writer='spark' cannot write table {plan.table}: {reason}; use writer='auto' or 'arrow'"
-                )
+        if self._spark_cannot_write(spark, plans, batch_id):
+            return None
         written: spark_routed.RoutedSparkWrite | None = None
         resolved: upsert_batch.RoutedResolution | None = None  # upserts: each (table, key) resolved by Spark
 
@@ -111,7 +168,7 @@ class RoutedSparkBatches:
         """Where route-by with writer='spark' splits the batch by routing value before the tables are opened
         (lakesink.sink.spark_split), or None when it cannot: upserts (resolved by table key, known once the tables
         are), no template to write with (a catalog that places its tables itself), or one Spark cannot write."""
-        template = routed.template() if self.options.writer is WriterKind.SPARK and not self.options.upserts else None
+        template = routed.template() if self._spark_writes_routed() and not self.options.upserts else None
         if template is None or template.staged:
             return None
         plan = template.plan(Route(("ns",), "t"), query_id, self.options.sink_id)
@@ -145,25 +202,20 @@ class RoutedSparkBatches:
         )
         written: spark_routed.RoutedSparkWrite | None = None
         try:
-            if s.odd:  # a null, empty or long routing value: the two jobs' path (the source read again)
+            split_ms = (time.perf_counter() - started) * 1000
+            routes = routed.routes(list(s.keys), batch_id) if not s.odd else []  # invalid: RoutingError
+            plans = routed.plans(routes, query_id) if not s.odd else {}
+            planned_ms = (time.perf_counter() - started) * 1000 - split_ms
+            if s.odd or self._spark_cannot_write(df.sparkSession, plans, batch_id):
+                # a null, empty or long routing value: the two jobs' path; a table Spark cannot write (writer='auto'):
+                # the Arrow path -- the source read again either way, the split deleted
                 spark_write.delete_directory(template.io, s.directory)
                 cached = read_once(df)
                 try:
-                    return self._routed_spark_batch(cached, batch_id, query_id, routed, run_id)
+                    outcome = self._routed_spark_batch(cached, batch_id, query_id, routed, run_id) if s.odd else None
+                    return outcome or self._routed_arrow_batch(cached, batch_id, query_id, routed, run_id)
                 finally:
                     cached.unpersist(blocking=False)
-            split_ms = (time.perf_counter() - started) * 1000
-            routes = routed.routes(list(s.keys), batch_id)  # an invalid route: RoutingError (dead letters need 'arrow')
-            plans = routed.plans(routes, query_id)
-            planned_ms = (time.perf_counter() - started) * 1000 - split_ms
-            for p in plans.values():
-                reason = spark_write.unsupported_reason(p.schema, p.spec) or spark_fs.unwritable_reason(
-                    df.sparkSession, p.data_prefix
-                )
-                if reason is not None:
-                    raise InvalidOptionError(
-                        f"writer='spark' cannot write table {p.table}: {reason}; use writer='auto' or 'arrow'"
-                    )
 
             def write() -> list[RoutedTaskResult]:
                 nonlocal written

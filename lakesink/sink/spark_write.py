@@ -119,8 +119,9 @@ HADOOP_PINS = {
     "mapreduce.fileoutputcommitter.cleanup.skipped": "false",  # no _temporary left behind
     "mapreduce.fileoutputcommitter.cleanup-failures.ignored": "false",
     "mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",  # no _SUCCESS file
-    "parquet.summary.metadata.level": "NONE",  # no _metadata / _common_metadata summary files
-    "parquet.enable.summary-metadata": "false",
+    # no _metadata / _common_metadata summary files: the level alone (it overrides the older boolean
+    # parquet.enable.summary-metadata, which a session may set; with both set parquet-mr warns at every write)
+    "parquet.summary.metadata.level": "NONE",
     "parquet.writer.version": "PARQUET_1_0",  # v1 data pages, as Iceberg's and pyiceberg's writers
     "parquet.enable.dictionary": "true",
     "parquet.statistics.truncate.length": "2147483647",  # exact min/max in the footer, the source of Iceberg's bounds

@@ -111,6 +111,9 @@ back (a source transaction not yet whole, and every change after it), as JSON: t
 records, their count, the oldest one's time, the last released transaction's commit time, and the same of the batch
 before (a replay of the batch starts from those). Set in every table of the batch's unit, in the same atomic commit
 (lakesink.driver.actions.held)."""
+STATE_PROPERTY_PREFIXES = (PROPERTY_UPSERT_ORDER_FILE, PROPERTY_CDC_HELD_PREFIX)
+"""The table properties that name state files a table depends on (lakesink.table.state_files: a commit of a table
+without any of them attaches no state file and reads nothing)."""
 SUMMARY_CDC_HELD_CHANGES = "lakesink.cdc.held-changes"
 """Option cdc-transactions=hold: how many changes the batch held back (not in any table yet)."""
 SUMMARY_CDC_HELD_OLDEST_MS = "lakesink.cdc.held-oldest-ms"

@@ -203,6 +203,44 @@ def test_a_column_the_table_lacks_is_an_audit_error_naming_it(args: list[str], c
         assert "nosuch" in result.output and "Traceback" not in result.output, result.output
         if json_flag:
             assert json.loads(result.output)["error"]["type"] == "AuditError", result.output
+        if "--where" in args:  # the table's columns, not pyiceberg's binding details
+            assert "which table db.events does not have; its columns: id, user" in result.output, result.output
+            assert "case_sensitive" not in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["show", "db.events", "--where", "user > 5"], "column 'user' of table db.events holds string values; 5 is not one"),
+        (["which", "db.events", "--where", "user = 5"], "column 'user' of table db.events holds string values; 5 is not one"),
+        (["show", "db.events", "--where", "id in (1, 2) and user in (3, 4)"], "holds string values; 3 is not one"),
+        (["show", "db.events", "--where", "id > 'abc'"], "column 'id' of table db.events holds long values; 'abc' is not one"),
+        (["show", "db.events", "--where", "not usr = 'u1'"], "'usr', which table db.events does not have (did you mean 'user'?)"),
+    ],
+)
+def test_a_where_value_of_another_type_is_one_error_line(args: list[str], said: str, catalog_args: list[str]) -> None:
+    """Issue 54: a number compared with a string column was pyiceberg's TypeError, a traceback of ~50 lines (rc 1), under
+    --json too. Now one line naming the column, its type and the value (exit status 1), and the JSON error object."""
+    text = stderr_apart().invoke(main, [*args, *catalog_args])
+    assert text.exit_code == 1 and isinstance(text.exception, SystemExit), text.output
+    assert said in text.stderr, text.stderr
+    assert len(text.stderr.strip().splitlines()) == 1 and "Traceback" not in text.output, text.output
+    as_json = stderr_apart().invoke(main, ["--json", *args, *catalog_args])
+    assert as_json.exit_code == 1 and as_json.stdout == "", as_json.output
+    error = _error_object(as_json.stderr)
+    assert error["type"] == "AuditError" and said in error["message"], error
+
+
+def test_a_missing_table_lists_what_the_catalog_holds(catalog_args: list[str]) -> None:
+    """Issue 54: "table demo.nope does not exist" named no table. Now the namespace's tables (the nearest first), or,
+    when the namespace does not exist, the catalog's namespaces."""
+    near = run(["history", "db.event"], catalog_args, exit_code=1)
+    assert "table db.event does not exist in catalog" in near and "(did you mean 'db.events'?)" in near, near
+    assert "the tables of namespace 'db': db.events" in near, near
+    other = run(["history", "db.nope"], catalog_args, exit_code=1)
+    assert "did you mean" not in other and "the tables of namespace 'db': db.events" in other, other
+    namespace = run(["history", "demo.events"], catalog_args, exit_code=1)
+    assert "namespace 'demo' does not exist; the catalog's namespaces: db" in namespace, namespace
 
 
 def test_report_checks_its_output_path_before_building_the_report(
@@ -544,3 +582,29 @@ def test_report_marks_each_restart_and_draws_whole_counts_on_batch_axes(catalog_
     assert all(float(t).is_integer() for t in files["yticks"]), files
     timed = [ax for ax in drawn if ax["y"] in ("rows added", "KiB added")]
     assert len(timed) == 2 and all(len(ax["dashed"]) == 2 for ax in timed)
+
+
+def test_show_orders_rows_by_the_columns_given(catalog_args: list[str]) -> None:
+    """Issue 54: ``show`` printed rows in file order only. ``--order-by`` sorts every matching row, then limits."""
+    top = json.loads(run(["show", "db.events", "--order-by", "id desc", "--limit", "3", "--json"], catalog_args))
+    assert [r["id"] for r in top] == [29, 28, 27], top
+    by_user = json.loads(run(["show", "db.events", "--order-by", "user, id DESC", "--limit", "0", "--json"], catalog_args))
+    expected = sorted(range(30), key=lambda i: (f"u{i % 7}", -i))
+    assert [r["id"] for r in by_user] == expected, by_user
+    only_user = json.loads(run(["show", "db.events", "--columns", "user", "--order-by", "id", "--json"], catalog_args))
+    assert only_user == [{"user": f"u{i % 7}"} for i in range(20)], only_user  # sorted by a column not shown
+    text = run(["show", "db.events", "--order-by", "id", "--limit", "2"], catalog_args)
+    assert text.rstrip().endswith("(first 2 row(s) shown; the table has more: --limit 0 for all)"), text
+    missing = run(["show", "db.events", "--order-by", "ids"], catalog_args, exit_code=1)
+    assert "--order-by names column 'ids', which table db.events does not have (did you mean 'id'?)" in missing, missing
+    assert run(["show", "db.events", "--order-by", "id sideways"], catalog_args, exit_code=2).count("asc or desc") == 1
+
+
+def test_the_top_level_help_names_the_audit_commands() -> None:
+    """Issue 54: ``lakesink --help`` said "Maintenance of the Iceberg tables lakesink writes" only."""
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0, result.output
+    summary = result.output.split("Options:", 1)[0]
+    assert "Audit and maintain" in summary, summary
+    for command in COMMANDS:
+        assert command in " ".join(re.sub(r"-\n\s*", "-", summary).split()), command

@@ -585,6 +585,14 @@ def test_streaming_sink_runner_makes_the_writer_for_commit_and_abort() -> None:
         assert not _pyspark.in_streaming_sink_runner()  # not from the runner: False
 
 
+def test_the_context_keeps_the_python_its_workers_run() -> None:
+    with hook("pyspark SparkContext.pythonExec (PYSPARK_PYTHON, default python3)", "local_worker_python"):
+        from pyspark import SparkContext
+
+        source = inspect.getsource(SparkContext._do_init)
+        assert 'self.pythonExec = os.environ.get("PYSPARK_PYTHON", "python3")' in source, source
+
+
 def test_streaming_query_jvm_object_and_first_session() -> None:
     with hook("pyspark StreamingQuery._jsq, SparkSession._instantiatedSession", "running_query_checkpoint"):
         from pyspark.sql import SparkSession

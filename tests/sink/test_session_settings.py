@@ -235,3 +235,13 @@ def test_parquet_encryption_in_the_session_is_refused_before_writing(
     assert table.current_snapshot() is None
     root = Path(table.location().removeprefix("file://")) / "data"
     assert not root.exists() or not any(root.iterdir())
+
+
+def test_summary_files_are_pinned_off_by_one_setting() -> None:
+    """parquet-mr's ParquetOutputFormat logs "Both parquet.summary.metadata.level and parquet.enable.summary-metadata
+    are set!" (WARN) at every write that sets both: the level alone is pinned (it wins over the older boolean a
+    session may set; HOSTILE_SESSION's level ALL is overridden by it above)."""
+    from lakesink.sink.spark_write import HADOOP_PINS
+
+    assert HADOOP_PINS.get("parquet.summary.metadata.level") == "NONE"
+    assert "parquet.enable.summary-metadata" not in HADOOP_PINS

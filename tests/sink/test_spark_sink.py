@@ -231,6 +231,34 @@ def test_missing_table_without_create_table_fails_at_start(
     assert not (Path(catalog_properties["warehouse"].removeprefix("file://")) / "db").exists()
 
 
+@pytest.mark.parametrize(("option", "meant"), [("upsert_key", "upsert-key"), ("partition-by", "partitioned-by")])
+def test_a_misspelled_option_ends_the_query_with_one_frame_and_the_nearest_name(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], option: str, meant: str
+) -> None:
+    """Issue 54: a misspelled option's message came at the end of a ~3 KB exception, after a Python traceback of three
+    lakesink frames, with no "did you mean". start() runs no Python code of a data source (Spark makes the writer when it
+    plans the first batch, in the query's thread): the query ends there, before any row is written, its exception
+    holding one frame and the line naming the option and its nearest valid name."""
+    s = Stream(spark, tmp_path, catalog_properties, "format")
+    s.add_input(files=1)
+    lakesink.register(spark)
+    w = spark.readStream.schema(s.ddl).json(str(s.src)).writeStream.format("lakesink").option("table", "db.events")
+    for k, v in catalog_properties.items():
+        w = w.option(f"catalog.{k}", v)
+    q = w.option(option, "id").option("checkpointLocation", str(s.ck)).trigger(availableNow=True).start()  # as written
+    try:
+        with pytest.raises(StreamingQueryException) as info:
+            q.awaitTermination()
+    finally:
+        q.stop()
+    message = str(info.value)
+    line = f"InvalidOptionError: unknown option(s) '{option}' (did you mean '{meant}'?); every option is in docs/options.md"
+    assert line in message, message
+    python_traceback = message.split("Traceback (most recent call last):", 1)[1].split("InvalidOptionError", 1)[0]
+    assert python_traceback.count('File "') == 1, message
+    assert not (Path(catalog_properties["warehouse"].removeprefix("file://")) / "db").exists()
+
+
 def test_checkpoint_in_a_new_folder_is_a_new_query(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
     """A fresh checkpoint gets a new query id: its batch 0 is new data, never skipped as a replay."""
     s = Stream(spark, tmp_path, catalog_properties, "format")

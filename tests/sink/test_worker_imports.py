@@ -182,3 +182,33 @@ def test_short_lived_jobs_workers_import_the_installed_pyspark(tmp_path: Path) -
     assert version == pyspark.__version__
     assert str(tmp_path) in path and all(str(p) in path for p in py4j)  # the other entries kept
     assert str(spark_zip) not in path
+
+
+@pytest.mark.spark
+def test_register_refuses_workers_that_cannot_import_lakesink(
+    spark: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 54: without PYSPARK_PYTHON the workers run ``python3`` from PATH; format("lakesink") then failed at its first
+    batch with ``ModuleNotFoundError: No module named 'lakesink'`` inside PYTHON_DATA_SOURCE_ERROR, nothing pointing at
+    the fix. register() checks the interpreter the session's workers run (a real one without lakesink here: a fresh
+    virtual environment) and says the fix."""
+    import lakesink
+    from lakesink.sink import source
+
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=guard(120))
+    python = str(bare / "bin" / "python")
+    monkeypatch.chdir(tmp_path)  # the workers' folder: no checkout of lakesink in it
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", python)
+    with pytest.raises(lakesink.LakesinkError) as e:
+        lakesink.register(spark)
+    message = str(e.value)
+    assert f"Spark starts its Python workers with {python!r}" in message, message
+    assert "cannot import lakesink, pyiceberg, pyarrow, pyspark" in message, message
+    assert "os.environ['PYSPARK_PYTHON'] = sys.executable" in message and "before the SparkSession starts" in message, message
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", "no-such-python-3")
+    with pytest.raises(lakesink.LakesinkError, match="'no-such-python-3' \\(PYSPARK_PYTHON\\), which is not found"):
+        lakesink.register(spark)
+    monkeypatch.undo()
+    lakesink.register(spark)  # the session's own workers: fine
+    assert source._CHECKED or spark.sparkContext.pythonExec == sys.executable

@@ -39,7 +39,7 @@ from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
 from lakesink.driver.loop.swap import RetriesExhausted
 from lakesink.driver.tables import routed_keys
-from lakesink.driver.tables.schema import fitted_columns, stream_columns
+from lakesink.driver.tables.schema import fitted_columns
 from lakesink.driver.tables.sink_table import (
     Sibling,
     SinkTable,
@@ -72,6 +72,23 @@ log = logging.getLogger("lakesink")
 MAX_COMMITTERS = 256
 """A table's committer is kept for this many tables used last (RoutedCommitter.committer)."""
 _logged_modes: set[tuple[str, str]] = set()
+
+
+def stream_columns(routing: Routing, stream_schema: pa.Schema) -> pa.Schema:
+    """The stream's schema without its routing column (what the tables take); the column must be a string."""
+    index = stream_schema.get_field_index(routing.column)
+    if index < 0:
+        raise InvalidOptionError(
+            f"option 'route-by' names column {routing.column!r}, which the stream does not have (columns: "
+            f"{', '.join(stream_schema.names)})"
+        )
+    field = stream_schema.field(index)
+    if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
+        raise InvalidOptionError(
+            f"option 'route-by': column {routing.column!r} has type {field.type}; the routing column must be a string "
+            "holding each row's table name ('namespace.table', or 'table' with option 'namespace')"
+        )
+    return stream_schema.remove(index)
 
 
 def check_atomic(catalog: Catalog, routing: Routing, *, hold: bool = False) -> bool:

@@ -10,12 +10,56 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, Protocol
 
-from lakesink.driver.report.commit_metrics import CommitMetrics
 from lakesink.errors import InvalidOptionError
 
 log = logging.getLogger("lakesink")
+
+
+class CommitMetrics(Protocol):
+    """What this module reads of a commit's numbers (lakesink.driver.report.metrics.CommitMetrics, which hands them
+    here: a protocol, so that the exporter does not import the module that calls it)."""
+
+    @property
+    def table(self) -> str: ...
+
+    @property
+    def batch_id(self) -> int: ...
+
+    @property
+    def outcome(self) -> str: ...
+
+    @property
+    def rows_in(self) -> int: ...
+
+    @property
+    def rows_written(self) -> int: ...
+
+    @property
+    def dead_letters(self) -> int: ...
+
+    @property
+    def data_files(self) -> int: ...
+
+    @property
+    def bytes_written(self) -> int: ...
+
+    @property
+    def commit_duration_ns(self) -> int: ...
+
+    @property
+    def attempts(self) -> int: ...
+
+    @property
+    def watermark_lag_ms(self) -> int | None: ...
+
+    @property
+    def conflicts(self) -> int: ...
+
+    @property
+    def replay_skipped(self) -> bool: ...
+
 
 INSTALL_HINT = "pip install 'lakesink[prometheus]' (the prometheus_client package)"
 

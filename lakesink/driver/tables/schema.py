@@ -27,10 +27,9 @@ from pyspark.sql.types import StructType as SparkStructType
 
 from lakesink import _pyspark
 from lakesink._pyiceberg import io as seam
-from lakesink.errors import InvalidOptionError, SchemaMismatchError
+from lakesink.errors import SchemaMismatchError
 from lakesink.executor import payload
 from lakesink.executor.task_writer import utc_schema
-from lakesink.options import Routing
 
 VALID_SPARK_TYPES = (
     "boolean, byte, short, int, long, float, double, decimal(p,s), string, char(n), varchar(n), binary, date, "
@@ -283,24 +282,7 @@ def allowed_promotion(stream: PrimitiveType, table: PrimitiveType) -> bool:
     return False
 
 
-# --- option route-by / payload: the columns a routed table takes from the stream or the batch's payloads -----------
-
-
-def stream_columns(routing: Routing, stream_schema: pa.Schema) -> pa.Schema:
-    """The stream's schema without its routing column (what the tables take); the column must be a string."""
-    index = stream_schema.get_field_index(routing.column)
-    if index < 0:
-        raise InvalidOptionError(
-            f"option 'route-by' names column {routing.column!r}, which the stream does not have (columns: "
-            f"{', '.join(stream_schema.names)})"
-        )
-    field = stream_schema.field(index)
-    if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
-        raise InvalidOptionError(
-            f"option 'route-by': column {routing.column!r} has type {field.type}; the routing column must be a string "
-            "holding each row's table name ('namespace.table', or 'table' with option 'namespace')"
-        )
-    return stream_schema.remove(index)
+# --- option payload: the columns a routed table takes from a batch's payloads -----------------------------------------
 
 
 def fitted_columns(payload_columns: pa.Schema, table_schema: Schema, *, merge: bool = False) -> pa.Schema:
