@@ -266,8 +266,50 @@ def test_one_place_lists_a_batchs_actions() -> None:
     assert made and outside == [], "batch actions made outside action_for:\n" + "\n".join(outside)
 
 
-def test_the_driver_modules_stay_small() -> None:
-    """Issue 31: driver/ in sub-packages, none of its modules much over 600 lines (the twin committers were 1,045 and
-    1,153)."""
-    sizes = {p.relative_to(PACKAGE.parent): len(p.read_text().splitlines()) for p in sorted((PACKAGE / "driver").rglob("*.py"))}
-    assert {str(p): n for p, n in sizes.items() if n > 650} == {}
+def _every_import(path: Path) -> Iterator[str]:
+    """Every lakesink module ``path`` imports, at any level: module level, inside functions and classes, under
+    ``TYPE_CHECKING`` (a circle hidden in a function or behind a type-only import is still a circle: issue 53)."""
+    name = _name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], *([base] if base else [])])
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                yield full if full in MODULES else base
+
+
+def full_import_graph() -> dict[str, set[str]]:
+    """Imports between lakesink's modules at any level (:func:`_every_import`), each to the deepest module named."""
+    graph: dict[str, set[str]] = {}
+    for path in _sources():
+        importer = _name(path)
+        edges = graph.setdefault(importer, set())
+        for target in _every_import(path):
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != importer and not importer.startswith(f"{target}.") and target != "lakesink":
+                edges.add(target)
+    return graph
+
+
+# Import circles hidden in functions or behind TYPE_CHECKING that are still to be taken apart (issue 53: "import circles
+# ... at any level: 0"). The list may only shrink: a new circle fails, and so does one that is gone and still listed.
+KNOWN_CIRCLES = [
+    ["lakesink._pyiceberg.commit", "lakesink._pyiceberg.rest", "lakesink._pyiceberg.sql_catalog"],
+    ["lakesink.driver.actions.batch", "lakesink.driver.actions.replay", "lakesink.driver.committers.table"],
+    ["lakesink.maintenance.orphan_guard", "lakesink.maintenance.orphans"],
+]
+
+
+def test_no_import_circle_at_any_level_but_the_known_ones() -> None:
+    """What the old line cap (no driver module over 650 lines) stood for: modules cut by subject, not by length -- a
+    module split to fit a cap, or two subjects in one module, show up as modules that import each other (the review
+    checklist of docs/architecture.md, "Where a change goes", names the rest)."""
+    graph = full_import_graph()
+    assert "lakesink.driver.report.metrics" in graph["lakesink.driver.committers.table"]  # the graph is not empty
+    assert cycles(graph) == KNOWN_CIRCLES

@@ -41,6 +41,7 @@ from lakesink.errors import LakesinkError, TableLocationError
 from lakesink.executor.messages import TaskIds
 from lakesink.faults import EXECUTOR_AFTER_FILE, fault_point
 from lakesink.table import floats, names, storage
+from lakesink.table.keys import LOOKUP_PATH, LOOKUP_POS, LOOKUP_SPARK_PATH, LOOKUP_STALE
 
 
 @dataclass(frozen=True)
@@ -240,15 +241,6 @@ def _partition_key(values: tuple[Any, ...]) -> tuple[Any, ...]:
     return floats.partition_key(values)
 
 
-#: Columns of the rows a merge-on-read lookup hands its tasks (lakesink.sink.merge_on_read): the data file (its path as
-#: the table's manifests spell it), the row's position in it, and whether the change that matched it is stale (older
-#: than the row: the row stays, no delete is written).
-LOOKUP_PATH = "__lakesink_path"
-LOOKUP_POS = "__lakesink_pos"
-LOOKUP_STALE = "__lakesink_stale"
-LOOKUP_SPARK_PATH = "__lakesink_spark_path"
-"""The data file as Spark names it (``_metadata.file_path``): :data:`LOOKUP_PATH` is null when no candidate file
-matched that name, a loud error."""
 
 
 @dataclass(frozen=True)

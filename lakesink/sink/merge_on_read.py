@@ -45,10 +45,6 @@ from lakesink.driver.actions.upsert_mor import MergeLookup
 from lakesink.driver.loop import validation
 from lakesink.errors import LakesinkError, UpsertKeyError
 from lakesink.executor.position_deletes import (
-    LOOKUP_PATH,
-    LOOKUP_POS,
-    LOOKUP_SPARK_PATH,
-    LOOKUP_STALE,
     DeleteTarget,
     DeleteTaskResult,
     LookupTaskResult,
@@ -58,7 +54,7 @@ from lakesink.executor.position_deletes import (
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, utc_schema
 from lakesink.options import SinkOptions
 from lakesink.table import floats, storage
-from lakesink.table.keys import DELETED, HELD_COLUMN
+from lakesink.table.keys import DELETED, HELD_COLUMN, LOOKUP_PATH, LOOKUP_POS, LOOKUP_SPARK_PATH, LOOKUP_STALE
 from lakesink.table.keys import ORDER_COLUMN as ORDER
 
 log = logging.getLogger("lakesink")

@@ -266,6 +266,15 @@ UNAVAILABLE_COLUMN = "__lakesink_unavailable"
 """Option cdc-format: per change, the columns whose value its source did not send (Debezium's unavailable-value
 placeholder: PostgreSQL's unchanged TOASTed values), kept from the row the table (or the batch) holds for the key
 (lakesink.cdc.unavailable); in a batch's keys, those the commit fills from the table."""
+#: Columns of the rows a merge-on-read lookup hands its tasks (lakesink.sink.merge_on_read): the data file (its path as
+#: the table's manifests spell it), the row's position in it, and whether the change that matched it is stale (older
+#: than the row: the row stays, no delete is written).
+LOOKUP_PATH = "__lakesink_path"
+LOOKUP_POS = "__lakesink_pos"
+LOOKUP_STALE = "__lakesink_stale"
+LOOKUP_SPARK_PATH = "__lakesink_spark_path"
+"""The data file as Spark names it (``_metadata.file_path``): :data:`LOOKUP_PATH` is null when no candidate file
+matched that name, a loud error."""
 TOP_COLUMN = "__lakesink_top"
 """The greatest ``order-by`` value of a key, while a batch is resolved to one row per key."""
 REJECT_COLUMN = "__lakesink_reject"
