@@ -461,9 +461,9 @@ def _value(value: object, field: pa.Field, table: str) -> object:
         return number
     if isinstance(value, Decimal) and kind == "string":
         return format(value, "f")
-    if kind == "uuid":  # an Iceberg uuid column takes a UUID's text (io.debezium.data.Uuid)
-        try:
-            return uuid.UUID(value) if isinstance(value, str) else value
+    if kind == "uuid":  # an Iceberg uuid column takes a UUID's text (io.debezium.data.Uuid), built from its 16 bytes
+        try:  # (pyarrow 18, the floor, takes bytes only for its uuid type; later versions take both)
+            return uuid.UUID(value).bytes if isinstance(value, str) else value.bytes if isinstance(value, uuid.UUID) else value
         except ValueError:
             raise _misfit(table, field, value, "which is no UUID", _FIX) from None
     if kind == "int32" and _is_int(value) and not _INT_MIN <= value <= _INT_MAX:  # type: ignore[operator]
