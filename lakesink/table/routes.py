@@ -196,11 +196,20 @@ def batch_routes(
     allowed: tuple[tuple[str, ...], ...] = (),
     dead_letter_table: str | None = None,
 ) -> list[Route]:
-    """The tables a batch's routing values name, sorted: RoutingError naming a bad value (:func:`route_of`), or two
+    """The tables a batch's routing values name, sorted: RoutingError naming the bad values (sorted by their repr, so
+    the message is the same whatever order Spark returned the distinct values in), or two
     that differ only in case; with option dead-letter-table, values that name no valid table are left out (their rows
     are dead letters: :func:`routed_table`)."""
     if dead_letter_table is None:
-        routes = sorted({route_of(v, namespace, column, batch_id, allowed) for v in values})
+        parsed = [parse_route(v, namespace, allowed) for v in values]
+        bad = sorted((r for r in parsed if isinstance(r, InvalidRoute)), key=lambda r: repr(r.value))
+        if bad:  # every bad value, in one order whatever order the distinct values came in
+            more = f" (and {len(bad) - 1} more: {', '.join(r.describe() for r in bad[1:4])})" if len(bad) > 1 else ""
+            raise RoutingError(
+                f"batch {batch_id}: routing column {column!r} holds {bad[0].describe()}{more}; nothing was committed. "
+                "Every row must name the table it goes to"
+            )
+        routes = sorted({r for r in parsed if isinstance(r, Route)})
     else:
         found = (routed_table(v, namespace, dead_letter_table, allowed) for v in values)
         routes = sorted({r for r in found if not isinstance(r, InvalidRoute)})

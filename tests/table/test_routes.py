@@ -3,9 +3,20 @@ table, and why a value may not (issue 30: bytes that are not UTF-8, names too lo
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from lakesink.table.routes import MAX_NAMESPACE_CHARS, InvalidRoute, Route, parse_namespace, parse_route, routing_value
+from lakesink.errors import RoutingError
+from lakesink.table.routes import (
+    MAX_NAMESPACE_CHARS,
+    InvalidRoute,
+    Route,
+    batch_routes,
+    parse_namespace,
+    parse_route,
+    routing_value,
+)
 
 
 @pytest.mark.parametrize("raw", [b"\xff", b"orders\xfe", b"db.\xc3(", b"\xed\xa0\x80"])  # the last: a UTF-16 surrogate
@@ -36,3 +47,18 @@ def test_a_namespace_too_long_for_one_folder_or_a_sql_catalog_column_is_an_inval
     assert isinstance(parse_route(f"{longest}x.t"), InvalidRoute)
     # a table name alone in a namespace of option `namespace` that is too long cannot happen: the option is refused
     assert isinstance(parse_namespace(f"{a}.{b}"), str) and parse_namespace(longest) == tuple(longest.split("."))
+
+
+def test_a_batch_with_several_bad_routing_values_names_them_all_in_one_order_whatever_order_they_came_in() -> None:
+    """The routing values of a foreach batch come from a Spark distinct, in no fixed order: the RoutingError must not
+    depend on it (CI once saw 0xFE named where a test expected 0xFF). Before: the first bad value met was named alone."""
+    values = ["t0", b"\xff", b"t0\xfe", None]
+    messages = set()
+    for order in itertools.permutations(values):
+        with pytest.raises(RoutingError) as info:
+            batch_routes(order, ("db",), "route", 3)
+        messages.add(str(info.value))
+    assert len(messages) == 1
+    (message,) = messages
+    assert "byte 0xFF at offset 0" in message and "byte 0xFE at offset 2" in message and "null" in message
+    assert "and 2 more" in message and message.startswith("batch 3: routing column 'route' holds ")
