@@ -302,7 +302,6 @@ def full_import_graph() -> dict[str, set[str]]:
 KNOWN_CIRCLES = [
     ["lakesink._pyiceberg.commit", "lakesink._pyiceberg.rest", "lakesink._pyiceberg.sql_catalog"],
     ["lakesink.driver.actions.batch", "lakesink.driver.actions.replay", "lakesink.driver.committers.table"],
-    ["lakesink.maintenance.orphan_guard", "lakesink.maintenance.orphans"],
 ]
 
 
