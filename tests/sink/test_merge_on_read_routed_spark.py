@@ -10,6 +10,10 @@ the model says.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -21,7 +25,7 @@ from pyspark.errors import StreamingQueryException
 import lakesink
 from lakesink.audit import interop
 from lakesink.driver import catalogs
-from lakesink.faults import DRIVER_AFTER_SWAP
+from lakesink.faults import DRIVER_AFTER_SWAP, ENV_FAULTS_DIR
 from lakesink.table.keys import SUMMARY_UPSERT_MODE
 from tests.jobs.upsert_job import EVENTS_DDL, ROUTES, route
 from tests.sink.test_cdc_format_spark import assert_tables_are as assert_cdc_tables_are
@@ -31,7 +35,7 @@ from tests.sink.test_merge_on_read_spark import delete_files, unreferenced_delet
 from tests.sink.test_merge_on_read_spark import model as ordered_model
 from tests.sink.test_upserts_spark import Event, change_stream, rows_of, write_events
 from tests.support.changes import DebeziumRounds, event
-from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end
+from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, raced, run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -211,3 +215,49 @@ def test_a_debezium_stream_into_merge_on_read_tables_equals_the_model_across_a_r
         assert modes(catalog_properties, name, 1) == ["merge-on-read"] * 3, name
         assert delete_files(table), name
         assert unreferenced_delete_files(table) == [], name
+
+
+def test_a_compaction_between_the_lookups_and_the_unit_swap_makes_the_batch_look_its_keys_up_again(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, caplog: Any
+) -> None:
+    """Another process compacts a merge-on-read table (applying its delete files, rewriting the data files the batch's
+    positions point at) while the batch's unit waits at its swap: the unit's commit finds the positions invalid
+    (RowDeltaConflictError), the lookups' delete files are deleted, the keys looked up again on the new heads, and the
+    unit commits once -- never positions of files that are gone. Every table equals the model."""
+    stream = change_stream(seed=13, batches=4, per_batch=60, keys=15)
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_events(src, stream[:1])
+    run(spark, catalog_properties, src, ck, "auto")
+    for name in MERGE_ON_READ_TABLES:
+        table_of(catalog_properties, name).transaction().set_properties(MOR).commit_transaction()
+    write_events(src, stream[1:3], start=1)
+    run(spark, catalog_properties, src, ck, "auto")
+    assert delete_files(table_of(catalog_properties, "db.t0"))
+    write_events(src, stream[3:], start=3)
+    caplog.set_level("WARNING", logger="lakesink")
+    compacted: list[str] = []
+
+    def compact() -> None:  # another process: this one's batch holds the table's turn
+        code = (
+            "import json, sys; from lakesink.driver import catalogs; from lakesink.maintenance import compaction; "
+            "t = catalogs.load(None, json.loads(sys.argv[1])).load_table(('db', 't0')); "
+            "print(compaction.compact(t, min_input_files=2).status)"
+        )
+        env = {k: v for k, v in os.environ.items() if k != ENV_FAULTS_DIR}
+        done = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(catalog_properties)], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        compacted.append(done.stdout.strip().splitlines()[-1])
+
+    result = raced(faults, lambda: run(spark, catalog_properties, src, ck, "auto"), compact)
+    assert result is None, result
+    assert compacted == ["committed"]
+    assert "looking the keys up again on the new heads" in caplog.text
+    t0 = table_of(catalog_properties, "db.t0")
+    last = t0.current_snapshot()
+    assert last.summary[SUMMARY_UPSERT_MODE] == "merge-on-read"
+    assert t0.metadata.snapshot_by_id(last.parent_snapshot_id).summary.operation.value == "replace"
+    assert_every_reader_sees(catalog_properties, stream)
+    for name in MERGE_ON_READ_TABLES:
+        assert unreferenced_delete_files(table_of(catalog_properties, name)) == [], name
