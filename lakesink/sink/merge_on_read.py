@@ -65,7 +65,6 @@ _SPARK_PATH = LOOKUP_SPARK_PATH
 _CLASH = "__lakesink_null_order"
 
 
-
 def fallback_reason(table: Table, options: SinkOptions) -> str | None:
     """Why this merge-on-read table's batch is upserted copy-on-write instead (None: it is not): a key or order-by
     column renamed since some of its files were written (Spark reads the files' columns by name)."""

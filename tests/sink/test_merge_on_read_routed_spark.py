@@ -10,10 +10,6 @@ the model says.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -22,16 +18,15 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 
-import lakesink
 from lakesink.audit import interop
 from lakesink.driver import catalogs
-from lakesink.faults import DRIVER_AFTER_SWAP, ENV_FAULTS_DIR
+from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.table.keys import SUMMARY_UPSERT_MODE
-from tests.jobs.upsert_job import EVENTS_DDL, ROUTES, route
+from tests.jobs.upsert_job import EVENTS_DDL, ROUTES, route, routed_upsert_sink
 from tests.sink.test_cdc_format_spark import assert_tables_are as assert_cdc_tables_are
 from tests.sink.test_cdc_format_spark import kafka_key
 from tests.sink.test_cdc_format_spark import model as cdc_model
-from tests.sink.test_merge_on_read_spark import delete_files, unreferenced_delete_files
+from tests.sink.test_merge_on_read_spark import compact_elsewhere, delete_files, unreferenced_delete_files
 from tests.sink.test_merge_on_read_spark import model as ordered_model
 from tests.sink.test_upserts_spark import Event, change_stream, rows_of, write_events
 from tests.support.changes import DebeziumRounds, event
@@ -49,22 +44,9 @@ def routed_model(batches: Sequence[Sequence[Event]]) -> dict[str, dict[int, tupl
     return {f"db.t{i}": ordered_model([[e for e in b if e["eid"] % ROUTES == i] for b in batches]) for i in range(ROUTES)}
 
 
-def sink(props: dict[str, str], writer: str) -> lakesink.ForeachBatchSink:
-    return lakesink.foreach_batch(
-        route_by="route",
-        writer=writer,
-        namespace="db",
-        catalog_properties=props,
-        upsert_key="id",
-        delete_when="op = 'd'",
-        order_by="seq",
-        output_mode="update",
-    )
-
-
 def run(spark: Any, props: dict[str, str], src: Path, ck: Path, writer: str) -> None:
     df = route(spark.readStream.schema(EVENTS_DDL).option("maxFilesPerTrigger", 1).json(str(src)))
-    w = df.writeStream.outputMode("update").foreachBatch(sink(props, writer))  # type: ignore[arg-type]
+    w = df.writeStream.outputMode("update").foreachBatch(routed_upsert_sink(props, writer))  # type: ignore[arg-type]
     run_to_end(w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
 
 
@@ -172,7 +154,8 @@ def test_a_replayed_merge_on_read_routed_batch_is_recognised_and_deletes_nothing
 
 def debezium_rounds() -> list[list[dict[str, Any]]]:
     """Changes of two PostgreSQL tables: snapshot reads, inserts, updates (two of one key in a batch, the later source
-    position first), deletes and re-inserts, over four rounds."""
+    position first), deletes and re-inserts, over four rounds; the last also redelivers an update and a delete older
+    than what the table holds for their keys."""
     acc, orders = "public.accounts", "shop.orders"
     one = [event(acc, "r", 100 + i, None, {"id": i, "name": f"a{i}", "balance": i * 1.5}) for i in range(6)]
     one += [event(orders, "c", 200 + i, None, {"id": i, "item": f"i{i}", "qty": i}) for i in range(5)]
@@ -186,6 +169,9 @@ def debezium_rounds() -> list[list[dict[str, Any]]]:
     four = [event(acc, "u", 500, None, {"id": 0, "name": "zero", "balance": 0.5})]
     four += [event(orders, "d", 501, {"id": 3, "item": "i3", "qty": 3}, None)]
     four += [event(orders, "c", 502, None, {"id": 1, "item": "back", "qty": 7})]
+    # redelivered old changes (source positions below what the tables hold for their keys): stale, not applied
+    four += [event(acc, "u", 120, None, {"id": 1, "name": "stale", "balance": 9.9})]
+    four += [event(acc, "d", 110, {"id": 4, "name": "a4", "balance": 6.0}, None)]
     return [one, two, three, four]
 
 
@@ -238,17 +224,7 @@ def test_a_compaction_between_the_lookups_and_the_unit_swap_makes_the_batch_look
     compacted: list[str] = []
 
     def compact() -> None:  # another process: this one's batch holds the table's turn
-        code = (
-            "import json, sys; from lakesink.driver import catalogs; from lakesink.maintenance import compaction; "
-            "t = catalogs.load(None, json.loads(sys.argv[1])).load_table(('db', 't0')); "
-            "print(compaction.compact(t, min_input_files=2).status)"
-        )
-        env = {k: v for k, v in os.environ.items() if k != ENV_FAULTS_DIR}
-        done = subprocess.run(
-            [sys.executable, "-c", code, json.dumps(catalog_properties)], env=env, capture_output=True, text=True
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        compacted.append(done.stdout.strip().splitlines()[-1])
+        compacted.append(compact_elsewhere(catalog_properties, "db.t0"))
 
     result = raced(faults, lambda: run(spark, catalog_properties, src, ck, "auto"), compact)
     assert result is None, result

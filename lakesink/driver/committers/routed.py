@@ -274,8 +274,11 @@ class RoutedCommitter(RoutedTables):
                 raise  # the position delete files may be referenced by a commit the catalog still applies: kept
             except RowDeltaConflictError as e:
                 self._abort_lookups(merges, call)
-                if not self.atomic or lookup_attempt == LOOKUP_ATTEMPTS:
-                    raise  # table by table, some tables may hold the batch: a restart's replay completes the others
+                if lookup_attempt == LOOKUP_ATTEMPTS:
+                    raise
+                members = [replace(m, table=m.committer.load_fresh()) for m in members]
+                if any((d := m.committer.last(m.table, query_id)) is not None and d.batch_id >= batch_id for m in members):
+                    raise  # committed table by table, some tables hold the batch: a restart's replay completes the others
                 log.warning(
                     "lakesink: batch=%s: a merge-on-read lookup is out of date (%s); looking the keys up again on the new "
                     "heads (attempt %s of %s)",
@@ -284,7 +287,6 @@ class RoutedCommitter(RoutedTables):
                     lookup_attempt + 1,
                     LOOKUP_ATTEMPTS,
                 )
-                members = [replace(m, table=m.committer.load_fresh()) if m.name in merges else m for m in members]
                 merges = self._lookups(members, call)
             except BaseException:
                 self._abort_lookups(merges, call)
