@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -242,55 +242,60 @@ class RoutedCommitter(RoutedTables):
                 properties = attempt.record(table, c.load_fresh, name)
                 unit.update(attempt.summary())
             members.append(_Member(name, c, table, table_results, _with_rows(unit, rows.get(name)), properties))
-        merges = self._lookups(members, call)
-        for lookup_attempt in range(1, LOOKUP_ATTEMPTS + 1):
-            actions = [
-                (
-                    m.committer,
-                    m.committer.unit_action(
-                        m.table,
-                        call,
-                        m.results,
-                        unit=m.unit,
-                        truncate=m.name in self.truncating,
-                        truncate_at=self.truncated_at.get(m.name),
-                        properties=m.properties,
-                        merge=merges.get(m.name),
-                    ),
-                )
-                for m in members
-            ]
-            try:
-                with attempt.settling() if attempt is not None else nullcontext():
-                    self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
-                    if self.dead_letters is not None:
-                        if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
-                            self._recheck_rejected(actions, kept, query_id, batch_id)
-                        letters = [t.dead_letters for t in kept if t.dead_letters is not None]
-                        actions.append(self._letters_action(call, letters))
-                    outcome = self._run(actions, query_id, batch_id, names)
-                break
-            except CommitOutcomeUnknownError:
-                raise  # the position delete files may be referenced by a commit the catalog still applies: kept
-            except RowDeltaConflictError as e:
-                self._abort_lookups(merges, call)
-                if lookup_attempt == LOOKUP_ATTEMPTS:
+        with ExitStack() as turns:
+            # merge-on-read tables: this process's maintenance waits from the lookup to the commit (swap.Turns)
+            for m in members:
+                if self.merge_lookup is not None and settings.merge_on_read(m.name, m.table.properties):
+                    turns.enter_context(m.committer.batch_turn())
+            merges = self._lookups(members, call)
+            for lookup_attempt in range(1, LOOKUP_ATTEMPTS + 1):
+                actions = [
+                    (
+                        m.committer,
+                        m.committer.unit_action(
+                            m.table,
+                            call,
+                            m.results,
+                            unit=m.unit,
+                            truncate=m.name in self.truncating,
+                            truncate_at=self.truncated_at.get(m.name),
+                            properties=m.properties,
+                            merge=merges.get(m.name),
+                        ),
+                    )
+                    for m in members
+                ]
+                try:
+                    with attempt.settling() if attempt is not None else nullcontext():
+                        self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
+                        if self.dead_letters is not None:
+                            if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
+                                self._recheck_rejected(actions, kept, query_id, batch_id)
+                            letters = [t.dead_letters for t in kept if t.dead_letters is not None]
+                            actions.append(self._letters_action(call, letters))
+                        outcome = self._run(actions, query_id, batch_id, names)
+                    break
+                except CommitOutcomeUnknownError:
+                    raise  # the position delete files may be referenced by a commit the catalog still applies: kept
+                except RowDeltaConflictError as e:
+                    self._abort_lookups(merges, call)
+                    if lookup_attempt == LOOKUP_ATTEMPTS:
+                        raise
+                    members = [replace(m, table=m.committer.load_fresh()) for m in members]
+                    if any((d := m.committer.last(m.table, query_id)) is not None and d.batch_id >= batch_id for m in members):
+                        raise  # committed table by table, some tables hold the batch: a restart's replay completes the others
+                    log.warning(
+                        "lakesink: batch=%s: a merge-on-read lookup is out of date (%s); looking the keys up again on the new "
+                        "heads (attempt %s of %s)",
+                        batch_id,
+                        e,
+                        lookup_attempt + 1,
+                        LOOKUP_ATTEMPTS,
+                    )
+                    merges = self._lookups(members, call)
+                except BaseException:
+                    self._abort_lookups(merges, call)
                     raise
-                members = [replace(m, table=m.committer.load_fresh()) for m in members]
-                if any((d := m.committer.last(m.table, query_id)) is not None and d.batch_id >= batch_id for m in members):
-                    raise  # committed table by table, some tables hold the batch: a restart's replay completes the others
-                log.warning(
-                    "lakesink: batch=%s: a merge-on-read lookup is out of date (%s); looking the keys up again on the new "
-                    "heads (attempt %s of %s)",
-                    batch_id,
-                    e,
-                    lookup_attempt + 1,
-                    LOOKUP_ATTEMPTS,
-                )
-                merges = self._lookups(members, call)
-            except BaseException:
-                self._abort_lookups(merges, call)
-                raise
         if attempt is not None and not _landed_here(outcome):
             attempt.drop()  # a replay found committed: the held file its commit named is the one in force
         if names:
