@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from lakesink.cdc import debezium
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, BatchOutcome
-from lakesink.driver.actions.upsert_mor import MergeLookup
+from lakesink.driver.actions.upsert_mor import LOOKUP_ATTEMPTS, MergeLookup
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.routed_tables import check_atomic
 from lakesink.driver.committers.table import TableCommitter
@@ -61,7 +61,7 @@ from lakesink.sink import (
 from lakesink.sink.commit import commit_or_abort
 from lakesink.sink.foreach_spark import RoutedSparkBatches, read_once, routed_tables_by_value
 from lakesink.sink.query import RunningQuery
-from lakesink.table import settings, storage
+from lakesink.table import storage
 from lakesink.table.keys import MAIN_BRANCH
 from lakesink.table.routes import Route, parse_route, routing_value
 
@@ -315,21 +315,8 @@ class ForeachBatchSink(RoutedSparkBatches):
                 upsert_batch.release(resolved)
 
     def _merge_on_read(self, table: Any, plan: WritePlan) -> bool:
-        """Whether this upsert batch is applied merge-on-read (the table's write modes: lakesink.table.settings), else
-        copy-on-write -- also, with a warning, when the lookup cannot read the table's files by name (a key or order-by
-        column renamed: lakesink.sink.merge_on_read.fallback_reason)."""
-        if not settings.merge_on_read(plan.table, table.properties):
-            return False
-        if table.metadata.format_version < 2:
-            raise InvalidOptionError(
-                f"table {plan.table} says merge-on-read (write.merge.mode), but is Iceberg format version 1, which holds "
-                "no delete files; upgrade it (table property format-version=2) or set write.merge.mode=copy-on-write"
-            )
-        reason = merge_on_read.fallback_reason(table, self.options)
-        if reason is not None:
-            log.warning("lakesink: table=%s merge-on-read, but the batch is upserted copy-on-write: %s", plan.table, reason)
-            return False
-        return True
+        """Whether this upsert batch is applied merge-on-read (lakesink.sink.merge_on_read.applies), else copy-on-write."""
+        return merge_on_read.applies(table, plan.table, self.options)
 
     def _merge_batch(
         self,
@@ -346,7 +333,7 @@ class ForeachBatchSink(RoutedSparkBatches):
         concurrent change of a key) deletes the attempt's files and looks the keys up again on the new head."""
         committer = self._committer
         assert committer is not None
-        for attempt in range(1, merge_on_read.LOOKUP_ATTEMPTS + 1):
+        for attempt in range(1, LOOKUP_ATTEMPTS + 1):
             with committer.batch_turn():  # this process's maintenance waits from the lookup to the commit
                 if attempt > 1:
                     table = committer.reload_table()
@@ -384,7 +371,7 @@ class ForeachBatchSink(RoutedSparkBatches):
             return self._write_and_commit(rows, resolved, plan, table, query_id, batch_id, run_id, merge=found)
         except RowDeltaConflictError as e:
             committer.abort_deletes(query_id=query_id, batch_id=batch_id, paths=found.paths)
-            if attempt == merge_on_read.LOOKUP_ATTEMPTS:
+            if attempt == LOOKUP_ATTEMPTS:
                 raise
             log.warning(
                 "lakesink: table=%s batch=%s: the merge-on-read lookup is out of date (%s); looking the keys up again "
@@ -393,7 +380,7 @@ class ForeachBatchSink(RoutedSparkBatches):
                 batch_id,
                 e,
                 attempt + 1,
-                merge_on_read.LOOKUP_ATTEMPTS,
+                LOOKUP_ATTEMPTS,
             )
             return None
         except BaseException:
@@ -492,6 +479,8 @@ class ForeachBatchSink(RoutedSparkBatches):
         routed.held = self._held.back if self._held is not None else None
         routed.held_tables = self._held.tables if self._held is not None else ()
         routed.held_homes = frozenset()
+        # merge-on-read tables: the batch's keys looked up by Spark's executors before the unit commit
+        routed.merge_lookup = merge_on_read.RoutedLookups(spark)
         root = self._split_root(spark, routed, query_id)
         if root is not None:  # Spark's writer, appends: the write job is the batch's one read (lakesink.sink.spark_split)
             return self._split_batch(df, batch_id, query_id, routed, run_id, root)

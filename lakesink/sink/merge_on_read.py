@@ -27,6 +27,7 @@ import logging
 import pickle
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,9 +42,9 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from lakesink._pyiceberg import io as seam
 from lakesink.driver.actions import upsert, upsert_order
 from lakesink.driver.actions.row_delta import delete_target
-from lakesink.driver.actions.upsert_mor import MergeLookup
+from lakesink.driver.actions.upsert_mor import LookupRequest, MergeLookup
 from lakesink.driver.loop import validation
-from lakesink.errors import LakesinkError, UpsertKeyError
+from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.position_deletes import (
     DeleteTarget,
     DeleteTaskResult,
@@ -53,7 +54,7 @@ from lakesink.executor.position_deletes import (
 )
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, utc_schema
 from lakesink.options import SinkOptions
-from lakesink.table import floats, storage
+from lakesink.table import floats, settings, storage
 from lakesink.table.keys import DELETED, HELD_COLUMN, LOOKUP_PATH, LOOKUP_POS, LOOKUP_SPARK_PATH, LOOKUP_STALE
 from lakesink.table.keys import ORDER_COLUMN as ORDER
 
@@ -62,9 +63,6 @@ log = logging.getLogger("lakesink")
 _KEY = "__lakesink_path_key"
 _SPARK_PATH = LOOKUP_SPARK_PATH
 _CLASH = "__lakesink_null_order"
-
-#: How many times a batch looks its keys up when its commit finds the lookup out of date (RowDeltaConflictError).
-LOOKUP_ATTEMPTS = 4
 
 
 def fallback_reason(table: Table, options: SinkOptions) -> str | None:
@@ -86,6 +84,59 @@ def fallback_reason(table: Table, options: SinkOptions) -> str | None:
             except ValueError:
                 continue
     return None
+
+
+def applies(table: Table, table_name: str, options: SinkOptions) -> bool:
+    """Whether an upsert batch into ``table`` is applied merge-on-read (its write modes: lakesink.table.settings), else
+    copy-on-write -- also, with a warning, when the lookup cannot read the table's files by name (a key or order-by
+    column renamed: :func:`fallback_reason`). A merge-on-read table of format version 1: InvalidOptionError."""
+    if not settings.merge_on_read(table_name, table.properties):
+        return False
+    if table.metadata.format_version < 2:
+        raise InvalidOptionError(
+            f"table {table_name} says merge-on-read (write.merge.mode), but is Iceberg format version 1, which holds "
+            "no delete files; upgrade it (table property format-version=2) or set write.merge.mode=copy-on-write"
+        )
+    reason = fallback_reason(table, options)
+    if reason is not None:
+        log.warning("lakesink: table=%s merge-on-read, but the batch is upserted copy-on-write: %s", table_name, reason)
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class RoutedLookups:
+    """Option route-by on foreach_batch (lakesink.driver.committers.routed.RoutedCommitter.merge_lookup): a routed batch's
+    keys looked up in each of its merge-on-read tables by Spark's executors, after its rows were written (the batch's
+    stale changes are then dropped from its own files by the commit: MergeLookup.written_without_stale)."""
+
+    spark: SparkSession
+
+    def __call__(
+        self, requests: Sequence[LookupRequest], *, query_id: str, batch_id: int, run_id: str | None
+    ) -> dict[str, MergeLookup]:
+        found: dict[str, MergeLookup] = {}
+        try:
+            for r in requests:
+                if not applies(r.table, r.table_name, r.options):
+                    continue
+                found[r.table_name], _ = lookup(
+                    self.spark,
+                    r.table,
+                    schema=r.schema,
+                    changes=r.changes,
+                    options=r.options,
+                    table_name=r.table_name,
+                    query_id=query_id,
+                    batch_id=batch_id,
+                    run_id=run_id,
+                )
+        except BaseException:
+            for r in requests:
+                if r.table_name in found:
+                    storage.delete_failed_task_files(r.table.io, list(found[r.table_name].paths))
+            raise
+        return found
 
 
 def lookup(

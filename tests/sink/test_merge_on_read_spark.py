@@ -87,6 +87,19 @@ def delete_files(table: Any) -> list[str]:
     ]
 
 
+def compact_elsewhere(props: dict[str, str], name: str) -> str:
+    """lakesink's compaction of table ``name`` run by another process (no fault armed there): its status."""
+    code = (
+        "import json, sys; from lakesink.driver import catalogs; from lakesink.maintenance import compaction; "
+        "t = catalogs.load(None, json.loads(sys.argv[1])).load_table(tuple(sys.argv[2].split('.'))); "
+        "print(compaction.compact(t, min_input_files=2).status)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != ENV_FAULTS_DIR}
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(props), name], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return str(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("partitioned_by", [None, "bucket(4, id)"])
 def test_merge_on_read_change_stream_with_stale_changes_equals_the_model_in_every_reader(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], partitioned_by: str | None
@@ -242,17 +255,7 @@ def test_a_compaction_between_the_lookup_and_the_swap_makes_the_batch_look_its_k
     compacted: list[str] = []
 
     def compact() -> None:  # another process (this one's batch holds the table's turn: lakesink.driver.loop.swap.Turns)
-        code = (
-            "import json, sys; from lakesink.driver import catalogs; from lakesink.maintenance import compaction; "
-            "t = catalogs.load(None, json.loads(sys.argv[1])).load_table(('db', 'events')); "
-            "print(compaction.compact(t, min_input_files=2).status)"
-        )
-        env = {k: v for k, v in os.environ.items() if k != ENV_FAULTS_DIR}
-        done = subprocess.run(
-            [sys.executable, "-c", code, json.dumps(catalog_properties)], env=env, capture_output=True, text=True
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        compacted.append(done.stdout.strip().splitlines()[-1])
+        compacted.append(compact_elsewhere(catalog_properties, "db.events"))
 
     result = raced(faults, lambda: run(spark, src, ck, s), compact)
     assert result is None, result

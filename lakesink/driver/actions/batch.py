@@ -596,6 +596,9 @@ class MergeOnReadBatch(AppendBatch):
         self.merge = batch.merge
         self.order_properties: dict[str, str] = {}
         self.finished: upsert_order.Finished | None = None
+        self.replaced: set[str] = set()
+        """Route-by with order-by: the batch's files some attempt replaced by copies without its stale changes (as
+        :attr:`UpsertBatch.replaced`: deleted by the committer once the batch landed)."""
 
     @property
     def delete_paths(self) -> tuple[str, ...]:
@@ -623,8 +626,9 @@ class MergeOnReadBatch(AppendBatch):
                 branch=c.options.branch,
                 commit=commit,
                 attempt=attempt,
-                written_without_stale=True,
+                written_without_stale=m.written_without_stale,
             )
+            self.replaced.update(done.replaced)
         else:
             done = upsert_order.Finished(
                 data_files=self.data_files, written=(), replaced=(), properties={}, summary={}, rewrite=m.counts
@@ -633,7 +637,7 @@ class MergeOnReadBatch(AppendBatch):
         since = [t for t in (batch.files_since_ms, m.written_since_ms) if t is not None]
         return seam_row_delta.prepare_row_delta(
             table,
-            data_files=self.data_files,
+            data_files=done.data_files,
             delete_files=m.delete_files,
             summary={
                 **self.attempt_summary(table, attempt),

@@ -181,7 +181,8 @@ def rewrite(
     if merge_on_read:
         log.warning(
             "lakesink: table=%s says merge-on-read, but this batch is upserted copy-on-write (its files rewritten, its "
-            "position deletes applied): merge-on-read is foreach_batch's single-table path only (docs/upserts.md)",
+            "position deletes applied): this path applies merge-on-read tables copy-on-write (docs/upserts.md, 'Which paths "
+            "are merge-on-read')",
             keys.table_name,
         )
     deleted_positions: dict[str, set[int]] = {}

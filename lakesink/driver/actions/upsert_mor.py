@@ -22,9 +22,13 @@ Each commit attempt (lakesink.driver.actions.batch.MergeOnReadBatch) then, again
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
+import pyarrow as pa
 from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from lakesink._pyiceberg import row_delta as seam_row_delta
@@ -33,6 +37,10 @@ from lakesink.driver.loop import validation
 from lakesink.driver.loop.validation import RowDeltaChecks
 from lakesink.errors import RowDeltaConflictError
 from lakesink.executor.position_deletes import DeleteTaskResult
+from lakesink.options import SinkOptions
+
+#: How many times a batch looks its keys up when its commit finds the lookup out of date (RowDeltaConflictError).
+LOOKUP_ATTEMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,11 @@ class MergeLookup:
     counts: upsert.Rewrite
     """Inserted, updated, deleted (before the stale upserts are taken off the inserted: upsert_order.finish), the
     candidate files read."""
+    written_without_stale: bool = True
+    """Whether the batch's files were written without its stale changes (the lookup ran before the rows were written:
+    foreach_batch into one table). False (route-by: the tasks wrote the rows, then the lookup ran): each commit attempt
+    replaces the batch's files that hold a stale change by copies without it (upsert_order.finish), as the
+    copy-on-write does -- the batch's own files, never the table's."""
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -99,3 +112,28 @@ def validate(table: Table, *, branch: str, lookup: MergeLookup, table_name: str)
             f"table {table_name}: its order file changed since the batch's keys were looked up (was {check.held_path}, "
             f"now {upsert_order.order_file(table, branch)}): the batch's changes must be compared again on the new head"
         )
+
+
+@dataclass(frozen=True)
+class LookupRequest:
+    """One table of a routed batch whose upserts may be applied merge-on-read (its write modes say so): what its lookup
+    needs (lakesink.sink.merge_on_read.lookup)."""
+
+    table_name: str
+    table: Table
+    """The table as read for the batch's commit (the lookup reads its branch head)."""
+    schema: Schema
+    """The schema the batch's files for it were written in."""
+    changes: pa.Table
+    """The keys the batch changes in it (key columns, DELETED, with order-by the order value), merged over the tasks."""
+    options: SinkOptions
+    """The table's options (its branch, order-by)."""
+
+
+class MergeLookups(Protocol):
+    """Looks a routed batch's keys up in its merge-on-read tables (foreach_batch: lakesink.sink.foreach, Spark's
+    executors): a lookup per table it applies merge-on-read, none for a table it leaves copy-on-write (with a warning)."""
+
+    def __call__(
+        self, requests: Sequence[LookupRequest], *, query_id: str, batch_id: int, run_id: str | None
+    ) -> Mapping[str, MergeLookup]: ...

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -35,6 +35,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.actions import dead_letters, held, replay
 from lakesink.driver.actions.batch import BatchAction, BatchCall, BatchOutcome, Outcome
 from lakesink.driver.actions.held import Attempt
+from lakesink.driver.actions.upsert_mor import LOOKUP_ATTEMPTS, LookupRequest, MergeLookup, MergeLookups
 from lakesink.driver.committers import routed_tables
 from lakesink.driver.committers.routed_tables import RoutedTables
 from lakesink.driver.committers.table import TableCommitter
@@ -45,6 +46,7 @@ from lakesink.errors import (
     CommitOutcomeUnknownError,
     LakesinkError,
     ReplayMismatchError,
+    RowDeltaConflictError,
     TableIdentityChangedError,
     TooManyRejectedError,
 )
@@ -65,12 +67,29 @@ from lakesink.executor.routed_writer import (
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_AFTER_TABLE_CREATED, fault_point
 from lakesink.options import TableName
-from lakesink.table import storage
-from lakesink.table.keys import SUMMARY_BATCH_ROWS_DIGEST, SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
+from lakesink.table import settings, storage
+from lakesink.table.keys import (
+    SUMMARY_BATCH_ROWS_DIGEST,
+    SUMMARY_BATCH_TABLES,
+    SUMMARY_BATCH_TABLES_DIGEST,
+    UNAVAILABLE_COLUMN,
+)
 from lakesink.table.markers import CommittedBatch, recorded_rows
 from lakesink.table.routes import Route, batch_routes, route_of, tables_digest
 
 log = logging.getLogger("lakesink")
+
+
+@dataclass(frozen=True)
+class _Member:
+    """One table of a routed batch's unit, as read for its commit."""
+
+    name: str
+    committer: TableCommitter
+    table: Table
+    results: list[TaskResult]
+    unit: dict[str, str]
+    properties: Mapping[str, str]
 
 
 @dataclass(frozen=True)
@@ -119,6 +138,10 @@ class RoutedCommitter(RoutedTables):
     """Option cdc-transactions=hold: the tables a batch that releases no change made for the changes it holds back,
     when no table recorded what the sink holds yet (set per batch by both entry points, lakesink.sink.transactions.homes):
     in its unit without a row, their commits carry the record."""
+
+    merge_lookup: MergeLookups | None = None
+    """foreach_batch: looks the batch's keys up in its merge-on-read tables (Spark's executors write the position delete
+    files: lakesink.sink.merge_on_read). None (format("lakesink")): every routed upsert is copy-on-write."""
 
     def committer(self, name: str) -> TableCommitter:
         """The table's committer (one per table, the routed_tables.MAX_COMMITTERS used last kept)."""
@@ -203,7 +226,7 @@ class RoutedCommitter(RoutedTables):
         unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
         rows = _rows_digests(results)
         attempt = self._held_attempt(query_id, batch_id)
-        actions: list[tuple[TableCommitter, BatchAction]] = []
+        members: list[_Member] = []
         # the tables planned for this batch, read in one catalog query (SQL catalogs)
         read = catalogs.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
         kept = [r.invalid_routes for r in results if r.invalid_routes]  # the batch's results as its actions hold them
@@ -218,24 +241,61 @@ class RoutedCommitter(RoutedTables):
             if attempt is not None:  # the held file next to the first table's metadata
                 properties = attempt.record(table, c.load_fresh, name)
                 unit.update(attempt.summary())
-            action = c.unit_action(
-                table,
-                call,
-                table_results,
-                unit=_with_rows(unit, rows.get(name)),
-                truncate=name in self.truncating,
-                truncate_at=self.truncated_at.get(name),
-                properties=properties,
-            )
-            actions.append((c, action))
-        with attempt.settling() if attempt is not None else nullcontext():
-            self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
-            if self.dead_letters is not None:
-                if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
-                    self._recheck_rejected(actions, kept, query_id, batch_id)
-                letters = [t.dead_letters for t in kept if t.dead_letters is not None]
-                actions.append(self._letters_action(call, letters))
-            outcome = self._run(actions, query_id, batch_id, names)
+            members.append(_Member(name, c, table, table_results, _with_rows(unit, rows.get(name)), properties))
+        with ExitStack() as turns:
+            # merge-on-read tables: this process's maintenance waits from the lookup to the commit (swap.Turns)
+            for m in members:
+                if self.merge_lookup is not None and settings.merge_on_read(m.name, m.table.properties):
+                    turns.enter_context(m.committer.batch_turn())
+            merges = self._lookups(members, call)
+            for lookup_attempt in range(1, LOOKUP_ATTEMPTS + 1):
+                actions = [
+                    (
+                        m.committer,
+                        m.committer.unit_action(
+                            m.table,
+                            call,
+                            m.results,
+                            unit=m.unit,
+                            truncate=m.name in self.truncating,
+                            truncate_at=self.truncated_at.get(m.name),
+                            properties=m.properties,
+                            merge=merges.get(m.name),
+                        ),
+                    )
+                    for m in members
+                ]
+                try:
+                    with attempt.settling() if attempt is not None else nullcontext():
+                        self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
+                        if self.dead_letters is not None:
+                            if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
+                                self._recheck_rejected(actions, kept, query_id, batch_id)
+                            letters = [t.dead_letters for t in kept if t.dead_letters is not None]
+                            actions.append(self._letters_action(call, letters))
+                        outcome = self._run(actions, query_id, batch_id, names)
+                    break
+                except CommitOutcomeUnknownError:
+                    raise  # the position delete files may be referenced by a commit the catalog still applies: kept
+                except RowDeltaConflictError as e:
+                    self._abort_lookups(merges, call)
+                    if lookup_attempt == LOOKUP_ATTEMPTS:
+                        raise
+                    members = [replace(m, table=m.committer.load_fresh()) for m in members]
+                    if any((d := m.committer.last(m.table, query_id)) is not None and d.batch_id >= batch_id for m in members):
+                        raise  # committed table by table, some tables hold the batch: a restart's replay completes the others
+                    log.warning(
+                        "lakesink: batch=%s: a merge-on-read lookup is out of date (%s); looking the keys up again on the new "
+                        "heads (attempt %s of %s)",
+                        batch_id,
+                        e,
+                        lookup_attempt + 1,
+                        LOOKUP_ATTEMPTS,
+                    )
+                    merges = self._lookups(members, call)
+                except BaseException:
+                    self._abort_lookups(merges, call)
+                    raise
         if attempt is not None and not _landed_here(outcome):
             attempt.drop()  # a replay found committed: the held file its commit named is the one in force
         if names:
@@ -243,6 +303,54 @@ class RoutedCommitter(RoutedTables):
         if templated or not self._swept:
             self._sweep_staging(batch_id)  # once per process (a crashed run's leftovers), then after staged batches
         return outcome
+
+    def _lookups(self, members: Sequence[_Member], call: BatchCall) -> Mapping[str, MergeLookup]:
+        """The batch's keys looked up in each of its tables whose write modes say merge-on-read
+        (:attr:`merge_lookup`, foreach_batch: Spark's executors write the position delete files), for the tables
+        that upsert and do not hold the batch already. Every other table's upserts are copy-on-write (a merge-on-read
+        one with a warning, lakesink.driver.actions.upsert): without a lookup (format("lakesink")), with option
+        dead-letter-table or cdc-transactions=hold, a table the batch truncates, and changes that keep a column of the
+        stored row (Debezium's unavailable value: read from the rows the copy-on-write rewrites)."""
+        if self.merge_lookup is None or self.dead_letters is not None or self.held is not None:
+            return {}
+        requests = []
+        for m in members:
+            if m.name in self.truncating or not settings.merge_on_read(m.name, m.table.properties):
+                continue
+            parts = [r.changes for r in m.results if r.changes]
+            if not parts or any(r.replay_skipped for r in m.results):
+                continue
+            changes = upsert_task.merge(parts, batch_id=call.batch_id)
+            if UNAVAILABLE_COLUMN in changes.column_names:
+                if changes.column(UNAVAILABLE_COLUMN).null_count < changes.num_rows:
+                    log.warning(
+                        "lakesink: table=%s batch=%s: changes keep columns of the stored row (Debezium's unavailable "
+                        "value), read from the rows a copy-on-write rewrites: this batch is upserted copy-on-write",
+                        m.name,
+                        call.batch_id,
+                    )
+                    continue
+                changes = changes.drop_columns([UNAVAILABLE_COLUMN])
+            if not changes.num_rows:
+                continue
+            done = m.committer.last(m.table, call.query_id)
+            if done is not None and done.batch_id >= call.batch_id:
+                continue  # the table holds the batch already (a replay completing the others): nothing to look up
+            schema = m.committer.write_plan(m.table, call.query_id).schema
+            requests.append(LookupRequest(m.name, m.table, schema, changes, m.committer.options))
+        if not requests:
+            return {}
+        run_id = call.run_id
+        found = self.merge_lookup(requests, query_id=call.query_id, batch_id=call.batch_id, run_id=run_id)
+        return {name: replace(lookup, written_without_stale=False) for name, lookup in found.items()}
+
+    def _abort_lookups(self, merges: Mapping[str, MergeLookup], call: BatchCall) -> None:
+        """The position delete files of the lookups of a batch that did not land in their table, deleted."""
+        for name, lookup in merges.items():
+            try:
+                self.committer(name).abort_deletes(query_id=call.query_id, batch_id=call.batch_id, paths=lookup.paths)
+            except Exception:
+                log.exception("lakesink: table=%s: the batch's position delete files are left for orphan clean-up", name)
 
     def _check_replay_rows(
         self,

@@ -31,6 +31,7 @@ from lakesink.driver.actions.batch import (
     BatchCall,
     BatchOutcome,
     MarkEmptyBatch,
+    MergeOnReadBatch,
     Outcome,
     ReplayFoundAtPlan,
     UpsertBatch,
@@ -172,13 +173,15 @@ class TableCommitter(SinkTable):
         truncate: bool = False,
         truncate_at: Decimal | None = None,
         properties: Mapping[str, str] | None = None,
+        merge: MergeLookup | None = None,
     ) -> BatchAction:
         """This table's action in a batch of several tables (``table``: as read for the first attempt): the batch's
         files appended (its snapshot records ``unit``), or, when the batch was found in this table already when it
         was planned (``found_at_plan``, foreach_batch) or by every task (a replay completing the others), a replay
         that must still be there. With option ``upsert-key`` the tasks resolved their rows of the table and returned
-        the keys they change: the batch is this table's :class:`UpsertBatch`, the very action of a table of its own."""
-        batch = Batch.new(call, results, unit=unit, properties=properties)
+        the keys they change: the batch is this table's :class:`UpsertBatch`, the very action of a table of its own --
+        or, with ``merge`` (a merge-on-read table's lookup of those keys), its :class:`MergeOnReadBatch`."""
+        batch = Batch.new(call, results, unit=unit, properties=properties, merge=merge)
         found = _found(results, found_at_plan)
         return action_for(self, table, batch, found_at_plan=found, truncate=truncate, truncate_at=truncate_at)
 
@@ -203,14 +206,14 @@ class TableCommitter(SinkTable):
     def unit_not_committed(self, action: CommitAction, *, reason: str) -> None:
         """This table's action certainly did not land (its unit's retries were exhausted): delete its files."""
         assert isinstance(action, BatchAction)
-        self._delete(action.table, action.batch.paths, reason=reason)
+        self._delete(action.table, _written(action.batch), reason=reason)
 
     def unit_in_doubt(self, action: CommitAction) -> None:
         """This table's action may still land (the unit's outcome is unknown): the abort that follows keeps its files."""
         assert isinstance(action, BatchAction)
         if catalogs.may_apply_late(self.catalog):
             b = action.batch
-            guard.record_in_doubt(self.table_name, b.query_id, self.options.sink_id, b.batch_id, b.paths)
+            guard.record_in_doubt(self.table_name, b.query_id, self.options.sink_id, b.batch_id, _written(b))
 
     def batch_turn(self) -> AbstractContextManager[None]:
         """This batch's turn on its table (:meth:`_turn`), held by an entry point from before the batch's first read
@@ -338,11 +341,11 @@ class TableCommitter(SinkTable):
         try:
             replay.check_replay(self, table, batch, result.done)
         except DuplicateSinkError:
-            self._delete(table, batch.paths, reason="a second sink of the same run wrote the batch")
+            self._delete(table, _written(batch), reason="a second sink of the same run wrote the batch")
             if letters:
                 self._letters_deleted(batch, reason="a second sink of the same run wrote the batch")
             raise
-        self._delete(table, batch.paths, reason="batch already committed (replay)")
+        self._delete(table, _written(batch), reason="batch already committed (replay)")
         return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
 
     def drop_replaced(self, action: BatchAction, result: swap.SwapResult) -> None:
@@ -351,7 +354,7 @@ class TableCommitter(SinkTable):
         that failed, reads them again), never one the landed snapshot references (read back from the table: the attempt
         that landed may not have replaced it), and kept when that snapshot cannot be read (an orphan clean-up collects
         them; so does it after a crash between the landing and here)."""
-        if not isinstance(action, UpsertBatch) or not action.replaced or result.snapshot_id is None:
+        if not isinstance(action, (UpsertBatch, MergeOnReadBatch)) or not action.replaced or result.snapshot_id is None:
             return
         if result.status is not Status.LANDED:
             return
@@ -631,3 +634,8 @@ def _commit_metrics(sink: SinkTable, outcome: BatchOutcome, batch: Batch) -> met
         watermark_lag_ms=int(time.time() * 1000) - watermark if watermark is not None else None,
         summary=outcome.summary,
     )
+
+
+def _written(batch: Batch) -> list[str]:
+    """The files a batch's commit adds: its data files and, merge-on-read, its lookup's position delete files."""
+    return [*batch.paths, *(batch.merge.paths if batch.merge is not None else ())]
