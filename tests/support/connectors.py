@@ -194,11 +194,15 @@ MYSQL_SOURCE = (
 
 @dataclass
 class MySql:
-    """A MySQL server's binlog as Debezium's MySQL connector streams it (topic ``<name>.<db>.<table>``)."""
+    """A MySQL server's binlog as Debezium's MySQL connector streams it (topic ``<name>.<db>.<table>``); with
+    ``connector="mariadb"`` a MariaDB server's as Debezium's MariaDB connector does (the same ``source`` block; its
+    ``gtid`` is MariaDB's ``domain-server-sequence``, its ``ts_ms`` the event header's second)."""
 
     server_id: int
     uuid: str
     gtids: bool = True
+    connector: str = "mysql"
+    domain: int = 0
     name: str = "shop"
     file: int = 1
     pos: int = 4
@@ -212,7 +216,7 @@ class MySql:
     ) -> dict[str, Any]:
         db, table = change.table.split(".")
         return {
-            "version": VERSION, "connector": "mysql", "name": self.name, **_times(ts_ms), "snapshot": snapshot,
+            "version": VERSION, "connector": self.connector, "name": self.name, **_times(ts_ms), "snapshot": snapshot,
             "db": db, "sequence": None, "table": table, "server_id": self.server_id, "gtid": gtid,
             "file": f"mysql-bin.{self.file:06d}", "pos": pos, "row": row, "thread": 7, "query": None,
         }  # fmt: skip
@@ -241,15 +245,16 @@ class MySql:
         self.clock_ms += 37
         committed = self.clock_ms if ts_ms is None else ts_ms
         if self.gtids and gtid is None:
-            gtid = f"{self.uuid}:{self.next_gtid}"
+            mariadb = self.connector == "mariadb"
+            gtid = f"{self.domain}-{self.server_id}-{self.next_gtid}" if mariadb else f"{self.uuid}:{self.next_gtid}"
             self.next_gtid += 1
         self.pos += 65  # the GTID event, the query event (BEGIN)
         out = []
         for i, change in enumerate(changes):
             self.pos += 40  # the table map event
             c = replace(change, seq=seq * 1000 + i)
-            # without GTIDs the header's time: the statement's start, in seconds
-            ms = committed if self.gtids else (committed - 3_000) // 1000 * 1000
+            # without GTIDs (and on MariaDB) the header's time: the statement's start, in seconds
+            ms = committed if self.gtids and self.connector == "mysql" else (committed - 3_000) // 1000 * 1000
             out.append((c, self._source(c, gtid=gtid if self.gtids else None, ts_ms=ms, pos=self.pos, row=0)))
             self.pos += 120
         self.pos += 31  # the XID event
@@ -262,10 +267,18 @@ class MySql:
         self.file += 1
         self.pos = 4
 
+    def reset_master(self) -> None:
+        """``RESET MASTER``: the binlog files deleted, the next one numbered ``.000001`` from position 4 (MySQL also
+        empties ``gtid_executed``; MariaDB its ``gtid_binlog_state``), the server id unchanged."""
+        self.file, self.pos, self.next_gtid = 1, 4, 1
+
     def failover(self, server_id: int, uuid: str) -> MySql:
         """The replica that becomes the primary: its own binlog (numbered from 1, so lower coordinates), its own uuid
         for the transactions it commits, its clock a little behind (NTP: a few milliseconds)."""
-        return MySql(server_id=server_id, uuid=uuid, gtids=self.gtids, name=self.name, clock_ms=self.clock_ms - 3)
+        return MySql(
+            server_id=server_id, uuid=uuid, gtids=self.gtids, connector=self.connector, domain=self.domain,
+            name=self.name, clock_ms=self.clock_ms - 3,
+        )  # fmt: skip
 
     def records(self, streamed: Iterable[tuple[Change, dict[str, Any]]], *, schemas: bool) -> list[dict[str, Any]]:
         return stream_records(streamed, self.name, MYSQL_SOURCE, lag_ms=250, schemas=schemas)
