@@ -55,23 +55,6 @@ def row(i: int, name: str, qty: int) -> dict[str, Any]:
     return {"id": i, "name": name, "qty": qty}
 
 
-def history(source: cn.MySql) -> tuple[list[cn.Streamed], cn.Streamed]:
-    """Two batches on the first binlog: a snapshot of ids 1-4 and changes in ``.000003``; then, after a rotation to
-    ``.000004``, more changes, and a Kafka Connect restart that re-sends from its last flushed offset, in ``.000003``:
-    the redelivered tail crosses the rotation (id 2's change in ``.000003`` again, below its ``.000004`` change).
-    Returns the batches and the redelivered tail."""
-    one: cn.Streamed = source.snapshot([cn.read(T, row(i, f"r{i}", i)) for i in range(1, 5)], 0)
-    one += source.commit([cn.update(T, row(1, "r1", 1), row(1, "a", 10))], 1)
-    tail = source.commit([cn.update(T, row(2, "r2", 2), row(2, "b", 11)), cn.insert(T, row(5, "e", 5))], 2)
-    one += tail
-    source.rotate()  # FLUSH LOGS, or max_binlog_size reached
-    two: cn.Streamed = source.commit([cn.update(T, row(2, "b", 11), row(2, "c", 12))], 3)
-    two += source.commit([cn.delete(T, row(4, "r4", 4)), cn.update(T, row(5, "e", 5), row(5, "f", 13))], 4)
-    two += tail  # re-sent: below what the table holds for ids 2 and 5, one binlog file back
-    two += source.commit([cn.update(T, row(1, "a", 10), row(1, "d", 14))], 5)
-    return [one, two], tail
-
-
 @pytest.mark.parametrize(("connector", "gtids"), SOURCES)
 def test_a_redelivery_across_a_binlog_rotation_commits_and_drops_only_the_copies(
     catalog_properties: dict[str, str], tmp_path: Path, connector: str, gtids: bool
@@ -82,7 +65,7 @@ def test_a_redelivery_across_a_binlog_rotation_commits_and_drops_only_the_copies
     detected); the steps before it held before too."""
     props = catalog_properties
     source = cn.MySql(server_id=1, uuid="", gtids=gtids, connector=connector, file=3)
-    rounds, tail = history(source)
+    rounds, tail = cn.binlog_rotation(source)
     for batch, streamed in enumerate(rounds):
         run(committer(props, tmp_path / "ck"), batch, source.records(streamed, schemas=batch % 2 == 0))
         assert table_rows(props) == want(rounds[: batch + 1]), batch
@@ -101,13 +84,11 @@ def test_reset_master_fails_loudly_then_the_epoch_recovers_and_later_changes_lan
     committed, ids 1 and 2 kept their old rows and id 3 was not deleted (only lakesink.upsert.stale-changes moved)."""
     props = catalog_properties
     source = cn.MySql(server_id=1, uuid="", gtids=gtids, connector=connector, file=3)
-    rounds, _ = history(source)
+    rounds, _ = cn.binlog_rotation(source)
     for batch, streamed in enumerate(rounds):
         run(committer(props, tmp_path / "ck"), batch, source.records(streamed, schemas=True))
     before, held = head(props), table_rows(props)
-    source.reset_master()
-    three: cn.Streamed = source.commit([cn.update(T, row(1, "d", 14), row(1, "g", 15)), cn.delete(T, row(3, "r3", 3))], 6)
-    three += source.commit([cn.update(T, row(2, "c", 12), row(2, "h", 16)), cn.insert(T, row(6, "i", 6))], 7)
+    three = cn.binlog_reset(source)
     records = source.records(three, schemas=False)
     with pytest.raises(SourceRegressionError) as raised:
         run(committer(props, tmp_path / "ck"), 2, records)
@@ -131,7 +112,7 @@ def test_a_failover_to_a_server_numbering_its_binlog_lower_fails_loudly(
     change: the new primary's update of id 2 was dropped as stale and the batch committed."""
     props = catalog_properties
     source = cn.MySql(server_id=1, uuid="", gtids=False, file=3)
-    rounds, _ = history(source)
+    rounds, _ = cn.binlog_rotation(source)
     for batch, streamed in enumerate(rounds):
         run(committer(props, tmp_path / "ck"), batch, source.records(streamed, schemas=False))
     before = head(props)
@@ -150,7 +131,7 @@ def test_an_epoch_lowered_after_the_recovery_fails_loudly_and_a_bad_value_is_ref
     change (no epoch existed: the later batch committed with every change dropped)."""
     props = catalog_properties
     source = cn.MySql(server_id=1, uuid="", gtids=False, file=3)
-    rounds, _ = history(source)
+    rounds, _ = cn.binlog_rotation(source)
     run(committer(props, tmp_path / "ck"), 0, source.records(rounds[0], schemas=False))
     set_property(props, PROPERTY_CDC_BINLOG_EPOCH, "2")
     run(committer(props, tmp_path / "ck"), 1, source.records(rounds[1], schemas=False))

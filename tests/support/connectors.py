@@ -551,6 +551,32 @@ def mysql_failover() -> tuple[MySql, list[Streamed]]:
     return p, [one, two, tail]
 
 
+def binlog_rotation(source: MySql, t: str = "shop.items") -> tuple[list[Streamed], Streamed]:
+    """Two batches of a binlog at ``.000003`` (a MySQL or MariaDB server, GTIDs or not): a snapshot of ids 1-4 and
+    changes in ``.000003``; then, after a rotation to ``.000004``, more changes, and a Kafka Connect restart that
+    re-sends from its last flushed offset, in ``.000003``: the redelivered tail crosses the rotation (id 2's change in
+    ``.000003`` again, below its ``.000004`` change).
+    Returns the batches and the redelivered tail."""
+    one: Streamed = source.snapshot([read(t, _row(i, f"r{i}", i)) for i in range(1, 5)], 0)
+    one += source.commit([update(t, _row(1, "r1", 1), _row(1, "a", 10))], 1)
+    tail = source.commit([update(t, _row(2, "r2", 2), _row(2, "b", 11)), insert(t, _row(5, "e", 5))], 2)
+    one += tail
+    source.rotate()  # FLUSH LOGS, or max_binlog_size reached
+    two: Streamed = source.commit([update(t, _row(2, "b", 11), _row(2, "c", 12))], 3)
+    two += source.commit([delete(t, _row(4, "r4", 4)), update(t, _row(5, "e", 5), _row(5, "f", 13))], 4)
+    two += tail  # re-sent: below what the table holds for ids 2 and 5, one binlog file back
+    two += source.commit([update(t, _row(1, "a", 10), _row(1, "d", 14))], 5)
+    return [one, two], tail
+
+
+def binlog_reset(source: MySql, t: str = "shop.items") -> Streamed:
+    """After :func:`binlog_rotation`: ``RESET MASTER``, then two transactions on the new ``.000001``: ids 1 and 2
+    updated, id 3 deleted, id 6 inserted."""
+    source.reset_master()
+    out = source.commit([update(t, _row(1, "d", 14), _row(1, "g", 15)), delete(t, _row(3, "r3", 3))], 6)
+    return out + source.commit([update(t, _row(2, "c", 12), _row(2, "h", 16)), insert(t, _row(6, "i", 6))], 7)
+
+
 def sqlserver_twice(source: SqlServer | None = None) -> tuple[SqlServer, list[Streamed]]:
     """SQL Server (or Db2): a snapshot, a key changed twice in one transaction and in two transactions of one batch
     (the later first in Kafka's order), a long transaction across a virtual log file, and across batches."""
