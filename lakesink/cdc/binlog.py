@@ -125,9 +125,18 @@ class Epoch:
             f"raise {PROPERTY_CDC_BINLOG_REDELIVERY_FILES!r}"
         )
 
-    def check(self, rows: Sequence[Mapping[str, Any]], *, order: str, held: str, keys: Sequence[str], batch_id: int) -> None:
-        """``rows``: the changes below the held order of their key (``order``, ``held`` and the key columns): raises
-        SourceRegressionError for the first that is not a redelivery."""
+    def check(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        order: str,
+        held: str,
+        keys: Sequence[str],
+        batch_id: int,
+        what: str = "which the table holds for the key",
+    ) -> None:
+        """``rows``: the changes below the held order of their key (``order``, ``held`` and the key columns; ``what``
+        the held order is): raises SourceRegressionError for the first that is not a redelivery."""
         for row in rows:
             change, was = row[order], row[held]
             if change is None or was is None:
@@ -138,6 +147,6 @@ class Epoch:
             key = ", ".join(f"{k}={row[k]!r}" for k in keys)
             raise SourceRegressionError(
                 f"batch {batch_id}: table {self.table_name}: a change of key ({key}) at binlog {describe(int(change))} "
-                f"is below binlog {describe(int(was))}, which the table holds for the key: {problem}. Nothing was "
+                f"is below binlog {describe(int(was))}, {what}: {problem}. Nothing was "
                 "committed (docs/cdc.md, 'MySQL without GTIDs, MariaDB: coordinates that go back')"
             )

@@ -68,6 +68,11 @@ def read(table: str, row: dict[str, Any]) -> Change:
     return Change(table, "r", None, row)
 
 
+def truncate(table: str) -> Change:
+    """A ``TRUNCATE`` (op ``t``: no row images; Debezium sends it without a key)."""
+    return Change(table, "t")
+
+
 def model(changes: Iterable[Change]) -> dict[str, dict[Any, dict[str, Any]]]:
     """Every table's rows by id after ``changes`` applied in the source's commit order (:attr:`Change.seq`); a
     redelivered copy (same seq) applies the same change again, which changes nothing."""
@@ -76,6 +81,8 @@ def model(changes: Iterable[Change]) -> dict[str, dict[Any, dict[str, Any]]]:
         rows = tables.setdefault(c.table, {})
         if c.op == "d":
             rows.pop(c.key, None)
+        elif c.op == "t":
+            rows.clear()
         else:
             assert c.after is not None
             rows[c.key] = dict(c.after)
@@ -144,7 +151,8 @@ def kafka_records(
         value = {"schema": _value_schema(topic, source_schema, source["connector"]), "payload": payload}
         key_schema = {"type": "struct", "fields": _fields(ROW_FIELDS[:1]), "optional": False, "name": f"{topic}.Key"}
         key = {"schema": key_schema, "payload": key}
-    records: list[dict[str, Any]] = [{"topic": topic, "key": json.dumps(key), "value": json.dumps(value)}]
+    key_text = None if change.op == "t" else json.dumps(key)
+    records: list[dict[str, Any]] = [{"topic": topic, "key": key_text, "value": json.dumps(value)}]
     if change.op == "d":
         records.append({"topic": topic, "key": json.dumps(key), "value": None})
     return records

@@ -375,7 +375,14 @@ def _below_floor(changes: pa.Table, check: OrderCheck) -> pa.Array:
     if check.binlog_epoch is not None and pc.any(below).as_py():
         lost = changes.filter(below).select([*check.key_names, ORDER])
         lost = lost.append_column(HELD_COLUMN, pa.array([floor[0].as_py()] * lost.num_rows, floor.type))
-        check.binlog_epoch.check(lost.to_pylist(), order=ORDER, held=HELD_COLUMN, keys=check.key_names, batch_id=check.batch_id)
+        check.binlog_epoch.check(
+            lost.to_pylist(),
+            order=ORDER,
+            held=HELD_COLUMN,
+            keys=check.key_names,
+            batch_id=check.batch_id,
+            what="the position of the table's last truncate",
+        )
     return below
 
 
