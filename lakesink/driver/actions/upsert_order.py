@@ -150,7 +150,7 @@ def start(
     held = _read(table, path, keys.table_name) if path else None
     key_names = [f.name for f in keys.fields]
     epoch = binlog.Epoch.of(table.properties, keys.table_name) if order_by == CDC_ORDER_BY else None
-    shifted = epoch.shift(changes.column(ORDER).to_pylist()) if epoch is not None else None
+    shifted = epoch.shift(changes.column(ORDER).to_pylist()) if epoch is not None and epoch.epoch else None
     if shifted is not None:  # table property lakesink.cdc.binlog-epoch: coordinates above every lower epoch's
         at = changes.column_names.index(ORDER)
         changes = changes.set_column(at, changes.field(at), pa.array(shifted, changes.field(at).type))
