@@ -121,8 +121,10 @@ class Epoch:
             "the source (the error names each in turn), then restart: every later change is ordered above everything "
             "committed; have Debezium take a new snapshot (it needs one anyway: its offset names a binlog position "
             "that is gone), so that the tables get the source's rows again. Or enable GTIDs (gtid_mode=ON, MySQL "
-            "8.0.1+), whose changes are ordered by their commit time. A redelivery that truly reaches further back: "
-            f"raise {PROPERTY_CDC_BINLOG_REDELIVERY_FILES!r}"
+            "8.0.1+), whose changes are ordered by their commit time. Not a break but changes the table already has "
+            "re-read (a stream started again from older Kafka offsets, a new checkpoint) or a redelivery that truly "
+            f"reaches further back: do not raise the epoch (they would overwrite newer rows); raise "
+            f"{PROPERTY_CDC_BINLOG_REDELIVERY_FILES!r} until they are read, then set it back"
         )
 
     def check(
