@@ -10,7 +10,7 @@ export PYSPARK_DRIVER_PYTHON := $(PY)
 # compile lakesink and the tests from source again (~0.2 CPU-s per worker import of the executor's writer, h-imports)
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo routing-demo cdc-demo test test-serial durations test-fast test-floor test-deploy jdbc-drivers lakana-server lint soak soak-routing soak-concurrency bench clean
+.PHONY: demo routing-demo cdc-demo test test-long test-serial durations test-fast test-floor test-deploy jdbc-drivers lakana-server lint soak soak-routing soak-concurrency bench clean
 
 # the test extra (everything: readers, PostgreSQL, S3, Spark Connect, lint tools; ~2.3 GB)
 $(VENV)/.installed: pyproject.toml
@@ -53,6 +53,12 @@ cdc-demo: $(VENV)/.installed-demo
 TEST_WORKERS ?= 2
 test: $(VENV)/.installed
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
+
+# the minutes-long end-to-end runs make test leaves out (marker long: SIGKILL rounds against the REST and Glue servers,
+# the routed and commit-point soak rounds, the PostgreSQL oracles, the benchmarks at toy size), on the same workers;
+# .ci/run runs it as its own step, so every test still runs before anything lands
+test-long: $(VENV)/.installed
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 -m "long and not soak and not benchmark and not deploy" $(PYTEST_ARGS)
 
 # the same tests in one process, in collection order (to debug a failure: -x, --pdb, no workers)
 test-serial: $(VENV)/.installed

@@ -43,6 +43,7 @@ def _bench(tmp_path: Path, *args: str, timeout: int = 500) -> subprocess.Complet
 
 
 @pytest.mark.spark
+@pytest.mark.long
 def test_throughput_and_commit_path_at_toy_size(tmp_path: Path) -> None:
     _bench(tmp_path, "commit-path", "--batches", "30", "--label", "toy")
     # Iceberg's Java sink (a second JVM) has its own test below, marked deploy
@@ -249,6 +250,7 @@ def test_routing_spark_writer_benchmark_at_toy_size(tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.long
 @pytest.mark.timeout(1800)
 def test_cdc_lakesink_at_toy_size(tmp_path: Path) -> None:
     """``python -m benchmarks cdc``, lakesink's side (the Java baseline has its own test below, marked deploy): the
@@ -324,6 +326,7 @@ def test_cdc_against_java_merge_into_at_toy_size(tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.long
 @pytest.mark.timeout(3000)
 def test_cdc_scale_at_toy_size(tmp_path: Path) -> None:
     """``python -m benchmarks cdc-scale`` (issue 52), lakesink's side in every mode (the Java baseline has its own test

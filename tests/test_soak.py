@@ -37,7 +37,7 @@ from tests.soak.runner import (
 from tests.soak.seed import run_seed
 from tests.support.soak import exactly_once_seed
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.long]
 
 # a guard against a hang, not a speed limit: a run with no progress for --run-timeout (150 s) aborts the soak
 # first; on a loaded machine (load average 11 on 2 cores) one short soak took up to 6 minutes

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import Field
 from pyiceberg.catalog import WAREHOUSE_LOCATION
@@ -30,9 +30,7 @@ from requests import HTTPError
 from tenacity import retry
 
 from lakesink._pyiceberg.metadata import updated_metadata
-
-if TYPE_CHECKING:
-    from lakesink._pyiceberg.commit import PreparedCommit
+from lakesink._pyiceberg.prepared import Prepared
 
 log = logging.getLogger("lakesink")
 
@@ -60,7 +58,7 @@ class _CommitTransactionRequest(IcebergBaseModel):
     table_changes: list[CommitTableRequest] = Field(alias="table-changes")
 
 
-def _commit_transaction_on_rest_catalog(prepared: Sequence[PreparedCommit]) -> None:
+def _commit_transaction_on_rest_catalog(prepared: Sequence[Prepared]) -> None:
     """One ``POST /v1/{prefix}/transactions/commit`` with every table's identifier, requirements and updates, exactly
     as pyiceberg's ``RestCatalog.commit_table`` sends one table's (``CommitTableRequest``), through the catalog's own
     HTTP session (its auth manager, headers, SigV4 signing, lakesink's request timeout); a 401/419 refreshes the

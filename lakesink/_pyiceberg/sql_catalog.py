@@ -8,7 +8,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
@@ -25,13 +25,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from lakesink._pyiceberg.metadata import NewTable, updated_metadata, write_table_metadata
+from lakesink._pyiceberg.prepared import Prepared
 from lakesink._pyiceberg.threads import unit_threads
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, fault_point
 from lakesink.table import names
 from lakesink.table.keys import UNIT_THREADS_FROM
-
-if TYPE_CHECKING:
-    from lakesink._pyiceberg.commit import PreparedCommit
 
 
 def _sql_swap_applies(table: Table) -> bool:
@@ -64,7 +62,7 @@ def _swap_on_sql_catalog(
     return True
 
 
-def _swap_tables_on_sql_catalog(prepared: Sequence[PreparedCommit], *, before_commit: Callable[[], None] | None = None) -> None:
+def _swap_tables_on_sql_catalog(prepared: Sequence[Prepared], *, before_commit: Callable[[], None] | None = None) -> None:
     """:func:`_swap_on_sql_catalog` for several tables of one SQL catalog in one database transaction: a table's
     row moves only if every row does (SQLite and PostgreSQL roll the whole transaction back otherwise, and a
     process killed inside it leaves it uncommitted). Iceberg Java's JdbcCatalog reads the same rows."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import posixpath
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pyiceberg.manifest import ManifestContent, ManifestFile, read_manifest_list
 from pyiceberg.serializers import FromInputFile
@@ -20,8 +20,18 @@ from lakesink.table import names, storage
 from lakesink.table.keys import PROPERTY_UPSERT_ORDER_FILE, SUMMARY_QUERY_ID, SUMMARY_UPSERT_ORDER_FILE
 from lakesink.table.markers import last_committed_batch, parse_last_batch_key
 
-if TYPE_CHECKING:
-    from lakesink.maintenance.orphans import _Listed
+
+class ListedFile(Protocol):
+    """What the guard reads of a file the orphan listing found (orphans.py's listing entries)."""
+
+    @property
+    def uri(self) -> str: ...
+    @property
+    def relative(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def modified(self) -> datetime | None: ...
 
 
 def safe_error(table: Table, e: BaseException) -> str:
@@ -124,7 +134,7 @@ class InFlightGuard:
                 self._queries.setdefault(names.query_prefix(committed_by), set()).add(committed_by)
         self._manifests: dict[str, str | None] = {}
 
-    def reason(self, f: _Listed, window_cutoff: datetime) -> str | None:
+    def reason(self, f: ListedFile, window_cutoff: datetime) -> str | None:
         """Why ``f`` may still be committed, or None. Only while it is in the in-flight window: modified after
         ``window_cutoff``, or, for a file whose name says when lakesink began writing it, begun after it."""
         found = names.classify(f.relative)

@@ -53,6 +53,7 @@ def _rows(rows: list[dict[str, Any]], key: tuple[str, ...]) -> dict[tuple[Any, .
     return out
 
 
+@pytest.mark.long
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize(
     ("entry", "points"),

@@ -199,6 +199,7 @@ def _write(src: Path, index: int, records: Sequence[Mapping[str, Any]]) -> None:
     os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))  # Spark's file source: in order
 
 
+@pytest.mark.long
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("entry", list(RUNS))
 def test_the_postgresql_oracle_held_back_by_transaction_shows_whole_transactions_after_every_batch(

@@ -36,7 +36,7 @@ from tests.support.http_faults import FaultProxy
 from tests.support.soak import exactly_once_seed
 from tests.test_soak import SMALL
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.long]
 
 
 AFTER_SWAP = PAUSE_KILL  # the commit held right after the swap, the job SIGKILLed: the replay must be skipped
