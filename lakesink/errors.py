@@ -78,6 +78,12 @@ class UpsertKeyError(LakesinkError):
     """A batch of an upsert sink has a null key or several rows of one key it cannot resolve; nothing was committed."""
 
 
+class SourceRegressionError(LakesinkError):
+    """A change source's positions went back (a MySQL/MariaDB binlog after ``RESET MASTER``, a restored server, a
+    failover without GTIDs): its later changes would be dropped as older than what the table holds. Nothing was
+    committed; the message names the table, the key, both positions and the recovery (docs/cdc.md)."""
+
+
 class TooManyRejectedError(LakesinkError):
     """More of a batch's rows were dead letters than option ``max-rejected-fraction`` allows; nothing was committed."""
 

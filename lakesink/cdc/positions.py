@@ -21,7 +21,8 @@ Packings (``10^k`` written ``Ek``; every part is bounded, a value outside its bo
   order (the row's lock is held to the commit), so their commit times do not go back unless the clock does; equal
   milliseconds fall back on ``C`` (one server). A snapshot read and a change without a GTID keep ``C`` alone (their
   ``ts_ms`` is a read time or a statement's start, in seconds: not an order); MariaDB's ``ts_ms`` is always the event
-  header's second.
+  header's second. ``C`` alone can go back (``RESET MASTER``, a failover without GTIDs): the driver detects it per key
+  and adds a table's binlog epoch to ``C`` (:mod:`lakesink.cdc.binlog`).
 - **SQL Server, Db2** (hex LSNs ``00000027:00000758:0003``, read as one hexadecimal number, < 16^20): a streamed change
   ``E37 + change_lsn*E12 + event_serial_no``; a snapshot read ``commit_lsn*E12`` (below every streamed change).
 - **Informix** (decimal LSNs): a streamed change ``E37 + change_lsn*E12``; a snapshot read ``commit_lsn*E12``.

@@ -14,6 +14,7 @@ __all__ = [
     "CDC_VALUE",
     "CDC_FORMAT",
     "CDC_PAYLOAD",
+    "CDC_ORDER_BY",
     "CDC_PREFIX",
     "CDC_TRANSACTIONS",
     "CDC_TRANSACTION_WAIT",
@@ -74,6 +75,8 @@ CDC_FORMAT = "cdc-format"
 them (docs/cdc.md). Implies ``route-by``, ``payload``, ``delete-when`` and ``order-by`` over the parsed columns."""
 #: The columns option cdc-format adds to the batch (lakesink.cdc.debezium.parse with this prefix) and the payload column
 CDC_PREFIX = "cdc_"
+CDC_ORDER_BY = f"{CDC_PREFIX}order"
+"""Option cdc-format: the option order-by it sets (the source position lakesink.cdc.positions packs)."""
 CDC_PAYLOAD = "cdc_payload"
 CDC_CONNECT_SCHEMA = "cdc_connect_schema"
 """Option cdc-format: the column with each record's Kafka Connect schema (``schemas.enable``; null without), which

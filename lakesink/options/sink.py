@@ -14,6 +14,7 @@ from lakesink.options.keys import (
     ATOMIC,
     CATALOG_PROPERTY_PREFIX,
     CDC_FORMAT,
+    CDC_ORDER_BY,
     CDC_PAYLOAD,
     CDC_PREFIX,
     CDC_TRANSACTIONS,
@@ -343,7 +344,7 @@ def _apply_cdc_format(lowered: dict[str, str]) -> str | None:
     lowered[ROUTE_BY] = f"{CDC_PREFIX}route"
     lowered[PAYLOAD] = CDC_PAYLOAD
     lowered[DELETE_WHEN] = f"{CDC_PREFIX}op = 'd'"
-    lowered[ORDER_BY] = f"{CDC_PREFIX}order"
+    lowered[ORDER_BY] = CDC_ORDER_BY
     return value
 
 

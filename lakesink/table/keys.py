@@ -111,6 +111,16 @@ back (a source transaction not yet whole, and every change after it), as JSON: t
 records, their count, the oldest one's time, the last released transaction's commit time, and the same of the batch
 before (a replay of the batch starts from those). Set in every table of the batch's unit, in the same atomic commit
 (lakesink.driver.actions.held)."""
+PROPERTY_CDC_BINLOG_EPOCH = "lakesink.cdc.binlog-epoch"
+"""Table property, option cdc-format (docs/cdc.md, "MySQL without GTIDs, MariaDB: coordinates that go back"): an
+integer ``E`` (0 to 999999, default 0) set by the user after the source's binlog went back; every binlog-coordinates order
+``C`` (< 10^22) of the table's later changes becomes ``E * 10^22 + C``, above every change committed in a lower epoch
+(lakesink.cdc.binlog). Raise it by one per regression; never lower or remove it."""
+PROPERTY_CDC_BINLOG_REDELIVERY_FILES = "lakesink.cdc.binlog-redelivery-files"
+"""Table property, option cdc-format: how many binlog files back (default 1) a change below what the table holds for
+its key may be and still be taken for a redelivery (Kafka Connect re-sends from its last flushed offset); a change
+further back fails the batch (lakesink.cdc.binlog)."""
+PROPERTY_CDC_BINLOG_REDELIVERY_FILES_DEFAULT = 1
 STATE_PROPERTY_PREFIXES = (PROPERTY_UPSERT_ORDER_FILE, PROPERTY_CDC_HELD_PREFIX)
 """The table properties that name state files a table depends on (lakesink.table.state_files: a commit of a table
 without any of them attaches no state file and reads nothing)."""

@@ -16,6 +16,7 @@ import pytest
 from pyspark.errors import PySparkException, StreamingQueryException
 
 from lakesink.driver import catalogs
+from lakesink.table.keys import PROPERTY_CDC_BINLOG_EPOCH
 from tests.support import connectors as cn
 from tests.support.changes import KAFKA_DDL, write_json_round
 from tests.support.helpers import run_to_end, start_sink
@@ -73,3 +74,30 @@ def test_a_mongodb_record_fails_the_first_batch_naming_the_fix(
     with pytest.raises((StreamingQueryException, PySparkException), match="ExtractNewDocumentState"):
         run_to_end(start(spark, entry, catalog_properties, tmp_path))
     assert not catalogs.load(None, catalog_properties).table_exists(("inventory", "customers"))
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_reset_master_stops_the_query_loudly_and_the_binlog_epoch_recovers(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """MySQL without GTIDs: a redelivered tail across a binlog rotation commits (its copies stale), then RESET MASTER:
+    the query stops naming the recovery with nothing of the batch committed; table property lakesink.cdc.binlog-epoch
+    set as the message says, the restart commits the batch and the table equals the source. Fails before the change:
+    the batch after RESET MASTER committed with ids 1 and 2 unchanged and id 3 not deleted."""
+    source = cn.MySql(server_id=1, uuid="", gtids=False, file=3)
+    rounds, _ = cn.binlog_rotation(source)
+    for index, streamed in enumerate(rounds):
+        write_json_round(tmp_path / "in", index, source.records(streamed, schemas=index % 2 == 0))
+        run_to_end(start(spark, entry, catalog_properties, tmp_path))
+    want = cn.model(c for r in rounds for c, _ in r)
+    assert tables(catalog_properties, ["shop.items"]) == want
+    three = cn.binlog_reset(source)
+    write_json_round(tmp_path / "in", 2, source.records(three, schemas=False))
+    with pytest.raises((StreamingQueryException, PySparkException), match="RESET MASTER.*lakesink.cdc.binlog-epoch' to 1"):
+        run_to_end(start(spark, entry, catalog_properties, tmp_path))
+    assert tables(catalog_properties, ["shop.items"]) == want  # nothing committed
+    table = catalogs.load(None, catalog_properties).load_table(("shop", "items"))
+    with table.transaction() as tx:
+        tx.set_properties({PROPERTY_CDC_BINLOG_EPOCH: "1"})
+    run_to_end(start(spark, entry, catalog_properties, tmp_path))
+    assert tables(catalog_properties, ["shop.items"]) == cn.model(c for r in [*rounds, three] for c, _ in r)

@@ -68,6 +68,11 @@ def read(table: str, row: dict[str, Any]) -> Change:
     return Change(table, "r", None, row)
 
 
+def truncate(table: str) -> Change:
+    """A ``TRUNCATE`` (op ``t``: no row images; Debezium sends it without a key)."""
+    return Change(table, "t")
+
+
 def model(changes: Iterable[Change]) -> dict[str, dict[Any, dict[str, Any]]]:
     """Every table's rows by id after ``changes`` applied in the source's commit order (:attr:`Change.seq`); a
     redelivered copy (same seq) applies the same change again, which changes nothing."""
@@ -76,6 +81,8 @@ def model(changes: Iterable[Change]) -> dict[str, dict[Any, dict[str, Any]]]:
         rows = tables.setdefault(c.table, {})
         if c.op == "d":
             rows.pop(c.key, None)
+        elif c.op == "t":
+            rows.clear()
         else:
             assert c.after is not None
             rows[c.key] = dict(c.after)
@@ -144,7 +151,8 @@ def kafka_records(
         value = {"schema": _value_schema(topic, source_schema, source["connector"]), "payload": payload}
         key_schema = {"type": "struct", "fields": _fields(ROW_FIELDS[:1]), "optional": False, "name": f"{topic}.Key"}
         key = {"schema": key_schema, "payload": key}
-    records: list[dict[str, Any]] = [{"topic": topic, "key": json.dumps(key), "value": json.dumps(value)}]
+    key_text = None if change.op == "t" else json.dumps(key)
+    records: list[dict[str, Any]] = [{"topic": topic, "key": key_text, "value": json.dumps(value)}]
     if change.op == "d":
         records.append({"topic": topic, "key": json.dumps(key), "value": None})
     return records
@@ -194,11 +202,15 @@ MYSQL_SOURCE = (
 
 @dataclass
 class MySql:
-    """A MySQL server's binlog as Debezium's MySQL connector streams it (topic ``<name>.<db>.<table>``)."""
+    """A MySQL server's binlog as Debezium's MySQL connector streams it (topic ``<name>.<db>.<table>``); with
+    ``connector="mariadb"`` a MariaDB server's as Debezium's MariaDB connector does (the same ``source`` block; its
+    ``gtid`` is MariaDB's ``domain-server-sequence``, its ``ts_ms`` the event header's second)."""
 
     server_id: int
     uuid: str
     gtids: bool = True
+    connector: str = "mysql"
+    domain: int = 0
     name: str = "shop"
     file: int = 1
     pos: int = 4
@@ -212,7 +224,7 @@ class MySql:
     ) -> dict[str, Any]:
         db, table = change.table.split(".")
         return {
-            "version": VERSION, "connector": "mysql", "name": self.name, **_times(ts_ms), "snapshot": snapshot,
+            "version": VERSION, "connector": self.connector, "name": self.name, **_times(ts_ms), "snapshot": snapshot,
             "db": db, "sequence": None, "table": table, "server_id": self.server_id, "gtid": gtid,
             "file": f"mysql-bin.{self.file:06d}", "pos": pos, "row": row, "thread": 7, "query": None,
         }  # fmt: skip
@@ -241,15 +253,16 @@ class MySql:
         self.clock_ms += 37
         committed = self.clock_ms if ts_ms is None else ts_ms
         if self.gtids and gtid is None:
-            gtid = f"{self.uuid}:{self.next_gtid}"
+            mariadb = self.connector == "mariadb"
+            gtid = f"{self.domain}-{self.server_id}-{self.next_gtid}" if mariadb else f"{self.uuid}:{self.next_gtid}"
             self.next_gtid += 1
         self.pos += 65  # the GTID event, the query event (BEGIN)
         out = []
         for i, change in enumerate(changes):
             self.pos += 40  # the table map event
             c = replace(change, seq=seq * 1000 + i)
-            # without GTIDs the header's time: the statement's start, in seconds
-            ms = committed if self.gtids else (committed - 3_000) // 1000 * 1000
+            # without GTIDs (and on MariaDB) the header's time: the statement's start, in seconds
+            ms = committed if self.gtids and self.connector == "mysql" else (committed - 3_000) // 1000 * 1000
             out.append((c, self._source(c, gtid=gtid if self.gtids else None, ts_ms=ms, pos=self.pos, row=0)))
             self.pos += 120
         self.pos += 31  # the XID event
@@ -262,10 +275,18 @@ class MySql:
         self.file += 1
         self.pos = 4
 
+    def reset_master(self) -> None:
+        """``RESET MASTER``: the binlog files deleted, the next one numbered ``.000001`` from position 4 (MySQL also
+        empties ``gtid_executed``; MariaDB its ``gtid_binlog_state``), the server id unchanged."""
+        self.file, self.pos, self.next_gtid = 1, 4, 1
+
     def failover(self, server_id: int, uuid: str) -> MySql:
         """The replica that becomes the primary: its own binlog (numbered from 1, so lower coordinates), its own uuid
         for the transactions it commits, its clock a little behind (NTP: a few milliseconds)."""
-        return MySql(server_id=server_id, uuid=uuid, gtids=self.gtids, name=self.name, clock_ms=self.clock_ms - 3)
+        return MySql(
+            server_id=server_id, uuid=uuid, gtids=self.gtids, connector=self.connector, domain=self.domain,
+            name=self.name, clock_ms=self.clock_ms - 3,
+        )  # fmt: skip
 
     def records(self, streamed: Iterable[tuple[Change, dict[str, Any]]], *, schemas: bool) -> list[dict[str, Any]]:
         return stream_records(streamed, self.name, MYSQL_SOURCE, lag_ms=250, schemas=schemas)
@@ -536,6 +557,32 @@ def mysql_failover() -> tuple[MySql, list[Streamed]]:
     tail += r.commit([update(t, _row(2, "c", 12), _row(2, "k", 18)), delete(t, _row(5, "i", 16))], 8)
     tail += r.commit([update(t, _row(4, "f", 14), _row(4, "l", 19)), update(t, _row(3, "j", 17), _row(3, "m", 20))], 9)
     return p, [one, two, tail]
+
+
+def binlog_rotation(source: MySql, t: str = "shop.items") -> tuple[list[Streamed], Streamed]:
+    """Two batches of a binlog at ``.000003`` (a MySQL or MariaDB server, GTIDs or not): a snapshot of ids 1-4 and
+    changes in ``.000003``; then, after a rotation to ``.000004``, more changes, and a Kafka Connect restart that
+    re-sends from its last flushed offset, in ``.000003``: the redelivered tail crosses the rotation (id 2's change in
+    ``.000003`` again, below its ``.000004`` change).
+    Returns the batches and the redelivered tail."""
+    one: Streamed = source.snapshot([read(t, _row(i, f"r{i}", i)) for i in range(1, 5)], 0)
+    one += source.commit([update(t, _row(1, "r1", 1), _row(1, "a", 10))], 1)
+    tail = source.commit([update(t, _row(2, "r2", 2), _row(2, "b", 11)), insert(t, _row(5, "e", 5))], 2)
+    one += tail
+    source.rotate()  # FLUSH LOGS, or max_binlog_size reached
+    two: Streamed = source.commit([update(t, _row(2, "b", 11), _row(2, "c", 12))], 3)
+    two += source.commit([delete(t, _row(4, "r4", 4)), update(t, _row(5, "e", 5), _row(5, "f", 13))], 4)
+    two += tail  # re-sent: below what the table holds for ids 2 and 5, one binlog file back
+    two += source.commit([update(t, _row(1, "a", 10), _row(1, "d", 14))], 5)
+    return [one, two], tail
+
+
+def binlog_reset(source: MySql, t: str = "shop.items") -> Streamed:
+    """After :func:`binlog_rotation`: ``RESET MASTER``, then two transactions on the new ``.000001``: ids 1 and 2
+    updated, id 3 deleted, id 6 inserted."""
+    source.reset_master()
+    out = source.commit([update(t, _row(1, "d", 14), _row(1, "g", 15)), delete(t, _row(3, "r3", 3))], 6)
+    return out + source.commit([update(t, _row(2, "c", 12), _row(2, "h", 16)), insert(t, _row(6, "i", 6))], 7)
 
 
 def sqlserver_twice(source: SqlServer | None = None) -> tuple[SqlServer, list[Streamed]]:

@@ -46,9 +46,11 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
 
 from lakesink._pyiceberg import io as seam
+from lakesink.cdc import binlog
 from lakesink.driver.actions import upsert
 from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.messages import WritePlan
+from lakesink.options.keys import CDC_ORDER_BY
 from lakesink.table import floats, names, state_files
 from lakesink.table.keys import (
     DELETED,
@@ -107,6 +109,8 @@ class OrderCheck:
     """The changes that lost (key columns, :data:`DELETED`)."""
     stale_in_files: int = 0
     """Of them, upserts that lost to a live row (the copy-on-write counted them as inserted)."""
+    binlog_epoch: binlog.Epoch | None = None
+    """Option cdc-format: the table's binlog epoch; a stale change further back than a redelivery fails the batch."""
 
     def winners(self, hit: pa.Table, rows: pa.Table) -> pa.Table:
         """The batch's keys a file holds (``hit``) whose change is not older than the file's row of the key."""
@@ -145,7 +149,15 @@ def start(
     path = order_file(table, branch)
     held = _read(table, path, keys.table_name) if path else None
     key_names = [f.name for f in keys.fields]
-    check = OrderCheck(keys.table_name, order_by, batch_id, key_names, table_column, held, path, floor=_floor(held))
+    epoch = binlog.Epoch.of(table.properties, keys.table_name) if order_by == CDC_ORDER_BY else None
+    shifted = epoch.shift(changes.column(ORDER).to_pylist()) if epoch is not None and epoch.epoch else None
+    if shifted is not None:  # table property lakesink.cdc.binlog-epoch: coordinates above every lower epoch's
+        at = changes.column_names.index(ORDER)
+        changes = changes.set_column(at, changes.field(at), pa.array(shifted, changes.field(at).type))
+        keys = upsert.BatchKeys(keys.table_name, schema, changes)
+    check = OrderCheck(
+        keys.table_name, order_by, batch_id, key_names, table_column, held, path, floor=_floor(held), binlog_epoch=epoch
+    )
     stale = _below_floor(changes, check)
     if held is not None and held.num_rows:
         held_keys = upsert._cast_like(held.select([*key_names, HELD_COLUMN]), changes.select(key_names).schema)
@@ -359,7 +371,19 @@ def _below_floor(changes: pa.Table, check: OrderCheck) -> pa.Array:
         fix="Order a cdc-format stream by its source position",
     )
     below = pc.less(floats.spark_order(order), floats.spark_order(floor)[0])
-    return below.combine_chunks() if isinstance(below, pa.ChunkedArray) else below
+    below = below.combine_chunks() if isinstance(below, pa.ChunkedArray) else below
+    if check.binlog_epoch is not None and pc.any(below).as_py():
+        lost = changes.filter(below).select([*check.key_names, ORDER])
+        lost = lost.append_column(HELD_COLUMN, pa.array([floor[0].as_py()] * lost.num_rows, floor.type))
+        check.binlog_epoch.check(
+            lost.to_pylist(),
+            order=ORDER,
+            held=HELD_COLUMN,
+            keys=check.key_names,
+            batch_id=check.batch_id,
+            what="the position of the table's last truncate",
+        )
+    return below
 
 
 ArrayT = TypeVar("ArrayT", pa.Array, pa.ChunkedArray)
@@ -407,7 +431,12 @@ def _stale(changes: pa.Table, held: pa.Table, check: OrderCheck) -> pa.Array:
     if pa.types.is_null(change.type) or pa.types.is_null(older.type):
         return pa.array([False] * changes.num_rows)
     greater = pc.greater(floats.spark_order(older), floats.spark_order(change))
-    return pc.fill_null(greater, False).combine_chunks() if isinstance(greater, pa.ChunkedArray) else pc.fill_null(greater, False)
+    stale = pc.fill_null(greater, False)
+    stale = stale.combine_chunks() if isinstance(stale, pa.ChunkedArray) else stale
+    if check.binlog_epoch is not None and pc.any(stale).as_py():  # option cdc-format: a redelivery, or binlog gone back
+        lost = joined.select(keys).append_column(ORDER, change).append_column(HELD_COLUMN, older).filter(stale)
+        check.binlog_epoch.check(lost.to_pylist(), order=ORDER, held=HELD_COLUMN, keys=keys, batch_id=check.batch_id)
+    return stale
 
 
 def _without(

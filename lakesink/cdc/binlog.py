@@ -1,0 +1,154 @@
+"""Binlog coordinates that go back: MySQL without GTIDs and MariaDB (docs/cdc.md, "MySQL without GTIDs, MariaDB:
+coordinates that go back").
+
+Their changes are ordered by binlog coordinates ``C = suffix*10^16 + pos*10^6 + row`` (:mod:`lakesink.cdc.positions`).
+``RESET MASTER`` (the binlog starts again at ``.000001``), a server restored from a backup or a failover to a server
+that numbers its binlog its own way make ``C`` go back, and every later change of a key the table holds would be
+older than the held one: dropped as stale, silently. Plain Python, for the driver's order check
+(:mod:`lakesink.driver.actions.upsert_order`, option ``cdc-format``), so both entry points:
+
+- **Detection** (per key, against the order value the table holds for it): a change below the held value is a
+  redelivery when it is at most ``lakesink.cdc.binlog-redelivery-files`` binlog files back (default 1: Kafka Connect
+  re-sends from its last flushed offset, every 60 s by default, and a server rotates its 1 GiB binlog far more
+  slowly); further back, the batch fails (:class:`~lakesink.errors.SourceRegressionError`, nothing committed) naming
+  the table, the key, both coordinates and the recovery. Per key, because Kafka keeps one key's changes in order
+  (one partition) while the tables and partitions of a source are consumed at their own paces.
+- **Recovery**: table property ``lakesink.cdc.binlog-epoch`` ``E`` (the error names the value): every coordinates order
+  of the table's later changes becomes ``E*10^22 + C``, above every change committed in a lower epoch; the order file
+  keeps the shifted values, so the epoch stays with the table. A change of a lower epoch than a held one (the property
+  lowered or removed) fails the same way.
+
+Only values in the coordinates band are looked at (a change ``0 <= v < 10^22``, or ``< 10^28`` with an epoch; a held
+value ``< 10^28``): MySQL changes with GTIDs (``ts_ms * 10^22 + C``, ts_ms >= 10^12), LSN/SCN connectors' streamed
+changes (>= 10^37) and PostgreSQL's snapshot reads (negative) are never in it; a PostgreSQL streamed LSN is, but never
+goes back by 2*10^16; other connectors' snapshot reads (``LSN * 10^12``, ``SCN * 10^17``) are below 10^22 only at
+positions no real database has (an SCN below 10^5), and are looked at in the epoch band only on a table given an epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from lakesink.cdc import positions
+from lakesink.errors import InvalidOptionError, SourceRegressionError
+from lakesink.table.keys import (
+    PROPERTY_CDC_BINLOG_EPOCH,
+    PROPERTY_CDC_BINLOG_REDELIVERY_FILES,
+    PROPERTY_CDC_BINLOG_REDELIVERY_FILES_DEFAULT,
+)
+
+EPOCH_STEP = positions.MYSQL_TIME_STEP
+"""An epoch's place: above every binlog coordinates value (< 10^22)."""
+EPOCH_LIMIT = 10**6
+"""Epochs are below it: ``E*10^22 + C < 10^28``, below every GTID change's ``ts_ms*10^22`` (ts_ms >= 10^12)."""
+FILE_STEP = positions.MYSQL_FILE_STEP
+
+
+def _property(properties: Mapping[str, str], name: str, default: int, low: int, high: int, table_name: str) -> int:
+    text = properties.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = low - 1
+    if not low <= value < high:
+        raise InvalidOptionError(
+            f"table {table_name}: table property {name!r} is {text!r}, expected an integer from {low} to {high - 1} "
+            "(docs/cdc.md, 'MySQL without GTIDs, MariaDB: coordinates that go back')"
+        )
+    return value
+
+
+def describe(value: int) -> str:
+    """Binlog coordinates as a person reads them (``file .000003 pos 4521 row 0``, its epoch when not 0)."""
+    epoch, coordinates = divmod(value, EPOCH_STEP)
+    suffix, rest = divmod(coordinates, FILE_STEP)
+    pos, row = divmod(rest, positions.MYSQL_POS_STEP)
+    text = f"file .{suffix:06d} pos {pos} row {row}"
+    return f"{text} (epoch {epoch})" if epoch else text
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """A table's binlog epoch and redelivery reach (its table properties)."""
+
+    table_name: str
+    epoch: int = 0
+    redelivery_files: int = PROPERTY_CDC_BINLOG_REDELIVERY_FILES_DEFAULT
+
+    @classmethod
+    def of(cls, properties: Mapping[str, str], table_name: str) -> Epoch:
+        return cls(
+            table_name,
+            _property(properties, PROPERTY_CDC_BINLOG_EPOCH, 0, 0, EPOCH_LIMIT, table_name),
+            _property(
+                properties, PROPERTY_CDC_BINLOG_REDELIVERY_FILES, PROPERTY_CDC_BINLOG_REDELIVERY_FILES_DEFAULT, 0, 10**6,
+                table_name,
+            ),
+        )  # fmt: skip
+
+    def shift(self, orders: Sequence[Decimal | None]) -> list[Decimal | None] | None:
+        """The orders with the epoch added to every binlog coordinates value (``0 <= v < 10^22``); None: unchanged."""
+        if not self.epoch:
+            return None
+        step = self.epoch * EPOCH_STEP
+        return [v + step if v is not None and 0 <= v < EPOCH_STEP else v for v in orders]
+
+    def _problem(self, change: int, held: int) -> str | None:
+        band = EPOCH_STEP * (EPOCH_LIMIT if self.epoch else 1)  # what this table's changes can be
+        if not (0 <= change < band and 0 <= held < EPOCH_STEP * EPOCH_LIMIT) or change >= held:
+            return None
+        (held_epoch, held_at), (epoch, at) = divmod(held, EPOCH_STEP), divmod(change, EPOCH_STEP)
+        if held_epoch > epoch:
+            return (
+                f"the table holds a change of binlog epoch {held_epoch} for the key, and its table property "
+                f"{PROPERTY_CDC_BINLOG_EPOCH!r} is {self.epoch}: it was lowered or removed, and every later change of "
+                f"a key the table holds would be dropped as stale. Set it back to {held_epoch} or higher"
+            )
+        back = held_at // FILE_STEP - at // FILE_STEP
+        if back <= self.redelivery_files:
+            return None
+        return (
+            f"that is {back} binlog files back, further than a Kafka Connect redelivery goes (table property "
+            f"{PROPERTY_CDC_BINLOG_REDELIVERY_FILES!r}: {self.redelivery_files}). The source's binlog went back -- "
+            "RESET MASTER, a server restored from a backup, a failover to a server without GTIDs -- and every later "
+            "change of a key the table holds would be dropped as stale. Recover: set table property "
+            f"{PROPERTY_CDC_BINLOG_EPOCH!r} to {max(self.epoch, held_epoch) + 1} on this table and on every table of "
+            "the source (the error names each in turn), then restart: every later change is ordered above everything "
+            "committed; have Debezium take a new snapshot (it needs one anyway: its offset names a binlog position "
+            "that is gone), so that the tables get the source's rows again. Or enable GTIDs (gtid_mode=ON, MySQL "
+            "8.0.1+), whose changes are ordered by their commit time. Not a break but changes the table already has "
+            "re-read (a stream started again from older Kafka offsets, a new checkpoint) or a redelivery that truly "
+            f"reaches further back: do not raise the epoch (they would overwrite newer rows); raise "
+            f"{PROPERTY_CDC_BINLOG_REDELIVERY_FILES!r} until they are read, then set it back"
+        )
+
+    def check(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        order: str,
+        held: str,
+        keys: Sequence[str],
+        batch_id: int,
+        what: str = "which the table holds for the key",
+    ) -> None:
+        """``rows``: the changes below the held order of their key (``order``, ``held`` and the key columns; ``what``
+        the held order is): raises SourceRegressionError for the first that is not a redelivery."""
+        for row in rows:
+            change, was = row[order], row[held]
+            if change is None or was is None:
+                continue
+            problem = self._problem(int(change), int(was))
+            if problem is None:
+                continue
+            key = ", ".join(f"{k}={row[k]!r}" for k in keys)
+            raise SourceRegressionError(
+                f"batch {batch_id}: table {self.table_name}: a change of key ({key}) at binlog {describe(int(change))} "
+                f"is below binlog {describe(int(was))}, {what}: {problem}. Nothing was "
+                "committed (docs/cdc.md, 'MySQL without GTIDs, MariaDB: coordinates that go back')"
+            )
