@@ -76,7 +76,9 @@ def test_a_mongodb_record_fails_the_first_batch_naming_the_fix(
     assert not catalogs.load(None, catalog_properties).table_exists(("inventory", "customers"))
 
 
-@pytest.mark.parametrize(("entry", "mode"), [("foreach", "copy-on-write"), ("format", "copy-on-write"), ("foreach", "merge-on-read")])
+@pytest.mark.parametrize(
+    ("entry", "mode"), [("foreach", "copy-on-write"), ("format", "copy-on-write"), ("foreach", "merge-on-read")]
+)
 def test_a_reset_master_stops_the_query_loudly_and_the_binlog_epoch_recovers(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str, mode: str
 ) -> None:
