@@ -10,5 +10,5 @@
 
 The package imports no driver-side code (import contracts in ``make lint``), so the sink's entry points and its
 executor side may both use it.
-docs/cdc.md says what is built and what is not yet (issue 32).
+docs/cdc.md says what each option does, its guarantees and its limits.
 """
