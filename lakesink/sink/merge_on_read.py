@@ -23,6 +23,7 @@ usual write paths, without the stale changes (:func:`without_stale`) -- to the c
 
 from __future__ import annotations
 
+import functools
 import logging
 import pickle
 import re
@@ -55,7 +56,7 @@ from lakesink.executor.position_deletes import (
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, utc_schema
 from lakesink.options import SinkOptions
 from lakesink.table import floats, settings, storage
-from lakesink.table.keys import DELETED, HELD_COLUMN, LOOKUP_PATH, LOOKUP_POS, LOOKUP_SPARK_PATH, LOOKUP_STALE
+from lakesink.table.keys import DELETED, HELD_COLUMN, LOOKUP_BRANCH, LOOKUP_PATH, LOOKUP_POS, LOOKUP_SPARK_PATH, LOOKUP_STALE
 from lakesink.table.keys import ORDER_COLUMN as ORDER
 
 log = logging.getLogger("lakesink")
@@ -63,6 +64,7 @@ log = logging.getLogger("lakesink")
 _KEY = "__lakesink_path_key"
 _SPARK_PATH = LOOKUP_SPARK_PATH
 _CLASH = "__lakesink_null_order"
+_BRANCH = LOOKUP_BRANCH
 
 
 def fallback_reason(table: Table, options: SinkOptions) -> str | None:
@@ -115,12 +117,15 @@ class RoutedLookups:
     def __call__(
         self, requests: Sequence[LookupRequest], *, query_id: str, batch_id: int, run_id: str | None
     ) -> dict[str, MergeLookup]:
+        """Every table's lookup in ONE Spark job: the tables' reads, joins and delete writers are branches of a union
+        whose stages run side by side, so a batch touching many tables pays Spark's per-job cost once, not per table."""
         found: dict[str, MergeLookup] = {}
+        pending: list[tuple[str, _Pending]] = []
         try:
             for r in requests:
                 if not applies(r.table, r.table_name, r.options):
                     continue
-                found[r.table_name], _ = lookup(
+                step = _prepare(
                     self.spark,
                     r.table,
                     schema=r.schema,
@@ -131,7 +136,17 @@ class RoutedLookups:
                     batch_id=batch_id,
                     run_id=run_id,
                 )
+                if isinstance(step, _Pending):
+                    pending.append((r.table_name, step))
+                else:
+                    found[r.table_name] = step[0]
+            results = _run([p for _, p in pending])
+            while pending:
+                name, p = pending.pop(0)  # (a finish that fails deletes its own delete files)
+                found[name] = p.finish(results.pop(0))[0]
         except BaseException:
+            for _, p in pending:  # looked up, not yet taken: their delete files go too
+                p.abort()
             for r in requests:
                 if r.table_name in found:
                     storage.delete_failed_task_files(r.table.io, list(found[r.table_name].paths))
@@ -155,6 +170,105 @@ def lookup(
     head (the module's description), in the schema the batch's files are written in (``schema``: the write plan's);
     returns the lookup and the stale upserts' keys (key columns as the batch spells them, None: none), whose rows must
     not be written (:func:`without_stale`)."""
+    step = _prepare(
+        spark,
+        table,
+        schema=schema,
+        changes=changes,
+        options=options,
+        table_name=table_name,
+        query_id=query_id,
+        batch_id=batch_id,
+        run_id=run_id,
+    )
+    if not isinstance(step, _Pending):
+        return step
+    return step.finish(_run([step])[0])
+
+
+def _run(pending: Sequence[_Pending]) -> list[list[LookupTaskResult]]:
+    """The lookups' Spark plans run as one job (a union, each branch tagged with its index); each one's task results."""
+    results: list[list[LookupTaskResult]] = [[] for _ in pending]
+    if not pending:
+        return results
+    tagged = [p.writes.withColumn(_BRANCH, F.lit(i)) for i, p in enumerate(pending)]
+    for row in functools.reduce(DataFrame.union, tagged).collect():
+        results[row[1]].append(pickle.loads(row[0]))
+    return results
+
+
+@dataclass
+class _Pending:
+    """A table's lookup planned, to run in Spark (:attr:`writes`) and then be finished with its tasks' results."""
+
+    table_name: str
+    batch_id: int
+    keys: upsert.BatchKeys
+    check: upsert_order.OrderCheck | None
+    candidates: Sequence[DataFile]
+    base: int | None
+    target: DeleteTarget
+    writes: DataFrame
+    """The lookup's Spark plan: the delete writers' task results (TASK_RESULT_SCHEMA)."""
+    deletes: tuple[DeleteTaskResult, ...] = ()
+
+    def abort(self) -> None:
+        _abort(self.target, self.deletes)
+
+    def finish(self, results: Sequence[LookupTaskResult]) -> tuple[MergeLookup, pa.Table | None]:
+        keys, check, table_name, batch_id = self.keys, self.check, self.table_name, self.batch_id
+        key_names = [f.name for f in keys.fields]
+        self.deletes = deletes = tuple(d for r in results for d in r.deletes)
+        try:
+            found = matched_rows(results)
+            updated, deleted = 0, 0
+            if found is not None and found.num_rows:
+                _check_found(found, keys, check, table_name, batch_id)
+                found = upsert._cast_like(found, keys.table.select(key_names).schema)
+                distinct = found.group_by([*key_names, DELETED, LOOKUP_STALE]).aggregate([])
+                won = distinct.filter(pc.invert(distinct.column(LOOKUP_STALE)))
+                deleted = int(pc.sum(won.column(DELETED)).as_py() or 0)
+                updated = won.num_rows - deleted
+                lost = distinct.filter(distinct.column(LOOKUP_STALE))
+                if check is not None and lost.num_rows:
+                    check.stale.append(lost.select([*key_names, DELETED]))
+                    check.stale_in_files += int(pc.sum(pc.invert(lost.column(DELETED))).as_py() or 0)
+        except BaseException:
+            self.abort()
+            raise
+        counts = upsert.Rewrite(
+            spec_id=0,
+            inserted=keys.upserts - updated,
+            updated=updated,
+            deleted=deleted,
+            files_considered=len(self.candidates),
+        )
+        log.info(
+            "lakesink: table=%s batch=%s merge-on-read lookup: candidate_files=%s delete_files=%s updated=%s deleted=%s",
+            table_name,
+            batch_id,
+            len(self.candidates),
+            sum(len(d.files) for d in deletes),
+            updated,
+            deleted,
+        )
+        return MergeLookup(keys, check, deletes, self.base, counts), _stale_upserts(keys, check)
+
+
+def _prepare(
+    spark: SparkSession,
+    table: Table,
+    *,
+    schema: Schema,
+    changes: pa.Table,
+    options: SinkOptions,
+    table_name: str,
+    query_id: str,
+    batch_id: int,
+    run_id: str | None,
+) -> _Pending | tuple[MergeLookup, pa.Table | None]:
+    """:func:`lookup`'s driver part: the candidate files from the manifests, and the Spark plan that reads, joins and
+    writes the delete files (:class:`_Pending`); a finished lookup when no file may hold a key of the batch."""
     branch = options.branch
     keys = upsert.BatchKeys(table_name, schema, changes)
     check: upsert_order.OrderCheck | None = None
@@ -216,39 +330,8 @@ def lookup(
     outcome = (*key_names, DELETED, _CLASH, *([HELD_COLUMN] if order_column is not None else []))
     target = delete_target(table, branch=branch, candidates=candidates)
     writer = LookupWriter(target, query_id, batch_id, outcome, run_id)
-    collected = matched.repartition(F.col(LOOKUP_PATH)).mapInArrow(writer, TASK_RESULT_SCHEMA).collect()
-    results: list[LookupTaskResult] = [pickle.loads(r[0]) for r in collected]
-    deletes = tuple(d for r in results for d in r.deletes)
-    try:
-        found = matched_rows(results)
-        updated, deleted = 0, 0
-        if found is not None and found.num_rows:
-            _check_found(found, keys, check, table_name, batch_id)
-            found = upsert._cast_like(found, keys.table.select(key_names).schema)
-            distinct = found.group_by([*key_names, DELETED, LOOKUP_STALE]).aggregate([])
-            won = distinct.filter(pc.invert(distinct.column(LOOKUP_STALE)))
-            deleted = int(pc.sum(won.column(DELETED)).as_py() or 0)
-            updated = won.num_rows - deleted
-            lost = distinct.filter(distinct.column(LOOKUP_STALE))
-            if check is not None and lost.num_rows:
-                check.stale.append(lost.select([*key_names, DELETED]))
-                check.stale_in_files += int(pc.sum(pc.invert(lost.column(DELETED))).as_py() or 0)
-    except BaseException:
-        _abort(target, deletes)
-        raise
-    counts = upsert.Rewrite(
-        spec_id=0, inserted=keys.upserts - updated, updated=updated, deleted=deleted, files_considered=len(candidates)
-    )
-    log.info(
-        "lakesink: table=%s batch=%s merge-on-read lookup: candidate_files=%s delete_files=%s updated=%s deleted=%s",
-        table_name,
-        batch_id,
-        len(candidates),
-        sum(len(d.files) for d in deletes),
-        updated,
-        deleted,
-    )
-    return MergeLookup(keys, check, deletes, base, counts), _stale_upserts(keys, check)
+    writes = matched.repartition(F.col(LOOKUP_PATH)).mapInArrow(writer, TASK_RESULT_SCHEMA)
+    return _Pending(table_name, batch_id, keys, check, candidates, base, target, writes)
 
 
 def without_stale(rows: DataFrame, stale: pa.Table | None) -> DataFrame:

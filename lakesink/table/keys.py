@@ -285,6 +285,8 @@ LOOKUP_STALE = "__lakesink_stale"
 LOOKUP_SPARK_PATH = "__lakesink_spark_path"
 """The data file as Spark names it (``_metadata.file_path``): :data:`LOOKUP_PATH` is null when no candidate file
 matched that name, a loud error."""
+LOOKUP_BRANCH = "__lakesink_lookup"
+"""Which table's lookup a task result belongs to, when a routed batch's lookups run as one Spark job (a union)."""
 TOP_COLUMN = "__lakesink_top"
 """The greatest ``order-by`` value of a key, while a batch is resolved to one row per key."""
 REJECT_COLUMN = "__lakesink_reject"
