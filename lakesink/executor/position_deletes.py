@@ -241,8 +241,6 @@ def _partition_key(values: tuple[Any, ...]) -> tuple[Any, ...]:
     return floats.partition_key(values)
 
 
-
-
 @dataclass(frozen=True)
 class LookupTaskResult:
     """One lookup task's outcome: its position delete files, and the matched rows' other columns (the batch's keys,
@@ -271,29 +269,38 @@ class LookupWriter:
         if ctx is None:
             raise LakesinkError("LookupWriter must run inside a Spark task (df.mapInArrow)")
         ids = TaskIds(self.query_id, self.batch_id, ctx.partitionId(), ctx.taskAttemptId(), self.run_id)
-        writer = PositionDeleteWriter(ids, {self.target.table: self.target})
-        matched: list[pa.RecordBatch] = []
-        try:
-            for batch in batches:
-                if not batch.num_rows:
-                    continue
-                if batch.column(LOOKUP_PATH).null_count:
-                    unnamed = batch.filter(batch.column(LOOKUP_PATH).is_null()).column(LOOKUP_SPARK_PATH)[0].as_py()
-                    raise LakesinkError(
-                        f"table {self.target.table}: Spark read a row of data file {unnamed}, which is none of the "
-                        f"{len(self.target.files)} candidate file(s) by the name the table's manifests give it (a path "
-                        "spelled another way); no position delete was committed"
-                    )
-                live = batch.filter(pc.invert(pc.fill_null(batch.column(LOOKUP_STALE), False)))
-                writer.add(self.target.table, live.column(LOOKUP_PATH), live.column(LOOKUP_POS))
-                matched.append(batch.select([*self.outcome, LOOKUP_STALE]))
-            results = writer.finish()
-        except BaseException:
-            writer.abort()
-            raise
-        yield pa.record_batch(
-            [pa.array([pickle.dumps(LookupTaskResult(tuple(results), _ipc(matched)))], pa.binary())], names=["task_result"]
-        )
+        result = lookup_result(self.target, ids, self.outcome, batches)
+        yield pa.record_batch([pa.array([pickle.dumps(result)], pa.binary())], names=["task_result"])
+
+
+def lookup_result(
+    target: DeleteTarget, ids: TaskIds, outcome: Sequence[str], batches: Iterable[pa.RecordBatch]
+) -> LookupTaskResult:
+    """A lookup's matched rows (``batches``: :data:`LOOKUP_PATH`, :data:`LOOKUP_POS`, :data:`LOOKUP_STALE` and the
+    ``outcome`` columns): the rows of the non-stale ones deleted by position delete files, the ``outcome`` columns of
+    every one kept for the driver -- :class:`LookupWriter`'s work in a Spark task, or in the process that commits when
+    no Spark session is at hand (format("lakesink"): lakesink.sink.merge_on_read.DriverLookups)."""
+    writer = PositionDeleteWriter(ids, {target.table: target})
+    matched: list[pa.RecordBatch] = []
+    try:
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            if batch.column(LOOKUP_PATH).null_count:
+                unnamed = batch.filter(batch.column(LOOKUP_PATH).is_null()).column(LOOKUP_SPARK_PATH)[0].as_py()
+                raise LakesinkError(
+                    f"table {target.table}: Spark read a row of data file {unnamed}, which is none of the "
+                    f"{len(target.files)} candidate file(s) by the name the table's manifests give it (a path "
+                    "spelled another way); no position delete was committed"
+                )
+            live = batch.filter(pc.invert(pc.fill_null(batch.column(LOOKUP_STALE), False)))
+            writer.add(target.table, live.column(LOOKUP_PATH), live.column(LOOKUP_POS))
+            matched.append(batch.select([*outcome, LOOKUP_STALE]))
+        results = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    return LookupTaskResult(tuple(results), _ipc(matched))
 
 
 def _ipc(batches: Sequence[pa.RecordBatch]) -> bytes:

@@ -45,7 +45,7 @@ from lakesink.executor.stream_writer import LakesinkStreamWriter
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.maintenance.auto import auto_maintenance
 from lakesink.options import SinkOptions
-from lakesink.sink import checkpoint, staged
+from lakesink.sink import checkpoint, merge_on_read, staged
 from lakesink.sink.checkpoint import read_query_id, read_source_offsets
 from lakesink.sink.staged import StagedCommitter
 from lakesink.table.routes import Route
@@ -72,7 +72,7 @@ def stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWri
         # raises ConcurrentTableChangeError), so nothing is validated here.
         has_watermark = checkpoint.watermarked(schema)
         return LakesinkStreamWriter(
-            None, StreamCommits(options, TaskResult, functools.partial(_table_committer, options), has_watermark=has_watermark)
+            None, StreamCommits(options, TaskResult, functools.partial(_table_commits, options), has_watermark=has_watermark)
         )
     committer = _table_committer(options)
     stream_schema = arrow_schema_of(schema)
@@ -89,8 +89,8 @@ def stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWri
     commits = StreamCommits(
         options,
         TaskResult,
-        functools.partial(_table_committer, options),
-        committer,
+        functools.partial(_table_commits, options),
+        merge_on_read.TableMergeOnRead(committer),
         query_id=plan.query_id,
         has_watermark=checkpoint.watermarked(schema),
     )
@@ -271,6 +271,14 @@ def _table_committer(options: SinkOptions) -> TableCommitter:
     return TableCommitter(options, post_commit=auto_maintenance)
 
 
+def _table_commits(options: SinkOptions) -> merge_on_read.TableMergeOnRead:
+    """The commits of a worker's batches into one table: merge-on-read tables' keys looked up by that process."""
+    return merge_on_read.TableMergeOnRead(_table_committer(options))
+
+
 def _routed_committer(options: SinkOptions, stream_schema: pa.Schema) -> RoutedCommitter:
-    """Option route-by: the driver side of the sink's batches, with automatic maintenance as each table's hook."""
-    return RoutedCommitter(options, stream_schema, post_commit=auto_maintenance)
+    """Option route-by: the driver side of the sink's batches, with automatic maintenance as each table's hook; a
+    merge-on-read table's keys looked up by the process that commits (no Spark session there)."""
+    routed = RoutedCommitter(options, stream_schema, post_commit=auto_maintenance)
+    routed.merge_lookup = merge_on_read.DriverLookups()
+    return routed

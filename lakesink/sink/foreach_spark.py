@@ -93,9 +93,7 @@ class RoutedSparkBatches:
         (:meth:`_spark_cannot_write`). docs/routing.md, "Spark's own Parquet writer"."""
         if self.options.writer is WriterKind.SPARK:
             return True
-        return (
-            self.options.writer is WriterKind.AUTO and self.options.payload is None and self.options.dead_letter_table is None
-        )
+        return self.options.writer is WriterKind.AUTO and self.options.payload is None and self.options.dead_letter_table is None
 
     def _spark_cannot_write(self, spark: Any, plans: Mapping[str, WritePlan], batch_id: int) -> bool:
         """Whether a table of the batch is one Spark's writer cannot write (a type or transform it lacks, a filesystem

@@ -28,7 +28,7 @@ import logging
 import pickle
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,16 +41,34 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg.io import deletes as seam_deletes
 from lakesink.driver.actions import upsert, upsert_order
+from lakesink.driver.actions.batch import BatchCall, BatchOutcome
 from lakesink.driver.actions.row_delta import delete_target
-from lakesink.driver.actions.upsert_mor import LookupRequest, MergeLookup
+from lakesink.driver.actions.upsert_mor import (
+    DRIVER_LOOKUP_PARTITION_ID,
+    LOOKUP_ATTEMPTS,
+    LookupRequest,
+    MergeLookup,
+    MergeLookups,
+    request_for,
+)
+from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import validation
-from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
+from lakesink.errors import (
+    CommitOutcomeUnknownError,
+    InvalidOptionError,
+    LakesinkError,
+    RowDeltaConflictError,
+    UpsertKeyError,
+)
+from lakesink.executor.messages import TaskIds, TaskResult
 from lakesink.executor.position_deletes import (
     DeleteTarget,
     DeleteTaskResult,
     LookupTaskResult,
     LookupWriter,
+    lookup_result,
     matched_rows,
 )
 from lakesink.executor.task_writer import TASK_RESULT_SCHEMA, utc_schema
@@ -88,10 +106,11 @@ def fallback_reason(table: Table, options: SinkOptions) -> str | None:
     return None
 
 
-def applies(table: Table, table_name: str, options: SinkOptions) -> bool:
+def applies(table: Table, table_name: str, options: SinkOptions, *, by_name: bool = True) -> bool:
     """Whether an upsert batch into ``table`` is applied merge-on-read (its write modes: lakesink.table.settings), else
-    copy-on-write -- also, with a warning, when the lookup cannot read the table's files by name (a key or order-by
-    column renamed: :func:`fallback_reason`). A merge-on-read table of format version 1: InvalidOptionError."""
+    copy-on-write -- also, with a warning, when the lookup reads the table's files by name (``by_name``: Spark's) and
+    cannot (a key or order-by column renamed: :func:`fallback_reason`). A merge-on-read table of format version 1:
+    InvalidOptionError."""
     if not settings.merge_on_read(table_name, table.properties):
         return False
     if table.metadata.format_version < 2:
@@ -99,7 +118,7 @@ def applies(table: Table, table_name: str, options: SinkOptions) -> bool:
             f"table {table_name} says merge-on-read (write.merge.mode), but is Iceberg format version 1, which holds "
             "no delete files; upgrade it (table property format-version=2) or set write.merge.mode=copy-on-write"
         )
-    reason = fallback_reason(table, options)
+    reason = fallback_reason(table, options) if by_name else None
     if reason is not None:
         log.warning("lakesink: table=%s merge-on-read, but the batch is upserted copy-on-write: %s", table_name, reason)
         return False
@@ -154,8 +173,103 @@ class RoutedLookups:
         return found
 
 
+@dataclass(frozen=True)
+class DriverLookups:
+    """``format("lakesink")``'s merge-on-read lookups (one table, or route-by's tables: lakesink.driver.committers.
+    routed.RoutedCommitter.merge_lookup). Spark commits its batches in a Python worker that has no Spark session, so
+    that process looks the keys up itself: it reads the candidate files' key (and order-by) columns only, by field id
+    (a renamed column is read as it is now), each row's position counted in the file, and writes the position delete
+    files -- the same rows and files the executors find and write on foreach_batch (:func:`lookup`). The batch's rows
+    were written by the tasks already: its stale changes are dropped from its own files by the commit."""
+
+    def __call__(
+        self, requests: Sequence[LookupRequest], *, query_id: str, batch_id: int, run_id: str | None
+    ) -> dict[str, MergeLookup]:
+        found: dict[str, MergeLookup] = {}
+        try:
+            for r in requests:
+                if not applies(r.table, r.table_name, r.options, by_name=False):
+                    continue
+                found[r.table_name], _ = lookup(
+                    None,
+                    r.table,
+                    schema=r.schema,
+                    changes=r.changes,
+                    options=r.options,
+                    table_name=r.table_name,
+                    query_id=query_id,
+                    batch_id=batch_id,
+                    run_id=run_id,
+                )
+        except BaseException:
+            for r in requests:
+                if r.table_name in found:
+                    storage.delete_failed_task_files(r.table.io, list(found[r.table_name].paths))
+            raise
+        return {name: replace(one, written_without_stale=False) for name, one in found.items()}
+
+
+class TableMergeOnRead:
+    """``format("lakesink")`` into one table (option upsert-key): the batch's commit (lakesink.sink.datasource.
+    StreamCommits) through its table's committer, a merge-on-read table's keys looked up first (:class:`DriverLookups`)
+    and committed with the rows as one row delta; a lookup out of date at the commit (RowDeltaConflictError) deletes
+    its delete files and looks again on the new head (LOOKUP_ATTEMPTS). Every other batch commits as before."""
+
+    def __init__(self, committer: TableCommitter, lookups: MergeLookups | None = None):
+        self.committer = committer
+        self.lookups: MergeLookups = lookups if lookups is not None else DriverLookups()
+
+    def commit_batch(self, call: BatchCall, results: Sequence[TaskResult]) -> BatchOutcome:
+        c = self.committer
+        if not c.options.upsert_key or c.dead_letters is not None:
+            return c.commit_batch(call, results)  # option dead-letter-table: copy-on-write (docs/upserts.md)
+        for attempt in range(1, LOOKUP_ATTEMPTS + 1):
+            with c.batch_turn():  # this process's maintenance waits from the lookup to the commit
+                found = self._lookup(c.reload_table(), call, results)
+                if found is None:
+                    return c.commit_batch(call, results)
+                try:
+                    return c.commit_batch(call, results, merge=found)
+                except CommitOutcomeUnknownError:
+                    raise  # the delete files may be referenced by a commit the catalog still applies: kept
+                except RowDeltaConflictError as e:
+                    c.abort_deletes(query_id=call.query_id, batch_id=call.batch_id, paths=found.paths)
+                    if attempt == LOOKUP_ATTEMPTS:
+                        raise
+                    log.warning(
+                        "lakesink: table=%s batch=%s: the merge-on-read lookup is out of date (%s); looking the keys up "
+                        "again on the new head (attempt %s of %s)",
+                        c.table_name,
+                        call.batch_id,
+                        e,
+                        attempt + 1,
+                        LOOKUP_ATTEMPTS,
+                    )
+                except BaseException:
+                    c.abort_deletes(query_id=call.query_id, batch_id=call.batch_id, paths=found.paths)
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def abort_batch(self, *, query_id: str | None, batch_id: int, results: Sequence[TaskResult]) -> None:
+        self.committer.abort_batch(query_id=query_id, batch_id=batch_id, results=results)
+
+    def _lookup(self, table: Table, call: BatchCall, results: Sequence[TaskResult]) -> MergeLookup | None:
+        c = self.committer
+        parts = [r.changes for r in results if r.changes]
+        if not parts or any(r.replay_skipped for r in results) or not settings.merge_on_read(c.table_name, table.properties):
+            return None
+        done = c.last(table, call.query_id)
+        if done is not None and done.batch_id >= call.batch_id:
+            return None  # a replay: the commit finds it
+        schema = c.write_plan(table, call.query_id).schema
+        request = request_for(c.table_name, table, parts, schema=schema, options=c.options, batch_id=call.batch_id)
+        if request is None:
+            return None
+        return self.lookups([request], query_id=call.query_id, batch_id=call.batch_id, run_id=call.run_id).get(c.table_name)
+
+
 def lookup(
-    spark: SparkSession,
+    spark: SparkSession | None,
     table: Table,
     *,
     schema: Schema,
@@ -169,7 +283,7 @@ def lookup(
     """The batch's keys (``changes``: lakesink.sink.upsert_batch.ResolvedBatch.keys) looked up in ``table`` at its branch
     head (the module's description), in the schema the batch's files are written in (``schema``: the write plan's);
     returns the lookup and the stale upserts' keys (key columns as the batch spells them, None: none), whose rows must
-    not be written (:func:`without_stale`)."""
+    not be written (:func:`without_stale`). Without ``spark`` this process reads and writes (:class:`DriverLookups`)."""
     step = _prepare(
         spark,
         table,
@@ -191,7 +305,7 @@ def _run(pending: Sequence[_Pending]) -> list[list[LookupTaskResult]]:
     results: list[list[LookupTaskResult]] = [[] for _ in pending]
     if not pending:
         return results
-    tagged = [p.writes.withColumn(_BRANCH, F.lit(i)) for i, p in enumerate(pending)]
+    tagged = [p.writes.withColumn(_BRANCH, F.lit(i)) for i, p in enumerate(pending) if p.writes is not None]
     for row in functools.reduce(DataFrame.union, tagged).collect():
         results[row[1]].append(pickle.loads(row[0]))
     return results
@@ -208,8 +322,8 @@ class _Pending:
     candidates: Sequence[DataFile]
     base: int | None
     target: DeleteTarget
-    writes: DataFrame
-    """The lookup's Spark plan: the delete writers' task results (TASK_RESULT_SCHEMA)."""
+    writes: DataFrame | None
+    """The lookup's Spark plan: the delete writers' task results (TASK_RESULT_SCHEMA); None: looked up here."""
     deletes: tuple[DeleteTaskResult, ...] = ()
 
     def abort(self) -> None:
@@ -256,7 +370,7 @@ class _Pending:
 
 
 def _prepare(
-    spark: SparkSession,
+    spark: SparkSession | None,
     table: Table,
     *,
     schema: Schema,
@@ -268,7 +382,8 @@ def _prepare(
     run_id: str | None,
 ) -> _Pending | tuple[MergeLookup, pa.Table | None]:
     """:func:`lookup`'s driver part: the candidate files from the manifests, and the Spark plan that reads, joins and
-    writes the delete files (:class:`_Pending`); a finished lookup when no file may hold a key of the batch."""
+    writes the delete files (:class:`_Pending`); a finished lookup when no file may hold a key of the batch, or when
+    there is no ``spark`` (this process reads and writes: :func:`_matched_here`)."""
     branch = options.branch
     keys = upsert.BatchKeys(table_name, schema, changes)
     check: upsert_order.OrderCheck | None = None
@@ -296,6 +411,14 @@ def _prepare(
     order_column = check.table_column if check is not None else None
     arrow = utc_schema(seam.arrow_schema(schema))
     read = [*key_names, *([order_column] if order_column is not None and order_column not in key_names else [])]
+    batch_keys = keys.table.select([*key_names, DELETED, *([ORDER] if ORDER in keys.table.column_names else [])])
+    outcome = (*key_names, DELETED, _CLASH, *([HELD_COLUMN] if order_column is not None else []))
+    target = delete_target(table, branch=branch, candidates=candidates)
+    if spark is None:
+        matched_here = _matched_here(table, candidates, applying, schema.select(*read), batch_keys, order_column)
+        ids = TaskIds(query_id, batch_id, DRIVER_LOOKUP_PARTITION_ID, 0, run_id)
+        here = _Pending(table_name, batch_id, keys, check, candidates, base, target, None)
+        return here.finish([lookup_result(target, ids, outcome, matched_here.to_batches())])
     rows = (
         spark.read.schema(from_arrow_schema(pa.schema([arrow.field(n) for n in read])))
         .option("recursiveFileLookup", "true")  # no partition discovery from the folders' names
@@ -310,7 +433,6 @@ def _prepare(
         rows = rows.withColumn(HELD_COLUMN, _col(order_column))
         if order_column not in key_names:
             rows = rows.drop(order_column)
-    batch_keys = keys.table.select([*key_names, DELETED, *([ORDER] if ORDER in keys.table.column_names else [])])
     matched = rows.join(F.broadcast(spark.createDataFrame(batch_keys)), key_names, "inner")
     # each row's data file as the table's manifests name it (Spark names it by its URL-encoded URI)
     files = spark.createDataFrame(
@@ -327,11 +449,65 @@ def _prepare(
         matched = matched.join(gone, [LOOKUP_PATH, LOOKUP_POS], "left_anti")  # rows the table deleted already
     stale, clash = _stale(matched, order_column is not None and ORDER in batch_keys.column_names)
     matched = matched.withColumn(LOOKUP_STALE, stale).withColumn(_CLASH, clash)
-    outcome = (*key_names, DELETED, _CLASH, *([HELD_COLUMN] if order_column is not None else []))
-    target = delete_target(table, branch=branch, candidates=candidates)
     writer = LookupWriter(target, query_id, batch_id, outcome, run_id)
     writes = matched.repartition(F.col(LOOKUP_PATH)).mapInArrow(writer, TASK_RESULT_SCHEMA)
     return _Pending(table_name, batch_id, keys, check, candidates, base, target, writes)
+
+
+def _matched_here(
+    table: Table,
+    candidates: Sequence[DataFile],
+    applying: Sequence[DataFile],
+    read: Schema,
+    batch_keys: pa.Table,
+    order_column: str | None,
+) -> pa.Table:
+    """The Spark plan's matched rows (:func:`_prepare`), found in this process: each candidate's ``read`` columns (key
+    and order-by, by field id: pyiceberg's projection) with each row's position (its index in the file: no row filter,
+    no delete applied), the positions the table's position deletes delete already dropped, joined with the batch's
+    keys; staleness and null-order clashes as :func:`_stale` tells them."""
+    key_names = [n for n in batch_keys.column_names if n not in (DELETED, ORDER)]
+    paths = {f.file_path for f in candidates}
+    gone: dict[str, pa.Array] = {}
+    for d in applying:
+        deleted = seam_deletes.read_position_deletes(table.io, d.file_path)
+        for path, positions in seam_deletes.positions_by_file(
+            seam_deletes.sorted_positions(deleted.column("file_path"), deleted.column("pos"))
+        ).items():
+            if path in paths:
+                gone[path] = pa.concat_arrays([gone[path], positions]) if path in gone else positions
+    key_schema = batch_keys.select(key_names).schema
+    parts: list[pa.Table] = []
+    for f in candidates:
+        rows = seam.read_data_file(table, f, read)
+        stored = upsert._cast_like(rows.select(key_names), key_schema)
+        if order_column is not None:
+            stored = stored.append_column(HELD_COLUMN, rows.column(order_column))
+        stored = stored.append_column(LOOKUP_POS, pa.array(range(rows.num_rows), pa.int64()))
+        if f.file_path in gone:
+            stored = stored.filter(pc.invert(pc.is_in(stored.column(LOOKUP_POS), value_set=gone[f.file_path])))
+        hit = stored.join(batch_keys, key_names, join_type="inner", use_threads=False)
+        parts.append(hit.append_column(LOOKUP_PATH, pa.array([f.file_path] * hit.num_rows, pa.string())))
+    matched = pa.concat_tables(parts, promote_options="permissive")
+    stale, clash = _stale_here(matched, order_column is not None and ORDER in batch_keys.column_names)
+    return matched.append_column(LOOKUP_STALE, stale).append_column(_CLASH, clash)
+
+
+def _stale_here(matched: pa.Table, ordered: bool) -> tuple[pa.Array, pa.Array]:
+    """:func:`_stale` in Arrow: a change older than the row (Spark SQL's order: NaN greatest; a null on either side is
+    no order), and a null change against a non-null row."""
+    if not ordered:
+        none = pa.array([False] * matched.num_rows, pa.bool_())
+        return none, none
+    change = matched.column(ORDER)
+    held = matched.column(HELD_COLUMN)
+    if pa.types.is_null(change.type) or pa.types.is_null(held.type):
+        none = pa.array([False] * matched.num_rows, pa.bool_())
+        return none, pc.and_(held.is_valid(), change.is_null()).combine_chunks()
+    held = pc.cast(held, change.type)
+    stale = pc.fill_null(pc.greater(floats.spark_order(held), floats.spark_order(change)), False)
+    clash = pc.and_(held.is_valid(), change.is_null())
+    return stale.combine_chunks(), clash.combine_chunks()
 
 
 def without_stale(rows: DataFrame, stale: pa.Table | None) -> DataFrame:

@@ -4,7 +4,8 @@ A table whose write modes say merge-on-read (lakesink.table.settings.merge_on_re
 files: Spark's executors read the candidate data files' key columns with their row positions, join them with the batch's
 keys, and write position delete files for the rows the batch replaces or deletes (lakesink.sink.merge_on_read). The
 driver gets a :class:`MergeLookup`: the delete files, the snapshot the positions were read from, and the counts. It never
-reads a data file's rows.
+reads a data file's rows -- except on format("lakesink"), whose commit runs where no Spark session is: that process
+reads the candidates' key columns itself (lakesink.sink.merge_on_read.DriverLookups).
 
 Each commit attempt (lakesink.driver.actions.batch.MergeOnReadBatch) then, against the table that attempt read:
 
@@ -22,6 +23,7 @@ Each commit attempt (lakesink.driver.actions.batch.MergeOnReadBatch) then, again
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -36,11 +38,18 @@ from lakesink.driver.actions import upsert, upsert_order
 from lakesink.driver.loop import validation
 from lakesink.driver.loop.validation import RowDeltaChecks
 from lakesink.errors import RowDeltaConflictError
+from lakesink.executor import upsert_task
 from lakesink.executor.position_deletes import DeleteTaskResult
 from lakesink.options import SinkOptions
+from lakesink.table.keys import UNAVAILABLE_COLUMN
+
+log = logging.getLogger("lakesink")
 
 #: How many times a batch looks its keys up when its commit finds the lookup out of date (RowDeltaConflictError).
 LOOKUP_ATTEMPTS = 4
+#: The partition id in the names of the delete files a lookup writes in the process that commits (format("lakesink"):
+#: lakesink.sink.merge_on_read.DriverLookups), as lakesink.driver.actions.upsert.REWRITE_PARTITION_ID for rewrites.
+DRIVER_LOOKUP_PARTITION_ID = 99995
 
 
 @dataclass(frozen=True)
@@ -128,6 +137,36 @@ class LookupRequest:
     """The keys the batch changes in it (key columns, DELETED, with order-by the order value), merged over the tasks."""
     options: SinkOptions
     """The table's options (its branch, order-by)."""
+
+
+def request_for(
+    table_name: str,
+    table: Table,
+    parts: Sequence[bytes],
+    *,
+    schema: Schema,
+    options: SinkOptions,
+    batch_id: int,
+) -> LookupRequest | None:
+    """The lookup request of a merge-on-read table's share of a batch (``parts``: its tasks' changed keys), or None when
+    the batch upserts it copy-on-write: no change, or changes that keep a column of the stored row (Debezium's
+    unavailable value: read from the rows a copy-on-write rewrites; logged)."""
+    if not parts:
+        return None
+    changes = upsert_task.merge(parts, batch_id=batch_id)
+    if UNAVAILABLE_COLUMN in changes.column_names:
+        if changes.column(UNAVAILABLE_COLUMN).null_count < changes.num_rows:
+            log.warning(
+                "lakesink: table=%s batch=%s: changes keep columns of the stored row (Debezium's unavailable value), "
+                "read from the rows a copy-on-write rewrites: this batch is upserted copy-on-write",
+                table_name,
+                batch_id,
+            )
+            return None
+        changes = changes.drop_columns([UNAVAILABLE_COLUMN])
+    if not changes.num_rows:
+        return None
+    return LookupRequest(table_name, table, schema, changes, options)
 
 
 class MergeLookups(Protocol):

@@ -35,7 +35,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.actions import dead_letters, held, replay
 from lakesink.driver.actions.batch import BatchAction, BatchCall, BatchOutcome, Outcome
 from lakesink.driver.actions.held import Attempt
-from lakesink.driver.actions.upsert_mor import LOOKUP_ATTEMPTS, LookupRequest, MergeLookup, MergeLookups
+from lakesink.driver.actions.upsert_mor import LOOKUP_ATTEMPTS, MergeLookup, MergeLookups, request_for
 from lakesink.driver.committers import routed_tables
 from lakesink.driver.committers.routed_tables import RoutedTables
 from lakesink.driver.committers.table import TableCommitter
@@ -72,7 +72,6 @@ from lakesink.table.keys import (
     SUMMARY_BATCH_ROWS_DIGEST,
     SUMMARY_BATCH_TABLES,
     SUMMARY_BATCH_TABLES_DIGEST,
-    UNAVAILABLE_COLUMN,
 )
 from lakesink.table.markers import CommittedBatch, recorded_rows
 from lakesink.table.routes import Route, batch_routes, route_of, tables_digest
@@ -320,24 +319,13 @@ class RoutedCommitter(RoutedTables):
             parts = [r.changes for r in m.results if r.changes]
             if not parts or any(r.replay_skipped for r in m.results):
                 continue
-            changes = upsert_task.merge(parts, batch_id=call.batch_id)
-            if UNAVAILABLE_COLUMN in changes.column_names:
-                if changes.column(UNAVAILABLE_COLUMN).null_count < changes.num_rows:
-                    log.warning(
-                        "lakesink: table=%s batch=%s: changes keep columns of the stored row (Debezium's unavailable "
-                        "value), read from the rows a copy-on-write rewrites: this batch is upserted copy-on-write",
-                        m.name,
-                        call.batch_id,
-                    )
-                    continue
-                changes = changes.drop_columns([UNAVAILABLE_COLUMN])
-            if not changes.num_rows:
-                continue
             done = m.committer.last(m.table, call.query_id)
             if done is not None and done.batch_id >= call.batch_id:
                 continue  # the table holds the batch already (a replay completing the others): nothing to look up
             schema = m.committer.write_plan(m.table, call.query_id).schema
-            requests.append(LookupRequest(m.name, m.table, schema, changes, m.committer.options))
+            request = request_for(m.name, m.table, parts, schema=schema, options=m.committer.options, batch_id=call.batch_id)
+            if request is not None:
+                requests.append(request)
         if not requests:
             return {}
         run_id = call.run_id
