@@ -136,8 +136,9 @@ class RoutedLookups:
     def __call__(
         self, requests: Sequence[LookupRequest], *, query_id: str, batch_id: int, run_id: str | None
     ) -> dict[str, MergeLookup]:
-        """Every table's lookup in ONE Spark job: the tables' reads, joins and delete writers are branches of a union
-        whose stages run side by side, so a batch touching many tables pays Spark's per-job cost once, not per table."""
+        """The tables' lookups in as few Spark jobs as :func:`_run` makes (the tables' reads, joins and delete writers are
+        branches of a union whose stages run side by side), so that a batch touching many tables does not pay Spark's
+        per-job cost per table; a table whose candidate files are small is looked up where the batch commits."""
         found: dict[str, MergeLookup] = {}
         pending: list[tuple[str, _Pending]] = []
         try:
@@ -300,14 +301,19 @@ def lookup(
     return step.finish(_run([step])[0])
 
 
+#: At most this many tables' lookups in one Spark job: each is a shuffle of its own, and a union of a hundred shuffles
+#: ran many times slower than their jobs one by one (every shuffle stage materialised at once; the JVM's heap thrashed).
+LOOKUPS_PER_JOB = 8
+
+
 def _run(pending: Sequence[_Pending]) -> list[list[LookupTaskResult]]:
-    """The lookups' Spark plans run as one job (a union, each branch tagged with its index); each one's task results."""
+    """The lookups' Spark plans run as few jobs (unions of up to :data:`LOOKUPS_PER_JOB`, each branch tagged with its
+    index); each one's task results."""
     results: list[list[LookupTaskResult]] = [[] for _ in pending]
-    if not pending:
-        return results
     tagged = [p.writes.withColumn(_BRANCH, F.lit(i)) for i, p in enumerate(pending) if p.writes is not None]
-    for row in functools.reduce(DataFrame.union, tagged).collect():
-        results[row[1]].append(pickle.loads(row[0]))
+    for start in range(0, len(tagged), LOOKUPS_PER_JOB):
+        for row in functools.reduce(DataFrame.union, tagged[start : start + LOOKUPS_PER_JOB]).collect():
+            results[row[1]].append(pickle.loads(row[0]))
     return results
 
 
@@ -407,6 +413,10 @@ def _prepare(
         return MergeLookup(keys, check, (), base, counts), _stale_upserts(keys, check)
     positions = [e.data_file for e in entries if e.data_file.content == DataFileContent.POSITION_DELETES]
     applying = _deletes_applying(candidates, positions, specs)
+    if spark is not None:
+        read_bytes = sum(f.file_size_in_bytes for f in (*candidates, *applying))
+        if read_bytes <= settings.TableSettings.parse(table_name, table.properties).driver_lookup_bytes:
+            spark = None  # a few small files: read here, a Spark job would cost more than the read
     key_names = [f.name for f in keys.fields]
     order_column = check.table_column if check is not None else None
     arrow = utc_schema(seam.arrow_schema(schema))

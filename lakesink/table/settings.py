@@ -30,6 +30,8 @@ from lakesink.table.keys import (
     COMPRESSION_LEVEL,
     COPY_ON_WRITE,
     DICT_SIZE,
+    DRIVER_LOOKUP_BYTES,
+    DRIVER_LOOKUP_BYTES_DEFAULT,
     MAINTENANCE_INTERVAL_MS,
     MAINTENANCE_INTERVAL_MS_DEFAULT,
     MANIFEST_MERGE_ENABLED,
@@ -108,6 +110,9 @@ class TableSettings:
     retention: Retention = Retention()
     compact_min_input_files: int = COMPACT_MIN_INPUT_FILES_DEFAULT
     maintenance_interval_ms: int = MAINTENANCE_INTERVAL_MS_DEFAULT
+    driver_lookup_bytes: int = DRIVER_LOOKUP_BYTES_DEFAULT
+    """Merge-on-read: a batch's lookup in this table over candidate files of at most this many bytes runs where the
+    batch commits, not in a Spark job (0: always Spark's executors, on foreach_batch)."""
 
     @classmethod
     def parse(cls, table: str, properties: Mapping[str, str]) -> TableSettings:
@@ -174,6 +179,7 @@ class TableSettings:
             ),
             compact_min_input_files=_int(integer(COMPACT_MIN_INPUT_FILES, COMPACT_MIN_INPUT_FILES_DEFAULT, minimum=2)),
             maintenance_interval_ms=_int(integer(MAINTENANCE_INTERVAL_MS, MAINTENANCE_INTERVAL_MS_DEFAULT, minimum=0)),
+            driver_lookup_bytes=_int(integer(DRIVER_LOOKUP_BYTES, DRIVER_LOOKUP_BYTES_DEFAULT, minimum=0)),
         )
         if problems:
             raise InvalidOptionError(

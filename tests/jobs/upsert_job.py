@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 import lakesink
+from lakesink.table.keys import DRIVER_LOOKUP_BYTES
 from tests.jobs.jvm import local_session
 
 EVENTS_DDL = "eid long, id long, value string, seq long, op string"
@@ -77,7 +78,7 @@ def writer(spark: SparkSession, props: dict[str, str], src: str, ck: str, entry:
             w = w.option(f"catalog.{k}", v)
         w = w.option("upsert-key", "id").option("delete-when", "op = 'd'").option("order-by", "seq")
     elif entry == "foreach-mor":  # a merge-on-read table (tests/sink/test_merge_on_read_spark.py)
-        w = df.writeStream.foreachBatch(upsert_sink(props, {"write.merge.mode": "merge-on-read"}))  # type: ignore[arg-type]
+        w = df.writeStream.foreachBatch(upsert_sink(props, {"write.merge.mode": "merge-on-read", DRIVER_LOOKUP_BYTES: "0"}))  # type: ignore[arg-type]
     else:
         w = df.writeStream.foreachBatch(upsert_sink(props))  # type: ignore[arg-type]
     return w.option("checkpointLocation", ck).trigger(availableNow=True)

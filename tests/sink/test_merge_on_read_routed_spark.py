@@ -26,7 +26,14 @@ from tests.jobs.upsert_job import EVENTS_DDL, ROUTES, route, routed_upsert_sink
 from tests.sink.test_cdc_format_spark import assert_tables_are as assert_cdc_tables_are
 from tests.sink.test_cdc_format_spark import kafka_key
 from tests.sink.test_cdc_format_spark import model as cdc_model
-from tests.sink.test_merge_on_read_spark import compact_elsewhere, delete_files, unreferenced_delete_files
+from tests.sink.test_merge_on_read_spark import (
+    MOR,
+    MOR_HERE,
+    compact_elsewhere,
+    delete_files,
+    looked_up_here,
+    unreferenced_delete_files,
+)
 from tests.sink.test_merge_on_read_spark import model as ordered_model
 from tests.sink.test_upserts_spark import Event, change_stream, rows_of, write_events
 from tests.support.changes import DebeziumRounds, event
@@ -34,7 +41,6 @@ from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots
 
 pytestmark = pytest.mark.spark
 
-MOR = {"write.merge.mode": "merge-on-read"}
 TABLES = [f"db.t{i}" for i in range(ROUTES)]
 MERGE_ON_READ_TABLES = ("db.t0", "db.t1")  # db.t2 stays copy-on-write
 
@@ -88,24 +94,29 @@ def stale_and_newer(stream: Sequence[Sequence[Event]], keys: int) -> list[list[E
     return [stale, newer]
 
 
-@pytest.mark.parametrize("writer", ["auto", "spark"])
+@pytest.mark.parametrize(("writer", "where"), [("auto", "executors"), ("spark", "executors"), ("auto", "driver")])
 def test_routed_upserts_into_merge_on_read_tables_beside_a_copy_on_write_one_equal_the_model(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], writer: str
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], writer: str, where: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Routed upserts, deletes and order-by across batches: the first batch creates the tables (copy-on-write), then two
     of them are set merge-on-read; every later batch commits position deletes there (no data file rewritten), the third
     table stays copy-on-write in the same units; a batch of stale changes is not applied anywhere. ``auto``: the Arrow
-    path (each task resolves its (table, key) rows); ``spark``: Spark resolves them and writes with its own writer."""
+    path (each task resolves its (table, key) rows); ``spark``: Spark resolves them and writes with its own writer.
+    ``where``: the lookups in Spark's executors, or where the batch commits (small files: driver-lookup-bytes)."""
+    here = looked_up_here(monkeypatch)
     stream = change_stream(seed=52, batches=4, per_batch=90, keys=25)
     batches = [*stream, *stale_and_newer(stream, 25)]
     src, ck = tmp_path / "in", tmp_path / "ck"
     write_events(src, batches[:1])
     run(spark, catalog_properties, src, ck, writer)
     for name in MERGE_ON_READ_TABLES:
-        table_of(catalog_properties, name).transaction().set_properties(MOR).commit_transaction()
+        table_of(catalog_properties, name).transaction().set_properties(
+            MOR if where == "executors" else MOR_HERE
+        ).commit_transaction()
     write_events(src, batches[1:], start=1)
     run(spark, catalog_properties, src, ck, writer)
     assert_every_reader_sees(catalog_properties, batches)
+    assert sorted(set(here)) == (sorted(MERGE_ON_READ_TABLES) if where == "driver" else []), here
     for name in MERGE_ON_READ_TABLES:
         assert modes(catalog_properties, name, 1) == ["merge-on-read"] * (len(batches) - 1), name
         table = table_of(catalog_properties, name)

@@ -26,7 +26,7 @@ from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, ENV_FAULTS_DIR
 from lakesink.maintenance import compaction
-from lakesink.table.keys import SUMMARY_UPSERT_MODE, SUMMARY_UPSERT_STALE
+from lakesink.table.keys import DRIVER_LOOKUP_BYTES, SUMMARY_UPSERT_MODE, SUMMARY_UPSERT_STALE
 from tests.jobs.upsert_job import EVENTS_DDL
 from tests.sink.test_upserts_spark import change_stream, rows_of, write_events
 from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, raced, run_to_end
@@ -35,7 +35,10 @@ from tests.support.job_process import start_job
 pytestmark = pytest.mark.spark
 
 Event = dict[str, Any]
-MOR = {"write.merge.mode": "merge-on-read"}
+# looked up by Spark's executors whatever the files' size (the property's default reads a few small files' key columns
+# where the batch commits: MOR_HERE)
+MOR = {"write.merge.mode": "merge-on-read", DRIVER_LOOKUP_BYTES: "0"}
+MOR_HERE = {"write.merge.mode": "merge-on-read"}
 
 
 def model(batches: Sequence[Sequence[Event]]) -> dict[int, tuple[int, str]]:
@@ -52,6 +55,21 @@ def model(batches: Sequence[Sequence[Event]]) -> dict[int, tuple[int, str]]:
                 continue  # stale
             held[key] = (e["seq"], None if e["op"] == "d" else (e["eid"], e["value"]))
     return {k: row for k, (_, row) in held.items() if row is not None}
+
+
+def looked_up_here(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A spy on the lookups done where the batch commits (not in a Spark job): each one's table, as it runs."""
+    from lakesink.sink import merge_on_read
+
+    seen: list[str] = []
+    real = merge_on_read._matched_here
+
+    def spy(table: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(".".join(table.name()))
+        return real(table, *args, **kwargs)
+
+    monkeypatch.setattr(merge_on_read, "_matched_here", spy)
+    return seen
 
 
 def load(props: dict[str, str]) -> Any:
@@ -100,15 +118,24 @@ def compact_elsewhere(props: dict[str, str], name: str) -> str:
     return str(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("partitioned_by", [None, "bucket(4, id)"])
+@pytest.mark.parametrize(
+    ("partitioned_by", "where"), [(None, "executors"), ("bucket(4, id)", "executors"), ("bucket(4, id)", "driver")]
+)
 def test_merge_on_read_change_stream_with_stale_changes_equals_the_model_in_every_reader(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], partitioned_by: str | None
+    spark: Any,
+    tmp_path: Path,
+    catalog_properties: dict[str, str],
+    partitioned_by: str | None,
+    where: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Inserts, updates, deletes, re-inserts, several changes of a key per batch, then a batch of stale changes (older
     than the rows and the deletes the table holds) and a batch of newer ones: every batch a row delta (no data file
     rewritten), position delete files only where rows were replaced, the stale changes counted and not applied; the
     table equals the model in every reader, and after lakesink's compaction too, without delete files. Partitioned: each
-    delete file in its data files' partition (a delete file of another partition would apply to nothing)."""
+    delete file in its data files' partition (a delete file of another partition would apply to nothing). ``where``:
+    the lookup in Spark's executors, or, for candidate files below driver-lookup-bytes, where the batch commits."""
+    here = looked_up_here(monkeypatch)
     stream = change_stream(seed=7, batches=4, per_batch=60, keys=25)
     last_seq = stream[-1][-1]["seq"]
     # stale: every key changed with a seq below everything the stream wrote (updates, deletes, inserts of deleted keys)
@@ -119,9 +146,15 @@ def test_merge_on_read_change_stream_with_stale_changes_equals_the_model_in_ever
     ]
     batches = [*stream, stale, newer]
     write_events(tmp_path / "in", batches)
-    run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties, table_properties=MOR, partitioned_by=partitioned_by))
+    run(
+        spark,
+        tmp_path / "in",
+        tmp_path / "ck",
+        sink(catalog_properties, table_properties=MOR if where == "executors" else MOR_HERE, partitioned_by=partitioned_by),
+    )
     expected = model(batches)
     assert_every_reader_sees(catalog_properties, expected)
+    assert bool(here) == (where == "driver"), here
     table = load(catalog_properties)
     snaps = lakesink_snapshots(table)
     assert [s["batch_id"] for s in snaps] == list(range(len(batches)))

@@ -111,9 +111,7 @@ SQL_KIND = ("sqlalchemy", "pyiceberg.catalog.sql", "lakesink._pyiceberg.sql_cata
 
 def _commit_in_a_fresh_process(props: dict[str, str], forbidden: tuple[str, ...], expected: tuple[str, ...]) -> Any:
     payload = json.dumps([props, list(forbidden), list(expected)])
-    out = subprocess.run(
-        [sys.executable, "-c", _COMMITTING_CHILD, payload], capture_output=True, text=True, timeout=guard(300)
-    )
+    out = subprocess.run([sys.executable, "-c", _COMMITTING_CHILD, payload], capture_output=True, text=True, timeout=guard(300))
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
