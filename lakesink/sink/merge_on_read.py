@@ -28,6 +28,7 @@ import logging
 import pickle
 import re
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -136,42 +137,66 @@ class RoutedLookups:
     def __call__(
         self, requests: Sequence[LookupRequest], *, query_id: str, batch_id: int, run_id: str | None
     ) -> dict[str, MergeLookup]:
-        """The tables' lookups in as few Spark jobs as :func:`_run` makes (the tables' reads, joins and delete writers are
-        branches of a union whose stages run side by side), so that a batch touching many tables does not pay Spark's
-        per-job cost per table; a table whose candidate files are small is looked up where the batch commits."""
-        found: dict[str, MergeLookup] = {}
-        pending: list[tuple[str, _Pending]] = []
-        try:
-            for r in requests:
-                if not applies(r.table, r.table_name, r.options):
-                    continue
-                step = _prepare(
-                    self.spark,
-                    r.table,
-                    schema=r.schema,
-                    changes=r.changes,
-                    options=r.options,
-                    table_name=r.table_name,
-                    query_id=query_id,
-                    batch_id=batch_id,
-                    run_id=run_id,
-                )
-                if isinstance(step, _Pending):
-                    pending.append((r.table_name, step))
-                else:
-                    found[r.table_name] = step[0]
-            results = _run([p for _, p in pending])
-            while pending:
-                name, p = pending.pop(0)  # (a finish that fails deletes its own delete files)
-                found[name] = p.finish(results.pop(0))[0]
-        except BaseException:
-            for _, p in pending:  # looked up, not yet taken: their delete files go too
-                p.abort()
-            for r in requests:
-                if r.table_name in found:
-                    storage.delete_failed_task_files(r.table.io, list(found[r.table_name].paths))
-            raise
-        return found
+        return _look_up(self.spark, requests, query_id=query_id, batch_id=batch_id, run_id=run_id)
+
+
+#: How many tables' lookups are planned (and, for small files, done) at once: reading manifests, an order file and
+#: small data files is mostly waiting on storage, and a batch of a hundred small tables must not wait for each in turn.
+PLANNING_THREADS = 8
+
+
+def _look_up(
+    spark: SparkSession | None, requests: Sequence[LookupRequest], *, query_id: str, batch_id: int, run_id: str | None
+) -> dict[str, MergeLookup]:
+    """Every request's lookup: planned on :data:`PLANNING_THREADS` threads (a table whose candidate files are small, or
+    every table without ``spark``, is looked up right there), the others run in as few Spark jobs as :func:`_run`
+    makes (the tables' reads, joins and delete writers as branches of a union, whose stages run side by side) and then
+    finished. On any error every delete file written for the batch is deleted before it is raised."""
+    wanted = [r for r in requests if applies(r.table, r.table_name, r.options, by_name=spark is not None)]
+    found: dict[str, MergeLookup] = {}
+    pending: list[tuple[str, _Pending]] = []
+    failure: BaseException | None = None
+
+    def plan(r: LookupRequest) -> _Pending | tuple[MergeLookup, pa.Table | None]:
+        return _prepare(
+            spark,
+            r.table,
+            schema=r.schema,
+            changes=r.changes,
+            options=r.options,
+            table_name=r.table_name,
+            query_id=query_id,
+            batch_id=batch_id,
+            run_id=run_id,
+        )
+
+    with ThreadPoolExecutor(max_workers=max(1, min(PLANNING_THREADS, len(wanted))), thread_name_prefix="lakesink-lookup") as pool:
+        futures = [(r.table_name, pool.submit(plan, r)) for r in wanted]
+        for name, future in futures:
+            try:
+                step = future.result()
+            except BaseException as e:  # the others still finish: their delete files are deleted below
+                failure = failure or e
+                continue
+            if isinstance(step, _Pending):
+                pending.append((name, step))
+            else:
+                found[name] = step[0]
+    try:
+        if failure is not None:
+            raise failure
+        results = _run([p for _, p in pending])
+        while pending:
+            name, p = pending.pop(0)  # (a finish that fails deletes its own delete files)
+            found[name] = p.finish(results.pop(0))[0]
+    except BaseException:
+        for _, p in pending:  # looked up, not yet taken: their delete files go too
+            p.abort()
+        for r in wanted:
+            if r.table_name in found:
+                storage.delete_failed_task_files(r.table.io, list(found[r.table_name].paths))
+        raise
+    return found
 
 
 @dataclass(frozen=True)
@@ -186,27 +211,7 @@ class DriverLookups:
     def __call__(
         self, requests: Sequence[LookupRequest], *, query_id: str, batch_id: int, run_id: str | None
     ) -> dict[str, MergeLookup]:
-        found: dict[str, MergeLookup] = {}
-        try:
-            for r in requests:
-                if not applies(r.table, r.table_name, r.options, by_name=False):
-                    continue
-                found[r.table_name], _ = lookup(
-                    None,
-                    r.table,
-                    schema=r.schema,
-                    changes=r.changes,
-                    options=r.options,
-                    table_name=r.table_name,
-                    query_id=query_id,
-                    batch_id=batch_id,
-                    run_id=run_id,
-                )
-        except BaseException:
-            for r in requests:
-                if r.table_name in found:
-                    storage.delete_failed_task_files(r.table.io, list(found[r.table_name].paths))
-            raise
+        found = _look_up(None, requests, query_id=query_id, batch_id=batch_id, run_id=run_id)
         return {name: replace(one, written_without_stale=False) for name, one in found.items()}
 
 
