@@ -309,3 +309,14 @@ def test_no_import_circle_at_any_level_but_the_known_ones() -> None:
     graph = full_import_graph()
     assert "lakesink.driver.report.metrics" in graph["lakesink.driver.committers.table"]  # the graph is not empty
     assert cycles(graph) == KNOWN_CIRCLES
+
+
+def test_no_action_knows_its_committer() -> None:
+    """A batch's commit actions are made from a frozen context (lakesink.driver.actions.batch.SinkContext), as
+    iceberg-rust's ``TransactionAction::commit(&Table)`` knows nothing of its caller: no module of
+    ``lakesink.driver.actions`` imports ``lakesink.driver.committers`` at any level, not even for a type (the layers
+    contract of ``make lint`` does not see ``TYPE_CHECKING`` imports)."""
+    graph = full_import_graph()
+    assert "lakesink.driver.loop.swap" in graph["lakesink.driver.actions.batch"]  # the graph is not empty
+    up = {m: sorted(t for t in graph[m] if t.startswith("lakesink.driver.committers")) for m in graph}
+    assert {m: t for m, t in up.items() if m.startswith("lakesink.driver.actions") and t} == {}
