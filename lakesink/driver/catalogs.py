@@ -114,6 +114,12 @@ def resolve_catalog_properties(name: str | None, overrides: Mapping[str, str]) -
     return name, {k: expand(v, key=k) for k, v in props.items()}
 
 
+def redacted(e: BaseException, name: str | None, overrides: Mapping[str, str]) -> str:
+    """An error's text without the secrets of the catalog of sink options ``catalog_name`` / ``catalog_properties``."""
+    _, props = resolve_catalog_properties(name, overrides)
+    return redact_secrets_in(f"{type(e).__name__}: {e}", props)
+
+
 _lock = threading.Lock()
 _cache: dict[tuple[str, tuple[tuple[str, str], ...]], Catalog] = {}
 _opened_as: dict[int, tuple[str | None, Mapping[str, str]]] = {}

@@ -6,10 +6,14 @@
 - :class:`AppendBatch` (and :class:`OverwriteBatch`, complete mode; :class:`UpsertBatch`, the copy-on-write of an
   upsert batch), :class:`MarkEmptyBatch` (a marker-only commit), :class:`ReplayFoundAtPlan` (a replay that must still
   be there): every one lands when the sink's replay marker on the branch names the batch;
+- :class:`SinkContext`: one sink's table as its actions know it (name, sink id, branch, marker key, settings, the
+  schema change a commit makes), frozen: an action holds no committer, as iceberg-rust's
+  ``TransactionAction::commit(&Table)`` knows nothing of its caller;
 - :class:`Outcome` / :class:`BatchOutcome`: what happened to one batch on one table.
 
 The committer that decides which action a batch is (lakesink.driver.committers.table) and the unit of several tables
-(lakesink.driver.committers.routed) run them through lakesink.driver.loop.swap.
+(lakesink.driver.committers.routed) make them from their :class:`SinkContext` and run them through
+lakesink.driver.loop.swap.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 from pyiceberg.table import Table
@@ -30,14 +34,16 @@ from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import producers as seam_producers
 from lakesink._pyiceberg import row_delta as seam_row_delta
 from lakesink.cdc import unavailable
-from lakesink.driver.actions import completeness, upsert, upsert_mor, upsert_order
+from lakesink.driver import catalogs
+from lakesink.driver.actions import completeness, replay, upsert, upsert_mor, upsert_order
 from lakesink.driver.actions.completeness import BatchTime, Recorded
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
-from lakesink.errors import LakesinkError, ReplayMismatchError
+from lakesink.driver.tables.schema import SchemaChange
+from lakesink.errors import ConcurrentTableChangeError, LakesinkError, ReplayMismatchError
 from lakesink.executor import upsert_task
-from lakesink.executor.messages import TaskResult, WrittenFile
-from lakesink.table import names
+from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile, schema_digest
+from lakesink.table import names, storage
 from lakesink.table.keys import (
     DELETED,
     MERGE_ON_READ,
@@ -56,15 +62,15 @@ from lakesink.table.markers import (
     CommittedBatch,
     SnapshotIndex,
     batch_summary,
+    last_batch_key,
+    last_committed_on_branch,
     offsets_digest,
     recorded_tables,
 )
 from lakesink.table.routes import tables_digest
-from lakesink.table.settings import CommitRetry
+from lakesink.table.settings import CommitRetry, TableSettings
 
 log = logging.getLogger("lakesink")
-if TYPE_CHECKING:  # (lakesink.driver.committers.table imports this module: no import at run time)
-    from lakesink.driver.committers.table import TableCommitter
 
 
 class Outcome(enum.Enum):
@@ -182,6 +188,97 @@ class Batch:
         return names.commit_name(names.BATCH, query_id=self.query_id, batch_id=self.batch_id)
 
 
+@dataclass(frozen=True)
+class SinkContext:
+    """One sink's table as its batch's actions know it, made by its committer (lakesink.driver.committers.table): its
+    name, sink id, branch and options, the dead-letter table its snapshots count their dead letters in. What depends on
+    the table an attempt read -- the sink's last batch there, the table's settings, the schema change the commit makes
+    -- is read from that table by the methods here. One step stays the committer's, passed as a value: ``write_plan``
+    (an upsert's rewrite writes its copies as the batch's tasks do, with the dead-letter table's plan)."""
+
+    name: str
+    sink_id: str | None
+    branch: str
+    write_plan: Callable[[Table, str | None], WritePlan]
+    catalog_name: str | None = None
+    catalog_properties: Mapping[str, str] = field(default_factory=dict)
+    """The sink's options ``catalog_name`` / ``catalog_properties``: whose secrets an error's text leaves out."""
+    order_by: str | None = None
+    """Option order-by."""
+    letters_table: str | None = None
+    """Options dead-letter-table (a table's own, or a routed sink's): the dead-letter table and its sink id, which this
+    table's snapshots record with their count of dead letters."""
+    letters_sink_id: str | None = None
+
+    def redact(self, error: BaseException) -> str:
+        return catalogs.redacted(error, self.catalog_name, self.catalog_properties)
+
+    def marker_key(self, query_id: str) -> str:
+        """The table property of the sink's replay marker for the query."""
+        return last_batch_key(query_id, self.sink_id)
+
+    def settings(self, table: Table) -> TableSettings:
+        """The table's properties lakesink acts on (InvalidOptionError naming each bad one)."""
+        return TableSettings.parse(self.name, table.properties)
+
+    def last(self, table: Table, query_id: str, *, index: SnapshotIndex | None = None) -> CommittedBatch | None:
+        """The sink's last batch on its branch of ``table`` (the replay check)."""
+        return last_committed_on_branch(table.metadata, query_id, self.branch, self.sink_id, index=index)
+
+    def delete(self, table: Table, paths: Sequence[str], *, reason: str) -> None:
+        """Delete files no snapshot references (an orphan clean-up collects those that cannot be deleted)."""
+        for path in paths:
+            try:
+                storage.delete_file(table.io, path)  # a file already gone (an earlier abort) is no error
+            except Exception as e:
+                log.warning("lakesink: could not delete %s (%s); an orphan clean-up collects it", path, self.redact(e))
+        if paths:
+            log.info("lakesink: table=%s deleted %s unreferenced file(s): %s", self.name, len(paths), reason)
+
+    def schema_changes_at_commit(self, table: Table, batch: Batch) -> tuple[SchemaChange, ...]:
+        """The schema changes this commit must make for the files to be registered under the schema and
+        spec they were written for; raise ConcurrentTableChangeError (deleting the files) when the table
+        moved to another schema or spec meanwhile."""
+        written = [r for r in batch.results if r.files]
+        if not written:
+            return ()
+        schema_id = table.metadata.current_schema_id
+        spec_id = table.metadata.default_spec_id
+        current = schema_digest(table.schema())
+        evolved: dict[tuple[object, ...], str] = {}
+        stale_spec = {r.spec_id for r in written} - {spec_id}
+        problem = None
+        if stale_spec:
+            problem = f"files were written for partition spec {sorted(stale_spec)[0]}, the table now has spec {spec_id}"
+        changes: tuple[SchemaChange, ...] = ()
+        for r in written:
+            if problem:
+                break
+            if r.written_schema == current:
+                continue  # written with the table's current schema (perhaps evolved by an earlier batch)
+            if r.schema_changes and r.schema_id == schema_id:
+                # merge-schema: the table is still at the schema the plan evolved; evolve it in this commit
+                key = tuple(r.schema_changes)
+                if key not in evolved:
+                    evolved[key] = schema_digest(seam_producers.evolved_schema(table, r.schema_changes))
+                if evolved[key] != r.written_schema:
+                    problem = "the planned schema evolution no longer gives the schema the files were written with"
+                changes = tuple(r.schema_changes)
+                continue
+            problem = (
+                f"files were written for schema {r.schema_id}"
+                + (" (+ merge-schema changes)" if r.schema_changes else "")
+                + f", the table now has schema {schema_id}"
+            )
+        if problem:
+            self.delete(table, batch.paths, reason="table schema or partition spec changed during the batch")
+            raise ConcurrentTableChangeError(
+                f"table {self.name} changed while the batch was written: {problem}; nothing was committed "
+                "and the files were deleted; restart the query to write with the table's new schema/spec"
+            )
+        return changes
+
+
 def marker_times(recorded: Recorded | None, done: CommittedBatch | None) -> tuple[int | None, int | None]:
     """The watermark and the newest event time committed that a batch's marker records: as the batch recorded them
     (:meth:`BatchAction.recorded`), or, when it had nothing to record, no watermark and the newest event time carried
@@ -216,10 +313,10 @@ class BatchAction(CommitAction):
 
     turn = Turn.BATCH
 
-    def __init__(self, committer: TableCommitter, table: Table, batch: Batch, what: str):
+    def __init__(self, context: SinkContext, table: Table, batch: Batch, what: str):
         self.table = table  # (CommitAction's two attributes, set here: a batch's commit runs no code of the base class)
         self.what = what
-        self.committer = committer
+        self.context = context
         self.batch = batch
         self._index: dict[int, SnapshotIndex] = {}
         self.unit_member = False
@@ -227,14 +324,14 @@ class BatchAction(CommitAction):
 
     @property
     def name(self) -> str:
-        return self.committer.table_name
+        return self.context.name
 
     def as_unit_member(self, tables: Sequence[str] | None) -> BatchAction:
         """This action as one table's commit in a routed batch's unit, whose "already committed?" is the batch's, not
         the table's: the loop asks every action of the unit whether it landed before it swaps any (on every attempt),
         and a table found holding the batch by another call is accepted (:meth:`landed`) only as a faithful replay of
         the whole batch -- another run of the query, not a second sink of this run, over the same source offsets
-        (TableCommitter.check_unit_replay), committed as part of the same set of tables (``tables``: the batch's,
+        (lakesink.driver.actions.replay.check_replay), committed as part of the same set of tables (``tables``: the batch's,
         compared with the digest its marker or snapshot records; None: not compared). Anything else raises before any
         table of the unit is committed; a faithful replay finding the batch in some tables only completes the others."""
         self.unit_member, self._unit_tables = True, sorted(set(tables)) if tables is not None else None
@@ -243,7 +340,7 @@ class BatchAction(CommitAction):
     def done(self, table: Table) -> CommittedBatch | None:
         """The sink's last committed batch in ``table`` (one index of the snapshots per metadata read)."""
         index = self._index.setdefault(id(table.metadata), SnapshotIndex(table.metadata))
-        return self.committer.last(table, self.batch.query_id, index=index)
+        return self.context.last(table, self.batch.query_id, index=index)
 
     def landed(self, table: Table) -> Landing | None:
         done = self.done(table)
@@ -251,7 +348,7 @@ class BatchAction(CommitAction):
             return None
         mine = done.batch_id == self.batch.batch_id and done.commit_id == self.batch.commit_id
         if self.unit_member and not mine:
-            self.committer.check_unit_replay(self, table, done)
+            replay.check_replay(self.context, table, self.batch, done)
             self._check_unit_tables(table, done)
         return Landing(mine=mine, snapshot_id=done.snapshot_id, done=done)
 
@@ -259,13 +356,13 @@ class BatchAction(CommitAction):
         b, tables = self.batch, self._unit_tables
         if tables is None:
             return
-        recorded = recorded_tables(table.metadata, done, b.query_id, b.batch_id, self.committer.options.sink_id)
+        recorded = recorded_tables(table.metadata, done, b.query_id, b.batch_id, self.context.sink_id)
         mine = tables_digest(tables)
         if recorded is None or recorded == mine:
             return
         raise ReplayMismatchError(
             f"Spark replays batch {b.batch_id} of query {b.query_id} into another set of tables than the batch was "
-            f"committed to: table {self.committer.table_name} holds the batch, committed with a set of tables of digest "
+            f"committed to: table {self.context.name} holds the batch, committed with a set of tables of digest "
             f"{recorded}; this replay routes its rows to {len(tables)} table(s) ({', '.join(tables)}; digest "
             f"{mine}). The routing column gives other tables for the same input (it is computed from something that "
             "changed since, e.g. a join or lookup against a table that was updated): skipping the batch would lose "
@@ -276,7 +373,7 @@ class BatchAction(CommitAction):
         )
 
     def retry(self, table: Table) -> CommitRetry:
-        return self.committer.settings(table).commit_retry
+        return self.context.settings(table).commit_retry
 
     def recorded(self, table: Table, statistics: Sequence[Mapping[str, Any]] = ()) -> Recorded | None:
         """What this attempt records about event time: the watermark and the event times of the rows it adds
@@ -288,24 +385,24 @@ class BatchAction(CommitAction):
             return None
         bounds = None
         if t is not None and t.event_time is not None and statistics:
-            c = self.committer
+            c = self.context
             # the schema this commit leaves (merge-schema may add the event-time column in it: issue 30, item 12)
             changes = c.schema_changes_at_commit(table, self.batch)
             schema = seam_producers.evolved_schema(table, changes) if changes else table.schema()
-            field = completeness.event_time_field(schema, t.event_time, c.table_name, table.properties)
+            field = completeness.event_time_field(schema, t.event_time, c.name, table.properties)
             bounds = completeness.event_time_bounds(statistics, field)
         return completeness.record(t, self.done(table), bounds, batch_id=self.batch.batch_id)
 
     def redact(self, error: BaseException) -> str:
-        return self.committer.redact(error)
+        return self.context.redact(error)
 
 
 class ReplayFoundAtPlan(BatchAction):
     """A batch found committed when it was planned (nothing was written): the loop's check must find it again;
     there is nothing to prepare."""
 
-    def __init__(self, committer: TableCommitter, table: Table, batch: Batch):
-        super().__init__(committer, table, batch, f"replay of batch {batch.batch_id} of query {batch.query_id}")
+    def __init__(self, context: SinkContext, table: Table, batch: Batch):
+        super().__init__(context, table, batch, f"replay of batch {batch.batch_id} of query {batch.query_id}")
 
     def landed(self, table: Table) -> Landing | None:
         found = super().landed(table)
@@ -313,7 +410,7 @@ class ReplayFoundAtPlan(BatchAction):
             done = self.done(table)
             raise LakesinkError(
                 f"batch {self.batch.batch_id} of query {self.batch.query_id} was skipped as already committed when it "
-                f"was planned, but table {self.committer.table_name} no longer holds it (last batch found: "
+                f"was planned, but table {self.context.name} no longer holds it (last batch found: "
                 f"{done.batch_id if done else 'none'}; was the table or branch rolled back?). Nothing was written; "
                 "restart the query to write the batch"
             )
@@ -328,16 +425,16 @@ class MarkEmptyBatch(BatchAction):
     read. The next snapshot of the sink then carries ``lakesink.previous-batch-id``, so that a missing batch id can
     be told from an empty batch (``lakesink verify``)."""
 
-    def __init__(self, committer: TableCommitter, table: Table, batch: Batch):
+    def __init__(self, context: SinkContext, table: Table, batch: Batch):
         super().__init__(
-            committer,
+            context,
             table,
             batch,
-            f"recording empty batch {batch.batch_id} of query {batch.query_id} in {committer.table_name}",
+            f"recording empty batch {batch.batch_id} of query {batch.query_id} in {context.name}",
         )
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
-        branch = self.committer.options.branch
+        branch = self.context.branch
         head = table.metadata.snapshot_by_name(branch)
         watermark, event_time_max = marker_times(self.recorded(table), self.done(table))
         marker = CommittedBatch(
@@ -354,7 +451,7 @@ class MarkEmptyBatch(BatchAction):
             rows=self.batch.unit.get(SUMMARY_BATCH_ROWS_DIGEST),
         )
         return seam_producers.prepare_properties_at_head(
-            table, {**self.batch.properties, self.committer.marker_key(self.batch): marker.to_property()}, branch=branch
+            table, {**self.batch.properties, self.context.marker_key(self.batch.query_id): marker.to_property()}, branch=branch
         )
 
 
@@ -363,17 +460,15 @@ class AppendBatch(BatchAction):
 
     overwrite = False
 
-    def __init__(self, committer: TableCommitter, table: Table, batch: Batch):
-        super().__init__(
-            committer, table, batch, f"commit of batch {batch.batch_id} of query {batch.query_id} to {committer.table_name}"
-        )
+    def __init__(self, context: SinkContext, table: Table, batch: Batch):
+        super().__init__(context, table, batch, f"commit of batch {batch.batch_id} of query {batch.query_id} to {context.name}")
         self.summary = batch_summary(
             batch.query_id,
             batch.batch_id,
             batch.commit_id,
             batch.source_offsets,
             started_ms=int(time.time() * 1000),
-            sink_id=committer.options.sink_id,
+            sink_id=context.sink_id,
             run_id=batch.run_id,
         )
         self.data_files = [
@@ -392,7 +487,7 @@ class AppendBatch(BatchAction):
             self.batch.batch_id,
             snapshot_id,
             self.batch.commit_id,
-            branch=self.committer.options.branch,
+            branch=self.context.branch,
             run_id=self.batch.run_id,
             offsets=offsets_digest(self.batch.source_offsets),
             watermark=self._times[0],
@@ -400,21 +495,21 @@ class AppendBatch(BatchAction):
             tables=self.batch.unit.get(SUMMARY_BATCH_TABLES_DIGEST),
             rows=self.batch.unit.get(SUMMARY_BATCH_ROWS_DIGEST),
         )
-        return {**self.batch.properties, self.committer.marker_key(self.batch): marker.to_property()}
+        return {**self.batch.properties, self.context.marker_key(self.batch.query_id): marker.to_property()}
 
     def attempt_summary(self, table: Table, attempt: int) -> dict[str, str]:
         done = self.done(table)
         recorded = self.recorded(table, [f.statistics for f in self.batch.files])
         self._times = marker_times(recorded, done)
-        letters = self.committer.dead_letters or self.committer.routed_dead_letters
+        letters = self.context.letters_table
         return {
             **self.summary,
             **(recorded.summary if recorded is not None else {}),
             **(
                 {
                     SUMMARY_DEAD_LETTERS: str(sum(r.rejected for r in self.batch.results)),
-                    SUMMARY_DEAD_LETTER_TABLE: letters.table_name,
-                    SUMMARY_DEAD_LETTER_SINK: letters.options.sink_id or "",
+                    SUMMARY_DEAD_LETTER_TABLE: letters,
+                    SUMMARY_DEAD_LETTER_SINK: self.context.letters_sink_id or "",
                 }
                 if letters is not None
                 else {}
@@ -425,7 +520,7 @@ class AppendBatch(BatchAction):
         }
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
-        schema_changes = self.committer.schema_changes_at_commit(table, self.batch)
+        schema_changes = self.context.schema_changes_at_commit(table, self.batch)
         return seam_producers.prepare_snapshot(
             table,
             commit=self.batch.commit_name(),
@@ -434,9 +529,9 @@ class AppendBatch(BatchAction):
             overwrite=self.overwrite,
             summary=self.attempt_summary(table, attempt),
             properties=self.properties,
-            branch=self.committer.options.branch,
+            branch=self.context.branch,
             schema_changes=schema_changes,
-            manifest_merge=self.committer.settings(table).manifest_merge,
+            manifest_merge=self.context.settings(table).manifest_merge,
         )
 
 
@@ -452,8 +547,8 @@ class TruncateBatch(OverwriteBatch):
     replaces the table's (lakesink.driver.actions.upsert_order.truncated): a later batch's change below ``at`` is older
     than the truncate and stale, whatever its key."""
 
-    def __init__(self, committer: TableCommitter, table: Table, batch: Batch, at: Decimal):
-        super().__init__(committer, table, batch)
+    def __init__(self, context: SinkContext, table: Table, batch: Batch, at: Decimal):
+        super().__init__(context, table, batch)
         self.at = at
         self.order_properties: dict[str, str] = {}
 
@@ -461,12 +556,12 @@ class TruncateBatch(OverwriteBatch):
         return {**super().properties(snapshot_id), **self.order_properties}
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
-        c, batch = self.committer, self.batch
-        assert c.options.order_by is not None
-        floor = upsert_order.truncate_floor(table, c.options.branch, c.table_name)
+        c, batch = self.context, self.batch
+        assert c.order_by is not None
+        floor = upsert_order.truncate_floor(table, c.branch, c.name)
         if floor is not None and floor >= self.at:
             raise LakesinkError(
-                f"table {c.table_name}: batch {batch.batch_id} of query {batch.query_id} truncates it at source position "
+                f"table {c.name}: batch {batch.batch_id} of query {batch.query_id} truncates it at source position "
                 f"{self.at}, but a commit since it was planned truncated it at {floor}: another writer applies the same "
                 "change stream. Nothing was committed; let one query write the table, and restart this one"
             )
@@ -481,10 +576,10 @@ class TruncateBatch(OverwriteBatch):
             schema,
             changes,
             at=self.at,
-            order_by=c.options.order_by,
-            branch=c.options.branch,
+            order_by=c.order_by,
+            branch=c.branch,
             commit=commit,
-            table_name=c.table_name,
+            table_name=c.name,
         )
         return seam_producers.prepare_snapshot(
             table,
@@ -494,7 +589,7 @@ class TruncateBatch(OverwriteBatch):
             overwrite=True,
             summary={**self.attempt_summary(table, attempt), SUMMARY_UPSERT_ORDER_FILE: path},
             properties=self.properties,
-            branch=c.options.branch,
+            branch=c.branch,
             schema_changes=schema_changes,
             manifest_merge=c.settings(table).manifest_merge,
             owned=(path,),
@@ -505,8 +600,8 @@ class UpsertBatch(AppendBatch):
     """An upsert batch: the files of the attempt's table that hold the batch's keys are rewritten without them (copy
     on write, validated against what was committed since, on every attempt), in the same snapshot as its rows."""
 
-    def __init__(self, committer: TableCommitter, table: Table, batch: Batch):
-        super().__init__(committer, table, batch)
+    def __init__(self, context: SinkContext, table: Table, batch: Batch):
+        super().__init__(context, table, batch)
         self.rewrites: list[upsert.Rewrite] = []
         self.order_properties: dict[str, str] = {}
         self.replaced: set[str] = set()
@@ -519,14 +614,14 @@ class UpsertBatch(AppendBatch):
         return {**super().properties(snapshot_id), **self.order_properties}
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
-        c, batch = self.committer, self.batch
+        c, batch = self.context, self.batch
         assert batch.changes is not None
         schema_changes = c.schema_changes_at_commit(table, batch)
         # rewrite the files of this attempt's table that hold the batch's keys, in the schema this commit gives the
         # table (with merge-schema, a key widened int -> long by this very batch: its keys cast to the old type
         # failed the batch at every restart)
         schema = seam_producers.evolved_schema(table, schema_changes) if schema_changes else table.schema()
-        keys = upsert.BatchKeys(c.table_name, schema, batch.changes)
+        keys = upsert.BatchKeys(c.name, schema, batch.changes)
         plan = c.write_plan(table, batch.query_id)
         if schema_changes:
             plan = replace(plan, schema=schema, schema_changes=schema_changes)
@@ -535,8 +630,8 @@ class UpsertBatch(AppendBatch):
             table,
             schema,
             keys,
-            order_by=c.options.order_by,
-            branch=c.options.branch,
+            order_by=c.order_by,
+            branch=c.branch,
             plan=plan,
             batch_id=batch.batch_id,
             attempt=attempt,
@@ -579,7 +674,7 @@ class UpsertBatch(AppendBatch):
             owned=[*rewrite.paths, *done.written, *filled],
             summary={**self.attempt_summary(table, attempt), **upsert.summary(rewrite), **done.summary},
             properties=self.properties,
-            branch=c.options.branch,
+            branch=c.branch,
             schema_changes=schema_changes,
             manifest_merge=c.settings(table).manifest_merge,
         )
@@ -590,8 +685,8 @@ class MergeOnReadBatch(AppendBatch):
     rows it replaces or deletes, one row delta (lakesink.driver.actions.upsert_mor), validated on every attempt against
     what was committed since the lookup; with option order-by, the order file brought up to date in the same commit."""
 
-    def __init__(self, committer: TableCommitter, table: Table, batch: Batch):
-        super().__init__(committer, table, batch)
+    def __init__(self, context: SinkContext, table: Table, batch: Batch):
+        super().__init__(context, table, batch)
         assert batch.merge is not None
         self.merge = batch.merge
         self.order_properties: dict[str, str] = {}
@@ -608,8 +703,8 @@ class MergeOnReadBatch(AppendBatch):
         return {**super().properties(snapshot_id), **self.order_properties}
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
-        c, batch, m = self.committer, self.batch, self.merge
-        upsert_mor.validate(table, branch=c.options.branch, lookup=m, table_name=c.table_name)
+        c, batch, m = self.context, self.batch, self.merge
+        upsert_mor.validate(table, branch=c.branch, lookup=m, table_name=c.name)
         schema_changes = c.schema_changes_at_commit(table, batch)
         schema = seam_producers.evolved_schema(table, schema_changes) if schema_changes else table.schema()
         commit = batch.commit_name()
@@ -623,7 +718,7 @@ class MergeOnReadBatch(AppendBatch):
                 rewrite=m.counts,
                 data_files=self.data_files,
                 plan=plan,
-                branch=c.options.branch,
+                branch=c.branch,
                 commit=commit,
                 attempt=attempt,
                 written_without_stale=m.written_without_stale,
@@ -645,7 +740,7 @@ class MergeOnReadBatch(AppendBatch):
                 **done.summary,
             },
             properties=self.properties,
-            branch=c.options.branch,
+            branch=c.branch,
             schema_changes=schema_changes,
             manifest_merge=c.settings(table).manifest_merge,
             commit=commit,
@@ -655,7 +750,7 @@ class MergeOnReadBatch(AppendBatch):
 
 
 def action_for(
-    committer: TableCommitter,
+    context: SinkContext,
     table: Table,
     batch: Batch,
     *,
@@ -669,8 +764,8 @@ def action_for(
     dead-letter table: a replay that must still be there (``found_at_plan``: the batch was found committed when it was
     planned, or by every task), an upsert (the batch changes keys), an overwrite of everything live (complete mode:
     ``overwrite``), an empty batch's marker (no file, and no dead letter to count: ``records_letters``), or its files
-    appended. The committers run it (lakesink.driver.committers): a table's alone or with its dead letters, a routed
-    batch's as one unit of every table's.
+    appended; made from the table's ``context``. The committers run it (lakesink.driver.committers): a table's alone
+    or with its dead letters, a routed batch's as one unit of every table's.
 
     ``truncate`` (option cdc-format, Debezium's op ``t``): the batch holds only the table's changes after its truncate
     (foreach_batch dropped the ones before it: lakesink.sink.truncates), and its part of the unit is those rows
@@ -682,36 +777,36 @@ def action_for(
     below the floor stale too).
     """
     if found_at_plan:
-        return ReplayFoundAtPlan(committer, table, batch)
-    if truncate and committer.options.order_by is not None and truncate_at is not None:
-        floor = upsert_order.truncate_floor(table, committer.options.branch, committer.table_name)
+        return ReplayFoundAtPlan(context, table, batch)
+    if truncate and context.order_by is not None and truncate_at is not None:
+        floor = upsert_order.truncate_floor(table, context.branch, context.name)
         if floor is None or truncate_at > floor:
-            _nothing_to_keep(committer, batch)
-            return TruncateBatch(committer, table, batch, truncate_at)
+            _nothing_to_keep(context, batch)
+            return TruncateBatch(context, table, batch, truncate_at)
         log.info(
             "table %s: batch %s's truncate at %s is not newer than its last (%s): not applied",
-            committer.table_name,
+            context.name,
             batch.batch_id,
             truncate_at,
             floor,
         )
         truncate = False
     if truncate:
-        _nothing_to_keep(committer, batch)
-        return OverwriteBatch(committer, table, batch)
+        _nothing_to_keep(context, batch)
+        return OverwriteBatch(context, table, batch)
     if batch.changes is not None:
-        return MergeOnReadBatch(committer, table, batch) if batch.merge is not None else UpsertBatch(committer, table, batch)
+        return MergeOnReadBatch(context, table, batch) if batch.merge is not None else UpsertBatch(context, table, batch)
     if overwrite:
-        return OverwriteBatch(committer, table, batch)
+        return OverwriteBatch(context, table, batch)
     if not batch.files and not records_letters:
-        return MarkEmptyBatch(committer, table, batch)
-    return AppendBatch(committer, table, batch)
+        return MarkEmptyBatch(context, table, batch)
+    return AppendBatch(context, table, batch)
 
 
-def _nothing_to_keep(committer: TableCommitter, batch: Batch) -> None:
+def _nothing_to_keep(context: SinkContext, batch: Batch) -> None:
     """A truncating batch replaces everything live: a change after the truncate keeping a column of the key's row
     (Debezium's unavailable value, not filled by an earlier change of the batch) has no row to keep it from."""
     if batch.changes is None or UNAVAILABLE_COLUMN not in batch.changes.column_names:
         return
     key = [n for n in batch.changes.column_names if n not in (DELETED, ORDER_COLUMN, UNAVAILABLE_COLUMN)]
-    unavailable.check_held(unavailable.wanted(batch.changes, key), {}, key, table=committer.table_name)
+    unavailable.check_held(unavailable.wanted(batch.changes, key), {}, key, table=context.name)

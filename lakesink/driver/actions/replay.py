@@ -6,23 +6,52 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pyiceberg.table import Table
 
-from lakesink.driver.actions.batch import Batch
 from lakesink.errors import DuplicateSinkError, ReplayMismatchError
-from lakesink.options import SINK_ID
+from lakesink.options import SINK_ID, SinkOptions
 from lakesink.table.keys import SUMMARY_SOURCE_OFFSETS
 from lakesink.table.markers import CommittedBatch, find_batch_snapshot, offsets_digest, recorded_rows
-
-if TYPE_CHECKING:  # (lakesink.driver.committers.table imports this module: no import at run time)
-    from lakesink.driver.committers.table import TableCommitter
 
 log = logging.getLogger("lakesink")
 
 
-def check_replay(c: TableCommitter, table: Table, batch: Batch, done: CommittedBatch) -> None:
+class Sink(Protocol):
+    """What a replay check reads of the sink (lakesink.driver.actions.batch.SinkContext)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def sink_id(self) -> str | None: ...
+
+
+class Call(Protocol):
+    """What a replay check reads of the batch (lakesink.driver.actions.batch.Batch)."""
+
+    @property
+    def query_id(self) -> str: ...
+
+    @property
+    def batch_id(self) -> int: ...
+
+    @property
+    def run_id(self) -> str | None: ...
+
+    @property
+    def source_offsets(self) -> str | None: ...
+
+
+class Options(Protocol):
+    """A table's sink as :func:`counted_only` reads it (its options)."""
+
+    @property
+    def options(self) -> SinkOptions: ...
+
+
+def check_replay(c: Sink, table: Table, batch: Call, done: CommittedBatch) -> None:
     """A batch found committed is skipped only when it is a faithful replay of the committed one.
 
     Raises DuplicateSinkError when the batch was committed by the same run of the query (a second sink with
@@ -30,8 +59,8 @@ def check_replay(c: TableCommitter, table: Table, batch: Batch, done: CommittedB
     """
     if batch.run_id is not None and done.batch_id == batch.batch_id and done.run_id == batch.run_id:
         raise DuplicateSinkError(
-            f"batch {batch.batch_id} of query {batch.query_id} was already committed to {c.table_name} by this "
-            f"same run of the query under sink id {c.options.sink_id or '(default)'}: two sinks of one query "
+            f"batch {batch.batch_id} of query {batch.query_id} was already committed to {c.name} by this "
+            f"same run of the query under sink id {c.sink_id or '(default)'}: two sinks of one query "
             "write this table in the same batch (two lakesink calls in one foreachBatch function, or two "
             "foreach_batch objects). Each would be taken for a replay of the other and skipped. Give each sink its "
             f"own sink_id (foreach_batch(..., sink_id='audit') / option '{SINK_ID}'): keep the sink that committed "
@@ -45,7 +74,7 @@ def check_replay(c: TableCommitter, table: Table, batch: Batch, done: CommittedB
         log.warning(
             "lakesink: table=%s query=%s batch=%s is already committed; its source offsets cannot be compared "
             "(%s), so it is skipped as a replay of the same input",
-            c.table_name,
+            c.name,
             batch.query_id,
             batch.batch_id,
             "the checkpoint's offsets of the batch are not readable"
@@ -56,7 +85,7 @@ def check_replay(c: TableCommitter, table: Table, batch: Batch, done: CommittedB
     if digest != mine:
         raise ReplayMismatchError(
             f"Spark replays batch {batch.batch_id} of query {batch.query_id} over other source offsets than the "
-            f"batch committed to {c.table_name}: committed {committed or '(digest ' + digest + ')'}, replayed "
+            f"batch committed to {c.name}: committed {committed or '(digest ' + digest + ')'}, replayed "
             f"{batch.source_offsets}. The checkpoint was changed by hand (offsets/{batch.batch_id} rewritten) or a "
             "source's rate limit changed: skipping the batch would lose the new rows, committing it would duplicate "
             "the committed ones. Nothing was committed or deleted. To recover: restore the checkpoint's "
@@ -65,13 +94,13 @@ def check_replay(c: TableCommitter, table: Table, batch: Batch, done: CommittedB
         )
 
 
-def _committed_offsets(c: TableCommitter, table: Table, batch: Batch, done: CommittedBatch) -> tuple[str | None, str | None]:
+def _committed_offsets(c: Sink, table: Table, batch: Call, done: CommittedBatch) -> tuple[str | None, str | None]:
     """The committed batch's source offsets (full text when its snapshot is still there) and their digest."""
     if done.batch_id == batch.batch_id:
         snapshot = None if done.empty else table.metadata.snapshot_by_id(done.snapshot_id)
         props = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
         return props.get(SUMMARY_SOURCE_OFFSETS), done.offsets
-    snapshot = find_batch_snapshot(table.metadata, batch.query_id, batch.batch_id, c.options.sink_id)
+    snapshot = find_batch_snapshot(table.metadata, batch.query_id, batch.batch_id, c.sink_id)
     if snapshot is None:
         return None, None
     props = snapshot.summary.additional_properties if snapshot.summary else {}
@@ -80,7 +109,7 @@ def _committed_offsets(c: TableCommitter, table: Table, batch: Batch, done: Comm
 
 
 def counted_only(
-    held: Sequence[tuple[str, TableCommitter, Table, CommittedBatch]], missing: Sequence[str], query_id: str, batch_id: int
+    held: Sequence[tuple[str, Options, Table, CommittedBatch]], missing: Sequence[str], query_id: str, batch_id: int
 ) -> list[str]:
     """Of the tables holding a batch that a replay finds in some of its tables only (``missing``: the others), those
     whose commit recorded its rows as a count alone (``lakesink.batch-rows-digest`` ``<rows>``: route-by with

@@ -59,7 +59,6 @@ from lakesink.executor.routed_writer import (
 )
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.options import ATOMIC, Atomic, Routing, SinkOptions
-from lakesink.redaction import redact_secrets_in
 from lakesink.table import dead_letters as dead_letter_schema
 from lakesink.table import names as file_names
 from lakesink.table import partitioning, storage
@@ -337,8 +336,7 @@ class RoutedTables(ABC):
             ) from None
 
     def _redact(self, e: BaseException) -> str:
-        _, props = catalogs.resolve_catalog_properties(self.options.catalog_name, self.options.catalog_properties)
-        return redact_secrets_in(f"{type(e).__name__}: {e}", props)
+        return catalogs.redacted(e, self.options.catalog_name, self.options.catalog_properties)
 
     def _delete_staged(self, results: Sequence[TaskResult]) -> None:
         template = self.template()

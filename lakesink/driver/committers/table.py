@@ -21,7 +21,6 @@ import pyarrow as pa
 from pyiceberg.table import Table
 
 from lakesink._pyiceberg import io as seam
-from lakesink._pyiceberg import producers as seam_producers
 from lakesink.driver import catalogs
 from lakesink.driver.actions import dead_letters, replay
 from lakesink.driver.actions.batch import (
@@ -34,6 +33,7 @@ from lakesink.driver.actions.batch import (
     MergeOnReadBatch,
     Outcome,
     ReplayFoundAtPlan,
+    SinkContext,
     UpsertBatch,
     action_for,
     committed,
@@ -43,24 +43,19 @@ from lakesink.driver.loop import guard, swap
 from lakesink.driver.loop.action import CommitAction
 from lakesink.driver.loop.swap import RetriesExhausted, Status
 from lakesink.driver.report import metrics
-from lakesink.driver.tables.schema import SchemaChange
 from lakesink.driver.tables.sink_table import SinkTable
 from lakesink.errors import (
     CommitConflictError,
     CommitOutcomeUnknownError,
-    ConcurrentTableChangeError,
     DuplicateSinkError,
     LakesinkError,
 )
-from lakesink.executor.messages import RowChecks, TaskResult, WritePlan, schema_digest
+from lakesink.executor.messages import RowChecks, TaskResult, WritePlan
 from lakesink.faults import DRIVER_IN_ABORT, fault_point
 from lakesink.options import OutputMode, SinkOptions
 from lakesink.table import dead_letters as dead_letter_schema
-from lakesink.table import storage
 from lakesink.table.markers import (
-    CommittedBatch,
     find_batch_snapshot,
-    last_batch_key,
 )
 
 log = logging.getLogger("lakesink")
@@ -96,6 +91,23 @@ class TableCommitter(SinkTable):
         self.routed_dead_letters: TableCommitter | None = None
         """Option route-by with dead-letter-table: the routed sink's one dead-letter table (lakesink.driver.committers.routed
         commits it in the batch's unit); this table's snapshots record their count of dead letters in it."""
+
+    @property
+    def context(self) -> SinkContext:
+        """This table as its batch's actions know it (lakesink.driver.actions.batch.SinkContext), made for every batch:
+        a routed sink gives its tables their dead-letter table after making them."""
+        o, letters = self.options, self.dead_letters or self.routed_dead_letters
+        return SinkContext(
+            name=self.table_name,
+            sink_id=o.sink_id,
+            branch=o.branch,
+            write_plan=self.write_plan,
+            catalog_name=o.catalog_name,
+            catalog_properties=o.catalog_properties,
+            order_by=o.order_by,
+            letters_table=letters.table_name if letters is not None else None,
+            letters_sink_id=letters.options.sink_id if letters is not None else None,
+        )
 
     # --- plan ---------------------------------------------------------------------------------------
 
@@ -158,7 +170,7 @@ class TableCommitter(SinkTable):
     def append_action(self, table: Table, call: BatchCall, results: Sequence[TaskResult]) -> AppendBatch:
         """The action that appends a batch's files to this sink's table, for a unit of several tables
         (:func:`lakesink.driver.loop.swap.run_unit`); ``table``: the table as read for its first attempt."""
-        return AppendBatch(self, table, Batch.new(call, results))
+        return AppendBatch(self.context, table, Batch.new(call, results))
 
     # --- a batch of several tables (option route-by: lakesink.driver.committers.routed) --------------------------------------
 
@@ -183,7 +195,7 @@ class TableCommitter(SinkTable):
         or, with ``merge`` (a merge-on-read table's lookup of those keys), its :class:`MergeOnReadBatch`."""
         batch = Batch.new(call, results, unit=unit, properties=properties, merge=merge)
         found = _found(results, found_at_plan)
-        return action_for(self, table, batch, found_at_plan=found, truncate=truncate, truncate_at=truncate_at)
+        return action_for(self.context, table, batch, found_at_plan=found, truncate=truncate, truncate_at=truncate_at)
 
     def action_without_files(
         self, table: Table, call: BatchCall, *, found_at_plan: bool, properties: Mapping[str, str] | None = None
@@ -250,7 +262,7 @@ class TableCommitter(SinkTable):
             self._letters_deleted(batch, reason="the batch failed before its commit")
             raise
         action = action_for(
-            self,
+            self.context,
             table,
             batch,
             found_at_plan=_found(results, found_at_plan),
@@ -270,7 +282,7 @@ class TableCommitter(SinkTable):
         table, batch = action.table, action.batch
         result = self._run(action, batch, replay=True)
         assert result.status is Status.ALREADY_COMMITTED and result.done is not None
-        replay.check_replay(self, table, batch, result.done)
+        replay.check_replay(self.context, table, batch, result.done)
         return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id)
 
     def _commit_empty(self, action: MarkEmptyBatch) -> BatchOutcome:
@@ -288,7 +300,7 @@ class TableCommitter(SinkTable):
             ) from e.last
         if result.status is Status.ALREADY_COMMITTED:
             assert result.done is not None
-            replay.check_replay(self, table, batch, result.done)
+            replay.check_replay(self.context, table, batch, result.done)
             return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
         return BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1)
 
@@ -339,7 +351,7 @@ class TableCommitter(SinkTable):
         letters') and fails."""
         assert result.done is not None
         try:
-            replay.check_replay(self, table, batch, result.done)
+            replay.check_replay(self.context, table, batch, result.done)
         except DuplicateSinkError:
             self._delete(table, _written(batch), reason="a second sink of the same run wrote the batch")
             if letters:
@@ -372,9 +384,6 @@ class TableCommitter(SinkTable):
             dead = sorted(action.replaced - referenced)
             self._delete(table, dead, reason="replaced by copies (order-by's stale changes, cdc-format's unavailable values)")
 
-    def marker_key(self, batch: Batch) -> str:
-        return last_batch_key(batch.query_id, self.options.sink_id)
-
     # --- the dead-letter table: its commit joins the batch's as one unit ----------------------------
 
     def _letters(self, batch: Batch) -> Batch:
@@ -406,7 +415,7 @@ class TableCommitter(SinkTable):
             raise error
         if replay and d.last(letters_table, batch.query_id) is None:
             return swap.run(action)  # a dead-letter table added to a running query holds none of its earlier batches
-        other = action_for(d, letters_table, letters, found_at_plan=replay)
+        other = action_for(d.context, letters_table, letters, found_at_plan=replay)
         mine, theirs = swap.run_unit([action, other])
         if theirs.status is Status.ALREADY_COMMITTED and letters.paths:
             d._delete(letters_table, letters.paths, reason="dead letters already committed (replay)")
@@ -417,59 +426,6 @@ class TableCommitter(SinkTable):
             letters = self._letters(batch)
             if letters.paths:
                 self.dead_letters._delete(self.dead_letters.load(), letters.paths, reason=reason)
-
-    # --- a batch found committed --------------------------------------------------------------------
-
-    def check_unit_replay(self, action: CommitAction, table: Table, done: CommittedBatch) -> None:
-        """This table's action of a batch of several tables found the batch committed (``done``) by another call:
-        :func:`lakesink.driver.actions.replay.check_replay` (a second sink of the same run, or other source offsets,
-        is a loud error), run inside every attempt of the unit's loop, before any table of the unit is swapped
-        (lakesink.driver.committers.routed)."""
-        assert isinstance(action, BatchAction)
-        replay.check_replay(self, table, action.batch, done)
-
-    def schema_changes_at_commit(self, table: Table, batch: Batch) -> tuple[SchemaChange, ...]:
-        """The schema changes this commit must make for the files to be registered under the schema and
-        spec they were written for; raise ConcurrentTableChangeError (deleting the files) when the table
-        moved to another schema or spec meanwhile."""
-        written = [r for r in batch.results if r.files]
-        if not written:
-            return ()
-        schema_id = table.metadata.current_schema_id
-        spec_id = table.metadata.default_spec_id
-        current = schema_digest(table.schema())
-        evolved: dict[tuple[object, ...], str] = {}
-        stale_spec = {r.spec_id for r in written} - {spec_id}
-        problem = None
-        if stale_spec:
-            problem = f"files were written for partition spec {sorted(stale_spec)[0]}, the table now has spec {spec_id}"
-        changes: tuple[SchemaChange, ...] = ()
-        for r in written:
-            if problem:
-                break
-            if r.written_schema == current:
-                continue  # written with the table's current schema (perhaps evolved by an earlier batch)
-            if r.schema_changes and r.schema_id == schema_id:
-                # merge-schema: the table is still at the schema the plan evolved; evolve it in this commit
-                key = tuple(r.schema_changes)
-                if key not in evolved:
-                    evolved[key] = schema_digest(seam_producers.evolved_schema(table, r.schema_changes))
-                if evolved[key] != r.written_schema:
-                    problem = "the planned schema evolution no longer gives the schema the files were written with"
-                changes = tuple(r.schema_changes)
-                continue
-            problem = (
-                f"files were written for schema {r.schema_id}"
-                + (" (+ merge-schema changes)" if r.schema_changes else "")
-                + f", the table now has schema {schema_id}"
-            )
-        if problem:
-            self._delete(table, batch.paths, reason="table schema or partition spec changed during the batch")
-            raise ConcurrentTableChangeError(
-                f"table {self.table_name} changed while the batch was written: {problem}; nothing was committed "
-                "and the files were deleted; restart the query to write with the table's new schema/spec"
-            )
-        return changes
 
     def _logged(self, outcome: BatchOutcome, batch: Batch) -> BatchOutcome:
         """The batch's outcome on this table, once settled (a table of its own, each table of a routed unit, a
@@ -587,13 +543,7 @@ class TableCommitter(SinkTable):
         self._delete(table, paths, reason=f"position delete files of batch {batch_id}, not committed")
 
     def _delete(self, table: Table, paths: Sequence[str], *, reason: str) -> None:
-        for path in paths:
-            try:
-                storage.delete_file(table.io, path)  # a file already gone (an earlier abort) is no error
-            except Exception as e:
-                log.warning("lakesink: could not delete %s (%s); an orphan clean-up collects it", path, self.redact(e))
-        if paths:
-            log.info("lakesink: table=%s deleted %s unreferenced file(s): %s", self.table_name, len(paths), reason)
+        self.context.delete(table, paths, reason=reason)
 
 
 def _found(results: Sequence[TaskResult], found_at_plan: bool) -> bool:

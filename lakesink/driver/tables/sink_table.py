@@ -39,7 +39,6 @@ from lakesink.errors import (
 )
 from lakesink.executor.messages import WritePlan
 from lakesink.options import DEFAULT_FORMAT_VERSION, TABLE_PROPERTY_PREFIX, UPSERT_KEY, SinkOptions
-from lakesink.redaction import redact_secrets_in
 from lakesink.table import locations, names, partitioning, storage
 from lakesink.table.keys import BOUNDED_TABLE_DEFAULTS, BRANCH_BASE, FORMAT_VERSION, LAST_BATCH_PREFIX, MAIN_BRANCH
 from lakesink.table.markers import CommittedBatch, SnapshotIndex, last_committed_batch, last_committed_on_branch
@@ -515,8 +514,7 @@ class SinkTable:
         )
 
     def redact(self, e: BaseException) -> str:
-        _, props = catalogs.resolve_catalog_properties(self.options.catalog_name, self.options.catalog_properties)
-        return redact_secrets_in(f"{type(e).__name__}: {e}", props)
+        return catalogs.redacted(e, self.options.catalog_name, self.options.catalog_properties)
 
 
 def creation_properties(options: SinkOptions, table_name: str) -> dict[str, str]:
