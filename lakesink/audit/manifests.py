@@ -26,11 +26,14 @@ class Manifests:
             self._entries[manifest.manifest_path] = seam.manifest_entries(manifest, self.table.io)
         return self._entries[manifest.manifest_path]
 
-    def live_files(self, snapshot: Snapshot) -> dict[str, tuple[DataFile, int | None]]:
-        """path -> (data file, id of the snapshot that added it) of the snapshot's live data files."""
+    def live_files(
+        self, snapshot: Snapshot, content: ManifestContent = ManifestContent.DATA
+    ) -> dict[str, tuple[DataFile, int | None]]:
+        """path -> (file, id of the snapshot that added it) of the snapshot's live data files (``content``: of its live
+        delete files)."""
         out: dict[str, tuple[DataFile, int | None]] = {}
         for manifest in snapshot.manifests(self.table.io):
-            if manifest.content != ManifestContent.DATA:
+            if manifest.content != content:
                 continue
             for entry in self.entries(manifest):
                 if entry.status != ManifestEntryStatus.DELETED:
@@ -40,12 +43,15 @@ class Manifests:
     def has_deletes(self, snapshot: Snapshot) -> bool:
         return any(m.content == ManifestContent.DELETES for m in snapshot.manifests(self.table.io))
 
-    def changes(self, snapshot: Snapshot) -> tuple[list[DataFile], list[DataFile]]:
-        """(data files added, data files deleted) by the snapshot itself, from the manifests it wrote."""
+    def changes(
+        self, snapshot: Snapshot, content: ManifestContent = ManifestContent.DATA
+    ) -> tuple[list[DataFile], list[DataFile]]:
+        """(data files added, data files deleted) by the snapshot itself, from the manifests it wrote (``content``:
+        delete files added and removed)."""
         added: list[DataFile] = []
         deleted: list[DataFile] = []
         for manifest in snapshot.manifests(self.table.io):
-            if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
+            if manifest.content != content or manifest.added_snapshot_id != snapshot.snapshot_id:
                 continue
             for entry in self.entries(manifest):
                 if entry.snapshot_id != snapshot.snapshot_id:
