@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pyiceberg.expressions import EqualTo, Reference
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
@@ -426,7 +426,7 @@ def _check_summaries(
     for s in progress(list(snapshots), "checking snapshot summaries", enabled=show_progress):
         try:
             added, deleted = manifests.changes(s)
-            added_deletes, removed_deletes = manifests.changes(s, ManifestContent.DELETES)
+            added_deletes, removed_deletes = manifests.delete_changes(s)
         except PROGRAMMING_ERRORS:  # a bug, not an unreadable manifest of the table
             raise
         except Exception as e:
@@ -490,7 +490,7 @@ def _check_files(table: Table, head: Snapshot, manifests: Manifests, report: Ver
     """Every live data and delete file of ``head`` exists with the size its manifest records (a lost delete file
     brings its deleted rows back in every reader)."""
     try:
-        live = {**manifests.live_files(head), **manifests.live_files(head, ManifestContent.DELETES)}
+        live = {**manifests.live_files(head), **manifests.live_delete_files(head)}
     except PROGRAMMING_ERRORS:
         raise
     except Exception as e:

@@ -26,11 +26,15 @@ class Manifests:
             self._entries[manifest.manifest_path] = seam.manifest_entries(manifest, self.table.io)
         return self._entries[manifest.manifest_path]
 
-    def live_files(
-        self, snapshot: Snapshot, content: ManifestContent = ManifestContent.DATA
-    ) -> dict[str, tuple[DataFile, int | None]]:
-        """path -> (file, id of the snapshot that added it) of the snapshot's live data files (``content``: of its live
-        delete files)."""
+    def live_files(self, snapshot: Snapshot) -> dict[str, tuple[DataFile, int | None]]:
+        """path -> (data file, id of the snapshot that added it) of the snapshot's live data files."""
+        return self._live(snapshot, ManifestContent.DATA)
+
+    def live_delete_files(self, snapshot: Snapshot) -> dict[str, tuple[DataFile, int | None]]:
+        """path -> (delete file, id of the snapshot that added it) of the snapshot's live delete files."""
+        return self._live(snapshot, ManifestContent.DELETES)
+
+    def _live(self, snapshot: Snapshot, content: ManifestContent) -> dict[str, tuple[DataFile, int | None]]:
         out: dict[str, tuple[DataFile, int | None]] = {}
         for manifest in snapshot.manifests(self.table.io):
             if manifest.content != content:
@@ -43,11 +47,15 @@ class Manifests:
     def has_deletes(self, snapshot: Snapshot) -> bool:
         return any(m.content == ManifestContent.DELETES for m in snapshot.manifests(self.table.io))
 
-    def changes(
-        self, snapshot: Snapshot, content: ManifestContent = ManifestContent.DATA
-    ) -> tuple[list[DataFile], list[DataFile]]:
-        """(data files added, data files deleted) by the snapshot itself, from the manifests it wrote (``content``:
-        delete files added and removed)."""
+    def changes(self, snapshot: Snapshot) -> tuple[list[DataFile], list[DataFile]]:
+        """(data files added, data files deleted) by the snapshot itself, from the manifests it wrote."""
+        return self._changes(snapshot, ManifestContent.DATA)
+
+    def delete_changes(self, snapshot: Snapshot) -> tuple[list[DataFile], list[DataFile]]:
+        """(delete files added, delete files removed) by the snapshot itself, from the delete manifests it wrote."""
+        return self._changes(snapshot, ManifestContent.DELETES)
+
+    def _changes(self, snapshot: Snapshot, content: ManifestContent) -> tuple[list[DataFile], list[DataFile]]:
         added: list[DataFile] = []
         deleted: list[DataFile] = []
         for manifest in snapshot.manifests(self.table.io):
