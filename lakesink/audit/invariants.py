@@ -477,8 +477,7 @@ def _check_summaries(
                 report.violations.append(
                     Violation(
                         SUMMARY_MISMATCH,
-                        f"snapshot {s.snapshot_id}: summary {key} is {recorded}, its parent's total and its manifests "
-                        f"say {want}",
+                        f"snapshot {s.snapshot_id}: summary {key} is {recorded}, its parent's total and its manifests say {want}",
                         s.snapshot_id,
                     )
                 )

@@ -77,15 +77,19 @@ def test_diff_across_row_deltas_equals_the_full_scans_and_the_model(mor: dict[st
         # the model: rows as (id, eid, value)
         m_before = Counter((k, *v) for k, v in model(STREAM[: start + 1]).items())
         m_after = Counter((k, *v) for k, v in model(STREAM[: end + 1]).items())
-        as_model = lambda rows: Counter((r["id"], r["eid"], r["value"]) for r in rows.to_pylist())  # noqa: E731
         assert (as_model(d.added), as_model(d.removed)) == (m_after - m_before, m_before - m_after), (start, end)
+
+
+def as_model(rows: Any) -> Counter[tuple[Any, ...]]:
+    """Rows as the model holds them: (id, eid, value)."""
+    return Counter((r["id"], r["eid"], r["value"]) for r in rows.to_pylist())
 
 
 @pytest.fixture
 def a_delete_file(mor: dict[str, str]) -> Iterator[tuple[Any, Path]]:
-    """The newest live position delete file (its entry, its path), put back as it was after the test."""
+    """A live position delete file (its entry, its path), put back as it was after the test."""
     table = load(mor)
-    entry = max(live(table, DataFileContent.POSITION_DELETES), key=lambda e: (e.snapshot_id == table.current_snapshot().snapshot_id, e.data_file.file_path))
+    entry = max(live(table, DataFileContent.POSITION_DELETES), key=lambda e: e.data_file.file_path)
     path = Path(entry.data_file.file_path.removeprefix("file://"))
     content = path.read_bytes()
     yield entry, path
