@@ -152,3 +152,15 @@ def test_verify_reports_a_delete_summary_that_disagrees_with_the_manifests(mor: 
     assert [(v.kind, v.snapshot_id) for v in report.violations] == [("summary-mismatch", target.snapshot_id)], report.human()
     says = "its parent's total and its manifests say" if key.startswith("total-") else "its manifests say"
     assert report.violations[0].message == f"snapshot {target.snapshot_id}: summary {key} is {right + delta}, {says} {right}"
+
+
+def test_verify_after_a_compaction_that_applies_the_delete_files(mor: dict[str, str]) -> None:
+    """lakesink's compaction applies the position deletes (a ``replace`` whose rows are the live rows): no violation.
+    Last in this module: it changes the table."""
+    from lakesink.maintenance import compaction
+
+    assert compaction.compact(load(mor), min_input_files=2).status == "committed"
+    table = load(mor)
+    assert not live(table, DataFileContent.POSITION_DELETES) and rows_of(table.scan().to_arrow()) == model(STREAM)
+    report = verify(table)
+    assert report.ok, report.human()
