@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pyiceberg.expressions import EqualTo, Reference
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
@@ -77,6 +78,7 @@ class VerifyReport:
     head_snapshot_id: int | None
     snapshots_checked: int
     files_checked: int
+    """Live files of the head checked: data files and delete files."""
     queries: list[QueryBatches] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
     routed_batches: int = 0
@@ -367,22 +369,65 @@ def _ranges(ids: Sequence[int]) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}..{b}" for a, b in runs)
 
 
-_SUMMARY_KEYS = (
-    ("added-data-files", lambda added, deleted: len(added)),
-    ("deleted-data-files", lambda added, deleted: len(deleted)),
-    ("added-records", lambda added, deleted: sum(f.record_count for f in added)),
-    ("deleted-records", lambda added, deleted: sum(f.record_count for f in deleted)),
-    ("added-files-size", lambda added, deleted: sum(f.file_size_in_bytes for f in added)),
+def _count(content: DataFileContent, *, dv: bool | None = None) -> Callable[[Sequence[DataFile]], int]:
+    """How many of the files hold ``content`` (``dv``: deletion vectors only, or position delete files only)."""
+    return lambda files: sum(1 for f in files if f.content == content and (dv is None or _is_dv(f) == dv))
+
+
+def _records(content: DataFileContent) -> Callable[[Sequence[DataFile]], int]:
+    return lambda files: sum(f.record_count for f in files if f.content == content)
+
+
+def _is_dv(f: DataFile) -> bool:
+    """A deletion vector (v3): a position delete held in a Puffin file, counted apart by Iceberg Java (``added-dvs``)."""
+    return f.file_format == FileFormat.PUFFIN
+
+
+_POS, _EQ = DataFileContent.POSITION_DELETES, DataFileContent.EQUALITY_DELETES
+#: (summary key, added or removed, what the files say, whether an absent key is not checked) as Iceberg Java's
+#: SnapshotSummary writes them; the sizes and delete record counts are left out by Java when it cannot trust them
+#: (manifests appended as they are): absent, they are not checked.
+_SUMMARY_KEYS: tuple[tuple[str, bool, Callable[[Sequence[DataFile]], int], bool], ...] = (
+    ("added-data-files", True, _count(DataFileContent.DATA), False),
+    ("deleted-data-files", False, _count(DataFileContent.DATA), False),
+    ("added-records", True, _records(DataFileContent.DATA), False),
+    ("deleted-records", False, _records(DataFileContent.DATA), False),
+    ("added-files-size", True, lambda files: sum(f.file_size_in_bytes for f in files), False),  # data and delete files
+    ("removed-files-size", False, lambda files: sum(f.file_size_in_bytes for f in files), True),
+    ("added-delete-files", True, lambda files: sum(1 for f in files if f.content != DataFileContent.DATA), False),
+    ("removed-delete-files", False, lambda files: sum(1 for f in files if f.content != DataFileContent.DATA), False),
+    ("added-position-delete-files", True, _count(_POS, dv=False), False),
+    ("removed-position-delete-files", False, _count(_POS, dv=False), False),
+    ("added-dvs", True, _count(_POS, dv=True), False),
+    ("removed-dvs", False, _count(_POS, dv=True), False),
+    ("added-equality-delete-files", True, _count(_EQ), False),
+    ("removed-equality-delete-files", False, _count(_EQ), False),
+    ("added-position-deletes", True, _records(_POS), True),
+    ("removed-position-deletes", False, _records(_POS), True),
+    ("added-equality-deletes", True, _records(_EQ), True),
+    ("removed-equality-deletes", False, _records(_EQ), True),
+)
+_SIZES = ("added-files-size", "removed-files-size")
+_UNTRUSTED = {key for key, _, _, optional in _SUMMARY_KEYS if optional}
+#: (total key, added key, removed key): each snapshot's total is its parent's, plus what it adds, minus what it removes.
+_TOTALS = (
+    ("total-data-files", "added-data-files", "deleted-data-files"),
+    ("total-records", "added-records", "deleted-records"),
+    ("total-delete-files", "added-delete-files", "removed-delete-files"),
+    ("total-position-deletes", "added-position-deletes", "removed-position-deletes"),
+    ("total-equality-deletes", "added-equality-deletes", "removed-equality-deletes"),
 )
 
 
 def _check_summaries(
     table: Table, snapshots: Sequence[Snapshot], manifests: Manifests, report: VerifyReport, show_progress: bool | None
 ) -> None:
-    totals: dict[int, tuple[int, int]] = {}
+    """Each snapshot's summary against the data and delete manifests it wrote, and its totals against its parent's."""
+    totals: dict[int, dict[str, int]] = {}
     for s in progress(list(snapshots), "checking snapshot summaries", enabled=show_progress):
         try:
             added, deleted = manifests.changes(s)
+            added_deletes, removed_deletes = manifests.delete_changes(s)
         except PROGRAMMING_ERRORS:  # a bug, not an unreadable manifest of the table
             raise
         except Exception as e:
@@ -391,56 +436,74 @@ def _check_summaries(
             )
             continue
         props = summary_of(s)
-        for key, compute in _SUMMARY_KEYS:
+        actual: dict[str, int] = {}
+        for key, adds, compute, optional in _SUMMARY_KEYS:
+            files = [*added, *added_deletes] if adds else [*deleted, *removed_deletes]
+            actual[key] = compute(files)
             recorded = opt_int_property(props, key)
-            actual = compute(added, deleted)
-            if (recorded or 0) != actual:
+            if (recorded is None and optional) or (key in _SIZES and any(map(_is_dv, files))):
+                continue  # a deletion vector's size is its blob's (content-size-in-bytes), which pyiceberg does not read
+            if (recorded or 0) != actual[key]:
                 report.violations.append(
                     Violation(
                         SUMMARY_MISMATCH,
-                        f"snapshot {s.snapshot_id}: summary {key} is {recorded}, its manifests say {actual}",
+                        f"snapshot {s.snapshot_id}: summary {key} is {recorded}, its manifests say {actual[key]}",
                         s.snapshot_id,
                     )
                 )
-        files = len(added) - len(deleted)
-        records = sum(f.record_count for f in added) - sum(f.record_count for f in deleted)
-        if s.summary is not None and s.summary.operation.value == "replace" and records != 0:
-            report.violations.append(
-                Violation(
-                    SUMMARY_MISMATCH,
-                    f"snapshot {s.snapshot_id}: a replace (compaction) must keep the rows, but it adds "
-                    f"{sum(f.record_count for f in added)} and removes {sum(f.record_count for f in deleted)}",
-                    s.snapshot_id,
-                )
-            )
         # a snapshot without parent is the table's first one, unless its parent was expired (pyiceberg clears the
         # parent id of the oldest snapshot kept; its sequence number then tells it from the first one)
         is_root = s.parent_snapshot_id is None and (s.sequence_number or 0) <= 1
-        parent = totals.get(s.parent_snapshot_id) if s.parent_snapshot_id is not None else (0, 0) if is_root else None
-        recorded_files, recorded_records = opt_int_property(props, "total-data-files"), opt_int_property(props, "total-records")
-        if parent is not None:
-            expected = (parent[0] + files, parent[1] + records)
-            for key, recorded, want in (
-                ("total-data-files", recorded_files, expected[0]),
-                ("total-records", recorded_records, expected[1]),
-            ):
-                if recorded is not None and recorded != want:
-                    report.violations.append(
-                        Violation(
-                            SUMMARY_MISMATCH,
-                            f"snapshot {s.snapshot_id}: summary {key} is {recorded}, its parent's total and its manifests "
-                            f"say {want}",
-                            s.snapshot_id,
-                        )
+        parent = totals.get(s.parent_snapshot_id, {}) if s.parent_snapshot_id is not None else None
+        if s.summary is not None and s.summary.operation.value == "replace":
+            _check_replace(s, actual, 0 if is_root else parent.get("total-delete-files") if parent is not None else None, report)
+        mine: dict[str, int] = {}
+        for key, add_key, remove_key in _TOTALS:
+            recorded = opt_int_property(props, key)
+            before = 0 if is_root else parent.get(key) if parent is not None else None
+            untrusted = any(k in _UNTRUSTED and opt_int_property(props, k) is None and actual[k] for k in (add_key, remove_key))
+            if before is None or untrusted:  # parent expired, or counts left out: start again from the summary
+                if recorded is not None:
+                    mine[key] = recorded
+                continue
+            want = before + actual[add_key] - actual[remove_key]
+            if recorded is not None and recorded != want:
+                report.violations.append(
+                    Violation(
+                        SUMMARY_MISMATCH,
+                        f"snapshot {s.snapshot_id}: summary {key} is {recorded}, its parent's total and its manifests say {want}",
+                        s.snapshot_id,
                     )
-            totals[s.snapshot_id] = expected
-        elif recorded_files is not None and recorded_records is not None:
-            totals[s.snapshot_id] = (recorded_files, recorded_records)  # parent expired: start from its summary
+                )
+            mine[key] = want
+        totals[s.snapshot_id] = mine
+
+
+def _check_replace(s: Snapshot, actual: dict[str, int], parent_delete_files: int | None, report: VerifyReport) -> None:
+    """A replace (compaction) keeps the live rows. Without delete files (none live before it, none added or removed):
+    it adds the records it removes. With them, the live rows it rewrites are unknown from the manifests (a compaction
+    applies the deletes to the rows it rewrites, and may leave the delete files: Iceberg Java's rewrite_data_files):
+    it cannot add rows -- its added records less its added position deletes are at most the records it removes."""
+    added, removed = actual["added-records"], actual["deleted-records"]
+    deletes = parent_delete_files != 0 or actual["added-delete-files"] or actual["removed-delete-files"]
+    if not deletes and added != removed:
+        why = f"it adds {added} and removes {removed}"
+    elif deletes and not actual["added-equality-delete-files"] and added - actual["added-position-deletes"] > removed:
+        why = f"it adds {added} (less {actual['added-position-deletes']} position deletes) and removes {removed}"
+    else:
+        return
+    report.violations.append(
+        Violation(
+            SUMMARY_MISMATCH, f"snapshot {s.snapshot_id}: a replace (compaction) must keep the rows, but {why}", s.snapshot_id
+        )
+    )
 
 
 def _check_files(table: Table, head: Snapshot, manifests: Manifests, report: VerifyReport, show_progress: bool | None) -> None:
+    """Every live data and delete file of ``head`` exists with the size its manifest records (a lost delete file
+    brings its deleted rows back in every reader)."""
     try:
-        live = manifests.live_files(head)
+        live = {**manifests.live_files(head), **manifests.live_delete_files(head)}
     except PROGRAMMING_ERRORS:
         raise
     except Exception as e:
@@ -450,22 +513,30 @@ def _check_files(table: Table, head: Snapshot, manifests: Manifests, report: Ver
         return
     for path, (data_file, added_by) in progress(sorted(live.items()), "checking data files", enabled=show_progress):
         report.files_checked += 1
+        what = _FILE_KINDS[data_file.content]
         where = f"(added by snapshot {added_by})"
         try:
             size = len(table.io.new_input(path))
         except FileNotFoundError:
-            report.violations.append(Violation(MISSING_FILE, f"data file {path} {where} does not exist", added_by))
+            report.violations.append(Violation(MISSING_FILE, f"{what} {path} {where} does not exist", added_by))
             continue
         except PROGRAMMING_ERRORS:
             raise
         except Exception as e:
-            report.violations.append(Violation(MISSING_FILE, f"data file {path} {where} cannot be read: {e}", added_by))
+            report.violations.append(Violation(MISSING_FILE, f"{what} {path} {where} cannot be read: {e}", added_by))
             continue
         if size != data_file.file_size_in_bytes:
             report.violations.append(
                 Violation(
                     FILE_SIZE,
-                    f"data file {path} {where} is {size} bytes, its manifest records {data_file.file_size_in_bytes}",
+                    f"{what} {path} {where} is {size} bytes, its manifest records {data_file.file_size_in_bytes}",
                     added_by,
                 )
             )
+
+
+_FILE_KINDS = {
+    DataFileContent.DATA: "data file",
+    DataFileContent.POSITION_DELETES: "position delete file",
+    DataFileContent.EQUALITY_DELETES: "equality delete file",
+}

@@ -28,9 +28,16 @@ class Manifests:
 
     def live_files(self, snapshot: Snapshot) -> dict[str, tuple[DataFile, int | None]]:
         """path -> (data file, id of the snapshot that added it) of the snapshot's live data files."""
+        return self._live(snapshot, ManifestContent.DATA)
+
+    def live_delete_files(self, snapshot: Snapshot) -> dict[str, tuple[DataFile, int | None]]:
+        """path -> (delete file, id of the snapshot that added it) of the snapshot's live delete files."""
+        return self._live(snapshot, ManifestContent.DELETES)
+
+    def _live(self, snapshot: Snapshot, content: ManifestContent) -> dict[str, tuple[DataFile, int | None]]:
         out: dict[str, tuple[DataFile, int | None]] = {}
         for manifest in snapshot.manifests(self.table.io):
-            if manifest.content != ManifestContent.DATA:
+            if manifest.content != content:
                 continue
             for entry in self.entries(manifest):
                 if entry.status != ManifestEntryStatus.DELETED:
@@ -42,10 +49,17 @@ class Manifests:
 
     def changes(self, snapshot: Snapshot) -> tuple[list[DataFile], list[DataFile]]:
         """(data files added, data files deleted) by the snapshot itself, from the manifests it wrote."""
+        return self._changes(snapshot, ManifestContent.DATA)
+
+    def delete_changes(self, snapshot: Snapshot) -> tuple[list[DataFile], list[DataFile]]:
+        """(delete files added, delete files removed) by the snapshot itself, from the delete manifests it wrote."""
+        return self._changes(snapshot, ManifestContent.DELETES)
+
+    def _changes(self, snapshot: Snapshot, content: ManifestContent) -> tuple[list[DataFile], list[DataFile]]:
         added: list[DataFile] = []
         deleted: list[DataFile] = []
         for manifest in snapshot.manifests(self.table.io):
-            if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
+            if manifest.content != content or manifest.added_snapshot_id != snapshot.snapshot_id:
                 continue
             for entry in self.entries(manifest):
                 if entry.snapshot_id != snapshot.snapshot_id:

@@ -16,6 +16,7 @@ from collections import Counter
 import pytest
 from pyiceberg.table import Table
 
+from lakesink.audit import verify
 from lakesink.driver import catalogs
 from lakesink.driver.actions.row_delta import delete_target
 from lakesink.maintenance import compaction
@@ -78,11 +79,16 @@ def test_java_reads_lakesinks_position_deletes_and_lakesink_compacts_javas(
     assert len(live_delete_files(table)) > 2, "Java's DELETE wrote no delete files (was it a copy-on-write?)"
     assert {reader: ids == model for reader, ids in read_everywhere(table).items()} == dict.fromkeys(read_everywhere(table), True)
     assert _java_ids(java, java_table) == model
+    # verify on both engines' row deltas: no false summary-mismatch (Java's added-files-size counts its delete files),
+    # and every live delete file checked
+    audit = verify(table)
+    assert audit.ok and audit.files_checked == len(table.inspect.files()), audit.human()
 
     # lakesink's compaction applies both engines' position deletes and drops every delete file
     report = compaction.compact(load())
     assert report.status == "committed", report.status
     table = load()
     assert not live_delete_files(table)
+    assert verify(table).ok, verify(table).human()  # a replace that applied both engines' deletes keeps the live rows
     assert {reader: ids == model for reader, ids in read_everywhere(table).items()} == dict.fromkeys(read_everywhere(table), True)
     assert _java_ids(java, java_table) == model, "Java after lakesink's compaction"

@@ -27,9 +27,9 @@ from pyiceberg.manifest import (
     ManifestWriterV2,
 )
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Operation
+from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.table.update.snapshot import _FastAppendFiles
-from pyiceberg.typedef import Record
+from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import LongType, StringType
 
 #: Iceberg's reserved field ids of a position delete file's columns
@@ -54,6 +54,19 @@ class _RowDelta(_FastAppendFiles):
     def __init__(self, *args: Any, delete_files: Sequence[DataFile], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._delete_files = list(delete_files)
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:  # noqa: B006
+        """Java's ``SnapshotSummary``: the delete files counted (``added-delete-files``, ``added-position-deletes``, their
+        size in ``added-files-size``, ...), the totals carried on from the parent."""
+        metadata = self._transaction.table_metadata
+        collector = SnapshotSummaryCollector()
+        for f in [*self._added_data_files, *self._delete_files]:
+            collector.add_file(f, metadata.schema(), metadata.specs()[f.spec_id])
+        parent = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        return update_snapshot_summaries(
+            summary=Summary(operation=self._operation, **collector.build(), **snapshot_properties),
+            previous_summary=parent.summary if parent is not None else None,
+        )
 
     def _existing_manifests(self) -> list[ManifestFile]:
         existing = super()._existing_manifests()
