@@ -227,8 +227,8 @@ class TableMergeOnRead:
 
     def commit_batch(self, call: BatchCall, results: Sequence[TaskResult]) -> BatchOutcome:
         c = self.committer
-        if not c.options.upsert_key or c.dead_letters is not None:
-            return c.commit_batch(call, results)  # option dead-letter-table: copy-on-write (docs/upserts.md)
+        if not c.options.upsert_key:
+            return c.commit_batch(call, results)
         for attempt in range(1, LOOKUP_ATTEMPTS + 1):
             with c.batch_turn():  # this process's maintenance waits from the lookup to the commit
                 found = self._lookup(c.reload_table(), call, results)

@@ -20,17 +20,19 @@ from lakesink.audit import interop
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from lakesink.maintenance import compaction
 from lakesink.table.keys import SUMMARY_UPSERT_MODE, SUMMARY_UPSERT_STALE
+from tests.jobs.upsert_job import writer
 from tests.sink.test_merge_on_read_routed_spark import MERGE_ON_READ_TABLES, TABLES, routed_model, stale_and_newer, table_of
 from tests.sink.test_merge_on_read_spark import (
     MOR,
     assert_every_reader_sees,
+    compact_elsewhere,
     delete_files,
     load,
     model,
     unreferenced_delete_files,
 )
 from tests.sink.test_upserts_spark import change_stream, rows_of, run_here, write_events
-from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots
+from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end, wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -145,4 +147,39 @@ def test_format_lakesink_merge_on_read_commit_worker_killed_before_and_after_the
     assert ran == list(range(len(ran))) and len(ran) <= len(stream), ran
     assert [s["batch_id"] for s in lakesink_snapshots(table)] == ran
     assert all(s[SUMMARY_UPSERT_MODE] == "merge-on-read" for s in summaries(table)[2:])
+    assert_every_reader_sees(catalog_properties, model(stream))
+
+
+def test_format_lakesink_a_compaction_between_the_lookup_and_the_swap_makes_the_commit_look_the_keys_up_again(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """Another process compacts the table (applying its delete files) while a format("lakesink") batch waits at its
+    swap, its keys looked up and its delete files written by the commit worker: the commit finds the positions invalid
+    (RowDeltaConflictError), deletes that lookup's delete files and looks the keys up again on the new head, then
+    commits the batch's own task files (never rewritten, never deleted in between). Every reader equals the model; no
+    delete file of the first lookup is left behind."""
+    stream = change_stream(seed=64, batches=4, per_batch=40, keys=15)
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_events(src, stream[:1])
+    run_here(spark, catalog_properties, src, ck, "format")
+    load(catalog_properties).transaction().set_properties(MOR).commit_transaction()
+    write_events(src, stream[1:3], start=1)
+    run_here(spark, catalog_properties, src, ck, "format")
+    assert delete_files(load(catalog_properties))
+    write_events(src, stream[3:], start=3)
+    # the query started in this thread (a format("lakesink") source registered in a session is found from the thread
+    # that starts the query); its commit worker pauses before the swap while another process compacts
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    query = writer(spark, catalog_properties, str(src), str(ck), "format", False).start()
+    try:
+        wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=240)
+        assert compact_elsewhere(catalog_properties, "db.events") == "committed"
+    finally:
+        faults.release(DRIVER_BEFORE_SWAP)
+    run_to_end(query)
+    table = load(catalog_properties)
+    last = table.current_snapshot()
+    assert last.summary[SUMMARY_UPSERT_MODE] == "merge-on-read"
+    assert table.metadata.snapshot_by_id(last.parent_snapshot_id).summary.operation.value == "replace"
+    assert unreferenced_delete_files(table) == []
     assert_every_reader_sees(catalog_properties, model(stream))

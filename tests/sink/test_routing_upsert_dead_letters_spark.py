@@ -25,6 +25,7 @@ from pyspark.errors import StreamingQueryException
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.table import dead_letters as dl
+from lakesink.table.keys import SUMMARY_UPSERT_MODE
 from tests.driver.test_routing_upsert_dead_letters import (
     DEAD,
     SCHEMA,
@@ -42,6 +43,7 @@ from tests.support.helpers import (
     create_required_value_table,
     data_files_on_disk,
     fail_once_at,
+    lakesink_snapshots,
     referenced_data_files,
     run_to_end,
     start_sink,
@@ -79,10 +81,12 @@ def assert_once(props: dict[str, str]) -> None:
         assert data_files_on_disk(table) <= referenced_data_files(table), name  # an aborted batch left no file
 
 
-@pytest.mark.parametrize("entry", ["foreach", "format"])
+@pytest.mark.parametrize(("entry", "mode"), [("foreach", "cow"), ("format", "cow"), ("foreach", "mor"), ("format", "mor")])
 def test_routed_upsert_dead_letters_equal_the_model_across_a_failure_before_the_unit_and_a_rejected_fraction(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str, mode: str
 ) -> None:
+    """``mor``: every table set merge-on-read after the first batch; each later batch's upserts there are row deltas
+    (position delete files) in the same unit as the dead letters."""
     props = catalog_properties
     create_required_value_table(props, ("db", "r"))
     batches, s = stream()
@@ -91,6 +95,11 @@ def test_routed_upsert_dead_letters_equal_the_model_across_a_failure_before_the_
     run_to_end(start(spark, props, src, ck, entry))
     assert tables(props) == model(batches[:1], s.kinds)
     assert letters(props) == want_letters(batches[:1], s.kinds)
+    if mode == "mor":
+        for name in TABLES:
+            catalogs.load(None, props).load_table(tuple(name.split("."))).transaction().set_properties(
+                {"write.merge.mode": "merge-on-read"}
+            ).commit_transaction()
     write_round(src, 1, batches[1])
     # the batch's files written (tables and dead letters), then the failure
     fail_once_at(faults, DRIVER_BEFORE_SWAP, lambda: run_to_end(start(spark, props, src, ck, entry)))
@@ -122,3 +131,9 @@ def test_routed_upsert_dead_letters_equal_the_model_across_a_failure_before_the_
     assert_once(props)
     got = Counter(kind for _, kind, _, _, _ in letters(props).elements())
     assert got == Counter(k for k, _, _ in s.kinds.values())
+    if mode == "mor":  # every upsert batch after the first one a row delta, never a file rewritten
+        for name in TABLES:
+            table = catalogs.load(None, props).load_table(tuple(name.split(".")))
+            summaries = [table.metadata.snapshot_by_id(x["snapshot_id"]).summary for x in lakesink_snapshots(table)]
+            assert {x.get(SUMMARY_UPSERT_MODE) for x in summaries[1:]} == {"merge-on-read"}, name
+            assert not any(int(x.get("deleted-data-files") or 0) for x in summaries[1:]), name

@@ -20,7 +20,8 @@ import pytest
 import lakesink
 from lakesink.driver import catalogs
 from lakesink.table import dead_letters as dl
-from tests.support.helpers import assert_snapshot_invariants, create_required_value_table, run_to_end
+from lakesink.table.keys import SUMMARY_UPSERT_MODE
+from tests.support.helpers import assert_snapshot_invariants, create_required_value_table, lakesink_snapshots, run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -99,12 +100,17 @@ def dead_letters(props: dict[str, str]) -> Counter[Any]:
     return out
 
 
-@pytest.mark.parametrize("entry", ["foreach", "format"])
+@pytest.mark.parametrize(("entry", "mode"), [("foreach", "cow"), ("format", "cow"), ("format", "mor")])
 def test_a_dead_lettered_change_is_not_applied_and_its_key_resolves_from_the_others(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str, mode: str
 ) -> None:
+    """``mor``: the table is merge-on-read: the second batch's upserts and deletes are a row delta, in the same unit
+    as its dead letters."""
     props = catalog_properties
     create_required_value_table(props, ("db", "events"))
+    if mode == "mor":
+        table = catalogs.load_table_fresh(None, props, ("db", "events"))
+        table.transaction().set_properties({"write.merge.mode": "merge-on-read"}).commit_transaction()
     src = tmp_path / "in"
     src.mkdir()
     for i, batch in enumerate(BATCHES):
@@ -134,3 +140,8 @@ def test_a_dead_lettered_change_is_not_applied_and_its_key_resolves_from_the_oth
     assert want_rows == {1: ("v10", 10), 2: ("v2", 2), 4: ("v15", 15), 5: ("v4", 4)}  # the model is the rule
     assert table_state(props) == want_rows
     assert dead_letters(props) == want_letters
+    table = catalogs.load_table_fresh(None, props, ("db", "events"))
+    last = table.metadata.snapshot_by_id(lakesink_snapshots(table)[-1]["snapshot_id"]).summary
+    if mode == "mor":
+        assert last.get(SUMMARY_UPSERT_MODE) == "merge-on-read" and int(last.get("added-position-deletes") or 0) > 0
+        assert not int(last.get("deleted-data-files") or 0)

@@ -307,10 +307,11 @@ class RoutedCommitter(RoutedTables):
         """The batch's keys looked up in each of its tables whose write modes say merge-on-read
         (:attr:`merge_lookup`, foreach_batch: Spark's executors write the position delete files), for the tables
         that upsert and do not hold the batch already. Every other table's upserts are copy-on-write (a merge-on-read
-        one with a warning, lakesink.driver.actions.upsert): without a lookup (format("lakesink")), with option
-        dead-letter-table or cdc-transactions=hold, a table the batch truncates, and changes that keep a column of the
-        stored row (Debezium's unavailable value: read from the rows the copy-on-write rewrites)."""
-        if self.merge_lookup is None or self.dead_letters is not None or self.held is not None:
+        one with a warning, lakesink.driver.actions.upsert): without a lookup, with option cdc-transactions=hold, a
+        table the batch truncates, and changes that keep a column of the stored row (Debezium's unavailable value: read
+        from the rows the copy-on-write rewrites). With option dead-letter-table the tasks kept a rejected change out of
+        the keys they return: only the changes that are applied are looked up."""
+        if self.merge_lookup is None or self.held is not None:
             return {}
         requests = []
         for m in members:
