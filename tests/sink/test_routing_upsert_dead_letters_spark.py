@@ -133,7 +133,7 @@ def test_routed_upsert_dead_letters_equal_the_model_across_a_failure_before_the_
     assert got == Counter(k for k, _, _ in s.kinds.values())
     if mode == "mor":  # every upsert batch after the first one a row delta, never a file rewritten
         for name in TABLES:
-            table = catalogs.load(None, props).load_table(tuple(name.split(".")))
+            table: Any = catalogs.load(None, props).load_table(tuple(name.split(".")))
             summaries = [table.metadata.snapshot_by_id(x["snapshot_id"]).summary for x in lakesink_snapshots(table)]
             assert {x.get(SUMMARY_UPSERT_MODE) for x in summaries[1:]} == {"merge-on-read"}, name
             assert not any(int(x.get("deleted-data-files") or 0) for x in summaries[1:]), name

@@ -140,8 +140,8 @@ def test_a_dead_lettered_change_is_not_applied_and_its_key_resolves_from_the_oth
     assert want_rows == {1: ("v10", 10), 2: ("v2", 2), 4: ("v15", 15), 5: ("v4", 4)}  # the model is the rule
     assert table_state(props) == want_rows
     assert dead_letters(props) == want_letters
-    table = catalogs.load_table_fresh(None, props, ("db", "events"))
-    last = table.metadata.snapshot_by_id(lakesink_snapshots(table)[-1]["snapshot_id"]).summary
+    events: Any = catalogs.load_table_fresh(None, props, ("db", "events"))
+    last = events.metadata.snapshot_by_id(lakesink_snapshots(events)[-1]["snapshot_id"]).summary
     if mode == "mor":
         assert last.get(SUMMARY_UPSERT_MODE) == "merge-on-read" and int(last.get("added-position-deletes") or 0) > 0
         assert not int(last.get("deleted-data-files") or 0)
