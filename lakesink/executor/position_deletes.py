@@ -279,7 +279,7 @@ def lookup_result(
     """A lookup's matched rows (``batches``: :data:`LOOKUP_PATH`, :data:`LOOKUP_POS`, :data:`LOOKUP_STALE` and the
     ``outcome`` columns): the rows of the non-stale ones deleted by position delete files, the ``outcome`` columns of
     every one kept for the driver -- :class:`LookupWriter`'s work in a Spark task, or in the process that commits when
-    no Spark session is at hand (format("lakesink"): lakesink.sink.merge_on_read.DriverLookups)."""
+    no Spark session is at hand (format("lakesink"): lakesink.sink.merge_on_read.look_up_here)."""
     writer = PositionDeleteWriter(ids, {target.table: target})
     matched: list[pa.RecordBatch] = []
     try:

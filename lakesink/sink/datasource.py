@@ -90,7 +90,7 @@ def stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWri
         options,
         TaskResult,
         functools.partial(_table_commits, options),
-        merge_on_read.TableMergeOnRead(committer),
+        _table_commits(options, committer),
         query_id=plan.query_id,
         has_watermark=checkpoint.watermarked(schema),
     )
@@ -271,14 +271,16 @@ def _table_committer(options: SinkOptions) -> TableCommitter:
     return TableCommitter(options, post_commit=auto_maintenance)
 
 
-def _table_commits(options: SinkOptions) -> merge_on_read.TableMergeOnRead:
-    """The commits of a worker's batches into one table: merge-on-read tables' keys looked up by that process."""
-    return merge_on_read.TableMergeOnRead(_table_committer(options))
+def _table_commits(options: SinkOptions, committer: TableCommitter | None = None) -> BatchCommitter[TaskResult]:
+    """The commits of a worker's batches into one table; with option upsert-key, a merge-on-read table's keys looked up
+    by that process (lakesink.sink.merge_on_read.TableMergeOnRead)."""
+    committer = committer if committer is not None else _table_committer(options)
+    return merge_on_read.TableMergeOnRead(committer) if options.upsert_key else committer
 
 
 def _routed_committer(options: SinkOptions, stream_schema: pa.Schema) -> RoutedCommitter:
     """Option route-by: the driver side of the sink's batches, with automatic maintenance as each table's hook; a
     merge-on-read table's keys looked up by the process that commits (no Spark session there)."""
     routed = RoutedCommitter(options, stream_schema, post_commit=auto_maintenance)
-    routed.merge_lookup = merge_on_read.DriverLookups()
+    routed.merge_lookup = merge_on_read.look_up_here
     return routed

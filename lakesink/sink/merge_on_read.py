@@ -199,31 +199,28 @@ def _look_up(
     return found
 
 
-@dataclass(frozen=True)
-class DriverLookups:
+def look_up_here(
+    requests: Sequence[LookupRequest], *, query_id: str, batch_id: int, run_id: str | None
+) -> dict[str, MergeLookup]:
     """``format("lakesink")``'s merge-on-read lookups (one table, or route-by's tables: lakesink.driver.committers.
     routed.RoutedCommitter.merge_lookup). Spark commits its batches in a Python worker that has no Spark session, so
     that process looks the keys up itself: it reads the candidate files' key (and order-by) columns only, by field id
     (a renamed column is read as it is now), each row's position counted in the file, and writes the position delete
     files -- the same rows and files the executors find and write on foreach_batch (:func:`lookup`). The batch's rows
     were written by the tasks already: its stale changes are dropped from its own files by the commit."""
-
-    def __call__(
-        self, requests: Sequence[LookupRequest], *, query_id: str, batch_id: int, run_id: str | None
-    ) -> dict[str, MergeLookup]:
-        found = _look_up(None, requests, query_id=query_id, batch_id=batch_id, run_id=run_id)
-        return {name: replace(one, written_without_stale=False) for name, one in found.items()}
+    found = _look_up(None, requests, query_id=query_id, batch_id=batch_id, run_id=run_id)
+    return {name: replace(one, written_without_stale=False) for name, one in found.items()}
 
 
 class TableMergeOnRead:
     """``format("lakesink")`` into one table (option upsert-key): the batch's commit (lakesink.sink.datasource.
-    StreamCommits) through its table's committer, a merge-on-read table's keys looked up first (:class:`DriverLookups`)
+    StreamCommits) through its table's committer, a merge-on-read table's keys looked up first (:func:`look_up_here`)
     and committed with the rows as one row delta; a lookup out of date at the commit (RowDeltaConflictError) deletes
     its delete files and looks again on the new head (LOOKUP_ATTEMPTS). Every other batch commits as before."""
 
     def __init__(self, committer: TableCommitter, lookups: MergeLookups | None = None):
         self.committer = committer
-        self.lookups: MergeLookups = lookups if lookups is not None else DriverLookups()
+        self.lookups: MergeLookups = lookups if lookups is not None else look_up_here
 
     def commit_batch(self, call: BatchCall, results: Sequence[TaskResult]) -> BatchOutcome:
         c = self.committer
@@ -289,7 +286,7 @@ def lookup(
     """The batch's keys (``changes``: lakesink.sink.upsert_batch.ResolvedBatch.keys) looked up in ``table`` at its branch
     head (the module's description), in the schema the batch's files are written in (``schema``: the write plan's);
     returns the lookup and the stale upserts' keys (key columns as the batch spells them, None: none), whose rows must
-    not be written (:func:`without_stale`). Without ``spark`` this process reads and writes (:class:`DriverLookups`)."""
+    not be written (:func:`without_stale`). Without ``spark`` this process reads and writes (:func:`look_up_here`)."""
     step = _prepare(
         spark,
         table,
@@ -418,14 +415,15 @@ def _prepare(
         return MergeLookup(keys, check, (), base, counts), _stale_upserts(keys, check)
     positions = [e.data_file for e in entries if e.data_file.content == DataFileContent.POSITION_DELETES]
     applying = _deletes_applying(candidates, positions, specs)
-    if spark is not None:
-        read_bytes = sum(f.file_size_in_bytes for f in (*candidates, *applying))
-        if read_bytes <= settings.TableSettings.parse(table_name, table.properties).driver_lookup_bytes:
-            spark = None  # a few small files: read here, a Spark job would cost more than the read
     key_names = [f.name for f in keys.fields]
     order_column = check.table_column if check is not None else None
     arrow = utc_schema(seam.arrow_schema(schema))
     read = [*key_names, *([order_column] if order_column is not None and order_column not in key_names else [])]
+    if spark is not None:
+        read_ids = [schema.find_field(n).field_id for n in read]
+        read_bytes = sum(_column_bytes(f, read_ids) for f in candidates) + sum(d.file_size_in_bytes for d in applying)
+        if read_bytes <= settings.TableSettings.parse(table_name, table.properties).driver_lookup_bytes:
+            spark = None  # a few small column chunks: read here, a Spark job would cost more than the read
     batch_keys = keys.table.select([*key_names, DELETED, *([ORDER] if ORDER in keys.table.column_names else [])])
     outcome = (*key_names, DELETED, _CLASH, *([HELD_COLUMN] if order_column is not None else []))
     target = delete_target(table, branch=branch, candidates=candidates)
@@ -467,6 +465,15 @@ def _prepare(
     writer = LookupWriter(target, query_id, batch_id, outcome, run_id)
     writes = matched.repartition(F.col(LOOKUP_PATH)).mapInArrow(writer, TASK_RESULT_SCHEMA)
     return _Pending(table_name, batch_id, keys, check, candidates, base, target, writes)
+
+
+def _column_bytes(data_file: DataFile, field_ids: Sequence[int]) -> int:
+    """The bytes a lookup reads of a data file: its column chunks of ``field_ids`` as its manifest entry records them
+    (``column_sizes``), else the whole file's size."""
+    sizes = data_file.column_sizes or {}
+    if all(i in sizes for i in field_ids):
+        return sum(int(sizes[i]) for i in field_ids)
+    return int(data_file.file_size_in_bytes)
 
 
 def _matched_here(

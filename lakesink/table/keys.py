@@ -239,8 +239,8 @@ COMPACT_MIN_INPUT_FILES = "write.lakesink.compact.min-input-files"
 COMPACT_MIN_INPUT_FILES_DEFAULT = 5
 MAINTENANCE_INTERVAL_MS = "write.lakesink.maintenance.interval-ms"
 MAINTENANCE_INTERVAL_MS_DEFAULT = 60_000
-# merge-on-read: a lookup over candidate files of at most this many bytes in all runs where the batch commits, not in a
-# Spark job (lakesink.sink.merge_on_read: a Spark job's fixed cost exceeds reading a few small files' key columns)
+# merge-on-read: a lookup that reads at most this many bytes (key column chunks, delete files) runs where the batch
+# commits, not in a Spark job (lakesink.sink.merge_on_read: a Spark job's fixed cost exceeds such a read)
 DRIVER_LOOKUP_BYTES = "write.lakesink.merge-on-read.driver-lookup-bytes"
 DRIVER_LOOKUP_BYTES_DEFAULT = 8 * 1024 * 1024
 # old metadata.json files: deleted at every commit beyond the newest N (Iceberg's keys; its defaults keep all)

@@ -111,8 +111,9 @@ class TableSettings:
     compact_min_input_files: int = COMPACT_MIN_INPUT_FILES_DEFAULT
     maintenance_interval_ms: int = MAINTENANCE_INTERVAL_MS_DEFAULT
     driver_lookup_bytes: int = DRIVER_LOOKUP_BYTES_DEFAULT
-    """Merge-on-read: a batch's lookup in this table over candidate files of at most this many bytes runs where the
-    batch commits, not in a Spark job (0: always Spark's executors, on foreach_batch)."""
+    """Merge-on-read: a batch's lookup in this table that reads at most this many bytes (the candidates' key column
+    chunks, the applying delete files) runs where the batch commits, not in a Spark job (0: always Spark's executors,
+    on foreach_batch)."""
 
     @classmethod
     def parse(cls, table: str, properties: Mapping[str, str]) -> TableSettings:

@@ -458,6 +458,8 @@ def test_format_lakesink_reject_when_naming_a_column_a_routed_table_lacks_reads_
         [(i, dl.REJECT_WHEN, None, "db.narrow") for i in (1001, 1011, 1021)]
         + [(i, dl.REJECT_WHEN, None, "db.a") for i in (7, 17, 27)]
     )
+
+
 # --- markers keyed by what they mark; counts of the batch's input rows (fault matrix 39) --------------------------------
 
 
@@ -518,6 +520,8 @@ def test_a_replay_that_skips_the_tables_holding_the_batch_keeps_its_rejected_fra
     with pytest.raises(TooManyRejectedError, match="2 of 3 row"):
         run(routed(catalog_properties, **extra), 1, {"a": [30], None: [101], "": [102]})
     assert ids(catalog_properties, "db.a") == Counter(range(1, 11))
+
+
 def test_a_route_outside_route_namespaces_is_an_invalid_route_dead_letter(catalog_properties: dict[str, str]) -> None:
     """Option route-namespaces with a dead-letter table: a value naming a table in another namespace (one that exists,
     even) is a dead letter of error invalid-route, in the batch's unit; the other table is untouched."""

@@ -40,9 +40,7 @@ Event = tuple[int, str, int | None, bool]
 """(key, value, order value, is a delete)"""
 
 
-def make(
-    props: Mapping[str, str], *, schema: pa.Schema = SCHEMA, order_by: str | None = "seq", **extra: Any
-) -> TableCommitter:
+def make(props: Mapping[str, str], *, schema: pa.Schema = SCHEMA, order_by: str | None = "seq", **extra: Any) -> TableCommitter:
     c = sink_committer(
         SinkOptions(
             table=TableName(("db",), "events"),

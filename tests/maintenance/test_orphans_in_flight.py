@@ -409,9 +409,7 @@ def test_another_process_maintaining_the_table_while_a_batch_is_between_its_writ
 
     def batch() -> None:
         try:
-            box.append(
-                c.commit_batch(BatchCall(Q, 6, None), [result], changes=changes if kind == "upsert" else None)
-            )
+            box.append(c.commit_batch(BatchCall(Q, 6, None), [result], changes=changes if kind == "upsert" else None))
         except BaseException as e:  # the test inspects it
             box.append(e)
 

@@ -1,7 +1,7 @@
 """Merge-on-read upserts through ``writeStream.format("lakesink")`` (issue 52, item 1: both entry points), one table and
 route-by's tables. Spark commits a format("lakesink") batch in a Python worker with no Spark session: that process looks
 the keys up (the candidate files' key and order-by columns, each row's position) and writes the position delete files
-(lakesink.sink.merge_on_read.DriverLookups); the batch's stale changes, already written by the tasks, are dropped from
+(lakesink.sink.merge_on_read.look_up_here); the batch's stale changes, already written by the tasks, are dropped from
 its own files at the commit. Real Spark (local mode), a SQLite catalog, restarts from the checkpoint.
 
 The oracle is the plain-Python model of tests/sink/test_merge_on_read_spark.py (order across batches: a change older

@@ -53,9 +53,7 @@ def deploy_job(tmp_path: Path, props: Mapping[str, str], *, entry: str, master: 
 def run_script(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``python -c script args...`` from the repository's root, run to its end (a test's fault point armed to kill it:
     exit -9) within ``timeout`` seconds (scaled by tests.support.timeouts.guard), its output captured as text."""
-    return subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=guard(timeout), cwd=ROOT
-    )
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=guard(timeout), cwd=ROOT)
 
 
 def killed_at(faults: Any, point: str, start: Callable[[], subprocess.Popen[str]], *, timeout: float = 300) -> None:

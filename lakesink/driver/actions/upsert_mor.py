@@ -5,7 +5,7 @@ files: Spark's executors read the candidate data files' key columns with their r
 keys, and write position delete files for the rows the batch replaces or deletes (lakesink.sink.merge_on_read). The
 driver gets a :class:`MergeLookup`: the delete files, the snapshot the positions were read from, and the counts. It never
 reads a data file's rows -- except on format("lakesink"), whose commit runs where no Spark session is: that process
-reads the candidates' key columns itself (lakesink.sink.merge_on_read.DriverLookups).
+reads the candidates' key columns itself (lakesink.sink.merge_on_read.look_up_here).
 
 Each commit attempt (lakesink.driver.actions.batch.MergeOnReadBatch) then, against the table that attempt read:
 
@@ -48,7 +48,7 @@ log = logging.getLogger("lakesink")
 #: How many times a batch looks its keys up when its commit finds the lookup out of date (RowDeltaConflictError).
 LOOKUP_ATTEMPTS = 4
 #: The partition id in the names of the delete files a lookup writes in the process that commits (format("lakesink"):
-#: lakesink.sink.merge_on_read.DriverLookups), as lakesink.driver.actions.upsert.REWRITE_PARTITION_ID for rewrites.
+#: lakesink.sink.merge_on_read.look_up_here), as lakesink.driver.actions.upsert.REWRITE_PARTITION_ID for rewrites.
 DRIVER_LOOKUP_PARTITION_ID = 99995
 
 
