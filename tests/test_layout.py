@@ -320,3 +320,34 @@ def test_no_action_knows_its_committer() -> None:
     assert "lakesink.driver.loop.swap" in graph["lakesink.driver.actions.batch"]  # the graph is not empty
     up = {m: sorted(t for t in graph[m] if t.startswith("lakesink.driver.committers")) for m in graph}
     assert {m: t for m, t in up.items() if m.startswith("lakesink.driver.actions") and t} == {}
+
+
+# The commit path: a table's swap, a unit of tables, settling an outcome left unknown (issue 53, item 3). The catalog's
+# kind is asked once, where its swapper is chosen (lakesink._pyiceberg.commit.swapper_of); elsewhere in these modules
+# no is_sql_*/is_rest_* call. Outside the commit path they stay: opening a catalog, creating tables, planning, metrics.
+COMMIT_PATH = ["_pyiceberg/commit.py", "driver/loop/*.py", "driver/actions/*.py", "driver/committers/table.py",
+               "driver/committers/routed.py", "driver/committers/interface.py", "driver/catalogs.py:may_apply_late"]
+KIND_CHOSEN_IN = {("lakesink._pyiceberg.commit", "swapper_of")}
+
+
+def test_the_commit_path_never_asks_the_catalogs_kind() -> None:
+    asked = []
+    for spec in COMMIT_PATH:
+        pattern, _, function = spec.partition(":")
+        paths = sorted(PACKAGE.glob(pattern))
+        assert paths, spec
+        for path in paths:
+            tree = ast.parse(path.read_text())
+            functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+            scopes = [f for f in functions if f.name == function] if function else [tree]
+            assert scopes, spec
+            chosen = {id(n) for f in functions if (_name(path), f.name) in KIND_CHOSEN_IN for n in ast.walk(f)}
+            asked += [
+                f"{path.relative_to(PACKAGE.parent)}:{call.lineno}"
+                for scope in scopes
+                for call in ast.walk(scope)
+                if isinstance(call, ast.Call)
+                and id(call) not in chosen
+                and re.match(r"is_(sql|rest)_", ast.unparse(call.func).rpartition(".")[2])
+            ]
+    assert asked == [], "the commit path asks the catalog's swapper (lakesink._pyiceberg.commit.Swapper)"

@@ -18,8 +18,8 @@ against pyiceberg 0.12.
   :mod:`~lakesink._pyiceberg.sql_catalog` (the SQL catalog's rows: swap, reload, pointers),
   :mod:`~lakesink._pyiceberg.rest` (the REST catalog's HTTP session: transactions/commit, request timeout,
   Idempotency-Key), :mod:`~lakesink._pyiceberg.refusals` (which errors are the catalog's definite "no") and
-  :mod:`~lakesink._pyiceberg.threads` (the threads a unit of tables is prepared on). ``commit`` also tells a SQL
-  catalog from a REST one without importing either (``is_sql_catalog``, ``is_rest_catalog``), so that a process
+  :mod:`~lakesink._pyiceberg.threads` (the threads a unit of tables is prepared on). ``commit`` also chooses a
+  catalog's ``Swapper`` (SQL, REST, any other) once, telling the kinds apart without importing either, so that a process
   that commits imports the seam of the kind it uses only (``sql_catalog``, ``rest``, ``rest_metrics``: where used,
   tests/test_layout.py ``LAZY_SEAMS``).
 

@@ -2,9 +2,11 @@
 
 A :class:`PreparedCommit` (made by :mod:`lakesink._pyiceberg.producers` or :mod:`lakesink._pyiceberg.maintenance`)
 is swapped by exactly one compare-and-swap (:meth:`PreparedCommit.commit`), and a unit of commits of several tables
-by :func:`commit_together`: on a SQL catalog through :mod:`lakesink._pyiceberg.sql_catalog`, on a REST catalog
-through :mod:`lakesink._pyiceberg.rest`, else through pyiceberg's ``Table._do_commit``. Which kind a catalog is, is
-asked here without importing either kind (:func:`is_sql_catalog`, :func:`is_rest_catalog`). pyiceberg's own commit loop
+by :func:`commit_together`, both through the catalog's :class:`Swapper`, one per catalog kind, chosen once per catalog
+(:func:`swapper_of`, called where lakesink.driver.catalogs opens one): on a SQL catalog through
+:mod:`lakesink._pyiceberg.sql_catalog`, on a REST catalog through :mod:`lakesink._pyiceberg.rest`, else through
+pyiceberg's ``Table._do_commit`` (which ends in ``catalog.commit_table``). Which kind a catalog is, is asked once, in
+:func:`swapper_of`, without importing either kind. pyiceberg's own commit loop
 retries a conflicting snapshot by rebasing it without asking us (which would skip lakesink's replay re-check, the way
 iceberg#14425 duplicated data): every commit here is one swap, and lakesink's one loop (:mod:`lakesink.driver.loop.swap`)
 decides about retries. Runs on the driver only. Tested against pyiceberg 0.12.
@@ -15,9 +17,9 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pyiceberg.catalog import TOKEN, Catalog
 from pyiceberg.exceptions import CommitFailedException
@@ -109,15 +111,14 @@ class PreparedCommit:
         determined by what its requirements pin (docs/maintenance.md, "What each commit validates").
         """
         fault_point(CATALOG_FAILS_BEFORE_APPLY)
-        if _sql_swap_applies(self.table):
-            # a moved pointer: CommitFailedException; an orphaned commit worker: CommitWorkerOrphaned, rolled back
-            _swap_on_sql_catalog(self.table, self._updates, self._requirements)
-            self.swapped_on_base = True
-        else:
-            self.generic = True
-            with _idempotency_key(self.table.catalog):  # one key per attempt, where the REST server supports them
-                self.table._do_commit(updates=self._updates, requirements=self._requirements)
+        swapper_of(self.table.catalog).swap(self)
         fault_point(CATALOG_FAILS_AFTER_APPLY)
+
+    def _do_commit(self) -> None:
+        """The swap through pyiceberg's ``Table._do_commit`` (the catalog's ``commit_table``): the catalog applies the
+        updates to its current metadata after checking the requirements."""
+        self.generic = True
+        self.table._do_commit(updates=self._updates, requirements=self._requirements)
 
     def could_land_on(self, metadata: TableMetadata) -> bool:
         """Whether this commit's requirements still hold on ``metadata``: a request of it that a catalog server
@@ -144,26 +145,20 @@ class PreparedCommit:
 
 def _sql_swap_applies(table: Table) -> bool:
     """:func:`lakesink._pyiceberg.sql_catalog._sql_swap_applies`, its module imported for a SQL catalog only."""
-    if not is_sql_catalog(table.catalog):
-        return False
     from lakesink._pyiceberg.sql_catalog import _sql_swap_applies as applies  # the kind in use only
 
     return applies(table)
 
 
-def _rest_lists_transactions(catalog: Catalog) -> bool:
+def _rest_lists_transactions(catalog: RestCatalog) -> bool:
     """:func:`lakesink._pyiceberg.rest._rest_lists_transactions`, its module imported for a REST catalog only."""
-    if not is_rest_catalog(catalog):
-        return False
     from lakesink._pyiceberg.rest import _rest_lists_transactions as lists  # the kind in use only
 
     return lists(catalog)
 
 
-def _idempotency_key(catalog: Catalog) -> AbstractContextManager[str | None]:
-    """:func:`lakesink._pyiceberg.rest.idempotency_key` for a REST catalog (its module imported then); else no key."""
-    if not is_rest_catalog(catalog):
-        return nullcontext()
+def _idempotency_key(catalog: RestCatalog) -> AbstractContextManager[str | None]:
+    """:func:`lakesink._pyiceberg.rest.idempotency_key`, its module imported for a REST catalog only."""
     from lakesink._pyiceberg.rest import idempotency_key  # the kind in use only
 
     return idempotency_key(catalog)
@@ -201,9 +196,7 @@ def catalog_commits_atomically(catalog: Catalog | None) -> bool:
     catalog on a database that reports the rows an UPDATE matched (one database transaction), or a REST catalog whose
     ``/v1/config`` lists ``POST /v1/{prefix}/transactions/commit`` (one request the server applies to every table or
     none). For ``atomic=required``: say at start, naming the catalog, when a catalog cannot."""
-    if is_sql_catalog(catalog):
-        return bool(catalog.engine.dialect.supports_sane_rowcount)
-    return catalog is not None and _rest_lists_transactions(catalog)
+    return catalog is not None and swapper_of(catalog).commits_atomically()
 
 
 def commits_atomically(prepared: Sequence[PreparedCommit]) -> bool:
@@ -214,25 +207,134 @@ def commits_atomically(prepared: Sequence[PreparedCommit]) -> bool:
 
     Other catalogs have no multi-table commit (Glue, Hive): lakesink.driver.loop.swap commits their tables one after the
     other."""
-    if len(prepared) < 2:
+    return len(prepared) < 2 or swapper_of(prepared[0].table.catalog).unit_applies(prepared)
+
+
+# --- the catalog decides how to commit: one swapper per catalog kind, chosen once per catalog ---------------------
+
+
+class Swapper(Protocol):
+    """How one catalog swaps metadata pointers: :class:`SqlSwapper`, :class:`RestSwapper`, else :class:`GenericSwapper`
+    (:func:`swapper_of`). The commit path calls it and never asks which kind the catalog is."""
+
+    def swap(self, commit: PreparedCommit) -> None:
+        """One table's compare-and-swap (:meth:`PreparedCommit.commit`)."""
+
+    def commits_atomically(self) -> bool:
+        """:func:`catalog_commits_atomically` of this catalog."""
+
+    def unit_applies(self, prepared: Sequence[PreparedCommit]) -> bool:
+        """:func:`commits_atomically` of two or more commits, the first on this catalog."""
+
+    def swap_unit(self, prepared: Sequence[PreparedCommit]) -> None:
+        """Swap ``prepared`` (:meth:`unit_applies`) as one unit."""
+
+    def may_apply_late(self) -> bool:
+        """:func:`lakesink.driver.catalogs.may_apply_late` of this catalog."""
+
+
+@dataclass(frozen=True, eq=False)
+class GenericSwapper:
+    """Any catalog (Glue, Hive, ...): pyiceberg's ``Table._do_commit``, one table at a time, reached over the network."""
+
+    catalog: Catalog
+
+    def swap(self, commit: PreparedCommit) -> None:
+        commit._do_commit()
+
+    def commits_atomically(self) -> bool:
+        return False
+
+    def unit_applies(self, prepared: Sequence[PreparedCommit]) -> bool:
+        return False
+
+    def swap_unit(self, prepared: Sequence[PreparedCommit]) -> None:
+        raise AssertionError("a catalog without a multi-table commit")  # commit_together checks unit_applies first
+
+    def may_apply_late(self) -> bool:
         return True
-    first = prepared[0].table.catalog
-    if is_rest_catalog(first):
+
+
+@dataclass(frozen=True, eq=False)
+class RestSwapper(GenericSwapper):
+    """A REST catalog: ``Table._do_commit`` with an Idempotency-Key per attempt where the server takes one; a unit in one
+    ``transactions/commit`` request (:mod:`lakesink._pyiceberg.rest`)."""
+
+    catalog: RestCatalog
+
+    def swap(self, commit: PreparedCommit) -> None:
+        with _idempotency_key(self.catalog):  # one key per attempt, where the REST server supports them
+            commit._do_commit()
+
+    def commits_atomically(self) -> bool:
+        return _rest_lists_transactions(self.catalog)
+
+    def unit_applies(self, prepared: Sequence[PreparedCommit]) -> bool:
+        first = self.catalog
         return _rest_lists_transactions(first) and all(
-            is_rest_catalog(p.table.catalog)
+            isinstance(swapper_of(p.table.catalog), RestSwapper)
             and (p.table.catalog is first or p.table.catalog.properties == first.properties)
             and not p.table.config.get(TOKEN)
             for p in prepared
         )
-    if not is_sql_catalog(first):
-        return False
-    return all(
-        _sql_swap_applies(p.table)
-        and is_sql_catalog(p.table.catalog)
-        and p.table.catalog.name == first.name
-        and str(p.table.catalog.engine.url) == str(first.engine.url)
-        for p in prepared
-    )
+
+    def swap_unit(self, prepared: Sequence[PreparedCommit]) -> None:
+        _commit_transaction_on_rest_catalog(prepared)
+
+
+@dataclass(frozen=True, eq=False)
+class SqlSwapper(GenericSwapper):
+    """A pyiceberg SQL catalog: the row's compare-and-swap on the very metadata a commit was prepared on, a unit in one
+    database transaction (:mod:`lakesink._pyiceberg.sql_catalog`); ``Table._do_commit`` where that cannot apply."""
+
+    catalog: SqlCatalog
+
+    def swap(self, commit: PreparedCommit) -> None:
+        if not _sql_swap_applies(commit.table):
+            commit._do_commit()
+            return
+        # a moved pointer: CommitFailedException; an orphaned commit worker: CommitWorkerOrphaned, rolled back
+        _swap_on_sql_catalog(commit.table, commit._updates, commit._requirements)
+        commit.swapped_on_base = True
+
+    def commits_atomically(self) -> bool:
+        return bool(self.catalog.engine.dialect.supports_sane_rowcount)
+
+    def unit_applies(self, prepared: Sequence[PreparedCommit]) -> bool:
+        first = self.catalog
+        return all(
+            _sql_swap_applies(p.table)
+            and isinstance(other := swapper_of(p.table.catalog), SqlSwapper)
+            and other.catalog.name == first.name
+            and str(other.catalog.engine.url) == str(first.engine.url)
+            for p in prepared
+        )
+
+    def swap_unit(self, prepared: Sequence[PreparedCommit]) -> None:
+        _swap_tables_on_sql_catalog(prepared)
+        for p in prepared:
+            p.swapped_on_base = True
+
+    def may_apply_late(self) -> bool:
+        return self.catalog.engine.dialect.name != "sqlite"
+
+
+_SWAPPER = "_lakesink_swapper"
+
+
+def swapper_of(catalog: Catalog) -> Swapper:
+    """``catalog``'s :class:`Swapper`, chosen by its kind the first time it is asked (lakesink.driver.catalogs asks when
+    it opens a catalog) and carried by the catalog object from then on."""
+    swapper: Swapper | None = getattr(catalog, _SWAPPER, None)
+    if swapper is None:
+        if is_sql_catalog(catalog):
+            swapper = SqlSwapper(catalog)
+        elif is_rest_catalog(catalog):
+            swapper = RestSwapper(catalog)
+        else:
+            swapper = GenericSwapper(catalog)
+        setattr(catalog, _SWAPPER, swapper)
+    return swapper
 
 
 _commit_worker_parents: tuple[int, int | None] | None = None
@@ -313,10 +415,5 @@ def commit_together(prepared: Sequence[PreparedCommit]) -> None:
             "that lists POST /v1/{prefix}/transactions/commit)"
         )
     fault_point(CATALOG_FAILS_BEFORE_APPLY)
-    if is_rest_catalog(prepared[0].table.catalog):
-        _commit_transaction_on_rest_catalog(prepared)
-    else:
-        _swap_tables_on_sql_catalog(prepared)
-        for p in prepared:
-            p.swapped_on_base = True
+    swapper_of(prepared[0].table.catalog).swap_unit(prepared)
     fault_point(CATALOG_FAILS_AFTER_APPLY)

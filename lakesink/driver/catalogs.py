@@ -37,7 +37,7 @@ from pyiceberg.utils.config import Config
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
 from lakesink._pyiceberg import io as seam_io
-from lakesink._pyiceberg.commit import is_rest_catalog, is_sql_catalog, is_sql_engine
+from lakesink._pyiceberg.commit import is_rest_catalog, is_sql_catalog, is_sql_engine, swapper_of
 from lakesink._pyiceberg.metadata import NewTable
 from lakesink.errors import PROGRAMMING_ERRORS, CatalogError, CatalogUnavailableError, LakesinkError, TableIdentityChangedError
 from lakesink.redaction import redact_secrets_in
@@ -349,10 +349,8 @@ def may_apply_late(catalog: Catalog) -> bool:
     may commit after the error reached lakesink -- the client's rollback (:func:`guard_sql_catalog`) cannot undo a
     COMMIT the server received, and a read through another connection can come before the server finishes. Only
     SQLite answers for sure: its COMMIT runs in this process and, when it fails, the transaction is rolled back
-    before the error reaches lakesink."""
-    if is_sql_catalog(catalog):
-        return catalog.engine.dialect.name != "sqlite"
-    return True
+    before the error reaches lakesink. Asked of the catalog's swapper (lakesink._pyiceberg.commit.Swapper)."""
+    return swapper_of(catalog).may_apply_late()
 
 
 def load_table_fresh(name: str | None, overrides: Mapping[str, str], identifier: str | Identifier) -> Table:
@@ -391,6 +389,7 @@ def _open(name: str, props: Mapping[str, str]) -> Catalog:
     engine = getattr(catalog, "engine", None)  # pyiceberg's SqlCatalog (types "sql" and "in-memory")
     if is_sql_engine(engine):
         guard_sql_catalog(engine, drop_connections=not _process_local(props))
+    swapper_of(catalog)  # how it commits, chosen once, carried by the catalog
     return catalog
 
 
