@@ -435,26 +435,31 @@ class ForeachBatchSink(RoutedSparkBatches):
             if written.record_count:
                 self._bytes_per_row = written.size_in_bytes / written.record_count
         self._last_rows = sum(r.record_count for r in results)
-        try:
-            return commit_or_abort(
-                committer,
-                query_id=query_id,
-                batch_id=batch_id,
-                results=results,
-                commit=lambda: committer.commit_batch(
-                    BatchCall(
-                        query_id,
-                        batch_id,
-                        self._query.source_offsets(spark, query_id, batch_id),
-                        run_id,
-                        self._query.batch_time(spark, df, query_id, batch_id),
-                    ),
-                    results,
-                    table_uuid=plan.table_uuid,
-                    changes=resolved.keys if resolved is not None else None,
-                    merge=merge,
-                ),
+
+        def commit() -> BatchOutcome:
+            call = BatchCall(
+                query_id,
+                batch_id,
+                self._query.source_offsets(spark, query_id, batch_id),
+                run_id,
+                self._query.batch_time(spark, df, query_id, batch_id),
             )
+            if resolved is None and plan.upsert is not None and self._merge_on_read(table, plan):
+                # option dead-letter-table: the tasks resolved each key's changes (their results carry the keys), so
+                # the lookup comes after the write and the commit drops the batch's stale changes from its own files,
+                # as format("lakesink")'s commit does (lakesink.sink.merge_on_read.TableMergeOnRead)
+                lookups = merge_on_read.RoutedLookups(spark)
+                return merge_on_read.TableMergeOnRead(committer, lookups).commit_batch(call, results, table_uuid=plan.table_uuid)
+            return committer.commit_batch(
+                call,
+                results,
+                table_uuid=plan.table_uuid,
+                changes=resolved.keys if resolved is not None else None,
+                merge=merge,
+            )
+
+        try:
+            return commit_or_abort(committer, query_id=query_id, batch_id=batch_id, results=results, commit=commit)
         finally:
             if directory is not None:
                 storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)

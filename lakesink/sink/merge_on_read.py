@@ -222,17 +222,18 @@ class TableMergeOnRead:
         self.committer = committer
         self.lookups: MergeLookups = lookups if lookups is not None else look_up_here
 
-    def commit_batch(self, call: BatchCall, results: Sequence[TaskResult]) -> BatchOutcome:
+    def commit_batch(self, call: BatchCall, results: Sequence[TaskResult], *, table_uuid: str | None = None) -> BatchOutcome:
+        """``table_uuid``: the table the batch was planned for (TableCommitter.commit_batch's)."""
         c = self.committer
         if not c.options.upsert_key:
-            return c.commit_batch(call, results)
+            return c.commit_batch(call, results, table_uuid=table_uuid)
         for attempt in range(1, LOOKUP_ATTEMPTS + 1):
             with c.batch_turn():  # this process's maintenance waits from the lookup to the commit
                 found = self._lookup(c.reload_table(), call, results)
                 if found is None:
-                    return c.commit_batch(call, results)
+                    return c.commit_batch(call, results, table_uuid=table_uuid)
                 try:
-                    return c.commit_batch(call, results, merge=found)
+                    return c.commit_batch(call, results, table_uuid=table_uuid, merge=found)
                 except CommitOutcomeUnknownError:
                     raise  # the delete files may be referenced by a commit the catalog still applies: kept
                 except RowDeltaConflictError as e:

@@ -20,7 +20,7 @@ import pytest
 import lakesink
 from lakesink.driver import catalogs
 from lakesink.table import dead_letters as dl
-from lakesink.table.keys import SUMMARY_UPSERT_MODE
+from lakesink.table.keys import DRIVER_LOOKUP_BYTES, SUMMARY_UPSERT_MODE
 from tests.support.helpers import assert_snapshot_invariants, create_required_value_table, lakesink_snapshots, run_to_end
 
 pytestmark = pytest.mark.spark
@@ -100,17 +100,21 @@ def dead_letters(props: dict[str, str]) -> Counter[Any]:
     return out
 
 
-@pytest.mark.parametrize(("entry", "mode"), [("foreach", "cow"), ("format", "cow"), ("format", "mor")])
+@pytest.mark.parametrize(
+    ("entry", "mode"),
+    [("foreach", "cow"), ("foreach", "mor"), ("foreach", "mor-executors"), ("format", "cow"), ("format", "mor")],
+)
 def test_a_dead_lettered_change_is_not_applied_and_its_key_resolves_from_the_others(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str, mode: str
 ) -> None:
     """``mor``: the table is merge-on-read: the second batch's upserts and deletes are a row delta, in the same unit
-    as its dead letters."""
+    as its dead letters (``mor-executors``: foreach_batch's lookup by Spark's executors, not on the driver)."""
     props = catalog_properties
     create_required_value_table(props, ("db", "events"))
-    if mode == "mor":
+    if mode.startswith("mor"):
         table = catalogs.load_table_fresh(None, props, ("db", "events"))
-        table.transaction().set_properties({"write.merge.mode": "merge-on-read"}).commit_transaction()
+        mor = {"write.merge.mode": "merge-on-read", **({DRIVER_LOOKUP_BYTES: "0"} if mode == "mor-executors" else {})}
+        table.transaction().set_properties(mor).commit_transaction()
     src = tmp_path / "in"
     src.mkdir()
     for i, batch in enumerate(BATCHES):
@@ -142,6 +146,6 @@ def test_a_dead_lettered_change_is_not_applied_and_its_key_resolves_from_the_oth
     assert dead_letters(props) == want_letters
     events: Any = catalogs.load_table_fresh(None, props, ("db", "events"))
     last = events.metadata.snapshot_by_id(lakesink_snapshots(events)[-1]["snapshot_id"]).summary
-    if mode == "mor":
+    if mode.startswith("mor"):
         assert last.get(SUMMARY_UPSERT_MODE) == "merge-on-read" and int(last.get("added-position-deletes") or 0) > 0
         assert not int(last.get("deleted-data-files") or 0)
