@@ -16,19 +16,26 @@ import pytest
 from pyspark.errors import PySparkException, StreamingQueryException
 
 from lakesink.driver import catalogs
-from lakesink.table.keys import PROPERTY_CDC_BINLOG_EPOCH
+from lakesink.audit import interop
+from lakesink.table.keys import PROPERTY_CDC_BINLOG_EPOCH, SUMMARY_UPSERT_MODE
 from tests.support import connectors as cn
 from tests.support.changes import KAFKA_DDL, write_json_round
-from tests.support.helpers import run_to_end, start_sink
+from tests.support.helpers import lakesink_snapshots, run_to_end, start_sink
 
 pytestmark = pytest.mark.spark
 
 ENTRIES = ["foreach", "format"]
 
 
-def start(spark: Any, entry: str, props: dict[str, str], tmp_path: Path) -> Any:
+def start(spark: Any, entry: str, props: dict[str, str], tmp_path: Path, *, created: dict[str, str] | None = None) -> Any:
+    """``created``: the properties of the tables the query creates (e.g. write.merge.mode)."""
     df = spark.readStream.schema(KAFKA_DDL).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
-    return start_sink(df, entry, tmp_path / "ck", props, cdc_format="debezium", merge_schema=True)
+    extra: dict[str, Any] = {}
+    if created and entry == "format":
+        extra = {f"table-property.{k}": v for k, v in created.items()}
+    elif created:
+        extra = {"table_properties": created}
+    return start_sink(df, entry, tmp_path / "ck", props, cdc_format="debezium", merge_schema=True, **extra)
 
 
 def tables(props: dict[str, str], names: list[str]) -> dict[str, dict[Any, dict[str, Any]]]:
@@ -40,12 +47,16 @@ def tables(props: dict[str, str], names: list[str]) -> dict[str, dict[Any, dict[
     return out
 
 
+@pytest.mark.parametrize("mode", ["copy-on-write", "merge-on-read"])
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_connectors_streams_equal_the_source_after_every_delivery(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str, mode: str
 ) -> None:
     """Fails before the change: the new MySQL primary's changes were dropped as stale, and the SQL Server and Oracle
-    records had no order (a key changed twice in a batch failed the batch, UpsertKeyError, on every retry)."""
+    records had no order (a key changed twice in a batch failed the batch, UpsertKeyError, on every retry). ``mode``:
+    the tables the query creates say it (write.merge.mode); every upsert batch of a merge-on-read table is a row delta
+    (each batch's lakesink.upsert.mode checked)."""
+    created = {"write.merge.mode": mode}
     sources: list[tuple[cn.MySql | cn.SqlServer | cn.Oracle, list[cn.Streamed]]] = [
         cn.mysql_failover(),
         cn.sqlserver_twice(),
@@ -60,9 +71,17 @@ def test_connectors_streams_equal_the_source_after_every_delivery(
                 records += source.records(rounds[index], schemas=index % 2 == 0)
                 seen.append(rounds[index])
         write_json_round(tmp_path / "in", index, records)
-        run_to_end(start(spark, entry, catalog_properties, tmp_path))  # a restart from the checkpoint
+        run_to_end(start(spark, entry, catalog_properties, tmp_path, created=created))  # a restart from the checkpoint
         want = {t: rows for t, rows in cn.model(c for r in seen for c, _ in r).items()}
         assert tables(catalog_properties, sorted(want)) == want, index
+    deletes = 0
+    for name, rows in want.items():
+        table = catalogs.load(None, catalog_properties).load_table(tuple(name.split(".")))
+        summaries = [table.metadata.snapshot_by_id(x["snapshot_id"]).summary for x in lakesink_snapshots(table)]
+        assert {x.get(SUMMARY_UPSERT_MODE) for x in summaries} - {None} == {mode}, name
+        deletes += sum(int(x.get("added-position-deletes") or 0) for x in summaries)
+        assert sorted(r["id"] for r in interop.duckdb_read(table.metadata_location).to_pylist()) == sorted(rows), name
+    assert (deletes > 0) == (mode == "merge-on-read"), deletes
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
