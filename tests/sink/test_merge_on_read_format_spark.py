@@ -183,3 +183,92 @@ def test_format_lakesink_a_compaction_between_the_lookup_and_the_swap_makes_the_
     assert table.metadata.snapshot_by_id(last.parent_snapshot_id).summary.operation.value == "replace"
     assert unreferenced_delete_files(table) == []
     assert_every_reader_sees(catalog_properties, model(stream))
+
+
+def assert_routed_tables_equal(
+    props: dict[str, str], want: dict[str, dict[int, tuple[int, str]]], left: dict[str, list[str]] | None = None
+) -> None:
+    """Every routed table equals the model in pyiceberg and DuckDB, holds each batch once; a merge-on-read table's
+    unreferenced position delete files are exactly ``left``'s (none by default) and its batches after the first two
+    are row deltas."""
+    for name in TABLES:
+        table = table_of(props, name)
+        assert rows_of(table.scan().to_arrow()) == want[name], f"{name}: pyiceberg"
+        assert rows_of(interop.duckdb_read(table.metadata_location)) == want[name], f"{name}: duckdb"
+        assert_snapshot_invariants(table)
+        ids = [s["batch_id"] for s in lakesink_snapshots(table)]
+        assert ids == sorted(set(ids)), f"{name} holds a batch twice: {ids}"
+        if name in MERGE_ON_READ_TABLES:
+            modes = [s.get(SUMMARY_UPSERT_MODE) for s in summaries(table)[2:]]
+            assert modes and set(modes) == {"merge-on-read"}, (name, modes)
+            assert set(unreferenced_delete_files(table)) == set((left or {}).get(name, [])), name
+
+
+@pytest.mark.timeout(900)
+def test_format_lakesink_routed_merge_on_read_commit_worker_killed_before_and_after_the_swap_then_restart_equals_the_model(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """Option route-by on format("lakesink"), two merge-on-read tables beside a copy-on-write one: the commit worker is
+    SIGKILLed after it looked the batch's keys up and wrote the position delete files of both merge-on-read tables,
+    before the unit's swap, then after the swap, before Spark's commit log. The restart from the checkpoint completes
+    the stream: every table holds each batch once, equals the model in every reader; the killed attempt's delete
+    files stay unreferenced until the orphan clean-up removes them (counted before the restart), none of a landed
+    batch is written twice (each merge-on-read snapshot's delete files are its own)."""
+    stream = change_stream(seed=65, batches=5, per_batch=90, keys=25)
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_events(src, stream[:2])
+    run_here(spark, catalog_properties, src, ck, "format", routed=True)
+    for name in MERGE_ON_READ_TABLES:
+        table_of(catalog_properties, name).transaction().set_properties(MOR).commit_transaction()
+    write_events(src, stream[2:], start=2)
+    left: dict[str, list[str]] = {}
+    for i, point in enumerate((DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP)):
+        faults.arm(point, "kill")
+        with pytest.raises(StreamingQueryException) as failed:  # the commit worker died: the query fails
+            run_here(spark, catalog_properties, src, ck, "format", routed=True)
+        assert faults.fired(point), str(failed.value)[-3000:]
+        if i == 0:
+            left = {name: unreferenced_delete_files(table_of(catalog_properties, name)) for name in MERGE_ON_READ_TABLES}
+            assert all(left.values()), f"no delete file written before the kill: {left}"
+    faults.clear()
+    run_here(spark, catalog_properties, src, ck, "format", routed=True)
+    ran = sorted(int(p.name) for p in (ck / "commits").iterdir() if p.name.isdigit())
+    assert ran == list(range(len(ran))) and len(ran) <= len(stream), ran
+    # only the killed attempt's delete files are unreferenced: the landed batches' are all in their tables
+    assert_routed_tables_equal(catalog_properties, routed_model(stream), left)
+
+
+def test_format_lakesink_routed_a_compaction_between_the_lookup_and_the_swap_makes_the_unit_look_again(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """Option route-by on format("lakesink"): another process compacts one of the batch's merge-on-read tables
+    (applying its delete files) while the batch waits at its unit's swap, its keys looked up in both merge-on-read
+    tables by the commit worker: the unit finds the positions invalid (RowDeltaConflictError), deletes every lookup's
+    delete files and looks the keys up again on the new heads, then commits all three tables as one unit. Every table
+    equals the model; no delete file of the first lookups is left behind."""
+    stream = change_stream(seed=66, batches=4, per_batch=90, keys=15)
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_events(src, stream[:1])
+    run_here(spark, catalog_properties, src, ck, "format", routed=True)
+    for name in MERGE_ON_READ_TABLES:
+        table_of(catalog_properties, name).transaction().set_properties(MOR).commit_transaction()
+    write_events(src, stream[1:3], start=1)
+    run_here(spark, catalog_properties, src, ck, "format", routed=True)
+    compacted = MERGE_ON_READ_TABLES[0]
+    assert delete_files(table_of(catalog_properties, compacted))
+    write_events(src, stream[3:], start=3)
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    query = writer(spark, catalog_properties, str(src), str(ck), "format", True).start()
+    try:
+        wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=240)
+        assert compact_elsewhere(catalog_properties, compacted) == "committed"
+    finally:
+        faults.release(DRIVER_BEFORE_SWAP)
+    run_to_end(query)
+    assert_routed_tables_equal(catalog_properties, routed_model(stream))
+    table = table_of(catalog_properties, compacted)
+    last = table.current_snapshot()
+    assert last.summary[SUMMARY_UPSERT_MODE] == "merge-on-read"
+    assert table.metadata.snapshot_by_id(last.parent_snapshot_id).summary.operation.value == "replace"
+    batches = {name: [s["batch_id"] for s in lakesink_snapshots(table_of(catalog_properties, name))][-1] for name in TABLES}
+    assert set(batches.values()) == {3}, batches  # the batch landed in every table of its unit

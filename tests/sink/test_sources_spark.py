@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from pyspark.errors import PySparkException, StreamingQueryException
 
-from lakesink.driver import catalogs
 from lakesink.audit import interop
+from lakesink.driver import catalogs
 from lakesink.table.keys import PROPERTY_CDC_BINLOG_EPOCH, SUMMARY_UPSERT_MODE
 from tests.support import connectors as cn
 from tests.support.changes import KAFKA_DDL, write_json_round
