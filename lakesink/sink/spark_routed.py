@@ -8,9 +8,10 @@ writes every table of a routed batch, no row passes through a Python worker.
    the same tables stays loud, as on the Arrow path.
 2. :func:`write_routed` -- one Spark write job per group of tables whose files look alike (the same file schema with
    field ids, partition spec, Parquet settings and filesystem: tables lakesink creates from one stream are one group;
-   at most :data:`MAX_TABLES_PER_JOB` tables a job), partitioned by the table (a folder ``__lakesink_route=<n>`` per
-   table) and, for a partitioned table, by its partition keys; it observes nothing (the counts and digests of step 1;
-   given rows other than the batch's, the first job observes them, three aggregates per table). The job writes into a
+   at most :data:`MAX_TABLES_PER_JOB` tables a job when it observes digests), partitioned by the table (a folder
+   ``__lakesink_route=<n>`` per table) and, for a partitioned table, by its partition keys; it observes nothing (the
+   counts and digests of step 1; upserts resolved by Spark bring theirs: lakesink.sink.upsert_batch.resolve_routed;
+   given other rows whose digests are not known, the first job observes them, three aggregates per table). The job writes into a
    batch directory of the group's first table; each other table's folder is then renamed into a batch directory of its
    own data location (a rename within one filesystem), so that every committed file lives in its table's location (an
    orphan clean-up of one table never sees another's files). The driver keeps the files carrying the job's write id,
@@ -54,7 +55,8 @@ from lakesink.table.routes import parse_route, routing_value
 log = logging.getLogger("lakesink")
 
 MAX_TABLES_PER_JOB = 64
-"""A write job observes three aggregates per table it writes: more tables, more jobs (each reads the batch)."""
+"""A write job that observes its tables' digests has three aggregates per table: more tables, more jobs (each reads the
+batch). A job that observes nothing (the digests known before) writes all the tables of its group."""
 ROUTE_KEY = ROUTE_PARTITION_COLUMN
 """The partition column of a routed write job: the table's number in its group (not written into the files)."""
 HASH_COLUMN = "__lakesink_row_hash"
@@ -168,18 +170,23 @@ def write_routed(
     values: Sequence[object],
     max_records_per_file: int = 0,
     found: Mapping[object, RowsDigest] | None = None,
+    digests: Mapping[str, RowsDigest] | None = None,
 ) -> RoutedSparkWrite:
     """Write the rows of every table of ``plans`` that does not hold the ``batch`` yet; nothing is committed. ``values``:
     the batch's routing values (each names a table of ``plans``). ``found``: each value's digest as
     :func:`find_routes` found it in ``df`` (the very rows written): each table's count and digest are then theirs, and
-    the write jobs observe nothing; without it (``df`` is not the batch :func:`find_routes` read) the first job also
+    the write jobs observe nothing; ``digests``: the same by table, for rows ``df`` holds (the resolved upserts whose
+    hashes lakesink.sink.upsert_batch.resolve_routed collected with their keys); without either the first job also
     observes each table's count and digest (those holding the batch already included: they get their digest only).
-    On any failure every directory of the batch is deleted before the error propagates."""
+    Without observing, one job writes every table of a group of alike tables (:data:`MAX_TABLES_PER_JOB` bounds an
+    observing job). On any failure every directory of the batch is deleted before the error propagates."""
     column, query_id, batch_id, run_id = batch.column, batch.query_id, batch.batch_id, batch.run_id
     check_columns(df, column)
     value_table = batch.tables_by_value(values)
     known: dict[str, RowsDigest] | None = None
-    if found is not None:
+    if digests is not None:
+        known = {name: digests.get(name, RowsDigest(kind=DIGEST_KIND)) for name in plans}
+    elif found is not None:
         known = {name: RowsDigest(kind=DIGEST_KIND) for name in plans}
         for value, found_digest in found.items():
             known[value_table[value]] = known[value_table[value]].add(found_digest)
@@ -188,7 +195,8 @@ def write_routed(
     by_key: dict[tuple[Any, ...], list[str]] = {}
     for name in pending:
         by_key.setdefault(group_key(plans[name]), []).append(name)
-    groups = [g[i : i + MAX_TABLES_PER_JOB] for g in by_key.values() for i in range(0, len(g), MAX_TABLES_PER_JOB)]
+    per_job = MAX_TABLES_PER_JOB if known is None else max(1, len(pending))  # observing: three aggregates per table
+    groups = [g[i : i + per_job] for g in by_key.values() for i in range(0, len(g), per_job)]
     written: dict[str, TaskResult] = {}
     digests: dict[str, RowsDigest] = dict(known or {})
     directories: list[str] = []

@@ -1,8 +1,8 @@
 """Upserts, first step: resolve one micro-batch of changes to one row per key (``foreach_batch`` only).
 
-Runs on the driver with the batch's DataFrame: the work itself runs in Spark (a window and an
-aggregation over the batch), and only the batch's keys come back to the driver (an Arrow table),
-because the commit must know which keys the batch replaces or deletes. The rows that stay (one per
+Runs on the driver with the batch's DataFrame: the work itself runs in Spark (a window over the batch, one job), and
+only the batch's keys come back to the driver (an Arrow table), because the commit must know which keys the batch
+replaces or deletes; a key twice or a null key is found in them. The rows that stay (one per
 key, deletes removed) are written by the usual write paths; :mod:`lakesink.driver.actions.upsert` then
 rewrites the table's files that hold any of the keys (copy-on-write) in the batch's own snapshot.
 
@@ -34,9 +34,10 @@ from pyspark.sql import types as T
 
 from lakesink.errors import InvalidOptionError, UpsertKeyError
 from lakesink.executor import upsert_task
+from lakesink.executor.messages import RowsDigest
 from lakesink.executor.routed_writer import RoutedTaskResult
 from lakesink.options import DELETE_WHEN, ORDER_BY, UPSERT_KEY, SinkOptions
-from lakesink.table.keys import COUNT_COLUMN as _COUNT
+from lakesink.sink import spark_routed
 from lakesink.table.keys import DELETED, ROUTED_TABLE_COLUMN
 from lakesink.table.keys import ORDER_COLUMN as ORDER
 from lakesink.table.keys import TOP_COLUMN as _TOP
@@ -80,11 +81,18 @@ def resolve(df: DataFrame, batch_id: int, options: SinkOptions) -> ResolvedBatch
 
 
 def _resolve(
-    df: DataFrame, batch_id: int, options: SinkOptions, keys: Sequence[str], *, tables: Sequence[str] | None = None
+    df: DataFrame,
+    batch_id: int,
+    options: SinkOptions,
+    keys: Sequence[str],
+    *,
+    tables: Sequence[str] | None = None,
+    row_hash: Column | None = None,
 ) -> ResolvedBatch:
     """:func:`resolve` over the key columns ``keys``. ``tables`` (option route-by, :func:`resolve_routed`): the rows carry
     their table's number among ``tables`` in :data:`ROUTED_TABLE_COLUMN`, each (table, key) is resolved on its own, an
-    error names the table, and the keys come back with the table's number first."""
+    error names the table, and the keys come back with the table's number first. ``row_hash``: each row's hash, returned
+    with the keys as :data:`lakesink.sink.spark_routed.HASH_COLUMN` (the written rows' digests, :func:`resolve_routed`)."""
     by = [F.col(ROUTED_TABLE_COLUMN)] if tables is not None else []
     group = [*by, *[F.col(k) for k in keys]]
     candidate = df
@@ -93,18 +101,16 @@ def _resolve(
         order = _column(df, options.order_by, ORDER_BY)
         top = F.max(F.col(order)).over(Window.partitionBy(*group))
         candidate = df.withColumn(_TOP, top).where(F.col(order).eqNullSafe(F.col(_TOP))).drop(_TOP)
+    # with order-by, each key's order value too: the commit compares it with the one the table holds
+    ordered = [F.col(order).alias(ORDER)] if order is not None else []
+    hashed = [row_hash.alias(spark_routed.HASH_COLUMN)] if row_hash is not None else []
     try:
         flag = F.lit(False)
         if options.delete_when is not None:
             flag = F.coalesce(F.expr(options.delete_when).cast("boolean"), F.lit(False))
         cached = candidate.withColumn(DELETED, flag).persist()
-        bad = (
-            cached.groupBy(*group)
-            .agg(F.count(F.lit(1)).alias(_COUNT))
-            .where((F.col(_COUNT) > 1) | _any_null(keys))
-            .limit(1)
-            .collect()
-        )
+        # the batch's one job: every key it changes (a key twice, or a null key, is found in them: no job of its own)
+        changed = cached.select(*group, F.col(DELETED), *ordered, *hashed).toArrow()
     except (AnalysisException, ParseException) as e:
         if options.delete_when is not None and _mentions_expression(df, options.delete_when):
             raise InvalidOptionError(
@@ -112,9 +118,10 @@ def _resolve(
                 f"columns ({', '.join(df.columns)}): {str(e).splitlines()[0]}"
             ) from None
         raise
-    if bad:
+    bad = _first_bad(changed, [*([ROUTED_TABLE_COLUMN] if tables is not None else []), *keys], keys)
+    if bad is not None:
         cached.unpersist()
-        row = bad[0]
+        row, count = bad
         number = row[ROUTED_TABLE_COLUMN] if tables is not None else None
         where = f" for table {tables[number]}" if tables is not None and number is not None else ""
         nulls = [k for k in keys if row[k] is None]
@@ -127,18 +134,15 @@ def _resolve(
         key = ", ".join(f"{k}={row[k]!r}" for k in keys)
         if options.order_by is None:
             raise UpsertKeyError(
-                f"batch {batch_id} has {row[_COUNT]} rows for key ({key}){where}: with option '{UPSERT_KEY}' and no "
+                f"batch {batch_id} has {count} rows for key ({key}){where}: with option '{UPSERT_KEY}' and no "
                 f"option '{ORDER_BY}', a batch may hold one row per key. Nothing was committed; give option '{ORDER_BY}' "
                 "(a column whose greatest value wins, e.g. an event time or sequence number) or de-duplicate the stream"
             )
         raise UpsertKeyError(
-            f"batch {batch_id} has {row[_COUNT]} rows for key ({key}){where} with the same greatest '{ORDER_BY}' value "
+            f"batch {batch_id} has {count} rows for key ({key}){where} with the same greatest '{ORDER_BY}' value "
             f"({options.order_by}): lakesink cannot tell which one wins. Nothing was committed; order by a column "
             "whose values are unique per key (e.g. a sequence number)"
         )
-    # with order-by, each key's order value too: the commit compares it with the one the table holds
-    ordered = [F.col(order).alias(ORDER)] if order is not None else []
-    changed = cached.select(*group, F.col(DELETED), *ordered).toArrow()
     rows = cached.where(~F.col(DELETED)).drop(DELETED)
     return ResolvedBatch(rows=rows, keys=changed, cached=cached)
 
@@ -152,6 +156,8 @@ class RoutedResolution:
     keys: Mapping[str, pa.Table]
     """Each table's keys the batch changes, as :attr:`ResolvedBatch.keys` (the table's key columns as the batch spells them)."""
     cached: tuple[DataFrame, ...]
+    digests: Mapping[str, RowsDigest]
+    """Each table's rows to write: their count and digest (lakesink.sink.spark_routed: the write job then observes none)."""
 
     def with_keys(self, results: Sequence[RoutedTaskResult]) -> list[RoutedTaskResult]:
         """The written batch's results, each table's with the keys the batch changes there (Arrow IPC, as a routed
@@ -204,20 +210,37 @@ def resolve_routed(
         by_key.setdefault(tuple(keys.get(name) or options.upsert_key), []).append(i)
     resolved: list[ResolvedBatch] = []
     changed: dict[str, pa.Table] = {}
+    digests: dict[str, RowsDigest] = {}
+    # each row's hash as the routed write job would observe it (the written columns, the routing column aside)
+    hashed = spark_routed.row_hash(df, column)
     try:
         for key, numbers in by_key.items():
             part = numbered if len(by_key) == 1 else numbered.where(F.col(ROUTED_TABLE_COLUMN).isin(numbers))
-            done = _resolve(part, batch_id, options, key_columns(part, key), tables=names)
+            done = _resolve(part, batch_id, options, key_columns(part, key), tables=names, row_hash=hashed)
             resolved.append(done)
             number = done.keys.column(ROUTED_TABLE_COLUMN)
             for i in numbers:
-                changed[names[i]] = done.keys.filter(pc.equal(number, i)).drop_columns([ROUTED_TABLE_COLUMN])
+                mine = done.keys.filter(pc.equal(number, i))
+                digests[names[i]] = _digest(mine)
+                changed[names[i]] = mine.drop_columns([ROUTED_TABLE_COLUMN, spark_routed.HASH_COLUMN])
     except BaseException:
         for r in resolved:
             release(r)
         raise
     rows = reduce(DataFrame.unionByName, [r.rows for r in resolved]).drop(ROUTED_TABLE_COLUMN)
-    return RoutedResolution(rows=rows, keys=changed, cached=tuple(r.cached for r in resolved))
+    return RoutedResolution(rows=rows, keys=changed, cached=tuple(r.cached for r in resolved), digests=digests)
+
+
+def _digest(keys: pa.Table) -> RowsDigest:
+    """The count and digest of a table's rows to write (its resolved changes that are not deletes), from their hashes
+    (:data:`lakesink.sink.spark_routed.HASH_COLUMN`) as :func:`lakesink.sink.spark_routed.digest_aggregates` sums them:
+    two sums of the hashes' 32-bit halves."""
+    kept = keys.filter(pc.invert(keys.column(DELETED)))
+    # each 64-bit hash as unsigned (its bits), halves below 2**32: their sums fit in 64 bits
+    hashes = pc.cast(kept.column(spark_routed.HASH_COLUMN), pa.uint64(), safe=False)
+    high = pc.sum(pc.shift_right(hashes, pa.scalar(32, pa.uint64()))).as_py()
+    low = pc.sum(pc.bit_wise_and(hashes, pa.scalar(0xFFFFFFFF, pa.uint64()))).as_py()
+    return spark_routed.digest_of(kept.num_rows, high, low)
 
 
 def for_tasks(df: DataFrame, options: SinkOptions) -> tuple[DataFrame, bool]:
@@ -324,8 +347,21 @@ def _column(df: DataFrame, name: str, option: str) -> str:
     )
 
 
-def _any_null(keys: Sequence[str]) -> Column:
-    return reduce(lambda a, b: a | b, [F.col(k).isNull() for k in keys])
+def _first_bad(changed: pa.Table, group: Sequence[str], keys: Sequence[str]) -> tuple[dict[str, object], int] | None:
+    """The first of the resolved ``changed`` rows whose key has a null column, or that a second row of its ``group``
+    ((table,) key) follows -- several rows of one key share the greatest order value, or there is no order-by --, with
+    the number of rows of its group; None: every key once, none null."""
+    nulls = [pc.is_null(changed.column(k)) for k in keys]
+    null = reduce(pc.or_, nulls) if nulls else None
+    if null is not None and pc.any(null).as_py():
+        first = pc.index(null, True).as_py()
+        return changed.slice(first, 1).to_pylist()[0], 1
+    counted = changed.select(list(group)).group_by(list(group), use_threads=False).aggregate([([], "count_all")])
+    twice = counted.filter(pc.greater(counted.column("count_all"), 1))
+    if not twice.num_rows:
+        return None
+    row = twice.slice(0, 1).to_pylist()[0]
+    return {k: row[k] for k in group}, int(row["count_all"])
 
 
 def _mentions_expression(df: DataFrame, expression: str) -> bool:
