@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.actions.completeness import BatchTime
+from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
 from lakesink.driver.committers.interface import BatchCommitter
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.executor.messages import WritePlan
@@ -54,12 +55,13 @@ def commit_routed(
     write: Callable[[], list[RoutedTaskResult]],
     batch_time: Callable[[], BatchTime | None],
     invalid: bool = False,
+    facts: BatchFacts = NO_FACTS,
 ) -> RoutedOutcome:
     """A routed batch (``call``; its time is read by ``batch_time`` when the commit is made) whose tables are planned
     (``plans`` of ``routes``): a batch some of its tables hold already is decided for the whole batch, before any file
     is written (``check_replay_at_plan``); one every table held when it was planned is skipped; else its files are
     written (``write``, also when the batch has only rows of an invalid route, ``invalid``: dead letters) and committed
-    as one unit, or aborted when the commit raised."""
+    as one unit with the batch's ``facts`` (what its changes carry beside its rows), or aborted when the commit raised."""
     routed.check_replay_at_plan(call)
     batch_id = call.batch_id
     if (
@@ -75,5 +77,5 @@ def commit_routed(
         query_id=call.query_id,
         batch_id=batch_id,
         results=results,
-        commit=lambda: routed.commit_batch(replace(call, time=batch_time()), results),
+        commit=lambda: routed.commit_batch(replace(call, time=batch_time()), results, facts),
     )

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -26,9 +27,11 @@ from lakesink.cdc import debezium
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, BatchOutcome
 from lakesink.driver.actions.upsert_mor import LOOKUP_ATTEMPTS, MergeLookup
+from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.routed_tables import check_atomic
 from lakesink.driver.committers.table import TableCommitter
+from lakesink.driver.tables.routed_keys import Key
 from lakesink.driver.tables.schema import arrow_schema_of
 from lakesink.errors import InvalidOptionError, RowDeltaConflictError
 from lakesink.executor import payload
@@ -480,27 +483,25 @@ class ForeachBatchSink(RoutedSparkBatches):
         if run_id != self._run:  # a new run of the query: every table is opened (and checked) afresh
             routed.new_run()
             self._run = run_id
-        # option cdc-transactions=hold: what the batch holds back, recorded in its unit
-        routed.held = self._held.back if self._held is not None else None
-        routed.held_tables = self._held.tables if self._held is not None else ()
-        routed.held_homes = frozenset()
+        # option cdc-transactions=hold: what the batch holds back, recorded in its unit (passed down with its facts)
+        facts = BatchFacts(held=self._held.back, held_tables=self._held.tables) if self._held is not None else NO_FACTS
         # merge-on-read tables: the batch's keys looked up by Spark's executors before the unit commit
         routed.merge_lookup = merge_on_read.RoutedLookups(spark)
         root = self._split_root(spark, routed, query_id)
         if root is not None:  # Spark's writer, appends: the write job is the batch's one read (lakesink.sink.spark_split)
-            return self._split_batch(df, batch_id, query_id, routed, run_id, root)
+            return self._split_batch(df, batch_id, query_id, routed, run_id, root, facts)
         cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
         try:
             if self._spark_writes_routed():  # Spark's own Parquet writer, no row in a Python worker
-                outcome = self._routed_spark_batch(cached, batch_id, query_id, routed, run_id)
+                outcome = self._routed_spark_batch(cached, batch_id, query_id, routed, run_id, facts)
                 if outcome is not None:
                     return outcome
-            return self._routed_arrow_batch(cached, batch_id, query_id, routed, run_id)
+            return self._routed_arrow_batch(cached, batch_id, query_id, routed, run_id, facts)
         finally:
             cached.unpersist(blocking=False)
 
     def _routed_arrow_batch(
-        self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None
+        self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None, facts: BatchFacts
     ) -> RoutedOutcome:
         """Option route-by through Python workers (mapInArrow, lakesink.executor.routed_writer): ``writer='arrow'``,
         and ``auto`` with ``payload``, ``dead-letter-table`` or a table Spark's writer cannot write."""
@@ -508,13 +509,14 @@ class ForeachBatchSink(RoutedSparkBatches):
         assert routing is not None
         started = time.perf_counter()
         if self.options.payload is not None:  # each table's columns from its payloads (the same job finds the routes)
-            values, found = self._payload_columns(df, routed)
+            values, found, facts = self._payload_columns(df, facts)
             if self.options.cdc_format is not None:  # the changes before a truncate dropped, the table marked
-                df, values = truncates.apply(df, routed, routing, found, values)
+                df, values, facts = truncates.apply(df, routed, routing, found, values, facts)
             # cdc-transactions=hold, no table yet, none planned (dead letters at most): the held changes' tables
             if self._held is not None and self._held.needs_home and not routed.routes(values, batch_id):
                 held_changes = debezium_changes(self._held.held_changes(), keep_value=self.options.dead_letter_table is not None)
-                homes = transactions.homes(routed, routing, self._payload_columns(held_changes, routed)[0], batch_id)
+                held_values, _, held_facts = self._payload_columns(held_changes, facts)
+                homes, facts = transactions.homes(routed, routing, held_values, batch_id, held_facts)
                 values = [*values, *homes]
         else:
             # read as bytes: a value that is not UTF-8 stays itself (an invalid route), not Spark's decoding of it
@@ -522,7 +524,7 @@ class ForeachBatchSink(RoutedSparkBatches):
             values = [routing_value(None if r[0] is None else bytes(r[0])) for r in raw]
         found_ms = (time.perf_counter() - started) * 1000
         routes = routed.routes(values, batch_id)  # with dead_letter_table: the valid ones (the others: dead letters)
-        plans = routed.plans(routes, query_id)
+        plans = routed.plans(routes, query_id, facts)
         planned_ms = (time.perf_counter() - started) * 1000 - found_ms
         invalid = routed.any_invalid(values)  # with dead_letter_table: rows that are dead letters of error invalid-route
 
@@ -553,11 +555,14 @@ class ForeachBatchSink(RoutedSparkBatches):
             return results
 
         # rows of invalid routes only (invalid): written all the same (dead letters); df read when committing (see write)
-        return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write, invalid=invalid)
+        return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write, facts, invalid=invalid)
 
-    def _payload_columns(self, df: DataFrame, routed: RoutedCommitter) -> tuple[list[object], dict[object, payload.Found]]:
+    def _payload_columns(
+        self, df: DataFrame, facts: BatchFacts
+    ) -> tuple[list[object], dict[object, payload.Found], BatchFacts]:
         """Option payload: one Spark job over the routing and payload columns (lakesink.executor.payload): the batch's
-        routing values, and each table's columns as its payloads hold them (kept in ``routed.table_columns``)."""
+        routing values, what was found per value, and ``facts`` with each table's columns as its payloads hold them and
+        the keys its changes carry."""
         routing, column = self.options.routing, self.options.payload
         assert routing is not None and column is not None
         found_type = df.schema[column].dataType.simpleString() if column in df.columns else None
@@ -582,15 +587,14 @@ class ForeachBatchSink(RoutedSparkBatches):
             raw = routing_value(None if r[0] is None else bytes(r[0]))
             found.setdefault(raw, []).append(pickle.loads(r[1]))
             extra[raw] = extra.get(raw, payload.Found()).join(pickle.loads(r[2]))
-        routed.table_columns, routed.carried_keys = {}, {}
+        columns: dict[str, pa.Schema] = {}
+        keys: dict[str, Collection[Key]] = {}
         for value, parts in found.items():
             route = parse_route(value, routing.namespace, routing.allowed_namespaces)
             if isinstance(route, Route):
-                routed.table_columns[str(route)] = payload.merge_columns(
-                    parts, str(route), lenient=lenient, wide=extra[value].wide
-                )
-                routed.carried_keys[str(route)] = extra[value].keys
-        return list(found), extra
+                columns[str(route)] = payload.merge_columns(parts, str(route), lenient=lenient, wide=extra[value].wide)
+                keys[str(route)] = extra[value].keys
+        return list(found), extra, replace(facts, table_columns=columns, carried_keys=keys)
 
     def _on_driver(self) -> bool:
         """Write this batch on the driver (lakesink.sink.driver_write)? ``writer="driver"``, or ``auto`` after a batch of

@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame
 from pyspark.storagelevel import StorageLevel
 
 from lakesink.driver.actions.batch import BatchCall
+from lakesink.driver.committers.facts import BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.errors import InvalidOptionError
 from lakesink.executor.messages import WritePlan
@@ -80,7 +81,7 @@ class RoutedSparkBatches:
     _bytes_per_row: float | None
 
     def _routed_arrow_batch(
-        self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None
+        self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None, facts: BatchFacts
     ) -> RoutedOutcome:
         """The routed batch through Python workers (lakesink.sink.foreach.ForeachBatchSink)."""
         raise NotImplementedError
@@ -119,7 +120,7 @@ class RoutedSparkBatches:
         return False
 
     def _routed_spark_batch(
-        self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None
+        self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None, facts: BatchFacts
     ) -> RoutedOutcome | None:
         """Option route-by with Spark's writer (lakesink.sink.spark_routed): one Spark job finds the batch's tables with
         each one's row count and digest, one write job per group of alike tables writes them, one unit commits them.
@@ -132,7 +133,7 @@ class RoutedSparkBatches:
         values = list(found)
         found_ms = (time.perf_counter() - started) * 1000
         routes = routed.routes(values, batch_id)  # an invalid route: RoutingError (dead letters need 'arrow')
-        plans = routed.plans(routes, query_id)
+        plans = routed.plans(routes, query_id, facts)
         planned_ms = (time.perf_counter() - started) * 1000 - found_ms
         if self._spark_cannot_write(spark, plans, batch_id):
             return None
@@ -156,7 +157,7 @@ class RoutedSparkBatches:
             return resolved.with_keys([written.result]) if resolved is not None else [written.result]
 
         try:
-            return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write)
+            return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write, facts)
         finally:
             for directory in written.directories if written is not None else ():
                 storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)
@@ -176,7 +177,14 @@ class RoutedSparkBatches:
         return spark_split.split_root(template.root, query_id)
 
     def _split_batch(
-        self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None, root: str
+        self,
+        df: DataFrame,
+        batch_id: int,
+        query_id: str,
+        routed: RoutedCommitter,
+        run_id: str | None,
+        root: str,
+        facts: BatchFacts,
     ) -> RoutedOutcome:
         """Option route-by with writer='spark', appends (lakesink.sink.spark_split): one Spark job writes the batch by
         routing value (its only read), counting the whole batch (and digesting it where the tables are not committed
@@ -203,7 +211,7 @@ class RoutedSparkBatches:
         try:
             split_ms = (time.perf_counter() - started) * 1000
             routes = routed.routes(list(s.keys), batch_id) if not s.odd else []  # invalid: RoutingError
-            plans = routed.plans(routes, query_id) if not s.odd else {}
+            plans = routed.plans(routes, query_id, facts) if not s.odd else {}
             planned_ms = (time.perf_counter() - started) * 1000 - split_ms
             if s.odd or self._spark_cannot_write(df.sparkSession, plans, batch_id):
                 # a null, empty or long routing value: the two jobs' path; a table Spark cannot write (writer='auto'):
@@ -211,8 +219,8 @@ class RoutedSparkBatches:
                 spark_write.delete_directory(template.io, s.directory)
                 cached = read_once(df)
                 try:
-                    outcome = self._routed_spark_batch(cached, batch_id, query_id, routed, run_id) if s.odd else None
-                    return outcome or self._routed_arrow_batch(cached, batch_id, query_id, routed, run_id)
+                    outcome = self._routed_spark_batch(cached, batch_id, query_id, routed, run_id, facts) if s.odd else None
+                    return outcome or self._routed_arrow_batch(cached, batch_id, query_id, routed, run_id, facts)
                 finally:
                     cached.unpersist(blocking=False)
 
@@ -225,7 +233,7 @@ class RoutedSparkBatches:
                 self._written("split", batch_id, written, plan_ms=planned_ms, place_ms=(time.perf_counter() - placed) * 1000)
                 return [written.result]
 
-            return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write)
+            return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write, facts)
         finally:
             spark_write.delete_directory(template.io, s.directory)  # what was not moved into a table
             for directory in written.directories if written is not None else ():
@@ -275,11 +283,13 @@ class RoutedSparkBatches:
         routes: Sequence[Route],
         plans: Mapping[str, WritePlan],
         write: Callable[[], list[RoutedTaskResult]],
+        facts: BatchFacts,
         *,
         invalid: bool = False,
     ) -> RoutedOutcome:
         """:func:`lakesink.sink.commit.commit_routed` with what the query records: the batch's source offsets, and its
-        time (of ``df()``, the batch as written, read when the commit is made)."""
+        time (of ``df()``, the batch as written, read when the commit is made); ``facts``: what the batch's changes
+        carry beside its rows."""
         spark = df().sparkSession
         return commit_routed(
             routed,
@@ -289,6 +299,7 @@ class RoutedSparkBatches:
             write=write,
             batch_time=lambda: self._query.batch_time(spark, df(), query_id, batch_id),
             invalid=invalid,
+            facts=facts,
         )
 
     def _max_records_per_file(self, plan: WritePlan) -> int:

@@ -27,7 +27,7 @@ executors' do on foreach_batch's path; the executors did the parsing and the inf
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 from decimal import Decimal
 
@@ -37,8 +37,10 @@ from pyiceberg.io import load_file_io
 from lakesink.cdc import envelope
 from lakesink.driver.actions import dead_letters
 from lakesink.driver.actions.batch import BatchCall
+from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.routed_tables import check_atomic, staging_root
+from lakesink.driver.tables.routed_keys import Key
 from lakesink.errors import InvalidOptionError
 from lakesink.executor import payload
 from lakesink.executor.messages import TaskIds, WritePlan
@@ -118,19 +120,22 @@ class StagedCommitter:
         routed, routing = self.routed, self.routed.routing
         query_id, batch_id = call.query_id, call.batch_id
         run_id = call.run_id or next((r.run_id for r in results if r.run_id), None)
+        facts = NO_FACTS  # what the batch's changes carry beside its rows, found step by step below
         if self.plan.transactions:  # option cdc-transactions=hold: the released records, staged as one task's
             assert self.raw is not None
-            results = staged_transactions.released(routed, self.plan, self.raw, replace(call, run_id=run_id), results)
-        found = self._table_columns(results)
+            results, facts = staged_transactions.released(routed, self.plan, self.raw, replace(call, run_id=run_id), results)
+        found, facts = self._table_columns(results, facts)
         cut = truncates.positions(found) if routed.options.cdc_format is not None else {}
-        values = truncates.mark(routed, routing, cut, list(found))
+        values, facts = truncates.mark(routed, routing, cut, list(found), facts)
         home = None
         if self.plan.transactions and not routed.routes(values, batch_id):  # no table planned (dead letters at most)
-            home = staged_transactions.home_inference(routed, self.plan, replace(call, run_id=run_id))
+            home = staged_transactions.home_inference(self.plan, replace(call, run_id=run_id), facts)
         if home is not None:  # cdc-transactions=hold, no table yet: the held changes' tables made empty, in the unit
-            values = [*values, *transactions.homes(routed, routing, list(self._table_columns([home])), batch_id)]
+            held_found, held_facts = self._table_columns([home], facts)
+            held_values, facts = transactions.homes(routed, routing, list(held_found), batch_id, held_facts)
+            values = [*values, *held_values]
         routes = routed.routes(values, batch_id)
-        plans = routed.plans(routes, query_id)
+        plans = routed.plans(routes, query_id, facts)
         outcome = commit_routed(
             routed,
             replace(call, run_id=run_id),
@@ -139,16 +144,19 @@ class StagedCommitter:
             write=lambda: [self._write(plans, query_id, batch_id, run_id, results, cut)],
             batch_time=lambda: call.time,
             invalid=routed.any_invalid(values),  # option dead-letter-table: rows of no valid table are dead letters
+            facts=facts,
         )
         if self.plan.transactions:
-            staged_transactions.remember(routed, call, list(outcome.tables))
+            staged_transactions.remember(routed, call, list(outcome.tables), facts)
         self._sweep(batch_id)
         return outcome
 
-    def _table_columns(self, results: Sequence[StagedTaskResult]) -> dict[object, payload.Found]:
-        """The tasks' inferences joined: each table's columns and carried keys set in the routed committer; per routing
-        value, what the inference found (its keys, its last truncate)."""
-        routed, routing = self.routed, self.routed.routing
+    def _table_columns(
+        self, results: Sequence[StagedTaskResult], facts: BatchFacts
+    ) -> tuple[dict[object, payload.Found], BatchFacts]:
+        """The tasks' inferences joined: per routing value, what the inference found (its keys, its last truncate), and
+        ``facts`` with each table's columns and carried keys (those of these results only)."""
+        routing = self.routed.routing
         parts: dict[object, list[Mapping[str, pa.DataType | None]]] = {}
         found: dict[object, payload.Found] = {}
         for r in results:
@@ -156,15 +164,16 @@ class StagedCommitter:
                 value = routing_value(raw)
                 parts.setdefault(value, []).append(columns)
                 found[value] = found.get(value, payload.Found()).join(r.found[raw])
-        routed.table_columns, routed.carried_keys = {}, {}
+        tables: dict[str, pa.Schema] = {}
+        keys: dict[str, Collection[Key]] = {}
         for routed_value, tasks in parts.items():
             route = parse_route(routed_value, routing.namespace, routing.allowed_namespaces)
             if isinstance(route, Route):
-                routed.table_columns[str(route)] = payload.merge_columns(
+                tables[str(route)] = payload.merge_columns(
                     [dict(c) for c in tasks], str(route), lenient=self.plan.dead_letters, wide=found[routed_value].wide
                 )
-                routed.carried_keys[str(route)] = found[routed_value].keys
-        return found
+                keys[str(route)] = found[routed_value].keys
+        return found, replace(facts, table_columns=tables, carried_keys=keys)
 
     def _write(
         self,

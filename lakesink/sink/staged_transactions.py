@@ -14,13 +14,13 @@ records, Kafka's ``offset`` beside them -- neither parsed nor inferred). Here, i
    (:meth:`lakesink.executor.staged.StagedTaskWriter.stage`), as one task of the batch: the commit then goes on as
    without the option (lakesink.sink.staged), over exactly the rows it commits (a column, a key, a truncate of a held
    change is not the table's yet);
-4. what is held back goes to the routed committer (``RoutedCommitter.held``), which writes it as the held file and
-   names it in every table of the batch's unit, in the same atomic commit (lakesink.driver.actions.held), or deletes
+4. what is held back goes to the batch's commit (``BatchFacts.held``: the routed committer writes it as the held file and
+   names it in every table of the batch's unit, in the same atomic commit, lakesink.driver.actions.held), or deletes
    it when that commit did not land;
 5. a batch that plans no table while it holds changes back and no table records what the sink holds (the query's
    first batches, one transaction open) has nowhere to record them: its held changes are parsed and inferred by the
    staging writer's code, nothing staged (:func:`home_inference`), and foreach_batch's decision
-   (lakesink.sink.transactions.homes) makes their tables, empty, in the batch's unit (``RoutedCommitter.held_homes``).
+   (lakesink.sink.transactions.homes) makes their tables, empty, in the batch's unit (``BatchFacts.held_homes``).
 
 Cost: the released records are parsed and their payloads inferred in the commit worker (without the option the
 executors do both); the held records are read and rewritten every batch (docs/cdc.md).
@@ -38,6 +38,7 @@ import pyarrow as pa
 from lakesink.cdc import transactions as cdc_transactions
 from lakesink.driver.actions import held
 from lakesink.driver.actions.batch import BatchCall
+from lakesink.driver.committers.facts import BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.errors import InvalidOptionError
 from lakesink.executor.messages import TaskIds
@@ -65,9 +66,9 @@ def check_records(raw: pa.Schema) -> None:
 
 def released(
     routed: RoutedCommitter, plan: StagedPlan, raw: pa.Schema, call: BatchCall, results: Sequence[StagedTaskResult]
-) -> list[StagedTaskResult]:
-    """The batch's staged records with those its predecessor held back, split: ``routed.held`` set to what it holds
-    back; the released records staged as one task's result (none: nothing released)."""
+) -> tuple[list[StagedTaskResult], BatchFacts]:
+    """The batch's staged records with those its predecessor held back, split: the released records staged as one
+    task's result (none: nothing released), and the batch's facts of what it holds back (``held``, ``held_tables``)."""
     options = routed.options
     query_id, batch_id = call.query_id, call.batch_id
     cached = _KNOWN.get((query_id, options.sink_id))
@@ -93,7 +94,7 @@ def released(
     except ValueError as e:
         raise InvalidOptionError(f"option '{CDC_TRANSACTIONS}'='hold': {e}") from None
     decision = split.decision
-    routed.held = held.HeldBack(
+    back = held.HeldBack(
         rows=split.held,
         changes=split.held_changes,
         oldest_ms=split.oldest_ms,
@@ -106,8 +107,8 @@ def released(
     )
     transactions.report(query_id, batch_id, decision, split.redelivered)
     key = held.property_key(query_id, options.sink_id)
-    routed.held_tables = tuple(sorted(n for n, t in tables.items() if key in t.properties))
-    routed.held_homes = frozenset()  # set by a batch that releases no change and has no table (home_inference)
+    # held_homes: a batch that releases no change and has no table (home_inference)
+    facts = BatchFacts(held=back, held_tables=tuple(sorted(n for n, t in tables.items() if key in t.properties)))
     if split.held_changes:
         log.info(
             "lakesink: query=%s batch=%s cdc-transactions: %s transaction(s) released; %s change(s) held back, waiting "
@@ -119,21 +120,21 @@ def released(
             decision.waiting_for,
         )
     if not split.released.num_rows:
-        return []
+        return [], facts
     run_id = call.run_id or next((r.run_id for r in results if r.run_id), None)
     ids = TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id)
     writer = StagedTaskWriter(replace(plan, transactions=False), ids)
     result = writer.stage(iter(split.released.to_batches()))
-    return [result] if result.file is not None else []
+    return ([result] if result.file is not None else []), facts
 
 
-def home_inference(routed: RoutedCommitter, plan: StagedPlan, call: BatchCall) -> StagedTaskResult | None:
+def home_inference(plan: StagedPlan, call: BatchCall, facts: BatchFacts) -> StagedTaskResult | None:
     """A batch that holds changes back while no table records what the sink holds (the query's first batches, one
     transaction open), and that plans no table of its own: the held changes parsed and inferred by the staging writer's
     code, nothing staged -- what foreach_batch's inference gives for them (lakesink.sink.transactions.homes then makes
-    their tables, empty, in the batch's unit: ``RoutedCommitter.held_homes``). None: the batch needs no home."""
-    back = routed.held
-    if back is None or routed.held_tables or not back.changes:
+    their tables, empty, in the batch's unit: ``BatchFacts.held_homes``). None: the batch needs no home."""
+    back = facts.held
+    if back is None or facts.held_tables or not back.changes:
         return None
     kinds = [not cdc_transactions.is_transaction_record(_payload(v)) for v in back.rows.column("value").to_pylist()]
     changes = back.rows.filter(pa.array(kinds, pa.bool_()))
@@ -148,9 +149,9 @@ def _payload(value: object) -> object:
         return None
 
 
-def remember(routed: RoutedCommitter, call: BatchCall, tables: Sequence[str]) -> None:
+def remember(routed: RoutedCommitter, call: BatchCall, tables: Sequence[str], facts: BatchFacts) -> None:
     """The batch committed (or found committed): where the next batch of this worker finds what it held back."""
-    found = tuple(tables) or routed.held_tables
+    found = tuple(tables) or facts.held_tables
     if found:
         _KNOWN[(call.query_id, routed.options.sink_id)] = (call.batch_id, found)
 

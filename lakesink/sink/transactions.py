@@ -13,7 +13,7 @@ commit (lakesink.driver.committers.routed). The ``BEGIN`` and ``END`` records of
 A batch that releases no change while no table records what the sink holds back (the query's first batches, one
 transaction open) has no table to record it in: its held changes' tables are created, as the changes would make them
 (their payloads' columns and keys, foreach_batch's inference over the held changes), and committed in its unit with no
-row, each carrying the record (:func:`homes`; RoutedCommitter.held_homes). Readers see those tables empty: the state
+row, each carrying the record (:func:`homes`; BatchFacts.held_homes). Readers see those tables empty: the state
 before the held transaction.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,6 +38,7 @@ from lakesink.cdc import transactions
 from lakesink.driver import catalogs
 from lakesink.driver.actions import held
 from lakesink.driver.actions.held import HeldBack
+from lakesink.driver.committers.facts import BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.errors import InvalidOptionError
 from lakesink.options import CDC_TRANSACTIONS, Routing, SinkOptions
@@ -86,27 +87,30 @@ class Split:
         self._cached.unpersist(blocking=False)
 
 
-def homes(routed: RoutedCommitter, routing: Routing, values: Sequence[object], batch_id: int) -> list[object]:
+def homes(
+    routed: RoutedCommitter, routing: Routing, values: Sequence[object], batch_id: int, facts: BatchFacts
+) -> tuple[list[object], BatchFacts]:
     """A batch that releases no change and holds some back, while no table records what the sink holds: the routing
-    values of its held changes (``values``; their columns and keys set in ``routed`` by the same inference a released
+    values of its held changes (``values``; their columns and keys in ``facts``, by the same inference a released
     change goes through) whose tables are made and committed in the batch's unit without a row, recording what it
-    holds (``routed.held_homes``). A route whose held changes are only truncates of a table that does not exist makes no
-    table (as a released one makes none). The caller plans (creates) the tables of the values returned."""
+    holds (the facts returned: ``held_homes``). A route whose held changes are only truncates of a table that does not
+    exist makes no table (as a released one makes none). The caller plans (creates) the tables of the values returned."""
+    columns_of = dict(facts.table_columns)
     kept: list[object] = []
     for value in values:
         route = parse_route(value, routing.namespace, routing.allowed_namespaces)
         if not isinstance(route, Route):
             continue  # an invalid route: its changes are dead letters (or fail) when they are released
-        columns = routed.table_columns.get(str(route))
+        columns = columns_of.get(str(route))
         if columns is not None and not columns.names:  # truncates only: an existing table keeps its columns
             try:
-                routed.table_columns[str(route)] = seam.arrow_schema(routed.committer(str(route)).load().schema())
+                columns_of[str(route)] = seam.arrow_schema(routed.committer(str(route)).load().schema())
             except NoSuchTableError:
                 continue
         kept.append(value)
-    routed.truncating, routed.truncated_at = set(), {}  # nothing is applied: no truncate either
-    routed.held_homes = frozenset(str(r) for r in routed.routes(kept, batch_id))
-    return kept
+    homes = frozenset(str(r) for r in routed.routes(kept, batch_id))
+    # nothing is applied: no truncate either
+    return kept, replace(facts, table_columns=columns_of, truncating=frozenset(), truncated_at={}, held_homes=homes)
 
 
 def split(df: DataFrame, options: SinkOptions, *, query_id: str, batch_id: int, known: Sequence[str] = ()) -> Split:

@@ -2,14 +2,16 @@
 
 The payload inference job (lakesink.executor.payload) finds, per table, the position (``cdc_order``) of the batch's
 last truncate. Here, on the driver, before the batch's tables are planned: every change of that table at an earlier
-position is dropped from the batch (and the truncates themselves), and the table is marked for the unit
-(``RoutedCommitter.truncating``), whose part for it then replaces everything live with the rows that remain
-(actions.batch.action_for). A truncate of a table that does not exist, with no change after it, changes nothing.
+position is dropped from the batch (and the truncates themselves), and the table is marked in the batch's facts
+(``BatchFacts.truncating``, lakesink.driver.committers.facts) for the unit, whose part for it then replaces everything
+live with the rows that remain (actions.batch.action_for). A truncate of a table that does not exist, with no change
+after it, changes nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from decimal import Decimal
 
 import pyarrow as pa
@@ -20,6 +22,7 @@ from pyspark.sql import functions as F
 
 from lakesink._pyiceberg import io as seam
 from lakesink.cdc import debezium
+from lakesink.driver.committers.facts import BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.executor.payload import Found
 from lakesink.options import CDC_PREFIX, Routing
@@ -29,20 +32,25 @@ OP, ORDER = f"{CDC_PREFIX}{debezium.OP}", f"{CDC_PREFIX}{debezium.ORDER}"
 
 
 def apply(
-    df: DataFrame, routed: RoutedCommitter, routing: Routing, found: Mapping[object, Found], values: Sequence[object]
-) -> tuple[DataFrame, list[object]]:
-    """The batch without the changes its truncates undo, and the routing values left to plan; sets
-    ``routed.truncating``."""
+    df: DataFrame,
+    routed: RoutedCommitter,
+    routing: Routing,
+    found: Mapping[object, Found],
+    values: Sequence[object],
+    facts: BatchFacts,
+) -> tuple[DataFrame, list[object], BatchFacts]:
+    """The batch without the changes its truncates undo, the routing values left to plan, and ``facts`` with the
+    tables the batch truncates (:func:`mark`)."""
     truncates = positions(found)
-    left = mark(routed, routing, truncates, values)
+    left, facts = mark(routed, routing, truncates, values, facts)
     if not truncates:
-        return df, left
+        return df, left, facts
     route, op, order = F.col(f"`{routing.column}`"), F.col(f"`{OP}`"), F.col(f"`{ORDER}`")
     drop: Column = F.lit(False)
     for value, position in sorted(truncates.items()):
         before = F.coalesce(order < F.lit(position).cast("decimal(38,0)"), F.lit(False))
         drop = drop | ((route == F.lit(value)) & ((op == F.lit("t")) | before))
-    return df.where(~drop), left
+    return df.where(~drop), left, facts
 
 
 def positions(found: Mapping[object, Found]) -> dict[str, Decimal]:
@@ -50,18 +58,21 @@ def positions(found: Mapping[object, Found]) -> dict[str, Decimal]:
     return {v: f.truncate for v, f in found.items() if f.truncate is not None and isinstance(v, str)}
 
 
-def mark(routed: RoutedCommitter, routing: Routing, truncates: Mapping[str, Decimal], values: Sequence[object]) -> list[object]:
-    """No Spark (format("lakesink")'s commit runs without a session): sets ``routed.truncating`` and returns the routing
-    values left to plan (a truncate of a table that does not exist, with no change after it, makes no table)."""
-    routed.truncating = set()
-    routed.truncated_at = {}
+def mark(
+    routed: RoutedCommitter, routing: Routing, truncates: Mapping[str, Decimal], values: Sequence[object], facts: BatchFacts
+) -> tuple[list[object], BatchFacts]:
+    """No Spark (format("lakesink")'s commit runs without a session): the routing values left to plan (a truncate of a
+    table that does not exist, with no change after it, makes no table), and ``facts`` with the tables the batch
+    truncates, their positions, and the columns of a table only truncated (its own)."""
+    columns_of = dict(facts.table_columns)
+    truncated_at: dict[str, Decimal] = {}
     left = list(values)
     for value in sorted(truncates):
         target = parse_route(value, routing.namespace, routing.allowed_namespaces)
         if not isinstance(target, Route):
             continue
         name = str(target)
-        columns = routed.table_columns.get(name)
+        columns = columns_of.get(name)
         try:
             table = routed.committer(name).load()
         except NoSuchTableError:
@@ -69,10 +80,9 @@ def mark(routed: RoutedCommitter, routing: Routing, truncates: Mapping[str, Deci
                 left.remove(value)  # nothing to truncate, nothing after it: the table is not made
             continue
         if columns is None or not columns.names:  # only truncates: the batch takes the table's own columns
-            routed.table_columns[name] = seam.arrow_schema(table.schema())
-        routed.truncating.add(name)
-        routed.truncated_at[name] = truncates[value]
-    return left
+            columns_of[name] = seam.arrow_schema(table.schema())
+        truncated_at[name] = truncates[value]
+    return left, replace(facts, table_columns=columns_of, truncating=frozenset(truncated_at), truncated_at=truncated_at)
 
 
 def undone(rows: pa.RecordBatch, routing: Routing, truncates: Mapping[str, Decimal]) -> pa.RecordBatch:

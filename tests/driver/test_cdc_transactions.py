@@ -5,7 +5,7 @@ A seeded change stream of source transactions over two tables is delivered as Ka
 and the transaction topic with the END records, in commit order) each consumed up to a random cut per batch, so
 batches cut transactions anywhere (an END before its changes, changes before their END). Each batch is split by
 lakesink.cdc.transactions.split_records (the records the previous batch held back, read from its unit's tables,
-first) and its released changes committed by the routed committer with what it holds back (``rc.held``). After every
+first) and its released changes committed by the routed committer with what it holds back (``BatchFacts.held``). After every
 batch each table equals the model applied to a whole prefix of the transactions, in commit order; at the end, to the
 whole model.
 """
@@ -25,6 +25,7 @@ import pytest
 from lakesink.cdc import transactions
 from lakesink.driver import catalogs
 from lakesink.driver.actions import held
+from lakesink.driver.committers.facts import BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.errors import CommitConflictError, InjectedFault
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
@@ -130,7 +131,7 @@ def run_batch(rc: RoutedCommitter, props: Mapping[str, str], batch_id: int, reco
     previous = held.read(io, start, list(found.values()))[0]  # as lakesink.sink.transactions.split reads it
     union = pa.concat_tables([previous.select(RECORDS.names).cast(RECORDS), records]) if previous is not None else records
     split = transactions.split_records(union)
-    rc.held = held.HeldBack(
+    back = held.HeldBack(
         rows=split.held,
         changes=split.held_changes,
         oldest_ms=split.oldest_ms,
@@ -138,14 +139,14 @@ def run_batch(rc: RoutedCommitter, props: Mapping[str, str], batch_id: int, reco
         waiting_for=split.decision.waiting_for,
         previous=start,
     )
-    rc.held_tables = tuple(sorted(n for n, t in found.items() if held.property_key(Q, None) in t.properties))
-    rc.held_homes = frozenset()
+    recorded = tuple(sorted(n for n, t in found.items() if held.property_key(Q, None) in t.properties))
+    facts = BatchFacts(held=back, held_tables=recorded)
     events = [event_of(v) for v in split.released.column("value").to_pylist()]
-    if not events and not rc.held_tables and split.held_changes:  # foreach_batch: no table records it yet
+    if not events and not facts.held_tables and split.held_changes:  # foreach_batch: no table records it yet
         changes = [v for v in split.held.column("value").to_pylist() if not transactions.is_transaction_record(json.loads(v))]
-        values = transactions_sink.homes(rc, rc.routing, sorted({event_of(v)[0] for v in changes}), batch_id)
-        rc.plans(rc.routes(values, batch_id), Q)  # the tables made, as foreach_batch plans them
-    routing.run(rc, batch_id, events)
+        values, facts = transactions_sink.homes(rc, rc.routing, sorted({event_of(v)[0] for v in changes}), batch_id, facts)
+        rc.plans(rc.routes(values, batch_id), Q, facts)  # the tables made, as foreach_batch plans them
+    routing.run(rc, batch_id, events, facts=facts)
     return split
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -21,6 +22,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.facts import BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.tables import routed_keys
 from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError
@@ -79,9 +81,11 @@ def create_keyed_tables(props: Mapping[str, str], extra: Mapping[str, str] | Non
 
 
 def routed(props: Mapping[str, str], **extra: str) -> RoutedCommitter:
-    rc = RoutedCommitter(options(props, **extra), SCHEMA)
-    rc.carried_keys = {"db.carried": {("sensor", "ts")}}  # what foreach_batch finds in the records' Kafka keys
-    return rc
+    return RoutedCommitter(options(props, **extra), SCHEMA)
+
+
+CARRIED = BatchFacts(carried_keys={"db.carried": {("sensor", "ts")}})
+"""Every batch's facts here: what foreach_batch finds in the records' Kafka keys."""
 
 
 def change_stream(seed: int, batches: int, per_batch: int, keys: int) -> list[list[Event]]:
@@ -110,9 +114,11 @@ def task_rows(events: Sequence[Event]) -> pa.RecordBatch:
     return batch.append_column(DELETED, pa.array([e[4] for e in events], pa.bool_()))  # foreach_batch's Spark did it
 
 
-def run(rc: RoutedCommitter, batch_id: int, events: Sequence[Event], tasks: int = 3) -> RoutedOutcome:
-    results = routed_upserts.write_tasks(rc, Q, batch_id, events, task_rows, tasks=tasks, deletes_computed=True)
-    return routed_upserts.commit_or_abort(rc, Q, batch_id, results, f'[{{"o":{batch_id}}}]')
+def run(
+    rc: RoutedCommitter, batch_id: int, events: Sequence[Event], tasks: int = 3, facts: BatchFacts = CARRIED
+) -> RoutedOutcome:
+    results = routed_upserts.write_tasks(rc, Q, batch_id, events, task_rows, tasks=tasks, deletes_computed=True, facts=facts)
+    return routed_upserts.commit_or_abort(rc, Q, batch_id, results, f'[{{"o":{batch_id}}}]', facts)
 
 
 def state(props: Mapping[str, str], tables: Sequence[str]) -> dict[str, dict[Any, tuple[str, int]]]:
@@ -178,20 +184,18 @@ def test_a_truncating_unit_failed_inside_its_transaction_then_replayed(catalog_p
     after_truncate: list[Event] = [("byid", (k,), f"t{k}", 1000 + k, k == 3) for k in (1, 3, 7)]  # 3: inserted nowhere, deleted
     other: list[Event] = [("bypair", (0, 0), "p", 1010, False)]
     faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")
-    rc.truncating = {"db.byid"}
+    truncating = replace(CARRIED, truncating=frozenset({"db.byid"}))
     with pytest.raises((InjectedFault, CommitConflictError)):
-        run(rc, 1, after_truncate + other)
+        run(rc, 1, after_truncate + other, facts=truncating)
     assert faults.fired(CATALOG_BETWEEN_TABLE_SWAPS)
     faults.clear()
     assert state(catalog_properties, ["db.byid", "db.bypair"]) == before  # all or nothing
     restarted = routed(catalog_properties, **extra)
-    restarted.truncating = {"db.byid"}
-    run(restarted, 1, after_truncate + other)
+    run(restarted, 1, after_truncate + other, facts=truncating)
     got = state(catalog_properties, ["db.byid", "db.bypair"])
     assert got["db.byid"] == {(1,): ("t1", 1001), (7,): ("t7", 1007)}  # the rows before the truncate are gone
     assert got["db.bypair"] == {**before["db.bypair"], (0, 0): ("p", 1010)}
     again = routed(catalog_properties, **extra)
-    again.truncating = {"db.byid"}
-    out = run(again, 1, after_truncate + other)  # a replay found in both tables: nothing changes
+    out = run(again, 1, after_truncate + other, facts=truncating)  # a replay found in both tables: nothing changes
     assert {o.outcome for o in out.tables.values()} == {Outcome.REPLAY_SKIPPED}
     assert state(catalog_properties, ["db.byid", "db.bypair"]) == got

@@ -20,6 +20,7 @@ import pytest
 
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import Outcome
+from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.errors import InjectedFault, InvalidOptionError, UpsertKeyError
 from lakesink.executor.routed_writer import RoutedTaskResult
@@ -69,15 +70,24 @@ def task_rows(events: Sequence[Event], *, computed_deletes: bool) -> pa.RecordBa
 
 
 def write(
-    rc: RoutedCommitter, batch_id: int, events: Sequence[Event], *, tasks: int = 3, computed_deletes: bool = False
+    rc: RoutedCommitter,
+    batch_id: int,
+    events: Sequence[Event],
+    *,
+    tasks: int = 3,
+    computed_deletes: bool = False,
+    facts: BatchFacts = NO_FACTS,
 ) -> list[RoutedTaskResult]:
     """The batch's tasks as foreach_batch runs them: every (table, key) in one task (a repartition by both)."""
     rows = partial(task_rows, computed_deletes=computed_deletes)
-    return routed_upserts.write_tasks(rc, Q, batch_id, events, rows, tasks=tasks, deletes_computed=computed_deletes)
+    return routed_upserts.write_tasks(
+        rc, Q, batch_id, events, rows, tasks=tasks, deletes_computed=computed_deletes, facts=facts
+    )
 
 
-def run(rc: RoutedCommitter, batch_id: int, events: Sequence[Event], **kw: Any) -> RoutedOutcome:
-    return routed_upserts.commit_or_abort(rc, Q, batch_id, write(rc, batch_id, events, **kw), f'[{{"logOffset":{batch_id}}}]')
+def run(rc: RoutedCommitter, batch_id: int, events: Sequence[Event], facts: BatchFacts = NO_FACTS, **kw: Any) -> RoutedOutcome:
+    results = write(rc, batch_id, events, facts=facts, **kw)
+    return routed_upserts.commit_or_abort(rc, Q, batch_id, results, f'[{{"logOffset":{batch_id}}}]', facts)
 
 
 def state(props: Mapping[str, str], tables: Sequence[str]) -> dict[str, dict[Any, tuple[str, int]]]:

@@ -2,7 +2,7 @@
 a newer one, a truncate included.
 
 No Spark: a routed batch's tasks write their rows (tests/driver/test_routing_upserts.py), the routed committer commits
-them into a real SQLite catalog; a truncate is marked on the committer as lakesink.sink.truncates.mark marks it (and the
+them into a real SQLite catalog; a truncate is in the batch's facts as lakesink.sink.truncates.mark puts it (and the
 batch carries only the table's changes after it, as lakesink.sink.truncates.apply leaves them). Every table equals a
 model in plain Python: a truncate at P removes every change below P, so the table holds, per key, the newest change at
 or above the newest truncate's position (unless a delete).
@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall
+from lakesink.driver.committers.facts import BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.staged import StagedTaskWriter
@@ -54,12 +55,8 @@ def model(batches: Sequence[Sequence[Event]], truncates: Mapping[str, int]) -> d
 def truncating(rc: RoutedCommitter, batch_id: int, at: Mapping[str, int], events: Sequence[Event]) -> RoutedOutcome:
     """A batch with truncates (``at``: table -> the truncate's position) and the changes after them."""
     assert all(e[3] > at[e[0]] for e in events if e[0] in at), "the batch holds only changes after its truncates"
-    rc.truncating = {f"db.{t}" for t in at}
-    rc.truncated_at = {f"db.{t}": Decimal(p) for t, p in at.items()}
-    try:
-        return routing.run(rc, batch_id, events)
-    finally:
-        rc.truncating, rc.truncated_at = set(), {}
+    facts = BatchFacts(truncating=frozenset(f"db.{t}" for t in at), truncated_at={f"db.{t}": Decimal(p) for t, p in at.items()})
+    return routing.run(rc, batch_id, events, facts=facts)
 
 
 def stale_changes(props: Mapping[str, str], name: str) -> int:

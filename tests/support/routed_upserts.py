@@ -15,6 +15,7 @@ import pytest
 
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, Outcome
+from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.errors import CommitConflictError, InjectedFault
 from lakesink.executor.messages import TaskIds
@@ -85,10 +86,11 @@ def write_tasks(
     *,
     tasks: int,
     deletes_computed: bool,
+    facts: BatchFacts = NO_FACTS,
 ) -> list[RoutedTaskResult]:
     """The batch's tasks as foreach_batch runs them: every (table, key) in one task, as its repartition by each table's
-    key does; ``rows``: a task's events as the stream's rows."""
-    plans = rc.plans(rc.routes({e[0] for e in events}, batch_id), query_id)
+    key does; ``rows``: a task's events as the stream's rows; ``facts``: what the batch's changes carry."""
+    plans = rc.plans(rc.routes({e[0] for e in events}, batch_id), query_id, facts)
     plan = rc.routed_plan(plans, query_id, template=False, deletes_computed=deletes_computed)
     parts: list[list[Event]] = [[] for _ in range(tasks)]
     for e in events:
@@ -103,11 +105,16 @@ def write_tasks(
 
 
 def commit_or_abort(
-    rc: RoutedCommitter, query_id: str, batch_id: int, results: list[RoutedTaskResult], offsets: str
+    rc: RoutedCommitter,
+    query_id: str,
+    batch_id: int,
+    results: list[RoutedTaskResult],
+    offsets: str,
+    facts: BatchFacts = NO_FACTS,
 ) -> RoutedOutcome:
     """The batch committed, or aborted (its files deleted) when the commit fails, as foreach_batch does."""
     try:
-        return rc.commit_batch(BatchCall(query_id, batch_id, offsets), results)
+        return rc.commit_batch(BatchCall(query_id, batch_id, offsets), results, facts)
     except BaseException:
         rc.abort_batch(query_id=query_id, batch_id=batch_id, results=results)
         raise

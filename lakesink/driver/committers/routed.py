@@ -37,6 +37,7 @@ from lakesink.driver.actions.batch import BatchAction, BatchCall, BatchOutcome, 
 from lakesink.driver.actions.held import Attempt
 from lakesink.driver.actions.upsert_mor import LOOKUP_ATTEMPTS, MergeLookup, MergeLookups, request_for
 from lakesink.driver.committers import routed_tables
+from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
 from lakesink.driver.committers.routed_tables import RoutedTables
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import swap
@@ -127,17 +128,6 @@ class RoutedOutcome:
 class RoutedCommitter(RoutedTables):
     """The driver side of a routed sink: a :class:`TableCommitter` per table, one unit of commits per batch."""
 
-    held: held.HeldBack | None = None
-    """Option cdc-transactions=hold: what the batch holds back (set per batch by both entry points), recorded in every
-    table of its unit, in the same commit (lakesink.driver.actions.held). None (the option off): the batch's commit
-    does not enter that module."""
-    held_tables: tuple[str, ...] = ()
-    """Option cdc-transactions=hold: the tables that recorded the state the batch started from."""
-    held_homes: frozenset[str] = frozenset()
-    """Option cdc-transactions=hold: the tables a batch that releases no change made for the changes it holds back,
-    when no table recorded what the sink holds yet (set per batch by both entry points, lakesink.sink.transactions.homes):
-    in its unit without a row, their commits carry the record."""
-
     merge_lookup: MergeLookups | None = None
     """foreach_batch: looks the batch's keys up in its merge-on-read tables (Spark's executors write the position delete
     files: lakesink.sink.merge_on_read). None (format("lakesink")): every routed upsert is copy-on-write."""
@@ -185,9 +175,13 @@ class RoutedCommitter(RoutedTables):
         if counted:
             raise replay.counted_only_error(query_id, batch_id, counted, missing)
 
-    def commit_batch(self, call: BatchCall, results: Sequence[RoutedTaskResult]) -> RoutedOutcome:
+    def commit_batch(
+        self, call: BatchCall, results: Sequence[RoutedTaskResult], facts: BatchFacts = NO_FACTS
+    ) -> RoutedOutcome:
         """Commit a routed batch: every table it wrote, as one unit (see the module's docstring). The call's time: the
-        batch's watermark (and event-time column), recorded in every table's commit (lakesink.driver.actions.completeness)."""
+        batch's watermark (and event-time column), recorded in every table's commit (lakesink.driver.actions.completeness).
+        ``facts``: what the batch's changes carry beside its rows (its truncates, what it holds back, its tables'
+        columns: lakesink.driver.committers.facts), this call's alone."""
         query_id, batch_id = call.query_id, call.batch_id
         by_table: dict[str, list[TaskResult]] = {}
         templated: set[str] = set()
@@ -196,17 +190,17 @@ class RoutedCommitter(RoutedTables):
                 by_table.setdefault(t.table, []).append(t.result)
                 if t.templated:
                     templated.add(t.table)
-        for name in self.truncating:  # a table the batch truncates is in its unit, rows after the truncate or none
+        for name in facts.truncating:  # a table the batch truncates is in its unit, rows after the truncate or none
             by_table.setdefault(name, [])
-        for name in self.held_homes if self.held is not None else ():  # made to record what the batch holds back
+        for name in facts.held_homes if facts.held is not None else ():  # made to record what the batch holds back
             by_table.setdefault(name, [])
-        if self.held is not None and not by_table and any(r.invalid_routes for r in results):
+        if facts.held is not None and not by_table and any(r.invalid_routes for r in results):
             # dead letters only (invalid routes): the record of what the batch holds back goes to the tables that hold
             # the sink's state, without a row (else the next batch would start from an older state)
-            for name in self.held_tables or self._last_tables:
+            for name in facts.held_tables or self._last_tables:
                 by_table.setdefault(name, [])
-            if not by_table and self.held.rows.num_rows:
-                raise self._nowhere_to_hold(call, "releases dead letters only")
+            if not by_table and facts.held.rows.num_rows:
+                raise _nowhere_to_hold(call, facts.held, "releases dead letters only")
         call = replace(call, run_id=call.run_id or next((r.run_id for r in results if r.run_id), None))
         names = sorted(by_table)
         routing = self.routing
@@ -221,10 +215,10 @@ class RoutedCommitter(RoutedTables):
             # before its first commit, and the loop checks that this replay is faithful to it
             dead_letters.check_rejected(self.options, counted, batch_id=batch_id)
         if not names and not any(t.rows_in for t in counted):
-            return self._commit_empty(call)
+            return self._commit_empty(call, facts)
         unit = {SUMMARY_BATCH_TABLES: str(len(names)), SUMMARY_BATCH_TABLES_DIGEST: tables_digest(names)}
         rows = _rows_digests(results)
-        attempt = self._held_attempt(query_id, batch_id)
+        attempt = self._held_attempt(facts.held, query_id, batch_id)
         members: list[_Member] = []
         # the tables planned for this batch, read in one catalog query (SQL catalogs)
         read = catalogs.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
@@ -233,7 +227,7 @@ class RoutedCommitter(RoutedTables):
             name = str(route)
             c = self.committer(name)
             table, table_results = self._table_for_commit(
-                c, route, by_table[name], name in templated, query_id, batch_id, read.get(route.identifier)
+                c, route, by_table[name], name in templated, query_id, batch_id, facts, read.get(route.identifier)
             )
             kept += table_results
             properties: Mapping[str, str] = {}
@@ -246,7 +240,7 @@ class RoutedCommitter(RoutedTables):
             for m in members:
                 if self.merge_lookup is not None and settings.merge_on_read(m.name, m.table.properties):
                     turns.enter_context(m.committer.batch_turn())
-            merges = self._lookups(members, call)
+            merges = self._lookups(members, call, facts)
             for lookup_attempt in range(1, LOOKUP_ATTEMPTS + 1):
                 actions = [
                     (
@@ -256,8 +250,8 @@ class RoutedCommitter(RoutedTables):
                             call,
                             m.results,
                             unit=m.unit,
-                            truncate=m.name in self.truncating,
-                            truncate_at=self.truncated_at.get(m.name),
+                            truncate=m.name in facts.truncating,
+                            truncate_at=facts.truncated_at.get(m.name),
                             properties=m.properties,
                             merge=merges.get(m.name),
                         ),
@@ -291,7 +285,7 @@ class RoutedCommitter(RoutedTables):
                         lookup_attempt + 1,
                         LOOKUP_ATTEMPTS,
                     )
-                    merges = self._lookups(members, call)
+                    merges = self._lookups(members, call, facts)
                 except BaseException:
                     self._abort_lookups(merges, call)
                     raise
@@ -303,7 +297,7 @@ class RoutedCommitter(RoutedTables):
             self._sweep_staging(batch_id)  # once per process (a crashed run's leftovers), then after staged batches
         return outcome
 
-    def _lookups(self, members: Sequence[_Member], call: BatchCall) -> Mapping[str, MergeLookup]:
+    def _lookups(self, members: Sequence[_Member], call: BatchCall, facts: BatchFacts) -> Mapping[str, MergeLookup]:
         """The batch's keys looked up in each of its tables whose write modes say merge-on-read
         (:attr:`merge_lookup`, foreach_batch: Spark's executors write the position delete files), for the tables
         that upsert and do not hold the batch already. Every other table's upserts are copy-on-write (a merge-on-read
@@ -311,11 +305,11 @@ class RoutedCommitter(RoutedTables):
         table the batch truncates, and changes that keep a column of the stored row (Debezium's unavailable value: read
         from the rows the copy-on-write rewrites). With option dead-letter-table the tasks kept a rejected change out of
         the keys they return: only the changes that are applied are looked up."""
-        if self.merge_lookup is None or self.held is not None:
+        if self.merge_lookup is None or facts.held is not None:
             return {}
         requests = []
         for m in members:
-            if m.name in self.truncating or not settings.merge_on_read(m.name, m.table.properties):
+            if m.name in facts.truncating or not settings.merge_on_read(m.name, m.table.properties):
                 continue
             parts = [r.changes for r in m.results if r.changes]
             if not parts or any(r.replay_skipped for r in m.results):
@@ -476,18 +470,18 @@ class RoutedCommitter(RoutedTables):
                 c.hook.after_commit()
         return RoutedOutcome(batch_id, outcomes, letters)
 
-    def _commit_empty(self, call: BatchCall) -> RoutedOutcome:
+    def _commit_empty(self, call: BatchCall, facts: BatchFacts) -> RoutedOutcome:
         """A batch that routed no row: its marker moves in the tables of the sink's previous batch in this run (a
         marker-only commit each), so that their next snapshot tells an empty batch from a lost one (with what it holds
         back, option cdc-transactions=hold)."""
         query_id, batch_id = call.query_id, call.batch_id
-        tables = self._last_tables or self.held_tables or self._tables_of_last_batch(query_id)
-        if not tables and self.held is not None and self.held.rows.num_rows:
-            raise self._nowhere_to_hold(call, "releases none")
+        tables = self._last_tables or facts.held_tables or self._tables_of_last_batch(query_id)
+        if not tables and facts.held is not None and facts.held.rows.num_rows:
+            raise _nowhere_to_hold(call, facts.held, "releases none")
         if not tables:
             log.info("lakesink: query=%s batch=%s routed no row; no table to record it in", query_id, batch_id)
             return RoutedOutcome(batch_id, {})
-        attempt = self._held_attempt(query_id, batch_id)
+        attempt = self._held_attempt(facts.held, query_id, batch_id)
         if attempt is None:
             return self._without_files(tables, call, found_at_plan=False)
         first = self.committer(tables[0])
@@ -498,20 +492,11 @@ class RoutedCommitter(RoutedTables):
             attempt.drop()
         return outcome
 
-    def _nowhere_to_hold(self, call: BatchCall, released: str) -> LakesinkError:
-        assert self.held is not None
-        return LakesinkError(
-            f"batch {call.batch_id} of query {call.query_id} holds back {self.held.changes} change(s) (option "
-            f"cdc-transactions=hold: source transaction {self.held.waiting_for} is not whole yet), {released}, and the "
-            "sink has no table yet to record them in (its held changes make none: truncates of tables that do not "
-            "exist). Nothing was committed. Create one of the tables the stream routes to first (docs/cdc.md)"
-        )
-
-    def _held_attempt(self, query_id: str, batch_id: int) -> Attempt | None:
-        """Option cdc-transactions=hold: this commit call's held file and record (None: the option off)."""
-        if self.held is None:
+    def _held_attempt(self, back: held.HeldBack | None, query_id: str, batch_id: int) -> Attempt | None:
+        """Option cdc-transactions=hold: this commit call's held file and record of ``back`` (None: the option off)."""
+        if back is None:
             return None
-        return Attempt(self.held, query_id=query_id, batch_id=batch_id, sink_id=self.options.sink_id)
+        return Attempt(back, query_id=query_id, batch_id=batch_id, sink_id=self.options.sink_id)
 
     def skip_replay(self, call: BatchCall, *, routes: Sequence[Route]) -> RoutedOutcome:
         """Every table of the batch held it when it was planned (foreach_batch): check they still do, write nothing."""
@@ -543,6 +528,7 @@ class RoutedCommitter(RoutedTables):
         templated: bool,
         query_id: str,
         batch_id: int,
+        facts: BatchFacts,
         read: Table | None = None,
     ) -> tuple[Table, list[TaskResult]]:
         """The table to commit ``results`` to, as read now; files written with the template go in as they are when
@@ -562,7 +548,7 @@ class RoutedCommitter(RoutedTables):
                         "write into a table of that name again (a new table starts without the query's earlier batches)"
                     ) from None
                 table, _ = c.open_routed(
-                    self.columns_of(name), location=self._location(route), siblings=lambda: self._sibling_locations(route)
+                    self.columns_of(name, facts), location=self._location(route), siblings=lambda: self._sibling_locations(route)
                 )
                 fault_point(DRIVER_AFTER_TABLE_CREATED)
         uuid = str(table.metadata.table_uuid)
@@ -685,6 +671,15 @@ class RoutedCommitter(RoutedTables):
             except Exception:
                 pass  # TableCommitter.abort_batch says it cannot read the table and keeps the files
             c.abort_batch(query_id=query_id, batch_id=batch_id, results=table_results)
+
+
+def _nowhere_to_hold(call: BatchCall, back: held.HeldBack, released: str) -> LakesinkError:
+    return LakesinkError(
+        f"batch {call.batch_id} of query {call.query_id} holds back {back.changes} change(s) (option "
+        f"cdc-transactions=hold: source transaction {back.waiting_for} is not whole yet), {released}, and the "
+        "sink has no table yet to record them in (its held changes make none: truncates of tables that do not "
+        "exist). Nothing was committed. Create one of the tables the stream routes to first (docs/cdc.md)"
+    )
 
 
 def _landed_here(outcome: RoutedOutcome) -> bool:

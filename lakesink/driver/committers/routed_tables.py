@@ -18,7 +18,6 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
-from decimal import Decimal
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -34,6 +33,7 @@ from lakesink._pyiceberg.commit import is_rest_catalog
 from lakesink.cdc.unavailable import Placeholder
 from lakesink.driver import catalogs
 from lakesink.driver.actions import completeness, dead_letters
+from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
 from lakesink.driver.committers.table import CommitHook, TableCommitter
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
@@ -142,20 +142,6 @@ class RoutedTables(ABC):
         self.options = options
         self.routing: Routing = options.routing
         self.stream_schema = stream_columns(self.routing, stream_schema)
-        self.table_columns: dict[str, pa.Schema] = {}
-        """Option payload: each table's columns as the batch's payloads hold them (set per batch by foreach_batch,
-        or format("lakesink")'s staged commit, lakesink.sink.staged; lakesink.executor.payload); a table not in it takes
-        the stream's columns."""
-        self.carried_keys: dict[str, set[routed_keys.Key]] = {}
-        """With upserts: the keys each table's changes carry in the batch (set per batch by the entry point
-        with cdc-format=debezium: the Kafka keys' fields); the key of a table lakesink creates
-        (lakesink.driver.tables.routed_keys)."""
-        self.truncating: set[str] = set()
-        """Option cdc-format: the tables the batch truncates (set per batch by lakesink.sink.truncates, which keeps
-        only their changes after the truncate): their part of the unit replaces everything live (actions.batch.action_for)."""
-        self.truncated_at: dict[str, Decimal] = {}
-        """Of them, each one's truncate position (the source position, set with :attr:`truncating`): with order-by, the
-        floor its commit records (actions.batch.TruncateBatch)."""
         self.table_keys: dict[str, routed_keys.Key] = {}
         """With upserts: each table's key, decided when the run first opens it (lakesink.driver.tables.routed_keys)."""
         self.catalog = catalogs.load(options.catalog_name, options.catalog_properties)
@@ -165,6 +151,9 @@ class RoutedTables(ABC):
         self._uuids: dict[str, str] = {}
         self._siblings: dict[tuple[str, ...], list[Sibling]] = {}
         self._last_tables: tuple[str, ...] = ()
+        """The tables of this run's last batch committed here: where the query's replay marker stands, which an empty
+        batch (or one of dead letters only) moves. A cache of the query's state (read from the catalog when empty:
+        :meth:`_tables_of_last_batch`), reset by :meth:`new_run`; no fact of a batch (those come in its BatchFacts)."""
         self._template: TableTemplate | None = None
         self.dead_letters: TableCommitter | None = None
         """Option dead-letter-table: one dead-letter table for all the tables of the sink, committed in each batch's
@@ -371,14 +360,15 @@ class RoutedTables(ABC):
         template = self.template()
         return template.location(route) if template is not None and not template.staged else None
 
-    def columns_of(self, name: str) -> pa.Schema:
+    def columns_of(self, name: str, facts: BatchFacts) -> pa.Schema:
         """The columns a table takes from the batch: its payloads' (option payload), else the stream's."""
-        return self.table_columns.get(name, self.stream_schema)
+        return facts.table_columns.get(name, self.stream_schema)
 
     def _plan_and_table(
         self,
         route: Route,
         query_id: str | None,
+        facts: BatchFacts,
         first: Mapping[tuple[str, ...], Table] | None = None,
         created: Collection[tuple[str, ...]] = (),
     ) -> tuple[WritePlan, Table]:
@@ -388,10 +378,10 @@ class RoutedTables(ABC):
         c = self.committer(name)
         expected = self._uuids.get(name)
         if self.options.upserts:  # the table's own key (an existing table's identifier fields), decided once a run
-            self._keyed(c, name, first=expected is None)
+            self._keyed(c, name, facts, first=expected is None)
         if expected is None:
-            wanted = self.columns_of(name)
-            if name in self.table_columns:  # option payload: the fields an existing table has keep its types
+            wanted = self.columns_of(name, facts)
+            if name in facts.table_columns:  # option payload: the fields an existing table has keep its types
                 try:
                     wanted = fitted_columns(wanted, c.load().schema(), merge=self.options.merge_schema)
                 except NoSuchTableError:
@@ -406,8 +396,8 @@ class RoutedTables(ABC):
             )
         else:
             table = c.reload_table()
-            wanted = self.columns_of(name)
-            if name in self.table_columns:
+            wanted = self.columns_of(name, facts)
+            if name in facts.table_columns:
                 wanted = fitted_columns(wanted, table.schema(), merge=self.options.merge_schema)
             columns = c.columns_taken(table, wanted)
         plan = c.write_plan(table, query_id, columns, expected_uuid=expected)
@@ -415,7 +405,7 @@ class RoutedTables(ABC):
         self._uuids[name] = plan.table_uuid
         return plan, table
 
-    def _keyed(self, c: TableCommitter, name: str, *, first: bool) -> None:
+    def _keyed(self, c: TableCommitter, name: str, facts: BatchFacts, *, first: bool) -> None:
         """Option route-by with upserts: the table's committer takes the table's key as its option upsert-key (its
         creation and checks then use it), checked every batch against the keys its changes carry (routed_keys)."""
         if first or name not in self.table_keys:
@@ -423,9 +413,9 @@ class RoutedTables(ABC):
                 schema: Schema | None = c.load().schema()
             except NoSuchTableError:
                 schema = None
-            carried = self.carried_keys.get(name, set())
+            carried = facts.carried_keys.get(name, set())
             self.table_keys[name] = routed_keys.table_key(name, schema, carried, self.options.upsert_key)
-        routed_keys.check_carried(name, self.table_keys[name], self.carried_keys.get(name, ()))
+        routed_keys.check_carried(name, self.table_keys[name], facts.carried_keys.get(name, ()))
         c.options = replace(c.options, upsert_key=self.table_keys[name])
 
     def _check_event_time(self, name: str, schema: Schema, properties: Mapping[str, str]) -> None:
@@ -444,23 +434,24 @@ class RoutedTables(ABC):
                 f"adds it), route no row to table {name}, or drop option 'event-time'"
             ) from None
 
-    def plans(self, routes: Sequence[Route], query_id: str | None) -> dict[str, WritePlan]:
-        """The plans of a batch's tables (foreach_batch: every table opened before any file is written); the tables as
-        read are kept for :meth:`check_replay_at_plan`."""
+    def plans(self, routes: Sequence[Route], query_id: str | None, facts: BatchFacts = NO_FACTS) -> dict[str, WritePlan]:
+        """The plans of a batch's tables (foreach_batch: every table opened before any file is written; ``facts``: the
+        batch's, which tables' columns and keys its changes carry); the tables as read are kept for
+        :meth:`check_replay_at_plan`."""
         self.row_checks(query_id)
         self._read_at_plan.clear()
         plans: dict[str, WritePlan] = {}
         opening = [r for r in routes if str(r) not in self._uuids]
-        first = self._read_at_once([r.identifier for r in opening])
-        created = self._create_at_once(opening, first)
+        first = self._read_at_once([r.identifier for r in opening], payloads=bool(facts.table_columns))
+        created = self._create_at_once(opening, first, facts)
         first = {**first, **created} if first is not None else None
         for r in routes:
-            plan, self._read_at_plan[str(r)] = self._plan_and_table(r, query_id, first, created)
+            plan, self._read_at_plan[str(r)] = self._plan_and_table(r, query_id, facts, first, created)
             plans[str(r)] = self._checked(plan)
         return plans
 
     def _create_at_once(
-        self, opening: Sequence[Route], read: Mapping[tuple[str, ...], Table] | None
+        self, opening: Sequence[Route], read: Mapping[tuple[str, ...], Table] | None, facts: BatchFacts
     ) -> dict[tuple[str, ...], Table]:
         """The tables of ``opening`` that ``read`` (their one catalog query) did not find, created in one catalog
         transaction where the catalog makes one (catalogs.create_at_once; ~4 ms a table less on SQLite); each is then
@@ -475,7 +466,10 @@ class RoutedTables(ABC):
         try:
             for c in {tuple(r.namespace): c for r, c in zip(absent, committers, strict=True)}.values():
                 c.make_namespace()
-            new = [c.new_table(self.columns_of(str(r)), self._location(r)) for r, c in zip(absent, committers, strict=True)]
+            new = [
+                c.new_table(self.columns_of(str(r), facts), self._location(r))
+                for r, c in zip(absent, committers, strict=True)
+            ]
         except PROGRAMMING_ERRORS:
             raise
         except Exception:
@@ -486,10 +480,12 @@ class RoutedTables(ABC):
                 log.info("lakesink: created table %s in catalog %r", r, self.catalog.name)
         return created
 
-    def _read_at_once(self, opening: list[tuple[str, ...]], *, keep: bool = True) -> dict[tuple[str, ...], Table] | None:
+    def _read_at_once(
+        self, opening: list[tuple[str, ...]], *, keep: bool = True, payloads: bool = False
+    ) -> dict[tuple[str, ...], Table] | None:
         """Tables opened for the first time in the run, read in one catalog query (catalogs.read_at_once), or None:
-        each table reads itself (one table; with upserts or payloads each is read first for its key or columns)."""
-        if len(opening) > 1 and not self.options.upserts and not self.table_columns:
+        each table reads itself (one table; with upserts or ``payloads`` each is read first for its key or columns)."""
+        if len(opening) > 1 and not self.options.upserts and not payloads:
             return catalogs.read_at_once(self.catalog, opening, keep=keep)
         return None
 
@@ -519,7 +515,7 @@ class RoutedTables(ABC):
                     continue  # dropped meanwhile, or not an Iceberg table
             if any(parse_last_batch_key(k) == (query_id, self.options.sink_id) for k in table.properties):
                 catalogs.remember(table)  # the table's next read parses nothing when it has not moved
-                plans[str(route)] = self._plan_and_table(route, query_id, {route.identifier: table})[0]
+                plans[str(route)] = self._plan_and_table(route, query_id, NO_FACTS, {route.identifier: table})[0]
         if self.dead_letters is not None:
             self.row_checks(query_id)
             plans = {name: self._checked(plan) for name, plan in plans.items()}

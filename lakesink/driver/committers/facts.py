@@ -1,0 +1,51 @@
+"""What a routed batch's changes tell its planning and its commit, as one value: :class:`BatchFacts`.
+
+How a Debezium change reaches the commit: the entry point (lakesink.sink.foreach, lakesink.sink.staged) infers each
+table's columns and carried keys from the batch's payloads, marks the tables its truncates empty (lakesink.sink.truncates)
+and, with option cdc-transactions=hold, splits off what the batch holds back (lakesink.sink.transactions,
+lakesink.sink.staged_transactions); each step returns a new ``BatchFacts``, which the entry point passes to
+``RoutedCommitter.plans`` and ``RoutedCommitter.commit_batch``. The committer keeps none of it between calls: two
+batches' facts committed through one committer, in any order, each land as their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+import pyarrow as pa
+
+from lakesink.driver.actions.held import HeldBack
+from lakesink.driver.tables.routed_keys import Key
+
+
+@dataclass(frozen=True)
+class BatchFacts:
+    """One routed batch's facts beside its rows (none of them: :data:`NO_FACTS`, a batch of plain rows)."""
+
+    table_columns: Mapping[str, pa.Schema] = field(default_factory=dict)
+    """Option payload: each table's columns as the batch's payloads hold them (lakesink.executor.payload); a table not
+    in it takes the stream's columns."""
+    carried_keys: Mapping[str, Collection[Key]] = field(default_factory=dict)
+    """With upserts and cdc-format=debezium: the keys each table's changes carry (the Kafka keys' fields), the key of
+    a table lakesink creates (lakesink.driver.tables.routed_keys)."""
+    truncating: frozenset[str] = frozenset()
+    """Option cdc-format: the tables the batch truncates (lakesink.sink.truncates keeps only their changes after the
+    truncate): their part of the unit replaces everything live (actions.batch.action_for)."""
+    truncated_at: Mapping[str, Decimal] = field(default_factory=dict)
+    """Of them, each one's truncate position (the source position): with order-by, the floor its commit records
+    (actions.batch.TruncateBatch)."""
+    held: HeldBack | None = None
+    """Option cdc-transactions=hold: what the batch holds back, recorded in every table of its unit, in the same commit
+    (lakesink.driver.actions.held). None (the option off): the batch's commit does not enter that module."""
+    held_tables: tuple[str, ...] = ()
+    """Option cdc-transactions=hold: the tables that recorded the state the batch started from."""
+    held_homes: frozenset[str] = frozenset()
+    """Option cdc-transactions=hold: the tables a batch that releases no change made for the changes it holds back,
+    when no table recorded what the sink holds yet (lakesink.sink.transactions.homes): in its unit without a row,
+    their commits carry the record."""
+
+
+NO_FACTS = BatchFacts()
+"""A batch whose rows are all there is to it (no payload, no truncate, nothing held back)."""
