@@ -67,6 +67,11 @@ _MARKS = pa.string()
 """The marks' type: a JSON list of column names (text: Arrow's joins carry no list column), null for none."""
 
 
+DELETED_BEFORE = "\x00deleted-before"
+"""In a change's marks (after its columns): the batch deleted the key just before it (:func:`fill_from_earlier`), so
+no column has a value to keep, whatever the table holds."""
+
+
 def _encoded(names: list[str] | None) -> str | None:
     return json.dumps(names) if names else None
 
@@ -205,17 +210,12 @@ def rejected(batch: pa.RecordBatch, key: Sequence[str], keys: frozenset[LetterKe
     return out
 
 
-def _key_text(row: dict[str, Any], key: Sequence[str]) -> str:
-    return ", ".join(f"{k}={row[k]!r}" for k in key)
-
-
-def fill_from_earlier(
-    changes: pa.Table, key: Sequence[str], order: str, deleted: str, *, table: str, row_column: str
-) -> pa.Table:
+def fill_from_earlier(changes: pa.Table, key: Sequence[str], order: str, deleted: str, *, row_column: str) -> pa.Table:
     """A task's changes of one table (every change of a key, :data:`UNAVAILABLE_COLUMN` marking its placeholders), each
     marked column of a change given the value of its key's previous change (in ``order``; ties by ``row_column``), and
     its mark dropped; a column still marked is filled at commit from the table's row (:func:`fill`). A placeholder
-    right after a delete of its key is :func:`unfillable`."""
+    right after a delete of its key keeps its mark and gets :data:`DELETED_BEFORE`: the commit's :func:`check_held`
+    finds no value to keep for it, whatever the table holds."""
     flagged = changes.column(UNAVAILABLE_COLUMN)
     if flagged.null_count == changes.num_rows:
         return changes
@@ -231,7 +231,6 @@ def fill_from_earlier(
     names = sorted({n for r in rows for n in (r[UNAVAILABLE_COLUMN] or ())})
     values = {n: changes.column(n).to_pylist() for n in names}
     left: list[list[str] | None] = [r[UNAVAILABLE_COLUMN] or None for r in rows]
-    after_delete: dict[LetterKey, tuple[str, str]] = {}
     for indices in by_key.values():
         indices.sort(key=lambda i: (_sortable(rows[i][order]), rows[i][row_column]))
         previous: int | None = None
@@ -245,18 +244,17 @@ def fill_from_earlier(
                 if previous is None:
                     still.append(n)  # the table's row, at commit
                 elif rows[previous][deleted]:
-                    found = letter_key(key, [rows[i][k] for k in key])
-                    after_delete.setdefault(found, (n, _key_text(rows[i], key)))
-                    still.append(n)
+                    still.append(n)  # nothing to keep: the commit's check_held (the key's row is not the batch's)
                 else:
                     values[n][i] = values[n][previous]
                     if n in (left[previous] or ()):
                         still.append(n)  # the earlier change kept the table's value too
-            left[i] = still or None
+            before = left[previous] if previous is not None else None
+            if still and previous is not None and (rows[previous][deleted] or DELETED_BEFORE in (before or ())):
+                still.append(DELETED_BEFORE)
+            left[i] = [n for n in still if n != DELETED_BEFORE] + ([DELETED_BEFORE] if DELETED_BEFORE in still else [])
+            left[i] = left[i] or None
             previous = i
-    if after_delete:
-        column, shown = next(iter(after_delete.values()))
-        raise unfillable(table, column, shown, "the batch deleted the key just before it", frozenset(after_delete))
     out = changes
     for n in names:
         at = out.schema.get_field_index(n)
@@ -283,14 +281,20 @@ def wanted(keys: pa.Table, key: Sequence[str]) -> dict[Key, list[str]]:
 
 
 def check_held(wanted: dict[Key, list[str]], stored: dict[Key, dict[str, Any]], key: Sequence[str], *, table: str) -> None:
-    """Every key of ``wanted`` has its row in ``stored`` (the table's rows of those keys), else :func:`unfillable`
-    (naming the first such key, carrying all)."""
-    missing = [k for k in wanted if k not in stored]
+    """Every key of ``wanted`` has its row in ``stored`` (the table's rows of those keys) and was not deleted by the
+    batch just before its change (:data:`DELETED_BEFORE`), else :func:`unfillable` (naming the first such key,
+    carrying all)."""
+    missing = [k for k, columns in wanted.items() if k not in stored or DELETED_BEFORE in columns]
     if missing:
         first = missing[0]
         shown = ", ".join(f"{n}={v!r}" for n, v in zip(key, first, strict=True))
         keys = frozenset(letter_key(key, k) for k in missing)
-        raise unfillable(table, wanted[first][0], shown, "the table holds no row of that key", keys)
+        why = (
+            "the batch deleted the key just before it"
+            if DELETED_BEFORE in wanted[first]
+            else "the table holds no row of that key"
+        )
+        raise unfillable(table, wanted[first][0], shown, why, keys)
 
 
 def fill(rows: pa.Table, wanted: dict[Key, list[str]], stored: dict[Key, dict[str, Any]], key: Sequence[str]) -> pa.Table:

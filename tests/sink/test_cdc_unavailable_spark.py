@@ -97,7 +97,8 @@ def test_a_placeholder_with_no_value_to_keep_is_a_dead_letter_on_both_entry_poin
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
     """With option dead-letter-table: an update holding the placeholder for a key its table does not hold (alone, or
-    twice in the batch) is a dead letter ``unavailable-value`` holding the Kafka record; the batch's other changes, of
+    twice in the batch), or right after the batch deleted its key, is a dead letter ``unavailable-value`` holding the
+    Kafka record; the batch's other changes, of
     both tables, commit with it in one unit; a replay of the batch (its commit log entry removed) writes neither
     again. Before the fix the batch failed with an UpsertKeyError on every restart."""
     docs, notes = TABLES
@@ -107,8 +108,10 @@ def test_a_placeholder_with_no_value_to_keep_is_a_dead_letter_on_both_entry_poin
     good += [change(notes, "u", 22, unchanged_toast(9, "new, updated"), TYPES, ("id",))]
     bad = [change(docs, "u", 23, unchanged_toast(7, "never inserted"), TYPES, ("id",))]
     bad += [change(notes, "u", 24 + i, unchanged_toast(8, f"never inserted {i}"), TYPES, ("id",)) for i in range(2)]
+    good += [change(notes, "d", 26, {"id": 2}, TYPES, ("id",))]  # applied; the update right after it is a dead letter
+    bad += [change(notes, "u", 27, unchanged_toast(2, "after its delete"), TYPES, ("id",))]
     write_json_round(tmp_path / "in", 0, records(zero))
-    write_json_round(tmp_path / "in", 1, records([good[0], bad[0], good[1], bad[1], good[2], bad[2]]))
+    write_json_round(tmp_path / "in", 1, records([good[0], bad[0], good[1], bad[1], good[2], bad[2], bad[3], good[3]]))
 
     def go() -> None:
         df = spark.readStream.schema(KAFKA_DDL).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
