@@ -242,6 +242,26 @@ def test_with_a_dead_letter_table_a_placeholder_with_no_value_is_a_dead_letter(
     assert len(dead_letters(catalog_properties)) == len(bad)
 
 
+def test_a_placeholder_a_later_whole_change_replaces_needs_no_value(catalog_properties: dict[str, str], tmp_path: Path) -> None:
+    """Without a dead-letter table: changes holding the placeholder with nothing to keep (a key the table does not
+    hold, one the batch deleted just before) that a later change of the key in the batch replaces whole are not
+    applied and need no value; the batch commits the later changes. Before: the update right after the delete failed
+    the batch in its task, though the next change replaced it."""
+    q, ck = str(uuid.uuid4()), tmp_path / "ck"
+    one = [change(DOCS, "c", 10, row(1, "a"), TYPES, KEY)]
+    two = [
+        change(DOCS, "d", 20, {"id": 1}, TYPES, KEY),
+        change(DOCS, "u", 21, unchanged_toast(1, "after its delete"), TYPES, KEY),
+        change(DOCS, "u", 22, row(1, "whole again", body="b1"), TYPES, KEY),
+        change(DOCS, "u", 23, unchanged_toast(5, "never inserted"), TYPES, KEY),
+        change(DOCS, "u", 24, row(5, "whole", body="b5"), TYPES, KEY),
+    ]
+    staged_batch(catalog_properties, ck, q, 0, one)
+    staged_batch(catalog_properties, ck, q, 1, two)
+    whole = [c for c in two if c["lsn"] in (20, 22, 24)]
+    assert read(catalog_properties) == as_stored(model([one, whole]), schemas=True)
+
+
 def test_a_stale_placeholder_is_not_applied_and_needs_no_value(catalog_properties: dict[str, str], tmp_path: Path) -> None:
     """Order-by across batches: a redelivered older update with placeholders (of a row since updated, or since
     deleted) is stale like any older change -- not applied, no error. Before the fix the update into the live row was
