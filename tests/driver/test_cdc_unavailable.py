@@ -23,10 +23,12 @@ import pytest
 from lakesink.cdc import unavailable
 from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError, UpsertKeyError
+from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from lakesink.options import SinkOptions
 from lakesink.table.keys import SUMMARY_UPSERT_STALE
 from tests.support import cdc_debezium, toast
 from tests.support.changes import staged_cdc_batch
+from tests.support.helpers import run_through_a_fault
 from tests.support.toast import change
 
 DOCS = "public.docs"
@@ -240,6 +242,30 @@ def test_with_a_dead_letter_table_a_placeholder_with_no_value_is_a_dead_letter(
     staged_batch(catalog_properties, ck, q, 2, three, options=options, run_id="restarted")
     assert read(catalog_properties) == as_stored(model([one, good, three]), schemas=True)
     assert len(dead_letters(catalog_properties)) == len(bad)
+
+
+@pytest.mark.parametrize("point", [DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP])
+def test_unavailable_value_dead_letters_once_through_a_crash_and_restart(
+    catalog_properties: dict[str, str], tmp_path: Path, faults: Any, point: str
+) -> None:
+    """The batch written again with its dead letters fails at its commit (before the catalog swap: nothing landed;
+    after it: the unit landed, Spark never heard): the restarted query's replay commits it, or finds it committed --
+    the target and the dead letters hold each change once."""
+    q, ck = str(uuid.uuid4()), tmp_path / "ck"
+    options = {"dead-letter-table": DEAD}
+    one = [change(DOCS, "c", 10 + i, row(i, f"v1 of {i}"), TYPES, KEY) for i in range(1, 3)]
+    staged_batch(catalog_properties, ck, q, 0, one, options=options)
+    good = [change(DOCS, "u", 20, unchanged_toast(1, "v2 of 1"), TYPES, KEY)]
+    bad = [change(DOCS, "u", 21, unchanged_toast(5, "never inserted"), TYPES, KEY)]
+    run_through_a_fault(faults, point, lambda: staged_batch(catalog_properties, ck, q, 1, [*good, *bad], options=options))
+    assert faults.fired(point)
+    faults.clear()
+    staged_batch(catalog_properties, ck, q, 1, [*good, *bad], options=options, run_id="restarted")
+    assert read(catalog_properties) == as_stored(model([one, good]), schemas=True)
+    got = dead_letters(catalog_properties)
+    assert [(r["error"], r["table"], json.loads(r["row"])["value"]) for r in got] == [
+        ("unavailable-value", DOCS, toast.kafka_records(bad, KEY, schemas=True)[0]["value"])
+    ]
 
 
 def test_a_placeholder_a_later_whole_change_replaces_needs_no_value(catalog_properties: dict[str, str], tmp_path: Path) -> None:
