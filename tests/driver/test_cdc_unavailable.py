@@ -199,17 +199,22 @@ def letter_of(c: dict[str, Any]) -> tuple[str, str, str, int]:
     return ("unavailable-value", "body", DOCS, 1)
 
 
+@pytest.mark.parametrize("mode", ["copy-on-write", "merge-on-read"])
 def test_with_a_dead_letter_table_a_placeholder_with_no_value_is_a_dead_letter(
-    catalog_properties: dict[str, str], tmp_path: Path
+    catalog_properties: dict[str, str], tmp_path: Path, mode: str
 ) -> None:
     """Option dead-letter-table: a change holding the placeholder with no value to keep -- a key the table does not
     hold (alone, or twice in the batch), a key the batch deleted just before -- is a dead letter ``unavailable-value``
     (the Kafka record as it came) and the batch's other changes commit, in one unit; a replay writes neither again.
-    Before the fix: an UpsertKeyError on every retry, nothing committed."""
+    A merge-on-read table (write.merge.mode) too: a batch keeping stored values is upserted copy-on-write. Before the
+    fix: an UpsertKeyError on every retry, nothing committed."""
     q, ck = str(uuid.uuid4()), tmp_path / "ck"
     options = {"dead-letter-table": DEAD}
     one = [change(DOCS, "c", 10 + i, row(i, f"v1 of {i}"), TYPES, KEY) for i in range(1, 4)]
     staged_batch(catalog_properties, ck, q, 0, one, options=options)
+    docs = catalogs.load_table_fresh(None, dict(catalog_properties), ("public", "docs"))
+    with docs.transaction() as tx:
+        tx.set_properties({"write.merge.mode": mode})
     unheld = change(DOCS, "u", 20, unchanged_toast(7, "never inserted"), TYPES, KEY)
     twice = [change(DOCS, "u", 21 + i, unchanged_toast(9, f"never inserted {i}"), TYPES, KEY) for i in range(2)]
     after_delete = change(DOCS, "u", 25, unchanged_toast(2, "after its delete"), TYPES, KEY)
