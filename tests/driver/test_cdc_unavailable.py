@@ -249,6 +249,23 @@ def test_with_a_dead_letter_table_a_placeholder_with_no_value_is_a_dead_letter(
     assert len(dead_letters(catalog_properties)) == len(bad)
 
 
+def test_after_a_truncate_a_placeholder_is_a_dead_letter(catalog_properties: dict[str, str], tmp_path: Path) -> None:
+    """A truncate in the batch leaves no row to keep a value from: the update after it holding the placeholder is a
+    dead letter, the truncate and a whole insert after it commit. Before the fix: an UpsertKeyError."""
+    q, ck = str(uuid.uuid4()), tmp_path / "ck"
+    options = {"dead-letter-table": DEAD}
+    one = [change(DOCS, "c", 10 + i, row(i, f"v1 of {i}"), TYPES, KEY) for i in range(1, 3)]
+    staged_batch(catalog_properties, ck, q, 0, one, options=options)
+    bad = [change(DOCS, "u", 31, unchanged_toast(1, "after the truncate"), TYPES, KEY)]
+    two = [change(DOCS, "t", 30, None, TYPES, KEY), *bad, change(DOCS, "c", 32, row(3, "new"), TYPES, KEY)]
+    staged_batch(catalog_properties, ck, q, 1, two, options=options)
+    assert read(catalog_properties) == as_stored({3: row(3, "new")}, schemas=True)
+    got = dead_letters(catalog_properties)
+    assert [(r["error"], r["column"], json.loads(r["row"])["value"]) for r in got] == [
+        ("unavailable-value", "body", toast.kafka_records(bad, KEY, schemas=True)[0]["value"])
+    ]
+
+
 @pytest.mark.parametrize("point", [DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP])
 def test_unavailable_value_dead_letters_once_through_a_crash_and_restart(
     catalog_properties: dict[str, str], tmp_path: Path, faults: Any, point: str
