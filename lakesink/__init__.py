@@ -41,6 +41,7 @@ from lakesink.errors import (
     TableIdentityChangedError,
     TableLocationError,
     TooManyRejectedError,
+    UnavailableValueError,
     UpsertKeyError,
 )
 
@@ -118,6 +119,7 @@ __all__ = [
     "TableIdentityChangedError",
     "TableLocationError",
     "TooManyRejectedError",
+    "UnavailableValueError",
     "UpsertKeyError",
     "VerifyReport",
     "Violation",

@@ -78,6 +78,19 @@ class UpsertKeyError(LakesinkError):
     """A batch of an upsert sink has a null key or several rows of one key it cannot resolve; nothing was committed."""
 
 
+class UnavailableValueError(UpsertKeyError):
+    """Option cdc-format: changes holding Debezium's unavailable-value placeholder with no value to keep (the table
+    holds no row of their key, and no earlier change of the batch gave one); nothing was committed. ``table`` and
+    ``keys`` (each key as its sorted ``(column, value)`` pairs, column names lower-cased) say which: with option
+    dead-letter-table the batch is written again with those changes as dead letters of kind ``unavailable-value``
+    (lakesink.sink.commit.commit_routed)."""
+
+    def __init__(self, message: str, *, table: str, keys: frozenset[tuple[tuple[str, object], ...]]):
+        super().__init__(message)
+        self.table = table
+        self.keys = keys
+
+
 class SourceRegressionError(LakesinkError):
     """A change source's positions went back (a MySQL/MariaDB binlog after ``RESET MASTER``, a restored server, a
     failover without GTIDs): its later changes would be dropped as older than what the table holds. Nothing was

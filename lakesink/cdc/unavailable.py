@@ -28,7 +28,9 @@ Two steps, plain Arrow, callable from any write path (the copy-on-write upsert t
   :func:`check_held`, :func:`fill` (the batch's rows, the table's rows of those keys).
 
 A placeholder after a delete of its key, or for a key the table does not hold, has no value to keep: :func:`unfillable`,
-a loud error naming the table, the column and the key.
+a loud error naming the table, the column and the key (an :class:`~lakesink.errors.UnavailableValueError` carrying
+every such key). With option dead-letter-table the batch is written again, each change of those keys that holds a
+placeholder a dead letter of kind ``unavailable-value`` (:func:`rejected`; lakesink.sink.commit.commit_routed).
 """
 
 from __future__ import annotations
@@ -44,13 +46,30 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakesink.errors import UpsertKeyError
+from lakesink.errors import UnavailableValueError
 from lakesink.table.keys import UNAVAILABLE_COLUMN
 
-__all__ = ["UNAVAILABLE_COLUMN", "Placeholder", "check_held", "fill", "fill_from_earlier", "marks", "unfillable", "wanted"]
+__all__ = [
+    "UNAVAILABLE_COLUMN",
+    "LetterKey",
+    "Placeholder",
+    "check_held",
+    "fill",
+    "fill_from_earlier",
+    "letter_key",
+    "marks",
+    "rejected",
+    "unfillable",
+    "wanted",
+]
 
 _MARKS = pa.string()
 """The marks' type: a JSON list of column names (text: Arrow's joins carry no list column), null for none."""
+
+
+DELETED_BEFORE = "\x00deleted-before"
+"""In a change's marks (after its columns): the batch deleted the key just before it (:func:`fill_from_earlier`), so
+no column has a value to keep, whatever the table holds."""
 
 
 def _encoded(names: list[str] | None) -> str | None:
@@ -147,27 +166,56 @@ def marks(batch: pa.RecordBatch, columns: Sequence[str], placeholder: Placeholde
     return batch.append_column(UNAVAILABLE_COLUMN, column)
 
 
-def unfillable(table: str, column: str, key: str, why: str) -> UpsertKeyError:
-    """The error of a placeholder with no value to keep (``why``: what the key's row is)."""
-    return UpsertKeyError(
+LetterKey = tuple[tuple[str, Any], ...]
+"""A key as :class:`~lakesink.errors.UnavailableValueError` carries it: its ``(column, value)`` pairs, column names
+lower-cased, sorted (the driver's key columns and a writer's may differ in order and case)."""
+
+
+def letter_key(names: Sequence[str], values: Sequence[Any]) -> LetterKey:
+    return tuple(sorted((n.lower(), v) for n, v in zip(names, values, strict=True)))
+
+
+def unfillable(table: str, column: str, key: str, why: str, keys: frozenset[LetterKey] = frozenset()) -> UnavailableValueError:
+    """The error of a placeholder with no value to keep (``why``: what the key's row is; ``keys``: every key of the
+    table with such a change, for the dead letters of a second write)."""
+    return UnavailableValueError(
         f"table {table}, column {column!r}, key ({key}): the change holds Debezium's unavailable-value placeholder (an "
         f"unchanged PostgreSQL TOAST value the source did not send), and {why}: there is no value to keep. Nothing was "
         "committed. Set REPLICA IDENTITY FULL on the source table (Debezium then sends every value), and re-snapshot it "
-        '(docs/cdc.md, "unchanged TOAST values")'
+        '(docs/cdc.md, "unchanged TOAST values"); or set option dead-letter-table: such a change is then a dead letter '
+        "of kind unavailable-value",
+        table=table,
+        keys=keys,
     )
 
 
-def _key_text(row: dict[str, Any], key: Sequence[str]) -> str:
-    return ", ".join(f"{k}={row[k]!r}" for k in key)
+def rejected(batch: pa.RecordBatch, key: Sequence[str], keys: frozenset[LetterKey]) -> list[tuple[int, str]]:
+    """The rows of ``batch`` (a table's changes, :func:`marks` marked) that hold a placeholder and whose key is one of
+    ``keys`` (those with no value to keep: dead letters ``unavailable-value``), each with its first marked column."""
+    if not keys or UNAVAILABLE_COLUMN not in batch.schema.names:
+        return []
+    flagged = batch.column(UNAVAILABLE_COLUMN)
+    at = pc.indices_nonzero(pc.is_valid(flagged)).to_pylist()
+    if not at:
+        return []
+    by_name = {n.lower(): n for n in batch.schema.names}
+    names = [by_name[k.lower()] for k in key]
+    taken = batch.take(pa.array(at, pa.int64()))
+    columns = [taken.column(n).to_pylist() for n in names]
+    texts = taken.column(UNAVAILABLE_COLUMN).to_pylist()
+    out = []
+    for j, i in enumerate(at):
+        if letter_key(names, [c[j] for c in columns]) in keys:
+            out.append((i, _decoded(texts[j])[0]))
+    return out
 
 
-def fill_from_earlier(
-    changes: pa.Table, key: Sequence[str], order: str, deleted: str, *, table: str, row_column: str
-) -> pa.Table:
+def fill_from_earlier(changes: pa.Table, key: Sequence[str], order: str, deleted: str, *, row_column: str) -> pa.Table:
     """A task's changes of one table (every change of a key, :data:`UNAVAILABLE_COLUMN` marking its placeholders), each
     marked column of a change given the value of its key's previous change (in ``order``; ties by ``row_column``), and
     its mark dropped; a column still marked is filled at commit from the table's row (:func:`fill`). A placeholder
-    right after a delete of its key is :func:`unfillable`."""
+    right after a delete of its key keeps its mark and gets :data:`DELETED_BEFORE`: the commit's :func:`check_held`
+    finds no value to keep for it, whatever the table holds."""
     flagged = changes.column(UNAVAILABLE_COLUMN)
     if flagged.null_count == changes.num_rows:
         return changes
@@ -196,12 +244,16 @@ def fill_from_earlier(
                 if previous is None:
                     still.append(n)  # the table's row, at commit
                 elif rows[previous][deleted]:
-                    raise unfillable(table, n, _key_text(rows[i], key), "the batch deleted the key just before it")
+                    still.append(n)  # nothing to keep: the commit's check_held (the key's row is not the batch's)
                 else:
                     values[n][i] = values[n][previous]
                     if n in (left[previous] or ()):
                         still.append(n)  # the earlier change kept the table's value too
-            left[i] = still or None
+            before = left[previous] if previous is not None else None
+            if still and previous is not None and (rows[previous][deleted] or DELETED_BEFORE in (before or ())):
+                still.append(DELETED_BEFORE)
+            left[i] = [n for n in still if n != DELETED_BEFORE] + ([DELETED_BEFORE] if DELETED_BEFORE in still else [])
+            left[i] = left[i] or None
             previous = i
     out = changes
     for n in names:
@@ -229,11 +281,20 @@ def wanted(keys: pa.Table, key: Sequence[str]) -> dict[Key, list[str]]:
 
 
 def check_held(wanted: dict[Key, list[str]], stored: dict[Key, dict[str, Any]], key: Sequence[str], *, table: str) -> None:
-    """Every key of ``wanted`` has its row in ``stored`` (the table's rows of those keys), else :func:`unfillable`."""
-    for k, columns in wanted.items():
-        if k not in stored:
-            shown = ", ".join(f"{n}={v!r}" for n, v in zip(key, k, strict=True))
-            raise unfillable(table, columns[0], shown, "the table holds no row of that key")
+    """Every key of ``wanted`` has its row in ``stored`` (the table's rows of those keys) and was not deleted by the
+    batch just before its change (:data:`DELETED_BEFORE`), else :func:`unfillable` (naming the first such key,
+    carrying all)."""
+    missing = [k for k, columns in wanted.items() if k not in stored or DELETED_BEFORE in columns]
+    if missing:
+        first = missing[0]
+        shown = ", ".join(f"{n}={v!r}" for n, v in zip(key, first, strict=True))
+        keys = frozenset(letter_key(key, k) for k in missing)
+        why = (
+            "the batch deleted the key just before it"
+            if DELETED_BEFORE in wanted[first]
+            else "the table holds no row of that key"
+        )
+        raise unfillable(table, wanted[first][0], shown, why, keys)
 
 
 def fill(rows: pa.Table, wanted: dict[Key, list[str]], stored: dict[Key, dict[str, Any]], key: Sequence[str]) -> pa.Table:

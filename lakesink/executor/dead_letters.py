@@ -10,7 +10,8 @@ Each row is checked in this order and becomes one dead letter, with the first er
 3. ``required-null``: a required (NOT NULL) column or nested field of the table is null where its parent is present.
 
 A routed sink (option ``route-by``) checks the route first: a row whose routing value names no valid table is a dead
-letter ``invalid-route`` (:meth:`RowSorter.reject_all`, lakesink.executor.routed_writer); the others are sorted by the
+letter ``invalid-route`` (:meth:`RowSorter.reject_all`, lakesink.executor.routed_writer; so are a payload's
+``payload-value`` and cdc-format's ``unavailable-value`` dead letters); the others are sorted by the
 sorter of their table (:meth:`RowSorter.sort`). A row
 that crashes the worker is no data error: the task fails, Spark fails the batch, nothing is committed.
 """

@@ -110,6 +110,10 @@ class RoutedPlan:
     keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """With upserts: each opened table's own key (lakesink.driver.tables.routed_keys: an existing table's identifier fields);
     a table not in it (one the template writes) takes ``upsert.key``."""
+    unavailable_letters: Mapping[str, frozenset[unavailable.LetterKey]] = field(default_factory=dict)
+    """Option cdc-format with option dead-letter-table, a batch written again: per table, the keys whose changes hold
+    Debezium's unavailable-value placeholder with no value to keep (lakesink.errors.UnavailableValueError); such a
+    change is a dead letter ``unavailable-value``."""
     payload: str | None = None
     """Option payload: the JSON column whose fields are each row's columns in its table (lakesink.executor.payload);
     the other stream columns are not written (the upsert resolution and the row checks read theirs)."""
@@ -334,7 +338,7 @@ class RoutedTaskWriter:
             key=plan.upsert.key if plan.upsert is not None else (),
         )
         self._reject_misfits(rows, misfits, plan.table, value)
-        return self._marked(expanded, plan)
+        return self._reject_unavailable(rows, misfits, self._marked(expanded, plan), plan, value)
 
     @staticmethod
     def _marked(expanded: pa.RecordBatch, plan: WritePlan) -> pa.RecordBatch:
@@ -350,7 +354,17 @@ class RoutedTaskWriter:
     def _reject_misfits(self, rows: pa.RecordBatch, misfits: list[payload.Misfit], table: str, value: object) -> None:
         """The rows of ``misfits`` as dead letters of error ``payload-value``: each the stream's row as it came (the
         routing column put back; lakesink's own columns left out), naming the table and the column."""
-        if not misfits:
+        groups: dict[tuple[str, str], list[int]] = {}
+        for m in misfits:
+            groups.setdefault((m.column, m.message), []).append(m.row)
+        self._reject_rows(rows, groups, dl.PAYLOAD_VALUE, table, value)
+
+    def _reject_rows(
+        self, rows: pa.RecordBatch, groups: Mapping[tuple[str, str], list[int]], kind: str, table: str, value: object
+    ) -> None:
+        """Rows of ``rows`` (by index, grouped by column and message) as dead letters of error ``kind``: each the
+        stream's row as it came (the routing column put back; lakesink's own columns left out)."""
+        if not groups:
             return
         assert self._invalid is not None
         cdc = CDC_CONNECT_SCHEMA in rows.schema.names  # option cdc-format: its parsed columns are lakesink's own
@@ -359,15 +373,42 @@ class RoutedTaskWriter:
         if cdc and CDC_VALUE in rows.schema.names:  # the Kafka record's value as it came
             original = original.append_column("value", rows.column(CDC_VALUE))
         routing = not (cdc and self._plan.column.startswith(CDC_PREFIX))  # cdc-format's route: from the record
-        groups: dict[tuple[str, str], list[int]] = {}
-        for m in misfits:
-            groups.setdefault((m.column, m.message), []).append(m.row)
         for (column, message), indices in groups.items():
             taken = original.take(pa.array(indices, pa.int64()))
             # a valid route's value is a string (a value that is not UTF-8 is an invalid route: _reject_route)
             if routing:
                 taken = taken.append_column(self._plan.column, pa.array([str(value)] * taken.num_rows, pa.string()))
-            self._invalid.reject_all(taken, kind=dl.PAYLOAD_VALUE, column=column, text=message, table=table)
+            self._invalid.reject_all(taken, kind=kind, column=column, text=message, table=table)
+
+    def _reject_unavailable(
+        self, rows: pa.RecordBatch, misfits: list[payload.Misfit], marked: pa.RecordBatch, plan: WritePlan, value: object
+    ) -> pa.RecordBatch:
+        """Option cdc-format with option dead-letter-table, a batch written again (:attr:`RoutedPlan.unavailable_letters`):
+        the changes (``marked``: the rows of ``rows`` but ``misfits``) holding Debezium's unavailable-value placeholder
+        for a key with no value to keep, taken out as dead letters of error ``unavailable-value`` (the change is not
+        applied at all: its key resolves from the batch's other changes)."""
+        letters = self._plan.unavailable_letters.get(plan.table)
+        if not letters or plan.upsert is None:
+            return marked
+        found = unavailable.rejected(marked, plan.upsert.key, letters)
+        if not found:
+            return marked
+        bad = {m.row for m in misfits}
+        at = [i for i in range(rows.num_rows) if i not in bad]  # marked's row i is rows' at[i]
+        names = {n.lower(): n for n in marked.schema.names}
+        key = [names[k.lower()] for k in plan.upsert.key]
+        groups: dict[tuple[str, str], list[int]] = {}
+        for i, column in found:
+            shown = ", ".join(f"{k}={marked.column(k)[i].as_py()!r}" for k in key)
+            message = (
+                f"column {column!r} holds Debezium's unavailable-value placeholder (an unchanged PostgreSQL TOAST value "
+                f"the source did not send) and there is no value to keep: table {plan.table} holds no row of key "
+                f"({shown}) and the batch gave none before (REPLICA IDENTITY FULL on the source table sends every value)"
+            )
+            groups.setdefault((column, message), []).append(at[i])
+        self._reject_rows(rows, groups, dl.UNAVAILABLE_VALUE, plan.table, value)
+        taken = {i for i, _ in found}
+        return marked.filter(pa.array([i not in taken for i in range(marked.num_rows)]))
 
     def _reject_route(self, value: object, route: InvalidRoute, rows: pa.RecordBatch) -> None:
         """Rows whose routing value names no valid table: dead letters (option dead-letter-table), else RoutingError."""

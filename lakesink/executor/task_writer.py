@@ -184,7 +184,6 @@ class TaskWriter:
                 self._plan.upsert,
                 batch_id=self._ids.batch_id,
                 partition_id=self._ids.partition_id,
-                table_name=self._plan.table,
             )
             self._changes = upsert_task.to_ipc(changes)
             for batch in rows:

@@ -68,7 +68,7 @@ class UpsertSpec:
 
 
 def resolve_task(
-    batches: Iterable[pa.RecordBatch], spec: UpsertSpec, *, batch_id: int, partition_id: int, table_name: str = ""
+    batches: Iterable[pa.RecordBatch], spec: UpsertSpec, *, batch_id: int, partition_id: int
 ) -> tuple[list[pa.RecordBatch], pa.Table]:
     """(the task's rows to write, the keys it changes with :data:`DELETED` and, with ``order-by``, the winning row's
     order value as :data:`ORDER`), one row per key. Option cdc-format, rows marking Debezium's unavailable-value
@@ -96,7 +96,7 @@ def resolve_task(
     order_column: str | None = None
     if spec.order_by is not None and UNAVAILABLE in table.column_names:  # before the key's earlier changes are dropped
         order = _column(table, spec.order_by, "order-by")
-        table = unavailable.fill_from_earlier(table, keys, order, DELETED, table=table_name, row_column=_ROW)
+        table = unavailable.fill_from_earlier(table, keys, order, DELETED, row_column=_ROW)
     if spec.order_by is not None:
         # the rows with the greatest order value of their key (joined on the narrow columns only: Arrow's hash
         # join carries no nested payload columns)

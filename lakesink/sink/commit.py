@@ -12,13 +12,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TypeVar
 
+from lakesink.cdc.unavailable import LetterKey
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.actions.completeness import BatchTime
 from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
 from lakesink.driver.committers.interface import BatchCommitter
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
+from lakesink.errors import UnavailableValueError
 from lakesink.executor.messages import WritePlan
 from lakesink.executor.routed_writer import RoutedTaskResult
 from lakesink.table.routes import Route
@@ -52,7 +55,7 @@ def commit_routed(
     *,
     routes: Sequence[Route],
     plans: Mapping[str, WritePlan],
-    write: Callable[[], list[RoutedTaskResult]],
+    write: Callable[[Mapping[str, frozenset[LetterKey]]], list[RoutedTaskResult]],
     batch_time: Callable[[], BatchTime | None],
     invalid: bool = False,
     facts: BatchFacts = NO_FACTS,
@@ -61,7 +64,11 @@ def commit_routed(
     (``plans`` of ``routes``): a batch some of its tables hold already is decided for the whole batch, before any file
     is written (``check_replay_at_plan``); one every table held when it was planned is skipped; else its files are
     written (``write``, also when the batch has only rows of an invalid route, ``invalid``: dead letters) and committed
-    as one unit with the batch's ``facts`` (what its changes carry beside its rows), or aborted when the commit raised."""
+    as one unit with the batch's ``facts`` (what its changes carry beside its rows), or aborted when the commit raised.
+    With option dead-letter-table, a batch whose write or commit finds
+    changes holding Debezium's unavailable-value placeholder with no value to keep (UnavailableValueError) is written
+    again, ``write`` given those keys per table (lakesink.executor.routed_writer.RoutedPlan.unavailable_letters: dead
+    letters), until none is left: its dead letters and its other rows in one unit, as every routed batch."""
     routed.check_replay_at_plan(call)
     batch_id = call.batch_id
     if (
@@ -71,11 +78,39 @@ def commit_routed(
     ):
         # found committed in every table when planned: checked before any file is written
         return routed.skip_replay(call, routes=routes)
-    results = write() if routes or invalid else []
-    return commit_or_abort(
-        routed,
-        query_id=call.query_id,
-        batch_id=batch_id,
-        results=results,
-        commit=lambda: routed.commit_batch(replace(call, time=batch_time()), results, facts),
-    )
+    letters: dict[str, frozenset[LetterKey]] = {}
+    while True:
+        try:
+            results = write(letters) if routes or invalid else []
+            return commit_or_abort(
+                routed,
+                query_id=call.query_id,
+                batch_id=batch_id,
+                results=results,
+                commit=partial(_commit, routed, call, batch_time, results, facts),
+            )
+        except UnavailableValueError as e:
+            # option cdc-format: changes with Debezium's unavailable-value placeholder and no value to keep, found by
+            # the commit (the table holds no row of their key) or the writer (the batch deleted the key before): with
+            # a dead-letter table, nothing committed, the batch written again with them as dead letters, one unit
+            known = letters.get(e.table, frozenset())
+            if routed.dead_letters is None or e.keys <= known:
+                raise
+            letters[e.table] = known | e.keys
+            log.warning(
+                "lakesink: batch %s: %s change key(s) of table %s hold Debezium's unavailable-value placeholder with no "
+                "value to keep: the batch is written again with them as dead letters (unavailable-value)",
+                batch_id,
+                len(e.keys - known),
+                e.table,
+            )
+
+
+def _commit(
+    routed: RoutedCommitter,
+    call: BatchCall,
+    batch_time: Callable[[], BatchTime | None],
+    results: list[RoutedTaskResult],
+    facts: BatchFacts,
+) -> RoutedOutcome:
+    return routed.commit_batch(replace(call, time=batch_time()), results, facts)

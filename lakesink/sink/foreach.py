@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from lakesink.cdc import debezium
+from lakesink.cdc.unavailable import LetterKey
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, BatchOutcome
 from lakesink.driver.actions.upsert_mor import LOOKUP_ATTEMPTS, MergeLookup
@@ -528,8 +529,11 @@ class ForeachBatchSink(RoutedSparkBatches):
         planned_ms = (time.perf_counter() - started) * 1000 - found_ms
         invalid = routed.any_invalid(values)  # with dead_letter_table: rows that are dead letters of error invalid-route
 
-        def write() -> list[RoutedTaskResult]:
+        source = df  # a batch written again (unavailable-value dead letters: commit_routed) starts from it again
+
+        def write(letters: Mapping[str, frozenset[LetterKey]]) -> list[RoutedTaskResult]:
             nonlocal df
+            df = source
             reject_column = routed.dead_letters is not None and self.options.reject_when is not None
             if reject_column:  # option reject-when: Spark SQL, computed by Spark into the reject column
                 df = dead_letters.with_reject_column(df, self.options)
@@ -539,7 +543,12 @@ class ForeachBatchSink(RoutedSparkBatches):
                 tables = routed_tables_by_value(values, routing)  # one table's spellings: one partition
                 df, deletes_computed = upsert_batch.for_routed_tasks(df, routing.column, self.options, keys, tables)
             plan = routed.routed_plan(
-                plans, query_id, template=False, reject_column=reject_column, deletes_computed=deletes_computed
+                plans,
+                query_id,
+                template=False,
+                reject_column=reject_column,
+                deletes_computed=deletes_computed,
+                unavailable_letters=letters,
             )
             writer = RoutedPartitionWriter(plan, batch_id, run_id)
             written = time.perf_counter()

@@ -17,6 +17,7 @@ from pyiceberg.types import StructType
 from pyspark.sql import DataFrame
 from pyspark.storagelevel import StorageLevel
 
+from lakesink.cdc.unavailable import LetterKey
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.facts import BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
@@ -140,7 +141,8 @@ class RoutedSparkBatches:
         written: spark_routed.RoutedSparkWrite | None = None
         resolved: upsert_batch.RoutedResolution | None = None  # upserts: each (table, key) resolved by Spark
 
-        def write() -> list[RoutedTaskResult]:
+        def write(letters: Mapping[str, frozenset[LetterKey]]) -> list[RoutedTaskResult]:
+            # writer='spark' takes no dead-letter table (letters: always none)
             nonlocal written, resolved
             resolved = self._resolve_routed(df, batch_id, values, routed) if self.options.upserts else None
             targets = [p.settings.target_file_size for p in plans.values()]
@@ -224,8 +226,8 @@ class RoutedSparkBatches:
                 finally:
                     cached.unpersist(blocking=False)
 
-            def write() -> list[RoutedTaskResult]:
-                nonlocal written
+            def write(letters: Mapping[str, frozenset[LetterKey]]) -> list[RoutedTaskResult]:
+                nonlocal written  # appends: no unavailable-value dead letters (letters: always none)
                 placed = time.perf_counter()
                 written = spark_split.place(
                     df, s, self._batch_of(query_id, batch_id, run_id), plans=plans, max_records_per_file=per_file
@@ -282,7 +284,7 @@ class RoutedSparkBatches:
         run_id: str | None,
         routes: Sequence[Route],
         plans: Mapping[str, WritePlan],
-        write: Callable[[], list[RoutedTaskResult]],
+        write: Callable[[Mapping[str, frozenset[LetterKey]]], list[RoutedTaskResult]],
         facts: BatchFacts,
         *,
         invalid: bool = False,

@@ -35,6 +35,7 @@ import pyarrow as pa
 from pyiceberg.io import load_file_io
 
 from lakesink.cdc import envelope
+from lakesink.cdc.unavailable import LetterKey
 from lakesink.driver.actions import dead_letters
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
@@ -141,7 +142,7 @@ class StagedCommitter:
             replace(call, run_id=run_id),
             routes=routes,
             plans=plans,
-            write=lambda: [self._write(plans, query_id, batch_id, run_id, results, cut)],
+            write=lambda letters: [self._write(plans, query_id, batch_id, run_id, results, cut, letters)],
             batch_time=lambda: call.time,
             invalid=routed.any_invalid(values),  # option dead-letter-table: rows of no valid table are dead letters
             facts=facts,
@@ -183,9 +184,11 @@ class StagedCommitter:
         run_id: str | None,
         results: Sequence[StagedTaskResult],
         cut: Mapping[str, Decimal],
+        letters: Mapping[str, frozenset[LetterKey]],
     ) -> RoutedTaskResult:
-        """The tables' files written from the staged rows, by one routed task writer for the whole batch."""
-        plan = self.routed.routed_plan(plans, query_id, template=False, deletes_computed=True)
+        """The tables' files written from the staged rows, by one routed task writer for the whole batch (``letters``:
+        lakesink.sink.commit.commit_routed's keys of unavailable-value dead letters)."""
+        plan = self.routed.routed_plan(plans, query_id, template=False, deletes_computed=True, unavailable_letters=letters)
         writer = RoutedTaskWriter(
             plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id)
         )

@@ -57,6 +57,11 @@ PAYLOAD_VALUE = "payload-value"
 number beyond an int, more digits than a decimal column holds, an integer in a temporal column, text that is no
 date, a value its Connect schema cannot decode...); ``column`` names the column, ``table`` the row's table, ``row`` is
 the stream's row as it came (the payload as its JSON text)."""
-ERROR_KINDS = (REJECT_WHEN, REQUIRED_NULL, NULL_UPSERT_KEY, INVALID_ROUTE, PAYLOAD_VALUE)
+UNAVAILABLE_VALUE = "unavailable-value"
+"""Option ``cdc-format``: a change holds Debezium's unavailable-value placeholder (an unchanged PostgreSQL TOAST value)
+and there is no value to keep (the table holds no row of its key, the batch gave none before, or the batch deleted the
+key just before); ``column`` names the first such column, ``table`` the change's table, ``row`` the Kafka record as it
+came. Found at the commit: the batch is written again with such changes taken out (lakesink.sink.commit)."""
+ERROR_KINDS = (REJECT_WHEN, REQUIRED_NULL, NULL_UPSERT_KEY, INVALID_ROUTE, PAYLOAD_VALUE, UNAVAILABLE_VALUE)
 
 from lakesink.table.keys import REJECT_COLUMN as REJECT_COLUMN  # noqa: E402 (re-exported beside the error kinds)

@@ -23,10 +23,12 @@ import pytest
 from lakesink.cdc import unavailable
 from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError, UpsertKeyError
+from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from lakesink.options import SinkOptions
 from lakesink.table.keys import SUMMARY_UPSERT_STALE
 from tests.support import cdc_debezium, toast
 from tests.support.changes import staged_cdc_batch
+from tests.support.helpers import run_through_a_fault
 from tests.support.toast import change
 
 DOCS = "public.docs"
@@ -76,9 +78,11 @@ def staged_batch(
     *,
     schemas: bool = True,
     options: Mapping[str, str] | None = None,
+    run_id: str = "r",
 ) -> None:
     """One micro-batch of format("lakesink") with option cdc-format over the changes' Kafka records."""
-    staged_cdc_batch(props, ck, query_id, batch_id, toast.kafka_records(changes, KEY, schemas=schemas), options)
+    records = toast.kafka_records(changes, KEY, schemas=schemas)
+    staged_cdc_batch(props, ck, query_id, batch_id, records, options, run_id=run_id)
 
 
 def model(batches: Sequence[Sequence[dict[str, Any]]], raw: bytes = toast.DEFAULT) -> dict[int, dict[str, Any]]:
@@ -179,6 +183,131 @@ def test_a_placeholder_with_no_value_to_keep_is_a_loud_error(catalog_properties:
     with pytest.raises(UpsertKeyError, match=r"table public\.docs, column 'body', key \(id=1\)"):
         staged_batch(catalog_properties, tmp_path / "ck", q, 1, truncated)
     assert catalogs.load_table_fresh(None, dict(catalog_properties), ("public", "docs")).current_snapshot() == before
+
+
+DEAD = "public.dead_letters"
+
+
+def dead_letters(props: Mapping[str, str]) -> list[dict[str, Any]]:
+    table = catalogs.load_table_fresh(None, dict(props), tuple(DEAD.split(".")))
+    rows: list[dict[str, Any]] = table.scan().to_arrow().to_pylist()
+    return rows
+
+
+def letter_of(c: dict[str, Any]) -> tuple[str, str, str, int]:
+    """The dead letter a change of batch 1 with no value to keep is: (error, column, table, batch)."""
+    return ("unavailable-value", "body", DOCS, 1)
+
+
+@pytest.mark.parametrize("mode", ["copy-on-write", "merge-on-read"])
+def test_with_a_dead_letter_table_a_placeholder_with_no_value_is_a_dead_letter(
+    catalog_properties: dict[str, str], tmp_path: Path, mode: str
+) -> None:
+    """Option dead-letter-table: a change holding the placeholder with no value to keep -- a key the table does not
+    hold (alone, or twice in the batch), a key the batch deleted just before -- is a dead letter ``unavailable-value``
+    (the Kafka record as it came) and the batch's other changes commit, in one unit; a replay writes neither again.
+    A merge-on-read table (write.merge.mode) too: a batch keeping stored values is upserted copy-on-write. Before the
+    fix: an UpsertKeyError on every retry, nothing committed."""
+    q, ck = str(uuid.uuid4()), tmp_path / "ck"
+    options = {"dead-letter-table": DEAD}
+    one = [change(DOCS, "c", 10 + i, row(i, f"v1 of {i}"), TYPES, KEY) for i in range(1, 4)]
+    staged_batch(catalog_properties, ck, q, 0, one, options=options)
+    docs = catalogs.load_table_fresh(None, dict(catalog_properties), ("public", "docs"))
+    with docs.transaction() as tx:
+        tx.set_properties({"write.merge.mode": mode})
+    unheld = change(DOCS, "u", 20, unchanged_toast(7, "never inserted"), TYPES, KEY)
+    twice = [change(DOCS, "u", 21 + i, unchanged_toast(9, f"never inserted {i}"), TYPES, KEY) for i in range(2)]
+    after_delete = change(DOCS, "u", 25, unchanged_toast(2, "after its delete"), TYPES, KEY)
+    good = [
+        change(DOCS, "u", 30, unchanged_toast(1, "v2 of 1"), TYPES, KEY),  # filled from the table
+        change(DOCS, "c", 31, row(8, "new"), TYPES, KEY),
+        change(DOCS, "u", 32, unchanged_toast(8, "v2 of 8"), TYPES, KEY),  # filled from the batch's insert
+        change(DOCS, "d", 24, {"id": 2}, TYPES, KEY),
+        change(DOCS, "u", 33, unchanged_toast(3, "v2 of 3", body="new body of 3"), TYPES, KEY),
+    ]
+    bad = [unheld, *twice, after_delete]
+    two = [*good[:2], unheld, good[2], twice[0], good[3], after_delete, twice[1], good[4]]
+    staged_batch(catalog_properties, ck, q, 1, two, options=options)
+    expected = as_stored(model([one, good]), schemas=True)
+    assert read(catalog_properties) == expected
+    got = dead_letters(catalog_properties)
+    assert sorted((r["error"], r["column"], r["table"], r["batch_id"], json.loads(r["row"])["value"]) for r in got) == sorted(
+        (*letter_of(c), k["value"]) for c in bad for k in toast.kafka_records([c], KEY, schemas=True)
+    )
+    assert all("no value to keep" in r["message"] and "public.docs" in r["message"] for r in got)
+    assert sorted(json.loads(json.loads(r["row"])["value"])["payload"]["source"]["lsn"] for r in got) == sorted(
+        c["lsn"] for c in bad
+    )
+    # a replay of the committed batch (a restart before Spark's commit log) writes nothing twice
+    staged_batch(catalog_properties, ck, q, 1, two, options=options, run_id="restarted")
+    assert read(catalog_properties) == expected
+    assert len(dead_letters(catalog_properties)) == len(bad)
+    # the stream goes on: a later update of a key whose change was a dead letter, with every value, is applied
+    three = [change(DOCS, "c", 40, row(7, "sent whole"), TYPES, KEY)]
+    staged_batch(catalog_properties, ck, q, 2, three, options=options, run_id="restarted")
+    assert read(catalog_properties) == as_stored(model([one, good, three]), schemas=True)
+    assert len(dead_letters(catalog_properties)) == len(bad)
+
+
+def test_after_a_truncate_a_placeholder_is_a_dead_letter(catalog_properties: dict[str, str], tmp_path: Path) -> None:
+    """A truncate in the batch leaves no row to keep a value from: the update after it holding the placeholder is a
+    dead letter, the truncate and a whole insert after it commit. Before the fix: an UpsertKeyError."""
+    q, ck = str(uuid.uuid4()), tmp_path / "ck"
+    options = {"dead-letter-table": DEAD}
+    one = [change(DOCS, "c", 10 + i, row(i, f"v1 of {i}"), TYPES, KEY) for i in range(1, 3)]
+    staged_batch(catalog_properties, ck, q, 0, one, options=options)
+    bad = [change(DOCS, "u", 31, unchanged_toast(1, "after the truncate"), TYPES, KEY)]
+    two = [change(DOCS, "t", 30, None, TYPES, KEY), *bad, change(DOCS, "c", 32, row(3, "new"), TYPES, KEY)]
+    staged_batch(catalog_properties, ck, q, 1, two, options=options)
+    assert read(catalog_properties) == as_stored({3: row(3, "new")}, schemas=True)
+    got = dead_letters(catalog_properties)
+    assert [(r["error"], r["column"], json.loads(r["row"])["value"]) for r in got] == [
+        ("unavailable-value", "body", toast.kafka_records(bad, KEY, schemas=True)[0]["value"])
+    ]
+
+
+@pytest.mark.parametrize("point", [DRIVER_BEFORE_SWAP, DRIVER_AFTER_SWAP])
+def test_unavailable_value_dead_letters_once_through_a_crash_and_restart(
+    catalog_properties: dict[str, str], tmp_path: Path, faults: Any, point: str
+) -> None:
+    """The batch written again with its dead letters fails at its commit (before the catalog swap: nothing landed;
+    after it: the unit landed, Spark never heard): the restarted query's replay commits it, or finds it committed --
+    the target and the dead letters hold each change once."""
+    q, ck = str(uuid.uuid4()), tmp_path / "ck"
+    options = {"dead-letter-table": DEAD}
+    one = [change(DOCS, "c", 10 + i, row(i, f"v1 of {i}"), TYPES, KEY) for i in range(1, 3)]
+    staged_batch(catalog_properties, ck, q, 0, one, options=options)
+    good = [change(DOCS, "u", 20, unchanged_toast(1, "v2 of 1"), TYPES, KEY)]
+    bad = [change(DOCS, "u", 21, unchanged_toast(5, "never inserted"), TYPES, KEY)]
+    run_through_a_fault(faults, point, lambda: staged_batch(catalog_properties, ck, q, 1, [*good, *bad], options=options))
+    assert faults.fired(point)
+    faults.clear()
+    staged_batch(catalog_properties, ck, q, 1, [*good, *bad], options=options, run_id="restarted")
+    assert read(catalog_properties) == as_stored(model([one, good]), schemas=True)
+    got = dead_letters(catalog_properties)
+    assert [(r["error"], r["table"], json.loads(r["row"])["value"]) for r in got] == [
+        ("unavailable-value", DOCS, toast.kafka_records(bad, KEY, schemas=True)[0]["value"])
+    ]
+
+
+def test_a_placeholder_a_later_whole_change_replaces_needs_no_value(catalog_properties: dict[str, str], tmp_path: Path) -> None:
+    """Without a dead-letter table: changes holding the placeholder with nothing to keep (a key the table does not
+    hold, one the batch deleted just before) that a later change of the key in the batch replaces whole are not
+    applied and need no value; the batch commits the later changes. Before: the update right after the delete failed
+    the batch in its task, though the next change replaced it."""
+    q, ck = str(uuid.uuid4()), tmp_path / "ck"
+    one = [change(DOCS, "c", 10, row(1, "a"), TYPES, KEY)]
+    two = [
+        change(DOCS, "d", 20, {"id": 1}, TYPES, KEY),
+        change(DOCS, "u", 21, unchanged_toast(1, "after its delete"), TYPES, KEY),
+        change(DOCS, "u", 22, row(1, "whole again", body="b1"), TYPES, KEY),
+        change(DOCS, "u", 23, unchanged_toast(5, "never inserted"), TYPES, KEY),
+        change(DOCS, "u", 24, row(5, "whole", body="b5"), TYPES, KEY),
+    ]
+    staged_batch(catalog_properties, ck, q, 0, one)
+    staged_batch(catalog_properties, ck, q, 1, two)
+    whole = [c for c in two if c["lsn"] in (20, 22, 24)]
+    assert read(catalog_properties) == as_stored(model([one, whole]), schemas=True)
 
 
 def test_a_stale_placeholder_is_not_applied_and_needs_no_value(catalog_properties: dict[str, str], tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ tests/support/toast.py); every table equals a model in plain Python.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,53 @@ def test_unchanged_toast_values_keep_the_stored_ones_on_both_entry_points(
         assert_tables_are(catalog_properties, rounds[: index + 1])
     got = catalogs.load(None, dict(catalog_properties)).load_table(("shop", "notes")).scan().to_arrow().to_pylist()
     assert {r["id"]: r["body"] for r in got if r["id"] in (2, 9)} == {2: "changed", 9: "nine"}
+
+
+DEAD = "audit.dead_letters"
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_placeholder_with_no_value_to_keep_is_a_dead_letter_on_both_entry_points(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """With option dead-letter-table: an update holding the placeholder for a key its table does not hold (alone, or
+    twice in the batch), or right after the batch deleted its key, is a dead letter ``unavailable-value`` holding the
+    Kafka record; the batch's other changes, of
+    both tables, commit with it in one unit; a replay of the batch (its commit log entry removed) writes neither
+    again. Before the fix the batch failed with an UpsertKeyError on every restart."""
+    docs, notes = TABLES
+    zero = [change(t, "c", 10 + i, row(i, f"v1 {i}"), TYPES, ("id",)) for t in TABLES for i in range(1, 3)]
+    good = [change(docs, "u", 20, unchanged_toast(1, "v2"), TYPES, ("id",))]
+    good += [change(notes, "c", 21, row(9, "new", body="nine"), TYPES, ("id",))]
+    good += [change(notes, "u", 22, unchanged_toast(9, "new, updated"), TYPES, ("id",))]
+    bad = [change(docs, "u", 23, unchanged_toast(7, "never inserted"), TYPES, ("id",))]
+    bad += [change(notes, "u", 24 + i, unchanged_toast(8, f"never inserted {i}"), TYPES, ("id",)) for i in range(2)]
+    good += [change(notes, "d", 26, {"id": 2}, TYPES, ("id",))]  # applied; the update right after it is a dead letter
+    bad += [change(notes, "u", 27, unchanged_toast(2, "after its delete"), TYPES, ("id",))]
+    write_json_round(tmp_path / "in", 0, records(zero))
+    write_json_round(tmp_path / "in", 1, records([good[0], bad[0], good[1], bad[1], good[2], bad[2], bad[3], good[3]]))
+
+    def go() -> None:
+        df = spark.readStream.schema(KAFKA_DDL).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+        query = start_sink(
+            df, entry, tmp_path / "ck", catalog_properties, cdc_format="debezium", merge_schema=True, dead_letter_table=DEAD
+        )
+        run_to_end(query)
+
+    def letters() -> list[tuple[str, str, str, int, str]]:
+        table = catalogs.load(None, dict(catalog_properties)).load_table(tuple(DEAD.split(".")))
+        rows = table.scan().to_arrow().to_pylist()
+        return sorted((r["error"], r["column"], r["table"], r["batch_id"], json.loads(r["row"])["value"]) for r in rows)
+
+    expected = sorted(("unavailable-value", "body", c["table"], 1, r["value"]) for c in bad for r in records([c]))
+    go()
+    assert_tables_are(catalog_properties, [zero, good])
+    assert letters() == expected
+    (tmp_path / "ck" / "commits" / "1").unlink()  # a restart before Spark's commit log: batch 1 replayed
+    (tmp_path / "ck" / "commits" / ".1.crc").unlink(missing_ok=True)
+    go()
+    assert_tables_are(catalog_properties, [zero, good])
+    assert letters() == expected
 
 
 def line(order_id: int, n: int, qty: int) -> dict[str, Any]:

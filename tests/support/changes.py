@@ -180,10 +180,12 @@ def staged_cdc_batch(
     batch_id: int,
     records: Sequence[Mapping[str, Any]],
     options: Mapping[str, str] | None = None,
+    *,
+    run_id: str = "r",
 ) -> None:
     """One micro-batch of ``format("lakesink")`` with option cdc-format over Kafka records (topic, key, value), without
     Spark: one staging task (lakesink.executor.staged) and the staged commit (lakesink.sink.staged); ``options``: the
-    sink's other options."""
+    sink's other options; ``run_id``: the query's run (another one: a restart)."""
     sink_options = SinkOptions.from_mapping(
         {
             "cdc-format": "debezium",
@@ -195,6 +197,6 @@ def staged_cdc_batch(
     )
     routed = RoutedCommitter(sink_options, cdc_schema(KAFKA_SCHEMA))
     c = StagedCommitter(routed, staged_plan(sink_options, KAFKA_SCHEMA, routed, query_id))
-    ids = TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id, run_id="r")
+    ids = TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id, run_id=run_id)
     result = StagedTaskWriter(c.plan, ids).write(iter([pa.RecordBatch.from_pylist(list(records), schema=KAFKA_SCHEMA)]))
-    c.commit_batch(BatchCall(query_id, batch_id, None, "r"), [result])
+    c.commit_batch(BatchCall(query_id, batch_id, None, run_id), [result])

@@ -140,7 +140,7 @@ def _foreach_routed(options: SinkOptions) -> set[str]:
         plan = rc.routed_plan(plans, QUERY, template=False)
         results = [RoutedTaskWriter(plan, TaskIds(QUERY, batch, 0, batch)).write(_rows(batch, True).to_batches())]
         with traced() as walk:
-            commit_routed(rc, call, routes=routes, plans=plans, write=lambda: results, batch_time=lambda: None)  # noqa: B023
+            commit_routed(rc, call, routes=routes, plans=plans, write=lambda _letters: results, batch_time=lambda: None)  # noqa: B023
         walks.append(walk)
     return walks[-1]
 

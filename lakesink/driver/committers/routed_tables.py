@@ -30,7 +30,7 @@ from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import producers as seam_producers
 from lakesink._pyiceberg.commit import is_rest_catalog
-from lakesink.cdc.unavailable import Placeholder
+from lakesink.cdc.unavailable import LetterKey, Placeholder
 from lakesink.driver import catalogs
 from lakesink.driver.actions import completeness, dead_letters
 from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
@@ -529,11 +529,14 @@ class RoutedTables(ABC):
         template: bool,
         reject_column: bool = False,
         deletes_computed: bool = False,
+        unavailable_letters: Mapping[str, frozenset[LetterKey]] | None = None,
     ) -> RoutedPlan:
         """``reject_column`` (foreach_batch with option reject-when): Spark computed the expression into the reject
         column, which every table's row checks read. With option upsert-key every task resolves its rows of each table
         to one row per key (:meth:`upsert_spec`; ``deletes_computed``: foreach_batch, whose Spark evaluated option
-        delete-when into the column lakesink.table.keys.DELETED)."""
+        delete-when into the column lakesink.table.keys.DELETED). ``unavailable_letters``: option cdc-format, a batch
+        written again (lakesink.sink.commit.commit_routed): per table, the keys whose changes holding Debezium's
+        unavailable-value placeholder are dead letters."""
         if self.dead_letters is not None and self._checks is None:
             self.row_checks(query_id)
         if reject_column and self._checks is not None:
@@ -551,6 +554,7 @@ class RoutedTables(ABC):
             upsert=self.upsert_spec(deletes_computed=deletes_computed),
             keys={n: self.table_keys[n] for n in plans if n in self.table_keys},
             payload=self.options.payload,
+            unavailable_letters=dict(unavailable_letters or {}),
         )
 
     def upsert_spec(self, *, deletes_computed: bool = False) -> UpsertSpec | None:
