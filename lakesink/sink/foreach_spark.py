@@ -153,7 +153,7 @@ class RoutedSparkBatches:
                 values=values,
                 max_records_per_file=max(1, int(min(targets) / self._bytes_per_row)) if self._bytes_per_row else 0,
                 found=found if resolved is None else None,  # upserts write resolved rows: counted with their keys
-                digests=resolved.digests if resolved is not None else None,
+                table_digests=resolved.digests if resolved is not None else None,
             )
             self._written("written", batch_id, written, find_ms=found_ms, plan_ms=planned_ms, footer_ms=written.footer_ms)
             return resolved.with_keys([written.result]) if resolved is not None else [written.result]

@@ -170,12 +170,12 @@ def write_routed(
     values: Sequence[object],
     max_records_per_file: int = 0,
     found: Mapping[object, RowsDigest] | None = None,
-    digests: Mapping[str, RowsDigest] | None = None,
+    table_digests: Mapping[str, RowsDigest] | None = None,
 ) -> RoutedSparkWrite:
     """Write the rows of every table of ``plans`` that does not hold the ``batch`` yet; nothing is committed. ``values``:
     the batch's routing values (each names a table of ``plans``). ``found``: each value's digest as
     :func:`find_routes` found it in ``df`` (the very rows written): each table's count and digest are then theirs, and
-    the write jobs observe nothing; ``digests``: the same by table, for rows ``df`` holds (the resolved upserts whose
+    the write jobs observe nothing; ``table_digests``: the same by table, for rows ``df`` holds (the resolved upserts whose
     hashes lakesink.sink.upsert_batch.resolve_routed collected with their keys); without either the first job also
     observes each table's count and digest (those holding the batch already included: they get their digest only).
     Without observing, one job writes every table of a group of alike tables (:data:`MAX_TABLES_PER_JOB` bounds an
@@ -184,8 +184,8 @@ def write_routed(
     check_columns(df, column)
     value_table = batch.tables_by_value(values)
     known: dict[str, RowsDigest] | None = None
-    if digests is not None:
-        known = {name: digests.get(name, RowsDigest(kind=DIGEST_KIND)) for name in plans}
+    if table_digests is not None:
+        known = {name: table_digests.get(name, RowsDigest(kind=DIGEST_KIND)) for name in plans}
     elif found is not None:
         known = {name: RowsDigest(kind=DIGEST_KIND) for name in plans}
         for value, found_digest in found.items():

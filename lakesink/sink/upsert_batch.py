@@ -24,6 +24,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -347,7 +348,7 @@ def _column(df: DataFrame, name: str, option: str) -> str:
     )
 
 
-def _first_bad(changed: pa.Table, group: Sequence[str], keys: Sequence[str]) -> tuple[dict[str, object], int] | None:
+def _first_bad(changed: pa.Table, group: Sequence[str], keys: Sequence[str]) -> tuple[dict[str, Any], int] | None:
     """The first of the resolved ``changed`` rows whose key has a null column, or that a second row of its ``group``
     ((table,) key) follows -- several rows of one key share the greatest order value, or there is no order-by --, with
     the number of rows of its group; None: every key once, none null."""

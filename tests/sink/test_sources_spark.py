@@ -77,7 +77,8 @@ def test_connectors_streams_equal_the_source_after_every_delivery(
     deletes = 0
     for name, rows in want.items():
         table = catalogs.load(None, catalog_properties).load_table(tuple(name.split(".")))
-        summaries = [table.metadata.snapshot_by_id(x["snapshot_id"]).summary for x in lakesink_snapshots(table)]
+        snapshots: list[Any] = [table.metadata.snapshot_by_id(x["snapshot_id"]) for x in lakesink_snapshots(table)]
+        summaries = [s.summary for s in snapshots]
         assert {x.get(SUMMARY_UPSERT_MODE) for x in summaries} - {None} == {mode}, name
         deletes += sum(int(x.get("added-position-deletes") or 0) for x in summaries)
         assert sorted(r["id"] for r in interop.duckdb_read(table.metadata_location).to_pylist()) == sorted(rows), name
