@@ -65,10 +65,10 @@ def commit_routed(
     is written (``check_replay_at_plan``); one every table held when it was planned is skipped; else its files are
     written (``write``, also when the batch has only rows of an invalid route, ``invalid``: dead letters) and committed
     as one unit with the batch's ``facts`` (what its changes carry beside its rows), or aborted when the commit raised.
-    With option dead-letter-table, a batch whose write or commit finds
-    changes holding Debezium's unavailable-value placeholder with no value to keep (UnavailableValueError) is written
-    again, ``write`` given those keys per table (lakesink.executor.routed_writer.RoutedPlan.unavailable_letters: dead
-    letters), until none is left: its dead letters and its other rows in one unit, as every routed batch."""
+    With option dead-letter-table, a batch whose write or commit finds changes holding Debezium's unavailable-value
+    placeholder with no value to keep (UnavailableValueError) is written again, ``write`` given those keys per table
+    (lakesink.executor.routed_writer.RoutedPlan.unavailable_letters: dead letters), until none is left: its dead
+    letters and its other rows in one unit, as every routed batch."""
     routed.check_replay_at_plan(call)
     batch_id = call.batch_id
     if (
