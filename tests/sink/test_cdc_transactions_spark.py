@@ -246,19 +246,20 @@ def test_a_compaction_racing_a_merge_on_read_batch_that_holds_changes_keeps_its_
     deleted by the failed attempt would lose the held changes, or stop the next batch). Then the rest of the stream:
     every table equals the model, every batch a row delta, DuckDB reads it so."""
     props = catalog_properties
+    retried = {**MOR, "commit.retry.num-retries": "4"}  # the unit's swap retried after the compaction's
     snapshot, txs, topics = source(21, count=24)
     batches = deliveries(topics, 21, batches=6)
     src, ck = tmp_path / "in", tmp_path / "ck"
     for i in range(3):
         write(src, i, batches[i])
-    run_to_end(start(spark, props, src, ck, entry, table_properties=MOR))
+    run_to_end(start(spark, props, src, ck, entry, table_properties=retried))
     catalog = catalogs.load(None, props)
     assert catalog.load_table(("db", "a")).inspect.delete_files().num_rows
     raced_batch = 3
     write(src, raced_batch, batches[raced_batch])
     caplog.set_level("WARNING", logger="lakesink")
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
-    query = start(spark, props, src, ck, entry, table_properties=MOR)
+    query = start(spark, props, src, ck, entry, table_properties=retried)
     try:
         wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=240)
         assert compact_elsewhere(props, "db.a") == "committed"
@@ -276,7 +277,7 @@ def test_a_compaction_racing_a_merge_on_read_batch_that_holds_changes_keeps_its_
     assert a.metadata.snapshot_by_id(a.current_snapshot().parent_snapshot_id).summary.operation.value == "replace"
     for i in range(raced_batch + 1, len(batches)):
         write(src, i, batches[i])
-    run_to_end(start(spark, props, src, ck, entry, table_properties=MOR))
+    run_to_end(start(spark, props, src, ck, entry, table_properties=retried))
     assert values(props) == expected(snapshot, txs, len(txs))
     assert_row_deltas(props, query_id, expected(snapshot, txs, len(txs)))
     for t, table in tables.items():
