@@ -22,8 +22,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from lakesink.cdc import transactions
 from lakesink.audit import interop
+from lakesink.cdc import transactions
 from lakesink.driver import catalogs
 from lakesink.driver.actions import held
 from lakesink.driver.committers.facts import BatchFacts

@@ -20,9 +20,9 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyspark.errors import StreamingQueryException
 
 import lakesink
+from lakesink.audit import interop
 from lakesink.cdc import transactions
 from lakesink.driver import catalogs
-from lakesink.audit import interop
 from lakesink.driver.actions import held
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
@@ -274,13 +274,16 @@ def test_a_compaction_racing_a_merge_on_read_batch_that_holds_changes_keeps_its_
     assert record is not None and record.batch_id == raced_batch and record.changes > 0, record
     assert record.file is not None and Path(record.file.removeprefix("file://")).exists(), record
     a = tables["db.a"]
-    assert a.metadata.snapshot_by_id(a.current_snapshot().parent_snapshot_id).summary.operation.value == "replace"
+    head = a.current_snapshot()
+    assert head is not None and head.parent_snapshot_id is not None
+    parent = a.metadata.snapshot_by_id(head.parent_snapshot_id)
+    assert parent is not None and parent.summary is not None and parent.summary.operation.value == "replace"
     for i in range(raced_batch + 1, len(batches)):
         write(src, i, batches[i])
     run_to_end(start(spark, props, src, ck, entry, table_properties=retried))
     assert values(props) == expected(snapshot, txs, len(txs))
     assert_row_deltas(props, query_id, expected(snapshot, txs, len(txs)))
-    for t, table in tables.items():
+    for t in tables:
         assert_each_batch_once(catalog.load_table(tuple(t.split("."))), t)
 
 

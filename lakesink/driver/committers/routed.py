@@ -175,9 +175,7 @@ class RoutedCommitter(RoutedTables):
         if counted:
             raise replay.counted_only_error(query_id, batch_id, counted, missing)
 
-    def commit_batch(
-        self, call: BatchCall, results: Sequence[RoutedTaskResult], facts: BatchFacts = NO_FACTS
-    ) -> RoutedOutcome:
+    def commit_batch(self, call: BatchCall, results: Sequence[RoutedTaskResult], facts: BatchFacts = NO_FACTS) -> RoutedOutcome:
         """Commit a routed batch: every table it wrote, as one unit (see the module's docstring). The call's time: the
         batch's watermark (and event-time column), recorded in every table's commit (lakesink.driver.actions.completeness).
         ``facts``: what the batch's changes carry beside its rows (its truncates, what it holds back, its tables'
@@ -304,9 +302,11 @@ class RoutedCommitter(RoutedTables):
         """The batch's keys looked up in each of its tables whose write modes say merge-on-read
         (:attr:`merge_lookup`, foreach_batch: Spark's executors write the position delete files), for the tables
         that upsert and do not hold the batch already. Every other table's upserts are copy-on-write (a merge-on-read
-        one with a warning, lakesink.driver.actions.upsert): without a lookup, a table the batch truncates, and changes that keep a column of the stored row (Debezium's unavailable value: read
-        from the rows the copy-on-write rewrites). With option dead-letter-table the tasks kept a rejected change out of
-        the keys they return: only the changes that are applied are looked up."""
+        one with a warning, lakesink.driver.actions.upsert): without a lookup, a table the batch truncates, and changes
+        that keep a column of the stored row (Debezium's unavailable value: read from the rows the copy-on-write
+        rewrites). With option dead-letter-table the tasks kept a rejected change out of the keys they return: only the
+        changes that are applied are looked up. With option cdc-transactions=hold the released changes are looked up
+        as any others (what the batch holds back is no row of it; its record is the same at every attempt)."""
         if self.merge_lookup is None:
             return {}
         requests = []
