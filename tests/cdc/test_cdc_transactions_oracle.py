@@ -36,6 +36,7 @@ from lakesink.cdc import transactions
 from lakesink.driver import catalogs
 from lakesink.driver.actions import held
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
+from lakesink.table.keys import SUMMARY_UPSERT_MODE
 from tests.support import cdc_debezium, cdc_oracle
 from tests.support.cdc_oracle import TABLES
 from tests.support.helpers import lakesink_snapshots
@@ -187,8 +188,8 @@ def committed_states(props: Mapping[str, str]) -> dict[int, State]:
     return out
 
 
-def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None, entry: str) -> Any:
-    mode = "hold" if entry == "foreach" else "hold-format"
+def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None, entry: str, mor: bool = False) -> Any:
+    mode = ("hold" if entry == "foreach" else "hold-format") + ("-mor" if mor else "")
     return start_job("tests.jobs.cdc_oracle_job", json.dumps(props), str(src), str(ck), mode, faults_dir=faults_dir)
 
 
@@ -201,11 +202,15 @@ def _write(src: Path, index: int, records: Sequence[Mapping[str, Any]]) -> None:
 
 @pytest.mark.long
 @pytest.mark.timeout(1800)
+@pytest.mark.parametrize("mode", ["copy-on-write", "merge-on-read"])
 @pytest.mark.parametrize("entry", list(RUNS))
 def test_the_postgresql_oracle_held_back_by_transaction_shows_whole_transactions_after_every_batch(
-    captured: tuple[str, Path], tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
+    captured: tuple[str, Path], tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str, mode: str
 ) -> None:
+    """``merge-on-read``: the tables lakesink makes say write.merge.mode=merge-on-read: every batch's upserts into them
+    are row deltas (position deletes), the released changes of held transactions included."""
     dsn, folder = captured
+    mor = mode == "merge-on-read"
     props = catalog_properties
     count, clean = RUNS[entry]
     changes = list(cdc_oracle.read_changes(folder))
@@ -228,7 +233,7 @@ def test_the_postgresql_oracle_held_back_by_transaction_shows_whole_transactions
             # foreach_batch: the point runs in the driver, which kills itself there; format("lakesink"): it runs in
             # Spark's commit worker, and the whole job (JVM, workers) is SIGKILLed while the worker waits at it
             faults.arm(point, "kill" if entry == "foreach" else "pause")
-        proc = _job(props, src, ck, str(faults.folder) if point else None, entry)
+        proc = _job(props, src, ck, str(faults.folder) if point else None, entry, mor)
         if point is not None and entry == "format":
             reached = Path(faults.folder) / f"{point}.reached"
             deadline = time.monotonic() + 900
@@ -285,6 +290,15 @@ def test_the_postgresql_oracle_held_back_by_transaction_shows_whole_transactions
     assert rows is not None and rows.num_rows == 0 and memory.released
     staged = list((ck / "lakesink").rglob("*.parquet")) if (ck / "lakesink").exists() else []
     assert staged == [], f"staged files left behind: {staged}"
+    if mor:
+        deltas = 0
+        for name, table in tables_now.items():
+            for snap in lakesink_snapshots(table):
+                summary = snap["summary"]
+                if SUMMARY_UPSERT_MODE in summary:
+                    assert summary[SUMMARY_UPSERT_MODE] == "merge-on-read", (name, snap["batch_id"], summary)
+                    deltas += int(summary.get("added-position-deletes", "0")) > 0
+        assert deltas, "no batch wrote a position delete: the test proves nothing"
 
 
 def _rows(rows: list[dict[str, Any]], key: tuple[str, ...]) -> dict[tuple[Any, ...], dict[str, Any]]:

@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from lakesink.audit import interop
 from lakesink.cdc import transactions
 from lakesink.driver import catalogs
 from lakesink.driver.actions import held
@@ -31,11 +32,17 @@ from lakesink.errors import CommitConflictError, InjectedFault
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
 from lakesink.maintenance.orphans import remove_orphan_files
 from lakesink.sink import transactions as transactions_sink
-from lakesink.table.keys import SUMMARY_CDC_COMMITTED_MS, SUMMARY_CDC_HELD_CHANGES
+from lakesink.table.keys import (
+    SUMMARY_CDC_COMMITTED_MS,
+    SUMMARY_CDC_HELD_CHANGES,
+    SUMMARY_UPSERT_DELETED,
+    SUMMARY_UPSERT_MODE,
+    SUMMARY_UPSERT_UPDATED,
+)
 from lakesink.table.markers import last_committed_batch
 from tests.driver import test_routing_upserts as routing
 from tests.support import routed_upserts
-from tests.support.helpers import lakesink_snapshots
+from tests.support.helpers import lakesink_snapshots, raced
 
 Q = routing.Q
 TABLES = ("a", "b")
@@ -266,6 +273,74 @@ def test_a_fault_at_the_units_swap_then_a_replay_loses_and_duplicates_no_held_ch
         batches_seen = [s["summary"]["lakesink.batch-id"] for s in lakesink_snapshots(table)]
         assert len(batches_seen) == len(set(batches_seen))
     assert set(held.held_files(tables(props)["db.a"].properties)) <= held_files_on_disk(props)
+
+
+def test_held_transactions_into_merge_on_read_tables_are_row_deltas_through_a_compaction_race(
+    catalog_properties: dict[str, str], faults: Any, caplog: Any
+) -> None:
+    """Merge-on-read tables (write.merge.mode), option cdc-transactions=hold, the lookups where the batch commits
+    (format("lakesink")'s look_up_here): every batch that replaces or deletes rows -- changes of transactions held back
+    by one batch and released by a later one included -- is a row delta. Another process compacts table a while a batch
+    that holds changes back waits at its unit's swap: the unit looks its keys up again on the new heads and commits the
+    record it wrote, whose held file must still exist (deleted by the failed attempt, the held changes would be lost or
+    the next batch stopped). A restarted committer finishes the stream; the tables equal the model. Fails before held
+    batches were looked up (every snapshot copy-on-write), and without the held file kept across the lookup's retry."""
+    from lakesink.sink import merge_on_read
+    from tests.sink.test_merge_on_read_spark import compact_elsewhere
+
+    props = catalog_properties
+    snapshot, txs, topics = source(21, count=24)
+    batches = deliveries(topics, 21, batches=6)
+    mor = {"table-property.write.merge.mode": "merge-on-read"}
+
+    def committer() -> RoutedCommitter:
+        rc = routing.routed(props, **mor)
+        rc.merge_lookup = merge_on_read.look_up_here
+        return rc
+
+    rc = committer()
+    released = 0
+    raced_batch = 3
+    for batch_id in range(raced_batch):
+        released += len(run_batch(rc, props, batch_id, batches[batch_id]).decision.released)
+    assert tables(props)["db.a"].inspect.delete_files().num_rows
+    caplog.set_level("WARNING", logger="lakesink")
+    compacted: list[str] = []
+    split = raced(
+        faults,
+        lambda: run_batch(rc, props, raced_batch, batches[raced_batch]),
+        lambda: compacted.append(compact_elsewhere(props, "db.a")),
+    )
+    assert isinstance(split, transactions.RecordsSplit), split
+    assert compacted == ["committed"]
+    assert "looking the keys up again on the new heads" in caplog.text
+    assert split.held_changes > 0  # the raced batch holds changes back
+    record = held.recorded(tables(props), Q, None)
+    assert record is not None and record.batch_id == raced_batch and record.changes == split.held_changes
+    assert record.file is not None and record.file in held_files_on_disk(props)  # the file the landed commit names
+    released += len(split.decision.released)
+    assert released in prefixes_shown(props, snapshot, txs)
+    rc = committer()  # a restart: the next batch reads the held changes back
+    for batch_id in range(raced_batch + 1, len(batches)):
+        released += len(run_batch(rc, props, batch_id, batches[batch_id]).decision.released)
+        assert released in prefixes_shown(props, snapshot, txs)
+    assert released == len(txs)
+    assert state(props) == expected(snapshot, txs, len(txs))
+    deltas = 0
+    for name, table in tables(props).items():
+        for s in lakesink_snapshots(table):
+            summary = s["summary"]
+            if SUMMARY_UPSERT_MODE not in summary:
+                continue  # a marker-only commit
+            assert summary[SUMMARY_UPSERT_MODE] == "merge-on-read", (name, s["batch_id"], summary)
+            assert summary.get("deleted-data-files", "0") == "0", (name, s["batch_id"], summary)
+            if int(summary.get(SUMMARY_UPSERT_UPDATED, "0")) + int(summary.get(SUMMARY_UPSERT_DELETED, "0")):
+                assert int(summary["added-position-deletes"]) > 0, (name, s["batch_id"], summary)
+                deltas += 1
+        assert {r["id"]: r["value"] for r in interop.duckdb_read(table.metadata_location).to_pylist()} == {
+            k: v for k, (v, _) in expected(snapshot, txs, len(txs)).get(name, {}).items()
+        }, f"{name}: duckdb"
+    assert deltas >= 2
 
 
 def held_files_on_disk(props: Mapping[str, str]) -> set[str]:

@@ -22,6 +22,8 @@ TIME_ZONE = "UTC"  # the job's session time zone (a test running the stream in i
 def start(spark: Any, props: dict[str, str], src: str, ck: str, entry: str = "foreach") -> Any:
     """The job's streaming query over ``src`` in ``spark``, started (trigger availableNow): also run by a test in its
     own Spark session, as a restart of the job from the same checkpoint without a JVM of its own."""
+    entry, mor = entry.removesuffix("-mor"), entry.endswith("-mor")  # "-mor": the tables made merge-on-read
+    created = {"write.merge.mode": "merge-on-read"} if mor else {}
     columns = "topic STRING, key STRING, value STRING" + (", offset LONG" if entry.startswith("hold") else "")
     df = spark.readStream.schema(columns).option("maxFilesPerTrigger", 1).json(src)
     if entry in ("format", "hold-format"):
@@ -31,9 +33,17 @@ def start(spark: Any, props: dict[str, str], src: str, ck: str, entry: str = "fo
             writer = writer.option("cdc-transactions", "hold")
         for k, v in props.items():
             writer = writer.option(f"catalog.{k}", v)
+        for k, v in created.items():
+            writer = writer.option(f"table-property.{k}", v)
         return writer.option("checkpointLocation", ck).trigger(availableNow=True).start()
     hold = "hold" if entry == "hold" else "off"
-    sink = lakesink.foreach_batch(cdc_format="debezium", cdc_transactions=hold, merge_schema=True, catalog_properties=props)
+    sink = lakesink.foreach_batch(
+        cdc_format="debezium",
+        cdc_transactions=hold,
+        merge_schema=True,
+        catalog_properties=props,
+        table_properties=created or None,
+    )
     return df.writeStream.foreachBatch(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()
 
 

@@ -20,20 +20,28 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyspark.errors import StreamingQueryException
 
 import lakesink
+from lakesink.audit import interop
 from lakesink.cdc import transactions
 from lakesink.driver import catalogs
 from lakesink.driver.actions import held
 from lakesink.errors import InvalidOptionError
-from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
+from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
 from lakesink.options import SinkOptions
+from lakesink.table.keys import (
+    SUMMARY_UPSERT_DELETED,
+    SUMMARY_UPSERT_MODE,
+    SUMMARY_UPSERT_UPDATED,
+)
 from tests.driver.test_cdc_transactions import RECORDS, TABLES, Event, deliveries, first_batch_stream, source
+from tests.sink.test_merge_on_read_spark import MOR, compact_elsewhere
 from tests.sink.test_staged_transactions import DEAD_LETTER_OPTIONS, dead_letter_stream, redelivery_stream
 from tests.support import routed_upserts
-from tests.support.helpers import assert_each_batch_once, lakesink_snapshots, run_to_end
+from tests.support.helpers import assert_each_batch_once, lakesink_snapshots, run_to_end, wait_until
 
 pytestmark = pytest.mark.spark
 
 ENTRIES = ["foreach", "format"]
+MODES = ["copy-on-write", "merge-on-read"]
 State = dict[str, dict[int, str]]
 
 
@@ -98,7 +106,9 @@ def start(
     names: Sequence[str] = TABLES,
     dead_letters: bool = False,
     wait: float | None = None,
+    table_properties: Mapping[str, str] | None = None,
 ) -> Any:
+    created = {"commit.retry.num-retries": "0", **(table_properties or {})}  # the fault inside the swap: not retried
     df = spark.readStream.schema("topic STRING, value STRING, offset LONG").option("maxFilesPerTrigger", 1).json(str(src))
     if entry == "format":  # the executors stage the records as they came; the commit decides what is released
         writer = df.writeStream.format("lakesink")
@@ -106,7 +116,7 @@ def start(
             "cdc-format": "debezium",
             "cdc-transactions": "hold",
             "upsert-key": "id",
-            "table-property.commit.retry.num-retries": "0",  # the fault inside the swap fails the batch, not retried
+            **{f"table-property.{k}": v for k, v in created.items()},
             **{f"catalog.{k}": v for k, v in props.items()},
             **(DEAD_LETTER_OPTIONS if dead_letters else {}),
             **({"cdc-transaction-wait": str(wait)} if wait is not None else {}),
@@ -119,7 +129,7 @@ def start(
         cdc_transactions="hold",
         upsert_key="id",
         catalog_properties=props,
-        table_properties={"commit.retry.num-retries": "0"},  # the fault inside the swap fails the batch, not retried
+        table_properties=created,
         dead_letter_table=DEAD_LETTER_OPTIONS["dead-letter-table"] if dead_letters else None,
         route_namespaces=DEAD_LETTER_OPTIONS["route-namespaces"] if dead_letters else None,
         cdc_transaction_wait=wait,
@@ -135,41 +145,71 @@ def start(
     return df.writeStream.foreachBatch(batch).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
 
 
+def assert_row_deltas(props: Mapping[str, str], query_id: str, want: State) -> None:
+    """Every snapshot of the query's batches in every table is merge-on-read (a batch that replaced or deleted rows
+    wrote position deletes, never rewrote a data file), and DuckDB reads each table as the model."""
+    catalog = catalogs.load(None, dict(props))
+    replaced = 0
+    for t in TABLES:
+        table = catalog.load_table(("db", t))
+        for s in lakesink_snapshots(table):
+            if s["query_id"] != query_id:
+                continue
+            summary = s["summary"]
+            if SUMMARY_UPSERT_MODE not in summary:
+                continue  # a marker-only commit (the batch wrote nothing into this table)
+            assert summary[SUMMARY_UPSERT_MODE] == "merge-on-read", (t, s["batch_id"], summary)
+            assert summary.get("deleted-data-files", "0") == "0", (t, s["batch_id"], summary)
+            changed = int(summary.get(SUMMARY_UPSERT_UPDATED, "0")) + int(summary.get(SUMMARY_UPSERT_DELETED, "0"))
+            if changed:
+                assert int(summary["added-position-deletes"]) >= changed, (t, s["batch_id"], summary)
+                replaced += 1
+        rows = interop.duckdb_read(table.metadata_location).to_pylist()
+        assert {r["id"]: r["value"] for r in rows} == want.get(f"db.{t}", {}), f"db.{t}: duckdb"
+    assert replaced, "no batch replaced or deleted a row: the test proves nothing"
+
+
 def held_files_on_disk(props: Mapping[str, str]) -> set[str]:
     warehouse = Path(props["warehouse"].removeprefix("file://"))
     return {str(p) for p in warehouse.rglob(f"{held.HELD_FILE_PREFIX}*")}
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_every_batch_commits_whole_source_transactions_through_failures_and_restarts(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str, mode: str
 ) -> None:
     """Fails on format("lakesink") before the change (the option refused); on either entry point when a batch commits
-    its changes as they come (a state no prefix gives) or holds back other changes than the decision says."""
+    its changes as they come (a state no prefix gives) or holds back other changes than the decision says.
+    ``merge-on-read``: the tables lakesink creates say write.merge.mode=merge-on-read (lookups in Spark's executors on
+    foreach_batch, where the batch commits on format("lakesink")): every batch that updates or deletes is a row delta
+    (position deletes), held transactions released by later batches included; DuckDB reads every table as the model.
+    Fails before held batches were looked up: every such snapshot said copy-on-write."""
     props = catalog_properties
+    created = MOR if mode == "merge-on-read" else {}
     snapshot, txs, topics = source(21, count=24)
     batches = deliveries(topics, 21, batches=6)
     src, ck = tmp_path / "in", tmp_path / "ck"
     for i in range(3):
         write(src, i, batches[i])
-    run_to_end(start(spark, props, src, ck, entry))  # batches 0-2 in one run
+    run_to_end(start(spark, props, src, ck, entry, table_properties=created))  # batches 0-2 in one run
     write(src, 3, batches[3])
     files = held_files_on_disk(props)
     faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")  # inside the unit's SQL transaction: nothing lands
     with pytest.raises(StreamingQueryException):
-        run_to_end(start(spark, props, src, ck, entry))
+        run_to_end(start(spark, props, src, ck, entry, table_properties=created))
     assert faults.fired(CATALOG_BETWEEN_TABLE_SWAPS)
     faults.clear()
     assert held_files_on_disk(props) == files  # the held file of the attempt that did not land: deleted
-    run_to_end(start(spark, props, src, ck, entry))  # batch 3 again, from the state batch 2 recorded
+    run_to_end(start(spark, props, src, ck, entry, table_properties=created))  # batch 3 again, from the state batch 2 recorded
     write(src, 4, batches[4])
     faults.arm(DRIVER_AFTER_SWAP, "raise")  # the unit landed, then the failure before Spark's commit log
     with pytest.raises(StreamingQueryException):
-        run_to_end(start(spark, props, src, ck, entry))
+        run_to_end(start(spark, props, src, ck, entry, table_properties=created))
     assert faults.fired(DRIVER_AFTER_SWAP)
     faults.clear()
     write(src, 5, batches[5])
-    run_to_end(start(spark, props, src, ck, entry))  # batch 4 replayed (found committed), then batch 5
+    run_to_end(start(spark, props, src, ck, entry, table_properties=created))  # batch 4 replayed (found committed), then batch 5
     query_id = _query_id(ck)
     seen = states_by_batch(props, query_id)
     assert sorted(seen) == list(range(len(batches)))
@@ -190,7 +230,61 @@ def test_every_batch_commits_whole_source_transactions_through_failures_and_rest
         assert rows is not None and rows.num_rows == 0 and memory.released
         named |= {f.removeprefix("file://") for f in held.held_files(table.properties)}
     assert named <= held_files_on_disk(props)
+    if mode == "merge-on-read":
+        assert_row_deltas(props, query_id, expected(snapshot, txs, len(txs)))
     assert list((ck / "lakesink").rglob("*.parquet")) == []  # format: every staged file swept, failed attempts' too
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_compaction_racing_a_merge_on_read_batch_that_holds_changes_keeps_its_held_file(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str, caplog: Any
+) -> None:
+    """Merge-on-read tables, option cdc-transactions=hold: another process compacts table a (applying its delete files,
+    rewriting the data files the batch's positions point at) while a batch that holds changes back waits at its unit's
+    swap. The unit's commit finds the positions invalid, looks the keys up again on the new heads and commits once --
+    the record of what it holds still names a held file that exists (the retry commits the same record: a held file
+    deleted by the failed attempt would lose the held changes, or stop the next batch). Then the rest of the stream:
+    every table equals the model, every batch a row delta, DuckDB reads it so."""
+    props = catalog_properties
+    retried = {**MOR, "commit.retry.num-retries": "4"}  # the unit's swap retried after the compaction's
+    snapshot, txs, topics = source(21, count=24)
+    batches = deliveries(topics, 21, batches=6)
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    for i in range(3):
+        write(src, i, batches[i])
+    run_to_end(start(spark, props, src, ck, entry, table_properties=retried))
+    catalog = catalogs.load(None, props)
+    assert catalog.load_table(("db", "a")).inspect.delete_files().num_rows
+    raced_batch = 3
+    write(src, raced_batch, batches[raced_batch])
+    caplog.set_level("WARNING", logger="lakesink")
+    faults.arm(DRIVER_BEFORE_SWAP, "pause")
+    query = start(spark, props, src, ck, entry, table_properties=retried)
+    try:
+        wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=240)
+        assert compact_elsewhere(props, "db.a") == "committed"
+    finally:
+        faults.release(DRIVER_BEFORE_SWAP)
+    run_to_end(query)
+    if entry == "foreach":  # format("lakesink") commits in a Python worker, whose log this process does not see
+        assert "looking the keys up again on the new heads" in caplog.text
+    query_id = _query_id(ck)
+    tables = {f"db.{t}": catalog.load_table(("db", t)) for t in TABLES}
+    record = held.recorded(tables, query_id, None)
+    assert record is not None and record.batch_id == raced_batch and record.changes > 0, record
+    assert record.file is not None and Path(record.file.removeprefix("file://")).exists(), record
+    a = tables["db.a"]
+    head = a.current_snapshot()
+    assert head is not None and head.parent_snapshot_id is not None
+    parent = a.metadata.snapshot_by_id(head.parent_snapshot_id)
+    assert parent is not None and parent.summary is not None and parent.summary.operation.value == "replace"
+    for i in range(raced_batch + 1, len(batches)):
+        write(src, i, batches[i])
+    run_to_end(start(spark, props, src, ck, entry, table_properties=retried))
+    assert values(props) == expected(snapshot, txs, len(txs))
+    assert_row_deltas(props, query_id, expected(snapshot, txs, len(txs)))
+    for t in tables:
+        assert_each_batch_once(catalog.load_table(tuple(t.split("."))), t)
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

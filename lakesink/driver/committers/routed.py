@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -175,9 +175,7 @@ class RoutedCommitter(RoutedTables):
         if counted:
             raise replay.counted_only_error(query_id, batch_id, counted, missing)
 
-    def commit_batch(
-        self, call: BatchCall, results: Sequence[RoutedTaskResult], facts: BatchFacts = NO_FACTS
-    ) -> RoutedOutcome:
+    def commit_batch(self, call: BatchCall, results: Sequence[RoutedTaskResult], facts: BatchFacts = NO_FACTS) -> RoutedOutcome:
         """Commit a routed batch: every table it wrote, as one unit (see the module's docstring). The call's time: the
         batch's watermark (and event-time column), recorded in every table's commit (lakesink.driver.actions.completeness).
         ``facts``: what the batch's changes carry beside its rows (its truncates, what it holds back, its tables'
@@ -236,6 +234,10 @@ class RoutedCommitter(RoutedTables):
                 unit.update(attempt.summary())
             members.append(_Member(name, c, table, table_results, _with_rows(unit, rows.get(name)), properties))
         with ExitStack() as turns:
+            if attempt is not None:
+                # the held file is the batch's for every attempt of its unit (a lookup redone on new heads commits the
+                # same record): deleted once the batch's commit gave up, unless a landed commit names it
+                turns.enter_context(attempt.settling())
             # merge-on-read tables: this process's maintenance waits from the lookup to the commit (swap.Turns)
             for m in members:
                 if self.merge_lookup is not None and settings.merge_on_read(m.name, m.table.properties):
@@ -259,14 +261,13 @@ class RoutedCommitter(RoutedTables):
                     for m in members
                 ]
                 try:
-                    with attempt.settling() if attempt is not None else nullcontext():
-                        self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
-                        if self.dead_letters is not None:
-                            if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
-                                self._recheck_rejected(actions, kept, query_id, batch_id)
-                            letters = [t.dead_letters for t in kept if t.dead_letters is not None]
-                            actions.append(self._letters_action(call, letters))
-                        outcome = self._run(actions, query_id, batch_id, names)
+                    self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
+                    if self.dead_letters is not None:
+                        if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
+                            self._recheck_rejected(actions, kept, query_id, batch_id)
+                        letters = [t.dead_letters for t in kept if t.dead_letters is not None]
+                        actions.append(self._letters_action(call, letters))
+                    outcome = self._run(actions, query_id, batch_id, names)
                     break
                 except CommitOutcomeUnknownError:
                     raise  # the position delete files may be referenced by a commit the catalog still applies: kept
@@ -301,11 +302,12 @@ class RoutedCommitter(RoutedTables):
         """The batch's keys looked up in each of its tables whose write modes say merge-on-read
         (:attr:`merge_lookup`, foreach_batch: Spark's executors write the position delete files), for the tables
         that upsert and do not hold the batch already. Every other table's upserts are copy-on-write (a merge-on-read
-        one with a warning, lakesink.driver.actions.upsert): without a lookup, with option cdc-transactions=hold, a
-        table the batch truncates, and changes that keep a column of the stored row (Debezium's unavailable value: read
-        from the rows the copy-on-write rewrites). With option dead-letter-table the tasks kept a rejected change out of
-        the keys they return: only the changes that are applied are looked up."""
-        if self.merge_lookup is None or facts.held is not None:
+        one with a warning, lakesink.driver.actions.upsert): without a lookup, a table the batch truncates, and changes
+        that keep a column of the stored row (Debezium's unavailable value: read from the rows the copy-on-write
+        rewrites). With option dead-letter-table the tasks kept a rejected change out of the keys they return: only the
+        changes that are applied are looked up. With option cdc-transactions=hold the released changes are looked up
+        as any others (what the batch holds back is no row of it; its record is the same at every attempt)."""
+        if self.merge_lookup is None:
             return {}
         requests = []
         for m in members:
