@@ -302,7 +302,7 @@ def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterK
             f"writer={writer.value!r} cannot be used with it: use writer='auto', 'arrow' or 'spark'"
         )
     if writer is WriterKind.SPARK and lowered.get(PAYLOAD, "").strip():
-        # lakesink.sink.spark_routed: the rows never pass through Python workers (upserts: resolved by Spark,
+        # lakesink.sink.spark.routed: the rows never pass through Python workers (upserts: resolved by Spark,
         # lakesink.sink.upsert_batch.resolve_routed)
         raise InvalidOptionError(
             f"option '{ROUTE_BY}' with writer='spark' cannot be used with option '{PAYLOAD}' (nor 'cdc-format', which "

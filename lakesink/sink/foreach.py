@@ -5,7 +5,7 @@ committed *before* writing anything, has the batch's Parquet files written, and 
 snapshot. The files are written by one of three paths (option ``writer``, see docs/write-paths.md): the
 driver itself for a small batch (:mod:`lakesink.sink.driver_write`: the rows collected as Arrow, chosen by
 ``auto`` after a small batch of the same run), Spark's own Parquet writer in the JVM
-(:mod:`lakesink.sink.spark_write`, chosen by ``auto`` otherwise whenever the table allows it), or Python
+(:mod:`lakesink.sink.spark.write`, chosen by ``auto`` otherwise whenever the table allows it), or Python
 workers writing with pyarrow (``mapInArrow`` and :class:`lakesink.executor.task_writer.TaskWriter`, the same
 code as ``format("lakesink")``).
 """
@@ -56,8 +56,6 @@ from lakesink.sink import (
     driver_write,
     markers,
     merge_on_read,
-    spark_fs,
-    spark_write,
     transactions,
     truncates,
     upsert_batch,
@@ -65,6 +63,8 @@ from lakesink.sink import (
 from lakesink.sink.commit import commit_or_abort
 from lakesink.sink.foreach_spark import RoutedSparkBatches, read_once, routed_tables_by_value
 from lakesink.sink.query import RunningQuery
+from lakesink.sink.spark import fs as spark_fs
+from lakesink.sink.spark import write as spark_write
 from lakesink.table import storage
 from lakesink.table.keys import MAIN_BRANCH
 from lakesink.table.routes import Route, parse_route, routing_value
@@ -489,7 +489,7 @@ class ForeachBatchSink(RoutedSparkBatches):
         # merge-on-read tables: the batch's keys looked up by Spark's executors before the unit commit
         routed.merge_lookup = merge_on_read.RoutedLookups(spark)
         root = self._split_root(spark, routed, query_id)
-        if root is not None:  # Spark's writer, appends: the write job is the batch's one read (lakesink.sink.spark_split)
+        if root is not None:  # Spark's writer, appends: the write job is the batch's one read (lakesink.sink.spark.split)
             return self._split_batch(df, batch_id, query_id, routed, run_id, root, facts)
         cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
         try:
