@@ -8,6 +8,8 @@
 - :mod:`lakesink.sink.foreach`: ``foreachBatch(lakesink.foreach_batch(...))``, in the driver process;
 - :mod:`lakesink.sink.checkpoint`: the query id and source offsets read from Spark's checkpoint;
 - :mod:`lakesink.sink.upsert_batch`: an upsert batch resolved to one row per key, in Spark (``foreach_batch``);
+- :mod:`lakesink.sink.cdc`: CDC orchestration: the steps a batch of Debezium changes takes to the commit (truncates,
+  held-back transactions on both entry points); the parsing is :mod:`lakesink.cdc`'s;
 - :mod:`lakesink.sink.spark`: Spark-side writing, a package of its own: ``foreach_batch``'s batch written by Spark's
   own Parquet writer, in the JVM (one table, partitioned tables, route-by's split and routed jobs).
 

@@ -56,10 +56,9 @@ from lakesink.sink import (
     driver_write,
     markers,
     merge_on_read,
-    transactions,
-    truncates,
     upsert_batch,
 )
+from lakesink.sink.cdc import transactions, truncates
 from lakesink.sink.commit import commit_or_abort
 from lakesink.sink.foreach_spark import RoutedSparkBatches, read_once, routed_tables_by_value
 from lakesink.sink.query import RunningQuery
@@ -190,7 +189,7 @@ def foreach_batch(
 def debezium_changes(df: DataFrame, *, keep_value: bool = False) -> DataFrame:
     """Option cdc-format=debezium: the batch's ``value`` column parsed (lakesink.cdc.debezium.parse, prefix ``cdc_``:
     tombstones dropped, a record that is no change event fails the job), with the payload column each row's table
-    takes: ``after``, else (a delete) ``before``; null for a truncate (op ``t``: lakesink.sink.truncates).
+    takes: ``after``, else (a delete) ``before``; null for a truncate (op ``t``: lakesink.sink.cdc.truncates).
     ``keep_value`` (option dead-letter-table): the record's ``value`` kept as :data:`CDC_VALUE`, for its dead letter."""
     if "value" not in df.columns:
         raise InvalidOptionError(
@@ -203,7 +202,7 @@ def debezium_changes(df: DataFrame, *, keep_value: bool = False) -> DataFrame:
     if keep_value:
         df = df.withColumn(CDC_VALUE, F.col("value"))
     changes = debezium.parse(df, column="value", prefix=CDC_PREFIX)
-    # a truncate (op 't') has no row: its payload is null, and lakesink.sink.truncates applies it
+    # a truncate (op 't') has no row: its payload is null, and lakesink.sink.cdc.truncates applies it
     after, before = F.col(f"`{CDC_PREFIX}{debezium.AFTER}`"), F.col(f"`{CDC_PREFIX}{debezium.BEFORE}`")
     return changes.withColumn(CDC_PAYLOAD, F.coalesce(after, before))
 
@@ -264,7 +263,7 @@ class ForeachBatchSink(RoutedSparkBatches):
         # a second sink of this query moving one of this sink's markers is refused before anything is written
         markers.claim(self, self.options, query_id=query_id, run_id=self._query.run_id(spark), batch_id=batch_id)
         self._held = None
-        if self.options.cdc_transactions is CdcTransactions.HOLD:  # whole source transactions only (lakesink.sink.transactions)
+        if self.options.cdc_transactions is CdcTransactions.HOLD:  # whole source transactions only (sink.cdc.transactions)
             known = self._held_tables if self._held_query == query_id else ()
             self._held = transactions.split(df, self.options, query_id=query_id, batch_id=batch_id, known=known)
             df = self._held.released
