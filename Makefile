@@ -152,7 +152,8 @@ bench: $(VENV)/.installed
 	PYTHONPATH=$(CURDIR) $(PY) -m benchmarks $(BENCH_ARGS)
 
 # ruff, mypy strict, and the import contracts (import-linter, [tool.importlinter] in pyproject.toml: the layers,
-# what Spark's Python workers may import, no import cycle; docs/architecture.md)
+# what Spark's Python workers may import, no import cycle, the driver's sub-packages, Spark-side writing commits
+# nothing; docs/architecture.md)
 lint: $(VENV)/.installed
 	$(PY) -m ruff check lakesink tests examples benchmarks
 	$(PY) -m mypy

@@ -8,7 +8,7 @@ fresh namespace of the one SQLite catalog for lakesink), after one warm-up of ea
 
 1. ``parquet-partitioned``: Spark's streaming Parquet sink with ``partitionBy("route")`` (the yardstick: a folder per
    table, no table format, no commit protocol beyond Spark's file sink log);
-2. ``foreach-spark``: ``lakesink.foreach_batch(route_by="route", writer="spark")`` (lakesink.sink.spark_routed: one
+2. ``foreach-spark``: ``lakesink.foreach_batch(route_by="route", writer="spark")`` (lakesink.sink.spark.routed: one
    Spark job counts and digests every table's rows, one write job partitioned by table, one unit commit of every table);
 3. ``foreach-arrow``: the same with ``writer="arrow"`` (each task splits its rows by table in Python workers).
 

@@ -26,8 +26,8 @@ is not read), or changes whose ``BEGIN`` and ``END`` are not at hand (a redelive
 longer ago, a lost ``END``) -- is released as it stands once it waited ``wait_ms`` since it was first held (counted:
 ``incomplete``, logged by the caller); a ``BEGIN`` without its ``END`` (a transaction still open) waits without bound.
 
-Used on the driver by foreach_batch (lakesink.sink.transactions: :func:`release`) and by format("lakesink")'s commit
-(lakesink.sink.staged_transactions: :func:`split_records`); no Spark, no catalog here.
+Used on the driver by foreach_batch (lakesink.sink.cdc.transactions: :func:`release`) and by format("lakesink")'s commit
+(lakesink.sink.cdc.staged_transactions: :func:`split_records`); no Spark, no catalog here.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def split_records(
     wait_ms: int | None = None,
 ) -> RecordsSplit:
     """:func:`release` over Arrow records (Kafka's ``value`` and ``offset`` columns; the others carried along), in plain
-    Python: what foreach_batch's Spark SQL (lakesink.sink.transactions) computes, for a caller without Spark. The
+    Python: what foreach_batch's Spark SQL (lakesink.sink.cdc.transactions) computes, for a caller without Spark. The
     ``BEGIN`` and ``END`` records of released transactions are dropped, and every record of a transaction an earlier
     batch released (``memory``); a value that is no JSON is a change of no transaction (the parser after this step
     refuses it)."""

@@ -48,8 +48,8 @@ class RowsDigest:
     total: int = 0
     kind: str = ""
     """Which row hash: ``""`` lakesink.executor.row_digest's (the Arrow path), ``"x"`` Spark's ``xxhash64`` of the
-    row's columns, the routing column aside (route-by with writer='spark', the two jobs' path: lakesink.sink.spark_routed),
-    ``"b"`` the same hash of every column, summed over the whole batch (its split job: lakesink.sink.spark_split; the
+    row's columns, the routing column aside (route-by with writer='spark', the two jobs' path: lakesink.sink.spark.routed),
+    ``"b"`` the same hash of every column, summed over the whole batch (its split job: lakesink.sink.spark.split; the
     table's own rows, the batch's sum), :data:`ROWS_ONLY` the rows alone (that split job where a batch's tables are
     committed as one unit: no replay compares a hash there)."""
 

@@ -80,7 +80,7 @@ class StagedPlan:
     """Option cdc-transactions=hold: the task stages its records as they came (the stream's columns: Kafka's ``value``
     and ``offset``, the transaction topic's ``BEGIN``/``END`` records beside the changes), neither parsed nor inferred.
     Which of them a batch releases is known only once every task's records are joined with those the previous batch
-    held back (lakesink.sink.staged_transactions); the commit stages the released ones as this writer does without
+    held back (lakesink.sink.cdc.staged_transactions); the commit stages the released ones as this writer does without
     the option (:meth:`StagedTaskWriter.stage`), so their inference covers exactly the rows committed."""
 
     def staged_columns(self, names: list[str]) -> list[str]:
@@ -151,7 +151,7 @@ class StagedTaskWriter:
 
     def stage(self, batches: Iterator[pa.RecordBatch]) -> StagedTaskResult:
         """The rows parsed, inferred and staged (also run by the commit over the records a batch releases, option
-        cdc-transactions=hold: lakesink.sink.staged_transactions)."""
+        cdc-transactions=hold: lakesink.sink.cdc.staged_transactions)."""
         plan = self._plan
         prepared = [b for b in (self._prepared(b) for b in batches if b.num_rows) if b.num_rows]
         if not prepared:

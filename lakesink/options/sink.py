@@ -104,7 +104,7 @@ class SinkOptions:
     """Option ``cdc-format`` (``debezium``): the sink parses the ``value`` column's change events first (docs/cdc.md)."""
     cdc_transactions: CdcTransactions = CdcTransactions.OFF
     """Option ``cdc-transactions`` (with ``cdc-format``): ``hold`` releases whole source transactions only, in commit
-    order, by Debezium's transaction metadata (lakesink.sink.transactions, lakesink.sink.staged_transactions;
+    order, by Debezium's transaction metadata (lakesink.sink.cdc.transactions, lakesink.sink.cdc.staged_transactions;
     docs/cdc.md)."""
     cdc_transaction_wait: float = CDC_TRANSACTION_WAIT_S_DEFAULT
     """Option ``cdc-transaction-wait`` (with ``cdc-transactions=hold``): seconds a held transaction that cannot become
@@ -302,7 +302,7 @@ def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterK
             f"writer={writer.value!r} cannot be used with it: use writer='auto', 'arrow' or 'spark'"
         )
     if writer is WriterKind.SPARK and lowered.get(PAYLOAD, "").strip():
-        # lakesink.sink.spark_routed: the rows never pass through Python workers (upserts: resolved by Spark,
+        # lakesink.sink.spark.routed: the rows never pass through Python workers (upserts: resolved by Spark,
         # lakesink.sink.upsert_batch.resolve_routed)
         raise InvalidOptionError(
             f"option '{ROUTE_BY}' with writer='spark' cannot be used with option '{PAYLOAD}' (nor 'cdc-format', which "

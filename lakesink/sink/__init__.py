@@ -8,8 +8,10 @@
 - :mod:`lakesink.sink.foreach`: ``foreachBatch(lakesink.foreach_batch(...))``, in the driver process;
 - :mod:`lakesink.sink.checkpoint`: the query id and source offsets read from Spark's checkpoint;
 - :mod:`lakesink.sink.upsert_batch`: an upsert batch resolved to one row per key, in Spark (``foreach_batch``);
-- :mod:`lakesink.sink.spark_write`, :mod:`lakesink.sink.spark_partition`, :mod:`lakesink.sink.spark_fs`: the
-  Spark write path of ``foreach_batch`` (Spark's own Parquet writer, in the JVM).
+- :mod:`lakesink.sink.cdc`: CDC orchestration: the steps a batch of Debezium changes takes to the commit (truncates,
+  held-back transactions on both entry points); the parsing is :mod:`lakesink.cdc`'s;
+- :mod:`lakesink.sink.spark`: Spark-side writing, a package of its own: ``foreach_batch``'s batch written by Spark's
+  own Parquet writer, in the JVM (one table, partitioned tables, route-by's split and routed jobs).
 
 The entry points wire the driver's committer and pass automatic maintenance into it as a post-commit hook.
 """

@@ -5,7 +5,7 @@ committed *before* writing anything, has the batch's Parquet files written, and 
 snapshot. The files are written by one of three paths (option ``writer``, see docs/write-paths.md): the
 driver itself for a small batch (:mod:`lakesink.sink.driver_write`: the rows collected as Arrow, chosen by
 ``auto`` after a small batch of the same run), Spark's own Parquet writer in the JVM
-(:mod:`lakesink.sink.spark_write`, chosen by ``auto`` otherwise whenever the table allows it), or Python
+(:mod:`lakesink.sink.spark.write`, chosen by ``auto`` otherwise whenever the table allows it), or Python
 workers writing with pyarrow (``mapInArrow`` and :class:`lakesink.executor.task_writer.TaskWriter`, the same
 code as ``format("lakesink")``).
 """
@@ -56,15 +56,14 @@ from lakesink.sink import (
     driver_write,
     markers,
     merge_on_read,
-    spark_fs,
-    spark_write,
-    transactions,
-    truncates,
     upsert_batch,
 )
+from lakesink.sink.cdc import transactions, truncates
 from lakesink.sink.commit import commit_or_abort
 from lakesink.sink.foreach_spark import RoutedSparkBatches, read_once, routed_tables_by_value
 from lakesink.sink.query import RunningQuery
+from lakesink.sink.spark import fs as spark_fs
+from lakesink.sink.spark import write as spark_write
 from lakesink.table import storage
 from lakesink.table.keys import MAIN_BRANCH
 from lakesink.table.routes import Route, parse_route, routing_value
@@ -190,7 +189,7 @@ def foreach_batch(
 def debezium_changes(df: DataFrame, *, keep_value: bool = False) -> DataFrame:
     """Option cdc-format=debezium: the batch's ``value`` column parsed (lakesink.cdc.debezium.parse, prefix ``cdc_``:
     tombstones dropped, a record that is no change event fails the job), with the payload column each row's table
-    takes: ``after``, else (a delete) ``before``; null for a truncate (op ``t``: lakesink.sink.truncates).
+    takes: ``after``, else (a delete) ``before``; null for a truncate (op ``t``: lakesink.sink.cdc.truncates).
     ``keep_value`` (option dead-letter-table): the record's ``value`` kept as :data:`CDC_VALUE`, for its dead letter."""
     if "value" not in df.columns:
         raise InvalidOptionError(
@@ -203,7 +202,7 @@ def debezium_changes(df: DataFrame, *, keep_value: bool = False) -> DataFrame:
     if keep_value:
         df = df.withColumn(CDC_VALUE, F.col("value"))
     changes = debezium.parse(df, column="value", prefix=CDC_PREFIX)
-    # a truncate (op 't') has no row: its payload is null, and lakesink.sink.truncates applies it
+    # a truncate (op 't') has no row: its payload is null, and lakesink.sink.cdc.truncates applies it
     after, before = F.col(f"`{CDC_PREFIX}{debezium.AFTER}`"), F.col(f"`{CDC_PREFIX}{debezium.BEFORE}`")
     return changes.withColumn(CDC_PAYLOAD, F.coalesce(after, before))
 
@@ -264,7 +263,7 @@ class ForeachBatchSink(RoutedSparkBatches):
         # a second sink of this query moving one of this sink's markers is refused before anything is written
         markers.claim(self, self.options, query_id=query_id, run_id=self._query.run_id(spark), batch_id=batch_id)
         self._held = None
-        if self.options.cdc_transactions is CdcTransactions.HOLD:  # whole source transactions only (lakesink.sink.transactions)
+        if self.options.cdc_transactions is CdcTransactions.HOLD:  # whole source transactions only (sink.cdc.transactions)
             known = self._held_tables if self._held_query == query_id else ()
             self._held = transactions.split(df, self.options, query_id=query_id, batch_id=batch_id, known=known)
             df = self._held.released
@@ -489,7 +488,7 @@ class ForeachBatchSink(RoutedSparkBatches):
         # merge-on-read tables: the batch's keys looked up by Spark's executors before the unit commit
         routed.merge_lookup = merge_on_read.RoutedLookups(spark)
         root = self._split_root(spark, routed, query_id)
-        if root is not None:  # Spark's writer, appends: the write job is the batch's one read (lakesink.sink.spark_split)
+        if root is not None:  # Spark's writer, appends: the write job is the batch's one read (lakesink.sink.spark.split)
             return self._split_batch(df, batch_id, query_id, routed, run_id, root, facts)
         cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
         try:

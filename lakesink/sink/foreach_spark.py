@@ -1,9 +1,9 @@
 """foreach_batch's routed batches written by Spark's own Parquet writer (option route-by with ``writer='spark'``), and
 what every routed batch of foreach_batch shares: :func:`read_once`, the unit commit with what the query records.
 
-Appends split the batch by routing value in the job that reads it (lakesink.sink.spark_split); upserts (and a batch
+Appends split the batch by routing value in the job that reads it (lakesink.sink.spark.split); upserts (and a batch
 with a routing value no folder can be named by) find the batch's tables in one job over the persisted batch, then
-write them (lakesink.sink.spark_routed).
+write them (lakesink.sink.spark.routed).
 """
 
 from __future__ import annotations
@@ -25,9 +25,13 @@ from lakesink.errors import InvalidOptionError
 from lakesink.executor.messages import WritePlan
 from lakesink.executor.routed_writer import RoutedTaskResult
 from lakesink.options import Routing, SinkOptions, WriterKind
-from lakesink.sink import spark_fs, spark_routed, spark_split, spark_write, upsert_batch
+from lakesink.sink import upsert_batch
 from lakesink.sink.commit import commit_routed
 from lakesink.sink.query import RunningQuery
+from lakesink.sink.spark import fs as spark_fs
+from lakesink.sink.spark import routed as spark_routed
+from lakesink.sink.spark import split as spark_split
+from lakesink.sink.spark import write as spark_write
 from lakesink.table import storage
 from lakesink.table.routes import Route, parse_route
 
@@ -123,7 +127,7 @@ class RoutedSparkBatches:
     def _routed_spark_batch(
         self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None, facts: BatchFacts
     ) -> RoutedOutcome | None:
-        """Option route-by with Spark's writer (lakesink.sink.spark_routed): one Spark job finds the batch's tables with
+        """Option route-by with Spark's writer (lakesink.sink.spark.routed): one Spark job finds the batch's tables with
         each one's row count and digest, one write job per group of alike tables writes them, one unit commits them.
         None: ``writer='auto'`` and a table Spark cannot write (the caller takes the Arrow path; nothing written)."""
         routing = self.options.routing
@@ -168,7 +172,7 @@ class RoutedSparkBatches:
 
     def _split_root(self, spark: Any, routed: RoutedCommitter, query_id: str) -> str | None:
         """Where route-by with writer='spark' splits the batch by routing value before the tables are opened
-        (lakesink.sink.spark_split), or None when it cannot: upserts (resolved by table key, known once the tables
+        (lakesink.sink.spark.split), or None when it cannot: upserts (resolved by table key, known once the tables
         are), no template to write with (a catalog that places its tables itself), or one Spark cannot write."""
         template = routed.template() if self._spark_writes_routed() and not self.options.upserts else None
         if template is None or template.staged:
@@ -188,7 +192,7 @@ class RoutedSparkBatches:
         root: str,
         facts: BatchFacts,
     ) -> RoutedOutcome:
-        """Option route-by with writer='spark', appends (lakesink.sink.spark_split): one Spark job writes the batch by
+        """Option route-by with writer='spark', appends (lakesink.sink.spark.split): one Spark job writes the batch by
         routing value (its only read), counting the whole batch (and digesting it where the tables are not committed
         as one unit); then the tables are opened, each one's files moved into it (or written from the split's files),
         and one unit commits them."""

@@ -6,7 +6,7 @@ Spark's ``commit()`` (a Python worker on the driver, no SparkSession) hands the 
 code below the entry point:
 
 1. the tasks' payload inferences merged per table (:func:`lakesink.executor.payload.merge_columns`), the keys the
-   changes carry (lakesink.driver.tables.routed_keys), the batch's truncates (lakesink.sink.truncates.mark);
+   changes carry (lakesink.driver.tables.routed_keys), the batch's truncates (lakesink.sink.cdc.truncates.mark);
 2. the batch's tables opened, created or widened (merge-schema) and planned (``RoutedCommitter.plans``); a batch every
    table holds already is skipped, and one some tables hold is checked a faithful replay, BEFORE any table file is
    written (``check_replay_at_plan``);
@@ -48,7 +48,7 @@ from lakesink.executor.messages import TaskIds, WritePlan
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.executor.staged import STAGED_ROWS_FOLDER, StagedPlan, StagedTaskResult, read_staged
 from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, CdcTransactions, SinkOptions
-from lakesink.sink import staged_transactions, transactions, truncates
+from lakesink.sink.cdc import staged_transactions, transactions, truncates
 from lakesink.sink.commit import commit_routed
 from lakesink.table import storage
 from lakesink.table.routes import Route, parse_route, routing_value

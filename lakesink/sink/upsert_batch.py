@@ -38,7 +38,7 @@ from lakesink.executor import upsert_task
 from lakesink.executor.messages import RowsDigest
 from lakesink.executor.routed_writer import RoutedTaskResult
 from lakesink.options import DELETE_WHEN, ORDER_BY, UPSERT_KEY, SinkOptions
-from lakesink.sink import spark_routed
+from lakesink.sink.spark import routed as spark_routed
 from lakesink.table.keys import DELETED, ROUTED_TABLE_COLUMN
 from lakesink.table.keys import ORDER_COLUMN as ORDER
 from lakesink.table.keys import TOP_COLUMN as _TOP
@@ -93,7 +93,7 @@ def _resolve(
     """:func:`resolve` over the key columns ``keys``. ``tables`` (option route-by, :func:`resolve_routed`): the rows carry
     their table's number among ``tables`` in :data:`ROUTED_TABLE_COLUMN`, each (table, key) is resolved on its own, an
     error names the table, and the keys come back with the table's number first. ``row_hash``: each row's hash, returned
-    with the keys as :data:`lakesink.sink.spark_routed.HASH_COLUMN` (the written rows' digests, :func:`resolve_routed`)."""
+    with the keys as :data:`lakesink.sink.spark.routed.HASH_COLUMN` (the written rows' digests, :func:`resolve_routed`)."""
     by = [F.col(ROUTED_TABLE_COLUMN)] if tables is not None else []
     group = [*by, *[F.col(k) for k in keys]]
     candidate = df
@@ -158,7 +158,7 @@ class RoutedResolution:
     """Each table's keys the batch changes, as :attr:`ResolvedBatch.keys` (the table's key columns as the batch spells them)."""
     cached: tuple[DataFrame, ...]
     digests: Mapping[str, RowsDigest]
-    """Each table's rows to write: their count and digest (lakesink.sink.spark_routed: the write job then observes none)."""
+    """Each table's rows to write: their count and digest (lakesink.sink.spark.routed: the write job then observes none)."""
 
     def with_keys(self, results: Sequence[RoutedTaskResult]) -> list[RoutedTaskResult]:
         """The written batch's results, each table's with the keys the batch changes there (Arrow IPC, as a routed
@@ -234,7 +234,7 @@ def resolve_routed(
 
 def _digest(keys: pa.Table) -> RowsDigest:
     """The count and digest of a table's rows to write (its resolved changes that are not deletes), from their hashes
-    (:data:`lakesink.sink.spark_routed.HASH_COLUMN`) as :func:`lakesink.sink.spark_routed.digest_aggregates` sums them:
+    (:data:`lakesink.sink.spark.routed.HASH_COLUMN`) as :func:`lakesink.sink.spark.routed.digest_aggregates` sums them:
     two sums of the hashes' 32-bit halves."""
     kept = keys.filter(pc.invert(keys.column(DELETED)))
     # each 64-bit hash as unsigned (its bits), halves below 2**32: their sums fit in 64 bits

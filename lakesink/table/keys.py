@@ -178,7 +178,7 @@ ROW_ORIGINS = "lakesink.row-origins"
 """A compacted file's row provenance (:mod:`lakesink.audit.origins`)."""
 WRITE_ID = "lakesink.write-id"
 """The Spark path's write id, in the first column's field metadata of the files it writes
-(:mod:`lakesink.sink.spark_write`)."""
+(:mod:`lakesink.sink.spark.write`)."""
 
 # --- table properties lakesink reads: Iceberg's keys and defaults (the Java library's), and write.lakesink.* ---
 
@@ -356,13 +356,13 @@ ORDER_PRESENT_COLUMN = "__lakesink_present"
 """Option order-by: whether a key of the order file is present (lakesink.driver.actions.upsert_order)."""
 ROUTE_PARTITION_COLUMN = "__lakesink_route"
 """route-by with writer='spark': the partition column of a routed write job, the table's number in its group
-(lakesink.sink.spark_routed; not written into the files)."""
+(lakesink.sink.spark.routed; not written into the files)."""
 ROUTED_TABLE_COLUMN = "__lakesink_table"
 """route-by with writer='spark' and upserts: each row's table as its number among the batch's tables, while the batch is
 resolved to one row per (table, key) in Spark (lakesink.sink.upsert_batch.resolve_routed; not written into the files)."""
 SPLIT_VALUE_COLUMN = "__lakesink_value"
 """route-by with writer='spark', appends: the partition column of the split job, ``v`` and the routing value's bytes in
-hex, or ``h`` and their SHA-256 (lakesink.sink.spark_split; a folder name, not written into the files)."""
+hex, or ``h`` and their SHA-256 (lakesink.sink.spark.split; a folder name, not written into the files)."""
 ROUTED_NO_COLUMN_MARKER = "LAKESINK_ROUTED_NO_COLUMN"
 """route-by with writer='spark': the marker of the error a row raises with a value in a column its table lacks."""
 ROUTED_UNKNOWN_ROUTE_MARKER = "LAKESINK_ROUTED_UNKNOWN_ROUTE"

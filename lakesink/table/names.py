@@ -7,7 +7,7 @@ orphan-file clean-up can tell which batch a file left on storage belongs to (:mo
 
       <query id[:8]>-<batch:05d>-<partition:05d>-<task attempt>-<token>-<n:05d>.parquet
 
-- the Spark path (:mod:`lakesink.sink.spark_write`) names one directory per batch, and Spark names the files in it::
+- the Spark path (:mod:`lakesink.sink.spark.write`) names one directory per batch, and Spark names the files in it::
 
       <query id[:8]>-<batch:05d>-<token>/part-<n>-<uuid>-c000.<codec>.parquet
 

@@ -31,7 +31,7 @@ from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.errors import CommitConflictError, InjectedFault
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
 from lakesink.maintenance.orphans import remove_orphan_files
-from lakesink.sink import transactions as transactions_sink
+from lakesink.sink.cdc import transactions as transactions_sink
 from lakesink.table.keys import (
     SUMMARY_CDC_COMMITTED_MS,
     SUMMARY_CDC_HELD_CHANGES,
@@ -131,11 +131,11 @@ def tables(props: Mapping[str, str]) -> dict[str, Any]:
 
 
 def run_batch(rc: RoutedCommitter, props: Mapping[str, str], batch_id: int, records: pa.Table) -> transactions.RecordsSplit:
-    """One batch as foreach_batch's option cdc-transactions=hold runs it (lakesink.sink.transactions), without Spark."""
+    """One batch as foreach_batch's option cdc-transactions=hold runs it (lakesink.sink.cdc.transactions), without Spark."""
     found = tables(props)
     start = held.starting_state(held.recorded(found, Q, None), batch_id, query_id=Q)
     io = next(iter(found.values())).io if found else None
-    previous = held.read(io, start, list(found.values()))[0]  # as lakesink.sink.transactions.split reads it
+    previous = held.read(io, start, list(found.values()))[0]  # as lakesink.sink.cdc.transactions.split reads it
     union = pa.concat_tables([previous.select(RECORDS.names).cast(RECORDS), records]) if previous is not None else records
     split = transactions.split_records(union)
     back = held.HeldBack(

@@ -783,7 +783,7 @@ def test_a_second_routed_sink_of_the_same_run_commits_nothing_in_any_table(
 
 def counted_only(result: RoutedTaskResult) -> RoutedTaskResult:
     """A task's result whose tables' digests are counts alone, as route-by with writer='spark' records them where the
-    batch's tables are committed as one unit (lakesink.sink.spark_split: kind ROWS_ONLY, ``<rows>``)."""
+    batch's tables are committed as one unit (lakesink.sink.spark.split: kind ROWS_ONLY, ``<rows>``)."""
     tables = tuple(
         dataclasses.replace(t, rows_digest=RowsDigest(t.rows_digest.rows, 0, ROWS_ONLY) if t.rows_digest else None)
         for t in result.tables

@@ -2,8 +2,8 @@
 a newer one, a truncate included.
 
 No Spark: a routed batch's tasks write their rows (tests/driver/test_routing_upserts.py), the routed committer commits
-them into a real SQLite catalog; a truncate is in the batch's facts as lakesink.sink.truncates.mark puts it (and the
-batch carries only the table's changes after it, as lakesink.sink.truncates.apply leaves them). Every table equals a
+them into a real SQLite catalog; a truncate is in the batch's facts as lakesink.sink.cdc.truncates.mark puts it (and the
+batch carries only the table's changes after it, as lakesink.sink.cdc.truncates.apply leaves them). Every table equals a
 model in plain Python: a truncate at P removes every change below P, so the table holds, per key, the newest change at
 or above the newest truncate's position (unless a delete).
 """

@@ -60,7 +60,7 @@ def test_same_rows_same_digest_in_any_order_and_split_any_change_differs(
 
 
 def test_digests_of_two_kinds_compare_their_row_counts_only() -> None:
-    """route-by with writer='spark' records Spark's digest (kind ``x``, lakesink.sink.spark_routed): a replay through
+    """route-by with writer='spark' records Spark's digest (kind ``x``, lakesink.sink.spark.routed): a replay through
     the other writer compares row counts (a moved row changes them), the same kind compares everything."""
     arrow = RowsDigest(3, 0xABC).text()
     spark = RowsDigest(3, 0xDEF, "x").text()
@@ -74,7 +74,7 @@ def test_digests_of_two_kinds_compare_their_row_counts_only() -> None:
 
 def test_a_count_alone_compares_with_every_kind_by_its_rows() -> None:
     """The split job of route-by with writer='spark' as one unit records a table's rows alone (kind ROWS_ONLY, text
-    ``<rows>``, lakesink.sink.spark_split): compared with a digest of any kind, or another count, by the rows."""
+    ``<rows>``, lakesink.sink.spark.split): compared with a digest of any kind, or another count, by the rows."""
     alone = RowsDigest(3, 0, ROWS_ONLY).text()
     assert alone == "3"
     for other in (RowsDigest(3, 0xABC), RowsDigest(3, 0xDEF, "x"), RowsDigest(3, 0x123, "b"), RowsDigest(3, 0, ROWS_ONLY)):

@@ -446,7 +446,7 @@ def spark_path_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[i
     """A batch as the Spark path leaves it before its commit: a ``part-*`` file in ``<data>/<query8>-<batch>-<token>/``.
 
     The rows are written by the executor's writer (real Parquet, real statistics), then moved into a
-    batch directory named by the function lakesink.sink.spark_write names its directories with.
+    batch directory named by the function lakesink.sink.spark.write names its directories with.
     """
     written = write_task(c, query_id, batch_id, ids)
     (f,) = written.files

@@ -3,7 +3,7 @@ truncates and where, what it holds back (option cdc-transactions=hold) -- travel
 :class:`~lakesink.driver.committers.facts.BatchFacts`, produced by the entry points' steps and passed to
 ``RoutedCommitter.plans`` and ``commit_batch``; the committer keeps none of it between calls.
 
-No Spark: the facts come from the steps both entry points run (lakesink.sink.truncates.mark, as format("lakesink")'s
+No Spark: the facts come from the steps both entry points run (lakesink.sink.cdc.truncates.mark, as format("lakesink")'s
 staged commit calls it), the tasks' files are written by the routed task writer (tests/driver/test_routing_upserts.py),
 and two batches' facts are made first and committed through one committer in the other order: each batch lands with
 its own truncate and its own held-back record, which a committer carrying facts from one call to the next would mix.
@@ -21,7 +21,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.actions import held
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.facts import NO_FACTS
-from lakesink.sink import truncates
+from lakesink.sink.cdc import truncates
 from lakesink.table.keys import SUMMARY_CDC_HELD_CHANGES
 from tests.driver import test_routing_upserts as routing
 from tests.support import routed_upserts

@@ -23,7 +23,7 @@ import pytest
 
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP
-from lakesink.sink.spark_write import SPARKWRITE_AFTER_FILES
+from lakesink.sink.spark.write import SPARKWRITE_AFTER_FILES
 from lakesink.table.names import BatchDirectoryName, DataFileName
 from tests.support.helpers import (
     assert_files_are_referenced,

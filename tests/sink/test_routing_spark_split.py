@@ -1,4 +1,4 @@
-"""Option route-by with writer='spark', appends (lakesink.sink.spark_split): the batch is read once, by the Spark job
+"""Option route-by with writer='spark', appends (lakesink.sink.spark.split): the batch is read once, by the Spark job
 that writes it by routing value before the tables are opened, and that job counts and digests it; the tables' files
 are moved into them, their footers' rows checked against the job's count. Real local Spark, SQLite catalog; every row
 has a unique id."""
@@ -21,8 +21,8 @@ import lakesink
 from lakesink import faults as faults_module
 from lakesink.driver import catalogs
 from lakesink.driver.committers.routed_tables import RoutedTables
-from lakesink.sink import spark_split
-from lakesink.sink.spark_split import SPARKSPLIT_AFTER_SPLIT, SPLIT_FOLDER, sweep
+from lakesink.sink.spark import split as spark_split
+from lakesink.sink.spark.split import SPARKSPLIT_AFTER_SPLIT, SPLIT_FOLDER, sweep
 from lakesink.table import names
 from lakesink.table.keys import SUMMARY_BATCH_ROWS_DIGEST
 from tests.sink.test_routing_spark_writer import SparkRoutedStream, _job, assert_exactly_once, job_query
@@ -196,7 +196,7 @@ def test_created_tables_partitioned_by_a_bucket_hold_one_partition_per_file(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
 ) -> None:
     """Option partitioned-by: the tables lakesink creates are partitioned, so the split job partitions each value's
-    folder by the template's grouping keys as well (lakesink.sink.spark_partition.with_grouping_keys). Each id lands
+    folder by the template's grouping keys as well (lakesink.sink.spark.partition.with_grouping_keys). Each id lands
     once in its table, in more than one partition; every file holds the ids of one bucket, the one its partition value
     says. Fails if the split job wrote without the grouping keys (a file would hold the rows of several buckets: the
     batch fails on its footer's bounds)."""

@@ -1,4 +1,4 @@
-"""Option route-by with writer='spark' (lakesink.sink.spark_routed) in real local Spark: Spark's own Parquet writer
+"""Option route-by with writer='spark' (lakesink.sink.spark.routed) in real local Spark: Spark's own Parquet writer
 writes every table of a routed batch, one unit commits them, exactly once through a failure after the files are
 written, a crash after the commit, and SIGKILLs.
 
@@ -26,8 +26,8 @@ from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, DRIVER_BETWEEN_TABLE_COMMITS
-from lakesink.sink.spark_split import BATCH_DIGEST_KIND
-from lakesink.sink.spark_write import SPARKWRITE_AFTER_FILES
+from lakesink.sink.spark.split import BATCH_DIGEST_KIND
+from lakesink.sink.spark.write import SPARKWRITE_AFTER_FILES
 from lakesink.table.keys import SUMMARY_BATCH_ROWS_DIGEST, SUMMARY_BATCH_TABLES
 from tests.support.helpers import (
     INPUT_FIELDS,
@@ -178,7 +178,7 @@ def test_a_replay_whose_second_read_gives_other_rows_than_its_split_job_commits_
     atomic=off) reads the batch again for its digest; a second read with another row count than the split job's (a
     source that does not give the same rows twice: injected at that read) cannot be compared -- loud, nothing more
     committed, the replay's files deleted; a faithful replay then completes the batch, every id once."""
-    from lakesink.sink import spark_split
+    from lakesink.sink.spark import split as spark_split
 
     src, ck = tmp_path / "in", tmp_path / "ck"
     sent = write_json_input(src, files=1, rows_per_file=40, start=30_000)

@@ -25,7 +25,7 @@ from pyspark.errors import StreamingQueryException
 import lakesink
 from lakesink.audit import interop
 from lakesink.driver import catalogs
-from lakesink.sink.spark_write import SPARKWRITE_AFTER_FILES
+from lakesink.sink.spark.write import SPARKWRITE_AFTER_FILES
 from tests.support.helpers import Stream, assert_snapshot_invariants, referenced_data_files, run_to_end, table_ids
 
 pytestmark = pytest.mark.spark
@@ -241,7 +241,7 @@ def test_summary_files_are_pinned_off_by_one_setting() -> None:
     """parquet-mr's ParquetOutputFormat logs "Both parquet.summary.metadata.level and parquet.enable.summary-metadata
     are set!" (WARN) at every write that sets both: the level alone is pinned (it wins over the older boolean a
     session may set; HOSTILE_SESSION's level ALL is overridden by it above)."""
-    from lakesink.sink.spark_write import HADOOP_PINS
+    from lakesink.sink.spark.write import HADOOP_PINS
 
     assert HADOOP_PINS.get("parquet.summary.metadata.level") == "NONE"
     assert "parquet.enable.summary-metadata" not in HADOOP_PINS

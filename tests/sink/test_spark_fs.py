@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lakesink.sink.spark_fs import hadoop_scheme
+from lakesink.sink.spark.fs import hadoop_scheme
 
 
 @pytest.mark.parametrize(

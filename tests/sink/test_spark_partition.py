@@ -1,4 +1,4 @@
-"""Partitioned tables on the Spark path (lakesink/spark_partition.py, lakesink/executor/bucketing.py).
+"""Partitioned tables on the Spark path (lakesink/spark/partition.py, lakesink/executor/bucketing.py).
 
 1. The grouping keys computed with Spark expressions (and the bucket UDF) group rows exactly as Iceberg's
    transforms do, checked value by value against pyiceberg's pure-Python transforms on edge values of every
@@ -52,7 +52,7 @@ from pyspark.sql import types as T
 import lakesink
 from lakesink.audit import interop
 from lakesink.driver import catalogs
-from lakesink.sink import spark_partition
+from lakesink.sink.spark import partition as spark_partition
 from lakesink.table.names import BatchDirectoryName
 from tests.support.helpers import run_to_end
 

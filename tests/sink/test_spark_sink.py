@@ -20,7 +20,7 @@ import lakesink
 from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_WRITE
-from lakesink.sink.spark_write import SPARKWRITE_BEFORE_WRITE
+from lakesink.sink.spark.write import SPARKWRITE_BEFORE_WRITE
 from tests.support.helpers import (
     TABLE,
     Stream,

@@ -1,4 +1,4 @@
-"""The Spark write path of foreach_batch (lakesink/sink/spark_write.py): Spark's own Parquet writer, driver commit.
+"""The Spark write path of foreach_batch (lakesink/sink/spark/write.py): Spark's own Parquet writer, driver commit.
 
 Real Spark, real SQLite catalogs, real files; every row has a unique id and the tests compare multisets.
 """
@@ -39,7 +39,7 @@ from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_BEFORE_SWAP
 from lakesink.maintenance.orphans import remove_orphan_files
 from lakesink.options import SinkOptions, WriterKind
-from lakesink.sink.spark_write import SPARKWRITE_AFTER_FILES, SPARKWRITE_BEFORE_WRITE
+from lakesink.sink.spark.write import SPARKWRITE_AFTER_FILES, SPARKWRITE_BEFORE_WRITE
 from lakesink.table.names import BatchDirectoryName, DataFileName
 from tests.audit.test_interop import normalized
 from tests.maintenance.test_orphans import assert_intact, kind, on_disk, paths, reachable
@@ -425,7 +425,7 @@ def test_which_tables_the_spark_path_writes() -> None:
     from pyiceberg.transforms import BucketTransform, TruncateTransform
     from pyiceberg.types import FixedType, ListType, MapType, TimeType, UUIDType
 
-    from lakesink.sink.spark_write import unsupported_reason
+    from lakesink.sink.spark.write import unsupported_reason
     from lakesink.table.storage import spark_location
 
     ok = Schema(

@@ -1,6 +1,6 @@
 """Option cdc-transactions=hold on format("lakesink"), without Spark (issue 32, item 5): the executors' staging writer
 (lakesink.executor.staged) run on Arrow batches as Spark's tasks run it, and the commit (lakesink.sink.staged, which
-decides in lakesink.sink.staged_transactions) as Spark's commit worker calls it, with the abort Spark calls when the
+decides in lakesink.sink.cdc.staged_transactions) as Spark's commit worker calls it, with the abort Spark calls when the
 commit raised. The cases an attacker picks: a transaction begun in one batch and ended two batches later, its
 changes in two tasks; a batch of only a transaction's END; an END whose BEGIN was never read (a restart from a later
 offset); a failure inside the unit's swap (the attempt's staged and held files deleted, the replay decides the same);

@@ -768,7 +768,7 @@ def action_for(
     or with its dead letters, a routed batch's as one unit of every table's.
 
     ``truncate`` (option cdc-format, Debezium's op ``t``): the batch holds only the table's changes after its truncate
-    (foreach_batch dropped the ones before it: lakesink.sink.truncates), and its part of the unit is those rows
+    (foreach_batch dropped the ones before it: lakesink.sink.cdc.truncates), and its part of the unit is those rows
     replacing everything live -- the complete-mode overwrite (every live data and delete file removed at the head the
     attempt read, which the swap asserts), upserts and empty batches alike; a replay found in the table stays a replay.
     With option order-by and the truncate's source position (``truncate_at``) its commit also sets the order file's floor

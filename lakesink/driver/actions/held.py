@@ -9,7 +9,7 @@ The next batch reads the records back first (:func:`starting_state`, :func:`read
 state the batch started from (``previous``): a replay of the batch (Spark replays a batch whose commit landed before
 its commit log) starts from that, decides the same, and is found committed.
 
-Not here: which records are held (lakesink.sink.transactions, with Spark), the unit (lakesink.driver.committers.routed).
+Not here: which records are held (lakesink.sink.cdc.transactions, with Spark), the unit (lakesink.driver.committers.routed).
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def counted_only(
 ) -> list[str]:
     """Of the tables holding a batch that a replay finds in some of its tables only (``missing``: the others), those
     whose commit recorded its rows as a count alone (``lakesink.batch-rows-digest`` ``<rows>``: route-by with
-    writer='spark' committing the batch's tables as one unit, lakesink.sink.spark_split), which no replay can be
+    writer='spark' committing the batch's tables as one unit, lakesink.sink.spark.split), which no replay can be
     compared with. Empty when the batch is in every table or in none."""
     if not held or not missing:
         return []

@@ -1,9 +1,9 @@
 """What a routed batch's changes tell its planning and its commit, as one value: :class:`BatchFacts`.
 
 How a Debezium change reaches the commit: the entry point (lakesink.sink.foreach, lakesink.sink.staged) infers each
-table's columns and carried keys from the batch's payloads, marks the tables its truncates empty (lakesink.sink.truncates)
-and, with option cdc-transactions=hold, splits off what the batch holds back (lakesink.sink.transactions,
-lakesink.sink.staged_transactions); each step returns a new ``BatchFacts``, which the entry point passes to
+table's columns and carried keys from the batch's payloads, marks the tables its truncates empty (lakesink.sink.cdc.truncates)
+and, with option cdc-transactions=hold, splits off what the batch holds back (lakesink.sink.cdc.transactions,
+lakesink.sink.cdc.staged_transactions); each step returns a new ``BatchFacts``, which the entry point passes to
 ``RoutedCommitter.plans`` and ``RoutedCommitter.commit_batch``. The committer keeps none of it between calls: two
 batches' facts committed through one committer, in any order, each land as their own.
 """
@@ -31,7 +31,7 @@ class BatchFacts:
     """With upserts and cdc-format=debezium: the keys each table's changes carry (the Kafka keys' fields), the key of
     a table lakesink creates (lakesink.driver.tables.routed_keys)."""
     truncating: frozenset[str] = frozenset()
-    """Option cdc-format: the tables the batch truncates (lakesink.sink.truncates keeps only their changes after the
+    """Option cdc-format: the tables the batch truncates (lakesink.sink.cdc.truncates keeps only their changes after the
     truncate): their part of the unit replaces everything live (actions.batch.action_for)."""
     truncated_at: Mapping[str, Decimal] = field(default_factory=dict)
     """Of them, each one's truncate position (the source position): with order-by, the floor its commit records
@@ -43,7 +43,7 @@ class BatchFacts:
     """Option cdc-transactions=hold: the tables that recorded the state the batch started from."""
     held_homes: frozenset[str] = frozenset()
     """Option cdc-transactions=hold: the tables a batch that releases no change made for the changes it holds back,
-    when no table recorded what the sink holds yet (lakesink.sink.transactions.homes): in its unit without a row,
+    when no table recorded what the sink holds yet (lakesink.sink.cdc.transactions.homes): in its unit without a row,
     their commits carry the record."""
 
 

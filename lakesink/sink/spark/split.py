@@ -5,7 +5,7 @@ and Parquet settings of the tables lakesink creates from the stream:
 lakesink.driver.committers.routed_tables.RoutedTables.template). So:
 
 1. :func:`split` -- one Spark write job over the batch, the first and only read of its source: its rows as the template
-   takes them (lakesink.sink.spark_write.project: field ids, casts, NOT NULL checks), partitioned by routing value into
+   takes them (lakesink.sink.spark.write.project: field ids, casts, NOT NULL checks), partitioned by routing value into
    a folder per value, ``__lakesink_value=<the value's UTF-8 bytes in hex>``, of a batch directory of the query's
    split area ``<warehouse>/.lakesink-split/<query id>/`` (no character that Spark escapes in a folder name, no two
    values in one folder on a filesystem that ignores case). The job observes the batch as a whole (one
@@ -18,14 +18,14 @@ lakesink.driver.committers.routed_tables.RoutedTables.template). So:
    of its tables all the same (an earlier run's crash table by table, a table dropped since) reads it again for its
    digest before anything is compared (:func:`place`). A value whose folder name would be longer than a file name may
    be (more than :data:`MAX_VALUE_BYTES` bytes), null or empty gets a folder named by its SHA-256 instead, and the
-   batch goes the way of two jobs (lakesink.sink.spark_routed: find, then write; an invalid route's RoutingError from
+   batch goes the way of two jobs (lakesink.sink.spark.routed: find, then write; an invalid route's RoutingError from
    there).
 2. The tables are opened as on that path (created on first sight), the replay of the whole batch decided, then
    :func:`place` -- a table whose files look like the template's (same file schema with field ids, partition spec,
    Parquet settings and filesystem: every table lakesink creates from the stream) gets its values' folders moved
-   into a batch directory of its own data location (a rename, as lakesink.sink.spark_routed moves a table's folder),
+   into a batch directory of its own data location (a rename, as lakesink.sink.spark.routed moves a table's folder),
    their footers read and checked (the job's write id, field ids); any other table (created by someone else) is
-   written by lakesink.sink.spark_routed.write_routed from the split's files. The rows in the footers of every value's
+   written by lakesink.sink.spark.routed.write_routed from the split's files. The rows in the footers of every value's
    files, wherever they are then, must add up to the rows the job counted: a file lost, copied or cut short since the
    job fails the batch, nothing committed. Each table's commit records ``<its rows>:b<the batch's digest>``
    (``lakesink.batch-rows-digest``; ``<its rows>`` alone as one unit): the batch's rows with their routing values
@@ -57,7 +57,9 @@ from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError
 from lakesink.executor.messages import ROWS_ONLY, RowsDigest, TaskResult, WritePlan, WrittenFile
 from lakesink.faults import fault_point
-from lakesink.sink import spark_partition, spark_routed, spark_write
+from lakesink.sink.spark import partition as spark_partition
+from lakesink.sink.spark import routed as spark_routed
+from lakesink.sink.spark import write as spark_write
 from lakesink.table import names, storage
 from lakesink.table.keys import SPLIT_VALUE_COLUMN as VALUE_KEY  # the split job's partition column
 from lakesink.table.routes import routing_value
@@ -70,7 +72,7 @@ MAX_VALUE_BYTES = 118
 """The longest routing value (in UTF-8 bytes) whose folder is named by the value: 17 + 1 + 2 * 118 < 255 bytes."""
 BATCH_DIGEST_KIND = "b"
 """lakesink.executor.messages.RowsDigest.kind of a table's digest on this path: the table's rows, and the digest of
-the whole batch (every column of each row, the routing column included; lakesink.sink.spark_routed.row_hash's hash)."""
+the whole batch (every column of each row, the routing column included; lakesink.sink.spark.routed.row_hash's hash)."""
 _FOOTER_THREADS = 8
 #: driver, after the split job wrote the batch by routing value (its rows counted by the job), before any table is opened
 SPARKSPLIT_AFTER_SPLIT = "sparksplit.after-split"

@@ -1,4 +1,4 @@
-"""Driver side: partitioned tables on the Spark path (:mod:`lakesink.sink.spark_write`).
+"""Driver side: partitioned tables on the Spark path (:mod:`lakesink.sink.spark.write`).
 
 Spark's Parquet writer writes one partition per file when the DataFrame is written with ``partitionBy``
 on computed columns. For each field of the table's partition spec lakesink adds one such column, a

@@ -62,7 +62,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink.errors import LakesinkError, SchemaMismatchError
 from lakesink.executor.messages import TaskResult, WritePlan, WrittenFile, WrittenTotals
 from lakesink.faults import fault_point
-from lakesink.sink import spark_partition
+from lakesink.sink.spark import partition as spark_partition
 from lakesink.table import names, storage
 from lakesink.table.keys import DICT_SIZE_DEFAULT
 from lakesink.table.keys import PAGE_ROW_LIMIT_DEFAULT as _PAGE_ROW_LIMIT_DEFAULT
@@ -225,7 +225,7 @@ def project(
     ``write_id`` goes into the metadata of the first column, which Spark keeps in every file's footer
     (``org.apache.spark.sql.parquet.row.metadata``): how the driver recognises the files of its own write job.
     ``extra``: columns after the table's (name, value, type), e.g. a partition column of the write that is not
-    written into the files (route-by: lakesink.sink.spark_routed).
+    written into the files (route-by: lakesink.sink.spark.routed).
     """
     file_schema = seam.file_schema(plan.schema)
     stream = {f.name: f.dataType for f in df.schema.fields}
@@ -476,7 +476,7 @@ def file_names(io: FileIO, directory: str) -> list[str]:
     FileIO (the one the footers are then read with), as Spark's own file index would list them: a file or folder
     whose name starts with ``.`` (checksums), or with ``_`` and holds no ``=`` (``_temporary`` with uncommitted task
     output, ``_SUCCESS``), is not data. A partitioned write puts the files in one ``key=value`` folder per
-    grouping key, whose names are made of characters that need no escaping (see lakesink.sink.spark_partition).
+    grouping key, whose names are made of characters that need no escaping (see lakesink.sink.spark.partition).
 
     Listing through Spark (``spark.read...inputFiles()``) gave the same names at about 18 ms more per batch (a
     DataFrame analysed for the listing); on an object store both are one LIST request."""
@@ -524,7 +524,7 @@ def files_of_write(
     rows must then add up to the rows Spark's job wrote (counted by an observation, once per committed
     task): more means a file of the job is there twice, fewer that one is missing. Either fails the
     batch before anything is committed. ``rows_written`` None: the caller adds the rows of several directories up and
-    checks their sum (route-by's split job counts the whole batch: lakesink.sink.spark_split).
+    checks their sum (route-by's split job counts the whole batch: lakesink.sink.spark.split).
     """
     file_schema = seam.file_schema(plan.schema)
 

@@ -16,11 +16,11 @@ writes every table of a routed batch, no row passes through a Python worker.
    own data location (a rename within one filesystem), so that every committed file lives in its table's location (an
    orphan clean-up of one table never sees another's files). The driver keeps the files carrying the job's write id,
    checks that each table's files hold the rows counted for it, reads their footers (every table's at once) for
-   Iceberg's statistics (as the single-table Spark path, lakesink.sink.spark_write) and hands them to the routed commit
+   Iceberg's statistics (as the single-table Spark path, lakesink.sink.spark.write) and hands them to the routed commit
    as one unit.
 
 A stream column a table lacks must be null in the rows routed to it (checked by Spark, as the Arrow path checks it);
-NOT NULL columns, casts and field ids as in lakesink.sink.spark_write. Tables that hold the batch already (a replay
+NOT NULL columns, casts and field ids as in lakesink.sink.spark.write. Tables that hold the batch already (a replay
 completing the tables a crash left without it) get no row written, their digest is compared. Any failure before the
 commit deletes every directory of the batch.
 """
@@ -47,7 +47,9 @@ from lakesink.errors import LakesinkError, SchemaMismatchError
 from lakesink.executor.messages import RowsDigest, TaskResult, WritePlan, WrittenFile, WrittenTotals
 from lakesink.executor.routed_writer import RoutedTaskResult, TableResult
 from lakesink.faults import fault_point
-from lakesink.sink import spark_fs, spark_partition, spark_write
+from lakesink.sink.spark import fs as spark_fs
+from lakesink.sink.spark import partition as spark_partition
+from lakesink.sink.spark import write as spark_write
 from lakesink.table import storage
 from lakesink.table.keys import ROUTE_PARTITION_COLUMN, ROUTED_NO_COLUMN_MARKER, ROUTED_UNKNOWN_ROUTE_MARKER
 from lakesink.table.routes import parse_route, routing_value
@@ -88,7 +90,7 @@ def check_columns(df: DataFrame, column: str) -> None:
 
 def row_hash(df: DataFrame, column: str | None) -> Column:
     """Spark's ``xxhash64`` of a row's columns, the routing ``column`` aside (the row hash of digest kind ``x``; with
-    ``column`` None, of every column: lakesink.sink.spark_split's digest of the whole batch, kind ``b``)."""
+    ``column`` None, of every column: lakesink.sink.spark.split's digest of the whole batch, kind ``b``)."""
     fields = [f for f in df.schema.fields if f.name != column]
     return F.xxhash64(*[_hashed(f) for f in fields]) if fields else F.lit(0).cast("long")
 

@@ -1,12 +1,12 @@
 """Option cdc-transactions=hold on ``format("lakesink")``: a source transaction cut by two micro-batches held back.
 
-foreach_batch decides with Spark before it parses a batch (lakesink.sink.transactions). ``format("lakesink")``'s commit
+foreach_batch decides with Spark before it parses a batch (lakesink.sink.cdc.transactions). ``format("lakesink")``'s commit
 runs in a Python worker without Spark, after the executors staged their records (lakesink.executor.staged: with the
 option, each task stages its records as they came -- the tables' changes and the transaction topic's ``BEGIN``/``END``
 records, Kafka's ``offset`` beside them -- neither parsed nor inferred). Here, in the commit, before anything else:
 
 1. the state the batch starts from is read from the tables (the property ``lakesink.cdc-held.<query>`` their last unit
-   set: lakesink.sink.transactions.starting_state; a replay of a batch whose commit landed starts from the state that
+   set: lakesink.sink.cdc.transactions.starting_state; a replay of a batch whose commit landed starts from the state that
    batch started from), and the records it held back are read first;
 2. those and every task's staged records are split by the same plain-Python decision foreach_batch's Spark job makes
    (lakesink.cdc.transactions.split_records: in commit order, the longest prefix of whole transactions);
@@ -20,7 +20,7 @@ records, Kafka's ``offset`` beside them -- neither parsed nor inferred). Here, i
 5. a batch that plans no table while it holds changes back and no table records what the sink holds (the query's
    first batches, one transaction open) has nowhere to record them: its held changes are parsed and inferred by the
    staging writer's code, nothing staged (:func:`home_inference`), and foreach_batch's decision
-   (lakesink.sink.transactions.homes) makes their tables, empty, in the batch's unit (``BatchFacts.held_homes``).
+   (lakesink.sink.cdc.transactions.homes) makes their tables, empty, in the batch's unit (``BatchFacts.held_homes``).
 
 Cost: the released records are parsed and their payloads inferred in the commit worker (without the option the
 executors do both); the held records are read and rewritten every batch (docs/cdc.md).
@@ -44,7 +44,7 @@ from lakesink.errors import InvalidOptionError
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.staged import StagedPlan, StagedTaskResult, StagedTaskWriter, read_staged
 from lakesink.options import CDC_TRANSACTIONS
-from lakesink.sink import transactions
+from lakesink.sink.cdc import transactions
 
 log = logging.getLogger("lakesink")
 
@@ -131,7 +131,7 @@ def released(
 def home_inference(plan: StagedPlan, call: BatchCall, facts: BatchFacts) -> StagedTaskResult | None:
     """A batch that holds changes back while no table records what the sink holds (the query's first batches, one
     transaction open), and that plans no table of its own: the held changes parsed and inferred by the staging writer's
-    code, nothing staged -- what foreach_batch's inference gives for them (lakesink.sink.transactions.homes then makes
+    code, nothing staged -- what foreach_batch's inference gives for them (lakesink.sink.cdc.transactions.homes then makes
     their tables, empty, in the batch's unit: ``BatchFacts.held_homes``). None: the batch needs no home."""
     back = facts.held
     if back is None or facts.held_tables or not back.changes:
