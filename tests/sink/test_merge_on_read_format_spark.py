@@ -102,12 +102,7 @@ def test_format_lakesink_routed_into_merge_on_read_tables_beside_a_copy_on_write
     run_here(spark, catalog_properties, src, ck, "format", routed=True)
     want = routed_model(batches)
     for name in TABLES:
-        table = table_of(catalog_properties, name)
-        assert rows_of(table.scan().to_arrow()) == want[name], f"{name}: pyiceberg"
-        assert rows_of(interop.duckdb_read(table.metadata_location)) == want[name], f"{name}: duckdb"
-        assert_snapshot_invariants(table)
-        ids = [s["batch_id"] for s in lakesink_snapshots(table)]
-        assert ids == sorted(set(ids)), f"{name} holds a batch twice: {ids}"
+        table = assert_routed_table_equals(catalog_properties, name, want[name])
         modes = [s.get(SUMMARY_UPSERT_MODE) for s in summaries(table)][1:]
         if name in MERGE_ON_READ_TABLES:
             assert modes == ["merge-on-read"] * len(modes) and modes, name
@@ -185,6 +180,17 @@ def test_format_lakesink_a_compaction_between_the_lookup_and_the_swap_makes_the_
     assert_every_reader_sees(catalog_properties, model(stream))
 
 
+def assert_routed_table_equals(props: dict[str, str], name: str, want: dict[int, tuple[int, str]]) -> Any:
+    """Routed table ``name`` equals the model in pyiceberg and DuckDB and holds each batch once; returns it."""
+    table = table_of(props, name)
+    assert rows_of(table.scan().to_arrow()) == want, f"{name}: pyiceberg"
+    assert rows_of(interop.duckdb_read(table.metadata_location)) == want, f"{name}: duckdb"
+    assert_snapshot_invariants(table)
+    ids = [s["batch_id"] for s in lakesink_snapshots(table)]
+    assert ids == sorted(set(ids)), f"{name} holds a batch twice: {ids}"
+    return table
+
+
 def assert_routed_tables_equal(
     props: dict[str, str], want: dict[str, dict[int, tuple[int, str]]], left: dict[str, list[str]] | None = None
 ) -> None:
@@ -192,12 +198,7 @@ def assert_routed_tables_equal(
     unreferenced position delete files are exactly ``left``'s (none by default) and its batches after the first two
     are row deltas."""
     for name in TABLES:
-        table = table_of(props, name)
-        assert rows_of(table.scan().to_arrow()) == want[name], f"{name}: pyiceberg"
-        assert rows_of(interop.duckdb_read(table.metadata_location)) == want[name], f"{name}: duckdb"
-        assert_snapshot_invariants(table)
-        ids = [s["batch_id"] for s in lakesink_snapshots(table)]
-        assert ids == sorted(set(ids)), f"{name} holds a batch twice: {ids}"
+        table = assert_routed_table_equals(props, name, want[name])
         if name in MERGE_ON_READ_TABLES:
             modes = [s.get(SUMMARY_UPSERT_MODE) for s in summaries(table)[2:]]
             assert modes and set(modes) == {"merge-on-read"}, (name, modes)
