@@ -294,7 +294,8 @@ def test_repr_shows_every_field() -> None:
         "table_properties={'write.target-file-size-bytes': '1024'}, format_version=2, maintenance='off', event_time=None, "
         "dead_letter_table=None, reject_when=None, max_rejected_fraction=1.0, allow_temporary_checkpoint=False, routing=None, "
         "payload=None, cdc_format=None, cdc_transactions='off', cdc_transaction_wait=600.0, "
-        "cdc_unavailable_value='__debezium_unavailable_value', metrics='prometheus:127.0.0.1:9108')"
+        "cdc_unavailable_value='__debezium_unavailable_value', metrics='prometheus:127.0.0.1:9108', history=None, "
+            "history_time=None)"
     )
 
 

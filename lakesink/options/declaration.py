@@ -28,6 +28,8 @@ from lakesink.options.keys import (
     DEFAULT_FORMAT_VERSION,
     DELETE_WHEN,
     EVENT_TIME,
+    HISTORY,
+    HISTORY_TIME,
     MAINTENANCE,
     MAX_REJECTED_FRACTION,
     MERGE_SCHEMA,
@@ -47,6 +49,7 @@ from lakesink.options.keys import (
 )
 from lakesink.options.values import (
     CdcTransactions,
+    HistoryTables,
     Maintenance,
     MetricsExport,
     OutputMode,
@@ -196,6 +199,14 @@ OPTIONS: tuple[Option, ...] = (
            "(docs/cdc.md)", f"`{CDC_UNAVAILABLE_VALUE_DEFAULT}`", parse=UnavailableValue.parse, show=str),
     Option(METRICS, "metrics", None, 'as the option `metrics`: "off" or "prometheus:[<host>:]<port>" (docs/metrics.md)',
            "`off`", parse=MetricsExport.parse, show=str),
+    Option(HISTORY, "history", None,
+           'as the option `history`: "on", or a pattern such as "audit.{table}_versions" (docs/history.md)', "`off`",
+           parse=HistoryTables.parse, show=lambda v: str(v) if v is not None else None, entries=Entry.FOREACH,
+           spark_refusal=": history tables are written by lakesink.foreach_batch(..., history='on') (docs/history.md)"),
+    Option(HISTORY_TIME, "history_time", None,
+           "as the option `history-time`: the column holding each change's source time (docs/history.md)", "none",
+           parse=partial(_parse_column, HISTORY_TIME), entries=Entry.FOREACH,
+           spark_refusal=": history tables are written by lakesink.foreach_batch(..., history='on') (docs/history.md)"),
 )
 # fmt: on
 """Every option of a lakesink write, in the order the documentation and the list of valid options give them."""

@@ -27,6 +27,8 @@ __all__ = [
     "DELETE_WHEN",
     "EVENT_TIME",
     "FORMAT_VERSIONS",
+    "HISTORY",
+    "HISTORY_TIME",
     "MAINTENANCE",
     "MAX_REJECTED_FRACTION",
     "MERGE_SCHEMA",
@@ -63,6 +65,8 @@ TABLE_PROPERTY_PREFIX = "table-property."
 MAINTENANCE = "maintenance"
 EVENT_TIME = "event-time"
 DEAD_LETTER_TABLE = "dead-letter-table"
+HISTORY = "history"
+HISTORY_TIME = "history-time"
 REJECT_WHEN = "reject-when"
 MAX_REJECTED_FRACTION = "max-rejected-fraction"
 ROUTE_BY = "route-by"

@@ -21,6 +21,8 @@ from lakesink.options.keys import (
     CDC_UNAVAILABLE_VALUE,
     DEAD_LETTER_TABLE,
     DELETE_WHEN,
+    HISTORY,
+    HISTORY_TIME,
     MAX_REJECTED_FRACTION,
     NAMESPACE,
     ORDER_BY,
@@ -35,6 +37,7 @@ from lakesink.options.keys import (
 from lakesink.options.values import (
     Atomic,
     CdcTransactions,
+    HistoryTables,
     Maintenance,
     MetricsExport,
     OutputMode,
@@ -114,6 +117,11 @@ class SinkOptions:
     it keeps the value the table holds for the key (lakesink.cdc.unavailable; docs/cdc.md)."""
     metrics: MetricsExport = field(default_factory=lambda: MetricsExport())
     """Option ``metrics``: where commit metrics are exported (docs/metrics.md)."""
+    history: HistoryTables | None = None
+    """Option ``history`` (foreach_batch, one table with ``upsert-key``): the table's history table (SCD type 2),
+    committed in the batch's unit (lakesink.driver.actions.history; docs/history.md)."""
+    history_time: str | None = None
+    """Option ``history-time``: the column holding each change's source time (the versions' valid_from)."""
 
     @property
     def upserts(self) -> bool:
@@ -149,10 +157,10 @@ class SinkOptions:
         own = {  # lakesink.foreach_batch's own options, parsed first (the others are checked against the mode and writer)
             option.field_name: option.parse(lowered.pop(option.lowered, _as_text(option.default)))
             for option in OPTIONS
-            if option.spark_refusal and option.parse is not None
+            if option.spark_refusal and option.parse is not None and (option.default is not None or option.lowered in lowered)
         }
         parsed = cls._parse(lowered, own["output_mode"], case_sensitive=options, writer=own["writer"], keywords=True)
-        return replace(parsed, **own)
+        return _checked_history(replace(parsed, **own))
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, object]) -> SinkOptions:
@@ -257,6 +265,41 @@ class SinkOptions:
             payload=_parse_payload(lowered, routing),
             cdc_format=cdc_format,
         )
+
+
+def _checked_history(options: SinkOptions) -> SinkOptions:
+    """Options ``history`` and ``history-time``: what they need and what they cannot go with (docs/history.md)."""
+    if options.history is None:
+        if options.history_time is not None:
+            raise InvalidOptionError(
+                f"option '{HISTORY_TIME}' names the change time of a history table: it needs option '{HISTORY}' "
+                "(history='on'); drop it, or add history='on' (docs/history.md)"
+            )
+        return options
+    if not options.upsert_key:
+        raise InvalidOptionError(
+            f"option '{HISTORY}' keeps every version of each key: it needs option '{UPSERT_KEY}' (the key whose versions "
+            "the history table holds); add upsert_key=... (docs/history.md)"
+        )
+    if options.routing is not None or options.cdc_format is not None:
+        raise InvalidOptionError(
+            f"option '{HISTORY}' is written for a sink of one table (option '{TABLE}' with '{UPSERT_KEY}'); with "
+            f"'{ROUTE_BY}' or '{CDC_FORMAT}' it is refused, nothing is written: write each table with its own "
+            "foreach_batch sink, or drop the option (docs/history.md, 'Where history tables are written')"
+        )
+    if options.dead_letter_table is not None:
+        raise InvalidOptionError(
+            f"option '{HISTORY}' with option '{DEAD_LETTER_TABLE}' is refused, nothing is written: a history table "
+            "records the changes the table applies, and a dead letter is decided by the writing tasks after the history's "
+            "changes are taken; drop one of them (docs/history.md)"
+        )
+    if options.history_time is None:
+        raise InvalidOptionError(
+            f"option '{HISTORY}' needs option '{HISTORY_TIME}': the column holding each change's time at its source "
+            "(a timestamp; it becomes the version's valid_from), for example history_time='updated_at' (docs/history.md)"
+        )
+    options.history.of(options.table)  # a pattern giving no table name, or the table itself: InvalidOptionError
+    return options
 
 
 def _unknown(what: str, unknown: Sequence[str], valid: Sequence[str]) -> str:

@@ -18,6 +18,7 @@ from lakesink.options.keys import (
     CDC_UNAVAILABLE_VALUE_DEFAULT,
     DEFAULT_FORMAT_VERSION,
     FORMAT_VERSIONS,
+    HISTORY,
     MAINTENANCE,
     METRICS,
     SINK_ID,
@@ -26,7 +27,7 @@ from lakesink.options.keys import (
     WRITER,
 )
 from lakesink.table import partitioning
-from lakesink.table.keys import FORMAT_VERSION
+from lakesink.table.keys import FORMAT_VERSION, HISTORY_SUFFIX
 from lakesink.table.partitioning import PartitionTerm
 from lakesink.table.routes import TableIdentifier
 
@@ -199,6 +200,47 @@ class TableName(TableIdentifier):
         if len(parts) < 2 or any(not p for p in parts):
             raise InvalidOptionError(f"option '{TABLE}' must be '<namespace>.<table>' (for example 'db.events'), got {value!r}")
         return cls(namespace=parts[:-1], name=parts[-1])
+
+
+@dataclass(frozen=True)
+class HistoryTables:
+    """Option ``history``: each table the sink upserts gets a history table (SCD type 2, docs/history.md) -- ``on``:
+    ``<namespace>.<table>__history`` beside it; or a pattern with ``{table}`` (and ``{namespace}``), for example
+    ``audit.{table}_versions`` or ``{namespace}.{table}_scd``; ``off`` (the default): none."""
+
+    pattern: str
+
+    def __str__(self) -> str:
+        return self.pattern
+
+    @classmethod
+    def parse(cls, value: str) -> HistoryTables | None:
+        text = value.strip()
+        if text.lower() in ("", "off", "false"):
+            return None
+        if text.lower() in ("on", "true"):
+            return cls("{namespace}.{table}" + HISTORY_SUFFIX)
+        bad = text.replace("{namespace}", "").replace("{table}", "")
+        if "{table}" not in text or "{" in bad or "}" in bad:
+            raise InvalidOptionError(
+                f"option '{HISTORY}' must be 'on', 'off' or a table name pattern holding '{{table}}' (and optionally "
+                f"'{{namespace}}'), for example 'audit.{{table}}_versions'; got {value!r}"
+            )
+        return cls(text if "." in text.replace("{namespace}", "") else "{namespace}." + text)
+
+    def of(self, table: TableIdentifier) -> TableName:
+        """The history table of ``table``."""
+        name = self.pattern.replace("{namespace}", ".".join(table.namespace)).replace("{table}", table.name)
+        try:
+            found = TableName.parse(name)
+        except InvalidOptionError:
+            raise InvalidOptionError(
+                f"option '{HISTORY}' ({self.pattern}) gives table {'.'.join((*table.namespace, table.name))} the history "
+                f"table {name!r}, which is not '<namespace>.<table>'"
+            ) from None
+        if found == TableName(namespace=tuple(table.namespace), name=table.name):
+            raise InvalidOptionError(f"option '{HISTORY}' ({self.pattern}) names the table itself as its history table")
+        return found
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from lakesink.cdc import debezium
 from lakesink.cdc.unavailable import LetterKey
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, BatchOutcome
+from lakesink.driver.actions.history import HistoryChanges
 from lakesink.driver.actions.upsert_mor import LOOKUP_ATTEMPTS, MergeLookup
 from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
@@ -54,6 +55,7 @@ from lakesink.sink import (
     checkpoint,
     dead_letters,
     driver_write,
+    history,
     markers,
     merge_on_read,
     upsert_batch,
@@ -105,6 +107,8 @@ def foreach_batch(
     cdc_transaction_wait: float | None = None,
     cdc_unavailable_value: str = "__debezium_unavailable_value",
     metrics: str | None = None,
+    history: str | None = None,
+    history_time: str | None = None,
 ) -> ForeachBatchSink:
     """A function for ``writeStream.foreachBatch`` that writes each micro-batch into ``table`` exactly once.
 
@@ -181,6 +185,10 @@ def foreach_batch(
             table holds for the key (PostgreSQL's unchanged TOAST values; docs/cdc.md).
         metrics: as the option ``metrics``: ``"off"`` (default) or ``"prometheus:[<host>:]<port>"``: the commit
             metrics served to Prometheus (docs/metrics.md; needs ``lakesink[prometheus]``).
+        history: ``"on"`` (with ``upsert_key``): every change also goes to the table's history table
+            ``<namespace>.<table>__history`` (SCD type 2: valid_from, valid_to, is_current, operation, change_order), in
+            the batch's own atomic commit; or a name pattern such as ``"audit.{table}_versions"`` (docs/history.md).
+        history_time: with ``history``: the timestamp column holding each change's time at its source (valid_from).
     """
     # every argument is an option of lakesink.options.OPTIONS (tests/test_options.py holds this signature equal to it)
     return ForeachBatchSink(SinkOptions.from_keywords(locals()))
@@ -303,6 +311,8 @@ class ForeachBatchSink(RoutedSparkBatches):
                 BatchCall(query_id, batch_id, self._query.source_offsets(spark, query_id, batch_id), run_id),
                 table_uuid=plan.table_uuid,
             )
+        # option history: every change of the batch, before its upsert resolves one per key (lakesink.sink.history)
+        changes = history.changes(df, batch_id, self.options, plan.table) if self.options.history is not None else None
         resolved: upsert_batch.ResolvedBatch | None = None
         if plan.row_checks is not None:  # option dead-letter-table (lakesink.sink.dead_letters)
             # with upsert-key: the tasks sort a key's changes, then resolve the ones that fit (a routed table's rule)
@@ -311,8 +321,10 @@ class ForeachBatchSink(RoutedSparkBatches):
             resolved = upsert_batch.resolve(df, batch_id, self.options)
         try:
             if resolved is not None and self._merge_on_read(table, plan):
-                return self._merge_batch(resolved, plan, table, query_id, batch_id, run_id)
-            return self._write_and_commit(resolved.rows if resolved else df, resolved, plan, table, query_id, batch_id, run_id)
+                return self._merge_batch(resolved, plan, table, query_id, batch_id, run_id, changes)
+            return self._write_and_commit(
+                resolved.rows if resolved else df, resolved, plan, table, query_id, batch_id, run_id, history=changes
+            )
         finally:
             if resolved is not None:
                 upsert_batch.release(resolved)
@@ -329,6 +341,7 @@ class ForeachBatchSink(RoutedSparkBatches):
         query_id: str,
         batch_id: int,
         run_id: str | None,
+        changes: HistoryChanges | None = None,
     ) -> BatchOutcome:
         """A merge-on-read upsert batch (lakesink.sink.merge_on_read): the executors look its keys up in the table and
         write the position delete files, the rows that win are written, and both are committed as one row delta. A
@@ -340,7 +353,7 @@ class ForeachBatchSink(RoutedSparkBatches):
             with committer.batch_turn():  # this process's maintenance waits from the lookup to the commit
                 if attempt > 1:
                     table = committer.reload_table()
-                outcome = self._merge_attempt(resolved, plan, table, query_id, batch_id, run_id, attempt)
+                outcome = self._merge_attempt(resolved, plan, table, query_id, batch_id, run_id, attempt, changes)
             if outcome is not None:
                 return outcome
         raise AssertionError("unreachable")  # pragma: no cover
@@ -354,6 +367,7 @@ class ForeachBatchSink(RoutedSparkBatches):
         batch_id: int,
         run_id: str | None,
         attempt: int,
+        changes: HistoryChanges | None = None,
     ) -> BatchOutcome | None:
         """One attempt of :meth:`_merge_batch` (None: the lookup was out of date, its files deleted: look again)."""
         committer = self._committer
@@ -371,7 +385,7 @@ class ForeachBatchSink(RoutedSparkBatches):
         )
         rows = merge_on_read.without_stale(resolved.rows, stale)
         try:
-            return self._write_and_commit(rows, resolved, plan, table, query_id, batch_id, run_id, merge=found)
+            return self._write_and_commit(rows, resolved, plan, table, query_id, batch_id, run_id, merge=found, history=changes)
         except RowDeltaConflictError as e:
             committer.abort_deletes(query_id=query_id, batch_id=batch_id, paths=found.paths)
             if attempt == LOOKUP_ATTEMPTS:
@@ -400,6 +414,7 @@ class ForeachBatchSink(RoutedSparkBatches):
         batch_id: int,
         run_id: str | None,
         merge: MergeLookup | None = None,
+        history: HistoryChanges | None = None,
     ) -> BatchOutcome:
         committer = self._committer
         assert committer is not None
@@ -452,13 +467,16 @@ class ForeachBatchSink(RoutedSparkBatches):
                 # the lookup comes after the write and the commit drops the batch's stale changes from its own files,
                 # as format("lakesink")'s commit does (lakesink.sink.merge_on_read.TableMergeOnRead)
                 lookups = merge_on_read.RoutedLookups(spark)
-                return merge_on_read.TableMergeOnRead(committer, lookups).commit_batch(call, results, table_uuid=plan.table_uuid)
+                return merge_on_read.TableMergeOnRead(committer, lookups).commit_batch(
+                    call, results, table_uuid=plan.table_uuid, history=history
+                )
             return committer.commit_batch(
                 call,
                 results,
                 table_uuid=plan.table_uuid,
                 changes=resolved.keys if resolved is not None else None,
                 merge=merge,
+                history=history,
             )
 
         try:
@@ -565,9 +583,7 @@ class ForeachBatchSink(RoutedSparkBatches):
         # rows of invalid routes only (invalid): written all the same (dead letters); df read when committing (see write)
         return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write, facts, invalid=invalid)
 
-    def _payload_columns(
-        self, df: DataFrame, facts: BatchFacts
-    ) -> tuple[list[object], dict[object, payload.Found], BatchFacts]:
+    def _payload_columns(self, df: DataFrame, facts: BatchFacts) -> tuple[list[object], dict[object, payload.Found], BatchFacts]:
         """Option payload: one Spark job over the routing and payload columns (lakesink.executor.payload): the batch's
         routing values, what was found per value, and ``facts`` with each table's columns as its payloads hold them and
         the keys its changes carry."""

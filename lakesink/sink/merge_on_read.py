@@ -45,6 +45,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg.io import deletes as seam_deletes
 from lakesink.driver.actions import upsert, upsert_order
 from lakesink.driver.actions.batch import BatchCall, BatchOutcome
+from lakesink.driver.actions.history import HistoryChanges
 from lakesink.driver.actions.row_delta import delete_target
 from lakesink.driver.actions.upsert_mor import (
     DRIVER_LOOKUP_PARTITION_ID,
@@ -222,18 +223,26 @@ class TableMergeOnRead:
         self.committer = committer
         self.lookups: MergeLookups = lookups if lookups is not None else look_up_here
 
-    def commit_batch(self, call: BatchCall, results: Sequence[TaskResult], *, table_uuid: str | None = None) -> BatchOutcome:
-        """``table_uuid``: the table the batch was planned for (TableCommitter.commit_batch's)."""
+    def commit_batch(
+        self,
+        call: BatchCall,
+        results: Sequence[TaskResult],
+        *,
+        table_uuid: str | None = None,
+        history: HistoryChanges | None = None,
+    ) -> BatchOutcome:
+        """``table_uuid``: the table the batch was planned for; ``history``: the batch's changes for its history table
+        (TableCommitter.commit_batch's)."""
         c = self.committer
         if not c.options.upsert_key:
-            return c.commit_batch(call, results, table_uuid=table_uuid)
+            return c.commit_batch(call, results, table_uuid=table_uuid, history=history)
         for attempt in range(1, LOOKUP_ATTEMPTS + 1):
             with c.batch_turn():  # this process's maintenance waits from the lookup to the commit
                 found = self._lookup(c.reload_table(), call, results)
                 if found is None:
-                    return c.commit_batch(call, results, table_uuid=table_uuid)
+                    return c.commit_batch(call, results, table_uuid=table_uuid, history=history)
                 try:
-                    return c.commit_batch(call, results, table_uuid=table_uuid, merge=found)
+                    return c.commit_batch(call, results, table_uuid=table_uuid, merge=found, history=history)
                 except CommitOutcomeUnknownError:
                     raise  # the delete files may be referenced by a commit the catalog still applies: kept
                 except RowDeltaConflictError as e:

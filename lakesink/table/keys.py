@@ -93,6 +93,31 @@ SUMMARY_UPSERT_MODE = "lakesink.upsert.mode"
 """How the batch applied its changes: :data:`MERGE_ON_READ` (position delete files for the rows it replaces) or
 :data:`COPY_ON_WRITE` (the files holding them rewritten), as the table's write modes chose
 (lakesink.table.settings.UpsertMode)."""
+# history tables (option history): the columns a history table adds to its table's, and its snapshot summary
+HISTORY_VALID_FROM = "valid_from"
+"""When the version began: the change's source time (Debezium's ``source.ts_ms``, or option ``history-time``'s column)."""
+HISTORY_VALID_TO = "valid_to"
+"""When the next version of the key began (null: the key's latest version)."""
+HISTORY_IS_CURRENT = "is_current"
+"""Whether the version is the row the table holds now (the key's latest version, unless that is a delete)."""
+HISTORY_OPERATION = "operation"
+"""``insert`` (the key's first version, or its first after a delete), ``update`` or ``delete``."""
+HISTORY_CHANGE_ORDER = "change_order"
+"""The change's order value (option order-by's column, Debezium's source position; else the batch id): the order
+of the key's versions."""
+HISTORY_COLUMNS = (HISTORY_VALID_FROM, HISTORY_VALID_TO, HISTORY_IS_CURRENT, HISTORY_OPERATION, HISTORY_CHANGE_ORDER)
+HISTORY_INSERT, HISTORY_UPDATE, HISTORY_DELETE = "insert", "update", "delete"
+HISTORY_SUFFIX = "__history"
+"""Option ``history=on``: the history table of ``ns.t`` is ``ns.t__history``."""
+SUMMARY_HISTORY_ADDED = "lakesink.history.versions-added"
+"""The versions a batch added to a history table."""
+SUMMARY_HISTORY_CHANGED = "lakesink.history.versions-changed"
+"""The stored versions the batch's commit rewrote (closed by a newer change, or re-linked around a late one)."""
+SUMMARY_HISTORY_REDELIVERED = "lakesink.history.changes-redelivered"
+"""Changes the history held already (same key and order value: a redelivery), not added again."""
+SUMMARY_HISTORY_OF = "lakesink.history.of"
+"""The table whose history the snapshot's table is."""
+
 WRITE_UPDATE_MODE = "write.update.mode"
 WRITE_DELETE_MODE = "write.delete.mode"
 WRITE_MERGE_MODE = "write.merge.mode"

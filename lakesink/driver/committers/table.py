@@ -22,7 +22,7 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import io as seam
 from lakesink.driver import catalogs
-from lakesink.driver.actions import dead_letters, replay
+from lakesink.driver.actions import dead_letters, history, replay
 from lakesink.driver.actions.batch import (
     AppendBatch,
     Batch,
@@ -38,6 +38,7 @@ from lakesink.driver.actions.batch import (
     action_for,
     committed,
 )
+from lakesink.driver.actions.history import HistoryBatch, HistoryChanges
 from lakesink.driver.actions.upsert_mor import MergeLookup
 from lakesink.driver.loop import guard, swap
 from lakesink.driver.loop.action import CommitAction
@@ -88,6 +89,12 @@ class TableCommitter(SinkTable):
         if options.dead_letter_table is not None:
             self.dead_letters = TableCommitter(dead_letters.dead_letter_options(options))
         self._dead_letters_opened = False
+        self.history: TableCommitter | None = None
+        """Option history: the committer of the table's history table, whose commit of the batch's versions joins the
+        batch's commit as one unit (lakesink.driver.actions.history)."""
+        if options.history is not None:
+            self.history = TableCommitter(history.history_options(options))
+        self._history_schema: pa.Schema | None = None
         self.routed_dead_letters: TableCommitter | None = None
         """Option route-by with dead-letter-table: the routed sink's one dead-letter table (lakesink.driver.committers.routed
         commits it in the batch's unit); this table's snapshots record their count of dead letters in it."""
@@ -117,6 +124,7 @@ class TableCommitter(SinkTable):
         """:meth:`SinkTable.write_plan`; with option dead-letter-table, the dead-letter table's plan rides along (opened,
         created when missing, and checked at the first plan) and the replay point is the last batch in both tables."""
         plan = super().write_plan(table, query_id, stream_schema, expected_uuid=expected_uuid)
+        plan = self._with_history(plan, query_id, stream_schema)
         d = self.dead_letters
         if d is None:
             return plan
@@ -132,6 +140,25 @@ class TableCommitter(SinkTable):
         checks = RowChecks(letters_plan, reject_when=self.options.reject_when, upsert_key=self.options.upsert_key)
         return replace(plan, last_committed_batch=last, row_checks=checks)
 
+    def _with_history(self, plan: WritePlan, query_id: str | None, stream_schema: pa.Schema | None) -> WritePlan:
+        """Option history: the history table opened (created when missing; with merge-schema, the stream's new columns
+        planned into it) for the stream's schema, and the replay point the last batch in both tables."""
+        h = self.history
+        if h is None:
+            return plan
+        if stream_schema is not None:
+            wanted = history.history_schema(stream_schema, self.options)
+            if self._history_schema is None or not self._history_schema.equals(wanted):
+                h.open_table(wanted)
+                self._history_schema = wanted
+        if self._history_schema is None:
+            raise LakesinkError(f"table {self.table_name}: its history table was not opened (no stream schema given)")
+        history_plan = h.write_plan(h.reload_table(), query_id, self._history_schema)
+        last, theirs = plan.last_committed_batch, history_plan.last_committed_batch
+        if last is not None and theirs is not None and theirs < last:
+            return replace(plan, last_committed_batch=theirs)
+        return plan
+
     # --- commit -------------------------------------------------------------------------------------
 
     def commit_batch(
@@ -142,6 +169,7 @@ class TableCommitter(SinkTable):
         table_uuid: str | None = None,
         changes: pa.Table | None = None,
         merge: MergeLookup | None = None,
+        history: HistoryChanges | None = None,
     ) -> BatchOutcome:
         """Commit the batch's files as one snapshot, exactly once for this (query id, sink id, batch id).
 
@@ -150,13 +178,15 @@ class TableCommitter(SinkTable):
         the table the batch was planned for (else read from the task results); ``changes``: with option
         ``upsert-key``, every key the batch changes (lakesink.sink.upsert_batch.resolve), whose rows the snapshot
         replaces; ``merge``: a merge-on-read table's lookup of those keys (its position delete files, committed with
-        the rows as one row delta: lakesink.driver.actions.upsert_mor). Task results that all say the batch was found
-        committed when it was planned (``replay_skipped``) are :meth:`skip_replay`. The batch holds its table's turn
+        the rows as one row delta: lakesink.driver.actions.upsert_mor); ``history`` (option history): every
+        change of the batch, whose versions its history table gets in the same unit (lakesink.driver.actions.history).
+        Task results that all say the batch was found committed when it was planned (``replay_skipped``) are
+        :meth:`skip_replay`. The batch holds its table's turn
         (lakesink.driver.loop.swap.Turns) from its first read; the post-commit hook (with option ``maintenance=auto``:
         a background maintenance run when one is due) runs after it.
         """
         with self._turn():
-            outcome = self._commit_batch(call, results, table_uuid=table_uuid, changes=changes, merge=merge)
+            outcome = self._commit_batch(call, results, table_uuid=table_uuid, changes=changes, merge=merge, history=history)
         if outcome.outcome is Outcome.COMMITTED and self.hook is not None:
             self.hook.after_commit()
         return outcome
@@ -246,6 +276,7 @@ class TableCommitter(SinkTable):
         changes: pa.Table | None,
         found_at_plan: bool = False,
         merge: MergeLookup | None = None,
+        history: HistoryChanges | None = None,
     ) -> BatchOutcome:
         batch_id = call.batch_id
         batch = Batch.new(call, results, changes=changes, merge=merge)
@@ -273,8 +304,8 @@ class TableCommitter(SinkTable):
         if isinstance(action, ReplayFoundAtPlan):
             return self._logged(self._skipped_before_writing(action), batch)
         if isinstance(action, MarkEmptyBatch):
-            return self._logged(self._commit_empty(action), batch)
-        return self._logged(self._commit_files(table, batch, action), batch)
+            return self._logged(self._commit_empty(action, history), batch)
+        return self._logged(self._commit_files(table, batch, action, history), batch)
 
     def _skipped_before_writing(self, action: ReplayFoundAtPlan) -> BatchOutcome:
         """The batch was found committed when it was planned and nothing was written: check it still is (in the
@@ -285,7 +316,7 @@ class TableCommitter(SinkTable):
         replay.check_replay(self.context, table, batch, result.done)
         return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id)
 
-    def _commit_empty(self, action: MarkEmptyBatch) -> BatchOutcome:
+    def _commit_empty(self, action: MarkEmptyBatch, history: HistoryChanges | None = None) -> BatchOutcome:
         """Record an empty batch: a properties-only commit moves the sink's marker to it.
 
         The next snapshot of the sink then carries ``lakesink.previous-batch-id``, so that a missing batch id
@@ -293,7 +324,7 @@ class TableCommitter(SinkTable):
         """
         table, batch, what = action.table, action.batch, action.what
         try:
-            result = self._run(action, batch)
+            result = self._run(action, batch, history=history)
         except RetriesExhausted as e:
             raise CommitConflictError(
                 f"{what} failed {e.attempts} time(s) ({e.describe()}); restarting the query replays the batch"
@@ -304,12 +335,14 @@ class TableCommitter(SinkTable):
             return BatchOutcome(Outcome.REPLAY_SKIPPED, batch.batch_id, retries=result.attempts - 1)
         return BatchOutcome(Outcome.EMPTY, batch.batch_id, retries=result.attempts - 1)
 
-    def _commit_files(self, table: Table, batch: Batch, action: BatchAction) -> BatchOutcome:
+    def _commit_files(
+        self, table: Table, batch: Batch, action: BatchAction, history: HistoryChanges | None = None
+    ) -> BatchOutcome:
         """Commit the batch's files (``action``: an append, an overwrite or an upsert, :func:`action_for`)."""
         settings = self.settings(table)
         what = action.what
         try:
-            result = self._run(action, batch)
+            result = self._run(action, batch, history=history)
         except CommitOutcomeUnknownError:
             # the abort that follows must keep the files (lakesink.driver.loop.guard.record_in_doubt)
             if catalogs.may_apply_late(self.catalog):
@@ -396,14 +429,22 @@ class TableCommitter(SinkTable):
             time=None,
         )
 
-    def _run(self, action: BatchAction, batch: Batch, *, replay: bool = False) -> swap.SwapResult:
+    def _run(
+        self, action: BatchAction, batch: Batch, *, replay: bool = False, history: HistoryChanges | None = None
+    ) -> swap.SwapResult:
         """Run the batch's commit ``action``; with a dead-letter table, as one unit with the commit of the batch's dead
         letters (appended, or the batch marked in its marker when it has none): both tables hold the batch, or neither
         (on a catalog that commits table after table, the replay completes the missing one). Returns ``action``'s result;
         the dead-letter table's files are deleted when its commit was found already made (a replay)."""
+        members: list[CommitAction] = [action]
+        h = self.history
+        if h is not None:
+            versions = self._history_action(batch, replay=replay, history=history)
+            if versions is not None:
+                members.append(versions)
         d = self.dead_letters
         if d is None:
-            return swap.run(action)
+            return swap.run_unit(members)[0] if len(members) > 1 else swap.run(action)
         letters = self._letters(batch)
         letters_table = d.load_patiently(batch.batch_id)
         expected = next((r.table_uuid for r in letters.results if r.table_uuid), None)
@@ -414,12 +455,27 @@ class TableCommitter(SinkTable):
                 self._delete(self.load(), batch.paths, reason="the dead-letter table changed identity during the batch")
             raise error
         if replay and d.last(letters_table, batch.query_id) is None:
-            return swap.run(action)  # a dead-letter table added to a running query holds none of its earlier batches
+            # a dead-letter table added to a running query holds none of its earlier batches
+            return swap.run_unit(members)[0] if len(members) > 1 else swap.run(action)
         other = action_for(d.context, letters_table, letters, found_at_plan=replay)
-        mine, theirs = swap.run_unit([action, other])
+        mine, theirs, *_ = swap.run_unit([action, other, *members[1:]])
         if theirs.status is Status.ALREADY_COMMITTED and letters.paths:
             d._delete(letters_table, letters.paths, reason="dead letters already committed (replay)")
         return mine
+
+    def _history_action(self, batch: Batch, *, replay: bool, history: HistoryChanges | None) -> BatchAction | None:
+        """The history table's member of the batch's unit: the batch's versions (:class:`HistoryBatch`), the batch's
+        marker when it changes no key, or (``replay``: found committed when planned) a replay that must be there too;
+        None when a history table added to a running query holds none of its earlier batches."""
+        h = self.history
+        assert h is not None
+        table = h.load_patiently(batch.batch_id)
+        if replay and h.last(table, batch.query_id) is None:
+            return None
+        of_history = replace(batch, results=(), commit_id=uuid.uuid4().hex, changes=None, merge=None, time=None)
+        if replay or history is None or not history.rows.num_rows:
+            return action_for(h.context, table, of_history, found_at_plan=replay)
+        return HistoryBatch(h.context, table, of_history, history)
 
     def _letters_deleted(self, batch: Batch, *, reason: str) -> None:
         if self.dead_letters is not None:

@@ -1,0 +1,386 @@
+"""Driver side, option history: a table's history table (SCD type 2), one more member of the batch's unit.
+
+The batch's changes -- every change, not only the one per key its upsert applies -- come to the commit as one Arrow
+table (lakesink.sink.history: the table's columns, the delete flag, the change's order value and its source time). Each
+commit attempt, against the history table the attempt read:
+
+1. reads the versions the history holds for the batch's keys: the files whose key bounds may hold one of them and
+   that hold a key's latest version (``valid_to`` null: a file without one is skipped by its null count); when a change
+   of the batch is not newer than its key's latest version (a late change, or a redelivered one), every version of that
+   key (every file whose bounds may hold it);
+2. links each key's versions in order (:func:`link`): a version ends where the next begins (``valid_to``), the latest
+   one is current unless it is a delete, the operation says whether it inserts, updates or deletes the key. A change
+   whose key and order value the history holds already is a redelivery: not added again. A late change takes its
+   place among the versions by its order value (the versions around it are re-linked); the table's upsert never
+   applies it (a newer change is there), so the current version stays the newest. A delete's version holds what its
+   change carries (the key, and whatever values the delete row has: Debezium's ``before`` image is the whole row under
+   PostgreSQL's ``REPLICA IDENTITY FULL``, the key alone by default); the values that were deleted are the version it
+   ends, always the one before it;
+3. commits, as one row delta in the batch's unit with the table's own commit: the new versions, and the stored
+   versions whose links changed rewritten (a position delete of the stored row, its new row appended). The snapshot
+   carries the batch's replay marker like every member of the unit: a replayed batch is found there and not committed
+   again, and the mirror and its history never disagree, not even for one snapshot.
+
+History tables are format 2 (their rewritten versions are position deletes); lakesink creates them so.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+
+from lakesink._pyiceberg import commit as seam_commit
+from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg import row_delta as seam_row_delta
+from lakesink.driver.actions import upsert
+from lakesink.driver.actions.batch import AppendBatch, Batch, SinkContext
+from lakesink.driver.actions.row_delta import delete_target
+from lakesink.errors import InvalidOptionError, LakesinkError
+from lakesink.executor.messages import TaskIds
+from lakesink.executor.position_deletes import PositionDeleteWriter
+from lakesink.options import HISTORY, HISTORY_TIME, SinkOptions
+from lakesink.options.values import Maintenance
+from lakesink.table.keys import (
+    DELETED,
+    HISTORY_CHANGE_ORDER,
+    HISTORY_COLUMNS,
+    HISTORY_DELETE,
+    HISTORY_INSERT,
+    HISTORY_IS_CURRENT,
+    HISTORY_OPERATION,
+    HISTORY_UPDATE,
+    HISTORY_VALID_FROM,
+    HISTORY_VALID_TO,
+    MERGE_ON_READ,
+    SUMMARY_HISTORY_ADDED,
+    SUMMARY_HISTORY_CHANGED,
+    SUMMARY_HISTORY_OF,
+    SUMMARY_HISTORY_REDELIVERED,
+    SUMMARY_UPSERT_MODE,
+)
+
+log = logging.getLogger("lakesink")
+
+#: ``partition_id`` of the files a history commit writes (its versions, its position deletes), in their names.
+HISTORY_PARTITION_ID = 99994
+_LINKS = (HISTORY_VALID_TO, HISTORY_IS_CURRENT, HISTORY_OPERATION)
+
+
+@dataclass(frozen=True)
+class HistoryChanges:
+    """Every change of a batch for one table's history (lakesink.sink.history): the table's columns, :data:`DELETED`,
+    :data:`HISTORY_CHANGE_ORDER` and :data:`HISTORY_VALID_FROM`, in the order of the stream."""
+
+    rows: pa.Table
+    key: tuple[str, ...]
+    """The key columns (the table's upsert key)."""
+    of: str
+    """The table whose history it is."""
+
+
+@dataclass(frozen=True)
+class Linked:
+    """What one attempt commits into the history table."""
+
+    rows: list[dict[str, Any]]
+    """The rows to append: the new versions and the stored versions whose links changed."""
+    deleted: dict[str, list[int]]
+    """The stored rows those replace, by data file path: their positions."""
+    added: int
+    changed: int
+    redelivered: int
+
+
+def link(
+    changes: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]], *, key: Sequence[str], whole: frozenset[tuple[Any, ...]]
+) -> Linked:
+    """The versions to write (the module's step 2). ``changes``: the batch's changes (rows with :data:`DELETED`, the
+    order and the time); ``stored``: the history's versions of their keys, each with ``_path``/``_pos`` (where it is);
+    ``whole``: the keys whose every version is in ``stored`` (else only their latest). Pure: no I/O."""
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in stored:
+        by_key.setdefault(tuple(row[k] for k in key), []).append(row)
+    new_by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for change in changes:
+        new_by_key.setdefault(tuple(change[k] for k in key), []).append(change)
+    rows: list[dict[str, Any]] = []
+    deleted: dict[str, list[int]] = {}
+    added = changed = redelivered = 0
+    for k, news in new_by_key.items():
+        old = sorted(by_key.get(k, ()), key=lambda r: r[HISTORY_CHANGE_ORDER])
+        held = {r[HISTORY_CHANGE_ORDER] for r in old}
+        fresh: dict[Any, dict[str, Any]] = {}
+        for change in news:
+            order = change[HISTORY_CHANGE_ORDER]
+            if order in held or order in fresh:
+                redelivered += 1  # the same change again (a redelivery): its version is there
+                continue
+            fresh[order] = change
+        if not fresh:
+            continue
+        chain: list[tuple[dict[str, Any], bool]] = [(r, False) for r in old]
+        chain.extend((dict(c), True) for c in fresh.values())
+        chain.sort(key=lambda item: item[0][HISTORY_CHANGE_ORDER])
+        complete = k in whole
+        first = 0 if complete else 1 if old else 0  # without the whole chain, the stored latest keeps its operation
+        for i, (row, is_new) in enumerate(chain):
+            nxt = chain[i + 1][0] if i + 1 < len(chain) else None
+            if is_new:
+                is_delete = bool(row.pop(DELETED))
+                row[HISTORY_OPERATION] = HISTORY_DELETE if is_delete else None
+            is_delete = row[HISTORY_OPERATION] == HISTORY_DELETE
+            linked = dict(row)
+            linked[HISTORY_VALID_TO] = nxt[HISTORY_VALID_FROM] if nxt is not None else None
+            linked[HISTORY_IS_CURRENT] = nxt is None and not is_delete
+            if i >= first and not is_delete:
+                previous = chain[i - 1][0] if i > 0 else None
+                after_delete = previous is None or previous[HISTORY_OPERATION] == HISTORY_DELETE
+                linked[HISTORY_OPERATION] = HISTORY_INSERT if after_delete else HISTORY_UPDATE
+            chain[i] = (linked, is_new)
+            if is_new:
+                rows.append(_without_place(linked))
+                added += 1
+            elif any(linked.get(n) != row.get(n) for n in _LINKS):
+                deleted.setdefault(row["_path"], []).append(row["_pos"])
+                rows.append(_without_place(linked))
+                changed += 1
+    return Linked(rows=rows, deleted=deleted, added=added, changed=changed, redelivered=redelivered)
+
+
+def _without_place(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in ("_path", "_pos")}
+
+
+class HistoryBatch(AppendBatch):
+    """A batch's versions committed into its table's history table (the module's description), one member of the
+    batch's unit beside the table's own action (lakesink.driver.committers.table)."""
+
+    def __init__(self, context: SinkContext, table: Table, batch: Batch, changes: HistoryChanges):
+        super().__init__(context, table, batch)
+        self.changes = changes
+        self.linked: Linked | None = None
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        c, batch, changes = self.context, self.batch, self.changes
+        if table.metadata.format_version != 2:
+            raise LakesinkError(
+                f"history table {c.name} is format version {table.metadata.format_version}; lakesink writes history "
+                "tables as format 2 (a version a later change ends is rewritten as a position delete and a new row). "
+                f"Nothing was committed; drop {c.name} (lakesink creates it again, format 2) or name another with "
+                "option 'history'"
+            )
+        plan = c.write_plan(table, batch.query_id)
+        schema = plan.schema
+        schema_changes = tuple(plan.schema_changes) if plan.schema_changes else ()
+        new = _new_rows(changes, schema)
+        key = list(changes.key)
+        stored, whole, read = _stored(table, c.branch, c.name, schema, new, key)
+        linked = link(new.to_pylist(), stored, key=key, whole=whole)
+        self.linked = linked
+        commit = batch.commit_name()
+        ids = TaskIds(
+            query_id=batch.query_id, batch_id=batch.batch_id, partition_id=HISTORY_PARTITION_ID, task_attempt_id=attempt
+        )
+        data_files: list[DataFile] = []
+        owned: list[str] = []
+        if linked.rows:
+            writer = upsert.rewrite_writer(plan, batch_id=batch.batch_id, partition_id=HISTORY_PARTITION_ID, attempt=attempt)
+            arrow = pa.Table.from_pylist(linked.rows, schema=_plain(seam.arrow_schema(schema)))
+            data_files = upsert.written_copies(writer, arrow.to_batches(), plan)
+            owned.extend(f.file_path for f in data_files)
+        delete_files: list[DataFile] = []
+        if linked.deleted:
+            deletes = PositionDeleteWriter(ids, {c.name: delete_target(table, branch=c.branch, candidates=read)})
+            for path, positions in linked.deleted.items():
+                deletes.add(c.name, [path] * len(positions), pa.array(positions, pa.int64()))
+            for result in deletes.finish():
+                for f in result.files:
+                    owned.append(f.path)
+                    delete_files.append(
+                        seam_row_delta.delete_file(
+                            path=f.path,
+                            size_in_bytes=f.size_in_bytes,
+                            statistics=f.statistics,
+                            spec_id=f.spec_id,
+                            partition=f.partition,
+                        )
+                    )
+        return seam_row_delta.prepare_row_delta(
+            table,
+            data_files=data_files,
+            delete_files=delete_files,
+            summary={
+                **self.attempt_summary(table, attempt),
+                SUMMARY_UPSERT_MODE: MERGE_ON_READ,
+                SUMMARY_HISTORY_OF: changes.of,
+                SUMMARY_HISTORY_ADDED: str(linked.added),
+                SUMMARY_HISTORY_CHANGED: str(linked.changed),
+                SUMMARY_HISTORY_REDELIVERED: str(linked.redelivered),
+            },
+            properties=self.properties,
+            branch=c.branch,
+            schema_changes=schema_changes,
+            manifest_merge=c.settings(table).manifest_merge,
+            commit=commit,
+            owned=owned,
+        )
+
+
+def _plain(schema: pa.Schema) -> pa.Schema:
+    """``schema`` without field ids in its metadata and every field nullable (rows built from Python values)."""
+    return pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
+
+
+def _new_rows(changes: HistoryChanges, schema: Schema) -> pa.Table:
+    """The batch's changes with the history table's column names (its schema may spell a column in another case),
+    the columns the stream does not have null-filled."""
+    rows = changes.rows
+    names = {n.lower(): n for n in rows.column_names}
+    target = _plain(seam.arrow_schema(schema))
+    columns, fields = [], []
+    for f in target:
+        if f.name in (HISTORY_VALID_TO, HISTORY_IS_CURRENT, HISTORY_OPERATION):
+            continue
+        found = names.get(f.name.lower())
+        column = rows.column(found) if found is not None else pa.nulls(rows.num_rows, f.type)
+        columns.append(column.cast(f.type) if column.type != f.type else column)
+        fields.append(pa.field(f.name, f.type))
+    columns.append(rows.column(DELETED))
+    fields.append(pa.field(DELETED, pa.bool_()))
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+def _stored(
+    table: Table, branch: str, name: str, schema: Schema, new: pa.Table, key: list[str]
+) -> tuple[list[dict[str, Any]], frozenset[tuple[Any, ...]], list[DataFile]]:
+    """The stored versions of the batch's keys (the module's step 1), each with its place (``_path``, ``_pos``); the
+    keys whose every version is among them; the data files read."""
+    head = table.metadata.snapshot_by_name(branch)
+    if head is None:
+        return [], frozenset(), []
+    has_deletes, live = seam.branch_data_files(table, branch)
+    if not live:
+        return [], frozenset(), []
+    key_names = [schema.find_field(k, case_sensitive=False).name for k in key]
+    keys_table = new.select(key_names).append_column(DELETED, pa.array([False] * new.num_rows, pa.bool_()))
+    keys = upsert.BatchKeys(name, schema, keys_table)
+    specs = table.specs()
+    candidates = [f for f in live if keys.may_hold(f, specs, schema)]
+    valid_to_id = schema.find_field(HISTORY_VALID_TO).field_id
+    gone = upsert._deleted_positions(table, branch, name) if has_deletes else {}
+    read: dict[str, pa.Table] = {}
+
+    def rows_of(f: DataFile) -> pa.Table:
+        if f.file_path not in read:
+            rows = seam.with_small_types(seam.read_data_file(table, f, schema))
+            rows = rows.append_column("_pos", pa.array(range(rows.num_rows), pa.int64()))
+            if f.file_path in gone:
+                at = pa.array(sorted(gone[f.file_path]), pa.int64())
+                rows = rows.filter(pc.invert(pc.is_in(rows.column("_pos"), value_set=at)))
+            read[f.file_path] = rows.append_column("_path", pa.array([f.file_path] * rows.num_rows, pa.string()))
+        return read[f.file_path]
+
+    def of_keys(rows: pa.Table, wanted: pa.Table) -> pa.Table:
+        return rows.join(wanted, key_names, join_type="left semi", use_threads=False) if rows.num_rows else rows
+
+    wanted = new.select(key_names).group_by(key_names).aggregate([])
+    latest_parts = []
+    for f in candidates:
+        nulls = (f.null_value_counts or {}).get(valid_to_id)
+        if nulls == 0:
+            continue  # every version in it is closed: no latest version there
+        rows = of_keys(rows_of(f), wanted)
+        latest_parts.append(rows.filter(pc.is_null(rows.column(HISTORY_VALID_TO))))
+    latest = pa.concat_tables(latest_parts) if latest_parts else None
+    latest_order: dict[tuple[Any, ...], Any] = {}
+    if latest is not None:
+        for row in latest.select([*key_names, HISTORY_CHANGE_ORDER]).to_pylist():
+            k = tuple(row[n] for n in key_names)
+            if k in latest_order:
+                raise LakesinkError(
+                    f"history table {name} holds two latest versions (valid_to null) of key "
+                    f"({', '.join(f'{n}={v!r}' for n, v in zip(key_names, k, strict=True))}): it was changed by another "
+                    "writer. Nothing was committed; repair the history table (one latest version per key)"
+                )
+            latest_order[k] = row[HISTORY_CHANGE_ORDER]
+    late = set()
+    for row in new.select([*key_names, HISTORY_CHANGE_ORDER]).to_pylist():
+        k = tuple(row[n] for n in key_names)
+        if k in latest_order and row[HISTORY_CHANGE_ORDER] <= latest_order[k]:
+            late.add(k)
+    if not late:
+        return latest.to_pylist() if latest is not None else [], frozenset(), [f for f in candidates if f.file_path in read]
+    late_keys = pa.Table.from_pylist([dict(zip(key_names, k, strict=True)) for k in late], schema=new.select(key_names).schema)
+    whole_parts = [of_keys(rows_of(f), late_keys) for f in candidates]
+    whole = pa.concat_tables(whole_parts) if whole_parts else None
+    out = whole.to_pylist() if whole is not None else []
+    if latest is not None:
+        out.extend(r for r in latest.to_pylist() if tuple(r[n] for n in key_names) not in late)
+    return out, frozenset(late), [f for f in candidates if f.file_path in read]
+
+
+def history_options(options: SinkOptions) -> SinkOptions:
+    """The options of the sink that writes ``options``' history table: same catalog, branch and sink id (the history
+    table holds this sink's replay markers as the table does), created when missing as format 2, with the table's
+    merge-schema (a column the batch adds reaches the history in the same commit), no key, no maintenance of its own."""
+    assert options.history is not None
+    return SinkOptions(
+        table=options.history.of(options.table),
+        catalog_name=options.catalog_name,
+        catalog_properties=options.catalog_properties,
+        checkpoint_location=options.checkpoint_location,
+        branch=options.branch,
+        sink_id=options.sink_id,
+        create_table=options.create_table,
+        merge_schema=options.merge_schema,
+        format_version=2,
+        maintenance=Maintenance.OFF,
+    )
+
+
+def history_schema(stream: pa.Schema, options: SinkOptions) -> pa.Schema:
+    """The history table's columns for a stream of ``stream``'s columns: the table's, then valid_from and valid_to (the
+    type of option history-time's column), is_current, operation and change_order (option order-by's column's type, else
+    the batch id's: long)."""
+    assert options.history_time is not None
+    by_name = {f.name.lower(): f for f in stream}
+    time = by_name.get(options.history_time.lower())
+    if time is None:
+        raise InvalidOptionError(
+            f"option '{HISTORY_TIME}' names column {options.history_time!r}, which the stream does not have (columns: "
+            f"{', '.join(stream.names)})"
+        )
+    if not (pa.types.is_timestamp(time.type) or pa.types.is_date(time.type)):
+        raise InvalidOptionError(
+            f"option '{HISTORY_TIME}' names column {time.name!r} of type {time.type}: it must be a timestamp or a date "
+            "(each change's time at its source, the versions' valid_from)"
+        )
+    order_type: pa.DataType = pa.int64()
+    if options.order_by is not None:
+        found = by_name.get(options.order_by.lower())
+        if found is not None:
+            order_type = found.type
+    taken = [f.name for f in stream if f.name.lower() in {c.lower() for c in HISTORY_COLUMNS}]
+    if taken:
+        raise InvalidOptionError(
+            f"option '{HISTORY}': the stream has column(s) {', '.join(repr(t) for t in taken)}, which the history table "
+            f"adds ({', '.join(HISTORY_COLUMNS)}); rename them before the sink (docs/history.md)"
+        )
+    return pa.schema(
+        [
+            *stream,
+            pa.field(HISTORY_VALID_FROM, time.type),
+            pa.field(HISTORY_VALID_TO, time.type),
+            pa.field(HISTORY_IS_CURRENT, pa.bool_()),
+            pa.field(HISTORY_OPERATION, pa.string()),
+            pa.field(HISTORY_CHANGE_ORDER, order_type),
+        ]
+    )

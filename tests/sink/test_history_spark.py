@@ -1,0 +1,258 @@
+"""Option history through foreach_batch with real Spark (issue 55): every change of an upsert stream kept as a version
+in the table's history table (SCD type 2), committed in the batch's unit with the table's own upsert.
+
+The oracle is a plain-Python model of the change log: each key's distinct changes (a redelivered change -- same key and
+order value -- counted once) in order-value order, each version valid from its change's time to the next one's, the
+last one current unless it is a delete, the operation ``insert`` for a key's first version or its first after a delete.
+The history must equal it in pyiceberg, DuckDB and iceberg-rust; the table must equal the upsert model; and at every
+batch's snapshots, the table must equal the history's current versions (they never disagree, not even for one snapshot).
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import lakesink
+from lakesink.audit import interop
+from lakesink.driver import catalogs
+from lakesink.errors import InvalidOptionError
+from lakesink.table.keys import (
+    DRIVER_LOOKUP_BYTES,
+    SUMMARY_HISTORY_ADDED,
+    SUMMARY_HISTORY_OF,
+    SUMMARY_HISTORY_REDELIVERED,
+    SUMMARY_UPSERT_MODE,
+)
+from tests.sink.test_upserts_spark import write_events
+from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end
+
+pytestmark = pytest.mark.spark
+
+Event = dict[str, Any]
+DDL = "eid long, id long, value string, seq long, op string, ts timestamp"
+T0 = datetime.datetime(2026, 3, 1, tzinfo=datetime.timezone.utc)
+MOR = {"write.merge.mode": "merge-on-read", DRIVER_LOOKUP_BYTES: "0"}
+
+
+def at(seq: int) -> str:
+    """The change's source time: one minute per sequence number (late changes have negative ones: before T0)."""
+    return (T0 + datetime.timedelta(minutes=seq)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def stream(seed: int, batches: int, per_batch: int, keys: int) -> list[list[Event]]:
+    """Several changes of a key per batch, deletes and re-inserts; event ids and sequence numbers unique."""
+    rng = random.Random(seed)
+    out, eid = [], 0
+    for _ in range(batches):
+        events = []
+        for _ in range(per_batch):
+            eid += 1
+            op = "d" if rng.random() < 0.25 else rng.choice(["c", "u"])
+            events.append({"eid": eid, "id": rng.randrange(keys), "value": f"v{eid}", "seq": eid, "op": op, "ts": at(eid)})
+        out.append(events)
+    return out
+
+
+def table_model(batches: Sequence[Sequence[Event]]) -> dict[int, tuple[int, str]]:
+    """The upserted table (id -> (eid, value)): a key's newest change per batch; a change older than what the table
+    holds for its key (its row's or its delete's seq) is not applied."""
+    held: dict[int, tuple[int, tuple[int, str] | None]] = {}
+    for events in batches:
+        newest: dict[int, Event] = {}
+        for e in events:
+            if e["id"] not in newest or e["seq"] > newest[e["id"]]["seq"]:
+                newest[e["id"]] = e
+        for key, e in newest.items():
+            if key in held and held[key][0] > e["seq"]:
+                continue
+            held[key] = (e["seq"], None if e["op"] == "d" else (e["eid"], e["value"]))
+    return {k: row for k, (_, row) in held.items() if row is not None}
+
+
+Version = tuple[int, int, str, str | None, str | None, bool, str]  # id, eid, value, valid_from, valid_to, is_current, operation
+
+
+def history_model(batches: Sequence[Sequence[Event]]) -> list[Version]:
+    """Every version of every key, from the whole change log (the module's description)."""
+    changes: dict[int, dict[int, Event]] = {}
+    for events in batches:
+        for e in events:
+            changes.setdefault(e["id"], {}).setdefault(e["seq"], e)  # a redelivery: the same change once
+    out: list[Version] = []
+    for key, by_seq in changes.items():
+        chain = [by_seq[s] for s in sorted(by_seq)]
+        for i, e in enumerate(chain):
+            nxt = chain[i + 1] if i + 1 < len(chain) else None
+            deleted = e["op"] == "d"
+            previous_deleted = i == 0 or chain[i - 1]["op"] == "d"
+            operation = "delete" if deleted else "insert" if previous_deleted else "update"
+            out.append((key, e["eid"], e["value"], e["ts"], nxt["ts"] if nxt else None, nxt is None and not deleted, operation))
+    return sorted(out)
+
+
+def versions_of(rows: pa.Table) -> list[Version]:
+    def iso(v: Any) -> str | None:
+        if v is None:
+            return None
+        if v.tzinfo is None:
+            v = v.replace(tzinfo=datetime.timezone.utc)
+        return str(v.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+    return sorted(
+        (r["id"], r["eid"], r["value"], iso(r["valid_from"]), iso(r["valid_to"]), r["is_current"], r["operation"])
+        for r in rows.to_pylist()
+    )
+
+
+def rows_of(rows: pa.Table) -> dict[int, tuple[int, str]]:
+    ids = rows.column("id").to_pylist()
+    assert len(ids) == len(set(ids)), "a key is in the table more than once"
+    return {r["id"]: (r["eid"], r["value"]) for r in rows.to_pylist()}
+
+
+def current_of(rows: pa.Table) -> dict[int, tuple[int, str]]:
+    return rows_of(rows.filter(rows.column("is_current")))
+
+
+def sink(props: dict[str, str], **extra: Any) -> lakesink.ForeachBatchSink:
+    return lakesink.foreach_batch(
+        "db.events",
+        catalog_properties=props,
+        upsert_key="id",
+        delete_when="op = 'd'",
+        order_by="seq",
+        history="on",
+        history_time="ts",
+        **extra,
+    )
+
+
+def run(spark: Any, src: Path, ck: Path, s: Any) -> None:
+    df = spark.readStream.schema(DDL).option("maxFilesPerTrigger", 1).json(str(src))
+    q = df.writeStream.foreachBatch(s).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    run_to_end(q)
+
+
+def load(props: dict[str, str], name: str) -> Any:
+    return catalogs.load(None, props).load_table(("db", name))
+
+
+def assert_in_every_reader(props: dict[str, str], batches: Sequence[Sequence[Event]]) -> None:
+    table, history = load(props, "events"), load(props, "events__history")
+    expected = history_model(batches)
+    assert versions_of(history.scan().to_arrow()) == expected, "pyiceberg"
+    assert versions_of(interop.duckdb_read(history.metadata_location)) == expected, "duckdb"
+    assert versions_of(interop.iceberg_rust_read(history.metadata_location)) == expected, "iceberg-rust"
+    assert rows_of(table.scan().to_arrow()) == table_model(batches)
+    assert current_of(history.scan().to_arrow()) == table_model(batches)
+    assert_snapshot_invariants(table)
+    assert_snapshot_invariants(history)
+
+
+def assert_never_disagree(props: dict[str, str]) -> None:
+    """At every batch's snapshots, the table equals the history's current versions."""
+    table, history = load(props, "events"), load(props, "events__history")
+    mine = {s["batch_id"]: s["snapshot_id"] for s in lakesink_snapshots(table)}
+    theirs = {s["batch_id"]: s["snapshot_id"] for s in lakesink_snapshots(history)}
+    assert mine.keys() == theirs.keys()
+    for batch_id, snapshot_id in mine.items():
+        now = rows_of(table.scan(snapshot_id=snapshot_id).to_arrow())
+        assert current_of(history.scan(snapshot_id=theirs[batch_id]).to_arrow()) == now, batch_id
+
+
+@pytest.mark.parametrize("mode", ["copy-on-write", "merge-on-read"])
+def test_history_of_a_change_stream_with_late_and_redelivered_changes_equals_the_model(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], mode: str
+) -> None:
+    """Inserts, updates, deletes, re-inserts, several changes of a key per batch; then a batch redelivering changes of
+    earlier batches (counted once), a batch of late changes (older than everything: each takes its place as the key's
+    first version, the versions after it re-linked -- the table does not apply them), and a batch of newer ones. The
+    history equals the model in every reader; the table and the history's current versions agree at every batch."""
+    changes = stream(seed=3, batches=4, per_batch=50, keys=20)
+    redelivered = [dict(e) for e in changes[1][:15]]
+    late = [{"eid": 5000 + k, "id": k, "value": f"late{k}", "seq": -k - 1, "op": "u", "ts": at(-k - 1)} for k in range(0, 20, 3)]
+    last = changes[-1][-1]["seq"]
+    newer = [
+        {
+            "eid": 6000 + k,
+            "id": k,
+            "value": f"new{k}",
+            "seq": last + 1 + k,
+            "op": "d" if k % 4 == 0 else "u",
+            "ts": at(last + 1 + k),
+        }
+        for k in range(0, 24, 2)
+    ]
+    batches = [*changes, redelivered, late, newer]
+    write_events(tmp_path / "in", batches)
+    run(
+        spark,
+        tmp_path / "in",
+        tmp_path / "ck",
+        sink(catalog_properties, table_properties=MOR if mode == "merge-on-read" else None),
+    )
+    assert_in_every_reader(catalog_properties, batches)
+    assert_never_disagree(catalog_properties)
+    table, history = load(catalog_properties, "events"), load(catalog_properties, "events__history")
+    assert {s["summary"][SUMMARY_UPSERT_MODE] for s in lakesink_snapshots(table)} == {mode}
+    snaps = lakesink_snapshots(history)
+    assert [s["batch_id"] for s in snaps] == list(range(len(batches)))
+    assert {s["summary"][SUMMARY_HISTORY_OF] for s in snaps} == {"db.events"}
+    assert int(snaps[len(changes)]["summary"][SUMMARY_HISTORY_REDELIVERED]) == len(redelivered)
+    assert int(snaps[len(changes)]["summary"][SUMMARY_HISTORY_ADDED]) == 0
+    assert int(snaps[len(changes) + 1]["summary"][SUMMARY_HISTORY_ADDED]) == len(late)
+
+
+def test_a_replayed_batch_adds_no_version_and_a_restart_goes_on(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """The query's last batch replayed (its commit log entry removed, as after a crash between the table's commit and
+    Spark's): found in both tables, nothing added; then a restart with more batches goes on where it was."""
+    changes = stream(seed=5, batches=3, per_batch=40, keys=15)
+    write_events(tmp_path / "in", changes)
+    ck = tmp_path / "ck"
+    run(spark, tmp_path / "in", ck, sink(catalog_properties))
+    history = load(catalog_properties, "events__history")
+    before = history.metadata.current_snapshot_id
+    (ck / "commits" / "2").unlink()
+    (ck / "commits" / ".2.crc").unlink(missing_ok=True)
+    run(spark, tmp_path / "in", ck, sink(catalog_properties))
+    assert load(catalog_properties, "events__history").metadata.current_snapshot_id == before
+    more = stream(seed=6, batches=2, per_batch=40, keys=15)
+    for events in more:
+        for e in events:
+            e["eid"] += 10_000
+            e["seq"] += 10_000
+            e["value"] = f"v{e['eid']}"
+            e["ts"] = at(e["seq"])
+    write_events(tmp_path / "in", more, start=3)
+    run(spark, tmp_path / "in", ck, sink(catalog_properties))
+    assert_in_every_reader(catalog_properties, [*changes, *more])
+    assert_never_disagree(catalog_properties)
+
+
+def test_history_options_are_checked_before_anything_is_written(catalog_properties: dict[str, str]) -> None:
+    with pytest.raises(InvalidOptionError, match="upsert-key"):
+        lakesink.foreach_batch("db.events", catalog_properties=catalog_properties, history="on", history_time="ts")
+    with pytest.raises(InvalidOptionError, match="history-time"):
+        lakesink.foreach_batch("db.events", catalog_properties=catalog_properties, upsert_key="id", history="on")
+    with pytest.raises(InvalidOptionError, match="history"):
+        lakesink.foreach_batch(
+            "db.events", catalog_properties=catalog_properties, upsert_key="id", history="{namespace}", history_time="ts"
+        )
+    with pytest.raises(InvalidOptionError, match="dead-letter-table"):
+        lakesink.foreach_batch(
+            "db.events",
+            catalog_properties=catalog_properties,
+            upsert_key="id",
+            history="on",
+            history_time="ts",
+            dead_letter_table="db.letters",
+        )
