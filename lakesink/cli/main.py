@@ -1,6 +1,6 @@
 """The ``lakesink`` command line: one click group, one sub-command per task.
 
-    lakesink history | show | diff | which | verify | report | publish | wait   (lakesink.cli.audit)
+    lakesink history | history-of | show | diff | which | verify | report | publish | wait   (lakesink.cli.audit)
     lakesink maintain | compact | expire-snapshots | rewrite-manifests |
              forget-query | remove-orphan-files | checkpoint-clean        (lakesink.cli.maintenance)
 
@@ -64,6 +64,9 @@ COMMANDS: dict[str, LazyCommand] = {
     ),
     "history": LazyCommand(
         _AUDIT, "history_command", "One line per snapshot of TABLE: time, operation, query and batch, rows and files, offsets."
+    ),
+    "history-of": LazyCommand(
+        _AUDIT, "history_of_command", "Every version of TABLE's row with --key (oldest first), from its history table."
     ),
     "maintain": LazyCommand(
         _MAINTENANCE,
@@ -172,6 +175,6 @@ def main() -> None:
 
     Audit (docs/auditing.md): which batch of which query wrote a row (history, which), the table as of any batch or
     time (show, diff), the exactly-once invariants (verify, report), write-audit-publish and completeness (publish,
-    wait). Maintenance (docs/maintenance.md): maintain, compact, expire-snapshots, rewrite-manifests, forget-query,
-    remove-orphan-files, checkpoint-clean.
+    wait); a history table's versions of a row (history-of, docs/history.md). Maintenance (docs/maintenance.md):
+    maintain, compact, expire-snapshots, rewrite-manifests, forget-query, remove-orphan-files, checkpoint-clean.
     """

@@ -14,7 +14,8 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from lakesink.driver.actions.history import HistoryChanges
+from lakesink.driver.actions.history import HistoryChanges, history_schema
+from lakesink.driver.tables.schema import arrow_schema_of
 from lakesink.errors import UpsertKeyError
 from lakesink.options import HISTORY_TIME, ORDER_BY, UPSERT_KEY, SinkOptions
 from lakesink.sink import driver_write, upsert_batch
@@ -60,4 +61,4 @@ def changes(df: DataFrame, batch_id: int, options: SinkOptions, table: str) -> H
             f"batch {batch_id} has a change whose '{ORDER_BY}' value is NaN; the history of {table} cannot order it. "
             "Nothing was committed"
         )
-    return HistoryChanges(rows=rows, key=tuple(keys), of=table)
+    return HistoryChanges(rows=rows, key=tuple(keys), of=table, schema=history_schema(arrow_schema_of(df.schema), options))

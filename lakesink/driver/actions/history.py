@@ -84,6 +84,9 @@ class HistoryChanges:
     """The key columns (the table's upsert key)."""
     of: str
     """The table whose history it is."""
+    schema: pa.Schema
+    """The history table's columns for the batch's stream (:func:`history_schema`): with option merge-schema, the
+    columns the stream adds are planned into the history table and committed with its versions."""
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,7 @@ class HistoryBatch(AppendBatch):
                 f"Nothing was committed; drop {c.name} (lakesink creates it again, format 2) or name another with "
                 "option 'history'"
             )
-        plan = c.write_plan(table, batch.query_id)
+        plan = c.write_plan(table, batch.query_id, changes.schema)
         schema = plan.schema
         schema_changes = tuple(plan.schema_changes) if plan.schema_changes else ()
         new = _new_rows(changes, schema)
