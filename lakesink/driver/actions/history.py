@@ -27,6 +27,7 @@ History tables are format 2 (their rewritten versions are position deletes); lak
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,11 +44,10 @@ from lakesink._pyiceberg import row_delta as seam_row_delta
 from lakesink.driver.actions import upsert
 from lakesink.driver.actions.batch import AppendBatch, Batch, SinkContext
 from lakesink.driver.actions.row_delta import delete_target
-from lakesink.errors import InvalidOptionError, LakesinkError
+from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.position_deletes import PositionDeleteWriter
 from lakesink.options import HISTORY, HISTORY_TIME, SinkOptions
-from lakesink.options.values import Maintenance
 from lakesink.table.keys import (
     DELETED,
     HISTORY_CHANGE_ORDER,
@@ -103,11 +103,17 @@ class Linked:
 
 
 def link(
-    changes: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]], *, key: Sequence[str], whole: frozenset[tuple[Any, ...]]
+    changes: Sequence[dict[str, Any]],
+    stored: Sequence[dict[str, Any]],
+    *,
+    key: Sequence[str],
+    whole: frozenset[tuple[Any, ...]],
+    table_name: str = "",
 ) -> Linked:
     """The versions to write (the module's step 2). ``changes``: the batch's changes (rows with :data:`DELETED`, the
     order and the time); ``stored``: the history's versions of their keys, each with ``_path``/``_pos`` (where it is);
-    ``whole``: the keys whose every version is in ``stored`` (else only their latest). Pure: no I/O."""
+    ``whole``: the keys whose every version is in ``stored`` (else only their latest). Pure: no I/O. Two changes of a
+    key with one order value are one change delivered twice when they say the same (kept once), else UpsertKeyError."""
     by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in stored:
         by_key.setdefault(tuple(row[k] for k in key), []).append(row)
@@ -119,11 +125,20 @@ def link(
     added = changed = redelivered = 0
     for k, news in new_by_key.items():
         old = sorted(by_key.get(k, ()), key=lambda r: r[HISTORY_CHANGE_ORDER])
-        held = {r[HISTORY_CHANGE_ORDER] for r in old}
+        held = {r[HISTORY_CHANGE_ORDER]: r for r in old}
         fresh: dict[Any, dict[str, Any]] = {}
         for change in news:
             order = change[HISTORY_CHANGE_ORDER]
-            if order in held or order in fresh:
+            there = held.get(order, fresh.get(order))
+            if there is not None:
+                if not _same_change(change, there):
+                    raise UpsertKeyError(
+                        f"history of {table_name}: two different changes of key "
+                        f"({', '.join(f'{n}={v!r}' for n, v in zip(key, k, strict=True))}) have the same order value "
+                        f"{order!r} ({'one in the history, one in this batch' if order in held else 'both in this batch'}); "
+                        "the history cannot order them, and a redelivery is the same change. Nothing was committed; "
+                        "order the changes by a value unique per change of a key (option order-by)"
+                    )
                 redelivered += 1  # the same change again (a redelivery): its version is there
                 continue
             fresh[order] = change
@@ -158,6 +173,22 @@ def link(
     return Linked(rows=rows, deleted=deleted, added=added, changed=changed, redelivered=redelivered)
 
 
+def _same_change(change: dict[str, Any], version: dict[str, Any]) -> bool:
+    """Whether ``change`` (of the batch) says what ``version`` (stored, or another change of the batch) says: the same
+    delete flag, time and values."""
+    deleted = version[DELETED] if DELETED in version else version.get(HISTORY_OPERATION) == HISTORY_DELETE
+    if bool(change[DELETED]) != bool(deleted):
+        return False
+    return all(_equal(change[n], version.get(n)) for n in change if n not in (DELETED, *_LINKS))
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """``a == b``, a NaN equal to a NaN (a redelivered double column holding NaN is the same change)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+
 def _without_place(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k not in ("_path", "_pos")}
 
@@ -186,7 +217,7 @@ class HistoryBatch(AppendBatch):
         new = _new_rows(changes, schema)
         key = list(changes.key)
         stored, whole, read = _stored(table, c.branch, c.name, schema, new, key)
-        linked = link(new.to_pylist(), stored, key=key, whole=whole)
+        linked = link(new.to_pylist(), stored, key=key, whole=whole, table_name=changes.of)
         self.linked = linked
         commit = batch.commit_name()
         ids = TaskIds(
@@ -333,7 +364,7 @@ def _stored(
 def history_options(options: SinkOptions) -> SinkOptions:
     """The options of the sink that writes ``options``' history table: same catalog, branch and sink id (the history
     table holds this sink's replay markers as the table does), created when missing as format 2, with the table's
-    merge-schema (a column the batch adds reaches the history in the same commit), no key, no maintenance of its own."""
+    merge-schema (a column the batch adds reaches the history in the same commit) and maintenance, no key."""
     assert options.history is not None
     return SinkOptions(
         table=options.history.of(options.table),
@@ -345,7 +376,7 @@ def history_options(options: SinkOptions) -> SinkOptions:
         create_table=options.create_table,
         merge_schema=options.merge_schema,
         format_version=2,
-        maintenance=Maintenance.OFF,
+        maintenance=options.maintenance,
     )
 
 

@@ -93,7 +93,8 @@ class TableCommitter(SinkTable):
         """Option history: the committer of the table's history table, whose commit of the batch's versions joins the
         batch's commit as one unit (lakesink.driver.actions.history)."""
         if options.history is not None:
-            self.history = TableCommitter(history.history_options(options))
+            # its own maintenance (option maintenance=auto: compaction applies the position deletes its commits write)
+            self.history = TableCommitter(history.history_options(options), post_commit=post_commit)
         self._history_schema: pa.Schema | None = None
         self.routed_dead_letters: TableCommitter | None = None
         """Option route-by with dead-letter-table: the routed sink's one dead-letter table (lakesink.driver.committers.routed
@@ -187,8 +188,10 @@ class TableCommitter(SinkTable):
         """
         with self._turn():
             outcome = self._commit_batch(call, results, table_uuid=table_uuid, changes=changes, merge=merge, history=history)
-        if outcome.outcome is Outcome.COMMITTED and self.hook is not None:
-            self.hook.after_commit()
+        if outcome.outcome is Outcome.COMMITTED:
+            for hook in (self.hook, self.history.hook if self.history is not None else None):
+                if hook is not None:
+                    hook.after_commit()
         return outcome
 
     def skip_replay(self, call: BatchCall, *, table_uuid: str | None) -> BatchOutcome:
