@@ -9,15 +9,12 @@ is written, naming the column.
 
 from __future__ import annotations
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from lakesink.driver.actions.history import HistoryChanges, history_schema
-from lakesink.driver.tables.schema import arrow_schema_of
-from lakesink.errors import UpsertKeyError
-from lakesink.options import HISTORY_TIME, ORDER_BY, UPSERT_KEY, SinkOptions
+from lakesink.driver.actions.history import HistoryChanges, checked_changes
+from lakesink.errors import LakesinkError
+from lakesink.options import SinkOptions
 from lakesink.sink import driver_write, upsert_batch
 from lakesink.table.keys import DELETED, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM
 
@@ -39,26 +36,8 @@ def changes(df: DataFrame, batch_id: int, options: SinkOptions, table: str) -> H
     )
     rows = driver_write.collect(selected, table=table, batch_id=batch_id)
     if rows is None:
-        raise UpsertKeyError(
+        raise LakesinkError(
             f"batch {batch_id}: its changes for the history of {table} do not fit on the driver (spark.driver.maxResultSize); "
             "nothing was committed. Raise spark.driver.maxResultSize or make batches smaller (maxOffsetsPerTrigger)"
         )
-    for column, option, what in (
-        *((k, UPSERT_KEY, "key column") for k in keys),
-        (HISTORY_CHANGE_ORDER, ORDER_BY, f"'{ORDER_BY}' column {options.order_by!r}"),
-        (HISTORY_VALID_FROM, HISTORY_TIME, f"'{HISTORY_TIME}' column {options.history_time!r}"),
-    ):
-        nulls = rows.column(column).null_count
-        if nulls:
-            raise UpsertKeyError(
-                f"batch {batch_id} has {nulls} change(s) whose {what if column not in keys else f'{what} {column!r}'} is "
-                f"null; the history of {table} orders and dates every change by option '{option}'. Nothing was "
-                "committed; filter or fill those rows before the sink"
-            )
-    order_values = rows.column(HISTORY_CHANGE_ORDER)
-    if pa.types.is_floating(order_values.type) and pc.any(pc.is_nan(order_values)).as_py():
-        raise UpsertKeyError(
-            f"batch {batch_id} has a change whose '{ORDER_BY}' value is NaN; the history of {table} cannot order it. "
-            "Nothing was committed"
-        )
-    return HistoryChanges(rows=rows, key=tuple(keys), of=table, schema=history_schema(arrow_schema_of(df.schema), options))
+    return checked_changes(rows, keys, options, batch_id=batch_id, table=table)

@@ -47,7 +47,7 @@ from lakesink.driver.actions.row_delta import delete_target
 from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.position_deletes import PositionDeleteWriter
-from lakesink.options import HISTORY, HISTORY_TIME, SinkOptions
+from lakesink.options import HISTORY, HISTORY_TIME, ORDER_BY, UPSERT_KEY, SinkOptions
 from lakesink.table.keys import (
     DELETED,
     HISTORY_CHANGE_ORDER,
@@ -359,6 +359,43 @@ def _stored(
     if latest is not None:
         out.extend(r for r in latest.to_pylist() if tuple(r[n] for n in key_names) not in late)
     return out, frozenset(late), [f for f in candidates if f.file_path in read]
+
+
+def checked_changes(rows: pa.Table, keys: Sequence[str], options: SinkOptions, *, batch_id: int, table: str) -> HistoryChanges:
+    """The batch's changes for the history of ``table`` (``rows``: the stream's columns, :data:`DELETED`, the order value
+    and the time), an UpsertKeyError before anything is committed when a key, an order value or a time is null (or an
+    order value NaN): the history orders and dates every change by them."""
+    for column, option, what in (
+        *((k, UPSERT_KEY, f"key column {k!r}") for k in keys),
+        (HISTORY_CHANGE_ORDER, ORDER_BY, f"'{ORDER_BY}' column {options.order_by!r}"),
+        (HISTORY_VALID_FROM, HISTORY_TIME, f"'{HISTORY_TIME}' column {options.history_time!r}"),
+    ):
+        nulls = rows.column(column).null_count
+        if nulls:
+            raise UpsertKeyError(
+                f"batch {batch_id} has {nulls} change(s) whose {what} is null; the history of {table} orders and dates "
+                f"every change by option '{option}'. Nothing was committed; filter or fill those rows before the sink"
+            )
+    order = rows.column(HISTORY_CHANGE_ORDER)
+    if pa.types.is_floating(order.type) and pc.any(pc.is_nan(order)).as_py():
+        raise UpsertKeyError(
+            f"batch {batch_id} has a change whose '{ORDER_BY}' value is NaN; the history of {table} cannot order it. "
+            "Nothing was committed"
+        )
+    stream = pa.schema([f for f in rows.schema if f.name not in (DELETED, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM)])
+    return HistoryChanges(rows=rows, key=tuple(keys), of=table, schema=history_schema(stream, options))
+
+
+def changes_of_tasks(results: Sequence[Any], options: SinkOptions, *, batch_id: int, table: str) -> HistoryChanges | None:
+    """format("lakesink"): the changes the tasks returned for the history (TaskResult.history), joined; None when no
+    task returned any (an empty batch)."""
+    parts = [pa.ipc.open_stream(r.history).read_all() for r in results if getattr(r, "history", None)]
+    if not parts:
+        return None
+    rows = pa.concat_tables(parts, promote_options="permissive")
+    by_name = {n.lower(): n for n in rows.column_names}
+    keys = [by_name.get(k.lower(), k) for k in options.upsert_key]
+    return checked_changes(rows, keys, options, batch_id=batch_id, table=table)
 
 
 def history_options(options: SinkOptions) -> SinkOptions:
