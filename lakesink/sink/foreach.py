@@ -55,7 +55,6 @@ from lakesink.sink import (
     checkpoint,
     dead_letters,
     driver_write,
-    history,
     markers,
     merge_on_read,
     upsert_batch,
@@ -311,14 +310,14 @@ class ForeachBatchSink(RoutedSparkBatches):
                 BatchCall(query_id, batch_id, self._query.source_offsets(spark, query_id, batch_id), run_id),
                 table_uuid=plan.table_uuid,
             )
-        # option history: every change of the batch, before its upsert resolves one per key (lakesink.sink.history)
-        changes = history.changes(df, batch_id, self.options, plan.table) if self.options.history is not None else None
         resolved: upsert_batch.ResolvedBatch | None = None
         if plan.row_checks is not None:  # option dead-letter-table (lakesink.sink.dead_letters)
             # with upsert-key: the tasks sort a key's changes, then resolve the ones that fit (a routed table's rule)
             df, plan = dead_letters.prepare(df, plan, self.options)
         elif self.options.upsert_key:
             resolved = upsert_batch.resolve(df, batch_id, self.options)
+        # option history: every change of the batch, collected in its resolution's job (lakesink.sink.upsert_batch)
+        changes = resolved.history if resolved is not None else None
         try:
             if resolved is not None and self._merge_on_read(table, plan):
                 return self._merge_batch(resolved, plan, table, query_id, batch_id, run_id, changes)
