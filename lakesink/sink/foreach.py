@@ -565,9 +565,7 @@ class ForeachBatchSink(RoutedSparkBatches):
         # rows of invalid routes only (invalid): written all the same (dead letters); df read when committing (see write)
         return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write, facts, invalid=invalid)
 
-    def _payload_columns(
-        self, df: DataFrame, facts: BatchFacts
-    ) -> tuple[list[object], dict[object, payload.Found], BatchFacts]:
+    def _payload_columns(self, df: DataFrame, facts: BatchFacts) -> tuple[list[object], dict[object, payload.Found], BatchFacts]:
         """Option payload: one Spark job over the routing and payload columns (lakesink.executor.payload): the batch's
         routing values, what was found per value, and ``facts`` with each table's columns as its payloads hold them and
         the keys its changes carry."""

@@ -467,8 +467,7 @@ class RoutedTables(ABC):
             for c in {tuple(r.namespace): c for r, c in zip(absent, committers, strict=True)}.values():
                 c.make_namespace()
             new = [
-                c.new_table(self.columns_of(str(r), facts), self._location(r))
-                for r, c in zip(absent, committers, strict=True)
+                c.new_table(self.columns_of(str(r), facts), self._location(r)) for r, c in zip(absent, committers, strict=True)
             ]
         except PROGRAMMING_ERRORS:
             raise
