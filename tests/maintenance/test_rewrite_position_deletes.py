@@ -121,6 +121,7 @@ def test_partitions_are_rewritten_apart_and_each_keeps_its_own_partition(catalog
     its own data files); a partition with fewer than min-input-files is left as it is."""
     c = committer_no_maintenance(catalog_properties, partitioned_by=parse("user"))
     sent = commit_batches(c, 4, rows=14)
+
     # users u0 and u1 in every delete batch, u2 in two of them, the others never
     def of_user(b: int, user: int) -> int:  # the first id of batch b that goes to user u<user>
         return next(i for i in range(b * 1000, b * 1000 + 14) if i % 7 == user)
