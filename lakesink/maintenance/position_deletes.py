@@ -60,7 +60,8 @@ from lakesink.driver.loop import swap, validation
 from lakesink.driver.loop.action import CommitAction, Landing
 from lakesink.driver.loop.swap import RetriesExhausted, Status
 from lakesink.errors import CommitOutcomeUnknownError, InFlightTooLongError, LakesinkError
-from lakesink.table import floats, names, storage
+from lakesink.maintenance.compaction import delete_new_files, elapsed_ms, first_fit
+from lakesink.table import floats, names
 from lakesink.table.keys import MAIN_BRANCH, SUMMARY_COMMIT_ID, SUMMARY_OPERATION
 from lakesink.table.keys import OPERATION_REWRITE_POSITION_DELETES as REWRITE_POSITION_DELETES
 from lakesink.table.markers import landed_commit
@@ -202,19 +203,8 @@ def plan(
         spec = specs[key[0]]
         first = entries[0].data_file
         part = seam.partition_path(spec, schema, seam.partition_of(first)) if spec.fields else ""
-        bins: list[list[ManifestEntry]] = []
-        sizes: list[int] = []
-        for e in sorted(entries, key=lambda e: (-e.data_file.file_size_in_bytes, e.data_file.file_path)):
-            size = e.data_file.file_size_in_bytes
-            for i, s in enumerate(sizes):
-                if s + size <= target:
-                    bins[i].append(e)
-                    sizes[i] += size
-                    break
-            else:
-                bins.append([e])
-                sizes.append(size)
-        for b in bins:
+        largest_first = sorted(entries, key=lambda e: (-e.data_file.file_size_in_bytes, e.data_file.file_path))
+        for b in first_fit(largest_first, lambda e: e.data_file.file_size_in_bytes, target):
             if len(b) < 2:
                 continue
             b.sort(key=lambda e: e.data_file.file_path)
@@ -276,7 +266,7 @@ def rewrite_position_deletes(
             if seqs:
                 sequence_numbers[new.file_path] = max(seqs)
     except BaseException:
-        _delete(table, [f.file_path for f in added])
+        delete_new_files(table, [f.file_path for f in added])
         raise
     action = PositionDeleteRewrite(
         table,
@@ -291,12 +281,13 @@ def rewrite_position_deletes(
     try:
         result = swap.run(action)
     except (PositionDeleteRewriteStaleError, RetriesExhausted, InFlightTooLongError) as e:
-        _delete(table, [f.file_path for f in added])
+        delete_new_files(table, [f.file_path for f in added])
         reason = str(e) if not isinstance(e, RetriesExhausted) else f"{e.attempts} attempt(s) conflicted with other commits"
         level = logging.INFO if isinstance(e, RetriesExhausted) else logging.WARNING
         log.log(level, "lakesink: rewrite of the position deletes of %s gave up (%s); a later run retries", name, reason)
+        status = f"gave up: {reason}"
         return PositionDeleteRewriteReport(
-            name, branch, False, f"gave up: {reason}", groups=tuple(groups), dangling_files=dangling, duration_ms=_ms(started)
+            name, branch, False, status, groups=tuple(groups), dangling_files=dangling, duration_ms=elapsed_ms(started)
         )
     except CommitOutcomeUnknownError:
         log.warning("lakesink: rewrite of the position deletes of %s: outcome unknown; its new file(s) are kept", name)
@@ -321,7 +312,7 @@ def rewrite_position_deletes(
         added_files=tuple(f.file_path for f in added),
         added_bytes=sum(f.file_size_in_bytes for f in added),
         attempts=result.attempts,
-        duration_ms=_ms(started),
+        duration_ms=elapsed_ms(started),
     )
 
 
@@ -441,15 +432,3 @@ class PositionDeleteRewrite(CommitAction):
 
 def _name(table: Table) -> str:
     return ".".join(table.name())
-
-
-def _delete(table: Table, paths: Sequence[str]) -> None:
-    for p in paths:
-        try:
-            storage.delete_file(table.io, p)
-        except Exception as e:  # an orphan clean-up collects it
-            log.warning("lakesink: could not delete %s (%s)", p, type(e).__name__)
-
-
-def _ms(started: float) -> float:
-    return (time.monotonic() - started) * 1000
