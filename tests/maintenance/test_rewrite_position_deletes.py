@@ -21,9 +21,11 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg.io import deletes as seam_deletes
+from lakesink.audit import history
 from lakesink.cli.main import main
-from lakesink.driver.actions.row_delta import delete_target
+from lakesink.driver.actions.row_delta import RowDeltaAction, TableContext, delete_target
 from lakesink.driver.committers.table import TableCommitter
+from lakesink.driver.loop import swap
 from lakesink.errors import CommitOutcomeUnknownError
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY
 from lakesink.maintenance import compaction, position_deletes, routine
@@ -109,6 +111,7 @@ def test_small_delete_files_are_merged_into_one_with_the_rows_unchanged_in_every
     # Java's RewritePositionDeletesCommitManager: the largest data sequence number of the files it replaces
     assert new.sequence_number == max(e.sequence_number for e in old)
     assert new.file_sequence_number == head.sequence_number and new.snapshot_id == head.snapshot_id
+    assert history(after)[-1].writer == "lakesink position delete rewrite"  # lakesink history names it
     # a replay finds nothing to do: one file in the partition
     again = position_deletes.rewrite_position_deletes(load(c))
     assert again.status == "nothing to rewrite"
@@ -322,3 +325,56 @@ def test_min_input_files_below_two_is_refused(catalog_properties: dict[str, str]
     commit_batches(c, 1)
     with pytest.raises(Exception, match="min_input_files=1"):
         position_deletes.rewrite_position_deletes(load(c), min_input_files=1)
+
+
+def test_a_branchs_delete_files_are_rewritten_on_the_branch_only(catalog_properties: dict[str, str]) -> None:
+    """``branch``: the rewrite reads and commits the branch's head; main keeps its own delete files and rows."""
+    c = committer_no_maintenance(catalog_properties)
+    sent = commit_batches(c, 3)
+    _delete_batches(c, [[0], [1001]])
+    table = load(c)
+    main_head = table.current_snapshot()
+    assert main_head is not None
+    with table.manage_snapshots() as ms:
+        ms.create_branch(main_head.snapshot_id, "audit")
+    for i, ids in enumerate([[2002], [3], [1004]]):
+        table = load(c)
+        target = delete_target(table, branch="audit")
+        results = write_deletes(target, positions_of(table, ids))
+        delta = delta_of(results, batch_id=95 + i)
+        assert swap.run(RowDeltaAction(table, TableContext.of(table, branch="audit"), delta)).status is swap.Status.LANDED
+    report = position_deletes.rewrite_position_deletes(load(c), branch="audit", min_input_files=2)
+    assert report.status == "committed" and report.rewritten_files == 5, report
+    after = load(c)
+    assert after.current_snapshot() == main_head  # main untouched
+    audit = after.metadata.snapshot_by_name("audit")
+    assert audit is not None and audit.snapshot_id == report.snapshot_id
+    ids = Counter(after.scan(snapshot_id=audit.snapshot_id).to_arrow().column("id").to_pylist())
+    assert ids == Counter(sent) - Counter([0, 1001, 2002, 3, 1004])
+    assert Counter(after.scan().to_arrow().column("id").to_pylist()) == Counter(sent) - Counter([0, 1001])
+
+
+def test_a_branch_rolled_back_behind_the_plan_makes_the_rewrite_give_up(catalog_properties: dict[str, str], faults: Any) -> None:
+    """The rewrite planned after a compaction (so it drops the positions of the compacted files as dangling); while it
+    waits at its swap, main is rolled back to the snapshot before the compaction, where those files are live again and
+    every delete file it replaces is still live. Landing there would bring their deleted rows back: the plan's
+    snapshot is not an ancestor of the head any more, and the rewrite gives up."""
+    c = committer_no_maintenance(catalog_properties)
+    sent = commit_batches(c, 4)
+    sent += commit_batches(c, 1, rows=40000, start=9)
+    deletes = [[1, 9001], [1002, 9100], [2003, 29500], [3004, 9002]]
+    _delete_batches(c, deletes)
+    before_compaction = load(c).current_snapshot()
+    assert before_compaction is not None
+    sizes = sorted(d.file_size_in_bytes for d, _ in _data_entries(load(c)))
+    assert compaction.compact(load(c), target_file_size=sizes[-1], min_input_files=2).status == "committed"
+
+    def roll_back() -> None:
+        with load(c).manage_snapshots() as ms:
+            ms.set_current_snapshot(before_compaction.snapshot_id)
+
+    report = raced(faults, lambda: position_deletes.rewrite_position_deletes(load(c), min_input_files=2), roll_back)
+    assert report.status.startswith("gave up:") and "not an ancestor" in report.status, report.status
+    after = load(c)
+    assert after.current_snapshot() == before_compaction
+    assert_everywhere(after, Counter(sent) - Counter(i for ids in deletes for i in ids))
