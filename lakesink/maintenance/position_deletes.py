@@ -40,6 +40,7 @@ them).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 import uuid
@@ -150,18 +151,17 @@ def _may_apply(delete: ManifestEntry, data: DataFile, data_seq: int | None) -> b
     return data_seq is None or delete.sequence_number is None or data_seq <= delete.sequence_number
 
 
-def _dangling_by_bounds(delete: ManifestEntry, candidates: Sequence[tuple[DataFile, int | None]]) -> bool:
-    """No live data file of the delete file's partition lies within its ``file_path`` bounds (or applies by sequence
-    number): it can delete nothing (without reading it). Unknown bounds: not known to be dangling."""
+def _dangling_by_bounds(delete: ManifestEntry, candidates: Sequence[tuple[bytes, int | None]]) -> bool:
+    """No live data file of the delete file's partition (``candidates``: their encoded paths, sorted, with their data
+    sequence numbers) lies within its ``file_path`` bounds with a data sequence number not above its own: it can
+    delete nothing (known without reading it). Unknown bounds: not known to be dangling."""
     lower = (delete.data_file.lower_bounds or {}).get(seam.FILE_PATH_ID)
     upper = (delete.data_file.upper_bounds or {}).get(seam.FILE_PATH_ID)
-    for data, seq in candidates:
-        encoded = data.file_path.encode()
-        if lower is not None and encoded < lower:
-            continue
-        if upper is not None and encoded > upper:
-            continue
-        if _may_apply(delete, data, seq):
+    start = bisect.bisect_left(candidates, lower, key=lambda c: c[0]) if lower is not None else 0
+    for path, seq in candidates[start:]:
+        if upper is not None and path > upper:
+            break
+        if seq is None or delete.sequence_number is None or seq <= delete.sequence_number:
             return False
     return True
 
@@ -181,11 +181,13 @@ def plan(
         return "nothing to rewrite"
     live = seam.live_entries(table, branch)
     result = _Plan(base=head.snapshot_id)
-    data_by_partition: dict[tuple[int, tuple[Any, ...]], list[tuple[DataFile, int | None]]] = {}
+    data_by_partition: dict[tuple[int, tuple[Any, ...]], list[tuple[bytes, int | None]]] = {}
     for e in live:
         if e.data_file.content == DataFileContent.DATA:
             result.live_data[e.data_file.file_path] = (e.data_file, e.sequence_number)
-            data_by_partition.setdefault(_partition(e.data_file), []).append((e.data_file, e.sequence_number))
+            data_by_partition.setdefault(_partition(e.data_file), []).append((e.data_file.file_path.encode(), e.sequence_number))
+    for paths in data_by_partition.values():
+        paths.sort(key=lambda p: p[0])
     small_limit = int(target * SMALL_FILE_RATIO)
     small: dict[tuple[int, tuple[Any, ...]], list[ManifestEntry]] = {}
     for e in sorted(

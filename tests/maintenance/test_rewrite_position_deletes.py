@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntry, ManifestEntryStatus
 from pyiceberg.table import Table
 
 from lakesink._pyiceberg import io as seam
@@ -378,3 +379,27 @@ def test_a_branch_rolled_back_behind_the_plan_makes_the_rewrite_give_up(catalog_
     after = load(c)
     assert after.current_snapshot() == before_compaction
     assert_everywhere(after, Counter(sent) - Counter(i for ids in deletes for i in ids))
+
+
+def test_a_delete_file_is_dangling_by_its_bounds_only_when_no_live_data_file_it_can_apply_to_lies_within_them() -> None:
+    """The planner's test without reading a delete file: a live data file of its partition within its ``file_path``
+    bounds and not newer (data sequence number) than it makes it live; unknown bounds never make it dangling."""
+
+    def delete(lower: str | None, upper: str | None, seq: int) -> ManifestEntry:
+        f = DataFile.from_args(
+            content=DataFileContent.POSITION_DELETES,
+            file_path="d.parquet",
+            lower_bounds={} if lower is None else {seam.FILE_PATH_ID: lower.encode()},
+            upper_bounds={} if upper is None else {seam.FILE_PATH_ID: upper.encode()},
+        )
+        return ManifestEntry.from_args(status=ManifestEntryStatus.EXISTING, sequence_number=seq, data_file=f)
+
+    live = [(b"s3://t/a", 3), (b"s3://t/c", 9)]
+    dangling = position_deletes._dangling_by_bounds
+    assert not dangling(delete("s3://t/a", "s3://t/a", 5), live)
+    assert dangling(delete("s3://t/b", "s3://t/b", 5), live)  # between the live paths
+    assert dangling(delete("s3://t/c", "s3://t/c", 5), live)  # the data file is newer than the deletes
+    assert not dangling(delete("s3://t/b", "s3://t/d", 9), live)
+    assert dangling(delete("s3://t/d", None, 9), live)  # above every live path
+    assert not dangling(delete(None, None, 5), live)
+    assert dangling(delete(None, None, 5), [])
