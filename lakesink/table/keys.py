@@ -183,6 +183,7 @@ SUMMARY_OPERATION = "lakesink.operation"
 """Summary key of lakesink's maintenance commits; its values are the ``OPERATION_*`` below."""
 OPERATION_COMPACT = "compact"
 OPERATION_REWRITE_MANIFESTS = "rewrite-manifests"
+OPERATION_REWRITE_POSITION_DELETES = "rewrite-position-deletes"
 BRANCH_BASE = "lakesink.branch-base"
 """Summary key of the empty snapshot lakesink commits to ``main`` of an empty table to start a branch from."""
 SUMMARY_RESTORED_FROM = "lakesink.restored-from-snapshot-id"
@@ -210,6 +211,8 @@ WRITE_ID = "lakesink.write-id"
 FORMAT_VERSION = "format-version"
 TARGET_FILE_SIZE = "write.target-file-size-bytes"
 TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
+DELETE_TARGET_FILE_SIZE = "write.delete.target-file-size-bytes"
+DELETE_TARGET_FILE_SIZE_DEFAULT = 64 * 1024 * 1024
 ROW_GROUP_ROWS = "write.parquet.row-group-limit"
 ROW_GROUP_ROWS_DEFAULT = 1_048_576
 ROW_GROUP_BYTES = "write.parquet.row-group-size-bytes"
@@ -262,6 +265,11 @@ MAX_REF_AGE_MS = "history.expire.max-ref-age-ms"
 MAX_REF_AGE_MS_DEFAULT = 2**63 - 1
 COMPACT_MIN_INPUT_FILES = "write.lakesink.compact.min-input-files"
 COMPACT_MIN_INPUT_FILES_DEFAULT = 5
+REWRITE_DELETES_MIN_INPUT_FILES = "write.lakesink.rewrite-position-deletes.min-input-files"
+"""Small position delete files of one partition needed to rewrite them into one (lakesink.maintenance.position_deletes;
+Java's ``min-input-files`` of ``rewrite_position_delete_files``); the sink's automatic maintenance runs the rewrite
+only when the table holds at least this many live position delete files."""
+REWRITE_DELETES_MIN_INPUT_FILES_DEFAULT = 5
 MAINTENANCE_INTERVAL_MS = "write.lakesink.maintenance.interval-ms"
 MAINTENANCE_INTERVAL_MS_DEFAULT = 60_000
 # merge-on-read: a lookup that reads at most this many bytes (key column chunks, delete files) runs where the batch

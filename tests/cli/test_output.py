@@ -89,7 +89,15 @@ SHAPES: list[tuple[list[str], type | set[str]]] = [
         {"attempts", "branch", "created", "dry_run", "duration_ms", "entries", "manifests_after", "manifests_before"}
         | {"snapshot_id", "status", "table", "target_size_bytes"},
     ),
-    (["maintain", "db.events", "--dry-run"], {"compaction", "dry_run", "expiry", "manifests", "orphans", "table"}),
+    (
+        ["rewrite-position-deletes", "db.events", "--dry-run"],
+        {"added_bytes", "added_files", "attempts", "branch", "dangling_files", "dry_run", "duration_ms", "groups"}
+        | {"removed_files", "rewritten_bytes", "rewritten_files", "snapshot_id", "status", "table"},
+    ),
+    (
+        ["maintain", "db.events", "--dry-run"],
+        {"compaction", "dry_run", "expiry", "manifests", "orphans", "position_deletes", "table"},
+    ),
     (["forget-query", "db.events", Q, "--dry-run"], {"dry_run", "key", "marker", "risk", "table"}),
 ]
 
