@@ -190,11 +190,12 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
     # --- commit -----------------------------------------------------------------------------------
 
     def check_replay_at_plan(self, call: BatchCall, plans: BatchPlans) -> None:
-        """foreach_batch, after :meth:`plans` and before any file is written: the batch is decided as a whole. Each of
-        its tables (and the dead-letter table) that holds it already must hold a faithful replay of the whole batch --
-        another run of the query, the same source offsets, the same set of tables -- else the loud error the commit's
-        loop would raise (:meth:`BatchAction.as_unit_member`) is raised here, before any Spark job writes (a batch found
-        in none of them is new, and the loop decides again, table by table, at every attempt of its commit)."""
+        """foreach_batch, after :meth:`plans` (``plans``: what it returned, with the tables as read) and before any file
+        is written: the batch is decided as a whole. Each of its tables (and the dead-letter table) that holds it
+        already must hold a faithful replay of the whole batch -- another run of the query, the same source offsets,
+        the same set of tables -- else the loud error the commit's loop would raise (:meth:`BatchAction.as_unit_member`)
+        is raised here, before any Spark job writes (a batch found in none of them is new, and the loop decides again,
+        table by table, at every attempt of its commit)."""
         query_id, batch_id = call.query_id, call.batch_id
         names = sorted(plans.read)
         held: list[tuple[TableCommitter, Table, Sequence[str] | None]] = [
