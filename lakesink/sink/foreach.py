@@ -31,9 +31,9 @@ from lakesink.driver.actions.history import HistoryChanges
 from lakesink.driver.actions.upsert_mor import LOOKUP_ATTEMPTS, MergeLookup
 from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
-from lakesink.driver.committers.routed_tables import check_atomic
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.tables.routed_keys import Key
+from lakesink.driver.tables.routed_tables import check_atomic
 from lakesink.driver.tables.schema import arrow_schema_of
 from lakesink.errors import InvalidOptionError, RowDeltaConflictError
 from lakesink.executor import payload

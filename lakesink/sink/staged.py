@@ -40,8 +40,9 @@ from lakesink.driver.actions import dead_letters
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
-from lakesink.driver.committers.routed_tables import check_atomic, staging_root
 from lakesink.driver.tables.routed_keys import Key
+from lakesink.driver.tables.routed_tables import check_atomic
+from lakesink.driver.tables.staging import staging_root
 from lakesink.errors import InvalidOptionError
 from lakesink.executor import payload
 from lakesink.executor.messages import TaskIds, WritePlan
