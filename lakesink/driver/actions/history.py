@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,7 +94,10 @@ class Linked:
     """What one attempt commits into the history table."""
 
     rows: list[dict[str, Any]]
-    """The rows to append: the new versions and the stored versions whose links changed."""
+    """The rows to append: the stored versions whose links changed, and the new versions of changes given whole."""
+    new: list[tuple[int, Any, bool, str]]
+    """The new versions of changes given by their place in the batch (``_index``): (that place, valid_to, is_current,
+    operation) -- their other columns are the change's, taken from the batch's Arrow rows as they are."""
     deleted: dict[str, list[int]]
     """The stored rows those replace, by data file path: their positions."""
     added: int
@@ -109,11 +112,14 @@ def link(
     key: Sequence[str],
     whole: frozenset[tuple[Any, ...]],
     table_name: str = "",
+    full: Callable[[dict[str, Any]], dict[str, Any]] = lambda change: change,
 ) -> Linked:
     """The versions to write (the module's step 2). ``changes``: the batch's changes (rows with :data:`DELETED`, the
     order and the time); ``stored``: the history's versions of their keys, each with ``_path``/``_pos`` (where it is);
     ``whole``: the keys whose every version is in ``stored`` (else only their latest). Pure: no I/O. Two changes of a
-    key with one order value are one change delivered twice when they say the same (kept once), else UpsertKeyError."""
+    key with one order value are one change delivered twice when they say the same (kept once), else UpsertKeyError.
+    A change may be given by its key, order, time, delete flag and place in the batch (``_index``) only: ``full`` gives
+    its whole row where its values are compared (a redelivery), and its version comes back in :attr:`Linked.new`."""
     by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in stored:
         by_key.setdefault(tuple(row[k] for k in key), []).append(row)
@@ -121,6 +127,7 @@ def link(
     for change in changes:
         new_by_key.setdefault(tuple(change[k] for k in key), []).append(change)
     rows: list[dict[str, Any]] = []
+    new: list[tuple[int, Any, bool, str]] = []
     deleted: dict[str, list[int]] = {}
     added = changed = redelivered = 0
     for k, news in new_by_key.items():
@@ -131,7 +138,7 @@ def link(
             order = change[HISTORY_CHANGE_ORDER]
             there = held.get(order, fresh.get(order))
             if there is not None:
-                if not _same_change(change, there):
+                if not _same_change(full(change), full(there) if DELETED in there else there):
                     raise UpsertKeyError(
                         f"history of {table_name}: two different changes of key "
                         f"({', '.join(f'{n}={v!r}' for n, v in zip(key, k, strict=True))}) have the same order value "
@@ -164,13 +171,18 @@ def link(
                 linked[HISTORY_OPERATION] = HISTORY_INSERT if after_delete else HISTORY_UPDATE
             chain[i] = (linked, is_new)
             if is_new:
-                rows.append(_without_place(linked))
+                if "_index" in linked:
+                    new.append(
+                        (linked["_index"], linked[HISTORY_VALID_TO], linked[HISTORY_IS_CURRENT], linked[HISTORY_OPERATION])
+                    )
+                else:
+                    rows.append(_without_place(linked))
                 added += 1
             elif any(linked.get(n) != row.get(n) for n in _LINKS):
                 deleted.setdefault(row["_path"], []).append(row["_pos"])
                 rows.append(_without_place(linked))
                 changed += 1
-    return Linked(rows=rows, deleted=deleted, added=added, changed=changed, redelivered=redelivered)
+    return Linked(rows=rows, new=new, deleted=deleted, added=added, changed=changed, redelivered=redelivered)
 
 
 def _same_change(change: dict[str, Any], version: dict[str, Any]) -> bool:
@@ -217,7 +229,16 @@ class HistoryBatch(AppendBatch):
         new = _new_rows(changes, schema)
         key = list(changes.key)
         stored, whole, read = _stored(table, c.branch, c.name, schema, new, key)
-        linked = link(new.to_pylist(), stored, key=key, whole=whole, table_name=changes.of)
+        light = new.select([*key, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM, DELETED])
+        light = light.append_column("_index", pa.array(range(new.num_rows), pa.int64()))
+        linked = link(
+            light.to_pylist(),
+            stored,
+            key=key,
+            whole=whole,
+            table_name=changes.of,
+            full=lambda change: {**new.slice(change["_index"], 1).to_pylist()[0], DELETED: change[DELETED]},
+        )
         self.linked = linked
         commit = batch.commit_name()
         ids = TaskIds(
@@ -225,9 +246,9 @@ class HistoryBatch(AppendBatch):
         )
         data_files: list[DataFile] = []
         owned: list[str] = []
-        if linked.rows:
+        if linked.rows or linked.new:
             writer = upsert.rewrite_writer(plan, batch_id=batch.batch_id, partition_id=HISTORY_PARTITION_ID, attempt=attempt)
-            arrow = pa.Table.from_pylist(linked.rows, schema=_plain(seam.arrow_schema(schema)))
+            arrow = _versions(new, linked, _plain(seam.arrow_schema(schema)))
             data_files = upsert.written_copies(writer, arrow.to_batches(), plan)
             owned.extend(f.file_path for f in data_files)
         delete_files: list[DataFile] = []
@@ -266,6 +287,23 @@ class HistoryBatch(AppendBatch):
             commit=commit,
             owned=owned,
         )
+
+
+def _versions(new: pa.Table, linked: Linked, schema: pa.Schema) -> pa.Table:
+    """The rows an attempt appends, in the history table's columns (``schema``): the new versions taken from the
+    batch's rows ``new`` as they are, with their links; the stored versions re-linked."""
+    parts = []
+    if linked.new:
+        at = pa.array([n[0] for n in linked.new], pa.int64())
+        taken = new.take(at)
+        columns = {n: taken.column(n) for n in taken.column_names}
+        columns[HISTORY_VALID_TO] = pa.array([n[1] for n in linked.new], schema.field(HISTORY_VALID_TO).type)
+        columns[HISTORY_IS_CURRENT] = pa.array([n[2] for n in linked.new], pa.bool_())
+        columns[HISTORY_OPERATION] = pa.array([n[3] for n in linked.new], pa.string())
+        parts.append(pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema))
+    if linked.rows:
+        parts.append(pa.Table.from_pylist(linked.rows, schema=schema))
+    return pa.concat_tables(parts)
 
 
 def _plain(schema: pa.Schema) -> pa.Schema:

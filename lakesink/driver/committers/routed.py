@@ -555,7 +555,7 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
             return ()  # no namespace yet: no table
         best = -1
         found: list[str] = []
-        for ident, table in catalogs.load_tables(self.catalog, listed[:routed_tables.MAX_COMMITTERS]).items():
+        for ident, table in catalogs.load_tables(self.catalog, listed[: routed_tables.MAX_COMMITTERS]).items():
             name = ".".join(ident)
             done = self.committer(name).last(table, query_id)
             if done is None or done.batch_id < best:
