@@ -169,3 +169,44 @@ def test_a_source_primary_key_change_fails_loudly_naming_both_keys(
     table = catalogs.load(None, dict(catalog_properties)).load_table(("shop", "lines"))
     assert table.current_snapshot() == head  # nothing committed
     assert sorted(r["qty"] for r in table.scan().to_arrow().to_pylist()) == [5, 6]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_batch_spanning_a_key_change_is_refused_then_goes_on_after_the_documented_way_out(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """A batch whose records switch from the old key to the new one (the source's ALTER within the batch): refused on
+    every restart while the table keyed by the old key is there, naming the way out; once the table is dropped the same
+    batch goes on, the table keyed by the new key from the change on, and the stream after it. Before the fix the
+    batch was refused again after the drop (a table lakesink creates takes one key): the stream stuck for good."""
+    old, new = ("order_id",), ("order_id", "line")
+
+    def records_of(key: tuple[str, ...], rows: Sequence[tuple[int, str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        return toast.kafka_records([change("shop.lines", op, lsn, r, LINE_TYPES, key) for lsn, op, r in rows], key, schemas=True)
+
+    def lines() -> list[tuple[int, int, int]]:
+        table = catalogs.load(None, dict(catalog_properties)).load_table(("shop", "lines"))
+        assert_each_batch_once(table, "shop.lines")
+        return sorted((r["order_id"], r["line"], r["qty"]) for r in table.scan().to_arrow().to_pylist())
+
+    write_json_round(tmp_path / "in", 0, records_of(old, [(10, "c", line(1, 1, 5)), (11, "c", line(2, 1, 6))]))
+    run(spark, entry, catalog_properties, tmp_path)
+    before = [(12, "u", line(2, 1, 60)), (13, "d", {"order_id": 1})]
+    after = [(20, "c", line(1, 2, 7)), (21, "c", line(1, 3, 8)), (22, "u", line(2, 1, 61))]
+    write_json_round(tmp_path / "in", 1, records_of(old, before) + records_of(new, after))
+    for _ in range(2):
+        with pytest.raises(Exception, match=r"switch key.*from source position \d+.*drop \(or rename\) table shop\.lines"):
+            run(spark, entry, catalog_properties, tmp_path)
+        assert lines() == [(1, 1, 5), (2, 1, 6)]  # nothing committed
+    catalogs.load(None, dict(catalog_properties)).drop_table(("shop", "lines"))
+    run(spark, entry, catalog_properties, tmp_path)
+    model = {(r["order_id"], r["line"]): r for _, _, r in after}
+    assert lines() == sorted((k[0], k[1], r["qty"]) for k, r in model.items())
+    later = [(30, "u", line(1, 2, 70)), (31, "d", {"order_id": 1, "line": 3}), (32, "c", line(3, 1, 9))]
+    write_json_round(tmp_path / "in", 2, records_of(new, later))
+    run(spark, entry, catalog_properties, tmp_path)
+    model[(1, 2)], model[(3, 1)] = line(1, 2, 70), line(3, 1, 9)
+    del model[(1, 3)]
+    assert lines() == sorted((k[0], k[1], r["qty"]) for k, r in model.items()) == [(1, 2, 70), (2, 1, 61), (3, 1, 9)]
+    table = catalogs.load(None, dict(catalog_properties)).load_table(("shop", "lines"))
+    assert table.schema().identifier_field_names() == {"order_id", "line"}
