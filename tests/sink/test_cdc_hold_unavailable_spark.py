@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,11 @@ class Topics:
         tx = cdc_debezium.transaction_id(changes[0])
         assert tx is not None
         begin, end = cdc_debezium.transaction_records(tx, cdc_debezium.commit_ms(changes[0]), [DOCS] * len(changes), schemas=True)
-        records = [r for c, b in zip(changes, blocks, strict=True) for r in cdc_debezium.records(c, "shop", ("id",), schemas=True, transaction=b)]
+        records = [
+            r
+            for c, b in zip(changes, blocks, strict=True)
+            for r in cdc_debezium.records(c, "shop", ("id",), schemas=True, transaction=b)
+        ]
         return [begin], records, end
 
 
@@ -139,7 +143,10 @@ def test_a_held_transaction_and_an_unavailable_value_dead_letter_in_one_batch_wr
     def letters() -> list[tuple[str, str, int, int]]:
         table = catalogs.load(None, dict(props)).load_table(tuple(DEAD.split(".")))
         rows = table.scan().to_arrow().to_pylist()
-        return sorted((r["error"], r["table"], r["batch_id"], json.loads(json.loads(r["row"])["value"])["payload"]["after"]["id"]) for r in rows)
+        return sorted(
+            (r["error"], r["table"], r["batch_id"], json.loads(json.loads(r["row"])["value"])["payload"]["after"]["id"])
+            for r in rows
+        )
 
     def held_state() -> held.HeldState:
         table = catalogs.load(None, dict(props)).load_table(("public", "docs"))

@@ -136,6 +136,38 @@ def test_a_placeholder_with_no_value_to_keep_is_a_dead_letter_on_both_entry_poin
     assert letters() == expected
 
 
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_placeholder_change_a_later_delete_absorbs_is_no_dead_letter_on_both_entry_points(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """With option dead-letter-table: of a key whose change after the batch's delete of it is a dead letter, the
+    placeholder change before that delete (fillable from the table, or not) is no dead letter -- the delete absorbs it.
+    Before the fix every placeholder change of the key was one (20 and 24 here)."""
+    docs, _ = TABLES
+    zero = [change(docs, "c", 10 + i, row(i, f"v1 {i}"), TYPES, ("id",)) for i in range(1, 3)]
+    good = [
+        change(docs, "u", 20, unchanged_toast(1, "v2"), TYPES, ("id",)),
+        change(docs, "d", 21, {"id": 1}, TYPES, ("id",)),
+        change(docs, "u", 24, unchanged_toast(7, "never inserted"), TYPES, ("id",)),
+        change(docs, "d", 25, {"id": 7}, TYPES, ("id",)),
+    ]
+    bad = [
+        change(docs, "u", 22, unchanged_toast(1, "after its delete"), TYPES, ("id",)),
+        change(docs, "u", 26, unchanged_toast(7, "after its delete"), TYPES, ("id",)),
+    ]
+    write_json_round(tmp_path / "in", 0, records(zero))
+    write_json_round(tmp_path / "in", 1, records(sorted([*good, *bad], key=lambda c: c["lsn"])))
+    df = spark.readStream.schema(KAFKA_DDL).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+    query = start_sink(
+        df, entry, tmp_path / "ck", catalog_properties, cdc_format="debezium", merge_schema=True, dead_letter_table=DEAD
+    )
+    run_to_end(query)
+    assert_tables_are(catalog_properties, [zero, [c for c in good if c["lsn"] != 24]])  # 24: deleted, nothing to keep
+    table = catalogs.load(None, dict(catalog_properties)).load_table(tuple(DEAD.split(".")))
+    letters = table.scan().to_arrow().to_pylist()
+    assert sorted(json.loads(json.loads(r["row"])["value"])["payload"]["source"]["lsn"] for r in letters) == [22, 26]
+
+
 def line(order_id: int, n: int, qty: int) -> dict[str, Any]:
     return {"order_id": order_id, "line": n, "qty": qty}
 
