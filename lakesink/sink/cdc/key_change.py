@@ -34,11 +34,11 @@ from lakesink.driver.tables.routed_keys import Key, identifier_fields
 from lakesink.errors import SchemaMismatchError
 from lakesink.executor.payload import Found
 from lakesink.options import Routing
+from lakesink.table.keys import PROPERTY_KEY_CHANGE_PREFIX
 from lakesink.table.routes import Route, parse_route
 
-PROPERTY = "lakesink.key-change."
-"""The prefix of the namespace property recording a table's key change (then the table's name): a JSON object with the
-old key (``from``), the new one (``to``) and the source position of the first change under the new key (``at``)."""
+PROPERTY = PROPERTY_KEY_CHANGE_PREFIX
+"""The prefix of the namespace property recording a table's key change (then the table's name)."""
 
 
 def cuts(
