@@ -25,7 +25,8 @@ import pytest
 
 from lakesink.driver import catalogs
 from lakesink.driver.actions import held
-from tests.driver.test_cdc_unavailable import TOASTED, TYPES, as_stored, row, unchanged_toast
+from tests.driver.test_cdc_unavailable import TYPES, as_stored, row, unchanged_toast
+from tests.sink import test_cdc_unavailable_spark as unavailable_spark
 from tests.support import cdc_debezium, toast
 from tests.support.helpers import assert_each_batch_once, run_to_end, start_sink
 
@@ -82,18 +83,8 @@ def write(src: Path, index: int, records: Sequence[dict[str, Any]]) -> None:
 
 def model(changes: Sequence[Change], letters: Sequence[Change]) -> dict[int, dict[str, Any]]:
     """public.docs after ``changes`` in source order, the dead letters not applied; a placeholder keeps the value the
-    row holds."""
-    rows: dict[int, dict[str, Any]] = {}
-    for c in sorted((c for c in changes if c not in letters), key=lambda c: c["lsn"]):
-        if c["op"] == "d":
-            rows.pop(c["before"]["id"], None)
-            continue
-        after = dict(c["after"])
-        for n in TOASTED:
-            if after[n] == toast.placeholder(TYPES[n]):
-                after[n] = rows[after["id"]][n]
-        rows[after["id"]] = after
-    return rows
+    row holds (tests/sink/test_cdc_unavailable_spark.py's model)."""
+    return unavailable_spark.model([[c for c in changes if c not in letters]]).get(DOCS, {})
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
