@@ -59,7 +59,7 @@ from lakesink.sink import (
     merge_on_read,
     upsert_batch,
 )
-from lakesink.sink.cdc import transactions, truncates
+from lakesink.sink.cdc import key_change, transactions, truncates
 from lakesink.sink.commit import commit_or_abort
 from lakesink.sink.foreach_spark import RoutedSparkBatches, read_once, routed_tables_by_value
 from lakesink.sink.query import RunningQuery
@@ -528,7 +528,9 @@ class ForeachBatchSink(RoutedSparkBatches):
         if self.options.payload is not None:  # each table's columns from its payloads (the same job finds the routes)
             values, found, facts = self._payload_columns(df, facts)
             if self.options.cdc_format is not None:  # the changes before a truncate dropped, the table marked
-                df, values, facts = truncates.apply(df, routed, routing, found, values, facts)
+                keyed, facts = key_change.cuts(routed, routing, found, facts)  # a batch spanning a source's key change
+                cuts = key_change.merged(truncates.positions(found), keyed)
+                df, values, facts = truncates.apply(df, routed, routing, found, values, facts, cuts)
             # cdc-transactions=hold, no table yet, none planned (dead letters at most): the held changes' tables
             if self._held is not None and self._held.needs_home and not routed.routes(values, batch_id):
                 held_changes = debezium_changes(self._held.held_changes(), keep_value=self.options.dead_letter_table is not None)

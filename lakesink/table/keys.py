@@ -136,6 +136,10 @@ back (a source transaction not yet whole, and every change after it), as JSON: t
 records, their count, the oldest one's time, the last released transaction's commit time, and the same of the batch
 before (a replay of the batch starts from those). Set in every table of the batch's unit, in the same atomic commit
 (lakesink.driver.actions.held)."""
+PROPERTY_KEY_CHANGE_PREFIX = "lakesink.key-change."
+"""Namespace property (then the table's name): a routed table's source primary key change a batch spans, recorded when
+the batch was refused (JSON: the old key ``from``, the new one ``to``, the source position ``at`` of the first change
+under the new key); lakesink.sink.cdc.key_change."""
 PROPERTY_CDC_BINLOG_EPOCH = "lakesink.cdc.binlog-epoch"
 """Table property, option cdc-format (docs/cdc.md, "MySQL without GTIDs, MariaDB: coordinates that go back"): an
 integer ``E`` (0 to 999999, default 0) set by the user after the source's binlog went back; every binlog-coordinates order
