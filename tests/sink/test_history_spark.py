@@ -186,7 +186,12 @@ def assert_never_disagree(props: dict[str, str]) -> None:
 
 @pytest.mark.parametrize(
     ("entry", "mode"),
-    [("foreach", "copy-on-write"), ("foreach", "merge-on-read"), ("format", "copy-on-write"), ("format", "merge-on-read")],
+    [
+        ("foreach", "copy-on-write"),
+        pytest.param("foreach", "merge-on-read", marks=pytest.mark.long),
+        pytest.param("format", "copy-on-write", marks=pytest.mark.long),
+        ("format", "merge-on-read"),
+    ],
 )
 def test_history_of_a_change_stream_with_late_and_redelivered_changes_equals_the_model(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str, mode: str
@@ -345,3 +350,22 @@ def test_a_column_the_stream_adds_reaches_the_history_in_the_same_commit(
     batches = [[{k: v for k, v in e.items() if k != "tier"} for e in b] for b in [*first, later]]
     assert versions_of(history.scan().to_arrow()) == history_model(batches)
     assert_never_disagree(catalog_properties)
+
+
+def test_history_on_a_branch_leaves_main_of_both_tables_alone(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """Option branch (write-audit-publish): the history's versions are committed to the same branch of the history
+    table, in the same unit; main of both tables holds nothing of the query until it is published."""
+    changes = stream(seed=13, batches=2, per_batch=30, keys=10)
+    write_events(tmp_path / "in", changes)
+    run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties, branch="audit"))
+    table, history = load(catalog_properties, "events"), load(catalog_properties, "events__history")
+    for t in (table, history):
+        assert "audit" in t.metadata.refs
+        main = t.metadata.snapshot_by_name("main")
+        assert main is None or not main.summary or "lakesink.batch-id" not in (main.summary.additional_properties or {})
+    audited = history.scan(snapshot_id=history.metadata.snapshot_by_name("audit").snapshot_id).to_arrow()
+    assert versions_of(audited) == history_model(changes)
+    mirror = table.scan(snapshot_id=table.metadata.snapshot_by_name("audit").snapshot_id).to_arrow()
+    assert rows_of(mirror) == table_model(changes) == current_of(audited)
