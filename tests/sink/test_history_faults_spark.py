@@ -74,6 +74,15 @@ def history_delete_files(table: Any) -> list[str]:
     ]
 
 
+def assert_no_version_lost_or_doubled(props: dict[str, str], batches: list[list[Event]]) -> None:
+    """As many versions as the model, one current version per key, equal to the table's model (checked before the
+    versions are compared one by one: a version left current beside its successor fails here, by its key)."""
+    rows = load(props, "events__history").scan().to_arrow()
+    expected = history_model(batches)
+    assert rows.num_rows == len(expected), f"the history holds {rows.num_rows} versions, the model {len(expected)}"
+    assert current_of(rows) == table_model(batches)
+
+
 def _job(props: dict[str, str], src: Path, ck: Path, mode: str, faults_dir: str | None) -> subprocess.Popen[str]:
     return start_job("tests.jobs.history_job", json.dumps(props), str(src), str(ck), mode, faults_dir=faults_dir)
 
@@ -123,6 +132,7 @@ def test_sigkill_at_the_units_fault_points_then_restart_keeps_every_version_once
     assert {s["summary"][SUMMARY_UPSERT_MODE] for s in lakesink_snapshots(table)} == {mode}
     assert {s["summary"][SUMMARY_HISTORY_OF] for s in lakesink_snapshots(history)} == {"db.events"}
     assert history_delete_files(history), "the late batch re-linked no stored version"
+    assert_no_version_lost_or_doubled(catalog_properties, batches)
     assert_in_every_reader(catalog_properties, batches)
     assert_never_disagree(catalog_properties)
 
@@ -164,6 +174,7 @@ def test_a_compaction_of_the_history_table_racing_a_batch_makes_it_retry_and_los
     assert history.metadata.snapshot_by_id(last.parent_snapshot_id).summary.operation.value == "replace"
     assert [s["batch_id"] for s in lakesink_snapshots(history)] == list(range(len(changes)))
     assert [s["batch_id"] for s in lakesink_snapshots(load(catalog_properties, "events"))] == list(range(len(changes)))
+    assert_no_version_lost_or_doubled(catalog_properties, changes)
     assert_in_every_reader(catalog_properties, changes)
     assert_never_disagree(catalog_properties)
     assert unreferenced_delete_files(history) == [], "the conflicted attempt's position delete files were left behind"
