@@ -17,7 +17,13 @@ from typing import Any
 import pytest
 from pyiceberg.manifest import DataFileContent
 
-from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
+from lakesink.faults import (
+    CATALOG_BETWEEN_TABLE_SWAPS,
+    CATALOG_FAILS_AFTER_APPLY,
+    CATALOG_FAILS_BEFORE_APPLY,
+    DRIVER_AFTER_SWAP,
+    DRIVER_BEFORE_SWAP,
+)
 from lakesink.maintenance import compaction
 from lakesink.table.keys import SUMMARY_HISTORY_CHANGED, SUMMARY_HISTORY_OF, SUMMARY_UPSERT_MODE
 from tests.jobs.history_job import MODES
@@ -193,3 +199,31 @@ def test_a_compaction_of_the_history_table_racing_a_batch_makes_it_retry_and_los
     assert versions_of(history.scan().to_arrow()) == history_model(changes)
     assert current_of(history.scan().to_arrow()) == rows_of(load(catalog_properties, "events").scan().to_arrow())
     assert current_of(history.scan().to_arrow()) == table_model(changes)
+
+
+@pytest.mark.parametrize("point", [CATALOG_FAILS_BEFORE_APPLY, CATALOG_FAILS_AFTER_APPLY])
+def test_a_catalog_error_on_the_units_swap_is_settled_by_reading_both_tables(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, caplog: Any, point: str
+) -> None:
+    """The catalog fails the unit's swap of the table and its history: before applying it (nothing landed: the batch
+    retries and commits once) or after (both landed, the caller sees an error: found landed by reading the tables,
+    not committed again). Each batch once in both tables, the history equal to the model."""
+    changes = stream(seed=29, batches=3, per_batch=30, keys=10)
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_events(src, changes[:1])
+    s = sink(catalog_properties, maintenance="off")
+    run(spark, src, ck, s)
+    write_events(src, changes[1:], start=1)
+    faults.arm(point, "raise")
+    caplog.set_level("WARNING", logger="lakesink")
+    run(spark, src, ck, s)
+    assert faults.fired(point)
+    settled = [r.getMessage() for r in caplog.records if "settled by reading the table" in r.getMessage()]
+    assert len(settled) == 2, settled  # one per table of the unit: the table's and the history's
+    outcome = "landed" if point == CATALOG_FAILS_AFTER_APPLY else "not landed"
+    assert [m.rsplit(": ", 1)[1] for m in settled] == [outcome, outcome], settled
+    for name in ("events", "events__history"):
+        assert [b["batch_id"] for b in lakesink_snapshots(load(catalog_properties, name))] == [0, 1, 2], name
+    assert_no_version_lost_or_doubled(catalog_properties, changes)
+    assert_in_every_reader(catalog_properties, changes)
+    assert_never_disagree(catalog_properties)
