@@ -16,31 +16,20 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 import lakesink
-from lakesink.table.keys import DRIVER_LOOKUP_BYTES
 from tests.jobs.jvm import local_session
+from tests.sink.test_history_spark import DDL, MOR, sink
 
-EVENTS_DDL = "eid long, id long, value string, seq long, op string, ts timestamp"
-MODES = {"copy-on-write": None, "merge-on-read": {"write.merge.mode": "merge-on-read", DRIVER_LOOKUP_BYTES: "0"}}
+MODES = {"copy-on-write": None, "merge-on-read": MOR}
 
 
 def history_sink(props: dict[str, str], mode: str) -> lakesink.ForeachBatchSink:
-    """Upserts by ``id`` in ``seq`` order (``op = 'd'`` deletes), every change kept in the history by its ``ts``; no
-    maintenance (the fault points the test arms fire in the batch's unit only)."""
-    return lakesink.foreach_batch(
-        "db.events",
-        catalog_properties=props,
-        upsert_key="id",
-        delete_when="op = 'd'",
-        order_by="seq",
-        history="on",
-        history_time="ts",
-        table_properties=MODES[mode],
-        maintenance="off",
-    )
+    """tests/sink/test_history_spark.py's sink (upserts by ``id`` in ``seq`` order, ``op = 'd'`` deletes, every change
+    kept in the history by its ``ts``), no maintenance: the fault points the test arms fire in the batch's unit only."""
+    return sink(props, table_properties=MODES[mode], maintenance="off")
 
 
 def writer(spark: SparkSession, props: dict[str, str], src: str, ck: str, mode: str) -> DataStreamWriter:
-    df = spark.readStream.schema(EVENTS_DDL).option("maxFilesPerTrigger", 1).json(src)
+    df = spark.readStream.schema(DDL).option("maxFilesPerTrigger", 1).json(src)
     w = df.writeStream.foreachBatch(history_sink(props, mode))  # type: ignore[arg-type]
     return w.option("checkpointLocation", ck).trigger(availableNow=True)
 
