@@ -26,6 +26,7 @@ from benchmarks import cdc_scale as cdc_scale_bench
 from benchmarks import commit_latency as commit_latency_bench
 from benchmarks import commit_path as commit_path_bench
 from benchmarks import driver_memory as driver_memory_bench
+from benchmarks import history as history_bench
 from benchmarks import java_sink, report
 from benchmarks import longrun as longrun_bench
 from benchmarks import memory as memory_bench
@@ -456,6 +457,25 @@ def _names(text: str, valid: tuple[str, ...], hint: str) -> list[str]:
         if x not in valid:
             raise click.BadParameter(f"unknown {x!r}; valid: {', '.join(valid)}", param_hint=hint)
     return chosen
+
+
+@main.command("history")
+@click.option("--keys", default=100_000, show_default=True, help="rows of the table's load (batch 0, not measured)")
+@click.option("--batches", default=6, show_default=True, help="measured batches per run")
+@click.option("--changes", default=10_000, show_default=True, help="changes per batch")
+@click.option("--reps", default=3, show_default=True, help="repetitions, with and without history interleaved")
+@click.pass_context
+def history(ctx: click.Context, keys: int, batches: int, changes: int, reps: int) -> None:
+    """Option history's cost: one upserted table's change stream with and without its history table (issue 55)."""
+    with _work(ctx.obj["work"]) as root:
+        info = machine()
+        spark = spark_session(extra={"spark.sql.streaming.numRecentProgressUpdates": "1000"})
+        try:
+            result = history_bench.run(spark, root, keys=keys, batches=batches, changes=changes, reps=reps, say=_say)
+        finally:
+            spark.stop()
+    result = {"command": _command(), "machine": info, "load_average_end": [round(x, 2) for x in os.getloadavg()], **result}
+    _finish(ctx, "history", result)
 
 
 @main.command("cdc-scale")

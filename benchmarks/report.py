@@ -281,6 +281,28 @@ def driver_memory_md(r: dict[str, Any], rel: str) -> str:
     return "\n".join(lines)
 
 
+def history_md(r: dict[str, Any]) -> str:
+    """Option history's cost: seconds per batch with and without the history table, and their ratio per repetition."""
+    w, s = r["workload"], r["summary"]
+
+    def cell(x: dict[str, Any], digits: int = 2) -> str:
+        return f"{_f(x['median'], digits)} ({_f(x['min'], digits)}-{_f(x['max'], digits)})" if x.get("n") else "-"
+
+    return "\n".join(
+        [
+            f"Command: `{r['command']}`  ",
+            f"Machine: {_machine_line(r['machine'])}",
+            "",
+            f"{w['keys']:,} rows loaded, then {w['batches']} batches of {w['changes_per_batch']:,} changes "
+            f"(inserts, updates, deletes; several per key), {w['reps']} repetitions interleaved.",
+            "",
+            "| s per batch without history | s per batch with history | ratio with / without (per repetition) |",
+            "|---:|---:|---:|",
+            f"| {cell(s['without_s_per_batch'])} | {cell(s['with_s_per_batch'])} | {cell(s['ratio_with_over_without'])} |",
+        ]
+    )
+
+
 def metadata_cost_md(r: dict[str, Any]) -> str:
     lines = [
         f"Command: `{r['command']}`  ",
@@ -583,6 +605,9 @@ def render(out: Path, page: Path | None) -> str:
     rw = load(out, "routing_spark_writer")
     if rw:
         parts["routing-spark-writer"] = routing_spark_writer_md(rw)
+    hs = load(out, "history")
+    if hs:
+        parts["history"] = history_md(hs)
     r = load(out, "rate")
     if r:
         plots.rate(r, out / PLOTS["rate"])

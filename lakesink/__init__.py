@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     from lakesink.maintenance.expiry import expire_snapshots
     from lakesink.maintenance.manifest_rewrite import rewrite_manifests
     from lakesink.maintenance.orphans import remove_orphan_files
+    from lakesink.maintenance.position_deletes import rewrite_position_deletes
     from lakesink.maintenance.routine import forget_query, maintain
     from lakesink.options import OutputMode, ReadOptions, SinkOptions
     from lakesink.sink.foreach import ForeachBatchSink, foreach_batch
@@ -86,6 +87,7 @@ __all__ = [
     "forget_query",
     "maintain",
     "rewrite_manifests",
+    "rewrite_position_deletes",
     "AuditError",
     "BatchOutcome",
     "BatchProgress",
@@ -181,6 +183,7 @@ _LAZY = {
     "forget_query": "lakesink.maintenance.routine",
     "maintain": "lakesink.maintenance.routine",
     "rewrite_manifests": "lakesink.maintenance.manifest_rewrite",
+    "rewrite_position_deletes": "lakesink.maintenance.position_deletes",
     "OutputMode": "lakesink.options",
     "ReadOptions": "lakesink.options",
     "SinkOptions": "lakesink.options",

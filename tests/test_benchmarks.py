@@ -294,6 +294,21 @@ def test_cdc_lakesink_at_toy_size(tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.long
+@pytest.mark.timeout(1800)
+def test_history_at_toy_size(tmp_path: Path) -> None:
+    """``python -m benchmarks history`` (issue 55): a load and two batches with and without the history table, twice;
+    the tables equal the model and the history holds one version per change (the benchmark fails otherwise), the
+    ratio recorded per repetition, the table in the page."""
+    _bench(tmp_path, "history", "--keys", "30", "--batches", "2", "--changes", "20", "--reps", "2", timeout=1500)
+    result = json.loads((tmp_path / "performance" / "history.json").read_text())
+    assert [(r["rep"], r["mode"]) for r in result["runs"]] == [(0, "with"), (0, "without"), (1, "without"), (1, "with")]
+    assert all(len(r["batch_s"]) == 2 and all(t > 0 for t in r["batch_s"]) for r in result["runs"])
+    assert result["summary"]["ratio_with_over_without"]["n"] == 2
+    assert "<!-- generated: history -->" in (tmp_path / "performance.md").read_text()
+
+
+@pytest.mark.spark
 @pytest.mark.benchmark
 @pytest.mark.deploy
 @pytest.mark.timeout(3000)

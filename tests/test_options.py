@@ -31,7 +31,7 @@ VALID_LIST = (
     "valid options: table, catalog, catalog.<property>, checkpointLocation, create-table, partitioned-by, merge-schema, "
     "branch, sink-id, upsert-key, delete-when, order-by, table-property.<property>, format-version, maintenance, event-time, "
     "dead-letter-table, reject-when, max-rejected-fraction, route-by, namespace, route-namespaces, atomic, payload, cdc-format, "
-    "cdc-transactions, cdc-transaction-wait, cdc-unavailable-value, metrics"
+    "cdc-transactions, cdc-transaction-wait, cdc-unavailable-value, metrics, history, history-time"
 )
 
 

@@ -13,7 +13,9 @@ snapshot producer:
   ``existing`` and the removed one recorded ``deleted`` in a manifest of its own content;
 - **sequence numbers**: every added entry leaves its sequence numbers unassigned and inherits the new snapshot's from
   the manifest list (the spec's "Sequence Number Inheritance"), so the new position deletes apply to every data file
-  committed before them (data sequence number <= theirs), and a rewritten entry keeps its own;
+  committed before them (data sequence number <= theirs), and a rewritten entry keeps its own; a rewrite of position
+  deletes gives its new delete files the largest data sequence number of the files they replace (Java's
+  ``RewritePositionDeletesCommitManager``) and inherits only the file sequence number;
 - **operation** as Java's ``BaseRowDelta.operation()``: ``append`` when only data files are added, ``delete`` when
   delete files are added and no data file, ``overwrite`` otherwise; a rewrite (:func:`prepare_rewrite`) is ``replace``;
 - **summary** as Java's ``SnapshotSummary``: ``added-data-files``, ``added-records``, ``added-delete-files``,
@@ -89,12 +91,14 @@ class _RowDeltaProducer(_MergeAppend):
         added_deletes: Sequence[DataFile],
         removed: Sequence[DataFile],
         replace: bool = False,
+        data_sequence_numbers: Mapping[str, int] = EMPTY_DICT,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._added_deletes = list(added_deletes)
         self._removed = {f.file_path: f for f in removed}
         self._replace = replace
+        self._data_sequence_numbers = dict(data_sequence_numbers)
 
     def _manifests(self) -> list[ManifestFile]:
         kept, removed_entries = self._parent_without_removed()  # planned first: a failed check writes nothing
@@ -109,8 +113,15 @@ class _RowDeltaProducer(_MergeAppend):
         for spec_id, files in sorted(_by_spec(self._added_deletes).items()):
             with self._delete_manifest_writer(spec_id) as writer:
                 for f in files:
+                    # an explicit data sequence number (a rewrite's: Java's RewriteFiles.addFile(file, dataSequenceNumber))
+                    # or none: inherited from the manifest list (the new snapshot's)
                     writer.add(
-                        ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, data_file=f)
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=self._snapshot_id,
+                            sequence_number=self._data_sequence_numbers.get(f.file_path),
+                            data_file=f,
+                        )
                     )
             added.append(writer.to_manifest_file())
         by_kind: dict[tuple[bool, int], list[ManifestEntry]] = {}
@@ -246,11 +257,15 @@ def prepare_rewrite(
     branch: str,
     commit: names.CommitName | None = None,
     files_since_ms: int | None = None,
+    data_sequence_numbers: Mapping[str, int] = EMPTY_DICT,
 ) -> PreparedCommit:
     """A ``replace`` snapshot: ``removed`` (live data and delete files of the branch head) rewritten as ``added`` (data
     files, or position delete files) -- rows unchanged. A compaction that applies delete files, or rewrites position
     deletes (Java's ``RewriteFiles``: ``rewrite_data_files``, ``rewrite_position_delete_files``). The swap asserts the
-    branch head and the table (not the schema: a rewrite keeps the files' own)."""
+    branch head and the table (not the schema: a rewrite keeps the files' own). ``data_sequence_numbers``: an added
+    delete file's data sequence number by its path, written into its manifest entry (Java's ``RewriteFiles.addFile(file,
+    dataSequenceNumber)``: a rewrite of position deletes keeps the largest of the files it replaces); a file not in it
+    inherits the new snapshot's."""
     tx = _transaction(table, ())
     producer = _named(
         _RowDeltaProducer(
@@ -262,6 +277,7 @@ def prepare_rewrite(
             added_deletes=[f for f in added if f.content == DataFileContent.POSITION_DELETES],
             removed=removed,
             replace=True,
+            data_sequence_numbers=data_sequence_numbers,
         ),
         commit,
     )

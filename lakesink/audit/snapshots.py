@@ -14,6 +14,7 @@ from lakesink.table.keys import (
     MAIN_BRANCH,
     OPERATION_COMPACT,
     OPERATION_REWRITE_MANIFESTS,
+    OPERATION_REWRITE_POSITION_DELETES,
     SUMMARY_BATCH_ID,
     SUMMARY_QUERY_ID,
     SUMMARY_SINK_ID,
@@ -25,8 +26,14 @@ OTHER = "other writer"
 COMPACTION = "lakesink compaction"
 #: The writer of a snapshot of lakesink's manifest rewrite (``lakesink.operation=rewrite-manifests``, a replace).
 MANIFEST_REWRITE = "lakesink manifest rewrite"
+#: The writer of a snapshot of lakesink's rewrite of position deletes (``lakesink.operation=rewrite-position-deletes``).
+POSITION_DELETE_REWRITE = "lakesink position delete rewrite"
 #: ``lakesink.operation`` of lakesink's maintenance snapshots -> their writer.
-MAINTENANCE_WRITERS = {OPERATION_COMPACT: COMPACTION, OPERATION_REWRITE_MANIFESTS: MANIFEST_REWRITE}
+MAINTENANCE_WRITERS = {
+    OPERATION_COMPACT: COMPACTION,
+    OPERATION_REWRITE_MANIFESTS: MANIFEST_REWRITE,
+    OPERATION_REWRITE_POSITION_DELETES: POSITION_DELETE_REWRITE,
+}
 
 T = TypeVar("T")
 

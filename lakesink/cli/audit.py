@@ -15,6 +15,8 @@ Each prints through the :class:`~lakesink.cli.output.Output` the run chose (``la
 
 from __future__ import annotations
 
+import datetime
+
 import click
 from pyiceberg.expressions import BooleanExpression
 
@@ -32,6 +34,7 @@ from lakesink.audit import (
 )
 from lakesink.audit.completeness import NO_WATERMARK, TableWatermark, wait_for_watermark
 from lakesink.audit.routes import verify_query
+from lakesink.audit.versions import as_of, history_name, versions_of
 from lakesink.cli.common import (
     POINT_HELP,
     branch_option,
@@ -117,6 +120,68 @@ def show_command(
     if order_by:
         rows = rows.sort_by(order_by)
         rows = rows.select(cols) if cols else rows
+    more = bool(limit) and rows.num_rows > limit
+    output.rows(rows.slice(0, limit) if more else rows, None if more else rows.num_rows)
+
+
+@click.command("history-of")
+@click.argument("table")
+@catalog_options
+@click.option(
+    "--key",
+    "keys",
+    metavar="COLUMN=VALUE",
+    multiple=True,
+    help="The row's key (repeat for a key of several columns), for example --key id=7.",
+)
+@click.option(
+    "--history",
+    "history_table",
+    metavar="TABLE",
+    help="The history table (default: TABLE__history, as option history=on names it).",
+)
+@click.option(
+    "--as-of",
+    "as_of_time",
+    metavar="TIME",
+    help="Instead of a key's versions: TABLE's rows as they were at this source time (ISO 8601 or epoch ms), from the "
+    "history table alone.",
+)
+@click.option("--limit", type=click.IntRange(min=0), default=0, show_default=True, help="Rows to print (0: all).")
+@output_option(help="Print the versions as a JSON list.")
+def history_of_command(
+    table: str,
+    catalog_name: str | None,
+    catalog_properties: dict[str, str],
+    keys: tuple[str, ...],
+    history_table: str | None,
+    as_of_time: str | None,
+    limit: int,
+    output: Output,
+) -> None:
+    """Every version of TABLE's row with --key (oldest first), from its history table (option history)."""
+    name = history_table or history_name(table)
+    key: dict[str, str] = {}
+    for item in keys:
+        column, sep, value = item.partition("=")
+        if not sep or not column.strip():
+            raise click.BadParameter(f"{item!r} is not COLUMN=VALUE (for example id=7)", param_hint="--key")
+        key[column.strip()] = value
+    if as_of_time is not None and key:
+        raise click.UsageError("give --key (a row's versions) or --as-of (the table at a time), not both")
+    if as_of_time is None and not key:
+        raise click.UsageError("give --key COLUMN=VALUE (the row whose versions to print), or --as-of TIME")
+    t = load_table(name, catalog_name, catalog_properties)
+    with table_value_errors():
+        if as_of_time is not None:
+            try:
+                ms = parse_timestamp_ms(as_of_time)
+            except ValueError as e:
+                raise click.BadParameter(str(e), param_hint="--as-of") from None
+            when = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+            rows = as_of(t, when, name=name)
+        else:
+            rows = versions_of(t, key, name=name)
     more = bool(limit) and rows.num_rows > limit
     output.rows(rows.slice(0, limit) if more else rows, None if more else rows.num_rows)
 

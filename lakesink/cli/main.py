@@ -1,7 +1,7 @@
 """The ``lakesink`` command line: one click group, one sub-command per task.
 
-    lakesink history | show | diff | which | verify | report | publish | wait   (lakesink.cli.audit)
-    lakesink maintain | compact | expire-snapshots | rewrite-manifests |
+    lakesink history | history-of | show | diff | which | verify | report | publish | wait   (lakesink.cli.audit)
+    lakesink maintain | compact | rewrite-position-deletes | expire-snapshots | rewrite-manifests |
              forget-query | remove-orphan-files | checkpoint-clean        (lakesink.cli.maintenance)
 
 Tables are found the way the sink finds them (:mod:`lakesink.cli.common`). Output is for humans unless ``lakesink
@@ -65,11 +65,14 @@ COMMANDS: dict[str, LazyCommand] = {
     "history": LazyCommand(
         _AUDIT, "history_command", "One line per snapshot of TABLE: time, operation, query and batch, rows and files, offsets."
     ),
+    "history-of": LazyCommand(
+        _AUDIT, "history_of_command", "Every version of TABLE's row with --key (oldest first), from its history table."
+    ),
     "maintain": LazyCommand(
         _MAINTENANCE,
         "maintain_command",
-        "Compact TABLE, expire its snapshots (as its properties say), rewrite its manifests when due, then remove "
-        "orphan files at a safe age.",
+        "Compact TABLE, rewrite its small position delete files, expire its snapshots (as its properties say), rewrite "
+        "its manifests when due, then remove orphan files at a safe age.",
     ),
     "publish": LazyCommand(
         _AUDIT, "publish_command", "Fast-forward TABLE's main branch to --branch after verify passes on it (write-audit-publish)."
@@ -84,6 +87,12 @@ COMMANDS: dict[str, LazyCommand] = {
         _MAINTENANCE,
         "rewrite_manifests_command",
         "Merge TABLE's small data manifests, clustered by partition, into one replace snapshot (files unchanged).",
+    ),
+    "rewrite-position-deletes": LazyCommand(
+        _MAINTENANCE,
+        "rewrite_position_deletes_command",
+        "Merge TABLE's small position delete files per partition and drop dangling deletes, in one replace snapshot "
+        "(data files and rows unchanged).",
     ),
     "show": LazyCommand(_AUDIT, "show_command", "Print TABLE's rows as of a point in its history (time travel)."),
     "verify": LazyCommand(_AUDIT, "verify_command", "Check TABLE's exactly-once invariants; exit status 1 on any violation."),
@@ -172,6 +181,7 @@ def main() -> None:
 
     Audit (docs/auditing.md): which batch of which query wrote a row (history, which), the table as of any batch or
     time (show, diff), the exactly-once invariants (verify, report), write-audit-publish and completeness (publish,
-    wait). Maintenance (docs/maintenance.md): maintain, compact, expire-snapshots, rewrite-manifests, forget-query,
-    remove-orphan-files, checkpoint-clean.
+    wait); a history table's versions of a row (history-of, docs/history.md). Maintenance (docs/maintenance.md):
+    maintain, compact, rewrite-position-deletes, expire-snapshots, rewrite-manifests, forget-query, remove-orphan-files,
+    checkpoint-clean.
     """

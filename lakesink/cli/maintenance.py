@@ -2,6 +2,7 @@
 
     lakesink maintain TABLE            compact, expire snapshots, then remove orphans older than 3 days
     lakesink compact TABLE             bin-pack small data files into a replace snapshot
+    lakesink rewrite-position-deletes TABLE  merge small position delete files, drop dangling deletes
     lakesink expire-snapshots TABLE    expire snapshots as the table's history.expire.* properties say
     lakesink rewrite-manifests TABLE   merge the head's small manifests into manifests of the target size
     lakesink forget-query TABLE QUERY  remove a retired query's replay marker
@@ -23,7 +24,7 @@ import click
 from lakesink.cli.common import catalog_options, duration_option, load_table, redacted
 from lakesink.cli.output import Output, output_option
 from lakesink.cli.render import CommandFailed
-from lakesink.maintenance import compaction, expiry, manifest_rewrite, routine
+from lakesink.maintenance import compaction, expiry, manifest_rewrite, position_deletes, routine
 from lakesink.maintenance.orphans import OTHER_WRITERS_OLDER_THAN, remove_orphan_files
 from lakesink.sink.checkpoint_cleanup import DEFAULT_OLDER_THAN as CHECKPOINT_QUIET_TIME
 from lakesink.sink.checkpoint_cleanup import clean_checkpoint
@@ -63,6 +64,40 @@ def compact_command(
         progress=lambda d, n: output.progress("rewriting", d, n),
     )
     output.compaction(report)
+
+
+@click.command("rewrite-position-deletes")
+@click.argument("table")
+@catalog_options
+@click.option("--branch", default=MAIN_BRANCH, show_default=True, help="The branch whose head's delete files are rewritten.")
+@click.option("--target-file-size", type=int, help="Bytes (default: the table's write.delete.target-file-size-bytes).")
+@click.option(
+    "--min-input-files",
+    type=int,
+    help="Small delete files of a partition needed to rewrite them (default: the table's "
+    "write.lakesink.rewrite-position-deletes.min-input-files, 5).",
+)
+@_dry_run
+@_json_output
+def rewrite_position_deletes_command(
+    table: str,
+    catalog_name: str | None,
+    catalog_properties: dict[str, str],
+    branch: str,
+    target_file_size: int | None,
+    min_input_files: int | None,
+    dry_run: bool,
+    output: Output,
+) -> None:
+    """Merge TABLE's small position delete files per partition and drop dangling deletes, in one replace snapshot
+    (data files and rows unchanged)."""
+    t = load_table(table, catalog_name, catalog_properties)
+    output.progress("rewriting position deletes", 0, 1)
+    report = position_deletes.rewrite_position_deletes(
+        t, branch=branch, target_file_size=target_file_size, min_input_files=min_input_files, dry_run=dry_run
+    )
+    output.progress("rewriting position deletes", 1, 1)
+    output.position_deletes(report)
 
 
 @click.command("expire-snapshots")
@@ -140,8 +175,8 @@ def maintain_command(
     dry_run: bool,
     output: Output,
 ) -> None:
-    """Compact TABLE, expire its snapshots (as its properties say), rewrite its manifests when due, then remove
-    orphan files at a safe age."""
+    """Compact TABLE, rewrite its small position delete files, expire its snapshots (as its properties say), rewrite
+    its manifests when due, then remove orphan files at a safe age."""
     t = load_table(table, catalog_name, catalog_properties)
     report = routine.maintain(
         t, dry_run=dry_run, orphans_older_than=None if no_orphans else orphans_older_than, progress=output.progress

@@ -25,7 +25,7 @@ from lakesink.audit.key_diff import keyed_changes
 from lakesink.audit.routes import QueryReport
 from lakesink.cli.common import format_duration
 from lakesink.cli.render import JsonRenderer, Renderer, Session, TextRenderer, text_table
-from lakesink.maintenance import compaction, expiry, manifest_rewrite
+from lakesink.maintenance import compaction, expiry, manifest_rewrite, position_deletes
 from lakesink.maintenance.orphans import OrphanFile, OrphanReport
 from lakesink.maintenance.routine import ForgetReport, MaintenanceReport
 from lakesink.sink.checkpoint_cleanup import CheckpointCleanReport
@@ -78,6 +78,9 @@ class Output(Renderer):
 
     @abstractmethod
     def compaction(self, report: compaction.CompactionReport) -> None: ...
+
+    @abstractmethod
+    def position_deletes(self, report: position_deletes.PositionDeleteRewriteReport) -> None: ...
 
     @abstractmethod
     def expiry(self, report: expiry.ExpiryReport) -> None: ...
@@ -170,6 +173,9 @@ class ConsoleOutput(TextRenderer, Output):
     def compaction(self, report: compaction.CompactionReport) -> None:
         click.echo(human_compaction(report))
 
+    def position_deletes(self, report: position_deletes.PositionDeleteRewriteReport) -> None:
+        click.echo(human_position_deletes(report))
+
     def expiry(self, report: expiry.ExpiryReport) -> None:
         click.echo(human_expiry(report))
 
@@ -178,6 +184,8 @@ class ConsoleOutput(TextRenderer, Output):
 
     def maintenance(self, report: MaintenanceReport) -> None:
         click.echo(human_compaction(report.compaction))
+        if report.position_deletes is not None:
+            click.echo(human_position_deletes(report.position_deletes))
         click.echo(human_expiry(report.expiry))
         if report.manifests is not None:
             click.echo(human_manifests(report.manifests))
@@ -229,7 +237,7 @@ class JsonOutput(JsonRenderer, Output):
         _echo(report.to_dict())
 
     verified = verified_query = _result  # audit
-    orphans = compaction = expiry = manifests = maintenance = forgotten = checkpoint_cleaned = _result  # maintenance
+    orphans = compaction = position_deletes = expiry = manifests = maintenance = forgotten = checkpoint_cleaned = _result
 
     def report_written(self, path: str, result: VerifyReport) -> None:
         _echo({"html": path, "verify": result.to_dict()})
@@ -421,6 +429,23 @@ def human_compaction(r: compaction.CompactionReport) -> str:
             lines.append(
                 f"  {g.partition or '(unpartitioned)'}: {len(g.files)} file(s), {_size(g.input_bytes)}, {g.records} row(s)"
             )
+    if r.snapshot_id is not None:
+        lines.append(f"into {len(r.added_files)} file(s), {_size(r.added_bytes)}: replace snapshot {r.snapshot_id}")
+    return "\n".join(lines)
+
+
+def human_position_deletes(r: position_deletes.PositionDeleteRewriteReport) -> str:
+    lines = [f"position delete rewrite of {r.table} (branch {r.branch}): {r.status}"]
+    if r.groups:
+        verb = "would rewrite" if r.dry_run else "rewrote"
+        lines.append(f"{verb} {r.rewritten_files} delete file(s), {_size(r.rewritten_bytes)}, in {len(r.groups)} group(s)")
+        for g in r.groups:
+            kept = f", {g.kept} kept" if g.kept is not None else ""
+            where = g.partition or "(unpartitioned)"
+            lines.append(f"  {where}: {len(g.files)} file(s), {_size(g.input_bytes)}, {g.positions} position(s){kept}")
+    if r.dangling_files:
+        verb = "would remove" if r.dry_run else "removed"
+        lines.append(f"{verb} {len(r.dangling_files)} dangling delete file(s) (no live data file they can apply to)")
     if r.snapshot_id is not None:
         lines.append(f"into {len(r.added_files)} file(s), {_size(r.added_bytes)}: replace snapshot {r.snapshot_id}")
     return "\n".join(lines)

@@ -228,6 +228,9 @@ class TaskResult(WrittenTotals, WriterCommitMessage):
     """The plan's schema changes (``merge-schema``): from table schema ``schema_id`` to ``schema``."""
     changes: bytes | None = None
     """With ``WritePlan.upsert``: the keys the task changed, with their deleted flag (Arrow IPC)."""
+    history: bytes | None = None
+    """Option history (format("lakesink")): every change the task received, for the history table (Arrow IPC,
+    lakesink.executor.upsert_task.history_rows)."""
     dead_letters: TaskResult | None = None
     """Option dead-letter-table: the task's rejected rows, written as files of the dead-letter table."""
     rows_in: int = 0

@@ -174,9 +174,35 @@ class Found:
     table's narrower column of such a field is widened as Iceberg allows (int to long, float to double, a decimal's
     precision), in the batch's commit (:func:`wide_fields`); any other field keeps the column's type."""
 
+    key_spans: dict[tuple[str, ...], KeySpan] = field(default_factory=dict)
+    """Option cdc-format: per key of :attr:`keys`, the least and greatest source position (order) of the records
+    carrying it; a record without a position makes its key's span unknown (None). Where a source's primary key changed
+    within the batch (lakesink.sink.cdc.key_change)."""
+
     def join(self, other: Found) -> Found:
         positions = [p for p in (self.truncate, other.truncate) if p is not None]
-        return Found(self.keys | other.keys, max(positions) if positions else None, self.wide | other.wide)
+        spans = dict(self.key_spans)
+        for k, span in other.key_spans.items():
+            spans[k] = join_spans(spans[k], span) if k in spans else span
+        return Found(self.keys | other.keys, max(positions) if positions else None, self.wide | other.wide, spans)
+
+
+KeySpan = tuple[Decimal, Decimal] | None
+"""The least and greatest source position of the records of one key (None: a record had none)."""
+
+
+def join_spans(a: KeySpan, b: KeySpan) -> KeySpan:
+    return None if a is None or b is None else (min(a[0], b[0]), max(a[1], b[1]))
+
+
+def _key_spans(
+    keys: Sequence[tuple[str, ...] | None], orders: Sequence[Decimal | None], spans: dict[tuple[str, ...], KeySpan]
+) -> None:
+    for k, order in zip(keys, orders, strict=True):
+        if k is None:
+            continue
+        span: KeySpan = None if order is None else (order, order)
+        spans[k] = join_spans(spans[k], span) if k in spans else span
 
 
 def key_fields(text: str | None) -> tuple[str, ...] | None:
@@ -269,8 +295,10 @@ class PayloadInference:
                     have[n] = self._unify(have.get(n), t, f"{name}.{n}")
                 more.wide |= _beyond_narrow(objects)
                 if self.key_column is not None:
-                    keys = batch.column(self.key_column).take(taken).cast(pa.string()).to_pylist()
-                    more.keys |= {k for k in map(key_fields, keys) if k is not None}
+                    keys = [key_fields(k) for k in batch.column(self.key_column).take(taken).cast(pa.string()).to_pylist()]
+                    more.keys |= {k for k in keys if k is not None}
+                    if self.truncate_columns is not None:
+                        _key_spans(keys, batch.column(self.truncate_columns[1]).take(taken).to_pylist(), more.key_spans)
                 if self.truncate_columns is not None:
                     more.truncate = _last_truncate(batch, taken, self.truncate_columns, name, more.truncate)
         if found:

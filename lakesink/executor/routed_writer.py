@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -227,6 +228,22 @@ class StreamRejects:
         return plan if checks is None else replace(plan, row_checks=replace(checks, reject_column=True))
 
 
+@dataclass(frozen=True)
+class _Unavailable:
+    """A change with Debezium's unavailable-value placeholder and no value to keep (a batch written again), set aside."""
+
+    rows: pa.RecordBatch
+    """The stream's row as it came."""
+    column: str
+    table: str
+    value: object
+    """Its routing value."""
+    key: unavailable.LetterKey
+    shown: str
+    order: Any
+    """Its source position (None: none, or no option order-by)."""
+
+
 class RoutedTaskWriter:
     """One task of a routed batch: its rows split by table, each table's rows into Parquet files of that table."""
 
@@ -250,6 +267,11 @@ class RoutedTaskWriter:
             else None
         )
         self._invalid_letters: TaskResult | None = None
+        self._unavailable: list[_Unavailable] = []
+        """A batch written again: its changes with no value to keep, set aside until every change of the task is seen
+        (:meth:`_reject_unavailable`)."""
+        self._deletes: dict[tuple[str, unavailable.LetterKey], list[Any]] = {}
+        """Per table and key of those changes: the source positions of the task's deletes of the key."""
         if plan.row_checks is not None:
             self._invalid = RowSorter(
                 plan.row_checks, table="", query_id=ids.query_id, batch_id=ids.batch_id, project=_no_projection, table_schema=None
@@ -281,6 +303,7 @@ class RoutedTaskWriter:
                 budget = budget or min((w.plan.settings.row_group_bytes for w, _ in self._writers.values()), default=None)
                 if budget is not None:
                     self._bound_memory(budget)
+            self._reject_set_aside()
             for w, _ in self._writers.values():
                 w.finish()
             self._write_invalid_routes()
@@ -385,30 +408,58 @@ class RoutedTaskWriter:
     ) -> pa.RecordBatch:
         """Option cdc-format with option dead-letter-table, a batch written again (:attr:`RoutedPlan.unavailable_letters`):
         the changes (``marked``: the rows of ``rows`` but ``misfits``) holding Debezium's unavailable-value placeholder
-        for a key with no value to keep, taken out as dead letters of error ``unavailable-value`` (the change is not
-        applied at all: its key resolves from the batch's other changes)."""
+        for a key with no value to keep, taken out (the change is not applied at all: its key resolves from the batch's
+        other changes) and set aside: once the task has seen every change, each is a dead letter of error
+        ``unavailable-value`` unless a later delete of its key absorbs it (:meth:`_reject_set_aside`)."""
         letters = self._plan.unavailable_letters.get(plan.table)
         if not letters or plan.upsert is None:
             return marked
+        names = {n.lower(): n for n in marked.schema.names}
+        key = [names[k.lower()] for k in plan.upsert.key]
+        order = names.get(plan.upsert.order_by.lower()) if plan.upsert.order_by else None
+        keys = list(zip(*(marked.column(k).to_pylist() for k in key), strict=True)) if marked.num_rows else []
+        orders = marked.column(order).to_pylist() if order is not None else [None] * marked.num_rows
+        if order is not None and DELETED in marked.schema.names:  # the deletes of those keys: what absorbs a change
+            deleted = pc.fill_null(marked.column(DELETED), False).to_pylist()
+            for i, gone in enumerate(deleted):
+                k = unavailable.letter_key(key, keys[i]) if gone else None
+                if k is not None and k in letters:
+                    self._deletes.setdefault((plan.table, k), []).append(orders[i])
         found = unavailable.rejected(marked, plan.upsert.key, letters)
         if not found:
             return marked
         bad = {m.row for m in misfits}
         at = [i for i in range(rows.num_rows) if i not in bad]  # marked's row i is rows' at[i]
-        names = {n.lower(): n for n in marked.schema.names}
-        key = [names[k.lower()] for k in plan.upsert.key]
-        groups: dict[tuple[str, str], list[int]] = {}
         for i, column in found:
-            shown = ", ".join(f"{k}={marked.column(k)[i].as_py()!r}" for k in key)
-            message = (
-                f"column {column!r} holds Debezium's unavailable-value placeholder (an unchanged PostgreSQL TOAST value "
-                f"the source did not send) and there is no value to keep: table {plan.table} holds no row of key "
-                f"({shown}) and the batch gave none before (REPLICA IDENTITY FULL on the source table sends every value)"
+            shown = ", ".join(f"{k}={v!r}" for k, v in zip(key, keys[i], strict=True))
+            self._unavailable.append(
+                _Unavailable(
+                    rows.slice(at[i], 1), column, plan.table, value, unavailable.letter_key(key, keys[i]), shown, orders[i]
+                )
             )
-            groups.setdefault((column, message), []).append(at[i])
-        self._reject_rows(rows, groups, dl.UNAVAILABLE_VALUE, plan.table, value)
         taken = {i for i, _ in found}
         return marked.filter(pa.array([i not in taken for i in range(marked.num_rows)]))
+
+    def _reject_set_aside(self) -> None:
+        """The changes :meth:`_reject_unavailable` set aside, as dead letters of error ``unavailable-value`` -- but
+        those a later delete of their key in the task absorbs: the key resolves to that delete whatever they hold, as
+        it does when no change of the key is a dead letter; they were not the changes with no value to keep."""
+        for u in self._unavailable:
+            deletes = [d for d in self._deletes.get((u.table, u.key), ()) if d is not None and u.order is not None]
+            if any(d > u.order for d in deletes):
+                continue  # absorbed by the later delete: neither applied nor a dead letter
+            why = (
+                "the batch deleted the key before it"
+                if any(d < u.order for d in deletes)
+                else f"table {u.table} holds no row of key ({u.shown}) and the batch gave none before"
+            )
+            message = (
+                f"column {u.column!r} holds Debezium's unavailable-value placeholder (an unchanged PostgreSQL TOAST value "
+                f"the source did not send) and there is no value to keep for key ({u.shown}) of table {u.table}: {why} "
+                "(REPLICA IDENTITY FULL on the source table sends every value)"
+            )
+            self._reject_rows(u.rows, {(u.column, message): [0]}, dl.UNAVAILABLE_VALUE, u.table, u.value)
+        self._unavailable.clear()
 
     def _reject_route(self, value: object, route: InvalidRoute, rows: pa.RecordBatch) -> None:
         """Rows whose routing value names no valid table: dead letters (option dead-letter-table), else RoutingError."""

@@ -101,6 +101,7 @@ class TaskWriter:
         self._partitioned = not plan.spec.is_unpartitioned()
         self._files: list[WrittenFile] = []
         self._changes: bytes | None = None
+        self._history: bytes | None = None
         self._pending: list[pa.RecordBatch] = []
         """A routed task with WritePlan.upsert: the table's rows, resolved to one row per key by :meth:`finish`."""
         self._sorter: RowSorter | None = None
@@ -179,6 +180,10 @@ class TaskWriter:
         """After the task's rows were put: every file closed and the dead letters written."""
         if self._plan.upsert is not None:
             pending, self._pending = self._pending, []
+            if self._plan.upsert.history_time is not None:  # option history: every change, before the resolution
+                self._history = upsert_task.to_ipc(
+                    upsert_task.history_rows(pending, self._plan.upsert, batch_id=self._ids.batch_id)
+                )
             rows, changes = upsert_task.resolve_task(
                 pending,
                 self._plan.upsert,
@@ -245,6 +250,7 @@ class TaskWriter:
             written_schema=self._plan.schema_digest,
             schema_changes=self._plan.schema_changes,
             changes=self._changes,
+            history=self._history,
             written_since_ms=self._since_ms if self._files else None,
             dead_letters=self._dead_letters,
             rows_in=self._sorter.rows_in if self._sorter else 0,

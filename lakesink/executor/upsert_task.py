@@ -26,7 +26,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink.cdc import unavailable
 from lakesink.errors import PROGRAMMING_ERRORS, InvalidOptionError, UpsertKeyError
 from lakesink.table import floats
-from lakesink.table.keys import DELETED
+from lakesink.table.keys import DELETED, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM
 from lakesink.table.keys import ORDER_COLUMN as ORDER
 from lakesink.table.keys import ROW_COLUMN as _ROW
 from lakesink.table.keys import TOP_COLUMN as _TOP
@@ -51,6 +51,9 @@ class UpsertSpec:
     unavailable: unavailable.Placeholder | None = None
     """Option cdc-format: Debezium's unavailable-value placeholder (option cdc-unavailable-value), whose columns keep the
     key's earlier value (lakesink.cdc.unavailable)."""
+    history_time: str | None = None
+    """Option history (option history-time's column): the task also returns every change it received, for the table's
+    history table (:func:`history_rows`)."""
 
     def check(self) -> None:
         """Parse ``delete-when`` on the driver, so that a bad expression fails at the start of the query."""
@@ -135,6 +138,25 @@ def resolve_task(
     gone = [c for c in (*spec.not_written, UNAVAILABLE) if c in table.column_names]
     rows = table.filter(pc.invert(table.column(DELETED))).drop_columns([DELETED, _ROW, *gone])
     return rows.to_batches(), changes
+
+
+def history_rows(batches: Iterable[pa.RecordBatch], spec: UpsertSpec, *, batch_id: int) -> pa.Table:
+    """Option history: every change the task received (not one per key), for the history table
+    (lakesink.driver.actions.history): its columns, :data:`DELETED`, :data:`HISTORY_CHANGE_ORDER` (option order-by's
+    value, else the batch id) and :data:`HISTORY_VALID_FROM` (option history-time's value)."""
+    assert spec.history_time is not None
+    received = [b for b in batches if b.num_rows]
+    if not received:
+        return pa.table({})
+    table = pa.Table.from_batches(received)
+    if DELETED not in table.column_names:
+        table = table.append_column(DELETED, deleted_flags(table, spec.delete_when))
+    if spec.order_by is not None:
+        order = table.column(_column(table, spec.order_by, "order-by"))
+    else:
+        order = pa.array([batch_id] * table.num_rows, pa.int64())
+    time = table.column(_column(table, spec.history_time, "history-time"))
+    return table.append_column(HISTORY_CHANGE_ORDER, order).append_column(HISTORY_VALID_FROM, time)
 
 
 def _one_of_each_copy(table: pa.Table, keys: Sequence[str], tied: pa.Table) -> pa.Table:

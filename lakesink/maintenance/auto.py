@@ -30,7 +30,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.report import metrics
 from lakesink.driver.tables.sink_table import SinkTable
 from lakesink.errors import CatalogPermissionError
-from lakesink.maintenance import compaction, expiry, manifest_rewrite
+from lakesink.maintenance import compaction, expiry, manifest_rewrite, position_deletes
 from lakesink.options import Maintenance
 from lakesink.table.keys import (
     BOUNDED_TABLE_DEFAULTS,
@@ -181,6 +181,11 @@ class AutoMaintainer:
             self._interval_ms = TableSettings.parse(".".join(table.name()), table.properties).maintenance_interval_ms
             _reported(compaction.compact(table).status, table, "compaction")
             table = self._load()
+            settings = TableSettings.parse(".".join(table.name()), table.properties)
+            # planned only once the table holds enough delete files to merge (its manifest list says how many)
+            if position_deletes.live_position_delete_files(table) >= settings.rewrite_deletes_min_input_files:
+                _reported(position_deletes.rewrite_position_deletes(table).status, table, "rewrite-position-deletes")
+                table = self._load()
             if TableSettings.parse(".".join(table.name()), table.properties).retention.configured and not self.expiry_refused:
                 try:
                     _reported(expiry.expire_snapshots(table).status, table, "expiry")

@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.manifest import DataFile, DataFileContent
@@ -58,6 +58,7 @@ from lakesink.table.markers import SnapshotIndex, landed_commit
 from lakesink.table.settings import TableSettings
 
 log = logging.getLogger("lakesink")
+T = TypeVar("T")
 
 #: A file smaller than this share of the target size is "small" (Iceberg's min-file-size-bytes default: 75 %).
 SMALL_FILE_RATIO = 0.75
@@ -200,18 +201,7 @@ def plan(
         key = seam.partition_of(files[0])  # the same bits in every file of the group
         if len(files) < min_files and not any(heavy(f) for f in files):
             continue
-        # first fit decreasing into bins of at most the target size
-        bins: list[list[DataFile]] = []
-        sizes: list[int] = []
-        for f in sorted(files, key=lambda f: -f.file_size_in_bytes):
-            for i, s in enumerate(sizes):
-                if s + f.file_size_in_bytes <= target:
-                    bins[i].append(f)
-                    sizes[i] += f.file_size_in_bytes
-                    break
-            else:
-                bins.append([f])
-                sizes.append(f.file_size_in_bytes)
+        bins = first_fit(sorted(files, key=lambda f: -f.file_size_in_bytes), lambda f: f.file_size_in_bytes, target)
         part = seam.partition_path(spec, table.schema(), key) if spec.fields else ""
         for b in bins:
             if len(b) < 2 and not heavy(b[0]):
@@ -276,7 +266,7 @@ def compact(
             if progress:
                 progress(i + 1, len(planned.bins))
     except BaseException:
-        _delete(table, [f.file_path for f in added])
+        delete_new_files(table, [f.file_path for f in added])
         raise
     rewritten = [f for b in planned.bins for f in b]
     groups = tuple(planned.groups)
@@ -294,13 +284,13 @@ def compact(
     try:
         result = swap.run(action)
     except (CompactionStaleError, RetriesExhausted, InFlightTooLongError) as e:
-        _delete(table, [f.file_path for f in added])
+        delete_new_files(table, [f.file_path for f in added])
         reason = str(e) if not isinstance(e, RetriesExhausted) else f"{e.attempts} attempt(s) conflicted with other commits"
         # a failed validation (a delete of another engine, files gone, history expired) or files past the commit
         # deadline are worth a warning: the table keeps the small files until the next run; lost races are routine
         level = logging.INFO if isinstance(e, RetriesExhausted) else logging.WARNING
         log.log(level, "lakesink: compaction of %s gave up (%s); a later run retries", name, reason)
-        return CompactionReport(name, branch, False, f"gave up: {reason}", groups=groups, duration_ms=_ms(started))
+        return CompactionReport(name, branch, False, f"gave up: {reason}", groups=groups, duration_ms=elapsed_ms(started))
     except CommitOutcomeUnknownError:
         log.warning("lakesink: compaction of %s: outcome unknown; its %s new file(s) are kept", name, len(added))
         raise
@@ -322,7 +312,7 @@ def compact(
         added_files=tuple(f.file_path for f in added),
         added_bytes=sum(f.file_size_in_bytes for f in added),
         attempts=result.attempts,
-        duration_ms=_ms(started),
+        duration_ms=elapsed_ms(started),
     )
 
 
@@ -493,11 +483,30 @@ def _rewrite(
     )
 
 
+def first_fit(items: Sequence[T], size: Callable[[T], int], target: int) -> list[list[T]]:
+    """``items`` (largest first: first fit decreasing) packed into bins of at most ``target`` bytes, each item into the
+    first bin it fits in (an item larger than the target alone in its bin): Iceberg's bin-pack planners."""
+    bins: list[list[T]] = []
+    sizes: list[int] = []
+    for item in items:
+        n = size(item)
+        for i, s in enumerate(sizes):
+            if s + n <= target:
+                bins[i].append(item)
+                sizes[i] += n
+                break
+        else:
+            bins.append([item])
+            sizes.append(n)
+    return bins
+
+
 def _name(table: Table) -> str:
     return ".".join(table.name())
 
 
-def _delete(table: Table, paths: Sequence[str]) -> None:
+def delete_new_files(table: Table, paths: Sequence[str]) -> None:
+    """Delete files a maintenance run wrote and did not commit (best effort: an orphan clean-up collects the rest)."""
     for p in paths:
         try:
             storage.delete_file(table.io, p)
@@ -505,5 +514,5 @@ def _delete(table: Table, paths: Sequence[str]) -> None:
             log.warning("lakesink: could not delete %s (%s)", p, type(e).__name__)
 
 
-def _ms(started: float) -> float:
+def elapsed_ms(started: float) -> float:
     return (time.monotonic() - started) * 1000

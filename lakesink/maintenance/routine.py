@@ -1,7 +1,8 @@
 """Keeping a streamed table healthy: ``maintain`` (the whole routine) and ``forget_query``; the sink's automatic
 maintenance (option ``maintenance=auto``) runs the same steps from :mod:`lakesink.maintenance.auto`.
 
-The routine, in order: compact small data files (:mod:`lakesink.maintenance.compaction`), expire snapshots as the table's
+The routine, in order: compact small data files (:mod:`lakesink.maintenance.compaction`), rewrite the small position
+delete files merge-on-read batches left (:mod:`lakesink.maintenance.position_deletes`), expire snapshots as the table's
 ``history.expire.*`` properties say (:mod:`lakesink.maintenance.expiry`), rewrite the head's manifests when they are more than
 the target size needs (:mod:`lakesink.maintenance.manifest_rewrite`), then remove orphan files older than a safe age
 (:func:`lakesink.maintenance.orphans.remove_orphan_files`). lakesink's own batch commits merge manifests as Iceberg does
@@ -26,7 +27,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing
 from lakesink.errors import CommitConflictError, LakesinkError
-from lakesink.maintenance import compaction, expiry, manifest_rewrite
+from lakesink.maintenance import compaction, expiry, manifest_rewrite, position_deletes
 from lakesink.maintenance.orphans import remove_orphan_files
 from lakesink.table.keys import LAST_BATCH_PREFIX, ORPHAN_OLDER_THAN_DEFAULT
 from lakesink.table.markers import last_batch_key, last_committed_batch, parse_last_batch_key
@@ -42,12 +43,14 @@ class MaintenanceReport:
     expiry: expiry.ExpiryReport
     orphans: dict[str, Any] | None
     manifests: manifest_rewrite.ManifestRewriteReport | None = None
+    position_deletes: position_deletes.PositionDeleteRewriteReport | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "table": self.table,
             "dry_run": self.dry_run,
             "compaction": self.compaction.to_dict(),
+            "position_deletes": self.position_deletes.to_dict() if self.position_deletes is not None else None,
             "expiry": self.expiry.to_dict(),
             "manifests": self.manifests.to_dict() if self.manifests is not None else None,
             "orphans": self.orphans,
@@ -61,24 +64,26 @@ def maintain(
     orphans_older_than: timedelta | None = ORPHAN_OLDER_THAN_DEFAULT,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> MaintenanceReport:
-    """Compact, expire snapshots (as the table's properties say), rewrite manifests (when that reduces them), then
-    remove orphans older than ``orphans_older_than`` (None: skip; never younger than the in-flight window of
-    remove_orphan_files)."""
+    """Compact, rewrite small position delete files (as the table's properties say), expire snapshots (as they say),
+    rewrite manifests (when that reduces them), then remove orphans older than ``orphans_older_than`` (None: skip;
+    never younger than the in-flight window of remove_orphan_files)."""
     name = ".".join(table.name())
     step = progress or (lambda what, done, total: None)
-    step("compact", 0, 4)
+    step("compact", 0, 5)
     compacted = compaction.compact(table, dry_run=dry_run, progress=lambda d, t: step("compact", d, t))
+    step("rewrite position deletes", 1, 5)
+    deletes = position_deletes.rewrite_position_deletes(catalogs.reload(table), dry_run=dry_run)
     table = catalogs.reload(table)
-    step("expire", 1, 4)
+    step("expire", 2, 5)
     expired = expiry.expire_snapshots(table, dry_run=dry_run)
-    step("rewrite manifests", 2, 4)
+    step("rewrite manifests", 3, 5)
     manifests = manifest_rewrite.rewrite_manifests(catalogs.reload(table), dry_run=dry_run)
     orphans = None
     if orphans_older_than is not None:
-        step("orphans", 3, 4)
+        step("orphans", 4, 5)
         orphans = remove_orphan_files(catalogs.reload(table), older_than=orphans_older_than, dry_run=dry_run).to_dict()
-    step("done", 4, 4)
-    return MaintenanceReport(name, dry_run, compacted, expired, orphans, manifests)
+    step("done", 5, 5)
+    return MaintenanceReport(name, dry_run, compacted, expired, orphans, manifests, deletes)
 
 
 @dataclass(frozen=True)

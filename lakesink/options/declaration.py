@@ -201,12 +201,10 @@ OPTIONS: tuple[Option, ...] = (
            "`off`", parse=MetricsExport.parse, show=str),
     Option(HISTORY, "history", None,
            'as the option `history`: "on", or a pattern such as "audit.{table}_versions" (docs/history.md)', "`off`",
-           parse=HistoryTables.parse, show=lambda v: str(v) if v is not None else None, entries=Entry.FOREACH,
-           spark_refusal=": history tables are written by lakesink.foreach_batch(..., history='on') (docs/history.md)"),
+           parse=HistoryTables.parse, show=lambda v: str(v) if v is not None else None),
     Option(HISTORY_TIME, "history_time", None,
            "as the option `history-time`: the column holding each change's source time (docs/history.md)", "none",
-           parse=partial(_parse_column, HISTORY_TIME), entries=Entry.FOREACH,
-           spark_refusal=": history tables are written by lakesink.foreach_batch(..., history='on') (docs/history.md)"),
+           parse=partial(_parse_column, HISTORY_TIME)),
 )
 # fmt: on
 """Every option of a lakesink write, in the order the documentation and the list of valid options give them."""

@@ -160,7 +160,7 @@ class SinkOptions:
             if option.spark_refusal and option.parse is not None and (option.default is not None or option.lowered in lowered)
         }
         parsed = cls._parse(lowered, own["output_mode"], case_sensitive=options, writer=own["writer"], keywords=True)
-        return _checked_history(replace(parsed, **own))
+        return replace(parsed, **own)
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, object]) -> SinkOptions:
@@ -248,22 +248,24 @@ class SinkOptions:
                 f"option '{CDC_TRANSACTIONS}' is 'hold', which reads Debezium's transaction metadata: it needs option "
                 "'cdc-format' ('debezium'); drop it, or set cdc_format='debezium' (docs/cdc.md)"
             )
-        return cls(
-            table=table,
-            routing=routing,
-            catalog_properties=catalog_properties,
-            output_mode=mode,
-            writer=writer,
-            upsert_key=upsert_key,
-            delete_when=delete_when,
-            order_by=order_by,
-            table_properties=table_properties,
-            dead_letter_table=dead_letter_table,
-            reject_when=reject_when,
-            max_rejected_fraction=max_rejected,
-            **alone,
-            payload=_parse_payload(lowered, routing),
-            cdc_format=cdc_format,
+        return _checked_history(
+            cls(
+                table=table,
+                routing=routing,
+                catalog_properties=catalog_properties,
+                output_mode=mode,
+                writer=writer,
+                upsert_key=upsert_key,
+                delete_when=delete_when,
+                order_by=order_by,
+                table_properties=table_properties,
+                dead_letter_table=dead_letter_table,
+                reject_when=reject_when,
+                max_rejected_fraction=max_rejected,
+                **alone,
+                payload=_parse_payload(lowered, routing),
+                cdc_format=cdc_format,
+            )
         )
 
 
@@ -279,7 +281,7 @@ def _checked_history(options: SinkOptions) -> SinkOptions:
     if not options.upsert_key:
         raise InvalidOptionError(
             f"option '{HISTORY}' keeps every version of each key: it needs option '{UPSERT_KEY}' (the key whose versions "
-            "the history table holds); add upsert_key=... (docs/history.md)"
+            "the history table holds; upsert_key= in foreach_batch) (docs/history.md)"
         )
     if options.routing is not None or options.cdc_format is not None:
         raise InvalidOptionError(
@@ -287,6 +289,8 @@ def _checked_history(options: SinkOptions) -> SinkOptions:
             f"'{ROUTE_BY}' or '{CDC_FORMAT}' it is refused, nothing is written: write each table with its own "
             "foreach_batch sink, or drop the option (docs/history.md, 'Where history tables are written')"
         )
+    if options.output_mode is OutputMode.COMPLETE:
+        raise InvalidOptionError(f"option '{HISTORY}' cannot be used with output mode 'complete' (option '{UPSERT_KEY}')")
     if options.dead_letter_table is not None:
         raise InvalidOptionError(
             f"option '{HISTORY}' with option '{DEAD_LETTER_TABLE}' is refused, nothing is written: a history table "

@@ -21,8 +21,8 @@ from lakesink.driver.actions.completeness import BatchTime
 from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
 from lakesink.driver.committers.interface import BatchCommitter
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
+from lakesink.driver.tables.routed_tables import BatchPlans
 from lakesink.errors import UnavailableValueError
-from lakesink.executor.messages import WritePlan
 from lakesink.executor.routed_writer import RoutedTaskResult
 from lakesink.table.routes import Route
 
@@ -54,7 +54,7 @@ def commit_routed(
     call: BatchCall,
     *,
     routes: Sequence[Route],
-    plans: Mapping[str, WritePlan],
+    plans: BatchPlans,
     write: Callable[[Mapping[str, frozenset[LetterKey]]], list[RoutedTaskResult]],
     batch_time: Callable[[], BatchTime | None],
     invalid: bool = False,
@@ -69,12 +69,12 @@ def commit_routed(
     placeholder with no value to keep (UnavailableValueError) is written again, ``write`` given those keys per table
     (lakesink.executor.routed_writer.RoutedPlan.unavailable_letters: dead letters), until none is left: its dead
     letters and its other rows in one unit, as every routed batch."""
-    routed.check_replay_at_plan(call)
+    routed.check_replay_at_plan(call, plans)
     batch_id = call.batch_id
     if (
         routes
         and not invalid
-        and all(p.last_committed_batch is not None and batch_id <= p.last_committed_batch for p in plans.values())
+        and all(p.last_committed_batch is not None and batch_id <= p.last_committed_batch for p in plans.plans.values())
     ):
         # found committed in every table when planned: checked before any file is written
         return routed.skip_replay(call, routes=routes)

@@ -83,7 +83,8 @@ def stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWri
     if options.upsert_key:
         # the writers resolve their rows to one row per key (Spark rejects outputMode("update") for Python
         # data sources: a change stream in append mode is the way; docs/upserts.md)
-        upsert = UpsertSpec(options.upsert_key, options.delete_when, options.order_by)
+        # option history: the writers also return every change they received (lakesink.driver.actions.history)
+        upsert = UpsertSpec(options.upsert_key, options.delete_when, options.order_by, history_time=options.history_time)
         upsert.check()
         plan = dataclasses.replace(plan, upsert=upsert)
     commits = StreamCommits(

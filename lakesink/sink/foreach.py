@@ -31,9 +31,9 @@ from lakesink.driver.actions.history import HistoryChanges
 from lakesink.driver.actions.upsert_mor import LOOKUP_ATTEMPTS, MergeLookup
 from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
-from lakesink.driver.committers.routed_tables import check_atomic
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.tables.routed_keys import Key
+from lakesink.driver.tables.routed_tables import check_atomic
 from lakesink.driver.tables.schema import arrow_schema_of
 from lakesink.errors import InvalidOptionError, RowDeltaConflictError
 from lakesink.executor import payload
@@ -55,12 +55,11 @@ from lakesink.sink import (
     checkpoint,
     dead_letters,
     driver_write,
-    history,
     markers,
     merge_on_read,
     upsert_batch,
 )
-from lakesink.sink.cdc import transactions, truncates
+from lakesink.sink.cdc import key_change, transactions, truncates
 from lakesink.sink.commit import commit_or_abort
 from lakesink.sink.foreach_spark import RoutedSparkBatches, read_once, routed_tables_by_value
 from lakesink.sink.query import RunningQuery
@@ -311,14 +310,14 @@ class ForeachBatchSink(RoutedSparkBatches):
                 BatchCall(query_id, batch_id, self._query.source_offsets(spark, query_id, batch_id), run_id),
                 table_uuid=plan.table_uuid,
             )
-        # option history: every change of the batch, before its upsert resolves one per key (lakesink.sink.history)
-        changes = history.changes(df, batch_id, self.options, plan.table) if self.options.history is not None else None
         resolved: upsert_batch.ResolvedBatch | None = None
         if plan.row_checks is not None:  # option dead-letter-table (lakesink.sink.dead_letters)
             # with upsert-key: the tasks sort a key's changes, then resolve the ones that fit (a routed table's rule)
             df, plan = dead_letters.prepare(df, plan, self.options)
         elif self.options.upsert_key:
             resolved = upsert_batch.resolve(df, batch_id, self.options)
+        # option history: every change of the batch, collected in its resolution's job (lakesink.sink.upsert_batch)
+        changes = resolved.history if resolved is not None else None
         try:
             if resolved is not None and self._merge_on_read(table, plan):
                 return self._merge_batch(resolved, plan, table, query_id, batch_id, run_id, changes)
@@ -529,7 +528,9 @@ class ForeachBatchSink(RoutedSparkBatches):
         if self.options.payload is not None:  # each table's columns from its payloads (the same job finds the routes)
             values, found, facts = self._payload_columns(df, facts)
             if self.options.cdc_format is not None:  # the changes before a truncate dropped, the table marked
-                df, values, facts = truncates.apply(df, routed, routing, found, values, facts)
+                keyed, facts = key_change.cuts(routed, routing, found, facts)  # a batch spanning a source's key change
+                cuts = key_change.merged(truncates.positions(found), keyed)
+                df, values, facts = truncates.apply(df, routed, routing, found, values, facts, cuts)
             # cdc-transactions=hold, no table yet, none planned (dead letters at most): the held changes' tables
             if self._held is not None and self._held.needs_home and not routed.routes(values, batch_id):
                 held_changes = debezium_changes(self._held.held_changes(), keep_value=self.options.dead_letter_table is not None)

@@ -21,6 +21,7 @@ from lakesink.cdc.unavailable import LetterKey
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.facts import BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
+from lakesink.driver.tables.routed_tables import BatchPlans
 from lakesink.errors import InvalidOptionError
 from lakesink.executor.messages import WritePlan
 from lakesink.executor.routed_writer import RoutedTaskResult
@@ -217,7 +218,7 @@ class RoutedSparkBatches:
         try:
             split_ms = (time.perf_counter() - started) * 1000
             routes = routed.routes(list(s.keys), batch_id) if not s.odd else []  # invalid: RoutingError
-            plans = routed.plans(routes, query_id, facts) if not s.odd else {}
+            plans = routed.plans(routes, query_id, facts) if not s.odd else BatchPlans()
             planned_ms = (time.perf_counter() - started) * 1000 - split_ms
             if s.odd or self._spark_cannot_write(df.sparkSession, plans, batch_id):
                 # a null, empty or long routing value: the two jobs' path; a table Spark cannot write (writer='auto'):
@@ -287,7 +288,7 @@ class RoutedSparkBatches:
         batch_id: int,
         run_id: str | None,
         routes: Sequence[Route],
-        plans: Mapping[str, WritePlan],
+        plans: BatchPlans,
         write: Callable[[Mapping[str, frozenset[LetterKey]]], list[RoutedTaskResult]],
         facts: BatchFacts,
         *,

@@ -40,15 +40,16 @@ from lakesink.driver.actions import dead_letters
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
-from lakesink.driver.committers.routed_tables import check_atomic, staging_root
 from lakesink.driver.tables.routed_keys import Key
+from lakesink.driver.tables.routed_tables import check_atomic
+from lakesink.driver.tables.staging import staging_root
 from lakesink.errors import InvalidOptionError
 from lakesink.executor import payload
 from lakesink.executor.messages import TaskIds, WritePlan
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.executor.staged import STAGED_ROWS_FOLDER, StagedPlan, StagedTaskResult, read_staged
 from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PAYLOAD, CDC_PREFIX, CdcTransactions, SinkOptions
-from lakesink.sink.cdc import staged_transactions, transactions, truncates
+from lakesink.sink.cdc import key_change, staged_transactions, transactions, truncates
 from lakesink.sink.commit import commit_routed
 from lakesink.table import storage
 from lakesink.table.routes import Route, parse_route, routing_value
@@ -127,7 +128,11 @@ class StagedCommitter:
             results, facts = staged_transactions.released(routed, self.plan, self.raw, replace(call, run_id=run_id), results)
         found, facts = self._table_columns(results, facts)
         cut = truncates.positions(found) if routed.options.cdc_format is not None else {}
+        keyed: dict[str, Decimal] = {}
+        if routed.options.cdc_format is not None:  # a batch spanning a source's key change (refused, or replayed after)
+            keyed, facts = key_change.cuts(routed, routing, found, facts)
         values, facts = truncates.mark(routed, routing, cut, list(found), facts)
+        cut = key_change.merged(cut, keyed)
         home = None
         if self.plan.transactions and not routed.routes(values, batch_id):  # no table planned (dead letters at most)
             home = staged_transactions.home_inference(self.plan, replace(call, run_id=run_id), facts)

@@ -24,7 +24,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,13 +33,15 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lakesink.errors import InvalidOptionError, UpsertKeyError
+from lakesink.driver.actions.history import HistoryChanges, checked_changes
+from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor import upsert_task
 from lakesink.executor.messages import RowsDigest
 from lakesink.executor.routed_writer import RoutedTaskResult
-from lakesink.options import DELETE_WHEN, ORDER_BY, UPSERT_KEY, SinkOptions
+from lakesink.options import DELETE_WHEN, HISTORY_TIME, ORDER_BY, UPSERT_KEY, SinkOptions
+from lakesink.sink import driver_write
 from lakesink.sink.spark import routed as spark_routed
-from lakesink.table.keys import DELETED, ROUTED_TABLE_COLUMN
+from lakesink.table.keys import DELETED, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM, ROUTED_TABLE_COLUMN, WINS_COLUMN
 from lakesink.table.keys import ORDER_COLUMN as ORDER
 from lakesink.table.keys import TOP_COLUMN as _TOP
 
@@ -69,6 +71,8 @@ class ResolvedBatch:
     :data:`lakesink.table.keys.ORDER_COLUMN`); each key once."""
     cached: DataFrame
     """Cached by :func:`resolve`; call :func:`release` when the batch is done."""
+    history: HistoryChanges | None = None
+    """Option history: every change of the batch, for the table's history table (lakesink.driver.actions.history)."""
 
 
 def resolve(df: DataFrame, batch_id: int, options: SinkOptions) -> ResolvedBatch:
@@ -96,6 +100,8 @@ def _resolve(
     with the keys as :data:`lakesink.sink.spark.routed.HASH_COLUMN` (the written rows' digests, :func:`resolve_routed`)."""
     by = [F.col(ROUTED_TABLE_COLUMN)] if tables is not None else []
     group = [*by, *[F.col(k) for k in keys]]
+    if options.history is not None and tables is None:
+        return _resolve_with_history(df, batch_id, options, keys)
     candidate = df
     order: str | None = None
     if options.order_by is not None:
@@ -122,30 +128,95 @@ def _resolve(
     bad = _first_bad(changed, [*([ROUTED_TABLE_COLUMN] if tables is not None else []), *keys], keys)
     if bad is not None:
         cached.unpersist()
-        row, count = bad
-        number = row[ROUTED_TABLE_COLUMN] if tables is not None else None
-        where = f" for table {tables[number]}" if tables is not None and number is not None else ""
-        nulls = [k for k in keys if row[k] is None]
-        if nulls:
-            raise UpsertKeyError(
-                f"batch {batch_id} has a row{where} whose key column {nulls[0]!r} is null; option '{UPSERT_KEY}' "
-                f"({', '.join(keys)}) needs a value in every key column. Nothing was committed; filter or fill the "
-                "null keys before the sink"
-            )
-        key = ", ".join(f"{k}={row[k]!r}" for k in keys)
-        if options.order_by is None:
-            raise UpsertKeyError(
-                f"batch {batch_id} has {count} rows for key ({key}){where}: with option '{UPSERT_KEY}' and no "
-                f"option '{ORDER_BY}', a batch may hold one row per key. Nothing was committed; give option '{ORDER_BY}' "
-                "(a column whose greatest value wins, e.g. an event time or sequence number) or de-duplicate the stream"
-            )
-        raise UpsertKeyError(
-            f"batch {batch_id} has {count} rows for key ({key}){where} with the same greatest '{ORDER_BY}' value "
-            f"({options.order_by}): lakesink cannot tell which one wins. Nothing was committed; order by a column "
-            "whose values are unique per key (e.g. a sequence number)"
-        )
+        _raise_bad(bad, batch_id, options, keys, tables=tables)
     rows = cached.where(~F.col(DELETED)).drop(DELETED)
     return ResolvedBatch(rows=rows, keys=changed, cached=cached)
+
+
+def _raise_bad(
+    bad: tuple[dict[str, Any], int], batch_id: int, options: SinkOptions, keys: Sequence[str], *, tables: Sequence[str] | None
+) -> NoReturn:
+    """The UpsertKeyError of a resolved batch's first bad key (:func:`_first_bad`): a null key column, or several rows of
+    one key (with the same greatest order-by value, or without order-by)."""
+    row, count = bad
+    number = row[ROUTED_TABLE_COLUMN] if tables is not None else None
+    where = f" for table {tables[number]}" if tables is not None and number is not None else ""
+    nulls = [k for k in keys if row[k] is None]
+    if nulls:
+        raise UpsertKeyError(
+            f"batch {batch_id} has a row{where} whose key column {nulls[0]!r} is null; option '{UPSERT_KEY}' "
+            f"({', '.join(keys)}) needs a value in every key column. Nothing was committed; filter or fill the "
+            "null keys before the sink"
+        )
+    key = ", ".join(f"{k}={row[k]!r}" for k in keys)
+    if options.order_by is None:
+        raise UpsertKeyError(
+            f"batch {batch_id} has {count} rows for key ({key}){where}: with option '{UPSERT_KEY}' and no "
+            f"option '{ORDER_BY}', a batch may hold one row per key. Nothing was committed; give option '{ORDER_BY}' "
+            "(a column whose greatest value wins, e.g. an event time or sequence number) or de-duplicate the stream"
+        )
+    raise UpsertKeyError(
+        f"batch {batch_id} has {count} rows for key ({key}){where} with the same greatest '{ORDER_BY}' value "
+        f"({options.order_by}): lakesink cannot tell which one wins. Nothing was committed; order by a column "
+        "whose values are unique per key (e.g. a sequence number)"
+    )
+
+
+def _resolve_with_history(df: DataFrame, batch_id: int, options: SinkOptions, keys: Sequence[str]) -> ResolvedBatch:
+    """:func:`resolve` with option history, in the same one job: every change of the batch is collected (the history
+    table's versions need them all, lakesink.driver.actions.history), each flagged whether it wins its key (the
+    greatest order-by value, as Spark compares it); the keys are the winners', taken from them on the driver."""
+    assert options.history_time is not None
+    order = _column(df, options.order_by, ORDER_BY) if options.order_by is not None else None
+    time = _column(df, options.history_time, HISTORY_TIME)
+    wins = F.lit(True)
+    if order is not None:
+        wins = F.col(f"`{order}`").eqNullSafe(F.max(F.col(f"`{order}`")).over(Window.partitionBy(*[F.col(k) for k in keys])))
+    try:
+        flag = F.lit(False)
+        if options.delete_when is not None:
+            flag = F.coalesce(F.expr(options.delete_when).cast("boolean"), F.lit(False))
+        cached = df.withColumn(DELETED, flag).withColumn(WINS_COLUMN, wins).persist()
+        ordered = F.col(f"`{order}`") if order is not None else F.lit(batch_id).cast("long")
+        selected = cached.select(
+            *[F.col(f"`{c}`") for c in df.columns],
+            F.col(DELETED),
+            F.col(WINS_COLUMN),
+            ordered.alias(HISTORY_CHANGE_ORDER),
+            F.col(f"`{time}`").alias(HISTORY_VALID_FROM),
+        )
+        collected = driver_write.collect(selected, table=str(options.table), batch_id=batch_id)
+    except (AnalysisException, ParseException) as e:
+        if options.delete_when is not None and _mentions_expression(df, options.delete_when):
+            raise InvalidOptionError(
+                f"option '{DELETE_WHEN}' {options.delete_when!r} is not a Spark SQL boolean expression over the batch's "
+                f"columns ({', '.join(df.columns)}): {str(e).splitlines()[0]}"
+            ) from None
+        raise
+    if collected is None:
+        cached.unpersist()
+        raise LakesinkError(
+            f"batch {batch_id}: its changes for the history of {options.table} do not fit on the driver "
+            "(spark.driver.maxResultSize); nothing was committed. Raise spark.driver.maxResultSize or make batches smaller "
+            "(maxOffsetsPerTrigger)"
+        )
+    won = collected.filter(collected.column(WINS_COLUMN))
+    changed = won.select([*keys, DELETED])
+    if order is not None:
+        changed = changed.append_column(ORDER, won.column(order))
+    bad = _first_bad(changed, keys, keys)
+    if bad is not None:
+        cached.unpersist()
+        _raise_bad(bad, batch_id, options, keys, tables=None)
+    try:
+        history = checked_changes(
+            collected.drop_columns([WINS_COLUMN]), keys, options, batch_id=batch_id, table=str(options.table)
+        )
+    except BaseException:
+        cached.unpersist()
+        raise
+    rows = cached.where(F.col(WINS_COLUMN) & ~F.col(DELETED)).drop(DELETED, WINS_COLUMN)
+    return ResolvedBatch(rows=rows, keys=changed, cached=cached, history=history)
 
 
 @dataclass(frozen=True)

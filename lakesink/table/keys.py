@@ -136,6 +136,10 @@ back (a source transaction not yet whole, and every change after it), as JSON: t
 records, their count, the oldest one's time, the last released transaction's commit time, and the same of the batch
 before (a replay of the batch starts from those). Set in every table of the batch's unit, in the same atomic commit
 (lakesink.driver.actions.held)."""
+PROPERTY_KEY_CHANGE_PREFIX = "lakesink.key-change."
+"""Namespace property (then the table's name): a routed table's source primary key change a batch spans, recorded when
+the batch was refused (JSON: the old key ``from``, the new one ``to``, the source position ``at`` of the first change
+under the new key); lakesink.sink.cdc.key_change."""
 PROPERTY_CDC_BINLOG_EPOCH = "lakesink.cdc.binlog-epoch"
 """Table property, option cdc-format (docs/cdc.md, "MySQL without GTIDs, MariaDB: coordinates that go back"): an
 integer ``E`` (0 to 999999, default 0) set by the user after the source's binlog went back; every binlog-coordinates order
@@ -183,6 +187,7 @@ SUMMARY_OPERATION = "lakesink.operation"
 """Summary key of lakesink's maintenance commits; its values are the ``OPERATION_*`` below."""
 OPERATION_COMPACT = "compact"
 OPERATION_REWRITE_MANIFESTS = "rewrite-manifests"
+OPERATION_REWRITE_POSITION_DELETES = "rewrite-position-deletes"
 BRANCH_BASE = "lakesink.branch-base"
 """Summary key of the empty snapshot lakesink commits to ``main`` of an empty table to start a branch from."""
 SUMMARY_RESTORED_FROM = "lakesink.restored-from-snapshot-id"
@@ -210,6 +215,8 @@ WRITE_ID = "lakesink.write-id"
 FORMAT_VERSION = "format-version"
 TARGET_FILE_SIZE = "write.target-file-size-bytes"
 TARGET_FILE_SIZE_DEFAULT = 512 * 1024 * 1024
+DELETE_TARGET_FILE_SIZE = "write.delete.target-file-size-bytes"
+DELETE_TARGET_FILE_SIZE_DEFAULT = 64 * 1024 * 1024
 ROW_GROUP_ROWS = "write.parquet.row-group-limit"
 ROW_GROUP_ROWS_DEFAULT = 1_048_576
 ROW_GROUP_BYTES = "write.parquet.row-group-size-bytes"
@@ -262,6 +269,11 @@ MAX_REF_AGE_MS = "history.expire.max-ref-age-ms"
 MAX_REF_AGE_MS_DEFAULT = 2**63 - 1
 COMPACT_MIN_INPUT_FILES = "write.lakesink.compact.min-input-files"
 COMPACT_MIN_INPUT_FILES_DEFAULT = 5
+REWRITE_DELETES_MIN_INPUT_FILES = "write.lakesink.rewrite-position-deletes.min-input-files"
+"""Small position delete files of one partition needed to rewrite them into one (lakesink.maintenance.position_deletes;
+Java's ``min-input-files`` of ``rewrite_position_delete_files``); the sink's automatic maintenance runs the rewrite
+only when the table holds at least this many live position delete files."""
+REWRITE_DELETES_MIN_INPUT_FILES_DEFAULT = 5
 MAINTENANCE_INTERVAL_MS = "write.lakesink.maintenance.interval-ms"
 MAINTENANCE_INTERVAL_MS_DEFAULT = 60_000
 # merge-on-read: a lookup that reads at most this many bytes (key column chunks, delete files) runs where the batch
@@ -316,6 +328,9 @@ LOOKUP_SPARK_PATH = "__lakesink_spark_path"
 matched that name, a loud error."""
 LOOKUP_BRANCH = "__lakesink_lookup"
 """Which table's lookup a task result belongs to, when a routed batch's lookups run as one Spark job (a union)."""
+WINS_COLUMN = "__lakesink_wins"
+"""Option history on foreach_batch: whether a change wins its key (the greatest order-by value), while the batch's
+changes are collected whole (lakesink.sink.upsert_batch)."""
 TOP_COLUMN = "__lakesink_top"
 """The greatest ``order-by`` value of a key, while a batch is resolved to one row per key."""
 REJECT_COLUMN = "__lakesink_reject"

@@ -29,6 +29,8 @@ from lakesink.table.keys import (
     COMPACT_MIN_INPUT_FILES_DEFAULT,
     COMPRESSION_LEVEL,
     COPY_ON_WRITE,
+    DELETE_TARGET_FILE_SIZE,
+    DELETE_TARGET_FILE_SIZE_DEFAULT,
     DICT_SIZE,
     DRIVER_LOOKUP_BYTES,
     DRIVER_LOOKUP_BYTES_DEFAULT,
@@ -50,6 +52,8 @@ from lakesink.table.keys import (
     MIN_SNAPSHOTS_TO_KEEP_DEFAULT,
     PAGE_ROW_LIMIT,
     PAGE_SIZE,
+    REWRITE_DELETES_MIN_INPUT_FILES,
+    REWRITE_DELETES_MIN_INPUT_FILES_DEFAULT,
     ROW_GROUP_BYTES,
     ROW_GROUP_BYTES_DEFAULT,
     ROW_GROUP_ROWS,
@@ -109,6 +113,9 @@ class TableSettings:
     commit_retry: CommitRetry = CommitRetry()
     retention: Retention = Retention()
     compact_min_input_files: int = COMPACT_MIN_INPUT_FILES_DEFAULT
+    delete_target_file_size: int = DELETE_TARGET_FILE_SIZE_DEFAULT
+    """``write.delete.target-file-size-bytes``: the size a rewrite of position deletes packs delete files into."""
+    rewrite_deletes_min_input_files: int = REWRITE_DELETES_MIN_INPUT_FILES_DEFAULT
     maintenance_interval_ms: int = MAINTENANCE_INTERVAL_MS_DEFAULT
     driver_lookup_bytes: int = DRIVER_LOOKUP_BYTES_DEFAULT
     """Merge-on-read: a batch's lookup in this table that reads at most this many bytes (the candidates' key column
@@ -179,6 +186,10 @@ class TableSettings:
                 configured=any(k in properties for k in (MAX_SNAPSHOT_AGE_MS, MIN_SNAPSHOTS_TO_KEEP, MAX_REF_AGE_MS)),
             ),
             compact_min_input_files=_int(integer(COMPACT_MIN_INPUT_FILES, COMPACT_MIN_INPUT_FILES_DEFAULT, minimum=2)),
+            delete_target_file_size=_int(integer(DELETE_TARGET_FILE_SIZE, DELETE_TARGET_FILE_SIZE_DEFAULT, minimum=1)),
+            rewrite_deletes_min_input_files=_int(
+                integer(REWRITE_DELETES_MIN_INPUT_FILES, REWRITE_DELETES_MIN_INPUT_FILES_DEFAULT, minimum=2)
+            ),
             maintenance_interval_ms=_int(integer(MAINTENANCE_INTERVAL_MS, MAINTENANCE_INTERVAL_MS_DEFAULT, minimum=0)),
             driver_lookup_bytes=_int(integer(DRIVER_LOOKUP_BYTES, DRIVER_LOOKUP_BYTES_DEFAULT, minimum=0)),
         )

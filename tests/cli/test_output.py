@@ -89,7 +89,15 @@ SHAPES: list[tuple[list[str], type | set[str]]] = [
         {"attempts", "branch", "created", "dry_run", "duration_ms", "entries", "manifests_after", "manifests_before"}
         | {"snapshot_id", "status", "table", "target_size_bytes"},
     ),
-    (["maintain", "db.events", "--dry-run"], {"compaction", "dry_run", "expiry", "manifests", "orphans", "table"}),
+    (
+        ["rewrite-position-deletes", "db.events", "--dry-run"],
+        {"added_bytes", "added_files", "attempts", "branch", "dangling_files", "dry_run", "duration_ms", "groups"}
+        | {"removed_files", "rewritten_bytes", "rewritten_files", "snapshot_id", "status", "table"},
+    ),
+    (
+        ["maintain", "db.events", "--dry-run"],
+        {"compaction", "dry_run", "expiry", "manifests", "orphans", "position_deletes", "table"},
+    ),
     (["forget-query", "db.events", Q, "--dry-run"], {"dry_run", "key", "marker", "risk", "table"}),
 ]
 
@@ -410,7 +418,14 @@ def test_every_command_takes_the_group_json_flag(
     assert published.exit_code == 0 and "main_after" in json.loads(published.stdout), published.output
     waited = stderr_apart().invoke(main, ["--json", "wait", "db.events", "--watermark", "0", *catalog_args])
     assert waited.exit_code == ExitCode.WAIT_NO_WATERMARK and json.loads(waited.stdout)["outcome"] == "no-watermark"
-    assert set(COMMANDS) == done | {"report", "checkpoint-clean", "publish", "wait"}
+    # history-of on a table that is not a history table: the error comes as the JSON error object (its rows: the
+    # history tables' tests, tests/sink/test_history_spark.py)
+    versions = stderr_apart().invoke(
+        main, ["--json", "history-of", "x.y", "--history", "db.events", "--key", "id=1", *catalog_args]
+    )
+    assert versions.exit_code == ExitCode.FAILED, versions.output
+    assert "not a history table" in _error_object(versions.stderr)["message"]
+    assert set(COMMANDS) == done | {"report", "checkpoint-clean", "publish", "wait", "history-of"}
 
 
 def _error_object(stderr: str) -> dict[str, Any]:

@@ -383,3 +383,42 @@ def test_marks_recognise_debeziums_form_of_the_placeholder_per_column_type() -> 
     assert unavailable.marks(deleted, list(columns), unavailable.Placeholder(raw), "deleted").column(
         unavailable.UNAVAILABLE_COLUMN
     ).to_pylist() == [None, None, None]  # a delete's values are not written
+
+
+@pytest.mark.parametrize("mode", ["copy-on-write", "merge-on-read"])
+def test_a_placeholder_change_the_batch_deletes_after_is_no_dead_letter(
+    catalog_properties: dict[str, str], tmp_path: Path, mode: str
+) -> None:
+    """Issue 51 leftover (over-rejection): only the changes with no value to keep are dead letters. A placeholder
+    change followed by a delete of its key in the batch is absorbed by the delete (as it is when no other change of the
+    key is a dead letter): it is no dead letter even when a later change of the key, after the delete, is one -- else
+    the dead-letter table holds a change that was fine (re-applied by whoever repairs dead letters, after the delete, it
+    would bring the deleted row back). Before the fix the changes at 20 and 25 were dead letters too."""
+    q, ck = str(uuid.uuid4()), tmp_path / "ck"
+    options = {"dead-letter-table": DEAD}
+    one = [change(DOCS, "c", 10 + i, row(i, f"v1 of {i}"), TYPES, KEY) for i in range(1, 4)]
+    staged_batch(catalog_properties, ck, q, 0, one, options=options)
+    docs = catalogs.load_table_fresh(None, dict(catalog_properties), ("public", "docs"))
+    with docs.transaction() as tx:
+        tx.set_properties({"write.merge.mode": mode})
+    good = [
+        change(DOCS, "u", 20, unchanged_toast(2, "v2 of 2"), TYPES, KEY),  # fillable from the table; then deleted
+        change(DOCS, "d", 21, {"id": 2}, TYPES, KEY),
+        change(DOCS, "u", 23, unchanged_toast(3, "v2 of 3"), TYPES, KEY),  # deleted after: no letter of key 3 at all
+        change(DOCS, "d", 24, {"id": 3}, TYPES, KEY),
+        change(DOCS, "u", 25, unchanged_toast(7, "never inserted"), TYPES, KEY),  # no value, but deleted after
+        change(DOCS, "d", 26, {"id": 7}, TYPES, KEY),
+    ]
+    bad = [
+        change(DOCS, "u", 22, unchanged_toast(2, "after its delete"), TYPES, KEY),
+        change(DOCS, "u", 27, unchanged_toast(7, "after its delete"), TYPES, KEY),
+    ]
+    two = sorted([*good, *bad], key=lambda c: c["lsn"])
+    staged_batch(catalog_properties, ck, q, 1, two, options=options)
+    expected = as_stored(model([one, [c for c in good if c["lsn"] != 25]]), schemas=True)  # 25: nothing to keep, deleted
+    assert read(catalog_properties) == expected and sorted(expected) == [1]
+    got = dead_letters(catalog_properties)
+    assert sorted(json.loads(json.loads(r["row"])["value"])["payload"]["source"]["lsn"] for r in got) == [22, 27]
+    assert all(r["error"] == "unavailable-value" and "deleted the key" in r["message"] for r in got), got
+    staged_batch(catalog_properties, ck, q, 1, two, options=options, run_id="restarted")  # a replay: nothing twice
+    assert read(catalog_properties) == expected and len(dead_letters(catalog_properties)) == 2

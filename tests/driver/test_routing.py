@@ -723,7 +723,7 @@ def replay(
     """A replay of ``batch_id`` as foreach_batch runs it: tables planned, the batch decided before any file is written,
     the files written, the unit committed (aborted on an error)."""
     plans = rc.plans(rc.routes(set(data), batch_id), Q)
-    rc.check_replay_at_plan(BatchCall(Q, batch_id, offsets, run_id))
+    rc.check_replay_at_plan(BatchCall(Q, batch_id, offsets, run_id), plans)
     plan = rc.routed_plan(plans, Q, template=False)
     writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=0))
     results = [writer.write([rows(data)])]
@@ -779,6 +779,27 @@ def test_a_second_routed_sink_of_the_same_run_commits_nothing_in_any_table(
         (replay if at_plan else commit_unchecked)(second, 0, {"a": [3], "c": [4]}, run_id=run_id)
     assert ids(catalog_properties, "db.a") == Counter([1]) and ids(catalog_properties, "db.b") == Counter([2])
     assert not exists(catalog_properties, "db.c") or ids(catalog_properties, "db.c") == Counter()
+
+
+def test_two_batches_planned_through_one_committer_are_decided_in_the_other_order(catalog_properties: dict[str, str]) -> None:
+    """Issue 53 ("a batch is a value"): what a routed batch's planning learned (BatchPlans: its plans, its tables as
+    read) is handed on, not kept by the committer. Batch 0 is in db.a and db.b; another run plans a replay of batch 0
+    over other source offsets, then batch 1 into db.c, and decides them in the other order: batch 1 is new in db.c and
+    lands there alone; the replay of batch 0 is refused at plan time against its own tables as read (checked against
+    the tables of the batch planned last, db.c, it found none holding batch 0 and passed)."""
+    run(routed(catalog_properties), 0, {"a": [1], "b": [2]})
+    rc = routed(catalog_properties)
+    zero = rc.plans(rc.routes({"a", "b"}, 0), Q)
+    one = rc.plans(rc.routes({"c"}, 1), Q)
+    assert set(zero) == {"db.a", "db.b"} and set(one) == {"db.c"}
+    rc.check_replay_at_plan(BatchCall(Q, 1, OTHER_OFFSETS), one)
+    writer = RoutedTaskWriter(rc.routed_plan(one, Q, template=False), TaskIds(Q, 1, 0, 0))
+    out = commit_or_abort(rc, 1, [writer.write([rows({"c": [3]})])], offsets=OTHER_OFFSETS)
+    assert {n: o.outcome for n, o in out.tables.items()} == {"db.c": Outcome.COMMITTED}
+    with pytest.raises(ReplayMismatchError, match="other source offsets"):
+        rc.check_replay_at_plan(BatchCall(Q, 0, OTHER_OFFSETS), zero)
+    assert ids(catalog_properties, "db.a") == Counter([1]) and ids(catalog_properties, "db.b") == Counter([2])
+    assert ids(catalog_properties, "db.c") == Counter([3])
 
 
 def counted_only(result: RoutedTaskResult) -> RoutedTaskResult:

@@ -27,9 +27,9 @@ from pyiceberg.utils.concurrent import ExecutorFactory
 from benchmarks.routing_scale import lakesink_state, process_sample
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall
-from lakesink.driver.committers import routed_tables
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.table import TableCommitter
+from lakesink.driver.tables import routed_tables
 from lakesink.errors import RoutingError
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.routed_writer import RoutedTaskWriter

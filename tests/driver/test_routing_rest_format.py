@@ -28,7 +28,7 @@ from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
-from lakesink.driver.committers.routed_tables import STAGING_FOLDER
+from lakesink.driver.tables.staging import STAGING_FOLDER
 from lakesink.errors import InjectedFault, InvalidOptionError
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter

@@ -11,6 +11,7 @@ batch's snapshots, the table must equal the history's current versions (they nev
 from __future__ import annotations
 
 import datetime
+import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,9 +19,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from click.testing import CliRunner
 
 import lakesink
 from lakesink.audit import interop
+from lakesink.cli.main import main
 from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError
 from lakesink.table.keys import (
@@ -140,6 +143,20 @@ def run(spark: Any, src: Path, ck: Path, s: Any) -> None:
     run_to_end(q)
 
 
+def run_format(spark: Any, src: Path, ck: Path, props: dict[str, str], table_properties: dict[str, str] | None = None) -> None:
+    """The same stream through writeStream.format("lakesink"), repartitioned by the key (each task resolves its keys)."""
+    lakesink.register(spark)
+    df = spark.readStream.schema(DDL).option("maxFilesPerTrigger", 1).json(str(src))
+    w = df.repartition(2, "id").writeStream.format("lakesink").option("table", "db.events")
+    for k, v in props.items():
+        w = w.option(f"catalog.{k}", v)
+    for k, v in (table_properties or {}).items():
+        w = w.option(f"table-property.{k}", v)
+    w = w.option("upsert-key", "id").option("delete-when", "op = 'd'").option("order-by", "seq")
+    w = w.option("history", "on").option("history-time", "ts")
+    run_to_end(w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
+
+
 def load(props: dict[str, str], name: str) -> Any:
     return catalogs.load(None, props).load_table(("db", name))
 
@@ -167,9 +184,12 @@ def assert_never_disagree(props: dict[str, str]) -> None:
         assert current_of(history.scan(snapshot_id=theirs[batch_id]).to_arrow()) == now, batch_id
 
 
-@pytest.mark.parametrize("mode", ["copy-on-write", "merge-on-read"])
+@pytest.mark.parametrize(
+    ("entry", "mode"),
+    [("foreach", "copy-on-write"), ("foreach", "merge-on-read"), ("format", "copy-on-write"), ("format", "merge-on-read")],
+)
 def test_history_of_a_change_stream_with_late_and_redelivered_changes_equals_the_model(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], mode: str
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str, mode: str
 ) -> None:
     """Inserts, updates, deletes, re-inserts, several changes of a key per batch; then a batch redelivering changes of
     earlier batches (counted once), a batch of late changes (older than everything: each takes its place as the key's
@@ -192,12 +212,11 @@ def test_history_of_a_change_stream_with_late_and_redelivered_changes_equals_the
     ]
     batches = [*changes, redelivered, late, newer]
     write_events(tmp_path / "in", batches)
-    run(
-        spark,
-        tmp_path / "in",
-        tmp_path / "ck",
-        sink(catalog_properties, table_properties=MOR if mode == "merge-on-read" else None),
-    )
+    props = MOR if mode == "merge-on-read" else None
+    if entry == "format":
+        run_format(spark, tmp_path / "in", tmp_path / "ck", catalog_properties, props)
+    else:
+        run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties, table_properties=props))
     assert_in_every_reader(catalog_properties, batches)
     assert_never_disagree(catalog_properties)
     table, history = load(catalog_properties, "events"), load(catalog_properties, "events__history")
@@ -256,3 +275,73 @@ def test_history_options_are_checked_before_anything_is_written(catalog_properti
             history_time="ts",
             dead_letter_table="db.letters",
         )
+
+
+def as_of_model(batches: Sequence[Sequence[Event]], when: str) -> dict[int, tuple[int, str]]:
+    """The table as it was at source time ``when``: each key's version valid then, deletes left out."""
+    return {
+        v[0]: (v[1], v[2])
+        for v in history_model(batches)
+        if v[3] is not None and v[3] <= when and (v[4] is None or v[4] > when) and v[6] != "delete"
+    }
+
+
+def test_history_of_prints_a_keys_versions_and_the_table_as_of_a_source_time(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """``lakesink history-of``: every version of one key, oldest first; ``--as-of``: the table at a source time, from
+    the history table alone (the time of a change in the middle of the stream); a key column the table lacks and a key
+    and a time together are usage errors."""
+    changes = stream(seed=9, batches=3, per_batch=40, keys=10)
+    write_events(tmp_path / "in", changes)
+    run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties))
+    catalog_args = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
+    printed = CliRunner().invoke(main, ["--json", "history-of", "db.events", "--key", "id=4", *catalog_args])
+    assert printed.exit_code == 0, printed.output
+    got = [(r["id"], r["eid"], r["value"], r["operation"], r["is_current"]) for r in json.loads(printed.output)]
+    assert got == [(v[0], v[1], v[2], v[6], v[5]) for v in sorted(history_model(changes), key=lambda v: v[1]) if v[0] == 4]
+    assert got, "key 4 has versions"
+    middle = changes[1][10]["ts"]
+    printed = CliRunner().invoke(main, ["--json", "history-of", "db.events", "--as-of", middle, *catalog_args])
+    assert printed.exit_code == 0, printed.output
+    assert {r["id"]: (r["eid"], r["value"]) for r in json.loads(printed.output)} == as_of_model(changes, middle)
+    bad = CliRunner().invoke(main, ["history-of", "db.events", "--key", "nope=1", *catalog_args])
+    assert bad.exit_code != 0 and "no column 'nope'" in bad.output, bad.output
+    both = CliRunner().invoke(main, ["history-of", "db.events", "--key", "id=1", "--as-of", middle, *catalog_args])
+    assert both.exit_code != 0 and "not both" in both.output, both.output
+
+
+def test_a_column_the_stream_adds_reaches_the_history_in_the_same_commit(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """Option merge-schema: the query restarted with a stream that has one more column; the batch that brings it
+    evolves the table and the history table each in its batch snapshot (the history's versions of that batch hold its
+    values, the earlier ones null)."""
+    first = stream(seed=11, batches=2, per_batch=20, keys=8)
+    write_events(tmp_path / "in", first)
+    run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties, merge_schema=True))
+    later = [
+        {"eid": 900 + k, "id": k, "value": f"t{k}", "seq": 900 + k, "op": "u", "ts": at(900 + k), "tier": f"gold{k}"}
+        for k in range(5)
+    ]
+    write_events(tmp_path / "in", [later], start=2)
+    df = spark.readStream.schema(DDL + ", tier string").option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+    q = (
+        df.writeStream.foreachBatch(sink(catalog_properties, merge_schema=True))
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    run_to_end(q)
+    history = load(catalog_properties, "events__history")
+    assert "tier" in history.schema().column_names
+    snaps = lakesink_snapshots(history)
+    assert [s["batch_id"] for s in snaps] == [0, 1, 2]
+    schema_ids = [history.metadata.snapshot_by_id(s["snapshot_id"]).schema_id for s in snaps]
+    assert schema_ids[0] == schema_ids[1] != schema_ids[2] == history.metadata.current_schema_id
+    rows = history.scan().to_arrow().to_pylist()
+    assert {r["id"]: r["tier"] for r in rows if r["eid"] >= 900} == {k: f"gold{k}" for k in range(5)}
+    assert all(r["tier"] is None for r in rows if r["eid"] < 900)
+    batches = [[{k: v for k, v in e.items() if k != "tier"} for e in b] for b in [*first, later]]
+    assert versions_of(history.scan().to_arrow()) == history_model(batches)
+    assert_never_disagree(catalog_properties)

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 import lakesink
 from lakesink.audit import interop
 from lakesink.driver import catalogs
-from lakesink.driver.committers.routed_tables import STAGING_FOLDER
+from lakesink.driver.tables.staging import STAGING_FOLDER
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.table import storage

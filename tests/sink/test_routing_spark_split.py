@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 import lakesink
 from lakesink import faults as faults_module
 from lakesink.driver import catalogs
-from lakesink.driver.committers.routed_tables import RoutedTables
+from lakesink.driver.tables.routed_tables import RoutedTables
 from lakesink.sink.spark import split as spark_split
 from lakesink.sink.spark.split import SPARKSPLIT_AFTER_SPLIT, SPLIT_FOLDER, sweep
 from lakesink.table import names
@@ -289,7 +289,7 @@ def test_a_split_file_tampered_while_a_later_batch_reads_its_tables_again_fails_
 
     real_plans = RoutedTables.plans
 
-    def plans(self: RoutedTables, *args: Any, **kwargs: Any) -> Any:
+    def plans(self: RoutedTables[Any], *args: Any, **kwargs: Any) -> Any:
         fired.append("plans")
         planned = real_plans(self, *args, **kwargs)
         if fired.count("plans") == 2 and not tampered:  # the second batch of the run, its tables read again

@@ -57,7 +57,7 @@ from examples.demo import session_members
 from lakesink.audit import interop
 from lakesink.audit.routes import verify_query
 from lakesink.driver import catalogs
-from lakesink.driver.committers.routed_tables import STAGING_FOLDER
+from lakesink.driver.tables.staging import STAGING_FOLDER
 from lakesink.faults import (
     CATALOG_BETWEEN_TABLE_SWAPS,
     DRIVER_AFTER_SWAP,

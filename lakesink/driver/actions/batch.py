@@ -22,10 +22,10 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 from pyiceberg.table import Table
@@ -188,6 +188,13 @@ class Batch:
         return names.commit_name(names.BATCH, query_id=self.query_id, batch_id=self.batch_id)
 
 
+class WritePlanOf(Protocol):
+    """The committer's plan of a write into ``table`` (lakesink.driver.tables.sink_table.SinkTable.write_plan): for
+    the query, and with ``stream_schema`` (merge-schema) the columns it adds planned into the table."""
+
+    def __call__(self, table: Table, query_id: str | None, stream_schema: pa.Schema | None = None) -> WritePlan: ...
+
+
 @dataclass(frozen=True)
 class SinkContext:
     """One sink's table as its batch's actions know it, made by its committer (lakesink.driver.committers.table): its
@@ -199,7 +206,7 @@ class SinkContext:
     name: str
     sink_id: str | None
     branch: str
-    write_plan: Callable[[Table, str | None], WritePlan]
+    write_plan: WritePlanOf
     catalog_name: str | None = None
     catalog_properties: Mapping[str, str] = field(default_factory=dict)
     """The sink's options ``catalog_name`` / ``catalog_properties``: whose secrets an error's text leaves out."""

@@ -27,7 +27,8 @@ History tables are format 2 (their rewritten versions are position deletes); lak
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,11 +44,10 @@ from lakesink._pyiceberg import row_delta as seam_row_delta
 from lakesink.driver.actions import upsert
 from lakesink.driver.actions.batch import AppendBatch, Batch, SinkContext
 from lakesink.driver.actions.row_delta import delete_target
-from lakesink.errors import InvalidOptionError, LakesinkError
+from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.position_deletes import PositionDeleteWriter
-from lakesink.options import HISTORY, HISTORY_TIME, SinkOptions
-from lakesink.options.values import Maintenance
+from lakesink.options import HISTORY, HISTORY_TIME, ORDER_BY, UPSERT_KEY, SinkOptions
 from lakesink.table.keys import (
     DELETED,
     HISTORY_CHANGE_ORDER,
@@ -84,6 +84,9 @@ class HistoryChanges:
     """The key columns (the table's upsert key)."""
     of: str
     """The table whose history it is."""
+    schema: pa.Schema
+    """The history table's columns for the batch's stream (:func:`history_schema`): with option merge-schema, the
+    columns the stream adds are planned into the history table and committed with its versions."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,10 @@ class Linked:
     """What one attempt commits into the history table."""
 
     rows: list[dict[str, Any]]
-    """The rows to append: the new versions and the stored versions whose links changed."""
+    """The rows to append: the stored versions whose links changed, and the new versions of changes given whole."""
+    new: list[tuple[int, Any, bool, str]]
+    """The new versions of changes given by their place in the batch (``_index``): (that place, valid_to, is_current,
+    operation) -- their other columns are the change's, taken from the batch's Arrow rows as they are."""
     deleted: dict[str, list[int]]
     """The stored rows those replace, by data file path: their positions."""
     added: int
@@ -100,11 +106,20 @@ class Linked:
 
 
 def link(
-    changes: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]], *, key: Sequence[str], whole: frozenset[tuple[Any, ...]]
+    changes: Sequence[dict[str, Any]],
+    stored: Sequence[dict[str, Any]],
+    *,
+    key: Sequence[str],
+    whole: frozenset[tuple[Any, ...]],
+    table_name: str = "",
+    full: Callable[[dict[str, Any]], dict[str, Any]] = lambda change: change,
 ) -> Linked:
     """The versions to write (the module's step 2). ``changes``: the batch's changes (rows with :data:`DELETED`, the
     order and the time); ``stored``: the history's versions of their keys, each with ``_path``/``_pos`` (where it is);
-    ``whole``: the keys whose every version is in ``stored`` (else only their latest). Pure: no I/O."""
+    ``whole``: the keys whose every version is in ``stored`` (else only their latest). Pure: no I/O. Two changes of a
+    key with one order value are one change delivered twice when they say the same (kept once), else UpsertKeyError.
+    A change may be given by its key, order, time, delete flag and place in the batch (``_index``) only: ``full`` gives
+    its whole row where its values are compared (a redelivery), and its version comes back in :attr:`Linked.new`."""
     by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in stored:
         by_key.setdefault(tuple(row[k] for k in key), []).append(row)
@@ -112,15 +127,25 @@ def link(
     for change in changes:
         new_by_key.setdefault(tuple(change[k] for k in key), []).append(change)
     rows: list[dict[str, Any]] = []
+    new: list[tuple[int, Any, bool, str]] = []
     deleted: dict[str, list[int]] = {}
     added = changed = redelivered = 0
     for k, news in new_by_key.items():
         old = sorted(by_key.get(k, ()), key=lambda r: r[HISTORY_CHANGE_ORDER])
-        held = {r[HISTORY_CHANGE_ORDER] for r in old}
+        held = {r[HISTORY_CHANGE_ORDER]: r for r in old}
         fresh: dict[Any, dict[str, Any]] = {}
         for change in news:
             order = change[HISTORY_CHANGE_ORDER]
-            if order in held or order in fresh:
+            there = held.get(order, fresh.get(order))
+            if there is not None:
+                if not _same_change(full(change), full(there) if DELETED in there else there):
+                    raise UpsertKeyError(
+                        f"history of {table_name}: two different changes of key "
+                        f"({', '.join(f'{n}={v!r}' for n, v in zip(key, k, strict=True))}) have the same order value "
+                        f"{order!r} ({'one in the history, one in this batch' if order in held else 'both in this batch'}); "
+                        "the history cannot order them, and a redelivery is the same change. Nothing was committed; "
+                        "order the changes by a value unique per change of a key (option order-by)"
+                    )
                 redelivered += 1  # the same change again (a redelivery): its version is there
                 continue
             fresh[order] = change
@@ -146,13 +171,34 @@ def link(
                 linked[HISTORY_OPERATION] = HISTORY_INSERT if after_delete else HISTORY_UPDATE
             chain[i] = (linked, is_new)
             if is_new:
-                rows.append(_without_place(linked))
+                if "_index" in linked:
+                    new.append(
+                        (linked["_index"], linked[HISTORY_VALID_TO], linked[HISTORY_IS_CURRENT], linked[HISTORY_OPERATION])
+                    )
+                else:
+                    rows.append(_without_place(linked))
                 added += 1
             elif any(linked.get(n) != row.get(n) for n in _LINKS):
                 deleted.setdefault(row["_path"], []).append(row["_pos"])
                 rows.append(_without_place(linked))
                 changed += 1
-    return Linked(rows=rows, deleted=deleted, added=added, changed=changed, redelivered=redelivered)
+    return Linked(rows=rows, new=new, deleted=deleted, added=added, changed=changed, redelivered=redelivered)
+
+
+def _same_change(change: dict[str, Any], version: dict[str, Any]) -> bool:
+    """Whether ``change`` (of the batch) says what ``version`` (stored, or another change of the batch) says: the same
+    delete flag, time and values."""
+    deleted = version[DELETED] if DELETED in version else version.get(HISTORY_OPERATION) == HISTORY_DELETE
+    if bool(change[DELETED]) != bool(deleted):
+        return False
+    return all(_equal(change[n], version.get(n)) for n in change if n not in (DELETED, *_LINKS))
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """``a == b``, a NaN equal to a NaN (a redelivered double column holding NaN is the same change)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
 
 
 def _without_place(row: dict[str, Any]) -> dict[str, Any]:
@@ -177,13 +223,22 @@ class HistoryBatch(AppendBatch):
                 f"Nothing was committed; drop {c.name} (lakesink creates it again, format 2) or name another with "
                 "option 'history'"
             )
-        plan = c.write_plan(table, batch.query_id)
+        plan = c.write_plan(table, batch.query_id, changes.schema)
         schema = plan.schema
         schema_changes = tuple(plan.schema_changes) if plan.schema_changes else ()
         new = _new_rows(changes, schema)
         key = list(changes.key)
         stored, whole, read = _stored(table, c.branch, c.name, schema, new, key)
-        linked = link(new.to_pylist(), stored, key=key, whole=whole)
+        light = new.select([*key, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM, DELETED])
+        light = light.append_column("_index", pa.array(range(new.num_rows), pa.int64()))
+        linked = link(
+            light.to_pylist(),
+            stored,
+            key=key,
+            whole=whole,
+            table_name=changes.of,
+            full=lambda change: {**new.slice(change["_index"], 1).to_pylist()[0], DELETED: change[DELETED]},
+        )
         self.linked = linked
         commit = batch.commit_name()
         ids = TaskIds(
@@ -191,9 +246,9 @@ class HistoryBatch(AppendBatch):
         )
         data_files: list[DataFile] = []
         owned: list[str] = []
-        if linked.rows:
+        if linked.rows or linked.new:
             writer = upsert.rewrite_writer(plan, batch_id=batch.batch_id, partition_id=HISTORY_PARTITION_ID, attempt=attempt)
-            arrow = pa.Table.from_pylist(linked.rows, schema=_plain(seam.arrow_schema(schema)))
+            arrow = _versions(new, linked, _plain(seam.arrow_schema(schema)))
             data_files = upsert.written_copies(writer, arrow.to_batches(), plan)
             owned.extend(f.file_path for f in data_files)
         delete_files: list[DataFile] = []
@@ -232,6 +287,23 @@ class HistoryBatch(AppendBatch):
             commit=commit,
             owned=owned,
         )
+
+
+def _versions(new: pa.Table, linked: Linked, schema: pa.Schema) -> pa.Table:
+    """The rows an attempt appends, in the history table's columns (``schema``): the new versions taken from the
+    batch's rows ``new`` as they are, with their links; the stored versions re-linked."""
+    parts = []
+    if linked.new:
+        at = pa.array([n[0] for n in linked.new], pa.int64())
+        taken = new.take(at)
+        columns = {n: taken.column(n) for n in taken.column_names}
+        columns[HISTORY_VALID_TO] = pa.array([n[1] for n in linked.new], schema.field(HISTORY_VALID_TO).type)
+        columns[HISTORY_IS_CURRENT] = pa.array([n[2] for n in linked.new], pa.bool_())
+        columns[HISTORY_OPERATION] = pa.array([n[3] for n in linked.new], pa.string())
+        parts.append(pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema))
+    if linked.rows:
+        parts.append(pa.Table.from_pylist(linked.rows, schema=schema))
+    return pa.concat_tables(parts)
 
 
 def _plain(schema: pa.Schema) -> pa.Schema:
@@ -327,10 +399,47 @@ def _stored(
     return out, frozenset(late), [f for f in candidates if f.file_path in read]
 
 
+def checked_changes(rows: pa.Table, keys: Sequence[str], options: SinkOptions, *, batch_id: int, table: str) -> HistoryChanges:
+    """The batch's changes for the history of ``table`` (``rows``: the stream's columns, :data:`DELETED`, the order value
+    and the time), an UpsertKeyError before anything is committed when a key, an order value or a time is null (or an
+    order value NaN): the history orders and dates every change by them."""
+    for column, option, what in (
+        *((k, UPSERT_KEY, f"key column {k!r}") for k in keys),
+        (HISTORY_CHANGE_ORDER, ORDER_BY, f"'{ORDER_BY}' column {options.order_by!r}"),
+        (HISTORY_VALID_FROM, HISTORY_TIME, f"'{HISTORY_TIME}' column {options.history_time!r}"),
+    ):
+        nulls = rows.column(column).null_count
+        if nulls:
+            raise UpsertKeyError(
+                f"batch {batch_id} has {nulls} change(s) whose {what} is null; the history of {table} orders and dates "
+                f"every change by option '{option}'. Nothing was committed; filter or fill those rows before the sink"
+            )
+    order = rows.column(HISTORY_CHANGE_ORDER)
+    if pa.types.is_floating(order.type) and pc.any(pc.is_nan(order)).as_py():
+        raise UpsertKeyError(
+            f"batch {batch_id} has a change whose '{ORDER_BY}' value is NaN; the history of {table} cannot order it. "
+            "Nothing was committed"
+        )
+    stream = pa.schema([f for f in rows.schema if f.name not in (DELETED, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM)])
+    return HistoryChanges(rows=rows, key=tuple(keys), of=table, schema=history_schema(stream, options))
+
+
+def changes_of_tasks(results: Sequence[Any], options: SinkOptions, *, batch_id: int, table: str) -> HistoryChanges | None:
+    """format("lakesink"): the changes the tasks returned for the history (TaskResult.history), joined; None when no
+    task returned any (an empty batch)."""
+    parts = [pa.ipc.open_stream(r.history).read_all() for r in results if getattr(r, "history", None)]
+    if not parts:
+        return None
+    rows = pa.concat_tables(parts, promote_options="permissive")
+    by_name = {n.lower(): n for n in rows.column_names}
+    keys = [by_name.get(k.lower(), k) for k in options.upsert_key]
+    return checked_changes(rows, keys, options, batch_id=batch_id, table=table)
+
+
 def history_options(options: SinkOptions) -> SinkOptions:
     """The options of the sink that writes ``options``' history table: same catalog, branch and sink id (the history
     table holds this sink's replay markers as the table does), created when missing as format 2, with the table's
-    merge-schema (a column the batch adds reaches the history in the same commit), no key, no maintenance of its own."""
+    merge-schema (a column the batch adds reaches the history in the same commit) and maintenance, no key."""
     assert options.history is not None
     return SinkOptions(
         table=options.history.of(options.table),
@@ -342,7 +451,7 @@ def history_options(options: SinkOptions) -> SinkOptions:
         create_table=options.create_table,
         merge_schema=options.merge_schema,
         format_version=2,
-        maintenance=Maintenance.OFF,
+        maintenance=options.maintenance,
     )
 
 

@@ -4,32 +4,27 @@ How a Debezium change reaches the commit: the entry point (lakesink.sink.foreach
 table's columns and carried keys from the batch's payloads, marks the tables its truncates empty (lakesink.sink.cdc.truncates)
 and, with option cdc-transactions=hold, splits off what the batch holds back (lakesink.sink.cdc.transactions,
 lakesink.sink.cdc.staged_transactions); each step returns a new ``BatchFacts``, which the entry point passes to
-``RoutedCommitter.plans`` and ``RoutedCommitter.commit_batch``. The committer keeps none of it between calls: two
-batches' facts committed through one committer, in any order, each land as their own.
+``RoutedCommitter.plans`` and ``RoutedCommitter.commit_batch``; what the planning learned (a ``BatchPlans``) goes on to
+the replay check at plan time and the tasks' plan. The committer keeps none of it between calls: two batches' facts
+committed through one committer, in any order, each land as their own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-import pyarrow as pa
-
 from lakesink.driver.actions.held import HeldBack
-from lakesink.driver.tables.routed_keys import Key
+from lakesink.driver.tables.routed_tables import TableFacts
 
 
 @dataclass(frozen=True)
-class BatchFacts:
-    """One routed batch's facts beside its rows (none of them: :data:`NO_FACTS`, a batch of plain rows)."""
+class BatchFacts(TableFacts):
+    """One routed batch's facts beside its rows (none of them: :data:`NO_FACTS`, a batch of plain rows): what its
+    tables' planning takes (:class:`~lakesink.driver.tables.routed_tables.TableFacts`: each table's columns, the keys
+    its changes carry) and what its commit takes besides."""
 
-    table_columns: Mapping[str, pa.Schema] = field(default_factory=dict)
-    """Option payload: each table's columns as the batch's payloads hold them (lakesink.executor.payload); a table not
-    in it takes the stream's columns."""
-    carried_keys: Mapping[str, Collection[Key]] = field(default_factory=dict)
-    """With upserts and cdc-format=debezium: the keys each table's changes carry (the Kafka keys' fields), the key of
-    a table lakesink creates (lakesink.driver.tables.routed_keys)."""
     truncating: frozenset[str] = frozenset()
     """Option cdc-format: the tables the batch truncates (lakesink.sink.cdc.truncates keeps only their changes after the
     truncate): their part of the unit replaces everything live (actions.batch.action_for)."""

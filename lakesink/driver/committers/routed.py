@@ -1,8 +1,8 @@
 """Driver side of option ``route-by``: one stream into many tables, each batch one unit of commits.
 
 A batch's rows went to the tables their routing column names (lakesink.executor.routed_writer); the base class
-(lakesink.driver.committers.routed_tables) opens those tables (creating them on first sight, with their namespace),
-this module commits the batch as one unit of :class:`~lakesink.driver.actions.batch.BatchAction` s, one per table,
+(lakesink.driver.tables.routed_tables) opens and plans those tables (creating them on first sight, with their
+namespace), this module commits the batch as one unit of :class:`~lakesink.driver.actions.batch.BatchAction` s, one per table,
 through the one loop (:func:`lakesink.driver.loop.swap.run_unit`):
 on a catalog that can swap several tables at once (SQL catalogs: one database transaction; REST catalogs serving
 transactions/commit), all tables or none; elsewhere, or with ``atomic=off``, table after table, each exactly once,
@@ -14,14 +14,15 @@ Every table's snapshot of a batch records how many tables the batch wrote and th
 (``lakesink.batch-tables``, ``lakesink.batch-tables-digest``), so that an audit of any table, or of the catalog,
 can tell whether a batch is complete everywhere (lakesink.audit.routes).
 
-Bounded by design (lakesink.driver.committers.routed_tables): a committer is kept for the tables used last (a run may route to
-thousands), catalog connections are the process's one per catalog (lakesink.driver.catalogs).
+Bounded by design: a committer is kept for the tables used last (lakesink.driver.tables.routed_tables.MAX_COMMITTERS: a
+run may route to thousands), catalog connections are the process's one per catalog (lakesink.driver.catalogs).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
@@ -29,22 +30,25 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io import load_file_io
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from lakesink.driver import catalogs
-from lakesink.driver.actions import dead_letters, held, replay
+from lakesink.driver.actions import completeness, dead_letters, held, replay
 from lakesink.driver.actions.batch import BatchAction, BatchCall, BatchOutcome, Outcome
 from lakesink.driver.actions.held import Attempt
 from lakesink.driver.actions.upsert_mor import LOOKUP_ATTEMPTS, MergeLookup, MergeLookups, request_for
-from lakesink.driver.committers import routed_tables
 from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
-from lakesink.driver.committers.routed_tables import RoutedTables
-from lakesink.driver.committers.table import TableCommitter
+from lakesink.driver.committers.table import CommitHook, TableCommitter
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.swap import RetriesExhausted
+from lakesink.driver.tables import routed_tables
+from lakesink.driver.tables.routed_tables import BatchPlans, RoutedTables
+from lakesink.driver.tables.sink_table import SinkTable
 from lakesink.errors import (
     CommitConflictError,
     CommitOutcomeUnknownError,
+    InvalidOptionError,
     LakesinkError,
     ReplayMismatchError,
     RowDeltaConflictError,
@@ -67,7 +71,7 @@ from lakesink.executor.routed_writer import (
 )
 from lakesink.executor.task_writer import TaskWriter
 from lakesink.faults import DRIVER_AFTER_TABLE_CREATED, fault_point
-from lakesink.options import TableName
+from lakesink.options import SinkOptions, TableName
 from lakesink.table import settings, storage
 from lakesink.table.keys import (
     SUMMARY_BATCH_ROWS_DIGEST,
@@ -125,12 +129,35 @@ class RoutedOutcome:
         )
 
 
-class RoutedCommitter(RoutedTables):
+class RoutedCommitter(RoutedTables[TableCommitter]):
     """The driver side of a routed sink: a :class:`TableCommitter` per table, one unit of commits per batch."""
 
     merge_lookup: MergeLookups | None = None
     """foreach_batch: looks the batch's keys up in its merge-on-read tables (Spark's executors write the position delete
     files: lakesink.sink.merge_on_read). None (format("lakesink")): every routed upsert is copy-on-write."""
+
+    def __init__(
+        self,
+        options: SinkOptions,
+        stream_schema: pa.Schema,
+        *,
+        post_commit: Callable[[SinkTable], CommitHook] | None = None,
+    ):
+        letters = None if options.dead_letter_table is None else TableCommitter(dead_letters.dead_letter_options(options))
+        super().__init__(options, stream_schema, dead_letters=letters)
+        self._post_commit = post_commit
+        self._committers: OrderedDict[str, TableCommitter] = OrderedDict()
+        self._swept = False
+        """Whether this process swept the staging area once (a crashed run's leftovers: :meth:`commit_batch`)."""
+        self._last_tables: tuple[str, ...] = ()
+        """The tables of this run's last batch committed here: where the query's replay marker stands, which an empty
+        batch (or one of dead letters only) moves. A cache of the query's state (read from the catalog when empty:
+        :meth:`_tables_of_last_batch`), reset by :meth:`new_run`; no fact of a batch (those come in its BatchFacts)."""
+
+    def new_run(self) -> None:
+        """A new run of the query: its tables opened afresh (RoutedTables.new_run), no last batch known."""
+        super().new_run()
+        self._last_tables = ()
 
     def committer(self, name: str) -> TableCommitter:
         """The table's committer (one per table, the routed_tables.MAX_COMMITTERS used last kept)."""
@@ -144,21 +171,38 @@ class RoutedCommitter(RoutedTables):
             self._committers.popitem(last=False)
         return found
 
+    def check_event_time(self, name: str, schema: Schema, properties: Mapping[str, str]) -> None:
+        """Option event-time: a routed table must have the column, with bounds, as a single table must at start
+        (lakesink.driver.actions.completeness.event_time_field); else InvalidOptionError when the table is opened, before
+        anything of the batch is committed -- not at every commit, after the tables before it (issue 30, item 12)."""
+        column = self.options.event_time
+        if column is None:
+            return
+        try:
+            completeness.event_time_field(schema, column, name, properties)
+        except InvalidOptionError as e:
+            raise InvalidOptionError(
+                f"route-by: {e}. Every table a row is routed to needs the event-time column; nothing was committed. "
+                f"Fix the table (add column {column!r} as a timestamp or date, with bounds; option merge-schema=true "
+                f"adds it), route no row to table {name}, or drop option 'event-time'"
+            ) from None
+
     # --- commit -----------------------------------------------------------------------------------
 
-    def check_replay_at_plan(self, call: BatchCall) -> None:
-        """foreach_batch, after :meth:`plans` and before any file is written: the batch is decided as a whole. Each of
-        its tables (and the dead-letter table) that holds it already must hold a faithful replay of the whole batch --
-        another run of the query, the same source offsets, the same set of tables -- else the loud error the commit's
-        loop would raise (:meth:`BatchAction.as_unit_member`) is raised here, before any Spark job writes (a batch found
-        in none of them is new, and the loop decides again, table by table, at every attempt of its commit)."""
+    def check_replay_at_plan(self, call: BatchCall, plans: BatchPlans) -> None:
+        """foreach_batch, after :meth:`plans` (``plans``: what it returned, with the tables as read) and before any file
+        is written: the batch is decided as a whole. Each of its tables (and the dead-letter table) that holds it
+        already must hold a faithful replay of the whole batch -- another run of the query, the same source offsets,
+        the same set of tables -- else the loud error the commit's loop would raise (:meth:`BatchAction.as_unit_member`)
+        is raised here, before any Spark job writes (a batch found in none of them is new, and the loop decides again,
+        table by table, at every attempt of its commit)."""
         query_id, batch_id = call.query_id, call.batch_id
-        names = sorted(self._read_at_plan)
+        names = sorted(plans.read)
         held: list[tuple[TableCommitter, Table, Sequence[str] | None]] = [
-            (self.committer(name), table, names) for name, table in self._read_at_plan.items()
+            (self.committer(name), table, names) for name, table in plans.read.items()
         ]
-        if self.dead_letters is not None and self._letters_read is not None:
-            held.append((self.dead_letters, self._letters_read, None))
+        if self.dead_letters is not None and plans.letters is not None:
+            held.append((self.dead_letters, plans.letters, None))
         holding: list[tuple[str, TableCommitter, Table, CommittedBatch]] = []
         missing: list[str] = []
         for c, table, tables in held:
@@ -294,8 +338,10 @@ class RoutedCommitter(RoutedTables):
             attempt.drop()  # a replay found committed: the held file its commit named is the one in force
         if names:
             self._last_tables = tuple(names)
-        if templated or not self._swept:
-            self._sweep_staging(batch_id)  # once per process (a crashed run's leftovers), then after staged batches
+        if templated or not self._swept:  # once per process (a crashed run's leftovers), then after staged batches
+            self._swept = True
+            if self.staging is not None:
+                self.staging.sweep(batch_id)
         return outcome
 
     def _lookups(self, members: Sequence[_Member], call: BatchCall, facts: BatchFacts) -> Mapping[str, MergeLookup]:
@@ -494,6 +540,32 @@ class RoutedCommitter(RoutedTables):
             attempt.drop()
         return outcome
 
+    def _tables_of_last_batch(self, query_id: str) -> tuple[str, ...]:
+        """The tables of option ``namespace`` that hold the sink's last batch, read from the catalog: where an empty
+        batch is recorded when this process committed no batch of the run before it (format("lakesink") commits in a
+        worker that keeps nothing between batches). One table recording it is enough for ``lakesink verify``: the
+        query's other tables account for a batch id their own history lacks (lakesink.audit.routes). None found (no
+        namespace, or the sink wrote only tables outside it): nothing to record it in, as before."""
+        ns = self.routing.namespace
+        if not ns:
+            return ()
+        try:
+            listed = [tuple(ident) for ident in self.catalog.list_tables(ns)]
+        except Exception:
+            return ()  # no namespace yet: no table
+        best = -1
+        found: list[str] = []
+        for ident, table in catalogs.load_tables(self.catalog, listed[: routed_tables.MAX_COMMITTERS]).items():
+            name = ".".join(ident)
+            done = self.committer(name).last(table, query_id)
+            if done is None or done.batch_id < best:
+                continue
+            if done.batch_id > best:
+                best = done.batch_id
+                found.clear()
+            found.append(name)
+        return tuple(sorted(found))
+
     def _held_attempt(self, back: held.HeldBack | None, query_id: str, batch_id: int) -> Attempt | None:
         """Option cdc-transactions=hold: this commit call's held file and record of ``back`` (None: the option off)."""
         if back is None:
@@ -558,7 +630,7 @@ class RoutedCommitter(RoutedTables):
             raise c.identity_changed(expected, uuid)
         self._uuids[name] = uuid
         if self.options.event_time is not None and not self.options.merge_schema:  # (merge-schema: the commit adds it)
-            self._check_event_time(name, table.schema(), table.properties)
+            self.check_event_time(name, table.schema(), table.properties)
         if not templated:
             return table, results
         template = self.template()
@@ -569,7 +641,8 @@ class RoutedCommitter(RoutedTables):
             # staged files are never committed: the batch's rows are rewritten into the table, or, when the table
             # holds the batch already (a replay), the staged files are deleted and the loop must find it there
             if done is not None and done.batch_id >= batch_id:
-                self._delete_staged(results)
+                assert self.staging is not None
+                self.staging.delete(results)
                 return table, [replace(r, files=(), replay_skipped=True) for r in results]
             return table, self._rewrite(c, table, results, query_id, batch_id, staged=True)
         fits = (
@@ -639,7 +712,7 @@ class RoutedCommitter(RoutedTables):
         ``reject-when`` is not evaluated again: the tasks did, on the stream's rows."""
         if self.dead_letters is None:
             return plan
-        checks = self._checks if self._checks is not None else self.row_checks(query_id)  # a commit worker: not yet
+        checks = self.row_checks(query_id)  # the dead-letter table as it is now (its replay point)
         assert checks is not None
         return replace(plan, row_checks=replace(checks, reject_when=None, reject_column=False))
 

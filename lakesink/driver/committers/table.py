@@ -22,7 +22,8 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import io as seam
 from lakesink.driver import catalogs
-from lakesink.driver.actions import dead_letters, history, replay
+from lakesink.driver.actions import dead_letters, replay
+from lakesink.driver.actions import history as history_actions
 from lakesink.driver.actions.batch import (
     AppendBatch,
     Batch,
@@ -93,7 +94,8 @@ class TableCommitter(SinkTable):
         """Option history: the committer of the table's history table, whose commit of the batch's versions joins the
         batch's commit as one unit (lakesink.driver.actions.history)."""
         if options.history is not None:
-            self.history = TableCommitter(history.history_options(options))
+            # its own maintenance (option maintenance=auto: compaction applies the position deletes its commits write)
+            self.history = TableCommitter(history_actions.history_options(options), post_commit=post_commit)
         self._history_schema: pa.Schema | None = None
         self.routed_dead_letters: TableCommitter | None = None
         """Option route-by with dead-letter-table: the routed sink's one dead-letter table (lakesink.driver.committers.routed
@@ -144,15 +146,12 @@ class TableCommitter(SinkTable):
         """Option history: the history table opened (created when missing; with merge-schema, the stream's new columns
         planned into it) for the stream's schema, and the replay point the last batch in both tables."""
         h = self.history
-        if h is None:
+        if h is None or stream_schema is None:  # no stream schema: a plan of the commit's own (an upsert's copies)
             return plan
-        if stream_schema is not None:
-            wanted = history.history_schema(stream_schema, self.options)
-            if self._history_schema is None or not self._history_schema.equals(wanted):
-                h.open_table(wanted)
-                self._history_schema = wanted
-        if self._history_schema is None:
-            raise LakesinkError(f"table {self.table_name}: its history table was not opened (no stream schema given)")
+        wanted = history_actions.history_schema(stream_schema, self.options)
+        if self._history_schema is None or not self._history_schema.equals(wanted):
+            h.open_table(wanted)
+            self._history_schema = wanted
         history_plan = h.write_plan(h.reload_table(), query_id, self._history_schema)
         last, theirs = plan.last_committed_batch, history_plan.last_committed_batch
         if last is not None and theirs is not None and theirs < last:
@@ -185,10 +184,14 @@ class TableCommitter(SinkTable):
         (lakesink.driver.loop.swap.Turns) from its first read; the post-commit hook (with option ``maintenance=auto``:
         a background maintenance run when one is due) runs after it.
         """
+        if history is None and self.history is not None:  # format("lakesink"): the tasks returned the changes
+            history = history_actions.changes_of_tasks(results, self.options, batch_id=call.batch_id, table=self.table_name)
         with self._turn():
             outcome = self._commit_batch(call, results, table_uuid=table_uuid, changes=changes, merge=merge, history=history)
-        if outcome.outcome is Outcome.COMMITTED and self.hook is not None:
-            self.hook.after_commit()
+        if outcome.outcome is Outcome.COMMITTED:
+            for hook in (self.hook, self.history.hook if self.history is not None else None):
+                if hook is not None:
+                    hook.after_commit()
         return outcome
 
     def skip_replay(self, call: BatchCall, *, table_uuid: str | None) -> BatchOutcome:

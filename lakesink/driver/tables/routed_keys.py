@@ -12,7 +12,9 @@ per table, when the table is first opened in a run:
 Every batch, whichever way the key was decided: the keys the batch's changes carry must be the table's key
 (:func:`check_carried`). A source whose primary key changed (``ALTER TABLE ... ADD PRIMARY KEY``, Debezium's Kafka
 key then names other columns) is a loud error naming both keys: upserting by the table's key would merge rows the
-source keeps apart, or split one the source keeps whole (docs/cdc.md, "a source's primary key changes").
+source keeps apart, or split one the source keeps whole (docs/cdc.md, "a source's primary key changes"). A batch whose
+records switch from the old key to the new one is decided before, by lakesink.sink.cdc.key_change (refused and recorded;
+once the table is dropped, its changes from the switch on make the table under the new key).
 
 Plain data, no Spark: the driver's routed committer (lakesink.driver.committers.routed) calls :func:`table_key` and
 :func:`check_carried`.

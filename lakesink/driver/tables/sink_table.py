@@ -14,7 +14,7 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table
+from pyiceberg.table import Table, Transaction
 from pyiceberg.types import DoubleType, FloatType, NestedField
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
@@ -619,3 +619,24 @@ class _CreateBranch(CommitAction):
         )
         log.info("lakesink: creating branch %s of %s at snapshot %s", self.branch, self.name, head.snapshot_id)
         return prepared
+
+
+class OptionalColumn(CommitAction):
+    """A required top-level column made optional (a compatible schema change), as a commit action: every attempt
+    stages it on the table as read (the swap asserts the schema it read), landed once the column is optional."""
+
+    turn = Turn.BATCH  # part of a sink's set-up: it never waits for this process's maintenance
+
+    def __init__(self, table: Table, column: str):
+        super().__init__(table, f"making column {column!r} of {'.'.join(table.name())} optional")
+        self.column = column
+
+    def landed(self, table: Table) -> Landing | None:
+        return None if table.schema().find_field(self.column).required else Landing(mine=True)
+
+    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
+        def stage(tx: Transaction) -> None:
+            with tx.update_schema() as update:
+                update.update_column(self.column, required=False)
+
+        return seam_producers.prepare_staged(table, stage)

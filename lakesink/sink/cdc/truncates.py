@@ -38,16 +38,19 @@ def apply(
     found: Mapping[object, Found],
     values: Sequence[object],
     facts: BatchFacts,
+    cuts: Mapping[str, Decimal] | None = None,
 ) -> tuple[DataFrame, list[object], BatchFacts]:
-    """The batch without the changes its truncates undo, the routing values left to plan, and ``facts`` with the
-    tables the batch truncates (:func:`mark`)."""
+    """The batch without the changes its truncates undo (and those before ``cuts``, a routing value's position below
+    which its changes are dropped as well: lakesink.sink.cdc.key_change.merged), the routing values left to plan, and
+    ``facts`` with the tables the batch truncates (:func:`mark`)."""
     truncates = positions(found)
     left, facts = mark(routed, routing, truncates, values, facts)
-    if not truncates:
+    dropped = truncates if cuts is None else cuts
+    if not dropped:
         return df, left, facts
     route, op, order = F.col(f"`{routing.column}`"), F.col(f"`{OP}`"), F.col(f"`{ORDER}`")
     drop: Column = F.lit(False)
-    for value, position in sorted(truncates.items()):
+    for value, position in sorted(dropped.items()):
         before = F.coalesce(order < F.lit(position).cast("decimal(38,0)"), F.lit(False))
         drop = drop | ((route == F.lit(value)) & ((op == F.lit("t")) | before))
     return df.where(~drop), left, facts

@@ -2,7 +2,7 @@
 
 Before the tables are known, there is nothing to write with but the template (the schema, field ids, partition spec
 and Parquet settings of the tables lakesink creates from the stream:
-lakesink.driver.committers.routed_tables.RoutedTables.template). So:
+lakesink.driver.tables.routed_tables.RoutedTables.template). So:
 
 1. :func:`split` -- one Spark write job over the batch, the first and only read of its source: its rows as the template
    takes them (lakesink.sink.spark.write.project: field ids, casts, NOT NULL checks), partitioned by routing value into
@@ -87,7 +87,7 @@ def _value_key(column: str) -> Column:
     """A row's folder key: its routing value's UTF-8 bytes in hex (upper case, nothing else: the cheapest key measured,
     2026-11-26), or ``h`` and their SHA-256 (lower case; null: ``hnull``) for a value :func:`split` leaves to the two
     jobs' path. No ``H`` in hex digits: two keys never differ by case alone."""
-    value = F.col(spark_routed.quote(column))  # a string (lakesink.driver.committers.routed_tables.stream_columns)
+    value = F.col(spark_routed.quote(column))  # a string (lakesink.driver.tables.routed_tables.stream_columns)
     size = F.octet_length(value)
     hashed = F.concat(F.lit("h"), F.coalesce(F.sha2(value.cast("binary"), 256), F.lit("null")))
     return F.when((size >= 1) & (size <= MAX_VALUE_BYTES), F.hex(value)).otherwise(hashed)

@@ -1,58 +1,54 @@
-"""Option ``route-by`` on the driver, first half: a routed sink's tables -- which tables a batch's routing values name,
-opened (created on first sight, with their namespace) and checked, their write plans, the template of the tables
-format("lakesink") has not opened yet and its staging area (its files deleted once settled), the dead-letter table's
-row checks.
+"""Option ``route-by`` on the driver: a routed sink's tables planned -- which tables a batch's routing values name,
+opened (created on first sight, with their namespace) and checked, their write plans (:class:`BatchPlans`, what a
+batch's planning learned, as one value), the template of the tables format("lakesink") has not opened yet, the
+dead-letter table's row checks.
 
 :class:`RoutedTables` is the base of :class:`lakesink.driver.committers.routed.RoutedCommitter`, which commits a
-batch's tables as one unit and keeps a committer per table (:meth:`RoutedCommitter.committer`; a batch's commit does
-not enter this module: the routes of its tables come from lakesink.table.routes.batch_routes). Bounded by design: a
-table's committer is kept for the :data:`MAX_COMMITTERS` tables used last (a run may route to thousands), catalog
-connections are the process's one per catalog (lakesink.driver.catalogs).
+batch's tables as one unit and keeps a table's committer (:meth:`RoutedTables.committer`) for the
+:data:`MAX_COMMITTERS` tables used last (a run may route to thousands); catalog connections are the process's one per
+catalog (lakesink.driver.catalogs). The staging area of a catalog that places its tables itself:
+lakesink.driver.tables.staging.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from abc import ABC, abstractmethod
-from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Generic, TypeVar
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io import load_file_io
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table, Transaction
+from pyiceberg.table import Table
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
-from lakesink._pyiceberg import producers as seam_producers
 from lakesink._pyiceberg.commit import is_rest_catalog
 from lakesink.cdc.unavailable import LetterKey, Placeholder
 from lakesink.driver import catalogs
-from lakesink.driver.actions import completeness, dead_letters
-from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
-from lakesink.driver.committers.table import CommitHook, TableCommitter
 from lakesink.driver.loop import swap
-from lakesink.driver.loop.action import CommitAction, Landing, Turn
 from lakesink.driver.loop.swap import RetriesExhausted
 from lakesink.driver.tables import routed_keys
 from lakesink.driver.tables.schema import fitted_columns
 from lakesink.driver.tables.sink_table import (
+    OptionalColumn,
     Sibling,
     SinkTable,
     creation_properties,
     read_siblings,
     with_identifier_fields,
 )
+from lakesink.driver.tables.staging import StagingArea
 from lakesink.errors import (
     PROGRAMMING_ERRORS,
     CommitConflictError,
     InvalidOptionError,
 )
-from lakesink.executor.messages import RowChecks, TaskResult, WritePlan
+from lakesink.executor.messages import RowChecks, WritePlan
 from lakesink.executor.routed_writer import (
     RoutedPlan,
     TableTemplate,
@@ -60,8 +56,7 @@ from lakesink.executor.routed_writer import (
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.options import ATOMIC, Atomic, Routing, SinkOptions
 from lakesink.table import dead_letters as dead_letter_schema
-from lakesink.table import names as file_names
-from lakesink.table import partitioning, storage
+from lakesink.table import partitioning
 from lakesink.table.markers import parse_last_batch_key
 from lakesink.table.routes import InvalidRoute, Route, batch_routes, routed_table
 from lakesink.table.settings import TableSettings
@@ -113,31 +108,63 @@ def check_atomic(catalog: Catalog, routing: Routing, *, hold: bool = False) -> b
     return can
 
 
-STAGING_FOLDER = "lakesink/staging"
-"""Where format("lakesink") stages the files of tables a run had not opened, under the query's checkpoint, on a
-catalog that places its tables itself (:meth:`RoutedCommitter.template`)."""
+def places_tables_itself(catalog: Catalog) -> bool:
+    """Whether lakesink may place a new table at ``<warehouse>/<namespace>.db/<table>`` itself: a catalog whose
+    ``warehouse`` is a location (a URI or an absolute path) and that takes the location given at creation. A REST
+    catalog's ``warehouse`` may be a name, and its server places tables (some refuse a location, lakana among them):
+    format("lakesink") stages a new table's files instead (lakesink.driver.tables.staging)."""
+    root = catalog.properties.get("warehouse") or ""
+    return not is_rest_catalog(catalog) and ("://" in root or root.startswith("/"))
 
 
-def staging_root(checkpoint_location: str) -> str:
-    """The query's staging area: ``<checkpoint>/lakesink/staging`` (a relative checkpoint path made absolute, as
-    Spark resolves it against the driver's working folder)."""
-    root = checkpoint_location
-    if "://" not in root and not root.startswith(("/", "file:")):
-        root = os.path.abspath(root)
-    return f"{root.rstrip('/')}/{STAGING_FOLDER}"
+T = TypeVar("T", bound=SinkTable)
 
 
-class RoutedTables(ABC):
-    """The tables of a routed sink: a :class:`TableCommitter` per table, their plans (the commit:
-    :class:`~lakesink.driver.committers.routed.RoutedCommitter`)."""
+@dataclass(frozen=True)
+class TableFacts:
+    """What a routed batch's changes tell the planning of its tables (the commit's facts:
+    lakesink.driver.committers.facts.BatchFacts, which holds these and more)."""
 
-    def __init__(
-        self,
-        options: SinkOptions,
-        stream_schema: pa.Schema,
-        *,
-        post_commit: Callable[[SinkTable], CommitHook] | None = None,
-    ):
+    table_columns: Mapping[str, pa.Schema] = field(default_factory=dict)
+    """Option payload: each table's columns as the batch's payloads hold them (lakesink.executor.payload); a table not
+    in it takes the stream's columns."""
+    carried_keys: Mapping[str, Collection[routed_keys.Key]] = field(default_factory=dict)
+    """With upserts and cdc-format=debezium: the keys each table's changes carry (the Kafka keys' fields), the key of
+    a table lakesink creates (lakesink.driver.tables.routed_keys)."""
+
+
+NO_TABLE_FACTS = TableFacts()
+
+
+@dataclass(frozen=True, eq=False)
+class BatchPlans(Mapping[str, WritePlan]):
+    """What the planning of a routed batch learned, as one value: each table's write plan (the mapping itself, by
+    table name), the tables as read, the dead-letter table's row checks. The entry point passes it on to the replay
+    check at plan time and to the tasks' plan (:meth:`RoutedTables.routed_plan`); the committer keeps none of it."""
+
+    plans: Mapping[str, WritePlan] = field(default_factory=dict)
+    read: Mapping[str, Table] = field(default_factory=dict, repr=False)
+    """Each planned table as read for its plan (RoutedCommitter.check_replay_at_plan)."""
+    letters: Table | None = field(default=None, repr=False)
+    """Option dead-letter-table: the dead-letter table as read for the row checks."""
+    checks: RowChecks | None = None
+    """Option dead-letter-table: the checks every task of the batch runs (each plan carries them)."""
+
+    def __getitem__(self, name: str) -> WritePlan:
+        return self.plans[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.plans)
+
+    def __len__(self) -> int:
+        return len(self.plans)
+
+
+class RoutedTables(ABC, Generic[T]):
+    """The tables of a routed sink: one ``T`` per table (:meth:`committer`), their plans (the commit:
+    :class:`~lakesink.driver.committers.routed.RoutedCommitter`, whose ``T`` is the table's committer)."""
+
+    def __init__(self, options: SinkOptions, stream_schema: pa.Schema, *, dead_letters: T | None = None):
         assert options.routing is not None
         self.options = options
         self.routing: Routing = options.routing
@@ -146,27 +173,20 @@ class RoutedTables(ABC):
         """With upserts: each table's key, decided when the run first opens it (lakesink.driver.tables.routed_keys)."""
         self.catalog = catalogs.load(options.catalog_name, options.catalog_properties)
         self.atomic = self._atomic_mode()
-        self._post_commit = post_commit
-        self._committers: OrderedDict[str, TableCommitter] = OrderedDict()
+        self.staging: StagingArea | None = None
+        """format("lakesink") on a catalog that places its tables itself: where the template writes (None: into the
+        tables, or no template: no checkpoint)."""
+        if options.checkpoint_location and not places_tables_itself(self.catalog):
+            self.staging = StagingArea.of(self.catalog, options.checkpoint_location, self._redact)
         self._uuids: dict[str, str] = {}
         self._siblings: dict[tuple[str, ...], list[Sibling]] = {}
-        self._last_tables: tuple[str, ...] = ()
-        """The tables of this run's last batch committed here: where the query's replay marker stands, which an empty
-        batch (or one of dead letters only) moves. A cache of the query's state (read from the catalog when empty:
-        :meth:`_tables_of_last_batch`), reset by :meth:`new_run`; no fact of a batch (those come in its BatchFacts)."""
         self._template: TableTemplate | None = None
-        self.dead_letters: TableCommitter | None = None
+        self.dead_letters = dead_letters
         """Option dead-letter-table: one dead-letter table for all the tables of the sink, committed in each batch's
         unit (a row whose routing value names no valid table is a dead letter there, error ``invalid-route``)."""
-        if options.dead_letter_table is not None:
-            self.dead_letters = TableCommitter(dead_letters.dead_letter_options(options))
         self.dead_letter_name = str(self.dead_letters.options.table) if self.dead_letters is not None else None
         """The dead-letter table's name (a routing value naming it is no valid route), or None."""
         self._letters_opened = False
-        self._letters_read: Table | None = None
-        self._read_at_plan: dict[str, Table] = {}
-        self._checks: RowChecks | None = None
-        self._swept = False
 
     # --- start ------------------------------------------------------------------------------------
 
@@ -200,7 +220,6 @@ class RoutedTables(ABC):
         self._uuids.clear()
         self._siblings.clear()
         self.table_keys.clear()
-        self._last_tables = ()
         self._letters_opened = False
 
     def opened_in_run(self, routes: Iterable[Route]) -> bool:
@@ -208,8 +227,13 @@ class RoutedTables(ABC):
         return all(str(r) in self._uuids for r in routes)
 
     @abstractmethod
-    def committer(self, name: str) -> TableCommitter:
+    def committer(self, name: str) -> T:
         """The table's committer, kept per table by the commit (:class:`~lakesink.driver.committers.routed.RoutedCommitter`)."""
+
+    @abstractmethod
+    def check_event_time(self, name: str, schema: Schema, properties: Mapping[str, str]) -> None:
+        """Option event-time: InvalidOptionError when table ``name`` cannot record it (the commit's rule, checked
+        when the table is opened)."""
 
     def routes(self, values: Iterable[object], batch_id: int) -> list[Route]:
         """The tables a batch's routing values name (lakesink.table.routes.batch_routes: RoutingError naming a bad
@@ -229,8 +253,13 @@ class RoutedTables(ABC):
     # --- plans ------------------------------------------------------------------------------------
 
     def row_checks(self, query_id: str | None) -> RowChecks | None:
-        """Option dead-letter-table: the checks every task of the batch runs, with the dead-letter table's plan (the
-        table opened, created when missing, and checked at the first plan of a run; read again at every other)."""
+        """Option dead-letter-table: the checks every task of the batch runs, with the dead-letter table's plan."""
+        found = self._letters_planned(query_id)
+        return found[0] if found is not None else None
+
+    def _letters_planned(self, query_id: str | None) -> tuple[RowChecks, Table] | None:
+        """Option dead-letter-table: the row checks and the dead-letter table as read for them (the table opened,
+        created when missing, and checked at the first plan of a run; read again at every other)."""
         d = self.dead_letters
         if d is None:
             return None
@@ -251,14 +280,12 @@ class RoutedTables(ABC):
             self._letters_opened = True
         else:
             letters_table = d.reload_table()
-        self._letters_read = letters_table
-        self._checks = RowChecks(d.write_plan(letters_table, query_id), reject_when=self.options.reject_when)
-        return self._checks
+        return RowChecks(d.write_plan(letters_table, query_id), reject_when=self.options.reject_when), letters_table
 
-    def _checked(self, plan: WritePlan) -> WritePlan:
+    @staticmethod
+    def _checked(plan: WritePlan, checks: RowChecks | None) -> WritePlan:
         """A table's plan with the batch's row checks; its replay point the last batch in both it and the dead-letter
         table (a batch the dead-letter table lacks is written again: the one that holds it finds it landed)."""
-        checks = self._checks
         if checks is None:
             return plan
         last, letters = plan.last_committed_batch, checks.dead_letters.last_committed_batch
@@ -267,16 +294,16 @@ class RoutedTables(ABC):
 
     def template(self) -> TableTemplate | None:
         """How executors write a table not opened yet (format("lakesink")): at ``<warehouse>/<namespace>.db/<table>``
-        when lakesink places new tables itself (:meth:`places_tables_itself`); else into the query's staging area
-        (``<checkpoint>/lakesink/staging``, :func:`staging_root`), from which the driver rewrites the rows into the
-        table, created where the catalog places it (a REST server). None without a checkpoint (foreach_batch)."""
+        when lakesink places new tables itself (:func:`places_tables_itself`); else into the
+        query's staging area (``<checkpoint>/lakesink/staging``, :attr:`staging`), from which the driver rewrites the
+        rows into the table, created where the catalog places it (a REST server). None without a checkpoint
+        (foreach_batch)."""
         if self._template is None:
-            if self.places_tables_itself():
-                root: str | None = self.catalog.properties["warehouse"]
+            if places_tables_itself(self.catalog):
+                root: str = self.catalog.properties["warehouse"]
+            elif self.staging is not None:
+                root = self.staging.root
             else:
-                checkpoint = self.options.checkpoint_location
-                root = staging_root(checkpoint) if checkpoint else None
-            if root is None:
                 return None
             schema = seam.new_table_schema(self.stream_schema)
             name = f"tables routed by {self.routing.column!r}"
@@ -291,64 +318,19 @@ class RoutedTables(ABC):
                 spec=partitioning.to_spec(self.options.partitioned_by, schema, name),
                 properties=properties,
                 settings=TableSettings.parse(name, properties),
-                io=load_file_io(dict(self.catalog.properties), root),
-                staged=not self.places_tables_itself(),
+                io=self.staging.io if self.staging is not None else load_file_io(dict(self.catalog.properties), root),
+                staged=self.staging is not None,
             )
         return self._template
 
-    def places_tables_itself(self) -> bool:
-        """Whether lakesink may place a new table at ``<warehouse>/<namespace>.db/<table>`` itself: a catalog whose
-        ``warehouse`` is a location (a URI or an absolute path) and that takes the location given at creation. A REST
-        catalog's ``warehouse`` may be a name, and its server places tables (some refuse a location, lakana among
-        them): format("lakesink") stages a new table's files instead (:meth:`template`)."""
-        root = self.catalog.properties.get("warehouse") or ""
-        return not is_rest_catalog(self.catalog) and ("://" in root or root.startswith("/"))
-
     def check_staging(self) -> None:
-        """format("lakesink") at the start of a run, on a catalog that places its tables itself: the staging area must
-        be writable with the catalog's storage properties (a probe file written and deleted), else InvalidOptionError
-        naming the catalog and the folder, before any batch runs."""
-        template = self.template()
-        if template is None or not template.staged:
-            return
-        probe = f"{template.root}/.probe-{file_names.new_token()}"
-        try:
-            with template.io.new_output(probe).create(overwrite=True) as f:
-                f.write(b"lakesink")
-            storage.delete_file(template.io, probe)
-        except Exception as e:
-            raise InvalidOptionError(
-                f"format('lakesink') with option 'route-by' writes the rows of a table it has not opened into the "
-                f"query's staging area {template.root} (catalog {self.catalog.name!r} places its tables itself), and "
-                f"cannot write there: {self._redact(e)}. Give a checkpoint location that the catalog's storage "
-                "properties can write, or use lakesink.foreach_batch(route_by=...)"
-            ) from None
+        """format("lakesink") at the start of a run: the staging area, when the template writes there, must be writable
+        (lakesink.driver.tables.staging.StagingArea.check)."""
+        if self.staging is not None:
+            self.staging.check()
 
     def _redact(self, e: BaseException) -> str:
         return catalogs.redacted(e, self.options.catalog_name, self.options.catalog_properties)
-
-    def _delete_staged(self, results: Sequence[TaskResult]) -> None:
-        template = self.template()
-        assert template is not None and template.staged
-        for r in results:
-            for f in r.files:
-                try:
-                    storage.delete_file(template.io, f.path)
-                except Exception:
-                    log.warning("lakesink: could not delete staged file %s; the next batch's commit collects it", f.path)
-
-    def _sweep_staging(self, batch_id: int) -> None:
-        """Batch ``batch_id`` is settled in every table (committed, or found committed): every staged file of it and
-        of earlier batches is dead (a staged file is never committed; Spark runs a query's batches in order, and a
-        crashed batch is replayed with its own id before the next), so they are deleted, leftovers of killed runs
-        included. Files of later batches (a zombie run ahead of this one) are kept."""
-        self._swept = True
-        if not self.options.checkpoint_location or self.places_tables_itself():
-            return  # no staging area (the template, when there is one, writes into the tables): nothing to sweep
-        template = self.template()
-        if template is None or not template.staged:
-            return
-        storage.delete_settled_staging(template.io, template.root, batch_id, self._redact)
 
     def no_template_reason(self) -> str:
         """Why :meth:`template` is None (for the error that refuses format("lakesink"))."""
@@ -360,7 +342,7 @@ class RoutedTables(ABC):
         template = self.template()
         return template.location(route) if template is not None and not template.staged else None
 
-    def columns_of(self, name: str, facts: BatchFacts) -> pa.Schema:
+    def columns_of(self, name: str, facts: TableFacts) -> pa.Schema:
         """The columns a table takes from the batch: its payloads' (option payload), else the stream's."""
         return facts.table_columns.get(name, self.stream_schema)
 
@@ -368,7 +350,7 @@ class RoutedTables(ABC):
         self,
         route: Route,
         query_id: str | None,
-        facts: BatchFacts,
+        facts: TableFacts,
         first: Mapping[tuple[str, ...], Table] | None = None,
         created: Collection[tuple[str, ...]] = (),
     ) -> tuple[WritePlan, Table]:
@@ -401,11 +383,11 @@ class RoutedTables(ABC):
                 wanted = fitted_columns(wanted, table.schema(), merge=self.options.merge_schema)
             columns = c.columns_taken(table, wanted)
         plan = c.write_plan(table, query_id, columns, expected_uuid=expected)
-        self._check_event_time(name, plan.schema, plan.properties)
+        self.check_event_time(name, plan.schema, plan.properties)
         self._uuids[name] = plan.table_uuid
         return plan, table
 
-    def _keyed(self, c: TableCommitter, name: str, facts: BatchFacts, *, first: bool) -> None:
+    def _keyed(self, c: T, name: str, facts: TableFacts, *, first: bool) -> None:
         """Option route-by with upserts: the table's committer takes the table's key as its option upsert-key (its
         creation and checks then use it), checked every batch against the keys its changes carry (routed_keys)."""
         if first or name not in self.table_keys:
@@ -418,40 +400,25 @@ class RoutedTables(ABC):
         routed_keys.check_carried(name, self.table_keys[name], facts.carried_keys.get(name, ()))
         c.options = replace(c.options, upsert_key=self.table_keys[name])
 
-    def _check_event_time(self, name: str, schema: Schema, properties: Mapping[str, str]) -> None:
-        """Option event-time: a routed table must have the column, with bounds, as a single table must at start
-        (lakesink.driver.actions.completeness.event_time_field); else InvalidOptionError when the table is opened, before
-        anything of the batch is committed -- not at every commit, after the tables before it (issue 30, item 12)."""
-        column = self.options.event_time
-        if column is None:
-            return
-        try:
-            completeness.event_time_field(schema, column, name, properties)
-        except InvalidOptionError as e:
-            raise InvalidOptionError(
-                f"route-by: {e}. Every table a row is routed to needs the event-time column; nothing was committed. "
-                f"Fix the table (add column {column!r} as a timestamp or date, with bounds; option merge-schema=true "
-                f"adds it), route no row to table {name}, or drop option 'event-time'"
-            ) from None
-
-    def plans(self, routes: Sequence[Route], query_id: str | None, facts: BatchFacts = NO_FACTS) -> dict[str, WritePlan]:
+    def plans(self, routes: Sequence[Route], query_id: str | None, facts: TableFacts = NO_TABLE_FACTS) -> BatchPlans:
         """The plans of a batch's tables (foreach_batch: every table opened before any file is written; ``facts``: the
-        batch's, which tables' columns and keys its changes carry); the tables as read are kept for
-        :meth:`check_replay_at_plan`."""
-        self.row_checks(query_id)
-        self._read_at_plan.clear()
+        batch's, which tables' columns and keys its changes carry), with the tables as read (for the replay check at
+        plan time, RoutedCommitter.check_replay_at_plan) and the dead-letter table's row checks."""
+        letters = self._letters_planned(query_id)
+        checks = letters[0] if letters is not None else None
         plans: dict[str, WritePlan] = {}
+        read: dict[str, Table] = {}
         opening = [r for r in routes if str(r) not in self._uuids]
         first = self._read_at_once([r.identifier for r in opening], payloads=bool(facts.table_columns))
         created = self._create_at_once(opening, first, facts)
         first = {**first, **created} if first is not None else None
         for r in routes:
-            plan, self._read_at_plan[str(r)] = self._plan_and_table(r, query_id, facts, first, created)
-            plans[str(r)] = self._checked(plan)
-        return plans
+            plan, read[str(r)] = self._plan_and_table(r, query_id, facts, first, created)
+            plans[str(r)] = self._checked(plan, checks)
+        return BatchPlans(plans, read, letters[1] if letters is not None else None, checks)
 
     def _create_at_once(
-        self, opening: Sequence[Route], read: Mapping[tuple[str, ...], Table] | None, facts: BatchFacts
+        self, opening: Sequence[Route], read: Mapping[tuple[str, ...], Table] | None, facts: TableFacts
     ) -> dict[tuple[str, ...], Table]:
         """The tables of ``opening`` that ``read`` (their one catalog query) did not find, created in one catalog
         transaction where the catalog makes one (catalogs.create_at_once; ~4 ms a table less on SQLite); each is then
@@ -488,17 +455,17 @@ class RoutedTables(ABC):
             return catalogs.read_at_once(self.catalog, opening, keep=keep)
         return None
 
-    def written_plans(self, query_id: str | None) -> dict[str, WritePlan]:
+    def written_plans(self, query_id: str | None) -> BatchPlans:
         """format("lakesink") at the start of a run: the plans of the tables of option ``namespace`` that this query
         wrote (their replay markers tell the executors which batches they hold); every other table is written with
         the template."""
         ns = self.routing.namespace
         if not ns or query_id is None:
-            return {}
+            return BatchPlans()
         try:
             listed = self.catalog.list_tables(ns)
         except Exception:
-            return {}  # no namespace yet: no table
+            return BatchPlans()  # no namespace yet: no table
         plans: dict[str, WritePlan] = {}
         # every table of the namespace, read in one catalog query where the catalog answers one; kept only when planned
         read = self._read_at_once([tuple(ident) for ident in listed], keep=False)
@@ -514,11 +481,12 @@ class RoutedTables(ABC):
                     continue  # dropped meanwhile, or not an Iceberg table
             if any(parse_last_batch_key(k) == (query_id, self.options.sink_id) for k in table.properties):
                 catalogs.remember(table)  # the table's next read parses nothing when it has not moved
-                plans[str(route)] = self._plan_and_table(route, query_id, NO_FACTS, {route.identifier: table})[0]
-        if self.dead_letters is not None:
-            self.row_checks(query_id)
-            plans = {name: self._checked(plan) for name, plan in plans.items()}
-        return plans
+                plans[str(route)] = self._plan_and_table(route, query_id, NO_TABLE_FACTS, {route.identifier: table})[0]
+        letters = self._letters_planned(query_id)
+        if letters is None:
+            return BatchPlans(plans)
+        checks, letters_table = letters
+        return BatchPlans({name: self._checked(plan, checks) for name, plan in plans.items()}, {}, letters_table, checks)
 
     def routed_plan(
         self,
@@ -535,12 +503,12 @@ class RoutedTables(ABC):
         to one row per key (:meth:`upsert_spec`; ``deletes_computed``: foreach_batch, whose Spark evaluated option
         delete-when into the column lakesink.table.keys.DELETED). ``unavailable_letters``: option cdc-format, a batch
         written again (lakesink.sink.commit.commit_routed): per table, the keys whose changes holding Debezium's
-        unavailable-value placeholder are dead letters."""
-        if self.dead_letters is not None and self._checks is None:
-            self.row_checks(query_id)
-        if reject_column and self._checks is not None:
-            self._checks = replace(self._checks, reject_column=True)
-            plans = {n: replace(p, row_checks=self._checks) if p.row_checks is not None else p for n, p in plans.items()}
+        unavailable-value placeholder are dead letters. The row checks are those of ``plans`` when they are a
+        :class:`BatchPlans`, else read now."""
+        checks = plans.checks if isinstance(plans, BatchPlans) else self.row_checks(query_id)
+        if reject_column and checks is not None:
+            checks = replace(checks, reject_column=True)
+            plans = {n: replace(p, row_checks=checks) if p.row_checks is not None else p for n, p in plans.items()}
         return RoutedPlan(
             column=self.routing.column,
             namespace=self.routing.namespace,
@@ -548,7 +516,7 @@ class RoutedTables(ABC):
             template=self.template() if template else None,
             query_id=query_id,
             sink_id=self.options.sink_id,
-            row_checks=self._checks if self.dead_letters is not None else None,
+            row_checks=checks if self.dead_letters is not None else None,
             allowed_namespaces=self.routing.allowed_namespaces,
             upsert=self.upsert_spec(deletes_computed=deletes_computed),
             keys={n: self.table_keys[n] for n in plans if n in self.table_keys},
@@ -578,50 +546,3 @@ class RoutedTables(ABC):
                 listed = []  # a namespace that does not exist yet has no tables
             self._siblings[ns] = read_siblings(self.catalog, listed)
         return self._siblings[ns]
-
-    def _tables_of_last_batch(self, query_id: str) -> tuple[str, ...]:
-        """The tables of option ``namespace`` that hold the sink's last batch, read from the catalog: where an empty
-        batch is recorded when this process committed no batch of the run before it (format("lakesink") commits in a
-        worker that keeps nothing between batches). One table recording it is enough for ``lakesink verify``: the
-        query's other tables account for a batch id their own history lacks (lakesink.audit.routes). None found (no
-        namespace, or the sink wrote only tables outside it): nothing to record it in, as before."""
-        ns = self.routing.namespace
-        if not ns:
-            return ()
-        try:
-            listed = [tuple(ident) for ident in self.catalog.list_tables(ns)]
-        except Exception:
-            return ()  # no namespace yet: no table
-        best = -1
-        found: list[str] = []
-        for ident, table in catalogs.load_tables(self.catalog, listed[:MAX_COMMITTERS]).items():
-            name = ".".join(ident)
-            done = self.committer(name).last(table, query_id)
-            if done is None or done.batch_id < best:
-                continue
-            if done.batch_id > best:
-                best = done.batch_id
-                found.clear()
-            found.append(name)
-        return tuple(sorted(found))
-
-
-class OptionalColumn(CommitAction):
-    """A required top-level column made optional (a compatible schema change), as a commit action: every attempt
-    stages it on the table as read (the swap asserts the schema it read), landed once the column is optional."""
-
-    turn = Turn.BATCH  # part of a sink's set-up: it never waits for this process's maintenance
-
-    def __init__(self, table: Table, column: str):
-        super().__init__(table, f"making column {column!r} of {'.'.join(table.name())} optional")
-        self.column = column
-
-    def landed(self, table: Table) -> Landing | None:
-        return None if table.schema().find_field(self.column).required else Landing(mine=True)
-
-    def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
-        def stage(tx: Transaction) -> None:
-            with tx.update_schema() as update:
-                update.update_column(self.column, required=False)
-
-        return seam_producers.prepare_staged(table, stage)
