@@ -99,6 +99,7 @@ def _job(props: dict[str, str], src: Path, ck: Path, mode: str, faults_dir: str 
 KILLS = (DRIVER_BEFORE_SWAP, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_sigkill_at_the_units_fault_points_then_restart_keeps_every_version_once(

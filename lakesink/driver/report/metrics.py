@@ -233,8 +233,9 @@ def report(m: CommitMetrics, *, catalog: Any, identifier: tuple[str, ...], expor
 
 
 def report_maintenance(table: str, kind: str) -> None:
-    """A maintenance commit (``compaction``, ``expiry``, ``manifest-rewrite``) of the sink's automatic maintenance, counted
-    where this process exports to Prometheus (a sink of the process has option ``metrics=prometheus:...``)."""
+    """A maintenance commit (``compaction``, ``rewrite-position-deletes``, ``expiry``, ``manifest-rewrite``) of the sink's
+    automatic maintenance, counted where this process exports to Prometheus (a sink of the process has option
+    ``metrics=prometheus:...``)."""
     if prometheus.serving():
         try:
             prometheus.observe_maintenance(table, kind)
