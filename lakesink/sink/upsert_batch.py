@@ -112,18 +112,12 @@ def _resolve(
     ordered = [F.col(order).alias(ORDER)] if order is not None else []
     hashed = [row_hash.alias(spark_routed.HASH_COLUMN)] if row_hash is not None else []
     try:
-        flag = F.lit(False)
-        if options.delete_when is not None:
-            flag = F.coalesce(F.expr(options.delete_when).cast("boolean"), F.lit(False))
+        flag = _deleted_flag(options)
         cached = candidate.withColumn(DELETED, flag).persist()
         # the batch's one job: every key it changes (a key twice, or a null key, is found in them: no job of its own)
         changed = cached.select(*group, F.col(DELETED), *ordered, *hashed).toArrow()
     except (AnalysisException, ParseException) as e:
-        if options.delete_when is not None and _mentions_expression(df, options.delete_when):
-            raise InvalidOptionError(
-                f"option '{DELETE_WHEN}' {options.delete_when!r} is not a Spark SQL boolean expression over the batch's "
-                f"columns ({', '.join(df.columns)}): {str(e).splitlines()[0]}"
-            ) from None
+        _check_delete_when(df, options, e)
         raise
     bad = _first_bad(changed, [*([ROUTED_TABLE_COLUMN] if tables is not None else []), *keys], keys)
     if bad is not None:
@@ -173,9 +167,7 @@ def _resolve_with_history(df: DataFrame, batch_id: int, options: SinkOptions, ke
     if order is not None:
         wins = F.col(f"`{order}`").eqNullSafe(F.max(F.col(f"`{order}`")).over(Window.partitionBy(*[F.col(k) for k in keys])))
     try:
-        flag = F.lit(False)
-        if options.delete_when is not None:
-            flag = F.coalesce(F.expr(options.delete_when).cast("boolean"), F.lit(False))
+        flag = _deleted_flag(options)
         cached = df.withColumn(DELETED, flag).withColumn(WINS_COLUMN, wins).persist()
         ordered = F.col(f"`{order}`") if order is not None else F.lit(batch_id).cast("long")
         selected = cached.select(
@@ -187,11 +179,7 @@ def _resolve_with_history(df: DataFrame, batch_id: int, options: SinkOptions, ke
         )
         collected = driver_write.collect(selected, table=str(options.table), batch_id=batch_id)
     except (AnalysisException, ParseException) as e:
-        if options.delete_when is not None and _mentions_expression(df, options.delete_when):
-            raise InvalidOptionError(
-                f"option '{DELETE_WHEN}' {options.delete_when!r} is not a Spark SQL boolean expression over the batch's "
-                f"columns ({', '.join(df.columns)}): {str(e).splitlines()[0]}"
-            ) from None
+        _check_delete_when(df, options, e)
         raise
     if collected is None:
         cached.unpersist()
@@ -434,6 +422,22 @@ def _first_bad(changed: pa.Table, group: Sequence[str], keys: Sequence[str]) -> 
         return None
     row = twice.slice(0, 1).to_pylist()[0]
     return {k: row[k] for k in group}, int(row["count_all"])
+
+
+def _deleted_flag(options: SinkOptions) -> Column:
+    """Option delete-when as each row's flag (a null is false)."""
+    if options.delete_when is None:
+        return F.lit(False)
+    return F.coalesce(F.expr(options.delete_when).cast("boolean"), F.lit(False))
+
+
+def _check_delete_when(df: DataFrame, options: SinkOptions, error: Exception) -> None:
+    """InvalidOptionError when ``error`` (Spark's, analysing the batch's job) is option delete-when's expression's."""
+    if options.delete_when is not None and _mentions_expression(df, options.delete_when):
+        raise InvalidOptionError(
+            f"option '{DELETE_WHEN}' {options.delete_when!r} is not a Spark SQL boolean expression over the batch's "
+            f"columns ({', '.join(df.columns)}): {str(error).splitlines()[0]}"
+        ) from None
 
 
 def _mentions_expression(df: DataFrame, expression: str) -> bool:
