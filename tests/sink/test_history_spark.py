@@ -369,3 +369,19 @@ def test_history_on_a_branch_leaves_main_of_both_tables_alone(
     assert versions_of(audited) == history_model(changes)
     mirror = table.scan(snapshot_id=table.metadata.snapshot_by_name("audit").snapshot_id).to_arrow()
     assert rows_of(mirror) == table_model(changes) == current_of(audited)
+
+
+def test_a_string_key_links_its_versions_across_batches(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
+    """A string key (the history's stored keys read back as string, the batch's in the table's large_string): versions
+    closed across batches, a late change placed, the history equal to the model."""
+    changes = stream(seed=17, batches=3, per_batch=30, keys=8)
+    late = [{"eid": 7000 + k, "id": k, "value": f"late{k}", "seq": -k - 1, "op": "u", "ts": at(-k - 1)} for k in range(0, 8, 3)]
+    batches = [[{**e, "id": f"key-{e['id']}"} for e in b] for b in [*changes, late]]
+    write_events(tmp_path / "in", batches)
+    ddl = DDL.replace(", id long,", ", id string,")
+    df = spark.readStream.schema(ddl).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+    q = df.writeStream.foreachBatch(sink(catalog_properties)).option("checkpointLocation", str(tmp_path / "ck"))
+    run_to_end(q.trigger(availableNow=True).start())
+    history = load(catalog_properties, "events__history")
+    assert versions_of(history.scan().to_arrow()) == history_model(batches)
+    assert_never_disagree(catalog_properties)

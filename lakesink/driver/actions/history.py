@@ -361,7 +361,11 @@ def _stored(
         return read[f.file_path]
 
     def of_keys(rows: pa.Table, wanted: pa.Table) -> pa.Table:
-        return rows.join(wanted, key_names, join_type="left semi", use_threads=False) if rows.num_rows else rows
+        if not rows.num_rows:
+            return rows
+        # the keys in the types the file was read in (string, not the batch's large_string: a join needs one type)
+        typed = pa.table([wanted.column(n).cast(rows.schema.field(n).type) for n in key_names], names=key_names)
+        return rows.join(typed, key_names, join_type="left semi", use_threads=False)
 
     wanted = new.select(key_names).group_by(key_names).aggregate([])
     latest_parts = []
