@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
+from pyspark.errors import StreamingQueryException
 
 import lakesink
 from lakesink.audit import interop
@@ -385,3 +386,22 @@ def test_a_string_key_links_its_versions_across_batches(spark: Any, tmp_path: Pa
     history = load(catalog_properties, "events__history")
     assert versions_of(history.scan().to_arrow()) == history_model(batches)
     assert_never_disagree(catalog_properties)
+
+
+def test_a_change_without_a_time_fails_the_batch_naming_the_column_and_commits_nothing(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """A change whose history-time column is null: the batch fails before anything is written (the error names the
+    option and the column), both tables stay at the last batch, and the stream fails the same way until the input is
+    fixed."""
+    first = stream(seed=19, batches=1, per_batch=20, keys=6)
+    broken = [{"eid": 900, "id": 1, "value": "x", "seq": 900, "op": "u", "ts": None}]
+    write_events(tmp_path / "in", [*first, broken])
+    with pytest.raises(
+        StreamingQueryException, match=r"null; the history of db\.events orders and dates every change by option 'history-time'"
+    ):
+        run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties))
+    table, history = load(catalog_properties, "events"), load(catalog_properties, "events__history")
+    assert [s["batch_id"] for s in lakesink_snapshots(table)] == [0] == [s["batch_id"] for s in lakesink_snapshots(history)]
+    assert versions_of(history.scan().to_arrow()) == history_model(first)
+    assert rows_of(table.scan().to_arrow()) == table_model(first)
