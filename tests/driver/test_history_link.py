@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import datetime
 import math
+import random
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
-from lakesink.driver.actions.history import link
+from lakesink.driver.actions.history import link, link_batch
 from lakesink.errors import UpsertKeyError
 from lakesink.table.keys import DELETED
 
@@ -104,3 +106,48 @@ def test_unchanged_stored_versions_are_not_rewritten() -> None:
     ]
     done = link([change(1, 9)], versions, key=["id"], whole=frozenset({(1,)}))
     assert done.deleted == {"b": [3]} and done.changed == 1
+
+
+def _outcome(done: Any, changes: list[dict[str, Any]]) -> tuple[dict[Any, Any], dict[Any, Any], int, int, int]:
+    """What a linking gives, whichever path: each new version's links by (key, order), each stored version's new links
+    by (key, order), the counts."""
+    by_index = {c["_index"]: c for c in changes}
+    new: dict[Any, Any] = {}
+    for index, valid_to, current, operation in done.new:
+        new[(by_index[index]["id"], by_index[index]["change_order"])] = (valid_to, current, operation)
+    if done.linked_new is not None:
+        for row in done.linked_new.to_pylist():
+            c = by_index[row["_index"]]
+            new[(c["id"], c["change_order"])] = (row["valid_to"], row["is_current"], row["operation"])
+    relinked = {(r["id"], r["change_order"]): (r["valid_to"], r["is_current"], r["operation"]) for r in done.rows}
+    return new, relinked, done.added, done.changed, done.redelivered
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_batch_linking_in_arrow_gives_what_the_python_linking_gives(seed: int) -> None:
+    """link_batch (keys without late or repeated changes linked in Arrow) against link (every key in Python) on random
+    batches: stored latest versions alive or deleted, several changes per key, deletes, late changes and redeliveries."""
+    rng = random.Random(seed)
+    versions = []
+    for k in range(8):
+        if rng.random() < 0.6:
+            operation = rng.choice(["insert", "update", "delete"])
+            versions.append(stored(k, 10 + k, None, operation, current=operation != "delete", path=f"f{k % 3}", pos=k))
+    changes = []
+    for i in range(rng.randrange(1, 30)):
+        k = rng.randrange(8)
+        order = rng.randrange(20, 60) if rng.random() < 0.85 else rng.randrange(0, 10)  # some late (older) changes
+        changes.append({**change(k, order, deleted=rng.random() < 0.2), "_index": i})
+    first: dict[Any, dict[str, Any]] = {}
+    for c in changes:  # one change per (key, order): a repeated order is a redelivery of it
+        c[DELETED] = first.setdefault((c["id"], c["change_order"]), c)[DELETED]
+    latest = {r["id"]: r["change_order"] for r in versions}
+    whole = frozenset((c["id"],) for c in changes if c["id"] in latest and c["change_order"] <= latest[c["id"]])
+    light = pa.Table.from_pylist([{k: c[k] for k in ("id", "change_order", "valid_from", DELETED, "_index")} for c in changes])
+    full = {c["_index"]: {k: v for k, v in c.items() if k != "_index"} for c in changes}
+    in_arrow = link_batch(light, versions, key=["id"], whole=whole, full=lambda c: {**full[c["_index"]], DELETED: c[DELETED]})
+    in_python = link(
+        [dict(c) for c in changes], versions, key=["id"], whole=whole, full=lambda c: {**full[c["_index"]], DELETED: c[DELETED]}
+    )
+    assert _outcome(in_arrow, changes) == _outcome(in_python, changes)
+    assert {p: sorted(v) for p, v in in_arrow.deleted.items()} == {p: sorted(v) for p, v in in_python.deleted.items()}

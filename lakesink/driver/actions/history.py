@@ -103,6 +103,124 @@ class Linked:
     added: int
     changed: int
     redelivered: int
+    linked_new: pa.Table | None = None
+    """New versions linked in Arrow (:func:`link_batch`): ``_index``, valid_to, is_current, operation, as :attr:`new`."""
+
+
+def link_batch(
+    light: pa.Table,
+    stored: Sequence[dict[str, Any]],
+    *,
+    key: Sequence[str],
+    whole: frozenset[tuple[Any, ...]],
+    table_name: str = "",
+    full: Callable[[dict[str, Any]], dict[str, Any]] = lambda change: change,
+) -> Linked:
+    """:func:`link` over a whole batch (``light``: each change's key, order, time, delete flag and ``_index``): the keys
+    whose changes are all newer than their stored latest version and whose order values are distinct are linked in Arrow
+    (:func:`_link_in_arrow`); the others -- late or redelivered changes, two changes with one order value -- by
+    :func:`link`. Both give the same versions (tests/driver/test_history_link.py compares them)."""
+    names = [*key, HISTORY_CHANGE_ORDER]
+    counted = light.group_by(names, use_threads=False).aggregate([("_index", "count")])
+    repeated = counted.filter(pc.greater(counted.column("_index_count"), 1)).select(list(key))
+    slow = set(whole) | {tuple(r[k] for k in key) for r in repeated.to_pylist()}
+    if slow:
+        slow_keys = pa.Table.from_pylist([dict(zip(key, k, strict=True)) for k in slow], schema=light.select(list(key)).schema)
+        by_python = light.join(slow_keys, list(key), join_type="left semi", use_threads=False)
+        in_arrow = light.join(slow_keys, list(key), join_type="left anti", use_threads=False)
+    else:
+        by_python, in_arrow = light.slice(0, 0), light
+    of_slow = [r for r in stored if tuple(r[k] for k in key) in slow]
+    latest = {tuple(r[k] for k in key): r for r in stored if tuple(r[k] for k in key) not in slow}
+    done = link(by_python.to_pylist(), of_slow, key=key, whole=whole, table_name=table_name, full=full)
+    links, rows, deleted = _link_in_arrow(in_arrow, latest, key)
+    for path, positions in deleted.items():
+        done.deleted.setdefault(path, []).extend(positions)
+    return Linked(
+        rows=[*done.rows, *rows],
+        new=done.new,
+        deleted=done.deleted,
+        added=done.added + links.num_rows,
+        changed=done.changed + len(rows),
+        redelivered=done.redelivered,
+        linked_new=links,
+    )
+
+
+def _link_in_arrow(
+    changes: pa.Table, latest: dict[tuple[Any, ...], dict[str, Any]], key: Sequence[str]
+) -> tuple[pa.Table, list[dict[str, Any]], dict[str, list[int]]]:
+    """:func:`link` for keys whose changes are all newer than their stored latest version (``latest``, by key), each
+    order value once: the changes sorted by key and order, each version ending where the next of its key begins, the
+    last current unless a delete, the first an insert unless the stored latest is alive (then an update); the stored
+    latest ends where the key's first change begins. Returns (the new versions' links by ``_index``, the stored latest
+    versions re-linked, their positions by file)."""
+    n = changes.num_rows
+    empty = pa.table(
+        {
+            "_index": pa.array([], pa.int64()),
+            HISTORY_VALID_TO: pa.array([], changes.schema.field(HISTORY_VALID_FROM).type),
+            HISTORY_IS_CURRENT: pa.array([], pa.bool_()),
+            HISTORY_OPERATION: pa.array([], pa.string()),
+        }
+    )
+    if not n:
+        return empty, [], {}
+    ordered = changes.take(pc.sort_indices(changes, sort_keys=[(k, "ascending") for k in (*key, HISTORY_CHANGE_ORDER)]))
+    same_as_next = pa.array([False])
+    if n > 1:
+        same = _all([pc.equal(ordered.column(k).slice(0, n - 1), ordered.column(k).slice(1)) for k in key])
+        same = same.combine_chunks() if isinstance(same, pa.ChunkedArray) else same
+        same_as_next = pa.concat_arrays([same, same_as_next])
+    same_as_previous = pa.concat_arrays([pa.array([False]), same_as_next.slice(0, n - 1)])
+    deleted = pc.fill_null(ordered.column(DELETED), False).combine_chunks()
+    starts = ordered.column(HISTORY_VALID_FROM).combine_chunks()
+    following = pa.concat_arrays([starts.slice(1), pa.nulls(1, starts.type)])
+    valid_to = pc.if_else(same_as_next, following, pa.nulls(n, starts.type))
+    is_current = pc.and_(pc.invert(same_as_next), pc.invert(deleted))
+    alive = (
+        pa.array(
+            [
+                (r := latest.get(tuple(row[k] for k in key))) is not None and r[HISTORY_OPERATION] != HISTORY_DELETE
+                for row in ordered.select(list(key)).to_pylist()
+            ],
+            pa.bool_(),
+        )
+        if latest
+        else pa.array([False] * n)
+    )
+    previous_deleted = pa.concat_arrays([pa.array([True]), deleted.slice(0, n - 1)])
+    after_delete = pc.if_else(same_as_previous, previous_deleted, pc.invert(alive))
+    operation = pc.if_else(
+        deleted, pa.scalar(HISTORY_DELETE), pc.if_else(after_delete, pa.scalar(HISTORY_INSERT), pa.scalar(HISTORY_UPDATE))
+    )
+    links = pa.table(
+        {
+            "_index": ordered.column("_index"),
+            HISTORY_VALID_TO: valid_to,
+            HISTORY_IS_CURRENT: is_current,
+            HISTORY_OPERATION: operation,
+        }
+    )
+    rows: list[dict[str, Any]] = []
+    deletes: dict[str, list[int]] = {}
+    if latest:
+        firsts = ordered.filter(pc.invert(same_as_previous)).select([*key, HISTORY_VALID_FROM]).to_pylist()
+        for first in firsts:
+            stored = latest.get(tuple(first[k] for k in key))
+            if stored is None:
+                continue
+            relinked = {**stored, HISTORY_VALID_TO: first[HISTORY_VALID_FROM], HISTORY_IS_CURRENT: False}
+            deletes.setdefault(stored["_path"], []).append(stored["_pos"])
+            rows.append(_without_place(relinked))
+    return links, rows, deletes
+
+
+def _all(arrays: Sequence[Any]) -> Any:
+    out = arrays[0]
+    for a in arrays[1:]:
+        out = pc.and_(out, a)
+    return out
 
 
 def link(
@@ -231,8 +349,8 @@ class HistoryBatch(AppendBatch):
         stored, whole, read = _stored(table, c.branch, c.name, schema, new, key)
         light = new.select([*key, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM, DELETED])
         light = light.append_column("_index", pa.array(range(new.num_rows), pa.int64()))
-        linked = link(
-            light.to_pylist(),
+        linked = link_batch(
+            light,
             stored,
             key=key,
             whole=whole,
@@ -246,7 +364,7 @@ class HistoryBatch(AppendBatch):
         )
         data_files: list[DataFile] = []
         owned: list[str] = []
-        if linked.rows or linked.new:
+        if linked.rows or linked.new or (linked.linked_new is not None and linked.linked_new.num_rows):
             writer = upsert.rewrite_writer(plan, batch_id=batch.batch_id, partition_id=HISTORY_PARTITION_ID, attempt=attempt)
             arrow = _versions(new, linked, _plain(seam.arrow_schema(schema)))
             data_files = upsert.written_copies(writer, arrow.to_batches(), plan)
@@ -293,6 +411,14 @@ def _versions(new: pa.Table, linked: Linked, schema: pa.Schema) -> pa.Table:
     """The rows an attempt appends, in the history table's columns (``schema``): the new versions taken from the
     batch's rows ``new`` as they are, with their links; the stored versions re-linked."""
     parts = []
+    if linked.linked_new is not None and linked.linked_new.num_rows:
+        links = linked.linked_new
+        taken = new.take(links.column("_index"))
+        columns = {n: taken.column(n) for n in taken.column_names}
+        columns[HISTORY_VALID_TO] = links.column(HISTORY_VALID_TO).cast(schema.field(HISTORY_VALID_TO).type)
+        columns[HISTORY_IS_CURRENT] = links.column(HISTORY_IS_CURRENT)
+        columns[HISTORY_OPERATION] = links.column(HISTORY_OPERATION)
+        parts.append(pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema))
     if linked.new:
         at = pa.array([n[0] for n in linked.new], pa.int64())
         taken = new.take(at)
