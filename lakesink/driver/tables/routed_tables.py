@@ -461,11 +461,11 @@ class RoutedTables(ABC, Generic[T]):
         the template."""
         ns = self.routing.namespace
         if not ns or query_id is None:
-            return BatchPlans()
+            return self._with_letters({}, query_id)
         try:
             listed = self.catalog.list_tables(ns)
         except Exception:
-            return BatchPlans()  # no namespace yet: no table
+            return self._with_letters({}, query_id)  # no namespace yet: no table
         plans: dict[str, WritePlan] = {}
         # every table of the namespace, read in one catalog query where the catalog answers one; kept only when planned
         read = self._read_at_once([tuple(ident) for ident in listed], keep=False)
@@ -482,6 +482,11 @@ class RoutedTables(ABC, Generic[T]):
             if any(parse_last_batch_key(k) == (query_id, self.options.sink_id) for k in table.properties):
                 catalogs.remember(table)  # the table's next read parses nothing when it has not moved
                 plans[str(route)] = self._plan_and_table(route, query_id, NO_TABLE_FACTS, {route.identifier: table})[0]
+        return self._with_letters(plans, query_id)
+
+    def _with_letters(self, plans: dict[str, WritePlan], query_id: str | None) -> BatchPlans:
+        """``plans`` as a BatchPlans with, under option dead-letter-table, the row checks every task runs (also when no
+        table is planned yet: the tasks write every table with the template, and sort their rows into dead letters)."""
         letters = self._letters_planned(query_id)
         if letters is None:
             return BatchPlans(plans)
