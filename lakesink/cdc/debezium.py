@@ -32,7 +32,8 @@ from lakesink.table.keys import PAYLOAD_COLUMN as _PAYLOAD
 ROUTE, OP, IS_DELETE, ORDER = "route", "op", "is_delete", "order"
 BEFORE, AFTER = "before", "after"
 SOURCE_DB, SOURCE_SCHEMA, SOURCE_TABLE, TX_ID, TS_MS = "source_db", "source_schema", "source_table", "tx_id", "ts_ms"
-OUTPUT_COLUMNS = (ROUTE, OP, IS_DELETE, ORDER, BEFORE, AFTER, SOURCE_DB, SOURCE_SCHEMA, SOURCE_TABLE, TX_ID, TS_MS)
+SOURCE_TIME = "source_time"
+OUTPUT_COLUMNS = (ROUTE, OP, IS_DELETE, ORDER, BEFORE, AFTER, SOURCE_DB, SOURCE_SCHEMA, SOURCE_TABLE, TX_ID, TS_MS, SOURCE_TIME)
 """The columns :func:`parse` adds (each with the caller's ``prefix``):
 
 - ``route`` (string): ``<schema>.<table>`` from ``source.schema`` and ``source.table`` (``<db>.<table>`` for a
@@ -45,7 +46,9 @@ OUTPUT_COLUMNS = (ROUTE, OP, IS_DELETE, ORDER, BEFORE, AFTER, SOURCE_DB, SOURCE_
   of a connector lakesink cannot order (MongoDB, ...) or with a position outside its bound fails the job;
 - ``before``, ``after``: the row images as JSON text (null where the op has none), or structs of ``row_schema``;
 - ``source_db``, ``source_schema``, ``source_table``, ``tx_id`` (string: PostgreSQL's ``txId`` is a number, Oracle's
-  a hex string), ``ts_ms`` (long: when the connector processed the change).
+  a hex string), ``ts_ms`` (long: when the connector processed the change);
+- ``source_time`` (timestamp): when the change was made in the source database, ``source.ts_ms`` (the envelope's
+  ``ts_ms`` when the source block has none): option history's valid_from with ``cdc-format``.
 """
 
 VALID_OPS = ("c", "u", "d", "r", "t")
@@ -164,6 +167,7 @@ def parse(
         source["table"].alias(names[SOURCE_TABLE]),
         source["txId"].alias(names[TX_ID]),
         e["ts_ms"].alias(names[TS_MS]),
+        F.timestamp_millis(F.coalesce(source["ts_ms"].try_cast("long"), e["ts_ms"])).alias(names[SOURCE_TIME]),
     )
     return out
 

@@ -3,7 +3,7 @@
 :mod:`lakesink.cdc.debezium` parses the envelope with Spark SQL expressions (foreach_batch, and anyone holding a
 DataFrame). ``format("lakesink")``'s writers receive Arrow batches in Spark's Python workers, where no Spark SQL runs,
 so :func:`changes` gives the same columns from the same records (json only): route, op, is_delete, order (as a
-``decimal(38,0)``), before, after (JSON text), source_db, source_schema, source_table, tx_id, ts_ms, and the two
+``decimal(38,0)``), before, after (JSON text), source_db, source_schema, source_table, tx_id, ts_ms, source_time, and the two
 columns option cdc-format adds (:data:`lakesink.options.CDC_PAYLOAD`: ``after``, else ``before``;
 :data:`lakesink.options.CDC_CONNECT_SCHEMA`: the record's Kafka Connect schema). Tombstones (a null value, or the
 JSON ``null``) are dropped; a record that is no change event is a loud error, as the Spark parser's ``raise_error``.
@@ -15,6 +15,7 @@ row (the JSON texts compared as JSON: Spark re-serialises a nested object, Pytho
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -26,6 +27,7 @@ from lakesink.cdc.transactions import METADATA_HINT
 from lakesink.errors import SchemaMismatchError
 
 VALID_OPS = ("c", "u", "d", "r", "t")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 ORDER_TYPE = pa.decimal128(38, 0)
 
 #: the columns :func:`changes` adds, without the prefix, with their Arrow types (as the Spark parser types them)
@@ -41,6 +43,7 @@ COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("source_table", pa.string()),
     ("tx_id", pa.string()),
     ("ts_ms", pa.int64()),
+    ("source_time", pa.timestamp("us", tz="UTC")),
 )
 
 
@@ -90,6 +93,9 @@ def parse_record(value: str | bytes | None, column: str = "value") -> dict[str, 
     order = positions.order(source, op, transaction if isinstance(transaction, dict) else None, route)
     before, after = _text(envelope.get("before")), _text(envelope.get("after"))
     ts = envelope.get("ts_ms")
+    ts = ts if isinstance(ts, int) and not isinstance(ts, bool) else None
+    made = _millis(source.get("ts_ms"))
+    made = ts if made is None else made
     return {
         "route": route,
         "op": op,
@@ -101,10 +107,24 @@ def parse_record(value: str | bytes | None, column: str = "value") -> dict[str, 
         "source_schema": _text(source.get("schema")),
         "source_table": _text(source.get("table")),
         "tx_id": _text(source.get("txId")),
-        "ts_ms": ts if isinstance(ts, int) and not isinstance(ts, bool) else None,
+        "ts_ms": ts,
+        "source_time": None if made is None else _EPOCH + timedelta(milliseconds=made),
         "payload": after if after is not None else before,
         "connect_schema": schema,
     }
+
+
+def _millis(value: Any) -> int | None:
+    """``source.ts_ms`` as the Spark parser reads it (a string cast to long): an integer, or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    text = _text(value)
+    try:
+        return int(text.strip()) if text is not None else None
+    except ValueError:
+        return None
 
 
 def changes(

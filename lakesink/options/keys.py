@@ -15,6 +15,7 @@ __all__ = [
     "CDC_FORMAT",
     "CDC_PAYLOAD",
     "CDC_ORDER_BY",
+    "CDC_SOURCE_TIME",
     "CDC_PREFIX",
     "CDC_TRANSACTIONS",
     "CDC_TRANSACTION_WAIT",
@@ -81,6 +82,9 @@ them (docs/cdc.md). Implies ``route-by``, ``payload``, ``delete-when`` and ``ord
 CDC_PREFIX = "cdc_"
 CDC_ORDER_BY = f"{CDC_PREFIX}order"
 """Option cdc-format: the option order-by it sets (the source position lakesink.cdc.positions packs)."""
+CDC_SOURCE_TIME = f"{CDC_PREFIX}source_time"
+"""Option cdc-format: the column holding each change's time at its source (Debezium's ``source.ts_ms``, a timestamp;
+lakesink.cdc.debezium.parse's ``source_time``): option history-time's default with option history."""
 CDC_PAYLOAD = "cdc_payload"
 CDC_CONNECT_SCHEMA = "cdc_connect_schema"
 """Option cdc-format: the column with each record's Kafka Connect schema (``schemas.enable``; null without), which

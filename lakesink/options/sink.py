@@ -17,6 +17,7 @@ from lakesink.options.keys import (
     CDC_ORDER_BY,
     CDC_PAYLOAD,
     CDC_PREFIX,
+    CDC_SOURCE_TIME,
     CDC_TRANSACTIONS,
     CDC_UNAVAILABLE_VALUE,
     DEAD_LETTER_TABLE,
@@ -278,16 +279,16 @@ def _checked_history(options: SinkOptions) -> SinkOptions:
                 "(history='on'); drop it, or add history='on' (docs/history.md)"
             )
         return options
-    if not options.upsert_key:
+    if not options.upserts:
         raise InvalidOptionError(
             f"option '{HISTORY}' keeps every version of each key: it needs option '{UPSERT_KEY}' (the key whose versions "
             "the history table holds; upsert_key= in foreach_batch) (docs/history.md)"
         )
-    if options.routing is not None or options.cdc_format is not None:
+    if options.routing is not None and options.writer is WriterKind.SPARK:
         raise InvalidOptionError(
-            f"option '{HISTORY}' is written for a sink of one table (option '{TABLE}' with '{UPSERT_KEY}'); with "
-            f"'{ROUTE_BY}' or '{CDC_FORMAT}' it is refused, nothing is written: write each table with its own "
-            "foreach_batch sink, or drop the option (docs/history.md, 'Where history tables are written')"
+            f"option '{HISTORY}' with '{ROUTE_BY}' needs every change of each table, which the Arrow writers return: "
+            "writer='spark' cannot be used with it; use writer='auto' (it takes the Arrow path) or 'arrow' "
+            "(docs/history.md)"
         )
     if options.output_mode is OutputMode.COMPLETE:
         raise InvalidOptionError(f"option '{HISTORY}' cannot be used with output mode 'complete' (option '{UPSERT_KEY}')")
@@ -297,11 +298,16 @@ def _checked_history(options: SinkOptions) -> SinkOptions:
             "records the changes the table applies, and a dead letter is decided by the writing tasks after the history's "
             "changes are taken; drop one of them (docs/history.md)"
         )
+    if options.history_time is None and options.cdc_format is not None:
+        # a change stream's own time: Debezium's source.ts_ms (lakesink.cdc.debezium.parse's source_time)
+        options = replace(options, history_time=CDC_SOURCE_TIME)
     if options.history_time is None:
         raise InvalidOptionError(
             f"option '{HISTORY}' needs option '{HISTORY_TIME}': the column holding each change's time at its source "
             "(a timestamp; it becomes the version's valid_from), for example history_time='updated_at' (docs/history.md)"
         )
+    if options.routing is not None:  # each routed table's history table is named when the table is opened
+        return options
     options.history.of(options.table)  # a pattern giving no table name, or the table itself: InvalidOptionError
     return options
 

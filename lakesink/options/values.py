@@ -4,6 +4,7 @@ each names the option and its valid values in its error."""
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -241,6 +242,15 @@ class HistoryTables:
         if found == TableName(namespace=tuple(table.namespace), name=table.name):
             raise InvalidOptionError(f"option '{HISTORY}' ({self.pattern}) names the table itself as its history table")
         return found
+
+    def is_history_name(self, table: TableIdentifier) -> bool:
+        """Whether ``table`` is named as the pattern names a history table (a routed sink refuses to mirror into it:
+        a source table ``orders__history`` beside ``orders`` would be both a mirror and ``orders``' history)."""
+        parts = re.split(r"(\{namespace\}|\{table\})", self.pattern)
+        wanted = "".join(
+            "(.+)" if p == "{namespace}" else "([^.]+)" if p == "{table}" else re.escape(p) for p in parts
+        )
+        return re.fullmatch(wanted, ".".join((*table.namespace, table.name))) is not None
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ envelopes for the binlog order; records that are not change events fail the job.
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections import Counter
 from pathlib import Path
@@ -136,6 +137,8 @@ def test_invalid_arguments_are_named(spark: SparkSession) -> None:
 
 
 def _as_json(value: Any) -> Any:
+    if isinstance(value, datetime.datetime):  # an instant: Spark collects it naive in local time, Arrow aware in UTC
+        return value.timestamp()
     return json.loads(value) if isinstance(value, str) and value[:1] in "{[" else value
 
 
