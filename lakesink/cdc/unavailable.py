@@ -80,6 +80,11 @@ def _decoded(text: str | None) -> list[str]:
     return list(json.loads(text)) if text else []
 
 
+def decoded_marks(text: str | None) -> list[str]:
+    """The columns one row's :data:`UNAVAILABLE_COLUMN` value marks (none for null)."""
+    return _decoded(text)
+
+
 @dataclass(frozen=True)
 class Placeholder:
     """The connector's ``unavailable.value.placeholder`` as bytes, and its forms per column type (pickled to executors)."""

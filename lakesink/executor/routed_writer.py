@@ -346,7 +346,10 @@ class RoutedTaskWriter:
         taken out here: it never reaches the table's writer, nor (with upsert-key) the resolution of its key."""
         assert self._plan.payload is not None
         target = pa.schema([pa.field(f.name, f.type) for f in seam.arrow_schema(plan.schema)])
-        keep = [dl.REJECT_COLUMN, DELETED, *((plan.upsert.order_by,) if plan.upsert and plan.upsert.order_by else ())]
+        upsert = plan.upsert
+        keep = [dl.REJECT_COLUMN, DELETED, *((upsert.order_by,) if upsert and upsert.order_by else ())]
+        if upsert is not None and upsert.history_time is not None:  # option history: each change's source time
+            keep.append(upsert.history_time)
         if self._invalid is None:
             expanded = payload.expand(rows, self._plan.payload, target, plan.table, keep, schema_column=CDC_CONNECT_SCHEMA)
             return self._marked(expanded, plan)
@@ -511,9 +514,11 @@ class RoutedTaskWriter:
             upsert = self._plan.upsert
             if name in self._plan.keys:
                 upsert = replace(upsert, key=self._plan.keys[name])
-            order = upsert.order_by
-            if self._plan.payload is not None and order is not None and order not in plan.schema.column_names:
-                upsert = replace(upsert, not_written=(order,))  # a stream column outside the payload
+            if self._plan.payload is not None:  # stream columns outside the payload: read, never written
+                outside = [c for c in (upsert.order_by, upsert.history_time) if c is not None]
+                outside = [c for c in outside if c not in plan.schema.column_names]
+                if outside:
+                    upsert = replace(upsert, not_written=tuple(outside))
             plan = replace(plan, upsert=upsert)
             if plan.row_checks is not None:  # a null in the table's own key: a dead letter null-upsert-key
                 plan = replace(plan, row_checks=replace(plan.row_checks, upsert_key=upsert.key))

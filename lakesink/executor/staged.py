@@ -67,6 +67,8 @@ class StagedPlan:
     schema_column: str | None = None
     delete_when: str | None = None
     order_by: str | None = None
+    history_time: str | None = None
+    """Option history: the column of each change's source time (with cdc-format, the parsed ``source_time``)."""
     upserts: bool = False
     dead_letters: bool = False
     """Option dead-letter-table: the inference is lenient (a field of several JSON types is a string column, each value
@@ -90,7 +92,7 @@ class StagedPlan:
         out = [self.route_column, self.payload_column]
         if self.upserts:
             out.append(DELETED)
-        for c in (self.order_by, self.schema_column, *(self.truncate_columns or ())):
+        for c in (self.order_by, self.history_time, self.schema_column, *(self.truncate_columns or ())):
             if c is not None and c not in out:
                 out.append(c)
         return out

@@ -142,8 +142,12 @@ def resolve_task(
 
 def history_rows(batches: Iterable[pa.RecordBatch], spec: UpsertSpec, *, batch_id: int) -> pa.Table:
     """Option history: every change the task received (not one per key), for the history table
-    (lakesink.driver.actions.history): its columns, :data:`DELETED`, :data:`HISTORY_CHANGE_ORDER` (option order-by's
-    value, else the batch id) and :data:`HISTORY_VALID_FROM` (option history-time's value)."""
+    (lakesink.driver.actions.history): the table's columns, :data:`DELETED`, :data:`HISTORY_CHANGE_ORDER` (option
+    order-by's value, else the batch id) and :data:`HISTORY_VALID_FROM` (option history-time's value); the stream
+    columns outside the table (``spec.not_written``: a change stream's order and time) left out. Option cdc-format: a
+    column holding Debezium's unavailable-value placeholder takes the value of its key's earlier change in the task
+    (lakesink.cdc.unavailable.fill_from_earlier, as the table's upsert does); one still marked (:data:`UNAVAILABLE`)
+    takes its key's previous version in the history (lakesink.driver.actions.history)."""
     assert spec.history_time is not None
     received = [b for b in batches if b.num_rows]
     if not received:
@@ -151,11 +155,20 @@ def history_rows(batches: Iterable[pa.RecordBatch], spec: UpsertSpec, *, batch_i
     table = pa.Table.from_batches(received)
     if DELETED not in table.column_names:
         table = table.append_column(DELETED, deleted_flags(table, spec.delete_when))
+    else:
+        table = table.set_column(table.schema.get_field_index(DELETED), DELETED, pc.fill_null(table.column(DELETED), False))
     if spec.order_by is not None:
-        order = table.column(_column(table, spec.order_by, "order-by"))
+        order_name = _column(table, spec.order_by, "order-by")
+        if UNAVAILABLE in table.column_names:
+            keys = [_column(table, k, "upsert-key") for k in spec.key]
+            table = table.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
+            table = unavailable.fill_from_earlier(table, keys, order_name, DELETED, row_column=_ROW).drop_columns([_ROW])
+        order = table.column(order_name)
     else:
         order = pa.array([batch_id] * table.num_rows, pa.int64())
     time = table.column(_column(table, spec.history_time, "history-time"))
+    outside = [c for c in spec.not_written if c in table.column_names]
+    table = table.drop_columns(outside)
     return table.append_column(HISTORY_CHANGE_ORDER, order).append_column(HISTORY_VALID_FROM, time)
 
 

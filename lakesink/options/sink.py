@@ -272,7 +272,8 @@ class SinkOptions:
 
 def _checked_history(options: SinkOptions) -> SinkOptions:
     """Options ``history`` and ``history-time``: what they need and what they cannot go with (docs/history.md)."""
-    if options.history is None:
+    history = options.history
+    if history is None:
         if options.history_time is not None:
             raise InvalidOptionError(
                 f"option '{HISTORY_TIME}' names the change time of a history table: it needs option '{HISTORY}' "
@@ -308,7 +309,7 @@ def _checked_history(options: SinkOptions) -> SinkOptions:
         )
     if options.routing is not None:  # each routed table's history table is named when the table is opened
         return options
-    options.history.of(options.table)  # a pattern giving no table name, or the table itself: InvalidOptionError
+    history.of(options.table)  # a pattern giving no table name, or the table itself: InvalidOptionError
     return options
 
 

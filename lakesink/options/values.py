@@ -247,9 +247,7 @@ class HistoryTables:
         """Whether ``table`` is named as the pattern names a history table (a routed sink refuses to mirror into it:
         a source table ``orders__history`` beside ``orders`` would be both a mirror and ``orders``' history)."""
         parts = re.split(r"(\{namespace\}|\{table\})", self.pattern)
-        wanted = "".join(
-            "(.+)" if p == "{namespace}" else "([^.]+)" if p == "{table}" else re.escape(p) for p in parts
-        )
+        wanted = "".join("(.+)" if p == "{namespace}" else "([^.]+)" if p == "{table}" else re.escape(p) for p in parts)
         return re.fullmatch(wanted, ".".join((*table.namespace, table.name))) is not None
 
 

@@ -96,6 +96,7 @@ def staged_plan(
         schema_column=CDC_CONNECT_SCHEMA if cdc else None,
         delete_when=options.delete_when if options.upserts else None,
         order_by=options.order_by,
+        history_time=options.history_time,
         upserts=options.upserts,
         dead_letters=options.dead_letter_table is not None,
         variant=variant,

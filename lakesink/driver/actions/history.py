@@ -41,6 +41,7 @@ from pyiceberg.table import Table
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import row_delta as seam_row_delta
+from lakesink.cdc import unavailable
 from lakesink.driver.actions import upsert
 from lakesink.driver.actions.batch import AppendBatch, Batch, SinkContext
 from lakesink.driver.actions.row_delta import delete_target
@@ -66,6 +67,7 @@ from lakesink.table.keys import (
     SUMMARY_HISTORY_REDELIVERED,
     SUMMARY_UPSERT_MODE,
 )
+from lakesink.table.keys import UNAVAILABLE_COLUMN as UNAVAILABLE
 
 log = logging.getLogger("lakesink")
 
@@ -347,6 +349,7 @@ class HistoryBatch(AppendBatch):
         new = _new_rows(changes, schema)
         key = list(changes.key)
         stored, whole, read = _stored(table, c.branch, c.name, schema, new, key)
+        new = _kept_values(new, changes, stored, key)
         light = new.select([*key, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM, DELETED])
         light = light.append_column("_index", pa.array(range(new.num_rows), pa.int64()))
         linked = link_batch(
@@ -456,6 +459,48 @@ def _new_rows(changes: HistoryChanges, schema: Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
+def _kept_values(new: pa.Table, changes: HistoryChanges, stored: Sequence[dict[str, Any]], key: Sequence[str]) -> pa.Table:
+    """Option cdc-format: each column of a change still holding Debezium's unavailable-value placeholder (an unchanged
+    TOAST value; the task filled those with an earlier change of the key: lakesink.executor.upsert_task.history_rows)
+    takes the value of the version before it -- the one the table's upsert keeps the value of. None there (the history
+    holds no earlier version of the key, or it is a delete): lakesink.cdc.unavailable's UnavailableValueError."""
+    if UNAVAILABLE not in changes.rows.column_names or changes.rows.column(UNAVAILABLE).null_count == new.num_rows:
+        return new
+    marks = changes.rows.column(UNAVAILABLE).to_pylist()
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in stored:
+        by_key.setdefault(tuple(row[k] for k in key), []).append(row)
+    at = [i for i, m in enumerate(marks) if m]
+    keys = new.select(list(key)).take(pa.array(at, pa.int64())).to_pylist()
+    orders = new.column(HISTORY_CHANGE_ORDER).take(pa.array(at, pa.int64())).to_pylist()
+    values: dict[str, list[Any]] = {}
+    for i, k_row, order in zip(at, keys, orders, strict=True):
+        k = tuple(k_row[n] for n in key)
+        columns = unavailable.decoded_marks(marks[i])
+        earlier = [r for r in by_key.get(k, ()) if r[HISTORY_CHANGE_ORDER] < order]
+        before = max(earlier, key=lambda r: r[HISTORY_CHANGE_ORDER]) if earlier else None
+        if before is None or before[HISTORY_OPERATION] == HISTORY_DELETE or unavailable.DELETED_BEFORE in columns:
+            shown = ", ".join(f"{n}={v!r}" for n, v in zip(key, k, strict=True))
+            why = (
+                "the history holds no earlier version of that key to keep it from"
+                if before is None
+                else "the version before it is a delete"
+            )
+            raise unavailable.unfillable(changes.of, next(c for c in columns if c != unavailable.DELETED_BEFORE), shown, why)
+        for n in columns:
+            found = next((f for f in new.column_names if f.lower() == n.lower()), None)
+            if found is None:
+                continue
+            if found not in values:
+                values[found] = new.column(found).to_pylist()
+            values[found][i] = before.get(found)
+    out = new
+    for n, filled in values.items():
+        index = out.schema.get_field_index(n)
+        out = out.set_column(index, out.schema.field(index), pa.array(filled, out.schema.field(index).type))
+    return out
+
+
 def _stored(
     table: Table, branch: str, name: str, schema: Schema, new: pa.Table, key: list[str]
 ) -> tuple[list[dict[str, Any]], frozenset[tuple[Any, ...]], list[DataFile]]:
@@ -491,7 +536,10 @@ def _stored(
             return rows
         # the keys in the types the file was read in (string, not the batch's large_string: a join needs one type)
         typed = pa.table([wanted.column(n).cast(rows.schema.field(n).type) for n in key_names], names=key_names)
-        return rows.join(typed, key_names, join_type="left semi", use_threads=False)
+        # joined on the key columns alone (Arrow's hash join carries no nested columns: lists, maps, structs)
+        narrow = rows.select(key_names).append_column("_row", pa.array(range(rows.num_rows), pa.int64()))
+        hits = narrow.join(typed, key_names, join_type="left semi", use_threads=False).column("_row")
+        return rows.take(pc.take(hits, pc.sort_indices(hits)))
 
     wanted = new.select(key_names).group_by(key_names).aggregate([])
     latest_parts = []
@@ -550,8 +598,14 @@ def checked_changes(rows: pa.Table, keys: Sequence[str], options: SinkOptions, *
             f"batch {batch_id} has a change whose '{ORDER_BY}' value is NaN; the history of {table} cannot order it. "
             "Nothing was committed"
         )
-    stream = pa.schema([f for f in rows.schema if f.name not in (DELETED, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM)])
-    return HistoryChanges(rows=rows, key=tuple(keys), of=table, schema=history_schema(stream, options))
+    stream = pa.schema([f for f in rows.schema if f.name not in (DELETED, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM, UNAVAILABLE)])
+    assert options.history_time is not None
+    # the time and order the changes carry (a change stream's are stream columns the table does not take)
+    carried = [pa.field(options.history_time, rows.schema.field(HISTORY_VALID_FROM).type)]
+    if options.order_by is not None:
+        carried.append(pa.field(options.order_by, rows.schema.field(HISTORY_CHANGE_ORDER).type))
+    schema = history_schema(stream, options, outside=pa.schema(carried))
+    return HistoryChanges(rows=rows, key=tuple(keys), of=table, schema=schema)
 
 
 def changes_of_tasks(results: Sequence[Any], options: SinkOptions, *, batch_id: int, table: str) -> HistoryChanges | None:
@@ -585,17 +639,19 @@ def history_options(options: SinkOptions) -> SinkOptions:
     )
 
 
-def history_schema(stream: pa.Schema, options: SinkOptions) -> pa.Schema:
+def history_schema(stream: pa.Schema, options: SinkOptions, *, outside: pa.Schema | None = None) -> pa.Schema:
     """The history table's columns for a stream of ``stream``'s columns: the table's, then valid_from and valid_to (the
     type of option history-time's column), is_current, operation and change_order (option order-by's column's type, else
-    the batch id's: long)."""
+    the batch id's: long). ``outside``: stream columns the table does not take (a routed sink's payload tables: the
+    change stream's order and time) where option history-time and order-by may be found too."""
     assert options.history_time is not None
-    by_name = {f.name.lower(): f for f in stream}
+    by_name = {f.name.lower(): f for f in (outside or ())}
+    by_name.update({f.name.lower(): f for f in stream})
     time = by_name.get(options.history_time.lower())
     if time is None:
         raise InvalidOptionError(
             f"option '{HISTORY_TIME}' names column {options.history_time!r}, which the stream does not have (columns: "
-            f"{', '.join(stream.names)})"
+            f"{', '.join(stream.names)}{''.join(', ' + n for n in (outside.names if outside is not None else ()))})"
         )
     if not (pa.types.is_timestamp(time.type) or pa.types.is_date(time.type)):
         raise InvalidOptionError(

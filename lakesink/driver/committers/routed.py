@@ -164,8 +164,17 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
         found = self._committers.pop(name, None)
         if found is None:
             route = route_of(name, (), self.routing.column, -1)
-            found = TableCommitter(self.options.for_table(TableName(route.namespace, route.name)), post_commit=self._post_commit)
+            table = TableName(route.namespace, route.name)
+            history = self.options.history
+            if history is not None and history.is_history_name(table):
+                raise InvalidOptionError(
+                    f"route-by: table {name} is named as option 'history' ({history}) names history tables, so it would be "
+                    "both a routed table and another table's history. Nothing was committed; give option 'history' a "
+                    "pattern no routed table matches, for example 'audit.{table}_versions' (docs/history.md)"
+                )
+            found = TableCommitter(self.options.for_table(table), post_commit=self._post_commit)
             found.routed_dead_letters = self.dead_letters
+            found.history_stream = self.stream_schema
         self._committers[name] = found  # most recently used last
         while len(self._committers) > routed_tables.MAX_COMMITTERS:
             self._committers.popitem(last=False)
@@ -306,6 +315,7 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
                 ]
                 try:
                     self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
+                    actions += self._histories(actions, [m.results for m in members])
                     if self.dead_letters is not None:
                         if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
                             self._recheck_rejected(actions, kept, query_id, batch_id)
@@ -484,7 +494,9 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
     ) -> RoutedOutcome:
         """Run the batch's unit (``tables``: the batch's set of tables, which a table found holding the batch must
         have recorded; None: an empty batch's marker-only commits, not compared)."""
-        members = [a.as_unit_member(tables if c is not self.dead_letters else None) for c, a in actions]
+        # the dead-letter and history tables' members: not among the batch's tables (their commits record none)
+        aside = {id(self.dead_letters), *(id(c.history) for c, _ in actions if c.history is not None)}
+        members = [a.as_unit_member(tables if id(c) not in aside else None) for c, a in actions]
         try:
             swapped = swap.run_unit(members, atomic=self.atomic)
         except CommitOutcomeUnknownError:
@@ -508,15 +520,30 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
             ) from e.last
         outcomes: dict[str, BatchOutcome] = {}
         letters: BatchOutcome | None = None
+        histories: dict[str, BatchOutcome] = {}
         for (c, a), result in zip(actions, swapped, strict=True):
             if c is self.dead_letters:
                 letters = c.unit_outcome(a, result)
+            elif id(c) in aside:
+                histories[a.name] = c.unit_outcome(a, result)
             else:
                 outcomes[a.name] = c.unit_outcome(a, result)
         for c, a in actions:
-            if c is not self.dead_letters and outcomes[a.name].outcome is Outcome.COMMITTED and c.hook is not None:
+            if c is self.dead_letters or c.hook is None:
+                continue
+            done = histories.get(a.name) if id(c) in aside else outcomes[a.name]
+            if done is not None and done.outcome is Outcome.COMMITTED:
                 c.hook.after_commit()
         return RoutedOutcome(batch_id, outcomes, letters)
+
+    @staticmethod
+    def _histories(
+        actions: Sequence[tuple[TableCommitter, BatchAction]], results: Sequence[Sequence[TaskResult]]
+    ) -> list[tuple[TableCommitter, BatchAction]]:
+        """Option history: each table's history member of the batch's unit (TableCommitter.history_member), from the
+        changes its tasks returned (``results``: each table's, in the order of ``actions``)."""
+        found = [c.history_member(a, r) for (c, a), r in zip(actions, results, strict=True)]
+        return [m for m in found if m is not None]
 
     def _commit_empty(self, call: BatchCall, facts: BatchFacts) -> RoutedOutcome:
         """A batch that routed no row: its marker moves in the tables of the sink's previous batch in this run (a
@@ -592,6 +619,7 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
             table = c.load_patiently(call.batch_id)
             action = c.action_without_files(table, call, found_at_plan=found_at_plan, properties=properties)
             actions.append((c, action))
+        actions += self._histories(actions, [() for _ in actions])
         return self._run(actions, call.query_id, call.batch_id, tables if found_at_plan else None)
 
     def _table_for_commit(

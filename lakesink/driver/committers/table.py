@@ -97,6 +97,9 @@ class TableCommitter(SinkTable):
             # its own maintenance (option maintenance=auto: compaction applies the position deletes its commits write)
             self.history = TableCommitter(history_actions.history_options(options), post_commit=post_commit)
         self._history_schema: pa.Schema | None = None
+        self.history_stream: pa.Schema | None = None
+        """Option history of a routed sink: the stream's columns, where the history's time and order columns are found
+        when the table does not take them (a change stream's payload tables; lakesink.driver.committers.routed)."""
         self.routed_dead_letters: TableCommitter | None = None
         """Option route-by with dead-letter-table: the routed sink's one dead-letter table (lakesink.driver.committers.routed
         commits it in the batch's unit); this table's snapshots record their count of dead letters in it."""
@@ -148,15 +151,22 @@ class TableCommitter(SinkTable):
         h = self.history
         if h is None or stream_schema is None:  # no stream schema: a plan of the commit's own (an upsert's copies)
             return plan
-        wanted = history_actions.history_schema(stream_schema, self.options)
-        if self._history_schema is None or not self._history_schema.equals(wanted):
-            h.open_table(wanted)
-            self._history_schema = wanted
+        self._open_history(stream_schema)
         history_plan = h.write_plan(h.reload_table(), query_id, self._history_schema)
         last, theirs = plan.last_committed_batch, history_plan.last_committed_batch
         if last is not None and theirs is not None and theirs < last:
             return replace(plan, last_committed_batch=theirs)
         return plan
+
+    def _open_history(self, columns: pa.Schema) -> None:
+        """The history table opened (created when missing; with merge-schema, new columns planned into it) for a
+        stream of ``columns``."""
+        h = self.history
+        assert h is not None
+        wanted = history_actions.history_schema(columns, self.options, outside=self.history_stream)
+        if self._history_schema is None or not self._history_schema.equals(wanted):
+            h.open_table(wanted)
+            self._history_schema = wanted
 
     # --- commit -------------------------------------------------------------------------------------
 
@@ -479,6 +489,22 @@ class TableCommitter(SinkTable):
         if replay or history is None or not history.rows.num_rows:
             return action_for(h.context, table, of_history, found_at_plan=replay)
         return HistoryBatch(h.context, table, of_history, history)
+
+    def history_member(self, action: BatchAction, results: Sequence[TaskResult]) -> tuple[TableCommitter, BatchAction] | None:
+        """Option history of a routed sink: the history table's member of the batch's unit beside this table's
+        ``action`` (:meth:`unit_action`), its versions from the changes the tasks returned (TaskResult.history); None
+        without a history table, or when a history table added to a running query holds none of its earlier batches."""
+        if self.history is None:
+            return None
+        replay = isinstance(action, ReplayFoundAtPlan)
+        batch = action.batch
+        if self._history_schema is None:  # a table the executors wrote with the template (format("lakesink")): opened now
+            self._open_history(pa.schema([pa.field(f.name, f.type) for f in seam.arrow_schema(action.table.schema())]))
+        history = None
+        if not replay:
+            history = history_actions.changes_of_tasks(results, self.options, batch_id=batch.batch_id, table=self.table_name)
+        found = self._history_action(batch, replay=replay, history=history)
+        return (self.history, found) if found is not None else None
 
     def _letters_deleted(self, batch: Batch, *, reason: str) -> None:
         if self.dead_letters is not None:

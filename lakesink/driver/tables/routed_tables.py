@@ -537,7 +537,9 @@ class RoutedTables(ABC, Generic[T]):
             return None
         cdc, when = o.cdc_format is not None, None if deletes_computed else o.delete_when  # cdc: copies, placeholders
         unavailable = Placeholder(o.cdc_unavailable_value.raw) if cdc else None
-        spec = UpsertSpec(o.upsert_key, when, o.order_by, copies_are_one=cdc, unavailable=unavailable)
+        spec = UpsertSpec(
+            o.upsert_key, when, o.order_by, copies_are_one=cdc, unavailable=unavailable, history_time=o.history_time
+        )
         spec.check()
         return spec
 

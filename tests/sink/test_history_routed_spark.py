@@ -1,0 +1,289 @@
+"""Option history with option route-by and with option cdc-format, on both entry points, in real local Spark (issue 55):
+each table the stream upserts gets its own history table, committed in the batch's one unit with every table.
+
+- route-by: two tables routed by a column, with late and redelivered changes; each history equals the plain-Python
+  model of its table's change log (tests/sink/test_history_spark.py's model) in pyiceberg, DuckDB and iceberg-rust, and
+  at every batch the table equals its history's current versions;
+- cdc-format: Debezium's PostgreSQL records built field by field (tests/support/cdc_debezium.py), valid_from from
+  ``source.ts_ms``, the order from the LSN, unchanged TOAST values (Debezium's unavailable-value placeholder) taken from
+  the version before -- never the placeholder itself.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import lakesink
+from lakesink.audit import interop
+from lakesink.driver import catalogs
+from lakesink.errors import InvalidOptionError
+from lakesink.table.keys import SUMMARY_HISTORY_OF
+from tests.driver.test_cdc_unavailable import TOASTED, TYPES, row, unchanged_toast
+from tests.sink.test_history_spark import (
+    DDL,
+    Event,
+    at,
+    history_model,
+    rows_of,
+    stream,
+    table_model,
+    versions_of,
+)
+from tests.sink.test_upserts_spark import write_events
+from tests.support import toast
+from tests.support.changes import KAFKA_DDL, write_json_round
+from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end, start_sink
+from tests.support.toast import change
+
+pytestmark = pytest.mark.spark
+
+ENTRIES = ["foreach", "format"]
+ROUTED_DDL = DDL + ", tbl string"
+TABLES = {0: "db.a", 1: "db.b"}
+
+
+def routed(batches: Sequence[Sequence[Event]]) -> list[list[Event]]:
+    """Each event routed by its key's parity to one of two tables."""
+    return [[{**e, "tbl": TABLES[e["id"] % 2]} for e in events] for events in batches]
+
+
+def of_table(batches: Sequence[Sequence[Event]], name: str) -> list[list[Event]]:
+    return [[e for e in events if e["tbl"] == name] for events in batches]
+
+
+def run_routed(spark: Any, entry: str, src: Path, ck: Path, props: Mapping[str, str]) -> None:
+    df = spark.readStream.schema(ROUTED_DDL).option("maxFilesPerTrigger", 1).json(str(src))
+    options = {
+        "route_by": "tbl",
+        "upsert_key": "id",
+        "delete_when": "op = 'd'",
+        "order_by": "seq",
+        "history": "on",
+        "history_time": "ts",
+    }
+    if entry == "format":
+        df = df.repartition(2, "tbl", "id")
+    run_to_end(start_sink(df, entry, ck, props, **options))
+
+
+def load(props: Mapping[str, str], name: str) -> Any:
+    return catalogs.load(None, dict(props)).load_table(tuple(name.split(".")))
+
+
+def assert_history_is_the_model(props: Mapping[str, str], name: str, batches: Sequence[Sequence[Event]]) -> None:
+    """The table and its history equal their models in three readers, and agree at every batch."""
+    table, history = load(props, name), load(props, name + "__history")
+    expected = history_model(batches)
+    assert versions_of(history.scan().to_arrow()) == expected, (name, "pyiceberg")
+    assert versions_of(interop.duckdb_read(history.metadata_location)) == expected, (name, "duckdb")
+    assert versions_of(interop.iceberg_rust_read(history.metadata_location)) == expected, (name, "iceberg-rust")
+    assert rows_of(table.scan().to_arrow()) == table_model(batches), name
+    mine = {s["batch_id"]: s["snapshot_id"] for s in lakesink_snapshots(table)}
+    theirs = {s["batch_id"]: s["snapshot_id"] for s in lakesink_snapshots(history)}
+    assert mine.keys() == theirs.keys(), name
+    for batch_id, snapshot_id in mine.items():
+        current = history.scan(snapshot_id=theirs[batch_id]).to_arrow()
+        now = rows_of(table.scan(snapshot_id=snapshot_id).to_arrow())
+        assert rows_of(current.filter(current.column("is_current"))) == now, (name, batch_id)
+    assert {s["summary"][SUMMARY_HISTORY_OF] for s in lakesink_snapshots(history)} == {name}
+    assert_snapshot_invariants(table)
+    assert_snapshot_invariants(history)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_each_routed_table_gets_its_history_in_the_batchs_unit(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """Two routed tables; inserts, updates, deletes, several changes of a key per batch, a redelivered batch and a
+    batch of late changes: each table's history equals its model, and the table its history's current versions at
+    every batch (the routed unit holds both tables and both histories)."""
+    changes = stream(seed=11, batches=3, per_batch=40, keys=16)
+    redelivered = [dict(e) for e in changes[1][:12]]
+    late = [{"eid": 5000 + k, "id": k, "value": f"late{k}", "seq": -k - 1, "op": "u", "ts": at(-k - 1)} for k in range(0, 16, 3)]
+    batches = routed([*changes, redelivered, late])
+    write_events(tmp_path / "in", batches)
+    run_routed(spark, entry, tmp_path / "in", tmp_path / "ck", catalog_properties)
+    for name in TABLES.values():
+        assert_history_is_the_model(catalog_properties, name, of_table(batches, name))
+    # a restart with more batches goes on where it was (the histories' replay points are the tables')
+    last = max(e["seq"] for events in batches for e in events)
+    newer = [
+        {
+            "eid": 7000 + k,
+            "id": k,
+            "value": f"new{k}",
+            "seq": last + 1 + k,
+            "op": "d" if k % 5 == 0 else "u",
+            "ts": at(last + 1 + k),
+        }
+        for k in range(16)
+    ]
+    more = routed([newer])
+    write_events(tmp_path / "in", more, start=len(batches))
+    run_routed(spark, entry, tmp_path / "in", tmp_path / "ck", catalog_properties)
+    for name in TABLES.values():
+        assert_history_is_the_model(catalog_properties, name, of_table([*batches, *more], name))
+
+
+def test_history_options_with_route_by_are_checked_before_anything_is_written(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """writer='spark' cannot return every change; a routed table named as the pattern names history tables is refused
+    (it would be both a mirror and another table's history), nothing committed."""
+    with pytest.raises(InvalidOptionError, match="writer='spark'"):
+        lakesink.foreach_batch(
+            catalog_properties=catalog_properties,
+            route_by="tbl",
+            upsert_key="id",
+            history="on",
+            history_time="ts",
+            writer="spark",
+        )
+    events = [[{"eid": 1, "id": 1, "value": "v", "seq": 1, "op": "c", "ts": at(1), "tbl": "db.a__history"}]]
+    write_events(tmp_path / "in", events)
+    with pytest.raises(Exception, match="both a routed table and another table's history"):
+        run_routed(spark, "foreach", tmp_path / "in", tmp_path / "ck", catalog_properties)
+    catalog = catalogs.load(None, dict(catalog_properties))
+    assert not catalog.table_exists(("db", "a__history")) or not lakesink_snapshots(load(catalog_properties, "db.a__history"))
+
+
+# --- cdc-format ------------------------------------------------------------------------------------------------------
+
+T0 = datetime.datetime(2026, 11, 27, 10, 0, tzinfo=datetime.timezone.utc)
+DOCS, NOTES = "public.docs", "shop.notes"
+
+
+def timed(c: dict[str, Any]) -> dict[str, Any]:
+    """The change committed in its source at T0 + its LSN in seconds (Debezium's ``source.ts_ms``)."""
+    return {**c, "commit_ts": (T0 + datetime.timedelta(seconds=c["lsn"])).isoformat()}
+
+
+def cdc_history_model(rounds: Sequence[Sequence[dict[str, Any]]]) -> dict[str, list[tuple[Any, ...]]]:
+    """Per table, every version from the whole change log: (id, title, body, valid_from, valid_to, is_current,
+    operation, change_order), a TOAST placeholder taking the value of the key's version before it, a delete's version
+    holding the key alone (REPLICA IDENTITY DEFAULT: Debezium's before image is the key)."""
+    by_table: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    seen: set[tuple[str, int]] = set()
+    for c in sorted((c for r in rounds for c in r), key=lambda c: c["lsn"]):
+        if (c["table"], c["lsn"]) in seen:
+            continue  # a redelivery: once
+        seen.add((c["table"], c["lsn"]))
+        image = c["after"] if c["op"] != "d" else c["before"]
+        chain = by_table.setdefault(c["table"], {}).setdefault(image["id"], [])
+        values = dict(image)
+        if c["op"] != "d":
+            for n in TOASTED:
+                if values.get(n) == toast.placeholder(TYPES[n]):
+                    values[n] = chain[-1]["values"][n]
+        chain.append({"values": values, "op": c["op"], "lsn": c["lsn"], "time": timed(c)["commit_ts"]})
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for table, keys in by_table.items():
+        versions = []
+        for i, chain in keys.items():
+            for n, v in enumerate(chain):
+                nxt = chain[n + 1] if n + 1 < len(chain) else None
+                deleted = v["op"] == "d"
+                after_delete = n == 0 or chain[n - 1]["op"] == "d"
+                operation = "delete" if deleted else "insert" if after_delete else "update"
+                body = None if deleted else v["values"]["body"]
+                title = None if deleted else v["values"]["title"]
+                versions.append(
+                    (
+                        i,
+                        title,
+                        body,
+                        _iso(v["time"]),
+                        _iso(nxt["time"]) if nxt else None,
+                        nxt is None and not deleted,
+                        operation,
+                        v["lsn"],
+                    )
+                )
+        out[table] = sorted(versions, key=_by_key_and_order)
+    return out
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, str):
+        value = datetime.datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=datetime.timezone.utc)
+    return str(value.astimezone(datetime.timezone.utc).isoformat())
+
+
+def _by_key_and_order(version: tuple[Any, ...]) -> tuple[Any, Any]:
+    return version[0], version[7]
+
+
+def cdc_versions(rows: pa.Table) -> list[tuple[Any, ...]]:
+    return sorted(
+        (
+            (
+                r["id"],
+                r["title"],
+                r["body"],
+                _iso(r["valid_from"]),
+                _iso(r["valid_to"]) if r["valid_to"] is not None else None,
+                r["is_current"],
+                r["operation"],
+                int(r["change_order"]),
+            )
+            for r in rows.to_pylist()
+        ),
+        key=_by_key_and_order,
+    )
+
+
+def run_cdc(spark: Any, entry: str, props: Mapping[str, str], tmp_path: Path) -> None:
+    df = spark.readStream.schema(KAFKA_DDL).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+    run_to_end(start_sink(df, entry, tmp_path / "ck", props, cdc_format="debezium", merge_schema=True, history="on"))
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_change_streams_tables_get_histories_dated_by_the_source_with_toast_values_kept(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """Two tables of a PostgreSQL change stream (schemas.enable): inserts, updates holding Debezium's unavailable-value
+    placeholder for unchanged TOAST columns (of a key stored in an earlier batch, and of the batch's own insert),
+    deletes, a re-insert, a redelivered change. Each history equals the model: valid_from = source.ts_ms, change_order =
+    the LSN, a placeholder never stored (the version before it gives the value); the mirror equals the current rows."""
+    zero = [timed(change(t, "c", 10 + i, row(i, f"v1 {i}"), TYPES, ("id",))) for t in (DOCS, NOTES) for i in range(1, 4)]
+    one = [timed(change(DOCS, "u", 20, unchanged_toast(1, "v2"), TYPES, ("id",)))]
+    one += [timed(change(NOTES, "c", 21, row(9, "new", body="nine"), TYPES, ("id",)))]
+    one += [timed(change(NOTES, "u", 22, unchanged_toast(9, "new, updated"), TYPES, ("id",)))]
+    one += [timed(change(NOTES, "u", 23, unchanged_toast(2, "v2", body="changed"), TYPES, ("id",)))]
+    one += [timed(change(DOCS, "d", 24, {"id": 2}, TYPES, ("id",)))]
+    two = [timed(change(DOCS, "u", 30, unchanged_toast(1, "v3", nums=[7]), TYPES, ("id",)))]
+    two += [timed(change(DOCS, "c", 31, row(2, "back", body="again"), TYPES, ("id",)))]
+    two += [one[0]]  # redelivered
+    two += [timed(change(NOTES, "u", 32, unchanged_toast(9, "v3"), TYPES, ("id",)))]
+    rounds = [zero, one, two]
+    for index, changes in enumerate(rounds):
+        write_json_round(tmp_path / "in", index, toast.kafka_records(changes, ("id",), schemas=True))
+        run_cdc(spark, entry, catalog_properties, tmp_path)
+    expected = cdc_history_model(rounds)
+    for name in (DOCS, NOTES):
+        history = load(catalog_properties, name + "__history")
+        got = history.scan().to_arrow()
+        assert cdc_versions(got) == expected[name], name
+        assert cdc_versions(interop.duckdb_read(history.metadata_location)) == expected[name], (name, "duckdb")
+        for n in TOASTED:
+            values = [v for v in got.column(n).to_pylist() if v is not None]
+            assert toast.placeholder(TYPES[n]) not in values, (name, n)
+        table = load(catalog_properties, name)
+        mine = {s["batch_id"]: s["snapshot_id"] for s in lakesink_snapshots(table)}
+        theirs = {s["batch_id"]: s["snapshot_id"] for s in lakesink_snapshots(history)}
+        assert mine.keys() == theirs.keys(), name
+        for batch_id, snapshot_id in mine.items():
+            current = history.scan(snapshot_id=theirs[batch_id]).to_arrow()
+            current = current.filter(current.column("is_current"))
+            now = table.scan(snapshot_id=snapshot_id).to_arrow()
+            table_rows = {r["id"]: r for r in now.to_pylist()}
+            assert {r["id"]: {k: r[k] for k in now.column_names} for r in current.to_pylist()} == table_rows, (name, batch_id)
+        assert_snapshot_invariants(history)
