@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import lru_cache
+from typing import Any
 
 import pyarrow as pa
 
@@ -168,6 +169,9 @@ class Found:
     truncate: Decimal | None = None
     """The greatest order (source position) of the route's truncates (op ``t``; ``truncate_columns``), None: none."""
 
+    truncate_time: Any = None
+    """That truncate's time at its source (``time_column``: option history's valid_to for the versions it ends)."""
+
     wide: set[str] = field(default_factory=set)
     """The fields that need their inferred type in full: typed by a Connect schema (the source's own type), or
     holding a JSON integer beyond an int (32 bits) or a number beyond a float's range. With ``merge-schema`` an existing
@@ -180,11 +184,14 @@ class Found:
     within the batch (lakesink.sink.cdc.key_change)."""
 
     def join(self, other: Found) -> Found:
-        positions = [p for p in (self.truncate, other.truncate) if p is not None]
+        truncates = [
+            (p, t) for p, t in ((self.truncate, self.truncate_time), (other.truncate, other.truncate_time)) if p is not None
+        ]
+        last = max(truncates, key=lambda pt: pt[0]) if truncates else (None, None)
         spans = dict(self.key_spans)
         for k, span in other.key_spans.items():
             spans[k] = join_spans(spans[k], span) if k in spans else span
-        return Found(self.keys | other.keys, max(positions) if positions else None, self.wide | other.wide, spans)
+        return Found(self.keys | other.keys, last[0], last[1], self.wide | other.wide, spans)
 
 
 KeySpan = tuple[Decimal, Decimal] | None
@@ -219,12 +226,23 @@ def key_fields(text: str | None) -> tuple[str, ...] | None:
 
 
 def _last_truncate(
-    batch: pa.RecordBatch, rows: pa.Array, columns: tuple[str, str], table: str, last: Decimal | None
-) -> Decimal | None:
+    batch: pa.RecordBatch,
+    rows: pa.Array,
+    columns: tuple[str, str],
+    table: str,
+    last: tuple[Decimal | None, Any],
+    time_column: str | None = None,
+) -> tuple[Decimal | None, Any]:
+    """The greatest source position of the route's truncates so far (``last``, with its time) and in ``rows``."""
     op_column, order_column = columns
     ops = batch.column(op_column).take(rows).to_pylist()
     orders = batch.column(order_column).take(rows).to_pylist()
-    for op, order in zip(ops, orders, strict=True):
+    times = (
+        batch.column(time_column).take(rows).to_pylist()
+        if time_column is not None and time_column in batch.schema.names
+        else [None] * len(ops)
+    )
+    for op, order, time in zip(ops, orders, times, strict=True):
         if op != "t":
             continue
         if order is None:
@@ -233,7 +251,8 @@ def _last_truncate(
                 "records carry no log position): lakesink cannot tell which changes come before it. Nothing was "
                 "committed; re-snapshot the table instead of replicating the truncate"
             )
-        last = order if last is None else max(last, order)
+        if last[0] is None or order > last[0]:
+            last = (order, time)
     return last
 
 
@@ -249,7 +268,11 @@ class PayloadInference:
         truncate_columns: tuple[str, str] | None = None,
         schema_column: str | None = None,
         lenient: bool = False,
+        time_column: str | None = None,
     ):
+        self.time_column = time_column
+        """Option history with cdc-format: each change's source time, whose value at a route's last truncate is
+        :attr:`Found.truncate_time`."""
         self.lenient = lenient
         """Option dead-letter-table: a field whose values no one type holds is a string column (a table it creates;
         an existing table's column keeps its type): each value then fits its column, or is a dead letter
@@ -300,7 +323,9 @@ class PayloadInference:
                     if self.truncate_columns is not None:
                         _key_spans(keys, batch.column(self.truncate_columns[1]).take(taken).to_pylist(), more.key_spans)
                 if self.truncate_columns is not None:
-                    more.truncate = _last_truncate(batch, taken, self.truncate_columns, name, more.truncate)
+                    more.truncate, more.truncate_time = _last_truncate(
+                        batch, taken, self.truncate_columns, name, (more.truncate, more.truncate_time), self.time_column
+                    )
         if found:
             yield pa.record_batch(
                 [

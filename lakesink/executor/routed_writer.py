@@ -43,7 +43,7 @@ from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault
 from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PREFIX, CDC_VALUE
 from lakesink.table import dead_letters as dl
 from lakesink.table import locations, storage
-from lakesink.table.keys import DELETED
+from lakesink.table.keys import DELETED, UNDONE_COLUMN
 from lakesink.table.routes import InvalidRoute, Route, route_of, routed_table, routing_value
 from lakesink.table.settings import TableSettings
 
@@ -349,7 +349,7 @@ class RoutedTaskWriter:
         upsert = plan.upsert
         keep = [dl.REJECT_COLUMN, DELETED, *((upsert.order_by,) if upsert and upsert.order_by else ())]
         if upsert is not None and upsert.history_time is not None:  # option history: each change's source time
-            keep.append(upsert.history_time)
+            keep += [upsert.history_time, UNDONE_COLUMN]
         if self._invalid is None:
             expanded = payload.expand(rows, self._plan.payload, target, plan.table, keep, schema_column=CDC_CONNECT_SCHEMA)
             return self._marked(expanded, plan)

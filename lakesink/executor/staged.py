@@ -40,7 +40,7 @@ from lakesink.executor import payload, variant
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.upsert_task import deleted_flags
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
-from lakesink.options import CDC_VALUE
+from lakesink.options import CDC_SOURCE_TIME, CDC_VALUE
 from lakesink.table import names, storage
 from lakesink.table.keys import DELETED
 
@@ -182,6 +182,7 @@ class StagedTaskWriter:
             plan.truncate_columns,
             plan.schema_column,
             lenient=plan.dead_letters,
+            time_column=CDC_SOURCE_TIME if plan.history_time is not None and plan.cdc is not None else None,
         )
         columns: dict[bytes | None, dict[str, pa.DataType | None]] = {}
         found: dict[bytes | None, payload.Found] = {}

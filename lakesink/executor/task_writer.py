@@ -184,6 +184,7 @@ class TaskWriter:
                 self._history = upsert_task.to_ipc(
                     upsert_task.history_rows(pending, self._plan.upsert, batch_id=self._ids.batch_id)
                 )
+                pending = upsert_task.without_undone(pending)  # a change a later truncate undoes: history only
             rows, changes = upsert_task.resolve_task(
                 pending,
                 self._plan.upsert,

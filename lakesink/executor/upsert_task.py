@@ -26,7 +26,7 @@ from lakesink._pyiceberg import io as seam
 from lakesink.cdc import unavailable
 from lakesink.errors import PROGRAMMING_ERRORS, InvalidOptionError, UpsertKeyError
 from lakesink.table import floats
-from lakesink.table.keys import DELETED, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM
+from lakesink.table.keys import DELETED, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM, UNDONE_COLUMN
 from lakesink.table.keys import ORDER_COLUMN as ORDER
 from lakesink.table.keys import ROW_COLUMN as _ROW
 from lakesink.table.keys import TOP_COLUMN as _TOP
@@ -167,9 +167,22 @@ def history_rows(batches: Iterable[pa.RecordBatch], spec: UpsertSpec, *, batch_i
     else:
         order = pa.array([batch_id] * table.num_rows, pa.int64())
     time = table.column(_column(table, spec.history_time, "history-time"))
-    outside = [c for c in spec.not_written if c in table.column_names]
+    outside = [c for c in (*spec.not_written, UNDONE_COLUMN) if c in table.column_names]
     table = table.drop_columns(outside)
     return table.append_column(HISTORY_CHANGE_ORDER, order).append_column(HISTORY_VALID_FROM, time)
+
+
+def without_undone(batches: Sequence[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    """``batches`` without the changes a later truncate of their table undoes (:data:`UNDONE_COLUMN`, option history
+    with cdc-format: versions of the history, never applied to the table), and without that column."""
+    out = []
+    for b in batches:
+        if UNDONE_COLUMN in b.schema.names:
+            index = b.schema.get_field_index(UNDONE_COLUMN)
+            b = b.filter(pc.invert(pc.fill_null(b.column(index), False))).remove_column(index)
+        if b.num_rows:
+            out.append(b)
+    return out
 
 
 def _one_of_each_copy(table: pa.Table, keys: Sequence[str], tied: pa.Table) -> pa.Table:

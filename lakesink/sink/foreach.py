@@ -45,6 +45,7 @@ from lakesink.options import (
     CDC_CONNECT_SCHEMA,
     CDC_PAYLOAD,
     CDC_PREFIX,
+    CDC_SOURCE_TIME,
     CDC_VALUE,
     CdcTransactions,
     Routing,
@@ -602,9 +603,11 @@ class ForeachBatchSink(RoutedSparkBatches):
         cdc = (truncates.OP, truncates.ORDER) if self.options.cdc_format is not None else None
         schema = CDC_CONNECT_SCHEMA if self.options.cdc_format is not None else None
         lenient = self.options.dead_letter_table is not None  # a value that does not fit: a dead letter, not an error
-        inference = payload.PayloadInference(routing.column, column, key, cdc, schema, lenient=lenient)
+        # option history: a truncate's source time ends the versions it deletes
+        time = CDC_SOURCE_TIME if cdc is not None and self.options.history is not None else None
+        inference = payload.PayloadInference(routing.column, column, key, cdc, schema, lenient=lenient, time_column=time)
         selected = [F.col(f"`{routing.column}`"), F.col(f"`{column}`"), *([F.col(f"`{key}`")] if key else [])]
-        selected += [F.col(f"`{c}`") for c in (*(cdc or ()), *([schema] if schema else []))]
+        selected += [F.col(f"`{c}`") for c in (*(cdc or ()), *([schema] if schema else []), *([time] if time else []))]
         rows = df.select(*selected).mapInArrow(inference, payload.INFERRED_DDL)
         found: dict[object, list[dict[str, Any]]] = {}
         extra: dict[object, payload.Found] = {}

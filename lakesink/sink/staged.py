@@ -132,7 +132,9 @@ class StagedCommitter:
         keyed: dict[str, Decimal] = {}
         if routed.options.cdc_format is not None:  # a batch spanning a source's key change (refused, or replayed after)
             keyed, facts = key_change.cuts(routed, routing, found, facts)
-        values, facts = truncates.mark(routed, routing, cut, list(found), facts)
+        when = truncates.times(found) if cut else None
+        values, facts = truncates.mark(routed, routing, cut, list(found), facts, when)
+        kept = dict(cut) if routed.options.history is not None else {}  # option history: undone changes are versions
         cut = key_change.merged(cut, keyed)
         home = None
         if self.plan.transactions and not routed.routes(values, batch_id):  # no table planned (dead letters at most)
@@ -148,7 +150,7 @@ class StagedCommitter:
             replace(call, run_id=run_id),
             routes=routes,
             plans=plans,
-            write=lambda letters: [self._write(plans, query_id, batch_id, run_id, results, cut, letters)],
+            write=lambda letters: [self._write(plans, query_id, batch_id, run_id, results, cut, letters, kept)],
             batch_time=lambda: call.time,
             invalid=routed.any_invalid(values),  # option dead-letter-table: rows of no valid table are dead letters
             facts=facts,
@@ -191,6 +193,7 @@ class StagedCommitter:
         results: Sequence[StagedTaskResult],
         cut: Mapping[str, Decimal],
         letters: Mapping[str, frozenset[LetterKey]],
+        kept: Mapping[str, Decimal],
     ) -> RoutedTaskResult:
         """The tables' files written from the staged rows, by one routed task writer for the whole batch (``letters``:
         lakesink.sink.commit.commit_routed's keys of unavailable-value dead letters)."""
@@ -198,14 +201,16 @@ class StagedCommitter:
         writer = RoutedTaskWriter(
             plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id)
         )
-        return writer.write(self._rows(results, cut))
+        return writer.write(self._rows(results, cut, kept))
 
-    def _rows(self, results: Sequence[StagedTaskResult], cut: Mapping[str, Decimal]) -> Iterator[pa.RecordBatch]:
+    def _rows(
+        self, results: Sequence[StagedTaskResult], cut: Mapping[str, Decimal], kept: Mapping[str, Decimal]
+    ) -> Iterator[pa.RecordBatch]:
         for r in sorted(results, key=lambda r: r.partition_id):
             if r.file is None:
                 continue
             for batch in read_staged(self.plan.io, r.file):
-                yield truncates.undone(batch, self.routed.routing, cut)
+                yield truncates.undone(batch, self.routed.routing, cut, kept)
 
     def abort_batch(self, *, query_id: str | None, batch_id: int, results: Sequence[StagedTaskResult]) -> None:
         """The batch's staged files deleted (a staged file is never committed, whatever became of the batch; the

@@ -317,6 +317,9 @@ UNAVAILABLE_COLUMN = "__lakesink_unavailable"
 """Option cdc-format: per change, the columns whose value its source did not send (Debezium's unavailable-value
 placeholder: PostgreSQL's unchanged TOASTed values), kept from the row the table (or the batch) holds for the key
 (lakesink.cdc.unavailable); in a batch's keys, those the commit fills from the table."""
+UNDONE_COLUMN = "__lakesink_undone"
+"""Option history with cdc-format: true for a change the batch's later truncate of its table undoes -- a version in the
+history, never applied to the table (lakesink.sink.cdc.truncates; lakesink.executor.task_writer)."""
 #: Columns of the rows a merge-on-read lookup hands its tasks (lakesink.sink.merge_on_read): the data file (its path as
 #: the table's manifests spell it), the row's position in it, and whether the change that matched it is stale (older
 #: than the row: the row stays, no delete is written).

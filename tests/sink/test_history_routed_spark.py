@@ -174,6 +174,13 @@ def cdc_history_model(rounds: Sequence[Sequence[dict[str, Any]]]) -> dict[str, l
         if (c["table"], c["lsn"]) in seen:
             continue  # a redelivery: once
         seen.add((c["table"], c["lsn"]))
+        if c["op"] == "t":  # every current version ends: a delete of each live key at the truncate
+            for chain in by_table.setdefault(c["table"], {}).values():
+                if chain[-1]["op"] != "d":
+                    chain.append(
+                        {"values": {"id": chain[-1]["values"]["id"]}, "op": "d", "lsn": c["lsn"], "time": timed(c)["commit_ts"]}
+                    )
+            continue
         image = c["after"] if c["op"] != "d" else c["before"]
         chain = by_table.setdefault(c["table"], {}).setdefault(image["id"], [])
         values = dict(image)
@@ -251,7 +258,8 @@ def test_a_change_streams_tables_get_histories_dated_by_the_source_with_toast_va
 ) -> None:
     """Two tables of a PostgreSQL change stream (schemas.enable): inserts, updates holding Debezium's unavailable-value
     placeholder for unchanged TOAST columns (of a key stored in an earlier batch, and of the batch's own insert),
-    deletes, a re-insert, a redelivered change. Each history equals the model: valid_from = source.ts_ms, change_order =
+    deletes, a re-insert, a redelivered change, a truncate (every current version ends then, a delete each; the batch's
+    changes before it versions too, never applied to the table; the key inserted after it starts anew). Each history equals the model: valid_from = source.ts_ms, change_order =
     the LSN, a placeholder never stored (the version before it gives the value); the mirror equals the current rows."""
     zero = [timed(change(t, "c", 10 + i, row(i, f"v1 {i}"), TYPES, ("id",))) for t in (DOCS, NOTES) for i in range(1, 4)]
     one = [timed(change(DOCS, "u", 20, unchanged_toast(1, "v2"), TYPES, ("id",)))]
@@ -263,7 +271,12 @@ def test_a_change_streams_tables_get_histories_dated_by_the_source_with_toast_va
     two += [timed(change(DOCS, "c", 31, row(2, "back", body="again"), TYPES, ("id",)))]
     two += [one[0]]  # redelivered
     two += [timed(change(NOTES, "u", 32, unchanged_toast(9, "v3"), TYPES, ("id",)))]
-    rounds = [zero, one, two]
+    three = [timed(change(NOTES, "c", 39, row(5, "only before the truncate", body="five"), TYPES, ("id",)))]
+    three += [timed(change(NOTES, "u", 40, unchanged_toast(1, "before the truncate"), TYPES, ("id",)))]
+    three += [timed(change(NOTES, "t", 41, None, TYPES, ("id",)))]
+    three += [timed(change(NOTES, "c", 42, row(2, "after the truncate", body="fresh"), TYPES, ("id",)))]
+    three += [timed(change(DOCS, "u", 43, unchanged_toast(2, "v4"), TYPES, ("id",)))]
+    rounds = [zero, one, two, three]
     for index, changes in enumerate(rounds):
         write_json_round(tmp_path / "in", index, toast.kafka_records(changes, ("id",), schemas=True))
         run_cdc(spark, entry, catalog_properties, tmp_path)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -329,9 +329,12 @@ class HistoryBatch(AppendBatch):
     """A batch's versions committed into its table's history table (the module's description), one member of the
     batch's unit beside the table's own action (lakesink.driver.committers.table)."""
 
-    def __init__(self, context: SinkContext, table: Table, batch: Batch, changes: HistoryChanges):
+    def __init__(
+        self, context: SinkContext, table: Table, batch: Batch, changes: HistoryChanges, truncate: Truncate | None = None
+    ):
         super().__init__(context, table, batch)
         self.changes = changes
+        self.truncate = truncate
         self.linked: Linked | None = None
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
@@ -346,6 +349,8 @@ class HistoryBatch(AppendBatch):
         plan = c.write_plan(table, batch.query_id, changes.schema)
         schema = plan.schema
         schema_changes = tuple(plan.schema_changes) if plan.schema_changes else ()
+        if self.truncate is not None:
+            changes = _with_truncate(table, c.branch, changes, self.truncate)
         new = _new_rows(changes, schema)
         key = list(changes.key)
         stored, whole, read = _stored(table, c.branch, c.name, schema, new, key)
@@ -457,6 +462,68 @@ def _new_rows(changes: HistoryChanges, schema: Schema) -> pa.Table:
     columns.append(rows.column(DELETED))
     fields.append(pa.field(DELETED, pa.bool_()))
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+@dataclass(frozen=True)
+class Truncate:
+    """Option cdc-format: the batch's truncate of the table (Debezium's op ``t``), at its source position and time."""
+
+    order: Any
+    time: Any
+
+
+def _with_truncate(table: Table, branch: str, changes: HistoryChanges, truncate: Truncate) -> HistoryChanges:
+    """The batch's changes with the truncate's: a delete, at the truncate's position and time, of every key alive just
+    before it -- its current version older than the truncate, or its latest change of the batch before the truncate
+    (kept as a version, never applied to the table: lakesink.sink.cdc.truncates) not a delete. The versions it ends
+    end then, and a key's next change is an insert. A key whose current version is newer than the truncate (a truncate
+    replayed from an older position) keeps its versions, as the table's upsert leaves its row."""
+    key = list(changes.key)
+    order_type = changes.rows.schema.field(HISTORY_CHANGE_ORDER).type
+    alive: dict[tuple[Any, ...], tuple[Any, bool]] = {}  # key -> (order, deleted) of its latest change before it
+    snapshot = table.metadata.snapshot_by_name(branch)
+    if snapshot is not None:
+        names = {f.name.lower(): f.name for f in table.schema().fields}
+        stored_key = [names.get(k.lower(), k) for k in key]
+        current = table.scan(
+            row_filter=f"{HISTORY_IS_CURRENT} = true",
+            selected_fields=(*stored_key, HISTORY_CHANGE_ORDER),
+            snapshot_id=snapshot.snapshot_id,
+        ).to_arrow()
+        for r in current.to_pylist():
+            if r[HISTORY_CHANGE_ORDER] is not None and r[HISTORY_CHANGE_ORDER] < truncate.order:
+                alive[tuple(r[k] for k in stored_key)] = (r[HISTORY_CHANGE_ORDER], False)
+    rows = changes.rows
+    for r in rows.select([*key, HISTORY_CHANGE_ORDER, DELETED]).to_pylist():
+        k, order = tuple(r[n] for n in key), r[HISTORY_CHANGE_ORDER]
+        if order is not None and order < truncate.order and (k not in alive or order > alive[k][0]):
+            alive[k] = (order, bool(r[DELETED]))
+    ended = [k for k, (_, deleted) in alive.items() if not deleted]
+    if not ended:
+        return changes
+    n = len(ended)
+    columns = []
+    for f in rows.schema:
+        if f.name in key:
+            columns.append(pa.array([k[key.index(f.name)] for k in ended], f.type))
+        elif f.name == DELETED:
+            columns.append(pa.array([True] * n, pa.bool_()))
+        elif f.name == HISTORY_CHANGE_ORDER:
+            columns.append(pa.array([truncate.order] * n, order_type))
+        elif f.name == HISTORY_VALID_FROM:
+            columns.append(pa.array([truncate.time] * n, pa.timestamp("us", tz="UTC")).cast(f.type))
+        else:
+            columns.append(pa.nulls(n, f.type))
+    deletes = pa.Table.from_arrays(columns, schema=rows.schema)
+    return replace(changes, rows=pa.concat_tables([deletes, rows]))
+
+
+def no_changes(history: Table, key: Sequence[str], of: str) -> HistoryChanges:
+    """No change of the table in the batch (a batch that only truncates it), in the history table's columns."""
+    schema = _plain(seam.arrow_schema(history.schema()))
+    names = {n.lower(): n for n in schema.names}
+    rows = pa.schema([f for f in schema if f.name not in _LINKS]).append(pa.field(DELETED, pa.bool_()))
+    return HistoryChanges(rows=rows.empty_table(), key=tuple(names.get(k.lower(), k) for k in key), of=of, schema=schema)
 
 
 def _kept_values(new: pa.Table, changes: HistoryChanges, stored: Sequence[dict[str, Any]], key: Sequence[str]) -> pa.Table:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 from lakesink.driver.actions.held import HeldBack
 from lakesink.driver.tables.routed_tables import TableFacts
@@ -31,6 +32,9 @@ class BatchFacts(TableFacts):
     truncated_at: Mapping[str, Decimal] = field(default_factory=dict)
     """Of them, each one's truncate position (the source position): with order-by, the floor its commit records
     (actions.batch.TruncateBatch)."""
+    truncated_time: Mapping[str, Any] = field(default_factory=dict)
+    """Option history: of them, each one's truncate time at its source (Debezium's ``source.ts_ms``): the versions it
+    ends end then (lakesink.driver.actions.history)."""
     held: HeldBack | None = None
     """Option cdc-transactions=hold: what the batch holds back, recorded in every table of its unit, in the same commit
     (lakesink.driver.actions.held). None (the option off): the batch's commit does not enter that module."""

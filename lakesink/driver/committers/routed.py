@@ -37,6 +37,7 @@ from lakesink.driver import catalogs
 from lakesink.driver.actions import completeness, dead_letters, held, replay
 from lakesink.driver.actions.batch import BatchAction, BatchCall, BatchOutcome, Outcome
 from lakesink.driver.actions.held import Attempt
+from lakesink.driver.actions.history import Truncate
 from lakesink.driver.actions.upsert_mor import LOOKUP_ATTEMPTS, MergeLookup, MergeLookups, request_for
 from lakesink.driver.committers.facts import NO_FACTS, BatchFacts
 from lakesink.driver.committers.table import CommitHook, TableCommitter
@@ -315,7 +316,7 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
                 ]
                 try:
                     self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
-                    actions += self._histories(actions, [m.results for m in members])
+                    actions += self._histories(actions, [m.results for m in members], facts)
                     if self.dead_letters is not None:
                         if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
                             self._recheck_rejected(actions, kept, query_id, batch_id)
@@ -538,11 +539,20 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
 
     @staticmethod
     def _histories(
-        actions: Sequence[tuple[TableCommitter, BatchAction]], results: Sequence[Sequence[TaskResult]]
+        actions: Sequence[tuple[TableCommitter, BatchAction]],
+        results: Sequence[Sequence[TaskResult]],
+        facts: BatchFacts = NO_FACTS,
     ) -> list[tuple[TableCommitter, BatchAction]]:
         """Option history: each table's history member of the batch's unit (TableCommitter.history_member), from the
-        changes its tasks returned (``results``: each table's, in the order of ``actions``)."""
-        found = [c.history_member(a, r) for (c, a), r in zip(actions, results, strict=True)]
+        changes its tasks returned (``results``: each table's, in the order of ``actions``) and, for a table the batch
+        truncates, its truncate (``facts``)."""
+        found = []
+        for (c, a), r in zip(actions, results, strict=True):
+            name = c.table_name
+            truncate = None
+            if name in facts.truncating and name in facts.truncated_at and name in facts.truncated_time:
+                truncate = Truncate(facts.truncated_at[name], facts.truncated_time[name])
+            found.append(c.history_member(a, r, truncate=truncate))
         return [m for m in found if m is not None]
 
     def _commit_empty(self, call: BatchCall, facts: BatchFacts) -> RoutedOutcome:

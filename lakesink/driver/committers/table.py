@@ -476,7 +476,14 @@ class TableCommitter(SinkTable):
             d._delete(letters_table, letters.paths, reason="dead letters already committed (replay)")
         return mine
 
-    def _history_action(self, batch: Batch, *, replay: bool, history: HistoryChanges | None) -> BatchAction | None:
+    def _history_action(
+        self,
+        batch: Batch,
+        *,
+        replay: bool,
+        history: HistoryChanges | None,
+        truncate: history_actions.Truncate | None = None,
+    ) -> BatchAction | None:
         """The history table's member of the batch's unit: the batch's versions (:class:`HistoryBatch`), the batch's
         marker when it changes no key, or (``replay``: found committed when planned) a replay that must be there too;
         None when a history table added to a running query holds none of its earlier batches."""
@@ -486,11 +493,16 @@ class TableCommitter(SinkTable):
         if replay and h.last(table, batch.query_id) is None:
             return None
         of_history = replace(batch, results=(), commit_id=uuid.uuid4().hex, changes=None, merge=None, time=None)
+        if not replay and truncate is not None:  # the truncate ends the versions current before it
+            changes = history or history_actions.no_changes(table, self.options.upsert_key, self.table_name)
+            return HistoryBatch(h.context, table, of_history, changes, truncate)
         if replay or history is None or not history.rows.num_rows:
             return action_for(h.context, table, of_history, found_at_plan=replay)
         return HistoryBatch(h.context, table, of_history, history)
 
-    def history_member(self, action: BatchAction, results: Sequence[TaskResult]) -> tuple[TableCommitter, BatchAction] | None:
+    def history_member(
+        self, action: BatchAction, results: Sequence[TaskResult], *, truncate: history_actions.Truncate | None = None
+    ) -> tuple[TableCommitter, BatchAction] | None:
         """Option history of a routed sink: the history table's member of the batch's unit beside this table's
         ``action`` (:meth:`unit_action`), its versions from the changes the tasks returned (TaskResult.history); None
         without a history table, or when a history table added to a running query holds none of its earlier batches."""
@@ -503,7 +515,7 @@ class TableCommitter(SinkTable):
         history = None
         if not replay:
             history = history_actions.changes_of_tasks(results, self.options, batch_id=batch.batch_id, table=self.table_name)
-        found = self._history_action(batch, replay=replay, history=history)
+        found = self._history_action(batch, replay=replay, history=history, truncate=truncate)
         return (self.history, found) if found is not None else None
 
     def _letters_deleted(self, batch: Batch, *, reason: str) -> None:

@@ -110,7 +110,9 @@ def homes(
         kept.append(value)
     homes = frozenset(str(r) for r in routed.routes(kept, batch_id))
     # nothing is applied: no truncate either
-    return kept, replace(facts, table_columns=columns_of, truncating=frozenset(), truncated_at={}, held_homes=homes)
+    return kept, replace(
+        facts, table_columns=columns_of, truncating=frozenset(), truncated_at={}, truncated_time={}, held_homes=homes
+    )
 
 
 def split(df: DataFrame, options: SinkOptions, *, query_id: str, batch_id: int, known: Sequence[str] = ()) -> Split:
