@@ -4,6 +4,10 @@ over several tables, ALTER TABLE ADD COLUMN in round 2, a TRUNCATE in round 3), 
 foreach_batch with cdc-format=debezium through SIGKILLs and restarts from the same checkpoint (the kills in a job process
 of its own, tests/jobs/cdc_oracle_job.py; the last run, after them, in the test's Spark session); then every Iceberg
 table equals ``SELECT *`` of its PostgreSQL table, row for row and column for column, read by pyiceberg and by DuckDB.
+With option history on (issue 55), every table's history table is checked too: each key's versions (operation and
+``valid_from``) are those the source's change log -- the Debezium records, read field by field with ``json`` -- gives
+(a truncate ends every live key with a delete at its time), and at every committed batch the table equals its history's
+current versions.
 
 Typed columns: the records carry the Kafka Connect schema (``schemas.enable``), which types each column
 (lakesink.cdc.connect): the tables lakesink creates have PostgreSQL's types as Iceberg types (int, long,
@@ -59,10 +63,10 @@ def _rows(rows: list[dict[str, Any]], key: tuple[str, ...]) -> dict[tuple[Any, .
     ("entry", "points"),
     [
         # killed inside the first unit's database transaction (between two tables), then after a unit's swap
-        ("foreach", (CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP)),
+        ("foreach-history", (CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP)),
         # format("lakesink"): the executors stage the rows, the commit worker writes and commits them; the same two
         # kill points, in one run each (issue 34: the suite's time)
-        ("format", (CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP)),
+        ("format-history", (CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP)),
     ],
     ids=["foreach", "format"],
 )
@@ -83,7 +87,7 @@ def test_the_postgresql_oracle_streamed_through_sigkills_equals_select_star(
         shutil.copy(folder / cdc_oracle.DEBEZIUM_SCHEMAS / path.name, path)
         os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
     for point in points:
-        if entry == "foreach":  # the point runs in the driver process: it kills itself
+        if entry.startswith("foreach"):  # the point runs in the driver process: it kills itself
             faults.arm(point, "kill")
             proc = _job(catalog_properties, src, ck, str(faults.folder), entry)
             _, err = proc.communicate(timeout=600)
@@ -123,5 +127,79 @@ def test_the_postgresql_oracle_streamed_through_sigkills_equals_select_star(
         batches = [s["batch_id"] for s in lakesink_snapshots(table)]
         assert batches == sorted(set(batches)), f"{t.qualified} holds a batch twice: {batches}"
     assert sum(len(rows) for rows in expected.values()) > 50
+    if entry.endswith("-history"):
+        logged = change_log([src / f"round-{n:04d}.jsonl" for n in range(ROUNDS + 1)])
+        for t in TABLES:
+            table, history = catalog.load_table((t.schema, t.name)), catalog.load_table((t.schema, t.name + "__history"))
+            assert versions_by_key(history.scan().to_arrow().to_pylist(), t.key) == logged[t.qualified], t.qualified
+            assert_table_is_current_versions(table, history, t.key)
     staged = list((ck / "lakesink" / "staging").rglob("*.parquet")) if (ck / "lakesink").exists() else []
     assert staged == [], f"staged files left behind: {staged}"
+
+
+Versions = list[tuple[tuple[str, dt.datetime], ...]]
+
+
+def change_log(files: list[Path]) -> dict[str, Versions]:
+    """Per table (``schema.table``), each key's versions as the source's change log gives them: (operation, the
+    source's commit time) in log order, from the Debezium records (JSON, ``schemas.enable``) read field by field;
+    sorted (a key's identity is its Kafka key, which the history holds in the table's types: compared as a multiset of
+    version chains)."""
+    chains: dict[str, dict[str, list[tuple[str, dt.datetime]]]] = {}
+    records = []
+    for f in files:
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            if r["value"] is None:
+                continue  # a tombstone
+            value = json.loads(r["value"])
+            payload = value["payload"] if "schema" in value and "payload" in value else value
+            source = payload["source"]
+            key = json.loads(r["key"]) if r["key"] is not None else None
+            if isinstance(key, dict) and set(key) == {"schema", "payload"}:
+                key = key["payload"]
+            records.append((int(source["lsn"]), f"{source['schema']}.{source['table']}", payload["op"], key, source["ts_ms"]))
+    for _lsn, table, op, key, ts_ms in sorted(records, key=lambda r: r[0]):
+        when = dt.datetime.fromtimestamp(ts_ms / 1000, dt.timezone.utc)
+        keys = chains.setdefault(table, {})
+        if op == "t":  # every live key ends with a delete at the truncate
+            for chain in keys.values():
+                if chain and chain[-1][0] != "delete":
+                    chain.append(("delete", when))
+            continue
+        chain = keys.setdefault(json.dumps(key, sort_keys=True), [])
+        alive = bool(chain) and chain[-1][0] != "delete"
+        chain.append(("delete" if op == "d" else "update" if alive else "insert", when))
+    return {t: sorted(tuple(c) for c in keys.values()) for t, keys in chains.items()}
+
+
+def versions_by_key(rows: list[dict[str, Any]], key: tuple[str, ...]) -> Versions:
+    """The history's versions as :func:`change_log` gives them, each chain in change_order; every chain linked: a
+    version ends where the next begins, only the last may be current (and is, unless a delete)."""
+    chains: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        chains.setdefault(tuple(r[k] for k in key), []).append(r)
+    out = []
+    for versions in chains.values():
+        versions.sort(key=lambda r: r["change_order"])
+        for i, v in enumerate(versions):
+            last = i == len(versions) - 1
+            assert v["valid_to"] == (None if last else versions[i + 1]["valid_from"]), v
+            assert v["is_current"] == (last and v["operation"] != "delete"), v
+        out.append(tuple((v["operation"], _utc(v["valid_from"])) for v in versions))
+    return sorted(out)
+
+
+def assert_table_is_current_versions(table: Any, history: Any, key: tuple[str, ...]) -> None:
+    """At every batch both hold, the table equals its history's current versions (in the table's columns)."""
+    mine = {s["batch_id"]: s["snapshot_id"] for s in lakesink_snapshots(table)}
+    theirs = {s["batch_id"]: s["snapshot_id"] for s in lakesink_snapshots(history)}
+    assert mine.keys() == theirs.keys(), f"{table.name()}: the table and its history hold other batches"
+    for batch_id, snapshot_id in mine.items():
+        rows = table.scan(snapshot_id=snapshot_id).to_arrow()
+        current = history.scan(snapshot_id=theirs[batch_id]).to_arrow()
+        current = current.filter(current.column("is_current"))
+        names = [n for n in rows.column_names if n in current.column_names]
+        assert _rows(current.select(names).to_pylist(), key) == _rows(rows.select(names).to_pylist(), key), (
+            f"{table.name()} at batch {batch_id}"
+        )

@@ -3,7 +3,8 @@ round: topic, key, value) streamed with cdc-format=debezium, until done, by fore
 
 Arguments: catalog properties (JSON), source folder, checkpoint folder, and optionally the entry point ("foreach",
 the default, "format", "hold": foreach_batch with cdc_transactions='hold' over the tables' topics and the transaction
-topic, Kafka's offset column with them, or "hold-format": the same through format("lakesink")). The test kills it (a
+topic, Kafka's offset column with them, or "hold-format": the same through format("lakesink"); suffixes "-mor" (the
+tables merge-on-read) and "-history" (option history on)). The test kills it (a
 fault point armed with ``kill`` in the driver, or the whole job killed while a commit worker pauses at one) and starts
 it again from the same checkpoint.
 """
@@ -22,6 +23,7 @@ TIME_ZONE = "UTC"  # the job's session time zone (a test running the stream in i
 def start(spark: Any, props: dict[str, str], src: str, ck: str, entry: str = "foreach") -> Any:
     """The job's streaming query over ``src`` in ``spark``, started (trigger availableNow): also run by a test in its
     own Spark session, as a restart of the job from the same checkpoint without a JVM of its own."""
+    entry, history = entry.removesuffix("-history"), entry.endswith("-history")  # "-history": option history on
     entry, mor = entry.removesuffix("-mor"), entry.endswith("-mor")  # "-mor": the tables made merge-on-read
     created = {"write.merge.mode": "merge-on-read"} if mor else {}
     columns = "topic STRING, key STRING, value STRING" + (", offset LONG" if entry.startswith("hold") else "")
@@ -31,6 +33,8 @@ def start(spark: Any, props: dict[str, str], src: str, ck: str, entry: str = "fo
         writer = df.writeStream.format("lakesink").option("cdc-format", "debezium").option("merge-schema", "true")
         if entry == "hold-format":
             writer = writer.option("cdc-transactions", "hold")
+        if history:
+            writer = writer.option("history", "on")
         for k, v in props.items():
             writer = writer.option(f"catalog.{k}", v)
         for k, v in created.items():
@@ -43,6 +47,7 @@ def start(spark: Any, props: dict[str, str], src: str, ck: str, entry: str = "fo
         merge_schema=True,
         catalog_properties=props,
         table_properties=created or None,
+        history="on" if history else None,
     )
     return df.writeStream.foreachBatch(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()
 
