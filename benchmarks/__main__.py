@@ -482,10 +482,10 @@ def history(ctx: click.Context, keys: int, batches: int, changes: int, reps: int
 @click.option("--parts", default=",".join(cdc_scale_bench.PARTS), show_default=True, help="any of scale, small, reads")
 @click.option(
     "--modes",
-    default=",".join(cdc_scale_bench.MODES),
+    default=",".join(cdc_scale_bench.DEFAULT_MODES),
     show_default=True,
-    help="table write modes (write.update/delete/merge.mode): cow = copy-on-write, mor = merge-on-read; a mode lakesink "
-    "does not apply is reported as skipped with the reason",
+    help="table write modes (write.update/delete/merge.mode): cow = copy-on-write, mor = merge-on-read; cow-history, "
+    "mor-history: the same with option history on; a mode lakesink does not apply is reported as skipped with the reason",
 )
 @click.option("--tables", default=10, show_default=True, help="scale: tables of the change stream")
 @click.option("--sizes", default="1000,1000000", show_default=True, help="scale: rows per table, each size its own stream")

@@ -62,7 +62,10 @@ from benchmarks.cdc import timed_stream
 from benchmarks.common import duckdb_connection, summarise
 
 NAMESPACE = "cdc"
-MODES = {"cow": "copy-on-write", "mor": "merge-on-read"}
+MODES = {"cow": "copy-on-write", "mor": "merge-on-read", "cow-history": "copy-on-write", "mor-history": "merge-on-read"}
+"""The write modes measured; ``-history``: the same with option history on (issue 55: each table's history table in the
+batch's unit, valid_from the change's ``updated_at``), whose time per batch is compared with the mode's without it."""
+DEFAULT_MODES = ("cow", "mor")
 MODE_PROPERTIES = ("write.update.mode", "write.delete.mode", "write.merge.mode")
 PARTS = ("scale", "small", "reads")
 JAVA_JOB = Path(__file__).resolve().parent / "cdc_java_job.py"
@@ -449,6 +452,7 @@ def run_lakesink(
     """One stream over ``changes`` into fresh tables: per batch its progress and lakesink's commit time."""
     import lakesink
 
+    history = mode.endswith("-history")
     sink = lakesink.foreach_batch(
         route_by="route",
         namespace=NAMESPACE,
@@ -458,6 +462,8 @@ def run_lakesink(
         catalog_properties=props,
         table_properties=mode_properties(mode),
         maintenance=maintenance,
+        history="on" if history else None,
+        history_time="updated_at" if history else None,
     )
     seconds, batches = timed_stream(spark, sink, SPARK_SCHEMA, changes, str(checkpoint))
     return {"seconds": seconds, "batches": batches}
@@ -476,13 +482,14 @@ def probe_mode(spark: Any, root: Path, props: dict[str, str], mode: str) -> str 
     if not check["equals_model"]:
         return f"the probe's table differs from the model in {MODES[mode]} mode: {check['tables_wrong']}"
     wrote = written_per_batch(props, w.tables)["batches"].get(1, {})
-    if mode == "mor" and not wrote.get("delete_files"):
+    base = mode.removesuffix("-history")
+    if base == "mor" and not wrote.get("delete_files"):
         return (
             "lakesink applied the probe's updates and deletes copy-on-write although the table says "
             f"{', '.join(f'{p}=merge-on-read' for p in MODE_PROPERTIES)} (no delete file written; "
             f"{wrote.get('data_files', 0)} data files added): merge-on-read upserts are not in this version"
         )
-    if mode == "cow" and wrote.get("delete_files"):
+    if base == "cow" and wrote.get("delete_files"):
         return f"lakesink wrote {wrote['delete_files']} delete files on a copy-on-write table"
     return None
 
@@ -491,6 +498,15 @@ def lakesink_run(spark: Any, w: Workload, root: Path, props: dict[str, str], mod
     """A measured lakesink run: the stream, the check against the model, the bytes each batch wrote."""
     r = run_lakesink(spark, w.folder, root / "checkpoint", props, mode, maintenance=maintenance)
     check = check_tables(props, w)
+    if mode.endswith("-history"):  # each history's current versions are the table's rows
+        catalog = _catalog(props)
+        for name in w.tables:
+            current = catalog.load_table((NAMESPACE, name + "__history")).scan(row_filter="is_current = true").to_arrow()
+            rows = catalog.load_table((NAMESPACE, name)).scan(selected_fields=("id", "seq")).to_arrow()
+            if sorted(zip(current.column("id").to_pylist(), current.column("seq").to_pylist(), strict=True)) != sorted(
+                zip(rows.column("id").to_pylist(), rows.column("seq").to_pylist(), strict=True)
+            ):
+                check = {**check, "equals_model": False, "history_wrong": name}
     written = written_per_batch(props, w.tables)
     sizes = {d["batch"]: d for d in w.batches}
     for b in r["batches"]:
@@ -740,7 +756,30 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
                             pairs.append(z / a)
                 if pairs:
                     versus[path][str(n)] = summarise(pairs)
-        out["scale"] = {"paths": table, "growth_over_smallest": growth, "speedup_over_java_mor": versus}
+        # option history's cost: a mode's batch time with history over without it, paired per repetition and size
+        history_cost: dict[str, Any] = {}
+        for path in per:
+            if not path.endswith("-history") or path.removesuffix("-history") not in per:
+                continue
+            without = {(r["rep"], r["size"]): r for rs in per[path.removesuffix("-history")].values() for r in rs}
+            history_cost[path] = {}
+            for n in sizes:
+                pairs = []
+                for r in per[path].get(str(n), []):
+                    w = without.get((r["rep"], r["size"]))
+                    if w:
+                        a = _median([b["trigger_ms"] for b in r["batches"] if b["batch_id"] > 0])
+                        z = _median([b["trigger_ms"] for b in w["batches"] if b["batch_id"] > 0])
+                        if a and z:
+                            pairs.append(a / z)
+                if pairs:
+                    history_cost[path][str(n)] = summarise(pairs)
+        out["scale"] = {
+            "paths": table,
+            "growth_over_smallest": growth,
+            "speedup_over_java_mor": versus,
+            "history_over_without": history_cost,
+        }
     small = result.get("small")
     if small:
         out["small"] = {}
