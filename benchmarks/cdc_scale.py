@@ -323,10 +323,13 @@ class Workload:
 
 
 def _changes(route: str, t: int, ops: np.ndarray, seqs: np.ndarray, ids: np.ndarray) -> pa.Table:
-    """Change rows of one table; a delete carries only its key (its values null)."""
+    """Change rows of one table; a delete carries only its key and its time ``updated_at`` (its other values null)."""
     vals = values(t, ids, seqs)
     deleted = pa.array(ops == "d")
-    cols = [pc.if_else(deleted, pa.nulls(len(ids), c.type), c) for c in vals.columns]
+    cols = [
+        c if name == "updated_at" else pc.if_else(deleted, pa.nulls(len(ids), c.type), c)
+        for name, c in zip(vals.column_names, vals.columns, strict=True)
+    ]
     head = [pa.array(np.full(len(ids), route)), pa.array(ops.astype(str)), pa.array(seqs), pa.array(ids)]
     return pa.Table.from_arrays([*head, *cols], schema=CHANGE_SCHEMA)
 
