@@ -45,6 +45,9 @@ class Change:
     seq: int = 0
     """Its place in the source's commit order: ``transaction * 1000 + its place in the transaction`` (set by the source
     when committed; equal for a redelivered copy)."""
+    fields: tuple[dict[str, Any], ...] | None = field(default=None, compare=False)
+    """The row's Connect schema fields (``{"type", "optional", "field"}``, with ``name`` and ``parameters`` for a
+    logical type) as the connector had them when it read the change; None: :data:`ROW_FIELDS`."""
 
     @property
     def key(self) -> Any:
@@ -96,12 +99,15 @@ def _fields(fields: Sequence[tuple[str, str, bool]]) -> list[dict[str, Any]]:
     return [{"type": t, "optional": o, "field": f} for f, t, o in fields]
 
 
-def _row_schema(name: str) -> dict[str, Any]:
-    return {"type": "struct", "fields": _fields(ROW_FIELDS), "optional": True, "name": f"{name}.Value"}
+def _row_schema(name: str, fields: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
+    row = _fields(ROW_FIELDS) if fields is None else list(fields)
+    return {"type": "struct", "fields": row, "optional": True, "name": f"{name}.Value"}
 
 
-def _value_schema(topic: str, source: Sequence[tuple[str, str, bool]], connector: str) -> dict[str, Any]:
-    row = _row_schema(topic)
+def _value_schema(
+    topic: str, source: Sequence[tuple[str, str, bool]], connector: str, fields: Sequence[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    row = _row_schema(topic, fields)
     return {
         "type": "struct",
         "fields": [
@@ -148,7 +154,7 @@ def kafka_records(
     key: Any = {"id": change.key}
     value: Any = payload
     if schemas:
-        value = {"schema": _value_schema(topic, source_schema, source["connector"]), "payload": payload}
+        value = {"schema": _value_schema(topic, source_schema, source["connector"], change.fields), "payload": payload}
         key_schema = {"type": "struct", "fields": _fields(ROW_FIELDS[:1]), "optional": False, "name": f"{topic}.Key"}
         key = {"schema": key_schema, "payload": key}
     key_text = None if change.op == "t" else json.dumps(key)
