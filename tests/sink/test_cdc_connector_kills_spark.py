@@ -1,7 +1,8 @@
 """Production change streams through real SIGKILLs (issue 51, "the per-connector streams run through SIGKILLs on both
 entry points and end equal to the model"): a MySQL connector's stream (tests/support/connectors.py: records built field
-by field from Debezium's MySQL connector documentation, with the JsonConverter's ``schemas.enable`` envelope) over four
-micro-batches that together hold what a production MySQL source sends:
+by field from Debezium's MySQL connector documentation, with the JsonConverter's ``schemas.enable`` envelope; the
+second table's records without it in every other batch) over four micro-batches that together hold what a production
+MySQL source sends:
 
 - two tables in most batches (one atomic unit over both), snapshot reads, inserts, updates, deletes with their
   tombstones, a row deleted and inserted again;
@@ -238,22 +239,41 @@ def check_batches(props: dict[str, str], names: tuple[str, ...], batches: int) -
     assert seen == set(range(batches)), seen
 
 
+def kafka_records(source: Any, batches: list[cn.Streamed], typed: str) -> list[list[dict[str, Any]]]:
+    """Each batch's Kafka records from ``source`` (its ``records``): table ``typed``'s with the JsonConverter's
+    ``schemas.enable`` envelope, the other table's with it in even batches and without in odd ones (its topics
+    written by another connector, whose converter had ``schemas.enable=false`` at every other restart)."""
+    out = []
+    for index, streamed in enumerate(batches):
+        mine = [x for x in streamed if x[0].table == typed]
+        other = [x for x in streamed if x[0].table != typed]
+        out.append(source.records(mine, schemas=True) + source.records(other, schemas=index % 2 == 0))
+    return out
+
+
 @pytest.mark.long
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("entry", ["foreach", "format"])
 def test_a_mysql_stream_through_sigkills_equals_the_model(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
+    """:func:`mysql_stream`, and in the same query a SQL Server connector's topics
+    (:func:`tests.support.connectors.sqlserver_twice`: hex LSNs, a key changed twice in one transaction and in two
+    transactions of one batch, the later first, a redelivered transaction), the three tables in each batch's unit."""
     src, ck = tmp_path / "in", tmp_path / "ck"
     batches = mysql_stream()
     source = cn.MySql(server_id=0, uuid="")  # only its records(): the topics' names and the source block's schema
-    records = [source.records(streamed, schemas=True) for streamed in batches]
+    records = kafka_records(source, batches, ORDERS)
+    sqlserver, rounds = cn.sqlserver_twice()
+    for index, streamed in enumerate(rounds):
+        records[index] += sqlserver.records(streamed, schemas=index % 2 == 1)
     assert any(r["value"] is None for r in records[0])  # the tombstones of deletes
     run_stream_through_kills(spark, catalog_properties, faults, entry, src, ck, records)
 
-    model = cn.model(change for streamed in batches for change, _ in streamed)
-    want = {ORDERS: {k: _decoded(v) for k, v in model[ORDERS].items()}, CUSTOMERS: model[CUSTOMERS]}
-    assert _tables(catalog_properties, (ORDERS, CUSTOMERS)) == want
+    changes = [change for streamed in [*batches, *rounds] for change, _ in streamed]
+    model = cn.model(changes)
+    want = {**model, ORDERS: {k: _decoded(v) for k, v in model[ORDERS].items()}}
+    assert _tables(catalog_properties, tuple(want)) == want
     assert sorted(want[ORDERS]) == [1, 2, 4, 6] and sorted(want[CUSTOMERS]) == [2, 4, 5]
     orders = catalogs.load(None, catalog_properties).load_table(("shop", "orders"))
     types = {f.name: str(f.field_type) for f in orders.schema().fields}
@@ -265,7 +285,7 @@ def test_a_mysql_stream_through_sigkills_equals_the_model(
         "big": "string",
         "placed": "timestamp",
     }
-    check_batches(catalog_properties, (ORDERS, CUSTOMERS), len(batches))
+    check_batches(catalog_properties, tuple(want), len(batches))
 
 
 # -- PostgreSQL: TOAST placeholders and truncates ----------------------------------------------------------------------
@@ -295,21 +315,6 @@ def _doc_decoded(row: dict[str, Any]) -> dict[str, Any]:
 
 def _long(tag: str) -> str:
     return (tag * 1000)[:3000]  # above PostgreSQL's TOAST threshold (about 2 kB)
-
-
-def toast_model(changes: Any) -> dict[str, dict[Any, dict[str, Any]]]:
-    """:func:`tests.support.connectors.model` where a column holding the placeholder keeps the row's value before the
-    change (PostgreSQL did not log the unchanged TOASTed value)."""
-    tables: dict[str, dict[Any, dict[str, Any]]] = {}
-    for c in sorted(changes, key=lambda c: c.seq):
-        rows = tables.setdefault(c.table, {})
-        if c.op == "d":
-            rows.pop(c.key, None)
-        elif c.op == "t":
-            rows.clear()
-        else:
-            rows[c.key] = {k: rows[c.key][k] if v == UNAVAILABLE else v for k, v in c.after.items()}
-    return tables
 
 
 def postgres_stream() -> list[cn.Streamed]:
@@ -359,13 +364,16 @@ def postgres_stream() -> list[cn.Streamed]:
 def test_a_postgresql_stream_with_toast_placeholders_through_sigkills_equals_the_model(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
+    """Debezium's PostgreSQL connector (REPLICA IDENTITY DEFAULT, :func:`postgres_stream`) through the same kills:
+    every placeholder replaced by the value the source kept (the batch's own insert's, or the stored row's), the
+    truncates applied at their positions and not again when re-sent."""
     src, ck = tmp_path / "in", tmp_path / "ck"
     batches = postgres_stream()
-    records = [cn.Postgres().records(streamed, schemas=True) for streamed in batches]
+    records = kafka_records(cn.Postgres(), batches, DOCS)
     assert sum(UNAVAILABLE in (r["value"] or "") for rs in records for r in rs) >= 5
     run_stream_through_kills(spark, catalog_properties, faults, entry, src, ck, records)
 
-    model = toast_model(change for streamed in batches for change, _ in streamed)
+    model = cn.model((change for streamed in batches for change, _ in streamed), unavailable=UNAVAILABLE)
     want = {DOCS: {k: _doc_decoded(v) for k, v in model[DOCS].items()}, TAGS: model[TAGS]}
     assert _tables(catalog_properties, (DOCS, TAGS)) == want
     assert sorted(want[DOCS]) == [1, 4] and sorted(want[TAGS]) == [8, 9]

@@ -76,9 +76,10 @@ def truncate(table: str) -> Change:
     return Change(table, "t")
 
 
-def model(changes: Iterable[Change]) -> dict[str, dict[Any, dict[str, Any]]]:
+def model(changes: Iterable[Change], *, unavailable: str | None = None) -> dict[str, dict[Any, dict[str, Any]]]:
     """Every table's rows by id after ``changes`` applied in the source's commit order (:attr:`Change.seq`); a
-    redelivered copy (same seq) applies the same change again, which changes nothing."""
+    redelivered copy (same seq) applies the same change again, which changes nothing. ``unavailable``: the connector's
+    placeholder for a value the source did not log (PostgreSQL's unchanged TOASTed column): the row keeps its value."""
     tables: dict[str, dict[Any, dict[str, Any]]] = {}
     for c in sorted(changes, key=lambda c: c.seq):
         rows = tables.setdefault(c.table, {})
@@ -88,7 +89,8 @@ def model(changes: Iterable[Change]) -> dict[str, dict[Any, dict[str, Any]]]:
             rows.clear()
         else:
             assert c.after is not None
-            rows[c.key] = dict(c.after)
+            kept = {k for k, v in c.after.items() if unavailable is not None and v == unavailable}
+            rows[c.key] = {k: rows[c.key][k] if k in kept else v for k, v in c.after.items()}
     return tables
 
 
