@@ -22,9 +22,7 @@ import datetime as dt
 import json
 import os
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +35,7 @@ from tests.jobs import cdc_oracle_job as job
 from tests.support import cdc_oracle
 from tests.support.cdc_oracle import ROUNDS, TABLES
 from tests.support.helpers import lakesink_snapshots, run_to_end
-from tests.support.job_process import start_job
+from tests.support.job_process import killed_in_job, start_job
 
 pytestmark = pytest.mark.spark
 
@@ -86,24 +84,10 @@ def test_the_postgresql_oracle_streamed_through_sigkills_equals_select_star(
         path = src / f"round-{n:04d}.jsonl"
         shutil.copy(folder / cdc_oracle.DEBEZIUM_SCHEMAS / path.name, path)
         os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
-    for point in points:
-        if entry.startswith("foreach"):  # the point runs in the driver process: it kills itself
-            faults.arm(point, "kill")
-            proc = _job(catalog_properties, src, ck, str(faults.folder), entry)
-            _, err = proc.communicate(timeout=600)
-        else:  # the point runs in Spark's commit worker: the whole job (JVM, workers) SIGKILLed while it waits there
-            faults.arm(point, "pause")
-            proc = _job(catalog_properties, src, ck, str(faults.folder), entry)
-            reached = Path(faults.folder) / f"{point}.reached"
-            deadline = time.monotonic() + 600
-            while not reached.exists() and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if reached.exists():
-                os.killpg(proc.pid, signal.SIGKILL)
-            _, err = proc.communicate(timeout=600)
-        assert faults.fired(point), err[-3000:]
-        assert proc.returncode == -signal.SIGKILL, err[-3000:]
-        faults.clear()
+    for point in points:  # foreach: the point kills the driver; format: the whole job killed while it pauses there
+        killed_in_job(
+            faults, point, entry.removesuffix("-history"), lambda: _job(catalog_properties, src, ck, str(faults.folder), entry)
+        )
     # the last run, the restart after the kills, in this test's Spark session: the job's stream (its time zone set as
     # the job sets it), from the same checkpoint, without the start-up of a JVM of its own (issue 34)
     zone = spark.conf.get("spark.sql.session.timeZone")

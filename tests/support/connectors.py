@@ -45,6 +45,9 @@ class Change:
     seq: int = 0
     """Its place in the source's commit order: ``transaction * 1000 + its place in the transaction`` (set by the source
     when committed; equal for a redelivered copy)."""
+    fields: tuple[dict[str, Any], ...] | None = field(default=None, compare=False)
+    """The row's Connect schema fields (``{"type", "optional", "field"}``, with ``name`` and ``parameters`` for a
+    logical type) as the connector had them when it read the change; None: :data:`ROW_FIELDS`."""
 
     @property
     def key(self) -> Any:
@@ -73,9 +76,10 @@ def truncate(table: str) -> Change:
     return Change(table, "t")
 
 
-def model(changes: Iterable[Change]) -> dict[str, dict[Any, dict[str, Any]]]:
+def model(changes: Iterable[Change], *, unavailable: str | None = None) -> dict[str, dict[Any, dict[str, Any]]]:
     """Every table's rows by id after ``changes`` applied in the source's commit order (:attr:`Change.seq`); a
-    redelivered copy (same seq) applies the same change again, which changes nothing."""
+    redelivered copy (same seq) applies the same change again, which changes nothing. ``unavailable``: the connector's
+    placeholder for a value the source did not log (PostgreSQL's unchanged TOASTed column): the row keeps its value."""
     tables: dict[str, dict[Any, dict[str, Any]]] = {}
     for c in sorted(changes, key=lambda c: c.seq):
         rows = tables.setdefault(c.table, {})
@@ -85,7 +89,8 @@ def model(changes: Iterable[Change]) -> dict[str, dict[Any, dict[str, Any]]]:
             rows.clear()
         else:
             assert c.after is not None
-            rows[c.key] = dict(c.after)
+            kept = {k for k, v in c.after.items() if unavailable is not None and v == unavailable}
+            rows[c.key] = {k: rows[c.key][k] if k in kept else v for k, v in c.after.items()}
     return tables
 
 
@@ -96,12 +101,15 @@ def _fields(fields: Sequence[tuple[str, str, bool]]) -> list[dict[str, Any]]:
     return [{"type": t, "optional": o, "field": f} for f, t, o in fields]
 
 
-def _row_schema(name: str) -> dict[str, Any]:
-    return {"type": "struct", "fields": _fields(ROW_FIELDS), "optional": True, "name": f"{name}.Value"}
+def _row_schema(name: str, fields: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
+    row = _fields(ROW_FIELDS) if fields is None else list(fields)
+    return {"type": "struct", "fields": row, "optional": True, "name": f"{name}.Value"}
 
 
-def _value_schema(topic: str, source: Sequence[tuple[str, str, bool]], connector: str) -> dict[str, Any]:
-    row = _row_schema(topic)
+def _value_schema(
+    topic: str, source: Sequence[tuple[str, str, bool]], connector: str, fields: Sequence[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    row = _row_schema(topic, fields)
     return {
         "type": "struct",
         "fields": [
@@ -148,7 +156,7 @@ def kafka_records(
     key: Any = {"id": change.key}
     value: Any = payload
     if schemas:
-        value = {"schema": _value_schema(topic, source_schema, source["connector"]), "payload": payload}
+        value = {"schema": _value_schema(topic, source_schema, source["connector"], change.fields), "payload": payload}
         key_schema = {"type": "struct", "fields": _fields(ROW_FIELDS[:1]), "optional": False, "name": f"{topic}.Key"}
         key = {"schema": key_schema, "payload": key}
     key_text = None if change.op == "t" else json.dumps(key)

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,30 @@ def killed_at(faults: Any, point: str, start: Callable[[], subprocess.Popen[str]
     faults.arm(point, "kill")
     proc = start()
     _, err = proc.communicate(timeout=timeout)
+    assert faults.fired(point), err[-3000:]
+    assert proc.returncode == -signal.SIGKILL, err[-3000:]
+    faults.clear()
+
+
+def killed_in_job(
+    faults: Any, point: str, entry: str, start: Callable[[], subprocess.Popen[str]], *, timeout: float = 600
+) -> None:
+    """The job ``start`` returns, SIGKILLed at fault point ``point``: on ``foreach`` entries the point runs in the job's
+    driver process, armed to kill it; on ``format`` entries it runs in Spark's commit worker, armed to pause there while
+    the whole job (JVM, workers) is SIGKILLed. The point fired, the job died of SIGKILL (its stderr's tail in the
+    failure message); the point cleared."""
+    if not entry.endswith("format"):
+        killed_at(faults, point, start, timeout=timeout)
+        return
+    faults.arm(point, "pause")
+    proc = start()
+    reached = Path(faults.folder) / f"{point}.reached"
+    deadline = time.monotonic() + guard(timeout)
+    while not reached.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if reached.exists():
+        os.killpg(proc.pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=guard(timeout))
     assert faults.fired(point), err[-3000:]
     assert proc.returncode == -signal.SIGKILL, err[-3000:]
     faults.clear()
