@@ -190,20 +190,20 @@ def _link_in_arrow(
     is_current = pc.and_(pc.invert(same_as_next), pc.invert(deleted))
     firsts = ordered.filter(pc.invert(same_as_previous)).select([*key, HISTORY_VALID_FROM])
     found: pa.Table | None = None  # the stored latest versions of the batch's keys, each with its key's first change
-    alive = pa.array([False] * n)
+    alive = pa.repeat(False, n)
     if latest is not None:
         stored_keys = _keys_typed(latest, latest, key)
         typed = _keys_typed(firsts, latest, key).append_column("_first", firsts.column(HISTORY_VALID_FROM))
         # joined on the keys alone (the stored rows' other columns may be of types a join does not carry)
-        pairs = stored_keys.append_column("_at", pa.array(range(latest.num_rows), pa.int64())).join(
+        pairs = stored_keys.append_column("_at", _numbers(latest.num_rows)).join(
             typed, list(key), join_type="inner", use_threads=False
         )
         found = latest.take(pairs.column("_at")).append_column("_first", pairs.column("_first"))
         # whether each change's key has a stored latest version that is not a delete (by the change's place in order)
         living = stored_keys.filter(pc.fill_null(pc.not_equal(latest.column(HISTORY_OPERATION), HISTORY_DELETE), True))
-        rows = _keys_typed(ordered, latest, key).append_column("_row", pa.array(range(n), pa.int64()))
+        rows = _keys_typed(ordered, latest, key).append_column("_row", _numbers(n))
         hit = rows.join(living, list(key), join_type="left semi", use_threads=False).column("_row")
-        alive = pc.is_in(pa.array(range(n), pa.int64()), value_set=hit.combine_chunks())
+        alive = pc.is_in(_numbers(n), value_set=hit.combine_chunks())
     previous_deleted = pa.concat_arrays([pa.array([True]), deleted.slice(0, n - 1)])
     after_delete = pc.if_else(same_as_previous, previous_deleted, pc.invert(alive))
     operation = pc.if_else(
@@ -241,11 +241,16 @@ def _with_keys(rows: pa.Table, keys: pa.Table, key: Sequence[str], *, without: b
     alone (the rows' other columns may be of types a join does not carry)."""
     if not rows.num_rows:
         return rows
-    numbered = _keys_typed(rows, rows, key).append_column("_at", pa.array(range(rows.num_rows), pa.int64()))
+    numbered = _keys_typed(rows, rows, key).append_column("_at", _numbers(rows.num_rows))
     how = "left anti" if without else "left semi"
     at = numbered.join(_keys_typed(keys, rows, key), list(key), join_type=how, use_threads=False).column("_at")
     at = at.combine_chunks() if isinstance(at, pa.ChunkedArray) else at
     return rows.take(at.take(pc.array_sort_indices(at)))
+
+
+def _numbers(n: int) -> pa.Array:
+    """0, 1, ..., n - 1 as int64, computed by Arrow (``pa.array(range(n))`` converts n Python ints)."""
+    return pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n)), 1) if n else pa.array([], pa.int64())
 
 
 def _keys_typed(rows: pa.Table, like: pa.Table, key: Sequence[str]) -> pa.Table:
@@ -385,7 +390,7 @@ class HistoryBatch(AppendBatch):
         key = list(changes.key)
         stored, whole, read = _stored(table, c.branch, c.name, schema, new, key)
         light = new.select([*key, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM, DELETED])
-        light = light.append_column("_index", pa.array(range(new.num_rows), pa.int64()))
+        light = light.append_column("_index", _numbers(new.num_rows))
         linked = link_batch(
             light,
             stored,
@@ -512,7 +517,7 @@ def _stored(
     if not live:
         return None, frozenset(), []
     key_names = [schema.find_field(k, case_sensitive=False).name for k in key]
-    keys_table = new.select(key_names).append_column(DELETED, pa.array([False] * new.num_rows, pa.bool_()))
+    keys_table = new.select(key_names).append_column(DELETED, pa.repeat(False, new.num_rows))
     keys = upsert.BatchKeys(name, schema, keys_table)
     specs = table.specs()
     candidates = [f for f in live if keys.may_hold(f, specs, schema)]
@@ -523,7 +528,7 @@ def _stored(
     def rows_of(f: DataFile) -> pa.Table:
         if f.file_path not in read:
             rows = seam.with_small_types(seam.read_data_file(table, f, schema))
-            rows = rows.append_column("_pos", pa.array(range(rows.num_rows), pa.int64()))
+            rows = rows.append_column("_pos", _numbers(rows.num_rows))
             if f.file_path in gone:
                 at = pa.array(sorted(gone[f.file_path]), pa.int64())
                 rows = rows.filter(pc.invert(pc.is_in(rows.column("_pos"), value_set=at)))
