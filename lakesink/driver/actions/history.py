@@ -508,8 +508,8 @@ def _new_rows(changes: HistoryChanges, schema: Schema) -> pa.Table:
 def _stored(
     table: Table, branch: str, name: str, schema: Schema, new: pa.Table, key: list[str]
 ) -> tuple[pa.Table | None, frozenset[tuple[Any, ...]], list[DataFile]]:
-    """The stored versions of the batch's keys (the module's step 1), each with its place (``_path``, ``_pos``); the
-    keys whose every version is among them; the data files read."""
+    """The stored versions of the batch's keys (the module's step 1) as one Arrow table (None: the history holds no
+    file), each with its place (``_path``, ``_pos``); the keys whose every version is among them; the data files read."""
     head = table.metadata.snapshot_by_name(branch)
     if head is None:
         return None, frozenset(), []
@@ -564,7 +564,8 @@ def _stored(
             )
         # a change not newer than its key's latest version (late, or redelivered): every version of its key is read
         stored_order = keys_of_latest.append_column("_latest", latest.column(HISTORY_CHANGE_ORDER))
-        changes = _keys_typed(new, latest, key_names).append_column("_order", new.column(HISTORY_CHANGE_ORDER))
+        order = new.column(HISTORY_CHANGE_ORDER).cast(latest.schema.field(HISTORY_CHANGE_ORDER).type)
+        changes = _keys_typed(new, latest, key_names).append_column("_order", order)
         paired = changes.join(stored_order, key_names, join_type="inner", use_threads=False)
         older = paired.filter(pc.less_equal(paired.column("_order"), paired.column("_latest")))
         late = frozenset(
