@@ -430,7 +430,11 @@ class ForeachBatchSink(RoutedSparkBatches):
         # small batches on the driver (lakesink.sink.driver_write); never with dead letters (sorted in Python workers)
         on_driver = plan.row_checks is None and self._on_driver()
         # None: not small, or too large to collect
-        collected = driver_write.collect(df, table=plan.table, batch_id=batch_id) if on_driver else None
+        collected = None
+        if on_driver and resolved is not None and resolved.collected_rows is not None and df is resolved.rows:
+            collected = resolved.collected_rows  # option history: the resolution collected them already
+        elif on_driver:
+            collected = driver_write.collect(df, table=plan.table, batch_id=batch_id)
         if collected is not None:
             results = [driver_write.write_batch(collected, plan, batch_id=batch_id, run_id=run_id)]
         elif self.options.writer is WriterKind.ARROW or reason is not None:

@@ -73,6 +73,9 @@ class ResolvedBatch:
     """Cached by :func:`resolve`; call :func:`release` when the batch is done."""
     history: HistoryChanges | None = None
     """Option history: every change of the batch, for the table's history table (lakesink.driver.actions.history)."""
+    collected_rows: pa.Table | None = None
+    """Option history: :attr:`rows` as Arrow, taken from the changes the resolution collected (every column is there):
+    a batch written on the driver writes them instead of collecting :attr:`rows` in a second Spark job."""
 
 
 def resolve(df: DataFrame, batch_id: int, options: SinkOptions) -> ResolvedBatch:
@@ -204,7 +207,9 @@ def _resolve_with_history(df: DataFrame, batch_id: int, options: SinkOptions, ke
         cached.unpersist()
         raise
     rows = cached.where(F.col(WINS_COLUMN) & ~F.col(DELETED)).drop(DELETED, WINS_COLUMN)
-    return ResolvedBatch(rows=rows, keys=changed, cached=cached, history=history)
+    kept = pc.and_(collected.column(WINS_COLUMN), pc.invert(collected.column(DELETED)))
+    as_arrow = collected.filter(kept).select(list(df.columns))
+    return ResolvedBatch(rows=rows, keys=changed, cached=cached, history=history, collected_rows=as_arrow)
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,8 @@ def _outcome(done: Any, changes: list[dict[str, Any]]) -> tuple[dict[Any, Any], 
         for row in done.linked_new.to_pylist():
             c = by_index[row["_index"]]
             new[(c["id"], c["change_order"])] = (row["valid_to"], row["is_current"], row["operation"])
-    relinked = {(r["id"], r["change_order"]): (r["valid_to"], r["is_current"], r["operation"]) for r in done.rows}
+    stored = [*done.rows, *(done.relinked.to_pylist() if done.relinked is not None else [])]
+    relinked = {(r["id"], r["change_order"]): (r["valid_to"], r["is_current"], r["operation"]) for r in stored}
     return new, relinked, done.added, done.changed, done.redelivered
 
 

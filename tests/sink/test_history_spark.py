@@ -405,3 +405,27 @@ def test_a_change_without_a_time_fails_the_batch_naming_the_column_and_commits_n
     assert [s["batch_id"] for s in lakesink_snapshots(table)] == [0] == [s["batch_id"] for s in lakesink_snapshots(history)]
     assert versions_of(history.scan().to_arrow()) == history_model(first)
     assert rows_of(table.scan().to_arrow()) == table_model(first)
+
+
+def test_merge_on_read_on_the_driver_writes_no_stale_change(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """foreach_batch, merge-on-read, small batches (written on the driver from the changes the resolution collected):
+    a batch whose late change of a key loses to the newer row the table holds writes the key's fresh rows only -- the
+    late change is a version in the history, never a row of the table (the rows a merge-on-read lookup leaves are
+    written, not every winner of the batch)."""
+    first = [{"eid": k, "id": k, "value": f"v{k}", "seq": 10 + k, "op": "c", "ts": at(10 + k)} for k in range(6)]
+    second = [
+        {"eid": 100, "id": 1, "value": "late", "seq": 2, "op": "u", "ts": at(2)},
+        {"eid": 101, "id": 2, "value": "fresh", "seq": 30, "op": "u", "ts": at(30)},
+        {"eid": 102, "id": 9, "value": "new", "seq": 31, "op": "c", "ts": at(31)},
+    ]
+    third = [{"eid": 103, "id": 3, "value": "later", "seq": 32, "op": "u", "ts": at(32)}]
+    batches = [first, second, third]
+    write_events(tmp_path / "in", batches)
+    run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties, table_properties=MOR))
+    table, history = load(catalog_properties, "events"), load(catalog_properties, "events__history")
+    assert {s["summary"][SUMMARY_UPSERT_MODE] for s in lakesink_snapshots(table)} == {"merge-on-read"}
+    assert rows_of(table.scan().to_arrow()) == table_model(batches)
+    assert versions_of(history.scan().to_arrow()) == history_model(batches)
+    assert_never_disagree(catalog_properties)

@@ -107,56 +107,64 @@ class Linked:
     redelivered: int
     linked_new: pa.Table | None = None
     """New versions linked in Arrow (:func:`link_batch`): ``_index``, valid_to, is_current, operation, as :attr:`new`."""
+    relinked: pa.Table | None = None
+    """Stored latest versions re-linked in Arrow (:func:`link_batch`), as :attr:`rows` (their places in :attr:`deleted`)."""
 
 
 def link_batch(
     light: pa.Table,
-    stored: Sequence[dict[str, Any]],
+    stored: Sequence[dict[str, Any]] | pa.Table | None,
     *,
     key: Sequence[str],
     whole: frozenset[tuple[Any, ...]],
     table_name: str = "",
     full: Callable[[dict[str, Any]], dict[str, Any]] = lambda change: change,
 ) -> Linked:
-    """:func:`link` over a whole batch (``light``: each change's key, order, time, delete flag and ``_index``): the keys
-    whose changes are all newer than their stored latest version and whose order values are distinct are linked in Arrow
+    """:func:`link` over a whole batch (``light``: each change's key, order, time, delete flag and ``_index``;
+    ``stored``: the stored versions as :func:`link` takes them, or as an Arrow table of those rows): the keys whose
+    changes are all newer than their stored latest version and whose order values are distinct are linked in Arrow
     (:func:`_link_in_arrow`); the others -- late or redelivered changes, two changes with one order value -- by
     :func:`link`. Both give the same versions (tests/driver/test_history_link.py compares them)."""
     names = [*key, HISTORY_CHANGE_ORDER]
+    if not isinstance(stored, pa.Table):
+        stored = pa.Table.from_pylist(list(stored)) if stored else None
     counted = light.group_by(names, use_threads=False).aggregate([("_index", "count")])
     repeated = counted.filter(pc.greater(counted.column("_index_count"), 1)).select(list(key))
     slow = set(whole) | {tuple(r[k] for k in key) for r in repeated.to_pylist()}
+    by_python, in_arrow = light.slice(0, 0), light
+    of_slow: list[dict[str, Any]] = []
+    latest = stored
     if slow:
         slow_keys = pa.Table.from_pylist([dict(zip(key, k, strict=True)) for k in slow], schema=light.select(list(key)).schema)
         by_python = light.join(slow_keys, list(key), join_type="left semi", use_threads=False)
         in_arrow = light.join(slow_keys, list(key), join_type="left anti", use_threads=False)
-    else:
-        by_python, in_arrow = light.slice(0, 0), light
-    of_slow = [r for r in stored if tuple(r[k] for k in key) in slow]
-    latest = {tuple(r[k] for k in key): r for r in stored if tuple(r[k] for k in key) not in slow}
+        if stored is not None and stored.num_rows:
+            of_slow = _with_keys(stored, slow_keys, key).to_pylist()
+            latest = _with_keys(stored, slow_keys, key, without=True)
     done = link(by_python.to_pylist(), of_slow, key=key, whole=whole, table_name=table_name, full=full)
-    links, rows, deleted = _link_in_arrow(in_arrow, latest, key)
+    links, relinked, deleted = _link_in_arrow(in_arrow, latest, key)
     for path, positions in deleted.items():
         done.deleted.setdefault(path, []).extend(positions)
     return Linked(
-        rows=[*done.rows, *rows],
+        rows=done.rows,
         new=done.new,
         deleted=done.deleted,
         added=done.added + links.num_rows,
-        changed=done.changed + len(rows),
+        changed=done.changed + (relinked.num_rows if relinked is not None else 0),
         redelivered=done.redelivered,
         linked_new=links,
+        relinked=relinked,
     )
 
 
 def _link_in_arrow(
-    changes: pa.Table, latest: dict[tuple[Any, ...], dict[str, Any]], key: Sequence[str]
-) -> tuple[pa.Table, list[dict[str, Any]], dict[str, list[int]]]:
-    """:func:`link` for keys whose changes are all newer than their stored latest version (``latest``, by key), each
-    order value once: the changes sorted by key and order, each version ending where the next of its key begins, the
-    last current unless a delete, the first an insert unless the stored latest is alive (then an update); the stored
-    latest ends where the key's first change begins. Returns (the new versions' links by ``_index``, the stored latest
-    versions re-linked, their positions by file)."""
+    changes: pa.Table, latest: pa.Table | None, key: Sequence[str]
+) -> tuple[pa.Table, pa.Table | None, dict[str, list[int]]]:
+    """:func:`link` for keys whose changes are all newer than their stored latest version (``latest``: those versions'
+    rows with ``_path`` and ``_pos``, each key once), each order value once: the changes sorted by key and order, each
+    version ending where the next of its key begins, the last current unless a delete, the first an insert unless the
+    stored latest is alive (then an update); the stored latest ends where the key's first change begins. Returns (the
+    new versions' links by ``_index``, the stored latest versions re-linked, their positions by file)."""
     n = changes.num_rows
     empty = pa.table(
         {
@@ -167,7 +175,9 @@ def _link_in_arrow(
         }
     )
     if not n:
-        return empty, [], {}
+        return empty, None, {}
+    if latest is not None and not latest.num_rows:
+        latest = None
     ordered = changes.take(pc.sort_indices(changes, sort_keys=[(k, "ascending") for k in (*key, HISTORY_CHANGE_ORDER)]))
     same_as_next = pa.array([False])
     if n > 1:
@@ -180,17 +190,22 @@ def _link_in_arrow(
     following = pa.concat_arrays([starts.slice(1), pa.nulls(1, starts.type)])
     valid_to = pc.if_else(same_as_next, following, pa.nulls(n, starts.type))
     is_current = pc.and_(pc.invert(same_as_next), pc.invert(deleted))
-    alive = (
-        pa.array(
-            [
-                (r := latest.get(tuple(row[k] for k in key))) is not None and r[HISTORY_OPERATION] != HISTORY_DELETE
-                for row in ordered.select(list(key)).to_pylist()
-            ],
-            pa.bool_(),
+    firsts = ordered.filter(pc.invert(same_as_previous)).select([*key, HISTORY_VALID_FROM])
+    found: pa.Table | None = None  # the stored latest versions of the batch's keys, each with its key's first change
+    alive = pa.repeat(False, n)
+    if latest is not None:
+        stored_keys = _keys_typed(latest, latest, key)
+        typed = _keys_typed(firsts, latest, key).append_column("_first", firsts.column(HISTORY_VALID_FROM))
+        # joined on the keys alone (the stored rows' other columns may be of types a join does not carry)
+        pairs = stored_keys.append_column("_at", _numbers(latest.num_rows)).join(
+            typed, list(key), join_type="inner", use_threads=False
         )
-        if latest
-        else pa.array([False] * n)
-    )
+        found = latest.take(pairs.column("_at")).append_column("_first", pairs.column("_first"))
+        # whether each change's key has a stored latest version that is not a delete (by the change's place in order)
+        living = stored_keys.filter(pc.fill_null(pc.not_equal(latest.column(HISTORY_OPERATION), HISTORY_DELETE), True))
+        rows = _keys_typed(ordered, latest, key).append_column("_row", _numbers(n))
+        hit = rows.join(living, list(key), join_type="left semi", use_threads=False).column("_row")
+        alive = pc.is_in(_numbers(n), value_set=hit.combine_chunks())
     previous_deleted = pa.concat_arrays([pa.array([True]), deleted.slice(0, n - 1)])
     after_delete = pc.if_else(same_as_previous, previous_deleted, pc.invert(alive))
     operation = pc.if_else(
@@ -204,18 +219,45 @@ def _link_in_arrow(
             HISTORY_OPERATION: operation,
         }
     )
-    rows: list[dict[str, Any]] = []
-    deletes: dict[str, list[int]] = {}
-    if latest:
-        firsts = ordered.filter(pc.invert(same_as_previous)).select([*key, HISTORY_VALID_FROM]).to_pylist()
-        for first in firsts:
-            stored = latest.get(tuple(first[k] for k in key))
-            if stored is None:
-                continue
-            relinked = {**stored, HISTORY_VALID_TO: first[HISTORY_VALID_FROM], HISTORY_IS_CURRENT: False}
-            deletes.setdefault(stored["_path"], []).append(stored["_pos"])
-            rows.append(_without_place(relinked))
-    return links, rows, deletes
+    if found is None or not found.num_rows:
+        return links, None, {}
+    assert latest is not None
+    ends_type = latest.schema.field(HISTORY_VALID_TO).type
+    if pa.types.is_null(ends_type):  # rows built from Python values, every valid_to null (the tests')
+        ends_type = latest.schema.field(HISTORY_VALID_FROM).type
+    ends = found.column("_first").cast(ends_type)
+    relinked = found.set_column(found.schema.get_field_index(HISTORY_VALID_TO), HISTORY_VALID_TO, ends)
+    relinked = relinked.set_column(
+        relinked.schema.get_field_index(HISTORY_IS_CURRENT), HISTORY_IS_CURRENT, pa.repeat(False, relinked.num_rows)
+    )
+    places = relinked.select(["_path", "_pos"]).group_by("_path", use_threads=False).aggregate([("_pos", "list")])
+    deletes = {
+        path: list(positions)
+        for path, positions in zip(places.column("_path").to_pylist(), places.column("_pos_list").to_pylist(), strict=True)
+    }
+    return links, relinked.drop_columns(["_path", "_pos", "_first"]), deletes
+
+
+def _with_keys(rows: pa.Table, keys: pa.Table, key: Sequence[str], *, without: bool = False) -> pa.Table:
+    """The rows of ``rows`` whose key is among ``keys`` (``without``: is not), in their order; joined on the key columns
+    alone (the rows' other columns may be of types a join does not carry)."""
+    if not rows.num_rows:
+        return rows
+    numbered = _keys_typed(rows, rows, key).append_column("_at", _numbers(rows.num_rows))
+    how = "left anti" if without else "left semi"
+    at = numbered.join(_keys_typed(keys, rows, key), list(key), join_type=how, use_threads=False).column("_at")
+    at = at.combine_chunks() if isinstance(at, pa.ChunkedArray) else at
+    return rows.take(at.take(pc.array_sort_indices(at)))
+
+
+def _numbers(n: int) -> pa.Array:
+    """0, 1, ..., n - 1 as int64, computed by Arrow (``pa.array(range(n))`` converts n Python ints)."""
+    return pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n)), 1) if n else pa.array([], pa.int64())
+
+
+def _keys_typed(rows: pa.Table, like: pa.Table, key: Sequence[str]) -> pa.Table:
+    """``rows``' key columns in ``like``'s types (a join needs one type: string, not large_string)."""
+    return pa.table([rows.column(k).cast(like.schema.field(k).type) for k in key], names=list(key))
 
 
 def _all(arrays: Sequence[Any]) -> Any:
@@ -356,7 +398,7 @@ class HistoryBatch(AppendBatch):
         stored, whole, read = _stored(table, c.branch, c.name, schema, new, key)
         new = _kept_values(new, changes, stored, key)
         light = new.select([*key, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM, DELETED])
-        light = light.append_column("_index", pa.array(range(new.num_rows), pa.int64()))
+        light = light.append_column("_index", _numbers(new.num_rows))
         linked = link_batch(
             light,
             stored,
@@ -372,7 +414,7 @@ class HistoryBatch(AppendBatch):
         )
         data_files: list[DataFile] = []
         owned: list[str] = []
-        if linked.rows or linked.new or (linked.linked_new is not None and linked.linked_new.num_rows):
+        if linked.rows or linked.new or any(t is not None and t.num_rows for t in (linked.linked_new, linked.relinked)):
             writer = upsert.rewrite_writer(plan, batch_id=batch.batch_id, partition_id=HISTORY_PARTITION_ID, attempt=attempt)
             arrow = _versions(new, linked, _plain(seam.arrow_schema(schema)))
             data_files = upsert.written_copies(writer, arrow.to_batches(), plan)
@@ -435,6 +477,13 @@ def _versions(new: pa.Table, linked: Linked, schema: pa.Schema) -> pa.Table:
         columns[HISTORY_IS_CURRENT] = pa.array([n[2] for n in linked.new], pa.bool_())
         columns[HISTORY_OPERATION] = pa.array([n[3] for n in linked.new], pa.string())
         parts.append(pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema))
+    if linked.relinked is not None and linked.relinked.num_rows:
+        relinked = linked.relinked
+        kept = [
+            relinked.column(f.name).cast(f.type) if f.name in relinked.column_names else pa.nulls(relinked.num_rows, f.type)
+            for f in schema
+        ]
+        parts.append(pa.Table.from_arrays(kept, schema=schema))
     if linked.rows:
         parts.append(pa.Table.from_pylist(linked.rows, schema=schema))
     return pa.concat_tables(parts)
@@ -526,7 +575,7 @@ def no_changes(history: Table, key: Sequence[str], of: str) -> HistoryChanges:
     return HistoryChanges(rows=rows.empty_table(), key=tuple(names.get(k.lower(), k) for k in key), of=of, schema=schema)
 
 
-def _kept_values(new: pa.Table, changes: HistoryChanges, stored: Sequence[dict[str, Any]], key: Sequence[str]) -> pa.Table:
+def _kept_values(new: pa.Table, changes: HistoryChanges, stored: pa.Table | None, key: Sequence[str]) -> pa.Table:
     """Option cdc-format: each column of a change still holding Debezium's unavailable-value placeholder (an unchanged
     TOAST value; the task filled those with an earlier change of the key: lakesink.executor.upsert_task.history_rows)
     takes the value of the version before it -- the one the table's upsert keeps the value of. None there (the history
@@ -534,10 +583,12 @@ def _kept_values(new: pa.Table, changes: HistoryChanges, stored: Sequence[dict[s
     if UNAVAILABLE not in changes.rows.column_names or changes.rows.column(UNAVAILABLE).null_count == new.num_rows:
         return new
     marks = changes.rows.column(UNAVAILABLE).to_pylist()
-    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for row in stored:
-        by_key.setdefault(tuple(row[k] for k in key), []).append(row)
     at = [i for i, m in enumerate(marks) if m]
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    if stored is not None and stored.num_rows:  # the stored versions of the marked changes' keys, as rows
+        marked = new.select(list(key)).take(pa.array(at, pa.int64()))
+        for row in _with_keys(stored, marked, key).to_pylist():
+            by_key.setdefault(tuple(row[k] for k in key), []).append(row)
     keys = new.select(list(key)).take(pa.array(at, pa.int64())).to_pylist()
     orders = new.column(HISTORY_CHANGE_ORDER).take(pa.array(at, pa.int64())).to_pylist()
     values: dict[str, list[Any]] = {}
@@ -570,17 +621,17 @@ def _kept_values(new: pa.Table, changes: HistoryChanges, stored: Sequence[dict[s
 
 def _stored(
     table: Table, branch: str, name: str, schema: Schema, new: pa.Table, key: list[str]
-) -> tuple[list[dict[str, Any]], frozenset[tuple[Any, ...]], list[DataFile]]:
-    """The stored versions of the batch's keys (the module's step 1), each with its place (``_path``, ``_pos``); the
-    keys whose every version is among them; the data files read."""
+) -> tuple[pa.Table | None, frozenset[tuple[Any, ...]], list[DataFile]]:
+    """The stored versions of the batch's keys (the module's step 1) as one Arrow table (None: the history holds no
+    file), each with its place (``_path``, ``_pos``); the keys whose every version is among them; the data files read."""
     head = table.metadata.snapshot_by_name(branch)
     if head is None:
-        return [], frozenset(), []
+        return None, frozenset(), []
     has_deletes, live = seam.branch_data_files(table, branch)
     if not live:
-        return [], frozenset(), []
+        return None, frozenset(), []
     key_names = [schema.find_field(k, case_sensitive=False).name for k in key]
-    keys_table = new.select(key_names).append_column(DELETED, pa.array([False] * new.num_rows, pa.bool_()))
+    keys_table = new.select(key_names).append_column(DELETED, pa.repeat(False, new.num_rows))
     keys = upsert.BatchKeys(name, schema, keys_table)
     specs = table.specs()
     candidates = [f for f in live if keys.may_hold(f, specs, schema)]
@@ -591,57 +642,57 @@ def _stored(
     def rows_of(f: DataFile) -> pa.Table:
         if f.file_path not in read:
             rows = seam.with_small_types(seam.read_data_file(table, f, schema))
-            rows = rows.append_column("_pos", pa.array(range(rows.num_rows), pa.int64()))
+            rows = rows.append_column("_pos", _numbers(rows.num_rows))
             if f.file_path in gone:
                 at = pa.array(sorted(gone[f.file_path]), pa.int64())
                 rows = rows.filter(pc.invert(pc.is_in(rows.column("_pos"), value_set=at)))
-            read[f.file_path] = rows.append_column("_path", pa.array([f.file_path] * rows.num_rows, pa.string()))
+            read[f.file_path] = rows
         return read[f.file_path]
 
-    def of_keys(rows: pa.Table, wanted: pa.Table) -> pa.Table:
-        if not rows.num_rows:
-            return rows
-        # the keys in the types the file was read in (string, not the batch's large_string: a join needs one type)
-        typed = pa.table([wanted.column(n).cast(rows.schema.field(n).type) for n in key_names], names=key_names)
-        # joined on the key columns alone (Arrow's hash join carries no nested columns: lists, maps, structs)
-        narrow = rows.select(key_names).append_column("_row", pa.array(range(rows.num_rows), pa.int64()))
-        hits = narrow.join(typed, key_names, join_type="left semi", use_threads=False).column("_row")
-        return rows.take(pc.take(hits, pc.sort_indices(hits)))
+    def of_keys(f: DataFile, wanted: pa.Table, *, latest: bool) -> pa.Table:
+        rows = rows_of(f)
+        if latest:
+            rows = rows.filter(pc.is_null(rows.column(HISTORY_VALID_TO)))
+        rows = _with_keys(rows, wanted, key_names)
+        return rows.append_column("_path", pa.repeat(pa.scalar(f.file_path, pa.string()), rows.num_rows))
 
-    wanted = new.select(key_names).group_by(key_names).aggregate([])
+    wanted = new.select(key_names).group_by(key_names, use_threads=False).aggregate([])
     latest_parts = []
     for f in candidates:
         nulls = (f.null_value_counts or {}).get(valid_to_id)
         if nulls == 0:
             continue  # every version in it is closed: no latest version there
-        rows = of_keys(rows_of(f), wanted)
-        latest_parts.append(rows.filter(pc.is_null(rows.column(HISTORY_VALID_TO))))
-    latest = pa.concat_tables(latest_parts) if latest_parts else None
-    latest_order: dict[tuple[Any, ...], Any] = {}
-    if latest is not None:
-        for row in latest.select([*key_names, HISTORY_CHANGE_ORDER]).to_pylist():
-            k = tuple(row[n] for n in key_names)
-            if k in latest_order:
-                raise LakesinkError(
-                    f"history table {name} holds two latest versions (valid_to null) of key "
-                    f"({', '.join(f'{n}={v!r}' for n, v in zip(key_names, k, strict=True))}): it was changed by another "
-                    "writer. Nothing was committed; repair the history table (one latest version per key)"
-                )
-            latest_order[k] = row[HISTORY_CHANGE_ORDER]
-    late = set()
-    for row in new.select([*key_names, HISTORY_CHANGE_ORDER]).to_pylist():
-        k = tuple(row[n] for n in key_names)
-        if k in latest_order and row[HISTORY_CHANGE_ORDER] <= latest_order[k]:
-            late.add(k)
+        latest_parts.append(of_keys(f, wanted, latest=True))
+    latest = pa.concat_tables(latest_parts, promote_options="permissive") if latest_parts else None
+    late: frozenset[tuple[Any, ...]] = frozenset()
+    if latest is not None and latest.num_rows:
+        keys_of_latest = latest.select(key_names)
+        twice = keys_of_latest.group_by(key_names, use_threads=False).aggregate([([], "count_all")])
+        twice = twice.filter(pc.greater(twice.column("count_all"), 1))
+        if twice.num_rows:
+            k = tuple(twice.slice(0, 1).to_pylist()[0][n] for n in key_names)
+            raise LakesinkError(
+                f"history table {name} holds two latest versions (valid_to null) of key "
+                f"({', '.join(f'{n}={v!r}' for n, v in zip(key_names, k, strict=True))}): it was changed by another "
+                "writer. Nothing was committed; repair the history table (one latest version per key)"
+            )
+        # a change not newer than its key's latest version (late, or redelivered): every version of its key is read
+        stored_order = keys_of_latest.append_column("_latest", latest.column(HISTORY_CHANGE_ORDER))
+        order = new.column(HISTORY_CHANGE_ORDER).cast(latest.schema.field(HISTORY_CHANGE_ORDER).type)
+        changes = _keys_typed(new, latest, key_names).append_column("_order", order)
+        paired = changes.join(stored_order, key_names, join_type="inner", use_threads=False)
+        older = paired.filter(pc.less_equal(paired.column("_order"), paired.column("_latest")))
+        late = frozenset(
+            tuple(r[n] for n in key_names)
+            for r in older.select(key_names).group_by(key_names, use_threads=False).aggregate([]).to_pylist()
+        )
     if not late:
-        return latest.to_pylist() if latest is not None else [], frozenset(), [f for f in candidates if f.file_path in read]
+        return latest, frozenset(), [f for f in candidates if f.file_path in read]
     late_keys = pa.Table.from_pylist([dict(zip(key_names, k, strict=True)) for k in late], schema=new.select(key_names).schema)
-    whole_parts = [of_keys(rows_of(f), late_keys) for f in candidates]
-    whole = pa.concat_tables(whole_parts) if whole_parts else None
-    out = whole.to_pylist() if whole is not None else []
-    if latest is not None:
-        out.extend(r for r in latest.to_pylist() if tuple(r[n] for n in key_names) not in late)
-    return out, frozenset(late), [f for f in candidates if f.file_path in read]
+    parts = [of_keys(f, late_keys, latest=False) for f in candidates]
+    assert latest is not None
+    parts.append(_with_keys(latest, late_keys, key_names, without=True))
+    return pa.concat_tables(parts, promote_options="permissive"), late, [f for f in candidates if f.file_path in read]
 
 
 def checked_changes(rows: pa.Table, keys: Sequence[str], options: SinkOptions, *, batch_id: int, table: str) -> HistoryChanges:
