@@ -203,7 +203,8 @@ OPTIONS: tuple[Option, ...] = (
            'as the option `history`: "on", or a pattern such as "audit.{table}_versions" (docs/history.md)', "`off`",
            parse=HistoryTables.parse, show=lambda v: str(v) if v is not None else None),
     Option(HISTORY_TIME, "history_time", None,
-           "as the option `history-time`: the column holding each change's source time (docs/history.md)", "none",
+           "as the option `history-time`: the column holding each change's source time (docs/history.md)",
+           "none (`cdc_source_time` with `cdc-format`)",
            parse=partial(_parse_column, HISTORY_TIME)),
 )
 # fmt: on
