@@ -13,6 +13,7 @@ Real SQLite catalogs, real Parquet files, no Spark; the oracle is a multiset of 
 from __future__ import annotations
 
 from collections import Counter
+
 import pytest
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
@@ -72,7 +73,8 @@ def test_a_rewrite_of_position_deletes_since_the_lookup_is_no_conflict(catalog_p
     result = commit_delta(load(c), delta_of(results))
     assert result.status is swap.Status.LANDED and result.attempts == 1
     t = load(c)
-    assert t.metadata.snapshot_by_id(result.snapshot_id).parent_snapshot_id == report.snapshot_id  # type: ignore[union-attr]
+    landed = t.current_snapshot()
+    assert landed is not None and landed.snapshot_id == result.snapshot_id and landed.parent_snapshot_id == report.snapshot_id
     assert_everywhere(t, Counter(sent) - Counter([0, 1, 2, 1001, 5]))
 
 
@@ -179,4 +181,3 @@ def test_another_engines_equality_deletes_conflict_when_new_and_not_when_rewritt
     with pytest.raises(RowDeltaConflictError, match="delete file") as e:
         commit_delta(load(c), delta_of(results, batch_id=91))
     assert e.value.files == (new.file_path,)
-

@@ -245,11 +245,7 @@ def validate_row_delta(table: Table, *, branch: str, checks: RowDeltaChecks) -> 
         )
     if checks.no_conflicting_deletes and referenced and (new_deletes := since.new_deletes):
         conflicts = sorted(
-            {
-                (d.file.file_path, d.snapshot_id)
-                for d in new_deletes
-                if any(_may_delete_from(d.file, p) for p in referenced)
-            }
+            {(d.file.file_path, d.snapshot_id) for d in new_deletes if any(_may_delete_from(d.file, p) for p in referenced)}
         )
         if conflicts:
             raise RowDeltaConflictError(
