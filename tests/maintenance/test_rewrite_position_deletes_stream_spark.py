@@ -54,20 +54,20 @@ AUTO_REWRITES = {
 }
 
 
-def _writer(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str) -> Any:
-    """The stream of tests/jobs/upsert_job.py on ``entry``, creating its table with :data:`AUTO_REWRITES` (the
-    sink's maintainer reads its interval when the sink first commits)."""
+def _writer(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str, table_properties: dict[str, str]) -> Any:
+    """The stream of tests/jobs/upsert_job.py on ``entry``, creating its table with ``table_properties`` (the sink's
+    maintainer reads its interval when the sink first commits; an existing table must have them)."""
     df = spark.readStream.schema(EVENTS_DDL).option("maxFilesPerTrigger", 1).json(str(src))
     if entry == "format":
         lakesink.register(spark)
         w = df.repartition(2, "id").writeStream.format("lakesink").option("table", "db.events")
         for k, v in props.items():
             w = w.option(f"catalog.{k}", v)
-        for k, v in AUTO_REWRITES.items():
+        for k, v in table_properties.items():
             w = w.option(f"table-property.{k}", v)
         w = w.option("upsert-key", "id").option("delete-when", "op = 'd'").option("order-by", "seq")
     else:
-        w = df.writeStream.foreachBatch(upsert_sink(props, AUTO_REWRITES))
+        w = df.writeStream.foreachBatch(upsert_sink(props, table_properties))
     return w.option("checkpointLocation", str(ck)).trigger(availableNow=True)
 
 
@@ -87,10 +87,15 @@ def test_rewrites_in_a_running_merge_on_read_stream_cost_no_second_lookup_and_ke
     written), another process rewrites the delete files: the batch lands on the next attempt of the same swap loop
     (summary ``lakesink.commit-attempt`` 2, its parent the rewrite), with no second lookup, every reader equal to the
     model and no delete file left behind."""
-    stream = change_stream(seed=31, batches=6, per_batch=40, keys=15)
+    # 500 keys inserted, then a few changes per batch: no data file reaches compaction's delete ratio (30 %), so the
+    # delete files stay for the rewrite to merge
+    stream = [
+        [{"eid": k, "id": k, "value": f"v{k}", "seq": k, "op": "c"} for k in range(500)],
+        *change_stream(seed=31, batches=5, per_batch=20, keys=500, first_eid=1000),
+    ]
     src, ck = tmp_path / "in", tmp_path / "ck"
     write_events(src, stream[:4])
-    run_to_end(_writer(spark, catalog_properties, src, ck, entry).start())
+    run_to_end(_writer(spark, catalog_properties, src, ck, entry, AUTO_REWRITES).start())
 
     def rewrites() -> list[Any]:
         t = load(catalog_properties)
@@ -104,10 +109,11 @@ def test_rewrites_in_a_running_merge_on_read_stream_cost_no_second_lookup_and_ke
     assert len(batches) >= 3 and {s.summary[SUMMARY_COMMIT_ATTEMPT] for s in batches} == {"1"}
 
     # from here on the stream's own maintenance rewrites nothing: the rewrite below is another process's
+    rewrites_off = {**AUTO_REWRITES, REWRITE_DELETES_MIN_INPUT_FILES: "1000"}
     with load(catalog_properties).transaction() as tx:
-        tx.set_properties({REWRITE_DELETES_MIN_INPUT_FILES: "1000"})
+        tx.set_properties(rewrites_off)
     write_events(src, stream[4:5], start=4)
-    run_to_end(_writer(spark, catalog_properties, src, ck, entry).start())
+    run_to_end(_writer(spark, catalog_properties, src, ck, entry, rewrites_off).start())
     _idle_here()
     assert len(delete_files(load(catalog_properties))) >= 2
     write_events(src, stream[5:], start=5)
@@ -115,7 +121,7 @@ def test_rewrites_in_a_running_merge_on_read_stream_cost_no_second_lookup_and_ke
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     # the query started in this thread (a format("lakesink") source registered in a session is found from the thread
     # that starts the query)
-    query = _writer(spark, catalog_properties, src, ck, entry).start()
+    query = _writer(spark, catalog_properties, src, ck, entry, rewrites_off).start()
     try:
         wait_until(lambda: faults.reached(DRIVER_BEFORE_SWAP), timeout=240)
         assert _rewrite_elsewhere(catalog_properties) == "committed"
