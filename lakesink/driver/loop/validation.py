@@ -204,9 +204,11 @@ class RowDeltaChecks:
     - ``referenced_data_files`` (``validateDataFilesExist`` with ``validateDeletedFiles``): the data files the deletes
       point at must not have been removed by any commit since -- a compaction's or another engine's rewrite, a
       ``delete`` that dropped a whole file: a position names a row of one file, and means nothing in another;
-    - ``no_conflicting_deletes`` (``validateNoConflictingDeleteFiles``): no delete file committed since may apply to
-      one of those data files (another engine deleting or updating the same rows: applying both would keep its
-      version of a row beside the batch's, or bring back what it deleted);
+    - ``no_conflicting_deletes`` (``validateNoConflictingDeleteFiles``): no delete file committed since with a data
+      sequence number above the base snapshot's (:attr:`Committed.new_deletes`) may apply to one of those data files
+      (another engine deleting or updating the same rows: applying both would keep its version of a row beside the
+      batch's, or bring back what it deleted); a rewrite of delete files keeps their old data sequence numbers and is
+      no conflict;
     - ``no_conflicting_data`` with ``conflict_filter`` (``validateNoConflictingDataFiles``, serializable isolation):
       no data file committed since may hold rows matching the filter (an Iceberg expression over the table's columns,
       e.g. the batch's keys; None: every row) -- a concurrent insert of a key the batch changes.
