@@ -391,7 +391,7 @@ class Compaction(CommitAction):
             raise CompactionStaleError(f"{len(missing)} file(s) the compaction rewrites are no longer live (e.g. {missing[0]})")
         wanted = {f.file_path for f in self.rewritten}
         deleted = [live[p] for p in sorted(wanted)]
-        conflicts = validation.deletes_applying_to(deleted, since.added_deletes, t.specs())
+        conflicts = validation.deletes_applying_to(deleted, since.new_deletes, t.specs())
         if conflicts:
             new, data = conflicts[0]
             raise CompactionStaleError(

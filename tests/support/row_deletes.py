@@ -9,7 +9,7 @@ from the manifest list), so they apply to every data file committed before them,
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -51,9 +51,12 @@ class DeleteManifestWriter(ManifestWriterV2):
 class _RowDelta(_FastAppendFiles):
     """A snapshot that adds delete files only (Java's RowDelta: operation ``delete``)."""
 
-    def __init__(self, *args: Any, delete_files: Sequence[DataFile], **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, delete_files: Sequence[DataFile], sequence_numbers: Mapping[str, int] = EMPTY_DICT, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._delete_files = list(delete_files)
+        self._sequence_numbers = dict(sequence_numbers)
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:  # noqa: B006
         """Java's ``SnapshotSummary``: the delete files counted (``added-delete-files``, ``added-position-deletes``, their
@@ -81,16 +84,37 @@ class _RowDelta(_FastAppendFiles):
             with writer:
                 for f in files:
                     writer.add(
-                        ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id, data_file=f)
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=self._snapshot_id,
+                            sequence_number=self._sequence_numbers.get(f.file_path),
+                            data_file=f,
+                        )
                     )
             added.append(writer.to_manifest_file())
         return [*existing, *added]
 
 
-def commit_deletes(table: Table, delete_files: Sequence[DataFile], *, branch: str = "main") -> int:
-    """Commit ``delete_files`` in one ``delete`` snapshot on ``branch``; its snapshot id."""
+def commit_deletes(
+    table: Table,
+    delete_files: Sequence[DataFile],
+    *,
+    branch: str = "main",
+    sequence_numbers: Mapping[str, int] = EMPTY_DICT,
+    operation: Operation = Operation.DELETE,
+) -> int:
+    """Commit ``delete_files`` in one ``delete`` snapshot (or ``operation``) on ``branch``; its snapshot id.
+    ``sequence_numbers``: a file's data sequence number by its path (Java's ``RewriteFiles.addFile(file, seq)``, as a
+    rewrite of delete files keeps the old one); the others inherit the snapshot's."""
     tx = table.transaction()
-    producer = _RowDelta(operation=Operation.DELETE, transaction=tx, io=table.io, branch=branch, delete_files=delete_files)
+    producer = _RowDelta(
+        operation=operation,
+        transaction=tx,
+        io=table.io,
+        branch=branch,
+        delete_files=delete_files,
+        sequence_numbers=sequence_numbers,
+    )
     producer.commit()
     tx.commit_transaction()
     return producer.snapshot_id

@@ -47,6 +47,9 @@ class NewDeleteFile:
 
     snapshot_id: int
     file: DataFile
+    data_sequence_number: int | None = None
+    """Its data sequence number (which data files it applies to): the adding snapshot's own, or an older one a rewrite
+    of delete files kept (None: unknown, taken as new)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ class Committed:
 
     base: int | None
     head: int | None
+    base_sequence_number: int = 0
+    """The base snapshot's sequence number (0: no base, or the base is no longer in the table)."""
     snapshots: tuple[int, ...] = ()
     """The snapshots after the base, newest first."""
     added_data: tuple[DataFile, ...] = ()
@@ -67,6 +72,18 @@ class Committed:
     def moved(self) -> bool:
         return self.head != self.base
 
+    @property
+    def new_deletes(self) -> tuple[NewDeleteFile, ...]:
+        """The added delete files whose data sequence number is above the base snapshot's: deletes the base's readers
+        did not see (Iceberg Java's ``DeleteFileIndex.afterSequenceNumber(startingSequenceNumber)`` in
+        ``MergingSnapshotProducer.addedDeleteFiles``). A rewrite of delete files (lakesink's
+        ``rewrite_position_deletes``, Java's ``RewritePositionDeleteFiles``) adds files that keep the data sequence
+        number of those they replace: they delete nothing the base did not already delete, and are left out. A real new
+        delete -- committed since the base, even if merged by a rewrite in the same window -- has a newer one."""
+        return tuple(
+            d for d in self.added_deletes if d.data_sequence_number is None or d.data_sequence_number > self.base_sequence_number
+        )
+
 
 def committed_since(table: Table, *, branch: str, base_snapshot_id: int | None) -> Committed:
     """Walk ``branch``'s head back to ``base_snapshot_id`` (None: the branch had no snapshot) and collect what each
@@ -75,8 +92,12 @@ def committed_since(table: Table, *, branch: str, base_snapshot_id: int | None) 
     name = ".".join(table.name())
     head = table.metadata.snapshot_by_name(branch)
     head_id = head.snapshot_id if head is not None else None
+    base = table.metadata.snapshot_by_id(base_snapshot_id) if base_snapshot_id is not None else None
+    # as Java's startingSequenceNumber: a base no longer in the table counts as the initial sequence number (every
+    # added delete file is then new)
+    base_sequence_number = (base.sequence_number or 0) if base is not None else 0
     if head_id == base_snapshot_id:
-        return Committed(base_snapshot_id, head_id)
+        return Committed(base_snapshot_id, head_id, base_sequence_number)
     if head is None:
         raise HistoryUnknownError(
             f"table {name}: branch {branch} has no snapshot any more (it was removed or replaced): what was committed "
@@ -114,12 +135,13 @@ def committed_since(table: Table, *, branch: str, base_snapshot_id: int | None) 
                 if data:
                     added_data.append(entry.data_file)
                 else:
-                    added_deletes.append(NewDeleteFile(s.snapshot_id, entry.data_file))
+                    added_deletes.append(NewDeleteFile(s.snapshot_id, entry.data_file, entry.sequence_number))
             elif entry.status == ManifestEntryStatus.DELETED:
                 (removed_data if data else removed_deletes).append(entry.data_file)
     return Committed(
         base=base_snapshot_id,
         head=head_id,
+        base_sequence_number=base_sequence_number,
         snapshots=tuple(s.snapshot_id for s in walked),
         added_data=tuple(added_data),
         removed_data=tuple(removed_data),
@@ -182,9 +204,11 @@ class RowDeltaChecks:
     - ``referenced_data_files`` (``validateDataFilesExist`` with ``validateDeletedFiles``): the data files the deletes
       point at must not have been removed by any commit since -- a compaction's or another engine's rewrite, a
       ``delete`` that dropped a whole file: a position names a row of one file, and means nothing in another;
-    - ``no_conflicting_deletes`` (``validateNoConflictingDeleteFiles``): no delete file committed since may apply to
-      one of those data files (another engine deleting or updating the same rows: applying both would keep its
-      version of a row beside the batch's, or bring back what it deleted);
+    - ``no_conflicting_deletes`` (``validateNoConflictingDeleteFiles``): no delete file committed since with a data
+      sequence number above the base snapshot's (:attr:`Committed.new_deletes`) may apply to one of those data files
+      (another engine deleting or updating the same rows: applying both would keep its version of a row beside the
+      batch's, or bring back what it deleted); a rewrite of delete files keeps their old data sequence numbers and is
+      no conflict;
     - ``no_conflicting_data`` with ``conflict_filter`` (``validateNoConflictingDataFiles``, serializable isolation):
       no data file committed since may hold rows matching the filter (an Iceberg expression over the table's columns,
       e.g. the batch's keys; None: every row) -- a concurrent insert of a key the batch changes.
@@ -221,13 +245,9 @@ def validate_row_delta(table: Table, *, branch: str, checks: RowDeltaChecks) -> 
             f"{', '.join(gone[:5])}{' ...' if len(gone) > 5 else ''}; the positions must be found again on the new head",
             tuple(gone),
         )
-    if checks.no_conflicting_deletes and referenced and since.added_deletes:
+    if checks.no_conflicting_deletes and referenced and (new_deletes := since.new_deletes):
         conflicts = sorted(
-            {
-                (d.file.file_path, d.snapshot_id)
-                for d in since.added_deletes
-                if any(_may_delete_from(d.file, p) for p in referenced)
-            }
+            {(d.file.file_path, d.snapshot_id) for d in new_deletes if any(_may_delete_from(d.file, p) for p in referenced)}
         )
         if conflicts:
             raise RowDeltaConflictError(
