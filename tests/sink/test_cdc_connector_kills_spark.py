@@ -36,6 +36,7 @@ import pytest
 
 from lakesink.driver import catalogs
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
+from tests.cdc.test_cdc_sink import assert_table_is_current_versions
 from tests.jobs import cdc_oracle_job as job
 from tests.support import connectors as cn
 from tests.support.changes import write_json_round
@@ -213,7 +214,7 @@ def run_stream_through_kills(
         while written < reads:
             write_json_round(src, written, records[written])
             written += 1
-        killed_in_job(faults, point, entry, run)
+        killed_in_job(faults, point, entry.removesuffix("-history"), run)
     while written < len(records):
         write_json_round(src, written, records[written])
         written += 1
@@ -360,13 +361,14 @@ def postgres_stream() -> list[cn.Streamed]:
 
 @pytest.mark.long
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("entry", ["foreach", "format"])
+@pytest.mark.parametrize("entry", ["foreach-history", "format-history"])
 def test_a_postgresql_stream_with_toast_placeholders_through_sigkills_equals_the_model(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
     """Debezium's PostgreSQL connector (REPLICA IDENTITY DEFAULT, :func:`postgres_stream`) through the same kills:
     every placeholder replaced by the value the source kept (the batch's own insert's, or the stored row's), the
-    truncates applied at their positions and not again when re-sent."""
+    truncates applied at their positions and not again when re-sent. With option history (issue 55): at every batch
+    each table equals its history's current versions, and no version holds the placeholder."""
     src, ck = tmp_path / "in", tmp_path / "ck"
     batches = postgres_stream()
     records = kafka_records(cn.Postgres(), batches, DOCS)
@@ -379,3 +381,12 @@ def test_a_postgresql_stream_with_toast_placeholders_through_sigkills_equals_the
     assert sorted(want[DOCS]) == [1, 4] and sorted(want[TAGS]) == [8, 9]
     assert want[DOCS][1]["body"] == _long("d1") and want[DOCS][4]["body"] == _long("d4")
     check_batches(catalog_properties, (DOCS, TAGS), len(batches))
+    catalog = catalogs.load(None, catalog_properties)
+    for name in (DOCS, TAGS):
+        table = catalog.load_table(tuple(name.split(".")))
+        history = catalog.load_table(tuple((name + "__history").split(".")))
+        assert_table_is_current_versions(table, history, ("id",))
+        versions = history.scan().to_arrow()
+        assert versions.num_rows > len(want[name]), name
+        for column in versions.column_names:
+            assert UNAVAILABLE not in [v for v in versions.column(column).to_pylist() if isinstance(v, str)], (name, column)
