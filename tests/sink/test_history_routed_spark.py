@@ -193,10 +193,10 @@ def cdc_history_model(rounds: Sequence[Sequence[dict[str, Any]]]) -> dict[str, l
     for table, keys in by_table.items():
         versions = []
         for i, chain in keys.items():
-            for n, v in enumerate(chain):
-                nxt = chain[n + 1] if n + 1 < len(chain) else None
+            for place, v in enumerate(chain):
+                nxt = chain[place + 1] if place + 1 < len(chain) else None
                 deleted = v["op"] == "d"
-                after_delete = n == 0 or chain[n - 1]["op"] == "d"
+                after_delete = place == 0 or chain[place - 1]["op"] == "d"
                 operation = "delete" if deleted else "insert" if after_delete else "update"
                 body = None if deleted else v["values"]["body"]
                 title = None if deleted else v["values"]["title"]
@@ -259,8 +259,9 @@ def test_a_change_streams_tables_get_histories_dated_by_the_source_with_toast_va
     """Two tables of a PostgreSQL change stream (schemas.enable): inserts, updates holding Debezium's unavailable-value
     placeholder for unchanged TOAST columns (of a key stored in an earlier batch, and of the batch's own insert),
     deletes, a re-insert, a redelivered change, a truncate (every current version ends then, a delete each; the batch's
-    changes before it versions too, never applied to the table; the key inserted after it starts anew). Each history equals the model: valid_from = source.ts_ms, change_order =
-    the LSN, a placeholder never stored (the version before it gives the value); the mirror equals the current rows."""
+    changes before it versions too, never applied to the table; the key inserted after it starts anew). Each history
+    equals the model: valid_from = source.ts_ms, change_order = the LSN, a placeholder never stored (the version before
+    it gives the value); the mirror equals the current rows."""
     zero = [timed(change(t, "c", 10 + i, row(i, f"v1 {i}"), TYPES, ("id",))) for t in (DOCS, NOTES) for i in range(1, 4)]
     one = [timed(change(DOCS, "u", 20, unchanged_toast(1, "v2"), TYPES, ("id",)))]
     one += [timed(change(NOTES, "c", 21, row(9, "new", body="nine"), TYPES, ("id",)))]
