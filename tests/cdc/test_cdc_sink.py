@@ -34,7 +34,7 @@ from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP
 from tests.jobs import cdc_oracle_job as job
 from tests.support import cdc_oracle
 from tests.support.cdc_oracle import ROUNDS, TABLES
-from tests.support.helpers import lakesink_snapshots, run_to_end
+from tests.support.helpers import assert_table_is_current_versions, lakesink_snapshots, run_to_end
 from tests.support.job_process import killed_in_job, start_job
 
 pytestmark = pytest.mark.spark
@@ -172,18 +172,3 @@ def versions_by_key(rows: list[dict[str, Any]], key: tuple[str, ...]) -> Version
             assert v["is_current"] == (last and v["operation"] != "delete"), v
         out.append(tuple((v["operation"], _utc(v["valid_from"])) for v in versions))
     return sorted(out)
-
-
-def assert_table_is_current_versions(table: Any, history: Any, key: tuple[str, ...]) -> None:
-    """At every batch both hold, the table equals its history's current versions (in the table's columns)."""
-    mine = {s["batch_id"]: s["snapshot_id"] for s in lakesink_snapshots(table)}
-    theirs = {s["batch_id"]: s["snapshot_id"] for s in lakesink_snapshots(history)}
-    assert mine.keys() == theirs.keys(), f"{table.name()}: the table and its history hold other batches"
-    for batch_id, snapshot_id in mine.items():
-        rows = table.scan(snapshot_id=snapshot_id).to_arrow()
-        current = history.scan(snapshot_id=theirs[batch_id]).to_arrow()
-        current = current.filter(current.column("is_current"))
-        names = [n for n in rows.column_names if n in current.column_names]
-        assert _rows(current.select(names).to_pylist(), key) == _rows(rows.select(names).to_pylist(), key), (
-            f"{table.name()} at batch {batch_id}"
-        )

@@ -36,11 +36,10 @@ import pytest
 
 from lakesink.driver import catalogs
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
-from tests.cdc.test_cdc_sink import assert_table_is_current_versions
 from tests.jobs import cdc_oracle_job as job
 from tests.support import connectors as cn
 from tests.support.changes import write_json_round
-from tests.support.helpers import lakesink_snapshots, run_to_end
+from tests.support.helpers import assert_table_is_current_versions, lakesink_snapshots, run_to_end
 from tests.support.job_process import killed_in_job, start_job
 
 pytestmark = pytest.mark.spark

@@ -38,7 +38,13 @@ from tests.sink.test_history_spark import (
 from tests.sink.test_upserts_spark import write_events
 from tests.support import toast
 from tests.support.changes import KAFKA_DDL, write_json_round
-from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end, start_sink
+from tests.support.helpers import (
+    assert_snapshot_invariants,
+    assert_table_is_current_versions,
+    lakesink_snapshots,
+    run_to_end,
+    start_sink,
+)
 from tests.support.toast import change
 
 pytestmark = pytest.mark.spark
@@ -290,14 +296,5 @@ def test_a_change_streams_tables_get_histories_dated_by_the_source_with_toast_va
         for n in TOASTED:
             values = [v for v in got.column(n).to_pylist() if v is not None]
             assert toast.placeholder(TYPES[n]) not in values, (name, n)
-        table = load(catalog_properties, name)
-        mine = {s["batch_id"]: s["snapshot_id"] for s in lakesink_snapshots(table)}
-        theirs = {s["batch_id"]: s["snapshot_id"] for s in lakesink_snapshots(history)}
-        assert mine.keys() == theirs.keys(), name
-        for batch_id, snapshot_id in mine.items():
-            current = history.scan(snapshot_id=theirs[batch_id]).to_arrow()
-            current = current.filter(current.column("is_current"))
-            now = table.scan(snapshot_id=snapshot_id).to_arrow()
-            table_rows = {r["id"]: r for r in now.to_pylist()}
-            assert {r["id"]: {k: r[k] for k in now.column_names} for r in current.to_pylist()} == table_rows, (name, batch_id)
+        assert_table_is_current_versions(load(catalog_properties, name), history, ("id",))
         assert_snapshot_invariants(history)

@@ -4,6 +4,7 @@ either entry point (:func:`start_sink`, :class:`Stream`) and run to its end; fau
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -486,3 +487,31 @@ def as_another_process() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(swap, "_turns", {})
         yield
+
+
+def assert_table_is_current_versions(table: Any, history: Any, key: tuple[str, ...]) -> None:
+    """Option history: at every batch both hold, ``table`` equals its ``history``'s current versions (in the table's
+    columns, rows by ``key``; an aware timestamp compared in UTC)."""
+
+    def by_key(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+        out = {
+            tuple(r[k] for k in key): {
+                c: v.astimezone(datetime.timezone.utc) if isinstance(v, datetime.datetime) and v.tzinfo else v
+                for c, v in r.items()
+            }
+            for r in rows
+        }
+        assert len(out) == len(rows), "a key is in the table more than once"
+        return out
+
+    mine = {s["batch_id"]: s["snapshot_id"] for s in lakesink_snapshots(table)}
+    theirs = {s["batch_id"]: s["snapshot_id"] for s in lakesink_snapshots(history)}
+    assert mine.keys() == theirs.keys(), f"{table.name()}: the table and its history hold other batches"
+    for batch_id, snapshot_id in mine.items():
+        rows = table.scan(snapshot_id=snapshot_id).to_arrow()
+        current = history.scan(snapshot_id=theirs[batch_id]).to_arrow()
+        current = current.filter(current.column("is_current"))
+        names = [n for n in rows.column_names if n in current.column_names]
+        assert by_key(current.select(names).to_pylist()) == by_key(rows.select(names).to_pylist()), (
+            f"{table.name()} at batch {batch_id}"
+        )
