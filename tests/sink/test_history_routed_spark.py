@@ -49,7 +49,10 @@ from tests.support.toast import change
 
 pytestmark = pytest.mark.spark
 
+# each entry point in make test once across the two cases, the other pairing under the long marker
 ENTRIES = ["foreach", "format"]
+ROUTED_ENTRIES = ["foreach", pytest.param("format", marks=pytest.mark.long)]
+CDC_ENTRIES = [pytest.param("foreach", marks=pytest.mark.long), "format"]
 ROUTED_DDL = DDL + ", tbl string"
 TABLES = {0: "db.a", 1: "db.b"}
 
@@ -102,7 +105,7 @@ def assert_history_is_the_model(props: Mapping[str, str], name: str, batches: Se
     assert_snapshot_invariants(history)
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("entry", ROUTED_ENTRIES)
 def test_each_routed_table_gets_its_history_in_the_batchs_unit(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
@@ -253,21 +256,8 @@ def cdc_versions(rows: pa.Table) -> list[tuple[Any, ...]]:
     )
 
 
-def run_cdc(spark: Any, entry: str, props: Mapping[str, str], tmp_path: Path) -> None:
-    df = spark.readStream.schema(KAFKA_DDL).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
-    run_to_end(start_sink(df, entry, tmp_path / "ck", props, cdc_format="debezium", merge_schema=True, history="on"))
-
-
-@pytest.mark.parametrize("entry", ENTRIES)
-def test_a_change_streams_tables_get_histories_dated_by_the_source_with_toast_values_kept(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
-) -> None:
-    """Two tables of a PostgreSQL change stream (schemas.enable): inserts, updates holding Debezium's unavailable-value
-    placeholder for unchanged TOAST columns (of a key stored in an earlier batch, and of the batch's own insert),
-    deletes, a re-insert, a redelivered change, a truncate (every current version ends then, a delete each; the batch's
-    changes before it versions too, never applied to the table; the key inserted after it starts anew). Each history
-    equals the model: valid_from = source.ts_ms, change_order = the LSN, a placeholder never stored (the version before
-    it gives the value); the mirror equals the current rows."""
+def cdc_rounds() -> list[list[dict[str, Any]]]:
+    """Four batches of two tables' changes (see the test below), each change with its source time."""
     zero = [timed(change(t, "c", 10 + i, row(i, f"v1 {i}"), TYPES, ("id",))) for t in (DOCS, NOTES) for i in range(1, 4)]
     one = [timed(change(DOCS, "u", 20, unchanged_toast(1, "v2"), TYPES, ("id",)))]
     one += [timed(change(NOTES, "c", 21, row(9, "new", body="nine"), TYPES, ("id",)))]
@@ -283,7 +273,25 @@ def test_a_change_streams_tables_get_histories_dated_by_the_source_with_toast_va
     three += [timed(change(NOTES, "t", 41, None, TYPES, ("id",)))]
     three += [timed(change(NOTES, "c", 42, row(2, "after the truncate", body="fresh"), TYPES, ("id",)))]
     three += [timed(change(DOCS, "u", 43, unchanged_toast(2, "v4"), TYPES, ("id",)))]
-    rounds = [zero, one, two, three]
+    return [zero, one, two, three]
+
+
+def run_cdc(spark: Any, entry: str, props: Mapping[str, str], tmp_path: Path) -> None:
+    df = spark.readStream.schema(KAFKA_DDL).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+    run_to_end(start_sink(df, entry, tmp_path / "ck", props, cdc_format="debezium", merge_schema=True, history="on"))
+
+
+@pytest.mark.parametrize("entry", CDC_ENTRIES)
+def test_a_change_streams_tables_get_histories_dated_by_the_source_with_toast_values_kept(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """Two tables of a PostgreSQL change stream (schemas.enable): inserts, updates holding Debezium's unavailable-value
+    placeholder for unchanged TOAST columns (of a key stored in an earlier batch, and of the batch's own insert),
+    deletes, a re-insert, a redelivered change, a truncate (every current version ends then, a delete each; the batch's
+    changes before it versions too, never applied to the table; the key inserted after it starts anew). Each history
+    equals the model: valid_from = source.ts_ms, change_order = the LSN, a placeholder never stored (the version before
+    it gives the value); the mirror equals the current rows."""
+    rounds = cdc_rounds()
     for index, changes in enumerate(rounds):
         write_json_round(tmp_path / "in", index, toast.kafka_records(changes, ("id",), schemas=True))
         run_cdc(spark, entry, catalog_properties, tmp_path)
