@@ -13,8 +13,10 @@ Real SQLite catalogs, real Parquet files, no Spark; the oracle is a multiset of 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
+from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
@@ -181,3 +183,48 @@ def test_another_engines_equality_deletes_conflict_when_new_and_not_when_rewritt
     with pytest.raises(RowDeltaConflictError, match="delete file") as e:
         commit_delta(load(c), delta_of(results, batch_id=91))
     assert e.value.files == (new.file_path,)
+
+
+def test_a_compaction_lands_over_a_rewrite_of_deletes_it_already_applied(catalog_properties: dict[str, str]) -> None:
+    """The compaction's own validation uses the same rule (lakesink.maintenance.compaction.Compaction.validated): it
+    plans to rewrite three small data files, applying a delete file that also names rows of a large file it leaves
+    alone; while it writes, a rewrite of position deletes merges that delete file with another into one that keeps
+    their data sequence number -- it deletes nothing the plan did not apply. The compaction (validated from the
+    snapshot its plan read) lands on its first attempt, no deleted row comes back, none is lost."""
+    c = committer_no_maintenance(catalog_properties)
+    sent = commit_batches(c, 3)  # three small data files, ids b*1000 .. b*1000+9
+    sent += commit_batches(c, 1, start=3, rows=6000)  # one large file: not a compaction candidate
+    _delete_batches(c, [[1, 3005], [3007]])  # one delete file naming a small file and the large one; one the large
+    table = load(c)
+    base = table.current_snapshot()
+    assert base is not None
+    sizes = sorted(e.data_file.file_size_in_bytes for e in live_data_files(table))
+    target = sizes[-1]  # the large file is above 0.75 x target, the small ones far below
+    rewrites = []
+
+    def rewrite_meanwhile(done: int, total: int) -> None:
+        if not rewrites:
+            rewrites.append(position_deletes.rewrite_position_deletes(load(c), min_input_files=2))
+
+    report = compaction.compact(load(c), min_input_files=2, target_file_size=target, progress=rewrite_meanwhile)
+    (rewrite,) = rewrites
+    assert rewrite.status == "committed" and rewrite.rewritten_files == 2, rewrite
+    merged = {e.data_file.file_path: e.sequence_number for e in live_delete_files(load(c))}
+    assert set(merged) == set(rewrite.added_files)
+    assert all(s is not None and s <= _seq(table, base.snapshot_id) for s in merged.values())
+    assert report.status == "committed" and report.rewritten_files == 3 and report.attempts == 1, report
+    t = load(c)
+    head = t.current_snapshot()
+    assert head is not None and head.snapshot_id == report.snapshot_id and head.parent_snapshot_id == rewrite.snapshot_id
+    assert_everywhere(t, Counter(sent) - Counter([1, 3005, 3007]))
+
+
+def live_data_files(table: Table) -> list[Any]:
+    head = table.current_snapshot()
+    assert head is not None
+    return [
+        e
+        for m in head.manifests(table.io)
+        if m.content == ManifestContent.DATA
+        for e in m.fetch_manifest_entry(table.io, discard_deleted=True)
+    ]
