@@ -21,6 +21,10 @@ before the swap -- each run started again from the same checkpoint with one more
 this test's Spark session, reads to the end. Then every table equals the plain-Python replay of the same changes in the
 source's commit order (:func:`tests.support.connectors.model`, the values decoded from Debezium's documented encodings
 here), with the source's types, and no batch is recorded twice in any table's snapshots.
+
+The same MySQL stream with Debezium's transaction metadata (each change's ``transaction`` block, the transaction topic's
+``BEGIN``/``END``; the transaction's id its GTID), cut mid-transaction, runs with option cdc-transactions=hold through
+the same kills: after every batch each table equals the source after a whole prefix of its transactions.
 """
 
 from __future__ import annotations
@@ -389,3 +393,76 @@ def test_a_postgresql_stream_with_toast_placeholders_through_sigkills_equals_the
         assert versions.num_rows > len(want[name]), name
         for column in versions.column_names:
             assert UNAVAILABLE not in [v for v in versions.column(column).to_pylist() if isinstance(v, str)], (name, column)
+
+
+# -- MySQL held back by transaction (cdc-transactions=hold) -------------------------------------------------------------
+
+RELEASED_UP_TO = (2, 5, 8, 10)
+"""The last transaction each batch of :func:`held_mysql_records` releases whole (by commit order), the rest held."""
+
+
+def held_mysql_records(batches: list[cn.Streamed]) -> list[list[dict[str, Any]]]:
+    """:func:`mysql_stream`'s records with Debezium's transaction metadata (``provide.transaction.metadata=true``: each
+    change's ``transaction`` block, the ``shop.transaction`` topic's ``BEGIN``/``END``), and Kafka's ``offset`` per
+    topic, cut as a consumer reading each topic to where it got: the customers topic one record short in batch 0 (T3's
+    change of customer 2 comes in batch 1: T3's ``END`` is at hand, a change missing), the transaction topic one record
+    short in batch 1 (T6's ``END`` comes in batch 2, where the new primary re-sends T5 and T6 too)."""
+    log = [x for streamed in batches for x in streamed]
+    out = []
+    for streamed in batches:
+        changes, metadata = cn.mysql_records_with_metadata(streamed, log, schemas=True)
+        out.append(changes + metadata)
+
+    def payload(record: dict[str, Any]) -> dict[str, Any]:
+        return dict(json.loads(record["value"])["payload"])
+
+    late = [r for r in out[0] if r["topic"] == f"shop.{CUSTOMERS}"][-1]
+    assert payload(late)["after"] == _c(2, "y", 12) and payload(late)["transaction"]["total_order"] == 2, late
+    end = [r for r in out[1] if r["topic"] == "shop.transaction"][-1]
+    assert payload(end)["status"] == "END" and payload(end)["id"] == batches[1][-1][1]["gtid"], end
+    for batch, record in ((0, late), (1, end)):
+        out[batch].remove(record)
+        out[batch + 1].insert(0, record)
+    offsets: dict[str, int] = {}
+    for records in out:
+        for r in records:
+            r["offset"] = offsets.get(r["topic"], 0)
+            offsets[r["topic"]] = r["offset"] + 1
+    return out
+
+
+def _tables_at(props: dict[str, str], names: tuple[str, ...], batch: int) -> dict[str, dict[Any, dict[str, Any]]]:
+    """Each table as of its last lakesink snapshot of a batch up to ``batch``."""
+    catalog = catalogs.load(None, props)
+    out: dict[str, dict[Any, dict[str, Any]]] = {}
+    for name in names:
+        table = catalog.load_table(tuple(name.split(".")))
+        snapshots = [s for s in lakesink_snapshots(table) if s["batch_id"] <= batch]
+        assert snapshots, (name, batch)
+        rows = table.scan(snapshot_id=snapshots[-1]["snapshot_id"]).to_arrow().to_pylist()
+        out[name] = {r["id"]: r for r in rows}
+        assert len(out[name]) == len(rows), f"{name}: a key twice"
+    return out
+
+
+@pytest.mark.long
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("entry", ["hold", "hold-format"])
+def test_a_mysql_stream_held_back_by_transaction_through_sigkills_shows_whole_transactions(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
+) -> None:
+    """:func:`mysql_stream` with its transaction metadata and cuts (:func:`held_mysql_records`), option
+    cdc-transactions=hold, through the same SIGKILLs: after every batch each table equals the source's state after a
+    whole prefix of its transactions (:data:`RELEASED_UP_TO`: T3 and T6 held back a batch), the redelivered and
+    replicated transactions (same GTIDs) never applied twice, and at the end each table equals the model."""
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    batches = mysql_stream()
+    run_stream_through_kills(spark, catalog_properties, faults, entry, src, ck, held_mysql_records(batches))
+    names = (ORDERS, CUSTOMERS)
+    changes = [change for streamed in batches for change, _ in streamed]
+    check_batches(catalog_properties, names, len(batches))
+    for batch, last in enumerate(RELEASED_UP_TO):
+        model = cn.model(c for c in changes if c.seq // 1000 <= last)
+        want = {CUSTOMERS: model.get(CUSTOMERS, {}), ORDERS: {k: _decoded(v) for k, v in model[ORDERS].items()}}
+        assert _tables_at(catalog_properties, names, batch) == want, f"batch {batch}"
+    assert sorted(_tables(catalog_properties, names)[ORDERS]) == [1, 2, 4, 6]

@@ -39,6 +39,8 @@ import struct
 from decimal import Decimal
 from typing import Any
 
+from tests.support import connectors
+
 TOPIC_PREFIX = "lake"
 VERSION = "2.7.3.Final"
 _EPOCH = dt.datetime(1970, 1, 1)
@@ -132,50 +134,6 @@ def _source_schema() -> dict[str, Any]:
 
 
 TRANSACTION_TOPIC = f"{TOPIC_PREFIX}.transaction"
-_TRANSACTION_BLOCK_SCHEMA = {
-    "type": "struct",
-    "fields": [
-        {"type": "string", "optional": False, "field": "id"},
-        {"type": "int64", "optional": False, "field": "total_order"},
-        {"type": "int64", "optional": False, "field": "data_collection_order"},
-    ],
-    "optional": True,
-    "name": "event.block",
-    "version": 1,
-    "field": "transaction",
-}
-_TRANSACTION_VALUE_SCHEMA = {
-    "type": "struct",
-    "fields": [
-        {"type": "string", "optional": False, "field": "status"},
-        {"type": "string", "optional": False, "field": "id"},
-        {"type": "int64", "optional": True, "field": "event_count"},
-        {
-            "type": "array",
-            "items": {
-                "type": "struct",
-                "fields": [
-                    {"type": "string", "optional": False, "field": "data_collection"},
-                    {"type": "int64", "optional": False, "field": "event_count"},
-                ],
-                "optional": False,
-            },
-            "optional": True,
-            "field": "data_collections",
-        },
-        {"type": "int64", "optional": False, "field": "ts_ms"},
-    ],
-    "optional": False,
-    "name": "io.debezium.connector.common.TransactionMetadataValue",
-    "version": 1,
-}
-_TRANSACTION_KEY_SCHEMA = {
-    "type": "struct",
-    "fields": [{"type": "string", "optional": False, "field": "id"}],
-    "optional": False,
-    "name": "io.debezium.connector.common.TransactionMetadataKey",
-    "version": 1,
-}
 
 
 def transaction_id(change: dict[str, Any]) -> str | None:
@@ -202,18 +160,7 @@ def transaction_blocks(changes: list[dict[str, Any]]) -> list[dict[str, Any] | N
 def transaction_records(tx: str, ts_ms: int, tables: list[str], *, schemas: bool) -> list[dict[str, Any]]:
     """The transaction topic's ``BEGIN`` and ``END`` records of transaction ``tx`` (``tables``: its changes' tables, one
     entry per change, in order)."""
-    counts: dict[str, int] = {}
-    for t in tables:
-        counts[t] = counts.get(t, 0) + 1
-    begin = {"status": "BEGIN", "id": tx, "ts_ms": ts_ms, "event_count": None, "data_collections": None}
-    collections = [{"data_collection": t, "event_count": n} for t, n in counts.items()]
-    end = {"status": "END", "id": tx, "ts_ms": ts_ms, "event_count": len(tables), "data_collections": collections}
-    key: Any = {"schema": _TRANSACTION_KEY_SCHEMA, "payload": {"id": tx}} if schemas else {"id": tx}
-    out = []
-    for value in (begin, end):
-        wrapped = {"schema": _TRANSACTION_VALUE_SCHEMA, "payload": value} if schemas else value
-        out.append({"topic": TRANSACTION_TOPIC, "key": json.dumps(key), "value": json.dumps(wrapped)})
-    return out
+    return connectors.transaction_records(TOPIC_PREFIX, tx, ts_ms, tables, schemas=schemas)
 
 
 def commit_ms(change: dict[str, Any]) -> int:
@@ -274,7 +221,7 @@ def records(
                     _source_schema(),
                     {"type": "string", "optional": False, "field": "op"},
                     {"type": "int64", "optional": True, "field": "ts_ms"},
-                    _TRANSACTION_BLOCK_SCHEMA,
+                    connectors.TRANSACTION_BLOCK_SCHEMA,
                 ],
                 "optional": False,
                 "name": f"{topic}.Envelope",

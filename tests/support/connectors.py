@@ -133,6 +133,71 @@ def _value_schema(
     }
 
 
+TRANSACTION_BLOCK_SCHEMA = {
+    "type": "struct",
+    "fields": [
+        {"type": "string", "optional": False, "field": "id"},
+        {"type": "int64", "optional": False, "field": "total_order"},
+        {"type": "int64", "optional": False, "field": "data_collection_order"},
+    ],
+    "optional": True,
+    "name": "event.block",
+    "version": 1,
+    "field": "transaction",
+}
+"""The ``transaction`` block of a change event (``provide.transaction.metadata=true``): Debezium's ``event.block``."""
+
+TRANSACTION_VALUE_SCHEMA = {
+    "type": "struct",
+    "fields": [
+        {"type": "string", "optional": False, "field": "status"},
+        {"type": "string", "optional": False, "field": "id"},
+        {"type": "int64", "optional": True, "field": "event_count"},
+        {
+            "type": "array",
+            "items": {
+                "type": "struct",
+                "fields": [
+                    {"type": "string", "optional": False, "field": "data_collection"},
+                    {"type": "int64", "optional": False, "field": "event_count"},
+                ],
+                "optional": False,
+            },
+            "optional": True,
+            "field": "data_collections",
+        },
+        {"type": "int64", "optional": False, "field": "ts_ms"},
+    ],
+    "optional": False,
+    "name": "io.debezium.connector.common.TransactionMetadataValue",
+    "version": 1,
+}
+TRANSACTION_KEY_SCHEMA = {
+    "type": "struct",
+    "fields": [{"type": "string", "optional": False, "field": "id"}],
+    "optional": False,
+    "name": "io.debezium.connector.common.TransactionMetadataKey",
+    "version": 1,
+}
+
+
+def transaction_records(prefix: str, tx: str, ts_ms: int, tables: Sequence[str], *, schemas: bool) -> list[dict[str, Any]]:
+    """The ``BEGIN`` and ``END`` records of transaction ``tx`` in the transaction topic ``<prefix>.transaction``
+    (``tables``: each of its changes' table, in order; the ``END`` counts them per table in ``data_collections``)."""
+    counts: dict[str, int] = {}
+    for t in tables:
+        counts[t] = counts.get(t, 0) + 1
+    begin = {"status": "BEGIN", "id": tx, "ts_ms": ts_ms, "event_count": None, "data_collections": None}
+    collections = [{"data_collection": t, "event_count": n} for t, n in counts.items()]
+    end = {"status": "END", "id": tx, "ts_ms": ts_ms, "event_count": len(tables), "data_collections": collections}
+    key: Any = {"schema": TRANSACTION_KEY_SCHEMA, "payload": {"id": tx}} if schemas else {"id": tx}
+    out = []
+    for value in (begin, end):
+        wrapped = {"schema": TRANSACTION_VALUE_SCHEMA, "payload": value} if schemas else value
+        out.append({"topic": f"{prefix}.transaction", "key": json.dumps(key), "value": json.dumps(wrapped)})
+    return out
+
+
 def kafka_records(
     topic: str,
     change: Change,
@@ -141,9 +206,11 @@ def kafka_records(
     *,
     schemas: bool,
     processed_ms: int,
+    transaction: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """The records of one change: the value envelope (before, after, source, op, ts_ms/us/ns: when the connector
-    processed it), its key ``{"id"}`` (the primary key), and a tombstone after a delete."""
+    processed it; ``transaction``: its transaction block), its key ``{"id"}`` (the primary key), and a tombstone after
+    a delete."""
     payload = {
         "before": change.before,
         "after": change.after,
@@ -153,10 +220,15 @@ def kafka_records(
         "ts_us": processed_ms * 1000,
         "ts_ns": processed_ms * 1_000_000,
     }
+    if transaction is not None:
+        payload["transaction"] = transaction
     key: Any = {"id": change.key}
     value: Any = payload
     if schemas:
-        value = {"schema": _value_schema(topic, source_schema, source["connector"], change.fields), "payload": payload}
+        schema = _value_schema(topic, source_schema, source["connector"], change.fields)
+        if transaction is not None:
+            schema = {**schema, "fields": [*schema["fields"], TRANSACTION_BLOCK_SCHEMA]}
+        value = {"schema": schema, "payload": payload}
         key_schema = {"type": "struct", "fields": _fields(ROW_FIELDS[:1]), "optional": False, "name": f"{topic}.Key"}
         key = {"schema": key_schema, "payload": key}
     key_text = None if change.op == "t" else json.dumps(key)
@@ -298,6 +370,50 @@ class MySql:
 
     def records(self, streamed: Iterable[tuple[Change, dict[str, Any]]], *, schemas: bool) -> list[dict[str, Any]]:
         return stream_records(streamed, self.name, MYSQL_SOURCE, lag_ms=250, schemas=schemas)
+
+
+def mysql_records_with_metadata(
+    streamed: Iterable[tuple[Change, dict[str, Any]]],
+    log: Iterable[tuple[Change, dict[str, Any]]],
+    *,
+    prefix: str = "shop",
+    schemas: bool,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The change records of ``streamed`` as Debezium's MySQL connector (GTIDs on) writes them with
+    ``provide.transaction.metadata=true`` -- each change's ``transaction`` block: the transaction's id is its GTID,
+    ``total_order`` the change's place in the transaction, ``data_collection_order`` its place among the transaction's
+    changes of its table -- and the transaction topic's ``BEGIN``/``END`` of each transaction in ``streamed``, in the
+    order they first come there (a snapshot read has no transaction). ``log``: every change streamed, to know each
+    transaction whole (a redelivered or replicated copy keeps its GTID and its place)."""
+    whole: dict[str, dict[int, Change]] = {}
+    for change, source in log:
+        if source["gtid"] is not None and source["snapshot"] == "false":
+            whole.setdefault(source["gtid"], {})[change.seq] = change
+    changes: list[dict[str, Any]] = []
+    metadata: list[dict[str, Any]] = []
+    started: set[str] = set()
+    for change, source in streamed:
+        gtid = source["gtid"]
+        block = None
+        if gtid is not None and source["snapshot"] == "false":
+            ordered = [whole[gtid][k] for k in sorted(whole[gtid])]
+            place = [c.seq for c in ordered].index(change.seq)
+            same_table = [c for c in ordered[: place + 1] if c.table == change.table]
+            block = {"id": gtid, "total_order": place + 1, "data_collection_order": len(same_table)}
+            if gtid not in started:
+                started.add(gtid)
+                tables = [c.table for c in ordered]
+                metadata += transaction_records(prefix, gtid, source["ts_ms"], tables, schemas=schemas)
+        changes += kafka_records(
+            f"{prefix}.{change.table}",
+            change,
+            source,
+            MYSQL_SOURCE,
+            schemas=schemas,
+            processed_ms=processing_ms(source, 250),
+            transaction=block,
+        )
+    return changes, metadata
 
 
 # -- SQL Server and Db2 -----------------------------------------------------------------------------------------------
