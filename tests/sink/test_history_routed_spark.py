@@ -6,7 +6,8 @@ each table the stream upserts gets its own history table, committed in the batch
   at every batch the table equals its history's current versions;
 - cdc-format: Debezium's PostgreSQL records built field by field (tests/support/cdc_debezium.py), valid_from from
   ``source.ts_ms``, the order from the LSN, unchanged TOAST values (Debezium's unavailable-value placeholder) taken from
-  the version before -- never the placeholder itself.
+  the version before -- never the placeholder itself; a truncate re-sent with the changes around it (a connector
+  restarted from an older LSN) adds no version.
 """
 
 from __future__ import annotations
@@ -306,3 +307,29 @@ def test_a_change_streams_tables_get_histories_dated_by_the_source_with_toast_va
             assert toast.placeholder(TYPES[n]) not in values, (name, n)
         assert_table_is_current_versions(load(catalog_properties, name), history, ("id",))
         assert_snapshot_invariants(history)
+
+
+@pytest.mark.parametrize("entry", ROUTED_ENTRIES)
+def test_a_truncate_resent_with_the_changes_around_it_adds_no_version(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """A connector restarted from an older LSN re-sends an update, the truncate after it and an insert after that (all
+    applied a batch before), with a new insert: the update before the truncate (never applied to the table again) and
+    the insert after it are versions once, the truncate ends no version twice; a key deleted by the truncate and changed
+    after the re-sent batch starts anew. The history equals the model of the change log without its redeliveries, the
+    table its current versions."""
+    zero = [timed(change(NOTES, "c", 10 + i, row(i, f"v1 {i}"), TYPES, ("id",))) for i in range(1, 4)]
+    one = [timed(change(NOTES, "u", 20, unchanged_toast(1, "before the truncate"), TYPES, ("id",)))]
+    one += [timed(change(NOTES, "t", 21, None, TYPES, ("id",)))]
+    one += [timed(change(NOTES, "c", 22, row(3, "after the truncate", body="fresh"), TYPES, ("id",)))]
+    two = [dict(c) for c in one]  # re-sent from LSN 15
+    two += [timed(change(NOTES, "c", 30, row(2, "back", body="again"), TYPES, ("id",)))]
+    three = [timed(change(NOTES, "u", 40, unchanged_toast(3, "later"), TYPES, ("id",)))]
+    rounds = [zero, one, two, three]
+    for index, changes in enumerate(rounds):
+        write_json_round(tmp_path / "in", index, toast.kafka_records(changes, ("id",), schemas=True))
+        run_cdc(spark, entry, catalog_properties, tmp_path)
+    history = load(catalog_properties, NOTES + "__history")
+    assert cdc_versions(history.scan().to_arrow()) == cdc_history_model(rounds)[NOTES]
+    assert_table_is_current_versions(load(catalog_properties, NOTES), history, ("id",))
+    assert sorted(load(catalog_properties, NOTES).scan().to_arrow().column("id").to_pylist()) == [2, 3]
