@@ -47,10 +47,13 @@ from typing import Any
 
 from lakesink.errors import SchemaMismatchError
 
-E = {k: 10**k for k in (6, 10, 12, 16, 17, 22, 33, 37)}
+E = {k: 10**k for k in (6, 10, 12, 16, 17, 22, 33, 34, 37)}
 MYSQL_FILE_STEP, MYSQL_POS_STEP = E[16], E[6]
 MYSQL_TIME_STEP = E[22]
 """A GTID change's commit time (ms) above its coordinates (< E22)."""
+GTID_BAND = E[34]
+"""The lowest order value of a MySQL change streamed with a GTID (``ts_ms >= 10^12``): the band [E34, E37) holds those
+alone (binlog epochs < E28, LSNs < E20, the LSN/SCN connectors' streamed changes >= E37)."""
 STREAMED = E[37]
 """The band of a streamed change of an LSN/SCN connector: above every snapshot read (< E37)."""
 SNAPSHOT_BELOW = E[37]
@@ -248,6 +251,17 @@ def _vitess(transaction: Mapping[str, Any], op: str, route: str) -> int:
     rank = _number(transaction, "transaction_rank", DIGITS["rank"], "vitess", route)
     total = _number(transaction, "total_order", DIGITS["total_order"], "vitess", route)
     return STREAMED + epoch * VITESS_EPOCH_STEP + rank * VITESS_RANK_STEP + total
+
+
+def gtid_commit_ms(order: Any) -> int | None:
+    """The commit time (ms) in the order value of a MySQL change streamed with a GTID (``ts_ms*E22 + C``), None for any
+    other order value. Two changes of a row at one such commit time that say the same are one change read twice: a
+    failover's new primary re-sends the transactions it replicated at its own (other) binlog coordinates, keeping their
+    GTIDs and commit times (lakesink.driver.actions.history keeps them as one version)."""
+    if order is None:
+        return None
+    value = int(order)
+    return value // MYSQL_TIME_STEP if GTID_BAND <= value < STREAMED else None
 
 
 def as_decimal(value: int | None) -> Decimal | None:

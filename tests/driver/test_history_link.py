@@ -6,11 +6,13 @@ from __future__ import annotations
 import datetime
 import math
 import random
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
+from lakesink.cdc.positions import gtid_commit_ms
 from lakesink.driver.actions.history import link, link_batch
 from lakesink.errors import UpsertKeyError
 from lakesink.table.keys import DELETED
@@ -152,3 +154,76 @@ def test_the_batch_linking_in_arrow_gives_what_the_python_linking_gives(seed: in
     )
     assert _outcome(in_arrow, changes) == _outcome(in_python, changes)
     assert {p: sorted(v) for p, v in in_arrow.deleted.items()} == {p: sorted(v) for p, v in in_python.deleted.items()}
+
+
+# --- a change stream's MySQL change read again at other coordinates (a GTID failover) ---------------------------------
+
+COMMIT_MS = 1_700_000_000_000
+
+
+def gtid(coordinates: int, value: Any = "x", *, ms: int = COMMIT_MS, deleted: bool = False) -> dict[str, Any]:
+    """A change of key 1 as a MySQL change with a GTID orders it: its commit time (ms) above its binlog coordinates."""
+    return {
+        "id": 1,
+        "value": value,
+        "valid_from": T + datetime.timedelta(milliseconds=ms - COMMIT_MS),
+        "change_order": Decimal(ms * 10**22 + coordinates),  # decimal(38,0), as cdc_order
+        DELETED: deleted,
+    }
+
+
+def as_stored(c: dict[str, Any], nxt: dict[str, Any] | None, operation: str, pos: int) -> dict[str, Any]:
+    row = {k: v for k, v in c.items() if k != DELETED}
+    return {
+        **row,
+        "valid_to": nxt["valid_from"] if nxt else None,
+        "is_current": nxt is None and operation != "delete",
+        "operation": operation,
+        "_path": "f",
+        "_pos": pos,
+    }
+
+
+def test_a_gtid_change_read_again_at_other_coordinates_is_one_version() -> None:
+    """A failover's new primary re-sends a transaction it replicated at its own coordinates (lower or higher), with its
+    GTID's commit time: next to the version it copies, saying the same, it is that version (counted as redelivered);
+    without the change stream's order (commit_of None) it is a version of its own, as before."""
+    first = gtid(300_000_000, "a", ms=COMMIT_MS - 5)
+    original = gtid(500_000_000, "b")
+    versions = [as_stored(first, original, "insert", 0), as_stored(original, None, "update", 1)]
+    for coordinates in (100_000_000, 900_000_000):  # below and above the original's
+        copy = gtid(coordinates, "b")
+        for linker in (link, link_batch):
+            kw: dict[str, Any] = {"key": ["id"], "whole": frozenset({(1,)}), "commit_of": gtid_commit_ms}
+            if linker is link_batch:  # its changes carry their place; the whole row is the change without it
+                kw["full"] = lambda c: {k: v for k, v in c.items() if k != "_index"}
+            changes = [{**copy, "_index": 0}] if linker is link_batch else [copy]
+            given = pa.Table.from_pylist(changes) if linker is link_batch else changes
+            done = linker(given, versions, **kw)
+            assert (done.added, done.changed, done.redelivered, done.rows, done.deleted) == (0, 0, 1, [], {}), (
+                linker.__name__,
+                coordinates,
+            )
+        if coordinates > 500_000_000:  # newer than the stored latest: not a late change, yet compared, not linked in Arrow
+            strip = {"full": lambda c: {k: v for k, v in c.items() if k != "_index"}}
+            light = pa.Table.from_pylist([{**copy, "_index": 0}])
+            done = link_batch(light, versions[-1:], key=["id"], whole=frozenset(), commit_of=gtid_commit_ms, **strip)
+            assert (done.added, done.changed, done.redelivered) == (0, 0, 1)
+        plain = link([copy], versions, key=["id"], whole=frozenset({(1,)}))
+        assert plain.added == 1 and plain.redelivered == 0
+    # both in one batch, the copy first
+    done = link([gtid(100, "b"), gtid(900, "b")], [], key=["id"], whole=frozenset(), commit_of=gtid_commit_ms)
+    assert (done.added, done.redelivered) == (1, 1)
+    assert chain(done.rows) == [(Decimal(COMMIT_MS * 10**22 + 100), "insert", True, None)]
+
+
+def test_changes_at_one_commit_that_differ_or_are_not_neighbours_stay_versions() -> None:
+    """One transaction (one commit time) changing a row b -> c -> b: the last is a change (its neighbour says c), and
+    so is a change to another value, and a delete of a row holding the same values."""
+    b1, c, b2 = gtid(100, "b"), gtid(200, "c"), gtid(300, "b")
+    done = link([b1, c, b2], [], key=["id"], whole=frozenset(), commit_of=gtid_commit_ms)
+    assert (done.added, done.redelivered) == (3, 0)
+    gone = link([b1, gtid(200, "b", deleted=True)], [], key=["id"], whole=frozenset(), commit_of=gtid_commit_ms)
+    assert (gone.added, gone.redelivered) == (2, 0)
+    other = link([b1, gtid(900, "b", ms=COMMIT_MS + 1)], [], key=["id"], whole=frozenset(), commit_of=gtid_commit_ms)
+    assert (other.added, other.redelivered) == (2, 0)  # another commit time: another change

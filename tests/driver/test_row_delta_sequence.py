@@ -200,7 +200,7 @@ def test_a_compaction_lands_over_a_rewrite_of_deletes_it_already_applied(catalog
     assert base is not None
     sizes = sorted(e.data_file.file_size_in_bytes for e in live_data_files(table))
     target = sizes[-1]  # the large file is above 0.75 x target, the small ones far below
-    rewrites = []
+    rewrites: list[position_deletes.PositionDeleteRewriteReport] = []
 
     def rewrite_meanwhile(done: int, total: int) -> None:
         if not rewrites:

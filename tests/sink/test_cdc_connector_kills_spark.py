@@ -255,9 +255,48 @@ def kafka_records(source: Any, batches: list[cn.Streamed], typed: str) -> list[l
     return out
 
 
+def _ms(value: Any) -> int | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return round(value.timestamp() * 1000)
+
+
+def history_model(batches: list[cn.Streamed], table: str, decode: Any) -> list[tuple[Any, ...]]:
+    """Option history: every version of ``table``'s rows from the whole change log (a redelivered or replicated copy
+    once: the same place in the source's order), as (key, operation, valid_from ms = ``source.ts_ms``, valid_to ms, is
+    current, the row's values decoded -- None for a delete's version)."""
+    seen: dict[int, tuple[cn.Change, int]] = {}
+    for streamed in batches:
+        for change, source in streamed:
+            if change.table == table:
+                seen.setdefault(change.seq, (change, int(source["ts_ms"])))
+    chains: dict[Any, list[tuple[cn.Change, int]]] = {}
+    for seq in sorted(seen):
+        chains.setdefault(seen[seq][0].key, []).append(seen[seq])
+    out = []
+    for key, chain in chains.items():
+        for i, (c, ts) in enumerate(chain):
+            after = chain[i + 1][1] if i + 1 < len(chain) else None
+            op = "delete" if c.op == "d" else "insert" if i == 0 or chain[i - 1][0].op == "d" else "update"
+            values = None if c.op == "d" else sorted(decode(c.after).items())
+            out.append((key, op, ts, after, after is None and c.op != "d", values))
+    return sorted(out, key=repr)
+
+
+def history_versions(history: Any, columns: list[str]) -> list[tuple[Any, ...]]:
+    """The history table's versions in :func:`history_model`'s shape (``columns``: the table's own)."""
+    out = []
+    for r in history.scan().to_arrow().to_pylist():
+        values = None if r["operation"] == "delete" else sorted((c, r[c]) for c in columns)
+        out.append((r["id"], r["operation"], _ms(r["valid_from"]), _ms(r["valid_to"]), r["is_current"], values))
+    return sorted(out, key=repr)
+
+
 @pytest.mark.long
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("entry", ["foreach", "format"])
+@pytest.mark.parametrize("entry", ["foreach", "format-history"])
 def test_a_mysql_stream_through_sigkills_equals_the_model(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
@@ -290,6 +329,16 @@ def test_a_mysql_stream_through_sigkills_equals_the_model(
         "placed": "timestamp",
     }
     check_batches(catalog_properties, tuple(want), len(batches))
+    if entry.endswith("-history"):  # each table's history: every version of the change log, the table its current ones
+        catalog = catalogs.load(None, catalog_properties)
+        for name in want:
+            table = catalog.load_table(tuple(name.split(".")))
+            history = catalog.load_table(tuple((name + "__history").split(".")))
+            assert_table_is_current_versions(table, history, ("id",))
+            decode = _decoded if name == ORDERS else dict
+            columns = [f.name for f in table.schema().fields]
+            expected = history_model([*batches, *rounds], name, decode)
+            assert history_versions(history, columns) == expected, name
 
 
 # -- PostgreSQL: TOAST placeholders and truncates ----------------------------------------------------------------------

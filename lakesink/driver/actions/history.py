@@ -42,6 +42,7 @@ from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import row_delta as seam_row_delta
 from lakesink.cdc import unavailable
+from lakesink.cdc.positions import gtid_commit_ms
 from lakesink.driver.actions import upsert
 from lakesink.driver.actions.batch import AppendBatch, Batch, SinkContext
 from lakesink.driver.actions.row_delta import delete_target
@@ -49,6 +50,7 @@ from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.messages import TaskIds
 from lakesink.executor.position_deletes import PositionDeleteWriter
 from lakesink.options import HISTORY, HISTORY_TIME, ORDER_BY, UPSERT_KEY, SinkOptions
+from lakesink.options.keys import CDC_ORDER_BY
 from lakesink.table.keys import (
     DELETED,
     HISTORY_CHANGE_ORDER,
@@ -89,6 +91,9 @@ class HistoryChanges:
     schema: pa.Schema
     """The history table's columns for the batch's stream (:func:`history_schema`): with option merge-schema, the
     columns the stream adds are planned into the history table and committed with its versions."""
+    rereads: bool = False
+    """Whether the order values are a change stream's source positions (``cdc_order``), where a MySQL change with a
+    GTID can come again at other coordinates (:func:`lakesink.cdc.positions.gtid_commit_ms`)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,7 @@ def link_batch(
     whole: frozenset[tuple[Any, ...]],
     table_name: str = "",
     full: Callable[[dict[str, Any]], dict[str, Any]] = lambda change: change,
+    commit_of: Callable[[Any], Any] | None = None,
 ) -> Linked:
     """:func:`link` over a whole batch (``light``: each change's key, order, time, delete flag and ``_index``;
     ``stored``: the stored versions as :func:`link` takes them, or as an Arrow table of those rows): the keys whose
@@ -131,6 +137,8 @@ def link_batch(
     counted = light.group_by(names, use_threads=False).aggregate([("_index", "count")])
     repeated = counted.filter(pc.greater(counted.column("_index_count"), 1)).select(list(key))
     slow = set(whole) | {tuple(r[k] for k in key) for r in repeated.to_pylist()}
+    if commit_of is not None:  # a change that may be another's copy read at other coordinates: compared by link
+        slow |= _same_commits(light, stored, key, commit_of)
     by_python, in_arrow = light.slice(0, 0), light
     of_slow: list[dict[str, Any]] = []
     latest = stored
@@ -141,7 +149,7 @@ def link_batch(
         if stored is not None and stored.num_rows:
             of_slow = _with_keys(stored, slow_keys, key).to_pylist()
             latest = _with_keys(stored, slow_keys, key, without=True)
-    done = link(by_python.to_pylist(), of_slow, key=key, whole=whole, table_name=table_name, full=full)
+    done = link(by_python.to_pylist(), of_slow, key=key, whole=whole, table_name=table_name, full=full, commit_of=commit_of)
     links, relinked, deleted = _link_in_arrow(in_arrow, latest, key)
     for path, positions in deleted.items():
         done.deleted.setdefault(path, []).extend(positions)
@@ -155,6 +163,30 @@ def link_batch(
         linked_new=links,
         relinked=relinked,
     )
+
+
+def _same_commits(
+    light: pa.Table, stored: pa.Table | None, key: Sequence[str], commit_of: Callable[[Any], Any]
+) -> set[tuple[Any, ...]]:
+    """The keys with two changes (of the batch, or one of the batch and the stored latest version) at one commit of
+    ``commit_of`` (not None): :func:`link` tells a copy from a change."""
+    seen: dict[tuple[Any, ...], set[Any]] = {}
+    out: set[tuple[Any, ...]] = set()
+    rows = light.select([*key, HISTORY_CHANGE_ORDER]).to_pylist()
+    for r in rows:
+        commit = commit_of(r[HISTORY_CHANGE_ORDER])
+        if commit is None:
+            continue
+        k = tuple(r[n] for n in key)
+        if commit in seen.setdefault(k, set()):
+            out.add(k)
+        seen[k].add(commit)
+    if stored is not None and stored.num_rows and seen:
+        for r in stored.select([*key, HISTORY_CHANGE_ORDER]).to_pylist():
+            k = tuple(r[n] for n in key)
+            if k in seen and commit_of(r[HISTORY_CHANGE_ORDER]) in seen[k]:
+                out.add(k)
+    return out
 
 
 def _link_in_arrow(
@@ -275,13 +307,16 @@ def link(
     whole: frozenset[tuple[Any, ...]],
     table_name: str = "",
     full: Callable[[dict[str, Any]], dict[str, Any]] = lambda change: change,
+    commit_of: Callable[[Any], Any] | None = None,
 ) -> Linked:
     """The versions to write (the module's step 2). ``changes``: the batch's changes (rows with :data:`DELETED`, the
     order and the time); ``stored``: the history's versions of their keys, each with ``_path``/``_pos`` (where it is);
     ``whole``: the keys whose every version is in ``stored`` (else only their latest). Pure: no I/O. Two changes of a
     key with one order value are one change delivered twice when they say the same (kept once), else UpsertKeyError.
     A change may be given by its key, order, time, delete flag and place in the batch (``_index``) only: ``full`` gives
-    its whole row where its values are compared (a redelivery), and its version comes back in :attr:`Linked.new`."""
+    its whole row where its values are compared (a redelivery), and its version comes back in :attr:`Linked.new`.
+    ``commit_of`` (a change stream's source positions): a change next to a version of its key (in order) at the same
+    commit that says the same is that change read again at other coordinates (a MySQL failover), kept once."""
     by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in stored:
         by_key.setdefault(tuple(row[k] for k in key), []).append(row)
@@ -299,6 +334,11 @@ def link(
         for change in news:
             order = change[HISTORY_CHANGE_ORDER]
             there = held.get(order, fresh.get(order))
+            if there is None and commit_of is not None:
+                there = _read_again(full(change), [*old, *fresh.values()], commit_of, full)
+                if there is not None:
+                    redelivered += 1  # the same change read at other coordinates: its version is there
+                    continue
             if there is not None:
                 if not _same_change(full(change), full(there) if DELETED in there else there):
                     raise UpsertKeyError(
@@ -347,13 +387,39 @@ def link(
     return Linked(rows=rows, new=new, deleted=deleted, added=added, changed=changed, redelivered=redelivered)
 
 
-def _same_change(change: dict[str, Any], version: dict[str, Any]) -> bool:
+def _same_change(change: dict[str, Any], version: dict[str, Any], *, ignore: Sequence[str] = ()) -> bool:
     """Whether ``change`` (of the batch) says what ``version`` (stored, or another change of the batch) says: the same
-    delete flag, time and values."""
+    delete flag, time and values (but the columns ``ignore``)."""
     deleted = version[DELETED] if DELETED in version else version.get(HISTORY_OPERATION) == HISTORY_DELETE
     if bool(change[DELETED]) != bool(deleted):
         return False
-    return all(_equal(change[n], version.get(n)) for n in change if n not in (DELETED, *_LINKS))
+    return all(_equal(change[n], version.get(n)) for n in change if n not in (DELETED, *_LINKS, *ignore))
+
+
+def _read_again(
+    change: dict[str, Any],
+    versions: Sequence[dict[str, Any]],
+    commit_of: Callable[[Any], Any],
+    full: Callable[[dict[str, Any]], dict[str, Any]],
+) -> dict[str, Any] | None:
+    """The version of ``versions`` (one key's, stored or of the batch) that ``change`` is a copy of, read at other
+    coordinates: its neighbour in order, at the same commit, saying the same but for the order value; else None."""
+    order = change[HISTORY_CHANGE_ORDER]
+    commit = commit_of(order)
+    if commit is None:
+        return None
+    below = [v for v in versions if v[HISTORY_CHANGE_ORDER] < order]
+    above = [v for v in versions if v[HISTORY_CHANGE_ORDER] > order]
+    neighbours = [
+        *([max(below, key=lambda v: v[HISTORY_CHANGE_ORDER])] if below else []),
+        *([min(above, key=lambda v: v[HISTORY_CHANGE_ORDER])] if above else []),
+    ]
+    for v in neighbours:
+        if commit_of(v[HISTORY_CHANGE_ORDER]) != commit:
+            continue
+        if _same_change(change, full(v) if DELETED in v else v, ignore=(HISTORY_CHANGE_ORDER,)):
+            return v
+    return None
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -406,6 +472,7 @@ class HistoryBatch(AppendBatch):
             whole=whole,
             table_name=changes.of,
             full=lambda change: {**new.slice(change["_index"], 1).to_pylist()[0], DELETED: change[DELETED]},
+            commit_of=gtid_commit_ms if changes.rereads else None,
         )
         self.linked = linked
         commit = batch.commit_name()
@@ -723,7 +790,7 @@ def checked_changes(rows: pa.Table, keys: Sequence[str], options: SinkOptions, *
     if options.order_by is not None:
         carried.append(pa.field(options.order_by, rows.schema.field(HISTORY_CHANGE_ORDER).type))
     schema = history_schema(stream, options, outside=pa.schema(carried))
-    return HistoryChanges(rows=rows, key=tuple(keys), of=table, schema=schema)
+    return HistoryChanges(rows=rows, key=tuple(keys), of=table, schema=schema, rereads=options.order_by == CDC_ORDER_BY)
 
 
 def changes_of_tasks(results: Sequence[Any], options: SinkOptions, *, batch_id: int, table: str) -> HistoryChanges | None:
