@@ -46,7 +46,7 @@ def stored(
     }
 
 
-def chain(rows: list[dict[str, Any]]) -> list[tuple[int, str, bool, int | None]]:
+def chain(rows: list[dict[str, Any]]) -> list[tuple[Any, str, bool, int | None]]:
     out = []
     for r in sorted(rows, key=lambda r: r["change_order"]):
         to = r["valid_to"]
@@ -205,9 +205,15 @@ def test_a_gtid_change_read_again_at_other_coordinates_is_one_version() -> None:
                 coordinates,
             )
         if coordinates > 500_000_000:  # newer than the stored latest: not a late change, yet compared, not linked in Arrow
-            strip = {"full": lambda c: {k: v for k, v in c.items() if k != "_index"}}
             light = pa.Table.from_pylist([{**copy, "_index": 0}])
-            done = link_batch(light, versions[-1:], key=["id"], whole=frozenset(), commit_of=gtid_commit_ms, **strip)
+            done = link_batch(
+                light,
+                versions[-1:],
+                key=["id"],
+                whole=frozenset(),
+                commit_of=gtid_commit_ms,
+                full=lambda c: {k: v for k, v in c.items() if k != "_index"},
+            )
             assert (done.added, done.changed, done.redelivered) == (0, 0, 1)
         plain = link([copy], versions, key=["id"], whole=frozenset({(1,)}))
         assert plain.added == 1 and plain.redelivered == 0

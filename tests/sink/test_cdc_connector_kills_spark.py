@@ -260,7 +260,7 @@ def _ms(value: Any) -> int | None:
         return None
     if value.tzinfo is None:
         value = value.replace(tzinfo=dt.timezone.utc)
-    return round(value.timestamp() * 1000)
+    return int(round(value.timestamp() * 1000))
 
 
 def history_model(batches: list[cn.Streamed], table: str, decode: Any) -> list[tuple[Any, ...]]:
