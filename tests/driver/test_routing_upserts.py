@@ -80,9 +80,7 @@ def write(
 ) -> list[RoutedTaskResult]:
     """The batch's tasks as foreach_batch runs them: every (table, key) in one task (a repartition by both)."""
     rows = partial(task_rows, computed_deletes=computed_deletes)
-    return routed_upserts.write_tasks(
-        rc, Q, batch_id, events, rows, tasks=tasks, deletes_computed=computed_deletes, facts=facts
-    )
+    return routed_upserts.write_tasks(rc, Q, batch_id, events, rows, tasks=tasks, deletes_computed=computed_deletes, facts=facts)
 
 
 def run(rc: RoutedCommitter, batch_id: int, events: Sequence[Event], facts: BatchFacts = NO_FACTS, **kw: Any) -> RoutedOutcome:

@@ -101,15 +101,20 @@ def assert_everywhere(table: Table, model: Counter[int]) -> None:
     }
 
 
-def live_delete_files(table: Table) -> list[Any]:
+def live_entries(table: Table, content: ManifestContent) -> list[Any]:
+    """The live manifest entries of the table's head in its manifests of ``content`` (data or deletes)."""
     head = table.current_snapshot()
     assert head is not None
     return [
         e
         for m in head.manifests(table.io)
-        if m.content == ManifestContent.DELETES
+        if m.content == content
         for e in m.fetch_manifest_entry(table.io, discard_deleted=True)
     ]
+
+
+def live_delete_files(table: Table) -> list[Any]:
+    return live_entries(table, ManifestContent.DELETES)
 
 
 # --- the files and the snapshot ---------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ Real SQLite catalogs, real Parquet files, no Spark; the oracle is a multiset of 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import pytest
 from pyiceberg.manifest import ManifestContent
@@ -30,6 +29,7 @@ from tests.driver.test_row_delta import (
     commit_delta,
     delta_of,
     live_delete_files,
+    live_entries,
     positions_of,
     write_deletes,
 )
@@ -198,7 +198,7 @@ def test_a_compaction_lands_over_a_rewrite_of_deletes_it_already_applied(catalog
     table = load(c)
     base = table.current_snapshot()
     assert base is not None
-    sizes = sorted(e.data_file.file_size_in_bytes for e in live_data_files(table))
+    sizes = sorted(e.data_file.file_size_in_bytes for e in live_entries(table, ManifestContent.DATA))
     target = sizes[-1]  # the large file is above 0.75 x target, the small ones far below
     rewrites: list[position_deletes.PositionDeleteRewriteReport] = []
 
@@ -217,14 +217,3 @@ def test_a_compaction_lands_over_a_rewrite_of_deletes_it_already_applied(catalog
     head = t.current_snapshot()
     assert head is not None and head.snapshot_id == report.snapshot_id and head.parent_snapshot_id == rewrite.snapshot_id
     assert_everywhere(t, Counter(sent) - Counter([1, 3005, 3007]))
-
-
-def live_data_files(table: Table) -> list[Any]:
-    head = table.current_snapshot()
-    assert head is not None
-    return [
-        e
-        for m in head.manifests(table.io)
-        if m.content == ManifestContent.DATA
-        for e in m.fetch_manifest_entry(table.io, discard_deleted=True)
-    ]
