@@ -148,7 +148,7 @@ def exists(props: Mapping[str, str], name: str) -> bool:
 
 
 def versions_at(history: Any, snapshot_id: int | None = None) -> list[Version]:
-    rows = history.scan(snapshot_id=snapshot_id).to_arrow().to_pylist() if snapshot_id is not None else history.scan().to_arrow().to_pylist()
+    rows = history.scan(snapshot_id=snapshot_id).to_arrow().to_pylist()  # None: the current snapshot
     return sorted(
         (
             (
@@ -198,8 +198,8 @@ def test_held_changes_become_versions_once_in_the_batch_that_releases_them(
     t10 += [tx_change(DOCS, "c", 12, {"id": 2, "title": "d2"}, 10), tx_change(NOTES, "c", 13, {"id": 1, "title": "n1"}, 10)]
     t20 = [tx_change(DOCS, "u", 21, {"id": 1, "title": "d1 by t20"}, 20), tx_change(NOTES, "c", 22, {"id": 2, "title": "n2"}, 20)]
     t20 += [tx_change(NOTES, "u", 23, {"id": 1, "title": "n1 by t20"}, 20), tx_change(DOCS, "d", 24, {"id": 2}, 20)]
-    t30 = [tx_change(DOCS, "u", 31, {"id": 1, "title": "d1 by t30"}, 30), tx_change(DOCS, "c", 32, {"id": 2, "title": "d2 again"}, 30)]
-    t30 += [tx_change(NOTES, "d", 33, {"id": 2}, 30)]
+    t30 = [tx_change(DOCS, "u", 31, {"id": 1, "title": "d1 by t30"}, 30)]
+    t30 += [tx_change(DOCS, "c", 32, {"id": 2, "title": "d2 again"}, 30), tx_change(NOTES, "d", 33, {"id": 2}, 30)]
     t40 = [tx_change(NOTES, "u", 41, {"id": 1, "title": "n1 by t40"}, 40), tx_change(DOCS, "c", 42, {"id": 3, "title": "d3"}, 40)]
     b10, r10, e10 = transaction(t10)
     b20, r20, e20 = transaction(t20)
