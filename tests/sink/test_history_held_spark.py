@@ -58,22 +58,6 @@ def tx_change(table: str, op: str, lsn: int, image: dict[str, Any], commit_lsn: 
     return c
 
 
-class Topics:
-    """Kafka's topics of the stream: every record gets its topic's next offset (the transaction topic's offsets are its
-    commit order)."""
-
-    def __init__(self) -> None:
-        self.offsets: dict[str, int] = {}
-
-    def stamp(self, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        out = []
-        for r in records:
-            n = self.offsets.get(r["topic"], 0)
-            self.offsets[r["topic"]] = n + 1
-            out.append({**r, "offset": n})
-        return out
-
-
 def transaction(changes: Sequence[Change]) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     """A transaction's BEGIN, its changes' records (a delete with its tombstone), its END -- unstamped: the caller
     delivers them in any cut."""
@@ -181,7 +165,7 @@ def replay(ck: Path, batch_id: int) -> None:
 # --- cdc-transactions=hold -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("entry", [pytest.param("foreach", marks=pytest.mark.long), "format"])  # foreach: ~60 s
+@pytest.mark.parametrize("entry", ENTRIES)
 def test_held_changes_become_versions_once_in_the_batch_that_releases_them(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
@@ -192,7 +176,7 @@ def test_held_changes_become_versions_once_in_the_batch_that_releases_them(
     equals the model of the transactions released by then: the held changes are versions only from batch 1 on, once,
     in LSN order, dated by their commit's ``source.ts_ms``."""
     props, ck = catalog_properties, tmp_path / "ck"
-    topics = Topics()
+    topics = cdc_debezium.Topics()
     t10 = [tx_change(DOCS, "c", 11, {"id": 1, "title": "d1"}, 10)]
     t10 += [tx_change(DOCS, "c", 12, {"id": 2, "title": "d2"}, 10), tx_change(NOTES, "c", 13, {"id": 1, "title": "n1"}, 10)]
     t20 = [tx_change(DOCS, "u", 21, {"id": 1, "title": "d1 by t20"}, 20), tx_change(NOTES, "c", 22, {"id": 2, "title": "n2"}, 20)]
@@ -283,7 +267,7 @@ def test_a_transaction_released_incomplete_then_its_missing_change_becomes_a_lat
     sink's tables to record the empty batch in, and refused as routed tables named like histories (InvalidOptionError).
     """
     props, ck = catalog_properties, tmp_path / "ck"
-    topics = Topics()
+    topics = cdc_debezium.Topics()
     t10 = [tx_change(DOCS, "c", 11, {"id": 1, "title": "d1"}, 10), tx_change(NOTES, "c", 12, {"id": 1, "title": "n1"}, 10)]
     t50 = [tx_change(DOCS, "u", 51, {"id": 1, "title": "d1 by t50"}, 50)]
     t50 += [tx_change(DOCS, "u", 52, {"id": 1, "title": "d1 again by t50"}, 50)]
@@ -327,7 +311,7 @@ def test_a_first_batch_holding_everything_makes_empty_tables_then_releases_once(
     held changes would make them, carrying what is held (docs/cdc.md); no history has a version. A restart replays that
     batch, then the END releases it: each change a version once, in the releasing batch."""
     props, ck = catalog_properties, tmp_path / "ck"
-    topics = Topics()
+    topics = cdc_debezium.Topics()
     t20 = [tx_change(DOCS, "c", 21, {"id": 1, "title": "d1"}, 20), tx_change(NOTES, "c", 22, {"id": 1, "title": "n1"}, 20)]
     t20 += [tx_change(DOCS, "u", 23, {"id": 1, "title": "d1 again"}, 20)]
     b20, r20, e20 = transaction(t20)
