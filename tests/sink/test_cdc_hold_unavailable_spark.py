@@ -46,19 +46,8 @@ def tx_change(op: str, lsn: int, image: dict[str, Any], commit_lsn: int) -> Chan
     return c
 
 
-class Topics:
+class Topics(cdc_debezium.Topics):
     """Kafka's topics of the stream: each record with its topic's next offset."""
-
-    def __init__(self) -> None:
-        self.offsets: dict[str, int] = {}
-
-    def stamp(self, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        out = []
-        for r in records:
-            n = self.offsets.get(r["topic"], 0)
-            self.offsets[r["topic"]] = n + 1
-            out.append({**r, "offset": n})
-        return out
 
     def transaction(self, changes: Sequence[Change]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
         """A transaction's BEGIN, its changes' records, its END (stamped later: the caller orders delivery)."""

@@ -36,6 +36,7 @@ import datetime as dt
 import json
 import math
 import struct
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -161,6 +162,22 @@ def transaction_records(tx: str, ts_ms: int, tables: list[str], *, schemas: bool
     """The transaction topic's ``BEGIN`` and ``END`` records of transaction ``tx`` (``tables``: its changes' tables, one
     entry per change, in order)."""
     return connectors.transaction_records(TOPIC_PREFIX, tx, ts_ms, tables, schemas=schemas)
+
+
+class Topics:
+    """Kafka's topics of a stream: every record gets its topic's next ``offset`` (the transaction topic's offsets are
+    its commit order, which option cdc-transactions=hold reads)."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[str, int] = {}
+
+    def stamp(self, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for r in records:
+            n = self.offsets.get(r["topic"], 0)
+            self.offsets[r["topic"]] = n + 1
+            out.append({**r, "offset": n})
+        return out
 
 
 def commit_ms(change: dict[str, Any]) -> int:

@@ -70,10 +70,13 @@ def table_key(name: str, schema: Schema | None, carried: Collection[Key], stream
     )
 
 
-def check_carried(name: str, key: Key, carried: Collection[Key], batch_id: int | None = None) -> None:
+def check_carried(
+    name: str, key: Key, carried: Collection[Key], batch_id: int | None = None, *, history: str | None = None
+) -> None:
     """The keys a batch's changes of table ``name`` carry (``carried``: the Debezium records' Kafka keys' fields) are
     all the table's ``key`` (compared as sets of column names: Iceberg's identifier fields are a set), else a
-    SchemaMismatchError naming the table, both keys and the way out -- before anything of the batch is written."""
+    SchemaMismatchError naming the table, both keys and the way out -- before anything of the batch is written.
+    ``history``: the table's history table (option history), which the way out drops too."""
     other = [k for k in carried if set(k) != set(key)]
     if not other:
         return
@@ -84,8 +87,18 @@ def check_carried(name: str, key: Key, carried: Collection[Key], batch_id: int |
         f"{'; '.join(carried_names(other))}{mixed} (the records' Kafka keys: the source table's primary key changed). "
         f"Upserting by ({', '.join(key)}) would merge rows the source keeps apart (or split one it keeps whole): "
         "nothing was committed. lakesink does not re-key a table: rebuild it under the new key -- stop the query, "
-        f"drop or rename table {name}, and re-snapshot the source table (Debezium's incremental snapshot); "
-        'docs/cdc.md, "a source\'s primary key changes"'
+        f"drop or rename table {name}{history_way_out(history)}, and re-snapshot the source table (Debezium's "
+        'incremental snapshot); docs/cdc.md, "a source\'s primary key changes"'
+    )
+
+
+def history_way_out(history: str | None) -> str:
+    """The part of a key change's way out for the table's history table ``history`` (option history; None: none)."""
+    if history is None:
+        return ""
+    return (
+        f" and drop its history table {history} too (its versions are keyed by the old key: left there, the rows the "
+        "source had before the change would stay current in it; copy it first to keep them, docs/history.md)"
     )
 
 

@@ -397,7 +397,13 @@ class RoutedTables(ABC, Generic[T]):
                 schema = None
             carried = facts.carried_keys.get(name, set())
             self.table_keys[name] = routed_keys.table_key(name, schema, carried, self.options.upsert_key)
-        routed_keys.check_carried(name, self.table_keys[name], facts.carried_keys.get(name, ()))
+        history = c.options.history
+        routed_keys.check_carried(
+            name,
+            self.table_keys[name],
+            facts.carried_keys.get(name, ()),
+            history=str(history.of(c.options.table)) if history is not None else None,
+        )
         c.options = replace(c.options, upsert_key=self.table_keys[name])
 
     def plans(self, routes: Sequence[Route], query_id: str | None, facts: TableFacts = NO_TABLE_FACTS) -> BatchPlans:

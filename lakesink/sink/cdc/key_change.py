@@ -30,7 +30,7 @@ from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
 from lakesink.driver.committers.facts import BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter
-from lakesink.driver.tables.routed_keys import Key, identifier_fields
+from lakesink.driver.tables.routed_keys import Key, history_way_out, identifier_fields
 from lakesink.errors import SchemaMismatchError
 from lakesink.executor.payload import Found
 from lakesink.options import Routing
@@ -64,7 +64,8 @@ def cuts(
             own = None
         if own is not None and set(own) == set(old):
             _record(routed, target, old, new, at)
-            raise SchemaMismatchError(_refusal(name, old, new, at))
+            history = routed.options.history
+            raise SchemaMismatchError(_refusal(name, old, new, at, str(history.of(target)) if history is not None else None))
         if own is None or set(own) == set(new):
             if _recorded(routed, target) != (old, new, at):
                 raise SchemaMismatchError(_unrecorded(name, target, old, new, at, exists=own is not None))
@@ -135,7 +136,7 @@ def _unrecorded(name: str, target: Route, old: Key, new: Key, at: Decimal, *, ex
     )
 
 
-def _refusal(name: str, old: Key, new: Key, at: Decimal) -> str:
+def _refusal(name: str, old: Key, new: Key, at: Decimal, history: str | None) -> str:
     o, n = ", ".join(old), ", ".join(new)
     namespace = name.rsplit(".", 1)[0]
     return (
@@ -143,7 +144,8 @@ def _refusal(name: str, old: Key, new: Key, at: Decimal) -> str:
         f"({o}) up to the source's primary key change, then those under ({n}) from source position {at} (the records' "
         f"Kafka keys). Upserting by ({o}) would merge rows the source keeps apart: nothing was committed. lakesink does "
         f"not re-key a table; the change is recorded (namespace {namespace}, property "
-        f"{PROPERTY}{name.rsplit('.', 1)[1]}). Way out: stop the query, drop (or rename) table {name}, and restart: the "
+        f"{PROPERTY}{name.rsplit('.', 1)[1]}). Way out: stop the query, drop (or rename) table {name}"
+        f"{history_way_out(history)}, and restart: the "
         f"restart makes {name} keyed by ({n}) from this batch's changes from position {at} on -- its changes before "
         f"it belong to the table you dropped and are not applied -- and goes on; then have Debezium re-snapshot the "
         "source table (the execute-snapshot signal) to bring the rows the new table lacks. docs/cdc.md, \"a source's "

@@ -41,7 +41,7 @@ from lakesink.driver.actions.held import HeldBack
 from lakesink.driver.committers.facts import BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter
 from lakesink.errors import InvalidOptionError
-from lakesink.options import CDC_TRANSACTIONS, Routing, SinkOptions
+from lakesink.options import CDC_TRANSACTIONS, Routing, SinkOptions, TableName
 from lakesink.table.routes import Route, parse_route
 
 log = logging.getLogger("lakesink")
@@ -256,6 +256,11 @@ def starting_state(
         tables = _load(catalog, [tuple(n.split(".")) for n in known])
     if not any(key in t.properties for t in tables.values()):
         tables = _load(catalog, _sink_tables(catalog, options))
+    # option history: a history table carries the property as a member of its table's unit, but is no table of the
+    # sink's own (an empty batch's marker goes to its table, which brings its history along)
+    history = options.history
+    if history is not None:
+        tables = {n: t for n, t in tables.items() if not history.is_history_name(TableName.parse(n))}
     latest = held.recorded(tables, query_id, options.sink_id)
     return tables, held.starting_state(latest, batch_id, query_id=query_id)
 
