@@ -39,7 +39,9 @@ from tests.support.helpers import (
 
 pytestmark = pytest.mark.spark
 
-ENTRIES = ["foreach", "format"]
+# each case on one entry point in make test, on the other under the long marker (make test-long)
+FOREACH_FIRST = ["foreach", pytest.param("format", marks=pytest.mark.long)]
+FORMAT_FIRST = [pytest.param("foreach", marks=pytest.mark.long), "format"]
 DOCS, NOTES = "public.docs", "shop.notes"
 TABLES = (DOCS, NOTES)
 TYPES = {"id": "int", "title": "string"}
@@ -165,7 +167,7 @@ def replay(ck: Path, batch_id: int) -> None:
 # --- cdc-transactions=hold -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("entry", FOREACH_FIRST)
 def test_held_changes_become_versions_once_in_the_batch_that_releases_them(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
@@ -253,7 +255,7 @@ def test_held_changes_become_versions_once_in_the_batch_that_releases_them(
         assert versions_at(load(props, name + "__history")) == history_model(released_by[2])[name], name
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("entry", FORMAT_FIRST)
 def test_a_transaction_released_incomplete_then_its_missing_change_becomes_a_late_version_once(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
@@ -303,7 +305,7 @@ def test_a_transaction_released_incomplete_then_its_missing_change_becomes_a_lat
             assert_each_batch_once(history, name + "__history")
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("entry", FOREACH_FIRST)
 def test_a_first_batch_holding_everything_makes_empty_tables_then_releases_once(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
@@ -410,7 +412,7 @@ def lines_of(table: Any) -> list[tuple[int, int, int]]:
     return sorted((r["order_id"], r["line"], r["qty"]) for r in table.scan().to_arrow().to_pylist())
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("entry", FORMAT_FIRST)
 def test_a_source_key_change_with_history_fails_loudly_commits_nothing_then_goes_on(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
@@ -461,7 +463,7 @@ def test_a_source_key_change_with_history_fails_loudly_commits_nothing_then_goes
     assert sorted(kept.column("change_order").to_pylist()) == [10, 11, 12]  # the copy: the old key's versions
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("entry", FOREACH_FIRST)
 def test_a_batch_spanning_a_key_change_with_history_is_refused_then_goes_on_from_the_change(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
