@@ -1,4 +1,4 @@
-"""Option history with option dead-letter-table (issue 55), on both entry points, one table and routed: a history
+"""Option history with option dead-letter-table (issue 55), on both entry points, one table, routed and change streams: a history
 table records the changes its table APPLIES. A change that is a dead letter (a value that does not fit, reject-when, a
 null key) is never a version and never closes its key's current version; the dead-letter table, the table and its
 history commit in the batch's one unit, exactly once through a replay; a batch over max-rejected-fraction commits in
@@ -24,8 +24,12 @@ from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.table import dead_letters as dl
+from tests.driver.test_cdc_unavailable import TYPES, row, unchanged_toast
+from tests.sink.test_cdc_unavailable_spark import DEAD, TABLES, assert_tables_are, records
 from tests.sink.test_history_spark import at, history_model, table_model, versions_of
+from tests.support.changes import KAFKA_DDL, write_json_round
 from tests.support.helpers import assert_snapshot_invariants, assert_table_is_current_versions, lakesink_snapshots, start_sink
+from tests.support.toast import change
 
 pytestmark = pytest.mark.spark
 
@@ -190,3 +194,60 @@ def test_a_dead_letter_is_never_a_version_and_the_three_tables_commit_once(
         run(spark, src, ck, props, entry, routed)
     assert heads(props) == landed
     assert_state(props, 2)
+
+
+@pytest.mark.parametrize("entry", ["foreach", "format"])
+def test_a_change_streams_dead_letters_are_no_versions_of_its_tables_histories(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """Option cdc-format (Debezium's PostgreSQL records, built field by field: tests/support/cdc_debezium.py): an update
+    holding the unavailable-value placeholder with no value to keep (its key's table holds no row; right after the
+    batch deleted the key) is a dead letter found by the commit or the writer, the batch written again without it:
+    it is no version of its table's history either, and a replay of the batch adds nothing."""
+    props = catalog_properties
+    docs, notes = TABLES
+    zero = [change(t, "c", 10 + i, row(i, f"v1 {i}"), TYPES, ("id",)) for t in TABLES for i in range(1, 3)]
+    good = [change(docs, "u", 20, unchanged_toast(1, "v2"), TYPES, ("id",))]
+    good += [change(notes, "c", 21, row(9, "new", body="nine"), TYPES, ("id",))]
+    good += [change(notes, "u", 22, unchanged_toast(9, "new, updated"), TYPES, ("id",))]
+    bad = [change(docs, "u", 23, unchanged_toast(7, "never inserted"), TYPES, ("id",))]
+    bad += [change(notes, "u", 24, unchanged_toast(8, "never inserted"), TYPES, ("id",))]
+    good += [change(notes, "d", 26, {"id": 2}, TYPES, ("id",))]  # applied; the update right after it is a dead letter
+    bad += [change(notes, "u", 27, unchanged_toast(2, "after its delete"), TYPES, ("id",))]
+    write_json_round(tmp_path / "in", 0, records(zero))
+    write_json_round(tmp_path / "in", 1, records([good[0], bad[0], good[1], bad[1], good[2], good[3], bad[2]]))
+
+    def go() -> None:
+        df = spark.readStream.schema(KAFKA_DDL).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+        query = start_sink(
+            df, entry, tmp_path / "ck", props, cdc_format="debezium", merge_schema=True, dead_letter_table=DEAD, history="on"
+        )
+        query.awaitTermination()
+        query.stop()
+
+    catalog = catalogs.load(None, dict(props))
+
+    def state() -> tuple[Any, ...]:
+        out: list[Any] = []
+        for name in TABLES:
+            table = catalog.load_table(tuple(name.split(".")))
+            history = catalog.load_table(tuple((name + "__history").split(".")))
+            assert_table_is_current_versions(table, history, ("id",))
+            out.append(sorted((r["id"], r["operation"], r["is_current"]) for r in history.scan().to_arrow().to_pylist()))
+        letters = catalog.load_table(tuple(DEAD.split("."))).scan().to_arrow().to_pylist()
+        out.append(sorted((r["error"], r["table"], r["batch_id"], json.loads(r["row"])["value"]) for r in letters))
+        return tuple(out)
+
+    want = (
+        [(1, "insert", False), (1, "update", True), (2, "insert", True)],  # no version of key 7
+        [(1, "insert", True), (2, "delete", False), (2, "insert", False), (9, "insert", False), (9, "update", True)],
+        sorted(("unavailable-value", c["table"], 1, r["value"]) for c in bad for r in records([c])),
+    )
+    go()
+    assert_tables_are(props, [zero, good])
+    assert state() == want
+    (tmp_path / "ck" / "commits" / "1").unlink()  # a restart before Spark's commit log: batch 1 replayed
+    (tmp_path / "ck" / "commits" / ".1.crc").unlink(missing_ok=True)
+    go()
+    assert_tables_are(props, [zero, good])
+    assert state() == want
