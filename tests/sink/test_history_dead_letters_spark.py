@@ -46,7 +46,9 @@ def _c(eid: int, key: int | None, value: str | None = "v", op: str = "u") -> Cha
 
 
 BATCHES: list[list[Change]] = [
-    [_c(i, i, op="c") for i in range(1, 7)],
+    # key 9's only change does not fit: no version (format("lakesink") with route-by writes a table it did not plan
+    # with the template and finds this dead letter when it rewrites the rows into the table, on the driver)
+    [*(_c(i, i, op="c") for i in range(1, 7)), _c(7, 9, value=None, op="c")],
     [
         _c(10, 7, op="c"),  # a new key that fits ...
         _c(11, 7, value=None),  # ... then a later change of it that does not: key 7's version is seq 10, current
@@ -65,7 +67,7 @@ BATCHES: list[list[Change]] = [
     # every change a letter: over max-rejected-fraction, the batch fails and none of the three tables gets it
     [_c(30, 6, op="x"), _c(31, 2, value=None), _c(32, 1, value="reject")],
 ]
-MAX_REJECTED = 0.7  # batch 1: 7 of 13 rejected; batch 2: all
+MAX_REJECTED = 0.7  # batch 0: 1 of 7 rejected; batch 1: 7 of 13; batch 2: all
 
 
 def letter(c: Change) -> str | None:
