@@ -24,6 +24,7 @@ from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.table import dead_letters as dl
+from lakesink.table.keys import DRIVER_LOOKUP_BYTES, SUMMARY_UPSERT_MODE
 from tests.driver.test_cdc_unavailable import TYPES, row, unchanged_toast
 from tests.sink.test_cdc_unavailable_spark import DEAD, TABLES, assert_tables_are, records
 from tests.sink.test_history_spark import at, history_model, table_model, versions_of
@@ -84,8 +85,9 @@ def applied(batches: list[list[Change]]) -> list[list[Change]]:
     return [[c for c in b if letter(c) is None] for b in batches]
 
 
-def create_table(props: dict[str, str]) -> None:
-    """The mirror, ``value`` NOT NULL (a change with a null value is a required-null dead letter)."""
+def create_table(props: dict[str, str], *, mor: bool = False) -> None:
+    """The mirror, ``value`` NOT NULL (a change with a null value is a required-null dead letter); ``mor``:
+    merge-on-read, its keys looked up by Spark's executors."""
     cat = catalogs.load(None, dict(props))
     cat.create_namespace_if_not_exists(("db",))
     schema = Schema(
@@ -97,7 +99,9 @@ def create_table(props: dict[str, str]) -> None:
         NestedField(6, "ts", TimestamptzType(), required=False),
         identifier_field_ids=[2],
     )
-    cat.create_table(("db", "events"), schema)
+    cat.create_table(
+        ("db", "events"), schema, properties={"write.merge.mode": "merge-on-read", DRIVER_LOOKUP_BYTES: "0"} if mor else {}
+    )
 
 
 def write_batch(src: Path, i: int) -> None:
@@ -163,12 +167,21 @@ def assert_state(props: dict[str, str], batches: int) -> None:
     assert [s["batch_id"] for s in lakesink_snapshots(history)] == list(range(batches))
 
 
-@pytest.mark.parametrize(("entry", "routed"), [("foreach", False), ("format", False), ("foreach", True), ("format", True)])
+@pytest.mark.parametrize(
+    ("entry", "routed", "mor"),
+    [
+        ("foreach", False, False),
+        ("format", False, False),
+        ("foreach", True, False),
+        ("format", True, False),
+        ("foreach", False, True),
+    ],
+)
 def test_a_dead_letter_is_never_a_version_and_the_three_tables_commit_once(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str, routed: bool
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str, routed: bool, mor: bool
 ) -> None:
     props = catalog_properties
-    create_table(props)
+    create_table(props, mor=mor)
     src, ck = tmp_path / "in", tmp_path / "ck"
     src.mkdir()
     write_batch(src, 0)
@@ -196,6 +209,10 @@ def test_a_dead_letter_is_never_a_version_and_the_three_tables_commit_once(
         run(spark, src, ck, props, entry, routed)
     assert heads(props) == landed
     assert_state(props, 2)
+    if mor:  # batch 1's upsert was a row delta
+        events = load(props, "events")
+        last = events.metadata.snapshot_by_id(lakesink_snapshots(events)[-1]["snapshot_id"]).summary
+        assert last.get(SUMMARY_UPSERT_MODE) == "merge-on-read" and int(last.get("added-position-deletes") or 0) > 0
 
 
 @pytest.mark.parametrize("entry", ["foreach", "format"])
