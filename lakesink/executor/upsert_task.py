@@ -141,7 +141,8 @@ def resolve_task(
 
 
 def history_rows(batches: Iterable[pa.RecordBatch], spec: UpsertSpec, *, batch_id: int) -> pa.Table:
-    """Option history: every change the task received (not one per key), for the history table
+    """Option history: every change the task received (not one per key; with option dead-letter-table, every one that
+    fits: the task sorts its rows first, and a dead letter is never a version), for the history table
     (lakesink.driver.actions.history): the table's columns, :data:`DELETED`, :data:`HISTORY_CHANGE_ORDER` (option
     order-by's value, else the batch id) and :data:`HISTORY_VALID_FROM` (option history-time's value); the stream
     columns outside the table (``spec.not_written``: a change stream's order and time) left out. Option cdc-format: a
