@@ -325,6 +325,18 @@ def test_dead_letters_with_route_by_serve_every_routed_table() -> None:
     assert o.for_table(TableName(("db",), "a")).dead_letter_table is None
 
 
+def test_history_with_a_dead_letter_table_is_taken_unless_one_is_named_as_the_other() -> None:
+    """Option history with option dead-letter-table (issue 55: a dead letter is never a version, docs/history.md); a
+    dead-letter table the history pattern would give a table (routed: any table) as its history is refused."""
+    one = {"table": "db.t", "upsert-key": "id", "history": "on", "history-time": "ts"}
+    o = SinkOptions.from_mapping({**one, "dead-letter-table": "db.dead", "reject-when": "id < 0"})
+    assert str(o.dead_letter_table) == "db.dead" and o.history is not None
+    assert_refused({**one, "dead-letter-table": "db.t__history"}, "is the history table option 'history'")
+    routed = {"route-by": "dest", "upsert-key": "id", "history": "audit.{table}_versions", "history-time": "ts"}
+    assert SinkOptions.from_mapping({**routed, "dead-letter-table": "db.dead"}).dead_letter_table is not None
+    assert_refused({**routed, "dead-letter-table": "audit.dead_versions"}, "named as option 'history'")
+
+
 # --- one declaration per option (lakesink.options.OPTIONS) -------------------------------------------
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "options.md"

@@ -180,7 +180,8 @@ class TaskWriter:
         """After the task's rows were put: every file closed and the dead letters written."""
         if self._plan.upsert is not None:
             pending, self._pending = self._pending, []
-            if self._plan.upsert.history_time is not None:  # option history: every change, before the resolution
+            # option history: every change, before the resolution -- but the dead letters :meth:`sort` took out
+            if self._plan.upsert.history_time is not None:
                 self._history = upsert_task.to_ipc(
                     upsert_task.history_rows(pending, self._plan.upsert, batch_id=self._ids.batch_id)
                 )

@@ -141,7 +141,8 @@ def resolve_task(
 
 
 def history_rows(batches: Iterable[pa.RecordBatch], spec: UpsertSpec, *, batch_id: int) -> pa.Table:
-    """Option history: every change the task received (not one per key), for the history table
+    """Option history: every change the task received (not one per key; with option dead-letter-table, every one that
+    fits: the task sorts its rows first, and a dead letter is never a version), for the history table
     (lakesink.driver.actions.history): the table's columns, :data:`DELETED`, :data:`HISTORY_CHANGE_ORDER` (option
     order-by's value, else the batch id) and :data:`HISTORY_VALID_FROM` (option history-time's value); the stream
     columns outside the table (``spec.not_written``: a change stream's order and time) left out. Option cdc-format: a
@@ -280,5 +281,18 @@ def without_keys(changes: bytes | None, dropped: set[tuple[object, ...]]) -> byt
         return changes
     table = pa.ipc.open_stream(changes).read_all()
     names = [n for n in table.column_names if n not in _NOT_KEYS]
+    keep = [k not in dropped for k in zip(*(table.column(n).to_pylist() for n in names), strict=True)]
+    return to_ipc(table.filter(pa.array(keep, pa.bool_())))
+
+
+def history_without_keys(history: bytes | None, changes: bytes, dropped: set[tuple[object, ...]]) -> bytes | None:
+    """A task's changes for the history (:func:`history_rows`) without those of ``dropped`` (:func:`without_keys`: keys
+    whose resolved row became a dead letter after the task, so the table applies none of their changes): the history
+    records the changes the table applies, and its current version of such a key stays the one the table holds."""
+    if history is None or not dropped:
+        return history
+    table = pa.ipc.open_stream(history).read_all()
+    by_name = {n.lower(): n for n in table.column_names}  # the history's spelling of the key (the stream's)
+    names = [by_name.get(n.lower(), n) for n in pa.ipc.open_stream(changes).schema.names if n not in _NOT_KEYS]
     keep = [k not in dropped for k in zip(*(table.column(n).to_pylist() for n in names), strict=True)]
     return to_ipc(table.filter(pa.array(keep, pa.bool_())))

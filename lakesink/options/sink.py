@@ -293,12 +293,8 @@ def _checked_history(options: SinkOptions) -> SinkOptions:
         )
     if options.output_mode is OutputMode.COMPLETE:
         raise InvalidOptionError(f"option '{HISTORY}' cannot be used with output mode 'complete' (option '{UPSERT_KEY}')")
-    if options.dead_letter_table is not None:
-        raise InvalidOptionError(
-            f"option '{HISTORY}' with option '{DEAD_LETTER_TABLE}' is refused, nothing is written: a history table "
-            "records the changes the table applies, and a dead letter is decided by the writing tasks after the history's "
-            "changes are taken; drop one of them (docs/history.md)"
-        )
+    # with option dead-letter-table the writing tasks sort the rows first and take the history's changes from the
+    # rows that fit: a dead letter is never a version (lakesink.executor.task_writer.TaskWriter.finish)
     if options.history_time is None and options.cdc_format is not None:
         # a change stream's own time: Debezium's source.ts_ms (lakesink.cdc.debezium.parse's source_time)
         options = replace(options, history_time=CDC_SOURCE_TIME)
@@ -307,9 +303,22 @@ def _checked_history(options: SinkOptions) -> SinkOptions:
             f"option '{HISTORY}' needs option '{HISTORY_TIME}': the column holding each change's time at its source "
             "(a timestamp; it becomes the version's valid_from), for example history_time='updated_at' (docs/history.md)"
         )
+    letters = options.dead_letter_table
     if options.routing is not None:  # each routed table's history table is named when the table is opened
+        if letters is not None and history.is_history_name(letters):
+            raise InvalidOptionError(
+                f"option '{DEAD_LETTER_TABLE}' ({letters}) is named as option '{HISTORY}' ({history}) names history "
+                "tables: a routed table's history could be the dead-letter table. Nothing was written; name the "
+                "dead-letter table outside the pattern, or give option 'history' a pattern such as "
+                "'audit.{table}_versions' (docs/history.md)"
+            )
         return options
-    history.of(options.table)  # a pattern giving no table name, or the table itself: InvalidOptionError
+    of = history.of(options.table)  # a pattern giving no table name, or the table itself: InvalidOptionError
+    if letters is not None and of == letters:
+        raise InvalidOptionError(
+            f"option '{DEAD_LETTER_TABLE}' ({letters}) is the history table option '{HISTORY}' ({history}) gives "
+            f"table {options.table}; nothing was written: name them apart (docs/history.md)"
+        )
     return options
 
 

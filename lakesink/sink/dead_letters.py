@@ -75,7 +75,9 @@ def prepare(df: DataFrame, plan: WritePlan, options: SinkOptions) -> tuple[DataF
         df = _verdicts_computed_once(df, options)
     df, computed = upsert_batch.for_tasks(df, options)
     delete_when = None if computed else options.delete_when
-    return df, replace(plan, upsert=UpsertSpec(tuple(options.upsert_key), delete_when, options.order_by))
+    # option history: the tasks also return the changes that fit, for the history table (never a dead letter's)
+    upsert = UpsertSpec(tuple(options.upsert_key), delete_when, options.order_by, history_time=options.history_time)
+    return df, replace(plan, upsert=upsert)
 
 
 def _verdicts_computed_once(df: DataFrame, options: SinkOptions) -> DataFrame:

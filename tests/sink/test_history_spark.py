@@ -272,6 +272,7 @@ def test_history_options_are_checked_before_anything_is_written(catalog_properti
         lakesink.foreach_batch(
             "db.events", catalog_properties=catalog_properties, upsert_key="id", history="{namespace}", history_time="ts"
         )
+    # a dead-letter table of its own is taken (tests/sink/test_history_dead_letters_spark.py), not the history table
     with pytest.raises(InvalidOptionError, match="dead-letter-table"):
         lakesink.foreach_batch(
             "db.events",
@@ -279,7 +280,7 @@ def test_history_options_are_checked_before_anything_is_written(catalog_properti
             upsert_key="id",
             history="on",
             history_time="ts",
-            dead_letter_table="db.letters",
+            dead_letter_table="db.events__history",
         )
 
 

@@ -740,7 +740,16 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
             storage.delete_file(io, path)
         # the tasks' own results stay, without their files: their dead letters and counts are the batch's; the
         # rewrite's rows were counted by the tasks already (rows_in 0), its dead letters are new
-        tasks = [replace(r, files=(), changes=upsert_task.without_keys(r.changes, dropped)) for r in results]
+        # option history: none of those keys' changes is a version either (the table applies none of them)
+        tasks = [
+            replace(
+                r,
+                files=(),
+                changes=upsert_task.without_keys(r.changes, dropped),
+                history=upsert_task.history_without_keys(r.history, keyed, dropped) if keyed is not None else r.history,
+            )
+            for r in results
+        ]
         return [replace(writer.result(), rows_in=0), *tasks]
 
     def _rewrite_checks(self, plan: WritePlan, query_id: str) -> WritePlan:

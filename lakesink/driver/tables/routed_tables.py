@@ -477,8 +477,11 @@ class RoutedTables(ABC, Generic[T]):
         read = self._read_at_once([tuple(ident) for ident in listed], keep=False)
         if read is not None and ns not in self._siblings:  # what the location check of a new table there reads
             self._siblings[ns] = read_siblings(self.catalog, listed, read)
+        history = self.options.history
         for ident in listed:
             route = Route(tuple(ident[:-1]), ident[-1])
+            if history is not None and history.is_history_name(route):
+                continue  # option history: a history table holds this query's markers too, and is no routed table
             table = (read or {}).get(route.identifier)
             if table is None:
                 try:
