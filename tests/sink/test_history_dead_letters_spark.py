@@ -171,8 +171,8 @@ def assert_state(props: dict[str, str], batches: int) -> None:
     ("entry", "routed", "mor"),
     [
         ("foreach", False, False),
-        ("format", False, False),
-        ("foreach", True, False),
+        pytest.param("format", False, False, marks=pytest.mark.long),  # make test's time: the routed format case
+        pytest.param("foreach", True, False, marks=pytest.mark.long),  # and the foreach cases cover both paths there
         ("format", True, False),
         ("foreach", False, True),
     ],
@@ -215,7 +215,7 @@ def test_a_dead_letter_is_never_a_version_and_the_three_tables_commit_once(
         assert last.get(SUMMARY_UPSERT_MODE) == "merge-on-read" and int(last.get("added-position-deletes") or 0) > 0
 
 
-@pytest.mark.parametrize("entry", ["foreach", "format"])
+@pytest.mark.parametrize("entry", [pytest.param("foreach", marks=pytest.mark.long), "format"])
 def test_a_change_streams_dead_letters_are_no_versions_of_its_tables_histories(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
