@@ -119,8 +119,9 @@ class SinkOptions:
     metrics: MetricsExport = field(default_factory=lambda: MetricsExport())
     """Option ``metrics``: where commit metrics are exported (docs/metrics.md)."""
     history: HistoryTables | None = None
-    """Option ``history`` (foreach_batch, one table with ``upsert-key``): the table's history table (SCD type 2),
-    committed in the batch's unit (lakesink.driver.actions.history; docs/history.md)."""
+    """Option ``history`` (both entry points, with ``upsert-key`` or ``cdc-format``, one table or every routed table):
+    each table's history table (SCD type 2), committed in the batch's unit (lakesink.driver.actions.history;
+    docs/history.md)."""
     history_time: str | None = None
     """Option ``history-time``: the column holding each change's source time (the versions' valid_from)."""
 

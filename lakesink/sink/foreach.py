@@ -185,10 +185,12 @@ def foreach_batch(
             table holds for the key (PostgreSQL's unchanged TOAST values; docs/cdc.md).
         metrics: as the option ``metrics``: ``"off"`` (default) or ``"prometheus:[<host>:]<port>"``: the commit
             metrics served to Prometheus (docs/metrics.md; needs ``lakesink[prometheus]``).
-        history: ``"on"`` (with ``upsert_key``): every change also goes to the table's history table
-            ``<namespace>.<table>__history`` (SCD type 2: valid_from, valid_to, is_current, operation, change_order), in
-            the batch's own atomic commit; or a name pattern such as ``"audit.{table}_versions"`` (docs/history.md).
-        history_time: with ``history``: the timestamp column holding each change's time at its source (valid_from).
+        history: ``"on"`` (with ``upsert_key`` or ``cdc_format``; with ``route_by``, for every routed table): every
+            applied change also goes to the table's history table ``<namespace>.<table>__history`` (SCD type 2:
+            valid_from, valid_to, is_current, operation, change_order), in the batch's own atomic commit; or a name
+            pattern such as ``"audit.{table}_versions"`` (docs/history.md).
+        history_time: with ``history``: the timestamp column holding each change's time at its source (valid_from;
+            with ``cdc_format`` by default Debezium's ``source.ts_ms``).
     """
     # every argument is an option of lakesink.options.OPTIONS (tests/test_options.py holds this signature equal to it)
     return ForeachBatchSink(SinkOptions.from_keywords(locals()))
