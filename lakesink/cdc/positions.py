@@ -45,6 +45,9 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from lakesink.errors import SchemaMismatchError
 
 E = {k: 10**k for k in (6, 10, 12, 16, 17, 22, 33, 34, 37)}
@@ -262,6 +265,15 @@ def gtid_commit_ms(order: Any) -> int | None:
         return None
     value = int(order)
     return value // MYSQL_TIME_STEP if GTID_BAND <= value < STREAMED else None
+
+
+def any_gtid_order(orders: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether any of ``orders`` (``cdc_order`` values, decimal) is a MySQL GTID change's (:func:`gtid_commit_ms` not
+    None): computed by Arrow, so that a batch of other sources' changes costs no conversion to Python."""
+    if not len(orders) or not pa.types.is_decimal(orders.type):
+        return False
+    low, high = pa.scalar(Decimal(GTID_BAND), orders.type), pa.scalar(Decimal(STREAMED), orders.type)
+    return bool(pc.any(pc.and_(pc.greater_equal(orders, low), pc.less(orders, high))).as_py())
 
 
 def as_decimal(value: int | None) -> Decimal | None:

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from lakesink.cdc.positions import gtid_commit_ms
+from lakesink.cdc.positions import any_gtid_order, gtid_commit_ms
 from lakesink.driver.actions.history import link, link_batch
 from lakesink.errors import UpsertKeyError
 from lakesink.table.keys import DELETED
@@ -233,3 +233,14 @@ def test_changes_at_one_commit_that_differ_or_are_not_neighbours_stay_versions()
     assert (gone.added, gone.redelivered) == (2, 0)
     other = link([b1, gtid(900, "b", ms=COMMIT_MS + 1)], [], key=["id"], whole=frozenset(), commit_of=gtid_commit_ms)
     assert (other.added, other.redelivered) == (2, 0)  # another commit time: another change
+
+
+def test_only_a_batch_holding_gtid_orders_looks_for_copies() -> None:
+    """The copy check runs for a batch holding a MySQL GTID change's order value (lakesink.cdc.positions: the band
+    [10^34, 10^37)), not for a PostgreSQL LSN, a SQL Server LSN (10^37 and above) or a binlog epoch's coordinates."""
+    decimal = pa.decimal128(38, 0)
+    mysql = Decimal(COMMIT_MS * 10**22 + 5)
+    assert any_gtid_order(pa.chunked_array([pa.array([Decimal(7), mysql], decimal)]))
+    others = [Decimal(7), Decimal(10**37 + 3), Decimal(3 * 10**22 + 16 * 10**16)]
+    assert not any_gtid_order(pa.chunked_array([pa.array(others, decimal)]))
+    assert not any_gtid_order(pa.array([], decimal)) and not any_gtid_order(pa.array([5], pa.int64()))

@@ -42,7 +42,7 @@ from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import row_delta as seam_row_delta
 from lakesink.cdc import unavailable
-from lakesink.cdc.positions import gtid_commit_ms
+from lakesink.cdc.positions import any_gtid_order, gtid_commit_ms
 from lakesink.driver.actions import upsert
 from lakesink.driver.actions.batch import AppendBatch, Batch, SinkContext
 from lakesink.driver.actions.row_delta import delete_target
@@ -472,7 +472,7 @@ class HistoryBatch(AppendBatch):
             whole=whole,
             table_name=changes.of,
             full=lambda change: {**new.slice(change["_index"], 1).to_pylist()[0], DELETED: change[DELETED]},
-            commit_of=gtid_commit_ms if changes.rereads else None,
+            commit_of=gtid_commit_ms if changes.rereads and any_gtid_order(new.column(HISTORY_CHANGE_ORDER)) else None,
         )
         self.linked = linked
         commit = batch.commit_name()
