@@ -333,3 +333,56 @@ def test_a_truncate_resent_with_the_changes_around_it_adds_no_version(
     assert cdc_versions(history.scan().to_arrow()) == cdc_history_model(rounds)[NOTES]
     assert_table_is_current_versions(load(catalog_properties, NOTES), history, ("id",))
     assert sorted(load(catalog_properties, NOTES).scan().to_arrow().column("id").to_pylist()) == [2, 3]
+
+
+@pytest.mark.parametrize("entry", CDC_ENTRIES)
+def test_a_history_started_after_the_rows_takes_toast_values_from_the_table(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """The table's rows were written before option history was turned on; then updates hold Debezium's
+    unavailable-value placeholder for every TOAST column (of a key changed once, of a key changed twice in the batch,
+    one that changes body): each version takes the table's row of the key as it was before the batch -- never the
+    placeholder, never a stuck stream (before: UnavailableValueError at every restart). A change re-sent from before
+    the history started (older than the table's row) holding a placeholder has no version before it: left out, the
+    table keeps its row."""
+    zero = [timed(change(DOCS, "c", 10 + i, row(i, f"v1 {i}"), TYPES, ("id",))) for i in (1, 2, 3, 5)]
+    write_json_round(tmp_path / "in", 0, toast.kafka_records(zero, ("id",), schemas=True))
+    df = spark.readStream.schema(KAFKA_DDL).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+    run_to_end(start_sink(df, entry, tmp_path / "ck", catalog_properties, cdc_format="debezium", merge_schema=True))
+    one = [timed(change(DOCS, "u", 20, unchanged_toast(1, "v2"), TYPES, ("id",)))]
+    one += [timed(change(DOCS, "u", 21, unchanged_toast(2, "v2"), TYPES, ("id",)))]
+    one += [timed(change(DOCS, "u", 22, unchanged_toast(2, "v3", body="changed"), TYPES, ("id",)))]
+    one += [timed(change(DOCS, "d", 23, {"id": 3}, TYPES, ("id",)))]
+    one += [timed(change(DOCS, "c", 24, row(4, "four"), TYPES, ("id",)))]
+    one += [timed(change(DOCS, "u", 5, unchanged_toast(5, "re-sent"), TYPES, ("id",)))]  # older than key 5's insert
+    write_json_round(tmp_path / "in", 1, toast.kafka_records(one, ("id",), schemas=True))
+    run_cdc(spark, entry, catalog_properties, tmp_path)
+
+    def at_lsn(lsn: int) -> str:
+        return _iso(T0 + datetime.timedelta(seconds=lsn))
+
+    stored = {i: row(i, f"v1 {i}") for i in (1, 2, 5)}
+    expected = [
+        (1, "v2", stored[1]["body"], at_lsn(20), None, True, "insert", 20),
+        (2, "v2", stored[2]["body"], at_lsn(21), at_lsn(22), False, "insert", 21),
+        (2, "v3", "changed", at_lsn(22), None, True, "update", 22),
+        (3, None, None, at_lsn(23), None, False, "delete", 23),
+        (4, "four", row(4, "four")["body"], at_lsn(24), None, True, "insert", 24),
+    ]
+    history, table = load(catalog_properties, DOCS + "__history"), load(catalog_properties, DOCS)
+    got = history.scan().to_arrow()
+    assert cdc_versions(got) == expected
+    batches = {s["batch_id"]: s["snapshot_id"] for s in lakesink_snapshots(table)}
+    before = {r["id"]: r for r in table.scan(snapshot_id=batches[min(batches)]).to_arrow().to_pylist()}
+    for version in got.to_pylist():
+        if version["id"] in (1, 2):
+            for n in TOASTED:
+                if n != "body" or version["change_order"] != 22:
+                    assert version[n] == before[version["id"]][n], (version["id"], n)
+    now = {r["id"]: r for r in table.scan().to_arrow().to_pylist()}
+    current = {r["id"]: r for r in got.to_pylist() if r["is_current"]}
+    assert sorted(now) == [1, 2, 4, 5] and sorted(current) == [1, 2, 4]
+    for i, r in current.items():
+        assert {c: r[c] for c in now[i]} == now[i], i
+    assert now[5]["title"] == "v1 5"  # the re-sent change is older than the row: not applied, not a version
+    assert_snapshot_invariants(history)

@@ -43,8 +43,9 @@ from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import row_delta as seam_row_delta
 from lakesink.cdc import unavailable
 from lakesink.cdc.positions import any_gtid_order, gtid_commit_ms
-from lakesink.driver.actions import upsert
-from lakesink.driver.actions.batch import AppendBatch, Batch, SinkContext
+from lakesink.driver import catalogs
+from lakesink.driver.actions import upsert, upsert_order
+from lakesink.driver.actions.batch import AppendBatch, Batch, BatchAction, SinkContext
 from lakesink.driver.actions.row_delta import delete_target
 from lakesink.errors import InvalidOptionError, LakesinkError, UpsertKeyError
 from lakesink.executor.messages import TaskIds
@@ -68,6 +69,9 @@ from lakesink.table.keys import (
     SUMMARY_HISTORY_OF,
     SUMMARY_HISTORY_REDELIVERED,
     SUMMARY_UPSERT_MODE,
+)
+from lakesink.table.keys import (
+    ORDER_COLUMN as ORDER,
 )
 from lakesink.table.keys import UNAVAILABLE_COLUMN as UNAVAILABLE
 
@@ -438,11 +442,21 @@ class HistoryBatch(AppendBatch):
     batch's unit beside the table's own action (lakesink.driver.committers.table)."""
 
     def __init__(
-        self, context: SinkContext, table: Table, batch: Batch, changes: HistoryChanges, truncate: Truncate | None = None
+        self,
+        context: SinkContext,
+        table: Table,
+        batch: Batch,
+        changes: HistoryChanges,
+        truncate: Truncate | None = None,
+        *,
+        mirror: BatchAction | None = None,
     ):
         super().__init__(context, table, batch)
         self.changes = changes
         self.truncate = truncate
+        self.mirror = mirror
+        """The history's table's member of the unit: its row of a key the history holds no version of fills a change's
+        unavailable values (:func:`mirror_rows`)."""
         self.linked: Linked | None = None
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
@@ -462,7 +476,8 @@ class HistoryBatch(AppendBatch):
         new = _new_rows(changes, schema)
         key = list(changes.key)
         stored, whole, read = _stored(table, c.branch, c.name, schema, new, key)
-        new = _kept_values(new, changes, stored, key)
+        mirror = self.mirror
+        new = _kept_values(new, changes, stored, key, (lambda ch: mirror_rows(mirror, ch)) if mirror is not None else None)
         light = new.select([*key, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM, DELETED])
         light = light.append_column("_index", _numbers(new.num_rows))
         linked = link_batch(
@@ -642,11 +657,21 @@ def no_changes(history: Table, key: Sequence[str], of: str) -> HistoryChanges:
     return HistoryChanges(rows=rows.empty_table(), key=tuple(names.get(k.lower(), k) for k in key), of=of, schema=schema)
 
 
-def _kept_values(new: pa.Table, changes: HistoryChanges, stored: pa.Table | None, key: Sequence[str]) -> pa.Table:
+MirrorRead = Callable[[pa.Table], tuple[dict[tuple[Any, ...], dict[str, Any]], frozenset[tuple[Any, ...]]] | None]
+""":func:`mirror_rows` of the history's table: (its rows of the keys asked whose change it applies, the keys whose
+change is older than the order value it holds), None when it already holds the batch."""
+
+
+def _kept_values(
+    new: pa.Table, changes: HistoryChanges, stored: pa.Table | None, key: Sequence[str], mirror: MirrorRead | None = None
+) -> pa.Table:
     """Option cdc-format: each column of a change still holding Debezium's unavailable-value placeholder (an unchanged
     TOAST value; the task filled those with an earlier change of the key: lakesink.executor.upsert_task.history_rows)
-    takes the value of the version before it -- the one the table's upsert keeps the value of. None there (the history
-    holds no earlier version of the key, or it is a delete): lakesink.cdc.unavailable's UnavailableValueError."""
+    takes the value of the version before it -- the one the table's upsert keeps the value of. A key the history holds
+    no version of (its history started after the row was written) takes the table's row as it is before the batch
+    (``mirror``); such a change older than that row (re-sent from before the history started: the table does not apply
+    it) has no version before it to take a value from and is left out (logged). None to take (no row, a delete before
+    it, a late change of a key the history holds): lakesink.cdc.unavailable's UnavailableValueError."""
     if UNAVAILABLE not in changes.rows.column_names or changes.rows.column(UNAVAILABLE).null_count == new.num_rows:
         return new
     marks = changes.rows.column(UNAVAILABLE).to_pylist()
@@ -656,34 +681,119 @@ def _kept_values(new: pa.Table, changes: HistoryChanges, stored: pa.Table | None
         marked = new.select(list(key)).take(pa.array(at, pa.int64()))
         for row in _with_keys(stored, marked, key).to_pylist():
             by_key.setdefault(tuple(row[k] for k in key), []).append(row)
-    keys = new.select(list(key)).take(pa.array(at, pa.int64())).to_pylist()
+    keys = [tuple(r[n] for n in key) for r in new.select(list(key)).take(pa.array(at, pa.int64())).to_pylist()]
     orders = new.column(HISTORY_CHANGE_ORDER).take(pa.array(at, pa.int64())).to_pylist()
+    unversioned = [i for i, k in zip(at, keys, strict=True) if k not in by_key]
+    unversioned = [i for i in unversioned if unavailable.DELETED_BEFORE not in unavailable.decoded_marks(marks[i])]
+    found: tuple[dict[tuple[Any, ...], dict[str, Any]], frozenset[tuple[Any, ...]]] | None = ({}, frozenset())
+    if unversioned and mirror is not None:
+        found = mirror(new.select([*key, HISTORY_CHANGE_ORDER]).take(pa.array(unversioned, pa.int64())))
+    held, older = found if found is not None else ({}, frozenset())
     values: dict[str, list[Any]] = {}
-    for i, k_row, order in zip(at, keys, orders, strict=True):
-        k = tuple(k_row[n] for n in key)
+    left_out: list[int] = []
+    for i, k, order in zip(at, keys, orders, strict=True):
         columns = unavailable.decoded_marks(marks[i])
         earlier = [r for r in by_key.get(k, ()) if r[HISTORY_CHANGE_ORDER] < order]
-        before = max(earlier, key=lambda r: r[HISTORY_CHANGE_ORDER]) if earlier else None
-        if before is None or before[HISTORY_OPERATION] == HISTORY_DELETE or unavailable.DELETED_BEFORE in columns:
+        before = max(earlier, key=lambda r: r[HISTORY_CHANGE_ORDER]) if earlier else held.get(k) if i in unversioned else None
+        if before is None and i in unversioned and k in older:
+            left_out.append(i)
+            continue
+        if before is None or before.get(HISTORY_OPERATION) == HISTORY_DELETE or unavailable.DELETED_BEFORE in columns:
             shown = ", ".join(f"{n}={v!r}" for n, v in zip(key, k, strict=True))
-            why = (
-                "the history holds no earlier version of that key to keep it from"
-                if before is None
-                else "the version before it is a delete"
-            )
+            if before is not None or unavailable.DELETED_BEFORE in columns:
+                why = "the version before it is a delete"
+            elif k in by_key:
+                why = "the history holds no earlier version of that key (the change is late)"
+            elif found is None:
+                why = "the history holds no version of that key, and its table already holds the batch"
+            else:
+                why = "the history holds no version of that key, and its table holds no row of it"
             raise unavailable.unfillable(changes.of, next(c for c in columns if c != unavailable.DELETED_BEFORE), shown, why)
         for n in columns:
-            found = next((f for f in new.column_names if f.lower() == n.lower()), None)
-            if found is None:
+            name = next((f for f in new.column_names if f.lower() == n.lower()), None)
+            if name is None:
                 continue
-            if found not in values:
-                values[found] = new.column(found).to_pylist()
-            values[found][i] = before.get(found)
+            if name not in values:
+                values[name] = new.column(name).to_pylist()
+            values[name][i] = next((v for c, v in before.items() if c.lower() == name.lower()), None)
     out = new
     for n, filled in values.items():
         index = out.schema.get_field_index(n)
         out = out.set_column(index, out.schema.field(index), pa.array(filled, out.schema.field(index).type))
+    if left_out:
+        log.warning(
+            "lakesink: history of %s: %d change(s) holding Debezium's unavailable-value placeholder, of keys the history "
+            "holds no version of, are older than the table's row (re-sent from before the history started): not versions",
+            changes.of,
+            len(left_out),
+        )
+        out = out.filter(pc.invert(pc.is_in(_numbers(out.num_rows), value_set=pa.array(left_out, pa.int64()))))
     return out
+
+
+def mirror_rows(
+    mirror: BatchAction, changes: pa.Table
+) -> tuple[dict[tuple[Any, ...], dict[str, Any]], frozenset[tuple[Any, ...]]] | None:
+    """The history's table (``mirror``: its member of the batch's unit) read now, before the batch lands there: its
+    row of each of ``changes``' keys (key columns, the change's order value) whose change it would apply, and the keys
+    whose change is older than the order value it holds (lakesink.driver.actions.upsert_order.start and
+    OrderCheck.winners: the table's own rule). None when the table already holds the batch (a catalog that commits one
+    table after the other: the row before the batch is gone from its head)."""
+    c = mirror.context
+    table = catalogs.reload(mirror.table)
+    if mirror.landed(table) is not None:
+        return None
+    if table.metadata.snapshot_by_name(c.branch) is None:
+        return {}, frozenset()
+    schema = table.schema()
+    batch_names = [n for n in changes.column_names if n != HISTORY_CHANGE_ORDER]
+    asked = changes.select(batch_names).append_column(DELETED, pa.repeat(False, changes.num_rows))
+    if c.order_by is not None:
+        asked = asked.append_column(ORDER, changes.column(HISTORY_CHANGE_ORDER))
+    keys = upsert.BatchKeys(c.name, schema, asked)
+    check = None
+    if c.order_by is not None:
+        keys, check = upsert_order.start(
+            table, schema, keys, order_by=c.order_by, branch=c.branch, batch_id=mirror.batch.batch_id
+        )
+    has_deletes, live = seam.branch_data_files(table, c.branch)
+    specs = table.specs()
+    gone = upsert._deleted_positions(table, c.branch, c.name) if has_deletes else {}
+    names = [f.name for f in keys.fields]
+    rows_of: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for f in live:
+        if not keys.table.num_rows or not keys.may_hold(f, specs, schema):
+            continue
+        rows = seam.with_small_types(seam.read_data_file(table, f, schema))
+        if f.file_path in gone:
+            rows = rows.filter(
+                pc.invert(pc.is_in(_numbers(rows.num_rows), value_set=pa.array(sorted(gone[f.file_path]), pa.int64())))
+            )
+        file_keys = upsert._cast_like(rows.select(names), keys.table.select(names).schema)
+        hit = keys.table.join(file_keys, names, join_type="left semi")
+        if check is not None and hit.num_rows:
+            hit = check.winners(hit, rows)
+        wanted = {tuple(r[n] for n in names) for r in hit.select(names).to_pylist()}
+        for k, row in zip(file_keys.to_pylist(), rows.to_pylist(), strict=True):
+            if tuple(k[n] for n in names) in wanted:
+                rows_of[tuple(k[n] for n in names)] = row
+    stale = pa.concat_tables(check.stale).select(names).to_pylist() if check is not None and check.stale else []
+    as_batch = _as_batch_keys(changes.select(batch_names), names)
+    return (
+        {as_batch(k): row for k, row in rows_of.items()},
+        frozenset(as_batch(tuple(r[n] for n in names)) for r in stale),
+    )
+
+
+def _as_batch_keys(batch_keys: pa.Table, names: list[str]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """A table key (``names``' values) in the batch's key types, as :func:`_kept_values` looks it up."""
+    batch_names, schema = batch_keys.column_names, batch_keys.schema
+
+    def as_batch(k: tuple[Any, ...]) -> tuple[Any, ...]:
+        typed = pa.table([pa.array([v]) for v in k], names=batch_names).cast(schema)
+        return tuple(typed.to_pylist()[0][n] for n in batch_names)
+
+    return as_batch
 
 
 def _stored(

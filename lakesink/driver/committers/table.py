@@ -452,7 +452,7 @@ class TableCommitter(SinkTable):
         members: list[CommitAction] = [action]
         h = self.history
         if h is not None:
-            versions = self._history_action(batch, replay=replay, history=history)
+            versions = self._history_action(batch, replay=replay, history=history, mirror=action)
             if versions is not None:
                 members.append(versions)
         d = self.dead_letters
@@ -483,6 +483,7 @@ class TableCommitter(SinkTable):
         replay: bool,
         history: HistoryChanges | None,
         truncate: history_actions.Truncate | None = None,
+        mirror: BatchAction | None = None,
     ) -> BatchAction | None:
         """The history table's member of the batch's unit: the batch's versions (:class:`HistoryBatch`), the batch's
         marker when it changes no key, or (``replay``: found committed when planned) a replay that must be there too;
@@ -495,10 +496,10 @@ class TableCommitter(SinkTable):
         of_history = replace(batch, results=(), commit_id=uuid.uuid4().hex, changes=None, merge=None, time=None)
         if not replay and truncate is not None:  # the truncate ends the versions current before it
             changes = history or history_actions.no_changes(table, self.options.upsert_key, self.table_name)
-            return HistoryBatch(h.context, table, of_history, changes, truncate)
+            return HistoryBatch(h.context, table, of_history, changes, truncate, mirror=mirror)
         if replay or history is None or not history.rows.num_rows:
             return action_for(h.context, table, of_history, found_at_plan=replay)
-        return HistoryBatch(h.context, table, of_history, history)
+        return HistoryBatch(h.context, table, of_history, history, mirror=mirror)
 
     def history_member(
         self, action: BatchAction, results: Sequence[TaskResult], *, truncate: history_actions.Truncate | None = None
@@ -515,7 +516,7 @@ class TableCommitter(SinkTable):
         history = None
         if not replay:
             history = history_actions.changes_of_tasks(results, self.options, batch_id=batch.batch_id, table=self.table_name)
-        found = self._history_action(batch, replay=replay, history=history, truncate=truncate)
+        found = self._history_action(batch, replay=replay, history=history, truncate=truncate, mirror=action)
         return (self.history, found) if found is not None else None
 
     def _letters_deleted(self, batch: Batch, *, reason: str) -> None:
