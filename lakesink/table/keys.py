@@ -117,6 +117,11 @@ SUMMARY_HISTORY_REDELIVERED = "lakesink.history.changes-redelivered"
 """Changes the history held already (same key and order value: a redelivery), not added again."""
 SUMMARY_HISTORY_OF = "lakesink.history.of"
 """The table whose history the snapshot's table is."""
+PROPERTY_HISTORY_TABLE_UUID = "lakesink.history.table-uuid"
+"""A history table's property: the uuid of the table whose versions it holds (set by its first commit, checked by every
+later one: a table dropped and created again under its name is another table)."""
+PROPERTY_HISTORY_KEY = "lakesink.history.key"
+"""A history table's property: the key its versions are keyed by (comma-separated, as option upsert-key gave it)."""
 
 WRITE_UPDATE_MODE = "write.update.mode"
 WRITE_DELETE_MODE = "write.delete.mode"

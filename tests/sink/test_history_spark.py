@@ -126,16 +126,15 @@ def current_of(rows: pa.Table) -> dict[int, tuple[int, str]]:
 
 
 def sink(props: dict[str, str], **extra: Any) -> lakesink.ForeachBatchSink:
-    return lakesink.foreach_batch(
-        "db.events",
-        catalog_properties=props,
-        upsert_key="id",
-        delete_when="op = 'd'",
-        order_by="seq",
-        history="on",
-        history_time="ts",
+    options: dict[str, Any] = {
+        "upsert_key": "id",
+        "delete_when": "op = 'd'",
+        "order_by": "seq",
+        "history": "on",
+        "history_time": "ts",
         **extra,
-    )
+    }
+    return lakesink.foreach_batch("db.events", catalog_properties=props, **options)
 
 
 def run(spark: Any, src: Path, ck: Path, s: Any) -> None:
@@ -430,3 +429,43 @@ def test_merge_on_read_on_the_driver_writes_no_stale_change(
     assert rows_of(table.scan().to_arrow()) == table_model(batches)
     assert versions_of(history.scan().to_arrow()) == history_model(batches)
     assert_never_disagree(catalog_properties)
+
+
+def test_a_history_left_behind_its_dropped_table_or_read_by_another_key_is_refused(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """The table is dropped (its history left) and a new query creates it again; then a query upserts the table by
+    another key: each fails its first batch loudly naming the history table, and commits nothing in either table --
+    the new table's rows would otherwise close versions of the old table's rows (or of another key's). Dropping the
+    history, as the error says, lets the stream go on: its history holds only the new table's versions."""
+    first = stream(seed=31, batches=2, per_batch=20, keys=6)
+    write_events(tmp_path / "in", first)
+    run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties))
+    catalog = catalogs.load(None, catalog_properties)
+    old = load(catalog_properties, "events__history")
+    catalog.drop_table(("db", "events"))
+    with pytest.raises(Exception, match=r"history table db\.events__history holds the versions of table db\.events with uuid"):
+        run(spark, tmp_path / "in", tmp_path / "ck2", sink(catalog_properties))
+    kept = load(catalog_properties, "events__history")
+    assert kept.metadata.current_snapshot_id == old.metadata.current_snapshot_id
+    assert not lakesink_snapshots(load(catalog_properties, "events"))
+    catalog.drop_table(("db", "events__history"))
+    run(spark, tmp_path / "in", tmp_path / "ck3", sink(catalog_properties))
+    assert_in_every_reader(catalog_properties, first)
+    assert_never_disagree(catalog_properties)
+    # the same table re-keyed (as the table's own refusal of upsert_key='eid' says: its identifier fields set to eid):
+    # the history keyed by id refuses it
+    with load(catalog_properties, "events").update_schema(allow_incompatible_changes=True) as update:
+        update.update_column("eid", required=True)
+        update.set_identifier_fields("eid")
+    history = load(catalog_properties, "events__history")
+    table = load(catalog_properties, "events")
+    with pytest.raises(Exception, match=r"order file .* holds the order values of keys \(id\), but the batch upserts"):
+        run(spark, tmp_path / "in", tmp_path / "ck4", sink(catalog_properties, upsert_key="eid"))
+    with load(catalog_properties, "events").transaction() as t:  # as that error says: the old key's order values go
+        t.remove_properties("lakesink.upsert.order-file")
+    table = load(catalog_properties, "events")
+    with pytest.raises(Exception, match=r"keyed by \(id\), but this query upserts it by \(eid\)"):
+        run(spark, tmp_path / "in", tmp_path / "ck5", sink(catalog_properties, upsert_key="eid"))
+    assert load(catalog_properties, "events__history").metadata.current_snapshot_id == history.metadata.current_snapshot_id
+    assert load(catalog_properties, "events").metadata.current_snapshot_id == table.metadata.current_snapshot_id

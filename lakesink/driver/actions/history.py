@@ -64,6 +64,8 @@ from lakesink.table.keys import (
     HISTORY_VALID_FROM,
     HISTORY_VALID_TO,
     MERGE_ON_READ,
+    PROPERTY_HISTORY_KEY,
+    PROPERTY_HISTORY_TABLE_UUID,
     SUMMARY_HISTORY_ADDED,
     SUMMARY_HISTORY_CHANGED,
     SUMMARY_HISTORY_OF,
@@ -459,8 +461,16 @@ class HistoryBatch(AppendBatch):
         unavailable values (:func:`mirror_rows`)."""
         self.linked: Linked | None = None
 
+    def properties(self, snapshot_id: int) -> dict[str, str]:
+        """The replay marker and whose versions the history holds: its table's uuid, the key (:func:`_check_owner`)."""
+        owner = {PROPERTY_HISTORY_KEY: ",".join(self.changes.key)}
+        if self.mirror is not None:
+            owner[PROPERTY_HISTORY_TABLE_UUID] = str(self.mirror.table.metadata.table_uuid)
+        return {**super().properties(snapshot_id), **owner}
+
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
         c, batch, changes = self.context, self.batch, self.changes
+        _check_owner(table, c.name, changes, self.mirror)
         if table.metadata.format_version != 2:
             raise LakesinkError(
                 f"history table {c.name} is format version {table.metadata.format_version}; lakesink writes history "
@@ -536,6 +546,32 @@ class HistoryBatch(AppendBatch):
             manifest_merge=c.settings(table).manifest_merge,
             commit=commit,
             owned=owned,
+        )
+
+
+def _check_owner(history: Table, name: str, changes: HistoryChanges, mirror: BatchAction | None) -> None:
+    """The history table holds versions of this very table, keyed as the batch's changes are (its properties
+    :data:`PROPERTY_HISTORY_TABLE_UUID`, :data:`PROPERTY_HISTORY_KEY`, recorded by its first commit); else a loud error:
+    linked to another table's or another key's versions, the new table's rows would close versions they never were."""
+    props = history.properties
+    uuid = props.get(PROPERTY_HISTORY_TABLE_UUID)
+    mine = str(mirror.table.metadata.table_uuid) if mirror is not None else None
+    way_out = (
+        f"Nothing was committed in either table. Drop {name} (lakesink creates it again; copy it first to keep the old "
+        "versions: a renamed history keeps its location, which the new one would take), or name another history "
+        "table with option 'history' (docs/history.md)"
+    )
+    if uuid is not None and mine is not None and uuid != mine:
+        raise LakesinkError(
+            f"history table {name} holds the versions of table {changes.of} with uuid {uuid}, but {changes.of} is now "
+            f"another table (uuid {mine}): it was dropped and created again, and its history was left. {way_out}"
+        )
+    key = props.get(PROPERTY_HISTORY_KEY)
+    if key is not None and [k.lower() for k in key.split(",")] != [k.lower() for k in changes.key]:
+        raise LakesinkError(
+            f"history table {name} holds versions of {changes.of} keyed by ({key}), but this query upserts it by "
+            f"({', '.join(changes.key)}) (option upsert-key, or the source's key): its versions cannot be linked to the "
+            f"new key's. {way_out}"
         )
 
 

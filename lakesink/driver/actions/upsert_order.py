@@ -147,8 +147,8 @@ def start(
     except ValueError:
         table_column = None
     path = order_file(table, branch)
-    held = _read(table, path, keys.table_name) if path else None
     key_names = [f.name for f in keys.fields]
+    held = _read(table, path, keys.table_name, key_names) if path else None
     epoch = binlog.Epoch.of(table.properties, keys.table_name) if order_by == CDC_ORDER_BY else None
     shifted = epoch.shift(changes.column(ORDER).to_pylist()) if epoch is not None and epoch.epoch else None
     if shifted is not None:  # table property lakesink.cdc.binlog-epoch: coordinates above every lower epoch's
@@ -307,7 +307,7 @@ def truncated(
             | {HELD_COLUMN: pa.array([], pa.decimal128(38, 0)), DELETED: pa.array([], pa.bool_())}
         )
     old_path = order_file(table, branch)
-    old = _read(table, old_path, table_name) if old_path else None
+    old = _read(table, old_path, table_name, key_names) if old_path else None
     if old is not None and old.num_rows and not pa.types.is_null(old.column(HELD_COLUMN).type):
         held = old.column(HELD_COLUMN)
         try:
@@ -461,13 +461,25 @@ def _without(
     return out, [f.file_path for f in new]
 
 
-def _read(table: Table, path: str, table_name: str) -> pa.Table:
+def _read(table: Table, path: str, table_name: str, key_names: Sequence[str]) -> pa.Table:
     """The order file: the file, else its copy in a state file the table's metadata lists (lakesink.table.state_files:
-    another engine's orphan removal deletes the file, never a statistics file)."""
+    another engine's orphan removal deletes the file, never a statistics file). A file keyed by other columns than
+    ``key_names`` (the table's key changed since it was written) is a loud error."""
     try:
-        return state_files.read_parquet([table], path)
+        held = state_files.read_parquet([table], path)
     except FileNotFoundError:
         raise _missing(path, table_name) from None
+    missing = [k for k in key_names if k not in held.column_names]
+    if missing:
+        theirs = [n for n in held.column_names if n not in (HELD_COLUMN, DELETED)]
+        raise LakesinkError(
+            f"table {table_name}: its order file {path} (table property {PROPERTY_UPSERT_ORDER_FILE}, option order-by) "
+            f"holds the order values of keys ({', '.join(theirs)}), but the batch upserts the table by "
+            f"({', '.join(key_names)}): the table's key changed since, and the held order values cannot be compared "
+            "with the new key's changes. Nothing was committed. Remove the table property (it forgets the order values "
+            "held for the old key, deletes included: docs/upserts.md) and restart"
+        )
+    return held
 
 
 def _missing(path: str, table_name: str) -> LakesinkError:
