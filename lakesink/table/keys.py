@@ -120,6 +120,9 @@ SUMMARY_HISTORY_OF = "lakesink.history.of"
 PROPERTY_HISTORY_TABLE_UUID = "lakesink.history.table-uuid"
 """A history table's property: the uuid of the table whose versions it holds (set by its first commit, checked by every
 later one: a table dropped and created again under its name is another table)."""
+PROPERTY_HISTORY_COMPLETE = "lakesink.history.complete"
+"""A history table's property: ``true`` when it started with its table (its first versions were committed when the
+table held no row), so that it holds a version of every key the table ever held; else ``false``."""
 PROPERTY_HISTORY_KEY = "lakesink.history.key"
 """A history table's property: the key its versions are keyed by (comma-separated, as option upsert-key gave it)."""
 

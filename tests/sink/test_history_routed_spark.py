@@ -343,8 +343,8 @@ def test_a_history_started_after_the_rows_takes_toast_values_from_the_table(
     unavailable-value placeholder for every TOAST column (of a key changed once, of a key changed twice in the batch,
     one that changes body): each version takes the table's row of the key as it was before the batch -- never the
     placeholder, never a stuck stream (before: UnavailableValueError at every restart). A change re-sent from before
-    the history started (older than the table's row) holding a placeholder has no version before it: left out, the
-    table keeps its row."""
+    the history started (older than the table's row), with a placeholder or without, is no version: the table keeps
+    its row (before: the one without became the key's current version while the table kept its newer row)."""
     zero = [timed(change(DOCS, "c", 10 + i, row(i, f"v1 {i}"), TYPES, ("id",))) for i in (1, 2, 3, 5)]
     write_json_round(tmp_path / "in", 0, toast.kafka_records(zero, ("id",), schemas=True))
     df = spark.readStream.schema(KAFKA_DDL).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
@@ -355,6 +355,8 @@ def test_a_history_started_after_the_rows_takes_toast_values_from_the_table(
     one += [timed(change(DOCS, "d", 23, {"id": 3}, TYPES, ("id",)))]
     one += [timed(change(DOCS, "c", 24, row(4, "four"), TYPES, ("id",)))]
     one += [timed(change(DOCS, "u", 5, unchanged_toast(5, "re-sent"), TYPES, ("id",)))]  # older than key 5's insert
+    one += [timed(change(DOCS, "u", 7, row(2, "re-sent whole"), TYPES, ("id",)))]  # older than key 2's row: no version
+    one += [timed(change(DOCS, "c", 25, row(6, "six"), TYPES, ("id",)))]  # a new key
     write_json_round(tmp_path / "in", 1, toast.kafka_records(one, ("id",), schemas=True))
     run_cdc(spark, entry, catalog_properties, tmp_path)
 
@@ -368,6 +370,7 @@ def test_a_history_started_after_the_rows_takes_toast_values_from_the_table(
         (2, "v3", "changed", at_lsn(22), None, True, "update", 22),
         (3, None, None, at_lsn(23), None, False, "delete", 23),
         (4, "four", row(4, "four")["body"], at_lsn(24), None, True, "insert", 24),
+        (6, "six", row(6, "six")["body"], at_lsn(25), None, True, "insert", 25),
     ]
     history, table = load(catalog_properties, DOCS + "__history"), load(catalog_properties, DOCS)
     got = history.scan().to_arrow()
@@ -381,7 +384,8 @@ def test_a_history_started_after_the_rows_takes_toast_values_from_the_table(
                     assert version[n] == before[version["id"]][n], (version["id"], n)
     now = {r["id"]: r for r in table.scan().to_arrow().to_pylist()}
     current = {r["id"]: r for r in got.to_pylist() if r["is_current"]}
-    assert sorted(now) == [1, 2, 4, 5] and sorted(current) == [1, 2, 4]
+    assert sorted(now) == [1, 2, 4, 5, 6] and sorted(current) == [1, 2, 4, 6]
+    assert history.properties["lakesink.history.complete"] == "false"  # it started after the table held rows
     for i, r in current.items():
         assert {c: r[c] for c in now[i]} == now[i], i
     assert now[5]["title"] == "v1 5"  # the re-sent change is older than the row: not applied, not a version

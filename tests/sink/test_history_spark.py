@@ -451,6 +451,7 @@ def test_a_history_left_behind_its_dropped_table_or_read_by_another_key_is_refus
     assert not lakesink_snapshots(load(catalog_properties, "events"))
     catalog.drop_table(("db", "events__history"))
     run(spark, tmp_path / "in", tmp_path / "ck3", sink(catalog_properties))
+    assert load(catalog_properties, "events__history").properties["lakesink.history.complete"] == "true"
     assert_in_every_reader(catalog_properties, first)
     assert_never_disagree(catalog_properties)
     # the same table re-keyed (as the table's own refusal of upsert_key='eid' says: its identifier fields set to eid):

@@ -26,6 +26,7 @@ History tables are format 2 (their rewritten versions are position deletes); lak
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -64,6 +65,7 @@ from lakesink.table.keys import (
     HISTORY_VALID_FROM,
     HISTORY_VALID_TO,
     MERGE_ON_READ,
+    PROPERTY_HISTORY_COMPLETE,
     PROPERTY_HISTORY_KEY,
     PROPERTY_HISTORY_TABLE_UUID,
     SUMMARY_HISTORY_ADDED,
@@ -457,16 +459,39 @@ class HistoryBatch(AppendBatch):
         self.changes = changes
         self.truncate = truncate
         self.mirror = mirror
-        """The history's table's member of the unit: its row of a key the history holds no version of fills a change's
-        unavailable values (:func:`mirror_rows`)."""
+        """The history's table's member of the unit (:func:`table_before`, :func:`_check_owner`)."""
+        self.complete: bool | None = None
+        """Whether the history started with its table (:func:`_complete`), as the attempt read it."""
         self.linked: Linked | None = None
 
     def properties(self, snapshot_id: int) -> dict[str, str]:
-        """The replay marker and whose versions the history holds: its table's uuid, the key (:func:`_check_owner`)."""
+        """The replay marker and whose versions the history holds: its table's uuid, the key (:func:`_check_owner`),
+        whether it started with its table (:func:`_complete`)."""
         owner = {PROPERTY_HISTORY_KEY: ",".join(self.changes.key)}
         if self.mirror is not None:
             owner[PROPERTY_HISTORY_TABLE_UUID] = str(self.mirror.table.metadata.table_uuid)
+        if self.complete is not None:
+            owner[PROPERTY_HISTORY_COMPLETE] = str(self.complete).lower()
         return {**super().properties(snapshot_id), **owner}
+
+    def _table_before(
+        self, new: pa.Table, stored: pa.Table | None, key: Sequence[str]
+    ) -> tuple[TableBefore | None, frozenset[int]]:
+        """A history that did not start with its table (:func:`_complete`): its table before the batch for the changes
+        of keys the history holds no version of (:func:`table_before`), and those of them older than the table's row
+        (no versions)."""
+        if self.mirror is None or self.complete:
+            return None, frozenset()
+        versioned = {tuple(r[k] for k in key) for r in stored.select(list(key)).to_pylist()} if stored is not None else set()
+        asked = [i for i, r in enumerate(new.select(list(key)).to_pylist()) if tuple(r[k] for k in key) not in versioned]
+        if not asked:
+            return None, frozenset()
+        marks = self.changes.rows.column(UNAVAILABLE) if UNAVAILABLE in self.changes.rows.column_names else None
+        rows_for = [marks is not None and marks[i].is_valid for i in asked]  # TOAST fills need the table's rows
+        found = table_before(self.mirror, new.select([*key, HISTORY_CHANGE_ORDER]).take(pa.array(asked, pa.int64())), rows_for)
+        if found is None:
+            return None, frozenset()
+        return found, frozenset(i for i, older in zip(asked, found.older, strict=True) if older)
 
     def prepare(self, table: Table, attempt: int) -> seam_commit.PreparedCommit:
         c, batch, changes = self.context, self.batch, self.changes
@@ -486,8 +511,17 @@ class HistoryBatch(AppendBatch):
         new = _new_rows(changes, schema)
         key = list(changes.key)
         stored, whole, read = _stored(table, c.branch, c.name, schema, new, key)
-        mirror = self.mirror
-        new = _kept_values(new, changes, stored, key, (lambda ch: mirror_rows(mirror, ch)) if mirror is not None else None)
+        self.complete = _complete(table, c.branch, self.mirror)
+        before_batch, left_out = self._table_before(new, stored, key)
+        new = _kept_values(new, changes, stored, key, before_batch, left_out)
+        if left_out:  # re-sent from before the history started: the table does not apply them, no version either
+            log.info(
+                "lakesink: history %s: %d change(s) of keys it holds no version of are older than its table's rows "
+                "(re-sent from before the history started): not versions",
+                c.name,
+                len(left_out),
+            )
+            new = new.filter(pc.invert(pc.is_in(_numbers(new.num_rows), value_set=pa.array(sorted(left_out), pa.int64()))))
         light = new.select([*key, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM, DELETED])
         light = light.append_column("_index", _numbers(new.num_rows))
         linked = link_batch(
@@ -547,6 +581,26 @@ class HistoryBatch(AppendBatch):
             commit=commit,
             owned=owned,
         )
+
+
+def _complete(history: Table, branch: str, mirror: BatchAction | None) -> bool | None:
+    """Whether the history holds a version of every key its table ever held -- it started with its table (property
+    :data:`PROPERTY_HISTORY_COMPLETE`, set by its first commit with versions: its table held no row then) -- so that
+    a change of a key it holds no version of is a new key's, whose table holds no row of it. None without ``mirror``."""
+    recorded = history.properties.get(PROPERTY_HISTORY_COMPLETE)
+    if recorded is not None or mirror is None:
+        return recorded == "true" if recorded is not None else None
+    head = history.metadata.snapshot_by_name(branch)
+    if head is not None and _records(head) != 0:
+        return False  # versions written before the property was: not known to have started with its table
+    at_plan = mirror.table.metadata.snapshot_by_name(mirror.context.branch)  # the table before the batch
+    return at_plan is None or _records(at_plan) == 0
+
+
+def _records(snapshot: Any) -> int | None:
+    summary = snapshot.summary
+    value = summary.get("total-records") if summary is not None else None
+    return int(value) if value is not None else None
 
 
 def _check_owner(history: Table, name: str, changes: HistoryChanges, mirror: BatchAction | None) -> None:
@@ -693,55 +747,58 @@ def no_changes(history: Table, key: Sequence[str], of: str) -> HistoryChanges:
     return HistoryChanges(rows=rows.empty_table(), key=tuple(names.get(k.lower(), k) for k in key), of=of, schema=schema)
 
 
-MirrorRead = Callable[[pa.Table], tuple[dict[tuple[Any, ...], dict[str, Any]], frozenset[tuple[Any, ...]]] | None]
-""":func:`mirror_rows` of the history's table: (its rows of the keys asked whose change it applies, the keys whose
-change is older than the order value it holds), None when it already holds the batch."""
+@dataclass(frozen=True)
+class TableBefore:
+    """The history's table as it is before the batch, for the changes of keys the history holds no version of
+    (:func:`table_before`)."""
+
+    rows: dict[tuple[Any, ...], dict[str, Any]]
+    """Its row of each such key whose change it applies (by the batch's key values)."""
+    older: tuple[bool, ...]
+    """Per change asked: older than the order value the table holds for its key (the table does not apply it)."""
 
 
 def _kept_values(
-    new: pa.Table, changes: HistoryChanges, stored: pa.Table | None, key: Sequence[str], mirror: MirrorRead | None = None
+    new: pa.Table,
+    changes: HistoryChanges,
+    stored: pa.Table | None,
+    key: Sequence[str],
+    before_batch: TableBefore | None,
+    left_out: frozenset[int],
 ) -> pa.Table:
     """Option cdc-format: each column of a change still holding Debezium's unavailable-value placeholder (an unchanged
     TOAST value; the task filled those with an earlier change of the key: lakesink.executor.upsert_task.history_rows)
     takes the value of the version before it -- the one the table's upsert keeps the value of. A key the history holds
-    no version of (its history started after the row was written) takes the table's row as it is before the batch
-    (``mirror``); such a change older than that row (re-sent from before the history started: the table does not apply
-    it) has no version before it to take a value from and is left out (logged). None to take (no row, a delete before
-    it, a late change of a key the history holds): lakesink.cdc.unavailable's UnavailableValueError."""
+    no version of (its history started after the row was written) takes the table's row before the batch
+    (``before_batch``). Nothing to take (no row, a delete before it, a late change of a key the history holds):
+    lakesink.cdc.unavailable's UnavailableValueError. The changes ``left_out`` (no versions) are not looked at."""
     if UNAVAILABLE not in changes.rows.column_names or changes.rows.column(UNAVAILABLE).null_count == new.num_rows:
         return new
     marks = changes.rows.column(UNAVAILABLE).to_pylist()
-    at = [i for i, m in enumerate(marks) if m]
+    at = [i for i, m in enumerate(marks) if m and i not in left_out]
     by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    if stored is not None and stored.num_rows:  # the stored versions of the marked changes' keys, as rows
+    if stored is not None and stored.num_rows and at:  # the stored versions of the marked changes' keys, as rows
         marked = new.select(list(key)).take(pa.array(at, pa.int64()))
         for row in _with_keys(stored, marked, key).to_pylist():
             by_key.setdefault(tuple(row[k] for k in key), []).append(row)
     keys = [tuple(r[n] for n in key) for r in new.select(list(key)).take(pa.array(at, pa.int64())).to_pylist()]
     orders = new.column(HISTORY_CHANGE_ORDER).take(pa.array(at, pa.int64())).to_pylist()
-    unversioned = [i for i, k in zip(at, keys, strict=True) if k not in by_key]
-    unversioned = [i for i in unversioned if unavailable.DELETED_BEFORE not in unavailable.decoded_marks(marks[i])]
-    found: tuple[dict[tuple[Any, ...], dict[str, Any]], frozenset[tuple[Any, ...]]] | None = ({}, frozenset())
-    if unversioned and mirror is not None:
-        found = mirror(new.select([*key, HISTORY_CHANGE_ORDER]).take(pa.array(unversioned, pa.int64())))
-    held, older = found if found is not None else ({}, frozenset())
+    held = before_batch.rows if before_batch is not None else {}
     values: dict[str, list[Any]] = {}
-    left_out: list[int] = []
     for i, k, order in zip(at, keys, orders, strict=True):
         columns = unavailable.decoded_marks(marks[i])
         earlier = [r for r in by_key.get(k, ()) if r[HISTORY_CHANGE_ORDER] < order]
-        before = max(earlier, key=lambda r: r[HISTORY_CHANGE_ORDER]) if earlier else held.get(k) if i in unversioned else None
-        if before is None and i in unversioned and k in older:
-            left_out.append(i)
-            continue
+        before = max(earlier, key=lambda r: r[HISTORY_CHANGE_ORDER]) if earlier else None
+        if before is None and k not in by_key and unavailable.DELETED_BEFORE not in columns:
+            before = held.get(k)  # the table's row of a key whose history started after it was written
         if before is None or before.get(HISTORY_OPERATION) == HISTORY_DELETE or unavailable.DELETED_BEFORE in columns:
             shown = ", ".join(f"{n}={v!r}" for n, v in zip(key, k, strict=True))
             if before is not None or unavailable.DELETED_BEFORE in columns:
                 why = "the version before it is a delete"
             elif k in by_key:
                 why = "the history holds no earlier version of that key (the change is late)"
-            elif found is None:
-                why = "the history holds no version of that key, and its table already holds the batch"
+            elif before_batch is None:
+                why = "the history holds no version of that key (nor, since it started with its table, the table a row)"
             else:
                 why = "the history holds no version of that key, and its table holds no row of it"
             raise unavailable.unfillable(changes.of, next(c for c in columns if c != unavailable.DELETED_BEFORE), shown, why)
@@ -756,49 +813,47 @@ def _kept_values(
     for n, filled in values.items():
         index = out.schema.get_field_index(n)
         out = out.set_column(index, out.schema.field(index), pa.array(filled, out.schema.field(index).type))
-    if left_out:
-        log.warning(
-            "lakesink: history of %s: %d change(s) holding Debezium's unavailable-value placeholder, of keys the history "
-            "holds no version of, are older than the table's row (re-sent from before the history started): not versions",
-            changes.of,
-            len(left_out),
-        )
-        out = out.filter(pc.invert(pc.is_in(_numbers(out.num_rows), value_set=pa.array(left_out, pa.int64()))))
     return out
 
 
-def mirror_rows(
-    mirror: BatchAction, changes: pa.Table
-) -> tuple[dict[tuple[Any, ...], dict[str, Any]], frozenset[tuple[Any, ...]]] | None:
-    """The history's table (``mirror``: its member of the batch's unit) read now, before the batch lands there: its
-    row of each of ``changes``' keys (key columns, the change's order value) whose change it would apply, and the keys
-    whose change is older than the order value it holds (lakesink.driver.actions.upsert_order.start and
-    OrderCheck.winners: the table's own rule). None when the table already holds the batch (a catalog that commits one
-    table after the other: the row before the batch is gone from its head)."""
+def table_before(mirror: BatchAction, changes: pa.Table, rows_for: Sequence[bool]) -> TableBefore | None:
+    """The history's table (``mirror``: its member of the batch's unit) read now, before the batch lands there, for
+    ``changes`` (key columns, the change's order value): its row of each key whose change it would apply, and which
+    changes are older than the order value it holds for their key (lakesink.driver.actions.upsert_order's rule: the
+    order file's value, else a live row's order-by column). None when the table already holds the batch (a catalog
+    that commits one table after the other: the row before the batch is gone from its head). The table's data files are
+    read for the keys of the changes ``rows_for`` says (their placeholders take its values), and for every key when
+    the table keeps live rows' order values in its order-by column."""
     c = mirror.context
     table = catalogs.reload(mirror.table)
     if mirror.landed(table) is not None:
         return None
-    if table.metadata.snapshot_by_name(c.branch) is None:
-        return {}, frozenset()
+    n = changes.num_rows
+    if table.metadata.snapshot_by_name(c.branch) is None or not n:
+        return TableBefore({}, (False,) * n)
     schema = table.schema()
-    batch_names = [n for n in changes.column_names if n != HISTORY_CHANGE_ORDER]
-    asked = changes.select(batch_names).append_column(DELETED, pa.repeat(False, changes.num_rows))
+    batch_names = [name for name in changes.column_names if name != HISTORY_CHANGE_ORDER]
+    asked = changes.select(batch_names).append_column(DELETED, pa.repeat(False, n))
     if c.order_by is not None:
         asked = asked.append_column(ORDER, changes.column(HISTORY_CHANGE_ORDER))
     keys = upsert.BatchKeys(c.name, schema, asked)
-    check = None
+    if keys.table.num_rows != n:  # a key the table's type cannot hold (never in it): compared one by one below
+        return TableBefore({}, (False,) * n) if not keys.table.num_rows else _one_by_one(mirror, changes, rows_for)
+    older = [False] * n
+    table_column = None
     if c.order_by is not None:
-        keys, check = upsert_order.start(
+        keys, check, stale = upsert_order.older_than_held(
             table, schema, keys, order_by=c.order_by, branch=c.branch, batch_id=mirror.batch.batch_id
         )
-    has_deletes, live = seam.branch_data_files(table, c.branch)
+        older, table_column = [bool(v) for v in stale.to_pylist()], check.table_column
+    names = [f.name for f in keys.fields]
+    wanted = keys if table_column is not None else upsert.BatchKeys(c.name, schema, keys.table.filter(pa.array(rows_for)))
+    has_deletes, live = seam.branch_data_files(table, c.branch) if wanted.table.num_rows else (False, [])
     specs = table.specs()
     gone = upsert._deleted_positions(table, c.branch, c.name) if has_deletes else {}
-    names = [f.name for f in keys.fields]
     rows_of: dict[tuple[Any, ...], dict[str, Any]] = {}
     for f in live:
-        if not keys.table.num_rows or not keys.may_hold(f, specs, schema):
+        if not wanted.may_hold(f, specs, schema):
             continue
         rows = seam.with_small_types(seam.read_data_file(table, f, schema))
         if f.file_path in gone:
@@ -806,30 +861,43 @@ def mirror_rows(
                 pc.invert(pc.is_in(_numbers(rows.num_rows), value_set=pa.array(sorted(gone[f.file_path]), pa.int64())))
             )
         file_keys = upsert._cast_like(rows.select(names), keys.table.select(names).schema)
-        hit = keys.table.join(file_keys, names, join_type="left semi")
-        if check is not None and hit.num_rows:
-            hit = check.winners(hit, rows)
-        wanted = {tuple(r[n] for n in names) for r in hit.select(names).to_pylist()}
-        for k, row in zip(file_keys.to_pylist(), rows.to_pylist(), strict=True):
-            if tuple(k[n] for n in names) in wanted:
-                rows_of[tuple(k[n] for n in names)] = row
-    stale = pa.concat_tables(check.stale).select(names).to_pylist() if check is not None and check.stale else []
-    as_batch = _as_batch_keys(changes.select(batch_names), names)
-    return (
-        {as_batch(k): row for k, row in rows_of.items()},
-        frozenset(as_batch(tuple(r[n] for n in names)) for r in stale),
-    )
+        numbered = file_keys.append_column("_row", _numbers(rows.num_rows))
+        at = numbered.join(wanted.table.select(names), names, join_type="left semi").column("_row")
+        for k, row in zip(file_keys.take(at).to_pylist(), rows.take(at).to_pylist(), strict=True):
+            rows_of[tuple(k[name] for name in names)] = row
+    table_keys = [tuple(r[name] for name in names) for r in keys.table.select(names).to_pylist()]
+    orders = keys.table.column(ORDER).to_pylist() if ORDER in keys.table.column_names else [None] * n
+    batch_keys = [tuple(r[name] for name in batch_names) for r in changes.select(batch_names).to_pylist()]
+    found: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for i, (k, order) in enumerate(zip(table_keys, orders, strict=True)):
+        row = rows_of.get(k)
+        if row is None:
+            continue
+        held = row.get(table_column) if table_column is not None else None
+        if held is not None and order is not None and _greater(held, order):  # a live row's own order value
+            older[i] = True
+        if not older[i]:
+            found[batch_keys[i]] = row
+    return TableBefore(found, tuple(older))
 
 
-def _as_batch_keys(batch_keys: pa.Table, names: list[str]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    """A table key (``names``' values) in the batch's key types, as :func:`_kept_values` looks it up."""
-    batch_names, schema = batch_keys.column_names, batch_keys.schema
+def _greater(held: Any, order: Any) -> bool:
+    """A live row's order value above a change's (as upsert_order orders them: an aware and a naive timestamp in UTC)."""
+    if isinstance(held, datetime.datetime) and isinstance(order, datetime.datetime):
+        held, order = (v if v.tzinfo else v.replace(tzinfo=datetime.timezone.utc) for v in (held, order))
+    return bool(held > order)
 
-    def as_batch(k: tuple[Any, ...]) -> tuple[Any, ...]:
-        typed = pa.table([pa.array([v]) for v in k], names=batch_names).cast(schema)
-        return tuple(typed.to_pylist()[0][n] for n in batch_names)
 
-    return as_batch
+def _one_by_one(mirror: BatchAction, changes: pa.Table, rows_for: Sequence[bool]) -> TableBefore:
+    """:func:`table_before` of ``changes`` one at a time (some key does not fit the table's type: not in it)."""
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    older: list[bool] = []
+    for i in range(changes.num_rows):
+        one = table_before(mirror, changes.slice(i, 1), rows_for[i : i + 1])
+        assert one is not None
+        rows.update(one.rows)
+        older.append(one.older[0])
+    return TableBefore(rows, tuple(older))
 
 
 def _stored(

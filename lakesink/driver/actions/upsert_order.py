@@ -132,6 +132,18 @@ def start(
 ) -> tuple[upsert.BatchKeys, OrderCheck]:
     """The batch's keys without the changes older than the order file's (a deleted key's tombstone, or any key's
     when the table has no order column), and the check the copy-on-write asks about live rows."""
+    keys, check, stale = older_than_held(table, schema, keys, order_by=order_by, branch=branch, batch_id=batch_id)
+    if not pc.any(stale).as_py():
+        return keys, check
+    check.stale.append(keys.table.filter(stale).select([*check.key_names, DELETED]))
+    return upsert.BatchKeys(keys.table_name, schema, keys.table.filter(pc.invert(stale))), check
+
+
+def older_than_held(
+    table: Table, schema: Schema, keys: upsert.BatchKeys, *, order_by: str, branch: str, batch_id: int
+) -> tuple[upsert.BatchKeys, OrderCheck, pa.Array]:
+    """:func:`start`'s comparison: the batch's keys (their order values shifted by the table's binlog epoch), the check,
+    and per change whether it is older than the order file's value for its key (or its truncate floor)."""
     if ORDER not in keys.table.column_names:
         raise AssertionError("option order-by, but the batch's keys carry no order value")
     changes = keys.table
@@ -162,10 +174,7 @@ def start(
     if held is not None and held.num_rows:
         held_keys = upsert._cast_like(held.select([*key_names, HELD_COLUMN]), changes.select(key_names).schema)
         stale = pc.or_(stale, _stale(changes, held_keys, check))
-    if not pc.any(stale).as_py():
-        return keys, check
-    check.stale.append(changes.filter(stale).select([*key_names, DELETED]))
-    return upsert.BatchKeys(keys.table_name, schema, changes.filter(pc.invert(stale))), check
+    return keys, check, stale
 
 
 @dataclass(frozen=True)
