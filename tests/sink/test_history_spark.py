@@ -470,3 +470,37 @@ def test_a_history_left_behind_its_dropped_table_or_read_by_another_key_is_refus
         run(spark, tmp_path / "in", tmp_path / "ck5", sink(catalog_properties, upsert_key="eid"))
     assert load(catalog_properties, "events__history").metadata.current_snapshot_id == history.metadata.current_snapshot_id
     assert load(catalog_properties, "events").metadata.current_snapshot_id == table.metadata.current_snapshot_id
+
+
+def test_a_history_started_late_leaves_out_changes_older_than_the_tables_rows(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """One table keeping its order-by column (seq): rows written without option history, then history turned on and
+    a batch re-sending changes from before it (older than the table's rows: the table does not apply them) with newer
+    ones: the re-sent ones are no versions (before: each became its key's current version while the table kept its
+    newer row); a deleted key's re-sent insert (older than its tombstone) neither."""
+    zero = [{"eid": i, "id": i, "value": f"v{i}", "seq": 10 + i, "op": "c", "ts": at(10 + i)} for i in range(1, 5)]
+    zero.append({"eid": 9, "id": 4, "value": "", "seq": 19, "op": "d", "ts": at(19)})
+    write_events(tmp_path / "in", [zero])
+    run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties, history="off", history_time=None))
+    one = [
+        {"eid": 20, "id": 1, "value": "re-sent", "seq": 5, "op": "u", "ts": at(5)},  # older than id 1's row (11)
+        {"eid": 21, "id": 2, "value": "newer", "seq": 30, "op": "u", "ts": at(30)},
+        {"eid": 22, "id": 2, "value": "re-sent", "seq": 6, "op": "u", "ts": at(6)},  # older than id 2's row (12)
+        {"eid": 23, "id": 4, "value": "re-sent", "seq": 14, "op": "c", "ts": at(14)},  # older than id 4's delete (19)
+        {"eid": 24, "id": 5, "value": "new", "seq": 31, "op": "c", "ts": at(31)},
+    ]
+    write_events(tmp_path / "in", [one], start=1)
+    run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties))
+    history = load(catalog_properties, "events__history")
+    assert history.properties["lakesink.history.complete"] == "false"
+    assert versions_of(history.scan().to_arrow()) == [
+        (2, 21, "newer", at(30), None, True, "insert"),
+        (5, 24, "new", at(31), None, True, "insert"),
+    ]
+    assert rows_of(load(catalog_properties, "events").scan().to_arrow()) == {
+        1: (1, "v1"),
+        2: (21, "newer"),
+        3: (3, "v3"),
+        5: (24, "new"),
+    }

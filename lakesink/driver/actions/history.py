@@ -824,10 +824,14 @@ def table_before(mirror: BatchAction, changes: pa.Table, rows_for: Sequence[bool
     that commits one table after the other: the row before the batch is gone from its head). The table's data files are
     read for the keys of the changes ``rows_for`` says (their placeholders take its values), and for every key when
     the table keeps live rows' order values in its order-by column."""
-    c = mirror.context
     table = catalogs.reload(mirror.table)
     if mirror.landed(table) is not None:
         return None
+    return _before(mirror.context, table, changes, rows_for, mirror.batch.batch_id)
+
+
+def _before(c: SinkContext, table: Table, changes: pa.Table, rows_for: Sequence[bool], batch_id: int) -> TableBefore:
+    """:func:`table_before` against ``table`` as read."""
     n = changes.num_rows
     if table.metadata.snapshot_by_name(c.branch) is None or not n:
         return TableBefore({}, (False,) * n)
@@ -838,12 +842,12 @@ def table_before(mirror: BatchAction, changes: pa.Table, rows_for: Sequence[bool
         asked = asked.append_column(ORDER, changes.column(HISTORY_CHANGE_ORDER))
     keys = upsert.BatchKeys(c.name, schema, asked)
     if keys.table.num_rows != n:  # a key the table's type cannot hold (never in it): compared one by one below
-        return TableBefore({}, (False,) * n) if not keys.table.num_rows else _one_by_one(mirror, changes, rows_for)
+        return TableBefore({}, (False,) * n) if not keys.table.num_rows else _one_by_one(c, table, changes, rows_for, batch_id)
     older = [False] * n
     table_column = None
     if c.order_by is not None:
         keys, check, stale = upsert_order.older_than_held(
-            table, schema, keys, order_by=c.order_by, branch=c.branch, batch_id=mirror.batch.batch_id
+            table, schema, keys, order_by=c.order_by, branch=c.branch, batch_id=batch_id
         )
         older, table_column = [bool(v) for v in stale.to_pylist()], check.table_column
     names = [f.name for f in keys.fields]
@@ -888,13 +892,13 @@ def _greater(held: Any, order: Any) -> bool:
     return bool(held > order)
 
 
-def _one_by_one(mirror: BatchAction, changes: pa.Table, rows_for: Sequence[bool]) -> TableBefore:
-    """:func:`table_before` of ``changes`` one at a time (some key does not fit the table's type: not in it)."""
+def _one_by_one(c: SinkContext, table: Table, changes: pa.Table, rows_for: Sequence[bool], batch_id: int) -> TableBefore:
+    """:func:`_before` of ``changes`` one at a time, on the same read (some key does not fit the table's type: not in
+    it)."""
     rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     older: list[bool] = []
     for i in range(changes.num_rows):
-        one = table_before(mirror, changes.slice(i, 1), rows_for[i : i + 1])
-        assert one is not None
+        one = _before(c, table, changes.slice(i, 1), rows_for[i : i + 1], batch_id)
         rows.update(one.rows)
         older.append(one.older[0])
     return TableBefore(rows, tuple(older))
