@@ -23,8 +23,9 @@ import pytest
 import lakesink
 from lakesink.audit import interop
 from lakesink.driver import catalogs
+from lakesink.driver.actions import history as history_module
 from lakesink.errors import InvalidOptionError
-from lakesink.table.keys import SUMMARY_HISTORY_OF
+from lakesink.table.keys import SUMMARY_COMMIT_ATTEMPT, SUMMARY_HISTORY_OF
 from tests.driver.test_cdc_unavailable import TOASTED, TYPES, row, unchanged_toast
 from tests.sink.test_history_spark import (
     DDL,
@@ -389,4 +390,50 @@ def test_a_history_started_after_the_rows_takes_toast_values_from_the_table(
     for i, r in current.items():
         assert {c: r[c] for c in now[i]} == now[i], i
     assert now[5]["title"] == "v1 5"  # the re-sent change is older than the row: not applied, not a version
+    assert_snapshot_invariants(history)
+
+
+@pytest.mark.long
+def test_another_writers_update_between_the_units_read_and_the_tables_read_for_toast_values_is_taken_on_retry(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A history started after its table held rows reads the table once more for a TOAST placeholder's values
+    (lakesink.driver.actions.history.table_before), not on the unit's own read of it. Another engine updates that very
+    row between the two reads: the values read are one commit newer than the unit's read of the table -- but the
+    unit's swap of the table then conflicts (the table moved since the attempt read it) and the next attempt reads both
+    again: the version's TOAST value is the other writer's, as the table's row is; never a version the table's commit
+    did not see."""
+    zero = [timed(change(DOCS, "c", 10 + i, row(i, f"v1 {i}"), TYPES, ("id",))) for i in (1, 2)]
+    write_json_round(tmp_path / "in", 0, toast.kafka_records(zero, ("id",), schemas=True))
+    df = spark.readStream.schema(KAFKA_DDL).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+    run_to_end(start_sink(df, "foreach", tmp_path / "ck", catalog_properties, cdc_format="debezium", merge_schema=True))
+    one = [timed(change(DOCS, "u", 20, unchanged_toast(1, "v2"), TYPES, ("id",)))]
+    write_json_round(tmp_path / "in", 1, toast.kafka_records(one, ("id",), schemas=True))
+
+    real = history_module.table_before
+    outside: list[int] = []
+
+    def another_writer_first(mirror: Any, changes: pa.Table, rows_for: Sequence[bool]) -> Any:
+        if not outside:  # once: after the attempt read the tables, before the history reads its table again
+            table = load(catalog_properties, DOCS)
+            rows = table.scan(row_filter="id = 1").to_arrow()
+            body = rows.schema.field("body")
+            rows = rows.set_column(rows.schema.get_field_index("body"), body, pa.array(["outside"], body.type))
+            table.overwrite(rows, overwrite_filter="id = 1")
+            outside.append(1)
+        return real(mirror, changes, rows_for)
+
+    monkeypatch.setattr(history_module, "table_before", another_writer_first)
+    run_cdc(spark, "foreach", catalog_properties, tmp_path)
+    assert outside == [1]
+    history, table = load(catalog_properties, DOCS + "__history"), load(catalog_properties, DOCS)
+    versions = history.scan().to_arrow().to_pylist()
+    assert [(v["id"], v["title"], v["body"], v["is_current"]) for v in versions] == [(1, "v2", "outside", True)]
+    now = {r["id"]: r for r in table.scan().to_arrow().to_pylist()}
+    assert now[1]["body"] == "outside" and now[1]["title"] == "v2"
+    for n in now[1]:
+        assert versions[0][n] == now[1][n], n
+    assert history.properties["lakesink.history.complete"] == "false"
+    landed = history.snapshot_by_id(lakesink_snapshots(history)[-1]["snapshot_id"])
+    assert int(landed.summary[SUMMARY_COMMIT_ATTEMPT]) >= 2  # the first attempt's swap conflicted: retried
     assert_snapshot_invariants(history)

@@ -143,8 +143,17 @@ def run(spark: Any, src: Path, ck: Path, s: Any) -> None:
     run_to_end(q)
 
 
-def run_format(spark: Any, src: Path, ck: Path, props: dict[str, str], table_properties: dict[str, str] | None = None) -> None:
-    """The same stream through writeStream.format("lakesink"), repartitioned by the key (each task resolves its keys)."""
+def run_format(
+    spark: Any,
+    src: Path,
+    ck: Path,
+    props: dict[str, str],
+    table_properties: dict[str, str] | None = None,
+    *,
+    history: bool = True,
+) -> None:
+    """The same stream through writeStream.format("lakesink"), repartitioned by the key (each task resolves its keys);
+    ``history=False``: without option history."""
     lakesink.register(spark)
     df = spark.readStream.schema(DDL).option("maxFilesPerTrigger", 1).json(str(src))
     w = df.repartition(2, "id").writeStream.format("lakesink").option("table", "db.events")
@@ -153,7 +162,8 @@ def run_format(spark: Any, src: Path, ck: Path, props: dict[str, str], table_pro
     for k, v in (table_properties or {}).items():
         w = w.option(f"table-property.{k}", v)
     w = w.option("upsert-key", "id").option("delete-when", "op = 'd'").option("order-by", "seq")
-    w = w.option("history", "on").option("history-time", "ts")
+    if history:
+        w = w.option("history", "on").option("history-time", "ts")
     run_to_end(w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
 
 
@@ -472,8 +482,9 @@ def test_a_history_left_behind_its_dropped_table_or_read_by_another_key_is_refus
     assert load(catalog_properties, "events").metadata.current_snapshot_id == table.metadata.current_snapshot_id
 
 
+@pytest.mark.parametrize("entry", ["foreach", pytest.param("format", marks=pytest.mark.long)])
 def test_a_history_started_late_leaves_out_changes_older_than_the_tables_rows(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
     """One table keeping its order-by column (seq): rows written without option history, then history turned on and
     a batch re-sending changes from before it (older than the table's rows: the table does not apply them) with newer
@@ -482,7 +493,10 @@ def test_a_history_started_late_leaves_out_changes_older_than_the_tables_rows(
     zero = [{"eid": i, "id": i, "value": f"v{i}", "seq": 10 + i, "op": "c", "ts": at(10 + i)} for i in range(1, 5)]
     zero.append({"eid": 9, "id": 4, "value": "", "seq": 19, "op": "d", "ts": at(19)})
     write_events(tmp_path / "in", [zero])
-    run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties, history="off", history_time=None))
+    if entry == "format":
+        run_format(spark, tmp_path / "in", tmp_path / "ck", catalog_properties, history=False)
+    else:
+        run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties, history="off", history_time=None))
     one = [
         {"eid": 20, "id": 1, "value": "re-sent", "seq": 5, "op": "u", "ts": at(5)},  # older than id 1's row (11)
         {"eid": 21, "id": 2, "value": "newer", "seq": 30, "op": "u", "ts": at(30)},
@@ -491,7 +505,10 @@ def test_a_history_started_late_leaves_out_changes_older_than_the_tables_rows(
         {"eid": 24, "id": 5, "value": "new", "seq": 31, "op": "c", "ts": at(31)},
     ]
     write_events(tmp_path / "in", [one], start=1)
-    run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties))
+    if entry == "format":
+        run_format(spark, tmp_path / "in", tmp_path / "ck", catalog_properties)
+    else:
+        run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties))
     history = load(catalog_properties, "events__history")
     assert history.properties["lakesink.history.complete"] == "false"
     assert versions_of(history.scan().to_arrow()) == [
