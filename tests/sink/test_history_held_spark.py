@@ -36,6 +36,7 @@ from tests.support.helpers import (
     run_to_end,
     start_sink,
 )
+from tests.support.history import utc_iso, versions
 
 pytestmark = pytest.mark.spark
 
@@ -106,8 +107,8 @@ def history_model(released: Sequence[Change]) -> dict[str, list[Version]]:
                     (
                         i,
                         None if deleted else c["after"]["title"],
-                        utc(c["commit_ts"]),
-                        utc(nxt["commit_ts"]) if nxt else None,
+                        utc_iso(c["commit_ts"]),
+                        utc_iso(nxt["commit_ts"]) if nxt else None,
                         nxt is None and not deleted,
                         "delete" if deleted else "insert" if fresh else "update",
                         c["lsn"],
@@ -115,14 +116,6 @@ def history_model(released: Sequence[Change]) -> dict[str, list[Version]]:
                 )
         out[table] = sorted(versions, key=lambda v: (v[0], v[6]))
     return out
-
-
-def utc(value: Any) -> str:
-    if isinstance(value, str):
-        value = datetime.datetime.fromisoformat(value)
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=datetime.timezone.utc)
-    return str(value.astimezone(datetime.timezone.utc).isoformat())
 
 
 def load(props: Mapping[str, str], name: str) -> Any:
@@ -134,22 +127,8 @@ def exists(props: Mapping[str, str], name: str) -> bool:
 
 
 def versions_at(history: Any, snapshot_id: int | None = None) -> list[Version]:
-    rows = history.scan(snapshot_id=snapshot_id).to_arrow().to_pylist()  # None: the current snapshot
-    return sorted(
-        (
-            (
-                r["id"],
-                r["title"],
-                utc(r["valid_from"]),
-                utc(r["valid_to"]) if r["valid_to"] is not None else None,
-                r["is_current"],
-                r["operation"],
-                int(r["change_order"]),
-            )
-            for r in rows
-        ),
-        key=lambda v: (v[0], v[6]),
-    )
+    rows = history.scan(snapshot_id=snapshot_id).to_arrow()  # None: the current snapshot
+    return sorted(versions(rows, ["id", "title"]), key=lambda v: (v[0], v[6]))
 
 
 def run(spark: Any, entry: str, props: Mapping[str, str], tmp_path: Path, **options: Any) -> None:
@@ -379,8 +358,8 @@ def line_history_model(changes: Sequence[Change], key: tuple[str, ...]) -> list[
                     image["order_id"],
                     image.get("line"),
                     image.get("qty"),
-                    utc(c["commit_ts"]),
-                    utc(nxt["commit_ts"]) if nxt else None,
+                    utc_iso(c["commit_ts"]),
+                    utc_iso(nxt["commit_ts"]) if nxt else None,
                     nxt is None and not deleted,
                     "delete" if deleted else "insert" if place == 0 or chain[place - 1]["op"] == "d" else "update",
                     c["lsn"],
@@ -390,22 +369,7 @@ def line_history_model(changes: Sequence[Change], key: tuple[str, ...]) -> list[
 
 
 def line_versions(history: Any) -> list[LineVersion]:
-    return sorted(
-        (
-            (
-                r["order_id"],
-                r["line"],
-                r["qty"],
-                utc(r["valid_from"]),
-                utc(r["valid_to"]) if r["valid_to"] is not None else None,
-                r["is_current"],
-                r["operation"],
-                int(r["change_order"]),
-            )
-            for r in history.scan().to_arrow().to_pylist()
-        ),
-        key=lambda v: (v[0], v[1] or 0, v[7]),
-    )
+    return sorted(versions(history.scan().to_arrow(), ["order_id", "line", "qty"]), key=lambda v: (v[0], v[1] or 0, v[7]))
 
 
 def lines_of(table: Any) -> list[tuple[int, int, int]]:

@@ -47,6 +47,7 @@ from tests.support.helpers import (
     run_to_end,
     start_sink,
 )
+from tests.support.history import utc_iso, versions
 from tests.support.toast import change
 
 pytestmark = pytest.mark.spark
@@ -216,8 +217,8 @@ def cdc_history_model(rounds: Sequence[Sequence[dict[str, Any]]]) -> dict[str, l
                         i,
                         title,
                         body,
-                        _iso(v["time"]),
-                        _iso(nxt["time"]) if nxt else None,
+                        utc_iso(v["time"]),
+                        utc_iso(nxt["time"]) if nxt else None,
                         nxt is None and not deleted,
                         operation,
                         v["lsn"],
@@ -227,35 +228,12 @@ def cdc_history_model(rounds: Sequence[Sequence[dict[str, Any]]]) -> dict[str, l
     return out
 
 
-def _iso(value: Any) -> str:
-    if isinstance(value, str):
-        value = datetime.datetime.fromisoformat(value)
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=datetime.timezone.utc)
-    return str(value.astimezone(datetime.timezone.utc).isoformat())
-
-
 def _by_key_and_order(version: tuple[Any, ...]) -> tuple[Any, Any]:
     return version[0], version[7]
 
 
 def cdc_versions(rows: pa.Table) -> list[tuple[Any, ...]]:
-    return sorted(
-        (
-            (
-                r["id"],
-                r["title"],
-                r["body"],
-                _iso(r["valid_from"]),
-                _iso(r["valid_to"]) if r["valid_to"] is not None else None,
-                r["is_current"],
-                r["operation"],
-                int(r["change_order"]),
-            )
-            for r in rows.to_pylist()
-        ),
-        key=_by_key_and_order,
-    )
+    return sorted(versions(rows, ["id", "title", "body"]), key=_by_key_and_order)
 
 
 def cdc_rounds() -> list[list[dict[str, Any]]]:
@@ -362,7 +340,7 @@ def test_a_history_started_after_the_rows_takes_toast_values_from_the_table(
     run_cdc(spark, entry, catalog_properties, tmp_path)
 
     def at_lsn(lsn: int) -> str:
-        return _iso(T0 + datetime.timedelta(seconds=lsn))
+        return utc_iso(T0 + datetime.timedelta(seconds=lsn))
 
     stored = {i: row(i, f"v1 {i}") for i in (1, 2, 5)}
     expected = [

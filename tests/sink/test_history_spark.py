@@ -36,6 +36,7 @@ from lakesink.table.keys import (
 )
 from tests.sink.test_upserts_spark import write_events
 from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, run_to_end
+from tests.support.history import utc_iso, versions
 
 pytestmark = pytest.mark.spark
 
@@ -102,17 +103,10 @@ def history_model(batches: Sequence[Sequence[Event]]) -> list[Version]:
 
 
 def versions_of(rows: pa.Table) -> list[Version]:
-    def iso(v: Any) -> str | None:
-        if v is None:
-            return None
-        if v.tzinfo is None:
-            v = v.replace(tzinfo=datetime.timezone.utc)
-        return str(v.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    def iso(v: Any) -> str:
+        return utc_iso(v).replace("+00:00", "Z")  # as at() writes them
 
-    return sorted(
-        (r["id"], r["eid"], r["value"], iso(r["valid_from"]), iso(r["valid_to"]), r["is_current"], r["operation"])
-        for r in rows.to_pylist()
-    )
+    return sorted(versions(rows, ["id", "eid", "value"], time=iso, order=False))
 
 
 def rows_of(rows: pa.Table) -> dict[int, tuple[int, str]]:
