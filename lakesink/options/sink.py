@@ -286,12 +286,6 @@ def _checked_history(options: SinkOptions) -> SinkOptions:
             f"option '{HISTORY}' keeps every version of each key: it needs option '{UPSERT_KEY}' (the key whose versions "
             "the history table holds; upsert_key= in foreach_batch) (docs/history.md)"
         )
-    if options.routing is not None and options.writer is WriterKind.SPARK:
-        raise InvalidOptionError(
-            f"option '{HISTORY}' with '{ROUTE_BY}' needs every change of each table, which the Arrow writers return: "
-            "writer='spark' cannot be used with it; use writer='auto' (it takes the Arrow path) or 'arrow' "
-            "(docs/history.md)"
-        )
     if options.output_mode is OutputMode.COMPLETE:
         raise InvalidOptionError(f"option '{HISTORY}' cannot be used with output mode 'complete' (option '{UPSERT_KEY}')")
     # with option dead-letter-table the writing tasks sort the rows first and take the history's changes from the

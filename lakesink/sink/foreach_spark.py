@@ -108,7 +108,8 @@ class RoutedSparkBatches:
         the Arrow path (logged), before any file of it is written in a table."""
         for plan in plans.values():
             reason = spark_write.unsupported_reason(plan.schema, plan.spec) or spark_fs.unwritable_reason(spark, plan.data_prefix)
-            if reason is None and self.options.history is not None:  # (writer='spark' is refused with it when parsed)
+            if reason is None and self.options.history is not None and self.options.writer is WriterKind.AUTO:
+                # the Arrow path's tasks return each table's changes; writer='spark' collects them in one more job
                 reason = "option history takes every change of each table from the Arrow writers"
             if reason is None and self.options.writer is WriterKind.AUTO:
                 reason = _required_columns_reason(plan)

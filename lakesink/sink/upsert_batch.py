@@ -223,6 +223,9 @@ class RoutedResolution:
     cached: tuple[DataFrame, ...]
     digests: Mapping[str, RowsDigest]
     """Each table's rows to write: their count and digest (lakesink.sink.spark.routed: the write job then observes none)."""
+    history: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
+    """Option history: each table's every change (not one per key), as a routed task of the Arrow path returns them
+    (Arrow IPC, lakesink.executor.upsert_task.history_rows; :func:`_routed_history`)."""
 
     def with_keys(self, results: Sequence[RoutedTaskResult]) -> list[RoutedTaskResult]:
         """The written batch's results, each table's with the keys the batch changes there (Arrow IPC, as a routed
@@ -235,7 +238,8 @@ class RoutedResolution:
             for t in r.tables:
                 keys = self.keys.get(t.table)
                 changes = upsert_task.to_ipc(keys) if keys is not None else None
-                tables.append(dataclasses.replace(t, result=dataclasses.replace(t.result, changes=changes)))
+                history = self.history.get(t.table)
+                tables.append(dataclasses.replace(t, result=dataclasses.replace(t.result, changes=changes, history=history)))
             out.append(dataclasses.replace(r, tables=tuple(tables)))
         return out
 
@@ -288,12 +292,51 @@ def resolve_routed(
                 mine = done.keys.filter(pc.equal(number, i))
                 digests[names[i]] = _digest(mine)
                 changed[names[i]] = mine.drop_columns([ROUTED_TABLE_COLUMN, spark_routed.HASH_COLUMN])
+        # option history: read from the same cached batch as the resolution (``df``: lakesink.sink.foreach_spark's
+        # read_once), so that a source read twice, or a nondeterministic column, gives the history no other rows
+        history = _routed_history(numbered, batch_id, options, column, names) if options.history is not None else {}
     except BaseException:
         for r in resolved:
             release(r)
         raise
     rows = reduce(DataFrame.unionByName, [r.rows for r in resolved]).drop(ROUTED_TABLE_COLUMN)
-    return RoutedResolution(rows=rows, keys=changed, cached=tuple(r.cached for r in resolved), digests=digests)
+    return RoutedResolution(rows=rows, keys=changed, cached=tuple(r.cached for r in resolved), digests=digests, history=history)
+
+
+def _routed_history(
+    numbered: DataFrame, batch_id: int, options: SinkOptions, column: str, names: Sequence[str]
+) -> dict[str, bytes]:
+    """Option history with route-by and writer='spark': every change of each table (the history's versions need them
+    all, not one per key), collected in one more Spark job, as a routed task of the Arrow path returns them
+    (lakesink.executor.upsert_task.history_rows): the table's columns (the routing column is not written),
+    :data:`DELETED`, the order value (option order-by's, else the batch id) and the change's source time. ``numbered``:
+    the batch with each row's table number among ``names`` (:data:`ROUTED_TABLE_COLUMN`)."""
+    assert options.history_time is not None
+    order = _column(numbered, options.order_by, ORDER_BY) if options.order_by is not None else None
+    time = _column(numbered, options.history_time, HISTORY_TIME)
+    written = [c for c in numbered.columns if c not in (column, ROUTED_TABLE_COLUMN)]
+    ordered = F.col(f"`{order}`") if order is not None else F.lit(batch_id).cast("long")
+    selected = numbered.select(
+        *[F.col(f"`{c}`") for c in written],
+        F.col(ROUTED_TABLE_COLUMN),
+        _deleted_flag(options).alias(DELETED),
+        ordered.alias(HISTORY_CHANGE_ORDER),
+        F.col(f"`{time}`").alias(HISTORY_VALID_FROM),
+    )
+    collected = driver_write.collect(selected, table=", ".join(names), batch_id=batch_id)
+    if collected is None:
+        raise LakesinkError(
+            f"batch {batch_id}: its changes for the histories of {', '.join(names)} do not fit on the driver "
+            "(spark.driver.maxResultSize); nothing was committed. Raise spark.driver.maxResultSize, make batches smaller "
+            "(maxOffsetsPerTrigger), or use writer='auto' (its tasks return each table's changes)"
+        )
+    number = collected.column(ROUTED_TABLE_COLUMN)
+    out: dict[str, bytes] = {}
+    for i, name in enumerate(names):
+        ipc = upsert_task.to_ipc(collected.filter(pc.equal(number, i)).drop_columns([ROUTED_TABLE_COLUMN]))
+        if ipc is not None:
+            out[name] = ipc
+    return out
 
 
 def _digest(keys: pa.Table) -> RowsDigest:

@@ -13,18 +13,19 @@ each table the stream upserts gets its own history table, committed in the batch
 from __future__ import annotations
 
 import datetime
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyspark.sql import functions as F
 
-import lakesink
 from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.driver.actions import history as history_module
-from lakesink.errors import InvalidOptionError
+from lakesink.faults import DRIVER_AFTER_SWAP
 from lakesink.table.keys import SUMMARY_COMMIT_ATTEMPT, SUMMARY_HISTORY_OF
 from tests.driver.test_cdc_unavailable import TOASTED, TYPES, row, unchanged_toast
 from tests.sink.test_history_spark import (
@@ -43,6 +44,7 @@ from tests.support.changes import KAFKA_DDL, write_json_round
 from tests.support.helpers import (
     assert_snapshot_invariants,
     assert_table_is_current_versions,
+    fail_once_at,
     lakesink_snapshots,
     run_to_end,
     start_sink,
@@ -81,6 +83,8 @@ def run_routed(spark: Any, entry: str, src: Path, ck: Path, props: Mapping[str, 
     }
     if entry == "format":
         df = df.repartition(2, "tbl", "id")
+    if entry == "foreach-spark":  # Spark's own Parquet writer: the changes collected by one more Spark job
+        entry, options["writer"] = "foreach", "spark"
     run_to_end(start_sink(df, entry, ck, props, **options))
 
 
@@ -108,7 +112,7 @@ def assert_history_is_the_model(props: Mapping[str, str], name: str, batches: Se
     assert_snapshot_invariants(history)
 
 
-@pytest.mark.parametrize("entry", ROUTED_ENTRIES)
+@pytest.mark.parametrize("entry", [*ROUTED_ENTRIES, "foreach-spark"])  # foreach-spark: writer='spark'
 def test_each_routed_table_gets_its_history_in_the_batchs_unit(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
@@ -143,20 +147,54 @@ def test_each_routed_table_gets_its_history_in_the_batchs_unit(
         assert_history_is_the_model(catalog_properties, name, of_table([*batches, *more], name))
 
 
+def test_spark_writers_routed_histories_take_a_batch_replayed_after_its_swap_once(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """writer='spark' (the changes collected by one more Spark job): a failure after the unit's swap, before Spark's
+    commit log, replays the batch: found committed in each table and each history, no version twice, the histories
+    still the model."""
+    changes = stream(seed=23, batches=3, per_batch=30, keys=12)
+    batches = routed(changes)
+    write_events(tmp_path / "in", batches[:1])
+    run_routed(spark, "foreach-spark", tmp_path / "in", tmp_path / "ck", catalog_properties)
+    write_events(tmp_path / "in", batches[1:2], start=1)
+    fail_once_at(
+        faults,
+        DRIVER_AFTER_SWAP,
+        lambda: run_routed(spark, "foreach-spark", tmp_path / "in", tmp_path / "ck", catalog_properties),
+    )
+    write_events(tmp_path / "in", batches[2:], start=2)
+    run_routed(spark, "foreach-spark", tmp_path / "in", tmp_path / "ck", catalog_properties)
+    for name in TABLES.values():
+        assert_history_is_the_model(catalog_properties, name, of_table(batches, name))
+        ids = [s["batch_id"] for s in lakesink_snapshots(load(catalog_properties, name + "__history"))]
+        assert ids == [0, 1, 2], (name, ids)
+
+
+def test_spark_writers_routed_histories_hold_the_values_the_tables_got_from_a_nondeterministic_column(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """writer='spark': a column computed by a nondeterministic function (a Python UDF drawing a uuid: each read of the
+    source computes it anew): the history's changes are collected from the batch the tables' rows were resolved from
+    (the routed batch read once), so each table equals its history's current versions at every batch."""
+    changes = stream(seed=29, batches=2, per_batch=30, keys=12)
+    write_events(tmp_path / "in", routed(changes))
+    df = spark.readStream.schema(ROUTED_DDL).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+    drawn = F.udf(lambda v: f"{v} {uuid.uuid4()}", "string").asNondeterministic()
+    df = df.withColumn("value", drawn(F.col("value")))
+    options = {"route_by": "tbl", "upsert_key": "id", "delete_when": "op = 'd'", "order_by": "seq", "history": "on"}
+    run_to_end(start_sink(df, "foreach", tmp_path / "ck", catalog_properties, history_time="ts", writer="spark", **options))
+    for name in TABLES.values():
+        table, history = load(catalog_properties, name), load(catalog_properties, name + "__history")
+        assert_table_is_current_versions(table, history, ("id",))
+        assert table.scan().to_arrow().num_rows
+
+
 def test_history_options_with_route_by_are_checked_before_anything_is_written(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
 ) -> None:
-    """writer='spark' cannot return every change; a routed table named as the pattern names history tables is refused
-    (it would be both a mirror and another table's history), nothing committed."""
-    with pytest.raises(InvalidOptionError, match="writer='spark'"):
-        lakesink.foreach_batch(
-            catalog_properties=catalog_properties,
-            route_by="tbl",
-            upsert_key="id",
-            history="on",
-            history_time="ts",
-            writer="spark",
-        )
+    """A routed table named as the pattern names history tables is refused (it would be both a mirror and another
+    table's history), nothing committed."""
     events = [[{"eid": 1, "id": 1, "value": "v", "seq": 1, "op": "c", "ts": at(1), "tbl": "db.a__history"}]]
     write_events(tmp_path / "in", events)
     with pytest.raises(Exception, match="both a routed table and another table's history"):
