@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.driver.actions import history as history_module
-from lakesink.faults import DRIVER_AFTER_SWAP
+from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BETWEEN_TABLE_COMMITS
 from lakesink.table.keys import SUMMARY_COMMIT_ATTEMPT, SUMMARY_HISTORY_OF
 from tests.driver.test_cdc_unavailable import TOASTED, TYPES, row, unchanged_toast
 from tests.sink.test_history_spark import (
@@ -60,6 +60,7 @@ ROUTED_ENTRIES = ["foreach", pytest.param("format", marks=pytest.mark.long)]
 CDC_ENTRIES = [pytest.param("foreach", marks=pytest.mark.long), "format"]
 ROUTED_DDL = DDL + ", tbl string"
 TABLES = {0: "db.a", 1: "db.b"}
+HISTORY_AND_TABLES = ("db.a", "db.b", "db.a__history", "db.b__history")
 
 
 def routed(batches: Sequence[Sequence[Event]]) -> list[list[Event]]:
@@ -71,9 +72,10 @@ def of_table(batches: Sequence[Sequence[Event]], name: str) -> list[list[Event]]
     return [[e for e in events if e["tbl"] == name] for events in batches]
 
 
-def run_routed(spark: Any, entry: str, src: Path, ck: Path, props: Mapping[str, str]) -> None:
+def run_routed(spark: Any, entry: str, src: Path, ck: Path, props: Mapping[str, str], **extra: str) -> None:
     df = spark.readStream.schema(ROUTED_DDL).option("maxFilesPerTrigger", 1).json(str(src))
     options = {
+        **extra,
         "route_by": "tbl",
         "upsert_key": "id",
         "delete_when": "op = 'd'",
@@ -188,6 +190,35 @@ def test_spark_writers_routed_histories_hold_the_values_the_tables_got_from_a_no
         table, history = load(catalog_properties, name), load(catalog_properties, name + "__history")
         assert_table_is_current_versions(table, history, ("id",))
         assert table.scan().to_arrow().num_rows
+
+
+@pytest.mark.parametrize("entry", [*ROUTED_ENTRIES, pytest.param("foreach-spark", marks=pytest.mark.long)])
+def test_routed_histories_committed_one_table_after_the_other_are_completed_by_the_replay(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
+) -> None:
+    """Option atomic='off' (each table and each history its own commit, as on a catalog that cannot commit several
+    tables as one unit): a failure between two of the batch's commits leaves some of the tables and histories with the
+    batch; the restart replays it and completes the others, each once: every history equals its model, and each table
+    its history's current versions at every batch."""
+    changes = stream(seed=31, batches=3, per_batch=30, keys=12)
+    batches = routed(changes)
+
+    def go() -> None:
+        run_routed(spark, entry, tmp_path / "in", tmp_path / "ck", catalog_properties, atomic="off")
+
+    write_events(tmp_path / "in", batches[:1])
+    go()
+    write_events(tmp_path / "in", batches[1:2], start=1)
+    fail_once_at(faults, DRIVER_BETWEEN_TABLE_COMMITS, go)
+    holding = {n: [s["batch_id"] for s in lakesink_snapshots(load(catalog_properties, n))] for n in HISTORY_AND_TABLES}
+    assert sorted(map(len, holding.values())) == [1, 1, 1, 2], holding  # the first commit landed, the others not
+    write_events(tmp_path / "in", batches[2:], start=2)
+    go()
+    for name in TABLES.values():
+        assert_history_is_the_model(catalog_properties, name, of_table(batches, name))
+    for name in HISTORY_AND_TABLES:
+        ids = [s["batch_id"] for s in lakesink_snapshots(load(catalog_properties, name))]
+        assert ids == [0, 1, 2], (name, ids)
 
 
 def test_history_options_with_route_by_are_checked_before_anything_is_written(
