@@ -27,6 +27,7 @@ from lakesink.audit import interop
 from lakesink.cli.main import main
 from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError
+from lakesink.faults import DRIVER_BETWEEN_TABLE_COMMITS
 from lakesink.table.keys import (
     DRIVER_LOOKUP_BYTES,
     SUMMARY_HISTORY_ADDED,
@@ -515,3 +516,39 @@ def test_a_history_started_late_leaves_out_changes_older_than_the_tables_rows(
         3: (3, "v3"),
         5: (24, "new"),
     }
+
+
+@pytest.mark.parametrize("txn_server_options", [{"transactions": False}], ids=["no-transactions"], indirect=True)
+@pytest.mark.parametrize("entry", ["foreach", pytest.param("format", marks=pytest.mark.long)])
+def test_a_history_on_a_catalog_committing_one_table_after_the_other_is_completed_by_the_replay(
+    spark: Any, tmp_path: Path, txn_catalog_properties: dict[str, str], faults: Any, entry: str
+) -> None:
+    """A REST catalog without multi-table transactions (the tests' REST server, its transactions/commit route
+    answering 404): the table and its history are two commits. A failure between them leaves the batch in the first
+    only; the restart replays the batch and commits it into the other, once: the history equals the model in every
+    reader, both hold every batch once and agree at each."""
+    props = txn_catalog_properties
+    changes = stream(seed=37, batches=3, per_batch=30, keys=12)
+
+    def go() -> None:
+        if entry == "format":
+            run_format(spark, tmp_path / "in", tmp_path / "ck", props)
+        else:
+            run(spark, tmp_path / "in", tmp_path / "ck", sink(props))
+
+    write_events(tmp_path / "in", changes[:1])
+    go()
+    write_events(tmp_path / "in", changes[1:2], start=1)
+    faults.arm(DRIVER_BETWEEN_TABLE_COMMITS, "raise")
+    with pytest.raises(StreamingQueryException):
+        go()
+    assert faults.fired(DRIVER_BETWEEN_TABLE_COMMITS)
+    faults.clear()
+    held = sorted(len(lakesink_snapshots(load(props, n))) for n in ("events", "events__history"))
+    assert held == [1, 2], held  # the first commit landed, the second not
+    write_events(tmp_path / "in", changes[2:], start=2)
+    go()
+    assert_in_every_reader(props, changes)
+    assert_never_disagree(props)
+    for n in ("events", "events__history"):
+        assert [s["batch_id"] for s in lakesink_snapshots(load(props, n))] == [0, 1, 2], n
