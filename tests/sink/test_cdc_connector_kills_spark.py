@@ -302,7 +302,9 @@ def test_a_mysql_stream_through_sigkills_equals_the_model(
 ) -> None:
     """:func:`mysql_stream`, and in the same query a SQL Server connector's topics
     (:func:`tests.support.connectors.sqlserver_twice`: hex LSNs, a key changed twice in one transaction and in two
-    transactions of one batch, the later first, a redelivered transaction), the three tables in each batch's unit."""
+    transactions of one batch, the later first, a redelivered transaction) and an Oracle connector's
+    (:func:`tests.support.connectors.oracle_twice`: SCNs, a snapshot, a key changed twice in one transaction, a
+    redelivered transaction), the four tables in each batch's unit."""
     src, ck = tmp_path / "in", tmp_path / "ck"
     batches = mysql_stream()
     source = cn.MySql(server_id=0, uuid="")  # only its records(): the topics' names and the source block's schema
@@ -310,6 +312,10 @@ def test_a_mysql_stream_through_sigkills_equals_the_model(
     sqlserver, rounds = cn.sqlserver_twice()
     for index, streamed in enumerate(rounds):
         records[index] += sqlserver.records(streamed, schemas=index % 2 == 1)
+    oracle, oracle_rounds = cn.oracle_twice()  # Oracle's LogMiner topics (SCNs) in the same query
+    for index, streamed in enumerate(oracle_rounds):
+        records[index] += oracle.records(streamed, schemas=index % 2 == 0)
+    rounds = [*rounds, *oracle_rounds]
     assert any(r["value"] is None for r in records[0])  # the tombstones of deletes
     run_stream_through_kills(spark, catalog_properties, faults, entry, src, ck, records)
 

@@ -96,6 +96,36 @@ def test_a_mongodb_record_fails_the_first_batch_naming_the_fix(
     assert not catalogs.load(None, catalog_properties).table_exists(("inventory", "customers"))
 
 
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_mongodb_record_in_a_later_batch_fails_it_whole_at_every_restart(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """A MongoDB connector's record arrives in the second batch beside SQL Server's and Oracle's: that batch fails,
+    naming the fix, at the run and again at a restart from the same checkpoint; no table holds any record of it (the
+    other connectors' records of the batch included), the first batch stays as the source had it."""
+    sql, sql_rounds = cn.sqlserver_twice()
+    oracle, oracle_rounds = cn.oracle_twice()
+    write_json_round(
+        tmp_path / "in", 0, sql.records(sql_rounds[0], schemas=True) + oracle.records(oracle_rounds[0], schemas=False)
+    )
+    run_to_end(start(spark, entry, catalog_properties, tmp_path))
+    want = cn.model(c for r in (sql_rounds[0], oracle_rounds[0]) for c, _ in r)
+    assert tables(catalog_properties, sorted(want)) == want
+    heads = {
+        n: catalogs.load(None, catalog_properties).load_table(tuple(n.split("."))).metadata.current_snapshot_id for n in want
+    }
+    mongo = cn.mongodb("inventory.customers", "596e275826f08b2730779e1f", {"name": "Anne"}, "c")
+    second = sql.records(sql_rounds[1], schemas=True) + [mongo] + oracle.records(oracle_rounds[1], schemas=False)
+    write_json_round(tmp_path / "in", 1, second)
+    for _ in range(2):  # the run, then a restart from the same checkpoint
+        with pytest.raises((StreamingQueryException, PySparkException), match="ExtractNewDocumentState"):
+            run_to_end(start(spark, entry, catalog_properties, tmp_path))
+        catalog = catalogs.load(None, catalog_properties)
+        assert {n: catalog.load_table(tuple(n.split("."))).metadata.current_snapshot_id for n in want} == heads
+        assert tables(catalog_properties, sorted(want)) == want
+        assert not catalog.table_exists(("inventory", "customers"))
+
+
 @pytest.mark.parametrize(
     ("entry", "mode"), [("foreach", "copy-on-write"), ("format", "copy-on-write"), ("foreach", "merge-on-read")]
 )
