@@ -96,7 +96,7 @@ def test_a_mongodb_record_fails_the_first_batch_naming_the_fix(
     assert not catalogs.load(None, catalog_properties).table_exists(("inventory", "customers"))
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("entry", ["foreach", pytest.param("format", marks=pytest.mark.long)])
 def test_a_mongodb_record_in_a_later_batch_fails_it_whole_at_every_restart(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
