@@ -70,8 +70,8 @@ class Input:
         return ids
 
 
-def job(props: dict[str, str], src: Path, ck: Path, writer: str, faults_dir: str) -> subprocess.Popen[str]:
-    args = (json.dumps(props), str(src), str(ck), writer, MAX_RESULT_SIZE)
+def job(props: dict[str, str], src: Path, ck: Path, writer: str, faults_dir: str, history: str = "") -> subprocess.Popen[str]:
+    args = (json.dumps(props), str(src), str(ck), writer, MAX_RESULT_SIZE, *((history,) if history else ()))
     return start_job("tests.jobs.driver_fallback_job", *args, faults_dir=faults_dir)
 
 
@@ -207,3 +207,25 @@ def test_a_kill_while_the_refused_batch_is_written_or_after_its_commit_is_replay
     stray = data_files_on_disk(table) - referenced
     assert stray, "the kill after the fallback's files left them on disk (an orphan clean-up collects them)"
     assert set(files_by_batch(table, stray)) == {refused}
+
+
+@pytest.mark.long
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("history", "writer"), [("history", "auto"), ("routed-history", "spark")])
+def test_a_batch_whose_changes_for_the_history_do_not_fit_on_the_driver_fails_loudly_committing_nothing(
+    tmp_path: Path, catalog_properties: dict[str, str], faults: Any, history: str, writer: str
+) -> None:
+    """Option history collects every change of a batch on the driver (one table: in its resolution's job; route-by
+    with writer='spark': in one more job): a batch larger than spark.driver.maxResultSize fails, naming the tables
+    and the ways out, before anything is written -- no batch in the table or its history, no data file left."""
+    src, ck = Input(tmp_path / "input"), tmp_path / "checkpoint"
+    src.add(BIG_ROWS)
+    code, out, err = finish(job(catalog_properties, src.folder, ck, writer, str(faults.folder), history=history))
+    assert code != 0 and DONE not in out, err[-4000:]
+    assert "do not fit on the driver (spark.driver.maxResultSize); nothing was committed" in err, err[-4000:]
+    catalog = catalogs.load(None, catalog_properties)
+    for name in ("events", "events__history"):
+        if catalog.table_exists(("db", name)):
+            table = catalog.load_table(("db", name))
+            assert not lakesink_snapshots(table), name
+            assert not data_files_on_disk(table), name
