@@ -163,23 +163,14 @@ def _resolve_with_history(df: DataFrame, batch_id: int, options: SinkOptions, ke
     """:func:`resolve` with option history, in the same one job: every change of the batch is collected (the history
     table's versions need them all, lakesink.driver.actions.history), each flagged whether it wins its key (the
     greatest order-by value, as Spark compares it); the keys are the winners', taken from them on the driver."""
-    assert options.history_time is not None
-    order = _column(df, options.order_by, ORDER_BY) if options.order_by is not None else None
-    time = _column(df, options.history_time, HISTORY_TIME)
+    order, history_columns = _history_columns(df, batch_id, options)
     wins = F.lit(True)
     if order is not None:
         wins = F.col(f"`{order}`").eqNullSafe(F.max(F.col(f"`{order}`")).over(Window.partitionBy(*[F.col(k) for k in keys])))
     try:
         flag = _deleted_flag(options)
         cached = df.withColumn(DELETED, flag).withColumn(WINS_COLUMN, wins).persist()
-        ordered = F.col(f"`{order}`") if order is not None else F.lit(batch_id).cast("long")
-        selected = cached.select(
-            *[F.col(f"`{c}`") for c in df.columns],
-            F.col(DELETED),
-            F.col(WINS_COLUMN),
-            ordered.alias(HISTORY_CHANGE_ORDER),
-            F.col(f"`{time}`").alias(HISTORY_VALID_FROM),
-        )
+        selected = cached.select(*[F.col(f"`{c}`") for c in df.columns], F.col(DELETED), F.col(WINS_COLUMN), *history_columns)
         collected = driver_write.collect(selected, table=str(options.table), batch_id=batch_id)
     except (AnalysisException, ParseException) as e:
         _check_delete_when(df, options, e)
@@ -311,17 +302,13 @@ def _routed_history(
     (lakesink.executor.upsert_task.history_rows): the table's columns (the routing column is not written),
     :data:`DELETED`, the order value (option order-by's, else the batch id) and the change's source time. ``numbered``:
     the batch with each row's table number among ``names`` (:data:`ROUTED_TABLE_COLUMN`)."""
-    assert options.history_time is not None
-    order = _column(numbered, options.order_by, ORDER_BY) if options.order_by is not None else None
-    time = _column(numbered, options.history_time, HISTORY_TIME)
+    _, history_columns = _history_columns(numbered, batch_id, options)
     written = [c for c in numbered.columns if c not in (column, ROUTED_TABLE_COLUMN)]
-    ordered = F.col(f"`{order}`") if order is not None else F.lit(batch_id).cast("long")
     selected = numbered.select(
         *[F.col(f"`{c}`") for c in written],
         F.col(ROUTED_TABLE_COLUMN),
         _deleted_flag(options).alias(DELETED),
-        ordered.alias(HISTORY_CHANGE_ORDER),
-        F.col(f"`{time}`").alias(HISTORY_VALID_FROM),
+        *history_columns,
     )
     collected = driver_write.collect(selected, table=", ".join(names), batch_id=batch_id)
     if collected is None:
@@ -337,6 +324,17 @@ def _routed_history(
         if ipc is not None:
             out[name] = ipc
     return out
+
+
+def _history_columns(df: DataFrame, batch_id: int, options: SinkOptions) -> tuple[str | None, list[Column]]:
+    """Option history: the columns every change carries to its history's versions besides its own -- its order value
+    (option order-by's column, else the batch id) as :data:`HISTORY_CHANGE_ORDER` and its source time (option
+    history-time's column) as :data:`HISTORY_VALID_FROM` -- and the order-by column as ``df`` spells it (None without)."""
+    assert options.history_time is not None
+    order = _column(df, options.order_by, ORDER_BY) if options.order_by is not None else None
+    time = _column(df, options.history_time, HISTORY_TIME)
+    ordered = F.col(f"`{order}`") if order is not None else F.lit(batch_id).cast("long")
+    return order, [ordered.alias(HISTORY_CHANGE_ORDER), F.col(f"`{time}`").alias(HISTORY_VALID_FROM)]
 
 
 def _digest(keys: pa.Table) -> RowsDigest:

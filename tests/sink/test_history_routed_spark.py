@@ -26,10 +26,11 @@ from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.driver.actions import history as history_module
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BETWEEN_TABLE_COMMITS
-from lakesink.table.keys import SUMMARY_COMMIT_ATTEMPT, SUMMARY_HISTORY_OF
+from lakesink.table.keys import SUMMARY_COMMIT_ATTEMPT, SUMMARY_HISTORY_OF, SUMMARY_UPSERT_MODE
 from tests.driver.test_cdc_unavailable import TOASTED, TYPES, row, unchanged_toast
 from tests.sink.test_history_spark import (
     DDL,
+    MOR,
     Event,
     at,
     history_model,
@@ -85,9 +86,12 @@ def run_routed(spark: Any, entry: str, src: Path, ck: Path, props: Mapping[str, 
     }
     if entry == "format":
         df = df.repartition(2, "tbl", "id")
+    table_properties = None
+    if entry == "foreach-spark-mor":  # and the tables merge-on-read, their lookups in Spark's executors
+        entry, table_properties = "foreach-spark", MOR
     if entry == "foreach-spark":  # Spark's own Parquet writer: the changes collected by one more Spark job
         entry, options["writer"] = "foreach", "spark"
-    run_to_end(start_sink(df, entry, ck, props, **options))
+    run_to_end(start_sink(df, entry, ck, props, table_properties=table_properties, **options))
 
 
 def load(props: Mapping[str, str], name: str) -> Any:
@@ -114,7 +118,9 @@ def assert_history_is_the_model(props: Mapping[str, str], name: str, batches: Se
     assert_snapshot_invariants(history)
 
 
-@pytest.mark.parametrize("entry", [*ROUTED_ENTRIES, "foreach-spark"])  # foreach-spark: writer='spark'
+@pytest.mark.parametrize(
+    "entry", [*ROUTED_ENTRIES, "foreach-spark", pytest.param("foreach-spark-mor", marks=pytest.mark.long)]
+)  # foreach-spark: writer='spark'; -mor: its tables merge-on-read
 def test_each_routed_table_gets_its_history_in_the_batchs_unit(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
 ) -> None:
@@ -147,6 +153,10 @@ def test_each_routed_table_gets_its_history_in_the_batchs_unit(
     run_routed(spark, entry, tmp_path / "in", tmp_path / "ck", catalog_properties)
     for name in TABLES.values():
         assert_history_is_the_model(catalog_properties, name, of_table([*batches, *more], name))
+    modes = {
+        s["summary"][SUMMARY_UPSERT_MODE] for name in TABLES.values() for s in lakesink_snapshots(load(catalog_properties, name))
+    }
+    assert modes == {"merge-on-read" if entry.endswith("-mor") else "copy-on-write"}, modes
 
 
 def test_spark_writers_routed_histories_take_a_batch_replayed_after_its_swap_once(
