@@ -26,6 +26,9 @@ import pytest
 
 from lakesink.driver import catalogs
 from lakesink.driver.actions import held
+from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS
+from lakesink.table.keys import SUMMARY_COMMIT_ATTEMPT
+from tests.sink.test_cdc_transactions_spark import held_files_on_disk
 from tests.support import cdc_debezium, toast
 from tests.support.changes import KAFKA_DDL, write_json_round
 from tests.support.helpers import (
@@ -146,17 +149,46 @@ def replay(ck: Path, batch_id: int) -> None:
 # --- cdc-transactions=hold -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("entry", FOREACH_FIRST)
+@pytest.mark.parametrize(
+    ("entry", "swap_fault"),
+    [
+        ("foreach", False),
+        pytest.param("format", False, marks=pytest.mark.long),
+        pytest.param("foreach", True, marks=pytest.mark.long),
+        pytest.param("format", True, marks=pytest.mark.long),
+    ],
+)
 def test_held_changes_become_versions_once_in_the_batch_that_releases_them(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str, swap_fault: bool
 ) -> None:
     """Transaction 20 (docs and notes) is cut by the micro-batches: held back by batch 0, released by batch 1 (its END
     and its last change arrive then), beside transaction 30, whole in batch 1. Batches 0 and 1 are each replayed from
     the checkpoint (a restart before Spark's commit log), and after the release Debezium re-sends transaction 20's tail
     with its END (a connector restart) in batch 2, beside transaction 40. At every batch each table and each history
     equals the model of the transactions released by then: the held changes are versions only from batch 1 on, once,
-    in LSN order, dated by their commit's ``source.ts_ms``."""
+    in LSN order, dated by their commit's ``source.ts_ms``. ``swap_fault``: the holding batch's and the releasing batch's
+    first attempts each fail inside the unit's one catalog transaction, between two of its tables' swaps: nothing of
+    that attempt lands (no table, no history, no held state), the batch's next attempt commits the unit whole, and the
+    failed attempt's held file is not left on disk."""
     props, ck = catalog_properties, tmp_path / "ck"
+
+    def failing_inside_the_swap(batch_id: int) -> None:
+        """Run batch ``batch_id`` with its unit's first attempt failing between two of its tables' swaps: the
+        attempt did not land anywhere (settled by reading the tables), the next attempt of the same batch lands in
+        every table and history, and the failed attempt's held file is not left on disk."""
+        files = held_files_on_disk(props)
+        faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")
+        run(spark, entry, props, tmp_path, **options)
+        assert faults.fired(CATALOG_BETWEEN_TABLE_SWAPS), batch_id
+        faults.clear()
+        named: set[str] = set()
+        for n in (*TABLES, *(f"{t}__history" for t in TABLES)):
+            table = load(props, n)
+            landed = [s for s in lakesink_snapshots(table) if s["batch_id"] == batch_id]
+            assert len(landed) == 1 and int(landed[0]["summary"][SUMMARY_COMMIT_ATTEMPT]) >= 2, (n, batch_id)
+            named |= {f.removeprefix("file://") for f in held.held_files(table.properties)}
+        assert held_files_on_disk(props) - files <= named, batch_id
+
     topics = cdc_debezium.Topics()
     t10 = [tx_change(DOCS, "c", 11, {"id": 1, "title": "d1"}, 10)]
     t10 += [tx_change(DOCS, "c", 12, {"id": 2, "title": "d2"}, 10), tx_change(NOTES, "c", 13, {"id": 1, "title": "n1"}, 10)]
@@ -210,7 +242,10 @@ def test_held_changes_become_versions_once_in_the_batch_that_releases_them(
 
     # batch 0, then its replay: t20 held, no version of it in either history
     write_json_round(tmp_path / "in", 0, rounds[0])
-    run(spark, entry, props, tmp_path, **options)
+    if swap_fault:
+        failing_inside_the_swap(0)
+    else:
+        run(spark, entry, props, tmp_path, **options)
     check(0)
     assert held_changes() == len(head20) == 3  # three changes, no tombstone among them
     replay(ck, 0)
@@ -219,7 +254,10 @@ def test_held_changes_become_versions_once_in_the_batch_that_releases_them(
     assert held_changes() == 3
     # batch 1 (a restart of the query from the checkpoint between hold and release), then its replay
     write_json_round(tmp_path / "in", 1, rounds[1])
-    run(spark, entry, props, tmp_path, **options)
+    if swap_fault:
+        failing_inside_the_swap(1)
+    else:
+        run(spark, entry, props, tmp_path, **options)
     check(1)
     assert held_changes() == 0
     replay(ck, 1)
