@@ -115,14 +115,18 @@ SUMMARY_HISTORY_CHANGED = "lakesink.history.versions-changed"
 """The stored versions the batch's commit rewrote (closed by a newer change, or re-linked around a late one)."""
 SUMMARY_HISTORY_REDELIVERED = "lakesink.history.changes-redelivered"
 """Changes the history held already (same key and order value: a redelivery), not added again."""
+SUMMARY_HISTORY_SEEDED = "lakesink.history.versions-seeded"
+"""The versions a history's first commit took from its table's rows (the history started after the table held rows:
+each live row's version, :data:`PROPERTY_HISTORY_COMPLETE`)."""
 SUMMARY_HISTORY_OF = "lakesink.history.of"
 """The table whose history the snapshot's table is."""
 PROPERTY_HISTORY_TABLE_UUID = "lakesink.history.table-uuid"
 """A history table's property: the uuid of the table whose versions it holds (set by its first commit, checked by every
 later one: a table dropped and created again under its name is another table)."""
 PROPERTY_HISTORY_COMPLETE = "lakesink.history.complete"
-"""A history table's property: ``true`` when it started with its table (its first versions were committed when the
-table held no row), so that it holds a version of every key the table ever held; else ``false``."""
+"""A history table's property: ``true`` when it holds a version of every key its table holds -- it started with its
+table (its first versions were committed when the table held no row), or its first commit took a version of each of
+the table's live rows (:data:`SUMMARY_HISTORY_SEEDED`); else ``false``."""
 PROPERTY_HISTORY_KEY = "lakesink.history.key"
 """A history table's property: the key its versions are keyed by (comma-separated, as option upsert-key gave it)."""
 

@@ -26,7 +26,7 @@ from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.driver.actions import history as history_module
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BETWEEN_TABLE_COMMITS
-from lakesink.table.keys import SUMMARY_COMMIT_ATTEMPT, SUMMARY_HISTORY_OF, SUMMARY_UPSERT_MODE
+from lakesink.table.keys import SUMMARY_COMMIT_ATTEMPT, SUMMARY_HISTORY_OF, SUMMARY_HISTORY_SEEDED, SUMMARY_UPSERT_MODE
 from tests.driver.test_cdc_unavailable import TOASTED, TYPES, row, unchanged_toast
 from tests.sink.test_history_spark import (
     DDL,
@@ -76,13 +76,13 @@ def of_table(batches: Sequence[Sequence[Event]], name: str) -> list[list[Event]]
 def run_routed(spark: Any, entry: str, src: Path, ck: Path, props: Mapping[str, str], **extra: str) -> None:
     df = spark.readStream.schema(ROUTED_DDL).option("maxFilesPerTrigger", 1).json(str(src))
     options = {
-        **extra,
         "route_by": "tbl",
         "upsert_key": "id",
         "delete_when": "op = 'd'",
         "order_by": "seq",
         "history": "on",
         "history_time": "ts",
+        **extra,
     }
     if entry == "format":
         df = df.repartition(2, "tbl", "id")
@@ -229,6 +229,64 @@ def test_routed_histories_committed_one_table_after_the_other_are_completed_by_t
     for name in HISTORY_AND_TABLES:
         ids = [s["batch_id"] for s in lakesink_snapshots(load(catalog_properties, name))]
         assert ids == [0, 1, 2], (name, ids)
+
+
+def seeded_model(before: Sequence[Event], after: Sequence[Event]) -> list[Any]:
+    """The versions of a history started when its table held the rows ``before`` left: each live row's change is its
+    key's first version (an insert), then the changes of ``after`` newer than the table's value for their key (a
+    deleted key's too); the older ones (re-sent from before the history started) are none."""
+    last: dict[int, Event] = {}
+    for e in before:
+        if e["id"] not in last or e["seq"] > last[e["id"]]["seq"]:
+            last[e["id"]] = e
+    seeds = [{**e, "op": "c"} for e in last.values() if e["op"] != "d"]
+    kept = [e for e in after if e["id"] not in last or e["seq"] > last[e["id"]]["seq"]]
+    return history_model([seeds, kept])
+
+
+@pytest.mark.parametrize(
+    "entry", ["foreach", pytest.param("format", marks=pytest.mark.long), pytest.param("foreach-spark", marks=pytest.mark.long)]
+)
+def test_routed_histories_started_after_their_tables_held_rows_take_them_as_first_versions(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], entry: str
+) -> None:
+    """Two routed tables written without option history for two batches (inserts, updates, deletes), then history
+    turned on with a batch of newer changes, re-sent older ones and a re-insert of a deleted key: each history's first
+    commit holds a version of each of its table's live rows (as the table has them, dated by the row's ts, ordered by
+    its seq), the batch's newer changes linked after them, no version of a re-sent older change; each history says it
+    is complete and its current versions are its table, in pyiceberg, DuckDB and iceberg-rust."""
+    before = stream(seed=41, batches=2, per_batch=30, keys=12)
+    last = max(e["seq"] for events in before for e in events)
+    newer = [
+        {"eid": 8000 + k, "id": k, "value": f"new{k}", "seq": last + 1 + k, "op": "d" if k == 4 else "u", "ts": at(last + 1 + k)}
+        for k in range(0, 12, 2)
+    ]
+    # re-sent from before the history started, older than anything the tables hold
+    resent = [dict(e, eid=e["eid"] + 90_000, seq=-1 - i) for i, e in enumerate(before[0][:6])]
+    fresh = [
+        {"eid": 8100 + k, "id": 12 + k, "value": f"fresh{k}", "seq": last + 20 + k, "op": "c", "ts": at(last + 20 + k)}
+        for k in range(2)
+    ]
+    batches = routed([*before, [*newer, *resent, *fresh]])
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_events(src, batches[:2])
+    run_routed(spark, entry, src, ck, catalog_properties, history="off", history_time=None)  # type: ignore[arg-type]
+    write_events(src, batches[2:], start=2)
+    run_routed(spark, entry, src, ck, catalog_properties)
+    for name in TABLES.values():
+        table, history = load(catalog_properties, name), load(catalog_properties, name + "__history")
+        mine = of_table(batches, name)
+        expected = seeded_model([e for events in mine[:2] for e in events], mine[2])
+        assert versions_of(history.scan().to_arrow()) == expected, (name, "pyiceberg")
+        assert versions_of(interop.duckdb_read(history.metadata_location)) == expected, (name, "duckdb")
+        assert versions_of(interop.iceberg_rust_read(history.metadata_location)) == expected, (name, "iceberg-rust")
+        assert history.properties["lakesink.history.complete"] == "true", name
+        rows = table.scan().to_arrow()
+        assert rows_of(rows) == table_model(mine), name
+        seeded = [int(s["summary"][SUMMARY_HISTORY_SEEDED]) for s in lakesink_snapshots(history)]
+        assert seeded == [len(table_model(mine[:2]))], (name, seeded)
+        current = history.scan().to_arrow()
+        assert rows_of(current.filter(current.column("is_current"))) == rows_of(rows), name
 
 
 def test_history_options_with_route_by_are_checked_before_anything_is_written(

@@ -27,12 +27,13 @@ from lakesink.audit import interop
 from lakesink.cli.main import main
 from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError
-from lakesink.faults import DRIVER_BETWEEN_TABLE_COMMITS
+from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_BETWEEN_TABLE_COMMITS
 from lakesink.table.keys import (
     DRIVER_LOOKUP_BYTES,
     SUMMARY_HISTORY_ADDED,
     SUMMARY_HISTORY_OF,
     SUMMARY_HISTORY_REDELIVERED,
+    SUMMARY_HISTORY_SEEDED,
     SUMMARY_UPSERT_MODE,
 )
 from tests.sink.test_upserts_spark import write_events
@@ -505,17 +506,111 @@ def test_a_history_started_late_leaves_out_changes_older_than_the_tables_rows(
     else:
         run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties))
     history = load(catalog_properties, "events__history")
-    assert history.properties["lakesink.history.complete"] == "false"
+    # its first commit took a version of each of the table's live rows (dated and ordered by the row's own ts and
+    # seq), then linked the batch's changes after them: complete -- every key the table holds has its versions
+    assert history.properties["lakesink.history.complete"] == "true"
     assert versions_of(history.scan().to_arrow()) == [
-        (2, 21, "newer", at(30), None, True, "insert"),
+        (1, 1, "v1", at(11), None, True, "insert"),
+        (2, 2, "v2", at(12), at(30), False, "insert"),
+        (2, 21, "newer", at(30), None, True, "update"),
+        (3, 3, "v3", at(13), None, True, "insert"),
         (5, 24, "new", at(31), None, True, "insert"),
     ]
+    assert [int(s["summary"][SUMMARY_HISTORY_SEEDED]) for s in lakesink_snapshots(history)] == [3]
+    current = history.scan().to_arrow()
+    assert rows_of(current.filter(current.column("is_current"))) == rows_of(load(catalog_properties, "events").scan().to_arrow())
     assert rows_of(load(catalog_properties, "events").scan().to_arrow()) == {
         1: (1, "v1"),
         2: (21, "newer"),
         3: (3, "v3"),
         5: (24, "new"),
     }
+
+
+@pytest.mark.parametrize(
+    ("entry", "faulted"),
+    [
+        ("foreach", False),
+        pytest.param("format", False, marks=pytest.mark.long),
+        pytest.param("foreach", True, marks=pytest.mark.long),
+        pytest.param("format", True, marks=pytest.mark.long),
+    ],
+)
+def test_a_history_started_late_on_a_merge_on_read_table_takes_its_live_rows_as_first_versions(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str, faulted: bool
+) -> None:
+    """A merge-on-read table written without option history for two batches (the second updates and deletes rows:
+    position deletes), then history turned on: the history's first commit holds a version of each live row as the
+    table has it -- not a row a position delete removed, not a row's value before its update -- dated by the row's own
+    ts, ordered by its seq, then the batch's changes linked after them; the history says it is complete and its
+    current versions are the table, in pyiceberg, DuckDB and iceberg-rust. A next batch goes on from there.
+    ``faulted``: the seeding batch's first attempt fails inside the unit's catalog transaction (its next attempt seeds
+    again from the same rows), then the query fails after the unit landed, before Spark's commit log: the restart
+    replays the batch, which seeds nothing more."""
+    zero = [{"eid": i, "id": i, "value": f"v{i}", "seq": 10 + i, "op": "c", "ts": at(10 + i)} for i in range(1, 7)]
+    one = [
+        {"eid": 20, "id": 2, "value": "two", "seq": 20, "op": "u", "ts": at(20)},
+        {"eid": 21, "id": 3, "value": "", "seq": 21, "op": "d", "ts": at(21)},
+        {"eid": 22, "id": 6, "value": "", "seq": 22, "op": "d", "ts": at(22)},
+    ]
+    two = [
+        {"eid": 30, "id": 1, "value": "one", "seq": 30, "op": "u", "ts": at(30)},
+        {"eid": 31, "id": 7, "value": "v7", "seq": 31, "op": "c", "ts": at(31)},
+        {"eid": 32, "id": 6, "value": "six again", "seq": 32, "op": "c", "ts": at(32)},
+        {"eid": 33, "id": 2, "value": "re-sent", "seq": 19, "op": "u", "ts": at(19)},  # older than id 2's row (20)
+    ]
+    three = [{"eid": 40, "id": 4, "value": "", "seq": 40, "op": "d", "ts": at(40)}]
+    src, ck = tmp_path / "in", tmp_path / "ck"
+
+    def go(history: bool) -> None:
+        if entry == "format":
+            run_format(spark, src, ck, catalog_properties, MOR, history=history)
+        else:
+            extra = {} if history else {"history": "off", "history_time": None}
+            run(spark, src, ck, sink(catalog_properties, table_properties=MOR, **extra))
+
+    write_events(src, [zero, one])
+    go(history=False)
+    table = load(catalog_properties, "events")
+    assert {s["summary"][SUMMARY_UPSERT_MODE] for s in lakesink_snapshots(table)} == {"merge-on-read"}
+    assert int(table.current_snapshot().summary["total-position-deletes"]) >= 2  # the seeds must apply them
+    write_events(src, [two], start=2)
+    if faulted:
+        faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")
+        faults.arm(DRIVER_AFTER_SWAP, "raise")
+        with pytest.raises(StreamingQueryException):
+            go(history=True)
+        assert faults.fired(CATALOG_BETWEEN_TABLE_SWAPS) and faults.fired(DRIVER_AFTER_SWAP)
+        faults.clear()
+    go(history=True)
+    history = load(catalog_properties, "events__history")
+    assert history.properties["lakesink.history.complete"] == "true"
+    expected = [
+        (1, 1, "v1", at(11), at(30), False, "insert"),
+        (1, 30, "one", at(30), None, True, "update"),
+        (2, 20, "two", at(20), None, True, "insert"),
+        (4, 4, "v4", at(14), None, True, "insert"),
+        (5, 5, "v5", at(15), None, True, "insert"),
+        (6, 32, "six again", at(32), None, True, "insert"),
+        (7, 31, "v7", at(31), None, True, "insert"),
+    ]
+    for reader in (lambda h: h.scan().to_arrow(), interop.duckdb_read, interop.iceberg_rust_read):
+        rows = reader(history) if reader.__name__ == "<lambda>" else reader(history.metadata_location)
+        assert versions_of(rows) == expected
+    assert [int(s["summary"][SUMMARY_HISTORY_SEEDED]) for s in lakesink_snapshots(history)] == [4]
+    table = load(catalog_properties, "events")
+    current = history.scan().to_arrow()
+    assert current_of(current) == rows_of(table.scan().to_arrow())
+    write_events(src, [three], start=3)
+    go(history=True)
+    history, table = load(catalog_properties, "events__history"), load(catalog_properties, "events")
+    want = [v for v in expected if v[0] != 4] + [
+        (4, 4, "v4", at(14), at(40), False, "insert"),
+        (4, 40, "", at(40), None, False, "delete"),
+    ]
+    assert versions_of(history.scan().to_arrow()) == sorted(want)
+    assert current_of(history.scan().to_arrow()) == rows_of(table.scan().to_arrow())
+    assert [SUMMARY_HISTORY_SEEDED in s["summary"] for s in lakesink_snapshots(history)] == [True, False]
 
 
 @pytest.mark.parametrize("txn_server_options", [{"transactions": False}], ids=["no-transactions"], indirect=True)

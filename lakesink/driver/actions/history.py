@@ -72,6 +72,7 @@ from lakesink.table.keys import (
     SUMMARY_HISTORY_CHANGED,
     SUMMARY_HISTORY_OF,
     SUMMARY_HISTORY_REDELIVERED,
+    SUMMARY_HISTORY_SEEDED,
     SUMMARY_UPSERT_MODE,
 )
 from lakesink.table.keys import (
@@ -102,6 +103,9 @@ class HistoryChanges:
     rereads: bool = False
     """Whether the order values are a change stream's source positions (``cdc_order``), where a MySQL change with a
     GTID can come again at other coordinates (:func:`lakesink.cdc.positions.gtid_commit_ms`)."""
+    time_column: str | None = None
+    """Option history-time's column (the changes' valid_from): a history seeded from its table's rows takes each row's
+    own (:func:`_seeds`)."""
 
 
 @dataclass(frozen=True)
@@ -522,6 +526,18 @@ class HistoryBatch(AppendBatch):
                 len(left_out),
             )
             new = new.filter(pc.invert(pc.is_in(_numbers(new.num_rows), value_set=pa.array(sorted(left_out), pa.int64()))))
+        seeds = None
+        if self.complete is False and self.mirror is not None and _holds_no_version(table, c.branch):
+            seeds = _seeds(self.mirror, changes, new, key, _plain(seam.arrow_schema(schema)))
+        if seeds is not None:  # the table's live rows are its first versions: it holds one of every key now
+            new = pa.concat_tables([new, seeds.of_batch_keys])
+            self.complete = True
+            log.info(
+                "lakesink: history %s started after %s held rows: its first versions are the table's %d live row(s)",
+                c.name,
+                changes.of,
+                seeds.count,
+            )
         light = new.select([*key, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM, DELETED])
         light = light.append_column("_index", _numbers(new.num_rows))
         linked = link_batch(
@@ -540,10 +556,14 @@ class HistoryBatch(AppendBatch):
         )
         data_files: list[DataFile] = []
         owned: list[str] = []
+        parts = []
         if linked.rows or linked.new or any(t is not None and t.num_rows for t in (linked.linked_new, linked.relinked)):
+            parts.append(_versions(new, linked, _plain(seam.arrow_schema(schema))))
+        if seeds is not None and seeds.others.num_rows:
+            parts.append(seeds.others)
+        if parts:
             writer = upsert.rewrite_writer(plan, batch_id=batch.batch_id, partition_id=HISTORY_PARTITION_ID, attempt=attempt)
-            arrow = _versions(new, linked, _plain(seam.arrow_schema(schema)))
-            data_files = upsert.written_copies(writer, arrow.to_batches(), plan)
+            data_files = upsert.written_copies(writer, [b for part in parts for b in part.to_batches()], plan)
             owned.extend(f.file_path for f in data_files)
         delete_files: list[DataFile] = []
         if linked.deleted:
@@ -573,6 +593,7 @@ class HistoryBatch(AppendBatch):
                 SUMMARY_HISTORY_ADDED: str(linked.added),
                 SUMMARY_HISTORY_CHANGED: str(linked.changed),
                 SUMMARY_HISTORY_REDELIVERED: str(linked.redelivered),
+                **({SUMMARY_HISTORY_SEEDED: str(seeds.count)} if seeds is not None else {}),
             },
             properties=self.properties,
             branch=c.branch,
@@ -595,6 +616,94 @@ def _complete(history: Table, branch: str, mirror: BatchAction | None) -> bool |
         return False  # versions written before the property was: not known to have started with its table
     at_plan = mirror.table.metadata.snapshot_by_name(mirror.context.branch)  # the table before the batch
     return at_plan is None or _records(at_plan) == 0
+
+
+def _holds_no_version(history: Table, branch: str) -> bool:
+    """Whether ``history`` holds no version yet (no snapshot on ``branch``, or none with a record)."""
+    head = history.metadata.snapshot_by_name(branch)
+    return head is None or _records(head) == 0
+
+
+@dataclass(frozen=True)
+class Seeds:
+    """A history's first versions taken from its table's live rows (the history started after the table held rows)."""
+
+    of_batch_keys: pa.Table
+    """The rows of the keys the batch changes, as the batch's changes are given (its ``new`` columns, not deleted): linked
+    with the batch's changes, each its key's first version."""
+    others: pa.Table
+    """The other rows' versions, in the history table's columns: each its key's current version, an insert."""
+    count: int
+
+
+def _seeds(mirror: BatchAction, changes: HistoryChanges, new: pa.Table, key: Sequence[str], target: pa.Schema) -> Seeds | None:
+    """A history's first commit when its table already holds rows: each live row of the table before the batch (as the
+    attempt reads it, the unit's swap checking it did not move) becomes a version -- an insert, dated by the row's own
+    history-time column (else the table's snapshot time: when the row was known to be there), ordered by the row's
+    order-by column (else the batch id before this one's), current unless the batch changes its key. Its changes of
+    that key then follow it (:func:`link_batch`); those older than the row were left out already (:func:`table_before`).
+
+    None -- the history stays incomplete, each unversioned key getting its first version when it next changes -- when
+    the rows' order values are not the table's to give: a change stream's source positions (kept in the order file,
+    not in the rows), an order-by column the table does not keep or holds null in some row, or the table holding the
+    batch already (a catalog committing one table after the other, replayed: the rows before the batch are gone from
+    its head)."""
+    c = mirror.context
+    if changes.rereads:
+        return None
+    table = catalogs.reload(mirror.table)
+    if mirror.landed(table) is not None:
+        return None
+    snapshot = table.metadata.snapshot_by_name(c.branch)
+    if snapshot is None:
+        return None
+    names = {f.name.lower(): f.name for f in table.schema().fields}
+    order_column = None
+    if c.order_by is not None:
+        order_column = names.get(c.order_by.lower())
+        if order_column is None:
+            return None
+    rows = seam.with_small_types(table.scan(snapshot_id=snapshot.snapshot_id).to_arrow())
+    n = rows.num_rows
+    if not n:
+        return None
+    order_type = new.schema.field(HISTORY_CHANGE_ORDER).type
+    if order_column is not None:
+        order = rows.column(order_column)
+        if order.null_count:
+            return None
+        order = order.cast(order_type)
+    else:
+        order = pa.repeat(pa.scalar(mirror.batch.batch_id - 1, pa.int64()), n).cast(order_type)
+    time_type = new.schema.field(HISTORY_VALID_FROM).type
+    at = datetime.datetime.fromtimestamp(snapshot.timestamp_ms / 1000, tz=datetime.timezone.utc)
+    known = pa.scalar(
+        at.date() if pa.types.is_date(time_type) else at if getattr(time_type, "tz", None) else at.replace(tzinfo=None), time_type
+    )
+    time_column = names.get(changes.time_column.lower()) if changes.time_column is not None else None
+    time = rows.column(time_column).cast(time_type).fill_null(known) if time_column is not None else pa.repeat(known, n)
+    columns = []
+    for f in new.schema:
+        if f.name == DELETED:
+            columns.append(pa.repeat(False, n))
+        elif f.name == HISTORY_VALID_FROM:
+            columns.append(time)
+        elif f.name == HISTORY_CHANGE_ORDER:
+            columns.append(order)
+        else:
+            found = names.get(f.name.lower())
+            columns.append(rows.column(found).cast(f.type) if found is not None else pa.nulls(n, f.type))
+    seeded = pa.Table.from_arrays(columns, schema=new.schema)
+    batch_keys = new.select(list(key))
+    mine = seeded.join(batch_keys, list(key), join_type="left semi", use_threads=False)
+    theirs = seeded.join(batch_keys, list(key), join_type="left anti", use_threads=False)
+    m = theirs.num_rows
+    versions = {n: theirs.column(n) for n in theirs.column_names if n != DELETED}
+    versions[HISTORY_VALID_TO] = pa.nulls(m, target.field(HISTORY_VALID_TO).type)
+    versions[HISTORY_IS_CURRENT] = pa.repeat(True, m)
+    versions[HISTORY_OPERATION] = pa.repeat(HISTORY_INSERT, m)
+    others = pa.Table.from_arrays([versions[f.name].cast(f.type) for f in target], schema=target)
+    return Seeds(of_batch_keys=mine, others=others, count=n)
 
 
 def _records(snapshot: Any) -> int | None:
@@ -1008,7 +1117,14 @@ def checked_changes(rows: pa.Table, keys: Sequence[str], options: SinkOptions, *
     if options.order_by is not None:
         carried.append(pa.field(options.order_by, rows.schema.field(HISTORY_CHANGE_ORDER).type))
     schema = history_schema(stream, options, outside=pa.schema(carried))
-    return HistoryChanges(rows=rows, key=tuple(keys), of=table, schema=schema, rereads=options.order_by == CDC_ORDER_BY)
+    return HistoryChanges(
+        rows=rows,
+        key=tuple(keys),
+        of=table,
+        schema=schema,
+        rereads=options.order_by == CDC_ORDER_BY,
+        time_column=options.history_time,
+    )
 
 
 def changes_of_tasks(results: Sequence[Any], options: SinkOptions, *, batch_id: int, table: str) -> HistoryChanges | None:
