@@ -124,9 +124,10 @@ PROPERTY_HISTORY_TABLE_UUID = "lakesink.history.table-uuid"
 """A history table's property: the uuid of the table whose versions it holds (set by its first commit, checked by every
 later one: a table dropped and created again under its name is another table)."""
 PROPERTY_HISTORY_COMPLETE = "lakesink.history.complete"
-"""A history table's property: ``true`` when it holds a version of every key its table holds -- it started with its
-table (its first versions were committed when the table held no row), or its first commit took a version of each of
-the table's live rows (:data:`SUMMARY_HISTORY_SEEDED`); else ``false``."""
+"""A history table's property: ``true`` when a change of a key it holds no version of is always a new key's -- it
+started with its table (its first versions were committed when the table held no row), or its first commit took a
+version of each of the table's live rows (:data:`SUMMARY_HISTORY_SEEDED`) when the table held no deleted key's order
+value; else ``false`` (each batch reads the table's order values for such keys' changes)."""
 PROPERTY_HISTORY_KEY = "lakesink.history.key"
 """A history table's property: the key its versions are keyed by (comma-separated, as option upsert-key gave it)."""
 

@@ -253,8 +253,8 @@ def test_routed_histories_started_after_their_tables_held_rows_take_them_as_firs
     """Two routed tables written without option history for two batches (inserts, updates, deletes), then history
     turned on with a batch of newer changes, re-sent older ones and a re-insert of a deleted key: each history's first
     commit holds a version of each of its table's live rows (as the table has them, dated by the row's ts, ordered by
-    its seq), the batch's newer changes linked after them, no version of a re-sent older change; each history says it
-    is complete and its current versions are its table, in pyiceberg, DuckDB and iceberg-rust."""
+    its seq), the batch's newer changes linked after them, no version of a re-sent older change; each history's
+    current versions are its table, in pyiceberg, DuckDB and iceberg-rust."""
     before = stream(seed=41, batches=2, per_batch=30, keys=12)
     last = max(e["seq"] for events in before for e in events)
     newer = [
@@ -280,7 +280,8 @@ def test_routed_histories_started_after_their_tables_held_rows_take_them_as_firs
         assert versions_of(history.scan().to_arrow()) == expected, (name, "pyiceberg")
         assert versions_of(interop.duckdb_read(history.metadata_location)) == expected, (name, "duckdb")
         assert versions_of(interop.iceberg_rust_read(history.metadata_location)) == expected, (name, "iceberg-rust")
-        assert history.properties["lakesink.history.complete"] == "true", name
+        # the tables' deletes left order values (tombstones) the history has no versions of: read for later changes
+        assert history.properties["lakesink.history.complete"] == "false", name
         rows = table.scan().to_arrow()
         assert rows_of(rows) == table_model(mine), name
         seeded = [int(s["summary"][SUMMARY_HISTORY_SEEDED]) for s in lakesink_snapshots(history)]

@@ -507,8 +507,9 @@ def test_a_history_started_late_leaves_out_changes_older_than_the_tables_rows(
         run(spark, tmp_path / "in", tmp_path / "ck", sink(catalog_properties))
     history = load(catalog_properties, "events__history")
     # its first commit took a version of each of the table's live rows (dated and ordered by the row's own ts and
-    # seq), then linked the batch's changes after them: complete -- every key the table holds has its versions
-    assert history.properties["lakesink.history.complete"] == "true"
+    # seq), then linked the batch's changes after them. Not complete: id 4's delete left it no version, and its order
+    # value is the table's (the order file), read for each later change of a key the history has no version of
+    assert history.properties["lakesink.history.complete"] == "false"
     assert versions_of(history.scan().to_arrow()) == [
         (1, 1, "v1", at(11), None, True, "insert"),
         (2, 2, "v2", at(12), at(30), False, "insert"),
@@ -542,8 +543,11 @@ def test_a_history_started_late_on_a_merge_on_read_table_takes_its_live_rows_as_
     """A merge-on-read table written without option history for two batches (the second updates and deletes rows:
     position deletes), then history turned on: the history's first commit holds a version of each live row as the
     table has it -- not a row a position delete removed, not a row's value before its update -- dated by the row's own
-    ts, ordered by its seq, then the batch's changes linked after them; the history says it is complete and its
-    current versions are the table, in pyiceberg, DuckDB and iceberg-rust. A next batch goes on from there.
+    ts, ordered by its seq, then the batch's changes linked after them; its current versions are the table, in
+    pyiceberg, DuckDB and iceberg-rust. A next batch goes on from there: a change re-sent from before the history
+    started, of a key deleted then (no version; its order value is the table's), is no version (the history is not
+    complete: it reads the table's order values for such keys' changes; before, it was a current version the table
+    did not have).
     ``faulted``: the seeding batch's first attempt fails inside the unit's catalog transaction (its next attempt seeds
     again from the same rows), then the query fails after the unit landed, before Spark's commit log: the restart
     replays the batch, which seeds nothing more."""
@@ -559,7 +563,11 @@ def test_a_history_started_late_on_a_merge_on_read_table_takes_its_live_rows_as_
         {"eid": 32, "id": 6, "value": "six again", "seq": 32, "op": "c", "ts": at(32)},
         {"eid": 33, "id": 2, "value": "re-sent", "seq": 19, "op": "u", "ts": at(19)},  # older than id 2's row (20)
     ]
-    three = [{"eid": 40, "id": 4, "value": "", "seq": 40, "op": "d", "ts": at(40)}]
+    three = [
+        {"eid": 40, "id": 4, "value": "", "seq": 40, "op": "d", "ts": at(40)},
+        # re-sent from before the history started: older than id 3's delete (21), which left it no version
+        {"eid": 41, "id": 3, "value": "re-sent", "seq": 13, "op": "c", "ts": at(13)},
+    ]
     src, ck = tmp_path / "in", tmp_path / "ck"
 
     def go(history: bool) -> None:
@@ -584,7 +592,7 @@ def test_a_history_started_late_on_a_merge_on_read_table_takes_its_live_rows_as_
         faults.clear()
     go(history=True)
     history = load(catalog_properties, "events__history")
-    assert history.properties["lakesink.history.complete"] == "true"
+    assert history.properties["lakesink.history.complete"] == "false"  # ids 3 and 6 were deleted: see batch three
     expected = [
         (1, 1, "v1", at(11), at(30), False, "insert"),
         (1, 30, "one", at(30), None, True, "update"),
@@ -611,6 +619,41 @@ def test_a_history_started_late_on_a_merge_on_read_table_takes_its_live_rows_as_
     assert versions_of(history.scan().to_arrow()) == sorted(want)
     assert current_of(history.scan().to_arrow()) == rows_of(table.scan().to_arrow())
     assert [SUMMARY_HISTORY_SEEDED in s["summary"] for s in lakesink_snapshots(history)] == [True, False]
+
+
+def test_a_history_started_late_without_order_by_is_seeded_complete_and_goes_on(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """Without option order-by (one change per key and batch; each change's order value is its batch id): the table's
+    live rows become the history's first versions ordered by the batch id before the seeding batch's, and the history
+    is complete (no deleted key has an order value a re-sent change could be older than). A deleted key inserted again
+    starts anew; later batches link as a history started with its table does."""
+    zero = [{"eid": i, "id": i, "value": f"v{i}", "seq": i, "op": "c", "ts": at(10 + i)} for i in range(1, 5)]
+    one = [{"eid": 20, "id": 2, "value": "", "seq": 0, "op": "d", "ts": at(20)}]
+    two = [
+        {"eid": 30, "id": 1, "value": "one", "seq": 0, "op": "u", "ts": at(30)},
+        {"eid": 31, "id": 2, "value": "two again", "seq": 0, "op": "c", "ts": at(31)},
+    ]
+    three = [{"eid": 40, "id": 3, "value": "", "seq": 0, "op": "d", "ts": at(40)}]
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_events(src, [zero, one])
+    run(spark, src, ck, sink(catalog_properties, order_by=None, history="off", history_time=None))
+    write_events(src, [two, three], start=2)
+    run(spark, src, ck, sink(catalog_properties, order_by=None))
+    history, table = load(catalog_properties, "events__history"), load(catalog_properties, "events")
+    assert history.properties["lakesink.history.complete"] == "true"
+    assert versions_of(history.scan().to_arrow()) == [
+        (1, 1, "v1", at(11), at(30), False, "insert"),
+        (1, 30, "one", at(30), None, True, "update"),
+        (2, 31, "two again", at(31), None, True, "insert"),
+        (3, 3, "v3", at(13), at(40), False, "insert"),
+        (3, 40, "", at(40), None, False, "delete"),
+        (4, 4, "v4", at(14), None, True, "insert"),
+    ]
+    orders = sorted((r["id"], r["eid"], r["change_order"]) for r in history.scan().to_arrow().to_pylist())
+    assert orders == [(1, 1, 1), (1, 30, 2), (2, 31, 2), (3, 3, 1), (3, 40, 3), (4, 4, 1)]
+    assert [int(s["summary"].get(SUMMARY_HISTORY_SEEDED, 0)) for s in lakesink_snapshots(history)] == [3, 0]
+    assert current_of(history.scan().to_arrow()) == rows_of(table.scan().to_arrow())
 
 
 @pytest.mark.parametrize("txn_server_options", [{"transactions": False}], ids=["no-transactions"], indirect=True)

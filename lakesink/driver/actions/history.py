@@ -531,7 +531,7 @@ class HistoryBatch(AppendBatch):
             seeds = _seeds(self.mirror, changes, new, key, _plain(seam.arrow_schema(schema)))
         if seeds is not None:  # the table's live rows are its first versions: it holds one of every key now
             new = pa.concat_tables([new, seeds.of_batch_keys])
-            self.complete = True
+            self.complete = seeds.complete
             log.info(
                 "lakesink: history %s started after %s held rows: its first versions are the table's %d live row(s)",
                 c.name,
@@ -606,8 +606,10 @@ class HistoryBatch(AppendBatch):
 
 def _complete(history: Table, branch: str, mirror: BatchAction | None) -> bool | None:
     """Whether the history holds a version of every key its table ever held -- it started with its table (property
-    :data:`PROPERTY_HISTORY_COMPLETE`, set by its first commit with versions: its table held no row then) -- so that
-    a change of a key it holds no version of is a new key's, whose table holds no row of it. None without ``mirror``."""
+    :data:`PROPERTY_HISTORY_COMPLETE`, set by its first commit with versions: its table held no row then), or its
+    first commit took the table's live rows when the table held no deleted key's order value (:func:`_seeds`) -- so
+    that a change of a key it holds no version of is a new key's, whose table holds no row of it. None without
+    ``mirror``."""
     recorded = history.properties.get(PROPERTY_HISTORY_COMPLETE)
     if recorded is not None or mirror is None:
         return recorded == "true" if recorded is not None else None
@@ -634,6 +636,10 @@ class Seeds:
     others: pa.Table
     """The other rows' versions, in the history table's columns: each its key's current version, an insert."""
     count: int
+    complete: bool
+    """Whether a key the history then holds no version of is a new key's (:func:`_complete`): the table held no order
+    value of a deleted key (no order file). Else a change of such a key may be older than its delete, which left it no
+    version: the table's order values are read for those changes each batch, as for a history not seeded."""
 
 
 def _seeds(mirror: BatchAction, changes: HistoryChanges, new: pa.Table, key: Sequence[str], target: pa.Schema) -> Seeds | None:
@@ -703,7 +709,8 @@ def _seeds(mirror: BatchAction, changes: HistoryChanges, new: pa.Table, key: Seq
     versions[HISTORY_IS_CURRENT] = pa.repeat(True, m)
     versions[HISTORY_OPERATION] = pa.repeat(HISTORY_INSERT, m)
     others = pa.Table.from_arrays([versions[f.name].cast(f.type) for f in target], schema=target)
-    return Seeds(of_batch_keys=mine, others=others, count=n)
+    tombstones = c.order_by is not None and upsert_order.order_file(table, c.branch) is not None
+    return Seeds(of_batch_keys=mine, others=others, count=n, complete=not tombstones)
 
 
 def _records(snapshot: Any) -> int | None:
