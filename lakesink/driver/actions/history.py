@@ -42,7 +42,7 @@ from pyiceberg.table import Table
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import row_delta as seam_row_delta
-from lakesink.cdc import unavailable
+from lakesink.cdc import binlog, unavailable
 from lakesink.cdc.positions import any_gtid_order, gtid_commit_ms
 from lakesink.driver import catalogs
 from lakesink.driver.actions import upsert, upsert_order
@@ -55,6 +55,7 @@ from lakesink.options import HISTORY, HISTORY_TIME, ORDER_BY, UPSERT_KEY, SinkOp
 from lakesink.options.keys import CDC_ORDER_BY
 from lakesink.table.keys import (
     DELETED,
+    HELD_COLUMN,
     HISTORY_CHANGE_ORDER,
     HISTORY_COLUMNS,
     HISTORY_DELETE,
@@ -645,27 +646,29 @@ class Seeds:
 def _seeds(mirror: BatchAction, changes: HistoryChanges, new: pa.Table, key: Sequence[str], target: pa.Schema) -> Seeds | None:
     """A history's first commit when its table already holds rows: each live row of the table before the batch (as the
     attempt reads it, the unit's swap checking it did not move) becomes a version -- an insert, dated by the row's own
-    history-time column (else the table's snapshot time: when the row was known to be there), ordered by the row's
-    order-by column (else the batch id before this one's), current unless the batch changes its key. Its changes of
-    that key then follow it (:func:`link_batch`); those older than the row were left out already (:func:`table_before`).
+    history-time column (else the time the row was known to be there: the table's snapshot time, or the batch's first
+    change's time when earlier -- a change stream's source times trail its commits), ordered by the row's
+    order-by column (a change stream: the source position its order file holds for the key; else the batch id before
+    this one's), current unless the batch changes its key. Its changes of that key then follow it (:func:`link_batch`);
+    those older than the row were left out already (:func:`table_before`).
 
     None -- the history stays incomplete, each unversioned key getting its first version when it next changes -- when
-    the rows' order values are not the table's to give: a change stream's source positions (kept in the order file,
-    not in the rows), an order-by column the table does not keep or holds null in some row, or the table holding the
-    batch already (a catalog committing one table after the other, replayed: the rows before the batch are gone from
-    its head)."""
+    the rows' order values are not the table's to give: a change stream's table whose binlog epoch is above 0 (its
+    order file holds positions shifted by it) or with a live row whose key has no position there, an order-by column
+    the table does not keep or holds null in some row, or the table holding the batch already (a catalog committing
+    one table after the other, replayed: the rows before the batch are gone from its head)."""
     c = mirror.context
-    if changes.rereads:
-        return None
     table = catalogs.reload(mirror.table)
     if mirror.landed(table) is not None:
         return None
+    if changes.rereads and binlog.Epoch.of(table.properties, changes.of).epoch:
+        return None  # its order file holds source positions shifted by the binlog epoch, not the changes' own
     snapshot = table.metadata.snapshot_by_name(c.branch)
     if snapshot is None:
         return None
     names = {f.name.lower(): f.name for f in table.schema().fields}
     order_column = None
-    if c.order_by is not None:
+    if c.order_by is not None and not changes.rereads:
         order_column = names.get(c.order_by.lower())
         if order_column is None:
             return None
@@ -674,7 +677,12 @@ def _seeds(mirror: BatchAction, changes: HistoryChanges, new: pa.Table, key: Seq
     if not n:
         return None
     order_type = new.schema.field(HISTORY_CHANGE_ORDER).type
-    if order_column is not None:
+    if changes.rereads:  # a change stream: each live key's source position, as the order file holds it
+        order = _positions(table, c.branch, changes.of, rows, [names.get(k.lower(), k) for k in key])
+        if order is None:
+            return None
+        order = order.cast(order_type)
+    elif order_column is not None:
         order = rows.column(order_column)
         if order.null_count:
             return None
@@ -686,6 +694,9 @@ def _seeds(mirror: BatchAction, changes: HistoryChanges, new: pa.Table, key: Seq
     known = pa.scalar(
         at.date() if pa.types.is_date(time_type) else at if getattr(time_type, "tz", None) else at.replace(tzinfo=None), time_type
     )
+    first = pc.min(new.column(HISTORY_VALID_FROM)) if new.num_rows else None
+    if first is not None and first.is_valid and pc.less(first, known).as_py():
+        known = first  # the rows were there when the batch's first change happened (its source time is behind the commit)
     time_column = names.get(changes.time_column.lower()) if changes.time_column is not None else None
     time = rows.column(time_column).cast(time_type).fill_null(known) if time_column is not None else pa.repeat(known, n)
     columns = []
@@ -701,8 +712,8 @@ def _seeds(mirror: BatchAction, changes: HistoryChanges, new: pa.Table, key: Seq
             columns.append(rows.column(found).cast(f.type) if found is not None else pa.nulls(n, f.type))
     seeded = pa.Table.from_arrays(columns, schema=new.schema)
     batch_keys = new.select(list(key))
-    mine = seeded.join(batch_keys, list(key), join_type="left semi", use_threads=False)
-    theirs = seeded.join(batch_keys, list(key), join_type="left anti", use_threads=False)
+    mine = _with_keys(seeded, batch_keys, key)
+    theirs = _with_keys(seeded, batch_keys, key, without=True)
     m = theirs.num_rows
     versions = {n: theirs.column(n) for n in theirs.column_names if n != DELETED}
     versions[HISTORY_VALID_TO] = pa.nulls(m, target.field(HISTORY_VALID_TO).type)
@@ -711,6 +722,21 @@ def _seeds(mirror: BatchAction, changes: HistoryChanges, new: pa.Table, key: Seq
     others = pa.Table.from_arrays([versions[f.name].cast(f.type) for f in target], schema=target)
     tombstones = c.order_by is not None and upsert_order.order_file(table, c.branch) is not None
     return Seeds(of_batch_keys=mine, others=others, count=n, complete=not tombstones)
+
+
+def _positions(table: Table, branch: str, of: str, rows: pa.Table, key: Sequence[str]) -> pa.ChunkedArray | None:
+    """Option cdc-format: the source position the order file holds for each of ``rows``' keys, in their order; None when
+    the table has no order file or some live row's key has no position there (a row another writer added)."""
+    held = upsert_order.live_orders(table, branch, of, list(key))
+    if held is None:
+        return None
+    held = upsert._cast_like(held, rows.select(list(key)).schema)
+    numbered = rows.select(list(key)).append_column("_row", _numbers(rows.num_rows))
+    joined = numbered.join(held, list(key), join_type="left outer", use_threads=False).sort_by("_row")
+    order = joined.column(HELD_COLUMN)
+    if joined.num_rows != rows.num_rows or order.null_count:
+        return None
+    return order
 
 
 def _records(snapshot: Any) -> int | None:

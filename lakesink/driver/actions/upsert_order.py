@@ -470,6 +470,16 @@ def _without(
     return out, [f.file_path for f in new]
 
 
+def live_orders(table: Table, branch: str, table_name: str, key_names: Sequence[str]) -> pa.Table | None:
+    """The order values the order file of ``branch`` holds for live keys (key columns, :data:`HELD_COLUMN`; its
+    tombstones left out), None when the table has no order file. Under option cdc-format it holds every key's."""
+    path = order_file(table, branch)
+    if path is None:
+        return None
+    held = _read(table, path, table_name, key_names)
+    return held.filter(pc.invert(held.column(DELETED))).select([*key_names, HELD_COLUMN])
+
+
 def _read(table: Table, path: str, table_name: str, key_names: Sequence[str]) -> pa.Table:
     """The order file: the file, else its copy in a state file the table's metadata lists (lakesink.table.state_files:
     another engine's orphan removal deletes the file, never a statistics file). A file keyed by other columns than
