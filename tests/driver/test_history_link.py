@@ -101,6 +101,21 @@ def test_a_redelivered_change_is_kept_once_and_a_different_change_with_its_order
         link([change(2, 1), change(2, 1, deleted=True)], [], key=["id"], whole=frozenset())
 
 
+def test_by_source_position_a_change_at_a_seeds_position_is_that_change_again_whatever_its_time() -> None:
+    """A change stream's order values are source positions (one value, one change): a seeded version (dated by the
+    history, lakesink.driver.actions.history._seeds) and that change re-sent with its own source time are one change;
+    other values at its position are still an error. Without ``by_position`` (an order-by column) the time counts."""
+    seed = stored(1, 5, None, "insert", current=True)
+    seed["valid_from"] = T + datetime.timedelta(days=1)  # the seeding's time, not the source's
+    again = change(1, 5)
+    done = link([again], [seed], key=["id"], whole=frozenset({(1,)}), by_position=True)
+    assert (done.rows, done.new, done.redelivered) == ([], [], 1)
+    with pytest.raises(UpsertKeyError, match="same order value 5"):
+        link([change(1, 5, value="other")], [seed], key=["id"], whole=frozenset({(1,)}), by_position=True)
+    with pytest.raises(UpsertKeyError, match="same order value 5"):
+        link([again], [seed], key=["id"], whole=frozenset({(1,)}))
+
+
 def test_unchanged_stored_versions_are_not_rewritten() -> None:
     versions = [
         stored(1, 1, 5, "insert", current=False, path="a", pos=0),

@@ -138,6 +138,7 @@ def link_batch(
     table_name: str = "",
     full: Callable[[dict[str, Any]], dict[str, Any]] = lambda change: change,
     commit_of: Callable[[Any], Any] | None = None,
+    by_position: bool = False,
 ) -> Linked:
     """:func:`link` over a whole batch (``light``: each change's key, order, time, delete flag and ``_index``;
     ``stored``: the stored versions as :func:`link` takes them, or as an Arrow table of those rows): the keys whose
@@ -162,7 +163,16 @@ def link_batch(
         if stored is not None and stored.num_rows:
             of_slow = _with_keys(stored, slow_keys, key).to_pylist()
             latest = _with_keys(stored, slow_keys, key, without=True)
-    done = link(by_python.to_pylist(), of_slow, key=key, whole=whole, table_name=table_name, full=full, commit_of=commit_of)
+    done = link(
+        by_python.to_pylist(),
+        of_slow,
+        key=key,
+        whole=whole,
+        table_name=table_name,
+        full=full,
+        commit_of=commit_of,
+        by_position=by_position,
+    )
     links, relinked, deleted = _link_in_arrow(in_arrow, latest, key)
     for path, positions in deleted.items():
         done.deleted.setdefault(path, []).extend(positions)
@@ -321,6 +331,7 @@ def link(
     table_name: str = "",
     full: Callable[[dict[str, Any]], dict[str, Any]] = lambda change: change,
     commit_of: Callable[[Any], Any] | None = None,
+    by_position: bool = False,
 ) -> Linked:
     """The versions to write (the module's step 2). ``changes``: the batch's changes (rows with :data:`DELETED`, the
     order and the time); ``stored``: the history's versions of their keys, each with ``_path``/``_pos`` (where it is);
@@ -329,7 +340,10 @@ def link(
     A change may be given by its key, order, time, delete flag and place in the batch (``_index``) only: ``full`` gives
     its whole row where its values are compared (a redelivery), and its version comes back in :attr:`Linked.new`.
     ``commit_of`` (a change stream's source positions): a change next to a version of its key (in order) at the same
-    commit that says the same is that change read again at other coordinates (a MySQL failover), kept once."""
+    commit that says the same is that change read again at other coordinates (a MySQL failover), kept once.
+    ``by_position`` (a change stream's order values: one value is one change of the source): a change at a version's
+    order value that says the same values is that change again whatever time it carries -- the version may be a seed,
+    dated by the history (:func:`_seeds`), the change by its source."""
     by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in stored:
         by_key.setdefault(tuple(row[k] for k in key), []).append(row)
@@ -353,7 +367,8 @@ def link(
                     redelivered += 1  # the same change read at other coordinates: its version is there
                     continue
             if there is not None:
-                if not _same_change(full(change), full(there) if DELETED in there else there):
+                ignore = (HISTORY_VALID_FROM,) if by_position else ()
+                if not _same_change(full(change), full(there) if DELETED in there else there, ignore=ignore):
                     raise UpsertKeyError(
                         f"history of {table_name}: two different changes of key "
                         f"({', '.join(f'{n}={v!r}' for n, v in zip(key, k, strict=True))}) have the same order value "
@@ -549,6 +564,7 @@ class HistoryBatch(AppendBatch):
             table_name=changes.of,
             full=lambda change: {**new.slice(change["_index"], 1).to_pylist()[0], DELETED: change[DELETED]},
             commit_of=gtid_commit_ms if changes.rereads and any_gtid_order(new.column(HISTORY_CHANGE_ORDER)) else None,
+            by_position=changes.rereads,
         )
         self.linked = linked
         commit = batch.commit_name()
@@ -614,8 +630,7 @@ def _complete(history: Table, branch: str, mirror: BatchAction | None) -> bool |
     recorded = history.properties.get(PROPERTY_HISTORY_COMPLETE)
     if recorded is not None or mirror is None:
         return recorded == "true" if recorded is not None else None
-    head = history.metadata.snapshot_by_name(branch)
-    if head is not None and _records(head) != 0:
+    if not _holds_no_version(history, branch):
         return False  # versions written before the property was: not known to have started with its table
     at_plan = mirror.table.metadata.snapshot_by_name(mirror.context.branch)  # the table before the batch
     return at_plan is None or _records(at_plan) == 0
