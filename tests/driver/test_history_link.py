@@ -238,6 +238,17 @@ def test_a_gtid_change_read_again_at_other_coordinates_is_one_version() -> None:
     assert chain(done.rows) == [(Decimal(COMMIT_MS * 10**22 + 100), "insert", True, None)]
 
 
+def test_a_gtid_change_read_again_next_to_a_seeded_version_is_that_version() -> None:
+    """A history seeded from its table (lakesink.driver.actions.history._seeds: the version's time is the history's,
+    not the source's): a failover's copy of the row's last change, at other coordinates with its own commit time, is
+    still that version."""
+    seed = as_stored(gtid(500_000_000, "b"), None, "insert", 0)
+    seed["valid_from"] = T + datetime.timedelta(days=2)
+    copy = gtid(900_000_000, "b")
+    done = link([copy], [seed], key=["id"], whole=frozenset({(1,)}), commit_of=gtid_commit_ms, by_position=True)
+    assert (done.added, done.changed, done.redelivered, done.rows) == (0, 0, 1, [])
+
+
 def test_changes_at_one_commit_that_differ_or_are_not_neighbours_stay_versions() -> None:
     """One transaction (one commit time) changing a row b -> c -> b: the last is a change (its neighbour says c), and
     so is a change to another value, and a delete of a row holding the same values."""

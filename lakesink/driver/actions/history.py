@@ -431,7 +431,8 @@ def _read_again(
     full: Callable[[dict[str, Any]], dict[str, Any]],
 ) -> dict[str, Any] | None:
     """The version of ``versions`` (one key's, stored or of the batch) that ``change`` is a copy of, read at other
-    coordinates: its neighbour in order, at the same commit, saying the same but for the order value; else None."""
+    coordinates: its neighbour in order, at the same commit, saying the same but for the order value and the time (a
+    seeded version's time is the history's own: :func:`_seeds`); else None."""
     order = change[HISTORY_CHANGE_ORDER]
     commit = commit_of(order)
     if commit is None:
@@ -445,7 +446,7 @@ def _read_again(
     for v in neighbours:
         if commit_of(v[HISTORY_CHANGE_ORDER]) != commit:
             continue
-        if _same_change(change, full(v) if DELETED in v else v, ignore=(HISTORY_CHANGE_ORDER,)):
+        if _same_change(change, full(v) if DELETED in v else v, ignore=(HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM)):
             return v
     return None
 
