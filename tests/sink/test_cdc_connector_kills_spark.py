@@ -15,9 +15,10 @@ MySQL source sends:
   replicated re-sent from its binlog (their GTIDs and commit times kept, new coordinates);
 - Kafka Connect redeliveries: transactions re-sent after a connector restart, in a later batch and in the same batch.
 
-The stream runs as a job of its own (tests/jobs/cdc_oracle_job.py) SIGKILLed at a commit fault point four times --
-inside the unit's database transaction between the two tables' swaps, after the swap before Spark's commit log (twice),
-before the swap -- each run started again from the same checkpoint with one more micro-batch to read; the last run, in
+The stream runs as a job of its own (tests/jobs/cdc_oracle_job.py) SIGKILLed at a commit fault point five times --
+inside the unit's database transaction between the two tables' swaps (batch 0), after the swap before Spark's commit
+log (batches 0, 1 and 2: the ALTER's and the failover's batches replayed after they landed), before the swap (batch 2)
+-- each run started again from the same checkpoint with one more micro-batch to read; the last run, in
 this test's Spark session, reads to the end. Then every table equals the plain-Python replay of the same changes in the
 source's commit order (:func:`tests.support.connectors.model`, the values decoded from Debezium's documented encodings
 here), with the source's types, and no batch is recorded twice in any table's snapshots.
@@ -197,8 +198,9 @@ def _tables(props: dict[str, str], names: tuple[str, ...]) -> dict[str, dict[Any
 KILLS = (
     (1, CATALOG_BETWEEN_TABLE_SWAPS),  # batch 0, inside the unit's database transaction: nothing landed
     (2, DRIVER_AFTER_SWAP),  # batch 0 again: landed, Spark's commit log not written
-    (3, DRIVER_BEFORE_SWAP),  # batch 0 found committed, batch 1 killed before its swap
-    (4, DRIVER_AFTER_SWAP),  # batch 1 landed, not in Spark's commit log
+    (3, DRIVER_AFTER_SWAP),  # batch 0 found committed; batch 1 landed, not in Spark's commit log
+    (4, DRIVER_BEFORE_SWAP),  # batch 1 (the ALTER) found committed; batch 2 (the failover) killed before its swap
+    (4, DRIVER_AFTER_SWAP),  # batch 2 landed, not in Spark's commit log; the last run finds it and goes on to batch 3
 )
 
 
