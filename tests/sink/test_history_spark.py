@@ -657,6 +657,30 @@ def test_a_history_started_late_without_order_by_is_seeded_complete_and_goes_on(
     assert current_of(history.scan().to_arrow()) == rows_of(table.scan().to_arrow())
 
 
+def test_a_history_started_late_on_a_table_with_a_null_order_value_is_not_seeded(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """A table row whose order-by column is null (a new key's change may carry none) has no order a seed could take:
+    the history is not seeded (complete false, no versions-seeded), each key's first version comes when it next
+    changes, and a change re-sent from before the history started (older than its row) is still no version."""
+    zero = [{"eid": i, "id": i, "value": f"v{i}", "seq": 10 + i, "op": "c", "ts": at(10 + i)} for i in range(1, 4)]
+    zero[2]["seq"] = None
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    write_events(src, [zero])
+    run(spark, src, ck, sink(catalog_properties, history="off", history_time=None))
+    one = [
+        {"eid": 20, "id": 1, "value": "newer", "seq": 30, "op": "u", "ts": at(30)},
+        {"eid": 21, "id": 2, "value": "re-sent", "seq": 5, "op": "u", "ts": at(5)},  # older than id 2's row (12)
+    ]
+    write_events(src, [one], start=1)
+    run(spark, src, ck, sink(catalog_properties))
+    history, table = load(catalog_properties, "events__history"), load(catalog_properties, "events")
+    assert history.properties["lakesink.history.complete"] == "false"
+    assert [s["summary"].get(SUMMARY_HISTORY_SEEDED) for s in lakesink_snapshots(history)] == [None]
+    assert [(v[0], v[1], v[2], v[4], v[5]) for v in versions_of(history.scan().to_arrow())] == [(1, 20, "newer", None, True)]
+    assert rows_of(table.scan().to_arrow()) == {1: (20, "newer"), 2: (2, "v2"), 3: (3, "v3")}
+
+
 def test_a_history_started_late_on_a_table_with_a_list_column_is_seeded(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
 ) -> None:
