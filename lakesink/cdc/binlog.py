@@ -98,10 +98,13 @@ class Epoch:
         step = self.epoch * EPOCH_STEP
         return [v + step if v is not None and 0 <= v < EPOCH_STEP else v for v in orders]
 
-    def _problem(self, change: int, held: int) -> str | None:
+    def _below(self, change: int, held: int) -> bool:
+        """Both values binlog coordinates (this table's band) and the change below the held value."""
         band = EPOCH_STEP * (EPOCH_LIMIT if self.epoch else 1)  # what this table's changes can be
-        if not (0 <= change < band and 0 <= held < EPOCH_STEP * EPOCH_LIMIT) or change >= held:
-            return None
+        return 0 <= change < band and 0 <= held < EPOCH_STEP * EPOCH_LIMIT and change < held
+
+    def _problem(self, change: int, held: int) -> str | None:
+        """Why a change below the held value is no redelivery; None when it is one."""
         (held_epoch, held_at), (epoch, at) = divmod(held, EPOCH_STEP), divmod(change, EPOCH_STEP)
         if held_epoch > epoch:
             return (
@@ -136,15 +139,18 @@ class Epoch:
         keys: Sequence[str],
         batch_id: int,
         what: str = "which the table holds for the key",
-    ) -> None:
+    ) -> list[Mapping[str, Any]]:
         """``rows``: the changes below the held order of their key (``order``, ``held`` and the key columns; ``what``
-        the held order is): raises SourceRegressionError for the first that is not a redelivery."""
+        the held order is): raises SourceRegressionError for the first that is not a redelivery; returns the binlog
+        changes taken for redeliveries (for :func:`redeliveries_warning`)."""
+        redelivered: list[Mapping[str, Any]] = []
         for row in rows:
             change, was = row[order], row[held]
-            if change is None or was is None:
+            if change is None or was is None or not self._below(int(change), int(was)):
                 continue
             problem = self._problem(int(change), int(was))
             if problem is None:
+                redelivered.append(row)
                 continue
             key = ", ".join(f"{k}={row[k]!r}" for k in keys)
             raise SourceRegressionError(
@@ -152,3 +158,30 @@ class Epoch:
                 f"is below binlog {describe(int(was))}, {what}: {problem}. Nothing was "
                 "committed (docs/cdc.md, 'MySQL without GTIDs, MariaDB: coordinates that go back')"
             )
+        return redelivered
+
+    def redeliveries_warning(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        order: str,
+        held: str,
+        keys: Sequence[str],
+        batch_id: int,
+        what: str = "the binlog coordinates the table holds for their keys",
+    ) -> str:
+        """The warning for binlog changes dropped as redeliveries (:meth:`check`'s result, not empty): a break of the
+        source's binlog within the redelivery reach looks the same, so it must not pass unseen."""
+        first = rows[0]
+        key = ", ".join(f"{k}={first[k]!r}" for k in keys)
+        return (
+            f"lakesink: batch {batch_id}: table {self.table_name}: {len(rows)} change(s) below {what} were taken for "
+            "Kafka Connect redeliveries (at most "
+            f"{self.redelivery_files} binlog file(s) back, table property {PROPERTY_CDC_BINLOG_REDELIVERY_FILES!r}) "
+            f"and dropped as stale; the first: key ({key}) at binlog {describe(int(first[order]))}, below "
+            f"{describe(int(first[held]))}. After a connector restart that is expected. If the source's binlog went "
+            "back instead (RESET MASTER, a restored server, a failover without GTIDs) these are new changes, lost: "
+            f"stop the query, set table property {PROPERTY_CDC_BINLOG_EPOCH!r} to {self.epoch + 1} on every table of "
+            "the source, have Debezium take a new snapshot, and restart (docs/cdc.md, 'MySQL without GTIDs, MariaDB: "
+            "coordinates that go back')"
+        )

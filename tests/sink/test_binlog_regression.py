@@ -12,6 +12,7 @@ which then works."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -59,20 +60,29 @@ def row(i: int, name: str, qty: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("connector", "gtids"), SOURCES)
 def test_a_redelivery_across_a_binlog_rotation_commits_and_drops_only_the_copies(
-    catalog_properties: dict[str, str], tmp_path: Path, connector: str, gtids: bool
+    catalog_properties: dict[str, str], tmp_path: Path, connector: str, gtids: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A redelivered tail one binlog file back is a redelivery: no error, each copy stale (not applied again over the
-    newer change of its key), the table equal to the source -- the detector must not take it for a regression. With
-    the reach set to 0 files the same tail fails the batch. Fails before the change at that last step (nothing
-    detected); the steps before it held before too."""
+    newer change of its key), the table equal to the source -- the detector must not take it for a regression -- and
+    the drop is logged as a warning naming the copies and the recovery (a break within the reach looks the same; no
+    warning before it: fails there on 943342e). With the reach set to 0 files the same tail fails the batch (failed
+    before the detector: nothing detected)."""
     props = catalog_properties
     source = cn.MySql(server_id=1, uuid="", gtids=gtids, connector=connector, file=3)
     rounds, tail = cn.binlog_rotation(source)
     for batch, streamed in enumerate(rounds):
         run(committer(props, tmp_path / "ck"), batch, source.records(streamed, schemas=batch % 2 == 0))
         assert table_rows(props) == want(rounds[: batch + 1]), batch
-    run(committer(props, tmp_path / "ck"), 2, source.records(tail, schemas=False))  # the tail alone, once more
+    with caplog.at_level(logging.WARNING, logger="lakesink"):
+        run(committer(props, tmp_path / "ck"), 2, source.records(tail, schemas=False))  # the tail alone, once more
     assert table_rows(props) == want(rounds)
+    warned = [r.getMessage() for r in caplog.records if "taken for Kafka Connect redeliveries" in r.getMessage()]
+    assert warned, "the redelivered copies were dropped without a word"
+    for part in (
+        "batch 2", T, "2 change(s)", "key (id=2) at binlog file .000003", "below file .000004", "RESET MASTER",
+        f"{PROPERTY_CDC_BINLOG_EPOCH!r} to 1", "new snapshot",
+    ):  # fmt: skip
+        assert part in warned[0], (part, warned[0])
     set_property(props, PROPERTY_CDC_BINLOG_REDELIVERY_FILES, "0")
     with pytest.raises(SourceRegressionError, match="1 binlog files back"):
         run(committer(props, tmp_path / "ck"), 3, source.records(tail, schemas=False))
@@ -127,6 +137,42 @@ def test_a_failover_to_a_server_numbering_its_binlog_lower_fails_loudly(
     with pytest.raises(SourceRegressionError, match=r"key \(id=2\).*file \.000001.*file \.000004"):
         run(committer(props, tmp_path / "ck"), 2, source.records(three, schemas=False))
     assert head(props) == before
+
+
+def test_reset_master_within_the_redelivery_reach_is_logged_and_the_named_recovery_restores_the_source(
+    catalog_properties: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RESET MASTER on a young server (its binlog at .000002, back to .000001: one file, within the default redelivery
+    reach) cannot be told from a redelivery by the coordinates: the changes of keys the table holds are dropped as
+    stale (docs/cdc.md, 'Limits'). It must not be silent: the batch logs a warning naming the table, the dropped
+    changes and the recovery; the recovery it names (the epoch, a new snapshot) makes the table equal to the source.
+    Fails before the change: nothing was logged (only lakesink.upsert.stale-changes moved)."""
+    props = catalog_properties
+    source = cn.MySql(server_id=1, uuid="", gtids=False, file=1)
+    rounds, _ = cn.binlog_rotation(source)
+    assert source.file == 2
+    for batch, streamed in enumerate(rounds):
+        run(committer(props, tmp_path / "ck"), batch, source.records(streamed, schemas=False))
+    assert table_rows(props) == want(rounds)
+    caplog.clear()
+    three = cn.binlog_reset(source)
+    with caplog.at_level(logging.WARNING, logger="lakesink"):
+        run(committer(props, tmp_path / "ck"), 2, source.records(three, schemas=False))
+    assert table_rows(props) != want([*rounds, three])  # the limit: ids 1 and 2 kept their old rows
+    warned = [r.getMessage() for r in caplog.records if "taken for Kafka Connect redeliveries" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+    for part in (
+        "batch 2", T, "2 change(s)", "key (id=1) at binlog file .000001", "below file .000002", "RESET MASTER",
+        f"{PROPERTY_CDC_BINLOG_EPOCH!r} to 1", "new snapshot",
+    ):  # fmt: skip
+        assert part in warned[0], (part, warned[0])
+
+    set_property(props, PROPERTY_CDC_BINLOG_EPOCH, "1")  # the recovery the warning names
+    rows = want([*rounds, three])
+    snapshot = source.snapshot([cn.read(T, r) for r in rows.values()], 9)
+    deletes = [cn.delete(T, r) for i, r in table_rows(props).items() if i not in rows]  # the source's snapshot lacks them
+    run(committer(props, tmp_path / "ck"), 3, source.records(snapshot + source.commit(deletes, 10), schemas=False))
+    assert table_rows(props) == want([*rounds, three, snapshot])
 
 
 def test_an_epoch_lowered_after_the_recovery_fails_loudly_and_a_bad_value_is_refused(

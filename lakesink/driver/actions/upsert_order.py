@@ -31,11 +31,12 @@ ordered, and dropping it would be silent). docs/upserts.md: the semantics and th
 
 from __future__ import annotations
 
+import logging
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -68,6 +69,8 @@ from lakesink.table.keys import ROW_COLUMN as _ROW
 STALE_REWRITE_PARTITION_ID = 99997
 
 _PRESENT = ORDER_PRESENT_COLUMN
+
+log = logging.getLogger("lakesink")
 
 
 def property_key(branch: str) -> str:
@@ -384,14 +387,12 @@ def _below_floor(changes: pa.Table, check: OrderCheck) -> pa.Array:
     if check.binlog_epoch is not None and pc.any(below).as_py():
         lost = changes.filter(below).select([*check.key_names, ORDER])
         lost = lost.append_column(HELD_COLUMN, pa.array([floor[0].as_py()] * lost.num_rows, floor.type))
-        check.binlog_epoch.check(
-            lost.to_pylist(),
-            order=ORDER,
-            held=HELD_COLUMN,
-            keys=check.key_names,
-            batch_id=check.batch_id,
-            what="the position of the table's last truncate",
+        what = "the position of the table's last truncate"
+        rows = lost.to_pylist()
+        redelivered = check.binlog_epoch.check(
+            rows, order=ORDER, held=HELD_COLUMN, keys=check.key_names, batch_id=check.batch_id, what=what
         )
+        _warn(check, redelivered, what=what)
     return below
 
 
@@ -444,8 +445,23 @@ def _stale(changes: pa.Table, held: pa.Table, check: OrderCheck) -> pa.Array:
     stale = stale.combine_chunks() if isinstance(stale, pa.ChunkedArray) else stale
     if check.binlog_epoch is not None and pc.any(stale).as_py():  # option cdc-format: a redelivery, or binlog gone back
         lost = joined.select(keys).append_column(ORDER, change).append_column(HELD_COLUMN, older).filter(stale)
-        check.binlog_epoch.check(lost.to_pylist(), order=ORDER, held=HELD_COLUMN, keys=keys, batch_id=check.batch_id)
+        redelivered = check.binlog_epoch.check(
+            lost.to_pylist(), order=ORDER, held=HELD_COLUMN, keys=keys, batch_id=check.batch_id
+        )
+        _warn(check, redelivered, what="the binlog coordinates the table holds for their keys")
     return stale
+
+
+def _warn(check: OrderCheck, redelivered: list[Mapping[str, Any]], *, what: str) -> None:
+    """Option cdc-format: binlog changes dropped as redeliveries are logged (a break of the source's binlog within the
+    redelivery reach looks the same: docs/cdc.md, 'MySQL without GTIDs, MariaDB: coordinates that go back')."""
+    if redelivered and check.binlog_epoch is not None:
+        log.warning(
+            "%s",
+            check.binlog_epoch.redeliveries_warning(
+                redelivered, order=ORDER, held=HELD_COLUMN, keys=check.key_names, batch_id=check.batch_id, what=what
+            ),
+        )
 
 
 def _without(
