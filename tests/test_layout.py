@@ -206,7 +206,7 @@ DRIVER_LIBRARIES = ("lakesink", "sqlalchemy", "tenacity", "pyiceberg.catalog")
 # loads the REST client, one that commits to a REST catalog never SQLAlchemy (tests/sink/test_worker_imports.py holds both); and
 # SQLAlchemy's event API where a SQL catalog's engine is guarded (its caller found a SQLAlchemy engine)
 LAZY_SEAMS = {"lakesink._pyiceberg.sql_catalog", "lakesink._pyiceberg.rest", "lakesink._pyiceberg.rest_metrics"}
-LAZY_SQLALCHEMY = {("lakesink.driver.catalogs", "guard_sql_catalog")}
+LAZY_SQLALCHEMY = {("lakesink.driver.sql_guards", "guard_sql_catalog")}
 
 
 def test_no_function_local_import_of_lakesink_or_the_driver_libraries() -> None:

@@ -13,7 +13,7 @@ Property values may refer to environment variables as ``${VAR}`` or ``${VAR:-def
 secrets and for ``${LAKESINK_HOME}``, which is always made absolute).
 
 SQL catalogs (pyiceberg's ``SqlCatalog``, SQLite or PostgreSQL through SQLAlchemy) are guarded so that a failed
-catalog call never leaves a transaction open in a pooled connection (see :func:`guard_sql_catalog`), and
+catalog call never leaves a transaction open in a pooled connection (:mod:`lakesink.driver.sql_guards`), and
 :func:`load_table_fresh` reads a table through connections of its own, for the commit protocol's settle step.
 """
 
@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import logging
 import os
-import posixpath
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NoSuchTableError
@@ -36,24 +34,17 @@ from pyiceberg.typedef import Identifier
 from pyiceberg.utils.config import Config
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
-from lakesink._pyiceberg import io as seam_io
 from lakesink._pyiceberg.commit import is_rest_catalog, is_sql_catalog, is_sql_engine, swapper_of
 from lakesink._pyiceberg.metadata import NewTable
+from lakesink.driver.sql_guards import guard_sql_catalog
 from lakesink.errors import PROGRAMMING_ERRORS, CatalogError, CatalogUnavailableError, LakesinkError, TableIdentityChangedError
 from lakesink.redaction import redact_secrets_in
-from lakesink.table import storage
 from lakesink.table.keys import (
-    DATA_PATH_PROPERTIES,
     ENV_HOME,
     HOME_DEFAULT,
-    METADATA_PATH_PROPERTIES,
     REQUEST_TIMEOUT,
     REQUEST_TIMEOUT_DEFAULT,
 )
-
-if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine, ExceptionContext
-    from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 
 log = logging.getLogger("lakesink")
 
@@ -213,100 +204,6 @@ def read_at_once(
         return None
 
 
-#: At most this many of a folder's unreferenced metadata files are read to find another table's (one read each);
-#: beyond, the catalog's tables are read instead (one load each), whichever is bounded by the catalog's size, not
-#: the folder's: a streaming table without ``write.metadata.delete-after-commit.enabled`` keeps a metadata file per
-#: commit for days.
-READ_METADATA_FILES_AT_MOST = 1000
-
-
-def live_table_sharing_folder(table: Table, unreferenced: Sequence[str]) -> tuple[str, str, str] | None:
-    """Another table of ``table``'s catalog that keeps its metadata in ``table``'s metadata folder: (its name, its
-    UUID, one of its metadata files), or None. ``unreferenced``: the metadata files (``*.metadata.json``) of that
-    folder that ``table`` does not reference. On a SQL catalog its rows say where every table's current
-    metadata file is (one query). Elsewhere, up to :data:`READ_METADATA_FILES_AT_MOST` of them, each is
-    read for its table UUID and the catalog searched for the UUIDs that are not ``table``'s (a table dropped without
-    its files has none: its files are nobody's); beyond, every table of the catalog is read and its current metadata
-    file's folder compared. Errors of the catalog are raised (live cannot be told from dropped then)."""
-    if not unreferenced:  # another live table's current metadata file would be one of them
-        return None
-    catalog = table.catalog
-    own_uuid = str(table.metadata.table_uuid)
-    folder = storage.key(posixpath.dirname(table.metadata_location))
-    own = tuple(table.name())
-    rows = _all_pointers_on_sql_catalog(catalog)
-    if rows is not None:  # a SQL catalog: its rows say where every table's current metadata is, in one query
-        for ident, location in rows:
-            if ident != own and storage.key(posixpath.dirname(location)) == folder:
-                other = catalog.load_table(ident)
-                if str(other.metadata.table_uuid) != own_uuid:
-                    return ".".join(ident), str(other.metadata.table_uuid), location
-        return None
-    if len(unreferenced) <= READ_METADATA_FILES_AT_MOST:
-        foreign = seam_io.other_tables_metadata(table.io, unreferenced, own_uuid)
-        if not foreign:
-            return None
-        for ident, other in _every_table(catalog):
-            uuid = str(other.metadata.table_uuid)
-            if uuid in foreign:
-                return ".".join(ident), uuid, foreign[uuid]
-        return None
-    for ident, other in _every_table(catalog):
-        if ident != own and other.metadata_location and storage.key(posixpath.dirname(other.metadata_location)) == folder:
-            return ".".join(ident), str(other.metadata.table_uuid), other.metadata_location
-    return None
-
-
-def live_tables_writing_under(table: Table, root: str) -> Iterator[tuple[str, str, str, str]]:
-    """Every other table of ``table``'s catalog that writes files at or inside ``root``, once for each of its folders
-    there: (its name, its UUID, what puts its files there -- its location, a data or metadata path property, its
-    current metadata file's folder -- and that folder). Its metadata need not be in ``root`` (``write.metadata.path``
-    elsewhere) and its location need not be near ``root`` (``write.data.path`` inside ``root``): every table of the
-    catalog is read (one load each; on a SQL catalog the tables whose pointer has not moved since this process read
-    them are not parsed again). Errors of the catalog are raised (live cannot be told from dropped then)."""
-    catalog = table.catalog
-    own = tuple(table.name())
-    rows = _all_pointers_on_sql_catalog(catalog)
-    others: Iterator[tuple[tuple[str, ...], Table]] = (
-        iter(load_tables(catalog, [ident for ident, _ in rows if ident != own]).items())
-        if rows is not None
-        else _every_table(catalog)
-    )
-    for ident, other in others:
-        if ident == own:
-            continue
-        props = other.properties
-        folders = [("location", other.location())]
-        folders += [(key, props[key]) for key in (*DATA_PATH_PROPERTIES, *METADATA_PATH_PROPERTIES) if props.get(key)]
-        if other.metadata_location:
-            folders.append(("current metadata file's folder", posixpath.dirname(other.metadata_location)))
-        for what, folder in folders:
-            try:
-                inside = storage.is_under(folder, root)
-            except ValueError:
-                continue  # not a location lakesink can compare: the other table's own to judge
-            if inside:
-                yield ".".join(ident), str(other.metadata.table_uuid), what, folder
-
-
-def _every_table(catalog: Catalog) -> Iterator[tuple[tuple[str, ...], Table]]:
-    """Every table of ``catalog``, loaded: every namespace listed, nested ones too (a table dropped meanwhile is
-    passed over)."""
-    seen: set[tuple[str, ...]] = set()
-    todo: list[tuple[str, ...]] = [tuple(ns) for ns in catalog.list_namespaces()]
-    while todo:
-        ns = todo.pop()
-        if ns in seen:
-            continue
-        seen.add(ns)
-        todo.extend(tuple(child) for child in catalog.list_namespaces(ns) if len(child) > len(ns))
-        for ident in catalog.list_tables(ns):
-            try:
-                yield tuple(ident), catalog.load_table(ident)
-            except NoSuchTableError:
-                continue
-
-
 def remember(table: Table) -> None:
     """Keep ``table`` (read, or just committed by this process) for :func:`load_table`'s next read."""
     if table.catalog is None or not table.metadata_location:
@@ -346,10 +243,11 @@ def may_apply_late(catalog: Catalog) -> bool:
     """Whether the catalog may still apply a commit request after it answered it with an error (a timeout, a
     5xx, a reset connection): any catalog reached over HTTP (REST, Glue, ...), and a SQL catalog on a database
     server (PostgreSQL, MySQL): when the connection fails while COMMIT is on its way or being processed, the server
-    may commit after the error reached lakesink -- the client's rollback (:func:`guard_sql_catalog`) cannot undo a
-    COMMIT the server received, and a read through another connection can come before the server finishes. Only
-    SQLite answers for sure: its COMMIT runs in this process and, when it fails, the transaction is rolled back
-    before the error reaches lakesink. Asked of the catalog's swapper (lakesink._pyiceberg.commit.Swapper)."""
+    may commit after the error reached lakesink -- the client's rollback
+    (:func:`lakesink.driver.sql_guards.guard_sql_catalog`) cannot undo a COMMIT the server received, and a read
+    through another connection can come before the server finishes. Only SQLite answers for sure: its COMMIT runs in
+    this process and, when it fails, the transaction is rolled back before the error reaches lakesink. Asked of the
+    catalog's swapper (lakesink._pyiceberg.commit.Swapper)."""
     return swapper_of(catalog).may_apply_late()
 
 
@@ -434,7 +332,8 @@ def _pointers_on_sql_catalog(catalog: Catalog, identifiers: Sequence[tuple[str, 
     return pointers_on_sql_catalog(catalog, identifiers)
 
 
-def _all_pointers_on_sql_catalog(catalog: Catalog) -> list[tuple[tuple[str, ...], str]] | None:
+def all_pointers_on_sql_catalog(catalog: Catalog) -> list[tuple[tuple[str, ...], str]] | None:
+    """Every table's current metadata file on a SQL catalog (one query); None: not a SQL catalog."""
     if not is_sql_catalog(catalog):
         return None
     from lakesink._pyiceberg.sql_catalog import all_pointers_on_sql_catalog  # the kind in use only
@@ -459,74 +358,6 @@ def _process_local(props: Mapping[str, str]) -> bool:
     """A SQLite database in this process's memory: dropping its connection would drop the database."""
     uri = props.get("uri", "")
     return props.get("type") == "in-memory" or uri in ("sqlite://", "sqlite:///:memory:") or "mode=memory" in uri
-
-
-# --- SQL catalogs: no transaction survives a failed call ----------------------------------------------
-#
-# pyiceberg's SqlCatalog.commit_table runs its compare-and-swap (UPDATE iceberg_tables ... WHERE
-# metadata_location = <base>) and COMMIT in a SQLAlchemy Session. On SQLite, a COMMIT that cannot get the
-# exclusive lock within the busy timeout (5 s; another process holds a read transaction: a JDBC catalog with an
-# open result set, a second reader) fails with SQLITE_BUSY, and SQLite keeps the transaction open
-# (https://www.sqlite.org/lang_transaction.html: "the transaction remains active and the COMMIT can be retried").
-# SQLAlchemy 2.x marks the transaction finished whether or not COMMIT succeeded, so the pool's
-# rollback-on-return is skipped ("transaction already reset"): the connection goes back to the pool holding
-# the uncommitted UPDATE and the write lock. The next user of that connection reads the uncommitted pointer as
-# if it were the table's state (the settle step then called the batch committed), and whether the write
-# survives depends on what that user does next: a read's rollback discards it, a write's COMMIT lands it.
-# The guard closes both doors: any database error rolls the connection back and drops it from the pool, and a
-# connection is never checked in with a transaction open.
-
-
-def guard_sql_catalog(engine: Engine, *, drop_connections: bool = True) -> None:
-    """Make a failed call on a SQL catalog's engine certainly undone: roll back and drop the connection.
-
-    After this, a commit whose COMMIT failed is rolled back before the error reaches the caller (on SQLite,
-    a COMMIT refused by the lock therefore certainly did not land), the connection is closed and replaced
-    (``drop_connections``), and the pool never takes back a connection with an open transaction.
-    """
-    from sqlalchemy import event  # called with a SQL catalog's engine: SQLAlchemy is loaded already
-
-    if event.contains(engine, "reset", _no_open_transaction_in_pool):
-        return
-    event.listen(engine, "handle_error", _roll_back_and_drop if drop_connections else _roll_back)
-    event.listen(engine, "reset", _no_open_transaction_in_pool)
-
-
-def _roll_back(ctx: ExceptionContext) -> None:
-    conn = ctx.connection
-    if ctx.is_pre_ping or conn is None or conn.closed or conn.invalidated:
-        return
-    try:  # an exception raised here would replace the catalog's own error: log it instead
-        dbapi_connection = conn.connection.dbapi_connection
-        if dbapi_connection is not None:
-            dbapi_connection.rollback()
-    except Exception as e:  # the connection is dropped next; closing it rolls back (sqlite3_close, server side)
-        log.debug("lakesink: rollback after a catalog error failed: %s: %s", type(e).__name__, e)
-
-
-def _roll_back_and_drop(ctx: ExceptionContext) -> None:
-    _roll_back(ctx)
-    if ctx.is_pre_ping or ctx.connection is None:
-        return
-    ctx.is_disconnect = True  # SQLAlchemy closes this connection and opens a new one for the next user
-    ctx.invalidate_pool_on_disconnect = False  # the other pooled connections are fine
-
-
-def _no_open_transaction_in_pool(dbapi_connection: Any, record: ConnectionPoolEntry, state: PoolResetState) -> None:
-    """The pool skips its rollback when SQLAlchemy believes the transaction ended; check the driver's own state."""
-    if state.transaction_was_reset and _in_transaction(dbapi_connection):
-        log.warning("lakesink: a catalog connection was returned with a transaction open; rolling it back")
-        dbapi_connection.rollback()  # if this raises, the pool closes the connection (which rolls back)
-
-
-def _in_transaction(dbapi_connection: Any) -> bool:
-    in_tx = getattr(dbapi_connection, "in_transaction", None)  # sqlite3
-    if isinstance(in_tx, bool):
-        return in_tx
-    status = getattr(getattr(dbapi_connection, "info", None), "transaction_status", None)  # psycopg2, psycopg 3
-    if status is not None:
-        return int(status) != 0  # 0: idle, no transaction
-    return True  # unknown driver: rolling back an idle connection is harmless
 
 
 def _sqlite_file(props: Mapping[str, str]) -> Path | None:

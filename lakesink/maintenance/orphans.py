@@ -36,7 +36,7 @@ from typing import Any
 from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 
-from lakesink.driver import catalogs
+from lakesink.driver import catalog_scans
 from lakesink.errors import CatalogError, InvalidOptionError, LakesinkError, TableLocationError
 from lakesink.maintenance.orphan_guard import InFlightGuard, ago, referenced_keys, safe_error
 from lakesink.table import locations, names, storage
@@ -404,7 +404,7 @@ def _list_files(io: FileIO, root: str) -> Iterator[_Listed]:
 
 def _refuse_a_shared_location(table: Table, name: str, root: str, candidates: list[_Listed]) -> None:
     """TableLocationError, before anything is removed, when another live table of the catalog keeps its metadata in
-    this table's metadata folder (:func:`lakesink.driver.catalogs.live_table_sharing_folder`): the two share a location
+    this table's metadata folder (:func:`lakesink.driver.catalog_scans.live_table_sharing_folder`): the two share a location
     (a table renamed, then a new one created under its old name at the same default location; or two tables given
     one location), and every file of the other would look like an orphan of this one. The files of a table that no
     longer exists (dropped without its files, then created again) are this location's orphans, collected by the
@@ -414,7 +414,7 @@ def _refuse_a_shared_location(table: Table, name: str, root: str, candidates: li
         f.uri for f in candidates if f.relative.endswith(".metadata.json") and posixpath.dirname(storage.key(f.uri)) == own
     ]
     try:
-        found = catalogs.live_table_sharing_folder(table, unreferenced)
+        found = catalog_scans.live_table_sharing_folder(table, unreferenced)
     except Exception as e:
         raise TableLocationError(
             f"table {name}: its metadata folder holds metadata files it does not reference, and the catalog could not "
@@ -433,7 +433,7 @@ def _refuse_a_shared_location(table: Table, name: str, root: str, candidates: li
 
 def _refuse_another_tables_files(table: Table, name: str, root: str, nested: set[str]) -> None:
     """TableLocationError, before anything is removed, when another live table of the catalog writes files inside this
-    table's location (:func:`lakesink.driver.catalogs.live_tables_writing_under`) outside the nested tables whose
+    table's location (:func:`lakesink.driver.catalog_scans.live_tables_writing_under`) outside the nested tables whose
     subtrees are skipped: its files would look like orphans of this one, and its metadata need not be in this
     table's metadata folder for that (``write.metadata.path`` elsewhere, or its ``write.data.path`` inside this
     location), which :func:`_refuse_a_shared_location` looks at."""
@@ -442,7 +442,7 @@ def _refuse_another_tables_files(table: Table, name: str, root: str, nested: set
         found = next(
             (
                 (other, uuid, what, folder)
-                for other, uuid, what, folder in catalogs.live_tables_writing_under(table, root)
+                for other, uuid, what, folder in catalog_scans.live_tables_writing_under(table, root)
                 if not any(storage.is_under(folder, s) for s in skipped)
             ),
             None,

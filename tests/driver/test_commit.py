@@ -16,7 +16,7 @@ from pyiceberg.types import StringType
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import sql_catalog as seam_sql
-from lakesink.driver import catalogs
+from lakesink.driver import catalog_scans, catalogs
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import CommitConflictError, CommitOutcomeUnknownError, ConcurrentTableChangeError, TableLocationError
@@ -363,7 +363,6 @@ def test_postgres_commit_that_lands_after_its_error_and_the_settle_read_keeps_it
     COMMIT becomes visible. The attempt's manifests must not be deleted on that read: they are the table's now
     (before: deleted, the table referenced a missing manifest list). The late COMMIT is injected at that precise
     point: the real compare-and-swap on the real PostgreSQL catalog, run right after the settle read."""
-    from lakesink.driver import catalogs
     from tests.conftest import sql_catalog_properties
 
     committer = make_committer(sql_catalog_properties("postgres", tmp_path, request))
@@ -432,7 +431,7 @@ def test_a_table_renamed_into_another_namespace_is_found_by_its_metadata_files(
     if search != "sql rows":  # as on a catalog that is not SQL
         monkeypatch.setattr("lakesink._pyiceberg.sql_catalog.all_pointers_on_sql_catalog", lambda catalog: None)
     if search == "catalog":
-        monkeypatch.setattr(catalogs, "READ_METADATA_FILES_AT_MOST", 0)
+        monkeypatch.setattr(catalog_scans, "READ_METADATA_FILES_AT_MOST", 0)
     first = make_committer(catalog_properties)
     commit(first, Q1, 0, [write_task(first, Q1, 0, [1, 2])])
     first.catalog.create_namespace("archive")

@@ -34,7 +34,7 @@ from lakesink._pyiceberg import commit as seam_commit
 from lakesink.audit import interop
 from lakesink.cli import main
 from lakesink.cli.common import format_duration, parse_duration
-from lakesink.driver import catalogs
+from lakesink.driver import catalog_scans
 from lakesink.driver.actions.batch import BatchOutcome, Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.errors import CommitConflictError, InjectedFault, InvalidOptionError, LakesinkError, TableLocationError
@@ -762,7 +762,7 @@ def test_two_tables_sharing_a_location_are_refused_before_anything_is_removed(
     if search != "sql rows":  # as on a catalog that is not SQL: the metadata files read, or the catalog's tables
         monkeypatch.setattr("lakesink._pyiceberg.sql_catalog.all_pointers_on_sql_catalog", lambda catalog: None)
     if search == "catalog":  # a folder of more unreferenced metadata files than are read: the catalog's tables are
-        monkeypatch.setattr(catalogs, "READ_METADATA_FILES_AT_MOST", 0)
+        monkeypatch.setattr(catalog_scans, "READ_METADATA_FILES_AT_MOST", 0)
     commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1, 2])])
     catalog = committer.catalog
     catalog.rename_table(("db", "events"), ("db", "renamed"))
@@ -790,7 +790,7 @@ def test_files_of_a_table_dropped_without_them_are_orphans_of_the_one_created_in
     if search != "sql rows":  # as on a catalog that is not SQL
         monkeypatch.setattr("lakesink._pyiceberg.sql_catalog.all_pointers_on_sql_catalog", lambda catalog: None)
     if search == "catalog":
-        monkeypatch.setattr(catalogs, "READ_METADATA_FILES_AT_MOST", 0)
+        monkeypatch.setattr(catalog_scans, "READ_METADATA_FILES_AT_MOST", 0)
     commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1, 2])])
     catalog = committer.catalog
     location = load(committer).location()

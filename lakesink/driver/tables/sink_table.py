@@ -24,7 +24,7 @@ from lakesink._pyiceberg import metadata as seam_metadata
 from lakesink._pyiceberg import producers as seam_producers
 from lakesink._pyiceberg.commit import is_sql_catalog
 from lakesink._pyiceberg.metadata import NewTable
-from lakesink.driver import catalogs
+from lakesink.driver import catalog_scans, catalogs
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
 from lakesink.driver.tables.schema import SchemaChange, check_writable
@@ -194,7 +194,7 @@ class SinkTable:
 
     def _check_metadata_folder_is_its_own(self, table: Table) -> None:
         """A table just created: TableLocationError when its metadata folder holds the metadata of another live table
-        of the catalog (:func:`lakesink.driver.catalogs.live_table_sharing_folder`) -- one renamed into another
+        of the catalog (:func:`lakesink.driver.catalog_scans.live_table_sharing_folder`) -- one renamed into another
         namespace, which the check against the namespace's tables does not see. Files of a table that no longer
         exists (dropped without its files, then created again here) are left to the orphan-file clean-up."""
         folder = table.metadata_location.rsplit("/", 1)[0]
@@ -204,7 +204,7 @@ class SinkTable:
                 for path in (f"{folder}/{f.relative}" for f in storage.list_files(table.io, folder))
                 if path.endswith(".metadata.json") and path != table.metadata_location
             ]
-            found = catalogs.live_table_sharing_folder(table, unreferenced)
+            found = catalog_scans.live_table_sharing_folder(table, unreferenced)
         except Exception as e:
             log.warning(
                 "lakesink: table %s: cannot tell whether another table keeps its metadata in %s (%s); not checked",
