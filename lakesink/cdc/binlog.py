@@ -45,6 +45,8 @@ EPOCH_STEP = positions.MYSQL_TIME_STEP
 EPOCH_LIMIT = 10**6
 """Epochs are below it: ``E*10^22 + C < 10^28``, below every GTID change's ``ts_ms*10^22`` (ts_ms >= 10^12)."""
 FILE_STEP = positions.MYSQL_FILE_STEP
+"""A binlog file's place in coordinates. Binlog files are numbered from ``.000001``: a value below it (file part 0) is
+no binlog position but a PostgreSQL LSN (< 10^16: ten petabytes of WAL), whose redeliveries are not reported."""
 
 
 def _property(properties: Mapping[str, str], name: str, default: int, low: int, high: int, table_name: str) -> int:
@@ -150,7 +152,8 @@ class Epoch:
                 continue
             problem = self._problem(int(change), int(was))
             if problem is None:
-                redelivered.append(row)
+                if int(change) % EPOCH_STEP >= FILE_STEP:  # a binlog position, not a PostgreSQL LSN (see FILE_STEP)
+                    redelivered.append(row)
                 continue
             key = ", ".join(f"{k}={row[k]!r}" for k in keys)
             raise SourceRegressionError(
