@@ -51,14 +51,14 @@ MODES = ("auto", "off")
 
 def lakesink_state(rc: Any) -> dict[str, int]:
     """What lakesink keeps in this process for a routed sink (every count here must stay under its limit)."""
-    from lakesink.driver import known_tables
+    from lakesink.driver import catalogs
     from lakesink.driver.loop import swap
     from lakesink.maintenance import auto
 
     return {
         "committers": len(rc._committers),
         "table_identities": len(rc._uuids),
-        "tables_kept": len(known_tables._tables),
+        "tables_kept": len(catalogs._tables),
         "turns": len(swap._turns),
         **auto.process_state(),
     }

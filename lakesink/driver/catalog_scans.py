@@ -4,7 +4,7 @@ Maintenance asks before it deletes a file it found unreferenced in a table's fol
 catalog references (a table renamed into another's location, a ``write.data.path`` inside another table's location) is
 that table's, not an orphan (lakesink.maintenance.orphans, lakesink.driver.tables.sink_table's cleanup of a failed
 create). On a SQL catalog one query says where every table's current metadata is
-(:func:`lakesink.driver.known_tables.all_pointers_on_sql_catalog`); elsewhere the catalog's tables are read.
+(:func:`lakesink.driver.catalogs.all_pointers_on_sql_catalog`); elsewhere the catalog's tables are read.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
 from lakesink._pyiceberg import io as seam_io
-from lakesink.driver import known_tables
+from lakesink.driver import catalogs
 from lakesink.table import storage
 from lakesink.table.keys import DATA_PATH_PROPERTIES, METADATA_PATH_PROPERTIES
 
@@ -42,7 +42,7 @@ def live_table_sharing_folder(table: Table, unreferenced: Sequence[str]) -> tupl
     own_uuid = str(table.metadata.table_uuid)
     folder = storage.key(posixpath.dirname(table.metadata_location))
     own = tuple(table.name())
-    rows = known_tables.all_pointers_on_sql_catalog(catalog)
+    rows = catalogs.all_pointers_on_sql_catalog(catalog)
     if rows is not None:  # a SQL catalog: its rows say where every table's current metadata is, in one query
         for ident, location in rows:
             if ident != own and storage.key(posixpath.dirname(location)) == folder:
@@ -74,9 +74,9 @@ def live_tables_writing_under(table: Table, root: str) -> Iterator[tuple[str, st
     them are not parsed again). Errors of the catalog are raised (live cannot be told from dropped then)."""
     catalog = table.catalog
     own = tuple(table.name())
-    rows = known_tables.all_pointers_on_sql_catalog(catalog)
+    rows = catalogs.all_pointers_on_sql_catalog(catalog)
     others: Iterator[tuple[tuple[str, ...], Table]] = (
-        iter(known_tables.load_tables(catalog, [ident for ident, _ in rows if ident != own]).items())
+        iter(catalogs.load_tables(catalog, [ident for ident, _ in rows if ident != own]).items())
         if rows is not None
         else _every_table(catalog)
     )

@@ -24,7 +24,7 @@ import pytest
 
 from lakesink.audit import interop
 from lakesink.cdc import transactions
-from lakesink.driver import catalogs, known_tables
+from lakesink.driver import catalogs
 from lakesink.driver.actions import held
 from lakesink.driver.committers.facts import BatchFacts
 from lakesink.driver.committers.routed import RoutedCommitter
@@ -127,7 +127,7 @@ def deliveries(topics: Mapping[str, list[dict[str, Any]]], seed: int, batches: i
 def tables(props: Mapping[str, str]) -> dict[str, Any]:
     catalog = catalogs.load(None, dict(props))
     idents = [("db", t) for t in routing.TABLES]
-    return {".".join(i): t for i, t in known_tables.load_tables(catalog, idents).items()}
+    return {".".join(i): t for i, t in catalogs.load_tables(catalog, idents).items()}
 
 
 def run_batch(rc: RoutedCommitter, props: Mapping[str, str], batch_id: int, records: pa.Table) -> transactions.RecordsSplit:

@@ -339,7 +339,7 @@ def test_catalog_locked_for_too_long_is_a_clear_retryable_error(tmp_path: Path, 
     c = make_committer(props)
     c.open_table(SCHEMA)
     result = write_task(c, Q1, 0, [1, 2])
-    monkeypatch.setattr("lakesink.driver.known_tables.CATALOG_READ_PATIENCE_S", 1.0)
+    monkeypatch.setattr("lakesink.driver.catalogs.CATALOG_READ_PATIENCE_S", 1.0)
     locker = sqlite3.connect(tmp_path / "locked.db", timeout=0.1, isolation_level=None)
     locker.execute("BEGIN EXCLUSIVE")
     try:

@@ -22,7 +22,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 
-from lakesink.driver import catalogs, known_tables
+from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.errors import (
@@ -359,7 +359,7 @@ def test_a_table_created_meanwhile_makes_each_table_create_itself_and_leaves_no_
     """Another writer creates db.b between the batch's read of its tables and their creation: the transaction creating
     a, b, c fails as a whole (none created, the metadata files it wrote deleted), each table then creates itself and
     db.b, the other writer's table, is written -- every id once, no metadata file of the failed attempt left."""
-    real = known_tables.read_at_once
+    real = catalogs.read_at_once
     theirs: list[str] = []
 
     def read_then_another_creates_b(catalog: Any, identifiers: Any, **kw: Any) -> Any:
@@ -375,7 +375,7 @@ def test_a_table_created_meanwhile_makes_each_table_create_itself_and_leaves_no_
         theirs.append(str(b.metadata.table_uuid))
         return found
 
-    monkeypatch.setattr(known_tables, "read_at_once", read_then_another_creates_b)
+    monkeypatch.setattr(catalogs, "read_at_once", read_then_another_creates_b)
     rc = routed(catalog_properties)
     run(rc, 0, {"a": [1], "b": [2], "c": [3]})
     assert theirs and str(catalogs.load_table_fresh(None, catalog_properties, ("db", "b")).metadata.table_uuid) == theirs[0]
@@ -1086,7 +1086,7 @@ def test_a_batch_opening_many_tables_reads_them_at_once_and_asks_for_their_names
 ) -> None:
     """A first batch routing to 12 tables, 2 of them existing: their plans read the tables in one catalog query (no
     load per table), ask for the namespace once in the process (not once per table created), create the other 10
-    (together: lakesink.driver.known_tables.create_at_once), and open the 2 as they are. Then the namespace is dropped
+    (together: lakesink.driver.catalogs.create_at_once), and open the 2 as they are. Then the namespace is dropped
     behind the process's back (its tables with it) and a new sink's batch routes to 2 new tables there: the creation
     together says the namespace is gone, each table then creates itself, the namespace is made again, both tables are
     created and committed, every id once."""
@@ -1163,9 +1163,9 @@ def test_format_lakesink_opens_the_tables_it_wrote_at_the_start_of_a_run_with_on
     # kept for their next read: the tables planned, not the one only looked at (a namespace of many large tables the
     # stream does not write must not stay in the driver's memory)
     loads.clear()
-    known_tables.load_table(rc.catalog, ("db", "w0"))
+    catalogs.load_table(rc.catalog, ("db", "w0"))
     assert loads == []
-    known_tables.load_table(rc.catalog, ("db", "other"))
+    catalogs.load_table(rc.catalog, ("db", "other"))
     assert loads == [("db", "other")]
     monkeypatch.undo()
     assert {n: p.table_uuid for n, p in plans.items()} == {
@@ -1191,7 +1191,7 @@ def test_the_location_check_does_not_keep_the_namespaces_other_tables(
     run(rc, 0, {"n1": [1, 2]})
     loads = loads_of(rc, monkeypatch)
     for name in ("a", "b", "c", "n1"):
-        known_tables.load_table(rc.catalog, ("db", name))
+        catalogs.load_table(rc.catalog, ("db", name))
     assert loads == [("db", "a"), ("db", "b"), ("db", "c")]  # n1 kept (written), the others read anew
     monkeypatch.undo()
     assert table_ids(catalog.load_table(("db", "n1"))) == Counter([1, 2])

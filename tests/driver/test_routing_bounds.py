@@ -25,7 +25,7 @@ import pytest
 from pyiceberg.utils.concurrent import ExecutorFactory
 
 from benchmarks.routing_scale import lakesink_state, process_sample
-from lakesink.driver import catalogs, known_tables
+from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
 from lakesink.driver.committers.table import TableCommitter
@@ -100,7 +100,7 @@ def _threads_named(prefix: str) -> int:
 @pytest.fixture
 def lowered(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(routed_tables, "MAX_COMMITTERS", COMMITTERS)
-    monkeypatch.setattr(known_tables, "_MAX_TABLES_KEPT", TABLES_KEPT)
+    monkeypatch.setattr(catalogs, "_MAX_TABLES_KEPT", TABLES_KEPT)
     monkeypatch.setattr(auto, "MAX_MAINTAINERS", MAINTAINERS)
 
 

@@ -23,7 +23,7 @@ from pyiceberg.table import Table
 
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import metadata as seam_metadata
-from lakesink.driver import known_tables
+from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.driver.loop import swap
@@ -469,7 +469,7 @@ def test_compaction_lands_beside_a_stream_that_commits_back_to_back(catalog_prop
             errors.append(e)
 
     compacting = threading.current_thread()
-    real_load_table = known_tables.load_table
+    real_load_table = catalogs.load_table
 
     def slow_load(catalog: Any, identifier: tuple[str, ...]) -> Table:  # the compaction's reads only
         t = real_load_table(catalog, identifier)
@@ -482,7 +482,7 @@ def test_compaction_lands_beside_a_stream_that_commits_back_to_back(catalog_prop
     try:
         wait_until(lambda: len(streamed) >= 2)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(known_tables, "load_table", slow_load)
+            patch.setattr(catalogs, "load_table", slow_load)
             report = compaction.compact(load(c))
         n = len(streamed)
         wait_until(lambda: len(streamed) >= n + 2)  # the stream goes on after it
@@ -607,7 +607,7 @@ def test_a_commit_parses_the_metadata_once_and_never_deep_copies_it(
     assert commit(c, Q1, 3, [result]).outcome is Outcome.COMMITTED
     assert deep == []
     # nothing moved the table since this process's own last commit: the commit reads the catalog's pointer
-    # and reuses the metadata it already holds (lakesink.driver.known_tables.load_table): no metadata.json is parsed
+    # and reuses the metadata it already holds (lakesink.driver.catalogs.load_table): no metadata.json is parsed
     assert loads == []
     table = load(c)
     assert table_ids(table) == Counter([*range(0, 10), *range(1000, 1010), *range(2000, 2010), 3000])

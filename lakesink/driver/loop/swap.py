@@ -40,7 +40,7 @@ from lakesink._pyiceberg import refusals as seam_refusals
 from lakesink._pyiceberg import threads as seam_threads
 from lakesink._pyiceberg.commit import PreparedCommit
 from lakesink._pyiceberg.refusals import refused_by_the_catalog
-from lakesink.driver import catalogs, known_tables
+from lakesink.driver import catalogs
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
 from lakesink.errors import (
     CatalogPermissionError,
@@ -262,8 +262,8 @@ def _permission_error(action: CommitAction, refusal: str) -> CatalogPermissionEr
 def _reload(action: CommitAction) -> Table:
     """The one read of a table for an attempt: its catalog's pointer (parsed again only when it moved), riding out
     a briefly locked or unreachable catalog."""
-    return known_tables.read_patiently(
-        lambda: known_tables.reload(action.table),
+    return catalogs.read_patiently(
+        lambda: catalogs.reload(action.table),
         dropped=f"table {action.name} was dropped during the {action.what}; nothing was committed",
         unavailable=f"cannot read table {action.name} from its catalog for the {action.what}",
         redact=action.redact,
@@ -519,7 +519,7 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
                 raise _Conflict(f"commit failed and did not land: {actions[group[0]].redact(e)}") from e
         else:
             for i in group:
-                known_tables.remember(prepared[i].table)  # the next read of the unmoved table parses nothing
+                catalogs.remember(prepared[i].table)  # the next read of the unmoved table parses nothing
                 pending[i].settle_on(prepared[i].table, landed=prepared[i].snapshot_id)
                 p = prepared[i]
                 results[i] = SwapResult(

@@ -29,7 +29,7 @@ from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg.commit import is_rest_catalog
 from lakesink.cdc.unavailable import LetterKey, Placeholder
-from lakesink.driver import catalogs, known_tables
+from lakesink.driver import catalogs
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.swap import RetriesExhausted
 from lakesink.driver.tables import routed_keys
@@ -427,7 +427,7 @@ class RoutedTables(ABC, Generic[T]):
         self, opening: Sequence[Route], read: Mapping[tuple[str, ...], Table] | None, facts: TableFacts
     ) -> dict[tuple[str, ...], Table]:
         """The tables of ``opening`` that ``read`` (their one catalog query) did not find, created in one catalog
-        transaction where the catalog makes one (known_tables.create_at_once; ~4 ms a table less on SQLite); each is then
+        transaction where the catalog makes one (catalogs.create_at_once; ~4 ms a table less on SQLite); each is then
         opened as a table lakesink created (checked, dropped again if it overlaps another). Empty when they are not:
         each then creates itself."""
         if read is None or not self.options.create_table:
@@ -446,7 +446,7 @@ class RoutedTables(ABC, Generic[T]):
             raise
         except Exception:
             return {}  # each table creates itself, with the errors it would give
-        created = known_tables.create_at_once(self.catalog, new) or {}
+        created = catalogs.create_at_once(self.catalog, new) or {}
         for r in absent:
             if r.identifier in created:
                 log.info("lakesink: created table %s in catalog %r", r, self.catalog.name)
@@ -455,10 +455,10 @@ class RoutedTables(ABC, Generic[T]):
     def _read_at_once(
         self, opening: list[tuple[str, ...]], *, keep: bool = True, payloads: bool = False
     ) -> dict[tuple[str, ...], Table] | None:
-        """Tables opened for the first time in the run, read in one catalog query (known_tables.read_at_once), or None:
+        """Tables opened for the first time in the run, read in one catalog query (catalogs.read_at_once), or None:
         each table reads itself (one table; with upserts or ``payloads`` each is read first for its key or columns)."""
         if len(opening) > 1 and not self.options.upserts and not payloads:
-            return known_tables.read_at_once(self.catalog, opening, keep=keep)
+            return catalogs.read_at_once(self.catalog, opening, keep=keep)
         return None
 
     def written_plans(self, query_id: str | None) -> BatchPlans:
@@ -489,7 +489,7 @@ class RoutedTables(ABC, Generic[T]):
                 except Exception:
                     continue  # dropped meanwhile, or not an Iceberg table
             if any(parse_last_batch_key(k) == (query_id, self.options.sink_id) for k in table.properties):
-                known_tables.remember(table)  # the table's next read parses nothing when it has not moved
+                catalogs.remember(table)  # the table's next read parses nothing when it has not moved
                 plans[str(route)] = self._plan_and_table(route, query_id, NO_TABLE_FACTS, {route.identifier: table})[0]
         return self._with_letters(plans, query_id)
 

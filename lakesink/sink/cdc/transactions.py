@@ -35,7 +35,7 @@ from pyspark.storagelevel import StorageLevel
 
 from lakesink._pyiceberg import io as seam
 from lakesink.cdc import transactions
-from lakesink.driver import catalogs, known_tables
+from lakesink.driver import catalogs
 from lakesink.driver.actions import held
 from lakesink.driver.actions.held import HeldBack
 from lakesink.driver.committers.facts import BatchFacts
@@ -266,7 +266,7 @@ def starting_state(
 
 
 def _load(catalog: Catalog, idents: Sequence[tuple[str, ...]]) -> dict[str, Table]:
-    return {".".join(i): t for i, t in known_tables.load_tables(catalog, idents).items()}
+    return {".".join(i): t for i, t in catalogs.load_tables(catalog, idents).items()}
 
 
 def _sink_tables(catalog: Catalog, options: SinkOptions) -> list[tuple[str, ...]]:
