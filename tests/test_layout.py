@@ -203,10 +203,8 @@ LAZY_OK = {"lakesink", "lakesink.sink.source"}
 DRIVER_LIBRARIES = ("lakesink", "sqlalchemy", "tenacity", "pyiceberg.catalog")
 # the seam of one kind of catalog, imported inside a function once a catalog of that kind was found
 # (lakesink._pyiceberg.commit.is_sql_catalog: asked from sys.modules): a process that commits to a SQL catalog never
-# loads the REST client, one that commits to a REST catalog never SQLAlchemy (tests/sink/test_worker_imports.py holds both); and
-# SQLAlchemy's event API where a SQL catalog's engine is guarded (its caller found a SQLAlchemy engine)
+# loads the REST client, one that commits to a REST catalog never SQLAlchemy (tests/sink/test_worker_imports.py holds both)
 LAZY_SEAMS = {"lakesink._pyiceberg.sql_catalog", "lakesink._pyiceberg.rest", "lakesink._pyiceberg.rest_metrics"}
-LAZY_SQLALCHEMY = {("lakesink.driver.sql_guards", "guard_sql_catalog")}
 
 
 def test_no_function_local_import_of_lakesink_or_the_driver_libraries() -> None:
@@ -222,7 +220,7 @@ def test_no_function_local_import_of_lakesink_or_the_driver_libraries() -> None:
                     continue
                 names = [a.name for a in inner.names] if isinstance(inner, ast.Import) else [inner.module or ""]
                 relative = isinstance(inner, ast.ImportFrom) and bool(inner.level)
-                allowed = LAZY_SEAMS | ({"sqlalchemy"} if (_name(path), node.name) in LAZY_SQLALCHEMY else set())
+                allowed = LAZY_SEAMS
                 hidden += [
                     f"{path.relative_to(PACKAGE.parent)}:{inner.lineno}: {n}"
                     for n in names

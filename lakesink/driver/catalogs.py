@@ -13,8 +13,9 @@ Property values may refer to environment variables as ``${VAR}`` or ``${VAR:-def
 secrets and for ``${LAKESINK_HOME}``, which is always made absolute).
 
 SQL catalogs (pyiceberg's ``SqlCatalog``, SQLite or PostgreSQL through SQLAlchemy) are guarded so that a failed
-catalog call never leaves a transaction open in a pooled connection (:mod:`lakesink.driver.sql_guards`), and
-:func:`load_table_fresh` reads a table through connections of its own, for the commit protocol's settle step.
+catalog call never leaves a transaction open in a pooled connection
+(:func:`lakesink._pyiceberg.sql_catalog.guard_sql_catalog`), and :func:`load_table_fresh` reads a table through
+connections of its own, for the commit protocol's settle step.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wa
 
 from lakesink._pyiceberg.commit import is_rest_catalog, is_sql_catalog, is_sql_engine, swapper_of
 from lakesink._pyiceberg.metadata import NewTable
-from lakesink.driver.sql_guards import guard_sql_catalog
 from lakesink.errors import PROGRAMMING_ERRORS, CatalogError, CatalogUnavailableError, LakesinkError, TableIdentityChangedError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table.keys import (
@@ -244,7 +244,7 @@ def may_apply_late(catalog: Catalog) -> bool:
     5xx, a reset connection): any catalog reached over HTTP (REST, Glue, ...), and a SQL catalog on a database
     server (PostgreSQL, MySQL): when the connection fails while COMMIT is on its way or being processed, the server
     may commit after the error reached lakesink -- the client's rollback
-    (:func:`lakesink.driver.sql_guards.guard_sql_catalog`) cannot undo a COMMIT the server received, and a read
+    (:func:`lakesink._pyiceberg.sql_catalog.guard_sql_catalog`) cannot undo a COMMIT the server received, and a read
     through another connection can come before the server finishes. Only SQLite answers for sure: its COMMIT runs in
     this process and, when it fails, the transaction is rolled back before the error reaches lakesink. Asked of the
     catalog's swapper (lakesink._pyiceberg.commit.Swapper)."""
@@ -286,6 +286,8 @@ def _open(name: str, props: Mapping[str, str]) -> Catalog:
         set_request_timeout(catalog, timeout)
     engine = getattr(catalog, "engine", None)  # pyiceberg's SqlCatalog (types "sql" and "in-memory")
     if is_sql_engine(engine):
+        from lakesink._pyiceberg.sql_catalog import guard_sql_catalog  # the kind in use only
+
         guard_sql_catalog(engine, drop_connections=not _process_local(props))
     swapper_of(catalog)  # how it commits, chosen once, carried by the catalog
     return catalog
