@@ -13,6 +13,16 @@ older than the held one: dropped as stale, silently. Plain Python, for the drive
   slowly); further back, the batch fails (:class:`~lakesink.errors.SourceRegressionError`, nothing committed) naming
   the table, the key, both coordinates and the recovery. Per key, because Kafka keeps one key's changes in order
   (one partition) while the tables and partitions of a source are consumed at their own paces.
+- **Detection** (per table, against the changes' source times): a break within that reach looks like a redelivery per
+  key, but not in time. Each commit records the table's high-water mark ``H`` -- the greatest coordinates any committed
+  change carried -- with the driver's wall clock ``W`` when the attempt that raised it was prepared (table property
+  ``lakesink.cdc.binlog-high``, :class:`HighWater`). Every change below ``H`` in the same binlog was written before
+  ``H``'s change, which was read before ``W``: it was made (``source.ts_ms``: the event's time, at most its write time)
+  before ``W``, and so is every redelivered copy of one. A batch whose change made last has coordinates below ``H`` and
+  a source time after ``W`` plus the clock-skew allowance (``lakesink.cdc.binlog-clock-skew-seconds``, default 60) was
+  made after the binlog went back: the batch fails the same way. ``H`` does not move while the new binlog is below it,
+  so the first batch holding a change made more than the allowance after ``W`` fails; changes of a break made within the
+  allowance are dropped as stale with a warning, and the recovery's new snapshot brings them back.
 - **Recovery**: table property ``lakesink.cdc.binlog-epoch`` ``E`` (the error names the value): every coordinates order
   of the table's later changes becomes ``E*10^22 + C``, above every change committed in a lower epoch; the order file
   keeps the shifted values, so the epoch stays with the table. A change of a lower epoch than a held one (the property
@@ -29,13 +39,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
 
 from lakesink.cdc import positions
 from lakesink.errors import InvalidOptionError, SourceRegressionError
 from lakesink.table.keys import (
+    PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS,
+    PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS_DEFAULT,
     PROPERTY_CDC_BINLOG_EPOCH,
+    PROPERTY_CDC_BINLOG_HIGH,
     PROPERTY_CDC_BINLOG_REDELIVERY_FILES,
     PROPERTY_CDC_BINLOG_REDELIVERY_FILES_DEFAULT,
 )
@@ -188,3 +202,110 @@ class Epoch:
             "the source, have Debezium take a new snapshot, and restart (docs/cdc.md, 'MySQL without GTIDs, MariaDB: "
             "coordinates that go back')"
         )
+
+
+def in_band(order: int) -> bool:
+    """Binlog coordinates (before an epoch is added): file part at least 1 (binlog files start at ``.000001``; a
+    PostgreSQL LSN has file part 0) and below 10^22 (a GTID change's commit time is above)."""
+    return FILE_STEP <= order < EPOCH_STEP
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a batch's changes of one table tell the binlog check (the executors' inference finds it, per routing value,
+    lakesink.executor.payload.Found): the greatest order of any change, and the source time (``source.ts_ms``) and
+    order of the change made last (the greater order between equal times)."""
+
+    highest: Decimal | None = None
+    latest: tuple[int, Decimal] | None = None
+
+    def join(self, other: Seen) -> Seen:
+        highs = [h for h in (self.highest, other.highest) if h is not None]
+        lasts = [t for t in (self.latest, other.latest) if t is not None]
+        return Seen(max(highs) if highs else None, max(lasts) if lasts else None)
+
+    def add(self, orders: Sequence[Decimal | None], times_ms: Sequence[int | None]) -> Seen:
+        """With ``orders`` and their changes' source times (ms) taken in."""
+        known = [o for o in orders if o is not None]
+        timed = [(t, o) for o, t in zip(orders, times_ms, strict=True) if o is not None and t is not None]
+        return self.join(Seen(max(known) if known else None, max(timed) if timed else None))
+
+
+@dataclass(frozen=True)
+class HighWater:
+    """A table's binlog high-water mark (table property :data:`PROPERTY_CDC_BINLOG_HIGH`) and clock-skew allowance: the
+    per-table check of a batch's changes against it, and the property its commit sets (the module's description)."""
+
+    table_name: str
+    epoch: Epoch
+    high: int | None
+    at_ms: int | None
+    skew_ms: int
+
+    @classmethod
+    def of(cls, properties: Mapping[str, str], table_name: str) -> HighWater:
+        skew = _property(
+            properties, PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS, PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS_DEFAULT, 0, 10**7,
+            table_name,
+        )  # fmt: skip
+        text = properties.get(PROPERTY_CDC_BINLOG_HIGH)
+        high = at = None
+        if text is not None:
+            try:
+                coordinates, word, when = text.split()
+                if word != "at":
+                    raise ValueError(text)
+                high, at = int(coordinates), int(when)
+            except ValueError:
+                raise InvalidOptionError(
+                    f"table {table_name}: table property {PROPERTY_CDC_BINLOG_HIGH!r} is {text!r}, expected "
+                    "'<binlog coordinates> at <milliseconds>', as lakesink sets it. Remove it (the next batch sets it "
+                    "again; until then a binlog that goes back is detected per key only) -- docs/cdc.md, 'MySQL without "
+                    "GTIDs, MariaDB: coordinates that go back'"
+                ) from None
+        return cls(table_name, Epoch.of(properties, table_name), high, at, skew * 1000)
+
+    def _shifted(self, order: Decimal) -> int | None:
+        """``order`` as the table compares it (its epoch added), None when it is no binlog coordinates value."""
+        value = int(order)
+        return value + self.epoch.epoch * EPOCH_STEP if in_band(value) else None
+
+    def check(self, seen: Seen | None, *, batch_id: int, now_ms: int) -> dict[str, str]:
+        """The batch's changes of the table (``seen``) against the high-water mark: a SourceRegressionError when the
+        change made last is below it and was made after it was raised (plus the allowance); else the table property
+        the batch's commit sets (the batch's greatest coordinates and ``now_ms`` when they raise the mark; {})."""
+        if seen is None:
+            return {}
+        if seen.latest is not None and self.high is not None and self.at_ms is not None:
+            made_ms, order = seen.latest
+            value = self._shifted(order)
+            if value is not None and value < self.high and made_ms > self.at_ms + self.skew_ms:
+                raise SourceRegressionError(self._went_back(value, made_ms, batch_id))
+        highest = self._shifted(seen.highest) if seen.highest is not None else None
+        if highest is None or (self.high is not None and highest <= self.high):
+            return {}
+        return {PROPERTY_CDC_BINLOG_HIGH: f"{highest} at {now_ms}"}
+
+    def _went_back(self, value: int, made_ms: int, batch_id: int) -> str:
+        assert self.high is not None and self.at_ms is not None
+        held_epoch = self.high // EPOCH_STEP
+        return (
+            f"batch {batch_id}: table {self.table_name}: its latest change, made at {_utc(made_ms)} (source.ts_ms), is "
+            f"at binlog {describe(value)}, below binlog {describe(self.high)}, the greatest coordinates a committed "
+            f"batch of the table carried, which was read before {_utc(self.at_ms)} (table property "
+            f"{PROPERTY_CDC_BINLOG_HIGH!r}): every change below it was made before then, so this one, made "
+            f"{(made_ms - self.at_ms) / 1000:.0f} s later (more than the clock-skew allowance, table property "
+            f"{PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS!r}: {self.skew_ms // 1000} s), comes from a binlog that went "
+            "back -- RESET MASTER, a server restored from a backup, a failover to a server without GTIDs -- and its "
+            "updates and deletes of keys the table holds would be dropped as stale. Nothing was committed. Recover: "
+            f"set table property {PROPERTY_CDC_BINLOG_EPOCH!r} to {max(self.epoch.epoch, held_epoch) + 1} on this "
+            "table and on every table of the source, have Debezium take a new snapshot (changes of the break dropped "
+            "before this batch come back with it), then restart. Or enable GTIDs (gtid_mode=ON, MySQL 8.0.1+). Not a "
+            "break but a source clock running ahead of the driver's by more than the allowance: raise "
+            f"{PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS!r} (docs/cdc.md, 'MySQL without GTIDs, MariaDB: coordinates that "
+            "go back')"
+        )
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")

@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from lakesink.cdc import connect
+from lakesink.cdc import binlog, connect
 from lakesink.errors import SchemaMismatchError, UpsertKeyError
 from lakesink.table.routes import routing_value
 
@@ -183,6 +183,10 @@ class Found:
     carrying it; a record without a position makes its key's span unknown (None). Where a source's primary key changed
     within the batch (lakesink.sink.cdc.key_change)."""
 
+    seen: binlog.Seen = field(default_factory=binlog.Seen)
+    """Option cdc-format: the route's greatest source position and its change made last (``change_time``), for the
+    driver's check of binlog coordinates that go back (lakesink.cdc.binlog.HighWater)."""
+
     def join(self, other: Found) -> Found:
         truncates = [
             (p, t) for p, t in ((self.truncate, self.truncate_time), (other.truncate, other.truncate_time)) if p is not None
@@ -191,7 +195,7 @@ class Found:
         spans = dict(self.key_spans)
         for k, span in other.key_spans.items():
             spans[k] = join_spans(spans[k], span) if k in spans else span
-        return Found(self.keys | other.keys, last[0], last[1], self.wide | other.wide, spans)
+        return Found(self.keys | other.keys, last[0], last[1], self.wide | other.wide, spans, self.seen.join(other.seen))
 
 
 KeySpan = tuple[Decimal, Decimal] | None
@@ -256,6 +260,27 @@ def _last_truncate(
     return last
 
 
+def _seen(
+    batch: pa.RecordBatch, rows: pa.Array, columns: tuple[str, str], time_column: str, seen: binlog.Seen
+) -> binlog.Seen:
+    """``seen`` with the orders and source times of the streamed changes of ``rows`` taken in (``columns``: the op and
+    order columns; a batch without the time column: orders only). Snapshot reads (op ``r``) are left out: their time is
+    when they were read and their position the snapshot's, which a new snapshot after a failover (GTIDs on: a safe one)
+    takes on the new server's lower coordinates."""
+    op_column, order_column = columns
+    streamed = [o != "r" for o in batch.column(op_column).take(rows).to_pylist()]
+    orders = [o if s else None for o, s in zip(batch.column(order_column).take(rows).to_pylist(), streamed, strict=True)]
+    if time_column in batch.schema.names:
+        times = batch.column(time_column).take(rows)
+        unit = times.type.unit if pa.types.is_timestamp(times.type) else "ms"
+        per_ms = {"s": 0.001, "ms": 1, "us": 1000, "ns": 1_000_000}[unit]
+        raw = times.cast(pa.int64()).to_pylist() if pa.types.is_timestamp(times.type) else times.to_pylist()
+        ms = [None if t is None else int(t // per_ms) if per_ms >= 1 else int(t * 1000) for t in raw]
+    else:
+        ms = [None] * len(orders)
+    return seen.add(orders, ms)
+
+
 class PayloadInference:
     """The ``mapInArrow`` function of foreach_batch's inference job: per route of the task, its payloads' columns
     (and with ``key_column``, the keys its records carry: :class:`Found`)."""
@@ -269,7 +294,11 @@ class PayloadInference:
         schema_column: str | None = None,
         lenient: bool = False,
         time_column: str | None = None,
+        change_time: str | None = None,
     ):
+        self.change_time = change_time
+        """Option cdc-format: each change's source time (a timestamp column), whose latest and the greatest source
+        position (``truncate_columns``' order column) are :attr:`Found.seen`."""
         self.time_column = time_column
         """Option history with cdc-format: each change's source time, whose value at a route's last truncate is
         :attr:`Found.truncate_time`."""
@@ -322,6 +351,8 @@ class PayloadInference:
                     more.keys |= {k for k in keys if k is not None}
                     if self.truncate_columns is not None:
                         _key_spans(keys, batch.column(self.truncate_columns[1]).take(taken).to_pylist(), more.key_spans)
+                if self.truncate_columns is not None and self.change_time is not None:
+                    more.seen = _seen(batch, taken, self.truncate_columns, self.change_time, more.seen)
                 if self.truncate_columns is not None:
                     more.truncate, more.truncate_time = _last_truncate(
                         batch, taken, self.truncate_columns, name, (more.truncate, more.truncate_time), self.time_column

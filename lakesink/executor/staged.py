@@ -183,6 +183,7 @@ class StagedTaskWriter:
             plan.schema_column,
             lenient=plan.dead_letters,
             time_column=CDC_SOURCE_TIME if plan.history_time is not None and plan.cdc is not None else None,
+            change_time=CDC_SOURCE_TIME if plan.cdc is not None else None,
         )
         columns: dict[bytes | None, dict[str, pa.DataType | None]] = {}
         found: dict[bytes | None, payload.Found] = {}

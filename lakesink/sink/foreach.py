@@ -23,7 +23,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from lakesink.cdc import debezium
+from lakesink.cdc import binlog, debezium
 from lakesink.cdc.unavailable import LetterKey
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, BatchOutcome
@@ -611,9 +611,14 @@ class ForeachBatchSink(RoutedSparkBatches):
         lenient = self.options.dead_letter_table is not None  # a value that does not fit: a dead letter, not an error
         # option history: a truncate's source time ends the versions it deletes
         time = CDC_SOURCE_TIME if cdc is not None and self.options.history is not None else None
-        inference = payload.PayloadInference(routing.column, column, key, cdc, schema, lenient=lenient, time_column=time)
+        # cdc-format: each change's source time, for the driver's check of binlog coordinates that go back
+        changed = CDC_SOURCE_TIME if cdc is not None and CDC_SOURCE_TIME in df.columns else None
+        inference = payload.PayloadInference(
+            routing.column, column, key, cdc, schema, lenient=lenient, time_column=time, change_time=changed
+        )
         selected = [F.col(f"`{routing.column}`"), F.col(f"`{column}`"), *([F.col(f"`{key}`")] if key else [])]
-        selected += [F.col(f"`{c}`") for c in (*(cdc or ()), *([schema] if schema else []), *([time] if time else []))]
+        timed = sorted({c for c in (time, changed) if c is not None})
+        selected += [F.col(f"`{c}`") for c in (*(cdc or ()), *([schema] if schema else []), *timed)]
         rows = df.select(*selected).mapInArrow(inference, payload.INFERRED_DDL)
         found: dict[object, list[dict[str, Any]]] = {}
         extra: dict[object, payload.Found] = {}
@@ -623,12 +628,14 @@ class ForeachBatchSink(RoutedSparkBatches):
             extra[raw] = extra.get(raw, payload.Found()).join(pickle.loads(r[2]))
         columns: dict[str, pa.Schema] = {}
         keys: dict[str, Collection[Key]] = {}
+        seen: dict[str, binlog.Seen] = {}
         for value, parts in found.items():
             route = parse_route(value, routing.namespace, routing.allowed_namespaces)
             if isinstance(route, Route):
                 columns[str(route)] = payload.merge_columns(parts, str(route), lenient=lenient, wide=extra[value].wide)
                 keys[str(route)] = extra[value].keys
-        return list(found), extra, replace(facts, table_columns=columns, carried_keys=keys)
+                seen[str(route)] = extra[value].seen
+        return list(found), extra, replace(facts, table_columns=columns, carried_keys=keys, binlog_seen=seen)
 
     def _on_driver(self) -> bool:
         """Write this batch on the driver (lakesink.sink.driver_write)? ``writer="driver"``, or ``auto`` after a batch of

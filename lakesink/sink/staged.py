@@ -34,7 +34,7 @@ from decimal import Decimal
 import pyarrow as pa
 from pyiceberg.io import load_file_io
 
-from lakesink.cdc import envelope
+from lakesink.cdc import binlog, envelope
 from lakesink.cdc.unavailable import LetterKey
 from lakesink.driver.actions import dead_letters
 from lakesink.driver.actions.batch import BatchCall
@@ -175,6 +175,7 @@ class StagedCommitter:
                 found[value] = found.get(value, payload.Found()).join(r.found[raw])
         tables: dict[str, pa.Schema] = {}
         keys: dict[str, Collection[Key]] = {}
+        seen: dict[str, binlog.Seen] = {}
         for routed_value, tasks in parts.items():
             route = parse_route(routed_value, routing.namespace, routing.allowed_namespaces)
             if isinstance(route, Route):
@@ -182,7 +183,8 @@ class StagedCommitter:
                     [dict(c) for c in tasks], str(route), lenient=self.plan.dead_letters, wide=found[routed_value].wide
                 )
                 keys[str(route)] = found[routed_value].keys
-        return found, replace(facts, table_columns=tables, carried_keys=keys)
+                seen[str(route)] = found[routed_value].seen
+        return found, replace(facts, table_columns=tables, carried_keys=keys, binlog_seen=seen)
 
     def _write(
         self,

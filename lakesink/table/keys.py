@@ -163,6 +163,16 @@ PROPERTY_CDC_BINLOG_REDELIVERY_FILES = "lakesink.cdc.binlog-redelivery-files"
 its key may be and still be taken for a redelivery (Kafka Connect re-sends from its last flushed offset); a change
 further back fails the batch (lakesink.cdc.binlog)."""
 PROPERTY_CDC_BINLOG_REDELIVERY_FILES_DEFAULT = 1
+PROPERTY_CDC_BINLOG_HIGH = "lakesink.cdc.binlog-high"
+"""Table property, option cdc-format, set by lakesink in a batch's commit: ``<coordinates> at <ms>``, the greatest
+binlog coordinates (epoch added) of any change a committed batch of the table carried, and the driver's wall clock (ms
+since the epoch) when the attempt that raised it was prepared: every change below those coordinates was made before
+then, so a later-made one below them proves the binlog went back (lakesink.cdc.binlog.HighWater)."""
+PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS = "lakesink.cdc.binlog-clock-skew-seconds"
+"""Table property, option cdc-format: how far (seconds, default 60) the source database's clock may run ahead of the
+driver's before a change below the table's binlog high-water mark, made after it was raised, fails the batch as a
+binlog that went back (lakesink.cdc.binlog.HighWater)."""
+PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS_DEFAULT = 60
 STATE_PROPERTY_PREFIXES = (PROPERTY_UPSERT_ORDER_FILE, PROPERTY_CDC_HELD_PREFIX)
 """The table properties that name state files a table depends on (lakesink.table.state_files: a commit of a table
 without any of them attaches no state file and reads nothing)."""

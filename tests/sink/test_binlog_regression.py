@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,12 @@ import pytest
 from lakesink.cdc import binlog, envelope
 from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError, SourceRegressionError
-from lakesink.table.keys import PROPERTY_CDC_BINLOG_EPOCH, PROPERTY_CDC_BINLOG_REDELIVERY_FILES
+from lakesink.table.keys import (
+    PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS,
+    PROPERTY_CDC_BINLOG_EPOCH,
+    PROPERTY_CDC_BINLOG_HIGH,
+    PROPERTY_CDC_BINLOG_REDELIVERY_FILES,
+)
 from tests.sink.test_cdc_values import committer, run
 from tests.support import connectors as cn
 
@@ -48,6 +54,21 @@ def set_property(props: Mapping[str, str], name: str, value: str) -> None:
     table = catalogs.load(None, dict(props)).load_table(tuple(T.split(".")))
     with table.transaction() as tx:
         tx.set_properties({name: value})
+
+
+def properties(props: Mapping[str, str]) -> dict[str, str]:
+    return dict(catalogs.load(None, dict(props)).load_table(tuple(T.split("."))).properties)
+
+
+def high_water(props: Mapping[str, str]) -> tuple[int, int]:
+    """The table's binlog high-water mark: (coordinates, the driver's ms when it was raised)."""
+    coordinates, at, when = properties(props)[PROPERTY_CDC_BINLOG_HIGH].split()
+    assert at == "at"
+    return int(coordinates), int(when)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def want(rounds: list[cn.Streamed]) -> dict[Any, dict[str, Any]]:
@@ -139,30 +160,35 @@ def test_a_failover_to_a_server_numbering_its_binlog_lower_fails_loudly(
     assert head(props) == before
 
 
+@pytest.mark.parametrize("history", [False, True], ids=["table", "with-history"])
 def test_reset_master_within_the_redelivery_reach_is_logged_and_the_named_recovery_restores_the_source(
-    catalog_properties: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+    catalog_properties: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture, history: bool
 ) -> None:
     """RESET MASTER on a young server (its binlog at .000002, back to .000001: one file, within the default redelivery
     reach) cannot be told from a redelivery by the coordinates: the changes of keys the table holds are dropped as
     stale (docs/cdc.md, 'Limits'). It must not be silent: the batch logs a warning naming the table, the dropped
     changes and the recovery; the recovery it names (the epoch, a new snapshot) makes the table equal to the source.
-    Fails before the change: nothing was logged (only lakesink.upsert.stale-changes moved)."""
+    Fails before the change: nothing was logged (only lakesink.upsert.stale-changes moved). With option history the
+    same, the warning logged once (the history's own look at the batch's changes does not log it again)."""
     props = catalog_properties
-    source = cn.MySql(server_id=1, uuid="", gtids=False, file=1)
+    extra = {"history": "on"} if history else {}
+    # pos 1000: the new binlog's first changes are not at the very coordinates of the old one's (with history, the same
+    # key at the same coordinates twice is an UpsertKeyError: two changes with one order value)
+    source = cn.MySql(server_id=1, uuid="", gtids=False, file=1, pos=1000)
     rounds, _ = cn.binlog_rotation(source)
     assert source.file == 2
     for batch, streamed in enumerate(rounds):
-        run(committer(props, tmp_path / "ck"), batch, source.records(streamed, schemas=False))
+        run(committer(props, tmp_path / "ck", **extra), batch, source.records(streamed, schemas=False))
     assert table_rows(props) == want(rounds)
     caplog.clear()
     three = cn.binlog_reset(source)
     with caplog.at_level(logging.WARNING, logger="lakesink"):
-        run(committer(props, tmp_path / "ck"), 2, source.records(three, schemas=False))
-    assert table_rows(props) != want([*rounds, three])  # the limit: ids 1 and 2 kept their old rows
+        run(committer(props, tmp_path / "ck", **extra), 2, source.records(three, schemas=False))
+    assert table_rows(props) != want([*rounds, three])  # the limit: ids 1 and 2 kept their old rows, 3 not deleted
     warned = [r.getMessage() for r in caplog.records if "taken for Kafka Connect redeliveries" in r.getMessage()]
     assert len(warned) == 1, [r.getMessage() for r in caplog.records]
     for part in (
-        "batch 2", T, "2 change(s)", "key (id=1) at binlog file .000001", "below file .000002", "RESET MASTER",
+        "batch 2", T, "3 change(s)", "key (id=1) at binlog file .000001", "below file .000002", "RESET MASTER",
         f"{PROPERTY_CDC_BINLOG_EPOCH!r} to 1", "new snapshot",
     ):  # fmt: skip
         assert part in warned[0], (part, warned[0])
@@ -171,8 +197,93 @@ def test_reset_master_within_the_redelivery_reach_is_logged_and_the_named_recove
     rows = want([*rounds, three])
     snapshot = source.snapshot([cn.read(T, r) for r in rows.values()], 9)
     deletes = [cn.delete(T, r) for i, r in table_rows(props).items() if i not in rows]  # the source's snapshot lacks them
-    run(committer(props, tmp_path / "ck"), 3, source.records(snapshot + source.commit(deletes, 10), schemas=False))
+    run(committer(props, tmp_path / "ck", **extra), 3, source.records(snapshot + source.commit(deletes, 10), schemas=False))
     assert table_rows(props) == want([*rounds, three, snapshot])
+
+
+@pytest.mark.parametrize("connector", ["mysql", "mariadb"])
+def test_a_break_within_the_redelivery_reach_fails_once_a_change_made_after_the_high_water_mark_arrives(
+    catalog_properties: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture, connector: str
+) -> None:
+    """RESET MASTER one binlog file back (within the redelivery reach: per key it looks like a redelivery). The source's
+    clock is the driver's: the stream runs an hour behind until the break. Every commit records the table's binlog
+    high-water mark (the greatest coordinates, the driver's clock); a redelivered tail (made before it) is no error;
+    the break's first changes, made within the clock-skew allowance of the mark, are dropped with the warning (the
+    limit); the first batch holding a change made after it fails, nothing committed, naming the recovery; the recovery
+    (epoch, new snapshot) gives the source's rows. Fails before the change: batch 4 committed, ids 1 and 2 kept old
+    rows, no error (only the warning)."""
+    props = catalog_properties
+    source = cn.MySql(server_id=1, uuid="", gtids=False, connector=connector, file=1, clock_ms=now_ms() - 3_600_000)
+    rounds, tail = cn.binlog_rotation(source)
+    assert source.file == 2
+    for batch, streamed in enumerate(rounds):
+        before = now_ms()
+        run(committer(props, tmp_path / "ck"), batch, source.records(streamed, schemas=batch == 0))
+        high, when = high_water(props)
+        parsed = [envelope.parse_record(r["value"]) for r in source.records(streamed, schemas=False)]
+        greatest = max(int(p["order"]) for p in parsed if p is not None and p["op"] != "r")
+        assert high == greatest and before <= when <= now_ms(), (batch, high, greatest, when)
+    assert binlog.describe(high).startswith("file .000002")
+    raised_at = when
+
+    run(committer(props, tmp_path / "ck"), 2, source.records(tail, schemas=False))  # a redelivery: made before
+    assert table_rows(props) == want(rounds) and high_water(props) == (high, raised_at)
+
+    source.reset_master()  # back to .000001, within the reach; made 20 s after the mark: inside the allowance
+    source.clock_ms = raised_at + 20_000
+    three = source.commit([cn.update(T, row(1, "d", 14), row(1, "g", 15)), cn.delete(T, row(3, "r3", 3))], 6)
+    with caplog.at_level(logging.WARNING, logger="lakesink"):
+        run(committer(props, tmp_path / "ck"), 3, source.records(three, schemas=False))
+    assert table_rows(props)[1] == want(rounds)[1] and 3 not in table_rows(props)  # the limit: 1 kept, 3 was gone
+    assert any("taken for Kafka Connect redeliveries" in r.getMessage() for r in caplog.records)
+    assert high_water(props) == (high, raised_at)  # the new binlog is below the mark: it does not move
+
+    source.clock_ms = raised_at + 120_000  # two minutes after the mark
+    four = source.commit([cn.update(T, row(2, "c", 12), row(2, "h", 16)), cn.insert(T, row(6, "i", 6))], 7)
+    held = head(props), table_rows(props)
+    with pytest.raises(SourceRegressionError) as raised:
+        run(committer(props, tmp_path / "ck"), 4, source.records(four, schemas=False))
+    message = str(raised.value)
+    for part in (
+        "batch 4", T, "binlog file .000001", "below binlog file .000002", PROPERTY_CDC_BINLOG_HIGH, "RESET MASTER",
+        f"{PROPERTY_CDC_BINLOG_EPOCH!r} to 1", "new snapshot", PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS, "60 s",
+    ):  # fmt: skip
+        assert part in message, (part, message)
+    assert (head(props), table_rows(props)) == held  # nothing committed
+
+    set_property(props, PROPERTY_CDC_BINLOG_EPOCH, "1")  # the recovery the error names
+    run(committer(props, tmp_path / "ck"), 4, source.records(four, schemas=False))
+    assert high_water(props)[0] > 10**22  # the new epoch's coordinates: above every earlier one
+    rows = want([*rounds, three, four])
+    snapshot = source.snapshot([cn.read(T, r) for r in rows.values()], 9)
+    deletes = [cn.delete(T, r) for i, r in table_rows(props).items() if i not in rows]
+    run(committer(props, tmp_path / "ck"), 5, source.records(snapshot + source.commit(deletes, 10), schemas=False))
+    assert table_rows(props) == want([*rounds, three, four, snapshot]) == rows
+
+
+def test_a_source_clock_ahead_of_the_driver_within_the_allowance_is_no_break_and_beyond_it_names_the_allowance(
+    catalog_properties: dict[str, str], tmp_path: Path
+) -> None:
+    """The source's clock 30 s ahead of the driver's: a redelivered tail (made, by that clock, after the mark was
+    raised) commits under the default allowance (60 s) and drops only the copies; with the allowance at 10 s the same
+    tail fails, naming the allowance to raise."""
+    props = catalog_properties
+    source = cn.MySql(server_id=1, uuid="", gtids=False, file=3, clock_ms=now_ms() + 30_000)
+    rounds, tail = cn.binlog_rotation(source)
+    for batch, streamed in enumerate(rounds):
+        run(committer(props, tmp_path / "ck"), batch, source.records(streamed, schemas=False))
+    run(committer(props, tmp_path / "ck"), 2, source.records(tail, schemas=False))
+    assert table_rows(props) == want(rounds)
+    set_property(props, PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS, "10")
+    with pytest.raises(SourceRegressionError, match=f"{PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS}': 10 s.*clock running"):
+        run(committer(props, tmp_path / "ck"), 3, source.records(tail, schemas=False))
+    set_property(props, PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS, "ten")
+    with pytest.raises(InvalidOptionError, match=f"{PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS}.*'ten'"):
+        run(committer(props, tmp_path / "ck"), 3, source.records(tail, schemas=False))
+    set_property(props, PROPERTY_CDC_BINLOG_HIGH, "garbage")
+    set_property(props, PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS, "60")
+    with pytest.raises(InvalidOptionError, match=f"{PROPERTY_CDC_BINLOG_HIGH}.*'garbage'.*Remove it"):
+        run(committer(props, tmp_path / "ck"), 3, source.records(tail, schemas=False))
 
 
 def test_an_epoch_lowered_after_the_recovery_fails_loudly_and_a_bad_value_is_refused(
@@ -264,3 +375,20 @@ def test_the_detector_never_fires_on_an_older_change_of_another_ordered_stream(s
             continue
         redelivered = epoch.check(rows, order="order", held="held", keys=["id"], batch_id=0)
         assert bool(redelivered) == (scenario == "mysql-rotation"), (scenario, redelivered)
+    # the high-water check sees only binlog coordinates: with a mark above everything, raised before every change was
+    # made, and no allowance, a batch of any other stream neither fails nor sets the mark (a binlog batch does)
+    water = binlog.HighWater("t", binlog.Epoch("t"), 10**38, 0, 0)
+    for batch in streamed:
+        every = [envelope.parse_record(r["value"]) for r in source.records(batch, schemas=False)]
+        streamed_changes = [p for p in every if p is not None and p["op"] != "r"]  # the executors leave snapshot reads out
+        seen = binlog.Seen().add(
+            [p["order"] for p in streamed_changes],
+            [None if p["source_time"] is None else int(p["source_time"].timestamp() * 1000) for p in streamed_changes],
+        )
+        assert seen.latest is not None, scenario
+        if scenario == "mysql-rotation":
+            with pytest.raises(SourceRegressionError):
+                water.check(seen, batch_id=0, now_ms=1)
+        else:
+            assert water.check(seen, batch_id=0, now_ms=1) == {}, scenario
+            assert binlog.HighWater("t", binlog.Epoch("t"), None, None, 0).check(seen, batch_id=0, now_ms=1) == {}

@@ -9,6 +9,7 @@ nothing is committed."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from pyspark.errors import PySparkException, StreamingQueryException
 
 from lakesink.audit import interop
 from lakesink.driver import catalogs
-from lakesink.table.keys import PROPERTY_CDC_BINLOG_EPOCH, SUMMARY_UPSERT_MODE
+from lakesink.table.keys import PROPERTY_CDC_BINLOG_EPOCH, PROPERTY_CDC_BINLOG_HIGH, SUMMARY_UPSERT_MODE
 from tests.support import connectors as cn
 from tests.support.changes import KAFKA_DDL, write_json_round
 from tests.support.helpers import lakesink_snapshots, run_to_end, start_sink
@@ -160,4 +161,36 @@ def test_a_reset_master_stops_the_query_loudly_and_the_binlog_epoch_recovers(
     with table.transaction() as tx:
         tx.set_properties({PROPERTY_CDC_BINLOG_EPOCH: "1"})
     run_to_end(start(spark, entry, catalog_properties, tmp_path))
+    assert tables(catalog_properties, ["shop.items"]) == cn.model(c for r in [*rounds, three] for c, _ in r)
+
+
+def test_a_reset_master_within_the_redelivery_reach_stops_foreach_batch_once_its_changes_are_newer_than_the_mark(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str]
+) -> None:
+    """foreach_batch's inference job finds each table's change made last (source.ts_ms) beside its payload columns:
+    RESET MASTER one binlog file back (per key it looks like a redelivery), its changes made two minutes after the
+    table's binlog high-water mark was raised, stops the query naming the recovery, nothing committed; the epoch set,
+    the restart commits the batch and the table equals the source. Fails before the change: the batch committed with
+    ids 1 and 2 unchanged and id 3 not deleted (a warning only)."""
+    source = cn.MySql(server_id=1, uuid="", gtids=False, file=1, clock_ms=time.time_ns() // 1_000_000 - 3_600_000)
+    rounds, _ = cn.binlog_rotation(source)
+    for index, streamed in enumerate(rounds):
+        write_json_round(tmp_path / "in", index, source.records(streamed, schemas=index == 0))
+        run_to_end(start(spark, "foreach", catalog_properties, tmp_path))
+    want = cn.model(c for r in rounds for c, _ in r)
+    assert tables(catalog_properties, ["shop.items"]) == want
+    table = catalogs.load(None, catalog_properties).load_table(("shop", "items"))
+    raised_at = int(table.properties[PROPERTY_CDC_BINLOG_HIGH].split()[2])
+    source.clock_ms = raised_at + 120_000
+    three = cn.binlog_reset(source)
+    assert source.file == 1
+    write_json_round(tmp_path / "in", 2, source.records(three, schemas=False))
+    stopped = "lakesink.cdc.binlog-high.*lakesink.cdc.binlog-epoch' to 1"
+    with pytest.raises((StreamingQueryException, PySparkException), match=stopped):
+        run_to_end(start(spark, "foreach", catalog_properties, tmp_path))
+    assert tables(catalog_properties, ["shop.items"]) == want  # nothing committed
+    table = catalogs.load(None, catalog_properties).load_table(("shop", "items"))
+    with table.transaction() as tx:
+        tx.set_properties({PROPERTY_CDC_BINLOG_EPOCH: "1"})
+    run_to_end(start(spark, "foreach", catalog_properties, tmp_path))
     assert tables(catalog_properties, ["shop.items"]) == cn.model(c for r in [*rounds, three] for c, _ in r)

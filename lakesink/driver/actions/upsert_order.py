@@ -114,6 +114,9 @@ class OrderCheck:
     """Of them, upserts that lost to a live row (the copy-on-write counted them as inserted)."""
     binlog_epoch: binlog.Epoch | None = None
     """Option cdc-format: the table's binlog epoch; a stale change further back than a redelivery fails the batch."""
+    warn: bool = True
+    """Log binlog changes taken for redeliveries (:func:`_warn`); False for a second look at the same changes (option
+    history's versions, lakesink.driver.actions.history), which the batch's own check logs."""
 
     def winners(self, hit: pa.Table, rows: pa.Table) -> pa.Table:
         """The batch's keys a file holds (``hit``) whose change is not older than the file's row of the key."""
@@ -143,10 +146,18 @@ def start(
 
 
 def older_than_held(
-    table: Table, schema: Schema, keys: upsert.BatchKeys, *, order_by: str, branch: str, batch_id: int
+    table: Table,
+    schema: Schema,
+    keys: upsert.BatchKeys,
+    *,
+    order_by: str,
+    branch: str,
+    batch_id: int,
+    warn: bool = True,
 ) -> tuple[upsert.BatchKeys, OrderCheck, pa.Array]:
     """:func:`start`'s comparison: the batch's keys (their order values shifted by the table's binlog epoch), the check,
-    and per change whether it is older than the order file's value for its key (or its truncate floor)."""
+    and per change whether it is older than the order file's value for its key (or its truncate floor); ``warn``:
+    :attr:`OrderCheck.warn`."""
     if ORDER not in keys.table.column_names:
         raise AssertionError("option order-by, but the batch's keys carry no order value")
     changes = keys.table
@@ -171,7 +182,16 @@ def older_than_held(
         changes = changes.set_column(at, changes.field(at), pa.array(shifted, changes.field(at).type))
         keys = upsert.BatchKeys(keys.table_name, schema, changes)
     check = OrderCheck(
-        keys.table_name, order_by, batch_id, key_names, table_column, held, path, floor=_floor(held), binlog_epoch=epoch
+        keys.table_name,
+        order_by,
+        batch_id,
+        key_names,
+        table_column,
+        held,
+        path,
+        floor=_floor(held),
+        binlog_epoch=epoch,
+        warn=warn,
     )
     stale = _below_floor(changes, check)
     if held is not None and held.num_rows:
@@ -455,7 +475,7 @@ def _stale(changes: pa.Table, held: pa.Table, check: OrderCheck) -> pa.Array:
 def _warn(check: OrderCheck, redelivered: list[Mapping[str, Any]], *, what: str) -> None:
     """Option cdc-format: binlog changes dropped as redeliveries are logged (a break of the source's binlog within the
     redelivery reach looks the same: docs/cdc.md, 'MySQL without GTIDs, MariaDB: coordinates that go back')."""
-    if redelivered and check.binlog_epoch is not None:
+    if redelivered and check.binlog_epoch is not None and check.warn:
         log.warning(
             "%s",
             check.binlog_epoch.redeliveries_warning(

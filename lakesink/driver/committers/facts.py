@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from lakesink.cdc import binlog
 from lakesink.driver.actions.held import HeldBack
 from lakesink.driver.tables.routed_tables import TableFacts
 
@@ -35,6 +36,9 @@ class BatchFacts(TableFacts):
     truncated_time: Mapping[str, Any] = field(default_factory=dict)
     """Option history: of them, each one's truncate time at its source (Debezium's ``source.ts_ms``): the versions it
     ends end then (lakesink.driver.actions.history)."""
+    binlog_seen: Mapping[str, binlog.Seen] = field(default_factory=dict)
+    """Option cdc-format: per table, its changes' greatest source position and the change made last: checked against
+    the table's binlog high-water mark, which the batch's commit raises (lakesink.cdc.binlog.HighWater)."""
     held: HeldBack | None = None
     """Option cdc-transactions=hold: what the batch holds back, recorded in every table of its unit, in the same commit
     (lakesink.driver.actions.held). None (the option off): the batch's commit does not enter that module."""

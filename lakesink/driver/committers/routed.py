@@ -21,6 +21,7 @@ run may route to thousands), catalog connections are the process's one per catal
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
@@ -33,6 +34,7 @@ from pyiceberg.io import load_file_io
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
+from lakesink.cdc import binlog
 from lakesink.driver import catalogs
 from lakesink.driver.actions import completeness, dead_letters, held, replay
 from lakesink.driver.actions.batch import BatchAction, BatchCall, BatchOutcome, Outcome
@@ -286,6 +288,9 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
             if attempt is not None:  # the held file next to the first table's metadata
                 properties = attempt.record(table, c.load_fresh, name)
                 unit.update(attempt.summary())
+            if self.options.cdc_format is not None and name in facts.binlog_seen:  # binlog coordinates that go back
+                water = binlog.HighWater.of(table.properties, name)
+                properties = {**properties, **water.check(facts.binlog_seen[name], batch_id=batch_id, now_ms=_now_ms())}
             members.append(_Member(name, c, table, table_results, _with_rows(unit, rows.get(name)), properties))
         with ExitStack() as turns:
             if attempt is not None:
@@ -830,3 +835,8 @@ def _without_field_ids(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 def _strip(schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
+
+
+def _now_ms() -> int:
+    """The driver's wall clock (ms since the epoch): when a batch raising a table's binlog high-water mark was prepared."""
+    return time.time_ns() // 1_000_000
