@@ -22,7 +22,7 @@ import pytest
 
 from lakesink.cdc import binlog, envelope
 from lakesink.driver import catalogs
-from lakesink.errors import InvalidOptionError, SourceRegressionError
+from lakesink.errors import InvalidOptionError, SourceRegressionError, UpsertKeyError
 from lakesink.table.keys import (
     PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS,
     PROPERTY_CDC_BINLOG_EPOCH,
@@ -284,6 +284,47 @@ def test_a_source_clock_ahead_of_the_driver_within_the_allowance_is_no_break_and
     set_property(props, PROPERTY_CDC_BINLOG_CLOCK_SKEW_SECONDS, "60")
     with pytest.raises(InvalidOptionError, match=f"{PROPERTY_CDC_BINLOG_HIGH}.*'garbage'.*Remove it"):
         run(committer(props, tmp_path / "ck"), 3, source.records(tail, schemas=False))
+
+
+def test_with_history_a_reset_master_reusing_a_keys_old_coordinates_names_the_break_and_recovers(
+    catalog_properties: dict[str, str], tmp_path: Path
+) -> None:
+    """Option history: after RESET MASTER the new binlog's first changes can sit at the very coordinates of an old change
+    of the same key (both from .000001 pos 4). The history holds one version per order value of a key, so the batch
+    fails -- nothing committed -- and the error names the break and the recovery, which then gives the source's rows.
+    Fails before the change: the error said to 'order the changes by a value unique per change' (option order-by, which
+    cdc-format sets itself)."""
+    props = catalog_properties
+    source = cn.MySql(server_id=1, uuid="", gtids=False, file=1)
+    rounds, _ = cn.binlog_rotation(source)
+    for batch, streamed in enumerate(rounds):
+        run(committer(props, tmp_path / "ck", history="on"), batch, source.records(streamed, schemas=False))
+    held = head(props), table_rows(props)
+    three = cn.binlog_reset(source)
+    with pytest.raises(UpsertKeyError) as raised:
+        run(committer(props, tmp_path / "ck", history="on"), 2, source.records(three, schemas=False))
+    message = str(raised.value)
+    named = ("key (id=1)", "binlog file .000001 pos 109", "RESET MASTER", f"{PROPERTY_CDC_BINLOG_EPOCH!r} to 1", "new snapshot")
+    for part in named:
+        assert part in message, (part, message)
+    assert "option order-by" not in message
+    assert (head(props), table_rows(props)) == held  # nothing committed
+    set_property(props, PROPERTY_CDC_BINLOG_EPOCH, "1")
+    run(committer(props, tmp_path / "ck", history="on"), 2, source.records(three, schemas=False))
+    rows = want([*rounds, three])
+    snapshot = source.snapshot([cn.read(T, r) for r in rows.values()], 9)
+    deletes = [cn.delete(T, r) for i, r in table_rows(props).items() if i not in rows]
+    run(committer(props, tmp_path / "ck", history="on"), 3, source.records(snapshot + source.commit(deletes, 10), schemas=False))
+    assert table_rows(props) == rows
+    # the history orders the break's changes after every earlier version of their keys: each key's current version is
+    # its row, and id 1's versions run r1, a, d, then the new binlog's g (its order the table's: epoch 1 added) and the
+    # recovery snapshot's read of g
+    versions = catalogs.load(None, dict(props)).load_table(("shop", "items__history")).scan().to_arrow().to_pylist()
+    current = {v["id"]: {k: v[k] for k in ("id", "name", "qty")} for v in versions if v["is_current"]}
+    assert current == rows
+    one = sorted((v for v in versions if v["id"] == 1 and v["operation"] != "delete"), key=lambda v: v["change_order"])
+    assert [v["name"] for v in one] == ["r1", "a", "d", "g", "g"], one
+    assert one[3]["change_order"] > 10**22 > one[2]["change_order"]
 
 
 def test_an_epoch_lowered_after_the_recovery_fails_loudly_and_a_bad_value_is_refused(

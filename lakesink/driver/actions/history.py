@@ -66,6 +66,7 @@ from lakesink.table.keys import (
     HISTORY_VALID_FROM,
     HISTORY_VALID_TO,
     MERGE_ON_READ,
+    PROPERTY_CDC_BINLOG_EPOCH,
     PROPERTY_HISTORY_COMPLETE,
     PROPERTY_HISTORY_KEY,
     PROPERTY_HISTORY_TABLE_UUID,
@@ -369,12 +370,17 @@ def link(
             if there is not None:
                 ignore = (HISTORY_VALID_FROM,) if by_position else ()
                 if not _same_change(full(change), full(there) if DELETED in there else there, ignore=ignore):
+                    where = "one in the history, one in this batch" if order in held else "both in this batch"
                     raise UpsertKeyError(
                         f"history of {table_name}: two different changes of key "
                         f"({', '.join(f'{n}={v!r}' for n, v in zip(key, k, strict=True))}) have the same order value "
-                        f"{order!r} ({'one in the history, one in this batch' if order in held else 'both in this batch'}); "
-                        "the history cannot order them, and a redelivery is the same change. Nothing was committed; "
-                        "order the changes by a value unique per change of a key (option order-by)"
+                        f"{order!r} ({where}); "
+                        + (
+                            _binlog_reused(int(order))
+                            if by_position and order is not None and binlog.in_band(int(order) % binlog.EPOCH_STEP)
+                            else "the history cannot order them, and a redelivery is the same change. Nothing was "
+                            "committed; order the changes by a value unique per change of a key (option order-by)"
+                        )
                     )
                 redelivered += 1  # the same change again (a redelivery): its version is there
                 continue
@@ -413,6 +419,31 @@ def link(
                 rows.append(_without_place(linked))
                 changed += 1
     return Linked(rows=rows, new=new, deleted=deleted, added=added, changed=changed, redelivered=redelivered)
+
+
+def _in_epoch(changes: HistoryChanges, epoch: binlog.Epoch) -> HistoryChanges:
+    """A change stream's changes with the table's binlog epoch added to their binlog coordinates orders
+    (lakesink.cdc.binlog): the history orders a break's changes after every earlier version of their keys, and keeps
+    the orders the table's order file keeps."""
+    rows = changes.rows
+    shifted = epoch.shift(rows.column(HISTORY_CHANGE_ORDER).to_pylist())
+    if shifted is None:
+        return changes
+    at = rows.column_names.index(HISTORY_CHANGE_ORDER)
+    return replace(changes, rows=rows.set_column(at, rows.field(at), pa.array(shifted, rows.field(at).type)))
+
+
+def _binlog_reused(order: int) -> str:
+    """Why two different changes of one key at one binlog position (option cdc-format's order) are no redelivery."""
+    return (
+        f"that is binlog {binlog.describe(order)}, and one binlog position holds one change of a row: the source's binlog "
+        "went back and its new changes reuse old coordinates (RESET MASTER, a server restored from a backup, a failover "
+        "to a server without GTIDs). Nothing was committed. Recover: set table property "
+        f"{PROPERTY_CDC_BINLOG_EPOCH!r} to {order // binlog.EPOCH_STEP + 1} on this table and on every table of the "
+        "source, have Debezium take a new snapshot, and restart. Or the source wrote the transaction with "
+        "binlog_transaction_compression, whose changes share one position (docs/cdc.md, 'MySQL without GTIDs, MariaDB: "
+        "coordinates that go back')"
+    )
 
 
 def _same_change(change: dict[str, Any], version: dict[str, Any], *, ignore: Sequence[str] = ()) -> bool:
@@ -527,8 +558,14 @@ class HistoryBatch(AppendBatch):
         plan = c.write_plan(table, batch.query_id, changes.schema)
         schema = plan.schema
         schema_changes = tuple(plan.schema_changes) if plan.schema_changes else ()
-        if self.truncate is not None:
-            changes = _with_truncate(table, c.branch, changes, self.truncate)
+        truncate = self.truncate
+        epoch = binlog.Epoch.of(self.mirror.table.properties, changes.of) if changes.rereads and self.mirror else None
+        if epoch is not None and epoch.epoch:  # the orders as the table compares them (its order file holds the same)
+            changes = _in_epoch(changes, epoch)
+            if truncate is not None:
+                truncate = replace(truncate, order=(epoch.shift([truncate.order]) or [truncate.order])[0])
+        if truncate is not None:
+            changes = _with_truncate(table, c.branch, changes, truncate)
         new = _new_rows(changes, schema)
         key = list(changes.key)
         stored, whole, read = _stored(table, c.branch, c.name, schema, new, key)
