@@ -62,7 +62,7 @@ from lakesink.sink import (
 )
 from lakesink.sink.cdc import key_change, transactions, truncates
 from lakesink.sink.commit import commit_or_abort
-from lakesink.sink.foreach_spark import RoutedSparkBatches, read_once, routed_tables_by_value
+from lakesink.sink.foreach_spark import FileSizing, RoutedSparkBatches, read_once, routed_tables_by_value
 from lakesink.sink.query import RunningQuery
 from lakesink.sink.spark import fs as spark_fs
 from lakesink.sink.spark import write as spark_write
@@ -238,7 +238,7 @@ def routed_keys_by_value(
     return out
 
 
-class ForeachBatchSink(RoutedSparkBatches):
+class ForeachBatchSink:
     """Callable ``(batch DataFrame, batch id)`` for ``foreachBatch``; options are checked when it is made."""
 
     def __init__(self, options: SinkOptions):
@@ -253,7 +253,8 @@ class ForeachBatchSink(RoutedSparkBatches):
         self._opened: pa.Schema | None = None  # the stream schema the table was opened (fully checked) for
         self._run: str | None = None  # the query run the table was opened for
         self._table_uuid: str | None = None  # the table's uuid when this run opened it
-        self._bytes_per_row: float | None = None  # of the last batch the Spark path wrote (to size its files)
+        self._sizing = FileSizing()  # of the last batch Spark's writer wrote (its files' rows)
+        self._spark = RoutedSparkBatches(options, self._query, self._sizing, self._routed_arrow_batch)  # route-by's
         self._last_rows: int | None = None  # rows of this run's last batch written (writer=auto: small -> the driver)
         self._routed: RoutedCommitter | None = None  # option route-by
         self.last_routed: RoutedOutcome | None = None
@@ -444,7 +445,11 @@ class ForeachBatchSink(RoutedSparkBatches):
             results = [pickle.loads(r[0]) for r in rows]
         else:
             written = spark_write.write_batch(
-                df, plan, batch_id=batch_id, max_records_per_file=self._max_records_per_file(plan), run_id=run_id
+                df,
+                plan,
+                batch_id=batch_id,
+                max_records_per_file=self._sizing.max_records_per_file(plan.settings.target_file_size),
+                run_id=run_id,
             )
             results, directory = list(written.results), written.directory
             log.info(
@@ -456,8 +461,7 @@ class ForeachBatchSink(RoutedSparkBatches):
                 written.job_ms,
                 written.footer_ms,
             )
-            if written.record_count:
-                self._bytes_per_row = written.size_in_bytes / written.record_count
+            self._sizing.learn(written.size_in_bytes, written.record_count)
         self._last_rows = sum(r.record_count for r in results)
 
         def commit() -> BatchOutcome:
@@ -511,13 +515,13 @@ class ForeachBatchSink(RoutedSparkBatches):
         facts = BatchFacts(held=self._held.back, held_tables=self._held.tables) if self._held is not None else NO_FACTS
         # merge-on-read tables: the batch's keys looked up by Spark's executors before the unit commit
         routed.merge_lookup = merge_on_read.RoutedLookups(spark)
-        root = self._split_root(spark, routed, query_id)
+        root = self._spark.split_root(spark, routed, query_id)
         if root is not None:  # Spark's writer, appends: the write job is the batch's one read (lakesink.sink.spark.split)
-            return self._split_batch(df, batch_id, query_id, routed, run_id, root, facts)
+            return self._spark.split_batch(df, batch_id, query_id, routed, run_id, root, facts)
         cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
         try:
-            if self._spark_writes_routed():  # Spark's own Parquet writer, no row in a Python worker
-                outcome = self._routed_spark_batch(cached, batch_id, query_id, routed, run_id, facts)
+            if self._spark.writes_routed():  # Spark's own Parquet writer, no row in a Python worker
+                outcome = self._spark.spark_batch(cached, batch_id, query_id, routed, run_id, facts)
                 if outcome is not None:
                     return outcome
             return self._routed_arrow_batch(cached, batch_id, query_id, routed, run_id, facts)
@@ -589,7 +593,7 @@ class ForeachBatchSink(RoutedSparkBatches):
             return results
 
         # rows of invalid routes only (invalid): written all the same (dead letters); df read when committing (see write)
-        return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write, facts, invalid=invalid)
+        return self._spark.commit(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write, facts, invalid=invalid)
 
     def _payload_columns(self, df: DataFrame, facts: BatchFacts) -> tuple[list[object], dict[object, payload.Found], BatchFacts]:
         """Option payload: one Spark job over the routing and payload columns (lakesink.executor.payload): the batch's

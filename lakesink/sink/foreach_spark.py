@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.types import StructType
@@ -79,20 +80,41 @@ def _has_required_field(t: Any) -> bool:
     return isinstance(t, StructType) and any(f.required or _has_required_field(f.field_type) for f in t.fields)
 
 
+@dataclass
+class FileSizing:
+    """Spark's Parquet writer rolls files by row count only: the bytes per row of the last batch it wrote for this sink
+    (one object, shared by the single-table and the routed paths of :class:`lakesink.sink.foreach.ForeachBatchSink`)."""
+
+    bytes_per_row: float | None = None
+
+    def learn(self, size_in_bytes: int, record_count: int) -> None:
+        if record_count:
+            self.bytes_per_row = size_in_bytes / record_count
+
+    def max_records_per_file(self, target_file_size: int) -> int:
+        """The rows per file that make ``target_file_size`` bytes (0: no limit, nothing written yet)."""
+        if not self.bytes_per_row:
+            return 0
+        return max(1, int(target_file_size / self.bytes_per_row))
+
+
+ArrowBatch = Callable[[DataFrame, int, str, RoutedCommitter, str | None, BatchFacts], RoutedOutcome]
+"""A routed batch through Python workers (:meth:`lakesink.sink.foreach.ForeachBatchSink._routed_arrow_batch`): where
+:class:`RoutedSparkBatches` sends a batch Spark's writer cannot write."""
+
+
 class RoutedSparkBatches:
-    """The part of :class:`lakesink.sink.foreach.ForeachBatchSink` that writes routed batches with Spark's writer."""
+    """foreach_batch's routed batches written by Spark's own Parquet writer: a part :class:`lakesink.sink.foreach.
+    ForeachBatchSink` holds (its options, its query, its file sizing, and its Arrow path for the batches this one
+    cannot write); it keeps no batch's state."""
 
-    options: SinkOptions
-    _query: RunningQuery
-    _bytes_per_row: float | None
+    def __init__(self, options: SinkOptions, query: RunningQuery, sizing: FileSizing, arrow_batch: ArrowBatch):
+        self.options = options
+        self._query = query
+        self._sizing = sizing
+        self._arrow_batch = arrow_batch
 
-    def _routed_arrow_batch(
-        self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None, facts: BatchFacts
-    ) -> RoutedOutcome:
-        """The routed batch through Python workers (lakesink.sink.foreach.ForeachBatchSink)."""
-        raise NotImplementedError
-
-    def _spark_writes_routed(self) -> bool:
+    def writes_routed(self) -> bool:
         """Whether route-by's batches go to Spark's own Parquet writer: ``writer='spark'``, and ``writer='auto'`` (the
         default) wherever it keeps the Arrow path's guarantees -- not with option ``payload`` (so ``cdc-format``: each
         row expanded into its table's columns by lakesink's Python code) nor ``dead-letter-table`` (rows sorted out one
@@ -102,7 +124,7 @@ class RoutedSparkBatches:
             return True
         return self.options.writer is WriterKind.AUTO and self.options.payload is None and self.options.dead_letter_table is None
 
-    def _spark_cannot_write(self, spark: Any, plans: Mapping[str, WritePlan], batch_id: int) -> bool:
+    def _cannot_write(self, spark: Any, plans: Mapping[str, WritePlan], batch_id: int) -> bool:
         """Whether a table of the batch is one Spark's writer cannot write (a type or transform it lacks, a filesystem
         Spark has no client for): with ``writer='spark'`` an InvalidOptionError naming it; with ``auto`` the batch takes
         the Arrow path (logged), before any file of it is written in a table."""
@@ -128,7 +150,7 @@ class RoutedSparkBatches:
             return True
         return False
 
-    def _routed_spark_batch(
+    def spark_batch(
         self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None, facts: BatchFacts
     ) -> RoutedOutcome | None:
         """Option route-by with Spark's writer (lakesink.sink.spark.routed): one Spark job finds the batch's tables with
@@ -144,7 +166,7 @@ class RoutedSparkBatches:
         routes = routed.routes(values, batch_id)  # an invalid route: RoutingError (dead letters need 'arrow')
         plans = routed.plans(routes, query_id, facts)
         planned_ms = (time.perf_counter() - started) * 1000 - found_ms
-        if self._spark_cannot_write(spark, plans, batch_id):
+        if self._cannot_write(spark, plans, batch_id):
             return None
         written: spark_routed.RoutedSparkWrite | None = None
         resolved: upsert_batch.RoutedResolution | None = None  # upserts: each (table, key) resolved by Spark
@@ -159,7 +181,7 @@ class RoutedSparkBatches:
                 self._batch_of(query_id, batch_id, run_id),
                 plans=plans,
                 values=values,
-                max_records_per_file=max(1, int(min(targets) / self._bytes_per_row)) if self._bytes_per_row else 0,
+                max_records_per_file=self._sizing.max_records_per_file(min(targets, default=0)),
                 found=found if resolved is None else None,  # upserts write resolved rows: counted with their keys
                 table_digests=resolved.digests if resolved is not None else None,
             )
@@ -167,18 +189,18 @@ class RoutedSparkBatches:
             return resolved.with_keys([written.result]) if resolved is not None else [written.result]
 
         try:
-            return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write, facts)
+            return self.commit(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write, facts)
         finally:
             for directory in written.directories if written is not None else ():
                 storage.remove_empty_directory(directory)  # removed only when left empty (by an abort or a replay)
             if resolved is not None:
                 resolved.release()
 
-    def _split_root(self, spark: Any, routed: RoutedCommitter, query_id: str) -> str | None:
+    def split_root(self, spark: Any, routed: RoutedCommitter, query_id: str) -> str | None:
         """Where route-by with writer='spark' splits the batch by routing value before the tables are opened
         (lakesink.sink.spark.split), or None when it cannot: upserts (resolved by table key, known once the tables
         are), no template to write with (a catalog that places its tables itself), or one Spark cannot write."""
-        template = routed.template() if self._spark_writes_routed() and not self.options.upserts else None
+        template = routed.template() if self.writes_routed() and not self.options.upserts else None
         if template is None or template.staged:
             return None
         plan = template.plan(Route(("ns",), "t"), query_id, self.options.sink_id)
@@ -186,7 +208,7 @@ class RoutedSparkBatches:
             return None
         return spark_split.split_root(template.root, query_id)
 
-    def _split_batch(
+    def split_batch(
         self,
         df: DataFrame,
         batch_id: int,
@@ -205,7 +227,7 @@ class RoutedSparkBatches:
         assert routing is not None and template is not None
         spark_split.sweep(template.io, root, batch_id)  # a killed driver's split directories of earlier batches
         plan = template.plan(Route(("ns",), "t"), query_id, self.options.sink_id)
-        per_file = self._max_records_per_file(plan)
+        per_file = self._sizing.max_records_per_file(plan.settings.target_file_size)
         started = time.perf_counter()
         s = spark_split.split(
             df,
@@ -223,14 +245,14 @@ class RoutedSparkBatches:
             routes = routed.routes(list(s.keys), batch_id) if not s.odd else []  # invalid: RoutingError
             plans = routed.plans(routes, query_id, facts) if not s.odd else BatchPlans()
             planned_ms = (time.perf_counter() - started) * 1000 - split_ms
-            if s.odd or self._spark_cannot_write(df.sparkSession, plans, batch_id):
+            if s.odd or self._cannot_write(df.sparkSession, plans, batch_id):
                 # a null, empty or long routing value: the two jobs' path; a table Spark cannot write (writer='auto'):
                 # the Arrow path -- the source read again either way, the split deleted
                 spark_write.delete_directory(template.io, s.directory)
                 cached = read_once(df)
                 try:
-                    outcome = self._routed_spark_batch(cached, batch_id, query_id, routed, run_id, facts) if s.odd else None
-                    return outcome or self._routed_arrow_batch(cached, batch_id, query_id, routed, run_id, facts)
+                    outcome = self.spark_batch(cached, batch_id, query_id, routed, run_id, facts) if s.odd else None
+                    return outcome or self._arrow_batch(cached, batch_id, query_id, routed, run_id, facts)
                 finally:
                     cached.unpersist(blocking=False)
 
@@ -243,7 +265,7 @@ class RoutedSparkBatches:
                 self._written("split", batch_id, written, plan_ms=planned_ms, place_ms=(time.perf_counter() - placed) * 1000)
                 return [written.result]
 
-            return self._commit_routed(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write, facts)
+            return self.commit(routed, lambda: df, query_id, batch_id, run_id, routes, plans, write, facts)
         finally:
             spark_write.delete_directory(template.io, s.directory)  # what was not moved into a table
             for directory in written.directories if written is not None else ():
@@ -267,8 +289,7 @@ class RoutedSparkBatches:
             written.job_ms,
             " ".join(f"{name}={ms:.0f}" for name, ms in phases_ms.items()),
         )
-        if written.record_count:
-            self._bytes_per_row = written.size_in_bytes / written.record_count
+        self._sizing.learn(written.size_in_bytes, written.record_count)
 
     def _resolve_routed(
         self, df: DataFrame, batch_id: int, values: Sequence[object], routed: RoutedCommitter
@@ -283,7 +304,7 @@ class RoutedSparkBatches:
             df, batch_id, self.options, column=routing.column, tables=tables, keys=routed.table_keys
         )
 
-    def _commit_routed(
+    def commit(
         self,
         routed: RoutedCommitter,
         df: Callable[[], DataFrame],
@@ -311,9 +332,3 @@ class RoutedSparkBatches:
             invalid=invalid,
             facts=facts,
         )
-
-    def _max_records_per_file(self, plan: WritePlan) -> int:
-        """Spark rolls files by row count only: the target file size over the last batch's bytes per row (0: no limit)."""
-        if not self._bytes_per_row:
-            return 0
-        return max(1, int(plan.settings.target_file_size / self._bytes_per_row))
