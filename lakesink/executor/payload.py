@@ -270,12 +270,9 @@ def _seen(
     op_column, order_column = columns
     streamed = [o != "r" for o in batch.column(op_column).take(rows).to_pylist()]
     orders = [o if s else None for o, s in zip(batch.column(order_column).take(rows).to_pylist(), streamed, strict=True)]
-    if time_column in batch.schema.names:
+    if time_column in batch.schema.names:  # the parser's source_time: a timestamp
         times = batch.column(time_column).take(rows)
-        unit = times.type.unit if pa.types.is_timestamp(times.type) else "ms"
-        per_ms = {"s": 0.001, "ms": 1, "us": 1000, "ns": 1_000_000}[unit]
-        raw = times.cast(pa.int64()).to_pylist() if pa.types.is_timestamp(times.type) else times.to_pylist()
-        ms = [None if t is None else int(t // per_ms) if per_ms >= 1 else int(t * 1000) for t in raw]
+        ms = times.cast(pa.timestamp("ms", times.type.tz), safe=False).cast(pa.int64()).to_pylist()
     else:
         ms = [None] * len(orders)
     return seen.add(orders, ms)
