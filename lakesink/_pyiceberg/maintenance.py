@@ -27,7 +27,8 @@ from pyiceberg.table.update.snapshot import _SnapshotProducer
 from pyiceberg.typedef import EMPTY_DICT, Record
 
 from lakesink._pyiceberg.commit import PreparedCommit
-from lakesink._pyiceberg.metadata import keeping_ref_retention, snapshot_manifests, write_manifest_list
+from lakesink._pyiceberg.io.manifests import manifest_entries, snapshot_manifests
+from lakesink._pyiceberg.metadata import keeping_ref_retention, write_manifest_list
 from lakesink._pyiceberg.producers import _MetadataCachingTransaction, _PreparedManifests
 from lakesink.table import names, state_files, storage
 from lakesink.table.keys import AVRO_CODEC, AVRO_CODEC_DEFAULT
@@ -77,14 +78,12 @@ class _RewriteManifests(_PreparedManifests, _SnapshotProducer["_RewriteManifests
         if head is None:
             return []
         by_spec: dict[int, list[ManifestEntry]] = {}
-        for manifest in head.manifests(io=self._io):
+        for manifest in snapshot_manifests(self._io, head):
             if manifest.content != ManifestContent.DATA:
                 self.kept.append(manifest)
                 continue
             self.replaced.append(manifest)
-            by_spec.setdefault(manifest.partition_spec_id, []).extend(
-                manifest.fetch_manifest_entry(io=self._io, discard_deleted=True)
-            )
+            by_spec.setdefault(manifest.partition_spec_id, []).extend(manifest_entries(manifest, self._io, discard_deleted=True))
         for spec_id, entries in sorted(by_spec.items()):
             entries.sort(key=lambda e: (_partition_sort_key(e.data_file.partition), e.data_file.file_path))
             for start in range(0, len(entries), self._entries_per_manifest):

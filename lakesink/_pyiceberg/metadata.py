@@ -37,24 +37,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.avro.codecs import AVRO_CODEC_KEY, CODEC_MAPPING_ICEBERG_TO_AVRO
-from pyiceberg.avro.decoder import new_decoder
-from pyiceberg.avro.file import _SCHEMA_KEY, MAGIC, META_SCHEMA, SYNC_SIZE, AvroFile, AvroFileHeader, AvroOutputFile
-from pyiceberg.avro.reader import Reader
-from pyiceberg.avro.resolver import construct_reader, construct_writer, resolve_reader, resolve_writer
+from pyiceberg.avro.file import _SCHEMA_KEY, MAGIC, META_SCHEMA, SYNC_SIZE, AvroFileHeader, AvroOutputFile
+from pyiceberg.avro.resolver import construct_reader, construct_writer, resolve_writer
 from pyiceberg.avro.writer import Writer
-from pyiceberg.io import FileIO, OutputFile
+from pyiceberg.io import OutputFile
 from pyiceberg.manifest import (
     DEFAULT_READ_VERSION,
     MANIFEST_LIST_FILE_SCHEMAS,
     ManifestContent,
-    ManifestFile,
     ManifestListWriter,
     ManifestListWriterV1,
     ManifestListWriterV2,
     ManifestWriter,
     ManifestWriterV1,
     ManifestWriterV2,
-    PartitionFieldSummary,
     data_file_with_partition,
     manifest_entry_schema_with_data_file,
 )
@@ -311,45 +307,3 @@ def write_manifest_list(
             raise ValueError(f"Sequence-number is required for V2 tables: {sequence_number}")
         return _ManifestListWriterV2(output_file, snapshot_id, parent_snapshot_id, sequence_number, avro_compression)
     raise ValueError(f"Cannot write manifest list for table version: {format_version}")
-
-
-# --- reading a manifest list -------------------------------------------------------------------------------------------
-
-_LIST_READ_TYPES: dict[int, Any] = {-1: ManifestFile, 508: PartitionFieldSummary}
-_LIST_READ_ENUMS: dict[int, Any] = {517: ManifestContent}
-
-
-@functools.lru_cache(maxsize=32)
-def _list_reading(avro_json: str) -> tuple[Schema, Reader]:
-    """The file schema of a manifest list whose header holds ``avro_json`` and its reader tree into pyiceberg's read
-    schema (what ``AvroFile.__enter__`` derives at every file)."""
-    file_schema = AvroSchemaConversion().avro_to_iceberg(json.loads(avro_json))
-    read_schema = MANIFEST_LIST_FILE_SCHEMAS[DEFAULT_READ_VERSION]
-    return file_schema, resolve_reader(file_schema, read_schema, _LIST_READ_TYPES, _LIST_READ_ENUMS)
-
-
-class _PreparedListFile(AvroFile[ManifestFile]):
-    """pyiceberg's ``AvroFile`` reading a manifest list (as ``read_manifest_list`` does), its schema and reader tree
-    prepared once per schema text."""
-
-    def __enter__(self) -> _PreparedListFile:
-        with self.input_file.open() as f:
-            self.decoder = new_decoder(f.read())
-        self.header = _HEADER_READER.read(self.decoder)
-        avro_json = self.header.meta.get(_SCHEMA_KEY)
-        if avro_json is None:
-            raise ValueError("No schema found in Avro file headers")
-        self.schema, self.reader = _list_reading(avro_json)
-        self.read_schema = MANIFEST_LIST_FILE_SCHEMAS[DEFAULT_READ_VERSION]
-        return self
-
-
-def read_manifest_list(io: FileIO, location: str) -> list[ManifestFile]:
-    """The manifests a manifest list lists, as pyiceberg's ``Snapshot.manifests`` reads them."""
-    with _PreparedListFile(io.new_input(location), MANIFEST_LIST_FILE_SCHEMAS[DEFAULT_READ_VERSION]) as reader:
-        return list(reader)
-
-
-def snapshot_manifests(io: FileIO, snapshot: Any) -> Sequence[ManifestFile]:
-    """``snapshot.manifests(io)``, read by :func:`read_manifest_list`."""
-    return read_manifest_list(io, snapshot.manifest_list)

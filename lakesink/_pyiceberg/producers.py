@@ -54,10 +54,10 @@ from pyiceberg.utils.bin_packing import ListPacker
 
 from lakesink._pyiceberg.commit import PreparedCommit
 from lakesink._pyiceberg.io import live_entries, partition_of
+from lakesink._pyiceberg.io.manifests import snapshot_manifests
 from lakesink._pyiceberg.metadata import (
     DeleteManifestWriter,
     keeping_ref_retention,
-    snapshot_manifests,
     write_manifest,
     write_manifest_list,
 )

@@ -47,7 +47,8 @@ from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summa
 from pyiceberg.typedef import EMPTY_DICT, Record
 
 from lakesink._pyiceberg.commit import PreparedCommit
-from lakesink._pyiceberg.metadata import DeleteManifestWriter, snapshot_manifests
+from lakesink._pyiceberg.io.manifests import manifest_entries, snapshot_manifests
+from lakesink._pyiceberg.metadata import DeleteManifestWriter
 from lakesink._pyiceberg.producers import _MergeAppend, _named, _prepared, _staged, _transaction
 from lakesink.table import names
 
@@ -152,7 +153,7 @@ class _RowDeltaProducer(_MergeAppend):
         kept: list[ManifestFile] = []
         removed: list[ManifestEntry] = []
         for manifest in snapshot_manifests(self._io, parent) if parent is not None else []:
-            entries = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
+            entries = manifest_entries(manifest, self._io, discard_deleted=True)
             gone = [e for e in entries if e.data_file.file_path in self._removed]
             if not gone:
                 if manifest.has_added_files() or manifest.has_existing_files() or manifest.added_snapshot_id == self._snapshot_id:

@@ -36,7 +36,7 @@ class Manifests:
 
     def _live(self, snapshot: Snapshot, content: ManifestContent) -> dict[str, tuple[DataFile, int | None]]:
         out: dict[str, tuple[DataFile, int | None]] = {}
-        for manifest in snapshot.manifests(self.table.io):
+        for manifest in seam.snapshot_manifests(self.table.io, snapshot):
             if manifest.content != content:
                 continue
             for entry in self.entries(manifest):
@@ -45,7 +45,7 @@ class Manifests:
         return out
 
     def has_deletes(self, snapshot: Snapshot) -> bool:
-        return any(m.content == ManifestContent.DELETES for m in snapshot.manifests(self.table.io))
+        return any(m.content == ManifestContent.DELETES for m in seam.snapshot_manifests(self.table.io, snapshot))
 
     def changes(self, snapshot: Snapshot) -> tuple[list[DataFile], list[DataFile]]:
         """(data files added, data files deleted) by the snapshot itself, from the manifests it wrote."""
@@ -58,7 +58,7 @@ class Manifests:
     def _changes(self, snapshot: Snapshot, content: ManifestContent) -> tuple[list[DataFile], list[DataFile]]:
         added: list[DataFile] = []
         deleted: list[DataFile] = []
-        for manifest in snapshot.manifests(self.table.io):
+        for manifest in seam.snapshot_manifests(self.table.io, snapshot):
             if manifest.content != content or manifest.added_snapshot_id != snapshot.snapshot_id:
                 continue
             for entry in self.entries(manifest):

@@ -9,10 +9,11 @@ import posixpath
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
-from pyiceberg.manifest import ManifestContent, ManifestFile, read_manifest_list
+from pyiceberg.manifest import ManifestContent, ManifestFile
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
 
+from lakesink._pyiceberg import io as seam
 from lakesink.driver.actions import held
 from lakesink.errors import LakesinkError
 from lakesink.redaction import redact_secrets_in
@@ -74,7 +75,7 @@ def referenced_keys(table: Table, name: str) -> set[str]:
         if snapshot.summary is not None and (order_file := snapshot.summary.get(SUMMARY_UPSERT_ORDER_FILE)):
             keys.add(storage.key(order_file))
         try:
-            manifests = snapshot.manifests(io)
+            manifests = seam.snapshot_manifests(io, snapshot)
         except Exception as e:
             raise LakesinkError(
                 f"table {name}: cannot read the manifest list {snapshot.manifest_list} of snapshot "
@@ -87,7 +88,7 @@ def referenced_keys(table: Table, name: str) -> set[str]:
                 continue
             seen.add(key)
             try:
-                entries = manifest.fetch_manifest_entry(io, discard_deleted=False)
+                entries = seam.manifest_entries(manifest, io)
             except Exception as e:
                 raise LakesinkError(
                     f"table {name}: cannot read the manifest {manifest.manifest_path} ({safe_error(table, e)}); "
@@ -209,7 +210,7 @@ class InFlightGuard:
             added_snapshot_id=None,
         )
         try:
-            entries = manifest.fetch_manifest_entry(self._table.io, discard_deleted=False)
+            entries = seam.manifest_entries(manifest, self._table.io)
         except Exception as e:
             return f"a manifest that cannot be read (it may be being written): {safe_error(self._table, e)}"
         for entry in entries:
@@ -222,7 +223,7 @@ class InFlightGuard:
 
     def _manifest_list_reason(self, uri: str) -> str | None:
         try:
-            manifests = list(read_manifest_list(self._table.io.new_input(uri)))
+            manifests = seam.read_manifest_list(self._table.io, uri)
         except Exception as e:
             return f"a manifest list that cannot be read (it may be being written): {safe_error(self._table, e)}"
         for manifest in manifests:

@@ -325,7 +325,7 @@ def live_position_delete_files(table: Table, *, branch: str = MAIN_BRANCH) -> in
     if head is None:
         return 0
     total = 0
-    for m in head.manifests(table.io):
+    for m in seam.snapshot_manifests(table.io, head):
         if m.content == ManifestContent.DELETES:  # equality delete files counted too: a bound, never too low
             total += (m.added_files_count or 0) + (m.existing_files_count or 0)
     return total

@@ -54,6 +54,7 @@ from pyiceberg.types import (
 
 from lakesink._pyiceberg import maintenance as seam_maintenance
 from lakesink._pyiceberg import metadata as manifests
+from lakesink._pyiceberg.io import manifests as seam_manifests
 from lakesink._pyiceberg import producers as seam_producers
 from tests.support.row_deletes import DeleteManifestWriter as ReferenceDeleteManifestWriter  # what lakesink wrote before its own
 
@@ -222,6 +223,12 @@ def test_a_manifest_is_the_file_pyiceberg_writes(tmp_path: Path, version: int, s
     assert [plain(e) for e in read_ours] == [plain(e) for e in read_theirs]
     assert [e.status for e in read_ours] == [ManifestEntryStatus.ADDED, ManifestEntryStatus.EXISTING, ManifestEntryStatus.DELETED]
     assert all(e.data_file.key_metadata is None for e in read_ours)
+    # lakesink's prepared reader (its reader tree taken from the cache at the second file) reads what pyiceberg's reads
+    for manifest in (theirs, _with(theirs, manifest_path=str(tmp_path / "ours.avro"))):
+        for live in (False, True):
+            assert [plain(e) for e in seam_manifests.manifest_entries(manifest, io, discard_deleted=live)] == [
+                plain(e) for e in manifest.fetch_manifest_entry(io, discard_deleted=live)
+            ]
 
 
 def _with(manifest: ManifestFile, **changes: Any) -> ManifestFile:
@@ -267,8 +274,15 @@ def test_a_manifest_list_is_the_file_pyiceberg_writes_and_reads_back_the_same(tm
         assert {m.sequence_number for m in theirs if m.added_snapshot_id == SNAPSHOT} == {7}
     for path in ("theirs-list.avro", "ours-list.avro"):
         # lakesink's prepared reader reads what pyiceberg's reads, from either file
-        assert [plain(m) for m in manifests.read_manifest_list(io, str(tmp_path / path))] == [plain(m) for m in theirs]
+        assert [plain(m) for m in seam_manifests.read_manifest_list(io, str(tmp_path / path))] == [plain(m) for m in theirs]
         assert [plain(m) for m in read_manifest_list(io.new_input(str(tmp_path / path)))] == [plain(m) for m in theirs]
+    # each listed manifest's entries, with what they inherit from the list (snapshot id, sequence numbers, spec id)
+    for manifest in theirs:
+        for live in (False, True):
+            mine = seam_manifests.manifest_entries(manifest, io, discard_deleted=live)
+            assert [plain(e) for e in mine] == [plain(e) for e in manifest.fetch_manifest_entry(io, discard_deleted=live)]
+            if version > 1 and manifest.added_snapshot_id == SNAPSHOT:
+                assert {e.sequence_number for e in mine if e.status == ManifestEntryStatus.ADDED} == {7}
 
 
 @pytest.mark.parametrize("spec", sorted(SPECS))

@@ -6,10 +6,11 @@ table's schema as files are written with it, batches projected onto it, Arrow ty
 :mod:`~lakesink._pyiceberg.io.parquet` (Parquet files written: writer options, column statistics and metrics, data
 file locations), :mod:`~lakesink._pyiceberg.io.partitions` (partition values), :mod:`~lakesink._pyiceberg.io.filters`
 (Iceberg row filter expressions), :mod:`~lakesink._pyiceberg.io.deletes` (position delete files written and
-read), :mod:`~lakesink._pyiceberg.io.reads` (data files, manifests and metadata files
-read as pyiceberg's own scan reads them) and :mod:`~lakesink._pyiceberg.io.floats` (two pyiceberg 0.12.0 bugs with
-float and double values in manifests, corrected when this package is imported: every process that writes or commits
-imports it). Every name is importable from here (``from lakesink._pyiceberg import io as seam``). Tested against
+read), :mod:`~lakesink._pyiceberg.io.reads` (data files, manifests and metadata files read as pyiceberg's own scan
+reads them), :mod:`~lakesink._pyiceberg.io.manifests` (manifest lists and manifests read by pyiceberg's decoder,
+their Avro schemas prepared once per process) and :mod:`~lakesink._pyiceberg.io.floats` (two pyiceberg 0.12.0 bugs
+with float and double values in manifests, corrected when this package is imported: every process that writes or
+commits imports it). Every name is importable from here (``from lakesink._pyiceberg import io as seam``). Tested against
 pyiceberg 0.12.
 """
 
@@ -25,6 +26,7 @@ from lakesink._pyiceberg.io.filters import (
     parse_row_filter,
 )
 from lakesink._pyiceberg.io.floats import fast_avro_reads_doubles_as_float32, partition_summaries_merge_signed_zeros
+from lakesink._pyiceberg.io.manifests import manifest_entries, read_manifest_list, snapshot_manifests
 from lakesink._pyiceberg.io.parquet import (
     bound_value,
     check_write_properties,
@@ -56,7 +58,6 @@ from lakesink._pyiceberg.io.reads import (
     has_delete_files,
     live_data_files,
     live_entries,
-    manifest_entries,
     other_tables_metadata,
     reachable_files,
     read_data_file,
@@ -108,6 +109,7 @@ __all__ = [
     "new_data_location",
     "new_table_schema",
     "other_tables_metadata",
+    "read_manifest_list",
     "parquet_writer_options",
     "parse_row_filter",
     "partition_of",
@@ -122,6 +124,7 @@ __all__ = [
     "read_table_metadata",
     "records_bounds",
     "scan_files",
+    "snapshot_manifests",
     "snapshot_has_delete_files",
     "stream_schema",
     "with_small_types",

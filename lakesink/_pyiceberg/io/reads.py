@@ -19,24 +19,26 @@ from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
 
+from lakesink._pyiceberg.io.manifests import manifest_entries, snapshot_manifests
+
 
 def live_entries(table: Table, branch: str) -> list[ManifestEntry]:
     """The live entries (data and delete files) of the branch's current snapshot."""
     snapshot = table.metadata.snapshot_by_name(branch)
     if snapshot is None:
         return []
-    return [e for m in snapshot.manifests(table.io) for e in m.fetch_manifest_entry(table.io, discard_deleted=True)]
+    return [e for m in snapshot_manifests(table.io, snapshot) for e in manifest_entries(m, table.io, discard_deleted=True)]
 
 
 def entries_written_by(table: Table, snapshot: Any) -> Iterator[ManifestEntry]:
     """The entries a snapshot wrote itself (added or deleted by it), from the manifests it added: what it changed
     (Iceberg Java's ``validationHistory`` reads the same manifests)."""
-    for manifest in snapshot.manifests(table.io):
+    for manifest in snapshot_manifests(table.io, snapshot):
         if manifest.added_snapshot_id != snapshot.snapshot_id:
             continue
         if manifest.added_files_count == 0 and manifest.deleted_files_count == 0:
             continue  # only existing entries (a merged or rewritten manifest): nothing this snapshot changed
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+        for entry in manifest_entries(manifest, table.io, discard_deleted=False):
             if entry.snapshot_id == snapshot.snapshot_id and entry.status != ManifestEntryStatus.EXISTING:
                 yield entry
 
@@ -46,10 +48,10 @@ def live_data_files(table: Table, branch: str) -> Iterable[DataFile]:
     snapshot = table.metadata.snapshot_by_name(branch)
     if snapshot is None:
         return
-    for manifest in snapshot.manifests(table.io):
+    for manifest in snapshot_manifests(table.io, snapshot):
         if manifest.content != ManifestContent.DATA:
             continue
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+        for entry in manifest_entries(manifest, table.io, discard_deleted=True):
             yield entry.data_file
 
 
@@ -60,13 +62,13 @@ def branch_data_files(table: Table, branch: str) -> tuple[bool, list[DataFile]]:
     snapshot = table.metadata.snapshot_by_name(branch)
     if snapshot is None:
         return False, []
-    manifests = snapshot.manifests(table.io)
+    manifests = snapshot_manifests(table.io, snapshot)
     deletes = any(_live_deletes(m) for m in manifests)
     files = [
         entry.data_file
         for m in manifests
         if m.content == ManifestContent.DATA
-        for entry in m.fetch_manifest_entry(table.io, discard_deleted=True)
+        for entry in manifest_entries(m, table.io, discard_deleted=True)
     ]
     return deletes, files
 
@@ -77,10 +79,10 @@ def added_data_file_paths(table: Table, snapshot_id: int) -> set[str] | None:
     if snapshot is None:
         return None
     paths: set[str] = set()
-    for manifest in snapshot.manifests(table.io):
+    for manifest in snapshot_manifests(table.io, snapshot):
         if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot_id:
             continue
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+        for entry in manifest_entries(manifest, table.io, discard_deleted=True):
             if entry.snapshot_id == snapshot_id:
                 paths.add(entry.data_file.file_path)
     return paths
@@ -106,24 +108,19 @@ def scan_files(
     return ArrowScan(metadata, io, schema, row_filter).to_record_batches(tasks)
 
 
-def manifest_entries(manifest: ManifestFile, io: FileIO) -> list[ManifestEntry]:
-    """Every entry of a manifest (added, existing and deleted)."""
-    return list(manifest.fetch_manifest_entry(io, discard_deleted=False))
-
-
 def data_file_entries(table: Table, snapshot: Any) -> Iterator[tuple[DataFile, int | None]]:
     """(data file, data sequence number) of every live entry of a snapshot's data manifests."""
-    for manifest in snapshot.manifests(table.io):
+    for manifest in snapshot_manifests(table.io, snapshot):
         if manifest.content != ManifestContent.DATA:
             continue
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+        for entry in manifest_entries(manifest, table.io, discard_deleted=True):
             yield entry.data_file, entry.sequence_number
 
 
 def snapshot_has_delete_files(table: Table, snapshot: Any) -> bool:
     """True when ``snapshot`` has live delete files (written by another engine). A delete manifest holding only
     ``deleted`` entries (delete files a complete-mode overwrite removed) has none."""
-    return any(_live_deletes(m) for m in snapshot.manifests(table.io))
+    return any(_live_deletes(m) for m in snapshot_manifests(table.io, snapshot))
 
 
 def _live_deletes(m: ManifestFile) -> bool:
@@ -146,19 +143,19 @@ def reachable_files(
     for snapshot in snapshots:
         lists.add(snapshot.manifest_list)
         try:
-            snapshot_manifests = snapshot.manifests(table.io)
+            listed = snapshot_manifests(table.io, snapshot)
         except FileNotFoundError:
             if gone is None:
                 raise
             gone.add(snapshot.manifest_list)
             continue
-        for manifest in snapshot_manifests:
+        for manifest in listed:
             manifests.add(manifest.manifest_path)
             if manifest.manifest_path in seen:
                 continue
             seen.add(manifest.manifest_path)
             try:
-                entries = manifest.fetch_manifest_entry(table.io, discard_deleted=live_only)
+                entries = manifest_entries(manifest, table.io, discard_deleted=live_only)
             except FileNotFoundError:
                 if gone is None:
                     raise
@@ -171,7 +168,7 @@ def reachable_files(
 
 def data_manifests(table: Table, snapshot: Any) -> list[ManifestFile]:
     """The data manifests of a snapshot's manifest list (no manifest is read)."""
-    return [m for m in snapshot.manifests(table.io) if m.content == ManifestContent.DATA]
+    return [m for m in snapshot_manifests(table.io, snapshot) if m.content == ManifestContent.DATA]
 
 
 def read_table_metadata(io: FileIO, location: str) -> TableMetadata:
