@@ -511,7 +511,7 @@ def _matched_here(
     key_schema = batch_keys.select(key_names).schema
     parts: list[pa.Table] = []
     for f in candidates:
-        rows = seam.read_data_file(table, f, read)
+        rows = seam.read_columns(table, f, read)
         stored = upsert._cast_like(rows.select(key_names), key_schema)
         if order_column is not None:
             stored = stored.append_column(HELD_COLUMN, rows.column(order_column))

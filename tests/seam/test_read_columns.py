@@ -1,0 +1,101 @@
+"""The merge-on-read lookup's read of a data file's key and order-by columns (lakesink._pyiceberg.io.read_columns): what
+pyiceberg's scan reads (``read_data_file``, small types), value for value and type for type, for every file of a table
+whose schema evolved -- a column renamed, one added, one promoted -- and the files a table holds after them; the
+file's own columns read directly only where that is the same read."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyiceberg.schema import Schema
+from pyiceberg.types import (
+    DecimalType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestamptzType,
+)
+
+from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg.io import reads
+
+SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "name", StringType(), required=False),
+    NestedField(3, "small", IntegerType(), required=False),
+    NestedField(4, "at", TimestamptzType(), required=False),
+    NestedField(5, "amount", DecimalType(10, 2), required=False),
+    NestedField(6, "nested", StructType(NestedField(7, "k", StringType(), required=False)), required=False),
+    identifier_field_ids=[1],
+)
+
+AT = datetime(2026, 11, 28, 12, 0, tzinfo=timezone.utc)
+
+
+def _rows(ids: list[int], *, renamed: bool = False, extra: bool = False, promoted: bool = False) -> pa.Table:
+    n = len(ids)
+    columns: dict[str, Any] = {
+        "id": pa.array(ids, pa.int64()),
+        ("label" if renamed else "name"): pa.array([f"n{i}" if i % 3 else None for i in ids], pa.string()),
+        "small": pa.array([i * 7 for i in ids], pa.int64() if promoted else pa.int32()),
+        "at": pa.array([AT] * n, pa.timestamp("us", tz="UTC")),
+        "amount": pa.array([Decimal(i) / 4 for i in ids], pa.decimal128(10, 2)),
+        "nested": pa.array([{"k": str(i)} for i in ids], pa.struct([pa.field("k", pa.string())])),
+    }
+    if extra:
+        columns["extra"] = pa.array([f"e{i}" for i in ids], pa.string())
+    return pa.table(columns)
+
+
+def test_a_lookups_columns_read_as_pyicebergs_scan_reads_them_before_and_after_schema_changes(
+    catalog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    catalog.create_namespace_if_not_exists(("db",))
+    table = catalog.create_table(("db", "lookup"), schema=SCHEMA)
+    table.append(_rows([1, 2, 3, 4, 5]).cast(table.schema().as_arrow()))
+    with table.update_schema() as update:
+        update.rename_column("name", "label")
+        update.add_column("extra", StringType())
+        update.update_column("small", LongType())
+    table = catalog.load_table(("db", "lookup"))
+    table.append(_rows([6, 7, 8], renamed=True, extra=True, promoted=True).cast(table.schema().as_arrow()))
+    table = catalog.load_table(("db", "lookup"))
+    old, new = sorted(seam.live_data_files(table, "main"), key=lambda f: f.record_count, reverse=True)
+    schema = table.schema()
+    reads_ = [("id",), ("id", "label"), ("label", "id"), ("id", "extra"), ("id", "small"), ("id", "at"), ("id", "amount")]
+    reads_ += [("id", "nested.k")]
+    for data_file in (old, new):
+        for names in reads_:
+            wanted = schema.select(*names)
+            theirs = seam.with_small_types(seam.read_data_file(table, data_file, wanted))
+            mine = seam.read_columns(table, data_file, wanted)
+            assert mine.schema.equals(theirs.schema), (data_file.file_path, names, mine.schema, theirs.schema)
+            assert mine.equals(theirs), (data_file.file_path, names)
+
+    # the direct read is taken where it is the same read: the new file's columns (a renamed one among them), and the
+    # old file's columns but the one added after it and the one promoted since
+    calls: list[tuple[str, tuple[str, ...]]] = []
+    scan = reads.read_data_file
+
+    def counted(table_: Any, data_file: Any, schema_: Schema | None = None) -> pa.Table:
+        assert schema_ is not None
+        calls.append((data_file.file_path, tuple(f.name for f in schema_.fields)))
+        return scan(table_, data_file, schema_)
+
+    monkeypatch.setattr(reads, "read_data_file", counted)
+    for data_file in (old, new):
+        for names in reads_:
+            seam.read_columns(table, data_file, schema.select(*names))
+    scanned = {(path == old.file_path, fields) for path, fields in calls}
+    assert scanned == {
+        (True, ("id", "extra")),  # the old file lacks the column added after it
+        (True, ("id", "small")),  # the old file stores int, the table long
+        (True, ("id", "nested")),  # a nested column
+        (False, ("id", "nested")),
+    }
