@@ -54,8 +54,8 @@ from pyiceberg.types import (
 
 from lakesink._pyiceberg import maintenance as seam_maintenance
 from lakesink._pyiceberg import metadata as manifests
-from lakesink._pyiceberg.io import manifests as seam_manifests
 from lakesink._pyiceberg import producers as seam_producers
+from lakesink._pyiceberg.io import manifests as seam_manifests
 from tests.support.row_deletes import DeleteManifestWriter as ReferenceDeleteManifestWriter  # what lakesink wrote before its own
 
 SCHEMA = Schema(
