@@ -8,17 +8,15 @@ producers the manifests (:mod:`lakesink._pyiceberg.producers`). (It was two modu
 pyiceberg's deep copy), written as pyiceberg writes it, the branch retention a snapshot producer would drop, and
 which format versions this pyiceberg can write.
 
-**Manifests and manifest lists**, written and read by pyiceberg's own Avro encoder and decoder, with their Avro
-schemas prepared once per process instead of once per file.
+**Manifests and manifest lists**, written by pyiceberg's own Avro encoder, with their Avro schemas prepared once per
+process instead of once per file (read the same way: :mod:`lakesink._pyiceberg.io.manifests`).
 
 Why (measured, docs/performance.md "One stream, many tables"): for every manifest file it writes, pyiceberg 0.12
 builds the manifest entry schema with the table's partition type twice (the file's version and its read version),
 converts it to Avro JSON and resolves a writer tree: 0.9 ms of CPU of a one-entry manifest's 1.0 ms. A manifest list
-costs 0.4 ms of the same, and reading one (the parent snapshot's, at every append) 1.0 ms: converting the file's Avro
-schema back and resolving a reader tree. A batch routed into 100 tables paid it 300 times. What these depend on is
-the format version and the partition type (a manifest), the format version (a manifest list), or the text of the
-file's Avro schema (reading): here they are prepared once and kept in small bounded caches. The trees are stateless
-(each call gets its own encoder or decoder), so threads share them.
+costs 0.4 ms of the same. A batch routed into 100 tables paid it 300 times. What these depend on is the format version
+and the partition type (a manifest) or the format version (a manifest list): here they are prepared once and kept in
+small bounded caches. The trees are stateless (each call gets its own encoder), so threads share them.
 
 The bytes are pyiceberg's: its encoder, its header (the same Avro schema text and file metadata keys: ``schema``,
 ``schema-id`` where pyiceberg writes it, ``partition-spec``, ``partition-spec-id``, ``format-version``, ``content``,

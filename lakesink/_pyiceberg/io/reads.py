@@ -114,17 +114,15 @@ def read_columns(table: Table, data_file: DataFile, schema: Schema) -> pa.Table:
     wanted = _pyarrow_schema_ensure_small_types(schema_to_pyarrow(schema, include_field_ids=False))
     with table.io.new_input(data_file.file_path).open() as f:
         parquet = pq.ParquetFile(f)
-        stored: dict[int, tuple[int, pa.Field]] = {}
-        for index, field in enumerate(parquet.schema_arrow):
+        stored: dict[int, pa.Field] = {}
+        for field in parquet.schema_arrow:
             field_id = (field.metadata or {}).get(b"PARQUET:field_id")
             if field_id is not None:
-                stored[int(field_id)] = (index, field)
+                stored[int(field_id)] = field
         found = [stored.get(f.field_id) for f in schema.fields]
-        if any(
-            hit is None or "." in hit[1].name or _small(hit[1].type) != want.type for hit, want in zip(found, wanted, strict=True)
-        ):
+        if any(hit is None or "." in hit.name or _small(hit.type) != want.type for hit, want in zip(found, wanted, strict=True)):
             return with_small_types(read_data_file(table, data_file, schema))
-        names = [hit[1].name for hit in found if hit is not None]
+        names = [hit.name for hit in found if hit is not None]
         rows = parquet.read(columns=names, use_threads=False)
     return pa.Table.from_arrays([rows.column(n).cast(w.type) for n, w in zip(names, wanted, strict=True)], schema=wanted)
 
