@@ -7,15 +7,14 @@ so that a pyiceberg upgrade touches these files only (tests/seam/test_contract.p
 against pyiceberg 0.12.
 
 - :mod:`lakesink._pyiceberg.io`: executor-safe: Arrow in, Parquet out (schemas, projection, partitions, writer
-  options, statistics, locations), reading data files and manifests as pyiceberg's scan does, and the
-  corrections of pyiceberg's float/double bugs in manifests;
+  options, statistics, locations), Iceberg's metadata files (a commit's table metadata from one parse, manifests and
+  manifest lists written and read by pyiceberg's Avro encoder and decoder), reading data files and manifests as
+  pyiceberg's scan does, and the corrections of pyiceberg's float/double bugs in manifests;
 - the driver side, by what each module talks to: :mod:`~lakesink._pyiceberg.commit` (a prepared commit's one
   compare-and-swap, a unit of tables committed together), :mod:`~lakesink._pyiceberg.producers` (pyiceberg's
   snapshot producers: a batch's snapshot, a compaction's replace, metadata-only commits ``prepare_staged``, schema
   evolution), :mod:`~lakesink._pyiceberg.maintenance` (manifest rewrite, expiry, the refs an expiry dropped put
-  back), :mod:`~lakesink._pyiceberg.metadata` (Iceberg's metadata files: a commit's table metadata from one
-  parse, written; manifests and manifest lists written by pyiceberg's Avro encoder),
-  :mod:`~lakesink._pyiceberg.sql_catalog` (the SQL catalog's rows: swap, reload, pointers),
+  back), :mod:`~lakesink._pyiceberg.sql_catalog` (the SQL catalog's rows: swap, reload, pointers),
   :mod:`~lakesink._pyiceberg.rest` (the REST catalog's HTTP session: transactions/commit, request timeout,
   Idempotency-Key), :mod:`~lakesink._pyiceberg.refusals` (which errors are the catalog's definite "no") and
   :mod:`~lakesink._pyiceberg.threads` (the threads a unit of tables is prepared on). ``commit`` also chooses a

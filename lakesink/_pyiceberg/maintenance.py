@@ -27,8 +27,7 @@ from pyiceberg.table.update.snapshot import _SnapshotProducer
 from pyiceberg.typedef import EMPTY_DICT, Record
 
 from lakesink._pyiceberg.commit import PreparedCommit
-from lakesink._pyiceberg.io.manifests import manifest_entries, snapshot_manifests
-from lakesink._pyiceberg.metadata import keeping_ref_retention, write_manifest_list
+from lakesink._pyiceberg.io.metadata import keeping_ref_retention, manifest_entries, snapshot_manifests, write_manifest_list
 from lakesink._pyiceberg.producers import _MetadataCachingTransaction, _PreparedManifests
 from lakesink.table import names, state_files, storage
 from lakesink.table.keys import AVRO_CODEC, AVRO_CODEC_DEFAULT

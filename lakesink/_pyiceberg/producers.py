@@ -54,10 +54,10 @@ from pyiceberg.utils.bin_packing import ListPacker
 
 from lakesink._pyiceberg.commit import PreparedCommit
 from lakesink._pyiceberg.io import live_entries, partition_of
-from lakesink._pyiceberg.io.manifests import snapshot_manifests
-from lakesink._pyiceberg.metadata import (
+from lakesink._pyiceberg.io.metadata import (
     DeleteManifestWriter,
     keeping_ref_retention,
+    snapshot_manifests,
     write_manifest,
     write_manifest_list,
 )
@@ -103,11 +103,11 @@ def data_file(
 
 class _PreparedManifests(_SnapshotProducer[Any]):
     """The part of every snapshot producer lakesink commits through: its manifests and its manifest list written, and
-    the parent's manifest list read, by :mod:`lakesink._pyiceberg.metadata` (pyiceberg's own encoder and decoder, their
+    the parent's manifest list read, by :mod:`lakesink._pyiceberg.io.metadata` (pyiceberg's own encoder and decoder, their
     Avro schemas prepared once per process instead of once per file: the same files for about 2 ms less CPU a commit).
 
     ``_commit`` is pyiceberg 0.12's ``_SnapshotProducer._commit`` with the manifest list written by
-    :func:`lakesink._pyiceberg.metadata.write_manifest_list` (pyiceberg's takes the function from its module's globals).
+    :func:`lakesink._pyiceberg.io.metadata.write_manifest_list` (pyiceberg's takes the function from its module's globals).
     """
 
     def new_manifest_writer(self, spec: Any) -> ManifestWriter:

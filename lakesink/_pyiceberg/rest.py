@@ -29,7 +29,7 @@ from pyiceberg.typedef import IcebergBaseModel
 from requests import HTTPError
 from tenacity import retry
 
-from lakesink._pyiceberg.metadata import updated_metadata
+from lakesink._pyiceberg.io.metadata import updated_metadata
 from lakesink._pyiceberg.prepared import Prepared
 
 log = logging.getLogger("lakesink")

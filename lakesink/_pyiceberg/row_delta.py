@@ -8,7 +8,7 @@ snapshot producer:
 
 - **manifests**: the added data files in one data manifest (merged with the parent's as the table's
   ``commit.manifest-merge.*`` say, as every lakesink append); the added delete files in one delete manifest per
-  partition spec (:class:`lakesink._pyiceberg.metadata.DeleteManifestWriter`: ``content=deletes`` in the manifest
+  partition spec (:class:`lakesink._pyiceberg.io.metadata.DeleteManifestWriter`: ``content=deletes`` in the manifest
   list and in the file's metadata); a parent manifest that holds a removed file rewritten with its other entries as
   ``existing`` and the removed one recorded ``deleted`` in a manifest of its own content;
 - **sequence numbers**: every added entry leaves its sequence numbers unassigned and inherits the new snapshot's from
@@ -47,8 +47,7 @@ from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summa
 from pyiceberg.typedef import EMPTY_DICT, Record
 
 from lakesink._pyiceberg.commit import PreparedCommit
-from lakesink._pyiceberg.io.manifests import manifest_entries, snapshot_manifests
-from lakesink._pyiceberg.metadata import DeleteManifestWriter
+from lakesink._pyiceberg.io.metadata import DeleteManifestWriter, manifest_entries, snapshot_manifests
 from lakesink._pyiceberg.producers import _MergeAppend, _named, _prepared, _staged, _transaction
 from lakesink.table import names
 

@@ -28,7 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 
-from lakesink._pyiceberg.metadata import NewTable, updated_metadata, write_table_metadata
+from lakesink._pyiceberg.io.metadata import NewTable, updated_metadata, write_table_metadata
 from lakesink._pyiceberg.prepared import Prepared
 from lakesink._pyiceberg.threads import unit_threads
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, fault_point
@@ -36,6 +36,7 @@ from lakesink.table import names
 from lakesink.table.keys import UNIT_THREADS_FROM
 
 log = logging.getLogger("lakesink")
+
 
 def _sql_swap_applies(table: Table) -> bool:
     """Whether :func:`_swap_on_sql_catalog` can commit to ``table``: a pyiceberg SQL catalog whose database reports

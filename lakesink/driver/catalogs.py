@@ -36,7 +36,7 @@ from pyiceberg.utils.config import Config
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
 from lakesink._pyiceberg.commit import is_rest_catalog, is_sql_catalog, is_sql_engine, swapper_of
-from lakesink._pyiceberg.metadata import NewTable
+from lakesink._pyiceberg.io.metadata import NewTable
 from lakesink.errors import PROGRAMMING_ERRORS, CatalogError, CatalogUnavailableError, LakesinkError, TableIdentityChangedError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table.keys import (

@@ -260,9 +260,7 @@ def _last_truncate(
     return last
 
 
-def _seen(
-    batch: pa.RecordBatch, rows: pa.Array, columns: tuple[str, str], time_column: str, seen: binlog.Seen
-) -> binlog.Seen:
+def _seen(batch: pa.RecordBatch, rows: pa.Array, columns: tuple[str, str], time_column: str, seen: binlog.Seen) -> binlog.Seen:
     """``seen`` with the orders and source times of the streamed changes of ``rows`` taken in (``columns``: the op and
     order columns; a batch without the time column: orders only). Snapshot reads (op ``r``) are left out: their time is
     when they were read and their position the snapshot's, which a new snapshot after a failover (GTIDs on: a safe one)

@@ -1,4 +1,4 @@
-"""Routed tables, committed through lakesink's manifest and manifest-list writers (lakesink/_pyiceberg/metadata.py),
+"""Routed tables, committed through lakesink's manifest and manifest-list writers (lakesink/_pyiceberg/io/metadata.py),
 read back identically by the engines that are not pyiceberg: DuckDB's C++ reader, iceberg-rust (pyiceberg-core on
 DataFusion) and ClickHouse's reader (chdb). They parse the metadata.json, the manifest lists and the manifests
 themselves (Avro schema, field ids, partition values, bounds, counts).

@@ -48,7 +48,6 @@ DRIVER_SIDE = (
     "lakesink._pyiceberg.commit",
     "lakesink._pyiceberg.producers",
     "lakesink._pyiceberg.maintenance",
-    "lakesink._pyiceberg.metadata",
     "lakesink._pyiceberg.sql_catalog",
     "lakesink._pyiceberg.rest",
     "lakesink._pyiceberg.rest_metrics",

@@ -22,7 +22,7 @@ import pytest
 from pyiceberg.table import Table
 
 from lakesink._pyiceberg import io as seam
-from lakesink._pyiceberg import metadata as seam_metadata
+from lakesink._pyiceberg.io import metadata as seam_metadata
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import Outcome
 from lakesink.driver.committers.table import TableCommitter

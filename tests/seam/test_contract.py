@@ -29,11 +29,11 @@ from pyiceberg.types import IntegerType, ListType, LongType, MapType, NestedFiel
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import maintenance as seam_maintenance
-from lakesink._pyiceberg import metadata as seam_metadata
 from lakesink._pyiceberg import producers as seam_producers
 from lakesink._pyiceberg import rest as seam_rest
 from lakesink._pyiceberg import sql_catalog as seam_sql
 from lakesink._pyiceberg.io import floats as seam_floats
+from lakesink._pyiceberg.io import metadata as seam_metadata
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""lakesink's manifest and manifest-list writers (lakesink/_pyiceberg/metadata.py) write the files pyiceberg writes.
+"""lakesink's manifest and manifest-list writers (lakesink/_pyiceberg/io/metadata.py) write the files pyiceberg writes.
 
 The same entries are written with pyiceberg 0.12's writers and with lakesink's, for v1 and v2 tables, unpartitioned
 and partitioned (identity on string, date, decimal, double with NaN, long; days, bucket, truncate), with bounds,
@@ -53,9 +53,8 @@ from pyiceberg.types import (
 )
 
 from lakesink._pyiceberg import maintenance as seam_maintenance
-from lakesink._pyiceberg import metadata as manifests
 from lakesink._pyiceberg import producers as seam_producers
-from lakesink._pyiceberg.io import manifests as seam_manifests
+from lakesink._pyiceberg.io import metadata as manifests
 from tests.support.row_deletes import DeleteManifestWriter as ReferenceDeleteManifestWriter  # what lakesink wrote before its own
 
 SCHEMA = Schema(
@@ -226,7 +225,7 @@ def test_a_manifest_is_the_file_pyiceberg_writes(tmp_path: Path, version: int, s
     # lakesink's prepared reader (its reader tree taken from the cache at the second file) reads what pyiceberg's reads
     for manifest in (theirs, _with(theirs, manifest_path=str(tmp_path / "ours.avro"))):
         for live in (False, True):
-            assert [plain(e) for e in seam_manifests.manifest_entries(manifest, io, discard_deleted=live)] == [
+            assert [plain(e) for e in manifests.manifest_entries(manifest, io, discard_deleted=live)] == [
                 plain(e) for e in manifest.fetch_manifest_entry(io, discard_deleted=live)
             ]
 
@@ -274,12 +273,12 @@ def test_a_manifest_list_is_the_file_pyiceberg_writes_and_reads_back_the_same(tm
         assert {m.sequence_number for m in theirs if m.added_snapshot_id == SNAPSHOT} == {7}
     for path in ("theirs-list.avro", "ours-list.avro"):
         # lakesink's prepared reader reads what pyiceberg's reads, from either file
-        assert [plain(m) for m in seam_manifests.read_manifest_list(io, str(tmp_path / path))] == [plain(m) for m in theirs]
+        assert [plain(m) for m in manifests.read_manifest_list(io, str(tmp_path / path))] == [plain(m) for m in theirs]
         assert [plain(m) for m in read_manifest_list(io.new_input(str(tmp_path / path)))] == [plain(m) for m in theirs]
     # each listed manifest's entries, with what they inherit from the list (snapshot id, sequence numbers, spec id)
     for manifest in theirs:
         for live in (False, True):
-            mine = seam_manifests.manifest_entries(manifest, io, discard_deleted=live)
+            mine = manifests.manifest_entries(manifest, io, discard_deleted=live)
             assert [plain(e) for e in mine] == [plain(e) for e in manifest.fetch_manifest_entry(io, discard_deleted=live)]
             if version > 1 and manifest.added_snapshot_id == SNAPSHOT:
                 assert {e.sequence_number for e in mine if e.status == ManifestEntryStatus.ADDED} == {7}

@@ -1,4 +1,4 @@
-"""The seam's executor-safe part: Arrow in, Parquet out, and reading what tables hold.
+"""The seam's executor-safe part: Arrow in, Parquet out, Iceberg's metadata files, and reading what tables hold.
 
 Runs in Spark's Python workers as well as on the driver: it imports no catalog, no commit machinery, no SQLAlchemy
 (the import contracts of ``make lint``). By what each module talks to: :mod:`~lakesink._pyiceberg.io.schemas` (the
@@ -7,8 +7,9 @@ table's schema as files are written with it, batches projected onto it, Arrow ty
 file locations), :mod:`~lakesink._pyiceberg.io.partitions` (partition values), :mod:`~lakesink._pyiceberg.io.filters`
 (Iceberg row filter expressions), :mod:`~lakesink._pyiceberg.io.deletes` (position delete files written and
 read), :mod:`~lakesink._pyiceberg.io.reads` (data files, manifests and metadata files read as pyiceberg's own scan
-reads them), :mod:`~lakesink._pyiceberg.io.manifests` (manifest lists and manifests read by pyiceberg's decoder,
-their Avro schemas prepared once per process) and :mod:`~lakesink._pyiceberg.io.floats` (two pyiceberg 0.12.0 bugs
+reads them), :mod:`~lakesink._pyiceberg.io.metadata` (Iceberg's metadata files: table
+metadata, manifests and manifest lists written and read by pyiceberg's encoder and decoder, Avro schemas prepared once
+per process) and :mod:`~lakesink._pyiceberg.io.floats` (two pyiceberg 0.12.0 bugs
 with float and double values in manifests, corrected when this package is imported: every process that writes or
 commits imports it). Every name is importable from here (``from lakesink._pyiceberg import io as seam``). Tested against
 pyiceberg 0.12.
@@ -26,7 +27,7 @@ from lakesink._pyiceberg.io.filters import (
     parse_row_filter,
 )
 from lakesink._pyiceberg.io.floats import fast_avro_reads_doubles_as_float32, partition_summaries_merge_signed_zeros
-from lakesink._pyiceberg.io.manifests import manifest_entries, read_manifest_list, snapshot_manifests
+from lakesink._pyiceberg.io.metadata import manifest_entries, read_manifest_list, snapshot_manifests
 from lakesink._pyiceberg.io.parquet import (
     bound_value,
     check_write_properties,

@@ -19,7 +19,7 @@ from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import PrimitiveType
 
-from lakesink._pyiceberg.io.manifests import manifest_entries, snapshot_manifests
+from lakesink._pyiceberg.io.metadata import manifest_entries, snapshot_manifests
 from lakesink._pyiceberg.io.schemas import with_small_types
 
 

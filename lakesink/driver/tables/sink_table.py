@@ -20,10 +20,10 @@ from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wa
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
-from lakesink._pyiceberg import metadata as seam_metadata
 from lakesink._pyiceberg import producers as seam_producers
 from lakesink._pyiceberg.commit import is_sql_catalog
-from lakesink._pyiceberg.metadata import NewTable
+from lakesink._pyiceberg.io import metadata as seam_metadata
+from lakesink._pyiceberg.io.metadata import NewTable
 from lakesink.driver import catalog_scans, catalogs
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing, Turn

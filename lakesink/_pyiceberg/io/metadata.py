@@ -1,27 +1,36 @@
-"""Iceberg's metadata files as lakesink writes them, driver side (part of the seam, see :mod:`lakesink._pyiceberg`):
-a commit's table metadata, and its manifests and manifest lists. It talks to the table's files only (no catalog):
-the SQL catalog's swap writes the metadata file it points to (:mod:`lakesink._pyiceberg.sql_catalog`), the snapshot
-producers the manifests (:mod:`lakesink._pyiceberg.producers`). (It was two modules, ``metadata.py`` and
-``manifests.py``, that every commit entered one after the other: folded, issue 31.)
+"""Iceberg's metadata files as lakesink reads and writes them (the seam's executor-safe part: no catalog, no commit
+machinery): a commit's table metadata, its manifests and manifest lists written, and manifest lists and manifests
+read. It talks to the table's files only: the SQL catalog's swap writes the metadata file it points to
+(:mod:`lakesink._pyiceberg.sql_catalog`), the snapshot producers write the manifests and read their parent's
+(:mod:`lakesink._pyiceberg.producers`), the merge-on-read lookups, audits and maintenance read manifests
+(:mod:`lakesink._pyiceberg.io.reads`). (It was ``metadata.py`` (written) and ``io/manifests.py`` (read), which every
+commit entered one after the other: folded, issue 53's walk.)
 
 **Table metadata from one parse**: a commit's new metadata built from the metadata already read (without
 pyiceberg's deep copy), written as pyiceberg writes it, the branch retention a snapshot producer would drop, and
 which format versions this pyiceberg can write.
 
-**Manifests and manifest lists**, written by pyiceberg's own Avro encoder, with their Avro schemas prepared once per
-process instead of once per file (read the same way: :mod:`lakesink._pyiceberg.io.manifests`).
+**Manifests and manifest lists, written** by pyiceberg's own Avro encoder, with their Avro schemas prepared once per
+process instead of once per file. Why (measured, docs/performance.md "One stream, many tables"): for every manifest
+file it writes, pyiceberg 0.12 builds the manifest entry schema with the table's partition type twice (the file's
+version and its read version), converts it to Avro JSON and resolves a writer tree: 0.9 ms of CPU of a one-entry
+manifest's 1.0 ms. A manifest list costs 0.4 ms of the same. A batch routed into 100 tables paid it 300 times. What
+these depend on is the format version and the partition type (a manifest) or the format version (a manifest list):
+here they are prepared once and kept in small bounded caches. The bytes are pyiceberg's: its encoder, its header (the
+same Avro schema text and file metadata keys: ``schema``, ``schema-id`` where pyiceberg writes it,
+``partition-spec``, ``partition-spec-id``, ``format-version``, ``content``, ``avro.codec``), one block per entry as
+pyiceberg writes them; only the random sync marker differs.
 
-Why (measured, docs/performance.md "One stream, many tables"): for every manifest file it writes, pyiceberg 0.12
-builds the manifest entry schema with the table's partition type twice (the file's version and its read version),
-converts it to Avro JSON and resolves a writer tree: 0.9 ms of CPU of a one-entry manifest's 1.0 ms. A manifest list
-costs 0.4 ms of the same. A batch routed into 100 tables paid it 300 times. What these depend on is the format version
-and the partition type (a manifest) or the format version (a manifest list): here they are prepared once and kept in
-small bounded caches. The trees are stateless (each call gets its own encoder), so threads share them.
+**Manifest lists and manifests, read** as pyiceberg reads them, with each file's Avro schema prepared once per schema
+text instead of once per file: pyiceberg's ``AvroFile.__enter__`` converts a file's Avro schema (the header's JSON)
+to an Iceberg schema and resolves a reader tree into its read schema at every file, about 1 ms of CPU a manifest. A
+routed batch of 100 merge-on-read tables read about 400 manifests and manifest lists at its lookups and as many at its
+commit, 1-2 s a batch. What is read is pyiceberg's: its header reader, its read schemas and record types, and its
+inheritance of snapshot ids, sequence numbers and the spec id from the manifest list.
 
-The bytes are pyiceberg's: its encoder, its header (the same Avro schema text and file metadata keys: ``schema``,
-``schema-id`` where pyiceberg writes it, ``partition-spec``, ``partition-spec-id``, ``format-version``, ``content``,
-``avro.codec``), one block per entry as pyiceberg writes them; only the random sync marker differs.
-tests/seam/test_manifests.py writes the same entries both ways and compares the files and what pyiceberg reads back.
+The writer and reader trees are stateless (each file gets its own encoder or decoder), so threads share them.
+tests/seam/test_manifests.py writes the same entries both ways and compares the files and what pyiceberg reads back,
+and reads every file with both readers.
 """
 
 from __future__ import annotations
@@ -35,20 +44,31 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.avro.codecs import AVRO_CODEC_KEY, CODEC_MAPPING_ICEBERG_TO_AVRO
-from pyiceberg.avro.file import _SCHEMA_KEY, MAGIC, META_SCHEMA, SYNC_SIZE, AvroFileHeader, AvroOutputFile
-from pyiceberg.avro.resolver import construct_reader, construct_writer, resolve_writer
+from pyiceberg.avro.decoder import new_decoder
+from pyiceberg.avro.file import _SCHEMA_KEY, MAGIC, META_SCHEMA, SYNC_SIZE, AvroFile, AvroFileHeader, AvroOutputFile
+from pyiceberg.avro.reader import Reader
+from pyiceberg.avro.resolver import construct_reader, construct_writer, resolve_reader, resolve_writer
 from pyiceberg.avro.writer import Writer
-from pyiceberg.io import OutputFile
+from pyiceberg.io import FileIO, OutputFile
 from pyiceberg.manifest import (
     DEFAULT_READ_VERSION,
+    MANIFEST_ENTRY_SCHEMAS,
     MANIFEST_LIST_FILE_SCHEMAS,
+    DataFile,
+    DataFileContent,
+    FileFormat,
     ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
     ManifestListWriter,
     ManifestListWriterV1,
     ManifestListWriterV2,
     ManifestWriter,
     ManifestWriterV1,
     ManifestWriterV2,
+    PartitionFieldSummary,
+    _inherit_from_manifest,
     data_file_with_partition,
     manifest_entry_schema_with_data_file,
 )
@@ -305,3 +325,72 @@ def write_manifest_list(
             raise ValueError(f"Sequence-number is required for V2 tables: {sequence_number}")
         return _ManifestListWriterV2(output_file, snapshot_id, parent_snapshot_id, sequence_number, avro_compression)
     raise ValueError(f"Cannot write manifest list for table version: {format_version}")
+
+
+# --- manifest lists and manifests, read -----------------------------------------------------------------------------
+
+# pyiceberg's read_manifest_list and ManifestFile.fetch_manifest_entry, their read schemas, record types and enums
+_LIST_READ_SCHEMA = MANIFEST_LIST_FILE_SCHEMAS[DEFAULT_READ_VERSION]
+_LIST_READ_TYPES: dict[int, Any] = {-1: ManifestFile, 508: PartitionFieldSummary}
+_LIST_READ_ENUMS: dict[int, Any] = {517: ManifestContent}
+_ENTRY_READ_SCHEMA = MANIFEST_ENTRY_SCHEMAS[DEFAULT_READ_VERSION]
+_ENTRY_READ_TYPES: dict[int, Any] = {-1: ManifestEntry, 2: DataFile}
+_ENTRY_READ_ENUMS: dict[int, Any] = {0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent}
+
+
+@functools.lru_cache(maxsize=32)
+def _list_reading(avro_json: str) -> tuple[Schema, Reader]:
+    """A manifest list's file schema (its header holds ``avro_json``) and its reader tree into pyiceberg's read schema."""
+    file_schema = AvroSchemaConversion().avro_to_iceberg(json.loads(avro_json))
+    return file_schema, resolve_reader(file_schema, _LIST_READ_SCHEMA, _LIST_READ_TYPES, _LIST_READ_ENUMS)
+
+
+@functools.lru_cache(maxsize=128)
+def _entry_reading(avro_json: str) -> tuple[Schema, Reader]:
+    """A manifest's file schema (its header holds ``avro_json``: the format version and the partition type) and its
+    reader tree into pyiceberg's read schema."""
+    file_schema = AvroSchemaConversion().avro_to_iceberg(json.loads(avro_json))
+    return file_schema, resolve_reader(file_schema, _ENTRY_READ_SCHEMA, _ENTRY_READ_TYPES, _ENTRY_READ_ENUMS)
+
+
+class _PreparedFile(AvroFile[Any]):
+    """pyiceberg's ``AvroFile``, its schema and reader tree taken from a cache by the header's schema text."""
+
+    __slots__ = ("_reading",)
+
+    def __init__(self, io: FileIO, location: str, read_schema: Schema, reading: Any) -> None:
+        super().__init__(io.new_input(location), read_schema)
+        self._reading = reading
+
+    def __enter__(self) -> _PreparedFile:
+        with self.input_file.open() as f:
+            self.decoder = new_decoder(f.read())
+        self.header = _HEADER_READER.read(self.decoder)
+        avro_json = self.header.meta.get(_SCHEMA_KEY)
+        if avro_json is None:
+            raise ValueError(f"No schema found in Avro file headers: {self.input_file.location}")
+        self.schema, self.reader = self._reading(avro_json)
+        return self
+
+
+def read_manifest_list(io: FileIO, location: str) -> list[ManifestFile]:
+    """The manifests a manifest list lists, as pyiceberg's ``read_manifest_list`` reads them."""
+    with _PreparedFile(io, location, _LIST_READ_SCHEMA, _list_reading) as reader:
+        return list(reader)
+
+
+def snapshot_manifests(io: FileIO, snapshot: Any) -> Sequence[ManifestFile]:
+    """``snapshot.manifests(io)``, read by :func:`read_manifest_list`."""
+    return read_manifest_list(io, snapshot.manifest_list)
+
+
+def manifest_entries(manifest: ManifestFile, io: FileIO, *, discard_deleted: bool = False) -> list[ManifestEntry]:
+    """``manifest.fetch_manifest_entry(io, discard_deleted)``: the manifest's entries (added, existing and deleted;
+    without the deleted ones when ``discard_deleted``), each with what it inherits from the manifest list (snapshot
+    id, sequence numbers, spec id)."""
+    with _PreparedFile(io, manifest.manifest_path, _ENTRY_READ_SCHEMA, _entry_reading) as reader:
+        return [
+            _inherit_from_manifest(entry, manifest)
+            for entry in reader
+            if not discard_deleted or entry.status != ManifestEntryStatus.DELETED
+        ]
