@@ -65,6 +65,7 @@ from lakesink.sink.commit import commit_or_abort
 from lakesink.sink.foreach_spark import FileSizing, RoutedSparkBatches, read_once, routed_tables_by_value
 from lakesink.sink.query import RunningQuery
 from lakesink.sink.spark import fs as spark_fs
+from lakesink.sink.spark import routed as spark_routed
 from lakesink.sink.spark import write as spark_write
 from lakesink.table import storage
 from lakesink.table.keys import MAIN_BRANCH
@@ -549,9 +550,7 @@ class ForeachBatchSink:
                 homes, facts = transactions.homes(routed, routing, held_values, batch_id, held_facts)
                 values = [*values, *homes]
         else:
-            # read as bytes: a value that is not UTF-8 stays itself (an invalid route), not Spark's decoding of it
-            raw = df.select(F.col(f"`{routing.column}`").cast("binary")).distinct().collect()
-            values = [routing_value(None if r[0] is None else bytes(r[0])) for r in raw]
+            values = spark_routed.routing_values(df, routing.column)
         found_ms = (time.perf_counter() - started) * 1000
         routes = routed.routes(values, batch_id)  # with dead_letter_table: the valid ones (the others: dead letters)
         plans = routed.plans(routes, query_id, facts)

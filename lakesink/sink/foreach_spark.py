@@ -154,14 +154,16 @@ class RoutedSparkBatches:
         self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None, facts: BatchFacts
     ) -> RoutedOutcome | None:
         """Option route-by with Spark's writer (lakesink.sink.spark.routed): one Spark job finds the batch's tables with
-        each one's row count and digest, one write job per group of alike tables writes them, one unit commits them.
+        each one's row count and digest (upserts: the tables only, the resolve job digests the rows it resolves), one
+        write job per group of alike tables writes them, one unit commits them.
         None: ``writer='auto'`` and a table Spark cannot write (the caller takes the Arrow path; nothing written)."""
         routing = self.options.routing
         assert routing is not None
         spark = df.sparkSession
         started = time.perf_counter()
-        found = spark_routed.find_routes(df, routing.column)  # each routing value's rows: count and digest
-        values = list(found)
+        # each routing value's rows: count and digest (upserts: the values only; the resolve job digests its rows)
+        found = None if self.options.upserts else spark_routed.find_routes(df, routing.column)
+        values = spark_routed.routing_values(df, routing.column) if found is None else list(found)
         found_ms = (time.perf_counter() - started) * 1000
         routes = routed.routes(values, batch_id)  # an invalid route: RoutingError (dead letters need 'arrow')
         plans = routed.plans(routes, query_id, facts)
@@ -182,7 +184,7 @@ class RoutedSparkBatches:
                 plans=plans,
                 values=values,
                 max_records_per_file=self._sizing.max_records_per_file(min(targets, default=0)),
-                found=found if resolved is None else None,  # upserts write resolved rows: counted with their keys
+                found=found,  # None with upserts: they write resolved rows, counted with their keys
                 table_digests=resolved.digests if resolved is not None else None,
             )
             self._written("written", batch_id, written, find_ms=found_ms, plan_ms=planned_ms, footer_ms=written.footer_ms)

@@ -3,7 +3,8 @@ writes every table of a routed batch, no row passes through a Python worker.
 
 1. :func:`find_routes` -- one Spark job over the batch: its routing values, each with the count and the digest of its
    rows (the sum of Spark's ``xxhash64`` over the row's columns, the routing column aside: one hash aggregation keyed
-   by the value), then the tables opened. Each table's count and digest are recorded in its commit
+   by the value), then the tables opened (upserts: :func:`routing_values`, the values only -- the resolve job digests
+   the rows it resolves). Each table's count and digest are recorded in its commit
    (``lakesink.batch-rows-digest``, kind ``x``: lakesink.executor.messages) so that a replay that moves rows between
    the same tables stays loud, as on the Arrow path.
 2. :func:`write_routed` -- one Spark write job per group of tables whose files look alike (the same file schema with
@@ -113,6 +114,15 @@ def digest_aggregates(hashed: Column, where: Column | None = None, suffix: str =
         F.sum(rows(F.shiftrightunsigned(hashed, 32))).alias(f"h{suffix}"),
         F.sum(rows(hashed.bitwiseAND(F.lit(0xFFFFFFFF)))).alias(f"l{suffix}"),
     ]
+
+
+def routing_values(df: DataFrame, column: str) -> list[object]:
+    """One Spark job over the batch: its distinct routing values, read as bytes (a value that is not UTF-8 stays itself,
+    an invalid route: lakesink.table.routes.routing_value) -- what :func:`find_routes` finds without the counts and
+    digests, for a batch whose rows are counted and digested elsewhere (upserts: the resolve job digests the resolved
+    rows, lakesink.sink.upsert_batch.resolve_routed; the Arrow path: its tasks)."""
+    raw = df.select(F.col(quote(column)).cast("binary")).distinct().collect()
+    return [routing_value(None if r[0] is None else bytes(r[0])) for r in raw]
 
 
 def find_routes(df: DataFrame, column: str) -> dict[object, RowsDigest]:
