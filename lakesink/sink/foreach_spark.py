@@ -160,6 +160,7 @@ class RoutedSparkBatches:
         routing = self.options.routing
         assert routing is not None
         spark = df.sparkSession
+        spark_routed.check_columns(df, routing.column)  # before a table is opened, whichever job finds the routes
         started = time.perf_counter()
         # each routing value's rows: count and digest (upserts: the values only; the resolve job digests its rows)
         found = None if self.options.upserts else spark_routed.find_routes(df, routing.column)
