@@ -11,7 +11,7 @@ database transaction) is timed.
 
 After every batch the process is sampled: its resident memory, its threads (the OS's count and Python's), its open
 file descriptors and those open on the catalog's database file (its SQLite connections), and what lakesink keeps:
-committers, tables read (lakesink.driver.catalogs), maintainers and per-table turns, maintenance threads, and the
+committers, tables read (lakesink._pyiceberg.commit), maintainers and per-table turns, maintenance threads, and the
 maintenance runs queued and done. Each mode (``maintenance=auto``, ``maintenance=off``) runs in a process of its own,
 so that one does not inherit the other's memory. At the end every table is read back: each id once, in its table.
 
@@ -41,6 +41,7 @@ import pyarrow as pa
 
 from benchmarks.commit_latency import percentiles
 from benchmarks.common import machine
+from lakesink._pyiceberg import commit as seam_commit
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.executor.messages import TaskIds
 
@@ -51,14 +52,13 @@ MODES = ("auto", "off")
 
 def lakesink_state(rc: Any) -> dict[str, int]:
     """What lakesink keeps in this process for a routed sink (every count here must stay under its limit)."""
-    from lakesink.driver import catalogs
     from lakesink.driver.loop import swap
     from lakesink.maintenance import auto
 
     return {
         "committers": len(rc._committers),
         "table_identities": len(rc._uuids),
-        "tables_kept": len(catalogs._tables),
+        "tables_kept": len(seam_commit._tables),
         "turns": len(swap._turns),
         **auto.process_state(),
     }

@@ -324,7 +324,7 @@ def test_no_action_knows_its_committer() -> None:
 # kind is asked once, where its swapper is chosen (lakesink._pyiceberg.commit.swapper_of); elsewhere in these modules
 # no is_sql_*/is_rest_* call. Outside the commit path they stay: opening a catalog, creating tables, planning, metrics.
 COMMIT_PATH = ["_pyiceberg/commit.py", "driver/loop/*.py", "driver/actions/*.py", "driver/committers/table.py",
-               "driver/committers/routed.py", "driver/committers/interface.py", "driver/catalogs.py:may_apply_late"]
+               "driver/committers/routed.py", "driver/committers/interface.py"]
 KIND_CHOSEN_IN = {("lakesink._pyiceberg.commit", "swapper_of")}
 
 

@@ -14,7 +14,11 @@ the executors' row hash, to add the tasks' RowsDigests up: the digest's type and
 lakesink.executor.messages). One more on each on 76ad81f-5c0ffa5 (issue 52: an append read its parent's manifest
 list with the manifest readers the merge-on-read lookups share, in lakesink._pyiceberg.io.manifests, beside
 lakesink._pyiceberg.metadata that writes); back since both are one module of Iceberg's metadata files,
-lakesink._pyiceberg.io.metadata (issue 53: no longer than 21 / 25 / 17 / 19).
+lakesink._pyiceberg.io.metadata (issue 53: no longer than 21 / 25 / 17 / 19). foreach_batch 16 / 18 since the tables
+read and committed are kept by the commit seam (lakesink._pyiceberg.commit.load_table/remember, the swapper reading
+the pointers) and the catalog's kind answers may_apply_late itself: the commit no longer enters
+lakesink.driver.catalogs, which opens catalogs (format("lakesink") still enters it: its commit worker makes the
+committer, which opens the catalog); the foreach_batch tests fail on 4103e00 (17 / 19).
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from tests.support.walk import foreach_commit_walk, stream_commit_walk
 WALKS = {
     ("format", "one table"): 21,
     ("format", "route-by"): 25,
-    ("foreach_batch", "one table"): 17,
-    ("foreach_batch", "route-by"): 19,
+    ("foreach_batch", "one table"): 16,
+    ("foreach_batch", "route-by"): 18,
 }
 
 NEVER_ENTERED = {

@@ -9,24 +9,28 @@ pyiceberg's ``Table._do_commit`` (which ends in ``catalog.commit_table``). Which
 :func:`swapper_of`, without importing either kind. pyiceberg's own commit loop
 retries a conflicting snapshot by rebasing it without asking us (which would skip lakesink's replay re-check, the way
 iceberg#14425 duplicated data): every commit here is one swap, and lakesink's one loop (:mod:`lakesink.driver.loop.swap`)
-decides about retries. Runs on the driver only. Tested against pyiceberg 0.12.
+decides about retries. The tables it reads and commits are kept (:func:`load_table`, :func:`remember`): a table whose
+pointer has not moved is not parsed again. Runs on the driver only. Tested against pyiceberg 0.12.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyiceberg.catalog import TOKEN, Catalog
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 
-from lakesink.errors import CommitWorkerOrphaned
+from lakesink.errors import PROGRAMMING_ERRORS, CommitWorkerOrphaned
 from lakesink.faults import CATALOG_FAILS_AFTER_APPLY, CATALOG_FAILS_BEFORE_APPLY, fault_point
 from lakesink.table import storage
 
@@ -230,7 +234,21 @@ class Swapper(Protocol):
         """Swap ``prepared`` (:meth:`unit_applies`) as one unit."""
 
     def may_apply_late(self) -> bool:
-        """:func:`lakesink.driver.catalogs.may_apply_late` of this catalog."""
+        """Whether the catalog may still apply a commit request after it answered it with an error (a timeout, a 5xx,
+        a reset connection): any catalog reached over HTTP (REST, Glue, ...), and a SQL catalog on a database server
+        (PostgreSQL, MySQL): when the connection fails while COMMIT is on its way or being processed, the server may
+        commit after the error reached lakesink -- the client's rollback (lakesink._pyiceberg.sql_catalog
+        .guard_sql_catalog) cannot undo a COMMIT the server received, and a read through another connection can come
+        before the server finishes. Only SQLite answers for sure: its COMMIT runs in this process and, when it fails,
+        the transaction is rolled back before the error reaches lakesink."""
+
+    def reload(self, identifier: tuple[str, ...], known: Table) -> Table | None:
+        """``known`` read again when the catalog can tell cheaply that it has not moved (a SQL catalog: its pointer,
+        one query; an unmoved table is not parsed again), or None: load it as pyiceberg does."""
+
+    def pointers(self, identifiers: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], str] | None:
+        """The current metadata files of ``identifiers`` in one query (tables that do not exist are absent), or None:
+        the catalog cannot tell them at once."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -253,6 +271,12 @@ class GenericSwapper:
 
     def may_apply_late(self) -> bool:
         return True
+
+    def reload(self, identifier: tuple[str, ...], known: Table) -> Table | None:
+        return None
+
+    def pointers(self, identifiers: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], str] | None:
+        return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -317,6 +341,16 @@ class SqlSwapper(GenericSwapper):
 
     def may_apply_late(self) -> bool:
         return self.catalog.engine.dialect.name != "sqlite"
+
+    def reload(self, identifier: tuple[str, ...], known: Table) -> Table | None:
+        from lakesink._pyiceberg.sql_catalog import reload_from_sql_catalog  # the kind in use only
+
+        return reload_from_sql_catalog(self.catalog, identifier, known)
+
+    def pointers(self, identifiers: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], str] | None:
+        from lakesink._pyiceberg.sql_catalog import pointers_on_sql_catalog  # the kind in use only
+
+        return pointers_on_sql_catalog(self.catalog, identifiers)
 
 
 _SWAPPER = "_lakesink_swapper"
@@ -417,3 +451,103 @@ def commit_together(prepared: Sequence[PreparedCommit]) -> None:
     fault_point(CATALOG_FAILS_BEFORE_APPLY)
     swapper_of(prepared[0].table.catalog).swap_unit(prepared)
     fault_point(CATALOG_FAILS_AFTER_APPLY)
+
+
+# --- the tables read and committed, parsed again only when their pointer moved (the swapper reads the pointers) ----
+
+
+log = logging.getLogger("lakesink")
+
+_tables_lock = threading.Lock()
+_tables: OrderedDict[tuple[int, tuple[str, ...]], Table] = OrderedDict()
+#: The tables kept for :func:`load_table` (the most recently read or committed ones): a routed stream may write
+#: thousands of tables over a run, and the driver's memory stays bounded (option route-by, docs/routing.md).
+_MAX_TABLES_KEPT = 1024
+
+
+def load_table(catalog: Catalog, identifier: tuple[str, ...], *, keep: bool = True) -> Table:
+    """``catalog.load_table(identifier)``, without parsing the metadata again when it has not moved.
+
+    On a SQL catalog (the embedded default, PostgreSQL) the pointer is read (one query) and compared with the
+    table this process last read or committed (:func:`remember`); only a moved pointer is loaded and parsed.
+    With the whole history kept, metadata.json grows by about 1 KiB per batch and parsing it is the largest
+    per-batch cost after a few thousand batches (docs/performance.md). Other catalogs load as usual. ``keep=False``:
+    a table read for a look only (another table of a namespace, for its location) is not kept for the next read.
+    """
+    key = (id(catalog), tuple(identifier))
+    with _tables_lock:
+        known = _tables.get(key)
+    table = swapper_of(catalog).reload(tuple(identifier), known) if known is not None else None
+    if table is None:
+        table = catalog.load_table(identifier)
+    if keep:
+        remember(table)
+    return table
+
+
+def load_tables(catalog: Catalog, identifiers: Sequence[tuple[str, ...]], *, keep: bool = True) -> dict[tuple[str, ...], Table]:
+    """:func:`load_table` of several tables: on a SQL catalog their pointers are read in one query and a table whose
+    pointer has not moved since this process read it is not parsed again; tables that do not exist are absent.
+    Other catalogs: one :func:`load_table` each."""
+    pointers = swapper_of(catalog).pointers(identifiers)
+    out: dict[tuple[str, ...], Table] = {}
+    for ident in identifiers:
+        ident = tuple(ident)
+        if pointers is not None:
+            if ident not in pointers:
+                continue
+            with _tables_lock:
+                known = _tables.get((id(catalog), ident))
+            if known is not None and known.metadata_location == pointers[ident]:
+                out[ident] = Table(
+                    identifier=known.name(),
+                    metadata=known.metadata,
+                    metadata_location=known.metadata_location,
+                    io=known.io,
+                    catalog=catalog,
+                )
+                continue
+        try:
+            out[ident] = load_table(catalog, ident, keep=keep)
+        except NoSuchTableError:
+            continue
+    return out
+
+
+def read_at_once(
+    catalog: Catalog, identifiers: Sequence[tuple[str, ...]], *, keep: bool = True
+) -> dict[tuple[str, ...], Table] | None:
+    """:func:`load_tables` (a routed batch opening many tables asks a SQL catalog once), or None when the catalog cannot
+    be read now: each table then reads itself, riding out the catalog's trouble (lakesink.driver.tables.sink_table)."""
+    try:
+        return load_tables(catalog, identifiers, keep=keep)
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as e:
+        log.debug("lakesink: %d tables not read at once (%s); each reads itself", len(identifiers), e)
+        return None
+
+
+def remember(table: Table) -> None:
+    """Keep ``table`` (read, or just committed by this process) for :func:`load_table`'s next read."""
+    if table.catalog is None or not table.metadata_location:
+        return
+    key = (id(table.catalog), tuple(table.name()))
+    kept = Table(
+        identifier=table.name(),
+        metadata=table.metadata,
+        metadata_location=table.metadata_location,
+        io=table.io,
+        catalog=table.catalog,
+    )
+    with _tables_lock:
+        _tables[key] = kept
+        _tables.move_to_end(key)
+        while len(_tables) > _MAX_TABLES_KEPT:
+            _tables.popitem(last=False)
+
+
+def reload(table: Table) -> Table:
+    """``table`` read again from its catalog (:func:`load_table`): the read of every attempt of the commit loop."""
+    assert table.catalog is not None, "a table read from a catalog"
+    return load_table(table.catalog, tuple(table.name()))

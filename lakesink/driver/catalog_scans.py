@@ -16,6 +16,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
+from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam_io
 from lakesink.driver import catalogs
 from lakesink.table import storage
@@ -76,7 +77,7 @@ def live_tables_writing_under(table: Table, root: str) -> Iterator[tuple[str, st
     own = tuple(table.name())
     rows = catalogs.all_pointers_on_sql_catalog(catalog)
     others: Iterator[tuple[tuple[str, ...], Table]] = (
-        iter(catalogs.load_tables(catalog, [ident for ident, _ in rows if ident != own]).items())
+        iter(seam_commit.load_tables(catalog, [ident for ident, _ in rows if ident != own]).items())
         if rows is not None
         else _every_table(catalog)
     )

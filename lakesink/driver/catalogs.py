@@ -15,7 +15,8 @@ secrets and for ``${LAKESINK_HOME}``, which is always made absolute).
 SQL catalogs (pyiceberg's ``SqlCatalog``, SQLite or PostgreSQL through SQLAlchemy) are guarded so that a failed
 catalog call never leaves a transaction open in a pooled connection
 (:func:`lakesink._pyiceberg.sql_catalog.guard_sql_catalog`), and :func:`load_table_fresh` reads a table through
-connections of its own, for the commit protocol's settle step.
+connections of its own, for the commit protocol's settle step. The tables read through a catalog, parsed again only
+when they moved: :func:`lakesink._pyiceberg.commit.load_table`.
 """
 
 from __future__ import annotations
@@ -24,20 +25,18 @@ import logging
 import os
 import re
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pyiceberg.catalog import Catalog, load_catalog
-from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.typedef import Identifier
 from pyiceberg.utils.config import Config
-from tenacity import Retrying, retry_if_not_exception_type, stop_after_delay, wait_exponential_jitter
 
+from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg.commit import is_rest_catalog, is_sql_catalog, is_sql_engine, swapper_of
 from lakesink._pyiceberg.io.metadata import NewTable
-from lakesink.errors import PROGRAMMING_ERRORS, CatalogError, CatalogUnavailableError, LakesinkError, TableIdentityChangedError
+from lakesink.errors import PROGRAMMING_ERRORS, CatalogError
 from lakesink.redaction import redact_secrets_in
 from lakesink.table.keys import (
     ENV_HOME,
@@ -134,121 +133,14 @@ def load(name: str | None, overrides: Mapping[str, str], *, create: bool = True)
     return catalog
 
 
-_tables_lock = threading.Lock()
-_tables: OrderedDict[tuple[int, tuple[str, ...]], Table] = OrderedDict()
-#: The tables kept for :func:`load_table` (the most recently read or committed ones): a routed stream may write
-#: thousands of tables over a run, and the driver's memory stays bounded (option route-by, docs/routing.md).
-_MAX_TABLES_KEPT = 1024
-
-
-def load_table(catalog: Catalog, identifier: tuple[str, ...], *, keep: bool = True) -> Table:
-    """``catalog.load_table(identifier)``, without parsing the metadata again when it has not moved.
-
-    On a SQL catalog (the embedded default, PostgreSQL) the pointer is read (one query) and compared with the
-    table this process last read or committed (:func:`remember`); only a moved pointer is loaded and parsed.
-    With the whole history kept, metadata.json grows by about 1 KiB per batch and parsing it is the largest
-    per-batch cost after a few thousand batches (docs/performance.md). Other catalogs load as usual. ``keep=False``:
-    a table read for a look only (another table of a namespace, for its location) is not kept for the next read.
-    """
-    key = (id(catalog), tuple(identifier))
-    with _tables_lock:
-        known = _tables.get(key)
-    table = _reload_from_sql_catalog(catalog, tuple(identifier), known) if known is not None else None
-    if table is None:
-        table = catalog.load_table(identifier)
-    if keep:
-        remember(table)
-    return table
-
-
-def load_tables(catalog: Catalog, identifiers: Sequence[tuple[str, ...]], *, keep: bool = True) -> dict[tuple[str, ...], Table]:
-    """:func:`load_table` of several tables: on a SQL catalog their pointers are read in one query and a table whose
-    pointer has not moved since this process read it is not parsed again; tables that do not exist are absent.
-    Other catalogs: one :func:`load_table` each."""
-    pointers = _pointers_on_sql_catalog(catalog, identifiers)
-    out: dict[tuple[str, ...], Table] = {}
-    for ident in identifiers:
-        ident = tuple(ident)
-        if pointers is not None:
-            if ident not in pointers:
-                continue
-            with _tables_lock:
-                known = _tables.get((id(catalog), ident))
-            if known is not None and known.metadata_location == pointers[ident]:
-                out[ident] = Table(
-                    identifier=known.name(),
-                    metadata=known.metadata,
-                    metadata_location=known.metadata_location,
-                    io=known.io,
-                    catalog=catalog,
-                )
-                continue
-        try:
-            out[ident] = load_table(catalog, ident, keep=keep)
-        except NoSuchTableError:
-            continue
-    return out
-
-
-def read_at_once(
-    catalog: Catalog, identifiers: Sequence[tuple[str, ...]], *, keep: bool = True
-) -> dict[tuple[str, ...], Table] | None:
-    """:func:`load_tables` (a routed batch opening many tables asks a SQL catalog once), or None when the catalog cannot
-    be read now: each table then reads itself, riding out the catalog's trouble (lakesink.driver.tables.sink_table)."""
-    try:
-        return load_tables(catalog, identifiers, keep=keep)
-    except PROGRAMMING_ERRORS:
-        raise
-    except Exception as e:
-        log.debug("lakesink: %d tables not read at once (%s); each reads itself", len(identifiers), e)
-        return None
-
-
-def remember(table: Table) -> None:
-    """Keep ``table`` (read, or just committed by this process) for :func:`load_table`'s next read."""
-    if table.catalog is None or not table.metadata_location:
-        return
-    key = (id(table.catalog), tuple(table.name()))
-    kept = Table(
-        identifier=table.name(),
-        metadata=table.metadata,
-        metadata_location=table.metadata_location,
-        io=table.io,
-        catalog=table.catalog,
-    )
-    with _tables_lock:
-        _tables[key] = kept
-        _tables.move_to_end(key)
-        while len(_tables) > _MAX_TABLES_KEPT:
-            _tables.popitem(last=False)
-
-
-def reload(table: Table) -> Table:
-    """``table`` read again from its catalog (:func:`load_table`): the read of every attempt of the commit loop."""
-    assert table.catalog is not None, "a table read from a catalog"
-    return load_table(table.catalog, tuple(table.name()))
-
-
 def reload_fresh(table: Table) -> Table:
     """``table`` read again through a catalog instance of its own (:func:`load_table_fresh`) when its catalog was
-    opened by :func:`load`; else through its own catalog, as :func:`reload` (a catalog made by the caller)."""
+    opened by :func:`load`; else through its own catalog (a catalog made by the caller)."""
     assert table.catalog is not None, "a table read from a catalog"
     opened = _opened_as.get(id(table.catalog))
     if opened is None:
         return table.catalog.load_table(table.name())
     return load_table_fresh(opened[0], opened[1], tuple(table.name()))
-
-
-def may_apply_late(catalog: Catalog) -> bool:
-    """Whether the catalog may still apply a commit request after it answered it with an error (a timeout, a
-    5xx, a reset connection): any catalog reached over HTTP (REST, Glue, ...), and a SQL catalog on a database
-    server (PostgreSQL, MySQL): when the connection fails while COMMIT is on its way or being processed, the server
-    may commit after the error reached lakesink -- the client's rollback
-    (:func:`lakesink._pyiceberg.sql_catalog.guard_sql_catalog`) cannot undo a COMMIT the server received, and a read
-    through another connection can come before the server finishes. Only SQLite answers for sure: its COMMIT runs in
-    this process and, when it fails, the transaction is rolled back before the error reaches lakesink. Asked of the
-    catalog's swapper (lakesink._pyiceberg.commit.Swapper)."""
-    return swapper_of(catalog).may_apply_late()
 
 
 def load_table_fresh(name: str | None, overrides: Mapping[str, str], identifier: str | Identifier) -> Table:
@@ -310,28 +202,12 @@ def create_at_once(catalog: Catalog, new: Sequence[NewTable]) -> dict[tuple[str,
         log.debug("lakesink: %d tables not created at once (%s); each creates itself", len(new), e)
         return None
     for table in (created or {}).values():
-        remember(table)
+        seam_commit.remember(table)
     return created
 
 
 # The SQL catalog's seam (lakesink._pyiceberg.sql_catalog), imported for a SQL catalog only (is_sql_catalog): a process
 # that reads and commits through a REST catalog never imports SQLAlchemy. None: not a SQL catalog.
-
-
-def _reload_from_sql_catalog(catalog: Catalog, identifier: tuple[str, ...], known: Table) -> Table | None:
-    if not is_sql_catalog(catalog):
-        return None
-    from lakesink._pyiceberg.sql_catalog import reload_from_sql_catalog  # the kind in use only
-
-    return reload_from_sql_catalog(catalog, identifier, known)
-
-
-def _pointers_on_sql_catalog(catalog: Catalog, identifiers: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], str] | None:
-    if not is_sql_catalog(catalog):
-        return None
-    from lakesink._pyiceberg.sql_catalog import pointers_on_sql_catalog  # the kind in use only
-
-    return pointers_on_sql_catalog(catalog, identifiers)
 
 
 def all_pointers_on_sql_catalog(catalog: Catalog) -> list[tuple[tuple[str, ...], str]] | None:
@@ -408,37 +284,3 @@ def _prepare_embedded_folders(props: Mapping[str, str]) -> None:
     warehouse = props.get("warehouse", "")
     if warehouse.startswith("file://"):
         Path(warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
-
-
-#: How long a commit attempt's read rides out a locked or unreachable catalog.
-CATALOG_READ_PATIENCE_S = 30.0
-
-
-def read_patiently(load: Callable[[], Table], *, dropped: str, unavailable: str, redact: Callable[[BaseException], str]) -> Table:
-    """``load()`` for a commit attempt, riding out a briefly locked or unreachable catalog for up to 30 s.
-
-    A table that is gone raises TableIdentityChangedError(``dropped``); a catalog still failing after 30 s
-    CatalogUnavailableError(``unavailable`` and the error); lakesink's own errors pass through.
-    """
-    retrying = Retrying(
-        stop=stop_after_delay(CATALOG_READ_PATIENCE_S),
-        wait=wait_exponential_jitter(initial=0.2, max=5.0),
-        retry=retry_if_not_exception_type((NoSuchTableError, LakesinkError)),
-        reraise=True,
-    )
-    try:
-        for attempt in retrying:
-            with attempt:
-                return load()
-    except NoSuchTableError:
-        raise TableIdentityChangedError(dropped) from None
-    except LakesinkError:
-        raise
-    except PROGRAMMING_ERRORS:
-        raise
-    except Exception as e:
-        raise CatalogUnavailableError(
-            f"{unavailable} (tried for {CATALOG_READ_PATIENCE_S:.0f} s: {redact(e)}); nothing was committed; "
-            "restart the query when the catalog is available"
-        ) from None
-    raise AssertionError("unreachable")  # pragma: no cover

@@ -26,7 +26,7 @@ from typing import Any
 
 from pyiceberg.table import Table
 
-from lakesink.driver import catalogs
+from lakesink._pyiceberg import commit as seam_commit
 from lakesink.driver.report import metrics
 from lakesink.driver.tables.sink_table import SinkTable
 from lakesink.errors import CatalogPermissionError
@@ -71,7 +71,7 @@ def auto_maintenance(table: SinkTable) -> AutoMaintenance:
     key = (options.catalog_name, tuple(sorted(options.catalog_properties.items())), options.table.identifier)
     catalog, identifier = table.catalog, options.table.identifier
     return AutoMaintenance(
-        maintainer_for(key, lambda: catalogs.load_table(catalog, identifier)), options.maintenance is Maintenance.AUTO
+        maintainer_for(key, lambda: seam_commit.load_table(catalog, identifier)), options.maintenance is Maintenance.AUTO
     )
 
 

@@ -50,7 +50,6 @@ from pyiceberg.table.snapshots import Snapshot
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import maintenance as seam_maintenance
-from lakesink.driver import catalogs
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing
 from lakesink.driver.loop.swap import RetriesExhausted, Status
@@ -255,7 +254,7 @@ def expire_snapshots(
     action = ExpireSnapshots(table, expired_of)
 
     def reload() -> Table:
-        return catalogs.reload(table)
+        return seam_commit.reload(table)
 
     try:
         result = swap.run(action)

@@ -23,7 +23,6 @@ from pyiceberg.table import Table
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import producers as seam_producers
 from lakesink.audit.snapshots import match_query_id
-from lakesink.driver import catalogs
 from lakesink.driver.loop import swap
 from lakesink.driver.loop.action import CommitAction, Landing
 from lakesink.errors import CommitConflictError, LakesinkError
@@ -72,16 +71,16 @@ def maintain(
     step("compact", 0, 5)
     compacted = compaction.compact(table, dry_run=dry_run, progress=lambda d, t: step("compact", d, t))
     step("rewrite position deletes", 1, 5)
-    deletes = position_deletes.rewrite_position_deletes(catalogs.reload(table), dry_run=dry_run)
-    table = catalogs.reload(table)
+    deletes = position_deletes.rewrite_position_deletes(seam_commit.reload(table), dry_run=dry_run)
+    table = seam_commit.reload(table)
     step("expire", 2, 5)
     expired = expiry.expire_snapshots(table, dry_run=dry_run)
     step("rewrite manifests", 3, 5)
-    manifests = manifest_rewrite.rewrite_manifests(catalogs.reload(table), dry_run=dry_run)
+    manifests = manifest_rewrite.rewrite_manifests(seam_commit.reload(table), dry_run=dry_run)
     orphans = None
     if orphans_older_than is not None:
         step("orphans", 4, 5)
-        orphans = remove_orphan_files(catalogs.reload(table), older_than=orphans_older_than, dry_run=dry_run).to_dict()
+        orphans = remove_orphan_files(seam_commit.reload(table), older_than=orphans_older_than, dry_run=dry_run).to_dict()
     step("done", 5, 5)
     return MaintenanceReport(name, dry_run, compacted, expired, orphans, manifests, deletes)
 

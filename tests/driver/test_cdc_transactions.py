@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from lakesink._pyiceberg import commit as seam_commit
 from lakesink.audit import interop
 from lakesink.cdc import transactions
 from lakesink.driver import catalogs
@@ -127,7 +128,7 @@ def deliveries(topics: Mapping[str, list[dict[str, Any]]], seed: int, batches: i
 def tables(props: Mapping[str, str]) -> dict[str, Any]:
     catalog = catalogs.load(None, dict(props))
     idents = [("db", t) for t in routing.TABLES]
-    return {".".join(i): t for i, t in catalogs.load_tables(catalog, idents).items()}
+    return {".".join(i): t for i, t in seam_commit.load_tables(catalog, idents).items()}
 
 
 def run_batch(rc: RoutedCommitter, props: Mapping[str, str], batch_id: int, records: pa.Table) -> transactions.RecordsSplit:

@@ -339,7 +339,7 @@ def test_catalog_locked_for_too_long_is_a_clear_retryable_error(tmp_path: Path, 
     c = make_committer(props)
     c.open_table(SCHEMA)
     result = write_task(c, Q1, 0, [1, 2])
-    monkeypatch.setattr("lakesink.driver.catalogs.CATALOG_READ_PATIENCE_S", 1.0)
+    monkeypatch.setattr("lakesink.driver.loop.swap.CATALOG_READ_PATIENCE_S", 1.0)
     locker = sqlite3.connect(tmp_path / "locked.db", timeout=0.1, isolation_level=None)
     locker.execute("BEGIN EXCLUSIVE")
     try:
@@ -367,7 +367,7 @@ def test_postgres_commit_that_lands_after_its_error_and_the_settle_read_keeps_it
 
     committer = make_committer(sql_catalog_properties("postgres", tmp_path, request))
     committer.open_table(SCHEMA)
-    assert catalogs.may_apply_late(committer.catalog)
+    assert seam_commit.swapper_of(committer.catalog).may_apply_late()
     real_commit = seam_commit.PreparedCommit.commit
     real_fresh = catalogs.load_table_fresh
     in_flight: list[seam_commit.PreparedCommit] = []

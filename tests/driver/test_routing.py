@@ -22,6 +22,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 
+from lakesink._pyiceberg import commit as seam_commit
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall, Outcome
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
@@ -359,7 +360,7 @@ def test_a_table_created_meanwhile_makes_each_table_create_itself_and_leaves_no_
     """Another writer creates db.b between the batch's read of its tables and their creation: the transaction creating
     a, b, c fails as a whole (none created, the metadata files it wrote deleted), each table then creates itself and
     db.b, the other writer's table, is written -- every id once, no metadata file of the failed attempt left."""
-    real = catalogs.read_at_once
+    real = seam_commit.read_at_once
     theirs: list[str] = []
 
     def read_then_another_creates_b(catalog: Any, identifiers: Any, **kw: Any) -> Any:
@@ -375,7 +376,7 @@ def test_a_table_created_meanwhile_makes_each_table_create_itself_and_leaves_no_
         theirs.append(str(b.metadata.table_uuid))
         return found
 
-    monkeypatch.setattr(catalogs, "read_at_once", read_then_another_creates_b)
+    monkeypatch.setattr(seam_commit, "read_at_once", read_then_another_creates_b)
     rc = routed(catalog_properties)
     run(rc, 0, {"a": [1], "b": [2], "c": [3]})
     assert theirs and str(catalogs.load_table_fresh(None, catalog_properties, ("db", "b")).metadata.table_uuid) == theirs[0]
@@ -1163,9 +1164,9 @@ def test_format_lakesink_opens_the_tables_it_wrote_at_the_start_of_a_run_with_on
     # kept for their next read: the tables planned, not the one only looked at (a namespace of many large tables the
     # stream does not write must not stay in the driver's memory)
     loads.clear()
-    catalogs.load_table(rc.catalog, ("db", "w0"))
+    seam_commit.load_table(rc.catalog, ("db", "w0"))
     assert loads == []
-    catalogs.load_table(rc.catalog, ("db", "other"))
+    seam_commit.load_table(rc.catalog, ("db", "other"))
     assert loads == [("db", "other")]
     monkeypatch.undo()
     assert {n: p.table_uuid for n, p in plans.items()} == {
@@ -1191,7 +1192,7 @@ def test_the_location_check_does_not_keep_the_namespaces_other_tables(
     run(rc, 0, {"n1": [1, 2]})
     loads = loads_of(rc, monkeypatch)
     for name in ("a", "b", "c", "n1"):
-        catalogs.load_table(rc.catalog, ("db", name))
+        seam_commit.load_table(rc.catalog, ("db", name))
     assert loads == [("db", "a"), ("db", "b"), ("db", "c")]  # n1 kept (written), the others read anew
     monkeypatch.undo()
     assert table_ids(catalog.load_table(("db", "n1"))) == Counter([1, 2])

@@ -25,6 +25,7 @@ import pytest
 from pyiceberg.utils.concurrent import ExecutorFactory
 
 from benchmarks.routing_scale import lakesink_state, process_sample
+from lakesink._pyiceberg import commit as seam_commit
 from lakesink.driver import catalogs
 from lakesink.driver.actions.batch import BatchCall
 from lakesink.driver.committers.routed import RoutedCommitter, RoutedOutcome
@@ -100,7 +101,7 @@ def _threads_named(prefix: str) -> int:
 @pytest.fixture
 def lowered(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(routed_tables, "MAX_COMMITTERS", COMMITTERS)
-    monkeypatch.setattr(catalogs, "_MAX_TABLES_KEPT", TABLES_KEPT)
+    monkeypatch.setattr(seam_commit, "_MAX_TABLES_KEPT", TABLES_KEPT)
     monkeypatch.setattr(auto, "MAX_MAINTAINERS", MAINTAINERS)
 
 

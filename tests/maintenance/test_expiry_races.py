@@ -20,7 +20,6 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
 
 from lakesink._pyiceberg import commit as seam_commit
-from lakesink.driver import catalogs
 from lakesink.driver.committers.table import TableCommitter
 from lakesink.maintenance.expiry import ExpiryReport, expire_snapshots
 from lakesink.table.keys import SUMMARY_RESTORED_FROM
@@ -162,7 +161,7 @@ def test_files_of_expired_snapshots_another_clean_up_removed_first_do_not_fail_t
     lists = {s.snapshot_id: s.manifest_list for s in before.snapshots()}
     removed_by_other: list[str] = []
 
-    real_reload = catalogs.reload
+    real_reload = seam_commit.reload
 
     def load_after_another_clean_up(t: Table) -> Table:
         # another process's orphan clean-up, after the commit: it removes what the new metadata no longer references
@@ -174,7 +173,7 @@ def test_files_of_expired_snapshots_another_clean_up_removed_first_do_not_fail_t
                 removed_by_other.append(lists[sid])
         return table
 
-    monkeypatch.setattr(catalogs, "reload", load_after_another_clean_up)  # every read of the expiry goes through it
+    monkeypatch.setattr(seam_commit, "reload", load_after_another_clean_up)  # every read of the expiry goes through it
     report = expire_snapshots(load(c), retain_last=1, older_than=datetime.now(timezone.utc))
     assert report.status == "committed", report
     assert len(removed_by_other) == 2  # the fault happened: between the commit and the expiry's file listing

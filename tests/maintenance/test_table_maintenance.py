@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from pyiceberg.table import Table
 
+from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg.io import metadata as seam_metadata
 from lakesink.driver import catalogs
@@ -469,7 +470,7 @@ def test_compaction_lands_beside_a_stream_that_commits_back_to_back(catalog_prop
             errors.append(e)
 
     compacting = threading.current_thread()
-    real_load_table = catalogs.load_table
+    real_load_table = seam_commit.load_table
 
     def slow_load(catalog: Any, identifier: tuple[str, ...]) -> Table:  # the compaction's reads only
         t = real_load_table(catalog, identifier)
@@ -482,7 +483,7 @@ def test_compaction_lands_beside_a_stream_that_commits_back_to_back(catalog_prop
     try:
         wait_until(lambda: len(streamed) >= 2)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(catalogs, "load_table", slow_load)
+            patch.setattr(seam_commit, "load_table", slow_load)
             report = compaction.compact(load(c))
         n = len(streamed)
         wait_until(lambda: len(streamed) >= n + 2)  # the stream goes on after it
@@ -607,7 +608,7 @@ def test_a_commit_parses_the_metadata_once_and_never_deep_copies_it(
     assert commit(c, Q1, 3, [result]).outcome is Outcome.COMMITTED
     assert deep == []
     # nothing moved the table since this process's own last commit: the commit reads the catalog's pointer
-    # and reuses the metadata it already holds (lakesink.driver.catalogs.load_table): no metadata.json is parsed
+    # and reuses the metadata it already holds (lakesink.driver.seam_commit.load_table): no metadata.json is parsed
     assert loads == []
     table = load(c)
     assert table_ids(table) == Counter([*range(0, 10), *range(1000, 1010), *range(2000, 2010), 3000])
@@ -624,7 +625,6 @@ def test_a_table_moved_by_another_writer_is_read_afresh_and_parsed_once(
     from pyiceberg.catalog.sql import SqlCatalog
     from pyiceberg.serializers import FromInputFile
 
-    from lakesink.driver import catalogs
 
     c = open_committer(catalog_properties, maintenance=Maintenance.OFF)
     sent = commit_batches(c, 2)

@@ -44,7 +44,6 @@ from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import row_delta as seam_row_delta
 from lakesink.cdc import binlog, unavailable
 from lakesink.cdc.positions import any_gtid_order, gtid_commit_ms
-from lakesink.driver import catalogs
 from lakesink.driver.actions import upsert, upsert_order
 from lakesink.driver.actions.batch import AppendBatch, Batch, BatchAction, SinkContext
 from lakesink.driver.actions.row_delta import delete_target
@@ -711,7 +710,7 @@ def _seeds(mirror: BatchAction, changes: HistoryChanges, new: pa.Table, key: Seq
     the table does not keep or holds null in some row, or the table holding the batch already (a catalog committing
     one table after the other, replayed: the rows before the batch are gone from its head)."""
     c = mirror.context
-    table = catalogs.reload(mirror.table)
+    table = seam_commit.reload(mirror.table)
     if mirror.landed(table) is not None:
         return None
     if changes.rereads and binlog.Epoch.of(table.properties, changes.of).epoch:
@@ -1019,7 +1018,7 @@ def table_before(mirror: BatchAction, changes: pa.Table, rows_for: Sequence[bool
     that commits one table after the other: the row before the batch is gone from its head). The table's data files are
     read for the keys of the changes ``rows_for`` says (their placeholders take its values), and for every key when
     the table keeps live rows' order values in its order-by column."""
-    table = catalogs.reload(mirror.table)
+    table = seam_commit.reload(mirror.table)
     if mirror.landed(table) is not None:
         return None
     return _before(mirror.context, table, changes, rows_for, mirror.batch.batch_id)

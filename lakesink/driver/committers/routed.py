@@ -34,8 +34,8 @@ from pyiceberg.io import load_file_io
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
+from lakesink._pyiceberg import commit as seam_commit
 from lakesink.cdc import binlog
-from lakesink.driver import catalogs
 from lakesink.driver.actions import completeness, dead_letters, held, replay
 from lakesink.driver.actions.batch import BatchAction, BatchCall, BatchOutcome, Outcome
 from lakesink.driver.actions.held import Attempt
@@ -275,7 +275,7 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
         attempt = self._held_attempt(facts.held, query_id, batch_id)
         members: list[_Member] = []
         # the tables planned for this batch, read in one catalog query (SQL catalogs)
-        read = catalogs.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
+        read = seam_commit.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
         kept = [r.invalid_routes for r in results if r.invalid_routes]  # the batch's results as its actions hold them
         for route in routes:
             name = str(route)
@@ -597,7 +597,7 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
             return ()  # no namespace yet: no table
         best = -1
         found: list[str] = []
-        for ident, table in catalogs.load_tables(self.catalog, listed[: routed_tables.MAX_COMMITTERS]).items():
+        for ident, table in seam_commit.load_tables(self.catalog, listed[: routed_tables.MAX_COMMITTERS]).items():
             name = ".".join(ident)
             done = self.committer(name).last(table, query_id)
             if done is None or done.batch_id < best:

@@ -21,7 +21,7 @@ import pyarrow as pa
 from pyiceberg.table import Table
 
 from lakesink._pyiceberg import io as seam
-from lakesink.driver import catalogs
+from lakesink._pyiceberg.commit import swapper_of
 from lakesink.driver.actions import dead_letters, replay
 from lakesink.driver.actions import history as history_actions
 from lakesink.driver.actions.batch import (
@@ -266,7 +266,7 @@ class TableCommitter(SinkTable):
     def unit_in_doubt(self, action: CommitAction) -> None:
         """This table's action may still land (the unit's outcome is unknown): the abort that follows keeps its files."""
         assert isinstance(action, BatchAction)
-        if catalogs.may_apply_late(self.catalog):
+        if swapper_of(self.catalog).may_apply_late():
             b = action.batch
             guard.record_in_doubt(self.table_name, b.query_id, self.options.sink_id, b.batch_id, _written(b))
 
@@ -358,7 +358,7 @@ class TableCommitter(SinkTable):
             result = self._run(action, batch, history=history)
         except CommitOutcomeUnknownError:
             # the abort that follows must keep the files (lakesink.driver.loop.guard.record_in_doubt)
-            if catalogs.may_apply_late(self.catalog):
+            if swapper_of(self.catalog).may_apply_late():
                 paths = [*batch.paths, *(batch.merge.paths if batch.merge is not None else ())]
                 guard.record_in_doubt(self.table_name, batch.query_id, self.options.sink_id, batch.batch_id, paths)
                 if self.dead_letters is not None:
@@ -530,7 +530,7 @@ class TableCommitter(SinkTable):
         dead-letter table): its commit metrics reported where option ``metrics`` and the catalog say
         (lakesink.driver.report.metrics: after the commit, never raising) and its log line; returns ``outcome``."""
         options = self.options
-        if catalogs.may_apply_late(self.catalog):  # the batch is settled now (only such a catalog leaves one in doubt)
+        if swapper_of(self.catalog).may_apply_late():  # the batch is settled now (only such a catalog leaves one in doubt)
             guard.clear_in_doubt(self.table_name, batch.query_id, options.sink_id, outcome.batch_id)
         metrics.report(
             _commit_metrics(self, outcome, batch),

@@ -30,10 +30,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
-from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential_jitter
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    retry_if_not_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
 
 from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import refusals as seam_refusals
@@ -43,10 +51,13 @@ from lakesink._pyiceberg.refusals import refused_by_the_catalog
 from lakesink.driver import catalogs
 from lakesink.driver.loop.action import CommitAction, Landing, Turn
 from lakesink.errors import (
+    PROGRAMMING_ERRORS,
     CatalogPermissionError,
+    CatalogUnavailableError,
     CommitOutcomeUnknownError,
     InFlightTooLongError,
     LakesinkError,
+    TableIdentityChangedError,
     UnitNotAtomicError,
 )
 from lakesink.faults import (
@@ -262,8 +273,8 @@ def _permission_error(action: CommitAction, refusal: str) -> CatalogPermissionEr
 def _reload(action: CommitAction) -> Table:
     """The one read of a table for an attempt: its catalog's pointer (parsed again only when it moved), riding out
     a briefly locked or unreachable catalog."""
-    return catalogs.read_patiently(
-        lambda: catalogs.reload(action.table),
+    return read_patiently(
+        lambda: seam_commit.reload(action.table),
         dropped=f"table {action.name} was dropped during the {action.what}; nothing was committed",
         unavailable=f"cannot read table {action.name} from its catalog for the {action.what}",
         redact=action.redact,
@@ -439,7 +450,7 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
     cases what the attempts prepared was discarded or is unknown, and the caller decides about its data files.
 
     ``late_landing``: the catalog may apply a request after having answered it with an error (any catalog reached
-    over HTTP: REST, Glue, and database servers); default: :func:`lakesink.driver.catalogs.may_apply_late` of each
+    over HTTP: REST, Glue, and database servers); default: its swapper's ``may_apply_late`` of each
     action's catalog. ``atomic=False``: one table after the other even where the catalog could swap them as one unit
     (option ``atomic=off``).
     """
@@ -450,7 +461,9 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
     retry = actions[0].retry(actions[0].table)
     pending = [
         _Pending(
-            late_landing if late_landing is not None else a.table.catalog is None or catalogs.may_apply_late(a.table.catalog)
+            late_landing
+            if late_landing is not None
+            else a.table.catalog is None or seam_commit.swapper_of(a.table.catalog).may_apply_late()
         )
         for a in actions
     ]
@@ -519,7 +532,7 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
                 raise _Conflict(f"commit failed and did not land: {actions[group[0]].redact(e)}") from e
         else:
             for i in group:
-                catalogs.remember(prepared[i].table)  # the next read of the unmoved table parses nothing
+                seam_commit.remember(prepared[i].table)  # the next read of the unmoved table parses nothing
                 pending[i].settle_on(prepared[i].table, landed=prepared[i].snapshot_id)
                 p = prepared[i]
                 results[i] = SwapResult(
@@ -597,4 +610,38 @@ def run_unit(actions: Sequence[CommitAction], *, late_landing: bool | None = Non
                     "deleted, a restart settles it"
                 ) from None
         raise RetriesExhausted(attempts, last, refused, partial=dict(results)) from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+#: How long a commit attempt's read rides out a locked or unreachable catalog.
+CATALOG_READ_PATIENCE_S = 30.0
+
+
+def read_patiently(load: Callable[[], Table], *, dropped: str, unavailable: str, redact: Callable[[BaseException], str]) -> Table:
+    """``load()`` for a commit attempt, riding out a briefly locked or unreachable catalog for up to 30 s.
+
+    A table that is gone raises TableIdentityChangedError(``dropped``); a catalog still failing after 30 s
+    CatalogUnavailableError(``unavailable`` and the error); lakesink's own errors pass through.
+    """
+    retrying = Retrying(
+        stop=stop_after_delay(CATALOG_READ_PATIENCE_S),
+        wait=wait_exponential_jitter(initial=0.2, max=5.0),
+        retry=retry_if_not_exception_type((NoSuchTableError, LakesinkError)),
+        reraise=True,
+    )
+    try:
+        for attempt in retrying:
+            with attempt:
+                return load()
+    except NoSuchTableError:
+        raise TableIdentityChangedError(dropped) from None
+    except LakesinkError:
+        raise
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as e:
+        raise CatalogUnavailableError(
+            f"{unavailable} (tried for {CATALOG_READ_PATIENCE_S:.0f} s: {redact(e)}); nothing was committed; "
+            "restart the query when the catalog is available"
+        ) from None
     raise AssertionError("unreachable")  # pragma: no cover

@@ -455,10 +455,10 @@ class RoutedTables(ABC, Generic[T]):
     def _read_at_once(
         self, opening: list[tuple[str, ...]], *, keep: bool = True, payloads: bool = False
     ) -> dict[tuple[str, ...], Table] | None:
-        """Tables opened for the first time in the run, read in one catalog query (catalogs.read_at_once), or None:
+        """Tables opened for the first time in the run, read in one catalog query (seam_commit.read_at_once), or None:
         each table reads itself (one table; with upserts or ``payloads`` each is read first for its key or columns)."""
         if len(opening) > 1 and not self.options.upserts and not payloads:
-            return catalogs.read_at_once(self.catalog, opening, keep=keep)
+            return seam_commit.read_at_once(self.catalog, opening, keep=keep)
         return None
 
     def written_plans(self, query_id: str | None) -> BatchPlans:
@@ -489,7 +489,7 @@ class RoutedTables(ABC, Generic[T]):
                 except Exception:
                     continue  # dropped meanwhile, or not an Iceberg table
             if any(parse_last_batch_key(k) == (query_id, self.options.sink_id) for k in table.properties):
-                catalogs.remember(table)  # the table's next read parses nothing when it has not moved
+                seam_commit.remember(table)  # the table's next read parses nothing when it has not moved
                 plans[str(route)] = self._plan_and_table(route, query_id, NO_TABLE_FACTS, {route.identifier: table})[0]
         return self._with_letters(plans, query_id)
 

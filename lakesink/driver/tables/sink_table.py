@@ -75,11 +75,11 @@ def read_siblings(
     left out."""
     checked = [tuple(ident) for ident in identifiers[:MAX_SIBLINGS_CHECKED]]
     if read is None:
-        read = catalogs.read_at_once(catalog, checked, keep=False)
+        read = seam_commit.read_at_once(catalog, checked, keep=False)
     out = []
     for ident in checked:
         try:
-            table = read.get(ident) if read is not None else catalogs.load_table(catalog, ident, keep=False)
+            table = read.get(ident) if read is not None else seam_commit.load_table(catalog, ident, keep=False)
         except Exception:
             continue
         if table is not None:
@@ -135,7 +135,7 @@ class SinkTable:
                 swap.run(action)
             except swap.RetriesExhausted as e:
                 raise CommitConflictError(f"{action.what}: {e.attempts} attempt(s) {e.describe()}") from e
-            table = catalogs.load_table(self.catalog, self.options.table.identifier)
+            table = seam_commit.load_table(self.catalog, self.options.table.identifier)
         return table
 
     def open_routed(
@@ -226,7 +226,7 @@ class SinkTable:
         elsewhere (no catalog offers a conditional drop) after reading it, milliseconds after its creation."""
         ident = self.options.table.identifier
         try:
-            now = catalogs.load_table(self.catalog, ident)
+            now = seam_commit.load_table(self.catalog, ident)
             if now.metadata.table_uuid != table.metadata.table_uuid or now.metadata.snapshots:
                 return False
             dropped = None  # not a SQL catalog
@@ -277,7 +277,7 @@ class SinkTable:
         ident = self.options.table.identifier
         try:
             if not absent:
-                return self._patiently(lambda: catalogs.load_table(self.catalog, ident)), False
+                return self._patiently(lambda: seam_commit.load_table(self.catalog, ident)), False
         except NoSuchTableError:
             pass
         except PROGRAMMING_ERRORS:
@@ -305,7 +305,7 @@ class SinkTable:
             log.info("lakesink: created table %s in catalog %r", self.table_name, self.catalog.name)
             return table, True
         except TableAlreadyExistsError:  # another query created it first
-            return self._patiently(lambda: catalogs.load_table(self.catalog, ident)), False
+            return self._patiently(lambda: seam_commit.load_table(self.catalog, ident)), False
         except PROGRAMMING_ERRORS:
             raise
         except Exception as e:
@@ -396,7 +396,7 @@ class SinkTable:
         """For a later batch of a query already opened: the current table (the stream is checked against
         it by :meth:`write_plan`)."""
         try:
-            table = self._patiently(lambda: catalogs.load_table(self.catalog, self.options.table.identifier))
+            table = self._patiently(lambda: seam_commit.load_table(self.catalog, self.options.table.identifier))
         except NoSuchTableError:
             raise TableIdentityChangedError(
                 f"table {self.table_name} was dropped while the query ran; nothing was written. Restart the query "
@@ -476,11 +476,11 @@ class SinkTable:
         return last_committed_on_branch(table.metadata, query_id, self.options.branch, self.options.sink_id, index=index)
 
     def last_committed(self, query_id: str) -> CommittedBatch | None:
-        return self.last(catalogs.load_table(self.catalog, self.options.table.identifier), query_id)
+        return self.last(seam_commit.load_table(self.catalog, self.options.table.identifier), query_id)
 
     def load_patiently(self, batch_id: int, *, load: Callable[[], Table] | None = None) -> Table:
         """Read the table for a commit of batch ``batch_id``, riding out a briefly locked or unreachable catalog."""
-        return catalogs.read_patiently(
+        return swap.read_patiently(
             load or self.load,
             dropped=f"table {self.table_name} was dropped while batch {batch_id} was written; nothing was committed",
             unavailable=(f"cannot read table {self.table_name} from catalog {self.catalog.name!r} to commit batch {batch_id}"),
@@ -492,7 +492,7 @@ class SinkTable:
         file another process is committing to answers "database is locked"); pyiceberg's answers (no such table,
         already exists) and lakesink's errors are not retried."""
         retrying = Retrying(
-            stop=stop_after_delay(catalogs.CATALOG_READ_PATIENCE_S),
+            stop=stop_after_delay(swap.CATALOG_READ_PATIENCE_S),
             wait=wait_exponential_jitter(initial=0.2, max=5.0),
             retry=retry_if_not_exception_type((NoSuchTableError, NoSuchNamespaceError, TableAlreadyExistsError, LakesinkError)),
             reraise=True,
@@ -504,7 +504,7 @@ class SinkTable:
 
     def load(self) -> Table:
         """Read the table (through the process's catalog connection; no retry)."""
-        return catalogs.load_table(self.catalog, self.options.table.identifier)
+        return seam_commit.load_table(self.catalog, self.options.table.identifier)
 
     def load_fresh(self) -> Table:
         """Read the table through a connection that cannot hold a write of ours whose outcome is unknown

@@ -33,6 +33,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
+from lakesink._pyiceberg import commit as seam_commit
 from lakesink._pyiceberg import io as seam
 from lakesink.cdc import transactions
 from lakesink.driver import catalogs
@@ -266,7 +267,7 @@ def starting_state(
 
 
 def _load(catalog: Catalog, idents: Sequence[tuple[str, ...]]) -> dict[str, Table]:
-    return {".".join(i): t for i, t in catalogs.load_tables(catalog, idents).items()}
+    return {".".join(i): t for i, t in seam_commit.load_tables(catalog, idents).items()}
 
 
 def _sink_tables(catalog: Catalog, options: SinkOptions) -> list[tuple[str, ...]]:
