@@ -56,7 +56,7 @@ def run_tables(root: Path, tables: int, batches: int, rows_per_table: int) -> di
         {"route-by": "route", "namespace": "bench", "maintenance": "off", **{f"catalog.{k}": v for k, v in props.items()}}
     )
     rc = RoutedCommitter(options, SCHEMA)
-    counts = _count_statements(rc.catalog.engine)  # type: ignore[attr-defined]
+    counts = _count_statements(rc.tables.catalog.engine)  # type: ignore[attr-defined]
     names = [f"t{i:04d}" for i in range(tables)]
     commit_ms: list[float] = []
     statements: list[dict[str, int]] = []
@@ -67,7 +67,7 @@ def run_tables(root: Path, tables: int, batches: int, rows_per_table: int) -> di
         batch = pa.RecordBatch.from_pydict(
             {"id": ids, "user": [f"u{i % 7}" for i in ids], "route": [names[i % tables] for i in ids]}, schema=SCHEMA
         )
-        plan = rc.routed_plan(rc.plans(rc.routes(names, b), QUERY), QUERY, template=False)
+        plan = rc.tables.routed_plan(rc.tables.plans(rc.tables.routes(names, b), QUERY), QUERY, template=False)
         result = RoutedTaskWriter(plan, TaskIds(query_id=QUERY, batch_id=b, partition_id=0, task_attempt_id=0)).write([batch])
         counts.clear()
         started = time.perf_counter()

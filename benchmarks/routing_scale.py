@@ -57,7 +57,7 @@ def lakesink_state(rc: Any) -> dict[str, int]:
 
     return {
         "committers": len(rc._committers),
-        "table_identities": len(rc._uuids),
+        "table_identities": len(rc.tables._uuids),
         "tables_kept": len(seam_commit._tables),
         "turns": len(swap._turns),
         **auto.process_state(),
@@ -129,7 +129,7 @@ def run_mode(
         for i, route in zip(ids, routes, strict=True):
             sent.setdefault(route, Counter())[i] += 1
         batch = pa.RecordBatch.from_pydict({"id": ids, "user": [f"u{i % 7}" for i in ids], "route": routes}, schema=SCHEMA)
-        plan = rc.routed_plan(rc.plans(rc.routes(group, b), QUERY), QUERY, template=False)
+        plan = rc.tables.routed_plan(rc.tables.plans(rc.tables.routes(group, b), QUERY), QUERY, template=False)
         result = RoutedTaskWriter(plan, TaskIds(query_id=QUERY, batch_id=b, partition_id=0, task_attempt_id=0)).write([batch])
         t0 = time.perf_counter()
         rc.commit_batch(BatchCall(QUERY, b, f'[{{"logOffset":{b}}}]'), [result])

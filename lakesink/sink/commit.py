@@ -94,7 +94,7 @@ def commit_routed(
             # the commit (the table holds no row of their key) or the writer (the batch deleted the key before): with
             # a dead-letter table, nothing committed, the batch written again with them as dead letters, one unit
             known = letters.get(e.table, frozenset())
-            if routed.dead_letters is None or e.keys <= known:
+            if routed.tables.dead_letters is None or e.keys <= known:
                 raise
             letters[e.table] = known | e.keys
             log.warning(

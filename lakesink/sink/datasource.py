@@ -205,19 +205,20 @@ def _routed_stream_writer(options: SinkOptions, schema: StructType) -> LakesinkS
         make = functools.partial(_routed_committer, options, stream_schema)
         return LakesinkStreamWriter(None, StreamCommits(options, RoutedTaskResult, make, has_watermark=has_watermark))
     routed = _routed_committer(options, stream_schema)
-    if routed.template() is None:
+    tables = routed.tables
+    if tables.template() is None:
         raise InvalidOptionError(
             f"format('lakesink') with option 'route-by' writes the files of a table it has not opened before the table "
-            f"exists, and catalog {routed.catalog.name!r} ({type(routed.catalog).__name__}) {routed.no_template_reason()}"
+            f"exists, and catalog {tables.catalog.name!r} ({type(tables.catalog).__name__}) {tables.no_template_reason()}"
             ": use lakesink.foreach_batch(route_by=...), which opens (and creates) each batch's tables before it "
             "writes them"
         )
-    routed.check_staging()
+    routed.tables.check_staging()
     query_id = read_query_id(options.checkpoint_location)
-    plan = routed.routed_plan(routed.written_plans(query_id), query_id, template=True)
+    plan = routed.tables.routed_plan(routed.tables.written_plans(query_id), query_id, template=True)
     if plan.template is not None:  # option reject-when: read by Iceberg's parser over the tables' columns
         template = plan.template.plan(Route(("ns",), "t"), query_id, None)
-        dead_letters.check_reject_when(options, routed.stream_schema, template)
+        dead_letters.check_reject_when(options, routed.tables.stream_schema, template)
         # option event-time: a table created for a routing value takes the stream's columns (every table is checked
         # when it is opened: lakesink.driver.committers.routed)
         checkpoint.check_event_time(options, dataclasses.replace(template, table="created for a routing value"))

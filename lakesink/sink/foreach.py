@@ -544,7 +544,7 @@ class ForeachBatchSink:
                 cuts = key_change.merged(truncates.positions(found), keyed)
                 df, values, facts = truncates.apply(df, routed, routing, found, values, facts, cuts)
             # cdc-transactions=hold, no table yet, none planned (dead letters at most): the held changes' tables
-            if self._held is not None and self._held.needs_home and not routed.routes(values, batch_id):
+            if self._held is not None and self._held.needs_home and not routed.tables.routes(values, batch_id):
                 held_changes = debezium_changes(self._held.held_changes(), keep_value=self.options.dead_letter_table is not None)
                 held_values, _, held_facts = self._payload_columns(held_changes, facts)
                 homes, facts = transactions.homes(routed, routing, held_values, batch_id, held_facts)
@@ -552,25 +552,25 @@ class ForeachBatchSink:
         else:
             values = spark_routed.routing_values(df, routing.column)
         found_ms = (time.perf_counter() - started) * 1000
-        routes = routed.routes(values, batch_id)  # with dead_letter_table: the valid ones (the others: dead letters)
-        plans = routed.plans(routes, query_id, facts)
+        routes = routed.tables.routes(values, batch_id)  # with dead_letter_table: the valid ones (the others: dead letters)
+        plans = routed.tables.plans(routes, query_id, facts)
         planned_ms = (time.perf_counter() - started) * 1000 - found_ms
-        invalid = routed.any_invalid(values)  # with dead_letter_table: rows that are dead letters of error invalid-route
+        invalid = routed.tables.any_invalid(values)  # with dead_letter_table: rows that are dead letters of error invalid-route
 
         source = df  # a batch written again (unavailable-value dead letters: commit_routed) starts from it again
 
         def write(letters: Mapping[str, frozenset[LetterKey]]) -> list[RoutedTaskResult]:
             nonlocal df
             df = source
-            reject_column = routed.dead_letters is not None and self.options.reject_when is not None
+            reject_column = routed.tables.dead_letters is not None and self.options.reject_when is not None
             if reject_column:  # option reject-when: Spark SQL, computed by Spark into the reject column
                 df = dead_letters.with_reject_column(df, self.options)
             deletes_computed = False
             if self.options.upserts:  # each task resolves its rows of each table (lakesink.executor.upsert_task)
-                keys = routed_keys_by_value(values, routing, routed.table_keys)
+                keys = routed_keys_by_value(values, routing, routed.tables.table_keys)
                 tables = routed_tables_by_value(values, routing)  # one table's spellings: one partition
                 df, deletes_computed = upsert_batch.for_routed_tasks(df, routing.column, self.options, keys, tables)
-            plan = routed.routed_plan(
+            plan = routed.tables.routed_plan(
                 plans,
                 query_id,
                 template=False,

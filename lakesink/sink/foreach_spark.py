@@ -166,8 +166,8 @@ class RoutedSparkBatches:
         found = None if self.options.upserts else spark_routed.find_routes(df, routing.column)
         values = spark_routed.routing_values(df, routing.column) if found is None else list(found)
         found_ms = (time.perf_counter() - started) * 1000
-        routes = routed.routes(values, batch_id)  # an invalid route: RoutingError (dead letters need 'arrow')
-        plans = routed.plans(routes, query_id, facts)
+        routes = routed.tables.routes(values, batch_id)  # an invalid route: RoutingError (dead letters need 'arrow')
+        plans = routed.tables.plans(routes, query_id, facts)
         planned_ms = (time.perf_counter() - started) * 1000 - found_ms
         if self._cannot_write(spark, plans, batch_id):
             return None
@@ -203,7 +203,7 @@ class RoutedSparkBatches:
         """Where route-by with writer='spark' splits the batch by routing value before the tables are opened
         (lakesink.sink.spark.split), or None when it cannot: upserts (resolved by table key, known once the tables
         are), no template to write with (a catalog that places its tables itself), or one Spark cannot write."""
-        template = routed.template() if self.writes_routed() and not self.options.upserts else None
+        template = routed.tables.template() if self.writes_routed() and not self.options.upserts else None
         if template is None or template.staged:
             return None
         plan = template.plan(Route(("ns",), "t"), query_id, self.options.sink_id)
@@ -226,7 +226,7 @@ class RoutedSparkBatches:
         as one unit); then the tables are opened, each one's files moved into it (or written from the split's files),
         and one unit commits them."""
         routing = self.options.routing
-        template = routed.template()
+        template = routed.tables.template()
         assert routing is not None and template is not None
         spark_split.sweep(template.io, root, batch_id)  # a killed driver's split directories of earlier batches
         plan = template.plan(Route(("ns",), "t"), query_id, self.options.sink_id)
@@ -240,13 +240,13 @@ class RoutedSparkBatches:
             query_id=query_id,
             batch_id=batch_id,
             max_records_per_file=per_file,
-            digest=not routed.atomic,  # one unit: a replay finds the batch in all its tables or in none, compares no digest
+            digest=not routed.tables.atomic,  # one unit: a replay finds the batch in all its tables or in none, no digest
         )
         written: spark_routed.RoutedSparkWrite | None = None
         try:
             split_ms = (time.perf_counter() - started) * 1000
-            routes = routed.routes(list(s.keys), batch_id) if not s.odd else []  # invalid: RoutingError
-            plans = routed.plans(routes, query_id, facts) if not s.odd else BatchPlans()
+            routes = routed.tables.routes(list(s.keys), batch_id) if not s.odd else []  # invalid: RoutingError
+            plans = routed.tables.plans(routes, query_id, facts) if not s.odd else BatchPlans()
             planned_ms = (time.perf_counter() - started) * 1000 - split_ms
             if s.odd or self._cannot_write(df.sparkSession, plans, batch_id):
                 # a null, empty or long routing value: the two jobs' path; a table Spark cannot write (writer='auto'):
@@ -304,7 +304,7 @@ class RoutedSparkBatches:
         assert routing is not None
         tables = routed_tables_by_value(values, routing)
         return upsert_batch.resolve_routed(
-            df, batch_id, self.options, column=routing.column, tables=tables, keys=routed.table_keys
+            df, batch_id, self.options, column=routing.column, tables=tables, keys=routed.tables.table_keys
         )
 
     def commit(

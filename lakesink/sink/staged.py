@@ -75,18 +75,18 @@ def staged_plan(
             f"option 'payload' names column {column!r}, which the stream {found}; the payload column must be a string "
             f"holding each row's JSON object, or a VARIANT (columns: {', '.join(have.names)})"
         )
-    routed.upsert_spec()  # delete-when parsed as an Iceberg row filter here, at start
+    routed.tables.upsert_spec()  # delete-when parsed as an Iceberg row filter here, at start
     if options.reject_when is not None:  # evaluated by the commit's routed writer on the staged rows, without the route
         route = have.get_field_index(routing.column)
         dead_letters.check_reject_when(options, have.remove(route) if route >= 0 else have, None)
     hold = options.cdc_transactions is CdcTransactions.HOLD
     if hold:  # Kafka's value and offset in the stream; the batch's tables and what it holds back in one atomic commit
         staged_transactions.check_records(raw_schema)
-        check_atomic(routed.catalog, routing, hold=True)
+        check_atomic(routed.tables.catalog, routing, hold=True)
     root = f"{staging_root(options.checkpoint_location)}/{STAGED_ROWS_FOLDER}"
     return StagedPlan(
         root=root,
-        io=load_file_io(dict(routed.catalog.properties), root),
+        io=load_file_io(dict(routed.tables.catalog.properties), root),
         route_column=routing.column,
         payload_column=column,
         query_id=query_id,
@@ -120,7 +120,7 @@ class StagedCommitter:
         """The stream's columns (option cdc-transactions=hold: the staged records' and the held records')."""
 
     def commit_batch(self, call: BatchCall, results: Sequence[StagedTaskResult]) -> RoutedOutcome:
-        routed, routing = self.routed, self.routed.routing
+        routed, routing = self.routed, self.routed.tables.routing
         query_id, batch_id = call.query_id, call.batch_id
         run_id = call.run_id or next((r.run_id for r in results if r.run_id), None)
         facts = NO_FACTS  # what the batch's changes carry beside its rows, found step by step below
@@ -137,14 +137,14 @@ class StagedCommitter:
         kept = dict(cut) if routed.options.history is not None else {}  # option history: undone changes are versions
         cut = key_change.merged(cut, keyed)
         home = None
-        if self.plan.transactions and not routed.routes(values, batch_id):  # no table planned (dead letters at most)
+        if self.plan.transactions and not routed.tables.routes(values, batch_id):  # no table planned (dead letters at most)
             home = staged_transactions.home_inference(self.plan, replace(call, run_id=run_id), facts)
         if home is not None:  # cdc-transactions=hold, no table yet: the held changes' tables made empty, in the unit
             held_found, held_facts = self._table_columns([home], facts)
             held_values, facts = transactions.homes(routed, routing, list(held_found), batch_id, held_facts)
             values = [*values, *held_values]
-        routes = routed.routes(values, batch_id)
-        plans = routed.plans(routes, query_id, facts)
+        routes = routed.tables.routes(values, batch_id)
+        plans = routed.tables.plans(routes, query_id, facts)
         outcome = commit_routed(
             routed,
             replace(call, run_id=run_id),
@@ -152,7 +152,7 @@ class StagedCommitter:
             plans=plans,
             write=lambda letters: [self._write(plans, query_id, batch_id, run_id, results, cut, letters, kept)],
             batch_time=lambda: call.time,
-            invalid=routed.any_invalid(values),  # option dead-letter-table: rows of no valid table are dead letters
+            invalid=routed.tables.any_invalid(values),  # option dead-letter-table: rows of no valid table are dead letters
             facts=facts,
         )
         if self.plan.transactions:
@@ -165,7 +165,7 @@ class StagedCommitter:
     ) -> tuple[dict[object, payload.Found], BatchFacts]:
         """The tasks' inferences joined: per routing value, what the inference found (its keys, its last truncate), and
         ``facts`` with each table's columns and carried keys (those of these results only)."""
-        routing = self.routed.routing
+        routing = self.routed.tables.routing
         parts: dict[object, list[Mapping[str, pa.DataType | None]]] = {}
         found: dict[object, payload.Found] = {}
         for r in results:
@@ -199,7 +199,7 @@ class StagedCommitter:
     ) -> RoutedTaskResult:
         """The tables' files written from the staged rows, by one routed task writer for the whole batch (``letters``:
         lakesink.sink.commit.commit_routed's keys of unavailable-value dead letters)."""
-        plan = self.routed.routed_plan(plans, query_id, template=False, deletes_computed=True, unavailable_letters=letters)
+        plan = self.routed.tables.routed_plan(plans, query_id, template=False, deletes_computed=True, unavailable_letters=letters)
         writer = RoutedTaskWriter(
             plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id)
         )
@@ -212,7 +212,7 @@ class StagedCommitter:
             if r.file is None:
                 continue
             for batch in read_staged(self.plan.io, r.file):
-                yield truncates.undone(batch, self.routed.routing, cut, kept)
+                yield truncates.undone(batch, self.routed.tables.routing, cut, kept)
 
     def abort_batch(self, *, query_id: str | None, batch_id: int, results: Sequence[StagedTaskResult]) -> None:
         """The batch's staged files deleted (a staged file is never committed, whatever became of the batch; the

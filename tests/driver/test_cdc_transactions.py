@@ -152,8 +152,8 @@ def run_batch(rc: RoutedCommitter, props: Mapping[str, str], batch_id: int, reco
     events = [event_of(v) for v in split.released.column("value").to_pylist()]
     if not events and not facts.held_tables and split.held_changes:  # foreach_batch: no table records it yet
         changes = [v for v in split.held.column("value").to_pylist() if not transactions.is_transaction_record(json.loads(v))]
-        values, facts = transactions_sink.homes(rc, rc.routing, sorted({event_of(v)[0] for v in changes}), batch_id, facts)
-        rc.plans(rc.routes(values, batch_id), Q, facts)  # the tables made, as foreach_batch plans them
+        values, facts = transactions_sink.homes(rc, rc.tables.routing, sorted({event_of(v)[0] for v in changes}), batch_id, facts)
+        rc.tables.plans(rc.tables.routes(values, batch_id), Q, facts)  # the tables made, as foreach_batch plans them
     routing.run(rc, batch_id, events, facts=facts)
     return split
 

@@ -142,7 +142,7 @@ def test_tables_with_different_keys_in_one_batch_equal_the_model(catalog_propert
     for name, key in KEYS.items():
         schema = catalog.load_table(("db", name)).schema()
         assert set(routed_keys.identifier_fields(schema)) == set(key), name  # created ones: with the key they took
-    assert {n: set(k) for n, k in rc.table_keys.items()} == {f"db.{n}": set(k) for n, k in KEYS.items()}
+    assert {n: set(k) for n, k in rc.tables.table_keys.items()} == {f"db.{n}": set(k) for n, k in KEYS.items()}
 
 
 @pytest.mark.parametrize(("point", "extra", "some_landed"), BETWEEN_TABLES)

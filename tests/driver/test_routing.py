@@ -80,9 +80,9 @@ def write(
 ) -> RoutedTaskResult:
     """One task's routed write, planned as foreach_batch plans (every table opened first) or, with ``template``, as
     format("lakesink") plans (no table opened: the template)."""
-    batch = rows(data, pa.schema([f for f in SCHEMA] + [f for f in rc.stream_schema if f.name not in SCHEMA.names]))
-    plans = {} if template else rc.plans(rc.routes(set(data), batch_id), Q)
-    plan = rc.routed_plan(plans, Q, template=template)
+    batch = rows(data, pa.schema([f for f in SCHEMA] + [f for f in rc.tables.stream_schema if f.name not in SCHEMA.names]))
+    plans = {} if template else rc.tables.plans(rc.tables.routes(set(data), batch_id), Q)
+    plan = rc.tables.routed_plan(plans, Q, template=template)
     writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=part, task_attempt_id=part))
     return writer.write([batch])
 
@@ -262,7 +262,7 @@ def test_invalid_routing_values_fail_the_batch_naming_value_and_batch(
 def test_values_differing_only_in_case_are_refused(catalog_properties: dict[str, str]) -> None:
     rc = routed(catalog_properties)
     with pytest.raises(RoutingError, match="differ only in case"):
-        rc.routes(["Orders", "orders"], 3)
+        rc.tables.routes(["Orders", "orders"], 3)
 
 
 def test_an_empty_batch_moves_the_markers_of_the_previous_batchs_tables(catalog_properties: dict[str, str]) -> None:
@@ -449,7 +449,7 @@ def test_an_existing_table_takes_its_own_columns_by_name(catalog_properties: dic
         {"id": [1, 2, 3], "user": ["x", "y", "z"], "route": ["old", "new", "old"], "extra": [None, "e", None]},
         schema=WIDE,
     )
-    plan = rc.routed_plan(rc.plans(rc.routes(["old", "new"], 0), Q), Q, template=False)
+    plan = rc.tables.routed_plan(rc.tables.plans(rc.tables.routes(["old", "new"], 0), Q), Q, template=False)
     result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write([batch])
     rc.commit_batch(BatchCall(Q, 0, OFFSETS), [result])
     old = catalogs.load_table_fresh(None, catalog_properties, ("db", "old"))
@@ -468,13 +468,13 @@ def test_a_value_in_a_column_the_table_lacks_fails_naming_table_and_column(catal
     batch = pa.RecordBatch.from_pydict(
         {"id": [1, 2], "user": ["x", "y"], "route": ["old", "old"], "extra": [None, "lost?"]}, schema=WIDE
     )
-    plan = rc.routed_plan(rc.plans(rc.routes(["old"], 4), Q), Q, template=False)
+    plan = rc.tables.routed_plan(rc.tables.plans(rc.tables.routes(["old"], 4), Q), Q, template=False)
     with pytest.raises(SchemaMismatchError, match=r"table db\.old has no column 'extra'.*batch 4.*merge-schema"):
         RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=4, partition_id=0, task_attempt_id=0)).write([batch])
     assert ids(catalog_properties, "db.old") == Counter()
     # with merge-schema the column is added in the batch's commit
     rc = routed(catalog_properties, WIDE, **{"merge-schema": "true"})
-    plan = rc.routed_plan(rc.plans(rc.routes(["old"], 4), Q), Q, template=False)
+    plan = rc.tables.routed_plan(rc.tables.plans(rc.tables.routes(["old"], 4), Q), Q, template=False)
     result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=4, partition_id=0, task_attempt_id=0)).write([batch])
     rc.commit_batch(BatchCall(Q, 4, OFFSETS), [result])
     old = catalogs.load_table_fresh(None, catalog_properties, ("db", "old"))
@@ -569,7 +569,7 @@ def test_glue_commits_table_by_table_and_a_replay_completes(glue_catalog_propert
     props = dict(glue_catalog_properties)
     ns = f"db_{uuid.uuid4().hex[:8]}"
     rc = RoutedCommitter(options(props, namespace=ns), SCHEMA)
-    assert not rc.atomic
+    assert not rc.tables.atomic
     faults.arm(DRIVER_BETWEEN_TABLE_COMMITS, "raise")
     with pytest.raises(InjectedFault):
         run(rc, 0, {"a": [1], "b": [2]})
@@ -653,9 +653,9 @@ def test_event_time_with_a_routed_table_without_the_column_is_refused_before_any
     time = BatchTime(None, "ts")
     with pytest.raises(InvalidOptionError) as refused:
         if planned == "foreach_batch":
-            rc.plans(rc.routes(set(data), 0), Q)  # the tables are opened before any file is written
+            rc.tables.plans(rc.tables.routes(set(data), 0), Q)  # the tables are opened before any file is written
             raise AssertionError("planned")
-        plan = rc.routed_plan({}, Q, template=True)
+        plan = rc.tables.routed_plan({}, Q, template=True)
         result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write(
             [timed_rows(data, untimed="old")]
         )
@@ -672,8 +672,8 @@ def test_event_time_with_a_routed_table_without_the_column_is_refused_before_any
     with cat.load_table(("db", "old")).update_schema() as update:
         update.add_column("ts", TimestamptzType())
     again = routed(catalog_properties, TIMED, **{"event-time": "ts", "atomic": "off"})
-    plans = again.plans(again.routes(set(data), 0), Q) if planned == "foreach_batch" else {}
-    plan = again.routed_plan(plans, Q, template=planned != "foreach_batch")
+    plans = again.tables.plans(again.tables.routes(set(data), 0), Q) if planned == "foreach_batch" else {}
+    plan = again.tables.routed_plan(plans, Q, template=planned != "foreach_batch")
     result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write(
         [timed_rows(data, untimed="old")]
     )
@@ -695,8 +695,8 @@ def test_event_time_with_merge_schema_adds_the_column_to_a_routed_table_in_the_b
     cat.create_table(("db", "old"), Schema(NestedField(1, "id", LongType()), NestedField(2, "user", StringType())))
     rc = routed(catalog_properties, TIMED, **{"event-time": "ts", "merge-schema": "true"})
     data: dict[str | None, list[int]] = {"a": [1, 2], "old": [3, 4]}
-    plans = rc.plans(rc.routes(set(data), 0), Q) if planned == "foreach_batch" else {}
-    plan = rc.routed_plan(plans, Q, template=planned != "foreach_batch")
+    plans = rc.tables.plans(rc.tables.routes(set(data), 0), Q) if planned == "foreach_batch" else {}
+    plan = rc.tables.routed_plan(plans, Q, template=planned != "foreach_batch")
     result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write(
         [timed_rows(data, untimed="none")]
     )
@@ -723,9 +723,9 @@ def replay(
 ) -> RoutedOutcome:
     """A replay of ``batch_id`` as foreach_batch runs it: tables planned, the batch decided before any file is written,
     the files written, the unit committed (aborted on an error)."""
-    plans = rc.plans(rc.routes(set(data), batch_id), Q)
+    plans = rc.tables.plans(rc.tables.routes(set(data), batch_id), Q)
     rc.check_replay_at_plan(BatchCall(Q, batch_id, offsets, run_id), plans)
-    plan = rc.routed_plan(plans, Q, template=False)
+    plan = rc.tables.routed_plan(plans, Q, template=False)
     writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=0))
     results = [writer.write([rows(data)])]
     return commit_or_abort(rc, batch_id, results, offsets=offsets, run_id=run_id)
@@ -790,11 +790,11 @@ def test_two_batches_planned_through_one_committer_are_decided_in_the_other_orde
     the tables of the batch planned last, db.c, it found none holding batch 0 and passed)."""
     run(routed(catalog_properties), 0, {"a": [1], "b": [2]})
     rc = routed(catalog_properties)
-    zero = rc.plans(rc.routes({"a", "b"}, 0), Q)
-    one = rc.plans(rc.routes({"c"}, 1), Q)
+    zero = rc.tables.plans(rc.tables.routes({"a", "b"}, 0), Q)
+    one = rc.tables.plans(rc.tables.routes({"c"}, 1), Q)
     assert set(zero) == {"db.a", "db.b"} and set(one) == {"db.c"}
     rc.check_replay_at_plan(BatchCall(Q, 1, OTHER_OFFSETS), one)
-    writer = RoutedTaskWriter(rc.routed_plan(one, Q, template=False), TaskIds(Q, 1, 0, 0))
+    writer = RoutedTaskWriter(rc.tables.routed_plan(one, Q, template=False), TaskIds(Q, 1, 0, 0))
     out = commit_or_abort(rc, 1, [writer.write([rows({"c": [3]})])], offsets=OTHER_OFFSETS)
     assert {n: o.outcome for n, o in out.tables.items()} == {"db.c": Outcome.COMMITTED}
     with pytest.raises(ReplayMismatchError, match="other source offsets"):
@@ -891,9 +891,9 @@ def test_route_namespaces_keep_routed_tables_in_the_allowed_namespaces(catalog_p
         run(rc, 4, {"a": [1], "other.payments": [2]})
     assert not exists(catalog_properties, "db.a") and not exists(catalog_properties, "other.payments")
     with pytest.raises(RoutingError, match="namespace 'sales' is not one of"):  # compared level by level, exactly
-        rc.routes(["sales.orders"], 5)
+        rc.tables.routes(["sales.orders"], 5)
     with pytest.raises(RoutingError, match="namespace 'DB' is not one of"):  # case included
-        rc.routes(["DB.a"], 5)
+        rc.tables.routes(["DB.a"], 5)
     out = run(rc, 5, {"a": [1], "db.b": [2], "sales.eu.orders": [3]})
     assert {t: o.outcome for t, o in out.tables.items()} == {
         "db.a": Outcome.COMMITTED,
@@ -1032,7 +1032,7 @@ def test_a_string_that_is_not_utf8_fails_the_task_naming_table_and_column(
     """Issue 30, item 2b: an Iceberg string is UTF-8; a value that is not is refused before it is written, with an error
     that names the table, the column and the fix, and the task leaves no file."""
     rc = routed(catalog_properties)
-    plan = rc.routed_plan(rc.plans(rc.routes({"a"}, 0), Q), Q, template=False)
+    plan = rc.tables.routed_plan(rc.tables.plans(rc.tables.routes({"a"}, 0), Q), Q, template=False)
     writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0))
     with pytest.raises(SchemaMismatchError, match=r"column 'user' of table db\.a .* 1 row\(s\) .* not UTF-8") as e:
         writer.write([_not_utf8_rows(users)])
@@ -1045,7 +1045,7 @@ def test_a_string_that_is_not_utf8_is_a_dead_letter_with_a_dead_letter_table(
     catalog_properties: dict[str, str], users: list[bytes]
 ) -> None:
     rc = routed(catalog_properties, **{"dead-letter-table": "db.dead"})
-    plan = rc.routed_plan(rc.plans(rc.routes({"a"}, 0), Q), Q, template=False)
+    plan = rc.tables.routed_plan(rc.tables.plans(rc.tables.routes({"a"}, 0), Q), Q, template=False)
     writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0))
     bad = [i + 1 for i, u in enumerate(users) if not _is_utf8(u)]
     commit_or_abort(rc, 0, [writer.write([_not_utf8_rows(users)])])
@@ -1068,7 +1068,7 @@ def test_an_invalid_route_is_checked_before_a_string_that_is_not_utf8(catalog_pr
     """Invalid routes are checked first (docs/dead-letters.md): a task whose rows hold both, in any order, fails with
     the RoutingError naming the routing value, as before the UTF-8 check existed."""
     rc = routed(catalog_properties)
-    plan = rc.routed_plan({}, Q, template=True)
+    plan = rc.tables.routed_plan({}, Q, template=True)
     batch = pa.RecordBatch.from_pydict(
         {
             "id": pa.array([1, 2], pa.int64()),
@@ -1098,7 +1098,7 @@ def test_a_batch_opening_many_tables_reads_them_at_once_and_asks_for_their_names
     rc = routed(catalog_properties)
     calls: Counter[str] = Counter()
     for method in ("load_table", "create_namespace_if_not_exists", "create_table"):
-        real = getattr(rc.catalog, method)
+        real = getattr(rc.tables.catalog, method)
 
         def counted(*a: Any, _real: Any = real, _name: str = method, **k: Any) -> Any:
             try:
@@ -1109,9 +1109,9 @@ def test_a_batch_opening_many_tables_reads_them_at_once_and_asks_for_their_names
             finally:
                 calls[_name] += 1
 
-        monkeypatch.setattr(rc.catalog, method, counted)
-    routes = rc.routes([f"t{i:02d}" for i in range(12)], 0)
-    plans = rc.plans(routes, Q)
+        monkeypatch.setattr(rc.tables.catalog, method, counted)
+    routes = rc.tables.routes([f"t{i:02d}" for i in range(12)], 0)
+    plans = rc.tables.plans(routes, Q)
     assert sorted(plans) == [f"db.t{i:02d}" for i in range(12)]
     # no table looked for one by one before it is created (on main 8da9c98: 10 lookups not found, 10 namespace asks)
     assert calls["load_table (not found)"] == 0, calls
@@ -1133,13 +1133,13 @@ def test_a_batch_opening_many_tables_reads_them_at_once_and_asks_for_their_names
 def loads_of(rc: RoutedCommitter, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
     """The tables the routed committer's catalog loads (parses) from now on, in order (until monkeypatch.undo())."""
     loads: list[tuple[str, ...]] = []
-    real = rc.catalog.load_table
+    real = rc.tables.catalog.load_table
 
     def counted(ident: Any, *a: Any, **k: Any) -> Any:
         loads.append(tuple(ident))
         return real(ident, *a, **k)
 
-    monkeypatch.setattr(rc.catalog, "load_table", counted)
+    monkeypatch.setattr(rc.tables.catalog, "load_table", counted)
     return loads
 
 
@@ -1158,15 +1158,15 @@ def test_format_lakesink_opens_the_tables_it_wrote_at_the_start_of_a_run_with_on
     catalog.create_table(("db", "other"), schema=Schema(NestedField(1, "id", LongType(), required=False)))
     rc = routed(catalog_properties)  # a new run
     loads = loads_of(rc, monkeypatch)
-    plans = rc.written_plans(Q)
+    plans = rc.tables.written_plans(Q)
     assert sorted(plans) == [f"db.w{i}" for i in range(6)]
     assert len(loads) <= 7 and len(loads) == len(set(loads)), loads  # one read of each table at most
     # kept for their next read: the tables planned, not the one only looked at (a namespace of many large tables the
     # stream does not write must not stay in the driver's memory)
     loads.clear()
-    seam_commit.load_table(rc.catalog, ("db", "w0"))
+    seam_commit.load_table(rc.tables.catalog, ("db", "w0"))
     assert loads == []
-    seam_commit.load_table(rc.catalog, ("db", "other"))
+    seam_commit.load_table(rc.tables.catalog, ("db", "other"))
     assert loads == [("db", "other")]
     monkeypatch.undo()
     assert {n: p.table_uuid for n, p in plans.items()} == {
@@ -1192,7 +1192,7 @@ def test_the_location_check_does_not_keep_the_namespaces_other_tables(
     run(rc, 0, {"n1": [1, 2]})
     loads = loads_of(rc, monkeypatch)
     for name in ("a", "b", "c", "n1"):
-        seam_commit.load_table(rc.catalog, ("db", name))
+        seam_commit.load_table(rc.tables.catalog, ("db", name))
     assert loads == [("db", "a"), ("db", "b"), ("db", "c")]  # n1 kept (written), the others read anew
     monkeypatch.undo()
     assert table_ids(catalog.load_table(("db", "n1"))) == Counter([1, 2])

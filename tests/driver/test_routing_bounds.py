@@ -71,7 +71,8 @@ class Run:
             for i, r in zip(ids, routes, strict=True):
                 self.sent.setdefault(f"db.{r}", Counter())[i] += 1
             rows = pa.RecordBatch.from_pydict({"id": ids, "user": ["u"] * len(ids), "route": routes}, schema=SCHEMA)
-            plan = self.rc.routed_plan(self.rc.plans(self.rc.routes(group, self.batch), Q), Q, template=False)
+            tables = self.rc.tables
+            plan = tables.routed_plan(tables.plans(tables.routes(group, self.batch), Q), Q, template=False)
             result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=self.batch, partition_id=0, task_attempt_id=0)).write(
                 [rows]
             )
@@ -91,7 +92,7 @@ class Run:
             m.wait(120)
         assert not any(m.pending for m in maintainers)
         gc.collect()
-        return {**lakesink_state(self.rc), **process_sample(Path(self.rc.catalog.properties["uri"].removeprefix("sqlite:///")))}
+        return {**lakesink_state(self.rc), **process_sample(Path(self.rc.tables.catalog.properties["uri"].removeprefix("sqlite:///")))}
 
 
 def _threads_named(prefix: str) -> int:
@@ -123,7 +124,7 @@ def test_driver_state_threads_and_connections_do_not_grow_with_the_number_of_tab
     threads = baseline + auto.MAINTENANCE_THREADS + ExecutorFactory.get_or_create()._max_workers  # type: ignore[attr-defined]
     assert first["threads_py"] <= threads and second["threads_py"] <= threads, (baseline, first, second)
     # connections: the catalog's one pool, whose idle connections are at most its size
-    pool = run.rc.catalog.engine.pool  # type: ignore[attr-defined]
+    pool = run.rc.tables.catalog.engine.pool  # type: ignore[attr-defined]
     assert first["db_fds"] <= pool.size() and second["db_fds"] <= pool.size(), (first, second)
     # the committers dropped are garbage: neither the maintainers nor anything else keeps them (or the tables they read)
     alive = {id(c) for ref in run.committers if (c := ref()) is not None}
@@ -175,7 +176,7 @@ def routed_batch(props: dict[str, str], rows: Sequence[tuple[int, bytes, bytes |
         schema=ROW_SCHEMA,
     )
     values = {routing_value(r) for _, _, r in rows}
-    plan = rc.routed_plan(rc.plans(rc.routes(values, 0), Q), Q, template=False)
+    plan = rc.tables.routed_plan(rc.tables.plans(rc.tables.routes(values, 0), Q), Q, template=False)
     result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write([batch])
     return rc.commit_batch(BatchCall(Q, 0, "[]"), [result])
 

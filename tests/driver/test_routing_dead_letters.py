@@ -75,8 +75,8 @@ def rows(data: Mapping[str | None, Sequence[int]]) -> pa.RecordBatch:
 
 def write(rc: RoutedCommitter, batch_id: int, data: Mapping[str | None, Sequence[int]], part: int = 0) -> RoutedTaskResult:
     """One task's routed write, planned as foreach_batch plans it (the batch's valid tables opened first)."""
-    plans = rc.plans(rc.routes(set(data), batch_id), Q)
-    plan = rc.routed_plan(plans, Q, template=False)
+    plans = rc.tables.plans(rc.tables.routes(set(data), batch_id), Q)
+    plan = rc.tables.routed_plan(plans, Q, template=False)
     writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=part, task_attempt_id=part))
     return writer.write([rows(data)])
 
@@ -186,9 +186,9 @@ def test_reject_when_and_required_null_per_routed_table(catalog_properties: dict
         {"id": pa.array([11, 2]), "amount": pa.array([None, None], pa.float64()), "route": pa.array(["b", "a"])},
         schema=SCHEMA,
     )
-    plans = rc.plans(rc.routes({"a", "b", None}, 0), Q)
+    plans = rc.tables.plans(rc.tables.routes({"a", "b", None}, 0), Q)
     writer = RoutedTaskWriter(
-        rc.routed_plan(plans, Q, template=False), TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+        rc.tables.routed_plan(plans, Q, template=False), TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
     )
     results = [writer.write([batch, nulls])]
     rc.commit_batch(BatchCall(Q, 0, OFFSETS), results)
@@ -225,8 +225,8 @@ def test_without_a_dead_letter_table_an_invalid_route_is_still_a_routing_error(c
         SCHEMA,
     )
     with pytest.raises(RoutingError, match="'../etc'"):
-        rc.routes(["a", "../etc"], 0)
-    plan = rc.routed_plan(rc.plans(rc.routes(["a"], 0), Q), Q, template=False)
+        rc.tables.routes(["a", "../etc"], 0)
+    plan = rc.tables.routed_plan(rc.tables.plans(rc.tables.routes(["a"], 0), Q), Q, template=False)
     writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0))
     with pytest.raises(RoutingError, match="batch 0: routing column 'route' holds None"):
         writer.write([rows({"a": [1], None: [2]})])
@@ -314,9 +314,9 @@ def test_an_existing_table_without_a_stream_column_takes_its_rows_and_their_dead
         {"id": pa.array([1, 1001]), "amount": pa.array([None, None], pa.float64()), "route": pa.array(["narrow"] * 2)},
         schema=SCHEMA,
     )
-    plans = rc.plans(rc.routes({"narrow"}, 0), Q)
+    plans = rc.tables.plans(rc.tables.routes({"narrow"}, 0), Q)
     writer = RoutedTaskWriter(
-        rc.routed_plan(plans, Q, template=False), TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
+        rc.tables.routed_plan(plans, Q, template=False), TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)
     )
     rc.commit_batch(BatchCall(Q, 0, OFFSETS), [writer.write([narrow])])
     assert ids(catalog_properties, "db.narrow") == Counter([1])
@@ -351,7 +351,7 @@ def test_atomic_off_a_crash_between_table_commits_then_a_replay_completes_tables
 def write_as_format_lakesink(rc: RoutedCommitter, batch_id: int, *batches: pa.RecordBatch) -> RoutedTaskResult:
     """One task's routed write, planned as format("lakesink") plans a run (the tables the query wrote, the template
     for every other table), before the batch is seen."""
-    plan = rc.routed_plan(rc.written_plans(Q), Q, template=True)
+    plan = rc.tables.routed_plan(rc.tables.written_plans(Q), Q, template=True)
     writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=0))
     return writer.write(list(batches))
 

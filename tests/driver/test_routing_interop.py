@@ -78,7 +78,7 @@ def _commit_batches(props: Mapping[str, str], **extra: str) -> RoutedCommitter:
         SCHEMA,
     )
     for b in range(BATCHES):
-        plan = rc.routed_plan(rc.plans(rc.routes(TABLES, b), Q), Q, template=False)
+        plan = rc.tables.routed_plan(rc.tables.plans(rc.tables.routes(TABLES, b), Q), Q, template=False)
         result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=b, partition_id=0, task_attempt_id=0)).write([_batch(b)])
         rc.commit_batch(BatchCall(Q, b, f'[{{"logOffset":{b}}}]'), [result])
     return rc

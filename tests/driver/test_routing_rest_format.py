@@ -86,7 +86,7 @@ def test_new_tables_are_staged_then_created_where_the_server_places_them_in_one_
 ) -> None:
     ck = tmp_path / "checkpoint"
     rc = routed(txn_catalog_properties, ck)
-    template = rc.template()
+    template = rc.tables.template()
     assert template is not None and template.staged and template.root == f"{ck}/{STAGING_FOLDER}"
     out = run(rc, 0, DATA)
     assert {o.outcome for o in out.tables.values()} == {Outcome.COMMITTED}
@@ -113,9 +113,9 @@ def test_a_restarted_run_writes_the_tables_of_its_namespace_directly(
     ck = tmp_path / "checkpoint"
     run(routed(txn_catalog_properties, ck), 0, DATA)
     rc = routed(txn_catalog_properties, ck)
-    plans = rc.written_plans(Q)
+    plans = rc.tables.written_plans(Q)
     assert sorted(plans) == ["db.a", "db.b"]
-    plan = rc.routed_plan(plans, Q, template=True)
+    plan = rc.tables.routed_plan(plans, Q, template=True)
     result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=1, partition_id=0, task_attempt_id=0)).write(
         [base.rows({"a": [5], "other.c": [31]})]
     )
@@ -201,7 +201,7 @@ def test_atomic_required_is_refused_at_start_on_a_server_without_transactions(
     with pytest.raises(InvalidOptionError, match=r"option 'atomic' is 'required', but catalog .*RestCatalog"):
         routed(txn_catalog_properties, tmp_path / "checkpoint", atomic="required")
     rc = routed(txn_catalog_properties, tmp_path / "checkpoint")  # auto: table by table
-    assert not rc.atomic
+    assert not rc.tables.atomic
     run(rc, 0, DATA)
     assert_read_back(txn_catalog_properties, {"db.a": Counter([1, 2, 3]), "db.b": Counter([10, 20]), "other.c": Counter([30])})
 
@@ -256,6 +256,6 @@ def test_a_staging_area_lakesink_cannot_write_is_refused_at_start(txn_catalog_pr
     blocked.write_text("not a folder")
     rc = routed(txn_catalog_properties, blocked / "checkpoint")
     with pytest.raises(InvalidOptionError, match=r"staging area .*a-file/checkpoint/lakesink/staging .*places its tables itself"):
-        rc.check_staging()
-    routed(txn_catalog_properties, tmp_path / "checkpoint").check_staging()  # a folder it can write: accepted
+        rc.tables.check_staging()
+    routed(txn_catalog_properties, tmp_path / "checkpoint").tables.check_staging()  # a folder it can write: accepted
     assert staged_files(tmp_path / "checkpoint") == []  # the probe is gone

@@ -104,8 +104,8 @@ def write(
     rc: RoutedCommitter, batch_id: int, changes: Sequence[Change], *, foreach: bool, tasks: int = 3
 ) -> list[RoutedTaskResult]:
     """The batch's tasks: every (table, key) in one task (foreach_batch's repartition by both)."""
-    plans = rc.plans(rc.routes({c["route"] for c in changes}, batch_id), Q)
-    plan = rc.routed_plan(plans, Q, template=False, reject_column=foreach, deletes_computed=foreach)
+    plans = rc.tables.plans(rc.tables.routes({c["route"] for c in changes}, batch_id), Q)
+    plan = rc.tables.routed_plan(plans, Q, template=False, reject_column=foreach, deletes_computed=foreach)
     parts: list[list[Change]] = [[] for _ in range(tasks)]
     for c in changes:
         parts[zlib.crc32(f"{c['route']}/{c['id']}".encode()) % tasks].append(c)
@@ -256,7 +256,7 @@ def test_format_lakesink_a_change_rewritten_at_commit_into_a_dead_letter_is_not_
         s.c("r", 5, "c"),
     ]
     rc = routed(props)
-    plan = rc.routed_plan(rc.written_plans(Q), Q, template=True)
+    plan = rc.tables.routed_plan(rc.tables.written_plans(Q), Q, template=True)
     writer = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0))
     result = writer.write([task_rows(changes, foreach=False)])
     assert {t.table: t.templated for t in result.tables} == {"db.r": True}

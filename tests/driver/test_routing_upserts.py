@@ -192,7 +192,7 @@ def test_glue_commits_routed_upserts_table_by_table_and_a_replay_completes(
     stream = [[(t, k, f"{t}{k}", 10 * k + i, False) for i, t in enumerate(TABLES) for k in range(3)]]
     stream.append([("a", 1, "upd", 100, False), ("b", 2, "gone", 101, True), ("c", 0, "upd", 102, False)])
     rc = routed(props, namespace=ns)
-    assert not rc.atomic
+    assert not rc.tables.atomic
     run(rc, 0, stream[0])
     faults.arm(DRIVER_BETWEEN_TABLE_COMMITS, "raise")
     with pytest.raises(InjectedFault):

@@ -80,7 +80,7 @@ def test_a_routed_batch_of_local_tables_is_prepared_on_the_cores(
         for i, r in zip(ids, routes, strict=True):
             sent.setdefault(r, Counter())[i] += 1
         rows = pa.RecordBatch.from_pydict({"id": ids, "route": routes}, schema=SCHEMA)
-        plan = rc.routed_plan(rc.plans(rc.routes(names, batch), Q), Q, template=False)
+        plan = rc.tables.routed_plan(rc.tables.plans(rc.tables.routes(names, batch), Q), Q, template=False)
         result = RoutedTaskWriter(plan, TaskIds(query_id=Q, batch_id=batch, partition_id=0, task_attempt_id=0)).write([rows])
         rc.commit_batch(BatchCall(Q, batch, f'[{{"logOffset":{batch}}}]'), [result])
     assert ("lakesink-prepare", 2) in pools, pools

@@ -78,10 +78,10 @@ def test_two_batches_facts_committed_in_the_other_order_each_land_as_their_own(c
 
     # batch 1: a truncate of table a at 100, then a change after it (what truncates.apply leaves of the batch)
     one: list[Event] = [("a", 5, "five", 110, False)]
-    values_one, facts_one = truncates.mark(rc, rc.routing, {"a": Decimal(100)}, ["a"], NO_FACTS)
+    values_one, facts_one = truncates.mark(rc, rc.tables.routing, {"a": Decimal(100)}, ["a"], NO_FACTS)
     # batch 2: table b, no truncate; one change of an open transaction held back
     two: list[Event] = [("b", 3, "b-three", 120, False)]
-    values_two, facts_two = truncates.mark(rc, rc.routing, {}, ["b"], NO_FACTS)
+    values_two, facts_two = truncates.mark(rc, rc.tables.routing, {}, ["b"], NO_FACTS)
     back = held.HeldBack(
         rows=held_record(), changes=1, oldest_ms=1_700_000_000_100, committed_ms=None, waiting_for="771:400", previous=None
     )

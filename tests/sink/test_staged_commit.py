@@ -69,7 +69,7 @@ def test_a_staged_batch_commits_once_and_leaves_no_staged_file(catalog_propertie
     assert len(_staged(ck)) == 2 and t0.file is not None and t1.rows == 2
     out = c.commit_batch(BatchCall(query_id, 0, None, "run-1"), [t0, t1])
     assert sorted(out.committed) == ["db.a", "db.b"]
-    catalog = c.routed.catalog
+    catalog = c.routed.tables.catalog
     a = catalog.load_table(("db", "a"))
     assert a.schema().column_names == ["id", "x", "y"]  # the two tasks' inferences joined
     assert sorted(a.scan().to_arrow().to_pylist(), key=lambda r: r["id"]) == [
@@ -110,4 +110,4 @@ def test_an_abort_deletes_the_batchs_staged_files_and_a_killed_runs_but_keeps_la
     assert len(_staged(ck)) == 4
     c.abort_batch(query_id=query_id, batch_id=3, results=[failed])
     assert later.file is not None and _staged(ck) == [Path(later.file).name]
-    assert not c.routed.catalog.table_exists(("db", "a"))  # nothing of it reached a table
+    assert not c.routed.tables.catalog.table_exists(("db", "a"))  # nothing of it reached a table

@@ -90,8 +90,8 @@ def write_tasks(
 ) -> list[RoutedTaskResult]:
     """The batch's tasks as foreach_batch runs them: every (table, key) in one task, as its repartition by each table's
     key does; ``rows``: a task's events as the stream's rows; ``facts``: what the batch's changes carry."""
-    plans = rc.plans(rc.routes({e[0] for e in events}, batch_id), query_id, facts)
-    plan = rc.routed_plan(plans, query_id, template=False, deletes_computed=deletes_computed)
+    plans = rc.tables.plans(rc.tables.routes({e[0] for e in events}, batch_id), query_id, facts)
+    plan = rc.tables.routed_plan(plans, query_id, template=False, deletes_computed=deletes_computed)
     parts: list[list[Event]] = [[] for _ in range(tasks)]
     for e in events:
         parts[zlib.crc32(f"{e[0]}/{e[1]}".encode()) % tasks].append(e)

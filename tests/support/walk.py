@@ -136,8 +136,8 @@ def _foreach_routed(options: SinkOptions) -> set[str]:
     walks: list[set[str]] = []
     for batch in (0, 1):
         call = BatchCall(QUERY, batch, f'[{{"logOffset":{batch}}}]')
-        plans = rc.plans(rc.routes([str(r) for r in routes], batch), QUERY)
-        plan = rc.routed_plan(plans, QUERY, template=False)
+        plans = rc.tables.plans(rc.tables.routes([str(r) for r in routes], batch), QUERY)
+        plan = rc.tables.routed_plan(plans, QUERY, template=False)
         results = [RoutedTaskWriter(plan, TaskIds(QUERY, batch, 0, batch)).write(_rows(batch, True).to_batches())]
         with traced() as walk:
             commit_routed(rc, call, routes=routes, plans=plans, write=lambda _letters: results, batch_time=lambda: None)  # noqa: B023

@@ -132,8 +132,9 @@ class RoutedOutcome:
         )
 
 
-class RoutedCommitter(RoutedTables[TableCommitter]):
-    """The driver side of a routed sink: a :class:`TableCommitter` per table, one unit of commits per batch."""
+class RoutedCommitter:
+    """The driver side of a routed sink: a :class:`TableCommitter` per table, one unit of commits per batch; its tables
+    planned by :attr:`tables`."""
 
     merge_lookup: MergeLookups | None = None
     """foreach_batch: looks the batch's keys up in its merge-on-read tables (Spark's executors write the position delete
@@ -147,7 +148,11 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
         post_commit: Callable[[SinkTable], CommitHook] | None = None,
     ):
         letters = None if options.dead_letter_table is None else TableCommitter(dead_letters.dead_letter_options(options))
-        super().__init__(options, stream_schema, dead_letters=letters)
+        self.options = options
+        self.tables: RoutedTables[TableCommitter] = RoutedTables(
+            options, stream_schema, committer=self.committer, check_event_time=self.check_event_time, dead_letters=letters
+        )
+        """The sink's tables planned (lakesink.driver.tables.routed_tables): routes, plans, each table's key, the template."""
         self._post_commit = post_commit
         self._committers: OrderedDict[str, TableCommitter] = OrderedDict()
         self._swept = False
@@ -159,14 +164,14 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
 
     def new_run(self) -> None:
         """A new run of the query: its tables opened afresh (RoutedTables.new_run), no last batch known."""
-        super().new_run()
+        self.tables.new_run()
         self._last_tables = ()
 
     def committer(self, name: str) -> TableCommitter:
         """The table's committer (one per table, the routed_tables.MAX_COMMITTERS used last kept)."""
         found = self._committers.pop(name, None)
         if found is None:
-            route = route_of(name, (), self.routing.column, -1)
+            route = route_of(name, (), self.tables.routing.column, -1)
             table = TableName(route.namespace, route.name)
             history = self.options.history
             if history is not None and history.is_history_name(table):
@@ -176,8 +181,8 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
                     "pattern no routed table matches, for example 'audit.{table}_versions' (docs/history.md)"
                 )
             found = TableCommitter(self.options.for_table(table), post_commit=self._post_commit)
-            found.routed_dead_letters = self.dead_letters
-            found.history_stream = self.stream_schema
+            found.routed_dead_letters = self.tables.dead_letters
+            found.history_stream = self.tables.stream_schema
         self._committers[name] = found  # most recently used last
         while len(self._committers) > routed_tables.MAX_COMMITTERS:
             self._committers.popitem(last=False)
@@ -213,8 +218,8 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
         held: list[tuple[TableCommitter, Table, Sequence[str] | None]] = [
             (self.committer(name), table, names) for name, table in plans.read.items()
         ]
-        if self.dead_letters is not None and plans.letters is not None:
-            held.append((self.dead_letters, plans.letters, None))
+        if self.tables.dead_letters is not None and plans.letters is not None:
+            held.append((self.tables.dead_letters, plans.letters, None))
         holding: list[tuple[str, TableCommitter, Table, CommittedBatch]] = []
         missing: list[str] = []
         for c, table, tables in held:
@@ -257,13 +262,13 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
                 raise _nowhere_to_hold(call, facts.held, "releases dead letters only")
         call = replace(call, run_id=call.run_id or next((r.run_id for r in results if r.run_id), None))
         names = sorted(by_table)
-        routing = self.routing
+        routing = self.tables.routing
         routes = batch_routes(
-            names, routing.namespace, routing.column, batch_id, routing.allowed_namespaces, self.dead_letter_name
+            names, routing.namespace, routing.column, batch_id, routing.allowed_namespaces, self.tables.dead_letter_name
         )
         counted = [t for ts in by_table.values() for t in ts] + [r.invalid_routes for r in results if r.invalid_routes]
         replaying = any(t.replay_skipped for t in counted)
-        if self.dead_letters is not None and not replaying:
+        if self.tables.dead_letters is not None and not replaying:
             # max-rejected-fraction over the whole batch (every table, invalid routes); a replay that skips tables
             # holding the batch (and the dead-letter table) counts none of their rows: that batch passed the check
             # before its first commit, and the loop checks that this replay is faithful to it
@@ -275,7 +280,7 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
         attempt = self._held_attempt(facts.held, query_id, batch_id)
         members: list[_Member] = []
         # the tables planned for this batch, read in one catalog query (SQL catalogs)
-        read = seam_commit.load_tables(self.catalog, [r.identifier for r in routes if str(r) not in templated])
+        read = seam_commit.load_tables(self.tables.catalog, [r.identifier for r in routes if str(r) not in templated])
         kept = [r.invalid_routes for r in results if r.invalid_routes]  # the batch's results as its actions hold them
         for route in routes:
             name = str(route)
@@ -322,7 +327,7 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
                 try:
                     self._check_replay_rows(routes, actions, rows, kept, query_id=query_id, batch_id=batch_id)
                     actions += self._histories(actions, [m.results for m in members], facts)
-                    if self.dead_letters is not None:
+                    if self.tables.dead_letters is not None:
                         if not replaying:  # as above: a replay skipping tables that hold the batch passed the check before
                             self._recheck_rejected(actions, kept, query_id, batch_id)
                         letters = [t.dead_letters for t in kept if t.dead_letters is not None]
@@ -356,8 +361,8 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
             self._last_tables = tuple(names)
         if templated or not self._swept:  # once per process (a crashed run's leftovers), then after staged batches
             self._swept = True
-            if self.staging is not None:
-                self.staging.sweep(batch_id)
+            if self.tables.staging is not None:
+                self.tables.staging.sweep(batch_id)
         return outcome
 
     def _lookups(self, members: Sequence[_Member], call: BatchCall, facts: BatchFacts) -> Mapping[str, MergeLookup]:
@@ -445,9 +450,9 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
             return
         for c, a in actions:
             c.unit_not_committed(a, reason="the replay cannot be shown to route the rows the batch committed")
-        if self.dead_letters is not None:
+        if self.tables.dead_letters is not None:
             letters = [t.dead_letters for t in kept if t.dead_letters is not None]
-            self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
+            self.tables.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
         if counted:
             raise replay.counted_only_error(query_id, batch_id, counted, missing)
         raise ReplayMismatchError(
@@ -469,20 +474,20 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
         """max-rejected-fraction once more, with the dead letters a rewrite into a table found (:meth:`_rewrite_checks`);
         over it, the files of the batch's actions and dead letters are deleted before TooManyRejectedError (the rewritten
         files are known to no task result, so an abort would not find them)."""
-        assert self.dead_letters is not None
+        assert self.tables.dead_letters is not None
         try:
             dead_letters.check_rejected(self.options, kept, batch_id=batch_id)
         except TooManyRejectedError:
             for c, a in actions:
                 c.unit_not_committed(a, reason="too many rejected rows")
             letters = [t.dead_letters for t in kept if t.dead_letters is not None]
-            self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
+            self.tables.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
             raise
 
     def _letters_action(self, call: BatchCall, letters: Sequence[TaskResult]) -> tuple[TableCommitter, BatchAction]:
         """The batch's commit into the dead-letter table (its dead letters appended, or its marker moved when it has
         none), one action of the batch's unit: the batch's tables and its dead letters land together or not at all."""
-        d = self.dead_letters
+        d = self.tables.dead_letters
         assert d is not None
         table = d.load_patiently(call.batch_id)
         expected = next((r.table_uuid for r in letters if r.table_uuid), None)
@@ -501,10 +506,10 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
         """Run the batch's unit (``tables``: the batch's set of tables, which a table found holding the batch must
         have recorded; None: an empty batch's marker-only commits, not compared)."""
         # the dead-letter and history tables' members: not among the batch's tables (their commits record none)
-        aside = {id(self.dead_letters), *(id(c.history) for c, _ in actions if c.history is not None)}
+        aside = {id(self.tables.dead_letters), *(id(c.history) for c, _ in actions if c.history is not None)}
         members = [a.as_unit_member(tables if id(c) not in aside else None) for c, a in actions]
         try:
-            swapped = swap.run_unit(members, atomic=self.atomic)
+            swapped = swap.run_unit(members, atomic=self.tables.atomic)
         except CommitOutcomeUnknownError:
             for c, a in actions:
                 c.unit_in_doubt(a)
@@ -528,14 +533,14 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
         letters: BatchOutcome | None = None
         histories: dict[str, BatchOutcome] = {}
         for (c, a), result in zip(actions, swapped, strict=True):
-            if c is self.dead_letters:
+            if c is self.tables.dead_letters:
                 letters = c.unit_outcome(a, result)
             elif id(c) in aside:
                 histories[a.name] = c.unit_outcome(a, result)
             else:
                 outcomes[a.name] = c.unit_outcome(a, result)
         for c, a in actions:
-            if c is self.dead_letters or c.hook is None:
+            if c is self.tables.dead_letters or c.hook is None:
                 continue
             done = histories.get(a.name) if id(c) in aside else outcomes[a.name]
             if done is not None and done.outcome is Outcome.COMMITTED:
@@ -588,16 +593,16 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
         worker that keeps nothing between batches). One table recording it is enough for ``lakesink verify``: the
         query's other tables account for a batch id their own history lacks (lakesink.audit.routes). None found (no
         namespace, or the sink wrote only tables outside it): nothing to record it in, as before."""
-        ns = self.routing.namespace
+        ns = self.tables.routing.namespace
         if not ns:
             return ()
         try:
-            listed = [tuple(ident) for ident in self.catalog.list_tables(ns)]
+            listed = [tuple(ident) for ident in self.tables.catalog.list_tables(ns)]
         except Exception:
             return ()  # no namespace yet: no table
         best = -1
         found: list[str] = []
-        for ident, table in seam_commit.load_tables(self.catalog, listed[: routed_tables.MAX_COMMITTERS]).items():
+        for ident, table in seam_commit.load_tables(self.tables.catalog, listed[: routed_tables.MAX_COMMITTERS]).items():
             name = ".".join(ident)
             done = self.committer(name).last(table, query_id)
             if done is None or done.batch_id < best:
@@ -652,7 +657,7 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
         the table is as the template made it, else they are rewritten into the table here (its schema, its spec,
         its location) and the template's files deleted."""
         name = str(route)
-        expected = self._uuids.get(name) or next((r.table_uuid for r in results if r.table_uuid), None)
+        expected = self.tables._uuids.get(name) or next((r.table_uuid for r in results if r.table_uuid), None)
         if not templated:
             table = read if read is not None else c.load_patiently(batch_id)  # not read: raises (dropped) or retries
         else:
@@ -665,18 +670,20 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
                         "write into a table of that name again (a new table starts without the query's earlier batches)"
                     ) from None
                 table, _ = c.open_routed(
-                    self.columns_of(name, facts), location=self._location(route), siblings=lambda: self._sibling_locations(route)
+                    self.tables.columns_of(name, facts),
+                    location=self.tables._location(route),
+                    siblings=lambda: self.tables._sibling_locations(route),
                 )
                 fault_point(DRIVER_AFTER_TABLE_CREATED)
         uuid = str(table.metadata.table_uuid)
         if expected is not None and uuid != expected:
             raise c.identity_changed(expected, uuid)
-        self._uuids[name] = uuid
+        self.tables._uuids[name] = uuid
         if self.options.event_time is not None and not self.options.merge_schema:  # (merge-schema: the commit adds it)
             self.check_event_time(name, table.schema(), table.properties)
         if not templated:
             return table, results
-        template = self.template()
+        template = self.tables.template()
         assert template is not None
         written = {r.written_schema for r in results if r.files}
         done = c.last(table, query_id)
@@ -684,8 +691,8 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
             # staged files are never committed: the batch's rows are rewritten into the table, or, when the table
             # holds the batch already (a replay), the staged files are deleted and the loop must find it there
             if done is not None and done.batch_id >= batch_id:
-                assert self.staging is not None
-                self.staging.delete(results)
+                assert self.tables.staging is not None
+                self.tables.staging.delete(results)
                 return table, [replace(r, files=(), replay_skipped=True) for r in results]
             return table, self._rewrite(c, table, results, query_id, batch_id, staged=True)
         fits = (
@@ -703,7 +710,7 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
         """Files written with the template for a table that differs (created by someone else, or before the run,
         outside the namespace lakesink opened at the start), or staged (a catalog that places its tables itself):
         their rows rewritten into the table, on the driver."""
-        plan = self._rewrite_checks(c.write_plan(table, query_id, c.columns_taken(table, self.stream_schema)), query_id)
+        plan = self._rewrite_checks(c.write_plan(table, query_id, c.columns_taken(table, self.tables.stream_schema)), query_id)
         if staged:
             log.info(
                 "lakesink: table=%s batch=%s: the batch's staged files for it are rewritten into the table on the driver "
@@ -711,7 +718,7 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
                 "directly when it is in option 'namespace')",
                 c.table_name,
                 batch_id,
-                self.catalog.name,
+                self.tables.catalog.name,
             )
         else:
             log.warning(
@@ -724,7 +731,7 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
             plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0)
         )  # a new token: unique names
         old = [f.path for r in results for f in r.files]
-        io = load_file_io(dict(self.catalog.properties), old[0] if old else None)
+        io = load_file_io(dict(self.tables.catalog.properties), old[0] if old else None)
         keyed = next((r.changes for r in results if r.changes), None)  # upserts: the tasks resolved the rows by key
         dropped: set[tuple[object, ...]] = set()  # the keys whose resolved row is a dead letter here: not applied
         try:
@@ -733,7 +740,7 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
                     for batch in pq.ParquetFile(stream).iter_batches():
                         rows = conform_to_table(_without_field_ids(batch), plan, batch_id)
                         # a dead letter's row names its table in the routing column (the raw value is not kept)
-                        kept = writer.sort(rows, {self.routing.column: c.table_name})
+                        kept = writer.sort(rows, {self.tables.routing.column: c.table_name})
                         if keyed is not None and kept.num_rows < rows.num_rows:
                             dropped |= upsert_task.keys_of(rows, keyed) - upsert_task.keys_of(kept, keyed)
                         writer.add(kept)
@@ -762,9 +769,9 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
         itself when they are rewritten into it, as a task checks a planned table's rows: a null in a NOT NULL column of
         the table is a dead letter ``required-null``, not a SchemaMismatchError failing every batch (issue 30, item 9).
         ``reject-when`` is not evaluated again: the tasks did, on the stream's rows."""
-        if self.dead_letters is None:
+        if self.tables.dead_letters is None:
             return plan
-        checks = self.row_checks(query_id)  # the dead-letter table as it is now (its replay point)
+        checks = self.tables.row_checks(query_id)  # the dead-letter table as it is now (its replay point)
         assert checks is not None
         return replace(plan, row_checks=replace(checks, reject_when=None, reject_column=False))
 
@@ -777,18 +784,18 @@ class RoutedCommitter(RoutedTables[TableCommitter]):
         for r in results:
             for t in r.tables:
                 by_table.setdefault(t.table, []).append(t.result)
-        if self.dead_letters is not None:
+        if self.tables.dead_letters is not None:
             counted = [t for ts in by_table.values() for t in ts] + [r.invalid_routes for r in results if r.invalid_routes]
             letters = [t.dead_letters for t in counted if t.dead_letters is not None]
             if letters:
-                self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
+                self.tables.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
         for name, table_results in sorted(by_table.items()):
             c = self.committer(name)
             try:
                 c.load_fresh()
             except NoSuchTableError:
                 paths = [f.path for r in table_results for f in r.files]
-                io = load_file_io(dict(self.catalog.properties), paths[0] if paths else None)
+                io = load_file_io(dict(self.tables.catalog.properties), paths[0] if paths else None)
                 for path in paths:
                     try:
                         storage.delete_file(io, path)

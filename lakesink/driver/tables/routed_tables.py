@@ -3,9 +3,9 @@ opened (created on first sight, with their namespace) and checked, their write p
 batch's planning learned, as one value), the template of the tables format("lakesink") has not opened yet, the
 dead-letter table's row checks.
 
-:class:`RoutedTables` is the base of :class:`lakesink.driver.committers.routed.RoutedCommitter`, which commits a
-batch's tables as one unit and keeps a table's committer (:meth:`RoutedTables.committer`) for the
-:data:`MAX_COMMITTERS` tables used last (a run may route to thousands); catalog connections are the process's one per
+:class:`RoutedTables` is held by :class:`lakesink.driver.committers.routed.RoutedCommitter` (its ``tables``), which
+commits a batch's tables as one unit and gives each table's committer (``committer``, kept for the
+:data:`MAX_COMMITTERS` tables used last: a run may route to thousands); catalog connections are the process's one per
 catalog (lakesink.driver.catalogs). The staging area of a catalog that places its tables itself:
 lakesink.driver.tables.staging.
 """
@@ -13,8 +13,7 @@ lakesink.driver.tables.staging.
 from __future__ import annotations
 
 import logging
-from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
@@ -160,12 +159,25 @@ class BatchPlans(Mapping[str, WritePlan]):
         return len(self.plans)
 
 
-class RoutedTables(ABC, Generic[T]):
+class RoutedTables(Generic[T]):
     """The tables of a routed sink: one ``T`` per table (:meth:`committer`), their plans (the commit:
     :class:`~lakesink.driver.committers.routed.RoutedCommitter`, whose ``T`` is the table's committer)."""
 
-    def __init__(self, options: SinkOptions, stream_schema: pa.Schema, *, dead_letters: T | None = None):
+    def __init__(
+        self,
+        options: SinkOptions,
+        stream_schema: pa.Schema,
+        *,
+        committer: Callable[[str], T],
+        check_event_time: Callable[[str, Schema, Mapping[str, str]], None],
+        dead_letters: T | None = None,
+    ):
         assert options.routing is not None
+        self.committer = committer
+        """The table's committer, kept per table by the commit (:class:`~lakesink.driver.committers.routed.RoutedCommitter`)."""
+        self.check_event_time = check_event_time
+        """Option event-time: InvalidOptionError when table ``name`` cannot record it (the commit's rule, checked
+        when the table is opened)."""
         self.options = options
         self.routing: Routing = options.routing
         self.stream_schema = stream_columns(self.routing, stream_schema)
@@ -225,15 +237,6 @@ class RoutedTables(ABC, Generic[T]):
     def opened_in_run(self, routes: Iterable[Route]) -> bool:
         """Whether this run opened every table of ``routes`` before (their plans read them again, create none)."""
         return all(str(r) in self._uuids for r in routes)
-
-    @abstractmethod
-    def committer(self, name: str) -> T:
-        """The table's committer, kept per table by the commit (:class:`~lakesink.driver.committers.routed.RoutedCommitter`)."""
-
-    @abstractmethod
-    def check_event_time(self, name: str, schema: Schema, properties: Mapping[str, str]) -> None:
-        """Option event-time: InvalidOptionError when table ``name`` cannot record it (the commit's rule, checked
-        when the table is opened)."""
 
     def routes(self, values: Iterable[object], batch_id: int) -> list[Route]:
         """The tables a batch's routing values name (lakesink.table.routes.batch_routes: RoutingError naming a bad

@@ -93,7 +93,7 @@ def _change(f: Found) -> tuple[Key, Key, Decimal] | None:
 
 def _namespace(routed: RoutedCommitter, target: Route) -> Mapping[str, str]:
     try:
-        return routed.catalog.load_namespace_properties(target.namespace)
+        return routed.tables.catalog.load_namespace_properties(target.namespace)
     except NoSuchNamespaceError:
         return {}
 
@@ -116,7 +116,7 @@ def _text(old: Key, new: Key, at: Decimal) -> str:
 def _record(routed: RoutedCommitter, target: Route, old: Key, new: Key, at: Decimal) -> None:
     text = _text(old, new, at)
     if _namespace(routed, target).get(PROPERTY + target.name) != text:
-        routed.catalog.update_namespace_properties(target.namespace, updates={PROPERTY + target.name: text})
+        routed.tables.catalog.update_namespace_properties(target.namespace, updates={PROPERTY + target.name: text})
 
 
 def _unrecorded(name: str, target: Route, old: Key, new: Key, at: Decimal, *, exists: bool) -> str:

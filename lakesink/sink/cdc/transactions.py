@@ -109,7 +109,7 @@ def homes(
             except NoSuchTableError:
                 continue
         kept.append(value)
-    homes = frozenset(str(r) for r in routed.routes(kept, batch_id))
+    homes = frozenset(str(r) for r in routed.tables.routes(kept, batch_id))
     # nothing is applied: no truncate either
     return kept, replace(
         facts, table_columns=columns_of, truncating=frozenset(), truncated_at={}, truncated_time={}, held_homes=homes
