@@ -33,8 +33,7 @@ from pyiceberg.table import Table
 from pyiceberg.typedef import Identifier
 from pyiceberg.utils.config import Config
 
-from lakesink._pyiceberg import commit as seam_commit
-from lakesink._pyiceberg.commit import is_rest_catalog, is_sql_catalog, is_sql_engine, swapper_of
+from lakesink._pyiceberg.commit import is_rest_catalog, is_sql_catalog, is_sql_engine, remember, swapper_of
 from lakesink._pyiceberg.io.metadata import NewTable
 from lakesink.errors import PROGRAMMING_ERRORS, CatalogError
 from lakesink.redaction import redact_secrets_in
@@ -202,7 +201,7 @@ def create_at_once(catalog: Catalog, new: Sequence[NewTable]) -> dict[tuple[str,
         log.debug("lakesink: %d tables not created at once (%s); each creates itself", len(new), e)
         return None
     for table in (created or {}).values():
-        seam_commit.remember(table)
+        remember(table)
     return created
 
 

@@ -148,7 +148,6 @@ class RoutedCommitter:
         post_commit: Callable[[SinkTable], CommitHook] | None = None,
     ):
         letters = None if options.dead_letter_table is None else TableCommitter(dead_letters.dead_letter_options(options))
-        self.options = options
         self.tables: RoutedTables[TableCommitter] = RoutedTables(
             options, stream_schema, committer=self.committer, check_event_time=self.check_event_time, dead_letters=letters
         )
@@ -161,6 +160,11 @@ class RoutedCommitter:
         """The tables of this run's last batch committed here: where the query's replay marker stands, which an empty
         batch (or one of dead letters only) moves. A cache of the query's state (read from the catalog when empty:
         :meth:`_tables_of_last_batch`), reset by :meth:`new_run`; no fact of a batch (those come in its BatchFacts)."""
+
+    @property
+    def options(self) -> SinkOptions:
+        """The sink's options (its tables')."""
+        return self.tables.options
 
     def new_run(self) -> None:
         """A new run of the query: its tables opened afresh (RoutedTables.new_run), no last batch known."""
