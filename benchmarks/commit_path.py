@@ -69,7 +69,7 @@ def run(
         SinkOptions(table=TableName(("bench",), "commits"), catalog_properties=props, maintenance=Maintenance.OFF),
         post_commit=auto_maintenance,  # as the entry points make it
     )
-    table = committer.open_table(SCHEMA)
+    table = committer.table.open_table(SCHEMA)
     if table_properties:
         with table.transaction() as tx:
             tx.set_properties(dict(table_properties))
@@ -83,7 +83,7 @@ def run(
     samples: list[dict[str, Any]] = []
     for b in range(batches):
         c0, t0 = time.process_time(), time.perf_counter()
-        table = committer.reload_table()
+        table = committer.table.reload_table()
         plan = committer.write_plan(table, QUERY_ID)
         c1, t1 = time.process_time(), time.perf_counter()
         expected_last = b - 1 if b else None
@@ -152,7 +152,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _sample(committer: TableCommitter, metadata_dir: Path, batch: int) -> dict[str, Any]:
-    table = committer.catalog.load_table(committer.options.table.identifier)
+    table = committer.table.catalog.load_table(committer.options.table.identifier)
     snapshot = table.current_snapshot()
     manifests = len(snapshot.manifests(table.io)) if snapshot else 0
     location = table.metadata_location.removeprefix("file://")
@@ -169,7 +169,7 @@ def _sample(committer: TableCommitter, metadata_dir: Path, batch: int) -> dict[s
 def _expire(committer: TableCommitter, keep: int) -> float:
     """Expire all but the newest ``keep`` snapshots (opt-in maintenance; never done by lakesink itself)."""
     start = time.perf_counter()
-    table = committer.catalog.load_table(committer.options.table.identifier)
+    table = committer.table.catalog.load_table(committer.options.table.identifier)
     snapshots = sorted(table.metadata.snapshots, key=lambda s: s.sequence_number or 0)
     old = [s.snapshot_id for s in snapshots[:-keep]]
     if old:
@@ -180,7 +180,7 @@ def _expire(committer: TableCommitter, keep: int) -> float:
 def _rows_back(committer: TableCommitter) -> dict[str, int]:
     import pyarrow.compute as pc
 
-    table = committer.catalog.load_table(committer.options.table.identifier)
+    table = committer.table.catalog.load_table(committer.options.table.identifier)
     ids = table.scan(selected_fields=("id",)).to_arrow().column("id")
     return {"rows": len(ids), "distinct": pc.count_distinct(ids).as_py()}
 

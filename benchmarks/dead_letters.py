@@ -46,7 +46,7 @@ def _rows(n: int, bad_every: int) -> list[pa.RecordBatch]:
 
 
 def _cpu(committer: TableCommitter, batches: list[pa.RecordBatch], **checks: Any) -> float:
-    plan = committer.write_plan(committer.load(), "bench")
+    plan = committer.write_plan(committer.table.load(), "bench")
     if plan.row_checks is not None:
         plan = replace(plan, row_checks=replace(plan.row_checks, **checks))
     best = float("inf")
@@ -62,11 +62,11 @@ def main(rows: int) -> list[tuple[str, float]]:
     (work / "warehouse").mkdir()
     props = {"type": "sql", "uri": f"sqlite:///{work}/catalog.db", "warehouse": f"file://{work}/warehouse"}
     plain = TableCommitter(SinkOptions(table=TableName(("db",), "plain"), catalog_properties=props))
-    plain.open_table(_TABLE)
+    plain.table.open_table(_TABLE)
     checked = TableCommitter(
         SinkOptions(table=TableName(("db",), "checked"), catalog_properties=props, dead_letter_table=TableName(("db",), "dead"))
     )
-    checked.open_table(_TABLE)
+    checked.table.open_table(_TABLE)
     good = _rows(rows, 0)
     return [
         ("no dead-letter table (today)", _cpu(plain, good)),

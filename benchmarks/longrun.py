@@ -72,13 +72,13 @@ def run(
         ),
         post_commit=auto_maintenance,  # as the entry points make it
     )
-    committer.open_table(SCHEMA)
+    committer.table.open_table(SCHEMA)
     commit_ms: list[float] = []
     commit_cpu_ms: list[float] = []
     maintain: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
     for b in range(batches):
-        table = committer.reload_table()
+        table = committer.table.reload_table()
         plan = committer.write_plan(table, QUERY_ID)
         writer = TaskWriter(plan, TaskIds(query_id=QUERY_ID, batch_id=b, partition_id=0, task_attempt_id=b))
         result = writer.write([_rows(b * rows_per_batch, rows_per_batch)])
@@ -90,9 +90,9 @@ def run(
             raise AssertionError(f"batch {b}: {outcome}")
         if (b + 1) % maintain_every == 0:
             m0 = time.perf_counter()
-            c = compaction.compact(committer.reload_table())
+            c = compaction.compact(committer.table.reload_table())
             m1 = time.perf_counter()
-            e = expiry.expire_snapshots(committer.reload_table()) if variant == "maintained" else None
+            e = expiry.expire_snapshots(committer.table.reload_table()) if variant == "maintained" else None
             m2 = time.perf_counter()
             maintain.append(
                 {
@@ -155,7 +155,7 @@ def run(
 
 
 def _sample(committer: TableCommitter, batch: int) -> dict[str, Any]:
-    table = committer.reload_table()
+    table = committer.table.reload_table()
     head = table.current_snapshot()
     files = len(list(seam.data_file_entries(table, head))) if head else 0
     return {

@@ -40,7 +40,7 @@ def _run(props: dict[str, str], namespace: str, batches: int, interval: float, p
         SinkOptions(table=TableName((namespace,), "bench"), catalog_properties=props),
         post_commit=auto_maintenance,  # as the entry points make it
     )
-    sink.open_table(arrow_rows([]).schema)
+    sink.table.open_table(arrow_rows([]).schema)
     commit_ms: list[float] = []
     load1: list[float] = []
     metadata_kib: list[float] = []
@@ -49,7 +49,7 @@ def _run(props: dict[str, str], namespace: str, batches: int, interval: float, p
     lag = 0.0
     next_tick = time.monotonic()
     for b in range(batches + 1):
-        plan = sink.write_plan(sink.reload_table(), QUERY)
+        plan = sink.write_plan(sink.table.reload_table(), QUERY)
         result = TaskWriter(plan, TaskIds(query_id=QUERY, batch_id=b, partition_id=0, task_attempt_id=0)).write(
             arrow_rows([b]).to_batches()
         )
@@ -65,7 +65,7 @@ def _run(props: dict[str, str], namespace: str, batches: int, interval: float, p
                 if len(proxy.exchanges) > 2:  # what a batch needing more than a read and a commit met
                     unusual.append({"batch": b, "exchanges": [(e.kind, e.status, e.fault) for e in proxy.exchanges]})
             # after the counts: this read of the table is the harness's, not the batch's
-            metadata_kib.append(_metadata_bytes(sink.reload_table().metadata_location) / 1024)
+            metadata_kib.append(_metadata_bytes(sink.table.reload_table().metadata_location) / 1024)
         next_tick += interval
         sleep = next_tick - time.monotonic()
         if sleep > 0:
@@ -73,7 +73,7 @@ def _run(props: dict[str, str], namespace: str, batches: int, interval: float, p
         else:
             lag -= sleep
             next_tick = time.monotonic()
-    table = sink.reload_table()
+    table = sink.table.reload_table()
     ids = Counter(table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
     exact = ids == Counter(range(batches + 1))
     out: dict[str, Any] = {

@@ -105,7 +105,7 @@ def run(
             SinkOptions(table=TableName(("bench",), "lakesink"), catalog_properties=props, upsert_key=("id",)),
             post_commit=auto_maintenance,  # as the entry points make it
         )
-        committer.open_table(SCHEMA)
+        committer.table.open_table(SCHEMA)
         ours = catalog.load_table(("bench", "lakesink"))
         theirs = catalog.create_table(("bench", "pyiceberg"), schema=ours.schema())
         t0 = time.perf_counter()
@@ -161,7 +161,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def _lakesink_batch(committer: TableCommitter, batch_id: int, data: pa.Table) -> dict[str, Any]:
     def apply() -> Any:
-        table = committer.reload_table()
+        table = committer.table.reload_table()
         plan = committer.write_plan(table, QUERY)
         writer = TaskWriter(plan, TaskIds(query_id=QUERY, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id))
         result = writer.write(data.to_batches())
@@ -169,7 +169,7 @@ def _lakesink_batch(committer: TableCommitter, batch_id: int, data: pa.Table) ->
         return committer.commit_batch(BatchCall(QUERY, batch_id, None), [result], changes=keys)
 
     outcome, ms = _timed(apply)
-    table = committer.reload_table()
+    table = committer.table.reload_table()
     snap = table.metadata.snapshot_by_id(outcome.snapshot_id)
     summary = snap.summary.additional_properties if snap is not None and snap.summary else {}
     return {

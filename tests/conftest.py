@@ -267,7 +267,7 @@ def committer(catalog_properties: dict[str, str]) -> object:
     from tests.support.helpers import arrow_rows, make_committer
 
     c = make_committer(catalog_properties)
-    c.open_table(arrow_rows([]).schema)
+    c.table.open_table(arrow_rows([]).schema)
     return c
 
 

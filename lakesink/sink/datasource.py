@@ -76,7 +76,7 @@ def stream_writer(options: SinkOptions, schema: StructType) -> LakesinkStreamWri
         )
     committer = _table_committer(options)
     stream_schema = arrow_schema_of(schema)
-    table = committer.open_table(stream_schema)
+    table = committer.table.open_table(stream_schema)
     plan = committer.write_plan(table, read_query_id(options.checkpoint_location), stream_schema)
     checkpoint.check_event_time(options, plan)
     dead_letters.check_reject_when(options, stream_schema, plan)

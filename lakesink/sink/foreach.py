@@ -301,10 +301,10 @@ class ForeachBatchSink:
             self._run, self._opened, self._table_uuid, self._last_rows = run_id, None, None, None
         stream_schema = arrow_schema_of(df.schema)
         if self._opened is None or not self._opened.equals(stream_schema):
-            table = committer.open_table(stream_schema)  # first batch (or a new stream schema): all checks
+            table = committer.table.open_table(stream_schema)  # first batch (or a new stream schema): all checks
             self._opened = stream_schema
         else:
-            table = committer.reload_table()
+            table = committer.table.reload_table()
         # the table must stay the one this run opened (not dropped and recreated between batches)
         plan = committer.write_plan(table, query_id, stream_schema, expected_uuid=self._table_uuid)
         self._table_uuid = plan.table_uuid
@@ -356,7 +356,7 @@ class ForeachBatchSink:
         for attempt in range(1, LOOKUP_ATTEMPTS + 1):
             with committer.batch_turn():  # this process's maintenance waits from the lookup to the commit
                 if attempt > 1:
-                    table = committer.reload_table()
+                    table = committer.table.reload_table()
                 outcome = self._merge_attempt(resolved, plan, table, query_id, batch_id, run_id, attempt, changes)
             if outcome is not None:
                 return outcome

@@ -238,7 +238,7 @@ class TableMergeOnRead:
             return c.commit_batch(call, results, table_uuid=table_uuid, history=history)
         for attempt in range(1, LOOKUP_ATTEMPTS + 1):
             with c.batch_turn():  # this process's maintenance waits from the lookup to the commit
-                found = self._lookup(c.reload_table(), call, results)
+                found = self._lookup(c.table.reload_table(), call, results)
                 if found is None:
                     return c.commit_batch(call, results, table_uuid=table_uuid, history=history)
                 try:
@@ -252,7 +252,7 @@ class TableMergeOnRead:
                     log.warning(
                         "lakesink: table=%s batch=%s: the merge-on-read lookup is out of date (%s); looking the keys up "
                         "again on the new head (attempt %s of %s)",
-                        c.table_name,
+                        c.table.table_name,
                         call.batch_id,
                         e,
                         attempt + 1,
@@ -269,16 +269,20 @@ class TableMergeOnRead:
     def _lookup(self, table: Table, call: BatchCall, results: Sequence[TaskResult]) -> MergeLookup | None:
         c = self.committer
         parts = [r.changes for r in results if r.changes]
-        if not parts or any(r.replay_skipped for r in results) or not settings.merge_on_read(c.table_name, table.properties):
+        if (
+            not parts
+            or any(r.replay_skipped for r in results)
+            or not settings.merge_on_read(c.table.table_name, table.properties)
+        ):
             return None
-        done = c.last(table, call.query_id)
+        done = c.table.last(table, call.query_id)
         if done is not None and done.batch_id >= call.batch_id:
             return None  # a replay: the commit finds it
         schema = c.write_plan(table, call.query_id).schema
-        request = request_for(c.table_name, table, parts, schema=schema, options=c.options, batch_id=call.batch_id)
+        request = request_for(c.table.table_name, table, parts, schema=schema, options=c.options, batch_id=call.batch_id)
         if request is None:
             return None
-        return self.lookups([request], query_id=call.query_id, batch_id=call.batch_id, run_id=call.run_id).get(c.table_name)
+        return self.lookups([request], query_id=call.query_id, batch_id=call.batch_id, run_id=call.run_id).get(c.table.table_name)
 
 
 def lookup(

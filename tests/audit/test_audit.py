@@ -29,7 +29,7 @@ Q2 = "22222222-bbbb-4000-8000-000000000002"
 @pytest.fixture
 def table(catalog_properties: dict[str, str]) -> Any:
     c = make_committer(catalog_properties)
-    c.open_table(arrow_rows([]).schema)
+    c.table.open_table(arrow_rows([]).schema)
     commit(c, Q1, 0, [write_task(c, Q1, 0, [1, 2, 3])])
     load(c).append(arrow_rows([100]))  # another writer
     commit(c, Q1, 1, [write_task(c, Q1, 1, [4, 5]), write_task(c, Q1, 1, [6], attempt=1)])
@@ -191,7 +191,7 @@ def test_verify_passes_on_a_clean_table(table: Any, catalog_properties: dict[str
 
 def test_empty_batches_are_recorded_and_not_a_gap(catalog_properties: dict[str, str]) -> None:
     c = make_committer(catalog_properties)
-    c.open_table(arrow_rows([]).schema)
+    c.table.open_table(arrow_rows([]).schema)
     commit(c, Q1, 0, [write_task(c, Q1, 0, [1])])
     assert commit(c, Q1, 1, []).outcome is Outcome.EMPTY
     assert commit(c, Q1, 2, []).outcome is Outcome.EMPTY

@@ -323,11 +323,11 @@ def test_history_branch_and_source_offsets_as_json_values(catalog_properties: di
     for b in range(2):
         offsets = json.dumps([{"logOffset": b}, None])
         c.commit_batch(BatchCall(Q, b, offsets), [write_task(c, Q, b, [b])])
-    t = c.load()
+    t = c.table.load()
     head = t.current_snapshot()
     assert head is not None
     t.manage_snapshots().create_branch(head.snapshot_id, "audit").commit()
-    c.load().append(c.load().scan().to_arrow().slice(0, 0), branch="audit")  # a snapshot only on branch audit
+    c.table.load().append(c.table.load().scan().to_arrow().slice(0, 0), branch="audit")  # a snapshot only on branch audit
     args = [f"--catalog-property={k}={v}" for k, v in catalog_properties.items()]
     every = json.loads(run(["history", "db.events", "--json"], args))
     assert [r["source_offsets"] for r in every[:2]] == [[{"logOffset": 0}, None], [{"logOffset": 1}, None]]
@@ -356,7 +356,7 @@ def test_read_at_stops_at_the_limit(catalog_properties: dict[str, str]) -> None:
     c = make_committer(catalog_properties)
     for b in range(3):
         commit(c, Q, b, [write_task(c, Q, b, list(range(b * 10, b * 10 + 10)))])
-    assert read_at(c.load(), limit=4).num_rows == 4 and read_at(c.load()).num_rows == 30
+    assert read_at(c.table.load(), limit=4).num_rows == 4 and read_at(c.table.load()).num_rows == 30
 
 
 def test_sizes_are_printed_in_one_unit_system(catalog_properties: dict[str, str]) -> None:
@@ -402,7 +402,7 @@ def test_every_command_takes_the_group_json_flag(
 ) -> None:
     """``lakesink --json <command>``: every command of the group prints JSON (``report`` its page's path and the
     verify result shown on it; ``checkpoint-clean`` takes a folder)."""
-    table = make_committer(catalog_properties).load()
+    table = make_committer(catalog_properties).table.load()
     head = table.current_snapshot()
     assert head is not None
     table.manage_snapshots().create_branch(head.snapshot_id, "audit").commit()
@@ -581,7 +581,7 @@ def test_report_marks_each_restart_and_draws_whole_counts_on_batch_axes(catalog_
 
     report._png = keep
     try:
-        page, verdict = report.render_report(c.load())
+        page, verdict = report.render_report(c.table.load())
     finally:
         report._png = original
     assert verdict.ok

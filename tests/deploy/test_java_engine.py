@@ -246,7 +246,7 @@ def test_java_merge_on_read_delete_while_lakesink_compacts(
 
     query = "22222222-aaaa-4000-8000-000000000029"
     c = sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=shared, maintenance=Maintenance.OFF))
-    c.open_table(arrow_rows([]).schema)
+    c.table.open_table(arrow_rows([]).schema)
     sent: list[int] = []
     for b in range(5):  # five small files of 11 rows
         ids = list(range(b * 1000, b * 1000 + 11))

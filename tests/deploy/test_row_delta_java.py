@@ -41,7 +41,7 @@ def test_java_reads_lakesinks_position_deletes_and_lakesink_compacts_javas(
     java_table: str,  # noqa: F811
 ) -> None:
     c = sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=shared, maintenance=Maintenance.OFF))
-    c.open_table(arrow_rows([]).schema)
+    c.table.open_table(arrow_rows([]).schema)
     sent = commit_batches(c, 5, rows=11)
 
     def load() -> Table:

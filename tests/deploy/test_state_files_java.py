@@ -83,10 +83,10 @@ def test_java_maintenance_beside_an_upsert_stream_with_deletes(catalog_propertie
     c = make(catalog_properties)
     run(c, 0, [(1, "one", 1, False), (2, "two", 2, False), (3, "three", 3, False)])
     run(c, 1, [(1, "", 5, True), (3, "", 6, True)])  # tombstones in the order file
-    order_file = c.reload_table().properties[PROPERTY_UPSERT_ORDER_FILE]
+    order_file = c.table.reload_table().properties[PROPERTY_UPSERT_ORDER_FILE]
     maintain(java, catalog_properties, "db.events")
     assert gone(order_file)  # Iceberg's orphan removal took it, as it takes every file no metadata references
-    table = c.reload_table()
+    table = c.table.reload_table()
     recorded = state_files.current(table.properties)
     assert recorded is not None and not gone(recorded.path)  # the state file is live to Iceberg Java
     run(c, 2, [(1, "stale", 3, False), (2, "newer", 7, False)])  # older than key 1's delete: stays deleted

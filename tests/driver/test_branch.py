@@ -52,7 +52,7 @@ def test_batches_commit_to_the_branch_only(catalog_properties: dict[str, str]) -
 
 def test_a_batch_on_main_does_not_make_the_branch_skip(catalog_properties: dict[str, str]) -> None:
     b = branch_committer(catalog_properties)
-    b.open_table(arrow_rows([]).schema)
+    b.table.open_table(arrow_rows([]).schema)
     commit(b, Q, 0, [write_task(b, Q, 0, [1])])
     commit(b, Q, 1, [write_task(b, Q, 1, [2])])
     # the same query id's batch 2 lands on main (e.g. the query ran once without the option): the marker is main's
@@ -67,7 +67,7 @@ def test_a_batch_on_main_does_not_make_the_branch_skip(catalog_properties: dict[
 
 def test_a_reset_branch_replays_its_batches(catalog_properties: dict[str, str]) -> None:
     b = branch_committer(catalog_properties)
-    b.open_table(arrow_rows([]).schema)
+    b.table.open_table(arrow_rows([]).schema)
     for batch in range(3):
         commit(b, Q, batch, [write_task(b, Q, batch, [batch])])
     t = load(b)
@@ -101,7 +101,7 @@ def test_publish_fast_forwards_main_after_verify(catalog_properties: dict[str, s
 
 def test_publish_refuses_a_branch_that_fails_verify(catalog_properties: dict[str, str]) -> None:
     b = branch_committer(catalog_properties)
-    b.open_table(arrow_rows([]).schema)
+    b.table.open_table(arrow_rows([]).schema)
     commit(b, Q, 0, [write_task(b, Q, 0, [1])])
     load(b).append(arrow_rows([1]), branch="audit", snapshot_properties={"lakesink.query-id": Q, "lakesink.batch-id": "0"})
     base = load(b).metadata.snapshot_by_name("main")  # an empty table gets an empty snapshot to branch from

@@ -114,7 +114,7 @@ def test_empty_append_batch_commits_nothing(committer: TableCommitter) -> None:
 
 def test_complete_mode_replaces_table_contents_in_one_overwrite_snapshot(catalog_properties: dict[str, str]) -> None:
     c = make_committer(catalog_properties, OutputMode.COMPLETE)
-    c.open_table(SCHEMA)
+    c.table.open_table(SCHEMA)
     commit(c, Q1, 0, [write_task(c, Q1, 0, [1, 2, 3])])
     commit(c, Q1, 1, [write_task(c, Q1, 1, [1, 2, 3, 4]), write_task(c, Q1, 1, [5], attempt=1)])
     table = load(c)
@@ -130,7 +130,7 @@ def test_complete_mode_replaces_table_contents_in_one_overwrite_snapshot(catalog
 
 def test_other_writer_between_check_and_swap_is_retried_and_both_land(committer: TableCommitter, faults) -> None:  # type: ignore[no-untyped-def]
     result = write_task(committer, Q1, 0, list(range(50)))
-    other = make_committer(committer.options.catalog_properties).catalog.load_table(("db", "events"))
+    other = make_committer(committer.options.catalog_properties).table.catalog.load_table(("db", "events"))
     # another writer commits while we hold a checked, stale base
     outcome = raced(faults, lambda: commit(committer, Q1, 0, [result]), lambda: other.append(arrow_rows([9001, 9002])))
     table = load(committer)
@@ -311,7 +311,7 @@ def test_catalog_locked_longer_than_its_busy_timeout(tmp_path: Path) -> None:
     props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/locked.db", "warehouse": f"file://{tmp_path}/wh"}
     (tmp_path / "wh").mkdir()
     c = make_committer(props)
-    c.open_table(SCHEMA)
+    c.table.open_table(SCHEMA)
     result = write_task(c, Q1, 0, [1, 2, 3])
     locker = sqlite3.connect(tmp_path / "locked.db", timeout=0.1, isolation_level=None, check_same_thread=False)
     locker.execute("BEGIN EXCLUSIVE")  # nobody else can read or write the catalog now
@@ -337,7 +337,7 @@ def test_catalog_locked_for_too_long_is_a_clear_retryable_error(tmp_path: Path, 
     props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/locked.db", "warehouse": f"file://{tmp_path}/wh"}
     (tmp_path / "wh").mkdir()
     c = make_committer(props)
-    c.open_table(SCHEMA)
+    c.table.open_table(SCHEMA)
     result = write_task(c, Q1, 0, [1, 2])
     monkeypatch.setattr("lakesink.driver.loop.swap.CATALOG_READ_PATIENCE_S", 1.0)
     locker = sqlite3.connect(tmp_path / "locked.db", timeout=0.1, isolation_level=None)
@@ -366,8 +366,8 @@ def test_postgres_commit_that_lands_after_its_error_and_the_settle_read_keeps_it
     from tests.conftest import sql_catalog_properties
 
     committer = make_committer(sql_catalog_properties("postgres", tmp_path, request))
-    committer.open_table(SCHEMA)
-    assert seam_commit.swapper_of(committer.catalog).may_apply_late()
+    committer.table.open_table(SCHEMA)
+    assert seam_commit.swapper_of(committer.table.catalog).may_apply_late()
     real_commit = seam_commit.PreparedCommit.commit
     real_fresh = catalogs.load_table_fresh
     in_flight: list[seam_commit.PreparedCommit] = []
@@ -406,18 +406,18 @@ def test_a_sink_on_the_old_name_of_a_renamed_table_creates_no_table_in_its_locat
     the renamed table keeps its rows and nothing is committed anywhere."""
     first = make_committer(catalog_properties)
     commit(first, Q1, 0, [write_task(first, Q1, 0, [1, 2])])
-    first.catalog.rename_table(("db", "events"), ("db", "renamed"))
+    first.table.catalog.rename_table(("db", "events"), ("db", "renamed"))
     restarted = make_committer(catalog_properties)
     with pytest.raises(TableLocationError, match=r"table db.events at .* overlaps table db.renamed.*dropped again"):
-        restarted.open_table(SCHEMA)
-    assert ("db", "events") not in [tuple(t) for t in restarted.catalog.list_tables("db")]
-    renamed = restarted.catalog.load_table(("db", "renamed"))
+        restarted.table.open_table(SCHEMA)
+    assert ("db", "events") not in [tuple(t) for t in restarted.table.catalog.list_tables("db")]
+    renamed = restarted.table.catalog.load_table(("db", "renamed"))
     assert table_ids(renamed) == Counter([1, 2]) and len(renamed.snapshots()) == 1
     # created by the user with a location of its own: the sink writes it
-    restarted.catalog.create_table(("db", "events"), schema=renamed.schema(), location=renamed.location() + "-2")
+    restarted.table.catalog.create_table(("db", "events"), schema=renamed.schema(), location=renamed.location() + "-2")
     again = make_committer(catalog_properties)
     commit(again, Q2, 0, [write_task(again, Q2, 0, [3])])
-    assert table_ids(load(again)) == Counter([3]) and table_ids(restarted.catalog.load_table(("db", "renamed"))) == Counter(
+    assert table_ids(load(again)) == Counter([3]) and table_ids(restarted.table.catalog.load_table(("db", "renamed"))) == Counter(
         [1, 2]
     )
 
@@ -434,15 +434,15 @@ def test_a_table_renamed_into_another_namespace_is_found_by_its_metadata_files(
         monkeypatch.setattr(catalog_scans, "READ_METADATA_FILES_AT_MOST", 0)
     first = make_committer(catalog_properties)
     commit(first, Q1, 0, [write_task(first, Q1, 0, [1, 2])])
-    first.catalog.create_namespace("archive")
-    first.catalog.rename_table(("db", "events"), ("archive", "events"))
+    first.table.catalog.create_namespace("archive")
+    first.table.catalog.rename_table(("db", "events"), ("archive", "events"))
     restarted = make_committer(catalog_properties)
     with pytest.raises(
         TableLocationError, match=r"table db.events at .* overlaps table archive.events: its metadata file .*dropped again"
     ):
-        restarted.open_table(SCHEMA)
-    assert ("db", "events") not in [tuple(t) for t in restarted.catalog.list_tables("db")]
-    assert table_ids(restarted.catalog.load_table(("archive", "events"))) == Counter([1, 2])
+        restarted.table.open_table(SCHEMA)
+    assert ("db", "events") not in [tuple(t) for t in restarted.table.catalog.list_tables("db")]
+    assert table_ids(restarted.table.catalog.load_table(("archive", "events"))) == Counter([1, 2])
 
 
 def test_a_table_dropped_again_is_dropped_only_if_nothing_committed_to_it_since_it_was_read(
@@ -451,10 +451,10 @@ def test_a_table_dropped_again_is_dropped_only_if_nothing_committed_to_it_since_
     """The drop of a table lakesink had just created over another's location is a compare-and-swap on its pointer
     (SQL catalogs): a commit landing between the read and the drop keeps the table."""
     c = make_committer(catalog_properties)
-    table = c.open_table(SCHEMA)
+    table = c.table.open_table(SCHEMA)
     read = table.metadata_location
     table.append(arrow_rows([7]))  # another writer, after lakesink read the table
-    assert seam_sql.drop_unchanged_on_sql_catalog(c.catalog, ("db", "events"), read) is False
+    assert seam_sql.drop_unchanged_on_sql_catalog(c.table.catalog, ("db", "events"), read) is False
     assert table_ids(load(c)) == Counter([7])
-    assert seam_sql.drop_unchanged_on_sql_catalog(c.catalog, ("db", "events"), load(c).metadata_location) is True
-    assert ("db", "events") not in [tuple(t) for t in c.catalog.list_tables("db")]
+    assert seam_sql.drop_unchanged_on_sql_catalog(c.table.catalog, ("db", "events"), load(c).metadata_location) is True
+    assert ("db", "events") not in [tuple(t) for t in c.table.catalog.list_tables("db")]

@@ -20,7 +20,7 @@ Q = "33333333-cccc-4000-8000-000000000003"
 
 def _committer(catalog_properties: dict[str, str], **properties: str) -> TableCommitter:
     c = make_committer(catalog_properties)
-    table = c.open_table(SCHEMA)
+    table = c.table.open_table(SCHEMA)
     if properties:
         with table.transaction() as tx:
             tx.set_properties(properties)

@@ -41,7 +41,7 @@ def unit(cs: tuple[TableCommitter, ...], batch_id: int, ids: dict[str, list[int]
 
 
 def state(c: TableCommitter) -> tuple[str | None, int]:
-    t: Table = c.load_fresh()
+    t: Table = c.table.load_fresh()
     return t.metadata_location, len(t.metadata.snapshots)
 
 
@@ -49,11 +49,11 @@ def test_a_unit_of_two_tables_lands_in_both_at_once(catalog_properties: dict[str
     a, b = committers(catalog_properties)
     results = swap.run_unit(unit((a, b), 0, {"a": [1, 2], "b": [10, 11, 12]}))
     assert [r.status for r in results] == [Status.LANDED, Status.LANDED] and [r.attempts for r in results] == [1, 1]
-    assert table_ids(a.load()) == Counter([1, 2]) and table_ids(b.load()) == Counter([10, 11, 12])
+    assert table_ids(a.table.load()) == Counter([1, 2]) and table_ids(b.table.load()) == Counter([10, 11, 12])
     # the batch is marked in each table: run again, the unit finds it committed in both and commits nothing
     again = swap.run_unit(unit((a, b), 0, {"a": [1, 2], "b": [10, 11, 12]}))
     assert [r.status for r in again] == [Status.ALREADY_COMMITTED, Status.ALREADY_COMMITTED]
-    assert table_ids(a.load()) == Counter([1, 2]) and table_ids(b.load()) == Counter([10, 11, 12])
+    assert table_ids(a.table.load()) == Counter([1, 2]) and table_ids(b.table.load()) == Counter([10, 11, 12])
 
 
 def test_a_fault_between_the_two_row_updates_commits_neither_table(catalog_properties: dict[str, str], faults: Any) -> None:
@@ -66,7 +66,7 @@ def test_a_fault_between_the_two_row_updates_commits_neither_table(catalog_prope
     assert (state(a), state(b)) == before  # table a's row update was rolled back with the transaction
     results = swap.run_unit(unit((a, b), 0, {"a": [1, 2], "b": [10, 11]}))  # the replay commits both, once
     assert [r.status for r in results] == [Status.LANDED, Status.LANDED]
-    assert table_ids(a.load()) == Counter([1, 2]) and table_ids(b.load()) == Counter([10, 11])
+    assert table_ids(a.table.load()) == Counter([1, 2]) and table_ids(b.table.load()) == Counter([10, 11])
 
 
 def test_a_fault_between_the_row_updates_is_retried_as_a_whole_unit(catalog_properties: dict[str, str], faults: Any) -> None:
@@ -74,8 +74,8 @@ def test_a_fault_between_the_row_updates_is_retried_as_a_whole_unit(catalog_prop
     faults.arm(CATALOG_BETWEEN_TABLE_SWAPS, "raise")
     results = swap.run_unit(unit((a, b), 0, {"a": [1], "b": [10]}))
     assert [(r.status, r.attempts) for r in results] == [(Status.LANDED, 2), (Status.LANDED, 2)]
-    assert [len(c.load().metadata.snapshots) for c in (a, b)] == [1, 1]
-    assert table_ids(a.load()) == Counter([1]) and table_ids(b.load()) == Counter([10])
+    assert [len(c.table.load().metadata.snapshots) for c in (a, b)] == [1, 1]
+    assert table_ids(a.table.load()) == Counter([1]) and table_ids(b.table.load()) == Counter([10])
 
 
 _KILLED_IN_THE_TRANSACTION = textwrap.dedent(
@@ -104,7 +104,7 @@ def test_sigkill_inside_the_database_transaction_commits_neither_table(
     assert (state(a), state(b)) == before  # the uncommitted transaction is gone with the process
     results = swap.run_unit(unit((a, b), 0, {"a": [1, 2, 3], "b": [10, 20]}))  # the restart's replay
     assert [r.status for r in results] == [Status.LANDED, Status.LANDED]
-    assert table_ids(a.load()) == Counter([1, 2, 3]) and table_ids(b.load()) == Counter([10, 20])
+    assert table_ids(a.table.load()) == Counter([1, 2, 3]) and table_ids(b.table.load()) == Counter([10, 20])
 
 
 def test_a_conflict_on_one_table_retries_the_whole_unit(catalog_properties: dict[str, str], faults: Any) -> None:
@@ -124,8 +124,8 @@ def test_a_conflict_on_one_table_retries_the_whole_unit(catalog_properties: dict
     assert [(r.status, r.attempts) for r in results] == [(Status.LANDED, 2), (Status.LANDED, 2)]
     # table a's row was not moved by the first attempt (rolled back with b's failed compare-and-swap): one snapshot,
     # prepared by the second attempt
-    snapshots_a = a.load().metadata.snapshots
+    snapshots_a = a.table.load().metadata.snapshots
     assert len(snapshots_a) == 1 and snapshots_a[0].summary is not None
     assert snapshots_a[0].summary.additional_properties["lakesink.commit-attempt"] == "2"
-    assert len(b.load().metadata.snapshots) == 2
-    assert table_ids(a.load()) == Counter([1, 2]) and table_ids(b.load()) == Counter([10, 11, 99])
+    assert len(b.table.load().metadata.snapshots) == 2
+    assert table_ids(a.table.load()) == Counter([1, 2]) and table_ids(b.table.load()) == Counter([10, 11, 99])

@@ -182,7 +182,7 @@ def test_compaction_gives_up_when_a_delete_lands_in_a_float_identity_partition(
             maintenance=Maintenance.OFF,
         )
     )
-    plan = c.write_plan(c.open_table(schema), Q1)
+    plan = c.write_plan(c.table.open_table(schema), Q1)
     sent: list[int] = []
     for b in range(5):  # 5 small files in the one partition (the least compaction rewrites)
         batch = list(range(b * 1000, b * 1000 + 7))
@@ -243,7 +243,7 @@ def test_upsert_batch_racing_another_writers_rows_rewrites_them_too(catalog_prop
     second = [(3, "new", 100, False), (42, "new", 101, False), (5, "gone", 102, True)]
 
     def other_writer() -> None:
-        t = c.reload_table()
+        t = c.table.reload_table()
         t.append(
             pa.Table.from_pylist(
                 [{"id": 42, "value": "other", "seq": 50}, {"id": 77, "value": "other", "seq": 51}], schema=t.schema().as_arrow()
@@ -265,12 +265,12 @@ def test_upsert_batch_racing_another_engines_delete_fails_loudly_and_changes_not
     upserts.run_batch(c, 0, [(k, "old", k, False) for k in range(10)])
 
     def delete() -> None:
-        t = c.reload_table()
+        t = c.table.reload_table()
         commit_deletes(t, position_delete_files(t, [4]))
 
     result = raced(faults, lambda: upserts.run_batch(c, 1, [(3, "new", 100, False), (4, "new", 101, False)]), delete)
     assert isinstance(result, LakesinkError) and "has delete files" in str(result), result
-    table = c.reload_table()
+    table = c.table.reload_table()
     expected = Counter(k for k in range(10) if k != 4)
     assert _ids(table.scan().to_arrow()) == expected
     assert _ids(interop.duckdb_read(table.metadata_location)) == expected

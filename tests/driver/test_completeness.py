@@ -56,12 +56,12 @@ def make(catalog_properties: dict[str, str], *, event_time: str | None = "ts", b
             table=TableName(("db",), "events"), catalog_properties=dict(catalog_properties), event_time=event_time, branch=branch
         )
     )
-    c.open_table(SCHEMA)
+    c.table.open_table(SCHEMA)
     return c
 
 
 def write(c: TableCommitter, query_id: str, batch_id: int, table: pa.Table, attempt: int = 0) -> TaskResult:
-    plan = c.write_plan(c.load(), query_id)
+    plan = c.write_plan(c.table.load(), query_id)
     return TaskWriter(plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=attempt)).write(
         table.to_batches()
     )
@@ -132,7 +132,7 @@ def test_an_empty_batch_records_its_watermark_in_the_marker(catalog_properties: 
 
 def test_event_time_must_be_a_timestamp_column_with_bounds(catalog_properties: dict[str, str]) -> None:
     c = make(catalog_properties)
-    table = c.load()
+    table = c.table.load()
     from lakesink.driver.actions.completeness import event_time_field
 
     with pytest.raises(InvalidOptionError, match="no column 'when'"):

@@ -77,12 +77,12 @@ def make(props: dict[str, str], **options: Any) -> TableCommitter:
             **options,
         )
     )
-    c.open_table(SCHEMA)
+    c.table.open_table(SCHEMA)
     return c
 
 
 def write(c: TableCommitter, batch_id: int, rows: list[dict[str, Any]], *, task: int = 0, attempt: int = 0) -> TaskResult:
-    plan = c.write_plan(c.load(), Q)
+    plan = c.write_plan(c.table.load(), Q)
     writer = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=task, task_attempt_id=attempt))
     return writer.write([batch(rows)])
 
@@ -98,7 +98,7 @@ def ids(table: Table) -> Counter[int]:
 
 def letters(c: TableCommitter) -> list[dict[str, Any]]:
     assert c.dead_letters is not None
-    t = c.dead_letters.load()
+    t = c.dead_letters.table.load()
     return t.scan().to_arrow().to_pylist() if t.current_snapshot() else []
 
 
@@ -130,7 +130,7 @@ def test_rows_that_do_not_fit_are_dead_letters_in_the_batchs_commit(catalog_prop
     results = [write(c, 0, good[:5] + BAD[:3], task=0), write(c, 0, good[5:] + BAD[3:], task=1)]
     outcome = commit(c, 0, results)
     assert outcome.outcome is Outcome.COMMITTED and outcome.rows == 10
-    assert ids(c.load()) == Counter(range(10))
+    assert ids(c.table.load()) == Counter(range(10))
     assert letter_ids(c) == EXPECTED_LETTERS
     got = letters(c)
     assert {(r["table"], r["query_id"], r["batch_id"]) for r in got} == {("db.events", Q, 0)}
@@ -143,7 +143,7 @@ def test_rows_that_do_not_fit_are_dead_letters_in_the_batchs_commit(catalog_prop
     }
     assert c.dead_letters is not None
     # one batch id in both tables' snapshots, with the usual keys
-    for table in (c.load(), c.dead_letters.load()):
+    for table in (c.table.load(), c.dead_letters.table.load()):
         assert [(s["query_id"], s["batch_id"]) for s in lakesink_snapshots(table)] == [(Q, 0)]
 
 
@@ -151,11 +151,12 @@ def test_a_replay_never_duplicates_a_dead_letter(catalog_properties: dict[str, s
     c = make(catalog_properties, reject_when="amount < 0")
     commit(c, 0, [write(c, 0, [row(1), *BAD])])
     assert c.dead_letters is not None
-    before = data_files_on_disk(c.load()), data_files_on_disk(c.dead_letters.load())
+    before = data_files_on_disk(c.table.load()), data_files_on_disk(c.dead_letters.table.load())
     again = commit(c, 0, [write(c, 0, [row(1), *BAD], attempt=1)])  # the restarted query's replay writes new files
     assert again.outcome is Outcome.REPLAY_SKIPPED
-    assert ids(c.load()) == Counter([1]) and letter_ids(c) == EXPECTED_LETTERS
-    assert (data_files_on_disk(c.load()), data_files_on_disk(c.dead_letters.load())) == before  # replay's files deleted
+    assert ids(c.table.load()) == Counter([1]) and letter_ids(c) == EXPECTED_LETTERS
+    letters = c.dead_letters.table.load()
+    assert (data_files_on_disk(c.table.load()), data_files_on_disk(letters)) == before  # replay's files deleted
 
 
 def test_a_batch_of_only_bad_rows_records_its_count_and_fills_the_dead_letters(catalog_properties: dict[str, str]) -> None:
@@ -163,11 +164,11 @@ def test_a_batch_of_only_bad_rows_records_its_count_and_fills_the_dead_letters(c
     commit(c, 0, [write(c, 0, [row(1)])])
     outcome = commit(c, 1, [write(c, 1, BAD, task=0), write(c, 1, [row(200, name=None)], task=1)])
     assert outcome.outcome is Outcome.COMMITTED and outcome.rows == 0
-    assert ids(c.load()) == Counter([1])
+    assert ids(c.table.load()) == Counter([1])
     assert letter_ids(c) == EXPECTED_LETTERS + Counter([(200, dl.REQUIRED_NULL, "name")])
     commit(c, 2, [write(c, 2, [row(2)])])
     # the table has a snapshot without files for batch 1, with its count of dead letters
-    snaps = lakesink_snapshots(c.load())
+    snaps = lakesink_snapshots(c.table.load())
     assert [(s["batch_id"], s["summary"]["added-records"] if "added-records" in s["summary"] else "0") for s in snaps] == [
         (0, "1"),
         (1, "0"),
@@ -181,7 +182,7 @@ def test_history_shows_and_verify_counts_the_dead_letters(catalog_properties: di
     c = make(catalog_properties, reject_when="amount < 0")
     commit(c, 0, [write(c, 0, [row(1), *BAD[:2]])])
     commit(c, 1, [write(c, 1, [row(2), *BAD[2:]])])
-    table = c.load()
+    table = c.table.load()
     assert [(r.batch_id, r.dead_letters, r.dead_letter_table) for r in lakesink.history(table)] == [
         (0, 2, "db.dead"),
         (1, 3, "db.dead"),
@@ -195,8 +196,8 @@ def test_history_shows_and_verify_counts_the_dead_letters(catalog_properties: di
     assert "5 dead letter(s) in db.dead" in report.human()
     # a dead letter removed from the dead-letter table behind lakesink's back: verify names the batch
     assert c.dead_letters is not None
-    c.dead_letters.load().delete("batch_id = 1")
-    broken = lakesink.verify(c.load())
+    c.dead_letters.table.load().delete("batch_id = 1")
+    broken = lakesink.verify(c.table.load())
     assert [v.kind for v in broken.violations] == ["dead-letters"]
     assert "batch 1" in broken.violations[0].message and "holds 0" in broken.violations[0].message
 
@@ -209,19 +210,19 @@ def test_above_max_rejected_fraction_the_batch_fails_and_nothing_is_committed(ca
     assert "2 of 5 row(s)" in str(e.value) and "max-rejected-fraction'=0.25" in str(e.value)
     assert "required-null: column 'name'" in str(e.value)
     assert c.dead_letters is not None
-    assert c.load().current_snapshot() is None and c.dead_letters.load().current_snapshot() is None
-    assert data_files_on_disk(c.load()) == set() and data_files_on_disk(c.dead_letters.load()) == set()
+    assert c.table.load().current_snapshot() is None and c.dead_letters.table.load().current_snapshot() is None
+    assert data_files_on_disk(c.table.load()) == set() and data_files_on_disk(c.dead_letters.table.load()) == set()
 
 
 def test_without_a_dead_letter_table_a_bad_row_fails_the_batch(catalog_properties: dict[str, str]) -> None:
     c = sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=dict(catalog_properties)))
-    c.open_table(SCHEMA)
-    plan = c.write_plan(c.load(), Q)
+    c.table.open_table(SCHEMA)
+    plan = c.write_plan(c.table.load(), Q)
     with pytest.raises(Exception, match="column 'name' is required"):
         TaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write(
             [batch([row(1), row(2, name=None)])]
         )
-    assert c.load().current_snapshot() is None
+    assert c.table.load().current_snapshot() is None
 
 
 def test_the_options_are_checked(catalog_properties: dict[str, str]) -> None:
@@ -243,12 +244,12 @@ def test_the_dead_letter_table_written_by_someone_else_mid_run(catalog_propertie
     t = threading.Thread(target=lambda: box.append(commit(c, 1, results)))
     t.start()
     faults.wait_reached(DRIVER_BEFORE_SWAP)
-    someone = c.dead_letters.load()  # another writer appends to the dead-letter table between the unit's read and swap
+    someone = c.dead_letters.table.load()  # another writer appends to the dead-letter table between the unit's read and swap
     someone.append(pa.Table.from_pylist([{**letters(c)[0], "message": "by hand"}], schema=dl.SCHEMA))
     faults.release(DRIVER_BEFORE_SWAP)
     t.join(120)
     assert box and box[0].outcome is Outcome.COMMITTED and box[0].retries == 1  # the whole unit prepared again
-    assert ids(c.load()) == Counter([1, 2])
+    assert ids(c.table.load()) == Counter([1, 2])
     assert letter_ids(c) == Counter([(100, dl.REQUIRED_NULL, "name")] * 2 + [(101, dl.REQUIRED_NULL, "address.city")])
 
 
@@ -257,15 +258,15 @@ def test_the_dead_letter_table_dropped_mid_run_fails_the_batch_loudly(catalog_pr
     commit(c, 0, [write(c, 0, [row(1), BAD[0]])])
     assert c.dead_letters is not None
     results = [write(c, 1, [row(2), BAD[1]])]
-    c.catalog.purge_table(("db", "dead"))
+    c.table.catalog.purge_table(("db", "dead"))
     with pytest.raises(Exception, match="db.dead"):
         commit(c, 1, results)
-    assert ids(c.load()) == Counter([1])  # nothing of batch 1 committed without its dead letters
+    assert ids(c.table.load()) == Counter([1])  # nothing of batch 1 committed without its dead letters
     # the restarted query recreates the dead-letter table and writes the batch again
     r = make(catalog_properties, reject_when="amount < 0")
-    assert r.write_plan(r.load(), Q).last_committed_batch == 0
+    assert r.write_plan(r.table.load(), Q).last_committed_batch == 0
     commit(r, 1, [write(r, 1, [row(2), BAD[1]])])
-    assert ids(r.load()) == Counter([1, 2]) and letter_ids(r) == Counter([(101, dl.REQUIRED_NULL, "address.city")])
+    assert ids(r.table.load()) == Counter([1, 2]) and letter_ids(r) == Counter([(101, dl.REQUIRED_NULL, "address.city")])
 
 
 _KILLED = textwrap.dedent(
@@ -291,19 +292,19 @@ def test_sigkill_at_each_point_leaves_both_tables_or_neither(catalog_properties:
     run = run_script(_KILLED, json.dumps(catalog_properties))
     assert run.returncode == -9, run.stdout + run.stderr
     assert c.dead_letters is not None
-    main_has = c.last_committed(Q)
-    letters_have = c.dead_letters.last_committed(Q)
+    main_has = c.table.last_committed(Q)
+    letters_have = c.dead_letters.table.last_committed(Q)
     in_main = main_has is not None and main_has.batch_id == 1
     in_letters = letters_have is not None and letters_have.batch_id == 1
     assert in_main == in_letters == (point == DRIVER_AFTER_SWAP)
     # the restart: planned from both tables, batch 1 written again (or skipped when found in both)
     r = make(catalog_properties, reject_when="amount < 0")
-    plan = r.write_plan(r.load(), Q)
+    plan = r.write_plan(r.table.load(), Q)
     if plan.last_committed_batch is not None and plan.last_committed_batch >= 1:
         r.skip_replay(BatchCall(Q, 1, '[{"logOffset":1}]', None), table_uuid=None)
     else:
         commit(r, 1, [write(r, 1, [row(2), *BAD[:2]], task=0, attempt=5), write(r, 1, [row(3), *BAD[2:]], task=1, attempt=5)])
-    assert ids(r.load()) == Counter([1, 2, 3])
+    assert ids(r.table.load()) == Counter([1, 2, 3])
     assert letter_ids(r) == EXPECTED_LETTERS
 
 
@@ -311,7 +312,7 @@ def test_reject_when_outside_icebergs_expression_subset_fails_at_query_start(cat
     from lakesink.driver.actions.dead_letters import check_reject_when
 
     c = make(catalog_properties)
-    plan = c.write_plan(c.load(), Q)
+    plan = c.write_plan(c.table.load(), Q)
     stream = batch([]).schema
     for supported in ("amount < 0", "name is null or amount >= 100", "name in ('a', 'b') and not amount > 3", "NAME = 'x'"):
         check_reject_when(replace(c.options, reject_when=supported), stream, plan)
@@ -326,10 +327,10 @@ def test_a_null_upsert_key_is_a_dead_letter_on_the_arrow_path(catalog_properties
     from lakesink.executor.upsert_task import UpsertSpec
 
     c = make(catalog_properties, upsert_key=("id",), reject_when="amount < 0")
-    plan = replace(c.write_plan(c.load(), Q), upsert=UpsertSpec(("id",), None, None))
+    plan = replace(c.write_plan(c.table.load(), Q), upsert=UpsertSpec(("id",), None, None))
     rows = [row(1), row(2), {**row(3), "id": None}, row(4, amount=-1.0)]
     result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write([batch(rows)])
     commit(c, 0, [result])
-    assert ids(c.load()) == Counter([1, 2])
+    assert ids(c.table.load()) == Counter([1, 2])
     got = Counter((r["error"], r["column"], json.loads(r["row"])["name"]) for r in letters(c))
     assert got == Counter([(dl.NULL_UPSERT_KEY, "id", "n3"), (dl.REJECT_WHEN, None, "n4")])

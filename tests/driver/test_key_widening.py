@@ -47,8 +47,8 @@ def sink(
 def batch(c: TableCommitter, batch_id: int, rows: dict[str, pa.Array], deleted: dict[str, pa.Array] | None = None) -> Any:
     """One upsert batch: ``rows`` written by a real TaskWriter, their keys (and ``deleted``'s) to the commit."""
     data = pa.table(rows)
-    c.open_table(data.schema)
-    plan = c.write_plan(c.reload_table(), Q, data.schema)
+    c.table.open_table(data.schema)
+    plan = c.write_plan(c.table.reload_table(), Q, data.schema)
     result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id)).write(
         data.to_batches()
     )
@@ -64,7 +64,7 @@ def batch(c: TableCommitter, batch_id: int, rows: dict[str, pa.Array], deleted: 
 
 
 def table_rows(c: TableCommitter) -> dict[Any, str]:
-    table = c.reload_table()
+    table = c.table.reload_table()
     assert_snapshot_invariants(table)
     out: dict[Any, str] = {}
     for rows in (table.scan().to_arrow(), interop.duckdb_read(table.metadata_location),
@@ -85,7 +85,7 @@ def test_merge_schema_widens_an_upsert_key_in_the_batch_that_needs_it(catalog_pr
     outcome = batch(widen, 1, {"id": pa.array([2, BIG], pa.int64()), "value": ["B", "big"]},
                     deleted={"id": pa.array([3, 2 * BIG], pa.int64())})  # fmt: skip
     assert outcome.outcome is Outcome.COMMITTED
-    table = widen.reload_table()
+    table = widen.table.reload_table()
     assert table.schema().find_field("id").field_type == LongType()
     assert table.schema().identifier_field_names() == {"id"}
     assert table_rows(widen) == {(1,): "a", (2,): "B", (BIG,): "big"}
@@ -103,7 +103,7 @@ def test_a_batch_that_only_deletes_keys_beyond_the_keys_type_commits(catalog_pro
     outcome = batch(c, 1, {"id": pa.array([], pa.int64()), "value": pa.array([], pa.string())},
                     deleted={"id": pa.array([BIG, 2], pa.int64())})  # fmt: skip
     assert outcome.outcome is Outcome.COMMITTED
-    table = c.reload_table()
+    table = c.table.reload_table()
     assert table.schema().find_field("id").field_type == IntegerType()  # nothing written, nothing widened
     assert table_rows(c) == {(1,): "a"}
     summary = table.current_snapshot().summary  # type: ignore[union-attr]
@@ -122,7 +122,7 @@ def test_merge_schema_widens_an_identity_partition_source(catalog_properties: di
     p = [2, BIG, -BIG] if key == ("id",) else [2, BIG, 2**31 - 1]
     outcome = batch(c, 1, {"id": pa.array([2, 4, 3], pa.int64()), "p": pa.array(p, pa.int64()), "value": ["B", "d", "C"]})
     assert outcome.outcome is Outcome.COMMITTED
-    table = c.reload_table()
+    table = c.table.reload_table()
     assert table.schema().find_field("p").field_type == LongType()
     for task in table.scan().plan_files():  # every file's rows are of its partition
         values = pq.ParquetFile(task.file.file_path.removeprefix("file://")).read().column("p").to_pylist()

@@ -37,7 +37,7 @@ def _committer(catalog_properties: dict[str, str], **extra: Any) -> TableCommitt
 
 def _recorded(c: TableCommitter, batch_id: int) -> list[metrics.CommitMetrics]:
     """This process's record of the batch on ``c``'s table (other tests of the process commit batches of query Q too)."""
-    return [m for m in metrics.recorded(Q, batch_id) if m.table == c.table_name]
+    return [m for m in metrics.recorded(Q, batch_id) if m.table == c.table.table_name]
 
 
 def _batch(c: TableCommitter, batch_id: int, ids: list[int]) -> tuple[Any, int]:
@@ -50,11 +50,11 @@ def _batch(c: TableCommitter, batch_id: int, ids: list[int]) -> tuple[Any, int]:
 def test_a_batch_commit_is_recorded_with_its_exact_numbers(catalog_properties: dict[str, str]) -> None:
     c = _committer(catalog_properties)
     outcome, written = _batch(c, 0, list(range(100)))
-    table = c.load()
+    table = c.table.load()
     snapshot = table.current_snapshot()
     assert outcome.outcome is Outcome.COMMITTED and snapshot is not None
     [m] = _recorded(c, 0)
-    assert (m.table, m.query_id, m.batch_id, m.outcome) == (c.table_name, Q, 0, metrics.COMMITTED)
+    assert (m.table, m.query_id, m.batch_id, m.outcome) == (c.table.table_name, Q, 0, metrics.COMMITTED)
     assert (m.snapshot_id, m.sequence_number, m.operation) == (snapshot.snapshot_id, snapshot.sequence_number, "append")
     assert (m.rows_in, m.rows_written, m.dead_letters, m.data_files, m.bytes_written) == (100, 100, 0, 1, written)
     assert (m.attempts, m.conflicts, m.replay_skipped, m.watermark_lag_ms) == (1, 0, False, None)
@@ -82,13 +82,13 @@ def test_rest_catalog_receives_the_commit_report_of_a_known_batch(metrics_server
     c = _committer(metrics_server.catalog_properties())
     _batch(c, 0, list(range(10)))  # another batch first: the report below is the second snapshot's
     outcome, written = _batch(c, 1, list(range(10, 110)))
-    snapshot = c.load().current_snapshot()
+    snapshot = c.table.load().current_snapshot()
     assert snapshot is not None and outcome.snapshot_id == snapshot.snapshot_id
     assert [r[0] for r in metrics_server.reports] == [c.options.table.identifier] * 2
     report = metrics_server.reports[1][1]
     assert {k: report[k] for k in ("report-type", "table-name", "snapshot-id", "sequence-number", "operation")} == {
         "report-type": "commit-report",
-        "table-name": c.table_name,
+        "table-name": c.table.table_name,
         "snapshot-id": snapshot.snapshot_id,
         "sequence-number": snapshot.sequence_number,
         "operation": "append",
@@ -140,7 +140,7 @@ def test_a_failing_or_hanging_metrics_endpoint_never_fails_the_commit(
         release.set()
     assert outcome.outcome is Outcome.COMMITTED
     assert time.monotonic() - started < 10  # the report's own timeout (2 s), not the endpoint's 60
-    table = c.load()
+    table = c.table.load()
     assert table.scan().to_arrow().num_rows == 6
 
 
@@ -177,7 +177,7 @@ def test_prometheus_scrape_shows_a_known_batch(catalog_properties: dict[str, str
         (s.name, s.labels.get("outcome")): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.labels.get("table") == c.table_name
+        if s.labels.get("table") == c.table.table_name
     }
     assert samples[("lakesink_rows_written_total", None)] == 100
     assert samples[("lakesink_rows_in_total", None)] == 200  # the replay's tasks received the rows again
@@ -217,7 +217,7 @@ def test_prometheus_counts_the_maintenance_commits_of_the_sink(catalog_propertie
         _batch(c, b, [b * 10 + i for i in range(3)])
         maintainer(c).wait(60)
     assert maintainer(c).last_error is None
-    replaces = [s for s in c.load().snapshots() if s.summary is not None and s.summary.operation.value == "replace"]
+    replaces = [s for s in c.table.load().snapshots() if s.summary is not None and s.summary.operation.value == "replace"]
     assert replaces  # compactions (and manifest rewrites) happened
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
@@ -225,7 +225,7 @@ def test_prometheus_counts_the_maintenance_commits_of_the_sink(catalog_propertie
         s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name == "lakesink_maintenance_commits_total" and s.labels.get("table") == c.table_name
+        if s.name == "lakesink_maintenance_commits_total" and s.labels.get("table") == c.table.table_name
     )
     assert counted == len(replaces)
 

@@ -48,12 +48,12 @@ def catalog_properties(any_catalog_properties: dict[str, str]) -> dict[str, str]
 
 def sink(props: dict[str, str], *, sink_id: str | None = None, branch: str = "main") -> TableCommitter:
     c = sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, sink_id=sink_id, branch=branch))
-    c.open_table(SCHEMA)
+    c.table.open_table(SCHEMA)
     return c
 
 
 def write(c: TableCommitter, batch_id: int, ids: list[int], *, attempt: int = 0, run_id: str | None = RUN1) -> TaskResult:
-    plan = c.write_plan(c.reload_table(), Q)
+    plan = c.write_plan(c.table.reload_table(), Q)
     writer = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=attempt, run_id=run_id))
     return writer.write(arrow_rows(ids).to_batches())
 
@@ -96,7 +96,7 @@ def test_faithful_replay_with_the_same_offsets_is_skipped(catalog_properties) ->
 def test_replay_detected_before_writing_is_checked_against_the_offsets_too(catalog_properties) -> None:  # type: ignore[no-untyped-def]
     c = sink(catalog_properties)
     commit(c, 0, [write(c, 0, [1, 2])])
-    plan = c.write_plan(c.reload_table(), Q)
+    plan = c.write_plan(c.table.reload_table(), Q)
     assert plan.last_committed_batch == 0
     skipped = TaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0, run_id=RUN2)).skip_replay(
         iter(())
@@ -157,7 +157,7 @@ def test_same_sink_id_twice_is_refused_before_writing_too(catalog_properties) ->
     """foreach_batch finds the batch committed when it plans: the second call of the same run must not be a skip."""
     first, second = sink(catalog_properties), sink(catalog_properties)
     commit(first, 0, [write(first, 0, [1, 2])])
-    plan = second.write_plan(second.reload_table(), Q)
+    plan = second.write_plan(second.table.reload_table(), Q)
     skipped = TaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0, run_id=RUN1)).skip_replay(
         iter(())
     )
@@ -215,9 +215,9 @@ def test_table_dropped_and_recreated_elsewhere_gets_nothing_of_the_batch(catalog
     c = sink(catalog_properties)
     commit(c, 0, [write(c, 0, [1])])
     pending = write(c, 1, [2, 3])  # written for the old table
-    c.catalog.drop_table(("db", "events"))
+    c.table.catalog.drop_table(("db", "events"))
     other = tmp_path / "elsewhere"
-    c.catalog.create_table(("db", "events"), schema=load_schema(c, pending), location=f"file://{other}")
+    c.table.catalog.create_table(("db", "events"), schema=load_schema(c, pending), location=f"file://{other}")
     with pytest.raises(TableIdentityChangedError, match="dropped and recreated"):
         commit(c, 1, [pending])
     table = load(c)
@@ -252,9 +252,9 @@ def test_branch_deleted_mid_run_is_not_recreated_as_a_root(catalog_properties) -
 def test_task_results_carry_a_schema_digest_not_the_schema(catalog_properties) -> None:  # type: ignore[no-untyped-def]
     c = sink(catalog_properties)
     wide = pa.schema([pa.field("id", pa.int64())] + [pa.field(f"column_{i:04d}", pa.string()) for i in range(1000)])
-    c.catalog.drop_table(("db", "events"))
-    c.open_table(wide)
-    plan = c.write_plan(c.reload_table(), Q)
+    c.table.catalog.drop_table(("db", "events"))
+    c.table.open_table(wide)
+    plan = c.write_plan(c.table.reload_table(), Q)
     batch = pa.record_batch([pa.array([1], pa.int64())] + [pa.array(["x"]) for _ in range(1000)], schema=wide)
     result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=0, partition_id=0, task_attempt_id=0)).write([batch])
     without_files = pickle.dumps(TaskResult(**{**result.__dict__, "files": ()}))
@@ -288,7 +288,7 @@ def test_replay_check_visits_only_the_commits_since_the_marker(catalog_propertie
 
     monkeypatch.setattr(SnapshotIndex, "ancestors", counting)
     index = SnapshotIndex(table.metadata)
-    done = c.last(table, Q, index=index)
+    done = c.table.last(table, Q, index=index)
     assert done is not None and done.batch_id == 0
     assert len(table.snapshots()) == HISTORY + 4 and len(visited) <= 5
     assert len(index.by_id) <= 5  # the snapshots indexed: the newest few, not the history
@@ -357,12 +357,12 @@ def test_a_bad_table_property_fails_the_plan_on_the_driver_naming_it(catalog_pro
     c = sink(catalog_properties)
     load(c).transaction().set_properties({"write.target-file-size-bytes": "lots"}).commit_transaction()
     with pytest.raises(InvalidOptionError, match="table db.events.*write.target-file-size-bytes='lots' is not an integer"):
-        c.write_plan(c.reload_table(), Q)
+        c.write_plan(c.table.reload_table(), Q)
     load(c).transaction().set_properties(
         {"write.target-file-size-bytes": "1048576", "write.metadata.metrics.default": "sometimes"}
     ).commit_transaction()
     with pytest.raises(InvalidOptionError, match="table db.events has a table property lakesink's writer cannot use"):
-        c.write_plan(c.reload_table(), Q)
+        c.write_plan(c.table.reload_table(), Q)
 
 
 def test_verify_accounts_for_each_sink_of_a_query_on_its_own(catalog_properties) -> None:  # type: ignore[no-untyped-def]

@@ -427,7 +427,7 @@ def test_every_commit_lakesink_makes_sends_one_request_per_attempt(
     )
     rest_proxy.disarm()
     rest_proxy.reset_counts()
-    branch_sink.open_table(arrow_rows([]).schema)  # create the table, an empty base snapshot, the branch
+    branch_sink.table.open_table(arrow_rows([]).schema)  # create the table, an empty base snapshot, the branch
     assert rest_proxy.count("commit") == 2 and "audit" in table(branch_props).metadata.refs
     commit(branch_sink, 0, [write_task(branch_sink, 0, [7])])  # the branch is ahead of main: publish has to move main
     refused_once()

@@ -57,7 +57,7 @@ def applied_commits(server: TxnRestServer, kind: str = "table") -> int:
 
 
 def assert_once(c: TableCommitter, ids: list[int], batches: int) -> None:
-    t = c.load_fresh()
+    t = c.table.load_fresh()
     assert table_ids(t) == Counter(ids)
     assert_snapshot_invariants(t)
     assert len(lakesink_snapshots(t)) == batches
@@ -93,7 +93,7 @@ def test_every_attempt_sends_a_key_of_its_own(
     assert first and second and first != second
     # a one-off commit (forget-query) carries a key too
     txn_proxy.reset_counts()
-    lakesink.forget_query(c.load_fresh(), Q)
+    lakesink.forget_query(c.table.load_fresh(), Q)
     (one,) = keys(txn_proxy, "commit")
     assert one not in (None, first, second)
     assert_once(c, [1], batches=1)

@@ -61,7 +61,7 @@ def unit(cs: tuple[TableCommitter, ...], batch_id: int, ids: dict[str, list[int]
 
 
 def fresh(c: TableCommitter) -> Table:
-    return c.load_fresh()
+    return c.table.load_fresh()
 
 
 def assert_exactly_once(c: TableCommitter, ids: list[int], batches: int = 1) -> Table:
@@ -81,7 +81,7 @@ def test_a_unit_of_three_tables_lands_in_one_transactions_request(
 ) -> None:
     cs = committers(txn_catalog_properties)
     actions = unit(cs, 0, IDS)
-    assert seam_commit.catalog_commits_atomically(cs[0].catalog)
+    assert seam_commit.catalog_commits_atomically(cs[0].table.catalog)
     txn_proxy.reset_counts()
     results = swap.run_unit(actions)
     assert [(r.status, r.attempts) for r in results] == [(Status.LANDED, 1)] * 3
@@ -183,7 +183,7 @@ def test_a_server_that_does_not_list_the_endpoint_gets_one_commit_per_table(
     txn_catalog_properties: dict[str, str], txn_proxy: FaultProxy
 ) -> None:
     cs = committers(txn_catalog_properties)
-    assert not seam_commit.catalog_commits_atomically(cs[0].catalog)
+    assert not seam_commit.catalog_commits_atomically(cs[0].table.catalog)
     actions = unit(cs, 0, IDS)
     txn_proxy.reset_counts()
     results = swap.run_unit(actions)
@@ -221,8 +221,8 @@ def test_a_unit_over_two_catalog_instances_of_one_server_is_one_request(
     go as one unit; a catalog opened with other properties does not."""
     a, b = committers(txn_catalog_properties, names=("a", "b"))
     table_b = catalogs.load_table_fresh(None, txn_catalog_properties, ("db", "b"))
-    assert table_b.catalog is not a.catalog
-    prepared_a = unit((a,), 0, IDS)[0].prepare(a.load(), 1)
+    assert table_b.catalog is not a.table.catalog
+    prepared_a = unit((a,), 0, IDS)[0].prepare(a.table.load(), 1)
     prepared_b = unit((b,), 0, IDS)[0].prepare(table_b, 1)
     try:
         assert seam_commit.commits_atomically([prepared_a, prepared_b])

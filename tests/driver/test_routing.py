@@ -554,7 +554,7 @@ def test_a_single_table_sink_is_not_disturbed_by_a_routed_one(catalog_properties
     rc = routed(catalog_properties)
     run(rc, 0, {"events": [1, 2]})
     single = make_committer(catalog_properties)
-    single.open_table(pa.schema([("id", pa.int64()), ("user", pa.string())]))
+    single.table.open_table(pa.schema([("id", pa.int64()), ("user", pa.string())]))
     commit(single, "single-query", 0, [write_task(single, "single-query", 0, [3])])
     assert ids(catalog_properties, "db.events") == Counter([1, 2, 3])
 

@@ -69,7 +69,7 @@ def test_a_single_table_sink_with_a_mixed_case_name_creates_and_writes_its_table
 
     def committer() -> TableCommitter:
         c = sink_committer(SinkOptions(table=TableName((ns,), "Events"), catalog_properties=props))
-        c.open_table(arrow_rows([]).schema)
+        c.table.open_table(arrow_rows([]).schema)
         return c
 
     sink = committer()

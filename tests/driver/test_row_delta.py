@@ -236,7 +236,7 @@ def test_many_tables_in_one_task_cost_one_writer_and_only_the_tables_with_delete
     for n in ("a", "b", "c"):
         c = committer_no_maintenance(catalog_properties, table=TableName(("db",), n))
         commit_batches(c, 1)
-        tables[n] = c.catalog.load_table(("db", n))
+        tables[n] = c.table.catalog.load_table(("db", n))
     targets = {t.table: t for t in (delete_target(x) for x in tables.values())}
     writer = PositionDeleteWriter(task_ids(3), targets)
     writer.add_batch("db.a", positions_of(tables["a"], [1, 2]))

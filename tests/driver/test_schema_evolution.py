@@ -116,7 +116,7 @@ WIDE = pa.schema([pa.field("id", pa.int64()), pa.field("extra", pa.string())])
 
 
 def _write(c: TableCommitter, schema: pa.Schema, batch_id: int, ids: list[int]) -> Any:
-    table = c.open_table(schema)
+    table = c.table.open_table(schema)
     plan = c.write_plan(table, "q-1", schema)
     columns = {"id": pa.array(ids, pa.int64())}
     if "extra" in schema.names:
@@ -132,21 +132,21 @@ def test_concurrent_schema_change_before_a_merge_commit_fails_cleanly(catalog_pr
     c.commit_batch(BatchCall("q-1", 0, None), [first])
     plan, result = _write(c, WIDE, 1, [3, 4])  # files written with the evolved schema (extra = new field id)
     assert plan.schema_changes
-    table = c.catalog.load_table(("db", "events"))
+    table = c.table.catalog.load_table(("db", "events"))
     with table.update_schema() as update:  # another writer adds a column meanwhile: ids move on
         update.add_column("other", StringType())
-    metadata_before = c.catalog.load_table(("db", "events")).metadata_location
+    metadata_before = c.table.catalog.load_table(("db", "events")).metadata_location
     with pytest.raises(ConcurrentTableChangeError) as e:
         c.commit_batch(BatchCall("q-1", 1, None), [result])
     assert "changed while the batch was written" in str(e.value) and "merge-schema" in str(e.value)
-    table = c.catalog.load_table(("db", "events"))
+    table = c.table.catalog.load_table(("db", "events"))
     assert table.metadata_location == metadata_before
     assert table_ids(table) == Counter([1, 2])
     assert not ({f.path for f in result.files} & data_files_on_disk(table))  # its files were deleted
     # the query's restart plans again against the new schema and commits
     _, again = _write(c, WIDE, 1, [3, 4])
     c.commit_batch(BatchCall("q-1", 1, None), [again])
-    table = c.catalog.load_table(("db", "events"))
+    table = c.table.catalog.load_table(("db", "events"))
     rows = {r["id"]: r for r in table.scan().to_arrow().to_pylist()}
     assert rows[3]["extra"] == "e3" and rows[3]["other"] is None and rows[1]["extra"] is None
 
@@ -156,7 +156,7 @@ def test_a_plan_evolved_by_an_earlier_batch_of_the_same_run_still_commits(catalo
     c = _committer(catalog_properties, merge=True)
     _, first = _write(c, BASE, 0, [1])
     c.commit_batch(BatchCall("q-1", 0, None), [first])
-    table = c.open_table(WIDE)
+    table = c.table.open_table(WIDE)
     plan = c.write_plan(table, "q-1", WIDE)
 
     def task(batch_id: int, ids: list[int]) -> Any:
@@ -165,7 +165,7 @@ def test_a_plan_evolved_by_an_earlier_batch_of_the_same_run_still_commits(catalo
 
     c.commit_batch(BatchCall("q-1", 1, None), [task(1, [2])])
     c.commit_batch(BatchCall("q-1", 2, None), [task(2, [3])])
-    table = c.catalog.load_table(("db", "events"))
+    table = c.table.catalog.load_table(("db", "events"))
     assert len(table.schemas()) == 2
     assert sorted((r["id"], r["extra"]) for r in table.scan().to_arrow().to_pylist()) == [(1, None), (2, "e2"), (3, "e3")]
 
@@ -175,12 +175,12 @@ def test_concurrent_schema_change_without_merge_fails_and_deletes_the_files(
 ) -> None:
     c = _committer(catalog_properties, merge=False)
     _, result = _write(c, BASE, 0, [1, 2])
-    table = c.catalog.load_table(("db", "events"))
+    table = c.table.catalog.load_table(("db", "events"))
     with table.update_schema() as update:
         update.add_column("other", StringType())
     with pytest.raises(ConcurrentTableChangeError):
         c.commit_batch(BatchCall("q-1", 0, None), [result])
-    table = c.catalog.load_table(("db", "events"))
+    table = c.table.catalog.load_table(("db", "events"))
     assert table.current_snapshot() is None
     assert data_files_on_disk(table) == set()
 
@@ -190,12 +190,12 @@ def test_concurrent_partition_spec_change_fails_and_deletes_the_files(catalog_pr
 
     c = _committer(catalog_properties, merge=False)
     _, result = _write(c, BASE, 0, [1, 2])
-    table = c.catalog.load_table(("db", "events"))
+    table = c.table.catalog.load_table(("db", "events"))
     with table.update_spec() as update:  # another writer partitions the table meanwhile
         update.add_field("id", BucketTransform(4), "id_bucket_4")
     with pytest.raises(ConcurrentTableChangeError) as e:
         c.commit_batch(BatchCall("q-1", 0, None), [result])
     assert "partition spec 0, the table now has spec 1" in str(e.value)
-    table = c.catalog.load_table(("db", "events"))
+    table = c.table.catalog.load_table(("db", "events"))
     assert table.current_snapshot() is None
     assert data_files_on_disk(table) == set()

@@ -118,7 +118,7 @@ def holder(any_catalog_properties: dict[str, str]) -> Iterator[Holder]:
 def _catalog_errors(committer: TableCommitter) -> threading.Event:
     """An event set when the committer's SQL catalog sees a database error (the lock refused something)."""
     seen = threading.Event()
-    event.listen(committer.catalog.engine, "handle_error", lambda ctx: seen.set())  # type: ignore[attr-defined]
+    event.listen(committer.table.catalog.engine, "handle_error", lambda ctx: seen.set())  # type: ignore[attr-defined]
     return seen
 
 
@@ -162,7 +162,7 @@ def test_commit_refused_by_the_lock_is_reported_committed_only_when_in_the_table
     lock makes our compare-and-swap wait. Either way the batch lands exactly once and is logged only then."""
     caplog.set_level(logging.INFO, logger="lakesink")
     c = make_committer(any_catalog_properties)
-    c.open_table(arrow_rows([]).schema)
+    c.table.open_table(arrow_rows([]).schema)
     commit(c, Q1, 0, [write_task(c, Q1, 0, [0, 1])])
     errors = _catalog_errors(c)
     result = write_task(c, Q1, 1, list(range(2, 40)))
@@ -248,7 +248,7 @@ def test_batches_beside_a_lock_holder_and_a_pyiceberg_writer_land_exactly_once(
 ) -> None:
     caplog.set_level(logging.INFO, logger="lakesink")
     c = make_committer(any_catalog_properties)
-    c.open_table(arrow_rows([]).schema)
+    c.table.open_table(arrow_rows([]).schema)
     sqlite = any_catalog_properties["uri"].startswith("sqlite")
     # SQLite: held longer than the 5 s busy timeout, so some of our COMMITs are refused; PostgreSQL: waits
     holder.cycle(6.0 if sqlite else 2.0, 0.5)

@@ -54,19 +54,19 @@ def test_a_deleted_order_file_is_read_from_the_state_file_and_a_stale_insert_sta
     c = make(catalog_properties)
     run(c, 0, [(1, "one", 1, False), (2, "two", 2, False)])
     run(c, 1, [(1, "", 5, True)])  # a tombstone: key 1 deleted at order 5
-    table = c.reload_table()
+    table = c.table.reload_table()
     order_file = table.properties[PROPERTY_UPSERT_ORDER_FILE]
     recorded = state_files.current(table.properties)
     assert recorded is not None and recorded.holds == (order_file,)
     assert attached(table)[head(table)] == recorded.path  # listed: live to every engine
     run(c, 2, [(2, "newer", 7, False)])  # no delete: the same state file, attached to the new snapshot too
-    table = c.reload_table()
+    table = c.table.reload_table()
     assert attached(table)[head(table)] == recorded.path
     os.remove(local(order_file))  # what Iceberg Java's remove_orphan_files does to it
     run(c, 3, [(1, "stale", 3, False), (3, "three", 8, False)])  # older than the delete: stays deleted
     assert state(c) == {2: ("newer", 7), 3: ("three", 8)}
     run(c, 4, [(3, "", 9, True)])  # a new tombstone: a new order file and a state file holding it
-    table = c.reload_table()
+    table = c.table.reload_table()
     now = state_files.current(table.properties)
     assert now is not None and now.holds == (table.properties[PROPERTY_UPSERT_ORDER_FILE],) and now.path != recorded.path
     run(c, 5, [(1, "stale", 4, False), (3, "stale", 8, False)])
@@ -81,16 +81,16 @@ def test_a_table_carrying_an_order_file_without_a_state_file_gets_one_on_its_nex
     c = make(catalog_properties)
     run(c, 0, [(1, "one", 1, False)])
     run(c, 1, [(1, "", 5, True)])
-    table = c.reload_table()
+    table = c.table.reload_table()
     with table.transaction() as tx:  # back to what an earlier lakesink left: no state file
         tx.remove_properties(PROPERTY_STATE_FILE)
         with tx.update_statistics() as stats:
             for s in table.metadata.statistics:
                 stats.remove_statistics(s.snapshot_id)
-    table = c.reload_table()
+    table = c.table.reload_table()
     assert table.metadata.statistics == [] and PROPERTY_STATE_FILE not in table.properties
     run(c, 2, [(2, "two", 6, False)])
-    table = c.reload_table()
+    table = c.table.reload_table()
     recorded = state_files.current(table.properties)
     assert recorded is not None and recorded.holds == (table.properties[PROPERTY_UPSERT_ORDER_FILE],)
     assert attached(table)[head(table)] == recorded.path
@@ -104,7 +104,7 @@ def test_an_order_file_lost_with_every_copy_is_a_loud_error_naming_the_recovery(
     c = make(catalog_properties)
     run(c, 0, [(1, "one", 1, False)])
     run(c, 1, [(1, "", 5, True)])
-    table = c.reload_table()
+    table = c.table.reload_table()
     recorded = state_files.current(table.properties)
     assert recorded is not None
     os.remove(local(table.properties[PROPERTY_UPSERT_ORDER_FILE]))
@@ -112,7 +112,7 @@ def test_an_order_file_lost_with_every_copy_is_a_loud_error_naming_the_recovery(
     head = table.metadata.current_snapshot_id
     with pytest.raises(LakesinkError, match="no state file of the table .* holds a copy of it.*Restore the file"):
         run(c, 2, [(1, "stale", 3, False)])
-    assert c.reload_table().metadata.current_snapshot_id == head
+    assert c.table.reload_table().metadata.current_snapshot_id == head
 
 
 def test_a_deleted_held_file_is_read_from_the_state_file_and_released_when_its_transaction_completes(
@@ -150,7 +150,7 @@ def test_the_state_file_is_a_puffin_file_every_reader_of_the_metadata_takes(cata
     c = make(catalog_properties)
     run(c, 0, [(1, "one", 1, False)])
     run(c, 1, [(1, "", 5, True)])
-    table = c.reload_table()
+    table = c.table.reload_table()
     recorded = state_files.current(table.properties)
     assert recorded is not None
     data = local(recorded.path).read_bytes()
@@ -173,16 +173,16 @@ def test_lakesinks_own_compaction_manifest_rewrite_expiry_and_orphan_removal_kee
         run(c, b, [(b, f"v{b}", b + 1, False)])
     run(c, 4, [(1, "", 10, True)])
     run(c, 5, [(5, "five", 11, False)])
-    order_file = c.reload_table().properties[PROPERTY_UPSERT_ORDER_FILE]
-    compact(c.reload_table(), min_input_files=2)
-    rewrite_manifests(c.reload_table(), min_count=1)
-    table = c.reload_table()
+    order_file = c.table.reload_table().properties[PROPERTY_UPSERT_ORDER_FILE]
+    compact(c.table.reload_table(), min_input_files=2)
+    rewrite_manifests(c.table.reload_table(), min_count=1)
+    table = c.table.reload_table()
     summary = table.current_snapshot().summary  # type: ignore[union-attr]
     assert summary is not None and summary.operation.value == "replace"  # the head is a maintenance commit's
     recorded = state_files.current(table.properties)
     assert recorded is not None and attached(table)[head(table)] == recorded.path
     expire_snapshots(table, older_than=datetime.now(timezone.utc) + timedelta(days=1), retain_last=1)
-    remove_orphan_files(c.reload_table(), older_than=timedelta(0), other_writers_older_than=timedelta(0))
+    remove_orphan_files(c.table.reload_table(), older_than=timedelta(0), other_writers_older_than=timedelta(0))
     assert local(recorded.path).exists()
     os.remove(local(order_file))
     run(c, 6, [(1, "stale", 5, False)])

@@ -51,7 +51,7 @@ def make(props: Mapping[str, str], *, schema: pa.Schema = SCHEMA, order_by: str 
             **extra,
         )
     )
-    c.open_table(schema)
+    c.table.open_table(schema)
     return c
 
 
@@ -80,7 +80,7 @@ def run(
 ) -> Any:
     """The batch as format("lakesink") runs it: every key's rows in one task, each task resolves and writes its rows."""
     spec = UpsertSpec(("id",), "op = 'd'", c.options.order_by, not_written=not_written)
-    table = c.reload_table()
+    table = c.table.reload_table()
     plan = c.write_plan(table, Q)
     results: list[TaskResult] = []
     parts: list[bytes] = []
@@ -108,7 +108,7 @@ def model(batches: Sequence[Sequence[Event]]) -> dict[int, tuple[str, int | None
 
 
 def state(c: TableCommitter, *, readers: bool = False) -> dict[int, tuple[str, int | None]]:
-    table = c.reload_table()
+    table = c.table.reload_table()
     reads = [table.scan().to_arrow()]
     if readers:
         reads += [interop.duckdb_read(table.metadata_location), interop.iceberg_rust_read(table.metadata_location)]
@@ -137,10 +137,10 @@ def test_an_older_change_never_overwrites_a_newer_one_across_batches(catalog_pro
     for batch_id, events in enumerate(stream):
         assert run(c, batch_id, events).outcome is Outcome.COMMITTED
         assert state(c) == model(stream[: batch_id + 1]), f"after batch {batch_id}"
-        stale += int(lakesink_snapshots(c.reload_table())[-1]["summary"].get(SUMMARY_UPSERT_STALE, 0))
+        stale += int(lakesink_snapshots(c.table.reload_table())[-1]["summary"].get(SUMMARY_UPSERT_STALE, 0))
     assert stale > 0  # the stream did deliver older changes after newer ones
     assert state(c, readers=True) == model(stream)
-    assert_snapshot_invariants(c.reload_table())
+    assert_snapshot_invariants(c.table.reload_table())
 
 
 def test_a_stale_insert_after_a_newer_delete_does_not_resurrect_the_row(catalog_properties: dict[str, str]) -> None:
@@ -174,9 +174,9 @@ def test_a_source_replayed_from_an_older_position_gives_the_identical_table(cata
     want = model(stream)
     assert state(c) == want
     # the same batch again: skipped, nothing committed
-    head = c.reload_table().metadata.current_snapshot_id
+    head = c.table.reload_table().metadata.current_snapshot_id
     assert run(c, len(stream) - 1, stream[-1]).outcome is Outcome.REPLAY_SKIPPED
-    assert c.reload_table().metadata.current_snapshot_id == head
+    assert c.table.reload_table().metadata.current_snapshot_id == head
     # the source replayed from its first position, as new batches (another checkpoint): the same table
     for n, events in enumerate(stream):
         run(c, len(stream) + n, events)
@@ -195,7 +195,7 @@ def test_a_failure_inside_the_commit_then_a_replay_gives_the_model(
     for batch_id in (1, 2, 3):
         run(c, batch_id, stream[batch_id])
     assert state(c) == model(stream)
-    assert_snapshot_invariants(c.reload_table())
+    assert_snapshot_invariants(c.table.reload_table())
 
 
 def test_a_table_without_the_order_column_keeps_every_keys_order_aside(catalog_properties: dict[str, str]) -> None:
@@ -213,7 +213,7 @@ def test_orders_survive_the_orphan_clean_up(catalog_properties: dict[str, str]) 
     run(c, 0, [(1, "one", 1, False)])
     run(c, 1, [(1, "", 5, True)])
     run(c, 2, [(2, "two", 6, True)])
-    remove_orphan_files(c.reload_table(), older_than=timedelta(0), other_writers_older_than=timedelta(0))
+    remove_orphan_files(c.table.reload_table(), older_than=timedelta(0), other_writers_older_than=timedelta(0))
     run(c, 3, [(1, "stale", 3, False), (2, "stale", 4, False)])
     assert state(c) == {}
 
@@ -224,7 +224,7 @@ def test_a_branch_keeps_its_own_tombstones(catalog_properties: dict[str, str]) -
     dev = make(catalog_properties, branch="dev", sink_id="dev")
     run(dev, 0, [(1, "", 5, True)])
     run(dev, 1, [(1, "stale", 3, False)])
-    table = main.reload_table()
+    table = main.table.reload_table()
     assert set(table.properties) >= {"lakesink.upsert.order-file.dev"}
     assert "lakesink.upsert.order-file" not in table.properties  # main deleted nothing
     dev_head = table.metadata.snapshot_by_name("dev")
@@ -239,11 +239,11 @@ def test_a_null_order_value_against_a_held_one_is_a_loud_error(catalog_propertie
     run(c, 0, [(1, "one", 5, False), (2, "new key, null order", None, False)])  # nothing held: the change goes in
     assert state(c) == {1: ("one", 5), 2: ("new key, null order", None)}
     run(c, 1, [(2, "ordered", 1, False)])  # a held null is below every value
-    head = c.reload_table().metadata.current_snapshot_id
+    head = c.table.reload_table().metadata.current_snapshot_id
     with pytest.raises(UpsertKeyError, match=r"'seq'.*null.*key \(id=1\).*db\.events") as e:
         run(c, 2, [(1, "null", None, False)])
     assert "Nothing was committed" in str(e.value)
-    assert c.reload_table().metadata.current_snapshot_id == head
+    assert c.table.reload_table().metadata.current_snapshot_id == head
     assert state(c) == {1: ("one", 5), 2: ("ordered", 1)}
 
 
@@ -259,7 +259,7 @@ def test_without_order_by_a_later_batch_wins_as_before(catalog_properties: dict[
     run(c, 0, [(1, "one", 5, False)], tasks=1)
     run(c, 1, [(1, "older but later", 3, False)], tasks=1)
     assert state(c) == {1: ("older but later", 3)}
-    assert not any(k.startswith("lakesink.upsert.order") for k in c.reload_table().properties)
+    assert not any(k.startswith("lakesink.upsert.order") for k in c.table.reload_table().properties)
 
 
 # --- route-by: several tables in a unit ----------------------------------------------------------------------------

@@ -40,7 +40,7 @@ BATCHES: list[list[Event]] = [
 
 def no_orphans(c: TableCommitter) -> None:
     """Every data file on disk referenced by a snapshot, and every file the head reads on disk."""
-    table = c.reload_table()
+    table = c.table.reload_table()
     assert data_files_on_disk(table) <= referenced_data_files(table), "a replaced batch file was left unreferenced"
     assert {t.file.file_path for t in table.scan().plan_files()} <= data_files_on_disk(table), "a file the head reads is gone"
     assert_snapshot_invariants(table)
@@ -50,7 +50,7 @@ def run(c: TableCommitter, batch_id: int, events: list[Event], *, attempt: int =
     """The batch as format("lakesink") writes it (each task resolves its keys: two tasks), committed as the entry points
     commit it: an error aborts the batch with its task results (lakesink.sink.commit), then raises."""
     spec = UpsertSpec(("id",), "op = 'd'", c.options.order_by)
-    plan = c.write_plan(c.reload_table(), Q)
+    plan = c.write_plan(c.table.reload_table(), Q)
     results: list[TaskResult] = []
     parts: list[bytes] = []
     for t in range(2):

@@ -104,11 +104,11 @@ def test_after_a_rollback_the_deletes_it_undid_leave_no_tombstone(catalog_proper
     c = order.make(catalog_properties)
     batches: list[list[order.Event]] = [[(1, "one", 1, False), (2, "two", 2, False)], [(1, "", 5, True)]]
     order.run(c, 0, batches[0])
-    before = c.reload_table().metadata.current_snapshot_id
+    before = c.table.reload_table().metadata.current_snapshot_id
     assert before is not None
     order.run(c, 1, batches[1])
-    assert "lakesink.upsert.order-file" in c.reload_table().properties
-    c.reload_table().manage_snapshots().rollback_to_snapshot(before).commit()  # the user undoes batch 1
+    assert "lakesink.upsert.order-file" in c.table.reload_table().properties
+    c.table.reload_table().manage_snapshots().rollback_to_snapshot(before).commit()  # the user undoes batch 1
     assert order.state(c) == order.model(batches[:1])
     after = [(1, "newer than the restored row", 3, False), (2, "stale", 1, False), (3, "three", 4, True)]
     order.run(c, 2, after)

@@ -56,7 +56,7 @@ def make(props: dict[str, str], *, partitioned_by: str | None = None) -> TableCo
             partitioned_by=partitioning.parse(partitioned_by) if partitioned_by else (),
         )
     )
-    c.open_table(SCHEMA)
+    c.table.open_table(SCHEMA)
     return c
 
 
@@ -80,7 +80,7 @@ def resolve(events: Sequence[Event]) -> tuple[pa.Table, pa.Table]:
 
 def run_batch(c: TableCommitter, batch_id: int, events: Sequence[Event], *, tasks: int = 2) -> Any:
     data, keys = resolve(events)
-    table = c.reload_table()
+    table = c.table.reload_table()
     plan = c.write_plan(table, Q)
     results: list[TaskResult] = []
     for t in range(tasks):
@@ -108,7 +108,7 @@ def rows_of(table: pa.Table) -> dict[int, tuple[str, int]]:
 
 
 def assert_table_is(c: TableCommitter, expected: dict[int, tuple[str, int]]) -> None:
-    table = c.reload_table()
+    table = c.table.reload_table()
     assert rows_of(table.scan().to_arrow()) == expected, "pyiceberg"
     assert rows_of(interop.duckdb_read(table.metadata_location)) == expected, "duckdb"
     assert rows_of(interop.iceberg_rust_read(table.metadata_location)) == expected, "iceberg-rust"
@@ -135,7 +135,7 @@ def test_change_stream_equals_the_model_in_every_reader(catalog_properties: dict
         outcome = run_batch(c, batch_id, events)
         assert outcome.outcome is Outcome.COMMITTED
         assert_table_is(c, model(stream[: batch_id + 1]))
-    table = c.reload_table()
+    table = c.table.reload_table()
     assert_snapshot_invariants(table)
     snaps = lakesink_snapshots(table)
     assert len(snaps) == len(stream)  # one snapshot per batch
@@ -149,14 +149,14 @@ def test_change_stream_equals_the_model_in_every_reader(catalog_properties: dict
 
 def test_table_gets_the_key_as_identifier_field_and_an_existing_table_must_have_it(catalog_properties: dict[str, str]) -> None:
     c = make(catalog_properties)
-    schema = c.reload_table().schema()
+    schema = c.table.reload_table().schema()
     assert schema.identifier_field_names() == {"id"}
     assert schema.find_field("id").required
     other = sink_committer(
         SinkOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties, upsert_key=("value",))
     )
     with pytest.raises(InvalidOptionError, match=r"upsert-key.*'value'.*identifier fields 'id'.*SET IDENTIFIER FIELDS"):
-        other.open_table(SCHEMA)
+        other.table.open_table(SCHEMA)
 
 
 def test_replayed_batch_is_skipped_and_changes_nothing(catalog_properties: dict[str, str]) -> None:
@@ -164,9 +164,9 @@ def test_replayed_batch_is_skipped_and_changes_nothing(catalog_properties: dict[
     stream = change_stream(seed=3, batches=2, per_batch=30, keys=20)
     run_batch(c, 0, stream[0])
     run_batch(c, 1, stream[1])
-    before = c.reload_table().metadata.current_snapshot_id
+    before = c.table.reload_table().metadata.current_snapshot_id
     assert run_batch(c, 1, stream[1]).outcome is Outcome.REPLAY_SKIPPED
-    table = c.reload_table()
+    table = c.table.reload_table()
     assert table.metadata.current_snapshot_id == before
     assert_table_is(c, model(stream))
     assert data_files_on_disk(table) <= referenced_data_files(table)
@@ -185,7 +185,7 @@ def test_failure_inside_the_commit_then_replay_gives_the_model(
     run_batch(c, 1, stream[1])
     run_batch(c, 2, stream[2])
     assert_table_is(c, model(stream))
-    assert_snapshot_invariants(c.reload_table())
+    assert_snapshot_invariants(c.table.reload_table())
 
 
 def test_only_files_whose_key_range_can_hold_the_keys_are_rewritten(catalog_properties: dict[str, str]) -> None:
@@ -195,7 +195,7 @@ def test_only_files_whose_key_range_can_hold_the_keys_are_rewritten(catalog_prop
         run_batch(c, b, [(k, "old", k, False) for k in range(b * 100, b * 100 + 100)], tasks=1)
     outcome = run_batch(c, 10, [(150, "new", 10_000, False), (170, "new", 10_001, True), (5_000, "new", 10_002, False)])
     assert outcome.outcome is Outcome.COMMITTED
-    summary = lakesink_snapshots(c.reload_table())[-1]["summary"]
+    summary = lakesink_snapshots(c.table.reload_table())[-1]["summary"]
     assert summary[SUMMARY_FILES_READ] == "1"  # only the file of keys 100..199
     assert (summary[SUMMARY_INSERTED], summary[SUMMARY_UPDATED], summary[SUMMARY_DELETED]) == ("1", "1", "1")
     expected = {k: ("old", k) for k in range(1000)}
@@ -212,7 +212,7 @@ def test_bucket_partitioned_table_rewrites_only_the_keys_buckets(catalog_propert
     run_batch(c, 0, [(k, "old", 1, False) for k in keys], tasks=1)
     outcome = run_batch(c, 1, [(keys[0], "new", 2, False)])
     assert outcome.outcome is Outcome.COMMITTED
-    summary = lakesink_snapshots(c.reload_table())[-1]["summary"]
+    summary = lakesink_snapshots(c.table.reload_table())[-1]["summary"]
     assert summary[SUMMARY_FILES_READ] == "1"  # one bucket's file of eight
     expected = {k: ("old", 1) for k in keys}
     expected[keys[0]] = ("new", 2)
@@ -231,12 +231,12 @@ def test_merge_schema_and_branch_with_upserts(catalog_properties: dict[str, str]
     )
     data = pa.table({"id": pa.array([3, 30], pa.int64()), "value": ["new", "new"], "seq": pa.array([100, 101], pa.int64()),
                      "note": ["n3", "n30"]})  # fmt: skip
-    wider.open_table(data.schema)
-    plan = wider.write_plan(wider.reload_table(), Q, data.schema)
+    wider.table.open_table(data.schema)
+    plan = wider.write_plan(wider.table.reload_table(), Q, data.schema)
     result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=1, partition_id=0, task_attempt_id=0)).write(data.to_batches())
     keys = pa.table({"id": pa.array([3, 30, 4], pa.int64()), DELETED: [False, False, True]})
     wider.commit_batch(BatchCall(Q, 1, None), [result], changes=keys)
-    table = c.reload_table()
+    table = c.table.reload_table()
     got = {r["id"]: (r["value"], r["note"]) for r in table.scan().to_arrow().to_pylist()}
     expected = {k: ("old", None) for k in range(20) if k not in (3, 4)} | {3: ("new", "n3"), 30: ("new", "n30")}
     assert got == expected
@@ -253,9 +253,9 @@ def test_merge_schema_and_branch_with_upserts(catalog_properties: dict[str, str]
             sink_id="audit",
         )
     )
-    audit.open_table(SCHEMA)
+    audit.table.open_table(SCHEMA)
     assert run_batch(audit, 0, [(5, "audit", 200, False), (6, "gone", 201, True)]).outcome is Outcome.COMMITTED
-    table = c.reload_table()
+    table = c.table.reload_table()
     assert table.metadata.current_snapshot_id == main_head
     audit_head = table.metadata.snapshot_by_name("audit")
     assert audit_head is not None
@@ -324,7 +324,7 @@ def test_audit_history_diff_and_verify_of_an_upsert_table(catalog_properties: di
     c = make(catalog_properties)
     run_batch(c, 0, [(k, "old", k, False) for k in range(10)])
     run_batch(c, 1, [(2, "new", 100, False), (3, "x", 101, True), (42, "ins", 102, False)])
-    table = c.reload_table()
+    table = c.table.reload_table()
     records = [r for r in lakesink.history(table) if r.batch_id is not None]
     assert [r.upserted for r in records] == [(10, 0, 0), (1, 1, 1)]
     assert lakesink.verify(table).ok
@@ -358,7 +358,7 @@ def test_composite_key_of_string_date_and_timestamp(catalog_properties: dict[str
             partitioned_by=partitioning.parse(partitioned_by) if partitioned_by else (),
         )
     )
-    c.open_table(schema)
+    c.table.open_table(schema)
     t0 = datetime.datetime(2024, 3, 1, tzinfo=datetime.timezone.utc)
 
     def row(i: int, value: int) -> dict[str, Any]:
@@ -371,7 +371,7 @@ def test_composite_key_of_string_date_and_timestamp(catalog_properties: dict[str
 
     def batch(batch_id: int, rows: list[dict[str, Any]], deleted: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
         data = pa.Table.from_pylist(rows, schema=schema)
-        plan = c.write_plan(c.reload_table(), Q)
+        plan = c.write_plan(c.table.reload_table(), Q)
         result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id)).write(
             data.to_batches()
         )
@@ -384,7 +384,7 @@ def test_composite_key_of_string_date_and_timestamp(catalog_properties: dict[str
     expected = {(r["tenant"], r["day"], r["at"]): r["value"] for r in (row(i, 0) for i in range(30))}
     expected.update({(r["tenant"], r["day"], r["at"]): 1 for r in (row(i, 1) for i in (3, 17, 40))})
     del expected[(row(5, 0)["tenant"], row(5, 0)["day"], row(5, 0)["at"])]
-    table = c.reload_table()
+    table = c.table.reload_table()
     for name, got in (
         ("pyiceberg", table.scan().to_arrow()),
         ("duckdb", interop.duckdb_read(table.metadata_location)),
@@ -451,12 +451,12 @@ def test_a_table_with_another_engines_delete_files_is_refused(catalog_properties
     """Copy-on-write over a file with position deletes would bring the deleted rows back: refused, table unchanged."""
     c = make(catalog_properties)
     run_batch(c, 0, [(k, "old", k, False) for k in range(10)], tasks=1)
-    table = c.reload_table()
+    table = c.table.reload_table()
     (data_path,) = {t.file.file_path for t in table.scan().plan_files()}
     _add_position_delete(table, data_path, [2, 5])
-    table = c.reload_table()
+    table = c.table.reload_table()
     assert sorted(table.scan().to_arrow().column("id").to_pylist()) == [0, 1, 3, 4, 6, 7, 8, 9]
     head = table.metadata.current_snapshot_id
     with pytest.raises(LakesinkError, match=r"has delete files.*bring deleted rows back"):
         run_batch(c, 1, [(3, "new", 100, False)])
-    assert c.reload_table().metadata.current_snapshot_id == head
+    assert c.table.reload_table().metadata.current_snapshot_id == head

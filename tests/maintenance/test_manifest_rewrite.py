@@ -143,7 +143,7 @@ def test_partitioned_table_manifests_are_clustered_by_partition(catalog_properti
             partitioned_by=parse("user"),
         )
     )
-    c.open_table(SCHEMA)
+    c.table.open_table(SCHEMA)
     sent = commit_batches(c, 6, rows=14)  # 7 users, 7 files per batch, one manifest per batch
     table = load(c)
     before = _entries(table)

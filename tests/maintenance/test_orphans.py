@@ -153,7 +153,7 @@ def test_files_of_a_killed_task_attempt_are_removed_once_old_enough(catalog_prop
     if io_impl == "fsspec":
         props["py-io-impl"] = "pyiceberg.io.fsspec.FsspecFileIO"
     c = make_committer(props)
-    c.open_table(SCHEMA)
+    c.table.open_table(SCHEMA)
     # a task attempt whose worker was SIGKILLed: its file is on storage, its result never reached the driver
     killed = write_task(c, Q1, 0, [1, 2, 3], attempt=0)
     # a task attempt that failed with an exception deletes its own files at once
@@ -214,7 +214,7 @@ _KILLED_DRIVER = textwrap.dedent(
     options = SinkOptions(table=TableName(("db",), "events"), catalog_properties=props)
     c = TableCommitter(options, post_commit=auto_maintenance)
     rows = pa.table({"id": pa.array([100, 101], pa.int64()), "user": pa.array(["a", "b"])})
-    plan = c.write_plan(c.open_table(rows.schema), query_id)
+    plan = c.write_plan(c.table.open_table(rows.schema), query_id)
     ids = TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=0)
     result = TaskWriter(plan, ids).write(rows.to_batches())
     c.commit_batch(BatchCall(query_id, batch_id, None), [result])  # killed before the swap
@@ -360,7 +360,7 @@ def test_dry_run_removes_nothing(committer: TableCommitter) -> None:
 def test_referenced_files_are_never_removed(catalog_properties: dict[str, str]) -> None:
     """Current and older snapshots, another branch, a tag, statistics, the metadata log: all kept at any age."""
     c = make_committer(catalog_properties)
-    table = c.open_table(SCHEMA)
+    table = c.table.open_table(SCHEMA)
     # old metadata files kept on disk (the default of a table lakesink creates deletes them at every commit)
     table.transaction().set_properties(
         {"write.metadata.previous-versions-max": "3", "write.metadata.delete-after-commit.enabled": "false"}
@@ -512,11 +512,11 @@ def test_in_flight_spark_path_batches_keep_their_merged_manifests(tmp_path: Path
     """
     props = sql_catalog_properties("sqlite", tmp_path, request)
     committer = sink_committer(SinkOptions(table=EVENTS, catalog_properties=props, maintenance=Maintenance.OFF))
-    committer.open_table(SCHEMA)
+    committer.table.open_table(SCHEMA)
 
     def manifest_count() -> int:
         snapshot = load(committer).current_snapshot()
-        return 0 if snapshot is None else len(snapshot.manifests(committer.catalog.load_table(IDENT).io))
+        return 0 if snapshot is None else len(snapshot.manifests(committer.table.catalog.load_table(IDENT).io))
 
     sent: list[int] = []
     merged_in_flight = []
@@ -714,7 +714,7 @@ def test_a_data_path_outside_the_table_location_is_refused(committer: TableCommi
 
 def test_a_location_with_dot_dot_is_refused(committer: TableCommitter, tmp_path: Path) -> None:
     location = f"file://{tmp_path}/warehouse/db/../elsewhere"
-    table = committer.catalog.create_table(("db", "odd"), schema=SCHEMA, location=location)
+    table = committer.table.catalog.create_table(("db", "odd"), schema=SCHEMA, location=location)
     with pytest.raises(LakesinkError, match=r"which lakesink refuses: path segment '\.\.' is not allowed"):
         remove_orphan_files(table, older_than=ZERO, dry_run=True)
 
@@ -731,7 +731,7 @@ def test_the_root_of_a_filesystem_or_bucket_is_refused(committer: TableCommitter
 def test_nested_tables_and_symbolic_links_are_not_touched(committer: TableCommitter, tmp_path: Path) -> None:
     commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1])])
     table = load(committer)
-    nested = committer.catalog.create_table(("db", "nested"), schema=SCHEMA, location=f"{table.location()}/data/nested")
+    nested = committer.table.catalog.create_table(("db", "nested"), schema=SCHEMA, location=f"{table.location()}/data/nested")
     nested.append(arrow_rows([7]))
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -746,7 +746,7 @@ def test_nested_tables_and_symbolic_links_are_not_touched(committer: TableCommit
     assert nested_files and {p for p in paths(report.skipped) if p.startswith(nested.location())} == nested_files
     assert f"{table.location()}/data/link/precious.parquet" in paths(report.skipped)
     assert (outside / "precious.parquet").exists()
-    assert table_ids(committer.catalog.load_table(("db", "nested"))) == Counter([7])
+    assert table_ids(committer.table.catalog.load_table(("db", "nested"))) == Counter([7])
     assert_intact(table)
 
 
@@ -764,7 +764,7 @@ def test_two_tables_sharing_a_location_are_refused_before_anything_is_removed(
     if search == "catalog":  # a folder of more unreferenced metadata files than are read: the catalog's tables are
         monkeypatch.setattr(catalog_scans, "READ_METADATA_FILES_AT_MOST", 0)
     commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1, 2])])
-    catalog = committer.catalog
+    catalog = committer.table.catalog
     catalog.rename_table(("db", "events"), ("db", "renamed"))
     renamed = catalog.load_table(("db", "renamed"))
     new = catalog.create_table(("db", "events"), schema=renamed.schema())
@@ -792,7 +792,7 @@ def test_files_of_a_table_dropped_without_them_are_orphans_of_the_one_created_in
     if search == "catalog":
         monkeypatch.setattr(catalog_scans, "READ_METADATA_FILES_AT_MOST", 0)
     commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1, 2])])
-    catalog = committer.catalog
+    catalog = committer.table.catalog
     location = load(committer).location()
     old_files = on_disk(load(committer))
     catalog.drop_table(("db", "events"))
@@ -828,7 +828,7 @@ def test_another_table_writing_inside_this_location_is_refused_before_anything_i
     commit(committer, Q1, 0, [write_task(committer, Q1, 0, [1])])
     table = load(committer)
     stray = plant(table, "data/leftover.parquet")
-    catalog = committer.catalog
+    catalog = committer.table.catalog
     catalog.create_namespace_if_not_exists(("other",))
     if other_at == "its data path inside":
         location = f"file://{tmp_path}/elsewhere/b"

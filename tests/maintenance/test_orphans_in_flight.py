@@ -74,7 +74,7 @@ def committer(
             **options,
         )
     )
-    c.open_table(arrow_rows([]).schema)
+    c.table.open_table(arrow_rows([]).schema)
     return c
 
 
@@ -168,7 +168,7 @@ def _upsert(props: dict[str, str]) -> tuple[TableCommitter, Callable[[], Any]]:
     schema = arrow_rows([]).schema
 
     def run(batch_id: int, rows: pa.Table, keys: list[int], deleted: list[bool]) -> Any:
-        plan = c.write_plan(c.reload_table(), Q)
+        plan = c.write_plan(c.table.reload_table(), Q)
         results = [
             TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id)).write(
                 rows.to_batches()
@@ -218,9 +218,9 @@ def _branch_of_an_empty_table(props: dict[str, str]) -> tuple[TableCommitter, Ca
     c = sink_committer(
         SinkOptions(table=TableName(("db",), "events"), catalog_properties=props, table_properties=QUIET, branch="audit")
     )
-    c.catalog.create_namespace_if_not_exists("db")
-    c.catalog.create_table(("db", "events"), schema=arrow_rows([]).schema, properties=QUIET)
-    return c, lambda: c.open_table(arrow_rows([]).schema)
+    c.table.catalog.create_namespace_if_not_exists("db")
+    c.table.catalog.create_table(("db", "events"), schema=arrow_rows([]).schema, properties=QUIET)
+    return c, lambda: c.table.open_table(arrow_rows([]).schema)
 
 
 def _plain(
@@ -395,14 +395,14 @@ def test_another_process_maintaining_the_table_while_a_batch_is_between_its_writ
     for b in range(6):
         rows = arrow_rows([b * 100 + i for i in range(4)])
         changes = pa.table({"id": rows.column("id"), DELETED: pa.array([False] * 4)}) if kind == "upsert" else None
-        plan = c.write_plan(c.reload_table(), Q)
+        plan = c.write_plan(c.table.reload_table(), Q)
         result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=b, partition_id=0, task_attempt_id=b)).write(rows.to_batches())
         c.commit_batch(BatchCall(Q, b, None), [result], changes=changes)
     expected = Counter(b * 100 + i for b in range(6) for i in range(4))
     # batch 6: new rows, and (upsert) a new value for key 101 and key 202 deleted
     rows = arrow_rows([700, 701, 101])
     changes = pa.table({"id": pa.array([700, 701, 101, 202], pa.int64()), DELETED: pa.array([False, False, False, True])})
-    plan = c.write_plan(c.reload_table(), Q)
+    plan = c.write_plan(c.table.reload_table(), Q)
     result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=6, partition_id=0, task_attempt_id=60)).write(rows.to_batches())
     faults.arm(DRIVER_BEFORE_SWAP, "pause")
     box: list[Any] = []

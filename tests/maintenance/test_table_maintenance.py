@@ -88,12 +88,12 @@ def test_default_format_version_is_2(catalog_properties: dict[str, str]) -> None
 def test_format_version_3_is_refused_while_pyiceberg_cannot_write_it(catalog_properties: dict[str, str]) -> None:
     c = sink_committer(SinkOptions(table=TableName(("db",), "events"), catalog_properties=catalog_properties, format_version=3))
     if seam_metadata.writes_format_version(3):
-        c.open_table(SCHEMA)
+        c.table.open_table(SCHEMA)
         assert load(c).metadata.format_version == 3
         return
     with pytest.raises(InvalidOptionError, match="cannot write format version 3 tables"):
-        c.open_table(SCHEMA)
-    assert not c.catalog.table_exists(("db", "events"))
+        c.table.open_table(SCHEMA)
+    assert not c.table.catalog.table_exists(("db", "events"))
 
 
 def test_existing_table_without_the_requested_properties_is_refused(catalog_properties: dict[str, str]) -> None:
@@ -114,8 +114,8 @@ def test_bad_table_property_value_creates_no_table(catalog_properties: dict[str,
         )
     )
     with pytest.raises(InvalidOptionError, match="history.expire.min-snapshots-to-keep='zero' is not an integer"):
-        c.open_table(SCHEMA)
-    assert not c.catalog.table_exists(("db", "events"))
+        c.table.open_table(SCHEMA)
+    assert not c.table.catalog.table_exists(("db", "events"))
 
 
 def test_options_parse_table_properties_format_version_and_maintenance() -> None:

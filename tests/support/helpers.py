@@ -391,7 +391,7 @@ def open_committer(props: Mapping[str, str], *, table: TableName = EVENTS, **opt
     """The committer of a sink writing ``table`` (``options``: more SinkOptions fields), its table opened -- created
     with :func:`arrow_rows`' schema when missing."""
     c = sink_committer(SinkOptions(table=table, catalog_properties=dict(props), **options))
-    c.open_table(arrow_rows([]).schema)
+    c.table.open_table(arrow_rows([]).schema)
     return c
 
 
@@ -429,14 +429,14 @@ def commit_batches(
 
 def write_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:
     """Write ``ids`` as one task of a batch would (real Parquet files under the table), not committed yet."""
-    plan = c.write_plan(c.open_table(arrow_rows([]).schema), query_id)
+    plan = c.write_plan(c.table.open_table(arrow_rows([]).schema), query_id)
     writer = TaskWriter(plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=attempt))
     return writer.write(arrow_rows(ids).to_batches())
 
 
 def write_reloaded_task(c: TableCommitter, query_id: str, batch_id: int, ids: list[int], attempt: int = 0) -> TaskResult:
     """:func:`write_task` planned on the table as reloaded (its plan read through the catalog, no open's checks)."""
-    plan = c.write_plan(c.reload_table(), query_id)
+    plan = c.write_plan(c.table.reload_table(), query_id)
     writer = TaskWriter(plan, TaskIds(query_id=query_id, batch_id=batch_id, partition_id=0, task_attempt_id=attempt))
     return writer.write(arrow_rows(ids).to_batches())
 
@@ -476,7 +476,7 @@ def commit(c: TableCommitter, query_id: str, batch_id: int, results: list[TaskRe
 
 
 def load(c: TableCommitter) -> Table:
-    return c.catalog.load_table(("db", "events"))
+    return c.table.catalog.load_table(("db", "events"))
 
 
 @contextmanager

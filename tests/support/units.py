@@ -19,7 +19,7 @@ def table_committers(props: Mapping[str, str], names: Sequence[str], **table_pro
         c = TableCommitter(
             SinkOptions(table=TableName(("db",), name), catalog_properties=dict(props), table_properties=table_properties)
         )
-        c.open_table(arrow_rows([]).schema)
+        c.table.open_table(arrow_rows([]).schema)
         made.append(c)
     return tuple(made)
 
@@ -29,5 +29,5 @@ def unit_actions(cs: Sequence[TableCommitter], call: BatchCall, ids: Mapping[str
     actions = []
     for c in cs:
         result = write_task(c, call.query_id, call.batch_id, ids[c.options.table.name])
-        actions.append(c.append_action(c.load(), call, [result]))
+        actions.append(c.append_action(c.table.load(), call, [result]))
     return actions

@@ -148,10 +148,10 @@ def _foreach_routed(options: SinkOptions) -> set[str]:
 def _foreach_table(options: SinkOptions) -> set[str]:
     schema = _rows(0, False).schema
     c = TableCommitter(options, post_commit=auto_maintenance)
-    table = c.open_table(schema)
+    table = c.table.open_table(schema)
     walks: list[set[str]] = []
     for batch in (0, 1):
-        plan = c.write_plan(table if batch == 0 else c.reload_table(), QUERY, schema)
+        plan = c.write_plan(table if batch == 0 else c.table.reload_table(), QUERY, schema)
         results = [TaskWriter(plan, TaskIds(QUERY, batch, 0, batch)).write(_rows(batch, False).to_batches())]
         call = BatchCall(QUERY, batch, f'[{{"logOffset":{batch}}}]')
         with traced() as walk:

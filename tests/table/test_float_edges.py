@@ -121,12 +121,12 @@ def test_a_task_resolves_every_float_order_by_edge_as_spark_does(type_name: str)
 
 def committer(props: dict[str, str], arrow_type: pa.DataType) -> TableCommitter:
     c = sink_committer(SinkOptions(table=TableName(("db",), "floats"), catalog_properties=props, partitioned_by=parse("v")))
-    c.open_table(pa.schema([("id", pa.int64()), ("v", arrow_type)]))
+    c.table.open_table(pa.schema([("id", pa.int64()), ("v", arrow_type)]))
     return c
 
 
 def write(c: TableCommitter, batch_id: int, tasks: list[list[pa.RecordBatch]]) -> None:
-    plan = c.write_plan(c.reload_table(), Q)
+    plan = c.write_plan(c.table.reload_table(), Q)
     results = [
         TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=t, task_attempt_id=batch_id * 100 + t)).write(
             batches
@@ -212,7 +212,7 @@ def test_the_arrow_writer_keeps_every_float_partition_apart_bit_for_bit(
     arrow_type = FLOAT_TYPES[type_name]
     c = committer(catalog_properties, arrow_type)
     write(c, 0, [list(edge_batches(arrow_type, 0))])
-    table = c.reload_table()
+    table = c.table.reload_table()
     per_partition = assert_partitions_bit_exact(table, arrow_type)
     assert per_partition == Counter({bits(v, arrow_type): 1 for v in EDGES})
     got = Counter(r["id"] for r in table.scan().to_arrow().to_pylist())
@@ -234,11 +234,11 @@ def test_compaction_keeps_every_float_partition_apart_bit_for_bit(catalog_proper
             sent.append(len(sent))
             tasks.append([pa.record_batch([pa.array([sent[-1]], pa.int64()), pa.array([v], arrow_type)], names=["id", "v"])])
         write(c, batch_id, tasks)
-    assert assert_partitions_bit_exact(c.reload_table(), arrow_type) == Counter({bits(v, arrow_type): 2 for v in EDGES})
-    report = compaction.compact(c.reload_table(), min_input_files=2)
+    assert assert_partitions_bit_exact(c.table.reload_table(), arrow_type) == Counter({bits(v, arrow_type): 2 for v in EDGES})
+    report = compaction.compact(c.table.reload_table(), min_input_files=2)
     assert report.status == "committed", report
     assert len(report.groups) == len(EDGES)
-    table = c.reload_table()
+    table = c.table.reload_table()
     assert assert_partitions_bit_exact(table, arrow_type) == Counter({bits(v, arrow_type): 1 for v in EDGES})
     assert Counter(r["id"] for r in table.scan().to_arrow().to_pylist()) == Counter(sent)
 
@@ -255,7 +255,7 @@ def test_a_manifest_of_both_zeros_is_bounded_by_both(catalog_properties: dict[st
         for i, v in enumerate([0.0, -0.0])
     ]
     write(c, 0, tasks)
-    assert assert_partitions_bit_exact(c.reload_table(), arrow_type) == Counter(
+    assert assert_partitions_bit_exact(c.table.reload_table(), arrow_type) == Counter(
         {bits(0.0, arrow_type): 1, bits(-0.0, arrow_type): 1}
     )
 
@@ -276,7 +276,7 @@ def test_double_partition_values_survive_manifest_rewrites_merges_and_compaction
             table_properties={"commit.manifest-merge.enabled": "false"},
         )
     )
-    c.open_table(pa.schema([("id", pa.int64()), ("v", pa.float64())]))
+    c.table.open_table(pa.schema([("id", pa.int64()), ("v", pa.float64())]))
     values = [0.1, 1e300, 5e-324, -0.1, 2.0 / 3.0]
     sent: list[int] = []
 
@@ -286,24 +286,26 @@ def test_double_partition_values_survive_manifest_rewrites_merges_and_compaction
         write(c, batch_id, [[pa.record_batch([pa.array(ids, pa.int64()), pa.array(values, pa.float64())], names=["id", "v"])]])
 
     def manifests() -> int:
-        table = c.reload_table()
+        table = c.table.reload_table()
         return len(table.current_snapshot().manifests(table.io))  # type: ignore[union-attr]
 
     for batch_id in range(3):
         batch(batch_id)
     assert manifests() == 3
-    assert manifest_rewrite.rewrite_manifests(c.reload_table()).status == "committed"
+    assert manifest_rewrite.rewrite_manifests(c.table.reload_table()).status == "committed"
     assert manifests() == 1
-    assert assert_partitions_bit_exact(c.reload_table(), pa.float64()) == Counter({bits(v, pa.float64()): 3 for v in values})
-    with c.reload_table().transaction() as tx:
+    expected = Counter({bits(v, pa.float64()): 3 for v in values})
+    assert assert_partitions_bit_exact(c.table.reload_table(), pa.float64()) == expected
+    with c.table.reload_table().transaction() as tx:
         tx.set_properties({"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "2"})
     for batch_id in range(3, 5):
         batch(batch_id)
     assert manifests() == 1  # merged
-    assert assert_partitions_bit_exact(c.reload_table(), pa.float64()) == Counter({bits(v, pa.float64()): 5 for v in values})
-    report = compaction.compact(c.reload_table(), min_input_files=2)
+    expected = Counter({bits(v, pa.float64()): 5 for v in values})
+    assert assert_partitions_bit_exact(c.table.reload_table(), pa.float64()) == expected
+    report = compaction.compact(c.table.reload_table(), min_input_files=2)
     assert report.status == "committed" and len(report.groups) == len(values), report
-    table = c.reload_table()
+    table = c.table.reload_table()
     assert assert_partitions_bit_exact(table, pa.float64()) == Counter({bits(v, pa.float64()): 1 for v in values})
     assert Counter(r["id"] for r in table.scan().to_arrow().to_pylist()) == Counter(sent)
 
@@ -324,7 +326,7 @@ def test_upserts_move_keys_between_every_float_partition(catalog_properties: dic
             upsert_key=("id",),
         )
     )
-    c.open_table(pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", arrow_type)]))
+    c.table.open_table(pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", arrow_type)]))
     state: dict[int, float | None] = {}
     for batch_id in range(3):
         shift = batch_id
@@ -335,14 +337,14 @@ def test_upserts_move_keys_between_every_float_partition(catalog_properties: dic
             [pa.array(list(upserted), pa.int64()), pa.array(list(upserted.values()), arrow_type)], names=["id", "v"]
         )
         keys = pa.table({"id": pa.array(list(rows), pa.int64()), UPSERT_DELETED: pa.array([k in deleted for k in rows])})
-        plan = c.write_plan(c.reload_table(), Q)
+        plan = c.write_plan(c.table.reload_table(), Q)
         result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id)).write([data])
         outcome = c.commit_batch(BatchCall(Q, batch_id, f'[{{"o":{batch_id}}}]'), [result], changes=keys)
         assert outcome.outcome is Outcome.COMMITTED
         for k in deleted:
             state.pop(k, None)
         state.update(upserted)
-        table = c.reload_table()
+        table = c.table.reload_table()
         got = {r["id"]: r["v"] for r in table.scan().to_arrow().to_pylist()}
         assert {k: bits(v, arrow_type) for k, v in got.items()} == {k: bits(v, arrow_type) for k, v in state.items()}
         per_partition = assert_partitions_bit_exact(table, arrow_type)
@@ -364,7 +366,7 @@ def test_a_float_upsert_key_is_refused_naming_the_option_and_creates_no_table(
         SinkOptions(table=TableName(("db",), "floats"), catalog_properties=catalog_properties, upsert_key=("id", "V"))
     )
     with pytest.raises(InvalidOptionError, match=rf"option 'upsert-key': column 'v' has type {type_name}, which cannot be a key"):
-        c.open_table(pa.schema([("id", pa.int64()), ("v", FLOAT_TYPES[type_name])]))
+        c.table.open_table(pa.schema([("id", pa.int64()), ("v", FLOAT_TYPES[type_name])]))
     with pytest.raises(NoSuchTableError):
         catalogs.load(None, catalog_properties).load_table(("db", "floats"))
 
@@ -379,24 +381,24 @@ def test_diff_cancels_rewritten_float_edges_and_shows_a_change_of_zero_sign(cata
     c = committer(catalog_properties, pa.float64())
     for batch_id in range(2):
         write(c, batch_id, [list(edge_batches(pa.float64(), 100 * batch_id))])
-    before = c.reload_table().metadata.current_snapshot_id
-    assert compaction.compact(c.reload_table(), min_input_files=2).status == "committed"
-    table = c.reload_table()
+    before = c.table.reload_table().metadata.current_snapshot_id
+    assert compaction.compact(c.table.reload_table(), min_input_files=2).status == "committed"
+    table = c.table.reload_table()
     d = diff(table, Point(snapshot_id=before), Point(snapshot_id=table.metadata.current_snapshot_id))
     assert d.removed_files and d.added_files  # files were rewritten...
     assert d.added.num_rows == 0 and d.removed.num_rows == 0, (d.added.to_pylist(), d.removed.to_pylist())  # ...no row changed
 
     u = sink_committer(SinkOptions(table=TableName(("db",), "zeros"), catalog_properties=catalog_properties, upsert_key=("id",)))
-    u.open_table(pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.float64()), ("w", pa.float64())]))
+    u.table.open_table(pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.float64()), ("w", pa.float64())]))
     for batch_id, v in enumerate([-0.0, 0.0]):
         data = pa.record_batch(
             [pa.array([1, 2], pa.int64()), pa.array([v, 1.0]), pa.array([math.nan, math.nan])], names=["id", "v", "w"]
         )
-        plan = u.write_plan(u.reload_table(), Q)
+        plan = u.write_plan(u.table.reload_table(), Q)
         result = TaskWriter(plan, TaskIds(query_id=Q, batch_id=batch_id, partition_id=0, task_attempt_id=batch_id)).write([data])
         keys = pa.table({"id": pa.array([1, 2], pa.int64()), UPSERT_DELETED: [False, False]})
         u.commit_batch(BatchCall(Q, batch_id, f'[{{"o":{batch_id}}}]'), [result], changes=keys)
-    table = u.reload_table()
+    table = u.table.reload_table()
     d = diff(table, Point(batch_id=0, query_id=Q), Point(batch_id=1, query_id=Q))
     assert [(r["id"], str(r["v"])) for r in d.added.to_pylist()] == [(1, "0.0")]
     assert [(r["id"], str(r["v"])) for r in d.removed.to_pylist()] == [(1, "-0.0")]

@@ -86,7 +86,7 @@ def test_table_inside_another_tables_folder_is_refused_at_start(catalog: Any, ca
     outer = catalog.create_table(("db", "outer"), schema=SCHEMA)
     catalog.create_table(("db", "inner"), schema=SCHEMA, location=f"{outer.location()}/data/inner")
     with pytest.raises(TableLocationError, match="table db.inner at .* overlaps table db.outer"):
-        _committer(catalog_properties, "inner").open_table(SCHEMA)
+        _committer(catalog_properties, "inner").table.open_table(SCHEMA)
     assert not list(Path(outer.location().removeprefix("file://")).rglob("*.parquet"))
 
 
@@ -95,7 +95,7 @@ def test_data_path_elsewhere_is_refused_at_start(catalog: Any, catalog_propertie
     elsewhere = tmp_path / "elsewhere"
     catalog.create_table(("db", "t"), schema=SCHEMA, properties={"write.data.path": f"file://{elsewhere}"})
     with pytest.raises(TableLocationError, match="outside its location"):
-        _committer(catalog_properties, "t").open_table(SCHEMA)
+        _committer(catalog_properties, "t").table.open_table(SCHEMA)
     assert not elsewhere.exists()
 
 

@@ -144,11 +144,11 @@ def _plan(tmp_path: Path, terms: str, properties: dict[str, str] | None = None) 
     options = SinkOptions.from_mapping({"table": "db.t", "partitioned-by": terms, **catalog_options})
     committer = sink_committer(options)
     schema = pa.schema([pa.field("id", pa.int64()), pa.field("k", pa.string())])
-    table = committer.open_table(schema)
+    table = committer.table.open_table(schema)
     if properties:
         with table.transaction() as tx:
             tx.set_properties(properties)
-        table = committer.reload_table()
+        table = committer.table.reload_table()
     assert options.output_mode is OutputMode.APPEND and options.table == TableName(("db",), "t")
     return committer.write_plan(table, "q-1", schema)
 

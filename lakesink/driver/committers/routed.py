@@ -227,15 +227,15 @@ class RoutedCommitter:
         holding: list[tuple[str, TableCommitter, Table, CommittedBatch]] = []
         missing: list[str] = []
         for c, table, tables in held:
-            done = c.last(table, query_id)
+            done = c.table.last(table, query_id)
             if done is None or done.batch_id < batch_id:
                 if tables is not None:
-                    missing.append(c.table_name)
+                    missing.append(c.table.table_name)
                 continue
             action = c.action_without_files(table, replace(call, time=None), found_at_plan=True)
             action.as_unit_member(tables).landed(table)
             if tables is not None:
-                holding.append((c.table_name, c, table, done))
+                holding.append((c.table.table_name, c, table, done))
         counted = replay.counted_only(holding, missing, query_id, batch_id) if holding and missing else []
         if counted:
             raise replay.counted_only_error(query_id, batch_id, counted, missing)
@@ -295,7 +295,7 @@ class RoutedCommitter:
             kept += table_results
             properties: Mapping[str, str] = {}
             if attempt is not None:  # the held file next to the first table's metadata
-                properties = attempt.record(table, c.load_fresh, name)
+                properties = attempt.record(table, c.table.load_fresh, name)
                 unit.update(attempt.summary())
             if self.options.cdc_format is not None and name in facts.binlog_seen:  # binlog coordinates that go back
                 water = binlog.HighWater.of(table.properties, name)
@@ -344,8 +344,10 @@ class RoutedCommitter:
                     self._abort_lookups(merges, call)
                     if lookup_attempt == LOOKUP_ATTEMPTS:
                         raise
-                    members = [replace(m, table=m.committer.load_fresh()) for m in members]
-                    if any((d := m.committer.last(m.table, query_id)) is not None and d.batch_id >= batch_id for m in members):
+                    members = [replace(m, table=m.committer.table.load_fresh()) for m in members]
+                    if any(
+                        (d := m.committer.table.last(m.table, query_id)) is not None and d.batch_id >= batch_id for m in members
+                    ):
                         raise  # committed table by table, some tables hold the batch: a restart's replay completes the others
                     log.warning(
                         "lakesink: batch=%s: a merge-on-read lookup is out of date (%s); looking the keys up again on the new "
@@ -387,7 +389,7 @@ class RoutedCommitter:
             parts = [r.changes for r in m.results if r.changes]
             if not parts or any(r.replay_skipped for r in m.results):
                 continue
-            done = m.committer.last(m.table, call.query_id)
+            done = m.committer.table.last(m.table, call.query_id)
             if done is not None and done.batch_id >= call.batch_id:
                 continue  # the table holds the batch already (a replay completing the others): nothing to look up
             schema = m.committer.write_plan(m.table, call.query_id).schema
@@ -430,7 +432,7 @@ class RoutedCommitter:
         held: list[tuple[str, TableCommitter, Table, CommittedBatch]] = []
         missing: list[str] = []
         for route, (c, a) in zip(routes, actions, strict=True):
-            name, done = str(route), c.last(a.table, query_id)
+            name, done = str(route), c.table.last(a.table, query_id)
             if done is not None and done.batch_id >= batch_id:
                 held.append((name, c, a.table, done))
             else:
@@ -493,10 +495,10 @@ class RoutedCommitter:
         none), one action of the batch's unit: the batch's tables and its dead letters land together or not at all."""
         d = self.tables.dead_letters
         assert d is not None
-        table = d.load_patiently(call.batch_id)
+        table = d.table.load_patiently(call.batch_id)
         expected = next((r.table_uuid for r in letters if r.table_uuid), None)
         if expected is not None and str(table.metadata.table_uuid) != expected:
-            raise d.identity_changed(expected, str(table.metadata.table_uuid))
+            raise d.table.identity_changed(expected, str(table.metadata.table_uuid))
         action = d.unit_action(table, replace(call, time=None), letters, unit={})
         return d, action
 
@@ -562,7 +564,7 @@ class RoutedCommitter:
         truncates, its truncate (``facts``)."""
         found = []
         for (c, a), r in zip(actions, results, strict=True):
-            name = c.table_name
+            name = c.table.table_name
             truncate = None
             if name in facts.truncating and name in facts.truncated_at and name in facts.truncated_time:
                 truncate = Truncate(facts.truncated_at[name], facts.truncated_time[name])
@@ -584,7 +586,7 @@ class RoutedCommitter:
         if attempt is None:
             return self._without_files(tables, call, found_at_plan=False)
         first = self.committer(tables[0])
-        properties = attempt.record(first.load_patiently(batch_id), first.load_fresh, tables[0])
+        properties = attempt.record(first.table.load_patiently(batch_id), first.table.load_fresh, tables[0])
         with attempt.settling():
             outcome = self._without_files(tables, call, found_at_plan=False, properties=properties)
         if not _landed_here(outcome):
@@ -608,7 +610,7 @@ class RoutedCommitter:
         found: list[str] = []
         for ident, table in seam_commit.load_tables(self.tables.catalog, listed[: routed_tables.MAX_COMMITTERS]).items():
             name = ".".join(ident)
-            done = self.committer(name).last(table, query_id)
+            done = self.committer(name).table.last(table, query_id)
             if done is None or done.batch_id < best:
                 continue
             if done.batch_id > best:
@@ -640,7 +642,7 @@ class RoutedCommitter:
         actions: list[tuple[TableCommitter, BatchAction]] = []
         for name in tables:
             c = self.committer(name)
-            table = c.load_patiently(call.batch_id)
+            table = c.table.load_patiently(call.batch_id)
             action = c.action_without_files(table, call, found_at_plan=found_at_plan, properties=properties)
             actions.append((c, action))
         actions += self._histories(actions, [() for _ in actions])
@@ -663,17 +665,17 @@ class RoutedCommitter:
         name = str(route)
         expected = self.tables._uuids.get(name) or next((r.table_uuid for r in results if r.table_uuid), None)
         if not templated:
-            table = read if read is not None else c.load_patiently(batch_id)  # not read: raises (dropped) or retries
+            table = read if read is not None else c.table.load_patiently(batch_id)  # not read: raises (dropped) or retries
         else:
             try:
-                table = c.load()
+                table = c.table.load()
             except NoSuchTableError:
                 if expected is not None:
                     raise TableIdentityChangedError(
                         f"table {name} was dropped while the query ran; nothing was committed. Restart the query to "
                         "write into a table of that name again (a new table starts without the query's earlier batches)"
                     ) from None
-                table, _ = c.open_routed(
+                table, _ = c.table.open_routed(
                     self.tables.columns_of(name, facts),
                     location=self.tables._location(route),
                     siblings=lambda: self.tables._sibling_locations(route),
@@ -681,7 +683,7 @@ class RoutedCommitter:
                 fault_point(DRIVER_AFTER_TABLE_CREATED)
         uuid = str(table.metadata.table_uuid)
         if expected is not None and uuid != expected:
-            raise c.identity_changed(expected, uuid)
+            raise c.table.identity_changed(expected, uuid)
         self.tables._uuids[name] = uuid
         if self.options.event_time is not None and not self.options.merge_schema:  # (merge-schema: the commit adds it)
             self.check_event_time(name, table.schema(), table.properties)
@@ -690,7 +692,7 @@ class RoutedCommitter:
         template = self.tables.template()
         assert template is not None
         written = {r.written_schema for r in results if r.files}
-        done = c.last(table, query_id)
+        done = c.table.last(table, query_id)
         if template.staged:
             # staged files are never committed: the batch's rows are rewritten into the table, or, when the table
             # holds the batch already (a replay), the staged files are deleted and the loop must find it there
@@ -714,13 +716,15 @@ class RoutedCommitter:
         """Files written with the template for a table that differs (created by someone else, or before the run,
         outside the namespace lakesink opened at the start), or staged (a catalog that places its tables itself):
         their rows rewritten into the table, on the driver."""
-        plan = self._rewrite_checks(c.write_plan(table, query_id, c.columns_taken(table, self.tables.stream_schema)), query_id)
+        plan = self._rewrite_checks(
+            c.write_plan(table, query_id, c.table.columns_taken(table, self.tables.stream_schema)), query_id
+        )
         if staged:
             log.info(
                 "lakesink: table=%s batch=%s: the batch's staged files for it are rewritten into the table on the driver "
                 "(catalog %r places its tables itself; a restart of the query has the executors write this table "
                 "directly when it is in option 'namespace')",
-                c.table_name,
+                c.table.table_name,
                 batch_id,
                 self.tables.catalog.name,
             )
@@ -728,7 +732,7 @@ class RoutedCommitter:
             log.warning(
                 "lakesink: table=%s batch=%s: the table is not as lakesink would create it, so the batch's files for it "
                 "are rewritten on the driver (restart the query to have the executors write this table directly)",
-                c.table_name,
+                c.table.table_name,
                 batch_id,
             )
         writer = TaskWriter(
@@ -744,7 +748,7 @@ class RoutedCommitter:
                     for batch in pq.ParquetFile(stream).iter_batches():
                         rows = conform_to_table(_without_field_ids(batch), plan, batch_id)
                         # a dead letter's row names its table in the routing column (the raw value is not kept)
-                        kept = writer.sort(rows, {self.tables.routing.column: c.table_name})
+                        kept = writer.sort(rows, {self.tables.routing.column: c.table.table_name})
                         if keyed is not None and kept.num_rows < rows.num_rows:
                             dropped |= upsert_task.keys_of(rows, keyed) - upsert_task.keys_of(kept, keyed)
                         writer.add(kept)
@@ -796,7 +800,7 @@ class RoutedCommitter:
         for name, table_results in sorted(by_table.items()):
             c = self.committer(name)
             try:
-                c.load_fresh()
+                c.table.load_fresh()
             except NoSuchTableError:
                 paths = [f.path for r in table_results for f in r.files]
                 io = load_file_io(dict(self.tables.catalog.properties), paths[0] if paths else None)

@@ -1,4 +1,4 @@
-"""Driver side, second job: commit a batch as one snapshot, exactly once, or abort it.
+"""Driver side, a sink's commit: commit a batch as one snapshot, exactly once, or abort it.
 
 It never touches rows. Every commit goes through the one compare-and-swap loop of
 :mod:`lakesink.driver.loop.swap`; this module decides what a batch's commit is (a data snapshot, a marker-only
@@ -73,17 +73,19 @@ class CommitHook(Protocol):
         ...
 
 
-class TableCommitter(SinkTable):
-    """The driver side of one lakesink sink: open and plan (:class:`SinkTable`), commit and abort.
+class TableCommitter:
+    """The driver side of one lakesink sink: commit and abort; its table, opened and planned, is :attr:`table` (a
+    :class:`SinkTable`, which knows nothing of its committer).
 
     ``post_commit`` makes the sink's :class:`CommitHook` from the committer (the entry points pass
     :func:`lakesink.maintenance.auto.auto_maintenance`); without it nothing runs around the commits.
     """
 
     def __init__(self, options: SinkOptions, *, post_commit: Callable[[SinkTable], CommitHook] | None = None):
-        super().__init__(options)
+        self.table = SinkTable(options)
+        """The sink's table: opened, checked and planned (lakesink.driver.tables.sink_table)."""
         metrics.start(options.metrics)  # option metrics: its exporter serves from the sink's start
-        self.hook: CommitHook | None = post_commit(self) if post_commit is not None else None
+        self.hook: CommitHook | None = post_commit(self.table) if post_commit is not None else None
         self.dead_letters: TableCommitter | None = None
         """Option dead-letter-table: the committer of the dead-letter table, whose commit of a batch's dead letters
         joins the batch's commit as one unit (lakesink.driver.loop.swap.run_unit)."""
@@ -105,19 +107,24 @@ class TableCommitter(SinkTable):
         commits it in the batch's unit); this table's snapshots record their count of dead letters in it."""
 
     @property
+    def options(self) -> SinkOptions:
+        """The sink's options (its table's)."""
+        return self.table.options
+
+    @property
     def context(self) -> SinkContext:
         """This table as its batch's actions know it (lakesink.driver.actions.batch.SinkContext), made for every batch:
         a routed sink gives its tables their dead-letter table after making them."""
         o, letters = self.options, self.dead_letters or self.routed_dead_letters
         return SinkContext(
-            name=self.table_name,
+            name=self.table.table_name,
             sink_id=o.sink_id,
             branch=o.branch,
             write_plan=self.write_plan,
             catalog_name=o.catalog_name,
             catalog_properties=o.catalog_properties,
             order_by=o.order_by,
-            letters_table=letters.table_name if letters is not None else None,
+            letters_table=letters.table.table_name if letters is not None else None,
             letters_sink_id=letters.options.sink_id if letters is not None else None,
         )
 
@@ -128,16 +135,16 @@ class TableCommitter(SinkTable):
     ) -> WritePlan:
         """:meth:`SinkTable.write_plan`; with option dead-letter-table, the dead-letter table's plan rides along (opened,
         created when missing, and checked at the first plan) and the replay point is the last batch in both tables."""
-        plan = super().write_plan(table, query_id, stream_schema, expected_uuid=expected_uuid)
+        plan = self.table.write_plan(table, query_id, stream_schema, expected_uuid=expected_uuid)
         plan = self._with_history(plan, query_id, stream_schema)
         d = self.dead_letters
         if d is None:
             return plan
         if not self._dead_letters_opened:
-            letters_table = d.open_table(dead_letter_schema.SCHEMA)
+            letters_table = d.table.open_table(dead_letter_schema.SCHEMA)
             self._dead_letters_opened = True
         else:
-            letters_table = d.reload_table()
+            letters_table = d.table.reload_table()
         letters_plan = d.write_plan(letters_table, query_id)
         last = plan.last_committed_batch
         if last is not None and letters_plan.last_committed_batch is not None:
@@ -152,7 +159,7 @@ class TableCommitter(SinkTable):
         if h is None or stream_schema is None:  # no stream schema: a plan of the commit's own (an upsert's copies)
             return plan
         self._open_history(stream_schema)
-        history_plan = h.write_plan(h.reload_table(), query_id, self._history_schema)
+        history_plan = h.write_plan(h.table.reload_table(), query_id, self._history_schema)
         last, theirs = plan.last_committed_batch, history_plan.last_committed_batch
         if last is not None and theirs is not None and theirs < last:
             return replace(plan, last_committed_batch=theirs)
@@ -165,7 +172,7 @@ class TableCommitter(SinkTable):
         assert h is not None
         wanted = history_actions.history_schema(columns, self.options, outside=self.history_stream)
         if self._history_schema is None or not self._history_schema.equals(wanted):
-            h.open_table(wanted)
+            h.table.open_table(wanted)
             self._history_schema = wanted
 
     # --- commit -------------------------------------------------------------------------------------
@@ -195,7 +202,7 @@ class TableCommitter(SinkTable):
         a background maintenance run when one is due) runs after it.
         """
         if history is None and self.history is not None:  # format("lakesink"): the tasks returned the changes
-            history = history_actions.changes_of_tasks(results, self.options, batch_id=call.batch_id, table=self.table_name)
+            history = history_actions.changes_of_tasks(results, self.options, batch_id=call.batch_id, table=self.table.table_name)
         with self._turn():
             outcome = self._commit_batch(call, results, table_uuid=table_uuid, changes=changes, merge=merge, history=history)
         if outcome.outcome is Outcome.COMMITTED:
@@ -266,9 +273,9 @@ class TableCommitter(SinkTable):
     def unit_in_doubt(self, action: CommitAction) -> None:
         """This table's action may still land (the unit's outcome is unknown): the abort that follows keeps its files."""
         assert isinstance(action, BatchAction)
-        if swapper_of(self.catalog).may_apply_late():
+        if swapper_of(self.table.catalog).may_apply_late():
             b = action.batch
-            guard.record_in_doubt(self.table_name, b.query_id, self.options.sink_id, b.batch_id, _written(b))
+            guard.record_in_doubt(self.table.table_name, b.query_id, self.options.sink_id, b.batch_id, _written(b))
 
     def batch_turn(self) -> AbstractContextManager[None]:
         """This batch's turn on its table (:meth:`_turn`), held by an entry point from before the batch's first read
@@ -278,7 +285,7 @@ class TableCommitter(SinkTable):
 
     def _turn(self) -> AbstractContextManager[None]:
         """This batch's turn on its table, from its first read (the loop holds it too, for its actions)."""
-        return swap.turns_of_identifier(self.catalog, self.options.table.identifier).batch()
+        return swap.turns_of_identifier(self.table.catalog, self.options.table.identifier).batch()
 
     def _commit_batch(
         self,
@@ -294,11 +301,11 @@ class TableCommitter(SinkTable):
         batch_id = call.batch_id
         batch = Batch.new(call, results, changes=changes, merge=merge)
         expected_uuid = table_uuid or next((r.table_uuid for r in results if r.table_uuid), None)
-        table = self.load_patiently(batch_id)
+        table = self.table.load_patiently(batch_id)
         try:
             if expected_uuid is not None and str(table.metadata.table_uuid) != expected_uuid:
-                raise self.identity_changed(expected_uuid, str(table.metadata.table_uuid))
-            self.check_branch(table)
+                raise self.table.identity_changed(expected_uuid, str(table.metadata.table_uuid))
+            self.table.check_branch(table)
             if self.dead_letters is not None:
                 dead_letters.check_rejected(self.options, results, batch_id=batch_id)
         except LakesinkError:
@@ -352,18 +359,18 @@ class TableCommitter(SinkTable):
         self, table: Table, batch: Batch, action: BatchAction, history: HistoryChanges | None = None
     ) -> BatchOutcome:
         """Commit the batch's files (``action``: an append, an overwrite or an upsert, :func:`action_for`)."""
-        settings = self.settings(table)
+        settings = self.table.settings(table)
         what = action.what
         try:
             result = self._run(action, batch, history=history)
         except CommitOutcomeUnknownError:
             # the abort that follows must keep the files (lakesink.driver.loop.guard.record_in_doubt)
-            if swapper_of(self.catalog).may_apply_late():
+            if swapper_of(self.table.catalog).may_apply_late():
                 paths = [*batch.paths, *(batch.merge.paths if batch.merge is not None else ())]
-                guard.record_in_doubt(self.table_name, batch.query_id, self.options.sink_id, batch.batch_id, paths)
+                guard.record_in_doubt(self.table.table_name, batch.query_id, self.options.sink_id, batch.batch_id, paths)
                 if self.dead_letters is not None:
                     d, letters = self.dead_letters, self._letters(batch)
-                    guard.record_in_doubt(d.table_name, batch.query_id, d.options.sink_id, batch.batch_id, letters.paths)
+                    guard.record_in_doubt(d.table.table_name, batch.query_id, d.options.sink_id, batch.batch_id, letters.paths)
             raise
         except RetriesExhausted as e:
             self._delete(table, batch.paths, reason="commit retries exhausted")
@@ -381,7 +388,7 @@ class TableCommitter(SinkTable):
             last = action.rewrites[-1]
             log.info(
                 "lakesink: table=%s batch=%s upsert: inserted=%s updated=%s deleted=%s files_rewritten=%s bytes_read=%s",
-                self.table_name,
+                self.table.table_name,
                 batch.batch_id,
                 last.inserted,
                 last.updated,
@@ -417,13 +424,13 @@ class TableCommitter(SinkTable):
         if result.status is not Status.LANDED:
             return
         try:
-            table = self.load()
+            table = self.table.load()
             referenced = seam.added_data_file_paths(table, result.snapshot_id)
         except Exception as e:
             log.warning(
                 "lakesink: table=%s: cannot read the landed snapshot (%s); its replaced files are kept",
-                self.table_name,
-                self.redact(e),
+                self.table.table_name,
+                self.table.redact(e),
             )
             return
         if referenced is not None:
@@ -459,15 +466,15 @@ class TableCommitter(SinkTable):
         if d is None:
             return swap.run_unit(members)[0] if len(members) > 1 else swap.run(action)
         letters = self._letters(batch)
-        letters_table = d.load_patiently(batch.batch_id)
+        letters_table = d.table.load_patiently(batch.batch_id)
         expected = next((r.table_uuid for r in letters.results if r.table_uuid), None)
         if expected is not None and str(letters_table.metadata.table_uuid) != expected:
-            error = d.identity_changed(expected, str(letters_table.metadata.table_uuid))
+            error = d.table.identity_changed(expected, str(letters_table.metadata.table_uuid))
             d._delete(letters_table, letters.paths, reason="the dead-letter table changed identity during the batch")
             if not replay:
-                self._delete(self.load(), batch.paths, reason="the dead-letter table changed identity during the batch")
+                self._delete(self.table.load(), batch.paths, reason="the dead-letter table changed identity during the batch")
             raise error
-        if replay and d.last(letters_table, batch.query_id) is None:
+        if replay and d.table.last(letters_table, batch.query_id) is None:
             # a dead-letter table added to a running query holds none of its earlier batches
             return swap.run_unit(members)[0] if len(members) > 1 else swap.run(action)
         other = action_for(d.context, letters_table, letters, found_at_plan=replay)
@@ -490,12 +497,12 @@ class TableCommitter(SinkTable):
         None when a history table added to a running query holds none of its earlier batches."""
         h = self.history
         assert h is not None
-        table = h.load_patiently(batch.batch_id)
-        if replay and h.last(table, batch.query_id) is None:
+        table = h.table.load_patiently(batch.batch_id)
+        if replay and h.table.last(table, batch.query_id) is None:
             return None
         of_history = replace(batch, results=(), commit_id=uuid.uuid4().hex, changes=None, merge=None, time=None)
         if not replay and truncate is not None:  # the truncate ends the versions current before it
-            changes = history or history_actions.no_changes(table, self.options.upsert_key, self.table_name)
+            changes = history or history_actions.no_changes(table, self.options.upsert_key, self.table.table_name)
             return HistoryBatch(h.context, table, of_history, changes, truncate, mirror=mirror)
         if replay or history is None or not history.rows.num_rows:
             return action_for(h.context, table, of_history, found_at_plan=replay)
@@ -515,7 +522,9 @@ class TableCommitter(SinkTable):
             self._open_history(pa.schema([pa.field(f.name, f.type) for f in seam.arrow_schema(action.table.schema())]))
         history = None
         if not replay:
-            history = history_actions.changes_of_tasks(results, self.options, batch_id=batch.batch_id, table=self.table_name)
+            history = history_actions.changes_of_tasks(
+                results, self.options, batch_id=batch.batch_id, table=self.table.table_name
+            )
         found = self._history_action(batch, replay=replay, history=history, truncate=truncate, mirror=action)
         return (self.history, found) if found is not None else None
 
@@ -523,18 +532,18 @@ class TableCommitter(SinkTable):
         if self.dead_letters is not None:
             letters = self._letters(batch)
             if letters.paths:
-                self.dead_letters._delete(self.dead_letters.load(), letters.paths, reason=reason)
+                self.dead_letters._delete(self.dead_letters.table.load(), letters.paths, reason=reason)
 
     def _logged(self, outcome: BatchOutcome, batch: Batch) -> BatchOutcome:
         """The batch's outcome on this table, once settled (a table of its own, each table of a routed unit, a
         dead-letter table): its commit metrics reported where option ``metrics`` and the catalog say
         (lakesink.driver.report.metrics: after the commit, never raising) and its log line; returns ``outcome``."""
         options = self.options
-        if swapper_of(self.catalog).may_apply_late():  # the batch is settled now (only such a catalog leaves one in doubt)
-            guard.clear_in_doubt(self.table_name, batch.query_id, options.sink_id, outcome.batch_id)
+        if swapper_of(self.table.catalog).may_apply_late():  # the batch is settled now (only such a catalog leaves one in doubt)
+            guard.clear_in_doubt(self.table.table_name, batch.query_id, options.sink_id, outcome.batch_id)
         metrics.report(
-            _commit_metrics(self, outcome, batch),
-            catalog=self.catalog,
+            _commit_metrics(self.table, outcome, batch),
+            catalog=self.table.catalog,
             identifier=options.table.identifier,
             export=options.metrics,
         )
@@ -543,7 +552,7 @@ class TableCommitter(SinkTable):
             log.info(
                 "lakesink: table=%s query=%s%s batch=%s committed snapshot=%s files=%s rows=%s bytes=%s commit_ms=%.1f "
                 "retries=%s",
-                self.table_name,
+                self.table.table_name,
                 batch.query_id,
                 of_sink,
                 outcome.batch_id,
@@ -557,7 +566,7 @@ class TableCommitter(SinkTable):
         else:
             log.info(
                 "lakesink: table=%s query=%s%s batch=%s %s",
-                self.table_name,
+                self.table.table_name,
                 batch.query_id,
                 of_sink,
                 outcome.batch_id,
@@ -580,7 +589,7 @@ class TableCommitter(SinkTable):
             if letters:
                 self.dead_letters.abort_batch(query_id=query_id, batch_id=batch_id, results=letters)
         paths = [f.path for r in results for f in r.files]
-        in_doubt = guard.in_doubt(self.table_name, query_id, self.options.sink_id, batch_id)
+        in_doubt = guard.in_doubt(self.table.table_name, query_id, self.options.sink_id, batch_id)
         if in_doubt & set(paths):
             log.warning(
                 "lakesink: abort of batch %s keeps %s file(s) that a commit request the catalog has not answered may "
@@ -590,16 +599,19 @@ class TableCommitter(SinkTable):
             )
             paths = [p for p in paths if p not in in_doubt]
         if not paths:
-            log.info("lakesink: table=%s batch=%s aborted; no files to delete", self.table_name, batch_id)
+            log.info("lakesink: table=%s batch=%s aborted; no files to delete", self.table.table_name, batch_id)
             return
         try:
-            table = self.load_fresh()
+            table = self.table.load_fresh()
         except Exception as e:
             log.warning(
-                "lakesink: abort of batch %s cannot read the table (%s); keeping %s file(s)", batch_id, self.redact(e), len(paths)
+                "lakesink: abort of batch %s cannot read the table (%s); keeping %s file(s)",
+                batch_id,
+                self.table.redact(e),
+                len(paths),
             )
             return
-        done = self.last(table, query_id) if query_id else None
+        done = self.table.last(table, query_id) if query_id else None
         if done is not None and done.batch_id >= batch_id:
             # the batch is in the table: keep whatever its snapshot references
             assert query_id is not None
@@ -621,21 +633,21 @@ class TableCommitter(SinkTable):
         """Merge-on-read: delete the position delete files a lookup of the batch wrote (``paths``), unless the batch may
         reference them -- found committed in the table (an orphan clean-up collects them if the landed snapshot is
         another lookup's), or its commit in doubt at the catalog -- or the table cannot be read (kept: orphans)."""
-        in_doubt = guard.in_doubt(self.table_name, query_id, self.options.sink_id, batch_id)
+        in_doubt = guard.in_doubt(self.table.table_name, query_id, self.options.sink_id, batch_id)
         paths = [p for p in paths if p not in in_doubt]
         if not paths:
             return
         try:
-            table = self.load_fresh()
+            table = self.table.load_fresh()
         except Exception as e:
             log.warning(
                 "lakesink: abort of batch %s cannot read the table (%s); keeping %s delete file(s)",
                 batch_id,
-                self.redact(e),
+                self.table.redact(e),
                 len(paths),
             )
             return
-        done = self.last(table, query_id)
+        done = self.table.last(table, query_id)
         if done is not None and done.batch_id >= batch_id:
             return
         self._delete(table, paths, reason=f"position delete files of batch {batch_id}, not committed")

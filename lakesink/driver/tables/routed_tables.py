@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -116,7 +116,20 @@ def places_tables_itself(catalog: Catalog) -> bool:
     return not is_rest_catalog(catalog) and ("://" in root or root.startswith("/"))
 
 
-T = TypeVar("T", bound=SinkTable)
+class PlannedTable(Protocol):
+    """What a routed sink plans through for each of its tables (its committer,
+    lakesink.driver.committers.table.TableCommitter): the table, and the plan that brings along the table's
+    dead-letter and history tables."""
+
+    @property
+    def table(self) -> SinkTable: ...
+
+    def write_plan(
+        self, table: Table, query_id: str | None, stream_schema: pa.Schema | None = None, *, expected_uuid: str | None = None
+    ) -> WritePlan: ...
+
+
+T = TypeVar("T", bound=PlannedTable)
 
 
 @dataclass(frozen=True)
@@ -196,7 +209,7 @@ class RoutedTables(Generic[T]):
         self.dead_letters = dead_letters
         """Option dead-letter-table: one dead-letter table for all the tables of the sink, committed in each batch's
         unit (a row whose routing value names no valid table is a dead letter there, error ``invalid-route``)."""
-        self.dead_letter_name = str(self.dead_letters.options.table) if self.dead_letters is not None else None
+        self.dead_letter_name = str(self.dead_letters.table.options.table) if self.dead_letters is not None else None
         """The dead-letter table's name (a routing value naming it is no valid route), or None."""
         self._letters_opened = False
 
@@ -267,7 +280,7 @@ class RoutedTables(Generic[T]):
         if d is None:
             return None
         if not self._letters_opened:
-            letters_table = d.open_table(dead_letter_schema.SCHEMA)
+            letters_table = d.table.open_table(dead_letter_schema.SCHEMA)
             if letters_table.schema().find_field(dead_letter_schema.TABLE).required:
                 # made before routed sinks had dead letters: an invalid route's null value needs an optional column
                 # (required -> optional is a compatible schema change; readers see no difference in the other rows)
@@ -275,14 +288,14 @@ class RoutedTables(Generic[T]):
                     swap.run(OptionalColumn(letters_table, dead_letter_schema.TABLE))
                 except RetriesExhausted as e:
                     raise CommitConflictError(
-                        f"dead-letter table {d.table_name}: making column {dead_letter_schema.TABLE!r} optional "
+                        f"dead-letter table {d.table.table_name}: making column {dead_letter_schema.TABLE!r} optional "
                         f"{e.attempts} time(s) {e.describe()}; nothing was written, restart the query"
                     ) from e
-                log.info("lakesink: dead-letter table %s: column %r made optional", d.table_name, dead_letter_schema.TABLE)
-                letters_table = d.reload_table()
+                log.info("lakesink: dead-letter table %s: column %r made optional", d.table.table_name, dead_letter_schema.TABLE)
+                letters_table = d.table.reload_table()
             self._letters_opened = True
         else:
-            letters_table = d.reload_table()
+            letters_table = d.table.reload_table()
         return RowChecks(d.write_plan(letters_table, query_id), reject_when=self.options.reject_when), letters_table
 
     @staticmethod
@@ -368,10 +381,10 @@ class RoutedTables(Generic[T]):
             wanted = self.columns_of(name, facts)
             if name in facts.table_columns:  # option payload: the fields an existing table has keep its types
                 try:
-                    wanted = fitted_columns(wanted, c.load().schema(), merge=self.options.merge_schema)
+                    wanted = fitted_columns(wanted, c.table.load().schema(), merge=self.options.merge_schema)
                 except NoSuchTableError:
                     pass
-            table, columns = c.open_routed(
+            table, columns = c.table.open_routed(
                 wanted,
                 location=self._location(route),
                 siblings=lambda: self._sibling_locations(route),
@@ -380,11 +393,11 @@ class RoutedTables(Generic[T]):
                 created=route.identifier in created,
             )
         else:
-            table = c.reload_table()
+            table = c.table.reload_table()
             wanted = self.columns_of(name, facts)
             if name in facts.table_columns:
                 wanted = fitted_columns(wanted, table.schema(), merge=self.options.merge_schema)
-            columns = c.columns_taken(table, wanted)
+            columns = c.table.columns_taken(table, wanted)
         plan = c.write_plan(table, query_id, columns, expected_uuid=expected)
         self.check_event_time(name, plan.schema, plan.properties)
         self._uuids[name] = plan.table_uuid
@@ -395,19 +408,19 @@ class RoutedTables(Generic[T]):
         creation and checks then use it), checked every batch against the keys its changes carry (routed_keys)."""
         if first or name not in self.table_keys:
             try:
-                schema: Schema | None = c.load().schema()
+                schema: Schema | None = c.table.load().schema()
             except NoSuchTableError:
                 schema = None
             carried = facts.carried_keys.get(name, set())
             self.table_keys[name] = routed_keys.table_key(name, schema, carried, self.options.upsert_key)
-        history = c.options.history
+        history = c.table.options.history
         routed_keys.check_carried(
             name,
             self.table_keys[name],
             facts.carried_keys.get(name, ()),
-            history=str(history.of(c.options.table)) if history is not None else None,
+            history=str(history.of(c.table.options.table)) if history is not None else None,
         )
-        c.options = replace(c.options, upsert_key=self.table_keys[name])
+        c.table.options = replace(c.table.options, upsert_key=self.table_keys[name])
 
     def plans(self, routes: Sequence[Route], query_id: str | None, facts: TableFacts = NO_TABLE_FACTS) -> BatchPlans:
         """The plans of a batch's tables (foreach_batch: every table opened before any file is written; ``facts``: the
@@ -441,9 +454,10 @@ class RoutedTables(Generic[T]):
         committers = [self.committer(str(r)) for r in absent]
         try:
             for c in {tuple(r.namespace): c for r, c in zip(absent, committers, strict=True)}.values():
-                c.make_namespace()
+                c.table.make_namespace()
             new = [
-                c.new_table(self.columns_of(str(r), facts), self._location(r)) for r, c in zip(absent, committers, strict=True)
+                c.table.new_table(self.columns_of(str(r), facts), self._location(r))
+                for r, c in zip(absent, committers, strict=True)
             ]
         except PROGRAMMING_ERRORS:
             raise

@@ -1,4 +1,4 @@
-"""Driver side, first job: open (or create) the table, check the stream against it, make the write plan.
+"""Driver side, a sink's table: open (or create) it, check the stream against it, make the write plan.
 
 Runs on the driver only (never touches rows). A plan carries the table's uuid, its schema and spec ids
 and its typed settings: the commit refuses files written for another table, schema or spec.
@@ -88,7 +88,8 @@ def read_siblings(
 
 
 class SinkTable:
-    """The table one lakesink sink writes (one table, one set of options), as the driver sees it."""
+    """The table one lakesink sink writes (one table, one set of options), as the driver sees it; its committer
+    (lakesink.driver.committers.table.TableCommitter) holds it as ``table`` and it knows nothing of the committer."""
 
     def __init__(self, options: SinkOptions):
         if options.routing is not None:

@@ -59,7 +59,7 @@ def cuts(
         old, new, at = change
         name = str(target)
         try:
-            own: Key | None = identifier_fields(routed.committer(name).load().schema())
+            own: Key | None = identifier_fields(routed.committer(name).table.load().schema())
         except NoSuchTableError:
             own = None
         if own is not None and set(own) == set(old):

@@ -105,7 +105,7 @@ def homes(
         columns = columns_of.get(str(route))
         if columns is not None and not columns.names:  # truncates only: an existing table keeps its columns
             try:
-                columns_of[str(route)] = seam.arrow_schema(routed.committer(str(route)).load().schema())
+                columns_of[str(route)] = seam.arrow_schema(routed.committer(str(route)).table.load().schema())
             except NoSuchTableError:
                 continue
         kept.append(value)

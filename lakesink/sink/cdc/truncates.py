@@ -98,7 +98,7 @@ def mark(
         name = str(target)
         columns = columns_of.get(name)
         try:
-            table = routed.committer(name).load()
+            table = routed.committer(name).table.load()
         except NoSuchTableError:
             if columns is None or not columns.names:
                 left.remove(value)  # nothing to truncate, nothing after it: the table is not made
