@@ -7,12 +7,17 @@
   which forbid cycles between packages and check the layers);
 - no function-local import of lakesink, SQLAlchemy, tenacity or pyiceberg's catalogs (the package boundary keeps
   the driver off executors, not imports hidden in functions), except in the lazy public API of ``lakesink/__init__``;
-- the command line renders through one output object: no command branches on ``--json`` itself.
+- the command line renders through one output object: no command branches on ``--json`` itself;
+- no class extends a concrete class of another lakesink module (composition), but the known ones that may only go.
 """
 
 from __future__ import annotations
 
+import abc
 import ast
+import enum
+import importlib
+import inspect
 import pkgutil
 import re
 from collections.abc import Iterator
@@ -318,6 +323,46 @@ def test_no_action_knows_its_committer() -> None:
     assert "lakesink.driver.loop.swap" in graph["lakesink.driver.actions.batch"]  # the graph is not empty
     up = {m: sorted(t for t in graph[m] if t.startswith("lakesink.driver.committers")) for m in graph}
     assert {m: t for m, t in up.items() if m.startswith("lakesink.driver.actions") and t} == {}
+
+
+# Classes that extend a concrete class of another lakesink module (issue 53, item 4: "composition where today there is
+# inheritance across files"; TableCommitter(SinkTable) and RoutedCommitter(RoutedTables) are gone). An interface -- an
+# ABC, a protocol, an abstract class -- may be extended anywhere, and so may an error or an enum. The list may only
+# shrink: a new such class fails, and so does one that is gone and still listed.
+KNOWN_CROSS_MODULE_SUBCLASSES = [
+    "lakesink._pyiceberg.maintenance.PreparedManifestRewrite <- lakesink._pyiceberg.commit.PreparedCommit",
+    "lakesink._pyiceberg.row_delta._RowDeltaProducer <- lakesink._pyiceberg.producers._MergeAppend",
+    "lakesink.cli.output.ConsoleOutput <- lakesink.cli.render.TextRenderer",
+    "lakesink.cli.output.JsonOutput <- lakesink.cli.render.JsonRenderer",
+    "lakesink.driver.actions.history.HistoryBatch <- lakesink.driver.actions.batch.AppendBatch",
+    "lakesink.driver.committers.facts.BatchFacts <- lakesink.driver.tables.routed_tables.TableFacts",
+    "lakesink.maintenance.orphans.OrphanFile <- lakesink.table.storage.ListedFileRecord",
+    "lakesink.options.values.TableName <- lakesink.table.routes.TableIdentifier",
+    "lakesink.sink.checkpoint_cleanup.TempFile <- lakesink.table.storage.ListedFileRecord",
+]
+
+
+def _is_interface(base: type) -> bool:
+    return inspect.isabstract(base) or abc.ABC in base.__bases__ or bool(getattr(base, "_is_protocol", False))
+
+
+def test_no_class_extends_a_concrete_class_of_another_module_but_the_known_ones() -> None:
+    found = []
+    for name in sorted(MODULES):
+        module = importlib.import_module(name)
+        for cls in vars(module).values():
+            if not inspect.isclass(cls) or cls.__module__ != name:
+                continue
+            found += [
+                f"{name}.{cls.__qualname__} <- {b.__module__}.{b.__qualname__}"
+                for b in cls.__bases__
+                if b.__module__.startswith("lakesink")
+                and b.__module__ != name
+                and not issubclass(b, (BaseException, enum.Enum))
+                and not _is_interface(b)
+            ]
+    assert "lakesink.driver.committers.table" in MODULES and found  # the walk saw the package
+    assert sorted(found) == KNOWN_CROSS_MODULE_SUBCLASSES, "hold the other module's class as a member (composition)"
 
 
 # The commit path: a table's swap, a unit of tables, settling an outcome left unknown (issue 53, item 3). The catalog's
