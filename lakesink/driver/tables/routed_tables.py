@@ -209,7 +209,7 @@ class RoutedTables(Generic[T]):
         self.dead_letters = dead_letters
         """Option dead-letter-table: one dead-letter table for all the tables of the sink, committed in each batch's
         unit (a row whose routing value names no valid table is a dead letter there, error ``invalid-route``)."""
-        self.dead_letter_name = str(self.dead_letters.table.options.table) if self.dead_letters is not None else None
+        self.dead_letter_name = self.dead_letters.table.table_name if self.dead_letters is not None else None
         """The dead-letter table's name (a routing value naming it is no valid route), or None."""
         self._letters_opened = False
 
