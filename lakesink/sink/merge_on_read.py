@@ -42,7 +42,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from lakesink._pyiceberg import io as seam
-from lakesink._pyiceberg.io import deletes as seam_deletes
 from lakesink.driver.actions import upsert, upsert_order
 from lakesink.driver.actions.batch import BatchCall, BatchOutcome
 from lakesink.driver.actions.history import HistoryChanges
@@ -412,7 +411,7 @@ def _prepare(
     if options.order_by is not None:
         keys, check = upsert_order.start(table, schema, keys, order_by=options.order_by, branch=branch, batch_id=batch_id)
     head = table.metadata.snapshot_by_name(branch)
-    entries = seam.live_entries(table, branch)
+    entries = seam.live_entries(table, branch, kept=True)  # read, never changed
     if equality := [e.data_file.file_path for e in entries if e.data_file.content == DataFileContent.EQUALITY_DELETES]:
         raise LakesinkError(
             f"table {table_name} (branch {branch}) has {len(equality)} equality delete file(s) (e.g. {equality[0]}), "
@@ -431,7 +430,6 @@ def _prepare(
     applying = _deletes_applying(candidates, positions, specs)
     key_names = [f.name for f in keys.fields]
     order_column = check.table_column if check is not None else None
-    arrow = utc_schema(seam.arrow_schema(schema))
     read = [*key_names, *([order_column] if order_column is not None and order_column not in key_names else [])]
     if spark is not None:
         read_ids = [schema.find_field(n).field_id for n in read]
@@ -446,6 +444,7 @@ def _prepare(
         ids = TaskIds(query_id, batch_id, DRIVER_LOOKUP_PARTITION_ID, 0, run_id)
         here = _Pending(table_name, batch_id, keys, check, candidates, base, target, None)
         return here.finish([lookup_result(target, ids, outcome, matched_here.to_batches())])
+    arrow = utc_schema(seam.arrow_schema(schema))
     rows = (
         spark.read.schema(from_arrow_schema(pa.schema([arrow.field(n) for n in read])))
         .option("recursiveFileLookup", "true")  # no partition discovery from the folders' names
@@ -506,10 +505,7 @@ def _matched_here(
     paths = {f.file_path for f in candidates}
     gone: dict[str, pa.Array] = {}
     for d in applying:
-        deleted = seam_deletes.read_position_deletes(table.io, d.file_path)
-        for path, positions in seam_deletes.positions_by_file(
-            seam_deletes.sorted_positions(deleted.column("file_path"), deleted.column("pos"))
-        ).items():
+        for path, positions in seam.deleted_positions(table.io, d).items():
             if path in paths:
                 gone[path] = pa.concat_arrays([gone[path], positions]) if path in gone else positions
     key_schema = batch_keys.select(key_names).schema

@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
     DecimalType,
@@ -23,6 +24,7 @@ from pyiceberg.types import (
 )
 
 from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg.io import deletes as seam_deletes
 from lakesink._pyiceberg.io import reads
 
 SCHEMA = Schema(
@@ -89,6 +91,7 @@ def test_a_lookups_columns_read_as_pyicebergs_scan_reads_them_before_and_after_s
         return scan(table_, data_file, schema_)
 
     monkeypatch.setattr(reads, "read_data_file", counted)
+    reads._kept.clear()  # what the reads above kept (each file's contents are kept: the test after this one)
     for data_file in (old, new):
         for names in reads_:
             seam.read_columns(table, data_file, schema.select(*names))
@@ -99,3 +102,97 @@ def test_a_lookups_columns_read_as_pyicebergs_scan_reads_them_before_and_after_s
         (True, ("id", "nested")),  # a nested column
         (False, ("id", "nested")),
     }
+
+
+def test_a_files_contents_are_kept_between_reads_and_read_again_when_asked_differently(
+    catalog: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Iceberg never changes a file once written: a lookup's second read of a data file's columns, or of a position
+    delete file, is what the first read returned, without opening the file again; the same file read under a renamed
+    column, or another file, is read."""
+    catalog.create_namespace_if_not_exists(("db",))
+    table = catalog.create_table(("db", "kept"), schema=SCHEMA)
+    table.append(_rows([1, 2, 3]).cast(table.schema().as_arrow()))
+    table.append(_rows([4, 5]).cast(table.schema().as_arrow()))
+    first, second = sorted(seam.live_data_files(table, "main"), key=lambda f: f.record_count, reverse=True)
+    opened: list[str] = []
+    new_input = table.io.new_input
+
+    def counted(location: str) -> Any:
+        opened.append(location)
+        return new_input(location)
+
+    monkeypatch.setattr(table.io, "new_input", counted)
+    reads._kept.clear()
+    wanted = table.schema().select("id", "name")
+    once = seam.read_columns(table, first, wanted)
+    again = seam.read_columns(table, first, wanted)
+    assert again.equals(once) and once.column("id").to_pylist() == [1, 2, 3]
+    assert opened == [first.file_path]  # the second read kept
+    assert seam.read_columns(table, second, wanted).column("id").to_pylist() == [4, 5]
+    assert opened == [first.file_path, second.file_path]
+    with table.update_schema() as update:
+        update.rename_column("name", "label")
+    renamed = catalog.load_table(("db", "kept"))
+    monkeypatch.setattr(renamed.io, "new_input", counted)
+    after = seam.read_columns(renamed, first, renamed.schema().select("id", "label"))
+    assert after.column_names == ["id", "label"] and after.column("label").equals(once.column("name"))
+    assert opened[-1] == first.file_path and len(opened) == 3  # read again: the key names the columns as asked
+
+    rows = seam_deletes.sorted_positions(
+        pa.array([second.file_path, first.file_path, first.file_path]), pa.array([0, 2, 0], pa.int64())
+    )
+    location = str(tmp_path / "deletes.parquet")
+    written = seam_deletes.write_position_deletes(table.io, location, rows, {})
+    delete_file = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=written.path,
+        file_format=FileFormat.PARQUET,
+        file_size_in_bytes=written.size_in_bytes,
+        **written.statistics,
+    )
+    opened.clear()
+    by_file = seam.deleted_positions(table.io, delete_file)
+    assert {p: a.to_pylist() for p, a in by_file.items()} == {first.file_path: [0, 2], second.file_path: [0]}
+    assert seam.deleted_positions(table.io, delete_file) is by_file
+    assert opened == [location]
+    with pytest.raises(TypeError):
+        by_file[first.file_path] = pa.array([], pa.int64())  # type: ignore[index]  # kept: nobody changes it
+
+
+def test_live_entries_kept_are_the_live_entries_after_every_commit(catalog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lookup's live entries (``kept=True``): each manifest decoded once, and still exactly the branch's live entries
+    after appends, a delete that rewrites a file and an overwrite -- new manifests are read, removed files are gone."""
+    catalog.create_namespace_if_not_exists(("db",))
+    table = catalog.create_table(("db", "entries"), schema=SCHEMA)
+    reads._kept.clear()
+    decoded: list[str] = []
+    entries_of = seam.manifest_entries
+
+    def counted(manifest: Any, io: Any, *, discard_deleted: bool = False) -> Any:
+        decoded.append(manifest.manifest_path)
+        return entries_of(manifest, io, discard_deleted=discard_deleted)
+
+    monkeypatch.setattr(reads, "manifest_entries", counted)
+
+    def both() -> tuple[list[str], list[str]]:
+        t = catalog.load_table(("db", "entries"))
+        mine = sorted(e.data_file.file_path for e in seam.live_entries(t, "main", kept=True))
+        theirs = sorted(e.data_file.file_path for e in seam.live_entries(t, "main"))
+        return mine, theirs
+
+    for ids in ([1, 2], [3], [4, 5, 6]):
+        table.append(_rows(ids).cast(table.schema().as_arrow()))
+        mine, theirs = both()
+        assert mine == theirs and len(mine) == len(set(mine))
+    decoded.clear()
+    mine, theirs = both()
+    assert len(decoded) == len(mine)  # the plain read decoded each manifest; the kept read none
+    table = catalog.load_table(("db", "entries"))
+    table.delete("id = 3")
+    mine, theirs = both()
+    assert mine == theirs and len(mine) == 2
+    table = catalog.load_table(("db", "entries"))
+    table.overwrite(_rows([9]).cast(table.schema().as_arrow()))
+    mine, theirs = both()
+    assert mine == theirs and len(mine) == 1

@@ -1,12 +1,21 @@
 """Reading a table's data files, manifests and metadata files as pyiceberg's own scan reads them: live entries, the
 entries a snapshot wrote, the files snapshots reach, another table's metadata files.
+
+What a merge-on-read lookup reads of a file -- a data file's key columns, a position delete file's positions -- is
+kept between batches (:data:`KEPT_BYTES`): Iceberg never changes a file once written (a new name for new contents), so a
+file's contents, named by its location and size, are the same at every read, and a batch of a hundred small tables
+reads only the files the last batch added instead of every live one again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import Any
+import functools
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, TypeVar
 
+import cachetools
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
@@ -17,18 +26,46 @@ from pyiceberg.schema import Schema
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.types import PrimitiveType
+from pyiceberg.types import NestedField, PrimitiveType
 
+from lakesink._pyiceberg.io.deletes import positions_by_file, read_position_deletes, sorted_positions
 from lakesink._pyiceberg.io.metadata import manifest_entries, snapshot_manifests
 from lakesink._pyiceberg.io.schemas import with_small_types
 
 
-def live_entries(table: Table, branch: str) -> list[ManifestEntry]:
-    """The live entries (data and delete files) of the branch's current snapshot."""
+def live_entries(table: Table, branch: str, *, kept: bool = False) -> list[ManifestEntry]:
+    """The live entries (data and delete files) of the branch's current snapshot. ``kept``: each manifest's entries
+    kept between calls (the module's docstring; a manifest, as its manifest list names it, is a file that never
+    changes), shared by every caller that asks so: such a caller never changes an entry or its data file."""
     snapshot = table.metadata.snapshot_by_name(branch)
     if snapshot is None:
         return []
-    return [e for m in snapshot_manifests(table.io, snapshot) for e in manifest_entries(m, table.io, discard_deleted=True)]
+    manifests = snapshot_manifests(table.io, snapshot)
+    if not kept:
+        return [e for m in manifests for e in manifest_entries(m, table.io, discard_deleted=True)]
+    return [e for m in manifests for e in _kept_live_entries(table.io, m)]
+
+
+#: A manifest entry's share of :data:`KEPT_BYTES` (a decoded entry with its data file's bounds: about a kilobyte)
+_ENTRY_BYTES = 2048
+
+
+def _kept_live_entries(io: FileIO, manifest: ManifestFile) -> tuple[ManifestEntry, ...]:
+    # what an entry inherits from the manifest list is in the key, with the manifest's location and length
+    key = (
+        "entries",
+        manifest.manifest_path,
+        manifest.manifest_length,
+        manifest.added_snapshot_id,
+        manifest.sequence_number,
+        manifest.min_sequence_number,
+        manifest.partition_spec_id,
+    )
+    return _keep(
+        key,
+        lambda: tuple(manifest_entries(manifest, io, discard_deleted=True)),
+        lambda entries: max(1, len(entries)) * _ENTRY_BYTES,
+    )
 
 
 def entries_written_by(table: Table, snapshot: Any) -> Iterator[ManifestEntry]:
@@ -102,16 +139,48 @@ def read_data_file(table: Table, data_file: DataFile, schema: Schema | None = No
     return ArrowScan(table.metadata, table.io, schema or table.schema(), AlwaysTrue()).to_table([task])
 
 
+#: How many bytes of files' contents this process keeps between batches (:func:`read_columns`,
+#: :func:`deleted_positions`), the least recently read dropped first.
+KEPT_BYTES = 128 * 1024 * 1024
+
+_kept: cachetools.LRUCache[tuple[Any, ...], tuple[Any, int]] = cachetools.LRUCache(
+    maxsize=KEPT_BYTES, getsizeof=lambda held: held[1]
+)
+_kept_lock = threading.Lock()
+_T = TypeVar("_T")
+
+
+def _keep(key: tuple[Any, ...], read: Callable[[], _T], size: Callable[[_T], int]) -> _T:
+    """``read()``, or what it returned for ``key`` before (a file's contents: the key names the file by its location and
+    size). Two threads may read one file at once; both get the same contents."""
+    with _kept_lock:
+        held = _kept.get(key)
+    if held is not None:
+        return held[0]  # type: ignore[no-any-return]
+    value = read()
+    nbytes = size(value)
+    if nbytes <= KEPT_BYTES // 8:  # one huge file does not push every other out
+        with _kept_lock:
+            _kept[key] = (value, nbytes)
+    return value
+
+
 def read_columns(table: Table, data_file: DataFile, schema: Schema) -> pa.Table:
     """``with_small_types(read_data_file(table, data_file, schema))`` for a few top-level primitive columns (a lookup's key
     and order-by columns of many small files), read as the file stores them: by field id, without converting the file's
     whole schema as pyiceberg's scan does at every file (about 3 ms a file, most of a small file's read). A file that is
     not Parquet, that lacks a column's field id (written before the column was added, or without ids), or stores a
     column under another type than the table's (promoted since: int to long, a wider decimal), and a nested column:
-    read by :func:`read_data_file`, as before."""
+    read by :func:`read_data_file`, as before. Kept between calls (the module's docstring): the key names the columns by
+    field id, name and type, so a renamed or promoted column is read again."""
+    key = ("columns", data_file.file_path, data_file.file_size_in_bytes, tuple(schema.fields))
+    return _keep(key, lambda: _read_columns(table, data_file, schema), lambda rows: rows.nbytes)
+
+
+def _read_columns(table: Table, data_file: DataFile, schema: Schema) -> pa.Table:
     if data_file.file_format != FileFormat.PARQUET or not all(isinstance(f.field_type, PrimitiveType) for f in schema.fields):
         return with_small_types(read_data_file(table, data_file, schema))
-    wanted = _pyarrow_schema_ensure_small_types(schema_to_pyarrow(schema, include_field_ids=False))
+    wanted = _wanted_schema(tuple(schema.fields))
     with table.io.new_input(data_file.file_path).open() as f:
         parquet = pq.ParquetFile(f)
         stored: dict[int, pa.Field] = {}
@@ -127,6 +196,25 @@ def read_columns(table: Table, data_file: DataFile, schema: Schema) -> pa.Table:
     return pa.Table.from_arrays([rows.column(n).cast(w.type) for n, w in zip(names, wanted, strict=True)], schema=wanted)
 
 
+@functools.lru_cache(maxsize=256)
+def _wanted_schema(fields: tuple[NestedField, ...]) -> pa.Schema:
+    """The Arrow schema :func:`read_columns` returns for ``fields``: string, not large string."""
+    return _pyarrow_schema_ensure_small_types(schema_to_pyarrow(Schema(*fields), include_field_ids=False))
+
+
+def deleted_positions(io: FileIO, delete_file: DataFile) -> Mapping[str, pa.Array]:
+    """The positions a position delete file deletes, by data file path, each sorted and without duplicates
+    (:func:`~lakesink._pyiceberg.io.deletes.positions_by_file`); kept between calls (the module's docstring)."""
+
+    def read() -> Mapping[str, pa.Array]:
+        rows = read_position_deletes(io, delete_file.file_path)
+        return MappingProxyType(positions_by_file(sorted_positions(rows.column("file_path"), rows.column("pos"))))
+
+    key = ("positions", delete_file.file_path, delete_file.file_size_in_bytes)
+    return _keep(key, read, lambda by_file: sum(len(p) + a.nbytes for p, a in by_file.items()))
+
+
+@functools.lru_cache(maxsize=256)
 def _small(arrow_type: pa.DataType) -> pa.DataType:
     """``arrow_type`` with 32-bit offsets (a large string, as pyiceberg writes it, read as a string)."""
     return _pyarrow_schema_ensure_small_types(pa.schema([pa.field("c", arrow_type)])).field(0).type

@@ -35,7 +35,6 @@ from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzTyp
 
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg import producers
-from lakesink._pyiceberg.io import deletes as seam_deletes
 from lakesink.cdc import unavailable
 from lakesink.errors import LakesinkError
 from lakesink.executor.messages import TaskIds, WritePlan, WrittenFile
@@ -280,10 +279,7 @@ def _deleted_positions(table: Table, branch: str, table_name: str) -> dict[str, 
         delete = entry.data_file
         if delete.content != DataFileContent.POSITION_DELETES:
             continue
-        rows = seam_deletes.read_position_deletes(table.io, delete.file_path)
-        for path, positions in seam_deletes.positions_by_file(
-            seam_deletes.sorted_positions(rows.column("file_path"), rows.column("pos"))
-        ).items():
+        for path, positions in seam.deleted_positions(table.io, delete).items():
             found = data.get(path)
             if found is None or found.data_file.spec_id != delete.spec_id:
                 continue
