@@ -1,10 +1,10 @@
 """Reading a table's data files, manifests and metadata files as pyiceberg's own scan reads them: live entries, the
 entries a snapshot wrote, the files snapshots reach, another table's metadata files.
 
-What a merge-on-read lookup reads of a file -- a data file's key columns, a position delete file's positions -- is
-kept between batches (:data:`KEPT_BYTES`): Iceberg never changes a file once written (a new name for new contents), so a
-file's contents, named by its location and size, are the same at every read, and a batch of a hundred small tables
-reads only the files the last batch added instead of every live one again.
+What a merge-on-read lookup reads of a file -- a data file's key columns, a position delete file's positions, a
+manifest's live entries -- is kept between batches (:data:`KEPT_BYTES`): Iceberg never changes a file once written (a
+new name for new contents), so a file's contents, named by its location and size, are the same at every read, and a
+batch of a hundred small tables reads only the files the last batch added instead of every live one again.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ _T = TypeVar("_T")
 
 def _keep(key: tuple[Any, ...], read: Callable[[], _T], size: Callable[[_T], int]) -> _T:
     """``read()``, or what it returned for ``key`` before (a file's contents: the key names the file by its location and
-    size). Two threads may read one file at once; both get the same contents."""
+    size). Two threads may read one file at once; both get equal contents."""
     with _kept_lock:
         held = _kept.get(key)
     if held is not None:
