@@ -354,11 +354,6 @@ def _parse_routing(lowered: Mapping[str, str], mode: OutputMode, writer: WriterK
             f"option '{ROUTE_BY}' cannot be used with output mode 'complete': each batch would replace every table "
             "it routes to, and leave the tables it routes no row to as they were; use output mode 'append'"
         )
-    if writer is WriterKind.DRIVER:
-        raise InvalidOptionError(
-            f"option '{ROUTE_BY}' writes through Spark's executors (Python workers, or Spark's own Parquet writer); "
-            f"writer={writer.value!r} cannot be used with it: use writer='auto', 'arrow' or 'spark'"
-        )
     if writer is WriterKind.SPARK and lowered.get(PAYLOAD, "").strip():
         # lakesink.sink.spark.routed: the rows never pass through Python workers (upserts: resolved by Spark,
         # lakesink.sink.upsert_batch.resolve_routed)

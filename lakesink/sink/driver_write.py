@@ -30,6 +30,7 @@ from pyspark.sql import DataFrame
 
 from lakesink.driver.tables.schema import chars_as_strings, nullable_everywhere
 from lakesink.executor.messages import TaskIds, TaskResult, WritePlan
+from lakesink.executor.routed_writer import RoutedPlan, RoutedTaskResult, RoutedTaskWriter
 from lakesink.executor.task_writer import TaskWriter
 
 log = logging.getLogger("lakesink")
@@ -73,6 +74,17 @@ def write_batch(rows: pa.Table, plan: WritePlan, *, batch_id: int, run_id: str |
 
     On any failure the files written so far are deleted before the error propagates (TaskWriter)."""
     writer = TaskWriter(
+        plan, TaskIds(query_id=plan.query_id or "", batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id)
+    )
+    return writer.write(rows.to_batches())
+
+
+def write_routed(rows: pa.Table, plan: RoutedPlan, *, batch_id: int, run_id: str | None) -> RoutedTaskResult:
+    """Option route-by: write the collected rows into their tables' data files with the routed tasks' own writer, as
+    one task that holds every row (its upserts resolved across the whole batch); nothing is committed.
+
+    On any failure the files written so far are deleted before the error propagates (RoutedTaskWriter)."""
+    writer = RoutedTaskWriter(
         plan, TaskIds(query_id=plan.query_id or "", batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id)
     )
     return writer.write(rows.to_batches())

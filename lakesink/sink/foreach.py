@@ -134,7 +134,8 @@ def foreach_batch(
             written with pyarrow) or ``"driver"`` (every batch collected as Arrow and written on the driver). With
             ``route_by``: ``"spark"`` writes every table of a batch with Spark's writer (docs/routing.md); ``"auto"``
             too, except with ``payload`` (``cdc_format``) or ``dead_letter_table``, or for a batch holding a table
-            Spark cannot write (the Arrow path); ``"driver"`` is refused. See docs/write-paths.md.
+            Spark cannot write (the Arrow path), and a small batch of tables committed as one unit (the driver);
+            ``"driver"`` writes every batch on the driver. See docs/write-paths.md.
         sink_id: needed only when one query writes this table through several sinks (two lakesink calls in
             one foreachBatch function, e.g. two filters of the batch, or main and an audit branch): each sink
             gets its own id and is exactly-once on its own. Keep it stable across restarts.
@@ -511,29 +512,62 @@ class ForeachBatchSink:
         routed = self._routed
         if run_id != self._run:  # a new run of the query: every table is opened (and checked) afresh
             routed.new_run()
-            self._run = run_id
+            self._run, self._last_rows = run_id, None
         # option cdc-transactions=hold: what the batch holds back, recorded in its unit (passed down with its facts)
         facts = BatchFacts(held=self._held.back, held_tables=self._held.tables) if self._held is not None else NO_FACTS
         # merge-on-read tables: the batch's keys looked up by Spark's executors before the unit commit
         routed.merge_lookup = merge_on_read.RoutedLookups(spark)
-        root = self._spark.split_root(spark, routed, query_id)
+        # a small batch on the driver (lakesink.sink.driver_write), its tables' rows split there by the routed tasks'
+        # own writer; never with dead letters (sorted in Python workers, as for one table). writer='auto' only where
+        # the batch's tables commit as one unit: a replay then finds the batch in all of them or none, and never
+        # compares the digest of a batch written by one path with a replay's by another (docs/routing.md)
+        unit = routed.tables.atomic or self.options.writer is WriterKind.DRIVER
+        on_driver = self.options.dead_letter_table is None and unit and self._on_driver()
+        outcome = self._routed_written(df, batch_id, query_id, routed, run_id, facts, on_driver=on_driver)
+        self._last_rows = outcome.total().rows
+        return outcome
+
+    def _routed_written(
+        self,
+        df: DataFrame,
+        batch_id: int,
+        query_id: str,
+        routed: RoutedCommitter,
+        run_id: str | None,
+        facts: BatchFacts,
+        *,
+        on_driver: bool,
+    ) -> RoutedOutcome:
+        spark = df.sparkSession
+        root = None if on_driver else self._spark.split_root(spark, routed, query_id)
         if root is not None:  # Spark's writer, appends: the write job is the batch's one read (lakesink.sink.spark.split)
             return self._spark.split_batch(df, batch_id, query_id, routed, run_id, root, facts)
         cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
         try:
-            if self._spark.writes_routed():  # Spark's own Parquet writer, no row in a Python worker
+            if self._spark.writes_routed() and not on_driver:  # Spark's own Parquet writer, no row in a Python worker
                 outcome = self._spark.spark_batch(cached, batch_id, query_id, routed, run_id, facts)
                 if outcome is not None:
                     return outcome
-            return self._routed_arrow_batch(cached, batch_id, query_id, routed, run_id, facts)
+            return self._routed_arrow_batch(cached, batch_id, query_id, routed, run_id, facts, on_driver=on_driver)
         finally:
             cached.unpersist(blocking=False)
 
     def _routed_arrow_batch(
-        self, df: DataFrame, batch_id: int, query_id: str, routed: RoutedCommitter, run_id: str | None, facts: BatchFacts
+        self,
+        df: DataFrame,
+        batch_id: int,
+        query_id: str,
+        routed: RoutedCommitter,
+        run_id: str | None,
+        facts: BatchFacts,
+        *,
+        on_driver: bool = False,
     ) -> RoutedOutcome:
         """Option route-by through Python workers (mapInArrow, lakesink.executor.routed_writer): ``writer='arrow'``,
-        and ``auto`` with ``payload``, ``dead-letter-table`` or a table Spark's writer cannot write."""
+        and ``auto`` with ``payload``, ``dead-letter-table`` or a table Spark's writer cannot write. ``on_driver``
+        (``writer='driver'``, ``auto`` after a small batch): the batch's rows collected and written on the driver by
+        the same routed writer, as one task (lakesink.sink.driver_write); a batch too large to collect goes to the
+        Python workers."""
         routing = self.options.routing
         assert routing is not None
         started = time.perf_counter()
@@ -566,9 +600,12 @@ class ForeachBatchSink:
             if reject_column:  # option reject-when: Spark SQL, computed by Spark into the reject column
                 df = dead_letters.with_reject_column(df, self.options)
             deletes_computed = False
+            unsplit = df  # the rows the driver collects (on_driver): all of them, one writer
             if self.options.upserts:  # each task resolves its rows of each table (lakesink.executor.upsert_task)
                 keys = routed_keys_by_value(values, routing, routed.tables.table_keys)
                 tables = routed_tables_by_value(values, routing)  # one table's spellings: one partition
+                if on_driver:
+                    unsplit, _ = upsert_batch.for_routed_tasks(df, routing.column, self.options, keys, tables, one_task=True)
                 df, deletes_computed = upsert_batch.for_routed_tasks(df, routing.column, self.options, keys, tables)
             plan = routed.tables.routed_plan(
                 plans,
@@ -578,16 +615,22 @@ class ForeachBatchSink:
                 deletes_computed=deletes_computed,
                 unavailable_letters=letters,
             )
-            writer = RoutedPartitionWriter(plan, batch_id, run_id)
             written = time.perf_counter()
-            results = [pickle.loads(r[0]) for r in df.mapInArrow(writer, TASK_RESULT_SCHEMA).collect()]
+            named = ", ".join(str(r) for r in routes) or "(dead letters only)"
+            collected = driver_write.collect(unsplit, table=named, batch_id=batch_id) if on_driver else None
+            if collected is not None:
+                results = [driver_write.write_routed(collected, plan, batch_id=batch_id, run_id=run_id)]
+            else:  # Python workers, each task every row of its (table, key) pairs
+                writer = RoutedPartitionWriter(plan, batch_id, run_id)
+                results = [pickle.loads(r[0]) for r in df.mapInArrow(writer, TASK_RESULT_SCHEMA).collect()]
             log.info(
-                "lakesink: route-by batch=%s tables=%s find_ms=%.0f plan_ms=%.0f write_job_ms=%.0f",
+                "lakesink: route-by batch=%s tables=%s find_ms=%.0f plan_ms=%.0f write_job_ms=%.0f on_driver=%s",
                 batch_id,
                 len(plans),
                 found_ms,
                 planned_ms,
                 (time.perf_counter() - written) * 1000,
+                collected is not None,
             )
             return results
 

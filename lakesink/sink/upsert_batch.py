@@ -362,6 +362,8 @@ def for_routed_tasks(
     options: SinkOptions,
     keys: Mapping[str, Sequence[str]] | None = None,
     tables: Mapping[str, str] | None = None,
+    *,
+    one_task: bool = False,
 ) -> tuple[DataFrame, bool]:
     """Option route-by: the batch as the routed tasks resolve it, each table's rows by key (lakesink.executor.upsert_task,
     the resolution of format("lakesink")): every row of one (table, key) in one task (a repartition by the routing
@@ -371,7 +373,9 @@ def for_routed_tasks(
     (tables keyed differently: lakesink.driver.tables.routed_keys); a value not in it is keyed by option upsert-key.
     ``tables``: each routing value's table, partitioned by instead of the value (two values naming one table, ``t``
     and ``db.t`` with namespace ``db``: one key's rows of both in one task, else two tasks would each resolve a row
-    of the key); a value not in it (an invalid route) is partitioned by itself."""
+    of the key); a value not in it (an invalid route) is partitioned by itself. ``one_task``: the batch for one writer
+    that receives every row (the driver's, lakesink.sink.driver_write): the checks and the delete column, no
+    repartition."""
     parts = [_key_value(df, options, options.upsert_key)] if options.upsert_key else []
     default = tuple(options.upsert_key) if options.upsert_key else None
     by_key: dict[tuple[str, ...], list[str]] = {}  # the routing values of each key other than option upsert-key's
@@ -399,6 +403,8 @@ def for_routed_tasks(
                 f"option '{DELETE_WHEN}' {options.delete_when!r} is not a Spark SQL boolean expression over the batch's "
                 f"columns ({', '.join(df.columns)}): {str(e).splitlines()[0]}"
             ) from None
+    if one_task:
+        return df, computed
     if route_column is None:
         return df.repartition(*parts), computed
     route_of: Column = F.col(f"`{route_column}`")

@@ -40,7 +40,7 @@ from lakesink.errors import (
 from lakesink.executor.messages import ROWS_ONLY, RowsDigest, TaskIds
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BETWEEN_TABLE_COMMITS
-from lakesink.options import SinkOptions
+from lakesink.options import SinkOptions, WriterKind
 from lakesink.table.keys import SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
 from lakesink.table.routes import tables_digest
 from tests.support.helpers import commit, lakesink_snapshots, raced, table_ids, write_task
@@ -524,14 +524,15 @@ def test_options_refused_with_routing() -> None:
     lettered = SinkOptions.from_mapping({"route-by": "route", "upsert-key": "id", "dead-letter-table": "db.letters"})
     assert lettered.upsert_key == ("id",) and lettered.dead_letter_table is not None and lettered.routing is not None
     # writer='spark' routes (tests/sink/test_routing_spark_writer.py), upserts too (Spark resolves them:
-    # tests/sink/test_routing_upserts_spark.py), but not a payload (expanded in Python workers); 'driver' never
+    # tests/sink/test_routing_upserts_spark.py), but not a payload (expanded in Python workers); 'driver' writes
+    # on the driver with the routed tasks' writer (tests/sink/test_routing_driver_spark.py)
     assert SinkOptions.from_mapping({"route-by": "route", "writer": "spark"}).routing is not None
     spark_upserts = SinkOptions.from_mapping({"route-by": "route", "writer": "spark", "upsert-key": "id"})
     assert spark_upserts.upsert_key == ("id",) and spark_upserts.routing is not None
     with pytest.raises(InvalidOptionError, match="writer='spark' cannot be used with option 'payload'.*Python workers"):
         SinkOptions.from_mapping({"route-by": "route", "writer": "spark", "payload": "p"})
-    with pytest.raises(InvalidOptionError, match="writer='driver' cannot be used with it"):
-        SinkOptions.from_mapping({"route-by": "route", "writer": "driver"})
+    on_driver = SinkOptions.from_mapping({"route-by": "route", "writer": "driver", "payload": "p"})
+    assert on_driver.writer is WriterKind.DRIVER and on_driver.routing is not None
     with pytest.raises(InvalidOptionError, match="'atomic' must be one of"):
         SinkOptions.from_mapping({"route-by": "route", "atomic": "sometimes"})
     with pytest.raises(InvalidOptionError, match="need option 'route-by'"):

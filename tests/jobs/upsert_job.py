@@ -1,8 +1,9 @@
 """Run by tests/sink/test_upserts_spark.py: a change stream (JSON event files) upserted with foreach_batch, until done.
 
 Arguments: catalog properties (JSON), source folder, checkpoint folder, entry point (``foreach``, ``format``, or
-``foreach-spark``: foreach_batch with writer='spark', routed only; ``foreach-mor``: foreach_batch into a merge-on-read
-table), and ``routed`` to route each event by :func:`route`
+``foreach-spark``: foreach_batch with writer='spark', routed only; ``foreach-driver``: routed only, writer='driver' into
+merge-on-read tables, every batch written and looked up on the driver; ``foreach-mor``: foreach_batch into a
+merge-on-read table), and ``routed`` to route each event by :func:`route`
 into tables ``db.t0``..``db.t2`` (option route-by, tests/sink/test_routing_upserts_spark.py) instead of writing
 ``db.events``. The test kills it (SIGKILL,
 or a fault point armed with ``kill``) and starts it again from the same checkpoint.
@@ -43,9 +44,12 @@ def route(df: DataFrame) -> DataFrame:
     return df.withColumn("route", F.concat(F.lit("t"), (F.col("eid") % ROUTES).cast("string")))
 
 
-def routed_upsert_sink(props: dict[str, str], writer: str = "auto") -> lakesink.ForeachBatchSink:
-    """``writer``: ``auto`` (a routed sink's Arrow path: each task resolves its (table, key) rows) or ``spark`` (Spark
-    resolves them and writes with its own Parquet writer)."""
+def routed_upsert_sink(
+    props: dict[str, str], writer: str = "auto", table_properties: dict[str, str] | None = None
+) -> lakesink.ForeachBatchSink:
+    """``writer``: ``auto`` (a run's first batch on the Arrow path, each task resolving its (table, key) rows; the later
+    small ones on the driver, one writer resolving them all), ``arrow``, ``driver``, or ``spark`` (Spark resolves them
+    and writes with its own Parquet writer)."""
     return lakesink.foreach_batch(
         route_by="route",
         writer=writer,
@@ -55,6 +59,20 @@ def routed_upsert_sink(props: dict[str, str], writer: str = "auto") -> lakesink.
         delete_when="op = 'd'",
         order_by="seq",
         output_mode="update",
+        table_properties=table_properties,
+    )
+
+
+ROUTED_WRITERS = {"foreach": "auto", "foreach-spark": "spark", "foreach-driver": "driver"}
+"""The routed foreach_batch entries' writers."""
+DRIVER_TABLES = {"write.merge.mode": "merge-on-read"}
+"""The tables of entry ``foreach-driver``: merge-on-read, looked up where the batch commits (small files)."""
+
+
+def routed_entry_sink(props: dict[str, str], entry: str) -> lakesink.ForeachBatchSink:
+    """The routed sink of a foreach_batch ``entry`` (:data:`ROUTED_WRITERS`)."""
+    return routed_upsert_sink(
+        props, ROUTED_WRITERS[entry], table_properties=DRIVER_TABLES if entry == "foreach-driver" else None
     )
 
 
@@ -69,8 +87,7 @@ def writer(spark: SparkSession, props: dict[str, str], src: str, ck: str, entry:
             w = w.option(f"catalog.{k}", v)
         w = w.option("namespace", "db").option("upsert-key", "id").option("delete-when", "op = 'd'").option("order-by", "seq")
     elif routed:
-        sink = routed_upsert_sink(props, writer="spark" if entry == "foreach-spark" else "auto")
-        w = route(df).writeStream.outputMode("update").foreachBatch(sink)  # type: ignore[arg-type]
+        w = route(df).writeStream.outputMode("update").foreachBatch(routed_entry_sink(props, entry))  # type: ignore[arg-type]
     elif entry == "format":
         lakesink.register(spark)
         w = df.repartition(2, "id").writeStream.format("lakesink").option("table", "db.events")

@@ -11,35 +11,72 @@ multiset) and read back by DuckDB (tests/sink/test_routing_spark_writer.py's che
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import lakesink
+from lakesink.audit import interop
 from lakesink.driver import catalogs
 from tests.sink.test_routing_spark_writer import assert_exactly_once, write_plans_since
-from tests.support.helpers import INPUT_FIELDS, referenced_data_files
+from tests.support.helpers import INPUT_FIELDS, assert_each_batch_once, data_files_on_disk, referenced_data_files, table_ids
 from tests.support.routed_stream import RoutedInput, assert_routed_exactly_once
 
 pytestmark = pytest.mark.spark
 
 
 class DefaultRoutedStream(RoutedInput):
+    atomic = "auto"
+
     def start(self) -> Any:
-        sink = lakesink.foreach_batch(route_by="route", namespace="db", catalog_properties=self.props)  # as the guides
-        return self.started(self.source().writeStream.foreachBatch(sink))
+        sink = lakesink.foreach_batch(route_by="route", namespace="db", catalog_properties=self.props, atomic=self.atomic)
+        return self.started(self.source().writeStream.foreachBatch(sink))  # as the guides (atomic: its default)
 
 
-def test_route_by_writes_with_sparks_writer_by_default(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
+def test_route_by_writes_with_sparks_writer_by_default_and_small_batches_on_the_driver(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run's first batch (often a backlog) is written by Spark's writer, a split job; the next one, after a small
+    batch, on the driver (the tables of a SQLite catalog commit as one unit): no write job, no Python worker."""
     s = DefaultRoutedStream(spark, tmp_path, catalog_properties)
-    s.add_input(files=2)
+    s.add_input(files=3)
     seen: set[int] = set()
     write_plans_since(spark, seen)
-    s.run()
+    with caplog.at_level(logging.INFO, logger="lakesink"):
+        s.run()
     plans = write_plans_since(spark, seen)
-    assert len(plans) == 2 and all("lakesink-split-" in p for p in plans), plans  # a split job per batch, no mapInArrow
-    assert_exactly_once(catalog_properties, s.sent)  # every table's files written by Spark (part-*), read by DuckDB
+    assert len(plans) == 1 and "lakesink-split-" in plans[0], plans  # batch 0: a split job, no mapInArrow
+    on_driver = [m for m in caplog.messages if "route-by batch=" in m and "on_driver=" in m]
+    assert len(on_driver) == 2 and all(m.endswith("on_driver=True") for m in on_driver), on_driver  # batches 1, 2
+    tables = assert_routed_exactly_once(catalog_properties, s.sent)
+    for name, table in tables.items():
+        assert_each_batch_once(table, name)
+        read = Counter(interop.duckdb_query(table.metadata_location, "SELECT id FROM t").column("id").to_pylist())
+        assert read == table_ids(table), name
+        assert data_files_on_disk(table) <= referenced_data_files(table), name
+    files = [Path(f).name for t in tables.values() for f in referenced_data_files(t)]
+    # Spark's writer names its files part-*; the driver's are named like the Arrow path's (<query8>-<batch>-...)
+    assert any(f.startswith("part-") for f in files) and any(not f.startswith("part-") for f in files), files
+
+
+def test_without_one_unit_auto_never_writes_on_the_driver(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """atomic='off' (each table committed on its own): a replay may find the batch in some tables only and compare
+    their digests, which differ between paths; writer='auto' keeps Spark's writer for every batch."""
+    s = DefaultRoutedStream(spark, tmp_path, catalog_properties)
+    s.atomic = "off"
+    s.add_input(files=3)
+    seen: set[int] = set()
+    write_plans_since(spark, seen)
+    with caplog.at_level(logging.INFO, logger="lakesink"):
+        s.run()
+    plans = write_plans_since(spark, seen)
+    assert len(plans) == 3 and all("lakesink-split-" in p for p in plans), plans  # a split job per batch
+    assert not any("on_driver=True" in m for m in caplog.messages), caplog.messages
+    assert_exactly_once(catalog_properties, s.sent)
 
 
 def test_a_table_sparks_writer_cannot_write_sends_the_batch_to_the_arrow_path(

@@ -76,8 +76,6 @@ def test_a_routed_stream_is_exactly_once_across_restarts_and_a_crash_after_the_c
 
 
 def test_refusals_at_start(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
-    with pytest.raises(InvalidOptionError, match="writer='driver'"):  # writer='spark': tests/sink/test_routing_spark_writer.py
-        lakesink.foreach_batch(route_by="route", writer="driver", catalog_properties=catalog_properties)
     with pytest.raises(InvalidOptionError, match="complete"):
         lakesink.foreach_batch(route_by="route", output_mode="complete", catalog_properties=catalog_properties)
     # route-by + upsert-key + dead-letter-table is taken (tests/sink/test_routing_upsert_dead_letters_spark.py)

@@ -353,8 +353,6 @@ def test_refusals_at_start(catalog_properties: dict[str, str]) -> None:
         lakesink.foreach_batch(route_by="route", writer="spark", payload="p", catalog_properties=catalog_properties)
     with pytest.raises(InvalidOptionError, match="writer'='spark' cannot divert single rows to a dead-letter table"):
         lakesink.foreach_batch(route_by="route", writer="spark", dead_letter_table="db.l", catalog_properties=catalog_properties)
-    with pytest.raises(InvalidOptionError, match="writer='driver' cannot be used with it"):
-        lakesink.foreach_batch(route_by="route", writer="driver", catalog_properties=catalog_properties)
 
 
 def job_query(session: Any, props: dict[str, str], src: str, ck: str) -> Any:

@@ -1,7 +1,8 @@
 """Option route-by with upsert-key through both entry points in real local Spark: a change stream of several tables,
 a failure and a SIGKILL at the batch's unit commit, restarts from the checkpoint. foreach_batch runs with both writers
-(``foreach``: the Arrow path, each task resolves its (table, key) rows; ``foreach-spark``: writer='spark', Spark resolves
-them and writes with its own Parquet writer) against the same model.
+(``foreach``: writer 'auto', a run's first batch on the Arrow path, each task resolving its (table, key) rows, the later
+small ones written on the driver; ``foreach-spark``: writer='spark', Spark resolves them and writes with its own Parquet
+writer; writer='driver' under kills: test_routing_driver_spark.py) against the same model.
 
 The oracle is a model computed in plain Python from the events (unique event ids and sequence numbers; each event's
 table is ``t<eid mod 3>``, tests/jobs/upsert_job.py): every table must equal its model, and hold each batch once.
@@ -27,7 +28,7 @@ import lakesink
 from lakesink.driver import catalogs
 from lakesink.errors import InvalidOptionError
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
-from tests.jobs.upsert_job import EVENTS_DDL, ROUTES, route, routed_upsert_sink
+from tests.jobs.upsert_job import EVENTS_DDL, ROUTES, route, routed_entry_sink
 from tests.sink.test_upserts_spark import Event, change_stream, model, rows_of, run_here, write_events
 from tests.soak.seed import run_seed
 from tests.support.helpers import (
@@ -72,9 +73,8 @@ def start(spark: Any, props: dict[str, str], src: Path, ck: Path, entry: str) ->
         for k, v in props.items():
             w = w.option(f"catalog.{k}", v)
         w = w.option("namespace", "db").option("upsert-key", "id").option("delete-when", "op = 'd'").option("order-by", "seq")
-    else:  # foreach, or foreach-spark: writer='spark' (Spark resolves each (table, key) and writes with its own writer)
-        sink = routed_upsert_sink(props, writer="spark" if entry == "foreach-spark" else "auto")
-        w = df.writeStream.outputMode("update").foreachBatch(sink)  # type: ignore[arg-type]
+    else:  # foreach, foreach-spark (writer='spark': Spark resolves each (table, key), its own writer), foreach-driver
+        w = df.writeStream.outputMode("update").foreachBatch(routed_entry_sink(props, entry))  # type: ignore[arg-type]
     return w.option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
 
 
@@ -160,9 +160,10 @@ def test_sigkill_at_the_unit_commit_then_restart_equals_the_model(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
     """The job is SIGKILLed before the unit's swap, inside its database transaction (between two tables' rows), and
-    after it (before Spark's commit log); each time it restarts from the same checkpoint. foreach (writer 'auto': the
-    Arrow path; foreach-spark: writer='spark'): the fault kills the driver, after the swap and at one of the other two
-    points each (:func:`kill_points`: shared out by a seed of the run, printed); format: all three, killing the commit
+    after it (before Spark's commit log); each time it restarts from the same checkpoint. foreach (writer 'auto': each
+    run's first batch, the one killed, on the Arrow path; foreach-spark: writer='spark'): the fault kills the driver,
+    after the swap and at one of the other two points each (:func:`kill_points`: shared out by a seed of the run,
+    printed); format: all three, killing the commit
     worker, a Python worker of Spark's JVM (Spark fails the query, the JVM lives on): its runs are the job's stream in
     this test's Spark session (run_here), and so is the last run of all."""
     stream = change_stream(seed=23, batches=5, per_batch=60, keys=20)
