@@ -523,34 +523,22 @@ class ForeachBatchSink:
         # compares the digest of a batch written by one path with a replay's by another (docs/routing.md)
         unit = routed.tables.atomic or self.options.writer is WriterKind.DRIVER
         on_driver = self.options.dead_letter_table is None and unit and self._on_driver()
-        outcome = self._routed_written(df, batch_id, query_id, routed, run_id, facts, on_driver=on_driver)
-        self._last_rows = outcome.total().rows
-        return outcome
-
-    def _routed_written(
-        self,
-        df: DataFrame,
-        batch_id: int,
-        query_id: str,
-        routed: RoutedCommitter,
-        run_id: str | None,
-        facts: BatchFacts,
-        *,
-        on_driver: bool,
-    ) -> RoutedOutcome:
-        spark = df.sparkSession
         root = None if on_driver else self._spark.split_root(spark, routed, query_id)
         if root is not None:  # Spark's writer, appends: the write job is the batch's one read (lakesink.sink.spark.split)
-            return self._spark.split_batch(df, batch_id, query_id, routed, run_id, root, facts)
-        cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
-        try:
-            if self._spark.writes_routed() and not on_driver:  # Spark's own Parquet writer, no row in a Python worker
-                outcome = self._spark.spark_batch(cached, batch_id, query_id, routed, run_id, facts)
-                if outcome is not None:
-                    return outcome
-            return self._routed_arrow_batch(cached, batch_id, query_id, routed, run_id, facts, on_driver=on_driver)
-        finally:
-            cached.unpersist(blocking=False)
+            outcome = self._spark.split_batch(df, batch_id, query_id, routed, run_id, root, facts)
+        else:
+            cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
+            try:
+                written = None
+                if self._spark.writes_routed() and not on_driver:  # Spark's own Parquet writer, no row in a Python worker
+                    written = self._spark.spark_batch(cached, batch_id, query_id, routed, run_id, facts)  # None: can't
+                if written is None:
+                    written = self._routed_arrow_batch(cached, batch_id, query_id, routed, run_id, facts, on_driver=on_driver)
+                outcome = written
+            finally:
+                cached.unpersist(blocking=False)
+        self._last_rows = outcome.total().rows
+        return outcome
 
     def _routed_arrow_batch(
         self,
