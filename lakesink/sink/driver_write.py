@@ -73,10 +73,7 @@ def write_batch(rows: pa.Table, plan: WritePlan, *, batch_id: int, run_id: str |
     """Write the collected rows as the table's data files (one writer, on the driver); nothing is committed.
 
     On any failure the files written so far are deleted before the error propagates (TaskWriter)."""
-    writer = TaskWriter(
-        plan, TaskIds(query_id=plan.query_id or "", batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id)
-    )
-    return writer.write(rows.to_batches())
+    return TaskWriter(plan, _one_task(plan.query_id, batch_id, run_id)).write(rows.to_batches())
 
 
 def write_routed(rows: pa.Table, plan: RoutedPlan, *, batch_id: int, run_id: str | None) -> RoutedTaskResult:
@@ -84,7 +81,9 @@ def write_routed(rows: pa.Table, plan: RoutedPlan, *, batch_id: int, run_id: str
     one task that holds every row (its upserts resolved across the whole batch); nothing is committed.
 
     On any failure the files written so far are deleted before the error propagates (RoutedTaskWriter)."""
-    writer = RoutedTaskWriter(
-        plan, TaskIds(query_id=plan.query_id or "", batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id)
-    )
-    return writer.write(rows.to_batches())
+    return RoutedTaskWriter(plan, _one_task(plan.query_id, batch_id, run_id)).write(rows.to_batches())
+
+
+def _one_task(query_id: str | None, batch_id: int, run_id: str | None) -> TaskIds:
+    """The ids of the driver's one task of a batch (partition 0, attempt 0: its files named like the Arrow path's)."""
+    return TaskIds(query_id=query_id or "", batch_id=batch_id, partition_id=0, task_attempt_id=0, run_id=run_id)

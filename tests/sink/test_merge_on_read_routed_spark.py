@@ -186,12 +186,14 @@ def debezium_rounds() -> list[list[dict[str, Any]]]:
     return [one, two, three, four]
 
 
+@pytest.mark.parametrize("writer", ["auto", "driver"])
 def test_a_debezium_stream_into_merge_on_read_tables_equals_the_model_across_a_replay(
-    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, writer: str
 ) -> None:
     """Option cdc-format=debezium (Debezium's Kafka records, field by field) into tables lakesink creates merge-on-read:
     every batch after the first a row delta with position deletes; round 2 commits, then the query fails before Spark's
-    commit log and the restart replays it; every table equals the model in pyiceberg and DuckDB."""
+    commit log and the restart replays it; every table equals the model in pyiceberg and DuckDB. ``driver``: every
+    batch, the replay too, collected and written on the driver (lakesink.sink.driver_write.write_routed)."""
     rounds = debezium_rounds()
     check = partial(assert_cdc_tables_are, catalog_properties)
     stream = DebeziumRounds(
@@ -201,7 +203,7 @@ def test_a_debezium_stream_into_merge_on_read_tables_equals_the_model_across_a_r
         db="shop",
         key=kafka_key,
         wrap_key=False,
-        options={"upsert_key": "id", "table_properties": MOR},
+        options={"upsert_key": "id", "table_properties": MOR, "writer": writer},
     )
     stream.through_a_failure(rounds, faults, failing=2, check=check)
     want = cdc_model(rounds)

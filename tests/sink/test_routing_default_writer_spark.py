@@ -35,18 +35,23 @@ class DefaultRoutedStream(RoutedInput):
         return self.started(self.source().writeStream.foreachBatch(sink))  # as the guides (atomic: its default)
 
 
+def run_three_batches(spark: Any, s: DefaultRoutedStream, caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Three input files, a batch each, in one run (lakesink's log kept in ``caplog``): the Parquet write jobs' plans."""
+    s.add_input(files=3)
+    seen: set[int] = set()
+    write_plans_since(spark, seen)
+    with caplog.at_level(logging.INFO, logger="lakesink"):
+        s.run()
+    return write_plans_since(spark, seen)
+
+
 def test_route_by_writes_with_sparks_writer_by_default_and_small_batches_on_the_driver(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     """A run's first batch (often a backlog) is written by Spark's writer, a split job; the next one, after a small
     batch, on the driver (the tables of a SQLite catalog commit as one unit): no write job, no Python worker."""
     s = DefaultRoutedStream(spark, tmp_path, catalog_properties)
-    s.add_input(files=3)
-    seen: set[int] = set()
-    write_plans_since(spark, seen)
-    with caplog.at_level(logging.INFO, logger="lakesink"):
-        s.run()
-    plans = write_plans_since(spark, seen)
+    plans = run_three_batches(spark, s, caplog)
     assert len(plans) == 1 and "lakesink-split-" in plans[0], plans  # batch 0: a split job, no mapInArrow
     on_driver = [m for m in caplog.messages if "route-by batch=" in m and "on_driver=" in m]
     assert len(on_driver) == 2 and all(m.endswith("on_driver=True") for m in on_driver), on_driver  # batches 1, 2
@@ -68,12 +73,7 @@ def test_without_one_unit_auto_never_writes_on_the_driver(
     their digests, which differ between paths; writer='auto' keeps Spark's writer for every batch."""
     s = DefaultRoutedStream(spark, tmp_path, catalog_properties)
     s.atomic = "off"
-    s.add_input(files=3)
-    seen: set[int] = set()
-    write_plans_since(spark, seen)
-    with caplog.at_level(logging.INFO, logger="lakesink"):
-        s.run()
-    plans = write_plans_since(spark, seen)
+    plans = run_three_batches(spark, s, caplog)
     assert len(plans) == 3 and all("lakesink-split-" in p for p in plans), plans  # a split job per batch
     assert not any("on_driver=True" in m for m in caplog.messages), caplog.messages
     assert_exactly_once(catalog_properties, s.sent)
