@@ -36,7 +36,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import WriterCommitMessage
 
 from lakesink._pyiceberg.io import deletes as seam_deletes
-from lakesink._pyiceberg.io import new_data_location
+from lakesink._pyiceberg.io import keep_written_positions, new_data_location
 from lakesink.errors import LakesinkError, TableLocationError
 from lakesink.executor.messages import TaskIds
 from lakesink.faults import EXECUTOR_AFTER_FILE, fault_point
@@ -115,9 +115,12 @@ class PositionDeleteWriter:
     """One task's position deletes for any number of tables (``targets``, by table name), buffered by :meth:`add`
     and written by :meth:`finish` (one file per table and partition); :meth:`abort` deletes what was written."""
 
-    def __init__(self, ids: TaskIds, targets: Mapping[str, DeleteTarget]):
+    def __init__(self, ids: TaskIds, targets: Mapping[str, DeleteTarget], *, keep: bool = False):
+        """``keep``: each file's positions are kept in this process as the next lookup reads them
+        (lakesink._pyiceberg.io.reads.keep_written_positions) -- a writer in the process that looks the keys up."""
         self._ids = ids
         self._targets = targets
+        self._keep = keep
         self._token = names.new_token()
         self._counter = 0
         self._paths: dict[str, list[pa.Array]] = {}
@@ -207,6 +210,8 @@ class PositionDeleteWriter:
             self._since_ms = names.now_ms()
         self._written.append((target.io, location))
         written = seam_deletes.write_position_deletes(target.io, location, rows, target.properties)
+        if self._keep:
+            keep_written_positions(written.path, written.size_in_bytes, rows)
         fault_point(EXECUTOR_AFTER_FILE)
         return WrittenDeleteFile(
             path=written.path,
@@ -280,7 +285,8 @@ def lookup_result(
     ``outcome`` columns): the rows of the non-stale ones deleted by position delete files, the ``outcome`` columns of
     every one kept for the driver -- :class:`LookupWriter`'s work in a Spark task, or in the process that commits when
     no Spark session is at hand (format("lakesink"): lakesink.sink.merge_on_read.look_up_here)."""
-    writer = PositionDeleteWriter(ids, {target.table: target})
+    # this process looks the next batch's keys up too: the positions it writes are kept for that lookup
+    writer = PositionDeleteWriter(ids, {target.table: target}, keep=True)
     matched: list[pa.RecordBatch] = []
     try:
         for batch in batches:

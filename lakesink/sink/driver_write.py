@@ -26,12 +26,14 @@ from __future__ import annotations
 import logging
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from lakesink.driver.tables.schema import chars_as_strings, nullable_everywhere
 from lakesink.executor.messages import TaskIds, TaskResult, WritePlan
 from lakesink.executor.routed_writer import RoutedPlan, RoutedTaskResult, RoutedTaskWriter
 from lakesink.executor.task_writer import TaskWriter
+from lakesink.table.routes import routing_value
 
 log = logging.getLogger("lakesink")
 
@@ -82,6 +84,16 @@ def write_routed(rows: pa.Table, plan: RoutedPlan, *, batch_id: int, run_id: str
 
     On any failure the files written so far are deleted before the error propagates (RoutedTaskWriter)."""
     return RoutedTaskWriter(plan, _one_task(plan.query_id, batch_id, run_id)).write(rows.to_batches())
+
+
+def routing_values(rows: pa.Table, column: str) -> list[object]:
+    """Option route-by: the distinct values of the collected rows' routing ``column`` (a string), each read from its
+    bytes as the routed writer splits the rows (lakesink.executor.routed_writer.split_by_route: a value that is not
+    UTF-8 stays bytes, an invalid route) and as the Spark job over the batch finds them
+    (lakesink.sink.spark.routed.routing_values); a null value once, as None."""
+    values = rows.column(column)
+    binary = pa.large_binary() if pa.types.is_large_string(values.type) else pa.binary()
+    return [routing_value(v) for v in pc.unique(values.cast(binary)).to_pylist()]
 
 
 def _one_task(query_id: str | None, batch_id: int, run_id: str | None) -> TaskIds:

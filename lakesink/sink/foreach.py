@@ -559,6 +559,10 @@ class ForeachBatchSink:
         routing = self.options.routing
         assert routing is not None
         started = time.perf_counter()
+        # on the driver, without payload: the batch's rows collected first, its routing values read from them (no
+        # Spark job of their own); None: too large to collect (Python workers write it), or not collected here
+        early = on_driver and self.options.payload is None
+        collected: pa.Table | None = None
         if self.options.payload is not None:  # each table's columns from its payloads (the same job finds the routes)
             values, found, facts = self._payload_columns(df, facts)
             if self.options.cdc_format is not None:  # the changes before a truncate dropped, the table marked
@@ -572,7 +576,17 @@ class ForeachBatchSink:
                 homes, facts = transactions.homes(routed, routing, held_values, batch_id, held_facts)
                 values = [*values, *homes]
         else:
-            values = spark_routed.routing_values(df, routing.column)
+            if early:  # the rows as the driver's one writer takes them: the delete column, no repartition
+                one_task = (
+                    upsert_batch.for_routed_tasks(df, routing.column, self.options, one_task=True)[0]
+                    if self.options.upserts
+                    else df
+                )
+                collected = driver_write.collect(one_task, table="route-by", batch_id=batch_id)
+            if collected is not None:
+                values = driver_write.routing_values(collected, routing.column)
+            else:
+                values = spark_routed.routing_values(df, routing.column)
         found_ms = (time.perf_counter() - started) * 1000
         routes = routed.tables.routes(values, batch_id)  # with dead_letter_table: the valid ones (the others: dead letters)
         plans = routed.tables.plans(routes, query_id, facts)
@@ -588,11 +602,11 @@ class ForeachBatchSink:
             if reject_column:  # option reject-when: Spark SQL, computed by Spark into the reject column
                 df = dead_letters.with_reject_column(df, self.options)
             deletes_computed = False
-            unsplit = df  # the rows the driver collects (on_driver): all of them, one writer
+            unsplit = df  # the rows the driver collects (on_driver, payload): all of them, one writer
             if self.options.upserts:  # each task resolves its rows of each table (lakesink.executor.upsert_task)
                 keys = routed_keys_by_value(values, routing, routed.tables.table_keys)
                 tables = routed_tables_by_value(values, routing)  # one table's spellings: one partition
-                if on_driver:
+                if on_driver and not early:
                     unsplit, _ = upsert_batch.for_routed_tasks(df, routing.column, self.options, keys, tables, one_task=True)
                 df, deletes_computed = upsert_batch.for_routed_tasks(df, routing.column, self.options, keys, tables)
             plan = routed.tables.routed_plan(
@@ -605,9 +619,11 @@ class ForeachBatchSink:
             )
             written = time.perf_counter()
             named = ", ".join(str(r) for r in routes) or "(dead letters only)"
-            collected = driver_write.collect(unsplit, table=named, batch_id=batch_id) if on_driver else None
-            if collected is not None:
-                results = [driver_write.write_routed(collected, plan, batch_id=batch_id, run_id=run_id)]
+            rows = collected
+            if on_driver and not early:  # a payload batch: collected after its own job found the routes
+                rows = driver_write.collect(unsplit, table=named, batch_id=batch_id)
+            if rows is not None:
+                results = [driver_write.write_routed(rows, plan, batch_id=batch_id, run_id=run_id)]
             else:  # Python workers, each task every row of its (table, key) pairs
                 writer = RoutedPartitionWriter(plan, batch_id, run_id)
                 results = [pickle.loads(r[0]) for r in df.mapInArrow(writer, TASK_RESULT_SCHEMA).collect()]
@@ -618,7 +634,7 @@ class ForeachBatchSink:
                 found_ms,
                 planned_ms,
                 (time.perf_counter() - written) * 1000,
-                collected is not None,
+                rows is not None,
             )
             return results
 

@@ -196,3 +196,48 @@ def test_live_entries_kept_are_the_live_entries_after_every_commit(catalog: Any,
     table.overwrite(_rows([9]).cast(table.schema().as_arrow()))
     mine, theirs = both()
     assert mine == theirs and len(mine) == 1
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_delete_file_this_process_wrote_for_its_lookup_is_kept_as_reading_it_back_gives(
+    catalog: Any, monkeypatch: pytest.MonkeyPatch, keep: bool
+) -> None:
+    """A lookup on the driver (lakesink.executor.position_deletes.lookup_result) keeps the positions of the delete
+    files it writes: the next batch's lookup, which must apply them, finds exactly what reading the file back gives
+    (keyed by the location and size its manifest entry will carry), without opening it. Spark's tasks (keep=False)
+    keep nothing: they never look keys up again."""
+    from lakesink._pyiceberg.row_delta import delete_file
+    from lakesink.driver.actions.row_delta import delete_target
+    from lakesink.executor.messages import TaskIds
+    from lakesink.executor.position_deletes import PositionDeleteWriter
+
+    catalog.create_namespace_if_not_exists(("db",))
+    table = catalog.create_table(("db", "written"), schema=SCHEMA)
+    table.append(_rows([1, 2, 3, 4]).cast(table.schema().as_arrow()))
+    table.append(_rows([5, 6]).cast(table.schema().as_arrow()))
+    first, second = sorted(seam.live_data_files(table, "main"), key=lambda f: f.record_count, reverse=True)
+    reads._kept.clear()
+    writer = PositionDeleteWriter(TaskIds("q", 7, 0, 0, None), {"db.written": delete_target(table)}, keep=keep)
+    writer.add("db.written", [first.file_path, second.file_path, first.file_path, first.file_path], [3, 1, 0, 3])
+    (result,) = writer.finish()
+    (written,) = result.files
+    entry = delete_file(
+        path=written.path,
+        size_in_bytes=written.size_in_bytes,
+        statistics=written.statistics,
+        spec_id=written.spec_id,
+        partition=written.partition,
+    )
+    opened: list[str] = []
+    new_input = table.io.new_input
+
+    def counted(location: str) -> Any:
+        opened.append(location)
+        return new_input(location)
+
+    monkeypatch.setattr(table.io, "new_input", counted)
+    kept = {p: a.to_pylist() for p, a in seam.deleted_positions(table.io, entry).items()}
+    assert opened == ([] if keep else [written.path])
+    reads._kept.clear()
+    read_back = {p: a.to_pylist() for p, a in seam.deleted_positions(table.io, entry).items()}
+    assert kept == read_back == {first.file_path: [0, 3], second.file_path: [1]}

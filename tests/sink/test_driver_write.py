@@ -94,3 +94,22 @@ def test_a_new_run_starts_on_spark_s_writer_then_goes_back_to_the_driver(
     files = _files_by_batch(table)
     layout = ["spark" if "/" in names[0] else "driver" for _, names in sorted(files.items())]
     assert layout == ["spark", "driver", "spark", "driver"], files
+
+
+def test_route_by_values_read_from_the_collected_rows_equal_the_spark_job_s(spark: Any) -> None:
+    """Route-by on the driver reads the batch's routing values from the rows it collects (no Spark job of their own):
+    the same values as the Spark job over the batch finds -- each once, a null as None, a value that is not UTF-8 as
+    its bytes (an invalid route, kept exactly), names that differ by case or namespace apart."""
+    from lakesink.sink import driver_write
+    from lakesink.sink.spark import routed as spark_routed
+
+    df = spark.sql(
+        "SELECT r, id FROM VALUES ('db.a', 1), ('b', 2), ('db.a', 3), (NULL, 4), ('B', 5), ('b', 6), "
+        "(CAST(unhex('FF61') AS STRING), 7), ('ns.x.y', 8), ('', 9), (NULL, 10) AS t(r, id)"
+    )
+    collected = driver_write.collect(df, table="route-by", batch_id=0)
+    assert collected is not None and collected.num_rows == 10
+    here = driver_write.routing_values(collected, "r")
+    there = spark_routed.routing_values(df, "r")
+    assert Counter(map(repr, here)) == Counter(map(repr, there))
+    assert sorted(map(repr, here)) == sorted(map(repr, ["db.a", "b", None, "B", b"\xffa", "ns.x.y", ""]))

@@ -158,11 +158,14 @@ def _keep(key: tuple[Any, ...], read: Callable[[], _T], size: Callable[[_T], int
     if held is not None:
         return held[0]  # type: ignore[no-any-return]
     value = read()
-    nbytes = size(value)
+    _hold(key, value, size(value))
+    return value
+
+
+def _hold(key: tuple[Any, ...], value: Any, nbytes: int) -> None:
     if nbytes <= KEPT_BYTES // 8:  # one huge file does not push every other out
         with _kept_lock:
             _kept[key] = (value, nbytes)
-    return value
 
 
 def read_columns(table: Table, data_file: DataFile, schema: Schema) -> pa.Table:
@@ -207,11 +210,29 @@ def deleted_positions(io: FileIO, delete_file: DataFile) -> Mapping[str, pa.Arra
     (:func:`~lakesink._pyiceberg.io.deletes.positions_by_file`); kept between calls (the module's docstring)."""
 
     def read() -> Mapping[str, pa.Array]:
-        rows = read_position_deletes(io, delete_file.file_path)
-        return MappingProxyType(positions_by_file(sorted_positions(rows.column("file_path"), rows.column("pos"))))
+        return _positions(read_position_deletes(io, delete_file.file_path))
 
-    key = ("positions", delete_file.file_path, delete_file.file_size_in_bytes)
-    return _keep(key, read, lambda by_file: sum(len(p) + a.nbytes for p, a in by_file.items()))
+    return _keep(_positions_key(delete_file.file_path, delete_file.file_size_in_bytes), read, _positions_bytes)
+
+
+def keep_written_positions(location: str, size_in_bytes: int, rows: pa.Table) -> None:
+    """Keep the positions of a position delete file this process has just written (``rows``, its ``file_path`` and
+    ``pos`` columns; ``location`` and ``size_in_bytes`` as its manifest entry will name it): the next batch's lookup
+    in this process finds them as :func:`deleted_positions` would read them back, without reading the file."""
+    by_file = _positions(rows)
+    _hold(_positions_key(location, size_in_bytes), by_file, _positions_bytes(by_file))
+
+
+def _positions(rows: pa.Table) -> Mapping[str, pa.Array]:
+    return MappingProxyType(positions_by_file(sorted_positions(rows.column("file_path"), rows.column("pos"))))
+
+
+def _positions_key(location: str, size_in_bytes: int) -> tuple[Any, ...]:
+    return ("positions", location, size_in_bytes)
+
+
+def _positions_bytes(by_file: Mapping[str, pa.Array]) -> int:
+    return sum(len(p) + a.nbytes for p, a in by_file.items())
 
 
 @functools.lru_cache(maxsize=256)
