@@ -216,10 +216,11 @@ def deleted_positions(io: FileIO, delete_file: DataFile) -> Mapping[str, pa.Arra
 
 
 def keep_written_positions(location: str, size_in_bytes: int, rows: pa.Table) -> None:
-    """Keep the positions of a position delete file this process has just written (``rows``, its ``file_path`` and
-    ``pos`` columns; ``location`` and ``size_in_bytes`` as its manifest entry will name it): the next batch's lookup
-    in this process finds them as :func:`deleted_positions` would read them back, without reading the file."""
-    by_file = _positions(rows)
+    """Keep the positions of a position delete file this process has just written (``rows``: what it wrote, sorted
+    and without duplicates as :func:`~lakesink._pyiceberg.io.deletes.write_position_deletes` takes them; ``location``
+    and ``size_in_bytes`` as its manifest entry will name it): the next batch's lookup in this process finds them as
+    :func:`deleted_positions` would read them back, without reading the file."""
+    by_file = MappingProxyType(positions_by_file(rows))
     _hold(_positions_key(location, size_in_bytes), by_file, _positions_bytes(by_file))
 
 
