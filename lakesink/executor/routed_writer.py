@@ -19,7 +19,6 @@ the table, created where the catalog places it: a staged file is never committed
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -252,13 +251,9 @@ class RoutedTaskWriter:
         self,
         plan: RoutedPlan,
         ids: TaskIds,
-        *,
-        threads: int = 1,
     ):
-        """``threads``: how many tables' writers finish at once (:meth:`_finish_writers`)."""
         self._plan = plan
         self._ids = ids
-        self._threads = threads
         self._writers: dict[str, tuple[TaskWriter, bool]] = {}
         self._skipped: dict[str, WritePlan] = {}
         self._digests: dict[str, RowsDigest] = {}
@@ -309,7 +304,8 @@ class RoutedTaskWriter:
                 if budget is not None:
                     self._bound_memory(budget)
             self._reject_set_aside()
-            self._finish_writers()
+            for w, _ in self._writers.values():
+                w.finish()
             self._write_invalid_routes()
             fault_point(EXECUTOR_BEFORE_RETURN)
         except BaseException:
@@ -334,21 +330,6 @@ class RoutedTaskWriter:
             tuple(tables),
             self._invalid_result(),
         )
-
-    def _finish_writers(self) -> None:
-        """Every table's writer finished (its upserts resolved, its files written out and closed): one after another
-        in a Spark task, whose executor's cores run the other tasks; on :attr:`_threads` threads in the driver's one
-        task of a small batch into many tables (lakesink.sink.driver_write), whose Parquet encoding and file writes
-        release the GIL. A failure is raised once every writer has stopped, so that :meth:`write` deletes every file."""
-        writers = [w for w, _ in self._writers.values()]
-        if self._threads <= 1 or len(writers) <= 1:
-            for w in writers:
-                w.finish()
-            return
-        with ThreadPoolExecutor(max_workers=min(self._threads, len(writers)), thread_name_prefix="lakesink-write") as pool:
-            finishing = [pool.submit(w.finish) for w in writers]
-        for done in finishing:  # every writer has stopped (the pool's exit waits for them)
-            done.result()
 
     def _route(self, value: object) -> Route | InvalidRoute:
         route = self._routes.get(value) if value is not None else None

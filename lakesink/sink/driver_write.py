@@ -43,10 +43,6 @@ SMALL_BATCH_ROWS = 10_000
 About 1 MB of Arrow for narrow rows: a batch 100 times larger than the one before it still fits a driver
 comfortably; far larger ones meet ``spark.driver.maxResultSize`` and go to the other paths (:func:`collect`)."""
 
-ROUTED_WRITE_THREADS = 4
-"""Option route-by on the driver: how many tables' files are written out at once (their Parquet encoding,
-compression and writes release the GIL; a small batch into a hundred tables is a hundred small files)."""
-
 _RESULT_TOO_LARGE = "spark.driver.maxResultSize"
 
 
@@ -87,9 +83,7 @@ def write_routed(rows: pa.Table, plan: RoutedPlan, *, batch_id: int, run_id: str
     one task that holds every row (its upserts resolved across the whole batch); nothing is committed.
 
     On any failure the files written so far are deleted before the error propagates (RoutedTaskWriter)."""
-    return RoutedTaskWriter(plan, _one_task(plan.query_id, batch_id, run_id), threads=ROUTED_WRITE_THREADS).write(
-        rows.to_batches()
-    )
+    return RoutedTaskWriter(plan, _one_task(plan.query_id, batch_id, run_id)).write(rows.to_batches())
 
 
 def routing_values(rows: pa.Table, column: str) -> list[object]:

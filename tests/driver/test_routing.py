@@ -39,7 +39,7 @@ from lakesink.errors import (
 )
 from lakesink.executor.messages import ROWS_ONLY, RowsDigest, TaskIds
 from lakesink.executor.routed_writer import RoutedTaskResult, RoutedTaskWriter
-from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BETWEEN_TABLE_COMMITS, EXECUTOR_AFTER_FILE
+from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_BETWEEN_TABLE_COMMITS
 from lakesink.options import SinkOptions, WriterKind
 from lakesink.table.keys import SUMMARY_BATCH_TABLES, SUMMARY_BATCH_TABLES_DIGEST
 from lakesink.table.routes import tables_digest
@@ -1197,25 +1197,3 @@ def test_the_location_check_does_not_keep_the_namespaces_other_tables(
     assert loads == [("db", "a"), ("db", "b"), ("db", "c")]  # n1 kept (written), the others read anew
     monkeypatch.undo()
     assert table_ids(catalog.load_table(("db", "n1"))) == Counter([1, 2])
-
-
-def test_the_drivers_one_task_finishes_its_tables_on_threads_and_a_failure_in_one_deletes_every_tables_files(
-    catalog_properties: dict[str, str], faults: Any
-) -> None:
-    """Route-by on the driver (lakesink.sink.driver_write.write_routed): the one task's tables are finished on
-    threads. Written so, every table holds exactly its rows; a failure in one table's writer (raised once the
-    others have stopped) leaves no file of any table, and the batch written again commits each row once."""
-    rc = routed(catalog_properties)
-    data = {f"t{i}": list(range(i * 10, i * 10 + 3 + i % 4)) for i in range(12)}
-    plan = rc.tables.routed_plan(rc.tables.plans(rc.tables.routes(set(data), 0), Q), Q, template=False)
-    warehouse = Path(catalog_properties["warehouse"].removeprefix("file://"))
-    faults.arm(EXECUTOR_AFTER_FILE, "raise")
-    with pytest.raises(InjectedFault):
-        RoutedTaskWriter(plan, TaskIds(Q, 0, 0, 0), threads=4).write([rows(data)])
-    assert faults.fired(EXECUTOR_AFTER_FILE)
-    assert sorted(warehouse.rglob("*.parquet")) == []  # every table's files deleted, the other threads' too
-    result = RoutedTaskWriter(plan, TaskIds(Q, 0, 0, 1), threads=4).write([rows(data)])
-    assert sorted(t.table for t in result.tables) == sorted(f"db.{name}" for name in data)
-    commit_or_abort(rc, 0, [result])
-    for name, sent in data.items():
-        assert ids(catalog_properties, f"db.{name}") == Counter(sent)
