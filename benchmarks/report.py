@@ -510,6 +510,25 @@ def cdc_scale_md(r: dict[str, Any]) -> str:
                 f"{_spread(x['ratio_before_to_after']['duckdb'], 2, unit='x')} | "
                 f"{_spread(x['ratio_before_to_after']['pyiceberg'], 2, unit='x')} |"
             )
+        rewritten = [x for x in rd["runs"] if "deletes_rewritten" in x]
+        if rewritten:
+            lines += [
+                "",
+                "Between the two: lakesink's rewrite of the position delete files alone (rewrite-position-deletes, the "
+                "data files kept), the same scans.",
+                "",
+                "| path | rewrite | files after it (data + delete) | DuckDB ms | pyiceberg ms | over compacted, DuckDB "
+                "(paired) | pyiceberg (paired) |",
+                "|---|---|---|---:|---:|---:|---:|",
+            ]
+            for x in rewritten:
+                m = x["deletes_rewritten"]
+                lines.append(
+                    f"| {x['path']} | {x['deletes_rewrite']['status']}, {_f(x['deletes_rewrite']['ms'])} ms | "
+                    f"{m['data_files']} + {m['delete_files']} | {_spread(m['ms']['duckdb'])} | {_spread(m['ms']['pyiceberg'])} | "
+                    f"{_spread(x['ratio_rewritten_to_after']['duckdb'], 2, unit='x')} | "
+                    f"{_spread(x['ratio_rewritten_to_after']['pyiceberg'], 2, unit='x')} |"
+                )
     return "\n".join(lines).rstrip()
 
 

@@ -382,7 +382,14 @@ def test_cdc_scale_at_toy_size(tmp_path: Path) -> None:
     assert all(r["equals_model"] and len(r["batches"]) == 3 for r in small["runs"])
     for r in result["reads"]["runs"]:
         assert r["equals_model"] and r["batches"] == 3
-        for when in ("before_compaction", "after_compaction"):
+        # merge-on-read: a delete file a batch, rewritten into fewer (copy-on-write: none); compaction leaves none
+        if r["mode"] == "mor":
+            assert r["deletes_rewrite"]["status"] == "committed"
+            assert 0 < r["deletes_rewritten"]["delete_files"] < r["before_compaction"]["delete_files"]
+        else:
+            assert r["deletes_rewrite"]["status"] == "nothing to rewrite" and r["before_compaction"]["delete_files"] == 0
+        assert r["after_compaction"]["delete_files"] == 0
+        for when in ("before_compaction", "deletes_rewritten", "after_compaction"):
             assert set(r[when]["checks"]) == {"duckdb", "pyiceberg"}
             assert all(c["rows"] == c["model_rows"] > 0 for c in r[when]["checks"].values())
     assert cdc_scale.COLUMNS[3:] == cdc_scale.VALUE_COLUMNS and len(cdc_scale.VALUE_COLUMNS) == 12
