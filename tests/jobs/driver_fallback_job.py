@@ -3,8 +3,9 @@ its own whose ``spark.driver.maxResultSize`` is tiny, so that a batch of large r
 
 Spark fixes ``spark.driver.maxResultSize`` when the session starts: the shared test session cannot have it. Arguments:
 catalog properties (JSON), source folder (JSON files of ``id long, payload string``, one batch each), checkpoint
-folder, writer, maxResultSize, and optionally a history mode: "history" (upserts by ``id`` with option history, each
-change timed by the batch's processing time) or "routed-history" (the same through route-by, every row to db.events).
+folder, writer, maxResultSize, and optionally a mode: "history" (upserts by ``id`` with option history, each change
+timed by the batch's processing time), "routed-history" (the same through route-by, every row to db.events) or
+"routed" (appends through route-by, every row to db.events).
 lakesink's log goes to stderr. The test kills it (fault points armed with ``kill``) and starts it again from the same
 checkpoint.
 """
@@ -32,6 +33,9 @@ if __name__ == "__main__":
     history = sys.argv[6] if len(sys.argv) > 6 else ""
     if not history:
         sink = lakesink.foreach_batch("db.events", catalog_properties=props, writer=writer)
+    elif history == "routed":
+        df = df.withColumn("tbl", F.lit("db.events"))
+        sink = lakesink.foreach_batch(None, catalog_properties=props, writer=writer, route_by="tbl")
     else:
         df = df.withColumn("ts", F.current_timestamp())
         options: dict[str, Any] = {"upsert_key": "id", "history": "on", "history_time": "ts", "writer": writer}

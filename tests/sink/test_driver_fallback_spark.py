@@ -151,6 +151,24 @@ def test_a_batch_spark_refuses_to_collect_is_written_by_spark_exactly_once(
     assert_files_are_referenced(table)  # the refused collect wrote nothing
 
 
+@pytest.mark.timeout(1200)
+def test_a_routed_batch_spark_refuses_to_collect_is_written_by_the_python_workers_exactly_once(
+    tmp_path: Path, catalog_properties: dict[str, str], faults: Any
+) -> None:
+    """Route-by with writer='driver' collects the batch before anything else (its routing values are read from the
+    rows): a batch Spark refuses to collect is routed by a Spark job instead and written by the Python workers,
+    nothing written before; the batches around it on the driver. Every id once, each batch committed once."""
+    src, ck = Input(tmp_path / "input"), tmp_path / "checkpoint"
+    for n in (SMALL_ROWS, BIG_ROWS, SMALL_ROWS):
+        src.add(n)
+    code, out, err = finish(job(catalog_properties, src.folder, ck, "driver", str(faults.folder), "routed"))
+    assert code == 0 and DONE in out, err[-4000:]
+    assert err.count(REFUSED) == 1 and f"lakesink: table=route-by batch=1 {REFUSED}" in err, err[-4000:]
+    table = check_table(catalog_properties, src.sent, 3)
+    assert sorted(files_by_batch(table, referenced_data_files(table))) == [0, 1, 2]
+    assert_files_are_referenced(table)  # the refused collect wrote nothing
+
+
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("writer", ["driver", "auto"])
 def test_a_kill_while_the_refused_batch_is_written_or_after_its_commit_is_replayed_exactly_once(
