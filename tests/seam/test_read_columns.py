@@ -104,6 +104,19 @@ def test_a_lookups_columns_read_as_pyicebergs_scan_reads_them_before_and_after_s
     }
 
 
+def _opened(table: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], Any]:
+    """The locations ``table``'s FileIO opens from now on (appended to the list), and the counting ``new_input``."""
+    opened: list[str] = []
+    new_input = table.io.new_input
+
+    def counted(location: str) -> Any:
+        opened.append(location)
+        return new_input(location)
+
+    monkeypatch.setattr(table.io, "new_input", counted)
+    return opened, counted
+
+
 def test_a_files_contents_are_kept_between_reads_and_read_again_when_asked_differently(
     catalog: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
@@ -115,14 +128,7 @@ def test_a_files_contents_are_kept_between_reads_and_read_again_when_asked_diffe
     table.append(_rows([1, 2, 3]).cast(table.schema().as_arrow()))
     table.append(_rows([4, 5]).cast(table.schema().as_arrow()))
     first, second = sorted(seam.live_data_files(table, "main"), key=lambda f: f.record_count, reverse=True)
-    opened: list[str] = []
-    new_input = table.io.new_input
-
-    def counted(location: str) -> Any:
-        opened.append(location)
-        return new_input(location)
-
-    monkeypatch.setattr(table.io, "new_input", counted)
+    opened, counted = _opened(table, monkeypatch)
     reads._kept.clear()
     wanted = table.schema().select("id", "name")
     once = seam.read_columns(table, first, wanted)
@@ -228,14 +234,7 @@ def test_a_delete_file_this_process_wrote_for_its_lookup_is_kept_as_reading_it_b
         spec_id=written.spec_id,
         partition=written.partition,
     )
-    opened: list[str] = []
-    new_input = table.io.new_input
-
-    def counted(location: str) -> Any:
-        opened.append(location)
-        return new_input(location)
-
-    monkeypatch.setattr(table.io, "new_input", counted)
+    opened, _ = _opened(table, monkeypatch)
     kept = {p: a.to_pylist() for p, a in seam.deleted_positions(table.io, entry).items()}
     assert opened == ([] if keep else [written.path])
     reads._kept.clear()
