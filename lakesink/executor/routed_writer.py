@@ -162,6 +162,13 @@ class RoutedTaskResult(WriterCommitMessage):
     ``dead_letters``, their count in ``rows_in`` and ``rejected``)."""
 
 
+def routing_values_of(values: pa.Array) -> list[object]:
+    """A routing column's values (a string array), each read from its bytes: a value that is not UTF-8 (a Kafka key
+    cast to a string) stays bytes, an invalid route (lakesink.table.routes.routing_value); a null is None."""
+    binary = pa.large_binary() if pa.types.is_large_string(values.type) else pa.binary()
+    return [routing_value(v) for v in values.view(binary).to_pylist()]
+
+
 def split_by_route(batch: pa.RecordBatch, column: str) -> Iterable[tuple[object, pa.RecordBatch]]:
     """``batch``'s rows grouped by the routing column's value (None for nulls), without the column."""
     index = batch.schema.get_field_index(column)
@@ -171,9 +178,7 @@ def split_by_route(batch: pa.RecordBatch, column: str) -> Iterable[tuple[object,
         return
     encoded = pc.dictionary_encode(values, null_encoding="encode")
     codes = encoded.indices
-    # each value from its bytes: a value that is not UTF-8 (a Kafka key cast to a string) stays bytes, an invalid route
-    binary = pa.large_binary() if pa.types.is_large_string(values.type) else pa.binary()
-    dictionary = [routing_value(v) for v in encoded.dictionary.view(binary).to_pylist()]
+    dictionary = routing_values_of(encoded.dictionary)
     if len(dictionary) == 1:
         yield dictionary[0], rest
         return

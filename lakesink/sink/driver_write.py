@@ -31,9 +31,8 @@ from pyspark.sql import DataFrame
 
 from lakesink.driver.tables.schema import chars_as_strings, nullable_everywhere
 from lakesink.executor.messages import TaskIds, TaskResult, WritePlan
-from lakesink.executor.routed_writer import RoutedPlan, RoutedTaskResult, RoutedTaskWriter
+from lakesink.executor.routed_writer import RoutedPlan, RoutedTaskResult, RoutedTaskWriter, routing_values_of
 from lakesink.executor.task_writer import TaskWriter
-from lakesink.table.routes import routing_value
 
 log = logging.getLogger("lakesink")
 
@@ -91,9 +90,7 @@ def routing_values(rows: pa.Table, column: str) -> list[object]:
     bytes as the routed writer splits the rows (lakesink.executor.routed_writer.split_by_route: a value that is not
     UTF-8 stays bytes, an invalid route) and as the Spark job over the batch finds them
     (lakesink.sink.spark.routed.routing_values); a null value once, as None."""
-    values = rows.column(column)
-    binary = pa.large_binary() if pa.types.is_large_string(values.type) else pa.binary()
-    return [routing_value(v) for v in pc.unique(values.cast(binary)).to_pylist()]
+    return routing_values_of(pc.unique(rows.column(column)))
 
 
 def _one_task(query_id: str | None, batch_id: int, run_id: str | None) -> TaskIds:
