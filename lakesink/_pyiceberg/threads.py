@@ -1,5 +1,5 @@
-"""Thread policy of a unit of many tables' commits: how many threads prepare them (or stage their metadata files).
-Driver side.
+"""Thread policy of a unit of many tables' commits: how many threads prepare them (or stage their metadata files), and
+look up a routed batch's keys in its merge-on-read tables before (lakesink.sink.merge_on_read). Driver side.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ def unit_threads(tables: Sequence[Table]) -> int:
     :data:`_REMOTE_THREADS`, whose round trips they overlap; when every table is on the local filesystem, the
     machine's cores (at most :data:`_REMOTE_THREADS`), since the work is then CPU under one GIL, which more threads
     only hand back and forth (measured, docs/performance.md "One stream, many tables": 100 tables a batch on 2 cores,
-    quiet, median batch 232-276 ms on 2 threads against 347-357 ms on 8 and 297-340 ms on the calling thread alone).
-    1: on the calling thread."""
+    quiet, median batch 232-276 ms on 2 threads against 347-357 ms on 8 and 297-340 ms on the calling thread alone; the
+    merge-on-read lookups of 100 small tables, docs/performance.md "many small tables": 0.82-0.92x the batch on 2
+    threads against 8). 1: on the calling thread."""
     if tables and all(storage.local_path(t.metadata_location or t.metadata.location) is not None for t in tables):
         return max(1, min(os.cpu_count() or 1, _REMOTE_THREADS))
     return _REMOTE_THREADS

@@ -9,6 +9,7 @@ tasks: lakesink.executor.row_digest).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
@@ -20,6 +21,7 @@ from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
 from pyspark.sql.datasource import WriterCommitMessage
 
+from lakesink._pyiceberg import io as seam
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.table import names
 from lakesink.table.settings import TableSettings
@@ -27,7 +29,13 @@ from lakesink.table.settings import TableSettings
 
 def schema_digest(schema: Schema) -> str:
     """A short digest of a schema's fields and field ids (not of its schema id): two schemas with the same
-    digest write and read Parquet files identically."""
+    digest write and read Parquet files identically. Kept per schema, by its exact JSON (lakesink._pyiceberg.io.schemas)."""
+    return _schema_digest(seam.schema_key(schema))
+
+
+@functools.lru_cache(maxsize=seam.KEPT_SCHEMAS)
+def _schema_digest(key: str) -> str:
+    schema = seam.schema_of_key(key)
     canonical = Schema(*schema.fields, identifier_field_ids=schema.identifier_field_ids, schema_id=0).model_dump_json()
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
 

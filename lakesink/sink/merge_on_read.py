@@ -42,6 +42,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg import threads as seam_threads
 from lakesink.driver.actions import upsert, upsert_order
 from lakesink.driver.actions.batch import BatchCall, BatchOutcome
 from lakesink.driver.actions.history import HistoryChanges
@@ -140,18 +141,15 @@ class RoutedLookups:
         return _look_up(self.spark, requests, query_id=query_id, batch_id=batch_id, run_id=run_id)
 
 
-#: How many tables' lookups are planned (and, for small files, done) at once: reading manifests, an order file and
-#: small data files is mostly waiting on storage, and a batch of a hundred small tables must not wait for each in turn.
-PLANNING_THREADS = 8
-
-
 def _look_up(
     spark: SparkSession | None, requests: Sequence[LookupRequest], *, query_id: str, batch_id: int, run_id: str | None
 ) -> dict[str, MergeLookup]:
-    """Every request's lookup: planned on :data:`PLANNING_THREADS` threads (a table whose candidate files are small, or
-    every table without ``spark``, is looked up right there), the others run in as few Spark jobs as :func:`_run`
-    makes (the tables' reads, joins and delete writers as branches of a union, whose stages run side by side) and then
-    finished. On any error every delete file written for the batch is deleted before it is raised."""
+    """Every request's lookup: planned on the threads a unit's commits are prepared on (lakesink._pyiceberg.threads:
+    on object storage enough to overlap the round trips, on the local filesystem the cores, the work being CPU under
+    one GIL; a table whose candidate files are small, or every table without ``spark``, is looked up right there), the
+    others run in as few Spark jobs as :func:`_run` makes (the tables' reads, joins and delete writers as branches of a
+    union, whose stages run side by side) and then finished. On any error every delete file written for the batch is
+    deleted before it is raised."""
     wanted = [r for r in requests if applies(r.table, r.table_name, r.options, by_name=spark is not None)]
     found: dict[str, MergeLookup] = {}
     pending: list[tuple[str, _Pending]] = []
@@ -170,7 +168,8 @@ def _look_up(
             run_id=run_id,
         )
 
-    with ThreadPoolExecutor(max_workers=max(1, min(PLANNING_THREADS, len(wanted))), thread_name_prefix="lakesink-lookup") as pool:
+    threads = seam_threads.unit_threads([r.table for r in wanted])
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(wanted))), thread_name_prefix="lakesink-lookup") as pool:
         futures = [(r.table_name, pool.submit(plan, r)) for r in wanted]
         for name, future in futures:
             try:

@@ -273,6 +273,8 @@ COMMIT_TOTAL_TIMEOUT_MS = "commit.retry.total-timeout-ms"
 COMMIT_TOTAL_TIMEOUT_MS_DEFAULT = 1_800_000
 
 # column metrics (pyiceberg reads them; lakesink adds Java's inferred-column limit, lakesink._pyiceberg.io)
+METRICS_PREFIX = "write.metadata.metrics."
+"""Every metrics property starts so (the statistics plan is kept per schema and these properties alone)."""
 METRICS_DEFAULT = "write.metadata.metrics.default"
 METRICS_COLUMN_PREFIX = "write.metadata.metrics.column."
 METRICS_MAX_INFERRED = "write.metadata.metrics.max-inferred-column-defaults"

@@ -70,18 +70,22 @@ from lakesink._pyiceberg.io.reads import (
     snapshot_has_delete_files,
 )
 from lakesink._pyiceberg.io.schemas import (
+    KEPT_SCHEMAS,
     UnsupportedIcebergType,
     arrow_schema,
     file_schema,
     iceberg_type,
     new_table_schema,
     project_batch,
+    schema_key,
+    schema_of_key,
     stream_schema,
     with_small_types,
 )
 
 __all__ = [
     "FILE_PATH_ID",
+    "KEPT_SCHEMAS",
     "POS_ID",
     "UnsupportedIcebergType",
     "added_data_file_paths",
@@ -131,6 +135,8 @@ __all__ = [
     "read_table_metadata",
     "records_bounds",
     "scan_files",
+    "schema_key",
+    "schema_of_key",
     "snapshot_manifests",
     "snapshot_has_delete_files",
     "stream_schema",

@@ -4,6 +4,7 @@ Java's inferred-column limit), data file locations (pyiceberg's location provide
 
 from __future__ import annotations
 
+import functools
 import uuid as uuid_module
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -25,13 +26,14 @@ from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.types import PrimitiveType
 
-from lakesink._pyiceberg.io.schemas import arrow_schema, file_schema
+from lakesink._pyiceberg.io.schemas import KEPT_SCHEMAS, arrow_schema, file_schema, schema_key, schema_of_key
 from lakesink.errors import PROGRAMMING_ERRORS, InvalidOptionError
 from lakesink.table.keys import (
     METRICS_COLUMN_PREFIX,
     METRICS_DEFAULT,
     METRICS_MAX_INFERRED,
     METRICS_MAX_INFERRED_DEFAULT,
+    METRICS_PREFIX,
 )
 from lakesink.table.keys import METRICS_MODE_DEFAULT as _METRICS_DEFAULT_MODE
 from lakesink.table.keys import ROW_GROUP_BYTES as ROW_GROUP_SIZE_BYTES
@@ -49,7 +51,7 @@ def check_write_properties(table_name: str, schema: Schema, table_properties: Ma
     driver, so that a bad value fails the batch before any task runs, naming the table (not on an executor)."""
     try:
         parquet_writer_options(table_properties)
-        compute_statistics_plan(schema, metrics_properties(schema, table_properties))
+        _statistics_plan(schema, table_properties)
     except PROGRAMMING_ERRORS:
         raise
     except Exception as e:
@@ -62,7 +64,7 @@ def check_write_properties(table_name: str, schema: Schema, table_properties: Ma
 def records_bounds(schema: Schema, table_properties: Mapping[str, str], field_id: int) -> bool:
     """Whether the files lakesink writes record lower and upper bounds of field ``field_id`` (its metrics mode is
     ``truncate(n)`` or ``full``, not ``none`` or ``counts``)."""
-    plan = compute_statistics_plan(schema, metrics_properties(schema, table_properties))
+    plan, _ = _statistics_plan(schema, table_properties)
     column = plan.get(field_id)
     return column is not None and column.mode.type.name in ("TRUNCATE", "FULL")
 
@@ -76,11 +78,26 @@ def bound_value(statistics: Mapping[str, Any], field_id: int, iceberg_type: Prim
 
 def file_statistics(metadata: pq.FileMetaData, schema: Schema, table_properties: Mapping[str, str]) -> dict[str, Any]:
     """Iceberg column statistics of a written Parquet file, as plain picklable values."""
-    plan = compute_statistics_plan(schema, metrics_properties(schema, table_properties))
+    plan, columns = _statistics_plan(schema, table_properties)
     stats = data_file_statistics_from_parquet_metadata(
-        parquet_metadata=metadata, stats_columns=plan, parquet_column_mapping=parquet_path_to_id_mapping(schema)
+        parquet_metadata=metadata, stats_columns=plan, parquet_column_mapping=columns
     )
     return without_sizes_of_unmeasured_columns(dict(stats.to_serialized_dict()), plan)
+
+
+def _statistics_plan(schema: Schema, table_properties: Mapping[str, str]) -> tuple[dict[int, Any], dict[str, int]]:
+    """pyiceberg's statistics plan of ``schema`` under the table's metrics properties, and its Parquet column paths'
+    field ids; kept per schema and metrics properties (:mod:`lakesink._pyiceberg.io.schemas`: the others change with
+    every commit of a table with state, its state file's name). Read only by the callers."""
+    metrics = tuple(sorted((k, v) for k, v in table_properties.items() if k.startswith(METRICS_PREFIX)))
+    return _kept_statistics_plan(schema_key(schema), metrics)
+
+
+@functools.lru_cache(maxsize=KEPT_SCHEMAS)
+def _kept_statistics_plan(key: str, properties: tuple[tuple[str, str], ...]) -> tuple[dict[int, Any], dict[str, int]]:
+    schema = schema_of_key(key)
+    plan = compute_statistics_plan(schema, metrics_properties(schema, dict(properties)))
+    return plan, parquet_path_to_id_mapping(schema)
 
 
 def new_data_location(

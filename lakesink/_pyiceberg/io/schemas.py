@@ -1,10 +1,18 @@
 """The table's schema as data files are written with it, the stream's schemas and batches projected onto it (field
 ids, allowed promotions, nulls kept), and Arrow types as Iceberg types: what lakesink uses of pyiceberg's
 ``io.pyarrow`` schema visitors.
+
+The conversions a writer makes of a table's schema (its file schema, Arrow schema, the stream's schema with its ids,
+the statistics plan: :mod:`lakesink._pyiceberg.io.parquet`) are computed once per process and kept, keyed by the
+schema's Iceberg JSON (:func:`schema_key`: ids, names, types, nullability, docs, defaults, identifier fields -- all of
+it). A routed batch of a hundred small tables converted a hundred schemas four or five times over, every batch: a third
+of the driver's write. The kept value is computed from the key alone (the schema parsed back from it), so it cannot
+answer for a schema other than the one its key spells.
 """
 
 from __future__ import annotations
 
+import functools
 import traceback
 from typing import Any
 
@@ -25,15 +33,39 @@ from pyiceberg.types import IcebergType, ListType, MapType, NestedField
 
 _PARQUET = ParquetFormatModel()
 
+KEPT_SCHEMAS = 2048
+"""Conversions kept per kind (an LRU): more than the tables a routed stream writes, each a few KB."""
+
+
+def schema_key(schema: Schema) -> str:
+    """An exact identity of ``schema``: its Iceberg JSON (what the table's metadata stores of it)."""
+    return schema.model_dump_json()
+
+
+def schema_of_key(key: str) -> Schema:
+    return Schema.model_validate_json(key)
+
 
 def file_schema(table_schema: Schema) -> Schema:
     """The schema data files are written with (pyiceberg sanitizes column names that Avro cannot hold)."""
-    return sanitize_column_names(table_schema)
+    return _file_schema(schema_key(table_schema))
+
+
+@functools.lru_cache(maxsize=KEPT_SCHEMAS)
+def _file_schema(key: str) -> Schema:
+    return sanitize_column_names(schema_of_key(key))
 
 
 def stream_schema(arrow_schema: pa.Schema, table_schema: Schema) -> Schema:
     """The stream's schema with the table's field ids, matched by column name."""
-    return pyarrow_to_schema(arrow_schema, name_mapping=table_schema.name_mapping)
+    # the Arrow schema's IPC bytes: field metadata (Parquet field ids) included, which pa.Schema's == ignores
+    return _stream_schema(arrow_schema.serialize().to_pybytes(), schema_key(table_schema))
+
+
+@functools.lru_cache(maxsize=KEPT_SCHEMAS)
+def _stream_schema(arrow_bytes: bytes, key: str) -> Schema:
+    arrow = pa.ipc.read_schema(pa.py_buffer(arrow_bytes))
+    return pyarrow_to_schema(arrow, name_mapping=schema_of_key(key).name_mapping)
 
 
 def project_batch(batch: pa.RecordBatch, *, target: Schema, source: Schema) -> pa.RecordBatch:
@@ -131,7 +163,12 @@ def new_table_schema(stream: pa.Schema) -> Schema:
 
 
 def arrow_schema(schema: Schema) -> pa.Schema:
-    return schema_to_pyarrow(schema, include_field_ids=True)
+    return _arrow_schema(schema_key(schema))
+
+
+@functools.lru_cache(maxsize=KEPT_SCHEMAS)
+def _arrow_schema(key: str) -> pa.Schema:
+    return schema_to_pyarrow(schema_of_key(key), include_field_ids=True)
 
 
 def with_small_types(rows: pa.Table) -> pa.Table:
