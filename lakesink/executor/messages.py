@@ -9,7 +9,6 @@ tasks: lakesink.executor.row_digest).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
@@ -30,10 +29,9 @@ from lakesink.table.settings import TableSettings
 def schema_digest(schema: Schema) -> str:
     """A short digest of a schema's fields and field ids (not of its schema id): two schemas with the same
     digest write and read Parquet files identically. Kept per schema, by its exact JSON (lakesink._pyiceberg.io.schemas)."""
-    return _schema_digest(seam.schema_key(schema))
+    return seam.kept_conversion("digest", (seam.schema_key(schema),), _schema_digest)
 
 
-@functools.lru_cache(maxsize=seam.KEPT_SCHEMAS)
 def _schema_digest(key: str) -> str:
     schema = seam.schema_of_key(key)
     canonical = Schema(*schema.fields, identifier_field_ids=schema.identifier_field_ids, schema_id=0).model_dump_json()

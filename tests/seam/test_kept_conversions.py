@@ -6,6 +6,7 @@ ids, the table's metrics properties)."""
 from __future__ import annotations
 
 import hashlib
+import tracemalloc
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,6 +28,7 @@ from pyiceberg.types import (
 )
 
 from lakesink._pyiceberg import io as seam
+from lakesink._pyiceberg.io import kept as kept_store
 from lakesink._pyiceberg.io import parquet as seam_parquet
 from lakesink.executor.messages import schema_digest
 from lakesink.table.keys import METRICS_PREFIX
@@ -178,3 +180,33 @@ def test_the_statistics_plan_reads_only_the_metrics_properties() -> None:
     first = seam_parquet._statistics_plan(schema, {"lakesink.state-file": "a.puffin"})
     assert seam_parquet._statistics_plan(schema, {"lakesink.state-file": "b.puffin"}) is first  # kept
     assert seam_parquet._statistics_plan(schema, {"write.metadata.metrics.default": "counts"}) is not first
+
+
+@pytest.mark.parametrize("kind", ["file-schema", "stream-schema", "arrow-schema", "statistics-plan", "digest"])
+def test_a_kept_conversion_is_charged_at_least_the_memory_it_holds(kind: str) -> None:
+    """What a process keeps is bounded by lakesink._pyiceberg.io.kept.KEPT_BYTES: each conversion of a wide schema must
+    be charged at least what it holds, or a stream of many wide tables would keep more than the bound says."""
+    convert = {
+        "file-schema": seam.file_schema,
+        "stream-schema": lambda s: seam.stream_schema(pa.schema([pa.field(f.name, pa.string()) for f in s.fields]), s),
+        "arrow-schema": seam.arrow_schema,
+        "statistics-plan": lambda s: seam_parquet._statistics_plan(s, {}),
+        "digest": schema_digest,
+    }[kind]
+    schemas = [
+        Schema(*[NestedField(j + 1, f"{kind}_{i}_{j}", [StringType(), LongType()][j % 2], required=False) for j in range(1000)])
+        for i in range(3)
+    ]
+    stream_bytes = [len(pa.schema([pa.field(f.name, pa.string()) for f in s.fields]).serialize()) for s in schemas]
+    kept_store._kept.clear()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for s in schemas:
+            convert(s)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    charged = kept_store._kept.currsize
+    assert len(kept_store._kept) == len(schemas), kind  # each conversion kept once
+    assert held <= charged, (kind, held, charged, stream_bytes)

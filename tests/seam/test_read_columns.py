@@ -25,6 +25,7 @@ from pyiceberg.types import (
 
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg.io import deletes as seam_deletes
+from lakesink._pyiceberg.io import kept as kept_store
 from lakesink._pyiceberg.io import reads
 
 SCHEMA = Schema(
@@ -91,7 +92,7 @@ def test_a_lookups_columns_read_as_pyicebergs_scan_reads_them_before_and_after_s
         return scan(table_, data_file, schema_)
 
     monkeypatch.setattr(reads, "read_data_file", counted)
-    reads._kept.clear()  # what the reads above kept (each file's contents are kept: the test after this one)
+    kept_store._kept.clear()  # what the reads above kept (each file's contents are kept: the test after this one)
     for data_file in (old, new):
         for names in reads_:
             seam.read_columns(table, data_file, schema.select(*names))
@@ -129,7 +130,7 @@ def test_a_files_contents_are_kept_between_reads_and_read_again_when_asked_diffe
     table.append(_rows([4, 5]).cast(table.schema().as_arrow()))
     first, second = sorted(seam.live_data_files(table, "main"), key=lambda f: f.record_count, reverse=True)
     opened, counted = _opened(table, monkeypatch)
-    reads._kept.clear()
+    kept_store._kept.clear()
     wanted = table.schema().select("id", "name")
     once = seam.read_columns(table, first, wanted)
     again = seam.read_columns(table, first, wanted)
@@ -171,7 +172,7 @@ def test_live_entries_kept_are_the_live_entries_after_every_commit(catalog: Any,
     after appends, a delete that rewrites a file and an overwrite -- new manifests are read, removed files are gone."""
     catalog.create_namespace_if_not_exists(("db",))
     table = catalog.create_table(("db", "entries"), schema=SCHEMA)
-    reads._kept.clear()
+    kept_store._kept.clear()
     decoded: list[str] = []
     entries_of = seam.manifest_entries
 
@@ -222,7 +223,7 @@ def test_a_delete_file_this_process_wrote_for_its_lookup_is_kept_as_reading_it_b
     table.append(_rows([1, 2, 3, 4]).cast(table.schema().as_arrow()))
     table.append(_rows([5, 6]).cast(table.schema().as_arrow()))
     first, second = sorted(seam.live_data_files(table, "main"), key=lambda f: f.record_count, reverse=True)
-    reads._kept.clear()
+    kept_store._kept.clear()
     writer = PositionDeleteWriter(TaskIds("q", 7, 0, 0, None), {"db.written": delete_target(table)}, keep=keep)
     writer.add("db.written", [first.file_path, second.file_path, first.file_path, first.file_path], [3, 1, 0, 3])
     (result,) = writer.finish()
@@ -237,6 +238,6 @@ def test_a_delete_file_this_process_wrote_for_its_lookup_is_kept_as_reading_it_b
     opened, _ = _opened(table, monkeypatch)
     kept = {p: a.to_pylist() for p, a in seam.deleted_positions(table.io, entry).items()}
     assert opened == ([] if keep else [written.path])
-    reads._kept.clear()
+    kept_store._kept.clear()
     read_back = {p: a.to_pylist() for p, a in seam.deleted_positions(table.io, entry).items()}
     assert kept == read_back == {first.file_path: [0, 3], second.file_path: [1]}

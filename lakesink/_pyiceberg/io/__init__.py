@@ -70,11 +70,11 @@ from lakesink._pyiceberg.io.reads import (
     snapshot_has_delete_files,
 )
 from lakesink._pyiceberg.io.schemas import (
-    KEPT_SCHEMAS,
     UnsupportedIcebergType,
     arrow_schema,
     file_schema,
     iceberg_type,
+    kept_conversion,
     new_table_schema,
     project_batch,
     schema_key,
@@ -85,7 +85,6 @@ from lakesink._pyiceberg.io.schemas import (
 
 __all__ = [
     "FILE_PATH_ID",
-    "KEPT_SCHEMAS",
     "POS_ID",
     "UnsupportedIcebergType",
     "added_data_file_paths",
@@ -110,6 +109,7 @@ __all__ = [
     "iceberg_type",
     "identity_partition_value",
     "keep_written_positions",
+    "kept_conversion",
     "live_data_files",
     "live_entries",
     "manifest_entries",

@@ -4,7 +4,7 @@ Java's inferred-column limit), data file locations (pyiceberg's location provide
 
 from __future__ import annotations
 
-import functools
+import json
 import uuid as uuid_module
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -26,7 +26,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.types import PrimitiveType
 
-from lakesink._pyiceberg.io.schemas import KEPT_SCHEMAS, arrow_schema, file_schema, schema_key, schema_of_key
+from lakesink._pyiceberg.io.schemas import arrow_schema, file_schema, kept_conversion, schema_key, schema_of_key
 from lakesink.errors import PROGRAMMING_ERRORS, InvalidOptionError
 from lakesink.table.keys import (
     METRICS_COLUMN_PREFIX,
@@ -89,14 +89,13 @@ def _statistics_plan(schema: Schema, table_properties: Mapping[str, str]) -> tup
     """pyiceberg's statistics plan of ``schema`` under the table's metrics properties, and its Parquet column paths'
     field ids; kept per schema and metrics properties (:mod:`lakesink._pyiceberg.io.schemas`: the others change with
     every commit of a table with state, its state file's name). Read only by the callers."""
-    metrics = tuple(sorted((k, v) for k, v in table_properties.items() if k.startswith(METRICS_PREFIX)))
-    return _kept_statistics_plan(schema_key(schema), metrics)
+    metrics = sorted((k, v) for k, v in table_properties.items() if k.startswith(METRICS_PREFIX))
+    return kept_conversion("statistics-plan", (schema_key(schema), json.dumps(metrics)), _plan_of)
 
 
-@functools.lru_cache(maxsize=KEPT_SCHEMAS)
-def _kept_statistics_plan(key: str, properties: tuple[tuple[str, str], ...]) -> tuple[dict[int, Any], dict[str, int]]:
+def _plan_of(key: str, metrics: str) -> tuple[dict[int, Any], dict[str, int]]:
     schema = schema_of_key(key)
-    plan = compute_statistics_plan(schema, metrics_properties(schema, dict(properties)))
+    plan = compute_statistics_plan(schema, metrics_properties(schema, dict(json.loads(metrics))))
     return plan, parquet_path_to_id_mapping(schema)
 
 

@@ -2,20 +2,18 @@
 entries a snapshot wrote, the files snapshots reach, another table's metadata files.
 
 What a merge-on-read lookup reads of a file -- a data file's key columns, a position delete file's positions, a
-manifest's live entries -- is kept between batches (:data:`KEPT_BYTES`): Iceberg never changes a file once written (a
-new name for new contents), so a file's contents, named by its location and size, are the same at every read, and a
-batch of a hundred small tables reads only the files the last batch added instead of every live one again.
+manifest's live entries -- is kept between batches (lakesink._pyiceberg.io.kept): Iceberg never changes a file once
+written (a new name for new contents), so a file's contents, named by its location and size, are the same at every
+read, and a batch of a hundred small tables reads only the files the last batch added instead of every live one again.
 """
 
 from __future__ import annotations
 
 import functools
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any
 
-import cachetools
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
@@ -28,6 +26,7 @@ from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import NestedField, PrimitiveType
 
+from lakesink._pyiceberg.io import kept
 from lakesink._pyiceberg.io.deletes import positions_by_file, read_position_deletes, sorted_positions
 from lakesink._pyiceberg.io.metadata import manifest_entries, snapshot_manifests
 from lakesink._pyiceberg.io.schemas import with_small_types
@@ -46,7 +45,8 @@ def live_entries(table: Table, branch: str, *, kept: bool = False) -> list[Manif
     return [e for m in manifests for e in _kept_live_entries(table.io, m)]
 
 
-#: A manifest entry's share of :data:`KEPT_BYTES` (a decoded entry with its data file's bounds: about a kilobyte)
+#: A manifest entry's share of lakesink._pyiceberg.io.kept.KEPT_BYTES (a decoded entry with its data file's bounds: about
+#: a kilobyte)
 _ENTRY_BYTES = 2048
 
 
@@ -61,7 +61,7 @@ def _kept_live_entries(io: FileIO, manifest: ManifestFile) -> tuple[ManifestEntr
         manifest.min_sequence_number,
         manifest.partition_spec_id,
     )
-    return _keep(
+    return kept.keep(
         key,
         lambda: tuple(manifest_entries(manifest, io, discard_deleted=True)),
         lambda entries: max(1, len(entries)) * _ENTRY_BYTES,
@@ -139,35 +139,6 @@ def read_data_file(table: Table, data_file: DataFile, schema: Schema | None = No
     return ArrowScan(table.metadata, table.io, schema or table.schema(), AlwaysTrue()).to_table([task])
 
 
-#: How many bytes of files' contents this process keeps between batches (:func:`read_columns`,
-#: :func:`deleted_positions`), the least recently read dropped first.
-KEPT_BYTES = 128 * 1024 * 1024
-
-_kept: cachetools.LRUCache[tuple[Any, ...], tuple[Any, int]] = cachetools.LRUCache(
-    maxsize=KEPT_BYTES, getsizeof=lambda held: held[1]
-)
-_kept_lock = threading.Lock()
-_T = TypeVar("_T")
-
-
-def _keep(key: tuple[Any, ...], read: Callable[[], _T], size: Callable[[_T], int]) -> _T:
-    """``read()``, or what it returned for ``key`` before (a file's contents: the key names the file by its location and
-    size). Two threads may read one file at once; both get equal contents."""
-    with _kept_lock:
-        held = _kept.get(key)
-    if held is not None:
-        return held[0]  # type: ignore[no-any-return]
-    value = read()
-    _hold(key, value, size(value))
-    return value
-
-
-def _hold(key: tuple[Any, ...], value: Any, nbytes: int) -> None:
-    if nbytes <= KEPT_BYTES // 8:  # one huge file does not push every other out
-        with _kept_lock:
-            _kept[key] = (value, nbytes)
-
-
 def read_columns(table: Table, data_file: DataFile, schema: Schema) -> pa.Table:
     """``with_small_types(read_data_file(table, data_file, schema))`` for a few top-level primitive columns (a lookup's key
     and order-by columns of many small files), read as the file stores them: by field id, without converting the file's
@@ -177,7 +148,7 @@ def read_columns(table: Table, data_file: DataFile, schema: Schema) -> pa.Table:
     read by :func:`read_data_file`, as before. Kept between calls (the module's docstring): the key names the columns by
     field id, name and type, so a renamed or promoted column is read again."""
     key = ("columns", data_file.file_path, data_file.file_size_in_bytes, tuple(schema.fields))
-    return _keep(key, lambda: _read_columns(table, data_file, schema), lambda rows: rows.nbytes)
+    return kept.keep(key, lambda: _read_columns(table, data_file, schema), lambda rows: rows.nbytes)
 
 
 def _read_columns(table: Table, data_file: DataFile, schema: Schema) -> pa.Table:
@@ -212,7 +183,7 @@ def deleted_positions(io: FileIO, delete_file: DataFile) -> Mapping[str, pa.Arra
     def read() -> Mapping[str, pa.Array]:
         return _positions(read_position_deletes(io, delete_file.file_path))
 
-    return _keep(_positions_key(delete_file.file_path, delete_file.file_size_in_bytes), read, _positions_bytes)
+    return kept.keep(_positions_key(delete_file.file_path, delete_file.file_size_in_bytes), read, _positions_bytes)
 
 
 def keep_written_positions(location: str, size_in_bytes: int, rows: pa.Table) -> None:
@@ -221,7 +192,7 @@ def keep_written_positions(location: str, size_in_bytes: int, rows: pa.Table) ->
     and ``size_in_bytes`` as its manifest entry will name it): the next batch's lookup in this process finds them as
     :func:`deleted_positions` would read them back, without reading the file."""
     by_file = MappingProxyType(positions_by_file(rows))
-    _hold(_positions_key(location, size_in_bytes), by_file, _positions_bytes(by_file))
+    kept.hold(_positions_key(location, size_in_bytes), by_file, _positions_bytes(by_file))
 
 
 def _positions(rows: pa.Table) -> Mapping[str, pa.Array]:

@@ -3,18 +3,18 @@ ids, allowed promotions, nulls kept), and Arrow types as Iceberg types: what lak
 ``io.pyarrow`` schema visitors.
 
 The conversions a writer makes of a table's schema (its file schema, Arrow schema, the stream's schema with its ids,
-the statistics plan: :mod:`lakesink._pyiceberg.io.parquet`) are computed once per process and kept, keyed by the
-schema's Iceberg JSON (:func:`schema_key`: ids, names, types, nullability, docs, defaults, identifier fields -- all of
-it). A routed batch of a hundred small tables converted a hundred schemas four or five times over, every batch: a third
-of the driver's write. The kept value is computed from the key alone (the schema parsed back from it), so it cannot
-answer for a schema other than the one its key spells.
+the statistics plan: :mod:`lakesink._pyiceberg.io.parquet`) are computed once per process and kept
+(:func:`kept_conversion`), keyed by the schema's Iceberg JSON (:func:`schema_key`: ids, names, types, nullability,
+docs, defaults, identifier fields -- all of it). A routed batch of a hundred small tables converted a hundred schemas
+four or five times over, every batch: a third of the driver's write. The kept value is computed from the key alone (the
+schema parsed back from it), so it cannot answer for a schema other than the one its key spells.
 """
 
 from __future__ import annotations
 
-import functools
 import traceback
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,10 +31,15 @@ from pyiceberg.io.pyarrow import (
 from pyiceberg.schema import Schema, assign_fresh_schema_ids, sanitize_column_names, visit_with_partner
 from pyiceberg.types import IcebergType, ListType, MapType, NestedField
 
+from lakesink._pyiceberg.io import kept
+
 _PARQUET = ParquetFormatModel()
 
-KEPT_SCHEMAS = 2048
-"""Conversions kept per kind (an LRU): more than the tables a routed stream writes, each a few KB."""
+#: A kept conversion's share of lakesink._pyiceberg.io.kept.KEPT_BYTES per byte of its key (measured with tracemalloc,
+#: tests/seam/test_kept_conversions.py: a 1,000-column schema's file or stream schema holds about 20x the bytes of its
+#: JSON, its Arrow schema, statistics plan and digest less)
+_BYTES_PER_KEY_BYTE = 32
+_T = TypeVar("_T")
 
 
 def schema_key(schema: Schema) -> str:
@@ -46,23 +51,24 @@ def schema_of_key(key: str) -> Schema:
     return Schema.model_validate_json(key)
 
 
+def kept_conversion(kind: str, key: tuple[str | bytes, ...], convert: Callable[..., _T]) -> _T:
+    """``convert(*key)``, kept in this process (lakesink._pyiceberg.io.kept) under ``kind`` and ``key``: made from the
+    key alone, so it answers only for what the key spells."""
+    size = _BYTES_PER_KEY_BYTE * sum(len(part) for part in key)
+    return kept.keep(("conversion", kind, *key), lambda: convert(*key), lambda _: size)
+
+
 def file_schema(table_schema: Schema) -> Schema:
     """The schema data files are written with (pyiceberg sanitizes column names that Avro cannot hold)."""
-    return _file_schema(schema_key(table_schema))
-
-
-@functools.lru_cache(maxsize=KEPT_SCHEMAS)
-def _file_schema(key: str) -> Schema:
-    return sanitize_column_names(schema_of_key(key))
+    return kept_conversion("file-schema", (schema_key(table_schema),), lambda key: sanitize_column_names(schema_of_key(key)))
 
 
 def stream_schema(arrow_schema: pa.Schema, table_schema: Schema) -> Schema:
     """The stream's schema with the table's field ids, matched by column name."""
     # the Arrow schema's IPC bytes: field metadata (Parquet field ids) included, which pa.Schema's == ignores
-    return _stream_schema(arrow_schema.serialize().to_pybytes(), schema_key(table_schema))
+    return kept_conversion("stream-schema", (arrow_schema.serialize().to_pybytes(), schema_key(table_schema)), _stream_schema)
 
 
-@functools.lru_cache(maxsize=KEPT_SCHEMAS)
 def _stream_schema(arrow_bytes: bytes, key: str) -> Schema:
     arrow = pa.ipc.read_schema(pa.py_buffer(arrow_bytes))
     return pyarrow_to_schema(arrow, name_mapping=schema_of_key(key).name_mapping)
@@ -163,12 +169,9 @@ def new_table_schema(stream: pa.Schema) -> Schema:
 
 
 def arrow_schema(schema: Schema) -> pa.Schema:
-    return _arrow_schema(schema_key(schema))
-
-
-@functools.lru_cache(maxsize=KEPT_SCHEMAS)
-def _arrow_schema(key: str) -> pa.Schema:
-    return schema_to_pyarrow(schema_of_key(key), include_field_ids=True)
+    return kept_conversion(
+        "arrow-schema", (schema_key(schema),), lambda key: schema_to_pyarrow(schema_of_key(key), include_field_ids=True)
+    )
 
 
 def with_small_types(rows: pa.Table) -> pa.Table:
