@@ -20,7 +20,6 @@ from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
 from pyspark.sql.datasource import WriterCommitMessage
 
-from lakesink._pyiceberg import io as seam
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.table import names
 from lakesink.table.settings import TableSettings
@@ -28,12 +27,7 @@ from lakesink.table.settings import TableSettings
 
 def schema_digest(schema: Schema) -> str:
     """A short digest of a schema's fields and field ids (not of its schema id): two schemas with the same
-    digest write and read Parquet files identically. Kept per schema, by its exact JSON (lakesink._pyiceberg.io.schemas)."""
-    return seam.kept_conversion("digest", (seam.schema_key(schema),), _schema_digest)
-
-
-def _schema_digest(key: str) -> str:
-    schema = seam.schema_of_key(key)
+    digest write and read Parquet files identically."""
     canonical = Schema(*schema.fields, identifier_field_ids=schema.identifier_field_ids, schema_id=0).model_dump_json()
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
 

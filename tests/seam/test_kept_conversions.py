@@ -5,8 +5,8 @@ ids, the table's metrics properties)."""
 
 from __future__ import annotations
 
-import hashlib
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -30,7 +30,6 @@ from pyiceberg.types import (
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg.io import kept as kept_store
 from lakesink._pyiceberg.io import parquet as seam_parquet
-from lakesink.executor.messages import schema_digest
 from lakesink.table.keys import METRICS_PREFIX
 
 AMOUNT = DecimalType(10, 2)
@@ -82,11 +81,6 @@ VARIANTS = {
 }
 
 
-def _old_digest(schema: Schema) -> str:
-    canonical = Schema(*schema.fields, identifier_field_ids=schema.identifier_field_ids, schema_id=0).model_dump_json()
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
-
-
 @pytest.mark.parametrize("order", [list(VARIANTS), list(reversed(VARIANTS))], ids=["forward", "backward"])
 def test_each_kept_conversion_is_pyiceberg_s_for_the_schema_asked_about(order: list[str]) -> None:
     for variant in order:
@@ -96,7 +90,6 @@ def test_each_kept_conversion_is_pyiceberg_s_for_the_schema_asked_about(order: l
             assert files.model_dump_json() == sanitize_column_names(schema).model_dump_json(), variant
             arrow = seam.arrow_schema(schema)
             assert arrow.equals(schema_to_pyarrow(schema, include_field_ids=True), check_metadata=True), variant
-            assert schema_digest(schema) == _old_digest(schema), variant
             stream = pa.schema([f.remove_metadata() for f in schema_to_pyarrow(schema, include_field_ids=False)])
             assert (
                 seam.stream_schema(stream, schema).model_dump_json()
@@ -105,10 +98,9 @@ def test_each_kept_conversion_is_pyiceberg_s_for_the_schema_asked_about(order: l
 
 
 def test_the_variants_differ_where_the_conversions_must() -> None:
-    """The test above cannot pass by every variant converting alike: their keys and digests all differ, and so do
+    """The test above cannot pass by every variant converting alike: their keys all differ, and so do
     their file schemas, but for the defaults (pyiceberg's sanitizing visitor rebuilds each field without them)."""
     assert len({seam.schema_key(s) for s in VARIANTS.values()}) == len(VARIANTS)
-    assert len({schema_digest(s) for s in VARIANTS.values()}) == len(VARIANTS)
     files = {v: seam.file_schema(s).model_dump_json() for v, s in VARIANTS.items()}
     assert files["default"] == files["base"]
     assert len({files[v] for v in VARIANTS if v != "default"}) == len(VARIANTS) - 1
@@ -182,17 +174,16 @@ def test_the_statistics_plan_reads_only_the_metrics_properties() -> None:
     assert seam_parquet._statistics_plan(schema, {"write.metadata.metrics.default": "counts"}) is not first
 
 
-@pytest.mark.parametrize("kind", ["file-schema", "stream-schema", "arrow-schema", "statistics-plan", "digest"])
+@pytest.mark.parametrize("kind", ["file-schema", "stream-schema", "arrow-schema", "statistics-plan"])
 def test_a_kept_conversion_is_charged_at_least_the_memory_it_holds(kind: str) -> None:
     """What a process keeps is bounded by lakesink._pyiceberg.io.kept.KEPT_BYTES: each conversion of a wide schema must
     be charged at least what it holds, or a stream of many wide tables would keep more than the bound says."""
-    convert = {
+    convert: dict[str, Callable[[Schema], object]] = {
         "file-schema": seam.file_schema,
         "stream-schema": lambda s: seam.stream_schema(pa.schema([pa.field(f.name, pa.string()) for f in s.fields]), s),
         "arrow-schema": seam.arrow_schema,
         "statistics-plan": lambda s: seam_parquet._statistics_plan(s, {}),
-        "digest": schema_digest,
-    }[kind]
+    }
     schemas = [
         Schema(*[NestedField(j + 1, f"{kind}_{i}_{j}", [StringType(), LongType()][j % 2], required=False) for j in range(1000)])
         for i in range(3)
@@ -203,7 +194,7 @@ def test_a_kept_conversion_is_charged_at_least_the_memory_it_holds(kind: str) ->
     try:
         before = tracemalloc.get_traced_memory()[0]
         for s in schemas:
-            convert(s)
+            convert[kind](s)
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()

@@ -37,7 +37,7 @@ _PARQUET = ParquetFormatModel()
 
 #: A kept conversion's share of lakesink._pyiceberg.io.kept.KEPT_BYTES per byte of its key (measured with tracemalloc,
 #: tests/seam/test_kept_conversions.py: a 1,000-column schema's file or stream schema holds about 20x the bytes of its
-#: JSON, its Arrow schema, statistics plan and digest less)
+#: JSON, its Arrow schema and statistics plan less)
 _BYTES_PER_KEY_BYTE = 32
 _T = TypeVar("_T")
 
