@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,12 @@ REQUIREMENTS = ("pyspark==3.5.8", "snowpark-connect-deps-iceberg==1.0.1")
 JDBC_JARS = {"postgresql": "/usr/share/java/postgresql.jar", "sqlite": "/usr/share/java/sqlite-jdbc.jar"}
 JDBC_PACKAGES = {"postgresql": "libpostgresql-jdbc-java", "sqlite": "libxerial-sqlite-jdbc-java"}
 EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+
+
+#: The longest one answer of the engine may take (its start included) before the engine is killed and the statement
+#: reported: a hung JVM fails its test with the statement's text instead of holding the suite until CI's limit. The
+#: slowest statement measured (the benchmarks' MERGE INTO at toy size, loaded machine) takes well under a minute.
+ANSWER_SECONDS = 300
 
 
 class JavaEngineUnavailable(RuntimeError):
@@ -134,22 +141,38 @@ class JavaEngine:
             env=env,
             cwd="/tmp",
         )
-        ready = self._answer()
+        ready = self._answer("(the engine's start)")
         if not ready.get("ready"):
             raise JavaEngineUnavailable(f"the Java engine did not start: {ready}")
 
-    def _answer(self) -> dict[str, Any]:
+    def _answer(self, waiting_for: str) -> dict[str, Any]:
+        """The engine's next answer line; past :data:`ANSWER_SECONDS` the engine is killed and the wait fails naming
+        ``waiting_for``."""
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
+        expired = threading.Event()
+
+        def kill() -> None:
+            expired.set()
+            self.proc.kill()
+
+        watchdog = threading.Timer(ANSWER_SECONDS, kill)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            line = self.proc.stdout.readline()
+        finally:
+            watchdog.cancel()
+        if expired.is_set():
+            raise JavaEngineUnavailable(f"the Java engine gave no answer in {ANSWER_SECONDS} s to {waiting_for}: killed")
         if not line:
-            raise JavaEngineUnavailable(f"the Java engine exited (code {self.proc.wait()})")
+            raise JavaEngineUnavailable(f"the Java engine exited (code {self.proc.wait()}) before answering {waiting_for}")
         return json.loads(line)  # type: ignore[no-any-return]
 
     def _send(self, sql: str, parquet: str | None) -> dict[str, Any]:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"sql": sql, "parquet": parquet}) + "\n")
         self.proc.stdin.flush()
-        return self._answer()
+        return self._answer(repr(sql))
 
     def sql(self, sql: str) -> list[list[Any]]:
         """Rows of ``sql`` (values made JSON-safe); an engine error raises AssertionError with its message."""
