@@ -43,7 +43,7 @@ def test_a_bug_in_a_catalog_implementation_is_not_reported_as_a_catalog_error(tm
 
 
 def test_a_bug_while_checking_table_properties_is_not_an_invalid_option(monkeypatch: pytest.MonkeyPatch) -> None:
-    # a schema no other test converts: its statistics plan is not kept yet (lakesink._pyiceberg.io.kept), so the check
+    # a schema no other test converts: its statistics plan is not kept yet (lakesink.table.kept), so the check
     # below calls pyiceberg's (patched) plan instead of answering from what an earlier test in this process kept
     schema = Schema(NestedField(1, "id_of_test_a_bug_while_checking_table_properties", LongType(), required=False))
     with pytest.raises(InvalidOptionError, match="table property lakesink's writer cannot use"):

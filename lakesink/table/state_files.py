@@ -36,9 +36,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 from pyiceberg.table.statistics import StatisticsFile
 
+from lakesink.table import kept
 from lakesink.errors import LakesinkError
 from lakesink.table import names, storage
 from lakesink.table.keys import PROPERTY_CDC_HELD_PREFIX, PROPERTY_STATE_FILE, PROPERTY_UPSERT_ORDER_FILE
@@ -228,20 +230,42 @@ def _bytes(table: Table, path: str) -> bytes:
         return found
 
 
-def read_parquet(tables: Iterable[Table], path: str) -> pa.Table:
-    """The state file ``path`` (an order file, a held file) as Arrow, from the file, else from the copy a state file of
-    ``tables`` holds. FileNotFoundError when neither is there."""
-    tables = list(tables)
-    if not tables:
-        raise FileNotFoundError(path)
+def write_parquet(io: FileIO, path: str, rows: pa.Table) -> None:
+    """Write the state file ``path`` (an order file, a held file: a name no attempt wrote before, so a collision fails
+    loudly instead of replacing another attempt's file) and keep what it holds for this process's next
+    :func:`read_parquet` of it: the next batch reads the file this one wrote. Only flat rows are kept (no nested
+    column): Parquet reads a flat table back equal to the one written, schema and metadata included, while it names a
+    nested type's children its own way."""
+    out = pa.BufferOutputStream()
+    pq.write_table(rows, out)
+    data = out.getvalue()
+    with io.new_output(path).create(overwrite=False) as stream:
+        stream.write(data)
+    if not any(pa.types.is_nested(f.type) or pa.types.is_dictionary(f.type) for f in rows.schema):
+        kept.hold(_kept_key(path, data.size), rows, rows.nbytes)
+
+
+def read_parquet(io: FileIO, tables: Iterable[Table], path: str) -> pa.Table:
+    """The state file ``path`` (an order file, a held file) as Arrow: as this process wrote it (:func:`write_parquet`,
+    the file there with the size written), else from the file, else from the copy a state file of ``tables`` holds.
+    FileNotFoundError when neither is there."""
     try:
-        with tables[0].io.new_input(path).open() as stream:
-            return pq.read_table(stream)
+        size = len(io.new_input(path))
+        return kept.keep(_kept_key(path, size), lambda: _read(io, path), lambda rows: rows.nbytes)
     except FileNotFoundError:
         found = from_state_files(tables, path)
         if found is None:
             raise
         return pq.read_table(_io.BytesIO(found))
+
+
+def _read(io: FileIO, path: str) -> pa.Table:
+    with io.new_input(path).open() as stream:
+        return pq.read_table(stream)
+
+
+def _kept_key(path: str, size: int) -> tuple[str, str, int]:
+    return ("state-file", path, size)
 
 
 def missing(path: str, tables: Iterable[Table]) -> LakesinkError:

@@ -28,7 +28,7 @@ from pyiceberg.types import (
 )
 
 from lakesink._pyiceberg import io as seam
-from lakesink._pyiceberg.io import kept as kept_store
+from lakesink.table import kept as kept_store
 from lakesink._pyiceberg.io import parquet as seam_parquet
 from lakesink.table.keys import METRICS_PREFIX
 
@@ -176,7 +176,7 @@ def test_the_statistics_plan_reads_only_the_metrics_properties() -> None:
 
 @pytest.mark.parametrize("kind", ["file-schema", "stream-schema", "arrow-schema", "statistics-plan"])
 def test_a_kept_conversion_is_charged_at_least_the_memory_it_holds(kind: str) -> None:
-    """What a process keeps is bounded by lakesink._pyiceberg.io.kept.KEPT_BYTES: each conversion of a wide schema must
+    """What a process keeps is bounded by lakesink.table.kept.KEPT_BYTES: each conversion of a wide schema must
     be charged at least what it holds, or a stream of many wide tables would keep more than the bound says."""
     convert: dict[str, Callable[[Schema], object]] = {
         "file-schema": seam.file_schema,

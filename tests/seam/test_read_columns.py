@@ -25,7 +25,7 @@ from pyiceberg.types import (
 
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg.io import deletes as seam_deletes
-from lakesink._pyiceberg.io import kept as kept_store
+from lakesink.table import kept as kept_store
 from lakesink._pyiceberg.io import reads
 
 SCHEMA = Schema(

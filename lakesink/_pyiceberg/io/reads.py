@@ -2,7 +2,7 @@
 entries a snapshot wrote, the files snapshots reach, another table's metadata files.
 
 What a merge-on-read lookup reads of a file -- a data file's key columns, a position delete file's positions, a
-manifest's live entries -- is kept between batches (lakesink._pyiceberg.io.kept): Iceberg never changes a file once
+manifest's live entries -- is kept between batches (lakesink.table.kept): Iceberg never changes a file once
 written (a new name for new contents), so a file's contents, named by its location and size, are the same at every
 read, and a batch of a hundred small tables reads only the files the last batch added instead of every live one again.
 """
@@ -26,7 +26,7 @@ from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import NestedField, PrimitiveType
 
-from lakesink._pyiceberg.io import kept
+from lakesink.table import kept
 from lakesink._pyiceberg.io.deletes import positions_by_file, read_position_deletes, sorted_positions
 from lakesink._pyiceberg.io.metadata import manifest_entries, snapshot_manifests
 from lakesink._pyiceberg.io.schemas import with_small_types
@@ -45,7 +45,7 @@ def live_entries(table: Table, branch: str, *, kept: bool = False) -> list[Manif
     return [e for m in manifests for e in _kept_live_entries(table.io, m)]
 
 
-#: A manifest entry's share of lakesink._pyiceberg.io.kept.KEPT_BYTES (a decoded entry with its data file's bounds: about
+#: A manifest entry's share of lakesink.table.kept.KEPT_BYTES (a decoded entry with its data file's bounds: about
 #: a kilobyte)
 _ENTRY_BYTES = 2048
 

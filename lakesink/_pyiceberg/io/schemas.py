@@ -31,11 +31,11 @@ from pyiceberg.io.pyarrow import (
 from pyiceberg.schema import Schema, assign_fresh_schema_ids, sanitize_column_names, visit_with_partner
 from pyiceberg.types import IcebergType, ListType, MapType, NestedField
 
-from lakesink._pyiceberg.io import kept
+from lakesink.table import kept
 
 _PARQUET = ParquetFormatModel()
 
-#: A kept conversion's share of lakesink._pyiceberg.io.kept.KEPT_BYTES per byte of its key (measured with tracemalloc,
+#: A kept conversion's share of lakesink.table.kept.KEPT_BYTES per byte of its key (measured with tracemalloc,
 #: tests/seam/test_kept_conversions.py: a 1,000-column schema's file or stream schema holds about 20x the bytes of its
 #: JSON, its Arrow schema and statistics plan less)
 _BYTES_PER_KEY_BYTE = 32
@@ -52,7 +52,7 @@ def schema_of_key(key: str) -> Schema:
 
 
 def kept_conversion(kind: str, key: tuple[str | bytes, ...], convert: Callable[..., _T]) -> _T:
-    """``convert(*key)``, kept in this process (lakesink._pyiceberg.io.kept) under ``kind`` and ``key``: made from the
+    """``convert(*key)``, kept in this process (lakesink.table.kept) under ``kind`` and ``key``: made from the
     key alone, so it answers only for what the key spells."""
     size = _BYTES_PER_KEY_BYTE * sum(len(part) for part in key)
     return kept.keep(("conversion", kind, *key), lambda: convert(*key), lambda _: size)

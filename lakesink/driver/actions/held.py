@@ -23,7 +23,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 
@@ -204,20 +203,16 @@ def read(io: FileIO | None, state: HeldState | None, tables: Sequence[Table] = (
     since = dict(state.since or {}) if state is not None else {}
     if state is None or not state.file or io is None:
         return None, Memory(since=since)
-    try:
-        with io.new_input(state.file).open() as stream:
-            rows = pq.read_table(stream)
-    except FileNotFoundError:
-        rows = _from_state_files(state, tables)
+    rows = _read_held(io, state, tables)
     text = (rows.schema.metadata or {}).get(RELEASED_METADATA)
     released = tuple(str(i) for i in json.loads(text)) if text else ()
     return rows.replace_schema_metadata(None), Memory(released=released, since=since)
 
 
-def _from_state_files(state: HeldState, tables: Sequence[Table]) -> pa.Table:
+def _read_held(io: FileIO, state: HeldState, tables: Sequence[Table]) -> pa.Table:
     assert state.file is not None
     try:
-        return state_files.read_parquet(tables, state.file)
+        return state_files.read_parquet(io, tables, state.file)
     except FileNotFoundError:
         raise LakesinkError(
             f"the file of the changes batch {state.batch_id} held back (option cdc-transactions), {state.file}, is "
@@ -235,8 +230,7 @@ def write_rows(table: Table, *, query_id: str, batch_id: int, rows: pa.Table, re
     path = posixpath.join(posixpath.dirname(table.metadata_location), name)
     if released:
         rows = rows.replace_schema_metadata({**(rows.schema.metadata or {}), RELEASED_METADATA: json.dumps(list(released))})
-    with table.io.new_output(path).create(overwrite=False) as stream:
-        pq.write_table(rows, stream)
+    state_files.write_parquet(table.io, path, rows)
     return path
 
 

@@ -40,7 +40,6 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -375,7 +374,7 @@ def truncate_floor(table: Table, branch: str, table_name: str) -> Decimal | None
     if path is None:
         return None
     try:
-        floor = _floor(state_files.read_parquet([table], path))
+        floor = _floor(state_files.read_parquet(table.io, [table], path))
     except FileNotFoundError:
         raise _missing(path, table_name) from None
     return Decimal(floor) if floor is not None else None
@@ -521,7 +520,7 @@ def _read(table: Table, path: str, table_name: str, key_names: Sequence[str]) ->
     another engine's orphan removal deletes the file, never a statistics file). A file keyed by other columns than
     ``key_names`` (the table's key changed since it was written) is a loud error."""
     try:
-        held = state_files.read_parquet([table], path)
+        held = state_files.read_parquet(table.io, [table], path)
     except FileNotFoundError:
         raise _missing(path, table_name) from None
     missing = [k for k in key_names if k not in held.column_names]
@@ -551,9 +550,7 @@ def _missing(path: str, table_name: str) -> LakesinkError:
 def _write(table: Table, path: str, rows: pa.Table, floor: str | None) -> None:
     if floor is not None:
         rows = rows.replace_schema_metadata({**(rows.schema.metadata or {}), ORDER_FILE_FLOOR.encode(): floor.encode()})
-    # overwrite=False: a name collision fails loudly instead of replacing another attempt's file
-    with table.io.new_output(path).create(overwrite=False) as stream:
-        pq.write_table(rows, stream)
+    state_files.write_parquet(table.io, path, rows)
 
 
 def rewrite(
