@@ -18,6 +18,7 @@ from lakesink.audit.points import Point, resolve, utc_by_default
 from lakesink.audit.snapshots import lakesink_key
 from lakesink.errors import AuditError
 from lakesink.table.keys import MAIN_BRANCH
+from lakesink.table.numbering import row_numbers
 
 
 def locate(
@@ -89,7 +90,7 @@ def locate(
         runs = runs_of(path)
         if runs:
             everything = read_files(table, [task.file])
-            everything = everything.append_column("_pos", pa.array(range(everything.num_rows), pa.int64()))
+            everything = everything.append_column("_pos", row_numbers(everything.num_rows))
             rows = seam.filter_arrow(everything, table.schema(), scan.row_filter)
             found = origins.at(runs, rows.column("_pos").to_pylist())
             rows = rows.drop_columns(["_pos"])

@@ -44,6 +44,7 @@ from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PREFIX, CDC_VALUE
 from lakesink.table import dead_letters as dl
 from lakesink.table import locations, storage
 from lakesink.table.keys import DELETED, UNDONE_COLUMN
+from lakesink.table.numbering import row_numbers
 from lakesink.table.routes import InvalidRoute, Route, route_of, routed_table, routing_value
 from lakesink.table.settings import TableSettings
 
@@ -183,7 +184,7 @@ def split_by_route(batch: pa.RecordBatch, column: str) -> Iterable[tuple[object,
         yield dictionary[0], rest
         return
     groups = (
-        pa.table([codes, pa.array(range(batch.num_rows), pa.int64())], names=["code", "row"])
+        pa.table([codes, row_numbers(batch.num_rows)], names=["code", "row"])
         .group_by("code", use_threads=False)
         .aggregate([("row", "list")])
     )

@@ -29,6 +29,7 @@ from lakesink.executor.messages import TaskIds, TaskResult, WritePlan, WrittenFi
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.table import floats, names, required, storage
 from lakesink.table.keys import DELETED, DICT_SIZE_DEFAULT, UNAVAILABLE_COLUMN
+from lakesink.table.numbering import row_numbers
 from lakesink.table.parquet_layout import dictionary_columns
 
 log = logging.getLogger(__name__)
@@ -321,7 +322,7 @@ class TaskWriter:
             key = seam.partition_record_values(spec, schema, [v[0].as_py() for v in values])
             yield key, batch
             return
-        keyed = pa.table([*values, pa.array(range(batch.num_rows), pa.int64())], names=[*names, "__row"])
+        keyed = pa.table([*values, row_numbers(batch.num_rows)], names=[*names, "__row"])
         groups = keyed.group_by(names, use_threads=False).aggregate([("__row", "list")])
         rows = groups.column("__row_list")
         for i in range(groups.num_rows):

@@ -31,6 +31,7 @@ from lakesink.table.keys import ORDER_COLUMN as ORDER
 from lakesink.table.keys import ROW_COLUMN as _ROW
 from lakesink.table.keys import TOP_COLUMN as _TOP
 from lakesink.table.keys import UNAVAILABLE_COLUMN as UNAVAILABLE
+from lakesink.table.numbering import row_numbers
 
 _NOT_KEYS = (DELETED, ORDER, UNAVAILABLE)
 """The columns of a batch's keys that are not key columns."""
@@ -95,7 +96,7 @@ def resolve_task(
     else:
         deleted = deleted_flags(table, spec.delete_when)
     table = table.append_column(DELETED, deleted)
-    table = table.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
+    table = table.append_column(_ROW, row_numbers(table.num_rows))
     order_column: str | None = None
     if spec.order_by is not None and UNAVAILABLE in table.column_names:  # before the key's earlier changes are dropped
         order = _column(table, spec.order_by, "order-by")
@@ -162,7 +163,7 @@ def history_rows(batches: Iterable[pa.RecordBatch], spec: UpsertSpec, *, batch_i
         order_name = _column(table, spec.order_by, "order-by")
         if UNAVAILABLE in table.column_names:
             keys = [_column(table, k, "upsert-key") for k in spec.key]
-            table = table.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
+            table = table.append_column(_ROW, row_numbers(table.num_rows))
             table = unavailable.fill_from_earlier(table, keys, order_name, DELETED, row_column=_ROW).drop_columns([_ROW])
         order = table.column(order_name)
     else:
@@ -249,7 +250,7 @@ def deleted_flags(table: pa.Table, expression: str | None) -> pa.Array:
     """Whether option delete-when (an Iceberg row filter) is true for each row (false for null)."""
     if expression is None:
         return pa.array([False] * table.num_rows)
-    numbered = table.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
+    numbered = table.append_column(_ROW, row_numbers(table.num_rows))
     matched = seam.filter_rows(numbered, expression).column(_ROW)
     return pc.is_in(numbered.column(_ROW), value_set=matched.combine_chunks())
 

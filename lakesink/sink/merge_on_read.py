@@ -78,6 +78,7 @@ from lakesink.options import SinkOptions
 from lakesink.table import floats, settings, storage
 from lakesink.table.keys import DELETED, HELD_COLUMN, LOOKUP_BRANCH, LOOKUP_PATH, LOOKUP_POS, LOOKUP_SPARK_PATH, LOOKUP_STALE
 from lakesink.table.keys import ORDER_COLUMN as ORDER
+from lakesink.table.numbering import row_numbers
 
 log = logging.getLogger("lakesink")
 
@@ -514,10 +515,10 @@ def _matched_here(
         stored = upsert._cast_like(rows.select(key_names), key_schema)
         if order_column is not None:
             stored = stored.append_column(HELD_COLUMN, rows.column(order_column))
-        stored = stored.append_column(LOOKUP_POS, pa.array(range(rows.num_rows), pa.int64()))
-        if f.file_path in gone:
-            stored = stored.filter(pc.invert(pc.is_in(stored.column(LOOKUP_POS), value_set=gone[f.file_path])))
+        stored = stored.append_column(LOOKUP_POS, row_numbers(rows.num_rows))
         hit = stored.join(batch_keys, key_names, join_type="inner", use_threads=False)
+        if f.file_path in gone:  # the rows deleted already, among the few the keys hit (not the file's every row)
+            hit = hit.filter(pc.invert(pc.is_in(hit.column(LOOKUP_POS), value_set=gone[f.file_path])))
         parts.append(hit.append_column(LOOKUP_PATH, pa.array([f.file_path] * hit.num_rows, pa.string())))
     matched = pa.concat_tables(parts, promote_options="permissive")
     stale, clash = _stale_here(matched, order_column is not None and ORDER in batch_keys.column_names)

@@ -8,6 +8,7 @@
 - :mod:`lakesink.table.locations`: where a table's files may be written;
 - :mod:`lakesink.table.partitioning`: the ``partitioned-by`` option, parsed and resolved;
 - :mod:`lakesink.table.parquet_layout`: row groups and dictionary encoding of the Parquet files lakesink writes.
+- :mod:`lakesink.table.numbering`: rows numbered 0..n-1 (a file's row positions, rows' original order).
 
 Plain Python, pyarrow, fsspec and pyiceberg's public models only: the package imports nothing else of lakesink
 but :mod:`lakesink.errors` (import contracts in ``make lint``).

@@ -40,9 +40,8 @@ from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 from pyiceberg.table.statistics import StatisticsFile
 
-from lakesink.table import kept
 from lakesink.errors import LakesinkError
-from lakesink.table import names, storage
+from lakesink.table import kept, names, storage
 from lakesink.table.keys import PROPERTY_CDC_HELD_PREFIX, PROPERTY_STATE_FILE, PROPERTY_UPSERT_ORDER_FILE
 
 log = logging.getLogger("lakesink")

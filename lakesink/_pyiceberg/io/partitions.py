@@ -16,6 +16,8 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import IcebergType, PrimitiveType
 
+from lakesink.table.numbering import row_numbers
+
 
 def partition_source_arrays(spec: PartitionSpec, batch: pa.RecordBatch) -> list[pa.Array]:
     """The source column of each partition field, found by field id in ``batch`` (a projected batch)."""
@@ -61,7 +63,7 @@ def _aligned(array: pa.Array) -> pa.Array:
     external source is not aligned"), and Spark's Arrow batches hold decimal128 values only 8-byte aligned.
     """
     if pa.types.is_decimal(array.type) and any(b is not None and b.address % 16 for b in array.buffers()):
-        return array.take(pa.array(range(len(array)), pa.int64()))
+        return array.take(row_numbers(len(array)))
     return array
 
 

@@ -26,10 +26,10 @@ from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import NestedField, PrimitiveType
 
-from lakesink.table import kept
 from lakesink._pyiceberg.io.deletes import positions_by_file, read_position_deletes, sorted_positions
 from lakesink._pyiceberg.io.metadata import manifest_entries, snapshot_manifests
 from lakesink._pyiceberg.io.schemas import with_small_types
+from lakesink.table import kept
 
 
 def live_entries(table: Table, branch: str, *, kept: bool = False) -> list[ManifestEntry]:

@@ -80,6 +80,7 @@ from lakesink.table.keys import (
     ORDER_COLUMN as ORDER,
 )
 from lakesink.table.keys import UNAVAILABLE_COLUMN as UNAVAILABLE
+from lakesink.table.numbering import row_numbers
 
 log = logging.getLogger("lakesink")
 
@@ -252,15 +253,15 @@ def _link_in_arrow(
         stored_keys = _keys_typed(latest, latest, key)
         typed = _keys_typed(firsts, latest, key).append_column("_first", firsts.column(HISTORY_VALID_FROM))
         # joined on the keys alone (the stored rows' other columns may be of types a join does not carry)
-        pairs = stored_keys.append_column("_at", _numbers(latest.num_rows)).join(
+        pairs = stored_keys.append_column("_at", row_numbers(latest.num_rows)).join(
             typed, list(key), join_type="inner", use_threads=False
         )
         found = latest.take(pairs.column("_at")).append_column("_first", pairs.column("_first"))
         # whether each change's key has a stored latest version that is not a delete (by the change's place in order)
         living = stored_keys.filter(pc.fill_null(pc.not_equal(latest.column(HISTORY_OPERATION), HISTORY_DELETE), True))
-        rows = _keys_typed(ordered, latest, key).append_column("_row", _numbers(n))
+        rows = _keys_typed(ordered, latest, key).append_column("_row", row_numbers(n))
         hit = rows.join(living, list(key), join_type="left semi", use_threads=False).column("_row")
-        alive = pc.is_in(_numbers(n), value_set=hit.combine_chunks())
+        alive = pc.is_in(row_numbers(n), value_set=hit.combine_chunks())
     previous_deleted = pa.concat_arrays([pa.array([True]), deleted.slice(0, n - 1)])
     after_delete = pc.if_else(same_as_previous, previous_deleted, pc.invert(alive))
     operation = pc.if_else(
@@ -298,16 +299,11 @@ def _with_keys(rows: pa.Table, keys: pa.Table, key: Sequence[str], *, without: b
     alone (the rows' other columns may be of types a join does not carry)."""
     if not rows.num_rows:
         return rows
-    numbered = _keys_typed(rows, rows, key).append_column("_at", _numbers(rows.num_rows))
+    numbered = _keys_typed(rows, rows, key).append_column("_at", row_numbers(rows.num_rows))
     how = "left anti" if without else "left semi"
     at = numbered.join(_keys_typed(keys, rows, key), list(key), join_type=how, use_threads=False).column("_at")
     at = at.combine_chunks() if isinstance(at, pa.ChunkedArray) else at
     return rows.take(at.take(pc.array_sort_indices(at)))
-
-
-def _numbers(n: int) -> pa.Array:
-    """0, 1, ..., n - 1 as int64, computed by Arrow (``pa.array(range(n))`` converts n Python ints)."""
-    return pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n)), 1) if n else pa.array([], pa.int64())
 
 
 def _keys_typed(rows: pa.Table, like: pa.Table, key: Sequence[str]) -> pa.Table:
@@ -578,7 +574,7 @@ class HistoryBatch(AppendBatch):
                 c.name,
                 len(left_out),
             )
-            new = new.filter(pc.invert(pc.is_in(_numbers(new.num_rows), value_set=pa.array(sorted(left_out), pa.int64()))))
+            new = new.filter(pc.invert(pc.is_in(row_numbers(new.num_rows), value_set=pa.array(sorted(left_out), pa.int64()))))
         seeds = None
         if self.complete is False and self.mirror is not None and _holds_no_version(table, c.branch):
             seeds = _seeds(self.mirror, changes, new, key, _plain(seam.arrow_schema(schema)))
@@ -592,7 +588,7 @@ class HistoryBatch(AppendBatch):
                 seeds.count,
             )
         light = new.select([*key, HISTORY_CHANGE_ORDER, HISTORY_VALID_FROM, DELETED])
-        light = light.append_column("_index", _numbers(new.num_rows))
+        light = light.append_column("_index", row_numbers(new.num_rows))
         linked = link_batch(
             light,
             stored,
@@ -783,7 +779,7 @@ def _positions(table: Table, branch: str, of: str, rows: pa.Table, key: Sequence
     if held is None:
         return None
     held = upsert._cast_like(held, rows.select(list(key)).schema)
-    numbered = rows.select(list(key)).append_column("_row", _numbers(rows.num_rows))
+    numbered = rows.select(list(key)).append_column("_row", row_numbers(rows.num_rows))
     joined = numbered.join(held, list(key), join_type="left outer", use_threads=False).sort_by("_row")
     order = joined.column(HELD_COLUMN)
     if joined.num_rows != rows.num_rows or order.null_count:
@@ -1056,10 +1052,10 @@ def _before(c: SinkContext, table: Table, changes: pa.Table, rows_for: Sequence[
         rows = seam.with_small_types(seam.read_data_file(table, f, schema))
         if f.file_path in gone:
             rows = rows.filter(
-                pc.invert(pc.is_in(_numbers(rows.num_rows), value_set=pa.array(sorted(gone[f.file_path]), pa.int64())))
+                pc.invert(pc.is_in(row_numbers(rows.num_rows), value_set=pa.array(sorted(gone[f.file_path]), pa.int64())))
             )
         file_keys = upsert._cast_like(rows.select(names), keys.table.select(names).schema)
-        numbered = file_keys.append_column("_row", _numbers(rows.num_rows))
+        numbered = file_keys.append_column("_row", row_numbers(rows.num_rows))
         at = numbered.join(wanted.table.select(names), names, join_type="left semi").column("_row")
         for k, row in zip(file_keys.take(at).to_pylist(), rows.take(at).to_pylist(), strict=True):
             rows_of[tuple(k[name] for name in names)] = row
@@ -1121,7 +1117,7 @@ def _stored(
     def rows_of(f: DataFile) -> pa.Table:
         if f.file_path not in read:
             rows = seam.with_small_types(seam.read_data_file(table, f, schema))
-            rows = rows.append_column("_pos", _numbers(rows.num_rows))
+            rows = rows.append_column("_pos", row_numbers(rows.num_rows))
             if f.file_path in gone:
                 at = pa.array(sorted(gone[f.file_path]), pa.int64())
                 rows = rows.filter(pc.invert(pc.is_in(rows.column("_pos"), value_set=at)))

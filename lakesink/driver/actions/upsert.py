@@ -51,6 +51,7 @@ from lakesink.table.keys import SUMMARY_UPSERT_MODE as SUMMARY_MODE
 from lakesink.table.keys import SUMMARY_UPSERT_STALE as SUMMARY_STALE
 from lakesink.table.keys import SUMMARY_UPSERT_UPDATED as SUMMARY_UPDATED
 from lakesink.table.keys import UNAVAILABLE_COLUMN as UNAVAILABLE
+from lakesink.table.numbering import row_numbers
 
 log = logging.getLogger("lakesink")
 
@@ -220,7 +221,7 @@ def rewrite(
         rows = seam.with_small_types(seam.read_data_file(table, data_file))
         if data_file.file_path in deleted_positions:  # rows a position delete file deletes are not the table's
             gone = pa.array(sorted(deleted_positions[data_file.file_path]), pa.int64())
-            rows = rows.filter(pc.invert(pc.is_in(pa.array(range(rows.num_rows), pa.int64()), value_set=gone)))
+            rows = rows.filter(pc.invert(pc.is_in(row_numbers(rows.num_rows), value_set=gone)))
         bytes_read += data_file.file_size_in_bytes
         # the file's keys in the keys' types: the table's, or wider when this commit widens a key (merge-schema)
         file_keys = _cast_like(rows.select(key_names), keys.table.select(key_names).schema)
@@ -236,7 +237,7 @@ def rewrite(
         matched.append(hit)
         removed.append(data_file)
         # joined on the key columns and a row number only (Arrow's hash join carries no nested payload columns)
-        numbered = file_keys.append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+        numbered = file_keys.append_column(_ROW, row_numbers(rows.num_rows))
         rest = numbered.join(hit.select(key_names), key_names, join_type="left anti")
         order = rest.column(_ROW)
         kept.extend(rows.take(order.take(pc.sort_indices(order))).to_batches())
@@ -298,7 +299,7 @@ def _rows_of(
     """The rows of a file (``rows``, its keys ``file_keys`` in the batch's key types) whose key the batch changes
     (``hit``) keeping some of their columns (``wanted``), by key: those columns' values."""
     asked = hit.filter(pc.invert(hit.column(DELETED))).select(key_names)
-    numbered = file_keys.append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+    numbered = file_keys.append_column(_ROW, row_numbers(rows.num_rows))
     at = numbered.join(asked, key_names, join_type="left semi").column(_ROW)
     out: dict[tuple[Any, ...], dict[str, Any]] = {}
     if not len(at):

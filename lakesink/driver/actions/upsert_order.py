@@ -63,6 +63,7 @@ from lakesink.table.keys import (
 )
 from lakesink.table.keys import ORDER_COLUMN as ORDER
 from lakesink.table.keys import ROW_COLUMN as _ROW
+from lakesink.table.numbering import row_numbers
 
 #: ``partition_id`` of the files that hold a batch's rows without its stale changes (in their names).
 STALE_REWRITE_PARTITION_ID = 99997
@@ -434,7 +435,7 @@ def _stale(changes: pa.Table, held: pa.Table, check: OrderCheck) -> pa.Array:
     """Per row of ``changes`` (key columns and :data:`ORDER`): true when ``held`` (key columns and
     :data:`HELD_COLUMN`) holds a greater order value for its key. A null change against a non-null held value raises."""
     keys = check.key_names
-    numbered = changes.select([*keys, ORDER]).append_column(_ROW, pa.array(range(changes.num_rows), pa.int64()))
+    numbered = changes.select([*keys, ORDER]).append_column(_ROW, row_numbers(changes.num_rows))
     held = held.append_column(_PRESENT, pa.array([True] * held.num_rows))
     joined = numbered.join(held, keys, join_type="left outer", use_threads=False)
     joined = joined.take(pc.sort_indices(joined.column(_ROW)))
@@ -494,7 +495,7 @@ def _without(
     for data_file in files:
         rows = seam.with_small_types(seam.read_data_file(table, data_file, schema))
         file_keys = upsert._cast_like(rows.select(names_), lost.schema)
-        numbered = file_keys.append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+        numbered = file_keys.append_column(_ROW, row_numbers(rows.num_rows))
         rest = numbered.join(lost, names_, join_type="left anti").column(_ROW)
         if len(rest) == rows.num_rows:
             out.append(data_file)
