@@ -150,9 +150,11 @@ class JavaEngine:
         ``waiting_for``."""
         assert self.proc.stdout is not None
         expired = threading.Event()
+        stacks: list[str] = []
 
         def kill() -> None:
             expired.set()
+            stacks.append(self._stacks())
             self.proc.kill()
 
         watchdog = threading.Timer(ANSWER_SECONDS, kill)
@@ -163,7 +165,10 @@ class JavaEngine:
         finally:
             watchdog.cancel()
         if expired.is_set():
-            raise JavaEngineUnavailable(f"the Java engine gave no answer in {ANSWER_SECONDS} s to {waiting_for}: killed")
+            raise JavaEngineUnavailable(
+                f"the Java engine gave no answer in {ANSWER_SECONDS} s to {waiting_for}: killed; where its threads "
+                f"were (jstack, the threads in Iceberg, JDBC or Spark's scheduler):\n{''.join(stacks)}"
+            )
         if not line:
             raise JavaEngineUnavailable(f"the Java engine exited (code {self.proc.wait()}) before answering {waiting_for}")
         return json.loads(line)  # type: ignore[no-any-return]
@@ -173,6 +178,20 @@ class JavaEngine:
         self.proc.stdin.write(json.dumps({"sql": sql, "parquet": parquet}) + "\n")
         self.proc.stdin.flush()
         return self._answer(repr(sql))
+
+    def _stacks(self) -> str:
+        """The JVM's threads that are in Iceberg, a JDBC driver or Spark's scheduler (jstack; a hung engine's
+        diagnosis), at most 200 lines."""
+        try:
+            import psutil
+
+            jvms = [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True) if "java" in p.name()]
+            dumps = [subprocess.run(["jstack", str(pid)], capture_output=True, text=True, timeout=60).stdout for pid in jvms]
+        except Exception as e:  # a diagnosis never hides the failure it explains
+            return f"(no thread dump: {e!r})"
+        wanted = ("org.apache.iceberg", "org.postgresql", "org.sqlite", "DAGScheduler", "awaitResult")
+        threads = [t for dump in dumps for t in dump.split("\n\n") if any(w in t for w in wanted)]
+        return "\n".join("\n\n".join(threads).splitlines()[:200]) or "(no thread in Iceberg, JDBC or the scheduler)"
 
     def sql(self, sql: str) -> list[list[Any]]:
         """Rows of ``sql`` (values made JSON-safe); an engine error raises AssertionError with its message."""
