@@ -28,8 +28,8 @@ from pyiceberg.types import (
 )
 
 from lakesink._pyiceberg import io as seam
-from lakesink.table import kept as kept_store
 from lakesink._pyiceberg.io import parquet as seam_parquet
+from lakesink.table import kept as kept_store
 from lakesink.table.keys import METRICS_PREFIX
 
 AMOUNT = DecimalType(10, 2)

@@ -25,8 +25,8 @@ from pyiceberg.types import (
 
 from lakesink._pyiceberg import io as seam
 from lakesink._pyiceberg.io import deletes as seam_deletes
-from lakesink.table import kept as kept_store
 from lakesink._pyiceberg.io import reads
+from lakesink.table import kept as kept_store
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),
