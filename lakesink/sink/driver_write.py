@@ -16,7 +16,8 @@ and the abort are the other paths', and a driver killed after writing leaves fil
 path's, which the orphan clean-up keeps while the batch may still commit.
 
 ``writer="auto"`` takes this path when the previous batch of the same query run held at most
-:data:`SMALL_BATCH_ROWS` rows (the first batch of a run, often a backlog, takes the Spark or Arrow path). A
+:data:`SMALL_BATCH_ROWS` rows (the first batch of a run, often a backlog, takes the Spark or Arrow path; with
+``route_by``, when the batch is cached for its several jobs, it is counted instead and collected when small). A
 batch that turns out larger than Spark lets a collect bring to the driver (``spark.driver.maxResultSize``) is
 written by the other paths instead (:func:`collect` returns None; nothing was written yet).
 """

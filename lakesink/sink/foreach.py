@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -522,13 +522,17 @@ class ForeachBatchSink:
         # the batch's tables commit as one unit: a replay then finds the batch in all of them or none, and never
         # compares the digest of a batch written by one path with a replay's by another (docs/routing.md)
         unit = routed.tables.atomic or self.options.writer is WriterKind.DRIVER
-        on_driver = self.options.dead_letter_table is None and unit and self._on_driver()
+        may_collect = self.options.dead_letter_table is None and unit
+        on_driver = may_collect and self._on_driver()
         root = None if on_driver else self._spark.split_root(spark, routed, query_id)
         if root is not None:  # Spark's writer, appends: the write job is the batch's one read (lakesink.sink.spark.split)
             outcome = self._spark.split_batch(df, batch_id, query_id, routed, run_id, root, facts)
         else:
             cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
             try:
+                # the first batch of a run, or one after a larger batch: counted (the job that fills the cache, the
+                # source's one read), collected when small -- the first batch after a backlog's load included
+                on_driver = on_driver or (may_collect and self._on_driver(cached.count))
                 written = None
                 if self._spark.writes_routed() and not on_driver:  # Spark's own Parquet writer, no row in a Python worker
                     written = self._spark.spark_batch(cached, batch_id, query_id, routed, run_id, facts)  # None: can't
@@ -687,10 +691,15 @@ class ForeachBatchSink:
                 seen[str(route)] = extra[value].seen
         return list(found), extra, replace(facts, table_columns=columns, carried_keys=keys, binlog_seen=seen)
 
-    def _on_driver(self) -> bool:
+    def _on_driver(self, count: Callable[[], int] | None = None) -> bool:
         """Write this batch on the driver (lakesink.sink.driver_write)? ``writer="driver"``, or ``auto`` after a batch of
-        this run with at most SMALL_BATCH_ROWS rows (the first batch of a run, often a backlog, is not collected)."""
+        this run with at most SMALL_BATCH_ROWS rows. The first batch of a run (often a backlog) and a batch after a
+        larger one are not collected, unless ``count`` (route-by's cached batch: the count is the source's one read,
+        which fills the cache its later jobs read) says the batch itself holds at most SMALL_BATCH_ROWS rows."""
         if self.options.writer is WriterKind.DRIVER:
             return True
-        small = self._last_rows is not None and self._last_rows <= driver_write.SMALL_BATCH_ROWS
-        return self.options.writer is WriterKind.AUTO and small
+        if self.options.writer is not WriterKind.AUTO:
+            return False
+        if self._last_rows is not None and self._last_rows <= driver_write.SMALL_BATCH_ROWS:
+            return True
+        return count is not None and count() <= driver_write.SMALL_BATCH_ROWS

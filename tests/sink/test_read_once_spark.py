@@ -5,6 +5,7 @@ each job read the files again: twice the rows). Every row has a unique id; the t
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +68,72 @@ def test_cdc_format_reads_each_batch_once(spark: Any, tmp_path: Path, catalog_pr
     # every record of the files (tombstones included) once: the payload-inference job and the writing job share it
     assert input_rows(q) == sum(len(cdc.records(events, index)) for index, events in enumerate(batches))
     assert_tables_are(catalog_properties, batches)
+
+
+def test_route_by_counts_a_batch_the_previous_one_does_not_decide_and_collects_it_when_small(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], caplog: pytest.LogCaptureFixture, monkeypatch: Any
+) -> None:
+    """writer='auto' with route-by upserts (the batch cached for its jobs): the first batch of a run and a batch after a
+    larger one are counted -- the job that fills the cache -- and written on the driver when small; the source is still
+    read once per batch, and every table equals the model (upserts, deletes, the order across batches)."""
+    from lakesink.sink import driver_write
+
+    monkeypatch.setattr(driver_write, "SMALL_BATCH_ROWS", 50)  # the limit, small enough for a fast test
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    src.mkdir()
+    # run 1: batch 0, the run's first, large (120 rows > 50); 1: after a larger batch, small; 2: after a small batch
+    # (collected, though large itself, as without route-by); 3: after a larger batch, small. Run 2: its first, small
+    runs = [[120, 30, 150, 20], [10]]
+    batches: list[list[tuple[str, str, int, int, str | None]]] = []
+    seq = 0
+    for b, n in enumerate(n for run in runs for n in run):
+        rows: list[tuple[str, str, int, int, str | None]] = []
+        for i in range(n):
+            seq += 1
+            key = (i * 7 + b * 13) % 400  # distinct within a batch; repeated across batches: updates of earlier rows
+            op = "d" if (i + b) % 9 == 0 else "c"
+            rows.append((ROUTES[key % 3], op, seq, key, None if op == "d" else f"b{b}-{i}"))
+        batches.append(rows)
+
+    def run(first: int, count: int) -> Any:
+        for n in range(first, first + count):
+            names = ("route", "op", "seq", "id", "name")
+            pq.write_table(pa.table(dict(zip(names, zip(*batches[n], strict=True), strict=True))), src / f"b{n}.parquet")
+        sink = lakesink.foreach_batch(
+            route_by="route",
+            namespace="db",
+            upsert_key="id",
+            delete_when="op = 'd'",
+            order_by="seq",
+            catalog_properties=catalog_properties,
+        )
+        df = spark.readStream.schema("route STRING, op STRING, seq BIGINT, id BIGINT, name STRING")
+        df = df.option("maxFilesPerTrigger", 1).parquet(str(src))
+        with caplog.at_level(logging.INFO, logger="lakesink"):
+            q = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+            run_to_end(q)
+        # the count is the batch's one read of the source: the jobs after it read the cache
+        assert input_rows(q) == sum(len(b) for b in batches[first : first + count])
+        return q
+
+    run(0, len(runs[0]))
+    run(len(runs[0]), len(runs[1]))
+    # each batch's path, from its log line: the Arrow path's (on_driver=True|False) or Spark's writer's
+    paths: dict[int, str] = {}
+    for m in caplog.messages:
+        if m.startswith("lakesink: route-by batch="):
+            batch = int(m.split("batch=", 1)[1].split()[0])
+            paths[batch] = "driver" if m.endswith("on_driver=True") else "spark" if "Spark's Parquet writer" in m else m
+    assert paths == {0: "spark", 1: "driver", 2: "driver", 3: "driver", 4: "driver"}, caplog.messages
+    model: dict[int, tuple[str, str]] = {}
+    for rows in batches:
+        for route, op, _, key, name in rows:  # seq grows with the input: the last change of a key wins
+            if op == "d":
+                model.pop(key, None)
+            else:
+                model[key] = (route, name or "")
+    catalog = catalogs.load(None, catalog_properties)
+    for route in ROUTES:
+        got = catalog.load_table(("db", route)).scan().to_arrow().to_pylist()
+        want = sorted((k, n) for k, (r, n) in model.items() if r == route)
+        assert sorted((r["id"], r["name"]) for r in got) == want, route
