@@ -528,7 +528,10 @@ class ForeachBatchSink:
         if root is not None:  # Spark's writer, appends: the write job is the batch's one read (lakesink.sink.spark.split)
             outcome = self._spark.split_batch(df, batch_id, query_id, routed, run_id, root, facts)
         else:
-            cached = read_once(df)  # route-by reads the batch in several Spark jobs: the source is read once
+            # route-by reads the batch in several Spark jobs: cached, the source is read once. Not a batch the
+            # driver collects without a payload job first: that collect is its one read (a cache cost ~0.1 s a
+            # batch of 10,000 rows); a collect Spark refuses caches it then (_routed_arrow_batch)
+            cached = df if on_driver and self.options.payload is None else read_once(df)
             try:
                 # the first batch of a run, or one after a larger batch: counted (the job that fills the cache, the
                 # source's one read), collected when small -- the first batch after a backlog's load included
@@ -589,7 +592,8 @@ class ForeachBatchSink:
                 collected = driver_write.collect(one_task, table="route-by", batch_id=batch_id)
             if collected is not None:
                 values = driver_write.routing_values(collected, routing.column)
-            else:
+            else:  # not collected (too large): read by the jobs below, cached for them (the caller unpersists it)
+                df = read_once(df)
                 values = spark_routed.routing_values(df, routing.column)
         found_ms = (time.perf_counter() - started) * 1000
         routes = routed.tables.routes(values, batch_id)  # with dead_letter_table: the valid ones (the others: dead letters)
