@@ -27,16 +27,18 @@ def input_rows(query: Any) -> int:
     return sum(int(p["numInputRows"]) for p in query.recentProgress)
 
 
-def test_route_by_with_upsert_key_reads_each_batch_once(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
-    src, ck = tmp_path / "in", tmp_path / "ck"
-    src.mkdir()
-    batches: list[list[tuple[str, str, int, int, str | None]]]
-    batches = [[(ROUTES[i % 3], "c", i, i, f"n{i}") for i in range(b * 60, b * 60 + 60)] for b in range(2)]
-    batches[1] += [(ROUTES[i % 3], "d", 1000 + i, i, None) for i in range(0, 9)]  # deletes of batch 0's keys
-    for n, rows in enumerate(batches):
-        columns = list(zip(*rows, strict=True))
-        names = ("route", "op", "seq", "id", "name")
-        pq.write_table(pa.table(dict(zip(names, columns, strict=True))), src / f"b{n}.parquet")
+Change = tuple[str, str, int, int, str | None]  # route, op, seq, id, name
+
+
+def write_changes(src: Path, n: int, rows: list[Change]) -> None:
+    """The input file of batch ``n``."""
+    names = ("route", "op", "seq", "id", "name")
+    pq.write_table(pa.table(dict(zip(names, zip(*rows, strict=True), strict=True))), src / f"b{n}.parquet")
+
+
+def run_upserts(spark: Any, src: Path, ck: Path, catalog_properties: dict[str, str]) -> Any:
+    """The input files, a batch each, upserted by id through route-by (deletes: op 'd', the order: seq), run to
+    the end: the query."""
     sink = lakesink.foreach_batch(
         route_by="route",
         namespace="db",
@@ -49,6 +51,18 @@ def test_route_by_with_upsert_key_reads_each_batch_once(spark: Any, tmp_path: Pa
     df = df.option("maxFilesPerTrigger", 1).parquet(str(src))
     q = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
     run_to_end(q)
+    return q
+
+
+def test_route_by_with_upsert_key_reads_each_batch_once(spark: Any, tmp_path: Path, catalog_properties: dict[str, str]) -> None:
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    src.mkdir()
+    batches: list[list[Change]]
+    batches = [[(ROUTES[i % 3], "c", i, i, f"n{i}") for i in range(b * 60, b * 60 + 60)] for b in range(2)]
+    batches[1] += [(ROUTES[i % 3], "d", 1000 + i, i, None) for i in range(0, 9)]  # deletes of batch 0's keys
+    for n, rows in enumerate(batches):
+        write_changes(src, n, rows)
+    q = run_upserts(spark, src, ck, catalog_properties)
     assert input_rows(q) == sum(len(b) for b in batches)  # 129; 258 when each job read the files (main d1c02e5)
     catalog = catalogs.load(None, catalog_properties)
     deleted = set(range(9))
@@ -84,10 +98,10 @@ def test_route_by_counts_a_batch_the_previous_one_does_not_decide_and_collects_i
     # run 1: batch 0, the run's first, large (120 rows > 50); 1: after a larger batch, small; 2: after a small batch
     # (collected, though large itself, as without route-by); 3: after a larger batch, small. Run 2: its first, small
     runs = [[120, 30, 150, 20], [10]]
-    batches: list[list[tuple[str, str, int, int, str | None]]] = []
+    batches: list[list[Change]] = []
     seq = 0
     for b, n in enumerate(n for run in runs for n in run):
-        rows: list[tuple[str, str, int, int, str | None]] = []
+        rows: list[Change] = []
         for i in range(n):
             seq += 1
             key = (i * 7 + b * 13) % 400  # distinct within a batch; repeated across batches: updates of earlier rows
@@ -95,26 +109,13 @@ def test_route_by_counts_a_batch_the_previous_one_does_not_decide_and_collects_i
             rows.append((ROUTES[key % 3], op, seq, key, None if op == "d" else f"b{b}-{i}"))
         batches.append(rows)
 
-    def run(first: int, count: int) -> Any:
+    def run(first: int, count: int) -> None:
         for n in range(first, first + count):
-            names = ("route", "op", "seq", "id", "name")
-            pq.write_table(pa.table(dict(zip(names, zip(*batches[n], strict=True), strict=True))), src / f"b{n}.parquet")
-        sink = lakesink.foreach_batch(
-            route_by="route",
-            namespace="db",
-            upsert_key="id",
-            delete_when="op = 'd'",
-            order_by="seq",
-            catalog_properties=catalog_properties,
-        )
-        df = spark.readStream.schema("route STRING, op STRING, seq BIGINT, id BIGINT, name STRING")
-        df = df.option("maxFilesPerTrigger", 1).parquet(str(src))
+            write_changes(src, n, batches[n])
         with caplog.at_level(logging.INFO, logger="lakesink"):
-            q = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
-            run_to_end(q)
+            q = run_upserts(spark, src, ck, catalog_properties)
         # the count is the batch's one read of the source: the jobs after it read the cache
         assert input_rows(q) == sum(len(b) for b in batches[first : first + count])
-        return q
 
     run(0, len(runs[0]))
     run(len(runs[0]), len(runs[1]))
