@@ -6,6 +6,7 @@ each job read the files again: twice the rows). Every row has a unique id; the t
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,12 @@ Change = tuple[str, str, int, int, str | None]  # route, op, seq, id, name
 
 
 def write_changes(src: Path, n: int, rows: list[Change]) -> None:
-    """The input file of batch ``n``."""
+    """The input file of batch ``n``, dated ``n`` seconds after the first (maxFilesPerTrigger=1 takes the oldest first;
+    files written in the same instant may come in any order)."""
     names = ("route", "op", "seq", "id", "name")
-    pq.write_table(pa.table(dict(zip(names, zip(*rows, strict=True), strict=True))), src / f"b{n}.parquet")
+    path = src / f"b{n}.parquet"
+    pq.write_table(pa.table(dict(zip(names, zip(*rows, strict=True), strict=True))), path)
+    os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
 
 
 def run_upserts(spark: Any, src: Path, ck: Path, catalog_properties: dict[str, str]) -> Any:
