@@ -58,6 +58,20 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _ancestors(pid: int) -> list[int]:
+    """``pid``'s parent, its parent's parent, ... (from /proc), nearest first."""
+    out: list[int] = []
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return out
+        if pid <= 1:
+            return out
+        out.append(pid)
+
+
 def _batches(props: dict[str, str]) -> dict[str, list[int]]:
     catalog = catalogs.load(None, props)
     if not catalog.namespace_exists(("db",)):
@@ -85,7 +99,10 @@ def test_a_commit_worker_outliving_its_killed_job_commits_nothing_then_the_resta
     # the job killed -- the driver, its JVM, Spark's Python daemon -- all but the commit worker held at the swap
     others = {pid for pid in session_members(proc.pid) if pid != worker}
     assert others and _alive(worker)
-    for pid in others:
+    # the worker's parents first -- Spark's Python daemon: once the JVM is gone it sends its process group (the worker
+    # too) SIGHUP, and did so once on CI when the JVM happened to be killed before it -- then the others
+    parents = [pid for pid in _ancestors(worker) if pid in others]
+    for pid in [*parents, *(others - set(parents))]:
         with contextlib.suppress(ProcessLookupError):  # a short-lived member, gone since the listing: dead already
             os.kill(pid, signal.SIGKILL)
     proc.communicate(timeout=guard(120))
