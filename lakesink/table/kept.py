@@ -8,17 +8,36 @@ Each value is a function of its key alone, so a kept value can only answer for t
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import cachetools
 
-#: How many bytes this process keeps between batches, the least recently used dropped first.
-KEPT_BYTES = 128 * 1024 * 1024
+from lakesink.errors import InvalidOptionError
+from lakesink.table.keys import ENV_KEPT_BYTES, KEPT_BYTES_DEFAULT
+
+
+def _bound() -> int:
+    """``$LAKESINK_KEPT_BYTES``, else :data:`~lakesink.table.keys.KEPT_BYTES_DEFAULT`; anything but a whole number of
+    bytes is an error naming the variable (read when lakesink is imported)."""
+    text = os.environ.get(ENV_KEPT_BYTES, "").strip()
+    if not text:
+        return KEPT_BYTES_DEFAULT
+    if not text.isdigit():
+        raise InvalidOptionError(
+            f"environment variable {ENV_KEPT_BYTES}={text!r}: how many bytes a lakesink process keeps between batches "
+            f"must be a whole number of bytes (e.g. {KEPT_BYTES_DEFAULT}, the default; 0 keeps nothing)"
+        )
+    return int(text)
+
+
+#: How many bytes this process keeps between batches, the least recently used dropped first ($LAKESINK_KEPT_BYTES).
+KEPT_BYTES = _bound()
 
 _kept: cachetools.LRUCache[tuple[Any, ...], tuple[Any, int]] = cachetools.LRUCache(
-    maxsize=KEPT_BYTES, getsizeof=lambda held: held[1]
+    maxsize=max(KEPT_BYTES, 1), getsizeof=lambda held: held[1]
 )
 _kept_lock = threading.Lock()
 _T = TypeVar("_T")
@@ -38,6 +57,6 @@ def keep(key: tuple[Any, ...], make: Callable[[], _T], size: Callable[[_T], int]
 
 def hold(key: tuple[Any, ...], value: Any, nbytes: int) -> None:
     """Keep ``value`` for ``key`` (``nbytes``: its share of :data:`KEPT_BYTES`)."""
-    if nbytes <= KEPT_BYTES // 8:  # one huge value does not push every other out
+    if KEPT_BYTES and nbytes <= KEPT_BYTES // 8:  # one huge value does not push every other out
         with _kept_lock:
             _kept[key] = (value, nbytes)

@@ -404,6 +404,13 @@ ENV_LOCK_DIR = "LAKESINK_LOCK_DIR"
 """The folder of the commit locks and in-doubt records of this host (lakesink.driver.loop.guard)."""
 LOCK_DIR_DEFAULT = "lakesink-commit-locks"
 """``$LAKESINK_LOCK_DIR`` when unset: this folder under the system's temporary folder."""
+ENV_KEPT_BYTES = "LAKESINK_KEPT_BYTES"
+"""How many bytes a process keeps between batches (lakesink.table.kept): a whole number, 0 keeps nothing."""
+KEPT_BYTES_DEFAULT = 512 * 1024 * 1024
+"""``$LAKESINK_KEPT_BYTES`` when unset: the decoded key and ``order-by`` columns of ten tables of a million rows (16
+bytes a row) with room to spare. At 128 MiB those tables' lookups, each batch reading every table's files in turn,
+found none of them kept (the least recently used is the next one read) and read them all again: ~0.2 s a batch of the
+cdc-scale benchmark at 1,000,000 rows a table (docs/performance.md)."""
 ENV_FAULTS_DIR = "LAKESINK_FAULTS_DIR"
 """Tests only: the folder that switches fault points on (lakesink.faults)."""
 
