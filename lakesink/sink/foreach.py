@@ -531,7 +531,7 @@ class ForeachBatchSink:
             # route-by reads the batch in several Spark jobs: cached, the source is read once. Not a batch the
             # driver collects without a payload job first: that collect is its one read (a cache cost ~0.1 s a
             # batch of 10,000 rows); a collect Spark refuses caches it then (_routed_arrow_batch)
-            cached = df if on_driver and self.options.payload is None else read_once(df)
+            cached = df if self._collects_first(on_driver) else read_once(df)
             try:
                 # the first batch of a run, or one after a larger batch: counted (the job that fills the cache, the
                 # source's one read), collected when small -- the first batch after a backlog's load included
@@ -566,10 +566,8 @@ class ForeachBatchSink:
         routing = self.options.routing
         assert routing is not None
         started = time.perf_counter()
-        # on the driver, without payload: the batch's rows collected first, its routing values read from them (no
-        # Spark job of their own); None: too large to collect (Python workers write it), or not collected here
-        early = on_driver and self.options.payload is None
-        collected: pa.Table | None = None
+        early = self._collects_first(on_driver)
+        collected: pa.Table | None = None  # None: too large to collect (Python workers write it), or not collected here
         if self.options.payload is not None:  # each table's columns from its payloads (the same job finds the routes)
             values, found, facts = self._payload_columns(df, facts)
             if self.options.cdc_format is not None:  # the changes before a truncate dropped, the table marked
@@ -694,6 +692,12 @@ class ForeachBatchSink:
                 keys[str(route)] = extra[value].keys
                 seen[str(route)] = extra[value].seen
         return list(found), extra, replace(facts, table_columns=columns, carried_keys=keys, binlog_seen=seen)
+
+    def _collects_first(self, on_driver: bool) -> bool:
+        """A route-by batch written on the driver without option payload: its rows are collected before anything else
+        and its routing values read from them (no Spark job of their own), so that collect is its one read of the
+        source (not cached first). With payload the payload job finds the routes, and the rows are collected after."""
+        return on_driver and self.options.payload is None
 
     def _on_driver(self, count: Callable[[], int] | None = None) -> bool:
         """Write this batch on the driver (lakesink.sink.driver_write)? ``writer="driver"``, or ``auto`` after a batch of
