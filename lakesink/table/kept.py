@@ -25,7 +25,7 @@ def _bound() -> int:
     text = os.environ.get(ENV_KEPT_BYTES, "").strip()
     if not text:
         return KEPT_BYTES_DEFAULT
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # str.isdigit alone takes other scripts' digits
         raise InvalidOptionError(
             f"environment variable {ENV_KEPT_BYTES}={text!r}: how many bytes a lakesink process keeps between batches "
             f"must be a whole number of bytes (e.g. {KEPT_BYTES_DEFAULT}, the default; 0 keeps nothing)"

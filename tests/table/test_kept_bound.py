@@ -58,7 +58,7 @@ def test_the_variable_sets_the_bound_and_zero_keeps_nothing() -> None:
     assert _bound_under("").stdout.split()[0] == str(kept.KEPT_BYTES)
 
 
-@pytest.mark.parametrize("value", ["512MiB", "-1", "1e9", "lots"])
+@pytest.mark.parametrize("value", ["512MiB", "-1", "1e9", "lots", "\u0663", "1_000"])
 def test_a_value_that_is_not_a_number_of_bytes_names_the_variable(value: str) -> None:
     run = _bound_under(value)
     assert run.returncode != 0
