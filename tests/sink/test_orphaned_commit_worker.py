@@ -50,26 +50,26 @@ def _job(props: dict[str, str], src: Path, ck: Path, faults_dir: str | None) -> 
     )
 
 
-def _alive(pid: int) -> bool:
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat``'s fields after the command's name (state, parent, ...); None: no such process."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()
     except OSError:
-        return False
+        return None
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def _ancestors(pid: int) -> list[int]:
     """``pid``'s parent, its parent's parent, ... (from /proc), nearest first."""
     out: list[int] = []
-    while True:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            return out
-        if pid <= 1:
-            return out
+    while (fields := _stat(pid)) is not None and (pid := int(fields[1])) > 1:
         out.append(pid)
+    return out
 
 
 def _batches(props: dict[str, str]) -> dict[str, list[int]]:
