@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import pyarrow as pa
-from dateutil.parser import isoparse
+from dateutil.parser import isoparser
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, LiteralPredicate, Not, Or, SetPredicate
 from pyiceberg.expressions.literals import StringLiteral
 from pyiceberg.expressions.parser import parse
@@ -80,7 +80,7 @@ class Point:
 
 def parse_timestamp_ms(value: str) -> int:
     """Epoch milliseconds, or an ISO 8601 time, extended (``2026-11-23T14:00:00Z``) or basic (``20261123T1400Z``), read
-    by python-dateutil's ``isoparse`` (UTC when it has no offset).
+    by python-dateutil's ``isoparser`` with ``T`` or a space between date and time (UTC when it has no offset).
 
     What could be read two ways is refused (ValueError saying both readings): a number that ISO 8601 also reads as a
     date (``2026``, ``2026327``, ``20261123``), and a number of 9 to 11 digits, which is a time of 1973-5138 in epoch
@@ -123,12 +123,19 @@ _MIN_MS = int(datetime(1, 1, 1, tzinfo=timezone.utc).timestamp() * 1000)
 _MAX_MS = int(datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc).timestamp() * 1000)
 
 
+#: ISO 8601 separates a date from its time with ``T`` (RFC 3339 also with a space). dateutil's ``isoparse`` takes any
+#: character there, digits too: it read the epoch milliseconds 1796012530438 as 1796-01-25, separator ``3``, 04:38.
+_ISO_PARSERS = (isoparser(sep="T"), isoparser(sep=" "))
+
+
 def _isoparse(text: str) -> datetime | None:
-    try:
-        parsed: datetime = isoparse(text)
-    except (ValueError, OverflowError):
-        return None
-    return parsed
+    for parser in _ISO_PARSERS:
+        try:
+            parsed: datetime = parser.isoparse(text)
+        except (ValueError, OverflowError):
+            continue
+        return parsed
+    return None
 
 
 def _iso_text(parsed: datetime) -> str:
