@@ -408,7 +408,7 @@ def test_timestamps_are_iso_8601_basic_or_extended_or_epoch_ms_and_ambiguous_one
 def test_epoch_milliseconds_are_never_read_as_a_date_with_a_digit_for_its_separator() -> None:
     """dateutil's ``isoparse`` takes any character between date and time: the epoch milliseconds of 2026-11-30
     04:22:10.438Z (1796012530438) read as 1796-01-25, separator ``3``, 04:38, and were refused as ambiguous -- CI's
-    audit test failed on the moment it ran. Every 13-digit time from 2001 to 2286, a step of about a minute and a half
+    audit test failed on the moment it ran. Every 13-digit time from 2001 to 2286, a step of about 28 hours
     apart, reads as itself; the one that failed among them; the separator must be ``T`` or a space."""
     assert parse_timestamp_ms("1796012530438") == 1796012530438
     for ms in range(1_000_000_000_000, 9_999_999_999_999, 99_991_187):
