@@ -85,6 +85,8 @@ log = logging.getLogger("lakesink")
 _KEY = "__lakesink_path_key"
 _SPARK_PATH = LOOKUP_SPARK_PATH
 _CLASH = "__lakesink_null_order"
+#: A candidate file's index among a table's candidates, in :func:`_matched_here`'s one join.
+_FILE = "__lakesink_lookup_file"
 _BRANCH = LOOKUP_BRANCH
 
 
@@ -509,18 +511,28 @@ def _matched_here(
             if path in paths:
                 gone[path] = pa.concat_arrays([gone[path], positions]) if path in gone else positions
     key_schema = batch_keys.select(key_names).schema
+    # every candidate's rows, each tagged with its file's index, joined with the batch's keys at once: one join a
+    # table, not one a file (a join's fixed cost is most of a small file's)
     parts: list[pa.Table] = []
-    for f in candidates:
+    for i, f in enumerate(candidates):
         rows = seam.read_columns(table, f, read)
         stored = upsert._cast_like(rows.select(key_names), key_schema)
         if order_column is not None:
             stored = stored.append_column(HELD_COLUMN, rows.column(order_column))
         stored = stored.append_column(LOOKUP_POS, row_numbers(rows.num_rows))
-        hit = stored.join(batch_keys, key_names, join_type="inner", use_threads=False)
-        if f.file_path in gone:  # the rows deleted already, among the few the keys hit (not the file's every row)
-            hit = hit.filter(pc.invert(pc.is_in(hit.column(LOOKUP_POS), value_set=gone[f.file_path])))
-        parts.append(hit.append_column(LOOKUP_PATH, pa.array([f.file_path] * hit.num_rows, pa.string())))
-    matched = pa.concat_tables(parts, promote_options="permissive")
+        parts.append(stored.append_column(_FILE, pa.repeat(pa.scalar(i, pa.int32()), rows.num_rows)))
+    stored_rows = pa.concat_tables(parts, promote_options="permissive")
+    hit = stored_rows.join(batch_keys, key_names, join_type="inner", use_threads=False)
+    deleted = [(i, gone[f.file_path]) for i, f in enumerate(candidates) if f.file_path in gone]
+    if deleted and hit.num_rows:  # the rows deleted already, among the few the keys hit (not the files' every row)
+        already = pa.table({
+            _FILE: pa.concat_arrays([pa.repeat(pa.scalar(i, pa.int32()), len(p)) for i, p in deleted]),
+            LOOKUP_POS: pa.concat_arrays([p.cast(pa.int64()) for _, p in deleted]),
+        })  # fmt: skip
+        hit = hit.join(already, [_FILE, LOOKUP_POS], join_type="left anti", use_threads=False)
+    paths = pa.array([f.file_path for f in candidates], pa.string())
+    index = hit.column(_FILE)
+    matched = hit.drop_columns([_FILE]).append_column(LOOKUP_PATH, pc.take(paths, index))
     stale, clash = _stale_here(matched, order_column is not None and ORDER in batch_keys.column_names)
     return matched.append_column(LOOKUP_STALE, stale).append_column(_CLASH, clash)
 

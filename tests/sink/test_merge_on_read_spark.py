@@ -26,11 +26,19 @@ from lakesink.audit import interop
 from lakesink.driver import catalogs
 from lakesink.faults import DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP, ENV_FAULTS_DIR
 from lakesink.maintenance import compaction
-from lakesink.table.keys import DRIVER_LOOKUP_BYTES, SUMMARY_UPSERT_MODE, SUMMARY_UPSERT_STALE
+from lakesink.table.keys import (
+    DRIVER_LOOKUP_BYTES,
+    SUMMARY_UPSERT_DELETED,
+    SUMMARY_UPSERT_INSERTED,
+    SUMMARY_UPSERT_MODE,
+    SUMMARY_UPSERT_STALE,
+    SUMMARY_UPSERT_UPDATED,
+)
 from tests.jobs.upsert_job import EVENTS_DDL
 from tests.sink.test_upserts_spark import change_stream, rows_of, write_events
 from tests.support.helpers import assert_snapshot_invariants, lakesink_snapshots, raced, run_to_end
 from tests.support.job_process import start_job
+from tests.support.row_deletes import commit_deletes, position_delete_files
 
 pytestmark = pytest.mark.spark
 
@@ -310,3 +318,33 @@ def test_a_compaction_between_the_lookup_and_the_swap_makes_the_batch_look_its_k
     assert table.metadata.snapshot_by_id(last.parent_snapshot_id).summary.operation.value == "replace"
     assert unreferenced_delete_files(table) == []
     assert_every_reader_sees(catalog_properties, model(stream))
+
+
+@pytest.mark.parametrize("where", ["executors", "driver"])
+def test_a_row_another_engine_deleted_is_not_matched_again(
+    spark: Any, tmp_path: Path, catalog_properties: dict[str, str], where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another engine's merge-on-read DELETE removes rows lakesink wrote (position deletes over lakesink's data file).
+    A later batch changing those keys and others must not match the deleted rows again: no second delete of their
+    positions, the deleted keys' changes inserted, the live keys' updated -- the counts in the snapshot say so. Both
+    lookups: in Spark's executors and where the batch commits (a candidate file read there, its deleted positions
+    dropped before the keys are matched)."""
+    here = looked_up_here(monkeypatch)
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    first = [{"eid": i, "id": i, "value": f"v{i}", "seq": i, "op": "c"} for i in range(10)]
+    write_events(src, [first])
+    s = sink(catalog_properties, table_properties=MOR if where == "executors" else MOR_HERE, maintenance="off")
+    run(spark, src, ck, s)
+    table = load(catalog_properties)
+    commit_deletes(table, position_delete_files(table, [2, 5]))  # another engine: DELETE FROM events WHERE id IN (2, 5)
+    second = [{"eid": 20 + i, "id": i, "value": f"new{i}", "seq": 20 + i, "op": "u"} for i in (2, 5, 7)]
+    write_events(src, [second], start=1)
+    run(spark, src, ck, s)
+    expected = {i: (i, f"v{i}") for i in range(10) if i not in (2, 5, 7)}
+    expected.update({i: (20 + i, f"new{i}") for i in (2, 5, 7)})
+    assert_every_reader_sees(catalog_properties, expected)
+    table = load(catalog_properties)
+    summary = table.current_snapshot().summary
+    assert (summary[SUMMARY_UPSERT_INSERTED], summary[SUMMARY_UPSERT_UPDATED], summary[SUMMARY_UPSERT_DELETED]) == ("2", "1", "0")
+    assert int(summary["added-position-deletes"]) == 1  # id 7's row; 2 and 5 were deleted already
+    assert bool(here) == (where == "driver")
