@@ -530,9 +530,8 @@ def _matched_here(
             LOOKUP_POS: pa.concat_arrays([p.cast(pa.int64()) for _, p in deleted]),
         })  # fmt: skip
         hit = hit.join(already, [_FILE, LOOKUP_POS], join_type="left anti", use_threads=False)
-    paths = pa.array([f.file_path for f in candidates], pa.string())
-    index = hit.column(_FILE)
-    matched = hit.drop_columns([_FILE]).append_column(LOOKUP_PATH, pc.take(paths, index))
+    locations = pa.array([f.file_path for f in candidates], pa.string())
+    matched = hit.drop_columns([_FILE]).append_column(LOOKUP_PATH, pc.take(locations, hit.column(_FILE)))
     stale, clash = _stale_here(matched, order_column is not None and ORDER in batch_keys.column_names)
     return matched.append_column(LOOKUP_STALE, stale).append_column(_CLASH, clash)
 
