@@ -253,13 +253,11 @@ class _Unavailable:
 class RoutedTaskWriter:
     """One task of a routed batch: its rows split by table, each table's rows into Parquet files of that table."""
 
-    def __init__(
-        self,
-        plan: RoutedPlan,
-        ids: TaskIds,
-    ):
+    def __init__(self, plan: RoutedPlan, ids: TaskIds, *, keep: bool = False):
+        """``keep``: as :class:`~lakesink.executor.task_writer.TaskWriter`'s, for every table's writer."""
         self._plan = plan
         self._ids = ids
+        self._keep = keep
         self._writers: dict[str, tuple[TaskWriter, bool]] = {}
         self._skipped: dict[str, WritePlan] = {}
         self._digests: dict[str, RowsDigest] = {}
@@ -535,7 +533,7 @@ class RoutedTaskWriter:
             # this table holds the batch already (a replay completing the tables a crash left without it)
             self._skipped[name] = plan
             return None
-        writer = TaskWriter(plan, self._ids)
+        writer = TaskWriter(plan, self._ids, keep=self._keep)
         self._writers[name] = (writer, name not in self._plan.plans)
         return writer
 

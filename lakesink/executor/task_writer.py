@@ -67,6 +67,8 @@ class _OpenFile:
         self.buffer: list[pa.RecordBatch] = []
         self.buffer_rows = 0
         self.buffer_bytes = 0
+        self.kept: list[pa.Table] = []
+        """The key (and order-by) columns of the row groups written, in order (TaskWriter's ``keep``)."""
 
 
 class TaskWriter:
@@ -78,13 +80,13 @@ class TaskWriter:
     least recently written one is closed (a later row of that partition starts a new file). Rows wait
     in per-partition row groups whose total size is bounded by ``write.parquet.row-group-size-bytes``:
     beyond it the largest is written out.
+
+    ``keep``: a writer in the process that looks an upsert's keys up (the driver's write of a small batch,
+    lakesink.sink.driver_write): each file's key and order-by columns are kept in this process as the next
+    merge-on-read lookup reads them (lakesink._pyiceberg.io.reads.keep_written_columns), not read back from the file.
     """
 
-    def __init__(
-        self,
-        plan: WritePlan,
-        ids: TaskIds,
-    ):
+    def __init__(self, plan: WritePlan, ids: TaskIds, *, keep: bool = False):
         self._plan = plan
         self._ids = ids
         self._token = names.new_token()
@@ -100,6 +102,7 @@ class TaskWriter:
         self._table_arrow = seam.arrow_schema(self._file_schema)
         self._has_required = required.has_required(self._table_arrow)
         self._partitioned = not plan.spec.is_unpartitioned()
+        self._kept: Schema | None = _kept_columns(plan) if keep else None
         self._files: list[WrittenFile] = []
         self._changes: bytes | None = None
         self._history: bytes | None = None
@@ -371,6 +374,8 @@ class TaskWriter:
             self._open_file(slot, table)
         assert slot.writer is not None
         slot.writer.write_table(table, row_group_size=table.num_rows)
+        if self._kept is not None:
+            slot.kept.append(table.select([f.name for f in self._kept.fields]))
         slot.rows_in_file += table.num_rows
         if slot.stream.tell() >= self._target_file_size:
             self._close_file(slot)
@@ -406,6 +411,9 @@ class TaskWriter:
         stream.close()
         assert path is not None
         stats = seam.file_statistics(writer.writer.metadata, self._file_schema, self._plan.properties)
+        if self._kept is not None and slot.kept:
+            seam.keep_written_columns(path, size, self._kept, pa.concat_tables(slot.kept))
+        slot.kept = []
         self._files.append(
             WrittenFile(path=path, size_in_bytes=size, record_count=slot.rows_in_file, statistics=stats, partition=slot.partition)
         )
@@ -431,6 +439,23 @@ class TaskWriter:
         if self._dead_letters is not None and self._plan.row_checks is not None:
             storage.delete_failed_task_files(self._plan.row_checks.dead_letters.io, (f.path for f in self._dead_letters.files))
             self._dead_letters = None
+
+
+def _kept_columns(plan: WritePlan) -> Schema | None:
+    """The columns a merge-on-read lookup reads of the plan's table (lakesink.sink.merge_on_read: the upsert key and,
+    when the table has it, the order-by column, in the table's order), or None: the plan upserts nothing, or a key
+    column is not in its schema."""
+    upsert = plan.upsert
+    if upsert is None:
+        return None
+    names: list[str] = []
+    for name in (*upsert.key, *([upsert.order_by] if upsert.order_by is not None else [])):
+        try:
+            names.append(plan.schema.find_field(name, case_sensitive=False).name)
+        except ValueError:
+            if name in upsert.key:
+                return None
+    return plan.schema.select(*names)
 
 
 TASK_RESULT_SCHEMA = "task_result binary"

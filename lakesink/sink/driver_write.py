@@ -74,16 +74,18 @@ def collect(df: DataFrame, *, table: str, batch_id: int) -> pa.Table | None:
 def write_batch(rows: pa.Table, plan: WritePlan, *, batch_id: int, run_id: str | None) -> TaskResult:
     """Write the collected rows as the table's data files (one writer, on the driver); nothing is committed.
 
-    On any failure the files written so far are deleted before the error propagates (TaskWriter)."""
-    return TaskWriter(plan, _one_task(plan.query_id, batch_id, run_id)).write(rows.to_batches())
+    On any failure the files written so far are deleted before the error propagates (TaskWriter). Each file's key
+    columns are kept for the next batch's merge-on-read lookup in this process (TaskWriter's ``keep``)."""
+    return TaskWriter(plan, _one_task(plan.query_id, batch_id, run_id), keep=True).write(rows.to_batches())
 
 
 def write_routed(rows: pa.Table, plan: RoutedPlan, *, batch_id: int, run_id: str | None) -> RoutedTaskResult:
     """Option route-by: write the collected rows into their tables' data files with the routed tasks' own writer, as
     one task that holds every row (its upserts resolved across the whole batch); nothing is committed.
 
-    On any failure the files written so far are deleted before the error propagates (RoutedTaskWriter)."""
-    return RoutedTaskWriter(plan, _one_task(plan.query_id, batch_id, run_id)).write(rows.to_batches())
+    On any failure the files written so far are deleted before the error propagates (RoutedTaskWriter). Each file's
+    key columns are kept for the next batch's merge-on-read lookup in this process (TaskWriter's ``keep``)."""
+    return RoutedTaskWriter(plan, _one_task(plan.query_id, batch_id, run_id), keep=True).write(rows.to_batches())
 
 
 def routing_values(rows: pa.Table, column: str) -> list[object]:

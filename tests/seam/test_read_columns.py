@@ -241,3 +241,61 @@ def test_a_delete_file_this_process_wrote_for_its_lookup_is_kept_as_reading_it_b
     kept_store._kept.clear()
     read_back = {p: a.to_pylist() for p, a in seam.deleted_positions(table.io, entry).items()}
     assert kept == read_back == {first.file_path: [0, 3], second.file_path: [1]}
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_data_file_this_process_wrote_for_an_upsert_is_kept_as_reading_it_back_gives(
+    catalog_properties: dict[str, str], monkeypatch: pytest.MonkeyPatch, keep: bool
+) -> None:
+    """The driver's write of a small batch (lakesink.sink.driver_write: TaskWriter's ``keep``) keeps each file's key
+    and order-by columns: the next batch's lookup reads exactly what reading the file back gives (keyed by the
+    location, the size and the columns asked for), without opening it -- for a file of several row groups too. Spark's
+    tasks (keep=False) keep nothing. Asked for other columns (the key alone, a column renamed since), the file is read."""
+    from dataclasses import replace
+
+    from pyiceberg.manifest import DataFile
+
+    from lakesink.executor.messages import TaskIds
+    from lakesink.executor.task_writer import TaskWriter
+    from lakesink.executor.upsert_task import UpsertSpec
+    from lakesink.options import Maintenance, SinkOptions, TableName
+    from tests.support.helpers import sink_committer
+
+    c = sink_committer(
+        SinkOptions(
+            table=TableName(("db",), "kept"),
+            catalog_properties=catalog_properties,
+            table_properties={"write.parquet.row-group-limit": "3"},
+            maintenance=Maintenance.OFF,
+        )
+    )
+    ids = list(range(10, 0, -1))
+    rows = pa.table({
+        "ID": pa.array(ids, pa.int64()),
+        "seq": pa.array([f"s{i:03d}" for i in ids], pa.string()),
+        "at": pa.array([AT] * len(ids), pa.timestamp("us", tz="UTC")),
+    })  # fmt: skip
+    table = c.table.open_table(rows.schema)
+    plan = replace(c.write_plan(table, "q"), upsert=UpsertSpec(key=("id",), order_by="SEQ"))
+    kept_store._kept.clear()
+    result = TaskWriter(plan, TaskIds("q", 0, 0, 0, None), keep=keep).write(rows.to_batches())
+    (written,) = result.files
+    data_file = DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=written.path,
+        file_format=FileFormat.PARQUET,
+        file_size_in_bytes=written.size_in_bytes,
+        record_count=written.record_count,
+    )
+    schema = plan.schema.select("ID", "seq")  # the lookup's read: the key and the order-by column, the table's names
+    opened, _ = _opened(table, monkeypatch)
+    mine = seam.read_columns(table, data_file, schema)
+    assert opened == ([] if keep else [written.path])
+    assert [r.num_rows for r in mine.to_batches()] and mine.num_rows == 10
+    kept_store._kept.clear()
+    read_back = seam.read_columns(table, data_file, schema)
+    assert mine.schema.equals(read_back.schema) and mine.equals(read_back)
+    assert read_back.column("ID").to_pylist() == ids  # the rows in the file's order, whatever its row groups
+    opened.clear()
+    seam.read_columns(table, data_file, plan.schema.select("ID"))  # asked differently: read from the file
+    assert opened == [written.path]

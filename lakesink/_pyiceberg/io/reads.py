@@ -147,8 +147,26 @@ def read_columns(table: Table, data_file: DataFile, schema: Schema) -> pa.Table:
     column under another type than the table's (promoted since: int to long, a wider decimal), and a nested column:
     read by :func:`read_data_file`, as before. Kept between calls (the module's docstring): the key names the columns by
     field id, name and type, so a renamed or promoted column is read again."""
-    key = ("columns", data_file.file_path, data_file.file_size_in_bytes, tuple(schema.fields))
+    key = _columns_key(data_file.file_path, data_file.file_size_in_bytes, schema)
     return kept.keep(key, lambda: _read_columns(table, data_file, schema), lambda rows: rows.nbytes)
+
+
+def keep_written_columns(location: str, size_in_bytes: int, schema: Schema, rows: pa.Table) -> None:
+    """Keep the ``schema`` columns (a lookup's key and order-by columns: top-level primitives, the table's write schema
+    selected) of a data file this process has just written (``rows``: every row it wrote, in order, as the file holds
+    them; ``location`` and ``size_in_bytes`` as its manifest entry will name it): the next batch's lookup in this
+    process finds them as :func:`read_columns` would read them back, without reading the file. Nothing is kept for a
+    nested column or one ``rows`` lacks (the lookup then reads the file)."""
+    if not all(isinstance(f.field_type, PrimitiveType) and f.name in rows.column_names for f in schema.fields):
+        return
+    wanted = _wanted_schema(tuple(schema.fields))
+    columns = [rows.column(f.name).cast(w.type) for f, w in zip(schema.fields, wanted, strict=True)]
+    held = pa.Table.from_arrays(columns, schema=wanted).combine_chunks()
+    kept.hold(_columns_key(location, size_in_bytes, schema), held, held.nbytes)
+
+
+def _columns_key(location: str, size_in_bytes: int, schema: Schema) -> tuple[Any, ...]:
+    return ("columns", location, size_in_bytes, tuple(schema.fields))
 
 
 def _read_columns(table: Table, data_file: DataFile, schema: Schema) -> pa.Table:

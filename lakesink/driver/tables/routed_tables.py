@@ -369,9 +369,11 @@ class RoutedTables(Generic[T]):
         facts: TableFacts,
         first: Mapping[tuple[str, ...], Table] | None = None,
         created: Collection[tuple[str, ...]] = (),
+        again: Mapping[tuple[str, ...], Table] | None = None,
     ) -> tuple[WritePlan, Table]:
         """The plan and the table as read; ``first``: the tables opened for the first time in the run, read at once
-        (one not in it was not found), or None (each table reads itself); ``created``: those of them just created."""
+        (one not in it was not found), or None (each table reads itself); ``created``: those of them just created;
+        ``again``: the tables opened before, read at once (one not in it reads itself: a dropped table's error)."""
         name = str(route)
         c = self.committer(name)
         expected = self._uuids.get(name)
@@ -393,7 +395,8 @@ class RoutedTables(Generic[T]):
                 created=route.identifier in created,
             )
         else:
-            table = c.table.reload_table()
+            read = again.get(route.identifier) if again is not None else None
+            table = read if read is not None else c.table.reload_table()
             wanted = self.columns_of(name, facts)
             if name in facts.table_columns:
                 wanted = fitted_columns(wanted, table.schema(), merge=self.options.merge_schema)
@@ -434,8 +437,11 @@ class RoutedTables(Generic[T]):
         first = self._read_at_once([r.identifier for r in opening], payloads=bool(facts.table_columns))
         created = self._create_at_once(opening, first, facts)
         first = {**first, **created} if first is not None else None
+        # the tables opened in an earlier batch, read again in one catalog query (SQL catalogs), not one each
+        known = [r.identifier for r in routes if str(r) in self._uuids]
+        again = seam_commit.read_at_once(self.catalog, known) if len(known) > 1 else None
         for r in routes:
-            plan, read[str(r)] = self._plan_and_table(r, query_id, facts, first, created)
+            plan, read[str(r)] = self._plan_and_table(r, query_id, facts, first, created, again)
             plans[str(r)] = self._checked(plan, checks)
         return BatchPlans(plans, read, letters[1] if letters is not None else None, checks)
 
