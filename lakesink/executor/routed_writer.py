@@ -36,7 +36,7 @@ from lakesink.errors import RoutingError, SchemaMismatchError
 from lakesink.executor import payload
 from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import RowChecks, RowsDigest, TaskIds, TaskResult, WritePlan
-from lakesink.executor.row_digest import digest
+from lakesink.executor.row_digest import row_hashes, rows_digest
 from lakesink.executor.task_writer import TaskWriter, task_result_batch, utc_schema
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
@@ -170,18 +170,20 @@ def routing_values_of(values: pa.Array) -> list[object]:
     return [routing_value(v) for v in values.view(binary).to_pylist()]
 
 
-def split_by_route(batch: pa.RecordBatch, column: str) -> Iterable[tuple[object, pa.RecordBatch]]:
-    """``batch``'s rows grouped by the routing column's value (None for nulls), without the column."""
+def split_by_route(batch: pa.RecordBatch, column: str) -> Iterable[tuple[object, pa.RecordBatch, RowsDigest]]:
+    """``batch``'s rows grouped by the routing column's value (None for nulls), without the column, each group with
+    the digest of its rows (lakesink.executor.row_digest: the batch's rows hashed once, each group's hashes summed)."""
     index = batch.schema.get_field_index(column)
     values = batch.column(index)
     rest = batch.remove_column(index)
     if batch.num_rows == 0:
         return
+    hashes = row_hashes(rest)
     encoded = pc.dictionary_encode(values, null_encoding="encode")
     codes = encoded.indices
     dictionary = routing_values_of(encoded.dictionary)
     if len(dictionary) == 1:
-        yield dictionary[0], rest
+        yield dictionary[0], rest, rows_digest(hashes)
         return
     groups = (
         pa.table([codes, row_numbers(batch.num_rows)], names=["code", "row"])
@@ -189,7 +191,8 @@ def split_by_route(batch: pa.RecordBatch, column: str) -> Iterable[tuple[object,
         .aggregate([("row", "list")])
     )
     for code, rows in zip(groups.column("code").to_pylist(), groups.column("row_list"), strict=True):
-        yield dictionary[code], rest.take(rows.values)
+        positions = rows.values
+        yield dictionary[code], rest.take(positions), rows_digest(hashes[positions.to_numpy()])
 
 
 def conform_to_table(batch: pa.RecordBatch, plan: WritePlan, batch_id: int) -> pa.RecordBatch:
@@ -287,14 +290,14 @@ class RoutedTaskWriter:
             fault_point(EXECUTOR_BEFORE_WRITE)
             budget: int | None = None
             for batch in batches:
-                groups = [(value, self._route(value), rows) for value, rows in split_by_route(batch, self._plan.column)]
+                groups = [(value, self._route(value), rows, d) for value, rows, d in split_by_route(batch, self._plan.column)]
                 # invalid routes first (checked first: a RoutingError, or dead letters, before any row's other checks)
-                for value, route, rows in sorted(groups, key=lambda g: not isinstance(g[1], InvalidRoute)):
+                for value, route, rows, summed in sorted(groups, key=lambda g: not isinstance(g[1], InvalidRoute)):
                     if isinstance(route, InvalidRoute):
                         self._reject_route(value, route, rows)
                         continue
                     name = str(route)
-                    self._digests[name] = self._digests.get(name, RowsDigest()).add(digest(rows))
+                    self._digests[name] = self._digests.get(name, RowsDigest()).add(summed)
                     writer = self._writer(route)
                     if writer is not None:
                         if self._rejects is not None and writer.plan.row_checks is not None:

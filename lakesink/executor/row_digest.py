@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from lakesink.executor.messages import RowsDigest
 
-__all__ = ["digest", "hash_text"]
+__all__ = ["digest", "hash_text", "row_hashes", "rows_digest"]
 
 _U64 = np.uint64
 _NULL = _U64(0x9E3779B97F4A7C15)
@@ -30,13 +30,23 @@ _NULL = _U64(0x9E3779B97F4A7C15)
 
 def digest(batch: pa.RecordBatch) -> RowsDigest:
     """The digest of ``batch``'s rows (its columns in order, their names aside)."""
+    return rows_digest(row_hashes(batch))
+
+
+def row_hashes(batch: pa.RecordBatch) -> np.ndarray:
+    """Each row's hash (its columns in order, their names aside): a digest of some of the rows is
+    :func:`rows_digest` of their hashes (a routed task hashes its batch once, then sums each table's rows)."""
     n = batch.num_rows
-    if n == 0:
-        return RowsDigest()
     rows = np.zeros(n, dtype=_U64)
     for i, column in enumerate(batch.columns):
         rows += _mix(_values(column) + _mix(np.full(n, i + 1, dtype=_U64)))
-    return RowsDigest(n, int(_mix(rows).sum(dtype=_U64)))
+    mixed: np.ndarray = _mix(rows)
+    return mixed
+
+
+def rows_digest(hashes: np.ndarray) -> RowsDigest:
+    """The digest of the rows whose :func:`row_hashes` are ``hashes``."""
+    return RowsDigest(len(hashes), int(hashes.sum(dtype=_U64))) if len(hashes) else RowsDigest()
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

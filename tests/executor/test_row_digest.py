@@ -82,3 +82,25 @@ def test_a_count_alone_compares_with_every_kind_by_its_rows() -> None:
         more = dataclasses.replace(other, rows=4).text()
         assert not same_rows(alone, more) and not same_rows(more, alone), other
     assert RowsDigest(kind=ROWS_ONLY).add(RowsDigest(2, 0, ROWS_ONLY)).text() == "2"
+
+
+@pytest.mark.parametrize(("name", "type_", "values", "other"), CASES, ids=[c[0] for c in CASES])
+def test_a_routed_batchs_split_carries_each_tables_digest_of_its_rows(
+    name: str, type_: pa.DataType, values: list[Any], other: Any
+) -> None:
+    """The routed writer hashes a batch's rows once and sums each table's (split_by_route): each table's digest is the
+    digest of the rows it gets, whatever the routes' order in the batch, a null route among them."""
+    from lakesink.executor.routed_writer import split_by_route
+
+    routes = ["t1", None, "t2", "t1", "t2"]
+    rows = pa.record_batch(
+        [pa.array(routes, pa.string()), pa.array(list(range(len(values))), pa.int64()), pa.array(values, type=type_)],
+        names=["route", "k", name],
+    )
+    split = {value: (part, summed) for value, part, summed in split_by_route(rows, "route")}
+    assert set(split) == {"t1", "t2", None}
+    for value, (part, summed) in split.items():
+        assert part.column_names == ["k", name]
+        assert summed == digest(part) and summed.rows == routes.count(value)
+    ((value, part, summed),) = split_by_route(rows.filter(pa.array([r == "t1" for r in routes])), "route")
+    assert value == "t1" and summed == digest(part) == split["t1"][1]
