@@ -37,7 +37,7 @@ from lakesink.executor import payload
 from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import RowChecks, RowsDigest, TaskIds, TaskResult, WritePlan
 from lakesink.executor.row_digest import row_hashes, rows_digest
-from lakesink.executor.task_writer import TaskWriter, task_result_batch, utc_schema
+from lakesink.executor.task_writer import TaskWriter, lookup_columns, task_result_batch, utc_schema
 from lakesink.executor.upsert_task import UpsertSpec
 from lakesink.faults import EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
 from lakesink.options import CDC_CONNECT_SCHEMA, CDC_PREFIX, CDC_VALUE
@@ -257,7 +257,7 @@ class RoutedTaskWriter:
     """One task of a routed batch: its rows split by table, each table's rows into Parquet files of that table."""
 
     def __init__(self, plan: RoutedPlan, ids: TaskIds, *, keep: bool = False):
-        """``keep``: as :class:`~lakesink.executor.task_writer.TaskWriter`'s, for every table's writer."""
+        """``keep``: each merge-on-read table's writer keeps its lookup's columns (TaskWriter's ``keep``)."""
         self._plan = plan
         self._ids = ids
         self._keep = keep
@@ -536,7 +536,8 @@ class RoutedTaskWriter:
             # this table holds the batch already (a replay completing the tables a crash left without it)
             self._skipped[name] = plan
             return None
-        writer = TaskWriter(plan, self._ids, keep=self._keep)
+        keep = lookup_columns(plan, plan.upsert.key, plan.upsert.order_by) if self._keep and plan.upsert else None
+        writer = TaskWriter(plan, self._ids, keep=keep)
         self._writers[name] = (writer, name not in self._plan.plans)
         return writer
 

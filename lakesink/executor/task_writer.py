@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ from lakesink.executor import text, upsert_task
 from lakesink.executor.dead_letters import RowSorter
 from lakesink.executor.messages import TaskIds, TaskResult, WritePlan, WrittenFile
 from lakesink.faults import EXECUTOR_AFTER_FILE, EXECUTOR_BEFORE_RETURN, EXECUTOR_BEFORE_WRITE, fault_point
-from lakesink.table import floats, names, required, storage
+from lakesink.table import floats, names, required, settings, storage
 from lakesink.table.keys import DELETED, DICT_SIZE_DEFAULT, UNAVAILABLE_COLUMN
 from lakesink.table.numbering import row_numbers
 from lakesink.table.parquet_layout import dictionary_columns
@@ -81,12 +81,12 @@ class TaskWriter:
     in per-partition row groups whose total size is bounded by ``write.parquet.row-group-size-bytes``:
     beyond it the largest is written out.
 
-    ``keep``: a writer in the process that looks an upsert's keys up (the driver's write of a small batch,
-    lakesink.sink.driver_write): each file's key and order-by columns are kept in this process as the next
-    merge-on-read lookup reads them (lakesink._pyiceberg.io.reads.keep_written_columns), not read back from the file.
+    ``keep``: a writer in the process that looks a merge-on-read table's keys up (the driver's write of a small batch,
+    lakesink.sink.driver_write): these columns of each file (:func:`lookup_columns`) are kept in this process as the
+    next lookup reads them (lakesink._pyiceberg.io.reads.keep_written_columns), not read back from the file.
     """
 
-    def __init__(self, plan: WritePlan, ids: TaskIds, *, keep: bool = False):
+    def __init__(self, plan: WritePlan, ids: TaskIds, *, keep: Schema | None = None):
         self._plan = plan
         self._ids = ids
         self._token = names.new_token()
@@ -102,7 +102,7 @@ class TaskWriter:
         self._table_arrow = seam.arrow_schema(self._file_schema)
         self._has_required = required.has_required(self._table_arrow)
         self._partitioned = not plan.spec.is_unpartitioned()
-        self._kept: Schema | None = _kept_columns(plan) if keep else None
+        self._kept = keep
         self._files: list[WrittenFile] = []
         self._changes: bytes | None = None
         self._history: bytes | None = None
@@ -441,19 +441,21 @@ class TaskWriter:
             self._dead_letters = None
 
 
-def _kept_columns(plan: WritePlan) -> Schema | None:
-    """The columns a merge-on-read lookup reads of the plan's table (lakesink.sink.merge_on_read: the upsert key and,
-    when the table has it, the order-by column, in the table's order), or None: the plan upserts nothing, or a key
-    column is not in its schema."""
-    upsert = plan.upsert
-    if upsert is None:
-        return None
+def lookup_columns(plan: WritePlan, key: Sequence[str], order_by: str | None) -> Schema | None:
+    """The columns a merge-on-read lookup reads of the files written by ``plan`` (lakesink.sink.merge_on_read: the key
+    and, when the table has it, the order-by column, in the table's order), or None: the table is not merge-on-read
+    (its properties), there is no key, or a key column is not in the plan's schema."""
+    try:
+        if not key or not settings.merge_on_read(plan.table, plan.properties):
+            return None
+    except LakesinkError:
+        return None  # a bad write mode: the driver's checks name it
     names: list[str] = []
-    for name in (*upsert.key, *([upsert.order_by] if upsert.order_by is not None else [])):
+    for name in (*key, *([order_by] if order_by is not None else [])):
         try:
             names.append(plan.schema.find_field(name, case_sensitive=False).name)
         except ValueError:
-            if name in upsert.key:
+            if name in key:
                 return None
     return plan.schema.select(*names)
 

@@ -25,6 +25,7 @@ written by the other paths instead (:func:`collect` returns None; nothing was wr
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,7 +34,7 @@ from pyspark.sql import DataFrame
 from lakesink.driver.tables.schema import chars_as_strings, nullable_everywhere
 from lakesink.executor.messages import TaskIds, TaskResult, WritePlan
 from lakesink.executor.routed_writer import RoutedPlan, RoutedTaskResult, RoutedTaskWriter, routing_values_of
-from lakesink.executor.task_writer import TaskWriter
+from lakesink.executor.task_writer import TaskWriter, lookup_columns
 
 log = logging.getLogger("lakesink")
 
@@ -71,20 +72,25 @@ def collect(df: DataFrame, *, table: str, batch_id: int) -> pa.Table | None:
         raise
 
 
-def write_batch(rows: pa.Table, plan: WritePlan, *, batch_id: int, run_id: str | None) -> TaskResult:
+def write_batch(
+    rows: pa.Table, plan: WritePlan, *, batch_id: int, run_id: str | None, key: Sequence[str] = (), order_by: str | None = None
+) -> TaskResult:
     """Write the collected rows as the table's data files (one writer, on the driver); nothing is committed.
 
-    On any failure the files written so far are deleted before the error propagates (TaskWriter). Each file's key
-    columns are kept for the next batch's merge-on-read lookup in this process (TaskWriter's ``keep``)."""
-    return TaskWriter(plan, _one_task(plan.query_id, batch_id, run_id), keep=True).write(rows.to_batches())
+    On any failure the files written so far are deleted before the error propagates (TaskWriter). A merge-on-read
+    table's files keep their ``key`` and ``order_by`` columns for the next batch's lookup in this process
+    (TaskWriter's ``keep``)."""
+    keep = lookup_columns(plan, key, order_by)
+    return TaskWriter(plan, _one_task(plan.query_id, batch_id, run_id), keep=keep).write(rows.to_batches())
 
 
 def write_routed(rows: pa.Table, plan: RoutedPlan, *, batch_id: int, run_id: str | None) -> RoutedTaskResult:
     """Option route-by: write the collected rows into their tables' data files with the routed tasks' own writer, as
     one task that holds every row (its upserts resolved across the whole batch); nothing is committed.
 
-    On any failure the files written so far are deleted before the error propagates (RoutedTaskWriter). Each file's
-    key columns are kept for the next batch's merge-on-read lookup in this process (TaskWriter's ``keep``)."""
+    On any failure the files written so far are deleted before the error propagates (RoutedTaskWriter). A merge-on-read
+    table's files keep their key and order-by columns for the next batch's lookup in this process (TaskWriter's
+    ``keep``)."""
     return RoutedTaskWriter(plan, _one_task(plan.query_id, batch_id, run_id), keep=True).write(rows.to_batches())
 
 

@@ -441,7 +441,9 @@ class ForeachBatchSink:
         elif on_driver:
             collected = driver_write.collect(df, table=plan.table, batch_id=batch_id)
         if collected is not None:
-            results = [driver_write.write_batch(collected, plan, batch_id=batch_id, run_id=run_id)]
+            # a merge-on-read batch's files keep the lookup's columns for the next batch's lookup here
+            key, order_by = (self.options.upsert_key, self.options.order_by) if merge is not None else ((), None)
+            results = [driver_write.write_batch(collected, plan, batch_id=batch_id, run_id=run_id, key=key, order_by=order_by)]
         elif self.options.writer is WriterKind.ARROW or reason is not None:
             rows = df.mapInArrow(PartitionWriter(plan, batch_id, run_id), TASK_RESULT_SCHEMA).collect()
             results = [pickle.loads(r[0]) for r in rows]

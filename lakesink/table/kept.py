@@ -1,8 +1,9 @@
 """What this process keeps between batches, in one least-recently-used store bounded by :data:`KEPT_BYTES`: files'
-contents read by merge-on-read lookups (lakesink._pyiceberg.io.reads: a file named by its location and size never
-changes), the state files this process wrote or read (lakesink.table.state_files: order and held files, whose names are
-never written twice) and the conversions of tables' schemas (lakesink._pyiceberg.io.schemas: keyed by the schema's
-exact JSON). Plain Python over cachetools, in the table layer: every layer above keeps in it.
+contents read by merge-on-read lookups, or kept as this process wrote them (lakesink._pyiceberg.io.reads: a file
+named by its location and size never changes), the state files this process wrote or read
+(lakesink.table.state_files: order and held files, whose names are never written twice) and the conversions of
+tables' schemas (lakesink._pyiceberg.io.schemas: keyed by the schema's exact JSON). Plain Python over cachetools, in
+the table layer: every layer above keeps in it.
 Each value is a function of its key alone, so a kept value can only answer for the key it was made from.
 """
 

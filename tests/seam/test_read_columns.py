@@ -250,14 +250,11 @@ def test_a_data_file_this_process_wrote_for_an_upsert_is_kept_as_reading_it_back
     """The driver's write of a small batch (lakesink.sink.driver_write: TaskWriter's ``keep``) keeps each file's key
     and order-by columns: the next batch's lookup reads exactly what reading the file back gives (keyed by the
     location, the size and the columns asked for), without opening it -- for a file of several row groups too. Spark's
-    tasks (keep=False) keep nothing. Asked for other columns (the key alone, a column renamed since), the file is read."""
-    from dataclasses import replace
-
+    tasks (keep=False) keep nothing. Asked for other columns (the key alone), the file is read."""
     from pyiceberg.manifest import DataFile
 
     from lakesink.executor.messages import TaskIds
-    from lakesink.executor.task_writer import TaskWriter
-    from lakesink.executor.upsert_task import UpsertSpec
+    from lakesink.executor.task_writer import TaskWriter, lookup_columns
     from lakesink.options import Maintenance, SinkOptions, TableName
     from tests.support.helpers import sink_committer
 
@@ -265,7 +262,7 @@ def test_a_data_file_this_process_wrote_for_an_upsert_is_kept_as_reading_it_back
         SinkOptions(
             table=TableName(("db",), "kept"),
             catalog_properties=catalog_properties,
-            table_properties={"write.parquet.row-group-limit": "3"},
+            table_properties={"write.parquet.row-group-limit": "3", "write.merge.mode": "merge-on-read"},
             maintenance=Maintenance.OFF,
         )
     )
@@ -276,9 +273,11 @@ def test_a_data_file_this_process_wrote_for_an_upsert_is_kept_as_reading_it_back
         "at": pa.array([AT] * len(ids), pa.timestamp("us", tz="UTC")),
     })  # fmt: skip
     table = c.table.open_table(rows.schema)
-    plan = replace(c.write_plan(table, "q"), upsert=UpsertSpec(key=("id",), order_by="SEQ"))
+    plan = c.write_plan(table, "q")
+    schema = lookup_columns(plan, ("id",), "SEQ")  # the lookup's read: the key and the order-by column, the table's names
+    assert schema is not None and [f.name for f in schema.fields] == ["ID", "seq"]
     kept_store._kept.clear()
-    result = TaskWriter(plan, TaskIds("q", 0, 0, 0, None), keep=keep).write(rows.to_batches())
+    result = TaskWriter(plan, TaskIds("q", 0, 0, 0, None), keep=schema if keep else None).write(rows.to_batches())
     (written,) = result.files
     data_file = DataFile.from_args(
         content=DataFileContent.DATA,
@@ -287,11 +286,9 @@ def test_a_data_file_this_process_wrote_for_an_upsert_is_kept_as_reading_it_back
         file_size_in_bytes=written.size_in_bytes,
         record_count=written.record_count,
     )
-    schema = plan.schema.select("ID", "seq")  # the lookup's read: the key and the order-by column, the table's names
     opened, _ = _opened(table, monkeypatch)
     mine = seam.read_columns(table, data_file, schema)
     assert opened == ([] if keep else [written.path])
-    assert [r.num_rows for r in mine.to_batches()] and mine.num_rows == 10
     kept_store._kept.clear()
     read_back = seam.read_columns(table, data_file, schema)
     assert mine.schema.equals(read_back.schema) and mine.equals(read_back)
@@ -299,3 +296,28 @@ def test_a_data_file_this_process_wrote_for_an_upsert_is_kept_as_reading_it_back
     opened.clear()
     seam.read_columns(table, data_file, plan.schema.select("ID"))  # asked differently: read from the file
     assert opened == [written.path]
+
+
+def test_only_a_merge_on_read_tables_lookup_columns_are_kept(catalog_properties: dict[str, str]) -> None:
+    """A copy-on-write table's lookups never read key columns: its files keep nothing; nor does a key the table lacks."""
+    from lakesink.executor.task_writer import lookup_columns
+    from lakesink.options import Maintenance, SinkOptions, TableName
+    from tests.support.helpers import sink_committer
+
+    rows = pa.table({"id": pa.array([1], pa.int64()), "v": pa.array(["a"], pa.string())})
+    plans = {}
+    for mode in ("copy-on-write", "merge-on-read"):
+        c = sink_committer(
+            SinkOptions(
+                table=TableName(("db",), mode.replace("-", "_")),
+                catalog_properties=catalog_properties,
+                table_properties={"write.merge.mode": mode},
+                maintenance=Maintenance.OFF,
+            )
+        )
+        plans[mode] = c.write_plan(c.table.open_table(rows.schema), "q")
+    assert lookup_columns(plans["copy-on-write"], ("id",), None) is None
+    found = lookup_columns(plans["merge-on-read"], ("id",), "not_a_column")  # an order-by the table lacks: the key alone
+    assert found is not None and [f.name for f in found.fields] == ["id"]
+    assert lookup_columns(plans["merge-on-read"], ("nope",), None) is None
+    assert lookup_columns(plans["merge-on-read"], (), None) is None
