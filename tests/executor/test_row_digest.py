@@ -92,7 +92,7 @@ def test_a_routed_batchs_split_carries_each_tables_digest_of_its_rows(
     digest of the rows it gets, whatever the routes' order in the batch, a null route among them."""
     from lakesink.executor.routed_writer import split_by_route
 
-    routes = ["t1", None, "t2", "t1", "t2"]
+    routes: list[object] = ["t1", None, "t2", "t1", "t2"]
     rows = pa.record_batch(
         [pa.array(routes, pa.string()), pa.array(list(range(len(values))), pa.int64()), pa.array(values, type=type_)],
         names=["route", "k", name],
