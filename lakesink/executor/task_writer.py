@@ -375,7 +375,11 @@ class TaskWriter:
         assert slot.writer is not None
         slot.writer.write_table(table, row_group_size=table.num_rows)
         if self._kept is not None:
-            slot.kept.append(table.select([f.name for f in self._kept.fields]))
+            kept = [f.name for f in self._kept.fields]
+            if all(n in table.column_names for n in kept):
+                slot.kept.append(table.select(kept))
+            else:  # (a file holds every column of the table: never) nothing kept, the lookups read the files
+                self._kept = None
         slot.rows_in_file += table.num_rows
         if slot.stream.tell() >= self._target_file_size:
             self._close_file(slot)
