@@ -3,7 +3,9 @@ which SIGKILL it or its executors and start it again on the same checkpoint.
 
 argv[1]: JSON object with ``input``, ``checkpoint``, ``table``, ``entry`` (``format`` or ``foreach``),
 ``catalog_properties``, ``master`` (``local[2,4]``, ``spark://127.0.0.1:PORT``), optional ``writer``,
-``conf`` (more Spark configuration) and ``max_files`` (maxFilesPerTrigger).
+``conf`` (more Spark configuration), ``max_files`` (maxFilesPerTrigger) and ``upsert`` (entry ``foreach`` only: the
+table's properties, e.g. merge-on-read; the input is then a change stream of ``tests.jobs.upsert_job.EVENTS_DDL`` events
+upserted by key ``id``, deleted where ``op = 'd'``, ordered by ``seq``).
 Input: JSON files of ``tests.support.helpers.SCHEMA_DDL`` rows with unique ids; trigger availableNow.
 """
 
@@ -22,6 +24,7 @@ def main() -> int:
 
     import lakesink
     from tests.jobs.jvm import short_lived
+    from tests.jobs.upsert_job import EVENTS_DDL
     from tests.support.helpers import SCHEMA_DDL
 
     builder = (
@@ -36,7 +39,9 @@ def main() -> int:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     lakesink.register(spark)
-    events = spark.readStream.schema(SCHEMA_DDL).option("maxFilesPerTrigger", cfg.get("max_files", 1)).json(cfg["input"])
+    upsert = cfg.get("upsert")
+    ddl = EVENTS_DDL if upsert is not None else SCHEMA_DDL
+    events = spark.readStream.schema(ddl).option("maxFilesPerTrigger", cfg.get("max_files", 1)).json(cfg["input"])
     if cfg["entry"] == "format":
         writer = events.writeStream.format("lakesink").option("table", cfg["table"])
         for k, v in cfg["catalog_properties"].items():
@@ -47,6 +52,11 @@ def main() -> int:
             catalog_properties=cfg["catalog_properties"],
             checkpoint_location=cfg["checkpoint"],
             writer=cfg.get("writer", "auto"),
+            **(
+                {"upsert_key": "id", "delete_when": "op = 'd'", "order_by": "seq", "table_properties": upsert}
+                if upsert is not None
+                else {}
+            ),
         )
         writer = events.writeStream.foreachBatch(sink)  # type: ignore[arg-type]
     query = writer.option("checkpointLocation", cfg["checkpoint"]).trigger(availableNow=True).start()
