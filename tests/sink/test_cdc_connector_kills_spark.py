@@ -26,6 +26,10 @@ here), with the source's types, and no batch is recorded twice in any table's sn
 The same MySQL stream with Debezium's transaction metadata (each change's ``transaction`` block, the transaction topic's
 ``BEGIN``/``END``; the transaction's id its GTID), cut mid-transaction, runs with option cdc-transactions=hold through
 the same kills: after every batch each table equals the source after a whole prefix of its transactions.
+
+Each stream runs on both entry points into tables lakesink creates copy-on-write, and again merge-on-read (entries
+``...-mor``: the tables' ``write.merge.mode``; issue 52: the batches' upserts and deletes then written as position
+deletes, looked up where the batch commits).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import pytest
 
 from lakesink.driver import catalogs
 from lakesink.faults import CATALOG_BETWEEN_TABLE_SWAPS, DRIVER_AFTER_SWAP, DRIVER_BEFORE_SWAP
+from lakesink.table.keys import SUMMARY_UPSERT_MODE, WRITE_MERGE_MODE
 from tests.jobs import cdc_oracle_job as job
 from tests.support import connectors as cn
 from tests.support.changes import write_json_round
@@ -219,7 +224,7 @@ def run_stream_through_kills(
         while written < reads:
             write_json_round(src, written, records[written])
             written += 1
-        killed_in_job(faults, point, entry.removesuffix("-history"), run)
+        killed_in_job(faults, point, entry.removesuffix("-history").removesuffix("-mor"), run)
     while written < len(records):
         write_json_round(src, written, records[written])
         written += 1
@@ -243,6 +248,18 @@ def check_batches(props: dict[str, str], names: tuple[str, ...], batches: int) -
         assert ids == sorted(set(ids)), f"{name} holds a batch twice: {ids}"
         seen |= set(ids)
     assert seen == set(range(batches)), seen
+
+
+def check_write_mode(props: dict[str, str], names: tuple[str, ...], entry: str) -> None:
+    """Entries ``...-mor``: every table was created merge-on-read and some batch upserted a table merge-on-read (its
+    snapshot summary's upsert mode); the others: every batch copy-on-write."""
+    catalog = catalogs.load(None, props)
+    modes: set[str | None] = set()
+    for name in names:
+        table = catalog.load_table(tuple(name.split(".")))
+        assert (table.properties.get(WRITE_MERGE_MODE) == "merge-on-read") == ("-mor" in entry), (name, table.properties)
+        modes |= {s.summary.additional_properties.get(SUMMARY_UPSERT_MODE) for s in table.snapshots() if s.summary}
+    assert ("merge-on-read" in modes) == ("-mor" in entry), modes
 
 
 def kafka_records(source: Any, batches: list[cn.Streamed], typed: str) -> list[list[dict[str, Any]]]:
@@ -298,7 +315,7 @@ def history_versions(history: Any, columns: list[str]) -> list[tuple[Any, ...]]:
 
 @pytest.mark.long
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("entry", ["foreach", "format-history"])
+@pytest.mark.parametrize("entry", ["foreach", "format-history", "foreach-mor", "format-mor"])
 def test_a_mysql_stream_through_sigkills_equals_the_model(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
@@ -325,6 +342,7 @@ def test_a_mysql_stream_through_sigkills_equals_the_model(
     model = cn.model(changes)
     want = {**model, ORDERS: {k: _decoded(v) for k, v in model[ORDERS].items()}}
     assert _tables(catalog_properties, tuple(want)) == want
+    check_write_mode(catalog_properties, tuple(want), entry)
     assert sorted(want[ORDERS]) == [1, 2, 4, 6] and sorted(want[CUSTOMERS]) == [2, 4, 5]
     orders = catalogs.load(None, catalog_properties).load_table(("shop", "orders"))
     types = {f.name: str(f.field_type) for f in orders.schema().fields}
@@ -421,7 +439,7 @@ def postgres_stream() -> list[cn.Streamed]:
 
 @pytest.mark.long
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("entry", ["foreach-history", "format-history"])
+@pytest.mark.parametrize("entry", ["foreach-history", "format-history", "foreach-mor-history", "format-mor-history"])
 def test_a_postgresql_stream_with_toast_placeholders_through_sigkills_equals_the_model(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
@@ -438,6 +456,7 @@ def test_a_postgresql_stream_with_toast_placeholders_through_sigkills_equals_the
     model = cn.model((change for streamed in batches for change, _ in streamed), unavailable=UNAVAILABLE)
     want = {DOCS: {k: _doc_decoded(v) for k, v in model[DOCS].items()}, TAGS: model[TAGS]}
     assert _tables(catalog_properties, (DOCS, TAGS)) == want
+    check_write_mode(catalog_properties, (DOCS, TAGS), entry)
     assert sorted(want[DOCS]) == [1, 4] and sorted(want[TAGS]) == [8, 9]
     assert want[DOCS][1]["body"] == _long("d1") and want[DOCS][4]["body"] == _long("d4")
     check_batches(catalog_properties, (DOCS, TAGS), len(batches))
@@ -504,7 +523,7 @@ def _tables_at(props: dict[str, str], names: tuple[str, ...], batch: int) -> dic
 
 @pytest.mark.long
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("entry", ["hold", "hold-format"])
+@pytest.mark.parametrize("entry", ["hold", "hold-format", "hold-mor", "hold-format-mor"])
 def test_a_mysql_stream_held_back_by_transaction_through_sigkills_shows_whole_transactions(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
@@ -523,3 +542,4 @@ def test_a_mysql_stream_held_back_by_transaction_through_sigkills_shows_whole_tr
         want = {CUSTOMERS: model.get(CUSTOMERS, {}), ORDERS: {k: _decoded(v) for k, v in model[ORDERS].items()}}
         assert _tables_at(catalog_properties, names, batch) == want, f"batch {batch}"
     assert sorted(_tables(catalog_properties, names)[ORDERS]) == [1, 2, 4, 6]
+    check_write_mode(catalog_properties, names, entry)
