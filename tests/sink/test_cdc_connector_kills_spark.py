@@ -27,9 +27,9 @@ The same MySQL stream with Debezium's transaction metadata (each change's ``tran
 ``BEGIN``/``END``; the transaction's id its GTID), cut mid-transaction, runs with option cdc-transactions=hold through
 the same kills: after every batch each table equals the source after a whole prefix of its transactions.
 
-Each stream runs on both entry points into tables lakesink creates copy-on-write, and again merge-on-read (entries
-``...-mor``: the tables' ``write.merge.mode``; issue 52: the batches' upserts and deletes then written as position
-deletes, looked up where the batch commits).
+Each stream runs on both entry points into tables lakesink creates copy-on-write here, and merge-on-read in
+tests/sink/test_cdc_connector_kills_mor_spark.py (entries ``...-mor``; a file of its own, so that make test-long's
+workers, which take a file each, share them).
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ def history_versions(history: Any, columns: list[str]) -> list[tuple[Any, ...]]:
 
 @pytest.mark.long
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("entry", ["foreach", "format-history", "foreach-mor", "format-mor"])
+@pytest.mark.parametrize("entry", ["foreach", "format-history"])
 def test_a_mysql_stream_through_sigkills_equals_the_model(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
@@ -439,7 +439,7 @@ def postgres_stream() -> list[cn.Streamed]:
 
 @pytest.mark.long
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("entry", ["foreach-history", "format-history", "foreach-mor-history", "format-mor-history"])
+@pytest.mark.parametrize("entry", ["foreach-history", "format-history"])
 def test_a_postgresql_stream_with_toast_placeholders_through_sigkills_equals_the_model(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
@@ -523,7 +523,7 @@ def _tables_at(props: dict[str, str], names: tuple[str, ...], batch: int) -> dic
 
 @pytest.mark.long
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("entry", ["hold", "hold-format", "hold-mor", "hold-format-mor"])
+@pytest.mark.parametrize("entry", ["hold", "hold-format"])
 def test_a_mysql_stream_held_back_by_transaction_through_sigkills_shows_whole_transactions(
     spark: Any, tmp_path: Path, catalog_properties: dict[str, str], faults: Any, entry: str
 ) -> None:
