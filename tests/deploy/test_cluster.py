@@ -93,31 +93,8 @@ def test_executor_sigkilled_mid_batch_on_a_cluster_every_id_lands_once(
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 600
-        while not (faults / f"{EXECUTOR_BEFORE_WRITE}.reached").exists():
-            assert job.poll() is None, job.stdout.read().decode()[-3000:] if job.stdout else ""
-            assert time.monotonic() < deadline, "no task reached the fault point"
-            time.sleep(0.1)
-        paused = [int(p.name.rsplit(".", 1)[1]) for p in faults.glob(f"{EXECUTOR_BEFORE_WRITE}.fired.*")]
-        assert len(paused) == 1
-
-        # the master may launch the application's second executor after the first one already runs the
-        # paused task (a loaded machine, a worker still releasing the previous application's core): wait for it
-        def executors_of_the_job() -> list[int]:
-            return [pid for pid in cluster.executor_pids() if pid not in earlier]
-
-        executors = executors_of_the_job()
-        two_by = time.monotonic() + 180
-        while len(executors) < 2 and time.monotonic() < two_by:
-            time.sleep(0.5)
-            executors = executors_of_the_job()
-        assert len(executors) == 2, f"expected two executor JVMs, found {executors}: {cluster.log_tails()}"
-        victim = [pid for pid in executors if pid in ancestors(paused[0])]
-        assert len(victim) == 1, f"the paused Python worker {paused[0]} runs under none of the executors {executors}"
-        os.kill(victim[0], signal.SIGKILL)
-        (faults / f"{EXECUTOR_BEFORE_WRITE}.release").touch()
-        out, _ = job.communicate(timeout=900)
-        assert job.returncode == 0, out.decode()[-3000:]
+        paused = _paused_worker(job, faults, EXECUTOR_BEFORE_WRITE)
+        victim = _kill_its_executor(job, cluster, earlier, paused, faults, EXECUTOR_BEFORE_WRITE)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
@@ -125,7 +102,7 @@ def test_executor_sigkilled_mid_batch_on_a_cluster_every_id_lands_once(
     table = catalogs.load(None, props).load_table(("db", "events"))
     assert table_ids(table) == Counter(sent)
     assert_snapshot_invariants(table)
-    assert victim[0] not in cluster.executor_pids()
+    assert victim not in cluster.executor_pids()
 
 
 def test_foreach_batch_auto_uses_spark_writer_on_the_cluster(tmp_path: Path, cluster: StandaloneCluster, postgres: Any) -> None:
@@ -227,33 +204,13 @@ def test_a_merge_on_read_change_stream_with_an_executor_sigkilled_mid_lookup_equ
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 600
-        while not (faults / f"{EXECUTOR_AFTER_FILE}.reached").exists():
-            assert job.poll() is None, job.stdout.read().decode()[-3000:] if job.stdout else ""
-            assert time.monotonic() < deadline, "no task reached the fault point"
-            time.sleep(0.1)
-        paused = [int(p.name.rsplit(".", 1)[1]) for p in faults.glob(f"{EXECUTOR_AFTER_FILE}.fired.*")]
-        assert len(paused) == 1
+        paused = _paused_worker(job, faults, EXECUTOR_AFTER_FILE)
         waiting = unreferenced_delete_files(catalogs.load(None, props).load_table(("db", "events")))
         # the delete files of the batch so far: the paused task's among them, each written by a Spark task
         assert waiting, "the paused task wrote no position delete file: it was not the lookup's"
         assert all(_task_written(path) for path in waiting), waiting
 
-        def executors_of_the_job() -> list[int]:
-            return [pid for pid in cluster.executor_pids() if pid not in earlier]
-
-        executors = executors_of_the_job()
-        two_by = time.monotonic() + 180
-        while len(executors) < 2 and time.monotonic() < two_by:
-            time.sleep(0.5)
-            executors = executors_of_the_job()
-        assert len(executors) == 2, f"expected two executor JVMs, found {executors}: {cluster.log_tails()}"
-        victim = [pid for pid in executors if pid in ancestors(paused[0])]
-        assert len(victim) == 1, f"the paused Python worker {paused[0]} runs under none of the executors {executors}"
-        os.kill(victim[0], signal.SIGKILL)
-        (faults / f"{EXECUTOR_AFTER_FILE}.release").touch()
-        out, _ = job.communicate(timeout=900)
-        assert job.returncode == 0, out.decode()[-3000:]
+        victim = _kill_its_executor(job, cluster, earlier, paused, faults, EXECUTOR_AFTER_FILE)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
@@ -278,7 +235,7 @@ def test_a_merge_on_read_change_stream_with_an_executor_sigkilled_mid_lookup_equ
         for e in m.fetch_manifest_entry(table.io, discard_deleted=False)
     }
     assert set(waiting) - referenced, "the killed task's delete file was committed"
-    assert victim[0] not in cluster.executor_pids()
+    assert victim not in cluster.executor_pids()
 
 
 def _added_delete_files(table: Any, snapshot_id: int) -> list[str]:
@@ -303,3 +260,42 @@ def _task_written(path: str) -> bool:
 
     name = DataFileName.parse(path.rsplit("/", 1)[-1])
     return name is not None and name.partition_id != DRIVER_LOOKUP_PARTITION_ID
+
+
+def _paused_worker(job: subprocess.Popen[bytes], faults: Path, point: str) -> int:
+    """The pid of the one Python worker paused at fault ``point`` (armed ``pause``), once it is there."""
+    deadline = time.monotonic() + 600
+    while not (faults / f"{point}.reached").exists():
+        assert job.poll() is None, job.stdout.read().decode()[-3000:] if job.stdout else ""
+        assert time.monotonic() < deadline, "no task reached the fault point"
+        time.sleep(0.1)
+    paused = [int(p.name.rsplit(".", 1)[1]) for p in faults.glob(f"{point}.fired.*")]
+    assert len(paused) == 1
+    return paused[0]
+
+
+def _kill_its_executor(
+    job: subprocess.Popen[bytes], cluster: StandaloneCluster, earlier: set[int], paused: int, faults: Path, point: str
+) -> int:
+    """SIGKILL the job's executor JVM that runs the ``paused`` worker, release ``point``, and wait for the job to end
+    well (Spark runs the lost tasks again on the other executor); the executor's pid. ``earlier``: the executors the
+    cluster had before the job (an earlier application's, maybe still exiting)."""
+
+    # the master may launch the application's second executor after the first one already runs the
+    # paused task (a loaded machine, a worker still releasing the previous application's core): wait for it
+    def executors_of_the_job() -> list[int]:
+        return [pid for pid in cluster.executor_pids() if pid not in earlier]
+
+    executors = executors_of_the_job()
+    two_by = time.monotonic() + 180
+    while len(executors) < 2 and time.monotonic() < two_by:
+        time.sleep(0.5)
+        executors = executors_of_the_job()
+    assert len(executors) == 2, f"expected two executor JVMs, found {executors}: {cluster.log_tails()}"
+    victim = [pid for pid in executors if pid in ancestors(paused)]
+    assert len(victim) == 1, f"the paused Python worker {paused} runs under none of the executors {executors}"
+    os.kill(victim[0], signal.SIGKILL)
+    (faults / f"{point}.release").touch()
+    out, _ = job.communicate(timeout=900)
+    assert job.returncode == 0, out.decode()[-3000:] if out else ""
+    return victim[0]
